@@ -1,0 +1,213 @@
+"""Built-in models that need no download: the SDXL architecture at two scales, random weights.
+
+* ``tiny-random``: the SDXL architecture (two CLIP text encoders, the second with projection and
+  its pooled output feeding ``text_embeds``; a UNet with ``text_time`` added conditioning and
+  cross-attention; a KL VAE; the Euler discrete scheduler) scaled down so a 4-image request
+  runs in well under a second on a CPU. Deterministic (fixed PRNG seeds), written once in
+  diffusers format under the model cache and loaded from there like any other model.
+* ``sdxl-base-random``: the real SDXL 1.0 base configuration (UNet 2.57 B params) with random
+  weights, built in memory for benchmarks on any machine; never written to disk.
+
+The tokenizer vocabulary is the project's own: CLIP's 512 byte-level base symbols, BPE merges
+that spell out a fixed English word list, then ``<|startoftext|>`` and ``<|endoftext|>`` last
+so that ``input_ids.argmax()`` finds the end token, which CLIP's pooling relies on.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+# Scheduler of SDXL 1.0 base (scheduler/scheduler_config.json), shared by every built-in model.
+SDXL_SCHEDULER = dict(
+    num_train_timesteps=1000,
+    beta_start=0.00085,
+    beta_end=0.012,
+    beta_schedule="scaled_linear",
+    prediction_type="epsilon",
+    timestep_spacing="leading",
+)
+
+# SDXL 1.0 base component configs (unet/config.json, vae/config.json, text_encoder*/config.json).
+SDXL_BASE = dict(
+    unet=dict(
+        sample_size=128,
+        in_channels=4,
+        out_channels=4,
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
+        up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"),
+        block_out_channels=(320, 640, 1280),
+        layers_per_block=2,
+        attention_head_dim=(5, 10, 20),
+        cross_attention_dim=2048,
+        use_linear_projection=True,
+        transformer_layers_per_block=(1, 2, 10),
+        addition_embed_type="text_time",
+        addition_time_embed_dim=256,
+        projection_class_embeddings_input_dim=2816,
+    ),
+    vae=dict(
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * 4,
+        up_block_types=("UpDecoderBlock2D",) * 4,
+        block_out_channels=(128, 256, 512, 512),
+        layers_per_block=2,
+        latent_channels=4,
+        sample_size=1024,
+        scaling_factor=0.13025,
+    ),
+    text_encoder=dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
+                      hidden_act="quick_gelu", projection_dim=768, vocab_size=49408),
+    text_encoder_2=dict(hidden_size=1280, intermediate_size=5120, num_hidden_layers=32, num_attention_heads=20,
+                        hidden_act="gelu", projection_dim=1280, vocab_size=49408),
+)
+
+# The same architecture scaled down: 64x64 images, 16x16 latents (VAE factor 4).
+TINY = dict(
+    unet=dict(
+        sample_size=16,
+        in_channels=4,
+        out_channels=4,
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+        block_out_channels=(32, 64),
+        layers_per_block=1,
+        attention_head_dim=(2, 4),
+        cross_attention_dim=64,  # text_encoder (32) + text_encoder_2 (32) hidden sizes
+        use_linear_projection=True,
+        transformer_layers_per_block=(1, 1),
+        addition_embed_type="text_time",
+        addition_time_embed_dim=8,
+        projection_class_embeddings_input_dim=6 * 8 + 32,  # 6 add_time_ids x 8 + text_embeds (32)
+    ),
+    vae=dict(
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * 3,
+        up_block_types=("UpDecoderBlock2D",) * 3,
+        block_out_channels=(32, 32, 64),
+        layers_per_block=1,
+        latent_channels=4,
+        sample_size=64,
+        norm_num_groups=16,
+        scaling_factor=0.13025,
+    ),
+    text_encoder=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      hidden_act="quick_gelu", projection_dim=32),
+    text_encoder_2=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                        hidden_act="gelu", projection_dim=32),
+)
+
+BUILTIN_NAMES = ("tiny-random", "sdxl-base-random")
+
+# Words the project's tokenizer spells as whole tokens: SDXL-style prompt words and the
+# vocabulary of the built-in demo data (shapes, colours, positions, sizes, styles).
+WORDS = """
+a an the of on in at with and or to by for from is no not very small large big tiny huge
+circle square triangle star diamond cross heart hexagon pentagon ring ellipse rectangle shape shapes
+red orange yellow green cyan blue purple pink magenta white black gray grey brown gold silver
+background backdrop left right top bottom centre center middle corner upper lower
+photo photograph picture image drawing painting render illustration sketch art style
+cinematic photographic anime manga digital pixel fantasy neonpunk model 3d film still
+high quality detailed sharp blurry lowres low ugly bad deformed noisy dark bright light
+sky sea water tree house cat dog car city mountain sun moon flower person face
+""".split()
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """CLIP's reversible byte -> printable-unicode table (openai/CLIP simple_tokenizer.py)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+def build_vocab(words=WORDS) -> tuple[dict[str, int], list[str]]:
+    """Vocabulary and BPE merges, CLIP layout: base symbols, merged tokens, then the two specials.
+
+    Each word is spelled left to right by merges ("r e" -> "re", "re d</w>" -> "red</w>"), so a
+    listed word becomes one token whenever no earlier merge splits it differently; any other
+    text still tokenizes, symbol by symbol.
+    """
+    base = list(bytes_to_unicode().values())
+    vocab_list = base + [s + "</w>" for s in base]
+    merges: list[str] = []
+    known = set(vocab_list)
+    for word in dict.fromkeys(words):
+        symbols = list(word[:-1]) + [word[-1] + "</w>"]
+        while len(symbols) > 1:
+            pair = f"{symbols[0]} {symbols[1]}"
+            merged = symbols[0] + symbols[1]
+            if pair not in merges:
+                merges.append(pair)
+            if merged not in known:
+                known.add(merged)
+                vocab_list.append(merged)
+            symbols = [merged] + symbols[2:]
+    vocab_list += ["<|startoftext|>", "<|endoftext|>"]
+    return {tok: i for i, tok in enumerate(vocab_list)}, merges
+
+
+def write_tokenizers(out: Path) -> int:
+    """Write ``tokenizer/`` and ``tokenizer_2/`` (CLIPTokenizer files) under ``out``; return vocab size."""
+    from transformers import CLIPTokenizer
+
+    vocab, merges = build_vocab()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "vocab.json").write_text(json.dumps(vocab))
+    (out / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n")
+    for sub, pad in (("tokenizer", "<|endoftext|>"), ("tokenizer_2", "!")):  # SDXL's two pad tokens
+        tok = CLIPTokenizer(str(out / "vocab.json"), str(out / "merges.txt"), pad_token=pad, model_max_length=77)
+        tok.save_pretrained(str(out / sub))
+    (out / "vocab.json").unlink()
+    (out / "merges.txt").unlink()
+    return len(vocab)
+
+
+def clip_configs(spec: dict, vocab_size: int):
+    """The two CLIPTextConfig objects of a spec (``text_encoder``, ``text_encoder_2``)."""
+    from transformers import CLIPTextConfig
+
+    common = dict(max_position_embeddings=77, bos_token_id=vocab_size - 2, eos_token_id=vocab_size - 1, pad_token_id=1)
+    return [CLIPTextConfig(**{"vocab_size": vocab_size, **common, **spec[k]}) for k in ("text_encoder", "text_encoder_2")]
+
+
+def create_tiny_random(out: Path, seed: int = 0) -> Path:
+    """Create the ``tiny-random`` model in diffusers format at ``out`` (a few MB); return ``out``.
+
+    Written to a temporary sibling first and renamed, so a crash never leaves half a model.
+    """
+    import jax
+    from diffusers import FlaxAutoencoderKL, FlaxEulerDiscreteScheduler, FlaxStableDiffusionXLPipeline, FlaxUNet2DConditionModel
+    from transformers import CLIPTokenizer, FlaxCLIPTextModel, FlaxCLIPTextModelWithProjection
+
+    tmp = out.with_name(out.name + ".partial")
+    vocab_size = write_tokenizers(tmp)
+    cfg1, cfg2 = clip_configs(TINY, vocab_size)
+    text_encoder = FlaxCLIPTextModel(cfg1, seed=seed)
+    text_encoder_2 = FlaxCLIPTextModelWithProjection(cfg2, seed=seed + 1)
+    unet = FlaxUNet2DConditionModel(**TINY["unet"])
+    vae = FlaxAutoencoderKL(**TINY["vae"])
+    scheduler = FlaxEulerDiscreteScheduler(**SDXL_SCHEDULER)
+    keys = jax.random.split(jax.random.key(seed), 2)
+    params = {
+        "text_encoder": text_encoder.params,
+        "text_encoder_2": text_encoder_2.params,
+        "unet": unet.init_weights(keys[0]),
+        "vae": vae.init_weights(keys[1]),
+    }
+    pipe = FlaxStableDiffusionXLPipeline(
+        text_encoder=text_encoder, text_encoder_2=text_encoder_2, vae=vae,
+        tokenizer=CLIPTokenizer.from_pretrained(str(tmp / "tokenizer")),
+        tokenizer_2=CLIPTokenizer.from_pretrained(str(tmp / "tokenizer_2")),
+        unet=unet, scheduler=scheduler,
+    )
+    pipe.save_pretrained(str(tmp), params=params)
+    tmp.rename(out)
+    return out

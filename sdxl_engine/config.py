@@ -1,0 +1,151 @@
+"""One typed, read-only engine configuration, built once from defaults, environment and flags.
+
+Every field can be set by an environment variable named ``SDXL_<FIELD>`` (upper case) or by an
+override passed to :meth:`EngineConfig.load` (the app's command-line flags). Values are converted
+to the type of the field's default; an unknown key or an unconvertible value raises
+:class:`ConfigError`. Derived values (device count, batch) are computed later, once, by the
+engine, because they need JAX's backend.
+
+JAX-wide options (CPU device count, persistent compilation cache) must be set before JAX creates
+its first array; :func:`apply_jax_options` does that and is called by the engine before anything
+else touches JAX.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+ENV_PREFIX = "SDXL_"
+DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "sdxl_engine"
+
+
+class ConfigError(ValueError):
+    """A configuration key or value that the engine cannot use."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    """Engine settings; frozen, so a running engine cannot drift from what it logged at start."""
+
+    # Which weights: a built-in name ("tiny-random", "sdxl-base-random"), a local diffusers-format
+    # directory, or a hub id such as "stabilityai/stable-diffusion-xl-base-1.0".
+    model: str = "tiny-random"
+    # Hub revision (branch, tag, commit or "refs/pr/95" as the blog's scripts used); "" = default.
+    revision: str = ""
+    # Parameter storage and compute dtype: "auto" = bfloat16 on TPU/GPU, float32 on CPU.
+    # Latents, noise, guidance and the scheduler's sigmas stay float32 whatever this says.
+    dtype: str = "auto"
+    # Default image size in pixels; 0 = the model's native size (unet sample_size x VAE factor).
+    width: int = 0
+    height: int = 0
+    # Default number of denoising steps and classifier-free guidance scale.
+    num_inference_steps: int = 20
+    guidance_scale: float = 7.0
+    # Largest step count a request may ask for: the compiled loop is padded to it, so any count
+    # from 1 to this runs on one program without recompiling.
+    max_inference_steps: int = 50
+    # Images per request (the global batch, sharded over devices); 0 = 4 when the device count
+    # divides 4, else one per device.
+    images_per_request: int = 0
+    # On a CPU-only host JAX presents this many CPU devices, so the fan-out runs as on a v5e-4.
+    cpu_devices: int = 4
+    # Persistent XLA compilation cache; "" disables it.
+    compile_cache_dir: str = str(DEFAULT_CACHE / "jax")
+    # Where built-in models are created on first use and kept.
+    model_cache_dir: str = str(DEFAULT_CACHE / "models")
+    # Largest seed a user may type; image i of a request uses seed + i.
+    max_seed: int = 2**32 - 1 - 64
+    # Requests allowed to wait in the queue before new ones are told to retry.
+    max_queue_size: int = 16
+
+    @classmethod
+    def load(cls, overrides: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> "EngineConfig":
+        """Build the config: defaults, then ``SDXL_*`` environment variables, then ``overrides``.
+
+        Raises:
+            ConfigError: for a key that is not a field, or a value that does not convert to the
+                field's type.
+        """
+        environ = os.environ if environ is None else environ
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        values: dict[str, Any] = {}
+        for name in fields:
+            key = ENV_PREFIX + name.upper()
+            if key in environ:
+                values[name] = environ[key]
+        for name, value in (overrides or {}).items():
+            if name not in fields:
+                raise ConfigError(f"unknown config key {name!r}; known keys: {', '.join(sorted(fields))}")
+            if value is not None:
+                values[name] = value
+        return cls(**{name: _convert(name, fields[name].default, value) for name, value in values.items()})
+
+    def __post_init__(self):
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ConfigError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+        for name in ("num_inference_steps", "max_inference_steps", "cpu_devices"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.num_inference_steps > self.max_inference_steps:
+            raise ConfigError(
+                f"num_inference_steps ({self.num_inference_steps}) exceeds max_inference_steps "
+                f"({self.max_inference_steps})"
+            )
+        for name in ("width", "height", "images_per_request"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be 0 (auto) or positive, got {getattr(self, name)}")
+
+    def as_dict(self) -> dict[str, Any]:
+        """The resolved fields, for the one start-up log line."""
+        return dataclasses.asdict(self)
+
+
+def _convert(name: str, default: Any, value: Any) -> Any:
+    kind = type(default)
+    try:
+        if kind is bool and isinstance(value, str):
+            return value.strip().lower() in ("1", "true", "yes", "on")
+        if kind is int and isinstance(value, str):
+            return int(value.strip(), 0)
+        return kind(value)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"{name} must be a {kind.__name__}, got {value!r}") from err
+
+
+_applied: dict[str, Any] = {}
+
+
+def apply_jax_options(config: EngineConfig) -> None:
+    """Set the JAX options that only work before JAX's first array: CPU device count and cache.
+
+    The persistent compilation cache is told to keep every program (JAX's defaults skip
+    programs that compile in under a second, which is all of them for the tiny model), so a
+    restart compiles nothing that was compiled before. An unwritable cache directory prints a
+    warning and leaves the cache off. Calling it again with the same values is a no-op.
+    """
+    import jax
+
+    wanted = {"cpu_devices": config.cpu_devices, "cache": config.compile_cache_dir}
+    if _applied == wanted:
+        return
+    if not _applied:
+        jax.config.update("jax_num_cpu_devices", config.cpu_devices)
+    cache_dir = config.compile_cache_dir
+    if cache_dir:
+        try:
+            Path(cache_dir).mkdir(parents=True, exist_ok=True)
+            probe = Path(cache_dir) / ".write_probe"
+            probe.write_text("ok")
+            probe.unlink()
+        except OSError as err:
+            print(f"[sdxl_engine] warning: compile cache {cache_dir!r} is not writable ({err}); running without it")
+            cache_dir = ""
+    if cache_dir:
+        jax.config.update("jax_compilation_cache_dir", cache_dir)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+    _applied.clear()
+    _applied.update(wanted)

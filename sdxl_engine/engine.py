@@ -1,0 +1,265 @@
+"""The serving engine: one per process; loads, compiles before serving, then runs requests in turn.
+
+Start-up stages (each printed with its duration): configure JAX, load the model, replicate the
+params over the mesh, compile the default size ahead of time, run one warm-up request. Other
+size buckets compile on first use and stay cached (and land in the persistent compilation
+cache, so a restart does not compile them again).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+
+import numpy as np
+
+from . import config as config_mod
+from .config import EngineConfig
+from .validation import GenerateRequest, InvalidRequest, Limits, size_buckets, validate
+
+
+class EngineNotReady(RuntimeError):
+    """The engine failed to start (the message says why) or did not become ready in time."""
+
+
+class GenerationError(RuntimeError):
+    """The program ran but produced something unusable (non-finite pixels)."""
+
+
+@dataclasses.dataclass
+class GenerateResult:
+    """One request's output.
+
+    Attributes:
+        images: (batch, height, width, 3) uint8, channels-last, RGB.
+        seeds: seed of each image (request seed + i); any image is reproduced by its seed alone
+            as the first image of a request with that seed.
+        request: the validated request (defaults filled, random seed resolved).
+        timings: seconds: ``queue`` (waiting for the device), ``prep`` (tokenize, schedule,
+            transfer), ``device`` (the compiled program, until ready), ``post`` (to host),
+            ``latency`` (prep + device + post: the engine's time, queue excluded).
+        warnings: things the user should know (a prompt truncated to 77 tokens).
+        device_count: devices the batch was split over.
+        device_summary: e.g. ``4 × cpu``.
+        model: the loaded model's name.
+    """
+
+    images: np.ndarray
+    seeds: list[int]
+    request: GenerateRequest
+    timings: dict[str, float]
+    warnings: list[str]
+    device_count: int
+    device_summary: str
+    model: str
+
+
+class Engine:
+    """Load + compile at construction; ``generate`` serialises access to the devices.
+
+    Use :func:`get_engine` for the process-wide instance.
+    """
+
+    def __init__(self, config: EngineConfig, log=print):
+        self.config = config
+        self._log = log
+        self._lock = threading.Lock()
+        self._programs: dict = {}
+        self._schedules: dict = {}
+        self.compile_count = 0
+        self.stage = "starting"
+        self.started = time.perf_counter()
+        self.startup: dict[str, float] = {}
+        self.ready = threading.Event()
+        self.error: BaseException | None = None
+
+    # ---- start-up -------------------------------------------------------------------------
+    def start(self) -> "Engine":
+        """Run every start-up stage in this thread; sets ``ready`` or ``error``. Returns self."""
+        try:
+            self._start()
+            self.stage = "ready"
+            self.ready.set()
+        except BaseException as err:
+            self.error = err
+            self.stage = f"failed: {err}"
+            self.ready.set()
+            raise
+        return self
+
+    def _stage(self, name: str):
+        self.stage = name
+        self._log(f"[sdxl_engine] {name} ...")
+        return time.perf_counter()
+
+    def _done(self, key: str, t0: float) -> None:
+        self.startup[key] = time.perf_counter() - t0
+        self._log(f"[sdxl_engine] {key}: {self.startup[key]:.2f} s")
+
+    def _start(self) -> None:
+        from . import loading, sharding  # JAX-importing modules, after the options are set
+
+        config_mod.apply_jax_options(self.config)
+        import jax
+
+        self._log(f"[sdxl_engine] config: {self.config.as_dict()}")
+        t0 = self._stage("loading model")
+        self.platform = jax.devices()[0].platform
+        self.model = loading.load_model(self.config.model, dtype=self.config.dtype, platform=self.platform,
+                                        revision=self.config.revision, cache_dir=self.config.model_cache_dir)
+        self._done("load_s", t0)
+
+        t0 = self._stage("placing params on devices")
+        self.mesh = sharding.make_mesh()
+        self.batch = self.config.images_per_request or sharding.default_batch(self.mesh.devices.size)
+        sharding.check_batch(self.batch, self.mesh)
+        self.params = sharding.replicate(self.model.params, self.mesh)
+        jax.block_until_ready(self.params)
+        self.device_summary = sharding.device_summary(self.mesh)
+        self._done("place_s", t0)
+
+        native = self.model.native_size
+        multiple = self.model.vae_scale_factor * 2 ** (len(self.model.unet.config.block_out_channels) - 1)
+        default = (self.config.width or native, self.config.height or native)
+        sizes = size_buckets(native, multiple)
+        if default not in sizes:
+            sizes = (default,) + sizes
+        self.limits = Limits(max_seed=self.config.max_seed, max_steps=self.config.max_inference_steps,
+                             sizes=sizes, default_size=default, default_steps=self.config.num_inference_steps,
+                             default_guidance=self.config.guidance_scale)
+
+        t0 = self._stage(f"compiling {default[0]}x{default[1]} x {self.batch} images")
+        self._program(*default)
+        self._done("compile_s", t0)
+
+        t0 = self._stage("warm-up request")
+        self._run(validate(GenerateRequest("warm-up", seed=0), self.limits))
+        self._done("warmup_s", t0)
+        self.startup["ready_s"] = time.perf_counter() - self.started
+        self._log(f"[sdxl_engine] ready in {self.startup['ready_s']:.2f} s on {self.device_summary} "
+                  f"({self.model.name}, {self.model.dtype})")
+
+    def _program(self, width: int, height: int):
+        """The compiled program for a size bucket, compiled on first use (then cached)."""
+        from .program import ProgramShape, compile_program
+
+        shape = ProgramShape(self.batch, height, width, self.config.max_inference_steps)
+        if shape not in self._programs:
+            self._programs[shape] = compile_program(self.model, self.params, shape, self.mesh)
+            self.compile_count += 1
+        return self._programs[shape]
+
+    def wait_ready(self, timeout: float | None = None) -> None:
+        """Block until start-up finished. Raises EngineNotReady if it failed or timed out."""
+        if not self.ready.wait(timeout):
+            raise EngineNotReady(f"the engine is still {self.stage} after {timeout} s")
+        if self.error is not None:
+            raise EngineNotReady(f"the engine failed to start: {self.error}")
+
+    # ---- requests -------------------------------------------------------------------------
+    def generate(self, request: GenerateRequest, ready_timeout: float | None = None) -> GenerateResult:
+        """Validate, then run one request on the devices (one request at a time).
+
+        Raises:
+            InvalidRequest: a bad argument (nothing ran).
+            EngineNotReady: start-up failed or did not finish within ``ready_timeout`` seconds.
+            GenerationError: the program produced non-finite pixels.
+        """
+        self.wait_ready(ready_timeout)
+        request = validate(request, self.limits)
+        queued = time.perf_counter()
+        with self._lock:
+            start = time.perf_counter()
+            result = self._run(request)
+        result.timings["queue"] = start - queued
+        return result
+
+    def _tokenize(self, text: str) -> tuple[np.ndarray, bool]:
+        """(2, 77) int32 ids for both tokenizers, and whether the text was cut to 77 tokens."""
+        rows, truncated = [], False
+        for tok in (self.model.tokenizer, self.model.tokenizer_2):
+            full = tok(text, truncation=False, verbose=False).input_ids
+            truncated |= len(full) > tok.model_max_length
+            rows.append(tok(text, padding="max_length", max_length=tok.model_max_length, truncation=True,
+                            return_tensors="np").input_ids[0])
+        return np.stack(rows).astype(np.int32), truncated
+
+    def _schedule(self, steps: int):
+        from .program import euler_schedule
+
+        if steps not in self._schedules:
+            self._schedules[steps] = euler_schedule(self.model.scheduler.config, steps, self.config.max_inference_steps)
+        return self._schedules[steps]
+
+    def _run(self, request: GenerateRequest) -> GenerateResult:
+        import jax
+
+        t0 = time.perf_counter()
+        program = self._program(request.width, request.height)
+        b = self.batch
+        prompt_ids, cut = self._tokenize(request.prompt)
+        negative_ids, cut_negative = self._tokenize(request.negative_prompt)
+        timesteps, sigmas, init_sigma = self._schedule(request.num_inference_steps)
+        seeds = [request.seed + i for i in range(b)]
+        args = (
+            np.broadcast_to(prompt_ids, (b, 2, 77)),
+            np.broadcast_to(negative_ids, (b, 2, 77)),
+            np.full((b,), float(not request.negative_prompt), np.float32),
+            np.asarray(seeds, np.uint32),
+            np.full((b,), request.guidance_scale, np.float32),
+            timesteps, sigmas, np.int32(request.num_inference_steps), np.float32(init_sigma),
+        )
+        t1 = time.perf_counter()
+        images, finite = program.executable(self.params, *args)
+        jax.block_until_ready(images)
+        t2 = time.perf_counter()
+        images, finite = np.asarray(images), np.asarray(finite)
+        t3 = time.perf_counter()
+        if not finite.all():
+            bad = [s for s, ok in zip(seeds, finite) if not ok]
+            raise GenerationError(f"the model produced non-finite pixels (NaN/inf) for seeds {bad}; "
+                                  f"try another seed or a lower guidance scale ({self.model.dtype} weights)")
+        warnings = []
+        if cut:
+            warnings.append("prompt was longer than 77 tokens and was truncated, as SDXL does")
+        if cut_negative:
+            warnings.append("negative prompt was longer than 77 tokens and was truncated")
+        timings = {"prep": t1 - t0, "device": t2 - t1, "post": t3 - t2, "latency": t3 - t0}
+        return GenerateResult(images=images, seeds=seeds, request=request, timings=timings, warnings=warnings,
+                              device_count=self.mesh.devices.size, device_summary=self.device_summary, model=self.model.name)
+
+
+_engine: Engine | None = None
+_engine_lock = threading.Lock()
+
+
+def get_engine(config: EngineConfig | None = None, background: bool = False, log=print) -> Engine:
+    """The process-wide engine, created (and started) on the first call.
+
+    Args:
+        config: used on the first call only; later calls must pass None or the same config.
+        background: start in a daemon thread and return at once (``ready`` tells when done).
+
+    Raises:
+        ValueError: a different config after the engine exists.
+        Exception: whatever start-up raised, when not in the background.
+    """
+    global _engine
+    with _engine_lock:
+        if _engine is None:
+            _engine = Engine(config or EngineConfig.load(), log=log)
+            if background:
+                threading.Thread(target=_start_quietly, args=(_engine,), name="engine-start", daemon=True).start()
+            else:
+                _engine.start()
+        elif config is not None and config != _engine.config:
+            raise ValueError("the engine already runs with another config; one engine per process")
+        return _engine
+
+
+def _start_quietly(engine: Engine) -> None:
+    try:
+        engine.start()
+    except BaseException as err:  # recorded on the engine; the app reports it
+        engine._log(f"[sdxl_engine] start-up failed: {type(err).__name__}: {err}")

@@ -1,0 +1,78 @@
+"""Shared fixtures: one engine per test session (4 CPU devices, tiny random SDXL)."""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "device: needs an accelerator and real weights; skipped by default")
+
+
+@pytest.fixture(scope="session")
+def engine():
+    from sdxl_engine.config import EngineConfig
+    from sdxl_engine.engine import Engine
+
+    config = EngineConfig.load({"model": "tiny-random", "cpu_devices": 4}, environ={
+        k: v for k, v in os.environ.items() if k in ("SDXL_MODEL_CACHE_DIR", "SDXL_COMPILE_CACHE_DIR")})
+    return Engine(config, log=lambda *_: None).start()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RunningApp:
+    """``python app.py`` in a subprocess on a free loopback port, as a user starts it."""
+
+    def __init__(self, *args: str, env: dict | None = None, timeout: float = 240):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/"
+        self.log = []
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "GRADIO_ANALYTICS_ENABLED": "False", **(env or {})}
+        self.proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(self.port), *args],
+                                     cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        deadline = time.monotonic() + timeout
+        for line in self.proc.stdout:
+            self.log.append(line)
+            if "[sdxl_engine] ready" in line:
+                break
+            if time.monotonic() > deadline:
+                break
+        else:
+            raise RuntimeError("app exited before ready:\n" + "".join(self.log))
+        if "[sdxl_engine] ready" not in self.log[-1]:
+            self.stop()
+            raise RuntimeError("app not ready in time:\n" + "".join(self.log))
+        import threading
+
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _drain(self):
+        for line in self.proc.stdout:
+            self.log.append(line)
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+@pytest.fixture(scope="session")
+def app_server():
+    app = RunningApp()
+    yield app
+    app.stop()

@@ -1,0 +1,122 @@
+"""Engine unit tests on the tiny random SDXL over 4 CPU devices."""
+
+import numpy as np
+import pytest
+
+from sdxl_engine.validation import GenerateRequest, InvalidRequest
+
+
+def gen(engine, prompt="a red circle", **kw):
+    return engine.generate(GenerateRequest(prompt, **{"seed": 1, "num_inference_steps": 4, **kw}))
+
+
+def test_four_images_shape_dtype_and_seeds(engine):
+    result = gen(engine, seed=42)
+    assert result.images.shape == (4, 64, 64, 3)
+    assert result.images.dtype == np.uint8
+    assert result.seeds == [42, 43, 44, 45]
+    assert result.device_count == 4 and result.device_summary == "4 × cpu"
+    assert set(result.timings) == {"queue", "prep", "device", "post", "latency"}
+    assert all(v >= 0 for v in result.timings.values())
+    assert result.images.std() > 5  # not a flat/black square
+
+
+def test_images_within_a_request_differ(engine):
+    images = gen(engine).images
+    for i in range(4):
+        for j in range(i + 1, 4):
+            assert not np.array_equal(images[i], images[j])
+
+
+def test_same_seed_same_images(engine):
+    assert np.array_equal(gen(engine, seed=7).images, gen(engine, seed=7).images)
+
+
+def test_different_seed_different_images(engine):
+    assert not np.array_equal(gen(engine, seed=7).images, gen(engine, seed=8).images)
+
+
+def test_image_i_reproduced_by_its_own_seed(engine):
+    # Image i of seed s uses seed s + i: requesting seed s + 2 reproduces it as image 0.
+    first = gen(engine, seed=100).images
+    again = gen(engine, seed=102).images
+    assert np.array_equal(first[2], again[0])
+
+
+def test_prompt_and_negative_prompt_change_output(engine):
+    base = gen(engine).images
+    assert not np.array_equal(base, gen(engine, prompt="a blue square").images)
+    assert not np.array_equal(base, gen(engine, negative_prompt="red").images)
+
+
+def test_guidance_and_steps_change_output(engine):
+    base = gen(engine).images
+    assert not np.array_equal(base, gen(engine, guidance_scale=1.0).images)
+    assert not np.array_equal(base, gen(engine, num_inference_steps=5).images)
+
+
+def test_no_recompile_for_prompt_seed_guidance_steps(engine):
+    import jax
+
+    events = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, duration, **kw: events.append(event) if "backend_compile" in event else None)
+    gen(engine)  # every program this touches exists already
+    before = engine.compile_count
+    events.clear()
+    for i, (prompt, seed, guidance, steps) in enumerate(
+            [("a red circle", 1, 7.0, 4), ("a blue square on the left", 9, 1.5, 11), ("a star", 3, 12.0, 1),
+             ("a green triangle", 5, 0.0, engine.config.max_inference_steps)]):
+        gen(engine, prompt=prompt, negative_prompt="blurry" if i % 2 else "", seed=seed, guidance_scale=guidance,
+            num_inference_steps=steps)
+    assert engine.compile_count == before
+    assert events == []
+
+
+def test_new_size_bucket_compiles_once(engine):
+    width, height = engine.limits.sizes[1]
+    before = engine.compile_count
+    result = gen(engine, width=width, height=height)
+    assert result.images.shape == (4, height, width, 3)
+    gen(engine, width=width, height=height, seed=5)
+    assert engine.compile_count == before + 1
+
+
+def test_long_prompt_truncated_with_warning(engine):
+    result = gen(engine, prompt="a red circle " * 60)
+    assert result.images.shape == (4, 64, 64, 3)
+    assert any("truncated" in w for w in result.warnings)
+    assert gen(engine).warnings == []
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(prompt=""), "prompt: is empty"),
+    (dict(prompt="   \t"), "prompt: is empty"),
+    (dict(prompt=None), "prompt: expected text"),
+    (dict(seed=-2), "seed: must be between -1"),
+    (dict(seed=2**40), "seed: must be between -1"),
+    (dict(seed=1.5), "seed: expected a whole number"),
+    (dict(guidance_scale=float("nan")), "guidance_scale: must be a finite number"),
+    (dict(guidance_scale=-1), "guidance_scale: must be between 0"),
+    (dict(num_inference_steps=0), "num_inference_steps: must be between 1"),
+    (dict(num_inference_steps=10**9), "num_inference_steps: must be between 1"),
+    (dict(width=63), "is not a supported size"),
+])
+def test_bad_input_raises_typed_error_and_engine_stays_healthy(engine, kwargs, message):
+    with pytest.raises(InvalidRequest, match=message.replace("(", r"\(")):
+        gen(engine, **kwargs)
+    assert gen(engine).images.shape == (4, 64, 64, 3)
+
+
+def test_random_seed_is_reported(engine):
+    a = gen(engine, seed=-1)
+    assert 0 <= a.seeds[0] <= engine.config.max_seed and a.request.seed == a.seeds[0]
+
+
+def test_output_is_sharded_over_the_data_axis(engine):
+    from sdxl_engine.program import ProgramShape
+
+    program = engine._programs[ProgramShape(4, 64, 64, engine.config.max_inference_steps)]
+    out_sharding = program.executable.output_shardings[0]
+    assert out_sharding.spec[0] == "data"
+    assert out_sharding.mesh.devices.size == 4

@@ -1,0 +1,90 @@
+"""Fast checks of the pieces that need no compiled program."""
+
+import numpy as np
+import pytest
+
+from sdxl_engine.config import ConfigError, EngineConfig
+
+
+def test_config_env_and_overrides():
+    cfg = EngineConfig.load({"num_inference_steps": "8"}, environ={"SDXL_CPU_DEVICES": "2", "SDXL_GUIDANCE_SCALE": "3.5"})
+    assert (cfg.num_inference_steps, cfg.cpu_devices, cfg.guidance_scale) == (8, 2, 3.5)
+    with pytest.raises(ConfigError, match="unknown config key 'stepz'"):
+        EngineConfig.load({"stepz": 3}, environ={})
+    with pytest.raises(ConfigError, match="cpu_devices must be a int"):
+        EngineConfig.load(environ={"SDXL_CPU_DEVICES": "four"})
+    with pytest.raises(ConfigError, match="exceeds max_inference_steps"):
+        EngineConfig.load({"num_inference_steps": 60}, environ={})
+    with pytest.raises(Exception):
+        cfg.model = "other"  # frozen
+
+
+@pytest.mark.parametrize("spacing", ["leading", "linspace"])
+@pytest.mark.parametrize("steps", [1, 7, 20, 50])
+def test_euler_schedule_matches_diffusers(spacing, steps):
+    from diffusers import FlaxEulerDiscreteScheduler
+
+    from sdxl_engine.builtin import SDXL_SCHEDULER
+    from sdxl_engine.program import euler_schedule
+
+    scheduler = FlaxEulerDiscreteScheduler(**{**SDXL_SCHEDULER, "timestep_spacing": spacing})
+    state = scheduler.set_timesteps(scheduler.create_state(), steps)
+    timesteps, sigmas, init = euler_schedule(scheduler.config, steps, 50)
+    np.testing.assert_allclose(timesteps[:steps], np.asarray(state.timesteps), rtol=1e-5)
+    np.testing.assert_allclose(sigmas[: steps + 1], np.asarray(state.sigmas), rtol=1e-5)
+    assert np.all(timesteps[steps:] == 0) and np.all(sigmas[steps:] == 0)
+    assert init == pytest.approx(float(state.init_noise_sigma), rel=1e-5)
+
+
+def test_tokenizer_vocabulary_is_the_projects():
+    from sdxl_engine.builtin import build_vocab
+
+    vocab, merges = build_vocab()
+    assert list(vocab)[-2:] == ["<|startoftext|>", "<|endoftext|>"]  # end token has the largest id
+    for word in ("red", "circle", "square", "blue"):
+        assert word + "</w>" in vocab
+
+
+def test_size_buckets_scaled_to_native():
+    from sdxl_engine.validation import size_buckets
+
+    assert size_buckets(1024, 64)[:3] == ((1024, 1024), (1152, 896), (896, 1152))
+    assert all(w % 8 == 0 and h % 8 == 0 for w, h in size_buckets(64, 8))
+
+
+def test_a1111_parameters_roundtrip():
+    from sdxl_engine.images import a1111_parameters, parse_a1111_parameters
+
+    text = a1111_parameters("a red circle", "blurry", 20, 7.0, 42, 64, 64, "tiny-random")
+    assert text == "a red circle\nNegative prompt: blurry\nSteps: 20, Sampler: Euler, CFG scale: 7, Seed: 42, Size: 64x64, Model: tiny-random"
+    parsed = parse_a1111_parameters(text)
+    assert parsed["Seed"] == "42" and parsed["negative_prompt"] == "blurry" and parsed["Size"] == "64x64"
+
+
+def test_missing_model_directory_gives_clear_error(tmp_path):
+    from sdxl_engine.loading import ModelLoadError, load_model
+
+    with pytest.raises(ModelLoadError, match="neither a built-in name, an existing directory nor a hub id"):
+        load_model(str(tmp_path / "nope"), dtype="auto", platform="cpu", cache_dir=str(tmp_path))
+    with pytest.raises(ModelLoadError, match="no model_index.json"):
+        load_model(str(tmp_path), dtype="auto", platform="cpu", cache_dir=str(tmp_path))
+
+
+def test_unreachable_hub_gives_clear_error(tmp_path, monkeypatch):
+    from sdxl_engine.loading import ModelLoadError, load_model
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelLoadError, match="could not load SDXL model 'stabilityai/stable-diffusion-xl-base-1.0'.*huggingface-cli download"):
+        load_model("stabilityai/stable-diffusion-xl-base-1.0", dtype="auto", platform="cpu", cache_dir=str(tmp_path))
+
+
+def test_batch_must_divide_over_devices():
+    import jax
+
+    from sdxl_engine.sharding import ShardingError, check_batch, make_mesh
+
+    mesh = make_mesh(jax.devices()[:1] * 1)
+    check_batch(4, mesh)
+    if len(jax.devices()) >= 4:
+        with pytest.raises(ShardingError, match=r"images_per_request \(3\) must be a positive multiple of the device count \(4\)"):
+            check_batch(3, make_mesh(jax.devices()[:4]))
