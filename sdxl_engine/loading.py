@@ -115,8 +115,10 @@ def load_model(model: str, *, dtype: str, platform: str, revision: str = "", cac
 
     start = time.perf_counter()
     dtype = resolve_dtype(dtype, platform)
-    if model == "sdxl-base-random":
-        raise ModelLoadError("sdxl-base-random is built in memory by the benchmark (python -m sdxl_engine.bench --full-size)")
+    if model == "sdxl-base-random":  # real architecture, random weights, built on the device
+        from .fullsize import random_model
+
+        return random_model(dtype_name=dtype)
     if model in builtin.BUILTIN_NAMES:
         source = str(builtin_path(model, cache_dir))
     elif Path(model).expanduser().exists():

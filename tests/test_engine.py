@@ -120,3 +120,26 @@ def test_output_is_sharded_over_the_data_axis(engine):
     out_sharding = program.executable.output_shardings[0]
     assert out_sharding.spec[0] == "data"
     assert out_sharding.mesh.devices.size == 4
+
+
+def test_random_weight_builder_goes_through_the_engine_program(engine):
+    """The code behind `sdxl-base-random`, run at tiny scale: params match their abstract shapes
+    and the engine's program compiles and runs on them."""
+    import jax
+
+    from sdxl_engine import builtin
+    from sdxl_engine.fullsize import abstract_params, random_model
+    from sdxl_engine.program import ProgramShape, compile_program, euler_schedule
+    from sdxl_engine.sharding import replicate
+
+    model = random_model(builtin.TINY, "float32", name="tiny-check")
+    abstract = abstract_params({k: getattr(model, k) for k in ("text_encoder", "text_encoder_2", "unet", "vae")}, "float32")
+    assert jax.tree.map(lambda x: (x.shape, str(x.dtype)), model.params) == jax.tree.map(
+        lambda x: (x.shape, str(x.dtype)), abstract)
+    params = replicate(model.params, engine.mesh)
+    program = compile_program(model, params, ProgramShape(4, 64, 64, 4), engine.mesh)
+    ids = np.zeros((4, 2, 77), np.int32)
+    t, s, init = euler_schedule(model.scheduler.config, 4, 4)
+    images, finite = program.executable(params, ids, ids, np.ones(4, np.float32), np.arange(4, dtype=np.uint32),
+                                        np.full(4, 5.0, np.float32), t, s, np.int32(4), np.float32(init))
+    assert np.asarray(images).shape == (4, 64, 64, 3) and np.asarray(finite).all()

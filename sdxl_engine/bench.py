@@ -1,0 +1,368 @@
+"""Benchmark: the engine against the blog's reference pipeline, side by side in one run.
+
+``python -m sdxl_engine.bench`` measures, on the same weights, size, steps, seed and devices:
+
+1. reference: the blog's ``generate()`` (diffusers ``FlaxStableDiffusionXLPipeline(..., jit=True)``,
+   params replicated, pmap over the devices), tokenizing and converting to PIL as the blog did;
+2. the engine's ``generate``;
+3. the engine's parts compiled alone (text encoders once, one CFG denoising step x steps, VAE
+   decode): the floor for this machine;
+4. served latency: ``gradio_client`` calls of ``/generate`` against ``python app.py``;
+5. compiles triggered by changing prompt, seed, guidance, steps and size, engine vs reference;
+6. cold start (empty compilation cache) and warm restart: process start to first image;
+7. peak host memory (and device memory where the backend reports it).
+
+Medians over ``--runs`` runs after one warm-up, with min and max. Results go to BENCHMARKS.md
+(a table between markers) and a JSON file. ``--full-size`` instead lowers the real SDXL base
+architecture with random bfloat16 weights and reports XLA's cost analysis (and, on an
+accelerator, runs it and reports latency and MFU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def stats(samples: list[float]) -> dict:
+    """median/min/max of a list of seconds."""
+    return {"median": statistics.median(samples), "min": min(samples), "max": max(samples), "n": len(samples)}
+
+
+def timed(fn, runs: int) -> dict:
+    """Call ``fn`` once to warm up, then ``runs`` times; seconds per call (fn must block)."""
+    fn()
+    samples = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return stats(samples)
+
+
+class CompileCounter:
+    """Counts XLA backend compiles (JAX's monitoring event) while active."""
+
+    def __init__(self):
+        import jax
+
+        self.count = 0
+        jax.monitoring.register_event_duration_secs_listener(self._on_event)
+
+    def _on_event(self, event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            self.count += 1
+
+
+# ---- 1. the reference ------------------------------------------------------------------------
+def reference_generate(model_dir: str, batch: int):
+    """The blog's generate(): returns ``generate(prompt, negative_prompt, seed, guidance, steps, size)``."""
+    import jax
+    import numpy as np
+    from diffusers import FlaxStableDiffusionXLPipeline
+    from flax.jax_utils import replicate
+    from flax.training.common_utils import shard
+
+    pipe, params = FlaxStableDiffusionXLPipeline.from_pretrained(model_dir)
+    scheduler_state = params.pop("scheduler")
+    p_params = replicate({**params, "scheduler": scheduler_state})
+    n = jax.local_device_count()
+
+    def generate(prompt, negative_prompt, seed, guidance_scale, num_inference_steps, size):
+        prompt_ids = shard(pipe.prepare_inputs([prompt] * batch))
+        neg_prompt_ids = shard(pipe.prepare_inputs([negative_prompt] * batch))
+        rng = jax.random.split(jax.random.key(seed), n)
+        images = pipe(prompt_ids, p_params, rng, num_inference_steps=num_inference_steps, neg_prompt_ids=neg_prompt_ids,
+                      guidance_scale=guidance_scale, height=size, width=size, jit=True).images
+        images = images.reshape((images.shape[0] * images.shape[1],) + images.shape[-3:])
+        return pipe.numpy_to_pil(np.array(images))
+
+    def pipeline_only(steps, size):
+        """Just the jitted pipeline call on pre-tokenized, pre-sharded inputs (no tokenize, no PIL)."""
+        ids = shard(pipe.prepare_inputs(["a red circle"] * batch))
+        neg = shard(pipe.prepare_inputs([""] * batch))
+        rng = jax.random.split(jax.random.key(0), n)
+        return lambda: pipe(ids, p_params, rng, num_inference_steps=steps, neg_prompt_ids=neg, guidance_scale=7.0,
+                            height=size, width=size, jit=True).images.block_until_ready()
+
+    generate.pipeline_only = pipeline_only
+    return generate
+
+
+# ---- 3. the engine's parts alone -------------------------------------------------------------
+def engine_parts(engine, steps: int, runs: int) -> dict:
+    """Time text encoding, one CFG UNet + Euler step, and VAE decode, each its own sharded jit."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+
+    from .program import encode_prompts, euler_step
+    from .sharding import DATA_AXIS
+
+    m, mesh, b = engine.model, engine.mesh, engine.batch
+    w, h = engine.limits.default_size
+    f = m.vae_scale_factor
+    d, r = P(DATA_AXIS), P()
+
+    def sharded(fn, in_specs):
+        return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=d))
+
+    def encode(params, ids):
+        hidden, pooled = encode_prompts(m, params, ids)
+        return hidden, pooled
+
+    encode_j = jax.jit(jax.shard_map(encode, mesh=mesh, in_specs=(r, d), out_specs=(d, d)))
+    ids = jnp.zeros((2 * b, 2, 77), jnp.int32)
+    hidden, pooled = encode_j(engine.params, ids)
+    time_ids = jnp.ones((2 * b, 6), hidden.dtype)
+
+    def step(params, latents, hidden, pooled, time_ids):
+        x = jnp.concatenate([latents, latents])
+        t = jnp.full((x.shape[0],), 500, jnp.int32)
+        noise = m.unet.apply({"params": params["unet"]}, x.astype(hidden.dtype), t, encoder_hidden_states=hidden,
+                             added_cond_kwargs={"text_embeds": pooled, "time_ids": time_ids}).sample
+        uncond, text = jnp.split(noise.astype(jnp.float32), 2)
+        return euler_step(latents, uncond + 7.0 * (text - uncond), 1.0, 0.9, m.scheduler.config.prediction_type)
+
+    step_j = sharded(step, (r, d, d, d, d))
+    latents = jnp.zeros((b, m.latent_channels, h // f, w // f), jnp.float32)
+
+    def decode(params, latents):
+        out = m.vae.apply({"params": params["vae"]}, latents.astype(hidden.dtype), method=m.vae.decode).sample
+        return jnp.round(jnp.clip(out.astype(jnp.float32) / 2 + 0.5, 0, 1) * 255).astype(jnp.uint8)
+
+    decode_j = sharded(decode, (r, d))
+    parts = {
+        "text_encoders": timed(lambda: jax.block_until_ready(encode_j(engine.params, ids)), runs),
+        "denoise_step": timed(lambda: step_j(engine.params, latents, hidden, pooled, time_ids).block_until_ready(), runs),
+        "vae_decode": timed(lambda: decode_j(engine.params, latents).block_until_ready(), runs),
+    }
+    parts["sum"] = parts["text_encoders"]["median"] + steps * parts["denoise_step"]["median"] + parts["vae_decode"]["median"]
+    return parts
+
+
+# ---- 4 and 6. the app as a process -----------------------------------------------------------
+def served(args, cache_dir: str, calls: int) -> dict:
+    """Start ``python app.py`` with ``cache_dir``; time process start -> first image, then ``calls``."""
+    import psutil
+    from gradio_client import Client
+
+    with socket.socket() as sock:  # a free loopback port
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "SDXL_COMPILE_CACHE_DIR": cache_dir, "SDXL_MODEL": args.model, "PYTHONUNBUFFERED": "1",
+           "GRADIO_ANALYTICS_ENABLED": "False"}
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(port)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        client = None
+        while client is None:
+            if proc.poll() is not None:
+                raise RuntimeError("app exited: " + proc.stdout.read())
+            try:
+                client = Client(f"http://127.0.0.1:{port}/", verbose=False)
+            except Exception:
+                time.sleep(0.2)
+        request = dict(prompt="a red circle", seed=0, num_inference_steps=args.steps, api_name="/generate")
+        client.predict(**request)  # waits for the engine: first image
+        first_image = time.perf_counter() - t0
+        samples, engine_latency, no_download = [], [], []
+        for i in range(calls):
+            t1 = time.perf_counter()
+            _, info = client.predict(**{**request, "seed": i})
+            samples.append(time.perf_counter() - t1)
+            engine_latency.append(info["latency_s"])
+        bare = Client(f"http://127.0.0.1:{port}/", verbose=False, download_files=False)
+        for i in range(calls):
+            t1 = time.perf_counter()
+            bare.predict(**{**request, "seed": i})
+            no_download.append(time.perf_counter() - t1)
+        rss = psutil.Process(proc.pid).memory_info().rss
+        return {"first_image_s": first_image, "served": stats(samples), "served_no_download": stats(no_download),
+                "engine_in_app": stats(engine_latency),
+                "server_rss_mb": rss / 2**20}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+# ---- the run ---------------------------------------------------------------------------------
+def run(args) -> dict:
+    from .config import EngineConfig, apply_jax_options
+
+    config = EngineConfig.load({"model": args.model, "num_inference_steps": args.steps})
+    apply_jax_options(config)
+    import jax
+
+    from .engine import Engine
+    from .validation import GenerateRequest
+
+    counter = CompileCounter()
+    engine = Engine(config, log=lambda *a: None).start()
+    size = engine.limits.default_size[0]
+    steps, runs = args.steps, args.runs
+    out = {"machine": f"{platform.machine()} {os.cpu_count()} cores, {engine.device_summary}", "model": config.model,
+           "steps": steps, "size": size, "batch": engine.batch, "runs": runs, "startup_s": engine.startup}
+
+    request = GenerateRequest("a red circle", seed=0, num_inference_steps=steps)
+    out["engine"] = timed(lambda: engine.generate(request), runs)
+    out["engine_latency_field"] = engine.generate(request).timings
+
+    ref = reference_generate(str(_model_dir(engine)), engine.batch)
+    ref_args = ("a red circle", "", 0, config.guidance_scale, steps, size)
+    c0 = counter.count
+    t0 = time.perf_counter()
+    ref(*ref_args)
+    out["reference_first_call_s"] = time.perf_counter() - t0
+    out["reference"] = timed(lambda: ref(*ref_args), runs)
+    out["reference_pipeline_only"] = timed(ref.pipeline_only(steps, size), runs)
+    out["parts"] = engine_parts(engine, steps, runs)
+
+    # 5. compiles per change, engine vs reference
+    changes = {"prompt": dict(prompt="a blue square"), "negative_prompt": dict(negative_prompt="blurry"),
+               "seed": dict(seed=99), "guidance": dict(guidance_scale=2.0), "steps": dict(num_inference_steps=steps // 2 or 1)}
+    compiles = {}
+    for name, change in changes.items():
+        c0 = counter.count
+        engine.generate(GenerateRequest(**{"prompt": "a red circle", "seed": 0, "num_inference_steps": steps, **change}))
+        compiles[name] = {"engine": counter.count - c0}
+    c0 = counter.count
+    engine.generate(GenerateRequest("a red circle", seed=1, num_inference_steps=steps))  # default bucket, precompiled
+    compiles["size_precompiled_bucket"] = {"engine": counter.count - c0}
+    w2, h2 = engine.limits.sizes[1]
+    c0 = counter.count
+    t0 = time.perf_counter()
+    engine.generate(GenerateRequest("a red circle", seed=1, num_inference_steps=steps, width=w2, height=h2))
+    compiles["size_new_bucket"] = {"engine": counter.count - c0, "first_call_s": time.perf_counter() - t0}
+    for name, (i, value) in {"prompt": (0, "a blue square"), "seed": (2, 99), "guidance": (3, 2.0),
+                             "steps": (4, steps // 2 or 1), "size_new_bucket": (5, size * 2)}.items():
+        changed = list(ref_args)
+        changed[i] = value
+        c0 = counter.count
+        ref(*changed)
+        compiles.setdefault(name, {})["reference"] = counter.count - c0
+    out["compiles"] = compiles
+
+    # 7. memory
+    out["peak_host_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    stats_dev = jax.devices()[0].memory_stats() if hasattr(jax.devices()[0], "memory_stats") else None
+    out["device_peak_bytes"] = (stats_dev or {}).get("peak_bytes_in_use")
+
+    if not args.skip_served:
+        with tempfile.TemporaryDirectory() as cache:
+            out["cold"] = served(args, cache, runs)
+            out["warm"] = served(args, cache, runs)
+    return out
+
+
+def _model_dir(engine) -> Path:
+    from .loading import builtin_path
+    from . import builtin
+
+    name = engine.config.model
+    return builtin_path(name, engine.config.model_cache_dir) if name in builtin.BUILTIN_NAMES else Path(name)
+
+
+def ratios(r: dict) -> dict:
+    """The issue's targets as ratios of figures measured in the same run."""
+    out = {
+        "engine / reference": r["engine"]["median"] / r["reference"]["median"],
+        "engine / sum of parts": r["engine"]["median"] / r["parts"]["sum"],
+    }
+    if "cold" in r:
+        out["served / engine"] = r["warm"]["served"]["median"] / r["engine"]["median"]
+        out["served, response only / engine"] = r["warm"]["served_no_download"]["median"] / r["engine"]["median"]
+        out["warm restart / cold start"] = r["warm"]["first_image_s"] / r["cold"]["first_image_s"]
+    return out
+
+
+def markdown(r: dict) -> str:
+    """The BENCHMARKS.md table for one run."""
+    def row(name, s):
+        return f"| {name} | {s['median']:.4f} | {s['min']:.4f} | {s['max']:.4f} |"
+
+    lines = [f"Run: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} · {r['machine']} · model `{r['model']}` · "
+             f"{r['batch']} images of {r['size']}² · {r['steps']} steps · medians of {r['runs']} runs after warm-up",
+             "", "| what (seconds per request) | median | min | max |", "|---|---|---|---|",
+             row("1. reference: blog generate() (pipeline jit=True, pmap)", r["reference"]),
+             row("1b. reference: pipeline call alone (no tokenize / PIL)", r["reference_pipeline_only"]),
+             row("2. engine.generate", r["engine"]),
+             row("3a. part: text encoders (once)", r["parts"]["text_encoders"]),
+             row("3b. part: one CFG denoising step", r["parts"]["denoise_step"]),
+             row("3c. part: VAE decode", r["parts"]["vae_decode"]),
+             f"| 3. sum of parts (3a + {r['steps']}×3b + 3c) | {r['parts']['sum']:.4f} | | |"]
+    if "cold" in r:
+        lines.append(row("4. served: gradio_client /generate, 4 PNGs downloaded (warm app)", r["warm"]["served"]))
+        lines.append(row("4b. served: gradio_client /generate, response only (files not fetched)",
+                         r["warm"]["served_no_download"]))
+        lines.append(row("4c. engine latency reported inside the app", r["warm"]["engine_in_app"]))
+    lines += ["", "| ratio (same run) | value |", "|---|---|"]
+    lines += [f"| {k} | {v:.3f} |" for k, v in ratios(r).items()]
+    lines += ["", "| 5. compiles triggered by a change | engine | reference |", "|---|---|---|"]
+    for name, c in r["compiles"].items():
+        lines.append(f"| {name} | {c.get('engine', '')} | {c.get('reference', '')} |")
+    lines += ["", "| start-up and memory | value |", "|---|---|",
+              f"| reference first call (compile) | {r['reference_first_call_s']:.2f} s |",
+              f"| engine start-up: load / compile / warm-up | {r['startup_s']['load_s']:.2f} / "
+              f"{r['startup_s']['compile_s']:.2f} / {r['startup_s']['warmup_s']:.2f} s |"]
+    if "cold" in r:
+        lines += [f"| 6. cold start, process start → first image (empty compile cache) | {r['cold']['first_image_s']:.2f} s |",
+                  f"| 6. warm restart, process start → first image | {r['warm']['first_image_s']:.2f} s |",
+                  f"| app server RSS after the calls | {r['warm']['server_rss_mb']:.0f} MiB |"]
+    lines.append(f"| 7. bench process peak host RSS | {r['peak_host_rss_mb']:.0f} MiB |")
+    lines.append(f"| 7. device peak bytes | {r['device_peak_bytes'] or 'not reported by this backend'} |")
+    return "\n".join(lines)
+
+
+def write_section(md_path: Path, name: str, body: str) -> None:
+    """Replace the text between ``<!-- bench:NAME:begin/end -->`` in BENCHMARKS.md (appended if absent)."""
+    begin, end = f"<!-- bench:{name}:begin -->", f"<!-- bench:{name}:end -->"
+    text = md_path.read_text() if md_path.exists() else "# Benchmarks\n"
+    if begin not in text:
+        text = text.rstrip("\n") + f"\n\n{begin}\n{end}\n"
+    head, _, rest = text.partition(begin)
+    _, _, tail = rest.partition(end)
+    md_path.write_text(f"{head}{begin}\n{body}\n{end}{tail}")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default=None, help="model to benchmark (default: the engine's default)")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--skip-served", action="store_true", help="skip the app-process measurements (4, 6)")
+    parser.add_argument("--full-size", action="store_true", help="lower full-size SDXL base with random weights")
+    parser.add_argument("--md", default=str(ROOT / "BENCHMARKS.md"))
+    parser.add_argument("--json", default=str(ROOT / "bench.json"))
+    args = parser.parse_args(argv)
+    if args.full_size:
+        from .fullsize import main as full_main
+
+        return full_main(args)
+    from .config import EngineConfig
+
+    args.model = args.model or EngineConfig.model
+    result = run(args)
+    Path(args.json).write_text(json.dumps(result, indent=2, default=str))
+    write_section(Path(args.md), "tiny", markdown(result))
+    print(markdown(result))
+
+
+if __name__ == "__main__":
+    main()
