@@ -132,7 +132,11 @@ def apply_jax_options(config: EngineConfig) -> None:
     if _applied == wanted:
         return
     if not _applied:
-        jax.config.update("jax_num_cpu_devices", config.cpu_devices)
+        try:
+            jax.config.update("jax_num_cpu_devices", config.cpu_devices)
+        except RuntimeError:  # something ran a JAX operation first: keep what the backend has
+            print(f"[sdxl_engine] warning: JAX was initialised before the engine; cpu_devices={config.cpu_devices} "
+                  f"not applied ({len(jax.devices())} devices)")
     cache_dir = config.compile_cache_dir
     if cache_dir:
         try:

@@ -130,6 +130,8 @@ def load_model(model: str, *, dtype: str, platform: str, revision: str = "", cac
     else:
         source = model
     kwargs = {"revision": revision} if revision and source == model else {}
+    if platform != "cpu":
+        kwargs["split_head_dim"] = True  # the blog's TPU setting: attention heads as a separate axis
     try:
         pipe, params = FlaxStableDiffusionXLPipeline.from_pretrained(source, dtype=getattr(jnp, dtype), **kwargs)
     except Exception as err:  # diffusers raises OSError, ValueError, EnvironmentError, HTTP errors...

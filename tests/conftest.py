@@ -12,6 +12,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from sdxl_engine.config import EngineConfig, apply_jax_options  # noqa: E402
+
+# Before any test touches JAX: 4 CPU devices, as the app presents them.
+apply_jax_options(EngineConfig.load({"cpu_devices": 4}, environ={
+    k: v for k, v in os.environ.items() if k == "SDXL_COMPILE_CACHE_DIR"}))
+
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "device: needs an accelerator and real weights; skipped by default")
