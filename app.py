@@ -48,7 +48,7 @@ def handle_generate(engine, prompt, negative_prompt, seed, guidance_scale, num_i
     starting, the request waits and reports the start-up stage and elapsed seconds. When the
     config has ``outputs_dir``, every image is also saved there as PNG with its parameters.
     """
-    report = progress or (lambda *_, **__: None)
+    report = progress if progress is not None else (lambda *_, **__: None)  # gr.Progress is falsy (len 0)
     try:
         styled_prompt, styled_negative = apply_style(style, prompt, negative_prompt)
     except UnknownStyle as err:
