@@ -207,37 +207,43 @@ def build_demo(generate: Callable, config: EngineConfig, engine=None) -> gr.Bloc
         gr.Markdown(f"# {TITLE}\nFour images per prompt, generated in parallel across the accelerator's devices.")
         banner = gr.Markdown(engine_banner(engine)[0], elem_id="engine-status")
         with gr.Row():
-            prompt = gr.Textbox(label="Prompt", placeholder="a red circle on a blue background", scale=5,
-                                lines=1, max_lines=3, elem_id="prompt")
-            run = gr.Button("Generate", variant="primary", scale=1, elem_id="generate")
-        style = gr.Radio(list(STYLE_NAMES), value=NO_STYLE, label="Style", elem_id="style")
-        gallery = gr.Gallery(label="Images", columns=2, format="png", height="auto", object_fit="contain",
-                             buttons=["download", "fullscreen"], interactive=False, elem_id="gallery")
-        status = gr.Markdown(elem_id="result-status")
-        with gr.Row(equal_height=True):
-            choices, default_size = size_choices(engine)
-            resolution = gr.Dropdown(choices, value=default_size, label="Resolution (width × height, pixels)",
-                                     elem_id="resolution", scale=2)
-            seed = gr.Number(value=-1, precision=0, minimum=-1, maximum=config.max_seed, label="Seed (-1 = random)",
-                             elem_id="seed", scale=2)
-            randomize = gr.Button("Randomize seed", scale=1, elem_id="randomize")
-            reuse = gr.Button("Reuse selected image's seed", scale=1, interactive=False, elem_id="reuse")
-        with gr.Accordion("Advanced settings", open=False):
-            negative_prompt = gr.Textbox(label="Negative prompt", placeholder="what to avoid", elem_id="negative")
-            guidance_scale = gr.Slider(0.0, 20.0, value=config.guidance_scale, step=0.5, label="Guidance scale")
-            num_inference_steps = gr.Slider(1, config.max_inference_steps, value=config.num_inference_steps, step=1,
-                                            label="Steps")
-            with gr.Row(visible=False):  # set from the resolution list; they stay the API's width/height inputs
-                width = gr.Number(value=0, precision=0, label="Width (px, 0 = model default)")
-                height = gr.Number(value=0, precision=0, label="Height (px, 0 = model default)")
-        with gr.Accordion("Details (JSON, as the API returns it)", open=False):
-            info = gr.JSON(label="Details")
+            with gr.Column(scale=2):  # what to make
+                with gr.Row():
+                    prompt = gr.Textbox(label="Prompt", placeholder="a red circle on a blue background", scale=4,
+                                        lines=1, max_lines=3, elem_id="prompt")
+                    run = gr.Button("Generate", variant="primary", scale=1, elem_id="generate")
+                style = gr.Radio(list(STYLE_NAMES), value=NO_STYLE, label="Style", elem_id="style")
+                with gr.Row():
+                    choices, default_size = size_choices(engine)
+                    resolution = gr.Dropdown(choices, value=default_size, label="Resolution (width × height, pixels)",
+                                             elem_id="resolution")
+                    seed = gr.Number(value=-1, precision=0, minimum=-1, maximum=config.max_seed,
+                                     label="Seed (-1 = random)", elem_id="seed")
+                with gr.Row():
+                    randomize = gr.Button("Randomize seed", size="sm", elem_id="randomize")
+                    reuse = gr.Button("Reuse selected image's seed", size="sm", interactive=False, elem_id="reuse")
+                with gr.Accordion("Advanced settings", open=False):
+                    negative_prompt = gr.Textbox(label="Negative prompt", placeholder="what to avoid",
+                                                 elem_id="negative")
+                    guidance_scale = gr.Slider(0.0, 20.0, value=config.guidance_scale, step=0.5,
+                                               label="Guidance scale")
+                    num_inference_steps = gr.Slider(1, config.max_inference_steps, value=config.num_inference_steps,
+                                                    step=1, label="Steps")
+                    with gr.Row(visible=False):  # set from the resolution list; still the API's width/height
+                        width = gr.Number(value=0, precision=0, label="Width (px, 0 = model default)")
+                        height = gr.Number(value=0, precision=0, label="Height (px, 0 = model default)")
+            with gr.Column(scale=3):  # what came out
+                gallery = gr.Gallery(label="Images", columns=2, format="png", height="auto", object_fit="contain",
+                                     buttons=["download", "fullscreen"], interactive=False, elem_id="gallery")
+                status = gr.Markdown(elem_id="result-status")
+                with gr.Accordion("Details (JSON, as the API returns it)", open=False):
+                    info = gr.JSON(label="Details")
         gr.Examples([[text, EXAMPLE_STYLES[i % len(EXAMPLE_STYLES)]] for i, text in enumerate(EXAMPLES)],
                     inputs=[prompt, style], label="Examples (click to fill the prompt and style)")
         with gr.Accordion("History (this browser)", open=True):
             history_note = gr.Markdown("Click an image to restore its prompt, style, seed and settings.")
-            history_gallery = gr.Gallery(label="Past generations", columns=8, height="auto", allow_preview=False, fit_columns=False,
-                                         format="png", interactive=False, elem_id="history")
+            history_gallery = gr.Gallery(label="Past generations", columns=10, height=300, allow_preview=False,
+                                         fit_columns=False, format="png", interactive=False, elem_id="history")
             clear_history = gr.Button("Clear history", size="sm")
         history = gr.BrowserState([], storage_key="sdxl-jax-history")
         selected_seed = gr.State(None)
