@@ -55,7 +55,7 @@ def handle_generate(engine, prompt, negative_prompt, seed, guidance_scale, num_i
         raise gr.Error(str(err)) from err
     style = style or NO_STYLE
     while not engine.ready.wait(0.5):
-        report(None, desc=f"Starting the engine: {engine.stage} ({time.perf_counter() - engine.started:.0f} s)")
+        report(0.0, desc=f"Starting the engine: {engine.stage} ({time.perf_counter() - engine.started:.0f} s)")
     size = {} if not width and not height else {"width": width or None, "height": height or None}
     request = GenerateRequest(prompt=styled_prompt, negative_prompt=styled_negative,
                               seed=-1 if seed is None else seed, guidance_scale=guidance_scale,

@@ -222,10 +222,14 @@ def test_while_the_engine_starts_the_page_says_so_and_share_offline_is_one_line(
         banner = page.inner_text("#engine-status")
         if "Ready on" in banner:
             pytest.skip("the engine was ready before the page loaded; nothing to observe")
-        assert re.search(r"Starting the engine: (loading model|placing params|compiling|warm-up).* — \d+ s so far",
+        assert re.search(r"Starting the engine: (starting|loading model|placing params|compiling|warm-up).* — \d+ s so far",
                          banner), banner
         page.fill("#prompt textarea", "a red circle")
         page.click("#generate")  # waits for the engine instead of failing
+        page.wait_for_selector("#gallery [data-testid='status-tracker']:has-text('Starting the engine')",
+                               timeout=30_000)
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "ui-starting.png"))
         page.wait_for_function("document.querySelector('#engine-status').innerText.includes('Ready on')",
                                timeout=240_000)
         page.wait_for_function("document.querySelector('#result-status').innerText.includes('images on')",

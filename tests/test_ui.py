@@ -106,6 +106,9 @@ def test_banner_and_sizes_while_starting_and_when_ready(engine):
     text, done = app.engine_banner(starting)
     assert not done and text.startswith("**Starting the engine: starting** — 0 s so far")
     assert app.size_choices(starting) == ([("model default", "0x0")], "0x0")
+    starting.error = RuntimeError("no such model")  # what Engine.start records when a stage raises
+    starting.ready.set()
+    assert app.engine_banner(starting) == ("**The engine failed to start:** no such model", True)
     text, done = app.engine_banner(engine)
     assert done and text.startswith("Ready on **4 × cpu** — model `tiny-random` (float32)")
     choices, value = app.size_choices(engine)
