@@ -80,7 +80,7 @@ def handle_generate(engine, prompt, negative_prompt, seed, guidance_scale, num_i
     label = "" if style == NO_STYLE else f" · {style}"
     gallery = [(image, f"seed {s}{label} · {latency:.2f} s") for image, s in zip(images, result.seeds)]
     for warning in result.warnings:
-        gr.Warning(warning)
+        gr.Warning(warning if style == NO_STYLE else f"{warning} (the {style} style adds words around yours)")
     info = {
         "seeds": result.seeds,
         "latency_s": round(latency, 4),
