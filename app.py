@@ -33,6 +33,7 @@ HISTORY_LIMIT = 20  # generations kept in the browser's history (localStorage)
 THUMB_PX = 96  # longest side of a history thumbnail, pixels
 STAGES = {  # engine stage -> (progress fraction, what the page says)
     "waiting for the device": (0.02, "Waiting for the device (another request is running)"),
+    "compiling": (0.03, "Compiling the program for this size (first request at it; reused afterwards)"),
     "preparing": (0.05, "Preparing: tokenizing the prompts, scheduling {steps} Euler steps"),
     "on device": (0.1, "On {devices}: encoding the prompts, denoising {steps} steps, decoding with the VAE"),
     "to host": (0.9, "Copying {n} images to the host"),

@@ -155,6 +155,12 @@ class Engine:
             self.compile_count += 1
         return self._programs[shape]
 
+    def is_compiled(self, width: int, height: int) -> bool:
+        """Whether the program for this size bucket (pixels) is compiled already."""
+        from .program import ProgramShape
+
+        return ProgramShape(self.batch, height, width, self.config.max_inference_steps) in self._programs
+
     def wait_ready(self, timeout: float | None = None) -> None:
         """Block until start-up finished. Raises EngineNotReady if it failed or timed out."""
         if not self.ready.wait(timeout):
@@ -168,7 +174,8 @@ class Engine:
         """Validate, then run one request on the devices (one request at a time).
 
         ``progress``, if given, is called on this thread with each stage's name as it starts:
-        ``"waiting for the device"`` (only when another request holds it), ``"preparing"``
+        ``"waiting for the device"`` (only when another request holds it), ``"compiling"`` (only
+        for the first request of a size bucket), ``"preparing"``
         (tokenize, schedule), ``"on device"`` (the one compiled program: text encoders, the
         denoising loop and the VAE decode; it reports nothing from inside), ``"to host"``.
 
@@ -208,9 +215,11 @@ class Engine:
     def _run(self, request: GenerateRequest, progress: Callable[[str], None] = _no_progress) -> GenerateResult:
         import jax
 
-        progress("preparing")
         t0 = time.perf_counter()
+        if not self.is_compiled(request.width, request.height):
+            progress("compiling")
         program = self._program(request.width, request.height)
+        progress("preparing")
         b = self.batch
         prompt_ids, cut = self._tokenize(request.prompt)
         negative_ids, cut_negative = self._tokenize(request.negative_prompt)

@@ -32,6 +32,11 @@ def test_engine_reports_stages_in_order(engine):
     stages = []
     engine.generate(GenerateRequest("a red circle", seed=1, num_inference_steps=2), progress=stages.append)
     assert stages == ["preparing", "on device", "to host"]
+    new_size = next(size for size in engine.limits.sizes if not engine.is_compiled(*size))
+    stages.clear()
+    engine.generate(GenerateRequest("a red circle", seed=1, num_inference_steps=2, width=new_size[0],
+                                    height=new_size[1]), progress=stages.append)
+    assert stages == ["compiling", "preparing", "on device", "to host"] and engine.is_compiled(*new_size)
 
 
 def test_handler_applies_style_reports_progress_and_saves_pngs(engine, monkeypatch, tmp_path):
