@@ -2,8 +2,8 @@
 
 Run ``python app.py`` (see ``--help``). The page's Generate event is also the API endpoint
 ``/generate``: keyword inputs ``prompt, negative_prompt, seed, guidance_scale,
-num_inference_steps, width, height``; outputs the gallery and a JSON object with ``seeds``,
-``latency_s`` and ``device_count`` (and more, documented in the README).
+num_inference_steps, width, height`` and the optional ``style``; outputs the gallery and a JSON
+object with ``seeds``, ``latency_s`` and ``device_count`` (and more, documented in the README).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import gradio as gr
 from sdxl_engine.config import EngineConfig
 from sdxl_engine.engine import EngineNotReady, GenerationError, get_engine
 from sdxl_engine.images import a1111_parameters, save_png, to_pil
-from sdxl_engine.styles import NO_STYLE, STYLE_NAMES, UnknownStyle, apply_style
+from sdxl_engine.styles import NO_STYLE, STYLE_NAMES, UnknownStyle, apply_style, get_style
 from sdxl_engine.validation import GenerateRequest, InvalidRequest
 
 TITLE = "Fast Stable Diffusion XL with JAX"
@@ -52,9 +52,9 @@ def handle_generate(engine, prompt, negative_prompt, seed, guidance_scale, num_i
     report = progress if progress is not None else (lambda *_, **__: None)  # gr.Progress is falsy (len 0)
     try:
         styled_prompt, styled_negative = apply_style(style, prompt, negative_prompt)
+        style = get_style(style).name
     except UnknownStyle as err:
         raise gr.Error(str(err)) from err
-    style = style or NO_STYLE
     while not engine.ready.wait(0.5):
         report(0.0, desc=f"Starting the engine: {engine.stage} ({time.perf_counter() - engine.started:.0f} s)")
     size = {} if not width and not height else {"width": width or None, "height": height or None}

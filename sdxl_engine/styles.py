@@ -88,15 +88,16 @@ def apply_style(name: str | None, prompt: str, negative_prompt: str = "") -> tup
 
     Returns ``(prompt, negative_prompt)`` as the engine should receive them. The user's prompt is
     inserted verbatim at ``{prompt}``; the style's negative text follows the user's, joined by
-    ", " (either may be empty). An empty user prompt stays empty, so the engine's "prompt: is
-    empty" check still fires instead of the template's words being generated.
+    ", " (either may be empty). An empty (or non-text) prompt is returned unchanged, so the
+    engine's validation still refuses it instead of generating the template's words alone.
 
     Raises:
         UnknownStyle: see :func:`get_style`.
     """
     style = get_style(name)
-    prompt = prompt or ""
-    negative_prompt = negative_prompt or ""
-    styled = style.prompt.replace("{prompt}", prompt) if prompt.strip() else prompt
+    negative_prompt = "" if negative_prompt is None else negative_prompt
+    if not isinstance(prompt, str) or not isinstance(negative_prompt, str) or not prompt.strip():
+        return prompt, negative_prompt  # left as they are for validation to name the problem
+    styled = style.prompt.replace("{prompt}", prompt)
     negative = ", ".join(part for part in (negative_prompt.strip(), style.negative_prompt) if part)
     return styled, negative

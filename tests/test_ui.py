@@ -21,7 +21,8 @@ def test_apply_style_wraps_prompt_and_puts_the_users_negative_first():
     assert prompt == "pixel-art a red circle . low-res, blocky, pixel art style, 8-bit graphics"
     assert negative == "green, sloppy, messy, blurry, noisy, highly detailed, ultra textured, photo, realistic"
     assert apply_style("pixel ART", "a red circle", "")[1].startswith("sloppy")  # case-insensitive name
-    assert apply_style("Cinematic", "  ", "") == ("  ", apply_style("Cinematic", "x")[1])  # empty stays empty
+    assert apply_style("Cinematic", "  ", "") == ("  ", "")  # left for validation to refuse
+    assert apply_style("Cinematic", None, None) == (None, "")
     with pytest.raises(UnknownStyle, match="unknown style 'Baroque'; choose one of \\(No style\\), Cinematic"):
         apply_style("Baroque", "a red circle")
 
