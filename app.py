@@ -2,44 +2,86 @@
 
 Run ``python app.py`` (see ``--help``). The page's Generate event is also the API endpoint
 ``/generate``: keyword inputs ``prompt, negative_prompt, seed, guidance_scale,
-num_inference_steps, width, height``; outputs the gallery and a JSON object with ``seeds``,
-``latency_s`` and ``device_count`` (and more, documented in the README).
+num_inference_steps, width, height`` and the optional ``style``; outputs the gallery and a JSON
+object with ``seeds``, ``latency_s`` and ``device_count`` (and more, documented in the README).
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
+import io
 import os
+import time
+from pathlib import Path
 from typing import Callable
 
 import gradio as gr
 
 from sdxl_engine.config import EngineConfig
 from sdxl_engine.engine import EngineNotReady, GenerationError, get_engine
-from sdxl_engine.images import a1111_parameters, to_pil
+from sdxl_engine.images import a1111_parameters, save_png, to_pil
+from sdxl_engine.styles import NO_STYLE, STYLE_NAMES, UnknownStyle, apply_style, get_style
 from sdxl_engine.validation import GenerateRequest, InvalidRequest
 
 TITLE = "Fast Stable Diffusion XL with JAX"
 EXAMPLES = ["a red circle on a blue background", "a large green square at the top", "a small yellow star on the left",
             "a purple triangle on a white background", "a cinematic photo of a cat"]
+# The style each example row selects (paired with EXAMPLES in order, repeating).
+EXAMPLE_STYLES = (NO_STYLE, "Pixel art", "Anime", "Digital Art", "Cinematic")
+HISTORY_LIMIT = 20  # generations kept in the browser's history (localStorage)
+THUMB_PX = 96  # longest side of a history thumbnail, pixels
+STAGES = {  # engine stage -> (progress fraction, what the page says)
+    "waiting for the device": (0.02, "Waiting for the device (another request is running)"),
+    "compiling": (0.03, "Compiling the program for this size (first request at it; reused afterwards)"),
+    "preparing": (0.05, "Preparing: tokenizing the prompts, scheduling {steps} Euler steps"),
+    "on device": (0.1, "On {devices}: encoding the prompts, denoising {steps} steps, decoding with the VAE"),
+    "to host": (0.9, "Copying {n} images to the host"),
+}
 
 
-def handle_generate(engine, prompt, negative_prompt, seed, guidance_scale, num_inference_steps, width, height):
-    """One /generate call: widget values in, (gallery items, info dict) out; gr.Error on bad input."""
-    size = {} if not width and not height else {"width": width or None, "height": height or None}
-    request = GenerateRequest(prompt=prompt, negative_prompt=negative_prompt or "", seed=-1 if seed is None else seed,
-                              guidance_scale=guidance_scale, num_inference_steps=num_inference_steps, **size)
+def handle_generate(engine, prompt, negative_prompt, seed, guidance_scale, num_inference_steps, width, height,
+                    style=NO_STYLE, progress: Callable | None = None):
+    """One /generate call: widget values in, (gallery items, info dict) out; gr.Error on bad input.
+
+    ``style`` names a preset of sdxl_engine.styles (applied here, so the engine sees plain text).
+    ``progress(fraction, desc=...)`` (a gr.Progress) hears each stage; while the engine is still
+    starting, the request waits and reports the start-up stage and elapsed seconds. When the
+    config has ``outputs_dir``, every image is also saved there as PNG with its parameters.
+    """
+    report = progress if progress is not None else (lambda *_, **__: None)  # gr.Progress is falsy (len 0)
     try:
-        result = engine.generate(request)
+        styled_prompt, styled_negative = apply_style(style, prompt, negative_prompt)
+        style = get_style(style).name
+    except UnknownStyle as err:
+        raise gr.Error(str(err)) from err
+    while not engine.ready.wait(0.5):
+        report(0.0, desc=f"Starting the engine: {engine.stage} ({time.perf_counter() - engine.started:.0f} s)")
+    size = {} if not width and not height else {"width": width or None, "height": height or None}
+    request = GenerateRequest(prompt=styled_prompt, negative_prompt=styled_negative,
+                              seed=-1 if seed is None else seed, guidance_scale=guidance_scale,
+                              num_inference_steps=num_inference_steps, **size)
+
+    def on_stage(stage: str) -> None:
+        fraction, text = STAGES.get(stage, (None, stage))
+        report(fraction, desc=text.format(steps=num_inference_steps, devices=getattr(engine, "device_summary", ""),
+                                          n=getattr(engine, "batch", "")))
+
+    try:
+        result = engine.generate(request, progress=on_stage)
     except (InvalidRequest, EngineNotReady, GenerationError) as err:
         raise gr.Error(str(err)) from err
+    report(0.95, desc="Encoding PNGs")
     req = result.request
     latency = result.timings["latency"]
+    extra = {} if style == NO_STYLE else {"Style": style}
     texts = [a1111_parameters(req.prompt, req.negative_prompt, req.num_inference_steps, req.guidance_scale, s,
-                              req.width, req.height, result.model) for s in result.seeds]
-    gallery = [(image, f"seed {s} · {latency:.2f} s") for image, s in zip(to_pil(result.images, texts), result.seeds)]
+                              req.width, req.height, result.model, extra) for s in result.seeds]
+    images = to_pil(result.images, texts)
+    label = "" if style == NO_STYLE else f" · {style}"
+    gallery = [(image, f"seed {s}{label} · {latency:.2f} s") for image, s in zip(images, result.seeds)]
     for warning in result.warnings:
-        gr.Warning(warning)
+        gr.Warning(warning if style == NO_STYLE else f"{warning} (the {style} style adds words around yours)")
     info = {
         "seeds": result.seeds,
         "latency_s": round(latency, 4),
@@ -54,54 +96,227 @@ def handle_generate(engine, prompt, negative_prompt, seed, guidance_scale, num_i
         "height": req.height,
         "model": result.model,
         "warnings": result.warnings,
+        "style": style,
+        "user_prompt": prompt,
+        "user_negative_prompt": negative_prompt or "",
     }
+    outputs_dir = getattr(engine.config, "outputs_dir", "")
+    if outputs_dir:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        info["saved"] = [str(save_png(image, Path(outputs_dir) / f"{stamp}-seed{s}.png"))
+                         for image, s in zip(images, result.seeds)]
     return gallery, info
 
 
 def status_line(info: dict) -> str:
-    """The one line under the gallery: latency breakdown and devices."""
+    """The one line under the gallery: latency breakdown, devices, size, steps, style and model."""
     if not info:
         return ""
     t = info["timings_s"]
-    return (f"**{info['latency_s']:.2f} s** for {len(info['seeds'])} images on {info['device']} "
+    style = info.get("style", NO_STYLE)
+    saved = f" · saved to `{Path(info['saved'][0]).parent}`" if info.get("saved") else ""
+    return (f"**{info['latency_s']:.2f} s** for {len(info['seeds'])} images on **{info['device']}** "
             f"(queue {t['queue']:.2f} s · prep {t['prep']:.3f} s · device {t['device']:.2f} s · "
             f"post {t['post']:.3f} s) — {info['width']}×{info['height']}, {info['num_inference_steps']} steps, "
-            f"model `{info['model']}`")
+            f"CFG {info['guidance_scale']:g}, seeds {info['seeds'][0]}–{info['seeds'][-1]}, "
+            f"style **{style}**, model `{info['model']}`{saved}")
 
 
-def build_demo(generate: Callable, config: EngineConfig) -> gr.Blocks:
-    """The page. ``generate`` has handle_generate's signature minus the engine (tests pass a fake)."""
+def engine_banner(engine) -> tuple[str, bool]:
+    """(Markdown for the status banner, whether the engine is done starting) for ``engine``.
+
+    While it starts: the stage (loading, placing, compiling, warm-up) and the seconds since start.
+    """
+    if engine is None:
+        return "", True
+    elapsed = time.perf_counter() - engine.started
+    if not engine.ready.is_set():
+        return (f"**Starting the engine: {engine.stage}** — {elapsed:.0f} s so far. "
+                "Requests sent now wait and run as soon as it is ready."), False
+    if engine.error is not None:
+        return f"**The engine failed to start:** {engine.error}", True
+    ready_s = engine.startup.get("ready_s", elapsed)
+    return (f"Ready on **{engine.device_summary}** — model `{engine.model.name}` ({engine.model.dtype}), "
+            f"started in {ready_s:.1f} s"), True
+
+
+def size_choices(engine) -> tuple[list[tuple[str, str]], str]:
+    """Resolution dropdown (label, "WxH") choices and the default value; ("model default", "0x0") until ready."""
+    if engine is None or not engine.ready.is_set() or engine.error is not None:
+        return [("model default", "0x0")], "0x0"
+    default = engine.limits.default_size
+    choices = []
+    for w, h in engine.limits.sizes:
+        shape = "square" if w == h else "landscape" if w > h else "portrait"
+        choices.append((f"{w} × {h} ({shape}{', default' if (w, h) == default else ''})", f"{w}x{h}"))
+    return choices, f"{default[0]}x{default[1]}"
+
+
+def thumbnail_url(path: str) -> str:
+    """A small JPEG data URL (longest side THUMB_PX pixels) of the image at ``path``, for the history."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        image = image.convert("RGB")
+        image.thumbnail((THUMB_PX, THUMB_PX))
+        buffer = io.BytesIO()
+        image.save(buffer, format="JPEG", quality=85)
+    return "data:image/jpeg;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def history_record(info: dict, gallery: list) -> dict:
+    """What the browser keeps of one generation: its settings, seeds and thumbnails (a few KB)."""
+    return {
+        "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "prompt": info["user_prompt"], "negative_prompt": info["user_negative_prompt"], "style": info["style"],
+        "seeds": info["seeds"], "guidance_scale": info["guidance_scale"],
+        "num_inference_steps": info["num_inference_steps"], "width": info["width"], "height": info["height"],
+        "model": info["model"], "latency_s": info["latency_s"],
+        "thumbs": [thumbnail_url(item[0]) for item in gallery],
+    }
+
+
+def history_items(history: list) -> list[tuple]:
+    """Flatten the history (newest first) to gallery items: (PIL thumbnail, caption), one per image."""
+    from PIL import Image
+
+    items = []
+    for record in history or []:
+        for seed, url in zip(record["seeds"], record["thumbs"]):
+            image = Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1])))
+            style = "" if record["style"] == NO_STYLE else f" · {record['style']}"
+            items.append((image, f"seed {seed}{style} · {record['prompt'][:40]}"))
+    return items
+
+
+def history_entry(history: list, index: int) -> tuple[dict, int]:
+    """The record and seed behind item ``index`` of :func:`history_items`. Raises IndexError."""
+    for record in history or []:
+        if index < len(record["seeds"]):
+            return record, record["seeds"][index]
+        index -= len(record["seeds"])
+    raise IndexError("no such history item")
+
+
+def build_demo(generate: Callable, config: EngineConfig, engine=None) -> gr.Blocks:
+    """The page. ``generate`` has handle_generate's signature minus the engine (tests pass a fake).
+
+    ``engine`` (optional) feeds the start-up banner and the resolution list; without it the page
+    offers the model's default size only.
+    """
     with gr.Blocks(title=TITLE) as demo:
         gr.Markdown(f"# {TITLE}\nFour images per prompt, generated in parallel across the accelerator's devices.")
+        banner = gr.Markdown(engine_banner(engine)[0], elem_id="engine-status")
         with gr.Row():
-            prompt = gr.Textbox(label="Prompt", placeholder="a red circle on a blue background", scale=5,
-                                lines=1, max_lines=3)
-            run = gr.Button("Generate", variant="primary", scale=1)
-        gallery = gr.Gallery(label="Images", columns=2, format="png", height="auto", object_fit="contain")
-        status = gr.Markdown()
-        with gr.Accordion("Advanced settings", open=False):
-            negative_prompt = gr.Textbox(label="Negative prompt", placeholder="what to avoid")
-            guidance_scale = gr.Slider(0.0, 20.0, value=config.guidance_scale, step=0.5, label="Guidance scale")
-            num_inference_steps = gr.Slider(1, config.max_inference_steps, value=config.num_inference_steps, step=1,
-                                            label="Steps")
-            seed = gr.Number(value=-1, precision=0, minimum=-1, maximum=config.max_seed, label="Seed (-1 = random)")
-            with gr.Row():
-                width = gr.Number(value=0, precision=0, label="Width (px, 0 = model default)")
-                height = gr.Number(value=0, precision=0, label="Height (px, 0 = model default)")
-        info = gr.JSON(label="Details", open=False)
-        gr.Examples(EXAMPLES, inputs=[prompt])
-        inputs = [prompt, negative_prompt, seed, guidance_scale, num_inference_steps, width, height]
+            with gr.Column(scale=2):  # what to make
+                with gr.Row():
+                    prompt = gr.Textbox(label="Prompt", placeholder="a red circle on a blue background", scale=4,
+                                        lines=1, max_lines=3, elem_id="prompt")
+                    run = gr.Button("Generate", variant="primary", scale=1, elem_id="generate")
+                style = gr.Radio(list(STYLE_NAMES), value=NO_STYLE, label="Style", elem_id="style")
+                with gr.Row():
+                    choices, default_size = size_choices(engine)
+                    resolution = gr.Dropdown(choices, value=default_size, label="Resolution (width × height, pixels)",
+                                             elem_id="resolution")
+                    seed = gr.Number(value=-1, precision=0, minimum=-1, maximum=config.max_seed,
+                                     label="Seed (-1 = random)", elem_id="seed")
+                with gr.Row():
+                    randomize = gr.Button("Randomize seed", size="sm", elem_id="randomize")
+                    reuse = gr.Button("Reuse selected image's seed", size="sm", interactive=False, elem_id="reuse")
+                with gr.Accordion("Advanced settings", open=False):
+                    negative_prompt = gr.Textbox(label="Negative prompt", placeholder="what to avoid",
+                                                 elem_id="negative")
+                    guidance_scale = gr.Slider(0.0, 20.0, value=config.guidance_scale, step=0.5,
+                                               label="Guidance scale")
+                    num_inference_steps = gr.Slider(1, config.max_inference_steps, value=config.num_inference_steps,
+                                                    step=1, label="Steps")
+                    with gr.Row(visible=False):  # set from the resolution list; still the API's width/height
+                        width = gr.Number(value=0, precision=0, label="Width (px, 0 = model default)")
+                        height = gr.Number(value=0, precision=0, label="Height (px, 0 = model default)")
+            with gr.Column(scale=3):  # what came out
+                gallery = gr.Gallery(label="Images", columns=2, format="png", height="auto", object_fit="contain",
+                                     buttons=["download", "fullscreen"], interactive=False, elem_id="gallery")
+                status = gr.Markdown(elem_id="result-status")
+                with gr.Accordion("Details (JSON, as the API returns it)", open=False):
+                    info = gr.JSON(label="Details")
+        gr.Examples([[text, EXAMPLE_STYLES[i % len(EXAMPLE_STYLES)]] for i, text in enumerate(EXAMPLES)],
+                    inputs=[prompt, style], label="Examples (click to fill the prompt and style)")
+        with gr.Accordion("History (this browser)", open=True):
+            history_note = gr.Markdown("Click an image to restore its prompt, style, seed and settings.")
+            history_gallery = gr.Gallery(label="Past generations", columns=10, height=300, allow_preview=False,
+                                         fit_columns=False, format="png", interactive=False, elem_id="history")
+            clear_history = gr.Button("Clear history", size="sm")
+        history = gr.BrowserState([], storage_key="sdxl-jax-history")
+        selected_seed = gr.State(None)
+        inputs = [prompt, negative_prompt, seed, guidance_scale, num_inference_steps, width, height, style]
 
         def generate_images(prompt: str, negative_prompt: str | None = None, seed: int = -1,
                             guidance_scale: float = config.guidance_scale,
-                            num_inference_steps: int = config.num_inference_steps, width: int = 0, height: int = 0):
-            # Named parameters: gradio_client callers use these keywords (the /generate contract).
-            return generate(prompt, negative_prompt, seed, guidance_scale, num_inference_steps, width, height)
+                            num_inference_steps: int = config.num_inference_steps, width: int = 0, height: int = 0,
+                            style: str = NO_STYLE, progress=gr.Progress()):
+            # Named parameters: gradio_client callers use these keywords (the /generate contract);
+            # only optional inputs are ever added, at the end.
+            return generate(prompt, negative_prompt, seed, guidance_scale, num_inference_steps, width, height, style,
+                            progress=progress)
 
         event = gr.on([run.click, prompt.submit], generate_images, inputs, [gallery, info], api_name="generate",
                       concurrency_id="engine", concurrency_limit=1)
         event.success(status_line, info, status, api_visibility="private")
+        event.success(remember, [history, info, gallery], [history, history_gallery], api_visibility="private",
+                      show_progress="hidden")
+        event.success(lambda: (None, gr.Button("Reuse selected image's seed", interactive=False)), None,
+                      [selected_seed, reuse], api_visibility="private", queue=False)
+
+        def select_image(info: dict, evt: gr.SelectData):
+            seed = info["seeds"][evt.index] if info and evt.index is not None else None
+            return seed, gr.Button(f"Reuse seed {seed}" if seed is not None else "Reuse selected image's seed",
+                                   interactive=seed is not None)
+
+        gallery.select(select_image, info, [selected_seed, reuse], api_visibility="private", queue=False)
+        reuse.click(lambda s: -1 if s is None else s, selected_seed, seed, api_visibility="private", queue=False)
+        randomize.click(lambda: -1, None, seed, api_visibility="private", queue=False)
+        resolution.change(parse_size, resolution, [width, height], api_visibility="private", queue=False)
+
+        def restore(history: list, evt: gr.SelectData):
+            record, seed_value = history_entry(history, evt.index)
+            return (record["prompt"], record["negative_prompt"], record["style"], seed_value, record["guidance_scale"],
+                    record["num_inference_steps"], f"{record['width']}x{record['height']}",
+                    f"Restored seed {seed_value} from {record['time']} ({record['model']}); press **Generate** to "
+                    "make it again.")
+
+        history_gallery.select(restore, history, [prompt, negative_prompt, style, seed, guidance_scale,
+                                                  num_inference_steps, resolution, history_note],
+                               api_visibility="private", queue=False)
+        clear_history.click(lambda: ([], []), None, [history, history_gallery], api_visibility="private", queue=False)
+
+        timer = gr.Timer(1.0, active=engine is not None and not engine.ready.is_set())
+
+        def refresh():
+            text, done = engine_banner(engine)
+            if not done:
+                return text, gr.Dropdown(), gr.Timer(active=True)
+            sizes, value = size_choices(engine)
+            return text, gr.Dropdown(choices=sizes, value=value), gr.Timer(active=False)
+
+        timer.tick(refresh, None, [banner, resolution, timer], api_visibility="private", queue=False,
+                   show_progress="hidden")
+        demo.load(refresh, None, [banner, resolution, timer], api_visibility="private", queue=False,
+                  show_progress="hidden")
+        demo.load(history_items, history, history_gallery, api_visibility="private", queue=False,
+                  show_progress="hidden")
     return demo
+
+
+def parse_size(value: str) -> tuple[int, int]:
+    """"WxH" from the resolution list -> (width, height) in pixels; "0x0" = the model's default."""
+    w, h = (value or "0x0").split("x")
+    return int(w), int(h)
+
+
+def remember(history: list, info: dict, gallery: list) -> tuple[list, list]:
+    """Put a finished generation first in the browser history (at most HISTORY_LIMIT kept)."""
+    history = [history_record(info, gallery)] + list(history or [])[:HISTORY_LIMIT - 1]
+    return history, history_items(history)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -110,10 +325,30 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"))
     parser.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", "7860")))
     for name in ("model", "revision", "dtype", "width", "height", "num_inference_steps", "max_inference_steps",
-                 "images_per_request", "cpu_devices", "compile_cache_dir"):
+                 "images_per_request", "cpu_devices", "compile_cache_dir", "outputs_dir"):
         parser.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
                             help=f"engine setting {name} (env SDXL_{name.upper()})")
     return parser.parse_args(argv)
+
+
+def share_possible(local_url: str, timeout: float = 5.0) -> bool:
+    """Whether Gradio's share server answers; if not, print one line saying the app stays local.
+
+    Gradio itself would try, fail and print several lines of advice; offline, one clear line is
+    enough. A custom share server (GRADIO_SHARE_SERVER_ADDRESS) is not probed.
+    """
+    if os.environ.get("GRADIO_SHARE_SERVER_ADDRESS"):
+        return True
+    import httpx
+    from gradio.networking import GRADIO_API_SERVER
+
+    try:
+        httpx.get(GRADIO_API_SERVER, timeout=timeout).raise_for_status()
+        return True
+    except (httpx.HTTPError, OSError) as err:
+        print(f"[app] --share: no public link (cannot reach {httpx.URL(GRADIO_API_SERVER).host}: "
+              f"{type(err).__name__}); serving locally only at {local_url}", flush=True)
+        return False
 
 
 def main(argv=None) -> None:
@@ -121,9 +356,10 @@ def main(argv=None) -> None:
     overrides = {k: v for k, v in vars(args).items() if k not in ("share", "host", "port") and v is not None}
     config = EngineConfig.load(overrides)
     engine = get_engine(config, background=True)
-    demo = build_demo(lambda *values: handle_generate(engine, *values), config)
+    demo = build_demo(lambda *values, **kw: handle_generate(engine, *values, **kw), config, engine)
     demo.queue(max_size=config.max_queue_size, default_concurrency_limit=1)
-    demo.launch(server_name=args.host, server_port=args.port, share=args.share)
+    share = args.share and share_possible(f"http://{args.host}:{args.port}/")
+    demo.launch(server_name=args.host, server_port=args.port, share=share)
 
 
 if __name__ == "__main__":

@@ -60,6 +60,9 @@ class EngineConfig:
     max_seed: int = 2**32 - 1 - 64
     # Requests allowed to wait in the queue before new ones are told to retry.
     max_queue_size: int = 16
+    # Directory where the app saves every generated PNG (with its parameters); "" = do not save.
+    # Off unless set, so a public link (--share, a Space) writes nothing to disk by default.
+    outputs_dir: str = ""
 
     @classmethod
     def load(cls, overrides: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> "EngineConfig":

@@ -11,12 +11,17 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+from typing import Callable
 
 import numpy as np
 
 from . import config as config_mod
 from .config import EngineConfig
 from .validation import GenerateRequest, InvalidRequest, Limits, size_buckets, validate
+
+
+def _no_progress(stage: str) -> None:
+    """The default ``progress`` callback of :meth:`Engine.generate`: report nothing."""
 
 
 class EngineNotReady(RuntimeError):
@@ -150,6 +155,12 @@ class Engine:
             self.compile_count += 1
         return self._programs[shape]
 
+    def is_compiled(self, width: int, height: int) -> bool:
+        """Whether the program for this size bucket (pixels) is compiled already."""
+        from .program import ProgramShape
+
+        return ProgramShape(self.batch, height, width, self.config.max_inference_steps) in self._programs
+
     def wait_ready(self, timeout: float | None = None) -> None:
         """Block until start-up finished. Raises EngineNotReady if it failed or timed out."""
         if not self.ready.wait(timeout):
@@ -158,8 +169,15 @@ class Engine:
             raise EngineNotReady(f"the engine failed to start: {self.error}")
 
     # ---- requests -------------------------------------------------------------------------
-    def generate(self, request: GenerateRequest, ready_timeout: float | None = None) -> GenerateResult:
+    def generate(self, request: GenerateRequest, ready_timeout: float | None = None,
+                 progress: Callable[[str], None] | None = None) -> GenerateResult:
         """Validate, then run one request on the devices (one request at a time).
+
+        ``progress``, if given, is called on this thread with each stage's name as it starts:
+        ``"waiting for the device"`` (only when another request holds it), ``"compiling"`` (only
+        for the first request of a size bucket), ``"preparing"``
+        (tokenize, schedule), ``"on device"`` (the one compiled program: text encoders, the
+        denoising loop and the VAE decode; it reports nothing from inside), ``"to host"``.
 
         Raises:
             InvalidRequest: a bad argument (nothing ran).
@@ -169,9 +187,11 @@ class Engine:
         self.wait_ready(ready_timeout)
         request = validate(request, self.limits)
         queued = time.perf_counter()
+        if progress is not None and self._lock.locked():
+            progress("waiting for the device")
         with self._lock:
             start = time.perf_counter()
-            result = self._run(request)
+            result = self._run(request, progress or _no_progress)
         result.timings["queue"] = start - queued
         return result
 
@@ -192,11 +212,14 @@ class Engine:
             self._schedules[steps] = euler_schedule(self.model.scheduler.config, steps, self.config.max_inference_steps)
         return self._schedules[steps]
 
-    def _run(self, request: GenerateRequest) -> GenerateResult:
+    def _run(self, request: GenerateRequest, progress: Callable[[str], None] = _no_progress) -> GenerateResult:
         import jax
 
         t0 = time.perf_counter()
+        if not self.is_compiled(request.width, request.height):
+            progress("compiling")
         program = self._program(request.width, request.height)
+        progress("preparing")
         b = self.batch
         prompt_ids, cut = self._tokenize(request.prompt)
         negative_ids, cut_negative = self._tokenize(request.negative_prompt)
@@ -210,9 +233,11 @@ class Engine:
             np.full((b,), request.guidance_scale, np.float32),
             timesteps, sigmas, np.int32(request.num_inference_steps), np.float32(init_sigma),
         )
+        progress("on device")
         t1 = time.perf_counter()
         images, finite = program.executable(self.params, *args)
         jax.block_until_ready(images)
+        progress("to host")
         t2 = time.perf_counter()
         images, finite = np.asarray(images), np.asarray(finite)
         t3 = time.perf_counter()

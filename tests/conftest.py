@@ -42,7 +42,7 @@ def free_port() -> int:
 class RunningApp:
     """``python app.py`` in a subprocess on a free loopback port, as a user starts it."""
 
-    def __init__(self, *args: str, env: dict | None = None, timeout: float = 240):
+    def __init__(self, *args: str, env: dict | None = None, timeout: float = 240, wait_for: str = "[sdxl_engine] ready"):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
         self.log = []
@@ -52,13 +52,13 @@ class RunningApp:
         deadline = time.monotonic() + timeout
         for line in self.proc.stdout:
             self.log.append(line)
-            if "[sdxl_engine] ready" in line:
+            if wait_for in line:
                 break
             if time.monotonic() > deadline:
                 break
         else:
             raise RuntimeError("app exited before ready:\n" + "".join(self.log))
-        if "[sdxl_engine] ready" not in self.log[-1]:
+        if wait_for not in self.log[-1]:
             self.stop()
             raise RuntimeError("app not ready in time:\n" + "".join(self.log))
         import threading

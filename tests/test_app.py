@@ -50,11 +50,23 @@ def test_page_builder_with_fake_engine():
 
     seen = []
 
-    def fake(*values):
+    def fake(*values, progress=None):
         seen.append(values)
         return [], {}
 
     demo = app.build_demo(fake, EngineConfig.load(environ={}))
     api = demo.get_api_info()["named_endpoints"]["/generate"]
     names = [p["parameter_name"] for p in api["parameters"]]
-    assert names == ["prompt", "negative_prompt", "seed", "guidance_scale", "num_inference_steps", "width", "height"]
+    # The first seven are the /generate contract; later inputs are optional additions.
+    assert names[:7] == ["prompt", "negative_prompt", "seed", "guidance_scale", "num_inference_steps", "width", "height"]
+    assert names[7:] == ["style"] and api["parameters"][7]["parameter_has_default"]
+    assert [p["parameter_has_default"] for p in api["parameters"]] == [False] + [True] * 7
+    assert len(api["returns"]) == 2  # the gallery and the JSON info
+
+
+def test_style_through_api_is_applied_and_recorded(app_server):
+    gallery, info = call(app_server, prompt="a red circle", seed=5, num_inference_steps=3, style="Cinematic")
+    assert info["style"] == "Cinematic" and info["prompt"].startswith("cinematic still a red circle . ")
+    assert gallery[0]["caption"].startswith("seed 5 · Cinematic · ")
+    with Image.open(gallery[0]["image"]) as image:
+        assert "Style: Cinematic" in image.text["parameters"]

@@ -1,0 +1,246 @@
+"""The page as a user sees it: Debian's Chromium, driven by Playwright, against `python app.py`.
+
+Every page here runs with the network cut except loopback (each non-127.0.0.1 request is
+aborted and recorded), so the tests also prove the page needs nothing from the internet.
+Skipped only when /usr/bin/chromium is missing (.ci/run installs it with apt-get).
+"""
+
+import io
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import ROOT, RunningApp
+from sdxl_engine.validation import size_buckets
+
+CHROMIUM = Path("/usr/bin/chromium")
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+ARTIFACTS = ROOT / "artifacts"
+CAPTION = re.compile(r"^seed (\d+)(?: · ([^·]+))? · (\d+\.\d\d) s$")
+
+pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason=f"{CHROMIUM} not installed (apt-get install chromium)")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        yield browser
+        browser.close()
+
+
+class OfflinePage:
+    """A fresh browser context whose every non-loopback request is aborted and recorded."""
+
+    def __init__(self, browser, url: str):
+        self.context = browser.new_context(accept_downloads=True, viewport={"width": 1280, "height": 1400})
+        self.blocked: list[str] = []
+        self.context.route("**/*", self._route)
+        self.page = self.context.new_page()
+        self.url = url
+
+    def _route(self, route):
+        if route.request.url.startswith("http://127.0.0.1:"):
+            route.continue_()
+        else:
+            self.blocked.append(route.request.url)
+            route.abort()
+
+    def open(self):
+        self.page.goto(self.url, wait_until="load", timeout=60_000)
+        self.page.wait_for_selector("#prompt textarea", timeout=30_000)
+        return self.page
+
+    def close(self):
+        self.context.close()
+
+
+@pytest.fixture
+def offline(browser, app_server):
+    page = OfflinePage(browser, app_server.url)
+    yield page
+    page.close()
+
+
+def generate(page, prompt: str, style: str | None = None) -> list[str]:
+    """Type, pick a style, click Generate, wait for the result line; return the 4 captions."""
+    previous = page.inner_text("#result-status")
+    page.fill("#prompt textarea", prompt)
+    if style:
+        page.locator(f"#style input[value='{style}']").check()
+    page.click("#generate")
+    page.wait_for_function("prev => { const t = document.querySelector('#result-status').innerText;"
+                           " return t.includes('images on') && t !== prev; }", arg=previous, timeout=60_000)
+    items = page.locator("#gallery .grid-container .gallery-item")
+    assert items.count() == 4
+    captions = [items.nth(i).locator(".caption-label").inner_text().strip() for i in range(4)]
+    # The history (a separate step after the result) shows the new images first.
+    seed = CAPTION.match(captions[0]).group(1)
+    page.wait_for_function("seed => { const first = document.querySelector('#history .gallery-item');"
+                           " return first && first.innerText.trim().startsWith(`seed ${seed} `); }", arg=seed)
+    return captions
+
+
+def gallery_pixels(page, index: int) -> np.ndarray:
+    """The PNG behind gallery image ``index``, fetched as the browser got it, as (H, W, 3) uint8."""
+    src = page.locator("#gallery .grid-container .gallery-item img").nth(index).get_attribute("src")
+    response = page.request.get(src)
+    assert response.ok, src
+    return np.asarray(Image.open(io.BytesIO(response.body())).convert("RGB"))
+
+
+def test_page_renders_fully_with_the_internet_cut(offline):
+    page = offline.open()
+    page.wait_for_function("document.querySelector('#engine-status').innerText.includes('Ready on')")
+    assert "Ready on 4 × cpu" in page.inner_text("#engine-status")
+    for selector in ("#prompt textarea", "#generate", "#gallery", "#seed input", "#randomize", "#reuse",
+                     "#resolution", "#history"):
+        assert page.locator(selector).first.is_visible(), selector
+    styles = page.locator("#style input[type=radio]")
+    assert [styles.nth(i).get_attribute("value") for i in range(styles.count())] == [
+        "(No style)", "Cinematic", "Photographic", "Anime", "Manga", "Digital Art", "Pixel art", "Fantasy art",
+        "Neonpunk", "3D Model"]
+    assert page.get_by_text("Advanced settings").is_visible()
+    assert page.get_by_text("a red circle on a blue background").is_visible()  # the examples
+    # The resolution list is SDXL's aspect buckets scaled to the 64 px model, default first.
+    page.click("#resolution input")
+    options = [text.split("\n")[-1] for text in page.locator("[role=option]").all_inner_texts()]
+    assert [o.split(" (")[0] for o in options] == [f"{w} × {h}" for w, h in size_buckets(64, 8)]
+    assert options[:3] == ["64 × 64 (square, default)", "72 × 56 (landscape)", "56 × 72 (portrait)"]
+    page.keyboard.press("Escape")
+    assert page.evaluate("document.fonts.status") == "loaded"
+    assert offline.blocked == [], f"the page asked the internet for {offline.blocked}"
+
+
+def test_prompt_and_style_give_four_captioned_images_with_stages_and_latency(offline):
+    page = offline.open()
+    # Record every text the progress indicators show during the request.
+    page.evaluate("""() => { window.seen = new Set(); new MutationObserver(() => {
+        document.querySelectorAll('[data-testid="status-tracker"]').forEach(e => window.seen.add(e.innerText));
+      }).observe(document.body, {subtree: true, childList: true, characterData: true}); }""")
+    page.locator("#style input[value='Pixel art']").check()
+    captions = generate(page, "a small yellow star", "Pixel art")
+    seeds = []
+    for caption in captions:
+        match = CAPTION.match(caption)
+        assert match, caption
+        assert match.group(2) == "Pixel art" and 0 < float(match.group(3)) < 60
+        seeds.append(int(match.group(1)))
+    assert seeds == list(range(seeds[0], seeds[0] + 4))
+    status = page.inner_text("#result-status")
+    assert "4 images on 4 × cpu" in status and "style Pixel art" in status
+    assert re.search(r"queue \d+\.\d\d s · prep \d+\.\d+ s · device \d+\.\d\d s · post \d+\.\d+ s", status), status
+    seen = " | ".join(page.evaluate("[...window.seen]"))
+    assert "denoising 20 steps" in seen or "Encoding PNGs" in seen, seen
+    assert offline.blocked == []
+
+
+def test_example_click_fills_prompt_and_style(offline):
+    page = offline.open()
+    page.get_by_text("a small yellow star on the left").click()
+    page.wait_for_function("document.querySelector('#prompt textarea').value === 'a small yellow star on the left'")
+    assert page.locator("#style input:checked").get_attribute("value") == "Anime"
+
+
+def test_reusing_a_selected_images_seed_reproduces_it(offline):
+    page = offline.open()
+    captions = generate(page, "a red circle on a blue background")
+    third_seed = int(CAPTION.match(captions[2]).group(1))
+    third = gallery_pixels(page, 2)
+    page.locator("#gallery .grid-container .gallery-item").nth(2).click()
+    page.wait_for_function(f"document.querySelector('#reuse').innerText.includes('Reuse seed {third_seed}')")
+    page.click("#reuse")
+    page.wait_for_function(f"document.querySelector('#seed input').value === '{third_seed}'")
+    page.locator("#gallery button[aria-label='Close']").first.click()
+    again = generate(page, "a red circle on a blue background")
+    assert CAPTION.match(again[0]).group(1) == str(third_seed)
+    first = gallery_pixels(page, 0)
+    assert first.shape == (64, 64, 3)
+    assert np.array_equal(first, third)
+    # And "Randomize" puts the seed back to -1 (a new random seed per click of Generate).
+    page.click("#randomize")
+    page.wait_for_function("document.querySelector('#seed input').value === '-1'")
+
+
+def test_downloaded_png_carries_its_parameters(offline):
+    from sdxl_engine.images import parse_a1111_parameters
+
+    page = offline.open()
+    captions = generate(page, "a green square", "Cinematic")
+    seed = CAPTION.match(captions[1]).group(1)
+    page.locator("#gallery .grid-container .gallery-item").nth(1).click()
+    with page.expect_download() as download:
+        page.locator("#gallery button[aria-label='Download']").first.click()
+    with Image.open(download.value.path()) as image:
+        assert image.format == "PNG" and image.size == (64, 64)
+        params = parse_a1111_parameters(image.text["parameters"])
+    assert params["prompt"].startswith("cinematic still a green square . emotional")
+    assert params["negative_prompt"].startswith("anime, cartoon")
+    assert params["Seed"] == seed and params["Style"] == "Cinematic"
+    assert (params["Steps"], params["Sampler"], params["CFG scale"], params["Size"], params["Model"]) == (
+        "20", "Euler", "7", "64x64", "tiny-random")
+
+
+def test_history_survives_a_reload_and_restores_settings(offline):
+    page = offline.open()
+    generate(page, "a purple triangle", "Anime")
+    captions = generate(page, "a blue ring", "(No style)")
+    newest_seed = CAPTION.match(captions[0]).group(1)
+    page.reload()
+    page.wait_for_selector("#prompt textarea")
+    page.wait_for_function("document.querySelectorAll('#history .gallery-item').length >= 8")
+    history = page.locator("#history .gallery-item")
+    assert history.nth(0).inner_text().strip() == f"seed {newest_seed} · a blue ring"
+    assert "· Anime · a purple triangle" in history.nth(4).inner_text()
+    assert page.input_value("#prompt textarea") == ""
+    history.nth(5).click()  # second image of the "purple triangle" request
+    page.wait_for_function("document.querySelector('#prompt textarea').value === 'a purple triangle'")
+    assert page.locator("#style input:checked").get_attribute("value") == "Anime"
+    restored_seed = int(page.input_value("#seed input"))
+    assert f"seed {restored_seed} ·" in history.nth(5).inner_text()
+    ARTIFACTS.mkdir(exist_ok=True)
+    generate(page, "a purple triangle")  # with the restored settings
+    page.screenshot(path=str(ARTIFACTS / "ui-final.png"), full_page=True)
+    assert offline.blocked == []
+
+
+def test_while_the_engine_starts_the_page_says_so_and_share_offline_is_one_line(browser, tmp_path):
+    """--share with no internet: one clear line, local serving goes on; a request sent during start-up waits."""
+    app = RunningApp("--share", wait_for="Running on local URL", env={
+        "HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9", "NO_PROXY": "127.0.0.1,localhost",
+        "SDXL_COMPILE_CACHE_DIR": str(tmp_path / "jax-cache")})  # an empty cache: the start takes a while
+    offline = OfflinePage(browser, app.url)
+    try:
+        page = offline.open()
+        banner = page.inner_text("#engine-status")
+        if "Ready on" in banner:
+            pytest.skip("the engine was ready before the page loaded; nothing to observe")
+        assert re.search(r"Starting the engine: (starting|loading model|placing params|compiling|warm-up).* — \d+ s so far",
+                         banner), banner
+        page.fill("#prompt textarea", "a red circle")
+        page.click("#generate")  # waits for the engine instead of failing
+        page.wait_for_selector("#gallery [data-testid='status-tracker']:has-text('Starting the engine')",
+                               timeout=30_000)
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "ui-starting.png"))
+        page.wait_for_function("document.querySelector('#engine-status').innerText.includes('Ready on')",
+                               timeout=240_000)
+        page.wait_for_function("document.querySelector('#result-status').innerText.includes('images on')",
+                               timeout=60_000)
+        assert page.locator("#gallery .grid-container .gallery-item").count() == 4
+        assert offline.blocked == []
+        time.sleep(0.5)
+        log = "".join(app.log)
+        share_lines = [line for line in app.log if "--share" in line]
+        assert len(share_lines) == 1 and "serving locally only at http://127.0.0.1:" in share_lines[0], log
+        assert "Could not create share link" not in log
+    finally:
+        offline.close()
+        app.stop()

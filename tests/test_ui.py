@@ -1,0 +1,133 @@
+"""The page's pieces without a browser: styles, the /generate handler, history, banner, --share."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from sdxl_engine.styles import NO_STYLE, STYLE_NAMES, UnknownStyle, apply_style
+
+
+def test_the_ten_styles_of_the_reference_space():
+    assert STYLE_NAMES == ("(No style)", "Cinematic", "Photographic", "Anime", "Manga", "Digital Art", "Pixel art",
+                           "Fantasy art", "Neonpunk", "3D Model")
+
+
+def test_apply_style_wraps_prompt_and_puts_the_users_negative_first():
+    assert apply_style(NO_STYLE, "a red circle", "blurry") == ("a red circle", "blurry")
+    assert apply_style(None, "a red circle") == ("a red circle", "")
+    prompt, negative = apply_style("Pixel art", "a red circle", "green")
+    assert prompt == "pixel-art a red circle . low-res, blocky, pixel art style, 8-bit graphics"
+    assert negative == "green, sloppy, messy, blurry, noisy, highly detailed, ultra textured, photo, realistic"
+    assert apply_style("pixel ART", "a red circle", "")[1].startswith("sloppy")  # case-insensitive name
+    assert apply_style("Cinematic", "  ", "") == ("  ", "")  # left for validation to refuse
+    assert apply_style("Cinematic", None, None) == (None, "")
+    with pytest.raises(UnknownStyle, match="unknown style 'Baroque'; choose one of \\(No style\\), Cinematic"):
+        apply_style("Baroque", "a red circle")
+
+
+def test_engine_reports_stages_in_order(engine):
+    from sdxl_engine.validation import GenerateRequest
+
+    stages = []
+    engine.generate(GenerateRequest("a red circle", seed=1, num_inference_steps=2), progress=stages.append)
+    assert stages == ["preparing", "on device", "to host"]
+    new_size = next(size for size in engine.limits.sizes if not engine.is_compiled(*size))
+    stages.clear()
+    engine.generate(GenerateRequest("a red circle", seed=1, num_inference_steps=2, width=new_size[0],
+                                    height=new_size[1]), progress=stages.append)
+    assert stages == ["compiling", "preparing", "on device", "to host"] and engine.is_compiled(*new_size)
+
+
+def test_handler_applies_style_reports_progress_and_saves_pngs(engine, monkeypatch, tmp_path):
+    import app
+    from sdxl_engine.images import parse_a1111_parameters
+
+    monkeypatch.setattr(engine, "config", dataclasses.replace(engine.config, outputs_dir=str(tmp_path / "out")))
+    reports = []
+    gallery, info = app.handle_generate(engine, "a red circle", "green", 7, 5.0, 3, 0, 0, "Pixel art",
+                                        progress=lambda fraction, desc: reports.append((fraction, desc)))
+    assert [d for _, d in reports] == [
+        "Preparing: tokenizing the prompts, scheduling 3 Euler steps",
+        "On 4 × cpu: encoding the prompts, denoising 3 steps, decoding with the VAE",
+        "Copying 4 images to the host", "Encoding PNGs"]
+    assert [f for f, _ in reports] == sorted(f for f, _ in reports)
+    assert info["prompt"] == "pixel-art a red circle . low-res, blocky, pixel art style, 8-bit graphics"
+    assert info["negative_prompt"].startswith("green, sloppy")
+    assert (info["style"], info["user_prompt"], info["user_negative_prompt"]) == ("Pixel art", "a red circle", "green")
+    assert [caption.split(" · ")[:2] for _, caption in gallery] == [[f"seed {s}", "Pixel art"] for s in (7, 8, 9, 10)]
+    assert len(info["saved"]) == 4
+    for path, seed, (image, _) in zip(info["saved"], info["seeds"], gallery):
+        with Image.open(path) as saved:
+            params = parse_a1111_parameters(saved.text["parameters"])
+            assert np.array_equal(np.asarray(saved.convert("RGB")), np.asarray(image))
+        assert (params["Seed"], params["Style"], params["Steps"], params["CFG scale"]) == (str(seed), "Pixel art", "3", "5")
+    # Same request, no style: plain prompt, no Style field, nothing styled in the caption.
+    gallery, info = app.handle_generate(engine, "a red circle", "", 7, 5.0, 3, 0, 0)
+    assert info["style"] == NO_STYLE and info["prompt"] == "a red circle"
+    assert gallery[0][1].startswith("seed 7 · ") and gallery[0][1].count("·") == 1
+    assert "Style" not in gallery[0][0].info["parameters"]
+
+
+def test_handler_turns_bad_input_into_gradio_errors(engine):
+    import gradio as gr
+
+    import app
+
+    with pytest.raises(gr.Error, match="unknown style 'Baroque'"):
+        app.handle_generate(engine, "a red circle", "", 1, 7.0, 2, 0, 0, "Baroque")
+    with pytest.raises(gr.Error, match="prompt: is empty"):
+        app.handle_generate(engine, "   ", "", 1, 7.0, 2, 0, 0, "Anime")
+
+
+def test_history_keeps_small_records_newest_first_and_bounded(engine, tmp_path):
+    import app
+
+    gallery, info = app.handle_generate(engine, "a blue square", "", 100, 7.0, 2, 0, 0, "Anime")
+    paths = []
+    for i, (image, caption) in enumerate(gallery):
+        paths.append((str(tmp_path / f"{i}.png"), caption))
+        image.save(paths[-1][0])
+    history = []
+    for _ in range(app.HISTORY_LIMIT + 2):
+        history, items = app.remember(history, info, paths)
+    assert len(history) == app.HISTORY_LIMIT and len(items) == 4 * app.HISTORY_LIMIT
+    record = history[0]
+    assert (record["prompt"], record["style"], record["seeds"], record["width"]) == ("a blue square", "Anime",
+                                                                                      [100, 101, 102, 103], 64)
+    assert all(url.startswith("data:image/jpeg;base64,") and len(url) < 6000 for url in record["thumbs"])
+    image, caption = items[2]
+    assert image.size == (64, 64) and caption == "seed 102 · Anime · a blue square"
+    assert app.history_entry(history, 6) == (history[1], 102)
+    with pytest.raises(IndexError):
+        app.history_entry(history, 4 * app.HISTORY_LIMIT)
+
+
+def test_banner_and_sizes_while_starting_and_when_ready(engine):
+    import app
+    from sdxl_engine.engine import Engine
+
+    starting = Engine(engine.config, log=lambda *_: None)  # constructed, not started
+    text, done = app.engine_banner(starting)
+    assert not done and text.startswith("**Starting the engine: starting** — 0 s so far")
+    assert app.size_choices(starting) == ([("model default", "0x0")], "0x0")
+    starting.error = RuntimeError("no such model")  # what Engine.start records when a stage raises
+    starting.ready.set()
+    assert app.engine_banner(starting) == ("**The engine failed to start:** no such model", True)
+    text, done = app.engine_banner(engine)
+    assert done and text.startswith("Ready on **4 × cpu** — model `tiny-random` (float32)")
+    choices, value = app.size_choices(engine)
+    assert value == "64x64" and choices[0] == ("64 × 64 (square, default)", "64x64")
+    assert [app.parse_size(v) for _, v in choices] == list(engine.limits.sizes)
+
+
+def test_share_without_internet_prints_one_line(monkeypatch, capsys):
+    import app
+
+    monkeypatch.delenv("GRADIO_SHARE_SERVER_ADDRESS", raising=False)
+    monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")  # a closed port: no way out
+    assert app.share_possible("http://127.0.0.1:7860/", timeout=5) is False
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("[app] --share: no public link (cannot reach api.gradio.app")
+    assert lines[0].endswith("serving locally only at http://127.0.0.1:7860/")
