@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
+import traceback
 from typing import Callable
 
 import gradio as gr
 
-from sdxl_engine.config import EngineConfig
+from sdxl_engine.config import ConfigError, EngineConfig
 from sdxl_engine.engine import EngineNotReady, GenerationError, get_engine
 from sdxl_engine.images import a1111_parameters, to_pil
 from sdxl_engine.validation import GenerateRequest, InvalidRequest
@@ -25,14 +27,22 @@ EXAMPLES = ["a red circle on a blue background", "a large green square at the to
 
 
 def handle_generate(engine, prompt, negative_prompt, seed, guidance_scale, num_inference_steps, width, height):
-    """One /generate call: widget values in, (gallery items, info dict) out; gr.Error on bad input."""
-    size = {} if not width and not height else {"width": width or None, "height": height or None}
-    request = GenerateRequest(prompt=prompt, negative_prompt=negative_prompt or "", seed=-1 if seed is None else seed,
-                              guidance_scale=guidance_scale, num_inference_steps=num_inference_steps, **size)
+    """One /generate call: values as the client sent them in, (gallery items, info dict) out.
+
+    The engine validates every value (width/height 0 or None = the model's default). Raises
+    gr.Error with the engine's message for bad input, an engine that is not ready or an unusable
+    image; any other failure is logged here and reported without internals.
+    """
+    request = GenerateRequest(prompt=prompt, negative_prompt=negative_prompt, seed=seed, guidance_scale=guidance_scale,
+                              num_inference_steps=num_inference_steps, width=width, height=height)
     try:
         result = engine.generate(request)
     except (InvalidRequest, EngineNotReady, GenerationError) as err:
         raise gr.Error(str(err)) from err
+    except Exception as err:
+        traceback.print_exc()
+        raise gr.Error(f"the engine failed on this request ({type(err).__name__}); it is logged on the server. "
+                       "Please retry.") from err
     req = result.request
     latency = result.timings["latency"]
     texts = [a1111_parameters(req.prompt, req.negative_prompt, req.num_inference_steps, req.guidance_scale, s,
@@ -98,8 +108,10 @@ def build_demo(generate: Callable, config: EngineConfig) -> gr.Blocks:
             # Named parameters: gradio_client callers use these keywords (the /generate contract).
             return generate(prompt, negative_prompt, seed, guidance_scale, num_inference_steps, width, height)
 
+        # preprocess=False: values reach the engine as sent, so its checks and messages (with the
+        # argument's name) apply to page and API alike, instead of Gradio's unnamed bound checks.
         event = gr.on([run.click, prompt.submit], generate_images, inputs, [gallery, info], api_name="generate",
-                      concurrency_id="engine", concurrency_limit=1)
+                      concurrency_id="engine", concurrency_limit=1, preprocess=False)
         event.success(status_line, info, status, api_visibility="private")
     return demo
 
@@ -116,15 +128,24 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> int:
+    """Start the engine in the background, serve the page; returns the exit status (see serving.serve)."""
+    import serving
+
     args = parse_args(argv)
     overrides = {k: v for k, v in vars(args).items() if k not in ("share", "host", "port") and v is not None}
-    config = EngineConfig.load(overrides)
+    try:
+        config = EngineConfig.load(overrides)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    serving.usable_output_dir()  # before the page: components remember their output folder
     engine = get_engine(config, background=True)
-    demo = build_demo(lambda *values: handle_generate(engine, *values), config)
+    gate = serving.RequestGate()
+    demo = build_demo(lambda *values: gate.run(handle_generate, engine, *values), config)
     demo.queue(max_size=config.max_queue_size, default_concurrency_limit=1)
-    demo.launch(server_name=args.host, server_port=args.port, share=args.share)
+    return serving.serve(demo, engine, serving.launch_options(args.host, args.port, args.share), gate)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
