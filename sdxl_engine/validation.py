@@ -57,11 +57,15 @@ class Limits:
 def clean_text(field: str, value, *, required: bool) -> str:
     """A prompt as text: control characters (NUL included) become spaces, runs of space fold.
 
+    Emoji, right-to-left scripts and other printable text pass unchanged (zero-width joiners
+    are kept for emoji sequences); direction overrides (U+202E...) are format characters and
+    become spaces like the other control characters. None counts as empty text.
+
     Raises InvalidRequest for a non-string, for text over MAX_PROMPT_CHARS characters, and, when
     ``required``, for text that is empty after cleaning.
     """
-    if value is None and not required:
-        return ""
+    if value is None:  # a missing argument: the same as empty text
+        value = ""
     if not isinstance(value, str):
         raise InvalidRequest(field, f"expected text, got {type(value).__name__}")
     if len(value) > MAX_PROMPT_CHARS:
