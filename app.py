@@ -14,6 +14,11 @@ import sys
 import traceback
 from typing import Callable
 
+if __name__ == "__main__":  # before Gradio is imported: it reads GRADIO_TEMP_DIR once, at import time
+    import serving
+
+    serving.usable_output_dir()
+
 import gradio as gr
 
 from sdxl_engine.config import ConfigError, EngineConfig
@@ -139,7 +144,6 @@ def main(argv=None) -> int:
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    serving.usable_output_dir()  # before the page: components remember their output folder
     engine = get_engine(config, background=True)
     gate = serving.RequestGate()
     demo = build_demo(lambda *values: gate.run(handle_generate, engine, *values), config)

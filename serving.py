@@ -9,9 +9,10 @@ Kept apart from the page (app.py builds it) and from the engine (sdxl_engine/):
   and request bodies over 1 MB, never lets ``Access-Control-Allow-Origin`` name a foreign
   origin (Gradio echoes any origin when the ``Host`` header is not a loopback name, and a
   client can forge ``Host``), and adds ``Retry-After`` to "queue full" (503) answers.
-- :class:`RequestGate`: counts requests in flight and refuses new ones once shutting down.
+- :class:`RequestGate`: counts requests in flight; once closed, the guard refuses new ones.
 - :func:`serve`: launch, then wait; exit 1 with one line if the engine fails to start, or on
-  SIGTERM/SIGINT stop taking requests, let the one in flight finish (bounded), close, return 0.
+  SIGTERM/SIGINT stop taking requests (503 "shutting down"), let the ones already accepted
+  finish (bounded), close, return 0.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def launch_options(host: str, port: int, share: bool) -> dict:
 def usable_output_dir(log=print) -> str:
     """Make sure Gradio's output/temp folder (``GRADIO_TEMP_DIR``) is writable; fall back if not.
 
-    Call before building the page (components remember the folder when created). An unwritable
+    Call before importing Gradio (it reads the folder once, at import). An unwritable
     folder prints one warning and switches ``GRADIO_TEMP_DIR`` to a fresh private temp folder.
     Returns the folder used.
     """
@@ -71,8 +72,9 @@ def _host_of(origin: str) -> str:
 class Guard:
     """ASGI middleware, outermost: see the module docstring for what it refuses or rewrites."""
 
-    def __init__(self, app, max_body: int = MAX_BODY_BYTES):
+    def __init__(self, app, gate: "RequestGate | None" = None, max_body: int = MAX_BODY_BYTES):
         self.app = app
+        self.gate = gate
         self.max_body = max_body
 
     async def __call__(self, scope, receive, send):
@@ -81,6 +83,9 @@ class Guard:
         path = scope.get("path", "")
         if path.startswith(BLOCKED_PATH_PREFIXES):
             return await _plain(send, 404, b"uploads are off: this app takes no files")
+        if self.gate is not None and self.gate.closed and scope["method"] == "POST" and _starts_work(path):
+            return await _plain(send, 503, b"the server is shutting down; retry in a minute",
+                                [(b"retry-after", b"60")])
         headers = dict(scope.get("headers") or [])
         length = headers.get(b"content-length", b"0")
         if not length.isdigit() or int(length) > self.max_body:
@@ -109,13 +114,18 @@ class Guard:
         await self.app(scope, limited_receive, guarded_send)
 
 
-async def _plain(send, status: int, body: bytes) -> None:
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", str(len(body)).encode())]})
+def _starts_work(path: str) -> bool:
+    """Whether a POST to ``path`` would queue a new call (queue/join, call/<api>, run/<api>)."""
+    return path.endswith("/queue/join") or path.startswith(("/gradio_api/call/", "/gradio_api/run/", "/call/", "/run/"))
+
+
+async def _plain(send, status: int, body: bytes, extra: list | None = None) -> None:
+    headers = [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers + (extra or [])})
     await send({"type": "http.response.body", "body": body})
 
 
-def install_guard(app) -> None:
+def install_guard(app, gate: "RequestGate | None" = None) -> None:
     """Put :class:`Guard` outside every other middleware of Gradio's FastAPI ``app``.
 
     Gradio adds its CORS middleware inside ``launch``; Starlette builds the middleware stack on
@@ -123,11 +133,11 @@ def install_guard(app) -> None:
     layers are stateless). The security tests probe the result over HTTP.
     """
     app.middleware_stack = None
-    app.add_middleware(Guard)
+    app.add_middleware(Guard, gate=gate)
 
 
 class RequestGate:
-    """Counts /generate calls in flight; after :meth:`close` new calls are refused."""
+    """Counts /generate calls in flight; after :meth:`close` the guard refuses new calls."""
 
     def __init__(self):
         self._cond = threading.Condition()
@@ -135,12 +145,8 @@ class RequestGate:
         self.closed = False
 
     def run(self, fn, *args):
-        """Call ``fn(*args)`` unless closed. Raises gr.Error("...shutting down...") once closed."""
-        import gradio as gr
-
+        """Call ``fn(*args)``, counted as in flight while it runs."""
         with self._cond:
-            if self.closed:
-                raise gr.Error("the server is shutting down; retry in a minute")
             self.in_flight += 1
         try:
             return fn(*args)
@@ -170,21 +176,22 @@ def serve(demo, engine, options: dict, gate: RequestGate, drain_s: float = 60.0,
     """Launch ``demo`` and block until it should stop; returns the process exit status.
 
     Returns 1 (after one ``error:`` line on stderr) when the engine fails to start, 0 after
-    SIGTERM/SIGINT: new calls are refused, the call in flight gets up to ``drain_s`` seconds to
-    finish and reach its client, then the server closes.
+    SIGTERM/SIGINT: new calls are refused (503), the calls already accepted (running or waiting)
+    get up to ``drain_s`` seconds together to finish and reach their clients, then the server
+    closes.
     """
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     demo.launch(**options, prevent_thread_lock=True, quiet=False)
-    install_guard(demo.app)
+    install_guard(demo.app, gate)
     while not stop.wait(0.2):
         if engine.ready.is_set() and engine.error is not None:
             print(f"error: the engine failed to start: {type(engine.error).__name__}: {engine.error}",
                   file=sys.stderr, flush=True)
             demo.close(verbose=False)
             return 1
-    log("[app] stopping: new requests are refused; waiting for the one in flight")
+    log("[app] stopping: new requests are refused; finishing the ones already accepted")
     gate.close()
     deadline = time.monotonic() + drain_s
     gate.wait_idle(drain_s)
