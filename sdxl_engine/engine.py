@@ -169,6 +169,7 @@ class Engine:
             InvalidRequest: a bad argument (nothing ran).
             EngineNotReady: start-up failed or did not finish within ``ready_timeout`` seconds.
             GenerationError: the program produced non-finite pixels.
+            faults.InjectedFault: only with the test-only switch on (faults.py) and a ``fault:raise`` prompt.
         """
         self.wait_ready(ready_timeout)
         request = validate(request, self.limits)
@@ -250,7 +251,8 @@ def get_engine(config: EngineConfig | None = None, background: bool = False, log
 
     Args:
         config: used on the first call only; later calls must pass None or the same config.
-        background: start in a daemon thread and return at once (``ready`` tells when done).
+        background: start in a daemon thread and return at once (``ready`` tells when done; a
+            start-up failure is kept in ``error``, not printed: the app prints it and exits).
 
     Raises:
         ValueError: a different config after the engine exists.
