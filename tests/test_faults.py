@@ -104,10 +104,15 @@ def test_burst_beyond_the_queue_gets_busy_retry_not_a_hang(fault_app, client):
     from gradio_client import Client
     from gradio_client.utils import QueueError
 
-    slow = client.submit(api_name="/generate", **{**OK, "prompt": "a red circle fault:slow=4"})
+    clients = [Client(fault_app.url, verbose=False) for _ in range(5)]  # connected before the clock starts
+    slow = client.submit(api_name="/generate", **{**OK, "prompt": "a red circle fault:slow=6"})
     _wait_processing(slow)
     # 1 running + a queue of 2: the next 2 wait, the rest are told to retry at once.
-    burst = [Client(fault_app.url, verbose=False).submit(api_name="/generate", **OK) for _ in range(5)]
+    burst = [c.submit(api_name="/generate", **OK) for c in clients]
+    deadline = time.monotonic() + 5
+    while httpx.get(fault_app.url + "gradio_api/queue/status", timeout=30).json()["queue_size"] < 2:
+        assert time.monotonic() < deadline, "the queue never filled"
+        time.sleep(0.05)
     raw = httpx.post(fault_app.url + "gradio_api/call/generate", json={"data": ["a red circle", "", 1, 7, 2, 0, 0]},
                      timeout=30)
     assert raw.status_code == 503 and "Queue is full" in raw.text and raw.headers["retry-after"] == "5"
