@@ -178,3 +178,26 @@ def test_api_error_message_is_the_engines_not_gradios(client):
 def test_info_is_json_serialisable(client):
     _, info = client.predict(api_name="/generate", **VALID)
     json.dumps(info)
+
+
+def test_bad_input_shows_as_gr_error_in_the_page(app_server):
+    """The page shows the engine's message as a gr.Error pop-up, then generates normally."""
+    import shutil
+
+    sync_api = pytest.importorskip("playwright.sync_api")
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("no chromium on this machine")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        try:
+            page = browser.new_page()
+            page.goto(app_server.url)
+            page.get_by_label("Prompt").fill("  \t ")
+            page.get_by_role("button", name="Generate").click()
+            page.wait_for_selector("text=prompt: is empty", timeout=30_000)
+            page.get_by_label("Prompt").fill("a red circle")
+            page.get_by_role("button", name="Generate").click()
+            page.wait_for_selector(r"text=/seed \d+/", timeout=60_000)
+        finally:
+            browser.close()
