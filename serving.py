@@ -30,6 +30,7 @@ LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
 MAX_BODY_BYTES = 1_000_000  # JSON of a /generate call is < 100 kB even with a 20 000-character prompt
 BLOCKED_PATH_PREFIXES = ("/gradio_api/upload", "/upload")  # the page has no file inputs
 RETRY_AFTER_S = 5
+QUIET_S = 2.0  # on shutdown, close once no HTTP request arrived for this long (image downloads)
 
 
 def launch_options(host: str, port: int, share: bool) -> dict:
@@ -81,6 +82,8 @@ class Guard:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path = scope.get("path", "")
+        if self.gate is not None:
+            self.gate.touch()
         if path.startswith(BLOCKED_PATH_PREFIXES):
             return await _plain(send, 404, b"uploads are off: this app takes no files")
         if self.gate is not None and self.gate.closed and scope["method"] == "POST" and _starts_work(path):
@@ -143,6 +146,11 @@ class RequestGate:
         self._cond = threading.Condition()
         self.in_flight = 0
         self.closed = False
+        self.last_request = time.monotonic()  # when the last HTTP request arrived (set by Guard)
+
+    def touch(self) -> None:
+        """Record that an HTTP request arrived now."""
+        self.last_request = time.monotonic()
 
     def run(self, fn, *args):
         """Call ``fn(*args)``, counted as in flight while it runs."""
@@ -165,6 +173,11 @@ class RequestGate:
             return self._cond.wait_for(lambda: self.in_flight == 0, timeout)
 
 
+def _waiting(demo) -> int:
+    queue = getattr(demo, "_queue", None)
+    return 0 if queue is None else len(queue)
+
+
 def _queue_idle(demo) -> bool:
     queue = getattr(demo, "_queue", None)
     if queue is None:
@@ -177,8 +190,8 @@ def serve(demo, engine, options: dict, gate: RequestGate, drain_s: float = 60.0,
 
     Returns 1 (after one ``error:`` line on stderr) when the engine fails to start, 0 after
     SIGTERM/SIGINT: new calls are refused (503), the calls already accepted (running or waiting)
-    get up to ``drain_s`` seconds together to finish and reach their clients, then the server
-    closes.
+    get up to ``drain_s`` seconds together to finish and reach their clients (including the
+    clients' image downloads: the server closes after QUIET_S seconds without a request).
     """
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -191,13 +204,17 @@ def serve(demo, engine, options: dict, gate: RequestGate, drain_s: float = 60.0,
                   file=sys.stderr, flush=True)
             demo.close(verbose=False)
             return 1
-    log("[app] stopping: new requests are refused; finishing the ones already accepted")
     gate.close()
+    log(f"[app] stopping: new requests are refused; finishing the ones already accepted "
+        f"({gate.in_flight} running, {_waiting(demo)} waiting)")
     deadline = time.monotonic() + drain_s
     gate.wait_idle(drain_s)
     while not _queue_idle(demo) and time.monotonic() < deadline:  # results still on their way out
         time.sleep(0.1)
-    time.sleep(0.3)
+    # Clients fetch a result's images after the result itself: close only after QUIET_S seconds
+    # without a new HTTP request (still within the deadline).
+    while time.monotonic() - gate.last_request < QUIET_S and time.monotonic() < deadline:
+        time.sleep(0.1)
     demo.close(verbose=False)
     log("[app] stopped")
     return 0

@@ -174,7 +174,7 @@ def test_bad_config_exits_non_zero_with_one_line():
     assert result.stderr.strip() == "error: num_inference_steps must be a int, got 'many'"
 
 
-def test_sigterm_finishes_the_request_in_flight_then_exits_0(fault_app, client):
+def test_sigterm_finishes_the_request_in_flight_then_exits_0(fault_app, client, request):
     """Last test of the module: it stops the shared fault app. One request runs, one waits."""
     from gradio_client import Client
 
@@ -187,6 +187,7 @@ def test_sigterm_finishes_the_request_in_flight_then_exits_0(fault_app, client):
         assert time.monotonic() < deadline, "the second request never reached the queue"
         time.sleep(0.05)
     fault_app.proc.terminate()  # SIGTERM
+    request.addfinalizer(lambda: print("".join(fault_app.log[-30:])))
     deadline = time.monotonic() + 5
     while True:  # within a moment new calls are refused (one sent before the signal is handled is served)
         late = httpx.post(fault_app.url + "gradio_api/call/generate",
