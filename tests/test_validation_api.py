@@ -116,6 +116,7 @@ def test_bad_input_in_engine_is_typed_error(engine, kwargs, message):
     with pytest.raises(InvalidRequest, match=message) as caught:
         engine.generate(GenerateRequest(**{**VALID, **kwargs}))
     assert caught.value.field in str(caught.value) and message.startswith(caught.value.field)
+    assert engine.generate(GenerateRequest(**VALID)).seeds == [1, 2, 3, 4]
 
 
 @pytest.mark.parametrize("kwargs, message", [
