@@ -89,7 +89,7 @@ def as_int(field: str, value, lo: int, hi: int) -> int:
         number = _parse_number(value) if isinstance(value, str) else value
     except ValueError:
         raise InvalidRequest(field, f"expected a whole number, got {_short(value)}") from None
-    if isinstance(number, float) and (not math.isfinite(number) or number != int(number)):
+    if not isinstance(number, int) and (not math.isfinite(number) or number != int(number)):
         raise InvalidRequest(field, f"expected a whole number, got {_short(value)}")
     number = int(number)
     if not lo <= number <= hi:
