@@ -211,9 +211,10 @@ def serve(demo, engine, options: dict, gate: RequestGate, drain_s: float = 60.0,
     gate.wait_idle(drain_s)
     while not _queue_idle(demo) and time.monotonic() < deadline:  # results still on their way out
         time.sleep(0.1)
-    # Clients fetch a result's images after the result itself: close only after QUIET_S seconds
-    # without a new HTTP request (still within the deadline).
-    while time.monotonic() - gate.last_request < QUIET_S and time.monotonic() < deadline:
+    # Clients fetch a result's images after the result itself: close only once QUIET_S seconds
+    # passed since the last result and since the last HTTP request (still within the deadline).
+    idle_at = time.monotonic()
+    while time.monotonic() - max(idle_at, gate.last_request) < QUIET_S and time.monotonic() < deadline:
         time.sleep(0.1)
     demo.close(verbose=False)
     log("[app] stopped")
