@@ -12,13 +12,20 @@ import argparse
 import base64
 import io
 import os
+import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Callable
 
+if __name__ == "__main__":  # before Gradio is imported: it reads GRADIO_TEMP_DIR once, at import time
+    import serving
+
+    serving.usable_output_dir()
+
 import gradio as gr
 
-from sdxl_engine.config import EngineConfig
+from sdxl_engine.config import ConfigError, EngineConfig
 from sdxl_engine.engine import EngineNotReady, GenerationError, get_engine
 from sdxl_engine.images import a1111_parameters, save_png, to_pil
 from sdxl_engine.styles import NO_STYLE, STYLE_NAMES, UnknownStyle, apply_style, get_style
@@ -42,7 +49,11 @@ STAGES = {  # engine stage -> (progress fraction, what the page says)
 
 def handle_generate(engine, prompt, negative_prompt, seed, guidance_scale, num_inference_steps, width, height,
                     style=NO_STYLE, progress: Callable | None = None):
-    """One /generate call: widget values in, (gallery items, info dict) out; gr.Error on bad input.
+    """One /generate call: values as the client sent them in, (gallery items, info dict) out.
+
+    The engine validates every value (width/height 0 or None = the model's default). Raises
+    gr.Error with the engine's message for bad input, an engine that is not ready or an unusable
+    image; any other failure is logged here and reported without internals.
 
     ``style`` names a preset of sdxl_engine.styles (applied here, so the engine sees plain text).
     ``progress(fraction, desc=...)`` (a gr.Progress) hears each stage; while the engine is still
@@ -57,10 +68,9 @@ def handle_generate(engine, prompt, negative_prompt, seed, guidance_scale, num_i
         raise gr.Error(str(err)) from err
     while not engine.ready.wait(0.5):
         report(0.0, desc=f"Starting the engine: {engine.stage} ({time.perf_counter() - engine.started:.0f} s)")
-    size = {} if not width and not height else {"width": width or None, "height": height or None}
-    request = GenerateRequest(prompt=styled_prompt, negative_prompt=styled_negative,
-                              seed=-1 if seed is None else seed, guidance_scale=guidance_scale,
-                              num_inference_steps=num_inference_steps, **size)
+    request = GenerateRequest(prompt=styled_prompt, negative_prompt=styled_negative, seed=seed,
+                              guidance_scale=guidance_scale, num_inference_steps=num_inference_steps,
+                              width=width, height=height)
 
     def on_stage(stage: str) -> None:
         fraction, text = STAGES.get(stage, (None, stage))
@@ -71,6 +81,10 @@ def handle_generate(engine, prompt, negative_prompt, seed, guidance_scale, num_i
         result = engine.generate(request, progress=on_stage)
     except (InvalidRequest, EngineNotReady, GenerationError) as err:
         raise gr.Error(str(err)) from err
+    except Exception as err:
+        traceback.print_exc()
+        raise gr.Error(f"the engine failed on this request ({type(err).__name__}); it is logged on the server. "
+                       "Please retry.") from err
     report(0.95, desc="Encoding PNGs")
     req = result.request
     latency = result.timings["latency"]
@@ -259,8 +273,10 @@ def build_demo(generate: Callable, config: EngineConfig, engine=None) -> gr.Bloc
             return generate(prompt, negative_prompt, seed, guidance_scale, num_inference_steps, width, height, style,
                             progress=progress)
 
+        # preprocess=False: values reach the engine as sent, so its checks and messages (with the
+        # argument's name) apply to page and API alike, instead of Gradio's unnamed bound checks.
         event = gr.on([run.click, prompt.submit], generate_images, inputs, [gallery, info], api_name="generate",
-                      concurrency_id="engine", concurrency_limit=1)
+                      concurrency_id="engine", concurrency_limit=1, preprocess=False)
         event.success(status_line, info, status, api_visibility="private")
         event.success(remember, [history, info, gallery], [history, history_gallery], api_visibility="private",
                       show_progress="hidden")
@@ -351,16 +367,24 @@ def share_possible(local_url: str, timeout: float = 5.0) -> bool:
         return False
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> int:
+    """Start the engine in the background, serve the page; returns the exit status (see serving.serve)."""
+    import serving
+
     args = parse_args(argv)
     overrides = {k: v for k, v in vars(args).items() if k not in ("share", "host", "port") and v is not None}
-    config = EngineConfig.load(overrides)
+    try:
+        config = EngineConfig.load(overrides)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     engine = get_engine(config, background=True)
-    demo = build_demo(lambda *values, **kw: handle_generate(engine, *values, **kw), config, engine)
+    gate = serving.RequestGate()
+    demo = build_demo(lambda *values, **kw: gate.run(handle_generate, engine, *values, **kw), config, engine)
     demo.queue(max_size=config.max_queue_size, default_concurrency_limit=1)
     share = args.share and share_possible(f"http://{args.host}:{args.port}/")
-    demo.launch(server_name=args.host, server_port=args.port, share=share)
+    return serving.serve(demo, engine, serving.launch_options(args.host, args.port, share), gate)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

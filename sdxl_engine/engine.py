@@ -16,6 +16,7 @@ from typing import Callable
 import numpy as np
 
 from . import config as config_mod
+from . import faults
 from .config import EngineConfig
 from .validation import GenerateRequest, InvalidRequest, Limits, size_buckets, validate
 
@@ -78,6 +79,9 @@ class Engine:
         self.startup: dict[str, float] = {}
         self.ready = threading.Event()
         self.error: BaseException | None = None
+        self.fault_injection = faults.enabled()  # TEST-ONLY switch, see faults.py; read once
+        if self.fault_injection:
+            self._log(f"[sdxl_engine] WARNING: {faults.ENV} is on: test-only faults can be triggered by prompts")
 
     # ---- start-up -------------------------------------------------------------------------
     def start(self) -> "Engine":
@@ -132,7 +136,7 @@ class Engine:
             sizes = (default,) + sizes
         self.limits = Limits(max_seed=self.config.max_seed, max_steps=self.config.max_inference_steps,
                              sizes=sizes, default_size=default, default_steps=self.config.num_inference_steps,
-                             default_guidance=self.config.guidance_scale)
+                             default_guidance=self.config.guidance_scale, multiple=multiple)
 
         t0 = self._stage(f"compiling {default[0]}x{default[1]} x {self.batch} images")
         self._program(*default)
@@ -183,6 +187,7 @@ class Engine:
             InvalidRequest: a bad argument (nothing ran).
             EngineNotReady: start-up failed or did not finish within ``ready_timeout`` seconds.
             GenerationError: the program produced non-finite pixels.
+            faults.InjectedFault: only with the test-only switch on (faults.py) and a ``fault:raise`` prompt.
         """
         self.wait_ready(ready_timeout)
         request = validate(request, self.limits)
@@ -233,14 +238,21 @@ class Engine:
             np.full((b,), request.guidance_scale, np.float32),
             timesteps, sigmas, np.int32(request.num_inference_steps), np.float32(init_sigma),
         )
+        params = self.params
+        if self.fault_injection:  # TEST-ONLY (faults.py): slow down or poison this one request
+            time.sleep(faults.slow_seconds(request.prompt))
+            if faults.wants(request.prompt, "nan"):
+                params = {**params, "vae": jax.tree.map(lambda x: x * np.nan, params["vae"])}
         progress("on device")
         t1 = time.perf_counter()
-        images, finite = program.executable(self.params, *args)
+        images, finite = program.executable(params, *args)
         jax.block_until_ready(images)
         progress("to host")
         t2 = time.perf_counter()
         images, finite = np.asarray(images), np.asarray(finite)
         t3 = time.perf_counter()
+        if self.fault_injection and faults.wants(request.prompt, "raise"):
+            raise faults.InjectedFault("injected fault (fault:raise) in the middle of a request")
         if not finite.all():
             bad = [s for s, ok in zip(seeds, finite) if not ok]
             raise GenerationError(f"the model produced non-finite pixels (NaN/inf) for seeds {bad}; "
@@ -264,7 +276,8 @@ def get_engine(config: EngineConfig | None = None, background: bool = False, log
 
     Args:
         config: used on the first call only; later calls must pass None or the same config.
-        background: start in a daemon thread and return at once (``ready`` tells when done).
+        background: start in a daemon thread and return at once (``ready`` tells when done; a
+            start-up failure is kept in ``error``, not printed: the app prints it and exits).
 
     Raises:
         ValueError: a different config after the engine exists.
@@ -286,5 +299,5 @@ def get_engine(config: EngineConfig | None = None, background: bool = False, log
 def _start_quietly(engine: Engine) -> None:
     try:
         engine.start()
-    except BaseException as err:  # recorded on the engine; the app reports it
-        engine._log(f"[sdxl_engine] start-up failed: {type(err).__name__}: {err}")
+    except BaseException:  # recorded in engine.error; the app prints it once and exits non-zero
+        pass

@@ -2,7 +2,9 @@
 
 Each check raises :class:`InvalidRequest` naming the argument, what was expected and what
 arrived. Prompts are cleaned rather than refused where that loses nothing (control characters
-become spaces); the rules are listed in the README's "Input rules" table.
+become spaces); the rules are listed in the README's "Input rules" table. Values arrive as the
+client sent them (the page's components do no checking of their own), so every check here also
+covers the wrong type: text where a number belongs, a bool, a list, NaN or inf.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import unicodedata
 
 MAX_PROMPT_CHARS = 20_000  # far past 77 tokens; longer text is refused, not tokenized
 MAX_GUIDANCE = 50.0
+MAX_SIDE = 1 << 16  # pixels; anything larger is refused before it is compared with the buckets
 
 
 class InvalidRequest(ValueError):
@@ -48,16 +51,21 @@ class Limits:
     default_size: tuple[int, int]
     default_steps: int
     default_guidance: float
+    multiple: int = 8  # every side must be a multiple of this many pixels (VAE x UNet downsampling)
 
 
 def clean_text(field: str, value, *, required: bool) -> str:
     """A prompt as text: control characters (NUL included) become spaces, runs of space fold.
 
+    Emoji, right-to-left scripts and other printable text pass unchanged (zero-width joiners
+    are kept for emoji sequences); direction overrides (U+202E...) are format characters and
+    become spaces like the other control characters. None counts as empty text.
+
     Raises InvalidRequest for a non-string, for text over MAX_PROMPT_CHARS characters, and, when
     ``required``, for text that is empty after cleaning.
     """
-    if value is None and not required:
-        return ""
+    if value is None:  # a missing argument: the same as empty text
+        value = ""
     if not isinstance(value, str):
         raise InvalidRequest(field, f"expected text, got {type(value).__name__}")
     if len(value) > MAX_PROMPT_CHARS:
@@ -71,34 +79,54 @@ def clean_text(field: str, value, *, required: bool) -> str:
 
 
 def as_int(field: str, value, lo: int, hi: int) -> int:
-    """An integer in [lo, hi]; a float is accepted only when it is whole (3.0, not 3.5)."""
+    """An integer in [lo, hi]; a float (or numeric text) is accepted only when whole (3.0, not 3.5).
+
+    Raises InvalidRequest for bools, non-numbers, NaN/inf, fractions and values outside [lo, hi].
+    """
     if isinstance(value, bool) or not isinstance(value, (numbers.Real, str)):
         raise InvalidRequest(field, f"expected a whole number, got {type(value).__name__}")
     try:
-        number = float(value) if isinstance(value, str) else value
+        number = _parse_number(value) if isinstance(value, str) else value
     except ValueError:
-        raise InvalidRequest(field, f"expected a whole number, got {value!r}") from None
-    if not math.isfinite(number) or number != int(number):
-        raise InvalidRequest(field, f"expected a whole number, got {value!r}")
+        raise InvalidRequest(field, f"expected a whole number, got {_short(value)}") from None
+    if not isinstance(number, int) and (not math.isfinite(number) or number != int(number)):
+        raise InvalidRequest(field, f"expected a whole number, got {_short(value)}")
     number = int(number)
     if not lo <= number <= hi:
-        raise InvalidRequest(field, f"must be between {lo} and {hi}, got {number}")
+        raise InvalidRequest(field, f"must be between {lo} and {hi}, got {_short(number)}")
     return number
 
 
 def as_float(field: str, value, lo: float, hi: float) -> float:
-    """A finite float in [lo, hi]."""
+    """A finite float in [lo, hi]; numeric text is accepted. Raises InvalidRequest otherwise."""
     if isinstance(value, bool) or not isinstance(value, (numbers.Real, str)):
         raise InvalidRequest(field, f"expected a number, got {type(value).__name__}")
     try:
-        number = float(value)
-    except ValueError:
-        raise InvalidRequest(field, f"expected a number, got {value!r}") from None
+        number = float(_parse_number(value) if isinstance(value, str) else value)
+    except (ValueError, OverflowError):
+        raise InvalidRequest(field, f"expected a number, got {_short(value)}") from None
     if not math.isfinite(number):
-        raise InvalidRequest(field, f"must be a finite number, got {value!r}")
+        raise InvalidRequest(field, f"must be a finite number, got {_short(value)}")
     if not lo <= number <= hi:
         raise InvalidRequest(field, f"must be between {lo:g} and {hi:g}, got {number:g}")
     return number
+
+
+def _parse_number(text: str) -> int | float:
+    """Numeric text as an int when it is one ("12"), else a float ("1.5", "nan"); ValueError otherwise."""
+    text = text.strip()
+    if len(text) > 40:  # no number a user means is that long; int() of huge text is slow
+        raise ValueError(text)
+    try:
+        return int(text)
+    except ValueError:
+        return float(text)
+
+
+def _short(value) -> str:
+    """repr() cut to 40 characters, for messages."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def validate(request: GenerateRequest, limits: Limits) -> GenerateRequest:
@@ -117,13 +145,18 @@ def validate(request: GenerateRequest, limits: Limits) -> GenerateRequest:
     steps = limits.default_steps if request.num_inference_steps is None else as_int(
         "num_inference_steps", request.num_inference_steps, 1, limits.max_steps)
     width, height = limits.default_size
-    if request.width is not None:
-        width = as_int("width", request.width, 1, 1 << 16)
-    if request.height is not None:
-        height = as_int("height", request.height, 1, 1 << 16)
+    given = {}
+    for field, value in (("width", request.width), ("height", request.height)):
+        if value is not None:  # 0 (or None) = the model's default for that side
+            given[field] = as_int(field, value, 0, MAX_SIDE)
+            if given[field] % limits.multiple:
+                raise InvalidRequest(field, f"{given[field]} is not a multiple of {limits.multiple} pixels "
+                                            f"(the model works on {limits.multiple}-pixel blocks)")
+    width, height = given.get("width") or width, given.get("height") or height
     if (width, height) not in limits.sizes:
         allowed = ", ".join(f"{w}x{h}" for w, h in limits.sizes)
-        raise InvalidRequest("width/height", f"{width}x{height} is not a supported size; choose one of {allowed}")
+        raise InvalidRequest("width/height", f"{width}x{height} is not a supported size; choose one of {allowed} "
+                                             "(0 = the model's default)")
     return GenerateRequest(prompt, negative, seed, guidance, steps, width, height)
 
 

@@ -92,7 +92,8 @@ def test_long_prompt_truncated_with_warning(engine):
 @pytest.mark.parametrize("kwargs, message", [
     (dict(prompt=""), "prompt: is empty"),
     (dict(prompt="   \t"), "prompt: is empty"),
-    (dict(prompt=None), "prompt: expected text"),
+    (dict(prompt=None), "prompt: is empty"),
+    (dict(prompt=5), "prompt: expected text, got int"),
     (dict(seed=-2), "seed: must be between -1"),
     (dict(seed=2**40), "seed: must be between -1"),
     (dict(seed=1.5), "seed: expected a whole number"),
@@ -100,7 +101,8 @@ def test_long_prompt_truncated_with_warning(engine):
     (dict(guidance_scale=-1), "guidance_scale: must be between 0"),
     (dict(num_inference_steps=0), "num_inference_steps: must be between 1"),
     (dict(num_inference_steps=10**9), "num_inference_steps: must be between 1"),
-    (dict(width=63), "is not a supported size"),
+    (dict(width=63), "width: 63 is not a multiple of 8 pixels"),
+    (dict(width=64, height=8), "is not a supported size"),
 ])
 def test_bad_input_raises_typed_error_and_engine_stays_healthy(engine, kwargs, message):
     with pytest.raises(InvalidRequest, match=message.replace("(", r"\(")):

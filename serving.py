@@ -1,0 +1,221 @@
+"""How app.py serves the page: safe launch options, an HTTP guard, and a clean stop.
+
+Kept apart from the page (app.py builds it) and from the engine (sdxl_engine/):
+
+- :func:`launch_options`: ``demo.launch`` keywords: loopback unless told otherwise, no share
+  link unless asked, no server-side rendering, no /monitoring page, no MCP server, no file
+  served but the app's own outputs, 1 MB upload cap.
+- :class:`Guard`: an ASGI layer outside Gradio's own: refuses uploads (the page takes no files)
+  and request bodies over 1 MB, never lets ``Access-Control-Allow-Origin`` name a foreign
+  origin (Gradio echoes any origin when the ``Host`` header is not a loopback name, and a
+  client can forge ``Host``), and adds ``Retry-After`` to "queue full" (503) answers.
+- :class:`RequestGate`: counts requests in flight; once closed, the guard refuses new ones.
+- :func:`serve`: launch, then wait; exit 1 with one line if the engine fails to start, or on
+  SIGTERM/SIGINT stop taking requests (503 "shutting down"), let the ones already accepted
+  finish (bounded), close, return 0.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
+MAX_BODY_BYTES = 1_000_000  # JSON of a /generate call is < 100 kB even with a 20 000-character prompt
+BLOCKED_PATH_PREFIXES = ("/gradio_api/upload", "/upload")  # the page has no file inputs
+RETRY_AFTER_S = 5
+QUIET_S = 2.0  # on shutdown, close once no HTTP request arrived for this long (image downloads)
+
+
+def launch_options(host: str, port: int, share: bool) -> dict:
+    """Keyword arguments for ``demo.launch``: the app's security defaults (see README)."""
+    return dict(
+        server_name=host, server_port=port,
+        share=bool(share),  # explicit False: GRADIO_SHARE in the environment cannot open a link
+        ssr_mode=False, enable_monitoring=False, mcp_server=False, strict_cors=True, show_error=False,
+        max_file_size="1mb", allowed_paths=[],
+    )
+
+
+def usable_output_dir(log=print) -> str:
+    """Make sure Gradio's output/temp folder (``GRADIO_TEMP_DIR``) is writable; fall back if not.
+
+    Call before importing Gradio (it reads the folder once, at import). An unwritable
+    folder prints one warning and switches ``GRADIO_TEMP_DIR`` to a fresh private temp folder.
+    Returns the folder used.
+    """
+    wanted = os.environ.get("GRADIO_TEMP_DIR") or str(Path(tempfile.gettempdir()) / "gradio")
+    try:
+        Path(wanted).mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=wanted):
+            pass
+        return wanted
+    except OSError as err:
+        fallback = tempfile.mkdtemp(prefix="sdxl-demo-outputs-")
+        log(f"[app] warning: output folder {wanted!r} is not writable ({err}); using {fallback}")
+        os.environ["GRADIO_TEMP_DIR"] = fallback
+        return fallback
+
+
+def _host_of(origin: str) -> str:
+    try:
+        return (urlsplit(origin).hostname or "").lower()
+    except ValueError:
+        return ""
+
+
+class Guard:
+    """ASGI middleware, outermost: see the module docstring for what it refuses or rewrites."""
+
+    def __init__(self, app, gate: "RequestGate | None" = None, max_body: int = MAX_BODY_BYTES):
+        self.app = app
+        self.gate = gate
+        self.max_body = max_body
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope.get("path", "")
+        if self.gate is not None:
+            self.gate.touch()
+        if path.startswith(BLOCKED_PATH_PREFIXES):
+            return await _plain(send, 404, b"uploads are off: this app takes no files")
+        if self.gate is not None and self.gate.closed and scope["method"] == "POST" and _starts_work(path):
+            return await _plain(send, 503, b"the server is shutting down; retry in a minute",
+                                [(b"retry-after", b"60")])
+        headers = dict(scope.get("headers") or [])
+        length = headers.get(b"content-length", b"0")
+        if not length.isdigit() or int(length) > self.max_body:
+            return await _plain(send, 413, b"request body too large (limit 1 MB)")
+        origin = headers.get(b"origin", b"").decode("latin-1")
+        foreign = bool(origin) and _host_of(origin) not in LOOPBACK_NAMES
+        seen = 0
+
+        async def limited_receive():  # bodies sent without Content-Length (chunked) are counted too
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_body:
+                return {"type": "http.disconnect"}
+            return message
+
+        async def guarded_send(message):
+            if message["type"] == "http.response.start":
+                out = [(k, v) for k, v in message.get("headers", [])
+                       if not (foreign and k.lower().startswith(b"access-control-allow-"))]
+                if message["status"] == 503:
+                    out.append((b"retry-after", str(RETRY_AFTER_S).encode()))
+                message = {**message, "headers": out}
+            await send(message)
+
+        await self.app(scope, limited_receive, guarded_send)
+
+
+def _starts_work(path: str) -> bool:
+    """Whether a POST to ``path`` would queue a new call (queue/join, call/<api>, run/<api>)."""
+    return path.endswith("/queue/join") or path.startswith(("/gradio_api/call/", "/gradio_api/run/", "/call/", "/run/"))
+
+
+async def _plain(send, status: int, body: bytes, extra: list | None = None) -> None:
+    headers = [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers + (extra or [])})
+    await send({"type": "http.response.body", "body": body})
+
+
+def install_guard(app, gate: "RequestGate | None" = None) -> None:
+    """Put :class:`Guard` outside every other middleware of Gradio's FastAPI ``app``.
+
+    Gradio adds its CORS middleware inside ``launch``; Starlette builds the middleware stack on
+    the first request, so the stack is reset and rebuilt with the guard outermost (the other
+    layers are stateless). The security tests probe the result over HTTP.
+    """
+    app.middleware_stack = None
+    app.add_middleware(Guard, gate=gate)
+
+
+class RequestGate:
+    """Counts /generate calls in flight; after :meth:`close` the guard refuses new calls."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self.in_flight = 0
+        self.closed = False
+        self.last_request = time.monotonic()  # when the last HTTP request arrived (set by Guard)
+
+    def touch(self) -> None:
+        """Record that an HTTP request arrived now."""
+        self.last_request = time.monotonic()
+
+    def run(self, fn, *args, **kwargs):
+        """Call ``fn(*args, **kwargs)``, counted as in flight while it runs."""
+        with self._cond:
+            self.in_flight += 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            with self._cond:
+                self.in_flight -= 1
+                self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            self.closed = True
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for no call in flight; True if none is left."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self.in_flight == 0, timeout)
+
+
+def _waiting(demo) -> int:
+    queue = getattr(demo, "_queue", None)
+    return 0 if queue is None else len(queue)
+
+
+def _queue_idle(demo) -> bool:
+    queue = getattr(demo, "_queue", None)
+    if queue is None:
+        return True
+    return all(job is None for job in getattr(queue, "active_jobs", [])) and len(queue) == 0
+
+
+def serve(demo, engine, options: dict, gate: RequestGate, drain_s: float = 60.0, log=print) -> int:
+    """Launch ``demo`` and block until it should stop; returns the process exit status.
+
+    Returns 1 (after one ``error:`` line on stderr) when the engine fails to start, 0 after
+    SIGTERM/SIGINT: new calls are refused (503), the calls already accepted (running or waiting)
+    get up to ``drain_s`` seconds together to finish and reach their clients (including the
+    clients' image downloads: the server closes after QUIET_S seconds without a request).
+    """
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    demo.launch(**options, prevent_thread_lock=True, quiet=False)
+    install_guard(demo.app, gate)
+    while not stop.wait(0.2):
+        if engine.ready.is_set() and engine.error is not None:
+            print(f"error: the engine failed to start: {type(engine.error).__name__}: {engine.error}",
+                  file=sys.stderr, flush=True)
+            demo.close(verbose=False)
+            return 1
+    gate.close()
+    log(f"[app] stopping: new requests are refused; finishing the ones already accepted "
+        f"({gate.in_flight} running, {_waiting(demo)} waiting)")
+    deadline = time.monotonic() + drain_s
+    gate.wait_idle(drain_s)
+    while not _queue_idle(demo) and time.monotonic() < deadline:  # results still on their way out
+        time.sleep(0.1)
+    # Clients fetch a result's images after the result itself: close only once QUIET_S seconds
+    # passed since the last result and since the last HTTP request (still within the deadline).
+    idle_at = time.monotonic()
+    while time.monotonic() - max(idle_at, gate.last_request) < QUIET_S and time.monotonic() < deadline:
+        time.sleep(0.1)
+    demo.close(verbose=False)
+    log("[app] stopped")
+    return 0

@@ -1,0 +1,205 @@
+"""Faults: engine exceptions, NaN output, a full queue, disconnects, SIGTERM, bad start-up.
+
+Most tests share one ``python app.py`` started with the TEST-ONLY fault switch
+(``SDXL_FAULT_INJECTION=1``, see sdxl_engine/faults.py), a queue of 2, an unwritable compile
+cache and output folder, and ``GRADIO_SHARE=True`` in its environment. The SIGTERM test stops
+that process, so it is the last test of this module.
+"""
+
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import httpx
+import numpy as np
+import pytest
+
+from conftest import ROOT, RunningApp, free_port
+from sdxl_engine.engine import GenerationError
+from sdxl_engine.validation import GenerateRequest
+
+OK = dict(prompt="a red circle", seed=1, num_inference_steps=2)
+
+
+@pytest.fixture(scope="module")
+def fault_app(tmp_path_factory):
+    blocker = tmp_path_factory.mktemp("unwritable") / "a-file"
+    blocker.write_text("a file, so nothing can be created below it (even by root)")
+    app = RunningApp(env={
+        "SDXL_FAULT_INJECTION": "1", "SDXL_MAX_QUEUE_SIZE": "2", "GRADIO_SHARE": "True",
+        "SDXL_COMPILE_CACHE_DIR": str(blocker / "jax"), "GRADIO_TEMP_DIR": str(blocker / "gradio"),
+    })
+    yield app
+    app.stop()
+
+
+@pytest.fixture(scope="module")
+def client(fault_app):
+    from gradio_client import Client
+
+    return Client(fault_app.url, verbose=False)
+
+
+def healthy(client):
+    gallery, info = client.predict(api_name="/generate", **OK)
+    assert len(gallery) == 4 and info["seeds"] == [1, 2, 3, 4]
+    return info
+
+
+def test_unwritable_cache_and_output_dirs_warn_and_the_app_serves(fault_app, client):
+    log = "".join(fault_app.log)
+    assert "[sdxl_engine] warning: compile cache" in log and "is not writable" in log
+    assert "[app] warning: output folder" in log
+    healthy(client)
+
+
+def test_no_share_link_even_with_gradio_share_in_the_environment(fault_app):
+    log = "".join(fault_app.log).lower()
+    assert "public url" not in log and "share link" not in log
+
+
+def test_exception_inside_the_engine_fails_that_request_only(fault_app, client):
+    from gradio_client.exceptions import AppError
+
+    with pytest.raises(AppError, match=r"the engine failed on this request \(InjectedFault\).*Please retry"):
+        client.predict(api_name="/generate", **{**OK, "prompt": "a red circle fault:raise"})
+    time.sleep(0.2)
+    assert "InjectedFault: injected fault" in "".join(fault_app.log)  # the traceback is in the server log
+    healthy(client)
+
+
+def test_non_finite_image_is_an_error_not_a_black_square(client):
+    from gradio_client.exceptions import AppError
+
+    with pytest.raises(AppError, match=r"the model produced non-finite pixels \(NaN/inf\) for seeds \[1, 2, 3, 4\]"):
+        client.predict(api_name="/generate", **{**OK, "prompt": "a red circle fault:nan"})
+    healthy(client)
+
+
+def test_nan_guard_in_the_engine(engine, monkeypatch):
+    """Poisoned VAE weights make the real program return NaN; the engine raises, never returns it."""
+    import jax
+
+    poisoned = {**engine.params, "vae": jax.tree.map(lambda x: x * np.nan, engine.params["vae"])}
+    monkeypatch.setattr(engine, "params", poisoned)
+    with pytest.raises(GenerationError, match=r"non-finite pixels \(NaN/inf\) for seeds \[5, 6, 7, 8\]"):
+        engine.generate(GenerateRequest("a red circle", seed=5, num_inference_steps=2))
+    monkeypatch.undo()
+    result = engine.generate(GenerateRequest("a red circle", seed=5, num_inference_steps=2))
+    assert result.images.shape == (4, 64, 64, 3) and result.images.std() > 5
+
+
+def _wait_processing(job, timeout=60):
+    from gradio_client.utils import Status
+
+    deadline = time.monotonic() + timeout
+    while job.status().code != Status.PROCESSING:
+        assert time.monotonic() < deadline, "the slow request never started"
+        time.sleep(0.05)
+
+
+def test_burst_beyond_the_queue_gets_busy_retry_not_a_hang(fault_app, client):
+    from gradio_client import Client
+    from gradio_client.utils import QueueError
+
+    clients = [Client(fault_app.url, verbose=False) for _ in range(5)]  # connected before the clock starts
+    slow = client.submit(api_name="/generate", **{**OK, "prompt": "a red circle fault:slow=6"})
+    _wait_processing(slow)
+    # 1 running + a queue of 2: the next 2 wait, the rest are told to retry at once.
+    burst = [c.submit(api_name="/generate", **OK) for c in clients]
+    deadline = time.monotonic() + 5
+    while httpx.get(fault_app.url + "gradio_api/queue/status", timeout=30).json()["queue_size"] < 2:
+        assert time.monotonic() < deadline, "the queue never filled"
+        time.sleep(0.05)
+    raw = httpx.post(fault_app.url + "gradio_api/call/generate", json={"data": ["a red circle", "", 1, 7, 2, 0, 0]},
+                     timeout=30)
+    assert raw.status_code == 503 and "Queue is full" in raw.text and raw.headers["retry-after"] == "5"
+    outcomes = []
+    for job in burst:
+        try:
+            outcomes.append(len(job.result(timeout=90)[0]))
+        except QueueError as err:
+            assert str(err) == "Queue is full! Please try again."
+            outcomes.append("busy")
+    assert len(slow.result(timeout=90)[0]) == 4
+    assert outcomes.count(4) == 2 and outcomes.count("busy") == 3, outcomes
+    healthy(client)
+
+
+def test_client_disconnecting_mid_generation_frees_its_slot(fault_app, client):
+    config = httpx.get(fault_app.url + "config", timeout=30).json()
+    fn_index = next(d["id"] for d in config["dependencies"] if d.get("api_name") == "generate")
+    session = uuid.uuid4().hex[:10]
+    join = httpx.post(fault_app.url + "gradio_api/queue/join", timeout=30, json={
+        "data": ["a red circle fault:slow=3", "", 1, 7, 2, 0, 0], "fn_index": fn_index, "session_hash": session,
+        "event_data": None, "trigger_id": None})
+    assert join.status_code == 200
+    with httpx.stream("GET", fault_app.url + f"gradio_api/queue/data?session_hash={session}", timeout=30) as stream:
+        for line in stream.iter_lines():
+            if "process_starts" in line:
+                break  # generation is running: hang up without reading the result
+    start = time.monotonic()
+    info = healthy(client)
+    assert time.monotonic() - start < 3 + 30  # waited at most for the abandoned generation, not forever
+    status = httpx.get(fault_app.url + "gradio_api/queue/status", timeout=30).json()
+    assert status["queue_size"] == 0, status
+    assert info["timings_s"]["queue"] <= 3.5  # the engine lock was held only for the 3 s of that generation
+
+
+def test_startup_failure_exits_non_zero_with_one_clear_line(tmp_path):
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    (corrupt / "model_index.json").write_text("{not json")
+    cases = {str(tmp_path / "missing"): "is neither a built-in name, an existing directory nor a hub id",
+             str(corrupt): "could not load SDXL model"}
+    procs = {model: subprocess.Popen(
+        [sys.executable, str(ROOT / "app.py"), "--port", str(free_port()), "--model", model], cwd=ROOT,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={"GRADIO_ANALYTICS_ENABLED": "False",
+                                                                       "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+        for model in cases}
+    for model, expected in cases.items():
+        out, err = procs[model].communicate(timeout=240)
+        assert procs[model].returncode == 1, (out, err)
+        errors = [line for line in (out + err).splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and "the engine failed to start: ModelLoadError" in errors[0] and expected in errors[0]
+        assert "Traceback" not in out + err
+
+
+def test_bad_config_exits_non_zero_with_one_line():
+    result = subprocess.run([sys.executable, str(ROOT / "app.py"), "--num-inference-steps", "many"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip() == "error: num_inference_steps must be a int, got 'many'"
+
+
+def test_sigterm_finishes_the_request_in_flight_then_exits_0(fault_app, client, request):
+    """Last test of the module: it stops the shared fault app. One request runs, one waits."""
+    from gradio_client import Client
+
+    second = Client(fault_app.url, verbose=False)  # connected before the clock starts
+    job = client.submit(api_name="/generate", **{**OK, "prompt": "a red circle fault:slow=6"})
+    _wait_processing(job)
+    waiting = second.submit(api_name="/generate", **{**OK, "seed": 9})
+    deadline = time.monotonic() + 5
+    while httpx.get(fault_app.url + "gradio_api/queue/status", timeout=30).json()["queue_size"] < 1:
+        assert time.monotonic() < deadline, "the second request never reached the queue"
+        time.sleep(0.05)
+    fault_app.proc.terminate()  # SIGTERM
+    request.addfinalizer(lambda: print("".join(fault_app.log[-30:])))
+    deadline = time.monotonic() + 5
+    while True:  # within a moment new calls are refused (one sent before the signal is handled is served)
+        late = httpx.post(fault_app.url + "gradio_api/call/generate",
+                          json={"data": ["a red circle", "", 1, 7, 2, 0, 0]}, timeout=30)
+        if late.status_code == 503 and "shutting down" in late.text:
+            break
+        assert late.status_code in (200, 503) and time.monotonic() < deadline, (late.status_code, late.text)
+        time.sleep(0.05)
+    assert "shutting down" in late.text and late.headers["retry-after"] == "60"
+    gallery, info = job.result(timeout=60)
+    assert len(gallery) == 4 and info["seeds"] == [1, 2, 3, 4]
+    assert waiting.result(timeout=60)[1]["seeds"] == [9, 10, 11, 12]  # accepted before SIGTERM: served too
+    assert fault_app.proc.wait(60) == 0
+    time.sleep(0.2)
+    assert "[app] stopped" in "".join(fault_app.log)
