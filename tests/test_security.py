@@ -23,7 +23,7 @@ def get(app_server, path, **kw):
 def output_file(app_server):
     """Server-side path and URL of an image the app generated (the one place files are served from)."""
     event = httpx.post(app_server.url + "gradio_api/call/generate",
-                       json={"data": ["a red circle", "", 1, 7.0, 2, 0, 0]}, timeout=30).json()["event_id"]
+                       json={"data": ["a red circle", "", 1, 7.0, 2, 0, 0, "(No style)"]}, timeout=30).json()["event_id"]
     text = httpx.get(app_server.url + f"gradio_api/call/generate/{event}", timeout=60).text
     line = next(l for l in text.splitlines() if l.startswith("data: ") and '"path"' in l)
     item = json.loads(line[6:])[0][0]["image"]
@@ -113,7 +113,7 @@ def test_model_cannot_be_chosen_through_the_api(app_server):
     assert "model" not in names and names[0] == "prompt"
     # An extra value in a raw call is ignored: the model stays the one the server was started with.
     event = httpx.post(app_server.url + "gradio_api/call/generate",
-                       json={"data": ["a red circle", "", 1, 7.0, 2, 0, 0, "stabilityai/other-model"]},
+                       json={"data": ["a red circle", "", 1, 7.0, 2, 0, 0, "(No style)", "stabilityai/other-model"]},
                        timeout=30).json()["event_id"]
     text = httpx.get(app_server.url + f"gradio_api/call/generate/{event}", timeout=60).text
     assert "event: complete" in text and '"model": "tiny-random"' in text

@@ -134,7 +134,7 @@ def test_non_finite_floats_in_raw_json_are_clear_errors(app_server, client):
     """gradio_client refuses to send NaN/inf (not valid JSON), but a raw client can send NaN."""
     for token, message in (("NaN", "guidance_scale: must be a finite number, got nan"),
                            ("Infinity", "guidance_scale: must be a finite number, got inf")):
-        body = '{"data": ["a red circle", "", 1, %s, 2, 0, 0]}' % token
+        body = '{"data": ["a red circle", "", 1, %s, 2, 0, 0, "(No style)"]}' % token
         event = httpx.post(app_server.url + "gradio_api/call/generate", content=body,
                            headers={"content-type": "application/json"}, timeout=30).json()["event_id"]
         text = httpx.get(app_server.url + f"gradio_api/call/generate/{event}", timeout=60).text
