@@ -20,8 +20,13 @@ from sdxl_engine.images import a1111_parameters, to_pil
 from sdxl_engine.validation import GenerateRequest, InvalidRequest
 
 TITLE = "Fast Stable Diffusion XL with JAX"
+# Prompts in the vocabulary of the default model, tiny-shapes (sdxl_engine/shapes.py).
 EXAMPLES = ["a red circle on a blue background", "a large green square at the top", "a small yellow star on the left",
-            "a purple triangle on a white background", "a cinematic photo of a cat"]
+            "a purple triangle on a white background", "a large pink cross in the centre on a black background"]
+DEMO_MODEL_NOTE = ("Model `{model}`: a small demo model (SDXL architecture, 64×64, trained here on captioned shapes: "
+                   "circle, square, triangle, star, cross, diamond; 8 colours; left/right/top/bottom/centre; small/large; "
+                   "white/black/gray/blue backgrounds). For real SDXL start with "
+                   "`python app.py --model stabilityai/stable-diffusion-xl-base-1.0 --revision refs/pr/95`.")
 
 
 def handle_generate(engine, prompt, negative_prompt, seed, guidance_scale, num_inference_steps, width, height):
@@ -73,6 +78,8 @@ def build_demo(generate: Callable, config: EngineConfig) -> gr.Blocks:
     """The page. ``generate`` has handle_generate's signature minus the engine (tests pass a fake)."""
     with gr.Blocks(title=TITLE) as demo:
         gr.Markdown(f"# {TITLE}\nFour images per prompt, generated in parallel across the accelerator's devices.")
+        if config.model in ("tiny-shapes", "tiny-random"):
+            gr.Markdown(DEMO_MODEL_NOTE.format(model=config.model))
         with gr.Row():
             prompt = gr.Textbox(label="Prompt", placeholder="a red circle on a blue background", scale=5,
                                 lines=1, max_lines=3)
