@@ -89,6 +89,7 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=1.5e-3)
     p.add_argument("--caption-dropout", type=float, default=0.1)
     p.add_argument("--ema", type=float, default=0.995)
+    p.add_argument("--resume", help="continue training this model (frozen VAE encoder, same latents)")
     p.add_argument("--log-every", type=int, default=50)
     return p.parse_args(argv)
 
@@ -105,20 +106,27 @@ def adam(lr: float, steps: int):
     return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=1e-4))
 
 
-def train_vae(vae, images: np.ndarray, args, key) -> tuple[dict, list]:
-    """Stage 2. images: (n, 64, 64, 3) uint8. Returns VAE params and [(step, loss, mse)]."""
+def train_vae(vae, images: np.ndarray, args, key, init: dict | None = None) -> tuple[dict, list]:
+    """Stage 2. images: (n, 64, 64, 3) uint8. Returns VAE params and [(step, loss, mse)].
+
+    With ``init`` (a resumed model's VAE params) the encoder stays frozen, so the latent space
+    the UNet learned is unchanged, and only the decoder side trains further.
+    """
     import jax
     import jax.numpy as jnp
     import optax
 
-    params = vae.init_weights(key)
+    params = dict(init) if init is not None else vae.init_weights(key)
+    frozen_keys = ("encoder", "quant_conv") if init is not None else ()
+    frozen = {k: params.pop(k) for k in frozen_keys}
     opt = adam(args.vae_lr, args.vae_steps)
     opt_state = opt.init(params)
 
     def loss_fn(params, x, key):
-        posterior = vae.apply({"params": params}, x, method=vae.encode).latent_dist
+        full = {**params, **frozen}
+        posterior = vae.apply({"params": full}, x, method=vae.encode).latent_dist
         z = posterior.sample(key)
-        recon = vae.apply({"params": params}, z, method=vae.decode).sample
+        recon = vae.apply({"params": full}, z, method=vae.decode).sample
         mse = jnp.mean((recon - x) ** 2)
         return mse + 1e-6 * jnp.mean(posterior.kl()), mse
 
@@ -138,7 +146,7 @@ def train_vae(vae, images: np.ndarray, args, key) -> tuple[dict, list]:
         if i % args.log_every == 0 or i == args.vae_steps:
             history.append((i, float(loss), float(mse)))
             log(f"vae step {i}/{args.vae_steps} loss {float(loss):.5f} mse {float(mse):.5f}")
-    return params, history
+    return {**params, **frozen}, history
 
 
 def to_pixels(images: np.ndarray):
@@ -229,11 +237,20 @@ def main(argv=None) -> None:
                     for t in tokenizers], axis=1).astype(np.int32)  # (n, 2, 77)
     log(f"{len(images)} images, e.g. {captions[:3]}; vocab {vocab_size} ({time.perf_counter() - start:.0f} s)")
 
-    # 2-3. VAE, scaling factor, latents.
+    # 2-3. VAE, scaling factor, latents. Resuming: the encoder and scaling factor are kept.
+    resumed = None
+    if args.resume:
+        import jax.numpy as jnp
+
+        _, resumed = FlaxStableDiffusionXLPipeline.from_pretrained(args.resume, dtype=jnp.float32)
     vae = FlaxAutoencoderKL(**SPEC["vae"])
-    vae_params, vae_history = train_vae(vae, images, args, jax.random.fold_in(key, 1))
+    vae_params, vae_history = train_vae(vae, images, args, jax.random.fold_in(key, 1),
+                                        init=resumed["vae"] if resumed else None)
     raw = encode_all(vae, vae_params, images)
-    scaling_factor = float(1.0 / raw.std())
+    if resumed:
+        scaling_factor = json.loads((Path(args.resume) / "vae" / "config.json").read_text())["scaling_factor"]
+    else:
+        scaling_factor = float(1.0 / raw.std())
     vae = FlaxAutoencoderKL(**SPEC["vae"], scaling_factor=scaling_factor)
     vae_s = time.perf_counter() - start
     log(f"vae done in {vae_s:.0f} s; latent std {raw.std():.3f} -> scaling_factor {scaling_factor:.4f}")
@@ -247,6 +264,8 @@ def main(argv=None) -> None:
     model = types.SimpleNamespace(text_encoder=text_encoder, text_encoder_2=text_encoder_2, unet=unet)
     params = {"text_encoder": text_encoder.params, "text_encoder_2": text_encoder_2.params,
               "unet": unet.init_weights(jax.random.fold_in(key, 2))}
+    if resumed:
+        params = {k: resumed[k] for k in params}
     alphas_cumprod = np.asarray(scheduler.create_state().common.alphas_cumprod)
     params, unet_history = train_unet(model, params, raw * scaling_factor, ids, alphas_cumprod, args,
                                       jax.random.fold_in(key, 3))
@@ -258,7 +277,8 @@ def main(argv=None) -> None:
                                          tokenizer=tokenizers[0], tokenizer_2=tokenizers[1], unet=unet,
                                          scheduler=scheduler)
     pipe.save_pretrained(str(tmp), params={**jax.device_get(params), "vae": jax.device_get(vae_params)})
-    record = {"args": vars(args), "vae_s": round(vae_s, 1), "total_s": round(total_s, 1),
+    previous = json.loads((Path(args.resume) / "training.json").read_text()) if args.resume else None
+    record = {"args": vars(args), "resumed_from": previous, "vae_s": round(vae_s, 1), "total_s": round(total_s, 1),
               "scaling_factor": scaling_factor, "vae_loss": vae_history, "unet_loss": unet_history,
               "held_out": shapes.HELD_OUT, "jax": jax.__version__, "device": str(jax.devices()[0])}
     (tmp / "training.json").write_text(json.dumps(record, indent=1))
