@@ -1,6 +1,8 @@
 """Train the ``tiny-shapes`` model: SDXL in miniature, on captioned shapes, on a CPU.
 
-    python -m sdxl_engine.train --out assets/tiny-shapes      # the shipped model (seed 0)
+    python -m sdxl_engine.train --out /tmp/stage1           # stage 1 of the shipped model (seed 0)
+    python -m sdxl_engine.train --resume /tmp/stage1 --seed 1 --vae-steps 1200 --unet-steps 1300 \
+        --lr 1e-3 --out assets/tiny-shapes                  # stage 2: the shipped model
     python -m sdxl_engine.train --out /tmp/ts --vae-steps 200 --unet-steps 300   # a quick try
 
 Stages, as SDXL was trained (Podell et al. 2023, with Rombach et al. 2022's latent diffusion):
