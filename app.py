@@ -32,8 +32,9 @@ from sdxl_engine.styles import NO_STYLE, STYLE_NAMES, UnknownStyle, apply_style,
 from sdxl_engine.validation import GenerateRequest, InvalidRequest
 
 TITLE = "Fast Stable Diffusion XL with JAX"
+# Prompts in the vocabulary of the default model, tiny-shapes (sdxl_engine/shapes.py).
 EXAMPLES = ["a red circle on a blue background", "a large green square at the top", "a small yellow star on the left",
-            "a purple triangle on a white background", "a cinematic photo of a cat"]
+            "a purple triangle on a white background", "a large pink cross in the centre on a black background"]
 # The style each example row selects (paired with EXAMPLES in order, repeating).
 EXAMPLE_STYLES = (NO_STYLE, "Pixel art", "Anime", "Digital Art", "Cinematic")
 HISTORY_LIMIT = 20  # generations kept in the browser's history (localStorage)
@@ -45,6 +46,10 @@ STAGES = {  # engine stage -> (progress fraction, what the page says)
     "on device": (0.1, "On {devices}: encoding the prompts, denoising {steps} steps, decoding with the VAE"),
     "to host": (0.9, "Copying {n} images to the host"),
 }
+DEMO_MODEL_NOTE = ("Model `{model}`: a small demo model (SDXL architecture, 64×64, trained here on captioned shapes: "
+                   "circle, square, triangle, star, cross, diamond; 8 colours; left/right/top/bottom/centre; small/large; "
+                   "white/black/gray/blue backgrounds). For real SDXL start with "
+                   "`python app.py --model stabilityai/stable-diffusion-xl-base-1.0 --revision refs/pr/95`.")
 
 
 def handle_generate(engine, prompt, negative_prompt, seed, guidance_scale, num_inference_steps, width, height,
@@ -221,6 +226,11 @@ def build_demo(generate: Callable, config: EngineConfig, engine=None) -> gr.Bloc
     with gr.Blocks(title=TITLE) as demo:
         gr.Markdown(f"# {TITLE}\nFour images per prompt, generated in parallel across the accelerator's devices.")
         banner = gr.Markdown(engine_banner(engine)[0], elem_id="engine-status")
+        if config.model == "tiny-shapes":
+            gr.Markdown(DEMO_MODEL_NOTE.format(model=config.model))
+        elif config.model == "tiny-random":
+            gr.Markdown("Model `tiny-random`: the SDXL architecture with random weights (for tests): expect noise. "
+                        + DEMO_MODEL_NOTE[DEMO_MODEL_NOTE.index("For real SDXL"):])
         with gr.Row():
             with gr.Column(scale=2):  # what to make
                 with gr.Row():

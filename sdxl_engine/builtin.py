@@ -1,4 +1,7 @@
-"""Built-in models that need no download: the SDXL architecture at two scales, random weights.
+"""Built-in models that need no download: a trained tiny SDXL, and the architecture at two scales.
+
+* ``tiny-shapes`` (the default): the SDXL architecture scaled to 64x64 images, trained here on
+  captioned shapes (``python -m sdxl_engine.train``); shipped as ``assets/tiny-shapes``.
 
 * ``tiny-random``: the SDXL architecture (two CLIP text encoders, the second with projection and
   its pooled output feeding ``text_embeds``; a UNet with ``text_time`` added conditioning and
@@ -99,7 +102,11 @@ TINY = dict(
                         hidden_act="gelu", projection_dim=32),
 )
 
-BUILTIN_NAMES = ("tiny-random", "sdxl-base-random")
+BUILTIN_NAMES = ("tiny-shapes", "tiny-random", "sdxl-base-random")
+
+# ``tiny-shapes``: the SDXL architecture at 64x64, trained by ``python -m sdxl_engine.train`` on
+# the captioned shapes of sdxl_engine/shapes.py and shipped in the repository (diffusers format).
+TINY_SHAPES_DIR = Path(__file__).resolve().parents[1] / "assets" / "tiny-shapes"
 
 # Words the project's tokenizer spells as whole tokens: SDXL-style prompt words and the
 # vocabulary of the built-in demo data (shapes, colours, positions, sizes, styles).
@@ -128,30 +135,40 @@ def bytes_to_unicode() -> dict[int, str]:
     return dict(zip(bs, map(chr, cs)))
 
 
+def _bpe(symbols: list[str], ranks: dict[tuple[str, str], int]) -> list[str]:
+    """CLIP's BPE on one word: merge the lowest-ranked adjacent pair until none is known."""
+    while len(symbols) > 1:
+        pairs = [(ranks.get(pair, len(ranks)), i) for i, pair in enumerate(zip(symbols, symbols[1:]))]
+        rank, i = min(pairs)
+        if rank == len(ranks):
+            break
+        symbols = symbols[:i] + [symbols[i] + symbols[i + 1]] + symbols[i + 2:]
+    return symbols
+
+
 def build_vocab(words=WORDS) -> tuple[dict[str, int], list[str]]:
     """Vocabulary and BPE merges, CLIP layout: base symbols, merged tokens, then the two specials.
 
-    Each word is spelled left to right by merges ("r e" -> "re", "re d</w>" -> "red</w>"), so a
-    listed word becomes one token whenever no earlier merge splits it differently; any other
-    text still tokenizes, symbol by symbol.
+    Every listed word becomes one token: the word is first split as the merges so far split it
+    (lowest rank first, as the tokenizer will), then new merges join what is left, left to
+    right. New merges rank after all earlier ones, so they never change an earlier word's
+    tokens. Any other text still tokenizes, symbol by symbol.
     """
     base = list(bytes_to_unicode().values())
     vocab_list = base + [s + "</w>" for s in base]
-    merges: list[str] = []
+    ranks: dict[tuple[str, str], int] = {}
     known = set(vocab_list)
     for word in dict.fromkeys(words):
-        symbols = list(word[:-1]) + [word[-1] + "</w>"]
+        symbols = _bpe(list(word[:-1]) + [word[-1] + "</w>"], ranks)
         while len(symbols) > 1:
-            pair = f"{symbols[0]} {symbols[1]}"
+            ranks.setdefault((symbols[0], symbols[1]), len(ranks))
             merged = symbols[0] + symbols[1]
-            if pair not in merges:
-                merges.append(pair)
             if merged not in known:
                 known.add(merged)
                 vocab_list.append(merged)
             symbols = [merged] + symbols[2:]
     vocab_list += ["<|startoftext|>", "<|endoftext|>"]
-    return {tok: i for i, tok in enumerate(vocab_list)}, merges
+    return {tok: i for i, tok in enumerate(vocab_list)}, [" ".join(pair) for pair in ranks]
 
 
 def write_tokenizers(out: Path) -> int:

@@ -30,9 +30,10 @@ class ConfigError(ValueError):
 class EngineConfig:
     """Engine settings; frozen, so a running engine cannot drift from what it logged at start."""
 
-    # Which weights: a built-in name ("tiny-random", "sdxl-base-random"), a local diffusers-format
-    # directory, or a hub id such as "stabilityai/stable-diffusion-xl-base-1.0".
-    model: str = "tiny-random"
+    # Which weights: a built-in name ("tiny-shapes", the trained demo model shipped in assets/;
+    # "tiny-random", "sdxl-base-random"), a local diffusers-format directory, or a hub id such as
+    # "stabilityai/stable-diffusion-xl-base-1.0".
+    model: str = "tiny-shapes"
     # Hub revision (branch, tag, commit or "refs/pr/95" as the blog's scripts used); "" = default.
     revision: str = ""
     # Parameter storage and compute dtype: "auto" = bfloat16 on TPU/GPU, float32 on CPU.

@@ -100,7 +100,8 @@ def load_model(model: str, *, dtype: str, platform: str, revision: str = "", cac
     """Load an SDXL model.
 
     Args:
-        model: ``tiny-random``, a local diffusers-format directory, or a hub id.
+        model: ``tiny-shapes`` (shipped in assets/), ``tiny-random``, a local diffusers-format
+            directory, or a hub id.
         dtype: ``auto``/``float32``/``bfloat16``/``float16`` for parameters and compute.
         platform: JAX backend platform ("cpu", "gpu", "tpu"), for ``auto``.
         revision: hub revision; ignored for local directories.
@@ -119,7 +120,12 @@ def load_model(model: str, *, dtype: str, platform: str, revision: str = "", cac
         from .fullsize import random_model
 
         return random_model(dtype_name=dtype)
-    if model in builtin.BUILTIN_NAMES:
+    if model == "tiny-shapes":
+        if not (builtin.TINY_SHAPES_DIR / "model_index.json").is_file():
+            raise ModelLoadError(f"the shipped model is missing from {builtin.TINY_SHAPES_DIR}; "
+                                 "recreate it with: python -m sdxl_engine.train")
+        source = str(builtin.TINY_SHAPES_DIR)
+    elif model in builtin.BUILTIN_NAMES:
         source = str(builtin_path(model, cache_dir))
     elif Path(model).expanduser().exists():
         source = str(Path(model).expanduser())

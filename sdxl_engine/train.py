@@ -1,0 +1,294 @@
+"""Train the ``tiny-shapes`` model: SDXL in miniature, on captioned shapes, on a CPU.
+
+    python -m sdxl_engine.train --out /tmp/stage1           # stage 1 of the shipped model (seed 0)
+    python -m sdxl_engine.train --resume /tmp/stage1 --seed 1 --vae-steps 1200 --unet-steps 1300 \
+        --lr 1e-3 --out assets/tiny-shapes                  # stage 2: the shipped model
+    python -m sdxl_engine.train --out /tmp/ts --vae-steps 200 --unet-steps 300   # a quick try
+
+Stages, as SDXL was trained (Podell et al. 2023, with Rombach et al. 2022's latent diffusion):
+
+1. Data: images and captions from :mod:`sdxl_engine.shapes` (held-out combinations excluded).
+2. VAE: a KL autoencoder (factor 4: 64x64x3 pixels -> 16x16x4 latents), loss = pixel MSE + a
+   tiny KL term. Its ``scaling_factor`` is then set to 1 / std of the latents, so the latents
+   the UNet sees have unit variance (SD's 0.18215 and SDXL's 0.13025 were found the same way).
+3. Encode every training image once to latents (the VAE is frozen from here on).
+4. UNet + both CLIP text encoders, from scratch, on the epsilon-prediction objective: pick a
+   timestep t, noise the latents with the scheduler's alphas_cumprod (DDPM forward process),
+   predict the noise from the captions' encoder_hidden_states (both encoders' penultimate
+   layers) and text_embeds (the second encoder's pooled projection) plus add_time_ids. The
+   caption is dropped (zero embeddings, what the engine feeds for an empty negative prompt)
+   10 % of the time, so the same network is also the unconditional model of classifier-free
+   guidance (Ho & Salimans 2022). Loss weighting: min-SNR-5 (Hang et al. 2023), which speeds
+   convergence. An exponential moving average of the weights is what is saved.
+5. Save in diffusers format (Flax msgpack weights): ``FlaxStableDiffusionXLPipeline`` loads it.
+
+Seeded and deterministic on one machine (same seed, steps and XLA build -> same weights).
+Losses are printed every ``--log-every`` steps and stored in ``<out>/training.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import time
+import types
+from pathlib import Path
+
+import numpy as np
+
+from . import builtin, shapes
+
+# The SDXL architecture at 64x64 (compare builtin.SDXL_BASE): same block types, attention with
+# cross-attention to both text encoders, text_time added conditioning; far fewer channels.
+SPEC = dict(
+    unet=dict(
+        sample_size=16,
+        in_channels=4,
+        out_channels=4,
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+        block_out_channels=(32, 64),
+        layers_per_block=1,
+        attention_head_dim=(2, 4),
+        cross_attention_dim=64,  # text_encoder (32) + text_encoder_2 (32) hidden sizes
+        use_linear_projection=True,
+        transformer_layers_per_block=(1, 1),
+        addition_embed_type="text_time",
+        addition_time_embed_dim=8,
+        projection_class_embeddings_input_dim=6 * 8 + 32,  # 6 add_time_ids x 8 + text_embeds (32)
+    ),
+    vae=dict(
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * 3,
+        up_block_types=("UpDecoderBlock2D",) * 3,
+        block_out_channels=(16, 32, 32),
+        layers_per_block=1,
+        latent_channels=4,
+        sample_size=64,
+        norm_num_groups=8,
+    ),
+    text_encoder=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      hidden_act="quick_gelu", projection_dim=32),
+    text_encoder_2=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                        hidden_act="gelu", projection_dim=32),
+)
+ADD_TIME_IDS = (64, 64, 0, 0, 64, 64)  # original size, crop top-left, target size: what the engine sends
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", default="assets/tiny-shapes", help="output directory (replaced)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--images", type=int, default=20000, help="training images rendered")
+    p.add_argument("--vae-steps", type=int, default=600)
+    p.add_argument("--vae-batch", type=int, default=16)
+    p.add_argument("--vae-crop", type=int, default=32, help="VAE trains on random crops (pixels)")
+    p.add_argument("--vae-lr", type=float, default=2e-3)
+    p.add_argument("--unet-steps", type=int, default=1400)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--lr", type=float, default=1.5e-3)
+    p.add_argument("--caption-dropout", type=float, default=0.1)
+    p.add_argument("--ema", type=float, default=0.995)
+    p.add_argument("--resume", help="continue training this model (frozen VAE encoder, same latents)")
+    p.add_argument("--log-every", type=int, default=50)
+    return p.parse_args(argv)
+
+
+def log(msg: str) -> None:
+    print(f"[train {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def adam(lr: float, steps: int):
+    """AdamW with linear warm-up, cosine decay and gradient clipping (optax)."""
+    import optax
+
+    schedule = optax.warmup_cosine_decay_schedule(0.0, lr, min(200, steps // 10), steps, end_value=lr / 20)
+    return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=1e-4))
+
+
+def train_vae(vae, images: np.ndarray, args, key, init: dict | None = None) -> tuple[dict, list]:
+    """Stage 2. images: (n, 64, 64, 3) uint8. Returns VAE params and [(step, loss, mse)].
+
+    With ``init`` (a resumed model's VAE params) the encoder stays frozen, so the latent space
+    the UNet learned is unchanged, and only the decoder side trains further.
+    """
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    params = dict(init) if init is not None else vae.init_weights(key)
+    frozen_keys = ("encoder", "quant_conv") if init is not None else ()
+    frozen = {k: params.pop(k) for k in frozen_keys}
+    opt = adam(args.vae_lr, args.vae_steps)
+    opt_state = opt.init(params)
+
+    def loss_fn(params, x, key):
+        full = {**params, **frozen}
+        posterior = vae.apply({"params": full}, x, method=vae.encode).latent_dist
+        z = posterior.sample(key)
+        recon = vae.apply({"params": full}, z, method=vae.decode).sample
+        mse = jnp.mean((recon - x) ** 2)
+        return mse + 1e-6 * jnp.mean(posterior.kl()), mse
+
+    @jax.jit
+    def step(params, opt_state, x, key):
+        (loss, mse), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, x, key)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss, mse
+
+    rng = np.random.default_rng(args.seed + 1)
+    history = []
+    for i in range(1, args.vae_steps + 1):
+        y, x0 = rng.integers(0, shapes.SIZE - args.vae_crop + 1, size=2)
+        crops = images[rng.integers(len(images), size=args.vae_batch), y: y + args.vae_crop, x0: x0 + args.vae_crop]
+        x = to_pixels(crops)
+        params, opt_state, loss, mse = step(params, opt_state, x, jax.random.fold_in(key, i))
+        if i % args.log_every == 0 or i == args.vae_steps:
+            history.append((i, float(loss), float(mse)))
+            log(f"vae step {i}/{args.vae_steps} loss {float(loss):.5f} mse {float(mse):.5f}")
+    return {**params, **frozen}, history
+
+
+def to_pixels(images: np.ndarray):
+    """(n, H, W, 3) uint8 -> (n, 3, H, W) float32 in [-1, 1], the VAE's input layout."""
+    return images.transpose(0, 3, 1, 2).astype(np.float32) / 127.5 - 1.0
+
+
+def encode_all(vae, params, images: np.ndarray, batch: int = 500) -> np.ndarray:
+    """Stage 3: posterior means of all images, (n, 4, 16, 16) float32, unscaled (Flax VAE gives NHWC)."""
+    import jax
+
+    encode = jax.jit(lambda p, x: vae.apply({"params": p}, x, method=vae.encode).latent_dist.mean)
+    return np.concatenate([np.asarray(encode(params, to_pixels(images[i: i + batch]))).transpose(0, 3, 1, 2)
+                           for i in range(0, len(images), batch)])
+
+
+def train_unet(model, params: dict, latents: np.ndarray, ids: np.ndarray, alphas_cumprod, args, key):
+    """Stage 4. latents (n, 4, 16, 16) scaled; ids (n, 2, 77) int32. Returns EMA params, history."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    from .program import encode_prompts
+
+    opt = adam(args.lr, args.unet_steps)
+    opt_state = opt.init(params)
+    ema = params
+    alphas_cumprod = jnp.asarray(alphas_cumprod, jnp.float32)
+    time_ids = jnp.asarray(ADD_TIME_IDS, jnp.float32)
+
+    def loss_fn(params, x0, ids, keep, key):
+        b = x0.shape[0]
+        hidden, text_embeds = encode_prompts(model, params, ids)  # (b, 77, 64), (b, 32)
+        hidden, text_embeds = hidden * keep[:, None, None], text_embeds * keep[:, None]
+        k_t, k_noise = jax.random.split(key)
+        t = jax.random.randint(k_t, (b,), 0, len(alphas_cumprod))
+        noise = jax.random.normal(k_noise, x0.shape)
+        a = alphas_cumprod[t][:, None, None, None]
+        noisy = jnp.sqrt(a) * x0 + jnp.sqrt(1 - a) * noise  # q(x_t | x_0), Ho et al. 2020 eq. 4
+        cond = {"text_embeds": text_embeds, "time_ids": jnp.broadcast_to(time_ids, (b, 6))}
+        pred = model.unet.apply({"params": params["unet"]}, noisy, t, encoder_hidden_states=hidden,
+                                added_cond_kwargs=cond).sample
+        snr = alphas_cumprod[t] / (1 - alphas_cumprod[t])
+        weight = jnp.minimum(snr, 5.0) / snr  # min-SNR-5 for epsilon prediction
+        return jnp.mean(weight * jnp.mean((pred - noise) ** 2, axis=(1, 2, 3)))
+
+    @jax.jit
+    def step(params, ema, opt_state, x0, ids, keep, key):
+        loss, grads = jax.value_and_grad(loss_fn)(params, x0, ids, keep, key)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        ema = jax.tree.map(lambda e, p: args.ema * e + (1 - args.ema) * p, ema, params)
+        return params, ema, opt_state, loss
+
+    rng = np.random.default_rng(args.seed + 2)
+    history, running = [], []
+    for i in range(1, args.unet_steps + 1):
+        idx = rng.integers(len(latents), size=args.batch)
+        keep = (rng.random(args.batch) >= args.caption_dropout).astype(np.float32)
+        params, ema, opt_state, loss = step(params, ema, opt_state, latents[idx], ids[idx], keep,
+                                            jax.random.fold_in(key, i))
+        running.append(loss)
+        if i % args.log_every == 0 or i == args.unet_steps:
+            mean = float(np.mean(jax.device_get(running)))
+            running = []
+            history.append((i, mean))
+            log(f"unet step {i}/{args.unet_steps} loss {mean:.5f}")
+    return ema, history
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    import jax
+    from diffusers import FlaxAutoencoderKL, FlaxEulerDiscreteScheduler, FlaxStableDiffusionXLPipeline, FlaxUNet2DConditionModel
+    from transformers import CLIPTokenizer, FlaxCLIPTextModel, FlaxCLIPTextModelWithProjection
+
+    start = time.perf_counter()
+    out = Path(args.out)
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    key = jax.random.key(args.seed)
+
+    # 1. Data and tokens.
+    images, captions, _ = shapes.make_dataset(args.images, args.seed)
+    vocab_size = builtin.write_tokenizers(tmp)
+    tokenizers = [CLIPTokenizer.from_pretrained(str(tmp / sub)) for sub in ("tokenizer", "tokenizer_2")]
+    ids = np.stack([np.asarray(t(captions, padding="max_length", max_length=77, truncation=True).input_ids)
+                    for t in tokenizers], axis=1).astype(np.int32)  # (n, 2, 77)
+    log(f"{len(images)} images, e.g. {captions[:3]}; vocab {vocab_size} ({time.perf_counter() - start:.0f} s)")
+
+    # 2-3. VAE, scaling factor, latents. Resuming: the encoder and scaling factor are kept.
+    resumed = None
+    if args.resume:
+        import jax.numpy as jnp
+
+        _, resumed = FlaxStableDiffusionXLPipeline.from_pretrained(args.resume, dtype=jnp.float32)
+    vae = FlaxAutoencoderKL(**SPEC["vae"])
+    vae_params, vae_history = train_vae(vae, images, args, jax.random.fold_in(key, 1),
+                                        init=resumed["vae"] if resumed else None)
+    raw = encode_all(vae, vae_params, images)
+    if resumed:
+        scaling_factor = json.loads((Path(args.resume) / "vae" / "config.json").read_text())["scaling_factor"]
+    else:
+        scaling_factor = float(1.0 / raw.std())
+    vae = FlaxAutoencoderKL(**SPEC["vae"], scaling_factor=scaling_factor)
+    vae_s = time.perf_counter() - start
+    log(f"vae done in {vae_s:.0f} s; latent std {raw.std():.3f} -> scaling_factor {scaling_factor:.4f}")
+
+    # 4. Text encoders + UNet.
+    cfg1, cfg2 = builtin.clip_configs(SPEC, vocab_size)
+    text_encoder = FlaxCLIPTextModel(cfg1, seed=args.seed)
+    text_encoder_2 = FlaxCLIPTextModelWithProjection(cfg2, seed=args.seed + 1)
+    unet = FlaxUNet2DConditionModel(**SPEC["unet"])
+    scheduler = FlaxEulerDiscreteScheduler(**builtin.SDXL_SCHEDULER)
+    model = types.SimpleNamespace(text_encoder=text_encoder, text_encoder_2=text_encoder_2, unet=unet)
+    params = {"text_encoder": text_encoder.params, "text_encoder_2": text_encoder_2.params,
+              "unet": unet.init_weights(jax.random.fold_in(key, 2))}
+    if resumed:
+        params = {k: resumed[k] for k in params}
+    alphas_cumprod = np.asarray(scheduler.create_state().common.alphas_cumprod)
+    params, unet_history = train_unet(model, params, raw * scaling_factor, ids, alphas_cumprod, args,
+                                      jax.random.fold_in(key, 3))
+    total_s = time.perf_counter() - start
+    log(f"unet done; total {total_s:.0f} s")
+
+    # 5. Save (diffusers format, Flax weights) and the training record.
+    pipe = FlaxStableDiffusionXLPipeline(text_encoder=text_encoder, text_encoder_2=text_encoder_2, vae=vae,
+                                         tokenizer=tokenizers[0], tokenizer_2=tokenizers[1], unet=unet,
+                                         scheduler=scheduler)
+    pipe.save_pretrained(str(tmp), params={**jax.device_get(params), "vae": jax.device_get(vae_params)})
+    previous = json.loads((Path(args.resume) / "training.json").read_text()) if args.resume else None
+    record = {"args": vars(args), "resumed_from": previous, "vae_s": round(vae_s, 1), "total_s": round(total_s, 1),
+              "scaling_factor": scaling_factor, "vae_loss": vae_history, "unet_loss": unet_history,
+              "held_out": shapes.HELD_OUT, "jax": jax.__version__, "device": str(jax.devices()[0])}
+    (tmp / "training.json").write_text(json.dumps(record, indent=1))
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+    log(f"saved {out} ({size / 1e6:.1f} MB)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""The shipped tiny-shapes model, its data and its independent checker."""
+
+import time
+
+import numpy as np
+import pytest
+
+from sdxl_engine import shapes
+
+
+def test_checker_reads_rendered_images_exactly():
+    images, _, attrs = shapes.make_dataset(300, seed=123)
+    reads = [shapes.analyse(im) for im in images]
+    for key, field in (("colour", "colour"), ("shape", "shape"), ("position", "position")):
+        assert [r[key] for r in reads] == [getattr(a, field) for a in attrs], key
+    assert all(r["colour_shares"][a.colour] > 0.75 for r, a in zip(reads, attrs))  # edges blend
+
+
+def test_checker_finds_nothing_on_a_plain_background():
+    plain = np.full((64, 64, 3), 128, np.uint8)
+    assert shapes.analyse(plain)["colour"] is None and shapes.analyse(plain)["foreground"] == 0.0
+
+
+def test_training_data_excludes_held_out_combinations():
+    _, captions, attrs = shapes.make_dataset(3000, seed=0)
+    held = set(shapes.HELD_OUT)
+    assert not any((a.colour, a.shape, a.position) in held for a in attrs)
+    assert not any(a.colour == a.background for a in attrs)
+    assert {a.shape for a in attrs} == set(shapes.SHAPES) and {a.colour for a in attrs} == set(shapes.COLOURS)
+    again = shapes.make_dataset(50, seed=7)
+    assert again[1] == shapes.make_dataset(50, seed=7)[1] and np.array_equal(again[0], shapes.make_dataset(50, seed=7)[0])
+
+
+def test_every_vocabulary_word_is_one_token(tmp_path):
+    from transformers import CLIPTokenizer
+
+    from sdxl_engine.builtin import WORDS, write_tokenizers
+
+    write_tokenizers(tmp_path)
+    tok = CLIPTokenizer.from_pretrained(str(tmp_path / "tokenizer"))
+    split = [w for w in WORDS if len(tok(w).input_ids) != 3]  # <start> word <end>
+    assert split == ["3d"]  # CLIP's pre-tokenizer splits digits from letters
+    assert max(tok.get_vocab().values()) == tok.convert_tokens_to_ids("<|endoftext|>")
+
+
+@pytest.fixture(scope="module")
+def shapes_engine():
+    from sdxl_engine.config import EngineConfig
+    from sdxl_engine.engine import Engine
+
+    config = EngineConfig.load({"model": "tiny-shapes", "cpu_devices": 4}, environ={})
+    return Engine(config, log=lambda *_: None).start()
+
+
+def test_shipped_model_is_the_default_and_small():
+    from sdxl_engine.builtin import TINY_SHAPES_DIR
+    from sdxl_engine.config import EngineConfig
+
+    assert EngineConfig.load(environ={}).model == "tiny-shapes"
+    size = sum(f.stat().st_size for f in TINY_SHAPES_DIR.rglob("*") if f.is_file())
+    assert size <= 30e6
+    assert not list(TINY_SHAPES_DIR.rglob("*.bin")) and not list(TINY_SHAPES_DIR.rglob("*.safetensors"))
+
+
+@pytest.mark.xfail(strict=True, reason="issue #3 target not met by the shipped tiny-shapes: 2 of 4 images at seeds "
+                   "0-3 are mostly red (red shares 0.97, 0.12, 0.41, 0.99); strict, so a better model makes this fail "
+                   "until the mark is removed")
+def test_red_circle_is_red(shapes_engine):
+    from sdxl_engine.validation import GenerateRequest
+
+    request = GenerateRequest("a red circle", seed=0, guidance_scale=7.0, num_inference_steps=20)
+    images = shapes_engine.generate(request).images
+    assert images.shape == (4, 64, 64, 3)
+    shares = [shapes.analyse(im)["colour_shares"]["red"] for im in images]
+    assert sum(s >= 0.5 for s in shares) >= 3, shares
+    assert np.array_equal(images, shapes_engine.generate(request).images)  # deterministic
+
+
+def test_loading_the_shipped_model_takes_under_2_s(shapes_engine):
+    """The load call itself (diffusers from_pretrained + cast); JAX start-up and imports came before."""
+    from sdxl_engine.loading import load_model
+
+    start = time.perf_counter()
+    model = load_model("tiny-shapes", dtype="float32", platform="cpu", cache_dir="unused")
+    elapsed = time.perf_counter() - start
+    assert model.native_size == 64 and model.text_encoder_2 is not None
+    assert elapsed < 2.0, f"loading took {elapsed:.2f} s"
+
+
+def test_diffusers_pipeline_loads_the_shipped_model():
+    import jax.numpy as jnp
+    from diffusers import FlaxStableDiffusionXLPipeline
+
+    from sdxl_engine.builtin import TINY_SHAPES_DIR
+
+    pipe, params = FlaxStableDiffusionXLPipeline.from_pretrained(str(TINY_SHAPES_DIR), dtype=jnp.float32)
+    assert pipe.unet.config.addition_embed_type == "text_time"
+    assert set(params) >= {"unet", "vae", "text_encoder", "text_encoder_2"}
+    assert pipe.tokenizer("a red circle on a blue background").input_ids[1:-1] == [
+        pipe.tokenizer.convert_tokens_to_ids(w + "</w>") for w in "a red circle on a blue background".split()]
