@@ -116,7 +116,7 @@ def test_model_cannot_be_chosen_through_the_api(app_server):
                        json={"data": ["a red circle", "", 1, 7.0, 2, 0, 0, "(No style)", "stabilityai/other-model"]},
                        timeout=30).json()["event_id"]
     text = httpx.get(app_server.url + f"gradio_api/call/generate/{event}", timeout=60).text
-    assert "event: complete" in text and '"model": "tiny-random"' in text
+    assert "event: complete" in text and '"model": "tiny-shapes"' in text
 
 
 def test_server_listens_on_loopback_only(app_server):
