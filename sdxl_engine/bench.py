@@ -41,15 +41,22 @@ def stats(samples: list[float]) -> dict:
     return {"median": statistics.median(samples), "min": min(samples), "max": max(samples), "n": len(samples)}
 
 
-def timed(fn, runs: int) -> dict:
-    """Call ``fn`` once to warm up, then ``runs`` times; seconds per call (fn must block)."""
-    fn()
-    samples = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
+def timed(fns: dict, runs: int) -> dict:
+    """Seconds per call of each ``fns[name]()`` (each must block until done), interleaved.
+
+    Every function is called once to warm up; then ``runs`` rounds call each function once, in
+    turn, so a noisy neighbour slows all of them alike and their ratios stay comparable.
+    Returns {name: stats}.
+    """
+    for fn in fns.values():
         fn()
-        samples.append(time.perf_counter() - t0)
-    return stats(samples)
+    samples = {name: [] for name in fns}
+    for _ in range(runs):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            samples[name].append(time.perf_counter() - t0)
+    return {name: stats(values) for name, values in samples.items()}
 
 
 class CompileCounter:
@@ -68,7 +75,7 @@ class CompileCounter:
 
 # ---- 1. the reference ------------------------------------------------------------------------
 def reference_generate(model_dir: str, batch: int):
-    """The blog's generate(): returns ``generate(prompt, negative_prompt, seed, guidance, steps, size)``."""
+    """The blog's generate(): returns ``generate(prompt, negative_prompt, seed, guidance, steps, width, height)``."""
     import jax
     import numpy as np
     from diffusers import FlaxStableDiffusionXLPipeline
@@ -80,12 +87,12 @@ def reference_generate(model_dir: str, batch: int):
     p_params = replicate({**params, "scheduler": scheduler_state})
     n = jax.local_device_count()
 
-    def generate(prompt, negative_prompt, seed, guidance_scale, num_inference_steps, size):
+    def generate(prompt, negative_prompt, seed, guidance_scale, num_inference_steps, width, height):
         prompt_ids = shard(pipe.prepare_inputs([prompt] * batch))
         neg_prompt_ids = shard(pipe.prepare_inputs([negative_prompt] * batch))
         rng = jax.random.split(jax.random.key(seed), n)
         images = pipe(prompt_ids, p_params, rng, num_inference_steps=num_inference_steps, neg_prompt_ids=neg_prompt_ids,
-                      guidance_scale=guidance_scale, height=size, width=size, jit=True).images
+                      guidance_scale=guidance_scale, height=height, width=width, jit=True).images
         images = images.reshape((images.shape[0] * images.shape[1],) + images.shape[-3:])
         return pipe.numpy_to_pil(np.array(images))
 
@@ -102,8 +109,8 @@ def reference_generate(model_dir: str, batch: int):
 
 
 # ---- 3. the engine's parts alone -------------------------------------------------------------
-def engine_parts(engine, steps: int, runs: int) -> dict:
-    """Time text encoding, one CFG UNet + Euler step, and VAE decode, each its own sharded jit."""
+def engine_parts(engine) -> dict:
+    """Callables for text encoding, one CFG UNet + Euler step, and VAE decode, each its own sharded jit."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import PartitionSpec as P
@@ -144,13 +151,11 @@ def engine_parts(engine, steps: int, runs: int) -> dict:
         return jnp.round(jnp.clip(out.astype(jnp.float32) / 2 + 0.5, 0, 1) * 255).astype(jnp.uint8)
 
     decode_j = sharded(decode, (r, d))
-    parts = {
-        "text_encoders": timed(lambda: jax.block_until_ready(encode_j(engine.params, ids)), runs),
-        "denoise_step": timed(lambda: step_j(engine.params, latents, hidden, pooled, time_ids).block_until_ready(), runs),
-        "vae_decode": timed(lambda: decode_j(engine.params, latents).block_until_ready(), runs),
+    return {
+        "text_encoders": lambda: jax.block_until_ready(encode_j(engine.params, ids)),
+        "denoise_step": lambda: step_j(engine.params, latents, hidden, pooled, time_ids).block_until_ready(),
+        "vae_decode": lambda: decode_j(engine.params, latents).block_until_ready(),
     }
-    parts["sum"] = parts["text_encoders"]["median"] + steps * parts["denoise_step"]["median"] + parts["vae_decode"]["median"]
-    return parts
 
 
 # ---- 4 and 6. the app as a process -----------------------------------------------------------
@@ -221,42 +226,42 @@ def run(args) -> dict:
            "steps": steps, "size": size, "batch": engine.batch, "runs": runs, "startup_s": engine.startup}
 
     request = GenerateRequest("a red circle", seed=0, num_inference_steps=steps)
-    out["engine"] = timed(lambda: engine.generate(request), runs)
-    out["engine_latency_field"] = engine.generate(request).timings
-
     ref = reference_generate(str(_model_dir(engine)), engine.batch)
-    ref_args = ("a red circle", "", 0, config.guidance_scale, steps, size)
-    c0 = counter.count
+    ref_args = ("a red circle", "", 0, config.guidance_scale, steps, size, size)
     t0 = time.perf_counter()
     ref(*ref_args)
     out["reference_first_call_s"] = time.perf_counter() - t0
-    out["reference"] = timed(lambda: ref(*ref_args), runs)
-    out["reference_pipeline_only"] = timed(ref.pipeline_only(steps, size), runs)
-    out["parts"] = engine_parts(engine, steps, runs)
+    parts = engine_parts(engine)
+    measured = timed({"engine": lambda: engine.generate(request), "reference": lambda: ref(*ref_args),
+                      "reference_pipeline_only": ref.pipeline_only(steps, size), **parts}, runs)
+    out.update({k: measured[k] for k in ("engine", "reference", "reference_pipeline_only")})
+    out["parts"] = {k: measured[k] for k in parts}
+    out["parts"]["sum"] = sum(measured[k]["median"] * (steps if k == "denoise_step" else 1) for k in parts)
 
-    # 5. compiles per change, engine vs reference
-    changes = {"prompt": dict(prompt="a blue square"), "negative_prompt": dict(negative_prompt="blurry"),
-               "seed": dict(seed=99), "guidance": dict(guidance_scale=2.0), "steps": dict(num_inference_steps=steps // 2 or 1)}
-    compiles = {}
-    for name, change in changes.items():
-        c0 = counter.count
-        engine.generate(GenerateRequest(**{"prompt": "a red circle", "seed": 0, "num_inference_steps": steps, **change}))
-        compiles[name] = {"engine": counter.count - c0}
-    c0 = counter.count
-    engine.generate(GenerateRequest("a red circle", seed=1, num_inference_steps=steps))  # default bucket, precompiled
-    compiles["size_precompiled_bucket"] = {"engine": counter.count - c0}
+    # 5. compiles (and the first call's seconds) per change, engine vs reference
+    def measure(call):
+        c0, t0 = counter.count, time.perf_counter()
+        call()
+        return {"compiles": counter.count - c0, "first_call_s": time.perf_counter() - t0}
+
     w2, h2 = engine.limits.sizes[1]
-    c0 = counter.count
-    t0 = time.perf_counter()
-    engine.generate(GenerateRequest("a red circle", seed=1, num_inference_steps=steps, width=w2, height=h2))
-    compiles["size_new_bucket"] = {"engine": counter.count - c0, "first_call_s": time.perf_counter() - t0}
-    for name, (i, value) in {"prompt": (0, "a blue square"), "seed": (2, 99), "guidance": (3, 2.0),
-                             "steps": (4, steps // 2 or 1), "size_new_bucket": (5, size * 2)}.items():
+    base = dict(prompt="a red circle", seed=0, num_inference_steps=steps)
+    changes = {  # name: (engine request change, reference argument index -> value)
+        "prompt": (dict(prompt="a blue square"), {0: "a blue square"}),
+        "negative_prompt": (dict(negative_prompt="blurry"), {1: "blurry"}),
+        "seed": (dict(seed=99), {2: 99}),
+        "guidance": (dict(guidance_scale=2.0), {3: 2.0}),
+        "steps": (dict(num_inference_steps=steps // 2 or 1), {4: steps // 2 or 1}),
+        "size: precompiled bucket": (dict(seed=1), {2: 1}),
+        f"size: new bucket {w2}x{h2}": (dict(width=w2, height=h2), {5: w2, 6: h2}),
+    }
+    compiles = {}
+    for name, (change, ref_change) in changes.items():
         changed = list(ref_args)
-        changed[i] = value
-        c0 = counter.count
-        ref(*changed)
-        compiles.setdefault(name, {})["reference"] = counter.count - c0
+        for i, value in ref_change.items():
+            changed[i] = value
+        compiles[name] = {"engine": measure(lambda: engine.generate(GenerateRequest(**{**base, **change}))),
+                          "reference": measure(lambda: ref(*changed))}
     out["compiles"] = compiles
 
     # 7. memory
@@ -314,9 +319,12 @@ def markdown(r: dict) -> str:
         lines.append(row("4c. engine latency reported inside the app", r["warm"]["engine_in_app"]))
     lines += ["", "| ratio (same run) | value |", "|---|---|"]
     lines += [f"| {k} | {v:.3f} |" for k, v in ratios(r).items()]
-    lines += ["", "| 5. compiles triggered by a change | engine | reference |", "|---|---|---|"]
+    lines += ["", "| 5. change from the previous request | engine: compiles | engine: first call | "
+              "reference: compiles | reference: first call |", "|---|---|---|---|---|"]
     for name, c in r["compiles"].items():
-        lines.append(f"| {name} | {c.get('engine', '')} | {c.get('reference', '')} |")
+        e, ref = c["engine"], c["reference"]
+        lines.append(f"| {name} | {e['compiles']} | {e['first_call_s']:.2f} s | {ref['compiles']} | "
+                     f"{ref['first_call_s']:.2f} s |")
     lines += ["", "| start-up and memory | value |", "|---|---|",
               f"| reference first call (compile) | {r['reference_first_call_s']:.2f} s |",
               f"| engine start-up: load / compile / warm-up | {r['startup_s']['load_s']:.2f} / "
