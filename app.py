@@ -122,8 +122,12 @@ def handle_generate(engine, prompt, negative_prompt, seed, guidance_scale, num_i
     outputs_dir = getattr(engine.config, "outputs_dir", "")
     if outputs_dir:
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        info["saved"] = [str(save_png(image, Path(outputs_dir) / f"{stamp}-seed{s}.png"))
-                         for image, s in zip(images, result.seeds)]
+        try:
+            info["saved"] = [str(save_png(image, Path(outputs_dir) / f"{stamp}-seed{s}.png"))
+                             for image, s in zip(images, result.seeds)]
+        except OSError as err:  # the images are still shown and downloadable; saving is best-effort
+            print(f"[app] warning: could not save to outputs_dir {outputs_dir!r}: {err}", flush=True)
+            gr.Warning(f"Images not saved to the outputs folder ({type(err).__name__}); download them instead.")
     return gallery, info
 
 

@@ -58,7 +58,7 @@ class EngineConfig:
     # Where built-in models are created on first use and kept.
     model_cache_dir: str = str(DEFAULT_CACHE / "models")
     # Largest seed a user may type; image i of a request uses seed + i.
-    max_seed: int = 2**32 - 1 - 64
+    max_seed: int = 2**32 - 1
     # Requests allowed to wait in the queue before new ones are told to retry.
     max_queue_size: int = 16
     # Directory where the app saves every generated PNG (with its parameters); "" = do not save.
@@ -101,6 +101,15 @@ class EngineConfig:
         for name in ("width", "height", "images_per_request"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be 0 (auto) or positive, got {getattr(self, name)}")
+        for name in ("width", "height"):
+            if getattr(self, name) % 8:
+                raise ConfigError(f"{name} must be 0 (the model's size) or a multiple of 8 pixels, got {getattr(self, name)}")
+        if not 0.0 <= self.guidance_scale <= 50.0:  # also refuses NaN
+            raise ConfigError(f"guidance_scale must be between 0 and 50, got {self.guidance_scale}")
+        if not 0 <= self.max_seed <= 2**32 - 1:
+            raise ConfigError(f"max_seed must be between 0 and 2**32 - 1 (seeds are uint32), got {self.max_seed}")
+        if self.max_queue_size < 1:
+            raise ConfigError(f"max_queue_size must be at least 1, got {self.max_queue_size}")
 
     def as_dict(self) -> dict[str, Any]:
         """The resolved fields, for the one start-up log line."""
@@ -116,7 +125,8 @@ def _convert(name: str, default: Any, value: Any) -> Any:
             return int(value.strip(), 0)
         return kind(value)
     except (TypeError, ValueError) as err:
-        raise ConfigError(f"{name} must be a {kind.__name__}, got {value!r}") from err
+        kind_name = {"int": "whole number", "float": "number", "str": "text", "bool": "boolean"}.get(kind.__name__, kind.__name__)
+        raise ConfigError(f"{name} must be a {kind_name}, got {value!r}") from err
 
 
 _applied: dict[str, Any] = {}

@@ -39,8 +39,8 @@ class GenerateResult:
 
     Attributes:
         images: (batch, height, width, 3) uint8, channels-last, RGB.
-        seeds: seed of each image (request seed + i); any image is reproduced by its seed alone
-            as the first image of a request with that seed.
+        seeds: seed of each image (request seed + i, wrapping to 0 past max_seed); any image is
+            reproduced by its seed alone as the first image of a request with that seed.
         request: the validated request (defaults filled, random seed resolved).
         timings: seconds: ``queue`` (waiting for the device), ``prep`` (tokenize, schedule,
             transfer), ``device`` (the compiled program, until ready), ``post`` (to host),
@@ -229,7 +229,8 @@ class Engine:
         prompt_ids, cut = self._tokenize(request.prompt)
         negative_ids, cut_negative = self._tokenize(request.negative_prompt)
         timesteps, sigmas, init_sigma = self._schedule(request.num_inference_steps)
-        seeds = [request.seed + i for i in range(b)]
+        # Image i uses seed + i, wrapping past max_seed to 0, so every caption's seed is itself a valid request seed.
+        seeds = [(request.seed + i) % (self.limits.max_seed + 1) for i in range(b)]
         args = (
             np.broadcast_to(prompt_ids, (b, 2, 77)),
             np.broadcast_to(negative_ids, (b, 2, 77)),

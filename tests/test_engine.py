@@ -145,3 +145,11 @@ def test_random_weight_builder_goes_through_the_engine_program(engine):
     images, finite = program.executable(params, ids, ids, np.ones(4, np.float32), np.arange(4, dtype=np.uint32),
                                         np.full(4, 5.0, np.float32), t, s, np.int32(4), np.float32(init))
     assert np.asarray(images).shape == (4, 64, 64, 3) and np.asarray(finite).all()
+
+
+def test_seeds_wrap_past_max_seed_and_every_caption_seed_reproduces(engine):
+    top = engine.limits.max_seed
+    result = gen(engine, seed=top - 1)
+    assert result.seeds == [top - 1, top, 0, 1]
+    assert np.array_equal(gen(engine, seed=top).images[0], result.images[1])
+    assert np.array_equal(gen(engine, seed=0).images[0], result.images[2])

@@ -171,7 +171,7 @@ def test_bad_config_exits_non_zero_with_one_line():
     result = subprocess.run([sys.executable, str(ROOT / "app.py"), "--num-inference-steps", "many"], cwd=ROOT,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
-    assert result.stderr.strip() == "error: num_inference_steps must be a int, got 'many'"
+    assert result.stderr.strip() == "error: num_inference_steps must be a whole number, got 'many'"
 
 
 def test_sigterm_finishes_the_request_in_flight_then_exits_0(fault_app, client, request):

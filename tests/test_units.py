@@ -11,7 +11,7 @@ def test_config_env_and_overrides():
     assert (cfg.num_inference_steps, cfg.cpu_devices, cfg.guidance_scale) == (8, 2, 3.5)
     with pytest.raises(ConfigError, match="unknown config key 'stepz'"):
         EngineConfig.load({"stepz": 3}, environ={})
-    with pytest.raises(ConfigError, match="cpu_devices must be a int"):
+    with pytest.raises(ConfigError, match="cpu_devices must be a whole number"):
         EngineConfig.load(environ={"SDXL_CPU_DEVICES": "four"})
     with pytest.raises(ConfigError, match="exceeds max_inference_steps"):
         EngineConfig.load({"num_inference_steps": 60}, environ={})
@@ -88,3 +88,15 @@ def test_batch_must_divide_over_devices():
     if len(jax.devices()) >= 4:
         with pytest.raises(ShardingError, match=r"images_per_request \(3\) must be a positive multiple of the device count \(4\)"):
             check_batch(3, make_mesh(jax.devices()[:4]))
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"SDXL_GUIDANCE_SCALE": "-5"}, "guidance_scale must be between 0 and 50"),
+    ({"SDXL_GUIDANCE_SCALE": "nan"}, "guidance_scale must be between 0 and 50"),
+    ({"SDXL_MAX_SEED": "-3"}, "max_seed must be between 0"),
+    ({"SDXL_WIDTH": "63"}, "width must be 0 .* or a multiple of 8"),
+    ({"SDXL_MAX_QUEUE_SIZE": "0"}, "max_queue_size must be at least 1"),
+])
+def test_bad_settings_are_refused_at_load(env, message):
+    with pytest.raises(ConfigError, match=message):
+        EngineConfig.load(environ=env)
