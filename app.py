@@ -46,10 +46,14 @@ STAGES = {  # engine stage -> (progress fraction, what the page says)
     "on device": (0.1, "On {devices}: encoding the prompts, denoising {steps} steps, decoding with the VAE"),
     "to host": (0.9, "Copying {n} images to the host"),
 }
-DEMO_MODEL_NOTE = ("Model `{model}`: a small demo model (SDXL architecture, 64×64, trained here on captioned shapes: "
-                   "circle, square, triangle, star, cross, diamond; 8 colours; left/right/top/bottom/centre; small/large; "
-                   "white/black/gray/blue backgrounds). For real SDXL start with "
-                   "`python app.py --model stabilityai/stable-diffusion-xl-base-1.0 --revision refs/pr/95`.")
+MODEL_NOTES = {  # shown under the banner for the built-in models
+    "tiny-shapes": "Model `tiny-shapes`: a small demo model (SDXL architecture, 64×64, trained here on captioned "
+                   "shapes: circle, square, triangle, star, cross, diamond; 8 colours; left/right/top/bottom/centre; "
+                   "small/large; white/black/gray/blue backgrounds). ",
+    "tiny-random": "Model `tiny-random`: the SDXL architecture with random weights (for tests): expect noise. ",
+}
+REAL_SDXL_HINT = ("For real SDXL start with "
+                  "`python app.py --model stabilityai/stable-diffusion-xl-base-1.0 --revision refs/pr/95`.")
 
 
 def handle_generate(engine, prompt, negative_prompt, seed, guidance_scale, num_inference_steps, width, height,
@@ -230,11 +234,8 @@ def build_demo(generate: Callable, config: EngineConfig, engine=None) -> gr.Bloc
     with gr.Blocks(title=TITLE) as demo:
         gr.Markdown(f"# {TITLE}\nFour images per prompt, generated in parallel across the accelerator's devices.")
         banner = gr.Markdown(engine_banner(engine)[0], elem_id="engine-status")
-        if config.model == "tiny-shapes":
-            gr.Markdown(DEMO_MODEL_NOTE.format(model=config.model))
-        elif config.model == "tiny-random":
-            gr.Markdown("Model `tiny-random`: the SDXL architecture with random weights (for tests): expect noise. "
-                        + DEMO_MODEL_NOTE[DEMO_MODEL_NOTE.index("For real SDXL"):])
+        if config.model in MODEL_NOTES:
+            gr.Markdown(MODEL_NOTES[config.model] + REAL_SDXL_HINT)
         with gr.Row():
             with gr.Column(scale=2):  # what to make
                 with gr.Row():
