@@ -62,9 +62,6 @@ def test_shipped_model_is_the_default_and_small():
     assert not list(TINY_SHAPES_DIR.rglob("*.bin")) and not list(TINY_SHAPES_DIR.rglob("*.safetensors"))
 
 
-@pytest.mark.xfail(strict=True, reason="issue #3 target not met by the shipped tiny-shapes: 2 of 4 images at seeds "
-                   "0-3 are mostly red (red shares 0.97, 0.12, 0.41, 0.99); strict, so a better model makes this fail "
-                   "until the mark is removed")
 def test_red_circle_is_red(shapes_engine):
     from sdxl_engine.validation import GenerateRequest
 
