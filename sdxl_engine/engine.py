@@ -151,19 +151,23 @@ class Engine:
 
     def _program(self, width: int, height: int):
         """The compiled program for a size bucket, compiled on first use (then cached)."""
-        from .program import ProgramShape, compile_program
+        from .program import compile_program
 
-        shape = ProgramShape(self.batch, height, width, self.config.max_inference_steps)
+        shape = self._shape(width, height)
         if shape not in self._programs:
             self._programs[shape] = compile_program(self.model, self.params, shape, self.mesh)
             self.compile_count += 1
         return self._programs[shape]
 
-    def is_compiled(self, width: int, height: int) -> bool:
-        """Whether the program for this size bucket (pixels) is compiled already."""
+    def _shape(self, width: int, height: int):
+        """The ProgramShape (the compile key) of a size bucket in pixels."""
         from .program import ProgramShape
 
-        return ProgramShape(self.batch, height, width, self.config.max_inference_steps) in self._programs
+        return ProgramShape(self.batch, height, width, self.config.max_inference_steps)
+
+    def is_compiled(self, width: int, height: int) -> bool:
+        """Whether the program for this size bucket (pixels) is compiled already."""
+        return self._shape(width, height) in self._programs
 
     def wait_ready(self, timeout: float | None = None) -> None:
         """Block until start-up finished. Raises EngineNotReady if it failed or timed out."""
