@@ -29,7 +29,7 @@ from sdxl_engine.config import ConfigError, EngineConfig
 from sdxl_engine.engine import EngineNotReady, GenerationError, get_engine
 from sdxl_engine.images import a1111_parameters, save_png, to_pil
 from sdxl_engine.styles import NO_STYLE, STYLE_NAMES, UnknownStyle, apply_style, get_style
-from sdxl_engine.validation import GenerateRequest, InvalidRequest
+from sdxl_engine.validation import MAX_GUIDANCE, GenerateRequest, InvalidRequest
 
 TITLE = "Fast Stable Diffusion XL with JAX"
 # Prompts in the vocabulary of the default model, tiny-shapes (sdxl_engine/shapes.py).
@@ -255,7 +255,7 @@ def build_demo(generate: Callable, config: EngineConfig, engine=None) -> gr.Bloc
                 with gr.Accordion("Advanced settings", open=False):
                     negative_prompt = gr.Textbox(label="Negative prompt", placeholder="what to avoid",
                                                  elem_id="negative")
-                    guidance_scale = gr.Slider(0.0, 20.0, value=config.guidance_scale, step=0.5,
+                    guidance_scale = gr.Slider(0.0, MAX_GUIDANCE, value=config.guidance_scale, step=0.5,
                                                label="Guidance scale")
                     num_inference_steps = gr.Slider(1, config.max_inference_steps, value=config.num_inference_steps,
                                                     step=1, label="Steps")
@@ -350,11 +350,24 @@ def remember(history: list, info: dict, gallery: list) -> tuple[list, list]:
     return history, history_items(history)
 
 
+def tcp_port(text: str) -> int:
+    """argparse type for --port / GRADIO_SERVER_PORT: a whole number 1-65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (a whole number from 1 to 65535)")
+    return port
+
+
 def parse_args(argv=None) -> argparse.Namespace:
+    """Command-line flags; a bad flag or GRADIO_SERVER_PORT exits 2 with argparse's one-line message."""
     parser = argparse.ArgumentParser(description=TITLE)
     parser.add_argument("--share", action="store_true", help="ask Gradio for a public link")
     parser.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"))
-    parser.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", "7860")))
+    parser.add_argument("--port", type=tcp_port, default=os.environ.get("GRADIO_SERVER_PORT", "7860"),
+                        help="TCP port (env GRADIO_SERVER_PORT)")
     for name in ("model", "revision", "dtype", "width", "height", "num_inference_steps", "max_inference_steps",
                  "images_per_request", "cpu_devices", "compile_cache_dir", "outputs_dir"):
         parser.add_argument("--" + name.replace("_", "-"), dest=name, default=None,

@@ -9,9 +9,12 @@ drawn in training) it asks the engine for 4 images of the full-description promp
 :func:`shapes.analyse`. Reported:
 
 * colour, shape and position accuracy over the 64 images (at ``--guidance``);
-* guidance: colour accuracy of the same prompts at guidance 1 (no guidance) vs ``--guidance``;
+* guidance: colour accuracy of the same prompts at guidance 1 (no guidance) vs ``--guidance``,
+  and the mean share of foreground pixels in the asked colour (finer than accuracy, which can
+  be 100 % at both);
 * negative prompt: for each colour C, the share of C-coloured foreground pixels in images of
-  ``a <shape>`` (4 shapes x 4 seeds, no colour asked) without and with negative prompt ``C``;
+  ``a <shape>`` (6 shapes x 4 seeds, 24 different seeds, no colour asked) without and with
+  negative prompt ``C``;
 * checker sanity: the checker's own accuracy on freshly rendered held-out images (should be 1).
 """
 
@@ -42,9 +45,11 @@ def eval_prompts() -> list[tuple[str, tuple[str, str, str]]]:
 
 
 def score(images: np.ndarray, target: tuple[str, str, str]) -> dict[str, float]:
-    """Fraction of (n, 64, 64, 3) uint8 ``images`` whose colour / shape / position match ``target``."""
+    """Fraction of (n, 64, 64, 3) uint8 ``images`` whose colour / shape / position match ``target``,
+    and ``colour_share``: the mean fraction of foreground pixels in the target colour."""
     reads = [shapes.analyse(im) for im in images]
-    return {k: float(np.mean([r[k] == t for r in reads])) for k, t in zip(("colour", "shape", "position"), target)}
+    scores = {k: float(np.mean([r[k] == t for r in reads])) for k, t in zip(("colour", "shape", "position"), target)}
+    return {**scores, "colour_share": float(np.mean([r["colour_shares"][target[0]] for r in reads]))}
 
 
 def checker_sanity(seed: int = 0) -> dict[str, float]:
@@ -64,8 +69,8 @@ def run(engine, seed: int = 0, guidance: float = 7.0, steps: int = 20, grid: str
     """Every figure of the module docstring, as a dict; optionally saves a grid PNG of the images."""
     from .validation import GenerateRequest
 
-    def generate(prompt, negative="", g=guidance):
-        return engine.generate(GenerateRequest(prompt, negative_prompt=negative, seed=seed, guidance_scale=g,
+    def generate(prompt, negative="", g=guidance, offset=0):
+        return engine.generate(GenerateRequest(prompt, negative_prompt=negative, seed=seed + offset, guidance_scale=g,
                                                num_inference_steps=steps)).images
 
     start = time.perf_counter()
@@ -87,7 +92,7 @@ def run(engine, seed: int = 0, guidance: float = 7.0, steps: int = 20, grid: str
     for colour in shapes.COLOURS:
         shares = []
         for neg in ("", colour):
-            images = np.concatenate([generate(f"a {shape}", neg) for shape in shapes.SHAPES[:4]])
+            images = np.concatenate([generate(f"a {shape}", neg, offset=4 * i) for i, shape in enumerate(shapes.SHAPES)])
             shares.append(float(np.mean([shapes.analyse(im)["colour_shares"][colour] for im in images])))
         negative[colour] = {"without": round(shares[0], 4), "with": round(shares[1], 4)}
     if grid:
@@ -98,9 +103,11 @@ def run(engine, seed: int = 0, guidance: float = 7.0, steps: int = 20, grid: str
         "model": engine.model.name, "seed": seed, "steps": steps, "guidance_scale": guidance,
         "held_out_accuracy": held_out,
         "guidance": {"colour_accuracy_at_1": unguided["colour"], f"colour_accuracy_at_{guidance:g}": held_out["colour"],
-                     "all_at_1": unguided},
+                     "colour_share_at_1": unguided["colour_share"],
+                     f"colour_share_at_{guidance:g}": held_out["colour_share"], "all_at_1": unguided},
         "negative_prompt_colour_share": negative,
         "negative_prompt_lowers_share": sum(v["with"] < v["without"] for v in negative.values()),
+        "negative_prompt_colours_present": sum(v["without"] > 0 for v in negative.values()),
         "checker_on_rendered_images": checker_sanity(seed),
         "per_prompt": per_prompt,
         "eval_s": round(time.perf_counter() - start, 1),

@@ -1,9 +1,8 @@
 """Train the ``tiny-shapes`` model: SDXL in miniature, on captioned shapes, on a CPU.
 
-    python -m sdxl_engine.train --out /tmp/stage1           # stage 1 of the shipped model (seed 0)
-    python -m sdxl_engine.train --resume /tmp/stage1 --seed 1 --vae-steps 1200 --unet-steps 1300 \
-        --lr 1e-3 --out assets/tiny-shapes                  # stage 2: the shipped model
+    python -m sdxl_engine.train --out assets/tiny-shapes   # the shipped model (seed 0, ~55 min on 2 cores)
     python -m sdxl_engine.train --out /tmp/ts --vae-steps 200 --unet-steps 300   # a quick try
+    python -m sdxl_engine.train --out /tmp/ts --vae-from assets/tiny-shapes --unet-steps 600  # UNet only
 
 Stages, as SDXL was trained (Podell et al. 2023, with Rombach et al. 2022's latent diffusion):
 
@@ -12,15 +11,21 @@ Stages, as SDXL was trained (Podell et al. 2023, with Rombach et al. 2022's late
    tiny KL term. Its ``scaling_factor`` is then set to 1 / std of the latents, so the latents
    the UNet sees have unit variance (SD's 0.18215 and SDXL's 0.13025 were found the same way).
 3. Encode every training image once to latents (the VAE is frozen from here on).
-4. UNet + both CLIP text encoders, from scratch, on the epsilon-prediction objective: pick a
-   timestep t, noise the latents with the scheduler's alphas_cumprod (DDPM forward process),
-   predict the noise from the captions' encoder_hidden_states (both encoders' penultimate
-   layers) and text_embeds (the second encoder's pooled projection) plus add_time_ids. The
-   caption is dropped (zero embeddings, what the engine feeds for an empty negative prompt)
-   10 % of the time, so the same network is also the unconditional model of classifier-free
-   guidance (Ho & Salimans 2022). Loss weighting: min-SNR-5 (Hang et al. 2023), which speeds
-   convergence. An exponential moving average of the weights is what is saved.
+4. UNet + both CLIP text encoders, from scratch: pick a timestep t, noise the latents with the
+   scheduler's alphas_cumprod (DDPM forward process), and predict v (Salimans & Ho 2022) from
+   the captions' encoder_hidden_states (both encoders' penultimate layers) and text_embeds (the
+   second encoder's pooled projection) plus add_time_ids. The caption is dropped (zero
+   embeddings, what the engine feeds for an empty negative prompt) 10 % of the time, so the
+   same network is also the unconditional model of classifier-free guidance (Ho & Salimans
+   2022). Loss weighting: min-SNR-5 (Hang et al. 2023). An exponential moving average of the
+   weights is what is saved.
 5. Save in diffusers format (Flax msgpack weights): ``FlaxStableDiffusionXLPipeline`` loads it.
+
+Three choices make a model this small follow its prompt, each found by a failed run:
+the text encoders start at useful scales (:func:`init_text_encoder`), the noise schedule is
+shifted for 16x16 latents (:data:`SCHEDULER`), and the UNet has SDXL's three levels (:data:`SPEC`).
+Without them the first model learned colour but drew the background and the position the
+initial noise suggested, whatever the prompt said.
 
 Seeded and deterministic on one machine (same seed, steps and XLA build -> same weights).
 Losses are printed every ``--log-every`` steps and stored in ``<out>/training.json``.
@@ -42,19 +47,40 @@ from . import builtin, shapes
 # The SDXL architecture at 64x64 (compare builtin.SDXL_BASE): same block types, attention with
 # cross-attention to both text encoders, text_time added conditioning; far fewer channels.
 SPEC = {
-    **builtin.TINY,  # the tiny UNet and the two tiny CLIP text encoders
-    "vae": dict(  # a lighter VAE than tiny-random's: 16/32/32 channels, still factor 4 (16x16 latents)
+    **builtin.TINY,  # the two tiny CLIP text encoders
+    # SDXL's three UNet levels (DownBlock2D, then two CrossAttnDownBlock2D) at 16x16, 8x8 and 4x4
+    # latents: the 4x4 level sees the image's borders in every cell (zero padding), so the
+    # cross-attention there can place a shape "on the left" or "at the top".
+    "unet": dict(
+        builtin.TINY["unet"],
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
+        up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"),
+        block_out_channels=(32, 64, 64),
+        attention_head_dim=(2, 4, 4),
+        transformer_layers_per_block=(1, 1, 1),
+    ),
+    "vae": dict(  # factor 4: 64x64 pixels -> 16x16 latents
         in_channels=3,
         out_channels=3,
         down_block_types=("DownEncoderBlock2D",) * 3,
         up_block_types=("UpDecoderBlock2D",) * 3,
-        block_out_channels=(16, 32, 32),
+        block_out_channels=(32, 64, 64),
         layers_per_block=1,
         latent_channels=4,
         sample_size=64,
-        norm_num_groups=8,
+        norm_num_groups=16,
     ),
 }
+# SDXL's Euler scheduler with the noise schedule shifted for 16x16 latents. SDXL's schedule was
+# made for 128x128 latents; at 16x16 the coarse layout (background colour, where the shape is)
+# still shows through the noise at every timestep, because a region's mean over many latent
+# pixels averages the noise away (at t = 999: SNR 4.7e-3 per pixel, of order 1 for a region of
+# 256 pixels). A model trained so reads the layout off the noise and ignores those words of the
+# prompt. beta_end 0.012 -> 0.04 hides the background for t > ~830 and a shape's place for
+# t > ~760 (Hoogeboom et al. 2023, "simple diffusion", shift the SNR down for low resolutions);
+# "linspace" spacing makes sampling start at t = 999 (Lin et al. 2023), and v-prediction keeps
+# the first steps, at sigma up to ~1e4, well conditioned (epsilon-prediction drew noise there).
+SCHEDULER = dict(builtin.SDXL_SCHEDULER, beta_end=0.04, timestep_spacing="linspace", prediction_type="v_prediction")
 ADD_TIME_IDS = (64, 64, 0, 0, 64, 64)  # original size, crop top-left, target size: what the engine sends
 
 
@@ -63,16 +89,16 @@ def parse_args(argv=None):
     p.add_argument("--out", default="assets/tiny-shapes", help="output directory (replaced)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--images", type=int, default=20000, help="training images rendered")
-    p.add_argument("--vae-steps", type=int, default=600)
+    p.add_argument("--vae-steps", type=int, default=2000)
     p.add_argument("--vae-batch", type=int, default=16)
     p.add_argument("--vae-crop", type=int, default=32, help="VAE trains on random crops (pixels)")
     p.add_argument("--vae-lr", type=float, default=2e-3)
-    p.add_argument("--unet-steps", type=int, default=1400)
+    p.add_argument("--unet-steps", type=int, default=4000)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--lr", type=float, default=1.5e-3)
     p.add_argument("--caption-dropout", type=float, default=0.1)
     p.add_argument("--ema", type=float, default=0.995)
-    p.add_argument("--resume", help="continue training this model (frozen VAE encoder, same latents)")
+    p.add_argument("--vae-from", help="take the trained VAE of this model directory and skip stage 2 (for experiments)")
     p.add_argument("--log-every", type=int, default=50)
     return p.parse_args(argv)
 
@@ -89,27 +115,20 @@ def adam(lr: float, steps: int):
     return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=1e-4))
 
 
-def train_vae(vae, images: np.ndarray, args, key, init: dict | None = None) -> tuple[dict, list]:
-    """Stage 2. images: (n, 64, 64, 3) uint8. Returns VAE params and [(step, loss, mse)].
-
-    With ``init`` (a resumed model's VAE params) the encoder stays frozen, so the latent space
-    the UNet learned is unchanged, and only the decoder side trains further.
-    """
+def train_vae(vae, images: np.ndarray, args, key) -> tuple[dict, list]:
+    """Stage 2. images: (n, 64, 64, 3) uint8. Returns VAE params and [(step, loss, mse)]."""
     import jax
     import jax.numpy as jnp
     import optax
 
-    params = dict(init) if init is not None else vae.init_weights(key)
-    frozen_keys = ("encoder", "quant_conv") if init is not None else ()
-    frozen = {k: params.pop(k) for k in frozen_keys}
+    params = vae.init_weights(key)
     opt = adam(args.vae_lr, args.vae_steps)
     opt_state = opt.init(params)
 
     def loss_fn(params, x, key):
-        full = {**params, **frozen}
-        posterior = vae.apply({"params": full}, x, method=vae.encode).latent_dist
+        posterior = vae.apply({"params": params}, x, method=vae.encode).latent_dist
         z = posterior.sample(key)
-        recon = vae.apply({"params": full}, z, method=vae.decode).sample
+        recon = vae.apply({"params": params}, z, method=vae.decode).sample
         mse = jnp.mean((recon - x) ** 2)
         return mse + 1e-6 * jnp.mean(posterior.kl()), mse
 
@@ -129,7 +148,7 @@ def train_vae(vae, images: np.ndarray, args, key, init: dict | None = None) -> t
         if i % args.log_every == 0 or i == args.vae_steps:
             history.append((i, float(loss), float(mse)))
             log(f"vae step {i}/{args.vae_steps} loss {float(loss):.5f} mse {float(mse):.5f}")
-    return {**params, **frozen}, history
+    return params, history
 
 
 def to_pixels(images: np.ndarray):
@@ -146,6 +165,33 @@ def encode_all(vae, params, images: np.ndarray, batch: int = 500) -> np.ndarray:
                            for i in range(0, len(images), batch)])
 
 
+def init_text_encoder(params: dict, key) -> dict:
+    """Fresh weights for a CLIP text encoder trained from scratch, at useful scales.
+
+    transformers' Flax CLIP initialises every embedding and projection with std 0.01 (made to be
+    overwritten by pretrained weights): its hidden states start near zero, the UNet's
+    cross-attention can hardly tell tokens apart, and the prompt is learned very slowly. Here:
+    token embeddings std 1, position embeddings std 0.5, kernels LeCun-normal (std 1/sqrt(fan_in)),
+    biases 0, LayerNorms 1 -- hidden states of order 1, as in a trained CLIP.
+    """
+    import jax
+    from flax import traverse_util
+
+    flat = traverse_util.flatten_dict(params)
+    keys = jax.random.split(key, len(flat))
+    out = {}
+    for k, (path, value) in zip(keys, sorted(flat.items())):
+        name = "/".join(path)
+        if "token_embedding" in name:
+            value = jax.random.normal(k, value.shape, value.dtype)
+        elif "position_embedding" in name:
+            value = 0.5 * jax.random.normal(k, value.shape, value.dtype)
+        elif path[-1] == "kernel":
+            value = jax.random.normal(k, value.shape, value.dtype) / np.sqrt(value.shape[0])
+        out[path] = value
+    return traverse_util.unflatten_dict(out)
+
+
 def train_unet(model, params: dict, latents: np.ndarray, ids: np.ndarray, alphas_cumprod, args, key):
     """Stage 4. latents (n, 4, 16, 16) scaled; ids (n, 2, 77) int32. Returns EMA params, history."""
     import jax
@@ -159,6 +205,7 @@ def train_unet(model, params: dict, latents: np.ndarray, ids: np.ndarray, alphas
     ema = params
     alphas_cumprod = jnp.asarray(alphas_cumprod, jnp.float32)
     time_ids = jnp.asarray(ADD_TIME_IDS, jnp.float32)
+    v_prediction = SCHEDULER["prediction_type"] == "v_prediction"
 
     def loss_fn(params, x0, ids, keep, key):
         b = x0.shape[0]
@@ -169,12 +216,15 @@ def train_unet(model, params: dict, latents: np.ndarray, ids: np.ndarray, alphas
         noise = jax.random.normal(k_noise, x0.shape)
         a = alphas_cumprod[t][:, None, None, None]
         noisy = jnp.sqrt(a) * x0 + jnp.sqrt(1 - a) * noise  # q(x_t | x_0), Ho et al. 2020 eq. 4
+        snr = alphas_cumprod[t] / (1 - alphas_cumprod[t])
+        if v_prediction:  # v = sqrt(a) eps - sqrt(1 - a) x0 (Salimans & Ho 2022); min-SNR-5 weight for v
+            target, weight = jnp.sqrt(a) * noise - jnp.sqrt(1 - a) * x0, jnp.minimum(snr, 5.0) / (snr + 1)
+        else:  # epsilon; min-SNR-5 weight for epsilon (Hang et al. 2023)
+            target, weight = noise, jnp.minimum(snr, 5.0) / snr
         cond = {"text_embeds": text_embeds, "time_ids": jnp.broadcast_to(time_ids, (b, 6))}
         pred = model.unet.apply({"params": params["unet"]}, noisy, t, encoder_hidden_states=hidden,
                                 added_cond_kwargs=cond).sample
-        snr = alphas_cumprod[t] / (1 - alphas_cumprod[t])
-        weight = jnp.minimum(snr, 5.0) / snr  # min-SNR-5 for epsilon prediction
-        return jnp.mean(weight * jnp.mean((pred - noise) ** 2, axis=(1, 2, 3)))
+        return jnp.mean(weight * jnp.mean((pred - target) ** 2, axis=(1, 2, 3)))
 
     @jax.jit
     def step(params, ema, opt_state, x0, ids, keep, key):
@@ -220,20 +270,14 @@ def main(argv=None) -> None:
                     for t in tokenizers], axis=1).astype(np.int32)  # (n, 2, 77)
     log(f"{len(images)} images, e.g. {captions[:3]}; vocab {vocab_size} ({time.perf_counter() - start:.0f} s)")
 
-    # 2-3. VAE, scaling factor, latents. Resuming: the encoder and scaling factor are kept.
-    resumed = None
-    if args.resume:
-        import jax.numpy as jnp
-
-        _, resumed = FlaxStableDiffusionXLPipeline.from_pretrained(args.resume, dtype=jnp.float32)
+    # 2-3. VAE, scaling factor, latents.
     vae = FlaxAutoencoderKL(**SPEC["vae"])
-    vae_params, vae_history = train_vae(vae, images, args, jax.random.fold_in(key, 1),
-                                        init=resumed["vae"] if resumed else None)
-    raw = encode_all(vae, vae_params, images)
-    if resumed:
-        scaling_factor = json.loads((Path(args.resume) / "vae" / "config.json").read_text())["scaling_factor"]
+    if args.vae_from:
+        vae_params, vae_history = FlaxAutoencoderKL.from_pretrained(args.vae_from, subfolder="vae")[1], []
     else:
-        scaling_factor = float(1.0 / raw.std())
+        vae_params, vae_history = train_vae(vae, images, args, jax.random.fold_in(key, 1))
+    raw = encode_all(vae, vae_params, images)
+    scaling_factor = float(1.0 / raw.std())
     vae = FlaxAutoencoderKL(**SPEC["vae"], scaling_factor=scaling_factor)
     vae_s = time.perf_counter() - start
     log(f"vae done in {vae_s:.0f} s; latent std {raw.std():.3f} -> scaling_factor {scaling_factor:.4f}")
@@ -243,12 +287,11 @@ def main(argv=None) -> None:
     text_encoder = FlaxCLIPTextModel(cfg1, seed=args.seed)
     text_encoder_2 = FlaxCLIPTextModelWithProjection(cfg2, seed=args.seed + 1)
     unet = FlaxUNet2DConditionModel(**SPEC["unet"])
-    scheduler = FlaxEulerDiscreteScheduler(**builtin.SDXL_SCHEDULER)
+    scheduler = FlaxEulerDiscreteScheduler(**SCHEDULER)
     model = types.SimpleNamespace(text_encoder=text_encoder, text_encoder_2=text_encoder_2, unet=unet)
-    params = {"text_encoder": text_encoder.params, "text_encoder_2": text_encoder_2.params,
+    params = {"text_encoder": init_text_encoder(text_encoder.params, jax.random.fold_in(key, 4)),
+              "text_encoder_2": init_text_encoder(text_encoder_2.params, jax.random.fold_in(key, 5)),
               "unet": unet.init_weights(jax.random.fold_in(key, 2))}
-    if resumed:
-        params = {k: resumed[k] for k in params}
     alphas_cumprod = np.asarray(scheduler.create_state().common.alphas_cumprod)
     params, unet_history = train_unet(model, params, raw * scaling_factor, ids, alphas_cumprod, args,
                                       jax.random.fold_in(key, 3))
@@ -260,8 +303,7 @@ def main(argv=None) -> None:
                                          tokenizer=tokenizers[0], tokenizer_2=tokenizers[1], unet=unet,
                                          scheduler=scheduler)
     pipe.save_pretrained(str(tmp), params={**jax.device_get(params), "vae": jax.device_get(vae_params)})
-    previous = json.loads((Path(args.resume) / "training.json").read_text()) if args.resume else None
-    record = {"args": vars(args), "resumed_from": previous, "vae_s": round(vae_s, 1), "total_s": round(total_s, 1),
+    record = {"args": vars(args), "vae_s": round(vae_s, 1), "total_s": round(total_s, 1),
               "scaling_factor": scaling_factor, "vae_loss": vae_history, "unet_loss": unet_history,
               "held_out": shapes.HELD_OUT, "jax": jax.__version__, "device": str(jax.devices()[0])}
     (tmp / "training.json").write_text(json.dumps(record, indent=1))

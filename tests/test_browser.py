@@ -109,11 +109,12 @@ def test_page_renders_fully_with_the_internet_cut(offline):
         "Neonpunk", "3D Model"]
     assert page.get_by_text("Advanced settings").is_visible()
     assert page.get_by_text("a red circle on a blue background").is_visible()  # the examples
-    # The resolution list is SDXL's aspect buckets scaled to the 64 px model, default first.
+    # The resolution list is SDXL's aspect buckets scaled to the 64 px model, in 16-pixel steps (VAE
+    # factor 4 x three UNet levels), default first.
     page.click("#resolution input")
     options = [text.split("\n")[-1] for text in page.locator("[role=option]").all_inner_texts()]
-    assert [o.split(" (")[0] for o in options] == [f"{w} × {h}" for w, h in size_buckets(64, 8)]
-    assert options[:3] == ["64 × 64 (square, default)", "72 × 56 (landscape)", "56 × 72 (portrait)"]
+    assert [o.split(" (")[0] for o in options] == [f"{w} × {h}" for w, h in size_buckets(64, 16)]
+    assert options[:3] == ["64 × 64 (square, default)", "80 × 48 (landscape)", "48 × 80 (portrait)"]
     page.keyboard.press("Escape")
     assert page.evaluate("document.fonts.status") == "loaded"
     assert offline.blocked == [], f"the page asked the internet for {offline.blocked}"

@@ -174,6 +174,14 @@ def test_bad_config_exits_non_zero_with_one_line():
     assert result.stderr.strip() == "error: num_inference_steps must be a whole number, got 'many'"
 
 
+@pytest.mark.parametrize("port", ["99999", "0", "web"])
+def test_bad_port_exits_2_with_argparse_message(port):
+    result = subprocess.run([sys.executable, str(ROOT / "app.py"), "--port", port], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "argument --port: " in result.stderr and "is not a TCP port (a whole number from 1 to 65535)" in result.stderr
+
+
 def test_sigterm_finishes_the_request_in_flight_then_exits_0(fault_app, client, request):
     """Last test of the module: it stops the shared fault app. One request runs, one waits."""
     from gradio_client import Client

@@ -73,6 +73,22 @@ def test_red_circle_is_red(shapes_engine):
     assert np.array_equal(images, shapes_engine.generate(request).images)  # deterministic
 
 
+@pytest.mark.parametrize("prompt, position, background", [
+    ("a large red circle on the left on a white background", "left", "white"),
+    ("a large red circle on the right on a black background", "right", "black"),
+    ("a small green star at the top on a blue background", "top", "blue"),
+])
+def test_position_and_background_words_are_followed(shapes_engine, prompt, position, background):
+    """The words the first model ignored (it drew where the initial noise suggested), seeds 0-3."""
+    from sdxl_engine.validation import GenerateRequest
+
+    images = shapes_engine.generate(GenerateRequest(prompt, seed=0, guidance_scale=7.0, num_inference_steps=20)).images
+    reads = [shapes.analyse(im) for im in images]
+    assert [r["position"] for r in reads].count(position) >= 3, [r["position"] for r in reads]
+    borders = [np.median(np.concatenate([im[:3].reshape(-1, 3), im[-3:].reshape(-1, 3)]), axis=0) for im in images]
+    assert all(np.abs(b - shapes.BACKGROUNDS[background]).max() < 40 for b in borders), borders
+
+
 def test_loading_the_shipped_model_takes_under_2_s(shapes_engine):
     """The load call itself (diffusers from_pretrained + cast); JAX start-up and imports came before."""
     from sdxl_engine.loading import load_model

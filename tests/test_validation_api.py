@@ -51,10 +51,10 @@ BAD = [
     # width / height (0 = the model's default)
     ("width negative", dict(width=-64), r"width: must be between 0 and 65536, got -64"),
     ("height negative", dict(height=-1), r"height: must be between 0 and 65536, got -1"),
-    ("width not multiple", dict(width=70), r"width: 70 is not a multiple of 8 pixels"),
-    ("height not multiple", dict(height=63), r"height: 63 is not a multiple of 8 pixels"),
+    ("width not multiple", dict(width=70), r"width: 70 is not a multiple of 16 pixels"),
+    ("height not multiple", dict(height=63), r"height: 63 is not a multiple of 16 pixels"),
     ("width huge", dict(width=10**6), r"width: must be between 0 and 65536"),
-    ("size outside buckets", dict(width=64, height=8), r"width/height: 64x8 is not a supported size; choose one of 64x64"),
+    ("size outside buckets", dict(width=64, height=16), r"width/height: 64x16 is not a supported size; choose one of 64x64"),
     ("size big bucket-less", dict(width=8192, height=8192), r"width/height: 8192x8192 is not a supported size"),
     ("width text", dict(width="wide"), r"width: expected a whole number, got 'wide'"),
 ]
@@ -75,7 +75,7 @@ OK = [
     ("guidance max", dict(guidance_scale=50), lambda info: info["guidance_scale"] == 50.0),
     ("steps max", dict(num_inference_steps=50), lambda info: info["num_inference_steps"] == 50),
     ("size 0 = default", dict(width=0, height=0), lambda info: (info["width"], info["height"]) == (64, 64)),
-    ("another bucket", dict(width=72, height=56), lambda info: (info["width"], info["height"]) == (72, 56)),
+    ("another bucket", dict(width=80, height=48), lambda info: (info["width"], info["height"]) == (80, 48)),
     ("None values = defaults", dict(negative_prompt=None, seed=None, guidance_scale=None),
      lambda info: info["guidance_scale"] == 7.0 and info["negative_prompt"] == ""),
 ]
