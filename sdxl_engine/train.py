@@ -78,8 +78,9 @@ SPEC = {
 # 256 pixels). A model trained so reads the layout off the noise and ignores those words of the
 # prompt. beta_end 0.012 -> 0.04 hides the background for t > ~830 and a shape's place for
 # t > ~760 (our estimate, for a latent contrast of 2 between shape and background; Hoogeboom et
-# al. 2023, "simple diffusion", shift the SNR down for low resolutions); "linspace" spacing makes sampling start at t = 999 (Lin et al. 2023), and v-prediction keeps
-# the first steps, at sigma up to ~1e4, well conditioned (epsilon-prediction drew noise there).
+# al. 2023, "simple diffusion", shift the SNR down for low resolutions). "linspace" spacing
+# makes sampling start at t = 999 (Lin et al. 2023), and v-prediction keeps the first steps, at
+# sigma up to ~1e4, well conditioned (epsilon-prediction drew noise there).
 SCHEDULER = dict(builtin.SDXL_SCHEDULER, beta_end=0.04, timestep_spacing="linspace", prediction_type="v_prediction")
 ADD_TIME_IDS = (64, 64, 0, 0, 64, 64)  # original size, crop top-left, target size: what the engine sends
 
