@@ -113,6 +113,7 @@ def test_accepted_input_through_api(client, kwargs, check):
 
 @pytest.mark.parametrize("kwargs, message", [pytest.param(k, m, id=i) for i, k, m in BAD])
 def test_bad_input_in_engine_is_typed_error(engine, kwargs, message):
+    message = message.replace("multiple of 16", "multiple of 8")  # BAD is for the app's tiny-shapes; this is tiny-random
     with pytest.raises(InvalidRequest, match=message) as caught:
         engine.generate(GenerateRequest(**{**VALID, **kwargs}))
     assert caught.value.field in str(caught.value) and message.startswith(caught.value.field)
