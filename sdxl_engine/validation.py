@@ -145,16 +145,17 @@ def validate(request: GenerateRequest, limits: Limits) -> GenerateRequest:
     steps = limits.default_steps if request.num_inference_steps is None else as_int(
         "num_inference_steps", request.num_inference_steps, 1, limits.max_steps)
     width, height = limits.default_size
+    allowed = ", ".join(f"{w}x{h}" for w, h in limits.sizes)
     given = {}
     for field, value in (("width", request.width), ("height", request.height)):
         if value is not None:  # 0 (or None) = the model's default for that side
             given[field] = as_int(field, value, 0, MAX_SIDE)
             if given[field] % limits.multiple:
                 raise InvalidRequest(field, f"{given[field]} is not a multiple of {limits.multiple} pixels "
-                                            f"(the model works on {limits.multiple}-pixel blocks)")
+                                            f"(the model works on {limits.multiple}-pixel blocks); "
+                                            f"supported sizes: {allowed}")
     width, height = given.get("width") or width, given.get("height") or height
     if (width, height) not in limits.sizes:
-        allowed = ", ".join(f"{w}x{h}" for w, h in limits.sizes)
         raise InvalidRequest("width/height", f"{width}x{height} is not a supported size; choose one of {allowed} "
                                              "(0 = the model's default)")
     return GenerateRequest(prompt, negative, seed, guidance, steps, width, height)
