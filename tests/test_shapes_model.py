@@ -111,3 +111,31 @@ def test_diffusers_pipeline_loads_the_shipped_model():
     assert set(params) >= {"unet", "vae", "text_encoder", "text_encoder_2"}
     assert pipe.tokenizer("a red circle on a blue background").input_ids[1:-1] == [
         pipe.tokenizer.convert_tokens_to_ids(w + "</w>") for w in "a red circle on a blue background".split()]
+
+
+def test_training_command_saves_a_model_the_engine_recipe_describes(tmp_path):
+    """``python -m sdxl_engine.train`` end to end at toy size (2 steps each): a diffusers
+    directory with the shipped recipe's architecture, scheduler and finite logged losses."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    from sdxl_engine.builtin import TINY_SHAPES_DIR
+
+    out = tmp_path / "ts"
+    result = subprocess.run([sys.executable, "-m", "sdxl_engine.train", "--out", str(out), "--images", "64",
+                             "--vae-steps", "2", "--unet-steps", "2", "--batch", "8"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads((out / "training.json").read_text())
+    assert [step for step, *_ in record["vae_loss"]] == [2] and [step for step, _ in record["unet_loss"]] == [2]
+    assert all(np.isfinite(loss) for _, loss in record["unet_loss"])
+    shipped, trained = ({name: json.loads((d / name / cfg).read_text()) for name, cfg in
+                         (("unet", "config.json"), ("vae", "config.json"), ("scheduler", "scheduler_config.json"))}
+                        for d in (TINY_SHAPES_DIR, out))
+    for name in trained:  # same architecture and scheduler as assets/tiny-shapes; scaling_factor is measured
+        drop = {"_diffusers_version", "scaling_factor"}
+        assert {k: v for k, v in trained[name].items() if k not in drop} == \
+               {k: v for k, v in shipped[name].items() if k not in drop}, name
