@@ -39,6 +39,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# A quick valid /generate request (2 steps) and the check that an app still serves it.
+QUICK = dict(prompt="a red circle", seed=1, num_inference_steps=2)
+
+
+def assert_serves(client) -> dict:
+    """One QUICK request through ``client`` gives 4 images with seeds 1-4; returns the info JSON."""
+    gallery, info = client.predict(api_name="/generate", **QUICK)
+    assert len(gallery) == 4 and info["seeds"] == [1, 2, 3, 4]
+    return info
+
+
 class RunningApp:
     """``python app.py`` in a subprocess on a free loopback port, as a user starts it."""
 
@@ -68,6 +79,12 @@ class RunningApp:
     def _drain(self):
         for line in self.proc.stdout:
             self.log.append(line)
+
+    def client(self):
+        """A gradio_client Client for this app."""
+        from gradio_client import Client
+
+        return Client(self.url, verbose=False)
 
     def stop(self):
         self.proc.terminate()

@@ -6,10 +6,7 @@ from PIL import Image
 
 
 def call(app_server, **kwargs):
-    from gradio_client import Client
-
-    client = Client(app_server.url, verbose=False)
-    return client.predict(api_name="/generate", **kwargs)
+    return app_server.client().predict(api_name="/generate", **kwargs)
 
 
 def test_generate_red_circle_returns_four_distinct_images_and_json(app_server):

@@ -16,11 +16,11 @@ import httpx
 import numpy as np
 import pytest
 
-from conftest import ROOT, RunningApp, free_port
+from conftest import QUICK, ROOT, RunningApp, assert_serves, free_port
 from sdxl_engine.engine import GenerationError
 from sdxl_engine.validation import GenerateRequest
 
-OK = dict(prompt="a red circle", seed=1, num_inference_steps=2)
+OK = QUICK
 
 
 @pytest.fixture(scope="module")
@@ -37,22 +37,14 @@ def fault_app(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(fault_app):
-    from gradio_client import Client
-
-    return Client(fault_app.url, verbose=False)
-
-
-def healthy(client):
-    gallery, info = client.predict(api_name="/generate", **OK)
-    assert len(gallery) == 4 and info["seeds"] == [1, 2, 3, 4]
-    return info
+    return fault_app.client()
 
 
 def test_unwritable_cache_and_output_dirs_warn_and_the_app_serves(fault_app, client):
     log = "".join(fault_app.log)
     assert "[sdxl_engine] warning: compile cache" in log and "is not writable" in log
     assert "[app] warning: output folder" in log
-    healthy(client)
+    assert_serves(client)
 
 
 def test_no_share_link_even_with_gradio_share_in_the_environment(fault_app):
@@ -67,7 +59,7 @@ def test_exception_inside_the_engine_fails_that_request_only(fault_app, client):
         client.predict(api_name="/generate", **{**OK, "prompt": "a red circle fault:raise"})
     time.sleep(0.2)
     assert "InjectedFault: injected fault" in "".join(fault_app.log)  # the traceback is in the server log
-    healthy(client)
+    assert_serves(client)
 
 
 def test_non_finite_image_is_an_error_not_a_black_square(client):
@@ -75,7 +67,7 @@ def test_non_finite_image_is_an_error_not_a_black_square(client):
 
     with pytest.raises(AppError, match=r"the model produced non-finite pixels \(NaN/inf\) for seeds \[1, 2, 3, 4\]"):
         client.predict(api_name="/generate", **{**OK, "prompt": "a red circle fault:nan"})
-    healthy(client)
+    assert_serves(client)
 
 
 def test_nan_guard_in_the_engine(engine, monkeypatch):
@@ -101,10 +93,9 @@ def _wait_processing(job, timeout=60):
 
 
 def test_burst_beyond_the_queue_gets_busy_retry_not_a_hang(fault_app, client):
-    from gradio_client import Client
     from gradio_client.utils import QueueError
 
-    clients = [Client(fault_app.url, verbose=False) for _ in range(5)]  # connected before the clock starts
+    clients = [fault_app.client() for _ in range(5)]  # connected before the clock starts
     slow = client.submit(api_name="/generate", **{**OK, "prompt": "a red circle fault:slow=6"})
     _wait_processing(slow)
     # 1 running + a queue of 2: the next 2 wait, the rest are told to retry at once.
@@ -125,7 +116,7 @@ def test_burst_beyond_the_queue_gets_busy_retry_not_a_hang(fault_app, client):
             outcomes.append("busy")
     assert len(slow.result(timeout=90)[0]) == 4
     assert outcomes.count(4) == 2 and outcomes.count("busy") == 3, outcomes
-    healthy(client)
+    assert_serves(client)
 
 
 def test_client_disconnecting_mid_generation_frees_its_slot(fault_app, client):
@@ -141,7 +132,7 @@ def test_client_disconnecting_mid_generation_frees_its_slot(fault_app, client):
             if "process_starts" in line:
                 break  # generation is running: hang up without reading the result
     start = time.monotonic()
-    info = healthy(client)
+    info = assert_serves(client)
     assert time.monotonic() - start < 3 + 30  # waited at most for the abandoned generation, not forever
     status = httpx.get(fault_app.url + "gradio_api/queue/status", timeout=30).json()
     assert status["queue_size"] == 0, status
@@ -184,9 +175,8 @@ def test_bad_port_exits_2_with_argparse_message(port):
 
 def test_sigterm_finishes_the_request_in_flight_then_exits_0(fault_app, client, request):
     """Last test of the module: it stops the shared fault app. One request runs, one waits."""
-    from gradio_client import Client
 
-    second = Client(fault_app.url, verbose=False)  # connected before the clock starts
+    second = fault_app.client()  # connected before the clock starts
     job = client.submit(api_name="/generate", **{**OK, "prompt": "a red circle fault:slow=6"})
     _wait_processing(job)
     waiting = second.submit(api_name="/generate", **{**OK, "seed": 9})

@@ -12,6 +12,7 @@ import math
 import httpx
 import pytest
 
+from conftest import QUICK, assert_serves
 from sdxl_engine.validation import GenerateRequest, InvalidRequest
 
 MAX_SEED = 2**32 - 1
@@ -79,19 +80,12 @@ OK = [
     ("None values = defaults", dict(negative_prompt=None, seed=None, guidance_scale=None),
      lambda info: info["guidance_scale"] == 7.0 and info["negative_prompt"] == ""),
 ]
-VALID = dict(prompt="a red circle", seed=1, num_inference_steps=2)
+VALID = QUICK
 
 
 @pytest.fixture(scope="module")
 def client(app_server):
-    from gradio_client import Client
-
-    return Client(app_server.url, verbose=False)
-
-
-def _assert_healthy(client):
-    gallery, info = client.predict(api_name="/generate", **VALID)
-    assert len(gallery) == 4 and info["seeds"] == [1, 2, 3, 4]
+    return app_server.client()
 
 
 @pytest.mark.parametrize("kwargs, message", [pytest.param(k, m, id=i) for i, k, m in BAD])
@@ -101,7 +95,7 @@ def test_bad_input_through_api_is_a_clear_error(client, kwargs, message):
     with pytest.raises(AppError, match=message) as caught:
         client.predict(api_name="/generate", **{**VALID, **kwargs})
     assert "upstream Gradio app has raised an exception" not in str(caught.value)
-    _assert_healthy(client)
+    assert_serves(client)
 
 
 @pytest.mark.parametrize("kwargs, check", [pytest.param(k, c, id=i) for i, k, c in OK])
@@ -140,7 +134,7 @@ def test_non_finite_floats_in_raw_json_are_clear_errors(app_server, client):
                            headers={"content-type": "application/json"}, timeout=30).json()["event_id"]
         text = httpx.get(app_server.url + f"gradio_api/call/generate/{event}", timeout=60).text
         assert "event: error" in text and message in text, text
-    _assert_healthy(client)
+    assert_serves(client)
 
 
 def test_missing_and_extra_arguments_are_refused_by_the_client(client):
@@ -148,7 +142,7 @@ def test_missing_and_extra_arguments_are_refused_by_the_client(client):
         client.predict(api_name="/generate", seed=3)
     with pytest.raises(TypeError, match="Parameter `model` is not a valid key-word argument"):
         client.predict(api_name="/generate", prompt="a red circle", model="stabilityai/other")
-    _assert_healthy(client)
+    assert_serves(client)
 
 
 def test_missing_arguments_in_raw_json_are_refused_then_healthy(app_server, client):
@@ -156,7 +150,7 @@ def test_missing_arguments_in_raw_json_are_refused_then_healthy(app_server, clie
                        timeout=30).json()["event_id"]
     text = httpx.get(app_server.url + f"gradio_api/call/generate/{event}", timeout=60).text
     assert "event: error" in text
-    _assert_healthy(client)
+    assert_serves(client)
 
 
 def test_engine_requires_a_prompt_argument():
