@@ -17,8 +17,8 @@ Stages, as SDXL was trained (Podell et al. 2023, with Rombach et al. 2022's late
    second encoder's pooled projection) plus add_time_ids. The caption is dropped (zero
    embeddings, what the engine feeds for an empty negative prompt) 10 % of the time, so the
    same network is also the unconditional model of classifier-free guidance (Ho & Salimans
-   2022). Loss weighting: min-SNR-5 (Hang et al. 2023). An exponential moving average of the
-   weights is what is saved.
+   2022). Loss weighting: min-SNR-5 (Hang et al. 2023; ``--loss-weight``, see :func:`train_unet`).
+   An exponential moving average of the weights is what is saved.
 5. Save in diffusers format (Flax msgpack weights): ``FlaxStableDiffusionXLPipeline`` loads it.
 
 Three choices make a model this small follow its prompt, each found by a failed run:
@@ -91,6 +91,8 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=1.5e-3)
     p.add_argument("--caption-dropout", type=float, default=0.1)
     p.add_argument("--ema", type=float, default=0.995)
+    p.add_argument("--loss-weight", choices=("min-snr", "v-clipped"), default="min-snr",
+                   help="per-timestep loss weight (see train_unet)")
     p.add_argument("--vae-from", help="take the trained VAE of this model directory and skip stage 2 (for experiments)")
     p.add_argument("--log-every", type=int, default=50)
     return p.parse_args(argv)
@@ -186,7 +188,24 @@ def init_text_encoder(params: dict, key) -> dict:
 
 
 def train_unet(model, params: dict, latents: np.ndarray, ids: np.ndarray, alphas_cumprod, args, key):
-    """Stage 4. latents (n, 4, 16, 16) scaled; ids (n, 2, 77) int32. Returns EMA params, history."""
+    """Stage 4. latents (n, 4, 16, 16) scaled; ids (n, 2, 77) int32. Returns EMA params, history.
+
+    Loss weight per timestep, on the v-MSE (``args.loss_weight``):
+
+    * "min-snr" (the shipped recipe): min(SNR, 5) / (SNR + 1), Hang et al. 2023's min-SNR-5 for
+      v-prediction (as diffusers' train_text_to_image). On the x0-MSE that is min(SNR, 5): with
+      this shifted schedule < 6 % of its peak for t > 500, the noisy timesteps where the prompt
+      decides where the shape goes and what it is.
+    * "v-clipped": min(1, 5 / (SNR + 1)), i.e. min(SNR + 1, 5) on the x0-MSE: plain v-MSE (as
+      SD 2 and "simple diffusion", Hoogeboom et al. 2023, train) where SNR <= 4 (t > ~130 here),
+      min-SNR's clipping at 5 for the near-clean rest.
+
+    Measured (README, "tiny-shapes"): after 1200 steps (same VAE, latents and seed) held-out
+    position accuracy is 17 % with "min-snr" (chance 20 %) and 100 % with "v-clipped"; after the
+    full 4000 steps "v-clipped" reads shape 65.6 % (vs 60.9 %) but colour 98.4 % (vs 100 %), and
+    guidance 7 lowers the asked colour's pixel share (0.960 at guidance 1, 0.886 at 7), so the
+    shipped model keeps "min-snr".
+    """
     import jax
     import jax.numpy as jnp
     import optax
@@ -210,8 +229,10 @@ def train_unet(model, params: dict, latents: np.ndarray, ids: np.ndarray, alphas
         a = alphas_cumprod[t][:, None, None, None]
         noisy = jnp.sqrt(a) * x0 + jnp.sqrt(1 - a) * noise  # q(x_t | x_0), Ho et al. 2020 eq. 4
         snr = alphas_cumprod[t] / (1 - alphas_cumprod[t])
-        if v_prediction:  # v = sqrt(a) eps - sqrt(1 - a) x0 (Salimans & Ho 2022); min-SNR-5 weight for v
-            target, weight = jnp.sqrt(a) * noise - jnp.sqrt(1 - a) * x0, jnp.minimum(snr, 5.0) / (snr + 1)
+        if v_prediction:  # v = sqrt(a) eps - sqrt(1 - a) x0 (Salimans & Ho 2022)
+            target = jnp.sqrt(a) * noise - jnp.sqrt(1 - a) * x0
+            clipped = args.loss_weight == "v-clipped"
+            weight = jnp.minimum(1.0, 5.0 / (snr + 1)) if clipped else jnp.minimum(snr, 5.0) / (snr + 1)
         else:  # epsilon; min-SNR-5 weight for epsilon (Hang et al. 2023)
             target, weight = noise, jnp.minimum(snr, 5.0) / snr
         cond = {"text_embeds": text_embeds, "time_ids": jnp.broadcast_to(time_ids, (b, 6))}
