@@ -78,7 +78,7 @@ OK = [
     ("size 0 = default", dict(width=0, height=0), lambda info: (info["width"], info["height"]) == (64, 64)),
     ("another bucket", dict(width=80, height=48), lambda info: (info["width"], info["height"]) == (80, 48)),
     ("None values = defaults", dict(negative_prompt=None, seed=None, guidance_scale=None),
-     lambda info: info["guidance_scale"] == 7.0 and info["negative_prompt"] == ""),
+     lambda info: info["guidance_scale"] == 5.0 and info["negative_prompt"] == ""),
 ]
 VALID = QUICK
 
