@@ -187,7 +187,7 @@ def test_downloaded_png_carries_its_parameters(offline):
     assert params["negative_prompt"].startswith("anime, cartoon")
     assert params["Seed"] == seed and params["Style"] == "Cinematic"
     assert (params["Steps"], params["Sampler"], params["CFG scale"], params["Size"], params["Model"]) == (
-        "20", "Euler", "7", "64x64", "tiny-shapes")  # the default model
+        "20", "Euler", "5", "64x64", "tiny-shapes")  # the defaults (steps, CFG, model)
 
 
 def test_history_survives_a_reload_and_restores_settings(offline):
