@@ -22,11 +22,13 @@ Stages, as SDXL was trained (Podell et al. 2023, with Rombach et al. 2022's late
    An exponential moving average of the weights is what is saved.
 5. Save in diffusers format (Flax msgpack weights): ``FlaxStableDiffusionXLPipeline`` loads it.
 
-Three choices make a model this small follow its prompt, each found by a failed run:
+Four choices make a model this small follow its prompt, each found by a failed run:
 the text encoders start at useful scales (:func:`init_text_encoder`), the noise schedule is
-shifted for 16x16 latents (:data:`SCHEDULER`), and the UNet has SDXL's three levels (:data:`SPEC`).
-Without them the first model learned colour but drew the background and the position the
-initial noise suggested, whatever the prompt said.
+shifted for 16x16 latents (:data:`SCHEDULER`), the UNet has SDXL's three levels (:data:`SPEC`),
+and the loss is carried by the noisy timesteps (:func:`train_unet`). Without the first three the
+first model learned colour but drew the background and the position the initial noise
+suggested, whatever the prompt said; without the fourth, stars, crosses and diamonds came out
+as blobs (held-out shape 60.9 % instead of 79.7 %).
 
 Seeded and deterministic on one machine (same seed, steps and XLA build -> same weights).
 Losses are printed every ``--log-every`` steps and stored in ``<out>/training.json``.
