@@ -28,7 +28,7 @@ shifted for 16x16 latents (:data:`SCHEDULER`), the UNet has SDXL's three levels 
 and the loss is carried by the noisy timesteps (:func:`train_unet`). Without the first three the
 first model learned colour but drew the background and the position the initial noise
 suggested, whatever the prompt said; without the fourth, stars, crosses and diamonds came out
-as blobs (held-out shape 60.9 % instead of 79.7 %).
+as blobs (held-out shape 56.2 % instead of 79.7 % at guidance 5).
 
 Seeded and deterministic on one machine (same seed, steps and XLA build -> same weights).
 Losses are printed every ``--log-every`` steps and stored in ``<out>/training.json``.
@@ -214,7 +214,7 @@ def train_unet(model, params: dict, latents: np.ndarray, ids: np.ndarray, alphas
       the shape goes and what it is.
 
     Measured, seed 0, 4000 steps, held-out shape / colour / position at guidance 7 (README,
-    "tiny-shapes"): min-snr + uniform 60.9 / 100 / 100 %, v-clipped + uniform 65.6 / 98.4 / 100 %,
+    "tiny-shapes"): min-snr + uniform 60.9 / 100 / 100 % (56.2 % shape at guidance 5), v-clipped + uniform 65.6 / 98.4 / 100 %,
     v-clipped + logit-normal 70.3 / 100 / 100 % (79.7 % shape at guidance 5). After 1200 steps
     position is 17 % with min-snr (chance 20 %) and 100 % with v-clipped.
     """
