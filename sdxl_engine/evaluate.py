@@ -29,6 +29,7 @@ import time
 import numpy as np
 
 from . import shapes
+from .config import EngineConfig
 
 BACKGROUND_CYCLE = ("white", "black", "gray", "blue")
 
@@ -66,7 +67,8 @@ def checker_sanity(seed: int = 0) -> dict[str, float]:
     return {k: float(np.mean([t[k] for t in totals])) for k in totals[0]}
 
 
-def run(engine, seed: int = 0, guidance: float = 5.0, steps: int = 20, grid: str | None = None) -> dict:
+def run(engine, seed: int = 0, guidance: float = EngineConfig.guidance_scale, steps: int = 20,
+        grid: str | None = None) -> dict:
     """Every figure of the module docstring, as a dict; optionally saves a grid PNG of the images."""
     from .validation import GenerateRequest
 
@@ -110,8 +112,6 @@ def run(engine, seed: int = 0, guidance: float = 5.0, steps: int = 20, grid: str
 
 
 def main(argv=None) -> None:
-    from .config import EngineConfig
-
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="tiny-shapes", help="built-in name or diffusers directory")
     p.add_argument("--seed", type=int, default=0)
