@@ -1,0 +1,97 @@
+"""The project's own Flax NNX modules for the SDXL family, and how parameters meet them.
+
+Why NNX: modules are plain Python objects whose attributes are named exactly as diffusers' and
+transformers' PyTorch modules (``nnx.List`` gives ``down_blocks.1``), so the flattened state of a
+module *is* the list of checkpoint keys: the mapping is the identity, not a table. The compiled
+program stays pure: :class:`Component` splits a module once into a static graph definition and
+a flat ``{checkpoint key: array}`` dict, and rebuilds the module from that dict inside
+``jax.jit`` (:meth:`Component.bind`).
+
+A component's parameters are that flat dict everywhere in the engine (placement, sharding,
+casting, the persistent caches); the modules are only ever called through ``bind``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from .clip import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, CLIPTextOutput
+from .unet import UNet2DConditionModel, UNetConfig
+from .vae import AutoencoderKL, VAEConfig
+
+__all__ = ["COMPONENTS", "Component", "build_component", "CLIPTextOutput", "UNetConfig", "VAEConfig",
+           "CLIPTextConfig"]
+
+# component name -> (config class, module class, class names accepted in model_index.json)
+COMPONENTS: dict[str, tuple[type, type, tuple[str, ...]]] = {
+    "text_encoder": (CLIPTextConfig, CLIPTextModel, ("CLIPTextModel", "FlaxCLIPTextModel")),
+    "text_encoder_2": (CLIPTextConfig, CLIPTextModelWithProjection,
+                       ("CLIPTextModelWithProjection", "FlaxCLIPTextModelWithProjection")),
+    "unet": (UNetConfig, UNet2DConditionModel, ("UNet2DConditionModel", "FlaxUNet2DConditionModel")),
+    "vae": (VAEConfig, AutoencoderKL, ("AutoencoderKL", "FlaxAutoencoderKL")),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Component:
+    """One model component: its config, static module graph and parameter names and shapes.
+
+    Attributes:
+        name: "text_encoder", "text_encoder_2", "unet" or "vae".
+        config: the normalised config (CLIPTextConfig, UNetConfig or VAEConfig).
+        graphdef: NNX graph definition (static; part of every compiled program).
+        shapes: {checkpoint key: shape} of every parameter, in module order.
+    """
+
+    name: str
+    config: Any
+    graphdef: Any
+    shapes: Mapping[str, tuple[int, ...]]
+    _paths: Mapping[str, tuple] = dataclasses.field(repr=False)
+
+    def bind(self, params: Mapping[str, jax.Array]) -> nnx.Module:
+        """The module with ``params`` ({checkpoint key: array}, traced or concrete) as its weights.
+
+        Raises KeyError for a missing key (loading checks the set first, with a clear message).
+        """
+        return nnx.merge(self.graphdef, nnx.State.from_flat_path({self._paths[k]: params[k] for k in self._paths}))
+
+    def init(self, key: jax.Array, dtype=jnp.float32) -> dict[str, jax.Array]:
+        """Fresh random parameters ({checkpoint key: array} in ``dtype``); jit it to build them on device."""
+        _, module_cls, _ = COMPONENTS[self.name]
+        _, state = nnx.split(module_cls(self.config, rngs=nnx.Rngs(key)))
+        return {_key(path): value.get_value().astype(dtype) for path, value in nnx.to_flat_state(state)}
+
+    def abstract(self, dtype) -> dict[str, jax.ShapeDtypeStruct]:
+        """{checkpoint key: ShapeDtypeStruct} in ``dtype``: shapes only, no memory."""
+        return {k: jax.ShapeDtypeStruct(s, dtype) for k, s in self.shapes.items()}
+
+    def apply(self, fn: Callable, params: Mapping[str, jax.Array], *args, **kwargs):
+        """``fn(module, *args, **kwargs)`` on the bound module (for jit-able one-liners)."""
+        return fn(self.bind(params), *args, **kwargs)
+
+
+def _key(path: tuple) -> str:
+    return ".".join(str(p) for p in path)
+
+
+def build_component(name: str, config: Mapping[str, Any]) -> Component:
+    """The Component for a config.json dict, built abstractly (no parameter memory).
+
+    Raises:
+        ValueError: an unknown component name, or a config the modules do not support (the
+            message names the field).
+    """
+    if name not in COMPONENTS:
+        raise ValueError(f"unknown component {name!r} ({', '.join(COMPONENTS)})")
+    config_cls, module_cls, _ = COMPONENTS[name]
+    cfg = config if isinstance(config, config_cls) else config_cls.from_dict(config)
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: module_cls(cfg, rngs=nnx.Rngs(0))))
+    flat = nnx.to_flat_state(state)
+    return Component(name=name, config=cfg, graphdef=graphdef,
+                     shapes={_key(p): tuple(v.get_value().shape) for p, v in flat}, _paths={_key(p): p for p, _ in flat})

@@ -1,0 +1,175 @@
+"""Building blocks in Flax NNX with PyTorch's parameter names and layouts.
+
+Every parameter is stored exactly as the PyTorch checkpoint stores it: ``Linear.weight`` is
+(out_features, in_features), ``Conv2d.weight`` is (out_channels, in_channels, kh, kw) (OIHW),
+norms have ``weight`` and ``bias``, ``Embedding.weight`` is (num_embeddings, dim). So a
+safetensors file loads with no transpose and no renaming: the module path joined by dots *is*
+the checkpoint key (``down_blocks.1.attentions.0.proj_in.weight``).
+
+Activations are channels-last inside the models (batch, height, width, channels): XLA's
+preferred layout on TPU and GPU. The convolution reads the OIHW weight directly through
+``dimension_numbers``; the matmul contracts the weight's ``in`` axis, so neither needs a copy.
+
+Compute runs in the parameters' dtype (bfloat16 on accelerators); normalisation statistics and
+softmax are computed in float32 and cast back, as PyTorch's autocast does.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+
+def _normal(rngs: nnx.Rngs, shape: tuple[int, ...], std: float) -> jax.Array:
+    return std * jax.random.normal(rngs.params(), shape, jnp.float32)
+
+
+class Linear(nnx.Module):
+    """``torch.nn.Linear``: y = x W^T + b with ``weight`` (out, in) and ``bias`` (out,).
+
+    Initialised as Flax's Dense (LeCun normal weights, zero bias); checkpoints overwrite it.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, *, rngs: nnx.Rngs):
+        self.weight = nnx.Param(_normal(rngs, (out_features, in_features), 1 / math.sqrt(in_features)))
+        self.bias = nnx.Param(jnp.zeros((out_features,), jnp.float32)) if bias else None
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """x (..., in) -> (..., out), in the weight's dtype."""
+        w = self.weight[...]
+        y = jax.lax.dot_general(x.astype(w.dtype), w, (((x.ndim - 1,), (1,)), ((), ())))
+        return y if self.bias is None else y + self.bias[...]
+
+
+class Conv2d(nnx.Module):
+    """``torch.nn.Conv2d`` on channels-last input: ``weight`` (out, in, kh, kw), ``bias`` (out,).
+
+    ``padding`` is symmetric (PyTorch's int padding); ``pad_bottom_right`` instead pads one
+    row and column after the image only, as diffusers' Downsample2D with ``padding=0`` does.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int = 1, padding: int = 0,
+                 bias: bool = True, pad_bottom_right: bool = False, *, rngs: nnx.Rngs):
+        fan_in = in_channels * kernel_size * kernel_size
+        self.weight = nnx.Param(_normal(rngs, (out_channels, in_channels, kernel_size, kernel_size), 1 / math.sqrt(fan_in)))
+        self.bias = nnx.Param(jnp.zeros((out_channels,), jnp.float32)) if bias else None
+        self.stride = stride
+        self.padding = ((0, 1), (0, 1)) if pad_bottom_right else ((padding, padding), (padding, padding))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """x (batch, height, width, in) -> (batch, height', width', out)."""
+        w = self.weight[...]
+        y = jax.lax.conv_general_dilated(x.astype(w.dtype), w, (self.stride, self.stride), self.padding,
+                                         dimension_numbers=("NHWC", "OIHW", "NHWC"))
+        return y if self.bias is None else y + self.bias[...]
+
+
+class GroupNorm(nnx.Module):
+    """``torch.nn.GroupNorm`` over the last (channel) axis of channels-last input.
+
+    Statistics in float32 (mean and biased variance over the spatial axes and the channels of a
+    group), then ``weight`` and ``bias`` per channel; the output has the input's dtype.
+    """
+
+    def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5, *, rngs: nnx.Rngs | None = None):
+        if num_channels % num_groups:
+            raise ValueError(f"GroupNorm: {num_channels} channels do not split into {num_groups} groups")
+        self.num_groups = num_groups
+        self.eps = eps
+        self.weight = nnx.Param(jnp.ones((num_channels,), jnp.float32))
+        self.bias = nnx.Param(jnp.zeros((num_channels,), jnp.float32))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """x (batch, ..., channels) -> same shape and dtype."""
+        shape = x.shape
+        grouped = x.astype(jnp.float32).reshape(shape[0], -1, self.num_groups, shape[-1] // self.num_groups)
+        mean = grouped.mean(axis=(1, 3), keepdims=True)
+        var = jnp.square(grouped - mean).mean(axis=(1, 3), keepdims=True)
+        normed = ((grouped - mean) * jax.lax.rsqrt(var + self.eps)).reshape(shape)
+        return (normed * self.weight[...].astype(jnp.float32) + self.bias[...].astype(jnp.float32)).astype(x.dtype)
+
+
+class LayerNorm(nnx.Module):
+    """``torch.nn.LayerNorm`` over the last axis: float32 statistics, ``weight`` and ``bias``."""
+
+    def __init__(self, dim: int, eps: float = 1e-5, *, rngs: nnx.Rngs | None = None):
+        self.eps = eps
+        self.weight = nnx.Param(jnp.ones((dim,), jnp.float32))
+        self.bias = nnx.Param(jnp.zeros((dim,), jnp.float32))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """x (..., dim) -> same shape and dtype."""
+        x32 = x.astype(jnp.float32)
+        mean = x32.mean(-1, keepdims=True)
+        var = jnp.square(x32 - mean).mean(-1, keepdims=True)
+        normed = (x32 - mean) * jax.lax.rsqrt(var + self.eps)
+        return (normed * self.weight[...].astype(jnp.float32) + self.bias[...].astype(jnp.float32)).astype(x.dtype)
+
+
+class Embedding(nnx.Module):
+    """``torch.nn.Embedding``: ``weight`` (num_embeddings, dim), looked up by integer ids."""
+
+    def __init__(self, num_embeddings: int, dim: int, std: float = 1.0, *, rngs: nnx.Rngs):
+        self.weight = nnx.Param(_normal(rngs, (num_embeddings, dim), std))
+
+    def __call__(self, ids: jax.Array) -> jax.Array:
+        """ids (...) int -> (..., dim) in the weight's dtype."""
+        return jnp.take(self.weight[...], ids, axis=0)
+
+
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, heads: int, *, is_causal: bool = False,
+              implementation: str | None = None) -> jax.Array:
+    """Multi-head scaled dot-product attention through ``jax.nn.dot_product_attention``.
+
+    Args:
+        q: (batch, q_len, heads * head_dim); k, v: (batch, kv_len, heads * head_dim), one dtype.
+        heads: number of heads; the scale is head_dim ** -0.5 (Vaswani et al. 2017).
+        is_causal: mask future positions (CLIP's text encoder).
+        implementation: None (JAX picks: cuDNN where it applies, else XLA), "xla" or "cudnn".
+    Returns:
+        (batch, q_len, heads * head_dim) in q's dtype; the softmax runs in float32.
+    """
+    b, t, d = q.shape
+    split = lambda x: x.reshape(x.shape[0], x.shape[1], heads, d // heads)  # (b, len, heads, head_dim)
+    out = jax.nn.dot_product_attention(split(q), split(k), split(v), is_causal=is_causal,
+                                       implementation=implementation)
+    return out.reshape(b, t, d)
+
+
+def timestep_embedding(timesteps: jax.Array, dim: int, flip_sin_to_cos: bool, freq_shift: float,
+                       max_period: int = 10000) -> jax.Array:
+    """Sinusoidal embedding of (fractional) timesteps, diffusers' ``get_timestep_embedding``.
+
+    Args:
+        timesteps: (n,) any numeric dtype.
+        dim: embedding width; odd widths get one zero column, as diffusers pads.
+    Returns:
+        (n, dim) float32: [sin, cos] of t * exp(-log(max_period) * i / (dim / 2 - freq_shift)),
+        or [cos, sin] with ``flip_sin_to_cos`` (Ho et al. 2020; Vaswani et al. 2017).
+    """
+    half = dim // 2
+    exponent = -math.log(max_period) * jnp.arange(half, dtype=jnp.float32) / (half - freq_shift)
+    emb = timesteps.astype(jnp.float32)[:, None] * jnp.exp(exponent)[None, :]
+    emb = jnp.concatenate([jnp.cos(emb), jnp.sin(emb)] if flip_sin_to_cos else [jnp.sin(emb), jnp.cos(emb)], axis=-1)
+    return jnp.pad(emb, ((0, 0), (0, dim % 2)))
+
+
+ACTIVATIONS = {
+    "silu": jax.nn.silu,
+    "swish": jax.nn.silu,
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),  # torch's default (erf) GELU
+    "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+    "quick_gelu": lambda x: x * jax.nn.sigmoid(1.702 * x),  # CLIP's (Radford et al. 2021)
+    "mish": lambda x: x * jnp.tanh(jax.nn.softplus(x)),
+}
+
+
+def activation(name: str):
+    """The activation function a config names (``silu``, ``gelu``, ``quick_gelu``...). Raises ValueError."""
+    try:
+        return ACTIVATIONS[name]
+    except KeyError:
+        raise ValueError(f"activation {name!r} is not supported ({', '.join(ACTIVATIONS)})") from None
