@@ -19,7 +19,16 @@ so that ``input_ids.argmax()`` finds the end token, which CLIP's pooling relies 
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 from pathlib import Path
+
+import jax
+import numpy as np
+from transformers import CLIPTokenizer
+
+from .models import build_component
+from .weights import save_folder
 
 # Scheduler of SDXL 1.0 base (scheduler/scheduler_config.json), shared by every built-in model.
 SDXL_SCHEDULER = dict(
@@ -173,8 +182,6 @@ def build_vocab(words=WORDS) -> tuple[dict[str, int], list[str]]:
 
 def write_tokenizers(out: Path) -> int:
     """Write ``tokenizer/`` and ``tokenizer_2/`` (CLIPTokenizer files) under ``out``; return vocab size."""
-    from transformers import CLIPTokenizer
-
     vocab, merges = build_vocab()
     out.mkdir(parents=True, exist_ok=True)
     (out / "vocab.json").write_text(json.dumps(vocab))
@@ -187,44 +194,68 @@ def write_tokenizers(out: Path) -> int:
     return len(vocab)
 
 
-def clip_configs(spec: dict, vocab_size: int):
-    """The two CLIPTextConfig objects of a spec (``text_encoder``, ``text_encoder_2``)."""
-    from transformers import CLIPTextConfig
+def clip_config(spec: dict, vocab_size: int) -> dict:
+    """A CLIPTextConfig dict (config.json fields) for one text encoder of a spec, over the project's vocabulary."""
+    return {"vocab_size": vocab_size, "max_position_embeddings": 77, "bos_token_id": vocab_size - 2,
+            "eos_token_id": vocab_size - 1, "pad_token_id": 1, "layer_norm_eps": 1e-5, **spec}
 
-    common = dict(max_position_embeddings=77, bos_token_id=vocab_size - 2, eos_token_id=vocab_size - 1, pad_token_id=1)
-    return [CLIPTextConfig(**{"vocab_size": vocab_size, **common, **spec[k]}) for k in ("text_encoder", "text_encoder_2")]
+
+def component_configs(spec: dict, vocab_size: int) -> dict[str, dict]:
+    """{component: config.json dict} of an SDXL-architecture spec such as :data:`TINY`."""
+    return {"text_encoder": clip_config(spec["text_encoder"], vocab_size),
+            "text_encoder_2": clip_config(spec["text_encoder_2"], vocab_size),
+            "unet": dict(spec["unet"]), "vae": dict(spec["vae"])}
+
+
+def random_params(configs: dict[str, dict], seed: int = 0) -> dict[str, dict]:
+    """Random parameters for each component (float32, on the default device), one jitted init each."""
+    keys = jax.random.split(jax.random.key(seed), len(configs))
+    return {name: jax.jit(build_component(name, cfg).init)(key) for key, (name, cfg) in zip(keys, configs.items())}
 
 
 def create_tiny_random(out: Path, seed: int = 0) -> Path:
-    """Create the ``tiny-random`` model in diffusers format at ``out`` (a few MB); return ``out``.
+    """Create the ``tiny-random`` model in diffusers format at ``out`` (a few MB, safetensors); return ``out``.
 
     Written to a temporary sibling first and renamed, so a crash never leaves half a model.
     """
-    import jax
-    from diffusers import FlaxAutoencoderKL, FlaxEulerDiscreteScheduler, FlaxStableDiffusionXLPipeline, FlaxUNet2DConditionModel
-    from transformers import CLIPTokenizer, FlaxCLIPTextModel, FlaxCLIPTextModelWithProjection
-
     tmp = out.with_name(out.name + ".partial")
-    vocab_size = write_tokenizers(tmp)
-    cfg1, cfg2 = clip_configs(TINY, vocab_size)
-    text_encoder = FlaxCLIPTextModel(cfg1, seed=seed)
-    text_encoder_2 = FlaxCLIPTextModelWithProjection(cfg2, seed=seed + 1)
-    unet = FlaxUNet2DConditionModel(**TINY["unet"])
-    vae = FlaxAutoencoderKL(**TINY["vae"])
-    scheduler = FlaxEulerDiscreteScheduler(**SDXL_SCHEDULER)
-    keys = jax.random.split(jax.random.key(seed), 2)
-    params = {
-        "text_encoder": text_encoder.params,
-        "text_encoder_2": text_encoder_2.params,
-        "unet": unet.init_weights(keys[0]),
-        "vae": vae.init_weights(keys[1]),
-    }
-    pipe = FlaxStableDiffusionXLPipeline(
-        text_encoder=text_encoder, text_encoder_2=text_encoder_2, vae=vae,
-        tokenizer=CLIPTokenizer.from_pretrained(str(tmp / "tokenizer")),
-        tokenizer_2=CLIPTokenizer.from_pretrained(str(tmp / "tokenizer_2")),
-        unet=unet, scheduler=scheduler,
-    )
-    pipe.save_pretrained(str(tmp), params=params)
+    shutil.rmtree(tmp, ignore_errors=True)
+    configs = component_configs(TINY, write_tokenizers(tmp))
+    params = {k: {n: np.asarray(a) for n, a in v.items()} for k, v in random_params(configs, seed).items()}
+    save_folder(tmp, configs, params, SDXL_SCHEDULER)
     tmp.rename(out)
     return out
+
+
+def model_path(name: str, cache_dir: str) -> Path:
+    """The folder of a built-in model: the shipped ``tiny-shapes``, or ``tiny-random`` created on first use.
+
+    Creation is atomic (a private temp folder, then rename), so concurrent starts are safe.
+    Raises ValueError for ``sdxl-base-random`` (made in memory, see :mod:`sdxl_engine.loading`) or an
+    unknown name, FileNotFoundError when the shipped model is missing.
+    """
+    if name == "tiny-shapes":
+        if not (TINY_SHAPES_DIR / "model_index.json").is_file():
+            raise FileNotFoundError(f"the shipped model is missing from {TINY_SHAPES_DIR}; "
+                                    "recreate it with: python -m sdxl_engine.tools.train --out assets/tiny-shapes")
+        return TINY_SHAPES_DIR
+    if name != "tiny-random":
+        raise ValueError(f"{name!r} has no folder")
+    out = Path(cache_dir) / f"{name}-v2"  # v2: safetensors written by the own modules
+    if (out / "model_index.json").exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=out.parent))
+    try:
+        create_tiny_random(staging / out.name).rename(out)
+    except OSError:  # another process finished first: use its copy
+        pass
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out
+
+
+# SDXL 1.0 base as config.json dicts (legacy eos_token_id 2: pool at the largest token id, as the
+# real text encoder configs say), for ``sdxl-base-random``.
+SDXL_BASE_CONFIGS = {k: ({**v, "bos_token_id": 0, "eos_token_id": 2} if k.startswith("text") else v)
+                     for k, v in component_configs(SDXL_BASE, 49408).items()}

@@ -13,12 +13,15 @@ import threading
 import time
 from typing import Callable
 
+import jax
 import numpy as np
 
 from . import config as config_mod
+from . import loading, sharding
 from . import faults
 from .config import EngineConfig
-from .validation import GenerateRequest, InvalidRequest, Limits, size_buckets, validate
+from .program import ProgramInputs, ProgramShape, compile_program, euler_schedule
+from .validation import GenerateRequest, InvalidRequest, Limits, validate
 
 
 def _no_progress(stage: str) -> None:
@@ -107,31 +110,26 @@ class Engine:
         self._log(f"[sdxl_engine] {key}: {self.startup[key]:.2f} s")
 
     def _start(self) -> None:
-        from . import loading, sharding  # JAX-importing modules, after the options are set
-
-        config_mod.apply_jax_options(self.config)
-        import jax
+        config_mod.apply_jax_options(self.config)  # before JAX's first array
 
         self._log(f"[sdxl_engine] config: {self.config.as_dict()}")
-        t0 = self._stage("loading model")
-        self.platform = jax.devices()[0].platform
-        self.model = loading.load_model(self.config.model, dtype=self.config.dtype, platform=self.platform,
-                                        revision=self.config.revision, cache_dir=self.config.model_cache_dir)
-        self._done("load_s", t0)
-
-        t0 = self._stage("placing params on devices")
         self.mesh = sharding.make_mesh()
         self.batch = self.config.images_per_request or sharding.default_batch(self.mesh.devices.size)
         sharding.check_batch(self.batch, self.mesh)
-        self.params = sharding.replicate(self.model.params, self.mesh)
-        jax.block_until_ready(self.params)
         self.device_summary = sharding.device_summary(self.mesh)
-        self._done("place_s", t0)
+        t0 = self._stage("loading model onto the devices")
+        self.platform = jax.devices()[0].platform
+        self.model = loading.load_model(self.config.model, dtype=self.config.dtype, platform=self.platform,
+                                        revision=self.config.revision, cache_dir=self.config.model_cache_dir,
+                                        sharding=sharding.replicated(self.mesh), log=self._log)
+        self.params = self.model.params
+        jax.block_until_ready(self.params)
+        self._done("load_s", t0)
 
         native = self.model.native_size
-        multiple = self.model.vae_scale_factor * 2 ** (len(self.model.unet.config.block_out_channels) - 1)
+        multiple = self.model.size_multiple
         default = (self.config.width or native, self.config.height or native)
-        sizes = size_buckets(native, multiple)
+        sizes = self.model.size_buckets()
         if default not in sizes:
             sizes = (default,) + sizes
         self.limits = Limits(max_seed=self.config.max_seed, max_steps=self.config.max_inference_steps,
@@ -151,8 +149,6 @@ class Engine:
 
     def _program(self, width: int, height: int):
         """The compiled program for a size bucket, compiled on first use (then cached)."""
-        from .program import compile_program
-
         shape = self._shape(width, height)
         if shape not in self._programs:
             self._programs[shape] = compile_program(self.model, self.params, shape, self.mesh)
@@ -161,8 +157,6 @@ class Engine:
 
     def _shape(self, width: int, height: int):
         """The ProgramShape (the compile key) of a size bucket in pixels."""
-        from .program import ProgramShape
-
         return ProgramShape(self.batch, height, width, self.config.max_inference_steps)
 
     def is_compiled(self, width: int, height: int) -> bool:
@@ -215,15 +209,11 @@ class Engine:
         return np.stack(rows).astype(np.int32), truncated
 
     def _schedule(self, steps: int):
-        from .program import euler_schedule
-
         if steps not in self._schedules:
-            self._schedules[steps] = euler_schedule(self.model.scheduler.config, steps, self.config.max_inference_steps)
+            self._schedules[steps] = euler_schedule(self.model.scheduler_config, steps, self.config.max_inference_steps)
         return self._schedules[steps]
 
     def _run(self, request: GenerateRequest, progress: Callable[[str], None] = _no_progress) -> GenerateResult:
-        import jax
-
         t0 = time.perf_counter()
         if not self.is_compiled(request.width, request.height):
             progress("compiling")
@@ -235,13 +225,14 @@ class Engine:
         timesteps, sigmas, init_sigma = self._schedule(request.num_inference_steps)
         # Image i uses seed + i, wrapping past max_seed to 0, so every caption's seed is itself a valid request seed.
         seeds = [(request.seed + i) % (self.limits.max_seed + 1) for i in range(b)]
-        args = (
-            np.broadcast_to(prompt_ids, (b, 2, 77)),
-            np.broadcast_to(negative_ids, (b, 2, 77)),
-            np.full((b,), float(not request.negative_prompt), np.float32),
-            np.asarray(seeds, np.uint32),
-            np.full((b,), request.guidance_scale, np.float32),
-            timesteps, sigmas, np.int32(request.num_inference_steps), np.float32(init_sigma),
+        inputs = ProgramInputs(
+            prompt_ids=np.broadcast_to(prompt_ids, (b, 2, 77)),
+            negative_ids=np.broadcast_to(negative_ids, (b, 2, 77)),
+            negative_zero=np.full((b,), float(not request.negative_prompt), np.float32),
+            seeds=np.asarray(seeds, np.uint32),
+            guidance_scale=np.full((b,), request.guidance_scale, np.float32),
+            timesteps=timesteps, sigmas=sigmas, num_steps=np.int32(request.num_inference_steps),
+            init_noise_sigma=np.float32(init_sigma),
         )
         params = self.params
         if self.fault_injection:  # TEST-ONLY (faults.py): slow down or poison this one request
@@ -250,7 +241,7 @@ class Engine:
                 params = {**params, "vae": jax.tree.map(lambda x: x * np.nan, params["vae"])}
         progress("on device")
         t1 = time.perf_counter()
-        images, finite = program.executable(params, *args)
+        images, finite = program.executable(params, inputs)
         jax.block_until_ready(images)
         progress("to host")
         t2 = time.perf_counter()

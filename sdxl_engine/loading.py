@@ -1,33 +1,42 @@
-"""Loading SDXL components through diffusers' / transformers' Flax classes.
+"""A diffusers-format SDXL folder (local, built in, or from the hub) -> a :class:`LoadedModel`.
 
-``load_model`` accepts a built-in name, a local diffusers-format directory or a hub id, and
-returns a :class:`LoadedModel`: module objects (static, part of the compiled program), their
-parameters (arrays, cast to the storage dtype), the two tokenizers and the Euler scheduler.
-Weights load only from Flax msgpack files (diffusers / transformers ``from_pretrained`` without
-``from_pt``), never from pickles.
+The folder layout is diffusers': ``model_index.json``, then ``unet/``, ``vae/``,
+``text_encoder/``, ``text_encoder_2/`` (``config.json`` + weights, see :mod:`.weights`),
+``tokenizer/`` and ``tokenizer_2/`` (CLIP BPE: vocab.json + merges.txt, or tokenizer.json) and
+``scheduler/scheduler_config.json``. PyTorch and Flax class names are both accepted in
+``model_index.json``. Every failure is one :class:`~.weights.ModelLoadError` line that names the
+path and what to do.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import shutil
+import json
+import logging
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from transformers import CLIPTokenizer
 
 from . import builtin
+from .models import COMPONENTS, Component, build_component
+from .weights import ModelLoadError, find_weight_files, load_params
 
-_HUB_HINT = (
-    "Real SDXL needs the weights: run on a machine that reaches the Hugging Face Hub, or download "
-    "them once (huggingface-cli download stabilityai/stable-diffusion-xl-base-1.0 --revision refs/pr/95 "
-    "--local-dir sdxl-base) and start with --model ./sdxl-base. Built-in models: "
-    + ", ".join(builtin.BUILTIN_NAMES)
-)
+__all__ = ["LoadedModel", "ModelLoadError", "load_model", "resolve_dtype", "read_model_folder"]
 
-
-class ModelLoadError(RuntimeError):
-    """The model could not be found or is not an SDXL model; the message says what to do."""
+LOG = logging.getLogger("sdxl_engine")
+PIPELINES = ("StableDiffusionXLPipeline", "FlaxStableDiffusionXLPipeline")
+TOKENIZERS = ("CLIPTokenizer", "CLIPTokenizerFast")
+_HUB_HINT = ("Real SDXL needs its weights: on a machine that reaches the Hugging Face Hub use the hub id "
+             "(--model stabilityai/stable-diffusion-xl-base-1.0), or download once "
+             "(hf download stabilityai/stable-diffusion-xl-base-1.0 --local-dir sdxl-base) and start with "
+             "--model ./sdxl-base. Built-in models: " + ", ".join(builtin.BUILTIN_NAMES))
+# Files a hub snapshot needs besides the weights (never pickles).
+_HUB_META = ("model_index.json", "scheduler/scheduler_config.json", "tokenizer/", "tokenizer_2/")
 
 
 @dataclasses.dataclass
@@ -36,41 +45,58 @@ class LoadedModel:
 
     Attributes:
         name: what the user asked for (built-in name, directory or hub id).
-        text_encoder, text_encoder_2: Flax CLIP text models (the second with projection).
-        unet: FlaxUNet2DConditionModel with ``text_time`` added conditioning.
-        vae: FlaxAutoencoderKL.
-        tokenizer, tokenizer_2: CLIP tokenizers, 77 tokens each.
-        scheduler: FlaxEulerDiscreteScheduler; its state stays float32 on the host.
-        params: ``{"text_encoder", "text_encoder_2", "unet", "vae"}`` parameter trees in ``dtype``.
-        dtype: storage/compute dtype name of the parameters ("float32", "bfloat16", ...).
+        components: {"text_encoder", "text_encoder_2", "unet", "vae"} -> Component (config,
+            static module graph, parameter names and shapes).
+        params: the same keys -> {checkpoint key: array} in ``dtype`` (placed by ``place``).
+        tokenizer, tokenizer_2: transformers CLIPTokenizers (77 tokens each).
+        scheduler_config: scheduler/scheduler_config.json as a dict.
+        dtype: parameter dtype name ("float32", "bfloat16", "float16").
         load_s: seconds spent loading (and creating a built-in model the first time).
+        source: the folder the files were read from ("" for weights made in memory).
     """
 
     name: str
-    text_encoder: Any
-    text_encoder_2: Any
-    unet: Any
-    vae: Any
+    components: dict[str, Component]
+    params: dict[str, dict[str, Any]]
     tokenizer: Any
     tokenizer_2: Any
-    scheduler: Any
-    params: dict
+    scheduler_config: dict
     dtype: str
     load_s: float = 0.0
+    source: str = ""
+
+    @property
+    def unet(self):
+        return self.components["unet"].config
+
+    @property
+    def vae(self):
+        return self.components["vae"].config
 
     @property
     def vae_scale_factor(self) -> int:
         """Pixels per latent cell along each side: 2 ** (VAE blocks - 1); 8 for SDXL."""
-        return 2 ** (len(self.vae.config.block_out_channels) - 1)
+        return self.vae.scale_factor
 
     @property
     def native_size(self) -> int:
-        """The model's training resolution in pixels (1024 for SDXL base)."""
-        return self.unet.config.sample_size * self.vae_scale_factor
+        """The model's training resolution in pixels (1024 for SDXL base): UNet sample_size x VAE factor."""
+        return self.unet.sample_size * self.vae_scale_factor
+
+    @property
+    def size_multiple(self) -> int:
+        """Every image side must be a multiple of this many pixels (VAE factor x UNet downsampling)."""
+        return self.vae_scale_factor * 2 ** self.unet.downsampling
 
     @property
     def latent_channels(self) -> int:
-        return self.unet.config.in_channels
+        return self.unet.in_channels
+
+    def size_buckets(self) -> tuple[tuple[int, int], ...]:
+        """SDXL's aspect buckets (width, height) scaled to this model's native size."""
+        from .validation import size_buckets  # validation is a leaf module; imported here to keep it free of JAX
+
+        return size_buckets(self.native_size, self.size_multiple)
 
 
 def resolve_dtype(name: str, platform: str) -> str:
@@ -80,85 +106,215 @@ def resolve_dtype(name: str, platform: str) -> str:
     return "float32" if platform == "cpu" else "bfloat16"
 
 
-def builtin_path(name: str, cache_dir: str) -> Path:
-    """Directory of a built-in model, created on first use (atomically: temp dir, then rename)."""
-    out = Path(cache_dir) / f"{name}-v1"
-    if (out / "model_index.json").exists():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=out.parent)) / out.name
-    builtin.create_tiny_random(staging)
+def _read_json(path: Path) -> dict:
     try:
-        staging.rename(out)
-    except OSError:  # another process finished first: use its copy
-        pass
-    shutil.rmtree(staging.parent, ignore_errors=True)
-    return out
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ModelLoadError(f"{path} is missing; a diffusers-format SDXL folder has it") from None
+    except (OSError, ValueError) as err:
+        raise ModelLoadError(f"{path}: not readable JSON ({type(err).__name__}: {err})") from err
 
 
-def load_model(model: str, *, dtype: str, platform: str, revision: str = "", cache_dir: str) -> LoadedModel:
-    """Load an SDXL model.
-
-    Args:
-        model: ``tiny-shapes`` (shipped in assets/), ``tiny-random``, a local diffusers-format
-            directory, or a hub id.
-        dtype: ``auto``/``float32``/``bfloat16``/``float16`` for parameters and compute.
-        platform: JAX backend platform ("cpu", "gpu", "tpu"), for ``auto``.
-        revision: hub revision; ignored for local directories.
-        cache_dir: where built-in models are created.
+def read_model_folder(folder: Path) -> dict[str, Component]:
+    """Check ``model_index.json`` and build every component from its config.json (no weights).
 
     Raises:
-        ModelLoadError: missing directory, a directory that is not SDXL, or a hub id that cannot
-            be fetched (offline, unknown, gated); the message names what was looked for.
+        ModelLoadError: not a diffusers folder, not SDXL (an SD 1.x/2.x folder, a refiner), a
+            component missing or of an unknown class, a config the modules do not support, or
+            components whose sizes do not fit together.
     """
-    import jax.numpy as jnp
-    from diffusers import FlaxEulerDiscreteScheduler, FlaxStableDiffusionXLPipeline
+    index = _read_json(folder / "model_index.json")
+    kind = index.get("_class_name", "?")
+    if kind not in PIPELINES:
+        what = ("an SD 1.x/2.x folder" if kind in ("StableDiffusionPipeline", "FlaxStableDiffusionPipeline")
+                else "not a text-to-image SDXL pipeline")
+        raise ModelLoadError(f"{folder} holds a {kind} ({what}); this engine runs SDXL: a StableDiffusionXLPipeline "
+                             "with text_encoder_2 and a text_time UNet. " + _HUB_HINT)
+    components = {}
+    for name, (_, _, classes) in COMPONENTS.items():
+        entry = index.get(name)
+        if not entry or entry[-1] is None:
+            raise ModelLoadError(f"{folder}/model_index.json has no {name}; SDXL text-to-image needs "
+                                 f"{', '.join(COMPONENTS)}")
+        if entry[-1] not in classes:
+            raise ModelLoadError(f"{folder}: {name} is a {entry[-1]}; expected {' or '.join(classes)}")
+        config_path = folder / name / "config.json"
+        try:
+            components[name] = build_component(name, _read_json(config_path))
+        except (ValueError, KeyError, TypeError) as err:
+            raise ModelLoadError(f"{config_path}: {err}") from err
+    for name in ("tokenizer", "tokenizer_2"):
+        entry = index.get(name)
+        if not entry or entry[-1] not in TOKENIZERS:
+            raise ModelLoadError(f"{folder}/model_index.json: {name} must be a CLIPTokenizer, got {entry}")
+    _check_sizes(folder, components)
+    return components
 
+
+def _check_sizes(folder: Path, c: dict[str, Component]) -> None:
+    unet, te1, te2 = c["unet"].config, c["text_encoder"].config, c["text_encoder_2"].config
+    hidden = te1.hidden_size + te2.hidden_size
+    if any(d != hidden for d in unet.cross_attention_dim):
+        raise ModelLoadError(f"{folder}: unet cross_attention_dim {unet.cross_attention_dim} must equal the two text "
+                             f"encoders' hidden sizes together ({te1.hidden_size} + {te2.hidden_size})")
+    added = 6 * unet.addition_time_embed_dim + te2.projection_dim
+    if unet.projection_class_embeddings_input_dim != added:
+        raise ModelLoadError(f"{folder}: unet projection_class_embeddings_input_dim "
+                             f"{unet.projection_class_embeddings_input_dim} must be 6 x addition_time_embed_dim + "
+                             f"text_encoder_2 projection_dim = {added}")
+    if c["vae"].config.latent_channels != unet.in_channels:
+        raise ModelLoadError(f"{folder}: vae latent_channels {c['vae'].config.latent_channels} != unet in_channels "
+                             f"{unet.in_channels}")
+
+
+def _tokenizer(folder: Path):
+    try:
+        return CLIPTokenizer.from_pretrained(str(folder))
+    except (OSError, ValueError, TypeError) as err:
+        raise ModelLoadError(f"{folder}: not a CLIP tokenizer (vocab.json + merges.txt or tokenizer.json): "
+                             f"{type(err).__name__}: {err}") from err
+
+
+def load_folder(folder: Path, name: str, dtype: str, sharding=None, variant: str = "",
+                log: Callable[[str], None] = LOG.info) -> LoadedModel:
+    """Load every component of a diffusers-format SDXL folder.
+
+    Args:
+        folder: the model folder; name: what to call it in logs and images.
+        dtype: "float32", "bfloat16" or "float16" (the parameters' dtype).
+        sharding: where each parameter goes as soon as it is read (``jax.device_put``), so no
+            host copy of the whole model is held; None = the default device.
+        variant: preferred weight variant ("fp16"); others are used when it is absent.
+    Raises:
+        ModelLoadError: see :func:`read_model_folder` and :mod:`.weights`.
+    """
+    start = time.perf_counter()
+    components = read_model_folder(folder)
+    target = jnp.dtype(dtype)
+    place = lambda array: jax.device_put(array, sharding)  # noqa: E731
+    params = {}
+    for cname, component in components.items():
+        files = find_weight_files(folder / cname, variant)
+        params[cname] = load_params(component, files, target, place)
+        log(f"[sdxl_engine] {cname}: {files[0].name}{f' (+{len(files) - 1} shards)' if len(files) > 1 else ''}")
+    return LoadedModel(
+        name=name, components=components, params=params,
+        tokenizer=_tokenizer(folder / "tokenizer"), tokenizer_2=_tokenizer(folder / "tokenizer_2"),
+        scheduler_config=_read_json(folder / "scheduler" / "scheduler_config.json"),
+        dtype=dtype, load_s=time.perf_counter() - start, source=str(folder))
+
+
+def _variant_of(filename: str) -> str:
+    """``x.safetensors``, ``x-00001-of-00002.safetensors``, ``x.safetensors.index.json`` -> "";
+    ``x.fp16.safetensors``, ``x.fp16-00001-of-00002.safetensors``, ``x.safetensors.index.fp16.json`` -> "fp16"."""
+    if ".safetensors.index" in filename:
+        parts = filename.split(".safetensors.index")[1].split(".")
+        return parts[1] if len(parts) == 3 else ""
+    parts = filename[: -len(".safetensors")].split(".")
+    return parts[1].split("-")[0] if len(parts) > 1 else ""
+
+
+def hub_files(files: list[str], variant: str = "") -> list[str]:
+    """The repository files a hub snapshot needs: metadata, configs, tokenizers, one weight set per component.
+
+    Per component the preference of :func:`.weights.find_weight_files`: the variant's
+    safetensors, the plain ones, another variant's, then Flax msgpack; pickles never.
+    """
+    wanted = [f for f in files if f.startswith(_HUB_META) or f.endswith("/config.json")]
+    for name in COMPONENTS:
+        inside = [f[len(name) + 1:] for f in files if f.startswith(name + "/") and "/" not in f[len(name) + 1:]]
+        safetensors = [f for f in inside if f.endswith(".safetensors") or ".safetensors.index" in f]
+        variants = sorted({_variant_of(f) for f in safetensors})
+        for choice in ([variant] if variant else []) + [""] + variants:
+            if choice in variants:
+                wanted += [f"{name}/{f}" for f in safetensors if _variant_of(f) == choice]
+                break
+        else:
+            wanted += [f"{name}/{f}" for f in inside if f.endswith(".msgpack")]
+    return sorted(set(wanted))
+
+
+def hub_snapshot(repo_id: str, revision: str = "", variant: str = "") -> Path:
+    """Download (or find in the local cache) only the files :func:`hub_files` selects.
+
+    Raises ModelLoadError when the hub cannot be reached and the cache does not have the files,
+    for an unknown or gated repository, or a revision that does not exist.
+    """
+    from huggingface_hub import HfApi, snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled
+
+    kwargs = {"revision": revision or None}
+    try:
+        try:
+            patterns = hub_files(HfApi().list_repo_files(repo_id, **kwargs), variant)
+        except (OSError, OfflineModeIsEnabled, HfHubHTTPError):  # offline: whatever the local cache has
+            return Path(snapshot_download(repo_id, local_files_only=True, **kwargs))
+        return Path(snapshot_download(repo_id, allow_patterns=patterns, **kwargs))
+    except (OSError, ValueError, LocalEntryNotFoundError, OfflineModeIsEnabled, HfHubHTTPError) as err:
+        raise ModelLoadError(f"could not load SDXL model {repo_id!r} from the hub ({type(err).__name__}: "
+                             f"{str(err).splitlines()[0][:200]}). {_HUB_HINT}") from err
+
+
+def load_model(model: str, *, dtype: str, platform: str, revision: str = "", variant: str = "", cache_dir: str,
+               sharding=None, log: Callable[[str], None] = LOG.info) -> LoadedModel:
+    """Load an SDXL model by name: built-in, a local folder, or a hub id.
+
+    Args:
+        model: ``tiny-shapes`` (shipped in assets/), ``tiny-random``, ``sdxl-base-random``, a
+            local diffusers-format directory, or a hub id (``owner/name``).
+        dtype: ``auto``/``float32``/``bfloat16``/``float16``; platform: JAX backend ("cpu", "gpu", "tpu").
+        revision: hub revision (branch, tag or commit); ignored for local folders.
+        variant: preferred weight variant ("fp16"); cache_dir: where built-in models are created.
+        sharding: see :func:`load_folder`.
+    Raises:
+        ModelLoadError: one line naming the path or id and what to do.
+    """
     start = time.perf_counter()
     dtype = resolve_dtype(dtype, platform)
-    if model == "sdxl-base-random":  # real architecture, random weights, built on the device
-        from .fullsize import random_model
-
-        return random_model(dtype_name=dtype)
-    if model == "tiny-shapes":
-        if not (builtin.TINY_SHAPES_DIR / "model_index.json").is_file():
-            raise ModelLoadError(f"the shipped model is missing from {builtin.TINY_SHAPES_DIR}; "
-                                 "recreate it with: python -m sdxl_engine.train")
-        source = str(builtin.TINY_SHAPES_DIR)
-    elif model in builtin.BUILTIN_NAMES:
-        source = str(builtin_path(model, cache_dir))
+    if model == "sdxl-base-random":
+        return random_model(builtin.SDXL_BASE_CONFIGS, model, dtype, sharding)
+    if model in builtin.BUILTIN_NAMES:
+        try:
+            folder = builtin.model_path(model, cache_dir)
+        except FileNotFoundError as err:
+            raise ModelLoadError(str(err)) from err
     elif Path(model).expanduser().exists():
-        source = str(Path(model).expanduser())
-        if not (Path(source) / "model_index.json").is_file():
-            raise ModelLoadError(f"{source} is not a diffusers-format model directory (no model_index.json). {_HUB_HINT}")
+        folder = Path(model).expanduser()
+        if folder.is_file():
+            raise ModelLoadError(_single_file_message(folder))
+        if not (folder / "model_index.json").is_file():
+            raise ModelLoadError(f"{folder} is not a diffusers-format model directory (no model_index.json). {_HUB_HINT}")
     elif model.startswith((".", "/", "~")) or model.count("/") != 1:
         raise ModelLoadError(f"model {model!r} is neither a built-in name, an existing directory nor a hub id. {_HUB_HINT}")
     else:
-        source = model
-    kwargs = {"revision": revision} if revision and source == model else {}
-    if platform != "cpu":
-        kwargs["split_head_dim"] = True  # the blog's TPU setting: attention heads as a separate axis
-    try:
-        pipe, params = FlaxStableDiffusionXLPipeline.from_pretrained(source, dtype=getattr(jnp, dtype), **kwargs)
-    except Exception as err:  # diffusers raises OSError, ValueError, EnvironmentError, HTTP errors...
-        raise ModelLoadError(f"could not load SDXL model {model!r} ({type(err).__name__}: {err}). {_HUB_HINT}") from err
-    unet_cfg = pipe.unet.config
-    if getattr(pipe, "text_encoder_2", None) is None or unet_cfg.addition_embed_type != "text_time":
-        raise ModelLoadError(f"{model!r} is not an SDXL model (needs text_encoder_2 and a text_time UNet). {_HUB_HINT}")
-    params = dict(params)
-    params.pop("scheduler", None)  # recomputed on the host in float32 per step count
-    cast = getattr(jnp, dtype)
-    params = {k: _cast_tree(v, cast) for k, v in params.items()}
-    return LoadedModel(
-        name=model, text_encoder=pipe.text_encoder, text_encoder_2=pipe.text_encoder_2, unet=pipe.unet,
-        vae=pipe.vae, tokenizer=pipe.tokenizer, tokenizer_2=pipe.tokenizer_2,
-        scheduler=FlaxEulerDiscreteScheduler.from_config(pipe.scheduler.config),  # the blog's sampler
-        params=params, dtype=dtype, load_s=time.perf_counter() - start,
-    )
+        folder = hub_snapshot(model, revision, variant)
+    loaded = load_folder(folder, model, dtype, sharding, variant, log)
+    loaded.load_s = time.perf_counter() - start
+    return loaded
 
 
-def _cast_tree(tree, dtype):
-    import jax
-    import jax.numpy as jnp
+def _single_file_message(path: Path) -> str:
+    return (f"{path} is a single file; this engine loads diffusers-format folders (model_index.json and one "
+            "folder per component). Single-file A1111/ComfyUI checkpoints are not supported: convert it once with "
+            "diffusers (StableDiffusionXLPipeline.from_single_file(path).save_pretrained(dir, "
+            "safe_serialization=True)) and start with --model dir.")
 
-    return jax.tree.map(lambda x: jnp.asarray(x, dtype) if jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating) else x, tree)
+
+def random_model(configs: dict[str, dict], name: str, dtype: str, sharding=None, seed: int = 0) -> LoadedModel:
+    """An SDXL-architecture model with random weights made on the devices, for timing without a download.
+
+    Each component's parameters come from one jitted initialiser that writes them in ``dtype``
+    straight into their sharding, so the host never holds a float32 copy. Tokenizers are the
+    project's own (any text tokenizes); the scheduler is SDXL base's.
+    """
+    start = time.perf_counter()
+    components = {n: build_component(n, configs[n]) for n in COMPONENTS}
+    keys = jax.random.split(jax.random.key(seed), len(components))
+    params = {n: jax.jit(c.init, static_argnums=1, out_shardings=sharding)(k, jnp.dtype(dtype))
+              for k, (n, c) in zip(keys, components.items())}
+    with tempfile.TemporaryDirectory() as tmp:
+        builtin.write_tokenizers(Path(tmp))
+        tokenizers = [_tokenizer(Path(tmp) / sub) for sub in ("tokenizer", "tokenizer_2")]
+    return LoadedModel(name=name, components=components, params=params, tokenizer=tokenizers[0],
+                       tokenizer_2=tokenizers[1], scheduler_config=dict(builtin.SDXL_SCHEDULER), dtype=dtype,
+                       load_s=time.perf_counter() - start)

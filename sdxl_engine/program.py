@@ -1,24 +1,15 @@
 """The compiled program: text encoders, CFG denoising loop and VAE decode in one jitted function.
 
-Static (bound before compiling; changing any of them compiles a new program): the module
-objects, the batch size, the image height and width, the largest step count and the
-prediction type. Everything that changes per request is a traced array argument, so a new
-prompt, negative prompt, seed, guidance scale or step count (up to ``max_steps``) reuses the
-same executable:
+Static (bound before compiling; changing any of them compiles a new program): the model's
+modules (their graph definitions), the batch size, the image height and width, the largest
+step count and the prediction type. Everything that changes per request is a traced array in
+:class:`ProgramInputs`, so a new prompt, negative prompt, seed, guidance scale or step count (up
+to ``max_steps``) reuses the same executable.
 
-====================  ========================  =========  ==========================================
-argument              shape                     dtype      meaning
-====================  ========================  =========  ==========================================
-prompt_ids            (batch, 2, 77)            int32      token ids for tokenizer and tokenizer_2
-negative_ids          (batch, 2, 77)            int32      the same for the negative prompt
-negative_zero         (batch,)                  float32    1 = empty negative prompt: zero embeddings
-seeds                 (batch,)                  uint32     image i's initial noise comes from seed i
-guidance_scale        (batch,)                  float32    classifier-free guidance scale
-timesteps             (max_steps,)              float32    Euler timesteps, padded after num_steps
-sigmas                (max_steps + 1,)          float32    Euler sigmas, sigmas[num_steps] = 0
-num_steps             ()                        int32      denoising steps to run (1..max_steps)
-init_noise_sigma      ()                        float32    scale of the initial noise
-====================  ========================  =========  ==========================================
+The initial noise of image i is ``jax.random.normal(jax.random.key(seed_i), (C, H/f, W/f),
+float32)`` (channels-first; f the VAE factor, 8 for SDXL), with ``seed_i = seed + i`` for the
+request's seed, times the scheduler's ``init_noise_sigma``: any implementation can reproduce an
+image from its seed with JAX's threefry generator.
 
 Outputs: ``images`` (batch, height, width, 3) uint8, channels-last, 0..255; ``finite`` (batch,)
 bool, False where the decoded image held NaN or inf (the caller reports an error instead of
@@ -37,9 +28,10 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from .sharding import DATA_AXIS, batch_sharded, check_batch, replicated
+from .loading import LoadedModel
+from .sharding import DATA_AXIS, check_batch
 
 TOKENS = 77  # CLIP context length of both SDXL tokenizers
 
@@ -52,6 +44,57 @@ class ProgramShape:
     height: int  # pixels
     width: int  # pixels
     max_steps: int  # longest denoising loop the padded sigmas allow
+    given_latents: bool = False  # True: initial latents come in ProgramInputs.latents (tests, tools)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class ProgramInputs:
+    """Everything that changes per request, as arrays: one pytree, its sharding declared once.
+
+    ====================  ========================  =========  ======================================
+    field                 shape                     dtype      meaning
+    ====================  ========================  =========  ======================================
+    prompt_ids            (batch, 2, 77)            int32      token ids for tokenizer and tokenizer_2
+    negative_ids          (batch, 2, 77)            int32      the same for the negative prompt
+    negative_zero         (batch,)                  float32    1 = empty negative prompt: zero embeddings
+    seeds                 (batch,)                  uint32     image i's initial noise comes from seed i
+    guidance_scale        (batch,)                  float32    classifier-free guidance scale
+    timesteps             (max_steps,)              float32    scheduler timesteps, padded after num_steps
+    sigmas                (max_steps + 1,)          float32    Euler sigmas, sigmas[num_steps] = 0
+    num_steps             ()                        int32      denoising steps to run (1..max_steps)
+    init_noise_sigma      ()                        float32    scale of the initial noise
+    latents               (batch, C, h, w) or None  float32    given initial noise (given_latents only)
+    ====================  ========================  =========  ======================================
+    """
+
+    prompt_ids: jax.Array
+    negative_ids: jax.Array
+    negative_zero: jax.Array
+    seeds: jax.Array
+    guidance_scale: jax.Array
+    timesteps: jax.Array
+    sigmas: jax.Array
+    num_steps: jax.Array
+    init_noise_sigma: jax.Array
+    latents: jax.Array | None = None
+
+    @staticmethod
+    def specs(given_latents: bool = False) -> "ProgramInputs":
+        """PartitionSpecs: per-image fields split over ``data``, the schedule replicated."""
+        d, r = P(DATA_AXIS), P()
+        return ProgramInputs(d, d, d, d, d, r, r, r, r, d if given_latents else None)
+
+    @staticmethod
+    def abstract(shape: ProgramShape, latent_shape: tuple[int, int, int], mesh: Mesh) -> "ProgramInputs":
+        """ShapeDtypeStructs with their shardings, for lowering ahead of time."""
+        b, n, s = shape.batch, shape.max_steps, jax.ShapeDtypeStruct
+        structs = ProgramInputs(
+            s((b, 2, TOKENS), jnp.int32), s((b, 2, TOKENS), jnp.int32), s((b,), jnp.float32), s((b,), jnp.uint32),
+            s((b,), jnp.float32), s((n,), jnp.float32), s((n + 1,), jnp.float32), s((), jnp.int32), s((), jnp.float32),
+            s((b, *latent_shape), jnp.float32) if shape.given_latents else None)
+        return jax.tree.map(lambda x, spec: s(x.shape, x.dtype, sharding=NamedSharding(mesh, spec)), structs,
+                            ProgramInputs.specs(shape.given_latents))
 
 
 @dataclasses.dataclass
@@ -59,41 +102,51 @@ class CompiledProgram:
     """An ahead-of-time compiled executable and what it took to build."""
 
     shape: ProgramShape
-    executable: Callable
+    executable: Callable  # (params, ProgramInputs) -> (images, finite)
     compile_s: float  # seconds to lower and compile (includes a persistent-cache hit)
     flops: float | None  # XLA's cost analysis of the whole program (all devices), if reported
 
 
-def euler_schedule(config, num_steps: int, max_steps: int) -> tuple[np.ndarray, np.ndarray, float]:
+def euler_schedule(config: dict, num_steps: int, max_steps: int) -> tuple[np.ndarray, np.ndarray, float]:
     """Euler discrete timesteps and sigmas on the host, padded to ``max_steps``.
 
-    Same numbers as diffusers' ``FlaxEulerDiscreteScheduler.set_timesteps`` (``linspace`` and
-    ``leading`` spacing, ``scaled_linear``/``linear`` betas), computed with numpy so a new step
-    count costs no device dispatch. Sigma formula: sigma = sqrt((1 - alphā) / alphā) (Karras et
-    al. 2022, k-diffusion), interpolated at the chosen timesteps.
+    The numbers of diffusers' ``EulerDiscreteScheduler.set_timesteps`` (``linspace``,
+    ``leading`` and ``trailing`` spacing, ``scaled_linear``/``linear`` betas), computed with numpy
+    so a new step count costs no device dispatch. Sigma formula: sigma = sqrt((1 - alphā) / alphā)
+    (Karras et al. 2022, k-diffusion), interpolated at the chosen timesteps.
 
+    Args:
+        config: scheduler_config.json fields (num_train_timesteps, beta_start, beta_end,
+            beta_schedule, timestep_spacing, steps_offset).
     Returns:
         timesteps (max_steps,) float32, sigmas (max_steps + 1,) float32 (zero after the last
         real sigma), init_noise_sigma (float).
+    Raises:
+        ValueError: a beta schedule or spacing this engine does not implement.
     """
-    n_train = config.num_train_timesteps
-    if config.beta_schedule == "scaled_linear":
-        betas = np.linspace(config.beta_start**0.5, config.beta_end**0.5, n_train, dtype=np.float32) ** 2
-    elif config.beta_schedule == "linear":
-        betas = np.linspace(config.beta_start, config.beta_end, n_train, dtype=np.float32)
+    n_train = config.get("num_train_timesteps", 1000)
+    beta_start, beta_end = config.get("beta_start", 0.0001), config.get("beta_end", 0.02)
+    schedule = config.get("beta_schedule", "linear")
+    if schedule == "scaled_linear":
+        betas = np.linspace(beta_start**0.5, beta_end**0.5, n_train, dtype=np.float32) ** 2
+    elif schedule == "linear":
+        betas = np.linspace(beta_start, beta_end, n_train, dtype=np.float32)
     else:
-        raise ValueError(f"beta_schedule {config.beta_schedule!r} is not supported (scaled_linear, linear)")
+        raise ValueError(f"beta_schedule {schedule!r} is not supported (scaled_linear, linear)")
     alphas_cumprod = np.cumprod(1.0 - betas, dtype=np.float32)
-    if config.timestep_spacing == "linspace":
-        timesteps = np.linspace(n_train - 1, 0, num_steps, dtype=np.float32)
-    elif config.timestep_spacing == "leading":
+    spacing = config.get("timestep_spacing", "linspace")
+    if spacing == "linspace":
+        timesteps = np.linspace(0, n_train - 1, num_steps, dtype=np.float32)[::-1].copy()
+    elif spacing == "leading":
         ratio = n_train // num_steps
-        timesteps = (np.arange(num_steps) * ratio).round()[::-1].astype(np.float32) + 1  # diffusers' steps_offset
+        timesteps = (np.arange(num_steps) * ratio).round()[::-1].astype(np.float32) + config.get("steps_offset", 0)
+    elif spacing == "trailing":
+        timesteps = (np.round(np.arange(n_train, 0, -n_train / num_steps)) - 1).astype(np.float32)
     else:
-        raise ValueError(f"timestep_spacing {config.timestep_spacing!r} is not supported (linspace, leading)")
+        raise ValueError(f"timestep_spacing {spacing!r} is not supported (linspace, leading, trailing)")
     all_sigmas = ((1 - alphas_cumprod) / alphas_cumprod) ** 0.5
     sigmas = np.interp(timesteps, np.arange(n_train), all_sigmas).astype(np.float32)
-    init = float(sigmas.max()) if config.timestep_spacing == "linspace" else float((sigmas.max() ** 2 + 1) ** 0.5)
+    init = float(sigmas.max()) if spacing in ("linspace", "trailing") else float((sigmas.max() ** 2 + 1) ** 0.5)
     padded_t = np.zeros(max_steps, np.float32)
     padded_t[:num_steps] = timesteps
     padded_s = np.zeros(max_steps + 1, np.float32)
@@ -101,26 +154,38 @@ def euler_schedule(config, num_steps: int, max_steps: int) -> tuple[np.ndarray, 
     return padded_t, padded_s, init
 
 
-def encode_prompts(model, params, ids):
+def encode_prompts(components: dict, params: dict, ids: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Both CLIP text encoders, SDXL style (penultimate hidden states, pooled projection).
 
     Args:
+        components, params: a model's Components and parameters, by component name.
         ids: (n, 2, 77) int32 token ids; [:, 0] for text_encoder, [:, 1] for text_encoder_2.
     Returns:
         encoder_hidden_states (n, 77, hidden_1 + hidden_2) and text_embeds (n, projection_2), in
-        the model's dtype.
+        the parameters' dtype (diffusers' ``StableDiffusionXLPipeline.encode_prompt``).
     """
-    out_1 = model.text_encoder(ids[:, 0], params=params["text_encoder"], output_hidden_states=True)
-    out_2 = model.text_encoder_2(ids[:, 1], params=params["text_encoder_2"], output_hidden_states=True)
-    hidden = jnp.concatenate([out_1.hidden_states[-2], out_2.hidden_states[-2]], axis=-1)  # (n, 77, h1 + h2)
+    te1 = components["text_encoder"].bind(params["text_encoder"])
+    te2 = components["text_encoder_2"].bind(params["text_encoder_2"])
+    out_1 = te1(ids[:, 0], penultimate_only=True)
+    out_2 = te2(ids[:, 1])
+    hidden = jnp.concatenate([out_1.penultimate, out_2.penultimate], axis=-1)  # (n, 77, h1 + h2)
     return hidden, out_2.text_embeds  # text_embeds: (n, projection_dim)
+
+
+def cfg_combine(noise_uncond: jax.Array, noise_text: jax.Array, guidance_scale: jax.Array) -> jax.Array:
+    """Classifier-free guidance (Ho & Salimans 2022): uncond + g (text - uncond).
+
+    Shapes (b, c, h, w) float32 for the predictions, (b,) for ``guidance_scale``; diffusers'
+    ``StableDiffusionXLPipeline`` denoising loop.
+    """
+    return noise_uncond + guidance_scale[:, None, None, None] * (noise_text - noise_uncond)
 
 
 def euler_step(latents, model_output, sigma, sigma_next, prediction_type: str):
     """One Euler step x_{i+1} = x_i + d_i (sigma_{i+1} - sigma_i) (Karras et al. 2022, Alg. 2).
 
-    The derivative d = (x - x0_pred) / sigma is diffusers' FlaxEulerDiscreteScheduler.step. All
-    float32: latents (b, c, h, w), model_output like latents, sigmas scalars.
+    The derivative d = (x - x0_pred) / sigma is diffusers' ``EulerDiscreteScheduler.step`` (no
+    churn). All float32: latents (b, c, h, w), model_output like latents, sigmas scalars.
     """
     if prediction_type == "epsilon":
         pred_original = latents - sigma * model_output
@@ -132,55 +197,64 @@ def euler_step(latents, model_output, sigma, sigma_next, prediction_type: str):
     return latents + derivative * (sigma_next - sigma)
 
 
-def build_generate(model, shape: ProgramShape, python_loop: bool = False) -> Callable:
-    """The per-device generate function for ``shape`` (see the module docstring for arguments).
+def initial_noise(seeds: jax.Array, latent_shape: tuple[int, int, int]) -> jax.Array:
+    """(b,) uint32 seeds -> (b, C, h, w) float32 standard normal noise, image i from its own seed."""
+    return jax.vmap(lambda s: jax.random.normal(jax.random.key(s), latent_shape, jnp.float32))(seeds)
+
+
+def latent_shape(model: LoadedModel, height: int, width: int) -> tuple[int, int, int]:
+    """(C, h, w) of the latents of a height x width image."""
+    f = model.vae_scale_factor
+    return (model.latent_channels, height // f, width // f)
+
+
+def build_generate(model: LoadedModel, shape: ProgramShape, python_loop: bool = False) -> Callable:
+    """The per-device generate function ``(params, inputs: ProgramInputs) -> (images, finite)``.
 
     Args:
-        model: a LoadedModel (module objects and scheduler config; params come as an argument).
+        model: a LoadedModel (module graphs and configs; params come as an argument).
         python_loop: run the denoising steps in a Python loop instead of ``lax.fori_loop``
             (debugging only: needs a concrete ``num_steps``, i.e. no jit).
     """
-    factor = model.vae_scale_factor
-    latent_shape = (model.latent_channels, shape.height // factor, shape.width // factor)
-    prediction_type = model.scheduler.config.prediction_type
-    scaling_factor = model.vae.config.scaling_factor
+    noise_shape = latent_shape(model, shape.height, shape.width)
+    prediction_type = model.scheduler_config.get("prediction_type", "epsilon")
+    vae_cfg = model.vae
+    unet_component, vae_component = model.components["unet"], model.components["vae"]
 
-    def generate(params, prompt_ids, negative_ids, negative_zero, seeds, guidance_scale,
-                 timesteps, sigmas, num_steps, init_noise_sigma):
-        b = prompt_ids.shape[0]
+    def generate(params, inputs: ProgramInputs):
+        b = inputs.prompt_ids.shape[0]
+        unet, vae = unet_component.bind(params["unet"]), vae_component.bind(params["vae"])
         # 1. Text: negative and positive prompts in one encoder batch, negatives first.
-        hidden, text_embeds = encode_prompts(model, params, jnp.concatenate([negative_ids, prompt_ids]))  # (2b, 77, D)
-        keep = jnp.concatenate([1.0 - negative_zero, jnp.ones((b,), jnp.float32)]).astype(hidden.dtype)  # (2b,)
+        ids = jnp.concatenate([inputs.negative_ids, inputs.prompt_ids])  # (2b, 2, 77)
+        hidden, text_embeds = encode_prompts(model.components, params, ids)  # (2b, 77, D), (2b, P)
+        keep = jnp.concatenate([1.0 - inputs.negative_zero, jnp.ones((b,), jnp.float32)]).astype(hidden.dtype)
         hidden = hidden * keep[:, None, None]  # empty negative prompt -> zeros, as SDXL base does
         text_embeds = text_embeds * keep[:, None]
-        size = jnp.array([shape.height, shape.width, 0, 0, shape.height, shape.width], hidden.dtype)
+        size = jnp.array([shape.height, shape.width, 0, 0, shape.height, shape.width], jnp.float32)
         add_time_ids = jnp.broadcast_to(size, (2 * b, 6))  # original size, crop top-left, target size
-        cond = {"text_embeds": text_embeds, "time_ids": add_time_ids}
 
         # 2. Initial noise, float32: image i from its own seed, whatever device it lands on.
-        latents = jax.vmap(lambda s: jax.random.normal(jax.random.key(s), latent_shape, jnp.float32))(seeds)
-        latents = latents * init_noise_sigma  # (b, c, h, w)
+        noise = inputs.latents if shape.given_latents else initial_noise(inputs.seeds, noise_shape)
+        latents = noise * inputs.init_noise_sigma  # (b, c, h, w)
 
         # 3. Denoising loop: CFG over a doubled batch, Euler step in float32.
         def step(i, latents):
-            sigma, sigma_next = sigmas[i], sigmas[i + 1]
+            sigma, sigma_next = inputs.sigmas[i], inputs.sigmas[i + 1]
             x = jnp.concatenate([latents, latents]) / jnp.sqrt(sigma**2 + 1)  # (2b, c, h, w)
-            t = jnp.broadcast_to(timesteps[i].astype(jnp.int32), (2 * b,))
-            noise = model.unet.apply({"params": params["unet"]}, x.astype(hidden.dtype), t,
-                                     encoder_hidden_states=hidden, added_cond_kwargs=cond).sample
-            noise_uncond, noise_text = jnp.split(noise.astype(jnp.float32), 2)  # (b, c, h, w) each
-            noise = noise_uncond + guidance_scale[:, None, None, None] * (noise_text - noise_uncond)
-            return euler_step(latents, noise, sigma, sigma_next, prediction_type)
+            t = jnp.broadcast_to(inputs.timesteps[i], (2 * b,))
+            out = unet(x, t, hidden, text_embeds, add_time_ids).astype(jnp.float32)
+            noise_uncond, noise_text = jnp.split(out, 2)  # (b, c, h, w) each
+            return euler_step(latents, cfg_combine(noise_uncond, noise_text, inputs.guidance_scale), sigma, sigma_next,
+                              prediction_type)
 
         if python_loop:
-            for i in range(int(num_steps)):
+            for i in range(int(inputs.num_steps)):
                 latents = step(i, latents)
         else:
-            latents = jax.lax.fori_loop(0, num_steps, step, latents)
+            latents = jax.lax.fori_loop(0, inputs.num_steps, step, latents)
 
         # 4. VAE decode, then channels-first [-1, 1] -> channels-last uint8 [0, 255].
-        decoded = model.vae.apply({"params": params["vae"]}, (latents / scaling_factor).astype(hidden.dtype),
-                                  method=model.vae.decode).sample.astype(jnp.float32)  # (b, 3, H, W)
+        decoded = vae.decode(unscale_latents(latents, vae_cfg)).astype(jnp.float32)  # (b, 3, H, W)
         finite = jnp.isfinite(decoded).all(axis=(1, 2, 3))
         pixels = jnp.clip(decoded / 2 + 0.5, 0.0, 1.0).transpose(0, 2, 3, 1)  # (b, H, W, 3)
         return jnp.round(pixels * 255).astype(jnp.uint8), finite
@@ -188,42 +262,29 @@ def build_generate(model, shape: ProgramShape, python_loop: bool = False) -> Cal
     return generate
 
 
-def abstract_inputs(shape: ProgramShape, mesh: Mesh) -> tuple:
-    """ShapeDtypeStructs (with shardings) of the per-request arguments, for lowering."""
-    b, sb, rep = shape.batch, batch_sharded(mesh), replicated(mesh)
-    s = jax.ShapeDtypeStruct
-    return (
-        s((b, 2, TOKENS), jnp.int32, sharding=sb),
-        s((b, 2, TOKENS), jnp.int32, sharding=sb),
-        s((b,), jnp.float32, sharding=sb),
-        s((b,), jnp.uint32, sharding=sb),
-        s((b,), jnp.float32, sharding=sb),
-        s((shape.max_steps,), jnp.float32, sharding=rep),
-        s((shape.max_steps + 1,), jnp.float32, sharding=rep),
-        s((), jnp.int32, sharding=rep),
-        s((), jnp.float32, sharding=rep),
-    )
+def unscale_latents(latents: jax.Array, vae_cfg) -> jax.Array:
+    """Latents the UNet works on -> what the VAE decodes: / scaling_factor (+ shift_factor),
+    as diffusers' SDXL pipeline does before ``vae.decode``. (b, c, h, w) float32."""
+    out = latents / vae_cfg.scaling_factor
+    return out + vae_cfg.shift_factor if vae_cfg.shift_factor else out
 
 
-def jit_program(model, shape: ProgramShape, mesh: Mesh):
+def jit_program(model: LoadedModel, shape: ProgramShape, mesh: Mesh):
     """``jax.jit`` of the sharded program with explicit in/out shardings (not yet compiled)."""
     check_batch(shape.batch, mesh)
-    spec_b, spec_r = P(DATA_AXIS), P()
-    sharded = jax.shard_map(
-        build_generate(model, shape),
-        mesh=mesh,
-        in_specs=(spec_r, spec_b, spec_b, spec_b, spec_b, spec_b, spec_r, spec_r, spec_r, spec_r),
-        out_specs=(spec_b, spec_b),
-    )
-    sb, rep = batch_sharded(mesh), replicated(mesh)
-    return jax.jit(sharded, in_shardings=(rep, sb, sb, sb, sb, sb, rep, rep, rep, rep), out_shardings=(sb, sb))
+    specs = ProgramInputs.specs(shape.given_latents)
+    sharded = jax.shard_map(build_generate(model, shape), mesh=mesh, in_specs=(P(), specs),
+                            out_specs=(P(DATA_AXIS), P(DATA_AXIS)))
+    shardings = jax.tree.map(lambda spec: NamedSharding(mesh, spec), specs)
+    batch = NamedSharding(mesh, P(DATA_AXIS))
+    return jax.jit(sharded, in_shardings=(NamedSharding(mesh, P()), shardings), out_shardings=(batch, batch))
 
 
-def compile_program(model, params, shape: ProgramShape, mesh: Mesh) -> CompiledProgram:
+def compile_program(model: LoadedModel, params, shape: ProgramShape, mesh: Mesh) -> CompiledProgram:
     """Lower and compile ahead of time for ``shape``; ``params`` may be arrays or ShapeDtypeStructs."""
     start = time.perf_counter()
-    lowered = jit_program(model, shape, mesh).lower(params, *abstract_inputs(shape, mesh))
-    executable = lowered.compile()
+    abstract = ProgramInputs.abstract(shape, latent_shape(model, shape.height, shape.width), mesh)
+    executable = jit_program(model, shape, mesh).lower(params, abstract).compile()
     flops = None
     try:
         cost = executable.cost_analysis()

@@ -1,14 +1,15 @@
 """Building blocks in Flax NNX with PyTorch's parameter names and layouts.
 
-Every parameter is stored exactly as the PyTorch checkpoint stores it: ``Linear.weight`` is
-(out_features, in_features), ``Conv2d.weight`` is (out_channels, in_channels, kh, kw) (OIHW),
-norms have ``weight`` and ``bias``, ``Embedding.weight`` is (num_embeddings, dim). So a
-safetensors file loads with no transpose and no renaming: the module path joined by dots *is*
-the checkpoint key (``down_blocks.1.attentions.0.proj_in.weight``).
+Parameters carry PyTorch's names: the module path joined by dots *is* the checkpoint key
+(``down_blocks.1.attentions.0.proj_in.weight``), and norms have ``weight`` and ``bias``.
+``Linear.weight`` keeps PyTorch's (out_features, in_features) layout (the matmul contracts its
+``in`` axis; no copy). ``Conv2d.weight`` alone is stored channels-last, (kh, kw, in, out)
+(HWIO): the one rule the loader applies to PyTorch files is to transpose 4-D tensors from
+(out, in, kh, kw). XLA's CPU convolution inside a ``fori_loop`` runs ~25x slower with OIHW
+kernels (measured: 581 ms vs 21 ms for 20 convs at 64 channels), and HWIO is what XLA prefers
+on TPU and GPU too.
 
-Activations are channels-last inside the models (batch, height, width, channels): XLA's
-preferred layout on TPU and GPU. The convolution reads the OIHW weight directly through
-``dimension_numbers``; the matmul contracts the weight's ``in`` axis, so neither needs a copy.
+Activations are channels-last inside the models (batch, height, width, channels).
 
 Compute runs in the parameters' dtype (bfloat16 on accelerators); normalisation statistics and
 softmax are computed in float32 and cast back, as PyTorch's autocast does.
@@ -45,7 +46,7 @@ class Linear(nnx.Module):
 
 
 class Conv2d(nnx.Module):
-    """``torch.nn.Conv2d`` on channels-last input: ``weight`` (out, in, kh, kw), ``bias`` (out,).
+    """``torch.nn.Conv2d`` on channels-last input: ``weight`` (kh, kw, in, out) (HWIO), ``bias`` (out,).
 
     ``padding`` is symmetric (PyTorch's int padding); ``pad_bottom_right`` instead pads one
     row and column after the image only, as diffusers' Downsample2D with ``padding=0`` does.
@@ -54,7 +55,7 @@ class Conv2d(nnx.Module):
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int = 1, padding: int = 0,
                  bias: bool = True, pad_bottom_right: bool = False, *, rngs: nnx.Rngs):
         fan_in = in_channels * kernel_size * kernel_size
-        self.weight = nnx.Param(_normal(rngs, (out_channels, in_channels, kernel_size, kernel_size), 1 / math.sqrt(fan_in)))
+        self.weight = nnx.Param(_normal(rngs, (kernel_size, kernel_size, in_channels, out_channels), 1 / math.sqrt(fan_in)))
         self.bias = nnx.Param(jnp.zeros((out_channels,), jnp.float32)) if bias else None
         self.stride = stride
         self.padding = ((0, 1), (0, 1)) if pad_bottom_right else ((padding, padding), (padding, padding))
@@ -63,7 +64,7 @@ class Conv2d(nnx.Module):
         """x (batch, height, width, in) -> (batch, height', width', out)."""
         w = self.weight[...]
         y = jax.lax.conv_general_dilated(x.astype(w.dtype), w, (self.stride, self.stride), self.padding,
-                                         dimension_numbers=("NHWC", "OIHW", "NHWC"))
+                                         dimension_numbers=("NHWC", "HWIO", "NHWC"))
         return y if self.bias is None else y + self.bias[...]
 
 

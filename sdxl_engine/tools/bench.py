@@ -33,7 +33,18 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from ..config import EngineConfig, apply_jax_options
+from ..engine import Engine
+from ..program import cfg_combine, encode_prompts, euler_step, latent_shape
+from ..sharding import DATA_AXIS
+from ..validation import GenerateRequest
+from . import fullsize
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def stats(samples: list[float]) -> dict:
@@ -63,8 +74,6 @@ class CompileCounter:
     """Counts XLA backend compiles (JAX's monitoring event) while active."""
 
     def __init__(self):
-        import jax
-
         self.count = 0
         jax.monitoring.register_event_duration_secs_listener(self._on_event)
 
@@ -73,81 +82,35 @@ class CompileCounter:
             self.count += 1
 
 
-# ---- 1. the reference ------------------------------------------------------------------------
-def reference_generate(model_dir: str, batch: int):
-    """The blog's generate(): returns ``generate(prompt, negative_prompt, seed, guidance, steps, width, height)``."""
-    import jax
-    import numpy as np
-    from diffusers import FlaxStableDiffusionXLPipeline
-    from flax.jax_utils import replicate
-    from flax.training.common_utils import shard
-
-    pipe, params = FlaxStableDiffusionXLPipeline.from_pretrained(model_dir)
-    scheduler_state = params.pop("scheduler")
-    p_params = replicate({**params, "scheduler": scheduler_state})
-    n = jax.local_device_count()
-
-    def generate(prompt, negative_prompt, seed, guidance_scale, num_inference_steps, width, height):
-        prompt_ids = shard(pipe.prepare_inputs([prompt] * batch))
-        neg_prompt_ids = shard(pipe.prepare_inputs([negative_prompt] * batch))
-        rng = jax.random.split(jax.random.key(seed), n)
-        images = pipe(prompt_ids, p_params, rng, num_inference_steps=num_inference_steps, neg_prompt_ids=neg_prompt_ids,
-                      guidance_scale=guidance_scale, height=height, width=width, jit=True).images
-        images = images.reshape((images.shape[0] * images.shape[1],) + images.shape[-3:])
-        return pipe.numpy_to_pil(np.array(images))
-
-    def pipeline_only(steps, size):
-        """Just the jitted pipeline call on pre-tokenized, pre-sharded inputs (no tokenize, no PIL)."""
-        ids = shard(pipe.prepare_inputs(["a red circle"] * batch))
-        neg = shard(pipe.prepare_inputs([""] * batch))
-        rng = jax.random.split(jax.random.key(0), n)
-        return lambda: pipe(ids, p_params, rng, num_inference_steps=steps, neg_prompt_ids=neg, guidance_scale=7.0,
-                            height=size, width=size, jit=True).images.block_until_ready()
-
-    generate.pipeline_only = pipeline_only
-    return generate
-
-
 # ---- 3. the engine's parts alone -------------------------------------------------------------
 def engine_parts(engine) -> dict:
     """Callables for text encoding, one CFG UNet + Euler step, and VAE decode, each its own sharded jit."""
-    import jax
-    import jax.numpy as jnp
-    from jax.sharding import PartitionSpec as P
-
-    from .program import encode_prompts, euler_step
-    from .sharding import DATA_AXIS
-
     m, mesh, b = engine.model, engine.mesh, engine.batch
     w, h = engine.limits.default_size
-    f = m.vae_scale_factor
     d, r = P(DATA_AXIS), P()
+    prediction_type = m.scheduler_config.get("prediction_type", "epsilon")
 
-    def sharded(fn, in_specs):
-        return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=d))
+    def sharded(fn, in_specs, out_specs=d):
+        return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs))
 
-    def encode(params, ids):
-        hidden, pooled = encode_prompts(m, params, ids)
-        return hidden, pooled
-
-    encode_j = jax.jit(jax.shard_map(encode, mesh=mesh, in_specs=(r, d), out_specs=(d, d)))
+    encode_j = sharded(lambda params, ids: encode_prompts(m.components, params, ids), (r, d), (d, d))
     ids = jnp.zeros((2 * b, 2, 77), jnp.int32)
     hidden, pooled = encode_j(engine.params, ids)
-    time_ids = jnp.ones((2 * b, 6), hidden.dtype)
+    time_ids = jnp.ones((2 * b, 6), jnp.float32)
 
     def step(params, latents, hidden, pooled, time_ids):
         x = jnp.concatenate([latents, latents])
-        t = jnp.full((x.shape[0],), 500, jnp.int32)
-        noise = m.unet.apply({"params": params["unet"]}, x.astype(hidden.dtype), t, encoder_hidden_states=hidden,
-                             added_cond_kwargs={"text_embeds": pooled, "time_ids": time_ids}).sample
-        uncond, text = jnp.split(noise.astype(jnp.float32), 2)
-        return euler_step(latents, uncond + 7.0 * (text - uncond), 1.0, 0.9, m.scheduler.config.prediction_type)
+        t = jnp.full((x.shape[0],), 500.0, jnp.float32)
+        out = m.components["unet"].bind(params["unet"])(x, t, hidden, pooled, time_ids).astype(jnp.float32)
+        uncond, text = jnp.split(out, 2)
+        return euler_step(latents, cfg_combine(uncond, text, jnp.full((latents.shape[0],), 7.0)), 1.0, 0.9,
+                          prediction_type)
 
     step_j = sharded(step, (r, d, d, d, d))
-    latents = jnp.zeros((b, m.latent_channels, h // f, w // f), jnp.float32)
+    latents = jnp.zeros((b, *latent_shape(m, h, w)), jnp.float32)
 
     def decode(params, latents):
-        out = m.vae.apply({"params": params["vae"]}, latents.astype(hidden.dtype), method=m.vae.decode).sample
+        out = m.components["vae"].bind(params["vae"]).decode(latents)
         return jnp.round(jnp.clip(out.astype(jnp.float32) / 2 + 0.5, 0, 1) * 255).astype(jnp.uint8)
 
     decode_j = sharded(decode, (r, d))
@@ -161,7 +124,7 @@ def engine_parts(engine) -> dict:
 # ---- 4 and 6. the app as a process -----------------------------------------------------------
 def served(args, cache_dir: str, calls: int) -> dict:
     """Start ``python app.py`` with ``cache_dir``; time process start -> first image, then ``calls``."""
-    import psutil
+    import psutil  # dev-only dependencies (requirements-dev.txt), for the served leg
     from gradio_client import Client
 
     with socket.socket() as sock:  # a free loopback port
@@ -209,15 +172,8 @@ def served(args, cache_dir: str, calls: int) -> dict:
 
 # ---- the run ---------------------------------------------------------------------------------
 def run(args) -> dict:
-    from .config import EngineConfig, apply_jax_options
-
     config = EngineConfig.load({"model": args.model, "num_inference_steps": args.steps})
     apply_jax_options(config)
-    import jax
-
-    from .engine import Engine
-    from .validation import GenerateRequest
-
     counter = CompileCounter()
     engine = Engine(config, log=lambda *a: None).start()
     size = engine.limits.default_size[0]
@@ -226,19 +182,13 @@ def run(args) -> dict:
            "steps": steps, "size": size, "batch": engine.batch, "runs": runs, "startup_s": engine.startup}
 
     request = GenerateRequest("a red circle", seed=0, num_inference_steps=steps)
-    ref = reference_generate(str(_model_dir(engine)), engine.batch)
-    ref_args = ("a red circle", "", 0, config.guidance_scale, steps, size, size)
-    t0 = time.perf_counter()
-    ref(*ref_args)
-    out["reference_first_call_s"] = time.perf_counter() - t0
     parts = engine_parts(engine)
-    measured = timed({"engine": lambda: engine.generate(request), "reference": lambda: ref(*ref_args),
-                      "reference_pipeline_only": ref.pipeline_only(steps, size), **parts}, runs)
-    out.update({k: measured[k] for k in ("engine", "reference", "reference_pipeline_only")})
+    measured = timed({"engine": lambda: engine.generate(request), **parts}, runs)
+    out["engine"] = measured["engine"]
     out["parts"] = {k: measured[k] for k in parts}
     out["parts"]["sum"] = sum(measured[k]["median"] * (steps if k == "denoise_step" else 1) for k in parts)
 
-    # 5. compiles (and the first call's seconds) per change, engine vs reference
+    # 5. compiles (and the first call's seconds) per change
     def measure(call):
         c0, t0 = counter.count, time.perf_counter()
         call()
@@ -246,23 +196,17 @@ def run(args) -> dict:
 
     w2, h2 = engine.limits.sizes[1]
     base = dict(prompt="a red circle", seed=0, num_inference_steps=steps)
-    changes = {  # name: (engine request change, reference argument index -> value)
-        "prompt": (dict(prompt="a blue square"), {0: "a blue square"}),
-        "negative_prompt": (dict(negative_prompt="blurry"), {1: "blurry"}),
-        "seed": (dict(seed=99), {2: 99}),
-        "guidance": (dict(guidance_scale=2.0), {3: 2.0}),
-        "steps": (dict(num_inference_steps=steps // 2 or 1), {4: steps // 2 or 1}),
-        "size: precompiled bucket": (dict(seed=1), {2: 1}),
-        f"size: new bucket {w2}x{h2}": (dict(width=w2, height=h2), {5: w2, 6: h2}),
+    changes = {
+        "prompt": dict(prompt="a blue square"),
+        "negative_prompt": dict(negative_prompt="blurry"),
+        "seed": dict(seed=99),
+        "guidance": dict(guidance_scale=2.0),
+        "steps": dict(num_inference_steps=steps // 2 or 1),
+        "size: precompiled bucket": dict(seed=1),
+        f"size: new bucket {w2}x{h2}": dict(width=w2, height=h2),
     }
-    compiles = {}
-    for name, (change, ref_change) in changes.items():
-        changed = list(ref_args)
-        for i, value in ref_change.items():
-            changed[i] = value
-        compiles[name] = {"engine": measure(lambda: engine.generate(GenerateRequest(**{**base, **change}))),
-                          "reference": measure(lambda: ref(*changed))}
-    out["compiles"] = compiles
+    out["compiles"] = {name: measure(lambda: engine.generate(GenerateRequest(**{**base, **change})))
+                       for name, change in changes.items()}
 
     # 7. memory
     out["peak_host_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -276,20 +220,9 @@ def run(args) -> dict:
     return out
 
 
-def _model_dir(engine) -> Path:
-    from .loading import builtin_path
-    from . import builtin
-
-    name = engine.config.model
-    return builtin_path(name, engine.config.model_cache_dir) if name in builtin.BUILTIN_NAMES else Path(name)
-
-
 def ratios(r: dict) -> dict:
     """The issue's targets as ratios of figures measured in the same run."""
-    out = {
-        "engine / reference": r["engine"]["median"] / r["reference"]["median"],
-        "engine / sum of parts": r["engine"]["median"] / r["parts"]["sum"],
-    }
+    out = {"engine / sum of parts": r["engine"]["median"] / r["parts"]["sum"]}
     if "cold" in r:
         out["served / engine"] = r["warm"]["served"]["median"] / r["engine"]["median"]
         out["served, response only / engine"] = r["warm"]["served_no_download"]["median"] / r["engine"]["median"]
@@ -305,8 +238,6 @@ def markdown(r: dict) -> str:
     lines = [f"Run: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} · {r['machine']} · model `{r['model']}` · "
              f"{r['batch']} images of {r['size']}² · {r['steps']} steps · medians of {r['runs']} runs after warm-up",
              "", "| what (seconds per request) | median | min | max |", "|---|---|---|---|",
-             row("1. reference: blog generate() (pipeline jit=True, pmap)", r["reference"]),
-             row("1b. reference: pipeline call alone (no tokenize / PIL)", r["reference_pipeline_only"]),
              row("2. engine.generate", r["engine"]),
              row("3a. part: text encoders (once)", r["parts"]["text_encoders"]),
              row("3b. part: one CFG denoising step", r["parts"]["denoise_step"]),
@@ -319,14 +250,10 @@ def markdown(r: dict) -> str:
         lines.append(row("4c. engine latency reported inside the app", r["warm"]["engine_in_app"]))
     lines += ["", "| ratio (same run) | value |", "|---|---|"]
     lines += [f"| {k} | {v:.3f} |" for k, v in ratios(r).items()]
-    lines += ["", "| 5. change from the previous request | engine: compiles | engine: first call | "
-              "reference: compiles | reference: first call |", "|---|---|---|---|---|"]
-    for name, c in r["compiles"].items():
-        e, ref = c["engine"], c["reference"]
-        lines.append(f"| {name} | {e['compiles']} | {e['first_call_s']:.2f} s | {ref['compiles']} | "
-                     f"{ref['first_call_s']:.2f} s |")
+    lines += ["", "| 5. change from the previous request | engine: compiles | engine: first call |", "|---|---|---|"]
+    for name, e in r["compiles"].items():
+        lines.append(f"| {name} | {e['compiles']} | {e['first_call_s']:.2f} s |")
     lines += ["", "| start-up and memory | value |", "|---|---|",
-              f"| reference first call (compile) | {r['reference_first_call_s']:.2f} s |",
               f"| engine start-up: load / compile / warm-up | {r['startup_s']['load_s']:.2f} / "
               f"{r['startup_s']['compile_s']:.2f} / {r['startup_s']['warmup_s']:.2f} s |"]
     if "cold" in r:
@@ -360,11 +287,7 @@ def main(argv=None) -> None:
     parser.add_argument("--json", default=str(ROOT / "bench.json"))
     args = parser.parse_args(argv)
     if args.full_size:
-        from .fullsize import main as full_main
-
-        return full_main(args)
-    from .config import EngineConfig
-
+        return fullsize.main(args)
     args.model = args.model or EngineConfig.model
     result = run(args)
     Path(args.json).write_text(json.dumps(result, indent=2, default=str))

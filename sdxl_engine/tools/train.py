@@ -1,8 +1,8 @@
 """Train the ``tiny-shapes`` model: SDXL in miniature, on captioned shapes, on a CPU.
 
-    python -m sdxl_engine.train --out assets/tiny-shapes   # the shipped model (seed 0, ~55 min on 2 cores)
-    python -m sdxl_engine.train --out /tmp/ts --vae-steps 200 --unet-steps 300   # a quick try
-    python -m sdxl_engine.train --out /tmp/ts --vae-from assets/tiny-shapes --unet-steps 600  # UNet only
+    python -m sdxl_engine.tools.train --out assets/tiny-shapes   # the shipped model (seed 0, ~55 min on 2 cores)
+    python -m sdxl_engine.tools.train --out /tmp/ts --vae-steps 200 --unet-steps 300   # a quick try
+    python -m sdxl_engine.tools.train --out /tmp/ts --vae-from assets/tiny-shapes --unet-steps 600  # UNet only
 
 Stages, as SDXL was trained (Podell et al. 2023, with Rombach et al. 2022's latent diffusion):
 
@@ -20,7 +20,8 @@ Stages, as SDXL was trained (Podell et al. 2023, with Rombach et al. 2022's late
    2022). Timesteps are drawn logit-normal (Esser et al. 2024), the v-MSE weighted 1 except near
    t = 0 (``--t-sampling``, ``--loss-weight``, see :func:`train_unet`).
    An exponential moving average of the weights is what is saved.
-5. Save in diffusers format (Flax msgpack weights): ``FlaxStableDiffusionXLPipeline`` loads it.
+5. Save in diffusers format (safetensors, PyTorch layout): the engine and diffusers' PyTorch
+   ``StableDiffusionXLPipeline`` both load it.
 
 Four choices make a model this small follow its prompt, each found by a failed run:
 the text encoders start at useful scales (:func:`init_text_encoder`), the noise schedule is
@@ -40,12 +41,20 @@ import argparse
 import json
 import shutil
 import time
-import types
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
+from transformers import CLIPTokenizer
 
-from . import builtin, shapes
+from .. import builtin
+from ..loading import load_model
+from ..models import build_component
+from ..program import encode_prompts
+from ..weights import save_folder
+from . import shapes
 
 # The SDXL architecture at 64x64 (compare builtin.SDXL_BASE): same block types, attention with
 # cross-attention to both text encoders, text_time added conditioning; far fewer channels.
@@ -111,28 +120,24 @@ def log(msg: str) -> None:
 
 def adam(lr: float, steps: int):
     """AdamW with linear warm-up, cosine decay and gradient clipping (optax)."""
-    import optax
-
     schedule = optax.warmup_cosine_decay_schedule(0.0, lr, min(200, steps // 10), steps, end_value=lr / 20)
     return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=1e-4))
 
 
 def train_vae(vae, images: np.ndarray, args, key) -> tuple[dict, list]:
-    """Stage 2. images: (n, 64, 64, 3) uint8. Returns VAE params and [(step, loss, mse)]."""
-    import jax
-    import jax.numpy as jnp
-    import optax
-
-    params = vae.init_weights(key)
+    """Stage 2. vae: its Component; images: (n, 64, 64, 3) uint8. Returns VAE params and [(step, loss, mse)]."""
+    params = jax.jit(vae.init)(key)
     opt = adam(args.vae_lr, args.vae_steps)
     opt_state = opt.init(params)
 
     def loss_fn(params, x, key):
-        posterior = vae.apply({"params": params}, x, method=vae.encode).latent_dist
-        z = posterior.sample(key)
-        recon = vae.apply({"params": params}, z, method=vae.decode).sample
+        model = vae.bind(params)
+        mean, logvar = model.encode(x)
+        z = mean + jnp.exp(0.5 * logvar) * jax.random.normal(key, mean.shape)  # a posterior sample
+        recon = model.decode(z)
         mse = jnp.mean((recon - x) ** 2)
-        return mse + 1e-6 * jnp.mean(posterior.kl()), mse
+        kl = 0.5 * jnp.sum(mean**2 + jnp.exp(logvar) - 1.0 - logvar, axis=(1, 2, 3))  # diffusers' DiagonalGaussian.kl
+        return mse + 1e-6 * jnp.mean(kl), mse
 
     @jax.jit
     def step(params, opt_state, x, key):
@@ -159,42 +164,31 @@ def to_pixels(images: np.ndarray):
 
 
 def encode_all(vae, params, images: np.ndarray, batch: int = 500) -> np.ndarray:
-    """Stage 3: posterior means of all images, (n, 4, 16, 16) float32, unscaled (Flax VAE gives NHWC)."""
-    import jax
-
-    encode = jax.jit(lambda p, x: vae.apply({"params": p}, x, method=vae.encode).latent_dist.mean)
-    return np.concatenate([np.asarray(encode(params, to_pixels(images[i: i + batch]))).transpose(0, 3, 1, 2)
+    """Stage 3: posterior means of all images, (n, 4, 16, 16) float32, unscaled."""
+    encode = jax.jit(lambda p, x: vae.bind(p).encode(x)[0])
+    return np.concatenate([np.asarray(encode(params, to_pixels(images[i: i + batch])))
                            for i in range(0, len(images), batch)])
 
 
 def init_text_encoder(params: dict, key) -> dict:
     """Fresh weights for a CLIP text encoder trained from scratch, at useful scales.
 
-    transformers' Flax CLIP initialises every embedding and projection with std 0.01 (made to be
-    overwritten by pretrained weights): its hidden states start near zero, the UNet's
-    cross-attention can hardly tell tokens apart, and the prompt is learned very slowly. Here:
-    token embeddings std 1, position embeddings std 0.5, kernels LeCun-normal (std 1/sqrt(fan_in)),
-    biases 0, LayerNorms 1 -- hidden states of order 1, as in a trained CLIP.
+    transformers' CLIP initialises its embeddings with std 0.02 and 0.01 (made to be overwritten
+    by pretrained weights): hidden states start near zero, the UNet's cross-attention can hardly
+    tell tokens apart, and the prompt is learned very slowly. Here: token embeddings std 1,
+    position embeddings std 0.5; the modules' own init already gives LeCun-normal weights
+    (std 1/sqrt(fan_in)), zero biases and unit LayerNorms -- hidden states of order 1, as in a
+    trained CLIP.
     """
-    import jax
-    from flax import traverse_util
-
-    flat = traverse_util.flatten_dict(params)
-    keys = jax.random.split(key, len(flat))
-    out = {}
-    for k, (path, value) in zip(keys, sorted(flat.items())):
-        name = "/".join(path)
-        if "token_embedding" in name:
-            value = jax.random.normal(k, value.shape, value.dtype)
-        elif "position_embedding" in name:
-            value = 0.5 * jax.random.normal(k, value.shape, value.dtype)
-        elif path[-1] == "kernel":
-            value = jax.random.normal(k, value.shape, value.dtype) / np.sqrt(value.shape[0])
-        out[path] = value
-    return traverse_util.unflatten_dict(out)
+    out = dict(params)
+    for k, name in zip(jax.random.split(key, 2), ("embeddings.token_embedding.weight",
+                                                   "embeddings.position_embedding.weight")):
+        full = next(n for n in params if n.endswith(name))
+        out[full] = (1.0 if "token" in name else 0.5) * jax.random.normal(k, params[full].shape, params[full].dtype)
+    return out
 
 
-def train_unet(model, params: dict, latents: np.ndarray, ids: np.ndarray, alphas_cumprod, args, key):
+def train_unet(components: dict, params: dict, latents: np.ndarray, ids: np.ndarray, alphas_cumprod, args, key):
     """Stage 4. latents (n, 4, 16, 16) scaled; ids (n, 2, 77) int32. Returns EMA params, history.
 
     Timesteps (``args.t_sampling``): "logit-normal" (the shipped recipe) draws t / 1000 =
@@ -219,12 +213,6 @@ def train_unet(model, params: dict, latents: np.ndarray, ids: np.ndarray, alphas
     79.7 % at guidance 5). After 1200 steps position is 17 % with min-snr (chance 20 %) and 100 %
     with v-clipped.
     """
-    import jax
-    import jax.numpy as jnp
-    import optax
-
-    from .program import encode_prompts
-
     opt = adam(args.lr, args.unet_steps)
     opt_state = opt.init(params)
     ema = params
@@ -234,7 +222,7 @@ def train_unet(model, params: dict, latents: np.ndarray, ids: np.ndarray, alphas
 
     def loss_fn(params, x0, ids, keep, key):
         b = x0.shape[0]
-        hidden, text_embeds = encode_prompts(model, params, ids)  # (b, 77, 64), (b, 32)
+        hidden, text_embeds = encode_prompts(components, params, ids)  # (b, 77, 64), (b, 32)
         hidden, text_embeds = hidden * keep[:, None, None], text_embeds * keep[:, None]
         k_t, k_noise = jax.random.split(key)
         if args.t_sampling == "logit-normal":  # t / 1000 = sigmoid(N(t_mean, t_std)), Esser et al. 2024
@@ -252,9 +240,7 @@ def train_unet(model, params: dict, latents: np.ndarray, ids: np.ndarray, alphas
             weight = jnp.minimum(1.0, 5.0 / (snr + 1)) if clipped else jnp.minimum(snr, 5.0) / (snr + 1)
         else:  # epsilon; min-SNR-5 weight for epsilon (Hang et al. 2023)
             target, weight = noise, jnp.minimum(snr, 5.0) / snr
-        cond = {"text_embeds": text_embeds, "time_ids": jnp.broadcast_to(time_ids, (b, 6))}
-        pred = model.unet.apply({"params": params["unet"]}, noisy, t, encoder_hidden_states=hidden,
-                                added_cond_kwargs=cond).sample
+        pred = components["unet"].bind(params["unet"])(noisy, t, hidden, text_embeds, jnp.broadcast_to(time_ids, (b, 6)))
         return jnp.mean(weight * jnp.mean((pred - target) ** 2, axis=(1, 2, 3)))
 
     @jax.jit
@@ -283,10 +269,6 @@ def train_unet(model, params: dict, latents: np.ndarray, ids: np.ndarray, alphas
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    import jax
-    from diffusers import FlaxAutoencoderKL, FlaxEulerDiscreteScheduler, FlaxStableDiffusionXLPipeline, FlaxUNet2DConditionModel
-    from transformers import CLIPTokenizer, FlaxCLIPTextModel, FlaxCLIPTextModelWithProjection
-
     start = time.perf_counter()
     out = Path(args.out)
     tmp = out.with_name(out.name + ".partial")
@@ -302,38 +284,35 @@ def main(argv=None) -> None:
     log(f"{len(images)} images, e.g. {captions[:3]}; vocab {vocab_size} ({time.perf_counter() - start:.0f} s)")
 
     # 2-3. VAE, scaling factor, latents.
-    vae = FlaxAutoencoderKL(**SPEC["vae"])
+    configs = builtin.component_configs(SPEC, vocab_size)
+    vae = build_component("vae", configs["vae"])
     if args.vae_from:
-        vae_params, vae_history = FlaxAutoencoderKL.from_pretrained(args.vae_from, subfolder="vae")[1], []
+        vae_params, vae_history = load_model(args.vae_from, dtype="float32", platform="cpu", cache_dir="").params["vae"], []
     else:
         vae_params, vae_history = train_vae(vae, images, args, jax.random.fold_in(key, 1))
     raw = encode_all(vae, vae_params, images)
     scaling_factor = float(1.0 / raw.std())
-    vae = FlaxAutoencoderKL(**{**SPEC["vae"], "scaling_factor": scaling_factor})
+    configs["vae"]["scaling_factor"] = scaling_factor
     vae_s = time.perf_counter() - start
     log(f"vae done in {vae_s:.0f} s; latent std {raw.std():.3f} -> scaling_factor {scaling_factor:.4f}")
 
     # 4. Text encoders + UNet.
-    cfg1, cfg2 = builtin.clip_configs(SPEC, vocab_size)
-    text_encoder = FlaxCLIPTextModel(cfg1, seed=args.seed)
-    text_encoder_2 = FlaxCLIPTextModelWithProjection(cfg2, seed=args.seed + 1)
-    unet = FlaxUNet2DConditionModel(**SPEC["unet"])
-    scheduler = FlaxEulerDiscreteScheduler(**SCHEDULER)
-    model = types.SimpleNamespace(text_encoder=text_encoder, text_encoder_2=text_encoder_2, unet=unet)
-    params = {"text_encoder": init_text_encoder(text_encoder.params, jax.random.fold_in(key, 4)),
-              "text_encoder_2": init_text_encoder(text_encoder_2.params, jax.random.fold_in(key, 5)),
-              "unet": unet.init_weights(jax.random.fold_in(key, 2))}
-    alphas_cumprod = np.asarray(scheduler.create_state().common.alphas_cumprod)
-    params, unet_history = train_unet(model, params, raw * scaling_factor, ids, alphas_cumprod, args,
+    components = {name: build_component(name, configs[name]) for name in ("text_encoder", "text_encoder_2", "unet")}
+    params = {name: jax.jit(c.init)(jax.random.fold_in(key, seed))
+              for (name, c), seed in zip(components.items(), (4, 5, 2))}
+    for name, seed in (("text_encoder", 6), ("text_encoder_2", 7)):
+        params[name] = init_text_encoder(params[name], jax.random.fold_in(key, seed))
+    n_train = SCHEDULER["num_train_timesteps"]
+    betas = np.linspace(SCHEDULER["beta_start"] ** 0.5, SCHEDULER["beta_end"] ** 0.5, n_train, dtype=np.float32) ** 2
+    alphas_cumprod = np.cumprod(1.0 - betas, dtype=np.float32)
+    params, unet_history = train_unet(components, params, raw * scaling_factor, ids, alphas_cumprod, args,
                                       jax.random.fold_in(key, 3))
     total_s = time.perf_counter() - start
     log(f"unet done; total {total_s:.0f} s")
 
-    # 5. Save (diffusers format, Flax weights) and the training record.
-    pipe = FlaxStableDiffusionXLPipeline(text_encoder=text_encoder, text_encoder_2=text_encoder_2, vae=vae,
-                                         tokenizer=tokenizers[0], tokenizer_2=tokenizers[1], unet=unet,
-                                         scheduler=scheduler)
-    pipe.save_pretrained(str(tmp), params={**jax.device_get(params), "vae": jax.device_get(vae_params)})
+    # 5. Save (diffusers format, safetensors) and the training record.
+    params = jax.tree.map(np.asarray, {**params, "vae": vae_params})
+    save_folder(tmp, configs, params, SCHEDULER)
     record = {"args": vars(args), "vae_s": round(vae_s, 1), "total_s": round(total_s, 1),
               "scaling_factor": scaling_factor, "vae_loss": vae_history, "unet_loss": unet_history,
               "held_out": shapes.HELD_OUT, "jax": jax.__version__, "device": str(jax.devices()[0])}
