@@ -1,0 +1,1 @@
+"""Tooling: commands that use the runtime; the runtime never imports them."""
