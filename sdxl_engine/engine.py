@@ -20,7 +20,7 @@ from . import config as config_mod
 from . import loading, sharding
 from . import faults
 from .config import EngineConfig
-from .program import ProgramInputs, ProgramShape, compile_program, euler_schedule
+from .program import ProgramInputs, ProgramShape, compile_program, euler_schedule, tokenize
 from .validation import GenerateRequest, InvalidRequest, Limits, validate
 
 
@@ -198,16 +198,6 @@ class Engine:
         result.timings["queue"] = start - queued
         return result
 
-    def _tokenize(self, text: str) -> tuple[np.ndarray, bool]:
-        """(2, 77) int32 ids for both tokenizers, and whether the text was cut to 77 tokens."""
-        rows, truncated = [], False
-        for tok in (self.model.tokenizer, self.model.tokenizer_2):
-            full = tok(text, truncation=False, verbose=False).input_ids
-            truncated |= len(full) > tok.model_max_length
-            rows.append(tok(text, padding="max_length", max_length=tok.model_max_length, truncation=True,
-                            return_tensors="np").input_ids[0])
-        return np.stack(rows).astype(np.int32), truncated
-
     def _schedule(self, steps: int):
         if steps not in self._schedules:
             self._schedules[steps] = euler_schedule(self.model.scheduler_config, steps, self.config.max_inference_steps)
@@ -220,8 +210,8 @@ class Engine:
         program = self._program(request.width, request.height)
         progress("preparing")
         b = self.batch
-        prompt_ids, cut = self._tokenize(request.prompt)
-        negative_ids, cut_negative = self._tokenize(request.negative_prompt)
+        prompt_ids, cut = tokenize(self.model, request.prompt)
+        negative_ids, cut_negative = tokenize(self.model, request.negative_prompt)
         timesteps, sigmas, init_sigma = self._schedule(request.num_inference_steps)
         # Image i uses seed + i, wrapping past max_seed to 0, so every caption's seed is itself a valid request seed.
         seeds = [(request.seed + i) % (self.limits.max_seed + 1) for i in range(b)]

@@ -240,19 +240,22 @@ def hub_snapshot(repo_id: str, revision: str = "", variant: str = "") -> Path:
     Raises ModelLoadError when the hub cannot be reached and the cache does not have the files,
     for an unknown or gated repository, or a revision that does not exist.
     """
-    from huggingface_hub import HfApi, snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled
+    from huggingface_hub import HfApi, snapshot_download  # only hub ids need it
 
     kwargs = {"revision": revision or None}
     try:
-        try:
-            patterns = hub_files(HfApi().list_repo_files(repo_id, **kwargs), variant)
-        except (OSError, OfflineModeIsEnabled, HfHubHTTPError):  # offline: whatever the local cache has
+        patterns = hub_files(HfApi().list_repo_files(repo_id, **kwargs), variant)
+    except Exception as err:  # offline, DNS, HTTP, unknown or gated repo: huggingface_hub and httpx raise many types
+        try:  # whatever the local cache already has
             return Path(snapshot_download(repo_id, local_files_only=True, **kwargs))
+        except Exception:  # not cached either: report the first, more telling error
+            raise ModelLoadError(f"could not load SDXL model {repo_id!r} from the hub ({type(err).__name__}: "
+                                 f"{str(err).splitlines()[0][:200] if str(err) else ''}). {_HUB_HINT}") from err
+    try:
         return Path(snapshot_download(repo_id, allow_patterns=patterns, **kwargs))
-    except (OSError, ValueError, LocalEntryNotFoundError, OfflineModeIsEnabled, HfHubHTTPError) as err:
-        raise ModelLoadError(f"could not load SDXL model {repo_id!r} from the hub ({type(err).__name__}: "
-                             f"{str(err).splitlines()[0][:200]}). {_HUB_HINT}") from err
+    except Exception as err:  # a download that breaks off, a full disk
+        raise ModelLoadError(f"could not download SDXL model {repo_id!r} ({type(err).__name__}: "
+                             f"{str(err).splitlines()[0][:200] if str(err) else ''}). {_HUB_HINT}") from err
 
 
 def load_model(model: str, *, dtype: str, platform: str, revision: str = "", variant: str = "", cache_dir: str,

@@ -172,6 +172,17 @@ def encode_prompts(components: dict, params: dict, ids: jax.Array) -> tuple[jax.
     return hidden, out_2.text_embeds  # text_embeds: (n, projection_dim)
 
 
+def tokenize(model: LoadedModel, text: str) -> tuple[np.ndarray, bool]:
+    """(2, 77) int32 ids of ``text`` for tokenizer and tokenizer_2 (each padded with its own pad
+    token, as diffusers' SDXL pipeline does), and whether the text was cut to 77 tokens."""
+    rows, truncated = [], False
+    for tok in (model.tokenizer, model.tokenizer_2):
+        ids = tok(text, padding="max_length", max_length=TOKENS, truncation=True).input_ids
+        truncated |= len(tok(text, truncation=False).input_ids) > TOKENS
+        rows.append(ids)
+    return np.asarray(rows, np.int32), truncated
+
+
 def cfg_combine(noise_uncond: jax.Array, noise_text: jax.Array, guidance_scale: jax.Array) -> jax.Array:
     """Classifier-free guidance (Ho & Salimans 2022): uncond + g (text - uncond).
 

@@ -45,7 +45,7 @@ SAFETENSORS_STEMS = ("diffusion_pytorch_model", "model")
 MSGPACK_NAMES = ("diffusion_flax_model.msgpack", "flax_model.msgpack")
 BUFFERS = ("position_ids",)  # non-parameter buffers some checkpoints carry
 FLOAT_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": "bfloat16"}
-REMAP_BYTES = 256 << 20  # reopen a safetensors file after this many bytes, dropping its mapped pages
+REMAP_BYTES = 16 << 20  # reopen a safetensors file after this many bytes, dropping its mapped pages (1.2x vs 2.3x at 256 MB)
 _FLAX_RENAMES = {"query": "to_q", "key": "to_k", "value": "to_v", "proj_attn": "to_out.0"}
 
 

@@ -59,7 +59,7 @@ class Component:
 
         Raises KeyError for a missing key (loading checks the set first, with a clear message).
         """
-        return nnx.merge(self.graphdef, nnx.State.from_flat_path({self._paths[k]: params[k] for k in self._paths}))
+        return nnx.merge(self.graphdef, nnx.from_flat_state([(path, params[k]) for k, path in self._paths.items()]))
 
     def init(self, key: jax.Array, dtype=jnp.float32) -> dict[str, jax.Array]:
         """Fresh random parameters ({checkpoint key: array} in ``dtype``); jit it to build them on device."""

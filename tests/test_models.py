@@ -1,0 +1,213 @@
+"""The own Flax modules against the references: diffusers' PyTorch outputs, the deleted Flax
+classes' outputs, and the images the previous engine made with tiny-shapes.
+
+Fixtures (tests/fixtures/README.md says how each was made): ``tiny-pt`` and ``tiny-pt-conv``
+are random SDXLs saved by diffusers/transformers' PyTorch classes with their outputs in
+``tiny-pt-reference``; ``legacy-flax`` is a micro SDXL saved by the deleted Flax classes
+(msgpack); ``tiny-shapes-reference`` holds the images main's engine made before the switch.
+"""
+
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sdxl_engine import weights
+from sdxl_engine.loading import load_folder, read_model_folder
+from sdxl_engine.models import build_component
+from sdxl_engine.program import (ProgramInputs, ProgramShape, compile_program, euler_schedule, latent_shape,
+                                 tokenize)
+from sdxl_engine.sharding import make_mesh, replicated
+
+FIXTURES = Path(__file__).parent / "fixtures"
+REF_DIR = FIXTURES / "tiny-pt-reference"
+REF = json.loads((REF_DIR / "reference.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def arrays():
+    with np.load(REF_DIR / "arrays.npz") as data:  # no pickles: allow_pickle stays False
+        return dict(data)
+
+
+@pytest.fixture(scope="module")
+def tiny_pt():
+    return load_folder(FIXTURES / "tiny-pt", "tiny-pt", "float32")
+
+
+def close(actual, name, arrays, prefix=""):
+    tol = REF["arrays"][prefix + name]["tolerance"]
+    np.testing.assert_allclose(np.asarray(actual, np.float32), arrays[prefix + name], rtol=tol["rtol"],
+                               atol=tol["atol"], err_msg=prefix + name)
+
+
+def test_full_size_sdxl_base_keys_map_one_to_one():
+    """Every parameter of SDXL 1.0 base (diffusers/transformers' save_pretrained keys, from the real
+    configs) is one parameter of the own modules, same name and (layout-ruled) shape, none left over."""
+    expected = json.loads((FIXTURES / "sdxl-base-keys.json").read_text())
+    components = read_model_folder(Path(__file__).parents[1] / "sdxl_engine" / "configs" / "sdxl-base-1.0")
+    for name, component in components.items():
+        ours = {k: weights.module_shape(tuple(s)) for k, s in expected[name].items()}
+        mapping, unexpected = weights._map_keys(component, list(expected[name]))
+        assert unexpected == [] and sorted(mapping.values()) == sorted(component.shapes), name
+        assert {mapping[k]: v for k, v in ours.items()} == dict(component.shapes), name
+    assert sum(int(np.prod(s)) for s in components["unet"].shapes.values()) == 2_567_463_684
+
+
+def test_tokenizers_match_transformers(tiny_pt, arrays):
+    for i, prompt in enumerate(REF["prompts"]):
+        ids, truncated = tokenize(tiny_pt, prompt)
+        assert not truncated
+        np.testing.assert_array_equal(ids[0], arrays["ids_1"][i])
+        np.testing.assert_array_equal(ids[1], arrays["ids_2"][i])  # tokenizer_2 pads with "!"
+
+
+def test_text_encoders_match_pytorch(tiny_pt, arrays):
+    te1 = tiny_pt.components["text_encoder"].bind(tiny_pt.params["text_encoder"])
+    te2 = tiny_pt.components["text_encoder_2"].bind(tiny_pt.params["text_encoder_2"])
+    out1, out2 = te1(jnp.asarray(arrays["ids_1"])), te2(jnp.asarray(arrays["ids_2"]))
+    close(out1.penultimate, "te1_hidden", arrays)
+    close(out1.last_hidden_state, "te1_last", arrays)
+    close(out1.pooled, "te1_pooled", arrays)
+    close(out2.penultimate, "te2_hidden", arrays)
+    close(out2.text_embeds, "te2_text_embeds", arrays)
+
+
+@pytest.mark.parametrize("prefix", ["", "conv_"])
+def test_unet_and_vae_match_pytorch(prefix, arrays):
+    folder = FIXTURES / ("tiny-pt-conv" if prefix else "tiny-pt")
+    for name in ("unet", "vae"):
+        component = build_component(name, json.loads((folder / name / "config.json").read_text()))
+        params = weights.load_params(component, weights.find_weight_files(folder / name), np.float32)
+        module = component.bind(params)
+        if name == "unet":
+            a = {k: arrays[prefix + "unet_" + k] for k in ("sample", "timesteps", "encoder_hidden_states",
+                                                          "text_embeds", "time_ids")}
+            close(module(a["sample"], a["timesteps"], a["encoder_hidden_states"], a["text_embeds"], a["time_ids"]),
+                  "unet_out", arrays, prefix)
+        else:
+            close(module.decode(arrays[prefix + "vae_decode_in"]), "vae_decode_out", arrays, prefix)
+            mean, logvar = module.encode(arrays[prefix + "vae_encode_in"])
+            close(mean, "vae_encode_mean", arrays, prefix)
+            close(logvar, "vae_encode_logvar", arrays, prefix)
+
+
+def run_case(model, case: dict, latents: np.ndarray, mesh) -> np.ndarray:
+    """The engine's compiled program on diffusers' initial latents: (n, H, W, 3) uint8."""
+    n, steps = latents.shape[0], case["num_inference_steps"]
+    shape = ProgramShape(n, case["height"], case["width"], max_steps=10, given_latents=True)
+    assert latent_shape(model, shape.height, shape.width) == latents.shape[1:]
+    params = jax.device_put(model.params, replicated(mesh))
+    program = compile_program(model, params, shape, mesh)
+    config = {**model.scheduler_config, **case["from_config_overrides"]}
+    timesteps, sigmas, init = euler_schedule(config, steps, shape.max_steps)
+    ids, _ = tokenize(model, case["prompt"])
+    negative, _ = tokenize(model, case["negative_prompt"])
+    inputs = ProgramInputs(
+        prompt_ids=np.broadcast_to(ids, (n, 2, 77)), negative_ids=np.broadcast_to(negative, (n, 2, 77)),
+        negative_zero=np.full((n,), float(not case["negative_prompt"]), np.float32), seeds=np.zeros(n, np.uint32),
+        guidance_scale=np.full((n,), case["guidance_scale"], np.float32), timesteps=timesteps, sigmas=sigmas,
+        num_steps=np.int32(steps), init_noise_sigma=np.float32(init), latents=latents)
+    images, finite = program.executable(params, inputs)
+    assert np.asarray(finite).all()
+    return np.asarray(images)
+
+
+@pytest.mark.parametrize("k", [0, 1, 2, 8])  # Euler with CFG: leading spacing, negative prompt, 80x48, linspace
+def test_images_match_diffusers_pipeline(tiny_pt, arrays, k):
+    """diffusers' StableDiffusionXLPipeline and the engine's program, same latents: max 4/255, mean 0.5/255."""
+    case = REF["cases"][k]
+    np.testing.assert_allclose(euler_schedule({**tiny_pt.scheduler_config, **case["from_config_overrides"]},
+                                              case["num_inference_steps"], 10)[0][:case["num_inference_steps"]],
+                               arrays[f"case{k}_timesteps"], rtol=1e-6)
+    images = run_case(tiny_pt, case, arrays[f"case{k}_latents"], make_mesh(jax.devices()[:2]))
+    diff = np.abs(images.astype(np.float64) - arrays[f"case{k}_images"] * 255)
+    assert diff.max() <= 4 and diff.mean() <= 0.5, (diff.max(), diff.mean())
+
+
+@pytest.mark.parametrize("variant", ["euler-leading", "euler-trailing", "euler-linspace"])
+@pytest.mark.parametrize("steps", [1, 2, 4, 7, 10, 20, 50])
+def test_euler_schedule_matches_diffusers(arrays, variant, steps):
+    sched = REF["schedules"][variant]
+    timesteps, sigmas, init = euler_schedule(sched["config"], steps, 50)
+    np.testing.assert_allclose(timesteps[:steps], arrays[f"sched_{variant}_{steps}_timesteps"], rtol=1e-6)
+    np.testing.assert_allclose(sigmas[:steps + 1], arrays[f"sched_{variant}_{steps}_sigmas"], rtol=1e-5)
+    assert np.all(timesteps[steps:] == 0) and np.all(sigmas[steps:] == 0)
+    assert init == pytest.approx(sched["init_noise_sigma"][str(steps)], rel=1e-5)
+
+
+def test_legacy_flax_msgpack_matches_the_deleted_flax_classes():
+    """A folder saved by diffusers'/transformers' Flax classes loads by rule and computes what they computed."""
+    folder = FIXTURES / "legacy-flax"
+    model = load_folder(folder, "legacy", "float32")
+    with np.load(folder / "reference.npz") as data:
+        ref = dict(data)
+    te1 = model.components["text_encoder"].bind(model.params["text_encoder"])
+    te2 = model.components["text_encoder_2"].bind(model.params["text_encoder_2"])
+    np.testing.assert_allclose(te1(ref["ids"]).penultimate, ref["te1_hidden"], rtol=1e-4, atol=1e-5)
+    out2 = te2(ref["ids"])
+    np.testing.assert_allclose(out2.penultimate, ref["te2_hidden"], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(out2.text_embeds, ref["te2_text_embeds"], rtol=1e-4, atol=1e-5)
+    unet = model.components["unet"].bind(model.params["unet"])
+    out = unet(ref["unet_sample"], ref["unet_timesteps"], ref["unet_encoder_hidden_states"], ref["unet_text_embeds"],
+               ref["unet_time_ids"])
+    # diffusers' Flax UNet used GroupNorm epsilon 1e-5 inside its transformers where PyTorch (and the own
+    # modules) use 1e-6: a few 1e-4 of difference; a key mapped wrong would differ by order 1.
+    np.testing.assert_allclose(out, ref["unet_out"], rtol=1e-4, atol=2e-3)
+    vae = model.components["vae"].bind(model.params["vae"])
+    np.testing.assert_allclose(vae.decode(ref["vae_decode_in"]), ref["vae_decode_out"], rtol=1e-4, atol=5e-5)
+
+
+def test_saved_safetensors_load_in_pytorch_layout_and_round_trip(tmp_path, tiny_pt):
+    """weights.save_params writes PyTorch layout (conv kernels (out, in, kh, kw)); loading it back is exact."""
+    from safetensors.numpy import load_file
+
+    unet = tiny_pt.components["unet"]
+    params = {k: np.asarray(v) for k, v in tiny_pt.params["unet"].items()}
+    path = weights.save_params(params, tmp_path / "unet" / "diffusion_pytorch_model.safetensors")
+    original = load_file(str(FIXTURES / "tiny-pt" / "unet" / "diffusion_pytorch_model.safetensors"))
+    saved = load_file(str(path))
+    assert saved.keys() == original.keys() and all(np.array_equal(saved[k], original[k]) for k in saved)
+    again = weights.load_params(unet, [path], np.float32)
+    assert all(np.array_equal(np.asarray(again[k]), params[k]) for k in params)
+
+
+@pytest.fixture(scope="module")
+def tiny_shapes_engine():
+    from sdxl_engine.config import EngineConfig
+    from sdxl_engine.engine import Engine
+
+    return Engine(EngineConfig.load({"model": "tiny-shapes"}, environ={}), log=lambda *_: None).start()
+
+
+TINY_SHAPES = json.loads((FIXTURES / "tiny-shapes-reference.json").read_text())
+
+
+@pytest.mark.parametrize("k", range(len(TINY_SHAPES["cases"])))
+def test_tiny_shapes_images_unchanged(tiny_shapes_engine, k, monkeypatch):
+    """The previous engine (diffusers' Flax classes) made these images. With its integer timesteps the
+    own modules give the same pixels (max 2/255); the engine now passes the scheduler's float
+    timesteps to the UNet as diffusers' PyTorch pipeline does, which moves them by mean <= 0.5/255."""
+    from sdxl_engine import engine as engine_module
+    from sdxl_engine.validation import GenerateRequest
+
+    case = TINY_SHAPES["cases"][k]
+    request = GenerateRequest(case["prompt"], case["negative_prompt"], case["seed"], case["guidance_scale"],
+                              case["num_inference_steps"], case["width"], case["height"])
+    with np.load(FIXTURES / "tiny-shapes-reference.npz") as data:
+        expected = data[f"case{k}_images"].astype(np.int32)
+    now = tiny_shapes_engine.generate(request)
+    assert now.seeds == case["seeds"]
+    assert np.abs(now.images.astype(np.int32) - expected).mean() <= 0.5
+
+    def integer_timesteps(config, steps, max_steps):
+        t, s, init = euler_schedule(config, steps, max_steps)
+        return np.floor(t), s, init
+
+    monkeypatch.setattr(engine_module, "euler_schedule", integer_timesteps)
+    monkeypatch.setattr(tiny_shapes_engine, "_schedules", {})
+    before = tiny_shapes_engine.generate(request)
+    assert np.abs(before.images.astype(np.int32) - expected).max() <= 2
