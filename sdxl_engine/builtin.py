@@ -1,15 +1,16 @@
 """Built-in models that need no download: a trained tiny SDXL, and the architecture at two scales.
 
 * ``tiny-shapes`` (the default): the SDXL architecture scaled to 64x64 images, trained here on
-  captioned shapes (``python -m sdxl_engine.train``); shipped as ``assets/tiny-shapes``.
+  captioned shapes (``python -m sdxl_engine.tools.train``); shipped as ``assets/tiny-shapes``.
 
 * ``tiny-random``: the SDXL architecture (two CLIP text encoders, the second with projection and
   its pooled output feeding ``text_embeds``; a UNet with ``text_time`` added conditioning and
   cross-attention; a KL VAE; the Euler discrete scheduler) scaled down so a 4-image request
   runs in well under a second on a CPU. Deterministic (fixed PRNG seeds), written once in
   diffusers format under the model cache and loaded from there like any other model.
-* ``sdxl-base-random``: the real SDXL 1.0 base configuration (UNet 2.57 B params) with random
-  weights, built in memory for benchmarks on any machine; never written to disk.
+* ``sdxl-base-random``: the real SDXL 1.0 base configuration (UNet 2.57 B params, configs in
+  ``sdxl_engine/configs/sdxl-base-1.0``) with random weights made on the devices, for benchmarks
+  on any machine; never written to disk.
 
 The tokenizer vocabulary is the project's own: CLIP's 512 byte-level base symbols, BPE merges
 that spell out a fixed English word list, then ``<|startoftext|>`` and ``<|endoftext|>`` last
@@ -30,50 +31,22 @@ from transformers import CLIPTokenizer
 from .models import build_component
 from .weights import save_folder
 
-# Scheduler of SDXL 1.0 base (scheduler/scheduler_config.json), shared by every built-in model.
-SDXL_SCHEDULER = dict(
-    num_train_timesteps=1000,
-    beta_start=0.00085,
-    beta_end=0.012,
-    beta_schedule="scaled_linear",
-    prediction_type="epsilon",
-    timestep_spacing="leading",
-)
+# SDXL 1.0 base's config.json files, byte-identical to the hub's (sdxl_engine/configs/README.md).
+SDXL_BASE_DIR = Path(__file__).resolve().parent / "configs" / "sdxl-base-1.0"
+_HEADERS = ("_class_name", "_diffusers_version", "_name_or_path", "architectures", "model_type", "torch_dtype",
+            "transformers_version")
 
-# SDXL 1.0 base component configs (unet/config.json, vae/config.json, text_encoder*/config.json).
-SDXL_BASE = dict(
-    unet=dict(
-        sample_size=128,
-        in_channels=4,
-        out_channels=4,
-        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
-        up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"),
-        block_out_channels=(320, 640, 1280),
-        layers_per_block=2,
-        attention_head_dim=(5, 10, 20),
-        cross_attention_dim=2048,
-        use_linear_projection=True,
-        transformer_layers_per_block=(1, 2, 10),
-        addition_embed_type="text_time",
-        addition_time_embed_dim=256,
-        projection_class_embeddings_input_dim=2816,
-    ),
-    vae=dict(
-        in_channels=3,
-        out_channels=3,
-        down_block_types=("DownEncoderBlock2D",) * 4,
-        up_block_types=("UpDecoderBlock2D",) * 4,
-        block_out_channels=(128, 256, 512, 512),
-        layers_per_block=2,
-        latent_channels=4,
-        sample_size=1024,
-        scaling_factor=0.13025,
-    ),
-    text_encoder=dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
-                      hidden_act="quick_gelu", projection_dim=768, vocab_size=49408),
-    text_encoder_2=dict(hidden_size=1280, intermediate_size=5120, num_hidden_layers=32, num_attention_heads=20,
-                        hidden_act="gelu", projection_dim=1280, vocab_size=49408),
-)
+
+def _config(path: Path) -> dict:
+    """A config.json without its class and version header."""
+    return {k: v for k, v in json.loads(path.read_text()).items() if k not in _HEADERS}
+
+
+# Scheduler of SDXL 1.0 base (Euler, leading spacing, steps_offset 1), shared by every built-in model.
+SDXL_SCHEDULER = _config(SDXL_BASE_DIR / "scheduler" / "scheduler_config.json")
+# SDXL 1.0 base's components (UNet 2.57 B params), for ``sdxl-base-random`` and the full-size cost report.
+SDXL_BASE_CONFIGS = {name: _config(SDXL_BASE_DIR / name / "config.json")
+                     for name in ("text_encoder", "text_encoder_2", "unet", "vae")}
 
 # The same architecture scaled down: 64x64 images, 16x16 latents (VAE factor 4).
 TINY = dict(
@@ -254,8 +227,3 @@ def model_path(name: str, cache_dir: str) -> Path:
         shutil.rmtree(staging, ignore_errors=True)
     return out
 
-
-# SDXL 1.0 base as config.json dicts (legacy eos_token_id 2: pool at the largest token id, as the
-# real text encoder configs say), for ``sdxl-base-random``.
-SDXL_BASE_CONFIGS = {k: ({**v, "bos_token_id": 0, "eos_token_id": 2} if k.startswith("text") else v)
-                     for k, v in component_configs(SDXL_BASE, 49408).items()}

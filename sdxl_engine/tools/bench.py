@@ -43,6 +43,7 @@ from ..program import cfg_combine, encode_prompts, euler_step, latent_shape
 from ..sharding import DATA_AXIS
 from ..validation import GenerateRequest
 from . import fullsize
+from .report import write_section
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -263,17 +264,6 @@ def markdown(r: dict) -> str:
     lines.append(f"| 7. bench process peak host RSS | {r['peak_host_rss_mb']:.0f} MiB |")
     lines.append(f"| 7. device peak bytes | {r['device_peak_bytes'] or 'not reported by this backend'} |")
     return "\n".join(lines)
-
-
-def write_section(md_path: Path, name: str, body: str) -> None:
-    """Replace the text between ``<!-- bench:NAME:begin/end -->`` in BENCHMARKS.md (appended if absent)."""
-    begin, end = f"<!-- bench:{name}:begin -->", f"<!-- bench:{name}:end -->"
-    text = md_path.read_text() if md_path.exists() else "# Benchmarks\n"
-    if begin not in text:
-        text = text.rstrip("\n") + f"\n\n{begin}\n{end}\n"
-    head, _, rest = text.partition(begin)
-    _, _, tail = rest.partition(end)
-    md_path.write_text(f"{head}{begin}\n{body}\n{end}{tail}")
 
 
 def main(argv=None) -> None:

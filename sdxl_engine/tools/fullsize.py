@@ -1,126 +1,57 @@
-"""Full-size SDXL base with random weights: lower the real architecture and count its FLOPs.
+"""Full-size SDXL base on this machine: XLA's cost of a request, and parity with diffusers' PyTorch.
 
-``python -m sdxl_engine.bench --full-size`` builds the SDXL 1.0 base modules (UNet 2.57 B
-params) in bfloat16 with *abstract* parameters (``jax.eval_shape``: shapes and dtypes, no
-memory), lowers one CFG UNet step, one VAE decode and the two text encoders at 1024², and
-reports XLA's cost analysis. No weights are downloaded or materialised, so any machine can
-check that the real architecture lowers through the engine's code and what a request costs.
+    python -m sdxl_engine.tools.bench --full-size          # cost: lower the real architecture, count FLOPs
+    python -m sdxl_engine.tools.fullsize parity DIR        # DIR from `make_fixtures fullsize --out DIR`
+
+``cost``: SDXL 1.0 base's real configs (sdxl_engine/configs/sdxl-base-1.0) with *abstract*
+bfloat16 parameters (shapes only, no memory): one CFG UNet step, one VAE decode and the two text
+encoders at 1024², lowered and counted by XLA, and the engine's whole program lowered too.
+
+``parity``: random full-size weights saved as safetensors by diffusers/transformers' PyTorch
+classes (``sdxl_engine.tools.make_fixtures fullsize``), loaded by the engine's loader in bfloat16
+(load time and peak memory against the parameters' size) and in float32, then compared with the
+PyTorch outputs saved beside them: the text encoders, one UNet call with CFG (batch 2, 64x64
+latents, i.e. 512²) and one VAE decode, at rtol 1e-3.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
+from pathlib import Path
 
-from . import builtin
+import jax
+import jax.numpy as jnp
+import numpy as np
 
+from .. import builtin
+from ..loading import LoadedModel, load_folder
+from ..models import build_component
+from ..program import ProgramInputs, ProgramShape, jit_program, latent_shape
+from ..sharding import make_mesh
+from .report import write_section
 
-def build_modules(spec: dict, vocab_size: int, dtype_name: str) -> dict:
-    """Flax module objects (no params) of an SDXL-architecture spec such as builtin.SDXL_BASE."""
-    import jax.numpy as jnp
-    from diffusers import FlaxAutoencoderKL, FlaxUNet2DConditionModel
-    from transformers import FlaxCLIPTextModel, FlaxCLIPTextModelWithProjection
-
-    dtype = getattr(jnp, dtype_name)
-    cfg1, cfg2 = builtin.clip_configs(spec, vocab_size)
-    return {
-        "text_encoder": FlaxCLIPTextModel(cfg1, _do_init=False, dtype=dtype),
-        "text_encoder_2": FlaxCLIPTextModelWithProjection(cfg2, _do_init=False, dtype=dtype),
-        "unet": FlaxUNet2DConditionModel(**spec["unet"], dtype=dtype),
-        "vae": FlaxAutoencoderKL(**spec["vae"], dtype=dtype),
-    }
+ROOT = Path(__file__).resolve().parents[2]
 
 
-def _init_fns(modules: dict) -> dict:
-    return {
-        "text_encoder": lambda key: modules["text_encoder"].init_weights(key, (1, 77)),
-        "text_encoder_2": lambda key: modules["text_encoder_2"].init_weights(key, (1, 77)),
-        "unet": modules["unet"].init_weights,
-        "vae": modules["vae"].init_weights,
-    }
-
-
-def abstract_params(modules: dict, dtype_name: str) -> dict:
-    """{component: tree of ShapeDtypeStruct in ``dtype_name``}: shapes only, no memory."""
-    import jax
-    import jax.numpy as jnp
-
-    dtype = getattr(jnp, dtype_name)
-    shapes = {k: jax.eval_shape(fn, jax.random.key(0)) for k, fn in _init_fns(modules).items()}
-    return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, dtype), shapes)
-
-
-def random_params(modules: dict, dtype_name: str, seed: int = 0) -> dict:
-    """Random params, initialised and cast to ``dtype_name`` inside one jit per component.
-
-    On an accelerator the arrays are created on the device (no host copy of 10 GB of float32).
-    """
-    import jax
-    import jax.numpy as jnp
-
-    dtype = getattr(jnp, dtype_name)
-    keys = jax.random.split(jax.random.key(seed), 4)
-    return {k: jax.jit(lambda key, fn=fn: jax.tree.map(lambda x: x.astype(dtype), fn(key)))(key)
-            for key, (k, fn) in zip(keys, _init_fns(modules).items())}
-
-
-def random_model(spec: dict = builtin.SDXL_BASE, dtype_name: str = "bfloat16", seed: int = 0, name: str = "sdxl-base-random"):
-    """A LoadedModel of ``spec`` with random weights (the ``sdxl-base-random`` built-in model)."""
-    import tempfile
-    from pathlib import Path
-
-    from diffusers import FlaxEulerDiscreteScheduler
-    from transformers import CLIPTokenizer
-
-    from .loading import LoadedModel
-
-    t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory() as tmp:
-        builtin.write_tokenizers(Path(tmp))
-        tokenizers = [CLIPTokenizer.from_pretrained(str(Path(tmp) / sub)) for sub in ("tokenizer", "tokenizer_2")]
-    modules = build_modules(spec, spec["text_encoder"].get("vocab_size", len(tokenizers[0])), dtype_name)
-    return LoadedModel(name=name, tokenizer=tokenizers[0], tokenizer_2=tokenizers[1],
-                       scheduler=FlaxEulerDiscreteScheduler(**builtin.SDXL_SCHEDULER),
-                       params=random_params(modules, dtype_name, seed), dtype=dtype_name,
-                       load_s=time.perf_counter() - t0, **modules)
+def sdxl_base_model(dtype: str = "bfloat16") -> LoadedModel:
+    """SDXL 1.0 base's components with abstract parameters (ShapeDtypeStructs), no tokenizers."""
+    components = {n: build_component(n, c) for n, c in builtin.SDXL_BASE_CONFIGS.items()}
+    return LoadedModel(name="sdxl-base-abstract", components=components,
+                       params={n: c.abstract(jnp.dtype(dtype)) for n, c in components.items()},
+                       tokenizer=None, tokenizer_2=None, scheduler_config=dict(builtin.SDXL_SCHEDULER), dtype=dtype)
 
 
 def count_params(tree) -> int:
-    import jax
-    import numpy as np
-
     return int(sum(np.prod(x.shape) for x in jax.tree.leaves(tree)))
 
 
 def lowered_flops(fn, *args) -> float:
     """XLA's FLOP count of ``jax.jit(fn)`` lowered for abstract ``args`` (no compile, no run)."""
-    import jax
-
     cost = jax.jit(fn).lower(*args).cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     return float(cost["flops"])
-
-
-def lower_engine_program(modules, params, size: int, steps: int, images: int) -> float:
-    """Lower the engine's own sharded program (program.py) for full-size SDXL; seconds taken.
-
-    Raises whatever lowering raises: the point is to show the real architecture goes through
-    the same code path the server compiles.
-    """
-    from diffusers import FlaxEulerDiscreteScheduler
-
-    from .loading import LoadedModel
-    from .program import ProgramShape, abstract_inputs, jit_program
-    from .sharding import make_mesh
-
-    t0 = time.perf_counter()
-    model = LoadedModel(name="sdxl-base-random", tokenizer=None, tokenizer_2=None,
-                        scheduler=FlaxEulerDiscreteScheduler(**builtin.SDXL_SCHEDULER), params=params,
-                        dtype="bfloat16", **modules)
-    mesh = make_mesh()
-    shape = ProgramShape(images, size, size, steps)
-    jit_program(model, shape, mesh).lower(params, *abstract_inputs(shape, mesh))
-    return time.perf_counter() - t0
 
 
 def cost_report(size: int = 1024, steps: int = 20, images: int = 4) -> dict:
@@ -129,41 +60,38 @@ def cost_report(size: int = 1024, steps: int = 20, images: int = 4) -> dict:
     Per request: images x (steps x unet_cfg_step + vae_decode) + text encoders (prompt and
     negative prompt for every image), as the engine's program runs them.
     """
-    import jax
-    import jax.numpy as jnp
-
     t0 = time.perf_counter()
-    modules = build_modules(builtin.SDXL_BASE, 49408, "bfloat16")
-    params = abstract_params(modules, "bfloat16")
-    unet, vae = modules["unet"], modules["vae"]
-    s = jax.ShapeDtypeStruct
-    bf16 = jnp.bfloat16
-    latent = size // 8
+    model = sdxl_base_model()
+    c, p = model.components, model.params
+    s, bf16 = jax.ShapeDtypeStruct, jnp.bfloat16
+    latent = size // model.vae_scale_factor
 
-    def unet_cfg_step(p, x, t, hidden, text_embeds, time_ids):
-        return unet.apply({"params": p}, x, t, encoder_hidden_states=hidden,
-                          added_cond_kwargs={"text_embeds": text_embeds, "time_ids": time_ids}).sample
-
-    def vae_decode(p, z):
-        return vae.apply({"params": p}, z, method=vae.decode).sample
+    def unet_cfg_step(params, x, t, hidden, text_embeds, time_ids):
+        return c["unet"].bind(params)(x, t, hidden, text_embeds, time_ids)
 
     def text_encoders(p1, p2, ids):
-        h1 = modules["text_encoder"](ids, params=p1, output_hidden_states=True).hidden_states[-2]
-        out2 = modules["text_encoder_2"](ids, params=p2, output_hidden_states=True)
-        return h1, out2.hidden_states[-2], out2.text_embeds
+        out2 = c["text_encoder_2"].bind(p2)(ids)
+        return c["text_encoder"].bind(p1)(ids, penultimate_only=True).penultimate, out2.penultimate, out2.text_embeds
 
     flops = {
-        "unet_cfg_step": lowered_flops(unet_cfg_step, params["unet"], s((2, 4, latent, latent), bf16), s((2,), jnp.int32),
-                                       s((2, 77, 2048), bf16), s((2, 1280), bf16), s((2, 6), bf16)),
-        "vae_decode": lowered_flops(vae_decode, params["vae"], s((1, 4, latent, latent), bf16)),
-        "text_encoders_per_prompt": lowered_flops(text_encoders, params["text_encoder"], params["text_encoder_2"],
+        "unet_cfg_step": lowered_flops(unet_cfg_step, p["unet"], s((2, 4, latent, latent), jnp.float32),
+                                       s((2,), jnp.float32), s((2, 77, 2048), bf16), s((2, 1280), bf16),
+                                       s((2, 6), jnp.float32)),
+        "vae_decode": lowered_flops(lambda params, z: c["vae"].bind(params).decode(z), p["vae"],
+                                    s((1, 4, latent, latent), jnp.float32)),
+        "text_encoders_per_prompt": lowered_flops(text_encoders, p["text_encoder"], p["text_encoder_2"],
                                                   s((1, 77), jnp.int32)),
     }
-    program_lower_s = lower_engine_program(modules, params, size, steps, images)
+    t1 = time.perf_counter()
+    mesh = make_mesh()
+    shape = ProgramShape(images, size, size, steps)
+    jit_program(model, shape, mesh).lower(model.params, ProgramInputs.abstract(
+        shape, latent_shape(model, size, size), mesh))
+    program_lower_s = time.perf_counter() - t1
     per_request = images * (steps * flops["unet_cfg_step"] + flops["vae_decode"] + 2 * flops["text_encoders_per_prompt"])
     return {
         "size": size, "steps": steps, "images": images, "dtype": "bfloat16",
-        "params": {k: count_params(v) for k, v in params.items()},
+        "params": {k: count_params(v) for k, v in p.items()},
         "tflop": {k: v / 1e12 for k, v in flops.items()},
         "tflop_per_request": per_request / 1e12,
         "lower_s": time.perf_counter() - t0,
@@ -175,7 +103,7 @@ def cost_report(size: int = 1024, steps: int = 20, images: int = 4) -> dict:
 def markdown(r: dict) -> str:
     p = r["params"]
     return "\n".join([
-        f"Full-size SDXL base, random bfloat16 weights, lowered on `{r['platform']}` (not run) in {r['lower_s']:.0f} s:",
+        f"Full-size SDXL base, abstract bfloat16 weights, lowered on `{r['platform']}` (not run) in {r['lower_s']:.0f} s:",
         "", "| what | value |", "|---|---|",
         f"| UNet params | {p['unet'] / 1e9:.3f} B |",
         f"| text encoders params | {p['text_encoder'] / 1e6:.0f} M + {p['text_encoder_2'] / 1e6:.0f} M |",
@@ -188,11 +116,101 @@ def markdown(r: dict) -> str:
     ])
 
 
-def main(args) -> None:
-    from pathlib import Path
+def _rss(field: str) -> int:
+    """Bytes of ``VmRSS`` / ``VmHWM`` (peak) in /proc/self/status (Linux)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
 
-    from .bench import write_section
+
+def _reset_peak() -> None:
+    with open("/proc/self/clear_refs", "w") as f:  # Linux: VmHWM := VmRSS
+        f.write("5")
+
+
+def timed_load(folder: Path, dtype: str) -> tuple[LoadedModel, dict]:
+    """Load ``folder`` in ``dtype`` onto the default device; seconds, peak RSS growth and params bytes."""
+    _reset_peak()
+    before, t0 = _rss("VmRSS"), time.perf_counter()
+    model = load_folder(folder, folder.name, dtype, log=lambda *_: None)
+    jax.block_until_ready(model.params)
+    nbytes = sum(v.nbytes for c in model.params.values() for v in c.values())
+    return model, {"dtype": dtype, "load_s": time.perf_counter() - t0, "params_gb": nbytes / 1e9,
+                   "peak_growth_gb": (_rss("VmHWM") - before) / 1e9,
+                   "peak_over_params": (_rss("VmHWM") - before) / nbytes}
+
+
+def relative_error(ours, reference: np.ndarray) -> float:
+    """max |ours - reference| / max |reference| (float64)."""
+    ours = np.asarray(ours, np.float64)
+    return float(np.abs(ours - reference).max() / np.abs(reference).max())
+
+
+def parity(folder: Path) -> dict:
+    """Load full-size random weights and compare each component with PyTorch's outputs (see the module docstring)."""
+    with np.load(folder / "reference" / "arrays.npz") as data:
+        ref = dict(data)
+    out = {"loads": []}
+    model, stats = timed_load(folder, "bfloat16")
+    out["loads"].append(stats)
+    del model
+    model, stats = timed_load(folder, "float32")
+    out["loads"].append(stats)
+    c, p = model.components, model.params
+    t0 = time.perf_counter()
+    te1 = jax.jit(lambda params, ids: c["text_encoder"].bind(params)(ids))(p["text_encoder"], ref["ids_1"])
+    te2 = jax.jit(lambda params, ids: c["text_encoder_2"].bind(params)(ids))(p["text_encoder_2"], ref["ids_2"])
+    unet = jax.jit(lambda params, *a: c["unet"].bind(params)(*a))(
+        p["unet"], ref["unet_sample"], ref["unet_timesteps"], ref["unet_encoder_hidden_states"],
+        ref["unet_text_embeds"], ref["unet_time_ids"])
+    vae = jax.jit(lambda params, z: c["vae"].bind(params).decode(z))(p["vae"], ref["vae_decode_in"])
+    out["run_s"] = time.perf_counter() - t0
+    out["relative_error"] = {
+        "te1_hidden": relative_error(te1.penultimate, ref["te1_hidden"]),
+        "te1_pooled": relative_error(te1.pooled, ref["te1_pooled"]),
+        "te2_hidden": relative_error(te2.penultimate, ref["te2_hidden"]),
+        "te2_text_embeds": relative_error(te2.text_embeds, ref["te2_text_embeds"]),
+        "unet_cfg_batch2_64x64": relative_error(unet, ref["unet_out"]),
+        "vae_decode_512": relative_error(vae, ref["vae_decode_out"]),
+    }
+    out["allclose_rtol_1e-3"] = {
+        "unet": bool(np.allclose(np.asarray(unet), ref["unet_out"], rtol=1e-3, atol=1e-3 * np.abs(ref["unet_out"]).max())),
+        "vae": bool(np.allclose(np.asarray(vae), ref["vae_decode_out"], rtol=1e-3,
+                                atol=1e-3 * np.abs(ref["vae_decode_out"]).max())),
+    }
+    return out
+
+
+def parity_markdown(r: dict) -> str:
+    lines = ["Full-size SDXL base (random weights saved as safetensors by diffusers/transformers' PyTorch classes), "
+             "loaded by the engine on this CPU and compared with PyTorch in float32:", "",
+             "| load | seconds | params | peak RSS growth | peak / params |", "|---|---|---|---|---|"]
+    lines += [f"| {s['dtype']} | {s['load_s']:.0f} | {s['params_gb']:.2f} GB | {s['peak_growth_gb']:.2f} GB | "
+              f"{s['peak_over_params']:.2f}x |" for s in r["loads"]]
+    lines += ["", "| output (float32) | max abs error / max abs value |", "|---|---|"]
+    lines += [f"| {k} | {v:.1e} |" for k, v in r["relative_error"].items()]
+    return "\n".join(lines)
+
+
+def main(args=None) -> None:
+    """``bench --full-size`` calls this with its args (cost); ``python -m ...fullsize parity DIR`` runs parity."""
+    if args is None:
+        parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+        parser.add_argument("command", choices=("cost", "parity"))
+        parser.add_argument("folder", nargs="?", help="parity: the folder make_fixtures fullsize wrote")
+        parser.add_argument("--md", default=str(ROOT / "BENCHMARKS.md"))
+        parser.add_argument("--json", default=str(ROOT / "bench.json"))
+        args = parser.parse_args()
+    if getattr(args, "command", "cost") == "parity":
+        report = parity(Path(args.folder))
+        Path(args.json).with_name("bench_fullsize_parity.json").write_text(json.dumps(report, indent=2))
+        write_section(Path(args.md), "fullsize-parity", parity_markdown(report))
+        print(parity_markdown(report))
+        return
     report = cost_report()
     Path(args.json).with_name("bench_fullsize.json").write_text(json.dumps(report, indent=2))
     write_section(Path(args.md), "fullsize", markdown(report))
     print(markdown(report))
+
+
+if __name__ == "__main__":
+    main()
