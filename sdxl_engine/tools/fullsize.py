@@ -2,6 +2,7 @@
 
     python -m sdxl_engine.tools.bench --full-size          # cost: lower the real architecture, count FLOPs
     python -m sdxl_engine.tools.fullsize parity DIR        # DIR from `make_fixtures fullsize --out DIR`
+    python -m sdxl_engine.tools.fullsize load DIR --dtype bfloat16   # load time and peak memory alone
 
 ``cost``: SDXL 1.0 base's real configs (sdxl_engine/configs/sdxl-base-1.0) with *abstract*
 bfloat16 parameters (shapes only, no memory): one CFG UNet step, one VAE decode and the two text
@@ -18,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -139,6 +142,13 @@ def timed_load(folder: Path, dtype: str) -> tuple[LoadedModel, dict]:
                    "peak_over_params": (_rss("VmHWM") - before) / nbytes}
 
 
+def measure_load(folder: Path, dtype: str) -> dict:
+    """:func:`timed_load` in a fresh process (a process's peak memory is only clean once)."""
+    out = subprocess.run([sys.executable, "-m", "sdxl_engine.tools.fullsize", "load", str(folder), "--dtype", dtype],
+                         cwd=ROOT, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def relative_error(ours, reference: np.ndarray) -> float:
     """max |ours - reference| / max |reference| (float64)."""
     ours = np.asarray(ours, np.float64)
@@ -149,12 +159,8 @@ def parity(folder: Path) -> dict:
     """Load full-size random weights and compare each component with PyTorch's outputs (see the module docstring)."""
     with np.load(folder / "reference" / "arrays.npz") as data:
         ref = dict(data)
-    out = {"loads": []}
-    model, stats = timed_load(folder, "bfloat16")
-    out["loads"].append(stats)
-    del model
-    model, stats = timed_load(folder, "float32")
-    out["loads"].append(stats)
+    out = {"loads": [measure_load(folder, dtype) for dtype in ("bfloat16", "float32")]}
+    model = load_folder(folder, folder.name, "float32", log=lambda *_: None)
     c, p = model.components, model.params
     t0 = time.perf_counter()
     te1 = jax.jit(lambda params, ids: c["text_encoder"].bind(params)(ids))(p["text_encoder"], ref["ids_1"])
@@ -195,11 +201,15 @@ def main(args=None) -> None:
     """``bench --full-size`` calls this with its args (cost); ``python -m ...fullsize parity DIR`` runs parity."""
     if args is None:
         parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-        parser.add_argument("command", choices=("cost", "parity"))
-        parser.add_argument("folder", nargs="?", help="parity: the folder make_fixtures fullsize wrote")
+        parser.add_argument("command", choices=("cost", "parity", "load"))
+        parser.add_argument("folder", nargs="?", help="parity, load: the folder make_fixtures fullsize wrote")
+        parser.add_argument("--dtype", default="bfloat16", help="load: the parameters' dtype")
         parser.add_argument("--md", default=str(ROOT / "BENCHMARKS.md"))
         parser.add_argument("--json", default=str(ROOT / "bench.json"))
         args = parser.parse_args()
+    if getattr(args, "command", "cost") == "load":
+        print(json.dumps(timed_load(Path(args.folder), args.dtype)[1]))
+        return
     if getattr(args, "command", "cost") == "parity":
         report = parity(Path(args.folder))
         Path(args.json).with_name("bench_fullsize_parity.json").write_text(json.dumps(report, indent=2))
