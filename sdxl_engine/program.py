@@ -2,14 +2,17 @@
 
 Static (bound before compiling; changing any of them compiles a new program): the model's
 modules (their graph definitions), the batch size, the image height and width, the largest
-step count and the prediction type. Everything that changes per request is a traced array in
-:class:`ProgramInputs`, so a new prompt, negative prompt, seed, guidance scale or step count (up
-to ``max_steps``) reuses the same executable.
+step count, the prediction type and whether classifier-free guidance runs (guidance > 1, as
+diffusers decides). Everything that changes per request is a traced array in
+:class:`ProgramInputs`, so a new prompt, negative prompt, seed, guidance scale (within one CFG
+mode), step count (up to ``max_steps``) or sampler (schedulers.py: every sampler is per-step
+coefficients) reuses the same executable.
 
 The initial noise of image i is ``jax.random.normal(jax.random.key(seed_i), (C, H/f, W/f),
 float32)`` (channels-first; f the VAE factor, 8 for SDXL), with ``seed_i = seed + i`` for the
-request's seed, times the scheduler's ``init_noise_sigma``: any implementation can reproduce an
-image from its seed with JAX's threefry generator.
+request's seed, times the sampler's initial scale (diffusers' ``init_noise_sigma``); Euler a's
+step noise is ``jax.random.normal(jax.random.fold_in(jax.random.key(seed_i), step + 1), ...)``:
+any implementation can reproduce an image from its seed with JAX's threefry generator.
 
 Outputs: ``images`` (batch, height, width, 3) uint8, channels-last, 0..255; ``finite`` (batch,)
 bool, False where the decoded image held NaN or inf (the caller reports an error instead of
@@ -31,6 +34,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from .loading import LoadedModel
+from .schedulers import Schedule
 from .sharding import DATA_AXIS, check_batch
 
 TOKENS = 77  # CLIP context length of both SDXL tokenizers
@@ -43,7 +47,8 @@ class ProgramShape:
     batch: int  # images per request (global, over all devices)
     height: int  # pixels
     width: int  # pixels
-    max_steps: int  # longest denoising loop the padded sigmas allow
+    max_steps: int  # longest denoising loop the padded schedule allows
+    cfg: bool = True  # classifier-free guidance (UNet on 2 x batch); False: guidance <= 1, conditional only
     given_latents: bool = False  # True: initial latents come in ProgramInputs.latents (tests, tools)
 
 
@@ -59,11 +64,13 @@ class ProgramInputs:
     negative_ids          (batch, 2, 77)            int32      the same for the negative prompt
     negative_zero         (batch,)                  float32    1 = empty negative prompt: zero embeddings
     seeds                 (batch,)                  uint32     image i's initial noise comes from seed i
-    guidance_scale        (batch,)                  float32    classifier-free guidance scale
-    timesteps             (max_steps,)              float32    scheduler timesteps, padded after num_steps
-    sigmas                (max_steps + 1,)          float32    Euler sigmas, sigmas[num_steps] = 0
+    guidance_scale        (batch,)                  float32    classifier-free guidance scale (cfg only)
+    timesteps             (max_steps,)              float32    the UNet's timestep per step, padded
+    sigmas                (max_steps + 1,)          float32    sigma-space noise level per step
+    a, b, c, d            (max_steps,)              float32    the sampler's update (schedulers.py)
     num_steps             ()                        int32      denoising steps to run (1..max_steps)
-    init_noise_sigma      ()                        float32    scale of the initial noise
+    init_scale            ()                        float32    initial latents = noise x init_scale
+    final_scale           ()                        float32    VAE input = final latents x final_scale
     latents               (batch, C, h, w) or None  float32    given initial noise (given_latents only)
     ====================  ========================  =========  ======================================
     """
@@ -75,24 +82,47 @@ class ProgramInputs:
     guidance_scale: jax.Array
     timesteps: jax.Array
     sigmas: jax.Array
+    a: jax.Array
+    b: jax.Array
+    c: jax.Array
+    d: jax.Array
     num_steps: jax.Array
-    init_noise_sigma: jax.Array
+    init_scale: jax.Array
+    final_scale: jax.Array
     latents: jax.Array | None = None
 
     @staticmethod
     def specs(given_latents: bool = False) -> "ProgramInputs":
         """PartitionSpecs: per-image fields split over ``data``, the schedule replicated."""
         d, r = P(DATA_AXIS), P()
-        return ProgramInputs(d, d, d, d, d, r, r, r, r, d if given_latents else None)
+        return ProgramInputs(d, d, d, d, d, r, r, r, r, r, r, r, r, r, d if given_latents else None)
+
+    @staticmethod
+    def build(prompt_ids: np.ndarray, negative_ids: np.ndarray, negative_empty: bool, seeds, guidance_scale: float,
+              schedule: Schedule, steps: int, max_steps: int, latents: np.ndarray | None = None) -> "ProgramInputs":
+        """One request's inputs: (2, 77) ids broadcast to every image, a seed per image, a padded schedule.
+
+        ``negative_empty``: no negative prompt, so its embeddings are zeros (SDXL base's
+        ``force_zeros_for_empty_prompt``).
+        """
+        n = len(seeds)
+        return ProgramInputs(
+            prompt_ids=np.broadcast_to(prompt_ids, (n, 2, TOKENS)),
+            negative_ids=np.broadcast_to(negative_ids, (n, 2, TOKENS)),
+            negative_zero=np.full((n,), float(negative_empty), np.float32),
+            seeds=np.asarray(seeds, np.uint32), guidance_scale=np.full((n,), guidance_scale, np.float32),
+            **schedule.padded(max_steps), num_steps=np.int32(steps), init_scale=np.float32(schedule.init_scale),
+            final_scale=np.float32(schedule.final_scale), latents=latents)
 
     @staticmethod
     def abstract(shape: ProgramShape, latent_shape: tuple[int, int, int], mesh: Mesh) -> "ProgramInputs":
         """ShapeDtypeStructs with their shardings, for lowering ahead of time."""
-        b, n, s = shape.batch, shape.max_steps, jax.ShapeDtypeStruct
+        b, n, s, f32 = shape.batch, shape.max_steps, jax.ShapeDtypeStruct, jnp.float32
+        steps = s((n,), f32)
         structs = ProgramInputs(
-            s((b, 2, TOKENS), jnp.int32), s((b, 2, TOKENS), jnp.int32), s((b,), jnp.float32), s((b,), jnp.uint32),
-            s((b,), jnp.float32), s((n,), jnp.float32), s((n + 1,), jnp.float32), s((), jnp.int32), s((), jnp.float32),
-            s((b, *latent_shape), jnp.float32) if shape.given_latents else None)
+            s((b, 2, TOKENS), jnp.int32), s((b, 2, TOKENS), jnp.int32), s((b,), f32), s((b,), jnp.uint32),
+            s((b,), f32), steps, s((n + 1,), f32), steps, steps, steps, steps, s((), jnp.int32), s((), f32), s((), f32),
+            s((b, *latent_shape), f32) if shape.given_latents else None)
         return jax.tree.map(lambda x, spec: s(x.shape, x.dtype, sharding=NamedSharding(mesh, spec)), structs,
                             ProgramInputs.specs(shape.given_latents))
 
@@ -105,53 +135,6 @@ class CompiledProgram:
     executable: Callable  # (params, ProgramInputs) -> (images, finite)
     compile_s: float  # seconds to lower and compile (includes a persistent-cache hit)
     flops: float | None  # XLA's cost analysis of the whole program (all devices), if reported
-
-
-def euler_schedule(config: dict, num_steps: int, max_steps: int) -> tuple[np.ndarray, np.ndarray, float]:
-    """Euler discrete timesteps and sigmas on the host, padded to ``max_steps``.
-
-    The numbers of diffusers' ``EulerDiscreteScheduler.set_timesteps`` (``linspace``,
-    ``leading`` and ``trailing`` spacing, ``scaled_linear``/``linear`` betas), computed with numpy
-    so a new step count costs no device dispatch. Sigma formula: sigma = sqrt((1 - alphā) / alphā)
-    (Karras et al. 2022, k-diffusion), interpolated at the chosen timesteps.
-
-    Args:
-        config: scheduler_config.json fields (num_train_timesteps, beta_start, beta_end,
-            beta_schedule, timestep_spacing, steps_offset).
-    Returns:
-        timesteps (max_steps,) float32, sigmas (max_steps + 1,) float32 (zero after the last
-        real sigma), init_noise_sigma (float).
-    Raises:
-        ValueError: a beta schedule or spacing this engine does not implement.
-    """
-    n_train = config.get("num_train_timesteps", 1000)
-    beta_start, beta_end = config.get("beta_start", 0.0001), config.get("beta_end", 0.02)
-    schedule = config.get("beta_schedule", "linear")
-    if schedule == "scaled_linear":
-        betas = np.linspace(beta_start**0.5, beta_end**0.5, n_train, dtype=np.float32) ** 2
-    elif schedule == "linear":
-        betas = np.linspace(beta_start, beta_end, n_train, dtype=np.float32)
-    else:
-        raise ValueError(f"beta_schedule {schedule!r} is not supported (scaled_linear, linear)")
-    alphas_cumprod = np.cumprod(1.0 - betas, dtype=np.float32)
-    spacing = config.get("timestep_spacing", "linspace")
-    if spacing == "linspace":
-        timesteps = np.linspace(0, n_train - 1, num_steps, dtype=np.float32)[::-1].copy()
-    elif spacing == "leading":
-        ratio = n_train // num_steps
-        timesteps = (np.arange(num_steps) * ratio).round()[::-1].astype(np.float32) + config.get("steps_offset", 0)
-    elif spacing == "trailing":
-        timesteps = (np.round(np.arange(n_train, 0, -n_train / num_steps)) - 1).astype(np.float32)
-    else:
-        raise ValueError(f"timestep_spacing {spacing!r} is not supported (linspace, leading, trailing)")
-    all_sigmas = ((1 - alphas_cumprod) / alphas_cumprod) ** 0.5
-    sigmas = np.interp(timesteps, np.arange(n_train), all_sigmas).astype(np.float32)
-    init = float(sigmas.max()) if spacing in ("linspace", "trailing") else float((sigmas.max() ** 2 + 1) ** 0.5)
-    padded_t = np.zeros(max_steps, np.float32)
-    padded_t[:num_steps] = timesteps
-    padded_s = np.zeros(max_steps + 1, np.float32)
-    padded_s[:num_steps] = sigmas
-    return padded_t, padded_s, init
 
 
 def encode_prompts(components: dict, params: dict, ids: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -192,20 +175,29 @@ def cfg_combine(noise_uncond: jax.Array, noise_text: jax.Array, guidance_scale: 
     return noise_uncond + guidance_scale[:, None, None, None] * (noise_text - noise_uncond)
 
 
-def euler_step(latents, model_output, sigma, sigma_next, prediction_type: str):
-    """One Euler step x_{i+1} = x_i + d_i (sigma_{i+1} - sigma_i) (Karras et al. 2022, Alg. 2).
+def denoised(latents: jax.Array, model_output: jax.Array, sigma, prediction_type: str) -> jax.Array:
+    """The UNet's estimate of the clean latents x0 from sigma-space latents (Karras et al. 2022).
 
-    The derivative d = (x - x0_pred) / sigma is diffusers' ``EulerDiscreteScheduler.step`` (no
-    churn). All float32: latents (b, c, h, w), model_output like latents, sigmas scalars.
+    epsilon: x - sigma eps; v_prediction: x / (sigma^2 + 1) - sigma v / sqrt(sigma^2 + 1)
+    (Salimans & Ho 2022), as diffusers' ``EulerDiscreteScheduler.step`` computes
+    ``pred_original_sample``. Float32, (b, c, h, w).
     """
     if prediction_type == "epsilon":
-        pred_original = latents - sigma * model_output
-    elif prediction_type == "v_prediction":
-        pred_original = model_output * (-sigma / (sigma**2 + 1) ** 0.5) + latents / (sigma**2 + 1)
-    else:
-        raise ValueError(f"prediction_type {prediction_type!r} is not supported (epsilon, v_prediction)")
-    derivative = (latents - pred_original) / sigma
-    return latents + derivative * (sigma_next - sigma)
+        return latents - sigma * model_output
+    if prediction_type == "v_prediction":
+        return model_output * (-sigma / (sigma**2 + 1) ** 0.5) + latents / (sigma**2 + 1)
+    raise ValueError(f"prediction_type {prediction_type!r} is not supported (epsilon, v_prediction)")
+
+
+def sampler_update(latents, x0, x0_prev, noise, a, b, c, d):
+    """x_{i+1} = a x_i + b x0_i + c x0_{i-1} + d z_i: every sampler of schedulers.py in one update."""
+    return a * latents + b * x0 + c * x0_prev + d * noise
+
+
+def step_noise(seeds: jax.Array, step, latent_shape: tuple[int, int, int]) -> jax.Array:
+    """Euler a's noise at ``step`` for each image: normal(fold_in(key(seed), step + 1)); (b, C, h, w) float32."""
+    return jax.vmap(lambda s: jax.random.normal(jax.random.fold_in(jax.random.key(s), step + 1), latent_shape,
+                                                jnp.float32))(seeds)
 
 
 def initial_noise(seeds: jax.Array, latent_shape: tuple[int, int, int]) -> jax.Array:
@@ -235,34 +227,42 @@ def build_generate(model: LoadedModel, shape: ProgramShape, python_loop: bool = 
     def generate(params, inputs: ProgramInputs):
         b = inputs.prompt_ids.shape[0]
         unet, vae = unet_component.bind(params["unet"]), vae_component.bind(params["vae"])
-        # 1. Text: negative and positive prompts in one encoder batch, negatives first.
-        ids = jnp.concatenate([inputs.negative_ids, inputs.prompt_ids])  # (2b, 2, 77)
-        hidden, text_embeds = encode_prompts(model.components, params, ids)  # (2b, 77, D), (2b, P)
-        keep = jnp.concatenate([1.0 - inputs.negative_zero, jnp.ones((b,), jnp.float32)]).astype(hidden.dtype)
-        hidden = hidden * keep[:, None, None]  # empty negative prompt -> zeros, as SDXL base does
-        text_embeds = text_embeds * keep[:, None]
+        # 1. Text: with CFG the negative and positive prompts in one encoder batch, negatives first.
+        ids = jnp.concatenate([inputs.negative_ids, inputs.prompt_ids]) if shape.cfg else inputs.prompt_ids
+        hidden, text_embeds = encode_prompts(model.components, params, ids)  # (n, 77, D), (n, P); n = 2b or b
+        if shape.cfg:
+            keep = jnp.concatenate([1.0 - inputs.negative_zero, jnp.ones((b,), jnp.float32)]).astype(hidden.dtype)
+            hidden = hidden * keep[:, None, None]  # empty negative prompt -> zeros, as SDXL base does
+            text_embeds = text_embeds * keep[:, None]
+        rows = hidden.shape[0]
         size = jnp.array([shape.height, shape.width, 0, 0, shape.height, shape.width], jnp.float32)
-        add_time_ids = jnp.broadcast_to(size, (2 * b, 6))  # original size, crop top-left, target size
+        add_time_ids = jnp.broadcast_to(size, (rows, 6))  # original size, crop top-left, target size
 
         # 2. Initial noise, float32: image i from its own seed, whatever device it lands on.
         noise = inputs.latents if shape.given_latents else initial_noise(inputs.seeds, noise_shape)
-        latents = noise * inputs.init_noise_sigma  # (b, c, h, w)
+        latents = noise * inputs.init_scale  # (b, c, h, w), sigma space
 
-        # 3. Denoising loop: CFG over a doubled batch, Euler step in float32.
-        def step(i, latents):
-            sigma, sigma_next = inputs.sigmas[i], inputs.sigmas[i + 1]
-            x = jnp.concatenate([latents, latents]) / jnp.sqrt(sigma**2 + 1)  # (2b, c, h, w)
-            t = jnp.broadcast_to(inputs.timesteps[i], (2 * b,))
+        # 3. Denoising loop: the UNet (with CFG over a doubled batch), then the sampler's update, float32.
+        def step(i, carry):
+            latents, x0_prev = carry
+            sigma = inputs.sigmas[i]
+            x = latents / jnp.sqrt(sigma**2 + 1)  # the UNet's input scaling
+            x = jnp.concatenate([x, x]) if shape.cfg else x  # (rows, c, h, w)
+            t = jnp.broadcast_to(inputs.timesteps[i], (rows,))
             out = unet(x, t, hidden, text_embeds, add_time_ids).astype(jnp.float32)
-            noise_uncond, noise_text = jnp.split(out, 2)  # (b, c, h, w) each
-            return euler_step(latents, cfg_combine(noise_uncond, noise_text, inputs.guidance_scale), sigma, sigma_next,
-                              prediction_type)
+            if shape.cfg:
+                out = cfg_combine(*jnp.split(out, 2), inputs.guidance_scale)  # (b, c, h, w)
+            x0 = denoised(latents, out, sigma, prediction_type)
+            z = step_noise(inputs.seeds, i, noise_shape)
+            return sampler_update(latents, x0, x0_prev, z, inputs.a[i], inputs.b[i], inputs.c[i], inputs.d[i]), x0
 
+        carry = (latents, jnp.zeros_like(latents))
         if python_loop:
             for i in range(int(inputs.num_steps)):
-                latents = step(i, latents)
+                carry = step(i, carry)
         else:
-            latents = jax.lax.fori_loop(0, inputs.num_steps, step, latents)
+            carry = jax.lax.fori_loop(0, inputs.num_steps, step, carry)
+        latents = carry[0] * inputs.final_scale
 
         # 4. VAE decode, then channels-first [-1, 1] -> channels-last uint8 [0, 255].
         decoded = vae.decode(unscale_latents(latents, vae_cfg)).astype(jnp.float32)  # (b, 3, H, W)

@@ -7,6 +7,7 @@ are random SDXLs saved by diffusers/transformers' PyTorch classes with their out
 (msgpack); ``tiny-shapes-reference`` holds the images main's engine made before the switch.
 """
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -18,8 +19,8 @@ import pytest
 from sdxl_engine import weights
 from sdxl_engine.loading import load_folder, read_model_folder
 from sdxl_engine.models import build_component
-from sdxl_engine.program import (ProgramInputs, ProgramShape, compile_program, euler_schedule, latent_shape,
-                                 tokenize)
+from sdxl_engine.program import ProgramInputs, ProgramShape, compile_program, latent_shape, tokenize
+from sdxl_engine.schedulers import make_schedule
 from sdxl_engine.sharding import make_mesh, replicated
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -95,48 +96,42 @@ def test_unet_and_vae_match_pytorch(prefix, arrays):
             close(logvar, "vae_encode_logvar", arrays, prefix)
 
 
+SAMPLER_OF = {"euler-leading": "Euler", "euler-trailing": "Euler", "euler-linspace": "Euler", "dpm++2m": "DPM++ 2M",
+              "dpm++2m-karras": "DPM++ 2M Karras", "ddim": "DDIM"}
+
+
 def run_case(model, case: dict, latents: np.ndarray, mesh) -> np.ndarray:
     """The engine's compiled program on diffusers' initial latents: (n, H, W, 3) uint8."""
     n, steps = latents.shape[0], case["num_inference_steps"]
-    shape = ProgramShape(n, case["height"], case["width"], max_steps=10, given_latents=True)
+    shape = ProgramShape(n, case["height"], case["width"], max_steps=10, cfg=case["guidance_scale"] > 1,
+                         given_latents=True)
     assert latent_shape(model, shape.height, shape.width) == latents.shape[1:]
     params = jax.device_put(model.params, replicated(mesh))
     program = compile_program(model, params, shape, mesh)
-    config = {**model.scheduler_config, **case["from_config_overrides"]}
-    timesteps, sigmas, init = euler_schedule(config, steps, shape.max_steps)
+    config = {**model.scheduler_config, **{k: v for k, v in case["from_config_overrides"].items()
+                                          if k == "timestep_spacing"}}
+    schedule = make_schedule(SAMPLER_OF[case["scheduler_variant"]], config, steps)
     ids, _ = tokenize(model, case["prompt"])
     negative, _ = tokenize(model, case["negative_prompt"])
-    inputs = ProgramInputs(
-        prompt_ids=np.broadcast_to(ids, (n, 2, 77)), negative_ids=np.broadcast_to(negative, (n, 2, 77)),
-        negative_zero=np.full((n,), float(not case["negative_prompt"]), np.float32), seeds=np.zeros(n, np.uint32),
-        guidance_scale=np.full((n,), case["guidance_scale"], np.float32), timesteps=timesteps, sigmas=sigmas,
-        num_steps=np.int32(steps), init_noise_sigma=np.float32(init), latents=latents)
+    inputs = ProgramInputs.build(ids, negative, not case["negative_prompt"], np.zeros(n, np.uint32),
+                                 case["guidance_scale"], schedule, steps, shape.max_steps, latents=latents)
     images, finite = program.executable(params, inputs)
     assert np.asarray(finite).all()
     return np.asarray(images)
 
 
-@pytest.mark.parametrize("k", [0, 1, 2, 8])  # Euler with CFG: leading spacing, negative prompt, 80x48, linspace
+@pytest.mark.parametrize("k", range(len(REF["cases"])))
 def test_images_match_diffusers_pipeline(tiny_pt, arrays, k):
-    """diffusers' StableDiffusionXLPipeline and the engine's program, same latents: max 4/255, mean 0.5/255."""
+    """diffusers' StableDiffusionXLPipeline and the engine's program, same latents: max 4/255, mean 0.5/255.
+
+    Cases: Euler with CFG (leading spacing, a negative prompt, 80x48, linspace), guidance 1 and 0
+    (no CFG, as diffusers decides; the second with trailing spacing), DPM++ 2M, DPM++ 2M Karras, DDIM.
+    """
     case = REF["cases"][k]
-    np.testing.assert_allclose(euler_schedule({**tiny_pt.scheduler_config, **case["from_config_overrides"]},
-                                              case["num_inference_steps"], 10)[0][:case["num_inference_steps"]],
-                               arrays[f"case{k}_timesteps"], rtol=1e-6)
+    assert case["cfg_applied"] == (case["guidance_scale"] > 1)
     images = run_case(tiny_pt, case, arrays[f"case{k}_latents"], make_mesh(jax.devices()[:2]))
     diff = np.abs(images.astype(np.float64) - arrays[f"case{k}_images"] * 255)
     assert diff.max() <= 4 and diff.mean() <= 0.5, (diff.max(), diff.mean())
-
-
-@pytest.mark.parametrize("variant", ["euler-leading", "euler-trailing", "euler-linspace"])
-@pytest.mark.parametrize("steps", [1, 2, 4, 7, 10, 20, 50])
-def test_euler_schedule_matches_diffusers(arrays, variant, steps):
-    sched = REF["schedules"][variant]
-    timesteps, sigmas, init = euler_schedule(sched["config"], steps, 50)
-    np.testing.assert_allclose(timesteps[:steps], arrays[f"sched_{variant}_{steps}_timesteps"], rtol=1e-6)
-    np.testing.assert_allclose(sigmas[:steps + 1], arrays[f"sched_{variant}_{steps}_sigmas"], rtol=1e-5)
-    assert np.all(timesteps[steps:] == 0) and np.all(sigmas[steps:] == 0)
-    assert init == pytest.approx(sched["init_noise_sigma"][str(steps)], rel=1e-5)
 
 
 def test_legacy_flax_msgpack_matches_the_deleted_flax_classes():
@@ -203,11 +198,11 @@ def test_tiny_shapes_images_unchanged(tiny_shapes_engine, k, monkeypatch):
     assert now.seeds == case["seeds"]
     assert np.abs(now.images.astype(np.int32) - expected).mean() <= 0.5
 
-    def integer_timesteps(config, steps, max_steps):
-        t, s, init = euler_schedule(config, steps, max_steps)
-        return np.floor(t), s, init
+    def integer_timesteps(sampler, config, steps):
+        schedule = make_schedule(sampler, config, steps)
+        return dataclasses.replace(schedule, timesteps=np.floor(schedule.timesteps))
 
-    monkeypatch.setattr(engine_module, "euler_schedule", integer_timesteps)
+    monkeypatch.setattr(engine_module, "make_schedule", integer_timesteps)
     monkeypatch.setattr(tiny_shapes_engine, "_schedules", {})
     before = tiny_shapes_engine.generate(request)
     assert np.abs(before.images.astype(np.int32) - expected).max() <= 2
