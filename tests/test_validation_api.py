@@ -21,6 +21,7 @@ BAD = [
     ("empty prompt", dict(prompt=""), r"prompt: is empty"),
     ("whitespace prompt", dict(prompt="  \t\n "), r"prompt: is empty"),
     ("control-only prompt", dict(prompt="\x00\x01\x1b"), r"prompt: is empty"),
+    ("invisible-only prompt", dict(prompt="\u200d \u200c\u3164\u2800"), r"prompt: is empty"),
     ("None prompt", dict(prompt=None), r"prompt: is empty"),
     ("prompt over 20000 chars", dict(prompt="a" * 20_001), r"prompt: is 20001 characters long; the limit is 20000"),
     ("int prompt", dict(prompt=5), r"prompt: expected text, got int"),
