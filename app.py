@@ -13,6 +13,7 @@ import base64
 import io
 import os
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -27,7 +28,7 @@ import gradio as gr
 
 from sdxl_engine.config import ConfigError, EngineConfig
 from sdxl_engine.engine import EngineNotReady, GenerationError, get_engine
-from sdxl_engine.images import a1111_parameters, save_png, to_pil
+from sdxl_engine.images import a1111_parameters, image_stem, png_bytes, request_stamp, to_pil, write_new
 from sdxl_engine.styles import NO_STYLE, STYLE_NAMES, UnknownStyle, apply_style, get_style
 from sdxl_engine.validation import MAX_GUIDANCE, GenerateRequest, InvalidRequest
 
@@ -59,7 +60,7 @@ REAL_SDXL_HINT = ("For real SDXL start with "
 
 
 def handle_generate(engine, prompt, negative_prompt, seed, guidance_scale, num_inference_steps, width, height,
-                    style=NO_STYLE, progress: Callable | None = None):
+                    style=NO_STYLE, progress: Callable | None = None, files_dir: str | None = None):
     """One /generate call: values as the client sent them in, (gallery items, info dict) out.
 
     The engine validates every value (width/height 0 or None = the model's default). Raises
@@ -70,6 +71,11 @@ def handle_generate(engine, prompt, negative_prompt, seed, guidance_scale, num_i
     ``progress(fraction, desc=...)`` (a gr.Progress) hears each stage; while the engine is still
     starting, the request waits and reports the start-up stage and elapsed seconds. When the
     config has ``outputs_dir``, every image is also saved there as PNG with its parameters.
+
+    The gallery items are (PNG path, caption): each PNG lies in a new folder of its own under
+    ``files_dir`` (default: Gradio's temp folder, which serves it as it is), named after its seed
+    and the prompt's first words (``seed42-a-red-circle.png``), which is the name a download gets.
+    Saved copies are named ``<time to the µs>-<request id>-seed42-a-red-circle.png``.
     """
     report = progress if progress is not None else (lambda *_, **__: None)  # gr.Progress is falsy (len 0)
     try:
@@ -102,9 +108,17 @@ def handle_generate(engine, prompt, negative_prompt, seed, guidance_scale, num_i
     extra = {} if style == NO_STYLE else {"Style": style}
     texts = [a1111_parameters(req.prompt, req.negative_prompt, req.num_inference_steps, req.guidance_scale, s,
                               req.width, req.height, result.model, extra) for s in result.seeds]
-    images = to_pil(result.images, texts)
+    pngs = [png_bytes(image) for image in to_pil(result.images, texts)]
+    stems = [image_stem(s, prompt) for s in result.seeds]  # seed42-a-red-circle: the download's name
+    try:  # one new folder per request in Gradio's temp folder: served from there, never copied
+        folder = Path(tempfile.mkdtemp(prefix="sdxl-", dir=Path(files_dir or gr.utils.get_upload_folder()).resolve()))
+        paths = [str(write_new(data, folder, stem)) for data, stem in zip(pngs, stems)]
+    except OSError as err:
+        print(f"[app] error: could not write the images to Gradio's temp folder: {err}", flush=True)
+        raise gr.Error(f"the server could not store the images ({type(err).__name__}); please retry later",
+                       print_exception=False) from err
     label = "" if style == NO_STYLE else f" · {style}"
-    gallery = [(image, f"seed {s}{label} · {latency:.2f} s") for image, s in zip(images, result.seeds)]
+    gallery = [(path, f"seed {s}{label} · {latency:.2f} s") for path, s in zip(paths, result.seeds)]
     for warning in result.warnings:
         gr.Warning(warning if style == NO_STYLE else f"{warning} (the {style} style adds words around yours)")
     info = {
@@ -127,10 +141,9 @@ def handle_generate(engine, prompt, negative_prompt, seed, guidance_scale, num_i
     }
     outputs_dir = getattr(engine.config, "outputs_dir", "")
     if outputs_dir:
-        stamp = time.strftime("%Y%m%d-%H%M%S")
+        stamp = request_stamp()  # to the microsecond, plus a random id: two requests never share a name
         try:
-            info["saved"] = [str(save_png(image, Path(outputs_dir) / f"{stamp}-seed{s}.png"))
-                             for image, s in zip(images, result.seeds)]
+            info["saved"] = [str(write_new(data, Path(outputs_dir), f"{stamp}-{stem}")) for data, stem in zip(pngs, stems)]
         except OSError as err:  # the images are still shown and downloadable; saving is best-effort
             print(f"[app] warning: could not save to outputs_dir {outputs_dir!r}: {err}", flush=True)
             gr.Warning(f"Images not saved to the outputs folder ({type(err).__name__}); download them instead.")

@@ -1,5 +1,7 @@
 """The app as users reach it: `python app.py` in a subprocess, called through gradio_client."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from PIL import Image
@@ -21,6 +23,7 @@ def test_generate_red_circle_returns_four_distinct_images_and_json(app_server):
     assert info["device_count"] == 4
     for item, seed in zip(gallery, info["seeds"]):
         assert f"seed {seed}" in item["caption"] and item["caption"].endswith(" s")
+        assert Path(item["image"]).name == f"seed{seed}-a-red-circle.png"  # what a download is called
 
 
 def test_same_seed_through_api_is_deterministic(app_server):

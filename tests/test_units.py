@@ -100,3 +100,32 @@ def test_batch_must_divide_over_devices():
 def test_bad_settings_are_refused_at_load(env, message):
     with pytest.raises(ConfigError, match=message):
         EngineConfig.load(environ=env)
+
+
+def test_write_new_never_replaces_a_file(tmp_path):
+    import threading
+
+    from sdxl_engine.images import write_new
+
+    (tmp_path / "seed1-a-red-circle.png").write_bytes(b"first")
+    assert write_new(b"second", tmp_path, "seed1-a-red-circle").name == "seed1-a-red-circle-2.png"
+    assert (tmp_path / "seed1-a-red-circle.png").read_bytes() == b"first"
+    paths = []
+    threads = [threading.Thread(target=lambda i=i: paths.append(write_new(bytes([i]) * 1000, tmp_path, "same")))
+               for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(paths)) == 16 and sorted(p.read_bytes()[0] for p in paths) == list(range(16))
+    assert not list(tmp_path.glob(".*"))  # no temporary file left
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("a red circle", "a-red-circle"), ("A Red Circle, on a blue background!", "a-red-circle-on-a-blue"),
+    ("Café crème", "cafe-creme"), ("🔴🔵", "image"), ("", "image"), ("../../etc/passwd", "etc-passwd"),
+])
+def test_slug_is_a_safe_file_name_part(text, expected):
+    from sdxl_engine.images import slug
+
+    assert slug(text) == expected
