@@ -6,9 +6,11 @@ Kept apart from the page (app.py builds it) and from the engine (sdxl_engine/):
   link unless asked, no server-side rendering, no /monitoring page, no MCP server, no file
   served but the app's own outputs, 1 MB upload cap.
 - :class:`Guard`: an ASGI layer outside Gradio's own: refuses uploads (the page takes no files)
-  and request bodies over 1 MB, never lets ``Access-Control-Allow-Origin`` name a foreign
-  origin (Gradio echoes any origin when the ``Host`` header is not a loopback name, and a
-  client can forge ``Host``), and adds ``Retry-After`` to "queue full" (503) answers.
+  and request bodies over 1 MB (with or without Content-Length), never lets
+  ``Access-Control-Allow-Origin`` name a foreign origin (Gradio echoes any origin when the
+  ``Host`` header is not a loopback name, and a client can forge ``Host``), adds
+  ``Retry-After`` to "queue full" (503) answers, and answers a raw API call with too few
+  values with a 422 that names the inputs (Gradio would stream ``{"error": null}``).
 - :class:`RequestGate`: counts requests in flight; once closed, the guard refuses new ones.
 - :func:`serve`: launch, then wait; exit 1 with one line if the engine fails to start, or on
   SIGTERM/SIGINT stop taking requests (503 "shutting down"), let the ones already accepted
@@ -17,7 +19,9 @@ Kept apart from the page (app.py builds it) and from the engine (sdxl_engine/):
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -70,13 +74,55 @@ def _host_of(origin: str) -> str:
         return ""
 
 
-class Guard:
-    """ASGI middleware, outermost: see the module docstring for what it refuses or rewrites."""
+# Raw calls whose JSON body carries an endpoint's input values: /gradio_api/{call,run,api}/<api_name>
+# ("data": the values in order) and /gradio_api/queue/join ("fn_index" names the event).
+_API_CALL = re.compile(r"^(?:/gradio_api)?/(?:call|run|api)/(?!v2/)(?P<name>[^/]+)/?$")
+_QUEUE_JOIN = re.compile(r"^(?:/gradio_api)?/queue/join/?$")
 
-    def __init__(self, app, gate: "RequestGate | None" = None, max_body: int = MAX_BODY_BYTES):
+
+def api_inputs(demo) -> tuple[dict[str, tuple[str, ...]], dict[int, str]]:
+    """({api_name: input names}, {fn_index: api_name}) of ``demo``'s named API endpoints."""
+    named = demo.get_api_info()["named_endpoints"]
+    inputs = {name.lstrip("/"): tuple(p["parameter_name"] for p in info["parameters"]) for name, info in named.items()}
+    fns = {fn._id: fn.api_name for fn in demo.fns.values() if fn.api_name in inputs}
+    return inputs, fns
+
+
+def arity_error(path: str, body: bytes, inputs: dict[str, tuple[str, ...]], fns: dict[int, str]) -> str | None:
+    """The message for a raw call to a named endpoint with fewer values than it takes, else None.
+
+    Extra values are left to Gradio (it ignores them); bodies that are not JSON with a ``data``
+    list are left to Gradio's own validation.
+    """
+    call, join = _API_CALL.match(path), _QUEUE_JOIN.match(path)
+    try:
+        payload = json.loads(body) if (call or join) else None
+    except ValueError:
+        return None
+    if not isinstance(payload, dict) or not isinstance(payload.get("data"), list):
+        return None
+    name = call["name"] if call else fns.get(payload.get("fn_index"))
+    names = inputs.get(name)
+    if names is None or len(payload["data"]) >= len(names):
+        return None
+    return (f"{name} takes {len(names)} inputs ({', '.join(names)}); got {len(payload['data'])}. "
+            "Send every value in this order (gradio_client fills in the optional ones).")
+
+
+class Guard:
+    """ASGI middleware, outermost: see the module docstring for what it refuses or rewrites.
+
+    ``inputs``/``fns`` (from :func:`api_inputs`) name the API endpoints whose raw calls are
+    checked for missing values.
+    """
+
+    def __init__(self, app, gate: "RequestGate | None" = None, max_body: int = MAX_BODY_BYTES,
+                 inputs: dict | None = None, fns: dict | None = None):
         self.app = app
         self.gate = gate
         self.max_body = max_body
+        self.inputs = inputs or {}
+        self.fns = fns or {}
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -96,6 +142,7 @@ class Guard:
         origin = headers.get(b"origin", b"").decode("latin-1")
         foreign = bool(origin) and _host_of(origin) not in LOOPBACK_NAMES
         seen = 0
+        started = False
 
         async def limited_receive():  # bodies sent without Content-Length (chunked) are counted too
             nonlocal seen
@@ -106,7 +153,11 @@ class Guard:
             return message
 
         async def guarded_send(message):
+            nonlocal started
+            if seen > self.max_body and not started:  # the app answers a body it never got whole: 413 instead
+                return
             if message["type"] == "http.response.start":
+                started = True
                 out = [(k, v) for k, v in message.get("headers", [])
                        if not (foreign and k.lower().startswith(b"access-control-allow-"))]
                 if message["status"] == 503:
@@ -114,7 +165,45 @@ class Guard:
                 message = {**message, "headers": out}
             await send(message)
 
-        await self.app(scope, limited_receive, guarded_send)
+        inner_receive = limited_receive
+        if scope["method"] == "POST" and self.inputs and (_API_CALL.match(path) or _QUEUE_JOIN.match(path)):
+            body = await _read_body(limited_receive)
+            if body is None:  # over the cap, or the client left
+                return await _plain(send, 413, b"request body too large (limit 1 MB)") if seen > self.max_body else None
+            message = arity_error(path, body, self.inputs, self.fns)
+            if message is not None:
+                return await _plain(send, 422, json.dumps({"error": message, "detail": message}).encode(),
+                                    content_type=b"application/json")
+            inner_receive = _replay(body, receive)
+        try:
+            await self.app(scope, inner_receive, guarded_send)
+        except Exception:
+            if seen <= self.max_body or started:
+                raise
+        if seen > self.max_body and not started:  # a chunked body crossed the cap: the app saw a disconnect
+            await _plain(send, 413, b"request body too large (limit 1 MB)")
+
+
+async def _read_body(receive) -> bytes | None:
+    """The whole request body from ``receive``, or None if it ends in a disconnect."""
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+def _replay(body: bytes, receive):
+    """An ASGI ``receive`` that yields ``body`` once, then defers to ``receive`` (disconnects)."""
+    pending = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def replayed():
+        return pending.pop() if pending else await receive()
+
+    return replayed
 
 
 def _starts_work(path: str) -> bool:
@@ -122,21 +211,24 @@ def _starts_work(path: str) -> bool:
     return path.endswith("/queue/join") or path.startswith(("/gradio_api/call/", "/gradio_api/run/", "/call/", "/run/"))
 
 
-async def _plain(send, status: int, body: bytes, extra: list | None = None) -> None:
-    headers = [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", str(len(body)).encode())]
+async def _plain(send, status: int, body: bytes, extra: list | None = None,
+                 content_type: bytes = b"text/plain; charset=utf-8") -> None:
+    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": headers + (extra or [])})
     await send({"type": "http.response.body", "body": body})
 
 
-def install_guard(app, gate: "RequestGate | None" = None) -> None:
+def install_guard(app, gate: "RequestGate | None" = None, demo=None) -> None:
     """Put :class:`Guard` outside every other middleware of Gradio's FastAPI ``app``.
 
     Gradio adds its CORS middleware inside ``launch``; Starlette builds the middleware stack on
     the first request, so the stack is reset and rebuilt with the guard outermost (the other
-    layers are stateless). The security tests probe the result over HTTP.
+    layers are stateless). The security tests probe the result over HTTP. With ``demo``, raw
+    calls of its API endpoints are checked for missing values.
     """
+    inputs, fns = api_inputs(demo) if demo is not None else ({}, {})
     app.middleware_stack = None
-    app.add_middleware(Guard, gate=gate)
+    app.add_middleware(Guard, gate=gate, inputs=inputs, fns=fns)
 
 
 class RequestGate:
@@ -197,7 +289,7 @@ def serve(demo, engine, options: dict, gate: RequestGate, drain_s: float = 60.0,
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     demo.launch(**options, prevent_thread_lock=True, quiet=False)
-    install_guard(demo.app, gate)
+    install_guard(demo.app, gate, demo)
     while not stop.wait(0.2):
         if engine.ready.is_set() and engine.error is not None:
             print(f"error: the engine failed to start: {type(engine.error).__name__}: {engine.error}",
