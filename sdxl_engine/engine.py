@@ -109,7 +109,7 @@ class Engine:
     def _start(self) -> None:
         from . import loading, sharding  # JAX-importing modules, after the options are set
 
-        config_mod.apply_jax_options(self.config)
+        self.compile_cache_dir = config_mod.apply_jax_options(self.config, log=self._log)
         import jax
 
         self._log(f"[sdxl_engine] config: {self.config.as_dict()}")

@@ -129,3 +129,45 @@ def test_slug_is_a_safe_file_name_part(text, expected):
     from sdxl_engine.images import slug
 
     assert slug(text) == expected
+
+
+@pytest.mark.parametrize("environ, expected, note", [
+    ({}, {"jax_num_cpu_devices": 4, "jax_compilation_cache_dir": "/c"}, None),
+    ({"JAX_NUM_CPU_DEVICES": "1"}, {"jax_compilation_cache_dir": "/c"},
+     "jax_num_cpu_devices: JAX_NUM_CPU_DEVICES=1 is set, so JAX's own setting wins over the engine's 4"),
+    ({"XLA_FLAGS": "--xla_cpu_enable_fast_math=false --xla_force_host_platform_device_count=2"},
+     {"jax_compilation_cache_dir": "/c"}, "XLA_FLAGS has --xla_force_host_platform_device_count=2, so XLA's setting "
+                                          "wins over the engine's cpu_devices=4"),
+    ({"XLA_FLAGS": "--xla_cpu_enable_fast_math=false"}, {"jax_num_cpu_devices": 4}, None),
+    ({"JAX_COMPILATION_CACHE_DIR": "/x"}, {"jax_num_cpu_devices": 4},
+     "jax_compilation_cache_dir: JAX_COMPILATION_CACHE_DIR=/x is set, so JAX's own setting wins over the engine's '/c'"),
+    ({"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "2"}, {"jax_compilation_cache_dir": "/c"},
+     "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=2 is set"),
+])
+def test_jax_own_variables_win_and_say_so(environ, expected, note):
+    from sdxl_engine.config import plan_jax_options
+
+    plan, notes = plan_jax_options(EngineConfig.load({"compile_cache_dir": "/c", "cpu_devices": 4}, environ={}), environ)
+    assert {k: v for k, v in plan.items() if k in expected} == expected
+    assert len(notes) == (note is not None) and all(note in line for line in notes)
+    decided_by_jax = {line.split("] ")[1].split(":")[0] for line in notes}
+    assert decided_by_jax.isdisjoint(plan)  # what JAX's variable decides is never set by the engine
+
+
+def test_engine_start_honours_jax_variables(tmp_path):
+    """In a fresh process: XLA_FLAGS' device count and JAX_COMPILATION_CACHE_DIR are what JAX uses."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    code = ("import jax; from sdxl_engine.config import EngineConfig, apply_jax_options; "
+            "d = apply_jax_options(EngineConfig.load()); print(len(jax.devices()), d)")
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "SDXL_CPU_DEVICES": "4",
+           "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "jax-own"), "SDXL_COMPILE_CACHE_DIR": str(tmp_path / "ours")}
+    env.pop("JAX_NUM_CPU_DEVICES", None)
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    lines = out.stdout.splitlines()
+    assert lines[-1] == f"2 {tmp_path / 'jax-own'}", out
+    assert len([line for line in lines if "wins over the engine's" in line]) == 2, lines
