@@ -419,8 +419,8 @@ def main(argv=None) -> int:
     try:
         config = EngineConfig.load(overrides)
     except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        print(serving.start_error_line(err), file=sys.stderr)
+        return serving.exit_status(err)
     engine = get_engine(config, background=True)
     gate = serving.RequestGate()
     demo = build_demo(lambda *values, **kw: gate.run(handle_generate, engine, *values, **kw), config, engine)

@@ -12,9 +12,15 @@ Kept apart from the page (app.py builds it) and from the engine (sdxl_engine/):
   ``Retry-After`` to "queue full" (503) answers, and answers a raw API call with too few
   values with a 422 that names the inputs (Gradio would stream ``{"error": null}``).
 - :class:`RequestGate`: counts requests in flight; once closed, the guard refuses new ones.
-- :func:`serve`: launch, then wait; exit 1 with one line if the engine fails to start, or on
-  SIGTERM/SIGINT stop taking requests (503 "shutting down"), let the ones already accepted
-  finish (bounded), close, return 0.
+- :func:`serve`: launch, then wait; exit with one line if the app cannot start (status
+  :func:`exit_status`), or on SIGTERM/SIGINT stop taking requests (503 "shutting down"), let
+  the ones already accepted finish (bounded), close, return 0.
+
+Exit statuses of ``python app.py``, the same everywhere: 0 after a clean stop; 2 for a bad
+flag or setting, including one this machine cannot honour (``images_per_request`` that does
+not divide over the devices, a size the model cannot make): the command must change; 1 when
+valid settings still fail to start (model missing or corrupt, an engine failure, the port
+taken).
 """
 
 from __future__ import annotations
@@ -30,6 +36,10 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from sdxl_engine.config import ConfigError
+
+EXIT_START_FAILED = 1  # valid settings, yet the app could not start
+EXIT_BAD_SETTING = 2  # a flag or setting must change (argparse uses 2 too)
 LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
 MAX_BODY_BYTES = 1_000_000  # JSON of a /generate call is < 100 kB even with a 20 000-character prompt
 BLOCKED_PATH_PREFIXES = ("/gradio_api/upload", "/upload")  # the page has no file inputs
@@ -277,25 +287,42 @@ def _queue_idle(demo) -> bool:
     return all(job is None for job in getattr(queue, "active_jobs", [])) and len(queue) == 0
 
 
+def exit_status(error: BaseException) -> int:
+    """The exit status for a start-up failure: 2 for a setting that must change, else 1."""
+    return EXIT_BAD_SETTING if isinstance(error, ConfigError) else EXIT_START_FAILED
+
+
+def start_error_line(error: BaseException) -> str:
+    """The one ``error:`` line printed for a start-up failure."""
+    if exit_status(error) == EXIT_BAD_SETTING:
+        return f"error: bad setting: {error}"
+    return f"error: the engine failed to start: {type(error).__name__}: {error}"
+
+
 def serve(demo, engine, options: dict, gate: RequestGate, drain_s: float = 60.0, log=print) -> int:
     """Launch ``demo`` and block until it should stop; returns the process exit status.
 
-    Returns 1 (after one ``error:`` line on stderr) when the engine fails to start, 0 after
-    SIGTERM/SIGINT: new calls are refused (503), the calls already accepted (running or waiting)
-    get up to ``drain_s`` seconds together to finish and reach their clients (including the
-    clients' image downloads: the server closes after QUIET_S seconds without a request).
+    Returns :func:`exit_status` (after one ``error:`` line on stderr) when the engine fails to
+    start, 1 when the server cannot listen, 0 after SIGTERM/SIGINT: new calls are refused (503),
+    the calls already accepted (running or waiting) get up to ``drain_s`` seconds together to
+    finish and reach their clients (including the clients' image downloads: the server closes
+    after QUIET_S seconds without a request).
     """
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    demo.launch(**options, prevent_thread_lock=True, quiet=False)
+    try:
+        demo.launch(**options, prevent_thread_lock=True, quiet=False)
+    except OSError as err:  # e.g. the port is taken
+        print(f"error: cannot serve on {options['server_name']}:{options['server_port']}: {err}",
+              file=sys.stderr, flush=True)
+        return EXIT_START_FAILED
     install_guard(demo.app, gate, demo)
     while not stop.wait(0.2):
         if engine.ready.is_set() and engine.error is not None:
-            print(f"error: the engine failed to start: {type(engine.error).__name__}: {engine.error}",
-                  file=sys.stderr, flush=True)
+            print(start_error_line(engine.error), file=sys.stderr, flush=True)
             demo.close(verbose=False)
-            return 1
+            return exit_status(engine.error)
     gate.close()
     log(f"[app] stopping: new requests are refused; finishing the ones already accepted "
         f"({gate.in_flight} running, {_waiting(demo)} waiting)")

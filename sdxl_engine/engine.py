@@ -131,6 +131,9 @@ class Engine:
         native = self.model.native_size
         multiple = self.model.vae_scale_factor * 2 ** (len(self.model.unet.config.block_out_channels) - 1)
         default = (self.config.width or native, self.config.height or native)
+        if default[0] % multiple or default[1] % multiple:
+            raise config_mod.ConfigError(f"width/height {default[0]}x{default[1]}: the model {self.model.name!r} needs "
+                                         f"multiples of {multiple} pixels (0 = its native {native}x{native})")
         sizes = size_buckets(native, multiple)
         if default not in sizes:
             sizes = (default,) + sizes

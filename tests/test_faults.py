@@ -6,6 +6,7 @@ cache and output folder, and ``GRADIO_SHARE=True`` in its environment. The SIGTE
 that process, so it is the last test of this module.
 """
 
+import os
 import subprocess
 import sys
 import threading
@@ -158,11 +159,44 @@ def test_startup_failure_exits_non_zero_with_one_clear_line(tmp_path):
         assert "Traceback" not in out + err
 
 
-def test_bad_config_exits_non_zero_with_one_line():
+def test_bad_config_exits_2_with_one_line():
     result = subprocess.run([sys.executable, str(ROOT / "app.py"), "--num-inference-steps", "many"], cwd=ROOT,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
-    assert result.stderr.strip() == "error: num_inference_steps must be a whole number, got 'many'"
+    assert result.stderr.strip() == "error: bad setting: num_inference_steps must be a whole number, got 'many'"
+
+
+def test_settings_the_machine_cannot_honour_exit_2_with_one_line():
+    """The same rule when only the running engine can tell: 2 images over 4 devices, a width the
+    model cannot make (tiny-shapes works on 16-pixel blocks)."""
+    cases = {("SDXL_IMAGES_PER_REQUEST", "2"): "error: bad setting: images_per_request (2) must be a positive "
+                                                "multiple of the device count (4)",
+             ("SDXL_WIDTH", "72"): "error: bad setting: width/height 72x64: the model 'tiny-shapes' needs multiples "
+                                   "of 16 pixels"}
+    procs = {key: subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(free_port())], cwd=ROOT,
+                                   env={**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", key[0]: key[1]},
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for key in cases}
+    for key, expected in cases.items():
+        out, err = procs[key].communicate(timeout=240)
+        assert procs[key].returncode == 2, (key, out[-2000:], err[-2000:])
+        errors = [line for line in (out + err).splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and errors[0].startswith(expected), errors
+        assert "Traceback" not in out + err
+
+
+def test_taken_port_exits_1_with_one_line():
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run([sys.executable, str(ROOT / "app.py"), "--port", str(port)], cwd=ROOT,
+                                capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1 and "Traceback" not in result.stdout + result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith(f"error: cannot serve on 127.0.0.1:{port}: "), result.stderr
 
 
 @pytest.mark.parametrize("port", ["99999", "0", "web"])
