@@ -384,7 +384,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--port", type=tcp_port, default=os.environ.get("GRADIO_SERVER_PORT", "7860"),
                         help="TCP port (env GRADIO_SERVER_PORT)")
     for name in ("model", "revision", "dtype", "width", "height", "num_inference_steps", "max_inference_steps",
-                 "images_per_request", "cpu_devices", "compile_cache_dir", "outputs_dir"):
+                 "images_per_request", "cpu_devices", "compile_cache_dir", "outputs_dir", "temp_max_mb", "temp_keep_s"):
         parser.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
                             help=f"engine setting {name} (env SDXL_{name.upper()})")
     return parser.parse_args(argv)

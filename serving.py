@@ -12,6 +12,8 @@ Kept apart from the page (app.py builds it) and from the engine (sdxl_engine/):
   ``Retry-After`` to "queue full" (503) answers, and answers a raw API call with too few
   values with a 422 that names the inputs (Gradio would stream ``{"error": null}``).
 - :class:`RequestGate`: counts requests in flight; once closed, the guard refuses new ones.
+- :class:`TempJanitor`: keeps the app's files in Gradio's temp folder under a size, oldest
+  first, never deleting one a client may still be downloading.
 - :func:`serve`: launch, then wait; exit with one line if the app cannot start (status
   :func:`exit_status`), or on SIGTERM/SIGINT stop taking requests (503 "shutting down"), let
   the ones already accepted finish (bounded), close, return 0.
@@ -275,6 +277,92 @@ class RequestGate:
             return self._cond.wait_for(lambda: self.in_flight == 0, timeout)
 
 
+class TempJanitor:
+    """Keeps this app's files in Gradio's temp folder under ``max_bytes``, oldest first.
+
+    Only files the app created count and are deleted: Gradio records them per component
+    (``demo.temp_file_sets``: each request's gallery PNGs, the history thumbnails), so another
+    app's files in a shared ``/tmp/gradio`` are left alone, and so are files Gradio keeps for
+    good (``keep_in_cache``: examples). A file younger than ``keep_s`` seconds is never deleted,
+    as a client may still be downloading it: a burst can push the folder past ``max_bytes`` by
+    what it writes in that time. Folders left empty inside the temp folder are removed too.
+    """
+
+    def __init__(self, demo, max_bytes: float, keep_s: float):
+        self.demo = demo
+        self.root = Path(demo.GRADIO_CACHE).resolve()
+        self.max_bytes = max_bytes
+        self.keep_s = keep_s
+
+    @classmethod
+    def for_config(cls, demo, config) -> "TempJanitor":
+        return cls(demo, config.temp_max_mb * 1e6, config.temp_keep_s)
+
+    def _tracked(self) -> list[tuple[float, int, str, set]]:
+        """(last written, size, path, the set recording it) of every file the app created, oldest first."""
+        keep = set().union(*(getattr(block, "keep_in_cache", set()) for block in self.demo.blocks.values()))
+        entries = []
+        for file_set in list(self.demo.temp_file_sets):
+            for path in list(file_set):
+                if path in keep:
+                    continue
+                try:
+                    st = os.stat(path)
+                except FileNotFoundError:
+                    file_set.discard(path)
+                    continue
+                # ctime: when the file appeared or was last written here (a copy keeps its old mtime)
+                entries.append((st.st_ctime, st.st_size, path, file_set))
+        return sorted(entries, key=lambda entry: entry[0])
+
+    def sweep(self, now: float | None = None) -> tuple[int, int]:
+        """Delete the oldest files until the app's files take at most ``max_bytes`` (none younger
+        than ``keep_s``). Returns (files deleted, bytes left)."""
+        now = time.time() if now is None else now
+        entries = self._tracked()
+        total, deleted = sum(size for _, size, _, _ in entries), 0
+        for written, size, path, file_set in entries:
+            if total <= self.max_bytes or now - written < self.keep_s:
+                break
+            try:
+                os.remove(path)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                continue
+            file_set.discard(path)
+            total -= size
+            deleted += 1
+            self._remove_empty(Path(path).parent)
+        return deleted, total
+
+    def _remove_empty(self, folder: Path) -> None:
+        """Remove ``folder`` if it is empty and strictly inside the temp folder."""
+        try:
+            if folder.resolve() != self.root and folder.resolve().is_relative_to(self.root):
+                folder.rmdir()
+        except OSError:  # not empty, or gone already
+            pass
+
+    def run(self, stop: threading.Event, interval_s: float, log=print) -> None:
+        """Sweep every ``interval_s`` seconds until ``stop`` is set (a daemon thread's body)."""
+        warned = False
+        while not stop.wait(interval_s):
+            try:
+                self.sweep()
+            except Exception as err:  # keep serving; say it once
+                if not warned:
+                    log(f"[app] warning: cleaning Gradio's temp folder failed ({type(err).__name__}: {err})")
+                    warned = True
+
+    def start(self, stop: threading.Event, log=print) -> threading.Thread:
+        """Run :meth:`run` in a daemon thread, sweeping at least every 30 s and 4 times per ``keep_s``."""
+        interval = max(0.5, min(30.0, self.keep_s / 4))
+        thread = threading.Thread(target=self.run, args=(stop, interval, log), name="temp-janitor", daemon=True)
+        thread.start()
+        return thread
+
+
 def _waiting(demo) -> int:
     queue = getattr(demo, "_queue", None)
     return 0 if queue is None else len(queue)
@@ -318,6 +406,7 @@ def serve(demo, engine, options: dict, gate: RequestGate, drain_s: float = 60.0,
               file=sys.stderr, flush=True)
         return EXIT_START_FAILED
     install_guard(demo.app, gate, demo)
+    TempJanitor.for_config(demo, engine.config).start(stop, log)
     while not stop.wait(0.2):
         if engine.ready.is_set() and engine.error is not None:
             print(start_error_line(engine.error), file=sys.stderr, flush=True)

@@ -67,6 +67,11 @@ class EngineConfig:
     # Directory where the app saves every generated PNG (with its parameters); "" = do not save.
     # Off unless set, so a public link (--share, a Space) writes nothing to disk by default.
     outputs_dir: str = ""
+    # Gradio's temp folder (GRADIO_TEMP_DIR), where every request's PNGs are served from: the
+    # app keeps its own files there under this many megabytes, deleting the oldest first...
+    temp_max_mb: float = 500.0
+    # ...but never a file younger than this many seconds (a client may still be downloading it).
+    temp_keep_s: float = 600.0
 
     @classmethod
     def load(cls, overrides: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> "EngineConfig":
@@ -113,6 +118,10 @@ class EngineConfig:
             raise ConfigError(f"max_seed must be between 0 and 2**32 - 1 (seeds are uint32), got {self.max_seed}")
         if self.max_queue_size < 1:
             raise ConfigError(f"max_queue_size must be at least 1, got {self.max_queue_size}")
+        if not self.temp_max_mb > 0:  # also refuses NaN
+            raise ConfigError(f"temp_max_mb must be a positive number of megabytes, got {self.temp_max_mb}")
+        if not 0 <= self.temp_keep_s < float("inf"):
+            raise ConfigError(f"temp_keep_s must be a finite number of seconds, 0 or more, got {self.temp_keep_s}")
 
     def as_dict(self) -> dict[str, Any]:
         """The resolved fields, for the one start-up log line."""
