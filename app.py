@@ -24,7 +24,14 @@ if __name__ == "__main__":  # before Gradio is imported: it reads GRADIO_TEMP_DI
 
     serving.usable_output_dir()
 
+import warnings
+
 import gradio as gr
+from starlette.exceptions import StarletteDeprecationWarning
+
+# Gradio 6.17 uses Starlette names deprecated since (HTTP_422_UNPROCESSABLE_ENTITY): two warnings
+# per request in the server log that only Gradio can act on.
+warnings.filterwarnings("ignore", category=StarletteDeprecationWarning, module=r"gradio(\.|$)")
 
 from sdxl_engine.config import ConfigError, EngineConfig
 from sdxl_engine.engine import EngineNotReady, GenerationError, get_engine
@@ -59,6 +66,13 @@ REAL_SDXL_HINT = ("For real SDXL start with "
                   "`python app.py --model stabilityai/stable-diffusion-xl-base-1.0 --revision refs/pr/95`.")
 
 
+def refuse(err: Exception) -> gr.Error:
+    """The gr.Error for a request the engine refused (bad input, not started, unusable image),
+    after one log line: a user's mistake is not a traceback in the server log."""
+    print(f"[app] request refused: {err}", flush=True)
+    return gr.Error(str(err), print_exception=False)
+
+
 def handle_generate(engine, prompt, negative_prompt, seed, guidance_scale, num_inference_steps, width, height,
                     style=NO_STYLE, progress: Callable | None = None, files_dir: str | None = None):
     """One /generate call: values as the client sent them in, (gallery items, info dict) out.
@@ -82,7 +96,7 @@ def handle_generate(engine, prompt, negative_prompt, seed, guidance_scale, num_i
         styled_prompt, styled_negative = apply_style(style, prompt, negative_prompt)
         style = get_style(style).name
     except UnknownStyle as err:
-        raise gr.Error(str(err)) from err
+        raise refuse(err) from err
     while not engine.ready.wait(0.5):
         report(0.0, desc=f"Starting the engine: {engine.stage} ({time.perf_counter() - engine.started:.0f} s)")
     request = GenerateRequest(prompt=styled_prompt, negative_prompt=styled_negative, seed=seed,
@@ -97,7 +111,7 @@ def handle_generate(engine, prompt, negative_prompt, seed, guidance_scale, num_i
     try:
         result = engine.generate(request, progress=on_stage)
     except (InvalidRequest, EngineNotReady, GenerationError) as err:
-        raise gr.Error(str(err)) from err
+        raise refuse(err) from err
     except Exception as err:
         traceback.print_exc()
         raise gr.Error(f"the engine failed on this request ({type(err).__name__}); it is logged on the server. "

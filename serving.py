@@ -399,12 +399,13 @@ def serve(demo, engine, options: dict, gate: RequestGate, drain_s: float = 60.0,
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    try:
-        demo.launch(**options, prevent_thread_lock=True, quiet=False)
+    try:  # quiet: Gradio's own lines would advise "set share=True" even after --share was refused
+        demo.launch(**options, prevent_thread_lock=True, quiet=True)
     except OSError as err:  # e.g. the port is taken
         print(f"error: cannot serve on {options['server_name']}:{options['server_port']}: {err}",
               file=sys.stderr, flush=True)
         return EXIT_START_FAILED
+    log(f"[app] Running on local URL: {demo.local_url}" + (f" and public URL: {demo.share_url}" if demo.share_url else ""))
     install_guard(demo.app, gate, demo)
     TempJanitor.for_config(demo, engine.config).start(stop, log)
     while not stop.wait(0.2):

@@ -1,5 +1,6 @@
 """The app as users reach it: `python app.py` in a subprocess, called through gradio_client."""
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -70,3 +71,35 @@ def test_style_through_api_is_applied_and_recorded(app_server):
     assert gallery[0]["caption"].startswith("seed 5 · Cinematic · ")
     with Image.open(gallery[0]["image"]) as image:
         assert "Style: Cinematic" in image.text["parameters"]
+
+
+# Deprecation notices of diffusers' and transformers' Flax classes (they go with those classes).
+FLAX_NOTICES = ("Flax classes are deprecated", "TensorFlow and JAX classes are deprecated")
+
+
+def test_start_logs_a_few_useful_lines(app_server):
+    lines = [line for line in app_server.log if not any(n in line for n in FLAX_NOTICES)]
+    ready = next(i for i, line in enumerate(lines) if "[sdxl_engine] ready in" in line)
+    assert ready + 1 <= 20, "".join(lines[:ready + 1])
+    assert not [line for line in lines[:ready + 1] if "Warning" in line or "share=True" in line]
+    assert any("compile cache: " in line for line in lines[:ready])  # whether the cache was hit
+
+
+def new_log_lines(app_server, call) -> list[str]:
+    """The lines ``app_server`` logs while ``call()`` runs (and half a second after)."""
+    before = len(app_server.log)
+    call()
+    time.sleep(0.5)
+    return [line for line in app_server.log[before:] if not any(n in line for n in FLAX_NOTICES)]
+
+
+def test_a_refused_request_logs_one_line_and_a_good_one_none(app_server):
+    from gradio_client.exceptions import AppError
+
+    def refused():
+        with pytest.raises(AppError, match="prompt: is empty"):
+            call(app_server, prompt="\u200d")
+
+    lines = new_log_lines(app_server, refused)
+    assert len(lines) == 1 and lines[0].startswith("[app] request refused: prompt: is empty"), lines
+    assert new_log_lines(app_server, lambda: call(app_server, prompt="a red circle", num_inference_steps=2)) == []

@@ -27,8 +27,9 @@ def on_duration(event, duration, **kw):
 jax.monitoring.register_event_listener(on_event)
 jax.monitoring.register_event_duration_secs_listener(on_duration)
 from sdxl_engine.engine import Engine
-engine = Engine(config, log=lambda *a: None).start()
-print(json.dumps({**counts, "compile_s": engine.startup["compile_s"]}))
+log = []
+engine = Engine(config, log=log.append).start()
+print(json.dumps({**counts, "compile_s": engine.startup["compile_s"], "log": log}))
 """
 
 
@@ -53,3 +54,6 @@ def test_restart_hits_the_cache_and_compiles_nothing(tmp_path):
     warm = start(tmp_path / "cache", models)
     # JAX's backend-compile event wraps cache reads too, so count misses: none means no XLA compile ran.
     assert warm["misses"] == 0 and warm["hits"] == cold["misses"] + cold["hits"], (cold, warm)
+    # The log says so: one line per compiled size.
+    assert [line for line in cold["log"] if "compile cache: miss (0 hits, 1 misses)" in line]
+    assert [line for line in warm["log"] if "compile cache: hit (1 hits, 0 misses)" in line]
