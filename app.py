@@ -19,9 +19,9 @@ import traceback
 from pathlib import Path
 from typing import Callable
 
-if __name__ == "__main__":  # before Gradio is imported: it reads GRADIO_TEMP_DIR once, at import time
-    import serving
+import serving
 
+if __name__ == "__main__":  # before Gradio is imported: it reads GRADIO_TEMP_DIR once, at import time
     serving.usable_output_dir()
 
 import warnings
@@ -74,7 +74,8 @@ def refuse(err: Exception) -> gr.Error:
 
 
 def handle_generate(engine, prompt, negative_prompt, seed, guidance_scale, num_inference_steps, width, height,
-                    style=NO_STYLE, progress: Callable | None = None, files_dir: str | None = None):
+                    style=NO_STYLE, progress: Callable | None = None, files_dir: str | None = None,
+                    arrived: float | None = None):
     """One /generate call: values as the client sent them in, (gallery items, info dict) out.
 
     The engine validates every value (width/height 0 or None = the model's default). Raises
@@ -82,6 +83,9 @@ def handle_generate(engine, prompt, negative_prompt, seed, guidance_scale, num_i
     image; any other failure is logged here and reported without internals.
 
     ``style`` names a preset of sdxl_engine.styles (applied here, so the engine sees plain text).
+    ``arrived`` (``time.monotonic()`` when the request reached the server; see
+    serving.arrival_time) makes ``timings_s.queue`` count the wait in Gradio's queue too.
+
     ``progress(fraction, desc=...)`` (a gr.Progress) hears each stage; while the engine is still
     starting, the request waits and reports the start-up stage and elapsed seconds. When the
     config has ``outputs_dir``, every image is also saved there as PNG with its parameters.
@@ -108,8 +112,9 @@ def handle_generate(engine, prompt, negative_prompt, seed, guidance_scale, num_i
         report(fraction, desc=text.format(steps=num_inference_steps, devices=getattr(engine, "device_summary", ""),
                                           n=getattr(engine, "batch", "")))
 
+    since = None if arrived is None else time.perf_counter() - (time.monotonic() - arrived)  # on the engine's clock
     try:
-        result = engine.generate(request, progress=on_stage)
+        result = engine.generate(request, progress=on_stage, arrived=since)
     except (InvalidRequest, EngineNotReady, GenerationError) as err:
         raise refuse(err) from err
     except Exception as err:
@@ -311,11 +316,12 @@ def build_demo(generate: Callable, config: EngineConfig, engine=None) -> gr.Bloc
         def generate_images(prompt: str, negative_prompt: str | None = None, seed: int = -1,
                             guidance_scale: float = config.guidance_scale,
                             num_inference_steps: int = config.num_inference_steps, width: int = 0, height: int = 0,
-                            style: str = NO_STYLE, progress=gr.Progress()):
+                            style: str = NO_STYLE, request: gr.Request = None, progress=gr.Progress()):
             # Named parameters: gradio_client callers use these keywords (the /generate contract);
-            # only optional inputs are ever added, at the end.
+            # only optional inputs are ever added, at the end. ``request`` and ``progress`` are
+            # Gradio's, not inputs.
             return generate(prompt, negative_prompt, seed, guidance_scale, num_inference_steps, width, height, style,
-                            progress=progress)
+                            progress=progress, arrived=serving.arrival_time(request))
 
         # preprocess=False: values reach the engine as sent, so its checks and messages (with the
         # argument's name) apply to page and API alike, instead of Gradio's unnamed bound checks.
@@ -426,8 +432,6 @@ def share_possible(local_url: str, timeout: float = 5.0) -> bool:
 
 def main(argv=None) -> int:
     """Start the engine in the background, serve the page; returns the exit status (see serving.serve)."""
-    import serving
-
     args = parse_args(argv)
     overrides = {k: v for k, v in vars(args).items() if k not in ("share", "host", "port") and v is not None}
     try:

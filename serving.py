@@ -46,6 +46,7 @@ LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
 MAX_BODY_BYTES = 1_000_000  # JSON of a /generate call is < 100 kB even with a 20 000-character prompt
 BLOCKED_PATH_PREFIXES = ("/gradio_api/upload", "/upload")  # the page has no file inputs
 RETRY_AFTER_S = 5
+ARRIVED_HEADER = b"x-sdxl-arrived"  # set by Guard on every request: time.monotonic() at arrival
 QUIET_S = 2.0  # on shutdown, close once no HTTP request arrived for this long (image downloads)
 
 
@@ -147,7 +148,10 @@ class Guard:
         if self.gate is not None and self.gate.closed and scope["method"] == "POST" and _starts_work(path):
             return await _plain(send, 503, b"the server is shutting down; retry in a minute",
                                 [(b"retry-after", b"60")])
-        headers = dict(scope.get("headers") or [])
+        # When the request arrived (a client's own header of that name is dropped): the queue wait starts here.
+        scope = {**scope, "headers": [(k, v) for k, v in scope.get("headers") or [] if k.lower() != ARRIVED_HEADER]
+                 + [(ARRIVED_HEADER, repr(time.monotonic()).encode())]}
+        headers = dict(scope["headers"])
         length = headers.get(b"content-length", b"0")
         if not length.isdigit() or int(length) > self.max_body:
             return await _plain(send, 413, b"request body too large (limit 1 MB)")
@@ -216,6 +220,14 @@ def _replay(body: bytes, receive):
         return pending.pop() if pending else await receive()
 
     return replayed
+
+
+def arrival_time(request) -> float | None:
+    """``time.monotonic()`` when ``request`` (a gr.Request) reached the server, stamped by Guard; None if unknown."""
+    try:
+        return float(request.headers[ARRIVED_HEADER.decode()])
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return None
 
 
 def _starts_work(path: str) -> bool:

@@ -65,7 +65,7 @@ class GenerateResult:
         seeds: seed of each image (request seed + i, wrapping to 0 past max_seed); any image is
             reproduced by its seed alone as the first image of a request with that seed.
         request: the validated request (defaults filled, random seed resolved).
-        timings: seconds: ``queue`` (waiting for the device), ``prep`` (tokenize, schedule,
+        timings: seconds: ``queue`` (from arrival until the device was free), ``prep`` (tokenize, schedule,
             transfer), ``device`` (the compiled program, until ready), ``post`` (to host),
             ``latency`` (prep + device + post: the engine's time, queue excluded).
         warnings: things the user should know (a prompt truncated to 77 tokens).
@@ -213,7 +213,7 @@ class Engine:
 
     # ---- requests -------------------------------------------------------------------------
     def generate(self, request: GenerateRequest, ready_timeout: float | None = None,
-                 progress: Callable[[str], None] | None = None) -> GenerateResult:
+                 progress: Callable[[str], None] | None = None, arrived: float | None = None) -> GenerateResult:
         """Validate, then run one request on the devices (one request at a time).
 
         ``progress``, if given, is called on this thread with each stage's name as it starts:
@@ -221,6 +221,9 @@ class Engine:
         for the first request of a size bucket), ``"preparing"``
         (tokenize, schedule), ``"on device"`` (the one compiled program: text encoders, the
         denoising loop and the VAE decode; it reports nothing from inside), ``"to host"``.
+
+        ``arrived`` (``time.perf_counter()`` when the request reached the server) is where
+        ``timings["queue"]`` starts; by default it starts when this call does.
 
         Raises:
             InvalidRequest: a bad argument (nothing ran).
@@ -236,7 +239,7 @@ class Engine:
         with self._lock:
             start = time.perf_counter()
             result = self._run(request, progress or _no_progress)
-        result.timings["queue"] = start - queued
+        result.timings["queue"] = max(0.0, start - (queued if arrived is None else min(arrived, queued)))
         return result
 
     def _tokenize(self, text: str) -> tuple[np.ndarray, bool]:

@@ -51,7 +51,7 @@ def test_page_builder_with_fake_engine():
 
     seen = []
 
-    def fake(*values, progress=None):
+    def fake(*values, progress=None, arrived=None):
         seen.append(values)
         return [], {}
 

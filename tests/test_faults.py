@@ -6,6 +6,7 @@ cache and output folder, and ``GRADIO_SHARE=True`` in its environment. The SIGTE
 that process, so it is the last test of this module.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -118,6 +119,28 @@ def test_burst_beyond_the_queue_gets_busy_retry_not_a_hang(fault_app, client):
     assert len(slow.result(timeout=90)[0]) == 4
     assert outcomes.count(4) == 2 and outcomes.count("busy") == 3, outcomes
     assert_serves(client)
+
+
+def test_queue_time_counts_the_wait_in_gradios_queue(fault_app, client):
+    """A request that waits behind a 3 s generation reports about 3 s of queue, in its info and
+    its status line, whether it came through gradio_client or a raw HTTP call."""
+    import app
+
+    second = fault_app.client()
+    slow = client.submit(api_name="/generate", **{**OK, "prompt": "a red circle fault:slow=3"})
+    _wait_processing(slow)
+    started = time.monotonic()
+    waiting = second.submit(api_name="/generate", **OK)
+    raw = httpx.post(fault_app.url + "gradio_api/call/generate", timeout=30,
+                     json={"data": ["a red circle", "", 1, 7, 2, 0, 0, "(No style)"]}).json()["event_id"]
+    _, info = waiting.result(timeout=60)
+    waited = time.monotonic() - started
+    assert 1.5 <= info["timings_s"]["queue"] <= waited + 0.5, (info["timings_s"], waited)
+    assert f"queue {info['timings_s']['queue']:.2f} s" in app.status_line(info)
+    text = httpx.get(fault_app.url + f"gradio_api/call/generate/{raw}", timeout=60).text
+    raw_info = json.loads(next(line for line in text.splitlines() if line.startswith("data: "))[6:])[1]
+    assert raw_info["timings_s"]["queue"] >= 1.0, raw_info["timings_s"]
+    assert len(slow.result(timeout=60)[0]) == 4
 
 
 def test_client_disconnecting_mid_generation_frees_its_slot(fault_app, client):
