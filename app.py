@@ -292,7 +292,7 @@ def build_demo(generate: Callable, config: EngineConfig, engine=None) -> gr.Bloc
                     guidance_scale = gr.Slider(0.0, MAX_GUIDANCE, value=config.guidance_scale, step=0.5,
                                                label="Guidance scale")
                     num_inference_steps = gr.Slider(1, config.max_inference_steps, value=config.num_inference_steps,
-                                                    step=1, label="Steps")
+                                                    step=1, precision=0, label="Steps")  # precision 0: an int in the API
                     with gr.Row(visible=False):  # set from the resolution list; still the API's width/height
                         width = gr.Number(value=0, precision=0, label="Width (px, 0 = model default)")
                         height = gr.Number(value=0, precision=0, label="Height (px, 0 = model default)")

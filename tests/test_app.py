@@ -63,6 +63,9 @@ def test_page_builder_with_fake_engine():
     assert names[7:] == ["style"] and api["parameters"][7]["parameter_has_default"]
     assert [p["parameter_has_default"] for p in api["parameters"]] == [False] + [True] * 7
     assert len(api["returns"]) == 2  # the gallery and the JSON info
+    # What view_api shows: whole numbers as int (a slider reports float unless told otherwise).
+    assert [p["python_type"]["type"] for p in api["parameters"][:7]] == ["str", "str", "int", "float", "int", "int",
+                                                                          "int"]
 
 
 def test_style_through_api_is_applied_and_recorded(app_server):
