@@ -19,6 +19,8 @@ so that ``input_ids.argmax()`` finds the end token, which CLIP's pooling relies 
 from __future__ import annotations
 
 import json
+import re
+import string
 from pathlib import Path
 
 # Scheduler of SDXL 1.0 base (scheduler/scheduler_config.json), shared by every built-in model.
@@ -120,6 +122,28 @@ cinematic photographic anime manga digital pixel fantasy neonpunk model 3d film 
 high quality detailed sharp blurry lowres low ugly bad deformed noisy dark bright light
 sky sea water tree house cat dog car city mountain sun moon flower person face
 """.split()
+
+
+def known_words(model: str) -> frozenset[str] | None:
+    """The words a built-in model knows: tiny-shapes' training captions, tiny-random's tokenizer
+    words; None for any other model (its vocabulary is not known here)."""
+    if model == "tiny-shapes":
+        from .shapes import caption_words
+
+        return caption_words()
+    if model == "tiny-random":
+        return frozenset(WORDS)
+    return None
+
+
+def unknown_words(text: str, known: frozenset[str], limit: int = 12) -> list[str]:
+    """The distinct words (and symbols such as emoji) of ``text`` that are not in ``known``, in
+    order, at most ``limit``. ASCII punctuation is not a word."""
+    found = []
+    for word in re.findall(r"\w+|[^\w\s]", text.lower()):
+        if word not in known and word not in found and not all(c in string.punctuation for c in word):
+            found.append(word)
+    return found[:limit]
 
 
 def bytes_to_unicode() -> dict[int, str]:

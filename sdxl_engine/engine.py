@@ -15,8 +15,8 @@ from typing import Callable
 
 import numpy as np
 
+from . import builtin, faults
 from . import config as config_mod
-from . import faults
 from .config import EngineConfig
 from .validation import GenerateRequest, InvalidRequest, Limits, size_buckets, validate
 
@@ -68,7 +68,8 @@ class GenerateResult:
         timings: seconds: ``queue`` (from arrival until the device was free), ``prep`` (tokenize, schedule,
             transfer), ``device`` (the compiled program, until ready), ``post`` (to host),
             ``latency`` (prep + device + post: the engine's time, queue excluded).
-        warnings: things the user should know (a prompt truncated to 77 tokens).
+        warnings: things the user should know (a prompt truncated to 77 tokens; words a built-in
+            model does not know).
         device_count: devices the batch was split over.
         device_summary: e.g. ``4 × cpu``.
         model: the loaded model's name.
@@ -137,6 +138,7 @@ class Engine:
         import jax
 
         self._log(f"[sdxl_engine] config: {self.config.as_dict()}")
+        self.vocabulary = builtin.known_words(self.config.model)  # None: not a built-in model
         t0 = self._stage("loading model")
         self.platform = jax.devices()[0].platform
         self.model = loading.load_model(self.config.model, dtype=self.config.dtype, platform=self.platform,
@@ -305,6 +307,11 @@ class Engine:
             warnings.append("prompt was longer than 77 tokens and was truncated, as SDXL does")
         if cut_negative:
             warnings.append("negative prompt was longer than 77 tokens and was truncated")
+        for field, text in (("prompt", request.prompt), ("negative prompt", request.negative_prompt)):
+            unknown = builtin.unknown_words(text, self.vocabulary) if self.vocabulary is not None else []
+            if unknown:
+                warnings.append(f"{field}: {self.model.name} does not know these words, so its images ignore them: "
+                                f"{', '.join(unknown)}")
         timings = {"prep": t1 - t0, "device": t2 - t1, "post": t3 - t2, "latency": t3 - t0}
         return GenerateResult(images=images, seeds=seeds, request=request, timings=timings, warnings=warnings,
                               device_count=self.mesh.devices.size, device_summary=self.device_summary, model=self.model.name)

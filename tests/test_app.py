@@ -106,3 +106,13 @@ def test_a_refused_request_logs_one_line_and_a_good_one_none(app_server):
     lines = new_log_lines(app_server, refused)
     assert len(lines) == 1 and lines[0].startswith("[app] request refused: prompt: is empty"), lines
     assert new_log_lines(app_server, lambda: call(app_server, prompt="a red circle", num_inference_steps=2)) == []
+
+
+def test_words_outside_tiny_shapes_vocabulary_are_named(app_server):
+    """tiny-shapes knows only its training captions' words: the others are named, so a user knows
+    why the image ignores them."""
+    _, info = call(app_server, prompt="a red circle next to a dog 🐶", num_inference_steps=2)
+    assert info["warnings"] == ["prompt: tiny-shapes does not know these words, so its images ignore them: "
+                                "next, to, dog, 🐶"]
+    _, info = call(app_server, prompt="a small red circle in the centre on a white background", num_inference_steps=2)
+    assert info["warnings"] == []

@@ -91,6 +91,14 @@ def test_long_prompt_truncated_with_warning(engine):
     assert gen(engine).warnings == []
 
 
+def test_words_the_model_does_not_know_are_named_in_a_warning(engine):
+    result = gen(engine, prompt="a red zebra circle 🦓, zebra", negative_prompt="blurry quokka")
+    assert result.warnings == [
+        "prompt: tiny-random does not know these words, so its images ignore them: zebra, 🦓",
+        "negative prompt: tiny-random does not know these words, so its images ignore them: quokka"]
+    assert gen(engine, prompt="a large red circle on the left", negative_prompt="blurry, green").warnings == []
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(prompt=""), "prompt: is empty"),
     (dict(prompt="   \t"), "prompt: is empty"),
