@@ -63,7 +63,7 @@ MODEL_NOTES = {  # shown under the banner for the built-in models
     "tiny-random": "Model `tiny-random`: the SDXL architecture with random weights (for tests): expect noise. ",
 }
 REAL_SDXL_HINT = ("For real SDXL start with "
-                  "`python app.py --model stabilityai/stable-diffusion-xl-base-1.0 --revision refs/pr/95`.")
+                  "`python app.py --model stabilityai/stable-diffusion-xl-base-1.0`.")
 
 
 def refuse(err: Exception) -> gr.Error:

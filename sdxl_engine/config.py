@@ -35,7 +35,7 @@ class EngineConfig:
     # "tiny-random", "sdxl-base-random"), a local diffusers-format directory, or a hub id such as
     # "stabilityai/stable-diffusion-xl-base-1.0".
     model: str = "tiny-shapes"
-    # Hub revision (branch, tag, commit or "refs/pr/95" as the blog's scripts used); "" = default.
+    # Hub revision (branch, tag or commit); "" = the default branch, which holds SDXL base's Flax weights.
     revision: str = ""
     # Parameter storage and compute dtype: "auto" = bfloat16 on TPU/GPU, float32 on CPU.
     # Latents, noise, guidance and the scheduler's sigmas stay float32 whatever this says.

@@ -20,7 +20,7 @@ from . import builtin
 
 _HUB_HINT = (
     "Real SDXL needs the weights: run on a machine that reaches the Hugging Face Hub, or download "
-    "them once (huggingface-cli download stabilityai/stable-diffusion-xl-base-1.0 --revision refs/pr/95 "
+    "them once (huggingface-cli download stabilityai/stable-diffusion-xl-base-1.0 "
     "--local-dir sdxl-base) and start with --model ./sdxl-base. Built-in models: "
     + ", ".join(builtin.BUILTIN_NAMES)
 )
