@@ -62,6 +62,16 @@ MODEL_NOTES = {  # shown under the banner for the built-in models
                    "small/large; white/black/gray/blue backgrounds). ",
     "tiny-random": "Model `tiny-random`: the SDXL architecture with random weights (for tests): expect noise. ",
 }
+# The layout (launch(css=...)). At 1280x800 the 2x2 gallery is as wide as the window's height
+# allows, so all four images show without scrolling. Below 768 px the columns stack: the gallery
+# comes first, right under the prompt, not under the styles, resolution and seed; scroll anchoring
+# is off there, or the browser scrolls the images away as the gallery grows.
+PAGE_CSS = """
+#gallery .grid-container { max-width: max(240px, min(100%, calc(100vh - 380px))); margin-inline: auto; }
+@media (max-width: 767px) { #output-col { order: -1; } #main-row { overflow-anchor: none; } }
+"""
+SCROLL_TO_GALLERY_JS = """() => { if (window.innerWidth < 768) {  /* after the page's own updates settle */
+  setTimeout(() => document.querySelector('#gallery')?.scrollIntoView({block: 'start'}), 100); } }"""
 REAL_SDXL_HINT = ("For real SDXL start with "
                   "`python app.py --model stabilityai/stable-diffusion-xl-base-1.0`.")
 
@@ -270,12 +280,12 @@ def build_demo(generate: Callable, config: EngineConfig, engine=None) -> gr.Bloc
         banner = gr.Markdown(engine_banner(engine)[0], elem_id="engine-status")
         if config.model in MODEL_NOTES:
             gr.Markdown(MODEL_NOTES[config.model] + REAL_SDXL_HINT)
-        with gr.Row():
-            with gr.Column(scale=2):  # what to make
-                with gr.Row():
-                    prompt = gr.Textbox(label="Prompt", placeholder="a red circle on a blue background", scale=4,
-                                        lines=1, max_lines=3, elem_id="prompt")
-                    run = gr.Button("Generate", variant="primary", scale=1, elem_id="generate")
+        with gr.Row(equal_height=True):  # the prompt, across the page
+            prompt = gr.Textbox(label="Prompt", placeholder="a red circle on a blue background", scale=5,
+                                lines=1, max_lines=3, elem_id="prompt")
+            run = gr.Button("Generate", variant="primary", scale=1, min_width=120, elem_id="generate")
+        with gr.Row(elem_id="main-row"):
+            with gr.Column(scale=2, elem_id="settings-col"):  # how to make it
                 style = gr.Radio(list(STYLE_NAMES), value=NO_STYLE, label="Style", elem_id="style")
                 with gr.Row():
                     choices, default_size = size_choices(engine)
@@ -296,8 +306,8 @@ def build_demo(generate: Callable, config: EngineConfig, engine=None) -> gr.Bloc
                     with gr.Row(visible=False):  # set from the resolution list; still the API's width/height
                         width = gr.Number(value=0, precision=0, label="Width (px, 0 = model default)")
                         height = gr.Number(value=0, precision=0, label="Height (px, 0 = model default)")
-            with gr.Column(scale=3):  # what came out
-                gallery = gr.Gallery(label="Images", columns=2, format="png", height="auto", object_fit="contain",
+            with gr.Column(scale=3, elem_id="output-col"):  # what came out (first on a phone: PAGE_CSS)
+                gallery = gr.Gallery(label="Images", columns=2, format="png", object_fit="contain",
                                      buttons=["download", "fullscreen"], interactive=False, elem_id="gallery")
                 status = gr.Markdown(elem_id="result-status")
                 with gr.Accordion("Details (JSON, as the API returns it)", open=False):
@@ -323,11 +333,16 @@ def build_demo(generate: Callable, config: EngineConfig, engine=None) -> gr.Bloc
             return generate(prompt, negative_prompt, seed, guidance_scale, num_inference_steps, width, height, style,
                             progress=progress, arrived=serving.arrival_time(request))
 
+        # On a narrow screen the gallery sits under the prompt, but the page may be scrolled: bring it
+        # into view for the progress, and again once the images are in.
+        gr.on([run.click, prompt.submit], None, None, None, js=SCROLL_TO_GALLERY_JS, queue=False,
+              api_visibility="private")
         # preprocess=False: values reach the engine as sent, so its checks and messages (with the
         # argument's name) apply to page and API alike, instead of Gradio's unnamed bound checks.
         event = gr.on([run.click, prompt.submit], generate_images, inputs, [gallery, info], api_name="generate",
                       concurrency_id="engine", concurrency_limit=1, preprocess=False)
         event.success(status_line, info, status, api_visibility="private")
+        event.success(None, None, None, js=SCROLL_TO_GALLERY_JS, queue=False, api_visibility="private")  # the images
         event.success(remember, [history, info, gallery], [history, history_gallery], api_visibility="private",
                       show_progress="hidden")
         event.success(lambda: (None, gr.Button("Reuse selected image's seed", interactive=False)), None,
@@ -444,7 +459,7 @@ def main(argv=None) -> int:
     demo = build_demo(lambda *values, **kw: gate.run(handle_generate, engine, *values, **kw), config, engine)
     demo.queue(max_size=config.max_queue_size, default_concurrency_limit=1)
     share = args.share and share_possible(f"http://{args.host}:{args.port}/")
-    return serving.serve(demo, engine, serving.launch_options(args.host, args.port, share), gate)
+    return serving.serve(demo, engine, {**serving.launch_options(args.host, args.port, share), "css": PAGE_CSS}, gate)
 
 
 if __name__ == "__main__":

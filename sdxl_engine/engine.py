@@ -140,6 +140,8 @@ class Engine:
         self._log(f"[sdxl_engine] config: {self.config.as_dict()}")
         self.vocabulary = builtin.known_words(self.config.model)  # None: not a built-in model
         t0 = self._stage("loading model")
+        if self.fault_injection:  # TEST-ONLY (faults.py): a start slow enough to watch
+            time.sleep(faults.start_delay())
         self.platform = jax.devices()[0].platform
         self.model = loading.load_model(self.config.model, dtype=self.config.dtype, platform=self.platform,
                                         revision=self.config.revision, cache_dir=self.config.model_cache_dir)
