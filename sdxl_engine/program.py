@@ -116,6 +116,14 @@ def encode_prompts(model, params, ids):
     return hidden, out_2.text_embeds  # text_embeds: (n, projection_dim)
 
 
+def cfg_combine(noise_uncond, noise_text, guidance_scale):
+    """Classifier-free guidance (Ho & Salimans 2022) as diffusers' SDXL pipeline combines it:
+    ``uncond + g * (text - uncond)``, so g = 0 gives the unconditional prediction and g = 1 the
+    text-conditioned one. float32: noise_* (b, c, h, w), guidance_scale (b,), one per image.
+    """
+    return noise_uncond + guidance_scale[:, None, None, None] * (noise_text - noise_uncond)
+
+
 def euler_step(latents, model_output, sigma, sigma_next, prediction_type: str):
     """One Euler step x_{i+1} = x_i + d_i (sigma_{i+1} - sigma_i) (Karras et al. 2022, Alg. 2).
 
@@ -169,8 +177,8 @@ def build_generate(model, shape: ProgramShape, python_loop: bool = False) -> Cal
             noise = model.unet.apply({"params": params["unet"]}, x.astype(hidden.dtype), t,
                                      encoder_hidden_states=hidden, added_cond_kwargs=cond).sample
             noise_uncond, noise_text = jnp.split(noise.astype(jnp.float32), 2)  # (b, c, h, w) each
-            noise = noise_uncond + guidance_scale[:, None, None, None] * (noise_text - noise_uncond)
-            return euler_step(latents, noise, sigma, sigma_next, prediction_type)
+            return euler_step(latents, cfg_combine(noise_uncond, noise_text, guidance_scale), sigma, sigma_next,
+                              prediction_type)
 
         if python_loop:
             for i in range(int(num_steps)):

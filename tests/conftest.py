@@ -60,9 +60,10 @@ def free_port() -> int:
 QUICK = dict(prompt="a red circle", seed=1, num_inference_steps=2)
 
 
-def assert_serves(client) -> dict:
-    """One QUICK request through ``client`` gives 4 images with seeds 1-4; returns the info JSON."""
-    gallery, info = client.predict(api_name="/generate", **QUICK)
+def assert_serves(client, timeout: float = 120) -> dict:
+    """One QUICK request through ``client`` gives 4 images with seeds 1-4 within ``timeout``
+    seconds (else TimeoutError); returns the info JSON."""
+    gallery, info = client.submit(api_name="/generate", **QUICK).result(timeout=timeout)
     assert len(gallery) == 4 and info["seeds"] == [1, 2, 3, 4]
     return info
 

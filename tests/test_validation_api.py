@@ -182,9 +182,29 @@ def test_api_error_message_is_the_engines_not_gradios(client):
     assert "less than minimum value" not in str(caught.value)
 
 
-def test_info_is_json_serialisable(client):
-    _, info = client.predict(api_name="/generate", **VALID)
-    json.dumps(info)
+def test_info_is_json_serialisable(app_server):
+    """The info as it goes over the wire (gradio_client would have decoded it already): strict
+    JSON (no NaN or Infinity), every value a JSON type, the documented keys."""
+    event = httpx.post(app_server.url + "gradio_api/call/generate", timeout=30,
+                       json={"data": ["a red circle", "", 1, 5.0, 2, 0, 0, "(No style)"]}).json()["event_id"]
+    text = httpx.get(app_server.url + f"gradio_api/call/generate/{event}", timeout=60).text
+    assert "event: complete" in text, text
+    payload = next(line[6:] for line in text.splitlines() if line.startswith("data: "))
+
+    def refuse(constant):
+        raise ValueError(f"not JSON: {constant}")
+
+    gallery, info = json.loads(payload, parse_constant=refuse)
+    assert len(gallery) == 4 and isinstance(info, dict)
+    assert {"seeds", "latency_s", "device_count", "device", "timings_s", "prompt", "negative_prompt",
+            "guidance_scale", "num_inference_steps", "width", "height", "model", "warnings", "style",
+            "user_prompt", "user_negative_prompt"} <= set(info)
+    assert json.loads(json.dumps(info, allow_nan=False)) == info
+    # Numbers arrive as JSON numbers (not strings, not null for a NaN): a numpy value or a NaN would show here.
+    number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
+    assert all(number(v) for v in [info["latency_s"], info["guidance_scale"], *info["timings_s"].values()]), info
+    assert all(isinstance(v, int) for v in [*info["seeds"], info["device_count"], info["num_inference_steps"],
+                                            info["width"], info["height"]]), info
 
 
 def test_bad_input_shows_as_gr_error_in_the_page(app_server):
