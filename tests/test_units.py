@@ -171,3 +171,26 @@ def test_engine_start_honours_jax_variables(tmp_path):
     lines = out.stdout.splitlines()
     assert lines[-1] == f"2 {tmp_path / 'jax-own'}", out
     assert len([line for line in lines if "wins over the engine's" in line]) == 2, lines
+
+
+def test_no_hint_asks_for_the_old_flax_revision():
+    """SDXL base's Flax weights are on its main branch: nothing tells users to pass refs/pr/95."""
+    from conftest import ROOT
+
+    for path in [ROOT / "README.md", ROOT / "app.py", ROOT / "serving.py", *(ROOT / "sdxl_engine").glob("*.py")]:
+        assert "refs/pr/" not in path.read_text(), path
+
+
+def test_readme_first_python_example_works_with_the_default_model():
+    """The first thing a user tries: an in-vocabulary prompt, no style (styles pull tiny-shapes off the prompt)."""
+    import re
+
+    from conftest import ROOT
+    from sdxl_engine.builtin import known_words, unknown_words
+
+    readme = (ROOT / "README.md").read_text()
+    example = readme[readme.index("```python"):]
+    call = example[:example.index("```", 3)]
+    prompt = re.search(r'prompt="([^"]+)"', call)[1]
+    assert unknown_words(prompt, known_words("tiny-shapes")) == []
+    assert "style=" not in call
