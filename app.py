@@ -13,21 +13,29 @@ import base64
 import io
 import os
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
 from typing import Callable
 
-if __name__ == "__main__":  # before Gradio is imported: it reads GRADIO_TEMP_DIR once, at import time
-    import serving
+import serving
 
+if __name__ == "__main__":  # before Gradio is imported: it reads GRADIO_TEMP_DIR once, at import time
     serving.usable_output_dir()
 
+import warnings
+
 import gradio as gr
+from starlette.exceptions import StarletteDeprecationWarning
+
+# Gradio 6.17 uses Starlette names deprecated since (HTTP_422_UNPROCESSABLE_ENTITY): two warnings
+# per request in the server log that only Gradio can act on.
+warnings.filterwarnings("ignore", category=StarletteDeprecationWarning, module=r"gradio(\.|$)")
 
 from sdxl_engine.config import ConfigError, EngineConfig
 from sdxl_engine.engine import EngineNotReady, GenerationError, get_engine
-from sdxl_engine.images import a1111_parameters, save_png, to_pil
+from sdxl_engine.images import a1111_parameters, image_stem, png_bytes, request_stamp, to_pil, write_new
 from sdxl_engine.styles import NO_STYLE, STYLE_NAMES, UnknownStyle, apply_style, get_style
 from sdxl_engine.validation import MAX_GUIDANCE, GenerateRequest, InvalidRequest
 
@@ -54,12 +62,30 @@ MODEL_NOTES = {  # shown under the banner for the built-in models
                    "small/large; white/black/gray/blue backgrounds). ",
     "tiny-random": "Model `tiny-random`: the SDXL architecture with random weights (for tests): expect noise. ",
 }
+# The layout (launch(css=...)). At 1280x800 the 2x2 gallery is as wide as the window's height
+# allows, so all four images show without scrolling. Below 768 px the columns stack: the gallery
+# comes first, right under the prompt, not under the styles, resolution and seed; scroll anchoring
+# is off there, or the browser scrolls the images away as the gallery grows.
+PAGE_CSS = """
+#gallery .grid-container { max-width: max(240px, min(100%, calc(100vh - 380px))); margin-inline: auto; }
+@media (max-width: 767px) { #output-col { order: -1; } #main-row { overflow-anchor: none; } }
+"""
+SCROLL_TO_GALLERY_JS = """() => { if (window.innerWidth < 768) {  /* after the page's own updates settle */
+  setTimeout(() => document.querySelector('#gallery')?.scrollIntoView({block: 'start'}), 100); } }"""
 REAL_SDXL_HINT = ("For real SDXL start with "
-                  "`python app.py --model stabilityai/stable-diffusion-xl-base-1.0 --revision refs/pr/95`.")
+                  "`python app.py --model stabilityai/stable-diffusion-xl-base-1.0`.")
+
+
+def refuse(err: Exception) -> gr.Error:
+    """The gr.Error for a request the engine refused (bad input, not started, unusable image),
+    after one log line: a user's mistake is not a traceback in the server log."""
+    print(f"[app] request refused: {err}", flush=True)
+    return gr.Error(str(err), print_exception=False)
 
 
 def handle_generate(engine, prompt, negative_prompt, seed, guidance_scale, num_inference_steps, width, height,
-                    style=NO_STYLE, progress: Callable | None = None):
+                    style=NO_STYLE, progress: Callable | None = None, files_dir: str | None = None,
+                    arrived: float | None = None):
     """One /generate call: values as the client sent them in, (gallery items, info dict) out.
 
     The engine validates every value (width/height 0 or None = the model's default). Raises
@@ -67,16 +93,24 @@ def handle_generate(engine, prompt, negative_prompt, seed, guidance_scale, num_i
     image; any other failure is logged here and reported without internals.
 
     ``style`` names a preset of sdxl_engine.styles (applied here, so the engine sees plain text).
+    ``arrived`` (``time.monotonic()`` when the request reached the server; see
+    serving.arrival_time) makes ``timings_s.queue`` count the wait in Gradio's queue too.
+
     ``progress(fraction, desc=...)`` (a gr.Progress) hears each stage; while the engine is still
     starting, the request waits and reports the start-up stage and elapsed seconds. When the
     config has ``outputs_dir``, every image is also saved there as PNG with its parameters.
+
+    The gallery items are (PNG path, caption): each PNG lies in a new folder of its own under
+    ``files_dir`` (default: Gradio's temp folder, which serves it as it is), named after its seed
+    and the prompt's first words (``seed42-a-red-circle.png``), which is the name a download gets.
+    Saved copies are named ``<time to the µs>-<request id>-seed42-a-red-circle.png``.
     """
     report = progress if progress is not None else (lambda *_, **__: None)  # gr.Progress is falsy (len 0)
     try:
         styled_prompt, styled_negative = apply_style(style, prompt, negative_prompt)
         style = get_style(style).name
     except UnknownStyle as err:
-        raise gr.Error(str(err)) from err
+        raise refuse(err) from err
     while not engine.ready.wait(0.5):
         report(0.0, desc=f"Starting the engine: {engine.stage} ({time.perf_counter() - engine.started:.0f} s)")
     request = GenerateRequest(prompt=styled_prompt, negative_prompt=styled_negative, seed=seed,
@@ -88,10 +122,11 @@ def handle_generate(engine, prompt, negative_prompt, seed, guidance_scale, num_i
         report(fraction, desc=text.format(steps=num_inference_steps, devices=getattr(engine, "device_summary", ""),
                                           n=getattr(engine, "batch", "")))
 
+    since = None if arrived is None else time.perf_counter() - (time.monotonic() - arrived)  # on the engine's clock
     try:
-        result = engine.generate(request, progress=on_stage)
+        result = engine.generate(request, progress=on_stage, arrived=since)
     except (InvalidRequest, EngineNotReady, GenerationError) as err:
-        raise gr.Error(str(err)) from err
+        raise refuse(err) from err
     except Exception as err:
         traceback.print_exc()
         raise gr.Error(f"the engine failed on this request ({type(err).__name__}); it is logged on the server. "
@@ -102,9 +137,17 @@ def handle_generate(engine, prompt, negative_prompt, seed, guidance_scale, num_i
     extra = {} if style == NO_STYLE else {"Style": style}
     texts = [a1111_parameters(req.prompt, req.negative_prompt, req.num_inference_steps, req.guidance_scale, s,
                               req.width, req.height, result.model, extra) for s in result.seeds]
-    images = to_pil(result.images, texts)
+    pngs = [png_bytes(image) for image in to_pil(result.images, texts)]
+    stems = [image_stem(s, prompt) for s in result.seeds]  # seed42-a-red-circle: the download's name
+    try:  # one new folder per request in Gradio's temp folder: served from there, never copied
+        folder = Path(tempfile.mkdtemp(prefix="sdxl-", dir=Path(files_dir or gr.utils.get_upload_folder()).resolve()))
+        paths = [str(write_new(data, folder, stem)) for data, stem in zip(pngs, stems)]
+    except OSError as err:
+        print(f"[app] error: could not write the images to Gradio's temp folder: {err}", flush=True)
+        raise gr.Error(f"the server could not store the images ({type(err).__name__}); please retry later",
+                       print_exception=False) from err
     label = "" if style == NO_STYLE else f" · {style}"
-    gallery = [(image, f"seed {s}{label} · {latency:.2f} s") for image, s in zip(images, result.seeds)]
+    gallery = [(path, f"seed {s}{label} · {latency:.2f} s") for path, s in zip(paths, result.seeds)]
     for warning in result.warnings:
         gr.Warning(warning if style == NO_STYLE else f"{warning} (the {style} style adds words around yours)")
     info = {
@@ -127,10 +170,9 @@ def handle_generate(engine, prompt, negative_prompt, seed, guidance_scale, num_i
     }
     outputs_dir = getattr(engine.config, "outputs_dir", "")
     if outputs_dir:
-        stamp = time.strftime("%Y%m%d-%H%M%S")
+        stamp = request_stamp()  # to the microsecond, plus a random id: two requests never share a name
         try:
-            info["saved"] = [str(save_png(image, Path(outputs_dir) / f"{stamp}-seed{s}.png"))
-                             for image, s in zip(images, result.seeds)]
+            info["saved"] = [str(write_new(data, Path(outputs_dir), f"{stamp}-{stem}")) for data, stem in zip(pngs, stems)]
         except OSError as err:  # the images are still shown and downloadable; saving is best-effort
             print(f"[app] warning: could not save to outputs_dir {outputs_dir!r}: {err}", flush=True)
             gr.Warning(f"Images not saved to the outputs folder ({type(err).__name__}); download them instead.")
@@ -238,12 +280,12 @@ def build_demo(generate: Callable, config: EngineConfig, engine=None) -> gr.Bloc
         banner = gr.Markdown(engine_banner(engine)[0], elem_id="engine-status")
         if config.model in MODEL_NOTES:
             gr.Markdown(MODEL_NOTES[config.model] + REAL_SDXL_HINT)
-        with gr.Row():
-            with gr.Column(scale=2):  # what to make
-                with gr.Row():
-                    prompt = gr.Textbox(label="Prompt", placeholder="a red circle on a blue background", scale=4,
-                                        lines=1, max_lines=3, elem_id="prompt")
-                    run = gr.Button("Generate", variant="primary", scale=1, elem_id="generate")
+        with gr.Row(equal_height=True):  # the prompt, across the page
+            prompt = gr.Textbox(label="Prompt", placeholder="a red circle on a blue background", scale=5,
+                                lines=1, max_lines=3, elem_id="prompt")
+            run = gr.Button("Generate", variant="primary", scale=1, min_width=120, elem_id="generate")
+        with gr.Row(elem_id="main-row"):
+            with gr.Column(scale=2, elem_id="settings-col"):  # how to make it
                 style = gr.Radio(list(STYLE_NAMES), value=NO_STYLE, label="Style", elem_id="style")
                 with gr.Row():
                     choices, default_size = size_choices(engine)
@@ -260,12 +302,12 @@ def build_demo(generate: Callable, config: EngineConfig, engine=None) -> gr.Bloc
                     guidance_scale = gr.Slider(0.0, MAX_GUIDANCE, value=config.guidance_scale, step=0.5,
                                                label="Guidance scale")
                     num_inference_steps = gr.Slider(1, config.max_inference_steps, value=config.num_inference_steps,
-                                                    step=1, label="Steps")
+                                                    step=1, precision=0, label="Steps")  # precision 0: an int in the API
                     with gr.Row(visible=False):  # set from the resolution list; still the API's width/height
                         width = gr.Number(value=0, precision=0, label="Width (px, 0 = model default)")
                         height = gr.Number(value=0, precision=0, label="Height (px, 0 = model default)")
-            with gr.Column(scale=3):  # what came out
-                gallery = gr.Gallery(label="Images", columns=2, format="png", height="auto", object_fit="contain",
+            with gr.Column(scale=3, elem_id="output-col"):  # what came out (first on a phone: PAGE_CSS)
+                gallery = gr.Gallery(label="Images", columns=2, format="png", object_fit="contain",
                                      buttons=["download", "fullscreen"], interactive=False, elem_id="gallery")
                 status = gr.Markdown(elem_id="result-status")
                 with gr.Accordion("Details (JSON, as the API returns it)", open=False):
@@ -284,17 +326,23 @@ def build_demo(generate: Callable, config: EngineConfig, engine=None) -> gr.Bloc
         def generate_images(prompt: str, negative_prompt: str | None = None, seed: int = -1,
                             guidance_scale: float = config.guidance_scale,
                             num_inference_steps: int = config.num_inference_steps, width: int = 0, height: int = 0,
-                            style: str = NO_STYLE, progress=gr.Progress()):
+                            style: str = NO_STYLE, request: gr.Request = None, progress=gr.Progress()):
             # Named parameters: gradio_client callers use these keywords (the /generate contract);
-            # only optional inputs are ever added, at the end.
+            # only optional inputs are ever added, at the end. ``request`` and ``progress`` are
+            # Gradio's, not inputs.
             return generate(prompt, negative_prompt, seed, guidance_scale, num_inference_steps, width, height, style,
-                            progress=progress)
+                            progress=progress, arrived=serving.arrival_time(request))
 
+        # On a narrow screen the gallery sits under the prompt, but the page may be scrolled: bring it
+        # into view for the progress, and again once the images are in.
+        gr.on([run.click, prompt.submit], None, None, None, js=SCROLL_TO_GALLERY_JS, queue=False,
+              api_visibility="private")
         # preprocess=False: values reach the engine as sent, so its checks and messages (with the
         # argument's name) apply to page and API alike, instead of Gradio's unnamed bound checks.
         event = gr.on([run.click, prompt.submit], generate_images, inputs, [gallery, info], api_name="generate",
                       concurrency_id="engine", concurrency_limit=1, preprocess=False)
         event.success(status_line, info, status, api_visibility="private")
+        event.success(None, None, None, js=SCROLL_TO_GALLERY_JS, queue=False, api_visibility="private")  # the images
         event.success(remember, [history, info, gallery], [history, history_gallery], api_visibility="private",
                       show_progress="hidden")
         event.success(lambda: (None, gr.Button("Reuse selected image's seed", interactive=False)), None,
@@ -371,7 +419,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--port", type=tcp_port, default=os.environ.get("GRADIO_SERVER_PORT", "7860"),
                         help="TCP port (env GRADIO_SERVER_PORT)")
     for name in ("model", "revision", "dtype", "width", "height", "num_inference_steps", "max_inference_steps",
-                 "images_per_request", "cpu_devices", "compile_cache_dir", "outputs_dir"):
+                 "images_per_request", "cpu_devices", "compile_cache_dir", "outputs_dir", "temp_max_mb", "temp_keep_s"):
         parser.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
                             help=f"engine setting {name} (env SDXL_{name.upper()})")
     return parser.parse_args(argv)
@@ -399,21 +447,19 @@ def share_possible(local_url: str, timeout: float = 5.0) -> bool:
 
 def main(argv=None) -> int:
     """Start the engine in the background, serve the page; returns the exit status (see serving.serve)."""
-    import serving
-
     args = parse_args(argv)
     overrides = {k: v for k, v in vars(args).items() if k not in ("share", "host", "port") and v is not None}
     try:
         config = EngineConfig.load(overrides)
     except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        print(serving.start_error_line(err), file=sys.stderr)
+        return serving.exit_status(err)
     engine = get_engine(config, background=True)
     gate = serving.RequestGate()
     demo = build_demo(lambda *values, **kw: gate.run(handle_generate, engine, *values, **kw), config, engine)
     demo.queue(max_size=config.max_queue_size, default_concurrency_limit=1)
     share = args.share and share_possible(f"http://{args.host}:{args.port}/")
-    return serving.serve(demo, engine, serving.launch_options(args.host, args.port, share), gate)
+    return serving.serve(demo, engine, {**serving.launch_options(args.host, args.port, share), "css": PAGE_CSS}, gate)
 
 
 if __name__ == "__main__":

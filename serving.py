@@ -6,18 +6,30 @@ Kept apart from the page (app.py builds it) and from the engine (sdxl_engine/):
   link unless asked, no server-side rendering, no /monitoring page, no MCP server, no file
   served but the app's own outputs, 1 MB upload cap.
 - :class:`Guard`: an ASGI layer outside Gradio's own: refuses uploads (the page takes no files)
-  and request bodies over 1 MB, never lets ``Access-Control-Allow-Origin`` name a foreign
-  origin (Gradio echoes any origin when the ``Host`` header is not a loopback name, and a
-  client can forge ``Host``), and adds ``Retry-After`` to "queue full" (503) answers.
+  and request bodies over 1 MB (with or without Content-Length), never lets
+  ``Access-Control-Allow-Origin`` name a foreign origin (Gradio echoes any origin when the
+  ``Host`` header is not a loopback name, and a client can forge ``Host``), adds
+  ``Retry-After`` to "queue full" (503) answers, and answers a raw API call with too few
+  values with a 422 that names the inputs (Gradio would stream ``{"error": null}``).
 - :class:`RequestGate`: counts requests in flight; once closed, the guard refuses new ones.
-- :func:`serve`: launch, then wait; exit 1 with one line if the engine fails to start, or on
-  SIGTERM/SIGINT stop taking requests (503 "shutting down"), let the ones already accepted
-  finish (bounded), close, return 0.
+- :class:`TempJanitor`: keeps the app's files in Gradio's temp folder under a size, oldest
+  first, never deleting one a client may still be downloading.
+- :func:`serve`: launch, then wait; exit with one line if the app cannot start (status
+  :func:`exit_status`), or on SIGTERM/SIGINT stop taking requests (503 "shutting down"), let
+  the ones already accepted finish (bounded), close, return 0.
+
+Exit statuses of ``python app.py``, the same everywhere: 0 after a clean stop; 2 for a bad
+flag or setting, including one this machine cannot honour (``images_per_request`` that does
+not divide over the devices, a size the model cannot make): the command must change; 1 when
+valid settings still fail to start (model missing or corrupt, an engine failure, the port
+taken).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -26,10 +38,15 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from sdxl_engine.config import ConfigError
+
+EXIT_START_FAILED = 1  # valid settings, yet the app could not start
+EXIT_BAD_SETTING = 2  # a flag or setting must change (argparse uses 2 too)
 LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
 MAX_BODY_BYTES = 1_000_000  # JSON of a /generate call is < 100 kB even with a 20 000-character prompt
 BLOCKED_PATH_PREFIXES = ("/gradio_api/upload", "/upload")  # the page has no file inputs
 RETRY_AFTER_S = 5
+ARRIVED_HEADER = b"x-sdxl-arrived"  # set by Guard on every request: time.monotonic() at arrival
 QUIET_S = 2.0  # on shutdown, close once no HTTP request arrived for this long (image downloads)
 
 
@@ -70,13 +87,55 @@ def _host_of(origin: str) -> str:
         return ""
 
 
-class Guard:
-    """ASGI middleware, outermost: see the module docstring for what it refuses or rewrites."""
+# Raw calls whose JSON body carries an endpoint's input values: /gradio_api/{call,run,api}/<api_name>
+# ("data": the values in order) and /gradio_api/queue/join ("fn_index" names the event).
+_API_CALL = re.compile(r"^(?:/gradio_api)?/(?:call|run|api)/(?!v2/)(?P<name>[^/]+)/?$")
+_QUEUE_JOIN = re.compile(r"^(?:/gradio_api)?/queue/join/?$")
 
-    def __init__(self, app, gate: "RequestGate | None" = None, max_body: int = MAX_BODY_BYTES):
+
+def api_inputs(demo) -> tuple[dict[str, tuple[str, ...]], dict[int, str]]:
+    """({api_name: input names}, {fn_index: api_name}) of ``demo``'s named API endpoints."""
+    named = demo.get_api_info()["named_endpoints"]
+    inputs = {name.lstrip("/"): tuple(p["parameter_name"] for p in info["parameters"]) for name, info in named.items()}
+    fns = {fn._id: fn.api_name for fn in demo.fns.values() if fn.api_name in inputs}
+    return inputs, fns
+
+
+def arity_error(path: str, body: bytes, inputs: dict[str, tuple[str, ...]], fns: dict[int, str]) -> str | None:
+    """The message for a raw call to a named endpoint with fewer values than it takes, else None.
+
+    Extra values are left to Gradio (it ignores them); bodies that are not JSON with a ``data``
+    list are left to Gradio's own validation.
+    """
+    call, join = _API_CALL.match(path), _QUEUE_JOIN.match(path)
+    try:
+        payload = json.loads(body) if (call or join) else None
+    except ValueError:
+        return None
+    if not isinstance(payload, dict) or not isinstance(payload.get("data"), list):
+        return None
+    name = call["name"] if call else fns.get(payload.get("fn_index"))
+    names = inputs.get(name)
+    if names is None or len(payload["data"]) >= len(names):
+        return None
+    return (f"{name} takes {len(names)} inputs ({', '.join(names)}); got {len(payload['data'])}. "
+            "Send every value in this order (gradio_client fills in the optional ones).")
+
+
+class Guard:
+    """ASGI middleware, outermost: see the module docstring for what it refuses or rewrites.
+
+    ``inputs``/``fns`` (from :func:`api_inputs`) name the API endpoints whose raw calls are
+    checked for missing values.
+    """
+
+    def __init__(self, app, gate: "RequestGate | None" = None, max_body: int = MAX_BODY_BYTES,
+                 inputs: dict | None = None, fns: dict | None = None):
         self.app = app
         self.gate = gate
         self.max_body = max_body
+        self.inputs = inputs or {}
+        self.fns = fns or {}
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -89,13 +148,17 @@ class Guard:
         if self.gate is not None and self.gate.closed and scope["method"] == "POST" and _starts_work(path):
             return await _plain(send, 503, b"the server is shutting down; retry in a minute",
                                 [(b"retry-after", b"60")])
-        headers = dict(scope.get("headers") or [])
+        # When the request arrived (a client's own header of that name is dropped): the queue wait starts here.
+        scope = {**scope, "headers": [(k, v) for k, v in scope.get("headers") or [] if k.lower() != ARRIVED_HEADER]
+                 + [(ARRIVED_HEADER, repr(time.monotonic()).encode())]}
+        headers = dict(scope["headers"])
         length = headers.get(b"content-length", b"0")
         if not length.isdigit() or int(length) > self.max_body:
             return await _plain(send, 413, b"request body too large (limit 1 MB)")
         origin = headers.get(b"origin", b"").decode("latin-1")
         foreign = bool(origin) and _host_of(origin) not in LOOPBACK_NAMES
         seen = 0
+        started = False
 
         async def limited_receive():  # bodies sent without Content-Length (chunked) are counted too
             nonlocal seen
@@ -106,7 +169,11 @@ class Guard:
             return message
 
         async def guarded_send(message):
+            nonlocal started
+            if seen > self.max_body and not started:  # the app answers a body it never got whole: 413 instead
+                return
             if message["type"] == "http.response.start":
+                started = True
                 out = [(k, v) for k, v in message.get("headers", [])
                        if not (foreign and k.lower().startswith(b"access-control-allow-"))]
                 if message["status"] == 503:
@@ -114,7 +181,53 @@ class Guard:
                 message = {**message, "headers": out}
             await send(message)
 
-        await self.app(scope, limited_receive, guarded_send)
+        inner_receive = limited_receive
+        if scope["method"] == "POST" and self.inputs and (_API_CALL.match(path) or _QUEUE_JOIN.match(path)):
+            body = await _read_body(limited_receive)
+            if body is None:  # over the cap, or the client left
+                return await _plain(send, 413, b"request body too large (limit 1 MB)") if seen > self.max_body else None
+            message = arity_error(path, body, self.inputs, self.fns)
+            if message is not None:
+                return await _plain(send, 422, json.dumps({"error": message, "detail": message}).encode(),
+                                    content_type=b"application/json")
+            inner_receive = _replay(body, receive)
+        try:
+            await self.app(scope, inner_receive, guarded_send)
+        except Exception:
+            if seen <= self.max_body or started:
+                raise
+        if seen > self.max_body and not started:  # a chunked body crossed the cap: the app saw a disconnect
+            await _plain(send, 413, b"request body too large (limit 1 MB)")
+
+
+async def _read_body(receive) -> bytes | None:
+    """The whole request body from ``receive``, or None if it ends in a disconnect."""
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+def _replay(body: bytes, receive):
+    """An ASGI ``receive`` that yields ``body`` once, then defers to ``receive`` (disconnects)."""
+    pending = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def replayed():
+        return pending.pop() if pending else await receive()
+
+    return replayed
+
+
+def arrival_time(request) -> float | None:
+    """``time.monotonic()`` when ``request`` (a gr.Request) reached the server, stamped by Guard; None if unknown."""
+    try:
+        return float(request.headers[ARRIVED_HEADER.decode()])
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return None
 
 
 def _starts_work(path: str) -> bool:
@@ -122,21 +235,24 @@ def _starts_work(path: str) -> bool:
     return path.endswith("/queue/join") or path.startswith(("/gradio_api/call/", "/gradio_api/run/", "/call/", "/run/"))
 
 
-async def _plain(send, status: int, body: bytes, extra: list | None = None) -> None:
-    headers = [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", str(len(body)).encode())]
+async def _plain(send, status: int, body: bytes, extra: list | None = None,
+                 content_type: bytes = b"text/plain; charset=utf-8") -> None:
+    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": headers + (extra or [])})
     await send({"type": "http.response.body", "body": body})
 
 
-def install_guard(app, gate: "RequestGate | None" = None) -> None:
+def install_guard(app, gate: "RequestGate | None" = None, demo=None) -> None:
     """Put :class:`Guard` outside every other middleware of Gradio's FastAPI ``app``.
 
     Gradio adds its CORS middleware inside ``launch``; Starlette builds the middleware stack on
     the first request, so the stack is reset and rebuilt with the guard outermost (the other
-    layers are stateless). The security tests probe the result over HTTP.
+    layers are stateless). The security tests probe the result over HTTP. With ``demo``, raw
+    calls of its API endpoints are checked for missing values.
     """
+    inputs, fns = api_inputs(demo) if demo is not None else ({}, {})
     app.middleware_stack = None
-    app.add_middleware(Guard, gate=gate)
+    app.add_middleware(Guard, gate=gate, inputs=inputs, fns=fns)
 
 
 class RequestGate:
@@ -173,6 +289,92 @@ class RequestGate:
             return self._cond.wait_for(lambda: self.in_flight == 0, timeout)
 
 
+class TempJanitor:
+    """Keeps this app's files in Gradio's temp folder under ``max_bytes``, oldest first.
+
+    Only files the app created count and are deleted: Gradio records them per component
+    (``demo.temp_file_sets``: each request's gallery PNGs, the history thumbnails), so another
+    app's files in a shared ``/tmp/gradio`` are left alone, and so are files Gradio keeps for
+    good (``keep_in_cache``: examples). A file younger than ``keep_s`` seconds is never deleted,
+    as a client may still be downloading it: a burst can push the folder past ``max_bytes`` by
+    what it writes in that time. Folders left empty inside the temp folder are removed too.
+    """
+
+    def __init__(self, demo, max_bytes: float, keep_s: float):
+        self.demo = demo
+        self.root = Path(demo.GRADIO_CACHE).resolve()
+        self.max_bytes = max_bytes
+        self.keep_s = keep_s
+
+    @classmethod
+    def for_config(cls, demo, config) -> "TempJanitor":
+        return cls(demo, config.temp_max_mb * 1e6, config.temp_keep_s)
+
+    def _tracked(self) -> list[tuple[float, int, str, set]]:
+        """(last written, size, path, the set recording it) of every file the app created, oldest first."""
+        keep = set().union(*(getattr(block, "keep_in_cache", set()) for block in self.demo.blocks.values()))
+        entries = []
+        for file_set in list(self.demo.temp_file_sets):
+            for path in list(file_set):
+                if path in keep:
+                    continue
+                try:
+                    st = os.stat(path)
+                except FileNotFoundError:
+                    file_set.discard(path)
+                    continue
+                # ctime: when the file appeared or was last written here (a copy keeps its old mtime)
+                entries.append((st.st_ctime, st.st_size, path, file_set))
+        return sorted(entries, key=lambda entry: entry[0])
+
+    def sweep(self, now: float | None = None) -> tuple[int, int]:
+        """Delete the oldest files until the app's files take at most ``max_bytes`` (none younger
+        than ``keep_s``). Returns (files deleted, bytes left)."""
+        now = time.time() if now is None else now
+        entries = self._tracked()
+        total, deleted = sum(size for _, size, _, _ in entries), 0
+        for written, size, path, file_set in entries:
+            if total <= self.max_bytes or now - written < self.keep_s:
+                break
+            try:
+                os.remove(path)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                continue
+            file_set.discard(path)
+            total -= size
+            deleted += 1
+            self._remove_empty(Path(path).parent)
+        return deleted, total
+
+    def _remove_empty(self, folder: Path) -> None:
+        """Remove ``folder`` if it is empty and strictly inside the temp folder."""
+        try:
+            if folder.resolve() != self.root and folder.resolve().is_relative_to(self.root):
+                folder.rmdir()
+        except OSError:  # not empty, or gone already
+            pass
+
+    def run(self, stop: threading.Event, interval_s: float, log=print) -> None:
+        """Sweep every ``interval_s`` seconds until ``stop`` is set (a daemon thread's body)."""
+        warned = False
+        while not stop.wait(interval_s):
+            try:
+                self.sweep()
+            except Exception as err:  # keep serving; say it once
+                if not warned:
+                    log(f"[app] warning: cleaning Gradio's temp folder failed ({type(err).__name__}: {err})")
+                    warned = True
+
+    def start(self, stop: threading.Event, log=print) -> threading.Thread:
+        """Run :meth:`run` in a daemon thread, sweeping at least every 30 s and 4 times per ``keep_s``."""
+        interval = max(0.5, min(30.0, self.keep_s / 4))
+        thread = threading.Thread(target=self.run, args=(stop, interval, log), name="temp-janitor", daemon=True)
+        thread.start()
+        return thread
+
+
 def _waiting(demo) -> int:
     queue = getattr(demo, "_queue", None)
     return 0 if queue is None else len(queue)
@@ -185,25 +387,44 @@ def _queue_idle(demo) -> bool:
     return all(job is None for job in getattr(queue, "active_jobs", [])) and len(queue) == 0
 
 
+def exit_status(error: BaseException) -> int:
+    """The exit status for a start-up failure: 2 for a setting that must change, else 1."""
+    return EXIT_BAD_SETTING if isinstance(error, ConfigError) else EXIT_START_FAILED
+
+
+def start_error_line(error: BaseException) -> str:
+    """The one ``error:`` line printed for a start-up failure."""
+    if exit_status(error) == EXIT_BAD_SETTING:
+        return f"error: bad setting: {error}"
+    return f"error: the engine failed to start: {type(error).__name__}: {error}"
+
+
 def serve(demo, engine, options: dict, gate: RequestGate, drain_s: float = 60.0, log=print) -> int:
     """Launch ``demo`` and block until it should stop; returns the process exit status.
 
-    Returns 1 (after one ``error:`` line on stderr) when the engine fails to start, 0 after
-    SIGTERM/SIGINT: new calls are refused (503), the calls already accepted (running or waiting)
-    get up to ``drain_s`` seconds together to finish and reach their clients (including the
-    clients' image downloads: the server closes after QUIET_S seconds without a request).
+    Returns :func:`exit_status` (after one ``error:`` line on stderr) when the engine fails to
+    start, 1 when the server cannot listen, 0 after SIGTERM/SIGINT: new calls are refused (503),
+    the calls already accepted (running or waiting) get up to ``drain_s`` seconds together to
+    finish and reach their clients (including the clients' image downloads: the server closes
+    after QUIET_S seconds without a request).
     """
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    demo.launch(**options, prevent_thread_lock=True, quiet=False)
-    install_guard(demo.app, gate)
+    try:  # quiet: Gradio's own lines would advise "set share=True" even after --share was refused
+        demo.launch(**options, prevent_thread_lock=True, quiet=True)
+    except OSError as err:  # e.g. the port is taken
+        print(f"error: cannot serve on {options['server_name']}:{options['server_port']}: {err}",
+              file=sys.stderr, flush=True)
+        return EXIT_START_FAILED
+    log(f"[app] Running on local URL: {demo.local_url}" + (f" and public URL: {demo.share_url}" if demo.share_url else ""))
+    install_guard(demo.app, gate, demo)
+    TempJanitor.for_config(demo, engine.config).start(stop, log)
     while not stop.wait(0.2):
         if engine.ready.is_set() and engine.error is not None:
-            print(f"error: the engine failed to start: {type(engine.error).__name__}: {engine.error}",
-                  file=sys.stderr, flush=True)
+            print(start_error_line(engine.error), file=sys.stderr, flush=True)
             demo.close(verbose=False)
-            return 1
+            return exit_status(engine.error)
     gate.close()
     log(f"[app] stopping: new requests are refused; finishing the ones already accepted "
         f"({gate.in_flight} running, {_waiting(demo)} waiting)")

@@ -20,7 +20,9 @@ so that ``input_ids.argmax()`` finds the end token, which CLIP's pooling relies 
 from __future__ import annotations
 
 import json
+import re
 import shutil
+import string
 import tempfile
 from pathlib import Path
 
@@ -102,6 +104,16 @@ cinematic photographic anime manga digital pixel fantasy neonpunk model 3d film 
 high quality detailed sharp blurry lowres low ugly bad deformed noisy dark bright light
 sky sea water tree house cat dog car city mountain sun moon flower person face
 """.split()
+
+
+def unknown_words(text: str, known: frozenset[str], limit: int = 12) -> list[str]:
+    """The distinct words (and symbols such as emoji) of ``text`` that are not in ``known``, in
+    order, at most ``limit``. ASCII punctuation is not a word."""
+    found = []
+    for word in re.findall(r"\w+|[^\w\s]", text.lower()):
+        if word not in known and word not in found and not all(c in string.punctuation for c in word):
+            found.append(word)
+    return found[:limit]
 
 
 def bytes_to_unicode() -> dict[int, str]:
@@ -195,7 +207,7 @@ def create_tiny_random(out: Path, seed: int = 0) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     configs = component_configs(TINY, write_tokenizers(tmp))
     params = {k: {n: np.asarray(a) for n, a in v.items()} for k, v in random_params(configs, seed).items()}
-    save_folder(tmp, configs, params, SDXL_SCHEDULER)
+    save_folder(tmp, configs, params, SDXL_SCHEDULER, vocabulary=WORDS)
     tmp.rename(out)
     return out
 

@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from pathlib import Path
 from typing import Any, Mapping
+
+from .schedulers import UnknownSampler, get_sampler
 
 ENV_PREFIX = "SDXL_"
 DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "sdxl_engine"
@@ -34,8 +37,11 @@ class EngineConfig:
     # "tiny-random", "sdxl-base-random"), a local diffusers-format directory, or a hub id such as
     # "stabilityai/stable-diffusion-xl-base-1.0".
     model: str = "tiny-shapes"
-    # Hub revision (branch, tag, commit or "refs/pr/95" as the blog's scripts used); "" = default.
+    # Hub revision (branch, tag or commit); "" = the default branch.
     revision: str = ""
+    # Preferred weight files variant ("fp16" reads diffusion_pytorch_model.fp16.safetensors and the
+    # like, half the download); "" = the plain files. Weights are cast to ``dtype`` either way.
+    variant: str = ""
     # Parameter storage and compute dtype: "auto" = bfloat16 on TPU/GPU, float32 on CPU.
     # Latents, noise, guidance and the scheduler's sigmas stay float32 whatever this says.
     dtype: str = "auto"
@@ -47,6 +53,8 @@ class EngineConfig:
     # (shape 64.6 / 68.8 / 65.3 % at guidance 3 / 5 / 7; README, "Default model").
     num_inference_steps: int = 20
     guidance_scale: float = 5.0
+    # Default sampler, an A1111 name: Euler (the blog's), Euler a, DPM++ 2M, DPM++ 2M Karras, DDIM.
+    sampler: str = "Euler"
     # Largest step count a request may ask for: the compiled loop is padded to it, so any count
     # from 1 to this runs on one program without recompiling.
     max_inference_steps: int = 50
@@ -66,6 +74,11 @@ class EngineConfig:
     # Directory where the app saves every generated PNG (with its parameters); "" = do not save.
     # Off unless set, so a public link (--share, a Space) writes nothing to disk by default.
     outputs_dir: str = ""
+    # Gradio's temp folder (GRADIO_TEMP_DIR), where every request's PNGs are served from: the
+    # app keeps its own files there under this many megabytes, deleting the oldest first...
+    temp_max_mb: float = 500.0
+    # ...but never a file younger than this many seconds (a client may still be downloading it).
+    temp_keep_s: float = 600.0
 
     @classmethod
     def load(cls, overrides: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> "EngineConfig":
@@ -92,6 +105,10 @@ class EngineConfig:
     def __post_init__(self):
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ConfigError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+        try:
+            object.__setattr__(self, "sampler", get_sampler(self.sampler))  # canonical A1111 spelling
+        except UnknownSampler as err:
+            raise ConfigError(f"sampler: {err}") from None
         for name in ("num_inference_steps", "max_inference_steps", "cpu_devices"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
@@ -112,6 +129,10 @@ class EngineConfig:
             raise ConfigError(f"max_seed must be between 0 and 2**32 - 1 (seeds are uint32), got {self.max_seed}")
         if self.max_queue_size < 1:
             raise ConfigError(f"max_queue_size must be at least 1, got {self.max_queue_size}")
+        if not self.temp_max_mb > 0:  # also refuses NaN
+            raise ConfigError(f"temp_max_mb must be a positive number of megabytes, got {self.temp_max_mb}")
+        if not 0 <= self.temp_keep_s < float("inf"):
+            raise ConfigError(f"temp_keep_s must be a finite number of seconds, 0 or more, got {self.temp_keep_s}")
 
     def as_dict(self) -> dict[str, Any]:
         """The resolved fields, for the one start-up log line."""
@@ -133,27 +154,77 @@ def _convert(name: str, default: Any, value: Any) -> Any:
 
 _applied: dict[str, Any] = {}
 
+# JAX's own environment variables for the options the engine would otherwise set. JAX reads them
+# when it is imported; when one is set, its value wins over the engine's setting (the user asked
+# JAX directly) and one log line says so.
+JAX_ENV = {
+    "jax_num_cpu_devices": "JAX_NUM_CPU_DEVICES",
+    "jax_compilation_cache_dir": "JAX_COMPILATION_CACHE_DIR",
+    "jax_persistent_cache_min_compile_time_secs": "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
+    "jax_persistent_cache_min_entry_size_bytes": "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES",
+}
+_XLA_DEVICE_COUNT = re.compile(r"--xla_force_host_platform_device_count=(\S+)")
 
-def apply_jax_options(config: EngineConfig) -> None:
-    """Set the JAX options that only work before JAX's first array: CPU device count and cache.
 
-    The persistent compilation cache is told to keep every program (JAX's defaults skip
-    programs that compile in under a second, which is all of them for the tiny model), so a
-    restart compiles nothing that was compiled before. An unwritable cache directory prints a
-    warning and leaves the cache off. Calling it again with the same values is a no-op.
+def plan_jax_options(config: EngineConfig, environ: Mapping[str, str] | None = None) -> tuple[dict[str, Any], list[str]]:
+    """The JAX options the engine sets for ``config``, and one note per option JAX's own variable decides.
+
+    Wanted: ``cpu_devices`` CPU devices, the persistent compilation cache in
+    ``compile_cache_dir``, and every program kept in it (JAX's defaults skip programs that
+    compile in under a second, which is all of them for the tiny models). An option whose JAX
+    variable is set (:data:`JAX_ENV`; for the CPU device count also XLA_FLAGS'
+    ``--xla_force_host_platform_device_count``) is left to JAX.
+
+    Returns:
+        ({jax option: value} to set, log lines naming each value that won and why).
+    """
+    environ = os.environ if environ is None else environ
+    wanted = {"jax_num_cpu_devices": config.cpu_devices}
+    if config.compile_cache_dir:
+        wanted.update({"jax_compilation_cache_dir": config.compile_cache_dir,
+                       "jax_persistent_cache_min_compile_time_secs": 0.0,
+                       "jax_persistent_cache_min_entry_size_bytes": -1})
+    plan, notes = {}, []
+    for option, value in wanted.items():
+        variable = JAX_ENV[option]
+        if environ.get(variable, "") != "":
+            notes.append(f"[sdxl_engine] {option}: {variable}={environ[variable]} is set, so JAX's own setting wins "
+                         f"over the engine's {value!r}")
+            continue
+        flag = _XLA_DEVICE_COUNT.search(environ.get("XLA_FLAGS", "")) if option == "jax_num_cpu_devices" else None
+        if flag:
+            notes.append(f"[sdxl_engine] {option}: XLA_FLAGS has --xla_force_host_platform_device_count={flag[1]}, "
+                         f"so XLA's setting wins over the engine's cpu_devices={value}")
+            continue
+        plan[option] = value
+    return plan, notes
+
+
+def apply_jax_options(config: EngineConfig, environ: Mapping[str, str] | None = None, log=print) -> str:
+    """Set the JAX options that only work before JAX's first array (see :func:`plan_jax_options`).
+
+    Logs one line per option that JAX's own environment variable decides instead. An
+    unwritable cache directory (the engine's or JAX_COMPILATION_CACHE_DIR's) logs a warning and
+    leaves the cache off. Calling it again with the same values is a no-op.
+
+    Returns:
+        the compilation cache directory in use ("" = none).
     """
     import jax
 
-    wanted = {"cpu_devices": config.cpu_devices, "cache": config.compile_cache_dir}
-    if _applied == wanted:
-        return
-    if not _applied:
+    plan, notes = plan_jax_options(config, environ)
+    cache_dir = plan.get("jax_compilation_cache_dir", jax.config.jax_compilation_cache_dir or "")
+    wanted = {**plan, "cache": cache_dir}
+    if _applied.get("wanted") == wanted:
+        return _applied["cache"]
+    for note in notes:
+        log(note)
+    if not _applied and "jax_num_cpu_devices" in plan:
         try:
-            jax.config.update("jax_num_cpu_devices", config.cpu_devices)
+            jax.config.update("jax_num_cpu_devices", plan["jax_num_cpu_devices"])
         except RuntimeError:  # something ran a JAX operation first: keep what the backend has
-            print(f"[sdxl_engine] warning: JAX was initialised before the engine; cpu_devices={config.cpu_devices} "
-                  f"not applied ({len(jax.devices())} devices)")
-    cache_dir = config.compile_cache_dir
+            log(f"[sdxl_engine] warning: JAX was initialised before the engine; cpu_devices={config.cpu_devices} "
+                f"not applied ({len(jax.devices())} devices)")
     if cache_dir:
         try:
             Path(cache_dir).mkdir(parents=True, exist_ok=True)
@@ -161,11 +232,13 @@ def apply_jax_options(config: EngineConfig) -> None:
             probe.write_text("ok")
             probe.unlink()
         except OSError as err:
-            print(f"[sdxl_engine] warning: compile cache {cache_dir!r} is not writable ({err}); running without it")
+            log(f"[sdxl_engine] warning: compile cache {cache_dir!r} is not writable ({err}); running without it")
             cache_dir = ""
+            jax.config.update("jax_compilation_cache_dir", None)
     if cache_dir:
-        jax.config.update("jax_compilation_cache_dir", cache_dir)
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-        jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+        for option, value in plan.items():
+            if option != "jax_num_cpu_devices":
+                jax.config.update(option, value)
     _applied.clear()
-    _applied.update(wanted)
+    _applied.update(wanted=wanted, cache=cache_dir)
+    return cache_dir

@@ -1,9 +1,12 @@
-"""The serving engine: one per process; loads, compiles before serving, then runs requests in turn.
+"""The serving engine: one per process; loads, compiles before serving, then runs requests.
 
-Start-up stages (each printed with its duration): configure JAX, load the model, replicate the
-params over the mesh, compile the default size ahead of time, run one warm-up request. Other
-size buckets compile on first use and stay cached (and land in the persistent compilation
-cache, so a restart does not compile them again).
+Start-up stages (each logged with its duration): configure JAX, load the model straight onto the
+devices, compile the default size ahead of time, run one warm-up request. Other size buckets and
+the no-CFG variant (guidance <= 1) compile on first use and stay cached (and land in the
+persistent compilation cache, so a restart does not compile them again).
+
+The engine runs whatever it is given: requests are serialised in one place in front of it
+(Gradio's concurrency limit in the app, one ongoing request per Ray Serve replica).
 """
 
 from __future__ import annotations
@@ -16,16 +19,37 @@ from typing import Callable
 import jax
 import numpy as np
 
+from . import builtin, faults, loading, sharding
 from . import config as config_mod
-from . import loading, sharding
-from . import faults
 from .config import EngineConfig
-from .program import ProgramInputs, ProgramShape, compile_program, euler_schedule, tokenize
+from .program import CompiledProgram, ProgramInputs, ProgramShape, compile_program, tokenize
+from .schedulers import make_schedule
 from .validation import GenerateRequest, InvalidRequest, Limits, validate
 
 
 def _no_progress(stage: str) -> None:
     """The default ``progress`` callback of :meth:`Engine.generate`: report nothing."""
+
+
+# Persistent compilation cache reads, counted process-wide from JAX's monitoring events, so
+# the log can say whether a compile was served from the cache.
+CACHE_EVENTS = {"/jax/compilation_cache/cache_hits": "hits", "/jax/compilation_cache/cache_misses": "misses"}
+_cache_counts = {"hits": 0, "misses": 0}
+_listening = False
+
+
+def _count_cache_event(event: str, **_) -> None:
+    if event in CACHE_EVENTS:
+        _cache_counts[CACHE_EVENTS[event]] += 1
+
+
+def cache_counts() -> dict[str, int]:
+    """{"hits", "misses"} of the persistent compilation cache so far in this process."""
+    global _listening
+    if not _listening:
+        jax.monitoring.register_event_listener(_count_cache_event)
+        _listening = True
+    return dict(_cache_counts)
 
 
 class EngineNotReady(RuntimeError):
@@ -45,10 +69,12 @@ class GenerateResult:
         seeds: seed of each image (request seed + i, wrapping to 0 past max_seed); any image is
             reproduced by its seed alone as the first image of a request with that seed.
         request: the validated request (defaults filled, random seed resolved).
-        timings: seconds: ``queue`` (waiting for the device), ``prep`` (tokenize, schedule,
-            transfer), ``device`` (the compiled program, until ready), ``post`` (to host),
-            ``latency`` (prep + device + post: the engine's time, queue excluded).
-        warnings: things the user should know (a prompt truncated to 77 tokens).
+        timings: seconds: ``queue`` (from arrival until this request started), ``prep``
+            (compile if new, tokenize, schedule), ``device`` (the compiled program, until
+            ready), ``post`` (to host), ``latency`` (prep + device + post: the engine's time,
+            queue excluded).
+        warnings: things the user should know (a prompt truncated to 77 tokens; words the model
+            was not trained on, for models that ship their vocabulary).
         device_count: devices the batch was split over.
         device_summary: e.g. ``4 × cpu``.
         model: the loaded model's name.
@@ -65,7 +91,7 @@ class GenerateResult:
 
 
 class Engine:
-    """Load + compile at construction; ``generate`` serialises access to the devices.
+    """Load + compile at :meth:`start`; :meth:`generate` runs one request.
 
     Use :func:`get_engine` for the process-wide instance.
     """
@@ -73,10 +99,10 @@ class Engine:
     def __init__(self, config: EngineConfig, log=print):
         self.config = config
         self._log = log
-        self._lock = threading.Lock()
-        self._programs: dict = {}
+        self._programs: dict[ProgramShape, CompiledProgram] = {}
         self._schedules: dict = {}
         self.compile_count = 0
+        self.compile_cache_dir = ""  # set at start (apply_jax_options: "" = no persistent cache)
         self.stage = "starting"
         self.started = time.perf_counter()
         self.startup: dict[str, float] = {}
@@ -110,58 +136,82 @@ class Engine:
         self._log(f"[sdxl_engine] {key}: {self.startup[key]:.2f} s")
 
     def _start(self) -> None:
-        config_mod.apply_jax_options(self.config)  # before JAX's first array
-
+        # 1. JAX options (before JAX's first array), the mesh and the batch.
+        self.compile_cache_dir = config_mod.apply_jax_options(self.config, log=self._log)
         self._log(f"[sdxl_engine] config: {self.config.as_dict()}")
         self.mesh = sharding.make_mesh()
         self.batch = self.config.images_per_request or sharding.default_batch(self.mesh.devices.size)
         sharding.check_batch(self.batch, self.mesh)
         self.device_summary = sharding.device_summary(self.mesh)
+
+        # 2. The model, each parameter straight onto the devices.
         t0 = self._stage("loading model onto the devices")
+        if self.fault_injection:  # TEST-ONLY (faults.py): a start slow enough to watch
+            time.sleep(faults.start_delay())
         self.platform = jax.devices()[0].platform
         self.model = loading.load_model(self.config.model, dtype=self.config.dtype, platform=self.platform,
-                                        revision=self.config.revision, cache_dir=self.config.model_cache_dir,
+                                        revision=self.config.revision, variant=self.config.variant,
+                                        cache_dir=self.config.model_cache_dir,
                                         sharding=sharding.replicated(self.mesh), log=self._log)
         self.params = self.model.params
         jax.block_until_ready(self.params)
         self._done("load_s", t0)
+        self.limits = self._limits()
 
-        native = self.model.native_size
-        multiple = self.model.size_multiple
-        default = (self.config.width or native, self.config.height or native)
-        sizes = self.model.size_buckets()
-        if default not in sizes:
-            sizes = (default,) + sizes
-        self.limits = Limits(max_seed=self.config.max_seed, max_steps=self.config.max_inference_steps,
-                             sizes=sizes, default_size=default, default_steps=self.config.num_inference_steps,
-                             default_guidance=self.config.guidance_scale, multiple=multiple)
+        # 3. Compile the default size (CFG, the default guidance's mode) ahead of time.
+        width, height = self.limits.default_size
+        self._stage(f"compiling {width}x{height} x {self.batch} images")
+        self.startup["compile_s"] = self._program(width, height, self.config.guidance_scale > 1).compile_s
 
-        t0 = self._stage(f"compiling {default[0]}x{default[1]} x {self.batch} images")
-        self._program(*default)
-        self._done("compile_s", t0)
-
+        # 4. One request through the compiled program (first-run allocations), one step long.
         t0 = self._stage("warm-up request")
-        self._run(validate(GenerateRequest("warm-up", seed=0), self.limits))
+        self._run(validate(GenerateRequest("warm-up", seed=0, num_inference_steps=1), self.limits))
         self._done("warmup_s", t0)
         self.startup["ready_s"] = time.perf_counter() - self.started
         self._log(f"[sdxl_engine] ready in {self.startup['ready_s']:.2f} s on {self.device_summary} "
                   f"({self.model.name}, {self.model.dtype})")
 
-    def _program(self, width: int, height: int):
-        """The compiled program for a size bucket, compiled on first use (then cached)."""
-        shape = self._shape(width, height)
+    def _limits(self) -> Limits:
+        """What requests may ask for, from the config and the model's geometry.
+
+        Raises ConfigError for a default width/height the model cannot make.
+        """
+        native, multiple = self.model.native_size, self.model.size_multiple
+        default = (self.config.width or native, self.config.height or native)
+        if default[0] % multiple or default[1] % multiple:
+            raise config_mod.ConfigError(f"width/height {default[0]}x{default[1]}: the model {self.model.name!r} needs "
+                                         f"multiples of {multiple} pixels (0 = its native {native}x{native})")
+        sizes = self.model.size_buckets()
+        if default not in sizes:
+            sizes = (default,) + sizes
+        return Limits(max_seed=self.config.max_seed, max_steps=self.config.max_inference_steps, sizes=sizes,
+                      default_size=default, default_steps=self.config.num_inference_steps,
+                      default_guidance=self.config.guidance_scale, multiple=multiple,
+                      default_sampler=self.config.sampler)
+
+    def _program(self, width: int, height: int, cfg: bool) -> CompiledProgram:
+        """The compiled program for a size bucket and CFG mode, compiled on first use (then cached)."""
+        shape = self._shape(width, height, cfg)
         if shape not in self._programs:
+            before = cache_counts()
             self._programs[shape] = compile_program(self.model, self.params, shape, self.mesh)
             self.compile_count += 1
+            after = cache_counts()
+            hits, misses = after["hits"] - before["hits"], after["misses"] - before["misses"]
+            cache = (f"compile cache: {'hit' if hits and not misses else 'miss' if misses else 'not used'} "
+                     f"({hits} hits, {misses} misses) in {self.compile_cache_dir}" if self.compile_cache_dir
+                     else "compile cache off")
+            self._log(f"[sdxl_engine] compiled {width}x{height} x {self.batch} images{'' if cfg else ' without CFG'} "
+                      f"in {self._programs[shape].compile_s:.2f} s ({cache})")
         return self._programs[shape]
 
-    def _shape(self, width: int, height: int):
-        """The ProgramShape (the compile key) of a size bucket in pixels."""
-        return ProgramShape(self.batch, height, width, self.config.max_inference_steps)
+    def _shape(self, width: int, height: int, cfg: bool = True) -> ProgramShape:
+        """The ProgramShape (the compile key) of a size bucket in pixels and a CFG mode."""
+        return ProgramShape(self.batch, height, width, self.config.max_inference_steps, cfg=cfg)
 
-    def is_compiled(self, width: int, height: int) -> bool:
-        """Whether the program for this size bucket (pixels) is compiled already."""
-        return self._shape(width, height) in self._programs
+    def is_compiled(self, width: int, height: int, cfg: bool = True) -> bool:
+        """Whether the program for this size bucket (pixels) and CFG mode is compiled already."""
+        return self._shape(width, height, cfg) in self._programs
 
     def wait_ready(self, timeout: float | None = None) -> None:
         """Block until start-up finished. Raises EngineNotReady if it failed or timed out."""
@@ -172,14 +222,17 @@ class Engine:
 
     # ---- requests -------------------------------------------------------------------------
     def generate(self, request: GenerateRequest, ready_timeout: float | None = None,
-                 progress: Callable[[str], None] | None = None) -> GenerateResult:
-        """Validate, then run one request on the devices (one request at a time).
+                 progress: Callable[[str], None] | None = None, arrived: float | None = None) -> GenerateResult:
+        """Validate, then run one request on the devices.
 
         ``progress``, if given, is called on this thread with each stage's name as it starts:
-        ``"waiting for the device"`` (only when another request holds it), ``"compiling"`` (only
-        for the first request of a size bucket), ``"preparing"``
-        (tokenize, schedule), ``"on device"`` (the one compiled program: text encoders, the
-        denoising loop and the VAE decode; it reports nothing from inside), ``"to host"``.
+        ``"compiling"`` (only for the first request of a size bucket or CFG mode),
+        ``"preparing"`` (tokenize, schedule), ``"on device"`` (the one compiled program: text
+        encoders, the denoising loop and the VAE decode; it reports nothing from inside),
+        ``"to host"``.
+
+        ``arrived`` (``time.perf_counter()`` when the request reached the server) is where
+        ``timings["queue"]`` starts; by default it starts when this call does.
 
         Raises:
             InvalidRequest: a bad argument (nothing ran).
@@ -187,43 +240,34 @@ class Engine:
             GenerationError: the program produced non-finite pixels.
             faults.InjectedFault: only with the test-only switch on (faults.py) and a ``fault:raise`` prompt.
         """
+        called = time.perf_counter()
         self.wait_ready(ready_timeout)
         request = validate(request, self.limits)
-        queued = time.perf_counter()
-        if progress is not None and self._lock.locked():
-            progress("waiting for the device")
-        with self._lock:
-            start = time.perf_counter()
-            result = self._run(request, progress or _no_progress)
-        result.timings["queue"] = start - queued
+        start = time.perf_counter()
+        result = self._run(request, progress or _no_progress)
+        result.timings["queue"] = max(0.0, start - (called if arrived is None else min(arrived, called)))
         return result
 
-    def _schedule(self, steps: int):
-        if steps not in self._schedules:
-            self._schedules[steps] = euler_schedule(self.model.scheduler_config, steps, self.config.max_inference_steps)
-        return self._schedules[steps]
+    def _schedule(self, sampler: str, steps: int):
+        key = (sampler, steps)
+        if key not in self._schedules:
+            self._schedules[key] = make_schedule(sampler, self.model.scheduler_config, steps)
+        return self._schedules[key]
 
     def _run(self, request: GenerateRequest, progress: Callable[[str], None] = _no_progress) -> GenerateResult:
         t0 = time.perf_counter()
-        if not self.is_compiled(request.width, request.height):
+        cfg = request.guidance_scale > 1  # diffusers: guidance <= 1 means no classifier-free guidance
+        if not self.is_compiled(request.width, request.height, cfg):
             progress("compiling")
-        program = self._program(request.width, request.height)
+        program = self._program(request.width, request.height, cfg)
         progress("preparing")
-        b = self.batch
         prompt_ids, cut = tokenize(self.model, request.prompt)
         negative_ids, cut_negative = tokenize(self.model, request.negative_prompt)
-        timesteps, sigmas, init_sigma = self._schedule(request.num_inference_steps)
         # Image i uses seed + i, wrapping past max_seed to 0, so every caption's seed is itself a valid request seed.
-        seeds = [(request.seed + i) % (self.limits.max_seed + 1) for i in range(b)]
-        inputs = ProgramInputs(
-            prompt_ids=np.broadcast_to(prompt_ids, (b, 2, 77)),
-            negative_ids=np.broadcast_to(negative_ids, (b, 2, 77)),
-            negative_zero=np.full((b,), float(not request.negative_prompt), np.float32),
-            seeds=np.asarray(seeds, np.uint32),
-            guidance_scale=np.full((b,), request.guidance_scale, np.float32),
-            timesteps=timesteps, sigmas=sigmas, num_steps=np.int32(request.num_inference_steps),
-            init_noise_sigma=np.float32(init_sigma),
-        )
+        seeds = [(request.seed + i) % (self.limits.max_seed + 1) for i in range(self.batch)]
+        inputs = ProgramInputs.build(prompt_ids, negative_ids, not request.negative_prompt, seeds,
+                                     request.guidance_scale, self._schedule(request.sampler, request.num_inference_steps),
+                                     request.num_inference_steps, self.config.max_inference_steps)
         params = self.params
         if self.fault_injection:  # TEST-ONLY (faults.py): slow down or poison this one request
             time.sleep(faults.slow_seconds(request.prompt))
@@ -243,14 +287,25 @@ class Engine:
             bad = [s for s, ok in zip(seeds, finite) if not ok]
             raise GenerationError(f"the model produced non-finite pixels (NaN/inf) for seeds {bad}; "
                                   f"try another seed or a lower guidance scale ({self.model.dtype} weights)")
+        timings = {"prep": t1 - t0, "device": t2 - t1, "post": t3 - t2, "latency": t3 - t0}
+        return GenerateResult(images=images, seeds=seeds, request=request, timings=timings,
+                              warnings=self._warnings(request, cut, cut_negative),
+                              device_count=self.mesh.devices.size, device_summary=self.device_summary,
+                              model=self.model.name)
+
+    def _warnings(self, request: GenerateRequest, cut: bool, cut_negative: bool) -> list[str]:
         warnings = []
         if cut:
             warnings.append("prompt was longer than 77 tokens and was truncated, as SDXL does")
         if cut_negative:
             warnings.append("negative prompt was longer than 77 tokens and was truncated")
-        timings = {"prep": t1 - t0, "device": t2 - t1, "post": t3 - t2, "latency": t3 - t0}
-        return GenerateResult(images=images, seeds=seeds, request=request, timings=timings, warnings=warnings,
-                              device_count=self.mesh.devices.size, device_summary=self.device_summary, model=self.model.name)
+        if self.model.vocabulary is not None:
+            for field, text in (("prompt", request.prompt), ("negative prompt", request.negative_prompt)):
+                unknown = builtin.unknown_words(text, self.model.vocabulary)
+                if unknown:
+                    warnings.append(f"{field}: {self.model.name} does not know these words, so its images ignore "
+                                    f"them: {', '.join(unknown)}")
+        return warnings
 
 
 _engine: Engine | None = None

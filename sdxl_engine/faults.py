@@ -13,7 +13,12 @@ marker              effect
 ``fault:nan``       run the program with NaN VAE weights, so it really returns non-finite pixels
 ==================  ==========================================================================
 
-With the switch off (the default, and always in production) markers are ordinary prompt text.
+With the switch on, ``SDXL_FAULT_START_DELAY=S`` (0 < S <= 60) also makes the engine's start
+take S seconds longer (in its "loading model" stage), so a test can watch the page while the
+engine starts, however fast the machine.
+
+With the switch off (the default, and always in production) markers are ordinary prompt text
+and the delay is ignored.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import os
 import re
 
 ENV = "SDXL_FAULT_INJECTION"
+START_DELAY_ENV = "SDXL_FAULT_START_DELAY"
 _SLOW = re.compile(r"fault:slow=(\d+(?:\.\d+)?)")
 
 
@@ -43,3 +49,11 @@ def slow_seconds(prompt: str) -> float:
 def wants(prompt: str, name: str) -> bool:
     """Whether ``prompt`` carries the marker ``fault:<name>`` (``raise`` or ``nan``)."""
     return f"fault:{name}" in prompt
+
+
+def start_delay(environ=None) -> float:
+    """Seconds asked for by ``SDXL_FAULT_START_DELAY`` (0 if unset or not a number), capped at 60."""
+    try:
+        return min(max(float((os.environ if environ is None else environ).get(START_DELAY_ENV, "0")), 0.0), 60.0)
+    except ValueError:
+        return 0.0

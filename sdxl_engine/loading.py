@@ -24,7 +24,7 @@ from transformers import CLIPTokenizer
 
 from . import builtin
 from .models import COMPONENTS, Component, build_component
-from .weights import ModelLoadError, find_weight_files, load_params
+from .weights import VOCABULARY_FILE, ModelLoadError, find_weight_files, load_params
 
 __all__ = ["LoadedModel", "ModelLoadError", "load_model", "resolve_dtype", "read_model_folder"]
 
@@ -53,6 +53,8 @@ class LoadedModel:
         dtype: parameter dtype name ("float32", "bfloat16", "float16").
         load_s: seconds spent loading (and creating a built-in model the first time).
         source: the folder the files were read from ("" for weights made in memory).
+        vocabulary: the words the model was trained on (its folder's vocabulary.txt), or None
+            when unknown (real SDXL): prompts' other words get a warning.
     """
 
     name: str
@@ -64,6 +66,7 @@ class LoadedModel:
     dtype: str
     load_s: float = 0.0
     source: str = ""
+    vocabulary: frozenset[str] | None = None
 
     @property
     def unet(self):
@@ -201,7 +204,12 @@ def load_folder(folder: Path, name: str, dtype: str, sharding=None, variant: str
         name=name, components=components, params=params,
         tokenizer=_tokenizer(folder / "tokenizer"), tokenizer_2=_tokenizer(folder / "tokenizer_2"),
         scheduler_config=_read_json(folder / "scheduler" / "scheduler_config.json"),
-        dtype=dtype, load_s=time.perf_counter() - start, source=str(folder))
+        dtype=dtype, load_s=time.perf_counter() - start, source=str(folder), vocabulary=_vocabulary(folder))
+
+
+def _vocabulary(folder: Path) -> frozenset[str] | None:
+    path = folder / VOCABULARY_FILE
+    return frozenset(path.read_text().split()) if path.is_file() else None
 
 
 def _variant_of(filename: str) -> str:

@@ -11,11 +11,13 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from .config import ConfigError
+
 DATA_AXIS = "data"
 
 
-class ShardingError(ValueError):
-    """The batch cannot be split evenly over the devices."""
+class ShardingError(ConfigError):
+    """The batch cannot be split evenly over the devices: a setting (images_per_request) this machine cannot honour."""
 
 
 def make_mesh(devices=None) -> Mesh:

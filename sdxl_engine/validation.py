@@ -15,6 +15,8 @@ import numbers
 import secrets
 import unicodedata
 
+from .schedulers import DEFAULT_SAMPLER, UnknownSampler, get_sampler
+
 MAX_PROMPT_CHARS = 20_000  # far past 77 tokens; longer text is refused, not tokenized
 MAX_GUIDANCE = 50.0
 MAX_SIDE = 1 << 16  # pixels; anything larger is refused before it is compared with the buckets
@@ -39,6 +41,7 @@ class GenerateRequest:
     num_inference_steps: int | None = None
     width: int | None = None
     height: int | None = None
+    sampler: str | None = None  # an A1111 sampler name (schedulers.SAMPLERS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,17 +55,40 @@ class Limits:
     default_steps: int
     default_guidance: float
     multiple: int = 8  # every side must be a multiple of this many pixels (VAE x UNet downsampling)
+    default_sampler: str = DEFAULT_SAMPLER
+
+
+# Characters that draw nothing yet are neither whitespace to str.split() nor control/format
+# characters: Hangul fillers, the blank braille pattern, the combining grapheme joiner, Khmer's
+# invisible vowels, the Mongolian vowel separator. They count as spaces.
+BLANKS = frozenset("\u115f\u1160\u3164\uffa0\u2800\u034f\u17b4\u17b5\u180e")
+JOINERS = frozenset("\u200c\u200d")  # ZWNJ, ZWJ: kept only between two visible characters (emoji sequences)
+
+
+def _is_modifier(c: str) -> bool:
+    """Variation selectors and tag characters: kept only right after a visible character (❤️, flags)."""
+    o = ord(c)
+    return 0xFE00 <= o <= 0xFE0F or 0xE0100 <= o <= 0xE01EF or 0xE0020 <= o <= 0xE007F
+
+
+def _is_blank(c: str) -> bool:
+    """Whether ``c`` shows nothing by itself: whitespace, a control/format/unassigned (C*) character or a BLANK."""
+    return c.isspace() or c in BLANKS or unicodedata.category(c)[0] == "C"
 
 
 def clean_text(field: str, value, *, required: bool) -> str:
-    """A prompt as text: control characters (NUL included) become spaces, runs of space fold.
+    """A prompt as text: every character that shows nothing becomes a space, runs of space fold.
 
-    Emoji, right-to-left scripts and other printable text pass unchanged (zero-width joiners
-    are kept for emoji sequences); direction overrides (U+202E...) are format characters and
-    become spaces like the other control characters. None counts as empty text.
+    Blank characters are whitespace, control characters (NUL included), format characters
+    (Unicode Cf: zero-width spaces, direction overrides U+202E..., soft hyphens), unassigned and
+    private-use code points, and the whitespace-like :data:`BLANKS` (Hangul fillers U+3164...,
+    blank braille U+2800). Zero-width joiners, variation selectors and tag characters are kept
+    where they bind visible characters (emoji sequences such as 👩‍👩‍👧, ❤️); alone they are
+    blank too. Emoji, right-to-left scripts and other printable text pass unchanged. None counts
+    as empty text.
 
     Raises InvalidRequest for a non-string, for text over MAX_PROMPT_CHARS characters, and, when
-    ``required``, for text that is empty after cleaning.
+    ``required``, for text that is empty after cleaning (nothing visible in it).
     """
     if value is None:  # a missing argument: the same as empty text
         value = ""
@@ -71,10 +97,20 @@ def clean_text(field: str, value, *, required: bool) -> str:
     if len(value) > MAX_PROMPT_CHARS:
         raise InvalidRequest(field, f"is {len(value)} characters long; the limit is {MAX_PROMPT_CHARS} "
                                     "(only the first 77 tokens are used anyway)")
-    text = "".join(" " if unicodedata.category(c)[0] == "C" and c not in "\u200d\u200c" else c for c in value)
-    text = " ".join(text.split())
+    out: list[str] = []
+    for i, c in enumerate(value):
+        after_visible = bool(out) and out[-1] != " "
+        if c in JOINERS:
+            following = value[i + 1] if i + 1 < len(value) else " "
+            keep = after_visible and not _is_blank(following) and following not in JOINERS
+        elif _is_modifier(c):
+            keep = after_visible
+        else:
+            keep = not _is_blank(c)
+        out.append(c if keep else " ")
+    text = " ".join("".join(out).split())
     if required and not text:
-        raise InvalidRequest(field, "is empty: describe the image you want, e.g. 'a red circle'")
+        raise InvalidRequest(field, "is empty (nothing visible in it): describe the image you want, e.g. 'a red circle'")
     return text
 
 
@@ -158,7 +194,11 @@ def validate(request: GenerateRequest, limits: Limits) -> GenerateRequest:
     if (width, height) not in limits.sizes:
         raise InvalidRequest("width/height", f"{width}x{height} is not a supported size; choose one of {allowed} "
                                              "(0 = the model's default)")
-    return GenerateRequest(prompt, negative, seed, guidance, steps, width, height)
+    try:
+        sampler = get_sampler(limits.default_sampler if request.sampler is None else request.sampler)
+    except UnknownSampler as err:
+        raise InvalidRequest("sampler", str(err)) from None
+    return GenerateRequest(prompt, negative, seed, guidance, steps, width, height, sampler)
 
 
 # SDXL's standard aspect buckets at 1024 px (Podell et al. 2023, appendix), width x height.

@@ -326,8 +326,12 @@ _WEIGHT_FILES = {"unet": "diffusion_pytorch_model.safetensors", "vae": "diffusio
                  "text_encoder": "model.safetensors", "text_encoder_2": "model.safetensors"}
 
 
+VOCABULARY_FILE = "vocabulary.txt"  # optional: the words a model was trained on, one per line (warnings name others)
+
+
 def save_folder(out: Path, configs: Mapping[str, dict], params: Mapping[str, Mapping[str, np.ndarray]],
-                scheduler_config: dict, scheduler_class: str = "EulerDiscreteScheduler") -> Path:
+                scheduler_config: dict, scheduler_class: str = "EulerDiscreteScheduler",
+                vocabulary=None) -> Path:
     """Write a diffusers-format SDXL folder (safetensors, PyTorch layout) that diffusers' PyTorch
     ``StableDiffusionXLPipeline.from_pretrained`` and :func:`sdxl_engine.loading.load_model` both read.
 
@@ -336,6 +340,7 @@ def save_folder(out: Path, configs: Mapping[str, dict], params: Mapping[str, Map
         configs: component name -> config.json dict (without the class header, which is added).
         params: component name -> {checkpoint key: array}.
         scheduler_config: scheduler_config.json fields; scheduler_class: its diffusers class name.
+        vocabulary: the words the model knows (written to vocabulary.txt), or None.
     Returns ``out``.
     """
     for name, config in configs.items():
@@ -353,4 +358,6 @@ def save_folder(out: Path, configs: Mapping[str, dict], params: Mapping[str, Map
              "tokenizer": ["transformers", "CLIPTokenizer"], "tokenizer_2": ["transformers", "CLIPTokenizer"],
              "unet": ["diffusers", "UNet2DConditionModel"], "vae": ["diffusers", "AutoencoderKL"]}
     (out / "model_index.json").write_text(json.dumps(index, indent=2))
+    if vocabulary is not None:
+        (out / VOCABULARY_FILE).write_text("\n".join(sorted(set(vocabulary))) + "\n")
     return out

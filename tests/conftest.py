@@ -1,9 +1,18 @@
-"""Shared fixtures: one engine per test session (4 CPU devices, tiny random SDXL)."""
+"""Shared fixtures: one engine per test session (4 CPU devices, tiny random SDXL).
 
+No test may depend on what an earlier run left on this machine: the model cache, the
+compilation cache and Gradio's temp folder point into one fresh folder for the session
+(removed at exit), unless the environment names them already (.ci/run does, with folders
+of its own). Every app the tests start inherits them.
+"""
+
+import atexit
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -11,6 +20,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+# Before anything reads them (sdxl_engine.config reads XDG_CACHE_HOME at import, Gradio reads
+# GRADIO_TEMP_DIR at import).
+SESSION_DIR = Path(tempfile.mkdtemp(prefix="sdxl-tests-"))
+atexit.register(shutil.rmtree, SESSION_DIR, True)
+for _name, _sub in (("SDXL_MODEL_CACHE_DIR", "models"), ("SDXL_COMPILE_CACHE_DIR", "jax"),
+                    ("GRADIO_TEMP_DIR", "gradio"), ("XDG_CACHE_HOME", "xdg-cache")):
+    os.environ.setdefault(_name, str(SESSION_DIR / _sub))
 
 from sdxl_engine.config import EngineConfig, apply_jax_options  # noqa: E402
 
@@ -43,9 +60,10 @@ def free_port() -> int:
 QUICK = dict(prompt="a red circle", seed=1, num_inference_steps=2)
 
 
-def assert_serves(client) -> dict:
-    """One QUICK request through ``client`` gives 4 images with seeds 1-4; returns the info JSON."""
-    gallery, info = client.predict(api_name="/generate", **QUICK)
+def assert_serves(client, timeout: float = 120) -> dict:
+    """One QUICK request through ``client`` gives 4 images with seeds 1-4 within ``timeout``
+    seconds (else TimeoutError); returns the info JSON."""
+    gallery, info = client.submit(api_name="/generate", **QUICK).result(timeout=timeout)
     assert len(gallery) == 4 and info["seeds"] == [1, 2, 3, 4]
     return info
 

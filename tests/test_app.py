@@ -1,5 +1,8 @@
 """The app as users reach it: `python app.py` in a subprocess, called through gradio_client."""
 
+import time
+from pathlib import Path
+
 import numpy as np
 import pytest
 from PIL import Image
@@ -21,6 +24,7 @@ def test_generate_red_circle_returns_four_distinct_images_and_json(app_server):
     assert info["device_count"] == 4
     for item, seed in zip(gallery, info["seeds"]):
         assert f"seed {seed}" in item["caption"] and item["caption"].endswith(" s")
+        assert Path(item["image"]).name == f"seed{seed}-a-red-circle.png"  # what a download is called
 
 
 def test_same_seed_through_api_is_deterministic(app_server):
@@ -47,7 +51,7 @@ def test_page_builder_with_fake_engine():
 
     seen = []
 
-    def fake(*values, progress=None):
+    def fake(*values, progress=None, arrived=None):
         seen.append(values)
         return [], {}
 
@@ -59,6 +63,9 @@ def test_page_builder_with_fake_engine():
     assert names[7:] == ["style"] and api["parameters"][7]["parameter_has_default"]
     assert [p["parameter_has_default"] for p in api["parameters"]] == [False] + [True] * 7
     assert len(api["returns"]) == 2  # the gallery and the JSON info
+    # What view_api shows: whole numbers as int (a slider reports float unless told otherwise).
+    assert [p["python_type"]["type"] for p in api["parameters"][:7]] == ["str", "str", "int", "float", "int", "int",
+                                                                          "int"]
 
 
 def test_style_through_api_is_applied_and_recorded(app_server):
@@ -67,3 +74,45 @@ def test_style_through_api_is_applied_and_recorded(app_server):
     assert gallery[0]["caption"].startswith("seed 5 · Cinematic · ")
     with Image.open(gallery[0]["image"]) as image:
         assert "Style: Cinematic" in image.text["parameters"]
+
+
+# Deprecation notices of diffusers' and transformers' Flax classes (they go with those classes).
+FLAX_NOTICES = ("Flax classes are deprecated", "TensorFlow and JAX classes are deprecated")
+
+
+def test_start_logs_a_few_useful_lines(app_server):
+    lines = [line for line in app_server.log if not any(n in line for n in FLAX_NOTICES)]
+    ready = next(i for i, line in enumerate(lines) if "[sdxl_engine] ready in" in line)
+    assert ready + 1 <= 20, "".join(lines[:ready + 1])
+    assert not [line for line in lines[:ready + 1] if "Warning" in line or "share=True" in line]
+    assert any("compile cache: " in line for line in lines[:ready])  # whether the cache was hit
+
+
+def new_log_lines(app_server, call) -> list[str]:
+    """The lines ``app_server`` logs while ``call()`` runs (and half a second after)."""
+    before = len(app_server.log)
+    call()
+    time.sleep(0.5)
+    return [line for line in app_server.log[before:] if not any(n in line for n in FLAX_NOTICES)]
+
+
+def test_a_refused_request_logs_one_line_and_a_good_one_none(app_server):
+    from gradio_client.exceptions import AppError
+
+    def refused():
+        with pytest.raises(AppError, match="prompt: is empty"):
+            call(app_server, prompt="\u200d")
+
+    lines = new_log_lines(app_server, refused)
+    assert len(lines) == 1 and lines[0].startswith("[app] request refused: prompt: is empty"), lines
+    assert new_log_lines(app_server, lambda: call(app_server, prompt="a red circle", num_inference_steps=2)) == []
+
+
+def test_words_outside_tiny_shapes_vocabulary_are_named(app_server):
+    """tiny-shapes knows only its training captions' words: the others are named, so a user knows
+    why the image ignores them."""
+    _, info = call(app_server, prompt="a red circle next to a dog 🐶", num_inference_steps=2)
+    assert info["warnings"] == ["prompt: tiny-shapes does not know these words, so its images ignore them: "
+                                "next, to, dog, 🐶"]
+    _, info = call(app_server, prompt="a small red circle in the centre on a white background", num_inference_steps=2)
+    assert info["warnings"] == []

@@ -51,6 +51,19 @@ def test_prompt_and_negative_prompt_change_output(engine):
     assert not np.array_equal(base, gen(engine, negative_prompt="red").images)
 
 
+def test_the_negative_prompts_words_matter(engine):
+    """Not only empty vs non-empty: two different negative prompts give different images."""
+    red, blue = gen(engine, negative_prompt="red").images, gen(engine, negative_prompt="blue square").images
+    assert not np.array_equal(red, blue)
+    assert np.array_equal(red, gen(engine, negative_prompt=" red\u200b ").images)  # the same words after cleaning
+
+
+def test_random_seeds_differ_between_requests(engine):
+    a, b = gen(engine, seed=-1), gen(engine, seed=-1)
+    assert a.seeds[0] != b.seeds[0] and not np.array_equal(a.images, b.images)
+    assert a.request.seed == a.seeds[0] and b.request.seed == b.seeds[0]
+
+
 def test_guidance_and_steps_change_output(engine):
     base = gen(engine).images
     assert not np.array_equal(base, gen(engine, guidance_scale=1.0).images)
@@ -76,7 +89,8 @@ def test_no_recompile_for_prompt_seed_guidance_steps(engine):
 
 
 def test_new_size_bucket_compiles_once(engine):
-    width, height = engine.limits.sizes[1]
+    # A size no earlier test compiled (the session's engine is shared, in any test order).
+    width, height = next(size for size in engine.limits.sizes if not engine.is_compiled(*size))
     before = engine.compile_count
     result = gen(engine, width=width, height=height)
     assert result.images.shape == (4, height, width, 3)
@@ -89,6 +103,14 @@ def test_long_prompt_truncated_with_warning(engine):
     assert result.images.shape == (4, 64, 64, 3)
     assert any("truncated" in w for w in result.warnings)
     assert gen(engine).warnings == []
+
+
+def test_words_the_model_does_not_know_are_named_in_a_warning(engine):
+    result = gen(engine, prompt="a red zebra circle 🦓, zebra", negative_prompt="blurry quokka")
+    assert result.warnings == [
+        "prompt: tiny-random does not know these words, so its images ignore them: zebra, 🦓",
+        "negative prompt: tiny-random does not know these words, so its images ignore them: quokka"]
+    assert gen(engine, prompt="a large red circle on the left", negative_prompt="blurry, green").warnings == []
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -156,3 +178,50 @@ def test_seeds_wrap_past_max_seed_and_every_caption_seed_reproduces(engine):
     assert result.seeds == [top - 1, top, 0, 1]
     assert np.array_equal(gen(engine, seed=top).images[0], result.images[1])
     assert np.array_equal(gen(engine, seed=0).images[0], result.images[2])
+
+
+# The maths of one denoising step, against diffusers' formulas written out here on fixed arrays
+# (pipeline_flax_stable_diffusion_xl.py for guidance, FlaxEulerDiscreteScheduler.step for Euler).
+def diffusers_cfg(uncond, text, guidance_scale):
+    return uncond + guidance_scale * (text - uncond)
+
+
+def diffusers_euler(sample, model_output, sigma, sigma_next, prediction_type):
+    if prediction_type == "epsilon":
+        pred_original_sample = sample - sigma * model_output
+    else:  # v_prediction
+        pred_original_sample = model_output * (-sigma / (sigma**2 + 1) ** 0.5) + (sample / (sigma**2 + 1))
+    derivative = (sample - pred_original_sample) / sigma
+    dt = sigma_next - sigma
+    return sample + derivative * dt
+
+
+def test_cfg_combine_is_diffusers_guidance():
+    from sdxl_engine.program import cfg_combine
+
+    rng = np.random.default_rng(0)
+    uncond, text = rng.normal(size=(2, 4, 4, 8, 8)).astype(np.float32)
+    guidance = np.array([0.0, 1.0, 5.0, 7.5], np.float32)
+    out = np.asarray(cfg_combine(uncond, text, guidance))
+    for i, g in enumerate(guidance):
+        np.testing.assert_allclose(out[i], diffusers_cfg(uncond[i], text[i], g), rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(out[0], uncond[0])  # g = 0: unconditional
+    np.testing.assert_allclose(out[1], text[1], atol=1e-6)  # g = 1: text-conditioned
+    assert np.asarray(cfg_combine(np.zeros((1, 1, 1, 1), np.float32), np.ones((1, 1, 1, 1), np.float32),
+                                  np.array([5.0], np.float32))).item() == 5.0  # pushed towards the text, 5x
+
+
+@pytest.mark.parametrize("prediction_type, expected", [("epsilon", 0.5), ("v_prediction", 0.37639320)])
+def test_euler_step_is_diffusers_step(prediction_type, expected):
+    from sdxl_engine.program import euler_step
+
+    # By hand: x = 1, output 0.5, sigma 2 -> 1. epsilon: x0 = 0, d = 0.5, x' = 1 - 0.5.
+    # v: x0 = 0.5 * -2 / sqrt(5) + 1 / 5, d = (1 - x0) / 2, x' = 1 - d.
+    assert float(euler_step(np.float32(1.0), np.float32(0.5), np.float32(2.0), np.float32(1.0),
+                            prediction_type)) == pytest.approx(expected, rel=1e-6)
+    rng = np.random.default_rng(1)
+    sample, output = rng.normal(size=(2, 4, 4, 8, 8)).astype(np.float32)
+    for sigma, sigma_next in ((14.6, 11.2), (1.3, 0.6), (0.03, 0.0)):
+        got = np.asarray(euler_step(sample, output, np.float32(sigma), np.float32(sigma_next), prediction_type))
+        np.testing.assert_allclose(got, diffusers_euler(sample, output, np.float32(sigma), np.float32(sigma_next),
+                                                        prediction_type), rtol=1e-5, atol=1e-5)

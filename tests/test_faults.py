@@ -6,6 +6,8 @@ cache and output folder, and ``GRADIO_SHARE=True`` in its environment. The SIGTE
 that process, so it is the last test of this module.
 """
 
+import json
+import os
 import subprocess
 import sys
 import threading
@@ -119,6 +121,28 @@ def test_burst_beyond_the_queue_gets_busy_retry_not_a_hang(fault_app, client):
     assert_serves(client)
 
 
+def test_queue_time_counts_the_wait_in_gradios_queue(fault_app, client):
+    """A request that waits behind a 3 s generation reports about 3 s of queue, in its info and
+    its status line, whether it came through gradio_client or a raw HTTP call."""
+    import app
+
+    second = fault_app.client()
+    slow = client.submit(api_name="/generate", **{**OK, "prompt": "a red circle fault:slow=3"})
+    _wait_processing(slow)
+    started = time.monotonic()
+    waiting = second.submit(api_name="/generate", **OK)
+    raw = httpx.post(fault_app.url + "gradio_api/call/generate", timeout=30,
+                     json={"data": ["a red circle", "", 1, 7, 2, 0, 0, "(No style)"]}).json()["event_id"]
+    _, info = waiting.result(timeout=60)
+    waited = time.monotonic() - started
+    assert 1.5 <= info["timings_s"]["queue"] <= waited + 0.5, (info["timings_s"], waited)
+    assert f"queue {info['timings_s']['queue']:.2f} s" in app.status_line(info)
+    text = httpx.get(fault_app.url + f"gradio_api/call/generate/{raw}", timeout=60).text
+    raw_info = json.loads(next(line for line in text.splitlines() if line.startswith("data: "))[6:])[1]
+    assert raw_info["timings_s"]["queue"] >= 1.0, raw_info["timings_s"]
+    assert len(slow.result(timeout=60)[0]) == 4
+
+
 def test_client_disconnecting_mid_generation_frees_its_slot(fault_app, client):
     config = httpx.get(fault_app.url + "config", timeout=30).json()
     fn_index = next(d["id"] for d in config["dependencies"] if d.get("api_name") == "generate")
@@ -132,8 +156,8 @@ def test_client_disconnecting_mid_generation_frees_its_slot(fault_app, client):
             if "process_starts" in line:
                 break  # generation is running: hang up without reading the result
     start = time.monotonic()
-    info = assert_serves(client)
-    assert time.monotonic() - start < 3 + 30  # waited at most for the abandoned generation, not forever
+    info = assert_serves(client, timeout=3 + 30)  # waits at most for the abandoned generation, not forever
+    assert time.monotonic() - start < 3 + 30
     status = httpx.get(fault_app.url + "gradio_api/queue/status", timeout=30).json()
     assert status["queue_size"] == 0, status
     assert info["timings_s"]["queue"] <= 3.5  # the engine lock was held only for the 3 s of that generation
@@ -158,11 +182,44 @@ def test_startup_failure_exits_non_zero_with_one_clear_line(tmp_path):
         assert "Traceback" not in out + err
 
 
-def test_bad_config_exits_non_zero_with_one_line():
+def test_bad_config_exits_2_with_one_line():
     result = subprocess.run([sys.executable, str(ROOT / "app.py"), "--num-inference-steps", "many"], cwd=ROOT,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
-    assert result.stderr.strip() == "error: num_inference_steps must be a whole number, got 'many'"
+    assert result.stderr.strip() == "error: bad setting: num_inference_steps must be a whole number, got 'many'"
+
+
+def test_settings_the_machine_cannot_honour_exit_2_with_one_line():
+    """The same rule when only the running engine can tell: 2 images over 4 devices, a width the
+    model cannot make (tiny-shapes works on 16-pixel blocks)."""
+    cases = {("SDXL_IMAGES_PER_REQUEST", "2"): "error: bad setting: images_per_request (2) must be a positive "
+                                                "multiple of the device count (4)",
+             ("SDXL_WIDTH", "72"): "error: bad setting: width/height 72x64: the model 'tiny-shapes' needs multiples "
+                                   "of 16 pixels"}
+    procs = {key: subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(free_port())], cwd=ROOT,
+                                   env={**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", key[0]: key[1]},
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for key in cases}
+    for key, expected in cases.items():
+        out, err = procs[key].communicate(timeout=240)
+        assert procs[key].returncode == 2, (key, out[-2000:], err[-2000:])
+        errors = [line for line in (out + err).splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and errors[0].startswith(expected), errors
+        assert "Traceback" not in out + err
+
+
+def test_taken_port_exits_1_with_one_line():
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run([sys.executable, str(ROOT / "app.py"), "--port", str(port)], cwd=ROOT,
+                                capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1 and "Traceback" not in result.stdout + result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith(f"error: cannot serve on 127.0.0.1:{port}: "), result.stderr
 
 
 @pytest.mark.parametrize("port", ["99999", "0", "web"])

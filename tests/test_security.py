@@ -100,6 +100,54 @@ def test_uploads_are_off_and_bodies_are_capped(app_server):
     assert response.status_code == 413
 
 
+def test_chunked_bodies_are_capped_too(app_server):
+    """A body sent without Content-Length (chunked) is counted as it arrives: past 1 MB, 413."""
+    def chunks():
+        yield b'{"data": ["'
+        for _ in range(40):
+            yield b"a" * 50_000
+        yield b'"]}'
+
+    for path in ("gradio_api/queue/join", "gradio_api/call/generate", "gradio_api/cancel"):
+        response = httpx.post(app_server.url + path, content=chunks(), headers={"content-type": "application/json"},
+                              timeout=30)
+        assert response.status_code == 413 and "too large" in response.text, (path, response.status_code)
+
+
+def test_guard_never_passes_more_than_the_cap_to_the_app():
+    """The guard alone, on a dummy app: a chunked body stops at the cap; the app sees a disconnect."""
+    import asyncio
+
+    import serving
+
+    received, sent = [], []
+
+    async def app(scope, receive, send):
+        while True:
+            message = await receive()
+            received.append(message)
+            if message["type"] == "http.disconnect" or not message.get("more_body"):
+                return
+
+    async def run():
+        chunks = [{"type": "http.request", "body": b"x" * 300_000, "more_body": True} for _ in range(10)]
+        chunks.append({"type": "http.request", "body": b"", "more_body": False})
+
+        async def receive():
+            return chunks.pop(0)
+
+        async def send(message):
+            sent.append(message)
+
+        scope = {"type": "http", "method": "POST", "path": "/gradio_api/cancel", "headers": []}
+        await serving.Guard(app, max_body=1_000_000)(scope, receive, send)
+
+    asyncio.run(run())
+    assert sum(len(m.get("body", b"")) for m in received) <= 1_000_000
+    assert received[-1]["type"] == "http.disconnect"
+    assert sent[0]["status"] == 413
+
+
 def test_monitoring_and_flagging_are_off(app_server):
     assert httpx.get(app_server.url + "monitoring", timeout=30).status_code in (403, 404)
     info = httpx.get(app_server.url + "gradio_api/info", timeout=30).json()

@@ -31,6 +31,13 @@ def test_training_data_excludes_held_out_combinations():
     assert again[1] == shapes.make_dataset(50, seed=7)[1] and np.array_equal(again[0], shapes.make_dataset(50, seed=7)[0])
 
 
+def test_caption_words_are_exactly_what_the_captions_use():
+    """The vocabulary behind the out-of-vocabulary warning: every word the training captions use, no other."""
+    _, captions, _ = shapes.make_dataset(3000, seed=0)
+    used = {word for text in captions for word in text.split()}
+    assert used == shapes.caption_words()
+
+
 def test_every_vocabulary_word_is_one_token(tmp_path):
     from transformers import CLIPTokenizer
 

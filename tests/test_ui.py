@@ -1,6 +1,7 @@
 """The page's pieces without a browser: styles, the /generate handler, history, banner, --share."""
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -58,16 +59,59 @@ def test_handler_applies_style_reports_progress_and_saves_pngs(engine, monkeypat
     assert (info["style"], info["user_prompt"], info["user_negative_prompt"]) == ("Pixel art", "a red circle", "green")
     assert [caption.split(" · ")[:2] for _, caption in gallery] == [[f"seed {s}", "Pixel art"] for s in (7, 8, 9, 10)]
     assert len(info["saved"]) == 4
-    for path, seed, (image, _) in zip(info["saved"], info["seeds"], gallery):
-        with Image.open(path) as saved:
+    for path, seed, (shown, _) in zip(info["saved"], info["seeds"], gallery):
+        with Image.open(path) as saved, Image.open(shown) as image:
             params = parse_a1111_parameters(saved.text["parameters"])
-            assert np.array_equal(np.asarray(saved.convert("RGB")), np.asarray(image))
+            assert np.array_equal(np.asarray(saved.convert("RGB")), np.asarray(image.convert("RGB")))
+            assert image.text["parameters"] == saved.text["parameters"]
         assert (params["Seed"], params["Style"], params["Steps"], params["CFG scale"]) == (str(seed), "Pixel art", "3", "5")
     # Same request, no style: plain prompt, no Style field, nothing styled in the caption.
     gallery, info = app.handle_generate(engine, "a red circle", "", 7, 5.0, 3, 0, 0)
     assert info["style"] == NO_STYLE and info["prompt"] == "a red circle"
     assert gallery[0][1].startswith("seed 7 · ") and gallery[0][1].count("·") == 1
-    assert "Style" not in gallery[0][0].info["parameters"]
+    with Image.open(gallery[0][0]) as image:
+        assert "Style" not in image.text["parameters"]
+
+
+def test_gallery_files_are_named_after_seed_and_prompt(engine, tmp_path):
+    """The name a download gets: the seed and the prompt's first words, not image.png."""
+    import app
+
+    gallery, info = app.handle_generate(engine, "A Red Circle, on a blue background!", "", 7, 5.0, 2, 0, 0, "Anime",
+                                        files_dir=str(tmp_path))
+    names = [Path(path).name for path, _ in gallery]
+    assert names == [f"seed{s}-a-red-circle-on-a-blue.png" for s in (7, 8, 9, 10)]
+    assert all(Path(path).is_relative_to(tmp_path) for path, _ in gallery)
+    assert len({Path(path).parent for path, _ in gallery}) == 1  # one new folder per request
+    gallery2, _ = app.handle_generate(engine, "A Red Circle, on a blue background!", "", 7, 5.0, 2, 0, 0,
+                                      files_dir=str(tmp_path))
+    assert Path(gallery2[0][0]).parent != Path(gallery[0][0]).parent and Path(gallery[0][0]).exists()
+
+
+def test_saved_pngs_never_overwrite_each_other(engine, monkeypatch, tmp_path):
+    """Two requests, same seed, same instant (the clock and the random id frozen), different prompts:
+    eight files, each still holding its own image."""
+    import secrets
+    import time
+
+    import app
+
+    out = tmp_path / "out"
+    monkeypatch.setattr(engine, "config", dataclasses.replace(engine.config, outputs_dir=str(out)))
+    frozen = time.time_ns()
+    monkeypatch.setattr(time, "time_ns", lambda: frozen)
+    monkeypatch.setattr(time, "strftime", lambda fmt, t=None: "20250101-120000")
+    monkeypatch.setattr(secrets, "token_hex", lambda n=None: "abcdef")
+    results = [app.handle_generate(engine, prompt, "", 7, 5.0, 2, 0, 0) for prompt in ("a red circle", "a blue square")]
+    saved = [path for _, info in results for path in info["saved"]]
+    assert len(set(saved)) == 8 and sorted(saved) == sorted(str(p) for p in out.iterdir())
+    for gallery, info in results:
+        for (shown, _), path, seed in zip(gallery, info["saved"], info["seeds"]):
+            assert f"seed{seed}-" in Path(path).name
+            with Image.open(path) as a, Image.open(shown) as b:
+                assert np.array_equal(np.asarray(a.convert("RGB")), np.asarray(b.convert("RGB")))
+                assert a.text["parameters"].startswith(info["prompt"])
+    assert "a-red-circle" in saved[0] and "a-blue-square" in saved[4]
 
 
 def test_handler_turns_bad_input_into_gradio_errors(engine):
@@ -85,10 +129,7 @@ def test_history_keeps_small_records_newest_first_and_bounded(engine, tmp_path):
     import app
 
     gallery, info = app.handle_generate(engine, "a blue square", "", 100, 7.0, 2, 0, 0, "Anime")
-    paths = []
-    for i, (image, caption) in enumerate(gallery):
-        paths.append((str(tmp_path / f"{i}.png"), caption))
-        image.save(paths[-1][0])
+    paths = [(str(path), caption) for path, caption in gallery]
     history = []
     for _ in range(app.HISTORY_LIMIT + 2):
         history, items = app.remember(history, info, paths)

@@ -100,3 +100,97 @@ def test_batch_must_divide_over_devices():
 def test_bad_settings_are_refused_at_load(env, message):
     with pytest.raises(ConfigError, match=message):
         EngineConfig.load(environ=env)
+
+
+def test_write_new_never_replaces_a_file(tmp_path):
+    import threading
+
+    from sdxl_engine.images import write_new
+
+    (tmp_path / "seed1-a-red-circle.png").write_bytes(b"first")
+    assert write_new(b"second", tmp_path, "seed1-a-red-circle").name == "seed1-a-red-circle-2.png"
+    assert (tmp_path / "seed1-a-red-circle.png").read_bytes() == b"first"
+    paths = []
+    threads = [threading.Thread(target=lambda i=i: paths.append(write_new(bytes([i]) * 1000, tmp_path, "same")))
+               for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(paths)) == 16 and sorted(p.read_bytes()[0] for p in paths) == list(range(16))
+    assert not list(tmp_path.glob(".*"))  # no temporary file left
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("a red circle", "a-red-circle"), ("A Red Circle, on a blue background!", "a-red-circle-on-a-blue"),
+    ("Café crème", "cafe-creme"), ("🔴🔵", "image"), ("", "image"), ("../../etc/passwd", "etc-passwd"),
+])
+def test_slug_is_a_safe_file_name_part(text, expected):
+    from sdxl_engine.images import slug
+
+    assert slug(text) == expected
+
+
+@pytest.mark.parametrize("environ, expected, note", [
+    ({}, {"jax_num_cpu_devices": 4, "jax_compilation_cache_dir": "/c"}, None),
+    ({"JAX_NUM_CPU_DEVICES": "1"}, {"jax_compilation_cache_dir": "/c"},
+     "jax_num_cpu_devices: JAX_NUM_CPU_DEVICES=1 is set, so JAX's own setting wins over the engine's 4"),
+    ({"XLA_FLAGS": "--xla_cpu_enable_fast_math=false --xla_force_host_platform_device_count=2"},
+     {"jax_compilation_cache_dir": "/c"}, "XLA_FLAGS has --xla_force_host_platform_device_count=2, so XLA's setting "
+                                          "wins over the engine's cpu_devices=4"),
+    ({"XLA_FLAGS": "--xla_cpu_enable_fast_math=false"}, {"jax_num_cpu_devices": 4}, None),
+    ({"JAX_COMPILATION_CACHE_DIR": "/x"}, {"jax_num_cpu_devices": 4},
+     "jax_compilation_cache_dir: JAX_COMPILATION_CACHE_DIR=/x is set, so JAX's own setting wins over the engine's '/c'"),
+    ({"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "2"}, {"jax_compilation_cache_dir": "/c"},
+     "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=2 is set"),
+])
+def test_jax_own_variables_win_and_say_so(environ, expected, note):
+    from sdxl_engine.config import plan_jax_options
+
+    plan, notes = plan_jax_options(EngineConfig.load({"compile_cache_dir": "/c", "cpu_devices": 4}, environ={}), environ)
+    assert {k: v for k, v in plan.items() if k in expected} == expected
+    assert len(notes) == (note is not None) and all(note in line for line in notes)
+    decided_by_jax = {line.split("] ")[1].split(":")[0] for line in notes}
+    assert decided_by_jax.isdisjoint(plan)  # what JAX's variable decides is never set by the engine
+
+
+def test_engine_start_honours_jax_variables(tmp_path):
+    """In a fresh process: XLA_FLAGS' device count and JAX_COMPILATION_CACHE_DIR are what JAX uses."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    code = ("import jax; from sdxl_engine.config import EngineConfig, apply_jax_options; "
+            "d = apply_jax_options(EngineConfig.load()); print(len(jax.devices()), d)")
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "SDXL_CPU_DEVICES": "4",
+           "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "jax-own"), "SDXL_COMPILE_CACHE_DIR": str(tmp_path / "ours")}
+    env.pop("JAX_NUM_CPU_DEVICES", None)
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    lines = out.stdout.splitlines()
+    assert lines[-1] == f"2 {tmp_path / 'jax-own'}", out
+    assert len([line for line in lines if "wins over the engine's" in line]) == 2, lines
+
+
+def test_no_hint_asks_for_the_old_flax_revision():
+    """SDXL base's Flax weights are on its main branch: nothing tells users to pass refs/pr/95."""
+    from conftest import ROOT
+
+    for path in [ROOT / "README.md", ROOT / "app.py", ROOT / "serving.py", *(ROOT / "sdxl_engine").glob("*.py")]:
+        assert "refs/pr/" not in path.read_text(), path
+
+
+def test_readme_first_python_example_works_with_the_default_model():
+    """The first thing a user tries: an in-vocabulary prompt, no style (styles pull tiny-shapes off the prompt)."""
+    import re
+
+    from conftest import ROOT
+    from sdxl_engine.builtin import known_words, unknown_words
+
+    readme = (ROOT / "README.md").read_text()
+    example = readme[readme.index("```python"):]
+    call = example[:example.index("```", 3)]
+    prompt = re.search(r'prompt="([^"]+)"', call)[1]
+    assert unknown_words(prompt, known_words("tiny-shapes")) == []
+    assert "style=" not in call

@@ -21,6 +21,7 @@ BAD = [
     ("empty prompt", dict(prompt=""), r"prompt: is empty"),
     ("whitespace prompt", dict(prompt="  \t\n "), r"prompt: is empty"),
     ("control-only prompt", dict(prompt="\x00\x01\x1b"), r"prompt: is empty"),
+    ("invisible-only prompt", dict(prompt="\u200d \u200c\u3164\u2800"), r"prompt: is empty"),
     ("None prompt", dict(prompt=None), r"prompt: is empty"),
     ("prompt over 20000 chars", dict(prompt="a" * 20_001), r"prompt: is 20001 characters long; the limit is 20000"),
     ("int prompt", dict(prompt=5), r"prompt: expected text, got int"),
@@ -145,11 +146,21 @@ def test_missing_and_extra_arguments_are_refused_by_the_client(client):
     assert_serves(client)
 
 
-def test_missing_arguments_in_raw_json_are_refused_then_healthy(app_server, client):
-    event = httpx.post(app_server.url + "gradio_api/call/generate", json={"data": ["a red circle"]},
-                       timeout=30).json()["event_id"]
-    text = httpx.get(app_server.url + f"gradio_api/call/generate/{event}", timeout=60).text
-    assert "event: error" in text
+INPUTS = "prompt, negative_prompt, seed, guidance_scale, num_inference_steps, width, height, style"
+
+
+@pytest.mark.parametrize("values", [[], ["a red circle"], ["a red circle", "", 1, 5.0, 2, 0, 0]],
+                         ids=["none", "one", "seven"])
+def test_too_few_values_in_a_raw_call_get_a_message_naming_the_inputs(app_server, client, values):
+    message = f"generate takes 8 inputs ({INPUTS}); got {len(values)}"
+    response = httpx.post(app_server.url + "gradio_api/call/generate", json={"data": values}, timeout=30)
+    assert response.status_code == 422 and response.json()["error"].startswith(message), response.text
+    # The queue route the page and gradio_client use: the same check, by fn_index.
+    config = httpx.get(app_server.url + "config", timeout=30).json()
+    fn_index = next(d["id"] for d in config["dependencies"] if d.get("api_name") == "generate")
+    response = httpx.post(app_server.url + "gradio_api/queue/join", timeout=30, json={
+        "data": values, "fn_index": fn_index, "session_hash": "arity0test", "event_data": None, "trigger_id": None})
+    assert response.status_code == 422 and response.json()["detail"].startswith(message), response.text
     assert_serves(client)
 
 
@@ -171,9 +182,29 @@ def test_api_error_message_is_the_engines_not_gradios(client):
     assert "less than minimum value" not in str(caught.value)
 
 
-def test_info_is_json_serialisable(client):
-    _, info = client.predict(api_name="/generate", **VALID)
-    json.dumps(info)
+def test_info_is_json_serialisable(app_server):
+    """The info as it goes over the wire (gradio_client would have decoded it already): strict
+    JSON (no NaN or Infinity), every value a JSON type, the documented keys."""
+    event = httpx.post(app_server.url + "gradio_api/call/generate", timeout=30,
+                       json={"data": ["a red circle", "", 1, 5.0, 2, 0, 0, "(No style)"]}).json()["event_id"]
+    text = httpx.get(app_server.url + f"gradio_api/call/generate/{event}", timeout=60).text
+    assert "event: complete" in text, text
+    payload = next(line[6:] for line in text.splitlines() if line.startswith("data: "))
+
+    def refuse(constant):
+        raise ValueError(f"not JSON: {constant}")
+
+    gallery, info = json.loads(payload, parse_constant=refuse)
+    assert len(gallery) == 4 and isinstance(info, dict)
+    assert {"seeds", "latency_s", "device_count", "device", "timings_s", "prompt", "negative_prompt",
+            "guidance_scale", "num_inference_steps", "width", "height", "model", "warnings", "style",
+            "user_prompt", "user_negative_prompt"} <= set(info)
+    assert json.loads(json.dumps(info, allow_nan=False)) == info
+    # Numbers arrive as JSON numbers (not strings, not null for a NaN): a numpy value or a NaN would show here.
+    number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
+    assert all(number(v) for v in [info["latency_s"], info["guidance_scale"], *info["timings_s"].values()]), info
+    assert all(isinstance(v, int) for v in [*info["seeds"], info["device_count"], info["num_inference_steps"],
+                                            info["width"], info["height"]]), info
 
 
 def test_bad_input_shows_as_gr_error_in_the_page(app_server):

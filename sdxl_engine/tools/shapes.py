@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -62,6 +63,14 @@ TEMPLATES = (
     ("{a} {colour} shape", 0.5),
     ("{colour}", 0.3),
 )
+
+
+def caption_words() -> frozenset[str]:
+    """Every word of every caption :func:`caption` can write: the words tiny-shapes was trained on."""
+    literal = {word for template, _ in TEMPLATES for word in re.sub(r"\{\w+\}", " ", template).split()}
+    where = {word for phrase in WHERE.values() for word in phrase.split()}
+    return frozenset(literal | where | {"a", "an", "center"} | set(SHAPES) | set(COLOURS) | set(BACKGROUNDS)
+                     | set(SIZES))
 
 
 @dataclasses.dataclass(frozen=True)

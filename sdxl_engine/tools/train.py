@@ -312,7 +312,7 @@ def main(argv=None) -> None:
 
     # 5. Save (diffusers format, safetensors) and the training record.
     params = jax.tree.map(np.asarray, {**params, "vae": vae_params})
-    save_folder(tmp, configs, params, SCHEDULER)
+    save_folder(tmp, configs, params, SCHEDULER, vocabulary=shapes.caption_words())
     record = {"args": vars(args), "vae_s": round(vae_s, 1), "total_s": round(total_s, 1),
               "scaling_factor": scaling_factor, "vae_loss": vae_history, "unet_loss": unet_history,
               "held_out": shapes.HELD_OUT, "jax": jax.__version__, "device": str(jax.devices()[0])}
