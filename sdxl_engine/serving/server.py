@@ -1,6 +1,6 @@
-"""How app.py serves the page: safe launch options, an HTTP guard, and a clean stop.
+"""How the page is served: safe launch options, an HTTP guard, and a clean stop.
 
-Kept apart from the page (app.py builds it) and from the engine (sdxl_engine/):
+Kept apart from the page (app.py builds it) and from the engine:
 
 - :func:`launch_options`: ``demo.launch`` keywords: loopback unless told otherwise, no share
   link unless asked, no server-side rendering, no /monitoring page, no MCP server, no file
@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from sdxl_engine.config import ConfigError
+from ..config import ConfigError
 
 EXIT_START_FAILED = 1  # valid settings, yet the app could not start
 EXIT_BAD_SETTING = 2  # a flag or setting must change (argparse uses 2 too)

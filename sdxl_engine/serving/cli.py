@@ -1,0 +1,63 @@
+"""The command line of ``python app.py``: flags, the port, and whether a share link can work."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+
+import httpx
+
+from ..config import EngineConfig
+
+SERVER_FLAGS = ("share", "host", "port")
+
+
+def tcp_port(text: str) -> int:
+    """argparse type for --port / GRADIO_SERVER_PORT: a whole number 1-65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (a whole number from 1 to 65535)")
+    return port
+
+
+def parse_args(argv=None, description: str = "") -> argparse.Namespace:
+    """Command-line flags: the server's, then one per engine setting (``--num-inference-steps 30``).
+
+    A bad flag or GRADIO_SERVER_PORT exits 2 with argparse's one-line message.
+    """
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--share", action="store_true", help="ask Gradio for a public link")
+    parser.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
+                        help="address to listen on (env GRADIO_SERVER_NAME; default loopback only)")
+    parser.add_argument("--port", type=tcp_port, default=os.environ.get("GRADIO_SERVER_PORT", "7860"),
+                        help="TCP port (env GRADIO_SERVER_PORT)")
+    for field in dataclasses.fields(EngineConfig):
+        parser.add_argument("--" + field.name.replace("_", "-"), dest=field.name, default=None,
+                            help=f"engine setting {field.name} (env SDXL_{field.name.upper()}, default {field.default!r})")
+    return parser.parse_args(argv)
+
+
+def engine_overrides(args: argparse.Namespace) -> dict:
+    """The engine settings given on the command line (those not given are left to env and defaults)."""
+    return {k: v for k, v in vars(args).items() if k not in SERVER_FLAGS and v is not None}
+
+
+def share_possible(local_url: str, api_server: str, timeout: float = 5.0, log=print) -> bool:
+    """Whether the share server ``api_server`` answers; if not, log one line saying the app stays local.
+
+    Gradio itself would try, fail and print several lines of advice; offline, one clear line is
+    enough. A custom share server (GRADIO_SHARE_SERVER_ADDRESS) is not probed.
+    """
+    if os.environ.get("GRADIO_SHARE_SERVER_ADDRESS"):
+        return True
+    try:
+        httpx.get(api_server, timeout=timeout).raise_for_status()
+        return True
+    except (httpx.HTTPError, OSError) as err:
+        log(f"[app] --share: no public link (cannot reach {httpx.URL(api_server).host}: "
+            f"{type(err).__name__}); serving locally only at {local_url}")
+        return False
