@@ -129,7 +129,9 @@ def handle_generate(engine, prompt, negative_prompt, seed, guidance_scale, num_i
                                                         extra, req.sampler) for s in result.seeds])
     stems = [image_stem(s, prompt) for s in result.seeds]  # seed42-a-red-circle: the download's name
     try:  # one new folder per request in Gradio's temp folder: served from there, never copied
-        folder = Path(tempfile.mkdtemp(prefix="sdxl-", dir=Path(files_dir or gr.utils.get_upload_folder()).resolve()))
+        root = Path(files_dir or gr.utils.get_upload_folder()).resolve()
+        root.mkdir(parents=True, exist_ok=True)
+        folder = Path(tempfile.mkdtemp(prefix="sdxl-", dir=root))
         paths = [str(write_new(data, folder, stem)) for data, stem in zip(pngs, stems)]
     except OSError as err:
         print(f"[app] error: could not write the images to Gradio's temp folder: {err}", flush=True)

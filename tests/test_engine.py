@@ -70,22 +70,48 @@ def test_guidance_and_steps_change_output(engine):
     assert not np.array_equal(base, gen(engine, num_inference_steps=5).images)
 
 
-def test_no_recompile_for_prompt_seed_guidance_steps(engine):
+def test_no_recompile_for_prompt_seed_guidance_steps_and_sampler(engine):
     import jax
+
+    from sdxl_engine.schedulers import SAMPLERS
 
     events = []
     jax.monitoring.register_event_duration_secs_listener(
         lambda event, duration, **kw: events.append(event) if "backend_compile" in event else None)
-    gen(engine)  # every program this touches exists already
+    gen(engine), gen(engine, guidance_scale=0.5)  # both CFG modes' programs exist from here on
     before = engine.compile_count
     events.clear()
     for i, (prompt, seed, guidance, steps) in enumerate(
             [("a red circle", 1, 7.0, 4), ("a blue square on the left", 9, 1.5, 11), ("a star", 3, 12.0, 1),
-             ("a green triangle", 5, 0.0, engine.config.max_inference_steps)]):
+             ("a green triangle", 5, 0.0, engine.config.max_inference_steps), ("a red star", 2, 1.0, 3)]):
         gen(engine, prompt=prompt, negative_prompt="blurry" if i % 2 else "", seed=seed, guidance_scale=guidance,
-            num_inference_steps=steps)
+            num_inference_steps=steps, sampler=SAMPLERS[i % len(SAMPLERS)])
     assert engine.compile_count == before
     assert events == []
+
+
+def test_guidance_up_to_1_follows_the_prompt_without_cfg(engine):
+    """diffusers: guidance <= 1 means no classifier-free guidance, the conditional prediction alone
+    (so guidance 0 is not the unconditional image: the prompt still matters)."""
+    red, blue = gen(engine, guidance_scale=0.0).images, gen(engine, prompt="a blue square", guidance_scale=0.0).images
+    assert not np.array_equal(red, blue)
+    assert np.array_equal(gen(engine, guidance_scale=0.0).images, red)
+    assert engine.is_compiled(64, 64, cfg=False)
+    # At 1 both modes give the text-conditioned prediction: the same images up to float rounding.
+    with_cfg = gen(engine, guidance_scale=1.0 + 1e-6).images.astype(int)
+    assert np.abs(gen(engine, guidance_scale=1.0).images.astype(int) - with_cfg).max() <= 2
+
+
+def test_samplers_differ_and_euler_a_is_deterministic_per_seed(engine):
+    from sdxl_engine.schedulers import SAMPLERS
+
+    images = {sampler: gen(engine, sampler=sampler, num_inference_steps=6).images for sampler in SAMPLERS}
+    for a in SAMPLERS:
+        for b in SAMPLERS:
+            assert a == b or not np.array_equal(images[a], images[b]), (a, b)
+    assert np.array_equal(gen(engine, sampler="Euler a", num_inference_steps=6).images, images["Euler a"])
+    shifted = gen(engine, sampler="Euler a", num_inference_steps=6, seed=2).images  # seed 1 + 1: image 1 again
+    assert np.array_equal(shifted[0], images["Euler a"][1])
 
 
 def test_new_size_bucket_compiles_once(engine):
@@ -150,25 +176,27 @@ def test_output_is_sharded_over_the_data_axis(engine):
 
 
 def test_random_weight_builder_goes_through_the_engine_program(engine):
-    """The code behind `sdxl-base-random`, run at tiny scale: params match their abstract shapes
-    and the engine's program compiles and runs on them."""
+    """The code behind `sdxl-base-random`, run at tiny scale: one jitted initialiser per component
+    puts params of the abstract shapes on the devices, and the engine's program runs on them."""
     import jax
 
     from sdxl_engine import builtin
-    from sdxl_engine.fullsize import abstract_params, random_model
-    from sdxl_engine.program import ProgramShape, compile_program, euler_schedule
-    from sdxl_engine.sharding import replicate
+    from sdxl_engine.loading import random_model
+    from sdxl_engine.program import ProgramInputs, ProgramShape, compile_program
+    from sdxl_engine.schedulers import make_schedule
+    from sdxl_engine.sharding import replicated
 
-    model = random_model(builtin.TINY, "float32", name="tiny-check")
-    abstract = abstract_params({k: getattr(model, k) for k in ("text_encoder", "text_encoder_2", "unet", "vae")}, "float32")
-    assert jax.tree.map(lambda x: (x.shape, str(x.dtype)), model.params) == jax.tree.map(
-        lambda x: (x.shape, str(x.dtype)), abstract)
-    params = replicate(model.params, engine.mesh)
-    program = compile_program(model, params, ProgramShape(4, 64, 64, 4), engine.mesh)
-    ids = np.zeros((4, 2, 77), np.int32)
-    t, s, init = euler_schedule(model.scheduler.config, 4, 4)
-    images, finite = program.executable(params, ids, ids, np.ones(4, np.float32), np.arange(4, dtype=np.uint32),
-                                        np.full(4, 5.0, np.float32), t, s, np.int32(4), np.float32(init))
+    configs = builtin.component_configs(builtin.TINY, len(builtin.build_vocab()[0]))
+    model = random_model(configs, "tiny-check", "float32", replicated(engine.mesh))
+    for name, component in model.components.items():
+        assert {k: (v.shape, str(v.dtype)) for k, v in model.params[name].items()} == {
+            k: (s.shape, str(s.dtype)) for k, s in component.abstract(np.float32).items()}
+    assert all(leaf.sharding.is_fully_replicated and len(leaf.sharding.device_set) == 4
+               for leaf in jax.tree.leaves(model.params))
+    program = compile_program(model, model.params, ProgramShape(4, 64, 64, 4), engine.mesh)
+    ids = np.zeros((2, 77), np.int32)
+    inputs = ProgramInputs.build(ids, ids, True, range(4), 5.0, make_schedule("Euler", model.scheduler_config, 4), 4, 4)
+    images, finite = program.executable(model.params, inputs)
     assert np.asarray(images).shape == (4, 64, 64, 3) and np.asarray(finite).all()
 
 
@@ -181,7 +209,8 @@ def test_seeds_wrap_past_max_seed_and_every_caption_seed_reproduces(engine):
 
 
 # The maths of one denoising step, against diffusers' formulas written out here on fixed arrays
-# (pipeline_flax_stable_diffusion_xl.py for guidance, FlaxEulerDiscreteScheduler.step for Euler).
+# (StableDiffusionXLPipeline's guidance, EulerDiscreteScheduler.step for Euler). The whole
+# pipeline against diffusers' PyTorch outputs is in test_models.py.
 def diffusers_cfg(uncond, text, guidance_scale):
     return uncond + guidance_scale * (text - uncond)
 
@@ -212,16 +241,45 @@ def test_cfg_combine_is_diffusers_guidance():
 
 
 @pytest.mark.parametrize("prediction_type, expected", [("epsilon", 0.5), ("v_prediction", 0.37639320)])
-def test_euler_step_is_diffusers_step(prediction_type, expected):
-    from sdxl_engine.program import euler_step
+def test_euler_update_is_diffusers_step(prediction_type, expected):
+    """The program's step (denoised x0, then the sampler's update with Euler's coefficients) is
+    diffusers' EulerDiscreteScheduler.step, written out above."""
+    from sdxl_engine.program import denoised, sampler_update
+
+    def euler(sample, output, sigma, sigma_next):
+        x0 = denoised(sample, output, sigma, prediction_type)
+        a = sigma_next / sigma
+        return sampler_update(sample, x0, np.zeros_like(x0), np.zeros_like(x0), a, 1 - a, 0.0, 0.0)
 
     # By hand: x = 1, output 0.5, sigma 2 -> 1. epsilon: x0 = 0, d = 0.5, x' = 1 - 0.5.
     # v: x0 = 0.5 * -2 / sqrt(5) + 1 / 5, d = (1 - x0) / 2, x' = 1 - d.
-    assert float(euler_step(np.float32(1.0), np.float32(0.5), np.float32(2.0), np.float32(1.0),
-                            prediction_type)) == pytest.approx(expected, rel=1e-6)
+    assert float(euler(np.float32(1.0), np.float32(0.5), np.float32(2.0), np.float32(1.0))) == pytest.approx(
+        expected, rel=1e-6)
     rng = np.random.default_rng(1)
     sample, output = rng.normal(size=(2, 4, 4, 8, 8)).astype(np.float32)
     for sigma, sigma_next in ((14.6, 11.2), (1.3, 0.6), (0.03, 0.0)):
-        got = np.asarray(euler_step(sample, output, np.float32(sigma), np.float32(sigma_next), prediction_type))
+        got = np.asarray(euler(sample, output, np.float32(sigma), np.float32(sigma_next)))
         np.testing.assert_allclose(got, diffusers_euler(sample, output, np.float32(sigma), np.float32(sigma_next),
                                                         prediction_type), rtol=1e-5, atol=1e-5)
+
+
+def test_dpm_second_order_update_is_diffusers_midpoint_step():
+    """DPM++ 2M's update with schedulers.py's coefficients equals diffusers'
+    multistep_dpm_solver_second_order_update (midpoint) written in its own x-space terms."""
+    from sdxl_engine.program import sampler_update
+
+    rng = np.random.default_rng(2)
+    x_tilde, m0, m1 = rng.normal(size=(3, 2, 4, 8, 8))
+    s_prev, s, s_next = 9.0, 4.0, 1.5  # sigmas of steps i-1, i, i+1
+    alpha = lambda sig: 1 / np.sqrt(sig**2 + 1)  # noqa: E731  diffusers' _sigma_to_alpha_sigma_t
+    lam = lambda sig: np.log(alpha(sig)) - np.log(sig * alpha(sig))  # noqa: E731
+    h, h0 = lam(s_next) - lam(s), lam(s) - lam(s_prev)
+    r0 = h0 / h
+    x = x_tilde * alpha(s)  # diffusers works on x / sqrt(sigma^2 + 1)
+    d0, d1 = m0, (m0 - m1) / r0
+    expected = (s_next * alpha(s_next) / (s * alpha(s))) * x - alpha(s_next) * np.expm1(-h) * d0 \
+        - 0.5 * alpha(s_next) * np.expm1(-h) * d1
+    a = s_next / s
+    r = (np.log(s_prev) - np.log(s)) / (np.log(s) - np.log(s_next))
+    ours = sampler_update(x_tilde, m0, m1, 0.0, a, (1 - a) * (1 + 0.5 / r), -(1 - a) * 0.5 / r, 0.0)
+    np.testing.assert_allclose(np.asarray(ours) * alpha(s_next), expected, rtol=1e-10)

@@ -118,7 +118,7 @@ def test_guard_never_passes_more_than_the_cap_to_the_app():
     """The guard alone, on a dummy app: a chunked body stops at the cap; the app sees a disconnect."""
     import asyncio
 
-    import serving
+    from sdxl_engine.serving import server as serving
 
     received, sent = [], []
 
@@ -176,7 +176,7 @@ def test_server_listens_on_loopback_only(app_server):
 
 def test_launch_defaults(monkeypatch):
     import app
-    import serving
+    from sdxl_engine.serving import server as serving
 
     monkeypatch.delenv("GRADIO_SERVER_NAME", raising=False)
     monkeypatch.setenv("GRADIO_SHARE", "True")  # launch(share=False) overrides Gradio's env switch

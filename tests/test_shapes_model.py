@@ -1,11 +1,12 @@
 """The shipped tiny-shapes model, its data and its independent checker."""
 
+import dataclasses
 import time
 
 import numpy as np
 import pytest
 
-from sdxl_engine import shapes
+from sdxl_engine.tools import shapes
 
 
 def test_checker_reads_rendered_images_exactly():
@@ -66,7 +67,8 @@ def test_shipped_model_is_the_default_and_small():
     assert EngineConfig.load(environ={}).model == "tiny-shapes"
     size = sum(f.stat().st_size for f in TINY_SHAPES_DIR.rglob("*") if f.is_file())
     assert size <= 30e6
-    assert not list(TINY_SHAPES_DIR.rglob("*.bin")) and not list(TINY_SHAPES_DIR.rglob("*.safetensors"))
+    assert not list(TINY_SHAPES_DIR.rglob("*.bin")) and not list(TINY_SHAPES_DIR.rglob("*.msgpack"))
+    assert len(list(TINY_SHAPES_DIR.rglob("*.safetensors"))) == 4  # PyTorch layout: diffusers' PyTorch pipeline loads it too
 
 
 def test_red_circle_is_red(shapes_engine):
@@ -97,32 +99,38 @@ def test_position_and_background_words_are_followed(shapes_engine, prompt, posit
 
 
 def test_loading_the_shipped_model_takes_under_2_s(shapes_engine):
-    """The load call itself (diffusers from_pretrained + cast); JAX start-up and imports came before."""
+    """The load call itself (configs, safetensors, cast, tokenizers); JAX start-up and imports came before."""
     from sdxl_engine.loading import load_model
 
     start = time.perf_counter()
     model = load_model("tiny-shapes", dtype="float32", platform="cpu", cache_dir="unused")
     elapsed = time.perf_counter() - start
-    assert model.native_size == 64 and model.text_encoder_2 is not None
+    assert model.native_size == 64 and model.components["text_encoder_2"].config.projection_dim == 32
     assert elapsed < 2.0, f"loading took {elapsed:.2f} s"
 
 
-def test_diffusers_pipeline_loads_the_shipped_model():
-    import jax.numpy as jnp
-    from diffusers import FlaxStableDiffusionXLPipeline
+def test_the_shipped_model_is_a_pytorch_layout_diffusers_folder():
+    """PyTorch class names and safetensors: what diffusers' StableDiffusionXLPipeline.from_pretrained reads
+    (checked with torch outside CI: the same images to within 0.5/255, README), and one token per word."""
+    import json
+
+    from transformers import CLIPTokenizer
 
     from sdxl_engine.builtin import TINY_SHAPES_DIR
 
-    pipe, params = FlaxStableDiffusionXLPipeline.from_pretrained(str(TINY_SHAPES_DIR), dtype=jnp.float32)
-    assert pipe.unet.config.addition_embed_type == "text_time"
-    assert set(params) >= {"unet", "vae", "text_encoder", "text_encoder_2"}
-    assert pipe.tokenizer("a red circle on a blue background").input_ids[1:-1] == [
-        pipe.tokenizer.convert_tokens_to_ids(w + "</w>") for w in "a red circle on a blue background".split()]
+    index = json.loads((TINY_SHAPES_DIR / "model_index.json").read_text())
+    assert index["_class_name"] == "StableDiffusionXLPipeline"
+    assert index["unet"] == ["diffusers", "UNet2DConditionModel"] and index["vae"] == ["diffusers", "AutoencoderKL"]
+    assert index["text_encoder_2"] == ["transformers", "CLIPTextModelWithProjection"]
+    tokenizer = CLIPTokenizer.from_pretrained(str(TINY_SHAPES_DIR / "tokenizer"))
+    assert tokenizer("a red circle on a blue background").input_ids[1:-1] == [
+        tokenizer.convert_tokens_to_ids(w + "</w>") for w in "a red circle on a blue background".split()]
 
 
 def test_training_command_saves_a_model_the_engine_recipe_describes(tmp_path):
-    """``python -m sdxl_engine.train`` end to end at toy size (2 steps each): a diffusers
-    directory with the shipped recipe's architecture, scheduler and finite logged losses."""
+    """``python -m sdxl_engine.tools.train`` end to end at toy size (2 steps each): a diffusers folder
+    (safetensors) with the shipped model's architecture and scheduler, finite losses, and the
+    engine loads it."""
     import json
     import subprocess
     import sys
@@ -130,22 +138,29 @@ def test_training_command_saves_a_model_the_engine_recipe_describes(tmp_path):
     from conftest import ROOT
 
     from sdxl_engine.builtin import TINY_SHAPES_DIR
+    from sdxl_engine.loading import load_folder
+    from sdxl_engine.schedulers import make_schedule
 
     out = tmp_path / "ts"
-    result = subprocess.run([sys.executable, "-m", "sdxl_engine.train", "--out", str(out), "--images", "64",
+    result = subprocess.run([sys.executable, "-m", "sdxl_engine.tools.train", "--out", str(out), "--images", "64",
                              "--vae-steps", "2", "--unet-steps", "2", "--batch", "8"],
-                            cwd=ROOT, capture_output=True, text=True, timeout=600)
+                            cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     record = json.loads((out / "training.json").read_text())
     assert [step for step, *_ in record["vae_loss"]] == [2] and [step for step, _ in record["unet_loss"]] == [2]
     assert all(np.isfinite(loss) for _, loss in record["unet_loss"])
-    shipped, trained = ({name: json.loads((d / name / cfg).read_text()) for name, cfg in
-                         (("unet", "config.json"), ("vae", "config.json"), ("scheduler", "scheduler_config.json"))}
-                        for d in (TINY_SHAPES_DIR, out))
-    for name in trained:  # same architecture and scheduler as assets/tiny-shapes; scaling_factor is measured
-        drop = {"_diffusers_version", "scaling_factor"}
-        assert {k: v for k, v in trained[name].items() if k not in drop} == \
-               {k: v for k, v in shipped[name].items() if k not in drop}, name
+    trained, shipped = load_folder(out, "trained", "float32"), load_folder(TINY_SHAPES_DIR, "shipped", "float32")
+    for name, component in trained.components.items():  # same architecture (VAE: scaling_factor is measured)
+        ours, theirs = component.config, shipped.components[name].config
+        if name == "vae":
+            ours, theirs = dataclasses.replace(ours, scaling_factor=1.0), dataclasses.replace(theirs, scaling_factor=1.0)
+        assert ours == theirs, name
+        assert component.shapes == shipped.components[name].shapes, name
+    for steps in (1, 7, 20):  # the same noise schedule and prediction type
+        ours, theirs = (make_schedule("Euler", c.scheduler_config, steps) for c in (trained, shipped))
+        assert np.array_equal(ours.timesteps, theirs.timesteps) and np.array_equal(ours.sigmas, theirs.sigmas)
+    assert trained.scheduler_config["prediction_type"] == shipped.scheduler_config["prediction_type"] == "v_prediction"
+    assert trained.vocabulary == shipped.vocabulary
 
 
 def test_shipped_weights_come_from_the_training_command_defaults():
@@ -153,8 +168,8 @@ def test_shipped_weights_come_from_the_training_command_defaults():
     assets/tiny-shapes: every recorded argument but the output path equals today's default."""
     import json
 
-    from sdxl_engine import train
     from sdxl_engine.builtin import TINY_SHAPES_DIR
+    from sdxl_engine.tools import train
 
     record = json.loads((TINY_SHAPES_DIR / "training.json").read_text())
     defaults = vars(train.parse_args([]))

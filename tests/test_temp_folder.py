@@ -26,7 +26,7 @@ def make(root: Path, name: str, size: int) -> str:
 
 
 def test_sweep_deletes_oldest_first_down_to_the_cap_and_never_young_files(tmp_path):
-    import serving
+    from sdxl_engine.serving import server as serving
 
     demo = FakeDemo(tmp_path)
     old = [make(tmp_path, f"req{i}/seed{i}.png", 1000) for i in range(10)]  # 10 kB, oldest first

@@ -47,8 +47,8 @@ def test_handler_applies_style_reports_progress_and_saves_pngs(engine, monkeypat
 
     monkeypatch.setattr(engine, "config", dataclasses.replace(engine.config, outputs_dir=str(tmp_path / "out")))
     reports = []
-    gallery, info = app.handle_generate(engine, "a red circle", "green", 7, 5.0, 3, 0, 0, "Pixel art",
-                                        progress=lambda fraction, desc: reports.append((fraction, desc)))
+    gallery, info, record = app.handle_generate(engine, "a red circle", "green", 7, 5.0, 3, 0, 0, "Pixel art",
+                                                progress=lambda fraction, desc: reports.append((fraction, desc)))
     assert [d for _, d in reports] == [
         "Preparing: tokenizing the prompts, scheduling 3 Euler steps",
         "On 4 × cpu: encoding the prompts, denoising 3 steps, decoding with the VAE",
@@ -56,7 +56,8 @@ def test_handler_applies_style_reports_progress_and_saves_pngs(engine, monkeypat
     assert [f for f, _ in reports] == sorted(f for f, _ in reports)
     assert info["prompt"] == "pixel-art a red circle . low-res, blocky, pixel art style, 8-bit graphics"
     assert info["negative_prompt"].startswith("green, sloppy")
-    assert (info["style"], info["user_prompt"], info["user_negative_prompt"]) == ("Pixel art", "a red circle", "green")
+    assert info["style"] == "Pixel art" and "user_prompt" not in info  # what the user typed goes to the history only
+    assert (record["prompt"], record["negative_prompt"], record["style"]) == ("a red circle", "green", "Pixel art")
     assert [caption.split(" · ")[:2] for _, caption in gallery] == [[f"seed {s}", "Pixel art"] for s in (7, 8, 9, 10)]
     assert len(info["saved"]) == 4
     for path, seed, (shown, _) in zip(info["saved"], info["seeds"], gallery):
@@ -64,27 +65,29 @@ def test_handler_applies_style_reports_progress_and_saves_pngs(engine, monkeypat
             params = parse_a1111_parameters(saved.text["parameters"])
             assert np.array_equal(np.asarray(saved.convert("RGB")), np.asarray(image.convert("RGB")))
             assert image.text["parameters"] == saved.text["parameters"]
-        assert (params["Seed"], params["Style"], params["Steps"], params["CFG scale"]) == (str(seed), "Pixel art", "3", "5")
-    # Same request, no style: plain prompt, no Style field, nothing styled in the caption.
-    gallery, info = app.handle_generate(engine, "a red circle", "", 7, 5.0, 3, 0, 0)
+        assert (params["Seed"], params["Style"], params["Steps"], params["CFG scale"], params["Sampler"]) == (
+            str(seed), "Pixel art", "3", "5", "Euler")
+    # Same request, no style, another sampler: plain prompt, no Style field, nothing styled in the caption.
+    gallery, info, _ = app.handle_generate(engine, "a red circle", "", 7, 5.0, 3, 0, 0, sampler="DPM++ 2M")
     assert info["style"] == NO_STYLE and info["prompt"] == "a red circle"
     assert gallery[0][1].startswith("seed 7 · ") and gallery[0][1].count("·") == 1
     with Image.open(gallery[0][0]) as image:
-        assert "Style" not in image.text["parameters"]
+        assert "Style" not in image.text["parameters"] and "Sampler: DPM++ 2M," in image.text["parameters"]
+    assert info["sampler"] == "DPM++ 2M"
 
 
 def test_gallery_files_are_named_after_seed_and_prompt(engine, tmp_path):
     """The name a download gets: the seed and the prompt's first words, not image.png."""
     import app
 
-    gallery, info = app.handle_generate(engine, "A Red Circle, on a blue background!", "", 7, 5.0, 2, 0, 0, "Anime",
-                                        files_dir=str(tmp_path))
+    gallery, info, _ = app.handle_generate(engine, "A Red Circle, on a blue background!", "", 7, 5.0, 2, 0, 0, "Anime",
+                                           files_dir=str(tmp_path))
     names = [Path(path).name for path, _ in gallery]
     assert names == [f"seed{s}-a-red-circle-on-a-blue.png" for s in (7, 8, 9, 10)]
     assert all(Path(path).is_relative_to(tmp_path) for path, _ in gallery)
     assert len({Path(path).parent for path, _ in gallery}) == 1  # one new folder per request
-    gallery2, _ = app.handle_generate(engine, "A Red Circle, on a blue background!", "", 7, 5.0, 2, 0, 0,
-                                      files_dir=str(tmp_path))
+    gallery2, _, _ = app.handle_generate(engine, "A Red Circle, on a blue background!", "", 7, 5.0, 2, 0, 0,
+                                         files_dir=str(tmp_path))
     assert Path(gallery2[0][0]).parent != Path(gallery[0][0]).parent and Path(gallery[0][0]).exists()
 
 
@@ -103,9 +106,9 @@ def test_saved_pngs_never_overwrite_each_other(engine, monkeypatch, tmp_path):
     monkeypatch.setattr(time, "strftime", lambda fmt, t=None: "20250101-120000")
     monkeypatch.setattr(secrets, "token_hex", lambda n=None: "abcdef")
     results = [app.handle_generate(engine, prompt, "", 7, 5.0, 2, 0, 0) for prompt in ("a red circle", "a blue square")]
-    saved = [path for _, info in results for path in info["saved"]]
+    saved = [path for _, info, _ in results for path in info["saved"]]
     assert len(set(saved)) == 8 and sorted(saved) == sorted(str(p) for p in out.iterdir())
-    for gallery, info in results:
+    for gallery, info, _ in results:
         for (shown, _), path, seed in zip(gallery, info["saved"], info["seeds"]):
             assert f"seed{seed}-" in Path(path).name
             with Image.open(path) as a, Image.open(shown) as b:
@@ -127,22 +130,28 @@ def test_handler_turns_bad_input_into_gradio_errors(engine):
 
 def test_history_keeps_small_records_newest_first_and_bounded(engine, tmp_path):
     import app
+    from sdxl_engine.serving import history
 
-    gallery, info = app.handle_generate(engine, "a blue square", "", 100, 7.0, 2, 0, 0, "Anime")
-    paths = [(str(path), caption) for path, caption in gallery]
-    history = []
-    for _ in range(app.HISTORY_LIMIT + 2):
-        history, items = app.remember(history, info, paths)
-    assert len(history) == app.HISTORY_LIMIT and len(items) == 4 * app.HISTORY_LIMIT
-    record = history[0]
+    _, info, record = app.handle_generate(engine, "a blue square", "", 100, 7.0, 2, 0, 0, "Anime")
+    past = []
+    for _ in range(history.LIMIT + 2):
+        past = history.remember(past, record)
+    assert len(past) == history.LIMIT
     assert (record["prompt"], record["style"], record["seeds"], record["width"]) == ("a blue square", "Anime",
                                                                                       [100, 101, 102, 103], 64)
     assert all(url.startswith("data:image/jpeg;base64,") and len(url) < 6000 for url in record["thumbs"])
-    image, caption = items[2]
-    assert image.size == (64, 64) and caption == "seed 102 · Anime · a blue square"
-    assert app.history_entry(history, 6) == (history[1], 102)
+    thumbs = history.ThumbnailFiles(lambda: tmp_path / "thumbs")
+    items = thumbs.items(past, NO_STYLE)
+    assert len(items) == 4 * history.LIMIT and thumbs.decoded == 4  # 20 records, the same 4 thumbnails
+    path, caption = items[2]
+    with Image.open(path) as image:
+        assert image.size == (64, 64) and caption == "seed 102 · Anime · a blue square"
+    _, _, newer = app.handle_generate(engine, "a red circle", "", 5, 7.0, 2, 0, 0)
+    thumbs.items(history.remember(past, newer), NO_STYLE)
+    assert thumbs.decoded == 8  # the next request decodes only its own 4 thumbnails
+    assert history.entry(past, 6) == (past[1], 102)
     with pytest.raises(IndexError):
-        app.history_entry(history, 4 * app.HISTORY_LIMIT)
+        history.entry(past, 4 * history.LIMIT)
 
 
 def test_banner_and_sizes_while_starting_and_when_ready(engine):
@@ -164,11 +173,13 @@ def test_banner_and_sizes_while_starting_and_when_ready(engine):
 
 
 def test_share_without_internet_prints_one_line(monkeypatch, capsys):
-    import app
+    from gradio.networking import GRADIO_API_SERVER
+
+    from sdxl_engine.serving import cli
 
     monkeypatch.delenv("GRADIO_SHARE_SERVER_ADDRESS", raising=False)
     monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")  # a closed port: no way out
-    assert app.share_possible("http://127.0.0.1:7860/", timeout=5) is False
+    assert cli.share_possible("http://127.0.0.1:7860/", GRADIO_API_SERVER, timeout=5) is False
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 1 and lines[0].startswith("[app] --share: no public link (cannot reach api.gradio.app")
     assert lines[0].endswith("serving locally only at http://127.0.0.1:7860/")
