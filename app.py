@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 import traceback
+import warnings
 from pathlib import Path
 from typing import Callable
 
@@ -23,8 +24,6 @@ import serving
 
 if __name__ == "__main__":  # before Gradio is imported: it reads GRADIO_TEMP_DIR once, at import time
     serving.usable_output_dir()
-
-import warnings
 
 import gradio as gr
 from starlette.exceptions import StarletteDeprecationWarning
@@ -172,7 +171,8 @@ def handle_generate(engine, prompt, negative_prompt, seed, guidance_scale, num_i
     if outputs_dir:
         stamp = request_stamp()  # to the microsecond, plus a random id: two requests never share a name
         try:
-            info["saved"] = [str(write_new(data, Path(outputs_dir), f"{stamp}-{stem}")) for data, stem in zip(pngs, stems)]
+            info["saved"] = [str(write_new(data, Path(outputs_dir), f"{stamp}-{stem}"))
+                             for data, stem in zip(pngs, stems)]
         except OSError as err:  # the images are still shown and downloadable; saving is best-effort
             print(f"[app] warning: could not save to outputs_dir {outputs_dir!r}: {err}", flush=True)
             gr.Warning(f"Images not saved to the outputs folder ({type(err).__name__}); download them instead.")
@@ -302,7 +302,7 @@ def build_demo(generate: Callable, config: EngineConfig, engine=None) -> gr.Bloc
                     guidance_scale = gr.Slider(0.0, MAX_GUIDANCE, value=config.guidance_scale, step=0.5,
                                                label="Guidance scale")
                     num_inference_steps = gr.Slider(1, config.max_inference_steps, value=config.num_inference_steps,
-                                                    step=1, precision=0, label="Steps")  # precision 0: an int in the API
+                                                    step=1, precision=0, label="Steps")  # precision 0: int in the API
                     with gr.Row(visible=False):  # set from the resolution list; still the API's width/height
                         width = gr.Number(value=0, precision=0, label="Width (px, 0 = model default)")
                         height = gr.Number(value=0, precision=0, label="Height (px, 0 = model default)")
