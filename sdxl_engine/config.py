@@ -166,7 +166,8 @@ JAX_ENV = {
 _XLA_DEVICE_COUNT = re.compile(r"--xla_force_host_platform_device_count=(\S+)")
 
 
-def plan_jax_options(config: EngineConfig, environ: Mapping[str, str] | None = None) -> tuple[dict[str, Any], list[str]]:
+def plan_jax_options(config: EngineConfig,
+                     environ: Mapping[str, str] | None = None) -> tuple[dict[str, Any], list[str]]:
     """The JAX options the engine sets for ``config``, and one note per option JAX's own variable decides.
 
     Wanted: ``cpu_devices`` CPU devices, the persistent compilation cache in

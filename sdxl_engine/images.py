@@ -131,7 +131,8 @@ def request_stamp() -> str:
     """A name prefix unique to one request: local time to the microsecond and a random id,
     e.g. ``20250101-120000.123456-3fa9c2``."""
     now = time.time_ns()
-    return f"{time.strftime('%Y%m%d-%H%M%S', time.localtime(now // 10**9))}.{now // 1000 % 10**6:06d}-{secrets.token_hex(3)}"
+    seconds = time.strftime("%Y%m%d-%H%M%S", time.localtime(now // 10**9))
+    return f"{seconds}.{now // 1000 % 10**6:06d}-{secrets.token_hex(3)}"
 
 
 def write_new(data: bytes, folder: Path, stem: str, suffix: str = ".png") -> Path:

@@ -417,7 +417,8 @@ def serve(demo, engine, options: dict, gate: RequestGate, drain_s: float = 60.0,
         print(f"error: cannot serve on {options['server_name']}:{options['server_port']}: {err}",
               file=sys.stderr, flush=True)
         return EXIT_START_FAILED
-    log(f"[app] Running on local URL: {demo.local_url}" + (f" and public URL: {demo.share_url}" if demo.share_url else ""))
+    public = f" and public URL: {demo.share_url}" if demo.share_url else ""
+    log(f"[app] Running on local URL: {demo.local_url}{public}")
     install_guard(demo.app, gate, demo)
     TempJanitor.for_config(demo, engine.config).start(stop, log)
     while not stop.wait(0.2):
