@@ -262,7 +262,8 @@ def build_demo(generate: Callable, config: EngineConfig, engine=None, thumbs: hi
                                          fit_columns=False, format="jpeg", interactive=False, elem_id="history")
             clear_history = gr.Button("Clear history", size="sm")
         past = gr.BrowserState([], storage_key="sdxl-jax-history")
-        record, selected_seed = gr.State(None), gr.State(None)  # State: not part of the API
+        selected_seed = gr.State(None)
+        pending = history.Pending()  # each generation's history record, until this browser's history takes it
 
         def generate_images(prompt: str, negative_prompt: str | None = None, seed: int = -1,
                             guidance_scale: float = config.guidance_scale,
@@ -271,8 +272,11 @@ def build_demo(generate: Callable, config: EngineConfig, engine=None, thumbs: hi
                             progress=gr.Progress()):
             # Named parameters: gradio_client callers use these keywords (the /generate contract);
             # only optional inputs are ever added, at the end. ``request`` and ``progress`` are Gradio's.
-            return generate(prompt, negative_prompt, seed, guidance_scale, num_inference_steps, width, height, style,
-                            sampler, progress=progress, arrived=server.arrival_time(request))
+            gallery, info, record = generate(prompt, negative_prompt, seed, guidance_scale, num_inference_steps, width,
+                                             height, style, sampler, progress=progress,
+                                             arrived=server.arrival_time(request))
+            pending.put(getattr(request, "session_hash", None), record)
+            return gallery, info
 
         # On a narrow screen bring the gallery into view for the progress, and again once the images are in.
         gr.on([run.click, prompt.submit], None, None, None, js=SCROLL_TO_GALLERY_JS, queue=False,
@@ -281,16 +285,15 @@ def build_demo(generate: Callable, config: EngineConfig, engine=None, thumbs: hi
         # argument's name) apply to page and API alike, instead of Gradio's unnamed bound checks.
         event = gr.on([run.click, prompt.submit], generate_images,
                       [prompt, negative_prompt, seed, guidance_scale, num_inference_steps, width, height, style, sampler],
-                      [gallery, info, record], api_name="generate", concurrency_id="engine",
+                      [gallery, info], api_name="generate", concurrency_id="engine",
                       concurrency_limit=concurrency, preprocess=False)
         event.success(status_line, info, status, api_visibility="private")
         event.success(None, None, None, js=SCROLL_TO_GALLERY_JS, queue=False, api_visibility="private")
-        def remember(past: list, new: dict):
-            updated = history.remember(past, new)
+        def remember(past: list, request: gr.Request):
+            updated = history.remember(past, pending.pop(request.session_hash))
             return updated, thumbs.items(updated, NO_STYLE)
 
-        event.success(remember, [past, record], [past, history_gallery], api_visibility="private",
-                      show_progress="hidden")
+        event.success(remember, past, [past, history_gallery], api_visibility="private", show_progress="hidden")
         event.success(lambda: (None, gr.Button("Reuse selected image's seed", interactive=False)), None,
                       [selected_seed, reuse], api_visibility="private", queue=False)
 

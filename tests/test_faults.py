@@ -106,7 +106,7 @@ def test_burst_beyond_the_queue_gets_busy_retry_not_a_hang(fault_app, client):
     while httpx.get(fault_app.url + "gradio_api/queue/status", timeout=30).json()["queue_size"] < 2:
         assert time.monotonic() < deadline, "the queue never filled"
         time.sleep(0.05)
-    raw = httpx.post(fault_app.url + "gradio_api/call/generate", json={"data": ["a red circle", "", 1, 7, 2, 0, 0, "(No style)"]},
+    raw = httpx.post(fault_app.url + "gradio_api/call/generate", json={"data": ["a red circle", "", 1, 7, 2, 0, 0, "(No style)", "Euler"]},
                      timeout=30)
     assert raw.status_code == 503 and "Queue is full" in raw.text and raw.headers["retry-after"] == "5"
     outcomes = []
@@ -132,7 +132,7 @@ def test_queue_time_counts_the_wait_in_gradios_queue(fault_app, client):
     started = time.monotonic()
     waiting = second.submit(api_name="/generate", **OK)
     raw = httpx.post(fault_app.url + "gradio_api/call/generate", timeout=30,
-                     json={"data": ["a red circle", "", 1, 7, 2, 0, 0, "(No style)"]}).json()["event_id"]
+                     json={"data": ["a red circle", "", 1, 7, 2, 0, 0, "(No style)", "Euler"]}).json()["event_id"]
     _, info = waiting.result(timeout=60)
     waited = time.monotonic() - started
     assert 1.5 <= info["timings_s"]["queue"] <= waited + 0.5, (info["timings_s"], waited)
@@ -148,7 +148,7 @@ def test_client_disconnecting_mid_generation_frees_its_slot(fault_app, client):
     fn_index = next(d["id"] for d in config["dependencies"] if d.get("api_name") == "generate")
     session = uuid.uuid4().hex[:10]
     join = httpx.post(fault_app.url + "gradio_api/queue/join", timeout=30, json={
-        "data": ["a red circle fault:slow=3", "", 1, 7, 2, 0, 0, "(No style)"], "fn_index": fn_index, "session_hash": session,
+        "data": ["a red circle fault:slow=3", "", 1, 7, 2, 0, 0, "(No style)", "Euler"], "fn_index": fn_index, "session_hash": session,
         "event_data": None, "trigger_id": None})
     assert join.status_code == 200
     with httpx.stream("GET", fault_app.url + f"gradio_api/queue/data?session_hash={session}", timeout=30) as stream:
@@ -246,7 +246,7 @@ def test_sigterm_finishes_the_request_in_flight_then_exits_0(fault_app, client, 
     deadline = time.monotonic() + 5
     while True:  # within a moment new calls are refused (one sent before the signal is handled is served)
         late = httpx.post(fault_app.url + "gradio_api/call/generate",
-                          json={"data": ["a red circle", "", 1, 7, 2, 0, 0, "(No style)"]}, timeout=30)
+                          json={"data": ["a red circle", "", 1, 7, 2, 0, 0, "(No style)", "Euler"]}, timeout=30)
         if late.status_code == 503 and "shutting down" in late.text:
             break
         assert late.status_code in (200, 503) and time.monotonic() < deadline, (late.status_code, late.text)

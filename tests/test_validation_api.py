@@ -59,6 +59,10 @@ BAD = [
     ("size outside buckets", dict(width=64, height=16), r"width/height: 64x16 is not a supported size; choose one of 64x64"),
     ("size big bucket-less", dict(width=8192, height=8192), r"width/height: 8192x8192 is not a supported size"),
     ("width text", dict(width="wide"), r"width: expected a whole number, got 'wide'"),
+    # sampler (A1111 names)
+    ("unknown sampler", dict(sampler="LMS"), r"sampler: unknown sampler 'LMS'; choose one of Euler, Euler a, DPM\+\+ 2M, "
+                                             r"DPM\+\+ 2M Karras, DDIM"),
+    ("sampler number", dict(sampler=3), r"sampler: unknown sampler '3'"),
 ]
 
 OK = [
@@ -78,8 +82,9 @@ OK = [
     ("steps max", dict(num_inference_steps=50), lambda info: info["num_inference_steps"] == 50),
     ("size 0 = default", dict(width=0, height=0), lambda info: (info["width"], info["height"]) == (64, 64)),
     ("another bucket", dict(width=80, height=48), lambda info: (info["width"], info["height"]) == (80, 48)),
-    ("None values = defaults", dict(negative_prompt=None, seed=None, guidance_scale=None),
-     lambda info: info["guidance_scale"] == 5.0 and info["negative_prompt"] == ""),
+    ("None values = defaults", dict(negative_prompt=None, seed=None, guidance_scale=None, sampler=None),
+     lambda info: info["guidance_scale"] == 5.0 and info["negative_prompt"] == "" and info["sampler"] == "Euler"),
+    ("sampler name in any case", dict(sampler="dpm++ 2m karras"), lambda info: info["sampler"] == "DPM++ 2M Karras"),
 ]
 VALID = QUICK
 
@@ -130,7 +135,7 @@ def test_non_finite_floats_in_raw_json_are_clear_errors(app_server, client):
     """gradio_client refuses to send NaN/inf (not valid JSON), but a raw client can send NaN."""
     for token, message in (("NaN", "guidance_scale: must be a finite number, got nan"),
                            ("Infinity", "guidance_scale: must be a finite number, got inf")):
-        body = '{"data": ["a red circle", "", 1, %s, 2, 0, 0, "(No style)"]}' % token
+        body = '{"data": ["a red circle", "", 1, %s, 2, 0, 0, "(No style)", "Euler"]}' % token
         event = httpx.post(app_server.url + "gradio_api/call/generate", content=body,
                            headers={"content-type": "application/json"}, timeout=30).json()["event_id"]
         text = httpx.get(app_server.url + f"gradio_api/call/generate/{event}", timeout=60).text
@@ -146,13 +151,13 @@ def test_missing_and_extra_arguments_are_refused_by_the_client(client):
     assert_serves(client)
 
 
-INPUTS = "prompt, negative_prompt, seed, guidance_scale, num_inference_steps, width, height, style"
+INPUTS = "prompt, negative_prompt, seed, guidance_scale, num_inference_steps, width, height, style, sampler"
 
 
-@pytest.mark.parametrize("values", [[], ["a red circle"], ["a red circle", "", 1, 5.0, 2, 0, 0]],
-                         ids=["none", "one", "seven"])
+@pytest.mark.parametrize("values", [[], ["a red circle"], ["a red circle", "", 1, 5.0, 2, 0, 0, "(No style)"]],
+                         ids=["none", "one", "eight"])
 def test_too_few_values_in_a_raw_call_get_a_message_naming_the_inputs(app_server, client, values):
-    message = f"generate takes 8 inputs ({INPUTS}); got {len(values)}"
+    message = f"generate takes 9 inputs ({INPUTS}); got {len(values)}"
     response = httpx.post(app_server.url + "gradio_api/call/generate", json={"data": values}, timeout=30)
     assert response.status_code == 422 and response.json()["error"].startswith(message), response.text
     # The queue route the page and gradio_client use: the same check, by fn_index.
@@ -186,7 +191,7 @@ def test_info_is_json_serialisable(app_server):
     """The info as it goes over the wire (gradio_client would have decoded it already): strict
     JSON (no NaN or Infinity), every value a JSON type, the documented keys."""
     event = httpx.post(app_server.url + "gradio_api/call/generate", timeout=30,
-                       json={"data": ["a red circle", "", 1, 5.0, 2, 0, 0, "(No style)"]}).json()["event_id"]
+                       json={"data": ["a red circle", "", 1, 5.0, 2, 0, 0, "(No style)", "Euler"]}).json()["event_id"]
     text = httpx.get(app_server.url + f"gradio_api/call/generate/{event}", timeout=60).text
     assert "event: complete" in text, text
     payload = next(line[6:] for line in text.splitlines() if line.startswith("data: "))
@@ -197,8 +202,9 @@ def test_info_is_json_serialisable(app_server):
     gallery, info = json.loads(payload, parse_constant=refuse)
     assert len(gallery) == 4 and isinstance(info, dict)
     assert {"seeds", "latency_s", "device_count", "device", "timings_s", "prompt", "negative_prompt",
-            "guidance_scale", "num_inference_steps", "width", "height", "model", "warnings", "style",
-            "user_prompt", "user_negative_prompt"} <= set(info)
+            "guidance_scale", "num_inference_steps", "sampler", "width", "height", "model", "warnings",
+            "style"} <= set(info)
+    assert "user_prompt" not in info  # what the user typed goes to the browser's history, not the API
     assert json.loads(json.dumps(info, allow_nan=False)) == info
     # Numbers arrive as JSON numbers (not strings, not null for a NaN): a numpy value or a NaN would show here.
     number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731

@@ -96,6 +96,38 @@ class ThumbnailFiles:
         return items
 
 
+class Pending:
+    """Records made by /generate, waiting for the page's follow-up event to put them in that
+    browser's history: keyed by Gradio session, so the record never travels in the API's output.
+
+    API calls (gradio_client, raw HTTP) run no follow-up event: their records are forgotten once
+    ``max_sessions`` newer sessions have left one (memory stays bounded).
+    """
+
+    def __init__(self, max_sessions: int = 1000):
+        self._records: OrderedDict[str, list[dict]] = OrderedDict()
+        self._lock = threading.Lock()
+        self.max_sessions = max_sessions
+
+    def put(self, session: str | None, record: dict) -> None:
+        with self._lock:
+            self._records.setdefault(session or "", []).append(record)
+            self._records.move_to_end(session or "")
+            while len(self._records) > self.max_sessions:
+                self._records.popitem(last=False)
+
+    def pop(self, session: str | None) -> dict | None:
+        """The oldest record of ``session`` not yet taken (None if there is none)."""
+        with self._lock:
+            records = self._records.get(session or "")
+            if not records:
+                return None
+            record = records.pop(0)
+            if not records:
+                del self._records[session or ""]
+            return record
+
+
 def entry(history: list | None, index: int) -> tuple[dict, int]:
     """The record and seed behind item ``index`` of :meth:`ThumbnailFiles.items`. Raises IndexError."""
     for record in history or []:
