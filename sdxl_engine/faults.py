@@ -9,7 +9,8 @@ device lock, for that request only:
 marker              effect
 ==================  ==========================================================================
 ``fault:raise``     raise :class:`InjectedFault` after the program ran (an unexpected bug)
-``fault:slow=S``    sleep S seconds (0 < S <= 60) before the program runs (a long generation)
+``fault:slow=S``    sleep S seconds (0 < S <= 60) on the device stage, before the program runs:
+                    simulated device time (a long generation), reported and timed as ``device``
 ``fault:nan``       run the program with NaN VAE weights, so it really returns non-finite pixels
 ==================  ==========================================================================
 
