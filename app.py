@@ -148,6 +148,8 @@ def handle_generate(engine, prompt, negative_prompt, seed, guidance_scale, num_i
         "num_inference_steps": req.num_inference_steps, "sampler": req.sampler, "width": req.width,
         "height": req.height, "model": result.model, "warnings": result.warnings, "style": style,
     }
+    if getattr(result, "replica", ""):  # scale-out mode: which Serve replica made it (timings_s also has "ray")
+        info["replica"] = result.replica
     if engine.config.outputs_dir:
         stamp = request_stamp()  # to the microsecond, plus a random id: two requests never share a name
         try:
@@ -167,9 +169,11 @@ def status_line(info: dict) -> str:
         return ""
     t = info["timings_s"]
     saved = f" · saved to `{Path(info['saved'][0]).parent}`" if info.get("saved") else ""
-    return (f"**{info['latency_s']:.2f} s** for {len(info['seeds'])} images on **{info['device']}** "
+    replica = f" (replica `{info['replica']}`)" if info.get("replica") else ""
+    ray = f" · ray {t['ray']:.2f} s" if "ray" in t else ""
+    return (f"**{info['latency_s']:.2f} s** for {len(info['seeds'])} images on **{info['device']}**{replica} "
             f"(queue {t['queue']:.2f} s · prep {t['prep']:.3f} s · device {t['device']:.2f} s · "
-            f"post {t['post']:.3f} s) — {info['width']}×{info['height']}, {info['num_inference_steps']} "
+            f"post {t['post']:.3f} s{ray}) — {info['width']}×{info['height']}, {info['num_inference_steps']} "
             f"{info.get('sampler', 'Euler')} steps, CFG {info['guidance_scale']:g}, seeds {info['seeds'][0]}–"
             f"{info['seeds'][-1]}, style **{info.get('style', NO_STYLE)}**, model `{info['model']}`{saved}")
 
@@ -185,8 +189,16 @@ def engine_banner(engine) -> tuple[str, bool]:
     if engine.error is not None:
         return f"**The engine failed to start:** {engine.error}", True
     ready_s = engine.startup.get("ready_s", elapsed)
-    return (f"Ready on **{engine.device_summary}** — model `{engine.model.name}` ({engine.model.dtype}), "
-            f"started in {ready_s:.1f} s"), True
+    counts = getattr(engine, "replicas", None)  # scale-out mode (sdxl_engine.serving.replicas.RemoteEngine)
+    if counts is None:
+        return (f"Ready on **{engine.device_summary}** — model `{engine.model.name}` ({engine.model.dtype}), "
+                f"started in {ready_s:.1f} s"), True
+    scale = engine.scale
+    ready = (f"{counts.ready} replicas ready (autoscaling {scale.min_replicas}–{scale.max_replicas})"
+             if scale.autoscaling else f"{counts.ready} of {scale.max_replicas} replicas ready")
+    starting = f", {counts.starting} starting" if counts.starting else ""
+    return (f"**{ready}**{starting} on Ray Serve, each on **{engine.device_summary}** — model `{engine.model.name}` "
+            f"({engine.model.dtype}), first replica ready in {ready_s:.1f} s"), counts.settled
 
 
 def size_choices(engine) -> tuple[list[tuple[str, str]], str]:
@@ -329,6 +341,9 @@ def build_demo(generate: Callable, config: EngineConfig, engine=None, thumbs: hi
 
         timer.tick(refresh, None, [banner, resolution, timer], api_visibility="private", queue=False,
                    show_progress="hidden")
+        if getattr(engine, "replicas", None) is not None:  # scale-out: the replica count after each request
+            event.then(lambda: engine_banner(engine)[0], None, banner, api_visibility="private", queue=False,
+                       show_progress="hidden")
         demo.load(refresh, None, [banner, resolution, timer], api_visibility="private", queue=False,
                   show_progress="hidden")
         demo.load(lambda past: thumbs.items(past, NO_STYLE), past, history_gallery, api_visibility="private",
@@ -344,12 +359,35 @@ def main(argv=None) -> int:
     except ConfigError as err:
         print(server.start_error_line(err), file=sys.stderr)
         return server.exit_status(err)
-    engine = get_engine(config, background=True)
+    try:
+        engine, concurrency = start_engine(config, args)
+    except (ConfigError, RuntimeError) as err:  # a bad scale-out setting (2); Ray could not start or join (1)
+        print(server.start_error_line(err), file=sys.stderr)
+        return server.exit_status(err)
     gate = server.RequestGate()
-    demo = build_demo(lambda *values, **kw: gate.run(handle_generate, engine, *values, **kw), config, engine)
+    demo = build_demo(lambda *values, **kw: gate.run(handle_generate, engine, *values, **kw), config, engine,
+                      concurrency=concurrency)
     demo.queue(max_size=config.max_queue_size)
     share = args.share and cli.share_possible(f"http://{args.host}:{args.port}/", GRADIO_API_SERVER)
-    return server.serve(demo, engine, {**server.launch_options(args.host, args.port, share), "css": PAGE_CSS}, gate)
+    try:
+        return server.serve(demo, engine, {**server.launch_options(args.host, args.port, share), "css": PAGE_CSS},
+                            gate)
+    finally:
+        if args.replicas is not None:
+            engine.close()  # after the drain: delete the Serve application, stop the private Ray cluster
+
+
+def start_engine(config: EngineConfig, args) -> tuple:
+    """(engine, page concurrency): the local engine started in the background (one request at a
+    time), or with ``--replicas`` the stand-in for the Ray Serve replicas (one request per replica)."""
+    if args.replicas is None:
+        return get_engine(config, background=True), 1
+    # Imported only here: without --replicas `python app.py` never loads Ray (README, "Scale-out on Ray Serve").
+    from sdxl_engine.serving import replicas
+
+    engine = replicas.RemoteEngine.launch(config, args.replicas, address=args.ray_address, app_name=args.ray_app,
+                                          resources=args.replica_resources)
+    return engine, engine.slots
 
 
 if __name__ == "__main__":

@@ -9,8 +9,9 @@ import os
 import httpx
 
 from ..config import EngineConfig
+from .scaleout import Replicas, ScaleOutError, parse_resources
 
-SERVER_FLAGS = ("share", "host", "port")
+SERVER_FLAGS = ("share", "host", "port", "replicas", "ray_address", "ray_app", "replica_resources")
 
 
 def tcp_port(text: str) -> int:
@@ -24,6 +25,22 @@ def tcp_port(text: str) -> int:
     return port
 
 
+def _replicas(text: str) -> Replicas:
+    """argparse type for --replicas: a count (2) or an autoscaling range (1-4)."""
+    try:
+        return Replicas.parse(text)
+    except ScaleOutError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _resources(text: str) -> dict[str, float]:
+    """argparse type for --replica-resources: a JSON object of Ray resources."""
+    try:
+        return parse_resources(text)
+    except ScaleOutError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def parse_args(argv=None, description: str = "") -> argparse.Namespace:
     """Command-line flags: the server's, then one per engine setting (``--num-inference-steps 30``).
 
@@ -35,10 +52,22 @@ def parse_args(argv=None, description: str = "") -> argparse.Namespace:
                         help="address to listen on (env GRADIO_SERVER_NAME; default loopback only)")
     parser.add_argument("--port", type=tcp_port, default=os.environ.get("GRADIO_SERVER_PORT", "7860"),
                         help="TCP port (env GRADIO_SERVER_PORT)")
+    scale = parser.add_argument_group("scale-out on Ray Serve (README, \"Scale-out\"); without --replicas Ray is not used")
+    scale.add_argument("--replicas", type=_replicas, default=None,
+                       help="engine replicas: a count (2) or an autoscaling range MIN-MAX (1-4)")
+    scale.add_argument("--ray-address", default=None,
+                       help="join this Ray cluster (e.g. auto, or 10.0.0.2:6379) instead of starting a private local one")
+    scale.add_argument("--ray-app", default=None,
+                       help="use this Serve application, already deployed (a KubeRay RayService's), instead of deploying one")
+    scale.add_argument("--replica-resources", type=_resources, default=None,
+                       help='Ray resources of one replica, JSON (default: a TPU host\'s chips, 1 GPU, or a CPU share): \'{"TPU": 8}\'')
     for field in dataclasses.fields(EngineConfig):
         parser.add_argument("--" + field.name.replace("_", "-"), dest=field.name, default=None,
                             help=f"engine setting {field.name} (env SDXL_{field.name.upper()}, default {field.default!r})")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.replicas is None and (args.ray_address or args.ray_app or args.replica_resources):
+        parser.error("--ray-address, --ray-app and --replica-resources need --replicas")
+    return args
 
 
 def engine_overrides(args: argparse.Namespace) -> dict:

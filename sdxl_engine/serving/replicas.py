@@ -1,0 +1,506 @@
+"""The engine as a Ray Serve deployment of N replicas, and the front's stand-in for it.
+
+Imported only in scale-out mode (``python app.py --replicas N``): this module imports Ray, which
+the single-process default never loads. One Gradio front keeps the page, the queue and the API;
+each replica is a Serve replica (its own process) holding one :class:`~sdxl_engine.engine.Engine`
+on its own devices, and the front calls them through a deployment handle:
+
+- :class:`EngineReplica`: the deployment's class. Its constructor loads the model and compiles
+  (Serve routes nothing to a replica before its constructor returned: a starting replica is
+  "STARTING", never "RUNNING"); ``check_health`` fails once its device failed, so Serve replaces
+  it; ``generate`` streams the engine's stages, then the result.
+- :func:`build_app` / :func:`app_builder`: the Serve application (``max_ongoing_requests=1``:
+  one request at a time per replica), from the command line or from a Serve config file
+  (KubeRay's ``serveConfigV2``, ``import_path: sdxl_engine.serving.replicas:app_builder``).
+- :class:`RemoteEngine`: what app.py uses instead of the local engine: the same attributes
+  (``ready``, ``stage``, ``limits``, ``generate`` ...); it starts a private local Ray cluster or
+  joins one, deploys (or, with ``app_name``, uses an existing application), counts the ready
+  replicas, retries a request on another replica when the one it was sent to died before the
+  request reached its devices, and reports any other loss as one clear error.
+
+Routing is Serve's: each call goes to the less busy of two ready replicas picked at random
+("power of two choices"), never to a replica already running its one request; with two
+replicas that is the least busy one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import queue
+import secrets
+import shutil
+import tempfile
+import threading
+import time
+import traceback
+from typing import Callable, Iterator
+
+import jax
+import ray
+from ray import serve
+from ray.exceptions import RayActorError
+from ray.serve.exceptions import RequestCancelledError
+
+from .. import faults
+from ..config import EngineConfig
+from ..engine import Engine, EngineNotReady, GenerateResult, GenerationError
+from ..validation import GenerateRequest, InvalidRequest, Limits, validate
+from .scaleout import (APP_NAME, DEPLOYMENT_NAME, GRACEFUL_SHUTDOWN_S, HEALTH_CHECK_PERIOD_S, HEALTH_CHECK_TIMEOUT_S,
+                       MAX_ONGOING_REQUESTS, REQUEST_TIMEOUT_S, ReplicaPlan, Replicas, ScaleOutError, plan_replica)
+
+POLL_S = 1.0  # the front reads Serve's replica counts this often
+SERVE_LOGGING = {"log_level": "WARNING", "enable_access_log": False}  # replicas' own prints still reach the log
+LOCAL_TEMP_PREFIX = "sdxl-ray-"  # the private cluster's Ray temp folder, under the system temp folder
+
+
+class ReplicaStartError(RuntimeError):
+    """Ray could not be started or joined, or no replica could start (the message says why)."""
+
+
+class ReplicaLost(GenerationError):
+    """The replica running a request died or stopped answering after the request reached its devices.
+
+    A GenerationError, so the page shows its message as it is: the user can retry at once (the
+    other replicas serve; Serve replaces the lost one).
+    """
+
+
+class ReplicaError(RuntimeError):
+    """A replica failed a request with an unexpected error (its traceback is in the replica's log)."""
+
+
+class ReplicaUnhealthy(RuntimeError):
+    """Raised by a replica's health check once its device failed: Serve then replaces the replica."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplicaInfo:
+    """What the front learns from a ready replica (the same for all: one config, one model).
+
+    Attributes:
+        replica: Serve's id of the replica that answered (stable for the replica's life).
+        pid: its process id. node: its node's IP address.
+        model_name, dtype: the loaded model. batch: images per request.
+        device_summary: the replica's devices, e.g. ``2 × cpu`` or ``4 × TPU v5 lite``.
+        limits: what requests may ask for (sizes, steps, seeds).
+        startup: the replica's start-up stages in seconds (``load_s``, ``compile_s``, ``ready_s``).
+    """
+
+    replica: str
+    pid: int
+    node: str
+    model_name: str
+    dtype: str
+    batch: int
+    device_summary: str
+    limits: Limits
+    startup: dict[str, float]
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    """Streamed by a replica as the engine enters a stage (``preparing``, ``on device``, ...)."""
+
+    name: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """The last item a replica streams: the result, or the error by type and message."""
+
+    result: GenerateResult | None = None
+    error_type: str = ""
+    message: str = ""
+    field: str = ""  # InvalidRequest's argument name
+
+    @classmethod
+    def failure(cls, err: BaseException) -> "Outcome":
+        return cls(error_type=type(err).__name__, message=str(err), field=getattr(err, "field", ""))
+
+    def raise_error(self) -> None:
+        """Raise the replica's error again in the front, as the engine's own type where it has one."""
+        if self.error_type == "InvalidRequest":
+            prefix = f"{self.field}: "
+            raise InvalidRequest(self.field, self.message[len(prefix):] if self.message.startswith(prefix) else self.message)
+        known = {"EngineNotReady": EngineNotReady, "GenerationError": GenerationError,
+                 "InjectedFault": faults.InjectedFault}
+        raise known.get(self.error_type, ReplicaError)(
+            self.message if self.error_type in known else f"{self.error_type}: {self.message}")
+
+
+@dataclasses.dataclass
+class ReplicaResult(GenerateResult):
+    """A GenerateResult that also names the replica that made it (``info["replica"]`` on the page)."""
+
+    replica: str = ""
+
+
+class EngineReplica:
+    """One Serve replica: an Engine on this replica's devices (see the module docstring)."""
+
+    def __init__(self, config: EngineConfig):
+        """Load the model and compile, before Serve sends this replica any request.
+
+        Raises whatever the engine's start raises (Serve retries, then reports the deployment failed).
+        """
+        self.replica_id = serve.get_replica_context().replica_id.unique_id
+        self.device_error: BaseException | None = None
+        self.engine = Engine(config)  # its log lines reach the front's log, prefixed with this replica's pid
+        self.engine.start()
+
+    def check_health(self) -> None:
+        """Serve's health check. Raises ReplicaUnhealthy once a request hit a device failure."""
+        if self.device_error is not None:
+            raise ReplicaUnhealthy(f"the engine's device failed: {self.device_error}")
+
+    def describe(self) -> ReplicaInfo:
+        engine = self.engine
+        return ReplicaInfo(replica=self.replica_id, pid=os.getpid(), node=ray.util.get_node_ip_address(),
+                           model_name=engine.model.name, dtype=str(engine.model.dtype), batch=engine.batch,
+                           device_summary=engine.device_summary, limits=engine.limits, startup=dict(engine.startup))
+
+    def generate(self, request: GenerateRequest) -> Iterator[Stage | Outcome]:
+        """Run one request; stream a Stage per engine stage, then one Outcome.
+
+        The engine runs in a thread of its own so its stages can be streamed as they happen. A
+        call the front gives up on still holds this replica until the program finished, so the
+        replica never runs two requests at once.
+        """
+        events: queue.SimpleQueue = queue.SimpleQueue()
+        worker = threading.Thread(target=self._run, args=(request, events), name="engine-request", daemon=True)
+        worker.start()
+        try:
+            while True:
+                event = events.get()
+                yield event
+                if isinstance(event, Outcome):
+                    return
+        finally:
+            worker.join()
+
+    def _run(self, request: GenerateRequest, events: queue.SimpleQueue) -> None:
+        try:
+            result = self.engine.generate(request, progress=lambda stage: events.put(Stage(stage)))
+            fields = {f.name: getattr(result, f.name) for f in dataclasses.fields(GenerateResult)}
+            events.put(Outcome(result=ReplicaResult(**fields, replica=self.replica_id)))
+        except (InvalidRequest, EngineNotReady, GenerationError) as err:  # the user's to act on: no traceback
+            events.put(Outcome.failure(err))
+        except Exception as err:  # unexpected: the traceback stays in this replica's log
+            traceback.print_exc()
+            if isinstance(err, jax.errors.JaxRuntimeError):  # the runtime failed, not the request: replace us
+                self.device_error = err
+            events.put(Outcome.failure(err))
+
+
+def build_app(config: EngineConfig, replicas: Replicas, plan: ReplicaPlan) -> serve.Application:
+    """The Serve application: :class:`EngineReplica` with one request at a time per replica.
+
+    Each replica's engine gets ``config`` with ``cpu_devices`` from ``plan`` (used only on a host
+    without an accelerator).
+    """
+    deployment = serve.deployment(
+        EngineReplica, name=DEPLOYMENT_NAME, max_ongoing_requests=MAX_ONGOING_REQUESTS,
+        ray_actor_options=plan.ray_actor_options(), health_check_period_s=HEALTH_CHECK_PERIOD_S,
+        health_check_timeout_s=HEALTH_CHECK_TIMEOUT_S, graceful_shutdown_timeout_s=GRACEFUL_SHUTDOWN_S,
+        logging_config=SERVE_LOGGING, **replicas.serve_options())
+    return deployment.bind(dataclasses.replace(config, cpu_devices=plan.cpu_devices))
+
+
+def app_builder(args: dict) -> serve.Application:
+    """Serve application builder for a Serve config file (KubeRay's ``serveConfigV2``).
+
+    ``args``: ``replicas`` (``"2"`` or ``"1-4"``), ``replica_resources`` (``{"TPU": 4}``; give it:
+    nodes that an autoscaler has not started yet cannot be seen), ``engine`` (EngineConfig
+    overrides, e.g. ``{"model": "stabilityai/stable-diffusion-xl-base-1.0"}``; the rest comes
+    from ``SDXL_*`` variables and defaults).
+
+    Raises:
+        ConfigError: a bad engine setting or replica count.
+    """
+    replicas = Replicas.parse(str(args.get("replicas", "1")))
+    config = EngineConfig.load(args.get("engine") or {})
+    override = {k: float(v) for k, v in (args.get("replica_resources") or {}).items()}
+    return build_app(config, replicas, plan_replica(_node_resources(), replicas, config.cpu_devices, override))
+
+
+def _node_resources() -> list[dict[str, float]]:
+    """The ``Resources`` of every alive node of the connected cluster."""
+    return [dict(node["Resources"]) for node in ray.nodes() if node.get("Alive")]
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplicaCounts:
+    """Serve's view of the replicas: how many are RUNNING (taking requests) and STARTING, and
+    whether the deployment has as many as it wants (``settled``)."""
+
+    ready: int = 0
+    starting: int = 0
+    settled: bool = False
+
+
+class RemoteEngine:
+    """The front's engine in scale-out mode: the local Engine's interface, served by Serve replicas.
+
+    Attributes app.py reads, as on :class:`~sdxl_engine.engine.Engine`: ``ready`` (set once one
+    replica is ready, or start-up failed), ``stage``, ``started``, ``error``, ``startup``,
+    ``device_summary`` (one replica's devices), ``batch``, ``config``, ``model`` (``name``,
+    ``dtype``), ``limits``; plus ``replicas`` (:class:`ReplicaCounts`), ``scale``
+    (:class:`Replicas`) and ``slots`` (the page's concurrency: one request per replica).
+
+    Use :meth:`launch`; call :meth:`close` after the front drained.
+    """
+
+    def __init__(self, config: EngineConfig, scale: Replicas, address: str | None = None, app_name: str = "",
+                 resources: dict[str, float] | None = None, request_timeout_s: float = REQUEST_TIMEOUT_S, log=print):
+        self.config = config
+        self.scale = scale
+        self.slots = scale.slots
+        self.address = address
+        self.app_name = app_name or APP_NAME
+        self.owns_app = not app_name  # deployed here, so deleted here; an existing application is left running
+        self.resources = resources
+        self.request_timeout_s = request_timeout_s
+        self._log = log
+        self.stage = "starting Ray"
+        self.started = time.perf_counter()
+        self.startup: dict[str, float] = {}
+        self.ready = threading.Event()
+        self.error: BaseException | None = None
+        self.replicas = ReplicaCounts()
+        self.device_summary = ""
+        self.batch = 0
+        self.model = None
+        self.limits: Limits | None = None
+        self.plan: ReplicaPlan | None = None
+        self._temp_dir = ""
+        self._handle = None
+        self._closing = threading.Event()
+        self._watcher: threading.Thread | None = None
+
+    # ---- start-up -------------------------------------------------------------------------
+    @classmethod
+    def launch(cls, config: EngineConfig, scale: Replicas, **kwargs) -> "RemoteEngine":
+        """Start or join Ray in this thread (call it from the main thread, before the server
+        installs its signal handlers), then deploy and watch the replicas in a background thread.
+
+        Raises:
+            ReplicaStartError: Ray could not be started or joined.
+            ScaleOutError: the cluster has nothing to place a replica on.
+        """
+        engine = cls(config, scale, **kwargs)
+        engine._connect()
+        engine._watcher = threading.Thread(target=engine._deploy_and_watch, name="replica-watch", daemon=True)
+        engine._watcher.start()
+        return engine
+
+    def _connect(self) -> None:
+        t0 = time.perf_counter()
+        os.environ.setdefault("RAY_DEDUP_LOGS", "0")  # every replica's start-up lines, not one merged copy
+        try:
+            if self.address:
+                ray.init(address=self.address, logging_level=logging.WARNING, log_to_driver=True)
+            else:
+                self._temp_dir = tempfile.mkdtemp(prefix=LOCAL_TEMP_PREFIX)
+                _private_cluster_environment()
+                ray.init(num_cpus=os.cpu_count() or 1, include_dashboard=False, _temp_dir=self._temp_dir,
+                         logging_level=logging.WARNING, log_to_driver=True)
+        except Exception as err:  # Ray's own errors (ConnectionError, RuntimeError, ValueError, ...)
+            self._remove_temp_dir()
+            raise ReplicaStartError(f"could not {'join the Ray cluster at ' + self.address if self.address else
+                                    'start a local Ray cluster'}: {type(err).__name__}: {err}") from err
+        self.startup["ray_s"] = time.perf_counter() - t0
+        logging.getLogger("ray.serve").setLevel(logging.WARNING)  # its INFO lines here are Serve's own bookkeeping
+        if self.owns_app:
+            self.plan = plan_replica(_node_resources(), self.scale, self.config.cpu_devices, self.resources)
+        where = f"joined {self.address}" if self.address else f"local cluster, temp folder {self._temp_dir}"
+        self._log(f"[replicas] Ray {ray.__version__}: {where} in {self.startup['ray_s']:.1f} s; "
+                  + (f"deploying {self.scale.describe()}, each {self.plan.describe()}" if self.plan else
+                     f"using the Serve application {self.app_name!r}"))
+
+    def _deploy_and_watch(self) -> None:
+        try:
+            if self.owns_app:
+                self.stage = f"deploying {self.scale.describe()}"
+                serve.start(proxy_location="Disabled", logging_config=SERVE_LOGGING)  # no HTTP proxy: handles only
+                target = serve.RunTarget(build_app(self.config, self.scale, self.plan), name=self.app_name,
+                                         route_prefix=None, logging_config=SERVE_LOGGING)
+                serve.run_many([target], wait_for_applications_running=False)
+            self._handle = serve.get_app_handle(self.app_name)
+        except Exception as err:
+            self._fail(ReplicaStartError(f"could not deploy the engine on Ray Serve: {type(err).__name__}: {err}"))
+            return
+        all_logged = False
+        while not self._closing.wait(POLL_S):
+            try:
+                status = serve.status().applications.get(self.app_name)
+            except Exception as err:  # the cluster went away; keep the last counts and say so once
+                self.stage = f"cannot read Serve's status ({type(err).__name__})"
+                continue
+            deployment = status.deployments.get(DEPLOYMENT_NAME) if status else None
+            if deployment is None:
+                continue
+            states = {getattr(k, "value", k): v for k, v in deployment.replica_states.items()}
+            healthy = getattr(deployment.status, "value", deployment.status) == "HEALTHY"
+            self.replicas = ReplicaCounts(ready=states.get("RUNNING", 0), starting=states.get("STARTING", 0),
+                                          settled=healthy and states.get("RUNNING", 0) >= self.scale.min_replicas)
+            if not self.ready.is_set():
+                if getattr(deployment.status, "value", deployment.status) == "DEPLOY_FAILED":
+                    self._fail(ReplicaStartError(f"no engine replica could start: {deployment.message}"))
+                    return
+                self.stage = (f"replicas loading the model and compiling: {self.replicas.ready} of "
+                              f"{self.scale.min_replicas} ready")
+                if self.replicas.ready:
+                    self._first_ready()
+            if self.ready.is_set() and self.replicas.settled and not all_logged:
+                all_logged = True
+                self._log(f"[replicas] {self.replicas.ready} of {self.scale.describe()} ready in "
+                          f"{time.perf_counter() - self.started:.1f} s")
+
+    def _first_ready(self) -> None:
+        """Learn the model, limits and devices from a ready replica; then the page serves."""
+        try:
+            info: ReplicaInfo = self._handle.describe.remote().result(timeout_s=60)
+        except Exception as err:  # it may have died since; the next poll tries again
+            self._log(f"[replicas] a ready replica did not describe itself ({type(err).__name__}); retrying")
+            return
+        self.model = _ModelName(info.model_name, info.dtype)
+        self.batch, self.device_summary, self.limits = info.batch, info.device_summary, info.limits
+        self.startup.update({f"replica_{k}": v for k, v in info.startup.items()})
+        self.startup["ready_s"] = time.perf_counter() - self.started
+        self.stage = "ready"
+        self.ready.set()
+        self._log(f"[replicas] first replica ready ({info.replica}, pid {info.pid} on {info.node}, "
+                  f"{info.device_summary}) in {self.startup['ready_s']:.1f} s; serving")
+
+    def _fail(self, err: BaseException) -> None:
+        self.error = err
+        self.stage = f"failed: {err}"
+        self.ready.set()
+
+    def wait_ready(self, timeout: float | None = None) -> None:
+        """Block until one replica is ready. Raises EngineNotReady if start-up failed or timed out."""
+        if not self.ready.wait(timeout):
+            raise EngineNotReady(f"the engine is still {self.stage} after {timeout} s")
+        if self.error is not None:
+            raise EngineNotReady(f"the engine failed to start: {self.error}")
+
+    # ---- requests -------------------------------------------------------------------------
+    def generate(self, request: GenerateRequest, ready_timeout: float | None = None,
+                 progress: Callable[[str], None] | None = None, arrived: float | None = None) -> ReplicaResult:
+        """Run one request on a replica; the local Engine.generate's contract, plus ``replica``.
+
+        The request is validated here first (bad input never travels; a random seed is drawn once,
+        so a retry makes the same images). Timings: the replica's ``prep``, ``device``, ``post``;
+        ``queue`` from ``arrived`` until the call left the front; ``ray``, the rest of the round
+        trip (routing, transfer, a retry); ``latency``, the whole round trip.
+
+        Raises:
+            InvalidRequest, EngineNotReady, GenerationError: as the local engine.
+            ReplicaLost: the replica died or did not answer in ``request_timeout_s`` after the
+                request reached its devices (or on the second replica tried).
+            ReplicaError: the replica failed with an unexpected error.
+        """
+        called = time.perf_counter()
+        self.wait_ready(ready_timeout)
+        request = validate(request, self.limits)
+        report = progress or (lambda stage: None)
+        sent = time.perf_counter()
+        outcome, retried = None, ""
+        for attempt in (1, 2):
+            try:
+                outcome = self._call(request, report)
+                break
+            except _Lost as lost:
+                if lost.on_device or attempt == 2:
+                    raise ReplicaLost(f"the replica running this request {lost.reason}; nothing came back. Please "
+                                      "retry: the other replicas serve, and Serve replaces the lost one.") from lost
+                retried = lost.reason
+                self._log(f"[replicas] a replica {lost.reason} before the request reached its devices; retrying once")
+        if outcome.result is None:
+            outcome.raise_error()
+        back = time.perf_counter()
+        result = outcome.result
+        remote = result.timings["prep"] + result.timings["device"] + result.timings["post"]
+        result.timings.update(queue=max(0.0, sent - (called if arrived is None else min(arrived, called))),
+                              ray=max(0.0, back - sent - remote), latency=back - sent)
+        if retried:
+            result.warnings.append(f"a replica {retried} before this request reached its devices; "
+                                   f"replica {result.replica} made it instead")
+        return result
+
+    def _call(self, request: GenerateRequest, report: Callable[[str], None]) -> Outcome:
+        """One try on one replica. Raises _Lost when the replica died or timed out."""
+        response = self._handle.options(stream=True).generate.remote(request)
+        timer = threading.Timer(self.request_timeout_s, response.cancel)
+        timer.daemon = True
+        timer.start()
+        on_device = False
+        try:
+            for event in response:
+                if isinstance(event, Outcome):
+                    return event
+                on_device = on_device or event.name == "on device"
+                report(event.name)
+        except RequestCancelledError as err:
+            raise _Lost(f"did not answer within {self.request_timeout_s:.0f} s", on_device) from err
+        except RayActorError as err:  # ActorDiedError (process gone), ActorUnavailableError (unreachable)
+            raise _Lost(f"stopped ({type(err).__name__})", on_device) from err
+        finally:
+            timer.cancel()
+        raise _Lost("ended its answer without a result", on_device)
+
+    # ---- shutdown -------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop watching; delete the application if it was deployed here, stop a private cluster
+        (or leave a joined one), and remove the private cluster's temp folder."""
+        self._closing.set()
+        if self._watcher is not None:
+            self._watcher.join(POLL_S * 3)
+        try:
+            if self.owns_app and ray.is_initialized():
+                serve.delete(self.app_name)  # the replicas are idle: the front drained before
+                if not self.address:
+                    serve.shutdown()
+        except Exception as err:  # the cluster may be gone already; shutting down goes on
+            self._log(f"[replicas] warning: could not delete the Serve application ({type(err).__name__}: {err})")
+        finally:
+            ray.shutdown()
+            self._remove_temp_dir()
+        self._log("[replicas] Serve application deleted and Ray " + ("left" if self.address else "stopped"))
+
+    def _remove_temp_dir(self) -> None:
+        if self._temp_dir:
+            shutil.rmtree(self._temp_dir, ignore_errors=True)
+
+
+class _Lost(Exception):
+    """One try's replica died or timed out; ``on_device`` says whether the request had reached its devices."""
+
+    def __init__(self, reason: str, on_device: bool):
+        super().__init__(reason)
+        self.reason = reason
+        self.on_device = on_device
+
+
+@dataclasses.dataclass(frozen=True)
+class _ModelName:
+    """``engine.model`` as the page reads it: the name and the dtype."""
+
+    name: str
+    dtype: str
+
+
+def _private_cluster_environment() -> None:
+    """Settings of a private local cluster, through the environment its processes inherit.
+
+    Token authentication (Ray's default for a new local cluster, which ``ray.init`` switches on)
+    with a fresh random token held only in this environment, so Ray writes none to
+    ``~/.ray/auth_token``; nothing of it is logged. An explicit ``RAY_AUTH_MODE`` /
+    ``RAY_AUTH_TOKEN`` / ``RAY_AUTH_TOKEN_PATH`` is respected. No usage statistics leave the machine.
+    """
+    if not {"RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"} & os.environ.keys():
+        os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
