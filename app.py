@@ -18,7 +18,7 @@ import warnings
 from pathlib import Path
 from typing import Callable
 
-from sdxl_engine.serving import cli, history, server
+from sdxl_engine.serving import cli, history, scaleout, server
 
 if __name__ == "__main__":  # before Gradio is imported: it reads GRADIO_TEMP_DIR once, at import time
     server.usable_output_dir()
@@ -193,12 +193,8 @@ def engine_banner(engine) -> tuple[str, bool]:
     if counts is None:
         return (f"Ready on **{engine.device_summary}** — model `{engine.model.name}` ({engine.model.dtype}), "
                 f"started in {ready_s:.1f} s"), True
-    scale = engine.scale
-    ready = (f"{counts.ready} replicas ready (autoscaling {scale.min_replicas}–{scale.max_replicas})"
-             if scale.autoscaling else f"{counts.ready} of {scale.max_replicas} replicas ready")
-    starting = f", {counts.starting} starting" if counts.starting else ""
-    return (f"**{ready}**{starting} on Ray Serve, each on **{engine.device_summary}** — model `{engine.model.name}` "
-            f"({engine.model.dtype}), first replica ready in {ready_s:.1f} s"), counts.settled
+    return (f"**{engine.count_text()}** on Ray Serve, each on **{engine.device_summary}** — model "
+            f"`{engine.model.name}` ({engine.model.dtype}), first replica ready in {ready_s:.1f} s"), counts.settled
 
 
 def size_choices(engine) -> tuple[list[tuple[str, str]], str]:
@@ -382,6 +378,7 @@ def start_engine(config: EngineConfig, args) -> tuple:
     time), or with ``--replicas`` the stand-in for the Ray Serve replicas (one request per replica)."""
     if args.replicas is None:
         return get_engine(config, background=True), 1
+    scaleout.ray_environment(private=args.ray_address is None)  # before Ray's import, which reads it
     # Imported only here: without --replicas `python app.py` never loads Ray (README, "Scale-out on Ray Serve").
     from sdxl_engine.serving import replicas
 

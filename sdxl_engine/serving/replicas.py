@@ -29,7 +29,6 @@ import dataclasses
 import logging
 import os
 import queue
-import secrets
 import shutil
 import tempfile
 import threading
@@ -48,7 +47,8 @@ from ..config import EngineConfig
 from ..engine import Engine, EngineNotReady, GenerateResult, GenerationError
 from ..validation import GenerateRequest, InvalidRequest, Limits, validate
 from .scaleout import (APP_NAME, DEPLOYMENT_NAME, GRACEFUL_SHUTDOWN_S, HEALTH_CHECK_PERIOD_S, HEALTH_CHECK_TIMEOUT_S,
-                       MAX_ONGOING_REQUESTS, REQUEST_TIMEOUT_S, ReplicaPlan, Replicas, ScaleOutError, plan_replica)
+                       MAX_ONGOING_REQUESTS, REQUEST_TIMEOUT_S, ReplicaPlan, Replicas, plan_replica,
+                       ray_environment)
 
 POLL_S = 1.0  # the front reads Serve's replica counts this often
 SERVE_LOGGING = {"log_level": "WARNING", "enable_access_log": False}  # replicas' own prints still reach the log
@@ -149,6 +149,7 @@ class EngineReplica:
         self.device_error: BaseException | None = None
         self.engine = Engine(config)  # its log lines reach the front's log, prefixed with this replica's pid
         self.engine.start()
+        print(f"[sdxl_engine] Serve replica {self.replica_id} ready (pid {os.getpid()})", flush=True)
 
     def check_health(self) -> None:
         """Serve's health check. Raises ReplicaUnhealthy once a request hit a device failure."""
@@ -297,13 +298,12 @@ class RemoteEngine:
 
     def _connect(self) -> None:
         t0 = time.perf_counter()
-        os.environ.setdefault("RAY_DEDUP_LOGS", "0")  # every replica's start-up lines, not one merged copy
         try:
             if self.address:
                 ray.init(address=self.address, logging_level=logging.WARNING, log_to_driver=True)
             else:
                 self._temp_dir = tempfile.mkdtemp(prefix=LOCAL_TEMP_PREFIX)
-                _private_cluster_environment()
+                ray_environment(private=True)  # app.py did before importing Ray; this covers other callers
                 ray.init(num_cpus=os.cpu_count() or 1, include_dashboard=False, _temp_dir=self._temp_dir,
                          logging_level=logging.WARNING, log_to_driver=True)
         except Exception as err:  # Ray's own errors (ConnectionError, RuntimeError, ValueError, ...)
@@ -331,7 +331,7 @@ class RemoteEngine:
         except Exception as err:
             self._fail(ReplicaStartError(f"could not deploy the engine on Ray Serve: {type(err).__name__}: {err}"))
             return
-        all_logged = False
+        logged: tuple[int, int] | None = None  # the (ready, starting) counts last logged
         while not self._closing.wait(POLL_S):
             try:
                 status = serve.status().applications.get(self.app_name)
@@ -353,10 +353,17 @@ class RemoteEngine:
                               f"{self.scale.min_replicas} ready")
                 if self.replicas.ready:
                     self._first_ready()
-            if self.ready.is_set() and self.replicas.settled and not all_logged:
-                all_logged = True
-                self._log(f"[replicas] {self.replicas.ready} of {self.scale.describe()} ready in "
-                          f"{time.perf_counter() - self.started:.1f} s")
+            counts = (self.replicas.ready, self.replicas.starting)
+            if self.ready.is_set() and (self.replicas.settled or logged) and counts != logged:
+                logged = counts  # once all are up, then at every change (a replica lost, replaced, scaled)
+                self._log(f"[replicas] {self.count_text()} at {time.perf_counter() - self.started:.1f} s")
+
+    def count_text(self) -> str:
+        """``2 of 2 replicas ready`` (``, 1 starting``), or ``1 replicas ready (autoscaling 1-4)``."""
+        counts, scale = self.replicas, self.scale
+        text = (f"{counts.ready} replicas ready (autoscaling {scale.min_replicas}-{scale.max_replicas})"
+                if scale.autoscaling else f"{counts.ready} of {scale.max_replicas} replicas ready")
+        return text + (f", {counts.starting} starting" if counts.starting else "")
 
     def _first_ready(self) -> None:
         """Learn the model, limits and devices from a ready replica; then the page serves."""
@@ -459,10 +466,11 @@ class RemoteEngine:
         if self._watcher is not None:
             self._watcher.join(POLL_S * 3)
         try:
-            if self.owns_app and ray.is_initialized():
-                serve.delete(self.app_name)  # the replicas are idle: the front drained before
-                if not self.address:
-                    serve.shutdown()
+            if self.owns_app and ray.is_initialized():  # the replicas are idle: the front drained before
+                if self.address:
+                    serve.delete(self.app_name)  # a joined cluster: only our application
+                else:
+                    serve.shutdown()  # our own cluster: the application and Serve's controller
         except Exception as err:  # the cluster may be gone already; shutting down goes on
             self._log(f"[replicas] warning: could not delete the Serve application ({type(err).__name__}: {err})")
         finally:
@@ -490,17 +498,4 @@ class _ModelName:
 
     name: str
     dtype: str
-
-
-def _private_cluster_environment() -> None:
-    """Settings of a private local cluster, through the environment its processes inherit.
-
-    Token authentication (Ray's default for a new local cluster, which ``ray.init`` switches on)
-    with a fresh random token held only in this environment, so Ray writes none to
-    ``~/.ray/auth_token``; nothing of it is logged. An explicit ``RAY_AUTH_MODE`` /
-    ``RAY_AUTH_TOKEN`` / ``RAY_AUTH_TOKEN_PATH`` is respected. No usage statistics leave the machine.
-    """
-    if not {"RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"} & os.environ.keys():
-        os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 

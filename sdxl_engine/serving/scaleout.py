@@ -14,7 +14,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from typing import Mapping, Sequence
+import os
+import secrets
+from typing import Mapping, MutableMapping, Sequence
 
 from ..config import ConfigError
 
@@ -132,7 +134,8 @@ def parse_resources(text: str) -> dict[str, float]:
         raise ScaleOutError(f"replica_resources must be a JSON object such as '{{\"TPU\": 4}}': {err}") from None
     if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, (int, float))
                                               and not isinstance(v, bool) and v >= 0 for k, v in value.items()):
-        raise ScaleOutError(f"replica_resources must map resource names to amounts >= 0, got {text!r}")
+        raise ScaleOutError(f"replica_resources must be a JSON object of resource amounts >= 0 such as "
+                            f"'{{\"TPU\": 4}}', got {text!r}")
     return {k: float(v) for k, v in value.items()}
 
 
@@ -175,3 +178,30 @@ def plan_replica(nodes: Sequence[Mapping[str, float]], replicas: Replicas, cpu_d
     share = max(1, int(min(cpus) // per_node))
     return ReplicaPlan(num_cpus=float(share), num_gpus=0.0, resources={},
                        cpu_devices=_devices_for_four(max(1, cpu_devices // per_node)))
+
+
+def ray_environment(private: bool, environ: MutableMapping[str, str] = os.environ) -> None:
+    """Prepare the environment for Ray: call it before Ray is imported (Ray reads some of these
+    once, at import). Ray's processes inherit them.
+
+    * ``RAY_DEDUP_LOGS=0``: every replica's start-up lines reach the front's log, not one merged copy.
+
+    With ``private`` (a local cluster of our own, no ``--ray-address``) also:
+
+    * ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``: Ray's local-only mode (its default on macOS and
+      Windows): the node's address is 127.0.0.1, so Ray's processes (GCS, raylet, workers,
+      agents, metrics) listen on loopback. The one exception is Serve's: each replica's
+      inter-deployment gRPC server binds all interfaces, and takes no call without the token.
+    * Token authentication (Ray's default for a new local cluster) with a fresh random token
+      that lives only in this environment, so Ray writes none to ``~/.ray/auth_token``; it is
+      never logged. A ``RAY_AUTH_MODE`` / ``RAY_AUTH_TOKEN`` / ``RAY_AUTH_TOKEN_PATH`` already
+      set is respected.
+    * No usage statistics leave the machine (``RAY_USAGE_STATS_ENABLED=0``).
+    """
+    environ.setdefault("RAY_DEDUP_LOGS", "0")
+    if not private:
+        return
+    environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    if not {"RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"} & environ.keys():
+        environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+    environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")

@@ -10,22 +10,45 @@ the client sees it (queue included), errors grouped by kind, and the server's re
 (RSS, MB) before and after. The server process is ``--pid`` or, if omitted, found as the
 process listening on the URL's port (needs psutil). Only loopback URLs are accepted: this is
 not a tool for loading someone else's server.
+
+    python -m sdxl_engine.tools.loadtest --replicas 1,2 --clients 4 --seconds 20 --device-s 1.5 [--bench]
+
+compares replica counts in one run: it starts ``python app.py`` itself (once without Ray, for
+its start time; then ``--replicas N`` for each N, every replica the same CPU share), loads each
+with ``--device-s`` seconds of simulated device time per request (the TEST-ONLY
+``fault:slow=S`` marker, ``SDXL_FAULT_INJECTION=1``: two CPU cores cannot show accelerator
+scaling), kills one replica by its pid under load in the largest run (``--no-kill`` skips it),
+and with ``--bench`` rewrites the scale-out section of BENCHMARKS.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import os
+import platform
 import re
+import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from .report import write_section
+
 MAX_CLIENTS = 64
 MAX_SECONDS = 600.0
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+ROOT = Path(__file__).resolve().parents[2]  # where app.py is
+PAGE_UP = "[app] Running on local URL"
+ENGINE_READY = "[sdxl_engine] ready in"
+REPLICA_READY = re.compile(r"\[sdxl_engine\] Serve replica (\w+) ready \(pid (\d+)\)")
+REPLICA_START = re.compile(r"pid=(\d+)\)\S* \[sdxl_engine\] ready in ([\d.]+) s")
 
 
 class LoadTestError(ValueError):
@@ -171,6 +194,255 @@ def _round(value, digits: int = 4):
     return None if value is None else round(value, digits)
 
 
+# ---- scale-out: replica counts compared, one replica lost --------------------------------------
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ServedApp:
+    """``python app.py ARGS`` in a subprocess on a free loopback port, its log kept and timed.
+
+    ``seen(text)`` gives the seconds from the spawn until a log line first contained ``text``.
+    """
+
+    def __init__(self, args: list[str], env: dict | None = None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/"
+        self.lines: list[tuple[float, str]] = []  # (seconds since spawn, line)
+        self._started = time.perf_counter()
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "GRADIO_ANALYTICS_ENABLED": "False", **(env or {})}
+        self.proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(self.port), *args], cwd=ROOT,
+                                     env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append((time.perf_counter() - self._started, line.rstrip("\n")))
+
+    @property
+    def log(self) -> str:
+        return "\n".join(line for _, line in self.lines)
+
+    def seen(self, text: str) -> float | None:
+        return next((t for t, line in list(self.lines) if text in line), None)
+
+    def wait_for(self, text: str, timeout: float = 300.0) -> float:
+        """Seconds from the spawn until ``text`` appeared in the log. Raises RuntimeError if the app
+        exits or ``timeout`` passes first."""
+        deadline = time.monotonic() + timeout
+        while (at := self.seen(text)) is None:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"app never logged {text!r}:\n" + self.log[-4000:])
+            time.sleep(0.1)
+        return at
+
+    def replica_pids(self) -> dict[str, int]:
+        """{Serve replica id: pid} of every replica that logged its start so far."""
+        return {m[1]: int(m[2]) for _, line in list(self.lines) if (m := REPLICA_READY.search(line))}
+
+    def replica_start_s(self, pid: int) -> float | None:
+        """The start-up time (load + compile + warm-up, seconds) that replica ``pid`` logged."""
+        return next((float(m[2]) for _, line in list(self.lines)
+                     if (m := REPLICA_START.search(line)) and int(m[1]) == pid), None)
+
+    def stop(self, timeout: float = 90.0) -> tuple[int | None, float]:
+        """SIGTERM, wait; (exit status or None if it had to be killed, seconds it took)."""
+        t0 = time.perf_counter()
+        self.proc.terminate()
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            code = None
+        self._reader.join(5)
+        return code, time.perf_counter() - t0
+
+
+def slow_request(device_s: float) -> dict:
+    """/generate keywords for a request with ``device_s`` seconds of simulated device time (2 real steps)."""
+    return {"prompt": f"a red circle on a blue background fault:slow={device_s:g}", "num_inference_steps": 2}
+
+
+@dataclasses.dataclass
+class Call:
+    """One client call: when it started and ended (perf_counter), and the replica or the error."""
+
+    t0: float
+    t1: float
+    ok: bool
+    replica: str = ""
+    error: str = ""
+
+
+def replica_loss(app: ServedApp, clients: int = 4, device_s: float = 2.0, timeout: float = 240.0) -> dict:
+    """Kill one replica of ``app`` by its pid (SIGKILL) under load; report what the clients saw.
+
+    ``clients`` loop on requests with ``device_s`` of simulated device time (enough to keep every
+    replica busy). Once each replica served at least one call, one is killed; the load goes on until
+    a replica that did not exist before serves a call (the replacement), or ``timeout`` seconds.
+
+    Returns: the victim, ``in_flight`` (calls running at the kill: outcome and seconds from the kill
+    to their end), ``errors_after`` (calls sent after the kill that failed), ``survivor_ok`` (calls
+    served by the surviving replicas until the replacement served), ``replacement_serves_s``
+    (kill -> first call served by the replacement), ``replacement_start_s`` (its own start-up as it
+    logged it) and ``first_start_s`` (the killed replica's start-up, for comparison).
+    """
+    from gradio_client import Client  # the tool's one client library, loaded when a load starts (as in run())
+
+    calls: list[Call] = []
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def worker(index: int) -> None:
+        client = Client(app.url, verbose=False)
+        n = 0
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            try:
+                _, info = client.submit(**slow_request(device_s), seed=index * 100_000 + n,
+                                        api_name="/generate").result(timeout=120)
+                call = Call(t0, time.perf_counter(), True, replica=info.get("replica", ""))
+            except Exception as err:  # noqa: BLE001 - every failure is recorded with its message
+                call = Call(t0, time.perf_counter(), False, error=f"{type(err).__name__}: {err}")
+            with lock:
+                calls.append(call)
+            n += 1
+
+    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(clients)]
+    for t in threads:
+        t.start()
+    before = set(app.replica_pids())
+    deadline = time.monotonic() + 120
+    while not before <= {c.replica for c in list(calls) if c.ok}:
+        if time.monotonic() > deadline:
+            stop.set()
+            raise RuntimeError(f"not every replica served within 120 s: {before}, calls {calls}")
+        time.sleep(0.1)
+    before |= {c.replica for c in list(calls) if c.ok}
+    time.sleep(device_s / 2)  # into the next round: every replica is in the middle of a request
+    victim, pid = sorted(app.replica_pids().items())[0]
+    killed = time.perf_counter()
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    while not any(c.ok and c.replica not in before for c in list(calls)):
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    stop.set()
+    for t in threads:
+        t.join(150)
+    new = sorted((c for c in calls if c.ok and c.replica not in before), key=lambda c: c.t1)
+    replaced_at = new[0].t1 if new else None
+    replacement = new[0].replica if new else ""
+    in_flight = [c for c in calls if c.t0 < killed < c.t1]
+    after = [c for c in calls if c.t0 >= killed]
+    return {
+        "replicas_before": sorted(before), "victim": victim, "victim_pid": pid,
+        "in_flight": [{"ok": c.ok, "replica": c.replica, "error": c.error[:200], "ended_after_kill_s": round(c.t1 - killed, 2)}
+                      for c in in_flight],
+        "errors_after": [c.error[:200] for c in after if not c.ok],
+        "survivor_ok": sum(1 for c in after if c.ok and c.replica in before and (replaced_at is None or c.t1 < replaced_at)),
+        "calls_after_kill": len(after),
+        "replacement": replacement,
+        "replacement_serves_s": round(replaced_at - killed, 2) if replaced_at else None,
+        "replacement_start_s": app.replica_start_s(app.replica_pids().get(replacement, -1)),
+        "first_start_s": app.replica_start_s(pid),
+    }
+
+
+def compare_replicas(counts: tuple[int, ...] = (1, 2), clients: int = 4, seconds: float = 20.0, device_s: float = 1.5,
+                     kill: bool = True, log=print) -> dict:
+    """Start the app once without Ray, then with ``--replicas N`` for each N; load each; kill a replica in the largest.
+
+    Every replica gets the same CPU share (``--replica-resources {"CPU": cores // max(counts)}``),
+    so the runs differ only in how many there are. Returns the report (see the module docstring).
+    """
+    cpus = max(1, (os.cpu_count() or 1) // max(counts))
+    resources = json.dumps({"CPU": cpus})
+    report: dict = {"clients": clients, "seconds": seconds, "simulated_device_s": device_s, "replica_resources": resources,
+                    "machine": f"{platform.machine()} {os.cpu_count()} cores", "runs": {}}
+    log("[loadtest] python app.py (no Ray): start time")
+    app = ServedApp([])
+    try:
+        ready = app.wait_for(ENGINE_READY)
+        report["start_default"] = {"page_s": round(app.seen(PAGE_UP), 2), "ready_s": round(ready, 2),
+                                   "compile_cache": _cache_words(app.log)}
+    finally:
+        exit_status, _ = app.stop()
+    report["start_default"]["exit"] = exit_status
+    for n in counts:
+        log(f"[loadtest] python app.py --replicas {n}: start, {clients} clients for {seconds:g} s")
+        app = ServedApp(["--replicas", str(n), "--replica-resources", resources], env={"SDXL_FAULT_INJECTION": "1"})
+        run_report: dict = {}
+        try:
+            all_ready = app.wait_for(f"[replicas] {n} of {n} replicas ready")
+            run_report["start"] = {"page_s": round(app.seen(PAGE_UP), 2),
+                                   "ray_s": round(app.seen("[replicas] Ray ") or 0, 2),
+                                   "first_replica_s": round(app.seen("[replicas] first replica ready"), 2),
+                                   "all_replicas_s": round(all_ready, 2), "compile_cache": _cache_words(app.log)}
+            run_report["load"] = run(app.url, clients, seconds, pid=app.proc.pid, timeout=120,
+                                     request=slow_request(device_s))
+            if kill and n == max(counts) and n > 1:
+                log(f"[loadtest] killing one of {n} replicas under load")
+                run_report["replica_loss"] = replica_loss(app, clients, device_s=max(device_s, 2.0))
+        finally:
+            run_report["exit"], run_report["stop_s"] = app.stop()
+            run_report["stop_s"] = round(run_report["stop_s"], 2)
+        report["runs"][str(n)] = run_report
+    base = report["runs"][str(min(counts))]["load"]["throughput_calls_per_s"]
+    for n in counts:
+        load = report["runs"][str(n)]["load"]
+        load["speedup"] = round(load["throughput_calls_per_s"] / base, 3) if base else None
+    return report
+
+
+def _cache_words(log: str) -> list[str]:
+    """``hit`` / ``miss`` of each compile the log reports (persistent compilation cache)."""
+    return re.findall(r"compile cache: (hit|miss|not used)", log)
+
+
+def scaleout_markdown(report: dict) -> str:
+    """The BENCHMARKS.md section for a :func:`compare_replicas` report."""
+    runs = report["runs"]
+    lines = [f"Run: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} · {report['machine']} · model `tiny-shapes` · "
+             f"{report['clients']} clients for {report['seconds']:g} s per run · each request {report['simulated_device_s']:g} s "
+             f"of simulated device time (`fault:slow`) + 2 real steps · each replica `{report['replica_resources']}`",
+             "", "| replicas | calls ok | failed | calls/s | images/s | p50 s | p95 s | throughput vs 1 |",
+             "|---|---|---|---|---|---|---|---|"]
+    for n, run_report in runs.items():
+        load = run_report["load"]
+        lines.append(f"| {n} | {load['calls_ok']} | {load['calls_failed']} | {load['throughput_calls_per_s']:.3f} | "
+                     f"{load['throughput_images_per_s']:.3f} | {load['latency_p50_s']} | {load['latency_p95_s']} | "
+                     f"**{load['speedup']:.2f}x** |")
+    start = report["start_default"]
+    lines += ["", "| start (seconds from the command) | page up | engine ready | compile cache |", "|---|---|---|---|",
+              f"| `python app.py` (no Ray imported) | {start['page_s']} | {start['ready_s']} | {', '.join(start['compile_cache'])} |"]
+    for n, run_report in runs.items():
+        st = run_report["start"]
+        lines.append(f"| `python app.py --replicas {n}` (Ray started in {st['ray_s']} s) | {st['page_s']} | first replica "
+                     f"{st['first_replica_s']}, all {st['all_replicas_s']} | {', '.join(st['compile_cache'])} |")
+    loss = next((r["replica_loss"] for r in runs.values() if "replica_loss" in r), None)
+    if loss:
+        flight = "; ".join(f"{'served by ' + c['replica'] if c['ok'] else 'error: ' + c['error'].split(': ', 1)[-1][:120]}"
+                           f" ({c['ended_after_kill_s']} s after the kill)" for c in loss["in_flight"])
+        lines += ["", f"Replica loss (largest run, {report['clients']} clients, requests of 2 s simulated device time): "
+                      f"replica `{loss['victim']}` (pid {loss['victim_pid']}) killed with SIGKILL.", "",
+                  "| what | measured |", "|---|---|",
+                  f"| calls in flight at the kill | {flight} |",
+                  f"| calls sent after the kill that failed | {len(loss['errors_after'])} of {loss['calls_after_kill']} |",
+                  f"| calls served by the survivor before the replacement served | {loss['survivor_ok']} |",
+                  f"| kill -> replacement `{loss['replacement']}` serves its first call | {loss['replacement_serves_s']} s |",
+                  f"| replica start-up (load + compile + warm-up), as logged: first / replacement | "
+                  f"{loss['first_start_s']} s / {loss['replacement_start_s']} s |"]
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="Bounded loopback load test of the demo's /generate endpoint.")
     parser.add_argument("--url", default="http://127.0.0.1:7860/")
@@ -180,7 +452,26 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds one call may take")
     parser.add_argument("--steps", type=int, default=4, help="num_inference_steps of every call")
     parser.add_argument("--json", dest="json_path", default=None, help="also write the report to this file")
+    parser.add_argument("--replicas", default=None,
+                        help="compare replica counts, e.g. 1,2: starts python app.py --replicas N itself (--url unused)")
+    parser.add_argument("--device-s", type=float, default=1.5, help="with --replicas: simulated device seconds per request")
+    parser.add_argument("--no-kill", action="store_true", help="with --replicas: skip killing a replica")
+    parser.add_argument("--bench", action="store_true", help="with --replicas: rewrite BENCHMARKS.md's scale-out section")
     args = parser.parse_args(argv)
+    if args.replicas:
+        try:
+            counts = tuple(sorted({int(n) for n in args.replicas.split(",")}))
+        except ValueError:
+            parser.error(f"--replicas takes counts such as 1,2, got {args.replicas!r}")
+        check_args("http://127.0.0.1/", args.clients, args.seconds)
+        report = compare_replicas(counts, args.clients, args.seconds, args.device_s, kill=not args.no_kill)
+        text = json.dumps(report, indent=2)
+        print(text)
+        if args.json_path:
+            Path(args.json_path).write_text(text + "\n")
+        if args.bench:
+            write_section(ROOT / "BENCHMARKS.md", "scaleout", scaleout_markdown(report))
+        return 0
     try:
         report = run(args.url, args.clients, args.seconds, args.pid, args.timeout,
                      {"prompt": "a red circle on a blue background", "num_inference_steps": args.steps})

@@ -1,0 +1,408 @@
+"""Scale-out on Ray Serve: ``python app.py --replicas N`` (README, "Scale-out on Ray Serve").
+
+Fast checks first (flags, resource plans, the front's retry rule with a stand-in handle, the
+default app never importing Ray). Then two apps, each with its own private Ray cluster (the
+TEST-ONLY fault switch on, for simulated device time; HOME in a temporary folder): a
+``--replicas 1`` app for the throughput baseline, then a ``--replicas 2`` app used in order:
+serving in parallel, the page's banner, nothing of Ray exposed, throughput against the
+baseline, a replica killed under load, SIGTERM (it stops the app and checks that nothing of Ray
+is left). Every replica gets one CPU (``--replica-resources '{"CPU": 1}'``), so all replicas run
+the same compiled program: the first app's replica compiles it, the others hit the session's
+compilation cache.
+"""
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import psutil
+import pytest
+
+from conftest import ROOT
+from sdxl_engine.config import EngineConfig
+from sdxl_engine.serving import cli
+from sdxl_engine.serving.scaleout import Replicas, ScaleOutError, plan_replica
+from sdxl_engine.tools import loadtest
+
+REPLICA_ARGS = ["--replica-resources", '{"CPU": 1}']  # every replica: one CPU (and one CPU device)
+LOAD_S = 10  # seconds of load per throughput run
+CHROMIUM = Path("/usr/bin/chromium")  # as tests/test_browser.py drives it: Debian's Chromium, offline
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CAPTION = re.compile(r"^seed (\d+)(?: · ([^·]+))? · (\d+\.\d\d) s$")
+LOST = "the replica running this request stopped"
+RESULTS: dict = {}  # figures handed from one test to a later one (the 1-replica throughput)
+
+
+# ---- without a cluster ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, expected", [("2", (2, 2)), (" 1-4 ", (1, 4)), ("3-3", (3, 3))])
+def test_replicas_flag_takes_a_count_or_a_range(text, expected):
+    replicas = Replicas.parse(text)
+    assert (replicas.min_replicas, replicas.max_replicas) == expected
+    assert replicas.slots == expected[1]
+
+
+@pytest.mark.parametrize("text, message", [("0", "at least 1"), ("two", "a count"), ("4-1", "MIN <= MAX"),
+                                           ("1-", "a count"), ("-2", "a count")])
+def test_bad_replica_counts_are_refused(text, message):
+    with pytest.raises(ScaleOutError, match=message):
+        Replicas.parse(text)
+
+
+def test_serve_options_fixed_or_autoscaling():
+    assert Replicas(2, 2).serve_options() == {"num_replicas": 2}
+    auto = Replicas(1, 4).serve_options()["autoscaling_config"]
+    assert auto == {"min_replicas": 1, "max_replicas": 4, "initial_replicas": 1, "target_ongoing_requests": 1.0,
+                    "upscale_delay_s": 5.0, "downscale_delay_s": 120.0}
+
+
+def test_each_replica_owns_its_devices():
+    tpu_host = {"CPU": 24.0, "TPU": 4.0, "TPU-v5litepod-4-head": 1.0}
+    assert plan_replica([{"CPU": 4.0}, tpu_host, tpu_host], Replicas(2, 2), 4).ray_actor_options() == {
+        "num_cpus": 1.0, "resources": {"TPU": 4.0}}
+    assert plan_replica([{"CPU": 8.0, "GPU": 2.0}], Replicas(2, 2), 4).ray_actor_options() == {
+        "num_cpus": 1.0, "num_gpus": 1.0}
+    two_cores = plan_replica([{"CPU": 2.0}], Replicas(2, 2), 4)  # this machine: 1 CPU and 2 CPU devices each
+    assert (two_cores.num_cpus, two_cores.cpu_devices) == (1.0, 2)
+    assert plan_replica([{"CPU": 2.0}], Replicas(1, 1), 4).cpu_devices == 4
+    assert plan_replica([{"CPU": 16.0}], Replicas(3, 3), 4).cpu_devices == 1  # 4 // 3 rounded to a divisor of 4
+    assert plan_replica([{"CPU": 2.0}, {"CPU": 2.0}], Replicas(1, 4), 4).num_cpus == 1.0  # 2 per node at most
+    override = plan_replica([{"CPU": 2.0}], Replicas(2, 2), 4, {"CPU": 1.0, "TPU": 8.0})
+    assert override.ray_actor_options() == {"num_cpus": 1.0, "resources": {"TPU": 8.0}}
+    with pytest.raises(ScaleOutError, match="no CPU, GPU or TPU"):
+        plan_replica([{"memory": 1e9}], Replicas(1, 1), 4)
+
+
+def test_scaleout_flags_are_server_flags(capsys):
+    args = cli.parse_args(["--replicas", "1-3", "--replica-resources", '{"TPU": 4}', "--ray-address", "auto"])
+    assert args.replicas == Replicas(1, 3) and args.replica_resources == {"TPU": 4.0}
+    assert cli.engine_overrides(args) == {}  # none of them reaches the engine's config
+    for argv, message in ((["--ray-address", "auto"], "need --replicas"), (["--replicas", "0"], "at least 1"),
+                          (["--replicas", "2", "--replica-resources", "[4]"], "JSON object")):
+        with pytest.raises(SystemExit) as exit_info:
+            cli.parse_args(argv)
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_python_app_py_without_the_flag_never_imports_ray():
+    """The default start path (flags, config, the local engine started, the page built) loads no Ray module."""
+    code = ("import sys, app\n"
+            "from sdxl_engine.config import EngineConfig\n"
+            "args = app.cli.parse_args([])\n"
+            "engine, concurrency = app.start_engine(EngineConfig.load(app.cli.engine_overrides(args)), args)\n"
+            "app.build_demo(lambda *a, **k: None, engine.config, engine, concurrency=concurrency)\n"
+            "print(concurrency, sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')), flush=True)\n"
+            "import os; os._exit(0)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "1 []"
+
+
+class FakeStream:
+    """A streaming handle call: yields ``events``; an exception instance among them is raised there."""
+
+    def __init__(self, events):
+        self.events = events
+        self.cancelled = False
+
+    def __iter__(self):
+        for event in self.events:
+            if isinstance(event, BaseException):
+                raise event
+            yield event
+
+    def cancel(self):
+        self.cancelled = True
+
+
+class FakeHandle:
+    """Stands in for the deployment handle: each call takes the next scripted stream."""
+
+    def __init__(self, streams):
+        self.streams = list(streams)
+        self.calls = 0
+
+    def options(self, **_):
+        return self
+
+    @property
+    def generate(self):
+        return self
+
+    def remote(self, request):
+        self.calls += 1
+        return FakeStream(self.streams.pop(0))
+
+
+def remote_engine(streams):
+    """A RemoteEngine that is ready and calls ``FakeHandle(streams)`` instead of a Serve deployment."""
+    from sdxl_engine.serving.replicas import RemoteEngine  # imports Ray: only the tests that need it load it
+    from sdxl_engine.validation import Limits
+
+    engine = RemoteEngine(EngineConfig.load({}), Replicas(2, 2), log=lambda *_: None)
+    engine.limits = Limits(max_seed=2**32 - 1, max_steps=50, sizes=((64, 64),), default_size=(64, 64),
+                           default_steps=20, default_guidance=5.0, multiple=16)
+    engine.ready.set()
+    engine._handle = FakeHandle(streams)
+    return engine
+
+
+def fake_result(replica: str):
+    import numpy as np
+
+    from sdxl_engine.serving.replicas import Outcome, ReplicaResult
+    from sdxl_engine.validation import GenerateRequest
+
+    return Outcome(result=ReplicaResult(
+        images=np.zeros((4, 64, 64, 3), np.uint8), seeds=[1, 2, 3, 4], request=GenerateRequest("x", seed=1),
+        timings={"prep": 0.01, "device": 0.5, "post": 0.01, "latency": 0.52, "queue": 0.0}, warnings=[],
+        device_count=2, device_summary="2 × cpu", model="tiny-shapes", replica=replica))
+
+
+def test_a_replica_lost_before_the_device_is_retried_once_elsewhere():
+    from ray.exceptions import ActorDiedError
+
+    from sdxl_engine.serving.replicas import Stage
+    from sdxl_engine.validation import GenerateRequest
+
+    engine = remote_engine([[Stage("preparing"), ActorDiedError()],
+                            [Stage("preparing"), Stage("on device"), Stage("to host"), fake_result("b")]])
+    stages = []
+    result = engine.generate(GenerateRequest("a red circle", seed=1), progress=stages.append)
+    assert engine._handle.calls == 2 and result.replica == "b"
+    assert stages == ["preparing", "preparing", "on device", "to host"]
+    assert "before this request reached its devices; replica b made it instead" in result.warnings[0]
+    assert set(result.timings) == {"prep", "device", "post", "queue", "ray", "latency"}
+    assert result.timings["ray"] >= 0 and result.timings["latency"] >= 0  # (the stand-in replica took no time)
+
+
+def test_a_replica_lost_on_the_device_is_one_clear_error():
+    from ray.exceptions import ActorDiedError
+
+    from sdxl_engine.serving.replicas import ReplicaLost, Stage
+    from sdxl_engine.validation import GenerateRequest
+
+    engine = remote_engine([[Stage("preparing"), Stage("on device"), ActorDiedError()]])
+    with pytest.raises(ReplicaLost, match=LOST + r" \(ActorDiedError\); nothing came back. Please retry"):
+        engine.generate(GenerateRequest("a red circle", seed=1))
+    assert engine._handle.calls == 1  # never sent twice: it may have been the request that broke the replica
+
+
+def test_replica_errors_come_back_as_the_engines_types():
+    from sdxl_engine.engine import GenerationError
+    from sdxl_engine.faults import InjectedFault
+    from sdxl_engine.serving.replicas import Outcome, ReplicaError
+    from sdxl_engine.validation import InvalidRequest
+
+    with pytest.raises(InvalidRequest, match="^seed: must be") as err:
+        Outcome.failure(InvalidRequest("seed", "must be between -1 and 5")).raise_error()
+    assert err.value.field == "seed"
+    for error, kind in ((GenerationError("non-finite pixels"), GenerationError),
+                        (InjectedFault("injected"), InjectedFault), (KeyError("x"), ReplicaError)):
+        with pytest.raises(kind):
+            Outcome.failure(error).raise_error()
+
+
+# ---- one --replicas 2 app on its own private Ray cluster ---------------------------------------
+
+def test_one_replica_throughput_baseline(home):
+    """The 1-replica run comes first: its replica compiles the program (a cache miss, alone on the
+    CPUs); the 2-replica app's replicas then hit the session's compilation cache."""
+    app = loadtest.ServedApp(["--replicas", "1", *REPLICA_ARGS],
+                             env={"SDXL_FAULT_INJECTION": "1", "HOME": str(home)})
+    try:
+        app.wait_for("[replicas] 1 of 1 replicas ready", timeout=180)
+        report = loadtest.run(app.url, clients=4, seconds=LOAD_S, timeout=60, request=loadtest.slow_request(1.5))
+    finally:
+        code, _ = app.stop()
+    print("\n1 replica:", json.dumps(report))
+    assert code == 0 and report["calls_failed"] == 0 and report["errors"] == {}, report
+    RESULTS["1"] = report
+
+
+def process_tree(pid: int) -> list[psutil.Process]:
+    root = psutil.Process(pid)
+    return [root, *root.children(recursive=True)]
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory):
+    return tmp_path_factory.mktemp("home")
+
+
+@pytest.fixture(scope="module")
+def app2(home):
+    app = loadtest.ServedApp(["--replicas", "2", *REPLICA_ARGS],
+                             env={"SDXL_FAULT_INJECTION": "1", "HOME": str(home)})
+    try:
+        app.wait_for("[replicas] 2 of 2 replicas ready", timeout=240)
+    except RuntimeError:
+        app.stop()
+        raise
+    yield app
+    if app.proc.poll() is None:
+        app.stop()
+
+
+def slow_call(client, seconds: float, seed: int = 1):
+    return client.submit(api_name="/generate", seed=seed, **loadtest.slow_request(seconds))
+
+
+def test_two_replicas_serve_two_requests_at_once(app2):
+    from gradio_client import Client
+
+    import app
+
+    clients = [Client(app2.url, verbose=False) for _ in range(2)]
+    started = time.perf_counter()
+    jobs = [slow_call(c, 2.0, seed) for seed, c in enumerate(clients, 1)]
+    infos = [job.result(timeout=60)[1] for job in jobs]
+    elapsed = time.perf_counter() - started
+    assert elapsed < 3.9, f"2 x 2 s took {elapsed:.1f} s: not in parallel"
+    assert len({info["replica"] for info in infos}) == 2, infos
+    for info in infos:
+        t = info["timings_s"]
+        assert t["device"] >= 2.0 and 0 < t["ray"] < 1.0, t
+        assert t["latency"] == pytest.approx(t["prep"] + t["device"] + t["post"] + t["ray"], abs=0.01)
+        assert info["device"] == "1 × cpu" and len(info["seeds"]) == 4
+        line = app.status_line(info)
+        assert f"(replica `{info['replica']}`)" in line and f"ray {t['ray']:.2f} s" in line
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason=f"{CHROMIUM} not installed (apt-get install chromium)")
+def test_page_works_and_its_banner_counts_the_ready_replicas(app2):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            context = browser.new_context(viewport={"width": 1280, "height": 1400})
+            blocked = []
+            context.route("**/*", lambda route: route.continue_() if route.request.url.startswith("http://127.0.0.1:")
+                          else (blocked.append(route.request.url), route.abort()))
+            page = context.new_page()
+            page.goto(app2.url, wait_until="load", timeout=60_000)
+            page.wait_for_selector("#engine-status", timeout=30_000)
+            page.wait_for_function("document.querySelector('#engine-status').innerText.includes('replicas ready')",
+                                   timeout=30_000)
+            banner = page.inner_text("#engine-status")
+            assert "2 of 2 replicas ready on Ray Serve, each on 1 × cpu" in banner, banner
+            page.fill("#prompt textarea", "a red circle on a blue background")
+            page.click("#generate")
+            page.wait_for_function("document.querySelector('#result-status').innerText.includes('images on')",
+                                   timeout=60_000)
+            status = page.inner_text("#result-status")
+            assert "4 images on 1 × cpu (replica" in status and " · ray " in status, status
+            items = page.locator("#gallery .grid-container .gallery-item")
+            assert items.count() == 4 and CAPTION.match(items.nth(0).locator(".caption-label").inner_text().strip())
+            assert "2 of 2 replicas ready" in page.inner_text("#engine-status")
+            assert blocked == []
+        finally:
+            browser.close()
+
+
+def test_only_the_front_is_reachable_and_ray_listens_on_loopback_only(app2):
+    """No Serve HTTP proxy, no dashboard UI; every socket the app's processes listen on (the Gradio
+    front, and all of the private Ray cluster: GCS, raylet, workers, agents, metrics) is loopback."""
+    tree = process_tree(app2.proc.pid)
+    commands = [" ".join(p.cmdline()) for p in tree if p.is_running()]
+    assert any("ServeReplica" in c for c in commands) and not any("ProxyActor" in c for c in commands), commands
+    listening = []
+    for proc in tree:
+        try:
+            listening += [(conn.laddr.ip, conn.laddr.port, " ".join(proc.cmdline())[:60])
+                          for conn in proc.net_connections(kind="inet") if conn.status == psutil.CONN_LISTEN]
+        except psutil.NoSuchProcess:
+            continue
+    assert ("127.0.0.1", app2.port) in [(ip, port) for ip, port, _ in listening]
+    exposed = [entry for entry in listening if entry[0] not in ("127.0.0.1", "::1", "::ffff:127.0.0.1")]
+    assert len(listening) > 5 and not {8265, 8000} & {port for _, port, _ in listening}, listening
+    # One exception, Serve's own: each replica's inter-deployment gRPC server binds [::] (hard-coded in
+    # Serve 2.60). It takes no call without the cluster's token (here: fresh, in the environment only).
+    assert len(exposed) <= 2 and all("ServeReplica" in command for _, _, command in exposed), exposed
+    for _, port, _ in exposed:
+        with grpc.insecure_channel(f"{outside_address()}:{port}") as channel:
+            call = channel.unary_unary("/ray.serve.ASGIService/HandleRequest", request_serializer=bytes,
+                                       response_deserializer=bytes)
+            with pytest.raises(grpc.RpcError) as refused:
+                call(b"", timeout=10)
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED, refused.value
+
+
+def outside_address() -> str:
+    """This machine's first non-loopback IPv4 address (127.0.0.1 if it has none)."""
+    for addresses in psutil.net_if_addrs().values():
+        for address in addresses:
+            if address.family.name == "AF_INET" and not address.address.startswith("127."):
+                return address.address
+    return "127.0.0.1"
+
+
+def test_two_replicas_give_at_least_1_6x_the_throughput_of_one(app2):
+    """4 clients, requests of 1.5 s simulated device time: no request lost, throughput >= 1.6x."""
+    report = loadtest.run(app2.url, clients=4, seconds=LOAD_S, timeout=60, request=loadtest.slow_request(1.5))
+    print("\n2 replicas:", json.dumps(report))
+    assert report["calls_failed"] == 0 and report["errors"] == {}, report
+    one = RESULTS.get("1")
+    if one is None:
+        pytest.skip("the 1-replica baseline did not run")
+    speedup = report["throughput_calls_per_s"] / one["throughput_calls_per_s"]
+    print(f"throughput: 2 replicas / 1 replica = {speedup:.2f}")
+    assert speedup >= 1.6, (report, one)
+
+
+def test_a_replica_killed_under_load(app2):
+    loss = loadtest.replica_loss(app2, clients=4, device_s=2.0)
+    print("\nreplica loss:", json.dumps(loss))
+    assert loss["in_flight"], loss
+    for call in loss["in_flight"]:  # each ends within 60 s: a result or the one clear error
+        assert call["ended_after_kill_s"] < 60
+        assert call["ok"] or LOST in call["error"], call
+    assert loss["errors_after"] == [], loss  # new calls go to the survivor
+    assert loss["survivor_ok"] >= 1 and loss["replacement"] and loss["replacement"] not in loss["replicas_before"]
+    # Serve replaces the replica; it serves as soon as it started (its own start-up, plus the process
+    # start and Serve noticing the loss).
+    assert loss["replacement_serves_s"] < loss["replacement_start_s"] + 30, loss
+    deadline = time.monotonic() + 30  # the front's count is back to 2 (it logs every change)
+    while not last_count(app2).startswith("[replicas] 2 of 2 replicas ready at"):
+        assert time.monotonic() < deadline, last_count(app2)
+        time.sleep(0.2)
+    assert any(line.startswith("[replicas] 1 of 2 replicas ready") for _, line in app2.lines)
+
+
+def last_count(app) -> str:
+    """The front's last "[replicas] N of M replicas ready" log line."""
+    return next((line for _, line in reversed(app.lines) if " replicas ready" in line
+                 and line.startswith("[replicas] ")), "")
+
+
+def test_sigterm_drains_then_deletes_the_deployment_and_leaves_nothing(app2, home):
+    from gradio_client import Client
+
+    tree = process_tree(app2.proc.pid)
+    assert any("ServeReplica" in " ".join(p.cmdline()) for p in tree if p.is_running())
+    temp = Path(next(line.split("temp folder ")[1].split(" in ")[0] for _, line in app2.lines if "temp folder" in line))
+    assert temp.is_dir() and not temp.is_relative_to(home)
+    from gradio_client.utils import Status
+
+    job = slow_call(Client(app2.url, verbose=False), 3.0)
+    deadline = time.monotonic() + 30
+    while job.status().code not in (Status.PROCESSING, Status.PROGRESS):
+        assert time.monotonic() < deadline, "the request never started"
+        time.sleep(0.05)
+    code, took = app2.stop()
+    gallery, info = job.result(timeout=30)  # accepted before SIGTERM: served
+    assert len(gallery) == 4 and info["replica"]
+    assert code == 0 and took < 60, (code, took)
+    assert "[replicas] Serve application deleted and Ray stopped" in app2.log
+    deadline = time.monotonic() + 15
+    while any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in tree):
+        assert time.monotonic() < deadline, [" ".join(p.cmdline())[:80] for p in tree if p.is_running()]
+        time.sleep(0.2)
+    assert not temp.exists()  # Ray's temp folder: under the system temp folder, removed
+    assert list(home.iterdir()) == []  # nothing under HOME (no ~/.ray/auth_token: the token lives in the environment)
