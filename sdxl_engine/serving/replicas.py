@@ -195,17 +195,22 @@ class EngineReplica:
             events.put(Outcome.failure(err))
 
 
+def deployment_options(replicas: Replicas, plan: ReplicaPlan) -> dict:
+    """The Serve deployment options of the engine: one request at a time per replica, the
+    replica's Ray resources, health checks, the replica count or autoscaling bounds."""
+    return dict(name=DEPLOYMENT_NAME, max_ongoing_requests=MAX_ONGOING_REQUESTS,
+                ray_actor_options=plan.ray_actor_options(), health_check_period_s=HEALTH_CHECK_PERIOD_S,
+                health_check_timeout_s=HEALTH_CHECK_TIMEOUT_S, graceful_shutdown_timeout_s=GRACEFUL_SHUTDOWN_S,
+                logging_config=SERVE_LOGGING, **replicas.serve_options())
+
+
 def build_app(config: EngineConfig, replicas: Replicas, plan: ReplicaPlan) -> serve.Application:
-    """The Serve application: :class:`EngineReplica` with one request at a time per replica.
+    """The Serve application: :class:`EngineReplica` with :func:`deployment_options`.
 
     Each replica's engine gets ``config`` with ``cpu_devices`` from ``plan`` (used only on a host
     without an accelerator).
     """
-    deployment = serve.deployment(
-        EngineReplica, name=DEPLOYMENT_NAME, max_ongoing_requests=MAX_ONGOING_REQUESTS,
-        ray_actor_options=plan.ray_actor_options(), health_check_period_s=HEALTH_CHECK_PERIOD_S,
-        health_check_timeout_s=HEALTH_CHECK_TIMEOUT_S, graceful_shutdown_timeout_s=GRACEFUL_SHUTDOWN_S,
-        logging_config=SERVE_LOGGING, **replicas.serve_options())
+    deployment = serve.deployment(EngineReplica, **deployment_options(replicas, plan))
     return deployment.bind(dataclasses.replace(config, cpu_devices=plan.cpu_devices))
 
 
@@ -213,17 +218,28 @@ def app_builder(args: dict) -> serve.Application:
     """Serve application builder for a Serve config file (KubeRay's ``serveConfigV2``).
 
     ``args``: ``replicas`` (``"2"`` or ``"1-4"``), ``replica_resources`` (``{"TPU": 4}``; give it:
-    nodes that an autoscaler has not started yet cannot be seen), ``engine`` (EngineConfig
-    overrides, e.g. ``{"model": "stabilityai/stable-diffusion-xl-base-1.0"}``; the rest comes
-    from ``SDXL_*`` variables and defaults).
+    nodes that an autoscaler has not started yet cannot be seen, and without it the connected
+    cluster's nodes decide), ``engine`` (EngineConfig overrides, e.g. ``{"model":
+    "stabilityai/stable-diffusion-xl-base-1.0"}``; the rest comes from ``SDXL_*`` variables and
+    defaults).
+
+    Raises:
+        ConfigError: a bad engine setting or replica count.
+    """
+    replicas, config, override = builder_settings(args)
+    return build_app(config, replicas, plan_replica([] if override else _node_resources(), replicas,
+                                                    config.cpu_devices, override))
+
+
+def builder_settings(args: dict) -> tuple[Replicas, EngineConfig, dict[str, float]]:
+    """(replicas, engine config, replica resources) from :func:`app_builder`'s ``args``.
 
     Raises:
         ConfigError: a bad engine setting or replica count.
     """
     replicas = Replicas.parse(str(args.get("replicas", "1")))
     config = EngineConfig.load(args.get("engine") or {})
-    override = {k: float(v) for k, v in (args.get("replica_resources") or {}).items()}
-    return build_app(config, replicas, plan_replica(_node_resources(), replicas, config.cpu_devices, override))
+    return replicas, config, {k: float(v) for k, v in (args.get("replica_resources") or {}).items()}
 
 
 def _node_resources() -> list[dict[str, float]]:
