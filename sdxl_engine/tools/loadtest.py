@@ -213,7 +213,7 @@ class ServedApp:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
         self.lines: list[tuple[float, str]] = []  # (seconds since spawn, line)
-        self._started = time.perf_counter()
+        self.started = time.perf_counter()
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "GRADIO_ANALYTICS_ENABLED": "False", **(env or {})}
         self.proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(self.port), *args], cwd=ROOT,
                                      env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -222,7 +222,7 @@ class ServedApp:
 
     def _read(self) -> None:
         for line in self.proc.stdout:
-            self.lines.append((time.perf_counter() - self._started, line.rstrip("\n")))
+            self.lines.append((time.perf_counter() - self.started, line.rstrip("\n")))
 
     @property
     def log(self) -> str:
@@ -351,9 +351,17 @@ def replica_loss(app: ServedApp, clients: int = 4, device_s: float = 2.0, timeou
         "calls_after_kill": len(after),
         "replacement": replacement,
         "replacement_serves_s": round(replaced_at - killed, 2) if replaced_at else None,
+        "count_back_s": _count_back_s(app, len(before), killed),
         "replacement_start_s": app.replica_start_s(app.replica_pids().get(replacement, -1)),
         "first_start_s": app.replica_start_s(pid),
     }
+
+
+def _count_back_s(app: ServedApp, count: int, since: float) -> float | None:
+    """Seconds from ``since`` (perf_counter) until the front logged all ``count`` replicas ready again."""
+    text = f"[replicas] {count} of {count} replicas ready at"
+    times = [app.started + t for t, line in list(app.lines) if line.startswith(text)]
+    return next((round(t - since, 2) for t in times if t > since), None)
 
 
 def compare_replicas(counts: tuple[int, ...] = (1, 2), clients: int = 4, seconds: float = 20.0, device_s: float = 1.5,
@@ -366,7 +374,8 @@ def compare_replicas(counts: tuple[int, ...] = (1, 2), clients: int = 4, seconds
     cpus = max(1, (os.cpu_count() or 1) // max(counts))
     resources = json.dumps({"CPU": cpus})
     report: dict = {"clients": clients, "seconds": seconds, "simulated_device_s": device_s, "replica_resources": resources,
-                    "machine": f"{platform.machine()} {os.cpu_count()} cores", "runs": {}}
+                    "machine": f"{platform.machine()} {os.cpu_count()} cores",
+                    "time": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "runs": {}}
     log("[loadtest] python app.py (no Ray): start time")
     app = ServedApp([])
     try:
@@ -382,9 +391,11 @@ def compare_replicas(counts: tuple[int, ...] = (1, 2), clients: int = 4, seconds
         run_report: dict = {}
         try:
             all_ready = app.wait_for(f"[replicas] {n} of {n} replicas ready")
-            run_report["start"] = {"page_s": round(app.seen(PAGE_UP), 2),
-                                   "ray_s": round(app.seen("[replicas] Ray ") or 0, 2),
-                                   "first_replica_s": round(app.seen("[replicas] first replica ready"), 2),
+            ray_up = app.seen("[replicas] Ray ")
+            first = app.seen("[replicas] first replica ready")
+            run_report["start"] = {"page_s": round(app.seen(PAGE_UP), 2), "ray_up_s": round(ray_up, 2),
+                                   "ray_init_s": _ray_init_s(app.log), "first_replica_s": round(first, 2),
+                                   "replica_cold_start_s": round(first - ray_up, 2),
                                    "all_replicas_s": round(all_ready, 2), "compile_cache": _cache_words(app.log)}
             run_report["load"] = run(app.url, clients, seconds, pid=app.proc.pid, timeout=120,
                                      request=slow_request(device_s))
@@ -402,6 +413,12 @@ def compare_replicas(counts: tuple[int, ...] = (1, 2), clients: int = 4, seconds
     return report
 
 
+def _ray_init_s(log: str) -> float | None:
+    """Seconds ``ray.init`` took, as the front logged it (``[replicas] Ray 2.60.0: ... in 8.9 s; ...``)."""
+    match = re.search(r"\[replicas\] Ray \S+: .* in ([\d.]+) s;", log)
+    return float(match.group(1)) if match else None
+
+
 def _cache_words(log: str) -> list[str]:
     """``hit`` / ``miss`` of each compile the log reports (persistent compilation cache)."""
     return re.findall(r"compile cache: (hit|miss|not used)", log)
@@ -410,35 +427,51 @@ def _cache_words(log: str) -> list[str]:
 def scaleout_markdown(report: dict) -> str:
     """The BENCHMARKS.md section for a :func:`compare_replicas` report."""
     runs = report["runs"]
-    lines = [f"Run: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} · {report['machine']} · model `tiny-shapes` · "
-             f"{report['clients']} clients for {report['seconds']:g} s per run · each request {report['simulated_device_s']:g} s "
-             f"of simulated device time (`fault:slow`) + 2 real steps · each replica `{report['replica_resources']}`",
-             "", "| replicas | calls ok | failed | calls/s | images/s | p50 s | p95 s | throughput vs 1 |",
+    lines = [f"Run: {report.get('time', time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()))} · {report['machine']} · "
+             f"model `tiny-shapes` · {report['clients']} clients for {report['seconds']:g} s per run · each request "
+             f"{report['simulated_device_s']:g} s of simulated device time (`fault:slow`) + 2 real steps · each replica "
+             f"`{report['replica_resources']}` · `python -m sdxl_engine.tools.loadtest --replicas "
+             f"{','.join(runs)} --clients {report['clients']} --seconds {report['seconds']:g} "
+             f"--device-s {report['simulated_device_s']:g} --bench`",
+             "", "| replicas | calls ok | failed | calls/s | images/s | p50 s | p95 s | throughput vs 1 replica |",
              "|---|---|---|---|---|---|---|---|"]
     for n, run_report in runs.items():
         load = run_report["load"]
         lines.append(f"| {n} | {load['calls_ok']} | {load['calls_failed']} | {load['throughput_calls_per_s']:.3f} | "
-                     f"{load['throughput_images_per_s']:.3f} | {load['latency_p50_s']} | {load['latency_p95_s']} | "
+                     f"{load['throughput_images_per_s']:.3f} | {load['latency_p50_s']:.2f} | {load['latency_p95_s']:.2f} | "
                      f"**{load['speedup']:.2f}x** |")
     start = report["start_default"]
-    lines += ["", "| start (seconds from the command) | page up | engine ready | compile cache |", "|---|---|---|---|",
-              f"| `python app.py` (no Ray imported) | {start['page_s']} | {start['ready_s']} | {', '.join(start['compile_cache'])} |"]
+    lines += ["", "| start, seconds from the command (same run) | page up | engine ready | compile cache |",
+              "|---|---|---|---|",
+              f"| `python app.py` (no Ray imported) | {start['page_s']} | {start['ready_s']} | "
+              f"{', '.join(start['compile_cache'])} |"]
     for n, run_report in runs.items():
         st = run_report["start"]
-        lines.append(f"| `python app.py --replicas {n}` (Ray started in {st['ray_s']} s) | {st['page_s']} | first replica "
-                     f"{st['first_replica_s']}, all {st['all_replicas_s']} | {', '.join(st['compile_cache'])} |")
+        lines.append(f"| `python app.py --replicas {n}` (`ray.init` {st['ray_init_s']} s) | {st['page_s']} | first "
+                     f"replica {st['first_replica_s']} ({st['replica_cold_start_s']} s after Ray was up), all "
+                     f"{st['all_replicas_s']} | {', '.join(st['compile_cache'])} |")
     loss = next((r["replica_loss"] for r in runs.values() if "replica_loss" in r), None)
     if loss:
-        flight = "; ".join(f"{'served by ' + c['replica'] if c['ok'] else 'error: ' + c['error'].split(': ', 1)[-1][:120]}"
-                           f" ({c['ended_after_kill_s']} s after the kill)" for c in loss["in_flight"])
-        lines += ["", f"Replica loss (largest run, {report['clients']} clients, requests of 2 s simulated device time): "
-                      f"replica `{loss['victim']}` (pid {loss['victim_pid']}) killed with SIGKILL.", "",
+        def outcome(call: dict) -> str:
+            what = f"served by `{call['replica']}`" if call["ok"] else "error " + call["error"].split(": ", 1)[-1]
+            return f"{what} ({call['ended_after_kill_s']} s after the kill)"
+
+        cold = next(r["start"]["replica_cold_start_s"] for r in runs.values() if "replica_loss" in r)
+        lines += ["", f"Replica loss (in the {max(runs, key=int)}-replica run, {report['clients']} clients, requests "
+                      f"of 2 s simulated device time): replica `{loss['victim']}` (pid {loss['victim_pid']}) killed "
+                      "with SIGKILL once every replica had served.", "",
                   "| what | measured |", "|---|---|",
-                  f"| calls in flight at the kill | {flight} |",
+                  f"| the {len(loss['in_flight'])} calls in flight at the kill (running or queued) | "
+                  + "; ".join(outcome(c) for c in loss["in_flight"]) + " |",
                   f"| calls sent after the kill that failed | {len(loss['errors_after'])} of {loss['calls_after_kill']} |",
                   f"| calls served by the survivor before the replacement served | {loss['survivor_ok']} |",
-                  f"| kill -> replacement `{loss['replacement']}` serves its first call | {loss['replacement_serves_s']} s |",
-                  f"| replica start-up (load + compile + warm-up), as logged: first / replacement | "
+                  f"| kill → the front counts {len(loss['replicas_before'])} ready replicas again (the replacement "
+                  f"`{loss['replacement']}` is up) | **{loss['count_back_s']} s** |",
+                  f"| kill → the replacement's first call done (its 2 s of device time included) | "
+                  f"{loss['replacement_serves_s']} s |",
+                  f"| a replica's cold start in this run (Ray up → first replica ready: process, imports, load, "
+                  f"compile, warm-up) | {cold} s |",
+                  f"| engine start-up inside the replica (load + compile + warm-up), as logged: killed / replacement | "
                   f"{loss['first_start_s']} s / {loss['replacement_start_s']} s |"]
     return "\n".join(lines)
 
