@@ -52,15 +52,16 @@ def parse_args(argv=None, description: str = "") -> argparse.Namespace:
                         help="address to listen on (env GRADIO_SERVER_NAME; default loopback only)")
     parser.add_argument("--port", type=tcp_port, default=os.environ.get("GRADIO_SERVER_PORT", "7860"),
                         help="TCP port (env GRADIO_SERVER_PORT)")
-    scale = parser.add_argument_group("scale-out on Ray Serve (README, \"Scale-out\"); without --replicas Ray is not used")
+    scale = parser.add_argument_group("scale-out on Ray Serve (README); without --replicas, Ray is not used")
     scale.add_argument("--replicas", type=_replicas, default=None,
                        help="engine replicas: a count (2) or an autoscaling range MIN-MAX (1-4)")
     scale.add_argument("--ray-address", default=None,
-                       help="join this Ray cluster (e.g. auto, or 10.0.0.2:6379) instead of starting a private local one")
+                       help="join this Ray cluster (auto, or 10.0.0.2:6379) instead of starting a private one")
     scale.add_argument("--ray-app", default=None,
-                       help="use this Serve application, already deployed (a KubeRay RayService's), instead of deploying one")
+                       help="use this Serve application, already deployed (a KubeRay RayService's)")
     scale.add_argument("--replica-resources", type=_resources, default=None,
-                       help='Ray resources of one replica, JSON (default: a TPU host\'s chips, 1 GPU, or a CPU share): \'{"TPU": 8}\'')
+                       help='Ray resources of one replica, JSON such as \'{"TPU": 8}\' (default: a TPU host\'s '
+                            "chips, 1 GPU, or a share of a CPU host)")
     for field in dataclasses.fields(EngineConfig):
         parser.add_argument("--" + field.name.replace("_", "-"), dest=field.name, default=None,
                             help=f"engine setting {field.name} (env SDXL_{field.name.upper()}, default {field.default!r})")

@@ -123,7 +123,8 @@ class Outcome:
         """Raise the replica's error again in the front, as the engine's own type where it has one."""
         if self.error_type == "InvalidRequest":
             prefix = f"{self.field}: "
-            raise InvalidRequest(self.field, self.message[len(prefix):] if self.message.startswith(prefix) else self.message)
+            message = self.message[len(prefix):] if self.message.startswith(prefix) else self.message
+            raise InvalidRequest(self.field, message)
         known = {"EngineNotReady": EngineNotReady, "GenerationError": GenerationError,
                  "InjectedFault": faults.InjectedFault}
         raise known.get(self.error_type, ReplicaError)(

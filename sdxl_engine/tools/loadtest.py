@@ -344,10 +344,11 @@ def replica_loss(app: ServedApp, clients: int = 4, device_s: float = 2.0, timeou
     after = [c for c in calls if c.t0 >= killed]
     return {
         "replicas_before": sorted(before), "victim": victim, "victim_pid": pid,
-        "in_flight": [{"ok": c.ok, "replica": c.replica, "error": c.error[:200], "ended_after_kill_s": round(c.t1 - killed, 2)}
-                      for c in in_flight],
+        "in_flight": [{"ok": c.ok, "replica": c.replica, "error": c.error[:200],
+                       "ended_after_kill_s": round(c.t1 - killed, 2)} for c in in_flight],
         "errors_after": [c.error[:200] for c in after if not c.ok],
-        "survivor_ok": sum(1 for c in after if c.ok and c.replica in before and (replaced_at is None or c.t1 < replaced_at)),
+        "survivor_ok": sum(1 for c in after if c.ok and c.replica in before
+                           and (replaced_at is None or c.t1 < replaced_at)),
         "calls_after_kill": len(after),
         "replacement": replacement,
         "replacement_serves_s": round(replaced_at - killed, 2) if replaced_at else None,
@@ -373,7 +374,8 @@ def compare_replicas(counts: tuple[int, ...] = (1, 2), clients: int = 4, seconds
     """
     cpus = max(1, (os.cpu_count() or 1) // max(counts))
     resources = json.dumps({"CPU": cpus})
-    report: dict = {"clients": clients, "seconds": seconds, "simulated_device_s": device_s, "replica_resources": resources,
+    report: dict = {"clients": clients, "seconds": seconds, "simulated_device_s": device_s,
+                    "replica_resources": resources,
                     "machine": f"{platform.machine()} {os.cpu_count()} cores",
                     "time": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "runs": {}}
     log("[loadtest] python app.py (no Ray): start time")
@@ -429,8 +431,8 @@ def scaleout_markdown(report: dict) -> str:
     runs = report["runs"]
     lines = [f"Run: {report.get('time', time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()))} · {report['machine']} · "
              f"model `tiny-shapes` · {report['clients']} clients for {report['seconds']:g} s per run · each request "
-             f"{report['simulated_device_s']:g} s of simulated device time (`fault:slow`) + 2 real steps · each replica "
-             f"`{report['replica_resources']}` · `python -m sdxl_engine.tools.loadtest --replicas "
+             f"{report['simulated_device_s']:g} s of simulated device time (`fault:slow`) + 2 real steps · "
+             f"each replica `{report['replica_resources']}` · `python -m sdxl_engine.tools.loadtest --replicas "
              f"{','.join(runs)} --clients {report['clients']} --seconds {report['seconds']:g} "
              f"--device-s {report['simulated_device_s']:g} --bench`",
              "", "| replicas | calls ok | failed | calls/s | images/s | p50 s | p95 s | throughput vs 1 replica |",
@@ -438,8 +440,8 @@ def scaleout_markdown(report: dict) -> str:
     for n, run_report in runs.items():
         load = run_report["load"]
         lines.append(f"| {n} | {load['calls_ok']} | {load['calls_failed']} | {load['throughput_calls_per_s']:.3f} | "
-                     f"{load['throughput_images_per_s']:.3f} | {load['latency_p50_s']:.2f} | {load['latency_p95_s']:.2f} | "
-                     f"**{load['speedup']:.2f}x** |")
+                     f"{load['throughput_images_per_s']:.3f} | {load['latency_p50_s']:.2f} | "
+                     f"{load['latency_p95_s']:.2f} | **{load['speedup']:.2f}x** |")
     start = report["start_default"]
     lines += ["", "| start, seconds from the command (same run) | page up | engine ready | compile cache |",
               "|---|---|---|---|",
@@ -463,7 +465,8 @@ def scaleout_markdown(report: dict) -> str:
                   "| what | measured |", "|---|---|",
                   f"| the {len(loss['in_flight'])} calls in flight at the kill (running or queued) | "
                   + "; ".join(outcome(c) for c in loss["in_flight"]) + " |",
-                  f"| calls sent after the kill that failed | {len(loss['errors_after'])} of {loss['calls_after_kill']} |",
+                  f"| calls sent after the kill that failed | {len(loss['errors_after'])} of "
+                  f"{loss['calls_after_kill']} |",
                   f"| calls served by the survivor before the replacement served | {loss['survivor_ok']} |",
                   f"| kill → the front counts {len(loss['replicas_before'])} ready replicas again (the replacement "
                   f"`{loss['replacement']}` is up) | **{loss['count_back_s']} s** |",
@@ -486,10 +489,13 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=4, help="num_inference_steps of every call")
     parser.add_argument("--json", dest="json_path", default=None, help="also write the report to this file")
     parser.add_argument("--replicas", default=None,
-                        help="compare replica counts, e.g. 1,2: starts python app.py --replicas N itself (--url unused)")
-    parser.add_argument("--device-s", type=float, default=1.5, help="with --replicas: simulated device seconds per request")
+                        help="compare replica counts, e.g. 1,2: starts python app.py --replicas N itself "
+                             "(--url unused)")
+    parser.add_argument("--device-s", type=float, default=1.5,
+                        help="with --replicas: simulated device seconds per request")
     parser.add_argument("--no-kill", action="store_true", help="with --replicas: skip killing a replica")
-    parser.add_argument("--bench", action="store_true", help="with --replicas: rewrite BENCHMARKS.md's scale-out section")
+    parser.add_argument("--bench", action="store_true",
+                        help="with --replicas: rewrite BENCHMARKS.md's scale-out section")
     args = parser.parse_args(argv)
     if args.replicas:
         try:
