@@ -24,6 +24,7 @@ weights and reports XLA's cost analysis.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import platform
@@ -33,19 +34,24 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from gradio_client import Client
 from jax.sharding import PartitionSpec as P
+from PIL import Image
 
 from ..config import EngineConfig, apply_jax_options
-from ..engine import Engine
+from ..engine import Engine, GenerateResult
+from ..images import encode_pngs
 from ..program import (ProgramInputs, ProgramShape, cfg_combine, compile_program, denoised, encode_prompts,
                        initial_noise, latent_shape, sampler_update, tokenize)
 from ..schedulers import make_schedule
+from ..serving import history
 from ..sharding import DATA_AXIS
 from ..validation import GenerateRequest
 from . import fullsize
@@ -131,8 +137,7 @@ def engine_parts(engine) -> dict:
 # ---- 4 and 6. the app as a process -----------------------------------------------------------
 def served(args, cache_dir: str, calls: int) -> dict:
     """Start ``python app.py`` with ``cache_dir``; time process start -> first image, then ``calls``."""
-    import psutil  # dev-only dependencies (requirements-dev.txt), for the served leg
-    from gradio_client import Client
+    import psutil  # a dev-only dependency (requirements-dev.txt), for the served leg
 
     with socket.socket() as sock:  # a free loopback port
         sock.bind(("127.0.0.1", 0))
@@ -218,16 +223,12 @@ class _FixedEngine:
     so the page's host side (PNG encoding, files, JSON, Gradio) is all that is measured."""
 
     def __init__(self, engine, images):
-        import threading
-
         self.images, self.model, self.limits, self.startup = images, engine.model, engine.limits, {}
         self.config, self.batch, self.device_summary = engine.config, len(images), engine.device_summary
         self.ready, self.error, self.stage, self.started = threading.Event(), None, "ready", time.perf_counter()
         self.ready.set()
 
     def generate(self, request, progress=None, arrived=None):
-        from ..engine import GenerateResult
-
         height, width = self.images.shape[1:3]
         request = GenerateRequest(request.prompt, request.negative_prompt or "", 7, 5.0, 20, width, height, "Euler")
         timings = {"prep": 0.0, "device": 0.0, "post": 0.0, "latency": 0.0, "queue": 0.0}
@@ -240,15 +241,7 @@ def host_side(engine, size: int, runs: int) -> dict:
     flat shapes as the model draws them at any size): PNG encoding alone (the engine's writer
     against Pillow's default, what Gradio's Gallery did with PIL images), the page's whole handler,
     and served by a real Gradio server (gradio_client, files downloaded) minus the engine's time."""
-    import io
-
     import app  # the page itself (the repository root, run from there): this leg measures its handler and server
-    from gradio_client import Client
-    from PIL import Image
-
-    from ..images import encode_pngs
-    from ..serving import history
-
     small = engine.generate(GenerateRequest("a red circle on the left", seed=0, num_inference_steps=20)).images
     images = np.repeat(np.repeat(small, size // small.shape[1], axis=1), size // small.shape[2], axis=2)
     fixed = _FixedEngine(engine, images)
