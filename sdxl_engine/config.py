@@ -19,6 +19,8 @@ import re
 from pathlib import Path
 from typing import Any, Mapping
 
+import jax
+
 from .schedulers import UnknownSampler, get_sampler
 
 ENV_PREFIX = "SDXL_"
@@ -211,8 +213,6 @@ def apply_jax_options(config: EngineConfig, environ: Mapping[str, str] | None = 
     Returns:
         the compilation cache directory in use ("" = none).
     """
-    import jax
-
     plan, notes = plan_jax_options(config, environ)
     cache_dir = plan.get("jax_compilation_cache_dir", jax.config.jax_compilation_cache_dir or "")
     wanted = {**plan, "cache": cache_dir}

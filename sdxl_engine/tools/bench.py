@@ -1,26 +1,30 @@
-"""Benchmark: the engine against the blog's reference pipeline, side by side in one run.
+"""Benchmark: the engine, its parts, its server and what a user would run instead, side by side in one run.
 
-``python -m sdxl_engine.bench`` measures, on the same weights, size, steps, seed and devices:
+``python -m sdxl_engine.tools.bench [--torch-python PATH]`` measures on one model (tiny-shapes):
 
-1. reference: the blog's ``generate()`` (diffusers ``FlaxStableDiffusionXLPipeline(..., jit=True)``,
-   params replicated, pmap over the devices), tokenizing and converting to PIL as the blog did;
-2. the engine's ``generate``;
+2. the engine's ``generate`` at guidance 5 (CFG) and at guidance 1 (no CFG, one UNet pass);
 3. the engine's parts compiled alone (text encoders once, one CFG denoising step x steps, VAE
    decode): the floor for this machine;
 4. served latency: ``gradio_client`` calls of ``/generate`` against ``python app.py``;
-5. compiles triggered by changing prompt, seed, guidance, steps and size, engine vs reference;
+5. compiles triggered by changing sampler, CFG mode, prompt, seed, guidance, steps and size;
 6. cold start (empty compilation cache) and warm restart: process start to first image;
-7. peak host memory (and device memory where the backend reports it).
+7. peak host memory (and device memory where the backend reports it);
+8. diffusers' PyTorch StableDiffusionXLPipeline on the same safetensors weights, latents, steps
+   and size (tools/torch_reference.py in ``--torch-python``'s interpreter; skipped, saying so,
+   without it), and how far its images are from the engine's;
+9. the host side at 1024²: PNG encoding, the page's handler after the device, and served minus
+   engine time.
 
-Medians over ``--runs`` runs after one warm-up, with min and max. Results go to BENCHMARKS.md
-(a table between markers) and a JSON file. ``--full-size`` instead lowers the real SDXL base
-architecture with random bfloat16 weights and reports XLA's cost analysis (and, on an
-accelerator, runs it and reports latency and MFU).
+Medians over ``--runs`` runs after one warm-up, with min and max, the contenders interleaved so
+a noisy neighbour slows them alike. Results go to BENCHMARKS.md (a table between markers) and a
+JSON file. ``--full-size`` instead lowers the real SDXL base architecture with abstract bfloat16
+weights and reports XLA's cost analysis.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import platform
@@ -30,16 +34,24 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from gradio_client import Client
 from jax.sharding import PartitionSpec as P
+from PIL import Image
 
 from ..config import EngineConfig, apply_jax_options
-from ..engine import Engine
-from ..program import cfg_combine, encode_prompts, euler_step, latent_shape
+from ..engine import Engine, GenerateResult
+from ..images import encode_pngs
+from ..program import (ProgramInputs, ProgramShape, cfg_combine, compile_program, denoised, encode_prompts,
+                       initial_noise, latent_shape, sampler_update, tokenize)
+from ..schedulers import make_schedule
+from ..serving import history
 from ..sharding import DATA_AXIS
 from ..validation import GenerateRequest
 from . import fullsize
@@ -104,8 +116,8 @@ def engine_parts(engine) -> dict:
         t = jnp.full((x.shape[0],), 500.0, jnp.float32)
         out = m.components["unet"].bind(params["unet"])(x, t, hidden, pooled, time_ids).astype(jnp.float32)
         uncond, text = jnp.split(out, 2)
-        return euler_step(latents, cfg_combine(uncond, text, jnp.full((latents.shape[0],), 7.0)), 1.0, 0.9,
-                          prediction_type)
+        x0 = denoised(latents, cfg_combine(uncond, text, jnp.full((latents.shape[0],), 7.0)), 1.0, prediction_type)
+        return sampler_update(latents, x0, x0, 0.0, 0.9, 0.1, 0.0, 0.0)  # an Euler step, sigma 1 -> 0.9
 
     step_j = sharded(step, (r, d, d, d, d))
     latents = jnp.zeros((b, *latent_shape(m, h, w)), jnp.float32)
@@ -125,8 +137,7 @@ def engine_parts(engine) -> dict:
 # ---- 4 and 6. the app as a process -----------------------------------------------------------
 def served(args, cache_dir: str, calls: int) -> dict:
     """Start ``python app.py`` with ``cache_dir``; time process start -> first image, then ``calls``."""
-    import psutil  # dev-only dependencies (requirements-dev.txt), for the served leg
-    from gradio_client import Client
+    import psutil  # a dev-only dependency (requirements-dev.txt), for the served leg
 
     with socket.socket() as sock:  # a free loopback port
         sock.bind(("127.0.0.1", 0))
@@ -171,6 +182,99 @@ def served(args, cache_dir: str, calls: int) -> dict:
             proc.kill()
 
 
+# ---- 8. diffusers' PyTorch pipeline, what a user would run instead ------------------------------
+def torch_reference(engine, python: str, steps: int, runs: int, workdir: Path) -> dict:
+    """diffusers' StableDiffusionXLPipeline (PyTorch, ``python`` must have torch) on the engine's
+    weights, initial latents, steps and size, in a subprocess; and the engine's images on the same
+    latents (its program with given latents), compared pixel by pixel.
+
+    Returns {"skipped": reason} when the model is not a safetensors folder or ``python`` fails.
+    """
+    model = engine.model
+    if not model.source or not list(Path(model.source).glob("*/*.safetensors")):
+        return {"skipped": f"{model.name} is not a safetensors folder diffusers can load"}
+    width, height = engine.limits.default_size
+    shape = latent_shape(model, height, width)
+    latents = np.asarray(initial_noise(np.arange(engine.batch, dtype=np.uint32), shape))
+    np.savez(workdir / "latents.npz", latents=latents)
+    cmd = [python, "-m", "sdxl_engine.tools.torch_reference", "--model", model.source, "--latents",
+           str(workdir / "latents.npz"), "--steps", str(steps), "--runs", str(runs), "--out", str(workdir / "torch.npz")]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if done.returncode != 0:
+        return {"skipped": f"{python} could not run the PyTorch pipeline: {done.stderr.strip().splitlines()[-1:]}"}
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    program = compile_program(model, engine.params, ProgramShape(engine.batch, height, width,
+                                                                 engine.config.max_inference_steps,
+                                                                 given_latents=True), engine.mesh)
+    ids, _ = tokenize(model, "a red circle on the left")
+    empty, _ = tokenize(model, "")
+    inputs = ProgramInputs.build(ids, empty, True, range(engine.batch), 5.0,
+                                 make_schedule("Euler", model.scheduler_config, steps), steps,
+                                 engine.config.max_inference_steps, latents=latents)
+    ours = np.asarray(program.executable(engine.params, inputs)[0]).astype(np.int16)
+    with np.load(workdir / "torch.npz") as data:
+        diff = np.abs(ours - data["images"].astype(np.int16))
+    return {**result, "max_abs_diff_255": int(diff.max()), "mean_abs_diff_255": float(diff.mean())}
+
+
+# ---- 9. the host side at 1024², everything after the device ------------------------------------
+class _FixedEngine:
+    """An engine stand-in that answers every request with the same images at once (device time 0),
+    so the page's host side (PNG encoding, files, JSON, Gradio) is all that is measured."""
+
+    def __init__(self, engine, images):
+        self.images, self.model, self.limits, self.startup = images, engine.model, engine.limits, {}
+        self.config, self.batch, self.device_summary = engine.config, len(images), engine.device_summary
+        self.ready, self.error, self.stage, self.started = threading.Event(), None, "ready", time.perf_counter()
+        self.ready.set()
+
+    def generate(self, request, progress=None, arrived=None):
+        height, width = self.images.shape[1:3]
+        request = GenerateRequest(request.prompt, request.negative_prompt or "", 7, 5.0, 20, width, height, "Euler")
+        timings = {"prep": 0.0, "device": 0.0, "post": 0.0, "latency": 0.0, "queue": 0.0}
+        return GenerateResult(self.images, list(range(7, 7 + self.batch)), request, timings, [], self.batch,
+                              self.device_summary, self.model.name)
+
+
+def host_side(engine, size: int, runs: int) -> dict:
+    """Seconds after the device for 4 images of ``size``² (tiny-shapes' images upscaled: its 64² output,
+    flat shapes as the model draws them at any size): PNG encoding alone (the engine's writer
+    against Pillow's default, what Gradio's Gallery did with PIL images), the page's whole handler,
+    and served by a real Gradio server (gradio_client, files downloaded) minus the engine's time."""
+    import app  # the page itself (the repository root, run from there): this leg measures its handler and server
+    small = engine.generate(GenerateRequest("a red circle on the left", seed=0, num_inference_steps=20)).images
+    images = np.repeat(np.repeat(small, size // small.shape[1], axis=1), size // small.shape[2], axis=2)
+    fixed = _FixedEngine(engine, images)
+    texts = ["a red circle on the left\nSteps: 20, Sampler: Euler"] * len(images)
+
+    def pil_default():
+        for image in images:
+            Image.fromarray(image).save(io.BytesIO(), format="PNG")
+
+    with tempfile.TemporaryDirectory() as files:
+        out = timed({"encode: engine (Sub filter, zlib RLE level 1, parallel)": lambda: encode_pngs(images, texts),
+                     "encode: Pillow default (what the Gallery did)": pil_default,
+                     "page handler after the device": lambda: app.handle_generate(
+                         fixed, "a red circle on the left", "", 7, 5.0, 20, 0, 0, files_dir=files)}, runs)
+    demo = app.build_demo(lambda *v, **kw: app.handle_generate(fixed, *v, **kw), engine.config, fixed,
+                          history.ThumbnailFiles(lambda: tempfile.gettempdir()))
+    demo.queue()
+    demo.launch(server_port=_free_port(), prevent_thread_lock=True, quiet=True)
+    try:
+        client = Client(demo.local_url, verbose=False)
+        call = lambda: client.predict("a red circle on the left", api_name="/generate")  # noqa: E731
+        out.update(timed({"served minus engine (gradio_client, 4 PNGs downloaded)": call}, runs))
+    finally:
+        demo.close()
+    return {"size": size, "png_kb": [len(p) // 1000 for p in encode_pngs(images, texts)], "seconds": out}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 # ---- the run ---------------------------------------------------------------------------------
 def run(args) -> dict:
     config = EngineConfig.load({"model": args.model, "num_inference_steps": args.steps})
@@ -183,9 +287,14 @@ def run(args) -> dict:
            "steps": steps, "size": size, "batch": engine.batch, "runs": runs, "startup_s": engine.startup}
 
     request = GenerateRequest("a red circle", seed=0, num_inference_steps=steps)
+    no_cfg = GenerateRequest("a red circle", seed=0, num_inference_steps=steps, guidance_scale=1.0)
+    device = {"guidance 5 (CFG)": [], "guidance 1 (no CFG)": []}
     parts = engine_parts(engine)
-    measured = timed({"engine": lambda: engine.generate(request), **parts}, runs)
-    out["engine"] = measured["engine"]
+    measured = timed({"engine": lambda: device["guidance 5 (CFG)"].append(engine.generate(request).timings["device"]),
+                      "engine, guidance 1": lambda: device["guidance 1 (no CFG)"].append(
+                          engine.generate(no_cfg).timings["device"]), **parts}, runs)
+    out["engine"], out["engine_guidance_1"] = measured["engine"], measured["engine, guidance 1"]
+    out["device_s"] = {k: stats(v[1:]) for k, v in device.items()}  # the first of each was the warm-up
     out["parts"] = {k: measured[k] for k in parts}
     out["parts"]["sum"] = sum(measured[k]["median"] * (steps if k == "denoise_step" else 1) for k in parts)
 
@@ -198,6 +307,10 @@ def run(args) -> dict:
     w2, h2 = engine.limits.sizes[1]
     base = dict(prompt="a red circle", seed=0, num_inference_steps=steps)
     changes = {
+        "sampler: DPM++ 2M Karras": dict(sampler="DPM++ 2M Karras"),
+        "sampler: Euler a": dict(sampler="Euler a"),
+        "guidance 1 after guidance 5 (other CFG mode, compiled once above)": dict(guidance_scale=1.0),
+        "guidance 0.5 (no CFG again)": dict(guidance_scale=0.5),
         "prompt": dict(prompt="a blue square"),
         "negative_prompt": dict(negative_prompt="blurry"),
         "seed": dict(seed=99),
@@ -214,7 +327,13 @@ def run(args) -> dict:
     stats_dev = jax.devices()[0].memory_stats() if hasattr(jax.devices()[0], "memory_stats") else None
     out["device_peak_bytes"] = (stats_dev or {}).get("peak_bytes_in_use")
 
+    if args.torch_python:
+        with tempfile.TemporaryDirectory() as work:
+            out["torch"] = torch_reference(engine, args.torch_python, steps, runs, Path(work))
+    else:
+        out["torch"] = {"skipped": "no --torch-python given (an interpreter with torch and diffusers)"}
     if not args.skip_served:
+        out["host_side"] = host_side(engine, 1024, runs)
         with tempfile.TemporaryDirectory() as cache:
             out["cold"] = served(args, cache, runs)
             out["warm"] = served(args, cache, runs)
@@ -223,7 +342,11 @@ def run(args) -> dict:
 
 def ratios(r: dict) -> dict:
     """The issue's targets as ratios of figures measured in the same run."""
-    out = {"engine / sum of parts": r["engine"]["median"] / r["parts"]["sum"]}
+    out = {"engine / sum of parts": r["engine"]["median"] / r["parts"]["sum"],
+           "device time, guidance 1 (no CFG) / guidance 5": r["device_s"]["guidance 1 (no CFG)"]["median"]
+           / r["device_s"]["guidance 5 (CFG)"]["median"]}
+    if "median_s" in r.get("torch", {}):
+        out["engine / diffusers PyTorch pipeline"] = r["engine"]["median"] / r["torch"]["median_s"]
     if "cold" in r:
         out["served / engine"] = r["warm"]["served"]["median"] / r["engine"]["median"]
         out["served, response only / engine"] = r["warm"]["served_no_download"]["median"] / r["engine"]["median"]
@@ -240,6 +363,7 @@ def markdown(r: dict) -> str:
              f"{r['batch']} images of {r['size']}² · {r['steps']} steps · medians of {r['runs']} runs after warm-up",
              "", "| what (seconds per request) | median | min | max |", "|---|---|---|---|",
              row("2. engine.generate", r["engine"]),
+             row("2b. engine.generate, guidance 1 (no CFG: one UNet pass per image)", r["engine_guidance_1"]),
              row("3a. part: text encoders (once)", r["parts"]["text_encoders"]),
              row("3b. part: one CFG denoising step", r["parts"]["denoise_step"]),
              row("3c. part: VAE decode", r["parts"]["vae_decode"]),
@@ -249,6 +373,14 @@ def markdown(r: dict) -> str:
         lines.append(row("4b. served: gradio_client /generate, response only (files not fetched)",
                          r["warm"]["served_no_download"]))
         lines.append(row("4c. engine latency reported inside the app", r["warm"]["engine_in_app"]))
+    torch_r = r.get("torch", {})
+    if "median_s" in torch_r:
+        lines.append(f"| 8. diffusers' PyTorch StableDiffusionXLPipeline (torch {torch_r['torch']}, "
+                     f"{torch_r['threads']} threads), same weights, latents, steps, size | {torch_r['median_s']:.4f} | "
+                     f"{torch_r['min_s']:.4f} | {torch_r['max_s']:.4f} |")
+    if "host_side" in r:
+        for name, value in r["host_side"]["seconds"].items():
+            lines.append(row(f"9. {r['host_side']['size']}², 4 images: {name}", value))
     lines += ["", "| ratio (same run) | value |", "|---|---|"]
     lines += [f"| {k} | {v:.3f} |" for k, v in ratios(r).items()]
     lines += ["", "| 5. change from the previous request | engine: compiles | engine: first call |", "|---|---|---|"]
@@ -263,6 +395,13 @@ def markdown(r: dict) -> str:
                   f"| app server RSS after the calls | {r['warm']['server_rss_mb']:.0f} MiB |"]
     lines.append(f"| 7. bench process peak host RSS | {r['peak_host_rss_mb']:.0f} MiB |")
     lines.append(f"| 7. device peak bytes | {r['device_peak_bytes'] or 'not reported by this backend'} |")
+    if "max_abs_diff_255" in torch_r:
+        lines.append(f"| 8. engine vs PyTorch images, same latents: max / mean abs difference | "
+                     f"{torch_r['max_abs_diff_255']} / {torch_r['mean_abs_diff_255']:.3f} (of 255) |")
+    elif torch_r:
+        lines.append(f"| 8. diffusers' PyTorch reference | skipped: {torch_r['skipped']} |")
+    if "host_side" in r:
+        lines.append(f"| 9. PNG sizes at {r['host_side']['size']}² | {r['host_side']['png_kb']} kB |")
     return "\n".join(lines)
 
 
@@ -271,7 +410,8 @@ def main(argv=None) -> None:
     parser.add_argument("--model", default=None, help="model to benchmark (default: the engine's default)")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--skip-served", action="store_true", help="skip the app-process measurements (4, 6)")
+    parser.add_argument("--skip-served", action="store_true", help="skip the app-process measurements (4, 6, 9)")
+    parser.add_argument("--torch-python", help="an interpreter with torch and diffusers, for the PyTorch reference (8)")
     parser.add_argument("--full-size", action="store_true", help="lower full-size SDXL base with random weights")
     parser.add_argument("--md", default=str(ROOT / "BENCHMARKS.md"))
     parser.add_argument("--json", default=str(ROOT / "bench.json"))

@@ -29,7 +29,7 @@ import time
 import numpy as np
 
 from . import shapes
-from .config import EngineConfig
+from ..config import EngineConfig
 
 BACKGROUND_CYCLE = ("white", "black", "gray", "blue")
 
@@ -70,7 +70,7 @@ def checker_sanity(seed: int = 0) -> dict[str, float]:
 def run(engine, seed: int = 0, guidance: float = EngineConfig.guidance_scale, steps: int = 20,
         grid: str | None = None) -> dict:
     """Every figure of the module docstring, as a dict; optionally saves a grid PNG of the images."""
-    from .validation import GenerateRequest
+    from ..validation import GenerateRequest
 
     def generate(prompt, negative="", g=guidance, offset=0):
         return engine.generate(GenerateRequest(prompt, negative_prompt=negative, seed=seed + offset, guidance_scale=g,
@@ -121,7 +121,7 @@ def main(argv=None) -> None:
     p.add_argument("--json", help="write the report here too")
     args = p.parse_args(argv)
 
-    from .engine import Engine
+    from ..engine import Engine
 
     engine = Engine(EngineConfig.load({"model": args.model}), log=lambda *_: None).start()
     report = run(engine, args.seed, args.guidance, args.steps, args.grid)

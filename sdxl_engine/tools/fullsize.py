@@ -76,10 +76,13 @@ def cost_report(size: int = 1024, steps: int = 20, images: int = 4) -> dict:
         out2 = c["text_encoder_2"].bind(p2)(ids)
         return c["text_encoder"].bind(p1)(ids, penultimate_only=True).penultimate, out2.penultimate, out2.text_embeds
 
+    def unet_step(rows: int) -> float:  # rows = 2 per image with CFG (uncond + text), 1 without
+        return lowered_flops(unet_cfg_step, p["unet"], s((rows, 4, latent, latent), jnp.float32), s((rows,), jnp.float32),
+                             s((rows, 77, 2048), bf16), s((rows, 1280), bf16), s((rows, 6), jnp.float32))
+
     flops = {
-        "unet_cfg_step": lowered_flops(unet_cfg_step, p["unet"], s((2, 4, latent, latent), jnp.float32),
-                                       s((2,), jnp.float32), s((2, 77, 2048), bf16), s((2, 1280), bf16),
-                                       s((2, 6), jnp.float32)),
+        "unet_cfg_step": unet_step(2),
+        "unet_step_no_cfg": unet_step(1),
         "vae_decode": lowered_flops(lambda params, z: c["vae"].bind(params).decode(z), p["vae"],
                                     s((1, 4, latent, latent), jnp.float32)),
         "text_encoders_per_prompt": lowered_flops(text_encoders, p["text_encoder"], p["text_encoder_2"],
@@ -92,11 +95,14 @@ def cost_report(size: int = 1024, steps: int = 20, images: int = 4) -> dict:
         shape, latent_shape(model, size, size), mesh))
     program_lower_s = time.perf_counter() - t1
     per_request = images * (steps * flops["unet_cfg_step"] + flops["vae_decode"] + 2 * flops["text_encoders_per_prompt"])
+    no_cfg = images * (steps * flops["unet_step_no_cfg"] + flops["vae_decode"] + flops["text_encoders_per_prompt"])
     return {
         "size": size, "steps": steps, "images": images, "dtype": "bfloat16",
         "params": {k: count_params(v) for k, v in p.items()},
         "tflop": {k: v / 1e12 for k, v in flops.items()},
         "tflop_per_request": per_request / 1e12,
+        "tflop_per_request_no_cfg": no_cfg / 1e12,
+        "unet_no_cfg_over_cfg": flops["unet_step_no_cfg"] / flops["unet_cfg_step"],
         "lower_s": time.perf_counter() - t0,
         "engine_program_lower_s": program_lower_s,
         "platform": jax.devices()[0].platform,
@@ -116,6 +122,9 @@ def markdown(r: dict) -> str:
         f"| text encoders, one prompt | {r['tflop']['text_encoders_per_prompt'] * 1e3:.1f} GFLOP |",
         f"| the engine's whole program ({r['images']} × {r['size']}², {r['steps']} steps) lowered in | {r['engine_program_lower_s']:.0f} s |",
         f"| one request: {r['images']} images × ({r['steps']} steps + decode) + prompts | {r['tflop_per_request']:.0f} TFLOP |",
+        f"| one UNet step without CFG (guidance ≤ 1, batch 1) | {r['tflop']['unet_step_no_cfg']:.2f} TFLOP "
+        f"({r['unet_no_cfg_over_cfg']:.4f} × the CFG step) |",
+        f"| one request without CFG | {r['tflop_per_request_no_cfg']:.0f} TFLOP |",
     ])
 
 
