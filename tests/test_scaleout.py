@@ -210,6 +210,31 @@ def test_replica_errors_come_back_as_the_engines_types():
 
 # ---- one --replicas 2 app on its own private Ray cluster ---------------------------------------
 
+def test_replicas_that_cannot_start_give_one_clear_error():
+    """Serve's message (its own words, then the replica's traceback) becomes the replica's exception
+    line; a setting the replicas' devices cannot honour exits 2 like any bad setting."""
+    from sdxl_engine.serving import server
+    from sdxl_engine.serving.replicas import ReplicaConfigError, ReplicaStartError, start_failure
+
+    message = ("The deployment failed to start 3 times in a row. This may be due to a problem with its constructor "
+               "or initial health check failing. See controller logs for details. Error:\n"
+               "ray::ServeReplica:sdxl:SDXLEngine.initialize_and_get_metadata() (pid=3592, ip=127.0.0.1)\n"
+               '  File "replica.py", line 1928, in initialize\nRuntimeError: Traceback (most recent call last):\n'
+               '  File "loading.py", line 297, in load_model\n    raise ModelLoadError(...)\n'
+               "sdxl_engine.weights.ModelLoadError: model './x' is neither a built-in name, an existing directory "
+               "nor a hub id.\n")
+    err = start_failure(message)
+    assert isinstance(err, ReplicaStartError) and server.exit_status(err) == 1
+    assert str(err) == ("no engine replica could start: ModelLoadError: model './x' is neither a built-in name, "
+                        "an existing directory nor a hub id.")
+    bad = start_failure(message.replace("sdxl_engine.weights.ModelLoadError: model './x' is neither a built-in "
+                                        "name, an existing directory nor a hub id.",
+                                        "sdxl_engine.sharding.ShardingError: images_per_request (3) must be a "
+                                        "positive multiple of the device count (2)"))
+    assert isinstance(bad, ReplicaConfigError) and server.exit_status(bad) == 2
+    assert server.start_error_line(bad).startswith("error: bad setting: images_per_request (3)")
+
+
 def test_one_replica_throughput_baseline(home):
     """The 1-replica run comes first: its replica compiles the program (a cache miss, alone on the
     CPUs); the 2-replica app's replicas then hit the session's compilation cache."""

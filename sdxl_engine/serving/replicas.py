@@ -43,7 +43,7 @@ from ray.exceptions import RayActorError
 from ray.serve.exceptions import RequestCancelledError
 
 from .. import faults
-from ..config import EngineConfig
+from ..config import ConfigError, EngineConfig
 from ..engine import Engine, EngineNotReady, GenerateResult, GenerationError
 from ..validation import GenerateRequest, InvalidRequest, Limits, validate
 from .scaleout import (APP_NAME, DEPLOYMENT_NAME, GRACEFUL_SHUTDOWN_S, HEALTH_CHECK_PERIOD_S, HEALTH_CHECK_TIMEOUT_S,
@@ -57,6 +57,10 @@ LOCAL_TEMP_PREFIX = "sdxl-ray-"  # the private cluster's Ray temp folder, under 
 
 class ReplicaStartError(RuntimeError):
     """Ray could not be started or joined, or no replica could start (the message says why)."""
+
+
+class ReplicaConfigError(ConfigError):
+    """No replica could start because of a setting its devices cannot honour (exit status 2)."""
 
 
 class ReplicaLost(GenerationError):
@@ -243,6 +247,24 @@ def builder_settings(args: dict) -> tuple[Replicas, EngineConfig, dict[str, floa
     return replicas, config, {k: float(v) for k, v in (args.get("replica_resources") or {}).items()}
 
 
+def start_failure(message: str) -> ReplicaStartError | ReplicaConfigError:
+    """One clear error from Serve's message about replicas that failed to start: the replicas'
+    own exception, by its class name and text (their tracebacks stay in the log above).
+
+    A ConfigError inside the replicas (a setting their devices cannot honour) becomes
+    ReplicaConfigError (exit status 2, like a bad flag); anything else ReplicaStartError.
+    """
+    lines = [line for line in message.splitlines()
+             if line.strip() and not line[0].isspace() and not line.startswith(("Traceback", "RuntimeError: Traceback"))]
+    name, sep, text = (lines[-1] if lines else message).partition(": ")
+    kind = name.rsplit(".", 1)[-1]
+    if not sep or not kind.isidentifier():
+        return ReplicaStartError(f"no engine replica could start: {message.strip()}")
+    if kind in ("ConfigError", "ShardingError", "ScaleOutError"):
+        return ReplicaConfigError(f"{text} (in the engine replicas)")
+    return ReplicaStartError(f"no engine replica could start: {kind}: {text}")
+
+
 def _node_resources() -> list[dict[str, float]]:
     """The ``Resources`` of every alive node of the connected cluster."""
     return [dict(node["Resources"]) for node in ray.nodes() if node.get("Alive")]
@@ -364,7 +386,7 @@ class RemoteEngine:
                                           settled=healthy and states.get("RUNNING", 0) >= self.scale.min_replicas)
             if not self.ready.is_set():
                 if getattr(deployment.status, "value", deployment.status) == "DEPLOY_FAILED":
-                    self._fail(ReplicaStartError(f"no engine replica could start: {deployment.message}"))
+                    self._fail(start_failure(deployment.message))
                     return
                 self.stage = (f"replicas loading the model and compiling: {self.replicas.ready} of "
                               f"{self.scale.min_replicas} ready")
