@@ -398,10 +398,11 @@ class RemoteEngine:
                 self._log(f"[replicas] {self.count_text()} at {time.perf_counter() - self.started:.1f} s")
 
     def count_text(self) -> str:
-        """``2 of 2 replicas ready`` (``, 1 starting``), or ``1 replicas ready (autoscaling 1-4)``."""
+        """``2 of 2 replicas ready`` (``, 1 starting``), or ``1 replica ready (autoscaling 1-4)``."""
         counts, scale = self.replicas, self.scale
-        text = (f"{counts.ready} replicas ready (autoscaling {scale.min_replicas}-{scale.max_replicas})"
-                if scale.autoscaling else f"{counts.ready} of {scale.max_replicas} replicas ready")
+        text = (f"{counts.ready} replica{'' if counts.ready == 1 else 's'} ready (autoscaling "
+                f"{scale.min_replicas}-{scale.max_replicas})" if scale.autoscaling
+                else f"{counts.ready} of {scale.max_replicas} replicas ready")
         return text + (f", {counts.starting} starting" if counts.starting else "")
 
     def _first_ready(self) -> None:
