@@ -355,6 +355,9 @@ def main(argv=None) -> int:
     except ConfigError as err:
         print(server.start_error_line(err), file=sys.stderr)
         return server.exit_status(err)
+    if (taken := server.port_error(args.host, args.port)) is not None:
+        print(f"error: cannot serve on {args.host}:{args.port}: {taken}", file=sys.stderr)
+        return server.EXIT_START_FAILED
     try:
         engine, concurrency = start_engine(config, args)
     except (ConfigError, RuntimeError) as err:  # a bad scale-out setting (2); Ray could not start or join (1)

@@ -31,6 +31,7 @@ import json
 import os
 import re
 import signal
+import socket
 import sys
 import tempfile
 import threading
@@ -385,6 +386,22 @@ def _queue_idle(demo) -> bool:
     if queue is None:
         return True
     return all(job is None for job in getattr(queue, "active_jobs", [])) and len(queue) == 0
+
+
+def port_error(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be listened on now (e.g. another process has it), or None.
+
+    Checked before the engine starts, so a taken port ends the process at once, before any
+    compile thread runs (a process that exits while XLA compiles can abort instead of exiting 1).
+    """
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server itself binds
+            sock.bind(address)
+    except OSError as err:
+        return str(err)
+    return None
 
 
 def exit_status(error: BaseException) -> int:
