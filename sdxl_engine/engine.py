@@ -1,9 +1,10 @@
 """The serving engine: one per process; loads, compiles before serving, then runs requests.
 
 Start-up stages (each logged with its duration): configure JAX, load the model straight onto the
-devices, compile the default size ahead of time, run one warm-up request. Other size buckets and
-the no-CFG variant (guidance <= 1) compile on first use and stay cached (and land in the
-persistent compilation cache, so a restart does not compile them again).
+devices, compile the default size ahead of time (or load it from the executable cache, see
+executables.py), run one warm-up request. Other size buckets and the no-CFG variant
+(guidance <= 1) compile on first use and stay cached (and land in the executable cache, or with
+it off in the persistent compilation cache, so a restart does not compile them again).
 
 The engine runs whatever it is given: requests are serialised in one place in front of it
 (Gradio's concurrency limit in the app, one ongoing request per Ray Serve replica).
@@ -14,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+from pathlib import Path
 from typing import Callable
 
 import jax
@@ -22,7 +24,8 @@ import numpy as np
 from . import builtin, faults, loading, sharding
 from . import config as config_mod
 from .config import EngineConfig
-from .program import CompiledProgram, ProgramInputs, ProgramShape, compile_program, tokenize
+from .executables import ExecutableCache
+from .program import CompiledProgram, ProgramInputs, ProgramShape, cached_program, tokenize
 from .schedulers import make_schedule
 from .validation import GenerateRequest, InvalidRequest, Limits, validate
 
@@ -101,8 +104,9 @@ class Engine:
         self._log = log
         self._programs: dict[ProgramShape, CompiledProgram] = {}
         self._schedules: dict = {}
-        self.compile_count = 0
+        self.compile_count = 0  # programs made (compiled, or loaded from the executable cache)
         self.compile_cache_dir = ""  # set at start (apply_jax_options: "" = no persistent cache)
+        self.executables: ExecutableCache | None = None  # set at start: <compile_cache_dir>/executables, or None
         self.stage = "starting"
         self.started = time.perf_counter()
         self.startup: dict[str, float] = {}
@@ -138,6 +142,8 @@ class Engine:
     def _start(self) -> None:
         # 1. JAX options (before JAX's first array), the mesh and the batch.
         self.compile_cache_dir = config_mod.apply_jax_options(self.config, log=self._log)
+        if self.compile_cache_dir and self.config.executable_cache:
+            self.executables = ExecutableCache(Path(self.compile_cache_dir) / "executables")
         self._log(f"[sdxl_engine] config: {self.config.as_dict()}")
         self.mesh = sharding.make_mesh()
         self.batch = self.config.images_per_request or sharding.default_batch(self.mesh.devices.size)
@@ -194,15 +200,24 @@ class Engine:
         shape = self._shape(width, height, cfg)
         if shape not in self._programs:
             before = cache_counts()
-            self._programs[shape] = compile_program(self.model, self.params, shape, self.mesh)
+            program = self._programs[shape] = cached_program(self.model, self.params, shape, self.mesh,
+                                                             self.executables)
             self.compile_count += 1
             after = cache_counts()
             hits, misses = after["hits"] - before["hits"], after["misses"] - before["misses"]
-            cache = (f"compile cache: {'hit' if hits and not misses else 'miss' if misses else 'not used'} "
-                     f"({hits} hits, {misses} misses) in {self.compile_cache_dir}" if self.compile_cache_dir
-                     else "compile cache off")
-            self._log(f"[sdxl_engine] compiled {width}x{height} x {self.batch} images{'' if cfg else ' without CFG'} "
-                      f"in {self._programs[shape].compile_s:.2f} s ({cache})")
+            what = f"{width}x{height} x {self.batch} images{'' if cfg else ' without CFG'}"
+            # One line either way; a missing or refused executable says why in the "compiled" line.
+            if program.loaded:
+                self._log(f"[sdxl_engine] loaded {what} in {program.compile_s:.2f} s (executable cache: "
+                          f"{program.cache_note}; nothing traced or compiled)")
+            elif self.executables:  # program.cached_program bypasses XLA's cache for what it stores
+                self._log(f"[sdxl_engine] compiled {what} in {program.compile_s:.2f} s (executable cache: "
+                          f"{program.cache_note}; compile cache: bypassed)")
+            else:
+                cache = (f"compile cache: {'hit' if hits and not misses else 'miss' if misses else 'not used'} "
+                         f"({hits} hits, {misses} misses) in {self.compile_cache_dir}" if self.compile_cache_dir
+                         else "compile cache off")
+                self._log(f"[sdxl_engine] compiled {what} in {program.compile_s:.2f} s ({cache})")
         return self._programs[shape]
 
     def _shape(self, width: int, height: int, cfg: bool = True) -> ProgramShape:
