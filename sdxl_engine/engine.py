@@ -2,7 +2,7 @@
 
 Start-up stages (each logged with its duration): configure JAX, load the model straight onto the
 devices, compile the default size ahead of time (or load it from the executable cache, see
-executables.py), run one warm-up request. Other size buckets and the no-CFG variant
+executables.py), run one zero-step warm-up request. Other size buckets and the no-CFG variant
 (guidance <= 1) compile on first use and stay cached (and land in the executable cache, or with
 it off in the persistent compilation cache, so a restart does not compile them again).
 
@@ -169,9 +169,11 @@ class Engine:
         self._stage(f"compiling {width}x{height} x {self.batch} images")
         self.startup["compile_s"] = self._program(width, height, self.config.guidance_scale > 1).compile_s
 
-        # 4. One request through the compiled program (first-run allocations), one step long.
+        # 4. One request through the compiled program with zero denoising steps: the executable runs
+        # (first-run allocations; text encoders and VAE decode checked finite) without paying a UNet
+        # step, which the compile (or the executable cache) has readied already.
         t0 = self._stage("warm-up request")
-        self._run(validate(GenerateRequest("warm-up", seed=0, num_inference_steps=1), self.limits))
+        self._run(validate(GenerateRequest("warm-up", seed=0, num_inference_steps=1), self.limits), loop_steps=0)
         self._done("warmup_s", t0)
         self.startup["ready_s"] = time.perf_counter() - self.started
         self._log(f"[sdxl_engine] ready in {self.startup['ready_s']:.2f} s on {self.device_summary} "
@@ -269,7 +271,9 @@ class Engine:
             self._schedules[key] = make_schedule(sampler, self.model.scheduler_config, steps)
         return self._schedules[key]
 
-    def _run(self, request: GenerateRequest, progress: Callable[[str], None] = _no_progress) -> GenerateResult:
+    def _run(self, request: GenerateRequest, progress: Callable[[str], None] = _no_progress,
+             loop_steps: int | None = None) -> GenerateResult:
+        """Run a validated request; ``loop_steps`` (the warm-up's 0) overrides how many denoising steps run."""
         t0 = time.perf_counter()
         cfg = request.guidance_scale > 1  # diffusers: guidance <= 1 means no classifier-free guidance
         if not self.is_compiled(request.width, request.height, cfg):
@@ -282,7 +286,8 @@ class Engine:
         seeds = [(request.seed + i) % (self.limits.max_seed + 1) for i in range(self.batch)]
         inputs = ProgramInputs.build(prompt_ids, negative_ids, not request.negative_prompt, seeds,
                                      request.guidance_scale, self._schedule(request.sampler, request.num_inference_steps),
-                                     request.num_inference_steps, self.config.max_inference_steps)
+                                     request.num_inference_steps if loop_steps is None else loop_steps,
+                                     self.config.max_inference_steps)
         params = self.params
         if self.fault_injection:  # TEST-ONLY (faults.py): slow down or poison this one request
             time.sleep(faults.slow_seconds(request.prompt))
