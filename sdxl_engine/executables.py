@@ -177,6 +177,8 @@ class ExecutableCache:
                 entry = manifest["entries"].get(digest)
                 if entry is None:
                     return Lookup(None, f"miss: {_why_missing(manifest['entries'], key)}", time.perf_counter() - start)
+                if not isinstance(entry, dict):
+                    raise Untrusted("its manifest entry is not an object")
                 if not hmac.compare_digest(str(entry.get("mac", "")), _mac(self._read_secret(), digest, entry)):
                     raise Untrusted("its manifest entry was not written by this installation (the HMAC does not "
                                     "match this cache's secret)")
@@ -269,7 +271,12 @@ class ExecutableCache:
 
     def _prune(self, entries: dict[str, dict]) -> None:
         """Drop the oldest entries beyond MAX_ENTRIES, and their files."""
-        for digest in sorted(entries, key=lambda d: entries[d].get("written", 0))[:-MAX_ENTRIES]:
+        def written(digest: str) -> float:
+            entry = entries[digest]
+            stamp = entry.get("written") if isinstance(entry, dict) else None
+            return stamp if isinstance(stamp, (int, float)) else 0
+
+        for digest in sorted(entries, key=written)[:-MAX_ENTRIES]:
             del entries[digest]
             (self.directory / f"{digest}.xla").unlink(missing_ok=True)
 
@@ -279,13 +286,14 @@ class ExecutableCache:
         try:
             fd = os.open(self.directory / "lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         except OSError:  # a read-only cache folder: readers need no lock to be safe (files are replaced atomically)
-            yield
-            return
+            fd = None
         try:
-            fcntl.flock(fd, mode)
+            if fd is not None:
+                fcntl.flock(fd, mode)
             yield
         finally:
-            os.close(fd)
+            if fd is not None:
+                os.close(fd)
 
 
 def _mac(secret: bytes, digest: str, entry: dict) -> str:
@@ -341,10 +349,10 @@ def _write_private(path: Path, data: bytes) -> None:
 def _why_missing(entries: dict[str, dict], key: dict[str, Any]) -> str:
     """Why no entry matches: what changed since the newest entry stored for the same program."""
     same = [e for e in entries.values()
-            if isinstance(e.get("key"), dict) and e["key"].get("program") == key.get("program")]
+            if isinstance(e, dict) and isinstance(e.get("key"), dict) and e["key"].get("program") == key.get("program")]
     if not same:
         return "nothing stored for this program yet"
-    old = max(same, key=lambda e: e.get("written", 0))["key"]
+    old = max(same, key=lambda e: e["written"] if isinstance(e.get("written"), (int, float)) else 0)["key"]
     for field in _WHAT_CHANGED:
         if old.get(field) != key.get(field):
             was, now = old.get(field), key.get(field)

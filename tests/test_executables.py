@@ -160,6 +160,17 @@ def test_open_folder_symlink_and_foreign_owner_are_refused(tmp_path, program):
     assert not (tmp_path / "marker").exists()
 
 
+def test_a_manifest_that_is_not_ours_is_refused_and_replaced(tmp_path, program):
+    cache = ExecutableCache(tmp_path / "executables")
+    store(cache, program)
+    cache.manifest_path.write_text("{not json")
+    note = load(cache, program).note
+    assert note.startswith("refused ") and note.endswith("manifest.json is not JSON (Expecting property name "
+                                                           "enclosed in double quotes: line 1 column 2 (char 1))")
+    assert "replaced the manifest (manifest.json is not JSON" in store(cache, program)
+    assert load(cache, program).executable is not None
+
+
 def test_a_refused_entry_is_replaced_by_the_next_store(tmp_path, program):
     cache = ExecutableCache(tmp_path / "executables")
     store(cache, program)
