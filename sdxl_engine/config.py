@@ -67,6 +67,11 @@ class EngineConfig:
     cpu_devices: int = 4
     # Persistent XLA compilation cache; "" disables it.
     compile_cache_dir: str = str(DEFAULT_CACHE / "jax")
+    # Keep compiled programs as serialized executables in <compile_cache_dir>/executables, so a
+    # restart loads them without tracing or compiling (executables.py: only files this
+    # installation wrote, mode 0600, listed with their hashes, are loaded). Off (or no
+    # compile_cache_dir): every start traces and lowers again, and the XLA cache serves the compile.
+    executable_cache: bool = True
     # Where built-in models are created on first use and kept.
     model_cache_dir: str = str(DEFAULT_CACHE / "models")
     # Largest seed a user may type; image i of a request uses seed + i.

@@ -1,9 +1,10 @@
 """The serving engine: one per process; loads, compiles before serving, then runs requests.
 
 Start-up stages (each logged with its duration): configure JAX, load the model straight onto the
-devices, compile the default size ahead of time, run one warm-up request. Other size buckets and
-the no-CFG variant (guidance <= 1) compile on first use and stay cached (and land in the
-persistent compilation cache, so a restart does not compile them again).
+devices, compile the default size ahead of time (or load it from the executable cache, see
+executables.py), run one zero-step warm-up request. Other size buckets and the no-CFG variant
+(guidance <= 1) compile on first use and stay cached (and land in the executable cache, or with
+it off in the persistent compilation cache, so a restart does not compile them again).
 
 The engine runs whatever it is given: requests are serialised in one place in front of it
 (Gradio's concurrency limit in the app, one ongoing request per Ray Serve replica).
@@ -14,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+from pathlib import Path
 from typing import Callable
 
 import jax
@@ -22,7 +24,8 @@ import numpy as np
 from . import builtin, faults, loading, sharding
 from . import config as config_mod
 from .config import EngineConfig
-from .program import CompiledProgram, ProgramInputs, ProgramShape, compile_program, tokenize
+from .executables import ExecutableCache
+from .program import CompiledProgram, ProgramInputs, ProgramShape, cached_program, tokenize
 from .schedulers import make_schedule
 from .validation import GenerateRequest, InvalidRequest, Limits, validate
 
@@ -101,8 +104,9 @@ class Engine:
         self._log = log
         self._programs: dict[ProgramShape, CompiledProgram] = {}
         self._schedules: dict = {}
-        self.compile_count = 0
+        self.compile_count = 0  # programs made (compiled, or loaded from the executable cache)
         self.compile_cache_dir = ""  # set at start (apply_jax_options: "" = no persistent cache)
+        self.executables: ExecutableCache | None = None  # set at start: <compile_cache_dir>/executables, or None
         self.stage = "starting"
         self.started = time.perf_counter()
         self.startup: dict[str, float] = {}
@@ -138,6 +142,8 @@ class Engine:
     def _start(self) -> None:
         # 1. JAX options (before JAX's first array), the mesh and the batch.
         self.compile_cache_dir = config_mod.apply_jax_options(self.config, log=self._log)
+        if self.compile_cache_dir and self.config.executable_cache:
+            self.executables = ExecutableCache(Path(self.compile_cache_dir) / "executables")
         self._log(f"[sdxl_engine] config: {self.config.as_dict()}")
         self.mesh = sharding.make_mesh()
         self.batch = self.config.images_per_request or sharding.default_batch(self.mesh.devices.size)
@@ -163,9 +169,11 @@ class Engine:
         self._stage(f"compiling {width}x{height} x {self.batch} images")
         self.startup["compile_s"] = self._program(width, height, self.config.guidance_scale > 1).compile_s
 
-        # 4. One request through the compiled program (first-run allocations), one step long.
+        # 4. One request through the compiled program with zero denoising steps: the executable runs
+        # (first-run allocations; text encoders and VAE decode checked finite) without paying a UNet
+        # step, which the compile (or the executable cache) has readied already.
         t0 = self._stage("warm-up request")
-        self._run(validate(GenerateRequest("warm-up", seed=0, num_inference_steps=1), self.limits))
+        self._run(validate(GenerateRequest("warm-up", seed=0, num_inference_steps=1), self.limits), loop_steps=0)
         self._done("warmup_s", t0)
         self.startup["ready_s"] = time.perf_counter() - self.started
         self._log(f"[sdxl_engine] ready in {self.startup['ready_s']:.2f} s on {self.device_summary} "
@@ -194,15 +202,24 @@ class Engine:
         shape = self._shape(width, height, cfg)
         if shape not in self._programs:
             before = cache_counts()
-            self._programs[shape] = compile_program(self.model, self.params, shape, self.mesh)
+            program = self._programs[shape] = cached_program(self.model, self.params, shape, self.mesh,
+                                                             self.executables)
             self.compile_count += 1
             after = cache_counts()
             hits, misses = after["hits"] - before["hits"], after["misses"] - before["misses"]
-            cache = (f"compile cache: {'hit' if hits and not misses else 'miss' if misses else 'not used'} "
-                     f"({hits} hits, {misses} misses) in {self.compile_cache_dir}" if self.compile_cache_dir
-                     else "compile cache off")
-            self._log(f"[sdxl_engine] compiled {width}x{height} x {self.batch} images{'' if cfg else ' without CFG'} "
-                      f"in {self._programs[shape].compile_s:.2f} s ({cache})")
+            what = f"{width}x{height} x {self.batch} images{'' if cfg else ' without CFG'}"
+            # One line either way; a missing or refused executable says why in the "compiled" line.
+            if program.loaded:
+                self._log(f"[sdxl_engine] loaded {what} in {program.compile_s:.2f} s (executable cache: "
+                          f"{program.cache_note}; nothing traced or compiled)")
+            elif self.executables:  # program.cached_program bypasses XLA's cache for what it stores
+                self._log(f"[sdxl_engine] compiled {what} in {program.compile_s:.2f} s (executable cache: "
+                          f"{program.cache_note}; compile cache: bypassed)")
+            else:
+                cache = (f"compile cache: {'hit' if hits and not misses else 'miss' if misses else 'not used'} "
+                         f"({hits} hits, {misses} misses) in {self.compile_cache_dir}" if self.compile_cache_dir
+                         else "compile cache off")
+                self._log(f"[sdxl_engine] compiled {what} in {program.compile_s:.2f} s ({cache})")
         return self._programs[shape]
 
     def _shape(self, width: int, height: int, cfg: bool = True) -> ProgramShape:
@@ -254,7 +271,9 @@ class Engine:
             self._schedules[key] = make_schedule(sampler, self.model.scheduler_config, steps)
         return self._schedules[key]
 
-    def _run(self, request: GenerateRequest, progress: Callable[[str], None] = _no_progress) -> GenerateResult:
+    def _run(self, request: GenerateRequest, progress: Callable[[str], None] = _no_progress,
+             loop_steps: int | None = None) -> GenerateResult:
+        """Run a validated request; ``loop_steps`` (the warm-up's 0) overrides how many denoising steps run."""
         t0 = time.perf_counter()
         cfg = request.guidance_scale > 1  # diffusers: guidance <= 1 means no classifier-free guidance
         if not self.is_compiled(request.width, request.height, cfg):
@@ -267,7 +286,8 @@ class Engine:
         seeds = [(request.seed + i) % (self.limits.max_seed + 1) for i in range(self.batch)]
         inputs = ProgramInputs.build(prompt_ids, negative_ids, not request.negative_prompt, seeds,
                                      request.guidance_scale, self._schedule(request.sampler, request.num_inference_steps),
-                                     request.num_inference_steps, self.config.max_inference_steps)
+                                     request.num_inference_steps if loop_steps is None else loop_steps,
+                                     self.config.max_inference_steps)
         params = self.params
         if self.fault_injection and faults.wants(request.prompt, "nan"):  # TEST-ONLY (faults.py): poison this one
             params = {**params, "vae": jax.tree.map(lambda x: x * np.nan, params["vae"])}

@@ -25,6 +25,7 @@ from transformers import CLIPTokenizer
 
 from . import builtin
 from .models import COMPONENTS, Component, build_component
+from .models.random_weights import random_params
 from .validation import size_buckets
 from .weights import VOCABULARY_FILE, ModelLoadError, find_weight_files, load_params
 
@@ -312,15 +313,14 @@ def _single_file_message(path: Path) -> str:
 def random_model(configs: dict[str, dict], name: str, dtype: str, sharding=None, seed: int = 0) -> LoadedModel:
     """An SDXL-architecture model with random weights made on the devices, for timing without a download.
 
-    Each component's parameters come from one jitted initialiser that writes them in ``dtype``
-    straight into their sharding, so the host never holds a float32 copy. Tokenizers are the
-    project's own (any text tokenizes); the scheduler is SDXL base's.
+    Every tensor comes from one jitted fill function (compiled once per distinct shape) that
+    writes it in ``dtype`` straight into its sharding, with the mean and spread the modules'
+    initialisers give it, so the host never holds a float32 copy (models/random_weights.py).
+    Tokenizers are the project's own (any text tokenizes); the scheduler is SDXL base's.
     """
     start = time.perf_counter()
     components = {n: build_component(n, configs[n]) for n in COMPONENTS}
-    keys = jax.random.split(jax.random.key(seed), len(components))
-    params = {n: jax.jit(c.init, static_argnums=1, out_shardings=sharding)(k, jnp.dtype(dtype))
-              for k, (n, c) in zip(keys, components.items())}
+    params = random_params(components, jnp.dtype(dtype), sharding, seed)
     with tempfile.TemporaryDirectory() as tmp:
         builtin.write_tokenizers(Path(tmp))
         tokenizers = [_tokenizer(Path(tmp) / sub) for sub in ("tokenizer", "tokenizer_2")]

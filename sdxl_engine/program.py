@@ -25,14 +25,18 @@ whole program on its own images, params replicated, with no cross-device communi
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
+from pathlib import Path
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax._src import config as jax_config  # its thread-local enable_compilation_cache switch has no public API
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from .executables import ExecutableCache, key_digest, source_digest
 from .loading import LoadedModel
 from .schedulers import Schedule
 from .sharding import DATA_AXIS, check_batch
@@ -133,8 +137,11 @@ class CompiledProgram:
 
     shape: ProgramShape
     executable: Callable  # (params, ProgramInputs) -> (images, finite)
-    compile_s: float  # seconds to lower and compile (includes a persistent-cache hit)
+    compile_s: float  # seconds to make it: lower + compile (a persistent-cache hit included) + the executable
+    # cache's lookup and store; or, when loaded, the lookup and deserialization alone
     flops: float | None  # XLA's cost analysis of the whole program (all devices), if reported
+    loaded: bool = False  # True: deserialized from the executable cache (nothing traced or compiled)
+    cache_note: str = ""  # the executable cache's one-line account (loaded / why not / stored), "" without one
 
 
 def encode_prompts(components: dict, params: dict, ids: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -296,11 +303,78 @@ def compile_program(model: LoadedModel, params, shape: ProgramShape, mesh: Mesh)
     start = time.perf_counter()
     abstract = ProgramInputs.abstract(shape, latent_shape(model, shape.height, shape.width), mesh)
     executable = jit_program(model, shape, mesh).lower(params, abstract).compile()
-    flops = None
+    return CompiledProgram(shape=shape, executable=executable, compile_s=time.perf_counter() - start,
+                           flops=_flops(executable))
+
+
+def _flops(executable) -> float | None:
     try:
         cost = executable.cost_analysis()
         cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-        flops = float(cost.get("flops")) if cost and cost.get("flops") is not None else None
+        return float(cost.get("flops")) if cost and cost.get("flops") is not None else None
     except Exception:  # cost analysis is best-effort and backend-dependent
-        flops = None
-    return CompiledProgram(shape=shape, executable=executable, compile_s=time.perf_counter() - start, flops=flops)
+        return None
+
+
+# The source the program is traced from: a change to any of these files is a new executable-cache key.
+_PACKAGE = Path(__file__).resolve().parent
+PROGRAM_SOURCES = (*(_PACKAGE / n for n in ("program.py", "sharding.py", "loading.py", "executables.py")),
+                   *sorted((_PACKAGE / "models").glob("*.py")))
+
+
+@functools.cache
+def _source_digest() -> str:
+    return source_digest(PROGRAM_SOURCES)
+
+
+def program_key(model: LoadedModel, params, shape: ProgramShape, mesh: Mesh) -> dict:
+    """The executable cache's key for this program, computed without tracing.
+
+    Everything static that the traced program depends on: the shape (batch, size, loop length,
+    CFG mode, given latents), every component's config, the prediction type, the parameters'
+    names, shapes, dtypes and shardings, the mesh (axis names, device ids in order) and a hash
+    of the source files it is traced from (:data:`PROGRAM_SOURCES`). The cache adds versions,
+    backend, devices and JAX options (:func:`.executables.runtime_key`).
+    """
+    cfg = "" if shape.cfg else " without CFG"
+    return {
+        "program": f"{shape.width}x{shape.height} x {shape.batch} images, {shape.max_steps} steps{cfg}",
+        "shape": dataclasses.asdict(shape),
+        "model": {name: dataclasses.asdict(c.config) for name, c in model.components.items()},
+        "prediction_type": model.scheduler_config.get("prediction_type", "epsilon"),
+        "dtype": model.dtype,
+        "params": key_digest([[jax.tree_util.keystr(path), list(x.shape), str(x.dtype),
+                               str(getattr(x, "sharding", None))]
+                              for path, x in jax.tree_util.tree_leaves_with_path(params)]),
+        "mesh": {"axes": list(mesh.axis_names), "devices": [d.id for d in mesh.devices.flat]},
+        "source": _source_digest(),
+    }
+
+
+def cached_program(model: LoadedModel, params, shape: ProgramShape, mesh: Mesh,
+                   cache: ExecutableCache | None) -> CompiledProgram:
+    """The program for ``shape``: loaded from ``cache`` when it holds a trusted entry, else compiled and stored.
+
+    Without a cache this is :func:`compile_program`. A loaded program is neither traced, lowered
+    nor compiled: its argument pytree is rebuilt from ``params`` and the abstract inputs. A
+    compiled one bypasses JAX's persistent compilation cache (see below), so a miss here is a
+    full compile. ``cache_note`` of the result says what the cache did, in one line.
+    """
+    if cache is None:
+        return compile_program(model, params, shape, mesh)
+    start = time.perf_counter()
+    abstract = ProgramInputs.abstract(shape, latent_shape(model, shape.height, shape.width), mesh)
+    in_tree, out_tree = jax.tree.structure(((params, abstract), {})), jax.tree.structure((0, 0))  # (images, finite)
+    key, devices = program_key(model, params, shape, mesh), list(mesh.devices.flat)
+    found = cache.load(key, in_tree, out_tree, devices)
+    if found.executable is not None:
+        return CompiledProgram(shape=shape, executable=found.executable, compile_s=time.perf_counter() - start,
+                               flops=_flops(found.executable), loaded=True, cache_note=found.note)
+    # What is stored must come from a fresh compile: XLA:CPU (jaxlib 0.12) drops kernels when it re-serializes an
+    # executable it deserialized, such as one JAX's persistent cache served (measured: the reloaded copy fails with
+    # "Function multiply_add_fusion not found"). So this program bypasses that cache; everything else still uses it.
+    with jax_config.enable_compilation_cache(False):
+        program = compile_program(model, params, shape, mesh)
+    program.cache_note = f"{found.note}; {cache.store(key, program.executable, devices, in_tree, out_tree)}"
+    program.compile_s = time.perf_counter() - start
+    return program

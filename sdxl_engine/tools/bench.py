@@ -54,7 +54,7 @@ from ..schedulers import make_schedule
 from ..serving import history
 from ..sharding import DATA_AXIS
 from ..validation import GenerateRequest
-from . import fullsize
+from . import fullsize, warmstart
 from .report import write_section
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -413,11 +413,15 @@ def main(argv=None) -> None:
     parser.add_argument("--skip-served", action="store_true", help="skip the app-process measurements (4, 6, 9)")
     parser.add_argument("--torch-python", help="an interpreter with torch and diffusers, for the PyTorch reference (8)")
     parser.add_argument("--full-size", action="store_true", help="lower full-size SDXL base with random weights")
+    parser.add_argument("--warm-start", action="store_true",
+                        help="full-size start to ready, cold vs warm caches, in fresh processes (tools/warmstart.py)")
     parser.add_argument("--md", default=str(ROOT / "BENCHMARKS.md"))
     parser.add_argument("--json", default=str(ROOT / "bench.json"))
     args = parser.parse_args(argv)
     if args.full_size:
         return fullsize.main(args)
+    if args.warm_start:
+        return warmstart.main(args)
     args.model = args.model or EngineConfig.model
     result = run(args)
     Path(args.json).write_text(json.dumps(result, indent=2, default=str))

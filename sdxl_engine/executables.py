@@ -1,0 +1,367 @@
+"""Compiled programs kept on disk between runs: serialized XLA executables, loaded only when trusted.
+
+JAX's persistent compilation cache (:func:`.config.apply_jax_options`) saves XLA's compile, but
+to find its entry a restart still traces the program and lowers it to StableHLO (the key is a
+hash of the lowered module). This cache stores the compiled executable itself
+(``jax.experimental.serialize_executable``) under a key computed without tracing, so a warm start
+loads it and neither traces, lowers nor compiles.
+
+Layout, in ``<compile_cache_dir>/executables/`` (mode 0700)::
+
+    manifest.json   {"format": 1, "entries": {digest: entry}}           mode 0600
+    secret          32 random bytes, made by the first process here       mode 0600
+    lock            flock(2) target: writers exclusive, readers shared    mode 0600
+    <digest>.xla    one serialized executable                             mode 0600
+
+``digest`` is the SHA-256 of the key (the caller's dict plus :func:`runtime_key`, as canonical
+JSON). An entry holds the key, the file's size and SHA-256, the writer's uid and an HMAC-SHA256
+of all of that under ``secret``.
+
+A serialized executable unpickles: loading a file someone else wrote runs their code. So a file
+is deserialized only when every check below passes; on the first that fails, :meth:`load`
+returns None and a one-line reason, and the caller compiles again (and stores the fresh
+executable over the entry):
+
+1. the folder is a real folder (not a symlink) owned by this user and writable by no one else;
+2. ``manifest.json`` and ``secret`` are regular files owned by this user, mode 0600;
+3. the manifest lists the key's digest, with a valid HMAC: an entry another installation wrote
+   (another secret), or one edited by hand, is *foreign* and refused;
+4. ``<digest>.xla`` is a regular file owned by this user, mode 0600, of the listed size and
+   SHA-256 (the bytes that were hashed are the bytes deserialized: no second read);
+5. it deserializes without an error.
+
+Nothing here raises for a bad or missing cache: the cache only ever saves time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import fcntl
+import hashlib
+import hmac
+import json
+import os
+import platform
+import secrets
+import stat
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import jax
+import jaxlib.version
+from jax.experimental import serialize_executable
+
+FORMAT = 1  # of the manifest and of the key; a new format makes every old entry a miss
+MAX_ENTRIES = 32  # the oldest entries (and their files) beyond this many are deleted when one is stored
+# JAX options that change what a traced program lowers to; XLA_FLAGS and LIBTPU_INIT_ARGS change the compile.
+JAX_OPTIONS = ("jax_enable_x64", "jax_default_matmul_precision", "jax_default_prng_impl",
+               "jax_threefry_partitionable", "jax_use_shardy_partitioner")
+ENV_OPTIONS = ("XLA_FLAGS", "LIBTPU_INIT_ARGS")
+# The order in which a miss names what changed (the first differing field of the newest stored entry).
+_WHAT_CHANGED = ("format", "jax", "jaxlib", "python", "backend", "platform_version", "device_kind", "device_count",
+                 "process_count", "cpu", "jax_options", "environment", "source", "model", "dtype", "params", "mesh",
+                 "shape")
+
+
+class Untrusted(Exception):
+    """A cache file failed a safety check (the message says which); it is not deserialized."""
+
+
+def runtime_key(devices: Sequence[Any]) -> dict[str, Any]:
+    """What the executable depends on besides the program: versions, backend, devices, options.
+
+    ``cpu`` (CPU backends only) hashes the host CPU's feature flags, so an executable compiled
+    for one CPU (AVX-512, say) is never loaded on another that lacks them.
+    """
+    first = devices[0]
+    return {
+        "format": FORMAT,
+        "jax": jax.__version__,
+        "jaxlib": jaxlib.version.__version__,
+        "python": platform.python_version(),
+        "backend": first.platform,
+        "platform_version": first.client.platform_version,
+        "device_kind": first.device_kind,
+        "device_count": len(devices),
+        "process_count": jax.process_count(),
+        "cpu": _cpu_flags() if first.platform == "cpu" else "",
+        "jax_options": {name: str(getattr(jax.config, name, None)) for name in JAX_OPTIONS},
+        "environment": {name: os.environ.get(name, "") for name in ENV_OPTIONS},
+    }
+
+
+def _cpu_flags() -> str:
+    """SHA-256 (16 hex digits) of the machine name and /proc/cpuinfo's first ``flags`` line ("" where absent)."""
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "")
+    except OSError:  # not Linux: the machine name alone
+        pass
+    return hashlib.sha256(f"{platform.machine()} {flags}".encode()).hexdigest()[:16]
+
+
+def key_digest(key: dict[str, Any]) -> str:
+    """SHA-256 hex digest of ``key`` as canonical JSON (sorted keys; non-JSON values as ``str``)."""
+    return hashlib.sha256(_canonical(key)).hexdigest()
+
+
+def _canonical(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str).encode()
+
+
+def source_digest(paths: Sequence[Path]) -> str:
+    """SHA-256 (16 hex digits) of the files' names and contents, in the order given."""
+    h = hashlib.sha256()
+    for path in paths:
+        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+@dataclasses.dataclass
+class Lookup:
+    """What :meth:`ExecutableCache.load` found.
+
+    Attributes:
+        executable: the loaded ``jax.stages.Compiled``, or None (compile instead).
+        note: one line: ``loaded <file>``, or why nothing was loaded (``miss: ...``,
+            ``refused <file>: ...``, ``<file> did not deserialize: ...``).
+        seconds: time spent checking and deserializing.
+    """
+
+    executable: Any
+    note: str
+    seconds: float
+
+
+class ExecutableCache:
+    """Serialized executables in one folder, written and read under the rules of the module docstring."""
+
+    def __init__(self, directory: str | Path):
+        self.directory = Path(directory)
+        self.manifest_path = self.directory / "manifest.json"
+        self.secret_path = self.directory / "secret"
+
+    def path_for(self, key: dict[str, Any]) -> Path:
+        """The file that holds (or would hold) the executable for ``key``."""
+        return self.directory / f"{key_digest(key)}.xla"
+
+    # ---- reading ------------------------------------------------------------------------------
+    def load(self, key: dict[str, Any], in_tree, out_tree, devices: Sequence[Any]) -> Lookup:
+        """The executable stored for ``key``, if every safety check passes.
+
+        Args:
+            key: the program's key (JSON-able dict; its ``"program"`` entry names it in notes);
+                :func:`runtime_key` of ``devices`` is added here.
+            in_tree, out_tree: the executable's argument pytree (``((args...), {})``) and
+                output pytree, rebuilt by the caller without tracing.
+            devices: the devices the executable runs on (the mesh's, in mesh order).
+        Returns:
+            a :class:`Lookup`; ``executable`` is None on a miss or a refusal.
+        """
+        start = time.perf_counter()
+        key = {**key, **runtime_key(devices)}
+        digest = key_digest(key)
+        name = f"{digest}.xla"
+        try:
+            if not self.directory.exists():
+                return Lookup(None, "miss: nothing stored yet", time.perf_counter() - start)
+            _check_private(os.lstat(self.directory), self.directory, folder=True)
+            with self._locked(fcntl.LOCK_SH):
+                manifest = self._read_manifest()
+                if manifest is None:
+                    return Lookup(None, "miss: no manifest yet", time.perf_counter() - start)
+                entry = manifest["entries"].get(digest)
+                if entry is None:
+                    return Lookup(None, f"miss: {_why_missing(manifest['entries'], key)}", time.perf_counter() - start)
+                if not isinstance(entry, dict):
+                    raise Untrusted("its manifest entry is not an object")
+                if not hmac.compare_digest(str(entry.get("mac", "")), _mac(self._read_secret(), digest, entry)):
+                    raise Untrusted("its manifest entry was not written by this installation (the HMAC does not "
+                                    "match this cache's secret)")
+                blob = _read_private(self.directory / f"{digest}.xla")
+        except Untrusted as err:
+            return Lookup(None, f"refused {name}: {err}", time.perf_counter() - start)
+        except FileNotFoundError as err:
+            return Lookup(None, f"refused {name}: {Path(err.filename).name} is missing", time.perf_counter() - start)
+        except OSError as err:
+            return Lookup(None, f"refused {name}: {type(err).__name__}: {err}", time.perf_counter() - start)
+        if len(blob) != entry.get("bytes") or hashlib.sha256(blob).hexdigest() != entry.get("sha256"):
+            return Lookup(None, f"refused {name}: its size or SHA-256 differs from the manifest's (changed on disk)",
+                          time.perf_counter() - start)
+        try:
+            executable = serialize_executable.deserialize_and_load(
+                blob, in_tree, out_tree, backend=devices[0].client, execution_devices=list(devices))
+        except Exception as err:  # whatever XLA or the unpickler raise for a stale format: compile instead
+            return Lookup(None, f"{name} did not deserialize ({type(err).__name__}: {_first_line(err)})",
+                          time.perf_counter() - start)
+        return Lookup(executable, f"loaded {self.directory / (digest + '.xla')}", time.perf_counter() - start)
+
+    def _read_manifest(self) -> dict | None:
+        """The manifest (None if absent). Raises Untrusted for a foreign, open or unreadable one."""
+        try:
+            raw = _read_private(self.manifest_path)
+        except FileNotFoundError:
+            return None
+        try:
+            manifest = json.loads(raw)
+        except ValueError as err:
+            raise Untrusted(f"manifest.json is not JSON ({err})") from None
+        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or not isinstance(
+                manifest.get("entries"), dict):
+            raise Untrusted(f"manifest.json is not format {FORMAT}")
+        return manifest
+
+    def _read_secret(self) -> bytes:
+        secret = _read_private(self.secret_path)
+        if len(secret) != 32:
+            raise Untrusted("secret is not 32 bytes")
+        return secret
+
+    # ---- writing ------------------------------------------------------------------------------
+    def store(self, key: dict[str, Any], compiled, devices: Sequence[Any], in_tree=None, out_tree=None) -> str:
+        """Serialize ``compiled`` under ``key`` (plus :func:`runtime_key` of ``devices``).
+
+        ``in_tree``/``out_tree``, if given, must equal the executable's own pytrees (what
+        :meth:`load` will be handed); otherwise nothing is stored, since it could never load.
+
+        Returns:
+            one line for the log: ``stored <file> (N MB)`` or ``not stored: <why>``.
+        """
+        key = {**key, **runtime_key(devices)}
+        digest = key_digest(key)
+        try:
+            blob, own_in, own_out = serialize_executable.serialize(compiled)
+        except Exception as err:  # backends and programs that cannot serialize raise various types
+            return f"not stored: {type(err).__name__}: {_first_line(err)}"
+        if (in_tree is not None and own_in != in_tree) or (out_tree is not None and own_out != out_tree):
+            return "not stored: the executable's pytrees differ from those the loader rebuilds"
+        try:
+            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            _check_private(os.lstat(self.directory), self.directory, folder=True)
+            with self._locked(fcntl.LOCK_EX):
+                secret = self._secret()
+                try:
+                    manifest = self._read_manifest() or {"format": FORMAT, "entries": {}}
+                    dropped = ""
+                except Untrusted as err:  # rewritten from scratch: its entries are not loaded anyway
+                    manifest, dropped = {"format": FORMAT, "entries": {}}, f"; replaced the manifest ({err})"
+                path = self.directory / f"{digest}.xla"
+                _write_private(path, blob)
+                entry = {"key": key, "bytes": len(blob), "sha256": hashlib.sha256(blob).hexdigest(),
+                         "uid": os.getuid(), "written": time.time()}
+                entry["mac"] = _mac(secret, digest, entry)
+                manifest["entries"][digest] = entry
+                self._prune(manifest["entries"])
+                _write_private(self.manifest_path, _canonical(manifest))
+        except (OSError, Untrusted) as err:
+            return f"not stored: {type(err).__name__}: {err}"
+        return f"stored {path} ({len(blob) / 1e6:.1f} MB){dropped}"
+
+    def _secret(self) -> bytes:
+        """This cache's HMAC key, made on first use (call with the lock held)."""
+        try:
+            return self._read_secret()
+        except FileNotFoundError:
+            _write_private(self.secret_path, secrets.token_bytes(32))
+            return self._read_secret()
+
+    def _prune(self, entries: dict[str, dict]) -> None:
+        """Drop the oldest entries beyond MAX_ENTRIES, and their files."""
+        def written(digest: str) -> float:
+            entry = entries[digest]
+            stamp = entry.get("written") if isinstance(entry, dict) else None
+            return stamp if isinstance(stamp, (int, float)) else 0
+
+        for digest in sorted(entries, key=written)[:-MAX_ENTRIES]:
+            del entries[digest]
+            (self.directory / f"{digest}.xla").unlink(missing_ok=True)
+
+    @contextmanager
+    def _locked(self, mode: int) -> Iterator[None]:
+        """flock(2) on ``lock`` (shared for readers, exclusive for writers); no-op if it cannot be made."""
+        try:
+            fd = os.open(self.directory / "lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        except OSError:  # a read-only cache folder: readers need no lock to be safe (files are replaced atomically)
+            fd = None
+        try:
+            if fd is not None:
+                fcntl.flock(fd, mode)
+            yield
+        finally:
+            if fd is not None:
+                os.close(fd)
+
+
+def _mac(secret: bytes, digest: str, entry: dict) -> str:
+    body = {k: v for k, v in entry.items() if k != "mac"}
+    return hmac.new(secret, digest.encode() + b"\0" + _canonical(body), hashlib.sha256).hexdigest()
+
+
+def _check_private(st: os.stat_result, path: Path, folder: bool = False) -> None:
+    """Raise Untrusted unless ``st`` is a regular file (a folder if ``folder``) owned by this user,
+    mode 0600 (a folder: writable by no one else)."""
+    if folder and not stat.S_ISDIR(st.st_mode):
+        raise Untrusted(f"{path} is not a folder (a symlink?)")
+    if not folder and not stat.S_ISREG(st.st_mode):
+        raise Untrusted(f"{path.name} is not a regular file")
+    if st.st_uid != os.getuid():
+        raise Untrusted(f"{path.name} belongs to uid {st.st_uid}, not to this user ({os.getuid()})")
+    mode = stat.S_IMODE(st.st_mode)
+    if folder and mode & 0o022:
+        raise Untrusted(f"{path} is writable by others (mode {mode:04o})")
+    if not folder and mode != 0o600:
+        raise Untrusted(f"{path.name} has mode {mode:04o}, not 0600")
+
+
+def _read_private(path: Path) -> bytes:
+    """The bytes of ``path``, checked on the open descriptor (no symlink, owner, mode 0600).
+
+    Raises FileNotFoundError, Untrusted or OSError.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as err:
+        if err.errno == errno.ELOOP:  # O_NOFOLLOW on a symlink
+            raise Untrusted(f"{path.name} is a symlink") from None
+        raise
+    with os.fdopen(fd, "rb") as f:
+        _check_private(os.fstat(f.fileno()), path)
+        return f.read()
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """Write ``data`` to a new 0600 file beside ``path``, then rename it over ``path`` (atomic)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _why_missing(entries: dict[str, dict], key: dict[str, Any]) -> str:
+    """Why no entry matches: what changed since the newest entry stored for the same program."""
+    same = [e for e in entries.values()
+            if isinstance(e, dict) and isinstance(e.get("key"), dict) and e["key"].get("program") == key.get("program")]
+    if not same:
+        return "nothing stored for this program yet"
+    old = max(same, key=lambda e: e["written"] if isinstance(e.get("written"), (int, float)) else 0)["key"]
+    for field in _WHAT_CHANGED:
+        if old.get(field) != key.get(field):
+            was, now = old.get(field), key.get(field)
+            if isinstance(was, (dict, list)) or isinstance(now, (dict, list)) or field in ("cpu", "source"):
+                return f"stored for another {field} (changed since it was written)"
+            return f"stored for {field} {was}, this is {now}"
+    return "stored under another key"
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0][:200] if text else ""
