@@ -26,11 +26,11 @@ import string
 import tempfile
 from pathlib import Path
 
-import jax
 import numpy as np
 from transformers import CLIPTokenizer
 
 from .models import build_component
+from .models.random_weights import random_params
 from .weights import save_folder
 
 # SDXL 1.0 base's config.json files, byte-identical to the hub's (sdxl_engine/configs/README.md).
@@ -192,12 +192,6 @@ def component_configs(spec: dict, vocab_size: int) -> dict[str, dict]:
             "unet": dict(spec["unet"]), "vae": dict(spec["vae"])}
 
 
-def random_params(configs: dict[str, dict], seed: int = 0) -> dict[str, dict]:
-    """Random parameters for each component (float32, on the default device), one jitted init each."""
-    keys = jax.random.split(jax.random.key(seed), len(configs))
-    return {name: jax.jit(build_component(name, cfg).init)(key) for key, (name, cfg) in zip(keys, configs.items())}
-
-
 def create_tiny_random(out: Path, seed: int = 0) -> Path:
     """Create the ``tiny-random`` model in diffusers format at ``out`` (a few MB, safetensors); return ``out``.
 
@@ -206,7 +200,11 @@ def create_tiny_random(out: Path, seed: int = 0) -> Path:
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     configs = component_configs(TINY, write_tokenizers(tmp))
-    params = {k: {n: np.asarray(a) for n, a in v.items()} for k, v in random_params(configs, seed).items()}
+    components = {name: build_component(name, config) for name, config in configs.items()}
+    # The fill of models/random_weights.py (the modules' initial statistics, one small kernel per
+    # shape): seconds, where jitting the modules' own initialisers took minutes to compile.
+    params = {k: {n: np.asarray(a) for n, a in v.items()}
+              for k, v in random_params(components, np.float32, seed=seed).items()}
     save_folder(tmp, configs, params, SDXL_SCHEDULER, vocabulary=WORDS)
     tmp.rename(out)
     return out
@@ -226,7 +224,7 @@ def model_path(name: str, cache_dir: str) -> Path:
         return TINY_SHAPES_DIR
     if name != "tiny-random":
         raise ValueError(f"{name!r} has no folder")
-    out = Path(cache_dir) / f"{name}-v2"  # v2: safetensors written by the own modules
+    out = Path(cache_dir) / f"{name}-v3"  # v3: safetensors written by the own modules, weights from the fill
     if (out / "model_index.json").exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -422,8 +422,11 @@ def _ray_init_s(log: str) -> float | None:
 
 
 def _cache_words(log: str) -> list[str]:
-    """``hit`` / ``miss`` of each compile the log reports (persistent compilation cache)."""
-    return re.findall(r"compile cache: (hit|miss|not used)", log)
+    """How each program the log reports was made: ``loaded`` (executable cache), ``compiled``
+    (stored in the executable cache), or the persistent compilation cache's ``hit`` / ``miss``."""
+    return [made if made == "loaded" else cache or "compiled"
+            for made, cache in re.findall(r"\[sdxl_engine\] (loaded|compiled) .*?(?:compile cache: (hit|miss|not used)|$)",
+                                          log, flags=re.MULTILINE)]
 
 
 def scaleout_markdown(report: dict) -> str:
