@@ -1,12 +1,14 @@
 """Evaluate a shapes model through the engine, scored by the independent checker.
 
-    python -m sdxl_engine.evaluate                              # the shipped tiny-shapes
-    python -m sdxl_engine.evaluate --model /tmp/ts --grid /tmp/ts.png --json /tmp/ts.json
+    python -m sdxl_engine.tools.evaluate                        # the shipped tiny-shapes
+    python -m sdxl_engine.tools.evaluate --model /tmp/ts --grid /tmp/ts.png --json /tmp/ts.json
+    python -m sdxl_engine.tools.evaluate --sweep                # quality per second (below)
 
 For each held-out (colour, shape, position) combination of :data:`shapes.HELD_OUT` (never
 drawn in training) it asks the engine for 4 images of the full-description prompt (seeds
 ``seed``..``seed + 3``, backgrounds and sizes cycled) and reads each image with
-:func:`shapes.analyse`. Reported:
+:func:`shapes.analyse`. The single-setting evaluation runs ``--sampler`` (default Euler, the
+blog's) for ``--steps`` (default 20), whatever the model's own defaults are. Reported:
 
 * colour, shape and position accuracy over the 64 images (at ``--guidance``, the engine's
   default 5);
@@ -17,6 +19,16 @@ drawn in training) it asks the engine for 4 images of the full-description promp
   ``a <shape>`` (6 shapes x 4 seeds, 24 different seeds, no colour asked) without and with
   negative prompt ``C``;
 * checker sanity: the checker's own accuracy on freshly rendered held-out images (should be 1).
+
+``--sweep`` (:func:`sweep`) instead runs every sampler x step count of ``--samplers`` and
+``--steps-list`` on the same held-out prompts over ``--seed-groups`` groups of 4 seeds (``seed``,
+``seed + 4``, ...), all at ``--guidance``: held-out accuracy per setting, and the engine's latency
+per 4-image request measured interleaved in the same run (every prompt and seed group runs every
+setting, in an order rotated each round), reported as the ratio of medians to Euler at 20 steps
+(:data:`REFERENCE`). It names the fastest setting whose colour, shape and position accuracy are
+each within :data:`TOLERANCE` of the reference's on the same images at no more than
+:data:`MAX_LATENCY_RATIO` of its latency, writes the table to BENCHMARKS.md (section
+``quality``) and everything to ``--json``.
 """
 
 from __future__ import annotations
@@ -24,14 +36,25 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
+import platform
+import statistics
 import time
+from pathlib import Path
 
 import numpy as np
 
+from ..config import EngineConfig
+from ..schedulers import SAMPLERS
 from . import shapes
-from .config import EngineConfig
+from .report import write_section
 
+ROOT = Path(__file__).resolve().parents[2]
 BACKGROUND_CYCLE = ("white", "black", "gray", "blue")
+REFERENCE = ("Euler", 20)  # the blog's setting, and the single-setting evaluation's
+SWEEP_STEPS = (5, 6, 7, 8, 10, 12, 20)
+TOLERANCE = 0.02  # accuracy (a fraction) a faster setting may lose on each of colour, shape, position
+MAX_LATENCY_RATIO = 0.5  # ... at no more than this share of the reference's latency
 
 
 def eval_prompts() -> list[tuple[str, tuple[str, str, str]]]:
@@ -67,14 +90,14 @@ def checker_sanity(seed: int = 0) -> dict[str, float]:
     return {k: float(np.mean([t[k] for t in totals])) for k in totals[0]}
 
 
-def run(engine, seed: int = 0, guidance: float = EngineConfig.guidance_scale, steps: int = 20,
-        grid: str | None = None) -> dict:
+def run(engine, seed: int = 0, guidance: float = EngineConfig.guidance_scale, steps: int = REFERENCE[1],
+        grid: str | None = None, sampler: str = REFERENCE[0]) -> dict:
     """Every figure of the module docstring, as a dict; optionally saves a grid PNG of the images."""
-    from .validation import GenerateRequest
+    from ..validation import GenerateRequest
 
     def generate(prompt, negative="", g=guidance, offset=0):
         return engine.generate(GenerateRequest(prompt, negative_prompt=negative, seed=seed + offset, guidance_scale=g,
-                                               num_inference_steps=steps)).images
+                                               num_inference_steps=steps, sampler=sampler)).images
 
     start = time.perf_counter()
     per_prompt, rows, by_guidance = [], [], {}
@@ -99,7 +122,7 @@ def run(engine, seed: int = 0, guidance: float = EngineConfig.guidance_scale, st
 
         Image.fromarray(np.concatenate(rows, axis=0)).resize((4 * 64 * 3, len(rows) * 64 * 3), 0).save(grid)
     return {
-        "model": engine.model.name, "seed": seed, "steps": steps, "guidance_scale": guidance,
+        "model": engine.model.name, "seed": seed, "sampler": sampler, "steps": steps, "guidance_scale": guidance,
         "held_out_accuracy": by_guidance[f"at_{guidance:g}"],
         "guidance": by_guidance,
         "negative_prompt_colour_share": negative,
@@ -111,24 +134,133 @@ def run(engine, seed: int = 0, guidance: float = EngineConfig.guidance_scale, st
     }
 
 
+ACCURACY = ("colour", "shape", "position")
+
+
+def sweep(engine, samplers=SAMPLERS, steps=SWEEP_STEPS, seed: int = 0, seed_groups: int = 4,
+          guidance: float = EngineConfig.guidance_scale, log=print) -> dict:
+    """Held-out accuracy and latency of every sampler x step count, side by side in one run.
+
+    Every (held-out prompt, seed group) is one round; each round runs every setting once (plus
+    :data:`REFERENCE`), starting one setting later than the round before, so a noisy neighbour
+    slows every setting alike. Accuracy is over the same 16 prompts x 4 x ``seed_groups`` images
+    for every setting; latency is the engine's (``timings["latency"]``: prep + device + post,
+    queue excluded) per 4-image request, as a median and as its ratio to the reference's median.
+
+    Returns a dict: ``settings`` (one row per setting: accuracy, latency, ``within_tolerance``,
+    ``fast_enough``), ``choice`` (the fastest row that is both, or None) and the run's parameters.
+    """
+    from ..validation import GenerateRequest
+
+    settings = list(dict.fromkeys([REFERENCE, *itertools.product(samplers, steps)]))
+    seeds = [seed + 4 * g for g in range(seed_groups)]
+    scores = {s: [] for s in settings}
+    latency = {s: [] for s in settings}
+    start = time.perf_counter()
+    rounds = [(prompt, target, s) for s in seeds for prompt, target in eval_prompts()]
+    for r, (prompt, target, request_seed) in enumerate(rounds):
+        for k in range(len(settings)):
+            sampler, n = settings[(k + r) % len(settings)]
+            result = engine.generate(GenerateRequest(prompt, seed=request_seed, guidance_scale=guidance,
+                                                     num_inference_steps=n, sampler=sampler))
+            scores[sampler, n].append({**score(result.images, target), "seed": request_seed})
+            latency[sampler, n].append(result.timings["latency"])
+        log(f"  round {r + 1}/{len(rounds)} ({time.perf_counter() - start:.0f} s)")
+    reference_s = statistics.median(latency[REFERENCE])
+    rows = []
+    for sampler, n in settings:
+        rows.append({"sampler": sampler, "steps": n,
+                     **{k: float(np.mean([x[k] for x in scores[sampler, n]])) for k in (*ACCURACY, "colour_share")},
+                     "by_seed_group": {str(s): {k: float(np.mean([x[k] for x in scores[sampler, n] if x["seed"] == s]))
+                                                for k in ACCURACY} for s in seeds},
+                     "latency_s": statistics.median(latency[sampler, n]),
+                     "latency_ratio": statistics.median(latency[sampler, n]) / reference_s})
+    reference = rows[0]
+    for row in rows:
+        row["within_tolerance"] = all(row[k] >= reference[k] - TOLERANCE - 1e-9 for k in ACCURACY)
+        row["fast_enough"] = row["latency_ratio"] <= MAX_LATENCY_RATIO
+    return {
+        "model": engine.model.name, "machine": f"{platform.machine()} {os.cpu_count()} cores, {engine.device_summary}",
+        "run": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "guidance_scale": guidance,
+        "seeds": seeds, "images_per_setting": 4 * len(rounds), "reference": dict(zip(("sampler", "steps"), REFERENCE)),
+        "tolerance": TOLERANCE, "max_latency_ratio": MAX_LATENCY_RATIO, "settings": rows,
+        "choice": choose(rows), "eval_s": round(time.perf_counter() - start, 1),
+    }
+
+
+def choose(rows: list[dict]) -> dict | None:
+    """The fastest row within tolerance and fast enough: fewest steps (every sampler runs the same
+    program, so steps decide the cost and medians between samplers differ by noise only), then the
+    highest shape, colour and position accuracy; None when no row qualifies."""
+    ok = [r for r in rows[1:] if r["within_tolerance"] and r["fast_enough"]]
+    if not ok:
+        return None
+    best = min(ok, key=lambda r: (r["steps"], *(-r[k] for k in ("shape", "colour", "position")), r["latency_ratio"]))
+    return {"sampler": best["sampler"], "steps": best["steps"]}
+
+
+def sweep_markdown(result: dict) -> str:
+    """The BENCHMARKS.md section: one row per setting, the reference first."""
+    ref, n = result["reference"], result["images_per_setting"]
+    lines = [f"Run: {result['run']} · {result['machine']} · model `{result['model']}` · guidance "
+             f"{result['guidance_scale']:g} · 16 held-out prompts x {n // 16} images (seeds "
+             f"{result['seeds'][0]}–{result['seeds'][-1] + 3}): {n} images per setting, 1 image = "
+             f"{100 / n:.2f} points · latency: the engine's median per 4-image request, all settings interleaved "
+             f"in one run; ratio to {ref['sampler']}-{ref['steps']}",
+             "",
+             "| sampler | steps | colour | shape | position | latency (s) | ratio | within 2 points | ≤ 0.5x |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    choice = result["choice"] or {}
+    for row in result["settings"]:
+        name = f"**{row['sampler']}**" if (row["sampler"], row["steps"]) == tuple(choice.values()) else row["sampler"]
+        if (row["sampler"], row["steps"]) == (ref["sampler"], ref["steps"]):
+            name += " (reference)"
+        lines.append(f"| {name} | {row['steps']} | {100 * row['colour']:.1f} % | {100 * row['shape']:.1f} % | "
+                     f"{100 * row['position']:.1f} % | {row['latency_s']:.3f} | {row['latency_ratio']:.2f} | "
+                     f"{'yes' if row['within_tolerance'] else 'no'} | {'yes' if row['fast_enough'] else 'no'} |")
+    lines.append("")
+    if result["choice"]:
+        lines.append(f"Fastest setting within {100 * result['tolerance']:g} points of {ref['sampler']}-{ref['steps']} "
+                     f"on colour, shape and position at ≤ {result['max_latency_ratio']:g}x its latency: "
+                     f"**{choice['sampler']}, {choice['steps']} steps**.")
+    else:
+        lines.append(f"No setting is within {100 * result['tolerance']:g} points of {ref['sampler']}-{ref['steps']} "
+                     f"at ≤ {result['max_latency_ratio']:g}x its latency.")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="tiny-shapes", help="built-in name or diffusers directory")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--guidance", type=float, default=EngineConfig.guidance_scale, help="default: the engine's")
-    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--steps", type=int, default=REFERENCE[1])
+    p.add_argument("--sampler", default=REFERENCE[0], help="the single-setting evaluation's sampler")
     p.add_argument("--grid", help="save the held-out images as one PNG here")
-    p.add_argument("--json", help="write the report here too")
+    p.add_argument("--json", help="write the report here too (sweep: default bench_quality.json)")
+    p.add_argument("--sweep", action="store_true", help="every sampler x step count instead (module docstring)")
+    p.add_argument("--samplers", default=",".join(SAMPLERS), help="sweep: comma-separated sampler names")
+    p.add_argument("--steps-list", default=",".join(map(str, SWEEP_STEPS)), help="sweep: comma-separated step counts")
+    p.add_argument("--seed-groups", type=int, default=4, help="sweep: groups of 4 seeds per prompt")
+    p.add_argument("--md", default=str(ROOT / "BENCHMARKS.md"), help="sweep: rewrite its 'quality' section ('' = no)")
     args = p.parse_args(argv)
 
-    from .engine import Engine
+    from ..engine import Engine
 
     engine = Engine(EngineConfig.load({"model": args.model}), log=lambda *_: None).start()
-    report = run(engine, args.seed, args.guidance, args.steps, args.grid)
-    for row in report["per_prompt"]:
-        print(f"  {row['prompt']:<62} colour {row['colour']:.2f} shape {row['shape']:.2f} position {row['position']:.2f}")
-    summary = {k: v for k, v in report.items() if k != "per_prompt"}
-    print(json.dumps(summary, indent=1))
+    if args.sweep:
+        report = sweep(engine, [s.strip() for s in args.samplers.split(",")],
+                       [int(n) for n in args.steps_list.split(",")], args.seed, args.seed_groups, args.guidance)
+        print(sweep_markdown(report))
+        if args.md:
+            write_section(Path(args.md), "quality", sweep_markdown(report))
+        args.json = args.json or str(ROOT / "bench_quality.json")
+    else:
+        report = run(engine, args.seed, args.guidance, args.steps, args.grid, args.sampler)
+        for row in report["per_prompt"]:
+            print(f"  {row['prompt']:<62} colour {row['colour']:.2f} shape {row['shape']:.2f} "
+                  f"position {row['position']:.2f}")
+        print(json.dumps({k: v for k, v in report.items() if k != "per_prompt"}, indent=1))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
