@@ -240,7 +240,7 @@ def _table(rows: list[dict], reference: dict, choice: dict) -> list[str]:
         if setting == (reference["sampler"], reference["steps"]):
             name += " (reference)"
         lines.append(f"| {name} | {row['steps']} | {100 * row['colour']:.1f} % | {100 * row['shape']:.1f} % | "
-                     f"{100 * row['position']:.1f} % | {100 * max(row['loss'], 0):.1f} | {row['latency_s']:.3f} | "
+                     f"{100 * row['position']:.1f} % | {100 * max(row['loss'], 0):.2f} | {row['latency_s']:.3f} | "
                      f"{row['latency_ratio']:.2f} | {'yes' if row['within_tolerance'] else 'no'} | "
                      f"{'yes' if row['fast_enough'] else 'no'} |")
     return lines
