@@ -74,6 +74,14 @@ def test_the_file_is_read_without_its_notes(tmp_path, model_dir):
         read_engine_defaults(tmp_path)
 
 
+def test_shipped_model_chooses_its_fastest_setting_that_keeps_euler_20s_accuracy():
+    """tiny-shapes' file holds the sweep's choice (bench_quality.json, README "Default model")."""
+    from conftest import ROOT
+
+    choice = json.loads((ROOT / "bench_quality.json").read_text())["choice"]
+    assert engine_defaults("tiny-shapes") == {"sampler": choice["sampler"], "num_inference_steps": choice["steps"]}
+
+
 # ---- the engine ---------------------------------------------------------------------------
 def test_engine_uses_the_model_defaults_for_requests_that_set_nothing(model_dir):
     from sdxl_engine.validation import GenerateRequest
@@ -124,6 +132,9 @@ def test_page_and_api_show_the_model_defaults_unless_set(model_dir):
     mine = app.page_defaults(EngineConfig.load({"model": str(model_dir), "sampler": "DDIM"}, environ={}))
     defaults = api_defaults(app.build_demo(fake, mine))
     assert (defaults["sampler"], defaults["num_inference_steps"]) == ("DDIM", 7)
+    shipped = api_defaults(app.build_demo(fake, app.page_defaults(EngineConfig.load(environ={}))))
+    assert {"sampler": shipped["sampler"], "num_inference_steps": shipped["num_inference_steps"]} == engine_defaults(
+        "tiny-shapes")
 
 
 def test_blog_default_button_sets_euler_20():
