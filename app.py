@@ -28,8 +28,9 @@ from gradio.networking import GRADIO_API_SERVER
 from starlette.exceptions import StarletteDeprecationWarning
 
 from sdxl_engine.config import ConfigError, EngineConfig
-from sdxl_engine.engine import EngineNotReady, GenerationError, get_engine
+from sdxl_engine.engine import EngineNotReady, GenerationError, get_engine, with_model_defaults
 from sdxl_engine.images import a1111_parameters, encode_pngs, image_stem, request_stamp, write_new
+from sdxl_engine.loading import ModelLoadError, engine_defaults
 from sdxl_engine.schedulers import SAMPLERS
 from sdxl_engine.styles import NO_STYLE, STYLE_NAMES, UnknownStyle, apply_style, get_style
 from sdxl_engine.validation import MAX_GUIDANCE, GenerateRequest, InvalidRequest
@@ -56,6 +57,8 @@ MODEL_NOTES = {  # shown under the banner for the built-in models
                    "small/large; white/black/gray/blue backgrounds). ",
     "tiny-random": "Model `tiny-random`: the SDXL architecture with random weights (for tests): expect noise. ",
 }
+# The blog's setting (the config's own defaults), one click away when a model's engine_defaults.json chose another.
+BLOG_DEFAULT = (EngineConfig.sampler, EngineConfig.num_inference_steps)
 REAL_SDXL_HINT = "For real SDXL start with `python app.py --model stabilityai/stable-diffusion-xl-base-1.0`."
 # At 1280x800 the 2x2 gallery is as wide as the window's height allows, so all four images show
 # without scrolling. Below 768 px the columns stack with the gallery first, right under the
@@ -109,7 +112,8 @@ def handle_generate(engine, prompt, negative_prompt, seed, guidance_scale, num_i
 
     def on_stage(stage: str) -> None:
         fraction, text = STAGES.get(stage, (None, stage))
-        report(fraction, desc=text.format(steps=num_inference_steps, sampler=sampler or engine.config.sampler,
+        steps = engine.limits.default_steps if num_inference_steps is None else num_inference_steps
+        report(fraction, desc=text.format(steps=steps, sampler=sampler or engine.limits.default_sampler,
                                           devices=engine.device_summary, n=engine.batch))
 
     since = None if arrived is None else time.perf_counter() - (time.monotonic() - arrived)  # on the engine's clock
@@ -252,7 +256,10 @@ def build_demo(generate: Callable, config: EngineConfig, engine=None, thumbs: hi
                     guidance_scale = gr.Slider(0.0, MAX_GUIDANCE, value=config.guidance_scale, step=0.5,
                                                label="Guidance scale (≤ 1: no CFG, one UNet pass per image)")
                     num_inference_steps = gr.Slider(1, config.max_inference_steps, value=config.num_inference_steps,
-                                                    step=1, precision=0, label="Steps")  # precision 0: an int in the API
+                                                    step=1, precision=0, label="Steps",
+                                                    elem_id="steps")  # precision 0: an int in the API
+                    blog_default = gr.Button(f"Blog default ({BLOG_DEFAULT[0]}, {BLOG_DEFAULT[1]} steps)", size="sm",
+                                             elem_id="blog-default")
                     with gr.Row(visible=False):  # set from the resolution list; still the API's width/height
                         width = gr.Number(value=0, precision=0, label="Width (px, 0 = model default)")
                         height = gr.Number(value=0, precision=0, label="Height (px, 0 = model default)")
@@ -313,6 +320,8 @@ def build_demo(generate: Callable, config: EngineConfig, engine=None, thumbs: hi
         gallery.select(select_image, info, [selected_seed, reuse], api_visibility="private", queue=False)
         reuse.click(lambda s: -1 if s is None else s, selected_seed, seed, api_visibility="private", queue=False)
         randomize.click(lambda: -1, None, seed, api_visibility="private", queue=False)
+        blog_default.click(lambda: BLOG_DEFAULT, None, [sampler, num_inference_steps], api_visibility="private",
+                           queue=False)
         resolution.change(parse_size, resolution, [width, height], api_visibility="private", queue=False)
 
         def restore(past: list, evt: gr.SelectData):
@@ -347,12 +356,23 @@ def build_demo(generate: Callable, config: EngineConfig, engine=None, thumbs: hi
     return demo
 
 
+def page_defaults(config: EngineConfig) -> EngineConfig:
+    """``config`` with the model's engine_defaults.json where it set nothing: the page's sampler, steps and
+    guidance, which are also the API's defaults (read before the engine has loaded the model, which applies the
+    same file; a hub id's file is read only then, so the page keeps the config's values for it).
+
+    Raises ConfigError or ModelLoadError for a file the engine would refuse too.
+    """
+    return with_model_defaults(config, engine_defaults(config.model), config.model)
+
+
 def main(argv=None) -> int:
     """Start the engine in the background, serve the page; returns the exit status (see server.serve)."""
     args = cli.parse_args(argv, TITLE)
     try:
         config = EngineConfig.load(cli.engine_overrides(args))
-    except ConfigError as err:
+        page_config = page_defaults(config)
+    except (ConfigError, ModelLoadError) as err:
         print(server.start_error_line(err), file=sys.stderr)
         return server.exit_status(err)
     if (taken := server.port_error(args.host, args.port)) is not None:
@@ -364,7 +384,7 @@ def main(argv=None) -> int:
         print(server.start_error_line(err), file=sys.stderr)
         return server.exit_status(err)
     gate = server.RequestGate()
-    demo = build_demo(lambda *values, **kw: gate.run(handle_generate, engine, *values, **kw), config, engine,
+    demo = build_demo(lambda *values, **kw: gate.run(handle_generate, engine, *values, **kw), page_config, engine,
                       concurrency=concurrency)
     demo.queue(max_size=config.max_queue_size)
     share = args.share and cli.share_possible(f"http://{args.host}:{args.port}/", GRADIO_API_SERVER)

@@ -6,6 +6,10 @@ to the type of the field's default; an unknown key or an unconvertible value rai
 :class:`ConfigError`. Derived values (device count, batch) are computed later, once, by the
 engine, because they need JAX's backend.
 
+A model folder may choose its own sampler, steps and guidance (:data:`MODEL_DEFAULT_FIELDS`, in
+its ``engine_defaults.json``): :meth:`EngineConfig.with_model_defaults` puts them in place of the
+defaults below, never in place of a value the environment or an override set.
+
 JAX-wide options (CPU device count, persistent compilation cache) must be set before JAX creates
 its first array; :func:`apply_jax_options` does that and is called by the engine before anything
 else touches JAX.
@@ -25,6 +29,10 @@ from .schedulers import UnknownSampler, get_sampler
 
 ENV_PREFIX = "SDXL_"
 DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "sdxl_engine"
+
+
+# The settings a model folder's engine_defaults.json may choose (loading.py); the others are the deployment's.
+MODEL_DEFAULT_FIELDS = ("sampler", "num_inference_steps", "guidance_scale")
 
 
 class ConfigError(ValueError):
@@ -53,6 +61,7 @@ class EngineConfig:
     # Default number of denoising steps and classifier-free guidance scale. 5 is diffusers'
     # StableDiffusionXLPipeline default and tiny-shapes' best on prompts it was trained on
     # (shape 64.6 / 68.8 / 65.3 % at guidance 3 / 5 / 7; README, "Default model").
+    # These two and the sampler yield to a model's engine_defaults.json unless set explicitly.
     num_inference_steps: int = 20
     guidance_scale: float = 5.0
     # Default sampler, an A1111 name: Euler (the blog's), Euler a, DPM++ 2M, DPM++ 2M Karras, DDIM.
@@ -107,9 +116,38 @@ class EngineConfig:
                 raise ConfigError(f"unknown config key {name!r}; known keys: {', '.join(sorted(fields))}")
             if value is not None:
                 values[name] = value
-        return cls(**{name: _convert(name, fields[name].default, value) for name, value in values.items()})
+        config = cls(**{name: _convert(name, fields[name].default, value) for name, value in values.items()})
+        object.__setattr__(config, "_explicit", frozenset(values))  # not a field: equality and as_dict ignore it
+        return config
+
+    @property
+    def explicit(self) -> frozenset[str]:
+        """The fields the environment or an override set (:meth:`load`); for a config built directly, the
+        fields that differ from their defaults. A model's defaults never replace these."""
+        return self._explicit
+
+    def with_model_defaults(self, defaults: Mapping[str, Any]) -> "EngineConfig":
+        """This config with a model's own defaults (its engine_defaults.json) for the fields not :attr:`explicit`.
+
+        Args:
+            defaults: {field: value}, fields of :data:`MODEL_DEFAULT_FIELDS` only, converted and
+                checked as :meth:`load` does; every value is checked, even one an explicit setting hides.
+        Raises:
+            ConfigError: another key, or a value that does not convert or is out of range.
+        """
+        fields = {f.name: f for f in dataclasses.fields(self)}
+        for name in defaults:
+            if name not in MODEL_DEFAULT_FIELDS:
+                raise ConfigError(f"a model may choose only {', '.join(MODEL_DEFAULT_FIELDS)}, not {name!r}")
+        values = {name: _convert(name, fields[name].default, value) for name, value in defaults.items()}
+        dataclasses.replace(self, **values)  # checks them all (__post_init__)
+        config = dataclasses.replace(self, **{k: v for k, v in values.items() if k not in self.explicit})
+        object.__setattr__(config, "_explicit", self.explicit)
+        return config
 
     def __post_init__(self):
+        object.__setattr__(self, "_explicit", frozenset(f.name for f in dataclasses.fields(self)
+                                                        if getattr(self, f.name) != f.default))
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ConfigError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
         try:

@@ -101,6 +101,7 @@ class Engine:
 
     def __init__(self, config: EngineConfig, log=print):
         self.config = config
+        self.defaults = config  # at start: with the model's engine_defaults.json where the config set nothing
         self._log = log
         self._programs: dict[ProgramShape, CompiledProgram] = {}
         self._schedules: dict = {}
@@ -162,12 +163,13 @@ class Engine:
         self.params = self.model.params
         jax.block_until_ready(self.params)
         self._done("load_s", t0)
+        self.defaults = self._model_defaults()
         self.limits = self._limits()
 
         # 3. Compile the default size (CFG, the default guidance's mode) ahead of time.
         width, height = self.limits.default_size
         self._stage(f"compiling {width}x{height} x {self.batch} images")
-        self.startup["compile_s"] = self._program(width, height, self.config.guidance_scale > 1).compile_s
+        self.startup["compile_s"] = self._program(width, height, self.defaults.guidance_scale > 1).compile_s
 
         # 4. One request through the compiled program with zero denoising steps: the executable runs
         # (first-run allocations; text encoders and VAE decode checked finite) without paying a UNet
@@ -178,6 +180,16 @@ class Engine:
         self.startup["ready_s"] = time.perf_counter() - self.started
         self._log(f"[sdxl_engine] ready in {self.startup['ready_s']:.2f} s on {self.device_summary} "
                   f"({self.model.name}, {self.model.dtype})")
+
+    def _model_defaults(self) -> EngineConfig:
+        """The config with the model's engine_defaults.json where it set nothing; one log line names what applied."""
+        defaults = with_model_defaults(self.config, self.model.engine_defaults, self.model.name)
+        if self.model.engine_defaults:
+            used = {k: getattr(defaults, k) for k in self.model.engine_defaults if k not in self.config.explicit}
+            kept = sorted(self.model.engine_defaults.keys() & self.config.explicit)
+            self._log(f"[sdxl_engine] the model's defaults ({loading.ENGINE_DEFAULTS_FILE}): {used}"
+                      + (f"; set explicitly, so kept: {', '.join(kept)}" if kept else ""))
+        return defaults
 
     def _limits(self) -> Limits:
         """What requests may ask for, from the config and the model's geometry.
@@ -193,9 +205,9 @@ class Engine:
         if default not in sizes:
             sizes = (default,) + sizes
         return Limits(max_seed=self.config.max_seed, max_steps=self.config.max_inference_steps, sizes=sizes,
-                      default_size=default, default_steps=self.config.num_inference_steps,
-                      default_guidance=self.config.guidance_scale, multiple=multiple,
-                      default_sampler=self.config.sampler)
+                      default_size=default, default_steps=self.defaults.num_inference_steps,
+                      default_guidance=self.defaults.guidance_scale, multiple=multiple,
+                      default_sampler=self.defaults.sampler)
 
     def _program(self, width: int, height: int, cfg: bool) -> CompiledProgram:
         """The compiled program for a size bucket and CFG mode, compiled on first use (then cached)."""
@@ -326,6 +338,17 @@ class Engine:
                     warnings.append(f"{field}: {self.model.name} does not know these words, so its images ignore "
                                     f"them: {', '.join(unknown)}")
         return warnings
+
+
+def with_model_defaults(config: EngineConfig, defaults: dict, model: str) -> EngineConfig:
+    """``config`` with a model's engine_defaults.json for the fields it did not set (EngineConfig.with_model_defaults).
+
+    Raises ConfigError naming the file and the model for a key or value the model may not choose.
+    """
+    try:
+        return config.with_model_defaults(defaults)
+    except config_mod.ConfigError as err:
+        raise config_mod.ConfigError(f"{loading.ENGINE_DEFAULTS_FILE} of model {model!r}: {err}") from None
 
 
 _engine: Engine | None = None

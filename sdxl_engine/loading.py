@@ -29,7 +29,7 @@ from .models.random_weights import random_params
 from .validation import size_buckets
 from .weights import VOCABULARY_FILE, ModelLoadError, find_weight_files, load_params
 
-__all__ = ["LoadedModel", "ModelLoadError", "load_model", "resolve_dtype", "read_model_folder"]
+__all__ = ["LoadedModel", "ModelLoadError", "load_model", "resolve_dtype", "read_model_folder", "engine_defaults"]
 
 LOG = logging.getLogger("sdxl_engine")
 PIPELINES = ("StableDiffusionXLPipeline", "FlaxStableDiffusionXLPipeline")
@@ -38,8 +38,11 @@ _HUB_HINT = ("Real SDXL needs its weights: on a machine that reaches the Hugging
              "(--model stabilityai/stable-diffusion-xl-base-1.0), or download once "
              "(hf download stabilityai/stable-diffusion-xl-base-1.0 --local-dir sdxl-base) and start with "
              "--model ./sdxl-base. Built-in models: " + ", ".join(builtin.BUILTIN_NAMES))
+# Optional: the sampler, steps and guidance a model's folder chooses for requests that set none (one JSON
+# object, keys of config.MODEL_DEFAULT_FIELDS; "_" keys are notes); a deployment's explicit setting wins.
+ENGINE_DEFAULTS_FILE = "engine_defaults.json"
 # Files a hub snapshot needs besides the weights (never pickles).
-_HUB_META = ("model_index.json", "scheduler/scheduler_config.json", "tokenizer/", "tokenizer_2/")
+_HUB_META = ("model_index.json", "scheduler/scheduler_config.json", "tokenizer/", "tokenizer_2/", ENGINE_DEFAULTS_FILE)
 
 
 @dataclasses.dataclass
@@ -58,6 +61,8 @@ class LoadedModel:
         source: the folder the files were read from ("" for weights made in memory).
         vocabulary: the words the model was trained on (its folder's vocabulary.txt), or None
             when unknown (real SDXL): prompts' other words get a warning.
+        engine_defaults: the settings its folder's engine_defaults.json chooses ({} without one);
+            the engine applies them with EngineConfig.with_model_defaults.
     """
 
     name: str
@@ -70,6 +75,7 @@ class LoadedModel:
     load_s: float = 0.0
     source: str = ""
     vocabulary: frozenset[str] | None = None
+    engine_defaults: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def unet(self):
@@ -205,12 +211,36 @@ def load_folder(folder: Path, name: str, dtype: str, sharding=None, variant: str
         name=name, components=components, params=params,
         tokenizer=_tokenizer(folder / "tokenizer"), tokenizer_2=_tokenizer(folder / "tokenizer_2"),
         scheduler_config=_read_json(folder / "scheduler" / "scheduler_config.json"),
-        dtype=dtype, load_s=time.perf_counter() - start, source=str(folder), vocabulary=_vocabulary(folder))
+        dtype=dtype, load_s=time.perf_counter() - start, source=str(folder), vocabulary=_vocabulary(folder),
+        engine_defaults=read_engine_defaults(folder))
 
 
 def _vocabulary(folder: Path) -> frozenset[str] | None:
     path = folder / VOCABULARY_FILE
     return frozenset(path.read_text().split()) if path.is_file() else None
+
+
+def read_engine_defaults(folder: Path) -> dict[str, Any]:
+    """``folder``'s engine_defaults.json without its ``_`` notes; {} when it has none.
+
+    Raises ModelLoadError for a file that is not a JSON object.
+    """
+    path = folder / ENGINE_DEFAULTS_FILE
+    if not path.is_file():
+        return {}
+    values = _read_json(path)
+    if not isinstance(values, dict):
+        raise ModelLoadError(f"{path}: expected a JSON object such as {{\"sampler\": \"Euler\"}}, got {values!r:.80}")
+    return {k: v for k, v in values.items() if not k.startswith("_")}
+
+
+def engine_defaults(model: str) -> dict[str, Any]:
+    """The engine defaults of ``model`` that can be read before loading it: the shipped tiny-shapes' and a
+    local folder's; {} for the other built-ins and for hub ids (read once downloaded, when the engine loads it)."""
+    if model == "tiny-shapes":
+        return read_engine_defaults(builtin.TINY_SHAPES_DIR)
+    folder = Path(model).expanduser()
+    return {} if model in builtin.BUILTIN_NAMES or not folder.is_dir() else read_engine_defaults(folder)
 
 
 def _variant_of(filename: str) -> str:

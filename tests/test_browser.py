@@ -15,12 +15,17 @@ import pytest
 from PIL import Image
 
 from conftest import ROOT, RunningApp
+from sdxl_engine.config import EngineConfig
+from sdxl_engine.loading import engine_defaults
 from sdxl_engine.validation import size_buckets
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 ARTIFACTS = ROOT / "artifacts"
+# The app's defaults: tiny-shapes' engine_defaults.json over the config's own (README, "Configuration").
+DEFAULTS = {"sampler": EngineConfig.sampler, "num_inference_steps": EngineConfig.num_inference_steps,
+            **engine_defaults("tiny-shapes")}
 CAPTION = re.compile(r"^seed (\d+)(?: · ([^·]+))? · (\d+\.\d\d) s$")
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason=f"{CHROMIUM} not installed (apt-get install chromium)")
@@ -140,7 +145,7 @@ def test_prompt_and_style_give_four_captioned_images_with_stages_and_latency(off
     assert "4 images on 4 × cpu" in status and "style Pixel art" in status
     assert re.search(r"queue \d+\.\d\d s · prep \d+\.\d+ s · device \d+\.\d\d s · post \d+\.\d+ s", status), status
     seen = " | ".join(page.evaluate("[...window.seen]"))
-    assert "denoising 20 steps" in seen or "Encoding PNGs" in seen, seen
+    assert f"denoising {DEFAULTS['num_inference_steps']} steps" in seen or "Encoding PNGs" in seen, seen
     assert offline.blocked == []
 
 
@@ -188,7 +193,21 @@ def test_downloaded_png_carries_its_parameters(offline):
     assert params["negative_prompt"].startswith("anime, cartoon")
     assert params["Seed"] == seed and params["Style"] == "Cinematic"
     assert (params["Steps"], params["Sampler"], params["CFG scale"], params["Size"], params["Model"]) == (
-        "20", "Euler", "5", "64x64", "tiny-shapes")  # the defaults (steps, CFG, model)
+        str(DEFAULTS["num_inference_steps"]), DEFAULTS["sampler"], "5", "64x64", "tiny-shapes")  # the defaults
+
+
+def test_blog_default_is_one_click_from_the_models_default(offline):
+    """The page starts on tiny-shapes' own sampler and steps; one button gives the blog's Euler, 20 steps."""
+    page = offline.open()
+    page.get_by_text("Advanced settings").click()
+    steps = page.locator("#steps input[type='number']")
+    assert page.locator("#sampler input").input_value() == DEFAULTS["sampler"]
+    assert steps.input_value() == str(DEFAULTS["num_inference_steps"])
+    page.click("#blog-default")
+    page.wait_for_function("() => document.querySelector('#steps input[type=number]').value === '20'")
+    assert page.locator("#sampler input").input_value() == "Euler"
+    generate(page, "a red circle")
+    assert "20 Euler steps" in page.inner_text("#result-status")
 
 
 def test_history_survives_a_reload_and_restores_settings(offline):

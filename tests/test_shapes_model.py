@@ -74,7 +74,7 @@ def test_shipped_model_is_the_default_and_small():
 def test_red_circle_is_red(shapes_engine):
     from sdxl_engine.validation import GenerateRequest
 
-    request = GenerateRequest("a red circle", seed=0, guidance_scale=5.0, num_inference_steps=20)
+    request = GenerateRequest("a red circle", seed=0, guidance_scale=5.0, num_inference_steps=20, sampler="Euler")
     images = shapes_engine.generate(request).images
     assert images.shape == (4, 64, 64, 3)
     shares = [shapes.analyse(im)["colour_shares"]["red"] for im in images]
@@ -91,7 +91,8 @@ def test_position_and_background_words_are_followed(shapes_engine, prompt, posit
     """The words the first model ignored (it drew where the initial noise suggested), seeds 0-3."""
     from sdxl_engine.validation import GenerateRequest
 
-    images = shapes_engine.generate(GenerateRequest(prompt, seed=0, guidance_scale=5.0, num_inference_steps=20)).images
+    request = GenerateRequest(prompt, seed=0, guidance_scale=5.0, num_inference_steps=20, sampler="Euler")  # the blog's
+    images = shapes_engine.generate(request).images
     reads = [shapes.analyse(im) for im in images]
     assert [r["position"] for r in reads].count(position) >= 3, [r["position"] for r in reads]
     borders = [np.median(np.concatenate([im[:3].reshape(-1, 3), im[-3:].reshape(-1, 3)]), axis=0) for im in images]

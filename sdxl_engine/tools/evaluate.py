@@ -1,12 +1,14 @@
 """Evaluate a shapes model through the engine, scored by the independent checker.
 
-    python -m sdxl_engine.evaluate                              # the shipped tiny-shapes
-    python -m sdxl_engine.evaluate --model /tmp/ts --grid /tmp/ts.png --json /tmp/ts.json
+    python -m sdxl_engine.tools.evaluate                        # the shipped tiny-shapes
+    python -m sdxl_engine.tools.evaluate --model /tmp/ts --grid /tmp/ts.png --json /tmp/ts.json
+    python -m sdxl_engine.tools.evaluate --sweep                # quality per second (below)
 
 For each held-out (colour, shape, position) combination of :data:`shapes.HELD_OUT` (never
 drawn in training) it asks the engine for 4 images of the full-description prompt (seeds
 ``seed``..``seed + 3``, backgrounds and sizes cycled) and reads each image with
-:func:`shapes.analyse`. Reported:
+:func:`shapes.analyse`. The single-setting evaluation runs ``--sampler`` (default Euler, the
+blog's) for ``--steps`` (default 20), whatever the model's own defaults are. Reported:
 
 * colour, shape and position accuracy over the 64 images (at ``--guidance``, the engine's
   default 5);
@@ -17,6 +19,23 @@ drawn in training) it asks the engine for 4 images of the full-description promp
   ``a <shape>`` (6 shapes x 4 seeds, 24 different seeds, no colour asked) without and with
   negative prompt ``C``;
 * checker sanity: the checker's own accuracy on freshly rendered held-out images (should be 1).
+
+``--sweep`` (:func:`sweep`) instead measures quality per second, in two stages, all at
+``--guidance``:
+
+1. selection: every sampler x step count of ``--samplers`` and ``--steps-list``, plus Euler at 20
+   steps (:data:`REFERENCE`), on the held-out prompts over ``--seed-groups`` groups of 4 seeds
+   (``seed``, ``seed + 4``, ...): held-out accuracy per setting, and the engine's latency per
+   4-image request measured interleaved in the same run (every prompt and seed group runs every
+   setting, in an order rotated each round) as the median over rounds of its ratio to the
+   reference's latency in the same round;
+2. confirmation: the reference and the candidates (settings within :data:`TOLERANCE` of the
+   reference's colour, shape and position accuracy at no more than :data:`MAX_LATENCY_RATIO` of
+   its latency) again, on as many fresh seed groups, so that a setting picked for doing well on
+   the first seeds must do so again on others.
+
+The choice is the fastest setting that qualifies in both stages. The tables go to BENCHMARKS.md
+(section ``quality``), everything to ``--json``.
 """
 
 from __future__ import annotations
@@ -24,14 +43,25 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
+import platform
+import statistics
 import time
+from pathlib import Path
 
 import numpy as np
 
-from . import shapes
 from ..config import EngineConfig
+from ..schedulers import SAMPLERS
+from . import shapes
+from .report import write_section
 
+ROOT = Path(__file__).resolve().parents[2]
 BACKGROUND_CYCLE = ("white", "black", "gray", "blue")
+REFERENCE = ("Euler", 20)  # the blog's setting, and the single-setting evaluation's
+SWEEP_STEPS = (5, 6, 7, 8, 10, 12, 20)
+TOLERANCE = 0.02  # accuracy (a fraction) a faster setting may lose on each of colour, shape, position
+MAX_LATENCY_RATIO = 0.5  # ... at no more than this share of the reference's latency
 
 
 def eval_prompts() -> list[tuple[str, tuple[str, str, str]]]:
@@ -67,14 +97,14 @@ def checker_sanity(seed: int = 0) -> dict[str, float]:
     return {k: float(np.mean([t[k] for t in totals])) for k in totals[0]}
 
 
-def run(engine, seed: int = 0, guidance: float = EngineConfig.guidance_scale, steps: int = 20,
-        grid: str | None = None) -> dict:
+def run(engine, seed: int = 0, guidance: float = EngineConfig.guidance_scale, steps: int = REFERENCE[1],
+        grid: str | None = None, sampler: str = REFERENCE[0]) -> dict:
     """Every figure of the module docstring, as a dict; optionally saves a grid PNG of the images."""
     from ..validation import GenerateRequest
 
     def generate(prompt, negative="", g=guidance, offset=0):
         return engine.generate(GenerateRequest(prompt, negative_prompt=negative, seed=seed + offset, guidance_scale=g,
-                                               num_inference_steps=steps)).images
+                                               num_inference_steps=steps, sampler=sampler)).images
 
     start = time.perf_counter()
     per_prompt, rows, by_guidance = [], [], {}
@@ -99,7 +129,7 @@ def run(engine, seed: int = 0, guidance: float = EngineConfig.guidance_scale, st
 
         Image.fromarray(np.concatenate(rows, axis=0)).resize((4 * 64 * 3, len(rows) * 64 * 3), 0).save(grid)
     return {
-        "model": engine.model.name, "seed": seed, "steps": steps, "guidance_scale": guidance,
+        "model": engine.model.name, "seed": seed, "sampler": sampler, "steps": steps, "guidance_scale": guidance,
         "held_out_accuracy": by_guidance[f"at_{guidance:g}"],
         "guidance": by_guidance,
         "negative_prompt_colour_share": negative,
@@ -111,24 +141,186 @@ def run(engine, seed: int = 0, guidance: float = EngineConfig.guidance_scale, st
     }
 
 
+ACCURACY = ("colour", "shape", "position")
+
+
+def measure(engine, settings: list[tuple[str, int]], seeds: list[int], guidance: float, log=print) -> list[dict]:
+    """Held-out accuracy and latency of each (sampler, steps) in ``settings``, side by side in one run.
+
+    Every (held-out prompt, seed) is one round; each round runs every setting once, starting one
+    setting later than the round before, so a noisy neighbour slows every setting alike. Accuracy
+    is over the same 16 prompts x 4 x ``len(seeds)`` images for every setting; latency is the
+    engine's (``timings["latency"]``: prep + device + post, queue excluded) per 4-image request.
+
+    Returns one row per setting: colour, shape, position (fractions), colour_share, the same three
+    per seed group, the median latency, the median over rounds of its latency over the first
+    setting's (the reference) in the same round, each round's latency, and
+    whether the row is within :data:`TOLERANCE` of the first on each accuracy and at most
+    :data:`MAX_LATENCY_RATIO` of its latency.
+    """
+    from ..validation import GenerateRequest
+
+    scores = {s: [] for s in settings}
+    latency = {s: [] for s in settings}
+    start = time.perf_counter()
+    rounds = [(prompt, target, s) for s in seeds for prompt, target in eval_prompts()]
+    for r, (prompt, target, request_seed) in enumerate(rounds):
+        for k in range(len(settings)):
+            sampler, n = settings[(k + r) % len(settings)]
+            result = engine.generate(GenerateRequest(prompt, seed=request_seed, guidance_scale=guidance,
+                                                     num_inference_steps=n, sampler=sampler))
+            scores[sampler, n].append({**score(result.images, target), "seed": request_seed})
+            latency[sampler, n].append(result.timings["latency"])
+        log(f"  round {r + 1}/{len(rounds)} ({time.perf_counter() - start:.0f} s)")
+    rows = []
+    for setting in settings:
+        got = scores[setting]
+        rows.append({"sampler": setting[0], "steps": setting[1],
+                     **{k: float(np.mean([x[k] for x in got])) for k in (*ACCURACY, "colour_share")},
+                     "by_seed_group": {str(s): {k: float(np.mean([x[k] for x in got if x["seed"] == s]))
+                                                for k in ACCURACY} for s in seeds},
+                     "latency_s": statistics.median(latency[setting]),
+                     # Paired: this setting's latency over the reference's in the same round (seconds apart),
+                     # so the machine's load, which drifts over minutes, cancels; the median over the rounds.
+                     "latency_ratio": statistics.median(a / b for a, b in zip(latency[setting], latency[settings[0]])),
+                     "latency_per_round_s": [round(x, 4) for x in latency[setting]]})
+    reference = rows[0]
+    for row in rows:
+        row["loss"] = max(reference[k] - row[k] for k in ACCURACY)  # the worst of the three, as a fraction
+        row["within_tolerance"] = row["loss"] <= TOLERANCE + 1e-9
+        row["fast_enough"] = row["latency_ratio"] <= MAX_LATENCY_RATIO
+    return rows
+
+
+def sweep(engine, samplers=SAMPLERS, steps=SWEEP_STEPS, seed: int = 0, seed_groups: int = 4,
+          guidance: float = EngineConfig.guidance_scale, log=print) -> dict:
+    """Both stages of the module docstring's ``--sweep``; returns the rows of each and the choice."""
+    start = time.perf_counter()
+    settings = list(dict.fromkeys([REFERENCE, *itertools.product(samplers, steps)]))
+    seeds = [seed + 4 * g for g in range(seed_groups)]
+    fresh = [seed + 4 * (seed_groups + g) for g in range(seed_groups)]
+    rows = measure(engine, settings, seeds, guidance, log)
+    candidates = [(r["sampler"], r["steps"]) for r in rows[1:] if r["within_tolerance"] and r["fast_enough"]]
+    confirmation = measure(engine, [REFERENCE, *candidates], fresh, guidance, log) if candidates else []
+    return {
+        "model": engine.model.name, "machine": f"{platform.machine()} {os.cpu_count()} cores, {engine.device_summary}",
+        "run": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "guidance_scale": guidance,
+        "reference": dict(zip(("sampler", "steps"), REFERENCE)), "tolerance": TOLERANCE,
+        "max_latency_ratio": MAX_LATENCY_RATIO, "images_per_setting": 64 * seed_groups,
+        "seeds": seeds, "settings": rows, "confirmation_seeds": fresh, "confirmation": confirmation,
+        "choice": choose(rows, confirmation), "eval_s": round(time.perf_counter() - start, 1),
+    }
+
+
+def choose(rows: list[dict], confirmation: list[dict]) -> dict | None:
+    """The fastest setting within tolerance and fast enough in both stages, or None.
+
+    Fastest = fewest steps: every sampler runs the same program, so the step count decides the
+    cost and medians of samplers at one step count differ by noise only. Among those, the one
+    whose worst accuracy loss over both stages is smallest.
+    """
+    def ok(row):
+        return row["within_tolerance"] and row["fast_enough"]
+
+    first = {(r["sampler"], r["steps"]): r for r in rows[1:] if ok(r)}
+    both = [(r, first[r["sampler"], r["steps"]]) for r in confirmation[1:]
+            if ok(r) and (r["sampler"], r["steps"]) in first]
+    if not both:
+        return None
+    best, _ = min(both, key=lambda pair: (pair[0]["steps"], max(pair[0]["loss"], pair[1]["loss"])))
+    return {"sampler": best["sampler"], "steps": best["steps"]}
+
+
+def _table(rows: list[dict], reference: dict, choice: dict) -> list[str]:
+    lines = ["| sampler | steps | colour | shape | position | worst loss (points) | latency (s) | ratio | "
+             "within 2 points | ≤ 0.5x |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        setting = (row["sampler"], row["steps"])
+        name = f"**{row['sampler']}**" if setting == (choice.get("sampler"), choice.get("steps")) else row["sampler"]
+        if setting == (reference["sampler"], reference["steps"]):
+            name += " (reference)"
+        lines.append(f"| {name} | {row['steps']} | {100 * row['colour']:.1f} % | {100 * row['shape']:.1f} % | "
+                     f"{100 * row['position']:.1f} % | {100 * max(row['loss'], 0):.2f} | {row['latency_s']:.3f} | "
+                     f"{row['latency_ratio']:.2f} | {'yes' if row['within_tolerance'] else 'no'} | "
+                     f"{'yes' if row['fast_enough'] else 'no'} |")
+    return lines
+
+
+def grid(rows: list[dict]) -> list[str]:
+    """Colour / shape / position accuracy (%) with one row per sampler, one column per step count, and the
+    latency ratio per step count (the median of the samplers': they run one program, so steps set the cost)."""
+    steps = sorted({r["steps"] for r in rows})
+    samplers = list(dict.fromkeys(r["sampler"] for r in rows))
+    cell = {(r["sampler"], r["steps"]): r for r in rows}
+    lines = ["| colour / shape / position (%) | " + " | ".join(f"{n} steps" for n in steps) + " |",
+             "|---|" + "---|" * len(steps)]
+    for sampler in samplers:
+        lines.append(f"| {sampler} | " + " | ".join(
+            "/".join(f"{100 * cell[sampler, n][k]:.1f}" for k in ACCURACY) if (sampler, n) in cell else ""
+            for n in steps) + " |")
+    ratios = [statistics.median(r["latency_ratio"] for r in rows if r["steps"] == n) for n in steps]
+    lines.append("| latency ÷ Euler-20's | " + " | ".join(f"{x:.2f}x" for x in ratios) + " |")
+    return lines
+
+
+def sweep_markdown(result: dict) -> str:
+    """The BENCHMARKS.md section: the selection table (reference first), the confirmation table, the choice."""
+    ref, n, choice = result["reference"], result["images_per_setting"], result["choice"] or {}
+    name = f"{ref['sampler']}-{ref['steps']}"
+    seeds = lambda s: f"seeds {s[0]}–{s[-1] + 3}"  # noqa: E731
+    lines = [f"Run: {result['run']} · {result['machine']} · model `{result['model']}` · guidance "
+             f"{result['guidance_scale']:g} · 16 held-out prompts x {n // 16} images: {n} images per setting, "
+             f"1 image = {100 / n:.2f} points · latency: the engine's median per 4-image request, the settings of "
+             f"each table interleaved in one run; ratio: the median over rounds of the latency over {name}'s in "
+             f"the same round (seconds apart)",
+             "", f"Selection ({seeds(result['seeds'])}), at a glance:", "", *grid(result["settings"]),
+             "", "In full:", "", *_table(result["settings"], ref, choice)]
+    if result["confirmation"]:
+        lines += ["", f"Confirmation of the candidates on fresh seeds ({seeds(result['confirmation_seeds'])}):", "",
+                  *_table(result["confirmation"], ref, choice)]
+    lines.append("")
+    limits = f"within {100 * result['tolerance']:g} points of {name} on colour, shape and position at ≤ " \
+             f"{result['max_latency_ratio']:g}x its latency"
+    if choice:
+        lines.append(f"Fastest setting {limits} in both tables: **{choice['sampler']}, {choice['steps']} steps**.")
+    else:
+        lines.append(f"No setting is {limits} in both tables.")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="tiny-shapes", help="built-in name or diffusers directory")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--guidance", type=float, default=EngineConfig.guidance_scale, help="default: the engine's")
-    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--steps", type=int, default=REFERENCE[1])
+    p.add_argument("--sampler", default=REFERENCE[0], help="the single-setting evaluation's sampler")
     p.add_argument("--grid", help="save the held-out images as one PNG here")
-    p.add_argument("--json", help="write the report here too")
+    p.add_argument("--json", help="write the report here too (sweep: default bench_quality.json)")
+    p.add_argument("--sweep", action="store_true", help="every sampler x step count instead (module docstring)")
+    p.add_argument("--samplers", default=",".join(SAMPLERS), help="sweep: comma-separated sampler names")
+    p.add_argument("--steps-list", default=",".join(map(str, SWEEP_STEPS)), help="sweep: comma-separated step counts")
+    p.add_argument("--seed-groups", type=int, default=4, help="sweep: groups of 4 seeds per prompt, per stage")
+    p.add_argument("--md", default=str(ROOT / "BENCHMARKS.md"), help="sweep: rewrite its 'quality' section ('' = no)")
     args = p.parse_args(argv)
 
     from ..engine import Engine
 
     engine = Engine(EngineConfig.load({"model": args.model}), log=lambda *_: None).start()
-    report = run(engine, args.seed, args.guidance, args.steps, args.grid)
-    for row in report["per_prompt"]:
-        print(f"  {row['prompt']:<62} colour {row['colour']:.2f} shape {row['shape']:.2f} position {row['position']:.2f}")
-    summary = {k: v for k, v in report.items() if k != "per_prompt"}
-    print(json.dumps(summary, indent=1))
+    if args.sweep:
+        report = sweep(engine, [s.strip() for s in args.samplers.split(",")],
+                       [int(n) for n in args.steps_list.split(",")], args.seed, args.seed_groups, args.guidance,
+                       log=lambda line: print(line, flush=True))
+        print(sweep_markdown(report))
+        if args.md:
+            write_section(Path(args.md), "quality", sweep_markdown(report))
+        args.json = args.json or str(ROOT / "bench_quality.json")
+    else:
+        report = run(engine, args.seed, args.guidance, args.steps, args.grid, args.sampler)
+        for row in report["per_prompt"]:
+            print(f"  {row['prompt']:<62} colour {row['colour']:.2f} shape {row['shape']:.2f} "
+                  f"position {row['position']:.2f}")
+        print(json.dumps({k: v for k, v in report.items() if k != "per_prompt"}, indent=1))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
