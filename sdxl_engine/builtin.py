@@ -88,7 +88,7 @@ TINY = dict(
 
 BUILTIN_NAMES = ("tiny-shapes", "tiny-random", "sdxl-base-random")
 
-# ``tiny-shapes``: the SDXL architecture at 64x64, trained by ``python -m sdxl_engine.train`` on
+# ``tiny-shapes``: the SDXL architecture at 64x64, trained by ``python -m sdxl_engine.tools.train`` on
 # the captioned shapes of sdxl_engine/shapes.py and shipped in the repository (diffusers format).
 TINY_SHAPES_DIR = Path(__file__).resolve().parents[1] / "assets" / "tiny-shapes"
 

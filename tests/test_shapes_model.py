@@ -165,7 +165,7 @@ def test_training_command_saves_a_model_the_engine_recipe_describes(tmp_path):
 
 
 def test_shipped_weights_come_from_the_training_command_defaults():
-    """The README's ``python -m sdxl_engine.train`` (its defaults) is the recipe that made
+    """The README's ``python -m sdxl_engine.tools.train`` (its defaults) is the recipe that made
     assets/tiny-shapes: every recorded argument but the output path equals today's default."""
     import json
 

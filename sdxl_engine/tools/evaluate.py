@@ -50,9 +50,12 @@ import time
 from pathlib import Path
 
 import numpy as np
+from PIL import Image
 
 from ..config import EngineConfig
+from ..engine import Engine
 from ..schedulers import SAMPLERS
+from ..validation import GenerateRequest
 from . import shapes
 from .report import write_section
 
@@ -100,8 +103,6 @@ def checker_sanity(seed: int = 0) -> dict[str, float]:
 def run(engine, seed: int = 0, guidance: float = EngineConfig.guidance_scale, steps: int = REFERENCE[1],
         grid: str | None = None, sampler: str = REFERENCE[0]) -> dict:
     """Every figure of the module docstring, as a dict; optionally saves a grid PNG of the images."""
-    from ..validation import GenerateRequest
-
     def generate(prompt, negative="", g=guidance, offset=0):
         return engine.generate(GenerateRequest(prompt, negative_prompt=negative, seed=seed + offset, guidance_scale=g,
                                                num_inference_steps=steps, sampler=sampler)).images
@@ -125,8 +126,6 @@ def run(engine, seed: int = 0, guidance: float = EngineConfig.guidance_scale, st
             shares.append(float(np.mean([shapes.analyse(im)["colour_shares"][colour] for im in images])))
         negative[colour] = {"without": round(shares[0], 4), "with": round(shares[1], 4)}
     if grid:
-        from PIL import Image
-
         Image.fromarray(np.concatenate(rows, axis=0)).resize((4 * 64 * 3, len(rows) * 64 * 3), 0).save(grid)
     return {
         "model": engine.model.name, "seed": seed, "sampler": sampler, "steps": steps, "guidance_scale": guidance,
@@ -158,7 +157,6 @@ def measure(engine, settings: list[tuple[str, int]], seeds: list[int], guidance:
     whether the row is within :data:`TOLERANCE` of the first on each accuracy and at most
     :data:`MAX_LATENCY_RATIO` of its latency.
     """
-    from ..validation import GenerateRequest
 
     scores = {s: [] for s in settings}
     latency = {s: [] for s in settings}
@@ -303,8 +301,6 @@ def main(argv=None) -> None:
     p.add_argument("--seed-groups", type=int, default=4, help="sweep: groups of 4 seeds per prompt, per stage")
     p.add_argument("--md", default=str(ROOT / "BENCHMARKS.md"), help="sweep: rewrite its 'quality' section ('' = no)")
     args = p.parse_args(argv)
-
-    from ..engine import Engine
 
     engine = Engine(EngineConfig.load({"model": args.model}), log=lambda *_: None).start()
     if args.sweep:

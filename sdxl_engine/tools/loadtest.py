@@ -1,6 +1,6 @@
 """Bounded load test of a running demo, over loopback only.
 
-    python -m sdxl_engine.loadtest --url http://127.0.0.1:7860/ --clients 8 --seconds 60 [--pid PID]
+    python -m sdxl_engine.tools.loadtest --url http://127.0.0.1:7860/ --clients 8 --seconds 60 [--pid PID]
 
 N client threads (1..64), each with its own gradio_client connection, call ``/generate`` in a
 loop for T seconds (1..600); a call still running at the deadline is waited for (at most
@@ -38,6 +38,8 @@ import time
 from collections import Counter
 from pathlib import Path
 from urllib.parse import urlsplit
+
+from gradio_client import Client
 
 from .report import write_section
 
@@ -81,7 +83,7 @@ def server_rss_mb(pid: int | None) -> float | None:
 def find_server_pid(url: str) -> int | None:
     """PID of the process listening on the URL's port (psutil, when installed), else None."""
     try:
-        import psutil
+        import psutil  # optional (requirements-dev.txt): without it the server's memory is not sampled
     except ImportError:
         return None
     port = urlsplit(url).port or 80
@@ -135,8 +137,6 @@ def run(url: str, clients: int = 4, seconds: float = 20.0, pid: int | None = Non
     Raises:
         LoadTestError: arguments out of bounds or a non-loopback URL.
     """
-    from gradio_client import Client
-
     check_args(url, clients, seconds)
     pid = pid if pid is not None else find_server_pid(url)
     request = request or {"prompt": "a red circle on a blue background", "num_inference_steps": 4}
@@ -293,7 +293,6 @@ def replica_loss(app: ServedApp, clients: int = 4, device_s: float = 2.0, timeou
     (kill -> first call served by the replacement), ``replacement_start_s`` (its own start-up as it
     logged it) and ``first_start_s`` (the killed replica's start-up, for comparison).
     """
-    from gradio_client import Client  # the tool's one client library, loaded when a load starts (as in run())
 
     calls: list[Call] = []
     lock = threading.Lock()

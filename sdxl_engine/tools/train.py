@@ -6,7 +6,7 @@
 
 Stages, as SDXL was trained (Podell et al. 2023, with Rombach et al. 2022's latent diffusion):
 
-1. Data: images and captions from :mod:`sdxl_engine.shapes` (held-out combinations excluded).
+1. Data: images and captions from :mod:`sdxl_engine.tools.shapes` (held-out combinations excluded).
 2. VAE: a KL autoencoder (factor 4: 64x64x3 pixels -> 16x16x4 latents), loss = pixel MSE + a
    tiny KL term. Its ``scaling_factor`` is then set to 1 / std of the latents, so the latents
    the UNet sees have unit variance (SD's 0.18215 and SDXL's 0.13025 were found the same way).
