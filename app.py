@@ -11,14 +11,13 @@ and the browser history live in ``sdxl_engine/serving``.
 from __future__ import annotations
 
 import sys
-import tempfile
 import time
 import traceback
 import warnings
 from pathlib import Path
 from typing import Callable
 
-from sdxl_engine.serving import cli, history, scaleout, server
+from sdxl_engine.serving import cli, delivery, history, scaleout, server
 
 if __name__ == "__main__":  # before Gradio is imported: it reads GRADIO_TEMP_DIR once, at import time
     server.usable_output_dir()
@@ -29,7 +28,6 @@ from starlette.exceptions import StarletteDeprecationWarning
 
 from sdxl_engine.config import ConfigError, EngineConfig
 from sdxl_engine.engine import EngineNotReady, GenerationError, get_engine, with_model_defaults
-from sdxl_engine.images import a1111_parameters, encode_pngs, image_stem, request_stamp, write_new
 from sdxl_engine.loading import ModelLoadError, engine_defaults
 from sdxl_engine.schedulers import SAMPLERS
 from sdxl_engine.styles import NO_STYLE, STYLE_NAMES, UnknownStyle, apply_style, get_style
@@ -126,42 +124,21 @@ def handle_generate(engine, prompt, negative_prompt, seed, guidance_scale, num_i
         raise gr.Error(f"the engine failed on this request ({type(err).__name__}); it is logged on the server. "
                        "Please retry.") from err
     report(0.95, desc="Encoding PNGs")
-    req, latency = result.request, result.timings["latency"]
-    extra = {} if style == NO_STYLE else {"Style": style}
-    pngs = encode_pngs(result.images, [a1111_parameters(req.prompt, req.negative_prompt, req.num_inference_steps,
-                                                        req.guidance_scale, s, req.width, req.height, result.model,
-                                                        extra, req.sampler) for s in result.seeds])
-    stems = [image_stem(s, prompt) for s in result.seeds]  # seed42-a-red-circle: the download's name
-    try:  # one new folder per request in Gradio's temp folder: served from there, never copied
-        root = Path(files_dir or gr.utils.get_upload_folder()).resolve()
-        root.mkdir(parents=True, exist_ok=True)
-        folder = Path(tempfile.mkdtemp(prefix="sdxl-", dir=root))
-        paths = [str(write_new(data, folder, stem)) for data, stem in zip(pngs, stems)]
+    try:
+        out = delivery.deliver(result, prompt, style, files_dir or gr.utils.get_upload_folder(),
+                               engine.config.outputs_dir)
     except OSError as err:
         print(f"[app] error: could not write the images to Gradio's temp folder: {err}", flush=True)
         raise gr.Error(f"the server could not store the images ({type(err).__name__}); please retry later",
                        print_exception=False) from err
-    label = "" if style == NO_STYLE else f" · {style}"
-    gallery = [(path, f"seed {s}{label} · {latency:.2f} s") for path, s in zip(paths, result.seeds)]
+    if out.save_error is not None:  # the images are still shown and downloadable; saving is best-effort
+        print(f"[app] warning: could not save to outputs_dir {engine.config.outputs_dir!r}: {out.save_error}",
+              flush=True)
+        gr.Warning(f"Images not saved to the outputs folder ({type(out.save_error).__name__}); download them instead.")
+    info, label = out.info, "" if style == NO_STYLE else f" · {style}"
+    gallery = [(path, f"seed {s}{label} · {info['latency_s']:.2f} s") for path, s in zip(out.paths, result.seeds)]
     for warning in result.warnings:
         gr.Warning(warning if style == NO_STYLE else f"{warning} (the {style} style adds words around yours)")
-    info = {
-        "seeds": result.seeds, "latency_s": round(latency, 4), "device_count": result.device_count,
-        "device": result.device_summary, "timings_s": {k: round(v, 4) for k, v in result.timings.items()},
-        "prompt": req.prompt, "negative_prompt": req.negative_prompt, "guidance_scale": req.guidance_scale,
-        "num_inference_steps": req.num_inference_steps, "sampler": req.sampler, "width": req.width,
-        "height": req.height, "model": result.model, "warnings": result.warnings, "style": style,
-    }
-    if getattr(result, "replica", ""):  # scale-out mode: which Serve replica made it (timings_s also has "ray")
-        info["replica"] = result.replica
-    if engine.config.outputs_dir:
-        stamp = request_stamp()  # to the microsecond, plus a random id: two requests never share a name
-        try:
-            info["saved"] = [str(write_new(data, Path(engine.config.outputs_dir), f"{stamp}-{stem}"))
-                             for data, stem in zip(pngs, stems)]
-        except OSError as err:  # the images are still shown and downloadable; saving is best-effort
-            print(f"[app] warning: could not save to outputs_dir {engine.config.outputs_dir!r}: {err}", flush=True)
-            gr.Warning(f"Images not saved to the outputs folder ({type(err).__name__}); download them instead.")
     record = history.make_record({"prompt": prompt, "negative_prompt": negative_prompt, "style": style}, info,
                                  result.images)
     return gallery, info, record

@@ -1,0 +1,75 @@
+"""What a request hands back after the engine: lossless PNGs on disk, the info record, saved copies.
+
+The page (app.py) calls :func:`deliver` once per request, after ``engine.generate``; it turns
+the result into files Gradio serves as they are, the JSON record the API returns and, with
+``outputs_dir``, copies that never overwrite anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+from pathlib import Path
+
+from ..images import a1111_parameters, encode_pngs, image_stem, request_stamp, write_new
+from ..styles import NO_STYLE
+
+
+@dataclasses.dataclass
+class Delivery:
+    """One request's files and record.
+
+    ``paths``: the PNGs (A1111 ``parameters`` chunk, lossless) in a new folder, image i from
+    ``info["seeds"][i]``. ``info``: the API's JSON record (README, "API"). ``save_error``: why the
+    copies to ``outputs_dir`` were not written (the images are still served), else None.
+    """
+
+    paths: list[str]
+    info: dict
+    save_error: OSError | None = None
+
+
+def deliver(result, prompt: str, style: str, files_dir: Path, outputs_dir: str = "") -> Delivery:
+    """Encode ``result.images`` ((n, H, W, 3) uint8) as PNGs, write them, build the info record.
+
+    Args:
+        result: an engine result (``images``, ``seeds``, ``request``, ``timings`` in seconds,
+            ``model``, ``warnings``, ``device_count``, ``device_summary``, optional ``replica``).
+        prompt: what the user typed (before any style): it names the files
+            (``seed42-a-red-circle.png``, the download's name).
+        style: the style's name (``NO_STYLE`` for none), recorded in the PNGs and the record.
+        files_dir: a folder the web server serves from; each request gets a new folder inside it.
+        outputs_dir: also save the PNGs here as ``<µs time>-<request id>-seed42-...png`` ("" = no).
+
+    Raises:
+        OSError: the PNGs could not be written under ``files_dir`` (nothing to serve). A failure
+        to save to ``outputs_dir`` is returned as ``save_error`` instead.
+    """
+    req, latency = result.request, result.timings["latency"]
+    extra = {} if style == NO_STYLE else {"Style": style}
+    pngs = encode_pngs(result.images, [a1111_parameters(req.prompt, req.negative_prompt, req.num_inference_steps,
+                                                        req.guidance_scale, s, req.width, req.height, result.model,
+                                                        extra, req.sampler) for s in result.seeds])
+    stems = [image_stem(s, prompt) for s in result.seeds]
+    root = Path(files_dir).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix="sdxl-", dir=root))  # one new folder per request: served, never copied
+    paths = [str(write_new(data, folder, stem)) for data, stem in zip(pngs, stems)]
+    info = {
+        "seeds": result.seeds, "latency_s": round(latency, 4), "device_count": result.device_count,
+        "device": result.device_summary, "timings_s": {k: round(v, 4) for k, v in result.timings.items()},
+        "prompt": req.prompt, "negative_prompt": req.negative_prompt, "guidance_scale": req.guidance_scale,
+        "num_inference_steps": req.num_inference_steps, "sampler": req.sampler, "width": req.width,
+        "height": req.height, "model": result.model, "warnings": result.warnings, "style": style,
+    }
+    if getattr(result, "replica", ""):  # scale-out mode: which Serve replica made it (timings_s also has "ray")
+        info["replica"] = result.replica
+    save_error = None
+    if outputs_dir:
+        stamp = request_stamp()  # to the microsecond, plus a random id: two requests never share a name
+        try:
+            info["saved"] = [str(write_new(data, Path(outputs_dir), f"{stamp}-{stem}"))
+                             for data, stem in zip(pngs, stems)]
+        except OSError as err:
+            save_error = err
+    return Delivery(paths, info, save_error)
