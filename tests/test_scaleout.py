@@ -284,15 +284,15 @@ def test_two_replicas_serve_two_requests_at_once(app2):
     import app
 
     clients = [Client(app2.url, verbose=False) for _ in range(2)]
-    started = time.perf_counter()
-    jobs = [slow_call(c, 2.0, seed) for seed, c in enumerate(clients, 1)]
+    jobs = [slow_call(c, 3.0, seed) for seed, c in enumerate(clients, 1)]
     infos = [job.result(timeout=60)[1] for job in jobs]
-    elapsed = time.perf_counter() - started
-    assert elapsed < 3.9, f"2 x 2 s took {elapsed:.1f} s: not in parallel"
+    # In parallel: two replicas, and neither request waited for the other's 3 s on the device (in
+    # Gradio's queue or on the way to a replica). Judged from each request's own timings, not from
+    # wall time, which this shared machine's load stretches.
     assert len({info["replica"] for info in infos}) == 2, infos
     for info in infos:
         t = info["timings_s"]
-        assert t["device"] >= 2.0 and 0 < t["ray"] < 1.0, t
+        assert t["device"] >= 3.0 and 0 < t["ray"] < 1.0 and t["queue"] < 2.0, t
         assert t["latency"] == pytest.approx(t["prep"] + t["device"] + t["post"] + t["ray"], abs=0.01)
         assert info["device"] == "1 × cpu" and len(info["seeds"]) == 4
         line = app.status_line(info)
