@@ -1,7 +1,6 @@
 """The shipped tiny-shapes model, its data and its independent checker."""
 
 import dataclasses
-import time
 
 import numpy as np
 import pytest
@@ -99,15 +98,13 @@ def test_position_and_background_words_are_followed(shapes_engine, prompt, posit
     assert all(np.abs(b - shapes.BACKGROUNDS[background]).max() < 40 for b in borders), borders
 
 
-def test_loading_the_shipped_model_takes_under_2_s(shapes_engine):
-    """The load call itself (configs, safetensors, cast, tokenizers); JAX start-up and imports came before."""
+def test_the_shipped_model_loads_by_name(shapes_engine):
+    """The load call itself (configs, safetensors, cast, tokenizers) by its built-in name; its time is
+    a figure of the bench (startup table), not a test's."""
     from sdxl_engine.loading import load_model
 
-    start = time.perf_counter()
     model = load_model("tiny-shapes", dtype="float32", platform="cpu", cache_dir="unused")
-    elapsed = time.perf_counter() - start
     assert model.native_size == 64 and model.components["text_encoder_2"].config.projection_dim == 32
-    assert elapsed < 2.0, f"loading took {elapsed:.2f} s"
 
 
 def test_the_shipped_model_is_a_pytorch_layout_diffusers_folder():
