@@ -19,8 +19,11 @@ from typing import Callable
 
 from sdxl_engine.serving import cli, delivery, history, scaleout, server
 
-if __name__ == "__main__":  # before Gradio is imported: it reads GRADIO_TEMP_DIR once, at import time
+if __name__ == "__main__":  # before Gradio is imported: it reads GRADIO_TEMP_DIR and GRADIO_SERVER_PORT at import
     server.usable_output_dir()
+    if (bad_env := cli.environment_error()) is not None:
+        print(f"error: bad setting: {bad_env}", file=sys.stderr)
+        sys.exit(server.EXIT_BAD_SETTING)
 
 import gradio as gr
 from gradio.networking import GRADIO_API_SERVER

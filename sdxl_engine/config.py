@@ -184,17 +184,25 @@ class EngineConfig:
         return dataclasses.asdict(self)
 
 
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
+
+
 def _convert(name: str, default: Any, value: Any) -> Any:
     kind = type(default)
     try:
         if kind is bool and isinstance(value, str):
-            return value.strip().lower() in ("1", "true", "yes", "on")
+            word = value.strip().lower()
+            if word not in TRUE_WORDS + FALSE_WORDS:
+                raise ValueError(f"not one of {', '.join(TRUE_WORDS + FALSE_WORDS)}")
+            return word in TRUE_WORDS
         if kind is int and isinstance(value, str):
             return int(value.strip(), 0)
         return kind(value)
     except (TypeError, ValueError) as err:
         kind_name = {"int": "whole number", "float": "number", "str": "text", "bool": "boolean"}.get(kind.__name__, kind.__name__)
-        raise ConfigError(f"{name} must be a {kind_name}, got {value!r}") from err
+        hint = f" ({', '.join(TRUE_WORDS)} or {', '.join(FALSE_WORDS)})" if kind is bool else ""
+        raise ConfigError(f"{name} must be a {kind_name}{hint}, got {value!r}") from err
 
 
 _applied: dict[str, Any] = {}

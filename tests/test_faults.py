@@ -182,11 +182,20 @@ def test_startup_failure_exits_non_zero_with_one_clear_line(tmp_path):
         assert "Traceback" not in out + err
 
 
-def test_bad_config_exits_2_with_one_line():
-    result = subprocess.run([sys.executable, str(ROOT / "app.py"), "--num-inference-steps", "many"], cwd=ROOT,
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode == 2
-    assert result.stderr.strip() == "error: bad setting: num_inference_steps must be a whole number, got 'many'"
+@pytest.mark.parametrize("args, env, expected", [
+    (["--num-inference-steps", "many"], {}, "num_inference_steps must be a whole number, got 'many'"),
+    (["--executable-cache", "maybe"], {},  # was read as "off" without a word (QA)
+     "executable_cache must be a boolean (1, true, yes, on or 0, false, no, off), got 'maybe'"),
+    ([], {"SDXL_EXECUTABLE_CACHE": "maybe"},
+     "executable_cache must be a boolean (1, true, yes, on or 0, false, no, off), got 'maybe'"),
+    ([], {"GRADIO_SERVER_PORT": "abc"},  # Gradio's import would end in a traceback (QA)
+     "GRADIO_SERVER_PORT: 'abc' is not a TCP port (a whole number from 1 to 65535)"),
+])
+def test_bad_config_exits_2_with_one_line(args, env, expected):
+    result = subprocess.run([sys.executable, str(ROOT / "app.py"), *args], cwd=ROOT, capture_output=True, text=True,
+                            timeout=120, env={**os.environ, **env})
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip() == f"error: bad setting: {expected}"
 
 
 def test_settings_the_machine_cannot_honour_exit_2_with_one_line():

@@ -25,6 +25,19 @@ def tcp_port(text: str) -> int:
     return port
 
 
+def environment_error(environ=os.environ) -> str | None:
+    """Why GRADIO_SERVER_PORT is unusable, or None. Check it before importing Gradio, which
+    converts it with ``int()`` at import time (a traceback for ``abc``)."""
+    text = environ.get("GRADIO_SERVER_PORT")
+    if text is None:
+        return None
+    try:
+        tcp_port(text)
+    except argparse.ArgumentTypeError as err:
+        return f"GRADIO_SERVER_PORT: {err}"
+    return None
+
+
 def _replicas(text: str) -> Replicas:
     """argparse type for --replicas: a count (2) or an autoscaling range (1-4)."""
     try:
