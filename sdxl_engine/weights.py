@@ -116,20 +116,27 @@ def read_safetensors_header(path: Path) -> dict[str, TensorInfo]:
     Raises ModelLoadError for a file that is not safetensors or is shorter than its header says
     (a truncated download).
     """
+    def truncated(size: int, needed: int) -> ModelLoadError:
+        return ModelLoadError(f"{path}: truncated ({size} bytes, the header needs {needed}); download it again")
+
     try:
+        size = path.stat().st_size
         with open(path, "rb") as f:
-            (length,) = struct.unpack("<Q", f.read(8))
+            prefix = f.read(8)
+            if len(prefix) < 8:  # cut inside the length field
+                raise truncated(size, 8)
+            (length,) = struct.unpack("<Q", prefix)
             if length > 100 << 20:
                 raise ValueError(f"header length {length}")
+            if size < 8 + length:  # cut inside the JSON header
+                raise truncated(size, 8 + length)
             header = json.loads(f.read(length))
-        size = path.stat().st_size
     except (OSError, ValueError, struct.error) as err:
         raise ModelLoadError(f"{path}: not a readable safetensors file ({type(err).__name__}: {err})") from err
     header.pop("__metadata__", None)
     end = max((info["data_offsets"][1] for info in header.values()), default=0)
     if size < 8 + length + end:
-        raise ModelLoadError(f"{path}: truncated ({size} bytes, the header needs {8 + length + end}); "
-                             "download it again")
+        raise truncated(size, 8 + length + end)
     return {key: TensorInfo(path, key, info["dtype"], tuple(info["shape"]), info["data_offsets"][0])
             for key, info in header.items()}
 

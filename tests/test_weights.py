@@ -105,6 +105,10 @@ def test_pickle_only_folder_is_refused_and_never_opened(model_dir, tmp_path):
                                     r"1 unexpected \(first: conv_final.weight\)"),
     ("truncated file", r"diffusion_pytorch_model.safetensors: truncated \(\d+ bytes, the header needs \d+\); "
                        r"download it again"),
+    ("truncated in the header", r"diffusion_pytorch_model.safetensors: truncated \(\d+ bytes, the header needs "
+                                r"\d+\); download it again"),  # was a JSONDecodeError (QA)
+    ("truncated in the length", r"diffusion_pytorch_model.safetensors: truncated \(4 bytes, the header needs 8\); "
+                                r"download it again"),  # was "unpack requires a buffer of 8 bytes" (QA)
     ("unsupported dtype", r"conv_in.bias is stored as I8; supported weight dtypes are F32, F16, BF16 and F64"),
     ("no weights", r"unet: no weights found; expected \*\.safetensors"),
     ("unsupported config", r"unet/config.json: unet config time_cond_proj_dim=256 is not supported"),
@@ -140,6 +144,11 @@ def break_model(folder: Path, case: str) -> None:
     elif case == "truncated file":
         data = (folder / UNET_FILE).read_bytes()
         (folder / UNET_FILE).write_bytes(data[: len(data) // 2])
+    elif case == "truncated in the header":
+        data = (folder / UNET_FILE).read_bytes()
+        (folder / UNET_FILE).write_bytes(data[: 8 + int.from_bytes(data[:8], "little") // 2])
+    elif case == "truncated in the length":
+        (folder / UNET_FILE).write_bytes((folder / UNET_FILE).read_bytes()[:4])
     elif case == "unsupported dtype":
         tensors["conv_in.bias"] = tensors["conv_in.bias"].astype(np.int8)
         save_file(tensors, str(folder / UNET_FILE))
