@@ -168,7 +168,9 @@ def tokenize(model: LoadedModel, text: str) -> tuple[np.ndarray, bool]:
     rows, truncated = [], False
     for tok in (model.tokenizer, model.tokenizer_2):
         ids = tok(text, padding="max_length", max_length=TOKENS, truncation=True).input_ids
-        truncated |= len(tok(text, truncation=False).input_ids) > TOKENS
+        # One token past the limit tells: untruncated encoding (or tokenize()) would log transformers'
+        # "sequence length is longer than the specified maximum" warning for every long prompt.
+        truncated |= len(tok(text, truncation=True, max_length=TOKENS + 1).input_ids) > TOKENS
         rows.append(ids)
     return np.asarray(rows, np.int32), truncated
 

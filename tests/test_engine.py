@@ -1,11 +1,17 @@
 """Engine unit tests on the tiny random SDXL over 4 CPU devices."""
 
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from sdxl_engine.program import tokenize
 from sdxl_engine.validation import GenerateRequest, InvalidRequest
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def gen(engine, prompt="a red circle", **kw):
@@ -129,6 +135,20 @@ def test_long_prompt_truncated_with_warning(engine):
     assert result.images.shape == (4, 64, 64, 3)
     assert any("truncated" in w for w in result.warnings)
     assert gen(engine).warnings == []
+    # The count agrees with the tokenizer's own at the edge: 75 words + BOS + EOS fit, 76 do not.
+    assert [tokenize(engine.model, " ".join(["red"] * n))[1] for n in (75, 76)] == [False, True]
+
+
+def test_a_long_prompt_logs_nothing():
+    """The user hears of the cut (a warning in the result); the server log does not: transformers warns
+    on stderr when it encodes untruncated text longer than 77 tokens (QA). In a fresh process, as
+    transformers warns once per tokenizer."""
+    code = ("from sdxl_engine.loading import load_model; from sdxl_engine.program import tokenize; "
+            "m = load_model('tiny-shapes', dtype='float32', platform='cpu', cache_dir='unused'); "
+            "print(tokenize(m, 'a red circle ' * 60)[1])")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "True", out.stderr[-2000:]
+    assert "sequence length" not in out.stderr, out.stderr[-2000:]
 
 
 def test_words_the_model_does_not_know_are_named_in_a_warning(engine):
