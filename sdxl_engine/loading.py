@@ -328,7 +328,10 @@ def load_model(model: str, *, dtype: str, platform: str, revision: str = "", var
         raise ModelLoadError(f"model {model!r} is neither a built-in name, an existing directory nor a hub id. {_HUB_HINT}")
     else:
         folder = hub_snapshot(model, revision, variant)
-    loaded = load_folder(folder, model, dtype, sharding, variant, log)
+    # A local folder is known to users (page, API record, PNG parameters) by its own name only: a
+    # public link must not show the server's paths. Logs and errors name the whole path.
+    local = model not in builtin.BUILTIN_NAMES and Path(model).expanduser().exists()
+    loaded = load_folder(folder, folder.resolve().name if local else model, dtype, sharding, variant, log)
     loaded.load_s = time.perf_counter() - start
     return loaded
 

@@ -163,6 +163,17 @@ def break_model(folder: Path, case: str) -> None:
         (folder / "unet" / "config.json").write_text(json.dumps(unet_config))
 
 
+def test_a_local_folder_is_named_by_its_own_name_only(tmp_path):
+    """Users see the model's name (page banner, API record, PNG parameters): a public link must not
+    show the server's paths (QA: "Model: /tmp/qa/repo/tests/fixtures/tiny-pt")."""
+    folder = tmp_path / "deep" / "my-sdxl-finetune"
+    shutil.copytree(FIXTURES / "tiny-pt", folder)
+    for given in (str(folder), str(folder) + "/"):
+        assert load_model(given, dtype="float32", platform="cpu", cache_dir=str(tmp_path)).name == "my-sdxl-finetune"
+    assert load_model("tiny-random", dtype="float32", platform="cpu",
+                      cache_dir=str(tmp_path / "models")).name == "tiny-random"
+
+
 def test_single_file_checkpoint_is_refused_with_how_to_convert(tmp_path):
     path = tmp_path / "sd_xl_base_1.0.safetensors"
     save_file({"model.diffusion_model.input_blocks.0.0.weight": np.zeros((4, 4), np.float32)}, str(path))
