@@ -149,7 +149,7 @@ def handle_generate(engine, prompt, negative_prompt, seed, guidance_scale, num_i
 
 def status_line(info: dict) -> str:
     """The one line under the gallery: latency breakdown, devices, size, steps, sampler, style and model."""
-    if not info:
+    if not isinstance(info, dict) or "timings_s" not in info:  # empty, or a raw call to this page event
         return ""
     t = info["timings_s"]
     saved = f" · saved to `{Path(info['saved'][0]).parent}`" if info.get("saved") else ""
