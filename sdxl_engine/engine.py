@@ -59,6 +59,17 @@ class EngineNotReady(RuntimeError):
     """The engine failed to start (the message says why) or did not become ready in time."""
 
 
+def wait_for_start(engine, timeout: float | None) -> None:
+    """Block until ``engine.ready`` (a threading.Event) is set, up to ``timeout`` seconds (None: no limit).
+
+    Raises EngineNotReady naming ``engine.stage`` on a timeout, or ``engine.error`` if the start failed.
+    """
+    if not engine.ready.wait(timeout):
+        raise EngineNotReady(f"the engine is still {engine.stage} after {timeout} s")
+    if engine.error is not None:
+        raise EngineNotReady(f"the engine failed to start: {engine.error}")
+
+
 class GenerationError(RuntimeError):
     """The program ran but produced something unusable (non-finite pixels)."""
 
@@ -244,10 +255,7 @@ class Engine:
 
     def wait_ready(self, timeout: float | None = None) -> None:
         """Block until start-up finished. Raises EngineNotReady if it failed or timed out."""
-        if not self.ready.wait(timeout):
-            raise EngineNotReady(f"the engine is still {self.stage} after {timeout} s")
-        if self.error is not None:
-            raise EngineNotReady(f"the engine failed to start: {self.error}")
+        wait_for_start(self, timeout)
 
     # ---- requests -------------------------------------------------------------------------
     def generate(self, request: GenerateRequest, ready_timeout: float | None = None,

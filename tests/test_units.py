@@ -189,3 +189,20 @@ def test_readme_first_python_example_works_with_the_default_model():
     prompt = re.search(r'prompt="([^"]+)"', call)[1]
     assert unknown_words(prompt, frozenset((TINY_SHAPES_DIR / "vocabulary.txt").read_text().split())) == []
     assert "style=" not in call
+
+
+def test_waiting_for_the_engine_names_its_stage_or_its_error():
+    import threading
+    from types import SimpleNamespace
+
+    from sdxl_engine.engine import EngineNotReady, wait_for_start
+
+    starting = SimpleNamespace(ready=threading.Event(), stage="compiling 64x64", error=None)
+    with pytest.raises(EngineNotReady, match=r"^the engine is still compiling 64x64 after 0.01 s$"):
+        wait_for_start(starting, 0.01)
+    starting.ready.set()
+    wait_for_start(starting, 0.01)  # ready: returns
+    failed = SimpleNamespace(ready=threading.Event(), stage="failed", error=ValueError("no such model"))
+    failed.ready.set()
+    with pytest.raises(EngineNotReady, match=r"^the engine failed to start: no such model$"):
+        wait_for_start(failed, None)

@@ -44,7 +44,7 @@ from ray.serve.exceptions import RequestCancelledError
 
 from .. import faults
 from ..config import ConfigError, EngineConfig
-from ..engine import Engine, EngineNotReady, GenerateResult, GenerationError
+from ..engine import Engine, EngineNotReady, GenerateResult, GenerationError, wait_for_start
 from ..validation import GenerateRequest, InvalidRequest, Limits, validate
 from .scaleout import (APP_NAME, DEPLOYMENT_NAME, GRACEFUL_SHUTDOWN_S, HEALTH_CHECK_PERIOD_S, HEALTH_CHECK_TIMEOUT_S,
                        MAX_ONGOING_REQUESTS, REQUEST_TIMEOUT_S, ReplicaPlan, Replicas, plan_replica,
@@ -428,10 +428,7 @@ class RemoteEngine:
 
     def wait_ready(self, timeout: float | None = None) -> None:
         """Block until one replica is ready. Raises EngineNotReady if start-up failed or timed out."""
-        if not self.ready.wait(timeout):
-            raise EngineNotReady(f"the engine is still {self.stage} after {timeout} s")
-        if self.error is not None:
-            raise EngineNotReady(f"the engine failed to start: {self.error}")
+        wait_for_start(self, timeout)
 
     # ---- requests -------------------------------------------------------------------------
     def generate(self, request: GenerateRequest, ready_timeout: float | None = None,
