@@ -194,7 +194,7 @@ class Engine:
 
     def _model_defaults(self) -> EngineConfig:
         """The config with the model's engine_defaults.json where it set nothing; one log line names what applied."""
-        defaults = with_model_defaults(self.config, self.model.engine_defaults, self.model.name)
+        defaults = with_model_defaults(self.config, self.model.engine_defaults, self.config.model)  # the path, for the operator
         if self.model.engine_defaults:
             used = {k: getattr(defaults, k) for k in self.model.engine_defaults if k not in self.config.explicit}
             kept = sorted(self.model.engine_defaults.keys() & self.config.explicit)
@@ -210,7 +210,7 @@ class Engine:
         native, multiple = self.model.native_size, self.model.size_multiple
         default = (self.config.width or native, self.config.height or native)
         if default[0] % multiple or default[1] % multiple:
-            raise config_mod.ConfigError(f"width/height {default[0]}x{default[1]}: the model {self.model.name!r} needs "
+            raise config_mod.ConfigError(f"width/height {default[0]}x{default[1]}: the model {self.config.model!r} needs "
                                          f"multiples of {multiple} pixels (0 = its native {native}x{native})")
         sizes = self.model.size_buckets()
         if default not in sizes:
