@@ -18,7 +18,11 @@
 Medians over ``--runs`` runs after one warm-up, with min and max, the contenders interleaved so
 a noisy neighbour slows them alike. Results go to BENCHMARKS.md (a table between markers) and a
 JSON file. ``--full-size`` instead lowers the real SDXL base architecture with abstract bfloat16
-weights and reports XLA's cost analysis.
+weights and reports XLA's cost analysis; ``--warm-start`` times full-size starts (tools/warmstart.py);
+``--vs-torch --model DIR --torch-python PATH`` runs legs 2 and 8 only, for a full-size folder::
+
+    SDXL_CPU_DEVICES=1 SDXL_IMAGES_PER_REQUEST=1 SDXL_WIDTH=256 SDXL_HEIGHT=256 SDXL_DTYPE=float32 \
+        python -m sdxl_engine.tools.bench --vs-torch --model DIR --steps 4 --runs 3 --torch-python PATH
 """
 
 from __future__ import annotations
@@ -190,19 +194,19 @@ def torch_reference(engine, python: str, steps: int, runs: int, workdir: Path) -
 
     Returns {"skipped": reason} when the model is not a safetensors folder or ``python`` fails.
     """
+    if not engine.model.source or not list(Path(engine.model.source).glob("*/*.safetensors")):
+        return {"skipped": f"{engine.model.name} is not a safetensors folder diffusers can load"}
+    ours = engine_on_latents(engine, steps, workdir)
+    return run_torch(python, engine.model.source, ours, steps, runs, workdir)
+
+
+def engine_on_latents(engine, steps: int, workdir: Path) -> np.ndarray:
+    """The engine's images (n, H, W, 3) uint8 from the seed rule's latents for seeds 0..n-1, which
+    it also writes to ``workdir/latents.npz`` for the PyTorch pipeline (Euler, guidance 5)."""
     model = engine.model
-    if not model.source or not list(Path(model.source).glob("*/*.safetensors")):
-        return {"skipped": f"{model.name} is not a safetensors folder diffusers can load"}
     width, height = engine.limits.default_size
-    shape = latent_shape(model, height, width)
-    latents = np.asarray(initial_noise(np.arange(engine.batch, dtype=np.uint32), shape))
+    latents = np.asarray(initial_noise(np.arange(engine.batch, dtype=np.uint32), latent_shape(model, height, width)))
     np.savez(workdir / "latents.npz", latents=latents)
-    cmd = [python, "-m", "sdxl_engine.tools.torch_reference", "--model", model.source, "--latents",
-           str(workdir / "latents.npz"), "--steps", str(steps), "--runs", str(runs), "--out", str(workdir / "torch.npz")]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    if done.returncode != 0:
-        return {"skipped": f"{python} could not run the PyTorch pipeline: {done.stderr.strip().splitlines()[-1:]}"}
-    result = json.loads(done.stdout.strip().splitlines()[-1])
     program = compile_program(model, engine.params, ProgramShape(engine.batch, height, width,
                                                                  engine.config.max_inference_steps,
                                                                  given_latents=True), engine.mesh)
@@ -211,9 +215,20 @@ def torch_reference(engine, python: str, steps: int, runs: int, workdir: Path) -
     inputs = ProgramInputs.build(ids, empty, True, range(engine.batch), 5.0,
                                  make_schedule("Euler", model.scheduler_config, steps), steps,
                                  engine.config.max_inference_steps, latents=latents)
-    ours = np.asarray(program.executable(engine.params, inputs)[0]).astype(np.int16)
+    return np.asarray(program.executable(engine.params, inputs)[0])
+
+
+def run_torch(python: str, source: str, ours: np.ndarray, steps: int, runs: int, workdir: Path) -> dict:
+    """tools/torch_reference.py in ``python`` on ``workdir/latents.npz``; its timing and how far its
+    images are from ``ours``."""
+    cmd = [python, "-m", "sdxl_engine.tools.torch_reference", "--model", source, "--latents",
+           str(workdir / "latents.npz"), "--steps", str(steps), "--runs", str(runs), "--out", str(workdir / "torch.npz")]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if done.returncode != 0:
+        return {"skipped": f"{python} could not run the PyTorch pipeline: {done.stderr.strip().splitlines()[-1:]}"}
+    result = json.loads(done.stdout.strip().splitlines()[-1])
     with np.load(workdir / "torch.npz") as data:
-        diff = np.abs(ours - data["images"].astype(np.int16))
+        diff = np.abs(ours.astype(np.int16) - data["images"].astype(np.int16))
     return {**result, "max_abs_diff_255": int(diff.max()), "mean_abs_diff_255": float(diff.mean())}
 
 
@@ -340,6 +355,39 @@ def run(args) -> dict:
     return out
 
 
+def vs_torch(args) -> dict:
+    """Legs 2 and 8 alone (``--vs-torch``), for a model too big for the other legs on a CPU (the
+    full-size random folder of ``make_fixtures fullsize``; size, devices and dtype from ``SDXL_*``):
+    the engine's request timed in a child process (which also makes its images on the shared
+    latents and exits), then diffusers' PyTorch pipeline alone, so the two never hold the model in
+    memory at once (at full size two float32 copies do not fit this machine together)."""
+    with tempfile.TemporaryDirectory() as work:
+        subprocess.run([sys.executable, "-m", "sdxl_engine.tools.bench", "--vs-torch-engine", work, "--model", args.model,
+                        "--steps", str(args.steps), "--runs", str(args.runs)], cwd=ROOT, check=True)
+        out = json.loads((Path(work) / "engine.json").read_text())
+        out["torch"] = run_torch(args.torch_python, out.pop("source"), np.load(Path(work) / "ours.npy"), args.steps,
+                                 args.runs, Path(work))
+    if "median_s" in out["torch"]:
+        out["engine / diffusers PyTorch pipeline"] = out["engine"]["median"] / out["torch"]["median_s"]
+    return out
+
+
+def vs_torch_engine(args, workdir: Path) -> None:
+    """The engine's side of ``--vs-torch`` (run in its own process): timing, images, latents to ``workdir``."""
+    config = EngineConfig.load({"model": args.model, "num_inference_steps": args.steps})
+    apply_jax_options(config)
+    engine = Engine(config, log=lambda *a: None).start()
+    if not engine.model.source or not list(Path(engine.model.source).glob("*/*.safetensors")):
+        raise SystemExit(f"error: {args.model} is not a safetensors folder diffusers can load")
+    request = GenerateRequest("a red circle on the left", seed=0, num_inference_steps=args.steps, sampler="Euler")
+    out = {"machine": f"{platform.machine()} {os.cpu_count()} cores, {engine.device_summary}", "model": config.model,
+           "dtype": engine.model.dtype, "size": engine.limits.default_size, "batch": engine.batch, "steps": args.steps,
+           "engine": timed({"engine": lambda: engine.generate(request)}, args.runs)["engine"],
+           "source": engine.model.source}
+    np.save(workdir / "ours.npy", engine_on_latents(engine, args.steps, workdir))
+    (workdir / "engine.json").write_text(json.dumps(out, default=str))
+
+
 def ratios(r: dict) -> dict:
     """The issue's targets as ratios of figures measured in the same run."""
     out = {"engine / sum of parts": r["engine"]["median"] / r["parts"]["sum"],
@@ -415,6 +463,10 @@ def main(argv=None) -> None:
     parser.add_argument("--full-size", action="store_true", help="lower full-size SDXL base with random weights")
     parser.add_argument("--warm-start", action="store_true",
                         help="full-size start to ready, cold vs warm caches, in fresh processes (tools/warmstart.py)")
+    parser.add_argument("--vs-torch", action="store_true",
+                        help="only the engine's request and the PyTorch pipeline's (needs --torch-python); "
+                             "prints JSON, writes bench_vs_torch.json")
+    parser.add_argument("--vs-torch-engine", metavar="DIR", help=argparse.SUPPRESS)  # --vs-torch's child process
     parser.add_argument("--md", default=str(ROOT / "BENCHMARKS.md"))
     parser.add_argument("--json", default=str(ROOT / "bench.json"))
     args = parser.parse_args(argv)
@@ -423,6 +475,15 @@ def main(argv=None) -> None:
     if args.warm_start:
         return warmstart.main(args)
     args.model = args.model or EngineConfig.model
+    if args.vs_torch_engine:
+        return vs_torch_engine(args, Path(args.vs_torch_engine))
+    if args.vs_torch:
+        if not args.torch_python:
+            parser.error("--vs-torch needs --torch-python (an interpreter with torch and diffusers)")
+        result = vs_torch(args)
+        Path(args.json).with_name("bench_vs_torch.json").write_text(json.dumps(result, indent=2, default=str))
+        print(json.dumps(result, indent=1, default=str))
+        return
     result = run(args)
     Path(args.json).write_text(json.dumps(result, indent=2, default=str))
     write_section(Path(args.md), "tiny", markdown(result))
