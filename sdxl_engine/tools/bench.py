@@ -194,10 +194,20 @@ def torch_reference(engine, python: str, steps: int, runs: int, workdir: Path) -
 
     Returns {"skipped": reason} when the model is not a safetensors folder or ``python`` fails.
     """
-    if not engine.model.source or not list(Path(engine.model.source).glob("*/*.safetensors")):
+    if not diffusers_can_load(engine.model):
         return {"skipped": f"{engine.model.name} is not a safetensors folder diffusers can load"}
     ours = engine_on_latents(engine, steps, workdir)
     return run_torch(python, engine.model.source, ours, steps, runs, workdir)
+
+
+def diffusers_can_load(model) -> bool:
+    """Whether the loaded model came from a folder of safetensors (what the PyTorch pipeline reads)."""
+    return bool(model.source) and any(Path(model.source).glob("*/*.safetensors"))
+
+
+def machine(engine) -> str:
+    """The run's machine line: architecture, cores, the engine's devices."""
+    return f"{platform.machine()} {os.cpu_count()} cores, {engine.device_summary}"
 
 
 def engine_on_latents(engine, steps: int, workdir: Path) -> np.ndarray:
@@ -298,7 +308,7 @@ def run(args) -> dict:
     engine = Engine(config, log=lambda *a: None).start()
     size = engine.limits.default_size[0]
     steps, runs = args.steps, args.runs
-    out = {"machine": f"{platform.machine()} {os.cpu_count()} cores, {engine.device_summary}", "model": config.model,
+    out = {"machine": machine(engine), "model": config.model,
            "steps": steps, "size": size, "batch": engine.batch, "runs": runs, "startup_s": engine.startup}
 
     request = GenerateRequest("a red circle", seed=0, num_inference_steps=steps)
@@ -377,10 +387,10 @@ def vs_torch_engine(args, workdir: Path) -> None:
     config = EngineConfig.load({"model": args.model, "num_inference_steps": args.steps})
     apply_jax_options(config)
     engine = Engine(config, log=lambda *a: None).start()
-    if not engine.model.source or not list(Path(engine.model.source).glob("*/*.safetensors")):
+    if not diffusers_can_load(engine.model):
         raise SystemExit(f"error: {args.model} is not a safetensors folder diffusers can load")
     request = GenerateRequest("a red circle on the left", seed=0, num_inference_steps=args.steps, sampler="Euler")
-    out = {"machine": f"{platform.machine()} {os.cpu_count()} cores, {engine.device_summary}", "model": config.model,
+    out = {"machine": machine(engine), "model": config.model,
            "dtype": engine.model.dtype, "size": engine.limits.default_size, "batch": engine.batch, "steps": args.steps,
            "engine": timed({"engine": lambda: engine.generate(request)}, args.runs)["engine"],
            "source": engine.model.source}
