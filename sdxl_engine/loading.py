@@ -313,6 +313,7 @@ def load_model(model: str, *, dtype: str, platform: str, revision: str = "", var
     dtype = resolve_dtype(dtype, platform)
     if model == "sdxl-base-random":
         return random_model(builtin.SDXL_BASE_CONFIGS, model, dtype, sharding)
+    shown = model  # the name users see (page, API record, PNG parameters)
     if model in builtin.BUILTIN_NAMES:
         try:
             folder = builtin.model_path(model, cache_dir)
@@ -324,14 +325,14 @@ def load_model(model: str, *, dtype: str, platform: str, revision: str = "", var
             raise ModelLoadError(_single_file_message(folder))
         if not (folder / "model_index.json").is_file():
             raise ModelLoadError(f"{folder} is not a diffusers-format model directory (no model_index.json). {_HUB_HINT}")
+        # A local folder by its own name only: a public link must not show the server's paths (logs
+        # and errors name the whole path).
+        shown = folder.resolve().name
     elif model.startswith((".", "/", "~")) or model.count("/") != 1:
         raise ModelLoadError(f"model {model!r} is neither a built-in name, an existing directory nor a hub id. {_HUB_HINT}")
     else:
         folder = hub_snapshot(model, revision, variant)
-    # A local folder is known to users (page, API record, PNG parameters) by its own name only: a
-    # public link must not show the server's paths. Logs and errors name the whole path.
-    local = model not in builtin.BUILTIN_NAMES and Path(model).expanduser().exists()
-    loaded = load_folder(folder, folder.resolve().name if local else model, dtype, sharding, variant, log)
+    loaded = load_folder(folder, shown, dtype, sharding, variant, log)
     loaded.load_s = time.perf_counter() - start
     return loaded
 
