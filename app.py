@@ -10,6 +10,8 @@ and the browser history live in ``sdxl_engine/serving``.
 
 from __future__ import annotations
 
+import functools
+import json
 import sys
 import time
 import traceback
@@ -60,14 +62,49 @@ MODEL_NOTES = {  # shown under the banner for the built-in models
 }
 # The blog's setting (the config's own defaults), one click away when a model's engine_defaults.json chose another.
 BLOG_DEFAULT = (EngineConfig.sampler, EngineConfig.num_inference_steps)
-REAL_SDXL_HINT = "For real SDXL start with `python app.py --model stabilityai/stable-diffusion-xl-base-1.0`."
+# Ends with the command (no full stop after it): on a phone the code wraps, and a stop would sit alone on a line.
+REAL_SDXL_HINT = "For real SDXL, start it with: `python app.py --model stabilityai/stable-diffusion-xl-base-1.0`"
 # At 1280x800 the 2x2 gallery is as wide as the window's height allows, so all four images show
 # without scrolling. Below 768 px the columns stack with the gallery first, right under the
 # prompt; scroll anchoring is off there, or the browser scrolls the images away as it grows.
+# There the prompt and Generate, and the resolution and seed, take a line each (side by side
+# they squeeze the text). Toasts sit at the bottom left, off the Generate button (top right)
+# and the gallery; on a phone, at the bottom. The history's tiles fill the width (no sideways
+# scrolling) and their captions wrap instead of ending in "…".
 PAGE_CSS = """
 #gallery .grid-container { max-width: max(240px, min(100%, calc(100vh - 380px))); margin-inline: auto; }
-@media (max-width: 767px) { #output-col { order: -1; } #main-row { overflow-anchor: none; } }
+@media (max-width: 767px) { #output-col { order: -1; } #main-row { overflow-anchor: none; }
+  #prompt-row, #size-row { flex-wrap: wrap; } #prompt-row > *, #size-row > * { flex: 1 1 100% !important; } }
+.toast-wrap { top: auto !important; bottom: var(--size-3) !important; left: var(--size-3) !important;
+  right: auto !important; align-items: start !important; }
+@media (max-width: 767px) { .toast-wrap { right: var(--size-3) !important; width: auto !important; } }
+#history .grid-container { grid-template-columns: repeat(auto-fill, minmax(120px, 1fr)) !important; }
+#history .caption-label { white-space: normal !important; overflow: visible !important; text-overflow: clip !important;
+  max-width: calc(100% - 8px) !important; line-height: 1.2; }
 """
+HISTORY_KEY = "sdxl-jax-history"  # the BrowserState's localStorage key
+HISTORY_NOTE = "Click an image to restore its prompt, style, seed and settings."
+# The history gallery, drawn in the browser from the records' JPEG data URLs (the server writes no
+# thumbnail), in history.entry's order. A history this browser kept but cannot read now (the history
+# key changed: README, "History") comes back empty; a count kept beside it tells that case apart.
+HISTORY_JS = """(past) => { const records = Array.isArray(past) ? past : [];
+  const items = [];
+  for (const r of records) {
+    if (!r || !Array.isArray(r.seeds) || !Array.isArray(r.thumbs)) continue;
+    const style = r.style && r.style !== %s ? ` · ${r.style}` : '';
+    r.seeds.forEach((seed, i) => { const url = r.thumbs[i];
+      if (typeof url !== 'string' || !url.startsWith('data:image/jpeg;base64,')) return;
+      items.push({image: {url: url, orig_name: `seed${seed}.jpg`, mime_type: 'image/jpeg'},
+                  caption: `seed ${seed}${style} · ${String(r.prompt).slice(0, 40)}`});
+    });
+  }
+  const countKey = %s + '-count', kept = Number(localStorage.getItem(countKey) || 0);
+  const lost = records.length === 0 && kept > 0 && localStorage.getItem(%s) !== null;
+  if (!lost) localStorage.setItem(countKey, String(records.length));
+  return [items, lost ? %s : %s]; }""" % (json.dumps(NO_STYLE), json.dumps(HISTORY_KEY), json.dumps(HISTORY_KEY),
+    json.dumps("This browser's earlier history cannot be read: the server's history key changed since it was saved "
+               "(README, \"History\"). New generations start a new history."), json.dumps(HISTORY_NOTE))
+PARSE_SIZE_JS = "(v) => String(v || '0x0').split('x').map(Number)"  # "WxH" -> [width, height], as parse_size
 SCROLL_TO_GALLERY_JS = """() => { if (window.innerWidth < 768) {  /* after the page's own updates settle */
   setTimeout(() => document.querySelector('#gallery')?.scrollIntoView({block: 'start'}), 100); } }"""
 
@@ -199,28 +236,48 @@ def parse_size(value: str) -> tuple[int, int]:
     return int(w), int(h)
 
 
-def build_demo(generate: Callable, config: EngineConfig, engine=None, thumbs: history.ThumbnailFiles | None = None,
-               concurrency: int = 1) -> gr.Blocks:
+def page_event(fn: Callable) -> Callable:
+    """``fn`` as a page event: input it cannot use (only a client other than the page sends it)
+    is refused with one log line and a gr.Error, not a traceback."""
+    @functools.wraps(fn)
+    def guarded(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except gr.Error:
+            raise
+        except (LookupError, TypeError, ValueError, AttributeError) as err:
+            print(f"[app] page event {fn.__name__} refused: {type(err).__name__}: {err}"[:300], flush=True)
+            raise gr.Error("this page event got values the page does not send", print_exception=False) from err
+    return guarded
+
+
+def build_demo(generate: Callable, config: EngineConfig, engine=None, concurrency: int = 1,
+               history_secret: str | None = None) -> gr.Blocks:
     """The page. ``generate`` has handle_generate's signature minus the engine (tests pass a fake).
 
     ``engine`` (optional) feeds the start-up banner and the resolution list; without it the page
     offers the model's default size only. ``concurrency``: requests run at once (the one place
-    that serialises them: one per engine).
+    that serialises them: one per engine). ``history_secret``: the browsers' history key
+    (history.browser_secret: this, else SDXL_HISTORY_SECRET, else the one kept in the cache folder).
+
+    Only ``/generate`` is an API endpoint; the page's other events are private (the HTTP guard,
+    sdxl_engine.serving.server.Routes, lets them through only as the page calls them), and every
+    one that runs on the server is a :func:`page_event`. None writes a file: the history's
+    thumbnails are drawn in the browser (HISTORY_JS).
     """
-    thumbs = thumbs or history.ThumbnailFiles(lambda: Path(gr.utils.get_upload_folder()) / "history")
     with gr.Blocks(title=TITLE) as demo:
         gr.Markdown(f"# {TITLE}\nFour images per prompt, generated in parallel across the accelerator's devices.")
         banner = gr.Markdown(engine_banner(engine)[0], elem_id="engine-status")
         if config.model in MODEL_NOTES:
-            gr.Markdown(MODEL_NOTES[config.model] + REAL_SDXL_HINT)
-        with gr.Row(equal_height=True):  # the prompt, across the page
+            gr.Markdown(MODEL_NOTES[config.model] + REAL_SDXL_HINT, elem_id="model-note")
+        with gr.Row(equal_height=True, elem_id="prompt-row"):  # the prompt, across the page
             prompt = gr.Textbox(label="Prompt", placeholder="a red circle on a blue background", scale=5,
                                 lines=1, max_lines=3, elem_id="prompt")
             run = gr.Button("Generate", variant="primary", scale=1, min_width=120, elem_id="generate")
         with gr.Row(elem_id="main-row"):
             with gr.Column(scale=2, elem_id="settings-col"):  # how to make it
                 style = gr.Radio(list(STYLE_NAMES), value=NO_STYLE, label="Style", elem_id="style")
-                with gr.Row():
+                with gr.Row(elem_id="size-row"):
                     choices, default_size = size_choices(engine)
                     resolution = gr.Dropdown(choices, value=default_size, label="Resolution (width × height, pixels)",
                                              elem_id="resolution")
@@ -252,11 +309,12 @@ def build_demo(generate: Callable, config: EngineConfig, engine=None, thumbs: hi
         gr.Examples([[text, NO_STYLE] for text in EXAMPLES], inputs=[prompt, style],
                     label="Examples (click to fill the prompt and style)")
         with gr.Accordion("History (this browser)", open=True):
-            history_note = gr.Markdown("Click an image to restore its prompt, style, seed and settings.")
-            history_gallery = gr.Gallery(label="Past generations", columns=10, height=300, allow_preview=False,
+            history_note = gr.Markdown(HISTORY_NOTE, elem_id="history-note")
+            history_gallery = gr.Gallery(label="Past generations", show_label=False, columns=10, height=300,
+                                         allow_preview=False,
                                          fit_columns=False, format="jpeg", interactive=False, elem_id="history")
             clear_history = gr.Button("Clear history", size="sm")
-        past = gr.BrowserState([], storage_key="sdxl-jax-history")
+        past = gr.BrowserState([], storage_key=HISTORY_KEY, secret=history.browser_secret(history_secret))
         selected_seed = gr.State(None)
         pending = history.Pending()  # each generation's history record, until this browser's history takes it
 
@@ -282,28 +340,36 @@ def build_demo(generate: Callable, config: EngineConfig, engine=None, thumbs: hi
                       [prompt, negative_prompt, seed, guidance_scale, num_inference_steps, width, height, style, sampler],
                       [gallery, info], api_name="generate", concurrency_id="engine",
                       concurrency_limit=concurrency, preprocess=False)
-        event.success(status_line, info, status, api_visibility="private")
+        event.success(page_event(status_line), info, status, api_visibility="private")
+        event.failure(None, None, status, js="() => ''", api_visibility="private")  # the line was the last request's
         event.success(None, None, None, js=SCROLL_TO_GALLERY_JS, queue=False, api_visibility="private")
-        def remember(past: list, request: gr.Request):
-            updated = history.remember(past, pending.pop(request.session_hash))
-            return updated, thumbs.items(updated, NO_STYLE)
 
-        event.success(remember, past, [past, history_gallery], api_visibility="private", show_progress="hidden")
+        @page_event
+        def remember(past: list, request: gr.Request):
+            return history.remember(past if isinstance(past, list) else [], pending.pop(request.session_hash))
+
+        event.success(remember, past, past, api_visibility="private", show_progress="hidden").then(
+            None, past, [history_gallery, history_note], js=HISTORY_JS, api_visibility="private")
         event.success(lambda: (None, gr.Button("Reuse selected image's seed", interactive=False)), None,
                       [selected_seed, reuse], api_visibility="private", queue=False)
 
+        @page_event
         def select_image(info: dict, evt: gr.SelectData):
             seed = info["seeds"][evt.index] if info and evt.index is not None else None
             return seed, gr.Button(f"Reuse seed {seed}" if seed is not None else "Reuse selected image's seed",
                                    interactive=seed is not None)
 
         gallery.select(select_image, info, [selected_seed, reuse], api_visibility="private", queue=False)
-        reuse.click(lambda s: -1 if s is None else s, selected_seed, seed, api_visibility="private", queue=False)
-        randomize.click(lambda: -1, None, seed, api_visibility="private", queue=False)
-        blog_default.click(lambda: BLOG_DEFAULT, None, [sampler, num_inference_steps], api_visibility="private",
-                           queue=False)
-        resolution.change(parse_size, resolution, [width, height], api_visibility="private", queue=False)
+        # The seed kept by select_image is server-side state (gr.State), so this one runs on the server.
+        reuse.click(page_event(lambda s: -1 if s is None else int(s)), selected_seed, seed, api_visibility="private",
+                    queue=False)
+        # The rest needs nothing from the server: done in the browser, so there is no handler to call.
+        randomize.click(None, None, seed, js="() => -1", api_visibility="private")
+        blog_default.click(None, None, [sampler, num_inference_steps], js=f"() => {list(BLOG_DEFAULT)!r}",
+                           api_visibility="private")
+        resolution.change(None, resolution, [width, height], js=PARSE_SIZE_JS, api_visibility="private")
 
+        @page_event
         def restore(past: list, evt: gr.SelectData):
             rec, seed_value = history.entry(past, evt.index)
             return (rec["prompt"], rec["negative_prompt"], rec["style"], seed_value, rec["guidance_scale"],
@@ -313,10 +379,13 @@ def build_demo(generate: Callable, config: EngineConfig, engine=None, thumbs: hi
         history_gallery.select(restore, past, [prompt, negative_prompt, style, seed, guidance_scale,
                                                num_inference_steps, sampler, resolution, history_note],
                                api_visibility="private", queue=False)
-        clear_history.click(lambda: ([], []), None, [past, history_gallery], api_visibility="private", queue=False)
+        clear_history.click(None, None, past, js=f"() => {{ localStorage.setItem({json.dumps(HISTORY_KEY + '-count')}, '0'); "
+                            "return []; }", api_visibility="private").then(
+            None, past, [history_gallery, history_note], js=HISTORY_JS, api_visibility="private")
 
         timer = gr.Timer(1.0, active=engine is not None and not engine.ready.is_set())
 
+        @page_event
         def refresh():
             text, done = engine_banner(engine)
             if not done:
@@ -331,8 +400,7 @@ def build_demo(generate: Callable, config: EngineConfig, engine=None, thumbs: hi
                        show_progress="hidden")
         demo.load(refresh, None, [banner, resolution, timer], api_visibility="private", queue=False,
                   show_progress="hidden")
-        demo.load(lambda past: thumbs.items(past, NO_STYLE), past, history_gallery, api_visibility="private",
-                  queue=False, show_progress="hidden")
+        demo.load(None, past, [history_gallery, history_note], js=HISTORY_JS, api_visibility="private")
     return demo
 
 
@@ -365,7 +433,7 @@ def main(argv=None) -> int:
         return server.exit_status(err)
     gate = server.RequestGate()
     demo = build_demo(lambda *values, **kw: gate.run(handle_generate, engine, *values, **kw), page_config, engine,
-                      concurrency=concurrency)
+                      concurrency=concurrency, history_secret=args.history_secret)
     demo.queue(max_size=config.max_queue_size)
     share = args.share and cli.share_possible(f"http://{args.host}:{args.port}/", GRADIO_API_SERVER)
     try:

@@ -11,7 +11,7 @@ import httpx
 from ..config import EngineConfig
 from .scaleout import Replicas, ScaleOutError, parse_resources
 
-SERVER_FLAGS = ("share", "host", "port", "replicas", "ray_address", "ray_app", "replica_resources")
+SERVER_FLAGS = ("share", "host", "port", "history_secret", "replicas", "ray_address", "ray_app", "replica_resources")
 
 
 def tcp_port(text: str) -> int:
@@ -65,6 +65,9 @@ def parse_args(argv=None, description: str = "") -> argparse.Namespace:
                         help="address to listen on (env GRADIO_SERVER_NAME; default loopback only)")
     parser.add_argument("--port", type=tcp_port, default=os.environ.get("GRADIO_SERVER_PORT", "7860"),
                         help="TCP port (env GRADIO_SERVER_PORT)")
+    parser.add_argument("--history-secret", default=None,
+                        help="key of the browsers' history (env SDXL_HISTORY_SECRET; default: one made once and kept "
+                             "in the cache folder, so history survives restarts; README, \"History\")")
     scale = parser.add_argument_group("scale-out on Ray Serve (README); without --replicas, Ray is not used")
     scale.add_argument("--replicas", type=_replicas, default=None,
                        help="engine replicas: a count (2) or an autoscaling range MIN-MAX (1-4)")

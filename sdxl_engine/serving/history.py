@@ -2,16 +2,22 @@
 
 A record is made once per generation, from the request's own values (what the user typed, the
 style) and the result's pixels; it lives in the browser's localStorage (Gradio's
-``BrowserState``) and survives a reload. Thumbnails are JPEG data URLs there; the history
-gallery needs files, so each thumbnail is written once to a small file and remembered by its
-URL: a request decodes no thumbnail it has seen before (only a reload on a fresh server does).
+``BrowserState``, encrypted there with a key from :func:`browser_secret`). Thumbnails are JPEG
+data URLs in the record and stay in the browser: the page draws the history gallery from them
+itself (app.py, ``HISTORY_JS``), so the server never writes a byte a client sent.
+
+The key is stable across restarts (a setting, else a random one made once and kept in the
+cache folder): a history survives a reload and a restart. With another key (the setting or the
+file changed, another machine) the browser cannot decrypt what it kept; its history starts
+empty and the page says so.
 """
 
 from __future__ import annotations
 
 import base64
-import hashlib
 import io
+import os
+import secrets
 import threading
 import time
 from collections import OrderedDict
@@ -22,7 +28,8 @@ from PIL import Image
 
 LIMIT = 20  # generations kept per browser
 THUMB_PX = 96  # longest side of a thumbnail, pixels
-_CACHE_MAX = 2000  # thumbnail files remembered by this process (20 browsers' worth of full histories)
+SECRET_ENV = "SDXL_HISTORY_SECRET"
+SECRET_FILE = "history-secret"  # in the cache folder (sdxl_engine.config.DEFAULT_CACHE)
 
 
 def thumbnail_url(image: np.ndarray) -> str:
@@ -55,45 +62,6 @@ def make_record(user: dict, info: dict, images: np.ndarray) -> dict:
 def remember(history: list | None, record: dict | None) -> list:
     """``record`` first, then at most LIMIT - 1 older records (the browser's history after a generation)."""
     return ([record] if record else []) + list(history or [])[: LIMIT - 1]
-
-
-class ThumbnailFiles:
-    """Thumbnail data URL -> a small file in ``folder``, written once per URL (least recently used forgotten)."""
-
-    def __init__(self, folder_fn):
-        self._folder_fn = folder_fn  # where files go; called lazily (Gradio's temp folder exists by then)
-        self._paths: OrderedDict[str, str] = OrderedDict()
-        self._lock = threading.Lock()
-        self.decoded = 0  # thumbnails decoded and written so far (the tests count them)
-
-    def path(self, url: str) -> str:
-        """The file of ``url``; decoded and written only if this process has not seen it (or it was cleaned up)."""
-        with self._lock:
-            known = self._paths.get(url)
-            if known is not None and Path(known).is_file():
-                self._paths.move_to_end(url)
-                return known
-        data = base64.b64decode(url.split(",", 1)[1])
-        folder = Path(self._folder_fn())
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"thumb-{hashlib.sha256(data).hexdigest()[:20]}.jpg"
-        if not path.is_file():
-            path.write_bytes(data)
-        with self._lock:
-            self.decoded += 1
-            self._paths[url] = str(path)
-            while len(self._paths) > _CACHE_MAX:
-                self._paths.popitem(last=False)
-        return str(path)
-
-    def items(self, history: list | None, no_style: str) -> list[tuple[str, str]]:
-        """The history (newest first) as gallery items, (thumbnail path, caption), one per image."""
-        items = []
-        for record in history or []:
-            style = "" if record["style"] == no_style else f" · {record['style']}"
-            for seed, url in zip(record["seeds"], record["thumbs"]):
-                items.append((self.path(url), f"seed {seed}{style} · {record['prompt'][:40]}"))
-        return items
 
 
 class Pending:
@@ -129,9 +97,60 @@ class Pending:
 
 
 def entry(history: list | None, index: int) -> tuple[dict, int]:
-    """The record and seed behind item ``index`` of :meth:`ThumbnailFiles.items`. Raises IndexError."""
+    """The record and seed behind item ``index`` of the history gallery (each record's images in
+    order, newest record first: app.py's ``HISTORY_JS``). Raises IndexError."""
     for record in history or []:
         if index < len(record["seeds"]):
             return record, record["seeds"][index]
         index -= len(record["seeds"])
     raise IndexError("no such history item")
+
+
+def browser_secret(setting: str | None = None, cache_dir: str | Path | None = None, log=print) -> str:
+    """The key the browsers' history is encrypted with: ``setting`` (``--history-secret``), else
+    the environment's SDXL_HISTORY_SECRET, else the one kept in ``<cache_dir>/history-secret``
+    (default: sdxl_engine's cache folder, which honours XDG_CACHE_HOME), made once (random, mode
+    0600) by the first process that needs it. The same key in every process: a history survives
+    restarts. Gradio sends the key to the page (the browser decrypts with it), so it names this
+    deployment's history rather than hiding it from the browser's user.
+
+    If the file cannot be read or made, logs one warning and returns a key for this process
+    only (the history then lasts until the next restart).
+    """
+    for value in (setting, os.environ.get(SECRET_ENV)):
+        if value:
+            return value
+    if cache_dir is None:
+        from ..config import DEFAULT_CACHE
+
+        cache_dir = DEFAULT_CACHE
+    path = Path(cache_dir) / SECRET_FILE
+    try:
+        return _kept_secret(path)
+    except OSError as err:
+        log(f"[app] warning: cannot keep the history key in {str(path)!r} ({type(err).__name__}: {err}); "
+            "browsers' history will not survive a restart (set --history-secret)")
+        return secrets.token_urlsafe(24)
+
+
+def _kept_secret(path: Path) -> str:
+    """The key in ``path``; made atomically (a complete file, or none) if there is none yet."""
+    try:
+        text = path.read_text().strip()
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        scratch = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+        fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with os.fdopen(fd, "w") as out:
+                out.write(secrets.token_urlsafe(24) + "\n")
+            try:
+                os.link(scratch, path)  # fails if another process made it first: then its key is the key
+            except FileExistsError:
+                pass
+        finally:
+            scratch.unlink(missing_ok=True)
+        text = path.read_text().strip()
+    if not text:
+        raise OSError(f"{path} is empty")
+    return text

@@ -3,9 +3,11 @@
 Kept apart from the page (app.py builds it) and from the engine:
 
 - :func:`launch_options`: ``demo.launch`` keywords: loopback unless told otherwise, no share
-  link unless asked, no server-side rendering, no /monitoring page, no MCP server, no file
-  served but the app's own outputs, 1 MB upload cap.
-- :class:`Guard`: an ASGI layer outside Gradio's own: refuses uploads (the page takes no files)
+  link unless asked, no server-side rendering, no /monitoring page, no MCP server, no extra
+  folder served, 1 MB upload cap.
+- :class:`Guard`: an ASGI layer outside Gradio's own: lets through only the calls, result
+  streams and files :class:`Routes` allows (the /generate API, the page's own events as the
+  page calls them, the files the app created), refuses uploads (the page takes no files)
   and request bodies over 1 MB (with or without Content-Length), never lets
   ``Access-Control-Allow-Origin`` name a foreign origin (Gradio echoes any origin when the
   ``Host`` header is not a loopback name, and a client can forge ``Host``), adds
@@ -88,6 +90,128 @@ def _host_of(origin: str) -> str:
         return ""
 
 
+_FILE_ROUTE = re.compile(r"^(?:/gradio_api)?/(?P<kind>file=|file/|proxy=)(?P<path>.*)$", re.S)
+_RESULT_STREAM = re.compile(r"^(?:/gradio_api)?/call/(?:v2/)?(?P<name>[^/]+)/(?P<event>[^/]+)/?$")
+_QUEUE_DATA = re.compile(r"^(?:/gradio_api)?/queue/data/?$")
+_DIRECT_CALL = re.compile(r"^(?:/gradio_api)?/(?:call/v2|call|run|api)/(?P<name>[^/]+)/?$")
+
+
+NOT_JSON = "the request body is not a JSON object"
+
+
+class Routes:
+    """What the guard lets through to Gradio's call and file routes, read from the demo at each request.
+
+    Gradio 6 answers ``/gradio_api/call|run|api/<name>`` for every event with a server function,
+    whatever its ``api_visibility``, and serves through ``/gradio_api/file=`` any file under its
+    temp folder. Here:
+
+    - calls by name: only the public API endpoints (``/generate``);
+    - calls by ``fn_index`` (how the page calls its events: ``queue/join`` for queued ones,
+      ``run/predict`` with a session for the others): only events with a server function, each
+      through the route the page uses for it;
+    - result streams (``call/<name>/<event id>``, ``queue/data``): only ones the queue knows;
+    - files: only those this app created and Gradio recorded (``demo.temp_file_sets``: each
+      request's PNGs; ``keep_in_cache``); no ``proxy=`` and no URL fetched on a client's behalf.
+
+    :meth:`refusal` says why a request is refused (the guard answers 404 with one log line).
+    """
+
+    def __init__(self, demo):
+        self.demo = demo
+        fns = [fn for fn in demo.fns.values() if fn.fn is not None]
+        self.api_names = frozenset(fn.api_name for fn in fns if fn.api_visibility == "public")
+        self.queued = frozenset(fn._id for fn in fns if fn.queue)
+        self.direct = frozenset(fn._id for fn in fns if not fn.queue)
+
+    def served_files(self) -> set[str]:
+        """Absolute paths of the files this app created in Gradio's temp folder (those it serves)."""
+        files = set()
+        for file_set in list(self.demo.temp_file_sets):
+            files.update(list(file_set))
+        for block in list(self.demo.blocks.values()):
+            files.update(getattr(block, "keep_in_cache", ()))
+        return {os.path.abspath(str(f)) for f in files}
+
+    def _stream_known(self, session: str) -> bool:
+        queue = getattr(self.demo, "_queue", None)
+        return queue is not None and session in queue.pending_messages_per_session
+
+    def _event_session(self, event_id: str) -> str:
+        """The session whose stream carries ``event_id``'s results, as Gradio's route finds it."""
+        queue = self.demo._queue
+        event = queue.event_ids_to_events.get(event_id)
+        if event is not None:
+            return event.session_hash
+        return next((s for s, ids in list(queue.pending_event_ids_session.items()) if event_id in ids), event_id)
+
+    def refusal(self, method: str, path: str, query: str, body: bytes | None) -> str | None:
+        """Why the request is refused, or None to let it through. ``body``: a POST's body (else None)."""
+        if (match := _FILE_ROUTE.match(path)) is not None:
+            wanted = match["path"]
+            if match["kind"] == "proxy=" or method not in ("GET", "HEAD") or "://" in wanted \
+                    or os.path.abspath(wanted) not in self.served_files():
+                return "not a file of this app"
+            return None
+        if method == "GET" and (match := _RESULT_STREAM.match(path)) is not None:
+            if match["name"] not in self.api_names:
+                return f"no API endpoint /{match['name']} (this app's API: /generate)"
+            if not self._stream_known(self._event_session(match["event"])):
+                return "no such event (unknown, or its result was already read)"
+            return None
+        if method == "GET" and _QUEUE_DATA.match(path):
+            session = dict(pair.partition("=")[::2] for pair in query.split("&")).get("session_hash", "")
+            return None if self._stream_known(session) else "no such session"
+        join, call = _QUEUE_JOIN.match(path), _DIRECT_CALL.match(path)
+        if method != "POST" or not (join or call):
+            return None
+        try:
+            payload = json.loads(body or b"null")
+        except (ValueError, RecursionError):
+            return NOT_JSON
+        if not isinstance(payload, dict):
+            return NOT_JSON
+        if _holds_file(payload.get("data")):  # Gradio would fetch or copy it into its temp folder
+            return "this app takes no files"
+        fn_index, session = payload.get("fn_index"), payload.get("session_hash")
+        if join:  # the page's queued events, and gradio_client's /generate
+            return None if type(fn_index) is int and fn_index in self.queued else "no such queued event"
+        name = call["name"]
+        if name in self.api_names:  # by name; a fn_index in the body would pick another event
+            return None if fn_index is None or self.demo.fns.get(fn_index) is not None and \
+                self.demo.fns[fn_index].api_name == name else "fn_index does not name this endpoint"
+        if name == "predict" and path.startswith(("/gradio_api/run/", "/run/")) and type(fn_index) is int \
+                and fn_index in self.direct and isinstance(session, str) and session:
+            return None  # the page's events that skip the queue
+        return f"no API endpoint /{name} (this app's API: /generate)"
+
+    @staticmethod
+    def cleaned(body: bytes) -> bytes:
+        """A call's body (already let through) with its ``event_data`` cut to what the page's
+        select handlers read: the index (and whether it is selected). The rest (the selected
+        gallery item, a file object) is the client's and Gradio would check or fetch it."""
+        payload = json.loads(body)  # refusal() parsed it already
+        event = payload.get("event_data") if isinstance(payload, dict) else None
+        if not isinstance(event, dict):
+            return body
+        index = event.get("index")
+        valid = type(index) is int or isinstance(index, list) and all(type(i) is int for i in index)
+        payload["event_data"] = {"index": index if valid else None, "value": None,
+                                 "selected": event.get("selected") is not False}
+        return json.dumps(payload).encode()
+
+
+def _holds_file(value, depth: int = 0) -> bool:
+    """Whether ``value`` (JSON) holds what Gradio takes for a file: a dict with a string ``path``."""
+    if depth > 32:
+        return True  # deeper than any value the page sends
+    if isinstance(value, dict):
+        return isinstance(value.get("path"), str) or any(_holds_file(v, depth + 1) for v in value.values())
+    if isinstance(value, list):
+        return any(_holds_file(v, depth + 1) for v in value)
+    return False
+
+
 # Raw calls whose JSON body carries an endpoint's input values: /gradio_api/{call,run,api}/<api_name>
 # ("data": the values in order) and /gradio_api/queue/join ("fn_index" names the event).
 _API_CALL = re.compile(r"^(?:/gradio_api)?/(?:call|run|api)/(?!v2/)(?P<name>[^/]+)/?$")
@@ -127,16 +251,25 @@ class Guard:
     """ASGI middleware, outermost: see the module docstring for what it refuses or rewrites.
 
     ``inputs``/``fns`` (from :func:`api_inputs`) name the API endpoints whose raw calls are
-    checked for missing values.
+    checked for missing values. ``routes`` (a :class:`Routes`) decides which calls, result
+    streams and files reach Gradio at all; a refused request gets a 404 and one log line.
     """
 
     def __init__(self, app, gate: "RequestGate | None" = None, max_body: int = MAX_BODY_BYTES,
-                 inputs: dict | None = None, fns: dict | None = None):
+                 inputs: dict | None = None, fns: dict | None = None, routes: "Routes | None" = None,
+                 log=print):
         self.app = app
         self.gate = gate
         self.max_body = max_body
         self.inputs = inputs or {}
         self.fns = fns or {}
+        self.routes = routes
+        self.log = log
+
+    async def _refuse(self, send, method: str, path: str, reason: str) -> None:
+        self.log(f"[app] refused {method} {path[:160]!r}: {reason}")
+        body = json.dumps({"error": reason, "detail": reason}).encode()
+        await _plain(send, 422 if reason == NOT_JSON else 404, body, content_type=b"application/json")
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -183,10 +316,20 @@ class Guard:
             await send(message)
 
         inner_receive = limited_receive
-        if scope["method"] == "POST" and self.inputs and (_API_CALL.match(path) or _QUEUE_JOIN.match(path)):
+        method, query = scope["method"], scope.get("query_string", b"").decode("latin-1")
+        if self.routes is not None and method != "POST" \
+                and (reason := self.routes.refusal(method, path, query, None)) is not None:
+            return await self._refuse(send, method, path, reason)
+        if method == "POST" and (self.inputs or self.routes) and (_DIRECT_CALL.match(path) or _QUEUE_JOIN.match(path)):
             body = await _read_body(limited_receive)
             if body is None:  # over the cap, or the client left
                 return await _plain(send, 413, b"request body too large (limit 1 MB)") if seen > self.max_body else None
+            if self.routes is not None:
+                if (reason := self.routes.refusal(method, path, query, body)) is not None:
+                    return await self._refuse(send, method, path, reason)
+                body = self.routes.cleaned(body)
+                scope = {**scope, "headers": [(k, v) for k, v in scope["headers"] if k.lower() != b"content-length"]
+                         + [(b"content-length", str(len(body)).encode())]}
             message = arity_error(path, body, self.inputs, self.fns)
             if message is not None:
                 return await _plain(send, 422, json.dumps({"error": message, "detail": message}).encode(),
@@ -249,11 +392,12 @@ def install_guard(app, gate: "RequestGate | None" = None, demo=None) -> None:
     Gradio adds its CORS middleware inside ``launch``; Starlette builds the middleware stack on
     the first request, so the stack is reset and rebuilt with the guard outermost (the other
     layers are stateless). The security tests probe the result over HTTP. With ``demo``, raw
-    calls of its API endpoints are checked for missing values.
+    calls of its API endpoints are checked for missing values, and only the calls, streams and
+    files :class:`Routes` allows reach Gradio.
     """
     inputs, fns = api_inputs(demo) if demo is not None else ({}, {})
     app.middleware_stack = None
-    app.add_middleware(Guard, gate=gate, inputs=inputs, fns=fns)
+    app.add_middleware(Guard, gate=gate, inputs=inputs, fns=fns, routes=None if demo is None else Routes(demo))
 
 
 class RequestGate:

@@ -55,7 +55,6 @@ from ..images import encode_pngs
 from ..program import (ProgramInputs, ProgramShape, cfg_combine, compile_program, denoised, encode_prompts,
                        initial_noise, latent_shape, sampler_update, tokenize)
 from ..schedulers import make_schedule
-from ..serving import history
 from ..sharding import DATA_AXIS
 from ..validation import GenerateRequest
 from . import fullsize, warmstart
@@ -281,8 +280,7 @@ def host_side(engine, size: int, runs: int) -> dict:
                      "encode: Pillow default (what the Gallery did)": pil_default,
                      "page handler after the device": lambda: app.handle_generate(
                          fixed, "a red circle on the left", "", 7, 5.0, 20, 0, 0, files_dir=files)}, runs)
-    demo = app.build_demo(lambda *v, **kw: app.handle_generate(fixed, *v, **kw), engine.config, fixed,
-                          history.ThumbnailFiles(lambda: tempfile.gettempdir()))
+    demo = app.build_demo(lambda *v, **kw: app.handle_generate(fixed, *v, **kw), engine.config, fixed)
     demo.queue()
     demo.launch(server_port=_free_port(), prevent_thread_lock=True, quiet=True)
     try:
