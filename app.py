@@ -306,8 +306,10 @@ def build_demo(generate: Callable, config: EngineConfig, engine=None, concurrenc
                 status = gr.Markdown(elem_id="result-status")
                 with gr.Accordion("Details (JSON, as the API returns it)", open=False):
                     info = gr.JSON(label="Details")
-        gr.Examples([[text, NO_STYLE] for text in EXAMPLES], inputs=[prompt, style],
-                    label="Examples (click to fill the prompt and style)")
+        # A Dataset of index type, not gr.Examples: Gradio's own example loader fails with a traceback on
+        # an index the page never sends; this one refuses it in one line (page_event).
+        examples = gr.Dataset(components=[prompt, style], samples=[[text, NO_STYLE] for text in EXAMPLES],
+                              type="index", label="Examples (click to fill the prompt and style)", elem_id="examples")
         with gr.Accordion("History (this browser)", open=True):
             history_note = gr.Markdown(HISTORY_NOTE, elem_id="history-note")
             history_gallery = gr.Gallery(label="Past generations", show_label=False, columns=10, height=300,
@@ -382,6 +384,15 @@ def build_demo(generate: Callable, config: EngineConfig, engine=None, concurrenc
         clear_history.click(None, None, past, js=f"() => {{ localStorage.setItem({json.dumps(HISTORY_KEY + '-count')}, '0'); "
                             "return []; }", api_visibility="private").then(
             None, past, [history_gallery, history_note], js=HISTORY_JS, api_visibility="private")
+
+        @page_event
+        def load_example(index: int):
+            if type(index) is not int or not 0 <= index < len(EXAMPLES):
+                raise IndexError(f"no example {index!r}")
+            return EXAMPLES[index], NO_STYLE
+
+        examples.click(load_example, examples, [prompt, style], api_visibility="private", queue=False,
+                       show_progress="hidden")
 
         timer = gr.Timer(1.0, active=engine is not None and not engine.ready.is_set())
 

@@ -1,11 +1,16 @@
 """Security probes: raw HTTP against the running app (the shared ``app_server``)."""
 
+import base64
 import json
+import os
 import sys
+import time
 from pathlib import Path
 
 import httpx
 import pytest
+
+from conftest import assert_serves
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -185,3 +190,160 @@ def test_launch_defaults(monkeypatch):
     assert options["ssr_mode"] is False and options["enable_monitoring"] is False and options["mcp_server"] is False
     assert options["allowed_paths"] == [] and options["max_file_size"] == "1mb"
     assert serving.launch_options("0.0.0.0", 7860, True)["share"] is True  # only when asked
+
+
+# --- What a client other than the page can reach (issue 19, faults 3-5) --------------------------------------------
+
+def page_dependencies(app_server) -> list[dict]:
+    """The page's events that run a function on the server, as /config lists them (id, api_name, inputs, queue)."""
+    config = httpx.get(app_server.url + "config", timeout=30).json()
+    return [dep for dep in config["dependencies"] if dep.get("backend_fn")]
+
+
+def log_barrier(app_server, start: int) -> str:
+    """The server's log from line ``start`` on, once everything logged before this call has arrived.
+
+    A /generate call with a unique unknown style is sent and read to its end; the server logs its
+    refusal after every line it logged earlier, so once that line shows up the log is complete up
+    to here (the marker line is left out)."""
+    marker = f"log-barrier-{len(app_server.log)}-{time.monotonic_ns()}"
+    event = httpx.post(app_server.url + "gradio_api/call/generate", timeout=30, json={
+        "data": ["a red circle", "", 1, 5.0, 2, 0, 0, marker, "Euler"]}).json()["event_id"]
+    assert "event: error" in httpx.get(app_server.url + f"gradio_api/call/generate/{event}", timeout=60).text
+    deadline = time.monotonic() + 60
+    while not any(marker in line for line in app_server.log[start:]):
+        assert time.monotonic() < deadline, "the refusal line never reached the log"
+        time.sleep(0.05)
+    return "".join(line for line in app_server.log[start:] if marker not in line)
+
+
+def call_page_event(app_server, dep: dict, data: list, event_data=None, session: str = "probe-session"):
+    """Call event ``dep`` as the page does (queue/join, or run/predict for one that skips the queue); returns
+    (HTTP status, the event's outcome message or the direct reply)."""
+    body = {"data": data, "fn_index": dep["id"], "session_hash": session, "event_data": event_data,
+            "trigger_id": None}
+    if not dep["queue"]:
+        response = httpx.post(app_server.url + "gradio_api/run/predict", json=body, timeout=60)
+        return response.status_code, response.text
+    response = httpx.post(app_server.url + "gradio_api/queue/join", json=body, timeout=30)
+    if response.status_code != 200:
+        return response.status_code, response.text
+    event_id = response.json()["event_id"]
+    with httpx.stream("GET", app_server.url + f"gradio_api/queue/data?session_hash={session}", timeout=60) as stream:
+        for line in stream.iter_lines():
+            if line.startswith("data: ") and event_id in line and "process_completed" in line:
+                return 200, line[6:]
+    raise AssertionError(f"event {dep['api_name']} never completed")
+
+
+def test_only_generate_is_callable_by_name(app_server):
+    """Gradio answers /call|run|api/<name> for every event; here only /generate is an API endpoint,
+    and a refused call (or one that names another event by fn_index) is one log line, no traceback."""
+    deps = page_dependencies(app_server)
+    names = {dep["api_name"] for dep in deps} - {"generate"} | {"predict", "doesnotexist"}
+    assert {"status_line", "remember", "restore", "refresh", "select_image", "load_example"} <= names
+    start = len(app_server.log)
+    calls = 0
+    for name in sorted(names):
+        for route in ("call", "call/v2", "run", "api"):
+            response = httpx.post(app_server.url + f"gradio_api/{route}/{name}", json={"data": []}, timeout=30)
+            assert response.status_code == 404 and "this app's API: /generate" in response.json()["error"], (
+                route, name, response.status_code, response.text[:200])
+            calls += 1
+    restore = next(dep["id"] for dep in deps if dep["api_name"] == "restore")
+    for route in ("call/generate", "run/generate"):  # the name is right, the fn_index picks another event
+        response = httpx.post(app_server.url + f"gradio_api/{route}", json={
+            "data": ["a red circle", "", 1, 7.0, 2, 0, 0, "(No style)", "Euler"], "fn_index": restore}, timeout=30)
+        assert response.status_code == 404, (route, response.text[:200])
+        calls += 1
+    log = log_barrier(app_server, start)
+    assert "Traceback" not in log and "Exception in ASGI" not in log, log
+    assert log.count("[app] refused POST") == calls and len(log.splitlines()) == calls, log
+
+
+def test_unknown_result_streams_are_one_line(app_server):
+    start = len(app_server.log)
+    response = httpx.get(app_server.url + "gradio_api/call/generate/doesnotexist", timeout=30)
+    assert response.status_code == 404 and "no such event" in response.text
+    response = httpx.get(app_server.url + "gradio_api/queue/data?session_hash=nobody-here", timeout=30)
+    assert response.status_code == 404 and "no such session" in response.text
+    log = log_barrier(app_server, start)
+    assert "Traceback" not in log and len(log.splitlines()) == 2, log
+
+
+def test_page_events_given_values_the_page_never_sends_log_one_line_each(app_server):
+    """Every server-side event, called the page's way with values of the wrong kind (and a select
+    event's data naming a file): an error reply, at most one log line each, no traceback; the
+    server still serves."""
+    deps = page_dependencies(app_server)
+    start = len(app_server.log)
+    event_data = {"index": "first", "value": {"path": "/etc/passwd", "meta": {"_type": "gradio.FileData"}}}
+    for dep in deps:
+        status, reply = call_page_event(app_server, dep, [{"junk": [1, 2]}] * len(dep["inputs"]), event_data)
+        assert status in (200, 500), (dep["api_name"], status, reply[:200])
+    log = log_barrier(app_server, start)
+    assert "Traceback" not in log and "Exception in ASGI" not in log, log
+    assert len(log.splitlines()) <= len(deps), log
+    config = httpx.get(app_server.url + "config", timeout=30).json()
+    in_browser = [dep["id"] for dep in config["dependencies"] if not dep.get("backend_fn")]
+    assert in_browser  # randomize, the resolution list, clear history, ... run in the browser only
+    for fn_index in in_browser + [10_000]:  # those, and an event id the page does not have
+        for queue in (True, False):
+            status, reply = call_page_event(app_server, {"id": fn_index, "queue": queue, "api_name": "?"}, [])
+            assert status == 404, (fn_index, queue, status, reply[:200])
+    assert_serves(app_server.client())
+
+
+def temp_files() -> set[Path]:
+    return {p for p in Path(os.environ["GRADIO_TEMP_DIR"]).rglob("*") if p.is_file()}
+
+
+def test_no_byte_a_client_sends_becomes_a_file(app_server):
+    """The issue's probe (a history record whose "thumbnail" is an HTML page), sent to every event
+    by name and the page's way, and a file object in the values: nothing new in the temp folder."""
+    deps = page_dependencies(app_server)
+    payload = base64.b64encode(b"<html><script>alert(1)</script></html>" * 100).decode()
+    record = {"style": "(No style)", "seeds": [1], "thumbs": [f"data:image/jpeg;base64,{payload}"], "prompt": "x",
+              "negative_prompt": "", "guidance_scale": 5, "num_inference_steps": 2, "width": 64, "height": 64,
+              "time": "now", "model": "tiny-shapes"}
+    before = temp_files()
+    for dep in deps:
+        data = [[record]] * len(dep["inputs"])
+        httpx.post(app_server.url + f"gradio_api/call/{dep['api_name']}", json={"data": data}, timeout=30)
+        call_page_event(app_server, dep, data, {"index": 0, "value": None})
+    fetched = {"path": "http://127.0.0.1:9/x.png", "url": "http://127.0.0.1:9/x.png", "meta": {"_type": "gradio.FileData"}}
+    for dep in deps:
+        status, reply = call_page_event(app_server, dep, [fetched] * max(1, len(dep["inputs"])))
+        assert status == 404 and "this app takes no files" in reply, (dep["api_name"], status, reply[:200])
+    assert temp_files() - before == set()
+
+
+def test_no_server_function_feeds_the_history_gallery(app_server):
+    """The history's thumbnails go from the browser's own records to its gallery (HISTORY_JS): no
+    event that runs on the server outputs to it, so none turns a record into a file."""
+    config = httpx.get(app_server.url + "config", timeout=30).json()
+    history = next(c["id"] for c in config["components"] if c["props"].get("elem_id") == "history")
+    feeding = [dep for dep in config["dependencies"] if history in dep["outputs"]]
+    assert feeding and all(not dep["backend_fn"] and dep["js"] for dep in feeding), feeding
+
+
+def test_only_files_the_app_created_are_served(app_server, output_file):
+    """A file someone else put in Gradio's temp folder, or a copy of an output under another name,
+    is not served (Gradio itself serves anything there); the app's own PNGs are."""
+    temp = Path(os.environ["GRADIO_TEMP_DIR"])
+    probe = temp / "nu-probe" / "secret.txt"
+    probe.parent.mkdir(parents=True, exist_ok=True)
+    probe.write_text("not for clients")
+    copy = Path(output_file[0]).with_name("copy-of-output.png")
+    copy.write_bytes(Path(output_file[0]).read_bytes())
+    start = len(app_server.log)
+    for target in (probe, copy, temp / "nu-probe"):
+        for prefix in ("/gradio_api/file=", "/gradio_api/file/", "/file="):
+            for method in ("GET", "HEAD"):
+                response = httpx.request(method, app_server.url.rstrip("/") + prefix + str(target), timeout=30)
+                assert response.status_code == 404 and b"not for clients" not in response.content, (prefix, target)
+    assert get(app_server, "/gradio_api/proxy=http://127.0.0.1:9/x").status_code == 404
+    assert get(app_server, "/gradio_api/file=http://127.0.0.1:9/x").status_code == 404
+    assert httpx.get(output_file[1], timeout=30).status_code == 200
+    log = log_barrier(app_server, start)
+    assert "Traceback" not in log and len(log.splitlines()) == 20, log
