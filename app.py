@@ -70,16 +70,18 @@ REAL_SDXL_HINT = "For real SDXL, start it with: `python app.py --model stability
 # There the prompt and Generate, and the resolution and seed, take a line each (side by side
 # they squeeze the text). Toasts sit at the bottom left, off the Generate button (top right)
 # and the gallery; on a phone, at the bottom. The history's tiles fill the width (no sideways
-# scrolling) and their captions wrap instead of ending in "…".
+# scrolling); captions wrap instead of ending in "…".
 PAGE_CSS = """
 #gallery .grid-container { max-width: max(240px, min(100%, calc(100vh - 380px))); margin-inline: auto; }
 @media (max-width: 767px) { #output-col { order: -1; } #main-row { overflow-anchor: none; }
-  #prompt-row, #size-row { flex-wrap: wrap; } #prompt-row > *, #size-row > * { flex: 1 1 100% !important; } }
+  #prompt-row, #size-row, #size-row .form { flex-wrap: wrap; }
+  #prompt-row > *, #size-row > *, #size-row .form > * { flex: 1 1 100% !important; } }
 .toast-wrap { top: auto !important; bottom: var(--size-3) !important; left: var(--size-3) !important;
   right: auto !important; align-items: start !important; }
 @media (max-width: 767px) { .toast-wrap { right: var(--size-3) !important; width: auto !important; } }
 #history .grid-container { grid-template-columns: repeat(auto-fill, minmax(120px, 1fr)) !important; }
-#history .caption-label { white-space: normal !important; overflow: visible !important; text-overflow: clip !important;
+#history .caption-label, #gallery .caption-label { white-space: normal !important; overflow: visible !important;
+  text-overflow: clip !important;
   max-width: calc(100% - 8px) !important; line-height: 1.2; }
 """
 HISTORY_KEY = "sdxl-jax-history"  # the BrowserState's localStorage key

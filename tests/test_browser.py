@@ -315,3 +315,138 @@ def test_while_the_engine_starts_the_page_says_so_and_share_offline_is_one_line(
     finally:
         offline.close()
         app.stop()
+
+
+def overlaps(a: dict, b: dict) -> bool:
+    """Whether two bounding boxes (x, y, width, height) share any area."""
+    return (a["x"] < b["x"] + b["width"] and b["x"] < a["x"] + a["width"]
+            and a["y"] < b["y"] + b["height"] and b["y"] < a["y"] + a["height"])
+
+
+def test_at_1280x800_toasts_leave_generate_free_and_an_error_clears_the_result_line(browser, app_server):
+    offline = OfflinePage(browser, app_server.url, viewport={"width": 1280, "height": 800})
+    try:
+        page = offline.open()
+        generate(page, "a xyzzy red circle on a blue background")  # an unknown word: a warning toast
+        page.wait_for_selector(".toast-body", timeout=30_000)
+        assert "images on" in page.inner_text("#result-status")
+        page.fill("#prompt textarea", "   ")  # refused: an error toast
+        page.click("#generate")
+        page.wait_for_selector(".toast-body.error", timeout=30_000)
+        page.wait_for_function("document.querySelector('#result-status').innerText.trim() === ''", timeout=30_000)
+        button = page.locator("#generate").bounding_box()
+        toasts = page.locator(".toast-body")
+        assert toasts.count() >= 2
+        for i in range(toasts.count()):
+            box = toasts.nth(i).bounding_box()
+            assert not overlaps(box, button), (box, button)
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "ui-desktop-toasts.png"))
+        assert offline.blocked == []
+    finally:
+        offline.close()
+
+
+TEXT_WIDTH_JS = """(el, text) => { const cs = getComputedStyle(el), ctx = document.createElement('canvas').getContext('2d');
+  ctx.font = `${cs.fontStyle} ${cs.fontWeight} ${cs.fontSize} ${cs.fontFamily}`;
+  return {text: ctx.measureText(text).width, left: el.getBoundingClientRect().left + parseFloat(cs.paddingLeft),
+          inner: el.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight)}; }"""
+# Whether text after the note's last code element starts on a line of its own (a lone "." under the command).
+TEXT_AFTER_CODE_WRAPS_JS = """() => { const codes = document.querySelectorAll('#model-note code');
+  const code = codes[codes.length - 1], after = document.createRange();
+  after.setStartAfter(code); after.setEndAfter(code.parentElement.lastChild);
+  if (!after.toString().trim()) return false;
+  const rects = [...after.getClientRects()].filter(r => r.width > 0), lines = code.getClientRects();
+  return rects.length > 0 && rects[0].top > lines[lines.length - 1].top + 2; }"""
+
+
+def test_phone_layout_fits_390px(browser, app_server):
+    """390x844: the prompt has its own line (Generate under it) and shows its whole placeholder; the
+    resolution text stops before the dropdown arrow; no lone "." under the command in the model note;
+    the history's label covers no thumbnail, its tiles stay within the page and their captions are whole."""
+    offline = OfflinePage(browser, app_server.url, viewport={"width": 390, "height": 844})
+    try:
+        page = offline.open()
+        prompt_box, button = page.locator("#prompt").bounding_box(), page.locator("#generate").bounding_box()
+        assert button["y"] >= prompt_box["y"] + prompt_box["height"] - 1 and prompt_box["width"] >= 300, (
+            prompt_box, button)
+        textarea = page.locator("#prompt textarea")
+        placeholder = textarea.evaluate(TEXT_WIDTH_JS, textarea.get_attribute("placeholder"))
+        assert placeholder["text"] <= placeholder["inner"], placeholder
+        page.wait_for_function("document.querySelector('#resolution input').value.includes('default')")
+        size_input = page.locator("#resolution input")
+        size = size_input.evaluate(TEXT_WIDTH_JS, size_input.input_value())
+        arrow = page.locator("#resolution .icon-wrap").bounding_box()
+        assert size["left"] + size["text"] <= arrow["x"], (size, arrow)
+        assert page.evaluate(TEXT_AFTER_CODE_WRAPS_JS) is False
+        generate(page, "a large pink cross in the centre on a black background")
+        items = page.locator("#history .gallery-item")
+        history_box = page.locator("#history").bounding_box()
+        label = page.locator("#history [data-testid='block-label']")
+        if label.count() and label.first.is_visible():
+            assert not overlaps(label.first.bounding_box(), items.nth(0).bounding_box())
+        for i in range(items.count()):
+            box = items.nth(i).bounding_box()
+            assert box["x"] >= history_box["x"] - 1 and box["x"] + box["width"] <= history_box["x"] + history_box[
+                "width"] + 1 <= 391, (i, box, history_box)
+        assert page.evaluate("document.scrollingElement.scrollWidth") <= 390
+        captions = page.locator("#history .caption-label, #gallery .caption-label")
+        for i in range(captions.count()):
+            fits = captions.nth(i).evaluate("e => e.scrollWidth <= e.clientWidth + 1 && e.scrollHeight <= e.clientHeight + 1")
+            assert fits, captions.nth(i).inner_text()
+        assert "a large pink cross in the centre on a" in page.locator("#history .caption-label").nth(0).inner_text()
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "ui-phone-layout.png"), full_page=True)
+        assert offline.blocked == []
+    finally:
+        offline.close()
+
+
+def browser_state_secret(page, app) -> str:
+    return next(c["props"]["secret"] for c in page.request.get(app.url + "config").json()["components"]
+                if c["type"] == "browserstate")
+
+
+def test_history_survives_a_restart_and_says_when_its_key_changed(browser):
+    """The key the browser's history is encrypted with is the one kept in the cache folder: after a
+    restart the browser's saved history still reads. With another key (--history-secret) the page
+    says the history cannot be read, instead of showing an empty one without a word.
+
+    localStorage belongs to an origin (host and port) and each app here gets a free port, so what
+    the browser saved for the first server is put back for the next one, as a browser keeps it for
+    one address across that server's restarts."""
+    offline = OfflinePage(browser, "about:blank")
+    page = offline.page
+    saved_js = "key => [localStorage.getItem(key), localStorage.getItem(key + '-count')]"
+    restore_js = "([key, v, n]) => { localStorage.setItem(key, v); localStorage.setItem(key + '-count', n); }"
+    try:
+        app = RunningApp()
+        try:
+            offline.url = app.url
+            offline.open()
+            captions = generate(page, "a small yellow star on the left")
+            secret = browser_state_secret(page, app)
+            saved = page.evaluate(saved_js, "sdxl-jax-history")
+            assert saved[0] and saved[1] == "1"
+        finally:
+            app.stop()
+        for args, readable in (((), True), (("--history-secret", "another-key"), False)):
+            app = RunningApp(*args)
+            try:
+                offline.url = app.url
+                offline.open()
+                assert (browser_state_secret(page, app) == secret) is readable
+                page.evaluate(restore_js, ["sdxl-jax-history", *saved])
+                offline.open()
+                if readable:
+                    page.wait_for_function("document.querySelectorAll('#history .gallery-item').length === 4")
+                    assert page.locator("#history .gallery-item").nth(0).inner_text().strip() == (
+                        captions[0].rsplit(" · ", 1)[0] + " · a small yellow star on the left")
+                else:
+                    page.wait_for_function("document.querySelector('#history-note').innerText.includes('cannot be read')")
+                    assert page.locator("#history .gallery-item").count() == 0
+            finally:
+                app.stop()
+        assert offline.blocked == []
+    finally:
+        offline.close()

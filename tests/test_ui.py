@@ -140,15 +140,11 @@ def test_history_keeps_small_records_newest_first_and_bounded(engine, tmp_path):
     assert (record["prompt"], record["style"], record["seeds"], record["width"]) == ("a blue square", "Anime",
                                                                                       [100, 101, 102, 103], 64)
     assert all(url.startswith("data:image/jpeg;base64,") and len(url) < 6000 for url in record["thumbs"])
-    thumbs = history.ThumbnailFiles(lambda: tmp_path / "thumbs")
-    items = thumbs.items(past, NO_STYLE)
-    assert len(items) == 4 * history.LIMIT and thumbs.decoded == 4  # 20 records, the same 4 thumbnails
-    path, caption = items[2]
-    with Image.open(path) as image:
-        assert image.size == (64, 64) and caption == "seed 102 · Anime · a blue square"
-    _, _, newer = app.handle_generate(engine, "a red circle", "", 5, 7.0, 2, 0, 0)
-    thumbs.items(history.remember(past, newer), NO_STYLE)
-    assert thumbs.decoded == 8  # the next request decodes only its own 4 thumbnails
+    import base64
+    import io
+
+    with Image.open(io.BytesIO(base64.b64decode(record["thumbs"][2].split(",", 1)[1]))) as thumb:
+        assert thumb.format == "JPEG" and thumb.size == (64, 64)  # the 64 px image itself (THUMB_PX is larger)
     assert history.entry(past, 6) == (past[1], 102)
     with pytest.raises(IndexError):
         history.entry(past, 4 * history.LIMIT)
@@ -183,3 +179,49 @@ def test_share_without_internet_prints_one_line(monkeypatch, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 1 and lines[0].startswith("[app] --share: no public link (cannot reach api.gradio.app")
     assert lines[0].endswith("serving locally only at http://127.0.0.1:7860/")
+
+
+def test_history_key_is_made_once_and_kept_across_processes(tmp_path, monkeypatch):
+    """Without a setting the key is made once, 0600, in the cache folder, and every later process
+    reads the same one (so a restart keeps the browsers' history); a setting wins."""
+    import os
+    import subprocess
+    import sys
+
+    from sdxl_engine.serving import history
+
+    monkeypatch.delenv(history.SECRET_ENV, raising=False)
+    code = "import sys; from sdxl_engine.serving import history; print(history.browser_secret(cache_dir=sys.argv[1]))"
+    env = {k: v for k, v in os.environ.items() if k != history.SECRET_ENV}
+    keys = [subprocess.run([sys.executable, "-c", code, str(tmp_path / "cache")], cwd=Path(__file__).parents[1],
+                           env=env, capture_output=True, text=True, check=True).stdout.strip() for _ in range(2)]
+    kept = tmp_path / "cache" / history.SECRET_FILE
+    assert keys[0] == keys[1] == kept.read_text().strip() and len(keys[0]) >= 32
+    assert kept.stat().st_mode & 0o777 == 0o600
+    assert history.browser_secret("from-the-flag", tmp_path / "cache") == "from-the-flag"
+    monkeypatch.setenv(history.SECRET_ENV, "from-the-env")
+    assert history.browser_secret(None, tmp_path / "cache") == "from-the-env"
+    assert history.browser_secret("from-the-flag", tmp_path / "cache") == "from-the-flag"
+
+
+def test_unusable_history_key_file_is_one_warning(tmp_path, monkeypatch):
+    from sdxl_engine.serving import history
+
+    monkeypatch.delenv(history.SECRET_ENV, raising=False)
+    (tmp_path / "a-file").write_text("")
+    lines = []
+    first = history.browser_secret(None, tmp_path / "a-file", log=lines.append)  # the cache folder is a file
+    assert len(lines) == 1 and "will not survive a restart" in lines[0] and len(first) >= 32
+    assert history.browser_secret(None, tmp_path / "a-file", log=lines.append) != first  # this process only
+
+
+def test_page_encrypts_the_history_with_the_kept_key(engine, monkeypatch):
+    import app
+    from sdxl_engine.serving import history
+
+    monkeypatch.delenv(history.SECRET_ENV, raising=False)
+    kept = history.browser_secret()  # the cache folder's key (XDG_CACHE_HOME: the tests' own folder)
+    for secret, expected in ((None, kept), ("set-by-flag", "set-by-flag")):
+        demo = app.build_demo(lambda *a, **k: None, engine.config, engine, history_secret=secret)
+        states = [c for c in demo.config["components"] if c["type"] == "browserstate"]
+        assert [(c["props"]["storage_key"], c["props"]["secret"]) for c in states] == [(app.HISTORY_KEY, expected)]
