@@ -311,6 +311,7 @@ def test_no_byte_a_client_sends_becomes_a_file(app_server):
         data = [[record]] * len(dep["inputs"])
         httpx.post(app_server.url + f"gradio_api/call/{dep['api_name']}", json={"data": data}, timeout=30)
         call_page_event(app_server, dep, data, {"index": 0, "value": None})
+    assert temp_files() - before == set()
     fetched = {"path": "http://127.0.0.1:9/x.png", "url": "http://127.0.0.1:9/x.png", "meta": {"_type": "gradio.FileData"}}
     for dep in deps:
         status, reply = call_page_event(app_server, dep, [fetched] * max(1, len(dep["inputs"])))
