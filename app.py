@@ -73,9 +73,10 @@ SCROLL_TO_GALLERY_JS = """() => { if (window.innerWidth < 768) {  /* after the p
 
 
 def refuse(err: Exception) -> gr.Error:
-    """The gr.Error for a request the engine refused (bad input, not started, unusable image),
-    after one log line: a user's mistake is not a traceback in the server log."""
-    print(f"[app] request refused: {err}", flush=True)
+    """The gr.Error for a request the engine refused (bad input, not started) or that failed with
+    a message for the user (an unusable image, a lost Ray replica: GenerationError), after one
+    log line that says which: neither is a traceback in the server log."""
+    print(f"[app] request {'failed' if isinstance(err, GenerationError) else 'refused'}: {err}", flush=True)
     return gr.Error(str(err), print_exception=False)
 
 

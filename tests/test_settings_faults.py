@@ -18,7 +18,7 @@ import pytest
 from conftest import ROOT, RunningApp, free_port
 from PIL import Image
 
-from sdxl_engine.config import ConfigError, EngineConfig, check_seed_range
+from sdxl_engine.config import ConfigError, EngineConfig
 from sdxl_engine.validation import GenerateRequest
 
 ENV = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"}
@@ -165,6 +165,8 @@ def test_the_page_handler_reply_carries_the_save_warning(tmp_path):
 
 # ---- 10b: a seed range too small for one request's images ------------------------------------
 def test_a_max_seed_that_would_repeat_images_is_refused():
+    from sdxl_engine.config import check_seed_range
+
     with pytest.raises(ConfigError, match=re.escape("max_seed (0) leaves 1 distinct seed for the 4 images of a "
                                                     "request, so some would be identical: set max_seed to 3 or more")):
         EngineConfig.load({"max_seed": 0, "images_per_request": 4}, environ={})
@@ -177,6 +179,8 @@ def test_a_max_seed_that_would_repeat_images_is_refused():
 def test_seeds_of_one_request_are_distinct_whenever_the_range_allows():
     """The engine's rule, image i uses (seed + i) % (max_seed + 1), against check_seed_range, for
     every small range and batch: a refused setting is exactly one that repeats a seed."""
+    from sdxl_engine.config import check_seed_range
+
     for max_seed in range(0, 9):
         for images in range(1, 12):
             repeats = any(len({(seed + i) % (max_seed + 1) for i in range(images)}) < images
@@ -299,3 +303,35 @@ def test_a_real_app_logs_what_it_runs_and_reports_a_broken_outputs_folder(tmp_pa
                                     "download them instead"]
     finally:
         app.stop()
+
+
+# ---- 10g: Ray mode's log ---------------------------------------------------------------------
+def test_ray_environment_asks_for_a_plain_quiet_log():
+    """No colour codes in replica lines, no WARNING for the token mode the app chose, no
+    "taken more than 30s to initialize" for a replica that is compiling."""
+    from sdxl_engine.serving.scaleout import REQUEST_TIMEOUT_S, ray_environment
+
+    private: dict = {}
+    ray_environment(private=True, environ=private)
+    assert (private["RAY_COLOR_PREFIX"], private["RAY_AUTH_MODE"]) == ("0", "token")
+    assert len(private["RAY_AUTH_TOKEN"]) == 64
+    assert private["RAY_SERVE_SLOW_STARTUP_WARNING_S"] == str(int(REQUEST_TIMEOUT_S))
+    joined: dict = {}
+    ray_environment(private=False, environ=joined)  # a cluster of someone else's: its auth is theirs
+    assert joined == {"RAY_DEDUP_LOGS": "0", "RAY_COLOR_PREFIX": "0",
+                      "RAY_SERVE_SLOW_STARTUP_WARNING_S": str(int(REQUEST_TIMEOUT_S))}
+    own = {"RAY_AUTH_TOKEN_PATH": "/etc/ray-token", "RAY_COLOR_PREFIX": "1"}
+    ray_environment(private=True, environ=own)  # what the operator set stays
+    assert "RAY_AUTH_MODE" not in own and own["RAY_COLOR_PREFIX"] == "1"
+
+
+def test_a_lost_replica_is_logged_as_a_failed_request_not_a_refused_one(capsys):
+    import app
+    from sdxl_engine.engine import GenerationError
+    from sdxl_engine.validation import InvalidRequest
+
+    app.refuse(GenerationError("the replica running this request stopped (ActorDiedError); nothing came back"))
+    app.refuse(InvalidRequest("seed", "must be between -1 and 5"))
+    assert capsys.readouterr().out.splitlines() == [
+        "[app] request failed: the replica running this request stopped (ActorDiedError); nothing came back",
+        "[app] request refused: seed: must be between -1 and 5"]
