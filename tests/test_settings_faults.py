@@ -30,16 +30,24 @@ def start_errors(*runs: tuple[list[str], dict]) -> list[tuple[int, list[str], st
     procs = [subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(free_port()), *args], cwd=ROOT,
                               env={**ENV, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for args, env in runs]
-    results = []
-    for proc in procs:
-        try:
-            out, err = proc.communicate(timeout=240)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, err = proc.communicate()
-            pytest.fail(f"the app started instead of refusing the setting:\n{(out + err)[-3000:]}")
-        results.append((proc.returncode, [line for line in (out + err).splitlines() if line.startswith("error:")],
-                        out + err))
+    results, started = [], []
+    try:
+        for proc in procs:
+            try:
+                out, err = proc.communicate(timeout=240)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, err = proc.communicate()
+                started.append((out + err)[-3000:])
+            results.append((proc.returncode, [line for line in (out + err).splitlines()
+                                              if line.startswith("error:")], out + err))
+    finally:  # none left serving, whatever happened
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    if started:
+        pytest.fail("the app started instead of refusing the setting:\n" + "\n---\n".join(started))
     return results
 
 
