@@ -112,9 +112,10 @@ SCROLL_TO_GALLERY_JS = """() => { if (window.innerWidth < 768) {  /* after the p
 
 
 def refuse(err: Exception) -> gr.Error:
-    """The gr.Error for a request the engine refused (bad input, not started, unusable image),
-    after one log line: a user's mistake is not a traceback in the server log."""
-    print(f"[app] request refused: {err}", flush=True)
+    """The gr.Error for a request the engine refused (bad input, not started) or that failed with
+    a message for the user (an unusable image, a lost Ray replica: GenerationError), after one
+    log line that says which: neither is a traceback in the server log."""
+    print(f"[app] request {'failed' if isinstance(err, GenerationError) else 'refused'}: {err}", flush=True)
     return gr.Error(str(err), print_exception=False)
 
 
@@ -176,7 +177,7 @@ def handle_generate(engine, prompt, negative_prompt, seed, guidance_scale, num_i
     if out.save_error is not None:  # the images are still shown and downloadable; saving is best-effort
         print(f"[app] warning: could not save to outputs_dir {engine.config.outputs_dir!r}: {out.save_error}",
               flush=True)
-        gr.Warning(f"Images not saved to the outputs folder ({type(out.save_error).__name__}); download them instead.")
+        gr.Warning(out.save_warning)
     info, label = out.info, "" if style == NO_STYLE else f" · {style}"
     gallery = [(path, f"seed {s}{label} · {info['latency_s']:.2f} s") for path, s in zip(out.paths, result.seeds)]
     for warning in result.warnings:
@@ -191,7 +192,7 @@ def status_line(info: dict) -> str:
     if not isinstance(info, dict) or "timings_s" not in info:  # empty, or a raw call to this page event
         return ""
     t = info["timings_s"]
-    saved = f" · saved to `{Path(info['saved'][0]).parent}`" if info.get("saved") else ""
+    saved = " · saved to the server's outputs folder" if info.get("saved") else ""
     replica = f" (replica `{info['replica']}`)" if info.get("replica") else ""
     ray = f" · ray {t['ray']:.2f} s" if "ray" in t else ""
     return (f"**{info['latency_s']:.2f} s** for {len(info['seeds'])} images on **{info['device']}**{replica} "
@@ -433,6 +434,7 @@ def main(argv=None) -> int:
     try:
         config = EngineConfig.load(cli.engine_overrides(args))
         page_config = page_defaults(config)
+        cli.check_outputs_dir(config.outputs_dir)
     except (ConfigError, ModelLoadError) as err:
         print(server.start_error_line(err), file=sys.stderr)
         return server.exit_status(err)

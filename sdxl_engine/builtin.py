@@ -20,10 +20,10 @@ so that ``input_ids.argmax()`` finds the end token, which CLIP's pooling relies 
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import string
 import tempfile
+import unicodedata
 from pathlib import Path
 
 import numpy as np
@@ -106,13 +106,63 @@ sky sea water tree house cat dog car city mountain sun moon flower person face
 """.split()
 
 
+ZWJ = "\u200d"  # joins emoji into one (👨‍👩‍👧); invisible
+
+
+def _attaches(char: str) -> bool:
+    """Whether ``char`` modifies the character before it: a combining mark (accents, the emoji
+    variation selector U+FE0F, the keycap U+20E3) or an emoji skin-tone modifier (U+1F3FB-1F3FF)."""
+    return unicodedata.category(char) in ("Mn", "Me") or 0x1F3FB <= ord(char) <= 0x1F3FF
+
+
+def _flag_half(text: str) -> bool:
+    """Whether ``text`` is one regional indicator letter: two of them make a flag (🇫🇷)."""
+    return len(text) == 1 and 0x1F1E6 <= ord(text) <= 0x1F1FF
+
+
+def prompt_words(text: str) -> list[str]:
+    """The distinct words of ``text``, NFC-normalised and lower-cased, in order, as a reader sees them.
+
+    A word is a run of letters, digits and ``_``, or one symbol (punctuation, an emoji) with what
+    attaches to it: combining marks, skin-tone modifiers, variation selectors, further symbols
+    joined by ZWJ, a flag's second letter; so ``👍🏽``, ``❤️`` and ``👨‍👩‍👧`` are one word each.
+    Invisible characters are never words: format characters (Unicode Cf: a ZWJ outside an emoji
+    sequence, zero-width spaces, soft hyphens) and marks with nothing before them are dropped
+    (the engine's prompts have none left: validation.clean_text blanks them).
+    """
+    words, word, joined = [], "", False
+
+    def flush() -> None:
+        nonlocal word
+        word = word.rstrip(ZWJ)  # a trailing joiner joins nothing
+        if word and word not in words:
+            words.append(word)
+        word = ""
+
+    for char in unicodedata.normalize("NFC", text.lower()):
+        if char.isspace():
+            flush()
+        elif _attaches(char) or unicodedata.category(char) == "Cf":
+            if word and (char == ZWJ or unicodedata.category(char) != "Cf"):
+                word += char
+        elif char.isalnum() or char == "_":
+            if not (word and (joined or word[-1].isalnum() or word[-1] == "_" or _attaches(word[-1]))):
+                flush()
+            word += char
+        else:  # a symbol: a word of its own, unless a ZWJ joins it to the one before (or it ends a flag)
+            if not (word and (joined or _flag_half(word) and _flag_half(char))):
+                flush()
+            word += char
+        joined = char == ZWJ and bool(word)
+    flush()
+    return words
+
+
 def unknown_words(text: str, known: frozenset[str], limit: int = 12) -> list[str]:
-    """The distinct words (and symbols such as emoji) of ``text`` that are not in ``known``, in
-    order, at most ``limit``. ASCII punctuation is not a word."""
-    found = []
-    for word in re.findall(r"\w+|[^\w\s]", text.lower()):
-        if word not in known and word not in found and not all(c in string.punctuation for c in word):
-            found.append(word)
+    """The distinct words of ``text`` (:func:`prompt_words`: emoji and other symbols too, never an
+    invisible character) that are not in ``known``, in order, at most ``limit``. ASCII
+    punctuation is not a word."""
+    found = [w for w in prompt_words(text) if w not in known and not all(c in string.punctuation for c in w)]
     return found[:limit]
 
 

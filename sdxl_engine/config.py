@@ -118,6 +118,8 @@ class EngineConfig:
                 values[name] = value
         config = cls(**{name: _convert(name, fields[name].default, value) for name, value in values.items()})
         object.__setattr__(config, "_explicit", frozenset(values))  # not a field: equality and as_dict ignore it
+        if "num_inference_steps" in values:  # else the model's default decides (with_model_defaults checks it)
+            config.check_steps("set")
         return config
 
     @property
@@ -126,24 +128,59 @@ class EngineConfig:
         fields that differ from their defaults. A model's defaults never replace these."""
         return self._explicit
 
-    def with_model_defaults(self, defaults: Mapping[str, Any]) -> "EngineConfig":
+    def with_model_defaults(self, defaults: Mapping[str, Any], model: str = "the model",
+                            source: str = "") -> "EngineConfig":
         """This config with a model's own defaults (its engine_defaults.json) for the fields not :attr:`explicit`.
 
         Args:
             defaults: {field: value}, fields of :data:`MODEL_DEFAULT_FIELDS` only, converted and
                 checked as :meth:`load` does; every value is checked, even one an explicit setting hides.
+            model: names the model in the message of :meth:`check_steps` ("model 'tiny-shapes'").
+            source: where ``defaults`` come from, put before the message of an error in them.
         Raises:
-            ConfigError: another key, or a value that does not convert or is out of range.
+            ConfigError: another key, or a value that does not convert or is out of range; or the
+                step count that will be used (set, the model's or the engine's default) exceeds
+                ``max_inference_steps``: a value an explicit setting hides is not compared with it.
         """
+        try:
+            values = self._model_values(defaults)
+        except ConfigError as err:
+            raise ConfigError(f"{source}: {err}" if source else str(err)) from None
+        config = dataclasses.replace(self, **{k: v for k, v in values.items() if k not in self.explicit})
+        object.__setattr__(config, "_explicit", self.explicit)
+        if "num_inference_steps" in self.explicit:
+            origin = "set"
+        elif "num_inference_steps" in values:
+            origin = f"not set, so the default of {model}, from its engine_defaults.json"
+        else:
+            origin = f"not set, so the engine's default, as {model} chooses none"
+        config.check_steps(origin)
+        return config
+
+    def _model_values(self, defaults: Mapping[str, Any]) -> dict[str, Any]:
+        """``defaults`` converted to the fields' types and checked (ConfigError), whether used or not."""
         fields = {f.name: f for f in dataclasses.fields(self)}
         for name in defaults:
             if name not in MODEL_DEFAULT_FIELDS:
                 raise ConfigError(f"a model may choose only {', '.join(MODEL_DEFAULT_FIELDS)}, not {name!r}")
         values = {name: _convert(name, fields[name].default, value) for name, value in defaults.items()}
-        dataclasses.replace(self, **values)  # checks them all (__post_init__)
-        config = dataclasses.replace(self, **{k: v for k, v in values.items() if k not in self.explicit})
-        object.__setattr__(config, "_explicit", self.explicit)
-        return config
+        dataclasses.replace(self, **values)  # checks each (__post_init__; the step limit: check_steps)
+        return values
+
+    def check_steps(self, origin: str) -> None:
+        """Raise ConfigError if ``num_inference_steps`` exceeds ``max_inference_steps``.
+
+        Args:
+            origin: where the step count came from ("set", or which default), shown in the message.
+        """
+        if self.num_inference_steps > self.max_inference_steps:
+            shown = "" if origin == "set" else f", {origin}"
+            raise ConfigError(
+                f"num_inference_steps ({self.num_inference_steps}{shown}) exceeds max_inference_steps "
+                f"({self.max_inference_steps})"
+                + ("" if origin == "set" else f": set num_inference_steps to {self.max_inference_steps} or less, "
+                                               "or raise max_inference_steps")
+            )
 
     def __post_init__(self):
         object.__setattr__(self, "_explicit", frozenset(f.name for f in dataclasses.fields(self)
@@ -157,11 +194,8 @@ class EngineConfig:
         for name in ("num_inference_steps", "max_inference_steps", "cpu_devices"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.num_inference_steps > self.max_inference_steps:
-            raise ConfigError(
-                f"num_inference_steps ({self.num_inference_steps}) exceeds max_inference_steps "
-                f"({self.max_inference_steps})"
-            )
+        # num_inference_steps against max_inference_steps: check_steps, once the steps used are known
+        # (load for a set value, with_model_defaults for a default: the model's may differ from this class's).
         for name in ("width", "height", "images_per_request"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be 0 (auto) or positive, got {getattr(self, name)}")
@@ -172,6 +206,8 @@ class EngineConfig:
             raise ConfigError(f"guidance_scale must be between 0 and 50, got {self.guidance_scale}")
         if not 0 <= self.max_seed <= 2**32 - 1:
             raise ConfigError(f"max_seed must be between 0 and 2**32 - 1 (seeds are uint32), got {self.max_seed}")
+        if self.images_per_request:  # with 0 (auto), the engine checks once it knows the batch
+            check_seed_range(self.max_seed, self.images_per_request)
         if self.max_queue_size < 1:
             raise ConfigError(f"max_queue_size must be at least 1, got {self.max_queue_size}")
         if not self.temp_max_mb > 0:  # also refuses NaN
@@ -182,6 +218,18 @@ class EngineConfig:
     def as_dict(self) -> dict[str, Any]:
         """The resolved fields, for the one start-up log line."""
         return dataclasses.asdict(self)
+
+
+def check_seed_range(max_seed: int, images: int) -> None:
+    """Raise ConfigError unless the ``images`` of one request can have distinct seeds from 0 to ``max_seed``.
+
+    Image i of a request uses ``(seed + i) % (max_seed + 1)`` (engine.py), so the seeds of one
+    request are distinct, and so are its images, exactly when ``max_seed + 1 >= images``.
+    """
+    if max_seed + 1 < images:
+        raise ConfigError(f"max_seed ({max_seed}) leaves {max_seed + 1} distinct seed{'s' if max_seed else ''} "
+                          f"for the {images} images of a request, so some would be identical: set max_seed to "
+                          f"{images - 1} or more")
 
 
 TRUE_WORDS = ("1", "true", "yes", "on")

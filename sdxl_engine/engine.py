@@ -156,10 +156,11 @@ class Engine:
         self.compile_cache_dir = config_mod.apply_jax_options(self.config, log=self._log)
         if self.compile_cache_dir and self.config.executable_cache:
             self.executables = ExecutableCache(Path(self.compile_cache_dir) / "executables")
-        self._log(f"[sdxl_engine] config: {self.config.as_dict()}")
+        self._log(f"[sdxl_engine] config: {self._config_shown()}")
         self.mesh = sharding.make_mesh()
         self.batch = self.config.images_per_request or sharding.default_batch(self.mesh.devices.size)
         sharding.check_batch(self.batch, self.mesh)
+        config_mod.check_seed_range(self.config.max_seed, self.batch)
         self.device_summary = sharding.device_summary(self.mesh)
 
         # 2. The model, each parameter straight onto the devices.
@@ -179,7 +180,8 @@ class Engine:
 
         # 3. Compile the default size (CFG, the default guidance's mode) ahead of time.
         width, height = self.limits.default_size
-        self._stage(f"compiling {width}x{height} x {self.batch} images")
+        self._stage(f"compiling {width}x{height} x {self.batch} images"
+                    + (", unless the executable cache has them" if self.executables else ""))
         self.startup["compile_s"] = self._program(width, height, self.defaults.guidance_scale > 1).compile_s
 
         # 4. One request through the compiled program with zero denoising steps: the executable runs
@@ -192,6 +194,12 @@ class Engine:
         self._log(f"[sdxl_engine] ready in {self.startup['ready_s']:.2f} s on {self.device_summary} "
                   f"({self.model.name}, {self.model.dtype})")
 
+    def _config_shown(self) -> dict:
+        """The config for the start-up line: a field the model's engine_defaults.json may still choose
+        (not set explicitly) shows as ``"model default, else 20"``; the next lines say what applied."""
+        return {k: f"model default, else {v!r}" if k in config_mod.MODEL_DEFAULT_FIELDS and k not in self.config.explicit
+                else v for k, v in self.config.as_dict().items()}
+
     def _model_defaults(self) -> EngineConfig:
         """The config with the model's engine_defaults.json where it set nothing; one log line names what applied."""
         defaults = with_model_defaults(self.config, self.model.engine_defaults, self.config.model)  # the path, for the operator
@@ -200,6 +208,10 @@ class Engine:
             kept = sorted(self.model.engine_defaults.keys() & self.config.explicit)
             self._log(f"[sdxl_engine] the model's defaults ({loading.ENGINE_DEFAULTS_FILE}): {used}"
                       + (f"; set explicitly, so kept: {', '.join(kept)}" if kept else ""))
+        builtin_used = {k: getattr(defaults, k) for k in config_mod.MODEL_DEFAULT_FIELDS
+                        if k not in self.config.explicit and k not in self.model.engine_defaults}
+        if builtin_used:
+            self._log(f"[sdxl_engine] the engine's defaults, which the model does not choose: {builtin_used}")
         return defaults
 
     def _limits(self) -> Limits:
@@ -342,21 +354,22 @@ class Engine:
         if self.model.vocabulary is not None:
             for field, text in (("prompt", request.prompt), ("negative prompt", request.negative_prompt)):
                 unknown = builtin.unknown_words(text, self.model.vocabulary)
+                # What the model does with them: the tokenizer still spells them (as byte tokens, or a
+                # token training never used), so they move the text embedding and with it the images.
                 if unknown:
-                    warnings.append(f"{field}: {self.model.name} does not know these words, so its images ignore "
-                                    f"them: {', '.join(unknown)}")
+                    warnings.append(f"{field}: {self.model.name} was not trained on these words, so they do not "
+                                    f"steer its images, but they still change them: {', '.join(unknown)}")
         return warnings
 
 
 def with_model_defaults(config: EngineConfig, defaults: dict, model: str) -> EngineConfig:
     """``config`` with a model's engine_defaults.json for the fields it did not set (EngineConfig.with_model_defaults).
 
-    Raises ConfigError naming the file and the model for a key or value the model may not choose.
+    Raises ConfigError naming the file and the model for a key or value the model may not choose, or
+    for a step count over ``max_inference_steps`` (saying whether it was set or which default it is).
     """
-    try:
-        return config.with_model_defaults(defaults)
-    except config_mod.ConfigError as err:
-        raise config_mod.ConfigError(f"{loading.ENGINE_DEFAULTS_FILE} of model {model!r}: {err}") from None
+    return config.with_model_defaults(defaults, model=f"model {model!r}",
+                                      source=f"{loading.ENGINE_DEFAULTS_FILE} of model {model!r}")
 
 
 _engine: Engine | None = None

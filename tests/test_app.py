@@ -112,9 +112,9 @@ def test_a_refused_request_logs_one_line_and_a_good_one_none(app_server):
 
 def test_words_outside_tiny_shapes_vocabulary_are_named(app_server):
     """tiny-shapes knows only its training captions' words: the others are named, so a user knows
-    why the image ignores them."""
+    why the image does not follow them."""
     _, info = call(app_server, prompt="a red circle next to a dog 🐶", num_inference_steps=2)
-    assert info["warnings"] == ["prompt: tiny-shapes does not know these words, so its images ignore them: "
-                                "next, to, dog, 🐶"]
+    assert info["warnings"] == ["prompt: tiny-shapes was not trained on these words, so they do not steer its "
+                                "images, but they still change them: next, to, dog, 🐶"]
     _, info = call(app_server, prompt="a small red circle in the centre on a white background", num_inference_steps=2)
     assert info["warnings"] == []

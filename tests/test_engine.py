@@ -154,8 +154,10 @@ def test_a_long_prompt_logs_nothing():
 def test_words_the_model_does_not_know_are_named_in_a_warning(engine):
     result = gen(engine, prompt="a red zebra circle 🦓, zebra", negative_prompt="blurry quokka")
     assert result.warnings == [
-        "prompt: tiny-random does not know these words, so its images ignore them: zebra, 🦓",
-        "negative prompt: tiny-random does not know these words, so its images ignore them: quokka"]
+        "prompt: tiny-random was not trained on these words, so they do not steer its images, but they still "
+        "change them: zebra, 🦓",
+        "negative prompt: tiny-random was not trained on these words, so they do not steer its images, but they "
+        "still change them: quokka"]
     assert gen(engine, prompt="a large red circle on the left", negative_prompt="blurry, green").warnings == []
 
 

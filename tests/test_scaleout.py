@@ -427,6 +427,11 @@ def test_sigterm_drains_then_deletes_the_deployment_and_leaves_nothing(app2, hom
     assert len(gallery) == 4 and info["replica"]
     assert code == 0 and took < 60, (code, took)
     assert "[replicas] Serve application deleted and Ray stopped" in app2.log
+    # A plain log (issue 19): no colour codes, no WARNING for the token mode the app chose, and no
+    # Ray line about the clean stop itself (serve.shutdown() left two "Task ServeController... failed").
+    assert "\x1b[" not in app2.log and "Token authentication" not in app2.log
+    stop = app2.log.index("[app] stopping")
+    assert "(raylet)" not in app2.log[stop:] and "ServeController" not in app2.log[stop:], app2.log[stop:]
     deadline = time.monotonic() + 15
     while any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in tree):
         assert time.monotonic() < deadline, [" ".join(p.cmdline())[:80] for p in tree if p.is_running()]

@@ -60,8 +60,8 @@ def test_handler_applies_style_reports_progress_and_saves_pngs(engine, monkeypat
     assert (record["prompt"], record["negative_prompt"], record["style"]) == ("a red circle", "green", "Pixel art")
     assert [caption.split(" · ")[:2] for _, caption in gallery] == [[f"seed {s}", "Pixel art"] for s in (7, 8, 9, 10)]
     assert len(info["saved"]) == 4
-    for path, seed, (shown, _) in zip(info["saved"], info["seeds"], gallery):
-        with Image.open(path) as saved, Image.open(shown) as image:
+    for name, seed, (shown, _) in zip(info["saved"], info["seeds"], gallery):
+        with Image.open(tmp_path / "out" / name) as saved, Image.open(shown) as image:
             params = parse_a1111_parameters(saved.text["parameters"])
             assert np.array_equal(np.asarray(saved.convert("RGB")), np.asarray(image.convert("RGB")))
             assert image.text["parameters"] == saved.text["parameters"]
@@ -107,11 +107,11 @@ def test_saved_pngs_never_overwrite_each_other(engine, monkeypatch, tmp_path):
     monkeypatch.setattr(secrets, "token_hex", lambda n=None: "abcdef")
     results = [app.handle_generate(engine, prompt, "", 7, 5.0, 2, 0, 0) for prompt in ("a red circle", "a blue square")]
     saved = [path for _, info, _ in results for path in info["saved"]]
-    assert len(set(saved)) == 8 and sorted(saved) == sorted(str(p) for p in out.iterdir())
+    assert len(set(saved)) == 8 and sorted(saved) == sorted(p.name for p in out.iterdir())  # names, not paths
     for gallery, info, _ in results:
-        for (shown, _), path, seed in zip(gallery, info["saved"], info["seeds"]):
-            assert f"seed{seed}-" in Path(path).name
-            with Image.open(path) as a, Image.open(shown) as b:
+        for (shown, _), name, seed in zip(gallery, info["saved"], info["seeds"]):
+            assert f"seed{seed}-" in name
+            with Image.open(out / name) as a, Image.open(shown) as b:
                 assert np.array_equal(np.asarray(a.convert("RGB")), np.asarray(b.convert("RGB")))
                 assert a.text["parameters"].startswith(info["prompt"])
     assert "a-red-circle" in saved[0] and "a-blue-square" in saved[4]

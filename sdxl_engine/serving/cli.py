@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import tempfile
+from pathlib import Path
 
 import httpx
 
-from ..config import EngineConfig
+from ..config import MODEL_DEFAULT_FIELDS, ConfigError, EngineConfig
+from ..loading import engine_defaults
 from .scaleout import Replicas, ScaleOutError, parse_resources
 
 SERVER_FLAGS = ("share", "host", "port", "history_secret", "replicas", "ray_address", "ray_app", "replica_resources")
@@ -78,9 +81,14 @@ def parse_args(argv=None, description: str = "") -> argparse.Namespace:
     scale.add_argument("--replica-resources", type=_resources, default=None,
                        help='Ray resources of one replica, JSON such as \'{"TPU": 8}\' (default: a TPU host\'s '
                             "chips, 1 GPU, or a share of a CPU host)")
+    shipped = engine_defaults(EngineConfig.model)  # what the default model runs with, shown in the help
     for field in dataclasses.fields(EngineConfig):
+        default = f"default {field.default!r}"
+        if field.name in MODEL_DEFAULT_FIELDS:  # the model's engine_defaults.json may choose another (README)
+            default = (f"default: the model's own, else {field.default!r}"
+                       + f"; {EngineConfig.model} runs {shipped.get(field.name, field.default)!r}")
         parser.add_argument("--" + field.name.replace("_", "-"), dest=field.name, default=None,
-                            help=f"engine setting {field.name} (env SDXL_{field.name.upper()}, default {field.default!r})")
+                            help=f"engine setting {field.name} (env SDXL_{field.name.upper()}, {default})")
     args = parser.parse_args(argv)
     if args.replicas is None and (args.ray_address or args.ray_app or args.replica_resources):
         parser.error("--ray-address, --ray-app and --replica-resources need --replicas")
@@ -90,6 +98,26 @@ def parse_args(argv=None, description: str = "") -> argparse.Namespace:
 def engine_overrides(args: argparse.Namespace) -> dict:
     """The engine settings given on the command line (those not given are left to env and defaults)."""
     return {k: v for k, v in vars(args).items() if k not in SERVER_FLAGS and v is not None}
+
+
+def check_outputs_dir(folder: str) -> None:
+    """Make sure ``folder`` (the ``outputs_dir`` setting; "" = off) can take the saved PNGs: create
+    it if missing, then write and delete a probe file in it, as saving will.
+
+    Raises:
+        ConfigError: the folder cannot be created or written (under a regular file, no permission,
+            read-only file system), naming the folder and the reason.
+    """
+    if not folder:
+        return
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-probe-"):
+            pass
+    except OSError as err:
+        reason = err.strerror or type(err).__name__
+        raise ConfigError(f"outputs_dir {folder!r} cannot hold the saved images ({reason}); "
+                          "name a folder this user can write, or leave it empty to save nothing") from None
 
 
 def share_possible(local_url: str, api_server: str, timeout: float = 5.0, log=print) -> bool:

@@ -21,12 +21,14 @@ class Delivery:
 
     ``paths``: the PNGs (A1111 ``parameters`` chunk, lossless) in a new folder, image i from
     ``info["seeds"][i]``. ``info``: the API's JSON record (README, "API"). ``save_error``: why the
-    copies to ``outputs_dir`` were not written (the images are still served), else None.
+    copies to ``outputs_dir`` were not written (the images are still served; ``info["warnings"]``
+    says so too), else None.
     """
 
     paths: list[str]
     info: dict
     save_error: OSError | None = None
+    save_warning: str = ""  # the warning in info["warnings"] when save_error is set
 
 
 def deliver(result, prompt: str, style: str, files_dir: Path, outputs_dir: str = "") -> Delivery:
@@ -39,11 +41,13 @@ def deliver(result, prompt: str, style: str, files_dir: Path, outputs_dir: str =
             (``seed42-a-red-circle.png``, the download's name).
         style: the style's name (``NO_STYLE`` for none), recorded in the PNGs and the record.
         files_dir: a folder the web server serves from; each request gets a new folder inside it.
-        outputs_dir: also save the PNGs here as ``<µs time>-<request id>-seed42-...png`` ("" = no).
+        outputs_dir: also save the PNGs here as ``<µs time>-<request id>-seed42-...png`` ("" = no);
+            ``info["saved"]`` lists those file names, relative to ``outputs_dir``.
 
     Raises:
         OSError: the PNGs could not be written under ``files_dir`` (nothing to serve). A failure
-        to save to ``outputs_dir`` is returned as ``save_error`` instead.
+        to save to ``outputs_dir`` is returned as ``save_error`` instead, and added to
+        ``info["warnings"]`` (and ``save_warning``).
     """
     req, latency = result.request, result.timings["latency"]
     extra = {} if style == NO_STYLE else {"Style": style}
@@ -60,16 +64,29 @@ def deliver(result, prompt: str, style: str, files_dir: Path, outputs_dir: str =
         "device": result.device_summary, "timings_s": {k: round(v, 4) for k, v in result.timings.items()},
         "prompt": req.prompt, "negative_prompt": req.negative_prompt, "guidance_scale": req.guidance_scale,
         "num_inference_steps": req.num_inference_steps, "sampler": req.sampler, "width": req.width,
-        "height": req.height, "model": result.model, "warnings": result.warnings, "style": style,
+        "height": req.height, "model": result.model, "warnings": list(result.warnings), "style": style,
     }
     if getattr(result, "replica", ""):  # scale-out mode: which Serve replica made it (timings_s also has "ray")
         info["replica"] = result.replica
-    save_error = None
+    save_error, note = None, ""
     if outputs_dir:
         stamp = request_stamp()  # to the microsecond, plus a random id: two requests never share a name
+        saved = []  # names only: the server's folder is the operator's business, not an API client's
         try:
-            info["saved"] = [str(write_new(data, Path(outputs_dir), f"{stamp}-{stem}"))
-                             for data, stem in zip(pngs, stems)]
+            for data, stem in zip(pngs, stems):
+                saved.append(write_new(data, Path(outputs_dir), f"{stamp}-{stem}").name)
         except OSError as err:
             save_error = err
-    return Delivery(paths, info, save_error)
+            note = _save_warning(err, len(saved), len(pngs))
+            info["warnings"].append(note)
+        if saved:
+            info["saved"] = saved
+    return Delivery(paths, info, save_error, note)
+
+
+def _save_warning(err: OSError, saved: int, total: int) -> str:
+    """The reply's warning for copies to ``outputs_dir`` that could not be written: how many were,
+    and the reason (``Permission denied``, ``No space left on device``), never the server's path."""
+    which = f"{total - saved} of {total} images" if saved else "images"
+    return (f"{which} not saved to the server's outputs folder ({type(err).__name__}: "
+            f"{err.strerror or 'cannot write there'}); download them instead")

@@ -504,10 +504,11 @@ class RemoteEngine:
             self._watcher.join(POLL_S * 3)
         try:
             if self.owns_app and ray.is_initialized():  # the replicas are idle: the front drained before
-                if self.address:
-                    serve.delete(self.app_name)  # a joined cluster: only our application
-                else:
-                    serve.shutdown()  # our own cluster: the application and Serve's controller
+                # Only our application, even on our own cluster: ray.shutdown() below stops that one with
+                # Serve's controller in it, after this process stopped printing the cluster's log.
+                # (serve.shutdown() kills the controller while this process still waits on it, and the
+                # raylet logs each of those calls as a failed task: noise on every clean stop.)
+                serve.delete(self.app_name)
         except Exception as err:  # the cluster may be gone already; shutting down goes on
             self._log(f"[replicas] warning: could not delete the Serve application ({type(err).__name__}: {err})")
         finally:

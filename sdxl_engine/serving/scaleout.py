@@ -185,6 +185,12 @@ def ray_environment(private: bool, environ: MutableMapping[str, str] = os.enviro
     once, at import). Ray's processes inherit them.
 
     * ``RAY_DEDUP_LOGS=0``: every replica's start-up lines reach the front's log, not one merged copy.
+    * ``RAY_COLOR_PREFIX=0``: the ``(ServeReplica:... pid=...)`` prefix of those lines without ANSI
+      colour codes (the log is a file or a journal as often as a terminal).
+    * ``RAY_SERVE_SLOW_STARTUP_WARNING_S``: Serve warns about a replica still in its constructor
+      after this many seconds; a replica loads and compiles there, which the front already
+      reports as a stage, so the warning waits as long as the front gives a request
+      (:data:`REQUEST_TIMEOUT_S`).
 
     With ``private`` (a local cluster of our own, no ``--ray-address``) also:
 
@@ -194,14 +200,17 @@ def ray_environment(private: bool, environ: MutableMapping[str, str] = os.enviro
       inter-deployment gRPC server binds all interfaces, and takes no call without the token.
     * Token authentication (Ray's default for a new local cluster) with a fresh random token
       that lives only in this environment, so Ray writes none to ``~/.ray/auth_token``; it is
-      never logged. A ``RAY_AUTH_MODE`` / ``RAY_AUTH_TOKEN`` / ``RAY_AUTH_TOKEN_PATH`` already
-      set is respected.
+      never logged; ``RAY_AUTH_MODE=token`` says so (Ray warns when it picks token mode itself). A
+      ``RAY_AUTH_MODE`` / ``RAY_AUTH_TOKEN`` / ``RAY_AUTH_TOKEN_PATH`` already set is respected.
     * No usage statistics leave the machine (``RAY_USAGE_STATS_ENABLED=0``).
     """
     environ.setdefault("RAY_DEDUP_LOGS", "0")
+    environ.setdefault("RAY_COLOR_PREFIX", "0")
+    environ.setdefault("RAY_SERVE_SLOW_STARTUP_WARNING_S", str(int(REQUEST_TIMEOUT_S)))
     if not private:
         return
     environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     if not {"RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"} & environ.keys():
         environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+        environ["RAY_AUTH_MODE"] = "token"  # Ray's default, said explicitly: Ray then logs no WARNING about it
     environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
