@@ -281,6 +281,9 @@ def test_sdxl_and_shipped_configs_are_accepted():
     check_scheduler_config(dict(builtin.SDXL_SCHEDULER))
     check_scheduler_config(json.loads((FIXTURES / "tiny-pt" / "scheduler" / "scheduler_config.json").read_text()))
     check_scheduler_config({"_class_name": "DDIMScheduler"})  # every field the class default
+    shapes = json.loads((builtin.TINY_SHAPES_DIR / "scheduler" / "scheduler_config.json").read_text())
+    check_scheduler_config(shapes)
+    assert make_schedule("DDIM", shapes, 8).clip_range == math.inf  # it says clip_sample false: its latents pass 1
 
 
 def test_a_model_folder_with_a_refused_field_fails_to_load_naming_file_and_field(tmp_path):
