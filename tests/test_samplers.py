@@ -248,6 +248,39 @@ def test_the_program_clips_x0_where_the_schedule_says(engine):
     assert np.abs(unclipped.astype(int) - want.astype(int)).max() > 8
 
 
+def test_ddim_images_match_diffusers_when_the_config_lacks_clip_sample(steps_arrays):
+    """Image level, the issue's case: tiny-pt's pipeline with DDIMScheduler.from_config of a config without
+    clip_sample (so True) and the engine's program on the same latents agree within 4/255 (test_models' image
+    tolerance); the unclipped DDIM the engine used to run is far off."""
+    import jax
+
+    from sdxl_engine.loading import load_folder
+    from sdxl_engine.program import ProgramInputs, ProgramShape, compile_program, tokenize
+    from sdxl_engine.sharding import make_mesh, replicated
+
+    meta = STEPS["ddim_image_case"]
+    assert meta["clip_sample"] is True and "clip_sample" not in meta["scheduler_config"]
+    model = load_folder(FIXTURES / "tiny-pt", "tiny-pt", "float32")
+    mesh = make_mesh(jax.devices()[:2])
+    latents, want = steps_arrays["ddim_image_latents"], steps_arrays["ddim_image_images"].astype(int)
+    shape = ProgramShape(2, meta["height"], meta["width"], max_steps=meta["num_inference_steps"], given_latents=True)
+    params = jax.device_put(model.params, replicated(mesh))
+    program = compile_program(model, params, shape, mesh)
+    ids, _ = tokenize(model, meta["prompt"])
+    negative, _ = tokenize(model, meta["negative_prompt"])
+
+    def images(config):
+        schedule = make_schedule("DDIM", config, meta["num_inference_steps"])
+        inputs = ProgramInputs.build(ids, negative, False, np.zeros(2, np.uint32), meta["guidance_scale"], schedule,
+                                     meta["num_inference_steps"], shape.max_steps, latents=latents)
+        return np.asarray(program.executable(params, inputs)[0]).astype(int)
+
+    diff = np.abs(images(meta["scheduler_config"]) - want)
+    assert diff.max() <= 4 and diff.mean() <= 0.5, (diff.max(), diff.mean())
+    unclipped = np.abs(images({**meta["scheduler_config"], "clip_sample": False}) - want)
+    assert unclipped.max() > 40, unclipped.max()
+
+
 # ---- refusals ---------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("changes, field, sampler", [
     ({"thresholding": True}, "thresholding", "DPM++ 2M"),

@@ -19,7 +19,8 @@ Commands, run from the repository root:
 * ``samplers`` writes tests/fixtures/sampler-steps.json and .npz: for every sampler's
   diffusers class and a matrix of scheduler configs (:data:`SAMPLER_CASES`), the timesteps,
   sigmas, init_noise_sigma and a whole ``scheduler.step`` trajectory on fixed small arrays (the
-  sample after each step; Euler a's noise per step), plus each class's ``__init__`` defaults.
+  sample after each step; Euler a's noise per step), plus each class's ``__init__`` defaults, and
+  tiny-pt's pipeline images with DDIM from a config lacking ``clip_sample`` (:data:`DDIM_IMAGE_CASE`).
 * ``fullsize`` writes a random full-size SDXL base (diffusers format, safetensors, about 14 GB
   in float32) to DIR and reference outputs to DIR/reference/; it is not committed.
 
@@ -569,6 +570,28 @@ def sampler_trajectory(sampler: str, config: dict, steps: int, model_outputs: np
     return sched, torch.stack(samples).numpy(), torch.stack(noises).numpy() if noises else None
 
 
+# ``samplers``' image-level case: tiny-pt's pipeline with DDIM from a config that lacks clip_sample (the class
+# default True clips x0 every step). Prompt, negative prompt, guidance, steps; 64x64, 2 images.
+DDIM_IMAGE_CASE = ("a red circle", "a blue square", 5.0, 6)
+
+
+def ddim_image_case(out: Path) -> tuple[dict, dict]:
+    """diffusers' images for DDIM_IMAGE_CASE on out/tiny-pt: ({key: array}, metadata)."""
+    pipe = StableDiffusionXLPipeline.from_pretrained(out / "tiny-pt", dtype=torch.float32, add_watermarker=False)
+    pipe.set_progress_bar_config(disable=True)
+    config = {k: v for k, v in plain_config(pipe.scheduler.config).items() if k != "clip_sample"}
+    pipe.scheduler = DDIMScheduler.from_config(config)
+    prompt, negative, guidance, steps = DDIM_IMAGE_CASE
+    latents = np.random.RandomState(23).standard_normal((2, 4, 16, 16)).astype(np.float32)
+    images = pipe(prompt, negative_prompt=negative, guidance_scale=guidance, num_inference_steps=steps, width=64,
+                  height=64, num_images_per_prompt=2, output_type="np", latents=torch.from_numpy(latents)).images
+    arrays = {"ddim_image_latents": latents, "ddim_image_images": np.round(images * 255).astype(np.uint8)}
+    meta = dict(prompt=prompt, negative_prompt=negative, guidance_scale=guidance, num_inference_steps=steps,
+                width=64, height=64, scheduler_config=config, clip_sample=pipe.scheduler.config.clip_sample,
+                latents="numpy RandomState(23).standard_normal((2, 4, 16, 16))", images="uint8, round(np * 255)")
+    return arrays, meta
+
+
 def cmd_samplers(out: Path) -> None:
     """``samplers``: out/sampler-steps.json and out/sampler-steps.npz (see the module docstring)."""
     torch.set_num_threads(1)
@@ -590,8 +613,10 @@ def cmd_samplers(out: Path) -> None:
                           timesteps=[float(t) for t in sched.timesteps.numpy().astype(np.float32)],
                           sigmas=[float(s) for s in sched.sigmas.numpy()] if hasattr(sched, "sigmas") else None,
                           init_noise_sigma=float(sched.init_noise_sigma)))
+    image_arrays, image_meta = ddim_image_case(out)
+    arrays.update(image_arrays)
     meta = dict(
-        made_by="python -m sdxl_engine.tools.make_fixtures samplers", versions=versions(), torch_threads=1,
+        made_by="python -m sdxl_engine.tools.make_fixtures samplers", ddim_image_case=image_meta, versions=versions(), torch_threads=1,
         base_config=base, missing=DROP, shape=list(SAMPLER_SHAPE), cases=cases,
         class_defaults={cls.__name__: init_defaults(cls) for cls, _ in SAMPLER_CLASSES.values()},
         notes=[
@@ -602,6 +627,8 @@ def cmd_samplers(out: Path) -> None:
             "step k's prev_sample (float32, the scheduler's own space: sigma space for Euler, x-space for DPM++ "
             "and DDIM). <case>_noise[k]: Euler a's step noise (torch.randn, generator seeded 1000 + k).",
             "Suggested tolerance: float32, |engine - diffusers| <= 1e-5 * (1 + |diffusers|) per step.",
+            "ddim_image_case: tiny-pt's StableDiffusionXLPipeline (float32) with DDIMScheduler.from_config of its "
+            "config less clip_sample, on ddim_image_latents; ddim_image_images (2, 64, 64, 3) uint8.",
         ],
     )
     write_npz(out / "sampler-steps.npz", arrays)
