@@ -26,6 +26,7 @@ from transformers import CLIPTokenizer
 from . import builtin
 from .models import COMPONENTS, Component, build_component
 from .models.random_weights import random_params
+from .schedulers import UnsupportedSchedulerConfig, check_scheduler_config
 from .validation import size_buckets
 from .weights import VOCABULARY_FILE, ModelLoadError, find_weight_files, load_params
 
@@ -200,6 +201,7 @@ def load_folder(folder: Path, name: str, dtype: str, sharding=None, variant: str
     """
     start = time.perf_counter()
     components = read_model_folder(folder)
+    scheduler_config = read_scheduler_config(folder)  # before the weights: a refused config fails fast
     target = jnp.dtype(dtype)
     place = lambda array: jax.device_put(array, sharding)  # noqa: E731
     params = {}
@@ -210,9 +212,26 @@ def load_folder(folder: Path, name: str, dtype: str, sharding=None, variant: str
     return LoadedModel(
         name=name, components=components, params=params,
         tokenizer=_tokenizer(folder / "tokenizer"), tokenizer_2=_tokenizer(folder / "tokenizer_2"),
-        scheduler_config=_read_json(folder / "scheduler" / "scheduler_config.json"),
-        dtype=dtype, load_s=time.perf_counter() - start, source=str(folder), vocabulary=_vocabulary(folder),
+        scheduler_config=scheduler_config, dtype=dtype, load_s=time.perf_counter() - start, source=str(folder), vocabulary=_vocabulary(folder),
         engine_defaults=read_engine_defaults(folder))
+
+
+def read_scheduler_config(folder: Path) -> dict:
+    """``folder``'s scheduler/scheduler_config.json, checked: every sampler follows it as diffusers would.
+
+    Raises ModelLoadError naming the file and the first field no sampler of the engine
+    implements (schedulers.check_scheduler_config); such a model is refused, never run with
+    the field ignored.
+    """
+    path = folder / "scheduler" / "scheduler_config.json"
+    config = _read_json(path)
+    if not isinstance(config, dict):
+        raise ModelLoadError(f"{path}: expected a JSON object, got {config!r:.80}")
+    try:
+        check_scheduler_config(config)
+    except UnsupportedSchedulerConfig as err:
+        raise ModelLoadError(f"{path}: {err}") from None
+    return config
 
 
 def _vocabulary(folder: Path) -> frozenset[str] | None:

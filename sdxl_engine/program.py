@@ -71,7 +71,8 @@ class ProgramInputs:
     guidance_scale        (batch,)                  float32    classifier-free guidance scale (cfg only)
     timesteps             (max_steps,)              float32    the UNet's timestep per step, padded
     sigmas                (max_steps + 1,)          float32    sigma-space noise level per step
-    a, b, c, d            (max_steps,)              float32    the sampler's update (schedulers.py)
+    a, b, c, d, e         (max_steps,)              float32    the sampler's update (schedulers.py)
+    clip_range            ()                        float32    x0 clipped to +-clip_range where e != 0 (inf)
     num_steps             ()                        int32      denoising steps to run (1..max_steps)
     init_scale            ()                        float32    initial latents = noise x init_scale
     final_scale           ()                        float32    VAE input = final latents x final_scale
@@ -90,6 +91,8 @@ class ProgramInputs:
     b: jax.Array
     c: jax.Array
     d: jax.Array
+    e: jax.Array
+    clip_range: jax.Array
     num_steps: jax.Array
     init_scale: jax.Array
     final_scale: jax.Array
@@ -99,7 +102,7 @@ class ProgramInputs:
     def specs(given_latents: bool = False) -> "ProgramInputs":
         """PartitionSpecs: per-image fields split over ``data``, the schedule replicated."""
         d, r = P(DATA_AXIS), P()
-        return ProgramInputs(d, d, d, d, d, r, r, r, r, r, r, r, r, r, d if given_latents else None)
+        return ProgramInputs(d, d, d, d, d, r, r, r, r, r, r, r, r, r, r, r, d if given_latents else None)
 
     @staticmethod
     def build(prompt_ids: np.ndarray, negative_ids: np.ndarray, negative_empty: bool, seeds, guidance_scale: float,
@@ -115,7 +118,8 @@ class ProgramInputs:
             negative_ids=np.broadcast_to(negative_ids, (n, 2, TOKENS)),
             negative_zero=np.full((n,), float(negative_empty), np.float32),
             seeds=np.asarray(seeds, np.uint32), guidance_scale=np.full((n,), guidance_scale, np.float32),
-            **schedule.padded(max_steps), num_steps=np.int32(steps), init_scale=np.float32(schedule.init_scale),
+            **schedule.padded(max_steps), clip_range=np.float32(schedule.clip_range), num_steps=np.int32(steps),
+            init_scale=np.float32(schedule.init_scale),
             final_scale=np.float32(schedule.final_scale), latents=latents)
 
     @staticmethod
@@ -125,7 +129,8 @@ class ProgramInputs:
         steps = s((n,), f32)
         structs = ProgramInputs(
             s((b, 2, TOKENS), jnp.int32), s((b, 2, TOKENS), jnp.int32), s((b,), f32), s((b,), jnp.uint32),
-            s((b,), f32), steps, s((n + 1,), f32), steps, steps, steps, steps, s((), jnp.int32), s((), f32), s((), f32),
+            s((b,), f32), steps, s((n + 1,), f32), steps, steps, steps, steps, steps, s((), f32), s((), jnp.int32),
+            s((), f32), s((), f32),
             s((b, *latent_shape), f32) if shape.given_latents else None)
         return jax.tree.map(lambda x, spec: s(x.shape, x.dtype, sharding=NamedSharding(mesh, spec)), structs,
                             ProgramInputs.specs(shape.given_latents))
@@ -188,19 +193,26 @@ def denoised(latents: jax.Array, model_output: jax.Array, sigma, prediction_type
     """The UNet's estimate of the clean latents x0 from sigma-space latents (Karras et al. 2022).
 
     epsilon: x - sigma eps; v_prediction: x / (sigma^2 + 1) - sigma v / sqrt(sigma^2 + 1)
-    (Salimans & Ho 2022), as diffusers' ``EulerDiscreteScheduler.step`` computes
-    ``pred_original_sample``. Float32, (b, c, h, w).
+    (Salimans & Ho 2022); sample: the output itself (x0 is the same in sigma and x-space), as
+    diffusers' ``EulerDiscreteScheduler.step`` computes ``pred_original_sample``. Float32, (b, c, h, w).
     """
     if prediction_type == "epsilon":
         return latents - sigma * model_output
     if prediction_type == "v_prediction":
         return model_output * (-sigma / (sigma**2 + 1) ** 0.5) + latents / (sigma**2 + 1)
-    raise ValueError(f"prediction_type {prediction_type!r} is not supported (epsilon, v_prediction)")
+    if prediction_type == "sample":
+        return model_output
+    raise ValueError(f"prediction_type {prediction_type!r} is not supported (epsilon, v_prediction, sample)")
 
 
-def sampler_update(latents, x0, x0_prev, noise, a, b, c, d):
-    """x_{i+1} = a x_i + b x0_i + c x0_{i-1} + d z_i: every sampler of schedulers.py in one update."""
-    return a * latents + b * x0 + c * x0_prev + d * noise
+def sampler_update(latents, x0, x0_prev, noise, a, b, c, d, e=0.0, clip_range=jnp.inf):
+    """x_{i+1} = a x_i + b x0_i + c x0_{i-1} + d z_i + e (clip(x0_i) - x0_i): every sampler of schedulers.py.
+
+    The clip term is DDIM's ``clip_sample`` (x0 clipped elementwise to [-clip_range, clip_range]);
+    with e = 0 or clip_range = inf it adds exactly 0, so the other samplers are unchanged.
+    """
+    clipped = jnp.clip(x0, -clip_range, clip_range) - x0
+    return a * latents + b * x0 + c * x0_prev + d * noise + e * clipped
 
 
 def step_noise(seeds: jax.Array, step, latent_shape: tuple[int, int, int]) -> jax.Array:
@@ -263,7 +275,9 @@ def build_generate(model: LoadedModel, shape: ProgramShape, python_loop: bool = 
                 out = cfg_combine(*jnp.split(out, 2), inputs.guidance_scale)  # (b, c, h, w)
             x0 = denoised(latents, out, sigma, prediction_type)
             z = step_noise(inputs.seeds, i, noise_shape)
-            return sampler_update(latents, x0, x0_prev, z, inputs.a[i], inputs.b[i], inputs.c[i], inputs.d[i]), x0
+            update = sampler_update(latents, x0, x0_prev, z, inputs.a[i], inputs.b[i], inputs.c[i], inputs.d[i],
+                                    inputs.e[i], inputs.clip_range)
+            return update, x0
 
         carry = (latents, jnp.zeros_like(latents))
         if python_loop:

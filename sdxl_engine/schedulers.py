@@ -3,13 +3,15 @@
 Each sampler is written in k-diffusion's sigma space (Karras et al. 2022): the latents are
 x = x0 + sigma * noise, the UNet sees x / sqrt(sigma^2 + 1) at the scheduler's timestep, and its
 output gives the denoised x0 (epsilon: x - sigma * eps; v: x / (sigma^2 + 1) - sigma * v /
-sqrt(sigma^2 + 1)). Every sampler here is then one update of the same form::
+sqrt(sigma^2 + 1); sample: the output itself). Every sampler here is then one update of the same
+form::
 
-    x_{i+1} = a_i x_i + b_i x0_i + c_i x0_{i-1} + d_i z_i         (z_i ~ N(0, 1), Euler a only)
+    x_{i+1} = a_i x_i + b_i x0_i + c_i x0_{i-1} + d_i z_i + e_i (clip(x0_i) - x0_i)
 
-with a, b, c, d computed on the host for the step count. The program takes them as arrays, so
+(z_i ~ N(0, 1), Euler a only; clip to [-clip_range, clip_range], DDIM's ``clip_sample`` only)
+with a..e computed on the host for the step count. The program takes them as arrays, so
 changing the sampler, like the step count, compiles nothing. The numbers are diffusers'
-PyTorch schedulers' (``from_config`` of the model's scheduler config):
+PyTorch schedulers' (``from_config`` of the model's scheduler config, diffusers 0.42.1):
 
 ================  =====================================================================================
 A1111 name        diffusers class and update
@@ -18,16 +20,25 @@ Euler             EulerDiscreteScheduler: a = s'/s, b = 1 - a (Karras et al. 202
 Euler a           EulerAncestralDiscreteScheduler: s_up = sqrt(s'^2 (s^2 - s'^2) / s^2),
                   s_down = sqrt(s'^2 - s_up^2); a = s_down/s, b = 1 - a, d = s_up
 DPM++ 2M          DPMSolverMultistepScheduler(algorithm_type="dpmsolver++", solver_order=2): with
-                  h = log s - log s', r = h_prev / h: b = (1 - a)(1 + 1/2r), c = -(1 - a)/2r;
-                  first and last steps first order (Lu et al. 2022, DPM-Solver++ 2M)
+                  h = log s - log s', r = h_prev / h, midpoint: b = (1 - a)(1 + 1/2r), c = -(1 - a)/2r;
+                  heun: k = (a - 1)/h + 1, b = 1 - a + k/r, c = -k/r; first step first order, and
+                  the last one as lower_order_final / euler_at_final / final_sigmas_type say
+                  (Lu et al. 2022, DPM-Solver++ 2M)
 DPM++ 2M Karras   the same with use_karras_sigmas=True (Karras et al. 2022, eq. 5, rho 7)
 DDIM              DDIMScheduler, eta 0: deterministic, first order in sigma space (Song et al. 2021);
-                  its last sigma is alphas_cumprod[0]'s, not 0
+                  its last sigma is the final alpha's; with clip_sample the x0 it moves towards
+                  is clipped, the direction to x_t is not: e = 1 (times ``carry``)
 ================  =====================================================================================
 
 (s = sigma_i, s' = sigma_{i+1}.) DDIM and DPM++ work in diffusers on x / sqrt(sigma^2 + 1) (the
 "x-space"); the same update in sigma space starts from noise * sqrt(sigma_0^2 + 1) and ends by
 dividing by sqrt(sigma_n^2 + 1): :attr:`Schedule.init_scale` and :attr:`Schedule.final_scale`.
+
+Each sampler's config is diffusers' ``from_config``: the model's scheduler_config.json, a field
+missing there taking the class's own default (:data:`CLASS_DEFAULTS`; DDIM's ``clip_sample`` is
+True, ``set_alpha_to_one`` True, ``timestep_spacing`` "leading"), then the fields the A1111 name
+fixes (:data:`SAMPLER_CLASSES`). Every field of every class is either honoured as diffusers does
+or refused by :func:`check_scheduler_config` (:data:`FIELDS` says which); none is ignored.
 
 Euler a's step noise for image i of a request is ``jax.random.normal(jax.random.fold_in(
 jax.random.key(seed_i), step + 1), latents.shape)``: deterministic per seed (program.py).
@@ -36,15 +47,72 @@ jax.random.key(seed_i), step + 1), latents.shape)``: deterministic per seed (pro
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 
 SAMPLERS = ("Euler", "Euler a", "DPM++ 2M", "DPM++ 2M Karras", "DDIM")
 DEFAULT_SAMPLER = "Euler"  # the blog's
 
+# A1111 name -> (diffusers class, the from_config overrides the name stands for).
+SAMPLER_CLASSES = {
+    "Euler": ("EulerDiscreteScheduler", {}),
+    "Euler a": ("EulerAncestralDiscreteScheduler", {}),
+    "DPM++ 2M": ("DPMSolverMultistepScheduler", {"algorithm_type": "dpmsolver++", "solver_order": 2}),
+    "DPM++ 2M Karras": ("DPMSolverMultistepScheduler",
+                        {"algorithm_type": "dpmsolver++", "solver_order": 2, "use_karras_sigmas": True}),
+    "DDIM": ("DDIMScheduler", {}),
+}
+
+_COMMON = dict(num_train_timesteps=1000, beta_start=0.0001, beta_end=0.02, beta_schedule="linear",
+               trained_betas=None, prediction_type="epsilon", timestep_spacing="linspace", steps_offset=0,
+               rescale_betas_zero_snr=False)
+_SIGMA_KINDS = dict(use_karras_sigmas=False, use_exponential_sigmas=False, use_beta_sigmas=False)
+# Every __init__ argument of each class with its default, diffusers 0.42.1 (tests/test_samplers.py checks
+# this against the signatures the fixture tool recorded).
+CLASS_DEFAULTS = {
+    "EulerDiscreteScheduler": {**_COMMON, "interpolation_type": "linear", **_SIGMA_KINDS, "sigma_min": None,
+                               "sigma_max": None, "timestep_type": "discrete", "final_sigmas_type": "zero"},
+    "EulerAncestralDiscreteScheduler": dict(_COMMON),
+    "DPMSolverMultistepScheduler": {
+        **_COMMON, "solver_order": 2, "thresholding": False, "dynamic_thresholding_ratio": 0.995,
+        "sample_max_value": 1.0, "algorithm_type": "dpmsolver++", "solver_type": "midpoint",
+        "lower_order_final": True, "euler_at_final": False, **_SIGMA_KINDS, "use_lu_lambdas": False,
+        "use_flow_sigmas": False, "flow_shift": 1.0, "final_sigmas_type": "zero", "lambda_min_clipped": -math.inf,
+        "variance_type": None, "use_dynamic_shifting": False, "time_shift_type": "exponential"},
+    "DDIMScheduler": {**_COMMON, "clip_sample": True, "set_alpha_to_one": True, "thresholding": False,
+                      "dynamic_thresholding_ratio": 0.995, "clip_sample_range": 1.0, "sample_max_value": 1.0,
+                      "timestep_spacing": "leading"},
+}
+
+# What happens to each field (README's samplers table says the same). "honoured": as diffusers uses it;
+# "fixed": set by the sampler's name; "refused": values other than the default stop the model at start;
+# "unused": diffusers reads it only together with a refused value (thresholding).
+FIELDS = {
+    "num_train_timesteps": "honoured", "beta_start": "honoured", "beta_end": "honoured",
+    "beta_schedule": "honoured: linear, scaled_linear, squaredcos_cap_v2", "trained_betas": "honoured",
+    "prediction_type": "honoured: epsilon, v_prediction, sample (not with Euler a, as in diffusers)",
+    "timestep_spacing": "honoured: linspace, leading, trailing", "steps_offset": "honoured (leading)",
+    "rescale_betas_zero_snr": "honoured for Euler, Euler a, DPM++; refused for DDIM",
+    "interpolation_type": "honoured: linear, log_linear", "use_karras_sigmas": "honoured",
+    "use_exponential_sigmas": "honoured", "use_beta_sigmas": "refused", "sigma_min": "honoured",
+    "sigma_max": "honoured", "timestep_type": "honoured: discrete, continuous",
+    "final_sigmas_type": "honoured: zero, sigma_min", "solver_order": "fixed: 2", "algorithm_type": "fixed: dpmsolver++",
+    "solver_type": "honoured: midpoint, heun", "lower_order_final": "honoured", "euler_at_final": "honoured",
+    "use_lu_lambdas": "refused", "use_flow_sigmas": "refused", "flow_shift": "unused (use_flow_sigmas)",
+    "lambda_min_clipped": "honoured", "variance_type": "refused", "use_dynamic_shifting": "refused",
+    "time_shift_type": "unused (use_dynamic_shifting)", "thresholding": "refused",
+    "dynamic_thresholding_ratio": "unused (thresholding)", "sample_max_value": "unused (thresholding)",
+    "clip_sample": "honoured", "clip_sample_range": "honoured", "set_alpha_to_one": "honoured",
+}
+
 
 class UnknownSampler(ValueError):
     """A sampler name that is not one of :data:`SAMPLERS`."""
+
+
+class UnsupportedSchedulerConfig(ValueError):
+    """A scheduler config field whose value the engine does not implement (the message names it)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,11 +121,13 @@ class Schedule:
 
     Attributes:
         timesteps: (n,) what the UNet is given at each step.
-        sigmas: (n + 1,) noise levels in sigma space; sigmas[n] is 0 (DDIM: alphas_cumprod[0]'s).
-        a, b, c, d: (n,) the update's coefficients (module docstring).
+        sigmas: (n + 1,) noise levels in sigma space; sigmas[n] is the last step's target (0, or
+            the smallest sigma: final_sigmas_type "sigma_min", DDIM's final alpha).
+        a, b, c, d, e: (n,) the update's coefficients (module docstring).
         init_scale: initial latents = unit noise * init_scale (diffusers' init_noise_sigma,
             in sigma space).
         final_scale: the latents handed to the VAE = x_n * final_scale.
+        clip_range: x0 is clipped to [-clip_range, clip_range] where ``e`` is non-zero (inf: never).
     """
 
     timesteps: np.ndarray
@@ -66,8 +136,10 @@ class Schedule:
     b: np.ndarray
     c: np.ndarray
     d: np.ndarray
+    e: np.ndarray
     init_scale: float
     final_scale: float
+    clip_range: float = math.inf
 
     def padded(self, max_steps: int) -> dict[str, np.ndarray]:
         """Arrays padded with zeros to ``max_steps`` (sigmas to ``max_steps + 1``), for one program shape."""
@@ -78,7 +150,7 @@ class Schedule:
 
         n = max_steps
         return {"timesteps": pad(self.timesteps, n), "sigmas": pad(self.sigmas, n + 1), "a": pad(self.a, n),
-                "b": pad(self.b, n), "c": pad(self.c, n), "d": pad(self.d, n)}
+                "b": pad(self.b, n), "c": pad(self.c, n), "d": pad(self.d, n), "e": pad(self.e, n)}
 
 
 def get_sampler(name) -> str:
@@ -96,26 +168,127 @@ def get_sampler(name) -> str:
     raise UnknownSampler(f"unknown sampler {str(name)[:40]!r}; choose one of {', '.join(SAMPLERS)}")
 
 
-def alphas_cumprod(config: dict) -> np.ndarray:
-    """(num_train_timesteps,) float32 cumulative product of 1 - beta (DDPM, Ho et al. 2020).
+def sampler_config(sampler: str, config: dict) -> dict:
+    """``<class>.from_config(config, **overrides)``'s config for an A1111 sampler name, as a dict.
 
-    Raises ValueError for a beta schedule other than ``scaled_linear`` or ``linear``.
+    The model's fields (all of them: diffusers keeps fields its class does not take, and some
+    code reads them, such as ``sigma_min`` for Karras sigmas), the class's defaults for its own
+    fields the model lacks, then the fields the name fixes.
     """
-    n = config.get("num_train_timesteps", 1000)
-    start, end = config.get("beta_start", 0.0001), config.get("beta_end", 0.02)
-    kind = config.get("beta_schedule", "linear")
-    if kind == "scaled_linear":
+    cls, overrides = SAMPLER_CLASSES[get_sampler(sampler)]
+    defaults = CLASS_DEFAULTS[cls]
+    return {**config, **{k: v for k, v in defaults.items() if k not in config}, **overrides}
+
+
+def check_scheduler_config(config: dict) -> None:
+    """Refuse a scheduler config that any sampler would not follow as diffusers does.
+
+    Raises UnsupportedSchedulerConfig naming the first such field, its value and the sampler.
+    """
+    for sampler in SAMPLERS:
+        problem = _refusal(sampler, sampler_config(sampler, config))
+        if problem:
+            field, why = problem
+            value = sampler_config(sampler, config)[field]
+            raise UnsupportedSchedulerConfig(
+                f"{field}={value!r} is not supported ({SAMPLER_CLASSES[sampler][0]}, sampler {sampler!r}): {why}")
+
+
+def _refusal(sampler: str, cfg: dict) -> tuple[str, str] | None:
+    """(field, reason) of the first value ``sampler`` cannot follow, or None."""
+    cls = SAMPLER_CLASSES[sampler][0]
+    if cfg["trained_betas"] is None and cfg["beta_schedule"] not in ("linear", "scaled_linear", "squaredcos_cap_v2"):
+        return "beta_schedule", "choose linear, scaled_linear or squaredcos_cap_v2"
+    if cfg["prediction_type"] not in ("epsilon", "v_prediction", "sample"):
+        return "prediction_type", "choose epsilon, v_prediction or sample"
+    if cls == "EulerAncestralDiscreteScheduler" and cfg["prediction_type"] == "sample":
+        return "prediction_type", "diffusers' Euler a does not implement it either"
+    if cfg["timestep_spacing"] not in ("linspace", "leading", "trailing"):
+        return "timestep_spacing", "choose linspace, leading or trailing"
+    if cls == "DDIMScheduler" and cfg["rescale_betas_zero_snr"]:
+        return "rescale_betas_zero_snr", "DDIM's terminal alpha 0 is an infinite sigma, which this engine's DDIM cannot step from"
+    if cfg.get("thresholding", False) and cls in ("DPMSolverMultistepScheduler", "DDIMScheduler"):
+        return "thresholding", "dynamic thresholding is not implemented (it suits pixel-space models, not SDXL's latents)"
+    if cls in ("EulerDiscreteScheduler", "DPMSolverMultistepScheduler"):
+        kinds = [k for k in _SIGMA_KINDS if cfg[k]]
+        if len(kinds) > 1:
+            return kinds[1], f"only one of {', '.join(_SIGMA_KINDS)} may be set (diffusers refuses it too)"
+        if cfg["use_beta_sigmas"]:
+            return "use_beta_sigmas", "beta sigmas are not implemented"
+        if cfg["final_sigmas_type"] not in ("zero", "sigma_min"):
+            return "final_sigmas_type", "choose zero or sigma_min"
+    if cls == "EulerDiscreteScheduler":
+        if cfg["interpolation_type"] not in ("linear", "log_linear"):
+            return "interpolation_type", "choose linear or log_linear"
+        if cfg["timestep_type"] not in ("discrete", "continuous"):
+            return "timestep_type", "choose discrete or continuous"
+        if (cfg["interpolation_type"] == "log_linear" and cfg["timestep_type"] == "continuous"
+                and cfg["prediction_type"] == "v_prediction"):
+            return "interpolation_type", "log_linear with continuous v_prediction timesteps runs one step more in diffusers"
+    if cls == "DPMSolverMultistepScheduler":
+        if cfg["solver_type"] not in ("midpoint", "heun", "logrho", "bh1", "bh2"):
+            return "solver_type", "choose midpoint or heun"
+        for field in ("use_lu_lambdas", "use_flow_sigmas", "use_dynamic_shifting"):
+            if cfg[field]:
+                return field, "not implemented"
+        if cfg["variance_type"] is not None:
+            return "variance_type", "learned variance is not implemented"
+    return None
+
+
+def _betas(cfg: dict) -> np.ndarray:
+    """(num_train_timesteps,) float32 betas as the class's __init__ makes them (with zero terminal SNR rescaling)."""
+    n = cfg["num_train_timesteps"]
+    start, end, kind = cfg["beta_start"], cfg["beta_end"], cfg["beta_schedule"]
+    if cfg["trained_betas"] is not None:
+        betas = np.asarray(cfg["trained_betas"], np.float32)
+    elif kind == "scaled_linear":
         betas = np.linspace(start**0.5, end**0.5, n, dtype=np.float32) ** 2
     elif kind == "linear":
         betas = np.linspace(start, end, n, dtype=np.float32)
+    elif kind == "squaredcos_cap_v2":  # Glide's cosine schedule (diffusers' betas_for_alpha_bar)
+        bar = lambda t: math.cos((t + 0.008) / 1.008 * math.pi / 2) ** 2  # noqa: E731
+        betas = np.array([min(1 - bar((i + 1) / n) / bar(i / n), 0.999) for i in range(n)], np.float32)
     else:
-        raise ValueError(f"beta_schedule {kind!r} is not supported (scaled_linear, linear)")
-    return np.cumprod(1.0 - betas, dtype=np.float32)
+        raise UnsupportedSchedulerConfig(f"beta_schedule {kind!r} is not supported (linear, scaled_linear, "
+                                         "squaredcos_cap_v2)")
+    if cfg["rescale_betas_zero_snr"]:  # Lin et al. 2023, Algorithm 1 (diffusers' rescale_zero_terminal_snr)
+        root = np.sqrt(np.cumprod(1.0 - betas, dtype=np.float32))
+        first, last = root[0], root[-1]
+        root = (root - last) * (first / (first - last))
+        bar = root**2
+        betas = (1 - np.concatenate([bar[:1], bar[1:] / bar[:-1]])).astype(np.float32)
+    return betas
+
+
+def _alphas_cumprod(cfg: dict) -> np.ndarray:
+    """(num_train_timesteps,) float32 cumulative product of 1 - beta (DDPM, Ho et al. 2020).
+
+    With zero terminal SNR the last is 2**-24, not 0, as the sigma-space classes set it (not DDIM).
+    """
+    out = np.cumprod(1.0 - _betas(cfg), dtype=np.float32)
+    if cfg["rescale_betas_zero_snr"]:
+        out[-1] = 2.0**-24
+    return out
 
 
 def _karras(sigma_min: float, sigma_max: float, n: int, rho: float = 7.0) -> np.ndarray:
     ramp = np.linspace(0, 1, n)
     return (sigma_max ** (1 / rho) + ramp * (sigma_min ** (1 / rho) - sigma_max ** (1 / rho))) ** rho
+
+
+def _converted(cfg: dict, in_sigmas: np.ndarray, n: int) -> np.ndarray | None:
+    """Karras or exponential sigmas from ``in_sigmas`` (largest first), as _convert_to_* do; None for neither.
+
+    ``sigma_min`` / ``sigma_max`` of the config win where set (diffusers reads them from any class's config).
+    """
+    if not (cfg["use_karras_sigmas"] or cfg["use_exponential_sigmas"]):
+        return None
+    lo = cfg.get("sigma_min") if cfg.get("sigma_min") is not None else float(in_sigmas[-1])
+    hi = cfg.get("sigma_max") if cfg.get("sigma_max") is not None else float(in_sigmas[0])
+    if cfg["use_karras_sigmas"]:
+        return _karras(lo, hi, n)
+    return np.exp(np.linspace(math.log(hi), math.log(lo), n))
 
 
 def _sigma_to_t(sigmas: np.ndarray, log_sigmas: np.ndarray) -> np.ndarray:
@@ -127,70 +300,106 @@ def _sigma_to_t(sigmas: np.ndarray, log_sigmas: np.ndarray) -> np.ndarray:
     return (1 - w) * low + w * (low + 1)
 
 
-def _spaced(config: dict, steps: int, extra: int = 0) -> np.ndarray:
-    """Timesteps by ``timestep_spacing``, as diffusers' Euler (extra=0) and DPM++ (extra=1) space them."""
-    n_train = config.get("num_train_timesteps", 1000)
-    spacing = config.get("timestep_spacing", "linspace")
+def _spaced(cfg: dict, steps: int, extra: int = 0, last: int | None = None) -> np.ndarray:
+    """Timesteps by ``timestep_spacing``, as diffusers' Euler (extra=0) and DPM++ (extra=1) space them.
+
+    ``last``: DPM++'s last timestep plus one (lambda_min_clipped); the training length by default.
+    """
+    n_train = cfg["num_train_timesteps"]
+    last = n_train if last is None else last
+    spacing = cfg["timestep_spacing"]
     if spacing == "linspace":
         if extra:
-            return np.linspace(0, n_train - 1, steps + 1).round()[::-1][:-1].astype(np.float64)
+            return np.linspace(0, last - 1, steps + 1).round()[::-1][:-1].astype(np.float64)
         return np.linspace(0, n_train - 1, steps, dtype=np.float32)[::-1].astype(np.float64)
     if spacing == "leading":
-        ratio = n_train // (steps + extra)
+        ratio = last // (steps + extra)
         t = (np.arange(0, steps + extra) * ratio).round()[::-1]
-        return (t[:-1] if extra else t).astype(np.float64) + config.get("steps_offset", 0)
+        return (t[:-1] if extra else t).astype(np.float64) + cfg["steps_offset"]
     if spacing == "trailing":
-        return np.arange(n_train, 0, -n_train / steps).round().astype(np.float64) - 1
-    raise ValueError(f"timestep_spacing {spacing!r} is not supported (linspace, leading, trailing)")
+        return np.arange(last, 0, -n_train / steps).round().astype(np.float64) - 1
+    raise UnsupportedSchedulerConfig(f"timestep_spacing {spacing!r} is not supported (linspace, leading, trailing)")
 
 
-def _euler(config: dict, steps: int, karras: bool = False) -> tuple[np.ndarray, np.ndarray, float]:
-    """Euler's timesteps, sigmas (n + 1, last 0) and init_noise_sigma (EulerDiscreteScheduler.set_timesteps)."""
-    all_sigmas = ((1 - alphas_cumprod(config)) / alphas_cumprod(config)) ** 0.5
-    timesteps = _spaced(config, steps).astype(np.float32)
-    sigmas = np.interp(timesteps, np.arange(len(all_sigmas)), all_sigmas)
-    if karras or config.get("use_karras_sigmas"):
-        sigmas = _karras(sigmas[-1], sigmas[0], steps)
-        timesteps = _sigma_to_t(sigmas, np.log(all_sigmas)).astype(np.float32)
-    sigmas = np.concatenate([sigmas, [0.0]]).astype(np.float32)
-    spacing = config.get("timestep_spacing", "linspace")
-    top = float(sigmas.max())
-    return timesteps, sigmas, top if spacing in ("linspace", "trailing") else (top**2 + 1) ** 0.5
+def _final_sigma(cfg: dict, ac: np.ndarray) -> float:
+    return float(((1 - ac[0]) / ac[0]) ** 0.5) if cfg["final_sigmas_type"] == "sigma_min" else 0.0
 
 
-def _dpm(config: dict, steps: int, karras: bool) -> tuple[np.ndarray, np.ndarray]:
-    """DPMSolverMultistepScheduler.set_timesteps: integer timesteps, sigmas (n + 1, last 0)."""
-    all_sigmas = ((1 - alphas_cumprod(config)) / alphas_cumprod(config)) ** 0.5
-    if karras:
-        sigmas = _karras(all_sigmas[0], all_sigmas[-1], steps)
-        timesteps = _sigma_to_t(sigmas, np.log(all_sigmas)).round()
+def _euler(cfg: dict, steps: int) -> tuple[np.ndarray, np.ndarray, float]:
+    """Euler's timesteps, sigmas (n + 1) and init_noise_sigma (EulerDiscreteScheduler.set_timesteps)."""
+    ac = _alphas_cumprod(cfg)
+    all_sigmas = ((1 - ac) / ac) ** 0.5
+    log_sigmas = np.log(all_sigmas)
+    timesteps = _spaced(cfg, steps).astype(np.float32)
+    if cfg["interpolation_type"] == "log_linear":  # n + 1 sigmas: the last step ends at the smallest, not at 0
+        sigmas = np.exp(np.linspace(np.log(all_sigmas[-1]), np.log(all_sigmas[0]), steps + 1, dtype=np.float32))
     else:
-        timesteps = _spaced(config, steps, extra=1)
         sigmas = np.interp(timesteps, np.arange(len(all_sigmas)), all_sigmas)
-    return timesteps.astype(np.float32), np.concatenate([sigmas, [0.0]]).astype(np.float32)
+    converted = _converted(cfg, sigmas, steps)
+    if converted is not None:
+        sigmas = converted
+        timesteps = _sigma_to_t(sigmas, log_sigmas).astype(np.float32)
+    sigmas = np.concatenate([sigmas, [_final_sigma(cfg, ac)]]).astype(np.float32)
+    if cfg["timestep_type"] == "continuous" and cfg["prediction_type"] == "v_prediction":
+        timesteps = (0.25 * np.log(sigmas[:-1])).astype(np.float32)
+    top = float(sigmas.max())
+    init = top if cfg["timestep_spacing"] in ("linspace", "trailing") else (top**2 + 1) ** 0.5
+    return timesteps, sigmas[: steps + 1], init
 
 
-def _ddim(config: dict, steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _euler_ancestral(cfg: dict, steps: int) -> tuple[np.ndarray, np.ndarray, float]:
+    """EulerAncestralDiscreteScheduler.set_timesteps: no sigma conversions, final sigma 0."""
+    ac = _alphas_cumprod(cfg)
+    all_sigmas = ((1 - ac) / ac) ** 0.5
+    timesteps = _spaced(cfg, steps).astype(np.float32)
+    sigmas = np.concatenate([np.interp(timesteps, np.arange(len(all_sigmas)), all_sigmas), [0.0]]).astype(np.float32)
+    top = float(sigmas.max())
+    return timesteps, sigmas, top if cfg["timestep_spacing"] in ("linspace", "trailing") else (top**2 + 1) ** 0.5
+
+
+def _dpm(cfg: dict, steps: int) -> tuple[np.ndarray, np.ndarray]:
+    """DPMSolverMultistepScheduler.set_timesteps: integer timesteps, sigmas (n + 1)."""
+    ac = _alphas_cumprod(cfg)
+    all_sigmas = ((1 - ac) / ac) ** 0.5
+    log_sigmas = np.log(all_sigmas)
+    alpha_t, sigma_t = np.sqrt(ac), np.sqrt(1 - ac)
+    lambdas = (np.log(alpha_t) - np.log(sigma_t)).astype(np.float32)
+    clipped = int(np.searchsorted(lambdas[::-1], np.float32(cfg["lambda_min_clipped"]), side="left"))
+    timesteps = _spaced(cfg, steps, extra=1, last=cfg["num_train_timesteps"] - clipped)
+    converted = _converted(cfg, all_sigmas[::-1], steps)
+    if converted is not None:
+        sigmas = converted
+        timesteps = _sigma_to_t(sigmas, log_sigmas)
+        if cfg["use_karras_sigmas"] and cfg["beta_schedule"] != "squaredcos_cap_v2":
+            timesteps = timesteps.round()
+        timesteps = np.trunc(timesteps)  # torch's cast to int64
+    else:
+        sigmas = np.interp(timesteps, np.arange(len(all_sigmas)), all_sigmas)
+    sigmas = np.concatenate([sigmas, [_final_sigma(cfg, ac)]]).astype(np.float32)
+    return timesteps.astype(np.float32), sigmas
+
+
+def _ddim(cfg: dict, steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """DDIMScheduler.set_timesteps and its step's alphas, in sigma space.
 
     Returns timesteps (n,), sigmas (n + 1: each step's, then the final one), and per step the
-    sigma of its "previous timestep" (t - 1000 // n, or alphas_cumprod[0]'s past the start) and
+    sigma of its "previous timestep" (t - 1000 // n, or the final alpha's past the start) and
     the factor sqrt(alphā_prev / alphā(next step's t)) that carries x from the one to the other
     (1 where they coincide, as with leading spacing).
     """
-    ac = alphas_cumprod(config).astype(np.float64)
+    ac = np.cumprod(1.0 - _betas(cfg), dtype=np.float32).astype(np.float64)
     n_train = len(ac)
-    spacing = config.get("timestep_spacing", "leading")
+    spacing = cfg["timestep_spacing"]
     if spacing == "linspace":
         timesteps = np.linspace(0, n_train - 1, steps).round()[::-1]
     elif spacing == "leading":
-        timesteps = (np.arange(0, steps) * (n_train // steps)).round()[::-1] + config.get("steps_offset", 0)
+        timesteps = (np.arange(0, steps) * (n_train // steps)).round()[::-1] + cfg["steps_offset"]
     elif spacing == "trailing":
         timesteps = np.round(np.arange(n_train, 0, -n_train / steps)) - 1
     else:
-        raise ValueError(f"timestep_spacing {spacing!r} is not supported (linspace, leading, trailing)")
+        raise UnsupportedSchedulerConfig(f"timestep_spacing {spacing!r} is not supported (linspace, leading, trailing)")
     timesteps = timesteps.astype(np.int64)
-    final = 1.0 if config.get("set_alpha_to_one", True) else ac[0]
+    final = 1.0 if cfg["set_alpha_to_one"] else ac[0]
     prev = timesteps - n_train // steps
     alpha_prev = np.where(prev >= 0, ac[np.maximum(prev, 0)], final)
     alpha = ac[timesteps]
@@ -205,41 +414,59 @@ def make_schedule(sampler: str, config: dict, steps: int) -> Schedule:
     """The :class:`Schedule` of ``sampler`` (an A1111 name) for ``steps`` steps of a model's scheduler config.
 
     Args:
-        config: scheduler_config.json fields (betas, timestep_spacing, steps_offset, prediction
-            type is the program's business); ``use_karras_sigmas`` there applies to Euler too.
+        config: the model's scheduler_config.json fields (``from_config`` semantics:
+            :func:`sampler_config`); the prediction type is the program's business.
     Raises:
-        UnknownSampler, ValueError: an unknown sampler, beta schedule or timestep spacing.
+        UnknownSampler: an unknown sampler name.
+        UnsupportedSchedulerConfig: a field this sampler does not follow (:func:`check_scheduler_config`).
+        ValueError: fewer than 1 step.
     """
     sampler = get_sampler(sampler)
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
+    cfg = sampler_config(sampler, config)
+    problem = _refusal(sampler, cfg)
+    if problem:
+        raise UnsupportedSchedulerConfig(f"{problem[0]}={cfg[problem[0]]!r} is not supported (sampler "
+                                         f"{sampler!r}): {problem[1]}")
     zeros = np.zeros(steps, np.float64)
     if sampler in ("Euler", "Euler a"):
-        timesteps, sigmas, init = _euler(config, steps)
+        timesteps, sigmas, init = (_euler if sampler == "Euler" else _euler_ancestral)(cfg, steps)
         s, s_next = sigmas[:-1].astype(np.float64), sigmas[1:].astype(np.float64)
         if sampler == "Euler":
             a, d = s_next / s, zeros
         else:  # ancestral: go down to s_down deterministically, add noise of s_up (eta 1)
             up = np.sqrt(s_next**2 * (s**2 - s_next**2) / s**2)
             a, d = np.sqrt(s_next**2 - up**2) / s, up
-        return _schedule(timesteps, sigmas, a, 1 - a, zeros, d, init, 1.0)
+        return _schedule(timesteps, sigmas, a, 1 - a, zeros, d, zeros, init, 1.0)
     if sampler == "DDIM":
-        timesteps, sigmas, s_prev, carry = _ddim(config, steps)
+        timesteps, sigmas, s_prev, carry = _ddim(cfg, steps)
         a = s_prev / sigmas[:-1]
-        return _schedule(timesteps, sigmas, a * carry, (1 - a) * carry, zeros, zeros, (sigmas[0] ** 2 + 1) ** 0.5,
-                         1 / (sigmas[-1] ** 2 + 1) ** 0.5)
-    timesteps, sigmas = _dpm(config, steps, karras=sampler == "DPM++ 2M Karras")
+        clip = float(cfg["clip_sample_range"]) if cfg["clip_sample"] else math.inf
+        return _schedule(timesteps, sigmas, a * carry, (1 - a) * carry, zeros, zeros,
+                         carry if cfg["clip_sample"] else zeros, (sigmas[0] ** 2 + 1) ** 0.5,
+                         1 / (sigmas[-1] ** 2 + 1) ** 0.5, clip)
+    timesteps, sigmas = _dpm(cfg, steps)
     s, s_next = sigmas[:-1].astype(np.float64), sigmas[1:].astype(np.float64)
     a = s_next / s
-    # Second order except the first step and the last (whose final sigma is 0: diffusers' lower_order_final).
-    second = (np.arange(steps) > 0) & (np.arange(steps) < steps - 1)
-    with np.errstate(divide="ignore", invalid="ignore"):  # r is only used where ``second`` holds
-        r = np.concatenate([[np.nan], np.log(s[:-1]) - np.log(s[1:])]) / (np.log(s) - np.log(s_next))
-        b = np.where(second, (1 - a) * (1 + 0.5 / r), 1 - a)
-        c = np.where(second, -(1 - a) * 0.5 / r, 0.0)
-    return _schedule(timesteps, sigmas, a, b, c, zeros, (sigmas[0] ** 2 + 1) ** 0.5, 1.0)  # x-space noise of variance 1
+    # Second order except the first step and, by lower_order_final / euler_at_final / a final sigma of 0, the last.
+    final_first = (cfg["euler_at_final"] or (cfg["lower_order_final"] and steps < 15)
+                   or cfg["final_sigmas_type"] == "zero")
+    second = (np.arange(steps) > 0) & ((np.arange(steps) < steps - 1) | (not final_first))
+    with np.errstate(divide="ignore", invalid="ignore"):  # r and h are only used where ``second`` holds
+        h = np.log(s) - np.log(s_next)
+        r = np.concatenate([[np.nan], np.log(s[:-1]) - np.log(s[1:])]) / h
+        if cfg["solver_type"] == "heun":
+            k = (a - 1) / h + 1
+            b, c = np.where(second, 1 - a + k / r, 1 - a), np.where(second, -k / r, 0.0)
+        else:  # midpoint (and what diffusers maps to it: logrho, bh1, bh2)
+            b = np.where(second, (1 - a) * (1 + 0.5 / r), 1 - a)
+            c = np.where(second, -(1 - a) * 0.5 / r, 0.0)
+    return _schedule(timesteps, sigmas, a, b, c, zeros, zeros, (sigmas[0] ** 2 + 1) ** 0.5,  # x-space noise of variance 1
+                     1 / (sigmas[-1] ** 2 + 1) ** 0.5)
 
 
-def _schedule(timesteps, sigmas, a, b, c, d, init, final) -> Schedule:
+def _schedule(timesteps, sigmas, a, b, c, d, e, init, final, clip=math.inf) -> Schedule:
     f32 = lambda x: np.asarray(x, np.float32)  # noqa: E731
-    return Schedule(f32(timesteps), f32(sigmas), f32(a), f32(b), f32(c), f32(d), float(init), float(final))
+    return Schedule(f32(timesteps), f32(sigmas), f32(a), f32(b), f32(c), f32(d), f32(e), float(init), float(final),
+                    float(clip))

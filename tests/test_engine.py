@@ -231,8 +231,9 @@ def test_seeds_wrap_past_max_seed_and_every_caption_seed_reproduces(engine):
 
 
 # The maths of one denoising step, against diffusers' formulas written out here on fixed arrays
-# (StableDiffusionXLPipeline's guidance, EulerDiscreteScheduler.step for Euler). The whole
-# pipeline against diffusers' PyTorch outputs is in test_models.py.
+# (StableDiffusionXLPipeline's guidance, EulerDiscreteScheduler.step for Euler). Every sampler's
+# step against diffusers' own step() is in test_samplers.py; the whole pipeline against diffusers'
+# PyTorch outputs in test_models.py.
 def diffusers_cfg(uncond, text, guidance_scale):
     return uncond + guidance_scale * (text - uncond)
 
@@ -283,25 +284,3 @@ def test_euler_update_is_diffusers_step(prediction_type, expected):
         got = np.asarray(euler(sample, output, np.float32(sigma), np.float32(sigma_next)))
         np.testing.assert_allclose(got, diffusers_euler(sample, output, np.float32(sigma), np.float32(sigma_next),
                                                         prediction_type), rtol=1e-5, atol=1e-5)
-
-
-def test_dpm_second_order_update_is_diffusers_midpoint_step():
-    """DPM++ 2M's update with schedulers.py's coefficients equals diffusers'
-    multistep_dpm_solver_second_order_update (midpoint) written in its own x-space terms."""
-    from sdxl_engine.program import sampler_update
-
-    rng = np.random.default_rng(2)
-    x_tilde, m0, m1 = rng.normal(size=(3, 2, 4, 8, 8))
-    s_prev, s, s_next = 9.0, 4.0, 1.5  # sigmas of steps i-1, i, i+1
-    alpha = lambda sig: 1 / np.sqrt(sig**2 + 1)  # noqa: E731  diffusers' _sigma_to_alpha_sigma_t
-    lam = lambda sig: np.log(alpha(sig)) - np.log(sig * alpha(sig))  # noqa: E731
-    h, h0 = lam(s_next) - lam(s), lam(s) - lam(s_prev)
-    r0 = h0 / h
-    x = x_tilde * alpha(s)  # diffusers works on x / sqrt(sigma^2 + 1)
-    d0, d1 = m0, (m0 - m1) / r0
-    expected = (s_next * alpha(s_next) / (s * alpha(s))) * x - alpha(s_next) * np.expm1(-h) * d0 \
-        - 0.5 * alpha(s_next) * np.expm1(-h) * d1
-    a = s_next / s
-    r = (np.log(s_prev) - np.log(s)) / (np.log(s) - np.log(s_next))
-    ours = sampler_update(x_tilde, m0, m1, 0.0, a, (1 - a) * (1 + 0.5 / r), -(1 - a) * 0.5 / r, 0.0)
-    np.testing.assert_allclose(np.asarray(ours) * alpha(s_next), expected, rtol=1e-10)

@@ -1,25 +1,164 @@
-"""Samplers (sdxl_engine/schedulers.py) against diffusers' PyTorch schedulers."""
+"""Samplers (sdxl_engine/schedulers.py and the program's step) against diffusers' PyTorch schedulers.
+
+References: tests/fixtures/sampler-steps.{json,npz} (``make_fixtures samplers``: every sampler's
+diffusers class over a matrix of scheduler configs, a whole ``scheduler.step`` trajectory on fixed
+arrays) and tiny-pt-reference's schedules. Tolerance: float32, |engine - diffusers| <= 1e-5 x
+(1 + |diffusers|) per step (float32 rounding of a few operations is ~1e-7 relative; a wrong
+coefficient moves a step by far more).
+"""
 
 import json
+import re
+import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from sdxl_engine.schedulers import SAMPLERS, UnknownSampler, get_sampler, make_schedule
+from sdxl_engine.program import denoised, sampler_update
+from sdxl_engine.schedulers import (CLASS_DEFAULTS, FIELDS, SAMPLER_CLASSES, SAMPLERS, UnknownSampler,
+                                    UnsupportedSchedulerConfig, check_scheduler_config, get_sampler, make_schedule,
+                                    sampler_config)
 
-REF_DIR = Path(__file__).parent / "fixtures" / "tiny-pt-reference"
+FIXTURES = Path(__file__).parent / "fixtures"
+REF_DIR = FIXTURES / "tiny-pt-reference"
 REF = json.loads((REF_DIR / "reference.json").read_text())
+STEPS = json.loads((FIXTURES / "sampler-steps.json").read_text())
+CASES = {case["name"]: case for case in STEPS["cases"]}
 VARIANTS = {  # fixture variant -> (sampler, timestep_spacing)
     "euler-leading": ("Euler", None), "euler-trailing": ("Euler", "trailing"), "euler-linspace": ("Euler", "linspace"),
     "dpm++2m": ("DPM++ 2M", None), "dpm++2m-karras": ("DPM++ 2M Karras", None), "ddim": ("DDIM", None),
 }
+X_SPACE = ("DPM++ 2M", "DPM++ 2M Karras", "DDIM")  # diffusers steps x / sqrt(sigma^2 + 1) for these
+RTOL = 1e-5
 
 
 @pytest.fixture(scope="module")
 def arrays():
     with np.load(REF_DIR / "arrays.npz") as data:
         return dict(data)
+
+
+@pytest.fixture(scope="module")
+def steps_arrays():
+    with np.load(FIXTURES / "sampler-steps.npz") as data:
+        return dict(data)
+
+
+def model_config(case: dict) -> dict:
+    """The raw scheduler_config.json of a sampler-steps case (make_fixtures.case_config)."""
+    base, changes = STEPS["base_config"], case["changes"]
+    if changes == "minimal":
+        return {"_class_name": base["_class_name"]}
+    config = {k: v for k, v in base.items() if changes.get(k) != STEPS["missing"]}
+    config.update({k: v for k, v in changes.items() if v != STEPS["missing"]})
+    return config
+
+
+def close(got, want, what, inputs=0.0):
+    """|got - want| <= RTOL (1 + |want|) + 8 float32 ulps of ``inputs`` (the step's sample: diffusers' own
+    ``sample + derivative * dt`` rounds at its scale, which zero terminal SNR's sigma of 4096 makes visible)."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    bad = np.abs(got - want) > RTOL * (1 + np.abs(want)) + 8 * np.finfo(np.float32).eps * np.abs(inputs)
+    assert not bad.any(), f"{what}: max |diff| {np.abs(got - want).max():.3g} (at {np.argwhere(bad)[0]})"
+
+
+# ---- from_config: the class defaults and what each sampler reads ---------------------------------------------
+def test_class_defaults_are_diffusers_init_signatures():
+    """Every __init__ argument of every sampler's class, with diffusers' default, and a stated treatment."""
+    recorded = STEPS["class_defaults"]
+    assert set(recorded) == set(CLASS_DEFAULTS) == {cls for cls, _ in SAMPLER_CLASSES.values()}
+    for cls, defaults in recorded.items():
+        assert CLASS_DEFAULTS[cls] == defaults, cls
+        assert set(defaults) <= set(FIELDS), f"{cls}: no stated treatment for {set(defaults) - set(FIELDS)}"
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_sampler_config_is_from_config(name):
+    """A field missing from the model's config takes the class's default (DDIM: clip_sample True)."""
+    case = CASES[name]
+    ours = sampler_config(case["sampler"], model_config(case))
+    for field, value in case["resolved"].items():
+        assert ours[field] == value, (field, ours[field], value)
+    if name == "ddim-clip-sample-missing":
+        assert ours["clip_sample"] is True and "clip_sample" not in model_config(case)
+
+
+# ---- schedules and every step on fixed arrays -----------------------------------------------------------------
+@pytest.mark.parametrize("name", CASES)
+def test_schedule_matches_diffusers(name):
+    case = CASES[name]
+    schedule = make_schedule(case["sampler"], model_config(case), case["steps"])
+    close(schedule.timesteps, case["timesteps"], "timesteps")  # fractional ones (Karras): float32 log-sigmas
+    if case["sigmas"] is not None:  # DDIM has none; log_linear Euler has one past the last step, never used
+        close(schedule.sigmas, case["sigmas"][: case["steps"] + 1], "sigmas")
+    if case["sampler"] in X_SPACE:  # diffusers' x-space noise (init_noise_sigma 1) in sigma space
+        assert case["init_noise_sigma"] == 1.0
+        assert schedule.init_scale == pytest.approx((float(schedule.sigmas[0]) ** 2 + 1) ** 0.5, rel=1e-6)
+    else:
+        assert schedule.init_scale == pytest.approx(case["init_noise_sigma"], rel=1e-6)
+
+
+def engine_trajectory(case: dict, steps_arrays: dict) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """(the engine's step k output, diffusers' prev_sample of step k, diffusers' sample k) for every step, each
+    step fed diffusers' own sample k (so one wrong step shows as itself), in diffusers' space."""
+    sampler, n = case["sampler"], case["steps"]
+    config = model_config(case)
+    schedule = make_schedule(sampler, config, n)
+    prediction = sampler_config(sampler, config)["prediction_type"]
+    samples, outputs = steps_arrays[f"{case['name']}_samples"], steps_arrays["model_outputs"]
+    noise = steps_arrays.get(f"{case['name']}_noise")
+    scale = (schedule.sigmas.astype(np.float64) ** 2 + 1) ** 0.5 if sampler in X_SPACE else np.ones(n + 1)
+    pairs, x0_prev = [], np.zeros_like(samples[0])
+    for k in range(n):
+        x = np.float32(samples[k] * scale[k])  # sigma space
+        x0 = np.asarray(denoised(x, outputs[k], schedule.sigmas[k], prediction))
+        z = noise[k] if noise is not None else np.zeros_like(x)
+        out = sampler_update(x, x0, x0_prev, z, schedule.a[k], schedule.b[k], schedule.c[k], schedule.d[k],
+                             schedule.e[k], np.float32(schedule.clip_range))
+        last = k == n - 1
+        ours = np.asarray(out) * (schedule.final_scale if last and sampler in X_SPACE else 1 / scale[k + 1])
+        pairs.append((ours, samples[k + 1], samples[k]))
+        x0_prev = x0
+    return pairs
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_every_step_matches_diffusers(name, steps_arrays):
+    """x_{k+1} = a x + b x0 + c x0_prev + d z + e (clip(x0) - x0) with schedulers.py's coefficients and the
+    program's denoised/sampler_update is diffusers' ``scheduler.step(...).prev_sample`` at every step."""
+    for k, (ours, want, before) in enumerate(engine_trajectory(CASES[name], steps_arrays)):
+        close(ours, want, f"{name} step {k}", before)
+
+
+def test_the_matrix_covers_what_the_survivors_hid():
+    """The cases that see each formerly unseen slip: a second-order DPM++ step (0.5 / r), DDIM with carry != 1
+    (linspace), clipping that bites (x0 beyond the range), and Euler a's noise term."""
+    dpm = make_schedule("DPM++ 2M", model_config(CASES["dpm-leading"]), 10)
+    assert (dpm.c[1:-1] != 0).all() and dpm.c[0] == 0 and dpm.c[-1] == 0
+    ddim = make_schedule("DDIM", model_config(CASES["ddim-linspace"]), 7)
+    assert np.abs(ddim.a / (ddim.a + ddim.b) - 1).max() > 1e-3  # carry != 1 somewhere
+    clipped = make_schedule("DDIM", model_config(CASES["ddim-clip-sample-missing"]), 6)
+    assert clipped.clip_range == 1.0 and (clipped.e > 0).all()
+    assert make_schedule("DDIM", model_config(CASES["ddim-sdxl"]), 6).clip_range == math.inf
+    ancestral = make_schedule("Euler a", model_config(CASES["euler-a-leading"]), 6)
+    assert (ancestral.d[:-1] > 0).all() and ancestral.d[-1] == 0
+
+
+def test_ddim_without_clip_sample_in_the_config_clips_x0_as_diffusers(steps_arrays):
+    """The issue's case: a config lacking clip_sample. diffusers (clip_sample True) and the engine agree, and the
+    unclipped update (the old behaviour) does not."""
+    case = CASES["ddim-clip-sample-missing"]
+    pairs = engine_trajectory(case, steps_arrays)
+    for ours, want, before in pairs:
+        close(ours, want, "clipped DDIM", before)
+    schedule = make_schedule("DDIM", model_config(case), case["steps"])
+    x = np.float32(steps_arrays[f"{case['name']}_samples"][0] * (schedule.sigmas[0] ** 2 + 1) ** 0.5)
+    x0 = np.asarray(denoised(x, steps_arrays["model_outputs"][0], schedule.sigmas[0], "epsilon"))
+    assert np.abs(x0).max() > 1  # clipping changes this step
+    unclipped = np.asarray(sampler_update(x, x0, x0, 0.0, schedule.a[0], schedule.b[0], 0.0, 0.0)) / (
+        schedule.sigmas[1] ** 2 + 1) ** 0.5
+    assert np.abs(unclipped - pairs[0][1]).max() > 1e-2
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -36,22 +175,160 @@ def test_timesteps_and_sigmas_match_diffusers(arrays, variant, steps):
     else:  # diffusers' x-space noise (init_noise_sigma 1) is sqrt(sigma_0^2 + 1) in sigma space
         assert init == 1.0 and schedule.init_scale == pytest.approx((schedule.sigmas[0] ** 2 + 1) ** 0.5)
     padded = schedule.padded(50)
-    assert padded["sigmas"].shape == (51,) and np.all(padded["a"][steps:] == 0)
+    assert padded["sigmas"].shape == (51,) and np.all(padded["a"][steps:] == 0) and padded["e"].shape == (50,)
 
 
-def test_euler_is_the_first_order_update_and_dpm_uses_the_previous_prediction():
-    config = REF["schedules"]["euler-leading"]["config"]
-    euler = make_schedule("Euler", config, 10)
-    s = euler.sigmas.astype(np.float64)
-    np.testing.assert_allclose(euler.a, s[1:] / s[:-1], rtol=1e-6)
-    np.testing.assert_allclose(euler.a + euler.b, 1, rtol=1e-6)
-    assert not euler.c.any() and not euler.d.any()
-    dpm = make_schedule("DPM++ 2M", config, 10)
-    assert dpm.c[0] == 0 and dpm.c[-1] == 0 and (dpm.c[1:-1] < 0).all()  # first and last steps first order
-    np.testing.assert_allclose(dpm.a + dpm.b + dpm.c, 1, rtol=1e-5)  # a fixed point stays fixed
-    ancestral = make_schedule("Euler a", config, 10)
-    assert (ancestral.d[:-1] > 0).all() and ancestral.d[-1] == 0
-    np.testing.assert_allclose(ancestral.a**2 * s[:-1] ** 2 + ancestral.d**2, s[1:] ** 2, rtol=1e-5)  # variance kept
+# ---- the program's plumbing: Euler a's noise per step, DDIM's clip -----------------------------------------------
+def _decode(engine, latents: np.ndarray) -> np.ndarray:
+    """The program's VAE stage alone: (b, C, h, w) float32 latents -> (b, H, W, 3) uint8."""
+    import jax
+    import jax.numpy as jnp
+
+    from sdxl_engine.program import unscale_latents
+
+    vae = engine.model.components["vae"]
+
+    @jax.jit
+    def decode(params, z):
+        out = vae.bind(params).decode(unscale_latents(z, engine.model.vae)).astype(jnp.float32)
+        return jnp.round(jnp.clip(out / 2 + 0.5, 0.0, 1.0).transpose(0, 2, 3, 1) * 255).astype(jnp.uint8)
+
+    return np.asarray(decode(engine.params["vae"], jnp.asarray(latents)))
+
+
+def _run_coefficients(engine, seeds, steps, **coefficients):
+    """The engine's compiled default program on a schedule whose coefficients are replaced (others: 0)."""
+    import dataclasses
+
+    from sdxl_engine.program import ProgramInputs, tokenize
+
+    width, height = engine.limits.default_size
+    program = engine._program(width, height, cfg=True)
+    schedule = make_schedule("Euler a", engine.model.scheduler_config, steps)
+    zeros = np.zeros(steps, np.float32)
+    schedule = dataclasses.replace(schedule, **{**{k: zeros for k in "abcde"}, **coefficients})
+    ids, _ = tokenize(engine.model, "a red circle")
+    inputs = ProgramInputs.build(ids, ids, False, seeds, 5.0, schedule, steps, engine.config.max_inference_steps)
+    images, _ = program.executable(engine.params, inputs)
+    return np.asarray(images)
+
+
+def test_euler_a_step_noise_follows_the_documented_seed_rule(engine):
+    """Step k's noise of image i is normal(fold_in(key(seed_i), k + 1)): with only d_k = 1 (and the initial
+    noise scaled by 0) the final latents are that noise alone, decoded; rebuilt here from the rule."""
+    import jax
+
+    from sdxl_engine.program import latent_shape
+
+    width, height = engine.limits.default_size
+    shape = latent_shape(engine.model, height, width)
+    seeds = [7, 8, 9, 10][: engine.batch]
+    for k in (0, 3):
+        d = np.zeros(4, np.float32)
+        d[k] = 1.0
+        images = _run_coefficients(engine, seeds, 4, a=np.ones(4, np.float32), d=d, init_scale=0.0)
+        noise = np.stack([np.asarray(jax.random.normal(jax.random.fold_in(jax.random.key(s), k + 1), shape))
+                          for s in seeds])
+        want = _decode(engine, noise)
+        assert np.abs(images.astype(int) - want.astype(int)).max() <= 1, f"step {k}"
+
+
+def test_the_program_clips_x0_where_the_schedule_says(engine):
+    """With a = 0, b = e = 1: x' = clip(x0); clip range 0 makes the final latents 0 whatever the UNet says,
+    so the images are the decode of zeros. (An engine that drops e or clip_range decodes x0 instead.)"""
+    from sdxl_engine.program import latent_shape
+
+    width, height = engine.limits.default_size
+    shape = (engine.batch, *latent_shape(engine.model, height, width))
+    ones = np.ones(2, np.float32)
+    images = _run_coefficients(engine, list(range(engine.batch)), 2, b=ones, e=ones, clip_range=0.0)
+    want = _decode(engine, np.zeros(shape, np.float32))
+    assert np.abs(images.astype(int) - want.astype(int)).max() <= 1
+    unclipped = _run_coefficients(engine, list(range(engine.batch)), 2, b=ones, e=ones)  # clip_range inf: x0 itself
+    assert np.abs(unclipped.astype(int) - want.astype(int)).max() > 8
+
+
+def test_ddim_images_match_diffusers_when_the_config_lacks_clip_sample(steps_arrays):
+    """Image level, the issue's case: tiny-pt's pipeline with DDIMScheduler.from_config of a config without
+    clip_sample (so True) and the engine's program on the same latents agree within 4/255 (test_models' image
+    tolerance); the unclipped DDIM the engine used to run is far off."""
+    import jax
+
+    from sdxl_engine.loading import load_folder
+    from sdxl_engine.program import ProgramInputs, ProgramShape, compile_program, tokenize
+    from sdxl_engine.sharding import make_mesh, replicated
+
+    meta = STEPS["ddim_image_case"]
+    assert meta["clip_sample"] is True and "clip_sample" not in meta["scheduler_config"]
+    model = load_folder(FIXTURES / "tiny-pt", "tiny-pt", "float32")
+    mesh = make_mesh(jax.devices()[:2])
+    latents, want = steps_arrays["ddim_image_latents"], steps_arrays["ddim_image_images"].astype(int)
+    shape = ProgramShape(2, meta["height"], meta["width"], max_steps=meta["num_inference_steps"], given_latents=True)
+    params = jax.device_put(model.params, replicated(mesh))
+    program = compile_program(model, params, shape, mesh)
+    ids, _ = tokenize(model, meta["prompt"])
+    negative, _ = tokenize(model, meta["negative_prompt"])
+
+    def images(config):
+        schedule = make_schedule("DDIM", config, meta["num_inference_steps"])
+        inputs = ProgramInputs.build(ids, negative, False, np.zeros(2, np.uint32), meta["guidance_scale"], schedule,
+                                     meta["num_inference_steps"], shape.max_steps, latents=latents)
+        return np.asarray(program.executable(params, inputs)[0]).astype(int)
+
+    diff = np.abs(images(meta["scheduler_config"]) - want)
+    assert diff.max() <= 4 and diff.mean() <= 0.5, (diff.max(), diff.mean())
+    unclipped = np.abs(images({**meta["scheduler_config"], "clip_sample": False}) - want)
+    assert unclipped.max() > 40, unclipped.max()
+
+
+# ---- refusals ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("changes, field, sampler", [
+    ({"thresholding": True}, "thresholding", "DPM++ 2M"),
+    ({"use_beta_sigmas": True}, "use_beta_sigmas", "Euler"),
+    ({"use_karras_sigmas": True, "use_exponential_sigmas": True}, "use_exponential_sigmas", "Euler"),
+    ({"rescale_betas_zero_snr": True}, "rescale_betas_zero_snr", "DDIM"),
+    ({"prediction_type": "sample"}, "prediction_type", "Euler a"),
+    ({"prediction_type": "flow_prediction"}, "prediction_type", "Euler"),
+    ({"timestep_spacing": "karras"}, "timestep_spacing", "Euler"),
+    ({"beta_schedule": "sigmoid"}, "beta_schedule", "Euler"),
+    ({"final_sigmas_type": "denoise_to_zero"}, "final_sigmas_type", "Euler"),
+    ({"interpolation_type": "cubic"}, "interpolation_type", "Euler"),
+    ({"timestep_type": "edm"}, "timestep_type", "Euler"),
+    ({"use_lu_lambdas": True}, "use_lu_lambdas", "DPM++ 2M"),
+    ({"use_flow_sigmas": True}, "use_flow_sigmas", "DPM++ 2M"),
+    ({"use_dynamic_shifting": True}, "use_dynamic_shifting", "DPM++ 2M"),
+    ({"variance_type": "learned_range"}, "variance_type", "DPM++ 2M"),
+    ({"solver_type": "bh3"}, "solver_type", "DPM++ 2M"),
+])
+def test_a_field_no_sampler_follows_refuses_the_model_naming_it(changes, field, sampler):
+    config = {**STEPS["base_config"], **changes}
+    with pytest.raises(UnsupportedSchedulerConfig, match=rf"^{field}=.* is not supported \(\w+, sampler '{re.escape(sampler)}'\)"):
+        check_scheduler_config(config)
+    with pytest.raises(UnsupportedSchedulerConfig, match=rf"^{field}="):
+        make_schedule(sampler, config, 4)
+
+
+def test_sdxl_and_shipped_configs_are_accepted():
+    from sdxl_engine import builtin
+
+    check_scheduler_config(dict(builtin.SDXL_SCHEDULER))
+    check_scheduler_config(json.loads((FIXTURES / "tiny-pt" / "scheduler" / "scheduler_config.json").read_text()))
+    check_scheduler_config({"_class_name": "DDIMScheduler"})  # every field the class default
+    shapes = json.loads((builtin.TINY_SHAPES_DIR / "scheduler" / "scheduler_config.json").read_text())
+    check_scheduler_config(shapes)
+    assert make_schedule("DDIM", shapes, 8).clip_range == math.inf  # it says clip_sample false: its latents pass 1
+
+
+def test_a_model_folder_with_a_refused_field_fails_to_load_naming_file_and_field(tmp_path):
+    from sdxl_engine.loading import ModelLoadError, read_scheduler_config
+
+    (tmp_path / "scheduler").mkdir()
+    (tmp_path / "scheduler" / "scheduler_config.json").write_text(
+        json.dumps({**STEPS["base_config"], "thresholding": True}))
+    with pytest.raises(ModelLoadError, match=r"scheduler_config\.json: thresholding=True is not supported"):
+        read_scheduler_config(tmp_path)
+    (tmp_path / "scheduler" / "scheduler_config.json").write_text(json.dumps(STEPS["base_config"]))
+    assert read_scheduler_config(tmp_path) == STEPS["base_config"]
 
 
 def test_sampler_names():

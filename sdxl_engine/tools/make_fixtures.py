@@ -4,6 +4,7 @@ Commands, run from the repository root:
 
     python -m sdxl_engine.tools.make_fixtures tiny
     python -m sdxl_engine.tools.make_fixtures keys
+    python -m sdxl_engine.tools.make_fixtures samplers
     python -m sdxl_engine.tools.make_fixtures fullsize --out DIR [--dtype float32|bfloat16]
 
 * ``tiny`` writes, under tests/fixtures/: ``tiny-pt/`` (a small random SDXL made with diffusers'
@@ -15,6 +16,11 @@ Commands, run from the repository root:
 * ``keys`` writes tests/fixtures/sdxl-base-keys.json: the name and shape of every tensor that
   ``save_pretrained`` writes for the full-size SDXL 1.0 base UNet, VAE and both text encoders,
   built on the meta device from sdxl_engine/configs/sdxl-base-1.0/ (no memory).
+* ``samplers`` writes tests/fixtures/sampler-steps.json and .npz: for every sampler's
+  diffusers class and a matrix of scheduler configs (:data:`SAMPLER_CASES`), the timesteps,
+  sigmas, init_noise_sigma and a whole ``scheduler.step`` trajectory on fixed small arrays (the
+  sample after each step; Euler a's noise per step), plus each class's ``__init__`` defaults, and
+  tiny-pt's pipeline images with DDIM from a config lacking ``clip_sample`` (:data:`DDIM_IMAGE_CASE`).
 * ``fullsize`` writes a random full-size SDXL base (diffusers format, safetensors, about 14 GB
   in float32) to DIR and reference outputs to DIR/reference/; it is not committed.
 
@@ -31,6 +37,7 @@ import ctypes.util
 import functools
 import gc
 import hashlib
+import inspect
 import io
 import json
 import re
@@ -45,12 +52,11 @@ import numpy as np
 import psutil
 import torch
 import transformers
-from diffusers import (AutoencoderKL, DDIMScheduler, DPMSolverMultistepScheduler, EulerDiscreteScheduler,
-                       StableDiffusionXLPipeline, UNet2DConditionModel)
+from diffusers import (AutoencoderKL, DDIMScheduler, DPMSolverMultistepScheduler, EulerAncestralDiscreteScheduler,
+                       EulerDiscreteScheduler, StableDiffusionXLPipeline, UNet2DConditionModel)
 from safetensors import safe_open
 from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
 
-from sdxl_engine.builtin import build_vocab
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -208,6 +214,13 @@ MEANINGS = [  # (key pattern, meaning); %s is filled with the pattern's groups
     (r"sched_(.+)_(\d+)_timesteps", "scheduler %s, set_timesteps(%s): timesteps"),
     (r"sched_(.+)_(\d+)_sigmas", "scheduler %s, set_timesteps(%s): sigmas"),
 ]
+
+
+def build_vocab():
+    """sdxl_engine.builtin's vocabulary, imported only for ``tiny`` (it brings JAX, which ``samplers`` does not need)."""
+    from sdxl_engine.builtin import build_vocab as build
+
+    return build()
 
 
 def _json(path: Path) -> dict:
@@ -447,6 +460,181 @@ def schedules(base_scheduler: dict) -> tuple[dict, dict]:
                 arrays[f"sched_{variant}_{n}_sigmas"] = sched.sigmas
             meta[variant]["init_noise_sigma"][n] = float(sched.init_noise_sigma)
     return arrays, meta
+
+
+# ``samplers``: A1111 name -> (diffusers class, the from_config overrides the name stands for), as the engine maps them.
+SAMPLER_CLASSES = {
+    "Euler": (EulerDiscreteScheduler, {}),
+    "Euler a": (EulerAncestralDiscreteScheduler, {}),
+    "DPM++ 2M": (DPMSolverMultistepScheduler, {"algorithm_type": "dpmsolver++", "solver_order": 2}),
+    "DPM++ 2M Karras": (DPMSolverMultistepScheduler,
+                        {"algorithm_type": "dpmsolver++", "solver_order": 2, "use_karras_sigmas": True}),
+    "DDIM": (DDIMScheduler, {}),
+}
+DROP = "<missing>"  # a SAMPLER_CASES value: the field is removed from the model's config (the class default applies)
+# (case name, sampler, changes to SDXL base's scheduler_config.json, steps). Empty changes {} with "minimal" below
+# means a config holding only _class_name: every field is the class's default.
+SAMPLER_CASES = [
+    ("euler-leading", "Euler", {}, 6),
+    ("euler-linspace", "Euler", {"timestep_spacing": "linspace"}, 5),
+    ("euler-trailing", "Euler", {"timestep_spacing": "trailing"}, 5),
+    ("euler-karras-in-config", "Euler", {"use_karras_sigmas": True}, 6),
+    ("euler-karras-sigma-range", "Euler", {"use_karras_sigmas": True, "sigma_min": 0.1, "sigma_max": 10.0}, 5),
+    ("euler-exponential", "Euler", {"use_exponential_sigmas": True, "timestep_spacing": "trailing"}, 5),
+    ("euler-final-sigma-min", "Euler", {"final_sigmas_type": "sigma_min"}, 5),
+    ("euler-v-trailing", "Euler", {"prediction_type": "v_prediction", "timestep_spacing": "trailing"}, 5),
+    ("euler-sample", "Euler", {"prediction_type": "sample"}, 4),
+    ("euler-zero-snr", "Euler", {"rescale_betas_zero_snr": True, "prediction_type": "v_prediction",
+                                 "timestep_spacing": "trailing"}, 5),
+    ("euler-log-linear", "Euler", {"interpolation_type": "log_linear"}, 5),
+    ("euler-continuous-v", "Euler", {"timestep_type": "continuous", "prediction_type": "v_prediction"}, 4),
+    ("euler-cosine", "Euler", {"beta_schedule": "squaredcos_cap_v2", "timestep_spacing": "trailing"}, 4),
+    ("euler-minimal", "Euler", "minimal", 4),
+    ("euler-a-leading", "Euler a", {}, 6),
+    ("euler-a-linspace", "Euler a", {"timestep_spacing": "linspace"}, 5),
+    ("euler-a-trailing", "Euler a", {"timestep_spacing": "trailing"}, 5),
+    ("euler-a-karras-in-config", "Euler a", {"use_karras_sigmas": True}, 5),  # not a field of Euler a: no effect
+    ("euler-a-v-zero-snr", "Euler a", {"rescale_betas_zero_snr": True, "prediction_type": "v_prediction",
+                                       "timestep_spacing": "trailing"}, 5),
+    ("dpm-leading", "DPM++ 2M", {}, 10),
+    ("dpm-linspace", "DPM++ 2M", {"timestep_spacing": "linspace"}, 7),
+    ("dpm-trailing", "DPM++ 2M", {"timestep_spacing": "trailing"}, 7),
+    ("dpm-karras-in-config", "DPM++ 2M", {"use_karras_sigmas": True}, 6),
+    ("dpm-v", "DPM++ 2M", {"prediction_type": "v_prediction"}, 6),
+    ("dpm-sample", "DPM++ 2M", {"prediction_type": "sample"}, 5),
+    ("dpm-heun", "DPM++ 2M", {"solver_type": "heun"}, 7),
+    ("dpm-sigma-min-16", "DPM++ 2M", {"final_sigmas_type": "sigma_min"}, 16),  # 15+ steps: the last is 2nd order
+    ("dpm-sigma-min-6", "DPM++ 2M", {"final_sigmas_type": "sigma_min"}, 6),  # lower_order_final: 1st order
+    ("dpm-sigma-min-no-lower-order-final", "DPM++ 2M", {"final_sigmas_type": "sigma_min",
+                                                         "lower_order_final": False}, 6),
+    ("dpm-euler-at-final", "DPM++ 2M", {"final_sigmas_type": "sigma_min", "euler_at_final": True}, 16),
+    ("dpm-lambda-min-clipped", "DPM++ 2M", {"lambda_min_clipped": -2.5, "timestep_spacing": "linspace"}, 6),
+    ("dpm-zero-snr", "DPM++ 2M", {"rescale_betas_zero_snr": True, "prediction_type": "v_prediction",
+                                  "timestep_spacing": "trailing"}, 6),
+    ("dpm-exponential", "DPM++ 2M", {"use_exponential_sigmas": True}, 6),
+    ("dpm-order-3-sde-in-config", "DPM++ 2M", {"solver_order": 3, "algorithm_type": "sde-dpmsolver++"}, 6),
+    ("dpm-karras", "DPM++ 2M Karras", {}, 8),
+    ("dpm-karras-sigma-range", "DPM++ 2M Karras", {"sigma_min": 0.1, "sigma_max": 10.0}, 6),
+    ("dpm-karras-trailing-v", "DPM++ 2M Karras", {"timestep_spacing": "trailing", "prediction_type": "v_prediction"}, 6),
+    ("ddim-sdxl", "DDIM", {}, 6),
+    ("ddim-clip-sample-missing", "DDIM", {"clip_sample": DROP}, 6),  # from_config: DDIM's default True
+    ("ddim-clip-range-2", "DDIM", {"clip_sample": True, "clip_sample_range": 2.0}, 5),
+    ("ddim-linspace", "DDIM", {"timestep_spacing": "linspace"}, 7),  # carry != 1
+    ("ddim-linspace-clip", "DDIM", {"timestep_spacing": "linspace", "clip_sample": True}, 6),
+    ("ddim-trailing", "DDIM", {"timestep_spacing": "trailing"}, 5),
+    ("ddim-alpha-to-one", "DDIM", {"set_alpha_to_one": True}, 5),
+    ("ddim-v-clip", "DDIM", {"prediction_type": "v_prediction", "clip_sample": True}, 5),
+    ("ddim-sample", "DDIM", {"prediction_type": "sample"}, 4),
+    ("ddim-minimal", "DDIM", "minimal", 4),
+]
+SAMPLER_SHAPE = (1, 4, 2, 2)  # latents of a 1-image batch; every update is elementwise
+SAMPLER_MAX_STEPS = max(case[3] for case in SAMPLER_CASES)
+
+
+def case_config(base: dict, changes) -> dict:
+    """The model's raw scheduler config of one SAMPLER_CASES row."""
+    if changes == "minimal":
+        return {"_class_name": base["_class_name"]}
+    config = {k: v for k, v in base.items() if changes.get(k) != DROP}
+    config.update({k: v for k, v in changes.items() if v != DROP})
+    return config
+
+
+def init_defaults(cls) -> dict:
+    """{argument: default} of ``cls.__init__`` (diffusers' from_config fills a missing field with these)."""
+    return {name: p.default for name, p in inspect.signature(cls.__init__).parameters.items() if name != "self"}
+
+
+def sampler_trajectory(sampler: str, config: dict, steps: int, model_outputs: np.ndarray, start: np.ndarray):
+    """diffusers' scheduler for ``sampler`` from ``config``, run for ``steps`` steps on fixed arrays.
+
+    The sample starts at ``start * init_noise_sigma``; step k's model output is ``model_outputs[k]``.
+    Returns (scheduler, samples (steps + 1, *SAMPLER_SHAPE), noise (steps, *SAMPLER_SHAPE) or None).
+    Euler a's noise of step k is torch.randn from a generator seeded 1000 + k, passed to step() the same way.
+    """
+    cls, overrides = SAMPLER_CLASSES[sampler]
+    sched = cls.from_config(config, **overrides)
+    sched.set_timesteps(steps)
+    sample = torch.from_numpy(start) * sched.init_noise_sigma
+    samples, noises = [sample], []
+    for k, t in enumerate(sched.timesteps):
+        sched.scale_model_input(sample, t)  # Euler's step index; the scaling itself is the UNet's input only
+        output = torch.from_numpy(model_outputs[k])
+        kwargs = {}
+        if sampler == "Euler a":
+            kwargs["generator"] = torch.Generator().manual_seed(1000 + k)
+            noises.append(torch.randn(SAMPLER_SHAPE, generator=torch.Generator().manual_seed(1000 + k),
+                                      dtype=torch.float32))
+        sample = sched.step(output, t, sample, **kwargs).prev_sample
+        samples.append(sample)
+    return sched, torch.stack(samples).numpy(), torch.stack(noises).numpy() if noises else None
+
+
+# ``samplers``' image-level case: tiny-pt's pipeline with DDIM from a config that lacks clip_sample (the class
+# default True clips x0 every step). Prompt, negative prompt, guidance, steps; 64x64, 2 images.
+DDIM_IMAGE_CASE = ("a red circle", "a blue square", 5.0, 6)
+
+
+def ddim_image_case(out: Path) -> tuple[dict, dict]:
+    """diffusers' images for DDIM_IMAGE_CASE on out/tiny-pt: ({key: array}, metadata)."""
+    pipe = StableDiffusionXLPipeline.from_pretrained(out / "tiny-pt", dtype=torch.float32, add_watermarker=False)
+    pipe.set_progress_bar_config(disable=True)
+    config = {k: v for k, v in plain_config(pipe.scheduler.config).items() if k != "clip_sample"}
+    pipe.scheduler = DDIMScheduler.from_config(config)
+    prompt, negative, guidance, steps = DDIM_IMAGE_CASE
+    latents = np.random.RandomState(23).standard_normal((2, 4, 16, 16)).astype(np.float32)
+    images = pipe(prompt, negative_prompt=negative, guidance_scale=guidance, num_inference_steps=steps, width=64,
+                  height=64, num_images_per_prompt=2, output_type="np", latents=torch.from_numpy(latents)).images
+    arrays = {"ddim_image_latents": latents, "ddim_image_images": np.round(images * 255).astype(np.uint8)}
+    meta = dict(prompt=prompt, negative_prompt=negative, guidance_scale=guidance, num_inference_steps=steps,
+                width=64, height=64, scheduler_config=config, clip_sample=pipe.scheduler.config.clip_sample,
+                latents="numpy RandomState(23).standard_normal((2, 4, 16, 16))", images="uint8, round(np * 255)")
+    return arrays, meta
+
+
+def cmd_samplers(out: Path) -> None:
+    """``samplers``: out/sampler-steps.json and out/sampler-steps.npz (see the module docstring)."""
+    torch.set_num_threads(1)
+    base = sdxl_base_configs()["scheduler"]
+    rng = np.random.RandomState(19)
+    model_outputs = rng.standard_normal((SAMPLER_MAX_STEPS, *SAMPLER_SHAPE)).astype(np.float32)
+    start = rng.standard_normal(SAMPLER_SHAPE).astype(np.float32)
+    arrays = {"model_outputs": model_outputs, "start": start}
+    cases = []
+    for name, sampler, changes, steps in SAMPLER_CASES:
+        config = case_config(base, changes)
+        sched, samples, noise = sampler_trajectory(sampler, config, steps, model_outputs, start)
+        arrays[f"{name}_samples"] = samples
+        if noise is not None:
+            arrays[f"{name}_noise"] = noise
+        fields = init_defaults(SAMPLER_CLASSES[sampler][0])
+        cases.append(dict(name=name, sampler=sampler, steps=steps, changes=changes,
+                          resolved={k: v for k, v in sched.config.items() if k in fields},
+                          timesteps=[float(t) for t in sched.timesteps.numpy().astype(np.float32)],
+                          sigmas=[float(s) for s in sched.sigmas.numpy()] if hasattr(sched, "sigmas") else None,
+                          init_noise_sigma=float(sched.init_noise_sigma)))
+    image_arrays, image_meta = ddim_image_case(out)
+    arrays.update(image_arrays)
+    meta = dict(
+        made_by="python -m sdxl_engine.tools.make_fixtures samplers", ddim_image_case=image_meta, versions=versions(), torch_threads=1,
+        base_config=base, missing=DROP, shape=list(SAMPLER_SHAPE), cases=cases,
+        class_defaults={cls.__name__: init_defaults(cls) for cls, _ in SAMPLER_CLASSES.values()},
+        notes=[
+            "Each case's model config: base_config with its changes (a field set to `missing` removed; "
+            "'minimal': only _class_name); resolved: the class's own fields of the scheduler's config.",
+            "Each case: cls.from_config(config, **overrides of the sampler's name), set_timesteps(steps); the "
+            "sample starts at start * init_noise_sigma, step k gets model_outputs[k]; <case>_samples[k + 1] is "
+            "step k's prev_sample (float32, the scheduler's own space: sigma space for Euler, x-space for DPM++ "
+            "and DDIM). <case>_noise[k]: Euler a's step noise (torch.randn, generator seeded 1000 + k).",
+            "Suggested tolerance: float32, |engine - diffusers| <= 1e-5 * (1 + |diffusers|) per step.",
+            "ddim_image_case: tiny-pt's StableDiffusionXLPipeline (float32) with DDIMScheduler.from_config of its "
+            "config less clip_sample, on ddim_image_latents; ddim_image_images (2, 64, 64, 3) uint8.",
+        ],
+    )
+    write_npz(out / "sampler-steps.npz", arrays)
+    text = json.dumps(meta, indent=1, default=str)
+    text = re.sub(r"\[[-+.,\seE\d]*\]", lambda m: json.dumps(json.loads(m.group())), text)  # numbers: one line
+    (out / "sampler-steps.json").write_text(text + "\n")
 
 
 def as_numpy(arrays: dict) -> dict[str, np.ndarray]:
@@ -706,6 +894,8 @@ def main(argv=None) -> None:
     tiny.add_argument("--out", type=Path, default=FIXTURES)
     keys = sub.add_parser("keys", help="parameter names and shapes of full-size SDXL base")
     keys.add_argument("--out", type=Path, default=FIXTURES / "sdxl-base-keys.json")
+    samplers = sub.add_parser("samplers", help="scheduler step references: sampler-steps.json and .npz")
+    samplers.add_argument("--out", type=Path, default=FIXTURES)
     full = sub.add_parser("fullsize", help="random full-size SDXL base and its reference outputs")
     full.add_argument("--out", type=Path, required=True)
     full.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
@@ -718,6 +908,8 @@ def main(argv=None) -> None:
         cmd_tiny(args.out)
     elif args.command == "keys":
         cmd_keys(args.out)
+    elif args.command == "samplers":
+        cmd_samplers(args.out)
     else:
         cmd_fullsize(args.out, args.dtype)
 
