@@ -97,7 +97,8 @@ FIELDS = {
     "interpolation_type": "honoured: linear, log_linear", "use_karras_sigmas": "honoured",
     "use_exponential_sigmas": "honoured", "use_beta_sigmas": "refused", "sigma_min": "honoured",
     "sigma_max": "honoured", "timestep_type": "honoured: discrete, continuous",
-    "final_sigmas_type": "honoured: zero, sigma_min", "solver_order": "fixed: 2", "algorithm_type": "fixed: dpmsolver++",
+    "final_sigmas_type": "honoured: zero, sigma_min", "solver_order": "fixed: 2",
+    "algorithm_type": "fixed: dpmsolver++",
     "solver_type": "honoured: midpoint, heun", "lower_order_final": "honoured", "euler_at_final": "honoured",
     "use_lu_lambdas": "refused", "use_flow_sigmas": "refused", "flow_shift": "unused (use_flow_sigmas)",
     "lambda_min_clipped": "honoured", "variance_type": "refused", "use_dynamic_shifting": "refused",
@@ -206,9 +207,11 @@ def _refusal(sampler: str, cfg: dict) -> tuple[str, str] | None:
     if cfg["timestep_spacing"] not in ("linspace", "leading", "trailing"):
         return "timestep_spacing", "choose linspace, leading or trailing"
     if cls == "DDIMScheduler" and cfg["rescale_betas_zero_snr"]:
-        return "rescale_betas_zero_snr", "DDIM's terminal alpha 0 is an infinite sigma, which this engine's DDIM cannot step from"
+        return "rescale_betas_zero_snr", ("DDIM's terminal alpha 0 is an infinite sigma, which this engine's DDIM "
+                                          "cannot step from")
     if cfg.get("thresholding", False) and cls in ("DPMSolverMultistepScheduler", "DDIMScheduler"):
-        return "thresholding", "dynamic thresholding is not implemented (it suits pixel-space models, not SDXL's latents)"
+        return "thresholding", ("dynamic thresholding is not implemented (it suits pixel-space models, not SDXL's "
+                                "latents)")
     if cls in ("EulerDiscreteScheduler", "DPMSolverMultistepScheduler"):
         kinds = [k for k in _SIGMA_KINDS if cfg[k]]
         if len(kinds) > 1:
@@ -224,7 +227,8 @@ def _refusal(sampler: str, cfg: dict) -> tuple[str, str] | None:
             return "timestep_type", "choose discrete or continuous"
         if (cfg["interpolation_type"] == "log_linear" and cfg["timestep_type"] == "continuous"
                 and cfg["prediction_type"] == "v_prediction"):
-            return "interpolation_type", "log_linear with continuous v_prediction timesteps runs one step more in diffusers"
+            return "interpolation_type", ("log_linear with continuous v_prediction timesteps runs one step more in "
+                                          "diffusers")
     if cls == "DPMSolverMultistepScheduler":
         if cfg["solver_type"] not in ("midpoint", "heun", "logrho", "bh1", "bh2"):
             return "solver_type", "choose midpoint or heun"
@@ -462,8 +466,8 @@ def make_schedule(sampler: str, config: dict, steps: int) -> Schedule:
         else:  # midpoint (and what diffusers maps to it: logrho, bh1, bh2)
             b = np.where(second, (1 - a) * (1 + 0.5 / r), 1 - a)
             c = np.where(second, -(1 - a) * 0.5 / r, 0.0)
-    return _schedule(timesteps, sigmas, a, b, c, zeros, zeros, (sigmas[0] ** 2 + 1) ** 0.5,  # x-space noise of variance 1
-                     1 / (sigmas[-1] ** 2 + 1) ** 0.5)
+    init = (sigmas[0] ** 2 + 1) ** 0.5  # x-space noise of variance 1
+    return _schedule(timesteps, sigmas, a, b, c, zeros, zeros, init, 1 / (sigmas[-1] ** 2 + 1) ** 0.5)
 
 
 def _schedule(timesteps, sigmas, a, b, c, d, e, init, final, clip=math.inf) -> Schedule:

@@ -302,7 +302,8 @@ def test_ddim_images_match_diffusers_when_the_config_lacks_clip_sample(steps_arr
 ])
 def test_a_field_no_sampler_follows_refuses_the_model_naming_it(changes, field, sampler):
     config = {**STEPS["base_config"], **changes}
-    with pytest.raises(UnsupportedSchedulerConfig, match=rf"^{field}=.* is not supported \(\w+, sampler '{re.escape(sampler)}'\)"):
+    named = rf"^{field}=.* is not supported \(\w+, sampler '{re.escape(sampler)}'\)"
+    with pytest.raises(UnsupportedSchedulerConfig, match=named):
         check_scheduler_config(config)
     with pytest.raises(UnsupportedSchedulerConfig, match=rf"^{field}="):
         make_schedule(sampler, config, 4)

@@ -515,7 +515,8 @@ SAMPLER_CASES = [
     ("dpm-order-3-sde-in-config", "DPM++ 2M", {"solver_order": 3, "algorithm_type": "sde-dpmsolver++"}, 6),
     ("dpm-karras", "DPM++ 2M Karras", {}, 8),
     ("dpm-karras-sigma-range", "DPM++ 2M Karras", {"sigma_min": 0.1, "sigma_max": 10.0}, 6),
-    ("dpm-karras-trailing-v", "DPM++ 2M Karras", {"timestep_spacing": "trailing", "prediction_type": "v_prediction"}, 6),
+    ("dpm-karras-trailing-v", "DPM++ 2M Karras", {"timestep_spacing": "trailing",
+                                                  "prediction_type": "v_prediction"}, 6),
     ("ddim-sdxl", "DDIM", {}, 6),
     ("ddim-clip-sample-missing", "DDIM", {"clip_sample": DROP}, 6),  # from_config: DDIM's default True
     ("ddim-clip-range-2", "DDIM", {"clip_sample": True, "clip_sample_range": 2.0}, 5),
@@ -616,7 +617,8 @@ def cmd_samplers(out: Path) -> None:
     image_arrays, image_meta = ddim_image_case(out)
     arrays.update(image_arrays)
     meta = dict(
-        made_by="python -m sdxl_engine.tools.make_fixtures samplers", ddim_image_case=image_meta, versions=versions(), torch_threads=1,
+        made_by="python -m sdxl_engine.tools.make_fixtures samplers", ddim_image_case=image_meta,
+        versions=versions(), torch_threads=1,
         base_config=base, missing=DROP, shape=list(SAMPLER_SHAPE), cases=cases,
         class_defaults={cls.__name__: init_defaults(cls) for cls, _ in SAMPLER_CLASSES.values()},
         notes=[
