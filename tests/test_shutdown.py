@@ -23,7 +23,7 @@ from sdxl_engine.serving.admission import SHUTTING_DOWN, over_limit_message
 
 HARNESS = ROOT / "tests" / "serve_harness.py"
 PORTS = iter(range(7810, 7830))  # this test file's own ports
-STOPS = 60
+STOPS = 100
 
 
 class Harness:
@@ -79,10 +79,18 @@ def page(tmp_path):
         harness.close()
 
 
+def _spin(seconds: float) -> None:
+    """Busy-wait ``seconds`` (microseconds: far below what time.sleep resolves)."""
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        pass
+
+
 def test_a_burst_of_signals_at_each_stop_never_hangs():
-    """Each stop gets two SIGTERMs at once, as GNU timeout sends them (child, then its group), at a
-    random point of the serving loop's poll: every one of the stops drains, logs "stopped" and
-    returns 0 (the old handler, ``threading.Event.set``, could deadlock on the Event's lock)."""
+    """Each stop gets two SIGTERMs microseconds apart, as GNU timeout sends them (to the child, then
+    to its group), at a random point of the serving loop's poll: every stop drains, logs "stopped"
+    and returns 0. The second signal then often lands while the first one's handler runs, which is
+    how the old handler (``threading.Event.set``, which takes the Event's lock) deadlocked."""
     harness = Harness("stops", "0", str(STOPS))
     rng = random.Random(19)
     try:
@@ -90,6 +98,7 @@ def test_a_burst_of_signals_at_each_stop_never_hangs():
             harness.until("[app] Running on local URL")
             time.sleep(rng.uniform(0.0, 0.25))  # where in the 0.2 s poll the signals land: not a wait for anything
             harness.signal()
+            _spin(rng.uniform(10e-6, 45e-6))  # about the time the first handler takes to start and run
             harness.signal()
             lines = harness.until("serve returned", timeout=60)
             assert lines[-1].strip() == "serve returned 0", (stop, lines)
@@ -101,11 +110,13 @@ def test_a_burst_of_signals_at_each_stop_never_hangs():
 
 
 def test_the_third_signal_exits_at_once_with_128_plus_its_number(page):
+    from gradio_client import Client
+
     harness, url, _ = page
-    held = httpx.post(url + "gradio_api/call/generate", json={"data": ["hold:never"]}, timeout=30)
-    assert held.status_code == 200  # accepted: the drain waits for it (up to 60 s)
+    held = Client(url, verbose=False).submit("hold:never", api_name="/generate")
+    _wait(lambda: _running(held), "the call running")
     harness.signal()
-    harness.until("[app] stopping")
+    assert "(1 running, 0 waiting)" in harness.until("[app] stopping")[-1]  # it keeps the drain open (60 s)
     harness.signal()
     harness.until("[app] second stop signal ignored: already stopping (a third one exits at once)")
     harness.signal()
@@ -144,8 +155,10 @@ def _browser_join(url: str, session: str, prompt: str) -> dict:
     join = httpx.post(url + "gradio_api/queue/join", timeout=30, json={
         "data": [prompt], "fn_index": fn_index, "session_hash": session, "event_data": None, "trigger_id": None})
     assert join.status_code == 200, join.text
+    deadline = time.monotonic() + 60  # the stream sends a heartbeat every few seconds while the call waits
     with httpx.stream("GET", url + f"gradio_api/queue/data?session_hash={session}", timeout=30) as stream:
         for line in stream.iter_lines():
+            assert time.monotonic() < deadline, f"{prompt!r}: no result within 60 s"
             if line.startswith("data:") and (message := json.loads(line[5:]))["msg"] == "process_completed":
                 assert message["event_id"] == join.json()["event_id"]
                 return message
@@ -165,7 +178,7 @@ def test_every_client_is_told_the_server_is_shutting_down(page):
     harness.signal()
     harness.until("[app] stopping")
     with pytest.raises(AppError) as refused:
-        second.predict("a red circle", api_name="/generate")
+        second.submit("a red circle", api_name="/generate").result(timeout=60)
     assert str(refused.value) == SHUTTING_DOWN
     raw = httpx.post(url + "gradio_api/call/generate", json={"data": ["a red circle"]}, timeout=30)
     assert (raw.status_code, raw.text, raw.headers["retry-after"]) == (503, SHUTTING_DOWN, "60")
@@ -192,7 +205,7 @@ def test_one_client_cannot_hold_the_queue(page):
     a_jobs = [a.submit(f"hold:a{i}", api_name="/generate") for i in (1, 2)]
     _wait(lambda: _queue_size(url) == 2, "A's two calls queued")
     with pytest.raises(AppError) as refused:
-        a.predict("hold:a3", api_name="/generate")  # returns at once: B's call is still running
+        a.submit("hold:a3", api_name="/generate").result(timeout=60)  # refused at once, while B's call is still running
     assert str(refused.value) == message and not b_job.done()
     tab = "browser-tab-a"  # the page's protocol, one session with two calls already
     for i in (1, 2):
@@ -225,7 +238,7 @@ def test_one_client_cannot_hold_the_queue(page):
     again = [a.submit(f"hold:a{i}", api_name="/generate") for i in (6, 7)]  # two places again, not fewer
     _wait(lambda: _queue_size(url) == 2, "A's sixth and seventh calls queued")
     with pytest.raises(AppError) as refused:
-        a.predict("hold:a8", api_name="/generate")  # and not more
+        a.submit("hold:a8", api_name="/generate").result(timeout=60)  # and not more
     assert str(refused.value) == message
     for name in ("b2", "a6", "a7"):
         (folder / name).touch()

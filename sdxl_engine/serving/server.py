@@ -24,7 +24,7 @@ Exit statuses of ``python app.py``, the same everywhere: 0 after a clean stop; 2
 flag or setting, including one this machine cannot honour (``images_per_request`` that does
 not divide over the devices, a size the model cannot make): the command must change; 1 when
 valid settings still fail to start (model missing or corrupt, an engine failure, the port
-taken).
+taken); 128 + the signal's number (143, 130) when a third SIGTERM/SIGINT cut a stop short.
 """
 
 from __future__ import annotations
