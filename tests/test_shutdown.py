@@ -258,3 +258,35 @@ def test_max_requests_per_client_is_a_setting_at_least_1():
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert result.stderr.strip() == "error: bad setting: max_requests_per_client must be at least 1, got 0"
+
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} not installed (apt-get install chromium)")
+def test_the_page_shows_the_shutdown_message(page):
+    """The browser's own client, during a drain: the error pop-up says "shutting down", not "busy"."""
+    from gradio_client import Client
+    from playwright.sync_api import sync_playwright
+
+    harness, url, folder = page
+    running = Client(url, verbose=False).submit("hold:first", api_name="/generate")
+    _wait(lambda: _running(running), "the first call running")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu"])
+        try:
+            tab = browser.new_page()
+            tab.goto(url)
+            box = tab.get_by_role("textbox").first  # the prompt (the second is the output)
+            box.wait_for(timeout=60_000)
+            harness.signal()
+            harness.until("[app] stopping")
+            box.fill("a red circle")
+            box.press("Enter")
+            tab.get_by_text(SHUTTING_DOWN).first.wait_for(timeout=60_000)
+            assert tab.get_by_text("This application is currently busy").count() == 0
+        finally:
+            browser.close()
+    (folder / "first").touch()
+    assert running.result(timeout=60) == "done: hold:first"
+    assert harness.proc.wait(60) == 0
