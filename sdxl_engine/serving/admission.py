@@ -37,7 +37,8 @@ from gradio.queueing import AsyncQueue, Event, Queue
 from gradio.server_messages import ProcessCompletedMessage
 from gradio.utils import error_payload
 
-SHUTTING_DOWN = "the server is shutting down; retry in a minute"
+from .server import SHUTTING_DOWN
+
 RETRY_AFTER_S = 5  # for a client over its limit: about one generation
 
 

@@ -42,7 +42,6 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from ..config import ConfigError
-from .admission import SHUTTING_DOWN, Admission
 
 EXIT_START_FAILED = 1  # valid settings, yet the app could not start
 EXIT_BAD_SETTING = 2  # a flag or setting must change (argparse uses 2 too)
@@ -52,6 +51,7 @@ BLOCKED_PATH_PREFIXES = ("/gradio_api/upload", "/upload")  # the page has no fil
 RETRY_AFTER_S = 5
 ARRIVED_HEADER = b"x-sdxl-arrived"  # set by Guard on every request: time.monotonic() at arrival
 QUIET_S = 2.0  # on shutdown, close once no HTTP request arrived for this long (image downloads)
+SHUTTING_DOWN = "the server is shutting down; retry in a minute"  # every client's refusal during a stop
 
 
 def launch_options(host: str, port: int, share: bool) -> dict:
@@ -467,7 +467,7 @@ class StopSignals:
 
 
 def serve(demo, engine, options: dict, gate: RequestGate, drain_s: float = 60.0, log=print,
-          quiet_s: float = QUIET_S, signals: StopSignals | None = None) -> int:
+          quiet_s: float = QUIET_S) -> int:
     """Launch ``demo`` and block until it should stop; returns the process exit status.
 
     Returns :func:`exit_status` (after one ``error:`` line on stderr) when the engine fails to
@@ -479,7 +479,9 @@ def serve(demo, engine, options: dict, gate: RequestGate, drain_s: float = 60.0,
     request). A client may have ``engine.config.max_requests_per_client`` /generate calls queued or
     running at once (:class:`~.admission.Admission`).
     """
-    signals = signals or StopSignals()
+    from .admission import Admission  # imports Gradio: not at this module's import (usable_output_dir comes first)
+
+    signals = StopSignals()
     signals.install()
     Admission.install(demo, engine.config.max_requests_per_client, lambda: gate.closed, log=log)
     try:  # quiet: Gradio's own lines would advise "set share=True" even after --share was refused
