@@ -87,6 +87,10 @@ class EngineConfig:
     max_seed: int = 2**32 - 1
     # Requests allowed to wait in the queue before new ones are told to retry.
     max_queue_size: int = 16
+    # /generate calls one client may have queued or running at once (a client: a Gradio session,
+    # so a browser tab or a gradio_client Client; raw HTTP /call/ requests: their IP address).
+    # Over it a call is refused with a message naming this limit, so no client fills the queue.
+    max_requests_per_client: int = 2
     # Directory where the app saves every generated PNG (with its parameters); "" = do not save.
     # Off unless set, so a public link (--share, a Space) writes nothing to disk by default.
     outputs_dir: str = ""
@@ -208,8 +212,9 @@ class EngineConfig:
             raise ConfigError(f"max_seed must be between 0 and 2**32 - 1 (seeds are uint32), got {self.max_seed}")
         if self.images_per_request:  # with 0 (auto), the engine checks once it knows the batch
             check_seed_range(self.max_seed, self.images_per_request)
-        if self.max_queue_size < 1:
-            raise ConfigError(f"max_queue_size must be at least 1, got {self.max_queue_size}")
+        for name in ("max_queue_size", "max_requests_per_client"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
         if not self.temp_max_mb > 0:  # also refuses NaN
             raise ConfigError(f"temp_max_mb must be a positive number of megabytes, got {self.temp_max_mb}")
         if not 0 <= self.temp_keep_s < float("inf"):

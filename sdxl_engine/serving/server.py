@@ -13,18 +13,20 @@ Kept apart from the page (app.py builds it) and from the engine:
   ``Host`` header is not a loopback name, and a client can forge ``Host``), adds
   ``Retry-After`` to "queue full" (503) answers, and answers a raw API call with too few
   values with a 422 that names the inputs (Gradio would stream ``{"error": null}``).
-- :class:`RequestGate`: counts requests in flight; once closed, the guard refuses new ones.
+- :class:`RequestGate`: counts requests in flight; once closed, the guard (raw calls) and
+  :class:`~.admission.Admission` (the page, gradio_client) refuse new ones.
 - :class:`TempJanitor`: keeps the app's files in Gradio's temp folder under a size, oldest
   first, never deleting one a client may still be downloading.
 - :func:`serve`: launch, then wait; exit with one line if the app cannot start (status
-  :func:`exit_status`), or on SIGTERM/SIGINT stop taking requests (503 "shutting down"), let
-  the ones already accepted finish (bounded), close, return 0.
+  :func:`exit_status`), or on SIGTERM/SIGINT stop taking requests ("shutting down"), let
+  the ones already accepted finish (bounded), close, return 0 (:class:`StopSignals`: a second
+  signal is ignored, a third exits at once with 128 + its number).
 
 Exit statuses of ``python app.py``, the same everywhere: 0 after a clean stop; 2 for a bad
 flag or setting, including one this machine cannot honour (``images_per_request`` that does
 not divide over the devices, a size the model cannot make): the command must change; 1 when
 valid settings still fail to start (model missing or corrupt, an engine failure, the port
-taken).
+taken); 128 + the signal's number (143, 130) when a third SIGTERM/SIGINT cut a stop short.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ BLOCKED_PATH_PREFIXES = ("/gradio_api/upload", "/upload")  # the page has no fil
 RETRY_AFTER_S = 5
 ARRIVED_HEADER = b"x-sdxl-arrived"  # set by Guard on every request: time.monotonic() at arrival
 QUIET_S = 2.0  # on shutdown, close once no HTTP request arrived for this long (image downloads)
+SHUTTING_DOWN = "the server is shutting down; retry in a minute"  # every client's refusal during a stop
 
 
 def launch_options(host: str, port: int, share: bool) -> dict:
@@ -280,8 +283,9 @@ class Guard:
         if path.startswith(BLOCKED_PATH_PREFIXES):
             return await _plain(send, 404, b"uploads are off: this app takes no files")
         if self.gate is not None and self.gate.closed and scope["method"] == "POST" and _starts_work(path):
-            return await _plain(send, 503, b"the server is shutting down; retry in a minute",
-                                [(b"retry-after", b"60")])
+            # Raw calls only: a queue/join goes on to Admission (admission.py), which answers it in a form
+            # the page and gradio_client show (a 503 there reads "busy" / "Queue is full").
+            return await _plain(send, 503, SHUTTING_DOWN.encode(), [(b"retry-after", b"60")])
         # When the request arrived (a client's own header of that name is dropped): the queue wait starts here.
         scope = {**scope, "headers": [(k, v) for k, v in scope.get("headers") or [] if k.lower() != ARRIVED_HEADER]
                  + [(ARRIVED_HEADER, repr(time.monotonic()).encode())]}
@@ -310,7 +314,7 @@ class Guard:
                 started = True
                 out = [(k, v) for k, v in message.get("headers", [])
                        if not (foreign and k.lower().startswith(b"access-control-allow-"))]
-                if message["status"] == 503:
+                if message["status"] == 503 and not any(k.lower() == b"retry-after" for k, _ in out):
                     out.append((b"retry-after", str(RETRY_AFTER_S).encode()))
                 message = {**message, "headers": out}
             await send(message)
@@ -375,8 +379,8 @@ def arrival_time(request) -> float | None:
 
 
 def _starts_work(path: str) -> bool:
-    """Whether a POST to ``path`` would queue a new call (queue/join, call/<api>, run/<api>)."""
-    return path.endswith("/queue/join") or path.startswith(("/gradio_api/call/", "/gradio_api/run/", "/call/", "/run/"))
+    """Whether a POST to ``path`` is a raw call that would start work (call/<api>, run/<api>, api/<api>)."""
+    return path.startswith(("/gradio_api/call/", "/gradio_api/run/", "/gradio_api/api/", "/call/", "/run/", "/api/"))
 
 
 async def _plain(send, status: int, body: bytes, extra: list | None = None,
@@ -401,7 +405,7 @@ def install_guard(app, gate: "RequestGate | None" = None, demo=None) -> None:
 
 
 class RequestGate:
-    """Counts /generate calls in flight; after :meth:`close` the guard refuses new calls."""
+    """Counts /generate calls in flight; after :meth:`close` new calls are refused (Guard, Admission)."""
 
     def __init__(self):
         self._cond = threading.Condition()
@@ -560,18 +564,70 @@ def start_error_line(error: BaseException) -> str:
     return f"error: the engine failed to start: {type(error).__name__}: {error}"
 
 
-def serve(demo, engine, options: dict, gate: RequestGate, drain_s: float = 60.0, log=print) -> int:
+class StopSignals:
+    """SIGTERM/SIGINT for :func:`serve`: the first asks for a stop, the second is ignored, the third exits.
+
+    The handler only appends to a list (one atomic step, no lock): Python runs signal handlers in
+    the main thread between two bytecodes, even inside a handler or while that thread holds a
+    lock, so a handler that takes a lock (``threading.Event.set`` takes its Condition's) can wait
+    for ever on the thread it interrupted. The serving loop polls :attr:`requested` instead.
+
+    - 1st signal: :func:`serve` drains and exits 0.
+    - 2nd (GNU ``timeout`` sends two SIGTERMs at once, one to the child and one to its process
+      group; Ctrl-C pressed again): ignored; :meth:`note_ignored` logs it once.
+    - 3rd: one line on stderr, then ``os._exit(128 + signal number)`` (143 for SIGTERM, 130 for
+      SIGINT, as a shell reports a process the signal ended), dropping the calls still running.
+    """
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self):
+        self.received: list[int] = []  # list.append is atomic, so nested handlers count every signal
+        self._noted = False
+
+    def install(self) -> None:
+        """Handle SIGTERM and SIGINT from now on (call from the main thread)."""
+        for signum in self.SIGNALS:
+            signal.signal(signum, self._handle)
+
+    def _handle(self, signum, _frame) -> None:
+        self.received.append(signum)
+        if len(self.received) >= 3:
+            name = signal.Signals(signum).name
+            os.write(2, f"[app] {name} a third time: exiting at once, without finishing the calls still running "
+                        f"(exit status {128 + signum})\n".encode())
+            os._exit(128 + signum)
+
+    @property
+    def requested(self) -> bool:
+        """Whether a stop signal arrived."""
+        return bool(self.received)
+
+    def note_ignored(self, log=print) -> None:
+        """Log, once, that a second signal was ignored (called by the loop, never by the handler)."""
+        if len(self.received) >= 2 and not self._noted:
+            self._noted = True
+            log("[app] second stop signal ignored: already stopping (a third one exits at once)")
+
+
+def serve(demo, engine, options: dict, gate: RequestGate, drain_s: float = 60.0, log=print,
+          quiet_s: float = QUIET_S) -> int:
     """Launch ``demo`` and block until it should stop; returns the process exit status.
 
     Returns :func:`exit_status` (after one ``error:`` line on stderr) when the engine fails to
-    start, 1 when the server cannot listen, 0 after SIGTERM/SIGINT: new calls are refused (503),
-    the calls already accepted (running or waiting) get up to ``drain_s`` seconds together to
-    finish and reach their clients (including the clients' image downloads: the server closes
-    after QUIET_S seconds without a request).
+    start, 1 when the server cannot listen, 0 after SIGTERM/SIGINT (:class:`StopSignals`: a second
+    is ignored, a third exits at once): new calls are refused (raw HTTP 503; the page and
+    gradio_client the same text as an error, :mod:`.admission`), the calls already accepted
+    (running or waiting) get up to ``drain_s`` seconds together to finish and reach their clients
+    (including the clients' image downloads: the server closes after ``quiet_s`` seconds without a
+    request). A client may have ``engine.config.max_requests_per_client`` /generate calls queued or
+    running at once (:class:`~.admission.Admission`).
     """
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
+    from .admission import Admission  # imports Gradio: not at this module's import (usable_output_dir comes first)
+
+    signals = StopSignals()
+    signals.install()
+    Admission.install(demo, engine.config.max_requests_per_client, lambda: gate.closed, log=log)
     try:  # quiet: Gradio's own lines would advise "set share=True" even after --share was refused
         demo.launch(**options, prevent_thread_lock=True, quiet=True)
     except OSError as err:  # e.g. the port is taken
@@ -581,24 +637,33 @@ def serve(demo, engine, options: dict, gate: RequestGate, drain_s: float = 60.0,
     public = f" and public URL: {demo.share_url}" if demo.share_url else ""
     log(f"[app] Running on local URL: {demo.local_url}{public}")
     install_guard(demo.app, gate, demo)
-    TempJanitor.for_config(demo, engine.config).start(stop, log)
-    while not stop.wait(0.2):
+    janitor_stop = threading.Event()  # set by this thread, never by a signal handler
+    TempJanitor.for_config(demo, engine.config).start(janitor_stop, log)
+    while not signals.requested:
         if engine.ready.is_set() and engine.error is not None:
+            janitor_stop.set()
             print(start_error_line(engine.error), file=sys.stderr, flush=True)
             demo.close(verbose=False)
             return exit_status(engine.error)
+        time.sleep(0.2)  # a signal interrupts the sleep and runs its handler; the flag is seen next round
+    janitor_stop.set()
     gate.close()
     log(f"[app] stopping: new requests are refused; finishing the ones already accepted "
         f"({gate.in_flight} running, {_waiting(demo)} waiting)")
     deadline = time.monotonic() + drain_s
-    gate.wait_idle(drain_s)
-    while not _queue_idle(demo) and time.monotonic() < deadline:  # results still on their way out
-        time.sleep(0.1)
-    # Clients fetch a result's images after the result itself: close only once QUIET_S seconds
+
+    def wait_until(done) -> None:  # polls, so an ignored second signal is logged while waiting
+        while not done() and time.monotonic() < deadline:
+            signals.note_ignored(log)
+            time.sleep(0.05)
+
+    wait_until(lambda: gate.in_flight == 0)
+    wait_until(lambda: _queue_idle(demo))  # results still on their way out
+    # Clients fetch a result's images after the result itself: close only once quiet_s seconds
     # passed since the last result and since the last HTTP request (still within the deadline).
     idle_at = time.monotonic()
-    while time.monotonic() - max(idle_at, gate.last_request) < QUIET_S and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_until(lambda: time.monotonic() - max(idle_at, gate.last_request) >= quiet_s)
     demo.close(verbose=False)
+    signals.note_ignored(log)
     log("[app] stopped")
     return 0

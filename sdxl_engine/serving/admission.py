@@ -1,0 +1,151 @@
+"""Who may start a /generate call now: refusals at arrival, in Gradio's queue (one per new call).
+
+Every queued call, whichever way it came (the page and gradio_client: ``POST /queue/join``; raw
+HTTP: ``POST /call/generate``), enters Gradio through ``Queue.push``. :class:`Admission` wraps
+that method for the counted endpoints (``/generate``) and refuses a call before it takes a place:
+
+- while the server shuts down (:class:`~.server.RequestGate` closed): ``the server is shutting
+  down; retry in a minute``;
+- when its client already has ``limit`` calls queued or running (``max_requests_per_client``): a
+  message naming the limit. A client is a Gradio session (a browser tab, a gradio_client
+  ``Client``: their ``session_hash``); a raw ``/call/`` request has none, so its IP address.
+
+A refused call never waits and delays no other call (no lock is taken, nothing is queued).
+
+How each client sees the refusal: a ``/queue/join`` is answered 200 with an event id whose one
+message is a failed completion carrying the text, as for a ``gr.Error`` raised by the handler, so
+the page shows its error pop-up and gradio_client raises ``AppError`` with the text (an HTTP
+error status would not do: for a 503 both show their own "queue is full"/"busy" line, and
+gradio_client drops the body of any other status). A raw ``/call/`` gets an HTTP status with the
+text in ``detail``: 429 over the limit (``Retry-After``); during a shutdown :class:`~.server.Guard`
+answers raw calls itself (503).
+
+The count cannot leak: it is not kept by hand but read from Gradio's own table of live events
+(``Queue.event_ids_to_events``: an event is there from the moment it is queued until it has run,
+failed, been cancelled or lost its client), plus the pushes still under way.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from fastapi import HTTPException
+from gradio import route_utils
+from gradio.data_classes import PredictBodyInternal
+from gradio.exceptions import Error
+from gradio.queueing import AsyncQueue, Event, Queue
+from gradio.server_messages import ProcessCompletedMessage
+from gradio.utils import error_payload
+
+from .server import SHUTTING_DOWN
+
+RETRY_AFTER_S = 5  # for a client over its limit: about one generation
+
+
+def over_limit_message(limit: int) -> str:
+    """The refusal for a client that already has ``limit`` calls queued or running."""
+    calls = "call" if limit == 1 else "calls"
+    return (f"this client already has {limit} {calls} queued or running, the most allowed per client "
+            f"(max_requests_per_client = {limit}); retry when one has finished")
+
+
+class Admission:
+    """Wraps ``queue.push``: refuses new calls of ``fn_ids`` while ``closing()`` or over ``limit`` per client.
+
+    Args:
+        queue: the demo's Gradio queue (``demo._queue``, after ``demo.queue(...)``).
+        fn_ids: ids of the counted events (``BlockFunction._id``); other events pass untouched.
+        limit: calls one client may have queued or running at once, at least 1.
+        closing: whether the server is shutting down (``RequestGate.closed``).
+        log: one line per refusal over the limit.
+    """
+
+    def __init__(self, queue: Queue, fn_ids, limit: int, closing: Callable[[], bool], log=print):
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit}")
+        self.queue = queue
+        self.fn_ids = frozenset(fn_ids)
+        self.limit = limit
+        self.closing = closing
+        self.log = log
+        self._push = queue.push
+        self._events: dict[str, set[str]] = {}  # client -> ids of its events Gradio may still hold
+        self._arriving: dict[str, int] = {}  # client -> pushes under way (not yet in Gradio's table)
+
+    @classmethod
+    def install(cls, demo, limit: int, closing: Callable[[], bool], api_names=("generate",),
+                log=print) -> "Admission":
+        """Wrap ``demo._queue.push`` for the events named ``api_names``; returns the admission.
+
+        Call after ``demo.queue(...)`` (it replaces the queue) and before serving.
+        """
+        fn_ids = [fn._id for fn in demo.fns.values() if fn.api_name in api_names]
+        admission = cls(demo._queue, fn_ids, limit, closing, log)
+        demo._queue.push = admission.push
+        # Off the queue, POST /run/<api> (Gradio's api_open, on outside Spaces) would run a call
+        # uncounted: as demo.queue(api_open=False), queued events are reached through the queue only.
+        demo.api_open = False
+        return admission
+
+    def held(self, client: str) -> int:
+        """Calls of ``client`` queued, running or arriving now."""
+        live = self.queue.event_ids_to_events
+        ids = self._events.get(client)
+        if ids is not None:
+            ids.intersection_update(live.keys())
+            if not ids:
+                del self._events[client]
+        return len(self._events.get(client, ())) + self._arriving.get(client, 0)
+
+    def total(self) -> int:
+        """Calls queued, running or arriving now, over all clients."""
+        return sum(self.held(client) for client in list(self._events) + list(self._arriving))
+
+    async def push(self, body: PredictBodyInternal, request, username: str | None):
+        """``Queue.push`` with the refusals above; same arguments and result."""
+        if body.fn_index not in self.fn_ids:
+            return await self._push(body=body, request=request, username=username)
+        client = client_key(body, request)
+        self.total()  # forget the events Gradio has finished with, for every client
+        if self.closing():
+            return await self._refuse(body, request, username, SHUTTING_DOWN, 503)
+        if self.held(client) >= self.limit:
+            message = over_limit_message(self.limit)
+            self.log(f"[app] request refused: {message} (client {client[:12]})")
+            return await self._refuse(body, request, username, message, 429)
+        self._arriving[client] = self._arriving.get(client, 0) + 1  # before the first await: no race
+        try:
+            success, event_id, state = await self._push(body=body, request=request, username=username)
+        finally:
+            self._arriving[client] -= 1
+            if not self._arriving[client]:
+                del self._arriving[client]
+        if success:
+            self._events.setdefault(client, set()).add(event_id)
+        return success, event_id, state
+
+    async def _refuse(self, body: PredictBodyInternal, request, username: str | None, message: str,
+                      status: int):
+        """Refuse one call: an HTTP error for a raw /call/, else an event that fails at once with ``message``."""
+        if body.session_hash is None:  # a raw /call/: its own client reads the HTTP status
+            headers = {"Retry-After": str(60 if status == 503 else RETRY_AFTER_S)}
+            raise HTTPException(status_code=status, detail=message, headers=headers)
+        queue = self.queue
+        event = Event(body.session_hash, route_utils.get_fn(queue.blocks, None, body), request, username)
+        async with queue.pending_message_lock:  # registered as Queue.push registers a session's events
+            if event.session_hash not in queue.pending_messages_per_session:
+                queue.pending_messages_per_session[event.session_hash] = AsyncQueue()
+            if event.session_hash not in queue.pending_event_ids_session:
+                queue.pending_event_ids_session[event.session_hash] = set()
+        queue.pending_event_ids_session[event.session_hash].add(event._id)
+        payload = error_payload(Error(message, print_exception=False), show_error=True)
+        queue.send_message(event, ProcessCompletedMessage(output=payload, success=False, title="Error"))
+        return True, event._id, "success"
+
+
+def client_key(body: PredictBodyInternal, request) -> str:
+    """Who sent a call: its Gradio session, else (a raw /call/, which has none) its IP address."""
+    if body.session_hash is not None:
+        return "session:" + body.session_hash
+    host = getattr(getattr(request, "client", None), "host", None)
+    return "ip:" + (host or "unknown")
