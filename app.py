@@ -106,6 +106,8 @@ HISTORY_JS = """(past) => { const records = Array.isArray(past) ? past : [];
   return [items, lost ? %s : %s]; }""" % (json.dumps(NO_STYLE), json.dumps(HISTORY_KEY), json.dumps(HISTORY_KEY),
     json.dumps("This browser's earlier history cannot be read: the server's history key changed since it was saved "
                "(README, \"History\"). New generations start a new history."), json.dumps(HISTORY_NOTE))
+# An emptied history is not an unreadable one: the count beside it goes to 0 first.
+CLEAR_HISTORY_JS = f"() => {{ localStorage.setItem({json.dumps(HISTORY_KEY + '-count')}, '0'); return []; }}"
 PARSE_SIZE_JS = "(v) => String(v || '0x0').split('x').map(Number)"  # "WxH" -> [width, height], as parse_size
 SCROLL_TO_GALLERY_JS = """() => { if (window.innerWidth < 768) {  /* after the page's own updates settle */
   setTimeout(() => document.querySelector('#gallery')?.scrollIntoView({block: 'start'}), 100); } }"""
@@ -383,8 +385,7 @@ def build_demo(generate: Callable, config: EngineConfig, engine=None, concurrenc
         history_gallery.select(restore, past, [prompt, negative_prompt, style, seed, guidance_scale,
                                                num_inference_steps, sampler, resolution, history_note],
                                api_visibility="private", queue=False)
-        clear_history.click(None, None, past, js=f"() => {{ localStorage.setItem({json.dumps(HISTORY_KEY + '-count')}, '0'); "
-                            "return []; }", api_visibility="private").then(
+        clear_history.click(None, None, past, js=CLEAR_HISTORY_JS, api_visibility="private").then(
             None, past, [history_gallery, history_note], js=HISTORY_JS, api_visibility="private")
 
         @page_event

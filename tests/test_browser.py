@@ -455,6 +455,12 @@ def test_history_survives_a_restart_and_says_when_its_key_changed(browser):
                     assert page.locator("#history .gallery-item").nth(0).inner_text().strip() == (
                         captions[0].rsplit(" · ", 1)[0] + " · a small yellow star on the left")
                     assert browser_state_secret(page, app) == secret
+                    page.get_by_text("Clear history").click()  # emptied by the user: not "cannot be read"
+                    page.wait_for_function("document.querySelectorAll('#history .gallery-item').length === 0")
+                    offline.open()
+                    page.wait_for_function("document.querySelector('#history-note').innerText.includes('Click an image')")
+                    assert page.locator("#history .gallery-item").count() == 0
+                    page.evaluate(restore_js, ["sdxl-jax-history", *saved])  # what the first server saved, again
                 else:
                     page.wait_for_function("document.querySelector('#history-note').innerText.includes('cannot be read')")
                     assert page.locator("#history .gallery-item").count() == 0
