@@ -103,6 +103,7 @@ HISTORY_JS = """(past) => { const records = Array.isArray(past) ? past : [];
   const countKey = %s + '-count', kept = Number(localStorage.getItem(countKey) || 0);
   const lost = records.length === 0 && kept > 0 && localStorage.getItem(%s) !== null;
   if (!lost) localStorage.setItem(countKey, String(records.length));
+  document.querySelector('#history')?.setAttribute('data-drawn', String(Date.now()));  /* when it was drawn last */
   return [items, lost ? %s : %s]; }""" % (json.dumps(NO_STYLE), json.dumps(HISTORY_KEY), json.dumps(HISTORY_KEY),
     json.dumps("This browser's earlier history cannot be read: the server's history key changed since it was saved "
                "(README, \"History\"). New generations start a new history."), json.dumps(HISTORY_NOTE))

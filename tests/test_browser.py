@@ -458,7 +458,8 @@ def test_history_survives_a_restart_and_says_when_its_key_changed(browser):
                     page.get_by_text("Clear history").click()  # emptied by the user: not "cannot be read"
                     page.wait_for_function("document.querySelectorAll('#history .gallery-item').length === 0")
                     offline.open()
-                    page.wait_for_function("document.querySelector('#history-note').innerText.includes('Click an image')")
+                    page.wait_for_selector("#history[data-drawn]", state="attached")
+                    assert "Click an image" in page.inner_text("#history-note")
                     assert page.locator("#history .gallery-item").count() == 0
                     page.evaluate(restore_js, ["sdxl-jax-history", *saved])  # what the first server saved, again
                 else:
