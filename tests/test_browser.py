@@ -378,7 +378,7 @@ def test_phone_layout_fits_390px(browser, app_server):
     offline = OfflinePage(browser, app_server.url, viewport={"width": 390, "height": 844})
     try:
         page = offline.open()
-        page.wait_for_function("document.querySelector('#resolution input').value.includes('default')")
+        page.wait_for_function("document.querySelector('#resolution input')?.value.includes('default')")
         prompt_box, button = settled_box(page, "#prompt"), settled_box(page, "#generate")
         assert button["y"] >= prompt_box["y"] + prompt_box["height"] - 1 and prompt_box["width"] >= 300, (
             prompt_box, button)
