@@ -103,9 +103,13 @@ HISTORY_JS = """(past) => { const records = Array.isArray(past) ? past : [];
   const countKey = %s + '-count', kept = Number(localStorage.getItem(countKey) || 0);
   const lost = records.length === 0 && kept > 0 && localStorage.getItem(%s) !== null;
   if (!lost) localStorage.setItem(countKey, String(records.length));
+  document.querySelector('#history')?.setAttribute('data-drawn', String(Date.now()));  /* when it was drawn last */
   return [items, lost ? %s : %s]; }""" % (json.dumps(NO_STYLE), json.dumps(HISTORY_KEY), json.dumps(HISTORY_KEY),
     json.dumps("This browser's earlier history cannot be read: the server's history key changed since it was saved "
                "(README, \"History\"). New generations start a new history."), json.dumps(HISTORY_NOTE))
+# An emptied history is not an unreadable one: the count beside it goes to 0 first. (The one output's
+# value is wrapped in a list: Gradio reads an array returned by a page script as the list of outputs.)
+CLEAR_HISTORY_JS = f"() => {{ localStorage.setItem({json.dumps(HISTORY_KEY + '-count')}, '0'); return [[]]; }}"
 PARSE_SIZE_JS = "(v) => String(v || '0x0').split('x').map(Number)"  # "WxH" -> [width, height], as parse_size
 SCROLL_TO_GALLERY_JS = """() => { if (window.innerWidth < 768) {  /* after the page's own updates settle */
   setTimeout(() => document.querySelector('#gallery')?.scrollIntoView({block: 'start'}), 100); } }"""
@@ -368,10 +372,10 @@ def build_demo(generate: Callable, config: EngineConfig, engine=None, concurrenc
         # The seed kept by select_image is server-side state (gr.State), so this one runs on the server.
         reuse.click(page_event(lambda s: -1 if s is None else int(s)), selected_seed, seed, api_visibility="private",
                     queue=False)
-        # The rest needs nothing from the server: done in the browser, so there is no handler to call.
+        # These two need nothing from the server: done in the browser, so there is no handler to call.
         randomize.click(None, None, seed, js="() => -1", api_visibility="private")
-        blog_default.click(None, None, [sampler, num_inference_steps], js=f"() => {list(BLOG_DEFAULT)!r}",
-                           api_visibility="private")
+        blog_default.click(page_event(lambda: BLOG_DEFAULT), None, [sampler, num_inference_steps],
+                           api_visibility="private", queue=False)
         resolution.change(None, resolution, [width, height], js=PARSE_SIZE_JS, api_visibility="private")
 
         @page_event
@@ -384,8 +388,7 @@ def build_demo(generate: Callable, config: EngineConfig, engine=None, concurrenc
         history_gallery.select(restore, past, [prompt, negative_prompt, style, seed, guidance_scale,
                                                num_inference_steps, sampler, resolution, history_note],
                                api_visibility="private", queue=False)
-        clear_history.click(None, None, past, js=f"() => {{ localStorage.setItem({json.dumps(HISTORY_KEY + '-count')}, '0'); "
-                            "return []; }", api_visibility="private").then(
+        clear_history.click(None, None, past, js=CLEAR_HISTORY_JS, api_visibility="private").then(
             None, past, [history_gallery, history_note], js=HISTORY_JS, api_visibility="private")
 
         @page_event

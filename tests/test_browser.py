@@ -378,7 +378,7 @@ def test_phone_layout_fits_390px(browser, app_server):
     offline = OfflinePage(browser, app_server.url, viewport={"width": 390, "height": 844})
     try:
         page = offline.open()
-        page.wait_for_function("document.querySelector('#resolution input').value.includes('default')")
+        page.wait_for_function("document.querySelector('#resolution input')?.value.includes('default')")
         prompt_box, button = settled_box(page, "#prompt"), settled_box(page, "#generate")
         assert button["y"] >= prompt_box["y"] + prompt_box["height"] - 1 and prompt_box["width"] >= 300, (
             prompt_box, button)
@@ -455,6 +455,13 @@ def test_history_survives_a_restart_and_says_when_its_key_changed(browser):
                     assert page.locator("#history .gallery-item").nth(0).inner_text().strip() == (
                         captions[0].rsplit(" · ", 1)[0] + " · a small yellow star on the left")
                     assert browser_state_secret(page, app) == secret
+                    page.get_by_text("Clear history").click()  # emptied by the user: not "cannot be read"
+                    page.wait_for_function("document.querySelectorAll('#history .gallery-item').length === 0")
+                    offline.open()
+                    page.wait_for_selector("#history[data-drawn]", state="attached")
+                    assert "Click an image" in page.inner_text("#history-note")
+                    assert page.locator("#history .gallery-item").count() == 0
+                    page.evaluate(restore_js, ["sdxl-jax-history", *saved])  # what the first server saved, again
                 else:
                     page.wait_for_function("document.querySelector('#history-note').innerText.includes('cannot be read')")
                     assert page.locator("#history .gallery-item").count() == 0
