@@ -195,14 +195,6 @@ def test_saved_safetensors_load_in_pytorch_layout_and_round_trip(tmp_path, tiny_
     assert all(np.array_equal(np.asarray(again[k]), params[k]) for k in params)
 
 
-@pytest.fixture(scope="module")
-def tiny_shapes_engine():
-    from sdxl_engine.config import EngineConfig
-    from sdxl_engine.engine import Engine
-
-    return Engine(EngineConfig.load({"model": "tiny-shapes"}, environ={}), log=lambda *_: None).start()
-
-
 TINY_SHAPES = json.loads((FIXTURES / "tiny-shapes-reference.json").read_text())
 
 
