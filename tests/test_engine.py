@@ -112,6 +112,15 @@ def test_random_seeds_differ_between_requests(engine):
     assert a.request.seed == a.seeds[0] and b.request.seed == b.seeds[0]
 
 
+def test_a_negative_prompt_red_takes_the_red_out(tiny_shapes_engine):
+    """"a circle" (no colour asked) with the negative prompt "red": red falls by a wide measured margin
+    (README, quality table: the share of a negative prompt's colour falls)."""
+    for prompt in ("a circle", "a square"):
+        plain = colour(shapes(tiny_shapes_engine, prompt=prompt), 0)
+        without_red = colour(shapes(tiny_shapes_engine, prompt=prompt, negative_prompt="red"), 0)
+        assert without_red < plain - 15, (prompt, plain, without_red)
+
+
 def test_guidance_and_steps_are_the_references(tiny_shapes_engine, shapes_reference):
     """Reference case 1 (guidance 7, 12 steps): those values give its images, others do not."""
     ref = shapes_reference[1]
