@@ -326,7 +326,7 @@ class Engine:
         progress("on device")
         t1 = time.perf_counter()
         if self.fault_injection:  # TEST-ONLY (faults.py): simulated device time, counted as device time
-            time.sleep(faults.slow_seconds(request.prompt))
+            faults.device_delay(request.prompt)
         images, finite = program.executable(params, inputs)
         jax.block_until_ready(images)
         progress("to host")

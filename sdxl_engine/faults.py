@@ -12,6 +12,10 @@ marker              effect
 ``fault:slow=S``    sleep S seconds (0 < S <= 60) on the device stage, before the program runs:
                     simulated device time (a long generation), reported and timed as ``device``
 ``fault:nan``       run the program with NaN VAE weights, so it really returns non-finite pixels
+``fault:hold=NAME`` on the device stage, before the program runs, wait until a file ``NAME``
+                    (letters, digits, ``-``, ``_``) exists in ``SDXL_FAULT_HOLD_DIR``: a generation
+                    that lasts exactly until the test releases it (at most 120 s, then
+                    :class:`InjectedFault`), so tests wait on conditions, not on durations
 ==================  ==========================================================================
 
 With the switch on, ``SDXL_FAULT_START_DELAY=S`` (0 < S <= 60) also makes the engine's start
@@ -26,10 +30,15 @@ from __future__ import annotations
 
 import os
 import re
+import time
+from pathlib import Path
 
 ENV = "SDXL_FAULT_INJECTION"
 START_DELAY_ENV = "SDXL_FAULT_START_DELAY"
+HOLD_DIR_ENV = "SDXL_FAULT_HOLD_DIR"
+HOLD_LIMIT_S = 120.0
 _SLOW = re.compile(r"fault:slow=(\d+(?:\.\d+)?)")
+_HOLD = re.compile(r"fault:hold=([A-Za-z0-9_-]+)")
 
 
 class InjectedFault(RuntimeError):
@@ -58,3 +67,25 @@ def start_delay(environ=None) -> float:
         return min(max(float((os.environ if environ is None else environ).get(START_DELAY_ENV, "0")), 0.0), 60.0)
     except ValueError:
         return 0.0
+
+
+def device_delay(prompt: str, environ=None) -> None:
+    """The simulated device time a prompt asks for: ``fault:slow=S`` sleeps S seconds, then
+    ``fault:hold=NAME`` waits until ``$SDXL_FAULT_HOLD_DIR/NAME`` exists (polled every 20 ms).
+
+    Raises:
+        InjectedFault: a hold not released within :data:`HOLD_LIMIT_S` seconds, or with no
+            ``SDXL_FAULT_HOLD_DIR`` set (a test that forgot it must not hang a server).
+    """
+    time.sleep(slow_seconds(prompt))
+    match = _HOLD.search(prompt)
+    if not match:
+        return
+    folder = (os.environ if environ is None else environ).get(HOLD_DIR_ENV, "")
+    if not folder:
+        raise InjectedFault(f"fault:hold needs {HOLD_DIR_ENV} (a folder the test creates release files in)")
+    release, deadline = Path(folder) / match.group(1), time.monotonic() + HOLD_LIMIT_S
+    while not release.exists():
+        if time.monotonic() > deadline:
+            raise InjectedFault(f"fault:hold={match.group(1)} was not released within {HOLD_LIMIT_S:g} s")
+        time.sleep(0.02)

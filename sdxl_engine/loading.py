@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 from huggingface_hub import HfApi, snapshot_download
+from huggingface_hub import constants as hub_constants
 from transformers import CLIPTokenizer
 
 from . import builtin
@@ -299,6 +301,12 @@ def hub_snapshot(repo_id: str, revision: str = "", variant: str = "") -> Path:
     for an unknown or gated repository, or a revision that does not exist.
     """
     kwargs = {"revision": revision or None}
+    if _hub_offline():  # the cache only: asking the hub would only fail (after retries, where the check was missed)
+        try:
+            return Path(snapshot_download(repo_id, local_files_only=True, **kwargs))
+        except Exception as err:  # noqa: BLE001  not cached: huggingface_hub raises several types
+            raise ModelLoadError(f"could not load SDXL model {repo_id!r} from the hub (offline mode: HF_HUB_OFFLINE "
+                                 f"is set and the local cache does not have it). {_HUB_HINT}") from err
     try:
         patterns = hub_files(HfApi().list_repo_files(repo_id, **kwargs), variant)
     except Exception as err:  # offline, DNS, HTTP, unknown or gated repo: huggingface_hub and httpx raise many types
@@ -312,6 +320,13 @@ def hub_snapshot(repo_id: str, revision: str = "", variant: str = "") -> Path:
     except Exception as err:  # a download that breaks off, a full disk
         raise ModelLoadError(f"could not download SDXL model {repo_id!r} ({type(err).__name__}: "
                              f"{str(err).splitlines()[0][:200] if str(err) else ''}). {_HUB_HINT}") from err
+
+
+def _hub_offline() -> bool:
+    """HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) as set now: huggingface_hub reads it once, when imported, so a
+    value set later (by a test, or by code that imports the hub client first) would not stop its retries."""
+    return hub_constants.HF_HUB_OFFLINE or any(os.environ.get(name, "").upper() in ("1", "ON", "YES", "TRUE")
+                                               for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
 
 
 def load_model(model: str, *, dtype: str, platform: str, revision: str = "", variant: str = "", cache_dir: str,

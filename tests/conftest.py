@@ -50,6 +50,18 @@ def engine():
     return Engine(config, log=lambda *_: None).start()
 
 
+@pytest.fixture(scope="session")
+def tiny_shapes_engine():
+    """The shipped, trained tiny-shapes model (its images have meaning: colours, shapes), one per session;
+    tests/fixtures/tiny-shapes-reference.npz holds the images the previous engine made with it."""
+    from sdxl_engine.config import EngineConfig
+    from sdxl_engine.engine import Engine
+
+    config = EngineConfig.load({"model": "tiny-shapes"}, environ={
+        k: v for k, v in os.environ.items() if k in ("SDXL_MODEL_CACHE_DIR", "SDXL_COMPILE_CACHE_DIR")})
+    return Engine(config, log=lambda *_: None).start()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -12,16 +12,29 @@ def call(app_server, **kwargs):
     return app_server.client().predict(api_name="/generate", **kwargs)
 
 
-def test_generate_red_circle_returns_four_distinct_images_and_json(app_server):
-    gallery, info = call(app_server, prompt="a red circle")
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def test_generate_red_circle_returns_the_reference_images_and_json(app_server):
+    """The default app (tiny-shapes) through gradio_client gives the images of tests/fixtures'
+    tiny-shapes reference case 0 ("a red circle", seed 0, guidance 5, 20 steps; mean <= 0.5/255, the
+    tolerance test_models.py uses), red ones, and the JSON record of that request."""
+    gallery, info = call(app_server, prompt="a red circle", seed=0, guidance_scale=5.0, num_inference_steps=20)
     assert len(gallery) == 4
-    arrays = [np.asarray(Image.open(item["image"]).convert("RGB")) for item in gallery]
-    assert all(a.shape == (64, 64, 3) and a.dtype == np.uint8 for a in arrays)
-    assert len({a.tobytes() for a in arrays}) == 4
-    assert len(info["seeds"]) == 4 and all(isinstance(s, int) for s in info["seeds"])
-    assert info["seeds"] == list(range(info["seeds"][0], info["seeds"][0] + 4))
-    assert isinstance(info["latency_s"], float) and 0 < info["latency_s"] < 60
-    assert info["device_count"] == 4
+    arrays = np.stack([np.asarray(Image.open(item["image"]).convert("RGB")) for item in gallery]).astype(np.int32)
+    with np.load(FIXTURES / "tiny-shapes-reference.npz") as data:
+        reference = data["case0_images"].astype(np.int32)
+    assert arrays.shape == reference.shape == (4, 64, 64, 3)
+    assert [float(np.abs(a - r).mean()) <= 0.5 for a, r in zip(arrays, reference)] == [True] * 4
+    red = arrays[..., 0] - (arrays[..., 1] + arrays[..., 2]) / 2
+    assert red.mean() > 15  # red stands out of the image (by measurement: about 30/255)
+    assert info["seeds"] == [0, 1, 2, 3]
+    assert {k: info[k] for k in ("prompt", "negative_prompt", "guidance_scale", "num_inference_steps", "width",
+                                 "height", "model", "sampler", "style", "device_count")} == {
+        "prompt": "a red circle", "negative_prompt": "", "guidance_scale": 5.0, "num_inference_steps": 20,
+        "width": 64, "height": 64, "model": "tiny-shapes", "sampler": "Euler", "style": "(No style)",
+        "device_count": 4}
+    assert isinstance(info["latency_s"], float) and info["latency_s"] > 0
     for item, seed in zip(gallery, info["seeds"]):
         assert f"seed {seed}" in item["caption"] and item["caption"].endswith(" s")
         assert Path(item["image"]).name == f"seed{seed}-a-red-circle.png"  # what a download is called

@@ -1,5 +1,6 @@
 """Engine unit tests on the tiny random SDXL over 4 CPU devices."""
 
+import json
 import re
 import subprocess
 import sys
@@ -18,6 +19,38 @@ def gen(engine, prompt="a red circle", **kw):
     return engine.generate(GenerateRequest(prompt, **{"seed": 1, "num_inference_steps": 4, **kw}))
 
 
+# tiny-shapes (trained: its images have colours and shapes) against the images the previous engine made
+# (tests/fixtures/tiny-shapes-reference.*; test_models.py checks all four cases). The same tolerance as
+# there: mean <= 0.5/255 for "the same image"; a setting that matters moves the mean by well over 1/255.
+SHAPES_DIR = Path(__file__).parent / "fixtures"
+SHAPES_CASES = json.loads((SHAPES_DIR / "tiny-shapes-reference.json").read_text())["cases"]
+SAME, OTHER = 0.5, 1.0
+
+
+@pytest.fixture(scope="module")
+def shapes_reference():
+    with np.load(SHAPES_DIR / "tiny-shapes-reference.npz") as data:
+        return {k: data[f"case{k}_images"].astype(np.int32) for k in range(len(SHAPES_CASES))}
+
+
+def shapes(engine, k=0, **changes):
+    """tiny-shapes' images (int32) for reference case ``k`` with ``changes`` to its request."""
+    case = {**SHAPES_CASES[k], **changes}
+    return engine.generate(GenerateRequest(case["prompt"], case["negative_prompt"], case["seed"], case["guidance_scale"],
+                                           case["num_inference_steps"], case["width"], case["height"])
+                           ).images.astype(np.int32)
+
+
+def mean_diff(a, b) -> float:
+    return float(np.abs(a.astype(np.int32) - b.astype(np.int32)).mean())
+
+
+def colour(images, channel: int) -> float:
+    """How much a channel (0 red, 1 green, 2 blue) stands out: its mean minus the other two's, in /255."""
+    x = images.astype(np.float64)
+    return float((x[..., channel] - (x.sum(-1) - x[..., channel]) / 2).mean())
+
+
 def test_four_images_shape_dtype_and_seeds(engine):
     result = gen(engine, seed=42)
     assert result.images.shape == (4, 64, 64, 3)
@@ -29,19 +62,23 @@ def test_four_images_shape_dtype_and_seeds(engine):
     assert result.images.std() > 5  # not a flat/black square
 
 
-def test_images_within_a_request_differ(engine):
-    images = gen(engine).images
-    for i in range(4):
-        for j in range(i + 1, 4):
-            assert not np.array_equal(images[i], images[j])
+def test_a_requests_four_images_are_its_four_seeds_reference_images(tiny_shapes_engine, shapes_reference):
+    result = tiny_shapes_engine.generate(GenerateRequest("a red circle", "", 0, 5.0, 20))
+    assert result.images.shape == (4, 64, 64, 3) and result.images.dtype == np.uint8 and result.seeds == [0, 1, 2, 3]
+    ref = shapes_reference[0]
+    assert [mean_diff(result.images[i], ref[i]) <= SAME for i in range(4)] == [True] * 4
+    assert min(mean_diff(ref[i], ref[j]) for i in range(4) for j in range(i + 1, 4)) > 10 * OTHER  # four images
 
 
 def test_same_seed_same_images(engine):
     assert np.array_equal(gen(engine, seed=7).images, gen(engine, seed=7).images)
 
 
-def test_different_seed_different_images(engine):
-    assert not np.array_equal(gen(engine, seed=7).images, gen(engine, seed=8).images)
+def test_another_seed_gives_that_seeds_reference_images(tiny_shapes_engine, shapes_reference):
+    """Seed 1's images 0-2 are the reference's seeds 1-3 (case 0 made seeds 0-3), not seed 0's."""
+    ref, images = shapes_reference[0], shapes(tiny_shapes_engine, seed=1)
+    assert [mean_diff(images[i], ref[i + 1]) <= SAME for i in range(3)] == [True] * 3
+    assert mean_diff(images[0], ref[0]) > OTHER
 
 
 def test_image_i_reproduced_by_its_own_seed(engine):
@@ -51,17 +88,22 @@ def test_image_i_reproduced_by_its_own_seed(engine):
     assert np.array_equal(first[2], again[0])
 
 
-def test_prompt_and_negative_prompt_change_output(engine):
-    base = gen(engine).images
-    assert not np.array_equal(base, gen(engine, prompt="a blue square").images)
-    assert not np.array_equal(base, gen(engine, negative_prompt="red").images)
+def test_the_prompts_colour_shows_in_the_images(tiny_shapes_engine):
+    """A red circle is red and not blue; a blue square blue and not red: by a wide measured margin."""
+    red, blue = shapes(tiny_shapes_engine), shapes(tiny_shapes_engine, prompt="a blue square")
+    assert colour(red, 0) > 15 > -15 > colour(blue, 0), (colour(red, 0), colour(blue, 0))
+    assert colour(blue, 2) > 15 + colour(red, 2), (colour(blue, 2), colour(red, 2))
 
 
-def test_the_negative_prompts_words_matter(engine):
-    """Not only empty vs non-empty: two different negative prompts give different images."""
-    red, blue = gen(engine, negative_prompt="red").images, gen(engine, negative_prompt="blue square").images
-    assert not np.array_equal(red, blue)
-    assert np.array_equal(red, gen(engine, negative_prompt=" red\u200b ").images)  # the same words after cleaning
+def test_the_negative_prompts_words_are_the_references(tiny_shapes_engine, shapes_reference):
+    """Reference case 1 was made with the negative prompt "blue": that gives its images, the same words after
+    cleaning too; none or another negative prompt gives others."""
+    ref = shapes_reference[1]
+    assert SHAPES_CASES[1]["negative_prompt"] == "blue"
+    assert mean_diff(shapes(tiny_shapes_engine, 1), ref) <= SAME
+    assert mean_diff(shapes(tiny_shapes_engine, 1, negative_prompt=" blue\u200b "), ref) <= SAME
+    for other in ("", "green"):
+        assert mean_diff(shapes(tiny_shapes_engine, 1, negative_prompt=other), ref) > 10 * OTHER, other
 
 
 def test_random_seeds_differ_between_requests(engine):
@@ -70,10 +112,30 @@ def test_random_seeds_differ_between_requests(engine):
     assert a.request.seed == a.seeds[0] and b.request.seed == b.seeds[0]
 
 
-def test_guidance_and_steps_change_output(engine):
-    base = gen(engine).images
-    assert not np.array_equal(base, gen(engine, guidance_scale=1.0).images)
-    assert not np.array_equal(base, gen(engine, num_inference_steps=5).images)
+def test_a_negative_prompt_red_takes_the_red_out(tiny_shapes_engine):
+    """"a circle" (no colour asked) with the negative prompt "red": red falls by a wide measured margin
+    (README, quality table: the share of a negative prompt's colour falls)."""
+    for prompt in ("a circle", "a square"):
+        plain = colour(shapes(tiny_shapes_engine, prompt=prompt), 0)
+        without_red = colour(shapes(tiny_shapes_engine, prompt=prompt, negative_prompt="red"), 0)
+        assert without_red < plain - 15, (prompt, plain, without_red)
+
+
+def test_guidance_and_steps_are_the_references(tiny_shapes_engine, shapes_reference):
+    """Reference case 1 (guidance 7, 12 steps): those values give its images, others do not."""
+    ref = shapes_reference[1]
+    assert (SHAPES_CASES[1]["guidance_scale"], SHAPES_CASES[1]["num_inference_steps"]) == (7.0, 12)
+    assert mean_diff(shapes(tiny_shapes_engine, 1), ref) <= SAME
+    for guidance in (5.0, 9.0):
+        assert mean_diff(shapes(tiny_shapes_engine, 1, guidance_scale=guidance), ref) > OTHER, guidance
+    for steps in (11, 20):
+        assert mean_diff(shapes(tiny_shapes_engine, 1, num_inference_steps=steps), ref) > OTHER, steps
+
+
+def test_more_guidance_moves_the_image_toward_the_prompts_colour(tiny_shapes_engine):
+    """A blue square at guidance 1 (the conditional prediction alone), 1.5, 3 and 5: bluer each time."""
+    blueness = [colour(shapes(tiny_shapes_engine, prompt="a blue square", guidance_scale=g), 2) for g in (1, 1.5, 3, 5)]
+    assert all(b - a >= 2 for a, b in zip(blueness, blueness[1:])), blueness
 
 
 def test_no_recompile_for_prompt_seed_guidance_steps_and_sampler(engine):
@@ -120,19 +182,25 @@ def test_samplers_differ_and_euler_a_is_deterministic_per_seed(engine):
     assert np.array_equal(shifted[0], images["Euler a"][1])
 
 
-def test_new_size_bucket_compiles_once(engine):
-    # A size no earlier test compiled (the session's engine is shared, in any test order).
-    width, height = next(size for size in engine.limits.sizes if not engine.is_compiled(*size))
+def test_new_size_bucket_compiles_once(engine, monkeypatch):
+    """A size bucket's first request compiles its program, the next reuses it. Independent of what
+    other tests compiled on the shared engine: the bucket's programs are taken out of its table for
+    this test (and the table restored after it)."""
+    width, height = engine.limits.sizes[-1]
+    monkeypatch.setattr(engine, "_programs", {shape: program for shape, program in engine._programs.items()
+                                              if (shape.width, shape.height) != (width, height)})
+    assert not engine.is_compiled(width, height)
     before = engine.compile_count
     result = gen(engine, width=width, height=height)
-    assert result.images.shape == (4, height, width, 3)
+    assert result.images.shape == (4, height, width, 3) and engine.is_compiled(width, height)
     gen(engine, width=width, height=height, seed=5)
     assert engine.compile_count == before + 1
 
 
 def test_long_prompt_truncated_with_warning(engine):
     result = gen(engine, prompt="a red circle " * 60)
-    assert result.images.shape == (4, 64, 64, 3)
+    # Cut at 75 tokens ("a red circle" is 3): the images of the first 25 repeats, exactly.
+    np.testing.assert_array_equal(result.images, gen(engine, prompt="a red circle " * 25).images)
     assert any("truncated" in w for w in result.warnings)
     assert gen(engine).warnings == []
     # The count agrees with the tokenizer's own at the edge: 75 words + BOS + EOS fit, 76 do not.
@@ -161,6 +229,11 @@ def test_words_the_model_does_not_know_are_named_in_a_warning(engine):
     assert gen(engine, prompt="a large red circle on the left", negative_prompt="blurry, green").warnings == []
 
 
+@pytest.fixture(scope="module")
+def healthy_images(engine):
+    return gen(engine).images
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(prompt=""), "prompt: is empty"),
     (dict(prompt="   \t"), "prompt: is empty"),
@@ -177,10 +250,10 @@ def test_words_the_model_does_not_know_are_named_in_a_warning(engine):
                      "supported sizes: 64x64, 72x56, "),
     (dict(width=64, height=8), "is not a supported size"),
 ])
-def test_bad_input_raises_typed_error_and_engine_stays_healthy(engine, kwargs, message):
+def test_bad_input_raises_typed_error_and_engine_stays_healthy(engine, healthy_images, kwargs, message):
     with pytest.raises(InvalidRequest, match=re.escape(message)):
         gen(engine, **kwargs)
-    assert gen(engine).images.shape == (4, 64, 64, 3)
+    np.testing.assert_array_equal(gen(engine).images, healthy_images)  # the same images as before any error
 
 
 def test_random_seed_is_reported(engine):

@@ -79,8 +79,13 @@ def test_stored_executable_loads_and_runs_with_private_files(tmp_path, program):
     assert os.stat(cache.directory).st_mode & 0o777 == 0o700
     for path in cache.directory.iterdir():
         assert path.stat().st_mode & 0o777 == 0o600, path
-    found = load(cache, program)
-    assert found.note.startswith("loaded ") and found.executable is not None
+    assert_loads_and_runs(load(cache, program), program)
+
+
+def assert_loads_and_runs(found, program) -> None:
+    """``found`` was loaded from the cache and computes the program's result: each of 4 rows of ones
+    times the (8, 8) arange weights, summed, is the weights' total; all finite."""
+    assert found.note.startswith("loaded "), found.note
     out, finite = found.executable(program["params"], np.ones((4, 8), np.float32))
     assert np.asarray(out).tolist() == [np.arange(64).reshape(8, 8).sum()] * 4 and np.asarray(finite).all()
 
@@ -168,7 +173,7 @@ def test_a_manifest_that_is_not_ours_is_refused_and_replaced(tmp_path, program):
     assert note.startswith("refused ") and note.endswith("manifest.json is not JSON (Expecting property name "
                                                            "enclosed in double quotes: line 1 column 2 (char 1))")
     assert "replaced the manifest (manifest.json is not JSON" in store(cache, program)
-    assert load(cache, program).executable is not None
+    assert_loads_and_runs(load(cache, program), program)
 
 
 def test_a_refused_entry_is_replaced_by_the_next_store(tmp_path, program):
@@ -177,4 +182,5 @@ def test_a_refused_entry_is_replaced_by_the_next_store(tmp_path, program):
     plant(cache, program, tmp_path / "marker", mac_secret=b"x" * 32)
     assert load(cache, program).executable is None
     assert store(cache, program).startswith("stored ")
-    assert load(cache, program).executable is not None and not (tmp_path / "marker").exists()
+    assert_loads_and_runs(load(cache, program), program)
+    assert not (tmp_path / "marker").exists()

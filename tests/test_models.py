@@ -8,6 +8,7 @@ are random SDXLs saved by diffusers/transformers' PyTorch classes with their out
 """
 
 import dataclasses
+import functools
 import json
 from pathlib import Path
 
@@ -39,6 +40,12 @@ def tiny_pt():
     return load_folder(FIXTURES / "tiny-pt", "tiny-pt", "float32")
 
 
+def jitted(component, params, method: str = "__call__"):
+    """``component``'s module ``method`` on ``params`` as one jitted function of its inputs: one compile in
+    place of eager op-by-op dispatch (the same maths, as the engine's program runs it)."""
+    return functools.partial(jax.jit(lambda p, *args: getattr(component.bind(p), method)(*args)), params)
+
+
 def close(actual, name, arrays, prefix=""):
     tol = REF["arrays"][prefix + name]["tolerance"]
     np.testing.assert_allclose(np.asarray(actual, np.float32), arrays[prefix + name], rtol=tol["rtol"],
@@ -67,8 +74,8 @@ def test_tokenizers_match_transformers(tiny_pt, arrays):
 
 
 def test_text_encoders_match_pytorch(tiny_pt, arrays):
-    te1 = tiny_pt.components["text_encoder"].bind(tiny_pt.params["text_encoder"])
-    te2 = tiny_pt.components["text_encoder_2"].bind(tiny_pt.params["text_encoder_2"])
+    te1 = jitted(tiny_pt.components["text_encoder"], tiny_pt.params["text_encoder"])
+    te2 = jitted(tiny_pt.components["text_encoder_2"], tiny_pt.params["text_encoder_2"])
     out1, out2 = te1(jnp.asarray(arrays["ids_1"])), te2(jnp.asarray(arrays["ids_2"]))
     close(out1.penultimate, "te1_hidden", arrays)
     close(out1.last_hidden_state, "te1_last", arrays)
@@ -83,15 +90,15 @@ def test_unet_and_vae_match_pytorch(prefix, arrays):
     for name in ("unet", "vae"):
         component = build_component(name, json.loads((folder / name / "config.json").read_text()))
         params = weights.load_params(component, weights.find_weight_files(folder / name), np.float32)
-        module = component.bind(params)
         if name == "unet":
             a = {k: arrays[prefix + "unet_" + k] for k in ("sample", "timesteps", "encoder_hidden_states",
                                                           "text_embeds", "time_ids")}
-            close(module(a["sample"], a["timesteps"], a["encoder_hidden_states"], a["text_embeds"], a["time_ids"]),
-                  "unet_out", arrays, prefix)
+            close(jitted(component, params)(a["sample"], a["timesteps"], a["encoder_hidden_states"], a["text_embeds"],
+                                            a["time_ids"]), "unet_out", arrays, prefix)
         else:
-            close(module.decode(arrays[prefix + "vae_decode_in"]), "vae_decode_out", arrays, prefix)
-            mean, logvar = module.encode(arrays[prefix + "vae_encode_in"])
+            close(jitted(component, params, "decode")(arrays[prefix + "vae_decode_in"]), "vae_decode_out", arrays,
+                  prefix)
+            mean, logvar = jitted(component, params, "encode")(arrays[prefix + "vae_encode_in"])
             close(mean, "vae_encode_mean", arrays, prefix)
             close(logvar, "vae_encode_logvar", arrays, prefix)
 
@@ -100,14 +107,34 @@ SAMPLER_OF = {"euler-leading": "Euler", "euler-trailing": "Euler", "euler-linspa
               "dpm++2m-karras": "DPM++ 2M Karras", "ddim": "DDIM"}
 
 
-def run_case(model, case: dict, latents: np.ndarray, mesh) -> np.ndarray:
+class Programs:
+    """The engine's compiled programs for one model on one mesh, compiled once per ProgramShape and shared
+    by every case of that shape (the cases differ only in per-request inputs: prompts, latents, guidance,
+    schedule), as the engine shares them between requests."""
+
+    def __init__(self, model, mesh):
+        self.model, self.mesh = model, mesh
+        self.params = jax.device_put(model.params, replicated(mesh))
+        self._compiled = {}
+
+    def __getitem__(self, shape: ProgramShape):
+        if shape not in self._compiled:
+            self._compiled[shape] = compile_program(self.model, self.params, shape, self.mesh)
+        return self._compiled[shape]
+
+
+@pytest.fixture(scope="module")
+def tiny_pt_programs(tiny_pt):
+    return Programs(tiny_pt, make_mesh(jax.devices()[:2]))
+
+
+def run_case(programs: Programs, case: dict, latents: np.ndarray) -> np.ndarray:
     """The engine's compiled program on diffusers' initial latents: (n, H, W, 3) uint8."""
+    model = programs.model
     n, steps = latents.shape[0], case["num_inference_steps"]
     shape = ProgramShape(n, case["height"], case["width"], max_steps=10, cfg=case["guidance_scale"] > 1,
                          given_latents=True)
     assert latent_shape(model, shape.height, shape.width) == latents.shape[1:]
-    params = jax.device_put(model.params, replicated(mesh))
-    program = compile_program(model, params, shape, mesh)
     config = {**model.scheduler_config, **{k: v for k, v in case["from_config_overrides"].items()
                                           if k == "timestep_spacing"}}
     schedule = make_schedule(SAMPLER_OF[case["scheduler_variant"]], config, steps)
@@ -115,13 +142,13 @@ def run_case(model, case: dict, latents: np.ndarray, mesh) -> np.ndarray:
     negative, _ = tokenize(model, case["negative_prompt"])
     inputs = ProgramInputs.build(ids, negative, not case["negative_prompt"], np.zeros(n, np.uint32),
                                  case["guidance_scale"], schedule, steps, shape.max_steps, latents=latents)
-    images, finite = program.executable(params, inputs)
+    images, finite = programs[shape].executable(programs.params, inputs)
     assert np.asarray(finite).all()
     return np.asarray(images)
 
 
 @pytest.mark.parametrize("k", range(len(REF["cases"])))
-def test_images_match_diffusers_pipeline(tiny_pt, arrays, k):
+def test_images_match_diffusers_pipeline(tiny_pt_programs, arrays, k):
     """diffusers' StableDiffusionXLPipeline and the engine's program, same latents: max 4/255, mean 0.5/255.
 
     Cases: Euler with CFG (leading spacing, a negative prompt, 80x48, linspace), guidance 1 and 0
@@ -129,7 +156,7 @@ def test_images_match_diffusers_pipeline(tiny_pt, arrays, k):
     """
     case = REF["cases"][k]
     assert case["cfg_applied"] == (case["guidance_scale"] > 1)
-    images = run_case(tiny_pt, case, arrays[f"case{k}_latents"], make_mesh(jax.devices()[:2]))
+    images = run_case(tiny_pt_programs, case, arrays[f"case{k}_latents"])
     diff = np.abs(images.astype(np.float64) - arrays[f"case{k}_images"] * 255)
     assert diff.max() <= 4 and diff.mean() <= 0.5, (diff.max(), diff.mean())
 
@@ -140,20 +167,18 @@ def test_legacy_flax_msgpack_matches_the_deleted_flax_classes():
     model = load_folder(folder, "legacy", "float32")
     with np.load(folder / "reference.npz") as data:
         ref = dict(data)
-    te1 = model.components["text_encoder"].bind(model.params["text_encoder"])
-    te2 = model.components["text_encoder_2"].bind(model.params["text_encoder_2"])
+    te1, te2, unet = (jitted(model.components[n], model.params[n]) for n in ("text_encoder", "text_encoder_2", "unet"))
     np.testing.assert_allclose(te1(ref["ids"]).penultimate, ref["te1_hidden"], rtol=1e-4, atol=1e-5)
     out2 = te2(ref["ids"])
     np.testing.assert_allclose(out2.penultimate, ref["te2_hidden"], rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(out2.text_embeds, ref["te2_text_embeds"], rtol=1e-4, atol=1e-5)
-    unet = model.components["unet"].bind(model.params["unet"])
     out = unet(ref["unet_sample"], ref["unet_timesteps"], ref["unet_encoder_hidden_states"], ref["unet_text_embeds"],
                ref["unet_time_ids"])
     # diffusers' Flax UNet used GroupNorm epsilon 1e-5 inside its transformers where PyTorch (and the own
     # modules) use 1e-6: a few 1e-4 of difference; a key mapped wrong would differ by order 1.
     np.testing.assert_allclose(out, ref["unet_out"], rtol=1e-4, atol=2e-3)
-    vae = model.components["vae"].bind(model.params["vae"])
-    np.testing.assert_allclose(vae.decode(ref["vae_decode_in"]), ref["vae_decode_out"], rtol=1e-4, atol=5e-5)
+    decode = jitted(model.components["vae"], model.params["vae"], "decode")
+    np.testing.assert_allclose(decode(ref["vae_decode_in"]), ref["vae_decode_out"], rtol=1e-4, atol=5e-5)
 
 
 def test_saved_safetensors_load_in_pytorch_layout_and_round_trip(tmp_path, tiny_pt):
@@ -168,14 +193,6 @@ def test_saved_safetensors_load_in_pytorch_layout_and_round_trip(tmp_path, tiny_
     assert saved.keys() == original.keys() and all(np.array_equal(saved[k], original[k]) for k in saved)
     again = weights.load_params(unet, [path], np.float32)
     assert all(np.array_equal(np.asarray(again[k]), params[k]) for k in params)
-
-
-@pytest.fixture(scope="module")
-def tiny_shapes_engine():
-    from sdxl_engine.config import EngineConfig
-    from sdxl_engine.engine import Engine
-
-    return Engine(EngineConfig.load({"model": "tiny-shapes"}, environ={}), log=lambda *_: None).start()
 
 
 TINY_SHAPES = json.loads((FIXTURES / "tiny-shapes-reference.json").read_text())

@@ -1,14 +1,13 @@
 """Scale-out on Ray Serve: ``python app.py --replicas N`` (README, "Scale-out on Ray Serve").
 
 Fast checks first (flags, resource plans, the front's retry rule with a stand-in handle, the
-default app never importing Ray). Then two apps, each with its own private Ray cluster (the
-TEST-ONLY fault switch on, for simulated device time; HOME in a temporary folder): a
-``--replicas 1`` app for the throughput baseline, then a ``--replicas 2`` app used in order:
-serving in parallel, the page's banner, nothing of Ray exposed, throughput against the
-baseline, a replica killed under load, SIGTERM (it stops the app and checks that nothing of Ray
-is left). Every replica gets one CPU (``--replica-resources '{"CPU": 1}'``), so all replicas run
-the same compiled program: the first app's replica compiles it, the others hit the session's
-compilation cache.
+default app never importing Ray). Then one ``--replicas 2`` app with its own private Ray cluster
+(the TEST-ONLY fault switch on, for simulated device time; HOME in a temporary folder), shared by
+the tests after it: serving in parallel, the page's banner, nothing of Ray exposed, a load with
+no call lost, a replica killed under load, SIGTERM (it stops the app and checks that nothing of
+Ray is left, so it runs last). Each of them needs only the app, not what an earlier test did.
+Every replica gets one CPU (``--replica-resources '{"CPU": 1}'``). Throughput against one
+replica is a benchmark's question (sdxl_engine/tools/loadtest.py, BENCHMARKS.md), not a test's.
 """
 
 import json
@@ -29,13 +28,12 @@ from sdxl_engine.serving.scaleout import Replicas, ScaleOutError, plan_replica
 from sdxl_engine.tools import loadtest
 
 REPLICA_ARGS = ["--replica-resources", '{"CPU": 1}']  # every replica: one CPU (and one CPU device)
-LOAD_S = 10  # seconds of load per throughput run
+LOAD_S = 10  # seconds of load
 CHROMIUM = Path("/usr/bin/chromium")  # as tests/test_browser.py drives it: Debian's Chromium, offline
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 CAPTION = re.compile(r"^seed (\d+)(?: · ([^·]+))? · (\d+\.\d\d) s$")
 LOST = "the replica running this request stopped"
-RESULTS: dict = {}  # figures handed from one test to a later one (the 1-replica throughput)
 
 
 # ---- without a cluster ------------------------------------------------------------------------
@@ -235,21 +233,6 @@ def test_replicas_that_cannot_start_give_one_clear_error():
     assert server.start_error_line(bad).startswith("error: bad setting: images_per_request (3)")
 
 
-def test_one_replica_throughput_baseline(home):
-    """The 1-replica run comes first: its replica compiles the program (a cache miss, alone on the
-    CPUs); the 2-replica app's replicas then hit the session's compilation cache."""
-    app = loadtest.ServedApp(["--replicas", "1", *REPLICA_ARGS],
-                             env={"SDXL_FAULT_INJECTION": "1", "HOME": str(home)})
-    try:
-        app.wait_for("[replicas] 1 of 1 replicas ready", timeout=180)
-        report = loadtest.run(app.url, clients=4, seconds=LOAD_S, timeout=60, request=loadtest.slow_request(1.5))
-    finally:
-        code, _ = app.stop()
-    print("\n1 replica:", json.dumps(report))
-    assert code == 0 and report["calls_failed"] == 0 and report["errors"] == {}, report
-    RESULTS["1"] = report
-
-
 def process_tree(pid: int) -> list[psutil.Process]:
     root = psutil.Process(pid)
     return [root, *root.children(recursive=True)]
@@ -265,7 +248,8 @@ def app2(home):
     app = loadtest.ServedApp(["--replicas", "2", *REPLICA_ARGS],
                              env={"SDXL_FAULT_INJECTION": "1", "HOME": str(home)})
     try:
-        app.wait_for("[replicas] 2 of 2 replicas ready", timeout=240)
+        # Generous: both replicas may compile at once on a loaded machine (no earlier app warmed the cache).
+        app.wait_for("[replicas] 2 of 2 replicas ready", timeout=600)
     except RuntimeError:
         app.stop()
         raise
@@ -368,17 +352,12 @@ def outside_address() -> str:
     return "127.0.0.1"
 
 
-def test_two_replicas_give_at_least_1_6x_the_throughput_of_one(app2):
-    """4 clients, requests of 1.5 s simulated device time: no request lost, throughput >= 1.6x."""
+def test_two_replicas_serve_a_load_without_losing_a_call(app2):
+    """4 clients for LOAD_S seconds, requests of 1.5 s simulated device time: every call gives its 4 images."""
     report = loadtest.run(app2.url, clients=4, seconds=LOAD_S, timeout=60, request=loadtest.slow_request(1.5))
     print("\n2 replicas:", json.dumps(report))
-    assert report["calls_failed"] == 0 and report["errors"] == {}, report
-    one = RESULTS.get("1")
-    if one is None:
-        pytest.skip("the 1-replica baseline did not run")
-    speedup = report["throughput_calls_per_s"] / one["throughput_calls_per_s"]
-    print(f"throughput: 2 replicas / 1 replica = {speedup:.2f}")
-    assert speedup >= 1.6, (report, one)
+    assert report["calls_ok"] >= 4 and report["calls_failed"] == 0 and report["errors"] == {}, report
+    assert report["throughput_images_per_s"] * report["elapsed_s"] == pytest.approx(4 * report["calls_ok"], rel=1e-2)
 
 
 def test_a_replica_killed_under_load(app2):

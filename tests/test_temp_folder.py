@@ -25,26 +25,50 @@ def make(root: Path, name: str, size: int) -> str:
     return str(path)
 
 
+GAP_NS = 1_000_000  # 1 ms: far above the float rounding of st_ctime (sub-microsecond at today's epoch)
+
+
+def make_in_order(root: Path, names: list[str], size: int, after_ns: int = 0) -> tuple[list[str], list[float]]:
+    """Write ``names`` so that each file's ctime (what TempJanitor orders by; os.utime cannot set it) is at
+    least GAP_NS after the previous one's and after ``after_ns``: each file is rewritten until the
+    filesystem clock has moved on (a condition, bounded by 30 s), never slept for. Returns (paths, ctimes)."""
+    paths, times = [], []
+    deadline = time.monotonic() + 30
+    for name in names:
+        path = make(root, name, size)
+        while os.stat(path).st_ctime_ns < after_ns + GAP_NS:
+            assert time.monotonic() < deadline, "the filesystem's ctime did not advance in 30 s"
+            make(root, name, size)
+        after_ns = os.stat(path).st_ctime_ns
+        paths.append(path)
+        times.append(os.stat(path).st_ctime)
+    return paths, times
+
+
 def test_sweep_deletes_oldest_first_down_to_the_cap_and_never_young_files(tmp_path):
     from sdxl_engine.serving import server as serving
 
     demo = FakeDemo(tmp_path)
-    old = [make(tmp_path, f"req{i}/seed{i}.png", 1000) for i in range(10)]  # 10 kB, oldest first
+    old, old_times = make_in_order(tmp_path, [f"req{i}/seed{i}.png" for i in range(10)], 1000)  # 10 kB, oldest first
     other_app = make(tmp_path, "someone-else/file.png", 50_000)  # not ours: never counted or deleted
-    time.sleep(1.0)
-    young = [make(tmp_path, f"new{i}/seed{i}.png", 1000) for i in range(3)]  # 3 kB, just written
+    young, young_times = make_in_order(tmp_path, [f"new{i}/seed{i}.png" for i in range(3)], 1000,
+                                       os.stat(old[-1]).st_ctime_ns)  # 3 kB, written after every old one
     demo.temp_file_sets[0].update(old)
     demo.temp_file_sets[1].update(young)
-    janitor = serving.TempJanitor(demo, max_bytes=6000, keep_s=0.8)
-    assert janitor.sweep() == (7, 6000)
+    # The sweep's clock is passed in: keep_s from now reaches back to between the old and the young files.
+    keep_s = 100.0
+    now = (old_times[-1] + young_times[0]) / 2 + keep_s
+    janitor = serving.TempJanitor(demo, max_bytes=6000, keep_s=keep_s)
+    assert janitor.sweep(now=now) == (7, 6000)
     assert [Path(p).exists() for p in old] == [False] * 7 + [True] * 3  # the oldest went first
     assert all(Path(p).exists() for p in young) and Path(other_app).exists()
     assert not (tmp_path / "req0").exists() and (tmp_path / "req9").exists()  # emptied folders removed
     assert demo.temp_file_sets[0] == set(old[7:])
-    # Over a cap of 0 by young files alone: nothing younger than keep_s is deleted, whatever the size.
-    janitor = serving.TempJanitor(demo, max_bytes=0, keep_s=0.8)
-    assert janitor.sweep() == (3, 3000) and all(Path(p).exists() for p in young)
-    assert janitor.sweep(now=time.time() + 1) == (3, 0) and tmp_path.exists()
+    # Over a cap of 0: every old file goes, and nothing younger than keep_s, whatever the size.
+    janitor = serving.TempJanitor(demo, max_bytes=0, keep_s=keep_s)
+    assert janitor.sweep(now=now) == (3, 3000) and all(Path(p).exists() for p in young)
+    assert janitor.sweep(now=young_times[-1] + keep_s + 1) == (3, 0) and tmp_path.exists()
+    assert not any(Path(p).exists() for p in young)
 
 
 def folder_bytes(root: Path) -> int:
@@ -59,17 +83,21 @@ def test_a_few_hundred_requests_keep_the_temp_folder_bounded(tmp_path):
     app = RunningApp(env={"GRADIO_TEMP_DIR": str(temp), "SDXL_TEMP_MAX_MB": "0.2", "SDXL_TEMP_KEEP_S": "2"})
     try:
         client = app.client()
-        written, peak = 0, 0
+        done = []  # (time.time() when a request came back, its bytes)
         for i in range(200):
             gallery, info = client.predict(api_name="/generate", **{**QUICK, "seed": i})
-            written += sum(Path(item["image"]).stat().st_size for item in gallery)  # each download worked
+            done.append((time.time(), sum(Path(item["image"]).stat().st_size for item in gallery)))  # downloads worked
             if i % 20 == 0:
-                peak = max(peak, folder_bytes(temp) - 100_000)
-        print(f"written {written} bytes, peak {peak} bytes")
-        assert written > 3_000_000
-        assert peak < 1_000_000, peak  # the cap plus what ~3 s of requests write
-        time.sleep(4)  # past the keep window: down to the cap
-        assert folder_bytes(temp) - 100_000 <= 200_000
+                # Over the cap by at most what is too young to delete: what came back within the keep
+                # window plus a sweep interval (0.5 s) and a generous 5 s for a loaded machine.
+                young = sum(size for at, size in done if at >= time.time() - (2 + 0.5 + 5))
+                assert folder_bytes(temp) - 100_000 <= 200_000 + young + 50_000, (i, young)
+        assert sum(size for _, size in done) > 3_000_000
+        # Past the keep window: down to the cap (waited for, with a generous bound).
+        deadline = time.monotonic() + 60
+        while folder_bytes(temp) - 100_000 > 200_000:
+            assert time.monotonic() < deadline, folder_bytes(temp)
+            time.sleep(0.1)
         assert (temp / "another-app.bin").exists()
         assert not [p for p in temp.glob("sdxl-*") if not any(p.iterdir())]  # emptied request folders are gone
     finally:

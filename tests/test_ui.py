@@ -42,8 +42,12 @@ def test_engine_reports_stages_in_order(engine):
 
 
 def test_handler_applies_style_reports_progress_and_saves_pngs(engine, monkeypatch, tmp_path):
+    """The handler's PNGs hold the engine's pixels for the styled request and A1111's infotext, checked as
+    the whole text: the prompt line, ``Negative prompt: ...`` only when there is one, then
+    ``Steps: n, Sampler: s, CFG scale: g, Seed: s, Size: WxH, Model: m[, Style: name]`` (AUTOMATIC1111's
+    ``parameters`` chunk, modules/processing.py create_infotext: the fields it shares with A1111, in its order)."""
     import app
-    from sdxl_engine.images import parse_a1111_parameters
+    from sdxl_engine.validation import GenerateRequest
 
     monkeypatch.setattr(engine, "config", dataclasses.replace(engine.config, outputs_dir=str(tmp_path / "out")))
     reports = []
@@ -54,26 +58,37 @@ def test_handler_applies_style_reports_progress_and_saves_pngs(engine, monkeypat
         "On 4 × cpu: encoding the prompts, denoising 3 steps, decoding with the VAE",
         "Copying 4 images to the host", "Encoding PNGs"]
     assert [f for f, _ in reports] == sorted(f for f, _ in reports)
-    assert info["prompt"] == "pixel-art a red circle . low-res, blocky, pixel art style, 8-bit graphics"
-    assert info["negative_prompt"].startswith("green, sloppy")
+    styled, styled_negative = apply_style("Pixel art", "a red circle", "green")
+    assert info["prompt"] == styled == "pixel-art a red circle . low-res, blocky, pixel art style, 8-bit graphics"
+    assert info["negative_prompt"] == styled_negative and styled_negative.startswith("green, sloppy")
     assert info["style"] == "Pixel art" and "user_prompt" not in info  # what the user typed goes to the history only
     assert (record["prompt"], record["negative_prompt"], record["style"]) == ("a red circle", "green", "Pixel art")
     assert [caption.split(" · ")[:2] for _, caption in gallery] == [[f"seed {s}", "Pixel art"] for s in (7, 8, 9, 10)]
+    expected_pixels = engine.generate(GenerateRequest(styled, styled_negative, 7, 5.0, 3)).images
     assert len(info["saved"]) == 4
-    for name, seed, (shown, _) in zip(info["saved"], info["seeds"], gallery):
+    for i, (name, seed, (shown, _)) in enumerate(zip(info["saved"], info["seeds"], gallery)):
         with Image.open(tmp_path / "out" / name) as saved, Image.open(shown) as image:
-            params = parse_a1111_parameters(saved.text["parameters"])
-            assert np.array_equal(np.asarray(saved.convert("RGB")), np.asarray(image.convert("RGB")))
-            assert image.text["parameters"] == saved.text["parameters"]
-        assert (params["Seed"], params["Style"], params["Steps"], params["CFG scale"], params["Sampler"]) == (
-            str(seed), "Pixel art", "3", "5", "Euler")
-    # Same request, no style, another sampler: plain prompt, no Style field, nothing styled in the caption.
-    gallery, info, _ = app.handle_generate(engine, "a red circle", "", 7, 5.0, 3, 0, 0, sampler="DPM++ 2M")
-    assert info["style"] == NO_STYLE and info["prompt"] == "a red circle"
+            np.testing.assert_array_equal(np.asarray(image.convert("RGB")), expected_pixels[i])
+            np.testing.assert_array_equal(np.asarray(saved.convert("RGB")), expected_pixels[i])
+            assert image.text["parameters"] == saved.text["parameters"] == (
+                f"{styled}\nNegative prompt: {styled_negative}\n"
+                f"Steps: 3, Sampler: Euler, CFG scale: 5, Seed: {seed}, Size: 64x64, Model: tiny-random, Style: Pixel art")
+    # No style, a negative prompt, another sampler: the user's own words, no Style field (a size other than
+    # square: test_png_parameters.py, without compiling one here).
+    gallery, info, _ = app.handle_generate(engine, "a red circle", "blue", 7, 7.5, 2, 0, 0, sampler="DPM++ 2M")
+    assert info["style"] == NO_STYLE and info["prompt"] == "a red circle" and info["negative_prompt"] == "blue"
     assert gallery[0][1].startswith("seed 7 · ") and gallery[0][1].count("·") == 1
     with Image.open(gallery[0][0]) as image:
-        assert "Style" not in image.text["parameters"] and "Sampler: DPM++ 2M," in image.text["parameters"]
+        assert image.text["parameters"] == ("a red circle\nNegative prompt: blue\n"
+                                            "Steps: 2, Sampler: DPM++ 2M, CFG scale: 7.5, Seed: 7, Size: 64x64, "
+                                            "Model: tiny-random")
     assert info["sampler"] == "DPM++ 2M"
+    # No negative prompt: no "Negative prompt:" line at all (A1111 omits it).
+    gallery, info, _ = app.handle_generate(engine, "a red circle", "", 9, 0.0, 2, 0, 0)
+    with Image.open(gallery[1][0]) as image:
+        assert image.text["parameters"] == ("a red circle\n"
+                                            "Steps: 2, Sampler: Euler, CFG scale: 0, Seed: 10, Size: 64x64, "
+                                            "Model: tiny-random")
 
 
 def test_gallery_files_are_named_after_seed_and_prompt(engine, tmp_path):

@@ -58,6 +58,22 @@ def test_fp16_variant_and_sharded_index_load_the_same_weights(model_dir):
         np.testing.assert_array_equal(np.asarray(fp16.params["unet"][k]), expected[k].astype(np.float16).astype(np.float32))
 
 
+def test_plain_weights_are_read_unless_a_variant_is_asked_for(model_dir):
+    """A folder with both ``diffusion_pytorch_model.safetensors`` and its ``.fp16`` variant, here with
+    other values (the plain ones + 1), so the values read tell which file was read: no variant reads
+    the plain file, as diffusers' ``from_pretrained`` does; ``variant="fp16"`` the fp16 one."""
+    tensors = load_file(str(model_dir / UNET_FILE))
+    save_file({k: (v + 1).astype(np.float16) for k, v in tensors.items()},
+              str(model_dir / "unet" / "diffusion_pytorch_model.fp16.safetensors"))
+    expected = reference_unet()
+    plain, fp16 = load(model_dir).params["unet"], load(model_dir, variant="fp16").params["unet"]
+    assert plain.keys() == fp16.keys() == expected.keys()
+    for k in expected:
+        np.testing.assert_array_equal(np.asarray(plain[k]), expected[k], err_msg=k)
+        np.testing.assert_array_equal(np.asarray(fp16[k]), (expected[k] + 1).astype(np.float16).astype(np.float32),
+                                      err_msg=k)
+
+
 def test_only_a_variant_present_is_used(model_dir):
     tensors = load_file(str(model_dir / UNET_FILE))
     (model_dir / UNET_FILE).unlink()
@@ -203,11 +219,20 @@ def test_hub_snapshot_takes_one_weight_set_per_component_and_no_pickles():
 
 
 def test_unreachable_hub_gives_clear_error(tmp_path, monkeypatch):
+    """With HF_HUB_OFFLINE set (here after huggingface_hub was imported, which reads it only then) the
+    engine looks in the local cache alone: the hub is never asked (its client retries for tens of
+    seconds where there is no network), and the error says why."""
+    from sdxl_engine import loading
+
+    asked = []
+    monkeypatch.setattr(loading.HfApi, "list_repo_files", lambda self, *a, **kw: asked.append(a) or [])
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     with pytest.raises(ModelLoadError, match=r"could not load SDXL model 'stabilityai/stable-diffusion-xl-base-1.0' "
-                                             r"from the hub .*hf download stabilityai/stable-diffusion-xl-base-1.0"):
+                                             r"from the hub \(offline mode: HF_HUB_OFFLINE is set and the local cache "
+                                             r"does not have it\)\..*hf download stabilityai/stable-diffusion-xl-base-1.0"):
         load_model("stabilityai/stable-diffusion-xl-base-1.0", dtype="auto", platform="cpu", cache_dir=str(tmp_path))
+    assert asked == []
 
 
 PEAK_SCRIPT = """
