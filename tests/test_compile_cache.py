@@ -56,7 +56,7 @@ def start(cache_dir: Path, model_dir: Path, **env) -> dict:
         for name, n in stage.items():
             total[name] = total.get(name, 0) + n
     result["total"] = total
-    result["cache_lines"] = [line for line in result["log"] if "executable cache" in line]
+    result["cache_lines"] = [line for line in result["log"] if "executable cache:" in line]  # the outcome lines, not the stage line
     return result
 
 
