@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 import time
 import traceback
@@ -434,6 +435,8 @@ def page_defaults(config: EngineConfig) -> EngineConfig:
 def main(argv=None) -> int:
     """Start the engine in the background, serve the page; returns the exit status (see server.serve)."""
     args = cli.parse_args(argv, TITLE)
+    signals = server.StopSignals()  # from here on a stop signal ends in a clean stop, not the default kill
+    signals.install()
     try:
         config = EngineConfig.load(cli.engine_overrides(args))
         page_config = page_defaults(config)
@@ -456,7 +459,7 @@ def main(argv=None) -> int:
     share = args.share and cli.share_possible(f"http://{args.host}:{args.port}/", GRADIO_API_SERVER)
     try:
         return server.serve(demo, engine, {**server.launch_options(args.host, args.port, share), "css": PAGE_CSS},
-                            gate)
+                            gate, signals=signals)
     finally:
         if args.replicas is not None:
             engine.close()  # after the drain: delete the Serve application, stop the private Ray cluster
@@ -477,4 +480,10 @@ def start_engine(config: EngineConfig, args) -> tuple:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    # No interpreter teardown: a stop while the engine still compiles in its background thread
+    # would tear down JAX under that thread (a segfault after "[app] stopped"). Everything the
+    # process owns is closed by now; only the output buffers are left to flush.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)

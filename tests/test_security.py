@@ -317,6 +317,32 @@ def test_no_byte_a_client_sends_becomes_a_file(app_server):
         status, reply = call_page_event(app_server, dep, [fetched] * max(1, len(dep["inputs"])))
         assert status == 404 and "this app takes no files" in reply, (dep["api_name"], status, reply[:200])
     assert temp_files() - before == set()
+    # Gradio routes the page never uses, which write what a client sent: deep_link saves the session's
+    # component values (which the page events above just set from the client's record) as state.json;
+    # process_recording writes an uploaded video.
+    for prefix in ("gradio_api/", ""):
+        response = httpx.get(app_server.url + f"{prefix}deep_link?session_hash=probe-session", timeout=30)
+        assert response.status_code == 404 and "not an endpoint of this app" in response.text, response.text
+    response = httpx.post(app_server.url + "gradio_api/process_recording", timeout=30,
+                          files={"video": ("v.mp4", b"\0" * 1000, "video/mp4")}, data={"params": "{}"})
+    assert response.status_code == 404 and "not an endpoint of this app" in response.text, response.text
+    assert temp_files() - before == set()
+    assert httpx.get(app_server.url + "gradio_api/runs", timeout=30).status_code == 404  # run_history off
+
+
+def test_a_result_read_twice_is_refused_not_left_open(app_server):
+    """A /call/generate result can be read once; a second read of the same event id is a 404 with one
+    log line (Gradio would keep that stream open with heartbeats for ever)."""
+    event = httpx.post(app_server.url + "gradio_api/call/generate",
+                       json={"data": ["a red circle", "", 3, 5.0, 2, 0, 0, "(No style)", "Euler"]}, timeout=30)
+    url = app_server.url + f"gradio_api/call/generate/{event.json()['event_id']}"
+    assert "event: complete" in httpx.get(url, timeout=120).text
+    start = len(app_server.log)
+    with httpx.stream("GET", url, timeout=30) as again:  # the status comes at once; a stream left open never ends
+        assert again.status_code == 404, again.status_code
+        assert "no such event" in again.read().decode()
+    log = log_barrier(app_server, start)
+    assert len(log.splitlines()) == 1 and "Traceback" not in log, log
 
 
 def test_no_server_function_feeds_the_history_gallery(app_server):

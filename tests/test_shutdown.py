@@ -17,9 +17,10 @@ import time
 import httpx
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, RunningApp
 from sdxl_engine.config import ConfigError, EngineConfig
 from sdxl_engine.serving.admission import SHUTTING_DOWN, over_limit_message
+from sdxl_engine.serving.server import StopSignals, serve
 
 HARNESS = ROOT / "tests" / "serve_harness.py"
 PORTS = iter(range(7810, 7830))  # this test file's own ports
@@ -115,10 +116,13 @@ def test_the_third_signal_exits_at_once_with_128_plus_its_number(page):
     harness, url, _ = page
     held = Client(url, verbose=False).submit("hold:never", api_name="/generate")
     _wait(lambda: _running(held), "the call running")
+    gap = 2 * StopSignals.BURST_S  # signals closer than that to the first are the first stop's burst
     harness.signal()
     assert "(1 running, 0 waiting)" in harness.until("[app] stopping")[-1]  # it keeps the drain open (60 s)
+    time.sleep(gap)
     harness.signal()
     harness.until("[app] second stop signal ignored: already stopping (a third one exits at once)")
+    time.sleep(gap)
     harness.signal()
     assert harness.proc.wait(30) == 128 + signal.SIGTERM
     harness.lines.get(timeout=30)  # the reader has seen the end
@@ -290,3 +294,51 @@ def test_the_page_shows_the_shutdown_message(page):
     (folder / "first").touch()
     assert running.result(timeout=60) == "done: hold:first"
     assert harness.proc.wait(60) == 0
+
+
+def test_signals_of_one_burst_are_one_stop(monkeypatch):
+    """GNU timeout's two SIGTERMs (merged by the kernel or not) are one stop, so the user's next
+    signal is always the second (ignored, one line) and the one after it exits at once."""
+    clock = [100.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    exits = []
+    monkeypatch.setattr(os, "_exit", lambda status: exits.append(status))
+    signals, lines = StopSignals(), []
+    signals._handle(signal.SIGTERM, None)
+    clock[0] += 20e-6  # timeout's second signal, to the process group
+    signals._handle(signal.SIGTERM, None)
+    assert signals.requested and len(signals.received) == 1
+    signals.note_ignored(lines.append)
+    assert lines == [] and exits == []
+    clock[0] += 5.0  # the user's next one
+    signals._handle(signal.SIGTERM, None)
+    signals.note_ignored(lines.append)
+    assert lines == ["[app] second stop signal ignored: already stopping (a third one exits at once)"]
+    assert exits == []
+    clock[0] += 5.0
+    signals._handle(signal.SIGINT, None)
+    assert exits == [128 + signal.SIGINT]
+
+
+def test_a_signal_before_the_server_starts_is_a_clean_stop():
+    """app.main installs the handlers before the engine starts: a stop signal while the process
+    starts (before serve) ends in the stop's two lines and status 0, not the default kill (143)."""
+    signals, lines = StopSignals(), []
+    signals.received.append(signal.SIGTERM)
+    assert serve(None, None, {}, None, log=lines.append, signals=signals) == 0
+    assert lines == ["[app] stopping: a stop signal came before the server started", "[app] stopped"]
+
+
+def test_a_stop_while_the_engine_compiles_exits_0(tmp_path):
+    """SIGTERM while the first program compiles (a fresh compile cache) ends with "[app] stopped"
+    and status 0: the process does not tear JAX down under the compiling thread (that segfaulted,
+    status 139, after "stopped"; or, before serve, the default kill gave 143 and no line)."""
+    app = RunningApp(env={"SDXL_COMPILE_CACHE_DIR": str(tmp_path / "jax")}, wait_for="[sdxl_engine] compiling")
+    app.proc.send_signal(signal.SIGTERM)
+    status = app.proc.wait(120)
+    deadline = time.monotonic() + 30  # the reader thread still has the last lines to take
+    while "[app] stopped" not in "".join(app.log) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    log = "".join(app.log)
+    assert status == 0, log
+    assert "[app] stopped" in log and "Traceback" not in log, log

@@ -240,3 +240,17 @@ def test_page_encrypts_the_history_with_the_kept_key(engine, monkeypatch):
         demo = app.build_demo(lambda *a, **k: None, engine.config, engine, history_secret=secret)
         states = [c for c in demo.config["components"] if c["type"] == "browserstate"]
         assert [(c["props"]["storage_key"], c["props"]["secret"]) for c in states] == [(app.HISTORY_KEY, expected)]
+
+
+def test_pending_records_are_bounded_per_session_too():
+    """An API client's session never runs the page's follow-up event: it keeps only its newest
+    records (the browser's history limit), not one per call for as long as it lives."""
+    from sdxl_engine.serving import history
+
+    pending = history.Pending(max_sessions=10)
+    for i in range(history.LIMIT + 5):
+        pending.put("api-client", {"n": i})
+    pending.put("browser", {"n": "mine"})
+    taken = [pending.pop("api-client") for _ in range(history.LIMIT + 1)]
+    assert [r["n"] for r in taken[:-1]] == list(range(5, history.LIMIT + 5)) and taken[-1] is None
+    assert pending.pop("browser") == {"n": "mine"}

@@ -69,17 +69,22 @@ class Pending:
     browser's history: keyed by Gradio session, so the record never travels in the API's output.
 
     API calls (gradio_client, raw HTTP) run no follow-up event: their records are forgotten once
-    ``max_sessions`` newer sessions have left one (memory stays bounded).
+    ``max_sessions`` newer sessions have left one, and a session keeps only its newest
+    ``max_per_session`` (a browser's history holds no more), so memory stays bounded also for one
+    long-lived API client.
     """
 
-    def __init__(self, max_sessions: int = 1000):
+    def __init__(self, max_sessions: int = 1000, max_per_session: int = LIMIT):
         self._records: OrderedDict[str, list[dict]] = OrderedDict()
         self._lock = threading.Lock()
         self.max_sessions = max_sessions
+        self.max_per_session = max_per_session
 
     def put(self, session: str | None, record: dict) -> None:
         with self._lock:
-            self._records.setdefault(session or "", []).append(record)
+            records = self._records.setdefault(session or "", [])
+            records.append(record)
+            del records[:-self.max_per_session]  # the oldest beyond the cap
             self._records.move_to_end(session or "")
             while len(self._records) > self.max_sessions:
                 self._records.popitem(last=False)

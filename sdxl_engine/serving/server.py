@@ -50,6 +50,11 @@ EXIT_BAD_SETTING = 2  # a flag or setting must change (argparse uses 2 too)
 LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
 MAX_BODY_BYTES = 1_000_000  # JSON of a /generate call is < 100 kB even with a 20 000-character prompt
 BLOCKED_PATH_PREFIXES = ("/gradio_api/upload", "/upload")  # the page has no file inputs
+# Gradio routes this page never uses, refused (404, one line): deep_link writes a session's values
+# (which a client sets) into the temp folder; process_recording writes an uploaded video; stream/
+# feeds streaming components (the page has none); dev/reload and the vibe-* editor are for development.
+UNUSED_ROUTES = tuple(prefix + route for prefix in ("/gradio_api", "") for route in (
+    "/deep_link", "/process_recording", "/stream/", "/dev/", "/vibe-edit", "/undo-vibe-edit", "/vibe-code"))
 RETRY_AFTER_S = 5
 ARRIVED_HEADER = b"x-sdxl-arrived"  # set by Guard on every request: time.monotonic() at arrival
 QUIET_S = 2.0  # on shutdown, close once no HTTP request arrived for this long (image downloads)
@@ -62,6 +67,7 @@ def launch_options(host: str, port: int, share: bool) -> dict:
         server_name=host, server_port=port,
         share=bool(share),  # explicit False: GRADIO_SHARE in the environment cannot open a link
         ssr_mode=False, enable_monitoring=False, mcp_server=False, strict_cors=True, show_error=False,
+        run_history=False,  # Gradio's /runs page and its hub-bucket routes: not this app's
         max_file_size="1mb", allowed_paths=[],
     )
 
@@ -140,13 +146,16 @@ class Routes:
         queue = getattr(self.demo, "_queue", None)
         return queue is not None and session in queue.pending_messages_per_session
 
-    def _event_session(self, event_id: str) -> str:
-        """The session whose stream carries ``event_id``'s results, as Gradio's route finds it."""
-        queue = self.demo._queue
-        event = queue.event_ids_to_events.get(event_id)
-        if event is not None:
-            return event.session_hash
-        return next((s for s, ids in list(queue.pending_event_ids_session.items()) if event_id in ids), event_id)
+    def _event_known(self, event_id: str) -> bool:
+        """Whether ``event_id``'s result is still to be read: the event is queued or running, or its
+        completion not yet delivered (Gradio keeps the id in ``pending_event_ids_session`` until then).
+        A result already read is not: its session's stream stays open, so Gradio would send
+        heartbeats for ever."""
+        queue = getattr(self.demo, "_queue", None)
+        if queue is None:
+            return False
+        return event_id in queue.event_ids_to_events or any(
+            event_id in ids for ids in list(queue.pending_event_ids_session.values()))
 
     def refusal(self, method: str, path: str, query: str, body: bytes | None) -> str | None:
         """Why the request is refused, or None to let it through. ``body``: a POST's body (else None)."""
@@ -159,7 +168,7 @@ class Routes:
         if method == "GET" and (match := _RESULT_STREAM.match(path)) is not None:
             if match["name"] not in self.api_names:
                 return f"no API endpoint /{match['name']} (this app's API: /generate)"
-            if not self._stream_known(self._event_session(match["event"])):
+            if not self._event_known(match["event"]):
                 return "no such event (unknown, or its result was already read)"
             return None
         if method == "GET" and _QUEUE_DATA.match(path):
@@ -282,6 +291,8 @@ class Guard:
             self.gate.touch()
         if path.startswith(BLOCKED_PATH_PREFIXES):
             return await _plain(send, 404, b"uploads are off: this app takes no files")
+        if path.startswith(UNUSED_ROUTES):
+            return await self._refuse(send, scope["method"], path, "not an endpoint of this app")
         if self.gate is not None and self.gate.closed and scope["method"] == "POST" and _starts_work(path):
             # Raw calls only: a queue/join goes on to Admission (admission.py), which answers it in a form
             # the page and gradio_client show (a 503 there reads "busy" / "Queue is full").
@@ -572,17 +583,24 @@ class StopSignals:
     lock, so a handler that takes a lock (``threading.Event.set`` takes its Condition's) can wait
     for ever on the thread it interrupted. The serving loop polls :attr:`requested` instead.
 
-    - 1st signal: :func:`serve` drains and exits 0.
-    - 2nd (GNU ``timeout`` sends two SIGTERMs at once, one to the child and one to its process
-      group; Ctrl-C pressed again): ignored; :meth:`note_ignored` logs it once.
+    - 1st signal: :func:`serve` drains and exits 0. Signals within ``BURST_S`` of the first count
+      as the same stop: GNU ``timeout`` sends two SIGTERMs at once (to the child, then to its
+      process group), which the kernel sometimes merges into one; either way it is one stop, so
+      what the user sends next always counts the same.
+    - 2nd: ignored; :meth:`note_ignored` logs it once.
     - 3rd: one line on stderr, then ``os._exit(128 + signal number)`` (143 for SIGTERM, 130 for
       SIGINT, as a shell reports a process the signal ended), dropping the calls still running.
+
+    Install it as early as the process can (app.main does, before the engine starts): a signal
+    before :func:`serve` then still ends in a clean stop instead of the default kill.
     """
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
+    BURST_S = 0.25  # far above the microseconds between timeout's two signals, below a person's repeat
 
     def __init__(self):
         self.received: list[int] = []  # list.append is atomic, so nested handlers count every signal
+        self._first_at: float | None = None  # time.monotonic() of the first signal
         self._noted = False
 
     def install(self) -> None:
@@ -591,6 +609,11 @@ class StopSignals:
             signal.signal(signum, self._handle)
 
     def _handle(self, signum, _frame) -> None:
+        now = time.monotonic()
+        if self._first_at is None:
+            self._first_at = now
+        elif now - self._first_at < self.BURST_S:
+            return  # part of the first stop's burst
         self.received.append(signum)
         if len(self.received) >= 3:
             name = signal.Signals(signum).name
@@ -611,7 +634,7 @@ class StopSignals:
 
 
 def serve(demo, engine, options: dict, gate: RequestGate, drain_s: float = 60.0, log=print,
-          quiet_s: float = QUIET_S) -> int:
+          quiet_s: float = QUIET_S, signals: "StopSignals | None" = None) -> int:
     """Launch ``demo`` and block until it should stop; returns the process exit status.
 
     Returns :func:`exit_status` (after one ``error:`` line on stderr) when the engine fails to
@@ -625,8 +648,13 @@ def serve(demo, engine, options: dict, gate: RequestGate, drain_s: float = 60.0,
     """
     from .admission import Admission  # imports Gradio: not at this module's import (usable_output_dir comes first)
 
-    signals = StopSignals()
-    signals.install()
+    if signals is None:
+        signals = StopSignals()
+        signals.install()
+    if signals.requested:  # a stop signal came while the process was starting: nothing served yet
+        log("[app] stopping: a stop signal came before the server started")
+        log("[app] stopped")
+        return 0
     Admission.install(demo, engine.config.max_requests_per_client, lambda: gate.closed, log=log)
     try:  # quiet: Gradio's own lines would advise "set share=True" even after --share was refused
         demo.launch(**options, prevent_thread_lock=True, quiet=True)
