@@ -650,7 +650,7 @@ def serve(demo, engine, options: dict, gate: RequestGate, drain_s: float = 60.0,
 
     if signals is None:
         signals = StopSignals()
-        signals.install()
+    signals.install()  # again when given: Ray's start (--replicas) sets its own SIGTERM handler in between
     if signals.requested:  # a stop signal came while the process was starting: nothing served yet
         log("[app] stopping: a stop signal came before the server started")
         log("[app] stopped")
