@@ -443,11 +443,6 @@ class RequestGate:
         with self._cond:
             self.closed = True
 
-    def wait_idle(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds for no call in flight; True if none is left."""
-        with self._cond:
-            return self._cond.wait_for(lambda: self.in_flight == 0, timeout)
-
 
 class TempJanitor:
     """Keeps this app's files in Gradio's temp folder under ``max_bytes``, oldest first.
