@@ -33,18 +33,18 @@ from gradio.networking import GRADIO_API_SERVER
 from starlette.exceptions import StarletteDeprecationWarning
 
 from sdxl_engine.config import ConfigError, EngineConfig
-from sdxl_engine.engine import EngineNotReady, GenerationError, get_engine, with_model_defaults
-from sdxl_engine.loading import ModelLoadError, engine_defaults
-from sdxl_engine.schedulers import SAMPLERS
-from sdxl_engine.styles import NO_STYLE, STYLE_NAMES, UnknownStyle, apply_style, get_style
-from sdxl_engine.validation import MAX_GUIDANCE, GenerateRequest, InvalidRequest
+from sdxl_engine.engine.local import EngineNotReady, GenerationError, get_engine, with_model_defaults
+from sdxl_engine.checkpoint.loading import ModelLoadError, engine_defaults
+from sdxl_engine.program.schedulers import SAMPLERS
+from sdxl_engine.serving.styles import NO_STYLE, STYLE_NAMES, UnknownStyle, apply_style, get_style
+from sdxl_engine.engine.validation import MAX_GUIDANCE, GenerateRequest, InvalidRequest
 
 # Gradio uses Starlette names deprecated since (HTTP_422_UNPROCESSABLE_ENTITY): warnings in the
 # server log per request that only Gradio can act on.
 warnings.filterwarnings("ignore", category=StarletteDeprecationWarning, module=r"gradio(\.|$)")
 
 TITLE = "Fast Stable Diffusion XL with JAX"
-# Prompts in the vocabulary of the default model, tiny-shapes (assets/tiny-shapes/vocabulary.txt).
+# Prompts in the vocabulary of the default model, tiny-shapes (sdxl_engine/assets/tiny-shapes/vocabulary.txt).
 EXAMPLES = ["a red circle on a blue background", "a large green square at the top", "a small yellow star on the left",
             "a purple triangle on a white background", "a large pink cross in the centre on a black background"]
 # The examples select no style: a style's added words ("anime artwork ...") are outside
@@ -132,7 +132,7 @@ def handle_generate(engine, prompt, negative_prompt, seed, guidance_scale, num_i
     The engine validates every value (width/height 0 or None = the model's default; sampler None
     = the engine's default). Raises gr.Error with the engine's message for bad input, an engine
     that is not ready or an unusable image; any other failure is logged and reported without
-    internals. ``style`` names a preset of sdxl_engine.styles (applied here, so the engine sees
+    internals. ``style`` names a preset of sdxl_engine.serving.styles (applied here, so the engine sees
     plain text). ``arrived`` (``time.monotonic()`` at the server, server.arrival_time) makes
     ``timings_s.queue`` count the wait in Gradio's queue too.
 

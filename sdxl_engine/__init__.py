@@ -1,7 +1,10 @@
-"""SDXL on JAX: the serving runtime (config, models, weights, program, engine, sharding, validation, images).
+"""SDXL on JAX: the serving runtime.
 
-Commands that use the runtime (benchmark, training, evaluation, load test, fixtures) live in
-:mod:`sdxl_engine.tools`; the runtime never imports them.
+Layers, each a folder (README, "Architecture"): ``config`` (settings and their precedence),
+``checkpoint`` (files -> a LoadedModel), ``models`` (the Flax NNX modules), ``program`` (everything
+traced), ``engine`` (the contract, requests, the engine), ``serving`` (the request handler, the HTTP
+server, the process, scale-out). Commands that use the runtime (benchmark, training, evaluation,
+load test, fixtures) live outside it, in the repository's ``tools/``; the runtime never imports them.
 """
 
 import os

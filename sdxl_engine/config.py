@@ -25,7 +25,7 @@ from typing import Any, Mapping
 
 import jax
 
-from .schedulers import UnknownSampler, get_sampler
+from sdxl_engine.program.schedulers import UnknownSampler, get_sampler
 
 ENV_PREFIX = "SDXL_"
 DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "sdxl_engine"

@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 # Before anything reads them (sdxl_engine.config reads XDG_CACHE_HOME at import, Gradio reads
 # GRADIO_TEMP_DIR at import).
@@ -43,7 +42,7 @@ def pytest_configure(config):
 @pytest.fixture(scope="session")
 def engine():
     from sdxl_engine.config import EngineConfig
-    from sdxl_engine.engine import Engine
+    from sdxl_engine.engine.local import Engine
 
     config = EngineConfig.load({"model": "tiny-random", "cpu_devices": 4}, environ={
         k: v for k, v in os.environ.items() if k in ("SDXL_MODEL_CACHE_DIR", "SDXL_COMPILE_CACHE_DIR")})
@@ -55,7 +54,7 @@ def tiny_shapes_engine():
     """The shipped, trained tiny-shapes model (its images have meaning: colours, shapes), one per session;
     tests/fixtures/tiny-shapes-reference.npz holds the images the previous engine made with it."""
     from sdxl_engine.config import EngineConfig
-    from sdxl_engine.engine import Engine
+    from sdxl_engine.engine.local import Engine
 
     config = EngineConfig.load({"model": "tiny-shapes"}, environ={
         k: v for k, v in os.environ.items() if k in ("SDXL_MODEL_CACHE_DIR", "SDXL_COMPILE_CACHE_DIR")})

@@ -21,11 +21,8 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from sdxl_engine.config import EngineConfig  # noqa: E402
-from sdxl_engine.serving import server  # noqa: E402
+from sdxl_engine.config import EngineConfig
+from sdxl_engine.serving import server
 
 
 def ready_engine(config: EngineConfig) -> SimpleNamespace:

@@ -16,8 +16,8 @@ from PIL import Image
 
 from conftest import ROOT, RunningApp
 from sdxl_engine.config import EngineConfig
-from sdxl_engine.loading import engine_defaults
-from sdxl_engine.validation import size_buckets
+from sdxl_engine.checkpoint.loading import engine_defaults
+from sdxl_engine.engine.validation import size_buckets
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -178,7 +178,7 @@ def test_reusing_a_selected_images_seed_reproduces_it(offline):
 
 
 def test_downloaded_png_carries_its_parameters(offline):
-    from sdxl_engine.images import parse_a1111_parameters
+    from sdxl_engine.serving.images import parse_a1111_parameters
 
     page = offline.open()
     captions = generate(page, "a green square", "Cinematic")
@@ -283,7 +283,7 @@ def test_on_a_phone_generate_brings_the_images_into_view(browser, app_server):
 def test_while_the_engine_starts_the_page_says_so_and_share_offline_is_one_line(browser, tmp_path):
     """--share with no internet: one clear line, local serving goes on; a request sent during start-up waits.
 
-    The start is made slow on purpose (the TEST-ONLY start delay, sdxl_engine/faults.py), so the
+    The start is made slow on purpose (the TEST-ONLY start delay, sdxl_engine/engine/faults.py), so the
     page always loads while the engine is still starting.
     """
     app = RunningApp("--share", wait_for="Running on local URL", env={

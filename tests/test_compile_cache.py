@@ -24,7 +24,7 @@ import json, jax
 from sdxl_engine.config import EngineConfig, apply_jax_options
 config = EngineConfig.load({"model": "tiny-random"})
 apply_jax_options(config)
-from sdxl_engine.engine import Engine
+from sdxl_engine.engine.local import Engine
 log = []
 engine = Engine(config, log=log.append)
 EVENTS = {"/jax/compilation_cache/cache_hits": "hits", "/jax/compilation_cache/cache_misses": "misses",
@@ -64,7 +64,7 @@ def start(cache_dir: Path, model_dir: Path, **env) -> dict:
 def models():
     """The test session's own model cache (conftest.py: fresh per session) with tiny-random built
     in it, outside the measured starts."""
-    from sdxl_engine import builtin
+    from sdxl_engine.checkpoint import builtin
     from sdxl_engine.config import EngineConfig
 
     folder = Path(EngineConfig.load().model_cache_dir)

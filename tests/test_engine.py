@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sdxl_engine.program import tokenize
-from sdxl_engine.validation import GenerateRequest, InvalidRequest
+from sdxl_engine.program.generate import tokenize
+from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -141,7 +141,7 @@ def test_more_guidance_moves_the_image_toward_the_prompts_colour(tiny_shapes_eng
 def test_no_recompile_for_prompt_seed_guidance_steps_and_sampler(engine):
     import jax
 
-    from sdxl_engine.schedulers import SAMPLERS
+    from sdxl_engine.program.schedulers import SAMPLERS
 
     events = []
     jax.monitoring.register_event_duration_secs_listener(
@@ -171,7 +171,7 @@ def test_guidance_up_to_1_follows_the_prompt_without_cfg(engine):
 
 
 def test_samplers_differ_and_euler_a_is_deterministic_per_seed(engine):
-    from sdxl_engine.schedulers import SAMPLERS
+    from sdxl_engine.program.schedulers import SAMPLERS
 
     images = {sampler: gen(engine, sampler=sampler, num_inference_steps=6).images for sampler in SAMPLERS}
     for a in SAMPLERS:
@@ -262,7 +262,7 @@ def test_random_seed_is_reported(engine):
 
 
 def test_output_is_sharded_over_the_data_axis(engine):
-    from sdxl_engine.program import ProgramShape
+    from sdxl_engine.program.generate import ProgramShape
 
     program = engine._programs[ProgramShape(4, 64, 64, engine.config.max_inference_steps)]
     out_sharding = program.executable.output_shardings[0]
@@ -275,11 +275,11 @@ def test_random_weight_builder_goes_through_the_engine_program(engine):
     puts params of the abstract shapes on the devices, and the engine's program runs on them."""
     import jax
 
-    from sdxl_engine import builtin
-    from sdxl_engine.loading import random_model
-    from sdxl_engine.program import ProgramInputs, ProgramShape, compile_program
-    from sdxl_engine.schedulers import make_schedule
-    from sdxl_engine.sharding import replicated
+    from sdxl_engine.checkpoint import builtin
+    from sdxl_engine.checkpoint.loading import random_model
+    from sdxl_engine.program.generate import ProgramInputs, ProgramShape, compile_program
+    from sdxl_engine.program.schedulers import make_schedule
+    from sdxl_engine.program.sharding import replicated
 
     configs = builtin.component_configs(builtin.TINY, len(builtin.build_vocab()[0]))
     model = random_model(configs, "tiny-check", "float32", replicated(engine.mesh))
@@ -322,7 +322,7 @@ def diffusers_euler(sample, model_output, sigma, sigma_next, prediction_type):
 
 
 def test_cfg_combine_is_diffusers_guidance():
-    from sdxl_engine.program import cfg_combine
+    from sdxl_engine.program.generate import cfg_combine
 
     rng = np.random.default_rng(0)
     uncond, text = rng.normal(size=(2, 4, 4, 8, 8)).astype(np.float32)
@@ -340,7 +340,7 @@ def test_cfg_combine_is_diffusers_guidance():
 def test_euler_update_is_diffusers_step(prediction_type, expected):
     """The program's step (denoised x0, then the sampler's update with Euler's coefficients) is
     diffusers' EulerDiscreteScheduler.step, written out above."""
-    from sdxl_engine.program import denoised, sampler_update
+    from sdxl_engine.program.generate import denoised, sampler_update
 
     def euler(sample, output, sigma, sigma_next):
         x0 = denoised(sample, output, sigma, prediction_type)

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from sdxl_engine import executables
-from sdxl_engine.executables import ExecutableCache, key_digest, runtime_key
-from sdxl_engine.sharding import make_mesh
+from sdxl_engine.program import executables
+from sdxl_engine.program.executables import ExecutableCache, key_digest, runtime_key
+from sdxl_engine.program.sharding import make_mesh
 
 KEY = {"program": "test: x @ w, 4 rows"}
 

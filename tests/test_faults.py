@@ -1,7 +1,7 @@
 """Faults: engine exceptions, NaN output, a full queue, disconnects, SIGTERM, bad start-up.
 
 Most tests share one ``python app.py`` started with the TEST-ONLY fault switch
-(``SDXL_FAULT_INJECTION=1``, see sdxl_engine/faults.py), a queue of 2, an unwritable compile
+(``SDXL_FAULT_INJECTION=1``, see sdxl_engine/engine/faults.py), a queue of 2, an unwritable compile
 cache and output folder, and ``GRADIO_SHARE=True`` in its environment. The SIGTERM test stops
 that process, so it is the last test of this module.
 """
@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from conftest import QUICK, ROOT, RunningApp, assert_serves, free_port
-from sdxl_engine.engine import GenerationError
-from sdxl_engine.validation import GenerateRequest
+from sdxl_engine.engine.local import GenerationError
+from sdxl_engine.engine.validation import GenerateRequest
 
 OK = QUICK
 

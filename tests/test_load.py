@@ -1,6 +1,6 @@
 """The short load test (CI): a few clients for ~15 s against the shared running app.
 
-The long one is a command (README): ``python -m sdxl_engine.tools.loadtest --clients 8 --seconds 120``.
+The long one is a command (README): ``python -m tools.loadtest --clients 8 --seconds 120``.
 Speed is not asserted here (that is the benchmark's job); what must hold is that every call
 succeeds, latencies are reported, and the server's memory does not run away.
 """
@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from sdxl_engine.tools import loadtest
+from tools import loadtest
 
 
 def test_short_load_test(app_server):

@@ -8,7 +8,7 @@ import pytest
 from PIL import Image
 
 from sdxl_engine.config import ConfigError, EngineConfig
-from sdxl_engine.loading import ENGINE_DEFAULTS_FILE, ModelLoadError, engine_defaults, read_engine_defaults
+from sdxl_engine.checkpoint.loading import ENGINE_DEFAULTS_FILE, ModelLoadError, engine_defaults, read_engine_defaults
 
 CACHES = {k: v for k, v in os.environ.items() if k in ("SDXL_MODEL_CACHE_DIR", "SDXL_COMPILE_CACHE_DIR")}
 CHOSEN = {"sampler": "DPM++ 2M", "num_inference_steps": 7}
@@ -17,7 +17,7 @@ CHOSEN = {"sampler": "DPM++ 2M", "num_inference_steps": 7}
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     """tiny-random as a local folder, with an engine_defaults.json choosing DPM++ 2M, 7 steps."""
-    from sdxl_engine.builtin import model_path
+    from sdxl_engine.checkpoint.builtin import model_path
 
     folder = tmp_path_factory.mktemp("chooser") / "model"
     shutil.copytree(model_path("tiny-random", os.environ["SDXL_MODEL_CACHE_DIR"]), folder)
@@ -26,7 +26,7 @@ def model_dir(tmp_path_factory):
 
 
 def start(model, environ=None, **overrides):
-    from sdxl_engine.engine import Engine
+    from sdxl_engine.engine.local import Engine
 
     config = EngineConfig.load({"model": str(model), "cpu_devices": 4, **overrides}, environ={**CACHES, **(environ or {})})
     lines = []
@@ -83,7 +83,7 @@ def test_shipped_model_chooses_its_fastest_setting_that_keeps_euler_20s_accuracy
 
 # ---- the engine ---------------------------------------------------------------------------
 def test_engine_uses_the_model_defaults_for_requests_that_set_nothing(model_dir):
-    from sdxl_engine.validation import GenerateRequest
+    from sdxl_engine.engine.validation import GenerateRequest
 
     engine, log = start(model_dir)
     assert (engine.limits.default_sampler, engine.limits.default_steps, engine.limits.default_guidance) == (
@@ -105,7 +105,7 @@ def test_an_explicit_setting_wins_over_the_model(model_dir):
 
 
 def test_engine_refuses_to_start_on_a_bad_file(tmp_path, model_dir):
-    from sdxl_engine.engine import Engine
+    from sdxl_engine.engine.local import Engine
 
     bad = tmp_path / "model"
     shutil.copytree(model_dir, bad)

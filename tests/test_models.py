@@ -17,12 +17,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sdxl_engine import weights
-from sdxl_engine.loading import load_folder, read_model_folder
+from sdxl_engine.checkpoint import weights
+from sdxl_engine.checkpoint.loading import load_folder, read_model_folder
 from sdxl_engine.models import build_component
-from sdxl_engine.program import ProgramInputs, ProgramShape, compile_program, latent_shape, tokenize
-from sdxl_engine.schedulers import make_schedule
-from sdxl_engine.sharding import make_mesh, replicated
+from sdxl_engine.program.generate import ProgramInputs, ProgramShape, compile_program, latent_shape, tokenize
+from sdxl_engine.program.schedulers import make_schedule
+from sdxl_engine.program.sharding import make_mesh, replicated
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REF_DIR = FIXTURES / "tiny-pt-reference"
@@ -56,7 +56,7 @@ def test_full_size_sdxl_base_keys_map_one_to_one():
     """Every parameter of SDXL 1.0 base (diffusers/transformers' save_pretrained keys, from the real
     configs) is one parameter of the own modules, same name and (layout-ruled) shape, none left over."""
     expected = json.loads((FIXTURES / "sdxl-base-keys.json").read_text())
-    components = read_model_folder(Path(__file__).parents[1] / "sdxl_engine" / "configs" / "sdxl-base-1.0")
+    components = read_model_folder(Path(__file__).parents[1] / "sdxl_engine" / "checkpoint" / "configs" / "sdxl-base-1.0")
     for name, component in components.items():
         ours = {k: weights.module_shape(tuple(s)) for k, s in expected[name].items()}
         mapping, unexpected = weights._map_keys(component, list(expected[name]))
@@ -204,7 +204,7 @@ def test_tiny_shapes_images_unchanged(tiny_shapes_engine, k, monkeypatch):
     own modules give the same pixels (max 2/255); the engine now passes the scheduler's float
     timesteps to the UNet as diffusers' PyTorch pipeline does, which moves them by mean <= 0.5/255."""
     from sdxl_engine import engine as engine_module
-    from sdxl_engine.validation import GenerateRequest
+    from sdxl_engine.engine.validation import GenerateRequest
 
     case = TINY_SHAPES["cases"][k]
     request = GenerateRequest(case["prompt"], case["negative_prompt"], case["seed"], case["guidance_scale"],

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from sdxl_engine.engine import GenerateResult
+from sdxl_engine.engine.local import GenerateResult
 from sdxl_engine.serving.delivery import deliver
-from sdxl_engine.styles import NO_STYLE
-from sdxl_engine.validation import GenerateRequest
+from sdxl_engine.serving.styles import NO_STYLE
+from sdxl_engine.engine.validation import GenerateRequest
 
 
 def result(request: GenerateRequest, seeds: list[int]) -> GenerateResult:

@@ -1,10 +1,10 @@
-"""Prompt cleaning (sdxl_engine.validation.clean_text): what counts as empty, what is kept."""
+"""Prompt cleaning (sdxl_engine.engine.validation.clean_text): what counts as empty, what is kept."""
 
 import unicodedata
 
 import pytest
 
-from sdxl_engine.validation import BLANKS, InvalidRequest, clean_text
+from sdxl_engine.engine.validation import BLANKS, InvalidRequest, clean_text
 
 # Prompts that show nothing: each must be refused as empty.
 INVISIBLE = [

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sdxl_engine import builtin
+from sdxl_engine.checkpoint import builtin
 from sdxl_engine.models import build_component
 from sdxl_engine.models.random_weights import init_spec, random_params
 
@@ -66,7 +66,7 @@ def test_a_parameter_no_rule_covers_is_an_error():
 PEAK_SCRIPT = """
 import copy, json, sys
 import jax, jax.numpy as jnp, numpy as np
-from sdxl_engine import builtin
+from sdxl_engine.checkpoint import builtin
 from sdxl_engine.models import build_component
 from sdxl_engine.models.random_weights import random_params
 

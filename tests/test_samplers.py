@@ -1,4 +1,4 @@
-"""Samplers (sdxl_engine/schedulers.py and the program's step) against diffusers' PyTorch schedulers.
+"""Samplers (sdxl_engine/program/schedulers.py and the program's step) against diffusers' PyTorch schedulers.
 
 References: tests/fixtures/sampler-steps.{json,npz} (``make_fixtures samplers``: every sampler's
 diffusers class over a matrix of scheduler configs, a whole ``scheduler.step`` trajectory on fixed
@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sdxl_engine.program import denoised, sampler_update
-from sdxl_engine.schedulers import (CLASS_DEFAULTS, FIELDS, SAMPLER_CLASSES, SAMPLERS, UnknownSampler,
+from sdxl_engine.program.generate import denoised, sampler_update
+from sdxl_engine.program.schedulers import (CLASS_DEFAULTS, FIELDS, SAMPLER_CLASSES, SAMPLERS, UnknownSampler,
                                     UnsupportedSchedulerConfig, check_scheduler_config, get_sampler, make_schedule,
                                     sampler_config)
 
@@ -184,7 +184,7 @@ def _decode(engine, latents: np.ndarray) -> np.ndarray:
     import jax
     import jax.numpy as jnp
 
-    from sdxl_engine.program import unscale_latents
+    from sdxl_engine.program.generate import unscale_latents
 
     vae = engine.model.components["vae"]
 
@@ -200,7 +200,7 @@ def _run_coefficients(engine, seeds, steps, **coefficients):
     """The engine's compiled default program on a schedule whose coefficients are replaced (others: 0)."""
     import dataclasses
 
-    from sdxl_engine.program import ProgramInputs, tokenize
+    from sdxl_engine.program.generate import ProgramInputs, tokenize
 
     width, height = engine.limits.default_size
     program = engine._program(width, height, cfg=True)
@@ -218,7 +218,7 @@ def test_euler_a_step_noise_follows_the_documented_seed_rule(engine):
     noise scaled by 0) the final latents are that noise alone, decoded; rebuilt here from the rule."""
     import jax
 
-    from sdxl_engine.program import latent_shape
+    from sdxl_engine.program.generate import latent_shape
 
     width, height = engine.limits.default_size
     shape = latent_shape(engine.model, height, width)
@@ -236,7 +236,7 @@ def test_euler_a_step_noise_follows_the_documented_seed_rule(engine):
 def test_the_program_clips_x0_where_the_schedule_says(engine):
     """With a = 0, b = e = 1: x' = clip(x0); clip range 0 makes the final latents 0 whatever the UNet says,
     so the images are the decode of zeros. (An engine that drops e or clip_range decodes x0 instead.)"""
-    from sdxl_engine.program import latent_shape
+    from sdxl_engine.program.generate import latent_shape
 
     width, height = engine.limits.default_size
     shape = (engine.batch, *latent_shape(engine.model, height, width))
@@ -254,9 +254,9 @@ def test_ddim_images_match_diffusers_when_the_config_lacks_clip_sample(steps_arr
     tolerance); the unclipped DDIM the engine used to run is far off."""
     import jax
 
-    from sdxl_engine.loading import load_folder
-    from sdxl_engine.program import ProgramInputs, ProgramShape, compile_program, tokenize
-    from sdxl_engine.sharding import make_mesh, replicated
+    from sdxl_engine.checkpoint.loading import load_folder
+    from sdxl_engine.program.generate import ProgramInputs, ProgramShape, compile_program, tokenize
+    from sdxl_engine.program.sharding import make_mesh, replicated
 
     meta = STEPS["ddim_image_case"]
     assert meta["clip_sample"] is True and "clip_sample" not in meta["scheduler_config"]
@@ -310,7 +310,7 @@ def test_a_field_no_sampler_follows_refuses_the_model_naming_it(changes, field, 
 
 
 def test_sdxl_and_shipped_configs_are_accepted():
-    from sdxl_engine import builtin
+    from sdxl_engine.checkpoint import builtin
 
     check_scheduler_config(dict(builtin.SDXL_SCHEDULER))
     check_scheduler_config(json.loads((FIXTURES / "tiny-pt" / "scheduler" / "scheduler_config.json").read_text()))
@@ -321,7 +321,7 @@ def test_sdxl_and_shipped_configs_are_accepted():
 
 
 def test_a_model_folder_with_a_refused_field_fails_to_load_naming_file_and_field(tmp_path):
-    from sdxl_engine.loading import ModelLoadError, read_scheduler_config
+    from sdxl_engine.checkpoint.loading import ModelLoadError, read_scheduler_config
 
     (tmp_path / "scheduler").mkdir()
     (tmp_path / "scheduler" / "scheduler_config.json").write_text(

@@ -7,7 +7,7 @@ the tests after it: serving in parallel, the page's banner, nothing of Ray expos
 no call lost, a replica killed under load, SIGTERM (it stops the app and checks that nothing of
 Ray is left, so it runs last). Each of them needs only the app, not what an earlier test did.
 Every replica gets one CPU (``--replica-resources '{"CPU": 1}'``). Throughput against one
-replica is a benchmark's question (sdxl_engine/tools/loadtest.py, BENCHMARKS.md), not a test's.
+replica is a benchmark's question (tools/loadtest.py, BENCHMARKS.md), not a test's.
 """
 
 import json
@@ -25,7 +25,7 @@ from conftest import ROOT
 from sdxl_engine.config import EngineConfig
 from sdxl_engine.serving import cli
 from sdxl_engine.serving.scaleout import Replicas, ScaleOutError, plan_replica
-from sdxl_engine.tools import loadtest
+from tools import loadtest
 
 REPLICA_ARGS = ["--replica-resources", '{"CPU": 1}']  # every replica: one CPU (and one CPU device)
 LOAD_S = 10  # seconds of load
@@ -140,7 +140,7 @@ class FakeHandle:
 def remote_engine(streams):
     """A RemoteEngine that is ready and calls ``FakeHandle(streams)`` instead of a Serve deployment."""
     from sdxl_engine.serving.replicas import RemoteEngine  # imports Ray: only the tests that need it load it
-    from sdxl_engine.validation import Limits
+    from sdxl_engine.engine.validation import Limits
 
     engine = RemoteEngine(EngineConfig.load({}), Replicas(2, 2), log=lambda *_: None)
     engine.limits = Limits(max_seed=2**32 - 1, max_steps=50, sizes=((64, 64),), default_size=(64, 64),
@@ -154,7 +154,7 @@ def fake_result(replica: str):
     import numpy as np
 
     from sdxl_engine.serving.replicas import Outcome, ReplicaResult
-    from sdxl_engine.validation import GenerateRequest
+    from sdxl_engine.engine.validation import GenerateRequest
 
     return Outcome(result=ReplicaResult(
         images=np.zeros((4, 64, 64, 3), np.uint8), seeds=[1, 2, 3, 4], request=GenerateRequest("x", seed=1),
@@ -166,7 +166,7 @@ def test_a_replica_lost_before_the_device_is_retried_once_elsewhere():
     from ray.exceptions import ActorDiedError
 
     from sdxl_engine.serving.replicas import Stage
-    from sdxl_engine.validation import GenerateRequest
+    from sdxl_engine.engine.validation import GenerateRequest
 
     engine = remote_engine([[Stage("preparing"), ActorDiedError()],
                             [Stage("preparing"), Stage("on device"), Stage("to host"), fake_result("b")]])
@@ -183,7 +183,7 @@ def test_a_replica_lost_on_the_device_is_one_clear_error():
     from ray.exceptions import ActorDiedError
 
     from sdxl_engine.serving.replicas import ReplicaLost, Stage
-    from sdxl_engine.validation import GenerateRequest
+    from sdxl_engine.engine.validation import GenerateRequest
 
     engine = remote_engine([[Stage("preparing"), Stage("on device"), ActorDiedError()]])
     with pytest.raises(ReplicaLost, match=LOST + r" \(ActorDiedError\); nothing came back. Please retry"):
@@ -192,10 +192,10 @@ def test_a_replica_lost_on_the_device_is_one_clear_error():
 
 
 def test_replica_errors_come_back_as_the_engines_types():
-    from sdxl_engine.engine import GenerationError
-    from sdxl_engine.faults import InjectedFault
+    from sdxl_engine.engine.local import GenerationError
+    from sdxl_engine.engine.faults import InjectedFault
     from sdxl_engine.serving.replicas import Outcome, ReplicaError
-    from sdxl_engine.validation import InvalidRequest
+    from sdxl_engine.engine.validation import InvalidRequest
 
     with pytest.raises(InvalidRequest, match="^seed: must be") as err:
         Outcome.failure(InvalidRequest("seed", "must be between -1 and 5")).raise_error()
@@ -219,15 +219,15 @@ def test_replicas_that_cannot_start_give_one_clear_error():
                "ray::ServeReplica:sdxl:SDXLEngine.initialize_and_get_metadata() (pid=3592, ip=127.0.0.1)\n"
                '  File "replica.py", line 1928, in initialize\nRuntimeError: Traceback (most recent call last):\n'
                '  File "loading.py", line 297, in load_model\n    raise ModelLoadError(...)\n'
-               "sdxl_engine.weights.ModelLoadError: model './x' is neither a built-in name, an existing directory "
+               "sdxl_engine.checkpoint.weights.ModelLoadError: model './x' is neither a built-in name, an existing directory "
                "nor a hub id.\n")
     err = start_failure(message)
     assert isinstance(err, ReplicaStartError) and server.exit_status(err) == 1
     assert str(err) == ("no engine replica could start: ModelLoadError: model './x' is neither a built-in name, "
                         "an existing directory nor a hub id.")
-    bad = start_failure(message.replace("sdxl_engine.weights.ModelLoadError: model './x' is neither a built-in "
+    bad = start_failure(message.replace("sdxl_engine.checkpoint.weights.ModelLoadError: model './x' is neither a built-in "
                                         "name, an existing directory nor a hub id.",
-                                        "sdxl_engine.sharding.ShardingError: images_per_request (3) must be a "
+                                        "sdxl_engine.program.sharding.ShardingError: images_per_request (3) must be a "
                                         "positive multiple of the device count (2)"))
     assert isinstance(bad, ReplicaConfigError) and server.exit_status(bad) == 2
     assert server.start_error_line(bad).startswith("error: bad setting: images_per_request (3)")

@@ -19,7 +19,7 @@ from conftest import ROOT, RunningApp, free_port
 from PIL import Image
 
 from sdxl_engine.config import ConfigError, EngineConfig
-from sdxl_engine.validation import GenerateRequest
+from sdxl_engine.engine.validation import GenerateRequest
 
 ENV = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"}
 
@@ -203,8 +203,8 @@ def test_seeds_of_one_request_are_distinct_whenever_the_range_allows():
 
 # ---- 10c: a step limit checked against the steps actually used -------------------------------
 def test_the_step_limit_is_checked_against_the_model_default():
-    from sdxl_engine.engine import with_model_defaults
-    from sdxl_engine.loading import engine_defaults
+    from sdxl_engine.engine.local import with_model_defaults
+    from sdxl_engine.checkpoint.loading import engine_defaults
 
     shipped = engine_defaults("tiny-shapes")
     assert shipped["num_inference_steps"] == 8
@@ -255,8 +255,8 @@ def test_start_refuses_limits_below_what_would_run():
 
 # ---- 10a: what the unknown-word warning says ------------------------------------------------
 def test_unknown_words_are_whole_visible_words():
-    from sdxl_engine.builtin import TINY_SHAPES_DIR, unknown_words
-    from sdxl_engine.validation import clean_text
+    from sdxl_engine.checkpoint.builtin import TINY_SHAPES_DIR, unknown_words
+    from sdxl_engine.engine.validation import clean_text
 
     known = frozenset((TINY_SHAPES_DIR / "vocabulary.txt").read_text().split())
     cases = {"a 👍🏽\u200d dog": ["👍🏽", "dog"],  # skin tone kept on its emoji; the trailing joiner is no word
@@ -271,7 +271,7 @@ def test_unknown_words_are_whole_visible_words():
 def test_unknown_words_are_spelled_as_tokens_so_they_change_the_embedding():
     """Why the warning says they change the images: the tokenizer does not drop them, it adds
     tokens between the known words' (byte tokens for the emoji)."""
-    from sdxl_engine.builtin import TINY_SHAPES_DIR, bytes_to_unicode
+    from sdxl_engine.checkpoint.builtin import TINY_SHAPES_DIR, bytes_to_unicode
     from transformers import CLIPTokenizer
 
     tok = CLIPTokenizer.from_pretrained(str(TINY_SHAPES_DIR / "tokenizer"))
@@ -335,8 +335,8 @@ def test_ray_environment_asks_for_a_plain_quiet_log():
 
 def test_a_lost_replica_is_logged_as_a_failed_request_not_a_refused_one(capsys):
     import app
-    from sdxl_engine.engine import GenerationError
-    from sdxl_engine.validation import InvalidRequest
+    from sdxl_engine.engine.local import GenerationError
+    from sdxl_engine.engine.validation import InvalidRequest
 
     app.refuse(GenerationError("the replica running this request stopped (ActorDiedError); nothing came back"))
     app.refuse(InvalidRequest("seed", "must be between -1 and 5"))

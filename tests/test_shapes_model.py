@@ -5,7 +5,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from sdxl_engine.tools import shapes
+from tools import shapes
 
 
 def test_checker_reads_rendered_images_exactly():
@@ -41,7 +41,7 @@ def test_caption_words_are_exactly_what_the_captions_use():
 def test_every_vocabulary_word_is_one_token(tmp_path):
     from transformers import CLIPTokenizer
 
-    from sdxl_engine.builtin import WORDS, write_tokenizers
+    from sdxl_engine.checkpoint.builtin import WORDS, write_tokenizers
 
     write_tokenizers(tmp_path)
     tok = CLIPTokenizer.from_pretrained(str(tmp_path / "tokenizer"))
@@ -53,14 +53,14 @@ def test_every_vocabulary_word_is_one_token(tmp_path):
 @pytest.fixture(scope="module")
 def shapes_engine():
     from sdxl_engine.config import EngineConfig
-    from sdxl_engine.engine import Engine
+    from sdxl_engine.engine.local import Engine
 
     config = EngineConfig.load({"model": "tiny-shapes", "cpu_devices": 4}, environ={})
     return Engine(config, log=lambda *_: None).start()
 
 
 def test_shipped_model_is_the_default_and_small():
-    from sdxl_engine.builtin import TINY_SHAPES_DIR
+    from sdxl_engine.checkpoint.builtin import TINY_SHAPES_DIR
     from sdxl_engine.config import EngineConfig
 
     assert EngineConfig.load(environ={}).model == "tiny-shapes"
@@ -71,7 +71,7 @@ def test_shipped_model_is_the_default_and_small():
 
 
 def test_red_circle_is_red(shapes_engine):
-    from sdxl_engine.validation import GenerateRequest
+    from sdxl_engine.engine.validation import GenerateRequest
 
     request = GenerateRequest("a red circle", seed=0, guidance_scale=5.0, num_inference_steps=20, sampler="Euler")
     images = shapes_engine.generate(request).images
@@ -88,7 +88,7 @@ def test_red_circle_is_red(shapes_engine):
 ])
 def test_position_and_background_words_are_followed(shapes_engine, prompt, position, background):
     """The words the first model ignored (it drew where the initial noise suggested), seeds 0-3."""
-    from sdxl_engine.validation import GenerateRequest
+    from sdxl_engine.engine.validation import GenerateRequest
 
     request = GenerateRequest(prompt, seed=0, guidance_scale=5.0, num_inference_steps=20, sampler="Euler")  # the blog's
     images = shapes_engine.generate(request).images
@@ -101,7 +101,7 @@ def test_position_and_background_words_are_followed(shapes_engine, prompt, posit
 def test_the_shipped_model_loads_by_name(shapes_engine):
     """The load call itself (configs, safetensors, cast, tokenizers) by its built-in name; its time is
     a figure of the bench (startup table), not a test's."""
-    from sdxl_engine.loading import load_model
+    from sdxl_engine.checkpoint.loading import load_model
 
     model = load_model("tiny-shapes", dtype="float32", platform="cpu", cache_dir="unused")
     assert model.native_size == 64 and model.components["text_encoder_2"].config.projection_dim == 32
@@ -114,7 +114,7 @@ def test_the_shipped_model_is_a_pytorch_layout_diffusers_folder():
 
     from transformers import CLIPTokenizer
 
-    from sdxl_engine.builtin import TINY_SHAPES_DIR
+    from sdxl_engine.checkpoint.builtin import TINY_SHAPES_DIR
 
     index = json.loads((TINY_SHAPES_DIR / "model_index.json").read_text())
     assert index["_class_name"] == "StableDiffusionXLPipeline"
@@ -126,7 +126,7 @@ def test_the_shipped_model_is_a_pytorch_layout_diffusers_folder():
 
 
 def test_training_command_saves_a_model_the_engine_recipe_describes(tmp_path):
-    """``python -m sdxl_engine.tools.train`` end to end at toy size (2 steps each): a diffusers folder
+    """``python -m tools.train`` end to end at toy size (2 steps each): a diffusers folder
     (safetensors) with the shipped model's architecture and scheduler, finite losses, and the
     engine loads it."""
     import json
@@ -135,12 +135,12 @@ def test_training_command_saves_a_model_the_engine_recipe_describes(tmp_path):
 
     from conftest import ROOT
 
-    from sdxl_engine.builtin import TINY_SHAPES_DIR
-    from sdxl_engine.loading import load_folder
-    from sdxl_engine.schedulers import make_schedule
+    from sdxl_engine.checkpoint.builtin import TINY_SHAPES_DIR
+    from sdxl_engine.checkpoint.loading import load_folder
+    from sdxl_engine.program.schedulers import make_schedule
 
     out = tmp_path / "ts"
-    result = subprocess.run([sys.executable, "-m", "sdxl_engine.tools.train", "--out", str(out), "--images", "64",
+    result = subprocess.run([sys.executable, "-m", "tools.train", "--out", str(out), "--images", "64",
                              "--vae-steps", "2", "--unet-steps", "2", "--batch", "8"],
                             cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -162,12 +162,12 @@ def test_training_command_saves_a_model_the_engine_recipe_describes(tmp_path):
 
 
 def test_shipped_weights_come_from_the_training_command_defaults():
-    """The README's ``python -m sdxl_engine.tools.train`` (its defaults) is the recipe that made
-    assets/tiny-shapes: every recorded argument but the output path equals today's default."""
+    """The README's ``python -m tools.train`` (its defaults) is the recipe that made
+    sdxl_engine/assets/tiny-shapes: every recorded argument but the output path equals today's default."""
     import json
 
-    from sdxl_engine.builtin import TINY_SHAPES_DIR
-    from sdxl_engine.tools import train
+    from sdxl_engine.checkpoint.builtin import TINY_SHAPES_DIR
+    from tools import train
 
     record = json.loads((TINY_SHAPES_DIR / "training.json").read_text())
     defaults = vars(train.parse_args([]))

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from sdxl_engine.styles import NO_STYLE, STYLE_NAMES, UnknownStyle, apply_style
+from sdxl_engine.serving.styles import NO_STYLE, STYLE_NAMES, UnknownStyle, apply_style
 
 
 def test_the_ten_styles_of_the_reference_space():
@@ -29,7 +29,7 @@ def test_apply_style_wraps_prompt_and_puts_the_users_negative_first():
 
 
 def test_engine_reports_stages_in_order(engine):
-    from sdxl_engine.validation import GenerateRequest
+    from sdxl_engine.engine.validation import GenerateRequest
 
     stages = []
     engine.generate(GenerateRequest("a red circle", seed=1, num_inference_steps=2), progress=stages.append)
@@ -47,7 +47,7 @@ def test_handler_applies_style_reports_progress_and_saves_pngs(engine, monkeypat
     ``Steps: n, Sampler: s, CFG scale: g, Seed: s, Size: WxH, Model: m[, Style: name]`` (AUTOMATIC1111's
     ``parameters`` chunk, modules/processing.py create_infotext: the fields it shares with A1111, in its order)."""
     import app
-    from sdxl_engine.validation import GenerateRequest
+    from sdxl_engine.engine.validation import GenerateRequest
 
     monkeypatch.setattr(engine, "config", dataclasses.replace(engine.config, outputs_dir=str(tmp_path / "out")))
     reports = []
@@ -167,7 +167,7 @@ def test_history_keeps_small_records_newest_first_and_bounded(engine, tmp_path):
 
 def test_banner_and_sizes_while_starting_and_when_ready(engine):
     import app
-    from sdxl_engine.engine import Engine
+    from sdxl_engine.engine.local import Engine
 
     starting = Engine(engine.config, log=lambda *_: None)  # constructed, not started
     text, done = app.engine_banner(starting)

@@ -20,7 +20,7 @@ def test_config_env_and_overrides():
 
 
 def test_tokenizer_vocabulary_is_the_projects():
-    from sdxl_engine.builtin import build_vocab
+    from sdxl_engine.checkpoint.builtin import build_vocab
 
     vocab, merges = build_vocab()
     assert list(vocab)[-2:] == ["<|startoftext|>", "<|endoftext|>"]  # end token has the largest id
@@ -29,14 +29,14 @@ def test_tokenizer_vocabulary_is_the_projects():
 
 
 def test_size_buckets_scaled_to_native():
-    from sdxl_engine.validation import size_buckets
+    from sdxl_engine.engine.validation import size_buckets
 
     assert size_buckets(1024, 64)[:3] == ((1024, 1024), (1152, 896), (896, 1152))
     assert all(w % 8 == 0 and h % 8 == 0 for w, h in size_buckets(64, 8))
 
 
 def test_a1111_parameters_roundtrip():
-    from sdxl_engine.images import a1111_parameters, parse_a1111_parameters
+    from sdxl_engine.serving.images import a1111_parameters, parse_a1111_parameters
 
     text = a1111_parameters("a red circle", "blurry", 20, 7.0, 42, 64, 64, "tiny-random")
     assert text == "a red circle\nNegative prompt: blurry\nSteps: 20, Sampler: Euler, CFG scale: 7, Seed: 42, Size: 64x64, Model: tiny-random"
@@ -53,7 +53,7 @@ def test_png_bytes_is_lossless_and_carries_its_parameters(shape):
 
     from PIL import Image
 
-    from sdxl_engine.images import encode_pngs, png_bytes
+    from sdxl_engine.serving.images import encode_pngs, png_bytes
 
     image = np.random.default_rng(0).integers(0, 256, shape, dtype=np.uint8)
     for text in ("a red circle\nSteps: 20, Sampler: Euler", "café 🔴 ünïcödé"):  # Latin-1 (tEXt) and UTF-8 (iTXt)
@@ -65,7 +65,7 @@ def test_png_bytes_is_lossless_and_carries_its_parameters(shape):
 
 
 def test_missing_model_directory_gives_clear_error(tmp_path):
-    from sdxl_engine.loading import ModelLoadError, load_model
+    from sdxl_engine.checkpoint.loading import ModelLoadError, load_model
 
     with pytest.raises(ModelLoadError, match="neither a built-in name, an existing directory nor a hub id"):
         load_model(str(tmp_path / "nope"), dtype="auto", platform="cpu", cache_dir=str(tmp_path))
@@ -76,7 +76,7 @@ def test_missing_model_directory_gives_clear_error(tmp_path):
 def test_batch_must_divide_over_devices():
     import jax
 
-    from sdxl_engine.sharding import ShardingError, check_batch, make_mesh
+    from sdxl_engine.program.sharding import ShardingError, check_batch, make_mesh
 
     mesh = make_mesh(jax.devices()[:1] * 1)
     check_batch(4, mesh)
@@ -100,7 +100,7 @@ def test_bad_settings_are_refused_at_load(env, message):
 def test_write_new_never_replaces_a_file(tmp_path):
     import threading
 
-    from sdxl_engine.images import write_new
+    from sdxl_engine.serving.images import write_new
 
     (tmp_path / "seed1-a-red-circle.png").write_bytes(b"first")
     assert write_new(b"second", tmp_path, "seed1-a-red-circle").name == "seed1-a-red-circle-2.png"
@@ -121,7 +121,7 @@ def test_write_new_never_replaces_a_file(tmp_path):
     ("Café crème", "cafe-creme"), ("🔴🔵", "image"), ("", "image"), ("../../etc/passwd", "etc-passwd"),
 ])
 def test_slug_is_a_safe_file_name_part(text, expected):
-    from sdxl_engine.images import slug
+    from sdxl_engine.serving.images import slug
 
     assert slug(text) == expected
 
@@ -181,7 +181,7 @@ def test_readme_first_python_example_works_with_the_default_model():
     import re
 
     from conftest import ROOT
-    from sdxl_engine.builtin import TINY_SHAPES_DIR, unknown_words
+    from sdxl_engine.checkpoint.builtin import TINY_SHAPES_DIR, unknown_words
 
     readme = (ROOT / "README.md").read_text()
     example = readme[readme.index("```python"):]
@@ -195,7 +195,7 @@ def test_waiting_for_the_engine_names_its_stage_or_its_error():
     import threading
     from types import SimpleNamespace
 
-    from sdxl_engine.engine import EngineNotReady, wait_for_start
+    from sdxl_engine.engine.local import EngineNotReady, wait_for_start
 
     starting = SimpleNamespace(ready=threading.Event(), stage="compiling 64x64", error=None)
     with pytest.raises(EngineNotReady, match=r"^the engine is still compiling 64x64 after 0.01 s$"):

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from conftest import QUICK, assert_serves
-from sdxl_engine.validation import GenerateRequest, InvalidRequest
+from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest
 
 MAX_SEED = 2**32 - 1
 BAD = [

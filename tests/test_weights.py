@@ -1,4 +1,4 @@
-"""Checkpoint formats and the errors a bad checkpoint gives (sdxl_engine/weights.py, loading.py)."""
+"""Checkpoint formats and the errors a bad checkpoint gives (sdxl_engine/checkpoint/weights.py, loading.py)."""
 
 import json
 import shutil
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from sdxl_engine import weights
-from sdxl_engine.loading import ModelLoadError, hub_files, load_folder, load_model
+from sdxl_engine.checkpoint import weights
+from sdxl_engine.checkpoint.loading import ModelLoadError, hub_files, load_folder, load_model
 
 FIXTURES = Path(__file__).parent / "fixtures"
 ROOT = Path(__file__).resolve().parents[1]
@@ -222,7 +222,7 @@ def test_unreachable_hub_gives_clear_error(tmp_path, monkeypatch):
     """With HF_HUB_OFFLINE set (here after huggingface_hub was imported, which reads it only then) the
     engine looks in the local cache alone: the hub is never asked (its client retries for tens of
     seconds where there is no network), and the error says why."""
-    from sdxl_engine import loading
+    from sdxl_engine.checkpoint import loading
 
     asked = []
     monkeypatch.setattr(loading.HfApi, "list_repo_files", lambda self, *a, **kw: asked.append(a) or [])
@@ -239,8 +239,8 @@ PEAK_SCRIPT = """
 import json, sys
 from pathlib import Path
 import jax, jax.numpy as jnp, numpy as np
-from sdxl_engine.loading import read_model_folder
-from sdxl_engine import weights
+from sdxl_engine.checkpoint.loading import read_model_folder
+from sdxl_engine.checkpoint import weights
 
 def rss(field):  # kB in /proc/self/status
     return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith(field + ":"))
@@ -265,7 +265,7 @@ def test_loading_peak_memory_stays_near_the_target_size(tmp_path):
     shutil.copytree(FIXTURES / "tiny-pt", folder, ignore=shutil.ignore_patterns("*.safetensors"))
     for name in ("text_encoder", "text_encoder_2", "vae"):
         shutil.copy(FIXTURES / "tiny-pt" / name / weights._WEIGHT_FILES[name], folder / name)
-    config = json.loads((ROOT / "sdxl_engine/configs/sdxl-base-1.0/unet/config.json").read_text())
+    config = json.loads((ROOT / "sdxl_engine/checkpoint/configs/sdxl-base-1.0/unet/config.json").read_text())
     config.update(block_out_channels=[64, 128, 256], attention_head_dim=[1, 2, 4], cross_attention_dim=80,
                   projection_class_embeddings_input_dim=6 * 256 + 48)
     (folder / "unet" / "config.json").write_text(json.dumps(config))

@@ -20,9 +20,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from .clip import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, CLIPTextOutput
-from .unet import UNet2DConditionModel, UNetConfig
-from .vae import AutoencoderKL, VAEConfig
+from sdxl_engine.models.clip import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, CLIPTextOutput
+from sdxl_engine.models.unet import UNet2DConditionModel, UNetConfig
+from sdxl_engine.models.vae import AutoencoderKL, VAEConfig
 
 __all__ = ["COMPONENTS", "Component", "build_component", "CLIPTextOutput", "UNetConfig", "VAEConfig",
            "CLIPTextConfig"]

@@ -5,7 +5,7 @@
 pooled output feeds the UNet's ``text_embeds``). Module and parameter names are transformers'
 (``embeddings.token_embedding.weight``, ``encoder.layers.3.self_attn.q_proj.weight``,
 ``text_model.final_layer_norm.bias``, ``text_projection.weight``), so checkpoint keys map one to
-one (see :mod:`sdxl_engine.weights` for the ``text_model.`` prefix rule).
+one (see :mod:`sdxl_engine.checkpoint.weights` for the ``text_model.`` prefix rule).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from .layers import Embedding, LayerNorm, Linear, activation, attention
+from sdxl_engine.models.layers import Embedding, LayerNorm, Linear, activation, attention
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from . import Component
+from sdxl_engine.models import Component
 
 # CLIP's embeddings (clip.py): token 0.02, position 0.01, as transformers initialises them.
 EMBEDDING_STD = {"token_embedding.weight": 0.02, "position_embedding.weight": 0.01}

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from .layers import Conv2d, GroupNorm, LayerNorm, Linear, activation, attention, timestep_embedding
+from sdxl_engine.models.layers import Conv2d, GroupNorm, LayerNorm, Linear, activation, attention, timestep_embedding
 
 DOWN_BLOCKS = ("DownBlock2D", "CrossAttnDownBlock2D")
 UP_BLOCKS = ("UpBlock2D", "CrossAttnUpBlock2D")

@@ -14,8 +14,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from .layers import Conv2d, GroupNorm, activation
-from .unet import Attention, Downsample2D, ResnetBlock2D, Upsample2D
+from sdxl_engine.models.layers import Conv2d, GroupNorm, activation
+from sdxl_engine.models.unet import Attention, Downsample2D, ResnetBlock2D, Upsample2D
 
 _EPS = 1e-6  # diffusers' VAE blocks use resnet_eps=1e-6 throughout
 

@@ -37,7 +37,7 @@ from gradio.queueing import AsyncQueue, Event, Queue
 from gradio.server_messages import ProcessCompletedMessage
 from gradio.utils import error_payload
 
-from .server import SHUTTING_DOWN
+from sdxl_engine.serving.server import SHUTTING_DOWN
 
 RETRY_AFTER_S = 5  # for a client over its limit: about one generation
 

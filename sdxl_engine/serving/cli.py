@@ -10,9 +10,9 @@ from pathlib import Path
 
 import httpx
 
-from ..config import MODEL_DEFAULT_FIELDS, ConfigError, EngineConfig
-from ..loading import engine_defaults
-from .scaleout import Replicas, ScaleOutError, parse_resources
+from sdxl_engine.config import MODEL_DEFAULT_FIELDS, ConfigError, EngineConfig
+from sdxl_engine.checkpoint.loading import engine_defaults
+from sdxl_engine.serving.scaleout import Replicas, ScaleOutError, parse_resources
 
 SERVER_FLAGS = ("share", "host", "port", "history_secret", "replicas", "ray_address", "ray_app", "replica_resources")
 

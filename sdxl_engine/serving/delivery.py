@@ -11,8 +11,8 @@ import dataclasses
 import tempfile
 from pathlib import Path
 
-from ..images import a1111_parameters, encode_pngs, image_stem, request_stamp, write_new
-from ..styles import NO_STYLE
+from sdxl_engine.serving.images import a1111_parameters, encode_pngs, image_stem, request_stamp, write_new
+from sdxl_engine.serving.styles import NO_STYLE
 
 
 @dataclasses.dataclass

@@ -126,7 +126,7 @@ def browser_secret(setting: str | None = None, cache_dir: str | Path | None = No
         if value:
             return value
     if cache_dir is None:
-        from ..config import DEFAULT_CACHE
+        from sdxl_engine.config import DEFAULT_CACHE
 
         cache_dir = DEFAULT_CACHE
     path = Path(cache_dir) / SECRET_FILE

@@ -42,11 +42,11 @@ from ray import serve
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import RequestCancelledError
 
-from .. import faults
-from ..config import ConfigError, EngineConfig
-from ..engine import Engine, EngineNotReady, GenerateResult, GenerationError, wait_for_start
-from ..validation import GenerateRequest, InvalidRequest, Limits, validate
-from .scaleout import (APP_NAME, DEPLOYMENT_NAME, GRACEFUL_SHUTDOWN_S, HEALTH_CHECK_PERIOD_S, HEALTH_CHECK_TIMEOUT_S,
+from sdxl_engine.engine import faults
+from sdxl_engine.config import ConfigError, EngineConfig
+from sdxl_engine.engine.local import Engine, EngineNotReady, GenerateResult, GenerationError, wait_for_start
+from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest, Limits, validate
+from sdxl_engine.serving.scaleout import (APP_NAME, DEPLOYMENT_NAME, GRACEFUL_SHUTDOWN_S, HEALTH_CHECK_PERIOD_S, HEALTH_CHECK_TIMEOUT_S,
                        MAX_ONGOING_REQUESTS, REQUEST_TIMEOUT_S, ReplicaPlan, Replicas, plan_replica,
                        ray_environment)
 

@@ -18,7 +18,7 @@ import os
 import secrets
 from typing import Mapping, MutableMapping, Sequence
 
-from ..config import ConfigError
+from sdxl_engine.config import ConfigError
 
 APP_NAME = "sdxl"  # the Serve application the front deploys (or, with --ray-app, joins)
 DEPLOYMENT_NAME = "SDXLEngine"  # the engine's Serve deployment (its replicas' class)

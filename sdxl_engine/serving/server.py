@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from ..config import ConfigError
+from sdxl_engine.config import ConfigError
 
 EXIT_START_FAILED = 1  # valid settings, yet the app could not start
 EXIT_BAD_SETTING = 2  # a flag or setting must change (argparse uses 2 too)
@@ -641,7 +641,7 @@ def serve(demo, engine, options: dict, gate: RequestGate, drain_s: float = 60.0,
     request). A client may have ``engine.config.max_requests_per_client`` /generate calls queued or
     running at once (:class:`~.admission.Admission`).
     """
-    from .admission import Admission  # imports Gradio: not at this module's import (usable_output_dir comes first)
+    from sdxl_engine.serving.admission import Admission  # imports Gradio: not at this module's import (usable_output_dir comes first)
 
     if signals is None:
         signals = StopSignals()

@@ -2,10 +2,10 @@
 
 Commands, run from the repository root:
 
-    python -m sdxl_engine.tools.make_fixtures tiny
-    python -m sdxl_engine.tools.make_fixtures keys
-    python -m sdxl_engine.tools.make_fixtures samplers
-    python -m sdxl_engine.tools.make_fixtures fullsize --out DIR [--dtype float32|bfloat16]
+    python -m tools.make_fixtures tiny
+    python -m tools.make_fixtures keys
+    python -m tools.make_fixtures samplers
+    python -m tools.make_fixtures fullsize --out DIR [--dtype float32|bfloat16]
 
 * ``tiny`` writes, under tests/fixtures/: ``tiny-pt/`` (a small random SDXL made with diffusers'
   and transformers' PyTorch classes, saved by ``StableDiffusionXLPipeline.save_pretrained`` with
@@ -15,7 +15,7 @@ Commands, run from the repository root:
   for 9 cases, scheduler timesteps and sigmas; float32, deterministic).
 * ``keys`` writes tests/fixtures/sdxl-base-keys.json: the name and shape of every tensor that
   ``save_pretrained`` writes for the full-size SDXL 1.0 base UNet, VAE and both text encoders,
-  built on the meta device from sdxl_engine/configs/sdxl-base-1.0/ (no memory).
+  built on the meta device from sdxl_engine/checkpoint/configs/sdxl-base-1.0/ (no memory).
 * ``samplers`` writes tests/fixtures/sampler-steps.json and .npz: for every sampler's
   diffusers class and a matrix of scheduler configs (:data:`SAMPLER_CASES`), the timesteps,
   sigmas, init_noise_sigma and a whole ``scheduler.step`` trajectory on fixed small arrays (the
@@ -58,9 +58,9 @@ from safetensors import safe_open
 from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
 
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
-SDXL_BASE_DIR = ROOT / "sdxl_engine" / "configs" / "sdxl-base-1.0"
+SDXL_BASE_DIR = ROOT / "sdxl_engine" / "checkpoint" / "configs" / "sdxl-base-1.0"
 
 # sha256 of stabilityai/stable-diffusion-xl-base-1.0's files at hub revision
 # 462165984030d82259a11f4367a4eed129e94a7b; SDXL_BASE_DIR holds byte-identical copies.
@@ -217,8 +217,8 @@ MEANINGS = [  # (key pattern, meaning); %s is filled with the pattern's groups
 
 
 def build_vocab():
-    """sdxl_engine.builtin's vocabulary, imported only for ``tiny`` (it brings JAX, which ``samplers`` does not need)."""
-    from sdxl_engine.builtin import build_vocab as build
+    """sdxl_engine.checkpoint.builtin's vocabulary, imported only for ``tiny`` (it brings JAX, which ``samplers`` does not need)."""
+    from sdxl_engine.checkpoint.builtin import build_vocab as build
 
     return build()
 
@@ -617,7 +617,7 @@ def cmd_samplers(out: Path) -> None:
     image_arrays, image_meta = ddim_image_case(out)
     arrays.update(image_arrays)
     meta = dict(
-        made_by="python -m sdxl_engine.tools.make_fixtures samplers", ddim_image_case=image_meta,
+        made_by="python -m tools.make_fixtures samplers", ddim_image_case=image_meta,
         versions=versions(), torch_threads=1,
         base_config=base, missing=DROP, shape=list(SAMPLER_SHAPE), cases=cases,
         class_defaults={cls.__name__: init_defaults(cls) for cls, _ in SAMPLER_CLASSES.values()},
@@ -756,7 +756,7 @@ def cmd_tiny(out: Path) -> None:
     arrays.update(sched_arrays)
     # 4. Write arrays.npz and reference.json.
     meta = dict(
-        made_by="python -m sdxl_engine.tools.make_fixtures tiny", versions=versions(), torch_threads=1,
+        made_by="python -m tools.make_fixtures tiny", versions=versions(), torch_threads=1,
         models={"tiny-pt": "tests/fixtures/tiny-pt (StableDiffusionXLPipeline, float32 safetensors)",
                 "tiny-pt-conv": "tests/fixtures/tiny-pt-conv (unet/ and vae/ only)"},
         prompts=PROMPTS, cases=cases, schedules=sched_meta,
@@ -877,11 +877,11 @@ def cmd_fullsize(out: Path, dtype_name: str) -> None:
     inputs, outputs = fullsize_reference(out, log)
     files = {str(p.relative_to(out)): p.stat().st_size for p in sorted(out.rglob("*"))
              if p.is_file() and "reference" not in p.parts}
-    meta = dict(made_by=f"python -m sdxl_engine.tools.make_fixtures fullsize --out {out} --dtype {dtype_name}",
+    meta = dict(made_by=f"python -m tools.make_fixtures fullsize --out {out} --dtype {dtype_name}",
                 versions=versions(), saved_dtype=dtype_name, compute_dtype="float32",
                 torch_threads=torch.get_num_threads(),
                 prompts=FULLSIZE_PROMPTS, stages=log.rows, files=files,
-                notes=["Configs: sdxl_engine/configs/sdxl-base-1.0 (hub-identical). Tokenizers: the project's vocabulary.",
+                notes=["Configs: sdxl_engine/checkpoint/configs/sdxl-base-1.0 (hub-identical). Tokenizers: the project's vocabulary.",
                        "Text encoders keep eos_token_id 2 from the hub config: pooling takes argmax(input_ids), "
                        "which finds <|endoftext|>, the vocabulary's highest id."])
     write_reference(out / "reference", {**inputs, **outputs}, {}, meta)
@@ -889,7 +889,7 @@ def cmd_fullsize(out: Path, dtype_name: str) -> None:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m sdxl_engine.tools.make_fixtures",
+    parser = argparse.ArgumentParser(prog="python -m tools.make_fixtures",
                                      description="PyTorch reference fixtures (needs torch; never run in CI).")
     sub = parser.add_subparsers(dest="command", required=True)
     tiny = sub.add_parser("tiny", help="tiny-pt, tiny-pt-conv and tiny-pt-reference under --out")

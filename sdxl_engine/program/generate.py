@@ -36,10 +36,10 @@ import numpy as np
 from jax._src import config as jax_config  # its thread-local enable_compilation_cache switch has no public API
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from .executables import ExecutableCache, key_digest, source_digest
-from .loading import LoadedModel
-from .schedulers import Schedule
-from .sharding import DATA_AXIS, check_batch
+from sdxl_engine.program.executables import ExecutableCache, key_digest, source_digest
+from sdxl_engine.checkpoint.loading import LoadedModel
+from sdxl_engine.program.schedulers import Schedule
+from sdxl_engine.program.sharding import DATA_AXIS, check_batch
 
 TOKENS = 77  # CLIP context length of both SDXL tokenizers
 
@@ -332,15 +332,22 @@ def _flops(executable) -> float | None:
         return None
 
 
-# The source the program is traced from: a change to any of these files is a new executable-cache key.
-_PACKAGE = Path(__file__).resolve().parent
-PROGRAM_SOURCES = (*(_PACKAGE / n for n in ("program.py", "sharding.py", "loading.py", "executables.py")),
-                   *sorted((_PACKAGE / "models").glob("*.py")))
+# The folders the program is traced from: every Python file in them, found when the key is made (not a
+# hand-kept list, which would forget the next new file), is part of the executable-cache key. The weights'
+# names, shapes and dtypes, and every component's config, are in the key as data (program_key).
+_PACKAGE = Path(__file__).resolve().parents[1]
+PROGRAM_FOLDERS = (_PACKAGE / "program", _PACKAGE / "models")
+
+
+def program_sources() -> tuple[Path, ...]:
+    """Every ``*.py`` under :data:`PROGRAM_FOLDERS`, sorted by path relative to the package."""
+    return tuple(sorted((p for folder in PROGRAM_FOLDERS for p in folder.rglob("*.py")),
+                        key=lambda p: p.relative_to(_PACKAGE).as_posix()))
 
 
 @functools.cache
 def _source_digest() -> str:
-    return source_digest(PROGRAM_SOURCES)
+    return source_digest(program_sources())
 
 
 def program_key(model: LoadedModel, params, shape: ProgramShape, mesh: Mesh) -> dict:
@@ -349,7 +356,7 @@ def program_key(model: LoadedModel, params, shape: ProgramShape, mesh: Mesh) -> 
     Everything static that the traced program depends on: the shape (batch, size, loop length,
     CFG mode, given latents), every component's config, the prediction type, the parameters'
     names, shapes, dtypes and shardings, the mesh (axis names, device ids in order) and a hash
-    of the source files it is traced from (:data:`PROGRAM_SOURCES`). The cache adds versions,
+    of the source files it is traced from (:func:`program_sources`). The cache adds versions,
     backend, devices and JAX options (:func:`.executables.runtime_key`).
     """
     cfg = "" if shape.cfg else " without CFG"

@@ -39,7 +39,7 @@ from flax.serialization import msgpack_restore
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from .models import Component
+from sdxl_engine.models import Component
 
 PICKLE_SUFFIXES = (".bin", ".ckpt", ".pt", ".pth", ".pkl")
 SAFE_FORMATS = ("*.safetensors (PyTorch layout; sharded with an index json, or a variant such as fp16) "
@@ -337,7 +337,7 @@ def save_folder(out: Path, configs: Mapping[str, dict], params: Mapping[str, Map
                 scheduler_config: dict, scheduler_class: str = "EulerDiscreteScheduler",
                 vocabulary=None) -> Path:
     """Write a diffusers-format SDXL folder (safetensors, PyTorch layout) that diffusers' PyTorch
-    ``StableDiffusionXLPipeline.from_pretrained`` and :func:`sdxl_engine.loading.load_model` both read.
+    ``StableDiffusionXLPipeline.from_pretrained`` and :func:`sdxl_engine.checkpoint.loading.load_model` both read.
 
     Args:
         out: the folder; its ``tokenizer/`` and ``tokenizer_2/`` must already be there.

@@ -1,6 +1,6 @@
 """The same seeds on different device layouts: how far apart are the images?
 
-    python -m sdxl_engine.tools.layouts --devices 4,2,1,4
+    python -m tools.layouts --devices 4,2,1,4
 
 Each layout runs in a fresh process (JAX fixes its CPU device count at start): tiny-shapes on
 N CPU devices, 4 images per request, the same requests (2 prompts x 2 seeds x Euler and
@@ -28,9 +28,9 @@ SAMPLERS = ("Euler", "DPM++ 2M")
 def run_layout(devices: int, out: Path, cache: Path) -> None:
     """In this process: start the engine on ``devices`` CPU devices, save every request's images
     ((requests, 4, 64, 64, 3) uint8) to ``out``."""
-    from ..config import EngineConfig
-    from ..engine import Engine
-    from ..validation import GenerateRequest
+    from sdxl_engine.config import EngineConfig
+    from sdxl_engine.engine.local import Engine
+    from sdxl_engine.engine.validation import GenerateRequest
 
     config = EngineConfig.load({"cpu_devices": devices, "images_per_request": 4, "compile_cache_dir": str(cache)},
                                environ={})
@@ -55,7 +55,7 @@ def main(argv=None) -> int:
         images = []
         for i, n in enumerate(layouts):
             out = Path(tmp) / f"{i}.npy"
-            subprocess.run([sys.executable, "-m", "sdxl_engine.tools.layouts", "--one", str(n), "--out", str(out),
+            subprocess.run([sys.executable, "-m", "tools.layouts", "--one", str(n), "--out", str(out),
                             "--cache", str(Path(tmp) / "cache")], check=True)
             images.append(np.load(out).astype(np.int16))
     print(f"| devices | vs {layouts[0]} devices: max diff (/255) | mean diff (/255) | pixel values that differ |")

@@ -1,7 +1,7 @@
 """Engine latency of two checkouts side by side: alternating requests, one run, one machine.
 
     git worktree add /tmp/oldmain 6080b49         # the revision to compare with, and a venv that runs it
-    python -m sdxl_engine.tools.compare_revisions --a /tmp/oldmain --a-python /tmp/vold/bin/python --rounds 40
+    python -m tools.compare_revisions --a /tmp/oldmain --a-python /tmp/vold/bin/python --rounds 40
 
 Each checkout's engine runs in its own process (its own interpreter and packages: a revision on an
 older stack keeps it) with a fresh compile cache; after two warm-up rounds, every round sends one
@@ -23,14 +23,18 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 # Runs inside each checkout's interpreter, with that checkout first on sys.path.
 WORKER = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
 from sdxl_engine.config import EngineConfig
-from sdxl_engine.engine import Engine
-from sdxl_engine.validation import GenerateRequest
+try:  # the layout since issue #20
+    from sdxl_engine.engine.local import Engine
+    from sdxl_engine.engine.validation import GenerateRequest
+except ImportError:  # an older checkout
+    from sdxl_engine.engine import Engine
+    from sdxl_engine.validation import GenerateRequest
 engine = Engine(EngineConfig.load({"model": "tiny-shapes"}), log=lambda *a: None).start()
 print(json.dumps({"ready": True}), flush=True)
 for line in sys.stdin:

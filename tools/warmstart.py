@@ -1,6 +1,6 @@
 """Warm start at full size: process start -> ready, cold (empty caches) vs warm (the same caches).
 
-    python -m sdxl_engine.tools.bench --warm-start        # or: python -m sdxl_engine.tools.warmstart
+    python -m tools.bench --warm-start        # or: python -m tools.warmstart
 
 Starts the engine twice, each time in a fresh process, on one new cache folder: first empty
 (cold), then as the first start left it (warm: the executable cache and XLA's cache filled).
@@ -33,12 +33,12 @@ from pathlib import Path
 
 import jax
 
-from ..config import EngineConfig
-from ..engine import Engine
-from ..validation import GenerateRequest
-from .report import write_section
+from sdxl_engine.config import EngineConfig
+from sdxl_engine.engine.local import Engine
+from sdxl_engine.engine.validation import GenerateRequest
+from tools.report import write_section
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = {"SDXL_MODEL": "sdxl-base-random", "SDXL_DTYPE": "bfloat16", "SDXL_CPU_DEVICES": "1",
             "SDXL_IMAGES_PER_REQUEST": "1", "SDXL_WIDTH": "256", "SDXL_HEIGHT": "256",
             "SDXL_NUM_INFERENCE_STEPS": "1", "SDXL_MAX_INFERENCE_STEPS": "1"}
@@ -101,7 +101,7 @@ def start(cache: Path, timeout: float) -> dict:
     for name in ("JAX_COMPILATION_CACHE_DIR", "JAX_NUM_CPU_DEVICES", "SDXL_EXECUTABLE_CACHE"):
         env.pop(name, None)  # each would change what is measured
     spawned = time.time()
-    out = subprocess.run([sys.executable, "-m", "sdxl_engine.tools.warmstart", "--child"], cwd=ROOT, env=env,
+    out = subprocess.run([sys.executable, "-m", "tools.warmstart", "--child"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=timeout)
     if out.returncode != 0:
         raise RuntimeError(f"the engine's start failed (exit {out.returncode}):\n{out.stderr[-4000:]}")

@@ -1,15 +1,15 @@
 """Full-size SDXL base on this machine: XLA's cost of a request, and parity with diffusers' PyTorch.
 
-    python -m sdxl_engine.tools.bench --full-size          # cost: lower the real architecture, count FLOPs
-    python -m sdxl_engine.tools.fullsize parity DIR        # DIR from `make_fixtures fullsize --out DIR`
-    python -m sdxl_engine.tools.fullsize load DIR --dtype bfloat16   # load time and peak memory alone
+    python -m tools.bench --full-size          # cost: lower the real architecture, count FLOPs
+    python -m tools.fullsize parity DIR        # DIR from `make_fixtures fullsize --out DIR`
+    python -m tools.fullsize load DIR --dtype bfloat16   # load time and peak memory alone
 
-``cost``: SDXL 1.0 base's real configs (sdxl_engine/configs/sdxl-base-1.0) with *abstract*
+``cost``: SDXL 1.0 base's real configs (sdxl_engine/checkpoint/configs/sdxl-base-1.0) with *abstract*
 bfloat16 parameters (shapes only, no memory): one CFG UNet step, one VAE decode and the two text
 encoders at 1024², lowered and counted by XLA, and the engine's whole program lowered too.
 
 ``parity``: random full-size weights saved as safetensors by diffusers/transformers' PyTorch
-classes (``sdxl_engine.tools.make_fixtures fullsize``), loaded by the engine's loader in bfloat16
+classes (``tools.make_fixtures fullsize``), loaded by the engine's loader in bfloat16
 (load time and peak memory against the parameters' size) and in float32, then compared with the
 PyTorch outputs saved beside them: the text encoders, one UNet call with CFG (batch 2, 64x64
 latents, i.e. 512²) and one VAE decode, at rtol 1e-3.
@@ -28,14 +28,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import builtin
-from ..loading import LoadedModel, load_folder
-from ..models import build_component
-from ..program import ProgramInputs, ProgramShape, jit_program, latent_shape
-from ..sharding import make_mesh
-from .report import write_section
+from sdxl_engine.checkpoint import builtin
+from sdxl_engine.checkpoint.loading import LoadedModel, load_folder
+from sdxl_engine.models import build_component
+from sdxl_engine.program.generate import ProgramInputs, ProgramShape, jit_program, latent_shape
+from sdxl_engine.program.sharding import make_mesh
+from tools.report import write_section
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def sdxl_base_model(dtype: str = "bfloat16") -> LoadedModel:
@@ -153,7 +153,7 @@ def timed_load(folder: Path, dtype: str) -> tuple[LoadedModel, dict]:
 
 def measure_load(folder: Path, dtype: str) -> dict:
     """:func:`timed_load` in a fresh process (a process's peak memory is only clean once)."""
-    out = subprocess.run([sys.executable, "-m", "sdxl_engine.tools.fullsize", "load", str(folder), "--dtype", dtype],
+    out = subprocess.run([sys.executable, "-m", "tools.fullsize", "load", str(folder), "--dtype", dtype],
                          cwd=ROOT, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 

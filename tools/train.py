@@ -1,12 +1,12 @@
 """Train the ``tiny-shapes`` model: SDXL in miniature, on captioned shapes, on a CPU.
 
-    python -m sdxl_engine.tools.train --out assets/tiny-shapes   # the shipped model (seed 0, ~55 min on 2 cores)
-    python -m sdxl_engine.tools.train --out /tmp/ts --vae-steps 200 --unet-steps 300   # a quick try
-    python -m sdxl_engine.tools.train --out /tmp/ts --vae-from assets/tiny-shapes --unet-steps 600  # UNet only
+    python -m tools.train --out sdxl_engine/assets/tiny-shapes   # the shipped model (seed 0, ~55 min on 2 cores)
+    python -m tools.train --out /tmp/ts --vae-steps 200 --unet-steps 300   # a quick try
+    python -m tools.train --out /tmp/ts --vae-from sdxl_engine/assets/tiny-shapes --unet-steps 600  # UNet only
 
 Stages, as SDXL was trained (Podell et al. 2023, with Rombach et al. 2022's latent diffusion):
 
-1. Data: images and captions from :mod:`sdxl_engine.tools.shapes` (held-out combinations excluded).
+1. Data: images and captions from :mod:`tools.shapes` (held-out combinations excluded).
 2. VAE: a KL autoencoder (factor 4: 64x64x3 pixels -> 16x16x4 latents), loss = pixel MSE + a
    tiny KL term. Its ``scaling_factor`` is then set to 1 / std of the latents, so the latents
    the UNet sees have unit variance (SD's 0.18215 and SDXL's 0.13025 were found the same way).
@@ -49,12 +49,12 @@ import numpy as np
 import optax
 from transformers import CLIPTokenizer
 
-from .. import builtin
-from ..loading import load_model
-from ..models import build_component
-from ..program import encode_prompts
-from ..weights import save_folder
-from . import shapes
+from sdxl_engine.checkpoint import builtin
+from sdxl_engine.checkpoint.loading import load_model
+from sdxl_engine.models import build_component
+from sdxl_engine.program.generate import encode_prompts
+from sdxl_engine.checkpoint.weights import save_folder
+from tools import shapes
 
 # The SDXL architecture at 64x64 (compare builtin.SDXL_BASE): same block types, attention with
 # cross-attention to both text encoders, text_time added conditioning; far fewer channels.
@@ -91,7 +91,7 @@ ADD_TIME_IDS = (64, 64, 0, 0, 64, 64)  # original size, crop top-left, target si
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", default="assets/tiny-shapes", help="output directory (replaced)")
+    p.add_argument("--out", default="sdxl_engine/assets/tiny-shapes", help="output directory (replaced)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--images", type=int, default=20000, help="training images rendered")
     p.add_argument("--vae-steps", type=int, default=2000)

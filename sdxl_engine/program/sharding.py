@@ -11,7 +11,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from .config import ConfigError
+from sdxl_engine.config import ConfigError
 
 DATA_AXIS = "data"
 

@@ -1,10 +1,10 @@
 """diffusers' PyTorch ``StableDiffusionXLPipeline`` on the engine's weights, latents, steps and size.
 
-    python -m sdxl_engine.tools.torch_reference --model DIR --latents latents.npz --steps 20 --out images.npz
+    python -m tools.torch_reference --model DIR --latents latents.npz --steps 20 --out images.npz
 
 What a user would run instead of this engine. It needs torch and diffusers (``pip install
 torch==2.13.0 diffusers==0.42.1 transformers==5.24.0``, a CPU wheel, Python 3.11 here) and so
-runs in an interpreter of its own: ``python -m sdxl_engine.tools.bench --torch-python PATH`` starts
+runs in an interpreter of its own: ``python -m tools.bench --torch-python PATH`` starts
 it as a subprocess. It imports nothing from the runtime: the folder must be a diffusers-format
 SDXL (safetensors, PyTorch class names: the shipped tiny-shapes is). Prints one JSON line:
 seconds per call (median, min, max over ``--runs`` after one warm-up), torch's version and

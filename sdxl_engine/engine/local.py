@@ -21,13 +21,15 @@ from typing import Callable
 import jax
 import numpy as np
 
-from . import builtin, faults, loading, sharding
-from . import config as config_mod
-from .config import EngineConfig
-from .executables import ExecutableCache
-from .program import CompiledProgram, ProgramInputs, ProgramShape, cached_program, tokenize
-from .schedulers import make_schedule
-from .validation import GenerateRequest, InvalidRequest, Limits, validate
+from sdxl_engine.checkpoint import builtin, loading
+from sdxl_engine.engine import faults
+from sdxl_engine.program import sharding
+from sdxl_engine import config as config_mod
+from sdxl_engine.config import EngineConfig
+from sdxl_engine.program.executables import ExecutableCache
+from sdxl_engine.program.generate import CompiledProgram, ProgramInputs, ProgramShape, cached_program, tokenize
+from sdxl_engine.program.schedulers import make_schedule
+from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest, Limits, validate
 
 
 def _no_progress(stage: str) -> None:

@@ -1,8 +1,8 @@
 """Evaluate a shapes model through the engine, scored by the independent checker.
 
-    python -m sdxl_engine.tools.evaluate                        # the shipped tiny-shapes
-    python -m sdxl_engine.tools.evaluate --model /tmp/ts --grid /tmp/ts.png --json /tmp/ts.json
-    python -m sdxl_engine.tools.evaluate --sweep                # quality per second (below)
+    python -m tools.evaluate                        # the shipped tiny-shapes
+    python -m tools.evaluate --model /tmp/ts --grid /tmp/ts.png --json /tmp/ts.json
+    python -m tools.evaluate --sweep                # quality per second (below)
 
 For each held-out (colour, shape, position) combination of :data:`shapes.HELD_OUT` (never
 drawn in training) it asks the engine for 4 images of the full-description prompt (seeds
@@ -52,14 +52,14 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from ..config import EngineConfig
-from ..engine import Engine
-from ..schedulers import SAMPLERS
-from ..validation import GenerateRequest
-from . import shapes
-from .report import write_section
+from sdxl_engine.config import EngineConfig
+from sdxl_engine.engine.local import Engine
+from sdxl_engine.program.schedulers import SAMPLERS
+from sdxl_engine.engine.validation import GenerateRequest
+from tools import shapes
+from tools.report import write_section
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 BACKGROUND_CYCLE = ("white", "black", "gray", "blue")
 REFERENCE = ("Euler", 20)  # the blog's setting, and the single-setting evaluation's
 SWEEP_STEPS = (5, 6, 7, 8, 10, 12, 20)

@@ -1,6 +1,6 @@
 """Bounded load test of a running demo, over loopback only.
 
-    python -m sdxl_engine.tools.loadtest --url http://127.0.0.1:7860/ --clients 8 --seconds 60 [--pid PID]
+    python -m tools.loadtest --url http://127.0.0.1:7860/ --clients 8 --seconds 60 [--pid PID]
 
 N client threads (1..64), each with its own gradio_client connection, call ``/generate`` in a
 loop for T seconds (1..600); a call still running at the deadline is waited for (at most
@@ -11,7 +11,7 @@ the client sees it (queue included), errors grouped by kind, and the server's re
 process listening on the URL's port (needs psutil). Only loopback URLs are accepted: this is
 not a tool for loading someone else's server.
 
-    python -m sdxl_engine.tools.loadtest --replicas 1,2 --clients 4 --seconds 20 --device-s 1.5 [--bench]
+    python -m tools.loadtest --replicas 1,2 --clients 4 --seconds 20 --device-s 1.5 [--bench]
 
 compares replica counts in one run: it starts ``python app.py`` itself (once without Ray, for
 its start time; then ``--replicas N`` for each N, every replica the same CPU share), loads each
@@ -41,12 +41,12 @@ from urllib.parse import urlsplit
 
 from gradio_client import Client
 
-from .report import write_section
+from tools.report import write_section
 
 MAX_CLIENTS = 64
 MAX_SECONDS = 600.0
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
-ROOT = Path(__file__).resolve().parents[2]  # where app.py is
+ROOT = Path(__file__).resolve().parents[1]  # where app.py is
 PAGE_UP = "[app] Running on local URL"
 ENGINE_READY = "[sdxl_engine] ready in"
 REPLICA_READY = re.compile(r"\[sdxl_engine\] Serve replica (\w+) ready \(pid (\d+)\)")
@@ -434,7 +434,7 @@ def scaleout_markdown(report: dict) -> str:
     lines = [f"Run: {report.get('time', time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()))} · {report['machine']} · "
              f"model `tiny-shapes` · {report['clients']} clients for {report['seconds']:g} s per run · each request "
              f"{report['simulated_device_s']:g} s of simulated device time (`fault:slow`) + 2 real steps · "
-             f"each replica `{report['replica_resources']}` · `python -m sdxl_engine.tools.loadtest --replicas "
+             f"each replica `{report['replica_resources']}` · `python -m tools.loadtest --replicas "
              f"{','.join(runs)} --clients {report['clients']} --seconds {report['seconds']:g} "
              f"--device-s {report['simulated_device_s']:g} --bench`",
              "", "| replicas | calls ok | failed | calls/s | images/s | p50 s | p95 s | throughput vs 1 replica |",

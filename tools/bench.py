@@ -1,6 +1,6 @@
 """Benchmark: the engine, its parts, its server and what a user would run instead, side by side in one run.
 
-``python -m sdxl_engine.tools.bench [--torch-python PATH]`` measures on one model (tiny-shapes):
+``python -m tools.bench [--torch-python PATH]`` measures on one model (tiny-shapes):
 
 2. the engine's ``generate`` at guidance 5 (CFG) and at guidance 1 (no CFG, one UNet pass);
 3. the engine's parts compiled alone (text encoders once, one CFG denoising step x steps, VAE
@@ -22,7 +22,7 @@ weights and reports XLA's cost analysis; ``--warm-start`` times full-size starts
 ``--vs-torch --model DIR --torch-python PATH`` runs legs 2 and 8 only, for a full-size folder::
 
     SDXL_CPU_DEVICES=1 SDXL_IMAGES_PER_REQUEST=1 SDXL_WIDTH=256 SDXL_HEIGHT=256 SDXL_DTYPE=float32 \
-        python -m sdxl_engine.tools.bench --vs-torch --model DIR --steps 4 --runs 3 --torch-python PATH
+        python -m tools.bench --vs-torch --model DIR --steps 4 --runs 3 --torch-python PATH
 """
 
 from __future__ import annotations
@@ -49,18 +49,18 @@ from gradio_client import Client
 from jax.sharding import PartitionSpec as P
 from PIL import Image
 
-from ..config import EngineConfig, apply_jax_options
-from ..engine import Engine, GenerateResult
-from ..images import encode_pngs
-from ..program import (ProgramInputs, ProgramShape, cfg_combine, compile_program, denoised, encode_prompts,
+from sdxl_engine.config import EngineConfig, apply_jax_options
+from sdxl_engine.engine.local import Engine, GenerateResult
+from sdxl_engine.serving.images import encode_pngs
+from sdxl_engine.program.generate import (ProgramInputs, ProgramShape, cfg_combine, compile_program, denoised, encode_prompts,
                        initial_noise, latent_shape, sampler_update, tokenize)
-from ..schedulers import make_schedule
-from ..sharding import DATA_AXIS
-from ..validation import GenerateRequest
-from . import fullsize, warmstart
-from .report import write_section
+from sdxl_engine.program.schedulers import make_schedule
+from sdxl_engine.program.sharding import DATA_AXIS
+from sdxl_engine.engine.validation import GenerateRequest
+from tools import fullsize, warmstart
+from tools.report import write_section
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def stats(samples: list[float]) -> dict:
@@ -230,7 +230,7 @@ def engine_on_latents(engine, steps: int, workdir: Path) -> np.ndarray:
 def run_torch(python: str, source: str, ours: np.ndarray, steps: int, runs: int, workdir: Path) -> dict:
     """tools/torch_reference.py in ``python`` on ``workdir/latents.npz``; its timing and how far its
     images are from ``ours``."""
-    cmd = [python, "-m", "sdxl_engine.tools.torch_reference", "--model", source, "--latents",
+    cmd = [python, "-m", "tools.torch_reference", "--model", source, "--latents",
            str(workdir / "latents.npz"), "--steps", str(steps), "--runs", str(runs), "--out", str(workdir / "torch.npz")]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if done.returncode != 0:
@@ -370,7 +370,7 @@ def vs_torch(args) -> dict:
     latents and exits), then diffusers' PyTorch pipeline alone, so the two never hold the model in
     memory at once (at full size two float32 copies do not fit this machine together)."""
     with tempfile.TemporaryDirectory() as work:
-        subprocess.run([sys.executable, "-m", "sdxl_engine.tools.bench", "--vs-torch-engine", work, "--model", args.model,
+        subprocess.run([sys.executable, "-m", "tools.bench", "--vs-torch-engine", work, "--model", args.model,
                         "--steps", str(args.steps), "--runs", str(args.runs)], cwd=ROOT, check=True)
         out = json.loads((Path(work) / "engine.json").read_text())
         out["torch"] = run_torch(args.torch_python, out.pop("source"), np.load(Path(work) / "ours.npy"), args.steps,

@@ -15,7 +15,7 @@ import numbers
 import secrets
 import unicodedata
 
-from .schedulers import DEFAULT_SAMPLER, UnknownSampler, get_sampler
+from sdxl_engine.program.schedulers import DEFAULT_SAMPLER, UnknownSampler, get_sampler
 
 MAX_PROMPT_CHARS = 20_000  # far past 77 tokens; longer text is refused, not tokenized
 MAX_GUIDANCE = 50.0

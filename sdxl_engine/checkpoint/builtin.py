@@ -1,7 +1,7 @@
 """Built-in models that need no download: a trained tiny SDXL, and the architecture at two scales.
 
 * ``tiny-shapes`` (the default): the SDXL architecture scaled to 64x64 images, trained here on
-  captioned shapes (``python -m sdxl_engine.tools.train``); shipped as ``assets/tiny-shapes``.
+  captioned shapes (``python -m tools.train``); shipped as ``sdxl_engine/assets/tiny-shapes``.
 
 * ``tiny-random``: the SDXL architecture (two CLIP text encoders, the second with projection and
   its pooled output feeding ``text_embeds``; a UNet with ``text_time`` added conditioning and
@@ -9,7 +9,7 @@
   runs in well under a second on a CPU. Deterministic (fixed PRNG seeds), written once in
   diffusers format under the model cache and loaded from there like any other model.
 * ``sdxl-base-random``: the real SDXL 1.0 base configuration (UNet 2.57 B params, configs in
-  ``sdxl_engine/configs/sdxl-base-1.0``) with random weights made on the devices, for benchmarks
+  ``sdxl_engine/checkpoint/configs/sdxl-base-1.0``) with random weights made on the devices, for benchmarks
   on any machine; never written to disk.
 
 The tokenizer vocabulary is the project's own: CLIP's 512 byte-level base symbols, BPE merges
@@ -29,11 +29,11 @@ from pathlib import Path
 import numpy as np
 from transformers import CLIPTokenizer
 
-from .models import build_component
-from .models.random_weights import random_params
-from .weights import save_folder
+from sdxl_engine.models import build_component
+from sdxl_engine.models.random_weights import random_params
+from sdxl_engine.checkpoint.weights import save_folder
 
-# SDXL 1.0 base's config.json files, byte-identical to the hub's (sdxl_engine/configs/README.md).
+# SDXL 1.0 base's config.json files, byte-identical to the hub's (sdxl_engine/checkpoint/configs/README.md).
 SDXL_BASE_DIR = Path(__file__).resolve().parent / "configs" / "sdxl-base-1.0"
 _HEADERS = ("_class_name", "_diffusers_version", "_name_or_path", "architectures", "model_type", "torch_dtype",
             "transformers_version")
@@ -88,7 +88,7 @@ TINY = dict(
 
 BUILTIN_NAMES = ("tiny-shapes", "tiny-random", "sdxl-base-random")
 
-# ``tiny-shapes``: the SDXL architecture at 64x64, trained by ``python -m sdxl_engine.tools.train`` on
+# ``tiny-shapes``: the SDXL architecture at 64x64, trained by ``python -m tools.train`` on
 # the captioned shapes of sdxl_engine/shapes.py and shipped in the repository (diffusers format).
 TINY_SHAPES_DIR = Path(__file__).resolve().parents[1] / "assets" / "tiny-shapes"
 
@@ -264,13 +264,13 @@ def model_path(name: str, cache_dir: str) -> Path:
     """The folder of a built-in model: the shipped ``tiny-shapes``, or ``tiny-random`` created on first use.
 
     Creation is atomic (a private temp folder, then rename), so concurrent starts are safe.
-    Raises ValueError for ``sdxl-base-random`` (made in memory, see :mod:`sdxl_engine.loading`) or an
+    Raises ValueError for ``sdxl-base-random`` (made in memory, see :mod:`sdxl_engine.checkpoint.loading`) or an
     unknown name, FileNotFoundError when the shipped model is missing.
     """
     if name == "tiny-shapes":
         if not (TINY_SHAPES_DIR / "model_index.json").is_file():
             raise FileNotFoundError(f"the shipped model is missing from {TINY_SHAPES_DIR}; "
-                                    "recreate it with: python -m sdxl_engine.tools.train --out assets/tiny-shapes")
+                                    "recreate it with: python -m tools.train --out sdxl_engine/assets/tiny-shapes")
         return TINY_SHAPES_DIR
     if name != "tiny-random":
         raise ValueError(f"{name!r} has no folder")

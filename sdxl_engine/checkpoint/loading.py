@@ -25,12 +25,12 @@ from huggingface_hub import HfApi, snapshot_download
 from huggingface_hub import constants as hub_constants
 from transformers import CLIPTokenizer
 
-from . import builtin
-from .models import COMPONENTS, Component, build_component
-from .models.random_weights import random_params
-from .schedulers import UnsupportedSchedulerConfig, check_scheduler_config
-from .validation import size_buckets
-from .weights import VOCABULARY_FILE, ModelLoadError, find_weight_files, load_params
+from sdxl_engine.checkpoint import builtin
+from sdxl_engine.models import COMPONENTS, Component, build_component
+from sdxl_engine.models.random_weights import random_params
+from sdxl_engine.program.schedulers import UnsupportedSchedulerConfig, check_scheduler_config
+from sdxl_engine.engine.validation import size_buckets
+from sdxl_engine.checkpoint.weights import VOCABULARY_FILE, ModelLoadError, find_weight_files, load_params
 
 __all__ = ["LoadedModel", "ModelLoadError", "load_model", "resolve_dtype", "read_model_folder", "engine_defaults"]
 

@@ -1,6 +1,6 @@
 """Rewrite a diffusers-format SDXL folder as safetensors in PyTorch layout.
 
-    python -m sdxl_engine.tools.convert SRC DST [--dtype float16]
+    python -m tools.convert SRC DST [--dtype float16]
 
 SRC may hold Flax msgpack weights (what diffusers' and transformers' deleted Flax classes saved),
 safetensors of any variant, or shards. DST gets one ``*.safetensors`` per component, configs and
@@ -19,9 +19,9 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 
-from ..loading import read_model_folder
-from ..models import COMPONENTS
-from ..weights import _WEIGHT_FILES, find_weight_files, load_params, save_params
+from sdxl_engine.checkpoint.loading import read_model_folder
+from sdxl_engine.models import COMPONENTS
+from sdxl_engine.checkpoint.weights import _WEIGHT_FILES, find_weight_files, load_params, save_params
 
 # Flax-only config fields, and the class name each component has in PyTorch.
 FLAX_ONLY = ("dtype", "split_head_dim", "use_memory_efficient_attention")
