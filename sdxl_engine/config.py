@@ -7,8 +7,8 @@ to the type of the field's default; an unknown key or an unconvertible value rai
 engine, because they need JAX's backend.
 
 A model folder may choose its own sampler, steps and guidance (:data:`MODEL_DEFAULT_FIELDS`, in
-its ``engine_defaults.json``): :meth:`EngineConfig.with_model_defaults` puts them in place of the
-defaults below, never in place of a value the environment or an override set.
+its ``engine_defaults.json``): :func:`resolve_defaults` (the one place, for the page and the engine)
+puts them in place of the defaults below, never in place of a value the environment or an override set.
 
 JAX-wide options (CPU device count, persistent compilation cache) must be set before JAX creates
 its first array; :func:`apply_jax_options` does that and is called by the engine before anything
@@ -33,6 +33,8 @@ DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) /
 
 # The settings a model folder's engine_defaults.json may choose (loading.py); the others are the deployment's.
 MODEL_DEFAULT_FIELDS = ("sampler", "num_inference_steps", "guidance_scale")
+# The file in a model folder that chooses them (checkpoint.loading.ENGINE_DEFAULTS_FILE, the reader, is the same name).
+ENGINE_DEFAULTS_FILE = "engine_defaults.json"
 
 
 class ConfigError(ValueError):
@@ -223,6 +225,22 @@ class EngineConfig:
     def as_dict(self) -> dict[str, Any]:
         """The resolved fields, for the one start-up log line."""
         return dataclasses.asdict(self)
+
+
+def resolve_defaults(config: EngineConfig, model_defaults: Mapping[str, Any], model_name: str) -> EngineConfig:
+    """What a request that sets nothing runs with: ``config`` with the model's engine_defaults.json
+    (``model_defaults``, {field: value}) for the fields the config did not set explicitly.
+
+    The one place defaults are resolved: the page calls it before the engine has loaded the model
+    (serving.handler.page_defaults), the engine once it has (its ``defaults``, and from them its
+    ``limits.default_*``). ``model_name`` (a built-in name, a folder or a hub id) names the model in
+    messages.
+
+    Raises ConfigError naming the file and the model for a key or value the model may not choose, or
+    for a step count over ``max_inference_steps`` (saying whether it was set or which default it is).
+    """
+    return config.with_model_defaults(model_defaults, model=f"model {model_name!r}",
+                                      source=f"{ENGINE_DEFAULTS_FILE} of model {model_name!r}")
 
 
 def check_seed_range(max_seed: int, images: int) -> None:

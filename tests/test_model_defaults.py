@@ -123,23 +123,25 @@ def api_defaults(demo) -> dict:
 
 def test_page_and_api_show_the_model_defaults_unless_set(model_dir):
     import app
+    from sdxl_engine.serving import handler
 
     fake = lambda *values, **kw: ([], {}, None)  # noqa: E731
-    page = app.build_demo(fake, app.page_defaults(EngineConfig.load({"model": str(model_dir)}, environ={})))
+    page = app.build_demo(fake, handler.page_defaults(EngineConfig.load({"model": str(model_dir)}, environ={})))
     defaults = api_defaults(page)
     assert (defaults["sampler"], defaults["num_inference_steps"], defaults["guidance_scale"]) == ("DPM++ 2M", 7, 5.0)
-    mine = app.page_defaults(EngineConfig.load({"model": str(model_dir), "sampler": "DDIM"}, environ={}))
+    mine = handler.page_defaults(EngineConfig.load({"model": str(model_dir), "sampler": "DDIM"}, environ={}))
     defaults = api_defaults(app.build_demo(fake, mine))
     assert (defaults["sampler"], defaults["num_inference_steps"]) == ("DDIM", 7)
-    shipped = api_defaults(app.build_demo(fake, app.page_defaults(EngineConfig.load(environ={}))))
+    shipped = api_defaults(app.build_demo(fake, handler.page_defaults(EngineConfig.load(environ={}))))
     assert {"sampler": shipped["sampler"], "num_inference_steps": shipped["num_inference_steps"]} == engine_defaults(
         "tiny-shapes")
 
 
 def test_blog_default_button_sets_euler_20():
     import app
+    from sdxl_engine.serving import handler
 
-    demo = app.build_demo(lambda *values, **kw: ([], {}, None), app.page_defaults(EngineConfig.load(environ={})))
+    demo = app.build_demo(lambda *values, **kw: ([], {}, None), handler.page_defaults(EngineConfig.load(environ={})))
     button = next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "blog-default")
     assert button.value == "Blog default (Euler, 20 steps)"
     event = next(fn for fn in demo.fns.values() if any(t[0] == button._id for t in fn.targets))
@@ -149,10 +151,11 @@ def test_blog_default_button_sets_euler_20():
 
 def test_png_and_info_record_the_model_default_sampler(model_dir, tmp_path):
     import app
+    from sdxl_engine.serving import handler
 
     engine, _ = start(model_dir)
     stages = []
-    gallery, info, record = app.handle_generate(engine, "a red circle", "", 7, None, None, 0, 0, files_dir=str(tmp_path),
+    gallery, info, record = handler.handle_generate(engine, "a red circle", "", 7, None, None, 0, 0, files_dir=str(tmp_path),
                                                 progress=lambda fraction, desc: stages.append(desc))
     assert "Preparing: tokenizing the prompts, scheduling 7 DPM++ 2M steps" in stages
     assert (info["sampler"], info["num_inference_steps"]) == ("DPM++ 2M", 7) == (record["sampler"],

@@ -91,8 +91,9 @@ def test_python_app_py_without_the_flag_never_imports_ray():
     """The default start path (flags, config, the local engine started, the page built) loads no Ray module."""
     code = ("import sys, app\n"
             "from sdxl_engine.config import EngineConfig\n"
-            "args = app.cli.parse_args([])\n"
-            "engine, concurrency = app.start_engine(EngineConfig.load(app.cli.engine_overrides(args)), args)\n"
+            "from sdxl_engine.serving import cli, main\n"
+            "args = cli.parse_args([])\n"
+            "engine, concurrency = main.start_engine(EngineConfig.load(cli.engine_overrides(args)), args)\n"
             "app.build_demo(lambda *a, **k: None, engine.config, engine, concurrency=concurrency)\n"
             "print(concurrency, sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')), flush=True)\n"
             "import os; os._exit(0)\n")

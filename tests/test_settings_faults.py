@@ -156,7 +156,7 @@ def test_a_save_that_stops_halfway_says_how_many_were_not_saved(tmp_path, monkey
 
 def test_the_page_handler_reply_carries_the_save_warning(tmp_path):
     """handle_generate with an engine whose outputs folder went bad: gallery served, warning in info."""
-    import app
+    from sdxl_engine.serving import handler
 
     (tmp_path / "disk").write_text("")
     ready = threading.Event()
@@ -164,7 +164,7 @@ def test_the_page_handler_reply_carries_the_save_warning(tmp_path):
     engine = SimpleNamespace(ready=ready, config=SimpleNamespace(outputs_dir=str(tmp_path / "disk" / "outputs")),
                              generate=lambda request, progress, arrived: fake_result())
     with pytest.warns(UserWarning, match="not saved to the server's outputs folder"):  # gr.Warning outside a request
-        gallery, info, _ = app.handle_generate(engine, "a red circle", "", 7, 5.0, 3, 0, 0,
+        gallery, info, _ = handler.handle_generate(engine, "a red circle", "", 7, 5.0, 3, 0, 0,
                                                files_dir=str(tmp_path / "served"))
     assert len(gallery) == 4 and "saved" not in info
     assert info["warnings"] == ["images not saved to the server's outputs folder (NotADirectoryError: Not a "
@@ -203,14 +203,14 @@ def test_seeds_of_one_request_are_distinct_whenever_the_range_allows():
 
 # ---- 10c: a step limit checked against the steps actually used -------------------------------
 def test_the_step_limit_is_checked_against_the_model_default():
-    from sdxl_engine.engine.local import with_model_defaults
     from sdxl_engine.checkpoint.loading import engine_defaults
+    from sdxl_engine.config import resolve_defaults
 
     shipped = engine_defaults("tiny-shapes")
     assert shipped["num_inference_steps"] == 8
 
     def resolved(**settings) -> EngineConfig:
-        return with_model_defaults(EngineConfig.load(settings, environ={}), shipped, "tiny-shapes")
+        return resolve_defaults(EngineConfig.load(settings, environ={}), shipped, "tiny-shapes")
 
     assert resolved(max_inference_steps=10).num_inference_steps == 8  # 20 (the class default) is not what runs
     assert resolved(max_inference_steps=5, num_inference_steps=4).num_inference_steps == 4  # 8 is hidden: not compared
@@ -221,7 +221,7 @@ def test_the_step_limit_is_checked_against_the_model_default():
     with pytest.raises(ConfigError, match=re.escape(
             "num_inference_steps (20, not set, so the engine's default, as model 'tiny-random' chooses none) exceeds "
             "max_inference_steps (5)")):
-        with_model_defaults(EngineConfig.load({"max_inference_steps": 5}, environ={}), {}, "tiny-random")
+        resolve_defaults(EngineConfig.load({"max_inference_steps": 5}, environ={}), {}, "tiny-random")
     with pytest.raises(ConfigError, match=re.escape("num_inference_steps (20) exceeds max_inference_steps (5)")):
         EngineConfig.load({"num_inference_steps": 20, "max_inference_steps": 5}, environ={})  # set: refused at once
 
@@ -334,12 +334,12 @@ def test_ray_environment_asks_for_a_plain_quiet_log():
 
 
 def test_a_lost_replica_is_logged_as_a_failed_request_not_a_refused_one(capsys):
-    import app
+    from sdxl_engine.serving import handler
     from sdxl_engine.engine.local import GenerationError
     from sdxl_engine.engine.validation import InvalidRequest
 
-    app.refuse(GenerationError("the replica running this request stopped (ActorDiedError); nothing came back"))
-    app.refuse(InvalidRequest("seed", "must be between -1 and 5"))
+    handler.refuse(GenerationError("the replica running this request stopped (ActorDiedError); nothing came back"))
+    handler.refuse(InvalidRequest("seed", "must be between -1 and 5"))
     assert capsys.readouterr().out.splitlines() == [
         "[app] request failed: the replica running this request stopped (ActorDiedError); nothing came back",
         "[app] request refused: seed: must be between -1 and 5"]

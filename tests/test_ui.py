@@ -46,12 +46,12 @@ def test_handler_applies_style_reports_progress_and_saves_pngs(engine, monkeypat
     the whole text: the prompt line, ``Negative prompt: ...`` only when there is one, then
     ``Steps: n, Sampler: s, CFG scale: g, Seed: s, Size: WxH, Model: m[, Style: name]`` (AUTOMATIC1111's
     ``parameters`` chunk, modules/processing.py create_infotext: the fields it shares with A1111, in its order)."""
-    import app
+    from sdxl_engine.serving import handler
     from sdxl_engine.engine.validation import GenerateRequest
 
     monkeypatch.setattr(engine, "config", dataclasses.replace(engine.config, outputs_dir=str(tmp_path / "out")))
     reports = []
-    gallery, info, record = app.handle_generate(engine, "a red circle", "green", 7, 5.0, 3, 0, 0, "Pixel art",
+    gallery, info, record = handler.handle_generate(engine, "a red circle", "green", 7, 5.0, 3, 0, 0, "Pixel art",
                                                 progress=lambda fraction, desc: reports.append((fraction, desc)))
     assert [d for _, d in reports] == [
         "Preparing: tokenizing the prompts, scheduling 3 Euler steps",
@@ -75,7 +75,7 @@ def test_handler_applies_style_reports_progress_and_saves_pngs(engine, monkeypat
                 f"Steps: 3, Sampler: Euler, CFG scale: 5, Seed: {seed}, Size: 64x64, Model: tiny-random, Style: Pixel art")
     # No style, a negative prompt, another sampler: the user's own words, no Style field (a size other than
     # square: test_png_parameters.py, without compiling one here).
-    gallery, info, _ = app.handle_generate(engine, "a red circle", "blue", 7, 7.5, 2, 0, 0, sampler="DPM++ 2M")
+    gallery, info, _ = handler.handle_generate(engine, "a red circle", "blue", 7, 7.5, 2, 0, 0, sampler="DPM++ 2M")
     assert info["style"] == NO_STYLE and info["prompt"] == "a red circle" and info["negative_prompt"] == "blue"
     assert gallery[0][1].startswith("seed 7 · ") and gallery[0][1].count("·") == 1
     with Image.open(gallery[0][0]) as image:
@@ -84,7 +84,7 @@ def test_handler_applies_style_reports_progress_and_saves_pngs(engine, monkeypat
                                             "Model: tiny-random")
     assert info["sampler"] == "DPM++ 2M"
     # No negative prompt: no "Negative prompt:" line at all (A1111 omits it).
-    gallery, info, _ = app.handle_generate(engine, "a red circle", "", 9, 0.0, 2, 0, 0)
+    gallery, info, _ = handler.handle_generate(engine, "a red circle", "", 9, 0.0, 2, 0, 0)
     with Image.open(gallery[1][0]) as image:
         assert image.text["parameters"] == ("a red circle\n"
                                             "Steps: 2, Sampler: Euler, CFG scale: 0, Seed: 10, Size: 64x64, "
@@ -93,15 +93,15 @@ def test_handler_applies_style_reports_progress_and_saves_pngs(engine, monkeypat
 
 def test_gallery_files_are_named_after_seed_and_prompt(engine, tmp_path):
     """The name a download gets: the seed and the prompt's first words, not image.png."""
-    import app
+    from sdxl_engine.serving import handler
 
-    gallery, info, _ = app.handle_generate(engine, "A Red Circle, on a blue background!", "", 7, 5.0, 2, 0, 0, "Anime",
+    gallery, info, _ = handler.handle_generate(engine, "A Red Circle, on a blue background!", "", 7, 5.0, 2, 0, 0, "Anime",
                                            files_dir=str(tmp_path))
     names = [Path(path).name for path, _ in gallery]
     assert names == [f"seed{s}-a-red-circle-on-a-blue.png" for s in (7, 8, 9, 10)]
     assert all(Path(path).is_relative_to(tmp_path) for path, _ in gallery)
     assert len({Path(path).parent for path, _ in gallery}) == 1  # one new folder per request
-    gallery2, _, _ = app.handle_generate(engine, "A Red Circle, on a blue background!", "", 7, 5.0, 2, 0, 0,
+    gallery2, _, _ = handler.handle_generate(engine, "A Red Circle, on a blue background!", "", 7, 5.0, 2, 0, 0,
                                          files_dir=str(tmp_path))
     assert Path(gallery2[0][0]).parent != Path(gallery[0][0]).parent and Path(gallery[0][0]).exists()
 
@@ -112,7 +112,7 @@ def test_saved_pngs_never_overwrite_each_other(engine, monkeypatch, tmp_path):
     import secrets
     import time
 
-    import app
+    from sdxl_engine.serving import handler
 
     out = tmp_path / "out"
     monkeypatch.setattr(engine, "config", dataclasses.replace(engine.config, outputs_dir=str(out)))
@@ -120,7 +120,7 @@ def test_saved_pngs_never_overwrite_each_other(engine, monkeypatch, tmp_path):
     monkeypatch.setattr(time, "time_ns", lambda: frozen)
     monkeypatch.setattr(time, "strftime", lambda fmt, t=None: "20250101-120000")
     monkeypatch.setattr(secrets, "token_hex", lambda n=None: "abcdef")
-    results = [app.handle_generate(engine, prompt, "", 7, 5.0, 2, 0, 0) for prompt in ("a red circle", "a blue square")]
+    results = [handler.handle_generate(engine, prompt, "", 7, 5.0, 2, 0, 0) for prompt in ("a red circle", "a blue square")]
     saved = [path for _, info, _ in results for path in info["saved"]]
     assert len(set(saved)) == 8 and sorted(saved) == sorted(p.name for p in out.iterdir())  # names, not paths
     for gallery, info, _ in results:
@@ -135,19 +135,19 @@ def test_saved_pngs_never_overwrite_each_other(engine, monkeypatch, tmp_path):
 def test_handler_turns_bad_input_into_gradio_errors(engine):
     import gradio as gr
 
-    import app
+    from sdxl_engine.serving import handler
 
     with pytest.raises(gr.Error, match="unknown style 'Baroque'"):
-        app.handle_generate(engine, "a red circle", "", 1, 7.0, 2, 0, 0, "Baroque")
+        handler.handle_generate(engine, "a red circle", "", 1, 7.0, 2, 0, 0, "Baroque")
     with pytest.raises(gr.Error, match="prompt: is empty"):
-        app.handle_generate(engine, "   ", "", 1, 7.0, 2, 0, 0, "Anime")
+        handler.handle_generate(engine, "   ", "", 1, 7.0, 2, 0, 0, "Anime")
 
 
 def test_history_keeps_small_records_newest_first_and_bounded(engine, tmp_path):
-    import app
+    from sdxl_engine.serving import handler
     from sdxl_engine.serving import history
 
-    _, info, record = app.handle_generate(engine, "a blue square", "", 100, 7.0, 2, 0, 0, "Anime")
+    _, info, record = handler.handle_generate(engine, "a blue square", "", 100, 7.0, 2, 0, 0, "Anime")
     past = []
     for _ in range(history.LIMIT + 2):
         past = history.remember(past, record)
@@ -180,7 +180,7 @@ def test_banner_and_sizes_while_starting_and_when_ready(engine):
     assert done and text.startswith("Ready on **4 × cpu** — model `tiny-random` (float32)")
     choices, value = app.size_choices(engine)
     assert value == "64x64" and choices[0] == ("64 × 64 (square, default)", "64x64")
-    assert [app.parse_size(v) for _, v in choices] == list(engine.limits.sizes)
+    assert [tuple(map(int, v.split("x"))) for _, v in choices] == list(engine.limits.sizes)  # as PARSE_SIZE_JS
 
 
 def test_share_without_internet_prints_one_line(monkeypatch, capsys):

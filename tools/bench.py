@@ -252,6 +252,9 @@ class _FixedEngine:
         self.ready, self.error, self.stage, self.started = threading.Event(), None, "ready", time.perf_counter()
         self.ready.set()
 
+    def scale_out(self):  # the engine contract's: one engine, no replicas
+        return None
+
     def generate(self, request, progress=None, arrived=None):
         height, width = self.images.shape[1:3]
         request = GenerateRequest(request.prompt, request.negative_prompt or "", 7, 5.0, 20, width, height, "Euler")
@@ -266,6 +269,7 @@ def host_side(engine, size: int, runs: int) -> dict:
     against Pillow's default, what Gradio's Gallery did with PIL images), the page's whole handler,
     and served by a real Gradio server (gradio_client, files downloaded) minus the engine's time."""
     import app  # the page itself (the repository root, run from there): this leg measures its handler and server
+    from sdxl_engine.serving import handler
     small = engine.generate(GenerateRequest("a red circle on the left", seed=0, num_inference_steps=20)).images
     images = np.repeat(np.repeat(small, size // small.shape[1], axis=1), size // small.shape[2], axis=2)
     fixed = _FixedEngine(engine, images)
@@ -278,9 +282,9 @@ def host_side(engine, size: int, runs: int) -> dict:
     with tempfile.TemporaryDirectory() as files:
         out = timed({"encode: engine (Sub filter, zlib RLE level 1, parallel)": lambda: encode_pngs(images, texts),
                      "encode: Pillow default (what the Gallery did)": pil_default,
-                     "page handler after the device": lambda: app.handle_generate(
+                     "page handler after the device": lambda: handler.handle_generate(
                          fixed, "a red circle on the left", "", 7, 5.0, 20, 0, 0, files_dir=files)}, runs)
-    demo = app.build_demo(lambda *v, **kw: app.handle_generate(fixed, *v, **kw), engine.config, fixed)
+    demo = app.build_demo(lambda *v, **kw: handler.handle_generate(fixed, *v, **kw), engine.config, fixed)
     demo.queue()
     demo.launch(server_port=_free_port(), prevent_thread_lock=True, quiet=True)
     try:

@@ -29,7 +29,8 @@ from sdxl_engine.config import EngineConfig
 from sdxl_engine.program.executables import ExecutableCache
 from sdxl_engine.program.generate import CompiledProgram, ProgramInputs, ProgramShape, cached_program, tokenize
 from sdxl_engine.program.schedulers import make_schedule
-from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest, Limits, validate
+from sdxl_engine.engine.contract import ScaleOut, clock, queue_seconds
+from sdxl_engine.engine.validation import GenerateRequest, Limits, validate
 
 
 def _no_progress(stage: str) -> None:
@@ -109,12 +110,22 @@ class GenerateResult:
 class Engine:
     """Load + compile at :meth:`start`; :meth:`generate` runs one request.
 
-    Use :func:`get_engine` for the process-wide instance.
+    Implements :class:`~sdxl_engine.engine.contract.EngineContract` (what the page may use). Use
+    :func:`get_engine` for the process-wide instance.
     """
 
     def __init__(self, config: EngineConfig, log=print):
         self.config = config
-        self.defaults = config  # at start: with the model's engine_defaults.json where the config set nothing
+        self.defaults = config  # set at start: config.resolve_defaults with the model's engine_defaults.json
+        # Set at start (None until then): the device mesh, images per request, the loaded model
+        # (loading.LoadedModel) and its parameters, the request limits, the devices' platform.
+        self.mesh: jax.sharding.Mesh | None = None
+        self.batch: int | None = None
+        self.model: loading.LoadedModel | None = None
+        self.params = None
+        self.limits: Limits | None = None
+        self.platform = ""
+        self.device_summary = ""  # set at start, e.g. "4 × cpu"
         self._log = log
         self._programs: dict[ProgramShape, CompiledProgram] = {}
         self._schedules: dict = {}
@@ -122,7 +133,7 @@ class Engine:
         self.compile_cache_dir = ""  # set at start (apply_jax_options: "" = no persistent cache)
         self.executables: ExecutableCache | None = None  # set at start: <compile_cache_dir>/executables, or None
         self.stage = "starting"
-        self.started = time.perf_counter()
+        self.started = clock()
         self.startup: dict[str, float] = {}
         self.ready = threading.Event()
         self.error: BaseException | None = None
@@ -178,7 +189,7 @@ class Engine:
         jax.block_until_ready(self.params)
         self._done("load_s", t0)
         self.defaults = self._model_defaults()
-        self.limits = self._limits()
+        self.limits = self._limits(self.defaults)
 
         # 3. Compile the default size (CFG, the default guidance's mode) ahead of time.
         width, height = self.limits.default_size
@@ -204,7 +215,7 @@ class Engine:
 
     def _model_defaults(self) -> EngineConfig:
         """The config with the model's engine_defaults.json where it set nothing; one log line names what applied."""
-        defaults = with_model_defaults(self.config, self.model.engine_defaults, self.config.model)  # the path, for the operator
+        defaults = config_mod.resolve_defaults(self.config, self.model.engine_defaults, self.config.model)  # the path, for the operator
         if self.model.engine_defaults:
             used = {k: getattr(defaults, k) for k in self.model.engine_defaults if k not in self.config.explicit}
             kept = sorted(self.model.engine_defaults.keys() & self.config.explicit)
@@ -216,23 +227,23 @@ class Engine:
             self._log(f"[sdxl_engine] the engine's defaults, which the model does not choose: {builtin_used}")
         return defaults
 
-    def _limits(self) -> Limits:
-        """What requests may ask for, from the config and the model's geometry.
+    def _limits(self, defaults: EngineConfig) -> Limits:
+        """What requests may ask for: every field from the resolved ``defaults`` (the engine's
+        :attr:`defaults`) and the model's geometry, in this one place.
 
         Raises ConfigError for a default width/height the model cannot make.
         """
         native, multiple = self.model.native_size, self.model.size_multiple
-        default = (self.config.width or native, self.config.height or native)
+        default = (defaults.width or native, defaults.height or native)
         if default[0] % multiple or default[1] % multiple:
-            raise config_mod.ConfigError(f"width/height {default[0]}x{default[1]}: the model {self.config.model!r} needs "
+            raise config_mod.ConfigError(f"width/height {default[0]}x{default[1]}: the model {defaults.model!r} needs "
                                          f"multiples of {multiple} pixels (0 = its native {native}x{native})")
         sizes = self.model.size_buckets()
         if default not in sizes:
             sizes = (default,) + sizes
-        return Limits(max_seed=self.config.max_seed, max_steps=self.config.max_inference_steps, sizes=sizes,
-                      default_size=default, default_steps=self.defaults.num_inference_steps,
-                      default_guidance=self.defaults.guidance_scale, multiple=multiple,
-                      default_sampler=self.defaults.sampler)
+        return Limits(max_seed=defaults.max_seed, max_steps=defaults.max_inference_steps, sizes=sizes,
+                      default_size=default, default_steps=defaults.num_inference_steps,
+                      default_guidance=defaults.guidance_scale, multiple=multiple, default_sampler=defaults.sampler)
 
     def _program(self, width: int, height: int, cfg: bool) -> CompiledProgram:
         """The compiled program for a size bucket and CFG mode, compiled on first use (then cached)."""
@@ -271,6 +282,10 @@ class Engine:
         """Block until start-up finished. Raises EngineNotReady if it failed or timed out."""
         wait_for_start(self, timeout)
 
+    def scale_out(self) -> ScaleOut | None:
+        """None: one engine, in this process (the contract's scale-out description)."""
+        return None
+
     # ---- requests -------------------------------------------------------------------------
     def generate(self, request: GenerateRequest, ready_timeout: float | None = None,
                  progress: Callable[[str], None] | None = None, arrived: float | None = None) -> GenerateResult:
@@ -282,8 +297,8 @@ class Engine:
         encoders, the denoising loop and the VAE decode; it reports nothing from inside),
         ``"to host"``.
 
-        ``arrived`` (``time.perf_counter()`` when the request reached the server) is where
-        ``timings["queue"]`` starts; by default it starts when this call does.
+        ``arrived`` (contract.clock() when the request reached the server) is where
+        ``timings["queue"]`` starts (contract.queue_seconds); by default it starts when this call does.
 
         Raises:
             InvalidRequest: a bad argument (nothing ran).
@@ -291,12 +306,12 @@ class Engine:
             GenerationError: the program produced non-finite pixels.
             faults.InjectedFault: only with the test-only switch on (faults.py) and a ``fault:raise`` prompt.
         """
-        called = time.perf_counter()
+        called = clock()
         self.wait_ready(ready_timeout)
         request = validate(request, self.limits)
-        start = time.perf_counter()
+        start = clock()
         result = self._run(request, progress or _no_progress)
-        result.timings["queue"] = max(0.0, start - (called if arrived is None else min(arrived, called)))
+        result.timings["queue"] = queue_seconds(arrived, called, start)
         return result
 
     def _schedule(self, sampler: str, steps: int):
@@ -362,16 +377,6 @@ class Engine:
                     warnings.append(f"{field}: {self.model.name} was not trained on these words, so they do not "
                                     f"steer its images, but they still change them: {', '.join(unknown)}")
         return warnings
-
-
-def with_model_defaults(config: EngineConfig, defaults: dict, model: str) -> EngineConfig:
-    """``config`` with a model's engine_defaults.json for the fields it did not set (EngineConfig.with_model_defaults).
-
-    Raises ConfigError naming the file and the model for a key or value the model may not choose, or
-    for a step count over ``max_inference_steps`` (saying whether it was set or which default it is).
-    """
-    return config.with_model_defaults(defaults, model=f"model {model!r}",
-                                      source=f"{loading.ENGINE_DEFAULTS_FILE} of model {model!r}")
 
 
 _engine: Engine | None = None

@@ -21,23 +21,22 @@ text in ``detail``: 429 over the limit (``Retry-After``); during a shutdown :cla
 answers raw calls itself (503).
 
 The count cannot leak: it is not kept by hand but read from Gradio's own table of live events
-(``Queue.event_ids_to_events``: an event is there from the moment it is queued until it has run,
-failed, been cancelled or lost its client), plus the pushes still under way.
+(gradio_internals.live_event_ids: an event is there from the moment it is queued until it has run,
+failed, been cancelled or lost its client), plus the pushes still under way. Every use of Gradio's
+internals here goes through :mod:`.gradio_internals`.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from fastapi import HTTPException
-from gradio import route_utils
-from gradio.data_classes import PredictBodyInternal
-from gradio.exceptions import Error
-from gradio.queueing import AsyncQueue, Event, Queue
-from gradio.server_messages import ProcessCompletedMessage
-from gradio.utils import error_payload
 
+from sdxl_engine.serving import gradio_internals
 from sdxl_engine.serving.server import SHUTTING_DOWN
+
+if TYPE_CHECKING:
+    from sdxl_engine.serving.gradio_internals import PredictBody, Queue
 
 RETRY_AFTER_S = 5  # for a client over its limit: about one generation
 
@@ -53,14 +52,17 @@ class Admission:
     """Wraps ``queue.push``: refuses new calls of ``fn_ids`` while ``closing()`` or over ``limit`` per client.
 
     Args:
-        queue: the demo's Gradio queue (``demo._queue``, after ``demo.queue(...)``).
-        fn_ids: ids of the counted events (``BlockFunction._id``); other events pass untouched.
+        queue: the demo's Gradio queue (gradio_internals.queue_of, after ``demo.queue(...)``).
+        fn_ids: ids of the counted events (their ``fn_index``); other events pass untouched.
+        push: the queue's own ``push``, which this one calls for the calls it lets through
+            (default: ``queue.push`` as it is now).
         limit: calls one client may have queued or running at once, at least 1.
         closing: whether the server is shutting down (``RequestGate.closed``).
         log: one line per refusal over the limit.
     """
 
-    def __init__(self, queue: Queue, fn_ids, limit: int, closing: Callable[[], bool], log=print):
+    def __init__(self, queue: Queue, fn_ids, limit: int, closing: Callable[[], bool], log=print,
+                 push: Callable | None = None):
         if limit < 1:
             raise ValueError(f"limit must be at least 1, got {limit}")
         self.queue = queue
@@ -68,31 +70,31 @@ class Admission:
         self.limit = limit
         self.closing = closing
         self.log = log
-        self._push = queue.push
+        self._push = push or queue.push
         self._events: dict[str, set[str]] = {}  # client -> ids of its events Gradio may still hold
         self._arriving: dict[str, int] = {}  # client -> pushes under way (not yet in Gradio's table)
 
     @classmethod
     def install(cls, demo, limit: int, closing: Callable[[], bool], api_names=("generate",),
                 log=print) -> "Admission":
-        """Wrap ``demo._queue.push`` for the events named ``api_names``; returns the admission.
+        """Wrap the demo's queue's ``push`` for the events named ``api_names``; returns the admission.
 
-        Call after ``demo.queue(...)`` (it replaces the queue) and before serving.
+        Call after ``demo.queue(...)`` (it replaces the queue) and before serving. Off the queue,
+        POST /run/<api> (Gradio's api_open, on outside Spaces) would run a call uncounted, so
+        gradio_internals.wrap_push closes that route too: queued events are reached through the queue only.
         """
-        fn_ids = [fn._id for fn in demo.fns.values() if fn.api_name in api_names]
-        admission = cls(demo._queue, fn_ids, limit, closing, log)
-        demo._queue.push = admission.push
-        # Off the queue, POST /run/<api> (Gradio's api_open, on outside Spaces) would run a call
-        # uncounted: as demo.queue(api_open=False), queued events are reached through the queue only.
-        demo.api_open = False
+        queue = gradio_internals.queue_of(demo)
+        admission = cls(queue, gradio_internals.fn_indices(demo, api_names), limit, closing, log,
+                        push=queue.push)
+        gradio_internals.wrap_push(demo, admission.push)
         return admission
 
     def held(self, client: str) -> int:
         """Calls of ``client`` queued, running or arriving now."""
-        live = self.queue.event_ids_to_events
+        live = gradio_internals.live_event_ids(self.queue)
         ids = self._events.get(client)
         if ids is not None:
-            ids.intersection_update(live.keys())
+            ids.intersection_update(live)
             if not ids:
                 del self._events[client]
         return len(self._events.get(client, ())) + self._arriving.get(client, 0)
@@ -101,7 +103,7 @@ class Admission:
         """Calls queued, running or arriving now, over all clients."""
         return sum(self.held(client) for client in list(self._events) + list(self._arriving))
 
-    async def push(self, body: PredictBodyInternal, request, username: str | None):
+    async def push(self, body: PredictBody, request, username: str | None):
         """``Queue.push`` with the refusals above; same arguments and result."""
         if body.fn_index not in self.fn_ids:
             return await self._push(body=body, request=request, username=username)
@@ -124,26 +126,16 @@ class Admission:
             self._events.setdefault(client, set()).add(event_id)
         return success, event_id, state
 
-    async def _refuse(self, body: PredictBodyInternal, request, username: str | None, message: str,
+    async def _refuse(self, body: PredictBody, request, username: str | None, message: str,
                       status: int):
         """Refuse one call: an HTTP error for a raw /call/, else an event that fails at once with ``message``."""
         if body.session_hash is None:  # a raw /call/: its own client reads the HTTP status
             headers = {"Retry-After": str(60 if status == 503 else RETRY_AFTER_S)}
             raise HTTPException(status_code=status, detail=message, headers=headers)
-        queue = self.queue
-        event = Event(body.session_hash, route_utils.get_fn(queue.blocks, None, body), request, username)
-        async with queue.pending_message_lock:  # registered as Queue.push registers a session's events
-            if event.session_hash not in queue.pending_messages_per_session:
-                queue.pending_messages_per_session[event.session_hash] = AsyncQueue()
-            if event.session_hash not in queue.pending_event_ids_session:
-                queue.pending_event_ids_session[event.session_hash] = set()
-        queue.pending_event_ids_session[event.session_hash].add(event._id)
-        payload = error_payload(Error(message, print_exception=False), show_error=True)
-        queue.send_message(event, ProcessCompletedMessage(output=payload, success=False, title="Error"))
-        return True, event._id, "success"
+        return True, await gradio_internals.fail_at_once(self.queue, body, request, username, message), "success"
 
 
-def client_key(body: PredictBodyInternal, request) -> str:
+def client_key(body: PredictBody, request) -> str:
     """Who sent a call: its Gradio session, else (a raw /call/, which has none) its IP address."""
     if body.session_hash is not None:
         return "session:" + body.session_hash

@@ -12,8 +12,8 @@ on its own devices, and the front calls them through a deployment handle:
 - :func:`build_app` / :func:`app_builder`: the Serve application (``max_ongoing_requests=1``:
   one request at a time per replica), from the command line or from a Serve config file
   (KubeRay's ``serveConfigV2``, ``import_path: sdxl_engine.serving.replicas:app_builder``).
-- :class:`RemoteEngine`: what app.py uses instead of the local engine: the same attributes
-  (``ready``, ``stage``, ``limits``, ``generate`` ...); it starts a private local Ray cluster or
+- :class:`RemoteEngine`: what the page uses instead of the local engine: the same contract
+  (engine.contract.EngineContract: ``ready``, ``stage``, ``limits``, ``generate`` ...); it starts a private local Ray cluster or
   joins one, deploys (or, with ``app_name``, uses an existing application), counts the ready
   replicas, retries a request on another replica when the one it was sent to died before the
   request reached its devices, and reports any other loss as one clear error.
@@ -44,6 +44,7 @@ from ray.serve.exceptions import RequestCancelledError
 
 from sdxl_engine.engine import faults
 from sdxl_engine.config import ConfigError, EngineConfig
+from sdxl_engine.engine.contract import ScaleOut, clock, queue_seconds
 from sdxl_engine.engine.local import Engine, EngineNotReady, GenerateResult, GenerationError, wait_for_start
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest, Limits, validate
 from sdxl_engine.serving.scaleout import (APP_NAME, DEPLOYMENT_NAME, GRACEFUL_SHUTDOWN_S, HEALTH_CHECK_PERIOD_S, HEALTH_CHECK_TIMEOUT_S,
@@ -89,6 +90,7 @@ class ReplicaInfo:
         model_name, dtype: the loaded model. batch: images per request.
         device_summary: the replica's devices, e.g. ``2 × cpu`` or ``4 × TPU v5 lite``.
         limits: what requests may ask for (sizes, steps, seeds).
+        defaults: the replica engine's resolved defaults (config.resolve_defaults).
         startup: the replica's start-up stages in seconds (``load_s``, ``compile_s``, ``ready_s``).
     """
 
@@ -100,6 +102,7 @@ class ReplicaInfo:
     batch: int
     device_summary: str
     limits: Limits
+    defaults: EngineConfig
     startup: dict[str, float]
 
 
@@ -165,7 +168,8 @@ class EngineReplica:
         engine = self.engine
         return ReplicaInfo(replica=self.replica_id, pid=os.getpid(), node=ray.util.get_node_ip_address(),
                            model_name=engine.model.name, dtype=str(engine.model.dtype), batch=engine.batch,
-                           device_summary=engine.device_summary, limits=engine.limits, startup=dict(engine.startup))
+                           device_summary=engine.device_summary, limits=engine.limits, defaults=engine.defaults,
+                           startup=dict(engine.startup))
 
     def generate(self, request: GenerateRequest) -> Iterator[Stage | Outcome]:
         """Run one request; stream a Stage per engine stage, then one Outcome.
@@ -281,13 +285,14 @@ class ReplicaCounts:
 
 
 class RemoteEngine:
-    """The front's engine in scale-out mode: the local Engine's interface, served by Serve replicas.
+    """The front's engine in scale-out mode: the local Engine's contract, served by Serve replicas.
 
-    Attributes app.py reads, as on :class:`~sdxl_engine.engine.Engine`: ``ready`` (set once one
-    replica is ready, or start-up failed), ``stage``, ``started``, ``error``, ``startup``,
-    ``device_summary`` (one replica's devices), ``batch``, ``config``, ``model`` (``name``,
-    ``dtype``), ``limits``; plus ``replicas`` (:class:`ReplicaCounts`), ``scale``
-    (:class:`Replicas`) and ``slots`` (the page's concurrency: one request per replica).
+    Implements :class:`~sdxl_engine.engine.contract.EngineContract`, as the local
+    :class:`~sdxl_engine.engine.local.Engine`: ``ready`` (set once one replica is ready, or
+    start-up failed), ``stage``, ``started``, ``error``, ``startup``, ``device_summary`` (one
+    replica's devices), ``batch``, ``config``, ``defaults``, ``model`` (``name``, ``dtype``),
+    ``limits``, ``scale_out()`` (the replica counts); plus ``replicas`` (:class:`ReplicaCounts`),
+    ``scale`` (:class:`Replicas`) and ``slots`` (the page's concurrency: one request per replica).
 
     Use :meth:`launch`; call :meth:`close` after the front drained.
     """
@@ -295,6 +300,7 @@ class RemoteEngine:
     def __init__(self, config: EngineConfig, scale: Replicas, address: str | None = None, app_name: str = "",
                  resources: dict[str, float] | None = None, request_timeout_s: float = REQUEST_TIMEOUT_S, log=print):
         self.config = config
+        self.defaults = config  # the replicas' resolved defaults once the first is ready (ReplicaInfo)
         self.scale = scale
         self.slots = scale.slots
         self.address = address
@@ -304,14 +310,14 @@ class RemoteEngine:
         self.request_timeout_s = request_timeout_s
         self._log = log
         self.stage = "starting Ray"
-        self.started = time.perf_counter()
+        self.started = clock()
         self.startup: dict[str, float] = {}
         self.ready = threading.Event()
         self.error: BaseException | None = None
         self.replicas = ReplicaCounts()
         self.device_summary = ""
-        self.batch = 0
-        self.model = None
+        self.batch: int | None = None
+        self.model: _ModelName | None = None
         self.limits: Limits | None = None
         self.plan: ReplicaPlan | None = None
         self._temp_dir = ""
@@ -405,6 +411,10 @@ class RemoteEngine:
                 else f"{counts.ready} of {scale.max_replicas} replicas ready")
         return text + (f", {counts.starting} starting" if counts.starting else "")
 
+    def scale_out(self) -> ScaleOut:
+        """The replica counts as the page shows them (the contract's scale-out description)."""
+        return ScaleOut(self.count_text(), self.replicas.settled)
+
     def _first_ready(self) -> None:
         """Learn the model, limits and devices from a ready replica; then the page serves."""
         try:
@@ -414,6 +424,7 @@ class RemoteEngine:
             return
         self.model = _ModelName(info.model_name, info.dtype)
         self.batch, self.device_summary, self.limits = info.batch, info.device_summary, info.limits
+        self.defaults = info.defaults
         self.startup.update({f"replica_{k}": v for k, v in info.startup.items()})
         self.startup["ready_s"] = time.perf_counter() - self.started
         self.stage = "ready"
@@ -446,11 +457,11 @@ class RemoteEngine:
                 request reached its devices (or on the second replica tried).
             ReplicaError: the replica failed with an unexpected error.
         """
-        called = time.perf_counter()
+        called = clock()
         self.wait_ready(ready_timeout)
         request = validate(request, self.limits)
         report = progress or (lambda stage: None)
-        sent = time.perf_counter()
+        sent = clock()
         outcome, retried = None, ""
         for attempt in (1, 2):
             try:
@@ -464,10 +475,10 @@ class RemoteEngine:
                 self._log(f"[replicas] a replica {lost.reason} before the request reached its devices; retrying once")
         if outcome.result is None:
             outcome.raise_error()
-        back = time.perf_counter()
+        back = clock()
         result = outcome.result
         remote = result.timings["prep"] + result.timings["device"] + result.timings["post"]
-        result.timings.update(queue=max(0.0, sent - (called if arrived is None else min(arrived, called))),
+        result.timings.update(queue=queue_seconds(arrived, called, sent),
                               ray=max(0.0, back - sent - remote), latency=back - sent)
         if retried:
             result.warnings.append(f"a replica {retried} before this request reached its devices; "

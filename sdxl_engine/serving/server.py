@@ -44,6 +44,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from sdxl_engine.config import ConfigError
+from sdxl_engine.engine.contract import clock
+from sdxl_engine.serving import gradio_internals
 
 EXIT_START_FAILED = 1  # valid settings, yet the app could not start
 EXIT_BAD_SETTING = 2  # a flag or setting must change (argparse uses 2 too)
@@ -56,7 +58,7 @@ BLOCKED_PATH_PREFIXES = ("/gradio_api/upload", "/upload")  # the page has no fil
 UNUSED_ROUTES = tuple(prefix + route for prefix in ("/gradio_api", "") for route in (
     "/deep_link", "/process_recording", "/stream/", "/dev/", "/vibe-edit", "/undo-vibe-edit", "/vibe-code"))
 RETRY_AFTER_S = 5
-ARRIVED_HEADER = b"x-sdxl-arrived"  # set by Guard on every request: time.monotonic() at arrival
+ARRIVED_HEADER = b"x-sdxl-arrived"  # set by Guard on every request: contract.clock() at arrival
 QUIET_S = 2.0  # on shutdown, close once no HTTP request arrived for this long (image downloads)
 SHUTTING_DOWN = "the server is shutting down; retry in a minute"  # every client's refusal during a stop
 
@@ -128,34 +130,22 @@ class Routes:
 
     def __init__(self, demo):
         self.demo = demo
-        fns = [fn for fn in demo.fns.values() if fn.fn is not None]
-        self.api_names = frozenset(fn.api_name for fn in fns if fn.api_visibility == "public")
-        self.queued = frozenset(fn._id for fn in fns if fn.queue)
-        self.direct = frozenset(fn._id for fn in fns if not fn.queue)
+        fns = gradio_internals.event_fns(demo)
+        self.api_names = frozenset(fn.api_name for fn in fns if fn.public)
+        self.queued = frozenset(fn.fn_index for fn in fns if fn.queued)
+        self.direct = frozenset(fn.fn_index for fn in fns if not fn.queued)
 
     def served_files(self) -> set[str]:
         """Absolute paths of the files this app created in Gradio's temp folder (those it serves)."""
-        files = set()
-        for file_set in list(self.demo.temp_file_sets):
+        files = set(gradio_internals.kept_files(self.demo))
+        for file_set in gradio_internals.file_sets(self.demo):
             files.update(list(file_set))
-        for block in list(self.demo.blocks.values()):
-            files.update(getattr(block, "keep_in_cache", ()))
         return {os.path.abspath(str(f)) for f in files}
 
-    def _stream_known(self, session: str) -> bool:
-        queue = getattr(self.demo, "_queue", None)
-        return queue is not None and session in queue.pending_messages_per_session
-
     def _event_known(self, event_id: str) -> bool:
-        """Whether ``event_id``'s result is still to be read: the event is queued or running, or its
-        completion not yet delivered (Gradio keeps the id in ``pending_event_ids_session`` until then).
-        A result already read is not: its session's stream stays open, so Gradio would send
-        heartbeats for ever."""
-        queue = getattr(self.demo, "_queue", None)
-        if queue is None:
-            return False
-        return event_id in queue.event_ids_to_events or any(
-            event_id in ids for ids in list(queue.pending_event_ids_session.values()))
+        """Whether ``event_id``'s result is still to be read (gradio_internals.event_pending). A result
+        already read is not: its session's stream stays open, so Gradio would send heartbeats for ever."""
+        return gradio_internals.event_pending(self.demo, event_id)
 
     def refusal(self, method: str, path: str, query: str, body: bytes | None) -> str | None:
         """Why the request is refused, or None to let it through. ``body``: a POST's body (else None)."""
@@ -173,7 +163,7 @@ class Routes:
             return None
         if method == "GET" and _QUEUE_DATA.match(path):
             session = dict(pair.partition("=")[::2] for pair in query.split("&")).get("session_hash", "")
-            return None if self._stream_known(session) else "no such session"
+            return None if gradio_internals.session_stream_known(self.demo, session) else "no such session"
         join, call = _QUEUE_JOIN.match(path), _DIRECT_CALL.match(path)
         if method != "POST" or not (join or call):
             return None
@@ -190,8 +180,8 @@ class Routes:
             return None if type(fn_index) is int and fn_index in self.queued else "no such queued event"
         name = call["name"]
         if name in self.api_names:  # by name; a fn_index in the body would pick another event
-            return None if fn_index is None or self.demo.fns.get(fn_index) is not None and \
-                self.demo.fns[fn_index].api_name == name else "fn_index does not name this endpoint"
+            return None if fn_index is None or gradio_internals.api_name_of(self.demo, fn_index) == name \
+                else "fn_index does not name this endpoint"
         if name == "predict" and path.startswith(("/gradio_api/run/", "/run/")) and type(fn_index) is int \
                 and fn_index in self.direct and isinstance(session, str) and session:
             return None  # the page's events that skip the queue
@@ -234,7 +224,8 @@ def api_inputs(demo) -> tuple[dict[str, tuple[str, ...]], dict[int, str]]:
     """({api_name: input names}, {fn_index: api_name}) of ``demo``'s named API endpoints."""
     named = demo.get_api_info()["named_endpoints"]
     inputs = {name.lstrip("/"): tuple(p["parameter_name"] for p in info["parameters"]) for name, info in named.items()}
-    fns = {fn._id: fn.api_name for fn in demo.fns.values() if fn.api_name in inputs}
+    fns = {fn_index: gradio_internals.api_name_of(demo, fn_index)
+           for fn_index in gradio_internals.fn_indices(demo, inputs)}
     return inputs, fns
 
 
@@ -299,7 +290,7 @@ class Guard:
             return await _plain(send, 503, SHUTTING_DOWN.encode(), [(b"retry-after", b"60")])
         # When the request arrived (a client's own header of that name is dropped): the queue wait starts here.
         scope = {**scope, "headers": [(k, v) for k, v in scope.get("headers") or [] if k.lower() != ARRIVED_HEADER]
-                 + [(ARRIVED_HEADER, repr(time.monotonic()).encode())]}
+                 + [(ARRIVED_HEADER, repr(clock()).encode())]}
         headers = dict(scope["headers"])
         length = headers.get(b"content-length", b"0")
         if not length.isdigit() or int(length) > self.max_body:
@@ -382,7 +373,9 @@ def _replay(body: bytes, receive):
 
 
 def arrival_time(request) -> float | None:
-    """``time.monotonic()`` when ``request`` (a gr.Request) reached the server, stamped by Guard; None if unknown."""
+    """contract.clock() when ``request`` (a gr.Request) reached the server, stamped by Guard; None if unknown.
+
+    On the engines' clock already: pass it on as ``generate(..., arrived=...)`` as it is."""
     try:
         return float(request.headers[ARRIVED_HEADER.decode()])
     except (AttributeError, KeyError, TypeError, ValueError):
@@ -404,15 +397,14 @@ async def _plain(send, status: int, body: bytes, extra: list | None = None,
 def install_guard(app, gate: "RequestGate | None" = None, demo=None) -> None:
     """Put :class:`Guard` outside every other middleware of Gradio's FastAPI ``app``.
 
-    Gradio adds its CORS middleware inside ``launch``; Starlette builds the middleware stack on
-    the first request, so the stack is reset and rebuilt with the guard outermost (the other
-    layers are stateless). The security tests probe the result over HTTP. With ``demo``, raw
+    Gradio adds its CORS middleware inside ``launch``, so the guard goes in after it
+    (gradio_internals.add_outermost_middleware). The security tests probe the result over HTTP. With ``demo``, raw
     calls of its API endpoints are checked for missing values, and only the calls, streams and
     files :class:`Routes` allows reach Gradio.
     """
     inputs, fns = api_inputs(demo) if demo is not None else ({}, {})
-    app.middleware_stack = None
-    app.add_middleware(Guard, gate=gate, inputs=inputs, fns=fns, routes=None if demo is None else Routes(demo))
+    gradio_internals.add_outermost_middleware(app, Guard, gate=gate, inputs=inputs, fns=fns,
+                                              routes=None if demo is None else Routes(demo))
 
 
 class RequestGate:
@@ -457,7 +449,7 @@ class TempJanitor:
 
     def __init__(self, demo, max_bytes: float, keep_s: float):
         self.demo = demo
-        self.root = Path(demo.GRADIO_CACHE).resolve()
+        self.root = gradio_internals.temp_folder(demo)
         self.max_bytes = max_bytes
         self.keep_s = keep_s
 
@@ -467,9 +459,9 @@ class TempJanitor:
 
     def _tracked(self) -> list[tuple[float, int, str, set]]:
         """(last written, size, path, the set recording it) of every file the app created, oldest first."""
-        keep = set().union(*(getattr(block, "keep_in_cache", set()) for block in self.demo.blocks.values()))
+        keep = gradio_internals.kept_files(self.demo)
         entries = []
-        for file_set in list(self.demo.temp_file_sets):
+        for file_set in gradio_internals.file_sets(self.demo):
             for path in list(file_set):
                 if path in keep:
                     continue
@@ -528,18 +520,6 @@ class TempJanitor:
         thread = threading.Thread(target=self.run, args=(stop, interval, log), name="temp-janitor", daemon=True)
         thread.start()
         return thread
-
-
-def _waiting(demo) -> int:
-    queue = getattr(demo, "_queue", None)
-    return 0 if queue is None else len(queue)
-
-
-def _queue_idle(demo) -> bool:
-    queue = getattr(demo, "_queue", None)
-    if queue is None:
-        return True
-    return all(job is None for job in getattr(queue, "active_jobs", [])) and len(queue) == 0
 
 
 def port_error(host: str, port: int) -> str | None:
@@ -672,7 +652,7 @@ def serve(demo, engine, options: dict, gate: RequestGate, drain_s: float = 60.0,
     janitor_stop.set()
     gate.close()
     log(f"[app] stopping: new requests are refused; finishing the ones already accepted "
-        f"({gate.in_flight} running, {_waiting(demo)} waiting)")
+        f"({gate.in_flight} running, {gradio_internals.waiting(demo)} waiting)")
     deadline = time.monotonic() + drain_s
 
     def wait_until(done) -> None:  # polls, so an ignored second signal is logged while waiting
@@ -681,7 +661,7 @@ def serve(demo, engine, options: dict, gate: RequestGate, drain_s: float = 60.0,
             time.sleep(0.05)
 
     wait_until(lambda: gate.in_flight == 0)
-    wait_until(lambda: _queue_idle(demo))  # results still on their way out
+    wait_until(lambda: gradio_internals.queue_idle(demo))  # results still on their way out
     # Clients fetch a result's images after the result itself: close only once quiet_s seconds
     # passed since the last result and since the last HTTP request (still within the deadline).
     idle_at = time.monotonic()

@@ -1,0 +1,186 @@
+"""Every use serving makes of Gradio's internals, in one module, with the version it was checked against.
+
+The HTTP guard (server.Routes, server.install_guard), the temp-folder janitor (server.TempJanitor),
+the clean stop (server.serve) and the per-client admission (admission.Admission) need what Gradio
+does not document: its event table (``Blocks.fns``, ``BlockFunction._id``), its queue's tables
+(``Blocks._queue``: ``event_ids_to_events``, ``pending_messages_per_session``,
+``pending_event_ids_session``, ``active_jobs``, ``push``), the files it recorded
+(``temp_file_sets``, ``keep_in_cache``, ``GRADIO_CACHE``), how it fails an event
+(``Event``, ``ProcessCompletedMessage``, ``error_payload``) and Starlette's cached
+``middleware_stack``. Nothing else in the project touches them: after a Gradio upgrade, read
+this module against the new Gradio (and run tests/test_security.py, test_shutdown.py,
+test_temp_folder.py), then move :data:`GRADIO_VERSION`. :func:`check_version` logs one warning
+line at start-up when the installed Gradio is another.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+from starlette.exceptions import StarletteDeprecationWarning
+
+if TYPE_CHECKING:  # Gradio itself is imported only where used: server.py imports this module before Gradio's
+    # import (usable_output_dir must run first: Gradio reads GRADIO_TEMP_DIR at import).
+    from gradio.data_classes import PredictBodyInternal as PredictBody
+    from gradio.queueing import Queue
+
+GRADIO_VERSION = "6.31.0"  # what this module was checked against: requirements.txt's pin
+
+# Gradio uses Starlette names deprecated since (HTTP_422_UNPROCESSABLE_ENTITY): warnings in the
+# server log per request that only Gradio can act on.
+warnings.filterwarnings("ignore", category=StarletteDeprecationWarning, module=r"gradio(\.|$)")
+
+
+def check_version(log=print, installed: str | None = None) -> bool:
+    """Whether the installed Gradio (or ``installed``) is :data:`GRADIO_VERSION`; if not, log one warning line."""
+    installed = installed or importlib.metadata.version("gradio")
+    if installed == GRADIO_VERSION:
+        return True
+    log(f"[app] warning: Gradio {installed} is installed, but sdxl_engine/serving/gradio_internals.py was checked "
+        f"against Gradio {GRADIO_VERSION} (requirements.txt): the HTTP guard, the admission and the temp-folder "
+        "janitor use Gradio internals that may have changed")
+    return False
+
+
+# ---- the demo's events ---------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class EventFn:
+    """One of the demo's events that runs a server function.
+
+    Attributes:
+        fn_index: the id clients send as ``fn_index`` (``BlockFunction._id``).
+        api_name: its API name (``generate``), or None.
+        public: whether it is a public API endpoint (``api_visibility == "public"``).
+        queued: whether it runs through Gradio's queue (else the page calls it through ``run/predict``).
+    """
+
+    fn_index: int
+    api_name: str | None
+    public: bool
+    queued: bool
+
+
+def event_fns(demo) -> list[EventFn]:
+    """The demo's events that run a server function (events with only a page script are left out)."""
+    return [EventFn(fn._id, fn.api_name, fn.api_visibility == "public", bool(fn.queue))
+            for fn in demo.fns.values() if fn.fn is not None]
+
+
+def api_name_of(demo, fn_index) -> str | None:
+    """The API name of the event ``fn_index`` names (with or without a server function), or None."""
+    fn = demo.fns.get(fn_index)
+    return None if fn is None else fn.api_name
+
+
+def fn_indices(demo, api_names) -> list[int]:
+    """The ``fn_index`` of every event named one of ``api_names``."""
+    return [fn._id for fn in demo.fns.values() if fn.api_name in api_names]
+
+
+# ---- the queue -------------------------------------------------------------------------------
+def queue_of(demo) -> Queue | None:
+    """The demo's Gradio queue (made by ``demo.queue(...)``), or None."""
+    return getattr(demo, "_queue", None)
+
+
+def waiting(demo) -> int:
+    """Calls waiting in the demo's queue (not running yet)."""
+    queue = queue_of(demo)
+    return 0 if queue is None else len(queue)
+
+
+def queue_idle(demo) -> bool:
+    """Whether the demo's queue runs nothing and holds nothing."""
+    queue = queue_of(demo)
+    if queue is None:
+        return True
+    return all(job is None for job in getattr(queue, "active_jobs", [])) and len(queue) == 0
+
+
+def session_stream_known(demo, session: str) -> bool:
+    """Whether the queue has a result stream (``queue/data``) for ``session``."""
+    queue = queue_of(demo)
+    return queue is not None and session in queue.pending_messages_per_session
+
+
+def event_pending(demo, event_id: str) -> bool:
+    """Whether ``event_id``'s result is still to be read: the event is queued or running, or its
+    completion not yet delivered (Gradio keeps the id in ``pending_event_ids_session`` until then)."""
+    queue = queue_of(demo)
+    if queue is None:
+        return False
+    return event_id in queue.event_ids_to_events or any(
+        event_id in ids for ids in list(queue.pending_event_ids_session.values()))
+
+
+def live_event_ids(queue: Queue):
+    """The ids of the events ``queue`` holds (queued or running), as a live mapping's keys view:
+    an event is there from the moment it is queued until it has run, failed, been cancelled or
+    lost its client."""
+    return queue.event_ids_to_events.keys()
+
+
+def wrap_push(demo, push: Callable) -> Callable:
+    """Put ``push`` in place of ``demo._queue.push`` and return the original, which ``push`` must
+    call with the same keywords (``body``, ``request``, ``username``). Also closes the direct
+    ``POST /run/<api>`` route for queued events (as ``demo.queue(api_open=False)``), so every
+    queued call goes through ``push``. Call after ``demo.queue(...)`` (it replaces the queue)."""
+    queue = demo._queue
+    original = queue.push
+    queue.push = push
+    demo.api_open = False
+    return original
+
+
+async def fail_at_once(queue: Queue, body: PredictBody, request, username: str | None, message: str) -> str:
+    """Register an event for ``body``'s session that fails at once with ``message`` (as a gr.Error
+    raised by its handler would), without queueing or running anything; returns its event id."""
+    from gradio import route_utils
+    from gradio.exceptions import Error
+    from gradio.queueing import AsyncQueue, Event
+    from gradio.server_messages import ProcessCompletedMessage
+    from gradio.utils import error_payload
+
+    event = Event(body.session_hash, route_utils.get_fn(queue.blocks, None, body), request, username)
+    async with queue.pending_message_lock:  # registered as Queue.push registers a session's events
+        if event.session_hash not in queue.pending_messages_per_session:
+            queue.pending_messages_per_session[event.session_hash] = AsyncQueue()
+        if event.session_hash not in queue.pending_event_ids_session:
+            queue.pending_event_ids_session[event.session_hash] = set()
+    queue.pending_event_ids_session[event.session_hash].add(event._id)
+    payload = error_payload(Error(message, print_exception=False), show_error=True)
+    queue.send_message(event, ProcessCompletedMessage(output=payload, success=False, title="Error"))
+    return event._id
+
+
+# ---- the files Gradio recorded ----------------------------------------------------------------
+def temp_folder(demo) -> Path:
+    """The demo's temp folder (``GRADIO_TEMP_DIR``), resolved."""
+    return Path(demo.GRADIO_CACHE).resolve()
+
+
+def file_sets(demo) -> list[set]:
+    """The sets in which Gradio records the files the app created (each request's gallery PNGs);
+    live: removing a path from one makes Gradio forget it."""
+    return list(demo.temp_file_sets)
+
+
+def kept_files(demo) -> set:
+    """Files Gradio keeps for good (``keep_in_cache``: examples), never deleted."""
+    return set().union(*(getattr(block, "keep_in_cache", set()) for block in list(demo.blocks.values())))
+
+
+# ---- the ASGI app ------------------------------------------------------------------------------
+def add_outermost_middleware(app, middleware, **options) -> None:
+    """Add ``middleware`` outside every other middleware of the (already started) Starlette ``app``.
+
+    Starlette builds the middleware stack on the first request and refuses ``add_middleware``
+    after that; Gradio adds its CORS middleware inside ``launch``. The stack is reset, so it is
+    rebuilt with ``middleware`` outermost (the other layers are stateless).
+    """
+    app.middleware_stack = None
+    app.add_middleware(middleware, **options)

@@ -1,0 +1,149 @@
+"""The request handler the page calls: one /generate call, from the widgets' values to the gallery.
+
+:func:`handle_generate` applies the style, waits for the engine's start, passes the request's
+arrival on, maps the engine's errors to what the page shows (gr.Error, gr.Warning), delivers the
+PNGs (delivery.py) and builds the browser history's record (history.py). It uses only the
+engine contract (engine.contract.EngineContract), so the local engine and the Ray front serve
+alike. :func:`api_function` is the ``/generate`` endpoint's function (its parameters name the
+API's inputs); :func:`page_defaults` gives the page its sliders' defaults before the engine has
+loaded the model. Imports Gradio (it raises Gradio's errors and writes to Gradio's temp folder).
+"""
+
+from __future__ import annotations
+
+import traceback
+from typing import Callable
+
+import gradio as gr
+
+from sdxl_engine.checkpoint.loading import engine_defaults
+from sdxl_engine.config import EngineConfig, resolve_defaults
+from sdxl_engine.engine.contract import EngineContract, clock
+from sdxl_engine.engine.local import EngineNotReady, GenerationError
+from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest
+from sdxl_engine.serving import delivery, history, server
+from sdxl_engine.serving.styles import NO_STYLE, UnknownStyle, apply_style, get_style
+
+STAGES = {  # engine stage -> (progress fraction, what the page says)
+    "compiling": (0.03, "Compiling the program for this size (first request at it; reused afterwards)"),
+    "preparing": (0.05, "Preparing: tokenizing the prompts, scheduling {steps} {sampler} steps"),
+    "on device": (0.1, "On {devices}: encoding the prompts, denoising {steps} steps, decoding with the VAE"),
+    "to host": (0.9, "Copying {n} images to the host"),
+}
+
+
+def page_defaults(config: EngineConfig) -> EngineConfig:
+    """``config`` with the model's engine_defaults.json where it set nothing (config.resolve_defaults):
+    the page's sampler, steps and guidance, which are also the API's defaults (read before the engine
+    has loaded the model, which resolves them the same way; a hub id's file is read only then, so the
+    page keeps the config's values for it).
+
+    Raises ConfigError or ModelLoadError for a file the engine would refuse too.
+    """
+    return resolve_defaults(config, engine_defaults(config.model), config.model)
+
+
+def api_function(generate: Callable, config: EngineConfig, pending: history.Pending) -> Callable:
+    """The function the page's Generate event runs, which is also the ``/generate`` API endpoint.
+
+    Its parameter names are the API's keyword inputs, its defaults the page's (``config``: the
+    page's resolved defaults); it calls ``generate`` (handle_generate's arguments minus the engine)
+    with the request's arrival (server.arrival_time), keeps the history record in ``pending`` for
+    the caller's session, and returns (gallery items, info).
+    """
+
+    def generate_images(prompt: str, negative_prompt: str | None = None, seed: int = -1,
+                        guidance_scale: float = config.guidance_scale,
+                        num_inference_steps: int = config.num_inference_steps, width: int = 0, height: int = 0,
+                        style: str = NO_STYLE, sampler: str = config.sampler, request: gr.Request = None,
+                        progress=gr.Progress()):
+        # Named parameters: gradio_client callers use these keywords (the /generate contract);
+        # only optional inputs are ever added, at the end. ``request`` and ``progress`` are Gradio's.
+        gallery, info, record = generate(prompt, negative_prompt, seed, guidance_scale, num_inference_steps, width,
+                                         height, style, sampler, progress=progress,
+                                         arrived=server.arrival_time(request))
+        pending.put(getattr(request, "session_hash", None), record)
+        return gallery, info
+
+    return generate_images
+
+
+def refuse(err: Exception) -> gr.Error:
+    """The gr.Error for a request the engine refused (bad input, not started) or that failed with
+    a message for the user (an unusable image, a lost Ray replica: GenerationError), after one
+    log line that says which: neither is a traceback in the server log."""
+    print(f"[app] request {'failed' if isinstance(err, GenerationError) else 'refused'}: {err}", flush=True)
+    return gr.Error(str(err), print_exception=False)
+
+
+def handle_generate(engine: EngineContract, prompt, negative_prompt, seed, guidance_scale, num_inference_steps,
+                    width, height, style=NO_STYLE, sampler=None, progress: Callable | None = None,
+                    files_dir: str | None = None, arrived: float | None = None):
+    """One /generate call: values as the client sent them in; (gallery items, info, history record) out.
+
+    The engine validates every value (width/height 0 or None = the model's default; sampler None
+    = the engine's default). Raises gr.Error with the engine's message for bad input, an engine
+    that is not ready or an unusable image; any other failure is logged and reported without
+    internals. ``style`` names a preset of sdxl_engine.serving.styles (applied here, so the engine sees
+    plain text). ``arrived`` (contract.clock() at the server: server.arrival_time) makes
+    ``timings_s.queue`` count the wait in Gradio's queue too.
+
+    ``progress(fraction, desc=...)`` (a gr.Progress) hears each stage; while the engine is still
+    starting, the request waits and reports the start-up stage and elapsed seconds.
+
+    The gallery items are (PNG path, caption): the PNGs (with their A1111 parameters) lie in a new
+    folder under ``files_dir`` (default: Gradio's temp folder, which serves them as they are),
+    named after seed and prompt (``seed42-a-red-circle.png``, the download's name). With the
+    config's ``outputs_dir`` they are saved there too, as ``<µs time>-<request id>-seed42-...png``.
+    """
+    report = progress if progress is not None else (lambda *_, **__: None)  # gr.Progress is falsy (len 0)
+    try:
+        styled_prompt, styled_negative = apply_style(style, prompt, negative_prompt)
+        style = get_style(style).name
+    except UnknownStyle as err:
+        raise refuse(err) from err
+    while not engine.ready.wait(0.5):
+        report(0.0, desc=f"Starting the engine: {engine.stage} ({clock() - engine.started:.0f} s)")
+    request = GenerateRequest(prompt=styled_prompt, negative_prompt=styled_negative, seed=seed,
+                              guidance_scale=guidance_scale, num_inference_steps=num_inference_steps,
+                              width=width, height=height, sampler=sampler)
+
+    def on_stage(stage: str) -> None:
+        fraction, text = STAGES.get(stage, (None, stage))
+        steps = engine.limits.default_steps if num_inference_steps is None else num_inference_steps
+        report(fraction, desc=text.format(steps=steps, sampler=sampler or engine.limits.default_sampler,
+                                          devices=engine.device_summary, n=engine.batch))
+
+    try:
+        result = engine.generate(request, progress=on_stage, arrived=arrived)
+    except (InvalidRequest, EngineNotReady, GenerationError) as err:
+        raise refuse(err) from err
+    except Exception as err:
+        traceback.print_exc()
+        raise gr.Error(f"the engine failed on this request ({type(err).__name__}); it is logged on the server. "
+                       "Please retry.") from err
+    report(0.95, desc="Encoding PNGs")
+    return _deliver(engine, result, prompt, negative_prompt, style, files_dir)
+
+
+def _deliver(engine: EngineContract, result, prompt: str, negative_prompt: str, style: str,
+             files_dir: str | None) -> tuple[list, dict, dict]:
+    """(gallery items, info, history record) for a result; its PNGs written (delivery.deliver)."""
+    try:
+        out = delivery.deliver(result, prompt, style, files_dir or gr.utils.get_upload_folder(),
+                               engine.config.outputs_dir)
+    except OSError as err:
+        print(f"[app] error: could not write the images to Gradio's temp folder: {err}", flush=True)
+        raise gr.Error(f"the server could not store the images ({type(err).__name__}); please retry later",
+                       print_exception=False) from err
+    if out.save_error is not None:  # the images are still shown and downloadable; saving is best-effort
+        print(f"[app] warning: could not save to outputs_dir {engine.config.outputs_dir!r}: {out.save_error}",
+              flush=True)
+        gr.Warning(out.save_warning)
+    info, label = out.info, "" if style == NO_STYLE else f" · {style}"
+    gallery = [(path, f"seed {s}{label} · {info['latency_s']:.2f} s") for path, s in zip(out.paths, result.seeds)]
+    for warning in result.warnings:
+        gr.Warning(warning if style == NO_STYLE else f"{warning} (the {style} style adds words around yours)")
+    record = history.make_record({"prompt": prompt, "negative_prompt": negative_prompt, "style": style}, info,
+                                 result.images)
+    return gallery, info, record

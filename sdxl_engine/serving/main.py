@@ -1,0 +1,107 @@
+"""The process's life: ``python app.py`` from its flags to its exit status.
+
+app.py holds the page only and hands its builder here (this package never imports app.py):
+
+1. :func:`check_environment`, before Gradio is imported (Gradio reads ``GRADIO_TEMP_DIR`` and
+   ``GRADIO_SERVER_PORT`` at import): a writable temp folder, a usable port variable.
+2. :func:`main`: flags and settings, the port probe, the engine started in the background
+   (:func:`start_engine`: the local one, or the Ray front with ``--replicas``), the page built
+   around :func:`~.handler.handle_generate`, served until a stop (server.serve: the exit statuses).
+3. :func:`run`: :func:`main`, then ``os._exit`` with its status.
+
+This module imports no Gradio at its own import (the handler and Gradio's names load in
+:func:`main`), so step 1 can run first.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Callable, NoReturn
+
+from sdxl_engine.config import ConfigError, EngineConfig
+from sdxl_engine.serving import cli, scaleout, server
+
+
+def check_environment() -> None:
+    """Call before importing Gradio: switch an unwritable ``GRADIO_TEMP_DIR`` to a fresh folder (one
+    warning line), and exit with status 2 and one ``error:`` line for an unusable ``GRADIO_SERVER_PORT``."""
+    server.usable_output_dir()
+    if (bad_env := cli.environment_error()) is not None:
+        print(f"error: bad setting: {bad_env}", file=sys.stderr)
+        sys.exit(server.EXIT_BAD_SETTING)
+
+
+def main(argv: list[str] | None, build_demo: Callable, css: str, title: str) -> int:
+    """Start the engine in the background, serve the page; returns the exit status (see server.serve).
+
+    Args:
+        argv: the command line without the program name (None: ``sys.argv[1:]``).
+        build_demo: app.build_demo: ``(generate, page config, engine, concurrency=, history_secret=)``
+            -> gr.Blocks, where ``generate`` takes handle_generate's arguments minus the engine.
+        css: the page's CSS (``demo.launch(css=...)``). title: the page's title, also in ``--help``.
+    """
+    from gradio.networking import GRADIO_API_SERVER
+
+    from sdxl_engine.checkpoint.loading import ModelLoadError
+    from sdxl_engine.serving import gradio_internals
+    from sdxl_engine.serving.handler import handle_generate, page_defaults
+
+    args = cli.parse_args(argv, title)
+    signals = server.StopSignals()  # from here on a stop signal ends in a clean stop, not the default kill
+    signals.install()
+    gradio_internals.check_version()
+    try:
+        config = EngineConfig.load(cli.engine_overrides(args))
+        page_config = page_defaults(config)
+        cli.check_outputs_dir(config.outputs_dir)
+    except (ConfigError, ModelLoadError) as err:
+        print(server.start_error_line(err), file=sys.stderr)
+        return server.exit_status(err)
+    if (taken := server.port_error(args.host, args.port)) is not None:
+        print(f"error: cannot serve on {args.host}:{args.port}: {taken}", file=sys.stderr)
+        return server.EXIT_START_FAILED
+    try:
+        engine, concurrency = start_engine(config, args)
+    except (ConfigError, RuntimeError) as err:  # a bad scale-out setting (2); Ray could not start or join (1)
+        print(server.start_error_line(err), file=sys.stderr)
+        return server.exit_status(err)
+    gate = server.RequestGate()
+    demo = build_demo(lambda *values, **kw: gate.run(handle_generate, engine, *values, **kw), page_config, engine,
+                      concurrency=concurrency, history_secret=args.history_secret)
+    demo.queue(max_size=config.max_queue_size)
+    share = args.share and cli.share_possible(f"http://{args.host}:{args.port}/", GRADIO_API_SERVER)
+    try:
+        return server.serve(demo, engine, {**server.launch_options(args.host, args.port, share), "css": css},
+                            gate, signals=signals)
+    finally:
+        if args.replicas is not None:
+            engine.close()  # after the drain: delete the Serve application, stop the private Ray cluster
+
+
+def start_engine(config: EngineConfig, args) -> tuple:
+    """(engine, page concurrency): the local engine started in the background (one request at a
+    time), or with ``--replicas`` the stand-in for the Ray Serve replicas (one request per replica).
+    Both implement engine.contract.EngineContract."""
+    if args.replicas is None:
+        from sdxl_engine.engine.local import get_engine
+
+        return get_engine(config, background=True), 1
+    scaleout.ray_environment(private=args.ray_address is None)  # before Ray's import, which reads it
+    # Imported only here: without --replicas `python app.py` never loads Ray (README, "Scale-out on Ray Serve").
+    from sdxl_engine.serving import replicas
+
+    engine = replicas.RemoteEngine.launch(config, args.replicas, address=args.ray_address, app_name=args.ray_app,
+                                          resources=args.replica_resources)
+    return engine, engine.slots
+
+
+def run(build_demo: Callable, css: str, title: str, argv: list[str] | None = None) -> NoReturn:
+    """:func:`main`, then end the process with its status, without interpreter teardown."""
+    status = main(argv, build_demo, css, title)
+    # No interpreter teardown: a stop while the engine still compiles in its background thread
+    # would tear down JAX under that thread (a segfault after "[app] stopped"). Everything the
+    # process owns is closed by now; only the output buffers are left to flush.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)

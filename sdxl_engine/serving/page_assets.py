@@ -1,0 +1,69 @@
+"""The page's texts, CSS and browser scripts (app.py lays out the widgets and wires these to them).
+
+Kept apart from app.py so that it stays the page's layout and events; nothing here runs on the
+server. HISTORY_KEY names the browser's localStorage entry of the history (README, "History").
+"""
+
+from __future__ import annotations
+
+import json
+
+from sdxl_engine.serving.styles import NO_STYLE
+
+MODEL_NOTES = {  # shown under the banner for the built-in models
+    "tiny-shapes": "Model `tiny-shapes`: a small demo model (SDXL architecture, 64×64, trained here on captioned "
+                   "shapes: circle, square, triangle, star, cross, diamond; 8 colours; left/right/top/bottom/centre; "
+                   "small/large; white/black/gray/blue backgrounds). ",
+    "tiny-random": "Model `tiny-random`: the SDXL architecture with random weights (for tests): expect noise. ",
+}
+# Ends with the command (no full stop after it): on a phone the code wraps, and a stop would sit alone on a line.
+REAL_SDXL_HINT = "For real SDXL, start it with: `python app.py --model stabilityai/stable-diffusion-xl-base-1.0`"
+# At 1280x800 the 2x2 gallery is as wide as the window's height allows, so all four images show
+# without scrolling. Below 768 px the columns stack with the gallery first, right under the
+# prompt; scroll anchoring is off there, or the browser scrolls the images away as it grows.
+# There the prompt and Generate, and the resolution and seed, take a line each (side by side
+# they squeeze the text). Toasts sit at the bottom left, off the Generate button (top right)
+# and the gallery; on a phone, at the bottom. The history's tiles fill the width (no sideways
+# scrolling); captions wrap instead of ending in "…".
+PAGE_CSS = """
+#gallery .grid-container { max-width: max(240px, min(100%, calc(100vh - 380px))); margin-inline: auto; }
+@media (max-width: 767px) { #output-col { order: -1; } #main-row { overflow-anchor: none; }
+  #prompt-row, #size-row, #size-row .form { flex-wrap: wrap; }
+  #prompt-row > *, #size-row > *, #size-row .form > * { flex: 1 1 100% !important; } }
+.toast-wrap { top: auto !important; bottom: var(--size-3) !important; left: var(--size-3) !important;
+  right: auto !important; align-items: start !important; }
+@media (max-width: 767px) { .toast-wrap { right: var(--size-3) !important; width: auto !important; } }
+#history .grid-container { grid-template-columns: repeat(auto-fill, minmax(120px, 1fr)) !important; }
+#history .caption-label, #gallery .caption-label { white-space: normal !important; overflow: visible !important;
+  text-overflow: clip !important;
+  max-width: calc(100% - 8px) !important; line-height: 1.2; }
+"""
+HISTORY_KEY = "sdxl-jax-history"  # the BrowserState's localStorage key
+HISTORY_NOTE = "Click an image to restore its prompt, style, seed and settings."
+# The history gallery, drawn in the browser from the records' JPEG data URLs (the server writes no
+# thumbnail), in history.entry's order. A history this browser kept but cannot read now (the history
+# key changed: README, "History") comes back empty; a count kept beside it tells that case apart.
+HISTORY_JS = """(past) => { const records = Array.isArray(past) ? past : [];
+  const items = [];
+  for (const r of records) {
+    if (!r || !Array.isArray(r.seeds) || !Array.isArray(r.thumbs)) continue;
+    const style = r.style && r.style !== %s ? ` · ${r.style}` : '';
+    r.seeds.forEach((seed, i) => { const url = r.thumbs[i];
+      if (typeof url !== 'string' || !url.startsWith('data:image/jpeg;base64,')) return;
+      items.push({image: {url: url, orig_name: `seed${seed}.jpg`, mime_type: 'image/jpeg'},
+                  caption: `seed ${seed}${style} · ${String(r.prompt).slice(0, 40)}`});
+    });
+  }
+  const countKey = %s + '-count', kept = Number(localStorage.getItem(countKey) || 0);
+  const lost = records.length === 0 && kept > 0 && localStorage.getItem(%s) !== null;
+  if (!lost) localStorage.setItem(countKey, String(records.length));
+  document.querySelector('#history')?.setAttribute('data-drawn', String(Date.now()));  /* when it was drawn last */
+  return [items, lost ? %s : %s]; }""" % (json.dumps(NO_STYLE), json.dumps(HISTORY_KEY), json.dumps(HISTORY_KEY),
+    json.dumps("This browser's earlier history cannot be read: the server's history key changed since it was saved "
+               "(README, \"History\"). New generations start a new history."), json.dumps(HISTORY_NOTE))
+# An emptied history is not an unreadable one: the count beside it goes to 0 first. (The one output's
+# value is wrapped in a list: Gradio reads an array returned by a page script as the list of outputs.)
+CLEAR_HISTORY_JS = f"() => {{ localStorage.setItem({json.dumps(HISTORY_KEY + '-count')}, '0'); return [[]]; }}"
+PARSE_SIZE_JS = "(v) => String(v || '0x0').split('x').map(Number)"  # "WxH" (a size_choices value) -> [width, height]
+SCROLL_TO_GALLERY_JS = """() => { if (window.innerWidth < 768) {  /* after the page's own updates settle */
+  setTimeout(() => document.querySelector('#gallery')?.scrollIntoView({block: 'start'}), 100); } }"""
