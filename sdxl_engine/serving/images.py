@@ -1,4 +1,4 @@
-"""Images out of the engine: PIL images, PNGs that carry how they were made, optional saving.
+"""Images out of the engine: PNGs that carry how they were made, optional saving.
 
 Saved files are named after what made them (``seed42-a-red-circle.png``) and never replace
 another file: each is written under a temporary name in its folder, then linked to its final
@@ -47,22 +47,6 @@ def parse_a1111_parameters(text: str) -> dict:
             out["negative_prompt"] = line[len("Negative prompt: "):]
     for key, value in re.findall(r"([A-Za-z ]+): ([^,]+)(?:, |$)", lines[-1]):
         out[key.strip()] = value.strip()
-    return out
-
-
-def to_pil(images: np.ndarray, parameters: list[str] | None = None) -> list[Image.Image]:
-    """(batch, H, W, 3) uint8 -> list of RGB PIL images, each carrying its parameters text.
-
-    Raises ValueError for another shape or dtype.
-    """
-    if images.ndim != 4 or images.shape[-1] != 3 or images.dtype != np.uint8:
-        raise ValueError(f"images must be (batch, H, W, 3) uint8, got {images.shape} {images.dtype}")
-    out = []
-    for i, array in enumerate(images):
-        image = Image.fromarray(array, "RGB")
-        if parameters:
-            image.info["parameters"] = parameters[i]
-        out.append(image)
     return out
 
 
@@ -176,9 +160,3 @@ def _write_exclusive(data: bytes, folder: Path, stem: str, suffix: str) -> Path:
         except FileExistsError:
             continue
     raise FileExistsError(errno.EEXIST, f"no free name for {stem}{suffix} in {folder}")
-
-
-def save_png(image: Image.Image, folder: Path, stem: str) -> Path:
-    """Save ``image`` as ``folder/stem.png`` (or ``stem-2.png``...; never over a file) with its
-    ``parameters`` text chunk; return the path."""
-    return write_new(png_bytes(image), folder, stem)

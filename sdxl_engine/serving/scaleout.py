@@ -32,7 +32,6 @@ REQUEST_TIMEOUT_S = 300.0  # the front gives up on a replica that has not answer
 HEALTH_CHECK_PERIOD_S = 5.0  # Serve asks each running replica this often whether its engine still works
 HEALTH_CHECK_TIMEOUT_S = 30.0  # ...and replaces it when it does not answer within this long (3 times in a row)
 GRACEFUL_SHUTDOWN_S = 5.0  # a replica being stopped finishes its request for at most this long (the front drained)
-TPU_PER_HOST_DEFAULT = 4  # a TPU v5e-4 host: 4 chips, one replica
 
 
 class ScaleOutError(ConfigError):
