@@ -79,3 +79,15 @@ def test_gradio_internals_are_used_in_one_module_only():
     found = {f.name: m.group() for f in files if f.name != "gradio_internals.py"
              for m in [internal.search(re.sub(r'(?s)""".*?"""|#[^\n]*', "", f.read_text()))] if m}
     assert found == {}
+
+
+def test_the_process_main_imports_no_gradio_before_its_environment_check():
+    """app.py runs serving.main.check_environment before importing Gradio (which reads GRADIO_TEMP_DIR
+    at import): importing the module that holds it must not import Gradio already."""
+    import subprocess
+    import sys
+
+    code = ("import sys, sdxl_engine.serving.main\n"
+            "print(sorted(m for m in sys.modules if m == 'gradio' or m.startswith('gradio.')))\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr[-2000:]

@@ -1,6 +1,6 @@
 """What a request hands back after the engine: lossless PNGs on disk, the info record, saved copies.
 
-The page (app.py) calls :func:`deliver` once per request, after ``engine.generate``; it turns
+The request handler (handler.py) calls :func:`deliver` once per request, after ``engine.generate``; it turns
 the result into files Gradio serves as they are, the JSON record the API returns and, with
 ``outputs_dir``, copies that never overwrite anything.
 """

@@ -20,7 +20,7 @@ import sys
 from typing import Callable, NoReturn
 
 from sdxl_engine.config import ConfigError, EngineConfig
-from sdxl_engine.serving import cli, scaleout, server
+from sdxl_engine.serving import cli, gradio_internals, scaleout, server
 
 
 def check_environment() -> None:
@@ -44,7 +44,6 @@ def main(argv: list[str] | None, build_demo: Callable, css: str, title: str) -> 
     from gradio.networking import GRADIO_API_SERVER
 
     from sdxl_engine.checkpoint.loading import ModelLoadError
-    from sdxl_engine.serving import gradio_internals
     from sdxl_engine.serving.handler import handle_generate, page_defaults
 
     args = cli.parse_args(argv, title)

@@ -348,7 +348,7 @@ class RemoteEngine:
                 ray.init(address=self.address, logging_level=logging.WARNING, log_to_driver=True)
             else:
                 self._temp_dir = tempfile.mkdtemp(prefix=LOCAL_TEMP_PREFIX)
-                ray_environment(private=True)  # app.py did before importing Ray; this covers other callers
+                ray_environment(private=True)  # main.start_engine did before importing Ray; this covers other callers
                 ray.init(num_cpus=os.cpu_count() or 1, include_dashboard=False, _temp_dir=self._temp_dir,
                          logging_level=logging.WARNING, log_to_driver=True)
         except Exception as err:  # Ray's own errors (ConnectionError, RuntimeError, ValueError, ...)

@@ -2,7 +2,7 @@
 
 ``python app.py --replicas N`` (or ``MIN-MAX``) is parsed and planned here, so the command line
 and the single-process default never import Ray; :mod:`sdxl_engine.serving.replicas` does, and
-only app.py's scale-out branch imports it.
+only the scale-out branch of main.start_engine imports it.
 
 Names follow Ray Serve's: a *replica* is one copy of the engine (one process owning one host's
 devices, or a share of a CPU host), ``num_replicas`` a fixed count, ``min_replicas`` /

@@ -1,6 +1,6 @@
 """How the page is served: safe launch options, an HTTP guard, and a clean stop.
 
-Kept apart from the page (app.py builds it) and from the engine:
+Kept apart from the page (app.py builds it, main.py serves it) and from the engine:
 
 - :func:`launch_options`: ``demo.launch`` keywords: loopback unless told otherwise, no share
   link unless asked, no server-side rendering, no /monitoring page, no MCP server, no extra
@@ -566,7 +566,7 @@ class StopSignals:
     - 3rd: one line on stderr, then ``os._exit(128 + signal number)`` (143 for SIGTERM, 130 for
       SIGINT, as a shell reports a process the signal ended), dropping the calls still running.
 
-    Install it as early as the process can (app.main does, before the engine starts): a signal
+    Install it as early as the process can (serving.main.main does, before the engine starts): a signal
     before :func:`serve` then still ends in a clean stop instead of the default kill.
     """
 
