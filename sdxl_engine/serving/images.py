@@ -1,4 +1,4 @@
-"""Images out of the engine: PIL images, PNGs that carry how they were made, optional saving.
+"""Images out of the engine: PNGs that carry how they were made, written without replacing a file.
 
 Saved files are named after what made them (``seed42-a-red-circle.png``) and never replace
 another file: each is written under a temporary name in its folder, then linked to its final
@@ -50,29 +50,13 @@ def parse_a1111_parameters(text: str) -> dict:
     return out
 
 
-def to_pil(images: np.ndarray, parameters: list[str] | None = None) -> list[Image.Image]:
-    """(batch, H, W, 3) uint8 -> list of RGB PIL images, each carrying its parameters text.
-
-    Raises ValueError for another shape or dtype.
-    """
-    if images.ndim != 4 or images.shape[-1] != 3 or images.dtype != np.uint8:
-        raise ValueError(f"images must be (batch, H, W, 3) uint8, got {images.shape} {images.dtype}")
-    out = []
-    for i, array in enumerate(images):
-        image = Image.fromarray(array, "RGB")
-        if parameters:
-            image.info["parameters"] = parameters[i]
-        out.append(image)
-    return out
-
-
 def png_bytes(image: np.ndarray | Image.Image, parameters: str | None = None, level: int = 1) -> bytes:
     """An RGB image as a lossless PNG, with the A1111 ``parameters`` text chunk.
 
     Written directly (PNG spec, ISO/IEC 15948): every row with the "Sub" filter, deflated by
-    zlib at ``level`` with its run-length strategy. Four 1024² images take ~0.05-0.15 s this way,
-    against ~2.5 s for Pillow's default encoder (level 6, adaptive filters) and 0.4 s at its
-    level 1 (measured here; BENCHMARKS.md). zlib releases the GIL, so images encode in parallel.
+    zlib at ``level`` with its run-length strategy, which is much faster than Pillow's default
+    encoder (level 6, adaptive filters; BENCHMARKS.md, leg 9 of the tiny-model table). zlib
+    releases the GIL, so images encode in parallel.
 
     Args:
         image: (H, W, 3) uint8 array, or a PIL RGB image (its ``parameters`` info is used when
@@ -176,9 +160,3 @@ def _write_exclusive(data: bytes, folder: Path, stem: str, suffix: str) -> Path:
         except FileExistsError:
             continue
     raise FileExistsError(errno.EEXIST, f"no free name for {stem}{suffix} in {folder}")
-
-
-def save_png(image: Image.Image, folder: Path, stem: str) -> Path:
-    """Save ``image`` as ``folder/stem.png`` (or ``stem-2.png``...; never over a file) with its
-    ``parameters`` text chunk; return the path."""
-    return write_new(png_bytes(image), folder, stem)
