@@ -1,6 +1,6 @@
 """Train the ``tiny-shapes`` model: SDXL in miniature, on captioned shapes, on a CPU.
 
-    python -m tools.train --out sdxl_engine/assets/tiny-shapes   # the shipped model (seed 0, ~55 min on 2 cores)
+    python -m tools.train --out sdxl_engine/assets/tiny-shapes   # the shipped model (seed 0; time: BENCHMARKS.md)
     python -m tools.train --out /tmp/ts --vae-steps 200 --unet-steps 300   # a quick try
     python -m tools.train --out /tmp/ts --vae-from sdxl_engine/assets/tiny-shapes --unet-steps 600  # UNet only
 
