@@ -62,7 +62,7 @@ class EngineConfig:
     height: int = 0
     # Default number of denoising steps and classifier-free guidance scale. 5 is diffusers'
     # StableDiffusionXLPipeline default and tiny-shapes' best on prompts it was trained on
-    # (shape 64.6 / 68.8 / 65.3 % at guidance 3 / 5 / 7; README, "Default model").
+    # (shape accuracy at guidance 3 / 5 / 7: BENCHMARKS.md, "Figures behind choices in the code").
     # These two and the sampler yield to a model's engine_defaults.json unless set explicitly.
     num_inference_steps: int = 20
     guidance_scale: float = 5.0

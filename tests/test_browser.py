@@ -16,8 +16,7 @@ from PIL import Image
 
 from conftest import ROOT, RunningApp
 from sdxl_engine.config import EngineConfig
-from sdxl_engine.checkpoint.loading import engine_defaults
-from sdxl_engine.engine.validation import size_buckets
+from sdxl_engine.checkpoint.loading import engine_defaults, size_buckets
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

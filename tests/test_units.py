@@ -29,7 +29,7 @@ def test_tokenizer_vocabulary_is_the_projects():
 
 
 def test_size_buckets_scaled_to_native():
-    from sdxl_engine.engine.validation import size_buckets
+    from sdxl_engine.checkpoint.loading import size_buckets
 
     assert size_buckets(1024, 64)[:3] == ((1024, 1024), (1152, 896), (896, 1152))
     assert all(w % 8 == 0 and h % 8 == 0 for w, h in size_buckets(64, 8))

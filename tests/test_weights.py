@@ -12,6 +12,7 @@ from safetensors.numpy import load_file, save_file
 
 from sdxl_engine.checkpoint import weights
 from sdxl_engine.checkpoint.loading import ModelLoadError, hub_files, load_folder, load_model
+from sdxl_engine.checkpoint.writing import WEIGHT_FILES
 
 FIXTURES = Path(__file__).parent / "fixtures"
 ROOT = Path(__file__).resolve().parents[1]
@@ -264,7 +265,7 @@ def test_loading_peak_memory_stays_near_the_target_size(tmp_path):
     folder = tmp_path / "model"
     shutil.copytree(FIXTURES / "tiny-pt", folder, ignore=shutil.ignore_patterns("*.safetensors"))
     for name in ("text_encoder", "text_encoder_2", "vae"):
-        shutil.copy(FIXTURES / "tiny-pt" / name / weights._WEIGHT_FILES[name], folder / name)
+        shutil.copy(FIXTURES / "tiny-pt" / name / WEIGHT_FILES[name], folder / name)
     config = json.loads((ROOT / "sdxl_engine/checkpoint/configs/sdxl-base-1.0/unet/config.json").read_text())
     config.update(block_out_channels=[64, 128, 256], attention_head_dim=[1, 2, 4], cross_attention_dim=80,
                   projection_class_embeddings_input_dim=6 * 256 + 48)

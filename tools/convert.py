@@ -21,7 +21,8 @@ import numpy as np
 
 from sdxl_engine.checkpoint.loading import read_model_folder
 from sdxl_engine.models import COMPONENTS
-from sdxl_engine.checkpoint.weights import _WEIGHT_FILES, find_weight_files, load_params, save_params
+from sdxl_engine.checkpoint.weights import find_weight_files, load_params, save_params
+from sdxl_engine.checkpoint.writing import WEIGHT_FILES
 
 # Flax-only config fields, and the class name each component has in PyTorch.
 FLAX_ONLY = ("dtype", "split_head_dim", "use_memory_efficient_attention")
@@ -43,7 +44,7 @@ def convert(src: Path, dst: Path, dtype: str = "float32") -> Path:
             (shutil.copytree if item.is_dir() else shutil.copy2)(item, dst / item.name)
     for name, component in components.items():
         params = load_params(component, find_weight_files(src / name), jnp.dtype(dtype), np.asarray)
-        save_params(params, dst / name / _WEIGHT_FILES[name])
+        save_params(params, dst / name / WEIGHT_FILES[name])
         config = json.loads((src / name / "config.json").read_text())
         config = {k: v for k, v in config.items() if k not in FLAX_ONLY}
         if "_class_name" in config:

@@ -1,6 +1,6 @@
 """Train the ``tiny-shapes`` model: SDXL in miniature, on captioned shapes, on a CPU.
 
-    python -m tools.train --out sdxl_engine/assets/tiny-shapes   # the shipped model (seed 0, ~55 min on 2 cores)
+    python -m tools.train --out sdxl_engine/assets/tiny-shapes   # the shipped model (seed 0; time: BENCHMARKS.md)
     python -m tools.train --out /tmp/ts --vae-steps 200 --unet-steps 300   # a quick try
     python -m tools.train --out /tmp/ts --vae-from sdxl_engine/assets/tiny-shapes --unet-steps 600  # UNet only
 
@@ -53,7 +53,7 @@ from sdxl_engine.checkpoint import builtin
 from sdxl_engine.checkpoint.loading import load_model
 from sdxl_engine.models import build_component
 from sdxl_engine.program.generate import encode_prompts
-from sdxl_engine.checkpoint.weights import save_folder
+from sdxl_engine.checkpoint.writing import save_folder
 from tools import shapes
 
 # The SDXL architecture at 64x64 (compare builtin.SDXL_BASE): same block types, attention with

@@ -31,7 +31,7 @@ from transformers import CLIPTokenizer
 
 from sdxl_engine.models import build_component
 from sdxl_engine.models.random_weights import random_params
-from sdxl_engine.checkpoint.weights import save_folder
+from sdxl_engine.checkpoint.writing import save_folder
 
 # SDXL 1.0 base's config.json files, byte-identical to the hub's (sdxl_engine/checkpoint/configs/README.md).
 SDXL_BASE_DIR = Path(__file__).resolve().parent / "configs" / "sdxl-base-1.0"
@@ -89,7 +89,7 @@ TINY = dict(
 BUILTIN_NAMES = ("tiny-shapes", "tiny-random", "sdxl-base-random")
 
 # ``tiny-shapes``: the SDXL architecture at 64x64, trained by ``python -m tools.train`` on
-# the captioned shapes of sdxl_engine/shapes.py and shipped in the repository (diffusers format).
+# the captioned shapes of tools/shapes.py and shipped in the repository (diffusers format).
 TINY_SHAPES_DIR = Path(__file__).resolve().parents[1] / "assets" / "tiny-shapes"
 
 # Words the project's tokenizer spells as whole tokens: SDXL-style prompt words and the

@@ -29,8 +29,8 @@ from sdxl_engine.checkpoint import builtin
 from sdxl_engine.models import COMPONENTS, Component, build_component
 from sdxl_engine.models.random_weights import random_params
 from sdxl_engine.program.schedulers import UnsupportedSchedulerConfig, check_scheduler_config
-from sdxl_engine.engine.validation import size_buckets
-from sdxl_engine.checkpoint.weights import VOCABULARY_FILE, ModelLoadError, find_weight_files, load_params
+from sdxl_engine.checkpoint.weights import ModelLoadError, find_weight_files, load_params
+from sdxl_engine.checkpoint.writing import VOCABULARY_FILE
 
 __all__ = ["LoadedModel", "ModelLoadError", "load_model", "resolve_dtype", "read_model_folder", "engine_defaults"]
 
@@ -48,6 +48,26 @@ ENGINE_DEFAULTS_FILE = "engine_defaults.json"
 _HUB_META = ("model_index.json", "scheduler/scheduler_config.json", "tokenizer/", "tokenizer_2/", ENGINE_DEFAULTS_FILE)
 
 
+# SDXL's standard aspect buckets at 1024 px (Podell et al. 2023, appendix), width x height.
+SDXL_BUCKETS = ((1024, 1024), (1152, 896), (896, 1152), (1216, 832), (832, 1216), (1344, 768), (768, 1344),
+                (1536, 640), (640, 1536))
+
+
+def size_buckets(native: int, multiple: int) -> tuple[tuple[int, int], ...]:
+    """SDXL's aspect buckets scaled to a model whose native size is ``native`` pixels.
+
+    Each side is rounded to ``multiple`` (what the VAE and UNet downsampling need); duplicates
+    after rounding are dropped, order kept.
+    """
+    out = []
+    for w, h in SDXL_BUCKETS:
+        size = (max(multiple, round(w * native / 1024 / multiple) * multiple),
+                max(multiple, round(h * native / 1024 / multiple) * multiple))
+        if size not in out:
+            out.append(size)
+    return tuple(out)
+
+
 @dataclasses.dataclass
 class LoadedModel:
     """Everything the compiled program needs from a model.
@@ -56,7 +76,8 @@ class LoadedModel:
         name: what the user asked for (built-in name, directory or hub id).
         components: {"text_encoder", "text_encoder_2", "unet", "vae"} -> Component (config,
             static module graph, parameter names and shapes).
-        params: the same keys -> {checkpoint key: array} in ``dtype`` (placed by ``place``).
+        params: the same keys -> {checkpoint key: array} in ``dtype``, each put on the devices (load_folder's
+            ``sharding``) as soon as it was read.
         tokenizer, tokenizer_2: transformers CLIPTokenizers (77 tokens each).
         scheduler_config: scheduler/scheduler_config.json as a dict.
         dtype: parameter dtype name ("float32", "bfloat16", "float16").

@@ -48,7 +48,10 @@ SAFETENSORS_STEMS = ("diffusion_pytorch_model", "model")
 MSGPACK_NAMES = ("diffusion_flax_model.msgpack", "flax_model.msgpack")
 BUFFERS = ("position_ids",)  # non-parameter buffers some checkpoints carry
 FLOAT_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": "bfloat16"}
-REMAP_BYTES = 16 << 20  # reopen a safetensors file after this many bytes, dropping its mapped pages (1.2x vs 2.3x at 256 MB)
+# Reopen a safetensors file after this many bytes read, dropping its mapped pages: the pages read since the last
+# reopening stay resident, so a larger interval raises the loading peak well above the params' size (BENCHMARKS.md,
+# "Figures behind choices in the code"; tests/test_weights.py bounds the peak).
+REMAP_BYTES = 16 << 20
 _FLAX_RENAMES = {"query": "to_q", "key": "to_k", "value": "to_v", "proj_attn": "to_out.0"}
 
 
@@ -317,51 +320,3 @@ def save_params(params: Mapping[str, np.ndarray], path: Path) -> Path:
               metadata={"format": "pt"})
     tmp.replace(path)
     return path
-
-
-# config.json headers of each component, as diffusers and transformers write them.
-_CLASS_HEADERS = {
-    "unet": {"_class_name": "UNet2DConditionModel"},
-    "vae": {"_class_name": "AutoencoderKL"},
-    "text_encoder": {"architectures": ["CLIPTextModel"], "model_type": "clip_text_model"},
-    "text_encoder_2": {"architectures": ["CLIPTextModelWithProjection"], "model_type": "clip_text_model"},
-}
-_WEIGHT_FILES = {"unet": "diffusion_pytorch_model.safetensors", "vae": "diffusion_pytorch_model.safetensors",
-                 "text_encoder": "model.safetensors", "text_encoder_2": "model.safetensors"}
-
-
-VOCABULARY_FILE = "vocabulary.txt"  # optional: the words a model was trained on, one per line (warnings name others)
-
-
-def save_folder(out: Path, configs: Mapping[str, dict], params: Mapping[str, Mapping[str, np.ndarray]],
-                scheduler_config: dict, scheduler_class: str = "EulerDiscreteScheduler",
-                vocabulary=None) -> Path:
-    """Write a diffusers-format SDXL folder (safetensors, PyTorch layout) that diffusers' PyTorch
-    ``StableDiffusionXLPipeline.from_pretrained`` and :func:`sdxl_engine.checkpoint.loading.load_model` both read.
-
-    Args:
-        out: the folder; its ``tokenizer/`` and ``tokenizer_2/`` must already be there.
-        configs: component name -> config.json dict (without the class header, which is added).
-        params: component name -> {checkpoint key: array}.
-        scheduler_config: scheduler_config.json fields; scheduler_class: its diffusers class name.
-        vocabulary: the words the model knows (written to vocabulary.txt), or None.
-    Returns ``out``.
-    """
-    for name, config in configs.items():
-        folder = out / name
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "config.json").write_text(json.dumps({**_CLASS_HEADERS[name], **config}, indent=2, default=list))
-        save_params(params[name], folder / _WEIGHT_FILES[name])
-    (out / "scheduler").mkdir(parents=True, exist_ok=True)
-    (out / "scheduler" / "scheduler_config.json").write_text(
-        json.dumps({"_class_name": scheduler_class, **scheduler_config}, indent=2))
-    index = {"_class_name": "StableDiffusionXLPipeline", "force_zeros_for_empty_prompt": True,
-             "scheduler": ["diffusers", scheduler_class],
-             "text_encoder": ["transformers", "CLIPTextModel"],
-             "text_encoder_2": ["transformers", "CLIPTextModelWithProjection"],
-             "tokenizer": ["transformers", "CLIPTokenizer"], "tokenizer_2": ["transformers", "CLIPTokenizer"],
-             "unet": ["diffusers", "UNet2DConditionModel"], "vae": ["diffusers", "AutoencoderKL"]}
-    (out / "model_index.json").write_text(json.dumps(index, indent=2))
-    if vocabulary is not None:
-        (out / VOCABULARY_FILE).write_text("\n".join(sorted(set(vocabulary))) + "\n")
-    return out

@@ -1,9 +1,9 @@
 """TEST-ONLY fault injection; off unless ``SDXL_FAULT_INJECTION=1`` is in the environment.
 
 The reliability tests need an engine that fails, slows down or produces NaN on demand, inside
-a real ``python app.py`` process. With the switch on (read once, when the engine is built), a
-prompt containing one of these markers triggers a fault inside the engine, while it holds the
-device lock, for that request only:
+a real ``python app.py`` process. With the switch on (read once, when the engine is built, which
+then holds an :class:`Injector`), a prompt containing one of these markers triggers a fault inside
+the engine, on the request's own thread, for that request only:
 
 ==================  ==========================================================================
 marker              effect
@@ -22,8 +22,8 @@ With the switch on, ``SDXL_FAULT_START_DELAY=S`` (0 < S <= 60) also makes the en
 take S seconds longer (in its "loading model" stage), so a test can watch the page while the
 engine starts, however fast the machine.
 
-With the switch off (the default, and always in production) markers are ordinary prompt text
-and the delay is ignored.
+With the switch off (the default, and always in production) the engine holds no injector (None):
+markers are ordinary prompt text, the delay is ignored, and a request pays one ``if`` per stage.
 """
 
 from __future__ import annotations
@@ -32,6 +32,9 @@ import os
 import re
 import time
 from pathlib import Path
+
+import jax
+import numpy as np
 
 ENV = "SDXL_FAULT_INJECTION"
 START_DELAY_ENV = "SDXL_FAULT_START_DELAY"
@@ -89,3 +92,38 @@ def device_delay(prompt: str, environ=None) -> None:
         if time.monotonic() > deadline:
             raise InjectedFault(f"fault:hold={match.group(1)} was not released within {HOLD_LIMIT_S:g} s")
         time.sleep(0.02)
+
+
+class Injector:
+    """The engine's test-only faults: one hook per stage of a request (and one at start-up).
+
+    Made by :func:`injector` only when the switch is on; the engine calls a hook only when it
+    holds one, so production requests never reach this code.
+    """
+
+    def __init__(self, environ=None):
+        self.environ = environ  # None: os.environ, read when each hook runs
+
+    def on_start(self) -> None:
+        """The "loading model" stage: sleep ``SDXL_FAULT_START_DELAY`` seconds."""
+        time.sleep(start_delay(self.environ))
+
+    def params(self, prompt: str, params: dict) -> dict:
+        """The parameters to run ``prompt`` with: ``fault:nan`` gets NaN VAE weights (this request only)."""
+        if wants(prompt, "nan"):
+            return {**params, "vae": jax.tree.map(lambda x: x * np.nan, params["vae"])}
+        return params
+
+    def on_device(self, prompt: str) -> None:
+        """Before the program runs, counted as device time: ``fault:slow`` and ``fault:hold`` (:func:`device_delay`)."""
+        device_delay(prompt, self.environ)
+
+    def after_run(self, prompt: str) -> None:
+        """After the program ran: ``fault:raise`` raises :class:`InjectedFault`."""
+        if wants(prompt, "raise"):
+            raise InjectedFault("injected fault (fault:raise) in the middle of a request")
+
+
+def injector(environ=None) -> Injector | None:
+    """An :class:`Injector` when the test-only switch is on (:func:`enabled`), else None."""
+    return Injector(environ) if enabled(environ) else None

@@ -137,8 +137,8 @@ class Engine:
         self.startup: dict[str, float] = {}
         self.ready = threading.Event()
         self.error: BaseException | None = None
-        self.fault_injection = faults.enabled()  # TEST-ONLY switch, see faults.py; read once
-        if self.fault_injection:
+        self._faults = faults.injector()  # TEST-ONLY (faults.py): None unless the switch is on; read once
+        if self._faults:
             self._log(f"[sdxl_engine] WARNING: {faults.ENV} is on: test-only faults can be triggered by prompts")
 
     # ---- start-up -------------------------------------------------------------------------
@@ -178,8 +178,8 @@ class Engine:
 
         # 2. The model, each parameter straight onto the devices.
         t0 = self._stage("loading model onto the devices")
-        if self.fault_injection:  # TEST-ONLY (faults.py): a start slow enough to watch
-            time.sleep(faults.start_delay())
+        if self._faults:  # TEST-ONLY (faults.py): a start slow enough to watch
+            self._faults.on_start()
         self.platform = jax.devices()[0].platform
         self.model = loading.load_model(self.config.model, dtype=self.config.dtype, platform=self.platform,
                                         revision=self.config.revision, variant=self.config.variant,
@@ -337,21 +337,20 @@ class Engine:
                                      request.guidance_scale, self._schedule(request.sampler, request.num_inference_steps),
                                      request.num_inference_steps if loop_steps is None else loop_steps,
                                      self.config.max_inference_steps)
-        params = self.params
-        if self.fault_injection and faults.wants(request.prompt, "nan"):  # TEST-ONLY (faults.py): poison this one
-            params = {**params, "vae": jax.tree.map(lambda x: x * np.nan, params["vae"])}
+        # TEST-ONLY fault hooks (faults.py): self._faults is None unless SDXL_FAULT_INJECTION=1.
+        params = self._faults.params(request.prompt, self.params) if self._faults else self.params
         progress("on device")
         t1 = time.perf_counter()
-        if self.fault_injection:  # TEST-ONLY (faults.py): simulated device time, counted as device time
-            faults.device_delay(request.prompt)
+        if self._faults:  # simulated device time, counted as device time
+            self._faults.on_device(request.prompt)
         images, finite = program.executable(params, inputs)
         jax.block_until_ready(images)
         progress("to host")
         t2 = time.perf_counter()
         images, finite = np.asarray(images), np.asarray(finite)
         t3 = time.perf_counter()
-        if self.fault_injection and faults.wants(request.prompt, "raise"):
-            raise faults.InjectedFault("injected fault (fault:raise) in the middle of a request")
+        if self._faults:
+            self._faults.after_run(request.prompt)
         if not finite.all():
             bad = [s for s, ok in zip(seeds, finite) if not ok]
             raise GenerationError(f"the model produced non-finite pixels (NaN/inf) for seeds {bad}; "

@@ -200,22 +200,3 @@ def validate(request: GenerateRequest, limits: Limits) -> GenerateRequest:
         raise InvalidRequest("sampler", str(err)) from None
     return GenerateRequest(prompt, negative, seed, guidance, steps, width, height, sampler)
 
-
-# SDXL's standard aspect buckets at 1024 px (Podell et al. 2023, appendix), width x height.
-SDXL_BUCKETS = ((1024, 1024), (1152, 896), (896, 1152), (1216, 832), (832, 1216), (1344, 768), (768, 1344),
-                (1536, 640), (640, 1536))
-
-
-def size_buckets(native: int, multiple: int) -> tuple[tuple[int, int], ...]:
-    """SDXL's aspect buckets scaled to a model whose native size is ``native`` pixels.
-
-    Each side is rounded to ``multiple`` (what the VAE and UNet downsampling need); duplicates
-    after rounding are dropped, order kept.
-    """
-    out = []
-    for w, h in SDXL_BUCKETS:
-        size = (max(multiple, round(w * native / 1024 / multiple) * multiple),
-                max(multiple, round(h * native / 1024 / multiple) * multiple))
-        if size not in out:
-            out.append(size)
-    return tuple(out)

@@ -14,7 +14,7 @@ casting, the persistent caches); the modules are only ever called through ``bind
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -70,10 +70,6 @@ class Component:
     def abstract(self, dtype) -> dict[str, jax.ShapeDtypeStruct]:
         """{checkpoint key: ShapeDtypeStruct} in ``dtype``: shapes only, no memory."""
         return {k: jax.ShapeDtypeStruct(s, dtype) for k, s in self.shapes.items()}
-
-    def apply(self, fn: Callable, params: Mapping[str, jax.Array], *args, **kwargs):
-        """``fn(module, *args, **kwargs)`` on the bound module (for jit-able one-liners)."""
-        return fn(self.bind(params), *args, **kwargs)
 
 
 def _key(path: tuple) -> str:

@@ -5,9 +5,12 @@ For timing without a download (``sdxl-base-random``): SDXL base has 2,641 parame
 slow on a CPU host, where XLA compiles one kernel per output:
 
 * jitting the modules' own initialisers (``Component.init``): threefry and truncated normals
-  for every tensor, 14,000 lines of StableHLO for the UNet alone; XLA compiled it in 460 s
-  (UNet at 1/5 width, 2 shared cores) and the compile's working memory came on top of the params;
-* one jitted function returning all tensors: ~40 ms of compile per random kernel, ~45 s.
+  for every tensor, thousands of lines of StableHLO for the UNet alone, minutes of XLA compile,
+  and the compile's working memory came on top of the params;
+* one jitted function returning all tensors: a compiled kernel per random tensor, so the
+  compile grows with the tensor count (1,135 here).
+
+(The figures: BENCHMARKS.md, "Full-size warm start" and "Figures behind choices in the code".)
 
 So one jitted *fill* function makes every tensor, ``mean + std * u`` with ``u`` uniform on
 [-sqrt 3, sqrt 3) (unit variance) from an integer hash of (seed, tensor index, element index):

@@ -16,7 +16,7 @@ channels-first arrays as diffusers does; inside, activations are channels-last.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -48,7 +48,11 @@ def _per_block(value, n: int, name: str) -> tuple:
 
 @dataclasses.dataclass(frozen=True)
 class UNetConfig:
-    """diffusers' UNet2DConditionModel config, normalised to per-block tuples."""
+    """diffusers' UNet2DConditionModel config, normalised to per-block tuples.
+
+    ``upcast_attention`` is accepted and not kept: attention's softmax always runs in float32
+    (layers.attention), which is what the flag asks of PyTorch's.
+    """
 
     sample_size: int
     in_channels: int
@@ -64,7 +68,6 @@ class UNetConfig:
     only_cross_attention: tuple[bool, ...]
     mid_block_only_cross_attention: bool
     use_linear_projection: bool
-    upcast_attention: bool
     norm_num_groups: int
     norm_eps: float
     act_fn: str
@@ -118,7 +121,6 @@ class UNetConfig:
             only_cross_attention=_per_block(only_cross, n, "only_cross_attention"),
             mid_block_only_cross_attention=bool(mid_only_cross),
             use_linear_projection=bool(c.get("use_linear_projection", False)),
-            upcast_attention=bool(c.get("upcast_attention") or False),
             norm_num_groups=c.get("norm_num_groups", 32), norm_eps=c.get("norm_eps", 1e-5),
             act_fn=c.get("act_fn", "silu"), flip_sin_to_cos=c.get("flip_sin_to_cos", True),
             freq_shift=c.get("freq_shift", 0), downsample_padding=c.get("downsample_padding", 1),

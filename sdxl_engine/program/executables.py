@@ -145,10 +145,6 @@ class ExecutableCache:
         self.manifest_path = self.directory / "manifest.json"
         self.secret_path = self.directory / "secret"
 
-    def path_for(self, key: dict[str, Any]) -> Path:
-        """The file that holds (or would hold) the executable for ``key``."""
-        return self.directory / f"{key_digest(key)}.xla"
-
     # ---- reading ------------------------------------------------------------------------------
     def load(self, key: dict[str, Any], in_tree, out_tree, devices: Sequence[Any]) -> Lookup:
         """The executable stored for ``key``, if every safety check passes.

@@ -1,12 +1,12 @@
 """The compiled program: text encoders, CFG denoising loop and VAE decode in one jitted function.
 
 Static (bound before compiling; changing any of them compiles a new program): the model's
-modules (their graph definitions), the batch size, the image height and width, the largest
-step count, the prediction type and whether classifier-free guidance runs (guidance > 1, as
-diffusers decides). Everything that changes per request is a traced array in
-:class:`ProgramInputs`, so a new prompt, negative prompt, seed, guidance scale (within one CFG
-mode), step count (up to ``max_steps``) or sampler (schedulers.py: every sampler is per-step
-coefficients) reuses the same executable.
+modules (their graph definitions), and :class:`ProgramShape`: the batch size, the image height
+and width, the largest step count, whether classifier-free guidance runs (guidance > 1, as
+diffusers decides) and whether the initial latents are given. Everything that changes per
+request is a traced array in :class:`ProgramInputs`, so a new prompt, negative prompt, seed,
+guidance scale (within one CFG mode), step count (up to ``max_steps``) or sampler (schedulers.py:
+every sampler is per-step coefficients) reuses the same executable.
 
 The initial noise of image i is ``jax.random.normal(jax.random.key(seed_i), (C, H/f, W/f),
 float32)`` (channels-first; f the VAE factor, 8 for SDXL), with ``seed_i = seed + i`` for the
@@ -20,6 +20,48 @@ showing a black square).
 
 The batch is split over the mesh's ``data`` axis with ``jax.shard_map``: every device runs the
 whole program on its own images, params replicated, with no cross-device communication.
+
+How the program is put together (the extension seam)
+----------------------------------------------------
+* :class:`ProgramShape` holds the static options: one field each, all of it in the executable
+  cache's key (:func:`program_key` takes it whole).
+* :class:`ProgramInputs` holds the per-request arrays. Each field declares itself once, with
+  :func:`per_image` (split over ``data``; its shape after the batch axis) or :func:`replicated`
+  (whole on every device), a shape that may read the ProgramShape, a dtype, and for an optional
+  input the ProgramShape flag that turns it on (``when``): off, the field is None, so it is absent
+  from the pytree, its specs and its abstract inputs. :meth:`ProgramInputs.specs` and
+  :meth:`ProgramInputs.abstract` are derived from these declarations, never written by hand.
+* :class:`Static` is everything the traced code reads besides its arguments, read from the model
+  and the ProgramShape in one place (:func:`static_options`).
+* The program is four stages over them, in order: :func:`encode_text` (-> :class:`Conditioning`),
+  :func:`initial_latents`, :func:`denoise` (``lax.fori_loop`` over :func:`denoise_step`, the one
+  body every step runs) and :func:`decode`; :func:`build_generate` only chains them.
+
+Where each planned feature goes (each is a field and one branch; nothing else changes, since the
+specs, the abstract inputs, the shardings and the cache key derive from the declarations):
+
+==========================  =========================================================================
+feature                     where
+==========================  =========================================================================
+LoRA weight deltas          outside the program: merged into ``params`` before the call (the program
+                            is unchanged, no recompile; the engine's ``_run`` picks the params). Inside:
+                            a ``lora: bool`` ProgramShape flag, a replicated ``lora_*`` input with
+                            ``when="lora"``, and one branch where :func:`build_generate` binds the
+                            params (``params = merged(params, inputs) if st.shape.lora else params``).
+prompts over 77 tokens      a ``chunks: int = 1`` ProgramShape field; the ids declare
+                            ``per_image(lambda s, lat: (2, s.chunks * TOKENS), jnp.int32)``; the branch in
+                            :func:`encode_text` (encode each 77-token chunk, concatenate along tokens);
+                            the host side in :func:`tokenize`.
+per-step hook               a static ``step_hook`` option; its one seam is the end of
+(progress, previews,        :func:`denoise_step` (``if st.shape.step_hook: jax.debug.callback(...)`` with
+cancel)                     the step and the latents, for progress and previews). Cancel: an
+                            ``io_callback`` there returns a stop flag, carried into a ``lax.while_loop``
+                            condition in :func:`denoise`.
+image inputs (img2img)      an ``init_image: bool`` ProgramShape flag; ``image_latents`` (per-image,
+                            ``when="init_image"``) and ``start_step`` (replicated, ``()`` int32)
+                            inputs; the branch in :func:`initial_latents` (noise the given latents to
+                            ``sigmas[start_step]``) and :func:`denoise` starting its loop there.
+==========================  =========================================================================
 """
 
 from __future__ import annotations
@@ -28,7 +70,7 @@ import dataclasses
 import functools
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Mapping, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -46,7 +88,12 @@ TOKENS = 77  # CLIP context length of both SDXL tokenizers
 
 @dataclasses.dataclass(frozen=True)
 class ProgramShape:
-    """The static shape of one compiled program; each distinct value is one compile."""
+    """The static options of one compiled program; each distinct value is one compile.
+
+    A new static option is one field here (with a default that keeps today's program): the
+    executable cache's key holds the whole dataclass, and a flag may switch an optional
+    :class:`ProgramInputs` field on (its ``when``).
+    """
 
     batch: int  # images per request (global, over all devices)
     height: int  # pixels
@@ -56,53 +103,85 @@ class ProgramShape:
     given_latents: bool = False  # True: initial latents come in ProgramInputs.latents (tests, tools)
 
 
+# Partitions of a ProgramInputs field: split along its first (batch) axis over ``data``, or whole on every device.
+PER_IMAGE, REPLICATED = "per-image", "replicated"
+# A field's dims: a tuple, or a function of the ProgramShape and the latents' (C, h, w).
+Dims = tuple[int, ...] | Callable[["ProgramShape", tuple[int, int, int]], tuple[int, ...]]
+
+
+def per_step(shape: ProgramShape, latent) -> tuple[int]:
+    """Dims of a schedule array with one value per loop step, padded: (max_steps,)."""
+    return (shape.max_steps,)
+
+
+def per_sigma(shape: ProgramShape, latent) -> tuple[int]:
+    """Dims of the noise levels, one per step and the final one: (max_steps + 1,)."""
+    return (shape.max_steps + 1,)
+
+
+def latent_dims(shape: ProgramShape, latent) -> tuple[int, int, int]:
+    """Dims of one image's latents: (C, h, w)."""
+    return tuple(latent)
+
+
+def _input(partition: str, dims: Dims, dtype, when: str | None):
+    metadata = {"partition": partition, "dims": dims, "dtype": jnp.dtype(dtype), "when": when}
+    return dataclasses.field(metadata=metadata, **({"default": None} if when else {}))
+
+
+def per_image(dims: Dims, dtype, when: str | None = None):
+    """Declare a :class:`ProgramInputs` field with one row per image, split over the ``data`` axis.
+
+    Args:
+        dims: the shape after the batch axis: a tuple, or ``f(shape, latent)`` of the
+            ProgramShape and the latents' (C, h, w).
+        dtype: its dtype.
+        when: the name of a bool ProgramShape field; the input exists only when it is True and
+            is None otherwise (it then has no spec, no abstract input and no argument).
+    """
+    return _input(PER_IMAGE, dims, dtype, when)
+
+
+def replicated(dims: Dims, dtype, when: str | None = None):
+    """Declare a :class:`ProgramInputs` field every device holds whole (the schedule, scalars);
+    ``dims`` is its whole shape (see :func:`per_image` for the arguments)."""
+    return _input(REPLICATED, dims, dtype, when)
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class ProgramInputs:
-    """Everything that changes per request, as arrays: one pytree, its sharding declared once.
+    """Everything that changes per request, as arrays: one pytree, each field declared once.
 
-    ====================  ========================  =========  ======================================
-    field                 shape                     dtype      meaning
-    ====================  ========================  =========  ======================================
-    prompt_ids            (batch, 2, 77)            int32      token ids for tokenizer and tokenizer_2
-    negative_ids          (batch, 2, 77)            int32      the same for the negative prompt
-    negative_zero         (batch,)                  float32    1 = empty negative prompt: zero embeddings
-    seeds                 (batch,)                  uint32     image i's initial noise comes from seed i
-    guidance_scale        (batch,)                  float32    classifier-free guidance scale (cfg only)
-    timesteps             (max_steps,)              float32    the UNet's timestep per step, padded
-    sigmas                (max_steps + 1,)          float32    sigma-space noise level per step
-    a, b, c, d, e         (max_steps,)              float32    the sampler's update (schedulers.py)
-    clip_range            ()                        float32    x0 clipped to +-clip_range where e != 0 (inf)
-    num_steps             ()                        int32      denoising steps to run (1..max_steps)
-    init_scale            ()                        float32    initial latents = noise x init_scale
-    final_scale           ()                        float32    VAE input = final latents x final_scale
-    latents               (batch, C, h, w) or None  float32    given initial noise (given_latents only)
-    ====================  ========================  =========  ======================================
+    Each field's declaration gives its partition (:func:`per_image`: shape (batch, *dims), split
+    over ``data``; :func:`replicated`: shape dims), its dtype, and for an optional one the
+    ProgramShape flag it needs (absent: None).
     """
 
-    prompt_ids: jax.Array
-    negative_ids: jax.Array
-    negative_zero: jax.Array
-    seeds: jax.Array
-    guidance_scale: jax.Array
-    timesteps: jax.Array
-    sigmas: jax.Array
-    a: jax.Array
-    b: jax.Array
-    c: jax.Array
-    d: jax.Array
-    e: jax.Array
-    clip_range: jax.Array
-    num_steps: jax.Array
-    init_scale: jax.Array
-    final_scale: jax.Array
-    latents: jax.Array | None = None
+    prompt_ids: jax.Array = per_image((2, TOKENS), jnp.int32)  # token ids for tokenizer and tokenizer_2
+    negative_ids: jax.Array = per_image((2, TOKENS), jnp.int32)  # the same for the negative prompt
+    negative_zero: jax.Array = per_image((), jnp.float32)  # 1 = empty negative prompt: zero embeddings
+    seeds: jax.Array = per_image((), jnp.uint32)  # image i's initial noise comes from seed i
+    guidance_scale: jax.Array = per_image((), jnp.float32)  # classifier-free guidance scale (cfg only)
+    timesteps: jax.Array = replicated(per_step, jnp.float32)  # the UNet's timestep per step, padded
+    sigmas: jax.Array = replicated(per_sigma, jnp.float32)  # sigma-space noise level per step
+    a: jax.Array = replicated(per_step, jnp.float32)  # a..e: the sampler's update (schedulers.py)
+    b: jax.Array = replicated(per_step, jnp.float32)
+    c: jax.Array = replicated(per_step, jnp.float32)
+    d: jax.Array = replicated(per_step, jnp.float32)
+    e: jax.Array = replicated(per_step, jnp.float32)
+    clip_range: jax.Array = replicated((), jnp.float32)  # x0 clipped to +-clip_range where e != 0 (inf)
+    num_steps: jax.Array = replicated((), jnp.int32)  # denoising steps to run (1..max_steps)
+    init_scale: jax.Array = replicated((), jnp.float32)  # initial latents = noise x init_scale
+    final_scale: jax.Array = replicated((), jnp.float32)  # VAE input = final latents x final_scale
+    latents: jax.Array | None = per_image(latent_dims, jnp.float32, when="given_latents")  # initial noise
 
     @staticmethod
-    def specs(given_latents: bool = False) -> "ProgramInputs":
-        """PartitionSpecs: per-image fields split over ``data``, the schedule replicated."""
-        d, r = P(DATA_AXIS), P()
-        return ProgramInputs(d, d, d, d, d, r, r, r, r, r, r, r, r, r, r, r, d if given_latents else None)
+    def specs(shape: ProgramShape) -> "ProgramInputs":
+        """PartitionSpecs from the declarations: per-image fields ``P("data")``, the others ``P()``,
+        an optional field None unless its flag is on in ``shape``."""
+        return ProgramInputs(**{f.name: _spec(f) if _present(f, shape) else None
+                                for f in dataclasses.fields(ProgramInputs)})
 
     @staticmethod
     def build(prompt_ids: np.ndarray, negative_ids: np.ndarray, negative_empty: bool, seeds, guidance_scale: float,
@@ -110,7 +189,8 @@ class ProgramInputs:
         """One request's inputs: (2, 77) ids broadcast to every image, a seed per image, a padded schedule.
 
         ``negative_empty``: no negative prompt, so its embeddings are zeros (SDXL base's
-        ``force_zeros_for_empty_prompt``).
+        ``force_zeros_for_empty_prompt``). ``latents``: (batch, C, h, w) float32 initial noise for
+        a program with ``given_latents``, else None.
         """
         n = len(seeds)
         return ProgramInputs(
@@ -124,16 +204,27 @@ class ProgramInputs:
 
     @staticmethod
     def abstract(shape: ProgramShape, latent_shape: tuple[int, int, int], mesh: Mesh) -> "ProgramInputs":
-        """ShapeDtypeStructs with their shardings, for lowering ahead of time."""
-        b, n, s, f32 = shape.batch, shape.max_steps, jax.ShapeDtypeStruct, jnp.float32
-        steps = s((n,), f32)
-        structs = ProgramInputs(
-            s((b, 2, TOKENS), jnp.int32), s((b, 2, TOKENS), jnp.int32), s((b,), f32), s((b,), jnp.uint32),
-            s((b,), f32), steps, s((n + 1,), f32), steps, steps, steps, steps, steps, s((), f32), s((), jnp.int32),
-            s((), f32), s((), f32),
-            s((b, *latent_shape), f32) if shape.given_latents else None)
-        return jax.tree.map(lambda x, spec: s(x.shape, x.dtype, sharding=NamedSharding(mesh, spec)), structs,
-                            ProgramInputs.specs(shape.given_latents))
+        """ShapeDtypeStructs with their shardings, from the declarations, for lowering ahead of time.
+
+        ``latent_shape``: the (C, h, w) of one image's latents (:func:`latent_shape`)."""
+        def struct(f: dataclasses.Field) -> jax.ShapeDtypeStruct:
+            dims = f.metadata["dims"]
+            dims = tuple(dims(shape, latent_shape) if callable(dims) else dims)
+            whole = (shape.batch, *dims) if f.metadata["partition"] == PER_IMAGE else dims
+            return jax.ShapeDtypeStruct(whole, f.metadata["dtype"], sharding=NamedSharding(mesh, _spec(f)))
+
+        return ProgramInputs(**{f.name: struct(f) if _present(f, shape) else None
+                                for f in dataclasses.fields(ProgramInputs)})
+
+
+def _spec(f: dataclasses.Field) -> P:
+    return P(DATA_AXIS) if f.metadata["partition"] == PER_IMAGE else P()
+
+
+def _present(f: dataclasses.Field, shape: ProgramShape) -> bool:
+    """Whether a ProgramInputs field is an argument of the program for ``shape``: the one rule for
+    optional inputs (declared with ``when``: present only while that ProgramShape flag is on)."""
+    return f.metadata["when"] is None or bool(getattr(shape, f.metadata["when"]))
 
 
 @dataclasses.dataclass
@@ -232,6 +323,101 @@ def latent_shape(model: LoadedModel, height: int, width: int) -> tuple[int, int,
     return (model.latent_channels, height // f, width // f)
 
 
+@dataclasses.dataclass(frozen=True)
+class Static:
+    """What the traced program reads besides its arguments: bound before compiling, so changing any of
+    it compiles a new program (and :func:`program_key` covers each: the shape whole, the components'
+    configs, the prediction type)."""
+
+    shape: ProgramShape
+    components: Mapping[str, Any]  # component name -> Component (static module graph, bound to params inside)
+    latent: tuple[int, int, int]  # (C, h, w) of the latents
+    prediction_type: str  # epsilon, v_prediction or sample (the scheduler config's)
+    vae: Any  # VAEConfig: scaling and shift factors
+
+
+def static_options(model: LoadedModel, shape: ProgramShape) -> Static:
+    """The one place the program reads the model and the ProgramShape's static options."""
+    return Static(shape=shape, components=model.components, latent=latent_shape(model, shape.height, shape.width),
+                  prediction_type=model.scheduler_config.get("prediction_type", "epsilon"), vae=model.vae)
+
+
+class Conditioning(NamedTuple):
+    """The UNet's conditioning for the whole run, in the parameters' dtype (add_time_ids float32);
+    ``rows`` = 2 x batch with CFG (negatives first), else batch."""
+
+    hidden: jax.Array  # (rows, 77, hidden_1 + hidden_2) encoder hidden states
+    text_embeds: jax.Array  # (rows, projection_2) pooled text embeddings
+    add_time_ids: jax.Array  # (rows, 6): original size, crop top-left, target size
+
+
+def encode_text(st: Static, params, inputs: ProgramInputs) -> Conditioning:
+    """Stage 1: both text encoders; with CFG the negative and positive prompts in one encoder batch,
+    negatives first, an empty negative prompt as zeros (SDXL base's ``force_zeros_for_empty_prompt``)."""
+    b = inputs.prompt_ids.shape[0]
+    ids = jnp.concatenate([inputs.negative_ids, inputs.prompt_ids]) if st.shape.cfg else inputs.prompt_ids
+    hidden, text_embeds = encode_prompts(st.components, params, ids)  # (n, 77, D), (n, P); n = 2b or b
+    if st.shape.cfg:
+        keep = jnp.concatenate([1.0 - inputs.negative_zero, jnp.ones((b,), jnp.float32)]).astype(hidden.dtype)
+        hidden = hidden * keep[:, None, None]  # empty negative prompt -> zeros, as SDXL base does
+        text_embeds = text_embeds * keep[:, None]
+    rows = hidden.shape[0]
+    size = jnp.array([st.shape.height, st.shape.width, 0, 0, st.shape.height, st.shape.width], jnp.float32)
+    return Conditioning(hidden, text_embeds, jnp.broadcast_to(size, (rows, 6)))
+
+
+def initial_latents(st: Static, inputs: ProgramInputs) -> jax.Array:
+    """Stage 2: (b, C, h, w) float32 sigma-space latents: each image's noise from its own seed (whatever
+    device it lands on), or the given latents, times the sampler's initial scale."""
+    noise = inputs.latents if st.shape.given_latents else initial_noise(inputs.seeds, st.latent)
+    return noise * inputs.init_scale
+
+
+def denoise_step(st: Static, unet, cond: Conditioning, inputs: ProgramInputs, i, carry):
+    """Stage 3's body, step ``i``: the UNet (with CFG over a doubled batch), then the sampler's update,
+    float32. ``carry`` = (latents, previous x0), each (b, C, h, w); returns the next carry."""
+    latents, x0_prev = carry
+    sigma = inputs.sigmas[i]
+    x = latents / jnp.sqrt(sigma**2 + 1)  # the UNet's input scaling
+    x = jnp.concatenate([x, x]) if st.shape.cfg else x  # (rows, c, h, w)
+    t = jnp.broadcast_to(inputs.timesteps[i], (cond.hidden.shape[0],))
+    out = unet(x, t, cond.hidden, cond.text_embeds, cond.add_time_ids).astype(jnp.float32)
+    if st.shape.cfg:
+        out = cfg_combine(*jnp.split(out, 2), inputs.guidance_scale)  # (b, c, h, w)
+    x0 = denoised(latents, out, sigma, st.prediction_type)
+    z = step_noise(inputs.seeds, i, st.latent)
+    update = sampler_update(latents, x0, x0_prev, z, inputs.a[i], inputs.b[i], inputs.c[i], inputs.d[i],
+                            inputs.e[i], inputs.clip_range)
+    return update, x0
+
+
+def denoise(st: Static, params, cond: Conditioning, inputs: ProgramInputs, latents: jax.Array,
+            python_loop: bool = False) -> jax.Array:
+    """Stage 3: ``num_steps`` of :func:`denoise_step` in ``lax.fori_loop`` (or a Python loop, for
+    debugging: needs a concrete ``num_steps``); returns the final latents x ``final_scale``."""
+    unet = st.components["unet"].bind(params["unet"])
+    step = functools.partial(denoise_step, st, unet, cond, inputs)
+    carry = (latents, jnp.zeros_like(latents))
+    if python_loop:
+        for i in range(int(inputs.num_steps)):
+            carry = step(i, carry)
+    else:
+        carry = jax.lax.fori_loop(0, inputs.num_steps, step, carry)
+    return carry[0] * inputs.final_scale
+
+
+def decode(st: Static, params, latents: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Stage 4: VAE decode, then channels-first [-1, 1] -> channels-last uint8 [0, 255].
+
+    Returns images (b, H, W, 3) uint8 and finite (b,) bool (False: the decoded image held NaN/inf).
+    """
+    vae = st.components["vae"].bind(params["vae"])
+    decoded = vae.decode(unscale_latents(latents, st.vae)).astype(jnp.float32)  # (b, 3, H, W)
+    finite = jnp.isfinite(decoded).all(axis=(1, 2, 3))
+    pixels = jnp.clip(decoded / 2 + 0.5, 0.0, 1.0).transpose(0, 2, 3, 1)  # (b, H, W, 3)
+    return jnp.round(pixels * 255).astype(jnp.uint8), finite
+
+
 def build_generate(model: LoadedModel, shape: ProgramShape, python_loop: bool = False) -> Callable:
     """The per-device generate function ``(params, inputs: ProgramInputs) -> (images, finite)``.
 
@@ -240,58 +426,13 @@ def build_generate(model: LoadedModel, shape: ProgramShape, python_loop: bool = 
         python_loop: run the denoising steps in a Python loop instead of ``lax.fori_loop``
             (debugging only: needs a concrete ``num_steps``, i.e. no jit).
     """
-    noise_shape = latent_shape(model, shape.height, shape.width)
-    prediction_type = model.scheduler_config.get("prediction_type", "epsilon")
-    vae_cfg = model.vae
-    unet_component, vae_component = model.components["unet"], model.components["vae"]
+    st = static_options(model, shape)
 
     def generate(params, inputs: ProgramInputs):
-        b = inputs.prompt_ids.shape[0]
-        unet, vae = unet_component.bind(params["unet"]), vae_component.bind(params["vae"])
-        # 1. Text: with CFG the negative and positive prompts in one encoder batch, negatives first.
-        ids = jnp.concatenate([inputs.negative_ids, inputs.prompt_ids]) if shape.cfg else inputs.prompt_ids
-        hidden, text_embeds = encode_prompts(model.components, params, ids)  # (n, 77, D), (n, P); n = 2b or b
-        if shape.cfg:
-            keep = jnp.concatenate([1.0 - inputs.negative_zero, jnp.ones((b,), jnp.float32)]).astype(hidden.dtype)
-            hidden = hidden * keep[:, None, None]  # empty negative prompt -> zeros, as SDXL base does
-            text_embeds = text_embeds * keep[:, None]
-        rows = hidden.shape[0]
-        size = jnp.array([shape.height, shape.width, 0, 0, shape.height, shape.width], jnp.float32)
-        add_time_ids = jnp.broadcast_to(size, (rows, 6))  # original size, crop top-left, target size
-
-        # 2. Initial noise, float32: image i from its own seed, whatever device it lands on.
-        noise = inputs.latents if shape.given_latents else initial_noise(inputs.seeds, noise_shape)
-        latents = noise * inputs.init_scale  # (b, c, h, w), sigma space
-
-        # 3. Denoising loop: the UNet (with CFG over a doubled batch), then the sampler's update, float32.
-        def step(i, carry):
-            latents, x0_prev = carry
-            sigma = inputs.sigmas[i]
-            x = latents / jnp.sqrt(sigma**2 + 1)  # the UNet's input scaling
-            x = jnp.concatenate([x, x]) if shape.cfg else x  # (rows, c, h, w)
-            t = jnp.broadcast_to(inputs.timesteps[i], (rows,))
-            out = unet(x, t, hidden, text_embeds, add_time_ids).astype(jnp.float32)
-            if shape.cfg:
-                out = cfg_combine(*jnp.split(out, 2), inputs.guidance_scale)  # (b, c, h, w)
-            x0 = denoised(latents, out, sigma, prediction_type)
-            z = step_noise(inputs.seeds, i, noise_shape)
-            update = sampler_update(latents, x0, x0_prev, z, inputs.a[i], inputs.b[i], inputs.c[i], inputs.d[i],
-                                    inputs.e[i], inputs.clip_range)
-            return update, x0
-
-        carry = (latents, jnp.zeros_like(latents))
-        if python_loop:
-            for i in range(int(inputs.num_steps)):
-                carry = step(i, carry)
-        else:
-            carry = jax.lax.fori_loop(0, inputs.num_steps, step, carry)
-        latents = carry[0] * inputs.final_scale
-
-        # 4. VAE decode, then channels-first [-1, 1] -> channels-last uint8 [0, 255].
-        decoded = vae.decode(unscale_latents(latents, vae_cfg)).astype(jnp.float32)  # (b, 3, H, W)
-        finite = jnp.isfinite(decoded).all(axis=(1, 2, 3))
-        pixels = jnp.clip(decoded / 2 + 0.5, 0.0, 1.0).transpose(0, 2, 3, 1)  # (b, H, W, 3)
-        return jnp.round(pixels * 255).astype(jnp.uint8), finite
+        cond = encode_text(st, params, inputs)  # 1.
+        latents = initial_latents(st, inputs)  # 2.
+        latents = denoise(st, params, cond, inputs, latents, python_loop)  # 3.
+        return decode(st, params, latents)  # 4.
 
     return generate
 
@@ -306,7 +447,7 @@ def unscale_latents(latents: jax.Array, vae_cfg) -> jax.Array:
 def jit_program(model: LoadedModel, shape: ProgramShape, mesh: Mesh):
     """``jax.jit`` of the sharded program with explicit in/out shardings (not yet compiled)."""
     check_batch(shape.batch, mesh)
-    specs = ProgramInputs.specs(shape.given_latents)
+    specs = ProgramInputs.specs(shape)
     sharded = jax.shard_map(build_generate(model, shape), mesh=mesh, in_specs=(P(), specs),
                             out_specs=(P(DATA_AXIS), P(DATA_AXIS)))
     shardings = jax.tree.map(lambda spec: NamedSharding(mesh, spec), specs)

@@ -43,16 +43,6 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
 
 
-def batch_sharded(mesh: Mesh) -> NamedSharding:
-    """Sharding that splits axis 0 (the image batch) over the ``data`` axis."""
-    return NamedSharding(mesh, P(DATA_AXIS))
-
-
-def replicate(tree, mesh: Mesh):
-    """Put every leaf of ``tree`` on all devices of ``mesh``."""
-    return jax.device_put(tree, replicated(mesh))
-
-
 def device_summary(mesh: Mesh) -> str:
     """e.g. ``4 × cpu`` or ``4 × TPU v5 lite``: device count and kind, for the page."""
     dev = mesh.devices.flat[0]

@@ -1,4 +1,4 @@
-"""Images out of the engine: PNGs that carry how they were made, optional saving.
+"""Images out of the engine: PNGs that carry how they were made, written without replacing a file.
 
 Saved files are named after what made them (``seed42-a-red-circle.png``) and never replace
 another file: each is written under a temporary name in its folder, then linked to its final
@@ -54,9 +54,9 @@ def png_bytes(image: np.ndarray | Image.Image, parameters: str | None = None, le
     """An RGB image as a lossless PNG, with the A1111 ``parameters`` text chunk.
 
     Written directly (PNG spec, ISO/IEC 15948): every row with the "Sub" filter, deflated by
-    zlib at ``level`` with its run-length strategy. Four 1024² images take ~0.05-0.15 s this way,
-    against ~2.5 s for Pillow's default encoder (level 6, adaptive filters) and 0.4 s at its
-    level 1 (measured here; BENCHMARKS.md). zlib releases the GIL, so images encode in parallel.
+    zlib at ``level`` with its run-length strategy, which is much faster than Pillow's default
+    encoder (level 6, adaptive filters; BENCHMARKS.md, leg 9 of the tiny-model table). zlib
+    releases the GIL, so images encode in parallel.
 
     Args:
         image: (H, W, 3) uint8 array, or a PIL RGB image (its ``parameters`` info is used when
