@@ -33,7 +33,7 @@ DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) /
 
 # The settings a model folder's engine_defaults.json may choose (loading.py); the others are the deployment's.
 MODEL_DEFAULT_FIELDS = ("sampler", "num_inference_steps", "guidance_scale")
-# The file in a model folder that chooses them (checkpoint.loading.ENGINE_DEFAULTS_FILE, the reader, is the same name).
+# The file in a model folder that chooses them (read by checkpoint.loading, which imports this name).
 ENGINE_DEFAULTS_FILE = "engine_defaults.json"
 
 

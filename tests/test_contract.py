@@ -53,12 +53,6 @@ def test_queue_seconds_starts_at_the_earlier_of_arrival_and_call():
     assert queue_seconds(None, 10.0, 9.0) == 0.0  # never negative
 
 
-def test_the_defaults_file_has_one_name():
-    from sdxl_engine import config
-    from sdxl_engine.checkpoint import loading
-
-    assert config.ENGINE_DEFAULTS_FILE == loading.ENGINE_DEFAULTS_FILE
-
 
 def test_gradio_version_check_is_one_line_and_matches_the_pin():
     from sdxl_engine.serving import gradio_internals

@@ -268,7 +268,6 @@ def host_side(engine, size: int, runs: int) -> dict:
     flat shapes as the model draws them at any size): PNG encoding alone (the engine's writer
     against Pillow's default, what Gradio's Gallery did with PIL images), the page's whole handler,
     and served by a real Gradio server (gradio_client, files downloaded) minus the engine's time."""
-    import app  # the page itself (the repository root, run from there): this leg measures its handler and server
     from sdxl_engine.serving import handler
     small = engine.generate(GenerateRequest("a red circle on the left", seed=0, num_inference_steps=20)).images
     images = np.repeat(np.repeat(small, size // small.shape[1], axis=1), size // small.shape[2], axis=2)
@@ -284,7 +283,7 @@ def host_side(engine, size: int, runs: int) -> dict:
                      "encode: Pillow default (what the Gallery did)": pil_default,
                      "page handler after the device": lambda: handler.handle_generate(
                          fixed, "a red circle on the left", "", 7, 5.0, 20, 0, 0, files_dir=files)}, runs)
-    demo = app.build_demo(lambda *v, **kw: handler.handle_generate(fixed, *v, **kw), engine.config, fixed)
+    demo = served_page(lambda text: handler.handle_generate(fixed, text, "", 7, 5.0, 20, 0, 0)[:2])
     demo.queue()
     demo.launch(server_port=_free_port(), prevent_thread_lock=True, quiet=True)
     try:
@@ -294,6 +293,23 @@ def host_side(engine, size: int, runs: int) -> dict:
     finally:
         demo.close()
     return {"size": size, "png_kb": [len(p) // 1000 for p in encode_pngs(images, texts)], "seconds": out}
+
+
+def served_page(generate):
+    """A page with the app's /generate outputs (a PNG Gallery and the info JSON) around ``generate``.
+
+    Tools import the runtime, never the repository's app.py (STYLE.md rule 21), so this is the
+    served path's part that costs time after the device: Gradio's server, the handler, the PNG
+    files and their download; the page's other widgets add no per-request work.
+    """
+    import gradio as gr
+
+    with gr.Blocks() as demo:
+        prompt = gr.Textbox()
+        gallery = gr.Gallery(columns=2, format="png")
+        info = gr.JSON()
+        prompt.submit(generate, prompt, [gallery, info], api_name="generate")
+    return demo
 
 
 def _free_port() -> int:

@@ -31,6 +31,9 @@ from sdxl_engine.models.random_weights import random_params
 from sdxl_engine.program.schedulers import UnsupportedSchedulerConfig, check_scheduler_config
 from sdxl_engine.checkpoint.weights import ModelLoadError, find_weight_files, load_params
 from sdxl_engine.checkpoint.writing import VOCABULARY_FILE
+# Optional in a model folder: the sampler, steps and guidance it chooses for requests that set none (one JSON
+# object, keys of config.MODEL_DEFAULT_FIELDS; "_" keys are notes); a deployment's explicit setting wins.
+from sdxl_engine.config import ENGINE_DEFAULTS_FILE
 
 __all__ = ["LoadedModel", "ModelLoadError", "load_model", "resolve_dtype", "read_model_folder", "engine_defaults"]
 
@@ -41,9 +44,6 @@ _HUB_HINT = ("Real SDXL needs its weights: on a machine that reaches the Hugging
              "(--model stabilityai/stable-diffusion-xl-base-1.0), or download once "
              "(hf download stabilityai/stable-diffusion-xl-base-1.0 --local-dir sdxl-base) and start with "
              "--model ./sdxl-base. Built-in models: " + ", ".join(builtin.BUILTIN_NAMES))
-# Optional: the sampler, steps and guidance a model's folder chooses for requests that set none (one JSON
-# object, keys of config.MODEL_DEFAULT_FIELDS; "_" keys are notes); a deployment's explicit setting wins.
-ENGINE_DEFAULTS_FILE = "engine_defaults.json"
 # Files a hub snapshot needs besides the weights (never pickles).
 _HUB_META = ("model_index.json", "scheduler/scheduler_config.json", "tokenizer/", "tokenizer_2/", ENGINE_DEFAULTS_FILE)
 

@@ -33,12 +33,12 @@ from typing import TYPE_CHECKING, Callable
 from fastapi import HTTPException
 
 from sdxl_engine.serving import gradio_internals
-from sdxl_engine.serving.server import SHUTTING_DOWN
 
 if TYPE_CHECKING:
     from sdxl_engine.serving.gradio_internals import PredictBody, Queue
 
 RETRY_AFTER_S = 5  # for a client over its limit: about one generation
+SHUTTING_DOWN = "the server is shutting down; retry in a minute"  # every client's refusal during a stop (the guard's too)
 
 
 def over_limit_message(limit: int) -> str:

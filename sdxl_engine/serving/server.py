@@ -46,6 +46,7 @@ from urllib.parse import urlsplit
 from sdxl_engine.config import ConfigError
 from sdxl_engine.engine.contract import clock
 from sdxl_engine.serving import gradio_internals
+from sdxl_engine.serving.admission import SHUTTING_DOWN, Admission  # loads no Gradio (fastapi only)
 
 EXIT_START_FAILED = 1  # valid settings, yet the app could not start
 EXIT_BAD_SETTING = 2  # a flag or setting must change (argparse uses 2 too)
@@ -60,7 +61,6 @@ UNUSED_ROUTES = tuple(prefix + route for prefix in ("/gradio_api", "") for route
 RETRY_AFTER_S = 5
 ARRIVED_HEADER = b"x-sdxl-arrived"  # set by Guard on every request: contract.clock() at arrival
 QUIET_S = 2.0  # on shutdown, close once no HTTP request arrived for this long (image downloads)
-SHUTTING_DOWN = "the server is shutting down; retry in a minute"  # every client's refusal during a stop
 
 
 def launch_options(host: str, port: int, share: bool) -> dict:
@@ -621,7 +621,6 @@ def serve(demo, engine, options: dict, gate: RequestGate, drain_s: float = 60.0,
     request). A client may have ``engine.config.max_requests_per_client`` /generate calls queued or
     running at once (:class:`~.admission.Admission`).
     """
-    from sdxl_engine.serving.admission import Admission  # imports Gradio: not at this module's import (usable_output_dir comes first)
 
     if signals is None:
         signals = StopSignals()
