@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from conftest import ROOT, RunningApp, free_port
+from tests.helpers import ROOT, RunningApp, free_port
 from PIL import Image
 
 from sdxl_engine.config import ConfigError, EngineConfig

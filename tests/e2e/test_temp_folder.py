@@ -4,9 +4,8 @@ import os
 import time
 from pathlib import Path
 
-import pytest
 
-from conftest import QUICK, RunningApp
+from tests.helpers import QUICK, RunningApp
 
 
 class FakeDemo:

@@ -21,7 +21,7 @@ import grpc
 import psutil
 import pytest
 
-from conftest import ROOT
+from tests.helpers import ROOT
 from sdxl_engine.config import EngineConfig
 from sdxl_engine.serving import cli
 from sdxl_engine.serving.scaleout import Replicas, ScaleOutError, plan_replica

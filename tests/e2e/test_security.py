@@ -3,16 +3,13 @@
 import base64
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from conftest import assert_serves
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import ROOT, assert_serves
 
 
 def get(app_server, path, **kw):

@@ -10,7 +10,6 @@ are random SDXLs saved by diffusers/transformers' PyTorch classes with their out
 import dataclasses
 import functools
 import json
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -24,7 +23,7 @@ from sdxl_engine.program.generate import ProgramInputs, ProgramShape, compile_pr
 from sdxl_engine.program.schedulers import make_schedule
 from sdxl_engine.program.sharding import make_mesh, replicated
 
-FIXTURES = Path(__file__).parent / "fixtures"
+from tests.helpers import FIXTURES, ROOT
 REF_DIR = FIXTURES / "tiny-pt-reference"
 REF = json.loads((REF_DIR / "reference.json").read_text())
 
@@ -56,7 +55,7 @@ def test_full_size_sdxl_base_keys_map_one_to_one():
     """Every parameter of SDXL 1.0 base (diffusers/transformers' save_pretrained keys, from the real
     configs) is one parameter of the own modules, same name and (layout-ruled) shape, none left over."""
     expected = json.loads((FIXTURES / "sdxl-base-keys.json").read_text())
-    components = read_model_folder(Path(__file__).parents[1] / "sdxl_engine" / "checkpoint" / "configs" / "sdxl-base-1.0")
+    components = read_model_folder(ROOT / "sdxl_engine" / "checkpoint" / "configs" / "sdxl-base-1.0")
     for name, component in components.items():
         ours = {k: weights.module_shape(tuple(s)) for k, s in expected[name].items()}
         mapping, unexpected = weights._map_keys(component, list(expected[name]))

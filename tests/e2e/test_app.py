@@ -7,12 +7,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from tests.helpers import FIXTURES
+
 
 def call(app_server, **kwargs):
     return app_server.client().predict(api_name="/generate", **kwargs)
-
-
-FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def test_generate_red_circle_returns_the_reference_images_and_json(app_server):

@@ -4,7 +4,6 @@ import json
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,7 +11,7 @@ import pytest
 from sdxl_engine.program.generate import tokenize
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import FIXTURES, ROOT
 
 
 def gen(engine, prompt="a red circle", **kw):
@@ -22,7 +21,7 @@ def gen(engine, prompt="a red circle", **kw):
 # tiny-shapes (trained: its images have colours and shapes) against the images the previous engine made
 # (tests/fixtures/tiny-shapes-reference.*; test_models.py checks all four cases). The same tolerance as
 # there: mean <= 0.5/255 for "the same image"; a setting that matters moves the mean by well over 1/255.
-SHAPES_DIR = Path(__file__).parent / "fixtures"
+SHAPES_DIR = FIXTURES
 SHAPES_CASES = json.loads((SHAPES_DIR / "tiny-shapes-reference.json").read_text())["cases"]
 SAME, OTHER = 0.5, 1.0
 

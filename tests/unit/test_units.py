@@ -155,7 +155,7 @@ def test_engine_start_honours_jax_variables(tmp_path):
     import subprocess
     import sys
 
-    from conftest import ROOT
+    from tests.helpers import ROOT
 
     code = ("import jax; from sdxl_engine.config import EngineConfig, apply_jax_options; "
             "d = apply_jax_options(EngineConfig.load()); print(len(jax.devices()), d)")
@@ -170,7 +170,7 @@ def test_engine_start_honours_jax_variables(tmp_path):
 
 def test_no_hint_asks_for_the_old_flax_revision():
     """SDXL base's Flax weights are on its main branch: nothing tells users to pass refs/pr/95."""
-    from conftest import ROOT
+    from tests.helpers import ROOT
 
     for path in [ROOT / "README.md", ROOT / "app.py", *(ROOT / "sdxl_engine").rglob("*.py")]:
         assert "refs/pr/" not in path.read_text(), path
@@ -180,7 +180,7 @@ def test_readme_first_python_example_works_with_the_default_model():
     """The first thing a user tries: an in-vocabulary prompt, no style (styles pull tiny-shapes off the prompt)."""
     import re
 
-    from conftest import ROOT
+    from tests.helpers import ROOT
     from sdxl_engine.checkpoint.builtin import TINY_SHAPES_DIR, unknown_words
 
     readme = (ROOT / "README.md").read_text()

@@ -133,7 +133,7 @@ def test_training_command_saves_a_model_the_engine_recipe_describes(tmp_path):
     import subprocess
     import sys
 
-    from conftest import ROOT
+    from tests.helpers import ROOT
 
     from sdxl_engine.checkpoint.builtin import TINY_SHAPES_DIR
     from sdxl_engine.checkpoint.loading import load_folder

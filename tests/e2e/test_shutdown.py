@@ -17,7 +17,7 @@ import time
 import httpx
 import pytest
 
-from conftest import ROOT, RunningApp
+from tests.helpers import ROOT, RunningApp
 from sdxl_engine.config import ConfigError, EngineConfig
 from sdxl_engine.serving.admission import SHUTTING_DOWN, over_limit_message
 from sdxl_engine.serving.server import StopSignals, serve

@@ -8,6 +8,7 @@ import pytest
 from PIL import Image
 
 from sdxl_engine.serving.styles import NO_STYLE, STYLE_NAMES, UnknownStyle, apply_style
+from tests.helpers import ROOT
 
 
 def test_the_ten_styles_of_the_reference_space():
@@ -208,7 +209,7 @@ def test_history_key_is_made_once_and_kept_across_processes(tmp_path, monkeypatc
     monkeypatch.delenv(history.SECRET_ENV, raising=False)
     code = "import sys; from sdxl_engine.serving import history; print(history.browser_secret(cache_dir=sys.argv[1]))"
     env = {k: v for k, v in os.environ.items() if k != history.SECRET_ENV}
-    keys = [subprocess.run([sys.executable, "-c", code, str(tmp_path / "cache")], cwd=Path(__file__).parents[1],
+    keys = [subprocess.run([sys.executable, "-c", code, str(tmp_path / "cache")], cwd=ROOT,
                            env=env, capture_output=True, text=True, check=True).stdout.strip() for _ in range(2)]
     kept = tmp_path / "cache" / history.SECRET_FILE
     assert keys[0] == keys[1] == kept.read_text().strip() and len(keys[0]) >= 32

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import ROOT
 
 # Counts JAX's compile-path events per engine stage (the stage that was running when each fired).
 START_ENGINE = """

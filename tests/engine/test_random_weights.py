@@ -5,7 +5,6 @@ import json
 import math
 import subprocess
 import sys
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -16,7 +15,7 @@ from sdxl_engine.checkpoint import builtin
 from sdxl_engine.models import build_component
 from sdxl_engine.models.random_weights import init_spec, random_params
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import ROOT
 
 
 def tiny_components():

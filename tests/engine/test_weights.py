@@ -13,8 +13,7 @@ from safetensors.numpy import load_file, save_file
 from sdxl_engine.checkpoint import weights
 from sdxl_engine.checkpoint.loading import ModelLoadError, hub_files, load_folder, load_model
 
-FIXTURES = Path(__file__).parent / "fixtures"
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import FIXTURES, ROOT
 UNET_FILE = "unet/diffusion_pytorch_model.safetensors"
 
 

@@ -10,7 +10,6 @@ coefficient moves a step by far more).
 import json
 import re
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,7 +19,7 @@ from sdxl_engine.program.schedulers import (CLASS_DEFAULTS, FIELDS, SAMPLER_CLAS
                                     UnsupportedSchedulerConfig, check_scheduler_config, get_sampler, make_schedule,
                                     sampler_config)
 
-FIXTURES = Path(__file__).parent / "fixtures"
+from tests.helpers import FIXTURES
 REF_DIR = FIXTURES / "tiny-pt-reference"
 REF = json.loads((REF_DIR / "reference.json").read_text())
 STEPS = json.loads((FIXTURES / "sampler-steps.json").read_text())

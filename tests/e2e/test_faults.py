@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 import uuid
 
@@ -18,7 +17,7 @@ import httpx
 import numpy as np
 import pytest
 
-from conftest import QUICK, ROOT, RunningApp, assert_serves, free_port
+from tests.helpers import QUICK, ROOT, RunningApp, assert_serves, free_port
 from sdxl_engine.engine.local import GenerationError
 from sdxl_engine.engine.validation import GenerateRequest
 
