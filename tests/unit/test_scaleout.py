@@ -1,42 +1,17 @@
 """Scale-out on Ray Serve: ``python app.py --replicas N`` (README, "Scale-out on Ray Serve").
 
-Fast checks first (flags, resource plans, the front's retry rule with a stand-in handle, the
-default app never importing Ray). Then one ``--replicas 2`` app with its own private Ray cluster
-(the TEST-ONLY fault switch on, for simulated device time; HOME in a temporary folder), shared by
-the tests after it: serving in parallel, the page's banner, nothing of Ray exposed, a load with
-no call lost, a replica killed under load, SIGTERM (it stops the app and checks that nothing of
-Ray is left, so it runs last). Each of them needs only the app, not what an earlier test did.
-Every replica gets one CPU (``--replica-resources '{"CPU": 1}'``). Throughput against one
-replica is a benchmark's question (tools/loadtest.py, BENCHMARKS.md), not a test's.
+The checks without a cluster: flags, resource plans, the front's retry rule with a stand-in
+handle, a start failure's line. The app on its own Ray cluster is tests/e2e/test_scaleout_ray.py.
 """
 
-import json
-import re
-import subprocess
-import sys
-import time
-from pathlib import Path
-
-import grpc
-import psutil
 import pytest
 
-from tests.helpers import ROOT
 from sdxl_engine.config import EngineConfig
 from sdxl_engine.serving import cli
 from sdxl_engine.serving.scaleout import Replicas, ScaleOutError, plan_replica
-from tools import loadtest
 
-REPLICA_ARGS = ["--replica-resources", '{"CPU": 1}']  # every replica: one CPU (and one CPU device)
-LOAD_S = 10  # seconds of load
-CHROMIUM = Path("/usr/bin/chromium")  # as tests/test_browser.py drives it: Debian's Chromium, offline
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-CAPTION = re.compile(r"^seed (\d+)(?: · ([^·]+))? · (\d+\.\d\d) s$")
 LOST = "the replica running this request stopped"
 
-
-# ---- without a cluster ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("text, expected", [("2", (2, 2)), (" 1-4 ", (1, 4)), ("3-3", (3, 3))])
 def test_replicas_flag_takes_a_count_or_a_range(text, expected):
@@ -85,20 +60,6 @@ def test_scaleout_flags_are_server_flags(capsys):
         with pytest.raises(SystemExit) as exit_info:
             cli.parse_args(argv)
         assert exit_info.value.code == 2 and message in capsys.readouterr().err
-
-
-def test_python_app_py_without_the_flag_never_imports_ray():
-    """The default start path (flags, config, the local engine started, the page built) loads no Ray module."""
-    code = ("import sys, app\n"
-            "from sdxl_engine.config import EngineConfig\n"
-            "args = app.cli.parse_args([])\n"
-            "engine, concurrency = app.start_engine(EngineConfig.load(app.cli.engine_overrides(args)), args)\n"
-            "app.build_demo(lambda *a, **k: None, engine.config, engine, concurrency=concurrency)\n"
-            "print(concurrency, sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')), flush=True)\n"
-            "import os; os._exit(0)\n")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip().splitlines()[-1] == "1 []"
 
 
 class FakeStream:
@@ -206,8 +167,6 @@ def test_replica_errors_come_back_as_the_engines_types():
             Outcome.failure(error).raise_error()
 
 
-# ---- one --replicas 2 app on its own private Ray cluster ---------------------------------------
-
 def test_replicas_that_cannot_start_give_one_clear_error():
     """Serve's message (its own words, then the replica's traceback) becomes the replica's exception
     line; a setting the replicas' devices cannot honour exits 2 like any bad setting."""
@@ -233,187 +192,3 @@ def test_replicas_that_cannot_start_give_one_clear_error():
     assert server.start_error_line(bad).startswith("error: bad setting: images_per_request (3)")
 
 
-def process_tree(pid: int) -> list[psutil.Process]:
-    root = psutil.Process(pid)
-    return [root, *root.children(recursive=True)]
-
-
-@pytest.fixture(scope="module")
-def home(tmp_path_factory):
-    return tmp_path_factory.mktemp("home")
-
-
-@pytest.fixture(scope="module")
-def app2(home):
-    app = loadtest.ServedApp(["--replicas", "2", *REPLICA_ARGS],
-                             env={"SDXL_FAULT_INJECTION": "1", "HOME": str(home)})
-    try:
-        # Generous: both replicas may compile at once on a loaded machine (no earlier app warmed the cache).
-        app.wait_for("[replicas] 2 of 2 replicas ready", timeout=600)
-    except RuntimeError:
-        app.stop()
-        raise
-    yield app
-    if app.proc.poll() is None:
-        app.stop()
-
-
-def slow_call(client, seconds: float, seed: int = 1):
-    return client.submit(api_name="/generate", seed=seed, **loadtest.slow_request(seconds))
-
-
-def test_two_replicas_serve_two_requests_at_once(app2):
-    from gradio_client import Client
-
-    import app
-
-    clients = [Client(app2.url, verbose=False) for _ in range(2)]
-    jobs = [slow_call(c, 3.0, seed) for seed, c in enumerate(clients, 1)]
-    infos = [job.result(timeout=60)[1] for job in jobs]
-    # In parallel: two replicas, and neither request waited for the other's 3 s on the device (in
-    # Gradio's queue or on the way to a replica). Judged from each request's own timings, not from
-    # wall time, which this shared machine's load stretches.
-    assert len({info["replica"] for info in infos}) == 2, infos
-    for info in infos:
-        t = info["timings_s"]
-        assert t["device"] >= 3.0 and 0 < t["ray"] < 1.0 and t["queue"] < 2.0, t
-        assert t["latency"] == pytest.approx(t["prep"] + t["device"] + t["post"] + t["ray"], abs=0.01)
-        assert info["device"] == "1 × cpu" and len(info["seeds"]) == 4
-        line = app.status_line(info)
-        assert f"(replica `{info['replica']}`)" in line and f"ray {t['ray']:.2f} s" in line
-
-
-@pytest.mark.skipif(not CHROMIUM.exists(), reason=f"{CHROMIUM} not installed (apt-get install chromium)")
-def test_page_works_and_its_banner_counts_the_ready_replicas(app2):
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            context = browser.new_context(viewport={"width": 1280, "height": 1400})
-            blocked = []
-            context.route("**/*", lambda route: route.continue_() if route.request.url.startswith("http://127.0.0.1:")
-                          else (blocked.append(route.request.url), route.abort()))
-            page = context.new_page()
-            page.goto(app2.url, wait_until="load", timeout=60_000)
-            page.wait_for_selector("#engine-status", timeout=30_000)
-            page.wait_for_function("document.querySelector('#engine-status').innerText.includes('replicas ready')",
-                                   timeout=30_000)
-            banner = page.inner_text("#engine-status")
-            assert "2 of 2 replicas ready on Ray Serve, each on 1 × cpu" in banner, banner
-            page.fill("#prompt textarea", "a red circle on a blue background")
-            page.click("#generate")
-            page.wait_for_function("document.querySelector('#result-status').innerText.includes('images on')",
-                                   timeout=60_000)
-            status = page.inner_text("#result-status")
-            assert "4 images on 1 × cpu (replica" in status and " · ray " in status, status
-            items = page.locator("#gallery .grid-container .gallery-item")
-            assert items.count() == 4 and CAPTION.match(items.nth(0).locator(".caption-label").inner_text().strip())
-            assert "2 of 2 replicas ready" in page.inner_text("#engine-status")
-            assert blocked == []
-        finally:
-            browser.close()
-
-
-def test_only_the_front_is_reachable_and_ray_listens_on_loopback_only(app2):
-    """No Serve HTTP proxy, no dashboard UI; every socket the app's processes listen on (the Gradio
-    front, and all of the private Ray cluster: GCS, raylet, workers, agents, metrics) is loopback."""
-    tree = process_tree(app2.proc.pid)
-    commands = [" ".join(p.cmdline()) for p in tree if p.is_running()]
-    assert any("ServeReplica" in c for c in commands) and not any("ProxyActor" in c for c in commands), commands
-    listening = []
-    for proc in tree:
-        try:
-            listening += [(conn.laddr.ip, conn.laddr.port, " ".join(proc.cmdline())[:60])
-                          for conn in proc.net_connections(kind="inet") if conn.status == psutil.CONN_LISTEN]
-        except psutil.NoSuchProcess:
-            continue
-    assert ("127.0.0.1", app2.port) in [(ip, port) for ip, port, _ in listening]
-    exposed = [entry for entry in listening if entry[0] not in ("127.0.0.1", "::1", "::ffff:127.0.0.1")]
-    assert len(listening) > 5 and not {8265, 8000} & {port for _, port, _ in listening}, listening
-    # One exception, Serve's own: each replica's inter-deployment gRPC server binds [::] (hard-coded in
-    # Serve 2.60). It takes no call without the cluster's token (here: fresh, in the environment only).
-    assert len(exposed) <= 2 and all("ServeReplica" in command for _, _, command in exposed), exposed
-    for _, port, _ in exposed:
-        with grpc.insecure_channel(f"{outside_address()}:{port}") as channel:
-            call = channel.unary_unary("/ray.serve.ASGIService/HandleRequest", request_serializer=bytes,
-                                       response_deserializer=bytes)
-            with pytest.raises(grpc.RpcError) as refused:
-                call(b"", timeout=10)
-            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED, refused.value
-
-
-def outside_address() -> str:
-    """This machine's first non-loopback IPv4 address (127.0.0.1 if it has none)."""
-    for addresses in psutil.net_if_addrs().values():
-        for address in addresses:
-            if address.family.name == "AF_INET" and not address.address.startswith("127."):
-                return address.address
-    return "127.0.0.1"
-
-
-def test_two_replicas_serve_a_load_without_losing_a_call(app2):
-    """4 clients for LOAD_S seconds, requests of 1.5 s simulated device time: every call gives its 4 images."""
-    report = loadtest.run(app2.url, clients=4, seconds=LOAD_S, timeout=60, request=loadtest.slow_request(1.5))
-    print("\n2 replicas:", json.dumps(report))
-    assert report["calls_ok"] >= 4 and report["calls_failed"] == 0 and report["errors"] == {}, report
-    assert report["throughput_images_per_s"] * report["elapsed_s"] == pytest.approx(4 * report["calls_ok"], rel=1e-2)
-
-
-def test_a_replica_killed_under_load(app2):
-    loss = loadtest.replica_loss(app2, clients=4, device_s=2.0)
-    print("\nreplica loss:", json.dumps(loss))
-    assert loss["in_flight"], loss
-    for call in loss["in_flight"]:  # each ends within 60 s: a result or the one clear error
-        assert call["ended_after_kill_s"] < 60
-        assert call["ok"] or LOST in call["error"], call
-    assert loss["errors_after"] == [], loss  # new calls go to the survivor
-    assert loss["survivor_ok"] >= 1 and loss["replacement"] and loss["replacement"] not in loss["replicas_before"]
-    # Serve replaces the replica, which serves again within a replica's cold start (process, imports,
-    # load, compile: as the first ones took in this app) plus Serve noticing the loss.
-    cold_start = app2.seen("[replicas] first replica ready") - app2.seen("[replicas] Ray ")
-    assert loss["count_back_s"] is not None and loss["count_back_s"] < cold_start + 10, (loss, cold_start)
-    assert loss["replacement_serves_s"] < loss["count_back_s"] + 2 * 2.0 + 5, loss  # then its first call is done
-    deadline = time.monotonic() + 30  # the front's count is back to 2 (it logs every change)
-    while not last_count(app2).startswith("[replicas] 2 of 2 replicas ready at"):
-        assert time.monotonic() < deadline, last_count(app2)
-        time.sleep(0.2)
-    assert any(line.startswith("[replicas] 1 of 2 replicas ready") for _, line in app2.lines)
-
-
-def last_count(app) -> str:
-    """The front's last "[replicas] N of M replicas ready" log line."""
-    return next((line for _, line in reversed(app.lines) if " replicas ready" in line
-                 and line.startswith("[replicas] ")), "")
-
-
-def test_sigterm_drains_then_deletes_the_deployment_and_leaves_nothing(app2, home):
-    from gradio_client import Client
-
-    tree = process_tree(app2.proc.pid)
-    assert any("ServeReplica" in " ".join(p.cmdline()) for p in tree if p.is_running())
-    temp = Path(next(line.split("temp folder ")[1].split(" in ")[0] for _, line in app2.lines if "temp folder" in line))
-    assert temp.is_dir() and not temp.is_relative_to(home)
-    from gradio_client.utils import Status
-
-    job = slow_call(Client(app2.url, verbose=False), 3.0)
-    deadline = time.monotonic() + 30
-    while job.status().code not in (Status.PROCESSING, Status.PROGRESS):
-        assert time.monotonic() < deadline, "the request never started"
-        time.sleep(0.05)
-    code, took = app2.stop()
-    gallery, info = job.result(timeout=30)  # accepted before SIGTERM: served
-    assert len(gallery) == 4 and info["replica"]
-    assert code == 0 and took < 60, (code, took)
-    assert "[replicas] Serve application deleted and Ray stopped" in app2.log
-    # A plain log (issue 19): no colour codes, no WARNING for the token mode the app chose, and no
-    # Ray line about the clean stop itself (serve.shutdown() left two "Task ServeController... failed").
-    assert "\x1b[" not in app2.log and "Token authentication" not in app2.log
-    stop = app2.log.index("[app] stopping")
-    assert "(raylet)" not in app2.log[stop:] and "ServeController" not in app2.log[stop:], app2.log[stop:]
-    deadline = time.monotonic() + 15
-    while any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in tree):
-        assert time.monotonic() < deadline, [" ".join(p.cmdline())[:80] for p in tree if p.is_running()]
-        time.sleep(0.2)
-    assert not temp.exists()  # Ray's temp folder: under the system temp folder, removed
-    assert list(home.iterdir()) == []  # nothing under HOME (no ~/.ray/auth_token: the token lives in the environment)
