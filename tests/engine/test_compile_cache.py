@@ -18,6 +18,9 @@ import pytest
 
 from tests.helpers import ROOT
 
+# Every test here starts fresh engine processes that compile (cold, then warm).
+pytestmark = pytest.mark.slow
+
 # Counts JAX's compile-path events per engine stage (the stage that was running when each fired).
 START_ENGINE = """
 import json, jax

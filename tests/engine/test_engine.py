@@ -210,7 +210,8 @@ def test_a_long_prompt_logs_nothing():
     """The user hears of the cut (a warning in the result); the server log does not: transformers warns
     on stderr when it encodes untruncated text longer than 77 tokens (QA). In a fresh process, as
     transformers warns once per tokenizer."""
-    code = ("from sdxl_engine.loading import load_model; from sdxl_engine.program import tokenize; "
+    code = ("from sdxl_engine.checkpoint.loading import load_model; "
+            "from sdxl_engine.program.generate import tokenize; "
             "m = load_model('tiny-shapes', dtype='float32', platform='cpu', cache_dir='unused'); "
             "print(tokenize(m, 'a red circle ' * 60)[1])")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -202,7 +202,7 @@ def test_tiny_shapes_images_unchanged(tiny_shapes_engine, k, monkeypatch):
     """The previous engine (diffusers' Flax classes) made these images. With its integer timesteps the
     own modules give the same pixels (max 2/255); the engine now passes the scheduler's float
     timesteps to the UNet as diffusers' PyTorch pipeline does, which moves them by mean <= 0.5/255."""
-    from sdxl_engine import engine as engine_module
+    from sdxl_engine.engine import local as engine_module
     from sdxl_engine.engine.validation import GenerateRequest
 
     case = TINY_SHAPES["cases"][k]
