@@ -181,6 +181,7 @@ def test_samplers_differ_and_euler_a_is_deterministic_per_seed(engine):
     assert np.array_equal(shifted[0], images["Euler a"][1])
 
 
+@pytest.mark.slow  # compiles another size bucket's program
 def test_new_size_bucket_compiles_once(engine, monkeypatch):
     """A size bucket's first request compiles its program, the next reuses it. Independent of what
     other tests compiled on the shared engine: the bucket's programs are taken out of its table for
@@ -270,6 +271,7 @@ def test_output_is_sharded_over_the_data_axis(engine):
     assert out_sharding.mesh.devices.size == 4
 
 
+@pytest.mark.slow  # compiles a whole program for a second model
 def test_random_weight_builder_goes_through_the_engine_program(engine):
     """The code behind `sdxl-base-random`, run at tiny scale: one jitted initialiser per component
     puts params of the abstract shapes on the devices, and the engine's program runs on them."""
