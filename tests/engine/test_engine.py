@@ -131,6 +131,7 @@ def test_guidance_and_steps_are_the_references(tiny_shapes_engine, shapes_refere
         assert mean_diff(shapes(tiny_shapes_engine, 1, num_inference_steps=steps), ref) > OTHER, steps
 
 
+@pytest.mark.slow  # compiles tiny-shapes' program without guidance (guidance 1)
 def test_more_guidance_moves_the_image_toward_the_prompts_colour(tiny_shapes_engine):
     """A blue square at guidance 1 (the conditional prediction alone), 1.5, 3 and 5: bluer each time."""
     blueness = [colour(shapes(tiny_shapes_engine, prompt="a blue square", guidance_scale=g), 2) for g in (1, 1.5, 3, 5)]

@@ -23,6 +23,7 @@ def tiny_components():
     return {name: build_component(name, cfg) for name, cfg in configs.items()}
 
 
+@pytest.mark.slow  # runs every tiny component's own initialisers, one op at a time
 def test_every_tensor_has_the_mean_and_spread_of_the_modules_own_initialiser():
     """init_spec's rules against Component.init (the modules' initialisers) on every tensor of the tiny model."""
     components = tiny_components()
@@ -95,6 +96,7 @@ def reduced_width_configs() -> dict:
     return configs
 
 
+@pytest.mark.slow  # a fresh process fills over 600 MB of params
 def test_random_init_peak_memory_stays_near_the_params_size():
     """Made in bfloat16 in place: the process's peak grows by at most 1.3x the params' bytes
     (the real-checkpoint loader's rule; compiling the fill kernels is the rest)."""

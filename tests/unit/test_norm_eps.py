@@ -27,6 +27,7 @@ from sdxl_engine.models import COMPONENTS
 from sdxl_engine.models.layers import GroupNorm, LayerNorm
 
 from tests.helpers import FIXTURES, ROOT
+
 CONFIGS = ROOT / "sdxl_engine" / "checkpoint" / "configs" / "sdxl-base-1.0"
 
 

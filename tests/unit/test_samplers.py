@@ -20,6 +20,7 @@ from sdxl_engine.program.schedulers import (CLASS_DEFAULTS, FIELDS, SAMPLER_CLAS
                                     sampler_config)
 
 from tests.helpers import FIXTURES
+
 REF_DIR = FIXTURES / "tiny-pt-reference"
 REF = json.loads((REF_DIR / "reference.json").read_text())
 STEPS = json.loads((FIXTURES / "sampler-steps.json").read_text())
