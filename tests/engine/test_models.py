@@ -168,6 +168,7 @@ def test_images_match_diffusers_pipeline(tiny_pt_programs, arrays, k):
     assert diff.max() <= 4 and diff.mean() <= 0.5, (diff.max(), diff.mean())
 
 
+@pytest.mark.slow  # jits a second model's text encoders and UNet
 def test_legacy_flax_msgpack_matches_the_deleted_flax_classes():
     """A folder saved by diffusers'/transformers' Flax classes loads by rule and computes what they computed."""
     folder = FIXTURES / "legacy-flax"

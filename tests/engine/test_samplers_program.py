@@ -90,6 +90,7 @@ def test_the_program_clips_x0_where_the_schedule_says(engine):
     assert np.abs(unclipped.astype(int) - want.astype(int)).max() > 8
 
 
+@pytest.mark.slow  # compiles tiny-pt's program at the fixture's shape
 def test_ddim_images_match_diffusers_when_the_config_lacks_clip_sample(steps_arrays):
     """Image level, the issue's case: tiny-pt's pipeline with DDIMScheduler.from_config of a config without
     clip_sample (so True) and the engine's program on the same latents agree within 4/255 (test_models' image

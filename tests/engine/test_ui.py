@@ -11,6 +11,7 @@ from sdxl_engine.serving.styles import NO_STYLE, apply_style
 from tests.helpers import ROOT
 
 
+@pytest.mark.slow  # compiles another size bucket's program
 def test_engine_reports_stages_in_order(engine):
     from sdxl_engine.engine.validation import GenerateRequest
 
