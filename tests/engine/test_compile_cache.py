@@ -47,8 +47,7 @@ print(json.dumps({"counts": counts, "compile_s": engine.startup["compile_s"], "l
 
 
 def start(cache_dir: Path, model_dir: Path, **env) -> dict:
-    env = {**os.environ, "SDXL_COMPILE_CACHE_DIR": str(cache_dir), "SDXL_MODEL_CACHE_DIR": str(model_dir),
-           "PYTHONPATH": str(ROOT), **env}
+    env = {**os.environ, "SDXL_COMPILE_CACHE_DIR": str(cache_dir), "SDXL_MODEL_CACHE_DIR": str(model_dir), **env}
     env.pop("JAX_COMPILATION_CACHE_DIR", None)  # JAX's own variable would win over the one set here
     out = subprocess.run([sys.executable, "-c", START_ENGINE], env=env, cwd=ROOT, capture_output=True, text=True,
                          timeout=600)
