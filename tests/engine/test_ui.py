@@ -7,27 +7,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from sdxl_engine.serving.styles import NO_STYLE, STYLE_NAMES, UnknownStyle, apply_style
+from sdxl_engine.serving.styles import NO_STYLE, apply_style
+from tests.helpers import ROOT
 
 
-def test_the_ten_styles_of_the_reference_space():
-    assert STYLE_NAMES == ("(No style)", "Cinematic", "Photographic", "Anime", "Manga", "Digital Art", "Pixel art",
-                           "Fantasy art", "Neonpunk", "3D Model")
-
-
-def test_apply_style_wraps_prompt_and_puts_the_users_negative_first():
-    assert apply_style(NO_STYLE, "a red circle", "blurry") == ("a red circle", "blurry")
-    assert apply_style(None, "a red circle") == ("a red circle", "")
-    prompt, negative = apply_style("Pixel art", "a red circle", "green")
-    assert prompt == "pixel-art a red circle . low-res, blocky, pixel art style, 8-bit graphics"
-    assert negative == "green, sloppy, messy, blurry, noisy, highly detailed, ultra textured, photo, realistic"
-    assert apply_style("pixel ART", "a red circle", "")[1].startswith("sloppy")  # case-insensitive name
-    assert apply_style("Cinematic", "  ", "") == ("  ", "")  # left for validation to refuse
-    assert apply_style("Cinematic", None, None) == (None, "")
-    with pytest.raises(UnknownStyle, match="unknown style 'Baroque'; choose one of \\(No style\\), Cinematic"):
-        apply_style("Baroque", "a red circle")
-
-
+@pytest.mark.slow  # compiles another size bucket's program
 def test_engine_reports_stages_in_order(engine):
     from sdxl_engine.engine.validation import GenerateRequest
 
@@ -208,7 +192,7 @@ def test_history_key_is_made_once_and_kept_across_processes(tmp_path, monkeypatc
     monkeypatch.delenv(history.SECRET_ENV, raising=False)
     code = "import sys; from sdxl_engine.serving import history; print(history.browser_secret(cache_dir=sys.argv[1]))"
     env = {k: v for k, v in os.environ.items() if k != history.SECRET_ENV}
-    keys = [subprocess.run([sys.executable, "-c", code, str(tmp_path / "cache")], cwd=Path(__file__).parents[1],
+    keys = [subprocess.run([sys.executable, "-c", code, str(tmp_path / "cache")], cwd=ROOT,
                            env=env, capture_output=True, text=True, check=True).stdout.strip() for _ in range(2)]
     kept = tmp_path / "cache" / history.SECRET_FILE
     assert keys[0] == keys[1] == kept.read_text().strip() and len(keys[0]) >= 32

@@ -16,7 +16,10 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import ROOT
+
+# Every test here starts fresh engine processes that compile (cold, then warm).
+pytestmark = pytest.mark.slow
 
 # Counts JAX's compile-path events per engine stage (the stage that was running when each fired).
 START_ENGINE = """
@@ -44,8 +47,7 @@ print(json.dumps({"counts": counts, "compile_s": engine.startup["compile_s"], "l
 
 
 def start(cache_dir: Path, model_dir: Path, **env) -> dict:
-    env = {**os.environ, "SDXL_COMPILE_CACHE_DIR": str(cache_dir), "SDXL_MODEL_CACHE_DIR": str(model_dir),
-           "PYTHONPATH": str(ROOT), **env}
+    env = {**os.environ, "SDXL_COMPILE_CACHE_DIR": str(cache_dir), "SDXL_MODEL_CACHE_DIR": str(model_dir), **env}
     env.pop("JAX_COMPILATION_CACHE_DIR", None)  # JAX's own variable would win over the one set here
     out = subprocess.run([sys.executable, "-c", START_ENGINE], env=env, cwd=ROOT, capture_output=True, text=True,
                          timeout=600)

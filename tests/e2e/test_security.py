@@ -3,16 +3,13 @@
 import base64
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from conftest import assert_serves
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import ROOT, assert_serves
 
 
 def get(app_server, path, **kw):
@@ -118,40 +115,6 @@ def test_chunked_bodies_are_capped_too(app_server):
         assert response.status_code == 413 and "too large" in response.text, (path, response.status_code)
 
 
-def test_guard_never_passes_more_than_the_cap_to_the_app():
-    """The guard alone, on a dummy app: a chunked body stops at the cap; the app sees a disconnect."""
-    import asyncio
-
-    from sdxl_engine.serving import server as serving
-
-    received, sent = [], []
-
-    async def app(scope, receive, send):
-        while True:
-            message = await receive()
-            received.append(message)
-            if message["type"] == "http.disconnect" or not message.get("more_body"):
-                return
-
-    async def run():
-        chunks = [{"type": "http.request", "body": b"x" * 300_000, "more_body": True} for _ in range(10)]
-        chunks.append({"type": "http.request", "body": b"", "more_body": False})
-
-        async def receive():
-            return chunks.pop(0)
-
-        async def send(message):
-            sent.append(message)
-
-        scope = {"type": "http", "method": "POST", "path": "/gradio_api/cancel", "headers": []}
-        await serving.Guard(app, max_body=1_000_000)(scope, receive, send)
-
-    asyncio.run(run())
-    assert sum(len(m.get("body", b"")) for m in received) <= 1_000_000
-    assert received[-1]["type"] == "http.disconnect"
-    assert sent[0]["status"] == 413
-
-
 def test_monitoring_and_flagging_are_off(app_server):
     assert httpx.get(app_server.url + "monitoring", timeout=30).status_code in (403, 404)
     info = httpx.get(app_server.url + "gradio_api/info", timeout=30).json()
@@ -176,20 +139,6 @@ def test_server_listens_on_loopback_only(app_server):
     listening = [c.laddr for c in psutil.Process(app_server.proc.pid).net_connections(kind="inet")
                  if c.status == psutil.CONN_LISTEN]
     assert listening and all(addr.ip == "127.0.0.1" for addr in listening), listening
-
-
-def test_launch_defaults(monkeypatch):
-    from sdxl_engine.serving import cli
-    from sdxl_engine.serving import server as serving
-
-    monkeypatch.delenv("GRADIO_SERVER_NAME", raising=False)
-    monkeypatch.setenv("GRADIO_SHARE", "True")  # launch(share=False) overrides Gradio's env switch
-    args = cli.parse_args([])
-    options = serving.launch_options(args.host, args.port, args.share)
-    assert options["server_name"] == "127.0.0.1" and options["share"] is False
-    assert options["ssr_mode"] is False and options["enable_monitoring"] is False and options["mcp_server"] is False
-    assert options["allowed_paths"] == [] and options["max_file_size"] == "1mb"
-    assert serving.launch_options("0.0.0.0", 7860, True)["share"] is True  # only when asked
 
 
 # --- What a client other than the page can reach (issue 19, faults 3-5) --------------------------------------------

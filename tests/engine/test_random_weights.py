@@ -5,7 +5,6 @@ import json
 import math
 import subprocess
 import sys
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -16,7 +15,7 @@ from sdxl_engine.checkpoint import builtin
 from sdxl_engine.models import build_component
 from sdxl_engine.models.random_weights import init_spec, random_params
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import ROOT
 
 
 def tiny_components():
@@ -24,6 +23,7 @@ def tiny_components():
     return {name: build_component(name, cfg) for name, cfg in configs.items()}
 
 
+@pytest.mark.slow  # runs every tiny component's own initialisers, one op at a time
 def test_every_tensor_has_the_mean_and_spread_of_the_modules_own_initialiser():
     """init_spec's rules against Component.init (the modules' initialisers) on every tensor of the tiny model."""
     components = tiny_components()
@@ -96,6 +96,7 @@ def reduced_width_configs() -> dict:
     return configs
 
 
+@pytest.mark.slow  # a fresh process fills over 600 MB of params
 def test_random_init_peak_memory_stays_near_the_params_size():
     """Made in bfloat16 in place: the process's peak grows by at most 1.3x the params' bytes
     (the real-checkpoint loader's rule; compiling the fill kernels is the rest)."""

@@ -10,7 +10,6 @@ are random SDXLs saved by diffusers/transformers' PyTorch classes with their out
 import dataclasses
 import functools
 import json
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -24,9 +23,17 @@ from sdxl_engine.program.generate import ProgramInputs, ProgramShape, compile_pr
 from sdxl_engine.program.schedulers import make_schedule
 from sdxl_engine.program.sharding import make_mesh, replicated
 
-FIXTURES = Path(__file__).parent / "fixtures"
+from tests.helpers import FIXTURES, ROOT
+
 REF_DIR = FIXTURES / "tiny-pt-reference"
 REF = json.loads((REF_DIR / "reference.json").read_text())
+
+
+def first_shape_only(cases: list[dict]) -> list:
+    """The indices of ``cases`` for parametrize: those of another program shape than 64x64 with guidance
+    are marked slow (each compiles one more program)."""
+    return [k if (case["width"], case["height"], case["guidance_scale"] > 1) == (64, 64, True)
+            else pytest.param(k, marks=pytest.mark.slow) for k, case in enumerate(cases)]
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +63,7 @@ def test_full_size_sdxl_base_keys_map_one_to_one():
     """Every parameter of SDXL 1.0 base (diffusers/transformers' save_pretrained keys, from the real
     configs) is one parameter of the own modules, same name and (layout-ruled) shape, none left over."""
     expected = json.loads((FIXTURES / "sdxl-base-keys.json").read_text())
-    components = read_model_folder(Path(__file__).parents[1] / "sdxl_engine" / "checkpoint" / "configs" / "sdxl-base-1.0")
+    components = read_model_folder(ROOT / "sdxl_engine" / "checkpoint" / "configs" / "sdxl-base-1.0")
     for name, component in components.items():
         ours = {k: weights.module_shape(tuple(s)) for k, s in expected[name].items()}
         mapping, unexpected = weights._map_keys(component, list(expected[name]))
@@ -147,6 +154,7 @@ def run_case(programs: Programs, case: dict, latents: np.ndarray) -> np.ndarray:
     return np.asarray(images)
 
 
+@pytest.mark.slow  # compiles tiny-pt's programs (the component comparisons above stay quick)
 @pytest.mark.parametrize("k", range(len(REF["cases"])))
 def test_images_match_diffusers_pipeline(tiny_pt_programs, arrays, k):
     """diffusers' StableDiffusionXLPipeline and the engine's program, same latents: max 4/255, mean 0.5/255.
@@ -161,6 +169,7 @@ def test_images_match_diffusers_pipeline(tiny_pt_programs, arrays, k):
     assert diff.max() <= 4 and diff.mean() <= 0.5, (diff.max(), diff.mean())
 
 
+@pytest.mark.slow  # jits a second model's text encoders and UNet
 def test_legacy_flax_msgpack_matches_the_deleted_flax_classes():
     """A folder saved by diffusers'/transformers' Flax classes loads by rule and computes what they computed."""
     folder = FIXTURES / "legacy-flax"
@@ -198,7 +207,7 @@ def test_saved_safetensors_load_in_pytorch_layout_and_round_trip(tmp_path, tiny_
 TINY_SHAPES = json.loads((FIXTURES / "tiny-shapes-reference.json").read_text())
 
 
-@pytest.mark.parametrize("k", range(len(TINY_SHAPES["cases"])))
+@pytest.mark.parametrize("k", first_shape_only(TINY_SHAPES["cases"]))
 def test_tiny_shapes_images_unchanged(tiny_shapes_engine, k, monkeypatch):
     """The previous engine (diffusers' Flax classes) made these images. With its integer timesteps the
     own modules give the same pixels (max 2/255); the engine now passes the scheduler's float

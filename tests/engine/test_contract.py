@@ -1,11 +1,10 @@
 """The engine contract both engines implement, the one request clock, and the one home of Gradio internals."""
 
 import re
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import ROOT
 
 
 def test_the_local_engine_implements_the_contract_before_and_after_start(engine):

@@ -10,17 +10,13 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 import uuid
 
 import httpx
-import numpy as np
 import pytest
 
-from conftest import QUICK, ROOT, RunningApp, assert_serves, free_port
-from sdxl_engine.engine.local import GenerationError
-from sdxl_engine.engine.validation import GenerateRequest
+from tests.helpers import QUICK, ROOT, RunningApp, assert_serves, free_port
 
 OK = QUICK
 
@@ -110,19 +106,6 @@ def test_non_finite_image_is_an_error_not_a_black_square(client):
     with pytest.raises(AppError, match=r"the model produced non-finite pixels \(NaN/inf\) for seeds \[1, 2, 3, 4\]"):
         client.predict(api_name="/generate", **{**OK, "prompt": "a red circle fault:nan"})
     assert_serves(client)
-
-
-def test_nan_guard_in_the_engine(engine, monkeypatch):
-    """Poisoned VAE weights make the real program return NaN; the engine raises, never returns it."""
-    import jax
-
-    poisoned = {**engine.params, "vae": jax.tree.map(lambda x: x * np.nan, engine.params["vae"])}
-    monkeypatch.setattr(engine, "params", poisoned)
-    with pytest.raises(GenerationError, match=r"non-finite pixels \(NaN/inf\) for seeds \[5, 6, 7, 8\]"):
-        engine.generate(GenerateRequest("a red circle", seed=5, num_inference_steps=2))
-    monkeypatch.undo()
-    result = engine.generate(GenerateRequest("a red circle", seed=5, num_inference_steps=2))
-    assert result.images.shape == (4, 64, 64, 3) and result.images.std() > 5
 
 
 def _wait_processing(job, timeout=60):

@@ -7,12 +7,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from tests.helpers import FIXTURES
+
 
 def call(app_server, **kwargs):
     return app_server.client().predict(api_name="/generate", **kwargs)
-
-
-FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def test_generate_red_circle_returns_the_reference_images_and_json(app_server):
@@ -55,31 +54,6 @@ def test_bad_input_reaches_client_as_clear_error(app_server):
         call(app_server, prompt="  ")
     gallery, _ = call(app_server, prompt="still works")
     assert len(gallery) == 4
-
-
-def test_page_builder_with_fake_engine():
-    """The page can be driven by any callable with the /generate signature (no model)."""
-    import app
-    from sdxl_engine.config import EngineConfig
-
-    seen = []
-
-    def fake(*values, progress=None, arrived=None):
-        seen.append(values)
-        return [], {}, None
-
-    demo = app.build_demo(fake, EngineConfig.load(environ={}))
-    api = demo.get_api_info()["named_endpoints"]["/generate"]
-    names = [p["parameter_name"] for p in api["parameters"]]
-    # The first seven are the /generate contract; later inputs are optional additions.
-    assert names[:7] == ["prompt", "negative_prompt", "seed", "guidance_scale", "num_inference_steps", "width", "height"]
-    assert names[7:] == ["style", "sampler"] and api["parameters"][7]["parameter_has_default"]
-    assert [p["parameter_has_default"] for p in api["parameters"]] == [False] + [True] * 8
-    assert api["parameters"][8]["python_type"]["type"] == "Literal['Euler', 'Euler a', 'DPM++ 2M', 'DPM++ 2M Karras', 'DDIM']"
-    assert len(api["returns"]) == 2  # the gallery and the JSON info (the history record never leaves the server)
-    # What view_api shows: whole numbers as int (a slider reports float unless told otherwise).
-    assert [p["python_type"]["type"] for p in api["parameters"][:7]] == ["str", "str", "int", "float", "int", "int",
-                                                                          "int"]
 
 
 def test_style_through_api_is_applied_and_recorded(app_server):

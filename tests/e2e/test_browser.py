@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import ROOT, RunningApp
+from tests.helpers import ROOT, RunningApp
 from sdxl_engine.config import EngineConfig
 from sdxl_engine.checkpoint.loading import engine_defaults, size_buckets
 

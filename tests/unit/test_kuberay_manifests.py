@@ -3,12 +3,11 @@ this project relies on checked against the code. Nothing here starts a cluster."
 
 import re
 import shlex
-from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import ROOT
+from tests.helpers import ROOT
 from sdxl_engine.config import EngineConfig
 from sdxl_engine.serving import cli, scaleout
 

@@ -12,7 +12,7 @@ import math
 import httpx
 import pytest
 
-from conftest import QUICK, assert_serves
+from tests.helpers import QUICK, assert_serves
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest
 
 MAX_SEED = 2**32 - 1

@@ -125,6 +125,7 @@ def test_the_shipped_model_is_a_pytorch_layout_diffusers_folder():
         tokenizer.convert_tokens_to_ids(w + "</w>") for w in "a red circle on a blue background".split()]
 
 
+@pytest.mark.slow  # trains (two toy runs) in a subprocess
 def test_training_command_saves_a_model_the_engine_recipe_describes(tmp_path):
     """``python -m tools.train`` end to end at toy size (2 steps each): a diffusers folder
     (safetensors) with the shipped model's architecture and scheduler, finite losses, and the
@@ -133,7 +134,7 @@ def test_training_command_saves_a_model_the_engine_recipe_describes(tmp_path):
     import subprocess
     import sys
 
-    from conftest import ROOT
+    from tests.helpers import ROOT
 
     from sdxl_engine.checkpoint.builtin import TINY_SHAPES_DIR
     from sdxl_engine.checkpoint.loading import load_folder

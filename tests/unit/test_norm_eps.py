@@ -26,8 +26,9 @@ from flax import nnx
 from sdxl_engine.models import COMPONENTS
 from sdxl_engine.models.layers import GroupNorm, LayerNorm
 
-FIXTURES = Path(__file__).parent / "fixtures"
-CONFIGS = Path(__file__).resolve().parents[1] / "sdxl_engine" / "checkpoint" / "configs" / "sdxl-base-1.0"
+from tests.helpers import FIXTURES, ROOT
+
+CONFIGS = ROOT / "sdxl_engine" / "checkpoint" / "configs" / "sdxl-base-1.0"
 
 
 def norms(name: str, config: dict) -> dict[str, tuple[str, float, int | None]]:

@@ -14,8 +14,8 @@ from sdxl_engine.checkpoint import weights
 from sdxl_engine.checkpoint.loading import ModelLoadError, hub_files, load_folder, load_model
 from sdxl_engine.checkpoint.writing import WEIGHT_FILES
 
-FIXTURES = Path(__file__).parent / "fixtures"
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import FIXTURES, ROOT
+
 UNET_FILE = "unet/diffusion_pytorch_model.safetensors"
 
 
@@ -258,6 +258,7 @@ print(json.dumps({"base": base, "peak": rss("VmHWM"), "params_bytes": sum(v.nbyt
 """
 
 
+@pytest.mark.slow  # a fresh process loads a 369 MB checkpoint it wrote first
 def test_loading_peak_memory_stays_near_the_target_size(tmp_path):
     """A 92 M-parameter UNet (SDXL's at 1/5 width) in float32 safetensors (369 MB) loads as bfloat16
     (184 MB) with the process's peak growing by at most 1.3x that: tensors are cast one at a time and

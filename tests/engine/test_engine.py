@@ -4,7 +4,6 @@ import json
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,7 +11,7 @@ import pytest
 from sdxl_engine.program.generate import tokenize
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import FIXTURES, ROOT
 
 
 def gen(engine, prompt="a red circle", **kw):
@@ -22,7 +21,7 @@ def gen(engine, prompt="a red circle", **kw):
 # tiny-shapes (trained: its images have colours and shapes) against the images the previous engine made
 # (tests/fixtures/tiny-shapes-reference.*; test_models.py checks all four cases). The same tolerance as
 # there: mean <= 0.5/255 for "the same image"; a setting that matters moves the mean by well over 1/255.
-SHAPES_DIR = Path(__file__).parent / "fixtures"
+SHAPES_DIR = FIXTURES
 SHAPES_CASES = json.loads((SHAPES_DIR / "tiny-shapes-reference.json").read_text())["cases"]
 SAME, OTHER = 0.5, 1.0
 
@@ -132,6 +131,7 @@ def test_guidance_and_steps_are_the_references(tiny_shapes_engine, shapes_refere
         assert mean_diff(shapes(tiny_shapes_engine, 1, num_inference_steps=steps), ref) > OTHER, steps
 
 
+@pytest.mark.slow  # compiles tiny-shapes' program without guidance (guidance 1)
 def test_more_guidance_moves_the_image_toward_the_prompts_colour(tiny_shapes_engine):
     """A blue square at guidance 1 (the conditional prediction alone), 1.5, 3 and 5: bluer each time."""
     blueness = [colour(shapes(tiny_shapes_engine, prompt="a blue square", guidance_scale=g), 2) for g in (1, 1.5, 3, 5)]
@@ -182,6 +182,7 @@ def test_samplers_differ_and_euler_a_is_deterministic_per_seed(engine):
     assert np.array_equal(shifted[0], images["Euler a"][1])
 
 
+@pytest.mark.slow  # compiles another size bucket's program
 def test_new_size_bucket_compiles_once(engine, monkeypatch):
     """A size bucket's first request compiles its program, the next reuses it. Independent of what
     other tests compiled on the shared engine: the bucket's programs are taken out of its table for
@@ -211,7 +212,8 @@ def test_a_long_prompt_logs_nothing():
     """The user hears of the cut (a warning in the result); the server log does not: transformers warns
     on stderr when it encodes untruncated text longer than 77 tokens (QA). In a fresh process, as
     transformers warns once per tokenizer."""
-    code = ("from sdxl_engine.checkpoint.loading import load_model; from sdxl_engine.program.generate import tokenize; "
+    code = ("from sdxl_engine.checkpoint.loading import load_model; "
+            "from sdxl_engine.program.generate import tokenize; "
             "m = load_model('tiny-shapes', dtype='float32', platform='cpu', cache_dir='unused'); "
             "print(tokenize(m, 'a red circle ' * 60)[1])")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -270,6 +272,7 @@ def test_output_is_sharded_over_the_data_axis(engine):
     assert out_sharding.mesh.devices.size == 4
 
 
+@pytest.mark.slow  # compiles a whole program for a second model
 def test_random_weight_builder_goes_through_the_engine_program(engine):
     """The code behind `sdxl-base-random`, run at tiny scale: one jitted initialiser per component
     puts params of the abstract shapes on the devices, and the engine's program runs on them."""

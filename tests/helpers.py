@@ -1,0 +1,75 @@
+"""Helpers the test files share (import them as ``from tests.helpers import RunningApp``; pyproject.toml's
+pytest ``pythonpath`` puts the repository root on the path): the repository root, the fixtures folder, a
+free port, a quick request and the check that an app serves it, and ``python app.py`` in a subprocess.
+Fixtures live in tests/conftest.py."""
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# A quick valid /generate request (2 steps) and the check that an app still serves it.
+QUICK = dict(prompt="a red circle", seed=1, num_inference_steps=2)
+
+
+def assert_serves(client, timeout: float = 120) -> dict:
+    """One QUICK request through ``client`` gives 4 images with seeds 1-4 within ``timeout``
+    seconds (else TimeoutError); returns the info JSON."""
+    gallery, info = client.submit(api_name="/generate", **QUICK).result(timeout=timeout)
+    assert len(gallery) == 4 and info["seeds"] == [1, 2, 3, 4]
+    return info
+
+
+class RunningApp:
+    """``python app.py`` in a subprocess on a free loopback port, as a user starts it."""
+
+    def __init__(self, *args: str, env: dict | None = None, timeout: float = 240, wait_for: str = "[sdxl_engine] ready"):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/"
+        self.log = []
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "GRADIO_ANALYTICS_ENABLED": "False", **(env or {})}
+        self.proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(self.port), *args],
+                                     cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        deadline = time.monotonic() + timeout
+        for line in self.proc.stdout:
+            self.log.append(line)
+            if wait_for in line:
+                break
+            if time.monotonic() > deadline:
+                break
+        else:
+            raise RuntimeError("app exited before ready:\n" + "".join(self.log))
+        if wait_for not in self.log[-1]:
+            self.stop()
+            raise RuntimeError("app not ready in time:\n" + "".join(self.log))
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _drain(self):
+        for line in self.proc.stdout:
+            self.log.append(line)
+
+    def client(self):
+        """A gradio_client Client for this app."""
+        from gradio_client import Client
+
+        return Client(self.url, verbose=False)
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()

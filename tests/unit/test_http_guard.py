@@ -1,0 +1,50 @@
+"""Security settings checked without an app: the HTTP guard's body cap, the launch defaults."""
+
+
+
+def test_guard_never_passes_more_than_the_cap_to_the_app():
+    """The guard alone, on a dummy app: a chunked body stops at the cap; the app sees a disconnect."""
+    import asyncio
+
+    from sdxl_engine.serving import server as serving
+
+    received, sent = [], []
+
+    async def app(scope, receive, send):
+        while True:
+            message = await receive()
+            received.append(message)
+            if message["type"] == "http.disconnect" or not message.get("more_body"):
+                return
+
+    async def run():
+        chunks = [{"type": "http.request", "body": b"x" * 300_000, "more_body": True} for _ in range(10)]
+        chunks.append({"type": "http.request", "body": b"", "more_body": False})
+
+        async def receive():
+            return chunks.pop(0)
+
+        async def send(message):
+            sent.append(message)
+
+        scope = {"type": "http", "method": "POST", "path": "/gradio_api/cancel", "headers": []}
+        await serving.Guard(app, max_body=1_000_000)(scope, receive, send)
+
+    asyncio.run(run())
+    assert sum(len(m.get("body", b"")) for m in received) <= 1_000_000
+    assert received[-1]["type"] == "http.disconnect"
+    assert sent[0]["status"] == 413
+
+
+def test_launch_defaults(monkeypatch):
+    from sdxl_engine.serving import cli
+    from sdxl_engine.serving import server as serving
+
+    monkeypatch.delenv("GRADIO_SERVER_NAME", raising=False)
+    monkeypatch.setenv("GRADIO_SHARE", "True")  # launch(share=False) overrides Gradio's env switch
+    args = cli.parse_args([])
+    options = serving.launch_options(args.host, args.port, args.share)
+    assert options["server_name"] == "127.0.0.1" and options["share"] is False
+    assert options["ssr_mode"] is False and options["enable_monitoring"] is False and options["mcp_server"] is False
+    assert options["allowed_paths"] == [] and options["max_file_size"] == "1mb"
+    assert serving.launch_options("0.0.0.0", 7860, True)["share"] is True  # only when asked

@@ -1,0 +1,102 @@
+"""The package's shape (README, "Architecture"): no import cycle between its modules, the runtime
+imports neither tools/, tests/ nor the repository root's app.py, and only serving/ knows Gradio."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import sdxl_engine
+
+PACKAGE = Path(sdxl_engine.__file__).resolve().parent
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path) -> set[str]:
+    """Every module ``path`` imports, at its top or inside a function, as absolute names."""
+    tree, found = ast.parse(path.read_text(), str(path)), set()
+    here = module_name(path).split(".")
+    package = here if path.name == "__init__.py" else here[:-1]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package[:len(package) - node.level + 1] + ([base] if base else []))
+            found.add(base)
+            found |= {f"{base}.{alias.name}" for alias in node.names}  # "from pkg import module"
+    return found
+
+
+MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+GRAPH = {name: {m for m in imports(path) if m in MODULES and m != name} for name, path in MODULES.items()}
+
+
+def _parents(name: str) -> set[str]:
+    """A module's packages: importing a.b.c runs a/__init__ and a/b/__init__ first."""
+    parts = name.split(".")
+    return {".".join(parts[:i]) for i in range(1, len(parts))}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_runtime_has_no_import_cycle():
+    # Package __init__ files only hold docstrings, so an edge to a package is not an edge to its modules.
+    assert cycles(GRAPH) == []
+
+
+def test_the_cycle_check_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_runtime_imports_no_tool_no_test_and_not_app():
+    bad = {name: sorted(m for m in imports(path) if m.split(".")[0] in ("tools", "tests", "app", "conftest"))
+           for name, path in MODULES.items()}
+    assert {k: v for k, v in bad.items() if v} == {}
+
+
+def test_only_serving_imports_gradio():
+    users = sorted(name for name, path in MODULES.items()
+                   if any(m.split(".")[0] in ("gradio", "gradio_client") for m in imports(path)))
+    assert users and all(name.startswith("sdxl_engine.serving.") for name in users), users
+
+
+def test_each_layer_is_a_folder():
+    layers = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    assert layers == {"checkpoint", "models", "program", "engine", "serving"}
+    assert sorted(p.name for p in PACKAGE.glob("*.py")) == ["__init__.py", "config.py"]
