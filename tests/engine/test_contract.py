@@ -74,6 +74,7 @@ def test_gradio_internals_are_used_in_one_module_only():
     assert found == {}
 
 
+@pytest.mark.slow  # a fresh interpreter importing the serving package
 def test_the_process_main_imports_no_gradio_before_its_environment_check():
     """app.py runs serving.main.check_environment before importing Gradio (which reads GRADIO_TEMP_DIR
     at import): importing the module that holds it must not import Gradio already."""

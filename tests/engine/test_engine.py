@@ -208,6 +208,7 @@ def test_long_prompt_truncated_with_warning(engine):
     assert [tokenize(engine.model, " ".join(["red"] * n))[1] for n in (75, 76)] == [False, True]
 
 
+@pytest.mark.slow  # a fresh interpreter loading tiny-shapes
 def test_a_long_prompt_logs_nothing():
     """The user hears of the cut (a warning in the result); the server log does not: transformers warns
     on stderr when it encodes untruncated text longer than 77 tokens (QA). In a fresh process, as

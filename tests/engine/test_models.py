@@ -91,7 +91,8 @@ def test_text_encoders_match_pytorch(tiny_pt, arrays):
     close(out2.text_embeds, "te2_text_embeds", arrays)
 
 
-@pytest.mark.parametrize("prefix", ["", "conv_"])
+# conv_: the same check on the fixture whose UNet has conv shortcuts; slow (a second UNet and VAE compile)
+@pytest.mark.parametrize("prefix", ["", pytest.param("conv_", marks=pytest.mark.slow)])
 def test_unet_and_vae_match_pytorch(prefix, arrays):
     folder = FIXTURES / ("tiny-pt-conv" if prefix else "tiny-pt")
     for name in ("unet", "vae"):

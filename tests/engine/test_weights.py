@@ -35,6 +35,7 @@ def reference_unet() -> dict:
     return {k: np.asarray(v) for k, v in load(FIXTURES / "tiny-pt").params["unet"].items()}
 
 
+@pytest.mark.slow  # writes and loads the model three more times (variant, shards)
 def test_fp16_variant_and_sharded_index_load_the_same_weights(model_dir):
     tensors = load_file(str(model_dir / UNET_FILE))
     (model_dir / UNET_FILE).unlink()
