@@ -113,11 +113,16 @@ def _canonical(value: Any) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str).encode()
 
 
-def source_digest(paths: Sequence[Path]) -> str:
-    """SHA-256 (16 hex digits) of the files' names and contents, in the order given."""
+def source_digest(paths: Sequence[Path], root: Path | None = None) -> str:
+    """SHA-256 (16 hex digits) of the files' names and contents, in the order given.
+
+    A file's name is its path relative to ``root`` when given (so moving a file to another folder
+    is a new digest), else its base name.
+    """
     h = hashlib.sha256()
     for path in paths:
-        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+        name = path.relative_to(root).as_posix() if root is not None else path.name
+        h.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()[:16]
 
 

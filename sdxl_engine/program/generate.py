@@ -488,7 +488,7 @@ def program_sources() -> tuple[Path, ...]:
 
 @functools.cache
 def _source_digest() -> str:
-    return source_digest(program_sources())
+    return source_digest(program_sources(), root=_PACKAGE)
 
 
 def program_key(model: LoadedModel, params, shape: ProgramShape, mesh: Mesh) -> dict:
@@ -501,11 +501,12 @@ def program_key(model: LoadedModel, params, shape: ProgramShape, mesh: Mesh) -> 
     backend, devices and JAX options (:func:`.executables.runtime_key`).
     """
     cfg = "" if shape.cfg else " without CFG"
+    st = static_options(model, shape)  # what the traced program reads, so the key cannot miss it
     return {
         "program": f"{shape.width}x{shape.height} x {shape.batch} images, {shape.max_steps} steps{cfg}",
-        "shape": dataclasses.asdict(shape),
-        "model": {name: dataclasses.asdict(c.config) for name, c in model.components.items()},
-        "prediction_type": model.scheduler_config.get("prediction_type", "epsilon"),
+        "shape": dataclasses.asdict(st.shape),
+        "model": {name: dataclasses.asdict(c.config) for name, c in st.components.items()},
+        "prediction_type": st.prediction_type,
         "dtype": model.dtype,
         "params": key_digest([[jax.tree_util.keystr(path), list(x.shape), str(x.dtype),
                                str(getattr(x, "sharding", None))]

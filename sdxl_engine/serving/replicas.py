@@ -426,7 +426,7 @@ class RemoteEngine:
         self.batch, self.device_summary, self.limits = info.batch, info.device_summary, info.limits
         self.defaults = info.defaults
         self.startup.update({f"replica_{k}": v for k, v in info.startup.items()})
-        self.startup["ready_s"] = time.perf_counter() - self.started
+        self.startup["ready_s"] = clock() - self.started
         self.stage = "ready"
         self.ready.set()
         self._log(f"[replicas] first replica ready ({info.replica}, pid {info.pid} on {info.node}, "

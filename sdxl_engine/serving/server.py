@@ -621,7 +621,6 @@ def serve(demo, engine, options: dict, gate: RequestGate, drain_s: float = 60.0,
     request). A client may have ``engine.config.max_requests_per_client`` /generate calls queued or
     running at once (:class:`~.admission.Admission`).
     """
-
     if signals is None:
         signals = StopSignals()
     signals.install()  # again when given: Ray's start (--replicas) sets its own SIGTERM handler in between

@@ -184,3 +184,28 @@ def test_a_refused_entry_is_replaced_by_the_next_store(tmp_path, program):
     assert store(cache, program).startswith("stored ")
     assert_loads_and_runs(load(cache, program), program)
     assert not (tmp_path / "marker").exists()
+
+
+def test_every_file_of_program_and_models_is_in_the_source_digest():
+    """The executable cache's key covers the traced code by folder: a new file under program/ or
+    models/ is in it without anyone listing it (a hand-kept list forgets the next file)."""
+    from sdxl_engine.program import generate
+
+    package = generate._PACKAGE
+    expected = sorted(p.relative_to(package).as_posix() for folder in ("program", "models")
+                      for p in (package / folder).rglob("*.py"))
+    assert [p.relative_to(package).as_posix() for p in generate.program_sources()] == expected
+    assert {"program/generate.py", "program/schedulers.py", "models/unet.py", "models/__init__.py"} <= set(expected)
+
+
+def test_the_source_digest_follows_content_and_place(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    one, moved = tmp_path / "a" / "x.py", tmp_path / "b" / "x.py"
+    one.write_text("x = 1\n")
+    moved.write_text("x = 1\n")
+    digest = executables.source_digest([one], root=tmp_path)
+    assert digest == executables.source_digest([one], root=tmp_path)  # deterministic
+    assert executables.source_digest([moved], root=tmp_path) != digest  # same content, another folder
+    one.write_text("x = 2\n")
+    assert executables.source_digest([one], root=tmp_path) != digest  # another content
