@@ -22,6 +22,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from sdxl_engine.config import EMPHASIS_MODES
 from sdxl_engine.engine.validation import InvalidRequest
 
 # AUTOMATIC1111 modules/extra_networks.py: re_extra_net.
@@ -202,7 +203,6 @@ def parse_prompt_attention(text: str) -> list[Segment]:
 CHUNK = 75  # prompt tokens per chunk (A1111's chunk_length); with BOS and EOS each chunk is TOKENS ids
 TOKENS = CHUNK + 2  # CLIP's context length: one chunk through a text encoder
 COMMA_BACKTRACK = 20  # A1111's comma_padding_backtrack default: move a phrase cut this close to its comma
-EMPHASIS_MODES = ("original", "none")  # A1111's "Original"; "none" reads the syntax and ignores the weights
 _UNTRUNCATED = 1 << 30  # a max_length no prompt reaches: no truncation, and no "sequence too long" log line
 
 
