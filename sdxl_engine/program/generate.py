@@ -3,7 +3,8 @@
 Static (bound before compiling; changing any of them compiles a new program): the model's
 modules (their graph definitions), and :class:`ProgramShape`: the batch size, the image height
 and width, the largest step count, whether classifier-free guidance runs (guidance > 1, as
-diffusers decides) and whether the initial latents are given. Everything that changes per
+diffusers decides), whether the initial latents are given and the prompt's chunk count (77
+tokens each). Everything that changes per
 request is a traced array in :class:`ProgramInputs`, so a new prompt, negative prompt, seed,
 guidance scale (within one CFG mode), step count (up to ``max_steps``) or sampler (schedulers.py:
 every sampler is per-step coefficients) reuses the same executable.
@@ -317,7 +318,10 @@ def encode_prompts(components: dict, params: dict, ids: jax.Array,
 
 def tokenize(model: LoadedModel, text: str) -> tuple[np.ndarray, bool]:
     """(2, 77) int32 ids of ``text`` for tokenizer and tokenizer_2 (each padded with its own pad
-    token, as diffusers' SDXL pipeline does), and whether the text was cut to 77 tokens."""
+    token, as diffusers' SDXL pipeline does), and whether the text was cut to 77 tokens.
+
+    diffusers' plain reading (no emphasis syntax, one chunk), for tools and tests; the engine reads
+    prompts with engine/prompts.py ``tokenize_prompt``, whose one-chunk ids for plain text are these."""
     rows, truncated = [], False
     for tok in (model.tokenizer, model.tokenizer_2):
         ids = tok(text, padding="max_length", max_length=TOKENS, truncation=True).input_ids
