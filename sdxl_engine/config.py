@@ -235,7 +235,8 @@ class EngineConfig:
             raise ConfigError(f"temp_keep_s must be a finite number of seconds, 0 or more, got {self.temp_keep_s}")
         # (#22)
         if not 1 <= self.max_prompt_chunks <= MAX_PROMPT_CHUNKS:
-            raise ConfigError(f"max_prompt_chunks must be between 1 and {MAX_PROMPT_CHUNKS}, got {self.max_prompt_chunks}")
+            raise ConfigError(f"max_prompt_chunks must be between 1 and {MAX_PROMPT_CHUNKS}, "
+                              f"got {self.max_prompt_chunks}")
         if self.emphasis not in EMPHASIS_MODES:
             raise ConfigError(f"emphasis must be {' or '.join(EMPHASIS_MODES)}, got {self.emphasis!r}")
 

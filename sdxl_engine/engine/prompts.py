@@ -285,7 +285,8 @@ def chunk_tokens(segments: list[Segment], tokenizer,
         for token in next(tokenized):
             if token == comma:
                 last_comma = len(tokens)
-            elif comma_backtrack and len(tokens) == CHUNK and last_comma != -1 and CHUNK - last_comma <= comma_backtrack:
+            elif (comma_backtrack and len(tokens) == CHUNK and last_comma != -1
+                  and CHUNK - last_comma <= comma_backtrack):
                 cut = last_comma + 1  # the phrase after the comma starts the next chunk
                 chunks.append(_chunk(tokenizer, tokens[:cut], multipliers[:cut]))
                 tokens, multipliers, last_comma = tokens[cut:], multipliers[cut:], -1

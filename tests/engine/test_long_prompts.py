@@ -134,7 +134,8 @@ def test_prompts_of_only_syntax_are_empty_and_weights_are_clamped_with_a_warning
     for text in ("()", "[ ] BREAK (:1.2)", "BREAK", "<lora:ink:0.5> (( ))"):
         with pytest.raises(InvalidRequest, match=r"^prompt: is empty: it holds only brackets, weights or BREAK"):
             tiny_shapes_engine.generate(GenerateRequest(text, seed=1, num_inference_steps=1))
-    result = tiny_shapes_engine.generate(GenerateRequest("a (red:50) circle", "(blue:-20)", seed=1, num_inference_steps=1))
+    result = tiny_shapes_engine.generate(GenerateRequest("a (red:50) circle", "(blue:-20)", seed=1,
+                                                         num_inference_steps=1))
     assert result.warnings == ["prompt: a weight beyond ±10 was clamped to ±10",
                                "negative prompt: a weight beyond ±10 was clamped to ±10"]
     result = tiny_shapes_engine.generate(GenerateRequest("(" * 10_000 + "red circle", seed=1, num_inference_steps=1))
