@@ -117,6 +117,9 @@ def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract 
             prompt = gr.Textbox(label="Prompt", placeholder="a red circle on a blue background", scale=5,
                                 lines=1, max_lines=3, elem_id="prompt")
             run = gr.Button("Generate", variant="primary", scale=1, min_width=120, elem_id="generate")
+        # (#22) One line on the prompt syntax (engine/prompts.py; README, "Prompt syntax").
+        gr.Markdown(f"`(word:1.3)` `(word)` more, `[word]` less; `BREAK` starts a new chunk; up to "
+                    f"{config.max_prompt_chunks * 75} tokens.", elem_id="prompt-hint")
         with gr.Row(elem_id="main-row"):
             with gr.Column(scale=2, elem_id="settings-col"):  # how to make it
                 style = gr.Radio(list(STYLE_NAMES), value=NO_STYLE, label="Style", elem_id="style")

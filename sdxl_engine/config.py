@@ -35,6 +35,10 @@ DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) /
 MODEL_DEFAULT_FIELDS = ("sampler", "num_inference_steps", "guidance_scale")
 # The file in a model folder that chooses them (read by checkpoint.loading, which imports this name).
 ENGINE_DEFAULTS_FILE = "engine_defaults.json"
+# (#22) How prompt weights apply (engine/prompts.py): A1111's "Original" emphasis, or none (the syntax is read,
+# every weight is 1). MAX_PROMPT_CHUNKS: each chunk count is a program, so their number stays small.
+EMPHASIS_MODES = ("original", "none")
+MAX_PROMPT_CHUNKS = 8
 
 
 class ConfigError(ValueError):
@@ -101,6 +105,14 @@ class EngineConfig:
     temp_max_mb: float = 500.0
     # ...but never a file younger than this many seconds (a client may still be downloading it).
     temp_keep_s: float = 600.0
+
+    # (#22) Long prompts and emphasis (README, "Prompt syntax").
+    # Prompt chunks of 75 tokens a request may use (3 = 225 tokens); each chunk count 1..this compiles
+    # once, on its first request, and longer prompts are cut with a warning.
+    max_prompt_chunks: int = 3
+    # How (word:1.2) weights apply: "original" (A1111's: scale the token's hidden state, restore the
+    # chunk's mean) or "none" (brackets and BREAK are still syntax; every weight counts as 1).
+    emphasis: str = "original"
 
     @classmethod
     def load(cls, overrides: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> "EngineConfig":
@@ -221,6 +233,12 @@ class EngineConfig:
             raise ConfigError(f"temp_max_mb must be a positive number of megabytes, got {self.temp_max_mb}")
         if not 0 <= self.temp_keep_s < float("inf"):
             raise ConfigError(f"temp_keep_s must be a finite number of seconds, 0 or more, got {self.temp_keep_s}")
+        # (#22)
+        if not 1 <= self.max_prompt_chunks <= MAX_PROMPT_CHUNKS:
+            raise ConfigError(f"max_prompt_chunks must be between 1 and {MAX_PROMPT_CHUNKS}, "
+                              f"got {self.max_prompt_chunks}")
+        if self.emphasis not in EMPHASIS_MODES:
+            raise ConfigError(f"emphasis must be {' or '.join(EMPHASIS_MODES)}, got {self.emphasis!r}")
 
     def as_dict(self) -> dict[str, Any]:
         """The resolved fields, for the one start-up log line."""

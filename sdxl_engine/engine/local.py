@@ -27,10 +27,11 @@ from sdxl_engine.program import sharding
 from sdxl_engine import config as config_mod
 from sdxl_engine.config import EngineConfig
 from sdxl_engine.program.executables import ExecutableCache
-from sdxl_engine.program.generate import CompiledProgram, ProgramInputs, ProgramShape, cached_program, tokenize
+from sdxl_engine.program.generate import CompiledProgram, ProgramInputs, ProgramShape, cached_program
 from sdxl_engine.program.schedulers import make_schedule
 from sdxl_engine.engine.contract import ScaleOut, clock, queue_seconds
-from sdxl_engine.engine.validation import GenerateRequest, Limits, validate
+from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest, Limits, validate
+from sdxl_engine.engine.prompts import CHUNK, PromptTokens, tokenize_prompt
 
 
 def _no_progress(stage: str) -> None:
@@ -90,11 +91,12 @@ class GenerateResult:
             (compile if new, tokenize, schedule), ``device`` (the compiled program, until
             ready), ``post`` (to host), ``latency`` (prep + device + post: the engine's time,
             queue excluded).
-        warnings: things the user should know (a prompt truncated to 77 tokens; words the model
-            was not trained on, for models that ship their vocabulary).
+        warnings: things the user should know (a prompt cut at ``max_prompt_chunks`` chunks, a
+            weight clamped; words the model was not trained on, for models that ship their vocabulary).
         device_count: devices the batch was split over.
         device_summary: e.g. ``4 × cpu``.
         model: the loaded model's name.
+        prompt_chunks: 75-token chunks the prompt and negative prompt ran with (the program's ``chunks``).
     """
 
     images: np.ndarray
@@ -105,6 +107,7 @@ class GenerateResult:
     device_count: int
     device_summary: str
     model: str
+    prompt_chunks: int = 1  # (#22)
 
 
 class Engine:
@@ -245,9 +248,10 @@ class Engine:
                       default_size=default, default_steps=defaults.num_inference_steps,
                       default_guidance=defaults.guidance_scale, multiple=multiple, default_sampler=defaults.sampler)
 
-    def _program(self, width: int, height: int, cfg: bool) -> CompiledProgram:
-        """The compiled program for a size bucket and CFG mode, compiled on first use (then cached)."""
-        shape = self._shape(width, height, cfg)
+    def _program(self, width: int, height: int, cfg: bool, chunks: int = 1) -> CompiledProgram:
+        """The compiled program for a size bucket, CFG mode and prompt chunk count, compiled on first use
+        (then cached)."""
+        shape = self._shape(width, height, cfg, chunks)
         if shape not in self._programs:
             before = cache_counts()
             program = self._programs[shape] = cached_program(self.model, self.params, shape, self.mesh,
@@ -256,6 +260,7 @@ class Engine:
             after = cache_counts()
             hits, misses = after["hits"] - before["hits"], after["misses"] - before["misses"]
             what = f"{width}x{height} x {self.batch} images{'' if cfg else ' without CFG'}"
+            what += f", {chunks} prompt chunks" if chunks > 1 else ""
             # One line either way; a missing or refused executable says why in the "compiled" line.
             if program.loaded:
                 self._log(f"[sdxl_engine] loaded {what} in {program.compile_s:.2f} s (executable cache: "
@@ -270,13 +275,13 @@ class Engine:
                 self._log(f"[sdxl_engine] compiled {what} in {program.compile_s:.2f} s ({cache})")
         return self._programs[shape]
 
-    def _shape(self, width: int, height: int, cfg: bool = True) -> ProgramShape:
-        """The ProgramShape (the compile key) of a size bucket in pixels and a CFG mode."""
-        return ProgramShape(self.batch, height, width, self.config.max_inference_steps, cfg=cfg)
+    def _shape(self, width: int, height: int, cfg: bool = True, chunks: int = 1) -> ProgramShape:
+        """The ProgramShape (the compile key) of a size bucket in pixels, a CFG mode and a prompt chunk count."""
+        return ProgramShape(self.batch, height, width, self.config.max_inference_steps, cfg=cfg, chunks=chunks)
 
-    def is_compiled(self, width: int, height: int, cfg: bool = True) -> bool:
-        """Whether the program for this size bucket (pixels) and CFG mode is compiled already."""
-        return self._shape(width, height, cfg) in self._programs
+    def is_compiled(self, width: int, height: int, cfg: bool = True, chunks: int = 1) -> bool:
+        """Whether the program for this size bucket (pixels), CFG mode and prompt chunk count is compiled already."""
+        return self._shape(width, height, cfg, chunks) in self._programs
 
     def wait_ready(self, timeout: float | None = None) -> None:
         """Block until start-up finished. Raises EngineNotReady if it failed or timed out."""
@@ -292,7 +297,7 @@ class Engine:
         """Validate, then run one request on the devices.
 
         ``progress``, if given, is called on this thread with each stage's name as it starts:
-        ``"compiling"`` (only for the first request of a size bucket or CFG mode),
+        ``"compiling"`` (only for the first request of a size bucket, CFG mode or prompt chunk count),
         ``"preparing"`` (tokenize, schedule), ``"on device"`` (the one compiled program: text
         encoders, the denoising loop and the VAE decode; it reports nothing from inside),
         ``"to host"``.
@@ -325,18 +330,18 @@ class Engine:
         """Run a validated request; ``loop_steps`` (the warm-up's 0) overrides how many denoising steps run."""
         t0 = time.perf_counter()
         cfg = request.guidance_scale > 1  # diffusers: guidance <= 1 means no classifier-free guidance
-        if not self.is_compiled(request.width, request.height, cfg):
+        prompt, negative = self._tokens(request)  # first: the chunk count chooses the program
+        if not self.is_compiled(request.width, request.height, cfg, prompt.chunks):
             progress("compiling")
-        program = self._program(request.width, request.height, cfg)
+        program = self._program(request.width, request.height, cfg, prompt.chunks)
         progress("preparing")
-        prompt_ids, cut = tokenize(self.model, request.prompt)
-        negative_ids, cut_negative = tokenize(self.model, request.negative_prompt)
         # Image i uses seed + i, wrapping past max_seed to 0, so every caption's seed is itself a valid request seed.
         seeds = [(request.seed + i) % (self.limits.max_seed + 1) for i in range(self.batch)]
-        inputs = ProgramInputs.build(prompt_ids, negative_ids, not request.negative_prompt, seeds,
+        inputs = ProgramInputs.build(prompt.ids, negative.ids, not negative.words.strip(), seeds,
                                      request.guidance_scale, self._schedule(request.sampler, request.num_inference_steps),
                                      request.num_inference_steps if loop_steps is None else loop_steps,
-                                     self.config.max_inference_steps)
+                                     self.config.max_inference_steps, prompt_weights=prompt.weights,
+                                     negative_weights=negative.weights)
         # TEST-ONLY fault hooks (faults.py): self._faults is None unless SDXL_FAULT_INJECTION=1.
         params = self._faults.params(request.prompt, self.params) if self._faults else self.params
         progress("on device")
@@ -357,18 +362,37 @@ class Engine:
                                   f"try another seed or a lower guidance scale ({self.model.dtype} weights)")
         timings = {"prep": t1 - t0, "device": t2 - t1, "post": t3 - t2, "latency": t3 - t0}
         return GenerateResult(images=images, seeds=seeds, request=request, timings=timings,
-                              warnings=self._warnings(request, cut, cut_negative),
+                              warnings=self._warnings(prompt, negative),
                               device_count=self.mesh.devices.size, device_summary=self.device_summary,
-                              model=self.model.name)
+                              model=self.model.name, prompt_chunks=prompt.chunks)
 
-    def _warnings(self, request: GenerateRequest, cut: bool, cut_negative: bool) -> list[str]:
+    def _tokens(self, request: GenerateRequest) -> tuple[PromptTokens, PromptTokens]:
+        """The prompt and negative prompt as chunks (engine/prompts.py), padded to one chunk count.
+
+        Raises InvalidRequest for a prompt that is nothing but syntax (brackets, weights, BREAK).
+        """
+        tokenizers, chunks = (self.model.tokenizer, self.model.tokenizer_2), self.config.max_prompt_chunks
+        prompt = tokenize_prompt(tokenizers, request.prompt, chunks, self.config.emphasis, "prompt")
+        if not prompt.words.strip():
+            raise InvalidRequest("prompt", "is empty: it holds only brackets, weights or BREAK, no words")
+        negative = tokenize_prompt(tokenizers, request.negative_prompt, chunks, self.config.emphasis,
+                                   "negative_prompt")
+        if not negative.words.strip():  # no words: the empty negative prompt (zeros), whatever its syntax
+            negative = tokenize_prompt(tokenizers, "", chunks, self.config.emphasis, "negative_prompt")
+        count = max(prompt.chunks, negative.chunks)
+        return prompt.padded(count), negative.padded(count)
+
+    def _warnings(self, prompt: PromptTokens, negative: PromptTokens) -> list[str]:
         warnings = []
-        if cut:
-            warnings.append("prompt was longer than 77 tokens and was truncated, as SDXL does")
-        if cut_negative:
-            warnings.append("negative prompt was longer than 77 tokens and was truncated")
+        limit = self.config.max_prompt_chunks
+        for field, tokens in (("prompt", prompt), ("negative prompt", negative)):
+            if tokens.cut:
+                warnings.append(f"{field} was longer than {limit * CHUNK} tokens ({limit} chunks of {CHUNK}, the "
+                                f"max_prompt_chunks setting) and was truncated")
+            if tokens.clamped:
+                warnings.append(f"{field}: a weight beyond ±10 was clamped to ±10")
         if self.model.vocabulary is not None:
-            for field, text in (("prompt", request.prompt), ("negative prompt", request.negative_prompt)):
+            for field, text in (("prompt", prompt.words), ("negative prompt", negative.words)):
                 unknown = builtin.unknown_words(text, self.model.vocabulary)
                 # What the model does with them: the tokenizer still spells them (as byte tokens, or a
                 # token training never used), so they move the text embedding and with it the images.

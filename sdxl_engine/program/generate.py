@@ -3,7 +3,8 @@
 Static (bound before compiling; changing any of them compiles a new program): the model's
 modules (their graph definitions), and :class:`ProgramShape`: the batch size, the image height
 and width, the largest step count, whether classifier-free guidance runs (guidance > 1, as
-diffusers decides) and whether the initial latents are given. Everything that changes per
+diffusers decides), whether the initial latents are given and the prompt's chunk count (77
+tokens each). Everything that changes per
 request is a traced array in :class:`ProgramInputs`, so a new prompt, negative prompt, seed,
 guidance scale (within one CFG mode), step count (up to ``max_steps``) or sampler (schedulers.py:
 every sampler is per-step coefficients) reuses the same executable.
@@ -48,10 +49,10 @@ LoRA weight deltas          outside the program: merged into ``params`` before t
                             a ``lora: bool`` ProgramShape flag, a replicated ``lora_*`` input with
                             ``when="lora"``, and one branch where :func:`build_generate` binds the
                             params (``params = merged(params, inputs) if st.shape.lora else params``).
-prompts over 77 tokens      a ``chunks: int = 1`` ProgramShape field; the ids declare
-                            ``per_image(lambda s, lat: (2, s.chunks * TOKENS), jnp.int32)``; the branch in
-                            :func:`encode_text` (encode each 77-token chunk, concatenate along tokens);
-                            the host side in :func:`tokenize`.
+prompts over 77 tokens      done (#22): the ``chunks`` ProgramShape field; ids and weights declare
+                            ``per_image(prompt_dims, ...)``, (2, chunks * 77); :func:`encode_prompts` encodes
+                            each 77-token chunk and concatenates along tokens; :func:`emphasize` applies the
+                            weights; the host side in engine/prompts.py (``tokenize_prompt``).
 per-step hook               a static ``step_hook`` option; its one seam is the end of
 (progress, previews,        :func:`denoise_step` (``if st.shape.step_hook: jax.debug.callback(...)`` with
 cancel)                     the step and the latents, for progress and previews). Cancel: an
@@ -101,6 +102,9 @@ class ProgramShape:
     max_steps: int  # longest denoising loop the padded schedule allows
     cfg: bool = True  # classifier-free guidance (UNet on 2 x batch); False: guidance <= 1, conditional only
     given_latents: bool = False  # True: initial latents come in ProgramInputs.latents (tests, tools)
+    # (#22) Prompt chunks of 77 tokens (engine/prompts.py): the ids and weights are (2, chunks * 77) and the
+    # UNet cross-attends over chunks * 77 tokens. 1 is the program of a prompt of up to 75 tokens.
+    chunks: int = 1
 
 
 # Partitions of a ProgramInputs field: split along its first (batch) axis over ``data``, or whole on every device.
@@ -117,6 +121,11 @@ def per_step(shape: ProgramShape, latent) -> tuple[int]:
 def per_sigma(shape: ProgramShape, latent) -> tuple[int]:
     """Dims of the noise levels, one per step and the final one: (max_steps + 1,)."""
     return (shape.max_steps + 1,)
+
+
+def prompt_dims(shape: ProgramShape, latent) -> tuple[int, int]:
+    """Dims of one image's token ids or weights: (2 tokenizers, chunks * 77)."""
+    return (2, shape.chunks * TOKENS)
 
 
 def latent_dims(shape: ProgramShape, latent) -> tuple[int, int, int]:
@@ -158,8 +167,10 @@ class ProgramInputs:
     ProgramShape flag it needs (absent: None).
     """
 
-    prompt_ids: jax.Array = per_image((2, TOKENS), jnp.int32)  # token ids for tokenizer and tokenizer_2
-    negative_ids: jax.Array = per_image((2, TOKENS), jnp.int32)  # the same for the negative prompt
+    prompt_ids: jax.Array = per_image(prompt_dims, jnp.int32)  # token ids for tokenizer and tokenizer_2
+    negative_ids: jax.Array = per_image(prompt_dims, jnp.int32)  # the same for the negative prompt
+    prompt_weights: jax.Array = per_image(prompt_dims, jnp.float32)  # each id's emphasis weight (1 = none)
+    negative_weights: jax.Array = per_image(prompt_dims, jnp.float32)  # the same for the negative prompt
     negative_zero: jax.Array = per_image((), jnp.float32)  # 1 = empty negative prompt: zero embeddings
     seeds: jax.Array = per_image((), jnp.uint32)  # image i's initial noise comes from seed i
     guidance_scale: jax.Array = per_image((), jnp.float32)  # classifier-free guidance scale (cfg only)
@@ -185,17 +196,25 @@ class ProgramInputs:
 
     @staticmethod
     def build(prompt_ids: np.ndarray, negative_ids: np.ndarray, negative_empty: bool, seeds, guidance_scale: float,
-              schedule: Schedule, steps: int, max_steps: int, latents: np.ndarray | None = None) -> "ProgramInputs":
-        """One request's inputs: (2, 77) ids broadcast to every image, a seed per image, a padded schedule.
+              schedule: Schedule, steps: int, max_steps: int, latents: np.ndarray | None = None,
+              prompt_weights: np.ndarray | None = None, negative_weights: np.ndarray | None = None) -> "ProgramInputs":
+        """One request's inputs: (2, chunks * 77) ids broadcast to every image, a seed per image, a padded schedule.
 
-        ``negative_empty``: no negative prompt, so its embeddings are zeros (SDXL base's
+        ``prompt_ids`` and ``negative_ids`` have the same chunk count (engine/prompts.py pads the
+        shorter). ``negative_empty``: no negative prompt, so its embeddings are zeros (SDXL base's
         ``force_zeros_for_empty_prompt``). ``latents``: (batch, C, h, w) float32 initial noise for
-        a program with ``given_latents``, else None.
+        a program with ``given_latents``, else None. ``prompt_weights``, ``negative_weights``:
+        (2, chunks * 77) float32 emphasis weights of the ids; None = all 1 (no emphasis).
         """
-        n = len(seeds)
+        n, dims = len(seeds), np.shape(prompt_ids)
+        if np.shape(negative_ids) != dims:
+            raise ValueError(f"prompt_ids {dims} and negative_ids {np.shape(negative_ids)} must have one shape")
+        ones = np.ones(dims, np.float32)
         return ProgramInputs(
-            prompt_ids=np.broadcast_to(prompt_ids, (n, 2, TOKENS)),
-            negative_ids=np.broadcast_to(negative_ids, (n, 2, TOKENS)),
+            prompt_ids=np.broadcast_to(prompt_ids, (n, *dims)),
+            negative_ids=np.broadcast_to(negative_ids, (n, *dims)),
+            prompt_weights=np.broadcast_to(ones if prompt_weights is None else prompt_weights, (n, *dims)),
+            negative_weights=np.broadcast_to(ones if negative_weights is None else negative_weights, (n, *dims)),
             negative_zero=np.full((n,), float(negative_empty), np.float32),
             seeds=np.asarray(seeds, np.uint32), guidance_scale=np.full((n,), guidance_scale, np.float32),
             **schedule.padded(max_steps), clip_range=np.float32(schedule.clip_range), num_steps=np.int32(steps),
@@ -240,27 +259,69 @@ class CompiledProgram:
     cache_note: str = ""  # the executable cache's one-line account (loaded / why not / stored), "" without one
 
 
-def encode_prompts(components: dict, params: dict, ids: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Both CLIP text encoders, SDXL style (penultimate hidden states, pooled projection).
+def emphasize(z: jax.Array, weights: jax.Array) -> jax.Array:
+    """AUTOMATIC1111's "Original" emphasis on one encoder's chunks (``modules/sd_emphasis.py``,
+    ``EmphasisOriginal.after_transformers``): z' = z w (each token's hidden state times its
+    weight), then z' mean(z) / mean(z'), which restores the chunk's original mean (means over
+    the chunk's 77 tokens and all channels, in float32).
+
+    Args:
+        z: (m, 77, hidden) one encoder's hidden states of m chunks, any float dtype.
+        weights: (m, 77) float32, one per token.
+    Returns:
+        (m, 77, hidden) in z's dtype. A chunk whose weights are all 1 is z itself, bit for bit (so a
+        prompt without emphasis gives the same images as before weights existed), as is one whose
+        weighted mean is 0 (where the formula divides by zero).
+    """
+    zf = z.astype(jnp.float32)
+    weighted = zf * weights[..., None]  # (m, 77, hidden)
+    original, new = zf.mean(axis=(1, 2)), weighted.mean(axis=(1, 2))  # (m,)
+    scaled = weighted * (original / jnp.where(new == 0, 1.0, new))[:, None, None]
+    keep = jnp.all(weights == 1, axis=1) | (new == 0)  # (m,)
+    return jnp.where(keep[:, None, None], z, scaled.astype(z.dtype))
+
+
+def encode_prompts(components: dict, params: dict, ids: jax.Array,
+                   weights: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+    """Both CLIP text encoders, SDXL style (penultimate hidden states, pooled projection), chunk by chunk.
+
+    Each 77-token chunk goes through both encoders on its own; the chunks' hidden states are
+    concatenated along the tokens and the pooled embedding is the first chunk's, as A1111 does for
+    SDXL (``modules/sd_hijack_clip.py``, ``FrozenCLIPEmbedderWithCustomWordsBase.forward``: hstack
+    of the chunks, ``zs[0].pooled``). Weights apply to each encoder's hidden states, per chunk
+    (:func:`emphasize`); the pooled embedding takes none, as in A1111.
 
     Args:
         components, params: a model's Components and parameters, by component name.
-        ids: (n, 2, 77) int32 token ids; [:, 0] for text_encoder, [:, 1] for text_encoder_2.
+        ids: (n, 2, chunks * 77) int32 token ids; [:, 0] for text_encoder, [:, 1] for text_encoder_2.
+        weights: (n, 2, chunks * 77) float32 emphasis weights, or None (no emphasis).
     Returns:
-        encoder_hidden_states (n, 77, hidden_1 + hidden_2) and text_embeds (n, projection_2), in
-        the parameters' dtype (diffusers' ``StableDiffusionXLPipeline.encode_prompt``).
+        encoder_hidden_states (n, chunks * 77, hidden_1 + hidden_2) and text_embeds (n, projection_2),
+        in the parameters' dtype (diffusers' ``StableDiffusionXLPipeline.encode_prompt`` for one chunk).
     """
+    n, chunks = ids.shape[0], ids.shape[-1] // TOKENS
     te1 = components["text_encoder"].bind(params["text_encoder"])
     te2 = components["text_encoder_2"].bind(params["text_encoder_2"])
-    out_1 = te1(ids[:, 0], penultimate_only=True)
-    out_2 = te2(ids[:, 1])
-    hidden = jnp.concatenate([out_1.penultimate, out_2.penultimate], axis=-1)  # (n, 77, h1 + h2)
-    return hidden, out_2.text_embeds  # text_embeds: (n, projection_dim)
+    per_chunk = ids.reshape(n, 2, chunks, TOKENS)
+    out_1 = te1(per_chunk[:, 0].reshape(n * chunks, TOKENS), penultimate_only=True)
+    out_2 = te2(per_chunk[:, 1].reshape(n * chunks, TOKENS))
+    hidden_1, hidden_2 = out_1.penultimate, out_2.penultimate  # (n * chunks, 77, h1), (n * chunks, 77, h2)
+    if weights is not None:
+        w = weights.reshape(n, 2, chunks, TOKENS)
+        hidden_1 = emphasize(hidden_1, w[:, 0].reshape(n * chunks, TOKENS))
+        hidden_2 = emphasize(hidden_2, w[:, 1].reshape(n * chunks, TOKENS))
+    hidden = jnp.concatenate([hidden_1, hidden_2], axis=-1)  # (n * chunks, 77, h1 + h2)
+    hidden = hidden.reshape(n, chunks * TOKENS, hidden.shape[-1])  # (n, chunks * 77, h1 + h2): chunks in order
+    text_embeds = out_2.text_embeds.reshape(n, chunks, -1)[:, 0]  # (n, projection_dim): the first chunk's
+    return hidden, text_embeds
 
 
 def tokenize(model: LoadedModel, text: str) -> tuple[np.ndarray, bool]:
     """(2, 77) int32 ids of ``text`` for tokenizer and tokenizer_2 (each padded with its own pad
-    token, as diffusers' SDXL pipeline does), and whether the text was cut to 77 tokens."""
+    token, as diffusers' SDXL pipeline does), and whether the text was cut to 77 tokens.
+
+    diffusers' plain reading (no emphasis syntax, one chunk), for tools and tests; the engine reads
+    prompts with engine/prompts.py ``tokenize_prompt``, whose one-chunk ids for plain text are these."""
     rows, truncated = [], False
     for tok in (model.tokenizer, model.tokenizer_2):
         ids = tok(text, padding="max_length", max_length=TOKENS, truncation=True).input_ids
@@ -346,17 +407,21 @@ class Conditioning(NamedTuple):
     """The UNet's conditioning for the whole run, in the parameters' dtype (add_time_ids float32);
     ``rows`` = 2 x batch with CFG (negatives first), else batch."""
 
-    hidden: jax.Array  # (rows, 77, hidden_1 + hidden_2) encoder hidden states
+    hidden: jax.Array  # (rows, chunks * 77, hidden_1 + hidden_2) encoder hidden states
     text_embeds: jax.Array  # (rows, projection_2) pooled text embeddings
     add_time_ids: jax.Array  # (rows, 6): original size, crop top-left, target size
 
 
 def encode_text(st: Static, params, inputs: ProgramInputs) -> Conditioning:
-    """Stage 1: both text encoders; with CFG the negative and positive prompts in one encoder batch,
-    negatives first, an empty negative prompt as zeros (SDXL base's ``force_zeros_for_empty_prompt``)."""
+    """Stage 1: both text encoders, each prompt chunk by chunk with its emphasis weights; with CFG the
+    negative and positive prompts in one encoder batch, negatives first, an empty negative prompt as
+    zeros (SDXL base's ``force_zeros_for_empty_prompt``)."""
     b = inputs.prompt_ids.shape[0]
-    ids = jnp.concatenate([inputs.negative_ids, inputs.prompt_ids]) if st.shape.cfg else inputs.prompt_ids
-    hidden, text_embeds = encode_prompts(st.components, params, ids)  # (n, 77, D), (n, P); n = 2b or b
+    ids, weights = inputs.prompt_ids, inputs.prompt_weights
+    if st.shape.cfg:
+        ids = jnp.concatenate([inputs.negative_ids, ids])  # (2b, 2, chunks * 77)
+        weights = jnp.concatenate([inputs.negative_weights, weights])
+    hidden, text_embeds = encode_prompts(st.components, params, ids, weights)  # (n, chunks * 77, D), (n, P)
     if st.shape.cfg:
         keep = jnp.concatenate([1.0 - inputs.negative_zero, jnp.ones((b,), jnp.float32)]).astype(hidden.dtype)
         hidden = hidden * keep[:, None, None]  # empty negative prompt -> zeros, as SDXL base does
@@ -501,6 +566,7 @@ def program_key(model: LoadedModel, params, shape: ProgramShape, mesh: Mesh) -> 
     backend, devices and JAX options (:func:`.executables.runtime_key`).
     """
     cfg = "" if shape.cfg else " without CFG"
+    cfg += f", {shape.chunks} prompt chunks" if shape.chunks > 1 else ""
     st = static_options(model, shape)  # what the traced program reads, so the key cannot miss it
     return {
         "program": f"{shape.width}x{shape.height} x {shape.batch} images, {shape.max_steps} steps{cfg}",

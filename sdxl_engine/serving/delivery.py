@@ -66,6 +66,7 @@ def deliver(result, prompt: str, style: str, files_dir: Path, outputs_dir: str =
         "num_inference_steps": req.num_inference_steps, "sampler": req.sampler, "width": req.width,
         "height": req.height, "model": result.model, "warnings": list(result.warnings), "style": style,
     }
+    info["prompt_chunks"] = getattr(result, "prompt_chunks", 1)  # (#22) 75-token chunks the prompts ran with
     if getattr(result, "replica", ""):  # scale-out mode: which Serve replica made it (timings_s also has "ray")
         info["replica"] = result.replica
     save_error, note = None, ""

@@ -199,11 +199,12 @@ def test_new_size_bucket_compiles_once(engine, monkeypatch):
 
 
 def test_long_prompt_truncated_with_warning(engine):
-    result = gen(engine, prompt="a red circle " * 60)
-    # Cut at 75 tokens ("a red circle" is 3): the images of the first 25 repeats, exactly.
-    np.testing.assert_array_equal(result.images, gen(engine, prompt="a red circle " * 25).images)
-    assert any("truncated" in w for w in result.warnings)
-    assert gen(engine).warnings == []
+    result = gen(engine, prompt="a red circle " * 100)
+    # Cut at max_prompt_chunks (3) chunks of 75 tokens ("a red circle" is 3): the images of the first 75 repeats.
+    np.testing.assert_array_equal(result.images, gen(engine, prompt="a red circle " * 75).images)
+    assert result.warnings == ["prompt was longer than 225 tokens (3 chunks of 75, the max_prompt_chunks setting) "
+                               "and was truncated"] and result.prompt_chunks == 3
+    assert gen(engine).warnings == [] and gen(engine, prompt="a red circle " * 60).warnings == []
     # The count agrees with the tokenizer's own at the edge: 75 words + BOS + EOS fit, 76 do not.
     assert [tokenize(engine.model, " ".join(["red"] * n))[1] for n in (75, 76)] == [False, True]
 
@@ -215,7 +216,9 @@ def test_a_long_prompt_logs_nothing():
     transformers warns once per tokenizer."""
     code = ("from sdxl_engine.checkpoint.loading import load_model; "
             "from sdxl_engine.program.generate import tokenize; "
+            "from sdxl_engine.engine.prompts import tokenize_prompt; "
             "m = load_model('tiny-shapes', dtype='float32', platform='cpu', cache_dir='unused'); "
+            "tokenize_prompt((m.tokenizer, m.tokenizer_2), 'a (red) circle ' * 100, 3); "
             "print(tokenize(m, 'a red circle ' * 60)[1])")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "True", out.stderr[-2000:]
