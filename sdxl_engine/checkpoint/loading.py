@@ -219,9 +219,9 @@ def load_folder(folder: Path, name: str, dtype: str, sharding=None, variant: str
         sharding: where each parameter goes as soon as it is read (``jax.device_put``), so no
             host copy of the whole model is held; None = the default device.
         variant: preferred weight variant ("fp16"); others are used when it is absent.
-        swaps: {"unet" or "vae": path} read in place of the folder's component (:func:`load_swap`).
+        swaps: {"unet" or "vae": path} read in place of the folder's component (:func:`swap_source`).
     Raises:
-        ModelLoadError: see :func:`read_model_folder`, :func:`load_swap` and :mod:`.weights`.
+        ModelLoadError: see :func:`read_model_folder`, :func:`swap_source` and :mod:`.weights`.
     """
     start = time.perf_counter()
     components = read_model_folder(folder)
@@ -368,7 +368,7 @@ def load_model(model: str, *, dtype: str, platform: str, revision: str = "", var
         sharding: see :func:`load_folder`.
         model_config: a diffusers SDXL folder whose configs and tokenizers a single file uses (as
             diffusers' ``from_single_file(config=...)``); "" = the shipped SDXL base configs.
-        unet, vae: a file or folder read in place of that component (:func:`load_swap`); "" = the model's.
+        unet, vae: a file or folder read in place of that component (:func:`swap_source`); "" = the model's.
         timestep_spacing: "leading", "trailing" or "linspace" in place of the scheduler config's; "" = its own.
     Raises:
         ModelLoadError: one line naming the path or id and what to do.
@@ -460,14 +460,16 @@ def _config_tokenizer(folder: Path, sub: str):
     SDXL base's repository at the configs' revision (the hub cache, else a download)."""
     if any((folder / sub / f).is_file() for f in ("vocab.json", "tokenizer.json")):
         return _tokenizer(folder / sub)
-    try:
-        return CLIPTokenizer.from_pretrained(SDXL_BASE_REPO, subfolder=sub, revision=SDXL_BASE_REVISION,
-                                             local_files_only=_hub_offline())
-    except Exception as err:  # noqa: BLE001  offline, DNS, HTTP: huggingface_hub and transformers raise many types
+    try:  # file by file: transformers' from_pretrained of a repository it cannot reach gives an empty tokenizer
+        paths = [hf_hub_download(SDXL_BASE_REPO, f"{sub}/{name}", revision=SDXL_BASE_REVISION,
+                                 local_files_only=_hub_offline())
+                 for name in ("vocab.json", "merges.txt", "tokenizer_config.json", "special_tokens_map.json")]
+    except Exception as err:  # noqa: BLE001  offline, DNS, HTTP: huggingface_hub raises many types
         raise ModelLoadError(f"{folder / sub} has no vocabulary (vocab.json + merges.txt) and CLIP's could not be "
                              f"read from {SDXL_BASE_REPO} ({type(err).__name__}"
                              + (", offline mode" if _hub_offline() else "") + "): pass --model-config DIR, a "
                              "diffusers SDXL folder with tokenizer/ and tokenizer_2/") from err
+    return _tokenizer(Path(paths[0]).parent)
 
 
 def load_single_file(path: Path, dtype: str, sharding=None, model_config: str = "",
@@ -505,17 +507,16 @@ def load_single_file(path: Path, dtype: str, sharding=None, model_config: str = 
                        engine_defaults=read_engine_defaults(config_dir))
 
 
-def load_swap(name: str, spec: str, component: Component, dtype, place,
-              log: Callable[[str], None] = LOG.info) -> tuple[Component, dict]:
-    """``--unet`` / ``--vae``: one component read from ``spec`` in place of the model's.
+def swap_source(name: str, spec: str, component: Component) -> tuple[Component, Path]:
+    """Where ``--unet`` / ``--vae`` ``spec`` reads ``name`` from, and its Component (no tensor read).
 
     ``spec``: a ``.safetensors`` file (diffusers or LDM layout, with or without the component's prefix:
     :func:`.single_file.load_component_file`), a hub ``owner/name/file.safetensors``, a component folder
     (config.json + weights, as in a diffusers model) or a model folder holding ``name/``. A folder's
-    config.json replaces the model's config of that component; a file uses the model's.
+    config.json replaces the model's config of that component; a file keeps ``component``.
 
-    Returns (the Component used, {module key: placed array}).
-    Raises ModelLoadError: not found, a pickle, weights that do not fit the config.
+    Returns (the Component to use, the file or component folder).
+    Raises ModelLoadError: not found, a pickle or another non-safetensors file, a config the modules refuse.
     """
     path = Path(spec).expanduser()
     if path.is_dir():
@@ -526,26 +527,32 @@ def load_swap(name: str, spec: str, component: Component, dtype, place,
                 component = build_component(name, _read_json(path / "config.json"))
             except (ValueError, KeyError, TypeError) as err:
                 raise ModelLoadError(f"{path / 'config.json'}: {err}") from err
-        files = find_weight_files(path)
-        return component, load_params(component, files, dtype, place)
+        return component, path
     if not path.is_file():
         if spec.startswith((".", "/", "~")) or spec.count("/") < 2 or not spec.endswith(".safetensors"):
             raise ModelLoadError(f"--{name} {spec!r}: no such file or folder")
         path = _hub_file(spec, "", f"--{name} file")
     if path.suffix != ".safetensors":
         raise ModelLoadError(_not_safetensors_message(path).replace("--model takes", f"--{name} takes"))
-    return component, single_file.load_component_file(component, path, dtype, place, log)
+    return component, path
 
 
 def _swapped(components: dict[str, Component], swaps: dict[str, str], dtype, place,
              log: Callable[[str], None]) -> dict[str, dict]:
-    """Load the swapped components (updating ``components`` with their configs); checks they fit the others."""
-    params = {}
+    """The swapped components' parameters (``components`` updated with their configs, which must fit the
+    other parts before any tensor is read: :func:`_check_sizes`)."""
+    sources = {}
     for name, spec in swaps.items():
-        components[name], params[name] = load_swap(name, spec, components[name], dtype, place, log)
-        log(f"[sdxl_engine] {name}: {Path(spec).name} (--{name})")
+        components[name], sources[name] = swap_source(name, spec, components[name])
     if swaps:
-        _check_sizes(Path("--" + "/--".join(swaps)), components)
+        _check_sizes(Path("--" + " --".join(swaps)), components)
+    params = {}
+    for name, path in sources.items():
+        if path.is_dir():
+            params[name] = load_params(components[name], find_weight_files(path), dtype, place)
+        else:
+            params[name] = single_file.load_component_file(components[name], path, dtype, place, log)
+        log(f"[sdxl_engine] {name}: {path.name} (--{name})")
     return params
 
 
