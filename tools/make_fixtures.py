@@ -22,6 +22,10 @@ Commands, run from the repository root:
   sigmas, init_noise_sigma and a whole ``scheduler.step`` trajectory on fixed small arrays (the
   sample after each step; Euler a's noise per step), plus each class's ``__init__`` defaults, and
   tiny-pt's pipeline images with DDIM from a config lacking ``clip_sample`` (:data:`DDIM_IMAGE_CASE`).
+* ``single`` writes tests/fixtures/tiny-single/ from tiny-pt/: tiny-pt as an SDXL single file in the
+  original sgm layout (float16), a swap UNet (diffusers layout, bfloat16) and an LDM-layout VAE, each
+  loaded back by diffusers' ``from_single_file`` with no key warning and checked tensor by tensor, and
+  reference images of the single file's pipeline and of tiny-pt with both parts swapped (trailing spacing).
 * ``fullsize`` writes a random full-size SDXL base (diffusers format, safetensors, about 14 GB
   in float32) to DIR and reference outputs to DIR/reference/; it is not committed.
 

@@ -400,9 +400,15 @@ def inspect_checkpoint(path: Path) -> Checkpoint:
                       prediction_type="v_prediction" if "v_pred" in infos else None, zero_snr="ztsnr" in infos)
 
 
+def _group(key: str) -> str:
+    """A component's sgm prefix (``model.diffusion_model.*``), else the key's first name (``model_ema.*``)."""
+    prefix = next((p for p in PREFIXES.values() if key.startswith(p)), None)
+    return prefix + "*" if prefix else key.split(".", 1)[0] + (".*" if "." in key else "")
+
+
 def describe_leftovers(keys: list[str]) -> str:
-    """``12 tensors: model_ema.* (10), cond_stage_model.* (2)``: the keys grouped by their first name."""
-    groups = Counter(k.split(".", 1)[0] + (".*" if "." in k else "") for k in keys)
+    """``12 tensors: model_ema.* (10), cond_stage_model.* (2)``: the keys grouped by component prefix or first name."""
+    groups = Counter(_group(k) for k in keys)
     return f"{len(keys)} tensor{'s' * (len(keys) != 1)}: " + ", ".join(f"{g} ({n})" for g, n in groups.most_common())
 
 
@@ -430,9 +436,11 @@ def load_checkpoint_params(checkpoint: Checkpoint, components: Mapping[str, Comp
         _check(component, where, {k: module_shape(s.shape) for k, s in plan.items()},
                {k: s.info.dtype for k, s in plan.items()}, [PREFIXES[name] + k for k in unexpected])
         plans[name] = (plan, where)
-    unused = list(checkpoint.leftovers) + [PREFIXES[name] + k for name in skip for k in checkpoint.parts[name]]
+    unused = [f"not used, {describe_leftovers(checkpoint.leftovers)}"] if checkpoint.leftovers else []
+    unused += [f"{PREFIXES[name]}* ({len(checkpoint.parts[name])}) replaced by --{name}" for name in skip
+               if checkpoint.parts[name]]
     if unused:
-        log(f"[sdxl_engine] {checkpoint.path.name}: not used, {describe_leftovers(unused)}")
+        log(f"[sdxl_engine] {checkpoint.path.name}: {'; '.join(unused)}")
     return {name: read_planned(components[name], plan, [], where, dtype, place) for name, (plan, where) in plans.items()}
 
 

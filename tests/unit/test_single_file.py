@@ -213,7 +213,7 @@ def test_unet_from_an_sgm_file_names_the_rest_unused(tmp_path, sgm, tiny_params)
     model = load_model(str(TINY_PT), unet=str(SGM), log=lines.append, **LOAD)
     assert_params({"unet": model.params["unet"]}, {"unet": tiny_params["unet"]}, lambda v: v.astype(np.float16))
     assert ("[sdxl_engine] tiny-sdxl-sgm.fp16.safetensors: not used (not unet), 230 tensors: first_stage_model.* "
-            "(152), conditioner.* (78)") in lines
+            "(152), conditioner.embedders.1.model.* (42), conditioner.embedders.0.transformer.* (36)") in lines
     unprefixed = {k[len("model.diffusion_model."):]: v for k, v in sgm.items() if k.startswith("model.diffusion_model.")}
     model = load_model(str(TINY_PT), unet=str(write(tmp_path / "ldm-unet.safetensors", unprefixed)), **LOAD)
     assert_params({"unet": model.params["unet"]}, {"unet": tiny_params["unet"]}, lambda v: v.astype(np.float16))
@@ -229,7 +229,9 @@ def test_vae_in_every_layout(tmp_path, sgm, tiny_params):
     assert not np.array_equal(np.asarray(swapped["decoder.conv_out.bias"]), tiny_params["vae"]["decoder.conv_out.bias"])
     # The sgm file's own VAE, given as --vae to the sgm model, and tiny-pt's VAE folder (and model folder):
     for vae in (str(SGM), str(TINY_PT / "vae"), str(TINY_PT)):
-        params = load_model(str(SGM), model_config=str(TINY_PT), vae=vae, **LOAD).params["vae"]
+        lines = []
+        params = load_model(str(SGM), model_config=str(TINY_PT), vae=vae, log=lines.append, **LOAD).params["vae"]
+        assert "[sdxl_engine] tiny-sdxl-sgm.fp16.safetensors: first_stage_model.* (152) replaced by --vae" in lines
         cast = (lambda v: v.astype(np.float16)) if vae == str(SGM) else (lambda v: v)
         assert_params({"vae": params}, {"vae": tiny_params["vae"]}, cast)
 
