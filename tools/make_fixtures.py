@@ -6,6 +6,8 @@ Commands, run from the repository root:
     python -m tools.make_fixtures keys
     python -m tools.make_fixtures samplers
     python -m tools.make_fixtures single
+    python -m tools.make_fixtures sgm-keys
+    python -m tools.make_fixtures single-fullsize --out FILE [--dtype float16|float32]
     python -m tools.make_fixtures fullsize --out DIR [--dtype float32|bfloat16]
 
 * ``tiny`` writes, under tests/fixtures/: ``tiny-pt/`` (a small random SDXL made with diffusers'
@@ -26,6 +28,9 @@ Commands, run from the repository root:
   original sgm layout (float16), a swap UNet (diffusers layout, bfloat16) and an LDM-layout VAE, each
   loaded back by diffusers' ``from_single_file`` with no key warning and checked tensor by tensor, and
   reference images of the single file's pipeline and of tiny-pt with both parts swapped (trailing spacing).
+* ``sgm-keys`` writes tests/fixtures/sdxl-base-sgm-keys.json: the same full-size SDXL base named as its
+  original single file names it (``sgm_state`` on the meta device). ``single-fullsize`` writes such a file
+  with random values (float16: about 6.9 GB; not committed), for load time and peak memory.
 * ``fullsize`` writes a random full-size SDXL base (diffusers format, safetensors, about 14 GB
   in float32) to DIR and reference outputs to DIR/reference/; it is not committed.
 
@@ -1127,6 +1132,44 @@ def cmd_single(out: Path) -> None:
     (folder / "reference.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
 
 
+def fullsize_sgm_shapes() -> dict[str, list[int]]:
+    """{key: shape} of full-size SDXL base as its original single file (sd_xl_base_1.0.safetensors) names it:
+    the modules built on the meta device from the shipped configs, renamed by :func:`sgm_state`."""
+    import types
+    configs = sdxl_base_configs()
+    with torch.device("meta"):
+        parts = types.SimpleNamespace(**{name: build_component(name, configs) for name in COMPONENTS})
+        return {k: list(v.shape) for k, v in sgm_state(parts).items()}
+
+
+def cmd_sgm_keys(out: Path) -> None:
+    """``sgm-keys``: full-size SDXL base's single-file key names and shapes (fullsize_sgm_shapes) to ``out``."""
+    text = json.dumps(fullsize_sgm_shapes(), indent=1)
+    text = re.sub(r"\[[\d,\s]*\]", lambda m: json.dumps(json.loads(m.group())), text)  # each shape on one line
+    out.write_text(text + "\n")
+
+
+def cmd_single_fullsize(out: Path, dtype_name: str) -> None:
+    """``single-fullsize``: a random full-size SDXL base single file (sgm layout) at ``out``, written tensor by
+    tensor (header first, then each tensor's bytes), so the host never holds the whole model. Values are
+    N(0, 0.02^2): for load time and memory, not for images. Not committed."""
+    shapes = fullsize_sgm_shapes()
+    code, dtype = {"float16": ("F16", np.float16), "float32": ("F32", np.float32)}[dtype_name]
+    header, offset = {}, 0
+    for key, shape in shapes.items():
+        size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        header[key] = {"dtype": code, "shape": shape, "data_offsets": [offset, offset + size]}
+        offset += size
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)  # the data starts 8-byte aligned, as safetensors writes it
+    rng = np.random.default_rng(0)
+    with open(out, "wb") as f:
+        f.write(len(blob).to_bytes(8, "little") + blob)
+        for shape in shapes.values():
+            f.write((rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(dtype).tobytes())
+    print(json.dumps({"file": str(out), "tensors": len(shapes), "bytes": out.stat().st_size}))
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m tools.make_fixtures",
                                      description="PyTorch reference fixtures (needs torch; never run in CI).")
@@ -1139,6 +1182,11 @@ def main(argv=None) -> None:
     samplers.add_argument("--out", type=Path, default=FIXTURES)
     single = sub.add_parser("single", help="tiny-single: tiny-pt as an sgm single file, a swap UNet and LDM VAE")
     single.add_argument("--out", type=Path, default=FIXTURES)
+    sgm_keys = sub.add_parser("sgm-keys", help="full-size SDXL base's single-file key names and shapes")
+    sgm_keys.add_argument("--out", type=Path, default=FIXTURES / "sdxl-base-sgm-keys.json")
+    single_full = sub.add_parser("single-fullsize", help="a random full-size SDXL single file (not committed)")
+    single_full.add_argument("--out", type=Path, required=True)
+    single_full.add_argument("--dtype", choices=("float16", "float32"), default="float16")
     full = sub.add_parser("fullsize", help="random full-size SDXL base and its reference outputs")
     full.add_argument("--out", type=Path, required=True)
     full.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
@@ -1155,6 +1203,10 @@ def main(argv=None) -> None:
         cmd_samplers(args.out)
     elif args.command == "single":
         cmd_single(args.out)
+    elif args.command == "sgm-keys":
+        cmd_sgm_keys(args.out)
+    elif args.command == "single-fullsize":
+        cmd_single_fullsize(args.out, args.dtype)
     else:
         cmd_fullsize(args.out, args.dtype)
 

@@ -20,7 +20,7 @@ from sdxl_engine.checkpoint.loading import ModelLoadError, load_model, read_mode
 from sdxl_engine.config import ConfigError, EngineConfig
 from sdxl_engine.serving.cli import engine_overrides, parse_args
 
-from tests.helpers import FIXTURES
+from tests.helpers import FIXTURES, ROOT
 
 SINGLE = FIXTURES / "tiny-single"
 SGM = SINGLE / "tiny-sdxl-sgm.fp16.safetensors"
@@ -288,3 +288,23 @@ def test_ldm_block_indices_follow_layers_per_block(components):
     assert down == {1: (0, 0), 2: (0, 1), 4: (1, 0), 5: (1, 1), 7: (2, 0), 8: (2, 1)}
     assert downsamplers == {3: 0, 6: 1}
     assert up == {i: (i // 3, i % 3) for i in range(9)} and upsamplers == {0: 2, 1: 5}
+
+
+def test_full_size_sdxl_base_single_file_keys_map_one_to_one():
+    """Every tensor of full-size SDXL base's single file (sdxl-base-sgm-keys.json: sd_xl_base_1.0's names, made
+    by inverting diffusers' conversion, ``make_fixtures sgm-keys``) is one parameter of the real configs' modules,
+    shapes included: 2514 tensors (the real file's 2515 less CLIP-L's position_ids buffer)."""
+    shapes = json.loads((FIXTURES / "sdxl-base-sgm-keys.json").read_text())
+    assert len(shapes) == 2514
+    components = read_model_folder(ROOT / "sdxl_engine" / "checkpoint" / "configs" / "sdxl-base-1.0")
+    shapes["conditioner.embedders.0.transformer.text_model.embeddings.position_ids"] = [1, 77]
+    infos = {k: weights.TensorInfo(SGM, k, "F16", tuple(s)) for k, s in shapes.items()
+             if k not in single_file.NOT_WEIGHTS}  # logit_scale: inspect_checkpoint sets it aside
+    for name, component in components.items():
+        prefix = single_file.PREFIXES[name]
+        plan, unexpected = single_file.plan_component(
+            component, {k[len(prefix):]: v for k, v in infos.items() if k.startswith(prefix)}, "ldm")
+        assert unexpected == [] and plan.keys() == component.shapes.keys(), name
+        assert {k: weights.module_shape(s.shape) for k, s in plan.items()} == dict(component.shapes), name
+    left = [k for k in shapes if not k.startswith(tuple(single_file.PREFIXES.values()))]
+    assert left == []
