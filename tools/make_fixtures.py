@@ -1066,7 +1066,8 @@ def _single_case(pipe: StableDiffusionXLPipeline, case: str, base_scheduler: dic
     arrays = {f"{case}_latents": latents, f"{case}_images": images, f"{case}_timesteps": pipe.scheduler.timesteps}
     meta = dict(prompt=prompt, negative_prompt=negative, guidance_scale=guidance, num_inference_steps=steps,
                 width=64, height=64, sampler="Euler", from_config_overrides=overrides,
-                scheduler_config=plain_config(pipe.scheduler.config), latents=f"numpy RandomState({seed}).standard_normal")
+                scheduler_config=plain_config(pipe.scheduler.config),
+                latents=f"numpy RandomState({seed}).standard_normal")
     return arrays, meta
 
 

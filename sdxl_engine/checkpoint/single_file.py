@@ -345,7 +345,8 @@ def _has(keys, prefix: str) -> bool:
 def identify(path: Path, keys: list[str]) -> None:
     """Raise ModelLoadError naming what the file is unless it is an SDXL base-type single file.
 
-    Refused, each by name: SD3 (``joint_blocks``), Flux (``double_blocks``), the SDXL refiner (OpenCLIP
+    Refused, each by name: SD3 (``joint_blocks``), Flux (``double_blocks``), Playground v2.5 (``edm_mean``:
+    an EDM scheduler), the SDXL refiner (OpenCLIP
     as embedder 0, no CLIP-L: it needs an image input), SD 1.x (``cond_stage_model.transformer``) and
     2.x (``cond_stage_model.model``) without SDXL's ``conditioner``, a component alone (use --unet/--vae),
     anything else (its first keys named). The keys are diffusers' ``CHECKPOINT_KEY_NAMES`` families.
@@ -354,6 +355,9 @@ def identify(path: Path, keys: list[str]) -> None:
         raise ModelLoadError(f"{path} is a Stable Diffusion 3 checkpoint (joint_blocks.*); this engine runs SDXL")
     if any(re.match(r"(model\.diffusion_model\.)?double_blocks\.", k) for k in keys):
         raise ModelLoadError(f"{path} is a Flux checkpoint (double_blocks.*); this engine runs SDXL")
+    if "edm_mean" in keys:
+        raise ModelLoadError(f"{path} is a Playground v2.5 checkpoint (edm_mean): SDXL's architecture with an EDM "
+                             "scheduler and latent statistics this engine does not implement")
     if _has(keys, "conditioner.embedders.0.model.") and not _has(keys, "conditioner.embedders.1."):
         raise ModelLoadError(f"{path} is an SDXL refiner checkpoint (conditioner.embedders.0.model.*, OpenCLIP only): "
                              "a refiner checkpoint; it needs an image input, which this engine does not take. "
@@ -441,7 +445,8 @@ def load_checkpoint_params(checkpoint: Checkpoint, components: Mapping[str, Comp
                if checkpoint.parts[name]]
     if unused:
         log(f"[sdxl_engine] {checkpoint.path.name}: {'; '.join(unused)}")
-    return {name: read_planned(components[name], plan, [], where, dtype, place) for name, (plan, where) in plans.items()}
+    return {name: read_planned(components[name], plan, [], where, dtype, place)
+            for name, (plan, where) in plans.items()}
 
 
 def component_layout(component: Component, keys: list[str]) -> tuple[str, str]:

@@ -100,7 +100,8 @@ def test_v_prediction_and_zero_terminal_snr_markers(tmp_path, sgm):
     config = load_model(str(path), model_config=str(TINY_PT), log=lines.append, **LOAD).scheduler_config
     assert config["prediction_type"] == "v_prediction" and config["rescale_betas_zero_snr"] is False
     assert config["timestep_spacing"] == "leading"
-    assert "[sdxl_engine] vpred.safetensors: scheduler {'prediction_type': 'v_prediction'} (the file's markers)" in lines
+    assert ("[sdxl_engine] vpred.safetensors: scheduler {'prediction_type': 'v_prediction'} (the file's markers)"
+            in lines)
     path = write(tmp_path / "ztsnr.safetensors", {**sgm, "v_pred": np.zeros(0, np.float32),
                                                   "ztsnr": np.zeros(0, np.float32)})
     checkpoint = single_file.inspect_checkpoint(path)
@@ -128,6 +129,9 @@ def zeros(*keys):
     (["model.diffusion_model.joint_blocks.0.context_block.adaLN_modulation.1.bias"],
      "is a Stable Diffusion 3 checkpoint (joint_blocks.*); this engine runs SDXL"),
     (["double_blocks.0.img_attn.norm.key_norm.scale"], "is a Flux checkpoint (double_blocks.*); this engine runs SDXL"),
+    (["edm_mean", "conditioner.embedders.1.model.ln_final.bias", "model.diffusion_model.out.2.bias"],
+     "is a Playground v2.5 checkpoint (edm_mean): SDXL's architecture with an EDM scheduler and latent statistics "
+     "this engine does not implement"),
     (["model.diffusion_model.input_blocks.0.0.weight"],
      "holds a UNet alone; pass it as --unet PATH, with --model for the other parts"),
     (["encoder.down.0.block.0.conv1.weight"], "holds a VAE alone; pass it as --vae PATH, with --model for the other "
@@ -214,7 +218,8 @@ def test_unet_from_an_sgm_file_names_the_rest_unused(tmp_path, sgm, tiny_params)
     assert_params({"unet": model.params["unet"]}, {"unet": tiny_params["unet"]}, lambda v: v.astype(np.float16))
     assert ("[sdxl_engine] tiny-sdxl-sgm.fp16.safetensors: not used (not unet), 230 tensors: first_stage_model.* "
             "(152), conditioner.embedders.1.model.* (42), conditioner.embedders.0.transformer.* (36)") in lines
-    unprefixed = {k[len("model.diffusion_model."):]: v for k, v in sgm.items() if k.startswith("model.diffusion_model.")}
+    prefix = "model.diffusion_model."
+    unprefixed = {k[len(prefix):]: v for k, v in sgm.items() if k.startswith(prefix)}
     model = load_model(str(TINY_PT), unet=str(write(tmp_path / "ldm-unet.safetensors", unprefixed)), **LOAD)
     assert_params({"unet": model.params["unet"]}, {"unet": tiny_params["unet"]}, lambda v: v.astype(np.float16))
 
@@ -270,7 +275,8 @@ def test_timestep_spacing_replaces_the_schedulers():
 
 def test_settings_and_flags():
     config = EngineConfig.load({"unet": "u.safetensors"}, environ={
-        "SDXL_MODEL": "m.safetensors", "SDXL_MODEL_CONFIG": "cfg", "SDXL_VAE": "v", "SDXL_TIMESTEP_SPACING": "trailing"})
+        "SDXL_MODEL": "m.safetensors", "SDXL_MODEL_CONFIG": "cfg", "SDXL_VAE": "v",
+        "SDXL_TIMESTEP_SPACING": "trailing"})
     assert (config.model, config.model_config, config.unet, config.vae, config.timestep_spacing) == (
         "m.safetensors", "cfg", "u.safetensors", "v", "trailing")
     with pytest.raises(ConfigError, match="timestep_spacing must be leading, trailing or linspace"):
