@@ -428,13 +428,17 @@ def load_checkpoint_params(checkpoint: Checkpoint, components: Mapping[str, Comp
     Returns:
         {component: {module key: placed array}} for the components not skipped.
     Raises:
-        ModelLoadError: the first component whose tensors do not fit its config (missing ones named, the first
-            few), before any tensor of a later component is read; see :func:`read_planned`.
+        ModelLoadError: a component absent from the file (and not skipped), or the first component whose tensors
+            do not fit its config (missing ones named, the first few), all before any tensor is read; see
+            :func:`read_planned`.
     """
     plans = {}
     for name, component in components.items():
         if name in skip:
             continue
+        if not checkpoint.parts[name]:  # some fine-tunes ship without a VAE ("no VAE baked in")
+            flag = f"; pass --{name} PATH" if name in ("unet", "vae") else ""
+            raise ModelLoadError(f"{checkpoint.path} has no {name} (no {PREFIXES[name]}* tensors){flag}")
         plan, unexpected = plan_component(component, checkpoint.parts[name], "ldm")
         where = f"{checkpoint.path} ({name}, {PREFIXES[name]}*)"
         _check(component, where, {k: module_shape(s.shape) for k, s in plan.items()},

@@ -156,6 +156,16 @@ def test_missing_tensors_are_named(tmp_path, sgm):
         load_model(str(path), model_config=str(TINY_PT), **LOAD)
 
 
+def test_a_file_without_its_vae_needs_vae(tmp_path, sgm, tiny_params):
+    """Fine-tunes shipped without a VAE: one line saying so; with --vae they load."""
+    path = write(tmp_path / "no-vae.safetensors", {k: v for k, v in sgm.items() if not k.startswith("first_stage")})
+    with pytest.raises(ModelLoadError) as err:
+        load_model(str(path), model_config=str(TINY_PT), **LOAD)
+    assert str(err.value) == f"{path} has no vae (no first_stage_model.* tensors); pass --vae PATH"
+    params = load_model(str(path), model_config=str(TINY_PT), vae=str(TINY_PT / "vae"), **LOAD).params
+    assert_params({"vae": params["vae"]}, {"vae": tiny_params["vae"]}, lambda v: v)
+
+
 def test_a_truncated_file_is_a_clear_error(tmp_path):
     path = tmp_path / "partial.safetensors"
     path.write_bytes(SGM.read_bytes()[:1_000_000])
