@@ -50,8 +50,9 @@ class EngineConfig:
     """Engine settings; frozen, so a running engine cannot drift from what it logged at start."""
 
     # Which weights: a built-in name ("tiny-shapes", the trained demo model shipped in assets/;
-    # "tiny-random", "sdxl-base-random"), a local diffusers-format directory, or a hub id such as
-    # "stabilityai/stable-diffusion-xl-base-1.0".
+    # "tiny-random", "sdxl-base-random"), a local diffusers-format directory, a hub id such as
+    # "stabilityai/stable-diffusion-xl-base-1.0", or one .safetensors single file in the original
+    # (sgm) layout, local or on the hub as owner/name/file.safetensors (see model_config).
     model: str = "tiny-shapes"
     # Hub revision (branch, tag or commit); "" = the default branch.
     revision: str = ""
@@ -105,6 +106,17 @@ class EngineConfig:
     temp_max_mb: float = 500.0
     # ...but never a file younger than this many seconds (a client may still be downloading it).
     temp_keep_s: float = 600.0
+    # --- single files and swapped parts (#21) ---
+    # For a single-file model: a diffusers SDXL folder whose component configs, scheduler and tokenizers it
+    # uses (as diffusers' from_single_file(config=...)); "" = the shipped SDXL base configs.
+    model_config: str = ""
+    # A UNet / VAE read in place of the model's: a .safetensors file (diffusers or original layout, with or
+    # without the component prefix), a hub owner/name/file.safetensors, or a folder; "" = the model's own.
+    unet: str = ""
+    vae: str = ""
+    # Replaces the scheduler config's timestep_spacing: leading, trailing (what few-step UNets such as
+    # SDXL-Lightning need) or linspace; "" = the model's.
+    timestep_spacing: str = ""
 
     # (#22) Long prompts and emphasis (README, "Prompt syntax").
     # Prompt chunks of 75 tokens a request may use (3 = 225 tokens); each chunk count 1..this compiles
@@ -239,6 +251,10 @@ class EngineConfig:
                               f"got {self.max_prompt_chunks}")
         if self.emphasis not in EMPHASIS_MODES:
             raise ConfigError(f"emphasis must be {' or '.join(EMPHASIS_MODES)}, got {self.emphasis!r}")
+        # (#21)
+        if self.timestep_spacing not in ("", "leading", "trailing", "linspace"):
+            raise ConfigError(f"timestep_spacing must be leading, trailing or linspace (or empty: the model's), "
+                              f"got {self.timestep_spacing!r}")
 
     def as_dict(self) -> dict[str, Any]:
         """The resolved fields, for the one start-up log line."""

@@ -21,15 +21,15 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-from huggingface_hub import HfApi, snapshot_download
+from huggingface_hub import HfApi, hf_hub_download, snapshot_download
 from huggingface_hub import constants as hub_constants
 from transformers import CLIPTokenizer
 
-from sdxl_engine.checkpoint import builtin
+from sdxl_engine.checkpoint import builtin, single_file
 from sdxl_engine.models import COMPONENTS, Component, build_component
 from sdxl_engine.models.random_weights import random_params
 from sdxl_engine.program.schedulers import UnsupportedSchedulerConfig, check_scheduler_config
-from sdxl_engine.checkpoint.weights import ModelLoadError, find_weight_files, load_params
+from sdxl_engine.checkpoint.weights import PICKLE_SUFFIXES, ModelLoadError, find_weight_files, load_params
 from sdxl_engine.checkpoint.writing import VOCABULARY_FILE
 # Optional in a model folder: the sampler, steps and guidance it chooses for requests that set none (one JSON
 # object, keys of config.MODEL_DEFAULT_FIELDS; "_" keys are notes); a deployment's explicit setting wins.
@@ -210,7 +210,7 @@ def _tokenizer(folder: Path):
 
 
 def load_folder(folder: Path, name: str, dtype: str, sharding=None, variant: str = "",
-                log: Callable[[str], None] = LOG.info) -> LoadedModel:
+                log: Callable[[str], None] = LOG.info, swaps: dict[str, str] | None = None) -> LoadedModel:
     """Load every component of a diffusers-format SDXL folder.
 
     Args:
@@ -219,16 +219,19 @@ def load_folder(folder: Path, name: str, dtype: str, sharding=None, variant: str
         sharding: where each parameter goes as soon as it is read (``jax.device_put``), so no
             host copy of the whole model is held; None = the default device.
         variant: preferred weight variant ("fp16"); others are used when it is absent.
+        swaps: {"unet" or "vae": path} read in place of the folder's component (:func:`swap_source`).
     Raises:
-        ModelLoadError: see :func:`read_model_folder` and :mod:`.weights`.
+        ModelLoadError: see :func:`read_model_folder`, :func:`swap_source` and :mod:`.weights`.
     """
     start = time.perf_counter()
     components = read_model_folder(folder)
     scheduler_config = read_scheduler_config(folder)  # before the weights: a refused config fails fast
     target = jnp.dtype(dtype)
     place = lambda array: jax.device_put(array, sharding)  # noqa: E731
-    params = {}
+    params = _swapped(components, swaps or {}, target, place, log)
     for cname, component in components.items():
+        if cname in params:
+            continue
         files = find_weight_files(folder / cname, variant)
         params[cname] = load_params(component, files, target, place)
         log(f"[sdxl_engine] {cname}: {files[0].name}{f' (+{len(files) - 1} shards)' if len(files) > 1 else ''}")
@@ -351,23 +354,40 @@ def _hub_offline() -> bool:
 
 
 def load_model(model: str, *, dtype: str, platform: str, revision: str = "", variant: str = "", cache_dir: str,
-               sharding=None, log: Callable[[str], None] = LOG.info) -> LoadedModel:
-    """Load an SDXL model by name: built-in, a local folder, or a hub id.
+               sharding=None, log: Callable[[str], None] = LOG.info, model_config: str = "", unet: str = "",
+               vae: str = "", timestep_spacing: str = "") -> LoadedModel:
+    """Load an SDXL model by name: built-in, a local folder, a hub id, or a single file.
 
     Args:
         model: ``tiny-shapes`` (shipped in assets/), ``tiny-random``, ``sdxl-base-random``, a
-            local diffusers-format directory, or a hub id (``owner/name``).
+            local diffusers-format directory, a hub id (``owner/name``), or one ``.safetensors``
+            file in the original sgm layout, local or on the hub (``owner/name/file.safetensors``).
         dtype: ``auto``/``float32``/``bfloat16``/``float16``; platform: JAX backend ("cpu", "gpu", "tpu").
         revision: hub revision (branch, tag or commit); ignored for local folders.
         variant: preferred weight variant ("fp16"); cache_dir: where built-in models are created.
         sharding: see :func:`load_folder`.
+        model_config: a diffusers SDXL folder whose configs and tokenizers a single file uses (as
+            diffusers' ``from_single_file(config=...)``); "" = the shipped SDXL base configs.
+        unet, vae: a file or folder read in place of that component (:func:`swap_source`); "" = the model's.
+        timestep_spacing: "leading", "trailing" or "linspace" in place of the scheduler config's; "" = its own.
     Raises:
         ModelLoadError: one line naming the path or id and what to do.
     """
     start = time.perf_counter()
     dtype = resolve_dtype(dtype, platform)
+    swaps = {name: path for name, path in (("unet", unet), ("vae", vae)) if path}
     if model == "sdxl-base-random":
-        return random_model(builtin.SDXL_BASE_CONFIGS, model, dtype, sharding)
+        if swaps or model_config:
+            raise ModelLoadError("sdxl-base-random is made in memory with random weights; --unet, --vae and "
+                                 "--model-config apply to models read from files")
+        return _with_spacing(random_model(builtin.SDXL_BASE_CONFIGS, model, dtype, sharding), timestep_spacing)
+    if single_file.is_single_file_name(model) and not Path(model).expanduser().is_dir():
+        loaded = load_single_file(_single_file_path(model, revision), dtype, sharding, model_config, swaps, log)
+        loaded.load_s = time.perf_counter() - start
+        return _with_spacing(loaded, timestep_spacing)
+    if model_config:
+        raise ModelLoadError(f"--model-config {model_config!r} is for single-file models (--model FILE.safetensors); "
+                             f"{model!r} has its own configs")
     shown = model  # the name users see (page, API record, PNG parameters)
     if model in builtin.BUILTIN_NAMES:
         try:
@@ -377,7 +397,7 @@ def load_model(model: str, *, dtype: str, platform: str, revision: str = "", var
     elif Path(model).expanduser().exists():
         folder = Path(model).expanduser()
         if folder.is_file():
-            raise ModelLoadError(_single_file_message(folder))
+            raise ModelLoadError(_not_safetensors_message(folder))
         if not (folder / "model_index.json").is_file():
             raise ModelLoadError(f"{folder} is not a diffusers-format model directory (no model_index.json). {_HUB_HINT}")
         # A local folder by its own name only: a public link must not show the server's paths (logs
@@ -387,16 +407,173 @@ def load_model(model: str, *, dtype: str, platform: str, revision: str = "", var
         raise ModelLoadError(f"model {model!r} is neither a built-in name, an existing directory nor a hub id. {_HUB_HINT}")
     else:
         folder = hub_snapshot(model, revision, variant)
-    loaded = load_folder(folder, shown, dtype, sharding, variant, log)
+    loaded = load_folder(folder, shown, dtype, sharding, variant, log, swaps)
     loaded.load_s = time.perf_counter() - start
+    return _with_spacing(loaded, timestep_spacing) if timestep_spacing else loaded
+
+
+def _not_safetensors_message(path: Path) -> str:
+    if path.suffix in PICKLE_SUFFIXES:
+        return (f"{path} is a pickle checkpoint ({path.suffix}); it is never opened because unpickling can run "
+                "code. Use the .safetensors release of the model (single files load: --model FILE.safetensors)")
+    return (f"{path} is a file but not .safetensors; --model takes a .safetensors single file, a diffusers-format "
+            "folder, a built-in name or a hub id")
+
+
+# --- single files and swapped parts (#21) ---------------------------------------------------------------------
+
+# Where the shipped SDXL base configs come from (checkpoint/configs/README.md): their tokenizers' vocabulary is
+# not shipped, so a single file with the default configs reads CLIP's from there (the hub cache, or a download).
+SDXL_BASE_REPO = "stabilityai/stable-diffusion-xl-base-1.0"
+SDXL_BASE_REVISION = "462165984030d82259a11f4367a4eed129e94a7b"
+SPACINGS = ("leading", "trailing", "linspace")
+
+
+def _hub_file(spec: str, revision: str, what: str) -> Path:
+    """``owner/name/path/in/repo.safetensors`` -> the file in the local hub cache (downloaded if needed).
+
+    Raises ModelLoadError: offline and not cached, unknown repository or file, a broken download.
+    """
+    owner, name, filename = spec.split("/", 2)
+    try:
+        return Path(hf_hub_download(f"{owner}/{name}", filename, revision=revision or None,
+                                    local_files_only=_hub_offline()))
+    except Exception as err:  # noqa: BLE001  offline, DNS, HTTP, unknown repo or file: huggingface_hub raises many
+        first = str(err).splitlines()[0][:200] if str(err) else ""
+        raise ModelLoadError(f"could not get {what} {spec!r} from the hub ({type(err).__name__}: {first})"
+                             + (" (offline mode: HF_HUB_OFFLINE is set)" if _hub_offline() else "")) from err
+
+
+def _single_file_path(model: str, revision: str) -> Path:
+    """The local file a single-file ``--model`` names: a path, or a hub ``owner/name/file.safetensors``."""
+    path = Path(model).expanduser()
+    if path.is_file():
+        return path
+    if model.startswith((".", "/", "~")) or model.count("/") < 2:
+        raise ModelLoadError(f"{model}: no such file (a single file is a local path or a hub "
+                             "owner/name/file.safetensors)")
+    return _hub_file(model, revision, "single file")
+
+
+def _config_tokenizer(folder: Path, sub: str):
+    """``folder/sub`` as a CLIPTokenizer; for a folder without the vocabulary (the shipped configs), CLIP's from
+    SDXL base's repository at the configs' revision (the hub cache, else a download)."""
+    if any((folder / sub / f).is_file() for f in ("vocab.json", "tokenizer.json")):
+        return _tokenizer(folder / sub)
+    try:  # file by file: transformers' from_pretrained of a repository it cannot reach gives an empty tokenizer
+        paths = [hf_hub_download(SDXL_BASE_REPO, f"{sub}/{name}", revision=SDXL_BASE_REVISION,
+                                 local_files_only=_hub_offline())
+                 for name in ("vocab.json", "merges.txt", "tokenizer_config.json", "special_tokens_map.json")]
+    except Exception as err:  # noqa: BLE001  offline, DNS, HTTP: huggingface_hub raises many types
+        raise ModelLoadError(f"{folder / sub} has no vocabulary (vocab.json + merges.txt) and CLIP's could not be "
+                             f"read from {SDXL_BASE_REPO} ({type(err).__name__}"
+                             + (", offline mode" if _hub_offline() else "") + "): pass --model-config DIR, a "
+                             "diffusers SDXL folder with tokenizer/ and tokenizer_2/") from err
+    return _tokenizer(Path(paths[0]).parent)
+
+
+def load_single_file(path: Path, dtype: str, sharding=None, model_config: str = "",
+                     swaps: dict[str, str] | None = None, log: Callable[[str], None] = LOG.info) -> LoadedModel:
+    """An SDXL single file in the original sgm layout (:mod:`.single_file`) with the configs and tokenizers of
+    ``model_config`` (a diffusers SDXL folder; "" = the shipped SDXL base configs).
+
+    The file's ``v_pred`` / ``ztsnr`` markers set the scheduler's ``prediction_type`` (v_prediction) and
+    ``rescale_betas_zero_snr`` (True). Checked before any tensor is read: what the file is (another architecture
+    refused by name), the configs, the scheduler, the tokenizers, every tensor's name, shape and dtype.
+
+    Raises:
+        ModelLoadError: one line, naming the file and what to do.
+    """
+    checkpoint = single_file.inspect_checkpoint(path)
+    config_dir = Path(model_config).expanduser() if model_config else builtin.SDXL_BASE_DIR
+    if not config_dir.is_dir():
+        raise ModelLoadError(f"--model-config {model_config!r}: no such folder (a diffusers SDXL folder: "
+                             "model_index.json, component configs, tokenizer/ and tokenizer_2/)")
+    components = read_model_folder(config_dir)
+    scheduler_config = {**read_scheduler_config(config_dir), **checkpoint.scheduler_changes()}
+    if checkpoint.scheduler_changes():
+        _check_scheduler(scheduler_config, f"{path} (its v_pred/ztsnr markers)")
+        log(f"[sdxl_engine] {path.name}: scheduler {checkpoint.scheduler_changes()} (the file's markers)")
+    tokenizers = [_config_tokenizer(config_dir, sub) for sub in ("tokenizer", "tokenizer_2")]
+    target = jnp.dtype(dtype)
+    place = lambda array: jax.device_put(array, sharding)  # noqa: E731
+    params = _swapped(components, swaps or {}, target, place, log)
+    params.update(single_file.load_checkpoint_params(checkpoint, components, target, place, skip=tuple(params),
+                                                     log=log))
+    log(f"[sdxl_engine] {path.name}: single file, configs of {config_dir.name}")
+    return LoadedModel(name=path.name, components=components, params={k: params[k] for k in COMPONENTS},
+                       tokenizer=tokenizers[0], tokenizer_2=tokenizers[1], scheduler_config=scheduler_config,
+                       dtype=dtype, source=str(path), vocabulary=_vocabulary(config_dir),
+                       engine_defaults=read_engine_defaults(config_dir))
+
+
+def swap_source(name: str, spec: str, component: Component) -> tuple[Component, Path]:
+    """Where ``--unet`` / ``--vae`` ``spec`` reads ``name`` from, and its Component (no tensor read).
+
+    ``spec``: a ``.safetensors`` file (diffusers or LDM layout, with or without the component's prefix:
+    :func:`.single_file.load_component_file`), a hub ``owner/name/file.safetensors``, a component folder
+    (config.json + weights, as in a diffusers model) or a model folder holding ``name/``. A folder's
+    config.json replaces the model's config of that component; a file keeps ``component``.
+
+    Returns (the Component to use, the file or component folder).
+    Raises ModelLoadError: not found, a pickle or another non-safetensors file, a config the modules refuse.
+    """
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        if (path / name).is_dir() and not (path / "config.json").is_file():
+            path = path / name
+        if (path / "config.json").is_file():
+            try:
+                component = build_component(name, _read_json(path / "config.json"))
+            except (ValueError, KeyError, TypeError) as err:
+                raise ModelLoadError(f"{path / 'config.json'}: {err}") from err
+        return component, path
+    if not path.is_file():
+        if spec.startswith((".", "/", "~")) or spec.count("/") < 2 or not spec.endswith(".safetensors"):
+            raise ModelLoadError(f"--{name} {spec!r}: no such file or folder")
+        path = _hub_file(spec, "", f"--{name} file")
+    if path.suffix != ".safetensors":
+        raise ModelLoadError(_not_safetensors_message(path).replace("--model takes", f"--{name} takes"))
+    return component, path
+
+
+def _swapped(components: dict[str, Component], swaps: dict[str, str], dtype, place,
+             log: Callable[[str], None]) -> dict[str, dict]:
+    """The swapped components' parameters (``components`` updated with their configs, which must fit the
+    other parts before any tensor is read: :func:`_check_sizes`)."""
+    sources = {}
+    for name, spec in swaps.items():
+        components[name], sources[name] = swap_source(name, spec, components[name])
+    if swaps:
+        _check_sizes(Path("--" + " --".join(swaps)), components)
+    params = {}
+    for name, path in sources.items():
+        if path.is_dir():
+            params[name] = load_params(components[name], find_weight_files(path), dtype, place)
+        else:
+            params[name] = single_file.load_component_file(components[name], path, dtype, place, log)
+        log(f"[sdxl_engine] {name}: {path.name} (--{name})")
+    return params
+
+
+def _check_scheduler(config: dict, where: str) -> None:
+    try:
+        check_scheduler_config(config)
+    except UnsupportedSchedulerConfig as err:
+        raise ModelLoadError(f"{where}: {err}") from None
+
+
+def _with_spacing(loaded: LoadedModel, spacing: str) -> LoadedModel:
+    """``loaded`` with its scheduler config's ``timestep_spacing`` replaced by ``spacing`` ("" = unchanged).
+
+    Raises ModelLoadError for a spacing no sampler implements."""
+    if not spacing:
+        return loaded
+    if spacing not in SPACINGS:
+        raise ModelLoadError(f"--timestep-spacing {spacing!r}: choose {', '.join(SPACINGS)}")
+    loaded.scheduler_config = {**loaded.scheduler_config, "timestep_spacing": spacing}
+    _check_scheduler(loaded.scheduler_config, f"--timestep-spacing {spacing}")
     return loaded
-
-
-def _single_file_message(path: Path) -> str:
-    return (f"{path} is a single file; this engine loads diffusers-format folders (model_index.json and one "
-            "folder per component). Single-file A1111/ComfyUI checkpoints are not supported: convert it once with "
-            "diffusers (StableDiffusionXLPipeline.from_single_file(path).save_pretrained(dir, "
-            "safe_serialization=True)) and start with --model dir.")
 
 
 def random_model(configs: dict[str, dict], name: str, dtype: str, sharding=None, seed: int = 0) -> LoadedModel:

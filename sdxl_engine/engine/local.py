@@ -187,7 +187,9 @@ class Engine:
         self.model = loading.load_model(self.config.model, dtype=self.config.dtype, platform=self.platform,
                                         revision=self.config.revision, variant=self.config.variant,
                                         cache_dir=self.config.model_cache_dir,
-                                        sharding=sharding.replicated(self.mesh), log=self._log)
+                                        sharding=sharding.replicated(self.mesh), log=self._log,
+                                        model_config=self.config.model_config, unet=self.config.unet,  # (#21)
+                                        vae=self.config.vae, timestep_spacing=self.config.timestep_spacing)
         self.params = self.model.params
         jax.block_until_ready(self.params)
         self._done("load_s", t0)

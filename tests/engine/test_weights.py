@@ -192,11 +192,13 @@ def test_a_local_folder_is_named_by_its_own_name_only(tmp_path):
                       cache_dir=str(tmp_path / "models")).name == "tiny-random"
 
 
-def test_single_file_checkpoint_is_refused_with_how_to_convert(tmp_path):
+def test_single_file_with_a_unet_alone_says_to_pass_it_as_unet(tmp_path):
+    """Single files load (tests/unit/test_single_file.py; parity: tests/engine/test_single_file_parity.py); one
+    holding only a UNet is named for what it is."""
     path = tmp_path / "sd_xl_base_1.0.safetensors"
     save_file({"model.diffusion_model.input_blocks.0.0.weight": np.zeros((4, 4), np.float32)}, str(path))
-    with pytest.raises(ModelLoadError, match="is a single file.*Single-file A1111/ComfyUI checkpoints are not "
-                                             "supported: convert it once with diffusers"):
+    with pytest.raises(ModelLoadError, match="holds a UNet alone; pass it as --unet PATH, with --model for the other "
+                                             "parts"):
         load_model(str(path), dtype="float32", platform="cpu", cache_dir=str(tmp_path))
 
 

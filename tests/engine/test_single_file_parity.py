@@ -1,0 +1,72 @@
+"""Single files and swapped parts against diffusers' PyTorch pipelines on the same latents (issue #21).
+
+``tests/fixtures/tiny-single`` (``python -m tools.make_fixtures single``, tests/fixtures/README.md): tiny-pt
+written as an SDXL single file in the original sgm layout (float16), a UNet of tiny-pt's config in diffusers
+layout (bfloat16) and a VAE in LDM layout (float32), each loaded by diffusers with no key warning; the
+reference images are ``StableDiffusionXLPipeline.from_single_file(file, config=tiny-pt)``'s and tiny-pt's with
+both parts swapped and trailing spacing. Tolerance as for the folder pipeline: max 4/255, mean 0.5/255.
+"""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from sdxl_engine.checkpoint.loading import load_model
+from sdxl_engine.program.generate import ProgramInputs, ProgramShape, compile_program, tokenize
+from sdxl_engine.program.schedulers import make_schedule
+from sdxl_engine.program.sharding import make_mesh, replicated
+
+from tests.helpers import FIXTURES
+
+SINGLE = FIXTURES / "tiny-single"
+REF = json.loads((SINGLE / "reference.json").read_text())
+TINY_PT = FIXTURES / "tiny-pt"
+
+
+@pytest.fixture(scope="module")
+def arrays():
+    with np.load(SINGLE / "arrays.npz") as data:
+        return dict(data)
+
+
+@pytest.fixture(scope="module")
+def models():
+    """The single file (tiny-pt's configs), and tiny-pt with --unet, --vae and --timestep-spacing trailing."""
+    common = dict(dtype="float32", platform="cpu", cache_dir="unused")
+    single = load_model(str(SINGLE / "tiny-sdxl-sgm.fp16.safetensors"), model_config=str(TINY_PT), **common)
+    swap = load_model(str(TINY_PT), unet=str(SINGLE / "unet-swap.bf16.safetensors"),
+                      vae=str(SINGLE / "vae-ldm.safetensors"), timestep_spacing="trailing", **common)
+    return {"single": single, "swap": swap}
+
+
+@pytest.fixture(scope="module")
+def program(models):
+    """One compiled program (64x64, CFG, 2 given latents) for both: the models share tiny-pt's configs, so
+    only their parameters, which are the program's arguments, differ."""
+    mesh = make_mesh(jax.devices()[:2])
+    shape = ProgramShape(2, 64, 64, max_steps=10, cfg=True, given_latents=True)
+    params = {name: jax.device_put(m.params, replicated(mesh)) for name, m in models.items()}
+    return compile_program(models["single"], params["single"], shape, mesh), params, shape
+
+
+@pytest.mark.parametrize("case", ["single", "swap"])
+def test_images_match_diffusers(models, program, arrays, case):
+    """The engine's program on diffusers' latents: a single file as from_single_file loads it; a UNet swap
+    (diffusers layout) with an LDM VAE and trailing spacing as diffusers runs them."""
+    compiled, params, shape = program
+    model, meta = models[case], REF["cases"][case]
+    assert model.scheduler_config["timestep_spacing"] == meta["scheduler_config"]["timestep_spacing"]
+    steps = meta["num_inference_steps"]
+    schedule = make_schedule("Euler", model.scheduler_config, steps)
+    np.testing.assert_allclose(schedule.timesteps[:steps], arrays[f"{case}_timesteps"], rtol=1e-6)
+    ids, _ = tokenize(model, meta["prompt"])
+    negative, _ = tokenize(model, meta["negative_prompt"])
+    inputs = ProgramInputs.build(ids, negative, not meta["negative_prompt"], np.zeros(2, np.uint32),
+                                 meta["guidance_scale"], schedule, steps, shape.max_steps,
+                                 latents=arrays[f"{case}_latents"])
+    images, finite = compiled.executable(params[case], inputs)
+    assert np.asarray(finite).all()
+    diff = np.abs(np.asarray(images).astype(np.float64) - arrays[f"{case}_images"] * 255)
+    assert diff.max() <= 4 and diff.mean() <= 0.5, (diff.max(), diff.mean())
