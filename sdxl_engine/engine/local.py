@@ -28,7 +28,7 @@ from sdxl_engine import config as config_mod
 from sdxl_engine.config import EngineConfig
 from sdxl_engine.program.executables import ExecutableCache
 from sdxl_engine.program.generate import CompiledProgram, ProgramInputs, ProgramShape, cached_program
-from sdxl_engine.program.schedulers import make_schedule
+from sdxl_engine.program.schedulers import UnsupportedSchedulerConfig, make_schedule
 from sdxl_engine.engine.contract import ScaleOut, clock, queue_seconds
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest, Limits, validate
 from sdxl_engine.engine.prompts import CHUNK, PromptTokens, tokenize_prompt
@@ -322,9 +322,14 @@ class Engine:
         return result
 
     def _schedule(self, sampler: str, steps: int):
+        """The sampler's schedule for ``steps`` steps (cached). Raises InvalidRequest for a sampler this
+        model's scheduler config rules out (schedulers.PER_SAMPLER: DDIM on a zero-terminal-SNR model)."""
         key = (sampler, steps)
         if key not in self._schedules:
-            self._schedules[key] = make_schedule(sampler, self.model.scheduler_config, steps)
+            try:
+                self._schedules[key] = make_schedule(sampler, self.model.scheduler_config, steps)
+            except UnsupportedSchedulerConfig as err:
+                raise InvalidRequest("sampler", f"{sampler} cannot run {self.model.name}: {err}") from None
         return self._schedules[key]
 
     def _run(self, request: GenerateRequest, progress: Callable[[str], None] = _no_progress,

@@ -93,7 +93,7 @@ FIELDS = {
     "beta_schedule": "honoured: linear, scaled_linear, squaredcos_cap_v2", "trained_betas": "honoured",
     "prediction_type": "honoured: epsilon, v_prediction, sample (not with Euler a, as in diffusers)",
     "timestep_spacing": "honoured: linspace, leading, trailing", "steps_offset": "honoured (leading)",
-    "rescale_betas_zero_snr": "honoured for Euler, Euler a, DPM++; refused for DDIM",
+    "rescale_betas_zero_snr": "honoured for Euler, Euler a, DPM++; DDIM refused per request for such a model",
     "interpolation_type": "honoured: linear, log_linear", "use_karras_sigmas": "honoured",
     "use_exponential_sigmas": "honoured", "use_beta_sigmas": "refused", "sigma_min": "honoured",
     "sigma_max": "honoured", "timestep_type": "honoured: discrete, continuous",
@@ -181,14 +181,23 @@ def sampler_config(sampler: str, config: dict) -> dict:
     return {**config, **{k: v for k, v in defaults.items() if k not in config}, **overrides}
 
 
+# Fields whose unsupported value refuses one sampler per request, not the model at start: zero
+# terminal SNR (a v-prediction fine-tune's ``ztsnr``) runs with Euler, Euler a and DPM++ as in diffusers.
+PER_SAMPLER = frozenset({"rescale_betas_zero_snr"})
+
+
 def check_scheduler_config(config: dict) -> None:
     """Refuse a scheduler config that any sampler would not follow as diffusers does.
+
+    Fields in :data:`PER_SAMPLER` are the exception: a value one sampler cannot follow makes only
+    that sampler unavailable for the model (:func:`make_schedule` refuses it per request), since
+    the others follow it as diffusers does.
 
     Raises UnsupportedSchedulerConfig naming the first such field, its value and the sampler.
     """
     for sampler in SAMPLERS:
         problem = _refusal(sampler, sampler_config(sampler, config))
-        if problem:
+        if problem and problem[0] not in PER_SAMPLER:
             field, why = problem
             value = sampler_config(sampler, config)[field]
             raise UnsupportedSchedulerConfig(

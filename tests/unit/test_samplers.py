@@ -185,7 +185,6 @@ def test_timesteps_and_sigmas_match_diffusers(arrays, variant, steps):
     ({"thresholding": True}, "thresholding", "DPM++ 2M"),
     ({"use_beta_sigmas": True}, "use_beta_sigmas", "Euler"),
     ({"use_karras_sigmas": True, "use_exponential_sigmas": True}, "use_exponential_sigmas", "Euler"),
-    ({"rescale_betas_zero_snr": True}, "rescale_betas_zero_snr", "DDIM"),
     ({"prediction_type": "sample"}, "prediction_type", "Euler a"),
     ({"prediction_type": "flow_prediction"}, "prediction_type", "Euler"),
     ({"timestep_spacing": "karras"}, "timestep_spacing", "Euler"),
@@ -206,6 +205,19 @@ def test_a_field_no_sampler_follows_refuses_the_model_naming_it(changes, field, 
         check_scheduler_config(config)
     with pytest.raises(UnsupportedSchedulerConfig, match=rf"^{field}="):
         make_schedule(sampler, config, 4)
+
+
+def test_zero_terminal_snr_refuses_ddim_per_request_not_the_model():
+    """schedulers.PER_SAMPLER: a ztsnr model loads; Euler follows its rescaled betas (sigma_max grows by
+    orders of magnitude, as diffusers' rescale_zero_terminal_snr makes it), and only DDIM is refused, by name."""
+    config = {**STEPS["base_config"], "rescale_betas_zero_snr": True, "timestep_spacing": "trailing"}
+    check_scheduler_config(config)
+    plain = make_schedule("Euler", {**config, "rescale_betas_zero_snr": False}, 4)
+    rescaled = make_schedule("Euler", config, 4)
+    assert rescaled.sigmas[0] > 100 * plain.sigmas[0]
+    with pytest.raises(UnsupportedSchedulerConfig, match=r"^rescale_betas_zero_snr=True is not supported \(sampler "
+                                                          r"'DDIM'\): DDIM's terminal alpha 0"):
+        make_schedule("DDIM", config, 4)
 
 
 def test_sdxl_and_shipped_configs_are_accepted():
