@@ -157,11 +157,12 @@ def progress_record(skip_current_image: bool = False) -> dict:
     }
 
 
-def a1111_error(err: ApiError) -> JSONResponse:
-    """A refusal in A1111's error shape (modules/api/api.py handle_exception: error, detail, body, errors)."""
+def a1111_error(err: ApiError, bad_value: int = 400) -> JSONResponse:
+    """A refusal in A1111's error shape (modules/api/api.py handle_exception: error, detail, body, errors);
+    ``bad_value``: the status for a refused value (txt2img answers them 422, as FastAPI's own check does)."""
     kind = "HTTPException" if err.status in (401, 403, 404) else "InvalidRequest" if err.status in (400, 422) \
         else "ServerError"
-    status = 422 if err.status == 400 else err.status  # A1111 answers a bad value with 422
+    status = bad_value if err.status == 400 else err.status
     return JSONResponse({"error": kind, "detail": err.message, "body": "", "errors": err.message},
                         status_code=status, headers=err.headers)
 
@@ -183,7 +184,7 @@ def router(demo, engine, flags: dict, loras) -> APIRouter:
         try:
             made = await generate(demo, engine, request, to_call(body))
         except ApiError as err:
-            return a1111_error(err)
+            return a1111_error(err, bad_value=422)
         texts = [infotext(png) for png in made.pngs]
         images = [base64.b64encode(png).decode() for png in made.pngs] if body.send_images else []
         return {"images": images, "parameters": body.model_dump(),

@@ -85,7 +85,7 @@ class Call:
     def field(self, name: str) -> str:
         """The protocol's name of the ``/generate`` input ``name`` (``width/height`` maps each side)."""
         names = dict(self.field_names)
-        return "/".join(names.get(part, part) for part in name.split("/"))
+        return "/".join(dict.fromkeys(names.get(part, part) for part in name.split("/")))  # size/size -> size
 
 
 @dataclasses.dataclass(frozen=True)
