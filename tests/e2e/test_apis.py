@@ -186,17 +186,17 @@ def test_mcp_lists_one_described_tool_and_its_images_are_the_pages(app):
     """The mcp SDK over streamable HTTP: one tool, generate, each input described; calling it with seed 5 gives 4
     PNG images equal to /generate's for seed 5 and the info record as JSON text, with no server path."""
     from mcp import ClientSession
-    from mcp.client.streamable_http import streamablehttp_client
+    from mcp.client.streamable_http import streamable_http_client
 
     async def session_calls():
-        async with streamablehttp_client(app.url + "gradio_api/mcp/", headers={"Authorization": f"Bearer {KEY}"}) \
-                as (read, write, _):
-            async with ClientSession(read, write) as session:
-                await session.initialize()
-                tools = (await session.list_tools()).tools
-                result = await session.call_tool("generate", {"prompt": PROMPT, "seed": 5, "num_inference_steps": 2,
-                                                              "guidance_scale": 5.0, "width": 64, "height": 64})
-                return tools, result
+        async with httpx.AsyncClient(headers={"Authorization": f"Bearer {KEY}"}, timeout=120) as http, \
+                streamable_http_client(app.url + "gradio_api/mcp/", http_client=http) as (read, write, _), \
+                ClientSession(read, write) as session:
+            await session.initialize()
+            tools = (await session.list_tools()).tools
+            result = await session.call_tool("generate", {"prompt": PROMPT, "seed": 5, "num_inference_steps": 2,
+                                                          "guidance_scale": 5.0, "width": 64, "height": 64})
+            return tools, result
 
     tools, result = asyncio.run(session_calls())
     assert [tool.name for tool in tools] == ["generate"]
