@@ -90,7 +90,8 @@ def parse_args(argv=None, description: str = "") -> argparse.Namespace:
                             "chips, 1 GPU, or a share of a CPU host)")
     # #24: the protocol APIs (AUTOMATIC1111, OpenAI Images, MCP; README, "Other protocols"). Server flags, not
     # engine settings: the key is never logged (the engine logs its config) and never sent to Ray replicas.
-    apis = parser.add_argument_group("protocol APIs: AUTOMATIC1111 (/sdapi/v1), OpenAI Images (/v1), MCP (/gradio_api/mcp)")
+    apis = parser.add_argument_group("protocol APIs: AUTOMATIC1111 (/sdapi/v1), OpenAI Images (/v1), MCP "
+                                     "(/gradio_api/mcp)")
     apis.add_argument("--api-key", default=os.environ.get("SDXL_API_KEY") or None,
                       help="require Authorization: Bearer KEY on those APIs (env SDXL_API_KEY; default: none)")
     apis.add_argument("--public-api", action="store_true", default=_env_flag("SDXL_PUBLIC_API"),

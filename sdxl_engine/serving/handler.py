@@ -34,7 +34,7 @@ STAGES = {  # engine stage -> (progress fraction, what the page says)
 
 
 # The /generate endpoint's description: Gradio's API page and MCP tool (serving/apis) read it (Args: per input).
-TOOL_DOC = """Generate images from a text prompt with SDXL; one call makes the engine's batch (4 images), seeds seed, seed+1, ...
+TOOL_DOC = """Generate images from a text prompt with SDXL: the engine's batch (4 images), seeds seed, seed+1, ...
 
 Args:
     prompt: what the images should show, e.g. "a red circle on a blue background"

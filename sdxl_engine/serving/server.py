@@ -126,6 +126,10 @@ class Routes:
     - files: only those this app created and Gradio recorded (``demo.temp_file_sets``: each
       request's PNGs; ``keep_in_cache``); no ``proxy=`` and no URL fetched on a client's behalf.
 
+    Other paths pass: the page, Gradio's config and assets, and the protocol APIs (serving/apis:
+    ``/sdapi/v1/...``, ``/v1/...`` and Gradio's MCP server at ``/gradio_api/mcp/``), which check
+    their own inputs and key and run ``/generate`` only through the queue; every body is still capped.
+
     :meth:`refusal` says why a request is refused (the guard answers 404 with one log line).
     """
 

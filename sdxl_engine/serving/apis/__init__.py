@@ -50,7 +50,8 @@ class Access:
         if not self.apis:
             return f"[app] protocol APIs off: {self.off_reason}"
         mcp = f", MCP at {MCP_PATH}/" if self.mcp else ", MCP off"
-        return f"[app] protocol APIs on: AUTOMATIC1111 at {a1111.PREFIX}, OpenAI Images at {openai_images.PREFIX}{mcp}; {guard}"
+        return (f"[app] protocol APIs on: AUTOMATIC1111 at {a1111.PREFIX}, OpenAI Images at {openai_images.PREFIX}"
+                f"{mcp}; {guard}")
 
 
 def access_for(key: str | None, share: bool, public_api: bool, mcp: bool = True) -> Access:
@@ -150,7 +151,7 @@ def mcp_content(output_data: list, root_url: str) -> list:
     """
     from mcp import types
 
-    if len(output_data) == 1:  # gradio_client's job.result() for an endpoint with two outputs: one (gallery, info) tuple
+    if len(output_data) == 1:  # gradio_client's job.result() for two outputs: one (gallery, info) tuple
         output_data = output_data[0]
     gallery, info = output_data
     content = []

@@ -30,7 +30,7 @@ from PIL import Image
 from pydantic import BaseModel, ConfigDict
 
 from sdxl_engine.program.schedulers import SAMPLERS, UnknownSampler, get_sampler
-from sdxl_engine.serving.apis.core import ApiError, Call, generate
+from sdxl_engine.serving.apis.core import ApiError, Call, generate, model_name
 from sdxl_engine.serving.progress import TRACKER
 from sdxl_engine.serving.styles import NO_STYLE, STYLES
 
@@ -175,10 +175,6 @@ def router(demo, engine, flags: dict, loras) -> APIRouter:
     """
     api = APIRouter(prefix=PREFIX)
 
-    def model_name() -> str:
-        model = engine.model
-        return model.name if model is not None else engine.config.model
-
     @api.post("/txt2img")
     async def txt2img(body: Txt2Img, request: Request):
         try:
@@ -209,12 +205,12 @@ def router(demo, engine, flags: dict, loras) -> APIRouter:
 
     @api.get("/sd-models")
     async def sd_models():
-        name = model_name()
+        name = model_name(engine)
         return [{"title": name, "model_name": name, "hash": None, "sha256": None, "filename": name, "config": None}]
 
     @api.get("/options")
     async def get_options():
-        return {"sd_model_checkpoint": model_name(), "sd_checkpoint_hash": None, "sd_vae": "Automatic",
+        return {"sd_model_checkpoint": model_name(engine), "sd_checkpoint_hash": None, "sd_vae": "Automatic",
                 "CLIP_stop_at_last_layers": 1, "samples_format": "png", "sd_checkpoints_limit": 1}
 
     @api.post("/options")
@@ -228,8 +224,9 @@ def router(demo, engine, flags: dict, loras) -> APIRouter:
         current = await get_options()
         changed = sorted(k for k, v in wanted.items() if k not in current or current[k] != v)
         if "sd_model_checkpoint" in changed:
-            return a1111_error(ApiError(400, f"sd_model_checkpoint: this server serves one model, {model_name()!r}, "
-                                             f"loaded at start-up; cannot switch to {str(wanted['sd_model_checkpoint'])[:80]!r}"))
+            other = str(wanted["sd_model_checkpoint"])[:80]
+            return a1111_error(ApiError(400, f"sd_model_checkpoint: this server serves one model, "
+                                             f"{model_name(engine)!r}, loaded at start-up; cannot switch to {other!r}"))
         if changed:
             return a1111_error(ApiError(400, f"options are fixed at start-up (flags or SDXL_* settings); "
                                              f"cannot change {', '.join(changed)[:200]}"))

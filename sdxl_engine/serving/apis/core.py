@@ -100,6 +100,15 @@ class Generated:
     paths: list[str]
 
 
+def model_name(engine: EngineContract) -> str:
+    """The loaded model's name as the page shows it (a local folder by its own name, never its path);
+    before the model is loaded, the setting, cut to its last part if it is a folder."""
+    if engine.model is not None:
+        return engine.model.name
+    setting = engine.config.model
+    return Path(setting).name if Path(setting).is_dir() else setting
+
+
 def engine_batch(engine: EngineContract) -> int:
     """Images one engine call makes (4 until the engine has started: the usual batch)."""
     return engine.batch or 4

@@ -21,7 +21,7 @@ import time
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, JSONResponse
 
-from sdxl_engine.serving.apis.core import ApiError, Call, FileTokens, generate
+from sdxl_engine.serving.apis.core import ApiError, Call, FileTokens, generate, model_name
 
 PREFIX = "/v1"
 FORMATS = ("b64_json", "url")
@@ -109,7 +109,7 @@ def router(demo, engine, tokens: FileTokens) -> APIRouter:
     api = APIRouter(prefix=PREFIX)
 
     def model_id() -> str:
-        return engine.model.name if engine.model is not None else engine.config.model
+        return model_name(engine)
 
     @api.post("/images/generations")
     async def generations(request: Request):
@@ -133,7 +133,8 @@ def router(demo, engine, tokens: FileTokens) -> APIRouter:
 
     @api.get("/models")
     async def models():
-        return {"object": "list", "data": [{"id": model_id(), "object": "model", "created": 0, "owned_by": "sdxl_engine"}]}
+        return {"object": "list",
+                "data": [{"id": model_id(), "object": "model", "created": 0, "owned_by": "sdxl_engine"}]}
 
     @api.get("/models/{name:path}")
     async def model(name: str):
