@@ -143,6 +143,9 @@ def test_protocol_routes_need_the_key_in_their_own_error_shape(app):
     assert openai_style.status_code == 401 and openai_style.json() == {"error": {
         "message": "the API key is wrong", "type": "invalid_request_error", "param": None, "code": "invalid_api_key"}}
     assert httpx.post(app.url + "gradio_api/mcp/", json={}).status_code == 401
+    import webuiapi  # A1111's own --api-auth is HTTP Basic: the key as the password works too
+
+    assert webuiapi.WebUIApi(port=app.port, username="any", password=KEY).util_get_current_model() == "tiny-shapes"
 
 
 def test_openai_images_generate_b64_json(app):

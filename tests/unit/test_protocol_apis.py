@@ -192,7 +192,10 @@ def test_access_rules_and_log_lines():
     assert key_refusal(keyed, {"authorization": "Bearer k1"}) is None
     assert key_refusal(keyed, {"authorization": "bearer k1"}) is None
     assert key_refusal(keyed, {}) == "this server needs an API key: send the header Authorization: Bearer <key>"
-    assert key_refusal(keyed, {"authorization": "Basic azE6azE="}).startswith("this server needs an API key")
+    assert key_refusal(keyed, {"authorization": "Basic dXNlcjprMQ=="}) is None  # user:k1, as A1111's --api-auth
+    assert key_refusal(keyed, {"authorization": "Basic dXNlcjprMg=="}) == "the API key is wrong"  # user:k2
+    assert key_refusal(keyed, {"authorization": "Basic !!"}).startswith("this server needs an API key")
+    assert key_refusal(keyed, {"authorization": "Token k1"}).startswith("this server needs an API key")
     assert key_refusal(keyed, {"authorization": "Bearer k2"}) == "the API key is wrong"
     assert key_refusal(Access(True, True, ""), {}) is None
 

@@ -6,7 +6,7 @@ them share the page's engine, concurrency limit, per-client admission, checks an
 
 Access (:func:`access_for`, from the flags ``--api-key`` / ``SDXL_API_KEY``, ``--public-api``,
 ``--no-mcp``): with a key, ``/sdapi``, ``/v1`` and ``/gradio_api/mcp`` need
-``Authorization: Bearer <key>`` (:func:`key_refusal`); without one they are open, except behind
+``Authorization: Bearer <key>`` (or HTTP Basic with the key as password: :func:`key_refusal`); without one they are open, except behind
 a share link (``--share``), where they are off unless ``--public-api`` says otherwise (a share link
 is public, and these APIs have no page in front of them). :func:`mount` adds the routes to the
 launched app; the start-up log says which are on (:attr:`Access.line`).
@@ -64,13 +64,25 @@ def access_for(key: str | None, share: bool, public_api: bool, mcp: bool = True)
 
 
 def key_refusal(access: Access, headers) -> str | None:
-    """Why a request with ``headers`` may not use the APIs, or None. Compares in constant time."""
+    """Why a request with ``headers`` may not use the APIs, or None. Compares in constant time.
+
+    ``Authorization: Bearer <key>``; also HTTP Basic with the key as the password (any user name),
+    which is how AUTOMATIC1111's ``--api-auth`` is sent by Open WebUI, SillyTavern and webuiapi's set_auth.
+    """
     if not access.key:
         return None
     scheme, _, token = (headers.get("authorization") or "").partition(" ")
-    if scheme.lower() != "bearer" or not token:
+    token = token.strip()
+    if scheme.lower() == "basic" and token:
+        try:
+            token = base64.b64decode(token, validate=True).decode("utf-8").partition(":")[2]
+        except (ValueError, UnicodeDecodeError):
+            token = ""
+    elif scheme.lower() != "bearer":
+        token = ""
+    if not token:
         return "this server needs an API key: send the header Authorization: Bearer <key>"
-    if not secrets.compare_digest(token.strip().encode(), access.key.encode()):
+    if not secrets.compare_digest(token.encode(), access.key.encode()):
         return "the API key is wrong"
     return None
 

@@ -4,8 +4,8 @@ The routes its clients call (webuiapi, Open WebUI, SillyTavern; README, "AUTOMAT
 ``POST txt2img`` runs the page's ``/generate`` event (core.generate: same queue, handler, checks
 and messages); ``GET progress`` reads progress.TRACKER; ``POST interrupt``/``skip`` ask it to stop
 the running request; ``sd-models``, ``options``, ``samplers``, ``schedulers``, ``loras``,
-``prompt-styles``, ``upscalers``, ``latent-upscale-modes``, ``sd-vae``, ``embeddings``,
-``scripts``, ``cmd-flags`` and ``refresh-*`` describe the one loaded model and what it takes.
+``prompt-styles``, ``upscalers``, ``latent-upscale-modes``, ``sd-vae``, ``sd-modules``,
+``hypernetworks``, ``embeddings``, ``scripts``, ``cmd-flags`` and ``refresh-*`` describe the one loaded model and what it takes.
 
 Field mapping (:func:`to_call`): ``steps`` -> num_inference_steps, ``cfg_scale`` -> guidance_scale,
 ``sampler_name`` (else ``sampler_index``) with ``scheduler`` -> the sampler (A1111 1.9 splits
@@ -268,6 +268,14 @@ def router(demo, engine, flags: dict, loras) -> APIRouter:
     async def sd_vae():  # the model's own VAE, part of the loaded model: nothing to choose
         return []
 
+    @api.get("/sd-modules")
+    async def sd_modules():  # Forge's list of separate VAE / text-encoder files: none here either
+        return []
+
+    @api.get("/hypernetworks")
+    async def hypernetworks():
+        return []
+
     @api.get("/embeddings")
     async def embeddings():
         return {"loaded": {}, "skipped": {}}
@@ -282,6 +290,10 @@ def router(demo, engine, flags: dict, loras) -> APIRouter:
 
     @api.post("/refresh-loras")
     async def refresh_loras():
+        return None
+
+    @api.post("/refresh-vae")
+    async def refresh_vae():
         return None
 
     return api
