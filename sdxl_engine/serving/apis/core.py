@@ -157,7 +157,11 @@ async def generate(demo, engine: EngineContract, request, call: Call) -> Generat
             engine failed on the request (its details are in the server log only).
     """
     await wait_started(engine)
-    check(engine, call)
+    try:
+        check(engine, call)
+    except ApiError as err:  # one line, as the handler logs the page's refusals (handler.refuse)
+        print(f"[app] request refused: {err.message}", flush=True)
+        raise
     batch = engine_batch(engine)
     wanted = call.images or batch
     pngs, seeds, paths, first_info, seed = [], [], [], None, call.seed
