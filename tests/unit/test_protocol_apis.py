@@ -226,3 +226,34 @@ def test_file_tokens_are_unguessable_and_bounded(tmp_path):
     assert tokens.path(names[0]) is None and tokens.path(names[2]) == str(files[2])
     files[2].unlink()
     assert tokens.path(names[2]) is None and tokens.path("guess") is None
+
+
+def test_mounted_routes_off_on_a_share_link_and_keyed_otherwise():
+    """mount() on a FastAPI app: with a share link and no key both prefixes answer 403 in their protocol's shape,
+    saying how to turn them on; with a key, a request without it gets a 401 before any route runs, and the
+    capability URLs of url answers need none (404 for an unknown token)."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from sdxl_engine.serving.apis import mount
+
+    lines = []
+    off_app = FastAPI()
+    mount(off_app, None, None, access_for("", share=True, public_api=False), {}, log=lines.append)
+    off = TestClient(off_app)
+    a1111 = off.get("/sdapi/v1/options")
+    assert a1111.status_code == 403 and a1111.json()["detail"].startswith(
+        "the AUTOMATIC1111 API is off: a share link is open and no API key is set: start with --api-key KEY")
+    openai = off.post("/v1/images/generations", json={"prompt": "x"})
+    assert openai.status_code == 403 and openai.json()["error"]["message"].startswith("the OpenAI Images API is off")
+    assert lines == [access_for("", share=True, public_api=False).line]
+
+    keyed_app = FastAPI()
+    mount(keyed_app, None, None, access_for("k", share=True, public_api=False), {}, log=lines.append)
+    keyed = TestClient(keyed_app)
+    assert keyed.get("/sdapi/v1/sd-models").status_code == 401
+    refused = keyed.post("/v1/images/generations", json={"prompt": "x"}, headers={"Authorization": "Bearer no"})
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
+    assert refused.headers["www-authenticate"] == "Bearer"
+    assert keyed.get("/gradio_api/mcp/").status_code == 401
+    assert keyed.get("/v1/images/files/unknown.png").status_code == 404
