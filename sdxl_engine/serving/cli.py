@@ -88,6 +88,14 @@ def parse_args(argv=None, description: str = "") -> argparse.Namespace:
     scale.add_argument("--replica-resources", type=_resources, default=None,
                        help='Ray resources of one replica, JSON such as \'{"TPU": 8}\' (default: a TPU host\'s '
                             "chips, 1 GPU, or a share of a CPU host)")
+    shipped = engine_defaults(EngineConfig.model)  # what the default model runs with, shown in the help
+    for field in dataclasses.fields(EngineConfig):
+        default = f"default {field.default!r}"
+        if field.name in MODEL_DEFAULT_FIELDS:  # the model's engine_defaults.json may choose another (README)
+            default = (f"default: the model's own, else {field.default!r}"
+                       + f"; {EngineConfig.model} runs {shipped.get(field.name, field.default)!r}")
+        parser.add_argument("--" + field.name.replace("_", "-"), dest=field.name, default=None,
+                            help=f"engine setting {field.name} (env SDXL_{field.name.upper()}, {default})")
     # #24: the protocol APIs (AUTOMATIC1111, OpenAI Images, MCP; README, "Other protocols"). Server flags, not
     # engine settings: the key is never logged (the engine logs its config) and never sent to Ray replicas.
     apis = parser.add_argument_group("protocol APIs: AUTOMATIC1111 (/sdapi/v1), OpenAI Images (/v1), MCP "
@@ -99,14 +107,6 @@ def parse_args(argv=None, description: str = "") -> argparse.Namespace:
                            "key they are off otherwise")
     apis.add_argument("--no-mcp", dest="mcp", action="store_false", default=_env_flag("SDXL_MCP", True),
                       help="do not serve /generate as an MCP tool (env SDXL_MCP=0)")
-    shipped = engine_defaults(EngineConfig.model)  # what the default model runs with, shown in the help
-    for field in dataclasses.fields(EngineConfig):
-        default = f"default {field.default!r}"
-        if field.name in MODEL_DEFAULT_FIELDS:  # the model's engine_defaults.json may choose another (README)
-            default = (f"default: the model's own, else {field.default!r}"
-                       + f"; {EngineConfig.model} runs {shipped.get(field.name, field.default)!r}")
-        parser.add_argument("--" + field.name.replace("_", "-"), dest=field.name, default=None,
-                            help=f"engine setting {field.name} (env SDXL_{field.name.upper()}, {default})")
     args = parser.parse_args(argv)
     if args.replicas is None and (args.ray_address or args.ray_app or args.replica_resources):
         parser.error("--ray-address, --ray-app and --replica-resources need --replicas")
