@@ -188,7 +188,7 @@ def test_access_rules_and_log_lines():
     assert access_for("", share=True, public_api=True).apis and access_for("k", share=True, public_api=False).apis
     keyed = access_for(" k1 ", share=True, public_api=False, mcp=False)
     assert keyed.line == ("[app] protocol APIs on: AUTOMATIC1111 at /sdapi/v1, OpenAI Images at /v1, MCP off; "
-                          "API key required (Authorization: Bearer)") and "k1" not in keyed.line
+                          "API key required (Authorization: Bearer)") and "k1" not in keyed.line + repr(keyed)
     assert key_refusal(keyed, {"authorization": "Bearer k1"}) is None
     assert key_refusal(keyed, {"authorization": "bearer k1"}) is None
     assert key_refusal(keyed, {}) == "this server needs an API key: send the header Authorization: Bearer <key>"

@@ -6,9 +6,9 @@ them share the page's engine, concurrency limit, per-client admission, checks an
 
 Access (:func:`access_for`, from the flags ``--api-key`` / ``SDXL_API_KEY``, ``--public-api``,
 ``--no-mcp``): with a key, ``/sdapi``, ``/v1`` and ``/gradio_api/mcp`` need
-``Authorization: Bearer <key>`` (or HTTP Basic with the key as password: :func:`key_refusal`); without one they are open, except behind
-a share link (``--share``), where they are off unless ``--public-api`` says otherwise (a share link
-is public, and these APIs have no page in front of them). :func:`mount` adds the routes to the
+``Authorization: Bearer <key>`` (or HTTP Basic with the key as password: :func:`key_refusal`);
+without one they are open, except behind a share link (``--share``), where they are off unless
+``--public-api`` says otherwise (a share link is public, and these APIs have no page in front of them). :func:`mount` adds the routes to the
 launched app; the start-up log says which are on (:attr:`Access.line`).
 """
 
@@ -26,7 +26,6 @@ from sdxl_engine.serving import gradio_internals
 from sdxl_engine.serving.apis import a1111, openai_images
 from sdxl_engine.serving.apis.core import ApiError, FileTokens
 
-PREFIXES = (a1111.PREFIX, openai_images.PREFIX)
 MCP_PATH = "/gradio_api/mcp"
 
 
@@ -40,7 +39,7 @@ class Access:
 
     apis: bool
     mcp: bool
-    key: str = ""
+    key: str = dataclasses.field(default="", repr=False)  # a repr (a traceback, a log) never shows it
     off_reason: str = ""
 
     @property
