@@ -8,8 +8,9 @@ Access (:func:`access_for`, from the flags ``--api-key`` / ``SDXL_API_KEY``, ``-
 ``--no-mcp``): with a key, ``/sdapi``, ``/v1`` and ``/gradio_api/mcp`` need
 ``Authorization: Bearer <key>`` (or HTTP Basic with the key as password: :func:`key_refusal`);
 without one they are open, except behind a share link (``--share``), where they are off unless
-``--public-api`` says otherwise (a share link is public, and these APIs have no page in front of them). :func:`mount` adds the routes to the
-launched app; the start-up log says which are on (:attr:`Access.line`).
+``--public-api`` says otherwise (a share link is public, and these APIs have no page in front of
+them). :func:`mount` adds the routes to the launched app; the start-up log says which are on
+(:attr:`Access.line`).
 """
 
 from __future__ import annotations
