@@ -5,7 +5,8 @@ The routes its clients call (webuiapi, Open WebUI, SillyTavern; README, "AUTOMAT
 and messages); ``GET progress`` reads progress.TRACKER; ``POST interrupt``/``skip`` ask it to stop
 the running request; ``sd-models``, ``options``, ``samplers``, ``schedulers``, ``loras``,
 ``prompt-styles``, ``upscalers``, ``latent-upscale-modes``, ``sd-vae``, ``sd-modules``,
-``hypernetworks``, ``embeddings``, ``scripts``, ``cmd-flags`` and ``refresh-*`` describe the one loaded model and what it takes.
+``hypernetworks``, ``embeddings``, ``scripts``, ``cmd-flags`` and ``refresh-*`` describe the one
+loaded model and what it takes.
 
 Field mapping (:func:`to_call`): ``steps`` -> num_inference_steps, ``cfg_scale`` -> guidance_scale,
 ``sampler_name`` (else ``sampler_index``) with ``scheduler`` -> the sampler (A1111 1.9 splits
