@@ -14,7 +14,8 @@ from sdxl_engine.config import MODEL_DEFAULT_FIELDS, ConfigError, EngineConfig
 from sdxl_engine.checkpoint.loading import engine_defaults
 from sdxl_engine.serving.scaleout import Replicas, ScaleOutError, parse_resources
 
-SERVER_FLAGS = ("share", "host", "port", "history_secret", "replicas", "ray_address", "ray_app", "replica_resources")
+SERVER_FLAGS = ("share", "host", "port", "history_secret", "replicas", "ray_address", "ray_app", "replica_resources",
+                "api_key", "public_api", "mcp")  # the last three: #24, the protocol APIs
 
 
 def tcp_port(text: str) -> int:
@@ -57,6 +58,12 @@ def _resources(text: str) -> dict[str, float]:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+def _env_flag(name: str, default: bool = False) -> bool:
+    """A switch's default from the environment (#24): 1/true/yes/on or 0/false/no/off, else ``default``."""
+    word = os.environ.get(name, "").strip().lower()
+    return True if word in ("1", "true", "yes", "on") else False if word in ("0", "false", "no", "off") else default
+
+
 def parse_args(argv=None, description: str = "") -> argparse.Namespace:
     """Command-line flags: the server's, then one per engine setting (``--num-inference-steps 30``).
 
@@ -89,6 +96,17 @@ def parse_args(argv=None, description: str = "") -> argparse.Namespace:
                        + f"; {EngineConfig.model} runs {shipped.get(field.name, field.default)!r}")
         parser.add_argument("--" + field.name.replace("_", "-"), dest=field.name, default=None,
                             help=f"engine setting {field.name} (env SDXL_{field.name.upper()}, {default})")
+    # #24: the protocol APIs (AUTOMATIC1111, OpenAI Images, MCP; README, "Other protocols"). Server flags, not
+    # engine settings: the key is never logged (the engine logs its config) and never sent to Ray replicas.
+    apis = parser.add_argument_group("protocol APIs: AUTOMATIC1111 (/sdapi/v1), OpenAI Images (/v1), MCP "
+                                     "(/gradio_api/mcp)")
+    apis.add_argument("--api-key", default=os.environ.get("SDXL_API_KEY") or None,
+                      help="require Authorization: Bearer KEY on those APIs (env SDXL_API_KEY; default: none)")
+    apis.add_argument("--public-api", action="store_true", default=_env_flag("SDXL_PUBLIC_API"),
+                      help="serve them on a share link without a key (env SDXL_PUBLIC_API=1); with --share and no "
+                           "key they are off otherwise")
+    apis.add_argument("--no-mcp", dest="mcp", action="store_false", default=_env_flag("SDXL_MCP", True),
+                      help="do not serve /generate as an MCP tool (env SDXL_MCP=0)")
     args = parser.parse_args(argv)
     if args.replicas is None and (args.ray_address or args.ray_app or args.replica_resources):
         parser.error("--ray-address, --ray-app and --replica-resources need --replicas")

@@ -21,8 +21,9 @@ from sdxl_engine.config import EngineConfig, resolve_defaults
 from sdxl_engine.engine.contract import EngineContract, clock
 from sdxl_engine.engine.local import EngineNotReady, GenerationError
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest
+from sdxl_engine.program.schedulers import SAMPLERS
 from sdxl_engine.serving import delivery, history, server
-from sdxl_engine.serving.styles import NO_STYLE, UnknownStyle, apply_style, get_style
+from sdxl_engine.serving.styles import NO_STYLE, STYLE_NAMES, UnknownStyle, apply_style, get_style
 
 STAGES = {  # engine stage -> (progress fraction, what the page says)
     "compiling": (0.03, "Compiling the program for this size (first request at it; reused afterwards)"),
@@ -30,6 +31,24 @@ STAGES = {  # engine stage -> (progress fraction, what the page says)
     "on device": (0.1, "On {devices}: encoding the prompts, denoising {steps} steps, decoding with the VAE"),
     "to host": (0.9, "Copying {n} images to the host"),
 }
+
+
+# The /generate endpoint's description: Gradio's API page and MCP tool (serving/apis) read it (Args: per input).
+TOOL_DOC = """Generate images from a text prompt with SDXL: the engine's batch (4 images), seeds seed, seed+1, ...
+
+Args:
+    prompt: what the images should show, e.g. "a red circle on a blue background"
+    negative_prompt: what to keep out of the images (optional)
+    seed: seed of the first image, 0 to max_seed; -1 picks one at random (the answer says which)
+    guidance_scale: classifier-free guidance, 0 to 50; 1 or less turns it off
+    num_inference_steps: denoising steps, 1 to the server's maximum
+    width: image width in pixels, one of the model's sizes; 0 = the model's default
+    height: image height in pixels, one of the model's sizes; 0 = the model's default
+    style: a style preset, one of {styles}
+    sampler: one of {samplers}
+Returns:
+    the images (PNG, with their generation parameters) and a JSON record: seeds, size, steps, sampler, timings
+"""
 
 
 def page_defaults(config: EngineConfig) -> EngineConfig:
@@ -43,29 +62,31 @@ def page_defaults(config: EngineConfig) -> EngineConfig:
     return resolve_defaults(config, engine_defaults(config.model), config.model)
 
 
-def api_function(generate: Callable, config: EngineConfig, pending: history.Pending) -> Callable:
+def api_function(handle: Callable, config: EngineConfig, pending: history.Pending) -> Callable:
     """The function the page's Generate event runs, which is also the ``/generate`` API endpoint.
 
     Its parameter names are the API's keyword inputs, its defaults the page's (``config``: the
-    page's resolved defaults); it calls ``generate`` (handle_generate's arguments minus the engine)
+    page's resolved defaults); it calls ``handle`` (handle_generate's arguments minus the engine)
     with the request's arrival (server.arrival_time), keeps the history record in ``pending`` for
-    the caller's session, and returns (gallery items, info).
+    the caller's session, and returns (gallery items, info). Its name and docstring are the MCP
+    tool's (serving/apis: Gradio describes the tool and its inputs from them).
     """
 
-    def generate_images(prompt: str, negative_prompt: str | None = None, seed: int = -1,
-                        guidance_scale: float = config.guidance_scale,
-                        num_inference_steps: int = config.num_inference_steps, width: int = 0, height: int = 0,
-                        style: str = NO_STYLE, sampler: str = config.sampler, request: gr.Request = None,
-                        progress=gr.Progress()):
+    def generate(prompt: str, negative_prompt: str | None = None, seed: int = -1,
+                 guidance_scale: float = config.guidance_scale,
+                 num_inference_steps: int = config.num_inference_steps, width: int = 0, height: int = 0,
+                 style: str = NO_STYLE, sampler: str = config.sampler, request: gr.Request = None,
+                 progress=gr.Progress()):
         # Named parameters: gradio_client callers use these keywords (the /generate contract);
         # only optional inputs are ever added, at the end. ``request`` and ``progress`` are Gradio's.
-        gallery, info, record = generate(prompt, negative_prompt, seed, guidance_scale, num_inference_steps, width,
-                                         height, style, sampler, progress=progress,
-                                         arrived=server.arrival_time(request))
+        gallery, info, record = handle(prompt, negative_prompt, seed, guidance_scale, num_inference_steps, width,
+                                       height, style, sampler, progress=progress,
+                                       arrived=server.arrival_time(request))
         pending.put(getattr(request, "session_hash", None), record)
         return gallery, info
 
-    return generate_images
+    generate.__doc__ = TOOL_DOC.format(styles=", ".join(STYLE_NAMES), samplers=", ".join(SAMPLERS))
+    return generate
 
 
 def refuse(err: Exception) -> gr.Error:

@@ -44,6 +44,7 @@ def main(argv: list[str] | None, build_demo: Callable, css: str, title: str) -> 
     from gradio.networking import GRADIO_API_SERVER
 
     from sdxl_engine.checkpoint.loading import ModelLoadError
+    from sdxl_engine.serving import apis
     from sdxl_engine.serving.handler import handle_generate, page_defaults
 
     args = cli.parse_args(argv, title)
@@ -70,9 +71,13 @@ def main(argv: list[str] | None, build_demo: Callable, css: str, title: str) -> 
                       concurrency=concurrency, history_secret=args.history_secret)
     demo.queue(max_size=config.max_queue_size)
     share = args.share and cli.share_possible(f"http://{args.host}:{args.port}/", GRADIO_API_SERVER)
+    access = apis.access_for(args.api_key, share, args.public_api, args.mcp)  # #24: the protocol APIs
+    flags = {"api": access.apis, "share": bool(share), "api_key_required": bool(access.key), "mcp": access.mcp,
+             "max_requests_per_client": config.max_requests_per_client}  # A1111's cmd-flags: nothing secret
     try:
-        return server.serve(demo, engine, {**server.launch_options(args.host, args.port, share), "css": css},
-                            gate, signals=signals)
+        return server.serve(demo, engine, {**server.launch_options(args.host, args.port, share, access.mcp),
+                                           "css": css}, gate, signals=signals,
+                            on_launch=lambda app: apis.mount(app, demo, engine, access, flags))
     finally:
         if args.replicas is not None:
             engine.close()  # after the drain: delete the Serve application, stop the private Ray cluster

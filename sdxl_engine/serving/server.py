@@ -3,8 +3,8 @@
 Kept apart from the page (app.py builds it, main.py serves it) and from the engine:
 
 - :func:`launch_options`: ``demo.launch`` keywords: loopback unless told otherwise, no share
-  link unless asked, no server-side rendering, no /monitoring page, no MCP server, no extra
-  folder served, 1 MB upload cap.
+  link unless asked, no server-side rendering, no /monitoring page, no MCP server unless asked
+  (serving/apis), no extra folder served, 1 MB upload cap.
 - :class:`Guard`: an ASGI layer outside Gradio's own: lets through only the calls, result
   streams and files :class:`Routes` allows (the /generate API, the page's own events as the
   page calls them, the files the app created), refuses uploads (the page takes no files)
@@ -63,12 +63,13 @@ ARRIVED_HEADER = b"x-sdxl-arrived"  # set by Guard on every request: contract.cl
 QUIET_S = 2.0  # on shutdown, close once no HTTP request arrived for this long (image downloads)
 
 
-def launch_options(host: str, port: int, share: bool) -> dict:
-    """Keyword arguments for ``demo.launch``: the app's security defaults (see README)."""
+def launch_options(host: str, port: int, share: bool, mcp: bool = False) -> dict:
+    """Keyword arguments for ``demo.launch``: the app's security defaults (see README). ``mcp``:
+    serve the public API (``/generate``) as MCP tools at ``/gradio_api/mcp/`` (serving/apis)."""
     return dict(
         server_name=host, server_port=port,
         share=bool(share),  # explicit False: GRADIO_SHARE in the environment cannot open a link
-        ssr_mode=False, enable_monitoring=False, mcp_server=False, strict_cors=True, show_error=False,
+        ssr_mode=False, enable_monitoring=False, mcp_server=bool(mcp), strict_cors=True, show_error=False,
         run_history=False,  # Gradio's /runs page and its hub-bucket routes: not this app's
         max_file_size="1mb", allowed_paths=[],
     )
@@ -124,6 +125,10 @@ class Routes:
     - result streams (``call/<name>/<event id>``, ``queue/data``): only ones the queue knows;
     - files: only those this app created and Gradio recorded (``demo.temp_file_sets``: each
       request's PNGs; ``keep_in_cache``); no ``proxy=`` and no URL fetched on a client's behalf.
+
+    Other paths pass: the page, Gradio's config and assets, and the protocol APIs (serving/apis:
+    ``/sdapi/v1/...``, ``/v1/...`` and Gradio's MCP server at ``/gradio_api/mcp/``), which check
+    their own inputs and key and run ``/generate`` only through the queue; every body is still capped.
 
     :meth:`refusal` says why a request is refused (the guard answers 404 with one log line).
     """
@@ -609,7 +614,7 @@ class StopSignals:
 
 
 def serve(demo, engine, options: dict, gate: RequestGate, drain_s: float = 60.0, log=print,
-          quiet_s: float = QUIET_S, signals: "StopSignals | None" = None) -> int:
+          quiet_s: float = QUIET_S, signals: "StopSignals | None" = None, on_launch=None) -> int:
     """Launch ``demo`` and block until it should stop; returns the process exit status.
 
     Returns :func:`exit_status` (after one ``error:`` line on stderr) when the engine fails to
@@ -619,7 +624,8 @@ def serve(demo, engine, options: dict, gate: RequestGate, drain_s: float = 60.0,
     (running or waiting) get up to ``drain_s`` seconds together to finish and reach their clients
     (including the clients' image downloads: the server closes after ``quiet_s`` seconds without a
     request). A client may have ``engine.config.max_requests_per_client`` /generate calls queued or
-    running at once (:class:`~.admission.Admission`).
+    running at once (:class:`~.admission.Admission`). ``on_launch(app)``, if given, runs once the
+    server listens, before the guard is put in front (serving/apis mounts its routes there).
     """
     if signals is None:
         signals = StopSignals()
@@ -637,6 +643,8 @@ def serve(demo, engine, options: dict, gate: RequestGate, drain_s: float = 60.0,
         return EXIT_START_FAILED
     public = f" and public URL: {demo.share_url}" if demo.share_url else ""
     log(f"[app] Running on local URL: {demo.local_url}{public}")
+    if on_launch is not None:
+        on_launch(demo.app)
     install_guard(demo.app, gate, demo)
     janitor_stop = threading.Event()  # set by this thread, never by a signal handler
     TempJanitor.for_config(demo, engine.config).start(janitor_stop, log)

@@ -1,0 +1,187 @@
+"""The protocols other clients speak, on the page's own server: AUTOMATIC1111's API (a1111.py),
+OpenAI's Images API (openai_images.py) and MCP (Gradio's MCP server, ``/gradio_api/mcp/``).
+
+Every generation runs the page's ``/generate`` event through Gradio's queue (core.py), so all of
+them share the page's engine, concurrency limit, per-client admission, checks and messages.
+
+Access (:func:`access_for`, from the flags ``--api-key`` / ``SDXL_API_KEY``, ``--public-api``,
+``--no-mcp``): with a key, ``/sdapi``, ``/v1`` and ``/gradio_api/mcp`` need
+``Authorization: Bearer <key>`` (or HTTP Basic with the key as password: :func:`key_refusal`);
+without one they are open, except behind a share link (``--share``), where they are off unless
+``--public-api`` says otherwise (a share link is public, and these APIs have no page in front of
+them). :func:`mount` adds the routes to the launched app; the start-up log says which are on
+(:attr:`Access.line`).
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import secrets
+from pathlib import Path
+
+from fastapi import APIRouter
+
+from sdxl_engine.serving import gradio_internals
+from sdxl_engine.serving.apis import a1111, openai_images
+from sdxl_engine.serving.apis.core import ApiError, FileTokens
+
+MCP_PATH = "/gradio_api/mcp"
+
+
+@dataclasses.dataclass(frozen=True)
+class Access:
+    """Which protocol APIs serve, and the key they need.
+
+    ``apis``: ``/sdapi/v1`` and ``/v1`` are served (else they answer 403 with ``off_reason``);
+    ``mcp``: Gradio's MCP server runs; ``key``: the Bearer token they need ("" = none; never logged).
+    """
+
+    apis: bool
+    mcp: bool
+    key: str = dataclasses.field(default="", repr=False)  # a repr (a traceback, a log) never shows it
+    off_reason: str = ""
+
+    @property
+    def line(self) -> str:
+        """The start-up log line: what is served and how it is protected (never the key)."""
+        guard = "API key required (Authorization: Bearer)" if self.key else "no API key"
+        if not self.apis:
+            return f"[app] protocol APIs off: {self.off_reason}"
+        mcp = f", MCP at {MCP_PATH}/" if self.mcp else ", MCP off"
+        return (f"[app] protocol APIs on: AUTOMATIC1111 at {a1111.PREFIX}, OpenAI Images at {openai_images.PREFIX}"
+                f"{mcp}; {guard}")
+
+
+def access_for(key: str | None, share: bool, public_api: bool, mcp: bool = True) -> Access:
+    """The APIs' access for the flags (see the module docstring); ``share``: a share link is open."""
+    key = (key or "").strip()
+    if share and not key and not public_api:
+        return Access(False, False, "", "a share link is open and no API key is set: start with --api-key KEY "
+                                        "(or SDXL_API_KEY), or --public-api to serve them without one")
+    return Access(True, mcp, key)
+
+
+def key_refusal(access: Access, headers) -> str | None:
+    """Why a request with ``headers`` may not use the APIs, or None. Compares in constant time.
+
+    ``Authorization: Bearer <key>``; also HTTP Basic with the key as the password (any user name),
+    which is how AUTOMATIC1111's ``--api-auth`` is sent by Open WebUI, SillyTavern and webuiapi's set_auth.
+    """
+    if not access.key:
+        return None
+    scheme, _, token = (headers.get("authorization") or "").partition(" ")
+    token = token.strip()
+    if scheme.lower() == "basic" and token:
+        try:
+            token = base64.b64decode(token, validate=True).decode("utf-8").partition(":")[2]
+        except (ValueError, UnicodeDecodeError):
+            token = ""
+    elif scheme.lower() != "bearer":
+        token = ""
+    if not token:
+        return "this server needs an API key: send the header Authorization: Bearer <key>"
+    if not secrets.compare_digest(token.encode(), access.key.encode()):
+        return "the API key is wrong"
+    return None
+
+
+def loras_of(engine):
+    """``() -> (names, reason)`` for A1111's ``/loras``: the loaded model's LoRAs where it lists them."""
+
+    def loras():
+        names = tuple(getattr(engine.model, "loras", None) or ())
+        return names, "" if names else "no LoRAs are loaded (this server loads LoRAs only where the model lists them)"
+
+    return loras
+
+
+def mount(app, demo, engine, access: Access, flags: dict, log=print) -> None:
+    """Add the protocol routes to the launched Gradio ``app``, their key check, and shape its MCP tool results.
+
+    The routes go after Gradio's own (none of which starts with ``/sdapi`` or ``/v1``). With the
+    APIs off, both prefixes answer 403 with the reason, in each protocol's error shape.
+    """
+    if not access.apis:
+        app.include_router(_off_router(access.off_reason))
+        log(access.line)
+        return
+    tokens = FileTokens()
+    app.include_router(a1111.router(demo, engine, flags, loras_of(engine)))
+    app.include_router(openai_images.router(demo, engine, tokens))
+    app.include_router(openai_images.files_router(tokens))
+    if access.mcp:
+        gradio_internals.set_mcp_output(demo, mcp_content)
+    if access.key:
+        gradio_internals.add_outermost_middleware(app, KeyGuard, access=access)
+    log(access.line)
+
+
+class KeyGuard:
+    """ASGI middleware: ``/sdapi``, ``/v1`` and ``/gradio_api/mcp`` need the API key (:func:`key_refusal`);
+    a refusal is a 401 in the protocol's error shape. The PNG URLs of ``response_format=url`` are
+    exempt: they are capabilities (unguessable names) that browsers fetch without headers."""
+
+    def __init__(self, app, access: Access):
+        self.app = app
+        self.access = access
+
+    async def __call__(self, scope, receive, send):
+        path = scope.get("path", "") if scope["type"] == "http" else ""
+        if path.startswith((a1111.PREFIX + "/", openai_images.PREFIX + "/", MCP_PATH)) \
+                and not path.startswith(openai_images.FILES):
+            headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers") or []}
+            if (reason := key_refusal(self.access, headers)) is not None:
+                err = ApiError(401, reason, headers={"WWW-Authenticate": "Bearer"})
+                response = a1111.a1111_error(err) if path.startswith(a1111.PREFIX) \
+                    else openai_images.openai_error(err)
+                return await response(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+
+def _off_router(reason: str) -> APIRouter:
+    off = APIRouter()
+
+    @off.api_route(a1111.PREFIX + "/{rest:path}", methods=["GET", "POST"])
+    async def a1111_off(rest: str):
+        return a1111.a1111_error(ApiError(403, f"the AUTOMATIC1111 API is off: {reason}"))
+
+    @off.api_route(openai_images.PREFIX + "/{rest:path}", methods=["GET", "POST"])
+    async def openai_off(rest: str):
+        return openai_images.openai_error(ApiError(403, f"the OpenAI Images API is off: {reason}"))
+
+    return off
+
+
+def mcp_content(output_data: list, root_url: str) -> list:
+    """The MCP content of one ``generate`` tool result: each image as PNG image content, then the
+    info record as JSON text. Gradio's own would print the gallery's value, server paths and all.
+
+    ``output_data``: the ``/generate`` outputs as gradio_client returns them ((gallery, info), the
+    gallery's items with a local ``path``); ``root_url`` is unused (no URL is sent).
+    """
+    from mcp import types
+
+    if len(output_data) == 1:  # gradio_client's job.result() for two outputs: one (gallery, info) tuple
+        output_data = output_data[0]
+    gallery, info = output_data
+    content = []
+    for item in gallery or []:
+        path = _image_path(item)
+        if path:
+            content.append(types.ImageContent(type="image", mimeType="image/png",
+                                              data=base64.b64encode(Path(path).read_bytes()).decode()))
+    content.append(types.TextContent(type="text", text=json.dumps(info)))
+    return content
+
+
+def _image_path(item) -> str | None:
+    """The local file of one gallery item as gradio_client hands it over: ``{"image": FileData}``,
+    ``(path, caption)`` or a bare FileData/path."""
+    if isinstance(item, (list, tuple)) and item:
+        item = item[0]
+    if isinstance(item, dict):
+        item = item.get("image", item)
+        item = item.get("path") if isinstance(item, dict) else item
+    return item if isinstance(item, str) and Path(item).is_file() else None

@@ -1,0 +1,236 @@
+"""The other protocols through their own clients, unmodified, against `python app.py --api-key KEY` on loopback:
+AUTOMATIC1111's API (webuiapi), OpenAI's Images API (openai), MCP (the mcp SDK). One app for the module.
+
+Each protocol's images must be the page's: the same PNGs (pixels and parameters chunk) as gradio_client's
+/generate for the same seed, since every route runs that event (serving/apis/core.py)."""
+
+import asyncio
+import base64
+import io
+import json
+import threading
+
+import httpx
+import numpy as np
+import pytest
+from PIL import Image
+
+from tests.helpers import RunningApp, assert_serves
+
+KEY = "test-key-24"
+PROMPT = "a red circle"
+SIZE = dict(width=64, height=64)
+
+
+@pytest.fixture(scope="module")
+def app():
+    running = RunningApp("--api-key", KEY)
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def webui(app):
+    import webuiapi
+
+    api = webuiapi.WebUIApi(host="127.0.0.1", port=app.port)
+    api.session.headers["Authorization"] = f"Bearer {KEY}"  # webuiapi's own auth is HTTP Basic; this server's is Bearer
+    return api
+
+
+def pixels(image: Image.Image) -> np.ndarray:
+    return np.asarray(image.convert("RGB"))
+
+
+def page_images(app, seed: int, steps: int = 2, sampler: str = "Euler") -> tuple[list[bytes], dict]:
+    """The page's /generate (gradio_client) PNG bytes and info for ``seed``."""
+    gallery, info = app.client().predict(api_name="/generate", prompt=PROMPT, seed=seed, guidance_scale=5.0,
+                                         num_inference_steps=steps, sampler=sampler, **SIZE)
+    return [open(item["image"], "rb").read() for item in gallery], info
+
+
+def test_webuiapi_txt2img_gives_the_pages_images_for_the_same_seed(app, webui):
+    """webuiapi's txt2img with A1111's field names: 4 images equal, byte for byte, to /generate's for seed 7,
+    A1111's info (seed, all_seeds, infotexts = each PNG's parameters chunk, sd_model_name, sampler_name)."""
+    result = webui.txt2img(prompt=PROMPT, seed=7, steps=2, cfg_scale=5.0, sampler_name="Euler", batch_size=4, **SIZE)
+    expected, info = page_images(app, 7)
+    assert [pixels(image).tobytes() for image in result.images] == \
+        [pixels(Image.open(io.BytesIO(png))).tobytes() for png in expected]
+    assert base64.b64decode(result.json["images"][0]) == expected[0]  # the same PNG, parameters chunk and all
+    assert info["seeds"] == [7, 8, 9, 10]
+    assert (result.info["seed"], result.info["all_seeds"], result.info["sd_model_name"], result.info["sampler_name"],
+            result.info["steps"], result.info["cfg_scale"], result.info["width"]) == (
+        7, [7, 8, 9, 10], "tiny-shapes", "Euler", 2, 5.0, 64)
+    assert result.info["infotexts"] == [Image.open(io.BytesIO(png)).text["parameters"] for png in expected]
+    assert result.info["infotexts"][0] == "a red circle\nSteps: 2, Sampler: Euler, CFG scale: 5, Seed: 7, " \
+                                          "Size: 64x64, Model: tiny-shapes"
+    assert result.parameters["prompt"] == PROMPT and result.parameters["batch_size"] == 4
+
+
+def test_batch_size_and_n_iter_serve_that_many_images_with_seeds_following_on(webui):
+    """batch_size 1 (webuiapi's default) gives the first image of one engine call; batch_size 3 x n_iter 2 = 6
+    images from two engine calls of 4, seeds 20..25."""
+    one = webui.txt2img(prompt=PROMPT, seed=20, steps=2, **SIZE)
+    assert len(one.images) == 1 and one.info["all_seeds"] == [20]
+    six = webui.txt2img(prompt=PROMPT, seed=20, steps=2, batch_size=3, n_iter=2, **SIZE)
+    assert len(six.images) == 6 and six.info["all_seeds"] == [20, 21, 22, 23, 24, 25]
+    assert pixels(six.images[0]).tobytes() == pixels(one.images[0]).tobytes()
+
+
+def test_sampler_names_round_trip(webui):
+    """Every name GET /samplers lists is accepted by txt2img and comes back as info's sampler_name; A1111 1.9's
+    split form (sampler DPM++ 2M, scheduler Karras) is the engine's DPM++ 2M Karras."""
+    names = webui.util_get_sampler_names()
+    assert sorted(names) == sorted(["Euler", "Euler a", "DPM++ 2M", "DPM++ 2M Karras", "DDIM"])
+    for name in names:
+        assert webui.txt2img(prompt=PROMPT, seed=1, steps=2, sampler_name=name, **SIZE).info["sampler_name"] == name
+    split = webui.txt2img(prompt=PROMPT, seed=1, steps=2, sampler_name="DPM++ 2M", scheduler="Karras", **SIZE)
+    assert (split.info["sampler_name"], split.info["scheduler"]) == ("DPM++ 2M Karras", "Karras")
+    assert sorted(webui.util_get_scheduler_names()) == ["automatic", "karras"]
+
+
+def test_a1111_refusals_are_clear_422s_with_the_engines_message(webui):
+    """A value the engine refuses: 422 whose detail is the engine's message under A1111's field name; a wrong type:
+    FastAPI's 422 naming the field; an unknown sampler lists the choices."""
+    with pytest.raises(RuntimeError) as err:
+        webui.txt2img(prompt=PROMPT, steps=99, **SIZE)
+    status, text = err.value.args
+    assert status == 422 and json.loads(text)["detail"] == "steps: must be between 1 and 50, got 99"
+    with pytest.raises(RuntimeError) as err:
+        webui.txt2img(prompt=PROMPT, steps=2, width=65, height=64)
+    assert json.loads(err.value.args[1])["detail"].startswith("width: 65 is not a multiple of 16 pixels")
+    with pytest.raises(RuntimeError) as err:
+        webui.txt2img(prompt=PROMPT, sampler_name="LMS", **SIZE)
+    assert json.loads(err.value.args[1])["detail"] == \
+        "sampler_name: unknown sampler 'LMS'; choose one of Euler, Euler a, DPM++ 2M, DPM++ 2M Karras, DDIM"
+    response = webui.session.post(f"{webui.baseurl}/txt2img", json={"prompt": PROMPT, "steps": "many"})
+    assert response.status_code == 422 and response.json()["detail"][0]["loc"] == ["body", "steps"]
+
+
+def test_a1111_lists_options_and_model_switching(webui):
+    """The routes Open WebUI, SillyTavern and webuiapi read; setting sd_model_checkpoint to the loaded model
+    succeeds, to another is a 400 naming both."""
+    assert webui.util_get_model_names() == ["tiny-shapes"]
+    assert webui.util_get_current_model() == "tiny-shapes"
+    webui.util_set_model("tiny-shapes", find_closest=False)
+    response = webui.session.post(f"{webui.baseurl}/options", json={"sd_model_checkpoint": "sd_xl_base_1.0"})
+    assert response.status_code == 400 and response.json()["detail"] == (
+        "sd_model_checkpoint: this server serves one model, 'tiny-shapes', loaded at start-up; "
+        "cannot switch to 'sd_xl_base_1.0'")
+    styles = webui.get_prompt_styles()
+    assert [s["name"] for s in styles][:2] == ["Cinematic", "Photographic"] and "{prompt}" in styles[0]["prompt"]
+    assert webui.get_upscalers() == [] and webui.get_sd_vae() == [] and webui.get_loras() == []
+    flags = webui.get_cmd_flags()
+    assert flags["api_key_required"] is True and KEY not in json.dumps(flags)
+
+
+def test_progress_and_interrupt(webui):
+    """Idle: progress 0, job_count 0 (webuiapi's util_wait_for_ready returns at once); interrupt answers whether a
+    request was running. (The stop path itself is the progress issue's; with it merged, interrupt stops it.)"""
+    progress = webui.get_progress()
+    assert progress["progress"] == 0.0 and progress["state"]["job_count"] == 0 and progress["current_image"] is None
+    webui.util_wait_for_ready(check_interval=0.1)
+    assert webui.interrupt() == {"interrupted": False}
+    assert webui.session.post(f"{webui.baseurl}/skip").json() == {"interrupted": False}
+
+
+def test_protocol_routes_need_the_key_in_their_own_error_shape(app):
+    """No key / a wrong key: 401 in A1111's shape on /sdapi, OpenAI's on /v1; MCP refuses too."""
+    a1111 = httpx.get(app.url + "sdapi/v1/options")
+    assert a1111.status_code == 401 and a1111.json()["detail"] == \
+        "this server needs an API key: send the header Authorization: Bearer <key>"
+    openai_style = httpx.get(app.url + "v1/models", headers={"Authorization": "Bearer wrong"})
+    assert openai_style.status_code == 401 and openai_style.json() == {"error": {
+        "message": "the API key is wrong", "type": "invalid_request_error", "param": None, "code": "invalid_api_key"}}
+    assert httpx.post(app.url + "gradio_api/mcp/", json={}).status_code == 401
+    import webuiapi  # A1111's own --api-auth is HTTP Basic: the key as the password works too
+
+    assert webuiapi.WebUIApi(port=app.port, username="any", password=KEY).util_get_current_model() == "tiny-shapes"
+
+
+def test_openai_images_generate_b64_json(app):
+    """openai's images.generate(n=4, size="64x64", response_format="b64_json"): 4 distinct 64x64 PNGs carrying
+    their parameters; models.list names the loaded model."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=app.url + "v1", api_key=KEY)
+    assert [m.id for m in client.models.list()] == ["tiny-shapes"]
+    result = client.images.generate(model="tiny-shapes", prompt=PROMPT, n=4, size="64x64",
+                                    response_format="b64_json", user="test")
+    images = [Image.open(io.BytesIO(base64.b64decode(item.b64_json))) for item in result.data]
+    assert [image.size for image in images] == [(64, 64)] * 4
+    assert len({pixels(image).tobytes() for image in images}) == 4
+    seeds = [int(image.text["parameters"].split("Seed: ")[1].split(",")[0]) for image in images]
+    assert seeds == list(range(seeds[0], seeds[0] + 4))
+
+
+def test_openai_url_format_and_errors(app):
+    """response_format=url: a URL on this server (no server path in it) that serves the PNG; a size the model does not
+    make is a BadRequestError naming size with the engine's list; an unknown model a NotFoundError."""
+    import openai
+
+    client = openai.OpenAI(base_url=app.url + "v1", api_key=KEY)
+    result = client.images.generate(prompt=PROMPT, n=1, size="64x64", response_format="url")
+    url = result.data[0].url
+    assert url.startswith(app.url + "v1/images/files/") and "/tmp" not in url
+    assert Image.open(io.BytesIO(httpx.get(url).content)).size == (64, 64)
+    with pytest.raises(openai.BadRequestError) as err:
+        client.images.generate(prompt=PROMPT, size="96x96")
+    assert err.value.status_code == 400 and err.value.param == "size"
+    assert err.value.body["message"].startswith("size: 96x96 is not a supported size; choose one of 64x64")
+    with pytest.raises(openai.NotFoundError) as err:
+        client.images.generate(model="dall-e-3", prompt=PROMPT)
+    assert err.value.code == "model_not_found"
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=app.url + "v1", api_key="wrong").images.generate(prompt=PROMPT)
+
+
+def test_mcp_lists_one_described_tool_and_its_images_are_the_pages(app):
+    """The mcp SDK over streamable HTTP: one tool, generate, each input described; calling it with seed 5 gives 4
+    PNG images equal to /generate's for seed 5 and the info record as JSON text, with no server path."""
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    async def session_calls():
+        async with httpx.AsyncClient(headers={"Authorization": f"Bearer {KEY}"}, timeout=120) as http, \
+                streamable_http_client(app.url + "gradio_api/mcp/", http_client=http) as (read, write, _), \
+                ClientSession(read, write) as session:
+            await session.initialize()
+            tools = (await session.list_tools()).tools
+            result = await session.call_tool("generate", {"prompt": PROMPT, "seed": 5, "num_inference_steps": 2,
+                                                          "guidance_scale": 5.0, "width": 64, "height": 64})
+            return tools, result
+
+    tools, result = asyncio.run(session_calls())
+    assert [tool.name for tool in tools] == ["generate"]
+    properties = tools[0].inputSchema["properties"]
+    assert list(properties)[:9] == ["prompt", "negative_prompt", "seed", "guidance_scale", "num_inference_steps",
+                                    "width", "height", "style", "sampler"]
+    assert "seed of the first image" in properties["seed"]["description"]
+    assert not result.isError
+    images = [base64.b64decode(c.data) for c in result.content if c.type == "image"]
+    expected, _ = page_images(app, 5)
+    assert [pixels(Image.open(io.BytesIO(png))).tobytes() for png in images] == \
+        [pixels(Image.open(io.BytesIO(png))).tobytes() for png in expected]
+    (text,) = [c.text for c in result.content if c.type == "text"]
+    assert json.loads(text)["seeds"] == [5, 6, 7, 8] and "/tmp" not in text
+
+
+def test_one_clients_third_concurrent_request_is_refused_as_on_the_page(app):
+    """max_requests_per_client = 2 holds across protocols: three concurrent txt2img calls from one address leave
+    one refused with a 429 naming the limit, as a page or gradio_client call would be; the server still serves."""
+    answers = []
+
+    def post():
+        answers.append(httpx.post(app.url + "sdapi/v1/txt2img", timeout=120, headers={"Authorization": f"Bearer {KEY}"},
+                                  json={"prompt": PROMPT, "steps": 30, **SIZE}))
+
+    threads = [threading.Thread(target=post) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(a.status_code for a in answers) == [200, 200, 429]
+    (refused,) = [a for a in answers if a.status_code == 429]
+    assert "max_requests_per_client = 2" in refused.json()["detail"]
+    assert_serves(app.client())

@@ -1,0 +1,137 @@
+"""Served overhead of each protocol against ``/generate``, in one run on one app.
+
+``python -m tools.bench_apis [--runs 10] [--steps 8]`` starts ``python app.py`` (tiny-shapes, loopback)
+and times, interleaved so a noisy neighbour slows them alike, one request of 4 images at 64x64 from
+each client as a user runs it:
+
+- ``/generate`` through gradio_client (``Client.predict``: the page's API, the baseline);
+- AUTOMATIC1111's ``POST /sdapi/v1/txt2img`` (raw httpx, and through ``webuiapi``, which also decodes the PNGs);
+- OpenAI's ``POST /v1/images/generations`` through the ``openai`` client, ``b64_json``;
+- the MCP ``generate`` tool through the ``mcp`` SDK (one session, streamable HTTP).
+
+Prints a Markdown table (median, min, max and the median's difference from ``/generate``) and writes
+``--json``. Each protocol runs the same ``/generate`` event (serving/apis/core.py), so the difference
+is the protocol's own work: parsing, the base64 of the PNGs, and for MCP Gradio's loopback client.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPT = "a red circle"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_app(port: int, timeout: float = 600) -> subprocess.Popen:
+    """``python app.py --port PORT`` until it logs that the engine is ready."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "GRADIO_ANALYTICS_ENABLED": "False"}
+    proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(port)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + timeout
+    for line in proc.stdout:
+        if "[sdxl_engine] ready" in line:
+            return proc
+        if time.monotonic() > deadline:
+            break
+    proc.kill()
+    raise RuntimeError("the app did not become ready")
+
+
+def clients(url: str, steps: int, session) -> dict:
+    """{name: a call making 4 images of PROMPT} for each protocol (the MCP one a coroutine function, on ``session``)."""
+    import httpx
+    import webuiapi
+    from gradio_client import Client
+    from openai import OpenAI
+
+    gradio = Client(url, verbose=False)
+    http = httpx.Client(timeout=300)
+    webui = webuiapi.WebUIApi(baseurl=url + "sdapi/v1")
+    openai = OpenAI(base_url=url + "v1", api_key="unused")
+    body = {"prompt": PROMPT, "seed": 1, "steps": steps, "width": 64, "height": 64, "batch_size": 4}
+
+    async def mcp_call():
+        result = await session.call_tool("generate", {
+            "prompt": PROMPT, "seed": 1, "num_inference_steps": steps, "width": 64, "height": 64})
+        assert not result.isError and sum(c.type == "image" for c in result.content) == 4
+
+    return {
+        "/generate (gradio_client)": lambda: gradio.predict(api_name="/generate", prompt=PROMPT, seed=1,
+                                                            num_inference_steps=steps, width=64, height=64),
+        "A1111 txt2img (httpx)": lambda: http.post(url + "sdapi/v1/txt2img", json=body).raise_for_status(),
+        "A1111 txt2img (webuiapi)": lambda: webui.txt2img(**body),
+        "OpenAI images.generate (openai, b64_json)": lambda: openai.images.generate(
+            prompt=PROMPT, n=4, size="64x64", response_format="b64_json"),
+        "MCP generate (mcp SDK)": mcp_call,
+    }
+
+
+async def measure(url: str, steps: int, runs: int) -> dict:
+    """Seconds per call: one warm-up each, then ``runs`` rounds with the calls interleaved."""
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    async with streamable_http_client(url + "gradio_api/mcp/") as (read, write, _), \
+            ClientSession(read, write) as session:
+        await session.initialize()
+        calls = clients(url, steps, session)
+
+        async def timed(call) -> float:
+            t0 = time.perf_counter()
+            await (call() if asyncio.iscoroutinefunction(call) else asyncio.to_thread(call))
+            return time.perf_counter() - t0
+
+        for call in calls.values():
+            await timed(call)
+        samples = {name: [] for name in calls}
+        for _ in range(runs):
+            for name, call in calls.items():
+                samples[name].append(await timed(call))
+    return {name: {"median_s": statistics.median(s), "min_s": min(s), "max_s": max(s), "runs": len(s)}
+            for name, s in samples.items()}
+
+
+def markdown(results: dict, steps: int) -> str:
+    base = results["/generate (gradio_client)"]["median_s"]
+    lines = [f"| client, 4 images 64x64, {steps} steps | median s | min s | max s | vs /generate |",
+             "|---|---|---|---|---|"]
+    for name, r in results.items():
+        lines.append(f"| {name} | {r['median_s']:.3f} | {r['min_s']:.3f} | {r['max_s']:.3f} | "
+                     f"{r['median_s'] - base:+.3f} s |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--json", default=str(ROOT / "bench_apis.json"))
+    args = parser.parse_args(argv)
+    port = _free_port()
+    app = start_app(port)
+    try:
+        results = asyncio.run(measure(f"http://127.0.0.1:{port}/", args.steps, args.runs))
+    finally:
+        app.terminate()
+        app.wait(60)
+    Path(args.json).write_text(json.dumps({"steps": args.steps, "results": results}, indent=1))
+    print(markdown(results, args.steps))
+
+
+if __name__ == "__main__":
+    main()
