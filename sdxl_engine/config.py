@@ -101,6 +101,13 @@ class EngineConfig:
     temp_max_mb: float = 500.0
     # ...but never a file younger than this many seconds (a client may still be downloading it).
     temp_keep_s: float = 600.0
+    # ---- LoRAs (issue #21) ----
+    # LoRA files that prompts pick with <lora:NAME:WEIGHT>: NAME=PATH entries, several separated by
+    # os.pathsep (":" on Linux, as in PATH; the flag --lora NAME=PATH may instead be repeated). Each is
+    # read and checked against the model at start (checkpoint/lora.py); a bad one stops the start.
+    lora: str = ""
+    # A folder whose every .safetensors file is a LoRA named by its file stem ("" = none).
+    lora_dir: str = ""
 
     @classmethod
     def load(cls, overrides: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> "EngineConfig":

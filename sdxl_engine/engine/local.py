@@ -13,6 +13,7 @@ The engine runs whatever it is given: requests are serialised in one place in fr
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 import time
 from pathlib import Path
@@ -22,6 +23,7 @@ import jax
 import numpy as np
 
 from sdxl_engine.checkpoint import builtin, loading
+from sdxl_engine.checkpoint import lora as lora_mod
 from sdxl_engine.engine import faults
 from sdxl_engine.program import sharding
 from sdxl_engine import config as config_mod
@@ -30,7 +32,8 @@ from sdxl_engine.program.executables import ExecutableCache
 from sdxl_engine.program.generate import CompiledProgram, ProgramInputs, ProgramShape, cached_program, tokenize
 from sdxl_engine.program.schedulers import make_schedule
 from sdxl_engine.engine.contract import ScaleOut, clock, queue_seconds
-from sdxl_engine.engine.validation import GenerateRequest, Limits, validate
+from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest, Limits, validate
+from sdxl_engine.engine.prompts import parse_lora_tags
 
 
 def _no_progress(stage: str) -> None:
@@ -95,6 +98,7 @@ class GenerateResult:
         device_count: devices the batch was split over.
         device_summary: e.g. ``4 × cpu``.
         model: the loaded model's name.
+        loras: {name: A1111 short hash} of the LoRAs the prompt's tags named, in their order (#21).
     """
 
     images: np.ndarray
@@ -105,6 +109,7 @@ class GenerateResult:
     device_count: int
     device_summary: str
     model: str
+    loras: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 class Engine:
@@ -132,6 +137,7 @@ class Engine:
         self.compile_count = 0  # programs made (compiled, or loaded from the executable cache)
         self.compile_cache_dir = ""  # set at start (apply_jax_options: "" = no persistent cache)
         self.executables: ExecutableCache | None = None  # set at start: <compile_cache_dir>/executables, or None
+        self.loras: lora_mod.LoraMerger | None = None  # (#21) set at start: the LoRAs and their merged params
         self.stage = "starting"
         self.started = clock()
         self.startup: dict[str, float] = {}
@@ -176,7 +182,10 @@ class Engine:
         config_mod.check_seed_range(self.config.max_seed, self.batch)
         self.device_summary = sharding.device_summary(self.mesh)
 
-        # 2. The model, each parameter straight onto the devices.
+        # 2. The model, each parameter straight onto the devices; the LoRAs' files checked first (#21).
+        lora_sources = lora_mod.lora_sources(self.config.lora, self.config.lora_dir, os.pathsep)
+        for path in lora_sources.values():
+            lora_mod.check_lora_path(path)
         t0 = self._stage("loading model onto the devices")
         if self._faults:  # TEST-ONLY (faults.py): a start slow enough to watch
             self._faults.on_start()
@@ -188,6 +197,7 @@ class Engine:
         self.params = self.model.params
         jax.block_until_ready(self.params)
         self._done("load_s", t0)
+        self._load_loras(lora_sources)
         self.defaults = self._model_defaults()
         self.limits = self._limits(self.defaults)
 
@@ -206,6 +216,31 @@ class Engine:
         self.startup["ready_s"] = clock() - self.started
         self._log(f"[sdxl_engine] ready in {self.startup['ready_s']:.2f} s on {self.device_summary} "
                   f"({self.model.name}, {self.model.dtype})")
+
+    def _load_loras(self, sources: dict) -> None:
+        """(#21) Read and check every LoRA against the model (LoraError stops the start), keep the merger."""
+        t0 = self._stage(f"loading {len(sources)} LoRAs") if sources else None
+        loras = {name: lora_mod.read_lora(name, path, self.model.components) for name, path in sources.items()}
+        self.loras = lora_mod.LoraMerger(self.params, loras, sharding.replicated(self.mesh))
+        if sources:
+            self._done("lora_s", t0)
+            self._log("[sdxl_engine] LoRAs: " + ", ".join(f"{i['name']} ({i['format']}, {i['layers']} layers, "
+                                                          f"hash {i['hash']})" for i in lora_mod.lora_info(loras.values())))
+
+    def _lora_params(self, prompt: str) -> tuple[str, dict, dict[str, str]]:
+        """(#21) The prompt without its <lora:...> tags, the params for those LoRAs (merged outside the
+        compiled program), and {name: short hash}. Raises InvalidRequest for a bad tag or an unknown name."""
+        text, tags = parse_lora_tags(prompt)
+        loaded = self.loras.loras if self.loras else {}
+        for tag in tags:
+            if tag.name not in loaded:
+                available = (f"available: {', '.join(sorted(loaded))}" if loaded else
+                             "none are loaded (start with --lora NAME=PATH or --lora-dir DIR)")
+                raise InvalidRequest("prompt", f"unknown LoRA {tag.name!r} in <lora:{tag.name}:...>; {available}")
+        if not tags:
+            return text, self.params, {}
+        params = self.loras.params([(t.name, t.weight) for t in tags])
+        return text, params, {t.name: loaded[t.name].short_hash for t in tags}
 
     def _config_shown(self) -> dict:
         """The config for the start-up line: a field the model's engine_defaults.json may still choose
@@ -324,12 +359,13 @@ class Engine:
              loop_steps: int | None = None) -> GenerateResult:
         """Run a validated request; ``loop_steps`` (the warm-up's 0) overrides how many denoising steps run."""
         t0 = time.perf_counter()
+        text, params, loras = self._lora_params(request.prompt)  # (#21) tags off the text, before tokenizing
         cfg = request.guidance_scale > 1  # diffusers: guidance <= 1 means no classifier-free guidance
         if not self.is_compiled(request.width, request.height, cfg):
             progress("compiling")
         program = self._program(request.width, request.height, cfg)
         progress("preparing")
-        prompt_ids, cut = tokenize(self.model, request.prompt)
+        prompt_ids, cut = tokenize(self.model, text)
         negative_ids, cut_negative = tokenize(self.model, request.negative_prompt)
         # Image i uses seed + i, wrapping past max_seed to 0, so every caption's seed is itself a valid request seed.
         seeds = [(request.seed + i) % (self.limits.max_seed + 1) for i in range(self.batch)]
@@ -338,7 +374,7 @@ class Engine:
                                      request.num_inference_steps if loop_steps is None else loop_steps,
                                      self.config.max_inference_steps)
         # TEST-ONLY fault hooks (faults.py): self._faults is None unless SDXL_FAULT_INJECTION=1.
-        params = self._faults.params(request.prompt, self.params) if self._faults else self.params
+        params = self._faults.params(request.prompt, params) if self._faults else params
         progress("on device")
         t1 = time.perf_counter()
         if self._faults:  # simulated device time, counted as device time
@@ -359,7 +395,7 @@ class Engine:
         return GenerateResult(images=images, seeds=seeds, request=request, timings=timings,
                               warnings=self._warnings(request, cut, cut_negative),
                               device_count=self.mesh.devices.size, device_summary=self.device_summary,
-                              model=self.model.name)
+                              model=self.model.name, loras=loras)
 
     def _warnings(self, request: GenerateRequest, cut: bool, cut_negative: bool) -> list[str]:
         warnings = []
