@@ -105,7 +105,7 @@ def lora_engine(tmp_path_factory):
     (folder / "ink.safetensors").write_bytes(FILES["kohya"].read_bytes())
     config = EngineConfig.load({"model": str(FIXTURES / "tiny-pt"), "cpu_devices": 4, "executable_cache": False,
                                 "lora": f"peft={FILES['peft']}", "lora_dir": str(folder),
-                                "max_inference_steps": 8}, environ={})
+                                "max_inference_steps": 8, "num_inference_steps": 3}, environ={})
     return Engine(config, log=lambda *_: None).start()
 
 
