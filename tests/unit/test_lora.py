@@ -255,3 +255,27 @@ def test_cli_repeats_lora_and_joins_with_pathsep():
     config = EngineConfig.load(overrides, environ={})
     assert (config.lora, config.lora_dir) == (overrides["lora"], "/d")
     assert list(lora.lora_sources(config.lora, "", os.pathsep)) == ["a", "b"]
+
+
+def test_pngs_keep_the_tags_and_carry_lora_hashes_as_a1111_writes_them(tmp_path):
+    """A1111's Lora extension adds ``Lora hashes: "NAME: shorthash, ..."`` (quoted: the value holds ': ' and
+    ', '), in the tags' order; the prompt keeps its tags. The expected text is written out here."""
+    from PIL import Image
+
+    from sdxl_engine.engine.local import GenerateResult
+    from sdxl_engine.engine.validation import GenerateRequest
+    from sdxl_engine.serving.delivery import deliver
+    from sdxl_engine.serving.images import parse_a1111_parameters
+    from sdxl_engine.serving.styles import NO_STYLE
+
+    request = GenerateRequest("a cat <lora:ink:0.7>, <lora:peft>", "", 5, 5.0, 4, 64, 64, "Euler")
+    result = GenerateResult(images=np.zeros((1, 64, 64, 3), np.uint8), seeds=[5], request=request,
+                            timings={"latency": 0.1}, warnings=[], device_count=1, device_summary="1 × cpu",
+                            model="tiny-pt", loras={"ink": "24ffad87cf5b", "peft": "8347dfde1941"})
+    out = deliver(result, request.prompt, NO_STYLE, tmp_path)
+    with Image.open(out.paths[0]) as image:
+        text = image.text["parameters"]
+    assert text == ('a cat <lora:ink:0.7>, <lora:peft>\nSteps: 4, Sampler: Euler, CFG scale: 5, Seed: 5, Size: 64x64, '
+                    'Model: tiny-pt, Lora hashes: "ink: 24ffad87cf5b, peft: 8347dfde1941"')
+    assert parse_a1111_parameters(text)["Lora hashes"] == "ink: 24ffad87cf5b, peft: 8347dfde1941"
+    assert out.info["loras"] == {"ink": "24ffad87cf5b", "peft": "8347dfde1941"}
