@@ -447,6 +447,15 @@ def lora_sources(entries: str, folder: str, separator: str) -> dict[str, Path]:
     return sources
 
 
+def available_names(entries: str, folder: str, separator: str) -> list[str]:
+    """The LoRA names :func:`lora_sources` gives, for the page's list; [] when the settings are bad (the
+    engine's start reports that, in one line, and the process exits)."""
+    try:
+        return list(lora_sources(entries, folder, separator))
+    except (LoraError, OSError):
+        return []
+
+
 # ---- merging ---------------------------------------------------------------------------------------
 
 def place_lora(lora: Lora, sharding) -> dict[str, dict[str, tuple[jax.Array, jax.Array]]]:
