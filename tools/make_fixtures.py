@@ -5,6 +5,7 @@ Commands, run from the repository root:
     python -m tools.make_fixtures tiny
     python -m tools.make_fixtures keys
     python -m tools.make_fixtures samplers
+    python -m tools.make_fixtures lora
     python -m tools.make_fixtures fullsize --out DIR [--dtype float32|bfloat16]
 
 * ``tiny`` writes, under tests/fixtures/: ``tiny-pt/`` (a small random SDXL made with diffusers'
@@ -21,6 +22,10 @@ Commands, run from the repository root:
   sigmas, init_noise_sigma and a whole ``scheduler.step`` trajectory on fixed small arrays (the
   sample after each step; Euler a's noise per step), plus each class's ``__init__`` defaults, and
   tiny-pt's pipeline images with DDIM from a config lacking ``clip_sample`` (:data:`DDIM_IMAGE_CASE`).
+* ``lora`` writes tests/fixtures/tiny-pt-lora/: a kohya LoRA for tiny-pt written key by key (sgm names,
+  LoCon convs, both text encoders, alphas), a PEFT LoRA (peft's LoraConfig, saved by diffusers'
+  ``save_lora_weights``), each proven by ``load_lora_weights`` (no unused key, every layer adapted), and
+  the pipeline's images with them at weight 1 and 0.5 and both at once (``set_adapters``).
 * ``fullsize`` writes a random full-size SDXL base (diffusers format, safetensors, about 14 GB
   in float32) to DIR and reference outputs to DIR/reference/; it is not committed.
 
