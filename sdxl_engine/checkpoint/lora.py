@@ -467,65 +467,75 @@ def place_lora(lora: Lora, sharding) -> dict[str, dict[str, tuple[jax.Array, jax
     return out
 
 
-def _merge(base, factors, weights):
-    """The merged weights of one LoRA set (traced; see :func:`merge`)."""
-    out = {}
-    for component, keys in base.items():
-        out[component] = {}
-        for key, w in keys.items():
-            total = jnp.zeros((w.shape[-1] if w.ndim == 4 else w.shape[0], int(np.prod(w.shape)) //
-                               (w.shape[-1] if w.ndim == 4 else w.shape[0])), jnp.float32)
-            for i, lora in enumerate(factors):
-                if key in lora.get(component, {}):
-                    down, up = lora[component][key]
-                    total = total + weights[i] * jnp.matmul(up, down, precision=jax.lax.Precision.HIGHEST)
-            if w.ndim == 4:  # (out, in*kh*kw) in PyTorch's order -> the modules' (kh, kw, in, out)
-                out_ch, in_ch, kh, kw = w.shape[3], w.shape[2], w.shape[0], w.shape[1]
-                total = total.reshape(out_ch, in_ch, kh, kw).transpose(2, 3, 1, 0)
-            out[component][key] = (w.astype(jnp.float32) + total).astype(w.dtype)
-    return out
+def merge_layer(w: jax.Array, factors: tuple, weights: jax.Array, index: tuple[int, ...]) -> jax.Array:
+    """One weight with its LoRAs' deltas: ``W + sum_i weights[index[i]] * (up_i @ down_i)``.
+
+    Args:
+        w: the base weight in the modules' layout, (out, in) or (kh, kw, in, out), any float dtype.
+        factors: ((down (rank, in*kh*kw), up (out, rank)), ...) float32, one pair per LoRA touching ``w``
+            (``up`` already scaled by alpha / rank).
+        weights: (n,) float32, the weight of every LoRA of the set (a traced argument: a new weight does
+            not recompile).
+        index: static; which entry of ``weights`` belongs to each pair of ``factors``.
+    Returns:
+        ``w``'s shape and dtype; the sum is float32 (matmul at HIGHEST precision), cast once at the end,
+        as PEFT's ``get_delta_weight`` + diffusers' ``fuse_lora`` compute it.
+    """
+    out_ch = w.shape[-1] if w.ndim == 4 else w.shape[0]
+    total = jnp.zeros((out_ch, w.size // out_ch), jnp.float32)
+    for (down, up), i in zip(factors, index):
+        total = total + weights[i] * jnp.matmul(up, down, precision=jax.lax.Precision.HIGHEST)
+    if w.ndim == 4:  # (out, in*kh*kw) in PyTorch's order -> the modules' (kh, kw, in, out)
+        total = total.reshape(out_ch, w.shape[2], w.shape[0], w.shape[1]).transpose(2, 3, 1, 0)
+    return (w.astype(jnp.float32) + total).astype(w.dtype)
 
 
 class LoraMerger:
-    """Merged parameters for LoRA sets, from the kept base parameters.
+    """Merged parameters for LoRA sets, from the kept base parameters, outside the compiled program.
 
-    One jitted merge per distinct tuple of LoRA names (the weights are an array argument, so a new
-    weight for the same LoRAs reuses it); the last merged set is kept, so repeated requests with the
-    same tags merge nothing. Memory: the base parameters, the LoRAs' factors, and one merged copy of
-    the weights the current set touches (the previous merged copy is dropped before a new merge).
+    Each touched weight is merged by :func:`merge_layer`, jitted once per distinct (weight shape, factor
+    shapes, index): a new set of already-seen shapes, or new weights, compiles nothing. Per layer, not
+    one program per set, so that only one layer's float32 delta is alive at a time (one program for a
+    whole full-size set keeps many of them at once: BENCHMARKS.md) and a set of new names needs no
+    compile of its own. The last merged set is kept, so repeated requests with the same tags merge
+    nothing. Memory: the base parameters, the LoRAs' factors, one merged copy of the weights the current
+    set touches (the previous copy is dropped before a new merge) and one layer's float32 delta.
     """
 
     def __init__(self, base: Mapping[str, Mapping[str, jax.Array]], loras: Mapping[str, Lora], sharding):
         self.base = base
         self.loras = dict(loras)
+        self._sharding = sharding
         self._factors = {name: place_lora(lora, sharding) for name, lora in loras.items()}
-        self._jitted = jax.jit(_merge, out_shardings=sharding)
+        self._jitted = jax.jit(merge_layer, static_argnames=("index",), out_shardings=sharding)
         self._current: tuple | None = None
         self._params = base
-        self.merges = 0  # merges run (for tests and the log)
+        self.merges = 0  # sets merged (for tests and the log)
 
     def params(self, tags: Sequence[tuple[str, float]]):
         """The parameters for ``tags`` ((name, weight) pairs; names must be loaded): the base dict
         itself for none (or all weights 0), else a dict of the same structure, shapes, dtypes and
-        shardings with the touched weights merged. Raises KeyError for a name not loaded."""
+        shardings with the touched weights merged (the others are the base's arrays, not copies).
+        Raises KeyError for a name not loaded."""
         active = tuple(sorted((n, float(w)) for n, w in tags if w != 0.0))
         if not active:
             return self.base
         if active == self._current:
             return self._params
-        names = tuple(n for n, _ in active)
-        factors = tuple(self._factors[n] for n in names)
-        touched = {}
-        for factor in factors:
-            for component, keys in factor.items():
-                touched.setdefault(component, set()).update(keys)
         self._current, self._params = None, self.base  # drop the previous merged copy first
-        sub = {c: {k: self.base[c][k] for k in sorted(keys)} for c, keys in touched.items()}
-        merged = self._jitted(sub, factors, jnp.asarray([w for _, w in active], jnp.float32))
-        self._params = {c: ({**params, **merged[c]} if c in merged else params) for c, params in self.base.items()}
-        self._current = active
+        weights = jax.device_put(np.asarray([w for _, w in active], np.float32), self._sharding)
+        layers: dict[tuple[str, str], list] = {}
+        for i, (name, _) in enumerate(active):
+            for component, keys in self._factors[name].items():
+                for key, pair in keys.items():
+                    layers.setdefault((component, key), []).append((pair, i))
+        merged = {c: dict(params) for c, params in self.base.items()}
+        for (component, key), entries in sorted(layers.items()):
+            merged[component][key] = self._jitted(self.base[component][key], tuple(p for p, _ in entries), weights,
+                                                  index=tuple(i for _, i in entries))
+        self._params, self._current = merged, active
         self.merges += 1
-        return self._params
+        return merged
 
 
 def lora_info(loras: Iterable[Lora]) -> list[dict]:

@@ -67,9 +67,9 @@ def test_images_match_diffusers_load_lora_weights(setup, case):
 
 
 def test_switching_sets_and_weights_compiles_nothing_after_each_sets_first_merge(setup):
-    """One merge compile per distinct set of names; any weights of a seen set, and going back to a set,
-    compile nothing: neither the program (an ahead-of-time executable, called with same-shaped params) nor
-    the merge."""
+    """Once each set's layer merges are compiled (per weight shape and LoRA count), any weights of a seen set,
+    and going back to a set, compile nothing: neither the program (an ahead-of-time executable, called with
+    same-shaped params) nor the merge."""
     _, params, _, merger = setup
     for weights in ({"kohya": 1.0}, {"peft": 0.5}, {"kohya": 0.7, "peft": -0.6}):
         jax.block_until_ready(merger.params(list(weights.items())))
