@@ -22,10 +22,10 @@ header entry (``<component>.lora_alpha``, ``alpha_pattern``, ``use_rslora``), re
 (``lora_alpha / r``, or ``/ sqrt(r)`` with rsLoRA); without it, 1. A request's weight multiplies the
 UNet's and both text encoders' deltas alike, as diffusers' ``set_adapters(names, adapter_weights)``.
 
-The merge: ``W' = W + sum_i weight_i * scale_i * (up_i @ down_i)`` (float32, then the params'
-dtype), done by one jitted function per distinct set of LoRA names (weights are array arguments,
-so a new weight reuses it) on the kept base parameters; the compiled generation program receives
-the merged dict, whose arrays have the base's shapes, dtypes and shardings, so it never recompiles.
+The merge (:class:`LoraMerger`): ``W' = W + sum_i weight_i * scale_i * (up_i @ down_i)`` (float32,
+then the params' dtype), by a function jitted per weight shape (weights are array arguments, so a new
+weight reuses it) on the kept base parameters; the compiled generation program receives the merged
+dict, whose arrays have the base's shapes, dtypes and shardings, so it never recompiles.
 Unsupported on purpose, each refused by name: DoRA (``dora_scale``), LyCORIS LoHa (``hada_*``) and
 LoKr (``lokr_*``), bias and norm deltas (``diff``, ``diff_b``).
 """

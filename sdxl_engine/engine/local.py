@@ -336,7 +336,7 @@ class Engine:
         ``timings["queue"]`` starts (contract.queue_seconds); by default it starts when this call does.
 
         Raises:
-            InvalidRequest: a bad argument (nothing ran).
+            InvalidRequest: a bad argument (nothing ran), including a bad or unknown ``<lora:...>`` tag.
             EngineNotReady: start-up failed or did not finish within ``ready_timeout`` seconds.
             GenerationError: the program produced non-finite pixels.
             faults.InjectedFault: only with the test-only switch on (faults.py) and a ``fault:raise`` prompt.
