@@ -946,8 +946,9 @@ def _module_by_torch_shape(module: torch.nn.Module) -> tuple[int, ...]:
 
 def kohya_lora(pipe: StableDiffusionXLPipeline, seed: int) -> dict[str, torch.Tensor]:
     """A kohya LoRA for ``pipe``'s tiny-pt, written key by key: lora_down (rank, in[, kh, kw]), lora_up
-    (out, rank[, 1, 1]) and alpha per module; shapes read from the diffusers module each kohya name means
-    (the table in the docstring of diffusers' _convert_unet_lora_key, applied by hand below)."""
+    (out, rank[, 1, 1]) and alpha per module; shapes read from the diffusers module each kohya name means,
+    the sgm -> diffusers names written out by hand below (diffusers' _maybe_map_sgm_blocks_to_diffusers and
+    _convert_unet_lora_key derive them; load_checked proves they agree)."""
     unet_modules = dict(pipe.unet.named_modules())
     ldm = {  # kohya (sgm) name -> diffusers module, for tiny-pt's 3 levels x 2 layers (written out, not derived)
         "input_blocks_0_0": "conv_in", "time_embed_0": "time_embedding.linear_1",
