@@ -9,6 +9,7 @@ and a JSON object (``seeds``, ``latency_s``, ``device_count`` ...: README). The 
 from __future__ import annotations
 
 import functools
+import os
 from typing import Callable
 
 from sdxl_engine.serving import main as process  # imports no Gradio
@@ -18,6 +19,7 @@ if __name__ == "__main__":  # before Gradio is imported: it reads GRADIO_TEMP_DI
 
 import gradio as gr
 
+from sdxl_engine.checkpoint.lora import available_names
 from sdxl_engine.config import EngineConfig
 from sdxl_engine.engine.contract import EngineContract, clock
 from sdxl_engine.engine.validation import MAX_GUIDANCE
@@ -156,6 +158,11 @@ def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract 
         # an index the page never sends; this one refuses it in one line (page_event).
         examples = gr.Dataset(components=[prompt, style], samples=[[text, NO_STYLE] for text in EXAMPLES],
                               type="index", label="Examples (click to fill the prompt and style)", elem_id="examples")
+        # (#21) The loaded LoRAs: a click adds its <lora:NAME:1> tag to the prompt (the engine reads the tags).
+        lora_names = available_names(config.lora, config.lora_dir, os.pathsep)
+        lora_list = gr.Dataset(components=[prompt], samples=[[f"<lora:{name}:1>"] for name in lora_names],
+                               type="index", label="LoRAs (click to add its tag to the prompt; edit the weight, -4 to 4)",
+                               elem_id="loras", visible=bool(lora_names))
         with gr.Accordion("History (this browser)", open=True):
             history_note = gr.Markdown(HISTORY_NOTE, elem_id="history-note")
             history_gallery = gr.Gallery(label="Past generations", show_label=False, columns=10, height=300,
@@ -227,6 +234,16 @@ def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract 
 
         examples.click(load_example, examples, [prompt, style], api_visibility="private", queue=False,
                        show_progress="hidden")
+
+        @page_event
+        def add_lora(index: int, text: str | None):
+            if type(index) is not int or not 0 <= index < len(lora_names):
+                raise IndexError(f"no LoRA {index!r}")
+            tag = f"<lora:{lora_names[index]}:1>"
+            return f"{text.rstrip()} {tag}" if isinstance(text, str) and text.strip() else tag
+
+        lora_list.click(add_lora, [lora_list, prompt], prompt, api_visibility="private", queue=False,
+                        show_progress="hidden")
 
         timer = gr.Timer(1.0, active=engine is not None and not engine.ready.is_set())
 

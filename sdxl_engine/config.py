@@ -126,6 +126,14 @@ class EngineConfig:
     # chunk's mean) or "none" (brackets and BREAK are still syntax; every weight counts as 1).
     emphasis: str = "original"
 
+    # ---- LoRAs (issue #21) ----
+    # LoRA files that prompts pick with <lora:NAME:WEIGHT>: NAME=PATH entries, several separated by
+    # os.pathsep (":" on Linux, as in PATH; the flag --lora NAME=PATH may instead be repeated). Each is
+    # read and checked against the model at start (checkpoint/lora.py); a bad one stops the start.
+    lora: str = ""
+    # A folder whose every .safetensors file is a LoRA named by its file stem ("" = none).
+    lora_dir: str = ""
+
     @classmethod
     def load(cls, overrides: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> "EngineConfig":
         """Build the config: defaults, then ``SDXL_*`` environment variables, then ``overrides``.

@@ -8,6 +8,7 @@ Commands, run from the repository root:
     python -m tools.make_fixtures single
     python -m tools.make_fixtures sgm-keys
     python -m tools.make_fixtures single-fullsize --out FILE [--dtype float16|float32]
+    python -m tools.make_fixtures lora
     python -m tools.make_fixtures fullsize --out DIR [--dtype float32|bfloat16]
 
 * ``tiny`` writes, under tests/fixtures/: ``tiny-pt/`` (a small random SDXL made with diffusers'
@@ -31,6 +32,10 @@ Commands, run from the repository root:
 * ``sgm-keys`` writes tests/fixtures/sdxl-base-sgm-keys.json: the same full-size SDXL base named as its
   original single file names it (``sgm_state`` on the meta device). ``single-fullsize`` writes such a file
   with random values (float16: about 6.9 GB; not committed), for load time and peak memory.
+* ``lora`` writes tests/fixtures/tiny-pt-lora/: a kohya LoRA for tiny-pt written key by key (sgm names,
+  LoCon convs, both text encoders, alphas), a PEFT LoRA (peft's LoraConfig, saved by diffusers'
+  ``save_lora_weights``), each proven by ``load_lora_weights`` (no unused key, every layer adapted), and
+  the pipeline's images with them at weight 1 and 0.5 and both at once (``set_adapters``).
 * ``fullsize`` writes a random full-size SDXL base (diffusers format, safetensors, about 14 GB
   in float32) to DIR and reference outputs to DIR/reference/; it is not committed.
 
@@ -1169,6 +1174,241 @@ def cmd_single_fullsize(out: Path, dtype_name: str) -> None:
         for shape in shapes.values():
             f.write((rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(dtype).tobytes())
     print(json.dumps({"file": str(out), "tensors": len(shapes), "bytes": out.stat().st_size}))
+# ``lora``: two LoRAs for tiny-pt and diffusers' images with them. The kohya file is written here by hand in
+# kohya's SDXL naming (sd-scripts trains SDXL on the sgm/LDM UNet: input_blocks/middle_block/output_blocks), so
+# the module names below are kohya's, not derived from any converter; diffusers' load_lora_weights maps them.
+KOHYA_UNET_MODULES = (
+    # (kohya module name after lora_unet_, rank, alpha)
+    ("input_blocks_0_0", 4, 2.0),  # conv_in (LoCon 3x3)
+    ("time_embed_0", 4, 4.0), ("time_embed_2", 4, 4.0), ("label_emb_0_0", 4, 4.0), ("label_emb_0_2", 4, 4.0),
+    ("input_blocks_1_0_in_layers_2", 4, 2.0), ("input_blocks_1_0_emb_layers_1", 4, 2.0),
+    ("input_blocks_1_0_out_layers_3", 4, 2.0), ("input_blocks_3_0_op", 4, 2.0),
+    ("input_blocks_4_0_skip_connection", 4, 2.0),
+    ("input_blocks_4_1_proj_in", 8, 4.0),
+    ("input_blocks_4_1_transformer_blocks_0_attn1_to_q", 8, 4.0),
+    ("input_blocks_4_1_transformer_blocks_0_attn1_to_k", 8, 4.0),
+    ("input_blocks_4_1_transformer_blocks_0_attn1_to_v", 8, 4.0),
+    ("input_blocks_4_1_transformer_blocks_0_attn1_to_out_0", 8, 4.0),
+    ("input_blocks_4_1_transformer_blocks_0_attn2_to_k", 8, 4.0),
+    ("input_blocks_4_1_transformer_blocks_0_attn2_to_v", 8, 4.0),
+    ("input_blocks_4_1_transformer_blocks_0_ff_net_0_proj", 8, 4.0),
+    ("input_blocks_4_1_transformer_blocks_0_ff_net_2", 8, 4.0),
+    ("input_blocks_4_1_proj_out", 8, 4.0),
+    ("input_blocks_8_1_transformer_blocks_1_attn2_to_q", 4, 4.0),
+    ("middle_block_0_in_layers_2", 4, 1.0), ("middle_block_1_transformer_blocks_0_attn1_to_q", 4, 4.0),
+    ("middle_block_2_out_layers_3", 4, 1.0),
+    ("output_blocks_0_1_transformer_blocks_0_attn2_to_out_0", 4, 4.0), ("output_blocks_2_2_conv", 4, 2.0),
+    ("output_blocks_5_1_proj_out", 4, 4.0), ("output_blocks_5_2_conv", 4, 2.0),
+    ("output_blocks_6_0_skip_connection", 4, 2.0), ("output_blocks_8_0_in_layers_2", 4, 2.0),
+    ("out_2", 4, 2.0),  # conv_out
+)
+# (prefix, transformers module names of both text encoders, rank, alpha)
+KOHYA_TEXT_MODULES = (
+    ("lora_te1_", ("text_model_encoder_layers_0_self_attn_q_proj", "text_model_encoder_layers_0_self_attn_v_proj",
+                   "text_model_encoder_layers_1_self_attn_out_proj", "text_model_encoder_layers_1_mlp_fc1",
+                   "text_model_encoder_layers_1_mlp_fc2"), 4, 2.0),
+    # MLP only: diffusers 0.42.1 with transformers 5.24 drops kohya's lora_te2_*_self_attn_* layers (its load
+    # report lists them UNEXPECTED: they stay `to_q_lora` names), so diffusers could not be the reference for them.
+    ("lora_te2_", ("text_model_encoder_layers_0_mlp_fc1", "text_model_encoder_layers_2_mlp_fc1",
+                   "text_model_encoder_layers_2_mlp_fc2"), 4, 2.0),
+)
+PEFT_UNET_TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "proj_in", "proj_out", "ff.net.0.proj", "ff.net.2",
+                     "conv1", "conv2", "time_emb_proj"]
+PEFT_TEXT_TARGETS = ["q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2"]
+LORA_PROMPT, LORA_STEPS, LORA_GUIDANCE = "a red circle", 4, 5.0
+# (case name, {adapter: weight}); "base" is tiny-pt without a LoRA, on the same latents.
+LORA_CASES = (("base", {}), ("kohya_1", {"kohya": 1.0}), ("kohya_05", {"kohya": 0.5}), ("peft_1", {"peft": 1.0}),
+              ("peft_05", {"peft": 0.5}), ("both", {"kohya": 0.7, "peft": -0.6}))
+
+
+def _module_by_torch_shape(module: torch.nn.Module) -> tuple[int, ...]:
+    return tuple(module.weight.shape)
+
+
+def kohya_lora(pipe: StableDiffusionXLPipeline, seed: int) -> dict[str, torch.Tensor]:
+    """A kohya LoRA for ``pipe``'s tiny-pt, written key by key: lora_down (rank, in[, kh, kw]), lora_up
+    (out, rank[, 1, 1]) and alpha per module; shapes read from the diffusers module each kohya name means,
+    the sgm -> diffusers names written out by hand below (diffusers' _maybe_map_sgm_blocks_to_diffusers and
+    _convert_unet_lora_key derive them; load_checked proves they agree)."""
+    unet_modules = dict(pipe.unet.named_modules())
+    ldm = {  # kohya (sgm) name -> diffusers module, for tiny-pt's 3 levels x 2 layers (written out, not derived)
+        "input_blocks_0_0": "conv_in", "time_embed_0": "time_embedding.linear_1",
+        "time_embed_2": "time_embedding.linear_2", "label_emb_0_0": "add_embedding.linear_1",
+        "label_emb_0_2": "add_embedding.linear_2", "input_blocks_1_0_in_layers_2": "down_blocks.0.resnets.0.conv1",
+        "input_blocks_1_0_emb_layers_1": "down_blocks.0.resnets.0.time_emb_proj",
+        "input_blocks_1_0_out_layers_3": "down_blocks.0.resnets.0.conv2",
+        "input_blocks_3_0_op": "down_blocks.0.downsamplers.0.conv",
+        "input_blocks_4_0_skip_connection": "down_blocks.1.resnets.0.conv_shortcut",
+        "input_blocks_4_1_proj_in": "down_blocks.1.attentions.0.proj_in",
+        "input_blocks_4_1_proj_out": "down_blocks.1.attentions.0.proj_out",
+        "input_blocks_8_1_transformer_blocks_1_attn2_to_q": "down_blocks.2.attentions.1.transformer_blocks.1.attn2.to_q",
+        "middle_block_0_in_layers_2": "mid_block.resnets.0.conv1",
+        "middle_block_1_transformer_blocks_0_attn1_to_q": "mid_block.attentions.0.transformer_blocks.0.attn1.to_q",
+        "middle_block_2_out_layers_3": "mid_block.resnets.1.conv2",
+        "output_blocks_0_1_transformer_blocks_0_attn2_to_out_0":
+            "up_blocks.0.attentions.0.transformer_blocks.0.attn2.to_out.0",
+        "output_blocks_2_2_conv": "up_blocks.0.upsamplers.0.conv", "output_blocks_5_1_proj_out":
+            "up_blocks.1.attentions.2.proj_out", "output_blocks_5_2_conv": "up_blocks.1.upsamplers.0.conv",
+        "output_blocks_6_0_skip_connection": "up_blocks.2.resnets.0.conv_shortcut",
+        "output_blocks_8_0_in_layers_2": "up_blocks.2.resnets.2.conv1", "out_2": "conv_out",
+    }
+    for inner in ("attn1_to_q", "attn1_to_k", "attn1_to_v", "attn1_to_out_0", "attn2_to_k", "attn2_to_v",
+                  "ff_net_0_proj", "ff_net_2"):
+        ldm[f"input_blocks_4_1_transformer_blocks_0_{inner}"] = (
+            "down_blocks.1.attentions.0.transformer_blocks.0." + inner.replace("attn1_", "attn1.").replace(
+                "attn2_", "attn2.").replace("to_out_0", "to_out.0").replace("ff_net_0_proj", "ff.net.0.proj")
+            .replace("ff_net_2", "ff.net.2"))
+    generator = torch.Generator().manual_seed(seed)
+    out: dict[str, torch.Tensor] = {}
+
+    def add(prefix: str, name: str, weight_shape: tuple, rank: int, alpha: float) -> None:
+        fan_in = int(np.prod(weight_shape[1:]))
+        down_shape = (rank, *weight_shape[1:])
+        up_shape = (weight_shape[0], rank, 1, 1) if len(weight_shape) == 4 else (weight_shape[0], rank)
+        out[f"{prefix}{name}.lora_down.weight"] = torch.randn(down_shape, generator=generator) / fan_in ** 0.5
+        out[f"{prefix}{name}.lora_up.weight"] = torch.randn(up_shape, generator=generator) * (1.0 / rank ** 0.5)
+        out[f"{prefix}{name}.alpha"] = torch.tensor(alpha)
+
+    # Deltas near the base weights' size (default init: std 1/sqrt(3 fan_in)): large enough to change the images
+    # far beyond the tolerance, small enough that attention logits stay moderate (larger ones make float32
+    # rounding differences between two implementations grow step by step, and no reference is reproducible).
+    for name, rank, alpha in KOHYA_UNET_MODULES:
+        add("lora_unet_", name, _module_by_torch_shape(unet_modules[ldm[name]]), rank, alpha)
+    for prefix, names, rank, alpha in KOHYA_TEXT_MODULES:
+        encoder = pipe.text_encoder if prefix == "lora_te1_" else pipe.text_encoder_2
+        modules = dict(encoder.named_modules())
+        for name in names:
+            hf = name.replace("text_model_encoder_layers_", "text_model.encoder.layers.").replace(
+                "_self_attn_", ".self_attn.").replace("_mlp_", ".mlp.")
+            # transformers 5's CLIPTextModel has no text_model level; kohya's names keep it (real files have it)
+            module = modules.get(hf) or modules[hf[len("text_model."):]]
+            add(prefix, name, _module_by_torch_shape(module), rank, alpha)
+    return out
+
+
+def peft_lora(pipe: StableDiffusionXLPipeline, folder: Path, seed: int) -> Path:
+    """A PEFT LoRA on all three components (peft's LoraConfig, r 4, lora_alpha 8: scale 2), its A and B
+    filled with seeded noise, saved by diffusers' save_lora_weights with its adapter metadata. ``pipe`` is
+    changed (peft's inject_adapter_in_model: transformers' add_adapter wants a newer peft): pass a copy."""
+    from peft import LoraConfig, inject_adapter_in_model
+    from peft.utils import get_peft_model_state_dict
+
+    configs = {"unet": LoraConfig(r=4, lora_alpha=8, target_modules=PEFT_UNET_TARGETS, init_lora_weights=False),
+               "text_encoder": LoraConfig(r=4, lora_alpha=8, target_modules=PEFT_TEXT_TARGETS, init_lora_weights=False),
+               "text_encoder_2": LoraConfig(r=4, lora_alpha=8, target_modules=PEFT_TEXT_TARGETS,
+                                            init_lora_weights=False)}
+    generator = torch.Generator().manual_seed(seed)
+    layers = {}
+    for name, config in configs.items():
+        model = inject_adapter_in_model(config, getattr(pipe, name), adapter_name="fixture")
+        with torch.no_grad():
+            for key, param in sorted(model.named_parameters()):
+                if "lora_A" in key:
+                    param.copy_(torch.randn(param.shape, generator=generator) / int(np.prod(param.shape[1:])) ** 0.5)
+                elif "lora_B" in key:
+                    param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
+        layers[name] = get_peft_model_state_dict(model, adapter_name="fixture")
+    StableDiffusionXLPipeline.save_lora_weights(
+        folder, unet_lora_layers=layers["unet"], text_encoder_lora_layers=layers["text_encoder"],
+        text_encoder_2_lora_layers=layers["text_encoder_2"], weight_name="peft.safetensors",
+        unet_lora_adapter_metadata=configs["unet"].to_dict(),
+        text_encoder_lora_adapter_metadata=configs["text_encoder"].to_dict(),
+        text_encoder_2_lora_adapter_metadata=configs["text_encoder_2"].to_dict())
+    return folder / "peft.safetensors"
+
+
+class _LoggedWarnings(list):
+    """Collects log records of WARNING and above from diffusers, transformers and peft."""
+
+    def __enter__(self):
+        import logging
+
+        self._handler = logging.Handler(logging.WARNING)
+        self._handler.emit = lambda record: self.append(record.getMessage())
+        self._loggers = [logging.getLogger(n) for n in ("diffusers", "transformers", "peft", "")]
+        for logger in self._loggers:
+            logger.addHandler(self._handler)
+        return self
+
+    def __exit__(self, *exc):
+        for logger in self._loggers:
+            logger.removeHandler(self._handler)
+
+
+def load_checked(pipe: StableDiffusionXLPipeline, path: Path, adapter: str, expected_layers: int) -> None:
+    """load_lora_weights with no warning (unused or unexpected keys) and every layer of the file adapted."""
+    import warnings as py_warnings
+
+    diffusers.utils.logging.set_verbosity_warning()
+    transformers.logging.set_verbosity_warning()
+    with _LoggedWarnings() as logged, py_warnings.catch_warnings(record=True) as caught:
+        py_warnings.simplefilter("always")
+        pipe.load_lora_weights(str(path.parent), weight_name=path.name, adapter_name=adapter)
+    diffusers.utils.logging.set_verbosity_error()
+    transformers.logging.set_verbosity_error()
+    # transformers' load report lists the base weights an adapter does not hold as MISSING (they are kept:
+    # cmd_lora checks the base images after loading); an UNEXPECTED or unused key is a LoRA layer dropped.
+    messages = [m for m in logged + [str(w.message) for w in caught]
+                if re.search(r"unexpected|unused|not used|not been|not found", m, re.IGNORECASE)]
+    if messages:
+        raise SystemExit(f"{path.name}: diffusers warned while loading: {messages}")
+    adapted = sum(1 for model in (pipe.unet, pipe.text_encoder, pipe.text_encoder_2)
+                  for name, module in model.named_modules() if hasattr(module, "lora_A") and adapter in module.lora_A)
+    if adapted != expected_layers:
+        raise SystemExit(f"{path.name}: diffusers adapted {adapted} layers, the file has {expected_layers}")
+
+
+def cmd_lora(out: Path) -> None:
+    """``lora``: out/tiny-pt-lora/ with kohya.safetensors, peft.safetensors and reference.npz / .json."""
+    from safetensors.torch import save_file
+
+    torch.set_num_threads(1)
+    folder = out / "tiny-pt-lora"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    pipe = StableDiffusionXLPipeline.from_pretrained(out / "tiny-pt", dtype=torch.float32, add_watermarker=False)
+    pipe.set_progress_bar_config(disable=True)
+    # 1. The two files.
+    kohya = kohya_lora(pipe, seed=300)
+    save_file({k: v.contiguous() for k, v in kohya.items()}, str(folder / "kohya.safetensors"),
+              metadata={"ss_base_model_version": "sdxl_base_v1-0", "ss_network_module": "networks.lora"})
+    latents = np.random.RandomState(7).standard_normal((2, 4, 16, 16)).astype(np.float32)
+    before = pipe(LORA_PROMPT, guidance_scale=LORA_GUIDANCE, num_inference_steps=LORA_STEPS, width=64, height=64,
+                  num_images_per_prompt=2, output_type="np", latents=torch.from_numpy(latents)).images
+    peft_path = peft_lora(StableDiffusionXLPipeline.from_pretrained(out / "tiny-pt", dtype=torch.float32,
+                                                                    add_watermarker=False), folder, seed=301)
+    with safe_open(str(peft_path), framework="pt") as f:
+        peft_layers = sum(1 for k in f.keys() if k.endswith("lora_A.weight"))
+    # 2. Both load in diffusers, every layer adapted, no warning.
+    load_checked(pipe, folder / "kohya.safetensors", "kohya", sum(1 for k in kohya if k.endswith("lora_down.weight")))
+    load_checked(pipe, peft_path, "peft", peft_layers)
+    # 3. Images, same latents for every case.
+    arrays = {"latents": latents}
+    for name, weights in LORA_CASES:
+        if weights:
+            pipe.enable_lora()
+            pipe.set_adapters(list(weights), adapter_weights=list(weights.values()))
+        else:
+            pipe.disable_lora()
+        arrays[f"{name}_images"] = pipe(LORA_PROMPT, guidance_scale=LORA_GUIDANCE, num_inference_steps=LORA_STEPS,
+                                        width=64, height=64, num_images_per_prompt=2, output_type="np",
+                                        latents=torch.from_numpy(latents)).images
+    if not np.array_equal(arrays["base_images"], before):
+        raise SystemExit("loading the LoRAs changed tiny-pt's own images (disable_lora)")
+    write_npz(folder / "reference.npz", arrays)
+    meta = dict(made_by="python -m tools.make_fixtures lora", versions=versions(), torch_threads=1,
+                model="tests/fixtures/tiny-pt", prompt=LORA_PROMPT, negative_prompt=None, steps=LORA_STEPS,
+                guidance_scale=LORA_GUIDANCE, size=[64, 64], scheduler="EulerDiscreteScheduler (tiny-pt's config)",
+                latents="numpy RandomState(7).standard_normal((2, 4, 16, 16))",
+                cases={name: weights for name, weights in LORA_CASES},
+                files={"kohya.safetensors": dict(layers=sum(1 for k in kohya if k.endswith("lora_down.weight")),
+                                                 format="kohya sgm names, alpha stored"),
+                       "peft.safetensors": dict(layers=peft_layers, format="diffusers save_lora_weights (PEFT), "
+                                                "r 4, lora_alpha 8 in lora_adapter_metadata")},
+                notes=["Each file loaded with pipe.load_lora_weights(adapter_name=...) with no warning, every "
+                       "layer adapted; weights by pipe.set_adapters(names, adapter_weights); base: disable_lora.",
+                       "<case>_images: (2, 64, 64, 3) float32 in [0, 1], output_type='np'."])
+    (folder / "reference.json").write_text(json.dumps(meta, indent=2) + "\n")
 
 
 def main(argv=None) -> None:
@@ -1188,6 +1428,8 @@ def main(argv=None) -> None:
     single_full = sub.add_parser("single-fullsize", help="a random full-size SDXL single file (not committed)")
     single_full.add_argument("--out", type=Path, required=True)
     single_full.add_argument("--dtype", choices=("float16", "float32"), default="float16")
+    lora = sub.add_parser("lora", help="tiny-pt-lora: a kohya and a PEFT LoRA for tiny-pt, diffusers' images with them")
+    lora.add_argument("--out", type=Path, default=FIXTURES)
     full = sub.add_parser("fullsize", help="random full-size SDXL base and its reference outputs")
     full.add_argument("--out", type=Path, required=True)
     full.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
@@ -1208,6 +1450,8 @@ def main(argv=None) -> None:
         cmd_sgm_keys(args.out)
     elif args.command == "single-fullsize":
         cmd_single_fullsize(args.out, args.dtype)
+    elif args.command == "lora":
+        cmd_lora(args.out)
     else:
         cmd_fullsize(args.out, args.dtype)
 

@@ -13,6 +13,7 @@ The engine runs whatever it is given: requests are serialised in one place in fr
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 import time
 from pathlib import Path
@@ -22,6 +23,7 @@ import jax
 import numpy as np
 
 from sdxl_engine.checkpoint import builtin, loading
+from sdxl_engine.checkpoint import lora as lora_mod
 from sdxl_engine.engine import faults
 from sdxl_engine.program import sharding
 from sdxl_engine import config as config_mod
@@ -31,7 +33,7 @@ from sdxl_engine.program.generate import CompiledProgram, ProgramInputs, Program
 from sdxl_engine.program.schedulers import UnsupportedSchedulerConfig, make_schedule
 from sdxl_engine.engine.contract import ScaleOut, clock, queue_seconds
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest, Limits, validate
-from sdxl_engine.engine.prompts import CHUNK, PromptTokens, tokenize_prompt
+from sdxl_engine.engine.prompts import CHUNK, PromptTokens, parse_lora_tags, tokenize_prompt
 
 
 def _no_progress(stage: str) -> None:
@@ -97,6 +99,7 @@ class GenerateResult:
         device_summary: e.g. ``4 × cpu``.
         model: the loaded model's name.
         prompt_chunks: 75-token chunks the prompt and negative prompt ran with (the program's ``chunks``).
+        loras: {name: A1111 short hash} of the LoRAs the prompt's tags named, in their order (#21).
     """
 
     images: np.ndarray
@@ -108,6 +111,7 @@ class GenerateResult:
     device_summary: str
     model: str
     prompt_chunks: int = 1  # (#22)
+    loras: dict[str, str] = dataclasses.field(default_factory=dict)  # (#21)
 
 
 class Engine:
@@ -135,6 +139,7 @@ class Engine:
         self.compile_count = 0  # programs made (compiled, or loaded from the executable cache)
         self.compile_cache_dir = ""  # set at start (apply_jax_options: "" = no persistent cache)
         self.executables: ExecutableCache | None = None  # set at start: <compile_cache_dir>/executables, or None
+        self.loras: lora_mod.LoraMerger | None = None  # (#21) set at start: the LoRAs and their merged params
         self.stage = "starting"
         self.started = clock()
         self.startup: dict[str, float] = {}
@@ -179,7 +184,10 @@ class Engine:
         config_mod.check_seed_range(self.config.max_seed, self.batch)
         self.device_summary = sharding.device_summary(self.mesh)
 
-        # 2. The model, each parameter straight onto the devices.
+        # 2. The model, each parameter straight onto the devices; the LoRAs' files checked first (#21).
+        lora_sources = lora_mod.lora_sources(self.config.lora, self.config.lora_dir, os.pathsep)
+        for path in lora_sources.values():
+            lora_mod.check_lora_path(path)
         t0 = self._stage("loading model onto the devices")
         if self._faults:  # TEST-ONLY (faults.py): a start slow enough to watch
             self._faults.on_start()
@@ -193,6 +201,7 @@ class Engine:
         self.params = self.model.params
         jax.block_until_ready(self.params)
         self._done("load_s", t0)
+        self._load_loras(lora_sources)
         self.defaults = self._model_defaults()
         self.limits = self._limits(self.defaults)
 
@@ -211,6 +220,31 @@ class Engine:
         self.startup["ready_s"] = clock() - self.started
         self._log(f"[sdxl_engine] ready in {self.startup['ready_s']:.2f} s on {self.device_summary} "
                   f"({self.model.name}, {self.model.dtype})")
+
+    def _load_loras(self, sources: dict) -> None:
+        """(#21) Read and check every LoRA against the model (LoraError stops the start), keep the merger."""
+        t0 = self._stage(f"loading {len(sources)} LoRAs") if sources else None
+        loras = {name: lora_mod.read_lora(name, path, self.model.components) for name, path in sources.items()}
+        self.loras = lora_mod.LoraMerger(self.params, loras, sharding.replicated(self.mesh))
+        if sources:
+            self._done("lora_s", t0)
+            self._log("[sdxl_engine] LoRAs: " + ", ".join(f"{i['name']} ({i['format']}, {i['layers']} layers, "
+                                                          f"hash {i['hash']})" for i in lora_mod.lora_info(loras.values())))
+
+    def _lora_params(self, prompt: str) -> tuple[dict, dict[str, str]]:
+        """(#21) The params for the prompt's <lora:...> tags (merged outside the compiled program; the base
+        params without tags) and {name: short hash}. Raises InvalidRequest for a bad tag or an unknown name."""
+        _, tags = parse_lora_tags(prompt)
+        loaded = self.loras.loras if self.loras else {}
+        for tag in tags:
+            if tag.name not in loaded:
+                available = (f"available: {', '.join(sorted(loaded))}" if loaded else
+                             "none are loaded (start with --lora NAME=PATH or --lora-dir DIR)")
+                raise InvalidRequest("prompt", f"unknown LoRA {tag.name!r} in <lora:{tag.name}:...>; {available}")
+        if not tags:
+            return self.params, {}
+        params = self.loras.params([(t.name, t.weight) for t in tags])
+        return params, {t.name: loaded[t.name].short_hash for t in tags}
 
     def _config_shown(self) -> dict:
         """The config for the start-up line: a field the model's engine_defaults.json may still choose
@@ -308,7 +342,7 @@ class Engine:
         ``timings["queue"]`` starts (contract.queue_seconds); by default it starts when this call does.
 
         Raises:
-            InvalidRequest: a bad argument (nothing ran).
+            InvalidRequest: a bad argument (nothing ran), including a bad or unknown ``<lora:...>`` tag.
             EngineNotReady: start-up failed or did not finish within ``ready_timeout`` seconds.
             GenerationError: the program produced non-finite pixels.
             faults.InjectedFault: only with the test-only switch on (faults.py) and a ``fault:raise`` prompt.
@@ -336,6 +370,7 @@ class Engine:
              loop_steps: int | None = None) -> GenerateResult:
         """Run a validated request; ``loop_steps`` (the warm-up's 0) overrides how many denoising steps run."""
         t0 = time.perf_counter()
+        params, loras = self._lora_params(request.prompt)  # (#21) the tags' LoRAs merged; _tokens drops the tags
         cfg = request.guidance_scale > 1  # diffusers: guidance <= 1 means no classifier-free guidance
         prompt, negative = self._tokens(request)  # first: the chunk count chooses the program
         if not self.is_compiled(request.width, request.height, cfg, prompt.chunks):
@@ -350,7 +385,7 @@ class Engine:
                                      self.config.max_inference_steps, prompt_weights=prompt.weights,
                                      negative_weights=negative.weights)
         # TEST-ONLY fault hooks (faults.py): self._faults is None unless SDXL_FAULT_INJECTION=1.
-        params = self._faults.params(request.prompt, self.params) if self._faults else self.params
+        params = self._faults.params(request.prompt, params) if self._faults else params
         progress("on device")
         t1 = time.perf_counter()
         if self._faults:  # simulated device time, counted as device time
@@ -371,7 +406,7 @@ class Engine:
         return GenerateResult(images=images, seeds=seeds, request=request, timings=timings,
                               warnings=self._warnings(prompt, negative),
                               device_count=self.mesh.devices.size, device_summary=self.device_summary,
-                              model=self.model.name, prompt_chunks=prompt.chunks)
+                              model=self.model.name, prompt_chunks=prompt.chunks, loras=loras)
 
     def _tokens(self, request: GenerateRequest) -> tuple[PromptTokens, PromptTokens]:
         """The prompt and negative prompt as chunks (engine/prompts.py), padded to one chunk count.
@@ -383,7 +418,7 @@ class Engine:
         if not prompt.words.strip():
             raise InvalidRequest("prompt", "is empty: it holds only brackets, weights or BREAK, no words")
         negative = tokenize_prompt(tokenizers, request.negative_prompt, chunks, self.config.emphasis,
-                                   "negative_prompt")
+                                   "negative_prompt", lora_tags=False)
         if not negative.words.strip():  # no words: the empty negative prompt (zeros), whatever its syntax
             negative = tokenize_prompt(tokenizers, "", chunks, self.config.emphasis, "negative_prompt")
         count = max(prompt.chunks, negative.chunks)

@@ -301,12 +301,14 @@ def chunk_tokens(segments: list[Segment], tokenizer,
 
 
 def tokenize_prompt(tokenizers, text: str, max_chunks: int, emphasis: str = "original",
-                    field: str = "prompt") -> PromptTokens:
+                    field: str = "prompt", lora_tags: bool = True) -> PromptTokens:
     """A prompt as A1111 reads it, for SDXL's two tokenizers: tags removed, syntax parsed, chunks of 75.
 
     Args:
         tokenizers: (tokenizer, tokenizer_2), transformers CLIPTokenizers.
-        text: the prompt as typed; ``<lora:...>`` tags are removed first (:func:`parse_lora_tags`).
+        text: the prompt as typed; with ``lora_tags``, its ``<lora:...>`` tags are removed first
+            (:func:`parse_lora_tags`). The negative prompt passes False: A1111 reads extra networks in
+            the prompt only, so there a tag is text.
         max_chunks: chunks kept (``max_prompt_chunks``); past it the prompt is cut (``cut``).
         emphasis: "original" (weights as parsed) or "none" (the syntax is read, every weight is 1).
         field: names the field in errors.
@@ -319,7 +321,8 @@ def tokenize_prompt(tokenizers, text: str, max_chunks: int, emphasis: str = "ori
     """
     if emphasis not in EMPHASIS_MODES:
         raise ValueError(f"emphasis must be one of {', '.join(EMPHASIS_MODES)}, got {emphasis!r}")
-    text, _ = parse_lora_tags(text, field)
+    if lora_tags:
+        text, _ = parse_lora_tags(text, field)
     segments = parse_prompt_attention(text)
     rows = [chunk_tokens(segments, tok) for tok in tokenizers]
     empty = [_chunk(tok, [], []) for tok in tokenizers]

@@ -14,6 +14,9 @@ from sdxl_engine.config import MODEL_DEFAULT_FIELDS, ConfigError, EngineConfig
 from sdxl_engine.checkpoint.loading import engine_defaults
 from sdxl_engine.serving.scaleout import Replicas, ScaleOutError, parse_resources
 
+# (#21) Engine settings whose flag is given once per value (argparse's append); the setting joins them with os.pathsep.
+REPEATED_FLAGS = {"lora": "a LoRA that prompts pick with <lora:NAME:WEIGHT>; repeat the flag for more (env SDXL_LORA: "
+                          "NAME=PATH entries separated by os.pathsep; .safetensors only)"}
 SERVER_FLAGS = ("share", "host", "port", "history_secret", "replicas", "ray_address", "ray_app", "replica_resources",
                 "api_key", "public_api", "mcp")  # the last three: #24, the protocol APIs
 
@@ -94,6 +97,10 @@ def parse_args(argv=None, description: str = "") -> argparse.Namespace:
         if field.name in MODEL_DEFAULT_FIELDS:  # the model's engine_defaults.json may choose another (README)
             default = (f"default: the model's own, else {field.default!r}"
                        + f"; {EngineConfig.model} runs {shipped.get(field.name, field.default)!r}")
+        if field.name in REPEATED_FLAGS:  # (#21) --lora NAME=PATH, once per LoRA
+            parser.add_argument("--" + field.name.replace("_", "-"), dest=field.name, default=None, action="append",
+                                metavar="NAME=PATH", help=REPEATED_FLAGS[field.name])
+            continue
         parser.add_argument("--" + field.name.replace("_", "-"), dest=field.name, default=None,
                             help=f"engine setting {field.name} (env SDXL_{field.name.upper()}, {default})")
     # #24: the protocol APIs (AUTOMATIC1111, OpenAI Images, MCP; README, "Other protocols"). Server flags, not
@@ -114,8 +121,10 @@ def parse_args(argv=None, description: str = "") -> argparse.Namespace:
 
 
 def engine_overrides(args: argparse.Namespace) -> dict:
-    """The engine settings given on the command line (those not given are left to env and defaults)."""
-    return {k: v for k, v in vars(args).items() if k not in SERVER_FLAGS and v is not None}
+    """The engine settings given on the command line (those not given are left to env and defaults);
+    a repeated flag's values joined by os.pathsep, as its setting holds them."""
+    return {k: os.pathsep.join(v) if k in REPEATED_FLAGS else v for k, v in vars(args).items()
+            if k not in SERVER_FLAGS and v is not None}
 
 
 def check_outputs_dir(folder: str) -> None:

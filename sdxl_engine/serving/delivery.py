@@ -8,6 +8,7 @@ the result into files Gradio serves as they are, the JSON record the API returns
 from __future__ import annotations
 
 import dataclasses
+import json
 import tempfile
 from pathlib import Path
 
@@ -51,6 +52,10 @@ def deliver(result, prompt: str, style: str, files_dir: Path, outputs_dir: str =
     """
     req, latency = result.request, result.timings["latency"]
     extra = {} if style == NO_STYLE else {"Style": style}
+    loras = getattr(result, "loras", None) or {}  # (#21) {name: short hash} of the prompt's <lora:> tags
+    if loras:  # as A1111's Lora extension writes it, JSON-quoted since the value holds ': ' and ', '
+        extra["Lora hashes"] = json.dumps(", ".join(f"{name}: {short}" for name, short in loras.items()),
+                                          ensure_ascii=False)
     pngs = encode_pngs(result.images, [a1111_parameters(req.prompt, req.negative_prompt, req.num_inference_steps,
                                                         req.guidance_scale, s, req.width, req.height, result.model,
                                                         extra, req.sampler) for s in result.seeds])
@@ -67,6 +72,8 @@ def deliver(result, prompt: str, style: str, files_dir: Path, outputs_dir: str =
         "height": req.height, "model": result.model, "warnings": list(result.warnings), "style": style,
     }
     info["prompt_chunks"] = getattr(result, "prompt_chunks", 1)  # (#22) 75-token chunks the prompts ran with
+    if loras:
+        info["loras"] = dict(loras)
     if getattr(result, "replica", ""):  # scale-out mode: which Serve replica made it (timings_s also has "ray")
         info["replica"] = result.replica
     save_error, note = None, ""

@@ -8,6 +8,7 @@ name, which fails rather than overwrite (a taken name gets ``-2``, ``-3``, ...).
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import secrets
@@ -45,8 +46,11 @@ def parse_a1111_parameters(text: str) -> dict:
     for line in lines[1:-1]:
         if line.startswith("Negative prompt: "):
             out["negative_prompt"] = line[len("Negative prompt: "):]
-    for key, value in re.findall(r"([A-Za-z ]+): ([^,]+)(?:, |$)", lines[-1]):
-        out[key.strip()] = value.strip()
+    # A1111's re_param (modules/infotext_utils.py): a value is plain up to the next comma, or JSON-quoted
+    # (Lora hashes: "ink: 0123456789ab, ...").
+    for key, value in re.findall(r'([A-Za-z ]+): ("(?:\\.|[^\\"])+"|[^,]+)(?:, |$)', lines[-1]):
+        value = value.strip()
+        out[key.strip()] = json.loads(value) if value.startswith('"') else value
     return out
 
 

@@ -25,3 +25,28 @@ def test_page_builder_with_fake_engine():
     # What view_api shows: whole numbers as int (a slider reports float unless told otherwise).
     assert [p["python_type"]["type"] for p in api["parameters"][:7]] == ["str", "str", "int", "float", "int", "int",
                                                                           "int"]
+
+
+def test_page_lists_the_loras_and_a_click_adds_a_tag(tmp_path):
+    """(#21) The page lists the configured LoRAs (names from --lora and --lora-dir, in that order); a click
+    appends ``<lora:NAME:1>`` to the prompt; an index the page never sends is refused in one line."""
+    import gradio as gr
+    import pytest
+
+    import app
+    from sdxl_engine.config import EngineConfig
+    from tests.helpers import FIXTURES
+
+    (tmp_path / "ink.safetensors").write_bytes(b"")
+    config = EngineConfig.load({"lora": f"peft={FIXTURES / 'tiny-pt-lora' / 'peft.safetensors'}",
+                                "lora_dir": str(tmp_path)}, environ={})
+    demo = app.build_demo(lambda *v, **kw: ([], {}, None), config)
+    listing = next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "loras")
+    assert listing.visible and [s[0] for s in listing.samples] == ["<lora:peft:1>", "<lora:ink:1>"]
+    add = next(f.fn for f in demo.fns.values() if getattr(f.fn, "__name__", "") == "add_lora")
+    assert add(1, "a red circle ") == "a red circle <lora:ink:1>"
+    assert add(0, "") == add(0, None) == "<lora:peft:1>"
+    with pytest.raises(gr.Error):
+        add(2, "x")
+    plain = app.build_demo(lambda *v, **kw: ([], {}, None), EngineConfig.load(environ={}))
+    assert not next(b for b in plain.blocks.values() if getattr(b, "elem_id", None) == "loras").visible

@@ -1,0 +1,137 @@
+"""LoRAs on the compiled program: diffusers' images with the same files, and switching without compiling.
+
+Fixture (tests/fixtures/README.md): ``tiny-pt-lora`` holds a kohya LoRA written by hand (sgm names, LoCon
+convs, both text encoders, alphas) and a PEFT LoRA saved by diffusers' ``save_lora_weights`` (r 4,
+lora_alpha 8 in its metadata), with ``StableDiffusionXLPipeline`` images after ``load_lora_weights`` and
+``set_adapters`` at weight 1 and 0.5, and both at once (kohya 0.7, PEFT -0.6), on the same latents.
+"""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from sdxl_engine.checkpoint import lora
+from sdxl_engine.checkpoint.loading import load_folder
+from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest
+from sdxl_engine.program.generate import ProgramInputs, ProgramShape, compile_program, tokenize
+from sdxl_engine.program.schedulers import make_schedule
+from sdxl_engine.program.sharding import make_mesh, replicated
+
+from tests.helpers import FIXTURES
+
+LORA_DIR = FIXTURES / "tiny-pt-lora"
+REF = json.loads((LORA_DIR / "reference.json").read_text())
+FILES = {"kohya": LORA_DIR / "kohya.safetensors", "peft": LORA_DIR / "peft.safetensors"}
+
+
+@pytest.fixture(scope="module")
+def setup():
+    """tiny-pt on 2 devices, its 64x64 CFG program with given latents compiled once, and a merger of both LoRAs."""
+    model = load_folder(FIXTURES / "tiny-pt", "tiny-pt", "float32")
+    mesh = make_mesh(jax.devices()[:2])
+    params = jax.device_put(model.params, replicated(mesh))
+    shape = ProgramShape(2, 64, 64, max_steps=10, cfg=True, given_latents=True)
+    program = compile_program(model, params, shape, mesh)
+    loras = {name: lora.read_lora(name, path, model.components) for name, path in FILES.items()}
+    return model, params, program, lora.LoraMerger(params, loras, replicated(mesh))
+
+
+def images_for(setup, weights: dict) -> np.ndarray:
+    model, _, program, merger = setup
+    with np.load(LORA_DIR / "reference.npz") as data:
+        latents = data["latents"]
+    schedule = make_schedule("Euler", model.scheduler_config, REF["steps"])
+    ids, _ = tokenize(model, REF["prompt"])
+    negative, _ = tokenize(model, "")
+    inputs = ProgramInputs.build(ids, negative, True, np.zeros(2, np.uint32), REF["guidance_scale"], schedule,
+                                 REF["steps"], 10, latents=latents)
+    images, finite = program.executable(merger.params(list(weights.items())), inputs)
+    assert np.asarray(finite).all()
+    return np.asarray(images)
+
+
+@pytest.mark.slow  # compiles tiny-pt's program, as test_models' pipeline comparison does
+@pytest.mark.parametrize("case", list(REF["cases"]))
+def test_images_match_diffusers_load_lora_weights(setup, case):
+    """diffusers' load_lora_weights + set_adapters and the merged params, same latents: max 4/255, mean 0.5/255;
+    and each LoRA changes the images ten times the mean tolerance or more (so the comparison would catch a layer mapped wrong)."""
+    with np.load(LORA_DIR / "reference.npz") as data:
+        expected, base = data[f"{case}_images"] * 255, data["base_images"] * 255
+    images = images_for(setup, REF["cases"][case]).astype(np.float64)
+    diff = np.abs(images - expected)
+    assert diff.max() <= 4 and diff.mean() <= 0.5, (diff.max(), diff.mean())
+    if case != "base":
+        assert np.abs(expected - base).mean() > 5  # ten times the mean tolerance
+
+
+def test_switching_sets_and_weights_compiles_nothing_after_each_sets_first_merge(setup):
+    """Once each set's layer merges are compiled (per weight shape and LoRA count), any weights of a seen set,
+    and going back to a set, compile nothing: neither the program (an ahead-of-time executable, called with
+    same-shaped params) nor the merge."""
+    _, params, _, merger = setup
+    for weights in ({"kohya": 1.0}, {"peft": 0.5}, {"kohya": 0.7, "peft": -0.6}):
+        jax.block_until_ready(merger.params(list(weights.items())))
+    events = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, duration, **kw: events.append(event) if "backend_compile" in event else None)
+    for weights in ({"kohya": 0.25}, {"peft": 1.0}, {"kohya": -1.0, "peft": 2.0}, {}, {"kohya": 0.5}):
+        merged = merger.params(list(weights.items()))
+        jax.block_until_ready(merged)
+        assert jax.tree.structure(merged) == jax.tree.structure(params)
+    assert events == []
+    assert merger.params([]) is params  # no LoRA: the kept base params themselves
+
+
+def test_weight_zero_is_the_base_and_the_base_is_kept(setup):
+    _, params, _, merger = setup
+    key = "down_blocks.1.attentions.0.transformer_blocks.0.attn1.to_q.weight"
+    before = np.asarray(params["unet"][key]).copy()
+    merged = merger.params([("kohya", 1.0)])
+    assert not np.array_equal(np.asarray(merged["unet"][key]), before)
+    assert merger.params([("kohya", 0.0)]) is params
+    assert np.array_equal(np.asarray(params["unet"][key]), before)
+    untouched = "up_blocks.2.resnets.1.conv1.weight"
+    assert merger.params([("kohya", 1.0)])["unet"][untouched] is params["unet"][untouched]  # shared, not copied
+
+
+@pytest.fixture(scope="module")
+def lora_engine(tmp_path_factory):
+    from sdxl_engine.config import EngineConfig
+    from sdxl_engine.engine.local import Engine
+
+    folder = tmp_path_factory.mktemp("loras")
+    (folder / "ink.safetensors").write_bytes(FILES["kohya"].read_bytes())
+    config = EngineConfig.load({"model": str(FIXTURES / "tiny-pt"), "cpu_devices": 4, "executable_cache": False,
+                                "lora": f"peft={FILES['peft']}", "lora_dir": str(folder),
+                                "max_inference_steps": 8, "num_inference_steps": 3}, environ={})
+    return Engine(config, log=lambda *_: None).start()
+
+
+@pytest.mark.slow  # starts a second engine (tiny-pt, one compile)
+def test_engine_tags_pick_loras_without_recompiling(lora_engine):
+    engine = lora_engine
+    assert sorted(engine.loras.loras) == ["ink", "peft"]
+
+    def gen(prompt, **kw):
+        return engine.generate(GenerateRequest(prompt, seed=3, num_inference_steps=3, guidance_scale=5.0, **kw))
+
+    plain = gen("a red circle")
+    before = engine.compile_count
+    ink = gen("a red circle <lora:ink:0.8>")
+    both = gen("<lora:peft:0.5> a red circle <lora:ink>")
+    again = gen("a red circle <lora:ink:0.8>")
+    assert engine.compile_count == before
+    assert not np.array_equal(ink.images, plain.images) and not np.array_equal(both.images, ink.images)
+    assert np.array_equal(again.images, ink.images)
+    assert np.array_equal(gen("a red circle <lora:ink:0>").images, plain.images)
+    # The tags are removed before tokenizing (A1111): where a tag stands changes nothing.
+    assert np.array_equal(gen("<lora:ink:0.8>a red circle").images, ink.images)
+    assert ink.loras == {"ink": engine.loras.loras["ink"].short_hash}
+    assert list(both.loras) == ["peft", "ink"] and ink.request.prompt == "a red circle <lora:ink:0.8>"
+    with pytest.raises(InvalidRequest, match=r"^prompt: unknown LoRA 'nope' in <lora:nope:\.\.\.>; available: "
+                                             r"ink, peft$"):
+        gen("a cat <lora:nope:1>")
+    # A tag in the negative prompt is text there, as in A1111: not parsed, no error.
+    assert gen("a red circle", negative_prompt="<lora:nope:1>").images.shape == (4, 64, 64, 3)
