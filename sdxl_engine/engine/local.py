@@ -233,18 +233,12 @@ class Engine:
 
     def _lora_params(self, prompt: str) -> tuple[dict, dict[str, str]]:
         """(#21) The params for the prompt's <lora:...> tags (merged outside the compiled program; the base
-        params without tags) and {name: short hash}. Raises InvalidRequest for a bad tag or an unknown name."""
+        params without tags) and {name: short hash}. The tags were checked by validate (Limits.loras)."""
         _, tags = parse_lora_tags(prompt)
-        loaded = self.loras.loras if self.loras else {}
-        for tag in tags:
-            if tag.name not in loaded:
-                available = (f"available: {', '.join(sorted(loaded))}" if loaded else
-                             "none are loaded (start with --lora NAME=PATH or --lora-dir DIR)")
-                raise InvalidRequest("prompt", f"unknown LoRA {tag.name!r} in <lora:{tag.name}:...>; {available}")
         if not tags:
             return self.params, {}
         params = self.loras.params([(t.name, t.weight) for t in tags])
-        return params, {t.name: loaded[t.name].short_hash for t in tags}
+        return params, {t.name: self.loras.loras[t.name].short_hash for t in tags}
 
     def _config_shown(self) -> dict:
         """The config for the start-up line: a field the model's engine_defaults.json may still choose
@@ -282,7 +276,8 @@ class Engine:
             sizes = (default,) + sizes
         return Limits(max_seed=defaults.max_seed, max_steps=defaults.max_inference_steps, sizes=sizes,
                       default_size=default, default_steps=defaults.num_inference_steps,
-                      default_guidance=defaults.guidance_scale, multiple=multiple, default_sampler=defaults.sampler)
+                      default_guidance=defaults.guidance_scale, multiple=multiple, default_sampler=defaults.sampler,
+                      loras=tuple(self.loras.loras) if self.loras else ())
 
     def _program(self, width: int, height: int, cfg: bool, chunks: int = 1) -> CompiledProgram:
         """The compiled program for a size bucket, CFG mode and prompt chunk count, compiled on first use
@@ -409,14 +404,10 @@ class Engine:
                               model=self.model.name, prompt_chunks=prompt.chunks, loras=loras)
 
     def _tokens(self, request: GenerateRequest) -> tuple[PromptTokens, PromptTokens]:
-        """The prompt and negative prompt as chunks (engine/prompts.py), padded to one chunk count.
-
-        Raises InvalidRequest for a prompt that is nothing but syntax (brackets, weights, BREAK).
-        """
+        """The prompt and negative prompt as chunks (engine/prompts.py), padded to one chunk count (a
+        prompt of syntax only was refused by validate: prompts.check_prompt)."""
         tokenizers, chunks = (self.model.tokenizer, self.model.tokenizer_2), self.config.max_prompt_chunks
         prompt = tokenize_prompt(tokenizers, request.prompt, chunks, self.config.emphasis, "prompt")
-        if not prompt.words.strip():
-            raise InvalidRequest("prompt", "is empty: it holds only brackets, weights or BREAK, no words")
         negative = tokenize_prompt(tokenizers, request.negative_prompt, chunks, self.config.emphasis,
                                    "negative_prompt", lora_tags=False)
         if not negative.words.strip():  # no words: the empty negative prompt (zeros), whatever its syntax

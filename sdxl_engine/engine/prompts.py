@@ -23,7 +23,7 @@ from typing import NamedTuple
 import numpy as np
 
 from sdxl_engine.config import EMPHASIS_MODES
-from sdxl_engine.engine.validation import InvalidRequest
+from sdxl_engine.engine.errors import InvalidRequest
 
 # AUTOMATIC1111 modules/extra_networks.py: re_extra_net.
 EXTRA_NETWORK = re.compile(r"<(\w+):([^>]+)>")
@@ -298,6 +298,28 @@ def chunk_tokens(segments: list[Segment], tokenizer,
     if tokens or not chunks:
         chunks.append(_chunk(tokenizer, tokens, multipliers))
     return chunks
+
+
+def check_prompt(text: str, loras: tuple[str, ...] | frozenset[str] = ()) -> None:
+    """Refuse a prompt the engine could not read, before it is queued or tokenized (validation.validate).
+
+    Args:
+        text: the prompt as typed (cleaned by validation.clean_text).
+        loras: the names of the loaded LoRAs its tags may pick.
+    Raises:
+        InvalidRequest ("prompt"): a malformed tag (:func:`parse_lora_tags`); a tag naming a LoRA
+            not in ``loras`` (the message lists the loaded ones); a prompt with no words once tags,
+            brackets, weights and BREAK are read (A1111 would encode an empty prompt).
+    """
+    stripped, tags = parse_lora_tags(text)
+    for tag in tags:
+        if tag.name not in loras:
+            available = (f"available: {', '.join(sorted(loras))}" if loras else
+                         "none are loaded (start with --lora NAME=PATH or --lora-dir DIR)")
+            raise InvalidRequest("prompt", f"unknown LoRA {tag.name!r} in <lora:{tag.name}:...>; {available}")
+    if not "".join(s.text for s in parse_prompt_attention(stripped) if not s.is_break).strip():
+        raise InvalidRequest("prompt", "is empty: it holds only brackets, weights or BREAK, no words"
+                             + (" (besides its LoRA tags)" if tags else ""))
 
 
 def tokenize_prompt(tokenizers, text: str, max_chunks: int, emphasis: str = "original",

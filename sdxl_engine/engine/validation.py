@@ -15,19 +15,15 @@ import numbers
 import secrets
 import unicodedata
 
+from sdxl_engine.engine.errors import InvalidRequest
+from sdxl_engine.engine.prompts import check_prompt
 from sdxl_engine.program.schedulers import DEFAULT_SAMPLER, UnknownSampler, get_sampler
+
+__all__ = ["GenerateRequest", "InvalidRequest", "Limits", "validate"]  # InvalidRequest: from errors.py, kept here
 
 MAX_PROMPT_CHARS = 20_000  # far past 77 tokens; longer text is refused, not tokenized
 MAX_GUIDANCE = 50.0
 MAX_SIDE = 1 << 16  # pixels; anything larger is refused before it is compared with the buckets
-
-
-class InvalidRequest(ValueError):
-    """A request argument the engine cannot use; ``field`` names it."""
-
-    def __init__(self, field: str, message: str):
-        super().__init__(f"{field}: {message}")
-        self.field = field
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +52,7 @@ class Limits:
     default_guidance: float
     multiple: int = 8  # every side must be a multiple of this many pixels (VAE x UNet downsampling)
     default_sampler: str = DEFAULT_SAMPLER
+    loras: tuple[str, ...] = ()  # (#21) names of the loaded LoRAs, which <lora:NAME:WEIGHT> tags may pick
 
 
 # Characters that draw nothing yet are neither whitespace to str.split() nor control/format
@@ -169,9 +166,12 @@ def validate(request: GenerateRequest, limits: Limits) -> GenerateRequest:
     """Return a fully specified, clean copy of ``request`` (defaults filled, random seed drawn).
 
     Raises:
-        InvalidRequest: the first argument that is out of range or of the wrong type.
+        InvalidRequest: the first argument that is out of range or of the wrong type; a prompt whose
+            ``<lora:...>`` tags are malformed or name a LoRA not in ``limits.loras``, or that holds
+            only syntax (prompts.check_prompt).
     """
     prompt = clean_text("prompt", request.prompt, required=True)
+    check_prompt(prompt, limits.loras)  # its <lora:...> tags and A1111 syntax (engine/prompts.py)
     negative = clean_text("negative_prompt", request.negative_prompt, required=False)
     seed = -1 if request.seed is None else as_int("seed", request.seed, -1, limits.max_seed)
     if seed == -1:

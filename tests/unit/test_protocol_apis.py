@@ -94,6 +94,23 @@ def test_check_gives_the_engines_message_under_the_protocols_field_name():
     check(engine, a1111_call(Txt2Img(prompt="a red circle", steps=50, batch_size=16)))  # the largest accepted
 
 
+def test_prompt_syntax_and_lora_tags_are_refused_before_queueing_with_the_engines_messages():
+    """validate's prompt checks (prompts.check_prompt) run in core.check: a 400 naming the field, not a 500
+    from inside the engine."""
+    engine = StartedEngine(limits=dataclasses.replace(LIMITS, loras=("ink", "peft")))
+    cases = [
+        (Txt2Img(prompt="a cat <lora:oil:0.5>"), "prompt: unknown LoRA 'oil' in <lora:oil:...>; available: ink, peft"),
+        (Txt2Img(prompt="a cat <lora:ink:9>"), "prompt: '<lora:ink:9>': the weight must be between -4 and 4"),
+        (Txt2Img(prompt="(( )) BREAK [ ]"), "prompt: is empty: it holds only brackets, weights or BREAK, no words"),
+    ]
+    for body, message in cases:
+        with pytest.raises(ApiError) as err:
+            check(engine, a1111_call(body))
+        assert (err.value.status, err.value.param, err.value.message) == (400, "prompt", message)
+    check(engine, a1111_call(Txt2Img(prompt="a cat <lora:ink:0.5> <lora:peft>")))
+    check(StartedEngine(), openai_call({"prompt": "a (red:1.2) circle BREAK blue"}, "tiny-shapes")[0])
+
+
 def test_check_refuses_with_503_when_the_engine_failed_to_start():
     with pytest.raises(ApiError) as err:
         check(StartedEngine(error=RuntimeError("no weights")), Call(prompt="x"))

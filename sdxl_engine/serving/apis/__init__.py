@@ -88,11 +88,12 @@ def key_refusal(access: Access, headers) -> str | None:
 
 
 def loras_of(engine):
-    """``() -> (names, reason)`` for A1111's ``/loras``: the loaded model's LoRAs where it lists them."""
+    """``() -> (names, reason)`` for A1111's ``/loras``: the LoRAs the engine loaded at start (its
+    ``limits.loras``, which the page's and every API's <lora:NAME:WEIGHT> tags are checked against)."""
 
     def loras():
-        names = tuple(getattr(engine.model, "loras", None) or ())
-        return names, "" if names else "no LoRAs are loaded (this server loads LoRAs only where the model lists them)"
+        names = tuple(getattr(engine.limits, "loras", ()) or ())
+        return names, "" if names else "no LoRAs are loaded (start the server with --lora NAME=PATH or --lora-dir DIR)"
 
     return loras
 
