@@ -101,6 +101,15 @@ class EngineConfig:
     temp_max_mb: float = 500.0
     # ...but never a file younger than this many seconds (a client may still be downloading it).
     temp_keep_s: float = 600.0
+    # Issue #23 (progress, previews, Stop). Per-step progress and Stop from inside the compiled loop (one
+    # host call per step); off: the program has no host call and Stop acts only before a request starts.
+    progress: bool = True
+    # Steps between live previews of the running images (with progress on); -1 = about twice a second,
+    # from the measured step time; 0 = no previews.
+    preview_every: int = -1
+    # After ready, compile the no-CFG variant of the default size and the other size buckets in the
+    # background: on, off, or auto = on unless the devices are CPUs (where it slows the requests meanwhile).
+    precompile: str = "auto"
 
     @classmethod
     def load(cls, overrides: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> "EngineConfig":
@@ -221,6 +230,11 @@ class EngineConfig:
             raise ConfigError(f"temp_max_mb must be a positive number of megabytes, got {self.temp_max_mb}")
         if not 0 <= self.temp_keep_s < float("inf"):
             raise ConfigError(f"temp_keep_s must be a finite number of seconds, 0 or more, got {self.temp_keep_s}")
+        if self.preview_every < -1:  # issue #23
+            raise ConfigError(f"preview_every must be -1 (about twice a second), 0 (off) or a number of steps, "
+                              f"got {self.preview_every}")
+        if self.precompile not in ("auto", "on", "off"):
+            raise ConfigError(f"precompile must be auto, on or off, got {self.precompile!r}")
 
     def as_dict(self) -> dict[str, Any]:
         """The resolved fields, for the one start-up log line."""
