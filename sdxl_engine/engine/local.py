@@ -7,7 +7,9 @@ executables.py), run one zero-step warm-up request. Other size buckets and the n
 it off in the persistent compilation cache, so a restart does not compile them again).
 
 The engine runs whatever it is given: requests are serialised in one place in front of it
-(Gradio's concurrency limit in the app, one ongoing request per Ray Serve replica).
+(Gradio's concurrency limit in the app, one ongoing request per Ray Serve replica). A stopped request
+may still run its last step after that place let the next one in, so :meth:`Engine.generate` also
+takes a lock (issue #23): the next request waits for that step, counted as its queue time.
 """
 
 from __future__ import annotations
@@ -144,6 +146,7 @@ class Engine:
         self._faults = faults.injector()  # TEST-ONLY (faults.py): None unless the switch is on; read once
         # Issue #23: one compile at a time (a request's and the background precompile's); the preview map.
         self._compile_lock = threading.Lock()
+        self._request_lock = threading.Lock()  # one request at a time, also one a cancel left running for a step
         self.latent_rgb = None  # set at start: previews.LatentRGB of the model, or None (no previews)
         self.precompiled = threading.Event()  # set when the background precompile finished (or was not run)
         if self._faults:
@@ -360,8 +363,9 @@ class Engine:
         called = clock()
         self.wait_ready(ready_timeout)
         request = validate(request, self.limits)
-        start = clock()
-        result = self._run(request, progress or _no_progress, on_step=on_step, should_stop=should_stop)
+        with self._request_lock:  # free within a step of a stop; the wait counts as queue time
+            start = clock()
+            result = self._run(request, progress or _no_progress, on_step=on_step, should_stop=should_stop)
         result.timings["queue"] = queue_seconds(arrived, called, start)
         return result
 

@@ -80,13 +80,15 @@ PREVIEW_WAIT_S = 0.5  # the longest a waiting stream goes without yielding, so a
 
 def stream_previews(generate: Callable, values: tuple, progress, arrived: float | None):
     """Run ``generate(*values, progress=, arrived=, on_step=, should_stop=)`` (handle_generate minus the
-    engine) in a thread; yield (preview gallery, gr.skip()) for each preview, then return its result
-    (gallery, info, record) or raise its error.
+    engine) in a thread; yield (preview gallery, None) for each preview (and the same again after
+    PREVIEW_WAIT_S without one), then return its result (gallery, info, record) or raise its error.
 
     A preview gallery is the batch's previews (latent resolution, (h, w, 3) uint8 each), captioned
     ``preview · step k/N``; the final images replace them. Closed early (Gradio closes the generator when
-    the client cancels), it asks the engine to stop, waits for it (within one denoising step), and logs
-    one line; nothing is delivered, so there is no PNG and no history record.
+    the client cancels), it asks the engine to stop, which it does after the running step (the next request
+    waits for that: Engine.generate runs one at a time); handle_generate logs one line; nothing is
+    delivered, so there is no PNG and no history record. Not joined here: Gradio closes generators on
+    its event loop, which must not wait for a step.
     """
     events: queue.SimpleQueue = queue.SimpleQueue()
     cancelled = threading.Event()
@@ -108,20 +110,26 @@ def stream_previews(generate: Callable, values: tuple, progress, arrived: float 
     # In a copy of this context: gr.Progress finds its event there (Gradio's context variables).
     worker = threading.Thread(target=contextvars.copy_context().run, args=(work,), name="generate-request", daemon=True)
     worker.start()
+    shown: list = []  # the gallery now: nothing (this request's first), then its latest previews
+    finished = False
     try:
         while True:
             try:
                 event = events.get(timeout=PREVIEW_WAIT_S)
             except queue.Empty:
-                yield gr.skip(), gr.skip()  # nothing new; lets a cancel close this generator
+                # Nothing new: the same values again (an empty diff), so that a cancel can close this
+                # generator. Not gr.skip(): Gradio answers it with a session copy of the gallery, whose
+                # files it does not record, so server.Routes would refuse to serve them.
+                yield shown, None
                 continue
             if event is _DONE:
+                finished = True
                 break
-            yield [(image, f"preview · step {event.step}/{event.steps}") for image in event.preview], gr.skip()
+            shown = [(image, f"preview · step {event.step}/{event.steps}") for image in event.preview]
+            yield shown, None
     finally:
-        if worker.is_alive():  # closed by a cancel: stop the engine and keep the slot until it is free
+        if not finished:  # closed by a cancel: the engine stops after the running step
             cancelled.set()
-            worker.join()  # handle_generate logs the stop
     if "error" in outcome:
         raise outcome["error"]
     return outcome["result"]
