@@ -407,6 +407,8 @@ class Engine:
         with STEP_HOOK.receiving(receiver) if receiver else contextlib.nullcontext():
             images, finite = program.executable(params, inputs)
             jax.block_until_ready(images)  # inside: the devices call the receiver until the loop ends
+        if receiver is not None and receiver.error is not None:
+            raise receiver.error
         if receiver is not None and receiver.stopped:
             raise Stopped(f"stopped after step {receiver.done} of {steps}")
         progress("to host")

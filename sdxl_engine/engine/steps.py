@@ -65,6 +65,7 @@ class StepReceiver:
         self.every = preview_every if latent_rgb is not None else 0
         self.latent_rgb, self.on_step, self.should_stop = latent_rgb, on_step, should_stop
         self.stopped = False  # a call answered stop
+        self.error: Exception | None = None  # what on_step or should_stop raised: the engine raises it after the program
         self.done = 0  # steps every device has reported
         self._lock = threading.Lock()
         self._counts: dict[int, int] = {}
@@ -88,16 +89,27 @@ class StepReceiver:
             parts = self._parts.pop(step, None) if complete else None
             if complete:
                 self.done = step + 1
-            if not self.stopped and self.should_stop is not None and self.should_stop():
-                self.stopped = True
-            stop, send = self.stopped, self._decisions[step]
+            try:
+                if not self.stopped and self.should_stop is not None and self.should_stop():
+                    self.stopped = True
+            except Exception as err:  # raised after the program (see error): an exception here would abort XLA's run
+                self._fail(err)
             elapsed = now - self._started
-        if complete and self.on_step is not None:
+        if complete and self.on_step is not None and self.error is None:
             preview = None
             if parts is not None and len(parts) == self.shards:
                 preview = self.latent_rgb(np.concatenate([parts[k] for k in sorted(parts)]))  # (b, h, w, 3)
-            self.on_step(StepEvent(step + 1, self.steps, preview, elapsed))
-        return stop, send
+            try:
+                self.on_step(StepEvent(step + 1, self.steps, preview, elapsed))
+            except Exception as err:
+                with self._lock:
+                    self._fail(err)
+        return self.stopped or self.error is not None, self._decisions[step]
+
+    def _fail(self, err: Exception) -> None:
+        """Keep the first error of ``on_step``/``should_stop`` and end the loop (call with the lock held)."""
+        if self.error is None:
+            self.error = err
 
     def _preview_next(self, step: int, now: float) -> bool:
         """Whether 0-based step ``step + 1`` sends x0: never for the last step (its images follow)."""
