@@ -493,8 +493,10 @@ def test_progress_bar_and_previews_show_before_the_images(browser, previews_serv
             const text = first ? first.innerText.trim() : '';
             if (text && window.captions[window.captions.length - 1] !== text) window.captions.push(text);
           }).observe(document.body, {subtree: true, childList: true, characterData: true}); }""")
-        page.fill("#steps input[type=number]", "40")
+        page.get_by_text("Advanced settings").click()
+        page.fill("#steps input[type='number']", "40")
         page.keyboard.press("Enter")
+        page.wait_for_function("() => document.querySelector('#steps input[type=number]').value === '40'")
         captions = generate(page, "a red circle on a blue background")
         seen = page.evaluate("[...window.progress]")
         order = page.evaluate("window.captions")
