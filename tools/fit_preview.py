@@ -79,7 +79,8 @@ def main(argv=None) -> None:
     hx0, himages = (np.concatenate(a) for a in zip(*held))
     on_fit, on_held = error_255(rgb, x0, images), error_255(rgb, hx0, himages)
     note = (f"latents -> RGB preview factors of {args.model}, fitted by least squares to its own VAE's decodes "
-            f"(python -m tools.fit_preview): {len(x0)} images ({len(PROMPTS)} prompts, Euler {STEPS} steps, guidance 5); "
+            f"(python -m tools.fit_preview): {len(x0)} images ({len(PROMPTS)} prompts, Euler {STEPS} steps, "
+            "guidance 5); "
             f"mean abs error vs the images pooled to latent resolution {on_fit:.1f}/255 on them, "
             f"{on_held:.1f}/255 on {len(hx0)} held-out images")
     data = {"_note": note, "factors": [[round(float(v), 5) for v in row] for row in factors],

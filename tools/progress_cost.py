@@ -57,7 +57,8 @@ def variants(engine: Engine, steps: int) -> tuple[dict, dict]:
         return call
 
     fns = {"both off": run_plain, "progress on, previews off": run_hooked("progress on, previews off", 0),
-           "previews every step": run_hooked("previews every step", 1), "previews auto": run_hooked("previews auto", AUTO)}
+           "previews every step": run_hooked("previews every step", 1),
+           "previews auto": run_hooked("previews auto", AUTO)}
     return fns, out
 
 

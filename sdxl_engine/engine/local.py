@@ -36,7 +36,7 @@ from sdxl_engine.program.schedulers import make_schedule
 from sdxl_engine.engine.contract import ScaleOut, clock, queue_seconds
 from sdxl_engine.engine.validation import GenerateRequest, Limits, validate
 from sdxl_engine.engine.previews import latent_rgb_for
-from sdxl_engine.engine.steps import StepEvent, StepReceiver, Stopped  # noqa: F401 (Stopped: the engine's error too)
+from sdxl_engine.engine.steps import StepEvent, StepReceiver, Stopped
 
 
 def _no_progress(stage: str) -> None:

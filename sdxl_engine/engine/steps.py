@@ -65,7 +65,7 @@ class StepReceiver:
         self.every = preview_every if latent_rgb is not None else 0
         self.latent_rgb, self.on_step, self.should_stop = latent_rgb, on_step, should_stop
         self.stopped = False  # a call answered stop
-        self.error: Exception | None = None  # what on_step or should_stop raised: the engine raises it after the program
+        self.error: Exception | None = None  # what on_step/should_stop raised; the engine raises it after the program
         self.done = 0  # steps every device has reported
         self._lock = threading.Lock()
         self._counts: dict[int, int] = {}

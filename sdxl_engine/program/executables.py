@@ -30,6 +30,10 @@ executable over the entry):
    SHA-256 (the bytes that were hashed are the bytes deserialized: no second read);
 5. it deserializes without an error.
 
+A program with host callbacks (``io_callback``: the per-step hook) is stored with each callback as a
+placeholder and loaded with the function the caller names (``host_callback``), as XLA's
+``deserialize_executable`` takes them; without one, such an entry is a miss.
+
 Nothing here raises for a bad or missing cache: the cache only ever saves time.
 """
 
@@ -269,7 +273,9 @@ class ExecutableCache:
                 path = self.directory / f"{digest}.xla"
                 _write_private(path, blob)
                 entry = {"key": key, "bytes": len(blob), "sha256": hashlib.sha256(blob).hexdigest(),
-                         "uid": os.getuid(), "written": time.time(), **({"host_callbacks": callbacks} if callbacks else {})}
+                         "uid": os.getuid(), "written": time.time()}
+                if callbacks:  # issue #23: how many host callbacks the loader hands XLA
+                    entry["host_callbacks"] = callbacks
                 entry["mac"] = _mac(secret, digest, entry)
                 manifest["entries"][digest] = entry
                 self._prune(manifest["entries"])

@@ -52,11 +52,11 @@ prompts over 77 tokens      a ``chunks: int = 1`` ProgramShape field; the ids de
                             ``per_image(lambda s, lat: (2, s.chunks * TOKENS), jnp.int32)``; the branch in
                             :func:`encode_text` (encode each 77-token chunk, concatenate along tokens);
                             the host side in :func:`tokenize`.
-per-step hook               a static ``step_hook`` option; its one seam is the end of
-(progress, previews,        :func:`denoise_step` (``if st.shape.step_hook: jax.debug.callback(...)`` with
-cancel)                     the step and the latents, for progress and previews). Cancel: an
-                            ``io_callback`` there returns a stop flag, carried into a ``lax.while_loop``
-                            condition in :func:`denoise`.
+per-step hook               built (issue #23): the ``step_hook`` ProgramShape flag; its one seam is the end
+(progress, previews,        of :func:`denoise_step` (:func:`step_report`: an ``io_callback`` to
+cancel)                     :data:`STEP_HOOK` with the step, and x0 when the last call asked for it); the
+                            stop flag it returns is carried into a ``lax.while_loop`` condition in
+                            :func:`denoise`, and a stopped program skips the VAE.
 image inputs (img2img)      an ``init_image: bool`` ProgramShape flag; ``image_latents`` (per-image,
                             ``when="init_image"``) and ``start_step`` (replicated, ``()`` int32)
                             inputs; the branch in :func:`initial_latents` (noise the given latents to

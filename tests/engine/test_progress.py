@@ -98,7 +98,8 @@ def test_a_stop_before_the_program_runs_nothing(every_step):
 
 def test_sdxl_factors_are_comfyuis_and_tiny_shapes_ships_its_own():
     sdxl = latent_rgb_for("", 4)
-    assert sdxl.factors.tolist() == np.float32(SDXL_FACTORS).tolist() and sdxl.bias.tolist() == np.float32(SDXL_BIAS).tolist()
+    assert sdxl.factors.tolist() == np.float32(SDXL_FACTORS).tolist()
+    assert sdxl.bias.tolist() == np.float32(SDXL_BIAS).tolist()
     assert SDXL_FACTORS[0] == (0.3651, 0.4232, 0.4341) and SDXL_BIAS == (0.1084, -0.0175, -0.0011)
     # a zero latent is the bias: (0.1084 / 2 + 0.5) * 255 = 141.3 -> 141 for red
     assert sdxl(np.zeros((1, 4, 2, 2), np.float32))[0, 0, 0].tolist() == [141, 125, 127]
