@@ -119,6 +119,7 @@ def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract 
             prompt = gr.Textbox(label="Prompt", placeholder="a red circle on a blue background", scale=5,
                                 lines=1, max_lines=3, elem_id="prompt")
             run = gr.Button("Generate", variant="primary", scale=1, min_width=120, elem_id="generate")
+            stop = gr.Button("Stop", variant="stop", scale=0, min_width=80, elem_id="stop")  # issue #23
         # (#22) One line on the prompt syntax (engine/prompts.py; README, "Prompt syntax").
         gr.Markdown(f"`(word:1.3)` `(word)` more, `[word]` less; `BREAK` starts a new chunk; up to "
                     f"{config.max_prompt_chunks * 75} tokens.", elem_id="prompt-hint")
@@ -185,6 +186,9 @@ def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract 
                       [gallery, info], api_name="generate", concurrency_id="engine",
                       concurrency_limit=concurrency, preprocess=False)
         event.success(page_event(status_line), info, status, api_visibility="private")
+        # Issue #23: Stop cancels this browser's request; Gradio closes its generator, which stops the engine
+        # after the running step (handler.stream_previews). Nothing else: another browser's request runs on.
+        stop.click(None, None, None, cancels=[event], api_visibility="private", queue=False)
         event.failure(None, None, status, js="() => ''", api_visibility="private")  # the line was the last request's
         event.success(None, None, None, js=SCROLL_TO_GALLERY_JS, queue=False, api_visibility="private")
 

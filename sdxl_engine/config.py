@@ -134,6 +134,16 @@ class EngineConfig:
     # A folder whose every .safetensors file is a LoRA named by its file stem ("" = none).
     lora_dir: str = ""
 
+    # Issue #23 (progress, previews, Stop). Per-step progress and Stop from inside the compiled loop (one
+    # host call per step); off: the program has no host call and Stop acts only before a request starts.
+    progress: bool = True
+    # Steps between live previews of the running images (with progress on); -1 = about twice a second,
+    # from the measured step time; 0 = no previews.
+    preview_every: int = -1
+    # After ready, compile the no-CFG variant of the default size and the other size buckets in the
+    # background: on, off, or auto = on unless the devices are CPUs (where it slows the requests meanwhile).
+    precompile: str = "auto"
+
     @classmethod
     def load(cls, overrides: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> "EngineConfig":
         """Build the config: defaults, then ``SDXL_*`` environment variables, then ``overrides``.
@@ -263,6 +273,11 @@ class EngineConfig:
         if self.timestep_spacing not in ("", "leading", "trailing", "linspace"):
             raise ConfigError(f"timestep_spacing must be leading, trailing or linspace (or empty: the model's), "
                               f"got {self.timestep_spacing!r}")
+        if self.preview_every < -1:  # issue #23
+            raise ConfigError(f"preview_every must be -1 (about twice a second), 0 (off) or a number of steps, "
+                              f"got {self.preview_every}")
+        if self.precompile not in ("auto", "on", "off"):
+            raise ConfigError(f"precompile must be auto, on or off, got {self.precompile!r}")
 
     def as_dict(self) -> dict[str, Any]:
         """The resolved fields, for the one start-up log line."""

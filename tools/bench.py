@@ -57,7 +57,7 @@ from sdxl_engine.program.generate import (ProgramInputs, ProgramShape, cfg_combi
 from sdxl_engine.program.schedulers import make_schedule
 from sdxl_engine.program.sharding import DATA_AXIS
 from sdxl_engine.engine.validation import GenerateRequest
-from tools import fullsize, warmstart
+from tools import fullsize, progress_cost, warmstart
 from tools.report import write_section
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -495,6 +495,9 @@ def main(argv=None) -> None:
                         help="only the engine's request and the PyTorch pipeline's (needs --torch-python); "
                              "prints JSON, writes bench_vs_torch.json")
     parser.add_argument("--vs-torch-engine", metavar="DIR", help=argparse.SUPPRESS)  # --vs-torch's child process
+    parser.add_argument("--progress-cost", action="store_true",  # issue #23
+                        help="only the per-step hook's cost: device time with progress/previews on and off "
+                             "(tools/progress_cost.py); prints JSON, writes bench_progress.json")
     parser.add_argument("--md", default=str(ROOT / "BENCHMARKS.md"))
     parser.add_argument("--json", default=str(ROOT / "bench.json"))
     args = parser.parse_args(argv)
@@ -503,6 +506,11 @@ def main(argv=None) -> None:
     if args.warm_start:
         return warmstart.main(args)
     args.model = args.model or EngineConfig.model
+    if args.progress_cost:
+        result = progress_cost.main(args)
+        Path(args.json).with_name("bench_progress.json").write_text(json.dumps(result, indent=2, default=str))
+        print(json.dumps(result, indent=1, default=str))
+        return
     if args.vs_torch_engine:
         return vs_torch_engine(args, Path(args.vs_torch_engine))
     if args.vs_torch:

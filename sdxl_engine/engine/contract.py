@@ -92,11 +92,15 @@ class EngineContract(Protocol):
         """Block until start-up finished. Raises EngineNotReady if it failed or timed out."""
 
     def generate(self, request: GenerateRequest, ready_timeout: float | None = None,
-                 progress: Callable[[str], None] | None = None, arrived: float | None = None):
+                 progress: Callable[[str], None] | None = None, arrived: float | None = None,
+                 on_step: Callable | None = None, should_stop: Callable[[], bool] | None = None):
         """Validate and run one request; returns a GenerateResult (engine.local).
 
         ``progress(stage)`` hears each stage as it starts; ``arrived`` (:func:`clock` when the request
         reached the server) is where ``timings["queue"]`` starts (:func:`queue_seconds`).
+        ``on_step(engine.steps.StepEvent)`` hears each denoising step an engine reports (with its
+        previews); ``should_stop()`` True stops the request as soon as the engine can, raising
+        engine.steps.Stopped (issue #23).
 
         Raises InvalidRequest (a bad argument), EngineNotReady, GenerationError (an unusable
         image, a lost replica).

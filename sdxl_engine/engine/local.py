@@ -7,11 +7,14 @@ executables.py), run one zero-step warm-up request. Other size buckets and the n
 it off in the persistent compilation cache, so a restart does not compile them again).
 
 The engine runs whatever it is given: requests are serialised in one place in front of it
-(Gradio's concurrency limit in the app, one ongoing request per Ray Serve replica).
+(Gradio's concurrency limit in the app, one ongoing request per Ray Serve replica). A stopped request
+may still run its last step after that place let the next one in, so :meth:`Engine.generate` also
+takes a lock (issue #23): the next request waits for that step, counted as its queue time.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import threading
@@ -29,11 +32,13 @@ from sdxl_engine.program import sharding
 from sdxl_engine import config as config_mod
 from sdxl_engine.config import EngineConfig
 from sdxl_engine.program.executables import ExecutableCache
-from sdxl_engine.program.generate import CompiledProgram, ProgramInputs, ProgramShape, cached_program
+from sdxl_engine.program.generate import STEP_HOOK, CompiledProgram, ProgramInputs, ProgramShape, cached_program
 from sdxl_engine.program.schedulers import UnsupportedSchedulerConfig, make_schedule
 from sdxl_engine.engine.contract import ScaleOut, clock, queue_seconds
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest, Limits, validate
 from sdxl_engine.engine.prompts import CHUNK, PromptTokens, parse_lora_tags, tokenize_prompt
+from sdxl_engine.engine.previews import latent_rgb_for
+from sdxl_engine.engine.steps import StepEvent, StepReceiver, Stopped
 
 
 def _no_progress(stage: str) -> None:
@@ -146,6 +151,11 @@ class Engine:
         self.ready = threading.Event()
         self.error: BaseException | None = None
         self._faults = faults.injector()  # TEST-ONLY (faults.py): None unless the switch is on; read once
+        # Issue #23: one compile at a time (a request's and the background precompile's); the preview map.
+        self._compile_lock = threading.Lock()
+        self._request_lock = threading.Lock()  # one request at a time, also one a cancel left running for a step
+        self.latent_rgb = None  # set at start: previews.LatentRGB of the model, or None (no previews)
+        self.precompiled = threading.Event()  # set when the background precompile finished (or was not run)
         if self._faults:
             self._log(f"[sdxl_engine] WARNING: {faults.ENV} is on: test-only faults can be triggered by prompts")
 
@@ -204,6 +214,7 @@ class Engine:
         self._load_loras(lora_sources)
         self.defaults = self._model_defaults()
         self.limits = self._limits(self.defaults)
+        self.latent_rgb = latent_rgb_for(self.model.source, self.model.latent_channels)
 
         # 3. Compile the default size (CFG, the default guidance's mode) ahead of time.
         width, height = self.limits.default_size
@@ -220,6 +231,7 @@ class Engine:
         self.startup["ready_s"] = clock() - self.started
         self._log(f"[sdxl_engine] ready in {self.startup['ready_s']:.2f} s on {self.device_summary} "
                   f"({self.model.name}, {self.model.dtype})")
+        self._start_precompile()
 
     def _load_loras(self, sources: dict) -> None:
         """(#21) Read and check every LoRA against the model (LoraError stops the start), keep the merger."""
@@ -283,32 +295,64 @@ class Engine:
         """The compiled program for a size bucket, CFG mode and prompt chunk count, compiled on first use
         (then cached)."""
         shape = self._shape(width, height, cfg, chunks)
-        if shape not in self._programs:
-            before = cache_counts()
-            program = self._programs[shape] = cached_program(self.model, self.params, shape, self.mesh,
-                                                             self.executables)
-            self.compile_count += 1
-            after = cache_counts()
-            hits, misses = after["hits"] - before["hits"], after["misses"] - before["misses"]
-            what = f"{width}x{height} x {self.batch} images{'' if cfg else ' without CFG'}"
-            what += f", {chunks} prompt chunks" if chunks > 1 else ""
-            # One line either way; a missing or refused executable says why in the "compiled" line.
-            if program.loaded:
-                self._log(f"[sdxl_engine] loaded {what} in {program.compile_s:.2f} s (executable cache: "
-                          f"{program.cache_note}; nothing traced or compiled)")
-            elif self.executables:  # program.cached_program bypasses XLA's cache for what it stores
-                self._log(f"[sdxl_engine] compiled {what} in {program.compile_s:.2f} s (executable cache: "
-                          f"{program.cache_note}; compile cache: bypassed)")
-            else:
-                cache = (f"compile cache: {'hit' if hits and not misses else 'miss' if misses else 'not used'} "
-                         f"({hits} hits, {misses} misses) in {self.compile_cache_dir}" if self.compile_cache_dir
-                         else "compile cache off")
-                self._log(f"[sdxl_engine] compiled {what} in {program.compile_s:.2f} s ({cache})")
+        if shape in self._programs:
+            return self._programs[shape]
+        with self._compile_lock:  # the background precompile may be compiling this one (or another) now
+            if shape not in self._programs:
+                self._compile(shape, width, height, cfg)
         return self._programs[shape]
+
+    def _compile(self, shape: ProgramShape, width: int, height: int, cfg: bool) -> None:
+        """Compile (or load) one program and log one line saying how; call with ``_compile_lock`` held."""
+        before = cache_counts()
+        program = self._programs[shape] = cached_program(self.model, self.params, shape, self.mesh,
+                                                         self.executables)
+        self.compile_count += 1
+        after = cache_counts()
+        hits, misses = after["hits"] - before["hits"], after["misses"] - before["misses"]
+        what = f"{width}x{height} x {self.batch} images{'' if cfg else ' without CFG'}"
+        what += f", {shape.chunks} prompt chunks" if shape.chunks > 1 else ""
+        # One line either way; a missing or refused executable says why in the "compiled" line.
+        if program.loaded:
+            self._log(f"[sdxl_engine] loaded {what} in {program.compile_s:.2f} s (executable cache: "
+                      f"{program.cache_note}; nothing traced or compiled)")
+        elif self.executables:  # program.cached_program bypasses XLA's cache for what it stores
+            self._log(f"[sdxl_engine] compiled {what} in {program.compile_s:.2f} s (executable cache: "
+                      f"{program.cache_note}; compile cache: bypassed)")
+        else:
+            cache = (f"compile cache: {'hit' if hits and not misses else 'miss' if misses else 'not used'} "
+                     f"({hits} hits, {misses} misses) in {self.compile_cache_dir}" if self.compile_cache_dir
+                     else "compile cache off")
+            self._log(f"[sdxl_engine] compiled {what} in {program.compile_s:.2f} s ({cache})")
+
+    def _start_precompile(self) -> None:
+        """Issue #23: compile the no-CFG variant of the default size, then the other size buckets, in a
+        daemon thread (config ``precompile``: auto = on unless the devices are CPUs); sets ``precompiled``."""
+        mode = self.config.precompile
+        if mode == "off" or (mode == "auto" and self.platform == "cpu"):
+            self.precompiled.set()
+            return
+        default = self.limits.default_size
+        todo = [(*default, not (self.defaults.guidance_scale > 1))] + [(w, h, True) for w, h in self.limits.sizes
+                                                                        if (w, h) != default]
+        threading.Thread(target=self._precompile, args=(todo,), name="engine-precompile", daemon=True).start()
+
+    def _precompile(self, todo: list[tuple[int, int, bool]]) -> None:
+        t0 = time.perf_counter()
+        try:
+            for width, height, cfg in todo:
+                self._program(width, height, cfg)
+            self._log(f"[sdxl_engine] precompiled {len(todo)} more programs in {time.perf_counter() - t0:.2f} s "
+                      "in the background")
+        except Exception as err:  # a request at that size compiles it then (and reports its own error)
+            self._log(f"[sdxl_engine] background precompile stopped: {type(err).__name__}: {err}")
+        finally:
+            self.precompiled.set()
 
     def _shape(self, width: int, height: int, cfg: bool = True, chunks: int = 1) -> ProgramShape:
         """The ProgramShape (the compile key) of a size bucket in pixels, a CFG mode and a prompt chunk count."""
-        return ProgramShape(self.batch, height, width, self.config.max_inference_steps, cfg=cfg, chunks=chunks)
+        return ProgramShape(self.batch, height, width, self.config.max_inference_steps, cfg=cfg, chunks=chunks,
+                            step_hook=self.config.progress)
 
     def is_compiled(self, width: int, height: int, cfg: bool = True, chunks: int = 1) -> bool:
         """Whether the program for this size bucket (pixels), CFG mode and prompt chunk count is compiled already."""
@@ -324,7 +368,9 @@ class Engine:
 
     # ---- requests -------------------------------------------------------------------------
     def generate(self, request: GenerateRequest, ready_timeout: float | None = None,
-                 progress: Callable[[str], None] | None = None, arrived: float | None = None) -> GenerateResult:
+                 progress: Callable[[str], None] | None = None, arrived: float | None = None,
+                 on_step: Callable[[StepEvent], None] | None = None,
+                 should_stop: Callable[[], bool] | None = None) -> GenerateResult:
         """Validate, then run one request on the devices.
 
         ``progress``, if given, is called on this thread with each stage's name as it starts:
@@ -336,17 +382,25 @@ class Engine:
         ``arrived`` (contract.clock() when the request reached the server) is where
         ``timings["queue"]`` starts (contract.queue_seconds); by default it starts when this call does.
 
+        ``on_step(StepEvent)`` (issue #23) hears each denoising step as every device finishes it, with
+        a preview of the images every ``preview_every`` steps; it is called on XLA's thread while the
+        devices wait, so it must only hand the event on. ``should_stop()`` is polled before the
+        program and at every step: True ends the request after the running step (with the config's
+        ``progress`` off, only before the program), raising Stopped; the engine is free at once.
+
         Raises:
             InvalidRequest: a bad argument (nothing ran), including a bad or unknown ``<lora:...>`` tag.
             EngineNotReady: start-up failed or did not finish within ``ready_timeout`` seconds.
             GenerationError: the program produced non-finite pixels.
             faults.InjectedFault: only with the test-only switch on (faults.py) and a ``fault:raise`` prompt.
+            Stopped: ``should_stop()`` answered True; no images.
         """
         called = clock()
         self.wait_ready(ready_timeout)
         request = validate(request, self.limits)
-        start = clock()
-        result = self._run(request, progress or _no_progress)
+        with self._request_lock:  # free within a step of a stop; the wait counts as queue time
+            start = clock()
+            result = self._run(request, progress or _no_progress, on_step=on_step, should_stop=should_stop)
         result.timings["queue"] = queue_seconds(arrived, called, start)
         return result
 
@@ -362,7 +416,8 @@ class Engine:
         return self._schedules[key]
 
     def _run(self, request: GenerateRequest, progress: Callable[[str], None] = _no_progress,
-             loop_steps: int | None = None) -> GenerateResult:
+             loop_steps: int | None = None, on_step: Callable[[StepEvent], None] | None = None,
+             should_stop: Callable[[], bool] | None = None) -> GenerateResult:
         """Run a validated request; ``loop_steps`` (the warm-up's 0) overrides how many denoising steps run."""
         t0 = time.perf_counter()
         params, loras = self._lora_params(request.prompt)  # (#21) the tags' LoRAs merged; _tokens drops the tags
@@ -381,12 +436,22 @@ class Engine:
                                      negative_weights=negative.weights)
         # TEST-ONLY fault hooks (faults.py): self._faults is None unless SDXL_FAULT_INJECTION=1.
         params = self._faults.params(request.prompt, params) if self._faults else params
+        if should_stop is not None and should_stop():
+            raise Stopped("stopped before it started")
+        steps = int(inputs.num_steps)
+        receiver = StepReceiver(self.mesh.devices.size, steps, self.config.preview_every, self.latent_rgb, on_step,
+                                should_stop) if program.shape.step_hook else None
         progress("on device")
         t1 = time.perf_counter()
         if self._faults:  # simulated device time, counted as device time
             self._faults.on_device(request.prompt)
-        images, finite = program.executable(params, inputs)
-        jax.block_until_ready(images)
+        with STEP_HOOK.receiving(receiver) if receiver else contextlib.nullcontext():
+            images, finite = program.executable(params, inputs)
+            jax.block_until_ready(images)  # inside: the devices call the receiver until the loop ends
+        if receiver is not None and receiver.error is not None:
+            raise receiver.error
+        if receiver is not None and receiver.stopped:
+            raise Stopped(f"stopped after step {receiver.done} of {steps}")
         progress("to host")
         t2 = time.perf_counter()
         images, finite = np.asarray(images), np.asarray(finite)

@@ -53,11 +53,11 @@ prompts over 77 tokens      done (#22): the ``chunks`` ProgramShape field; ids a
                             ``per_image(prompt_dims, ...)``, (2, chunks * 77); :func:`encode_prompts` encodes
                             each 77-token chunk and concatenates along tokens; :func:`emphasize` applies the
                             weights; the host side in engine/prompts.py (``tokenize_prompt``).
-per-step hook               a static ``step_hook`` option; its one seam is the end of
-(progress, previews,        :func:`denoise_step` (``if st.shape.step_hook: jax.debug.callback(...)`` with
-cancel)                     the step and the latents, for progress and previews). Cancel: an
-                            ``io_callback`` there returns a stop flag, carried into a ``lax.while_loop``
-                            condition in :func:`denoise`.
+per-step hook               built (issue #23): the ``step_hook`` ProgramShape flag; its one seam is the end
+(progress, previews,        of :func:`denoise_step` (:func:`step_report`: an ``io_callback`` to
+cancel)                     :data:`STEP_HOOK` with the step, and x0 when the last call asked for it); the
+                            stop flag it returns is carried into a ``lax.while_loop`` condition in
+                            :func:`denoise`, and a stopped program skips the VAE.
 image inputs (img2img)      an ``init_image: bool`` ProgramShape flag; ``image_latents`` (per-image,
                             ``when="init_image"``) and ``start_step`` (replicated, ``()`` int32)
                             inputs; the branch in :func:`initial_latents` (noise the given latents to
@@ -67,8 +67,10 @@ image inputs (img2img)      an ``init_image: bool`` ProgramShape flag; ``image_l
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, NamedTuple
@@ -76,6 +78,7 @@ from typing import Any, Callable, Mapping, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import io_callback
 from jax._src import config as jax_config  # its thread-local enable_compilation_cache switch has no public API
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
@@ -105,6 +108,9 @@ class ProgramShape:
     # (#22) Prompt chunks of 77 tokens (engine/prompts.py): the ids and weights are (2, chunks * 77) and the
     # UNet cross-attends over chunks * 77 tokens. 1 is the program of a prompt of up to 75 tokens.
     chunks: int = 1
+    # Issue #23: the per-step hook (progress, previews, stop): each step calls the host (:class:`StepHook`)
+    # and the loop ends early when it answers "stop". False: no host callback, today's program to the byte.
+    step_hook: bool = False
 
 
 # Partitions of a ProgramInputs field: split along its first (batch) axis over ``data``, or whole on every device.
@@ -395,12 +401,55 @@ class Static:
     latent: tuple[int, int, int]  # (C, h, w) of the latents
     prediction_type: str  # epsilon, v_prediction or sample (the scheduler config's)
     vae: Any  # VAEConfig: scaling and shift factors
+    hook: Callable | None = None  # with shape.step_hook: STEP_HOOK.call, the host end of the per-step callback
 
 
 def static_options(model: LoadedModel, shape: ProgramShape) -> Static:
     """The one place the program reads the model and the ProgramShape's static options."""
     return Static(shape=shape, components=model.components, latent=latent_shape(model, shape.height, shape.width),
-                  prediction_type=model.scheduler_config.get("prediction_type", "epsilon"), vae=model.vae)
+                  prediction_type=model.scheduler_config.get("prediction_type", "epsilon"), vae=model.vae,
+                  hook=STEP_HOOK.call if shape.step_hook else None)
+
+
+class StepHook:
+    """The host end of the compiled programs' per-step callback (ProgramShape.step_hook), issue #23.
+
+    A compiled program calls :meth:`call` once per denoising step on every device of the mesh
+    (inside ``shard_map``: each device with its own images); the call is synchronous, so the
+    receiver must return at once (copy what it needs, do the work on another thread). One
+    receiver at a time (the engine runs one request at a time), installed around a program call
+    with :meth:`receiving`; with none installed every call answers "go on, no preview".
+
+    The receiver is ``fn(shard, step, x0) -> (stop, preview_next)``: ``shard`` the device's index
+    on the ``data`` axis, ``step`` 0-based, ``x0`` None or this shard's current estimate of the
+    clean latents, (b_local, C, h, w) float32 numpy (sent only when the previous call asked for
+    it with ``preview_next``, so a step without a preview moves no latents to the host).
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._receiver: Callable | None = None
+
+    @contextlib.contextmanager
+    def receiving(self, fn: Callable):
+        """Send the per-step calls to ``fn`` (see the class docstring) while the block runs."""
+        with self._lock:
+            self._receiver = fn
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._receiver = None
+
+    def call(self, shard, step, x0=None):
+        """What the program calls (through ``io_callback``): returns (stop, preview_next) as numpy bools."""
+        fn = self._receiver
+        stop, preview = fn(int(shard), int(step), None if x0 is None else np.asarray(x0)) if fn else (False, False)
+        return np.bool_(stop), np.bool_(preview)
+
+
+STEP_HOOK = StepHook()  # the process's one step hook: every program with step_hook calls it
+_HOOK_RESULT = (jax.ShapeDtypeStruct((), jnp.bool_), jax.ShapeDtypeStruct((), jnp.bool_))  # (stop, preview_next)
 
 
 class Conditioning(NamedTuple):
@@ -440,8 +489,9 @@ def initial_latents(st: Static, inputs: ProgramInputs) -> jax.Array:
 
 def denoise_step(st: Static, unet, cond: Conditioning, inputs: ProgramInputs, i, carry):
     """Stage 3's body, step ``i``: the UNet (with CFG over a doubled batch), then the sampler's update,
-    float32. ``carry`` = (latents, previous x0), each (b, C, h, w); returns the next carry."""
-    latents, x0_prev = carry
+    float32. ``carry`` = (latents, previous x0), each (b, C, h, w), with ``step_hook`` then (stop,
+    send x0 at this step), () bool each; returns the next carry."""
+    latents, x0_prev = carry[:2]
     sigma = inputs.sigmas[i]
     x = latents / jnp.sqrt(sigma**2 + 1)  # the UNet's input scaling
     x = jnp.concatenate([x, x]) if st.shape.cfg else x  # (rows, c, h, w)
@@ -453,22 +503,53 @@ def denoise_step(st: Static, unet, cond: Conditioning, inputs: ProgramInputs, i,
     z = step_noise(inputs.seeds, i, st.latent)
     update = sampler_update(latents, x0, x0_prev, z, inputs.a[i], inputs.b[i], inputs.c[i], inputs.d[i],
                             inputs.e[i], inputs.clip_range)
+    if st.shape.step_hook:  # the one seam of the per-step hook: report step i (and x0 when asked); hear "stop"
+        return (update, x0) + step_report(st, i, x0, carry[3])
     return update, x0
 
 
+def step_report(st: Static, i, x0: jax.Array, send_x0) -> tuple[jax.Array, jax.Array]:
+    """The per-step host call (:class:`StepHook`): ``x0`` (b, C, h, w) float32 goes along only when
+    ``send_x0`` (the previous call's answer) is True; returns (stop, send_x0 next), () bool each.
+
+    ``io_callback`` rather than ``jax.debug.callback``: it returns a value (the stop flag), and
+    it is unordered, as ordered effects are not allowed across the mesh's devices; the step index
+    orders the calls on the host. The latents-to-RGB map of a preview runs on the host (after
+    the call returns), so the program's arithmetic is the same with previews on or off.
+    """
+    shard = jax.lax.axis_index(DATA_AXIS)
+    return jax.lax.cond(send_x0, lambda: io_callback(st.hook, _HOOK_RESULT, shard, i, x0),
+                        lambda: io_callback(st.hook, _HOOK_RESULT, shard, i))
+
+
 def denoise(st: Static, params, cond: Conditioning, inputs: ProgramInputs, latents: jax.Array,
-            python_loop: bool = False) -> jax.Array:
+            python_loop: bool = False) -> tuple[jax.Array, jax.Array]:
     """Stage 3: ``num_steps`` of :func:`denoise_step` in ``lax.fori_loop`` (or a Python loop, for
-    debugging: needs a concrete ``num_steps``); returns the final latents x ``final_scale``."""
+    debugging: needs a concrete ``num_steps``); returns the final latents x ``final_scale`` and
+    whether the host stopped the loop early (() bool; always False without ``step_hook``).
+
+    With ``step_hook`` the loop is a ``lax.while_loop`` that also ends when the host answers stop;
+    its carry adds (stop, send x0 next), the first step sending x0 only if asked at no step before
+    (never). The steps it runs are the same :func:`denoise_step` (same images to the byte).
+    """
     unet = st.components["unet"].bind(params["unet"])
     step = functools.partial(denoise_step, st, unet, cond, inputs)
     carry = (latents, jnp.zeros_like(latents))
+    if st.shape.step_hook:
+        carry = carry + (jnp.bool_(False), jnp.bool_(False))  # + (stop, send x0 at the next step)
     if python_loop:
         for i in range(int(inputs.num_steps)):
             carry = step(i, carry)
+            if st.shape.step_hook and bool(carry[2]):
+                break
+    elif st.shape.step_hook:
+        def go_on(c):
+            return (c[0] < inputs.num_steps) & ~c[1][2]
+        _, carry = jax.lax.while_loop(go_on, lambda c: (c[0] + 1, step(c[0], c[1])), (jnp.int32(0), carry))
     else:
         carry = jax.lax.fori_loop(0, inputs.num_steps, step, carry)
-    return carry[0] * inputs.final_scale
+    stopped = carry[2] if st.shape.step_hook else jnp.bool_(False)
+    return carry[0] * inputs.final_scale, stopped
 
 
 def decode(st: Static, params, latents: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -496,8 +577,14 @@ def build_generate(model: LoadedModel, shape: ProgramShape, python_loop: bool = 
     def generate(params, inputs: ProgramInputs):
         cond = encode_text(st, params, inputs)  # 1.
         latents = initial_latents(st, inputs)  # 2.
-        latents = denoise(st, params, cond, inputs, latents, python_loop)  # 3.
-        return decode(st, params, latents)  # 4.
+        latents, stopped = denoise(st, params, cond, inputs, latents, python_loop)  # 3.
+        if not st.shape.step_hook:
+            return decode(st, params, latents)  # 4.
+        # A stopped request's images are discarded: skip the VAE so the stop costs at most one step.
+        b, (_, h, w) = latents.shape[0], (3, st.shape.height, st.shape.width)
+        skipped = lambda: jax.lax.pcast((jnp.zeros((b, h, w, 3), jnp.uint8), jnp.zeros((b,), jnp.bool_)),
+                                        DATA_AXIS, to="varying")  # per device, as decode's outputs are
+        return jax.lax.cond(stopped, skipped, lambda: decode(st, params, latents))  # 4.
 
     return generate
 
@@ -597,7 +684,8 @@ def cached_program(model: LoadedModel, params, shape: ProgramShape, mesh: Mesh,
     abstract = ProgramInputs.abstract(shape, latent_shape(model, shape.height, shape.width), mesh)
     in_tree, out_tree = jax.tree.structure(((params, abstract), {})), jax.tree.structure((0, 0))  # (images, finite)
     key, devices = program_key(model, params, shape, mesh), list(mesh.devices.flat)
-    found = cache.load(key, in_tree, out_tree, devices)
+    found = cache.load(key, in_tree, out_tree, devices,
+                       host_callback=STEP_HOOK.call if shape.step_hook else None)  # the step hook restored
     if found.executable is not None:
         return CompiledProgram(shape=shape, executable=found.executable, compile_s=time.perf_counter() - start,
                                flops=_flops(found.executable), loaded=True, cache_note=found.note)

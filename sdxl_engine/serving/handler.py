@@ -11,6 +11,9 @@ loaded the model. Imports Gradio (it raises Gradio's errors and writes to Gradio
 
 from __future__ import annotations
 
+import contextvars
+import queue
+import threading
 import traceback
 from typing import Callable
 
@@ -24,9 +27,11 @@ from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest
 from sdxl_engine.program.schedulers import SAMPLERS
 from sdxl_engine.serving import delivery, history, server
 from sdxl_engine.serving.styles import NO_STYLE, STYLE_NAMES, UnknownStyle, apply_style, get_style
+from sdxl_engine.engine.steps import StepEvent, Stopped
+from sdxl_engine.serving.progress import TRACKER
 
 STAGES = {  # engine stage -> (progress fraction, what the page says)
-    "compiling": (0.03, "Compiling the program for this size (first request at it; reused afterwards)"),
+    "compiling": (0.03, "Compiling {size} once, about {compile_s:.0f} s (the first request at it; reused afterwards)"),
     "preparing": (0.05, "Preparing: tokenizing the prompts, scheduling {steps} {sampler} steps"),
     "on device": (0.1, "On {devices}: encoding the prompts, denoising {steps} steps, decoding with the VAE"),
     "to host": (0.9, "Copying {n} images to the host"),
@@ -68,8 +73,9 @@ def api_function(handle: Callable, config: EngineConfig, pending: history.Pendin
     Its parameter names are the API's keyword inputs, its defaults the page's (``config``: the
     page's resolved defaults); it calls ``handle`` (handle_generate's arguments minus the engine)
     with the request's arrival (server.arrival_time), keeps the history record in ``pending`` for
-    the caller's session, and returns (gallery items, info). Its name and docstring are the MCP
-    tool's (serving/apis: Gradio describes the tool and its inputs from them).
+    the caller's session, and yields (preview gallery, None) while the engine runs, then (gallery
+    items, info) (stream_previews). Its name and docstring are the MCP tool's (serving/apis: Gradio
+    describes the tool and its inputs from them).
     """
 
     def generate(prompt: str, negative_prompt: str | None = None, seed: int = -1,
@@ -79,14 +85,76 @@ def api_function(handle: Callable, config: EngineConfig, pending: history.Pendin
                  progress=gr.Progress()):
         # Named parameters: gradio_client callers use these keywords (the /generate contract);
         # only optional inputs are ever added, at the end. ``request`` and ``progress`` are Gradio's.
-        gallery, info, record = handle(prompt, negative_prompt, seed, guidance_scale, num_inference_steps, width,
-                                       height, style, sampler, progress=progress,
-                                       arrived=server.arrival_time(request))
+        # Issue #23: a generator, so the previews stream to the gallery and a cancel (the page's Stop,
+        # gradio_client's job.cancel()) closes it, which stops the engine (stream_previews).
+        values = (prompt, negative_prompt, seed, guidance_scale, num_inference_steps, width, height, style, sampler)
+        gallery, info, record = yield from stream_previews(handle, values, progress, server.arrival_time(request))
         pending.put(getattr(request, "session_hash", None), record)
-        return gallery, info
+        yield gallery, info
 
     generate.__doc__ = TOOL_DOC.format(styles=", ".join(STYLE_NAMES), samplers=", ".join(SAMPLERS))
     return generate
+
+
+_DONE = object()  # stream_previews' end-of-request marker
+PREVIEW_WAIT_S = 0.5  # the longest a waiting stream goes without yielding, so a cancel can close it
+
+
+def stream_previews(generate: Callable, values: tuple, progress, arrived: float | None):
+    """Run ``generate(*values, progress=, arrived=, on_step=, should_stop=)`` (handle_generate minus the
+    engine) in a thread; yield (preview gallery, None) for each preview (and the same again after
+    PREVIEW_WAIT_S without one), then return its result (gallery, info, record) or raise its error.
+
+    A preview gallery is the batch's previews (latent resolution, (h, w, 3) uint8 each), captioned
+    ``preview · step k/N``; the final images replace them. Closed early (Gradio closes the generator when
+    the client cancels), it asks the engine to stop, which it does after the running step (the next request
+    waits for that: Engine.generate runs one at a time); handle_generate logs one line; nothing is
+    delivered, so there is no PNG and no history record. Not joined here: Gradio closes generators on
+    its event loop, which must not wait for a step.
+    """
+    events: queue.SimpleQueue = queue.SimpleQueue()
+    cancelled = threading.Event()
+    outcome: dict = {}
+
+    def on_step(event: StepEvent) -> None:
+        if event.preview is not None:
+            events.put(event)
+
+    def work() -> None:
+        try:
+            outcome["result"] = generate(*values, progress=progress, arrived=arrived, on_step=on_step,
+                                         should_stop=cancelled.is_set)
+        except BaseException as err:  # handed to the generator's thread, which raises it
+            outcome["error"] = err
+        finally:
+            events.put(_DONE)
+
+    # In a copy of this context: gr.Progress finds its event there (Gradio's context variables).
+    worker = threading.Thread(target=contextvars.copy_context().run, args=(work,), name="generate-request", daemon=True)
+    worker.start()
+    shown: list = []  # the gallery now: nothing (this request's first), then its latest previews
+    finished = False
+    try:
+        while True:
+            try:
+                event = events.get(timeout=PREVIEW_WAIT_S)
+            except queue.Empty:
+                # Nothing new: the same values again (an empty diff), so that a cancel can close this
+                # generator. Not gr.skip(): Gradio answers it with a session copy of the gallery, whose
+                # files it does not record, so server.Routes would refuse to serve them.
+                yield shown, None
+                continue
+            if event is _DONE:
+                finished = True
+                break
+            shown = [(image, f"preview · step {event.step}/{event.steps}") for image in event.preview]
+            yield shown, None
+    finally:
+        if not finished:  # closed by a cancel: the engine stops after the running step
+            cancelled.set()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["result"]
 
 
 def refuse(err: Exception) -> gr.Error:
@@ -99,7 +167,8 @@ def refuse(err: Exception) -> gr.Error:
 
 def handle_generate(engine: EngineContract, prompt, negative_prompt, seed, guidance_scale, num_inference_steps,
                     width, height, style=NO_STYLE, sampler=None, progress: Callable | None = None,
-                    files_dir: str | None = None, arrived: float | None = None):
+                    files_dir: str | None = None, arrived: float | None = None,
+                    on_step: Callable[[StepEvent], None] | None = None, should_stop: Callable[[], bool] | None = None):
     """One /generate call: values as the client sent them in; (gallery items, info, history record) out.
 
     The engine validates every value (width/height 0 or None = the model's default; sampler None
@@ -111,6 +180,12 @@ def handle_generate(engine: EngineContract, prompt, negative_prompt, seed, guida
 
     ``progress(fraction, desc=...)`` (a gr.Progress) hears each stage; while the engine is still
     starting, the request waits and reports the start-up stage and elapsed seconds.
+
+    Issue #23: it also hears each denoising step (``progress((k, N), desc="step k/N ...", unit="steps")``),
+    and the request is recorded in progress.TRACKER (begin, stage, step with the preview, end), which the
+    A1111 routes read. ``on_step`` hears the engine's StepEvents too; the request stops (after the running
+    step) when ``should_stop()`` or ``TRACKER.stop_requested()``: one log line, gr.Error("stopped ..."),
+    nothing saved.
 
     The gallery items are (PNG path, caption): the PNGs (with their A1111 parameters) lie in a new
     folder under ``files_dir`` (default: Gradio's temp folder, which serves them as they are),
@@ -129,20 +204,45 @@ def handle_generate(engine: EngineContract, prompt, negative_prompt, seed, guida
                               guidance_scale=guidance_scale, num_inference_steps=num_inference_steps,
                               width=width, height=height, sampler=sampler)
 
+    steps = engine.limits.default_steps if num_inference_steps is None else num_inference_steps
+    job = TRACKER.begin(steps if isinstance(steps, int) else 0)
+
     def on_stage(stage: str) -> None:
+        TRACKER.stage(job, stage)
         fraction, text = STAGES.get(stage, (None, stage))
-        steps = engine.limits.default_steps if num_inference_steps is None else num_inference_steps
+        size = f"{width or engine.limits.default_size[0]}x{height or engine.limits.default_size[1]}"
         report(fraction, desc=text.format(steps=steps, sampler=sampler or engine.limits.default_sampler,
-                                          devices=engine.device_summary, n=engine.batch))
+                                          devices=engine.device_summary, n=engine.batch, size=size,
+                                          compile_s=engine.startup.get("compile_s", 0.0)))
+
+    # gr.Progress finds its event in this thread's context variables; the steps are heard on XLA's thread.
+    here = contextvars.copy_context()
+
+    def on_engine_step(event: StepEvent) -> None:  # on XLA's thread while the devices wait: hand on, never block
+        TRACKER.step(job, event.step, event.steps, event.preview)
+        left = event.elapsed_s / event.step * (event.steps - event.step)
+        here.copy().run(report, (event.step, event.steps), unit="steps",
+                        desc=f"Denoising: step {event.step}/{event.steps}, about {left:.0f} s left")
+        if on_step is not None:
+            on_step(event)
+
+    def stop() -> bool:
+        return TRACKER.stop_requested() or (should_stop is not None and should_stop())
 
     try:
-        result = engine.generate(request, progress=on_stage, arrived=arrived)
+        result = engine.generate(request, progress=on_stage, arrived=arrived, on_step=on_engine_step, should_stop=stop)
     except (InvalidRequest, EngineNotReady, GenerationError) as err:
         raise refuse(err) from err
+    except Stopped as err:  # the one log line of a stopped request
+        why = "cancelled by its client" if should_stop is not None and should_stop() else "interrupted"
+        print(f"[app] request {err} ({why}); nothing saved", flush=True)
+        raise gr.Error(f"the request was {err}", print_exception=False) from err
     except Exception as err:
         traceback.print_exc()
         raise gr.Error(f"the engine failed on this request ({type(err).__name__}); it is logged on the server. "
                        "Please retry.") from err
+    finally:
+        TRACKER.end(job)
     report(0.95, desc="Encoding PNGs")
     return _deliver(engine, result, prompt, negative_prompt, style, files_dir)
 

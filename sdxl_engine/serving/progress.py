@@ -14,7 +14,10 @@ import dataclasses
 import itertools
 import threading
 
+import numpy as np
+
 from sdxl_engine.engine.contract import clock
+from sdxl_engine.serving.images import png_bytes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +55,7 @@ class Tracker:
         self._step_started: float | None = None  # clock() when step 1 began (the loop's start)
         self._stop = threading.Event()
         self._queued = 0
+        self._preview_image: np.ndarray | None = None  # issue #23: the latest preview, PNG-encoded on demand
 
     def queued(self, delta: int) -> None:
         """Count a request into (+1) or out of (-1) the wait for the engine."""
@@ -66,6 +70,7 @@ class Tracker:
             job = next(self._ids)
             self._now = Snapshot(job=job, steps=steps, started=clock(), queued=self._queued)
             self._step_started = None
+            self._preview_image = None
             return job
 
     def stage(self, job: int, stage: str) -> None:
@@ -76,8 +81,15 @@ class Tracker:
                 if stage == "on device" and self._step_started is None:
                     self._step_started = clock()
 
-    def step(self, job: int, step: int, steps: int, preview: bytes | None = None) -> None:
-        """Denoising step ``step`` of ``steps`` finished (1-based); ``preview`` replaces the last one if given."""
+    def step(self, job: int, step: int, steps: int, preview: bytes | np.ndarray | None = None) -> None:
+        """Denoising step ``step`` of ``steps`` finished (1-based); ``preview`` replaces the last one if given:
+        PNG bytes, or the batch's previews as (b, h, w, 3) uint8, whose first image becomes a PNG only when a
+        snapshot is taken (this is called on the devices' callback thread, which must not wait for an encode)."""
+        if isinstance(preview, np.ndarray):
+            with self._lock:
+                if self._now.job == job:
+                    self._preview_image = preview[0] if preview.ndim == 4 else preview
+            preview = None
         with self._lock:
             if self._now.job != job:
                 return
@@ -95,10 +107,14 @@ class Tracker:
             if self._now.job == job:
                 self._now = Snapshot(queued=self._queued)
                 self._stop.clear()
+                self._preview_image = None
 
     def snapshot(self) -> Snapshot:
         """The current record (immutable)."""
         with self._lock:
+            if self._preview_image is not None:  # the latest array preview, encoded once
+                self._now = dataclasses.replace(self._now, preview=png_bytes(self._preview_image))
+                self._preview_image = None
             return self._now
 
     def interrupt(self) -> bool:

@@ -47,6 +47,7 @@ from sdxl_engine.config import ConfigError, EngineConfig
 from sdxl_engine.engine.contract import ScaleOut, clock, queue_seconds
 from sdxl_engine.engine.local import Engine, EngineNotReady, GenerateResult, GenerationError, wait_for_start
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest, Limits, validate
+from sdxl_engine.engine.steps import Stopped
 from sdxl_engine.serving.scaleout import (APP_NAME, DEPLOYMENT_NAME, GRACEFUL_SHUTDOWN_S, HEALTH_CHECK_PERIOD_S, HEALTH_CHECK_TIMEOUT_S,
                        MAX_ONGOING_REQUESTS, REQUEST_TIMEOUT_S, ReplicaPlan, Replicas, plan_replica,
                        ray_environment)
@@ -443,8 +444,12 @@ class RemoteEngine:
 
     # ---- requests -------------------------------------------------------------------------
     def generate(self, request: GenerateRequest, ready_timeout: float | None = None,
-                 progress: Callable[[str], None] | None = None, arrived: float | None = None) -> ReplicaResult:
+                 progress: Callable[[str], None] | None = None, arrived: float | None = None,
+                 on_step: Callable | None = None, should_stop: Callable[[], bool] | None = None) -> ReplicaResult:
         """Run one request on a replica; the local Engine.generate's contract, plus ``replica``.
+
+        Issue #23: the replicas report no steps yet (``on_step`` is not called); ``should_stop()`` is
+        heard before the request leaves the front (Stopped), not on the replica.
 
         The request is validated here first (bad input never travels; a random seed is drawn once,
         so a retry makes the same images). Timings: the replica's ``prep``, ``device``, ``post``;
@@ -460,6 +465,8 @@ class RemoteEngine:
         called = clock()
         self.wait_ready(ready_timeout)
         request = validate(request, self.limits)
+        if should_stop is not None and should_stop():
+            raise Stopped("stopped before it started")
         report = progress or (lambda stage: None)
         sent = clock()
         outcome, retried = None, ""

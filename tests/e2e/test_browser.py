@@ -470,3 +470,40 @@ def test_history_survives_a_restart_and_says_when_its_key_changed(browser):
         assert offline.blocked == []
     finally:
         offline.close()
+
+
+@pytest.fixture(scope="module")
+def previews_server():
+    """The default app with a preview at every step (issue #23)."""
+    app = RunningApp(env={"SDXL_PREVIEW_EVERY": "1"})
+    yield app
+    app.stop()
+
+
+def test_progress_bar_and_previews_show_before_the_images(browser, previews_server):
+    page_handle = OfflinePage(browser, previews_server.url)
+    try:
+        page = page_handle.open()
+        page.wait_for_function("document.querySelector('#engine-status').innerText.includes('Ready on')")
+        assert page.locator("#stop").is_visible()
+        # Record the progress texts and the gallery's captions, in the order they appear.
+        page.evaluate("""() => { window.progress = new Set(); window.captions = []; new MutationObserver(() => {
+            document.querySelectorAll('[data-testid="status-tracker"]').forEach(e => window.progress.add(e.innerText));
+            const first = document.querySelector('#gallery .caption-label');
+            const text = first ? first.innerText.trim() : '';
+            if (text && window.captions[window.captions.length - 1] !== text) window.captions.push(text);
+          }).observe(document.body, {subtree: true, childList: true, characterData: true}); }""")
+        page.get_by_text("Advanced settings").click()
+        page.fill("#steps input[type='number']", "40")
+        page.keyboard.press("Enter")
+        page.wait_for_function("() => document.querySelector('#steps input[type=number]').value === '40'")
+        captions = generate(page, "a red circle on a blue background")
+        seen = page.evaluate("[...window.progress]")
+        order = page.evaluate("window.captions")
+        assert any(re.search(r"Denoising: step \d+/40", text) for text in seen), seen
+        previews = [c for c in order if c.startswith("preview · step ")]
+        assert previews and order.index(previews[0]) < order.index(captions[0]), order
+        assert CAPTION.match(order[-1]), order  # the final images replaced the previews
+        assert page_handle.blocked == []
+    finally:
+        page_handle.close()

@@ -36,12 +36,16 @@ def test_handler_applies_style_reports_progress_and_saves_pngs(engine, monkeypat
     monkeypatch.setattr(engine, "config", dataclasses.replace(engine.config, outputs_dir=str(tmp_path / "out")))
     reports = []
     gallery, info, record = handler.handle_generate(engine, "a red circle", "green", 7, 5.0, 3, 0, 0, "Pixel art",
-                                                progress=lambda fraction, desc: reports.append((fraction, desc)))
-    assert [d for _, d in reports] == [
+                                                progress=lambda fraction, desc, unit=None: reports.append((fraction, desc)))
+    steps = [(f, d.split(",")[0]) for f, d in reports if isinstance(f, tuple)]  # issue #23: each denoising step
+    assert steps == [((k, 3), f"Denoising: step {k}/3") for k in (1, 2, 3)]
+    assert [d for f, d in reports if not isinstance(f, tuple)] == [
         "Preparing: tokenizing the prompts, scheduling 3 Euler steps",
         "On 4 × cpu: encoding the prompts, denoising 3 steps, decoding with the VAE",
         "Copying 4 images to the host", "Encoding PNGs"]
-    assert [f for f, _ in reports] == sorted(f for f, _ in reports)
+    assert [d for _, d in reports].index("Copying 4 images to the host") == 5  # the steps came while on device
+    fractions = [f for f, _ in reports if not isinstance(f, tuple)]
+    assert fractions == sorted(fractions)
     styled, styled_negative = apply_style("Pixel art", "a red circle", "green")
     assert info["prompt"] == styled == "pixel-art a red circle . low-res, blocky, pixel art style, 8-bit graphics"
     assert info["negative_prompt"] == styled_negative and styled_negative.startswith("green, sloppy")

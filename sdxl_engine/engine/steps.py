@@ -1,0 +1,127 @@
+"""One request's per-step progress, previews and stop (issue #23), the host side of the program's step hook.
+
+The compiled program (ProgramShape.step_hook) calls ``generate.STEP_HOOK`` once per denoising step
+on every device; while a request runs, the engine installs a :class:`StepReceiver` there. It
+counts the devices' calls for each step; when the last device has reported step k it calls the
+request's ``on_step(StepEvent)``; every call answers whether to stop (the request's
+``should_stop()``) and whether the next step should send its x0 estimate for a preview.
+
+Calls arrive on XLA's threads while the devices wait, so everything here returns at once: the
+preview is a (C x 3) map per latent pixel (previews.LatentRGB), and ``on_step`` must only hand
+its event on (the page's handler puts it in a queue).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import threading
+from typing import Callable
+
+import numpy as np
+
+from sdxl_engine.engine.contract import clock
+from sdxl_engine.engine.previews import LatentRGB
+
+AUTO = -1  # preview_every: choose the steps between previews from the measured step time
+AUTO_INTERVAL_S = 0.5  # ... so that a preview comes about twice a second
+
+
+class Stopped(RuntimeError):
+    """The request was stopped (its ``should_stop()`` answered True) before it finished; no images."""
+
+
+@dataclasses.dataclass(frozen=True)
+class StepEvent:
+    """Denoising step ``step`` of ``steps`` finished on every device (1-based).
+
+    ``preview``: None, or (batch, h, w, 3) uint8 RGB at latent resolution (h = height / f): the
+    current x0 estimate through the model's latents-to-RGB map. ``elapsed_s``: seconds from the
+    loop's first call to this step's last.
+    """
+
+    step: int
+    steps: int
+    preview: np.ndarray | None = None
+    elapsed_s: float = 0.0
+
+
+class StepReceiver:
+    """The receiver ``generate.STEP_HOOK`` calls for one request (see the module docstring).
+
+    Args:
+        shards: devices on the mesh's ``data`` axis (each calls once per step).
+        steps: denoising steps the request runs.
+        preview_every: steps between previews; :data:`AUTO` (-1): about every
+            :data:`AUTO_INTERVAL_S` seconds from the measured step time; 0: none.
+        latent_rgb: the model's preview map, or None (no previews).
+        on_step: called with a :class:`StepEvent` once every device has reported a step.
+        should_stop: polled at every call; True stops the loop after the running step.
+    """
+
+    def __init__(self, shards: int, steps: int, preview_every: int, latent_rgb: LatentRGB | None,
+                 on_step: Callable[[StepEvent], None] | None, should_stop: Callable[[], bool] | None):
+        self.shards, self.steps = shards, steps
+        self.every = preview_every if latent_rgb is not None else 0
+        self.latent_rgb, self.on_step, self.should_stop = latent_rgb, on_step, should_stop
+        self.stopped = False  # a call answered stop
+        self.error: Exception | None = None  # what on_step/should_stop raised; the engine raises it after the program
+        self.done = 0  # steps every device has reported
+        self._lock = threading.Lock()
+        self._counts: dict[int, int] = {}
+        self._parts: dict[int, dict[int, np.ndarray]] = {}  # step -> shard -> its x0
+        self._decisions: dict[int, bool] = {}  # step -> whether step + 1 sends x0
+        self._started: float | None = None
+        self._last_preview: float | None = None
+
+    def __call__(self, shard: int, step: int, x0: np.ndarray | None) -> tuple[bool, bool]:
+        """One device's call for 0-based ``step`` (see generate.StepHook): returns (stop, send x0 next)."""
+        now = clock()
+        with self._lock:
+            if self._started is None:
+                self._started = self._last_preview = now
+            if x0 is not None:  # copied: the callback's argument may alias a device buffer
+                self._parts.setdefault(step, {})[shard] = np.array(x0, copy=True)
+            self._counts[step] = self._counts.get(step, 0) + 1
+            if step not in self._decisions:  # one answer per step for every device, so their x0 come together
+                self._decisions[step] = self._preview_next(step, now)
+            complete = self._counts[step] == self.shards
+            parts = self._parts.pop(step, None) if complete else None
+            if complete:
+                self.done = step + 1
+            try:
+                if not self.stopped and self.should_stop is not None and self.should_stop():
+                    self.stopped = True
+            except Exception as err:  # raised after the program (see error): an exception here would abort XLA's run
+                self._fail(err)
+            elapsed = now - self._started
+        if complete and self.on_step is not None and self.error is None:
+            preview = None
+            if parts is not None and len(parts) == self.shards:
+                preview = self.latent_rgb(np.concatenate([parts[k] for k in sorted(parts)]))  # (b, h, w, 3)
+            try:
+                self.on_step(StepEvent(step + 1, self.steps, preview, elapsed))
+            except Exception as err:
+                with self._lock:
+                    self._fail(err)
+        return self.stopped or self.error is not None, self._decisions[step]
+
+    def _fail(self, err: Exception) -> None:
+        """Keep the first error of ``on_step``/``should_stop`` and end the loop (call with the lock held)."""
+        if self.error is None:
+            self.error = err
+
+    def _preview_next(self, step: int, now: float) -> bool:
+        """Whether 0-based step ``step + 1`` sends x0: never for the last step (its images follow)."""
+        nxt = step + 1
+        if self.every == 0 or nxt >= self.steps - 1:
+            return False
+        if self.every > 0:
+            return (nxt + 1) % self.every == 0
+        per_step = (now - self._started) / step if step else math.inf
+        if per_step == math.inf:
+            return False
+        if now + per_step - self._last_preview >= AUTO_INTERVAL_S:
+            self._last_preview = now + per_step
+            return True
+        return False

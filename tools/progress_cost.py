@@ -1,0 +1,82 @@
+"""What the per-step hook costs (issue #23): device time of one request with progress and previews on and off.
+
+    python -m tools.bench --progress-cost [--model tiny-shapes] [--steps 20] [--runs 7]
+
+One engine (progress off: its default program has no host call) and the same size's program with
+the step hook (ProgramShape.step_hook), run on one request's inputs in alternating rounds
+(bench.timed: every variant once per round, so a noisy neighbour slows them alike):
+
+* ``both off``: the program without the hook;
+* ``progress on, previews off``: the hooked program, every step reported to a StepReceiver
+  (no latents leave the device);
+* ``previews every step``: the same, x0 sent and mapped to RGB at every step it can be (the worst case);
+* ``previews auto``: preview_every -1, about twice a second.
+
+Each is the program's call until its images are ready (what the engine's ``device`` timing counts).
+Prints and returns the medians and the ratios to ``both off``, and checks that all four give the
+same bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from sdxl_engine.config import EngineConfig
+from sdxl_engine.engine.local import Engine
+from sdxl_engine.engine.steps import AUTO, StepReceiver
+from sdxl_engine.program.generate import STEP_HOOK, ProgramInputs, cached_program, tokenize
+from sdxl_engine.program.schedulers import make_schedule
+
+
+def variants(engine: Engine, steps: int) -> tuple[dict, dict]:
+    """({name: call that blocks until the images are ready}, {name: its last images})."""
+    width, height = engine.limits.default_size
+    plain = engine._program(width, height, True)  # progress off: no hook
+    hooked = cached_program(engine.model, engine.params, dataclasses.replace(plain.shape, step_hook=True),
+                            engine.mesh, engine.executables)
+    ids, _ = tokenize(engine.model, "a red circle on a blue background")
+    empty, _ = tokenize(engine.model, "")
+    schedule = make_schedule("Euler", engine.model.scheduler_config, steps)
+    inputs = ProgramInputs.build(ids, empty, True, list(range(engine.batch)), 5.0, schedule, steps,
+                                 engine.config.max_inference_steps)
+    out: dict = {}
+
+    def run_plain():
+        out["both off"] = np.asarray(plain.executable(engine.params, inputs)[0])
+
+    def run_hooked(name: str, every: int):
+        def call():
+            seen = []
+            receiver = StepReceiver(engine.mesh.devices.size, steps, every, engine.latent_rgb, seen.append,
+                                    lambda: False)
+            with STEP_HOOK.receiving(receiver):
+                out[name] = np.asarray(hooked.executable(engine.params, inputs)[0])
+            assert len(seen) == steps
+        return call
+
+    fns = {"both off": run_plain, "progress on, previews off": run_hooked("progress on, previews off", 0),
+           "previews every step": run_hooked("previews every step", 1),
+           "previews auto": run_hooked("previews auto", AUTO)}
+    return fns, out
+
+
+def main(args) -> dict:
+    from tools.bench import timed  # bench imports this module
+
+    engine = Engine(EngineConfig.load({"model": args.model, "progress": False}), log=print).start()
+    fns, out = variants(engine, args.steps)
+    result = timed(fns, args.runs)
+    base = result["both off"]["median"]
+    same = all(np.array_equal(out["both off"], images) for images in out.values())
+    report = {"model": args.model, "device": engine.device_summary, "steps": args.steps, "runs": args.runs,
+              "size": engine.limits.default_size, "same_images": same,
+              "median_s": {k: v["median"] for k, v in result.items()},
+              "min_s": {k: v["min"] for k, v in result.items()},
+              "ratio_to_both_off": {k: v["median"] / base for k, v in result.items()}}
+    for name, r in result.items():
+        print(f"{name:28s} median {r['median']:.3f} s (min {r['min']:.3f}, max {r['max']:.3f}) "
+              f"x{r['median'] / base:.3f}")
+    print(f"same images in all four: {same}")
+    return report
