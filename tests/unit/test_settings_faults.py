@@ -116,7 +116,7 @@ def test_the_page_handler_reply_carries_the_save_warning(tmp_path):
     ready = threading.Event()
     ready.set()
     engine = SimpleNamespace(ready=ready, config=SimpleNamespace(outputs_dir=str(tmp_path / "disk" / "outputs")),
-                             generate=lambda request, progress, arrived: fake_result())
+                             generate=lambda request, progress, arrived, **_: fake_result())
     with pytest.warns(UserWarning, match="not saved to the server's outputs folder"):  # gr.Warning outside a request
         gallery, info, _ = handler.handle_generate(engine, "a red circle", "", 7, 5.0, 3, 0, 0,
                                                files_dir=str(tmp_path / "served"))
