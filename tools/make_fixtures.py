@@ -9,6 +9,7 @@ Commands, run from the repository root:
     python -m tools.make_fixtures sgm-keys
     python -m tools.make_fixtures single-fullsize --out FILE [--dtype float16|float32]
     python -m tools.make_fixtures lora
+    python -m tools.make_fixtures single-lora
     python -m tools.make_fixtures fullsize --out DIR [--dtype float32|bfloat16]
 
 * ``tiny`` writes, under tests/fixtures/: ``tiny-pt/`` (a small random SDXL made with diffusers'
@@ -1138,6 +1139,41 @@ def cmd_single(out: Path) -> None:
     (folder / "reference.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
 
 
+SINGLE_LORA_CASE = {"kohya": 0.8, "peft": 0.5}  # two LoRAs at once on the single-file model
+
+
+def cmd_single_lora(out: Path) -> None:
+    """``single-lora``: tiny-single/lora-reference.npz and .json: both tiny-pt-lora LoRAs (kohya 0.8, PEFT 0.5)
+    on the single file, as diffusers runs them: ``from_single_file(tiny-sdxl-sgm.fp16, config=tiny-pt)``, then
+    ``load_lora_weights`` (checked: no unused key, every layer adapted) and ``set_adapters``; the latents,
+    prompt, steps and guidance of ``lora``'s cases. Needs ``single`` and ``lora`` first."""
+    torch.set_num_threads(1)
+    folder, lora_dir = out / "tiny-single", out / "tiny-pt-lora"
+    pipe = StableDiffusionXLPipeline.from_single_file(str(folder / "tiny-sdxl-sgm.fp16.safetensors"),
+                                                      config=str(out / "tiny-pt"), torch_dtype=torch.float32,
+                                                      add_watermarker=False)
+    pipe.set_progress_bar_config(disable=True)
+    for name in SINGLE_LORA_CASE:
+        path = lora_dir / f"{name}.safetensors"
+        with safe_open(str(path), framework="pt") as f:
+            layers = sum(1 for k in f.keys() if k.endswith(("lora_down.weight", "lora_A.weight")))
+        load_checked(pipe, path, name, layers)
+    pipe.set_adapters(list(SINGLE_LORA_CASE), adapter_weights=list(SINGLE_LORA_CASE.values()))
+    latents = np.random.RandomState(7).standard_normal((2, 4, 16, 16)).astype(np.float32)
+    images = pipe(LORA_PROMPT, guidance_scale=LORA_GUIDANCE, num_inference_steps=LORA_STEPS, width=64, height=64,
+                  num_images_per_prompt=2, output_type="np", latents=torch.from_numpy(latents)).images
+    write_npz(folder / "lora-reference.npz", {"latents": latents, "images": images})
+    meta = dict(made_by="python -m tools.make_fixtures single-lora", versions=versions(), torch_threads=1,
+                model="StableDiffusionXLPipeline.from_single_file(tiny-sdxl-sgm.fp16.safetensors, config=tiny-pt)",
+                loras={f"tiny-pt-lora/{n}.safetensors": w for n, w in SINGLE_LORA_CASE.items()},
+                prompt=LORA_PROMPT, negative_prompt=None, steps=LORA_STEPS, guidance_scale=LORA_GUIDANCE,
+                size=[64, 64], scheduler="EulerDiscreteScheduler (tiny-pt's config)",
+                latents="numpy RandomState(7).standard_normal((2, 4, 16, 16))",
+                notes=["load_lora_weights(adapter_name=...) for each, then set_adapters(names, adapter_weights).",
+                       "images: (2, 64, 64, 3) float32 in [0, 1], output_type='np'."])
+    (folder / "lora-reference.json").write_text(json.dumps(meta, indent=2) + "\n")
+
+
 def fullsize_sgm_shapes() -> dict[str, list[int]]:
     """{key: shape} of full-size SDXL base as its original single file (sd_xl_base_1.0.safetensors) names it:
     the modules built on the meta device from the shipped configs, renamed by :func:`sgm_state`."""
@@ -1430,6 +1466,8 @@ def main(argv=None) -> None:
     single_full.add_argument("--dtype", choices=("float16", "float32"), default="float16")
     lora = sub.add_parser("lora", help="tiny-pt-lora: a kohya and a PEFT LoRA for tiny-pt, diffusers' images with them")
     lora.add_argument("--out", type=Path, default=FIXTURES)
+    single_lora = sub.add_parser("single-lora", help="tiny-single/lora-reference: both LoRAs on the single file")
+    single_lora.add_argument("--out", type=Path, default=FIXTURES)
     full = sub.add_parser("fullsize", help="random full-size SDXL base and its reference outputs")
     full.add_argument("--out", type=Path, required=True)
     full.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
@@ -1452,6 +1490,8 @@ def main(argv=None) -> None:
         cmd_single_fullsize(args.out, args.dtype)
     elif args.command == "lora":
         cmd_lora(args.out)
+    elif args.command == "single-lora":
+        cmd_single_lora(args.out)
     else:
         cmd_fullsize(args.out, args.dtype)
 

@@ -70,3 +70,34 @@ def test_images_match_diffusers(models, program, arrays, case):
     assert np.asarray(finite).all()
     diff = np.abs(np.asarray(images).astype(np.float64) - arrays[f"{case}_images"] * 255)
     assert diff.max() <= 4 and diff.mean() <= 0.5, (diff.max(), diff.mean())
+
+
+def test_loras_on_the_single_file_match_diffusers(models, program):
+    """Both tiny-pt-lora LoRAs (kohya 0.8, PEFT 0.5) merged into the single file's params, against diffusers'
+    from_single_file + load_lora_weights + set_adapters on the same latents (``make_fixtures single-lora``);
+    and the LoRAs move the images well past the tolerance, so a layer mapped wrong would show."""
+    from sdxl_engine.checkpoint import lora
+
+    compiled, params, shape = program
+    model, meta = models["single"], json.loads((SINGLE / "lora-reference.json").read_text())
+    with np.load(SINGLE / "lora-reference.npz") as data:
+        latents, expected = data["latents"], data["images"] * 255
+    mesh = make_mesh(jax.devices()[:2])
+    loras = {name: lora.read_lora(name, FIXTURES / "tiny-pt-lora" / f"{name}.safetensors", model.components)
+             for name in ("kohya", "peft")}
+    merger = lora.LoraMerger(params["single"], loras, replicated(mesh))
+    schedule = make_schedule("Euler", model.scheduler_config, meta["steps"])
+    ids, _ = tokenize(model, meta["prompt"])
+    negative, _ = tokenize(model, "")
+
+    def run(weights):
+        inputs = ProgramInputs.build(ids, negative, True, np.zeros(2, np.uint32), meta["guidance_scale"], schedule,
+                                     meta["steps"], shape.max_steps, latents=latents)
+        images, finite = compiled.executable(merger.params(weights), inputs)
+        assert np.asarray(finite).all()
+        return np.asarray(images).astype(np.float64)
+
+    weights = [(key.split("/")[1].removesuffix(".safetensors"), w) for key, w in meta["loras"].items()]
+    diff = np.abs(run(weights) - expected)
+    assert diff.max() <= 4 and diff.mean() <= 0.5, (diff.max(), diff.mean())
+    assert np.abs(run([]) - expected).mean() > 5  # without the LoRAs: far off
