@@ -485,8 +485,8 @@ class Engine:
         limit = self.config.max_prompt_chunks
         for field, tokens in (("prompt", prompt), ("negative prompt", negative)):
             if tokens.cut:
-                warnings.append(f"{field} was longer than {limit * CHUNK} tokens ({limit} chunks of {CHUNK}, the "
-                                f"max_prompt_chunks setting) and was truncated")
+                warnings.append(f"{field} needs more than {limit} chunks of {CHUNK} tokens (each BREAK starts one) "
+                                f"and was cut to {limit} ({limit * CHUNK} tokens, the max_prompt_chunks setting)")
             if tokens.clamped:
                 warnings.append(f"{field}: a weight beyond ±10 was clamped to ±10")
         if self.model.vocabulary is not None:

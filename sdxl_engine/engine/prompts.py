@@ -317,7 +317,7 @@ def check_prompt(text: str, loras: tuple[str, ...] | frozenset[str] = ()) -> Non
             available = (f"available: {', '.join(sorted(loras))}" if loras else
                          "none are loaded (start with --lora NAME=PATH or --lora-dir DIR)")
             raise InvalidRequest("prompt", f"unknown LoRA {tag.name!r} in <lora:{tag.name}:...>; {available}")
-    if not "".join(s.text for s in parse_prompt_attention(stripped) if not s.is_break).strip():
+    if not "".join(" " if s.is_break else s.text for s in parse_prompt_attention(stripped)).strip():
         raise InvalidRequest("prompt", "is empty: it holds only brackets, weights or BREAK, no words"
                              + (" (besides its LoRA tags)" if tags else ""))
 
@@ -360,5 +360,5 @@ def tokenize_prompt(tokenizers, text: str, max_chunks: int, emphasis: str = "ori
         clamped = bool(np.any(~(np.abs(weights) <= MAX_WEIGHT)))  # NaN (0 x inf) counts as out of range
         weights = np.clip(np.nan_to_num(weights, nan=0.0), -MAX_WEIGHT, MAX_WEIGHT)
     return PromptTokens(ids=ids, weights=weights.astype(np.float32), chunks=kept, cut=count > max_chunks,
-                        clamped=clamped, words="".join(s.text for s in segments if not s.is_break),
+                        clamped=clamped, words="".join(" " if s.is_break else s.text for s in segments),
                         empty_chunk=np.asarray([chunk for chunk, _ in empty], np.int32))

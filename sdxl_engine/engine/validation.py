@@ -93,7 +93,7 @@ def clean_text(field: str, value, *, required: bool) -> str:
         raise InvalidRequest(field, f"expected text, got {type(value).__name__}")
     if len(value) > MAX_PROMPT_CHARS:
         raise InvalidRequest(field, f"is {len(value)} characters long; the limit is {MAX_PROMPT_CHARS} "
-                                    "(only the first 77 tokens are used anyway)")
+                                    "(a prompt is read up to max_prompt_chunks x 75 tokens, far fewer characters)")
     out: list[str] = []
     for i, c in enumerate(value):
         after_visible = bool(out) and out[-1] != " "

@@ -7,7 +7,7 @@ that method for the counted endpoints (``/generate``) and refuses a call before 
 - while the server shuts down (:class:`~.server.RequestGate` closed): ``the server is shutting
   down; retry in a minute``;
 - when its client already has ``limit`` calls queued or running (``max_requests_per_client``): a
-  message naming the limit. A client is a Gradio session (a browser tab, a gradio_client
+  message naming the limit (not for a call that continues an admitted one: :data:`CONTINUES`). A client is a Gradio session (a browser tab, a gradio_client
   ``Client``: their ``session_hash``); a raw ``/call/`` request has none, so its IP address.
 
 A refused call never waits and delays no other call (no lock is taken, nothing is queued).
@@ -111,7 +111,7 @@ class Admission:
         self.total()  # forget the events Gradio has finished with, for every client
         if self.closing():
             return await self._refuse(body, request, username, SHUTTING_DOWN, 503)
-        if self.held(client) >= self.limit:
+        if self.held(client) >= self.limit and not continues(request):
             message = over_limit_message(self.limit)
             self.log(f"[app] request refused: {message} (client {client[:12]})")
             return await self._refuse(body, request, username, message, 429)
@@ -133,6 +133,17 @@ class Admission:
             headers = {"Retry-After": str(60 if status == 503 else RETRY_AFTER_S)}
             raise HTTPException(status_code=status, detail=message, headers=headers)
         return True, await gradio_internals.fail_at_once(self.queue, body, request, username, message), "success"
+
+
+# A request scope key: this /generate call continues one the admission let in already (a protocol API's
+# 5th to 16th images: apis/core.generate), so it is not refused over the limit. The earlier call's event
+# may still be in Gradio's table for a moment after it completed, and the request as a whole is one call.
+CONTINUES = "sdxl_engine.continues"
+
+
+def continues(request) -> bool:
+    """Whether ``request`` (the call's Starlette request) carries :data:`CONTINUES`."""
+    return bool(getattr(request, "scope", {}).get(CONTINUES))
 
 
 def client_key(body: PredictBody, request) -> str:

@@ -196,7 +196,8 @@ class QueueRefusal(Exception):
         self.message = message
 
 
-async def run_queued(demo, api_name: str, data: list, request, poll_s: float = 5.0) -> tuple[bool, dict]:
+async def run_queued(demo, api_name: str, data: list, request, poll_s: float = 5.0,
+                     scope: dict | None = None) -> tuple[bool, dict]:
     """Run the event ``api_name`` with input ``data`` through ``demo``'s queue, as a raw ``/call/`` would;
     returns (success, output): on success ``output["data"]`` holds the outputs as the queue sends them
     (a gallery: ``[{"image": {"path": ...}, "caption": ...}, ...]``), else ``output["error"]`` the message.
@@ -206,6 +207,7 @@ async def run_queued(demo, api_name: str, data: list, request, poll_s: float = 5
     is ``request``'s IP address; it waits its turn under the event's concurrency id, like the page's
     calls. ``request`` (the route's Starlette request) is the one the handler sees as gr.Request.
     If the client leaves before the end, the event is dropped from the queue (a running one finishes).
+    ``scope``: extra keys for the call's request scope (admission.CONTINUES).
 
     Raises:
         QueueRefusal: the queue is stopped or full, or refused the call for another reason.
@@ -221,7 +223,7 @@ async def run_queued(demo, api_name: str, data: list, request, poll_s: float = 5
     # The queue finds the app's root URL from the request's path, which must be one of its call
     # routes: the handler sees this copy (same headers, client, host), the route keeps the original.
     path = f"{API_PREFIX}/call/{api_name}"
-    routed = Request({**request.scope, "path": path, "raw_path": path.encode(), "root_path": ""})
+    routed = Request({**request.scope, **(scope or {}), "path": path, "raw_path": path.encode(), "root_path": ""})
     if queue.server_app is None:
         queue.set_server_app(demo.server_app)
     if queue.stopped:

@@ -162,7 +162,14 @@ def refuse(err: Exception) -> gr.Error:
     a message for the user (an unusable image, a lost Ray replica: GenerationError), after one
     log line that says which: neither is a traceback in the server log."""
     print(f"[app] request {'failed' if isinstance(err, GenerationError) else 'refused'}: {err}", flush=True)
-    return gr.Error(str(err), print_exception=False)
+    return gr.Error(shown(str(err)), print_exception=False)
+
+
+def shown(message: str) -> str:
+    """A message for gr.Error, whose pop-up on the page renders HTML: angle brackets (a ``<lora:...>`` tag
+    the message quotes, or markup a client typed) become the look-alike ‹ › so the text shows whole and
+    nothing a client sent becomes an element."""
+    return message.replace("<", "\u2039").replace(">", "\u203a")
 
 
 def handle_generate(engine: EngineContract, prompt, negative_prompt, seed, guidance_scale, num_inference_steps,

@@ -299,7 +299,7 @@ class Guard:
         headers = dict(scope["headers"])
         length = headers.get(b"content-length", b"0")
         if not length.isdigit() or int(length) > self.max_body:
-            return await _plain(send, 413, b"request body too large (limit 1 MB)")
+            return await _too_large(send, path)
         origin = headers.get(b"origin", b"").decode("latin-1")
         foreign = bool(origin) and _host_of(origin) not in LOOPBACK_NAMES
         seen = 0
@@ -334,7 +334,7 @@ class Guard:
         if method == "POST" and (self.inputs or self.routes) and (_DIRECT_CALL.match(path) or _QUEUE_JOIN.match(path)):
             body = await _read_body(limited_receive)
             if body is None:  # over the cap, or the client left
-                return await _plain(send, 413, b"request body too large (limit 1 MB)") if seen > self.max_body else None
+                return await _too_large(send, path) if seen > self.max_body else None
             if self.routes is not None:
                 if (reason := self.routes.refusal(method, path, query, body)) is not None:
                     return await self._refuse(send, method, path, reason)
@@ -352,7 +352,7 @@ class Guard:
             if seen <= self.max_body or started:
                 raise
         if seen > self.max_body and not started:  # a chunked body crossed the cap: the app saw a disconnect
-            await _plain(send, 413, b"request body too large (limit 1 MB)")
+            await _too_large(send, path)
 
 
 async def _read_body(receive) -> bytes | None:
@@ -390,6 +390,21 @@ def arrival_time(request) -> float | None:
 def _starts_work(path: str) -> bool:
     """Whether a POST to ``path`` is a raw call that would start work (call/<api>, run/<api>, api/<api>)."""
     return path.startswith(("/gradio_api/call/", "/gradio_api/run/", "/gradio_api/api/", "/call/", "/run/", "/api/"))
+
+
+TOO_LARGE = "request body too large (limit 1 MB)"
+
+
+async def _too_large(send, path: str) -> None:
+    """The 413 for an over-long body, in the shape of the protocol ``path`` belongs to: AUTOMATIC1111's
+    error object under /sdapi/ (modules/api/api.py), OpenAI's under /v1/, plain text elsewhere."""
+    if path.startswith("/sdapi/"):
+        body = {"error": "HTTPException", "detail": TOO_LARGE, "body": "", "errors": TOO_LARGE}
+    elif path.startswith("/v1/"):
+        body = {"error": {"message": TOO_LARGE, "type": "invalid_request_error", "param": None, "code": None}}
+    else:
+        return await _plain(send, 413, TOO_LARGE.encode())
+    await _plain(send, 413, json.dumps(body).encode(), content_type=b"application/json")
 
 
 async def _plain(send, status: int, body: bytes, extra: list | None = None,

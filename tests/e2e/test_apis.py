@@ -124,14 +124,61 @@ def test_a1111_lists_options_and_model_switching(webui):
     assert flags["api_key_required"] is True and KEY not in json.dumps(flags)
 
 
-def test_progress_and_interrupt(webui):
-    """Idle: progress 0, job_count 0 (webuiapi's util_wait_for_ready returns at once); interrupt answers whether a
-    request was running. (The stop path itself is the progress issue's; with it merged, interrupt stops it.)"""
+def test_progress_and_interrupt(app, webui):
+    """Idle: progress 0, job_count 0 (webuiapi's util_wait_for_ready returns at once), interrupt answers False.
+    While a 50-step txt2img runs: progress counts its steps with an eta and a preview PNG; interrupt stops it
+    within a step, and txt2img answers as A1111 does an interrupted job (200, no images, interrupted in info);
+    the next request is served at once."""
     progress = webui.get_progress()
     assert progress["progress"] == 0.0 and progress["state"]["job_count"] == 0 and progress["current_image"] is None
-    webui.util_wait_for_ready(check_interval=0.1)
     assert webui.interrupt() == {"interrupted": False}
     assert webui.session.post(f"{webui.baseurl}/skip").json() == {"interrupted": False}
+    answer = {}
+    thread = threading.Thread(target=lambda: answer.update(response=httpx.post(
+        app.url + "sdapi/v1/txt2img", timeout=300, headers={"Authorization": f"Bearer {KEY}"},
+        json={"prompt": PROMPT, "steps": 50, "seed": 3, **SIZE})))
+    thread.start()
+    seen = []
+    for _ in range(600):  # until a preview has come (about twice a second) after step 3
+        progress = webui.session.get(f"{webui.baseurl}/progress", params={"skip_current_image": "false"}).json()
+        seen.append(progress["state"]["sampling_step"])
+        if progress["state"]["sampling_step"] >= 3 and progress["current_image"]:
+            break
+        threading.Event().wait(0.05)
+    state = progress["state"]
+    assert state["job_count"] == 1 and state["sampling_steps"] == 50 and 3 <= state["sampling_step"] < 50
+    assert 0.05 <= progress["progress"] < 1 and progress["eta_relative"] > 0
+    assert Image.open(io.BytesIO(base64.b64decode(progress["current_image"]))).format == "PNG"
+    assert seen == sorted(seen)  # steps only go forward
+    assert webui.interrupt() == {"interrupted": True}
+    thread.join(120)
+    response = answer["response"]
+    assert response.status_code == 200 and response.json()["images"] == []
+    info = json.loads(response.json()["info"])
+    assert info["interrupted"] is True and info["message"].startswith("the request was stopped after step ")
+    stopped_at = int(info["message"].split("after step ")[1].split()[0])
+    assert stopped_at < state["sampling_step"] + 10  # within a few steps of the call (one, plus the poll's lag)
+    assert webui.get_progress()["state"]["job_count"] == 0
+    assert_serves(app.client())
+
+
+def test_a_request_of_16_images_is_one_call_under_the_per_client_limit(app):
+    """n=16 runs 4 engine calls one after another; with one other call from the same address in flight the
+    client holds 2 calls (the limit), so both are served: the later engine calls of one request never count
+    as a third (admission.CONTINUES)."""
+    headers = {"Authorization": f"Bearer {KEY}"}
+    answers = {}
+    big = threading.Thread(target=lambda: answers.update(big=httpx.post(
+        app.url + "v1/images/generations", timeout=300, headers=headers,
+        json={"prompt": PROMPT, "n": 16, "size": "64x64"})))
+    big.start()
+    threading.Event().wait(0.3)
+    answers["small"] = httpx.post(app.url + "sdapi/v1/txt2img", timeout=300, headers=headers,
+                                  json={"prompt": "a blue square", "steps": 20, **SIZE})
+    big.join(300)
+    assert answers["small"].status_code == 200, answers["small"].text
+    assert answers["big"].status_code == 200, answers["big"].text
+    assert len(answers["big"].json()["data"]) == 16
 
 
 def test_protocol_routes_need_the_key_in_their_own_error_shape(app):
@@ -183,6 +230,22 @@ def test_openai_url_format_and_errors(app):
     assert err.value.code == "model_not_found"
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=app.url + "v1", api_key="wrong").images.generate(prompt=PROMPT)
+    headers = {"Authorization": f"Bearer {KEY}"}
+    for method, path in (("POST", "v1/images/edits"), ("GET", "v1/images/generations")):
+        answer = httpx.request(method, app.url + path, headers=headers, json={})
+        assert answer.status_code == 404 and answer.json()["error"]["message"] == (
+            f"{method} /{path} is not served here; this server has POST /v1/images/generations, GET /v1/models")
+
+
+def test_an_over_long_body_is_a_413_in_each_protocols_shape(app):
+    """The HTTP guard's 1 MB limit (server.Guard) answers in the protocol's own error shape."""
+    headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    big = json.dumps({"prompt": "x" * (1 << 21)})
+    openai_answer = httpx.post(app.url + "v1/images/generations", headers=headers, content=big)
+    assert openai_answer.status_code == 413
+    assert openai_answer.json()["error"]["message"] == "request body too large (limit 1 MB)"
+    a1111_answer = httpx.post(app.url + "sdapi/v1/txt2img", headers=headers, content=big)
+    assert a1111_answer.status_code == 413 and a1111_answer.json()["detail"] == "request body too large (limit 1 MB)"
 
 
 def test_mcp_lists_one_described_tool_and_its_images_are_the_pages(app):

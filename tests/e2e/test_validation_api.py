@@ -66,8 +66,10 @@ BAD = [
 ]
 
 OK = [
-    ("10000-char prompt is cut to 77 tokens", dict(prompt="a red circle " * 770),
-     lambda info: info["warnings"] == ["prompt was longer than 77 tokens and was truncated, as SDXL does"]),
+    ("10000-char prompt is cut to 3 chunks of 75 tokens", dict(prompt="a red circle " * 770),
+     lambda info: info["warnings"] == ["prompt needs more than 3 chunks of 75 tokens (each BREAK starts one) and "
+                                       "was cut to 3 (225 tokens, the max_prompt_chunks setting)"]
+     and info["prompt_chunks"] == 3),
     ("control chars and NUL become spaces", dict(prompt="a\x00red\x07circle\u202e"),
      lambda info: info["prompt"] == "a red circle"),
     ("emoji kept", dict(prompt="a red 🔴 circle 👩‍👩‍👧"), lambda info: info["prompt"] == "a red 🔴 circle 👩‍👩‍👧"),

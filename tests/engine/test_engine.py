@@ -202,8 +202,8 @@ def test_long_prompt_truncated_with_warning(engine):
     result = gen(engine, prompt="a red circle " * 100)
     # Cut at max_prompt_chunks (3) chunks of 75 tokens ("a red circle" is 3): the images of the first 75 repeats.
     np.testing.assert_array_equal(result.images, gen(engine, prompt="a red circle " * 75).images)
-    assert result.warnings == ["prompt was longer than 225 tokens (3 chunks of 75, the max_prompt_chunks setting) "
-                               "and was truncated"] and result.prompt_chunks == 3
+    assert result.warnings == ["prompt needs more than 3 chunks of 75 tokens (each BREAK starts one) and was cut "
+                               "to 3 (225 tokens, the max_prompt_chunks setting)"] and result.prompt_chunks == 3
     assert gen(engine).warnings == [] and gen(engine, prompt="a red circle " * 60).warnings == []
     # The count agrees with the tokenizer's own at the edge: 75 words + BOS + EOS fit, 76 do not.
     assert [tokenize(engine.model, " ".join(["red"] * n))[1] for n in (75, 76)] == [False, True]

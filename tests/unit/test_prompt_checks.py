@@ -37,3 +37,24 @@ def test_accepted_prompts_are_kept_as_typed():
     # the negative prompt's tags are text (A1111 reads extra networks in the prompt only)
     assert validate(GenerateRequest("x", negative_prompt="<lora:nope:1>", seed=1), LIMITS).negative_prompt == (
         "<lora:nope:1>")
+
+
+def test_break_keeps_the_words_apart():
+    """The text without syntax (PromptTokens.words, read by the unknown-word warning): a BREAK is a space."""
+    from transformers import CLIPTokenizer
+
+    from sdxl_engine.engine.prompts import tokenize_prompt
+    from tests.helpers import FIXTURES
+
+    tokenizers = tuple(CLIPTokenizer.from_pretrained(str(FIXTURES / "tiny-pt" / sub))
+                       for sub in ("tokenizer", "tokenizer_2"))
+    tokens = tokenize_prompt(tokenizers, "a red circle BREAK on a (blue:1.2) background BREAK", 3)
+    assert tokens.words.split() == ["a", "red", "circle", "on", "a", "blue", "background"] and tokens.chunks == 2
+
+
+def test_messages_shown_on_the_page_keep_their_angle_bracket_text_but_no_markup():
+    from sdxl_engine.serving.handler import shown
+
+    assert shown("prompt: unknown LoRA 'nope' in <lora:nope:...>; available: ink") == (
+        "prompt: unknown LoRA 'nope' in \u2039lora:nope:...\u203a; available: ink")
+    assert "<" not in shown("<img src=x onerror=alert(1)>") and ">" not in shown("<b>")

@@ -112,6 +112,7 @@ def mount(app, demo, engine, access: Access, flags: dict, log=print) -> None:
     app.include_router(a1111.router(demo, engine, flags, loras_of(engine)))
     app.include_router(openai_images.router(demo, engine, tokens))
     app.include_router(openai_images.files_router(tokens))
+    app.include_router(openai_images.unknown_router())  # last: only what no /v1 route answers
     if access.mcp:
         gradio_internals.set_mcp_output(demo, mcp_content)
     if access.key:

@@ -31,7 +31,7 @@ from PIL import Image
 from pydantic import BaseModel, ConfigDict
 
 from sdxl_engine.program.schedulers import SAMPLERS, UnknownSampler, get_sampler
-from sdxl_engine.serving.apis.core import ApiError, Call, generate, model_name
+from sdxl_engine.serving.apis.core import ApiError, Call, Interrupted, generate, model_name
 from sdxl_engine.serving.progress import TRACKER
 from sdxl_engine.serving.styles import NO_STYLE, STYLES
 
@@ -89,7 +89,8 @@ def sampler_of(sampler_name: str | None, scheduler: str | None) -> str | None:
             return sampler + KARRAS
     choices = ", ".join(f"{s.removesuffix(KARRAS)} with {'Karras' if s.endswith(KARRAS) else 'Automatic'}"
                         for s in SAMPLERS)
-    raise ApiError(422, f"scheduler: {scheduler!r} is not available for sampler {sampler_name!r}; "
+    named = f"sampler {sampler_name!r}" if sampler is not None else "the default sampler (no sampler_name given)"
+    raise ApiError(422, f"scheduler: {scheduler!r} is not available for {named}; "
                         f"this server has {choices}", "scheduler")
 
 
@@ -180,6 +181,9 @@ def router(demo, engine, flags: dict, loras) -> APIRouter:
     async def txt2img(body: Txt2Img, request: Request):
         try:
             made = await generate(demo, engine, request, to_call(body))
+        except Interrupted as err:  # A1111 answers an interrupted job with what it has: here nothing
+            return {"images": [], "parameters": body.model_dump(),
+                    "info": json.dumps({"interrupted": True, "message": err.message, "all_seeds": [], "infotexts": []})}
         except ApiError as err:
             return a1111_error(err, bad_value=422)
         texts = [infotext(png) for png in made.pngs]

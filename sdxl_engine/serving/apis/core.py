@@ -32,7 +32,7 @@ from fastapi import HTTPException
 
 from sdxl_engine.engine.contract import EngineContract
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest, validate
-from sdxl_engine.serving import gradio_internals
+from sdxl_engine.serving import admission, gradio_internals
 from sdxl_engine.serving.styles import NO_STYLE, UnknownStyle, apply_style
 
 API_NAME = "generate"  # the page's event every protocol runs
@@ -54,6 +54,17 @@ class ApiError(Exception):
         self.message = message
         self.param = param
         self.headers = headers or {}
+
+
+class Interrupted(ApiError):
+    """The request was stopped while it ran (A1111's ``POST /interrupt``, the page's Stop): 409, nothing
+    made. A1111's txt2img answers it as A1111 does an interrupted job: 200 with the images it has (none)."""
+
+    def __init__(self, message: str):
+        super().__init__(409, message)
+
+
+STOPPED = "the request was stopped"  # the start of handler.handle_generate's message for a stopped request
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,8 +164,9 @@ async def generate(demo, engine: EngineContract, request, call: Call) -> Generat
 
     Raises:
         ApiError: :func:`check`'s refusals; 429/503 from the admission (over the per-client limit,
-            shutting down) or the queue (full, stopped); 500 with the handler's message when the
-            engine failed on the request (its details are in the server log only).
+            shutting down) or the queue (full, stopped); :class:`Interrupted` (409) when the request was
+            stopped while it ran; 500 with the handler's message when the engine failed on the request
+            (its details are in the server log only).
     """
     await wait_started(engine)
     try:
@@ -165,8 +177,8 @@ async def generate(demo, engine: EngineContract, request, call: Call) -> Generat
     batch = engine_batch(engine)
     wanted = call.images or batch
     pngs, seeds, paths, first_info, seed = [], [], [], None, call.seed
-    for _ in range(math.ceil(wanted / batch)):
-        info, files = await _one_call(demo, request, call.values(seed))
+    for n in range(math.ceil(wanted / batch)):
+        info, files = await _one_call(demo, request, call.values(seed), continues=n > 0)
         first_info = first_info or info
         for path, image_seed in zip(files, info["seeds"]):
             if len(pngs) < wanted:
@@ -177,17 +189,20 @@ async def generate(demo, engine: EngineContract, request, call: Call) -> Generat
     return Generated(pngs, seeds, {**first_info, "seeds": seeds}, paths)
 
 
-async def _one_call(demo, request, values: list) -> tuple[dict, list[str]]:
-    """One ``/generate`` event through the queue: (info record, PNG paths)."""
+async def _one_call(demo, request, values: list, continues: bool = False) -> tuple[dict, list[str]]:
+    """One ``/generate`` event through the queue: (info record, PNG paths). ``continues``: a later call of
+    one request (its images past the first batch), which the per-client limit does not refuse."""
     try:
-        ok, output = await gradio_internals.run_queued(demo, API_NAME, values, request)
+        ok, output = await gradio_internals.run_queued(demo, API_NAME, values, request,
+                                                       scope={admission.CONTINUES: True} if continues else None)
     except HTTPException as err:  # the admission's refusal (admission.Admission._refuse)
         raise ApiError(err.status_code, str(err.detail), headers=dict(err.headers or {})) from None
     except gradio_internals.QueueRefusal as err:
         raise ApiError(err.status, f"the server cannot take this request now ({err.message}); retry later",
                        headers={"Retry-After": "5"}) from None
     if not ok:
-        raise ApiError(500, str(output.get("error") or "the engine failed on this request"))
+        message = str(output.get("error") or "the engine failed on this request")
+        raise Interrupted(message) if message.startswith(STOPPED) else ApiError(500, message)
     gallery, info = output["data"]
     return info, gradio_internals.gallery_paths(gallery)
 

@@ -29,7 +29,8 @@ _SIZE = re.compile(r"^\s*(\d{1,6})\s*[xX×]\s*(\d{1,6})\s*$")
 FIELD_NAMES = (("width", "size"), ("height", "size"), ("images", "n"))
 ERROR_TYPES = {400: ("invalid_request_error", None), 401: ("invalid_request_error", "invalid_api_key"),
                403: ("invalid_request_error", "api_off"), 404: ("invalid_request_error", None),
-               429: ("requests", "rate_limit_exceeded"), 500: ("server_error", None),
+               409: ("invalid_request_error", "interrupted"), 429: ("requests", "rate_limit_exceeded"),
+               500: ("server_error", None),
                503: ("server_error", "service_unavailable")}
 
 
@@ -142,5 +143,18 @@ def router(demo, engine, tokens: FileTokens) -> APIRouter:
             return openai_error(ApiError(404, f"model: {name[:80]!r} is not served here; this server has "
                                               f"{model_id()!r}", "model"))
         return {"id": name, "object": "model", "created": 0, "owned_by": "sdxl_engine"}
+
+    return api
+
+
+def unknown_router() -> APIRouter:
+    """Any other ``/v1`` path or method, in OpenAI's error shape (FastAPI's own would be ``{"detail": ...}``);
+    mounted after every /v1 route (apis.mount), so it answers only what they do not."""
+    api = APIRouter(prefix=PREFIX)
+
+    @api.api_route("/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"], include_in_schema=False)
+    async def unknown(path: str, request: Request):
+        return openai_error(ApiError(404, f"{request.method} {PREFIX}/{path[:80]} is not served here; this server "
+                                          f"has POST {PREFIX}/images/generations, GET {PREFIX}/models"))
 
     return api
