@@ -255,7 +255,7 @@ class _FixedEngine:
     def scale_out(self):  # the engine contract's: one engine, no replicas
         return None
 
-    def generate(self, request, progress=None, arrived=None):
+    def generate(self, request, progress=None, arrived=None, on_step=None, should_stop=None):
         height, width = self.images.shape[1:3]
         request = GenerateRequest(request.prompt, request.negative_prompt or "", 7, 5.0, 20, width, height, "Euler")
         timings = {"prep": 0.0, "device": 0.0, "post": 0.0, "latency": 0.0, "queue": 0.0}
@@ -283,15 +283,39 @@ def host_side(engine, size: int, runs: int) -> dict:
                      "encode: Pillow default (what the Gallery did)": pil_default,
                      "page handler after the device": lambda: handler.handle_generate(
                          fixed, "a red circle on the left", "", 7, 5.0, 20, 0, 0, files_dir=files)}, runs)
-    demo = served_page(lambda text: handler.handle_generate(fixed, text, "", 7, 5.0, 20, 0, 0)[:2])
-    demo.queue()
-    demo.launch(server_port=_free_port(), prevent_thread_lock=True, quiet=True)
+    import gradio as gr
+    from sdxl_engine.serving import history
+
+    # Issue #23: the app's /generate is a generator (handler.stream_previews); gradio_client downloads the
+    # files of every message it yields and then those of the final answer, so its final PNGs come twice.
+    stream = handler.api_function(lambda *values, **kw: handler.handle_generate(fixed, *values, **kw),
+                                  fixed.config, history.Pending())
+
+    def streaming(text, progress=gr.Progress()):
+        yield from stream(text, None, 7, 5.0, 20, 0, 0, progress=progress)
+
+    demos = [served_page(lambda text: handler.handle_generate(fixed, text, "", 7, 5.0, 20, 0, 0)[:2]),
+             served_page(streaming)]
+    for demo in demos:
+        demo.queue()
+        demo.launch(server_port=_free_port(), prevent_thread_lock=True, quiet=True)
     try:
-        client = Client(demo.local_url, verbose=False)
-        call = lambda: client.predict("a red circle on the left", api_name="/generate")  # noqa: E731
-        out.update(timed({"served minus engine (gradio_client, 4 PNGs downloaded)": call}, runs))
+        plain, streamed = (Client(demo.local_url, verbose=False) for demo in demos)
+        # gradio_client makes a new httpx client per file, with a TLS context even for http://: without it
+        # (ssl_verify=False, harmless on a loopback http:// URL) the downloads' own cost shows.
+        no_tls = Client(demos[1].local_url, verbose=False, ssl_verify=False)
+        text = "a red circle on the left"
+        out.update(timed({
+            "served minus engine (gradio_client, 4 PNGs downloaded)":
+                lambda: plain.predict(text, api_name="/generate"),
+            "served minus engine, streaming /generate (gradio_client downloads the final PNGs twice)":
+                lambda: streamed.predict(text, api_name="/generate"),
+            "served minus engine, streaming /generate, gradio_client ssl_verify=False":
+                lambda: no_tls.predict(text, api_name="/generate"),
+        }, runs))
     finally:
-        demo.close()
+        for demo in demos:
+            demo.close()
     return {"size": size, "png_kb": [len(p) // 1000 for p in encode_pngs(images, texts)], "seconds": out}
 
 

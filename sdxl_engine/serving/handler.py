@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import contextvars
 import queue
+import tempfile
 import threading
 import traceback
+from pathlib import Path
 from typing import Callable
 
 import gradio as gr
@@ -29,6 +31,7 @@ from sdxl_engine.serving import delivery, history, server
 from sdxl_engine.serving.styles import NO_STYLE, STYLE_NAMES, UnknownStyle, apply_style, get_style
 from sdxl_engine.engine.steps import StepEvent, Stopped
 from sdxl_engine.serving.progress import TRACKER
+from sdxl_engine.serving.images import png_bytes, write_new
 
 STAGES = {  # engine stage -> (progress fraction, what the page says)
     "compiling": (0.03, "Compiling {size} once, about {compile_s:.0f} s (the first request at it; reused afterwards)"),
@@ -105,7 +108,7 @@ def stream_previews(generate: Callable, values: tuple, progress, arrived: float 
     engine) in a thread; yield (preview gallery, None) for each preview (and the same again after
     PREVIEW_WAIT_S without one), then return its result (gallery, info, record) or raise its error.
 
-    A preview gallery is the batch's previews (latent resolution, (h, w, 3) uint8 each), captioned
+    A preview gallery is the batch's previews (latent resolution, as PNG files: _preview_gallery), captioned
     ``preview · step k/N``; the final images replace them. Closed early (Gradio closes the generator when
     the client cancels), it asks the engine to stop, which it does after the running step (the next request
     waits for that: Engine.generate runs one at a time); handle_generate logs one line; nothing is
@@ -133,6 +136,7 @@ def stream_previews(generate: Callable, values: tuple, progress, arrived: float 
     worker = threading.Thread(target=contextvars.copy_context().run, args=(work,), name="generate-request", daemon=True)
     worker.start()
     shown: list = []  # the gallery now: nothing (this request's first), then its latest previews
+    preview_folder: list = []  # this request's preview folder, made at its first preview (_preview_gallery)
     finished = False
     try:
         while True:
@@ -147,7 +151,7 @@ def stream_previews(generate: Callable, values: tuple, progress, arrived: float 
             if event is _DONE:
                 finished = True
                 break
-            shown = [(image, f"preview · step {event.step}/{event.steps}") for image in event.preview]
+            shown = _preview_gallery(event, preview_folder) or shown
             yield shown, None
     finally:
         if not finished:  # closed by a cancel: the engine stops after the running step
@@ -155,6 +159,28 @@ def stream_previews(generate: Callable, values: tuple, progress, arrived: float 
     if "error" in outcome:
         raise outcome["error"]
     return outcome["result"]
+
+
+def _preview_gallery(event: StepEvent, folder: list) -> list:
+    """The gallery items (PNG path, ``preview · step k/N``) of ``event.preview`` ((n, h, w, 3) uint8), or []
+    if they could not be written (the gallery keeps what it showed; the request goes on).
+
+    Written once by images.png_bytes (no parameters chunk) into this request's folder in Gradio's temp folder
+    (``folder``: [] until the first preview makes it, then [its path]), which Gradio serves as they are. Numpy
+    arrays would be encoded by Pillow at its default level and hashed by the Gallery at every yield of them,
+    the keep-alive repeats included (issue #23, item 5).
+    """
+    caption = f"preview · step {event.step}/{event.steps}"
+    try:
+        if not folder:
+            root = Path(gr.utils.get_upload_folder()).resolve()
+            root.mkdir(parents=True, exist_ok=True)
+            folder.append(Path(tempfile.mkdtemp(prefix="sdxl-preview-", dir=root)))
+        return [(str(write_new(png_bytes(image), folder[0], f"step{event.step}-{i}")), caption)
+                for i, image in enumerate(event.preview)]
+    except OSError as err:
+        print(f"[app] warning: could not write a preview to Gradio's temp folder: {err}", flush=True)
+        return []
 
 
 def refuse(err: Exception) -> gr.Error:
