@@ -145,4 +145,5 @@ def test_prompts_of_only_syntax_are_empty_and_weights_are_clamped_with_a_warning
 def test_a_bracketless_short_prompt_runs_the_one_chunk_program(tiny_shapes_engine):
     result = tiny_shapes_engine.generate(GenerateRequest("a red circle", seed=0, num_inference_steps=1))
     assert result.prompt_chunks == 1
-    assert ProgramShape(4, 64, 64, tiny_shapes_engine.config.max_inference_steps) in tiny_shapes_engine._programs
+    assert ProgramShape(4, 64, 64, tiny_shapes_engine.config.max_inference_steps,
+                        step_hook=tiny_shapes_engine.config.progress) in tiny_shapes_engine._programs
