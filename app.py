@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from typing import Callable
 
 from sdxl_engine.serving import main as process  # imports no Gradio
@@ -19,6 +20,7 @@ if __name__ == "__main__":  # before Gradio is imported: it reads GRADIO_TEMP_DI
 
 import gradio as gr
 
+from sdxl_engine.checkpoint.loading import model_loras
 from sdxl_engine.checkpoint.lora import available_names
 from sdxl_engine.config import EngineConfig
 from sdxl_engine.engine.contract import EngineContract, clock
@@ -36,6 +38,28 @@ EXAMPLES = ["a red circle on a blue background", "a large green square at the to
 # No style in the examples: a style's added words ("anime artwork ...") pull tiny-shapes' images off the prompt.
 # The blog's setting (the config's own defaults), one click away when a model's engine_defaults.json chose another.
 BLOG_DEFAULT = (EngineConfig.sampler, EngineConfig.num_inference_steps)
+# (#26) The few-step preset, offered when a LoRA named "lcm" is loaded (tiny-shapes ships one; for SDXL,
+# --lora lcm=lcm-lora-sdxl.safetensors): its tag in the prompt, the LCM sampler, 4 steps, guidance 1 (no CFG).
+FAST_PRESET = ("LCM", 4, 1.0)
+FAST_LORA = "lcm"
+FAST_LABEL = "Fast (LCM, 4 steps)"
+_FAST_TAG = re.compile(rf"\s*<lora:{FAST_LORA}(:[^<>]*)?>", re.IGNORECASE)
+
+
+def with_fast_tag(text) -> str:
+    """``text`` with one ``<lora:lcm:1>`` at its end (any lcm tag it had removed first)."""
+    rest = _FAST_TAG.sub("", text if isinstance(text, str) else "").strip()
+    return f"{rest} <lora:{FAST_LORA}:1>" if rest else f"<lora:{FAST_LORA}:1>"
+
+
+def without_fast_tag(text) -> str:
+    """``text`` without its ``<lora:lcm...>`` tags (the other presets run without the LCM-LoRA)."""
+    return _FAST_TAG.sub("", text if isinstance(text, str) else "").strip()
+
+
+def lora_names_for(config: EngineConfig) -> list[str]:
+    """The LoRA names the engine will load: the deployment's and the model's own (its loras.json)."""
+    return available_names(config.lora, config.lora_dir, os.pathsep, model_loras(config.model))
 
 
 def status_line(info: dict) -> str:
@@ -126,6 +150,11 @@ def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract 
         with gr.Row(elem_id="main-row"):
             with gr.Column(scale=2, elem_id="settings-col"):  # how to make it
                 style = gr.Radio(list(STYLE_NAMES), value=NO_STYLE, label="Style", elem_id="style")
+                with gr.Row(elem_id="preset-row"):  # (#26) few steps, or back to the model's own setting
+                    fast = gr.Button(FAST_LABEL, size="sm", elem_id="fast-preset",
+                                     visible=FAST_LORA in lora_names_for(config))
+                    model_default = gr.Button(f"Model default ({config.sampler}, {config.num_inference_steps} steps)",
+                                              size="sm", elem_id="model-default")
                 with gr.Row(elem_id="size-row"):
                     choices, default_size = size_choices(engine)
                     resolution = gr.Dropdown(choices, value=default_size, label="Resolution (width × height, pixels)",
@@ -160,7 +189,7 @@ def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract 
         examples = gr.Dataset(components=[prompt, style], samples=[[text, NO_STYLE] for text in EXAMPLES],
                               type="index", label="Examples (click to fill the prompt and style)", elem_id="examples")
         # (#21) The loaded LoRAs: a click adds its <lora:NAME:1> tag to the prompt (the engine reads the tags).
-        lora_names = available_names(config.lora, config.lora_dir, os.pathsep)
+        lora_names = lora_names_for(config)
         lora_list = gr.Dataset(components=[prompt], samples=[[f"<lora:{name}:1>"] for name in lora_names],
                                type="index", label="LoRAs (click to add its tag to the prompt; edit the weight, -4 to 4)",
                                elem_id="loras", visible=bool(lora_names))
@@ -215,6 +244,17 @@ def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract 
         randomize.click(None, None, seed, js="() => -1", api_visibility="private")
         blog_default.click(page_event(lambda: BLOG_DEFAULT), None, [sampler, num_inference_steps],
                            api_visibility="private", queue=False)
+        # (#26) Leaving the fast preset: its tag goes and the guidance comes back (the blog button's first event
+        # above still sets just the sampler and steps).
+        blog_default.click(page_event(lambda text: (without_fast_tag(text), config.guidance_scale)
+                                      if _FAST_TAG.search(text or "") else (gr.update(), gr.update())),
+                           prompt, [prompt, guidance_scale], api_visibility="private", queue=False)
+        fast.click(page_event(lambda text: (*FAST_PRESET, with_fast_tag(text))), prompt,
+                   [sampler, num_inference_steps, guidance_scale, prompt], api_visibility="private", queue=False)
+        model_default.click(page_event(lambda text: (config.sampler, config.num_inference_steps, config.guidance_scale,
+                                                     without_fast_tag(text))), prompt,
+                            [sampler, num_inference_steps, guidance_scale, prompt], api_visibility="private",
+                            queue=False)
         resolution.change(None, resolution, [width, height], js=PARSE_SIZE_JS, api_visibility="private")
 
         @page_event

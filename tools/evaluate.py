@@ -3,6 +3,7 @@
     python -m tools.evaluate                        # the shipped tiny-shapes
     python -m tools.evaluate --model /tmp/ts --grid /tmp/ts.png --json /tmp/ts.json
     python -m tools.evaluate --sweep                # quality per second (below)
+    python -m tools.evaluate --lcm                  # the LCM-LoRA's few-step settings against Euler-20
 
 For each held-out (colour, shape, position) combination of :data:`shapes.HELD_OUT` (never
 drawn in training) it asks the engine for 4 images of the full-description prompt (seeds
@@ -143,13 +144,15 @@ def run(engine, seed: int = 0, guidance: float = EngineConfig.guidance_scale, st
 ACCURACY = ("colour", "shape", "position")
 
 
-def measure(engine, settings: list[tuple[str, int]], seeds: list[int], guidance: float, log=print) -> list[dict]:
-    """Held-out accuracy and latency of each (sampler, steps) in ``settings``, side by side in one run.
+def measure(engine, settings: list[tuple], seeds: list[int], guidance: float, log=print) -> list[dict]:
+    """Held-out accuracy and latency of each setting in ``settings``, side by side in one run.
 
-    Every (held-out prompt, seed) is one round; each round runs every setting once, starting one
-    setting later than the round before, so a noisy neighbour slows every setting alike. Accuracy
-    is over the same 16 prompts x 4 x ``len(seeds)`` images for every setting; latency is the
-    engine's (``timings["latency"]``: prep + device + post, queue excluded) per 4-image request.
+    A setting is (sampler, steps) at ``guidance``, or (sampler, steps, guidance_scale, prompt prefix)
+    (the LCM evaluation: ``"<lora:lcm:1> "`` before the prompt). Every (held-out prompt, seed) is one
+    round; each round runs every setting once, starting one setting later than the round before, so
+    a noisy neighbour slows every setting alike. Accuracy is over the same 16 prompts x 4 x
+    ``len(seeds)`` images for every setting; latency is the engine's (``timings["latency"]``: prep +
+    device + post, queue excluded) per 4-image request.
 
     Returns one row per setting: colour, shape, position (fractions), colour_share, the same three
     per seed group, the median latency, the median over rounds of its latency over the first
@@ -157,30 +160,32 @@ def measure(engine, settings: list[tuple[str, int]], seeds: list[int], guidance:
     whether the row is within :data:`TOLERANCE` of the first on each accuracy and at most
     :data:`MAX_LATENCY_RATIO` of its latency.
     """
-
-    scores = {s: [] for s in settings}
-    latency = {s: [] for s in settings}
+    full = [tuple(s) if len(s) == 4 else (s[0], s[1], guidance, "") for s in settings]
+    scores = {s: [] for s in full}
+    latency = {s: [] for s in full}
     start = time.perf_counter()
     rounds = [(prompt, target, s) for s in seeds for prompt, target in eval_prompts()]
     for r, (prompt, target, request_seed) in enumerate(rounds):
-        for k in range(len(settings)):
-            sampler, n = settings[(k + r) % len(settings)]
-            result = engine.generate(GenerateRequest(prompt, seed=request_seed, guidance_scale=guidance,
+        for k in range(len(full)):
+            setting = full[(k + r) % len(full)]
+            sampler, n, g, prefix = setting
+            result = engine.generate(GenerateRequest(prefix + prompt, seed=request_seed, guidance_scale=g,
                                                      num_inference_steps=n, sampler=sampler))
-            scores[sampler, n].append({**score(result.images, target), "seed": request_seed})
-            latency[sampler, n].append(result.timings["latency"])
+            scores[setting].append({**score(result.images, target), "seed": request_seed})
+            latency[setting].append(result.timings["latency"])
         log(f"  round {r + 1}/{len(rounds)} ({time.perf_counter() - start:.0f} s)")
     rows = []
-    for setting in settings:
+    for setting in full:
         got = scores[setting]
-        rows.append({"sampler": setting[0], "steps": setting[1],
+        rows.append({"sampler": setting[0], "steps": setting[1], "guidance_scale": setting[2],
+                     "prompt_prefix": setting[3],
                      **{k: float(np.mean([x[k] for x in got])) for k in (*ACCURACY, "colour_share")},
                      "by_seed_group": {str(s): {k: float(np.mean([x[k] for x in got if x["seed"] == s]))
                                                 for k in ACCURACY} for s in seeds},
                      "latency_s": statistics.median(latency[setting]),
                      # Paired: this setting's latency over the reference's in the same round (seconds apart),
                      # so the machine's load, which drifts over minutes, cancels; the median over the rounds.
-                     "latency_ratio": statistics.median(a / b for a, b in zip(latency[setting], latency[settings[0]])),
+                     "latency_ratio": statistics.median(a / b for a, b in zip(latency[setting], latency[full[0]])),
                      "latency_per_round_s": [round(x, 4) for x in latency[setting]]})
     reference = rows[0]
     for row in rows:
@@ -188,6 +193,52 @@ def measure(engine, settings: list[tuple[str, int]], seeds: list[int], guidance:
         row["within_tolerance"] = row["loss"] <= TOLERANCE + 1e-9
         row["fast_enough"] = row["latency_ratio"] <= MAX_LATENCY_RATIO
     return rows
+
+
+# (#26) The few-step evaluation: Euler-20 at the default guidance (the reference) against the LCM-LoRA's
+# settings (no CFG) and two controls: LCM without the LoRA, and Euler at 4 steps with CFG.
+LCM_TAG = "<lora:lcm:1> "
+LCM_MAX_LATENCY_RATIO = 0.15  # 4 no-CFG UNet passes against Euler-20's 40
+
+
+def lcm_settings(guidance: float) -> list[tuple]:
+    """(sampler, steps, guidance_scale, prompt prefix) of :func:`lcm_evaluation`, the reference first."""
+    return [("Euler", 20, guidance, ""), ("LCM", 4, 1.0, LCM_TAG), ("LCM", 2, 1.0, LCM_TAG), ("LCM", 1, 1.0, LCM_TAG),
+            ("LCM", 8, 1.0, LCM_TAG), ("LCM", 4, 1.0, ""), ("Euler", 4, guidance, "")]
+
+
+def lcm_evaluation(engine, seed: int = 1000, seed_groups: int = 4, guidance: float = EngineConfig.guidance_scale,
+                   log=print) -> dict:
+    """:func:`measure` of :func:`lcm_settings` on ``seed_groups`` x 64 held-out images per setting."""
+    start = time.perf_counter()
+    seeds = [seed + 4 * g for g in range(seed_groups)]
+    rows = measure(engine, lcm_settings(guidance), seeds, guidance, log)
+    for row in rows:
+        row["fast_enough"] = row["latency_ratio"] <= LCM_MAX_LATENCY_RATIO
+    return {"model": engine.model.name, "machine": f"{platform.machine()} {os.cpu_count()} cores, "
+            f"{engine.device_summary}", "run": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "reference": {"sampler": "Euler", "steps": 20, "guidance_scale": guidance}, "tolerance": TOLERANCE,
+            "max_latency_ratio": LCM_MAX_LATENCY_RATIO, "images_per_setting": 64 * seed_groups, "seeds": seeds,
+            "settings": rows, "eval_s": round(time.perf_counter() - start, 1)}
+
+
+def lcm_markdown(result: dict) -> str:
+    """The BENCHMARKS.md section ``quality-lcm``: one row per setting, the reference first."""
+    n = result["images_per_setting"]
+    lines = [f"Run: {result['run']} · {result['machine']} · model `{result['model']}` · 16 held-out prompts x "
+             f"{n // 16} images = {n} images per setting (seeds {result['seeds'][0]}–{result['seeds'][-1] + 3}, "
+             f"not used in training), 1 image = {100 / n:.2f} points · latency: the engine's median per 4-image "
+             "request; ratio: the median over rounds of the latency over Euler-20's in the same round, all "
+             "settings interleaved in one run",
+             "", "| setting | LoRA | guidance | colour | shape | position | worst loss (points) | latency (s) | "
+             "ratio | within 2 points | ≤ 0.15x |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for i, row in enumerate(result["settings"]):
+        name = f"{row['sampler']} {row['steps']}" + (" (reference)" if i == 0 else "")
+        lines.append(f"| {name} | {'lcm' if row['prompt_prefix'] else '—'} | {row['guidance_scale']:g} | "
+                     f"{100 * row['colour']:.1f} % | {100 * row['shape']:.1f} % | {100 * row['position']:.1f} % | "
+                     f"{100 * max(row['loss'], 0):.2f} | {row['latency_s']:.3f} | {row['latency_ratio']:.2f} | "
+                     f"{'yes' if row['within_tolerance'] else 'no'} | {'yes' if row['fast_enough'] else 'no'} |")
+    return "\n".join(lines)
 
 
 def sweep(engine, samplers=SAMPLERS, steps=SWEEP_STEPS, seed: int = 0, seed_groups: int = 4,
@@ -300,10 +351,22 @@ def main(argv=None) -> None:
     p.add_argument("--steps-list", default=",".join(map(str, SWEEP_STEPS)), help="sweep: comma-separated step counts")
     p.add_argument("--seed-groups", type=int, default=4, help="sweep: groups of 4 seeds per prompt, per stage")
     p.add_argument("--md", default=str(ROOT / "BENCHMARKS.md"), help="sweep: rewrite its 'quality' section ('' = no)")
+    p.add_argument("--lcm", action="store_true", help="the LCM-LoRA evaluation instead (lcm_evaluation; seeds from "
+                   "--seed, default 1000; writes BENCHMARKS.md's 'quality-lcm' section)")
+    p.add_argument("--lora", default="", help="--lora NAME=PATH for the engine (e.g. lcm=/tmp/lcm.safetensors: "
+                   "another LoRA under the name the LCM evaluation uses)")
     args = p.parse_args(argv)
 
-    engine = Engine(EngineConfig.load({"model": args.model}), log=lambda *_: None).start()
-    if args.sweep:
+    settings = {"model": args.model, **({"lora": args.lora} if args.lora else {})}
+    engine = Engine(EngineConfig.load(settings), log=lambda *_: None).start()
+    if args.lcm:
+        report = lcm_evaluation(engine, args.seed if args.seed else 1000, args.seed_groups, args.guidance,
+                                log=lambda line: print(line, flush=True))
+        print(lcm_markdown(report))
+        if args.md:
+            write_section(Path(args.md), "quality-lcm", lcm_markdown(report))
+        args.json = args.json or str(ROOT / "bench_quality_lcm.json")
+    elif args.sweep:
         report = sweep(engine, [s.strip() for s in args.samplers.split(",")],
                        [int(n) for n in args.steps_list.split(",")], args.seed, args.seed_groups, args.guidance,
                        log=lambda line: print(line, flush=True))

@@ -3,6 +3,7 @@
     python -m tools.train --out sdxl_engine/assets/tiny-shapes   # the shipped model (seed 0; time: BENCHMARKS.md)
     python -m tools.train --out /tmp/ts --vae-steps 200 --unet-steps 300   # a quick try
     python -m tools.train --out /tmp/ts --vae-from sdxl_engine/assets/tiny-shapes --unet-steps 600  # UNet only
+    python -m tools.train lcm-lora         # its few-step LCM-LoRA (tools/train_lcm.py)
 
 Stages, as SDXL was trained (Podell et al. 2023, with Rombach et al. 2022's latent diffusion):
 
@@ -40,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -268,6 +270,10 @@ def train_unet(components: dict, params: dict, latents: np.ndarray, ids: np.ndar
 
 
 def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["lcm-lora"]:  # the few-step LoRA of a trained model (tools/train_lcm.py)
+        from tools import train_lcm
+        return train_lcm.main(argv[1:])
     args = parse_args(argv)
     start = time.perf_counter()
     out = Path(args.out)

@@ -288,6 +288,42 @@ def engine_defaults(model: str) -> dict[str, Any]:
     return {} if model in builtin.BUILTIN_NAMES or not folder.is_dir() else read_engine_defaults(folder)
 
 
+# (#26) A model folder's own LoRAs, {"name": "file.safetensors"} (a file of the folder): tiny-shapes ships its
+# LCM-LoRA as "lcm". Listed with the deployment's --lora / --lora-dir, which win for the same name.
+MODEL_LORAS_FILE = "loras.json"
+
+
+def read_model_loras(folder: Path) -> dict[str, Path]:
+    """``folder``'s loras.json as {name: path}; {} when it has none.
+
+    Raises ModelLoadError for a file that is not a JSON object of names to file names, or that names a
+    file outside the folder (a path with a folder part) or one that is not there.
+    """
+    path = Path(folder) / MODEL_LORAS_FILE
+    if not path.is_file():
+        return {}
+    values = _read_json(path)
+    if not isinstance(values, dict):
+        raise ModelLoadError(f"{path}: expected a JSON object such as {{\"lcm\": \"lcm-lora.safetensors\"}}")
+    out = {}
+    for name, file in values.items():
+        if name.startswith("_"):
+            continue
+        if not isinstance(file, str) or Path(file).name != file or not (Path(folder) / file).is_file():
+            raise ModelLoadError(f"{path}: LoRA {name!r}: {file!r} is not a file of {folder}")
+        out[name] = Path(folder) / file
+    return out
+
+
+def model_loras(model: str) -> dict[str, Path]:
+    """The LoRAs ``model`` ships (:func:`read_model_loras`) that can be known before loading it: the shipped
+    tiny-shapes' and a local folder's; {} for the other built-ins, single files and hub ids."""
+    if model == "tiny-shapes":
+        return read_model_loras(builtin.TINY_SHAPES_DIR)
+    folder = Path(model).expanduser()
+    return {} if model in builtin.BUILTIN_NAMES or not folder.is_dir() else read_model_loras(folder)
+
+
 def _variant_of(filename: str) -> str:
     """``x.safetensors``, ``x-00001-of-00002.safetensors``, ``x.safetensors.index.json`` -> "";
     ``x.fp16.safetensors``, ``x.fp16-00001-of-00002.safetensors``, ``x.safetensors.index.fp16.json`` -> "fp16"."""

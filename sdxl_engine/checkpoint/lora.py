@@ -413,9 +413,11 @@ def _float32(handle, key: str, infos) -> np.ndarray:
 
 # ---- which files -----------------------------------------------------------------------------------
 
-def lora_sources(entries: str, folder: str, separator: str) -> dict[str, Path]:
+def lora_sources(entries: str, folder: str, separator: str,
+                 shipped: Mapping[str, Path] | None = None) -> dict[str, Path]:
     """{name: path} from ``--lora NAME=PATH`` entries (joined by ``separator``) and ``--lora-dir`` (every
-    ``.safetensors`` there, named by its stem), in that order.
+    ``.safetensors`` there, named by its stem), in that order, then the model's own ``shipped`` LoRAs
+    (its loras.json, checkpoint.loading.model_loras) whose names those two do not take.
 
     Raises:
         LoraError: an entry without ``NAME=``, a bad name (letters, digits, ``_ - .`` only: it is written
@@ -444,14 +446,18 @@ def lora_sources(entries: str, folder: str, separator: str) -> dict[str, Path]:
         for file in sorted(root.iterdir()):
             if file.suffix.lower() == ".safetensors" and file.is_file():
                 add(file.stem, file, f"--lora-dir {folder!r}")
+    for name, path in (shipped or {}).items():
+        if name not in sources:
+            add(name, Path(path), "the model's loras.json")
     return sources
 
 
-def available_names(entries: str, folder: str, separator: str) -> list[str]:
+def available_names(entries: str, folder: str, separator: str,
+                    shipped: Mapping[str, Path] | None = None) -> list[str]:
     """The LoRA names :func:`lora_sources` gives, for the page's list; [] when the settings are bad (the
     engine's start reports that, in one line, and the process exits)."""
     try:
-        return list(lora_sources(entries, folder, separator))
+        return list(lora_sources(entries, folder, separator, shipped))
     except (LoraError, OSError):
         return []
 

@@ -195,7 +195,8 @@ class Engine:
         self.device_summary = sharding.device_summary(self.mesh)
 
         # 2. The model, each parameter straight onto the devices; the LoRAs' files checked first (#21).
-        lora_sources = lora_mod.lora_sources(self.config.lora, self.config.lora_dir, os.pathsep)
+        lora_sources = lora_mod.lora_sources(self.config.lora, self.config.lora_dir, os.pathsep,
+                                             loading.model_loras(self.config.model))  # (#26) the model's own
         for path in lora_sources.values():
             lora_mod.check_lora_path(path)
         t0 = self._stage("loading model onto the devices")

@@ -105,8 +105,13 @@ PREVIEW_WAIT_S = 0.5  # the longest a waiting stream goes without yielding, so a
 
 def stream_previews(generate: Callable, values: tuple, progress, arrived: float | None):
     """Run ``generate(*values, progress=, arrived=, on_step=, should_stop=)`` (handle_generate minus the
-    engine) in a thread; yield (preview gallery, None) for each preview (and the same again after
-    PREVIEW_WAIT_S without one), then return its result (gallery, info, record) or raise its error.
+    engine) in a thread; yield (preview gallery, None) for each preview (and, once the denoising loop
+    has begun, the same again after PREVIEW_WAIT_S without one), then return its result (gallery, info,
+    record) or raise its error.
+
+    Nothing is yielded before the first denoising step: while the request waits for the engine's start,
+    for the request ahead of it or for a compile, the gallery's progress line says so, and a yield there
+    would replace it with the (empty) gallery. A Stop in that time takes effect at the first step.
 
     A preview gallery is the batch's previews (latent resolution, as PNG files: _preview_gallery), captioned
     ``preview · step k/N``; the final images replace them. Closed early (Gradio closes the generator when
@@ -117,9 +122,11 @@ def stream_previews(generate: Callable, values: tuple, progress, arrived: float 
     """
     events: queue.SimpleQueue = queue.SimpleQueue()
     cancelled = threading.Event()
+    stepping = threading.Event()  # the denoising loop has begun: keep-alive yields from here on
     outcome: dict = {}
 
     def on_step(event: StepEvent) -> None:
+        stepping.set()
         if event.preview is not None:
             events.put(event)
 
@@ -145,8 +152,10 @@ def stream_previews(generate: Callable, values: tuple, progress, arrived: float 
             except queue.Empty:
                 # Nothing new: the same values again (an empty diff), so that a cancel can close this
                 # generator. Not gr.skip(): Gradio answers it with a session copy of the gallery, whose
-                # files it does not record, so server.Routes would refuse to serve them.
-                yield shown, None
+                # files it does not record, so server.Routes would refuse to serve them. Not before the
+                # first step (docstring): the progress line of the wait stays on the page.
+                if stepping.is_set():
+                    yield shown, None
                 continue
             if event is _DONE:
                 finished = True

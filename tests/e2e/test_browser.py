@@ -296,10 +296,12 @@ def test_while_the_engine_starts_the_page_says_so_and_share_offline_is_one_line(
                          banner), banner
         page.fill("#prompt textarea", "a red circle")
         page.click("#generate")  # waits for the engine instead of failing
-        # The banner says the engine is starting; the gallery's own "Starting the engine" line can be hidden
-        # by the streaming generator's keep-alive yields (issue #23, left open), so the wait is checked by
-        # the request's completing below with no error pop-up.
-        page.wait_for_timeout(2000)
+        # The gallery's own progress line says what the request waits for (no keep-alive yield before the
+        # first step hides it: handler.stream_previews), with no error pop-up.
+        page.wait_for_selector("#gallery [data-testid='status-tracker']:has-text('Starting the engine')",
+                               timeout=30_000)
+        page.wait_for_timeout(1500)  # several keep-alive periods (PREVIEW_WAIT_S): the line is still there
+        assert "Starting the engine" in page.inner_text("#gallery [data-testid='status-tracker']")
         assert page.locator(".toast-body.error").count() == 0
         assert "Starting the engine" in page.inner_text("#engine-status")
         ARTIFACTS.mkdir(exist_ok=True)

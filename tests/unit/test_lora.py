@@ -279,3 +279,50 @@ def test_pngs_keep_the_tags_and_carry_lora_hashes_as_a1111_writes_them(tmp_path)
                     'Model: tiny-pt, Lora hashes: "ink: 24ffad87cf5b, peft: 8347dfde1941"')
     assert parse_a1111_parameters(text)["Lora hashes"] == "ink: 24ffad87cf5b, peft: 8347dfde1941"
     assert out.info["loras"] == {"ink": "24ffad87cf5b", "peft": "8347dfde1941"}
+
+
+def test_a_model_folders_own_loras_come_last_and_yield_their_name(tmp_path):
+    """(#26) A model folder's loras.json names LoRAs shipped with it; the deployment's --lora / --lora-dir
+    take a name first, and a bad loras.json is refused in one line naming the file."""
+    from sdxl_engine.checkpoint.loading import MODEL_LORAS_FILE, ModelLoadError, model_loras, read_model_loras
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "fast.safetensors").write_bytes(b"")
+    (folder / MODEL_LORAS_FILE).write_text('{"_note": "shipped", "lcm": "fast.safetensors"}')
+    shipped = read_model_loras(folder)
+    assert shipped == {"lcm": folder / "fast.safetensors"} == model_loras(str(folder))
+    assert lora.lora_sources(f"ink={KOHYA}", "", ":", shipped) == {"ink": KOHYA, "lcm": folder / "fast.safetensors"}
+    assert lora.lora_sources(f"lcm={KOHYA}", "", ":", shipped) == {"lcm": KOHYA}  # the deployment's wins
+    assert lora.available_names("", "", ":", shipped) == ["lcm"]
+    assert read_model_loras(tmp_path) == {} and model_loras("tiny-random") == {}
+    for bad in ('{"lcm": "../x.safetensors"}', '{"lcm": "missing.safetensors"}', '{"lcm": 3}'):
+        (folder / MODEL_LORAS_FILE).write_text(bad)
+        with pytest.raises(ModelLoadError, match=r"loras\.json: LoRA 'lcm': .* is not a file of "):
+            read_model_loras(folder)
+    (folder / MODEL_LORAS_FILE).write_text('["lcm"]')
+    with pytest.raises(ModelLoadError, match=r"loras\.json: expected a JSON object"):
+        read_model_loras(folder)
+
+
+def test_tiny_shapes_ships_its_lcm_lora_in_the_peft_format():
+    """(#26) The shipped LCM-LoRA: named "lcm" by tiny-shapes' loras.json, diffusers/PEFT keys and LoraConfig."""
+    import json
+
+    from safetensors import safe_open
+
+    from sdxl_engine.checkpoint import builtin
+    from sdxl_engine.checkpoint.loading import model_loras
+
+    path = model_loras("tiny-shapes")["lcm"]
+    assert path == builtin.TINY_SHAPES_DIR / "lcm-lora.safetensors"
+    with safe_open(str(path), "np") as f:
+        keys, config = list(f.keys()), json.loads(f.metadata()["lora_adapter_metadata"])
+        rank = config["unet.r"]
+        assert f.get_tensor("unet.down_blocks.1.attentions.0.proj_in.lora_A.weight").shape == (rank, 64)
+        assert f.get_tensor("unet.down_blocks.1.resnets.0.conv1.lora_A.weight").shape == (rank, 32, 3, 3)
+        assert f.get_tensor("unet.down_blocks.1.resnets.0.conv1.lora_B.weight").shape == (64, rank, 1, 1)
+    assert all(k.startswith("unet.") and k.endswith((".lora_A.weight", ".lora_B.weight")) for k in keys)
+    assert "unet.to_q" not in config and "to_q" in config["unet.target_modules"]
+    record = json.loads(path.with_suffix(".json").read_text())
+    assert record["steps_done"] > 0 and record["loss"] and record["train_s"] < 90 * 60

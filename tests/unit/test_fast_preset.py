@@ -1,0 +1,59 @@
+"""(#26) The page's "Fast (LCM, 4 steps)" preset and the way back to the model's and the blog's settings."""
+
+import pytest
+
+from sdxl_engine.config import EngineConfig
+
+
+@pytest.fixture(scope="module")
+def page():
+    import app
+    from sdxl_engine.serving import handler
+
+    config = handler.page_defaults(EngineConfig.load(environ={}))
+    return app, config, app.build_demo(lambda *values, **kw: ([], {}, None), config)
+
+
+def event_of(demo, elem_id, n=0):
+    button = next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == elem_id)
+    events = [fn for fn in demo.fns.values() if any(t[0] == button._id for t in fn.targets)]
+    return button, events[n]
+
+
+def outputs(event):
+    return [getattr(block, "elem_id", None) or getattr(block, "label", None) for block in event.outputs]
+
+
+def test_fast_preset_adds_the_lcm_tag_once_and_sets_lcm_4_steps_no_cfg(page):
+    app, config, demo = page
+    button, event = event_of(demo, "fast-preset")
+    assert button.value == "Fast (LCM, 4 steps)" and button.visible  # tiny-shapes ships a LoRA named "lcm"
+    assert outputs(event)[:2] == ["sampler", "steps"] and outputs(event)[3] == "prompt"
+    assert event.fn("a red circle") == ("LCM", 4, 1.0, "a red circle <lora:lcm:1>")
+    assert event.fn("a red circle <lora:lcm:0.5>")[3] == "a red circle <lora:lcm:1>"  # one tag, weight 1
+    assert event.fn("")[3] == "<lora:lcm:1>"
+    assert event.fn("<lora:ink:1> a star")[3] == "<lora:ink:1> a star <lora:lcm:1>"  # other tags stay
+
+
+def test_model_default_and_blog_default_take_the_lcm_tag_away(page):
+    app, config, demo = page
+    button, event = event_of(demo, "model-default")
+    assert button.value == f"Model default ({config.sampler}, {config.num_inference_steps} steps)" == \
+        "Model default (Euler, 8 steps)"
+    assert event.fn("a red circle <lora:lcm:1>") == ("Euler", 8, 5.0, "a red circle")
+    _, first = event_of(demo, "blog-default", 0)
+    _, second = event_of(demo, "blog-default", 1)
+    assert first.fn() == ("Euler", 20)
+    assert second.fn("a red circle <LORA:lcm:1>") == ("a red circle", 5.0)
+    untouched = second.fn("a red circle")  # without the fast tag, the prompt and the guidance stay as they are
+    assert all(isinstance(u, dict) and set(u) <= {"__type__"} for u in untouched)
+
+
+def test_no_lcm_lora_no_fast_button(tmp_path):
+    import app
+    from sdxl_engine.serving import handler
+
+    config = handler.page_defaults(EngineConfig.load({"model": "tiny-random"}, environ={}))
+    demo = app.build_demo(lambda *values, **kw: ([], {}, None), config)
+    button, _ = event_of(demo, "fast-preset")
+    assert not button.visible
