@@ -71,7 +71,7 @@ class EngineConfig:
     # These two and the sampler yield to a model's engine_defaults.json unless set explicitly.
     num_inference_steps: int = 20
     guidance_scale: float = 5.0
-    # Default sampler, an A1111 name: Euler (the blog's), Euler a, DPM++ 2M, DPM++ 2M Karras, DDIM.
+    # Default sampler, an A1111 name: Euler (the blog's), Euler a, DPM++ 2M, DPM++ 2M Karras, DDIM, LCM.
     sampler: str = "Euler"
     # Largest step count a request may ask for: the compiled loop is padded to it, so any count
     # from 1 to this runs on one program without recompiling.

@@ -25,7 +25,9 @@ Commands, run from the repository root:
   diffusers class and a matrix of scheduler configs (:data:`SAMPLER_CASES`), the timesteps,
   sigmas, init_noise_sigma and a whole ``scheduler.step`` trajectory on fixed small arrays (the
   sample after each step; Euler a's noise per step), plus each class's ``__init__`` defaults, and
-  tiny-pt's pipeline images with DDIM from a config lacking ``clip_sample`` (:data:`DDIM_IMAGE_CASE`).
+  tiny-pt's pipeline images with DDIM from a config lacking ``clip_sample`` (:data:`DDIM_IMAGE_CASE`) and
+  with LCM (:data:`LCM_IMAGE_CASES`), its step noise the engine's: run ``python -m tools.lcm_noise`` (the
+  runtime's venv) first, it writes tests/fixtures/lcm-noise.npz, which this hands to LCMScheduler in order.
 * ``single`` writes tests/fixtures/tiny-single/ from tiny-pt/: tiny-pt as an SDXL single file in the
   original sgm layout (float16), a swap UNet (diffusers layout, bfloat16) and an LDM-layout VAE, each
   loaded back by diffusers' ``from_single_file`` with no key warning and checked tensor by tensor, and
@@ -69,8 +71,9 @@ import numpy as np
 import psutil
 import torch
 import transformers
+import diffusers.schedulers.scheduling_lcm
 from diffusers import (AutoencoderKL, DDIMScheduler, DPMSolverMultistepScheduler, EulerAncestralDiscreteScheduler,
-                       EulerDiscreteScheduler, StableDiffusionXLPipeline, UNet2DConditionModel)
+                       EulerDiscreteScheduler, LCMScheduler, StableDiffusionXLPipeline, UNet2DConditionModel)
 from safetensors import safe_open
 from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
 
@@ -487,7 +490,9 @@ SAMPLER_CLASSES = {
     "DPM++ 2M Karras": (DPMSolverMultistepScheduler,
                         {"algorithm_type": "dpmsolver++", "solver_order": 2, "use_karras_sigmas": True}),
     "DDIM": (DDIMScheduler, {}),
+    "LCM": (LCMScheduler, {}),
 }
+STEP_NOISE = ("Euler a", "LCM")  # the samplers that draw fresh noise in step()
 DROP = "<missing>"  # a SAMPLER_CASES value: the field is removed from the model's config (the class default applies)
 # (case name, sampler, changes to SDXL base's scheduler_config.json, steps). Empty changes {} with "minimal" below
 # means a config holding only _class_name: every field is the class's default.
@@ -544,6 +549,23 @@ SAMPLER_CASES = [
     ("ddim-v-clip", "DDIM", {"prediction_type": "v_prediction", "clip_sample": True}, 5),
     ("ddim-sample", "DDIM", {"prediction_type": "sample"}, 4),
     ("ddim-minimal", "DDIM", "minimal", 4),
+    ("lcm-sdxl", "LCM", {}, 4),
+    ("lcm-1-step", "LCM", {}, 1),
+    ("lcm-2-steps", "LCM", {}, 2),
+    ("lcm-8-steps", "LCM", {}, 8),
+    ("lcm-16-steps", "LCM", {}, 16),
+    ("lcm-v", "LCM", {"prediction_type": "v_prediction"}, 4),
+    ("lcm-sample", "LCM", {"prediction_type": "sample"}, 4),
+    ("lcm-trailing-in-config", "LCM", {"timestep_spacing": "trailing"}, 4),  # LCM does not read it: no effect
+    ("lcm-clip-sample", "LCM", {"clip_sample": True}, 4),
+    ("lcm-clip-range-2-v", "LCM", {"clip_sample": True, "clip_sample_range": 2.0,
+                                   "prediction_type": "v_prediction"}, 5),
+    ("lcm-original-30", "LCM", {"original_inference_steps": 30}, 6),  # k = 33: timesteps from 989
+    ("lcm-original-8-all", "LCM", {"original_inference_steps": 8}, 8),  # every one of the original steps
+    ("lcm-timestep-scaling-0.1", "LCM", {"timestep_scaling": 0.1}, 4),  # c_skip large enough to matter
+    ("lcm-alpha-to-one", "LCM", {"set_alpha_to_one": True}, 4),  # unused: no previous timestep is negative
+    ("lcm-linear", "LCM", {"beta_schedule": "linear", "beta_start": 0.0001, "beta_end": 0.02}, 4),
+    ("lcm-minimal", "LCM", "minimal", 4),
 ]
 SAMPLER_SHAPE = (1, 4, 2, 2)  # latents of a 1-image batch; every update is elementwise
 SAMPLER_MAX_STEPS = max(case[3] for case in SAMPLER_CASES)
@@ -568,7 +590,9 @@ def sampler_trajectory(sampler: str, config: dict, steps: int, model_outputs: np
 
     The sample starts at ``start * init_noise_sigma``; step k's model output is ``model_outputs[k]``.
     Returns (scheduler, samples (steps + 1, *SAMPLER_SHAPE), noise (steps, *SAMPLER_SHAPE) or None).
-    Euler a's noise of step k is torch.randn from a generator seeded 1000 + k, passed to step() the same way.
+    Euler a's and LCM's noise of step k is torch.randn from a generator seeded 1000 + k, passed to step() the
+    same way (LCM draws none on its last step: that row is recorded all the same, so an engine adding noise
+    there is caught).
     """
     cls, overrides = SAMPLER_CLASSES[sampler]
     sched = cls.from_config(config, **overrides)
@@ -579,7 +603,7 @@ def sampler_trajectory(sampler: str, config: dict, steps: int, model_outputs: np
         sched.scale_model_input(sample, t)  # Euler's step index; the scaling itself is the UNet's input only
         output = torch.from_numpy(model_outputs[k])
         kwargs = {}
-        if sampler == "Euler a":
+        if sampler in STEP_NOISE:
             kwargs["generator"] = torch.Generator().manual_seed(1000 + k)
             noises.append(torch.randn(SAMPLER_SHAPE, generator=torch.Generator().manual_seed(1000 + k),
                                       dtype=torch.float32))
@@ -610,6 +634,59 @@ def ddim_image_case(out: Path) -> tuple[dict, dict]:
     return arrays, meta
 
 
+# ``samplers``' LCM image cases: tiny-pt's pipeline with LCMScheduler.from_config of its config, 64x64, 2 images
+# on given latents, the step noise tools/lcm_noise.py's (the engine's rule). Prompt, negative prompt, guidance, steps.
+LCM_IMAGE_CASES = {"lcm_image": ("a red circle", "", 1.0, 4),
+                   "lcm_image_cfg": ("a red circle", "a blue square", 5.0, 4)}
+
+
+class EngineNoise:
+    """Replaces scheduling_lcm.randn_tensor with the given noises, in order; counts the calls."""
+
+    def __init__(self, noise: np.ndarray):
+        self.noise, self.calls = noise, 0
+
+    def __call__(self, shape, generator=None, device=None, dtype=None, **kwargs):
+        assert tuple(shape) == self.noise.shape[1:] and dtype == torch.float32, (shape, dtype)
+        self.calls += 1
+        return torch.from_numpy(self.noise[self.calls - 1].copy())
+
+    def __enter__(self):
+        self.saved = diffusers.schedulers.scheduling_lcm.randn_tensor
+        diffusers.schedulers.scheduling_lcm.randn_tensor = self
+        return self
+
+    def __exit__(self, *exc):
+        diffusers.schedulers.scheduling_lcm.randn_tensor = self.saved
+
+
+def lcm_image_cases(out: Path) -> tuple[dict, dict]:
+    """diffusers' images for LCM_IMAGE_CASES on out/tiny-pt with the engine's step noise: ({key: array}, metadata)."""
+    with np.load(out / "lcm-noise.npz") as data:
+        seeds, noise = data["seeds"], data["noise"]
+    pipe = StableDiffusionXLPipeline.from_pretrained(out / "tiny-pt", dtype=torch.float32, add_watermarker=False)
+    pipe.set_progress_bar_config(disable=True)
+    config = plain_config(pipe.scheduler.config)
+    pipe.scheduler = LCMScheduler.from_config(config)
+    latents = np.random.RandomState(29).standard_normal((2, 4, 16, 16)).astype(np.float32)
+    arrays, meta = {"lcm_image_latents": latents}, {}
+    for key, (prompt, negative, guidance, steps) in LCM_IMAGE_CASES.items():
+        assert len(noise) == steps - 1
+        with EngineNoise(noise) as patched:
+            images = pipe(prompt, negative_prompt=negative or None, guidance_scale=guidance,
+                          num_inference_steps=steps, width=64, height=64, num_images_per_prompt=2, output_type="np",
+                          latents=torch.from_numpy(latents)).images
+        assert patched.calls == steps - 1, patched.calls
+        arrays[f"{key}_images"] = np.round(images * 255).astype(np.uint8)
+        meta[key] = dict(prompt=prompt, negative_prompt=negative, guidance_scale=guidance, num_inference_steps=steps,
+                         cfg_applied=guidance > 1, timesteps=[int(t) for t in pipe.scheduler.timesteps])
+    meta.update(width=64, height=64, scheduler_config=config, lcm_config=plain_config(pipe.scheduler.config),
+                seeds=[int(s) for s in seeds], latents="numpy RandomState(29).standard_normal((2, 4, 16, 16))",
+                noise="tests/fixtures/lcm-noise.npz (python -m tools.lcm_noise): randn_tensor of step k returns "
+                      "its noise[k]; called steps - 1 times", images="uint8, round(np * 255)")
+    return arrays, meta
+
+
 def cmd_samplers(out: Path) -> None:
     """``samplers``: out/sampler-steps.json and out/sampler-steps.npz (see the module docstring)."""
     torch.set_num_threads(1)
@@ -631,10 +708,17 @@ def cmd_samplers(out: Path) -> None:
                           timesteps=[float(t) for t in sched.timesteps.numpy().astype(np.float32)],
                           sigmas=[float(s) for s in sched.sigmas.numpy()] if hasattr(sched, "sigmas") else None,
                           init_noise_sigma=float(sched.init_noise_sigma)))
+        if sampler == "LCM":  # c_skip, c_out per step, and the alphā the noise brings the sample to
+            scalings = [sched.get_scalings_for_boundary_condition_discrete(t) for t in sched.timesteps]
+            cases[-1]["c_skip"] = [float(c) for c, _ in scalings]
+            cases[-1]["c_out"] = [float(c) for _, c in scalings]
     image_arrays, image_meta = ddim_image_case(out)
     arrays.update(image_arrays)
+    lcm_arrays, lcm_meta = lcm_image_cases(out)
+    arrays.update(lcm_arrays)
     meta = dict(
-        made_by="python -m tools.make_fixtures samplers", ddim_image_case=image_meta,
+        made_by="python -m tools.lcm_noise (runtime venv), then python -m tools.make_fixtures samplers",
+        ddim_image_case=image_meta, lcm_image_cases=lcm_meta,
         versions=versions(), torch_threads=1,
         base_config=base, missing=DROP, shape=list(SAMPLER_SHAPE), cases=cases,
         class_defaults={cls.__name__: init_defaults(cls) for cls, _ in SAMPLER_CLASSES.values()},
@@ -644,10 +728,15 @@ def cmd_samplers(out: Path) -> None:
             "Each case: cls.from_config(config, **overrides of the sampler's name), set_timesteps(steps); the "
             "sample starts at start * init_noise_sigma, step k gets model_outputs[k]; <case>_samples[k + 1] is "
             "step k's prev_sample (float32, the scheduler's own space: sigma space for Euler, x-space for DPM++ "
-            "and DDIM). <case>_noise[k]: Euler a's step noise (torch.randn, generator seeded 1000 + k).",
+            "and DDIM and LCM). <case>_noise[k]: Euler a's and LCM's step noise (torch.randn, generator seeded "
+            "1000 + k; LCM's last row is not used by diffusers, which adds no noise after the last step). LCM cases "
+            "also record c_skip and c_out (get_scalings_for_boundary_condition_discrete) per step.",
             "Suggested tolerance: float32, |engine - diffusers| <= 1e-5 * (1 + |diffusers|) per step.",
             "ddim_image_case: tiny-pt's StableDiffusionXLPipeline (float32) with DDIMScheduler.from_config of its "
             "config less clip_sample, on ddim_image_latents; ddim_image_images (2, 64, 64, 3) uint8.",
+            "lcm_image_cases: tiny-pt's pipeline (float32) with LCMScheduler.from_config of its config on "
+            "lcm_image_latents, the step noise lcm-noise.npz's (the engine's seed rule for its seeds); "
+            "<case>_images (2, 64, 64, 3) uint8.",
         ],
     )
     write_npz(out / "sampler-steps.npz", arrays)

@@ -33,7 +33,7 @@ from sdxl_engine import config as config_mod
 from sdxl_engine.config import EngineConfig
 from sdxl_engine.program.executables import ExecutableCache
 from sdxl_engine.program.generate import STEP_HOOK, CompiledProgram, ProgramInputs, ProgramShape, cached_program
-from sdxl_engine.program.schedulers import UnsupportedSchedulerConfig, make_schedule
+from sdxl_engine.program.schedulers import TooManySteps, UnsupportedSchedulerConfig, make_schedule
 from sdxl_engine.engine.contract import ScaleOut, clock, queue_seconds
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest, Limits, validate
 from sdxl_engine.engine.prompts import CHUNK, PromptTokens, parse_lora_tags, tokenize_prompt
@@ -407,13 +407,16 @@ class Engine:
 
     def _schedule(self, sampler: str, steps: int):
         """The sampler's schedule for ``steps`` steps (cached). Raises InvalidRequest for a sampler this
-        model's scheduler config rules out (schedulers.PER_SAMPLER: DDIM on a zero-terminal-SNR model)."""
+        model's scheduler config rules out (schedulers.PER_SAMPLER: DDIM on a zero-terminal-SNR model), or
+        more steps than it can take (#26: LCM past original_inference_steps)."""
         key = (sampler, steps)
         if key not in self._schedules:
             try:
                 self._schedules[key] = make_schedule(sampler, self.model.scheduler_config, steps)
             except UnsupportedSchedulerConfig as err:
                 raise InvalidRequest("sampler", f"{sampler} cannot run {self.model.name}: {err}") from None
+            except TooManySteps as err:  # (#26)
+                raise InvalidRequest("num_inference_steps", str(err)) from None
         return self._schedules[key]
 
     def _run(self, request: GenerateRequest, progress: Callable[[str], None] = _no_progress,
@@ -424,6 +427,7 @@ class Engine:
         params, loras = self._lora_params(request.prompt)  # (#21) the tags' LoRAs merged; _tokens drops the tags
         cfg = request.guidance_scale > 1  # diffusers: guidance <= 1 means no classifier-free guidance
         prompt, negative = self._tokens(request)  # first: the chunk count chooses the program
+        schedule = self._schedule(request.sampler, request.num_inference_steps)  # (#26) refuses before compiling
         if not self.is_compiled(request.width, request.height, cfg, prompt.chunks):
             progress("compiling")
         program = self._program(request.width, request.height, cfg, prompt.chunks)
@@ -431,7 +435,7 @@ class Engine:
         # Image i uses seed + i, wrapping past max_seed to 0, so every caption's seed is itself a valid request seed.
         seeds = [(request.seed + i) % (self.limits.max_seed + 1) for i in range(self.batch)]
         inputs = ProgramInputs.build(prompt.ids, negative.ids, not negative.words.strip(), seeds,
-                                     request.guidance_scale, self._schedule(request.sampler, request.num_inference_steps),
+                                     request.guidance_scale, schedule,
                                      request.num_inference_steps if loop_steps is None else loop_steps,
                                      self.config.max_inference_steps, prompt_weights=prompt.weights,
                                      negative_weights=negative.weights)

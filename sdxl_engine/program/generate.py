@@ -11,9 +11,10 @@ every sampler is per-step coefficients) reuses the same executable.
 
 The initial noise of image i is ``jax.random.normal(jax.random.key(seed_i), (C, H/f, W/f),
 float32)`` (channels-first; f the VAE factor, 8 for SDXL), with ``seed_i = seed + i`` for the
-request's seed, times the sampler's initial scale (diffusers' ``init_noise_sigma``); Euler a's
-step noise is ``jax.random.normal(jax.random.fold_in(jax.random.key(seed_i), step + 1), ...)``:
-any implementation can reproduce an image from its seed with JAX's threefry generator.
+request's seed, times the sampler's initial scale (diffusers' ``init_noise_sigma``); the step
+noise (Euler a's and LCM's: the samplers whose ``d`` is not 0) is
+``jax.random.normal(jax.random.fold_in(jax.random.key(seed_i), step + 1), ...)``: any implementation
+can reproduce an image from its seed with JAX's threefry generator.
 
 Outputs: ``images`` (batch, height, width, 3) uint8, channels-last, 0..255; ``finite`` (batch,)
 bool, False where the decoded image held NaN or inf (the caller reports an error instead of
@@ -374,7 +375,8 @@ def sampler_update(latents, x0, x0_prev, noise, a, b, c, d, e=0.0, clip_range=jn
 
 
 def step_noise(seeds: jax.Array, step, latent_shape: tuple[int, int, int]) -> jax.Array:
-    """Euler a's noise at ``step`` for each image: normal(fold_in(key(seed), step + 1)); (b, C, h, w) float32."""
+    """The step noise at ``step`` for each image (Euler a, LCM): normal(fold_in(key(seed), step + 1)); (b, C, h, w)
+    float32."""
     return jax.vmap(lambda s: jax.random.normal(jax.random.fold_in(jax.random.key(s), step + 1), latent_shape,
                                                 jnp.float32))(seeds)
 

@@ -8,7 +8,8 @@ form::
 
     x_{i+1} = a_i x_i + b_i x0_i + c_i x0_{i-1} + d_i z_i + e_i (clip(x0_i) - x0_i)
 
-(z_i ~ N(0, 1), Euler a only; clip to [-clip_range, clip_range], DDIM's ``clip_sample`` only)
+(z_i ~ N(0, 1), Euler a and LCM only; clip to [-clip_range, clip_range], DDIM's and LCM's
+``clip_sample`` only)
 with a..e computed on the host for the step count. The program takes them as arrays, so
 changing the sampler, like the step count, compiles nothing. The numbers are diffusers'
 PyTorch schedulers' (``from_config`` of the model's scheduler config, diffusers 0.42.1):
@@ -28,11 +29,17 @@ DPM++ 2M Karras   the same with use_karras_sigmas=True (Karras et al. 2022, eq. 
 DDIM              DDIMScheduler, eta 0: deterministic, first order in sigma space (Song et al. 2021);
                   its last sigma is the final alpha's; with clip_sample the x0 it moves towards
                   is clipped, the direction to x_t is not: e = 1 (times ``carry``)
+LCM               LCMScheduler (Luo et al. 2023): the boundary-condition scalings c_skip, c_out of the
+                  timestep (``timestep_scaling``), its ``denoised = c_out x0 + c_skip x / sqrt(s^2 + 1)``
+                  then fresh noise to s' (none on the last step): a = c_skip / sqrt(s^2 + 1),
+                  b = c_out, d = s' (0 last), with clip_sample e = c_out; timesteps from
+                  ``original_inference_steps`` (``timestep_spacing`` unused, as in diffusers)
 ================  =====================================================================================
 
-(s = sigma_i, s' = sigma_{i+1}.) DDIM and DPM++ work in diffusers on x / sqrt(sigma^2 + 1) (the
+(s = sigma_i, s' = sigma_{i+1}.) DDIM, DPM++ and LCM work in diffusers on x / sqrt(sigma^2 + 1) (the
 "x-space"); the same update in sigma space starts from noise * sqrt(sigma_0^2 + 1) and ends by
-dividing by sqrt(sigma_n^2 + 1): :attr:`Schedule.init_scale` and :attr:`Schedule.final_scale`.
+dividing by sqrt(sigma_n^2 + 1): :attr:`Schedule.init_scale` and :attr:`Schedule.final_scale`
+(LCM's last step returns its ``denoised``, sigma_n = 0: final scale 1).
 
 Each sampler's config is diffusers' ``from_config``: the model's scheduler_config.json, a field
 missing there taking the class's own default (:data:`CLASS_DEFAULTS`; DDIM's ``clip_sample`` is
@@ -40,7 +47,7 @@ True, ``set_alpha_to_one`` True, ``timestep_spacing`` "leading"), then the field
 fixes (:data:`SAMPLER_CLASSES`). Every field of every class is either honoured as diffusers does
 or refused by :func:`check_scheduler_config` (:data:`FIELDS` says which); none is ignored.
 
-Euler a's step noise for image i of a request is ``jax.random.normal(jax.random.fold_in(
+Euler a's and LCM's step noise for image i of a request is ``jax.random.normal(jax.random.fold_in(
 jax.random.key(seed_i), step + 1), latents.shape)``: deterministic per seed (program.py).
 """
 
@@ -51,7 +58,7 @@ import math
 
 import numpy as np
 
-SAMPLERS = ("Euler", "Euler a", "DPM++ 2M", "DPM++ 2M Karras", "DDIM")
+SAMPLERS = ("Euler", "Euler a", "DPM++ 2M", "DPM++ 2M Karras", "DDIM", "LCM")
 DEFAULT_SAMPLER = "Euler"  # the blog's
 
 # A1111 name -> (diffusers class, the from_config overrides the name stands for).
@@ -62,6 +69,7 @@ SAMPLER_CLASSES = {
     "DPM++ 2M Karras": ("DPMSolverMultistepScheduler",
                         {"algorithm_type": "dpmsolver++", "solver_order": 2, "use_karras_sigmas": True}),
     "DDIM": ("DDIMScheduler", {}),
+    "LCM": ("LCMScheduler", {}),
 }
 
 _COMMON = dict(num_train_timesteps=1000, beta_start=0.0001, beta_end=0.02, beta_schedule="linear",
@@ -83,6 +91,10 @@ CLASS_DEFAULTS = {
     "DDIMScheduler": {**_COMMON, "clip_sample": True, "set_alpha_to_one": True, "thresholding": False,
                       "dynamic_thresholding_ratio": 0.995, "clip_sample_range": 1.0, "sample_max_value": 1.0,
                       "timestep_spacing": "leading"},
+    "LCMScheduler": {**_COMMON, "beta_start": 0.00085, "beta_end": 0.012, "beta_schedule": "scaled_linear",
+                     "original_inference_steps": 50, "clip_sample": False, "clip_sample_range": 1.0,
+                     "set_alpha_to_one": True, "thresholding": False, "dynamic_thresholding_ratio": 0.995,
+                     "sample_max_value": 1.0, "timestep_spacing": "leading", "timestep_scaling": 10.0},
 }
 
 # What happens to each field (README's samplers table says the same). "honoured": as diffusers uses it;
@@ -92,8 +104,9 @@ FIELDS = {
     "num_train_timesteps": "honoured", "beta_start": "honoured", "beta_end": "honoured",
     "beta_schedule": "honoured: linear, scaled_linear, squaredcos_cap_v2", "trained_betas": "honoured",
     "prediction_type": "honoured: epsilon, v_prediction, sample (not with Euler a, as in diffusers)",
-    "timestep_spacing": "honoured: linspace, leading, trailing", "steps_offset": "honoured (leading)",
-    "rescale_betas_zero_snr": "honoured for Euler, Euler a, DPM++; DDIM refused per request for such a model",
+    "timestep_spacing": "honoured: linspace, leading, trailing (LCM: unused, as in diffusers)",
+    "steps_offset": "honoured (leading; LCM: unused, as in diffusers)",
+    "rescale_betas_zero_snr": "honoured for Euler, Euler a, DPM++; DDIM and LCM refused per request for such a model",
     "interpolation_type": "honoured: linear, log_linear", "use_karras_sigmas": "honoured",
     "use_exponential_sigmas": "honoured", "use_beta_sigmas": "refused", "sigma_min": "honoured",
     "sigma_max": "honoured", "timestep_type": "honoured: discrete, continuous",
@@ -104,7 +117,10 @@ FIELDS = {
     "lambda_min_clipped": "honoured", "variance_type": "refused", "use_dynamic_shifting": "refused",
     "time_shift_type": "unused (use_dynamic_shifting)", "thresholding": "refused",
     "dynamic_thresholding_ratio": "unused (thresholding)", "sample_max_value": "unused (thresholding)",
-    "clip_sample": "honoured", "clip_sample_range": "honoured", "set_alpha_to_one": "honoured",
+    "clip_sample": "honoured", "clip_sample_range": "honoured",
+    "set_alpha_to_one": "honoured (DDIM; LCM: unused, its previous timestep is never negative)",
+    "original_inference_steps": "honoured (LCM: its timesteps, and the most steps it runs)",
+    "timestep_scaling": "honoured (LCM)",
 }
 
 
@@ -114,6 +130,11 @@ class UnknownSampler(ValueError):
 
 class UnsupportedSchedulerConfig(ValueError):
     """A scheduler config field whose value the engine does not implement (the message names it)."""
+
+
+class TooManySteps(ValueError):
+    """More steps than a sampler can take for the model (LCM: ``original_inference_steps``); the message says
+    how many it can."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,8 +203,9 @@ def sampler_config(sampler: str, config: dict) -> dict:
 
 
 # Fields whose unsupported value refuses one sampler per request, not the model at start: zero
-# terminal SNR (a v-prediction fine-tune's ``ztsnr``) runs with Euler, Euler a and DPM++ as in diffusers.
-PER_SAMPLER = frozenset({"rescale_betas_zero_snr"})
+# terminal SNR (a v-prediction fine-tune's ``ztsnr``) runs with Euler, Euler a and DPM++ as in diffusers;
+# original_inference_steps is LCM's alone.
+PER_SAMPLER = frozenset({"rescale_betas_zero_snr", "original_inference_steps"})
 
 
 def check_scheduler_config(config: dict) -> None:
@@ -213,12 +235,17 @@ def _refusal(sampler: str, cfg: dict) -> tuple[str, str] | None:
         return "prediction_type", "choose epsilon, v_prediction or sample"
     if cls == "EulerAncestralDiscreteScheduler" and cfg["prediction_type"] == "sample":
         return "prediction_type", "diffusers' Euler a does not implement it either"
-    if cfg["timestep_spacing"] not in ("linspace", "leading", "trailing"):
+    if cls != "LCMScheduler" and cfg["timestep_spacing"] not in ("linspace", "leading", "trailing"):
         return "timestep_spacing", "choose linspace, leading or trailing"
     if cls == "DDIMScheduler" and cfg["rescale_betas_zero_snr"]:
         return "rescale_betas_zero_snr", ("DDIM's terminal alpha 0 is an infinite sigma, which this engine's DDIM "
                                           "cannot step from")
-    if cfg.get("thresholding", False) and cls in ("DPMSolverMultistepScheduler", "DDIMScheduler"):
+    if cls == "LCMScheduler" and cfg["rescale_betas_zero_snr"]:
+        return "rescale_betas_zero_snr", ("its terminal alpha 0 (diffusers' LCMScheduler keeps it 0) is an infinite "
+                                          "sigma, which this engine cannot step from")
+    if cls == "LCMScheduler" and not 1 <= cfg["original_inference_steps"] <= cfg["num_train_timesteps"]:
+        return "original_inference_steps", f"choose 1 to num_train_timesteps ({cfg['num_train_timesteps']})"
+    if cfg.get("thresholding", False) and cls in ("DPMSolverMultistepScheduler", "DDIMScheduler", "LCMScheduler"):
         return "thresholding", ("dynamic thresholding is not implemented (it suits pixel-space models, not SDXL's "
                                 "latents)")
     if cls in ("EulerDiscreteScheduler", "DPMSolverMultistepScheduler"):
@@ -423,6 +450,27 @@ def _ddim(cfg: dict, steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np
             to_sigma(alpha_prev), carry)
 
 
+def _lcm(cfg: dict, steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """LCMScheduler.set_timesteps and its boundary-condition scalings (diffusers 0.42.1).
+
+    Returns timesteps (n,) int64: ``steps`` of the ``original_inference_steps`` timesteps
+    k - 1, 2k - 1, ... (k = num_train_timesteps // original_inference_steps), largest first, at
+    indices floor(linspace(0, original, n, endpoint=False)); sigmas (n + 1,) float64, the last 0;
+    c_skip and c_out (n,) float64 of ``get_scalings_for_boundary_condition_discrete``
+    (sigma_data 0.5, the timestep times ``timestep_scaling``).
+    """
+    ac = np.cumprod(1.0 - _betas(cfg), dtype=np.float32).astype(np.float64)  # no 2**-24: zero SNR is refused
+    original = cfg["original_inference_steps"]
+    k = cfg["num_train_timesteps"] // original
+    origin = (np.arange(1, original + 1) * k - 1)[::-1]
+    timesteps = origin[np.floor(np.linspace(0, original, num=steps, endpoint=False)).astype(np.int64)]
+    sigmas = np.concatenate([((1 - ac[timesteps]) / ac[timesteps]) ** 0.5, [0.0]])
+    scaled = timesteps.astype(np.float64) * cfg["timestep_scaling"]
+    c_skip = 0.25 / (scaled**2 + 0.25)
+    c_out = scaled / (scaled**2 + 0.25) ** 0.5
+    return timesteps, sigmas, c_skip, c_out
+
+
 def make_schedule(sampler: str, config: dict, steps: int) -> Schedule:
     """The :class:`Schedule` of ``sampler`` (an A1111 name) for ``steps`` steps of a model's scheduler config.
 
@@ -432,6 +480,8 @@ def make_schedule(sampler: str, config: dict, steps: int) -> Schedule:
     Raises:
         UnknownSampler: an unknown sampler name.
         UnsupportedSchedulerConfig: a field this sampler does not follow (:func:`check_scheduler_config`).
+        TooManySteps: LCM with more steps than the config's ``original_inference_steps`` (diffusers raises
+            too: its steps are a subset of that schedule).
         ValueError: fewer than 1 step.
     """
     sampler = get_sampler(sampler)
@@ -443,6 +493,8 @@ def make_schedule(sampler: str, config: dict, steps: int) -> Schedule:
         raise UnsupportedSchedulerConfig(f"{problem[0]}={cfg[problem[0]]!r} is not supported (sampler "
                                          f"{sampler!r}): {problem[1]}")
     zeros = np.zeros(steps, np.float64)
+    if sampler == "LCM":
+        return _lcm_schedule(cfg, steps)
     if sampler in ("Euler", "Euler a"):
         timesteps, sigmas, init = (_euler if sampler == "Euler" else _euler_ancestral)(cfg, steps)
         s, s_next = sigmas[:-1].astype(np.float64), sigmas[1:].astype(np.float64)
@@ -477,6 +529,21 @@ def make_schedule(sampler: str, config: dict, steps: int) -> Schedule:
             c = np.where(second, -(1 - a) * 0.5 / r, 0.0)
     init = (sigmas[0] ** 2 + 1) ** 0.5  # x-space noise of variance 1
     return _schedule(timesteps, sigmas, a, b, c, zeros, zeros, init, 1 / (sigmas[-1] ** 2 + 1) ** 0.5)
+
+
+def _lcm_schedule(cfg: dict, steps: int) -> Schedule:
+    """LCMScheduler.step in sigma space: x' = c_skip x / sqrt(s^2 + 1) + c_out x0 + s' z, its
+    ``prev_sample = sqrt(alphā') denoised + sqrt(1 - alphā') z`` times sqrt(s'^2 + 1) = 1 / sqrt(alphā');
+    the last step is ``denoised`` itself (s' = 0, no noise). clip_sample clips x0 before both terms."""
+    original = cfg["original_inference_steps"]
+    if steps > original:
+        raise TooManySteps(f"LCM runs at most {original} steps for this model (its scheduler's "
+                           f"original_inference_steps), got {steps}")
+    timesteps, sigmas, c_skip, c_out = _lcm(cfg, steps)
+    d = sigmas[1:].copy()  # the noise that brings denoised to the next timestep's level; 0 after the last
+    clip = float(cfg["clip_sample_range"]) if cfg["clip_sample"] else math.inf
+    return _schedule(timesteps, sigmas, c_skip / (sigmas[:-1] ** 2 + 1) ** 0.5, c_out, np.zeros(steps), d,
+                     c_out if cfg["clip_sample"] else np.zeros(steps), (sigmas[0] ** 2 + 1) ** 0.5, 1.0, clip)
 
 
 def _schedule(timesteps, sigmas, a, b, c, d, e, init, final, clip=math.inf) -> Schedule:
