@@ -10,6 +10,7 @@ Commands, run from the repository root:
     python -m tools.make_fixtures single-fullsize --out FILE [--dtype float16|float32]
     python -m tools.make_fixtures lora
     python -m tools.make_fixtures single-lora
+    python -m tools.make_fixtures lcm-lora
     python -m tools.make_fixtures fullsize --out DIR [--dtype float32|bfloat16]
 
 * ``tiny`` writes, under tests/fixtures/: ``tiny-pt/`` (a small random SDXL made with diffusers'
@@ -39,6 +40,10 @@ Commands, run from the repository root:
   LoCon convs, both text encoders, alphas), a PEFT LoRA (peft's LoraConfig, saved by diffusers'
   ``save_lora_weights``), each proven by ``load_lora_weights`` (no unused key, every layer adapted), and
   the pipeline's images with them at weight 1 and 0.5 and both at once (``set_adapters``).
+* ``lcm-lora`` writes tests/fixtures/tiny-shapes-lcm/: the shipped tiny-shapes with its LCM-LoRA
+  (sdxl_engine/assets/tiny-shapes/lcm-lora.safetensors, proven by ``load_lora_weights``) and LCMScheduler at
+  guidance 1, its step noise the engine's (tests/fixtures/lcm-noise.npz: ``python -m tools.lcm_noise`` first),
+  4 and 2 steps, and the 4-step case without the LoRA.
 * ``fullsize`` writes a random full-size SDXL base (diffusers format, safetensors, about 14 GB
   in float32) to DIR and reference outputs to DIR/reference/; it is not committed.
 
@@ -1536,6 +1541,57 @@ def cmd_lora(out: Path) -> None:
     (folder / "reference.json").write_text(json.dumps(meta, indent=2) + "\n")
 
 
+# ``lcm-lora``: the shipped tiny-shapes with its LCM-LoRA (issue #26) in diffusers, LCMScheduler, guidance 1 (no
+# CFG), the step noise tests/fixtures/lcm-noise.npz's (the engine's rule, tools/lcm_noise.py). (prompt, steps).
+TINY_SHAPES = ROOT / "sdxl_engine" / "assets" / "tiny-shapes"
+LCM_LORA_CASES = {"lcm4": ("a large red star on the left on a white background", 4),
+                  "lcm2": ("a small blue triangle in the centre on a gray background", 2)}
+
+
+def cmd_lcm_lora(out: Path) -> None:
+    """``lcm-lora``: out/tiny-shapes-lcm/reference.npz and .json (diffusers' images with the shipped LCM-LoRA)."""
+    torch.set_num_threads(1)
+    folder = out / "tiny-shapes-lcm"
+    folder.mkdir(parents=True, exist_ok=True)
+    lora_path = TINY_SHAPES / "lcm-lora.safetensors"
+    with np.load(out / "lcm-noise.npz") as data:
+        seeds, noise = data["seeds"], data["noise"]
+    pipe = StableDiffusionXLPipeline.from_pretrained(TINY_SHAPES, dtype=torch.float32, add_watermarker=False)
+    pipe.set_progress_bar_config(disable=True)
+    config = plain_config(pipe.scheduler.config)
+    pipe.scheduler = LCMScheduler.from_config(config)
+    with safe_open(str(lora_path), framework="pt") as f:
+        layers = sum(1 for k in f.keys() if k.endswith("lora_A.weight"))
+    load_checked(pipe, lora_path, "lcm", layers)
+    latents = np.random.RandomState(37).standard_normal((2, 4, 16, 16)).astype(np.float32)
+    arrays, meta = {"latents": latents}, {}
+    for key, (prompt, steps) in LCM_LORA_CASES.items():
+        with EngineNoise(noise[: steps - 1]) as patched:
+            images = pipe(prompt, guidance_scale=1.0, num_inference_steps=steps, width=64, height=64,
+                          num_images_per_prompt=2, output_type="np", latents=torch.from_numpy(latents)).images
+        assert patched.calls == steps - 1, patched.calls
+        arrays[f"{key}_images"] = np.round(images * 255).astype(np.uint8)
+        meta[key] = dict(prompt=prompt, num_inference_steps=steps, guidance_scale=1.0,
+                         timesteps=[int(t) for t in pipe.scheduler.timesteps])
+    pipe.disable_lora()
+    with EngineNoise(noise) as patched:
+        arrays["base4_images"] = np.round(pipe(LCM_LORA_CASES["lcm4"][0], guidance_scale=1.0, num_inference_steps=4,
+                                               width=64, height=64, num_images_per_prompt=2, output_type="np",
+                                               latents=torch.from_numpy(latents)).images * 255).astype(np.uint8)
+    write_npz(folder / "reference.npz", arrays)
+    meta.update(made_by="python -m tools.lcm_noise (runtime venv), then python -m tools.make_fixtures lcm-lora",
+                versions=versions(), torch_threads=1, model="sdxl_engine/assets/tiny-shapes",
+                lora=dict(file="sdxl_engine/assets/tiny-shapes/lcm-lora.safetensors", layers=layers,
+                          sha256=hashlib.sha256(lora_path.read_bytes()).hexdigest()),
+                scheduler="LCMScheduler.from_config(tiny-shapes' scheduler config)", size=[64, 64],
+                seeds=[int(s) for s in seeds], latents="numpy RandomState(37).standard_normal((2, 4, 16, 16))",
+                notes=["pipe.load_lora_weights(adapter_name='lcm') with no warning, every layer adapted; "
+                       "<case>_images with the LoRA at weight 1, base4_images: the lcm4 case after disable_lora.",
+                       "Step noise: randn_tensor of step k returns lcm-noise.npz's noise[k] (steps - 1 calls).",
+                       "Images: (2, 64, 64, 3) uint8, round(np * 255)."])
+    (folder / "reference.json").write_text(json.dumps(meta, indent=2) + "\n")
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m tools.make_fixtures",
                                      description="PyTorch reference fixtures (needs torch; never run in CI).")
@@ -1557,6 +1613,8 @@ def main(argv=None) -> None:
     lora.add_argument("--out", type=Path, default=FIXTURES)
     single_lora = sub.add_parser("single-lora", help="tiny-single/lora-reference: both LoRAs on the single file")
     single_lora.add_argument("--out", type=Path, default=FIXTURES)
+    lcm_lora = sub.add_parser("lcm-lora", help="tiny-shapes-lcm: diffusers' images with the shipped LCM-LoRA")
+    lcm_lora.add_argument("--out", type=Path, default=FIXTURES)
     full = sub.add_parser("fullsize", help="random full-size SDXL base and its reference outputs")
     full.add_argument("--out", type=Path, required=True)
     full.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
@@ -1581,6 +1639,8 @@ def main(argv=None) -> None:
         cmd_lora(args.out)
     elif args.command == "single-lora":
         cmd_single_lora(args.out)
+    elif args.command == "lcm-lora":
+        cmd_lcm_lora(args.out)
     else:
         cmd_fullsize(args.out, args.dtype)
 
