@@ -1478,8 +1478,10 @@ def load_checked(pipe: StableDiffusionXLPipeline, path: Path, adapter: str, expe
     transformers.logging.set_verbosity_error()
     # transformers' load report lists the base weights an adapter does not hold as MISSING (they are kept:
     # cmd_lora checks the base images after loading); an UNEXPECTED or unused key is a LoRA layer dropped.
+    # "No LoRA keys associated to CLIPTextModel..." is a UNet-only LoRA's (lcm-lora-sdxl's too): nothing dropped.
     messages = [m for m in logged + [str(w.message) for w in caught]
-                if re.search(r"unexpected|unused|not used|not been|not found", m, re.IGNORECASE)]
+                if re.search(r"unexpected|unused|not used|not been|not found", m, re.IGNORECASE)
+                and not m.startswith("No LoRA keys associated to CLIPTextModel")]
     if messages:
         raise SystemExit(f"{path.name}: diffusers warned while loading: {messages}")
     adapted = sum(1 for model in (pipe.unet, pipe.text_encoder, pipe.text_encoder_2)

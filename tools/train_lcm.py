@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -262,6 +263,18 @@ def main(argv=None) -> None:
         target_lora = jax.tree.map(lambda t, p: args.target_ema * t + (1 - args.target_ema) * p, target_lora, lora)
         return lora, target_lora, opt_state, loss
 
+    def make_record(done: int, train_s: float) -> dict:
+        return {"what": "LCM-LoRA of the teacher model by latent consistency distillation (tools/train_lcm.py)",
+                "command": "python -m tools.train lcm-lora " + " ".join(sys.argv[2:] if argv is None else argv),
+                "args": vars(args), "teacher": str(Path(args.model).name), "steps_done": done,
+                "data": {"images": args.images, "data_seed": args.seed + 100,
+                         "generator": "tools.shapes.make_dataset", "held_out_excluded": True},
+                "lora": {"rank": args.rank, "alpha": args.alpha, "weights": len(targets),
+                         "parameters": int(n_params), "targets": list(TARGETS)},
+                "data_s": round(data_s, 1), "train_s": round(train_s, 1),
+                "total_s": round(time.perf_counter() - start, 1), "loss": list(history),
+                "jax": jax.__version__, "device": str(jax.devices()[0])}
+
     rng = np.random.default_rng(args.seed + 2)
     history, running, train_start, done = [], [], time.perf_counter(), 0
     for i in range(1, args.steps + 1):
@@ -279,21 +292,12 @@ def main(argv=None) -> None:
         if args.save_every and i % args.save_every == 0 and i < args.steps:
             out = Path(args.out)
             save_lora(out.with_name(f"{out.stem}.step{i}.safetensors"), jax.device_get(lora), targets, args.rank,
-                      args.alpha, {"steps_done": i, "loss": history})
+                      args.alpha, make_record(i, time.perf_counter() - train_start))
         if elapsed > args.max_minutes * 60:
             log(f"time limit: stopping after {i} steps")
             break
     train_s = time.perf_counter() - train_start
-    record = {"what": "LCM-LoRA of the teacher model by latent consistency distillation (tools/train_lcm.py)",
-              "command": "python -m tools.train lcm-lora " + " ".join(argv or []),
-              "args": vars(args), "teacher": str(Path(args.model).name), "steps_done": done,
-              "data": {"images": args.images, "data_seed": args.seed + 100, "generator": "tools.shapes.make_dataset",
-                       "held_out_excluded": True},
-              "lora": {"rank": args.rank, "alpha": args.alpha, "weights": len(targets), "parameters": int(n_params),
-                       "targets": list(TARGETS)},
-              "data_s": round(data_s, 1), "train_s": round(train_s, 1),
-              "total_s": round(time.perf_counter() - start, 1), "loss": history,
-              "jax": jax.__version__, "device": str(jax.devices()[0])}
+    record = make_record(done, train_s)
     save_lora(Path(args.out), jax.device_get(lora), targets, args.rank, args.alpha, record)
     log(f"saved {args.out} ({Path(args.out).stat().st_size / 1e6:.2f} MB); {train_s / 60:.1f} min training")
 

