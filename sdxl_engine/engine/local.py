@@ -236,13 +236,16 @@ class Engine:
 
     def _load_loras(self, sources: dict) -> None:
         """(#21) Read and check every LoRA against the model (LoraError stops the start), keep the merger."""
-        t0 = self._stage(f"loading {len(sources)} LoRAs") if sources else None
+        t0 = time.perf_counter()
+        if sources:  # the banner's stage; the log gets one line, after
+            self.stage = f"loading {len(sources)} LoRAs"
         loras = {name: lora_mod.read_lora(name, path, self.model.components) for name, path in sources.items()}
         self.loras = lora_mod.LoraMerger(self.params, loras, sharding.replicated(self.mesh))
         if sources:
-            self._done("lora_s", t0)
-            self._log("[sdxl_engine] LoRAs: " + ", ".join(f"{i['name']} ({i['format']}, {i['layers']} layers, "
-                                                          f"hash {i['hash']})" for i in lora_mod.lora_info(loras.values())))
+            self.startup["lora_s"] = time.perf_counter() - t0
+            self._log(f"[sdxl_engine] LoRAs in {self.startup['lora_s']:.2f} s: " + ", ".join(
+                f"{i['name']} ({i['format']}, {i['layers']} layers, hash {i['hash']})"
+                for i in lora_mod.lora_info(loras.values())))
 
     def _lora_params(self, prompt: str) -> tuple[dict, dict[str, str]]:
         """(#21) The params for the prompt's <lora:...> tags (merged outside the compiled program; the base

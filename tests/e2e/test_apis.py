@@ -119,7 +119,8 @@ def test_a1111_lists_options_and_model_switching(webui):
         "cannot switch to 'sd_xl_base_1.0'")
     styles = webui.get_prompt_styles()
     assert [s["name"] for s in styles][:2] == ["Cinematic", "Photographic"] and "{prompt}" in styles[0]["prompt"]
-    assert webui.get_upscalers() == [] and webui.get_sd_vae() == [] and webui.get_loras() == []
+    assert webui.get_upscalers() == [] and webui.get_sd_vae() == []
+    assert [lora["name"] for lora in webui.get_loras()] == ["lcm"]  # tiny-shapes' own LCM-LoRA (#26)
     flags = webui.get_cmd_flags()
     assert flags["api_key_required"] is True and KEY not in json.dumps(flags)
 

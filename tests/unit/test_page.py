@@ -42,11 +42,15 @@ def test_page_lists_the_loras_and_a_click_adds_a_tag(tmp_path):
                                 "lora_dir": str(tmp_path)}, environ={})
     demo = app.build_demo(lambda *v, **kw: ([], {}, None), config)
     listing = next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "loras")
-    assert listing.visible and [s[0] for s in listing.samples] == ["<lora:peft:1>", "<lora:ink:1>"]
+    # the deployment's (--lora, then --lora-dir), then tiny-shapes' own LCM-LoRA (#26, its loras.json)
+    assert listing.visible and [s[0] for s in listing.samples] == ["<lora:peft:1>", "<lora:ink:1>", "<lora:lcm:1>"]
     add = next(f.fn for f in demo.fns.values() if getattr(f.fn, "__name__", "") == "add_lora")
     assert add(1, "a red circle ") == "a red circle <lora:ink:1>"
     assert add(0, "") == add(0, None) == "<lora:peft:1>"
     with pytest.raises(gr.Error):
-        add(2, "x")
-    plain = app.build_demo(lambda *v, **kw: ([], {}, None), EngineConfig.load(environ={}))
+        add(3, "x")
+    shipped = app.build_demo(lambda *v, **kw: ([], {}, None), EngineConfig.load(environ={}))
+    assert [s[0] for s in next(b for b in shipped.blocks.values() if getattr(b, "elem_id", None) == "loras").samples
+            ] == ["<lora:lcm:1>"]
+    plain = app.build_demo(lambda *v, **kw: ([], {}, None), EngineConfig.load({"model": "tiny-random"}, environ={}))
     assert not next(b for b in plain.blocks.values() if getattr(b, "elem_id", None) == "loras").visible
