@@ -243,9 +243,9 @@ class Engine:
         self.loras = lora_mod.LoraMerger(self.params, loras, sharding.replicated(self.mesh))
         if sources:
             self.startup["lora_s"] = time.perf_counter() - t0
-            self._log(f"[sdxl_engine] LoRAs in {self.startup['lora_s']:.2f} s: " + ", ".join(
+            self._log("[sdxl_engine] LoRAs: " + ", ".join(
                 f"{i['name']} ({i['format']}, {i['layers']} layers, hash {i['hash']})"
-                for i in lora_mod.lora_info(loras.values())))
+                for i in lora_mod.lora_info(loras.values())) + f"; read in {self.startup['lora_s']:.2f} s")
 
     def _lora_params(self, prompt: str) -> tuple[dict, dict[str, str]]:
         """(#21) The params for the prompt's <lora:...> tags (merged outside the compiled program; the base
