@@ -53,6 +53,7 @@ from sdxl_engine.checkpoint.lora import merge_layer
 from sdxl_engine.program.generate import encode_prompts
 from sdxl_engine.program.schedulers import _alphas_cumprod, sampler_config
 from tools import shapes
+from tools.train import encode_all
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "sdxl_engine" / "assets" / "tiny-shapes"
@@ -182,14 +183,7 @@ def main(argv=None) -> None:
     ids = np.stack([np.asarray(t(captions, padding="max_length", max_length=77, truncation=True).input_ids)
                     for t in (model.tokenizer, model.tokenizer_2)], axis=1).astype(np.int32)
     vae = components["vae"]
-    encode = jax.jit(lambda p, x: vae.bind(p).encode(x)[0])
-    pixels = lambda im: im.transpose(0, 3, 1, 2).astype(np.float32) / 127.5 - 1.0  # noqa: E731
-    latents = []
-    for i in range(0, len(images), 250):
-        latents.append(np.asarray(encode(base["vae"], pixels(images[i: i + 250]))))
-        if i % 2500 == 0:
-            log(f"encoded {i + len(latents[-1])} images ({time.perf_counter() - start:.0f} s)")
-    latents = np.concatenate(latents) * vae.config.scaling_factor
+    latents = encode_all(vae, base["vae"], images, batch=250) * vae.config.scaling_factor  # tools/train.py's stage 3
     text = jax.jit(lambda p, i: encode_prompts(components, p, i))
     hidden, pooled = [], []
     for i in range(0, len(ids), 500):
