@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 from typing import Callable
 
 from sdxl_engine.serving import main as process  # imports no Gradio
@@ -29,7 +28,8 @@ from sdxl_engine.program.schedulers import SAMPLERS
 from sdxl_engine.serving import handler, history
 from sdxl_engine.serving.page_assets import (CLEAR_HISTORY_JS, HISTORY_JS, HISTORY_KEY, HISTORY_NOTE, MODEL_NOTES,
                                              PAGE_CSS, PARSE_SIZE_JS, REAL_SDXL_HINT, SCROLL_TO_GALLERY_JS)
-from sdxl_engine.serving.styles import NO_STYLE, STYLE_NAMES
+from sdxl_engine.serving.styles import (FAST_LABEL, FAST_LORA, FAST_PRESET, NO_STYLE, STYLE_NAMES,
+                                        has_fast_tag, with_fast_tag, without_fast_tag)
 
 TITLE = "Fast Stable Diffusion XL with JAX"
 # Prompts in the vocabulary of the default model, tiny-shapes (sdxl_engine/assets/tiny-shapes/vocabulary.txt).
@@ -38,25 +38,6 @@ EXAMPLES = ["a red circle on a blue background", "a large green square at the to
 # No style in the examples: a style's added words ("anime artwork ...") pull tiny-shapes' images off the prompt.
 # The blog's setting (the config's own defaults), one click away when a model's engine_defaults.json chose another.
 BLOG_DEFAULT = (EngineConfig.sampler, EngineConfig.num_inference_steps)
-# (#26) The few-step preset, offered when a LoRA named "lcm" is loaded (tiny-shapes ships one; for SDXL,
-# --lora lcm=lcm-lora-sdxl.safetensors): its tag in the prompt, the LCM sampler, 4 steps, guidance 1 (no CFG).
-FAST_PRESET = ("LCM", 4, 1.0)
-FAST_LORA = "lcm"
-FAST_LABEL = "Fast (LCM, 4 steps)"
-_FAST_TAG = re.compile(rf"\s*<lora:{FAST_LORA}(:[^<>]*)?>", re.IGNORECASE)
-
-
-def with_fast_tag(text) -> str:
-    """``text`` with one ``<lora:lcm:1>`` at its end (any lcm tag it had removed first)."""
-    rest = _FAST_TAG.sub("", text if isinstance(text, str) else "").strip()
-    return f"{rest} <lora:{FAST_LORA}:1>" if rest else f"<lora:{FAST_LORA}:1>"
-
-
-def without_fast_tag(text) -> str:
-    """``text`` without its ``<lora:lcm...>`` tags (the other presets run without the LCM-LoRA)."""
-    return _FAST_TAG.sub("", text if isinstance(text, str) else "").strip()
-
-
 def lora_names_for(config: EngineConfig) -> list[str]:
     """The LoRA names the engine will load: the deployment's and the model's own (its loras.json)."""
     return available_names(config.lora, config.lora_dir, os.pathsep, model_loras(config.model))
@@ -247,7 +228,7 @@ def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract 
         # (#26) Leaving the fast preset: its tag goes and the guidance comes back (the blog button's first event
         # above still sets just the sampler and steps).
         blog_default.click(page_event(lambda text: (without_fast_tag(text), config.guidance_scale)
-                                      if _FAST_TAG.search(text or "") else (gr.update(), gr.update())),
+                                      if has_fast_tag(text) else (gr.update(), gr.update())),
                            prompt, [prompt, guidance_scale], api_visibility="private", queue=False)
         fast.click(page_event(lambda text: (*FAST_PRESET, with_fast_tag(text))), prompt,
                    [sampler, num_inference_steps, guidance_scale, prompt], api_visibility="private", queue=False)

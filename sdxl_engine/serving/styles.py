@@ -10,6 +10,7 @@ comes first, so that the user's own words are the ones that survive CLIP's 77-to
 from __future__ import annotations
 
 import dataclasses
+import re
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,3 +102,27 @@ def apply_style(name: str | None, prompt: str, negative_prompt: str = "") -> tup
     styled = style.prompt.replace("{prompt}", prompt)
     negative = ", ".join(part for part in (negative_prompt.strip(), style.negative_prompt) if part)
     return styled, negative
+
+
+# (#26) The few-step preset, offered when a LoRA named "lcm" is loaded (tiny-shapes ships one; for SDXL,
+# --lora lcm=lcm-lora-sdxl.safetensors): its tag in the prompt, the LCM sampler, 4 steps, guidance 1 (no CFG).
+FAST_PRESET = ("LCM", 4, 1.0)
+FAST_LORA = "lcm"
+FAST_LABEL = "Fast (LCM, 4 steps)"
+_FAST_TAG = re.compile(rf"\s*<lora:{FAST_LORA}(:[^<>]*)?>", re.IGNORECASE)
+
+
+def with_fast_tag(text) -> str:
+    """``text`` with one ``<lora:lcm:1>`` at its end (any lcm tag it had removed first)."""
+    rest = _FAST_TAG.sub("", text if isinstance(text, str) else "").strip()
+    return f"{rest} <lora:{FAST_LORA}:1>" if rest else f"<lora:{FAST_LORA}:1>"
+
+
+def has_fast_tag(text) -> bool:
+    """Whether ``text`` holds a ``<lora:lcm...>`` tag."""
+    return isinstance(text, str) and _FAST_TAG.search(text) is not None
+
+
+def without_fast_tag(text) -> str:
+    """``text`` without its ``<lora:lcm...>`` tags (the other presets run without the LCM-LoRA)."""
+    return _FAST_TAG.sub("", text if isinstance(text, str) else "").strip()
