@@ -81,7 +81,7 @@ def generate(page, prompt: str, style: str | None = None) -> list[str]:
     if style:
         page.locator(f"#style input[value='{style}']").check()
     page.click("#generate")
-    page.wait_for_function("prev => { const t = document.querySelector('#result-status').innerText;"
+    page.wait_for_function("prev => { const t = document.querySelector('#result-status')?.innerText;"
                            " return t.includes('images on') && t !== prev; }", arg=previous, timeout=60_000)
     items = page.locator("#gallery .grid-container .gallery-item")
     assert items.count() == 4
@@ -103,7 +103,7 @@ def gallery_pixels(page, index: int) -> np.ndarray:
 
 def test_page_renders_fully_with_the_internet_cut(offline):
     page = offline.open()
-    page.wait_for_function("document.querySelector('#engine-status').innerText.includes('Ready on')")
+    page.wait_for_function("document.querySelector('#engine-status')?.innerText.includes('Ready on')")
     assert "Ready on 4 × cpu" in page.inner_text("#engine-status")
     for selector in ("#prompt textarea", "#generate", "#gallery", "#seed input", "#randomize", "#reuse",
                      "#resolution", "#history"):
@@ -152,7 +152,7 @@ def test_example_click_fills_prompt_and_style(offline):
     page = offline.open()
     page.locator("#style input[value='Anime']").check()
     page.get_by_text("a small yellow star on the left").click()
-    page.wait_for_function("document.querySelector('#prompt textarea').value === 'a small yellow star on the left'")
+    page.wait_for_function("document.querySelector('#prompt textarea')?.value === 'a small yellow star on the left'")
     assert page.locator("#style input:checked").get_attribute("value") == "(No style)"  # examples use no style
 
 
@@ -162,9 +162,9 @@ def test_reusing_a_selected_images_seed_reproduces_it(offline):
     third_seed = int(CAPTION.match(captions[2]).group(1))
     third = gallery_pixels(page, 2)
     page.locator("#gallery .grid-container .gallery-item").nth(2).click()
-    page.wait_for_function(f"document.querySelector('#reuse').innerText.includes('Reuse seed {third_seed}')")
+    page.wait_for_function(f"document.querySelector('#reuse')?.innerText.includes('Reuse seed {third_seed}')")
     page.click("#reuse")
-    page.wait_for_function(f"document.querySelector('#seed input').value === '{third_seed}'")
+    page.wait_for_function(f"document.querySelector('#seed input')?.value === '{third_seed}'")
     page.locator("#gallery button[aria-label='Close']").first.click()
     again = generate(page, "a red circle on a blue background")
     assert CAPTION.match(again[0]).group(1) == str(third_seed)
@@ -173,7 +173,7 @@ def test_reusing_a_selected_images_seed_reproduces_it(offline):
     assert np.array_equal(first, third)
     # And "Randomize" puts the seed back to -1 (a new random seed per click of Generate).
     page.click("#randomize")
-    page.wait_for_function("document.querySelector('#seed input').value === '-1'")
+    page.wait_for_function("document.querySelector('#seed input')?.value === '-1'")
 
 
 def test_downloaded_png_carries_its_parameters(offline):
@@ -203,7 +203,7 @@ def test_blog_default_is_one_click_from_the_models_default(offline):
     assert page.locator("#sampler input").input_value() == DEFAULTS["sampler"]
     assert steps.input_value() == str(DEFAULTS["num_inference_steps"])
     page.click("#blog-default")
-    page.wait_for_function("() => document.querySelector('#steps input[type=number]').value === '20'")
+    page.wait_for_function("() => document.querySelector('#steps input[type=number]')?.value === '20'")
     assert page.locator("#sampler input").input_value() == "Euler"
     generate(page, "a red circle")
     assert "20 Euler steps" in page.inner_text("#result-status")
@@ -217,16 +217,16 @@ def test_fast_preset_is_one_click_and_model_default_takes_it_back(offline):
     from sdxl_engine.serving.images import parse_a1111_parameters
 
     page = offline.open()
-    page.wait_for_function("document.querySelector('#engine-status').innerText.includes('Ready on')")
+    page.wait_for_function("document.querySelector('#engine-status')?.innerText.includes('Ready on')")
     page.fill("#prompt textarea", "a large red star on the left")
     page.click("#fast-preset")
-    page.wait_for_function("document.querySelector('#prompt textarea').value.endsWith('<lora:lcm:1>')")
+    page.wait_for_function("document.querySelector('#prompt textarea')?.value.endsWith('<lora:lcm:1>')")
     assert page.input_value("#prompt textarea") == "a large red star on the left <lora:lcm:1>"
     page.get_by_text("Advanced settings").click()
     assert page.locator("#sampler input").input_value() == "LCM"
     assert page.locator("#steps input[type='number']").input_value() == "4"
     page.click("#generate")
-    page.wait_for_function("document.querySelector('#result-status').innerText.includes('4 LCM steps')",
+    page.wait_for_function("document.querySelector('#result-status')?.innerText.includes('4 LCM steps')",
                            timeout=120_000)
     assert "CFG 1," in page.inner_text("#result-status")
     page.locator("#gallery .grid-container .gallery-item").nth(0).click()
@@ -239,7 +239,7 @@ def test_fast_preset_is_one_click_and_model_default_takes_it_back(offline):
     shipped = lora_hash(builtin.TINY_SHAPES_DIR / "lcm-lora.safetensors")[:12]
     assert (params["Steps"], params["CFG scale"], params["Lora hashes"]) == ("4", "1", f"lcm: {shipped}")
     page.click("#model-default")
-    page.wait_for_function("document.querySelector('#prompt textarea').value === 'a large red star on the left'")
+    page.wait_for_function("document.querySelector('#prompt textarea')?.value === 'a large red star on the left'")
     assert page.locator("#sampler input").input_value() == DEFAULTS["sampler"]
     assert page.locator("#steps input[type='number']").input_value() == str(DEFAULTS["num_inference_steps"])
 
@@ -257,7 +257,7 @@ def test_history_survives_a_reload_and_restores_settings(offline):
     assert "· Anime · a purple triangle" in history.nth(4).inner_text()
     assert page.input_value("#prompt textarea") == ""
     history.nth(5).click()  # second image of the "purple triangle" request
-    page.wait_for_function("document.querySelector('#prompt textarea').value === 'a purple triangle'")
+    page.wait_for_function("document.querySelector('#prompt textarea')?.value === 'a purple triangle'")
     assert page.locator("#style input:checked").get_attribute("value") == "Anime"
     restored_seed = int(page.input_value("#seed input"))
     assert f"seed {restored_seed} ·" in history.nth(5).inner_text()
@@ -341,9 +341,9 @@ def test_while_the_engine_starts_the_page_says_so_and_share_offline_is_one_line(
         assert "Starting the engine" in page.inner_text("#engine-status")
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "ui-starting.png"))
-        page.wait_for_function("document.querySelector('#engine-status').innerText.includes('Ready on')",
+        page.wait_for_function("document.querySelector('#engine-status')?.innerText.includes('Ready on')",
                                timeout=240_000)
-        page.wait_for_function("document.querySelector('#result-status').innerText.includes('images on')",
+        page.wait_for_function("document.querySelector('#result-status')?.innerText.includes('images on')",
                                timeout=60_000)
         assert page.locator("#gallery .grid-container .gallery-item").count() == 4
         assert offline.blocked == []
@@ -380,7 +380,7 @@ def test_at_1280x800_toasts_leave_generate_free_and_an_error_clears_the_result_l
             box = toasts.nth(i).bounding_box()
             assert not overlaps(box, button), (box, button)
         # The line under the gallery described the last request; after an error there is none to describe.
-        page.wait_for_function("document.querySelector('#result-status').innerText.trim() === ''", timeout=30_000)
+        page.wait_for_function("document.querySelector('#result-status')?.innerText.trim() === ''", timeout=30_000)
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "ui-desktop-toasts.png"))
         assert offline.blocked == []
@@ -425,7 +425,7 @@ def test_phone_layout_fits_390px(browser, app_server):
         textarea = page.locator("#prompt textarea")
         placeholder = textarea.evaluate(TEXT_WIDTH_JS, textarea.get_attribute("placeholder"))
         assert placeholder["text"] <= placeholder["inner"], placeholder
-        page.wait_for_function("document.querySelector('#resolution input').value.includes('default')")
+        page.wait_for_function("document.querySelector('#resolution input')?.value.includes('default')")
         size_input = page.locator("#resolution input")
         size = size_input.evaluate(TEXT_WIDTH_JS, size_input.input_value())
         arrow = page.locator("#resolution .icon-wrap").bounding_box()
@@ -503,7 +503,7 @@ def test_history_survives_a_restart_and_says_when_its_key_changed(browser):
                     assert page.locator("#history .gallery-item").count() == 0
                     page.evaluate(restore_js, ["sdxl-jax-history", *saved])  # what the first server saved, again
                 else:
-                    page.wait_for_function("document.querySelector('#history-note').innerText.includes('cannot be read')")
+                    page.wait_for_function("document.querySelector('#history-note')?.innerText.includes('cannot be read')")
                     assert page.locator("#history .gallery-item").count() == 0
                     assert browser_state_secret(page, app) == "another-key"
             finally:
@@ -525,7 +525,7 @@ def test_progress_bar_and_previews_show_before_the_images(browser, previews_serv
     page_handle = OfflinePage(browser, previews_server.url)
     try:
         page = page_handle.open()
-        page.wait_for_function("document.querySelector('#engine-status').innerText.includes('Ready on')")
+        page.wait_for_function("document.querySelector('#engine-status')?.innerText.includes('Ready on')")
         assert page.locator("#stop").is_visible()
         # Record the progress texts and the gallery's captions, in the order they appear.
         page.evaluate("""() => { window.progress = new Set(); window.captions = []; new MutationObserver(() => {
@@ -537,7 +537,7 @@ def test_progress_bar_and_previews_show_before_the_images(browser, previews_serv
         page.get_by_text("Advanced settings").click()
         page.fill("#steps input[type='number']", "40")
         page.keyboard.press("Enter")
-        page.wait_for_function("() => document.querySelector('#steps input[type=number]').value === '40'")
+        page.wait_for_function("() => document.querySelector('#steps input[type=number]')?.value === '40'")
         captions = generate(page, "a red circle on a blue background")
         seen = page.evaluate("[...window.progress]")
         order = page.evaluate("window.captions")

@@ -112,13 +112,13 @@ def test_page_works_and_its_banner_counts_the_ready_replicas(app2):
             page = context.new_page()
             page.goto(app2.url, wait_until="load", timeout=60_000)
             page.wait_for_selector("#engine-status", timeout=30_000)
-            page.wait_for_function("document.querySelector('#engine-status').innerText.includes('replicas ready')",
+            page.wait_for_function("document.querySelector('#engine-status')?.innerText.includes('replicas ready')",
                                    timeout=30_000)
             banner = page.inner_text("#engine-status")
             assert "2 of 2 replicas ready on Ray Serve, each on 1 × cpu" in banner, banner
             page.fill("#prompt textarea", "a red circle on a blue background")
             page.click("#generate")
-            page.wait_for_function("document.querySelector('#result-status').innerText.includes('images on')",
+            page.wait_for_function("document.querySelector('#result-status')?.innerText.includes('images on')",
                                    timeout=60_000)
             status = page.inner_text("#result-status")
             assert "4 images on 1 × cpu (replica" in status and " · ray " in status, status
