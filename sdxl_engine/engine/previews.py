@@ -84,3 +84,30 @@ def fit_latent_rgb(latents: np.ndarray, images: np.ndarray) -> tuple[np.ndarray,
     design = np.concatenate([x, np.ones((x.shape[0], 1))], axis=1)  # (pixels, C + 1)
     solution, *_ = np.linalg.lstsq(design, target.reshape(-1, 3), rcond=None)
     return solution[:c].astype(np.float32), solution[c].astype(np.float32)
+
+
+def preview_grid(previews: np.ndarray) -> np.ndarray:
+    """The batch's previews as one image, as AUTOMATIC1111 shows a batch's live preview by default
+    (option ``show_progress_grid``: modules/sd_samplers_common.py ``samples_to_image_grid``, laid
+    out by modules/images.py ``image_grid`` with its default ``n_rows = -1``: rows = round(sqrt(n)),
+    columns = ceil(n / rows); empty cells black). 4 images -> 2 x 2, 2 -> 1 x 2, 1 -> itself.
+
+    ``previews``: (n, h, w, 3) uint8 (n >= 1) -> (rows*h, cols*w, 3) uint8; a (h, w, 3) image is returned
+    as it is. One image per preview instead of n: each file a client fetches costs it a round trip
+    (issue #23, item 5).
+
+    Raises ValueError for an empty batch.
+    """
+    previews = np.asarray(previews)
+    if previews.ndim == 3:
+        return previews
+    n, h, w, c = previews.shape
+    if n == 0:
+        raise ValueError("preview_grid: no previews")
+    rows = min(n, max(1, round(n ** 0.5)))
+    cols = -(-n // rows)
+    grid = np.zeros((rows * h, cols * w, c), previews.dtype)
+    for i, image in enumerate(previews):
+        r, k = divmod(i, cols)
+        grid[r * h:(r + 1) * h, k * w:(k + 1) * w] = image
+    return grid

@@ -117,6 +117,14 @@ def event_pending(demo, event_id: str) -> bool:
         event_id in ids for ids in list(queue.pending_event_ids_session.values()))
 
 
+def current_event_id() -> str | None:
+    """The id of the event whose function runs in this context (Gradio's ``LocalContext.event_id``,
+    set for each call and copied into the threads that run it), or None outside an event."""
+    from gradio.context import LocalContext
+
+    return LocalContext.event_id.get(None)
+
+
 def live_event_ids(queue: Queue):
     """The ids of the events ``queue`` holds (queued or running), as a live mapping's keys view:
     an event is there from the moment it is queued until it has run, failed, been cancelled or

@@ -27,8 +27,9 @@ from sdxl_engine.engine.contract import EngineContract, clock
 from sdxl_engine.engine.local import EngineNotReady, GenerationError
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest
 from sdxl_engine.program.schedulers import SAMPLERS
-from sdxl_engine.serving import delivery, history, server
+from sdxl_engine.serving import delivery, gradio_internals, history, server
 from sdxl_engine.serving.styles import NO_STYLE, STYLE_NAMES, UnknownStyle, apply_style, get_style
+from sdxl_engine.engine.previews import preview_grid
 from sdxl_engine.engine.steps import StepEvent, Stopped
 from sdxl_engine.serving.progress import TRACKER
 from sdxl_engine.serving.images import png_bytes, write_new
@@ -91,7 +92,9 @@ def api_function(handle: Callable, config: EngineConfig, pending: history.Pendin
         # Issue #23: a generator, so the previews stream to the gallery and a cancel (the page's Stop,
         # gradio_client's job.cancel()) closes it, which stops the engine (stream_previews).
         values = (prompt, negative_prompt, seed, guidance_scale, num_inference_steps, width, height, style, sampler)
-        gallery, info, record = yield from stream_previews(handle, values, progress, server.arrival_time(request))
+        key = (getattr(request, "session_hash", None), gradio_internals.current_event_id())
+        gallery, info, record = yield from stream_previews(handle, values, progress, server.arrival_time(request),
+                                                           lambda: key in server.CANCELLED)
         pending.put(getattr(request, "session_hash", None), record)
         yield gallery, info
 
@@ -103,7 +106,8 @@ _DONE = object()  # stream_previews' end-of-request marker
 PREVIEW_WAIT_S = 0.5  # the longest a waiting stream goes without yielding, so a cancel can close it
 
 
-def stream_previews(generate: Callable, values: tuple, progress, arrived: float | None):
+def stream_previews(generate: Callable, values: tuple, progress, arrived: float | None,
+                    client_cancelled: Callable[[], bool] | None = None):
     """Run ``generate(*values, progress=, arrived=, on_step=, should_stop=)`` (handle_generate minus the
     engine) in a thread; yield (preview gallery, None) for each preview (and, once the denoising loop
     has begun, the same again after PREVIEW_WAIT_S without one), then return its result (gallery, info,
@@ -111,14 +115,19 @@ def stream_previews(generate: Callable, values: tuple, progress, arrived: float 
 
     Nothing is yielded before the first denoising step: while the request waits for the engine's start,
     for the request ahead of it or for a compile, the gallery's progress line says so, and a yield there
-    would replace it with the (empty) gallery. A Stop in that time takes effect at the first step.
+    would replace it with the (empty) gallery.
 
-    A preview gallery is the batch's previews (latent resolution, as PNG files: _preview_gallery), captioned
-    ``preview · step k/N``; the final images replace them. Closed early (Gradio closes the generator when
-    the client cancels), it asks the engine to stop, which it does after the running step (the next request
-    waits for that: Engine.generate runs one at a time); handle_generate logs one line; nothing is
-    delivered, so there is no PNG and no history record. Not joined here: Gradio closes generators on
-    its event loop, which must not wait for a step.
+    Stopped two ways, whichever comes first: ``client_cancelled()`` (its client's cancel, noted by the
+    server: server.CANCELLED), asked at every step and by the engine before it starts, so a Stop during
+    the wait means the request never runs; or Gradio closing this generator, which it does only once
+    the generator has yielded.
+
+    A preview gallery is one image, the batch's previews at latent resolution in a grid (a PNG file:
+    _preview_gallery), captioned ``preview · step k/N``; the final images replace it. Closed early (Gradio
+    closes the generator when the client cancels), it asks the engine to stop, which it does after the
+    running step (the next request waits for that: Engine.generate runs one at a time); handle_generate
+    logs one line; nothing is delivered, so there is no PNG and no history record. Not joined here:
+    Gradio closes generators on its event loop, which must not wait for a step.
     """
     events: queue.SimpleQueue = queue.SimpleQueue()
     cancelled = threading.Event()
@@ -130,10 +139,13 @@ def stream_previews(generate: Callable, values: tuple, progress, arrived: float 
         if event.preview is not None:
             events.put(event)
 
+    def stop_asked() -> bool:
+        return cancelled.is_set() or (client_cancelled is not None and client_cancelled())
+
     def work() -> None:
         try:
             outcome["result"] = generate(*values, progress=progress, arrived=arrived, on_step=on_step,
-                                         should_stop=cancelled.is_set)
+                                         should_stop=stop_asked)
         except BaseException as err:  # handed to the generator's thread, which raises it
             outcome["error"] = err
         finally:
@@ -150,6 +162,8 @@ def stream_previews(generate: Callable, values: tuple, progress, arrived: float 
             try:
                 event = events.get(timeout=PREVIEW_WAIT_S)
             except queue.Empty:
+                if stop_asked():  # cancelled: no one reads this stream any more; wait for the engine's stop
+                    continue
                 # Nothing new: the same values again (an empty diff), so that a cancel can close this
                 # generator. Not gr.skip(): Gradio answers it with a session copy of the gallery, whose
                 # files it does not record, so server.Routes would refuse to serve them. Not before the
@@ -160,6 +174,8 @@ def stream_previews(generate: Callable, values: tuple, progress, arrived: float 
             if event is _DONE:
                 finished = True
                 break
+            if stop_asked():
+                continue
             shown = _preview_gallery(event, preview_folder) or shown
             yield shown, None
     finally:
@@ -171,22 +187,23 @@ def stream_previews(generate: Callable, values: tuple, progress, arrived: float 
 
 
 def _preview_gallery(event: StepEvent, folder: list) -> list:
-    """The gallery items (PNG path, ``preview · step k/N``) of ``event.preview`` ((n, h, w, 3) uint8), or []
-    if they could not be written (the gallery keeps what it showed; the request goes on).
+    """The gallery item [(PNG path, ``preview · step k/N``)] of ``event.preview`` ((n, h, w, 3) uint8): the batch
+    in one grid image (previews.preview_grid, as A1111 shows a batch's live preview), or [] if it could not be
+    written (the gallery keeps what it showed; the request goes on).
 
-    Written once by images.png_bytes (no parameters chunk) into this request's folder in Gradio's temp folder
-    (``folder``: [] until the first preview makes it, then [its path]), which Gradio serves as they are. Numpy
-    arrays would be encoded by Pillow at its default level and hashed by the Gallery at every yield of them,
-    the keep-alive repeats included (issue #23, item 5).
+    One file per preview, not n: gradio_client fetches every file of every streamed message again (issue
+    #23, item 5). Written once by images.png_bytes (no parameters chunk) into this request's folder in
+    Gradio's temp folder (``folder``: [] until the first preview makes it, then [its path]), which Gradio
+    serves as it is. A numpy array would be encoded by Pillow at its default level and hashed by the
+    Gallery at every yield of it, the keep-alive repeats included.
     """
-    caption = f"preview · step {event.step}/{event.steps}"
     try:
         if not folder:
             root = Path(gr.utils.get_upload_folder()).resolve()
             root.mkdir(parents=True, exist_ok=True)
             folder.append(Path(tempfile.mkdtemp(prefix="sdxl-preview-", dir=root)))
-        return [(str(write_new(png_bytes(image), folder[0], f"step{event.step}-{i}")), caption)
-                for i, image in enumerate(event.preview)]
+        path = write_new(png_bytes(preview_grid(event.preview)), folder[0], f"step{event.step}")
+        return [(str(path), f"preview · step {event.step}/{event.steps}")]
     except OSError as err:
         print(f"[app] warning: could not write a preview to Gradio's temp folder: {err}", flush=True)
         return []

@@ -17,6 +17,7 @@ import threading
 import numpy as np
 
 from sdxl_engine.engine.contract import clock
+from sdxl_engine.engine.previews import preview_grid
 from sdxl_engine.serving.images import png_bytes
 
 
@@ -27,7 +28,8 @@ class Snapshot:
     ``step``/``steps``: denoising steps done / to run (0/0 before the loop starts); ``stage``: the
     engine's stage name (handler.STAGES); ``started``: contract.clock() at begin; ``eta_s``: the
     seconds left, estimated from the steps so far (None until a step has run); ``preview``: the
-    latest preview as PNG bytes (None: none yet or previews off); ``queued``: requests waiting.
+    latest preview as PNG bytes, the batch in one grid (previews.preview_grid; None: none yet or
+    previews off).
     """
 
     job: int | None = None
@@ -37,7 +39,6 @@ class Snapshot:
     started: float | None = None
     eta_s: float | None = None
     preview: bytes | None = None
-    queued: int = 0
 
     @property
     def fraction(self) -> float:
@@ -54,21 +55,14 @@ class Tracker:
         self._now = Snapshot()
         self._step_started: float | None = None  # clock() when step 1 began (the loop's start)
         self._stop = threading.Event()
-        self._queued = 0
         self._preview_image: np.ndarray | None = None  # issue #23: the latest preview, PNG-encoded on demand
-
-    def queued(self, delta: int) -> None:
-        """Count a request into (+1) or out of (-1) the wait for the engine."""
-        with self._lock:
-            self._queued = max(0, self._queued + delta)
-            self._now = dataclasses.replace(self._now, queued=self._queued)
 
     def begin(self, steps: int) -> int:
         """A request starts on the engine: returns its job id; clears a stale stop request."""
         with self._lock:
             self._stop.clear()
             job = next(self._ids)
-            self._now = Snapshot(job=job, steps=steps, started=clock(), queued=self._queued)
+            self._now = Snapshot(job=job, steps=steps, started=clock())
             self._step_started = None
             self._preview_image = None
             return job
@@ -83,12 +77,13 @@ class Tracker:
 
     def step(self, job: int, step: int, steps: int, preview: bytes | np.ndarray | None = None) -> None:
         """Denoising step ``step`` of ``steps`` finished (1-based); ``preview`` replaces the last one if given:
-        PNG bytes, or the batch's previews as (b, h, w, 3) uint8, whose first image becomes a PNG only when a
-        snapshot is taken (this is called on the devices' callback thread, which must not wait for an encode)."""
+        PNG bytes, or the batch's previews as (b, h, w, 3) uint8 (or one (h, w, 3) image), which become one PNG
+        (their grid) only when a snapshot is taken (this is called on the devices' callback thread, which must
+        not wait for an encode)."""
         if isinstance(preview, np.ndarray):
             with self._lock:
                 if self._now.job == job:
-                    self._preview_image = preview[0] if preview.ndim == 4 else preview
+                    self._preview_image = preview
             preview = None
         with self._lock:
             if self._now.job != job:
@@ -105,7 +100,7 @@ class Tracker:
         """The request finished, failed or stopped: the tracker is idle again."""
         with self._lock:
             if self._now.job == job:
-                self._now = Snapshot(queued=self._queued)
+                self._now = Snapshot()
                 self._stop.clear()
                 self._preview_image = None
 
@@ -113,7 +108,7 @@ class Tracker:
         """The current record (immutable)."""
         with self._lock:
             if self._preview_image is not None:  # the latest array preview, encoded once
-                self._now = dataclasses.replace(self._now, preview=png_bytes(self._preview_image))
+                self._now = dataclasses.replace(self._now, preview=png_bytes(preview_grid(self._preview_image)))
                 self._preview_image = None
             return self._now
 

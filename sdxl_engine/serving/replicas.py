@@ -8,7 +8,8 @@ on its own devices, and the front calls them through a deployment handle:
 - :class:`EngineReplica`: the deployment's class. Its constructor loads the model and compiles
   (Serve routes nothing to a replica before its constructor returned: a starting replica is
   "STARTING", never "RUNNING"); ``check_health`` fails once its device failed, so Serve replaces
-  it; ``generate`` streams the engine's stages, then the result.
+  it; ``generate`` streams the engine's stages and denoising steps (with their previews), then the
+  result, and stops the engine after the running step when the front cancels the call.
 - :func:`build_app` / :func:`app_builder`: the Serve application (``max_ongoing_requests=1``:
   one request at a time per replica), from the command line or from a Serve config file
   (KubeRay's ``serveConfigV2``, ``import_path: sdxl_engine.serving.replicas:app_builder``).
@@ -25,16 +26,16 @@ replicas that is the least busy one.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import os
-import queue
 import shutil
 import tempfile
 import threading
 import time
 import traceback
-from typing import Callable, Iterator
+from typing import AsyncIterator, Callable
 
 import jax
 import ray
@@ -47,7 +48,7 @@ from sdxl_engine.config import ConfigError, EngineConfig
 from sdxl_engine.engine.contract import ScaleOut, clock, queue_seconds
 from sdxl_engine.engine.local import Engine, EngineNotReady, GenerateResult, GenerationError, wait_for_start
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest, Limits, validate
-from sdxl_engine.engine.steps import Stopped
+from sdxl_engine.engine.steps import StepEvent, Stopped
 from sdxl_engine.serving.scaleout import (APP_NAME, DEPLOYMENT_NAME, GRACEFUL_SHUTDOWN_S, HEALTH_CHECK_PERIOD_S, HEALTH_CHECK_TIMEOUT_S,
                        MAX_ONGOING_REQUESTS, REQUEST_TIMEOUT_S, ReplicaPlan, Replicas, plan_replica,
                        ray_environment)
@@ -133,7 +134,7 @@ class Outcome:
             prefix = f"{self.field}: "
             message = self.message[len(prefix):] if self.message.startswith(prefix) else self.message
             raise InvalidRequest(self.field, message)
-        known = {"EngineNotReady": EngineNotReady, "GenerationError": GenerationError,
+        known = {"EngineNotReady": EngineNotReady, "GenerationError": GenerationError, "Stopped": Stopped,
                  "InjectedFault": faults.InjectedFault}
         raise known.get(self.error_type, ReplicaError)(
             self.message if self.error_type in known else f"{self.error_type}: {self.message}")
@@ -172,37 +173,50 @@ class EngineReplica:
                            device_summary=engine.device_summary, limits=engine.limits, defaults=engine.defaults,
                            startup=dict(engine.startup))
 
-    def generate(self, request: GenerateRequest) -> Iterator[Stage | Outcome]:
-        """Run one request; stream a Stage per engine stage, then one Outcome.
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[Stage | StepEvent | Outcome]:
+        """Run one request; stream a Stage per engine stage and a StepEvent per denoising step (its
+        preview, if any, is (batch, h, w, 3) uint8 at latent resolution: a few kB), then one Outcome.
 
-        The engine runs in a thread of its own so its stages can be streamed as they happen. A
-        call the front gives up on still holds this replica until the program finished, so the
+        The engine runs in a thread of its own so its stages and steps can be streamed as they happen.
+        An async generator, because Serve cancels only those: when the front cancels the call (its
+        client's Stop, or its request_timeout_s), Serve raises CancelledError at the ``await`` and the
+        engine is asked to stop, which it does after the running step (issue #23; a sync generator would
+        run on to the end). This generator returns only once the engine's thread has ended, so the
         replica never runs two requests at once.
         """
-        events: queue.SimpleQueue = queue.SimpleQueue()
-        worker = threading.Thread(target=self._run, args=(request, events), name="engine-request", daemon=True)
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+        stop = threading.Event()
+        worker = threading.Thread(target=self._run, name="engine-request", daemon=True,
+                                  args=(request, lambda event: loop.call_soon_threadsafe(events.put_nowait, event),
+                                        stop.is_set))
         worker.start()
         try:
             while True:
-                event = events.get()
+                event = await events.get()
                 yield event
                 if isinstance(event, Outcome):
                     return
         finally:
-            worker.join()
+            stop.set()  # closed before its Outcome: the front gave up on the call
+            worker.join()  # one step at most once asked to stop; this replica takes no request meanwhile
 
-    def _run(self, request: GenerateRequest, events: queue.SimpleQueue) -> None:
+    def _run(self, request: GenerateRequest, put: Callable, should_stop: Callable[[], bool]) -> None:
         try:
-            result = self.engine.generate(request, progress=lambda stage: events.put(Stage(stage)))
+            result = self.engine.generate(request, progress=lambda stage: put(Stage(stage)), on_step=put,
+                                          should_stop=should_stop)
             fields = {f.name: getattr(result, f.name) for f in dataclasses.fields(GenerateResult)}
-            events.put(Outcome(result=ReplicaResult(**fields, replica=self.replica_id)))
+            put(Outcome(result=ReplicaResult(**fields, replica=self.replica_id)))
+        except Stopped as err:  # the front cancelled the call: one line in this replica's log
+            print(f"[sdxl_engine] Serve replica {self.replica_id}: request {err} (its call was cancelled)", flush=True)
+            put(Outcome.failure(err))
         except (InvalidRequest, EngineNotReady, GenerationError) as err:  # the user's to act on: no traceback
-            events.put(Outcome.failure(err))
+            put(Outcome.failure(err))
         except Exception as err:  # unexpected: the traceback stays in this replica's log
             traceback.print_exc()
             if isinstance(err, jax.errors.JaxRuntimeError):  # the runtime failed, not the request: replace us
                 self.device_error = err
-            events.put(Outcome.failure(err))
+            put(Outcome.failure(err))
 
 
 def deployment_options(replicas: Replicas, plan: ReplicaPlan) -> dict:
@@ -448,8 +462,10 @@ class RemoteEngine:
                  on_step: Callable | None = None, should_stop: Callable[[], bool] | None = None) -> ReplicaResult:
         """Run one request on a replica; the local Engine.generate's contract, plus ``replica``.
 
-        Issue #23: the replicas report no steps yet (``on_step`` is not called); ``should_stop()`` is
-        heard before the request leaves the front (Stopped), not on the replica.
+        Issue #23: ``on_step`` hears the replica's StepEvents (with their previews) as they come;
+        ``should_stop()`` is asked before the request leaves the front and at each step: when it says
+        stop, the call is cancelled, which stops the replica's engine after its running step
+        (EngineReplica.generate), and Stopped is raised here at once.
 
         The request is validated here first (bad input never travels; a random seed is drawn once,
         so a retry makes the same images). Timings: the replica's ``prep``, ``device``, ``post``;
@@ -472,7 +488,7 @@ class RemoteEngine:
         outcome, retried = None, ""
         for attempt in (1, 2):
             try:
-                outcome = self._call(request, report)
+                outcome = self._call(request, report, on_step, should_stop)
                 break
             except _Lost as lost:
                 if lost.on_device or attempt == 2:
@@ -492,8 +508,10 @@ class RemoteEngine:
                                    f"replica {result.replica} made it instead")
         return result
 
-    def _call(self, request: GenerateRequest, report: Callable[[str], None]) -> Outcome:
-        """One try on one replica. Raises _Lost when the replica died or timed out."""
+    def _call(self, request: GenerateRequest, report: Callable[[str], None], on_step: Callable | None,
+              should_stop: Callable[[], bool] | None) -> Outcome:
+        """One try on one replica. Raises _Lost when the replica died or timed out, Stopped when
+        ``should_stop()`` said so at a step (the call is cancelled: the replica stops too)."""
         response = self._handle.options(stream=True).generate.remote(request)
         timer = threading.Timer(self.request_timeout_s, response.cancel)
         timer.daemon = True
@@ -503,6 +521,13 @@ class RemoteEngine:
             for event in response:
                 if isinstance(event, Outcome):
                     return event
+                if isinstance(event, StepEvent):
+                    if should_stop is not None and should_stop():
+                        response.cancel()
+                        raise Stopped(f"stopped after step {event.step} of {event.steps}")
+                    if on_step is not None:
+                        on_step(event)
+                    continue
                 on_device = on_device or event.name == "on device"
                 report(event.name)
         except RequestCancelledError as err:

@@ -13,6 +13,10 @@ Kept apart from the page (app.py builds it, main.py serves it) and from the engi
   ``Host`` header is not a loopback name, and a client can forge ``Host``), adds
   ``Retry-After`` to "queue full" (503) answers, and answers a raw API call with too few
   values with a 422 that names the inputs (Gradio would stream ``{"error": null}``).
+- :data:`CANCELLED` (:class:`Cancels`): the guard notes each ``POST /gradio_api/cancel`` (the page's
+  Stop, gradio_client's ``job.cancel()``) before Gradio answers it, so the running request hears its
+  cancel at its next step (handler.stream_previews): Gradio itself closes a generator only once it has
+  yielded, and cancels nothing on the thread that runs it.
 - :class:`RequestGate`: counts requests in flight; once closed, the guard (raw calls) and
   :class:`~.admission.Admission` (the page, gradio_client) refuse new ones.
 - :class:`TempJanitor`: keeps the app's files in Gradio's temp folder under a size, oldest
@@ -223,6 +227,43 @@ def _holds_file(value, depth: int = 0) -> bool:
 # ("data": the values in order) and /gradio_api/queue/join ("fn_index" names the event).
 _API_CALL = re.compile(r"^(?:/gradio_api)?/(?:call|run|api)/(?!v2/)(?P<name>[^/]+)/?$")
 _QUEUE_JOIN = re.compile(r"^(?:/gradio_api)?/queue/join/?$")
+_CANCEL = re.compile(r"^(?:/gradio_api)?/cancel/?$")
+
+
+class Cancels:
+    """The events clients cancelled, as (session_hash, event_id) pairs, each kept ``keep_s`` seconds
+    (long enough for its request to reach a step). Thread-safe: the guard adds on the event loop,
+    requests read on their own threads. Gradio's cancel needs the session too, so a pair is asked for."""
+
+    def __init__(self, keep_s: float = 600.0):
+        self.keep_s = keep_s
+        self._lock = threading.Lock()
+        self._at: dict[tuple[str, str], float] = {}
+
+    def add(self, session_hash: str, event_id: str, now: float | None = None) -> None:
+        """Note a cancel; forget the ones older than ``keep_s``."""
+        now = clock() if now is None else now
+        with self._lock:
+            self._at = {key: t for key, t in self._at.items() if now - t < self.keep_s}
+            self._at[(session_hash, event_id)] = now
+
+    def __contains__(self, key) -> bool:
+        with self._lock:
+            return key in self._at
+
+    def note(self, body: bytes) -> None:
+        """Note the cancel a ``POST /gradio_api/cancel`` body asks for (Gradio's CancelBody:
+        ``session_hash``, ``fn_index``, ``event_id``); anything else is left to Gradio to refuse."""
+        try:
+            payload = json.loads(body or b"null")
+        except (ValueError, RecursionError):
+            return
+        if isinstance(payload, dict) and isinstance(payload.get("session_hash"), str) \
+                and isinstance(payload.get("event_id"), str):
+            self.add(payload["session_hash"], payload["event_id"])
+
+
+CANCELLED = Cancels()  # the served process's cancels (Guard notes them; handler.stream_previews reads them)
 
 
 def api_inputs(demo) -> tuple[dict[str, tuple[str, ...]], dict[int, str]]:
@@ -345,6 +386,12 @@ class Guard:
             if message is not None:
                 return await _plain(send, 422, json.dumps({"error": message, "detail": message}).encode(),
                                     content_type=b"application/json")
+            inner_receive = _replay(body, receive)
+        elif method == "POST" and _CANCEL.match(path):
+            body = await _read_body(limited_receive)
+            if body is None:
+                return await _too_large(send, path) if seen > self.max_body else None
+            CANCELLED.note(body)
             inner_receive = _replay(body, receive)
         try:
             await self.app(scope, inner_receive, guarded_send)

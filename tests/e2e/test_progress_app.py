@@ -68,10 +68,10 @@ def test_previews_come_before_the_images_which_are_those_without_previews(previe
     # x0 comes for steps 2..11 (step 1 is asked for by no earlier call, step 12's images follow)
     assert previews and previews == sorted(previews, key=lambda c: int(c.split()[-1].split("/")[0]))
     assert {int(c.split()[-1].split("/")[0]) for c in previews} <= set(range(2, 12))
-    assert all(len(c) == 4 for c in captions) and captions[-1][0].startswith("seed 4 · ")
-    assert all(c[0].startswith("preview") for c in captions[:-1])  # every preview before the images
+    assert len(captions[-1]) == 4 and captions[-1][0].startswith("seed 4 · ")
+    assert all(len(c) == 1 and c[0].startswith("preview") for c in captions[:-1])  # every preview before the images
     preview = Image.open(outputs[0][0][0]["image"])
-    assert preview.size == (16, 16)  # latent resolution: the browser scales it up
+    assert preview.size == (32, 32)  # the batch in one 2 x 2 grid at latent resolution: the browser scales it up
     # the final images replace the previews and are those of an app with previews about twice a second
     plain, _ = app_server.client().predict(api_name="/generate", prompt="a red circle", seed=4, num_inference_steps=12)
     assert np.array_equal(images(gallery), images(plain))
@@ -99,3 +99,32 @@ def test_cancel_after_step_5_of_50_frees_the_app_and_keeps_nothing(one_device_ap
     stamps = {p.name.rsplit("-seed", 1)[0] for p in saved}  # <time>-<request id>: one request's PNGs only
     assert len(saved) == 4 and len(stamps) == 1 and sorted(p.name.rsplit("-seed", 1)[1] for p in saved) == [
         "10-a-blue-square.png", "11-a-blue-square.png", "8-a-blue-square.png", "9-a-blue-square.png"]
+
+
+def test_a_cancel_during_a_compile_means_the_request_never_runs(one_device_app):
+    """The first request at 80x48 compiles inside it; cancelled then (before its generator ever yielded,
+    so Gradio cannot close it), it still never runs: the server noted the cancel (server.CANCELLED) and
+    the engine asks before it starts (or, if the compile was quick, at the next step). Nothing is saved."""
+    client = one_device_app.client()
+    saved_before = set(one_device_app.outputs.iterdir())
+    log_before = len(one_device_app.log)
+    job = client.submit(api_name="/generate", prompt="a green triangle", seed=21, num_inference_steps=50,
+                        width=80, height=48)
+    deadline = time.monotonic() + 120
+    while not any((unit.desc or "").startswith("Compiling 80x48 once") for unit in job.status().progress_data or []):
+        assert time.monotonic() < deadline and not job.done(), one_device_app.log[log_before:]
+        time.sleep(0.02)
+    job.cancel()
+    deadline = time.monotonic() + 180
+    while not (lines := [x for x in one_device_app.log[log_before:] if x.startswith("[app] request stopped")]):
+        assert time.monotonic() < deadline, one_device_app.log[log_before:]
+        time.sleep(0.1)
+    assert len(lines) == 1 and "(cancelled by its client); nothing saved" in lines[0], lines
+    assert "before it started" in lines[0] or " of 50 " in lines[0], lines
+    _, info = client.predict(api_name="/generate", prompt="a green triangle", seed=21, num_inference_steps=2,
+                             width=80, height=48)  # the app serves on, at the size it compiled
+    assert info["width"] == 80 and info["timings_s"]["queue"] < 5.0, info["timings_s"]
+    saved = set(one_device_app.outputs.iterdir()) - saved_before
+    assert len(saved) == 4 and {p.name.rsplit("-seed", 1)[1] for p in saved} == {
+        "21-a-green-triangle.png", "22-a-green-triangle.png", "23-a-green-triangle.png", "24-a-green-triangle.png"}
+    assert len({p.name.rsplit("-seed", 1)[0] for p in saved}) == 1  # the second request's only

@@ -130,6 +130,36 @@ def test_page_works_and_its_banner_counts_the_ready_replicas(app2):
             browser.close()
 
 
+def test_the_replicas_steps_and_previews_reach_the_client_and_a_cancel_stops_the_replica(app2):
+    """Issue #23 through Ray: job.status() shows the replica's steps in order and job.outputs() its
+    previews; a cancel after step 5 of 50 stops the replica's engine after its running step (its log
+    line names a step before 50) and the front logs its one line."""
+    from gradio_client import Client
+
+    client = Client(app2.url, verbose=False)
+    job = client.submit(api_name="/generate", prompt="a red circle", seed=3, num_inference_steps=50)
+    seen, deadline = [], time.monotonic() + 120
+    while not job.done() and time.monotonic() < deadline and not (seen and seen[-1][0] >= 5):
+        for unit in job.status().progress_data or []:
+            if unit.unit == "steps" and unit.index is not None and (not seen or seen[-1] != (unit.index, unit.length)):
+                seen.append((unit.index, unit.length))
+        time.sleep(0.01)
+    assert seen and seen[-1][0] >= 5 and all(n == 50 for _, n in seen), seen
+    steps = [k for k, _ in seen]
+    assert steps == sorted(set(steps)), seen
+    job.cancel()
+    app2.wait_for("(cancelled by its client); nothing saved", timeout=60)
+    app2.wait_for("(its call was cancelled)", timeout=60)
+    line = next(x for x in app2.log.splitlines() if "(its call was cancelled)" in x)
+    stopped_at = int(re.search(r"request stopped after step (\d+) of 50", line).group(1))
+    assert 5 <= stopped_at < 50, line
+    previews = client.submit(api_name="/generate", prompt="a red circle", seed=3, num_inference_steps=30)
+    gallery, info = previews.result(timeout=120)
+    captions = [out[0][0]["caption"] for out in previews.outputs() if isinstance(out, (list, tuple)) and out and out[0]]
+    assert any(c.startswith("preview · step ") for c in captions[:-1]) and captions[-1].startswith("seed 3 · "), captions
+    assert len(gallery) == 4 and info["num_inference_steps"] == 30
+
+
 def test_only_the_front_is_reachable_and_ray_listens_on_loopback_only(app2):
     """No Serve HTTP proxy, no dashboard UI; every socket the app's processes listen on (the Gradio
     front, and all of the private Ray cluster: GCS, raylet, workers, agents, metrics) is loopback."""

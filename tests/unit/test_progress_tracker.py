@@ -1,6 +1,10 @@
 """serving/progress.Tracker: the running request's record, its estimate and its stop flag."""
 
+import io
 import threading
+
+import numpy as np
+from PIL import Image
 
 from sdxl_engine.serving import progress
 from sdxl_engine.serving.progress import Snapshot, Tracker
@@ -49,18 +53,18 @@ def test_interrupt_reaches_the_running_request_only():
     assert t.stop_requested() is False  # a new request starts unstopped
 
 
-def test_queue_count_is_kept_across_jobs_and_never_negative():
+def test_an_array_preview_becomes_one_png_of_the_batchs_grid_when_read():
     t = Tracker()
-    t.queued(+1)
-    t.queued(+1)
-    job = t.begin(2)
-    t.queued(-1)
-    assert t.snapshot().queued == 1
-    t.end(job)
-    assert t.snapshot().queued == 1
-    t.queued(-1)
-    t.queued(-1)
-    assert t.snapshot().queued == 0
+    job = t.begin(4)
+    batch = np.stack([np.full((2, 3, 3), v, np.uint8) for v in (10, 20, 30, 40)])
+    t.step(job, 1, 4, preview=batch)
+    with Image.open(io.BytesIO(t.snapshot().preview)) as png:
+        grid = np.asarray(png.convert("RGB"))
+    assert grid.shape == (4, 6, 3)  # 2 x 2 of (2, 3)
+    assert [grid[0, 0, 0], grid[0, 3, 0], grid[2, 0, 0], grid[2, 3, 0]] == [10, 20, 30, 40]
+    t.step(job, 2, 4, preview=batch[:1])
+    with Image.open(io.BytesIO(t.snapshot().preview)) as png:
+        assert png.size == (3, 2)  # a batch of one: that image
 
 
 def test_threads_see_whole_records():

@@ -95,7 +95,8 @@ class FakeHandle:
 
     def remote(self, request):
         self.calls += 1
-        return FakeStream(self.streams.pop(0))
+        self.last = FakeStream(self.streams.pop(0))
+        return self.last
 
 
 def remote_engine(streams):
@@ -152,6 +153,45 @@ def test_a_replica_lost_on_the_device_is_one_clear_error():
     assert engine._handle.calls == 1  # never sent twice: it may have been the request that broke the replica
 
 
+def test_the_replicas_steps_reach_the_front_in_order_with_their_previews():
+    """Issue #23: the replica streams StepEvents (EngineReplica.generate); the front hands each to on_step."""
+    import numpy as np
+
+    from sdxl_engine.engine.steps import StepEvent
+    from sdxl_engine.engine.validation import GenerateRequest
+    from sdxl_engine.serving.replicas import Stage
+
+    preview = np.full((4, 8, 8, 3), 7, np.uint8)
+    engine = remote_engine([[Stage("preparing"), Stage("on device"), StepEvent(1, 3, None, 0.1),
+                             StepEvent(2, 3, preview, 0.2), StepEvent(3, 3, None, 0.3), Stage("to host"),
+                             fake_result("a")]])
+    stages, steps = [], []
+    result = engine.generate(GenerateRequest("a red circle", seed=1), progress=stages.append, on_step=steps.append)
+    assert result.replica == "a" and stages == ["preparing", "on device", "to host"]
+    assert [(e.step, e.steps) for e in steps] == [(1, 3), (2, 3), (3, 3)]
+    assert steps[1].preview is preview and steps[0].preview is None
+
+
+def test_a_stop_at_a_step_cancels_the_replicas_call_at_once():
+    """should_stop() is asked at each step: Stopped names the step; the call is cancelled (the replica
+    stops its engine when Serve closes its stream); later steps and the result are not waited for."""
+    from sdxl_engine.engine.steps import StepEvent, Stopped
+    from sdxl_engine.engine.validation import GenerateRequest
+    from sdxl_engine.serving.replicas import Stage
+
+    engine = remote_engine([[Stage("on device"), StepEvent(1, 50), StepEvent(2, 50), StepEvent(3, 50),
+                             AssertionError("read past the stop"), fake_result("a")]])
+    steps = []
+    with pytest.raises(Stopped, match=r"^stopped after step 2 of 50$"):
+        engine.generate(GenerateRequest("a red circle", seed=1), on_step=steps.append,
+                        should_stop=lambda: len(steps) >= 1)
+    assert [e.step for e in steps] == [1] and engine._handle.last.cancelled
+    engine = remote_engine([[fake_result("a")]])
+    with pytest.raises(Stopped, match="before it started"):
+        engine.generate(GenerateRequest("a red circle", seed=1), should_stop=lambda: True)
+    assert engine._handle.calls == 0
+
+
 def test_replica_errors_come_back_as_the_engines_types():
     from sdxl_engine.engine.local import GenerationError
     from sdxl_engine.engine.faults import InjectedFault
@@ -161,6 +201,10 @@ def test_replica_errors_come_back_as_the_engines_types():
     with pytest.raises(InvalidRequest, match="^seed: must be") as err:
         Outcome.failure(InvalidRequest("seed", "must be between -1 and 5")).raise_error()
     assert err.value.field == "seed"
+    from sdxl_engine.engine.steps import Stopped
+
+    with pytest.raises(Stopped, match="^stopped after step 3 of 20$"):  # the replica's own stop
+        Outcome.failure(Stopped("stopped after step 3 of 20")).raise_error()
     for error, kind in ((GenerationError("non-finite pixels"), GenerationError),
                         (InjectedFault("injected"), InjectedFault), (KeyError("x"), ReplicaError)):
         with pytest.raises(kind):

@@ -50,10 +50,60 @@ def test_previews_are_yielded_as_they_come_and_the_result_is_returned(monkeypatc
 
     stream = handler.stream_previews(generate, (), None, None)
     shown, info = next(stream)
-    assert info is None and [caption for _, caption in shown] == ["preview · step 2/2"] * 2
+    assert info is None and [caption for _, caption in shown] == ["preview · step 2/2"]  # the batch in one image
     try:
         next(stream)
     except StopIteration as end:
         assert end.value == ("gallery", "info", "record")
     else:
         raise AssertionError("expected the result")
+
+
+def test_a_client_cancel_stops_the_engine_though_nothing_was_yielded(monkeypatch, tmp_path):
+    """Gradio closes a generator only once it has yielded: a cancel noted by the server (server.CANCELLED)
+    reaches the engine's should_stop without a yield, also before the loop (then the request never runs)."""
+    monkeypatch.setattr(handler, "PREVIEW_WAIT_S", 0.05)
+    monkeypatch.setattr(handler.gr.utils, "get_upload_folder", lambda: str(tmp_path))
+    cancels = handler.server.Cancels()
+    asked = []
+
+    def generate(*values, progress, arrived, on_step, should_stop):
+        deadline = time.monotonic() + 10
+        while not should_stop() and time.monotonic() < deadline:  # the engine asks before it starts
+            time.sleep(0.01)
+        asked.append(should_stop())
+        raise handler.Stopped("stopped before it started")
+
+    stream = handler.stream_previews(generate, (), None, None, lambda: ("s1", "e1") in cancels)
+    got, errors = [], []
+
+    def read():
+        try:
+            got.extend(stream)
+        except handler.Stopped as err:
+            errors.append(str(err))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    time.sleep(0.2)
+    cancels.add("s2", "e1")  # another session's event of that id: not this one
+    cancels.add("s1", "e2")
+    time.sleep(0.2)
+    assert asked == [] and reader.is_alive()
+    cancels.add("s1", "e1")
+    reader.join(5)
+    assert asked == [True] and got == [] and errors == ["stopped before it started"]
+
+
+def test_the_cancels_are_pairs_kept_for_a_while():
+    cancels = handler.server.Cancels(keep_s=10)
+    cancels.add("s", "e", now=100.0)
+    assert ("s", "e") in cancels and ("s", "x") not in cancels and ("x", "e") not in cancels
+    cancels.add("t", "f", now=109.0)
+    assert ("s", "e") in cancels
+    cancels.add("u", "g", now=111.0)  # forgotten after keep_s
+    assert ("s", "e") not in cancels and ("t", "f") in cancels
+    for body in (b"not json", b"[1]", b'{"session_hash": 1, "event_id": "e"}', b'{"event_id": "e"}'):
+        cancels.note(body)  # left to Gradio to refuse
+    cancels.note(b'{"session_hash": "s9", "fn_index": 3, "event_id": "e9"}')
+    assert ("s9", "e9") in cancels

@@ -153,7 +153,7 @@ def progress_record(skip_current_image: bool = False) -> dict:
         "progress": snap.fraction, "eta_relative": snap.eta_s or 0.0,
         "state": {"skipped": False, "interrupted": running and TRACKER.stop_requested(),
                   "stopping_generation": running and TRACKER.stop_requested(),
-                  "job": f"job {snap.job}" if running else "", "job_count": int(running) + snap.queued,
+                  "job": f"job {snap.job}" if running else "", "job_count": int(running),
                   "job_timestamp": "0", "job_no": 0, "sampling_step": snap.step, "sampling_steps": snap.steps},
         "current_image": preview, "textinfo": snap.stage or None,
     }
