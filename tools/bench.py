@@ -56,6 +56,7 @@ from sdxl_engine.program.generate import (ProgramInputs, ProgramShape, cfg_combi
                        initial_noise, latent_shape, sampler_update, tokenize)
 from sdxl_engine.program.schedulers import make_schedule
 from sdxl_engine.program.sharding import DATA_AXIS
+from sdxl_engine.engine.steps import StepEvent
 from sdxl_engine.engine.validation import GenerateRequest
 from tools import fullsize, progress_cost, warmstart
 from tools.report import write_section
@@ -294,11 +295,7 @@ def host_side(engine, size: int, runs: int) -> dict:
     def streaming(text, progress=gr.Progress()):
         yield from stream(text, None, 7, 5.0, 20, 0, 0, progress=progress)
 
-    demos = [served_page(lambda text: handler.handle_generate(fixed, text, "", 7, 5.0, 20, 0, 0)[:2]),
-             served_page(streaming)]
-    for demo in demos:
-        demo.queue()
-        demo.launch(server_port=_free_port(), prevent_thread_lock=True, quiet=True)
+    demos = _served_pair(fixed, 20, streaming)
     try:
         plain, streamed = (Client(demo.local_url, verbose=False) for demo in demos)
         # gradio_client makes a new httpx client per file, with a TLS context even for http://: without it
@@ -317,6 +314,97 @@ def host_side(engine, size: int, runs: int) -> dict:
         for demo in demos:
             demo.close()
     return {"size": size, "png_kb": [len(p) // 1000 for p in encode_pngs(images, texts)], "seconds": out}
+
+
+class _SteppingEngine(_FixedEngine):
+    """The fixed engine with ``steps`` denoising steps of ``step_s`` seconds of simulated device time, each
+    reported to ``on_step``, with a preview (the batch at latent resolution, 1/8 of the images' side)
+    every ``preview_every`` steps: the streamed path's host side with a device that takes time."""
+
+    def __init__(self, engine, images, steps: int, step_s: float, preview_every: int):
+        super().__init__(engine, images)
+        self.steps, self.step_s, self.preview_every = steps, step_s, preview_every
+        self.preview = np.ascontiguousarray(images[:, ::8, ::8])
+
+    def generate(self, request, progress=None, arrived=None, on_step=None, should_stop=None):
+        t0 = time.perf_counter()
+        for k in range(1, self.steps + 1):
+            time.sleep(self.step_s)
+            if on_step is not None:
+                preview = self.preview if self.preview_every and k % self.preview_every == 0 else None
+                on_step(StepEvent(k, self.steps, preview, time.perf_counter() - t0))
+        return super().generate(request)
+
+
+def served_stream(engine, size: int, runs: int, steps: int = 20, step_s: float = 0.05, preview_every: int = 5) -> dict:
+    """Issue #23, item 5: seconds a gradio_client caller waits beyond the simulated device time
+    (``steps`` x ``step_s``) for 4 images of ``size``², a preview every ``preview_every`` steps, in one run
+    with interleaved rounds: the plain function (no previews: the path before streaming); the app's
+    streaming /generate (each preview one grid image: handler._preview_gallery); the same with one file per
+    image per preview (the design before the grid, rebuilt here for the comparison)."""
+    from sdxl_engine.serving import handler, history
+    from sdxl_engine.serving.images import png_bytes, write_new
+    import gradio as gr
+
+    small = engine.generate(GenerateRequest("a red circle on the left", seed=0, num_inference_steps=20)).images
+    images = np.repeat(np.repeat(small, size // small.shape[1], axis=1), size // small.shape[2], axis=2)
+    stepping = _SteppingEngine(engine, images, steps, step_s, preview_every)
+    device_s = steps * step_s
+    grid_gallery = handler._preview_gallery
+
+    def per_image_gallery(event, folder):  # one PNG per image per preview (the design before the grid)
+        if not folder:
+            folder.append(Path(tempfile.mkdtemp(prefix="sdxl-preview-", dir=gr.utils.get_upload_folder())))
+        return [(str(write_new(png_bytes(image), folder[0], f"step{event.step}-{i}")),
+                 f"preview · step {event.step}/{event.steps}") for i, image in enumerate(event.preview)]
+
+    stream = handler.api_function(lambda *values, **kw: handler.handle_generate(stepping, *values, **kw),
+                                  stepping.config, history.Pending())
+    chosen = {"gallery": grid_gallery}
+
+    def streaming(text, progress=gr.Progress()):
+        handler._preview_gallery = chosen["gallery"]
+        try:
+            yield from stream(text, None, 7, 5.0, steps, 0, 0, progress=progress)
+        finally:
+            handler._preview_gallery = grid_gallery
+
+    demos = _served_pair(stepping, steps, streaming)
+    try:
+        plain, streamed = (Client(demo.local_url, verbose=False) for demo in demos)
+        text = "a red circle on the left"
+
+        def stream_with(gallery):
+            chosen["gallery"] = gallery
+            job = streamed.submit(text, api_name="/generate")
+            job.result()
+            return job
+
+        previews = {"grid": len(stream_with(grid_gallery).outputs()) - 1}
+        out = timed({
+            "plain function (no previews)": lambda: plain.predict(text, api_name="/generate"),
+            "streaming /generate, a preview = 1 grid PNG (the app)": lambda: stream_with(grid_gallery),
+            "streaming /generate, a preview = 4 PNGs (before)": lambda: stream_with(per_image_gallery),
+        }, runs)
+    finally:
+        for demo in demos:
+            demo.close()
+    minus = {name: {k: v - device_s if k in ("median", "min", "max", "mean") else v for k, v in value.items()}
+             for name, value in out.items()}
+    return {"size": size, "steps": steps, "step_s": step_s, "preview_every": preview_every, "device_s": device_s,
+            "messages_with_previews": previews["grid"], "served_minus_device_s": minus}
+
+
+def _served_pair(engine, steps: int, streaming) -> list:
+    """Two launched pages on free ports: the handler as a plain function on ``engine``, and ``streaming``."""
+    from sdxl_engine.serving import handler
+
+    demos = [served_page(lambda text: handler.handle_generate(engine, text, "", 7, 5.0, steps, 0, 0)[:2]),
+             served_page(streaming)]
+    for demo in demos:
+        demo.queue()
+        demo.launch(server_port=_free_port(), prevent_thread_lock=True, quiet=True)
+    return demos
 
 
 def served_page(generate):
@@ -522,6 +610,8 @@ def main(argv=None) -> None:
     parser.add_argument("--progress-cost", action="store_true",  # issue #23
                         help="only the per-step hook's cost: device time with progress/previews on and off "
                              "(tools/progress_cost.py); prints JSON, writes bench_progress.json")
+    parser.add_argument("--served-stream", action="store_true",  # issue #23, item 5
+                        help="served minus device time at 1024², plain vs streaming with previews (grid vs per image)")
     parser.add_argument("--md", default=str(ROOT / "BENCHMARKS.md"))
     parser.add_argument("--json", default=str(ROOT / "bench.json"))
     args = parser.parse_args(argv)
@@ -533,6 +623,13 @@ def main(argv=None) -> None:
     if args.progress_cost:
         result = progress_cost.main(args)
         Path(args.json).with_name("bench_progress.json").write_text(json.dumps(result, indent=2, default=str))
+        print(json.dumps(result, indent=1, default=str))
+        return
+    if args.served_stream:
+        config = EngineConfig.load({"model": args.model})
+        apply_jax_options(config)
+        result = served_stream(Engine(config, log=lambda *a: None).start(), 1024, args.runs)
+        Path(args.json).with_name("bench_served_stream.json").write_text(json.dumps(result, indent=2, default=str))
         print(json.dumps(result, indent=1, default=str))
         return
     if args.vs_torch_engine:
