@@ -69,12 +69,12 @@ def stats(samples: list[float]) -> dict:
     return {"median": statistics.median(samples), "min": min(samples), "max": max(samples), "n": len(samples)}
 
 
-def timed(fns: dict, runs: int) -> dict:
+def timed(fns: dict, runs: int, rounds: list | None = None) -> dict:
     """Seconds per call of each ``fns[name]()`` (each must block until done), interleaved.
 
     Every function is called once to warm up; then ``runs`` rounds call each function once, in
     turn, so a noisy neighbour slows all of them alike and their ratios stay comparable.
-    Returns {name: stats}.
+    Returns {name: stats}; ``rounds``, if given, receives each round's {name: seconds} (for paired ratios).
     """
     for fn in fns.values():
         fn()
@@ -84,6 +84,8 @@ def timed(fns: dict, runs: int) -> dict:
             t0 = time.perf_counter()
             fn()
             samples[name].append(time.perf_counter() - t0)
+        if rounds is not None:
+            rounds.append({name: values[-1] for name, values in samples.items()})
     return {name: stats(values) for name, values in samples.items()}
 
 

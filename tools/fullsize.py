@@ -18,6 +18,7 @@ latents, i.e. 512²) and one VAE decode, at rtol 1e-3.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import subprocess
 import sys
@@ -91,9 +92,18 @@ def cost_report(size: int = 1024, steps: int = 20, images: int = 4) -> dict:
     t1 = time.perf_counter()
     mesh = make_mesh()
     shape = ProgramShape(images, size, size, steps)
-    jit_program(model, shape, mesh).lower(model.params, ProgramInputs.abstract(
-        shape, latent_shape(model, size, size), mesh))
+
+    def program_flops(shape: ProgramShape) -> float:
+        lowered = jit_program(model, shape, mesh).lower(model.params, ProgramInputs.abstract(
+            shape, latent_shape(model, size, size), mesh))
+        cost = lowered.cost_analysis()
+        return float((cost[0] if isinstance(cost, (list, tuple)) else cost)["flops"])
+
+    plain_program = program_flops(shape)
     program_lower_s = time.perf_counter() - t1
+    # Issue #23: the per-step hook (progress, previews, stop) against the same program without it. XLA
+    # counts the denoising loop's body once, so the difference is what the hook adds to one step.
+    hooked_program = program_flops(dataclasses.replace(shape, step_hook=True))
     per_request = images * (steps * flops["unet_cfg_step"] + flops["vae_decode"] + 2 * flops["text_encoders_per_prompt"])
     no_cfg = images * (steps * flops["unet_step_no_cfg"] + flops["vae_decode"] + flops["text_encoders_per_prompt"])
     return {
@@ -103,6 +113,9 @@ def cost_report(size: int = 1024, steps: int = 20, images: int = 4) -> dict:
         "tflop_per_request": per_request / 1e12,
         "tflop_per_request_no_cfg": no_cfg / 1e12,
         "unet_no_cfg_over_cfg": flops["unet_step_no_cfg"] / flops["unet_cfg_step"],
+        "program_tflop_lowered": {"plain": plain_program / 1e12, "step hook": hooked_program / 1e12},
+        "step_hook_flops_per_step": hooked_program - plain_program,
+        "step_hook_share_of_unet_cfg_step": (hooked_program - plain_program) / flops["unet_cfg_step"],
         "lower_s": time.perf_counter() - t0,
         "engine_program_lower_s": program_lower_s,
         "platform": jax.devices()[0].platform,
@@ -125,6 +138,9 @@ def markdown(r: dict) -> str:
         f"| one UNet step without CFG (guidance ≤ 1, batch 1) | {r['tflop']['unet_step_no_cfg']:.2f} TFLOP "
         f"({r['unet_no_cfg_over_cfg']:.4f} × the CFG step) |",
         f"| one request without CFG | {r['tflop_per_request_no_cfg']:.0f} TFLOP |",
+        f"| the per-step hook (progress, previews, Stop): FLOPs it adds to a step, XLA's count of the whole "
+        f"program with and without it | {r['step_hook_flops_per_step']:.3g} "
+        f"({r['step_hook_share_of_unet_cfg_step'] * 100:.4f} % of a CFG UNet step) |",
     ])
 
 

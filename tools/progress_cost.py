@@ -13,8 +13,8 @@ the step hook (ProgramShape.step_hook), run on one request's inputs in alternati
 * ``previews auto``: preview_every -1, about twice a second.
 
 Each is the program's call until its images are ready (what the engine's ``device`` timing counts).
-Prints and returns the medians and the ratios to ``both off``, and checks that all four give the
-same bytes.
+Prints and returns the medians, the ratios to ``both off`` (of the medians, and paired: per round,
+with quartiles), the extra milliseconds per step, and checks that all four give the same bytes.
 """
 
 from __future__ import annotations
@@ -67,16 +67,23 @@ def main(args) -> dict:
 
     engine = Engine(EngineConfig.load({"model": args.model, "progress": False}), log=print).start()
     fns, out = variants(engine, args.steps)
-    result = timed(fns, args.runs)
+    rounds: list = []
+    result = timed(fns, args.runs, rounds)
     base = result["both off"]["median"]
     same = all(np.array_equal(out["both off"], images) for images in out.values())
+    # Paired: each round's ratio to that round's "both off", then the median and quartiles over rounds,
+    # which a slow stretch of the shared machine shifts far less than a ratio of medians.
+    paired = {k: np.percentile([r[k] / r["both off"] for r in rounds], [25, 50, 75]).tolist() for k in result}
     report = {"model": args.model, "device": engine.device_summary, "steps": args.steps, "runs": args.runs,
               "size": engine.limits.default_size, "same_images": same,
               "median_s": {k: v["median"] for k, v in result.items()},
               "min_s": {k: v["min"] for k, v in result.items()},
-              "ratio_to_both_off": {k: v["median"] / base for k, v in result.items()}}
+              "ratio_to_both_off": {k: v["median"] / base for k, v in result.items()},
+              "paired_ratio_quartiles": paired,
+              "extra_ms_per_step": {k: (v["median"] - base) / args.steps * 1e3 for k, v in result.items()}}
     for name, r in result.items():
+        q1, q2, q3 = paired[name]
         print(f"{name:28s} median {r['median']:.3f} s (min {r['min']:.3f}, max {r['max']:.3f}) "
-              f"x{r['median'] / base:.3f}")
+              f"x{r['median'] / base:.3f}; paired x{q2:.3f} (quartiles {q1:.3f}-{q3:.3f})")
     print(f"same images in all four: {same}")
     return report

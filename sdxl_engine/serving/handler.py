@@ -89,8 +89,9 @@ def api_function(handle: Callable, config: EngineConfig, pending: history.Pendin
                  progress=gr.Progress()):
         # Named parameters: gradio_client callers use these keywords (the /generate contract);
         # only optional inputs are ever added, at the end. ``request`` and ``progress`` are Gradio's.
-        # Issue #23: a generator, so the previews stream to the gallery and a cancel (the page's Stop,
-        # gradio_client's job.cancel()) closes it, which stops the engine (stream_previews).
+        # Issue #23: a generator, so the previews stream to the gallery; a cancel (the page's Stop,
+        # gradio_client's job.cancel()), noted by the server under this session and event, stops the
+        # engine (stream_previews).
         values = (prompt, negative_prompt, seed, guidance_scale, num_inference_steps, width, height, style, sampler)
         key = (getattr(request, "session_hash", None), gradio_internals.current_event_id())
         gallery, info, record = yield from stream_previews(handle, values, progress, server.arrival_time(request),
@@ -117,17 +118,16 @@ def stream_previews(generate: Callable, values: tuple, progress, arrived: float 
     for the request ahead of it or for a compile, the gallery's progress line says so, and a yield there
     would replace it with the (empty) gallery.
 
+    A preview gallery is one image, the batch's previews at latent resolution in a grid (a PNG file:
+    _preview_gallery), captioned ``preview · step k/N``; the final images replace it.
+
     Stopped two ways, whichever comes first: ``client_cancelled()`` (its client's cancel, noted by the
     server: server.CANCELLED), asked at every step and by the engine before it starts, so a Stop during
     the wait means the request never runs; or Gradio closing this generator, which it does only once
-    the generator has yielded.
-
-    A preview gallery is one image, the batch's previews at latent resolution in a grid (a PNG file:
-    _preview_gallery), captioned ``preview · step k/N``; the final images replace it. Closed early (Gradio
-    closes the generator when the client cancels), it asks the engine to stop, which it does after the
-    running step (the next request waits for that: Engine.generate runs one at a time); handle_generate
-    logs one line; nothing is delivered, so there is no PNG and no history record. Not joined here:
-    Gradio closes generators on its event loop, which must not wait for a step.
+    the generator has yielded. Either way the engine stops after the running step (the next request
+    waits for that: Engine.generate runs one at a time); handle_generate logs one line; nothing is
+    delivered, so there is no PNG and no history record. Not joined here: Gradio closes generators on
+    its event loop, which must not wait for a step.
     """
     events: queue.SimpleQueue = queue.SimpleQueue()
     cancelled = threading.Event()

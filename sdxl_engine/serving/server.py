@@ -44,6 +44,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import OrderedDict
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -231,21 +232,24 @@ _CANCEL = re.compile(r"^(?:/gradio_api)?/cancel/?$")
 
 
 class Cancels:
-    """The events clients cancelled, as (session_hash, event_id) pairs, each kept ``keep_s`` seconds
-    (long enough for its request to reach a step). Thread-safe: the guard adds on the event loop,
-    requests read on their own threads. Gradio's cancel needs the session too, so a pair is asked for."""
+    """The events clients cancelled, as (session_hash, event_id) pairs: the last ``limit`` of them, each
+    for ``keep_s`` seconds (long enough for its request to reach a step). Thread-safe: the guard adds on
+    the event loop, requests read on their own threads. Gradio's cancel needs the session too, so a pair
+    is asked for; the bounds keep a client that posts cancels in a loop from growing it."""
 
-    def __init__(self, keep_s: float = 600.0):
-        self.keep_s = keep_s
+    def __init__(self, keep_s: float = 600.0, limit: int = 4096):
+        self.keep_s, self.limit = keep_s, limit
         self._lock = threading.Lock()
-        self._at: dict[tuple[str, str], float] = {}
+        self._at: OrderedDict[tuple[str, str], float] = OrderedDict()  # oldest first
 
     def add(self, session_hash: str, event_id: str, now: float | None = None) -> None:
-        """Note a cancel; forget the ones older than ``keep_s``."""
+        """Note a cancel; forget the ones older than ``keep_s`` and the oldest beyond ``limit``."""
         now = clock() if now is None else now
         with self._lock:
-            self._at = {key: t for key, t in self._at.items() if now - t < self.keep_s}
             self._at[(session_hash, event_id)] = now
+            self._at.move_to_end((session_hash, event_id))
+            while self._at and (len(self._at) > self.limit or now - next(iter(self._at.values())) >= self.keep_s):
+                self._at.popitem(last=False)
 
     def __contains__(self, key) -> bool:
         with self._lock:

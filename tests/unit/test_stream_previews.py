@@ -107,3 +107,7 @@ def test_the_cancels_are_pairs_kept_for_a_while():
         cancels.note(body)  # left to Gradio to refuse
     cancels.note(b'{"session_hash": "s9", "fn_index": 3, "event_id": "e9"}')
     assert ("s9", "e9") in cancels
+    few = handler.server.Cancels(limit=3)
+    for i in range(5):
+        few.add("s", f"e{i}", now=1.0)
+    assert [("s", f"e{i}") in few for i in range(5)] == [False, False, True, True, True]  # the newest 3
