@@ -17,7 +17,7 @@ def test_guard_never_passes_more_than_the_cap_to_the_app():
             if message["type"] == "http.disconnect" or not message.get("more_body"):
                 return
 
-    async def run():
+    async def run(path):
         chunks = [{"type": "http.request", "body": b"x" * 300_000, "more_body": True} for _ in range(10)]
         chunks.append({"type": "http.request", "body": b"", "more_body": False})
 
@@ -27,13 +27,48 @@ def test_guard_never_passes_more_than_the_cap_to_the_app():
         async def send(message):
             sent.append(message)
 
-        scope = {"type": "http", "method": "POST", "path": "/gradio_api/cancel", "headers": []}
+        scope = {"type": "http", "method": "POST", "path": path, "headers": []}
         await serving.Guard(app, max_body=1_000_000)(scope, receive, send)
 
-    asyncio.run(run())
+    asyncio.run(run("/sdapi/v1/txt2img"))  # passed on as it comes
     assert sum(len(m.get("body", b"")) for m in received) <= 1_000_000
     assert received[-1]["type"] == "http.disconnect"
     assert sent[0]["status"] == 413
+    received.clear(), sent.clear()
+    asyncio.run(run("/gradio_api/cancel"))  # read whole by the guard first (server.CANCELLED): never reaches the app
+    assert received == [] and sent[0]["status"] == 413
+
+
+def test_the_guard_notes_a_cancel_and_hands_gradio_the_same_body():
+    import asyncio
+    import json
+
+    from sdxl_engine.serving import server as serving
+
+    body = json.dumps({"session_hash": "s-guard", "fn_index": 2, "event_id": "e-guard"}).encode()
+    received = []
+
+    async def app(scope, receive, send):
+        received.append(await receive())
+
+    async def run():
+        chunks = [{"type": "http.request", "body": body[:10], "more_body": True},
+                  {"type": "http.request", "body": body[10:], "more_body": False}]
+
+        async def receive():
+            return chunks.pop(0)
+
+        async def send(message):
+            pass
+
+        scope = {"type": "http", "method": "POST", "path": "/gradio_api/cancel",
+                 "headers": [(b"content-length", str(len(body)).encode())]}
+        await serving.Guard(app)(scope, receive, send)
+
+    assert ("s-guard", "e-guard") not in serving.CANCELLED
+    asyncio.run(run())
+    assert ("s-guard", "e-guard") in serving.CANCELLED and ("s-guard", "other") not in serving.CANCELLED
+    assert received == [{"type": "http.request", "body": body, "more_body": False}]
 
 
 def test_launch_defaults(monkeypatch):
