@@ -260,8 +260,31 @@ async def run_queued(demo, api_name: str, data: list, request, poll_s: float = 5
                     output["data"] = [v.model_dump() if hasattr(v, "model_dump") else v for v in output["data"]]
                 return bool(message.success), output
     finally:
-        queue.pending_messages_per_session.pop(session, None)
-        queue.pending_event_ids_session.pop(session, None)
+        task = asyncio.get_running_loop().create_task(_forget_session(queue, session))
+        _FORGETTING.add(task)  # held until done (the loop keeps only weak references to tasks)
+        task.add_done_callback(_FORGETTING.discard)
+
+
+_FORGETTING: set = set()
+
+
+async def _forget_session(queue: Queue, session: str, poll_s: float = 0.05, limit_s: float = 60.0) -> None:
+    """Drop a finished :func:`run_queued` call's session from the queue once no running job holds its event.
+
+    Not at once: the call's answer comes before its job has left ``queue.active_jobs``, and Gradio's
+    progress task sends a pending progress update (the last step's, when a request was interrupted) to
+    every active event's session; a session that is gone raises KeyError there, which ends that task
+    for good: no client would see progress again until a restart.
+    """
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit_s
+    while loop.time() < deadline and any(
+            getattr(event, "session_hash", None) == session for job in list(queue.active_jobs) if job for event in job):
+        await asyncio.sleep(poll_s)
+    queue.pending_messages_per_session.pop(session, None)
+    queue.pending_event_ids_session.pop(session, None)
 
 
 def gallery_paths(value) -> list[str]:

@@ -93,9 +93,11 @@ def api_function(handle: Callable, config: EngineConfig, pending: history.Pendin
         # gradio_client's job.cancel()), noted by the server under this session and event, stops the
         # engine (stream_previews).
         values = (prompt, negative_prompt, seed, guidance_scale, num_inference_steps, width, height, style, sampler)
-        key = (getattr(request, "session_hash", None), gradio_internals.current_event_id())
-        gallery, info, record = yield from stream_previews(handle, values, progress, server.arrival_time(request),
-                                                           lambda: key in server.CANCELLED)
+        session, event_id, arrived = (getattr(request, "session_hash", None), gradio_internals.current_event_id(),
+                                      server.arrival_time(request))
+        since = clock() if arrived is None else arrived
+        gallery, info, record = yield from stream_previews(
+            handle, values, progress, arrived, lambda: server.CANCELLED.cancelled(session, event_id, since))
         pending.put(getattr(request, "session_hash", None), record)
         yield gallery, info
 

@@ -240,9 +240,9 @@ class Cancels:
     def __init__(self, keep_s: float = 600.0, limit: int = 4096):
         self.keep_s, self.limit = keep_s, limit
         self._lock = threading.Lock()
-        self._at: OrderedDict[tuple[str, str], float] = OrderedDict()  # oldest first
+        self._at: OrderedDict[tuple[str, str | None], float] = OrderedDict()  # oldest first
 
-    def add(self, session_hash: str, event_id: str, now: float | None = None) -> None:
+    def add(self, session_hash: str, event_id: str | None, now: float | None = None) -> None:
         """Note a cancel; forget the ones older than ``keep_s`` and the oldest beyond ``limit``."""
         now = clock() if now is None else now
         with self._lock:
@@ -255,6 +255,14 @@ class Cancels:
         with self._lock:
             return key in self._at
 
+    def cancelled(self, session_hash: str | None, event_id: str | None, since: float) -> bool:
+        """Whether this event was cancelled: by its own id, or by a cancel of its session without an id
+        (gradio_client's ``job.cancel()`` before it has learnt the event's id; Gradio then cancels the
+        session's tasks) noted at or after ``since`` (contract.clock(): the request's arrival), so a later
+        request of the same client is not stopped by it."""
+        with self._lock:
+            return (session_hash, event_id) in self._at or self._at.get((session_hash, None), -1.0) >= since
+
     def note(self, body: bytes) -> None:
         """Note the cancel a ``POST /gradio_api/cancel`` body asks for (Gradio's CancelBody:
         ``session_hash``, ``fn_index``, ``event_id``); anything else is left to Gradio to refuse."""
@@ -263,8 +271,8 @@ class Cancels:
         except (ValueError, RecursionError):
             return
         if isinstance(payload, dict) and isinstance(payload.get("session_hash"), str) \
-                and isinstance(payload.get("event_id"), str):
-            self.add(payload["session_hash"], payload["event_id"])
+                and isinstance(payload.get("event_id"), (str, type(None))):
+            self.add(payload["session_hash"], payload["event_id"])  # None: the session's calls (cancelled())
 
 
 CANCELLED = Cancels()  # the served process's cancels (Guard notes them; handler.stream_previews reads them)

@@ -107,6 +107,12 @@ def test_the_cancels_are_pairs_kept_for_a_while():
         cancels.note(body)  # left to Gradio to refuse
     cancels.note(b'{"session_hash": "s9", "fn_index": 3, "event_id": "e9"}')
     assert ("s9", "e9") in cancels
+    # gradio_client's job.cancel() before it knows the event id posts event_id null: the session's calls
+    # that arrived before the cancel are cancelled, not later ones
+    cancels.note(b'{"session_hash": "s7", "fn_index": 3, "event_id": null}')
+    now = handler.server.clock()
+    assert cancels.cancelled("s7", "any", since=now - 1) and not cancels.cancelled("s7", "any", since=now + 1)
+    assert not cancels.cancelled("s8", "any", since=now - 1) and cancels.cancelled("s9", "e9", since=now + 1)
     few = handler.server.Cancels(limit=3)
     for i in range(5):
         few.add("s", f"e{i}", now=1.0)
