@@ -15,6 +15,7 @@ line at start-up when the installed Gradio is another.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import importlib.metadata
 import warnings
@@ -220,8 +221,6 @@ async def run_queued(demo, api_name: str, data: list, request, poll_s: float = 5
     Raises:
         QueueRefusal: the queue is stopped or full, or refused the call for another reason.
     """
-    import asyncio
-
     from gradio.data_classes import PredictBodyInternal
     from gradio.route_utils import API_PREFIX
     from gradio.server_messages import ProcessCompletedMessage
@@ -276,8 +275,6 @@ async def _forget_session(queue: Queue, session: str, poll_s: float = 0.05, limi
     every active event's session; a session that is gone raises KeyError there, which ends that task
     for good: no client would see progress again until a restart.
     """
-    import asyncio
-
     loop = asyncio.get_running_loop()
     deadline = loop.time() + limit_s
     while loop.time() < deadline and any(
