@@ -12,6 +12,7 @@ loaded the model. Imports Gradio (it raises Gradio's errors and writes to Gradio
 from __future__ import annotations
 
 import contextvars
+import functools
 import queue
 import tempfile
 import threading
@@ -31,7 +32,7 @@ from sdxl_engine.serving import delivery, gradio_internals, history, server
 from sdxl_engine.serving.styles import NO_STYLE, STYLE_NAMES, UnknownStyle, apply_style, get_style
 from sdxl_engine.engine.previews import preview_grid
 from sdxl_engine.engine.steps import StepEvent, Stopped
-from sdxl_engine.serving.progress import TRACKER
+from sdxl_engine.serving.progress import JOB_SCOPE_KEY, JOBS
 from sdxl_engine.serving.images import png_bytes, write_new
 
 STAGES = {  # engine stage -> (progress fraction, what the page says)
@@ -89,20 +90,36 @@ def api_function(handle: Callable, config: EngineConfig, pending: history.Pendin
                  progress=gr.Progress()):
         # Named parameters: gradio_client callers use these keywords (the /generate contract);
         # only optional inputs are ever added, at the end. ``request`` and ``progress`` are Gradio's.
-        # Issue #23: a generator, so the previews stream to the gallery; a cancel (the page's Stop,
+        # A generator, so the previews stream to the gallery; a cancel (the page's Stop,
         # gradio_client's job.cancel()), noted by the server under this session and event, stops the
         # engine (stream_previews).
         values = (prompt, negative_prompt, seed, guidance_scale, num_inference_steps, width, height, style, sampler)
         session, event_id, arrived = (getattr(request, "session_hash", None), gradio_internals.current_event_id(),
                                       server.arrival_time(request))
         since = clock() if arrived is None else arrived
-        gallery, info, record = yield from stream_previews(
-            handle, values, progress, arrived, lambda: server.CANCELLED.cancelled(session, event_id, since))
+        job = protocol_job(request)  # a protocol's request (serving/apis) opened its job; else this call is one
+        own = job is None
+        if own:
+            job = JOBS.open(("gradio", session or event_id or ""))
+        try:
+            gallery, info, record = yield from stream_previews(
+                functools.partial(handle, job=job), values, progress, arrived,
+                lambda: server.CANCELLED.cancelled(session, event_id, since))
+        finally:
+            if own:
+                JOBS.close(job)
         pending.put(getattr(request, "session_hash", None), record)
         yield gallery, info
 
     generate.__doc__ = TOOL_DOC.format(styles=", ".join(STYLE_NAMES), samplers=", ".join(SAMPLERS))
     return generate
+
+
+def protocol_job(request) -> str | None:
+    """The job id a protocol route (serving/apis/core.py) put in its queued call's request scope
+    (progress.JOB_SCOPE_KEY), or None for a call from the page, gradio_client or MCP."""
+    scope = getattr(getattr(request, "request", None), "scope", None)
+    return scope.get(JOB_SCOPE_KEY) if isinstance(scope, dict) else None
 
 
 _DONE = object()  # stream_previews' end-of-request marker
@@ -193,8 +210,7 @@ def _preview_gallery(event: StepEvent, folder: list) -> list:
     in one grid image (previews.preview_grid, as A1111 shows a batch's live preview), or [] if it could not be
     written (the gallery keeps what it showed; the request goes on).
 
-    One file per preview, not n: gradio_client fetches every file of every streamed message again (issue
-    #23, item 5). Written once by images.png_bytes (no parameters chunk) into this request's folder in
+    One file per preview, not n: gradio_client fetches every file of every streamed message again. Written once by images.png_bytes (no parameters chunk) into this request's folder in
     Gradio's temp folder (``folder``: [] until the first preview makes it, then [its path]), which Gradio
     serves as it is. A numpy array would be encoded by Pillow at its default level and hashed by the
     Gallery at every yield of it, the keep-alive repeats included.
@@ -229,7 +245,8 @@ def shown(message: str) -> str:
 def handle_generate(engine: EngineContract, prompt, negative_prompt, seed, guidance_scale, num_inference_steps,
                     width, height, style=NO_STYLE, sampler=None, progress: Callable | None = None,
                     files_dir: str | None = None, arrived: float | None = None,
-                    on_step: Callable[[StepEvent], None] | None = None, should_stop: Callable[[], bool] | None = None):
+                    on_step: Callable[[StepEvent], None] | None = None, should_stop: Callable[[], bool] | None = None,
+                    job: str | None = None):
     """One /generate call: values as the client sent them in; (gallery items, info, history record) out.
 
     The engine validates every value (width/height 0 or None = the model's default; sampler None
@@ -242,11 +259,12 @@ def handle_generate(engine: EngineContract, prompt, negative_prompt, seed, guida
     ``progress(fraction, desc=...)`` (a gr.Progress) hears each stage; while the engine is still
     starting, the request waits and reports the start-up stage and elapsed seconds.
 
-    Issue #23: it also hears each denoising step (``progress((k, N), desc="step k/N ...", unit="steps")``),
-    and the request is recorded in progress.TRACKER (begin, stage, step with the preview, end), which the
-    A1111 routes read. ``on_step`` hears the engine's StepEvents too; the request stops (after the running
-    step) when ``should_stop()`` or ``TRACKER.stop_requested()``: one log line, gr.Error("stopped ..."),
-    nothing saved.
+    It also hears each denoising step (``progress((k, N), desc="step k/N ...", unit="steps")``), and the
+    call is recorded as the next engine call of ``job`` (progress.JOBS: begin_call, stage, step with the
+    preview, end_call; a job of its own, opened and closed here, when None), which its owner reads (A1111's
+    ``/progress``). ``on_step`` hears the engine's StepEvents too; the request stops (after the running
+    step) when ``should_stop()`` or ``JOBS.stop_requested(job)`` (its owner's interrupt or skip): one log
+    line, gr.Error("the request was stopped ..."), nothing saved.
 
     The gallery items are (PNG path, caption): the PNGs (with their A1111 parameters) lie in a new
     folder under ``files_dir`` (default: Gradio's temp folder, which serves them as they are),
@@ -266,10 +284,13 @@ def handle_generate(engine: EngineContract, prompt, negative_prompt, seed, guida
                               width=width, height=height, sampler=sampler)
 
     steps = engine.limits.default_steps if num_inference_steps is None else num_inference_steps
-    job = TRACKER.begin(steps if isinstance(steps, int) else 0)
+    own = job is None
+    if own:
+        job = JOBS.open(("direct", ""))
+    JOBS.begin_call(job, steps if isinstance(steps, int) else 0)
 
     def on_stage(stage: str) -> None:
-        TRACKER.stage(job, stage)
+        JOBS.stage(job, stage)
         fraction, text = STAGES.get(stage, (None, stage))
         size = f"{width or engine.limits.default_size[0]}x{height or engine.limits.default_size[1]}"
         report(fraction, desc=text.format(steps=steps, sampler=sampler or engine.limits.default_sampler,
@@ -280,7 +301,7 @@ def handle_generate(engine: EngineContract, prompt, negative_prompt, seed, guida
     here = contextvars.copy_context()
 
     def on_engine_step(event: StepEvent) -> None:  # on XLA's thread while the devices wait: hand on, never block
-        TRACKER.step(job, event.step, event.steps, event.preview)
+        JOBS.step(job, event.step, event.steps, event.preview)
         left = event.elapsed_s / event.step * (event.steps - event.step)
         here.copy().run(report, (event.step, event.steps), unit="steps",
                         desc=f"Denoising: step {event.step}/{event.steps}, about {left:.0f} s left")
@@ -288,14 +309,15 @@ def handle_generate(engine: EngineContract, prompt, negative_prompt, seed, guida
             on_step(event)
 
     def stop() -> bool:
-        return TRACKER.stop_requested() or (should_stop is not None and should_stop())
+        return JOBS.stop_requested(job) or (should_stop is not None and should_stop())
 
     try:
         result = engine.generate(request, progress=on_stage, arrived=arrived, on_step=on_engine_step, should_stop=stop)
     except (InvalidRequest, EngineNotReady, GenerationError) as err:
         raise refuse(err) from err
     except Stopped as err:  # the one log line of a stopped request
-        why = "cancelled by its client" if should_stop is not None and should_stop() else "interrupted"
+        why = "cancelled by its client" if should_stop is not None and should_stop() \
+            else "interrupted" if JOBS.interrupted(job) else "skipped"
         print(f"[app] request {err} ({why}); nothing saved", flush=True)
         raise gr.Error(f"the request was {err}", print_exception=False) from err
     except Exception as err:
@@ -303,7 +325,9 @@ def handle_generate(engine: EngineContract, prompt, negative_prompt, seed, guida
         raise gr.Error(f"the engine failed on this request ({type(err).__name__}); it is logged on the server. "
                        "Please retry.") from err
     finally:
-        TRACKER.end(job)
+        JOBS.end_call(job)
+        if own:
+            JOBS.close(job)
     report(0.95, desc="Encoding PNGs")
     return _deliver(engine, result, prompt, negative_prompt, style, files_dir)
 

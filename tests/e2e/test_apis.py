@@ -316,3 +316,55 @@ def test_one_clients_third_concurrent_request_is_refused_as_on_the_page(app):
     (refused,) = [a for a in answers if a.status_code == 429]
     assert "max_requests_per_client = 2" in refused.json()["detail"]
     assert_serves(app.client())
+
+
+def test_a1111_progress_and_interrupt_reach_only_the_callers_own_a1111_requests(app):
+    """A1111's /progress, /interrupt and /skip concern the caller's own A1111 requests (its address): they
+    never see or stop a gradio_client (page) request, nor another address's; a cross-site form post is
+    refused. Two loopback addresses stand for two clients (127.0.0.2 reaches a server on 127.0.0.1)."""
+    auth = {"Authorization": f"Bearer {KEY}"}
+    me = httpx.Client(base_url=app.url + "sdapi/v1", headers=auth, timeout=300)
+    other = httpx.Client(base_url=app.url + "sdapi/v1", headers=auth, timeout=300,
+                         transport=httpx.HTTPTransport(local_address="127.0.0.2"))
+
+    def wait_for(predicate, what, limit_s=120):
+        deadline = threading.Event()
+        timer = threading.Timer(limit_s, deadline.set)
+        timer.start()
+        try:
+            while not deadline.is_set():
+                if predicate():
+                    return
+                deadline.wait(0.05)
+            raise AssertionError(f"not within {limit_s} s: {what}")
+        finally:
+            timer.cancel()
+
+    # a page (gradio_client) request: no A1111 client sees or stops it
+    job = app.client().submit(api_name="/generate", prompt=PROMPT, seed=21, num_inference_steps=50)
+    wait_for(lambda: any(u.unit == "steps" and (u.index or 0) >= 2 for u in job.status().progress_data or []),
+             "the page request's step 2")
+    assert me.get("/progress").json()["state"]["job_count"] == 0
+    assert me.post("/interrupt").json() == {"interrupted": False}
+    assert me.post("/skip").json() == {"interrupted": False}
+    gallery, info = job.result(timeout=300)
+    assert len(gallery) == 4 and info["num_inference_steps"] == 50  # ran to its end
+
+    # another address's A1111 request: mine shows nothing and my interrupt stops nothing; theirs does
+    answer = {}
+    thread = threading.Thread(target=lambda: answer.update(response=other.post(
+        "/txt2img", json={"prompt": PROMPT, "steps": 50, "seed": 22, **SIZE})))
+    thread.start()
+    wait_for(lambda: other.get("/progress").json()["state"]["sampling_step"] >= 2, "the other address's step 2")
+    assert me.get("/progress").json()["state"]["job_count"] == 0
+    assert me.post("/interrupt").json() == {"interrupted": False}
+    # a form another site's page posts (no CORS preflight) is refused before it reaches the route
+    forged = other.post("/interrupt", headers={"Origin": "https://evil.example", "Sec-Fetch-Site": "cross-site"},
+                        content=b"x=1", )
+    assert forged.status_code == 403 and forged.json()["detail"].startswith("requests from another site's page")
+    assert other.get("/progress").json()["state"]["interrupted"] is False
+    assert other.post("/interrupt").json() == {"interrupted": True}
+    thread.join(300)
+    info = json.loads(answer["response"].json()["info"])
+    assert info["interrupted"] is True and answer["response"].json()["images"] == []
+    assert any("request stopped after step" in line and "(interrupted)" in line for line in app.log)

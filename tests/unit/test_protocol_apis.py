@@ -15,7 +15,7 @@ from sdxl_engine.serving.apis.a1111 import (Txt2Img, a1111_error, info_record, p
                                             to_call as a1111_call)
 from sdxl_engine.serving.apis.core import ApiError, Call, FileTokens, check
 from sdxl_engine.serving.apis.openai_images import openai_error, parse_size, to_call as openai_call
-from sdxl_engine.serving.progress import TRACKER
+from sdxl_engine.serving.progress import JOBS
 
 LIMITS = Limits(max_seed=2**32 - 1, max_steps=50, sizes=((64, 64), (80, 48)), default_size=(64, 64),
                 default_steps=8, default_guidance=5.0, multiple=16, default_sampler="Euler")
@@ -181,19 +181,24 @@ def test_info_record_is_a1111s_shape():
     json.dumps(record)  # info travels as a JSON string
 
 
-def test_progress_reads_the_shared_tracker():
-    assert progress_record()["state"]["job_count"] == 0 and progress_record()["progress"] == 0.0
-    job = TRACKER.begin(steps=10)
+def test_progress_reads_the_callers_own_job():
+    me, other = ("a1111", "10.0.0.1"), ("a1111", "10.0.0.2")
+    assert progress_record(me)["state"]["job_count"] == 0 and progress_record(me)["progress"] == 0.0
+    job = JOBS.open(me, calls=2)
     try:
-        TRACKER.step(job, 4, 10, preview=b"\x89PNG")
-        running = progress_record()
+        JOBS.begin_call(job, 10)
+        JOBS.step(job, 4, 10, preview=b"\x89PNG")
+        running = progress_record(me)
         assert (running["progress"], running["state"]["sampling_step"], running["state"]["sampling_steps"],
-                running["state"]["job_count"], running["current_image"]) == (0.4, 4, 10, 1, "iVBORw==")
-        assert progress_record(skip_current_image=True)["current_image"] is None
-        assert TRACKER.interrupt() and progress_record()["state"]["interrupted"] is True
+                running["state"]["job_count"], running["state"]["job_no"], running["current_image"]) == (
+            0.2, 4, 10, 2, 0, "iVBORw==")
+        assert progress_record(me, skip_current_image=True)["current_image"] is None
+        assert progress_record(other)["state"]["job_count"] == 0 and progress_record(other)["current_image"] is None
+        assert JOBS.interrupt(other) is False and progress_record(me)["state"]["interrupted"] is False
+        assert JOBS.interrupt(me) and progress_record(me)["state"]["interrupted"] is True
     finally:
-        TRACKER.end(job)
-    assert progress_record()["state"]["interrupted"] is False
+        JOBS.close(job)
+    assert progress_record(me)["state"]["interrupted"] is False
 
 
 def test_access_rules_and_log_lines():

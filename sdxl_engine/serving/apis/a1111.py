@@ -2,8 +2,10 @@
 
 The routes its clients call (webuiapi, Open WebUI, SillyTavern; README, "AUTOMATIC1111 API"):
 ``POST txt2img`` runs the page's ``/generate`` event (core.generate: same queue, handler, checks
-and messages); ``GET progress`` reads progress.TRACKER; ``POST interrupt``/``skip`` ask it to stop
-the running request; ``sd-models``, ``options``, ``samplers``, ``schedulers``, ``loras``,
+and messages) as a job of its client (progress.JOBS; the client is its address); ``GET progress``
+reads that client's running A1111 request, ``POST interrupt`` stops it (and its engine calls still to
+come), ``POST skip`` ends its running engine call only: never a page's, a gradio_client's, another
+protocol's or another address's request; ``sd-models``, ``options``, ``samplers``, ``schedulers``, ``loras``,
 ``prompt-styles``, ``upscalers``, ``latent-upscale-modes``, ``sd-vae``, ``sd-modules``,
 ``hypernetworks``, ``embeddings``, ``scripts``, ``cmd-flags`` and ``refresh-*`` describe the one
 loaded model and what it takes.
@@ -31,8 +33,8 @@ from PIL import Image
 from pydantic import BaseModel, ConfigDict
 
 from sdxl_engine.program.schedulers import SAMPLERS, UnknownSampler, get_sampler
-from sdxl_engine.serving.apis.core import ApiError, Call, Interrupted, generate, model_name
-from sdxl_engine.serving.progress import TRACKER
+from sdxl_engine.serving.apis.core import ApiError, Call, Interrupted, client_of, generate, model_name
+from sdxl_engine.serving.progress import JOBS, Owner
 from sdxl_engine.serving.styles import NO_STYLE, STYLES
 
 PREFIX = "/sdapi/v1"
@@ -144,17 +146,25 @@ def info_record(body: Txt2Img, info: dict, seeds: list[int], infotexts: list[str
     }
 
 
-def progress_record(skip_current_image: bool = False) -> dict:
-    """A1111's ``GET /sdapi/v1/progress`` answer (modules/api/models.py ProgressResponse) from progress.TRACKER."""
-    snap = TRACKER.snapshot()
+def owner_of(request) -> Owner:
+    """The A1111 client a route's Starlette ``request`` comes from: its address (progress.Owner)."""
+    return ("a1111", client_of(request))
+
+
+def progress_record(owner: Owner, skip_current_image: bool = False) -> dict:
+    """A1111's ``GET /sdapi/v1/progress`` answer (modules/api/models.py ProgressResponse) for ``owner``'s
+    running A1111 request (progress.JOBS): ``job_count`` its engine calls, ``job_no`` the running one
+    (0-based), ``progress`` the share of all its calls' steps done."""
+    snap = JOBS.snapshot(owner)
     running = snap.job is not None
     preview = None if skip_current_image or snap.preview is None else base64.b64encode(snap.preview).decode()
     return {
         "progress": snap.fraction, "eta_relative": snap.eta_s or 0.0,
-        "state": {"skipped": False, "interrupted": running and TRACKER.stop_requested(),
-                  "stopping_generation": running and TRACKER.stop_requested(),
-                  "job": f"job {snap.job}" if running else "", "job_count": int(running),
-                  "job_timestamp": "0", "job_no": 0, "sampling_step": snap.step, "sampling_steps": snap.steps},
+        "state": {"skipped": snap.skipped, "interrupted": snap.interrupted,
+                  "stopping_generation": snap.interrupted,
+                  "job": f"job {snap.job}" if running else "", "job_count": snap.calls,
+                  "job_timestamp": "0", "job_no": snap.call, "sampling_step": snap.step,
+                  "sampling_steps": snap.steps},
         "current_image": preview, "textinfo": snap.stage or None,
     }
 
@@ -180,7 +190,7 @@ def router(demo, engine, flags: dict, loras) -> APIRouter:
     @api.post("/txt2img")
     async def txt2img(body: Txt2Img, request: Request):
         try:
-            made = await generate(demo, engine, request, to_call(body))
+            made = await generate(demo, engine, request, to_call(body), owner_of(request))
         except Interrupted as err:  # A1111 answers an interrupted job with what it has: here nothing
             return {"images": [], "parameters": body.model_dump(),
                     "info": json.dumps({"interrupted": True, "message": err.message, "all_seeds": [], "infotexts": []})}
@@ -188,8 +198,10 @@ def router(demo, engine, flags: dict, loras) -> APIRouter:
             return a1111_error(err, bad_value=422)
         texts = [infotext(png) for png in made.pngs]
         images = [base64.b64encode(png).decode() for png in made.pngs] if body.send_images else []
-        return {"images": images, "parameters": body.model_dump(),
-                "info": json.dumps(info_record(body, made.info, made.seeds, texts))}
+        info = info_record(body, made.info, made.seeds, texts)
+        if made.stopped is not None:  # interrupted (or a batch skipped) after some images: those, as A1111 does
+            info.update(interrupted=True, message=made.stopped)
+        return {"images": images, "parameters": body.model_dump(), "info": json.dumps(info)}
 
     @api.post("/img2img")
     async def img2img():
@@ -197,16 +209,16 @@ def router(demo, engine, flags: dict, loras) -> APIRouter:
                                          "(POST /sdapi/v1/txt2img)"))
 
     @api.get("/progress")
-    async def progress(skip_current_image: bool = False):
-        return progress_record(skip_current_image)
+    async def progress(request: Request, skip_current_image: bool = False):
+        return progress_record(owner_of(request), skip_current_image)
 
     @api.post("/interrupt")
-    async def interrupt():
-        return {"interrupted": TRACKER.interrupt()}
+    async def interrupt(request: Request):
+        return {"interrupted": JOBS.interrupt(owner_of(request))}
 
     @api.post("/skip")
-    async def skip():  # one engine call makes its whole batch at once: skipping one image stops the request
-        return {"interrupted": TRACKER.interrupt()}
+    async def skip(request: Request):  # an engine call makes its batch at once: skip ends the running call
+        return {"interrupted": JOBS.skip(owner_of(request))}
 
     @api.get("/sd-models")
     async def sd_models():

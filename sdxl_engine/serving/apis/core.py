@@ -33,6 +33,7 @@ from fastapi import HTTPException
 from sdxl_engine.engine.contract import EngineContract
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest, validate
 from sdxl_engine.serving import admission, gradio_internals
+from sdxl_engine.serving.progress import JOB_SCOPE_KEY, JOBS, Owner
 from sdxl_engine.serving.styles import NO_STYLE, UnknownStyle, apply_style
 
 API_NAME = "generate"  # the page's event every protocol runs
@@ -102,13 +103,16 @@ class Call:
 @dataclasses.dataclass(frozen=True)
 class Generated:
     """What :func:`generate` returns: ``pngs`` (PNG bytes, image i made from ``seeds[i]``), the
-    handler's ``info`` record of the first engine call (README, "API"; ``seeds`` lists every image's)
-    and ``paths``, the served files (for :class:`FileTokens`; never sent to a client)."""
+    handler's ``info`` record of the first engine call that made images (README, "API"; ``seeds`` lists
+    every image's), ``paths``, the served files (for :class:`FileTokens`; never sent to a client), and
+    ``stopped``: None, or the message of the interrupt that ended the request before all its calls ran
+    (the images are those made until then)."""
 
     pngs: list[bytes]
     seeds: list[int]
     info: dict
     paths: list[str]
+    stopped: str | None = None
 
 
 def model_name(engine: EngineContract) -> str:
@@ -159,14 +163,22 @@ async def wait_started(engine: EngineContract, poll_s: float = 0.25) -> None:
         await asyncio.sleep(poll_s)
 
 
-async def generate(demo, engine: EngineContract, request, call: Call) -> Generated:
-    """Run ``call`` (see the module docstring); ``request`` is the route's Starlette request.
+def client_of(request) -> str:
+    """The client address of a route's Starlette ``request`` ("" when the server does not know it)."""
+    client = getattr(request, "client", None)
+    return getattr(client, "host", None) or ""
+
+
+async def generate(demo, engine: EngineContract, request, call: Call, owner: Owner) -> Generated:
+    """Run ``call`` (see the module docstring) as one job of ``owner`` (progress.JOBS: its progress counts
+    every engine call; ``owner``'s interrupt stops it, its skip ends the running call and the next one runs);
+    ``request`` is the route's Starlette request.
 
     Raises:
         ApiError: :func:`check`'s refusals; 429/503 from the admission (over the per-client limit,
             shutting down) or the queue (full, stopped); :class:`Interrupted` (409) when the request was
-            stopped while it ran; 500 with the handler's message when the engine failed on the request
-            (its details are in the server log only).
+            stopped before it made any image; 500 with the handler's message when the engine failed on the
+            request (its details are in the server log only).
     """
     await wait_started(engine)
     try:
@@ -176,25 +188,41 @@ async def generate(demo, engine: EngineContract, request, call: Call) -> Generat
         raise
     batch = engine_batch(engine)
     wanted = call.images or batch
-    pngs, seeds, paths, first_info, seed = [], [], [], None, call.seed
-    for n in range(math.ceil(wanted / batch)):
-        info, files = await _one_call(demo, request, call.values(seed), continues=n > 0)
-        first_info = first_info or info
-        for path, image_seed in zip(files, info["seeds"]):
-            if len(pngs) < wanted:
-                pngs.append(Path(path).read_bytes())
-                seeds.append(image_seed)
-                paths.append(path)
-        seed = (info["seeds"][0] + batch) % (engine.limits.max_seed + 1)  # the next call follows on
-    return Generated(pngs, seeds, {**first_info, "seeds": seeds}, paths)
-
-
-async def _one_call(demo, request, values: list, continues: bool = False) -> tuple[dict, list[str]]:
-    """One ``/generate`` event through the queue: (info record, PNG paths). ``continues``: a later call of
-    one request (its images past the first batch), which the per-client limit does not refuse."""
+    calls = math.ceil(wanted / batch)
+    pngs, seeds, paths, first_info, seed, stopped = [], [], [], None, call.seed, None
+    job = JOBS.open(owner, calls)
     try:
-        ok, output = await gradio_internals.run_queued(demo, API_NAME, values, request,
-                                                       scope={admission.CONTINUES: True} if continues else None)
+        for n in range(calls):
+            try:
+                info, files = await _one_call(demo, request, call.values(seed), job, continues=n > 0)
+            except Interrupted as err:
+                stopped = err.message
+                if JOBS.interrupted(job):  # A1111's interrupt: no further calls; what was made is answered
+                    break
+                # a skip (A1111's /skip): this call's batch is dropped, the next follows on from its seeds
+                seed = seed if seed == -1 else (seed + batch) % (engine.limits.max_seed + 1)
+                continue
+            first_info = first_info or info
+            for path, image_seed in zip(files, info["seeds"]):
+                if len(pngs) < wanted:
+                    pngs.append(Path(path).read_bytes())
+                    seeds.append(image_seed)
+                    paths.append(path)
+            seed = (info["seeds"][0] + batch) % (engine.limits.max_seed + 1)  # the next call follows on
+    finally:
+        JOBS.close(job)
+    if first_info is None:  # stopped before any image was made
+        raise Interrupted(stopped or "the request was stopped")
+    return Generated(pngs, seeds, {**first_info, "seeds": seeds}, paths,
+                     stopped if len(pngs) < wanted else None)
+
+
+async def _one_call(demo, request, values: list, job: str, continues: bool = False) -> tuple[dict, list[str]]:
+    """One ``/generate`` event of ``job`` through the queue: (info record, PNG paths). ``continues``: a later
+    call of one request (its images past the first batch), which the per-client limit does not refuse."""
+    scope = {JOB_SCOPE_KEY: job, **({admission.CONTINUES: True} if continues else {})}
+    try:
+        ok, output = await gradio_internals.run_queued(demo, API_NAME, values, request, scope=scope)
     except HTTPException as err:  # the admission's refusal (admission.Admission._refuse)
         raise ApiError(err.status_code, str(err.detail), headers=dict(err.headers or {})) from None
     except gradio_internals.QueueRefusal as err:

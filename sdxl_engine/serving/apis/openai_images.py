@@ -21,7 +21,7 @@ import time
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, JSONResponse
 
-from sdxl_engine.serving.apis.core import ApiError, Call, FileTokens, generate, model_name
+from sdxl_engine.serving.apis.core import client_of, ApiError, Call, FileTokens, generate, model_name
 
 PREFIX = "/v1"
 FORMATS = ("b64_json", "url")
@@ -120,7 +120,7 @@ def router(demo, engine, tokens: FileTokens) -> APIRouter:
             except ValueError:
                 raise ApiError(400, "the request body is not JSON") from None
             call, fmt = to_call(body, model_id())
-            made = await generate(demo, engine, request, call)
+            made = await generate(demo, engine, request, call, ("openai", client_of(request)))
         except ApiError as err:
             return openai_error(err)
         if fmt == "b64_json":
