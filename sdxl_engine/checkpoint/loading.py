@@ -35,11 +35,17 @@ from sdxl_engine.checkpoint.writing import VOCABULARY_FILE
 # object, keys of config.MODEL_DEFAULT_FIELDS; "_" keys are notes); a deployment's explicit setting wins.
 from sdxl_engine.config import ENGINE_DEFAULTS_FILE
 
-__all__ = ["LoadedModel", "ModelLoadError", "load_model", "resolve_dtype", "read_model_folder", "engine_defaults"]
+__all__ = ["LoadedModel", "ModelKind", "ModelLoadError", "load_model", "resolve_dtype", "read_model_folder",
+           "read_model_kind", "engine_defaults"]
 
 LOG = logging.getLogger("sdxl_engine")
-PIPELINES = ("StableDiffusionXLPipeline", "FlaxStableDiffusionXLPipeline")
+# model_index.json's _class_name: diffusers' SDXL pipelines. What a model can do is read from its files
+# (ModelKind), not from this name: a base model saved by the img2img pipeline is still a base model.
+PIPELINES = ("StableDiffusionXLPipeline", "FlaxStableDiffusionXLPipeline", "StableDiffusionXLImg2ImgPipeline",
+             "StableDiffusionXLInpaintPipeline")
 TOKENIZERS = ("CLIPTokenizer", "CLIPTokenizerFast")
+OPTIONAL_COMPONENTS = ("text_encoder",)  # the refiner has text_encoder_2 only (model_index.json: [null, null])
+TOKENIZER_OF = {"text_encoder": "tokenizer", "text_encoder_2": "tokenizer_2"}
 _HUB_HINT = ("Real SDXL needs its weights: on a machine that reaches the Hugging Face Hub use the hub id "
              "(--model stabilityai/stable-diffusion-xl-base-1.0), or download once "
              "(hf download stabilityai/stable-diffusion-xl-base-1.0 --local-dir sdxl-base) and start with "
@@ -68,17 +74,80 @@ def size_buckets(native: int, multiple: int) -> tuple[tuple[int, int], ...]:
     return tuple(out)
 
 
+@dataclasses.dataclass(frozen=True)
+class ModelKind:
+    """What a model's files declare it is, read from model_index.json and the component configs
+    (:func:`model_kind`), so a refiner and an inpainting UNet load as what they are.
+
+    Attributes:
+        text_encoders: the CLIP text encoders it has: ("text_encoder", "text_encoder_2") for SDXL base and
+            its inpainting model, ("text_encoder_2",) for the refiner.
+        time_ids: the UNet's added time ids: 6 (original size, crop top-left, target size) or 5 (original
+            size, crop, aesthetic score: the refiner), from projection_class_embeddings_input_dim =
+            time_ids x addition_time_embed_dim + text_encoder_2's projection_dim (diffusers'
+            StableDiffusionXLImg2ImgPipeline._get_add_time_ids).
+        unet_in_channels: the UNet's input channels: the VAE's latent channels (4), or 2 x latent + 1 (9:
+            latents, mask, masked-image latents: an inpainting UNet).
+        latent_channels: the VAE's latent channels.
+        requires_aesthetics_score: model_index.json's flag (the refiner's: true).
+        force_zeros_for_empty_prompt: model_index.json's flag (base: true, the refiner: false): an empty
+            negative prompt is zeros rather than the encoded empty text.
+    """
+
+    text_encoders: tuple[str, ...] = ("text_encoder", "text_encoder_2")
+    time_ids: int = 6
+    unet_in_channels: int = 4
+    latent_channels: int = 4
+    requires_aesthetics_score: bool = False
+    force_zeros_for_empty_prompt: bool = True
+
+    @property
+    def inpainting_unet(self) -> bool:
+        """Whether the UNet takes [latents, mask, masked-image latents] (diffusers' 9-channel inpainting UNet)."""
+        return self.unet_in_channels == 2 * self.latent_channels + 1
+
+    @property
+    def refiner(self) -> bool:
+        """Whether this is an SDXL refiner (one text encoder, aesthetic-score time ids)."""
+        return self.time_ids == 5 or "text_encoder" not in self.text_encoders
+
+    def txt2img_refusal(self, name: str) -> str | None:
+        """Why model ``name`` cannot serve text-to-image, or None when it can."""
+        if self.refiner:
+            return (f"{name} is an SDXL refiner ({' + '.join(self.text_encoders)}, {self.time_ids} time ids with "
+                    "an aesthetic score): it refines another model's images and cannot make images from text; "
+                    "serve an SDXL base model (for example --model stabilityai/stable-diffusion-xl-base-1.0)")
+        if self.inpainting_unet:
+            return (f"{name} has an inpainting UNet ({self.unet_in_channels} input channels: latents, mask and "
+                    "masked-image latents): it repaints masked regions of an image and cannot make images from "
+                    "text alone; serve an SDXL base model (for example --model "
+                    "stabilityai/stable-diffusion-xl-base-1.0)")
+        return None
+
+
+def model_kind(index: dict, components: dict[str, Component]) -> ModelKind:
+    """The :class:`ModelKind` of a folder's model_index.json ``index`` and its checked ``components``."""
+    unet, te2 = components["unet"].config, components["text_encoder_2"].config
+    return ModelKind(
+        text_encoders=tuple(n for n in ("text_encoder", "text_encoder_2") if n in components),
+        time_ids=(unet.projection_class_embeddings_input_dim - te2.projection_dim) // unet.addition_time_embed_dim,
+        unet_in_channels=unet.in_channels, latent_channels=components["vae"].config.latent_channels,
+        requires_aesthetics_score=bool(index.get("requires_aesthetics_score", False)),
+        force_zeros_for_empty_prompt=bool(index.get("force_zeros_for_empty_prompt", True)))
+
+
 @dataclasses.dataclass
 class LoadedModel:
     """Everything the compiled program needs from a model.
 
     Attributes:
         name: what the user asked for (built-in name, directory or hub id).
-        components: {"text_encoder", "text_encoder_2", "unet", "vae"} -> Component (config,
-            static module graph, parameter names and shapes).
+        components: {"text_encoder" (not in a refiner), "text_encoder_2", "unet", "vae"} -> Component
+            (config, static module graph, parameter names and shapes).
         params: the same keys -> {checkpoint key: array} in ``dtype``, each put on the devices (load_folder's
             ``sharding``) as soon as it was read.
-        tokenizer, tokenizer_2: transformers CLIPTokenizers (77 tokens each).
+        tokenizer, tokenizer_2: transformers CLIPTokenizers (77 tokens each); ``tokenizer`` is None for a
+            refiner (no text_encoder).
         scheduler_config: scheduler/scheduler_config.json as a dict.
         dtype: parameter dtype name ("float32", "bfloat16", "float16").
         load_s: seconds spent loading (and creating a built-in model the first time).
@@ -100,6 +169,7 @@ class LoadedModel:
     source: str = ""
     vocabulary: frozenset[str] | None = None
     engine_defaults: dict[str, Any] = dataclasses.field(default_factory=dict)
+    kind: ModelKind = ModelKind()  # what the files declare (read_model_folder); SDXL base for built models
 
     @property
     def unet(self):
@@ -126,7 +196,8 @@ class LoadedModel:
 
     @property
     def latent_channels(self) -> int:
-        return self.unet.in_channels
+        """The VAE's latent channels (the UNet's input has more for an inpainting UNet: ModelKind)."""
+        return self.vae.latent_channels
 
     def size_buckets(self) -> tuple[tuple[int, int], ...]:
         """SDXL's aspect buckets (width, height) scaled to this model's native size."""
@@ -152,24 +223,39 @@ def _read_json(path: Path) -> dict:
 def read_model_folder(folder: Path) -> dict[str, Component]:
     """Check ``model_index.json`` and build every component from its config.json (no weights).
 
+    Returns {"text_encoder" (absent for a refiner), "text_encoder_2", "unet", "vae"} -> Component; what the
+    model is (base, refiner, inpainting UNet) is :func:`read_model_kind`'s.
+
     Raises:
-        ModelLoadError: not a diffusers folder, not SDXL (an SD 1.x/2.x folder, a refiner), a
-            component missing or of an unknown class, a config the modules do not support, or
-            components whose sizes do not fit together.
+        ModelLoadError: not a diffusers folder, not SDXL (an SD 1.x/2.x folder), a required component
+            missing or of an unknown class, a config the modules do not support, or components whose
+            sizes do not fit together.
     """
+    return _read_index_and_components(folder)[1]
+
+
+def read_model_kind(folder: Path) -> ModelKind:
+    """What the model in ``folder`` is (:class:`ModelKind`), from its files. Raises as :func:`read_model_folder`."""
+    index, components = _read_index_and_components(folder)
+    return model_kind(index, components)
+
+
+def _read_index_and_components(folder: Path) -> tuple[dict, dict[str, Component]]:
     index = _read_json(folder / "model_index.json")
     kind = index.get("_class_name", "?")
     if kind not in PIPELINES:
         what = ("an SD 1.x/2.x folder" if kind in ("StableDiffusionPipeline", "FlaxStableDiffusionPipeline")
-                else "not a text-to-image SDXL pipeline")
+                else "not an SDXL pipeline")
         raise ModelLoadError(f"{folder} holds a {kind} ({what}); this engine runs SDXL: a StableDiffusionXLPipeline "
                              "with text_encoder_2 and a text_time UNet. " + _HUB_HINT)
     components = {}
     for name, (_, _, classes) in COMPONENTS.items():
         entry = index.get(name)
         if not entry or entry[-1] is None:
+            if name in OPTIONAL_COMPONENTS and name in index:  # declared absent ([null, null]): a refiner
+                continue
             raise ModelLoadError(f"{folder}/model_index.json has no {name}; SDXL text-to-image needs "
-                                 f"{', '.join(COMPONENTS)}")
+                                 f"{', '.join(COMPONENTS)} (a refiner: text_encoder_2, unet, vae)")
         if entry[-1] not in classes:
             raise ModelLoadError(f"{folder}: {name} is a {entry[-1]}; expected {' or '.join(classes)}")
         config_path = folder / name / "config.json"
@@ -177,28 +263,37 @@ def read_model_folder(folder: Path) -> dict[str, Component]:
             components[name] = build_component(name, _read_json(config_path))
         except (ValueError, KeyError, TypeError) as err:
             raise ModelLoadError(f"{config_path}: {err}") from err
-    for name in ("tokenizer", "tokenizer_2"):
+    for encoder, name in TOKENIZER_OF.items():
         entry = index.get(name)
-        if not entry or entry[-1] not in TOKENIZERS:
+        if encoder in components and (not entry or entry[-1] not in TOKENIZERS):
             raise ModelLoadError(f"{folder}/model_index.json: {name} must be a CLIPTokenizer, got {entry}")
     _check_sizes(folder, components)
-    return components
+    return index, components
 
 
 def _check_sizes(folder: Path, c: dict[str, Component]) -> None:
-    unet, te1, te2 = c["unet"].config, c["text_encoder"].config, c["text_encoder_2"].config
-    hidden = te1.hidden_size + te2.hidden_size
+    """Refuse components whose sizes do not fit together (ModelLoadError naming both sides)."""
+    unet, te2 = c["unet"].config, c["text_encoder_2"].config
+    encoders = [n for n in ("text_encoder", "text_encoder_2") if n in c]
+    hidden = sum(c[n].config.hidden_size for n in encoders)
     if any(d != hidden for d in unet.cross_attention_dim):
-        raise ModelLoadError(f"{folder}: unet cross_attention_dim {unet.cross_attention_dim} must equal the two text "
-                             f"encoders' hidden sizes together ({te1.hidden_size} + {te2.hidden_size})")
-    added = 6 * unet.addition_time_embed_dim + te2.projection_dim
-    if unet.projection_class_embeddings_input_dim != added:
+        what = ("the two text encoders' hidden sizes together "
+                f"({' + '.join(str(c[n].config.hidden_size) for n in encoders)})" if len(encoders) == 2
+                else f"text_encoder_2's hidden size ({hidden}), the one text encoder of a refiner")
+        raise ModelLoadError(f"{folder}: unet cross_attention_dim {unet.cross_attention_dim} must equal {what}")
+    extra = unet.projection_class_embeddings_input_dim - te2.projection_dim
+    if extra not in (6 * unet.addition_time_embed_dim, 5 * unet.addition_time_embed_dim):
         raise ModelLoadError(f"{folder}: unet projection_class_embeddings_input_dim "
                              f"{unet.projection_class_embeddings_input_dim} must be 6 x addition_time_embed_dim + "
-                             f"text_encoder_2 projection_dim = {added}")
-    if c["vae"].config.latent_channels != unet.in_channels:
-        raise ModelLoadError(f"{folder}: vae latent_channels {c['vae'].config.latent_channels} != unet in_channels "
-                             f"{unet.in_channels}")
+                             f"text_encoder_2 projection_dim = {6 * unet.addition_time_embed_dim + te2.projection_dim}"
+                             f" (a refiner: 5 x ... = {5 * unet.addition_time_embed_dim + te2.projection_dim})")
+    latent = c["vae"].config.latent_channels
+    if unet.in_channels not in (latent, 2 * latent + 1):
+        raise ModelLoadError(f"{folder}: unet in_channels {unet.in_channels} must be the vae's latent_channels "
+                             f"{latent} (or {2 * latent + 1} for an inpainting UNet: latents, mask, masked image)")
+    if unet.out_channels != latent:
+        raise ModelLoadError(f"{folder}: unet out_channels {unet.out_channels} must be the vae's latent_channels "
+                             f"{latent}")
 
 
 def _tokenizer(folder: Path):
@@ -224,7 +319,7 @@ def load_folder(folder: Path, name: str, dtype: str, sharding=None, variant: str
         ModelLoadError: see :func:`read_model_folder`, :func:`swap_source` and :mod:`.weights`.
     """
     start = time.perf_counter()
-    components = read_model_folder(folder)
+    index, components = _read_index_and_components(folder)
     scheduler_config = read_scheduler_config(folder)  # before the weights: a refused config fails fast
     target = jnp.dtype(dtype)
     place = lambda array: jax.device_put(array, sharding)  # noqa: E731
@@ -237,9 +332,10 @@ def load_folder(folder: Path, name: str, dtype: str, sharding=None, variant: str
         log(f"[sdxl_engine] {cname}: {files[0].name}{f' (+{len(files) - 1} shards)' if len(files) > 1 else ''}")
     return LoadedModel(
         name=name, components=components, params=params,
-        tokenizer=_tokenizer(folder / "tokenizer"), tokenizer_2=_tokenizer(folder / "tokenizer_2"),
-        scheduler_config=scheduler_config, dtype=dtype, load_s=time.perf_counter() - start, source=str(folder), vocabulary=_vocabulary(folder),
-        engine_defaults=read_engine_defaults(folder))
+        tokenizer=_tokenizer(folder / "tokenizer") if "text_encoder" in components else None,
+        tokenizer_2=_tokenizer(folder / "tokenizer_2"), scheduler_config=scheduler_config, dtype=dtype,
+        load_s=time.perf_counter() - start, source=str(folder), vocabulary=_vocabulary(folder),
+        engine_defaults=read_engine_defaults(folder), kind=model_kind(index, components))
 
 
 def read_scheduler_config(folder: Path) -> dict:

@@ -209,6 +209,8 @@ class Engine:
                                         sharding=sharding.replicated(self.mesh), log=self._log,
                                         model_config=self.config.model_config, unet=self.config.unet,  # (#21)
                                         vae=self.config.vae, timestep_spacing=self.config.timestep_spacing)
+        if (why := self.model.kind.txt2img_refusal(self.model.name)) is not None:
+            raise loading.ModelLoadError(why)
         self.params = self.model.params
         jax.block_until_ready(self.params)
         self._done("load_s", t0)
