@@ -110,6 +110,7 @@ def mount(app, demo, engine, access: Access, flags: dict, log=print) -> None:
         return
     tokens = FileTokens()
     app.include_router(a1111.router(demo, engine, flags, loras_of(engine)))
+    app.include_router(a1111.unknown_router())  # after every /sdapi/v1 route: only what none answers
     app.include_router(openai_images.router(demo, engine, tokens))
     app.include_router(openai_images.files_router(tokens))
     app.include_router(openai_images.unknown_router())  # last: only what no /v1 route answers

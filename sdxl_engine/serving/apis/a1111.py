@@ -13,25 +13,32 @@ Field mapping (:func:`to_call`): ``steps`` -> num_inference_steps, ``cfg_scale``
 ``DPM++ 2M Karras`` into sampler ``DPM++ 2M`` and scheduler ``Karras``), ``styles`` -> the page's
 style (one at most), ``batch_size`` x ``n_iter`` -> the image count (the engine makes its batch per
 call; fewer images return the first ones, more run further calls). A field left out takes the
-engine's default (A1111's own 512 x 512, 50 steps, CFG 7 would not suit every model). Unknown
-fields are ignored, as A1111 does; a value of the wrong type is FastAPI's 422; a value the engine
-refuses is a 422 whose ``detail`` is the engine's message with A1111's field name.
+engine's default (A1111's own 512 x 512, 50 steps, CFG 7 would not suit every model). Fields that
+would change the images and are not honoured are named in ``info["warnings"]`` and one log line
+(:data:`IGNORED`); other unknown fields are ignored, as A1111 does. A value of the wrong type (a
+boolean for a number too) is FastAPI's 422; a value the engine refuses is a 422 whose ``detail`` is
+the engine's message with A1111's field name; a body no answer could echo (a lone surrogate in any
+string) or nested too deep is A1111's 422 before the route runs (:class:`CheckedBody`); an unknown
+path is A1111's 404 (:func:`unknown_router`).
 """
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import io
 import json
 import time
+from typing import Annotated
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from PIL import Image
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, BeforeValidator, ConfigDict
 
 from sdxl_engine.program.schedulers import SAMPLERS, UnknownSampler, get_sampler
-from sdxl_engine.serving.apis.core import ApiError, Call, Interrupted, generate, model_name
+from sdxl_engine.serving.apis.core import ApiError, Call, Interrupted, generate, model_name, read_json
 from sdxl_engine.serving.progress import TRACKER
 from sdxl_engine.serving.styles import NO_STYLE, STYLES
 
@@ -42,45 +49,137 @@ KARRAS = " Karras"
 SCHEDULERS = ({"name": "automatic", "label": "Automatic", "aliases": None, "default_rho": -1,
                "need_inner_model": False},
               {"name": "karras", "label": "Karras", "aliases": None, "default_rho": 7.0, "need_inner_model": False})
+# Every scheduler name and label of A1111's modules/sd_schedulers.py (1.10), lower-cased: one of these that
+# this server lacks is refused; any other name is no scheduler at all, and A1111 reads it as Automatic.
+A1111_SCHEDULERS = frozenset(("automatic", "uniform", "karras", "exponential", "polyexponential", "sgm_uniform",
+                              "sgm uniform", "sgmuniform", "kl_optimal", "kl optimal", "align_your_steps",
+                              "align your steps", "simple", "normal", "ddim", "beta"))
 FIELD_NAMES = (("num_inference_steps", "steps"), ("guidance_scale", "cfg_scale"), ("sampler", "sampler_name"),
                ("style", "styles"), ("images", "batch_size*n_iter"))
 
 
-class Txt2Img(BaseModel):
-    """The txt2img fields this server reads (A1111's StableDiffusionTxt2ImgProcessingAPI names); others are ignored."""
+def _not_bool(value):
+    """Pydantic takes true/false for a number (as 1/0); a number field here refuses them (FastAPI's 422)."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a number, got {str(value).lower()}")
+    return value
 
-    model_config = ConfigDict(extra="ignore")
+
+Int = Annotated[int, BeforeValidator(_not_bool)]
+Float = Annotated[float, BeforeValidator(_not_bool)]
+
+
+class Txt2Img(BaseModel):
+    """The txt2img fields this server reads (A1111's StableDiffusionTxt2ImgProcessingAPI names). Other
+    fields are kept (``model_extra``, echoed in ``parameters`` as A1111 does) and not used: those that
+    would change the images are named in the answer's warnings (:data:`IGNORED`, :func:`ignored_warnings`)."""
+
+    model_config = ConfigDict(extra="allow")
 
     prompt: str | None = ""
     negative_prompt: str | None = ""
-    seed: int | None = -1
-    steps: int | None = None
-    cfg_scale: float | None = None
-    width: int | None = None
-    height: int | None = None
+    seed: Int | None = -1
+    steps: Int | None = None
+    cfg_scale: Float | None = None
+    width: Int | None = None
+    height: Int | None = None
     sampler_name: str | None = None
     sampler_index: str | None = None
     scheduler: str | None = None
     styles: list[str] | None = None
-    batch_size: int = 1
-    n_iter: int = 1
+    batch_size: Int = 1
+    n_iter: Int = 1
     send_images: bool = True
     save_images: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Ignored:
+    """A txt2img field (A1111's StableDiffusionProcessingTxt2Img) that would change the images and is not
+    honoured here: ``defaults`` are the values that change nothing (A1111's default, and what A1111 reads
+    as it: None, an empty list), so only another value is named in a warning; ``why`` says what happens."""
+
+    name: str
+    defaults: tuple
+    why: str
+
+
+_UNSET = (None, "", [], {})
+# The fields of A1111's txt2img request (modules/processing.py, modules/api/models.py) that change what
+# a user gets and that this server does not honour. The hires fix's own fields (hr_scale, hr_upscaler,
+# hr_second_pass_steps, hr_resize_x/y, hr_checkpoint_name, hr_sampler_name, hr_prompt,
+# hr_negative_prompt, denoising_strength) matter only with enable_hr, which is named for them all.
+IGNORED = (
+    Ignored("enable_hr", (*_UNSET, False), "no hires fix here: the images are made at width x height in one pass"),
+    Ignored("firstphase_width", (*_UNSET, 0), "no hires fix here: the images are made at width x height"),
+    Ignored("firstphase_height", (*_UNSET, 0), "no hires fix here: the images are made at width x height"),
+    Ignored("refiner_checkpoint", _UNSET, "no refiner here: the loaded model makes every step"),
+    Ignored("alwayson_scripts", _UNSET, "no scripts or extensions here (ControlNet, ADetailer...): they did not run"),
+    Ignored("script_name", _UNSET, "no scripts here: the plain txt2img ran"),
+    Ignored("infotext", _UNSET, "infotext is not read here: send the fields themselves"),
+    Ignored("init_images", _UNSET, "txt2img takes no image, and img2img is not served here"),
+    Ignored("restore_faces", (*_UNSET, False), "no face restoration here"),
+    Ignored("tiling", (*_UNSET, False), "no tiling here: the images do not wrap around"),
+    Ignored("subseed_strength", (*_UNSET, 0), "no variation seeds here: each image is its seed alone"),
+    Ignored("seed_resize_from_w", (*_UNSET, 0, -1), "no seed resize here"),
+    Ignored("seed_resize_from_h", (*_UNSET, 0, -1), "no seed resize here"),
+    Ignored("eta", _UNSET, "eta is fixed per sampler here (Euler a 1, DDIM 0: A1111's defaults)"),
+    Ignored("s_churn", (*_UNSET, 0), "the sampler noise settings are fixed here (A1111's defaults)"),
+    Ignored("s_tmin", (*_UNSET, 0), "the sampler noise settings are fixed here (A1111's defaults)"),
+    Ignored("s_tmax", (*_UNSET, 0), "the sampler noise settings are fixed here (A1111's defaults)"),
+    Ignored("s_noise", (*_UNSET, 1), "the sampler noise settings are fixed here (A1111's defaults)"),
+    Ignored("s_min_uncond", (*_UNSET, 0), "no negative-guidance skipping here: every step uses the negative prompt"),
+    Ignored("token_merging_ratio", (*_UNSET, 0), "no token merging here"),
+    Ignored("disable_extra_networks", (*_UNSET, False), "<lora:...> tags in the prompt are applied here all the same"),
+)
+
+
+def ignored_warnings(body: Txt2Img, options: dict) -> list[str]:
+    """The warnings for a txt2img ``body``'s fields this server does not honour (:data:`IGNORED`), and for
+    ``override_settings`` entries other than ``options`` (GET /options: this server's fixed values), one
+    line each, in the table's order. A field at one of its defaults gives none."""
+    sent = body.model_extra or {}
+    warnings = [f"{row.name}={_short(sent[row.name])} ignored: {row.why}"
+                for row in IGNORED if row.name in sent and not _at_default(sent[row.name], row.defaults)]
+    overrides = sent.get("override_settings")
+    for key, value in (overrides.items() if isinstance(overrides, dict) else ()):
+        if key in options and options[key] == value:
+            continue
+        why = (f"this server serves one model, {options['sd_model_checkpoint']!r}, loaded at start-up"
+               if key == "sd_model_checkpoint" else
+               "clip skip is fixed at 1 here" if key == "CLIP_stop_at_last_layers" else
+               "options are fixed at start-up (flags or SDXL_* settings)")
+        warnings.append(f"override_settings.{key}={_short(value)} ignored: {why}")
+    return warnings
+
+
+def _at_default(value, defaults: tuple) -> bool:
+    return any(type(value) is type(d) and value == d or value is None and d is None
+               or isinstance(value, (int, float)) and not isinstance(value, bool)
+               and isinstance(d, (int, float)) and not isinstance(d, bool) and value == d for d in defaults)
+
+
+def _short(value) -> str:
+    """A sent value for a warning: JSON, cut to 60 characters."""
+    text = json.dumps(value, ensure_ascii=True)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def sampler_of(sampler_name: str | None, scheduler: str | None) -> str | None:
     """The engine's sampler for A1111's ``sampler_name`` and ``scheduler`` (None: the engine's default).
 
     ``scheduler`` None, "" or "Automatic" keeps the sampler as named; "Karras" picks the sampler's
-    Karras form (``DPM++ 2M`` -> ``DPM++ 2M Karras``, as A1111 1.9+ splits them). Names are
-    case-insensitive. Raises ApiError 422 for an unknown sampler, or a scheduler it does not have.
+    Karras form (``DPM++ 2M`` -> ``DPM++ 2M Karras``, as A1111 1.9+ splits them). A name that is no
+    A1111 scheduler (clients send "N/A") is Automatic, as A1111's sd_samplers.get_sampler_and_scheduler
+    reads it. Names are case-insensitive. Raises ApiError 422 for an unknown sampler, or an A1111
+    scheduler this server does not have for it (the images would differ from A1111's).
     """
     try:
         sampler = None if sampler_name in (None, "") else get_sampler(sampler_name)
     except UnknownSampler as err:
         raise ApiError(422, f"sampler_name: {err}", "sampler_name") from None
     wanted = (scheduler or "automatic").strip().lower()
-    if wanted == "automatic":
+    if wanted == "automatic" or wanted not in A1111_SCHEDULERS:
         return sampler
     if wanted == "karras" and sampler is not None:
         if sampler.endswith(KARRAS):
@@ -169,16 +268,41 @@ def a1111_error(err: ApiError, bad_value: int = 400) -> JSONResponse:
                         status_code=status, headers=err.headers)
 
 
+class CheckedBody(APIRoute):
+    """An ``/sdapi/v1`` route whose JSON body is refused before the route runs when it could not be
+    answered (core.read_json: a string UTF-8 cannot carry, a lone surrogate, at any depth and in keys;
+    nesting past core.MAX_JSON_DEPTH): A1111's 422 naming the field. FastAPI's documented seam for
+    a route's request handling (a custom ``APIRoute``); the route still reads the same body."""
+
+    def get_route_handler(self):
+        handler = super().get_route_handler()
+
+        async def checked(request: Request):
+            raw = await request.body()  # Starlette keeps it: the route's own parse reads the same bytes
+            try:
+                read_json(raw)
+            except ApiError as err:
+                if err.message != "the request body is not JSON":  # not JSON: the route's own refusal
+                    print(f"[app] request refused: {request.url.path}: {err.message}", flush=True)
+                    return a1111_error(err, bad_value=422)
+            return await handler(request)
+
+        return checked
+
+
 def router(demo, engine, flags: dict, loras) -> APIRouter:
     """The ``/sdapi/v1`` routes for ``demo``'s ``/generate`` and ``engine``.
 
     ``flags``: what ``cmd-flags`` shows (safe values only: no paths, no key); ``loras``: a callable
     giving ``(names, reason)`` for ``/loras`` (apis.loras_of).
     """
-    api = APIRouter(prefix=PREFIX)
+    api = APIRouter(prefix=PREFIX, route_class=CheckedBody)
 
     @api.post("/txt2img")
     async def txt2img(body: Txt2Img, request: Request):
+        warnings = ignored_warnings(body, await get_options())
+        if warnings:
+            print(f"[app] A1111 txt2img: {len(warnings)} field(s) not honoured: {'; '.join(warnings)}", flush=True)
         try:
             made = await generate(demo, engine, request, to_call(body))
         except Interrupted as err:  # A1111 answers an interrupted job with what it has: here nothing
@@ -189,7 +313,8 @@ def router(demo, engine, flags: dict, loras) -> APIRouter:
         texts = [infotext(png) for png in made.pngs]
         images = [base64.b64encode(png).decode() for png in made.pngs] if body.send_images else []
         return {"images": images, "parameters": body.model_dump(),
-                "info": json.dumps(info_record(body, made.info, made.seeds, texts))}
+                "info": json.dumps(info_record(body, {**made.info, "warnings": warnings + made.info["warnings"]},
+                                               made.seeds, texts))}
 
     @api.post("/img2img")
     async def img2img():
@@ -300,5 +425,19 @@ def router(demo, engine, flags: dict, loras) -> APIRouter:
     @api.post("/refresh-vae")
     async def refresh_vae():
         return None
+
+    return api
+
+
+def unknown_router() -> APIRouter:
+    """Any other ``/sdapi/v1`` path or method, in A1111's error shape (its api.py answers every exception,
+    a 404 included, as ``{"error", "detail", "body", "errors"}``); mounted after every /sdapi/v1 route
+    (apis.mount), so it answers only what they do not."""
+    api = APIRouter(prefix=PREFIX)
+
+    @api.api_route("/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"], include_in_schema=False)
+    async def unknown(path: str, request: Request):
+        return a1111_error(ApiError(404, f"{request.method} {PREFIX}/{ascii(path)[1:-1][:80]} is not served here "
+                                         "(the README's AUTOMATIC1111 section lists the routes served)"))
 
     return api
