@@ -570,3 +570,41 @@ def test_the_openai_sdk_reads_the_stream_and_the_jpeg(served):
     assert base64.b64decode(events[0].b64_json)[:8] == b"\x89PNG\r\n\x1a\n"
     result = sdk.images.generate(model="dall-e-3", prompt="x", response_format="b64_json", output_format="jpeg")
     assert result.output_format == "jpeg" and base64.b64decode(result.data[0].b64_json)[:3] == b"\xff\xd8\xff"
+
+
+def test_mcp_call_with_a_number_beyond_a_float_names_the_argument():
+    """seed 1e400 reaches the mcp SDK as inf, which it turns into null ("None is not of type 'integer'"): the
+    middleware answers the tools/call itself with a tool error naming seed and the number as sent; every other
+    body reaches the app byte for byte, read in chunks."""
+    from fastapi import FastAPI, Request
+    from fastapi.testclient import TestClient
+
+    from sdxl_engine.serving.apis import McpArguments
+
+    app = FastAPI()
+
+    @app.post("/gradio_api/mcp/")
+    async def echo(request: Request):
+        return {"echo": (await request.body()).decode()}
+
+    app.add_middleware(McpArguments)
+    client = TestClient(app)
+    call = '{"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "generate", ' \
+           '"arguments": {"prompt": "x", "seed": 1e400, "guidance_scale": 5.5}}}'
+    answer = client.post("/gradio_api/mcp/", content=call)
+    text = ("seed: 1e400 is not a finite number (beyond what JSON numbers can carry here); send a number within the "
+            "argument's range")
+    assert answer.status_code == 200
+    assert answer.json() == {"jsonrpc": "2.0", "id": 3, "result": {"isError": True, "content": [{"type": "text",
+                                                                                                  "text": text}]}}
+    nan = client.post("/gradio_api/mcp/", content=call.replace("1e400", "7").replace("5.5", "NaN")).json()
+    assert nan["result"]["content"][0]["text"].startswith("guidance_scale: NaN is not a finite number")
+    for body in (call.replace("1e400", "7"), "not json", "[" * 3000 + "]" * 3000,
+                 '{"jsonrpc": "2.0", "method": "notifications/x", "params": {"v": 1e400}}'):
+        assert client.post("/gradio_api/mcp/", content=body).json() == {"echo": body}
+
+    def chunks():
+        yield call[:20].encode()
+        yield call[20:].encode()
+
+    assert client.post("/gradio_api/mcp/", content=chunks()).json()["result"]["isError"] is True
