@@ -1,11 +1,13 @@
 """The protocol APIs' mapping and checks without a server (serving/apis): A1111's and OpenAI's fields to the
 /generate call, refusals with the engine's messages under each protocol's field names, the error shapes, the
-access rules (key, share link) and the flags. tests/e2e/test_apis.py drives them with the real clients."""
+access rules (key, share link) and the flags; then the mounted routes over HTTP (FastAPI's TestClient) with a
+stand-in for the engine call. tests/e2e/test_apis.py drives them with the real clients on a running app."""
 
 import dataclasses
 import json
 import threading
 
+import numpy as np
 import pytest
 
 from sdxl_engine.engine.validation import Limits
@@ -608,3 +610,28 @@ def test_mcp_call_with_a_number_beyond_a_float_names_the_argument():
         yield call[20:].encode()
 
     assert client.post("/gradio_api/mcp/", content=chunks()).json()["result"]["isError"] is True
+
+
+def test_png_info_reads_this_servers_pngs_and_jpegs_and_a1111s_text(served):
+    """POST /sdapi/v1/png-info (webuiapi's png_info): the parameters text of a PNG the handler wrote
+    (images.png_bytes) or a JPEG the OpenAI route encoded, parsed as A1111's parse_generation_parameters."""
+    import base64
+
+    from sdxl_engine.serving.apis.openai_images import encode
+    from sdxl_engine.serving.images import a1111_parameters, png_bytes
+
+    client, _, _ = served
+    text = a1111_parameters("a red circle", "blue", 8, 5.0, 7, 64, 48, "tiny-shapes", sampler="DPM++ 2M Karras",
+                            extra={"Lora hashes": '"ink: 24ffad87cf5b, peft: 8347dfde1941"'})
+    png = png_bytes(np.zeros((48, 64, 3), np.uint8), text)
+    expected = {"Prompt": "a red circle", "Negative prompt": "blue", "Steps": "8", "Sampler": "DPM++ 2M Karras",
+                "CFG scale": "5", "Seed": "7", "Size-1": "64", "Size-2": "48", "Model": "tiny-shapes",
+                "Lora hashes": "ink: 24ffad87cf5b, peft: 8347dfde1941"}
+    answer = client.post("/sdapi/v1/png-info", json={"image": base64.b64encode(png).decode()})
+    assert answer.status_code == 200 and answer.json() == {"info": text, "items": {}, "parameters": expected}
+    jpeg = "data:image/jpeg;base64," + base64.b64encode(encode(png, "jpeg", 80)).decode()
+    assert client.post("/sdapi/v1/png-info", json={"image": jpeg}).json()["parameters"] == expected
+    plain = client.post("/sdapi/v1/png-info", json={"image": base64.b64encode(_png("a cat\nby me")).decode()}).json()
+    assert plain["parameters"] == {"Prompt": "a cat\nby me", "Negative prompt": ""}  # no line of 3+ fields
+    bad = client.post("/sdapi/v1/png-info", json={"image": "bm90IGFuIGltYWdl"})  # "not an image"
+    assert bad.status_code == 422 and bad.json()["detail"].startswith("image: not a base64 PNG, JPEG or WebP image")

@@ -6,7 +6,7 @@ and messages); ``GET progress`` reads progress.TRACKER; ``POST interrupt``/``ski
 the running request; ``sd-models``, ``options``, ``samplers``, ``schedulers``, ``loras``,
 ``prompt-styles``, ``upscalers``, ``latent-upscale-modes``, ``sd-vae``, ``sd-modules``,
 ``hypernetworks``, ``embeddings``, ``scripts``, ``cmd-flags`` and ``refresh-*`` describe the one
-loaded model and what it takes.
+loaded model and what it takes; ``POST png-info`` reads an image's parameters text (:func:`png_info`).
 
 Field mapping (:func:`to_call`): ``steps`` -> num_inference_steps, ``cfg_scale`` -> guidance_scale,
 ``sampler_name`` (else ``sampler_index``) with ``scheduler`` -> the sampler (A1111 1.9 splits
@@ -28,6 +28,7 @@ import base64
 import dataclasses
 import io
 import json
+import re
 import time
 from typing import Annotated
 
@@ -39,6 +40,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict
 
 from sdxl_engine.program.schedulers import SAMPLERS, UnknownSampler, get_sampler
 from sdxl_engine.serving.apis.core import ApiError, Call, Interrupted, generate, model_name, read_json
+from sdxl_engine.serving.apis.openai_images import EXIF_IFD, USER_COMMENT
 from sdxl_engine.serving.progress import TRACKER
 from sdxl_engine.serving.styles import NO_STYLE, STYLES
 
@@ -218,6 +220,73 @@ def infotext(png: bytes) -> str:
     return Image.open(io.BytesIO(png)).text.get("parameters", "")
 
 
+class PngInfo(BaseModel):
+    """A1111's PNGInfoRequest: ``image``, the image as base64 (a ``data:image/...;base64,`` URL too)."""
+
+    image: str
+
+
+# A1111's modules/infotext_utils.py: one "Key: value" of an infotext's last line (a value is plain up to the
+# next comma, or JSON-quoted), and a size value ("1024x768").
+_PARAM = re.compile(r'\s*(\w[\w \-/]+):\s*("(?:\\.|[^\\"])+"|[^,]*)(?:,|$)')
+_IMAGE_SIZE = re.compile(r"^(\d+)x(\d+)$")
+_UNICODE_COMMENT = b"UNICODE\0"  # EXIF UserComment's character-code prefix for UTF-16 text (piexif writes big-endian)
+
+
+def generation_parameters(text: str) -> dict:
+    """An infotext's fields as A1111's ``parse_generation_parameters`` reads them: ``Prompt`` (the lines
+    before ``Negative prompt:``), ``Negative prompt``, and each ``Key: value`` of the last line as text
+    (JSON-quoted values unquoted; a ``WxH`` value as ``Key-1`` and ``Key-2``). The last line counts as
+    fields only when it holds at least 3 of them, as in A1111. A1111's defaults for fields the text
+    lacks (hires fix, inpainting, RNG) are not added: this server has none of them."""
+    *lines, last = text.strip().split("\n")
+    if len(_PARAM.findall(last)) < 3:
+        lines.append(last)
+        last = ""
+    prompt, negative, in_negative = [], [], False
+    for line in lines:
+        line = line.strip()
+        if line.startswith("Negative prompt:"):
+            in_negative, line = True, line[len("Negative prompt:"):].strip()
+        (negative if in_negative else prompt).append(line)
+    fields = {}
+    for key, value in _PARAM.findall(last):
+        if len(value) > 1 and value[0] == value[-1] == '"':
+            try:
+                value = json.loads(value)
+            except ValueError:
+                pass
+        if (size := _IMAGE_SIZE.match(value)) is not None:
+            fields[f"{key}-1"], fields[f"{key}-2"] = size[1], size[2]
+        else:
+            fields[key] = value
+    return {**fields, "Prompt": "\n".join(prompt), "Negative prompt": "\n".join(negative)}
+
+
+def png_info(image_b64: str) -> dict:
+    """A1111's ``POST /sdapi/v1/png-info`` answer (PNGInfoResponse) for a base64 image: ``info``, the
+    generation parameters text (a PNG's ``parameters`` chunk, or the EXIF UserComment of a JPEG or WebP,
+    where A1111 and this server's OpenAI API put it); ``items``, the image's other text fields;
+    ``parameters``, ``info`` parsed (:func:`generation_parameters`). Only the image's header and text
+    are read, never its pixels. Raises ApiError 400 (param ``image``) for what is no image."""
+    data = image_b64.strip()
+    if data.startswith("data:image/"):
+        data = data.partition(",")[2]
+    try:
+        image = Image.open(io.BytesIO(base64.b64decode(data, validate=True)))
+        items = dict(image.info)
+        comment = image.getexif().get_ifd(EXIF_IFD).get(USER_COMMENT, b"") if "exif" in items else b""
+    except (ValueError, OSError, SyntaxError) as err:  # binascii.Error is a ValueError
+        raise ApiError(400, f"image: not a base64 PNG, JPEG or WebP image ({str(err)[:80]})", "image") from None
+    text = items.pop("parameters", None)
+    if isinstance(comment, bytes) and comment:
+        text = comment[8:].decode("utf-16-be", "replace") if comment.startswith(_UNICODE_COMMENT) \
+            else comment[8:].decode("utf-8", "ignore")
+    text = text if isinstance(text, str) else ""
+    items = {k: v for k, v in items.items() if isinstance(k, str) and isinstance(v, str)}
+    return {"info": text, "items": items, "parameters": generation_parameters(text) if text else {}}
+
+
 def info_record(body: Txt2Img, info: dict, seeds: list[int], infotexts: list[str]) -> dict:
     """A1111's ``info`` object (processing.Processed.js) for one txt2img answer.
 
@@ -315,6 +384,13 @@ def router(demo, engine, flags: dict, loras) -> APIRouter:
         return {"images": images, "parameters": body.model_dump(),
                 "info": json.dumps(info_record(body, {**made.info, "warnings": warnings + made.info["warnings"]},
                                                made.seeds, texts))}
+
+    @api.post("/png-info")
+    async def png_info_route(body: PngInfo):
+        try:
+            return png_info(body.image)
+        except ApiError as err:
+            return a1111_error(err, bad_value=422)
 
     @api.post("/img2img")
     async def img2img():
