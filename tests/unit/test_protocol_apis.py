@@ -479,7 +479,7 @@ def test_a1111_fields_not_honoured_are_named_in_info_warnings_and_one_log_line(s
     client, _, lines = served
     body = {"prompt": "x", "enable_hr": True, "hr_scale": 2, "alwayson_scripts": {"ControlNet": {"args": []}},
             "refiner_checkpoint": "sdxl-refiner", "restore_faces": True, "tiling": True, "subseed_strength": 0.5,
-            "eta": 0.3, "s_noise": 0.9, "init_images": ["aGk="],
+            "eta": 0.3, "sampler_name": "Euler a", "s_noise": 0.9, "init_images": ["aGk="],
             "override_settings": {"sd_model_checkpoint": "other.safetensors", "CLIP_stop_at_last_layers": 2,
                                   "sd_vae": "Automatic"}}
     info = json.loads(client.post("/sdapi/v1/txt2img", json=body).json()["info"])
@@ -508,6 +508,12 @@ def test_a1111_fields_not_honoured_are_named_in_info_warnings_and_one_log_line(s
                 "do_not_save_grid": True}
     assert json.loads(client.post("/sdapi/v1/txt2img", json=defaults).json()["info"])["warnings"] == ["engine note"]
     assert lines == []
+    for sampler, eta, warned in (("Euler a", 1.0, False), ("DDIM", 0, False), ("DDIM", 1.0, True),
+                                 ("Euler", 0.5, False), ("DPM++ 2M", 1.0, False)):  # eta adds noise in these two
+        sent = {"prompt": "x", "sampler_name": sampler, "eta": eta}
+        warnings = json.loads(client.post("/sdapi/v1/txt2img", json=sent).json()["info"])["warnings"]
+        assert warnings == ([f"eta={eta} ignored: eta is fixed per sampler here (Euler a 1, DDIM 0: A1111's defaults)"]
+                            if warned else []) + ["engine note"]
 
 
 @pytest.mark.parametrize("scheduler, sampler", [("N/A", "Euler a"), ("", "Euler a"), ("whatever", "Euler a"),

@@ -30,7 +30,7 @@ import io
 import json
 import re
 import time
-from typing import Annotated
+from typing import Annotated, Callable
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
@@ -99,11 +99,19 @@ class Txt2Img(BaseModel):
 class Ignored:
     """A txt2img field (A1111's StableDiffusionProcessingTxt2Img) that would change the images and is not
     honoured here: ``defaults`` are the values that change nothing (A1111's default, and what A1111 reads
-    as it: None, an empty list), so only another value is named in a warning; ``why`` says what happens."""
+    as it: None, an empty list), so only another value is named in a warning; or a function of the request
+    giving them (None: the field changes nothing for that request); ``why`` says what happens."""
 
     name: str
-    defaults: tuple
+    defaults: tuple | Callable[[BaseModel], tuple | None]
     why: str
+
+
+def _eta_defaults(body) -> tuple | None:
+    """eta's neutral values for the request's sampler: A1111's eta_ancestral 1 for Euler a, eta_ddim 0 for DDIM;
+    the other samplers here draw no noise, so eta changes nothing for them."""
+    name = (body.sampler_name or body.sampler_index or "").strip().lower()
+    return (*_UNSET, 1) if name == "euler a" else (*_UNSET, 0) if name == "ddim" else None
 
 
 _UNSET = (None, "", [], {})
@@ -125,7 +133,7 @@ IGNORED = (
     Ignored("subseed_strength", (*_UNSET, 0), "no variation seeds here: each image is its seed alone"),
     Ignored("seed_resize_from_w", (*_UNSET, 0, -1), "no seed resize here"),
     Ignored("seed_resize_from_h", (*_UNSET, 0, -1), "no seed resize here"),
-    Ignored("eta", _UNSET, "eta is fixed per sampler here (Euler a 1, DDIM 0: A1111's defaults)"),
+    Ignored("eta", _eta_defaults, "eta is fixed per sampler here (Euler a 1, DDIM 0: A1111's defaults)"),
     Ignored("s_churn", (*_UNSET, 0), "the sampler noise settings are fixed here (A1111's defaults)"),
     Ignored("s_tmin", (*_UNSET, 0), "the sampler noise settings are fixed here (A1111's defaults)"),
     Ignored("s_tmax", (*_UNSET, 0), "the sampler noise settings are fixed here (A1111's defaults)"),
@@ -141,8 +149,11 @@ def ignored_warnings(body: Txt2Img, options: dict) -> list[str]:
     ``override_settings`` entries other than ``options`` (GET /options: this server's fixed values), one
     line each, in the table's order. A field at one of its defaults gives none."""
     sent = body.model_extra or {}
-    warnings = [f"{row.name}={_short(sent[row.name])} ignored: {row.why}"
-                for row in IGNORED if row.name in sent and not _at_default(sent[row.name], row.defaults)]
+    warnings = []
+    for row in IGNORED:
+        defaults = row.defaults(body) if callable(row.defaults) else row.defaults
+        if row.name in sent and defaults is not None and not _at_default(sent[row.name], defaults):
+            warnings.append(f"{row.name}={_short(sent[row.name])} ignored: {row.why}")
     overrides = sent.get("override_settings")
     for key, value in (overrides.items() if isinstance(overrides, dict) else ()):
         if key in options and options[key] == value:
