@@ -641,3 +641,17 @@ def test_png_info_reads_this_servers_pngs_and_jpegs_and_a1111s_text(served):
     assert plain["parameters"] == {"Prompt": "a cat\nby me", "Negative prompt": ""}  # no line of 3+ fields
     bad = client.post("/sdapi/v1/png-info", json={"image": "bm90IGFuIGltYWdl"})  # "not an image"
     assert bad.status_code == 422 and bad.json()["detail"].startswith("image: not a base64 PNG, JPEG or WebP image")
+
+
+def test_the_readme_names_every_field_the_a1111_table_does_not_honour():
+    """README's AUTOMATIC1111 section lists IGNORED's fields by hand; this keeps the two from drifting."""
+    from pathlib import Path
+
+    from sdxl_engine.serving.apis.a1111 import IGNORED
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    section = readme[readme.index("### AUTOMATIC1111 API"):readme.index("### OpenAI Images API")]
+    missing = [row.name for row in IGNORED if f"`{row.name}`" not in section
+               and f"`{row.name.rsplit('_', 1)[0]}_w/h`" not in section
+               and f"`{row.name.rsplit('_', 1)[0]}_width/height`" not in section]
+    assert missing == []
