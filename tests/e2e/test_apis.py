@@ -245,7 +245,7 @@ def test_openai_url_format_and_errors(app):
     assert err.value.status_code == 400 and err.value.param == "size"
     assert err.value.body["message"].startswith("size: 96x96 is not a supported size; choose one of 64x64")
     with pytest.raises(openai.NotFoundError) as err:
-        client.images.generate(model="dall-e-3", prompt=PROMPT)
+        client.images.generate(model="sdxl-turbo", prompt=PROMPT)
     assert err.value.code == "model_not_found"
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=app.url + "v1", api_key="wrong").images.generate(prompt=PROMPT)
@@ -254,6 +254,51 @@ def test_openai_url_format_and_errors(app):
         answer = httpx.request(method, app.url + path, headers=headers, json={})
         assert answer.status_code == 404 and answer.json()["error"]["message"] == (
             f"{method} /{path} is not served here; this server has POST /v1/images/generations, GET /v1/models")
+
+
+def test_openai_model_aliases_jpeg_and_stream_through_the_sdk(app):
+    """OpenAI's model names are the loaded model: dall-e-3 answers a URL as DALL-E did; gpt-image-1 with
+    output_format jpeg a JPEG with the parameters in its EXIF UserComment; stream=True yields the completed
+    image events with the page's image for the seed-following PNGs."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=app.url + "v1", api_key=KEY)
+    assert client.images.generate(model="dall-e-3", prompt=PROMPT, size="64x64").data[0].url.startswith(
+        app.url + "v1/images/files/")
+    jpeg = client.images.generate(model="gpt-image-1", prompt=PROMPT, size="64x64", output_format="jpeg",
+                                  output_compression=90)
+    image = Image.open(io.BytesIO(base64.b64decode(jpeg.data[0].b64_json)))
+    assert (image.format, jpeg.output_format) == ("JPEG", "jpeg")
+    assert image.getexif().get_ifd(0x8769)[0x9286][8:].decode("utf-16-be").startswith(PROMPT + "\nSteps: ")
+    events = list(client.images.generate(model="gpt-image-1", prompt=PROMPT, size="64x64", n=2, stream=True))
+    assert [(e.type, e.size, e.output_format) for e in events] == [("image_generation.completed", "64x64", "png")] * 2
+
+
+def test_a1111_body_checks_warnings_and_png_info_on_the_running_app(webui):
+    """A lone surrogate is a 422 naming the field before anything runs (it was a 500 after generating); "seed":
+    true is a 422; an unknown path is A1111's 404 shape; fields not honoured are named in info's warnings;
+    scheduler "N/A" is Automatic; send_images false sends none; png-info reads a PNG this server made."""
+    post = webui.session.post
+    surrogate = post(f"{webui.baseurl}/txt2img", data='{"prompt": "a red \\ud800 circle", "steps": 2}',
+                     headers={"Content-Type": "application/json"})
+    assert surrogate.status_code == 422 and surrogate.json()["detail"].startswith(
+        "prompt: holds a lone surrogate (\\ud800 at character 6)")
+    boolean = post(f"{webui.baseurl}/txt2img", json={"prompt": PROMPT, "seed": True, "steps": 2, **SIZE})
+    assert boolean.status_code == 422 and boolean.json()["detail"][0]["loc"] == ["body", "seed"]
+    unknown = webui.session.get(f"{webui.baseurl}/no-such-route")
+    assert unknown.status_code == 404 and set(unknown.json()) == {"error", "detail", "body", "errors"}
+    result = webui.txt2img(prompt=PROMPT, seed=3, steps=2, scheduler="N/A", enable_hr=True, restore_faces=True,
+                           **SIZE)
+    assert result.info["scheduler"] == "Automatic" and result.info["warnings"][:2] == [
+        "enable_hr=true ignored: no hires fix here: the images are made at width x height in one pass",
+        "restore_faces=true ignored: no face restoration here"]
+    hidden = post(f"{webui.baseurl}/txt2img", json={"prompt": PROMPT, "seed": 3, "steps": 2, "send_images": False,
+                                                    **SIZE}).json()
+    assert hidden["images"] == [] and json.loads(hidden["info"])["all_seeds"] == [3]
+    info = post(f"{webui.baseurl}/png-info", json={"image": result.json["images"][0]}).json()
+    assert info["info"] == result.info["infotexts"][0]
+    parsed = info["parameters"]
+    assert (parsed["Prompt"], parsed["Seed"], parsed["Size-1"], parsed["Steps"]) == (PROMPT, "3", "64", "2")
 
 
 def test_an_over_long_body_is_a_413_in_each_protocols_shape(app):

@@ -1,11 +1,13 @@
 """The protocol APIs' mapping and checks without a server (serving/apis): A1111's and OpenAI's fields to the
 /generate call, refusals with the engine's messages under each protocol's field names, the error shapes, the
-access rules (key, share link) and the flags. tests/e2e/test_apis.py drives them with the real clients."""
+access rules (key, share link) and the flags; then the mounted routes over HTTP (FastAPI's TestClient) with a
+stand-in for the engine call. tests/e2e/test_apis.py drives them with the real clients on a running app."""
 
 import dataclasses
 import json
 import threading
 
+import numpy as np
 import pytest
 
 from sdxl_engine.engine.validation import Limits
@@ -14,7 +16,7 @@ from sdxl_engine.serving.apis import Access, access_for, key_refusal
 from sdxl_engine.serving.apis.a1111 import (Txt2Img, a1111_error, info_record, progress_record, sampler_of,
                                             to_call as a1111_call)
 from sdxl_engine.serving.apis.core import ApiError, Call, FileTokens, check
-from sdxl_engine.serving.apis.openai_images import openai_error, parse_size, to_call as openai_call
+from sdxl_engine.serving.apis.openai_images import Answer, openai_error, parse_size, to_call as openai_call
 from sdxl_engine.serving.progress import JOBS
 
 LIMITS = Limits(max_seed=2**32 - 1, max_steps=50, sizes=((64, 64), (80, 48)), default_size=(64, 64),
@@ -118,11 +120,37 @@ def test_check_refuses_with_503_when_the_engine_failed_to_start():
 
 
 def test_openai_body_maps_to_the_generate_call():
-    call, fmt = openai_call({"prompt": "a red circle", "n": 4, "size": "80x48", "model": "tiny-shapes",
-                             "quality": "hd", "style": "vivid", "user": "u1"}, "tiny-shapes")
-    assert (call.values(-1), call.images, fmt) == (["a red circle", "", -1, None, None, 80, 48, "(No style)", None],
-                                                   4, "b64_json")
+    call, answer = openai_call({"prompt": "a red circle", "n": 4, "size": "80x48", "model": "tiny-shapes",
+                                "quality": "hd", "style": "vivid", "user": "u1"}, "tiny-shapes")
+    assert (call.values(-1), call.images) == (["a red circle", "", -1, None, None, 80, 48, "(No style)", None], 4)
+    assert answer == Answer("b64_json", "png", 100, False, (
+        'quality="hd" ignored: the steps and size decide the quality here',
+        'style="vivid" ignored: no vivid/natural styles here: describe the style in the prompt'))
     assert openai_call({"prompt": "x", "size": "auto", "response_format": "url"}, "m")[0].width is None
+    defaults = {"prompt": "x", "quality": "auto", "background": "opaque", "partial_images": 0, "moderation": "low",
+                "output_compression": 100, "stream": False}
+    assert openai_call(defaults, "m")[1] == Answer()
+
+
+@pytest.mark.parametrize("model, response_format", [
+    (None, "b64_json"), ("tiny-shapes", "b64_json"), ("gpt-image-1", "b64_json"), ("gpt-image-1-mini", "b64_json"),
+    ("dall-e-3", "url"), ("dall-e-2", "url"),
+])
+def test_openai_model_names_are_aliases_answering_as_that_model_does(model, response_format):
+    """OpenAI's GPT image models answer base64 without being asked; DALL-E answered URLs by default."""
+    assert openai_call({"prompt": "x", "model": model}, "tiny-shapes")[1].response_format == response_format
+    assert openai_call({"prompt": "x", "model": model, "response_format": "b64_json"},
+                       "tiny-shapes")[1].response_format == "b64_json"
+
+
+def test_openai_output_format_compression_and_stream_are_read():
+    answer = openai_call({"prompt": "x", "output_format": "jpeg", "output_compression": 40, "stream": True}, "m")[1]
+    assert answer == Answer("b64_json", "jpeg", 40, True, ())
+    png_compressed = openai_call({"prompt": "x", "output_compression": 40, "partial_images": 2, "stream": True},
+                                 "m")[1]
+    assert png_compressed.warnings == (
+        "partial_images=2 ignored: only the final image is sent here (no partial images)",
+        "output_compression=40 ignored: PNG is lossless (it applies to jpeg and webp)")
     assert parse_size("1024 x 768") == (1024, 768) and parse_size(None) is None
 
 
@@ -134,14 +162,39 @@ def test_openai_body_maps_to_the_generate_call():
                                                   "or \"auto\"; got 'big'"),
     ({"prompt": "x", "response_format": "png"}, 400, "response_format",
      "response_format: must be one of b64_json, url, got 'png'"),
-    ({"prompt": "x", "model": "dall-e-3"}, 404, "model",
-     "model: 'dall-e-3' is not served here; this server has 'tiny-shapes' (GET /v1/models)"),
+    ({"prompt": "x", "model": "sdxl-turbo"}, 404, "model",
+     "model: 'sdxl-turbo' is not served here; this server has 'tiny-shapes' (GET /v1/models), also under OpenAI's "
+     "names gpt-image-*, dall-e-2, dall-e-3"),
+    ({"prompt": "x", "model": "gpt-image-1", "response_format": "url"}, 400, "response_format",
+     "response_format: 'url' is not supported with 'gpt-image-1': GPT image models answer b64_json (leave "
+     "response_format out)"),
+    ({"prompt": "x", "output_format": "gif"}, 400, "output_format",
+     "output_format: must be one of png, jpeg, webp, got 'gif'"),
+    ({"prompt": "x", "output_format": "jpeg", "output_compression": 101}, 400, "output_compression",
+     "output_compression: must be between 0 and 100, got 101"),
+    ({"prompt": "x", "output_compression": True}, 400, "output_compression",
+     "output_compression: expected a whole number, got bool"),
+    ({"prompt": "x", "stream": "yes"}, 400, "stream", "stream: expected true or false, got 'yes'"),
+    ({"prompt": "x", "partial_images": 4}, 400, "partial_images", "partial_images: must be between 0 and 3, got 4"),
+    ({"prompt": "x", "model": "dall-e-3", "output_format": "webp"}, 400, "output_format",
+     "output_format: url answers are PNG files, sent whole; ask for response_format b64_json for webp images"),
+    ({"prompt": "x", "response_format": "url", "stream": True}, 400, "stream",
+     "stream: url answers are PNG files, sent whole; ask for response_format b64_json for a stream"),
     ([1, 2], 400, None, "the request body must be a JSON object"),
 ])
 def test_openai_refusals(body, status, param, message):
     with pytest.raises(ApiError) as err:
         openai_call(body, "tiny-shapes")
     assert (err.value.status, err.value.param, err.value.message) == (status, param, message)
+
+
+def test_openai_n_over_the_limit_is_refused_naming_n():
+    call, _ = openai_call({"prompt": "x", "n": 17}, "tiny-shapes")
+    with pytest.raises(ApiError) as err:
+        check(StartedEngine(), call)
+    assert (err.value.status, err.value.param, err.value.message) == (
+        400, "n", "n: this server makes 1 to 16 images per request (4 engine calls of 4), got 17")
+    check(StartedEngine(), openai_call({"prompt": "x", "n": 16}, "tiny-shapes")[0])
 
 
 def test_openai_size_refusal_names_size_with_the_engines_sizes():
@@ -279,3 +332,331 @@ def test_mounted_routes_off_on_a_share_link_and_keyed_otherwise():
     assert refused.headers["www-authenticate"] == "Bearer"
     assert keyed.get("/gradio_api/mcp/").status_code == 401
     assert keyed.get("/v1/images/files/unknown.png").status_code == 404
+
+
+# --- The mounted routes, driven over HTTP with FastAPI's TestClient; the engine call (core.generate) is a
+# stand-in that makes PNGs with a parameters chunk and records the calls it got.
+
+def _png(text: str, color: str = "red") -> bytes:
+    import io
+
+    from PIL import Image, PngImagePlugin
+
+    info = PngImagePlugin.PngInfo()
+    info.add_text("parameters", text)
+    out = io.BytesIO()
+    Image.new("RGB", (8, 8), color).save(out, "PNG", pnginfo=info)
+    return out.getvalue()
+
+
+@pytest.fixture
+def served(monkeypatch, tmp_path):
+    """(TestClient of the mounted APIs, the calls core.generate got, the lines logged)."""
+    import types
+
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from sdxl_engine.serving.apis import a1111, mount, openai_images
+    from sdxl_engine.serving.apis.core import Generated
+
+    calls = []
+
+    async def generate(demo, engine, request, call, owner):
+        calls.append(call)
+        n = call.images or 4
+        seeds = [7 + i for i in range(n)]
+        pngs = [_png(f"{call.prompt}\nNegative prompt: {call.negative_prompt}\nSteps: 2, Seed: {s}") for s in seeds]
+        paths = []
+        for i, png in enumerate(pngs):
+            (tmp_path / f"{i}.png").write_bytes(png)
+            paths.append(str(tmp_path / f"{i}.png"))
+        info = {"prompt": f"styled {call.prompt}", "negative_prompt": f"styled {call.negative_prompt}", "width": 8,
+                "height": 8, "sampler": "Euler", "guidance_scale": 5.0, "num_inference_steps": 2,
+                "model": "tiny-shapes", "style": "(No style)", "latency_s": 0.1, "warnings": ["engine note"],
+                "seeds": seeds}
+        return Generated(pngs, seeds, info, paths)
+
+    monkeypatch.setattr(a1111, "generate", generate)
+    monkeypatch.setattr(openai_images, "generate", generate)
+    engine = types.SimpleNamespace(model=types.SimpleNamespace(name="tiny-shapes"), limits=LIMITS)
+    app = FastAPI()
+    mount(app, None, engine, access_for("", share=False, public_api=False), {}, log=lambda line: None)
+    lines = []
+    monkeypatch.setattr("builtins.print", lambda *args, **kwargs: lines.append(" ".join(map(str, args))))
+    return TestClient(app), calls, lines
+
+
+@pytest.mark.parametrize("body, field", [
+    ('{"prompt": "a red \\ud800 circle"}', "prompt"),
+    ('{"prompt": "x", "negative_prompt": "blue \\udfff"}', "negative_prompt"),
+    ('{"prompt": "x", "styles": ["Anime", "\\ud800"]}', "styles[1]"),
+    ('{"prompt": "x", "alwayson_scripts": {"cn": {"args": [{"m": "\\udc00"}]}}}', "alwayson_scripts.cn.args[0].m"),
+    ('{"prompt": "x", "override_settings": {"sd_vae\\ud800": 1}}', "override_settings"),
+])
+def test_a1111_refuses_a_lone_surrogate_in_any_string_before_generating(served, body, field):
+    """A lone surrogate cannot be sent back as UTF-8 (the answer echoes the request): a 422 in A1111's shape
+    naming the field, before anything is generated, instead of a 500 after."""
+    client, calls, lines = served
+    answer = client.post("/sdapi/v1/txt2img", content=body, headers={"Content-Type": "application/json"})
+    assert answer.status_code == 422 and calls == []
+    detail = answer.json()["detail"]
+    assert answer.json()["error"] == "InvalidRequest" and detail.startswith(f"{field}: ")
+    assert "holds a lone surrogate (\\u" in detail and detail == answer.json()["errors"]
+    assert lines == [f"[app] request refused: /sdapi/v1/txt2img: {detail}"]
+
+
+def test_a1111_options_and_openai_refuse_a_lone_surrogate_naming_the_field(served):
+    client, calls, _ = served
+    options = client.post("/sdapi/v1/options", content='{"sd_model_checkpoint\\ud800": "x"}',
+                          headers={"Content-Type": "application/json"})
+    assert options.status_code == 422 and options.json()["detail"] == (
+        "the request body: the key 'sd_model_checkpoint\\ud800' holds a lone surrogate (\\ud800 at character 19), "
+        "which is not a character: send text as UTF-8, or pair each \\ud800-\\udbff escape with a \\udc00-\\udfff one")
+    value = client.post("/sdapi/v1/options", content='{"sd_vae": "\\ud800"}',
+                        headers={"Content-Type": "application/json"})
+    assert value.status_code == 422 and value.json()["detail"].startswith("sd_vae: holds a lone surrogate (\\ud800 at")
+    openai = client.post("/v1/images/generations", content='{"prompt": "a \\ud800"}')
+    assert openai.status_code == 400 and openai.json()["error"]["param"] == "prompt"
+    assert openai.json()["error"]["message"].startswith("prompt: holds a lone surrogate (\\ud800 at character 2)")
+    paired = client.post("/sdapi/v1/txt2img", content='{"prompt": "a \\ud83d\\ude00 circle"}',
+                         headers={"Content-Type": "application/json"})  # a valid pair: an emoji
+    assert paired.status_code == 200 and calls[0].prompt == "a \U0001F600 circle"
+
+
+def test_a_deeply_nested_body_is_named_as_such(served):
+    client, calls, _ = served
+    message = ("the request body is too deeply nested (more than 64 levels of [ or {): no field here nests so deep")
+    for depth in (65, 5000):
+        body = '{"prompt": "x", "alwayson_scripts": ' + "[" * depth + "]" * depth + "}"
+        a1111 = client.post("/sdapi/v1/txt2img", content=body, headers={"Content-Type": "application/json"})
+        assert (a1111.status_code, a1111.json()["detail"]) == (422, message)
+        options = client.post("/sdapi/v1/options", content="[" * depth + "]" * depth)
+        assert (options.status_code, options.json()["detail"]) == (422, message)
+        openai = client.post("/v1/images/generations",
+                             content='{"prompt": "x", "user": ' + "[" * depth + "]" * depth + "}")
+        assert (openai.status_code, openai.json()["error"]["message"]) == (400, message)
+    assert calls == []
+    nested = client.post("/sdapi/v1/txt2img", headers={"Content-Type": "application/json"},
+                         content='{"prompt": "x", "alwayson_scripts": ' + "[" * 60 + "]" * 60 + "}")
+    assert nested.status_code == 200
+
+
+def test_unknown_a1111_paths_answer_in_a1111s_error_shape(served):
+    client, _, _ = served
+    for method in ("GET", "POST"):
+        answer = client.request(method, "/sdapi/v1/no-such-route")
+        assert answer.status_code == 404 and answer.json() == {
+            "error": "HTTPException", "detail": f"{method} /sdapi/v1/no-such-route is not served here (the README's "
+                                                "AUTOMATIC1111 section lists the routes served)",
+            "body": "", "errors": f"{method} /sdapi/v1/no-such-route is not served here (the README's "
+                                  "AUTOMATIC1111 section lists the routes served)"}
+    assert client.get("/sdapi/v1/sd-models").json()[0]["title"] == "tiny-shapes"  # routes still answer first
+
+
+@pytest.mark.parametrize("field", ["seed", "steps", "cfg_scale", "width", "height", "batch_size", "n_iter"])
+def test_a1111_number_fields_refuse_booleans(served, field):
+    client, calls, _ = served
+    answer = client.post("/sdapi/v1/txt2img", json={"prompt": "x", field: True})
+    assert answer.status_code == 422 and calls == []
+    error = answer.json()["detail"][0]
+    assert (error["loc"], error["msg"]) == (["body", field], "Value error, expected a number, got true")
+    assert client.post("/sdapi/v1/txt2img", json={"prompt": "x", field: 2}).status_code == 200
+
+
+def test_a1111_info_send_images_and_negative_prompts(served):
+    """info's all_prompts / all_negative_prompts are each the prompt the images were made from (after the style);
+    send_images false answers no images but the whole info."""
+    client, _, _ = served
+    body = {"prompt": "a red circle", "negative_prompt": "blue", "batch_size": 2}
+    shown = client.post("/sdapi/v1/txt2img", json=body).json()
+    info = json.loads(shown["info"])
+    assert (info["all_prompts"], info["all_negative_prompts"], info["negative_prompt"]) == (
+        ["styled a red circle"] * 2, ["styled blue"] * 2, "blue")
+    assert len(shown["images"]) == 2
+    assert info["infotexts"][1] == "a red circle\nNegative prompt: blue\nSteps: 2, Seed: 8"
+    hidden = client.post("/sdapi/v1/txt2img", json={**body, "send_images": False}).json()
+    assert hidden["images"] == [] and json.loads(hidden["info"])["all_seeds"] == [7, 8]
+    assert json.loads(hidden["info"])["infotexts"] == info["infotexts"]
+
+
+def test_a1111_fields_not_honoured_are_named_in_info_warnings_and_one_log_line(served):
+    client, _, lines = served
+    body = {"prompt": "x", "enable_hr": True, "hr_scale": 2, "alwayson_scripts": {"ControlNet": {"args": []}},
+            "refiner_checkpoint": "sdxl-refiner", "restore_faces": True, "tiling": True, "subseed_strength": 0.5,
+            "eta": 0.3, "sampler_name": "Euler a", "s_noise": 0.9, "init_images": ["aGk="],
+            "override_settings": {"sd_model_checkpoint": "other.safetensors", "CLIP_stop_at_last_layers": 2,
+                                  "sd_vae": "Automatic"}}
+    info = json.loads(client.post("/sdapi/v1/txt2img", json=body).json()["info"])
+    expected = [
+        "enable_hr=true ignored: no hires fix here: the images are made at width x height in one pass",
+        "refiner_checkpoint=\"sdxl-refiner\" ignored: no refiner here: the loaded model makes every step",
+        'alwayson_scripts={"ControlNet": {"args": []}} ignored: no scripts or extensions here (ControlNet, '
+        "ADetailer...): they did not run",
+        'init_images=["aGk="] ignored: txt2img takes no image, and img2img is not served here',
+        "restore_faces=true ignored: no face restoration here",
+        "tiling=true ignored: no tiling here: the images do not wrap around",
+        "subseed_strength=0.5 ignored: no variation seeds here: each image is its seed alone",
+        "eta=0.3 ignored: eta is fixed per sampler here (Euler a 1, DDIM 0: A1111's defaults)",
+        "s_noise=0.9 ignored: the sampler noise settings are fixed here (A1111's defaults)",
+        "override_settings.sd_model_checkpoint=\"other.safetensors\" ignored: this server serves one model, "
+        "'tiny-shapes', loaded at start-up",
+        "override_settings.CLIP_stop_at_last_layers=2 ignored: clip skip is fixed at 1 here",
+    ]
+    assert info["warnings"] == expected + ["engine note"]  # sd_vae "Automatic" is this server's value: no warning
+    assert lines == [f"[app] A1111 txt2img: 11 field(s) not honoured: {'; '.join(expected)}"]
+    lines.clear()
+    defaults = {"prompt": "x", "enable_hr": False, "hr_scale": 2, "restore_faces": False, "tiling": None,
+                "subseed": 5, "subseed_strength": 0, "seed_resize_from_w": -1, "s_noise": 1.0, "eta": None,
+                "alwayson_scripts": {}, "script_args": [], "refiner_checkpoint": "", "denoising_strength": 0.7,
+                "override_settings": {"sd_model_checkpoint": "tiny-shapes", "CLIP_stop_at_last_layers": 1},
+                "do_not_save_grid": True}
+    assert json.loads(client.post("/sdapi/v1/txt2img", json=defaults).json()["info"])["warnings"] == ["engine note"]
+    assert lines == []
+    for sampler, eta, warned in (("Euler a", 1.0, False), ("DDIM", 0, False), ("DDIM", 1.0, True),
+                                 ("Euler", 0.5, False), ("DPM++ 2M", 1.0, False)):  # eta adds noise in these two
+        sent = {"prompt": "x", "sampler_name": sampler, "eta": eta}
+        warnings = json.loads(client.post("/sdapi/v1/txt2img", json=sent).json()["info"])["warnings"]
+        assert warnings == ([f"eta={eta} ignored: eta is fixed per sampler here (Euler a 1, DDIM 0: A1111's defaults)"]
+                            if warned else []) + ["engine note"]
+
+
+@pytest.mark.parametrize("scheduler, sampler", [("N/A", "Euler a"), ("", "Euler a"), ("whatever", "Euler a"),
+                                               ("automatic", "Euler a")])
+def test_a1111_unknown_scheduler_names_are_automatic_as_in_a1111(scheduler, sampler):
+    assert sampler_of("Euler a", scheduler) == sampler
+    assert sampler_of("DPM++ 2M", "N/A") == "DPM++ 2M"
+
+
+def test_a1111_schedulers_it_knows_but_this_server_lacks_are_refused():
+    for scheduler in ("Exponential", "SGM Uniform", "align_your_steps"):
+        with pytest.raises(ApiError) as err:
+            sampler_of("Euler", scheduler)
+        assert err.value.message.startswith(f"scheduler: {scheduler!r} is not available for sampler 'Euler'")
+
+
+def test_openai_routes_encode_stream_and_warn(served):
+    import base64
+    import io
+
+    from PIL import Image
+
+    client, calls, lines = served
+    answer = client.post("/v1/images/generations", json={"prompt": "a red circle", "model": "gpt-image-1", "n": 2,
+                                                         "output_format": "jpeg", "output_compression": 50,
+                                                         "quality": "high"})
+    assert answer.status_code == 200 and answer.json()["output_format"] == "jpeg"
+    assert answer.headers["x-sdxl-warnings"] == 'quality="high" ignored: the steps and size decide the quality here'
+    assert lines == ['[app] OpenAI images: 1 field(s) not honoured: quality="high" ignored: the steps and size '
+                     "decide the quality here"]
+    image = Image.open(io.BytesIO(base64.b64decode(answer.json()["data"][1]["b64_json"])))
+    comment = image.getexif().get_ifd(0x8769)[0x9286]
+    assert image.format == "JPEG"
+    assert comment == b"UNICODE\0" + "a red circle\nNegative prompt: \nSteps: 2, Seed: 8".encode("utf-16-be")
+    assert tuple(round(c / 16) for c in image.convert("RGB").getpixel((4, 4))) == (16, 0, 0)  # red, as made
+    webp = client.post("/v1/images/generations", json={"prompt": "x", "output_format": "webp"}).json()
+    assert Image.open(io.BytesIO(base64.b64decode(webp["data"][0]["b64_json"]))).format == "WEBP"
+    url = client.post("/v1/images/generations", json={"prompt": "x", "model": "dall-e-3"}).json()
+    assert url["data"][0]["url"].startswith("http://testserver/v1/images/files/")
+    streamed = client.post("/v1/images/generations", json={"prompt": "x", "n": 2, "stream": True})
+    assert streamed.headers["content-type"].startswith("text/event-stream")
+    events = [block.split("\n") for block in streamed.text.strip().split("\n\n")]
+    assert [e[0] for e in events] == ["event: image_generation.completed"] * 2
+    data = [json.loads(e[1].removeprefix("data: ")) for e in events]
+    assert [(d["type"], d["output_format"], d["size"]) for d in data] == [
+        ("image_generation.completed", "png", "8x8")] * 2
+    assert base64.b64decode(data[1]["b64_json"]) == _png("x\nNegative prompt: \nSteps: 2, Seed: 8")
+
+
+def test_the_openai_sdk_reads_the_stream_and_the_jpeg(served):
+    """openai's own client (over the TestClient's transport): stream=True yields the completed events as its
+    types (ImageGenCompletedEvent), and output_format="jpeg" gives a JPEG."""
+    import base64
+
+    from openai import OpenAI
+
+    client, _, _ = served
+    sdk = OpenAI(base_url="http://testserver/v1", api_key="any", http_client=client)
+    events = list(sdk.images.generate(model="gpt-image-1", prompt="a red circle", n=2, stream=True))
+    assert [(type(e).__name__, e.type, e.size) for e in events] == [
+        ("ImageGenCompletedEvent", "image_generation.completed", "8x8")] * 2
+    assert base64.b64decode(events[0].b64_json)[:8] == b"\x89PNG\r\n\x1a\n"
+    result = sdk.images.generate(model="dall-e-3", prompt="x", response_format="b64_json", output_format="jpeg")
+    assert result.output_format == "jpeg" and base64.b64decode(result.data[0].b64_json)[:3] == b"\xff\xd8\xff"
+
+
+def test_mcp_call_with_a_number_beyond_a_float_names_the_argument():
+    """seed 1e400 reaches the mcp SDK as inf, which it turns into null ("None is not of type 'integer'"): the
+    middleware answers the tools/call itself with a tool error naming seed and the number as sent; every other
+    body reaches the app byte for byte, read in chunks."""
+    from fastapi import FastAPI, Request
+    from fastapi.testclient import TestClient
+
+    from sdxl_engine.serving.apis import McpArguments
+
+    app = FastAPI()
+
+    @app.post("/gradio_api/mcp/")
+    async def echo(request: Request):
+        return {"echo": (await request.body()).decode()}
+
+    app.add_middleware(McpArguments)
+    client = TestClient(app)
+    call = '{"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "generate", ' \
+           '"arguments": {"prompt": "x", "seed": 1e400, "guidance_scale": 5.5}}}'
+    answer = client.post("/gradio_api/mcp/", content=call)
+    text = ("seed: 1e400 is not a finite number (beyond what JSON numbers can carry here); send a number within the "
+            "argument's range")
+    assert answer.status_code == 200
+    assert answer.json() == {"jsonrpc": "2.0", "id": 3, "result": {"isError": True, "content": [{"type": "text",
+                                                                                                  "text": text}]}}
+    nan = client.post("/gradio_api/mcp/", content=call.replace("1e400", "7").replace("5.5", "NaN")).json()
+    assert nan["result"]["content"][0]["text"].startswith("guidance_scale: NaN is not a finite number")
+    for body in (call.replace("1e400", "7"), "not json", "[" * 3000 + "]" * 3000,
+                 '{"jsonrpc": "2.0", "method": "notifications/x", "params": {"v": 1e400}}'):
+        assert client.post("/gradio_api/mcp/", content=body).json() == {"echo": body}
+
+    def chunks():
+        yield call[:20].encode()
+        yield call[20:].encode()
+
+    assert client.post("/gradio_api/mcp/", content=chunks()).json()["result"]["isError"] is True
+
+
+def test_png_info_reads_this_servers_pngs_and_jpegs_and_a1111s_text(served):
+    """POST /sdapi/v1/png-info (webuiapi's png_info): the parameters text of a PNG the handler wrote
+    (images.png_bytes) or a JPEG the OpenAI route encoded, parsed as A1111's parse_generation_parameters."""
+    import base64
+
+    from sdxl_engine.serving.apis.openai_images import encode
+    from sdxl_engine.serving.images import a1111_parameters, png_bytes
+
+    client, _, _ = served
+    text = a1111_parameters("a red circle", "blue", 8, 5.0, 7, 64, 48, "tiny-shapes", sampler="DPM++ 2M Karras",
+                            extra={"Lora hashes": '"ink: 24ffad87cf5b, peft: 8347dfde1941"'})
+    png = png_bytes(np.zeros((48, 64, 3), np.uint8), text)
+    expected = {"Prompt": "a red circle", "Negative prompt": "blue", "Steps": "8", "Sampler": "DPM++ 2M Karras",
+                "CFG scale": "5", "Seed": "7", "Size-1": "64", "Size-2": "48", "Model": "tiny-shapes",
+                "Lora hashes": "ink: 24ffad87cf5b, peft: 8347dfde1941"}
+    answer = client.post("/sdapi/v1/png-info", json={"image": base64.b64encode(png).decode()})
+    assert answer.status_code == 200 and answer.json() == {"info": text, "items": {}, "parameters": expected}
+    jpeg = "data:image/jpeg;base64," + base64.b64encode(encode(png, "jpeg", 80)).decode()
+    assert client.post("/sdapi/v1/png-info", json={"image": jpeg}).json()["parameters"] == expected
+    plain = client.post("/sdapi/v1/png-info", json={"image": base64.b64encode(_png("a cat\nby me")).decode()}).json()
+    assert plain["parameters"] == {"Prompt": "a cat\nby me", "Negative prompt": ""}  # no line of 3+ fields
+    bad = client.post("/sdapi/v1/png-info", json={"image": "bm90IGFuIGltYWdl"})  # "not an image"
+    assert bad.status_code == 422 and bad.json()["detail"].startswith("image: not a base64 PNG, JPEG or WebP image")
+
+
+def test_the_readme_names_every_field_the_a1111_table_does_not_honour():
+    """README's AUTOMATIC1111 section lists IGNORED's fields by hand; this keeps the two from drifting."""
+    from pathlib import Path
+
+    from sdxl_engine.serving.apis.a1111 import IGNORED
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    section = readme[readme.index("### AUTOMATIC1111 API"):readme.index("### OpenAI Images API")]
+    missing = [row.name for row in IGNORED if f"`{row.name}`" not in section
+               and f"`{row.name.rsplit('_', 1)[0]}_w/h`" not in section
+               and f"`{row.name.rsplit('_', 1)[0]}_width/height`" not in section]
+    assert missing == []

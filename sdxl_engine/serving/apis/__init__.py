@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import math
 import secrets
 from pathlib import Path
 
@@ -113,11 +114,13 @@ def mount(app, demo, engine, access: Access, flags: dict, log=print) -> None:
         return
     tokens = FileTokens()
     app.include_router(a1111.router(demo, engine, flags, loras_of(engine)))
+    app.include_router(a1111.unknown_router())  # after every /sdapi/v1 route: only what none answers
     app.include_router(openai_images.router(demo, engine, tokens))
     app.include_router(openai_images.files_router(tokens))
     app.include_router(openai_images.unknown_router())  # last: only what no /v1 route answers
     if access.mcp:
         gradio_internals.set_mcp_output(demo, mcp_content)
+        gradio_internals.add_outermost_middleware(app, McpArguments)
     if access.key:
         gradio_internals.add_outermost_middleware(app, KeyGuard, access=access)
     log(access.line)
@@ -193,6 +196,76 @@ class CrossSiteGuard:
                     else JSONResponse({"detail": reason}, status_code=403)
                 return await response(scope, receive, send)
         return await self.app(scope, receive, send)
+
+
+class McpArguments:
+    """ASGI middleware: an MCP ``tools/call`` whose arguments hold a number JSON cannot give as a finite
+    float (``1e400``, ``NaN``, ``Infinity``) is answered with a tool error naming the argument and the
+    number as sent. The mcp SDK would turn it into null on its way to the schema check and answer
+    "None is not of type 'integer'". Anything else passes on with its body unchanged."""
+
+    MAX_BODY = 1_000_000  # bytes read to check; a larger body passes on as it is (the server's guard caps it)
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope.get("method") != "POST" or not scope.get("path", "").startswith(MCP_PATH):
+            return await self.app(scope, receive, send)
+        chunks, size, more = [], 0, True
+        while more and size <= self.MAX_BODY:
+            message = await receive()
+            if message["type"] != "http.request":
+                return await self.app(scope, _replay(chunks, message, receive), send)
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            more = message.get("more_body", False)
+        if not more and (answer := nonfinite_call(b"".join(chunks))) is not None:
+            response = JSONResponse(answer)
+            return await response(scope, receive, send)
+        return await self.app(scope, _replay(chunks, None, receive, more), send)
+
+
+def _replay(chunks: list[bytes], pending, receive, more: bool = False):
+    """A ``receive`` that gives the body read so far (then ``pending``, a message read past it), then reads on."""
+    queue = [{"type": "http.request", "body": b"".join(chunks), "more_body": more}] if chunks else []
+    if pending is not None:
+        queue.append(pending)
+
+    async def replayed():
+        return queue.pop(0) if queue else await receive()
+
+    return replayed
+
+
+def nonfinite_call(body: bytes) -> dict | None:
+    """The JSON-RPC answer (a tool error, as the mcp SDK gives for a bad argument) to an MCP ``tools/call``
+    ``body`` whose arguments hold a non-finite number, naming it (``seed: 1e400 is not a finite
+    number...``); None for any other body."""
+    bad = []
+
+    def number(text: str) -> float:
+        value = float(text)
+        if not math.isfinite(value):
+            bad.append(text)
+        return value
+
+    try:
+        message = json.loads(body, parse_float=number, parse_constant=number)
+    except (ValueError, RecursionError):
+        return None
+    params = message.get("params") if isinstance(message, dict) else None
+    if not bad or message.get("method") != "tools/call" or not isinstance(params, dict) \
+            or not isinstance(params.get("arguments"), dict):
+        return None
+    names = [name for name, value in params["arguments"].items()
+             if isinstance(value, float) and not math.isfinite(value)]
+    field = names[0] if names else "arguments"  # the tool's arguments are flat: a nested one is named as a whole
+    text = (f"{field}: {bad[0][:40]} is not a finite number (beyond what JSON numbers can carry here); "
+            "send a number within the argument's range")
+    print(f"[app] request refused: MCP {params.get('name')}: {text}", flush=True)
+    return {"jsonrpc": "2.0", "id": message.get("id"),
+            "result": {"content": [{"type": "text", "text": text}], "isError": True}}
 
 
 def _off_router(reason: str) -> APIRouter:

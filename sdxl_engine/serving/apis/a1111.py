@@ -8,32 +8,41 @@ come), ``POST skip`` ends its running engine call only: never a page's, a gradio
 protocol's or another address's request; ``sd-models``, ``options``, ``samplers``, ``schedulers``, ``loras``,
 ``prompt-styles``, ``upscalers``, ``latent-upscale-modes``, ``sd-vae``, ``sd-modules``,
 ``hypernetworks``, ``embeddings``, ``scripts``, ``cmd-flags`` and ``refresh-*`` describe the one
-loaded model and what it takes.
+loaded model and what it takes; ``POST png-info`` reads an image's parameters text (:func:`png_info`).
 
 Field mapping (:func:`to_call`): ``steps`` -> num_inference_steps, ``cfg_scale`` -> guidance_scale,
 ``sampler_name`` (else ``sampler_index``) with ``scheduler`` -> the sampler (A1111 1.9 splits
 ``DPM++ 2M Karras`` into sampler ``DPM++ 2M`` and scheduler ``Karras``), ``styles`` -> the page's
 style (one at most), ``batch_size`` x ``n_iter`` -> the image count (the engine makes its batch per
 call; fewer images return the first ones, more run further calls). A field left out takes the
-engine's default (A1111's own 512 x 512, 50 steps, CFG 7 would not suit every model). Unknown
-fields are ignored, as A1111 does; a value of the wrong type is FastAPI's 422; a value the engine
-refuses is a 422 whose ``detail`` is the engine's message with A1111's field name.
+engine's default (A1111's own 512 x 512, 50 steps, CFG 7 would not suit every model). Fields that
+would change the images and are not honoured are named in ``info["warnings"]`` and one log line
+(:data:`IGNORED`); other unknown fields are ignored, as A1111 does. A value of the wrong type (a
+boolean for a number too) is FastAPI's 422; a value the engine refuses is a 422 whose ``detail`` is
+the engine's message with A1111's field name; a body no answer could echo (a lone surrogate in any
+string) or nested too deep is A1111's 422 before the route runs (:class:`CheckedBody`); an unknown
+path is A1111's 404 (:func:`unknown_router`).
 """
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import io
 import json
+import re
 import time
+from typing import Annotated, Callable
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from PIL import Image
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, BeforeValidator, ConfigDict
 
 from sdxl_engine.program.schedulers import SAMPLERS, UnknownSampler, get_sampler
-from sdxl_engine.serving.apis.core import ApiError, Call, Interrupted, client_of, generate, model_name
+from sdxl_engine.serving.apis.core import ApiError, Call, Interrupted, client_of, generate, model_name, read_json
+from sdxl_engine.serving.apis.openai_images import EXIF_IFD, USER_COMMENT
 from sdxl_engine.serving.progress import JOBS, Owner
 from sdxl_engine.serving.styles import NO_STYLE, STYLES
 
@@ -44,45 +53,148 @@ KARRAS = " Karras"
 SCHEDULERS = ({"name": "automatic", "label": "Automatic", "aliases": None, "default_rho": -1,
                "need_inner_model": False},
               {"name": "karras", "label": "Karras", "aliases": None, "default_rho": 7.0, "need_inner_model": False})
+# Every scheduler name and label of A1111's modules/sd_schedulers.py (1.10), lower-cased: one of these that
+# this server lacks is refused; any other name is no scheduler at all, and A1111 reads it as Automatic.
+A1111_SCHEDULERS = frozenset(("automatic", "uniform", "karras", "exponential", "polyexponential", "sgm_uniform",
+                              "sgm uniform", "sgmuniform", "kl_optimal", "kl optimal", "align_your_steps",
+                              "align your steps", "simple", "normal", "ddim", "beta"))
 FIELD_NAMES = (("num_inference_steps", "steps"), ("guidance_scale", "cfg_scale"), ("sampler", "sampler_name"),
                ("style", "styles"), ("images", "batch_size*n_iter"))
 
 
-class Txt2Img(BaseModel):
-    """The txt2img fields this server reads (A1111's StableDiffusionTxt2ImgProcessingAPI names); others are ignored."""
+def _not_bool(value):
+    """Pydantic takes true/false for a number (as 1/0); a number field here refuses them (FastAPI's 422)."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a number, got {str(value).lower()}")
+    return value
 
-    model_config = ConfigDict(extra="ignore")
+
+Int = Annotated[int, BeforeValidator(_not_bool)]
+Float = Annotated[float, BeforeValidator(_not_bool)]
+
+
+class Txt2Img(BaseModel):
+    """The txt2img fields this server reads (A1111's StableDiffusionTxt2ImgProcessingAPI names). Other
+    fields are kept (``model_extra``, echoed in ``parameters`` as A1111 does) and not used: those that
+    would change the images are named in the answer's warnings (:data:`IGNORED`, :func:`ignored_warnings`)."""
+
+    model_config = ConfigDict(extra="allow")
 
     prompt: str | None = ""
     negative_prompt: str | None = ""
-    seed: int | None = -1
-    steps: int | None = None
-    cfg_scale: float | None = None
-    width: int | None = None
-    height: int | None = None
+    seed: Int | None = -1
+    steps: Int | None = None
+    cfg_scale: Float | None = None
+    width: Int | None = None
+    height: Int | None = None
     sampler_name: str | None = None
     sampler_index: str | None = None
     scheduler: str | None = None
     styles: list[str] | None = None
-    batch_size: int = 1
-    n_iter: int = 1
+    batch_size: Int = 1
+    n_iter: Int = 1
     send_images: bool = True
     save_images: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Ignored:
+    """A txt2img field (A1111's StableDiffusionProcessingTxt2Img) that would change the images and is not
+    honoured here: ``defaults`` are the values that change nothing (A1111's default, and what A1111 reads
+    as it: None, an empty list), so only another value is named in a warning; or a function of the request
+    giving them (None: the field changes nothing for that request); ``why`` says what happens."""
+
+    name: str
+    defaults: tuple | Callable[[BaseModel], tuple | None]
+    why: str
+
+
+def _eta_defaults(body) -> tuple | None:
+    """eta's neutral values for the request's sampler: A1111's eta_ancestral 1 for Euler a, eta_ddim 0 for DDIM;
+    the other samplers here draw no noise, so eta changes nothing for them."""
+    name = (body.sampler_name or body.sampler_index or "").strip().lower()
+    return (*_UNSET, 1) if name == "euler a" else (*_UNSET, 0) if name == "ddim" else None
+
+
+_UNSET = (None, "", [], {})
+# The fields of A1111's txt2img request (modules/processing.py, modules/api/models.py) that change what
+# a user gets and that this server does not honour. The hires fix's own fields (hr_scale, hr_upscaler,
+# hr_second_pass_steps, hr_resize_x/y, hr_checkpoint_name, hr_sampler_name, hr_prompt,
+# hr_negative_prompt, denoising_strength) matter only with enable_hr, which is named for them all.
+IGNORED = (
+    Ignored("enable_hr", (*_UNSET, False), "no hires fix here: the images are made at width x height in one pass"),
+    Ignored("firstphase_width", (*_UNSET, 0), "no hires fix here: the images are made at width x height"),
+    Ignored("firstphase_height", (*_UNSET, 0), "no hires fix here: the images are made at width x height"),
+    Ignored("refiner_checkpoint", _UNSET, "no refiner here: the loaded model makes every step"),
+    Ignored("alwayson_scripts", _UNSET, "no scripts or extensions here (ControlNet, ADetailer...): they did not run"),
+    Ignored("script_name", _UNSET, "no scripts here: the plain txt2img ran"),
+    Ignored("infotext", _UNSET, "infotext is not read here: send the fields themselves"),
+    Ignored("init_images", _UNSET, "txt2img takes no image, and img2img is not served here"),
+    Ignored("restore_faces", (*_UNSET, False), "no face restoration here"),
+    Ignored("tiling", (*_UNSET, False), "no tiling here: the images do not wrap around"),
+    Ignored("subseed_strength", (*_UNSET, 0), "no variation seeds here: each image is its seed alone"),
+    Ignored("seed_resize_from_w", (*_UNSET, 0, -1), "no seed resize here"),
+    Ignored("seed_resize_from_h", (*_UNSET, 0, -1), "no seed resize here"),
+    Ignored("eta", _eta_defaults, "eta is fixed per sampler here (Euler a 1, DDIM 0: A1111's defaults)"),
+    Ignored("s_churn", (*_UNSET, 0), "the sampler noise settings are fixed here (A1111's defaults)"),
+    Ignored("s_tmin", (*_UNSET, 0), "the sampler noise settings are fixed here (A1111's defaults)"),
+    Ignored("s_tmax", (*_UNSET, 0), "the sampler noise settings are fixed here (A1111's defaults)"),
+    Ignored("s_noise", (*_UNSET, 1), "the sampler noise settings are fixed here (A1111's defaults)"),
+    Ignored("s_min_uncond", (*_UNSET, 0), "no negative-guidance skipping here: every step uses the negative prompt"),
+    Ignored("token_merging_ratio", (*_UNSET, 0), "no token merging here"),
+    Ignored("disable_extra_networks", (*_UNSET, False), "<lora:...> tags in the prompt are applied here all the same"),
+)
+
+
+def ignored_warnings(body: Txt2Img, options: dict) -> list[str]:
+    """The warnings for a txt2img ``body``'s fields this server does not honour (:data:`IGNORED`), and for
+    ``override_settings`` entries other than ``options`` (GET /options: this server's fixed values), one
+    line each, in the table's order. A field at one of its defaults gives none."""
+    sent = body.model_extra or {}
+    warnings = []
+    for row in IGNORED:
+        defaults = row.defaults(body) if callable(row.defaults) else row.defaults
+        if row.name in sent and defaults is not None and not _at_default(sent[row.name], defaults):
+            warnings.append(f"{row.name}={_short(sent[row.name])} ignored: {row.why}")
+    overrides = sent.get("override_settings")
+    for key, value in (overrides.items() if isinstance(overrides, dict) else ()):
+        if key in options and options[key] == value:
+            continue
+        why = (f"this server serves one model, {options['sd_model_checkpoint']!r}, loaded at start-up"
+               if key == "sd_model_checkpoint" else
+               "clip skip is fixed at 1 here" if key == "CLIP_stop_at_last_layers" else
+               "options are fixed at start-up (flags or SDXL_* settings)")
+        warnings.append(f"override_settings.{key}={_short(value)} ignored: {why}")
+    return warnings
+
+
+def _at_default(value, defaults: tuple) -> bool:
+    return any(type(value) is type(d) and value == d or value is None and d is None
+               or isinstance(value, (int, float)) and not isinstance(value, bool)
+               and isinstance(d, (int, float)) and not isinstance(d, bool) and value == d for d in defaults)
+
+
+def _short(value) -> str:
+    """A sent value for a warning: JSON, cut to 60 characters."""
+    text = json.dumps(value, ensure_ascii=True)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def sampler_of(sampler_name: str | None, scheduler: str | None) -> str | None:
     """The engine's sampler for A1111's ``sampler_name`` and ``scheduler`` (None: the engine's default).
 
     ``scheduler`` None, "" or "Automatic" keeps the sampler as named; "Karras" picks the sampler's
-    Karras form (``DPM++ 2M`` -> ``DPM++ 2M Karras``, as A1111 1.9+ splits them). Names are
-    case-insensitive. Raises ApiError 422 for an unknown sampler, or a scheduler it does not have.
+    Karras form (``DPM++ 2M`` -> ``DPM++ 2M Karras``, as A1111 1.9+ splits them). A name that is no
+    A1111 scheduler (clients send "N/A") is Automatic, as A1111's sd_samplers.get_sampler_and_scheduler
+    reads it. Names are case-insensitive. Raises ApiError 422 for an unknown sampler, or an A1111
+    scheduler this server does not have for it (the images would differ from A1111's).
     """
     try:
         sampler = None if sampler_name in (None, "") else get_sampler(sampler_name)
     except UnknownSampler as err:
         raise ApiError(422, f"sampler_name: {err}", "sampler_name") from None
     wanted = (scheduler or "automatic").strip().lower()
-    if wanted == "automatic":
+    if wanted == "automatic" or wanted not in A1111_SCHEDULERS:
         return sampler
     if wanted == "karras" and sampler is not None:
         if sampler.endswith(KARRAS):
@@ -119,6 +231,73 @@ def to_call(body: Txt2Img) -> Call:
 def infotext(png: bytes) -> str:
     """The A1111 ``parameters`` text chunk of a PNG the handler wrote (delivery.py)."""
     return Image.open(io.BytesIO(png)).text.get("parameters", "")
+
+
+class PngInfo(BaseModel):
+    """A1111's PNGInfoRequest: ``image``, the image as base64 (a ``data:image/...;base64,`` URL too)."""
+
+    image: str
+
+
+# A1111's modules/infotext_utils.py: one "Key: value" of an infotext's last line (a value is plain up to the
+# next comma, or JSON-quoted), and a size value ("1024x768").
+_PARAM = re.compile(r'\s*(\w[\w \-/]+):\s*("(?:\\.|[^\\"])+"|[^,]*)(?:,|$)')
+_IMAGE_SIZE = re.compile(r"^(\d+)x(\d+)$")
+_UNICODE_COMMENT = b"UNICODE\0"  # EXIF UserComment's character-code prefix for UTF-16 text (piexif writes big-endian)
+
+
+def generation_parameters(text: str) -> dict:
+    """An infotext's fields as A1111's ``parse_generation_parameters`` reads them: ``Prompt`` (the lines
+    before ``Negative prompt:``), ``Negative prompt``, and each ``Key: value`` of the last line as text
+    (JSON-quoted values unquoted; a ``WxH`` value as ``Key-1`` and ``Key-2``). The last line counts as
+    fields only when it holds at least 3 of them, as in A1111. A1111's defaults for fields the text
+    lacks (hires fix, inpainting, RNG) are not added: this server has none of them."""
+    *lines, last = text.strip().split("\n")
+    if len(_PARAM.findall(last)) < 3:
+        lines.append(last)
+        last = ""
+    prompt, negative, in_negative = [], [], False
+    for line in lines:
+        line = line.strip()
+        if line.startswith("Negative prompt:"):
+            in_negative, line = True, line[len("Negative prompt:"):].strip()
+        (negative if in_negative else prompt).append(line)
+    fields = {}
+    for key, value in _PARAM.findall(last):
+        if len(value) > 1 and value[0] == value[-1] == '"':
+            try:
+                value = json.loads(value)
+            except ValueError:
+                pass
+        if (size := _IMAGE_SIZE.match(value)) is not None:
+            fields[f"{key}-1"], fields[f"{key}-2"] = size[1], size[2]
+        else:
+            fields[key] = value
+    return {**fields, "Prompt": "\n".join(prompt), "Negative prompt": "\n".join(negative)}
+
+
+def png_info(image_b64: str) -> dict:
+    """A1111's ``POST /sdapi/v1/png-info`` answer (PNGInfoResponse) for a base64 image: ``info``, the
+    generation parameters text (a PNG's ``parameters`` chunk, or the EXIF UserComment of a JPEG or WebP,
+    where A1111 and this server's OpenAI API put it); ``items``, the image's other text fields;
+    ``parameters``, ``info`` parsed (:func:`generation_parameters`). Only the image's header and text
+    are read, never its pixels. Raises ApiError 400 (param ``image``) for what is no image."""
+    data = image_b64.strip()
+    if data.startswith("data:image/"):
+        data = data.partition(",")[2]
+    try:
+        image = Image.open(io.BytesIO(base64.b64decode(data, validate=True)))
+        items = dict(image.info)
+        comment = image.getexif().get_ifd(EXIF_IFD).get(USER_COMMENT, b"") if "exif" in items else b""
+    except (ValueError, OSError, SyntaxError) as err:  # binascii.Error is a ValueError
+        raise ApiError(400, f"image: not a base64 PNG, JPEG or WebP image ({str(err)[:80]})", "image") from None
+    text = items.pop("parameters", None)
+    if isinstance(comment, bytes) and comment:
+        text = comment[8:].decode("utf-16-be", "replace") if comment.startswith(_UNICODE_COMMENT) \
+            else comment[8:].decode("utf-8", "ignore")
+    text = text if isinstance(text, str) else ""
+    items = {k: v for k, v in items.items() if isinstance(k, str) and isinstance(v, str)}
+    return {"info": text, "items": items, "parameters": generation_parameters(text) if text else {}}
 
 
 def info_record(body: Txt2Img, info: dict, seeds: list[int], infotexts: list[str]) -> dict:
@@ -179,16 +358,41 @@ def a1111_error(err: ApiError, bad_value: int = 400) -> JSONResponse:
                         status_code=status, headers=err.headers)
 
 
+class CheckedBody(APIRoute):
+    """An ``/sdapi/v1`` route whose JSON body is refused before the route runs when it could not be
+    answered (core.read_json: a string UTF-8 cannot carry, a lone surrogate, at any depth and in keys;
+    nesting past core.MAX_JSON_DEPTH): A1111's 422 naming the field. FastAPI's documented seam for
+    a route's request handling (a custom ``APIRoute``); the route still reads the same body."""
+
+    def get_route_handler(self):
+        handler = super().get_route_handler()
+
+        async def checked(request: Request):
+            raw = await request.body()  # Starlette keeps it: the route's own parse reads the same bytes
+            try:
+                read_json(raw)
+            except ApiError as err:
+                if err.message != "the request body is not JSON":  # not JSON: the route's own refusal
+                    print(f"[app] request refused: {request.url.path}: {err.message}", flush=True)
+                    return a1111_error(err, bad_value=422)
+            return await handler(request)
+
+        return checked
+
+
 def router(demo, engine, flags: dict, loras) -> APIRouter:
     """The ``/sdapi/v1`` routes for ``demo``'s ``/generate`` and ``engine``.
 
     ``flags``: what ``cmd-flags`` shows (safe values only: no paths, no key); ``loras``: a callable
     giving ``(names, reason)`` for ``/loras`` (apis.loras_of).
     """
-    api = APIRouter(prefix=PREFIX)
+    api = APIRouter(prefix=PREFIX, route_class=CheckedBody)
 
     @api.post("/txt2img")
     async def txt2img(body: Txt2Img, request: Request):
+        warnings = ignored_warnings(body, await get_options())
+        if warnings:
+            print(f"[app] A1111 txt2img: {len(warnings)} field(s) not honoured: {'; '.join(warnings)}", flush=True)
         try:
             made = await generate(demo, engine, request, to_call(body), owner_of(request))
         except Interrupted as err:  # A1111 answers an interrupted job with what it has: here nothing
@@ -198,10 +402,17 @@ def router(demo, engine, flags: dict, loras) -> APIRouter:
             return a1111_error(err, bad_value=422)
         texts = [infotext(png) for png in made.pngs]
         images = [base64.b64encode(png).decode() for png in made.pngs] if body.send_images else []
-        info = info_record(body, made.info, made.seeds, texts)
+        info = info_record(body, {**made.info, "warnings": warnings + made.info["warnings"]}, made.seeds, texts)
         if made.stopped is not None:  # interrupted (or a batch skipped) after some images: those, as A1111 does
             info.update(interrupted=True, message=made.stopped)
         return {"images": images, "parameters": body.model_dump(), "info": json.dumps(info)}
+
+    @api.post("/png-info")
+    async def png_info_route(body: PngInfo):
+        try:
+            return png_info(body.image)
+        except ApiError as err:
+            return a1111_error(err, bad_value=422)
 
     @api.post("/img2img")
     async def img2img():
@@ -312,5 +523,19 @@ def router(demo, engine, flags: dict, loras) -> APIRouter:
     @api.post("/refresh-vae")
     async def refresh_vae():
         return None
+
+    return api
+
+
+def unknown_router() -> APIRouter:
+    """Any other ``/sdapi/v1`` path or method, in A1111's error shape (its api.py answers every exception,
+    a 404 included, as ``{"error", "detail", "body", "errors"}``); mounted after every /sdapi/v1 route
+    (apis.mount), so it answers only what they do not."""
+    api = APIRouter(prefix=PREFIX)
+
+    @api.api_route("/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"], include_in_schema=False)
+    async def unknown(path: str, request: Request):
+        return a1111_error(ApiError(404, f"{request.method} {PREFIX}/{ascii(path)[1:-1][:80]} is not served here "
+                                         "(the README's AUTOMATIC1111 section lists the routes served)"))
 
     return api

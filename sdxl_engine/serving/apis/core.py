@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import json
 import math
 import secrets
 import threading
@@ -260,3 +261,66 @@ class FileTokens:
         with self._lock:
             path = self._paths.get(token)
         return path if path is not None and Path(path).is_file() else None
+
+
+MAX_JSON_DEPTH = 64  # levels of [ and { a request body may nest: no field of these APIs needs more than a few
+
+
+def read_json(raw: bytes) -> object:
+    """A protocol request's JSON body, refused whole before any field is read when a client's value
+    could not be answered: every string (keys and values, at any depth) must be Unicode text that
+    UTF-8 can carry, so a reply that echoes it (A1111's ``parameters`` and ``info``) cannot fail later.
+
+    ``raw``: the body's bytes (UTF-8 JSON). Returns the parsed value (any JSON type; an empty body is
+    None). Raises ApiError 400: not JSON; nested deeper than :data:`MAX_JSON_DEPTH`; a string holding a
+    lone surrogate (``"\\ud800"`` in JSON text is not a character), with ``param`` the field's path.
+    """
+    if not raw.strip():
+        return None
+    try:
+        value = json.loads(raw)
+    except RecursionError:
+        raise ApiError(400, _too_deep()) from None
+    except ValueError:
+        raise ApiError(400, "the request body is not JSON") from None
+    if (refusal := text_refusal(value)) is not None:
+        raise refusal
+    return value
+
+
+def text_refusal(value: object) -> ApiError | None:
+    """The 400 for the first string in ``value`` (parsed JSON) that UTF-8 cannot encode, or for nesting
+    deeper than :data:`MAX_JSON_DEPTH`; None when there is neither. The field is named by its path
+    (``styles[1]``, ``override_settings.sd_vae``); a bad key by its parent's path and the key."""
+    stack = [("", value, 0)]
+    while stack:
+        path, item, depth = stack.pop()
+        if depth >= MAX_JSON_DEPTH and isinstance(item, (dict, list)):  # depth 0 is the first level
+            return ApiError(400, _too_deep(), path or None)
+        if isinstance(item, str):
+            if (where := _surrogate_at(item)) is not None:
+                return ApiError(400, f"{path or 'the request body'}: {where}", path or None)
+        elif isinstance(item, dict):
+            for key, child in reversed(list(item.items())):
+                if (where := _surrogate_at(key)) is not None:
+                    field = path or "the request body"
+                    return ApiError(400, f"{field}: the key {ascii(key)[:80]} {where}", path or None)
+                stack.append((f"{path}.{key}" if path else key, child, depth + 1))
+        elif isinstance(item, list):
+            stack.extend((f"{path}[{i}]", child, depth + 1) for i, child in reversed(list(enumerate(item))))
+    return None
+
+
+def _surrogate_at(text: str) -> str | None:
+    """Where ``text`` holds a lone surrogate (U+D800 to U+DFFF, half of a UTF-16 pair), said for a message."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        return (f"holds a lone surrogate (\\u{ord(text[err.start]):04x} at character {err.start}), which is not a "
+                "character: send text as UTF-8, or pair each \\ud800-\\udbff escape with a \\udc00-\\udfff one")
+    return None
+
+
+def _too_deep() -> str:
+    return (f"the request body is too deeply nested (more than {MAX_JSON_DEPTH} levels of [ or {{): "
+            "no field here nests so deep")
