@@ -143,6 +143,18 @@ class EngineConfig:
     # After ready, compile the no-CFG variant of the default size and the other size buckets in the
     # background: on, off, or auto = on unless the devices are CPUs (where it slows the requests meanwhile).
     precompile: str = "auto"
+    # Any image size the model's geometry allows is served (multiples of its block size: 8 x 2^downsamplings
+    # pixels), up to this many pixels per image; 0 = auto: 4 x the model's native area, and at least
+    # 1024 x 1024 (so every client's usual sizes: 512x512, 768x768, 1792x1024 on real SDXL). The model's size
+    # buckets are compiled ahead; another size compiles on its first request, on the engine's compile
+    # thread, while requests at compiled sizes run on.
+    max_pixels: int = 0
+    # New sizes compiling (or waiting to) at once; each client may wait for one. Over it a request at a
+    # new size is refused with a message (retry later, or use a compiled size) instead of a stall.
+    max_pending_compiles: int = 2
+    # Compiled programs kept in memory beyond the size buckets' (the least recently used dropped; the
+    # executable cache keeps them on disk, so one comes back without compiling).
+    max_resident_programs: int = 8
 
     @classmethod
     def load(cls, overrides: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> "EngineConfig":
@@ -278,6 +290,11 @@ class EngineConfig:
                               f"got {self.preview_every}")
         if self.precompile not in ("auto", "on", "off"):
             raise ConfigError(f"precompile must be auto, on or off, got {self.precompile!r}")
+        if self.max_pixels < 0:
+            raise ConfigError(f"max_pixels must be 0 (auto) or a number of pixels, got {self.max_pixels}")
+        for name in ("max_pending_compiles", "max_resident_programs"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
 
     def as_dict(self) -> dict[str, Any]:
         """The resolved fields, for the one start-up log line."""

@@ -14,6 +14,7 @@ takes a lock (issue #23): the next request waits for that step, counted as its q
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import os
@@ -37,6 +38,7 @@ from sdxl_engine.program.schedulers import TooManySteps, UnsupportedSchedulerCon
 from sdxl_engine.engine.contract import ScaleOut, clock, queue_seconds
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest, Limits, validate
 from sdxl_engine.engine.prompts import CHUNK, PromptTokens, parse_lora_tags, tokenize_prompt
+from sdxl_engine.program.schedulers import Schedule
 from sdxl_engine.engine.previews import latent_rgb_for
 from sdxl_engine.engine.steps import StepEvent, StepReceiver, Stopped
 
@@ -119,6 +121,31 @@ class GenerateResult:
     loras: dict[str, str] = dataclasses.field(default_factory=dict)  # (#21)
 
 
+class CompilesBusy(RuntimeError):
+    """A request needs a program that is not compiled yet, and its client already waits for another
+    new size, or ``max_pending_compiles`` sizes compile already: retry once those are ready (the
+    message says which sizes compile). Nothing ran."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """One validated request in the program's terms (:meth:`Engine.plan`): the program it runs on and
+    what goes into it, all decided before anything waits, compiles or runs.
+
+    Attributes:
+        request: the validated request; shape: the ProgramShape (size, CFG mode, prompt chunks): the
+            compile key; prompt, negative: the tokenized prompts, padded to the shape's chunk count;
+        schedule: the sampler's per-step coefficients for the request's steps; seeds: image i's seed.
+    """
+
+    request: GenerateRequest
+    shape: ProgramShape
+    prompt: PromptTokens
+    negative: PromptTokens
+    schedule: Schedule
+    seeds: list[int]
+
+
 class Engine:
     """Load + compile at :meth:`start`; :meth:`generate` runs one request.
 
@@ -154,6 +181,14 @@ class Engine:
         # Issue #23: one compile at a time (a request's and the background precompile's); the preview map.
         self._compile_lock = threading.Lock()
         self._request_lock = threading.Lock()  # one request at a time, also one a cancel left running for a step
+        # Sizes beyond the buckets compile on this thread while requests at compiled sizes run: their
+        # pending compiles (shape -> future, and which clients wait for which), and when each program
+        # was last used (the least recently used ones beyond max_resident_programs are dropped).
+        self._compiler = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="engine-compile")
+        self._pending: dict[ProgramShape, concurrent.futures.Future] = {}
+        self._pending_for: dict[str, ProgramShape] = {}
+        self._pending_lock = threading.Lock()
+        self._used: dict[ProgramShape, float] = {}  # the size buckets' programs are never dropped
         self.latent_rgb = None  # set at start: previews.LatentRGB of the model, or None (no previews)
         self.precompiled = threading.Event()  # set when the background precompile finished (or was not run)
         if self._faults:
@@ -229,7 +264,8 @@ class Engine:
         # (first-run allocations; text encoders and VAE decode checked finite) without paying a UNet
         # step, which the compile (or the executable cache) has readied already.
         t0 = self._stage("warm-up request")
-        self._run(validate(GenerateRequest("warm-up", seed=0, num_inference_steps=1), self.limits), loop_steps=0)
+        plan = self.plan(validate(GenerateRequest("warm-up", seed=0, num_inference_steps=1), self.limits))
+        self._run(plan, self._program(width, height, plan.shape.cfg, plan.shape.chunks), loop_steps=0)
         self._done("warmup_s", t0)
         self.startup["ready_s"] = clock() - self.started
         self._log(f"[sdxl_engine] ready in {self.startup['ready_s']:.2f} s on {self.device_summary} "
@@ -292,10 +328,12 @@ class Engine:
         sizes = self.model.size_buckets()
         if default not in sizes:
             sizes = (default,) + sizes
+        max_pixels = defaults.max_pixels or max(4 * native * native, 1024 * 1024)
         return Limits(max_seed=defaults.max_seed, max_steps=defaults.max_inference_steps, sizes=sizes,
                       default_size=default, default_steps=defaults.num_inference_steps,
                       default_guidance=defaults.guidance_scale, multiple=multiple, default_sampler=defaults.sampler,
-                      loras=tuple(self.loras.loras) if self.loras else ())
+                      loras=tuple(self.loras.loras) if self.loras else (),
+                      max_pixels=max(max_pixels, *(w * h for w, h in sizes)))
 
     def _program(self, width: int, height: int, cfg: bool, chunks: int = 1) -> CompiledProgram:
         """The compiled program for a size bucket, CFG mode and prompt chunk count, compiled on first use
@@ -403,12 +441,124 @@ class Engine:
         """
         called = clock()
         self.wait_ready(ready_timeout)
-        request = validate(request, self.limits)
-        with self._request_lock:  # free within a step of a stop; the wait counts as queue time
+        progress = progress or _no_progress
+        t0 = time.perf_counter()
+        plan = self.plan(validate(request, self.limits))  # every refusal before anything waits or compiles
+        program = self._program_for(plan, progress, should_stop)  # a new size compiles: other requests run on
+        prep_s = time.perf_counter() - t0
+        waiting = clock()
+        self._wait_turn(progress, should_stop)  # one request on the devices at a time; the wait is queue time
+        try:
             start = clock()
-            result = self._run(request, progress or _no_progress, on_step=on_step, should_stop=should_stop)
-        result.timings["queue"] = queue_seconds(arrived, called, start)
+            result = self._run(plan, program, progress, on_step=on_step, should_stop=should_stop)
+        finally:
+            self._request_lock.release()
+        result.timings["queue"] = queue_seconds(arrived, called, called) + (start - waiting)
+        result.timings["prep"] += prep_s
+        result.timings["latency"] += prep_s
         return result
+
+    def _wait_turn(self, progress: Callable[[str], None], should_stop: Callable[[], bool] | None) -> None:
+        """Take the devices (``_request_lock``): at once, or after ``progress("waiting")`` once the request
+        ahead has finished (the one a compile let run meanwhile, or a stopped one's last step). A stop
+        while waiting frees the request at once (Stopped); nothing ran."""
+        if self._request_lock.acquire(blocking=False):
+            return
+        progress("waiting")
+        while not self._request_lock.acquire(timeout=0.1):
+            if should_stop is not None and should_stop():
+                raise Stopped("stopped before it started")
+
+    def plan(self, request: GenerateRequest) -> Plan:
+        """The :class:`Plan` of a validated ``request``: its LoRA tags' weights aside (merged at run time),
+        the prompt chunks, the CFG mode (diffusers: guidance <= 1 runs without it), the schedule and the seeds.
+
+        Raises InvalidRequest: a sampler the model's scheduler config rules out, too many steps for it.
+        """
+        prompt, negative = self._tokens(request)  # first: the chunk count chooses the program
+        schedule = self._schedule(request.sampler, request.num_inference_steps)  # refuses before compiling
+        shape = self._shape(request.width, request.height, request.guidance_scale > 1, prompt.chunks)
+        # Image i uses seed + i, wrapping past max_seed to 0, so every caption's seed is itself a valid request seed.
+        seeds = [(request.seed + i) % (self.limits.max_seed + 1) for i in range(self.batch)]
+        return Plan(request, shape, prompt, negative, schedule, seeds)
+
+    def _program_for(self, plan: Plan, progress: Callable[[str], None],
+                     should_stop: Callable[[], bool] | None) -> CompiledProgram:
+        """The plan's program; one not compiled yet compiles on the engine's compile thread while this
+        request waits (``progress("compiling")``) and requests at compiled sizes run on. A stop while it
+        waits frees the request at once (the compile goes on: the size is ready for the next request).
+
+        Raises:
+            CompilesBusy: the request's client waits for another new size already, or
+                ``max_pending_compiles`` sizes compile already.
+            Stopped: ``should_stop()`` said so while the request waited for its compile.
+        """
+        shape = plan.shape
+        program = self._programs.get(shape)
+        if program is not None:
+            self._used[shape] = clock()
+            return program
+        future = self._pending_compile(shape, plan.request.client)
+        progress("compiling")
+        try:
+            while True:
+                try:
+                    future.result(timeout=0.1)
+                    break
+                except concurrent.futures.TimeoutError:
+                    if should_stop is not None and should_stop():
+                        raise Stopped("stopped before it started (its size still compiles, for the next "
+                                      "request)") from None
+        finally:
+            with self._pending_lock:
+                if self._pending_for.get(plan.request.client) == shape:
+                    del self._pending_for[plan.request.client]
+        self._used[shape] = clock()
+        return self._programs[shape]
+
+    def _pending_compile(self, shape: ProgramShape, client: str) -> concurrent.futures.Future:
+        """The compile of ``shape``, started on the compile thread unless it runs already (see _program_for)."""
+        with self._pending_lock:
+            future = self._pending.get(shape)
+            if future is None:
+                mine = self._pending_for.get(client)
+                if mine is not None and mine != shape:
+                    raise CompilesBusy(f"width/height: your request for {mine.width}x{mine.height} is still "
+                                       "compiling; send this size once it is ready")
+                if len(self._pending) >= self.config.max_pending_compiles:
+                    sizes = ", ".join(f"{s.width}x{s.height}" for s in self._pending)
+                    raise CompilesBusy(f"width/height: {shape.width}x{shape.height} is not compiled yet and "
+                                       f"{len(self._pending)} new sizes compile already ({sizes}; "
+                                       "max_pending_compiles); retry in a minute, or use a compiled size")
+                future = self._pending[shape] = self._compiler.submit(self._compile_new, shape)
+                future.add_done_callback(lambda _, shape=shape: self._compile_done(shape))
+            self._pending_for[client] = shape
+            return future
+
+    def _compile_new(self, shape: ProgramShape) -> None:
+        with self._compile_lock:
+            if shape not in self._programs:
+                self._compile(shape, shape.width, shape.height, shape.cfg)
+        self._drop_unused()
+
+    def _bucket(self, shape: ProgramShape) -> bool:
+        """Whether ``shape``'s size is one of the model's size buckets (whose programs stay in memory)."""
+        return (shape.width, shape.height) in self.limits.sizes
+
+    def _compile_done(self, shape: ProgramShape) -> None:
+        with self._pending_lock:
+            self._pending.pop(shape, None)
+
+    def _drop_unused(self) -> None:
+        """Keep at most ``max_resident_programs`` programs beyond the size buckets' in memory, dropping
+        the least recently used (the executable cache, or XLA's, brings one back without compiling)."""
+        extra = [shape for shape in list(self._programs) if not self._bucket(shape)]
+        extra.sort(key=lambda shape: self._used.get(shape, 0.0))
+        for shape in extra[:max(0, len(extra) - self.config.max_resident_programs)]:
+            self._programs.pop(shape, None)
+            self._used.pop(shape, None)
+            self._log(f"[sdxl_engine] dropped the program for {shape.width}x{shape.height} (least recently used; "
+                      f"max_resident_programs {self.config.max_resident_programs})")
 
     def _schedule(self, sampler: str, steps: int):
         """The sampler's schedule for ``steps`` steps (cached). Raises InvalidRequest for a sampler this
@@ -424,26 +574,20 @@ class Engine:
                 raise InvalidRequest("num_inference_steps", str(err)) from None
         return self._schedules[key]
 
-    def _run(self, request: GenerateRequest, progress: Callable[[str], None] = _no_progress,
+    def _run(self, plan: Plan, program: CompiledProgram, progress: Callable[[str], None] = _no_progress,
              loop_steps: int | None = None, on_step: Callable[[StepEvent], None] | None = None,
              should_stop: Callable[[], bool] | None = None) -> GenerateResult:
-        """Run a validated request; ``loop_steps`` (the warm-up's 0) overrides how many denoising steps run."""
+        """Run a plan on its compiled program; ``loop_steps`` (the warm-up's 0) overrides how many denoising
+        steps run."""
         t0 = time.perf_counter()
-        params, loras = self._lora_params(request.prompt)  # (#21) the tags' LoRAs merged; _tokens drops the tags
-        cfg = request.guidance_scale > 1  # diffusers: guidance <= 1 means no classifier-free guidance
-        prompt, negative = self._tokens(request)  # first: the chunk count chooses the program
-        schedule = self._schedule(request.sampler, request.num_inference_steps)  # (#26) refuses before compiling
-        if not self.is_compiled(request.width, request.height, cfg, prompt.chunks):
-            progress("compiling")
-        program = self._program(request.width, request.height, cfg, prompt.chunks)
+        request = plan.request
         progress("preparing")
-        # Image i uses seed + i, wrapping past max_seed to 0, so every caption's seed is itself a valid request seed.
-        seeds = [(request.seed + i) % (self.limits.max_seed + 1) for i in range(self.batch)]
-        inputs = ProgramInputs.build(prompt.ids, negative.ids, not negative.words.strip(), seeds,
-                                     request.guidance_scale, schedule,
+        params, loras = self._lora_params(request.prompt)  # the tags' LoRAs merged; _tokens dropped the tags
+        inputs = ProgramInputs.build(plan.prompt.ids, plan.negative.ids, not plan.negative.words.strip(), plan.seeds,
+                                     request.guidance_scale, plan.schedule,
                                      request.num_inference_steps if loop_steps is None else loop_steps,
-                                     self.config.max_inference_steps, prompt_weights=prompt.weights,
-                                     negative_weights=negative.weights)
+                                     self.config.max_inference_steps, prompt_weights=plan.prompt.weights,
+                                     negative_weights=plan.negative.weights)
         # TEST-ONLY fault hooks (faults.py): self._faults is None unless SDXL_FAULT_INJECTION=1.
         params = self._faults.params(request.prompt, params) if self._faults else params
         if should_stop is not None and should_stop():
@@ -469,14 +613,14 @@ class Engine:
         if self._faults:
             self._faults.after_run(request.prompt)
         if not finite.all():
-            bad = [s for s, ok in zip(seeds, finite) if not ok]
+            bad = [s for s, ok in zip(plan.seeds, finite) if not ok]
             raise GenerationError(f"the model produced non-finite pixels (NaN/inf) for seeds {bad}; "
                                   f"try another seed or a lower guidance scale ({self.model.dtype} weights)")
         timings = {"prep": t1 - t0, "device": t2 - t1, "post": t3 - t2, "latency": t3 - t0}
-        return GenerateResult(images=images, seeds=seeds, request=request, timings=timings,
-                              warnings=self._warnings(prompt, negative),
+        return GenerateResult(images=images, seeds=plan.seeds, request=request, timings=timings,
+                              warnings=self._warnings(plan.prompt, plan.negative),
                               device_count=self.mesh.devices.size, device_summary=self.device_summary,
-                              model=self.model.name, prompt_chunks=prompt.chunks, loras=loras)
+                              model=self.model.name, prompt_chunks=plan.prompt.chunks, loras=loras)
 
     def _tokens(self, request: GenerateRequest) -> tuple[PromptTokens, PromptTokens]:
         """The prompt and negative prompt as chunks (engine/prompts.py), padded to one chunk count (a

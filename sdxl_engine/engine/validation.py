@@ -38,6 +38,7 @@ class GenerateRequest:
     width: int | None = None
     height: int | None = None
     sampler: str | None = None  # an A1111 sampler name (schedulers.SAMPLERS)
+    client: str = ""  # who asks (the peer address): per-client limits such as one pending new-size compile
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +53,11 @@ class Limits:
     default_guidance: float
     multiple: int = 8  # every side must be a multiple of this many pixels (VAE x UNet downsampling)
     default_sampler: str = DEFAULT_SAMPLER
-    loras: tuple[str, ...] = ()  # (#21) names of the loaded LoRAs, which <lora:NAME:WEIGHT> tags may pick
+    loras: tuple[str, ...] = ()  # names of the loaded LoRAs, which <lora:NAME:WEIGHT> tags may pick
+    # Largest image in pixels (width x height) a request may ask for; any size of multiples of ``multiple``
+    # up to it is served (the ``sizes`` buckets are compiled ahead; another compiles on first use). 0: the
+    # buckets only.
+    max_pixels: int = 0
 
 
 # Characters that draw nothing yet are neither whitespace to str.split() nor control/format
@@ -180,23 +185,39 @@ def validate(request: GenerateRequest, limits: Limits) -> GenerateRequest:
         "guidance_scale", request.guidance_scale, 0.0, MAX_GUIDANCE)
     steps = limits.default_steps if request.num_inference_steps is None else as_int(
         "num_inference_steps", request.num_inference_steps, 1, limits.max_steps)
-    width, height = limits.default_size
-    allowed = ", ".join(f"{w}x{h}" for w, h in limits.sizes)
-    given = {}
-    for field, value in (("width", request.width), ("height", request.height)):
-        if value is not None:  # 0 (or None) = the model's default for that side
-            given[field] = as_int(field, value, 0, MAX_SIDE)
-            if given[field] % limits.multiple:
-                raise InvalidRequest(field, f"{given[field]} is not a multiple of {limits.multiple} pixels "
-                                            f"(the model works on {limits.multiple}-pixel blocks); "
-                                            f"supported sizes: {allowed}")
-    width, height = given.get("width") or width, given.get("height") or height
-    if (width, height) not in limits.sizes:
-        raise InvalidRequest("width/height", f"{width}x{height} is not a supported size; choose one of {allowed} "
-                                             "(0 = the model's default)")
+    width, height = size_of(request.width, request.height, limits)
     try:
         sampler = get_sampler(limits.default_sampler if request.sampler is None else request.sampler)
     except UnknownSampler as err:
         raise InvalidRequest("sampler", str(err)) from None
-    return GenerateRequest(prompt, negative, seed, guidance, steps, width, height, sampler)
+    client = request.client if isinstance(request.client, str) else ""
+    return GenerateRequest(prompt, negative, seed, guidance, steps, width, height, sampler, client)
+
+
+def size_of(width, height, limits: Limits) -> tuple[int, int]:
+    """The (width, height) in pixels a request asks for: 0 or None = the default size's side; any multiple
+    of ``limits.multiple`` with width x height up to ``limits.max_pixels`` (the buckets only without one).
+
+    Raises InvalidRequest naming ``width``, ``height`` or ``width/height``.
+    """
+    buckets = ", ".join(f"{w}x{h}" for w, h in limits.sizes)
+    rule = (f"any multiple of {limits.multiple} pixels with width x height up to {limits.max_pixels} pixels "
+            f"(compiled already: {buckets})" if limits.max_pixels else f"supported sizes: {buckets}")
+    given = {}
+    for field, value in (("width", width), ("height", height)):
+        if value is not None:  # 0 (or None) = the model's default for that side
+            given[field] = as_int(field, value, 0, MAX_SIDE)
+            if given[field] % limits.multiple:
+                raise InvalidRequest(field, f"{given[field]} is not a multiple of {limits.multiple} pixels "
+                                            f"(the model works on {limits.multiple}-pixel blocks); {rule}")
+    size = (given.get("width") or limits.default_size[0], given.get("height") or limits.default_size[1])
+    if size in limits.sizes:
+        return size
+    if not limits.max_pixels:
+        raise InvalidRequest("width/height", f"{size[0]}x{size[1]} is not a supported size; choose one of "
+                                             f"{buckets} (0 = the model's default)")
+    if size[0] * size[1] > limits.max_pixels:
+        raise InvalidRequest("width/height", f"{size[0]}x{size[1]} is {size[0] * size[1]} pixels; this server "
+                                             f"makes up to {limits.max_pixels} ({rule}; max_pixels)")
+    return size
 

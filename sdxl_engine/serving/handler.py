@@ -25,7 +25,7 @@ import gradio as gr
 from sdxl_engine.checkpoint.loading import engine_defaults
 from sdxl_engine.config import EngineConfig, resolve_defaults
 from sdxl_engine.engine.contract import EngineContract, clock
-from sdxl_engine.engine.local import EngineNotReady, GenerationError
+from sdxl_engine.engine.local import CompilesBusy, EngineNotReady, GenerationError
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest
 from sdxl_engine.program.schedulers import SAMPLERS
 from sdxl_engine.serving import delivery, gradio_internals, history, server
@@ -37,6 +37,7 @@ from sdxl_engine.serving.images import png_bytes, write_new
 
 STAGES = {  # engine stage -> (progress fraction, what the page says)
     "compiling": (0.03, "Compiling {size} once, about {compile_s:.0f} s (the first request at it; reused afterwards)"),
+    "waiting": (0.04, "Waiting for the request ahead on the devices"),
     "preparing": (0.05, "Preparing: tokenizing the prompts, scheduling {steps} {sampler} steps"),
     "on device": (0.1, "On {devices}: encoding the prompts, denoising {steps} steps, decoding with the VAE"),
     "to host": (0.9, "Copying {n} images to the host"),
@@ -103,7 +104,7 @@ def api_function(handle: Callable, config: EngineConfig, pending: history.Pendin
             job = JOBS.open(("gradio", session or event_id or ""))
         try:
             gallery, info, record = yield from stream_previews(
-                functools.partial(handle, job=job), values, progress, arrived,
+                functools.partial(handle, job=job, client=peer_of(request)), values, progress, arrived,
                 lambda: server.CANCELLED.cancelled(session, event_id, since))
         finally:
             if own:
@@ -113,6 +114,12 @@ def api_function(handle: Callable, config: EngineConfig, pending: history.Pendin
 
     generate.__doc__ = TOOL_DOC.format(styles=", ".join(STYLE_NAMES), samplers=", ".join(SAMPLERS))
     return generate
+
+
+def peer_of(request) -> str:
+    """The address a Gradio request came from ("" when unknown): the client of per-client engine limits."""
+    client = getattr(request, "client", None) if request is not None else None
+    return str(getattr(client, "host", "") or "")
 
 
 def protocol_job(request) -> str | None:
@@ -246,7 +253,7 @@ def handle_generate(engine: EngineContract, prompt, negative_prompt, seed, guida
                     width, height, style=NO_STYLE, sampler=None, progress: Callable | None = None,
                     files_dir: str | None = None, arrived: float | None = None,
                     on_step: Callable[[StepEvent], None] | None = None, should_stop: Callable[[], bool] | None = None,
-                    job: str | None = None):
+                    job: str | None = None, client: str = ""):
     """One /generate call: values as the client sent them in; (gallery items, info, history record) out.
 
     The engine validates every value (width/height 0 or None = the model's default; sampler None
@@ -281,7 +288,7 @@ def handle_generate(engine: EngineContract, prompt, negative_prompt, seed, guida
         report(0.0, desc=f"Starting the engine: {engine.stage} ({clock() - engine.started:.0f} s)")
     request = GenerateRequest(prompt=styled_prompt, negative_prompt=styled_negative, seed=seed,
                               guidance_scale=guidance_scale, num_inference_steps=num_inference_steps,
-                              width=width, height=height, sampler=sampler)
+                              width=width, height=height, sampler=sampler, client=client)
 
     steps = engine.limits.default_steps if num_inference_steps is None else num_inference_steps
     own = job is None
@@ -313,9 +320,11 @@ def handle_generate(engine: EngineContract, prompt, negative_prompt, seed, guida
 
     try:
         result = engine.generate(request, progress=on_stage, arrived=arrived, on_step=on_engine_step, should_stop=stop)
-    except (InvalidRequest, EngineNotReady, GenerationError) as err:
+    except (InvalidRequest, EngineNotReady, GenerationError, CompilesBusy) as err:
+        JOBS.fail(job, err)
         raise refuse(err) from err
     except Stopped as err:  # the one log line of a stopped request
+        JOBS.fail(job, err)
         why = "cancelled by its client" if should_stop is not None and should_stop() \
             else "interrupted" if JOBS.interrupted(job) else "skipped"
         print(f"[app] request {err} ({why}); nothing saved", flush=True)

@@ -84,13 +84,15 @@ def main(argv: list[str] | None, build_demo: Callable, css: str, title: str) -> 
 
 
 def start_engine(config: EngineConfig, args) -> tuple:
-    """(engine, page concurrency): the local engine started in the background (one request at a
-    time), or with ``--replicas`` the stand-in for the Ray Serve replicas (one request per replica).
+    """(engine, page concurrency): the local engine started in the background (one request on the devices
+    at a time, while new sizes compile), or with ``--replicas`` the stand-in for the Ray Serve replicas (one request per replica).
     Both implement engine.contract.EngineContract."""
     if args.replicas is None:
         from sdxl_engine.engine.local import get_engine
 
-        return get_engine(config, background=True), 1
+        # One request on the devices at a time (Engine.generate's lock); one more slot per new size that may
+        # compile meanwhile, so a compile never holds up requests at compiled sizes.
+        return get_engine(config, background=True), 1 + config.max_pending_compiles
     scaleout.ray_environment(private=args.ray_address is None)  # before Ray's import, which reads it
     # Imported only here: without --replicas `python app.py` never loads Ray (README, "Scale-out on Ray Serve").
     from sdxl_engine.serving import replicas

@@ -241,9 +241,9 @@ def test_openai_url_format_and_errors(app):
     assert url.startswith(app.url + "v1/images/files/") and "/tmp" not in url
     assert Image.open(io.BytesIO(httpx.get(url).content)).size == (64, 64)
     with pytest.raises(openai.BadRequestError) as err:
-        client.images.generate(prompt=PROMPT, size="96x96")
+        client.images.generate(prompt=PROMPT, size="2048x2048")
     assert err.value.status_code == 400 and err.value.param == "size"
-    assert err.value.body["message"].startswith("size: 96x96 is not a supported size; choose one of 64x64")
+    assert err.value.body["message"].startswith("size: 2048x2048 is 4194304 pixels; this server makes up to 1048576")
     with pytest.raises(openai.NotFoundError) as err:
         client.images.generate(model="sdxl-turbo", prompt=PROMPT)
     assert err.value.code == "model_not_found"

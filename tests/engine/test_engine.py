@@ -252,9 +252,10 @@ def healthy_images(engine):
     (dict(guidance_scale=-1), "guidance_scale: must be between 0"),
     (dict(num_inference_steps=0), "num_inference_steps: must be between 1"),
     (dict(num_inference_steps=10**9), "num_inference_steps: must be between 1"),
-    (dict(width=63), "width: 63 is not a multiple of 8 pixels (the model works on 8-pixel blocks); "
-                     "supported sizes: 64x64, 72x56, "),
-    (dict(width=64, height=8), "is not a supported size"),
+    (dict(width=63), "width: 63 is not a multiple of 8 pixels (the model works on 8-pixel blocks); any multiple "
+                     "of 8 pixels with width x height up to 1048576 pixels (compiled already: 64x64, 72x56, "),
+    (dict(width=2048, height=1024), "width/height: 2048x1024 is 2097152 pixels; this server makes up to 1048576 "
+                                    "(any multiple of 8 pixels"),
 ])
 def test_bad_input_raises_typed_error_and_engine_stays_healthy(engine, healthy_images, kwargs, message):
     with pytest.raises(InvalidRequest, match=re.escape(message)):

@@ -8,7 +8,8 @@ import threading
 import numpy as np
 import pytest
 
-from sdxl_engine.engine.validation import Limits
+from sdxl_engine.engine.steps import Stopped
+from sdxl_engine.engine.validation import InvalidRequest, Limits
 from sdxl_engine.serving.apis import core
 from sdxl_engine.serving.apis.core import Call, Interrupted
 from sdxl_engine.serving.images import png_bytes
@@ -38,7 +39,8 @@ def scripted_queue(monkeypatch, tmp_path, script):
         calls.append((seed, job, bool(scope.get("sdxl_engine.continues"))))
         JOBS.begin_call(job, 8)  # as handler.handle_generate does
         script[len(calls) - 1](job)
-        if JOBS.stop_requested(job):
+        if JOBS.stop_requested(job):  # as handler.handle_generate answers a stopped call
+            JOBS.fail(job, Stopped("stopped after step 3 of 8"))
             return False, {"error": "the request was stopped after step 3 of 8"}
         gallery = []
         for i in range(4):
@@ -94,3 +96,22 @@ def test_another_clients_interrupt_stops_nothing(monkeypatch, tmp_path):
                                            lambda job: JOBS.interrupt(("gradio", "x"))])
     made = run(Call("a red circle", seed=1, images=8))
     assert made.seeds == list(range(1, 9)) and made.stopped is None
+
+
+def test_the_handlers_typed_error_crosses_the_queue_as_the_protocols_status(monkeypatch, tmp_path):
+    """Not by its message: a refusal the engine makes only at run time (a sampler the model's scheduler rules
+    out, a new size while others compile) keeps its type on the job, whatever its text says."""
+    from sdxl_engine.engine.local import CompilesBusy
+
+    for error, status in ((InvalidRequest("sampler", "DDIM cannot run this model"), 400),
+                          (CompilesBusy("width/height: 2 new sizes compile already"), 429),
+                          (RuntimeError("the request was stopped, it says"), 500)):
+        async def run_queued(demo, api_name, values, request, scope=None, error=error):
+            JOBS.begin_call(scope[JOB_SCOPE_KEY], 8)
+            JOBS.fail(scope[JOB_SCOPE_KEY], error)
+            return False, {"error": str(error)}
+
+        monkeypatch.setattr(core.gradio_internals, "run_queued", run_queued)
+        with pytest.raises(core.ApiError) as err:
+            run(Call("a red circle", seed=1))
+        assert err.value.status == status and not isinstance(err.value, Interrupted) and err.value.message == str(error)

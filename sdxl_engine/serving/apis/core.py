@@ -32,6 +32,8 @@ from pathlib import Path
 from fastapi import HTTPException
 
 from sdxl_engine.engine.contract import EngineContract
+from sdxl_engine.engine.local import CompilesBusy
+from sdxl_engine.engine.steps import Stopped
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest, validate
 from sdxl_engine.serving import admission, gradio_internals
 from sdxl_engine.serving.progress import JOB_SCOPE_KEY, JOBS, Owner
@@ -66,7 +68,6 @@ class Interrupted(ApiError):
         super().__init__(409, message)
 
 
-STOPPED = "the request was stopped"  # the start of handler.handle_generate's message for a stopped request
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,9 +230,14 @@ async def _one_call(demo, request, values: list, job: str, continues: bool = Fal
     except gradio_internals.QueueRefusal as err:
         raise ApiError(err.status, f"the server cannot take this request now ({err.message}); retry later",
                        headers={"Retry-After": "5"}) from None
-    if not ok:
+    if not ok:  # the handler's typed error crosses the queue on the job (progress.Jobs.fail); the message with it
         message = str(output.get("error") or "the engine failed on this request")
-        raise Interrupted(message) if message.startswith(STOPPED) else ApiError(500, message)
+        error = JOBS.error(job)
+        if isinstance(error, Stopped):
+            raise Interrupted(message)
+        if isinstance(error, CompilesBusy):
+            raise ApiError(429, message, headers={"Retry-After": "30"})
+        raise ApiError(400 if isinstance(error, InvalidRequest) else 500, message)
     gallery, info = output["data"]
     return info, gradio_internals.gallery_paths(gallery)
 
