@@ -212,6 +212,98 @@ def test_a_truncated_file_is_one_line(components, tmp_path):
     assert issubclass(lora.LoraError, ModelLoadError)  # the start-up's one-line error path (exit 1)
 
 
+KOHYA_Q = "lora_unet_input_blocks_8_1_transformer_blocks_1_attn2_to_q"
+
+
+def poisoned(tmp_path, key: str, change, name="bad.safetensors"):
+    """The kohya fixture with one tensor changed by ``change`` (written here, nothing else differs)."""
+    tensors = load_file(str(KOHYA))
+    tensors[key] = change(tensors[key].copy()).astype(np.float32)
+    return write(tmp_path, tensors, name)
+
+
+def put(value, at=(0,)):
+    def change(tensor):
+        tensor.reshape(-1)[list(at)] = value
+        return tensor
+    return change
+
+
+@pytest.mark.parametrize("role, value, counts", [
+    ("lora_down.weight", np.nan, "1 NaN and 0 infinite values"),
+    ("lora_up.weight", np.inf, "0 NaN and 1 infinite values"),
+    ("lora_up.weight", -np.inf, "0 NaN and 1 infinite values"),
+    ("alpha", np.nan, "1 NaN and 0 infinite values of 1"),
+])
+def test_a_tensor_with_nan_or_inf_is_refused_naming_file_and_key(components, tmp_path, role, value, counts):
+    """A damaged LoRA stops the start (LoraError is the start-up's one-line exit 1) instead of making every
+    prompt that uses it fail with non-finite pixels."""
+    key = f"{KOHYA_Q}.{role}"
+    path = poisoned(tmp_path, key, put(value))
+    with pytest.raises(lora.LoraError) as err:
+        lora.read_lora("bad", path, components)
+    size = load_file(str(KOHYA))[key].size
+    assert str(err.value) == (f"LoRA 'bad' ({path}): tensor {key} has {counts} of {size}; the file is damaged "
+                              "or was saved from a diverged training run").replace(" of 1 of 1;", " of 1;")
+
+
+def test_a_nan_everywhere_peft_file_is_refused_at_its_first_tensor(components, tmp_path):
+    tensors = {k: np.full_like(v, np.nan) for k, v in load_file(str(PEFT)).items()}
+    path = write(tmp_path, tensors, "nan.safetensors")
+    first = next(iter(lora._pairs("w", lora.read_safetensors_header(path), False).values()))["down"]
+    with pytest.raises(lora.LoraError, match=rf"^LoRA 'n' \({re.escape(str(path))}\): tensor {re.escape(first)} has "
+                                             rf"{tensors[first].size} NaN and 0 infinite values of {tensors[first].size};"):
+        lora.read_lora("n", path, components)
+
+
+@pytest.mark.parametrize("role, value, bound", [
+    ("lora_up.weight", 1e30, "3.41e+29"),  # 1e30 * alpha / rank * the max |down| of its rank row
+    ("lora_down.weight", 1e30, None),
+    ("alpha", 1e30, None),
+])
+def test_a_huge_finite_tensor_is_refused_naming_the_layer(components, tmp_path, role, value, bound):
+    """1e30 is finite in float32 but its delta overflows or swamps every weight: refused, naming the up key
+    and the bound the reader computed (float64: no spurious inf)."""
+    path = poisoned(tmp_path, f"{KOHYA_Q}.{role}", put(value))
+    with pytest.raises(lora.LoraError) as err:
+        lora.read_lora("big", path, components)
+    message = str(err.value)
+    assert message.startswith(f"LoRA 'big' ({path}): tensor {KOHYA_Q}.lora_up.weight (with its down weight and "
+                              "scale) gives a delta that may reach ")
+    assert message.endswith(" at weight 1; trained LoRAs stay far below 10000, so the file is damaged or was saved "
+                            "from a diverged training run")
+    reached = float(message.split("may reach ")[1].split(" ")[0])
+    assert 1e20 < reached < 1e40
+    if bound:
+        file = load_file(str(path))
+        up = file[f"{KOHYA_Q}.lora_up.weight"].astype(np.float64) * float(file[f"{KOHYA_Q}.alpha"]) / 4
+        down = file[f"{KOHYA_Q}.lora_down.weight"].astype(np.float64)
+        expected = np.max(np.abs(up) @ np.abs(down).max(axis=1))
+        assert f"{expected:.3g}" == message.split("may reach ")[1].split(" ")[0] == bound
+
+
+def test_the_magnitude_limit_sits_between_real_and_damaged_deltas(components, tmp_path):
+    """The bound is MAX_DELTA = 1e4 on the delta at weight 1: the fixtures' and tiny-shapes' trained LCM-LoRA
+    stay below 2, a layer scaled to a bound just under 1e4 is read, and just over is refused."""
+    assert lora.MAX_DELTA == 1e4
+    key = f"{KOHYA_Q}.lora_up.weight"
+    file = load_file(str(KOHYA))
+    up = file[key].astype(np.float64) * float(file[f"{KOHYA_Q}.alpha"]) / file[key].shape[1]
+    down = file[f"{KOHYA_Q}.lora_down.weight"].astype(np.float64)
+    bound = float(np.max(np.abs(up) @ np.abs(down).max(axis=1)))
+    lora.read_lora("ok", poisoned(tmp_path, key, lambda t: t * (0.99e4 / bound), "ok.safetensors"), components)
+    with pytest.raises(lora.LoraError, match=r"may reach 1\.01e\+04 at weight 1"):
+        lora.read_lora("no", poisoned(tmp_path, key, lambda t: t * (1.01e4 / bound), "no.safetensors"), components)
+
+
+def test_a_non_finite_scale_from_the_peft_header_is_refused(components, tmp_path):
+    config = {"unet.lora_alpha": float("inf"), "unet.r": 4}
+    path = write(tmp_path, load_file(str(PEFT)), "inf.safetensors", metadata={"lora_adapter_metadata": json.dumps(config)})
+    with pytest.raises(lora.LoraError, match=r"the lora_adapter_metadata header gives unet\..*\.lora_B\.weight a scale "
+                                             r"of inf; a LoRA's scale must be a finite number$"):
+        lora.read_lora("s", path, components)
+
+
 def test_hash_is_a1111s_addnet_hash_or_its_stored_sshs_model_hash(tmp_path):
     """extensions-builtin/Lora/network.py: sshs_model_hash from the metadata, else sha256 of the bytes after the
     safetensors header (modules/hashes.py addnet_hash_safetensors); the infotext carries its first 12 hex."""
