@@ -249,7 +249,10 @@ def _split_pair(key: str) -> tuple[str, str] | None:
 
 def _peft_scale(metadata: Mapping[str, str], component: str, module: str, rank: int) -> float:
     """PEFT's ``scaling`` of one module from diffusers' saved LoraConfig (``lora_alpha / r``, rsLoRA
-    ``lora_alpha / sqrt(r)``, ``alpha_pattern``/``rank_pattern`` matched as PEFT matches them); 1 without it."""
+    ``lora_alpha / sqrt(r)``); 1 without it. ``alpha_pattern``/``rank_pattern`` keys are regexes matched
+    as PEFT's ``get_pattern_key`` does, ``re.match(rf"(.*\\.)?({key})$", name)`` (a suffix at a dot, the
+    key grouped so an alternation stays anchored), the first that matches winning, against the module's
+    name in the PEFT-wrapped model (transformers' ``text_model.`` included for a text encoder)."""
     raw = metadata.get(ADAPTER_METADATA)
     if not raw:
         return 1.0
@@ -257,13 +260,14 @@ def _peft_scale(metadata: Mapping[str, str], component: str, module: str, rank: 
     get = lambda field, default=None: config.get(f"{component}.{field}", default)  # noqa: E731
     if get("lora_alpha") is None:
         return 1.0
+    name = module if component == "unet" else _hf_text_name(module)
     alpha, r = float(get("lora_alpha")), rank
     for pattern, value in (get("alpha_pattern") or {}).items():
-        if re.fullmatch(rf"(.*\.)?{pattern}", module):
+        if re.match(rf"(.*\.)?({pattern})$", name):
             alpha = float(value)
             break
     for pattern, value in (get("rank_pattern") or {}).items():
-        if re.fullmatch(rf"(.*\.)?{pattern}", module):
+        if re.match(rf"(.*\.)?({pattern})$", name):
             r = int(value)
             break
     return alpha / math.sqrt(r) if get("use_rslora", False) else alpha / r

@@ -100,6 +100,68 @@ def test_without_metadata_the_peft_scale_is_1_and_rslora_uses_sqrt(components, t
     np.testing.assert_allclose(layers[other].up * 2.0 / (8 / math.sqrt(4)), ref[other].up, rtol=1e-6)
 
 
+Q = "down_blocks.1.attentions.0.transformer_blocks.0.attn1.to_q"
+
+
+def test_peft_alpha_pattern_matches_a_module_name_suffix_as_peft_does(components, tmp_path):
+    """PEFT's get_pattern_key: a pattern key matches a module whose name ends with it at a dot
+    (``(.*\\.)?key$``), so ``attn1.to_q`` (alpha 2) reaches every block's attn1.to_q (scale 2/4), not attn2's
+    or to_k (8/4), and a text encoder's ``q_proj`` pattern only its own component."""
+    tensors = load_file(str(PEFT))
+    config = {"unet.lora_alpha": 8, "unet.r": 4, "unet.alpha_pattern": {"attn1.to_q": 2},
+              "text_encoder.lora_alpha": 8, "text_encoder.r": 4, "text_encoder.alpha_pattern": {"q_proj": 1}}
+    path = write(tmp_path, tensors, "pattern.safetensors", metadata={"lora_adapter_metadata": json.dumps(config)})
+    layers = by_key(lora.read_lora("p", path, components))
+    scales = {}
+    for (component, key), layer in layers.items():
+        stored = tensors[f"{component}.{key[:-len('.weight')]}.lora_B.weight"]  # this file's names are ours
+        scale = layer.up[0, 0] / stored.reshape(layer.up.shape)[0, 0]
+        np.testing.assert_allclose(layer.up, stored.reshape(layer.up.shape) * scale, rtol=1e-6)
+        scales[(component, key)] = round(float(scale), 6)
+    q = [k for k in scales if k[0] == "unet" and k[1].endswith("attn1.to_q.weight")]
+    assert len(q) >= 2 and all(scales[k] == 0.5 for k in q)  # every block's, by suffix
+    assert all(v == 2.0 for k, v in scales.items() if k[0] == "unet" and k not in q)
+    te_q = [k for k in scales if k[0] == "text_encoder" and k[1].endswith("q_proj.weight")]
+    assert te_q and all(scales[k] == 0.25 for k in te_q)
+    assert all(v == 1.0 for k, v in scales.items() if k[0] == "text_encoder_2")  # no config for it: 1
+
+
+def test_peft_pattern_keys_are_grouped_regexes_on_the_peft_module_name(components, tmp_path):
+    """PEFT groups the key, ``(.*\\.)?(attn1.to_q|attn2.to_k)$``, so each alternative is a suffix (ungrouped,
+    the second alternative would have to be the whole name); and a text encoder's names are transformers'
+    (``text_model.encoder...``), so a key written from there matches although ours drops ``text_model.``."""
+    tensors = load_file(str(PEFT))
+    config = {"unet.lora_alpha": 8, "unet.r": 4, "unet.alpha_pattern": {"attn1.to_q|attn2.to_k": 4},
+              "text_encoder.lora_alpha": 8, "text_encoder.r": 4,
+              "text_encoder.alpha_pattern": {r"text_model\.encoder\.layers\.0\.self_attn\.q_proj": 1}}
+    path = write(tmp_path, tensors, "grouped.safetensors", metadata={"lora_adapter_metadata": json.dumps(config)})
+    layers = by_key(lora.read_lora("g", path, components))
+    scale = {k: float(layer.up[0, 0] / tensors[f"{k[0]}.{k[1][:-len('.weight')]}.lora_B.weight"].reshape(
+        layer.up.shape)[0, 0]) for k, layer in layers.items()}
+    matched = {k for k in scale if k[0] == "unet" and k[1].endswith(("attn1.to_q.weight", "attn2.to_k.weight"))}
+    assert any("attn2.to_k" in k[1] for k in matched) and any("attn1.to_q" in k[1] for k in matched)
+    assert {k: round(v, 6) for k, v in scale.items() if k[0] == "unet"} == {
+        k: 1.0 if k in matched else 2.0 for k in scale if k[0] == "unet"}
+    assert round(scale[("text_encoder", "encoder.layers.0.self_attn.q_proj.weight")], 6) == 0.25
+    assert round(scale[("text_encoder", "encoder.layers.1.self_attn.q_proj.weight")], 6) == 2.0
+
+
+def test_diffusers_alpha_keys_divide_by_the_rank(components, tmp_path):
+    """diffusers' own kohya conversion keeps alpha as ``<module>.alpha`` beside lora_A/lora_B: the scale is
+    alpha / rank (2 / 4 here), and a module without one keeps 1 (no metadata). Delta by hand: 0.5 * B @ A."""
+    tensors = load_file(str(PEFT))
+    down, up = tensors[f"unet.{Q}.lora_A.weight"], tensors[f"unet.{Q}.lora_B.weight"]
+    assert down.shape[0] == 4
+    path = write(tmp_path, {**tensors, f"unet.{Q}.alpha": np.float32(2.0)}, "alpha.safetensors")
+    layers = by_key(lora.read_lora("a", path, components))
+    np.testing.assert_allclose(delta(layers[("unet", Q + ".weight")]), 0.5 * up.astype(np.float64) @ down,
+                               rtol=1e-5, atol=1e-7)
+    other = f"{Q[:-len('to_q')]}to_k"
+    np.testing.assert_allclose(delta(layers[("unet", other + ".weight")]),
+                               tensors[f"unet.{other}.lora_B.weight"].astype(np.float64)
+                               @ tensors[f"unet.{other}.lora_A.weight"], rtol=1e-5, atol=1e-7)
+
+
 def test_older_diffusers_names_give_the_same_deltas(components, tmp_path):
     """lora.down/lora.up and the attention-processor names (to_q_lora) read as diffusers'
     convert_unet_state_dict_to_peft renames them: the same layers and numbers as the PEFT file."""
