@@ -499,6 +499,9 @@ SAMPLER_CLASSES = {
 }
 STEP_NOISE = ("Euler a", "LCM")  # the samplers that draw fresh noise in step()
 DROP = "<missing>"  # a SAMPLER_CASES value: the field is removed from the model's config (the class default applies)
+# SDXL base's fields that a config saved by EulerDiscreteScheduler lacks and DDIMScheduler reads (or, for
+# skip_prk_steps, PNDM): from_config gives DDIM its own defaults, clip_sample True and set_alpha_to_one True.
+EULER_SAVED_DROPS = ("clip_sample", "set_alpha_to_one", "sample_max_value", "skip_prk_steps")
 # (case name, sampler, changes to SDXL base's scheduler_config.json, steps). Empty changes {} with "minimal" below
 # means a config holding only _class_name: every field is the class's default.
 SAMPLER_CASES = [
@@ -532,6 +535,7 @@ SAMPLER_CASES = [
     ("dpm-heun", "DPM++ 2M", {"solver_type": "heun"}, 7),
     ("dpm-sigma-min-16", "DPM++ 2M", {"final_sigmas_type": "sigma_min"}, 16),  # 15+ steps: the last is 2nd order
     ("dpm-sigma-min-6", "DPM++ 2M", {"final_sigmas_type": "sigma_min"}, 6),  # lower_order_final: 1st order
+    ("dpm-sigma-min-15", "DPM++ 2M", {"final_sigmas_type": "sigma_min"}, 15),  # lower_order_final's edge: 2nd order
     ("dpm-sigma-min-no-lower-order-final", "DPM++ 2M", {"final_sigmas_type": "sigma_min",
                                                          "lower_order_final": False}, 6),
     ("dpm-euler-at-final", "DPM++ 2M", {"final_sigmas_type": "sigma_min", "euler_at_final": True}, 16),
@@ -554,6 +558,7 @@ SAMPLER_CASES = [
     ("ddim-v-clip", "DDIM", {"prediction_type": "v_prediction", "clip_sample": True}, 5),
     ("ddim-sample", "DDIM", {"prediction_type": "sample"}, 4),
     ("ddim-minimal", "DDIM", "minimal", 4),
+    ("ddim-euler-saved-config", "DDIM", dict.fromkeys(EULER_SAVED_DROPS, DROP), 10),  # clip True, alpha 1
     ("lcm-sdxl", "LCM", {}, 4),
     ("lcm-1-step", "LCM", {}, 1),
     ("lcm-2-steps", "LCM", {}, 2),
@@ -617,25 +622,31 @@ def sampler_trajectory(sampler: str, config: dict, steps: int, model_outputs: np
     return sched, torch.stack(samples).numpy(), torch.stack(noises).numpy() if noises else None
 
 
-# ``samplers``' image-level case: tiny-pt's pipeline with DDIM from a config that lacks clip_sample (the class
-# default True clips x0 every step). Prompt, negative prompt, guidance, steps; 64x64, 2 images.
-DDIM_IMAGE_CASE = ("a red circle", "a blue square", 5.0, 6)
+# ``samplers``' image-level cases: tiny-pt's pipeline with DDIM from a config that lacks clip_sample (the class
+# default True clips x0 every step); name -> (prompt, negative prompt, guidance, steps, the config's fields
+# dropped, latents seed); 64x64, 2 images. ``ddim_euler_image``: a config as EulerDiscreteScheduler saves it
+# (EULER_SAVED_DROPS), the empty negative prompt as None (diffusers' force_zeros_for_empty_prompt).
+DDIM_IMAGE_CASES = {"ddim_image": ("a red circle", "a blue square", 5.0, 6, ("clip_sample",), 23),
+                    "ddim_euler_image": ("a red circle", None, 4.0, 10, EULER_SAVED_DROPS, 31)}
 
 
-def ddim_image_case(out: Path) -> tuple[dict, dict]:
-    """diffusers' images for DDIM_IMAGE_CASE on out/tiny-pt: ({key: array}, metadata)."""
+def ddim_image_case(out: Path, name: str = "ddim_image") -> tuple[dict, dict]:
+    """diffusers' images for DDIM_IMAGE_CASES[name] on out/tiny-pt: ({key: array}, metadata)."""
     pipe = StableDiffusionXLPipeline.from_pretrained(out / "tiny-pt", dtype=torch.float32, add_watermarker=False)
     pipe.set_progress_bar_config(disable=True)
-    config = {k: v for k, v in plain_config(pipe.scheduler.config).items() if k != "clip_sample"}
+    prompt, negative, guidance, steps, drops, seed = DDIM_IMAGE_CASES[name]
+    config = {k: v for k, v in plain_config(pipe.scheduler.config).items() if k not in drops}
     pipe.scheduler = DDIMScheduler.from_config(config)
-    prompt, negative, guidance, steps = DDIM_IMAGE_CASE
-    latents = np.random.RandomState(23).standard_normal((2, 4, 16, 16)).astype(np.float32)
+    latents = np.random.RandomState(seed).standard_normal((2, 4, 16, 16)).astype(np.float32)
     images = pipe(prompt, negative_prompt=negative, guidance_scale=guidance, num_inference_steps=steps, width=64,
                   height=64, num_images_per_prompt=2, output_type="np", latents=torch.from_numpy(latents)).images
-    arrays = {"ddim_image_latents": latents, "ddim_image_images": np.round(images * 255).astype(np.uint8)}
+    arrays = {f"{name}_latents": latents, f"{name}_images": np.round(images * 255).astype(np.uint8)}
     meta = dict(prompt=prompt, negative_prompt=negative, guidance_scale=guidance, num_inference_steps=steps,
                 width=64, height=64, scheduler_config=config, clip_sample=pipe.scheduler.config.clip_sample,
-                latents="numpy RandomState(23).standard_normal((2, 4, 16, 16))", images="uint8, round(np * 255)")
+                latents=f"numpy RandomState({seed}).standard_normal((2, 4, 16, 16))", images="uint8, round(np * 255)")
+    if name != "ddim_image":  # the first case's metadata keeps the fields it was made with
+        meta.update(set_alpha_to_one=pipe.scheduler.config.set_alpha_to_one,
+                    timesteps=[int(t) for t in pipe.scheduler.timesteps])
     return arrays, meta
 
 
@@ -692,6 +703,81 @@ def lcm_image_cases(out: Path) -> tuple[dict, dict]:
     return arrays, meta
 
 
+def sampler_case(row: tuple, base: dict, model_outputs: np.ndarray, start: np.ndarray) -> tuple[dict, dict]:
+    """One SAMPLER_CASES row: ({key: array}, its entry of the JSON's cases)."""
+    name, sampler, changes, steps = row
+    config = case_config(base, changes)
+    sched, samples, noise = sampler_trajectory(sampler, config, steps, model_outputs, start)
+    arrays = {f"{name}_samples": samples}
+    if noise is not None:
+        arrays[f"{name}_noise"] = noise
+    fields = init_defaults(SAMPLER_CLASSES[sampler][0])
+    case = dict(name=name, sampler=sampler, steps=steps, changes=changes,
+                resolved={k: v for k, v in sched.config.items() if k in fields},
+                timesteps=[float(t) for t in sched.timesteps.numpy().astype(np.float32)],
+                sigmas=[float(s) for s in sched.sigmas.numpy()] if hasattr(sched, "sigmas") else None,
+                init_noise_sigma=float(sched.init_noise_sigma))
+    if sampler == "LCM":  # c_skip, c_out per step, and the alphā the noise brings the sample to
+        scalings = [sched.get_scalings_for_boundary_condition_discrete(t) for t in sched.timesteps]
+        case["c_skip"] = [float(c) for c, _ in scalings]
+        case["c_out"] = [float(c) for _, c in scalings]
+    return arrays, case
+
+
+def _write_samplers(out: Path, arrays: dict, meta: dict) -> None:
+    write_npz(out / "sampler-steps.npz", arrays)
+    text = json.dumps(meta, indent=1, default=str)
+    text = re.sub(r"\[[-+.,\seE\d]*\]", lambda m: json.dumps(json.loads(m.group())), text)  # numbers: one line
+    (out / "sampler-steps.json").write_text(text + "\n")
+
+
+def cmd_samplers_add(out: Path, names: list[str]) -> None:
+    """``samplers --add NAME ...``: compute only the named SAMPLER_CASES rows and DDIM_IMAGE_CASES and merge
+    them into out/sampler-steps.{json,npz}, every other entry kept as it is (to the byte: another CPU or
+    torch build moves the last bits of the others, so a full run would rewrite them all)."""
+    torch.set_num_threads(1)
+    with np.load(out / "sampler-steps.npz") as data:
+        arrays = {k: data[k] for k in data.files}
+    meta = json.loads((out / "sampler-steps.json").read_text())
+    base = meta["base_config"]
+    rows = {row[0]: row for row in SAMPLER_CASES}
+    unknown = [n for n in names if n not in rows and n not in DDIM_IMAGE_CASES]
+    if unknown:
+        raise SystemExit(f"unknown case {unknown}; SAMPLER_CASES or DDIM_IMAGE_CASES names")
+    order = [row[0] for row in SAMPLER_CASES]
+    cases = {case["name"]: case for case in meta["cases"]}
+    for name in names:
+        if name in rows:
+            new_arrays, cases[name] = sampler_case(rows[name], base, arrays["model_outputs"], arrays["start"])
+        else:
+            new_arrays, meta[f"{name}_case"] = ddim_image_case(out, name)
+        arrays.update(new_arrays)
+    meta["cases"] = sorted(cases.values(), key=lambda case: order.index(case["name"]))
+    meta["notes"] = SAMPLER_NOTES
+    _write_samplers(out, arrays, meta)
+
+
+SAMPLER_NOTES = [
+    "Each case's model config: base_config with its changes (a field set to `missing` removed; "
+    "'minimal': only _class_name); resolved: the class's own fields of the scheduler's config.",
+    "Each case: cls.from_config(config, **overrides of the sampler's name), set_timesteps(steps); the "
+    "sample starts at start * init_noise_sigma, step k gets model_outputs[k]; <case>_samples[k + 1] is "
+    "step k's prev_sample (float32, the scheduler's own space: sigma space for Euler, x-space for DPM++ "
+    "and DDIM and LCM). <case>_noise[k]: Euler a's and LCM's step noise (torch.randn, generator seeded "
+    "1000 + k; LCM's last row is not used by diffusers, which adds no noise after the last step). LCM cases "
+    "also record c_skip and c_out (get_scalings_for_boundary_condition_discrete) per step.",
+    "Suggested tolerance: float32, |engine - diffusers| <= 1e-5 * (1 + |diffusers|) per step.",
+    "ddim_image_case: tiny-pt's StableDiffusionXLPipeline (float32) with DDIMScheduler.from_config of its "
+    "config less clip_sample, on ddim_image_latents; ddim_image_images (2, 64, 64, 3) uint8.",
+    "ddim_euler_image_case: the same with its config less the fields a config saved by EulerDiscreteScheduler "
+    "lacks (clip_sample, set_alpha_to_one, sample_max_value, skip_prk_steps: DDIM's defaults True, True), 10 "
+    "steps, guidance 4, no negative prompt (force_zeros_for_empty_prompt), on ddim_euler_image_latents.",
+    "lcm_image_cases: tiny-pt's pipeline (float32) with LCMScheduler.from_config of its config on "
+    "lcm_image_latents, the step noise lcm-noise.npz's (the engine's seed rule for its seeds); "
+    "<case>_images (2, 64, 64, 3) uint8.",
+]
+
+
 def cmd_samplers(out: Path) -> None:
     """``samplers``: out/sampler-steps.json and out/sampler-steps.npz (see the module docstring)."""
     torch.set_num_threads(1)
@@ -701,53 +787,25 @@ def cmd_samplers(out: Path) -> None:
     start = rng.standard_normal(SAMPLER_SHAPE).astype(np.float32)
     arrays = {"model_outputs": model_outputs, "start": start}
     cases = []
-    for name, sampler, changes, steps in SAMPLER_CASES:
-        config = case_config(base, changes)
-        sched, samples, noise = sampler_trajectory(sampler, config, steps, model_outputs, start)
-        arrays[f"{name}_samples"] = samples
-        if noise is not None:
-            arrays[f"{name}_noise"] = noise
-        fields = init_defaults(SAMPLER_CLASSES[sampler][0])
-        cases.append(dict(name=name, sampler=sampler, steps=steps, changes=changes,
-                          resolved={k: v for k, v in sched.config.items() if k in fields},
-                          timesteps=[float(t) for t in sched.timesteps.numpy().astype(np.float32)],
-                          sigmas=[float(s) for s in sched.sigmas.numpy()] if hasattr(sched, "sigmas") else None,
-                          init_noise_sigma=float(sched.init_noise_sigma)))
-        if sampler == "LCM":  # c_skip, c_out per step, and the alphā the noise brings the sample to
-            scalings = [sched.get_scalings_for_boundary_condition_discrete(t) for t in sched.timesteps]
-            cases[-1]["c_skip"] = [float(c) for c, _ in scalings]
-            cases[-1]["c_out"] = [float(c) for _, c in scalings]
+    for row in SAMPLER_CASES:
+        case_arrays, case = sampler_case(row, base, model_outputs, start)
+        arrays.update(case_arrays)
+        cases.append(case)
     image_arrays, image_meta = ddim_image_case(out)
     arrays.update(image_arrays)
+    euler_arrays, euler_meta = ddim_image_case(out, "ddim_euler_image")
+    arrays.update(euler_arrays)
     lcm_arrays, lcm_meta = lcm_image_cases(out)
     arrays.update(lcm_arrays)
     meta = dict(
         made_by="python -m tools.lcm_noise (runtime venv), then python -m tools.make_fixtures samplers",
-        ddim_image_case=image_meta, lcm_image_cases=lcm_meta,
+        ddim_image_case=image_meta, ddim_euler_image_case=euler_meta, lcm_image_cases=lcm_meta,
         versions=versions(), torch_threads=1,
         base_config=base, missing=DROP, shape=list(SAMPLER_SHAPE), cases=cases,
         class_defaults={cls.__name__: init_defaults(cls) for cls, _ in SAMPLER_CLASSES.values()},
-        notes=[
-            "Each case's model config: base_config with its changes (a field set to `missing` removed; "
-            "'minimal': only _class_name); resolved: the class's own fields of the scheduler's config.",
-            "Each case: cls.from_config(config, **overrides of the sampler's name), set_timesteps(steps); the "
-            "sample starts at start * init_noise_sigma, step k gets model_outputs[k]; <case>_samples[k + 1] is "
-            "step k's prev_sample (float32, the scheduler's own space: sigma space for Euler, x-space for DPM++ "
-            "and DDIM and LCM). <case>_noise[k]: Euler a's and LCM's step noise (torch.randn, generator seeded "
-            "1000 + k; LCM's last row is not used by diffusers, which adds no noise after the last step). LCM cases "
-            "also record c_skip and c_out (get_scalings_for_boundary_condition_discrete) per step.",
-            "Suggested tolerance: float32, |engine - diffusers| <= 1e-5 * (1 + |diffusers|) per step.",
-            "ddim_image_case: tiny-pt's StableDiffusionXLPipeline (float32) with DDIMScheduler.from_config of its "
-            "config less clip_sample, on ddim_image_latents; ddim_image_images (2, 64, 64, 3) uint8.",
-            "lcm_image_cases: tiny-pt's pipeline (float32) with LCMScheduler.from_config of its config on "
-            "lcm_image_latents, the step noise lcm-noise.npz's (the engine's seed rule for its seeds); "
-            "<case>_images (2, 64, 64, 3) uint8.",
-        ],
+        notes=SAMPLER_NOTES,
     )
-    write_npz(out / "sampler-steps.npz", arrays)
-    text = json.dumps(meta, indent=1, default=str)
-    text = re.sub(r"\[[-+.,\seE\d]*\]", lambda m: json.dumps(json.loads(m.group())), text)  # numbers: one line
-    (out / "sampler-steps.json").write_text(text + "\n")
+    _write_samplers(out, arrays, meta)
 
 
 def as_numpy(arrays: dict) -> dict[str, np.ndarray]:
@@ -1604,6 +1662,7 @@ def main(argv=None) -> None:
     keys.add_argument("--out", type=Path, default=FIXTURES / "sdxl-base-keys.json")
     samplers = sub.add_parser("samplers", help="scheduler step references: sampler-steps.json and .npz")
     samplers.add_argument("--out", type=Path, default=FIXTURES)
+    samplers.add_argument("--add", nargs="+", metavar="CASE", help="only these cases, merged into --out's files")
     single = sub.add_parser("single", help="tiny-single: tiny-pt as an sgm single file, a swap UNet and LDM VAE")
     single.add_argument("--out", type=Path, default=FIXTURES)
     sgm_keys = sub.add_parser("sgm-keys", help="full-size SDXL base's single-file key names and shapes")
@@ -1630,7 +1689,7 @@ def main(argv=None) -> None:
     elif args.command == "keys":
         cmd_keys(args.out)
     elif args.command == "samplers":
-        cmd_samplers(args.out)
+        cmd_samplers_add(args.out, args.add) if args.add else cmd_samplers(args.out)
     elif args.command == "single":
         cmd_single(args.out)
     elif args.command == "sgm-keys":

@@ -27,7 +27,8 @@ then the params' dtype), by a function jitted per weight shape (weights are arra
 weight reuses it) on the kept base parameters; the compiled generation program receives the merged
 dict, whose arrays have the base's shapes, dtypes and shardings, so it never recompiles.
 Unsupported on purpose, each refused by name: DoRA (``dora_scale``), LyCORIS LoHa (``hada_*``) and
-LoKr (``lokr_*``), bias and norm deltas (``diff``, ``diff_b``).
+LoKr (``lokr_*``), bias and norm deltas (``diff``, ``diff_b``). Damaged files are refused at read, naming
+the tensor: NaN or infinite values, or a layer's delta past :data:`MAX_DELTA` (bounded without the product).
 """
 
 from __future__ import annotations
@@ -248,7 +249,10 @@ def _split_pair(key: str) -> tuple[str, str] | None:
 
 def _peft_scale(metadata: Mapping[str, str], component: str, module: str, rank: int) -> float:
     """PEFT's ``scaling`` of one module from diffusers' saved LoraConfig (``lora_alpha / r``, rsLoRA
-    ``lora_alpha / sqrt(r)``, ``alpha_pattern``/``rank_pattern`` matched as PEFT matches them); 1 without it."""
+    ``lora_alpha / sqrt(r)``); 1 without it. ``alpha_pattern``/``rank_pattern`` keys are regexes matched
+    as PEFT's ``get_pattern_key`` does, ``re.match(rf"(.*\\.)?({key})$", name)`` (a suffix at a dot, the
+    key grouped so an alternation stays anchored), the first that matches winning, against the module's
+    name in the PEFT-wrapped model (transformers' ``text_model.`` included for a text encoder)."""
     raw = metadata.get(ADAPTER_METADATA)
     if not raw:
         return 1.0
@@ -256,13 +260,14 @@ def _peft_scale(metadata: Mapping[str, str], component: str, module: str, rank: 
     get = lambda field, default=None: config.get(f"{component}.{field}", default)  # noqa: E731
     if get("lora_alpha") is None:
         return 1.0
+    name = module if component == "unet" else _hf_text_name(module)
     alpha, r = float(get("lora_alpha")), rank
     for pattern, value in (get("alpha_pattern") or {}).items():
-        if re.fullmatch(rf"(.*\.)?{pattern}", module):
+        if re.match(rf"(.*\.)?({pattern})$", name):
             alpha = float(value)
             break
     for pattern, value in (get("rank_pattern") or {}).items():
-        if re.fullmatch(rf"(.*\.)?{pattern}", module):
+        if re.match(rf"(.*\.)?({pattern})$", name):
             r = int(value)
             break
     return alpha / math.sqrt(r) if get("use_rslora", False) else alpha / r
@@ -281,7 +286,9 @@ def read_lora(name: str, path: Path, components: Mapping[str, Component]) -> Lor
         LoraError: a pickle or other suffix (unopened), an unreadable or truncated file, an unsupported
             variant (DoRA, LoHa, LoKr, weight deltas: by name), keys of no known format, a down without its
             up, keys that match no module of the model (the first few named), or shapes that do not fit
-            (naming the key, both shapes, and when the widths are SD 1.x's or 2.x's, saying so).
+            (naming the key, both shapes, and when the widths are SD 1.x's or 2.x's, saying so), a tensor
+            with NaN or infinite values or a non-finite scale (naming the key), or a layer whose delta may
+            pass :data:`MAX_DELTA` at weight 1 (naming its up key).
     """
     path = Path(path)
     check_lora_path(path)
@@ -319,7 +326,7 @@ def read_lora(name: str, path: Path, components: Mapping[str, Component]) -> Lor
                         f"(first: {', '.join(unmatched[:5])}){_other_model_hint(infos)}")
     if not targets:
         raise LoraError(f"{where}: no LoRA layers found (expected {', '.join(d for d, _ in PAIRS)} keys)")
-    layers = _read_layers(path, pairs, targets, infos, metadata, kohya)
+    layers = _read_layers(where, path, pairs, targets, infos, metadata, kohya)
     return Lora(name, path, "kohya" if kohya else "diffusers", layers, lora_hash(path))
 
 
@@ -385,23 +392,63 @@ def _other_model_hint(infos: Mapping) -> str:
     return ". Is it a LoRA for this model?"
 
 
-def _read_layers(path: Path, pairs, targets, infos, metadata, kohya: bool) -> tuple[LoraLayer, ...]:
-    """The tensors of every matched pair, flattened, in float32, ``up`` pre-multiplied by its scale."""
+def _read_layers(where: str, path: Path, pairs, targets, infos, metadata,
+                 kohya: bool) -> tuple[LoraLayer, ...]:
+    """The tensors of every matched pair, flattened, in float32, ``up`` pre-multiplied by its scale;
+    LoraError (naming the key) for a non-finite tensor or scale, or a delta past :data:`MAX_DELTA`."""
     layers = []
     with safe_open(str(path), framework="numpy") as f:
         for pair, (component, key) in targets.items():
             roles = pairs[pair]
-            down = _float32(f, roles["down"], infos)
-            up = _float32(f, roles["up"], infos)
+            down = _finite(where, roles["down"], _float32(f, roles["down"], infos))
+            up = _finite(where, roles["up"], _float32(f, roles["up"], infos))
             rank = down.shape[0]
-            if kohya:
-                scale = float(_float32(f, roles["alpha"], infos).reshape(())) / rank if "alpha" in roles else 1.0
-            elif "alpha" in roles:  # diffusers' own conversion keeps kohya's alpha as <module>.alpha
-                scale = float(_float32(f, roles["alpha"], infos).reshape(())) / rank
+            if "alpha" in roles:  # kohya's, or diffusers' own conversion keeping kohya's alpha as <module>.alpha
+                scale = float(_finite(where, roles["alpha"], _float32(f, roles["alpha"], infos)).reshape(())) / rank
+            elif kohya:
+                scale = 1.0
             else:
                 scale = _peft_scale(metadata, component, key[: -len(".weight")], rank)
-            layers.append(LoraLayer(component, key, down.reshape(rank, -1), up.reshape(up.shape[0], rank) * scale))
+                if not math.isfinite(scale):
+                    raise LoraError(f"{where}: the {ADAPTER_METADATA} header gives {roles['up']} a scale of "
+                                    f"{scale}; a LoRA's scale must be a finite number")
+            down, up = down.reshape(rank, -1), up.reshape(up.shape[0], rank) * scale
+            _check_magnitude(where, roles["up"], down, up)
+            layers.append(LoraLayer(component, key, down, up))
     return tuple(layers)
+
+
+# The largest |entry| a layer's delta (scale * up @ down, at weight 1) may reach. Trained LoRAs change a
+# weight by a small fraction of the weight itself (SDXL's weights are of order 1, their deltas far
+# smaller); 1e4 is orders of magnitude past that, and a delta that large turns every image using the
+# LoRA into NaN or noise at any prompt weight (0.001 still adds 10 to a weight of order 1; at weight 4
+# it nears float16's largest finite value, 65504, in the merged weights). Such a file is damaged or
+# came from a diverged training run: refused at start rather than failing every prompt that uses it.
+MAX_DELTA = 1e4
+
+
+def _finite(where: str, key: str, tensor: np.ndarray) -> np.ndarray:
+    """``tensor``; LoraError naming ``key`` and the count of NaN / inf entries when it has any."""
+    bad = ~np.isfinite(tensor)
+    if bad.any():
+        nan, inf = int(np.isnan(tensor).sum()), int(np.isinf(tensor).sum())
+        raise LoraError(f"{where}: tensor {key} has {nan} NaN and {inf} infinite values of {tensor.size}; the "
+                        f"file is damaged or was saved from a diverged training run")
+    return tensor
+
+
+def _check_magnitude(where: str, key: str, down: np.ndarray, up: np.ndarray) -> None:
+    """LoraError naming ``key`` when the layer's delta may pass :data:`MAX_DELTA`.
+
+    The bound ``max_i sum_r |up[i, r]| * max_j |down[r, j]|`` is at least every ``|(up @ down)[i, j]|``
+    and costs O(out * rank + rank * in), not the full product's O(out * rank * in). float64, so that
+    values near float32's limit cannot overflow into a spurious inf.
+    """
+    bound = float(np.max(np.abs(up.astype(np.float64)) @ np.max(np.abs(down.astype(np.float64)), axis=1)))
+    if not bound <= MAX_DELTA:
+        raise LoraError(f"{where}: tensor {key} (with its down weight and scale) gives a delta that may reach "
+                        f"{bound:.3g} at weight 1; trained LoRAs stay far below {MAX_DELTA:g}, so the file is "
+                        f"damaged or was saved from a diverged training run")
 
 
 def _float32(handle, key: str, infos) -> np.ndarray:

@@ -178,7 +178,7 @@ class ProgramInputs:
     negative_ids: jax.Array = per_image(prompt_dims, jnp.int32)  # the same for the negative prompt
     prompt_weights: jax.Array = per_image(prompt_dims, jnp.float32)  # each id's emphasis weight (1 = none)
     negative_weights: jax.Array = per_image(prompt_dims, jnp.float32)  # the same for the negative prompt
-    negative_zero: jax.Array = per_image((), jnp.float32)  # 1 = empty negative prompt: zero embeddings
+    negative_zero: jax.Array = per_image((), jnp.float32)  # 1 = empty negative prompt: chunk 1 and pooled zero
     seeds: jax.Array = per_image((), jnp.uint32)  # image i's initial noise comes from seed i
     guidance_scale: jax.Array = per_image((), jnp.float32)  # classifier-free guidance scale (cfg only)
     timesteps: jax.Array = replicated(per_step, jnp.float32)  # the UNet's timestep per step, padded
@@ -208,8 +208,8 @@ class ProgramInputs:
         """One request's inputs: (2, chunks * 77) ids broadcast to every image, a seed per image, a padded schedule.
 
         ``prompt_ids`` and ``negative_ids`` have the same chunk count (engine/prompts.py pads the
-        shorter). ``negative_empty``: no negative prompt, so its embeddings are zeros (SDXL base's
-        ``force_zeros_for_empty_prompt``). ``latents``: (batch, C, h, w) float32 initial noise for
+        shorter). ``negative_empty``: no negative prompt, so its first chunk's embeddings and its pooled
+        embedding are zeros (:func:`encode_text`, as A1111 does for SDXL). ``latents``: (batch, C, h, w) float32 initial noise for
         a program with ``given_latents``, else None. ``prompt_weights``, ``negative_weights``:
         (2, chunks * 77) float32 emphasis weights of the ids; None = all 1 (no emphasis).
         """
@@ -465,8 +465,25 @@ class Conditioning(NamedTuple):
 
 def encode_text(st: Static, params, inputs: ProgramInputs) -> Conditioning:
     """Stage 1: both text encoders, each prompt chunk by chunk with its emphasis weights; with CFG the
-    negative and positive prompts in one encoder batch, negatives first, an empty negative prompt as
-    zeros (SDXL base's ``force_zeros_for_empty_prompt``)."""
+    negative and positive prompts in one encoder batch, negatives first.
+
+    An empty negative prompt (``negative_zero``; its ids are the empty prompt's chunk, repeated to the
+    prompt's chunk count by engine/prompts.py) is conditioned as AUTOMATIC1111 conditions it for SDXL:
+
+    * chunk 1 (tokens 0..76): zeros. A1111 encodes the empty negative as one chunk and zeros it
+      (``modules/sd_models_xl.py`` ``get_learned_conditioning``: ``force_zero_embeddings=['txt']`` when
+      every negative is ``''``, so sgm's conditioner zeros both text embedders' outputs), as diffusers'
+      ``force_zeros_for_empty_prompt`` does for a one-chunk prompt.
+    * chunks 2..chunks: the encoders' own output for the empty prompt's chunk, not zeros. A1111 pads
+      the shorter conditioning with ``cond_stage_model_empty_prompt``, the empty prompt encoded without
+      force-zero (``modules/sd_samplers_cfg_denoiser.py`` ``pad_cond_uncond``, with its "Pad
+      prompt/negative prompt" option on, the rule this engine follows for every negative shorter than
+      the prompt).
+    * pooled embedding: zeros (A1111's pooled is the first chunk's, zeroed with it; padding appends
+      to the cross-attention tokens only).
+
+    One chunk is therefore all zeros, as before, to the byte.
+    """
     b = inputs.prompt_ids.shape[0]
     ids, weights = inputs.prompt_ids, inputs.prompt_weights
     if st.shape.cfg:
@@ -474,9 +491,11 @@ def encode_text(st: Static, params, inputs: ProgramInputs) -> Conditioning:
         weights = jnp.concatenate([inputs.negative_weights, weights])
     hidden, text_embeds = encode_prompts(st.components, params, ids, weights)  # (n, chunks * 77, D), (n, P)
     if st.shape.cfg:
-        keep = jnp.concatenate([1.0 - inputs.negative_zero, jnp.ones((b,), jnp.float32)]).astype(hidden.dtype)
-        hidden = hidden * keep[:, None, None]  # empty negative prompt -> zeros, as SDXL base does
-        text_embeds = text_embeds * keep[:, None]
+        zero = jnp.concatenate([inputs.negative_zero, jnp.zeros((b,), jnp.float32)])  # (2b,) 1 = empty negative
+        first = (jnp.arange(hidden.shape[1]) < TOKENS).astype(jnp.float32)  # (chunks * 77,) 1 in chunk 1
+        keep = 1.0 - zero[:, None] * first[None, :]  # (2b, chunks * 77): 0 on an empty negative's chunk 1
+        hidden = hidden * keep.astype(hidden.dtype)[:, :, None]
+        text_embeds = text_embeds * (1.0 - zero).astype(text_embeds.dtype)[:, None]
     rows = hidden.shape[0]
     size = jnp.array([st.shape.height, st.shape.width, 0, 0, st.shape.height, st.shape.width], jnp.float32)
     return Conditioning(hidden, text_embeds, jnp.broadcast_to(size, (rows, 6)))

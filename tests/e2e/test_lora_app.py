@@ -5,7 +5,7 @@ import sys
 
 import numpy as np
 import pytest
-from safetensors.numpy import save_file
+from safetensors.numpy import load_file, save_file
 
 from tests.helpers import FIXTURES, ROOT, free_port
 
@@ -19,6 +19,9 @@ def test_bad_loras_exit_1_with_one_line_before_serving(tmp_path):
                rng.normal(size=(4, 768)).astype(np.float32),
                "lora_unet_down_blocks_1_attentions_0_transformer_blocks_0_attn2_to_k.lora_up.weight":
                rng.normal(size=(32, 4)).astype(np.float32)}, str(sd15))
+    damaged = load_file(str(KOHYA))
+    damaged["lora_unet_input_blocks_0_0.lora_up.weight"][0, 0] = np.nan
+    save_file(damaged, str(tmp_path / "nan.safetensors"))
     folder = tmp_path / "loras"
     folder.mkdir()
     (folder / "ink.safetensors").write_bytes(KOHYA.read_bytes())
@@ -27,6 +30,8 @@ def test_bad_loras_exit_1_with_one_line_before_serving(tmp_path):
         "twice": (["--lora", f"ink={KOHYA}", "--lora-dir", str(folder)], "two LoRAs named 'ink'"),
         "pickle": (["--lora", f"evil={tmp_path / 'evil.ckpt'}"], "a pickle (.ckpt); LoRA pickles are never opened"),
         "sd15": (["--lora", f"old={sd15}"], "It looks like an SD 1.x LoRA (cross-attention width 768; SDXL's is 2048)"),
+        "nan": (["--lora", f"nan={tmp_path / 'nan.safetensors'}"],
+                f"nan.safetensors): tensor lora_unet_input_blocks_0_0.lora_up.weight has 1 NaN and 0 infinite values"),
     }
     procs = {name: subprocess.Popen(
         [sys.executable, str(ROOT / "app.py"), "--port", str(free_port()), "--model", str(FIXTURES / "tiny-pt"),

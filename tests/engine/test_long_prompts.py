@@ -11,7 +11,9 @@ import pytest
 
 from sdxl_engine.engine.prompts import TOKENS, tokenize_prompt
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest
-from sdxl_engine.program.generate import ProgramShape, emphasize, encode_prompts
+from sdxl_engine.program.generate import (ProgramInputs, ProgramShape, emphasize, encode_prompts, encode_text,
+                                          static_options)
+from sdxl_engine.program.schedulers import make_schedule
 
 # Seeds not used when the prompts and margins below were chosen (those were 1000-6000).
 SEEDS = (7000, 8000, 9000)
@@ -147,3 +149,47 @@ def test_a_bracketless_short_prompt_runs_the_one_chunk_program(tiny_shapes_engin
     assert result.prompt_chunks == 1
     assert ProgramShape(4, 64, 64, tiny_shapes_engine.config.max_inference_steps,
                         step_hook=tiny_shapes_engine.config.progress) in tiny_shapes_engine._programs
+
+
+def conditioning(engine, prompt: str, negative: str):
+    """encode_text's (hidden, pooled) for one image with CFG, as the engine tokenizes and pads the request."""
+    tokens, negative_tokens = engine._tokens(GenerateRequest(prompt, negative))
+    shape = ProgramShape(1, 64, 64, 2, chunks=tokens.chunks)
+    inputs = ProgramInputs.build(tokens.ids, negative_tokens.ids, not negative_tokens.words.strip(), [0], 5.0,
+                                 make_schedule("Euler", engine.model.scheduler_config, 2), 2, 2,
+                                 prompt_weights=tokens.weights, negative_weights=negative_tokens.weights)
+    cond = jax.jit(functools.partial(encode_text, static_options(engine.model, shape)))(engine.model.params, inputs)
+    return tokens, np.asarray(cond.hidden), np.asarray(cond.text_embeds)
+
+
+def test_an_empty_negative_with_a_long_prompt_is_zeros_then_the_empty_prompt(tiny_shapes_engine):
+    """A1111's SDXL rule: the empty negative's chunk 1 is zeros (force-zero), each later chunk is the empty
+    prompt's own encoding (pad_cond_uncond pads with the empty prompt's cond), its pooled embedding zeros;
+    the prompt's rows are its own encoding. The expected chunks come from the program's text encoders."""
+    model = tiny_shapes_engine.model
+    tokens, hidden, pooled = conditioning(tiny_shapes_engine, FILLER + "blue square", "")
+    assert tokens.chunks == 2 and hidden.shape == (2, 2 * TOKENS, 64) and pooled.shape == (2, 32)
+    empty = tokenize_prompt((model.tokenizer, model.tokenizer_2), "", 3)
+    empty_hidden, empty_pooled = (np.asarray(x)[0] for x in encode_prompts(model.components, model.params,
+                                                                             jnp.asarray(empty.ids[None])))
+    assert np.abs(empty_hidden).max() > 1 and np.abs(empty_pooled).max() > 0.1  # not zeros themselves
+    np.testing.assert_array_equal(hidden[0, :TOKENS], 0.0)  # negative, chunk 1: zeros
+    np.testing.assert_allclose(hidden[0, TOKENS:], empty_hidden, rtol=1e-5, atol=1e-5)  # chunk 2: ""'s chunk
+    np.testing.assert_array_equal(pooled[0], 0.0)  # the pooled embedding is chunk 1's: zeros
+    prompt_hidden, prompt_pooled = encode_prompts(model.components, model.params, jnp.asarray(tokens.ids[None]),
+                                                  jnp.asarray(tokens.weights[None]))
+    np.testing.assert_allclose(hidden[1], np.asarray(prompt_hidden)[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(pooled[1], np.asarray(prompt_pooled)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_an_empty_negative_with_a_one_chunk_prompt_is_all_zeros_to_the_byte(tiny_shapes_engine):
+    """One chunk: the rule above is SDXL's force-zero alone, the program's conditioning before the
+    multi-chunk rule, to the byte: negative hidden states and pooled embedding exactly 0, the prompt's rows
+    exactly what the same program computed before (x 1.0). A negative with words is never zeroed."""
+    tokens, hidden, pooled = conditioning(tiny_shapes_engine, "a red circle", "")
+    assert tokens.chunks == 1
+    assert not hidden[0].any() and not pooled[0].any()  # 0 or -0: the encoders' output x 0, as before
+    _, with_words, pooled_words = conditioning(tiny_shapes_engine, "a red circle", "blue")
+    np.testing.assert_array_equal(with_words[1], hidden[1])
+    np.testing.assert_array_equal(pooled_words[1], pooled[1])
+    assert np.abs(with_words[0, :TOKENS]).max() > 1 and np.abs(pooled_words[0]).max() > 0.1

@@ -135,3 +135,22 @@ def test_engine_tags_pick_loras_without_recompiling(lora_engine):
         gen("a cat <lora:nope:1>")
     # A tag in the negative prompt is text there, as in A1111: not parsed, no error.
     assert gen("a red circle", negative_prompt="<lora:nope:1>").images.shape == (4, 64, 64, 3)
+
+
+def test_a_tag_is_read_in_the_prompt_and_kept_as_text_in_the_negative_prompt(tiny_shapes_engine):
+    """A1111 reads extra networks in the prompt only: the prompt's tag is removed before tokenizing and picks
+    the LoRA, the negative prompt's tag stays text (its tokens are those of the whole text, tag included)."""
+    from sdxl_engine.engine.prompts import tokenize_prompt
+
+    engine = tiny_shapes_engine
+    tokenizers = (engine.model.tokenizer, engine.model.tokenizer_2)
+    request = GenerateRequest("a red circle <lora:lcm:0.5>", "<lora:lcm:1> blue square", seed=1)
+    prompt, negative = engine._tokens(request)
+    assert prompt.words == "a red circle " and negative.words == "<lora:lcm:1> blue square"
+    np.testing.assert_array_equal(prompt.ids, tokenize_prompt(tokenizers, "a red circle", 3).ids)
+    as_text = tokenize_prompt(tokenizers, "<lora:lcm:1> blue square", 3, lora_tags=False).ids
+    np.testing.assert_array_equal(negative.ids, as_text)
+    assert int((as_text[0] != tokenizers[0].pad_token_id).sum()) > len("blue square".split()) + 2  # the tag's tokens
+    _, hashes = engine._lora_params(request.prompt)
+    assert hashes == {"lcm": engine.loras.loras["lcm"].short_hash}
+    assert engine._lora_params("a red circle")[1] == {}

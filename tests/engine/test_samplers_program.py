@@ -122,3 +122,44 @@ def test_ddim_images_match_diffusers_when_the_config_lacks_clip_sample(steps_arr
     assert diff.max() <= 4 and diff.mean() <= 0.5, (diff.max(), diff.mean())
     unclipped = np.abs(images({**meta["scheduler_config"], "clip_sample": False}) - want)
     assert unclipped.max() > 40, unclipped.max()
+
+
+@pytest.mark.slow  # compiles tiny-pt's program at the fixture's shape
+def test_ddim_images_match_diffusers_on_a_config_saved_by_euler(steps_arrays):
+    """Image level: tiny-pt's pipeline with DDIMScheduler.from_config of a config as EulerDiscreteScheduler
+    saves it (no clip_sample, set_alpha_to_one, sample_max_value, skip_prk_steps: DDIM's defaults True, True;
+    leading, steps_offset 1), 10 steps, guidance 4, no negative prompt; the engine's program with its empty
+    negative prompt (zeros, as diffusers' force_zeros_for_empty_prompt) on the same latents agrees within
+    test_models' image tolerance, and each of the three other clip_sample x set_alpha_to_one choices does not."""
+    import jax
+
+    from sdxl_engine.checkpoint.loading import load_folder
+    from sdxl_engine.program.generate import ProgramInputs, ProgramShape, compile_program, tokenize
+    from sdxl_engine.program.sharding import make_mesh, replicated
+
+    meta = STEPS["ddim_euler_image_case"]
+    config = meta["scheduler_config"]
+    assert meta["clip_sample"] is True and meta["set_alpha_to_one"] is True and meta["negative_prompt"] is None
+    assert not {"clip_sample", "set_alpha_to_one", "sample_max_value", "skip_prk_steps"} & set(config)
+    model = load_folder(FIXTURES / "tiny-pt", "tiny-pt", "float32")
+    mesh = make_mesh(jax.devices()[:2])
+    latents, want = steps_arrays["ddim_euler_image_latents"], steps_arrays["ddim_euler_image_images"].astype(int)
+    steps = meta["num_inference_steps"]
+    shape = ProgramShape(2, meta["height"], meta["width"], max_steps=steps, given_latents=True)
+    params = jax.device_put(model.params, replicated(mesh))
+    program = compile_program(model, params, shape, mesh)
+    ids, _ = tokenize(model, meta["prompt"])
+    empty, _ = tokenize(model, "")
+
+    def images(config):
+        schedule = make_schedule("DDIM", config, steps)
+        assert schedule.timesteps.tolist() == meta["timesteps"]
+        inputs = ProgramInputs.build(ids, empty, True, np.zeros(2, np.uint32), meta["guidance_scale"], schedule,
+                                     steps, shape.max_steps, latents=latents)
+        return np.asarray(program.executable(params, inputs)[0]).astype(int)
+
+    diff = np.abs(images(config) - want)
+    assert diff.max() <= 4 and diff.mean() <= 0.5, (diff.max(), diff.mean())
+    for clip, to_one in ((True, False), (False, True), (False, False)):
+        other = np.abs(images({**config, "clip_sample": clip, "set_alpha_to_one": to_one}) - want)
+        assert other.mean() > 0.5 and other.max() > 4, (clip, to_one, other.max(), other.mean())

@@ -100,6 +100,68 @@ def test_without_metadata_the_peft_scale_is_1_and_rslora_uses_sqrt(components, t
     np.testing.assert_allclose(layers[other].up * 2.0 / (8 / math.sqrt(4)), ref[other].up, rtol=1e-6)
 
 
+Q = "down_blocks.1.attentions.0.transformer_blocks.0.attn1.to_q"
+
+
+def test_peft_alpha_pattern_matches_a_module_name_suffix_as_peft_does(components, tmp_path):
+    """PEFT's get_pattern_key: a pattern key matches a module whose name ends with it at a dot
+    (``(.*\\.)?key$``), so ``attn1.to_q`` (alpha 2) reaches every block's attn1.to_q (scale 2/4), not attn2's
+    or to_k (8/4), and a text encoder's ``q_proj`` pattern only its own component."""
+    tensors = load_file(str(PEFT))
+    config = {"unet.lora_alpha": 8, "unet.r": 4, "unet.alpha_pattern": {"attn1.to_q": 2},
+              "text_encoder.lora_alpha": 8, "text_encoder.r": 4, "text_encoder.alpha_pattern": {"q_proj": 1}}
+    path = write(tmp_path, tensors, "pattern.safetensors", metadata={"lora_adapter_metadata": json.dumps(config)})
+    layers = by_key(lora.read_lora("p", path, components))
+    scales = {}
+    for (component, key), layer in layers.items():
+        stored = tensors[f"{component}.{key[:-len('.weight')]}.lora_B.weight"]  # this file's names are ours
+        scale = layer.up[0, 0] / stored.reshape(layer.up.shape)[0, 0]
+        np.testing.assert_allclose(layer.up, stored.reshape(layer.up.shape) * scale, rtol=1e-6)
+        scales[(component, key)] = round(float(scale), 6)
+    q = [k for k in scales if k[0] == "unet" and k[1].endswith("attn1.to_q.weight")]
+    assert len(q) >= 2 and all(scales[k] == 0.5 for k in q)  # every block's, by suffix
+    assert all(v == 2.0 for k, v in scales.items() if k[0] == "unet" and k not in q)
+    te_q = [k for k in scales if k[0] == "text_encoder" and k[1].endswith("q_proj.weight")]
+    assert te_q and all(scales[k] == 0.25 for k in te_q)
+    assert all(v == 1.0 for k, v in scales.items() if k[0] == "text_encoder_2")  # no config for it: 1
+
+
+def test_peft_pattern_keys_are_grouped_regexes_on_the_peft_module_name(components, tmp_path):
+    """PEFT groups the key, ``(.*\\.)?(attn1.to_q|attn2.to_k)$``, so each alternative is a suffix (ungrouped,
+    the second alternative would have to be the whole name); and a text encoder's names are transformers'
+    (``text_model.encoder...``), so a key written from there matches although ours drops ``text_model.``."""
+    tensors = load_file(str(PEFT))
+    config = {"unet.lora_alpha": 8, "unet.r": 4, "unet.alpha_pattern": {"attn1.to_q|attn2.to_k": 4},
+              "text_encoder.lora_alpha": 8, "text_encoder.r": 4,
+              "text_encoder.alpha_pattern": {r"text_model\.encoder\.layers\.0\.self_attn\.q_proj": 1}}
+    path = write(tmp_path, tensors, "grouped.safetensors", metadata={"lora_adapter_metadata": json.dumps(config)})
+    layers = by_key(lora.read_lora("g", path, components))
+    scale = {k: float(layer.up[0, 0] / tensors[f"{k[0]}.{k[1][:-len('.weight')]}.lora_B.weight"].reshape(
+        layer.up.shape)[0, 0]) for k, layer in layers.items()}
+    matched = {k for k in scale if k[0] == "unet" and k[1].endswith(("attn1.to_q.weight", "attn2.to_k.weight"))}
+    assert any("attn2.to_k" in k[1] for k in matched) and any("attn1.to_q" in k[1] for k in matched)
+    assert {k: round(v, 6) for k, v in scale.items() if k[0] == "unet"} == {
+        k: 1.0 if k in matched else 2.0 for k in scale if k[0] == "unet"}
+    assert round(scale[("text_encoder", "encoder.layers.0.self_attn.q_proj.weight")], 6) == 0.25
+    assert round(scale[("text_encoder", "encoder.layers.1.self_attn.q_proj.weight")], 6) == 2.0
+
+
+def test_diffusers_alpha_keys_divide_by_the_rank(components, tmp_path):
+    """diffusers' own kohya conversion keeps alpha as ``<module>.alpha`` beside lora_A/lora_B: the scale is
+    alpha / rank (2 / 4 here), and a module without one keeps 1 (no metadata). Delta by hand: 0.5 * B @ A."""
+    tensors = load_file(str(PEFT))
+    down, up = tensors[f"unet.{Q}.lora_A.weight"], tensors[f"unet.{Q}.lora_B.weight"]
+    assert down.shape[0] == 4
+    path = write(tmp_path, {**tensors, f"unet.{Q}.alpha": np.float32(2.0)}, "alpha.safetensors")
+    layers = by_key(lora.read_lora("a", path, components))
+    np.testing.assert_allclose(delta(layers[("unet", Q + ".weight")]), 0.5 * up.astype(np.float64) @ down,
+                               rtol=1e-5, atol=1e-7)
+    other = f"{Q[:-len('to_q')]}to_k"
+    np.testing.assert_allclose(delta(layers[("unet", other + ".weight")]),
+                               tensors[f"unet.{other}.lora_B.weight"].astype(np.float64)
+                               @ tensors[f"unet.{other}.lora_A.weight"], rtol=1e-5, atol=1e-7)
+
+
 def test_older_diffusers_names_give_the_same_deltas(components, tmp_path):
     """lora.down/lora.up and the attention-processor names (to_q_lora) read as diffusers'
     convert_unet_state_dict_to_peft renames them: the same layers and numbers as the PEFT file."""
@@ -210,6 +272,98 @@ def test_a_truncated_file_is_one_line(components, tmp_path):
     with pytest.raises(lora.LoraError, match=r"^LoRA 't': .*cut\.safetensors: truncated .*; download it again$"):
         lora.read_lora("t", path, components)
     assert issubclass(lora.LoraError, ModelLoadError)  # the start-up's one-line error path (exit 1)
+
+
+KOHYA_Q = "lora_unet_input_blocks_8_1_transformer_blocks_1_attn2_to_q"
+
+
+def poisoned(tmp_path, key: str, change, name="bad.safetensors"):
+    """The kohya fixture with one tensor changed by ``change`` (written here, nothing else differs)."""
+    tensors = load_file(str(KOHYA))
+    tensors[key] = change(tensors[key].copy()).astype(np.float32)
+    return write(tmp_path, tensors, name)
+
+
+def put(value, at=(0,)):
+    def change(tensor):
+        tensor.reshape(-1)[list(at)] = value
+        return tensor
+    return change
+
+
+@pytest.mark.parametrize("role, value, counts", [
+    ("lora_down.weight", np.nan, "1 NaN and 0 infinite values"),
+    ("lora_up.weight", np.inf, "0 NaN and 1 infinite values"),
+    ("lora_up.weight", -np.inf, "0 NaN and 1 infinite values"),
+    ("alpha", np.nan, "1 NaN and 0 infinite values of 1"),
+])
+def test_a_tensor_with_nan_or_inf_is_refused_naming_file_and_key(components, tmp_path, role, value, counts):
+    """A damaged LoRA stops the start (LoraError is the start-up's one-line exit 1) instead of making every
+    prompt that uses it fail with non-finite pixels."""
+    key = f"{KOHYA_Q}.{role}"
+    path = poisoned(tmp_path, key, put(value))
+    with pytest.raises(lora.LoraError) as err:
+        lora.read_lora("bad", path, components)
+    size = load_file(str(KOHYA))[key].size
+    assert str(err.value) == (f"LoRA 'bad' ({path}): tensor {key} has {counts} of {size}; the file is damaged "
+                              "or was saved from a diverged training run").replace(" of 1 of 1;", " of 1;")
+
+
+def test_a_nan_everywhere_peft_file_is_refused_at_its_first_tensor(components, tmp_path):
+    tensors = {k: np.full_like(v, np.nan) for k, v in load_file(str(PEFT)).items()}
+    path = write(tmp_path, tensors, "nan.safetensors")
+    first = next(iter(lora._pairs("w", lora.read_safetensors_header(path), False).values()))["down"]
+    with pytest.raises(lora.LoraError, match=rf"^LoRA 'n' \({re.escape(str(path))}\): tensor {re.escape(first)} has "
+                                             rf"{tensors[first].size} NaN and 0 infinite values of {tensors[first].size};"):
+        lora.read_lora("n", path, components)
+
+
+@pytest.mark.parametrize("role, value, bound", [
+    ("lora_up.weight", 1e30, "3.41e+29"),  # 1e30 * alpha / rank * the max |down| of its rank row
+    ("lora_down.weight", 1e30, None),
+    ("alpha", 1e30, None),
+])
+def test_a_huge_finite_tensor_is_refused_naming_the_layer(components, tmp_path, role, value, bound):
+    """1e30 is finite in float32 but its delta overflows or swamps every weight: refused, naming the up key
+    and the bound the reader computed (float64: no spurious inf)."""
+    path = poisoned(tmp_path, f"{KOHYA_Q}.{role}", put(value))
+    with pytest.raises(lora.LoraError) as err:
+        lora.read_lora("big", path, components)
+    message = str(err.value)
+    assert message.startswith(f"LoRA 'big' ({path}): tensor {KOHYA_Q}.lora_up.weight (with its down weight and "
+                              "scale) gives a delta that may reach ")
+    assert message.endswith(" at weight 1; trained LoRAs stay far below 10000, so the file is damaged or was saved "
+                            "from a diverged training run")
+    reached = float(message.split("may reach ")[1].split(" ")[0])
+    assert 1e20 < reached < 1e40
+    if bound:
+        file = load_file(str(path))
+        up = file[f"{KOHYA_Q}.lora_up.weight"].astype(np.float64) * float(file[f"{KOHYA_Q}.alpha"]) / 4
+        down = file[f"{KOHYA_Q}.lora_down.weight"].astype(np.float64)
+        expected = np.max(np.abs(up) @ np.abs(down).max(axis=1))
+        assert f"{expected:.3g}" == message.split("may reach ")[1].split(" ")[0] == bound
+
+
+def test_the_magnitude_limit_sits_between_real_and_damaged_deltas(components, tmp_path):
+    """The bound is MAX_DELTA = 1e4 on the delta at weight 1: the fixtures' and tiny-shapes' trained LCM-LoRA
+    stay below 2, a layer scaled to a bound just under 1e4 is read, and just over is refused."""
+    assert lora.MAX_DELTA == 1e4
+    key = f"{KOHYA_Q}.lora_up.weight"
+    file = load_file(str(KOHYA))
+    up = file[key].astype(np.float64) * float(file[f"{KOHYA_Q}.alpha"]) / file[key].shape[1]
+    down = file[f"{KOHYA_Q}.lora_down.weight"].astype(np.float64)
+    bound = float(np.max(np.abs(up) @ np.abs(down).max(axis=1)))
+    lora.read_lora("ok", poisoned(tmp_path, key, lambda t: t * (0.99e4 / bound), "ok.safetensors"), components)
+    with pytest.raises(lora.LoraError, match=r"may reach 1\.01e\+04 at weight 1"):
+        lora.read_lora("no", poisoned(tmp_path, key, lambda t: t * (1.01e4 / bound), "no.safetensors"), components)
+
+
+def test_a_non_finite_scale_from_the_peft_header_is_refused(components, tmp_path):
+    config = {"unet.lora_alpha": float("inf"), "unet.r": 4}
+    path = write(tmp_path, load_file(str(PEFT)), "inf.safetensors", metadata={"lora_adapter_metadata": json.dumps(config)})
+    with pytest.raises(lora.LoraError, match=r"the lora_adapter_metadata header gives unet\..*\.lora_B\.weight a scale "
+                                             r"of inf; a LoRA's scale must be a finite number$"):
+        lora.read_lora("s", path, components)
 
 
 def test_hash_is_a1111s_addnet_hash_or_its_stored_sshs_model_hash(tmp_path):

@@ -143,6 +143,12 @@ def test_the_matrix_covers_what_the_survivors_hid():
     assert make_schedule("DDIM", model_config(CASES["ddim-sdxl"]), 6).clip_range == math.inf
     ancestral = make_schedule("Euler a", model_config(CASES["euler-a-leading"]), 6)
     assert (ancestral.d[:-1] > 0).all() and ancestral.d[-1] == 0
+    # lower_order_final stops at 15 steps (diffusers: len(timesteps) < 15): with a last sigma of sigma_min, 14
+    # steps end first order, 15 second order (b, c of the last step 0.89 / 0 against 3.09 / -2.20).
+    for steps, last in ((14, (0.891, 0.0)), (15, (3.092, -2.205))):
+        dpm = make_schedule("DPM++ 2M", {**STEPS["base_config"], "final_sigmas_type": "sigma_min"}, steps)
+        assert (dpm.b[-1], dpm.c[-1]) == pytest.approx(last, abs=1e-3), steps
+    assert CASES["dpm-sigma-min-15"]["steps"] == 15
 
 
 def test_ddim_without_clip_sample_in_the_config_clips_x0_as_diffusers(steps_arrays):
@@ -250,3 +256,40 @@ def test_sampler_names():
         get_sampler("LMS")
     with pytest.raises(UnknownSampler):
         get_sampler(3)
+
+
+def test_ddim_on_a_config_saved_by_euler_takes_ddims_own_defaults(steps_arrays):
+    """A scheduler_config.json written by EulerDiscreteScheduler has no clip_sample, set_alpha_to_one,
+    sample_max_value, skip_prk_steps (leading, steps_offset 1): DDIMScheduler.from_config fills DDIM's __init__
+    defaults, clip_sample True and set_alpha_to_one True, so x0 is clipped at every step and the last step
+    lands on clip(x0) itself (final alpha 1: sigma 0). The engine follows every step; each of the three other
+    clip_sample x set_alpha_to_one choices ends far from diffusers."""
+    case = CASES["ddim-euler-saved-config"]
+    config = model_config(case)
+    assert not {"clip_sample", "set_alpha_to_one", "sample_max_value", "skip_prk_steps"} & set(config)
+    assert config["steps_offset"] == 1 and config["timestep_spacing"] == "leading"
+    assert case["resolved"]["clip_sample"] is True and case["resolved"]["set_alpha_to_one"] is True
+    schedule = make_schedule("DDIM", config, case["steps"])
+    assert schedule.timesteps.tolist() == [901, 801, 701, 601, 501, 401, 301, 201, 101, 1]
+    assert schedule.clip_range == 1.0 and (schedule.e == 1).all()
+    assert schedule.sigmas[-1] == 0 and schedule.a[-1] == 0 and schedule.final_scale == 1
+    for k, (ours, want, before) in enumerate(engine_trajectory(case, steps_arrays)):
+        close(ours, want, f"step {k}", before)
+    want = steps_arrays[f"{case['name']}_samples"][-1]
+    assert np.abs(want).max() <= 1  # the final sample is a clipped x0
+    np.testing.assert_allclose(free_run(config, case["steps"], steps_arrays), want, rtol=1e-5, atol=1e-5)
+    for clip, to_one in ((True, False), (False, True), (False, False)):
+        ours = free_run({**config, "clip_sample": clip, "set_alpha_to_one": to_one}, case["steps"], steps_arrays)
+        assert np.abs(ours - want).max() > 1e-2, (clip, to_one)
+
+
+def free_run(config: dict, steps: int, steps_arrays: dict) -> np.ndarray:
+    """The engine's DDIM from the fixture's start on its model outputs, never fed diffusers' samples; the final
+    sample in diffusers' x-space."""
+    schedule = make_schedule("DDIM", config, steps)
+    x = np.float32(steps_arrays["start"] * schedule.init_scale)
+    for k in range(steps):
+        x0 = np.asarray(denoised(x, steps_arrays["model_outputs"][k], schedule.sigmas[k], "epsilon"))
+        x = np.asarray(sampler_update(x, x0, x0, 0.0, schedule.a[k], schedule.b[k], 0.0, 0.0, schedule.e[k],
+                                      np.float32(schedule.clip_range)))
+    return x * schedule.final_scale
