@@ -10,3 +10,7 @@ class InvalidRequest(ValueError):
     def __init__(self, field: str, message: str):
         super().__init__(f"{field}: {message}")
         self.field = field
+        self.message = message
+
+    def __reduce__(self):  # pickled as its two arguments (Ray carries it from a replica to the front)
+        return type(self), (self.field, self.message)

@@ -46,7 +46,7 @@ from ray.serve.exceptions import RequestCancelledError
 from sdxl_engine.engine import faults
 from sdxl_engine.config import ConfigError, EngineConfig
 from sdxl_engine.engine.contract import ScaleOut, clock, queue_seconds
-from sdxl_engine.engine.local import Engine, EngineNotReady, GenerateResult, GenerationError, wait_for_start
+from sdxl_engine.engine.local import CompilesBusy, Engine, EngineNotReady, GenerateResult, GenerationError, wait_for_start
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest, Limits, validate
 from sdxl_engine.engine.steps import StepEvent, Stopped
 from sdxl_engine.serving.scaleout import (APP_NAME, DEPLOYMENT_NAME, GRACEFUL_SHUTDOWN_S, HEALTH_CHECK_PERIOD_S, HEALTH_CHECK_TIMEOUT_S,
@@ -80,6 +80,11 @@ class ReplicaError(RuntimeError):
 
 class ReplicaUnhealthy(RuntimeError):
     """Raised by a replica's health check once its device failed: Serve then replaces the replica."""
+
+
+# The errors a replica hands back as they are (picklable, each the user's to act on or a stop): the front
+# raises the same type with the same fields, so nothing is matched by name or message text.
+ENGINE_ERRORS = (InvalidRequest, EngineNotReady, GenerationError, CompilesBusy, Stopped, faults.InjectedFault)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,27 +122,20 @@ class Stage:
 
 @dataclasses.dataclass(frozen=True)
 class Outcome:
-    """The last item a replica streams: the result, or the error by type and message."""
+    """The last item a replica streams: the result, or the error itself (its type crosses Ray pickled)."""
 
     result: GenerateResult | None = None
-    error_type: str = ""
-    message: str = ""
-    field: str = ""  # InvalidRequest's argument name
+    error: BaseException | None = None
 
     @classmethod
     def failure(cls, err: BaseException) -> "Outcome":
-        return cls(error_type=type(err).__name__, message=str(err), field=getattr(err, "field", ""))
+        """The outcome of a failed request: the engine's own error (one of :data:`ENGINE_ERRORS`, whose type the
+        front raises again), or any other exception as a ReplicaError with its type's name and text."""
+        return cls(error=err if isinstance(err, ENGINE_ERRORS) else ReplicaError(f"{type(err).__name__}: {err}"))
 
     def raise_error(self) -> None:
-        """Raise the replica's error again in the front, as the engine's own type where it has one."""
-        if self.error_type == "InvalidRequest":
-            prefix = f"{self.field}: "
-            message = self.message[len(prefix):] if self.message.startswith(prefix) else self.message
-            raise InvalidRequest(self.field, message)
-        known = {"EngineNotReady": EngineNotReady, "GenerationError": GenerationError, "Stopped": Stopped,
-                 "InjectedFault": faults.InjectedFault}
-        raise known.get(self.error_type, ReplicaError)(
-            self.message if self.error_type in known else f"{self.error_type}: {self.message}")
+        """Raise the replica's error again in the front."""
+        raise self.error
 
 
 @dataclasses.dataclass
@@ -210,7 +208,7 @@ class EngineReplica:
         except Stopped as err:  # the front cancelled the call: one line in this replica's log
             print(f"[sdxl_engine] Serve replica {self.replica_id}: request {err} (its call was cancelled)", flush=True)
             put(Outcome.failure(err))
-        except (InvalidRequest, EngineNotReady, GenerationError) as err:  # the user's to act on: no traceback
+        except (InvalidRequest, EngineNotReady, GenerationError, CompilesBusy) as err:  # the user's: no traceback
             put(Outcome.failure(err))
         except Exception as err:  # unexpected: the traceback stays in this replica's log
             traceback.print_exc()

@@ -211,6 +211,31 @@ def test_replica_errors_come_back_as_the_engines_types():
             Outcome.failure(error).raise_error()
 
 
+def test_replica_errors_cross_ray_pickled_as_themselves():
+    """Ray pickles the Outcome from the replica's process to the front's: each engine error comes back as its
+    own type with its fields (never looked up by class name or matched by message text); anything else as a
+    ReplicaError naming its type."""
+    import pickle
+
+    from sdxl_engine.engine.local import CompilesBusy, EngineNotReady, GenerationError
+    from sdxl_engine.engine.steps import Stopped
+    from sdxl_engine.engine.validation import InvalidRequest
+    from sdxl_engine.serving.replicas import Outcome, ReplicaError
+
+    for error in (InvalidRequest("width/height", "2048x1024 is 2097152 pixels"), Stopped("stopped after step 3 of 20"),
+                  CompilesBusy("width/height: 2 new sizes compile already"), EngineNotReady("the engine failed"),
+                  GenerationError("non-finite pixels")):
+        crossed = pickle.loads(pickle.dumps(Outcome.failure(error)))
+        with pytest.raises(type(error)) as raised:
+            crossed.raise_error()
+        assert type(raised.value) is type(error) and str(raised.value) == str(error)
+    with pytest.raises(InvalidRequest) as raised:
+        pickle.loads(pickle.dumps(Outcome.failure(InvalidRequest("seed", "must be between -1 and 5")))).raise_error()
+    assert (raised.value.field, raised.value.message) == ("seed", "must be between -1 and 5")
+    with pytest.raises(ReplicaError, match=r"^ZeroDivisionError: division by zero$"):
+        pickle.loads(pickle.dumps(Outcome.failure(ZeroDivisionError("division by zero")))).raise_error()
+
+
 def test_replicas_that_cannot_start_give_one_clear_error():
     """Serve's message (its own words, then the replica's traceback) becomes the replica's exception
     line; a setting the replicas' devices cannot honour exits 2 like any bad setting."""
