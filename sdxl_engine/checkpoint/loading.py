@@ -14,8 +14,10 @@ import dataclasses
 import json
 import logging
 import os
+import socket
 import tempfile
 import time
+import urllib.parse
 from pathlib import Path
 from typing import Any, Callable
 
@@ -464,7 +466,11 @@ def hub_snapshot(repo_id: str, revision: str = "", variant: str = "") -> Path:
             raise ModelLoadError(f"could not load SDXL model {repo_id!r} from the hub (offline mode: HF_HUB_OFFLINE "
                                  f"is set and the local cache does not have it). {_HUB_HINT}") from err
     try:
-        patterns = hub_files(HfApi().list_repo_files(repo_id, **kwargs), variant)
+        api = HfApi()
+        unreachable = hub_unreachable(api.endpoint)
+        if unreachable is not None:  # huggingface_hub would retry 5 times over ~25 s, a log line each, to no end
+            raise ConnectionError(unreachable)
+        patterns = hub_files(api.list_repo_files(repo_id, **kwargs), variant)
     except Exception as err:  # offline, DNS, HTTP, unknown or gated repo: huggingface_hub and httpx raise many types
         try:  # whatever the local cache already has
             return Path(snapshot_download(repo_id, local_files_only=True, **kwargs))
@@ -476,6 +482,24 @@ def hub_snapshot(repo_id: str, revision: str = "", variant: str = "") -> Path:
     except Exception as err:  # a download that breaks off, a full disk
         raise ModelLoadError(f"could not download SDXL model {repo_id!r} ({type(err).__name__}: "
                              f"{str(err).splitlines()[0][:200] if str(err) else ''}). {_HUB_HINT}") from err
+
+
+PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
+
+
+def hub_unreachable(endpoint: str, timeout_s: float = 5.0) -> str | None:
+    """Why the hub at ``endpoint`` (a URL) cannot be reached (its host unknown, its port refusing or silent
+    for ``timeout_s`` seconds), or None: it answers, or a proxy is set (then only a request can tell).
+    One connection attempt, no retries."""
+    if any(os.environ.get(name) for name in PROXY_VARIABLES):
+        return None
+    url = urllib.parse.urlsplit(endpoint)
+    host, port = url.hostname or "", url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as err:
+        return f"cannot reach {host}:{port}: {err.strerror or type(err).__name__}"
+    return None
 
 
 def _hub_offline() -> bool:

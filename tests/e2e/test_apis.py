@@ -168,8 +168,13 @@ def test_progress_and_interrupt(app, webui):
         thread = threading.Thread(target=lambda: httpx.post(app.url + "sdapi/v1/txt2img", timeout=300, headers={
             "Authorization": f"Bearer {KEY}"}, json={"prompt": PROMPT, "steps": 50, "seed": 4, **SIZE}))
         thread.start()
+        deadline = threading.Event()
+        timer = threading.Timer(120, deadline.set)  # generous: a step is tens of ms; the bound only ends a hang
+        timer.start()
         while webui.get_progress()["state"]["sampling_step"] < 3:
+            assert not deadline.is_set(), "no step 3 within 120 s"
             threading.Event().wait(0.02)
+        timer.cancel()
         assert webui.interrupt() == {"interrupted": True}
         thread.join(120)
     job = app.client().submit(api_name="/generate", prompt=PROMPT, seed=5, num_inference_steps=40)

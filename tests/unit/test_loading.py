@@ -119,3 +119,32 @@ def test_the_engine_refuses_to_serve_a_refiner_with_one_line(tmp_path):
     with pytest.raises(ModelLoadError, match=r"^model is an SDXL refiner \(text_encoder_2, 5 time ids") as err:
         engine.start()
     assert "\n" not in str(err.value) and engine.error is err.value and engine.ready.is_set()
+
+
+def test_an_unreachable_hub_is_one_error_line_without_retries(monkeypatch):
+    """huggingface_hub retries a failed connection 5 times over ~25 s, logging each; one connection attempt
+    tells first, so the start ends with its one error line at once."""
+    from huggingface_hub import HfApi
+
+    from sdxl_engine.checkpoint import loading
+
+    asked = []
+
+    class ClosedHub(HfApi):
+        def __init__(self):
+            super().__init__(endpoint="http://127.0.0.1:9")  # the discard port: nothing listens
+
+        def list_repo_files(self, *args, **kwargs):
+            asked.append(args)
+            return super().list_repo_files(*args, **kwargs)
+
+    for name in loading.PROXY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(loading, "HfApi", ClosedHub)
+    with pytest.raises(ModelLoadError, match=r"^could not load SDXL model 'owner/not-cached' from the hub "
+                                             r"\(ConnectionError: cannot reach 127.0.0.1:9: Connection refused\)"):
+        loading.hub_snapshot("owner/not-cached")
+    assert asked == []  # the hub client (and its retries) never ran
+    assert loading.hub_unreachable("http://127.0.0.1:9") == "cannot reach 127.0.0.1:9: Connection refused"
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
+    assert loading.hub_unreachable("http://127.0.0.1:9") is None  # behind a proxy only a request can tell

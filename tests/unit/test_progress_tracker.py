@@ -66,12 +66,13 @@ def test_a_closed_job_cannot_write_over_the_next():
     t.close(old)
     new = t.open(ME)
     t.begin_call(new, 7)
-    t.step(old, 3, 5)
+    t.step(old, 3, 5, preview=np.zeros((4, 2, 2, 3), np.uint8))  # the finished job's late preview: dropped
+    t.step(old, 4, 5, preview=b"old png")
     t.stage(old, "to host")
     t.end_call(old)
     t.close(old)
     snap = t.snapshot(ME)
-    assert (snap.job, snap.step, snap.steps, snap.stage) == (new, 0, 7, "")
+    assert (snap.job, snap.step, snap.steps, snap.stage, snap.preview) == (new, 0, 7, "", None)
     assert t.stop_requested(old) is False and t.running() == 1
 
 
