@@ -46,7 +46,7 @@ def last_x0_and_images(engine: Engine, prompt: str, seed: int) -> tuple[np.ndarr
     def receive(shard, step, x0):
         if step == STEPS - 1 and x0 is not None:
             parts[shard] = np.array(x0, copy=True)
-        return False, True  # send x0 at every step (the last one's is kept)
+        return False, True, step + 1  # call at every step, with x0 (the last one's is kept)
 
     with STEP_HOOK.receiving(receive):
         images, _ = program.executable(engine.params, inputs)

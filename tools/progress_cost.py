@@ -7,14 +7,16 @@ the step hook (ProgramShape.step_hook), run on one request's inputs in alternati
 (bench.timed: every variant once per round, so a noisy neighbour slows them alike):
 
 * ``both off``: the program without the hook;
-* ``progress on, previews off``: the hooked program, every step reported to a StepReceiver
-  (no latents leave the device);
+* ``progress on, previews off``: the hooked program reporting to a StepReceiver, which asks for a call
+  about every steps.REPORT_INTERVAL_S (no latents leave the device);
+* ``progress on, a call every step``: the same receiver, but the devices call it at every step (how the
+  hook worked before the receiver chose the cadence): the side-by-side "before";
 * ``previews every step``: the same, x0 sent and mapped to RGB at every step it can be (the worst case);
 * ``previews auto``: preview_every -1, about twice a second.
 
 Each is the program's call until its images are ready (what the engine's ``device`` timing counts).
 Prints and returns the medians, the ratios to ``both off`` (of the medians, and paired: per round,
-with quartiles), the extra milliseconds per step, and checks that all four give the same bytes.
+with quartiles), the extra milliseconds per step, and checks that all variants give the same bytes.
 """
 
 from __future__ import annotations
@@ -46,20 +48,31 @@ def variants(engine: Engine, steps: int) -> tuple[dict, dict]:
     def run_plain():
         out["both off"] = np.asarray(plain.executable(engine.params, inputs)[0])
 
-    def run_hooked(name: str, every: int):
+    def run_hooked(name: str, every: int, each_step: bool = False):
         def call():
             seen = []
             receiver = StepReceiver(engine.mesh.devices.size, steps, every, engine.latent_rgb, seen.append,
                                     lambda: False)
+            if each_step:  # the devices call the host at every step, as before the receiver chose the cadence
+                receiver = every_step(receiver)
             with STEP_HOOK.receiving(receiver):
                 out[name] = np.asarray(hooked.executable(engine.params, inputs)[0])
-            assert len(seen) == steps
+            assert seen[-1].step == steps  # the devices call when the receiver asks, and at the last step
         return call
 
     fns = {"both off": run_plain, "progress on, previews off": run_hooked("progress on, previews off", 0),
+           "progress on, a call every step": run_hooked("progress on, a call every step", 0, each_step=True),
            "previews every step": run_hooked("previews every step", 1),
            "previews auto": run_hooked("previews auto", AUTO)}
     return fns, out
+
+
+def every_step(receiver: StepReceiver):
+    """``receiver`` answering "call again at the next step" every time (the cadence before the receiver chose it)."""
+    def call(shard, step, x0):
+        stop, send, _ = receiver(shard, step, x0)
+        return stop, send, step + 1
+    return call
 
 
 def main(args) -> dict:
@@ -85,5 +98,5 @@ def main(args) -> dict:
         q1, q2, q3 = paired[name]
         print(f"{name:28s} median {r['median']:.3f} s (min {r['min']:.3f}, max {r['max']:.3f}) "
               f"x{r['median'] / base:.3f}; paired x{q2:.3f} (quartiles {q1:.3f}-{q3:.3f})")
-    print(f"same images in all four: {same}")
+    print(f"same images in all variants: {same}")
     return report

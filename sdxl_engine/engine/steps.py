@@ -1,10 +1,13 @@
-"""One request's per-step progress, previews and stop (issue #23), the host side of the program's step hook.
+"""One request's per-step progress, previews and stop, the host side of the program's step hook.
 
-The compiled program (ProgramShape.step_hook) calls ``generate.STEP_HOOK`` once per denoising step
-on every device; while a request runs, the engine installs a :class:`StepReceiver` there. It
-counts the devices' calls for each step; when the last device has reported step k it calls the
-request's ``on_step(StepEvent)``; every call answers whether to stop (the request's
-``should_stop()``) and whether the next step should send its x0 estimate for a preview.
+The compiled program (ProgramShape.step_hook) calls ``generate.STEP_HOOK`` at the denoising steps this
+side asks for, on every device; while a request runs, the engine installs a :class:`StepReceiver`
+there. It counts the devices' calls for each step; when the last device has reported step k it calls
+the request's ``on_step(StepEvent)``; every call answers whether to stop (the request's
+``should_stop()``), whether the next call should send its x0 estimate for a preview, and at which
+step the devices call next: the next step while steps take :data:`REPORT_INTERVAL_S` or more (an
+accelerator's SDXL step), else every few steps, so fast steps do not wait on the host each time.
+A stop is then heard within ``max(one step, REPORT_INTERVAL_S)`` of device time.
 
 Calls arrive on XLA's threads while the devices wait, so everything here returns at once: the
 preview is a (C x 3) map per latent pixel (previews.LatentRGB), and ``on_step`` must only hand
@@ -25,6 +28,10 @@ from sdxl_engine.engine.previews import LatentRGB
 
 AUTO = -1  # preview_every: choose the steps between previews from the measured step time
 AUTO_INTERVAL_S = 0.5  # ... so that a preview comes about twice a second
+# The devices call the host about this often (never less than once a step): the progress line moves about
+# ten times a second and a stop is heard within this much device time, while a loop of fast steps (a small
+# model on CPUs) does not stop for a host round trip at every step.
+REPORT_INTERVAL_S = 0.1
 
 
 class Stopped(RuntimeError):
@@ -57,6 +64,8 @@ class StepReceiver:
         latent_rgb: the model's preview map, or None (no previews).
         on_step: called with a :class:`StepEvent` once every device has reported a step.
         should_stop: polled at every call; True stops the loop after the running step.
+
+    ``done``: the last step every device has reported (the request's progress); ``stopped``: a call answered stop.
     """
 
     def __init__(self, shards: int, steps: int, preview_every: int, latent_rgb: LatentRGB | None,
@@ -70,12 +79,13 @@ class StepReceiver:
         self._lock = threading.Lock()
         self._counts: dict[int, int] = {}
         self._parts: dict[int, dict[int, np.ndarray]] = {}  # step -> shard -> its x0
-        self._decisions: dict[int, bool] = {}  # step -> whether step + 1 sends x0
+        self._decisions: dict[int, tuple[bool, int]] = {}  # step -> (whether the next call sends x0, its step)
         self._started: float | None = None
         self._last_preview: float | None = None
 
-    def __call__(self, shard: int, step: int, x0: np.ndarray | None) -> tuple[bool, bool]:
-        """One device's call for 0-based ``step`` (see generate.StepHook): returns (stop, send x0 next)."""
+    def __call__(self, shard: int, step: int, x0: np.ndarray | None) -> tuple[bool, bool, int]:
+        """One device's call for 0-based ``step`` (see generate.StepHook): returns (stop, whether the next call
+        sends x0, the 0-based step of the next call)."""
         now = clock()
         with self._lock:
             if self._started is None:
@@ -84,7 +94,7 @@ class StepReceiver:
                 self._parts.setdefault(step, {})[shard] = np.array(x0, copy=True)
             self._counts[step] = self._counts.get(step, 0) + 1
             if step not in self._decisions:  # one answer per step for every device, so their x0 come together
-                self._decisions[step] = self._preview_next(step, now)
+                self._decisions[step] = self._next_call(step, now)
             complete = self._counts[step] == self.shards
             parts = self._parts.pop(step, None) if complete else None
             if complete:
@@ -104,24 +114,29 @@ class StepReceiver:
             except Exception as err:
                 with self._lock:
                     self._fail(err)
-        return self.stopped or self.error is not None, self._decisions[step]
+        return (self.stopped or self.error is not None, *self._decisions[step])
 
     def _fail(self, err: Exception) -> None:
         """Keep the first error of ``on_step``/``should_stop`` and end the loop (call with the lock held)."""
         if self.error is None:
             self.error = err
 
-    def _preview_next(self, step: int, now: float) -> bool:
-        """Whether 0-based step ``step + 1`` sends x0: never for the last step (its images follow)."""
-        nxt = step + 1
-        if self.every == 0 or nxt >= self.steps - 1:
-            return False
-        if self.every > 0:
-            return (nxt + 1) % self.every == 0
+    def _next_call(self, step: int, now: float) -> tuple[bool, int]:
+        """(whether the next call sends x0, its 0-based step) after 0-based ``step``: about
+        :data:`REPORT_INTERVAL_S` of steps on (at least the next step; the first steps, unmeasured, each
+        call), no further than the next fixed-cadence preview, and at most the last step. x0 is never sent
+        with the last step (its images follow)."""
         per_step = (now - self._started) / step if step else math.inf
-        if per_step == math.inf:
-            return False
-        if now + per_step - self._last_preview >= AUTO_INTERVAL_S:
-            self._last_preview = now + per_step
-            return True
-        return False
+        gap = 1 if per_step == math.inf else max(1, int(REPORT_INTERVAL_S / per_step))
+        nxt = min(step + gap, self.steps - 1)
+        if self.every > 0:  # the next preview step (1-based multiples of ``every``), if it comes first
+            preview_step = (step + 1) // self.every * self.every + self.every - 1
+            nxt = min(nxt, preview_step)
+            return nxt == preview_step and nxt < self.steps - 1, nxt
+        if self.every == 0 or nxt >= self.steps - 1 or per_step == math.inf:
+            return False, nxt
+        at = now + (nxt - step) * per_step  # when the next call comes, at the measured pace
+        if at - self._last_preview >= AUTO_INTERVAL_S:
+            self._last_preview = at
+            return True, nxt
+        return False, nxt

@@ -54,11 +54,11 @@ prompts over 77 tokens      done (#22): the ``chunks`` ProgramShape field; ids a
                             ``per_image(prompt_dims, ...)``, (2, chunks * 77); :func:`encode_prompts` encodes
                             each 77-token chunk and concatenates along tokens; :func:`emphasize` applies the
                             weights; the host side in engine/prompts.py (``tokenize_prompt``).
-per-step hook               built (issue #23): the ``step_hook`` ProgramShape flag; its one seam is the end
-(progress, previews,        of :func:`denoise_step` (:func:`step_report`: an ``io_callback`` to
-cancel)                     :data:`STEP_HOOK` with the step, and x0 when the last call asked for it); the
-                            stop flag it returns is carried into a ``lax.while_loop`` condition in
-                            :func:`denoise`, and a stopped program skips the VAE.
+per-step hook               built: the ``step_hook`` ProgramShape flag; its one seam is the end of
+(progress, previews,        :func:`denoise_step` (:func:`step_report`: an ``io_callback`` to :data:`STEP_HOOK`
+cancel)                     at the steps the host asks for, with x0 when it asked for it); the stop flag it
+                            returns is carried into a ``lax.while_loop`` condition in :func:`denoise`, and a
+                            stopped program skips the VAE.
 image inputs (img2img)      an ``init_image: bool`` ProgramShape flag; ``image_latents`` (per-image,
                             ``when="init_image"``) and ``start_step`` (replicated, ``()`` int32)
                             inputs; the branch in :func:`initial_latents` (noise the given latents to
@@ -422,10 +422,13 @@ class StepHook:
     receiver at a time (the engine runs one request at a time), installed around a program call
     with :meth:`receiving`; with none installed every call answers "go on, no preview".
 
-    The receiver is ``fn(shard, step, x0) -> (stop, preview_next)``: ``shard`` the device's index
-    on the ``data`` axis, ``step`` 0-based, ``x0`` None or this shard's current estimate of the
-    clean latents, (b_local, C, h, w) float32 numpy (sent only when the previous call asked for
-    it with ``preview_next``, so a step without a preview moves no latents to the host).
+    The receiver is ``fn(shard, step, x0) -> (stop, preview_next, next_report)``: ``shard`` the device's
+    index on the ``data`` axis, ``step`` 0-based, ``x0`` None or this shard's current estimate of the
+    clean latents, (b_local, C, h, w) float32 numpy (sent only when the previous call asked for it with
+    ``preview_next``, so a call without a preview moves no latents to the host); ``next_report``: the
+    0-based step at which the devices call next (the last step always calls), so the host decides how
+    often the devices stop to call it (engine/steps.py: every step when steps are slow, as on an
+    accelerator; every few when they are fast).
     """
 
     def __init__(self):
@@ -444,14 +447,19 @@ class StepHook:
                 self._receiver = None
 
     def call(self, shard, step, x0=None):
-        """What the program calls (through ``io_callback``): returns (stop, preview_next) as numpy bools."""
+        """What the program calls (through ``io_callback``): returns (stop, preview_next, next_report) as numpy
+        (bool, bool, int32); with no receiver: go on, no preview, call again at the next step."""
         fn = self._receiver
-        stop, preview = fn(int(shard), int(step), None if x0 is None else np.asarray(x0)) if fn else (False, False)
-        return np.bool_(stop), np.bool_(preview)
+        if fn is None:
+            return np.bool_(False), np.bool_(False), np.int32(int(step) + 1)
+        stop, preview, next_report = fn(int(shard), int(step), None if x0 is None else np.asarray(x0))
+        return np.bool_(stop), np.bool_(preview), np.int32(next_report)
 
 
 STEP_HOOK = StepHook()  # the process's one step hook: every program with step_hook calls it
-_HOOK_RESULT = (jax.ShapeDtypeStruct((), jnp.bool_), jax.ShapeDtypeStruct((), jnp.bool_))  # (stop, preview_next)
+# (stop, preview_next, next_report)
+_HOOK_RESULT = (jax.ShapeDtypeStruct((), jnp.bool_), jax.ShapeDtypeStruct((), jnp.bool_),
+                jax.ShapeDtypeStruct((), jnp.int32))
 
 
 class Conditioning(NamedTuple):
@@ -510,8 +518,8 @@ def initial_latents(st: Static, inputs: ProgramInputs) -> jax.Array:
 
 def denoise_step(st: Static, unet, cond: Conditioning, inputs: ProgramInputs, i, carry):
     """Stage 3's body, step ``i``: the UNet (with CFG over a doubled batch), then the sampler's update,
-    float32. ``carry`` = (latents, previous x0), each (b, C, h, w), with ``step_hook`` then (stop,
-    send x0 at this step), () bool each; returns the next carry."""
+    float32. ``carry`` = (latents, previous x0), each (b, C, h, w), with ``step_hook`` then (stop, send x0
+    at the next call, the step of the next call), () bool, bool, int32; returns the next carry."""
     latents, x0_prev = carry[:2]
     sigma = inputs.sigmas[i]
     x = latents / jnp.sqrt(sigma**2 + 1)  # the UNet's input scaling
@@ -524,19 +532,24 @@ def denoise_step(st: Static, unet, cond: Conditioning, inputs: ProgramInputs, i,
     z = step_noise(inputs.seeds, i, st.latent)
     update = sampler_update(latents, x0, x0_prev, z, inputs.a[i], inputs.b[i], inputs.c[i], inputs.d[i],
                             inputs.e[i], inputs.clip_range)
-    if st.shape.step_hook:  # the one seam of the per-step hook: report step i (and x0 when asked); hear "stop"
-        return (update, x0) + step_report(st, i, x0, carry[3])
+    if st.shape.step_hook:  # the one seam of the per-step hook: report step i when due (x0 if asked); hear "stop"
+        hook = carry[2:]
+        due = (i >= hook[2]) | (i == inputs.num_steps - 1)
+        return (update, x0) + jax.lax.cond(due, lambda: step_report(st, i, x0, hook[1]), lambda: hook)
     return update, x0
 
 
-def step_report(st: Static, i, x0: jax.Array, send_x0) -> tuple[jax.Array, jax.Array]:
-    """The per-step host call (:class:`StepHook`): ``x0`` (b, C, h, w) float32 goes along only when
-    ``send_x0`` (the previous call's answer) is True; returns (stop, send_x0 next), () bool each.
+def step_report(st: Static, i, x0: jax.Array, send_x0) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The host call of step ``i`` (:class:`StepHook`): ``x0`` (b, C, h, w) float32 goes along only when
+    ``send_x0`` (the previous call's answer) is True; returns (stop, send_x0 at the next call, the step of
+    the next call), () bool, bool, int32.
 
-    ``io_callback`` rather than ``jax.debug.callback``: it returns a value (the stop flag), and
-    it is unordered, as ordered effects are not allowed across the mesh's devices; the step index
-    orders the calls on the host. The latents-to-RGB map of a preview runs on the host (after
-    the call returns), so the program's arithmetic is the same with previews on or off.
+    ``io_callback`` rather than ``jax.debug.callback``: it returns values (the stop flag, the next call's
+    step), and it is unordered, as ordered effects are not allowed across the mesh's devices; the step
+    index orders the calls on the host. The latents-to-RGB map of a preview runs on the host (after the
+    call returns), so the program's arithmetic is the same with previews on or off. Between two calls
+    the loop's condition depends on nothing from the host, so the devices run those steps without
+    waiting for it.
     """
     shard = jax.lax.axis_index(DATA_AXIS)
     return jax.lax.cond(send_x0, lambda: io_callback(st.hook, _HOOK_RESULT, shard, i, x0),
@@ -549,15 +562,16 @@ def denoise(st: Static, params, cond: Conditioning, inputs: ProgramInputs, laten
     debugging: needs a concrete ``num_steps``); returns the final latents x ``final_scale`` and
     whether the host stopped the loop early (() bool; always False without ``step_hook``).
 
-    With ``step_hook`` the loop is a ``lax.while_loop`` that also ends when the host answers stop;
-    its carry adds (stop, send x0 next), the first step sending x0 only if asked at no step before
-    (never). The steps it runs are the same :func:`denoise_step` (same images to the byte).
+    With ``step_hook`` the loop is a ``lax.while_loop`` that also ends when the host answers stop; its
+    carry adds (stop, send x0 at the next call, the step of the next call): the first step calls, without
+    x0; later ones when the host said (and the last). The steps it runs are the same
+    :func:`denoise_step` (same images to the byte).
     """
     unet = st.components["unet"].bind(params["unet"])
     step = functools.partial(denoise_step, st, unet, cond, inputs)
     carry = (latents, jnp.zeros_like(latents))
     if st.shape.step_hook:
-        carry = carry + (jnp.bool_(False), jnp.bool_(False))  # + (stop, send x0 at the next step)
+        carry = carry + (jnp.bool_(False), jnp.bool_(False), jnp.int32(0))  # + (stop, send x0, next call's step)
     if python_loop:
         for i in range(int(inputs.num_steps)):
             carry = step(i, carry)

@@ -1,5 +1,7 @@
-"""engine/steps.StepReceiver without a program: the devices' per-step calls are made by hand, so the preview
-cadence (fixed and timed), the step events, the stop answer and errors are checked step by step."""
+"""engine/steps.StepReceiver without a program: the devices' calls are made by hand, as the compiled loop makes
+them (a call at step 0, then at the step the last answer named, and always at the last step), on a fake clock,
+so the call cadence, the preview cadence (fixed and timed), the step events, the stop answer and errors are
+checked step by step."""
 
 import numpy as np
 import pytest
@@ -13,69 +15,86 @@ def rgb(x0: np.ndarray) -> np.ndarray:
     return np.repeat(x0[:, :1].transpose(0, 2, 3, 1), 3, axis=-1).astype(np.uint8)
 
 
-def run(receiver: StepReceiver, steps: int, shards: int = 2, clock=None) -> list[tuple[int, bool]]:
-    """Call ``receiver`` as ``shards`` devices do for ``steps`` steps, each sending x0 only when the previous
-    answer asked for it (as the program does); returns each step's (1-based step, whether x0 came with it)."""
-    send, sent = False, []
+def run(monkeypatch, receiver: StepReceiver, steps: int, step_s: float, shards: int = 2) -> list[tuple[int, bool]]:
+    """Run ``steps`` device steps of ``step_s`` seconds each; the devices call ``receiver`` as denoise_step does
+    (x0 along only when the previous answer asked for it). Returns each call's (1-based step, x0 sent)."""
+    now = [0.0]
+    monkeypatch.setattr(steps_mod, "clock", lambda: now[0])
+    send, nxt, calls = False, 0, []
     for step in range(steps):
-        if clock is not None:
-            clock(step)
+        now[0] = step * step_s
+        if step < nxt and step != steps - 1:
+            continue  # the devices run this step without calling the host
         answers = [receiver(shard, step, np.full((2, 4, 2, 2), step, np.float32) if send else None)
                    for shard in range(shards)]
         assert len(set(answers)) == 1  # every device hears the same answer, so their x0 come together
-        sent.append((step + 1, send))
-        stop, send = answers[0]
+        calls.append((step + 1, send))
+        stop, send, nxt = answers[0]
+        assert nxt > step or step == steps - 1
         if stop:
             break
-    return sent
+    return calls
 
 
-def test_a_fixed_cadence_previews_every_nth_step_and_never_the_last():
+def test_slow_steps_each_call_and_a_fixed_cadence_previews_every_nth_step_but_the_last(monkeypatch):
     events = []
     receiver = StepReceiver(2, 10, 3, rgb, events.append, None)
-    run(receiver, 10)
-    assert [e.step for e in events] == list(range(1, 11)) and receiver.done == 10
+    calls = run(monkeypatch, receiver, 10, step_s=0.2)  # an accelerator's pace: every step calls
+    assert [c[0] for c in calls] == [e.step for e in events] == list(range(1, 11)) and receiver.done == 10
     assert [e.step for e in events if e.preview is not None] == [3, 6, 9]  # 1-based multiples of 3; 10's images follow
     preview = next(e.preview for e in events if e.step == 3)
     assert preview.shape == (4, 2, 2, 3) and (preview == 2).all()  # both shards' x0 of 0-based step 2, in order
 
 
-def test_the_timed_cadence_asks_for_a_preview_about_every_half_second(monkeypatch):
-    now = [0.0]
-    monkeypatch.setattr(steps_mod, "clock", lambda: now[0])
+def test_fast_steps_call_about_every_report_interval_and_still_at_each_fixed_preview(monkeypatch):
     events = []
-    receiver = StepReceiver(2, 12, AUTO, rgb, events.append, None)
-    run(receiver, 12, clock=lambda step: now.__setitem__(0, 0.2 * step))  # 0.2 s a step
-    # step 3 (0-based 2) sees 0.2 s a step: the next one ends 0.6 s after the last preview (the start), so step 4
+    calls = run(monkeypatch, StepReceiver(2, 10, 3, rgb, events.append, None), 10, step_s=0.02)
+    # 0.02 s a step: 5 steps per 0.1 s, but a preview every 3 steps asks for those calls
+    assert [c[0] for c in calls] == [1, 2, 3, 6, 9, 10]
+    assert [e.step for e in events if e.preview is not None] == [3, 6, 9]
+
+
+def test_fast_steps_without_previews_call_the_host_a_few_times_only(monkeypatch):
+    events = []
+    calls = run(monkeypatch, StepReceiver(2, 20, 0, rgb, events.append, None), 20, step_s=0.02)
+    # step 1 calls (nothing measured yet), step 2 measures 0.02 s a step, then every 5 steps, and the last
+    assert [c[0] for c in calls] == [e.step for e in events] == [1, 2, 7, 12, 17, 20]
+    assert all(e.preview is None for e in events) and not any(sent for _, sent in calls)
+
+
+def test_the_timed_cadence_asks_for_a_preview_about_every_half_second(monkeypatch):
+    events = []
+    run(monkeypatch, StepReceiver(2, 12, AUTO, rgb, events.append, None), 12, step_s=0.2)
+    # step 3 (0-based 2) sees 0.2 s a step: the next call ends 0.6 s after the last preview (the start), so step 4
     # sends x0; then every 3 steps (0.6 s >= 0.5 s), never the last
     assert [e.step for e in events if e.preview is not None] == [4, 7, 10]
+    events = []
+    run(monkeypatch, StepReceiver(2, 80, AUTO, rgb, events.append, None), 80, step_s=0.02)
+    previews = [e.step for e in events if e.preview is not None]
+    assert previews == [27, 52, 77]  # calls every 5 steps (0.1 s); x0 at the first call 0.5 s or more after the last
 
 
-def test_no_previews_send_no_latents_and_a_stop_ends_the_loop_after_the_running_step():
-    events, asked = [], []
-
-    def should_stop():
-        asked.append(len(events))
-        return len(events) >= 4
-
-    receiver = StepReceiver(2, 10, 0, rgb, events.append, should_stop)
-    sent = run(receiver, 10)
-    assert [s for s in sent if s[1]] == [] and all(e.preview is None for e in events)
-    assert receiver.stopped and receiver.done == 5 and [e.step for e in events] == [1, 2, 3, 4, 5]
+def test_a_stop_is_heard_at_the_next_call_and_ends_the_loop(monkeypatch):
+    events = []
+    receiver = StepReceiver(2, 50, 0, rgb, events.append, lambda: len(events) >= 3)
+    calls = run(monkeypatch, receiver, 50, step_s=0.02)
+    # events at 1, 2, 7: the call at 12 hears the stop (0.1 s of device time later)
+    assert [e.step for e in events] == [1, 2, 7, 12] and receiver.stopped and receiver.done == 12
+    assert calls[-1][0] == 12
 
 
-def test_an_error_in_on_step_ends_the_loop_and_is_kept_for_after_the_program():
+def test_an_error_in_on_step_ends_the_loop_and_is_kept_for_after_the_program(monkeypatch):
     def on_step(event):
         if event.step == 2:
             raise KeyError("the page's queue is gone")
 
     receiver = StepReceiver(1, 10, 0, None, on_step, None)
-    sent = run(receiver, 10, shards=1)
-    assert len(sent) == 2 and isinstance(receiver.error, KeyError)
+    calls = run(monkeypatch, receiver, 10, step_s=0.2, shards=1)
+    assert len(calls) == 2 and isinstance(receiver.error, KeyError)
 
 
 @pytest.mark.parametrize("every", [1, 2])
-def test_a_preview_map_missing_means_no_previews_whatever_the_setting(every):
+def test_a_preview_map_missing_means_no_previews_whatever_the_setting(monkeypatch, every):
     events = []
-    run(StepReceiver(2, 6, every, None, events.append, None), 6)
+    run(monkeypatch, StepReceiver(2, 6, every, None, events.append, None), 6, step_s=0.2)
     assert all(e.preview is None for e in events) and len(events) == 6
