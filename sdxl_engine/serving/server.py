@@ -48,7 +48,7 @@ from collections import OrderedDict
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from sdxl_engine.config import ConfigError
+from sdxl_engine.config import ConfigError, trusted_networks
 from sdxl_engine.engine.contract import clock
 from sdxl_engine.serving import gradio_internals
 from sdxl_engine.serving.admission import SHUTTING_DOWN, Admission  # loads no Gradio (fastapi only)
@@ -78,6 +78,23 @@ def launch_options(host: str, port: int, share: bool, mcp: bool = False) -> dict
         run_history=False,  # Gradio's /runs page and its hub-bucket routes: not this app's
         max_file_size="1mb", allowed_paths=[],
     )
+
+
+FORWARDED_ALLOW_IPS = "FORWARDED_ALLOW_IPS"  # uvicorn's setting: the proxies whose forwarding headers it believes
+
+
+def forwarded_allow_ips(trusted_proxies: str, share: bool = False) -> str:
+    """uvicorn's ``FORWARDED_ALLOW_IPS`` for the ``trusted_proxies`` setting: its addresses and networks,
+    comma-separated; "" trusts no one (uvicorn's own default trusts loopback, so any local process could
+    name any client address). With ``share``, loopback too: Gradio's share tunnel reaches the server
+    from there, and its server appends each visitor's address to X-Forwarded-For (as a Go reverse proxy
+    does), so without it every visitor of the link would be one client.
+
+    Raises:
+        ConfigError: an entry that is not an IP address or network (config.trusted_networks).
+    """
+    networks = trusted_networks(trusted_proxies + (",127.0.0.1,::1" if share else ""))
+    return ",".join(dict.fromkeys(str(n.network_address) if n.num_addresses == 1 else str(n) for n in networks))
 
 
 def usable_output_dir(log=print) -> str:
@@ -709,6 +726,8 @@ def serve(demo, engine, options: dict, gate: RequestGate, drain_s: float = 60.0,
         log("[app] stopped")
         return 0
     Admission.install(demo, engine.config.max_requests_per_client, lambda: gate.closed, log=log)
+    # Read by uvicorn when launch makes its server: who may name the client in X-Forwarded-For.
+    os.environ[FORWARDED_ALLOW_IPS] = forwarded_allow_ips(engine.config.trusted_proxies, bool(options.get("share")))
     try:  # quiet: Gradio's own lines would advise "set share=True" even after --share was refused
         demo.launch(**options, prevent_thread_lock=True, quiet=True)
     except OSError as err:  # e.g. the port is taken
