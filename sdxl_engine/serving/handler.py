@@ -12,6 +12,7 @@ loaded the model. Imports Gradio (it raises Gradio's errors and writes to Gradio
 from __future__ import annotations
 
 import contextvars
+import functools
 import queue
 import tempfile
 import threading
@@ -96,8 +97,10 @@ def api_function(handle: Callable, config: EngineConfig, pending: history.Pendin
         session, event_id, arrived = (getattr(request, "session_hash", None), gradio_internals.current_event_id(),
                                       server.arrival_time(request))
         since = clock() if arrived is None else arrived
+        keep = delivery.kept_images(request)  # a protocol API's client receives fewer than the batch
+        run = handle if keep is None else functools.partial(handle, keep=keep)
         gallery, info, record = yield from stream_previews(
-            handle, values, progress, arrived, lambda: server.CANCELLED.cancelled(session, event_id, since))
+            run, values, progress, arrived, lambda: server.CANCELLED.cancelled(session, event_id, since))
         pending.put(getattr(request, "session_hash", None), record)
         yield gallery, info
 
@@ -229,7 +232,8 @@ def shown(message: str) -> str:
 def handle_generate(engine: EngineContract, prompt, negative_prompt, seed, guidance_scale, num_inference_steps,
                     width, height, style=NO_STYLE, sampler=None, progress: Callable | None = None,
                     files_dir: str | None = None, arrived: float | None = None,
-                    on_step: Callable[[StepEvent], None] | None = None, should_stop: Callable[[], bool] | None = None):
+                    on_step: Callable[[StepEvent], None] | None = None, should_stop: Callable[[], bool] | None = None,
+                    keep: int | None = None):
     """One /generate call: values as the client sent them in; (gallery items, info, history record) out.
 
     The engine validates every value (width/height 0 or None = the model's default; sampler None
@@ -251,7 +255,8 @@ def handle_generate(engine: EngineContract, prompt, negative_prompt, seed, guida
     The gallery items are (PNG path, caption): the PNGs (with their A1111 parameters) lie in a new
     folder under ``files_dir`` (default: Gradio's temp folder, which serves them as they are),
     named after seed and prompt (``seed42-a-red-circle.png``, the download's name). With the
-    config's ``outputs_dir`` they are saved there too, as ``<µs time>-<request id>-seed42-...png``.
+    config's ``outputs_dir`` they are saved there too, as ``<µs time>-<request id>-seed42-...png``: the
+    first ``keep`` only, when the client receives only those (delivery.kept_images).
     """
     report = progress if progress is not None else (lambda *_, **__: None)  # gr.Progress is falsy (len 0)
     try:
@@ -305,15 +310,15 @@ def handle_generate(engine: EngineContract, prompt, negative_prompt, seed, guida
     finally:
         TRACKER.end(job)
     report(0.95, desc="Encoding PNGs")
-    return _deliver(engine, result, prompt, negative_prompt, style, files_dir)
+    return _deliver(engine, result, prompt, negative_prompt, style, files_dir, keep)
 
 
 def _deliver(engine: EngineContract, result, prompt: str, negative_prompt: str, style: str,
-             files_dir: str | None) -> tuple[list, dict, dict]:
+             files_dir: str | None, keep: int | None = None) -> tuple[list, dict, dict]:
     """(gallery items, info, history record) for a result; its PNGs written (delivery.deliver)."""
     try:
         out = delivery.deliver(result, prompt, style, files_dir or gr.utils.get_upload_folder(),
-                               engine.config.outputs_dir)
+                               engine.config.outputs_dir, keep)
     except OSError as err:
         print(f"[app] error: could not write the images to Gradio's temp folder: {err}", flush=True)
         raise gr.Error(f"the server could not store the images ({type(err).__name__}); please retry later",

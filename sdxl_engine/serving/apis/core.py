@@ -32,7 +32,7 @@ from fastapi import HTTPException
 
 from sdxl_engine.engine.contract import EngineContract
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest, validate
-from sdxl_engine.serving import admission, gradio_internals
+from sdxl_engine.serving import admission, delivery, gradio_internals
 from sdxl_engine.serving.styles import NO_STYLE, UnknownStyle, apply_style
 
 API_NAME = "generate"  # the page's event every protocol runs
@@ -178,7 +178,9 @@ async def generate(demo, engine: EngineContract, request, call: Call) -> Generat
     wanted = call.images or batch
     pngs, seeds, paths, first_info, seed = [], [], [], None, call.seed
     for n in range(math.ceil(wanted / batch)):
-        info, files = await _one_call(demo, request, call.values(seed), continues=n > 0)
+        keep = wanted - n * batch  # of this call's images, the ones the client receives (and outputs_dir gets)
+        info, files = await _one_call(demo, request, call.values(seed), continues=n > 0,
+                                      keep=keep if keep < batch else None)
         first_info = first_info or info
         for path, image_seed in zip(files, info["seeds"]):
             if len(pngs) < wanted:
@@ -189,12 +191,14 @@ async def generate(demo, engine: EngineContract, request, call: Call) -> Generat
     return Generated(pngs, seeds, {**first_info, "seeds": seeds}, paths)
 
 
-async def _one_call(demo, request, values: list, continues: bool = False) -> tuple[dict, list[str]]:
+async def _one_call(demo, request, values: list, continues: bool = False,
+                    keep: int | None = None) -> tuple[dict, list[str]]:
     """One ``/generate`` event through the queue: (info record, PNG paths). ``continues``: a later call of
-    one request (its images past the first batch), which the per-client limit does not refuse."""
+    one request (its images past the first batch), which the per-client limit does not refuse. ``keep``:
+    how many of its images the client receives, if fewer than the batch (delivery.KEEP: only they are saved)."""
+    scope = {**({admission.CONTINUES: True} if continues else {}), **({delivery.KEEP: keep} if keep is not None else {})}
     try:
-        ok, output = await gradio_internals.run_queued(demo, API_NAME, values, request,
-                                                       scope={admission.CONTINUES: True} if continues else None)
+        ok, output = await gradio_internals.run_queued(demo, API_NAME, values, request, scope=scope or None)
     except HTTPException as err:  # the admission's refusal (admission.Admission._refuse)
         raise ApiError(err.status_code, str(err.detail), headers=dict(err.headers or {})) from None
     except gradio_internals.QueueRefusal as err:
