@@ -118,6 +118,27 @@ def test_a_burst_of_signals_at_each_stop_never_hangs():
         harness.close()
 
 
+def test_a_stop_signal_during_the_imports_is_a_clean_stop(tmp_path):
+    """SIGTERM 1 s after ``python app.py`` starts (still importing Gradio and JAX): the two stop lines and
+    status 0, as for a stop while the model loads; it was a silent 143 (the default kill)."""
+    from tests.helpers import free_port
+
+    proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(free_port())], cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", "GRADIO_ANALYTICS_ENABLED": "False",
+                                 "HOME": str(tmp_path)})
+    try:
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, (proc.returncode, out[-2000:], err[-2000:])
+    assert out.splitlines() == ["[app] stopping: a stop signal came before the server started", "[app] stopped"], out
+    assert "Traceback" not in err and "error:" not in err, err
+
+
 def test_the_third_signal_exits_at_once_with_128_plus_its_number(page):
     from gradio_client import Client
 
