@@ -21,7 +21,8 @@ Kept apart from the page (app.py builds it, main.py serves it) and from the engi
   :class:`~.admission.Admission` (the page, gradio_client) refuse new ones.
 - :class:`TempJanitor`: keeps the app's files in Gradio's temp folder under a size, oldest
   first, never deleting one a client may still be downloading.
-- :func:`serve`: launch, then wait; exit with one line if the app cannot start (status
+- :func:`serve`: launch (the guard and the protocol routes in place before the server listens:
+  :func:`before_listening`), then wait; exit with one line if the app cannot start (status
   :func:`exit_status`), or on SIGTERM/SIGINT stop taking requests ("shutting down"), let
   the ones already accepted finish (bounded), close, return 0 (:class:`StopSignals`: a second
   signal is ignored, a third exits at once with 128 + its number).
@@ -35,6 +36,7 @@ taken); 128 + the signal's number (143, 130) when a third SIGTERM/SIGINT cut a s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -646,6 +648,21 @@ def start_error_line(error: BaseException) -> str:
     return f"error: the engine failed to start: {type(error).__name__}: {error}"
 
 
+def before_listening(set_up):
+    """A FastAPI ``lifespan`` (for ``demo.launch(app_kwargs={"lifespan": ...})``) that runs ``set_up(app)``
+    at the application's startup: the ASGI lifespan protocol has the server run it before it accepts
+    connections (uvicorn binds its socket only after startup completes), so routes, middleware and key
+    checks added there are in place from the first connection. If ``set_up`` raises, the server does not start.
+    """
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        set_up(app)
+        yield
+
+    return lifespan
+
+
 def serve(demo, engine, options: dict, gate: RequestGate, drain_s: float = 60.0, log=print,
           quiet_s: float = QUIET_S, signals: "StopSignals | None" = None, on_launch=None) -> int:
     """Launch ``demo`` and block until it should stop; returns the process exit status.
@@ -657,8 +674,9 @@ def serve(demo, engine, options: dict, gate: RequestGate, drain_s: float = 60.0,
     (running or waiting) get up to ``drain_s`` seconds together to finish and reach their clients
     (including the clients' image downloads: the server closes after ``quiet_s`` seconds without a
     request). A client may have ``engine.config.max_requests_per_client`` /generate calls queued or
-    running at once (:class:`~.admission.Admission`). ``on_launch(app)``, if given, runs once the
-    server listens, before the guard is put in front (serving/apis mounts its routes there).
+    running at once (:class:`~.admission.Admission`). ``on_launch(app)``, if given, and the guard
+    (:func:`install_guard`) are put in place before the server accepts its first connection
+    (:func:`before_listening`; serving/apis mounts its routes and key check in ``on_launch``).
     """
     if signals is None:
         signals = StopSignals()
@@ -670,17 +688,19 @@ def serve(demo, engine, options: dict, gate: RequestGate, drain_s: float = 60.0,
     Admission.install(demo, engine.config.max_requests_per_client, lambda: gate.closed, log=log)
     # Read by uvicorn when launch makes its server: who may name the client in X-Forwarded-For.
     os.environ[FORWARDED_ALLOW_IPS] = forwarded_allow_ips(engine.config.trusted_proxies, bool(options.get("share")))
+    def set_up(app) -> None:
+        if on_launch is not None:
+            on_launch(app)
+        install_guard(app, gate, demo)
+
     try:  # quiet: Gradio's own lines would advise "set share=True" even after --share was refused
-        demo.launch(**options, prevent_thread_lock=True, quiet=True)
+        demo.launch(**options, prevent_thread_lock=True, quiet=True, app_kwargs={"lifespan": before_listening(set_up)})
     except OSError as err:  # e.g. the port is taken
         print(f"error: cannot serve on {options['server_name']}:{options['server_port']}: {err}",
               file=sys.stderr, flush=True)
         return EXIT_START_FAILED
     public = f" and public URL: {demo.share_url}" if demo.share_url else ""
     log(f"[app] Running on local URL: {demo.local_url}{public}")
-    if on_launch is not None:
-        on_launch(demo.app)
-    install_guard(demo.app, gate, demo)
     janitor_stop = threading.Event()  # set by this thread, never by a signal handler
     TempJanitor.for_config(demo, engine.config).start(janitor_stop, log)
     while not signals.requested:

@@ -155,7 +155,8 @@ def test_queue_time_counts_the_wait_in_gradios_queue(fault_app, client, hold_dir
         _wait_processing(slow)
         started = time.monotonic()
         waiting = second.submit(api_name="/generate", **OK)
-        raw = httpx.post(fault_app.url + "gradio_api/call/generate", timeout=30, headers={"X-Forwarded-For": "198.51.100.21"},
+        raw = httpx.post(fault_app.url + "gradio_api/call/generate", timeout=30,
+                         headers={"X-Forwarded-For": "198.51.100.21"},
                          json={"data": ["a red circle", "", 1, 7, 2, 0, 0, "(No style)", "Euler"]}).json()["event_id"]
         wait_until(lambda: queue_size(fault_app) >= 2, "the two requests never reached the queue")
         seen = time.monotonic()

@@ -139,6 +139,40 @@ def test_a_stop_signal_during_the_imports_is_a_clean_stop(tmp_path):
     assert "Traceback" not in err and "error:" not in err, err
 
 
+def test_the_guard_is_in_place_from_the_first_connection(tmp_path):
+    """A client hammering the port while the server starts never gets an answer the guard would refuse: the
+    routes, middleware and key checks go in before the server listens (their set-up takes 3 s here), so every
+    answer to ``POST /gradio_api/upload`` is the guard's 404, never Gradio's own."""
+    import socket
+
+    port = next(PORTS)
+    harness = Harness("page", str(port), str(tmp_path), env={"HARNESS_SET_UP_S": "3"})
+    answers, up = [], threading.Event()
+
+    def hammer():
+        while not up.is_set() and harness.proc.poll() is None:
+            try:
+                response = httpx.post(f"http://127.0.0.1:{port}/gradio_api/upload", files={"files": b"x"}, timeout=5)
+                answers.append((response.status_code, response.text))
+            except httpx.TransportError:  # not listening yet
+                time.sleep(0.005)
+
+    thread = threading.Thread(target=hammer, daemon=True)
+    try:
+        thread.start()
+        harness.until("[app] Running on local URL")
+        time.sleep(0.5)  # a few more answers once it is up
+        up.set()
+        thread.join(30)
+        assert answers, "the hammer never got an answer"
+        assert set(answers) == {(404, "uploads are off: this app takes no files")}, sorted(set(answers))[:5]
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass
+    finally:
+        up.set()
+        harness.close()
+
+
 def test_the_third_signal_exits_at_once_with_128_plus_its_number(page):
     from gradio_client import Client
 

@@ -196,7 +196,8 @@ async def _one_call(demo, request, values: list, continues: bool = False,
     """One ``/generate`` event through the queue: (info record, PNG paths). ``continues``: a later call of
     one request (its images past the first batch), which the per-client limit does not refuse. ``keep``:
     how many of its images the client receives, if fewer than the batch (delivery.KEEP: only they are saved)."""
-    scope = {**({admission.CONTINUES: True} if continues else {}), **({delivery.KEEP: keep} if keep is not None else {})}
+    scope = {**({admission.CONTINUES: True} if continues else {}),
+             **({delivery.KEEP: keep} if keep is not None else {})}
     try:
         ok, output = await gradio_internals.run_queued(demo, API_NAME, values, request, scope=scope or None)
     except HTTPException as err:  # the admission's refusal (admission.Admission._refuse)
