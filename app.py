@@ -12,10 +12,11 @@ import functools
 import os
 from typing import Callable
 
-from sdxl_engine.serving import main as process  # imports no Gradio
+from sdxl_engine.serving import main as process  # imports nothing heavy: no Gradio, no JAX
 
-if __name__ == "__main__":  # before Gradio is imported: it reads GRADIO_TEMP_DIR and GRADIO_SERVER_PORT at import
-    process.check_environment()
+TITLE = "Fast Stable Diffusion XL with JAX"
+if __name__ == "__main__":  # first: stop signals handled, flags and settings checked (exit 2), Gradio's variables
+    START = process.prepare(TITLE)
 
 import gradio as gr
 
@@ -31,7 +32,6 @@ from sdxl_engine.serving.page_assets import (CLEAR_HISTORY_JS, HISTORY_JS, HISTO
 from sdxl_engine.serving.styles import (FAST_LABEL, FAST_LORA, FAST_PRESET, NO_STYLE, STYLE_NAMES,
                                         has_fast_tag, with_fast_tag, without_fast_tag)
 
-TITLE = "Fast Stable Diffusion XL with JAX"
 # Prompts in the vocabulary of the default model, tiny-shapes (sdxl_engine/assets/tiny-shapes/vocabulary.txt).
 EXAMPLES = ["a red circle on a blue background", "a large green square at the top", "a small yellow star on the left",
             "a purple triangle on a white background", "a large pink cross in the centre on a black background"]
@@ -292,4 +292,4 @@ def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract 
 
 
 if __name__ == "__main__":  # the process's life (exit statuses, clean stop): sdxl_engine/serving/main.py
-    process.run(build_demo, PAGE_CSS, TITLE)
+    process.run(build_demo, PAGE_CSS, TITLE, start=START)

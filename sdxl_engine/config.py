@@ -18,13 +18,14 @@ else touches JAX.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import re
 from pathlib import Path
 from typing import Any, Mapping
 
-import jax
-
+# No JAX here (apply_jax_options imports it): the process checks its settings with this module before
+# the heavy imports, so a malformed one ends the start at once (serving/main.py).
 from sdxl_engine.program.schedulers import UnknownSampler, get_sampler
 
 ENV_PREFIX = "SDXL_"
@@ -39,6 +40,8 @@ ENGINE_DEFAULTS_FILE = "engine_defaults.json"
 # every weight is 1). MAX_PROMPT_CHUNKS: each chunk count is a program, so their number stays small.
 EMPHASIS_MODES = ("original", "none")
 MAX_PROMPT_CHUNKS = 8
+# A LoRA's name: it is written in <lora:NAME:WEIGHT> tags.
+LORA_NAME = re.compile(r"[\w.\-]+")
 
 
 class ConfigError(ValueError):
@@ -94,10 +97,13 @@ class EngineConfig:
     max_seed: int = 2**32 - 1
     # Requests allowed to wait in the queue before new ones are told to retry.
     max_queue_size: int = 16
-    # /generate calls one client may have queued or running at once (a client: a Gradio session,
-    # so a browser tab or a gradio_client Client; raw HTTP /call/ requests: their IP address).
-    # Over it a call is refused with a message naming this limit, so no client fills the queue.
+    # /generate calls one client may have queued or running at once (a client: an IP address, an
+    # IPv6 one by its /64, never anything the client sends, such as Gradio's session hash). Over it a
+    # call is refused with a message naming this limit, so no client fills the queue.
     max_requests_per_client: int = 2
+    # Reverse proxies whose X-Forwarded-For names the client: IP addresses or networks (10.0.0.0/8),
+    # comma-separated; "" = none, so X-Forwarded-For is ignored and the peer address is the client.
+    trusted_proxies: str = ""
     # Directory where the app saves every generated PNG (with its parameters); "" = do not save.
     # Off unless set, so a public link (--share, a Space) writes nothing to disk by default.
     outputs_dir: str = ""
@@ -285,6 +291,8 @@ class EngineConfig:
         if self.timestep_spacing not in ("", "leading", "trailing", "linspace"):
             raise ConfigError(f"timestep_spacing must be leading, trailing or linspace (or empty: the model's), "
                               f"got {self.timestep_spacing!r}")
+        trusted_networks(self.trusted_proxies)
+        lora_entries(self.lora)
         if self.preview_every < -1:  # issue #23
             raise ConfigError(f"preview_every must be -1 (about twice a second), 0 (off) or a number of steps, "
                               f"got {self.preview_every}")
@@ -327,6 +335,46 @@ def check_seed_range(max_seed: int, images: int) -> None:
         raise ConfigError(f"max_seed ({max_seed}) leaves {max_seed + 1} distinct seed{'s' if max_seed else ''} "
                           f"for the {images} images of a request, so some would be identical: set max_seed to "
                           f"{images - 1} or more")
+
+
+def trusted_networks(text: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    """The ``trusted_proxies`` setting as networks: comma-separated addresses (one host each) or networks.
+
+    Raises:
+        ConfigError: an entry that is neither an IP address nor a network, naming it.
+    """
+    networks = []
+    for entry in filter(None, (e.strip() for e in text.split(","))):
+        try:
+            networks.append(ipaddress.ip_network(entry, strict=False))
+        except ValueError:
+            raise ConfigError(f"trusted_proxies: {entry!r} is not an IP address or network (e.g. 10.0.0.2 or "
+                              "10.0.0.0/8); separate several with commas") from None
+    return tuple(networks)
+
+
+def lora_entries(text: str, separator: str = os.pathsep) -> tuple[tuple[str, str], ...]:
+    """The ``lora`` setting as (name, path) pairs, in order: ``NAME=PATH`` entries joined by ``separator``.
+
+    Only the text is checked here (files: checkpoint.lora.lora_sources and check_lora_path).
+
+    Raises:
+        ConfigError: an entry without ``NAME=`` or a path, a name that is not letters, digits, ``_ - .``
+            (:data:`LORA_NAME`), or one name twice; the message quotes the entry as ``--lora '...'``.
+    """
+    pairs: dict[str, str] = {}
+    for entry in filter(None, (e.strip() for e in text.split(separator))):
+        name, eq, path = (part.strip() for part in entry.partition("="))
+        if not eq or not name or not path:
+            raise ConfigError(f"lora: --lora {entry!r}: expected NAME=PATH (e.g. ink=loras/ink.safetensors)")
+        if not LORA_NAME.fullmatch(name):
+            raise ConfigError(f"lora: --lora {entry!r}: LoRA name {name!r} must be letters, digits, '_', '-' or '.' "
+                              "(it is written in <lora:NAME:WEIGHT> tags)")
+        if name in pairs:
+            raise ConfigError(f"lora: --lora {entry!r}: two LoRAs named {name!r} ({pairs[name]} and {path}); "
+                              "each name once")
+        pairs[name] = path
+    return tuple(pairs.items())
 
 
 TRUE_WORDS = ("1", "true", "yes", "on")
@@ -409,6 +457,8 @@ def apply_jax_options(config: EngineConfig, environ: Mapping[str, str] | None = 
     Returns:
         the compilation cache directory in use ("" = none).
     """
+    import jax  # here, not at the top: see the imports
+
     plan, notes = plan_jax_options(config, environ)
     cache_dir = plan.get("jax_compilation_cache_dir", jax.config.jax_compilation_cache_dir or "")
     wanted = {**plan, "cache": cache_dir}

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, RunningApp
+from tests.helpers import ROOT, TRUST_LOOPBACK, RunningApp
 
 E2E = ROOT / "tests" / "e2e"
 
@@ -65,6 +65,6 @@ def tiny_shapes_engine():
 
 @pytest.fixture(scope="session")
 def app_server():
-    app = RunningApp()
+    app = RunningApp(env=TRUST_LOOPBACK)  # the load test's clients have their own addresses (tools/loadtest.py)
     yield app
     app.stop()

@@ -33,6 +33,11 @@ def assert_serves(client, timeout: float = 120) -> dict:
     return info
 
 
+# For an app whose test stands for several clients: each has its own X-Forwarded-For address
+# (RunningApp.client(address=...)), believed from loopback (the per-client cap counts addresses).
+TRUST_LOOPBACK = {"SDXL_TRUSTED_PROXIES": "127.0.0.1"}
+
+
 class RunningApp:
     """``python app.py`` in a subprocess on a free loopback port, as a user starts it."""
 
@@ -61,11 +66,12 @@ class RunningApp:
         for line in self.proc.stdout:
             self.log.append(line)
 
-    def client(self):
-        """A gradio_client Client for this app."""
+    def client(self, address: str | None = None):
+        """A gradio_client Client for this app; with ``address``, one that client address's (X-Forwarded-For,
+        which counts only for an app started with ``--trusted-proxies 127.0.0.1``: :data:`TRUST_LOOPBACK`)."""
         from gradio_client import Client
 
-        return Client(self.url, verbose=False)
+        return Client(self.url, verbose=False, headers=None if address is None else {"X-Forwarded-For": address})
 
     def stop(self):
         self.proc.terminate()

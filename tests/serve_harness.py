@@ -9,11 +9,14 @@ would dominate a test of signal handling), printing ``serve returned <status>`` 
 ``/generate(prompt)``, run through ``RequestGate.run`` with concurrency 1 as the app's. It
 returns ``"done: <prompt>"``; a prompt ``hold:<name>`` first waits until the file ``DIR/<name>``
 exists (so a test decides when a call ends, without timing); ``fail`` raises ``gr.Error``.
-Settings come from the environment as for the app (``SDXL_MAX_REQUESTS_PER_CLIENT``).
+Settings come from the environment as for the app (``SDXL_MAX_REQUESTS_PER_CLIENT``);
+``HARNESS_SET_UP_S=S`` makes serve's ``on_launch`` take S seconds (as mounting the protocol APIs takes
+some), so a test can watch what a client gets meanwhile.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 import threading
@@ -100,8 +103,9 @@ def page(port: int, folder: Path) -> int:
                       concurrency_limit=1)
     config = EngineConfig.load()
     demo.queue(max_size=config.max_queue_size)
+    set_up_s = float(os.environ.get("HARNESS_SET_UP_S", "0"))
     return server.serve(demo, ready_engine(config), server.launch_options("127.0.0.1", port, False), gate,
-                        quiet_s=0.0)
+                        quiet_s=0.0, on_launch=lambda app: time.sleep(set_up_s) if set_up_s else None)
 
 
 if __name__ == "__main__":

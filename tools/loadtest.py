@@ -96,6 +96,19 @@ def find_server_pid(url: str) -> int | None:
     return None
 
 
+def client_headers(index: int) -> dict[str, str]:
+    """Client ``index``'s own address (198.18.x.y, the benchmarking range of RFC 2544) in X-Forwarded-For.
+
+    The server counts each address as one client (max_requests_per_client); it believes the header
+    only from a trusted proxy, so start it with ``--trusted-proxies 127.0.0.1`` (:data:`APP_ARGS`):
+    otherwise every client of this tool is 127.0.0.1, one client.
+    """
+    return {"X-Forwarded-For": f"198.18.{index // 250}.{index % 250 + 1}"}
+
+
+APP_ARGS = ("--trusted-proxies", "127.0.0.1")  # for client_headers
+
+
 def error_kind(err: BaseException) -> str:
     """A short, stable name for a failed call: busy, app_error, timeout, connection or the type."""
     name = type(err).__name__
@@ -150,7 +163,7 @@ def run(url: str, clients: int = 4, seconds: float = 20.0, pid: int | None = Non
 
     def worker(index: int) -> None:
         try:
-            client = Client(url, verbose=False)
+            client = Client(url, verbose=False, headers=client_headers(index))
         except Exception as err:  # noqa: BLE001 - every failure is counted by kind
             with lock:
                 errors[error_kind(err)] += 1
@@ -215,7 +228,8 @@ class ServedApp:
         self.lines: list[tuple[float, str]] = []  # (seconds since spawn, line)
         self.started = time.perf_counter()
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "GRADIO_ANALYTICS_ENABLED": "False", **(env or {})}
-        self.proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(self.port), *args], cwd=ROOT,
+        self.proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(self.port), *APP_ARGS, *args],
+                                     cwd=ROOT,
                                      env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -299,7 +313,7 @@ def replica_loss(app: ServedApp, clients: int = 4, device_s: float = 2.0, timeou
     stop = threading.Event()
 
     def worker(index: int) -> None:
-        client = Client(app.url, verbose=False)
+        client = Client(app.url, verbose=False, headers=client_headers(index))
         n = 0
         while not stop.is_set():
             t0 = time.perf_counter()

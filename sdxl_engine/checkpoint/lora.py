@@ -47,6 +47,7 @@ import numpy as np
 from safetensors import safe_open
 
 from sdxl_engine.checkpoint.weights import PICKLE_SUFFIXES, ModelLoadError, read_safetensors_header
+from sdxl_engine.config import LORA_NAME, ConfigError, lora_entries
 from sdxl_engine.models import Component
 
 TEXT_ENCODERS = ("text_encoder", "text_encoder_2")
@@ -474,18 +475,19 @@ def lora_sources(entries: str, folder: str, separator: str,
     sources: dict[str, Path] = {}
 
     def add(name: str, path: Path, origin: str) -> None:
-        if not re.fullmatch(r"[\w.\-]+", name):
+        if not LORA_NAME.fullmatch(name):
             raise LoraError(f"{origin}: LoRA name {name!r} must be letters, digits, '_', '-' or '.' (it is written "
                             f"in <lora:NAME:WEIGHT> tags)")
         if name in sources:
             raise LoraError(f"{origin}: two LoRAs named {name!r} ({sources[name]} and {path}); each name once")
         sources[name] = path
 
-    for entry in filter(None, (e.strip() for e in entries.split(separator))):
-        name, eq, path = entry.partition("=")
-        if not eq or not name.strip() or not path.strip():
-            raise LoraError(f"--lora {entry!r}: expected NAME=PATH (e.g. ink=loras/ink.safetensors)")
-        add(name.strip(), Path(path.strip()).expanduser(), f"--lora {entry!r}")
+    try:
+        pairs = lora_entries(entries, separator)  # the setting's own check (EngineConfig refuses these at load)
+    except ConfigError as err:
+        raise LoraError(str(err)) from None
+    for name, path in pairs:
+        add(name, Path(path).expanduser(), f"--lora {name}={path}")
     if folder:
         root = Path(folder).expanduser()
         if not root.is_dir():

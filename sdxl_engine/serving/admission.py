@@ -7,8 +7,10 @@ that method for the counted endpoints (``/generate``) and refuses a call before 
 - while the server shuts down (:class:`~.server.RequestGate` closed): ``the server is shutting
   down; retry in a minute``;
 - when its client already has ``limit`` calls queued or running (``max_requests_per_client``): a
-  message naming the limit (not for a call that continues an admitted one: :data:`CONTINUES`). A client is a Gradio session (a browser tab, a gradio_client
-  ``Client``: their ``session_hash``); a raw ``/call/`` request has none, so its IP address.
+  message naming the limit (not for a call that continues an admitted one: :data:`CONTINUES`). A client
+  is an address (:func:`client_address`: the peer, or the client a trusted proxy names), never what the
+  client sends: a Gradio ``session_hash`` is the client's own choice, so keying on it let one client
+  take the whole queue with made-up ones.
 
 A refused call never waits and delays no other call (no lock is taken, nothing is queued).
 
@@ -20,6 +22,10 @@ gradio_client drops the body of any other status). A raw ``/call/`` gets an HTTP
 text in ``detail``: 429 over the limit (``Retry-After``); during a shutdown :class:`~.server.Guard`
 answers raw calls itself (503).
 
+A call whose client has gone before it runs is dropped by Gradio itself: when a session's result
+stream (``queue/data``, or a raw call's ``call/<api>/<event id>``) closes, Gradio's queue removes
+that session's waiting events and marks its running ones as gone (``Queue.clean_events``).
+
 The count cannot leak: it is not kept by hand but read from Gradio's own table of live events
 (gradio_internals.live_event_ids: an event is there from the moment it is queued until it has run,
 failed, been cancelled or lost its client), plus the pushes still under way. Every use of Gradio's
@@ -28,6 +34,7 @@ internals here goes through :mod:`.gradio_internals`.
 
 from __future__ import annotations
 
+import ipaddress
 from typing import TYPE_CHECKING, Callable
 
 from fastapi import HTTPException
@@ -107,13 +114,13 @@ class Admission:
         """``Queue.push`` with the refusals above; same arguments and result."""
         if body.fn_index not in self.fn_ids:
             return await self._push(body=body, request=request, username=username)
-        client = client_key(body, request)
+        client = client_address(request)
         self.total()  # forget the events Gradio has finished with, for every client
         if self.closing():
             return await self._refuse(body, request, username, SHUTTING_DOWN, 503)
         if self.held(client) >= self.limit and not continues(request):
             message = over_limit_message(self.limit)
-            self.log(f"[app] request refused: {message} (client {client[:12]})")
+            self.log(f"[app] request refused: {message} (client {client})")
             return await self._refuse(body, request, username, message, 429)
         self._arriving[client] = self._arriving.get(client, 0) + 1  # before the first await: no race
         try:
@@ -146,9 +153,26 @@ def continues(request) -> bool:
     return bool(getattr(request, "scope", {}).get(CONTINUES))
 
 
-def client_key(body: PredictBody, request) -> str:
-    """Who sent a call: its Gradio session, else (a raw /call/, which has none) its IP address."""
-    if body.session_hash is not None:
-        return "session:" + body.session_hash
-    host = getattr(getattr(request, "client", None), "host", None)
-    return "ip:" + (host or "unknown")
+def client_address(request) -> str:
+    """Who sent ``request`` (a Starlette request), for the per-client cap: an address the client cannot choose.
+
+    The peer's address as the server sees it: uvicorn's proxy-headers layer has already put the
+    ``X-Forwarded-For`` client there when the peer is a trusted proxy (``FORWARDED_ALLOW_IPS``, which
+    server.serve sets from the ``trusted_proxies`` setting), and from anyone else the header is ignored.
+    An IPv6 client counts by its /64 network, the block one host is usually given, so it cannot take new
+    places by changing the low bits. "unknown" if there is no peer.
+    """
+    return _client_of(getattr(getattr(request, "client", None), "host", None) or "unknown")
+
+
+def _client_of(address: str) -> str:
+    """The cap's key for ``address``: itself (IPv4), its /64 (IPv6), the text as it is if not an address."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    if ip.version == 6:
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+    return str(ip)

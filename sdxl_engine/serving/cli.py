@@ -1,4 +1,8 @@
-"""The command line of ``python app.py``: flags, the port, and whether a share link can work."""
+"""The command line of ``python app.py``: flags, the settings' checks at start, and whether a share link can work.
+
+Imports nothing heavy (no JAX, no Gradio): the process parses and checks its settings with it first
+(serving.main.prepare), so a malformed one ends the start at once, before anything listens.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +14,7 @@ from pathlib import Path
 
 import httpx
 
-from sdxl_engine.config import MODEL_DEFAULT_FIELDS, ConfigError, EngineConfig
-from sdxl_engine.checkpoint.loading import engine_defaults
+from sdxl_engine.config import LORA_NAME, MODEL_DEFAULT_FIELDS, ConfigError, EngineConfig, lora_entries
 from sdxl_engine.serving.scaleout import Replicas, ScaleOutError, parse_resources
 
 # (#21) Engine settings whose flag is given once per value (argparse's append); the setting joins them with os.pathsep.
@@ -72,7 +75,7 @@ def parse_args(argv=None, description: str = "") -> argparse.Namespace:
 
     A bad flag or GRADIO_SERVER_PORT exits 2 with argparse's one-line message.
     """
-    parser = argparse.ArgumentParser(description=description)
+    parser = _Parser(description=description)
     parser.add_argument("--share", action="store_true", help="ask Gradio for a public link")
     parser.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
                         help="address to listen on (env GRADIO_SERVER_NAME; default loopback only)")
@@ -91,12 +94,11 @@ def parse_args(argv=None, description: str = "") -> argparse.Namespace:
     scale.add_argument("--replica-resources", type=_resources, default=None,
                        help='Ray resources of one replica, JSON such as \'{"TPU": 8}\' (default: a TPU host\'s '
                             "chips, 1 GPU, or a share of a CPU host)")
-    shipped = engine_defaults(EngineConfig.model)  # what the default model runs with, shown in the help
     for field in dataclasses.fields(EngineConfig):
         default = f"default {field.default!r}"
         if field.name in MODEL_DEFAULT_FIELDS:  # the model's engine_defaults.json may choose another (README)
             default = (f"default: the model's own, else {field.default!r}"
-                       + f"; {EngineConfig.model} runs {shipped.get(field.name, field.default)!r}")
+                       + f"; {EngineConfig.model} runs {SHIPPED % field.name}")
         if field.name in REPEATED_FLAGS:  # (#21) --lora NAME=PATH, once per LoRA
             parser.add_argument("--" + field.name.replace("_", "-"), dest=field.name, default=None, action="append",
                                 metavar="NAME=PATH", help=REPEATED_FLAGS[field.name])
@@ -118,6 +120,24 @@ def parse_args(argv=None, description: str = "") -> argparse.Namespace:
     if args.replicas is None and (args.ray_address or args.ray_app or args.replica_resources):
         parser.error("--ray-address, --ray-app and --replica-resources need --replicas")
     return args
+
+
+SHIPPED = "{shipped:%s}"  # in a flag's help: what the default model runs with, filled in by _Parser.format_help
+
+
+class _Parser(argparse.ArgumentParser):
+    """The parser of :func:`parse_args`; its help shows the default model's own defaults, read only when
+    the help is printed (the reader imports the model loader, JAX with it: too heavy for every start)."""
+
+    def format_help(self) -> str:
+        from sdxl_engine.checkpoint.loading import engine_defaults
+
+        shipped = engine_defaults(EngineConfig.model)
+        for action in self._actions:
+            if action.help and SHIPPED % action.dest in action.help:
+                field = next(f for f in dataclasses.fields(EngineConfig) if f.name == action.dest)
+                action.help = action.help.replace(SHIPPED % action.dest, repr(shipped.get(field.name, field.default)))
+        return super().format_help()
 
 
 def engine_overrides(args: argparse.Namespace) -> dict:
@@ -145,6 +165,41 @@ def check_outputs_dir(folder: str) -> None:
         reason = err.strerror or type(err).__name__
         raise ConfigError(f"outputs_dir {folder!r} cannot hold the saved images ({reason}); "
                           "name a folder this user can write, or leave it empty to save nothing") from None
+
+
+def check_lora_settings(config: EngineConfig) -> None:
+    """Check the ``lora`` and ``lora_dir`` settings' files before anything starts: each ``--lora`` entry an
+    existing ``.safetensors`` file (a pickle is never opened), ``--lora-dir`` a folder whose LoRA names are
+    valid and not taken by an entry. The files' contents are read, and checked against the model, when the
+    engine starts (checkpoint.lora: exit 1 there), with the model's own LoRAs (its loras.json).
+
+    Raises:
+        ConfigError: naming the entry or folder and what is wrong with it (the names' rules:
+            config.lora_entries, checked when the config loads).
+    """
+    names: dict[str, Path] = {}
+    for name, path in lora_entries(config.lora):
+        file, entry = Path(path).expanduser(), f"lora: --lora '{name}={path}'"
+        if file.suffix.lower() != ".safetensors":
+            raise ConfigError(f"{entry}: not a .safetensors file ({file.suffix or 'no suffix'}); LoRAs are read from "
+                              ".safetensors only, and pickles (.ckpt, .pt, .bin) are never opened")
+        if not file.is_file():
+            raise ConfigError(f"{entry}: no such file")
+        names[name] = file
+    if not config.lora_dir:
+        return
+    root, where = Path(config.lora_dir).expanduser(), f"lora_dir: --lora-dir {config.lora_dir!r}"
+    if not root.is_dir():
+        raise ConfigError(f"{where}: not a folder")
+    for file in sorted(root.iterdir()):
+        if file.suffix.lower() != ".safetensors" or not file.is_file():
+            continue
+        if not LORA_NAME.fullmatch(file.stem):
+            raise ConfigError(f"{where}: LoRA name {file.stem!r} (its file's name) must be letters, digits, '_', '-' "
+                              "or '.' (it is written in <lora:NAME:WEIGHT> tags)")
+        if file.stem in names:
+            raise ConfigError(f"{where}: two LoRAs named {file.stem!r} ({names[file.stem]} and {file}); each name once")
+        names[file.stem] = file
 
 
 def share_possible(local_url: str, api_server: str, timeout: float = 5.0, log=print) -> bool:

@@ -32,7 +32,22 @@ class Delivery:
     save_warning: str = ""  # the warning in info["warnings"] when save_error is set
 
 
-def deliver(result, prompt: str, style: str, files_dir: Path, outputs_dir: str = "") -> Delivery:
+# A request scope key, as admission.CONTINUES: how many of this /generate call's images its client receives,
+# set by a protocol API whose client asked for fewer than the batch (OpenAI n=2, A1111 batch_size=1) on the
+# call that ends its request. Only those are saved to outputs_dir; absent, all (the page and gradio_client
+# receive the whole batch).
+KEEP = "sdxl_engine.keep_images"
+
+
+def kept_images(request) -> int | None:
+    """The :data:`KEEP` count of ``request`` (a gr.Request, or the Starlette request it wraps), or None."""
+    starlette_request = getattr(request, "request", request)  # gr.Request wraps it (and rewraps dict attributes)
+    keep = getattr(starlette_request, "scope", {}).get(KEEP)
+    return keep if type(keep) is int and keep >= 0 else None
+
+
+def deliver(result, prompt: str, style: str, files_dir: Path, outputs_dir: str = "",
+            keep: int | None = None) -> Delivery:
     """Encode ``result.images`` ((n, H, W, 3) uint8) as PNGs, write them, build the info record.
 
     Args:
@@ -44,6 +59,8 @@ def deliver(result, prompt: str, style: str, files_dir: Path, outputs_dir: str =
         files_dir: a folder the web server serves from; each request gets a new folder inside it.
         outputs_dir: also save the PNGs here as ``<µs time>-<request id>-seed42-...png`` ("" = no);
             ``info["saved"]`` lists those file names, relative to ``outputs_dir``.
+        keep: how many of the images (the first) the client receives (:func:`kept_images`); only they
+            are saved to ``outputs_dir``. None: all.
 
     Raises:
         OSError: the PNGs could not be written under ``files_dir`` (nothing to serve). A failure
@@ -80,12 +97,13 @@ def deliver(result, prompt: str, style: str, files_dir: Path, outputs_dir: str =
     if outputs_dir:
         stamp = request_stamp()  # to the microsecond, plus a random id: two requests never share a name
         saved = []  # names only: the server's folder is the operator's business, not an API client's
+        received = pngs[:keep] if keep is not None else pngs
         try:
-            for data, stem in zip(pngs, stems):
+            for data, stem in zip(received, stems):
                 saved.append(write_new(data, Path(outputs_dir), f"{stamp}-{stem}").name)
         except OSError as err:
             save_error = err
-            note = _save_warning(err, len(saved), len(pngs))
+            note = _save_warning(err, len(saved), len(received))
             info["warnings"].append(note)
         if saved:
             info["saved"] = saved

@@ -28,7 +28,7 @@ from sdxl_engine.engine.contract import EngineContract, clock
 from sdxl_engine.engine.local import CompilesBusy, EngineNotReady, GenerationError
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest
 from sdxl_engine.program.schedulers import SAMPLERS
-from sdxl_engine.serving import delivery, gradio_internals, history, server
+from sdxl_engine.serving import admission, delivery, gradio_internals, history, server
 from sdxl_engine.serving.styles import NO_STYLE, STYLE_NAMES, UnknownStyle, apply_style, get_style
 from sdxl_engine.engine.previews import preview_grid
 from sdxl_engine.engine.steps import StepEvent, Stopped
@@ -102,9 +102,11 @@ def api_function(handle: Callable, config: EngineConfig, pending: history.Pendin
         own = job is None
         if own:
             job = JOBS.open(("gradio", session or event_id or ""))
+        keep = delivery.kept_images(request)  # a protocol API's client receives fewer than the batch
         try:
             gallery, info, record = yield from stream_previews(
-                functools.partial(handle, job=job, client=peer_of(request)), values, progress, arrived,
+                functools.partial(handle, job=job, client=admission.client_address(request),
+                                  keep=keep), values, progress, arrived,
                 lambda: server.CANCELLED.cancelled(session, event_id, since))
         finally:
             if own:
@@ -114,12 +116,6 @@ def api_function(handle: Callable, config: EngineConfig, pending: history.Pendin
 
     generate.__doc__ = TOOL_DOC.format(styles=", ".join(STYLE_NAMES), samplers=", ".join(SAMPLERS))
     return generate
-
-
-def peer_of(request) -> str:
-    """The address a Gradio request came from ("" when unknown): the client of per-client engine limits."""
-    client = getattr(request, "client", None) if request is not None else None
-    return str(getattr(client, "host", "") or "")
 
 
 def protocol_job(request) -> str | None:
@@ -253,7 +249,7 @@ def handle_generate(engine: EngineContract, prompt, negative_prompt, seed, guida
                     width, height, style=NO_STYLE, sampler=None, progress: Callable | None = None,
                     files_dir: str | None = None, arrived: float | None = None,
                     on_step: Callable[[StepEvent], None] | None = None, should_stop: Callable[[], bool] | None = None,
-                    job: str | None = None, client: str = ""):
+                    job: str | None = None, client: str = "", keep: int | None = None):
     """One /generate call: values as the client sent them in; (gallery items, info, history record) out.
 
     The engine validates every value (width/height 0 or None = the model's default; sampler None
@@ -276,7 +272,8 @@ def handle_generate(engine: EngineContract, prompt, negative_prompt, seed, guida
     The gallery items are (PNG path, caption): the PNGs (with their A1111 parameters) lie in a new
     folder under ``files_dir`` (default: Gradio's temp folder, which serves them as they are),
     named after seed and prompt (``seed42-a-red-circle.png``, the download's name). With the
-    config's ``outputs_dir`` they are saved there too, as ``<µs time>-<request id>-seed42-...png``.
+    config's ``outputs_dir`` they are saved there too, as ``<µs time>-<request id>-seed42-...png``: the
+    first ``keep`` only, when the client receives only those (delivery.kept_images).
     """
     report = progress if progress is not None else (lambda *_, **__: None)  # gr.Progress is falsy (len 0)
     try:
@@ -338,15 +335,15 @@ def handle_generate(engine: EngineContract, prompt, negative_prompt, seed, guida
         if own:
             JOBS.close(job)
     report(0.95, desc="Encoding PNGs")
-    return _deliver(engine, result, prompt, negative_prompt, style, files_dir)
+    return _deliver(engine, result, prompt, negative_prompt, style, files_dir, keep)
 
 
 def _deliver(engine: EngineContract, result, prompt: str, negative_prompt: str, style: str,
-             files_dir: str | None) -> tuple[list, dict, dict]:
+             files_dir: str | None, keep: int | None = None) -> tuple[list, dict, dict]:
     """(gallery items, info, history record) for a result; its PNGs written (delivery.deliver)."""
     try:
         out = delivery.deliver(result, prompt, style, files_dir or gr.utils.get_upload_folder(),
-                               engine.config.outputs_dir)
+                               engine.config.outputs_dir, keep)
     except OSError as err:
         print(f"[app] error: could not write the images to Gradio's temp folder: {err}", flush=True)
         raise gr.Error(f"the server could not store the images ({type(err).__name__}); please retry later",

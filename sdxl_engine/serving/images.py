@@ -129,14 +129,16 @@ def write_new(data: bytes, folder: Path, stem: str, suffix: str = ".png") -> Pat
     The bytes go to a temporary file in the same folder first, which is then hard-linked to the
     final name: the link fails if the name exists (then ``stem-2``, ``stem-3``, ... are tried),
     and a reader never sees half a file. Where the file system has no hard links, the final name
-    is created exclusively (O_EXCL) and written. Raises OSError if the folder is unusable.
+    is created exclusively (O_EXCL) and written. Raises OSError if the folder is unusable or a write
+    fails (a full disk); nothing is left behind then, neither the temporary file nor a part of the file.
     """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f".{stem}.{secrets.token_hex(4)}.partial"
-    with open(tmp, "xb") as f:
-        f.write(data)
-    try:
+    f = open(tmp, "xb")
+    try:  # from here on the temporary file goes, whatever fails (a write on a full disk included)
+        with f:
+            f.write(data)
         for n in range(1, 10_000):
             path = folder / (f"{stem}{suffix}" if n == 1 else f"{stem}-{n}{suffix}")
             try:
@@ -158,9 +160,14 @@ def _write_exclusive(data: bytes, folder: Path, stem: str, suffix: str) -> Path:
     for n in range(1, 10_000):
         path = folder / (f"{stem}{suffix}" if n == 1 else f"{stem}-{n}{suffix}")
         try:
-            with open(path, "xb") as f:
-                f.write(data)
-            return path
+            f = open(path, "xb")
         except FileExistsError:
             continue
+        try:
+            with f:
+                f.write(data)
+        except BaseException:  # created, not written: remove the name, or it would hold part of the image
+            path.unlink(missing_ok=True)
+            raise
+        return path
     raise FileExistsError(errno.EEXIST, f"no free name for {stem}{suffix} in {folder}")

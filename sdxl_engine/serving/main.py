@@ -2,59 +2,98 @@
 
 app.py holds the page only and hands its builder here (this package never imports app.py):
 
-1. :func:`check_environment`, before Gradio is imported (Gradio reads ``GRADIO_TEMP_DIR`` and
-   ``GRADIO_SERVER_PORT`` at import): a writable temp folder, a usable port variable.
-2. :func:`main`: flags and settings, the port probe, the engine started in the background
-   (:func:`start_engine`: the local one, or the Ray front with ``--replicas``), the page built
-   around :func:`~.handler.handle_generate`, served until a stop (server.serve: the exit statuses).
+1. :func:`prepare`, the process's first step, before Gradio or JAX is imported: the stop signals
+   handled from here on (signals.StopSignals), a writable temp folder and a usable port variable for
+   Gradio (which reads ``GRADIO_TEMP_DIR`` and ``GRADIO_SERVER_PORT`` at import), the flags parsed and
+   every setting checked: a malformed one exits 2 with one ``error:`` line, before anything listens.
+2. :func:`main`: a stop that came during the imports ends here (status 0); the port probe, the engine
+   started in the background (:func:`start_engine`: the local one, or the Ray front with
+   ``--replicas``), the page built around :func:`~.handler.handle_generate`, served until a stop
+   (server.serve: the exit statuses).
 3. :func:`run`: :func:`main`, then ``os._exit`` with its status.
 
-This module imports no Gradio at its own import (the handler and Gradio's names load in
-:func:`main`), so step 1 can run first.
+This module imports nothing heavy at its own import (Gradio, JAX and the handler load in :func:`main`),
+so step 1 runs first.
 """
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import os
 import sys
-from typing import Callable, NoReturn
+from typing import TYPE_CHECKING, Callable, NoReturn
 
-from sdxl_engine.config import ConfigError, EngineConfig
-from sdxl_engine.serving import cli, gradio_internals, scaleout, server
+from sdxl_engine.serving.signals import StopSignals  # standard library only
+
+if TYPE_CHECKING:
+    from sdxl_engine.config import EngineConfig
 
 
-def check_environment() -> None:
-    """Call before importing Gradio: switch an unwritable ``GRADIO_TEMP_DIR`` to a fresh folder (one
-    warning line), and exit with status 2 and one ``error:`` line for an unusable ``GRADIO_SERVER_PORT``."""
+@dataclasses.dataclass
+class Start:
+    """What :func:`prepare` established: the stop signals (installed), the flags and the checked engine settings."""
+
+    signals: StopSignals
+    args: argparse.Namespace
+    config: EngineConfig
+
+
+def prepare(title: str, argv: list[str] | None = None) -> Start:
+    """The process's first step (app.py calls it before importing Gradio; see the module docstring).
+
+    Exits (``SystemExit``) with status 2 and one line for a bad flag (argparse's), an unusable
+    ``GRADIO_SERVER_PORT``, or a malformed or unusable setting (``error: bad setting: ...``): a value
+    EngineConfig refuses (the LoRA names included), an ``outputs_dir`` that cannot be written, a LoRA
+    entry that is not an existing ``.safetensors`` file (cli.check_lora_settings). ``--help`` exits 0.
+    """
+    signals = StopSignals()  # first: from here on a stop signal ends in a clean stop, not the default kill
+    signals.install()
+    from sdxl_engine.config import ConfigError, EngineConfig  # light: no JAX, no Gradio (the imports below too)
+    from sdxl_engine.serving import cli, server
+
     server.usable_output_dir()
     if (bad_env := cli.environment_error()) is not None:
         print(f"error: bad setting: {bad_env}", file=sys.stderr)
         sys.exit(server.EXIT_BAD_SETTING)
+    args = cli.parse_args(argv, title)
+    try:
+        config = EngineConfig.load(cli.engine_overrides(args))
+        cli.check_outputs_dir(config.outputs_dir)
+        cli.check_lora_settings(config)
+    except ConfigError as err:
+        print(server.start_error_line(err), file=sys.stderr)
+        sys.exit(server.EXIT_BAD_SETTING)
+    return Start(signals, args, config)
 
 
-def main(argv: list[str] | None, build_demo: Callable, css: str, title: str) -> int:
+def main(argv: list[str] | None, build_demo: Callable, css: str, title: str, start: Start | None = None) -> int:
     """Start the engine in the background, serve the page; returns the exit status (see server.serve).
 
     Args:
-        argv: the command line without the program name (None: ``sys.argv[1:]``).
+        argv: the command line without the program name (None: ``sys.argv[1:]``); not read when
+            ``start`` is given.
         build_demo: app.build_demo: ``(generate, page config, engine, concurrency=, history_secret=)``
             -> gr.Blocks, where ``generate`` takes handle_generate's arguments minus the engine.
         css: the page's CSS (``demo.launch(css=...)``). title: the page's title, also in ``--help``.
+        start: what :func:`prepare` returned (None: it runs now).
     """
+    start = start or prepare(title, argv)
     from gradio.networking import GRADIO_API_SERVER
 
     from sdxl_engine.checkpoint.loading import ModelLoadError
-    from sdxl_engine.serving import apis
+    from sdxl_engine.config import ConfigError
+    from sdxl_engine.serving import apis, cli, gradio_internals, server
     from sdxl_engine.serving.handler import handle_generate, page_defaults
 
-    args = cli.parse_args(argv, title)
-    signals = server.StopSignals()  # from here on a stop signal ends in a clean stop, not the default kill
-    signals.install()
+    args, config, signals = start.args, start.config, start.signals
+    if signals.requested:  # during the imports: nothing started yet, nothing to drain
+        print("[app] stopping: a stop signal came before the server started", flush=True)
+        print("[app] stopped", flush=True)
+        return 0
     gradio_internals.check_version()
     try:
-        config = EngineConfig.load(cli.engine_overrides(args))
         page_config = page_defaults(config)
-        cli.check_outputs_dir(config.outputs_dir)
     except (ConfigError, ModelLoadError) as err:
         print(server.start_error_line(err), file=sys.stderr)
         return server.exit_status(err)
@@ -93,6 +132,8 @@ def start_engine(config: EngineConfig, args) -> tuple:
         # One request on the devices at a time (Engine.generate's lock); one more slot per new size that may
         # compile meanwhile, so a compile never holds up requests at compiled sizes.
         return get_engine(config, background=True), 1 + config.max_pending_compiles
+    from sdxl_engine.serving import scaleout
+
     scaleout.ray_environment(private=args.ray_address is None)  # before Ray's import, which reads it
     # Imported only here: without --replicas `python app.py` never loads Ray (README, "Scale-out on Ray Serve").
     from sdxl_engine.serving import replicas
@@ -102,9 +143,10 @@ def start_engine(config: EngineConfig, args) -> tuple:
     return engine, engine.slots
 
 
-def run(build_demo: Callable, css: str, title: str, argv: list[str] | None = None) -> NoReturn:
+def run(build_demo: Callable, css: str, title: str, argv: list[str] | None = None,
+        start: Start | None = None) -> NoReturn:
     """:func:`main`, then end the process with its status, without interpreter teardown."""
-    status = main(argv, build_demo, css, title)
+    status = main(argv, build_demo, css, title, start)
     # No interpreter teardown: a stop while the engine still compiles in its background thread
     # would tear down JAX under that thread (a segfault after "[app] stopped"). Everything the
     # process owns is closed by now; only the output buffers are left to flush.

@@ -21,7 +21,8 @@ Kept apart from the page (app.py builds it, main.py serves it) and from the engi
   :class:`~.admission.Admission` (the page, gradio_client) refuse new ones.
 - :class:`TempJanitor`: keeps the app's files in Gradio's temp folder under a size, oldest
   first, never deleting one a client may still be downloading.
-- :func:`serve`: launch, then wait; exit with one line if the app cannot start (status
+- :func:`serve`: launch (the guard and the protocol routes in place before the server listens:
+  :func:`before_listening`), then wait; exit with one line if the app cannot start (status
   :func:`exit_status`), or on SIGTERM/SIGINT stop taking requests ("shutting down"), let
   the ones already accepted finish (bounded), close, return 0 (:class:`StopSignals`: a second
   signal is ignored, a third exits at once with 128 + its number).
@@ -35,10 +36,10 @@ taken); 128 + the signal's number (143, 130) when a third SIGTERM/SIGINT cut a s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
-import signal
 import socket
 import sys
 import tempfile
@@ -48,10 +49,11 @@ from collections import OrderedDict
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from sdxl_engine.config import ConfigError
+from sdxl_engine.config import ConfigError, trusted_networks
 from sdxl_engine.engine.contract import clock
 from sdxl_engine.serving import gradio_internals
 from sdxl_engine.serving.admission import SHUTTING_DOWN, Admission  # loads no Gradio (fastapi only)
+from sdxl_engine.serving.signals import StopSignals  # noqa: F401 (serve's; imported from here by callers too)
 
 EXIT_START_FAILED = 1  # valid settings, yet the app could not start
 EXIT_BAD_SETTING = 2  # a flag or setting must change (argparse uses 2 too)
@@ -78,6 +80,23 @@ def launch_options(host: str, port: int, share: bool, mcp: bool = False) -> dict
         run_history=False,  # Gradio's /runs page and its hub-bucket routes: not this app's
         max_file_size="1mb", allowed_paths=[],
     )
+
+
+FORWARDED_ALLOW_IPS = "FORWARDED_ALLOW_IPS"  # uvicorn's setting: the proxies whose forwarding headers it believes
+
+
+def forwarded_allow_ips(trusted_proxies: str, share: bool = False) -> str:
+    """uvicorn's ``FORWARDED_ALLOW_IPS`` for the ``trusted_proxies`` setting: its addresses and networks,
+    comma-separated; "" trusts no one (uvicorn's own default trusts loopback, so any local process could
+    name any client address). With ``share``, loopback too: Gradio's share tunnel reaches the server
+    from there, and its server appends each visitor's address to X-Forwarded-For (as a Go reverse proxy
+    does), so without it every visitor of the link would be one client.
+
+    Raises:
+        ConfigError: an entry that is not an IP address or network (config.trusted_networks).
+    """
+    networks = trusted_networks(trusted_proxies + (",127.0.0.1,::1" if share else ""))
+    return ",".join(dict.fromkeys(str(n.network_address) if n.num_addresses == 1 else str(n) for n in networks))
 
 
 def usable_output_dir(log=print) -> str:
@@ -629,62 +648,19 @@ def start_error_line(error: BaseException) -> str:
     return f"error: the engine failed to start: {type(error).__name__}: {error}"
 
 
-class StopSignals:
-    """SIGTERM/SIGINT for :func:`serve`: the first asks for a stop, the second is ignored, the third exits.
-
-    The handler only appends to a list (one atomic step, no lock): Python runs signal handlers in
-    the main thread between two bytecodes, even inside a handler or while that thread holds a
-    lock, so a handler that takes a lock (``threading.Event.set`` takes its Condition's) can wait
-    for ever on the thread it interrupted. The serving loop polls :attr:`requested` instead.
-
-    - 1st signal: :func:`serve` drains and exits 0. Signals within ``BURST_S`` of the first count
-      as the same stop: GNU ``timeout`` sends two SIGTERMs at once (to the child, then to its
-      process group), which the kernel sometimes merges into one; either way it is one stop, so
-      what the user sends next always counts the same.
-    - 2nd: ignored; :meth:`note_ignored` logs it once.
-    - 3rd: one line on stderr, then ``os._exit(128 + signal number)`` (143 for SIGTERM, 130 for
-      SIGINT, as a shell reports a process the signal ended), dropping the calls still running.
-
-    Install it as early as the process can (serving.main.main does, before the engine starts): a signal
-    before :func:`serve` then still ends in a clean stop instead of the default kill.
+def before_listening(set_up):
+    """A FastAPI ``lifespan`` (for ``demo.launch(app_kwargs={"lifespan": ...})``) that runs ``set_up(app)``
+    at the application's startup: the ASGI lifespan protocol has the server run it before it accepts
+    connections (uvicorn binds its socket only after startup completes), so routes, middleware and key
+    checks added there are in place from the first connection. If ``set_up`` raises, the server does not start.
     """
 
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
-    BURST_S = 0.25  # far above the microseconds between timeout's two signals, below a person's repeat
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        set_up(app)
+        yield
 
-    def __init__(self):
-        self.received: list[int] = []  # list.append is atomic, so nested handlers count every signal
-        self._first_at: float | None = None  # time.monotonic() of the first signal
-        self._noted = False
-
-    def install(self) -> None:
-        """Handle SIGTERM and SIGINT from now on (call from the main thread)."""
-        for signum in self.SIGNALS:
-            signal.signal(signum, self._handle)
-
-    def _handle(self, signum, _frame) -> None:
-        now = time.monotonic()
-        if self._first_at is None:
-            self._first_at = now
-        elif now - self._first_at < self.BURST_S:
-            return  # part of the first stop's burst
-        self.received.append(signum)
-        if len(self.received) >= 3:
-            name = signal.Signals(signum).name
-            os.write(2, f"[app] {name} a third time: exiting at once, without finishing the calls still running "
-                        f"(exit status {128 + signum})\n".encode())
-            os._exit(128 + signum)
-
-    @property
-    def requested(self) -> bool:
-        """Whether a stop signal arrived."""
-        return bool(self.received)
-
-    def note_ignored(self, log=print) -> None:
-        """Log, once, that a second signal was ignored (called by the loop, never by the handler)."""
-        if len(self.received) >= 2 and not self._noted:
-            self._noted = True
-            log("[app] second stop signal ignored: already stopping (a third one exits at once)")
+    return lifespan
 
 
 def serve(demo, engine, options: dict, gate: RequestGate, drain_s: float = 60.0, log=print,
@@ -698,8 +674,9 @@ def serve(demo, engine, options: dict, gate: RequestGate, drain_s: float = 60.0,
     (running or waiting) get up to ``drain_s`` seconds together to finish and reach their clients
     (including the clients' image downloads: the server closes after ``quiet_s`` seconds without a
     request). A client may have ``engine.config.max_requests_per_client`` /generate calls queued or
-    running at once (:class:`~.admission.Admission`). ``on_launch(app)``, if given, runs once the
-    server listens, before the guard is put in front (serving/apis mounts its routes there).
+    running at once (:class:`~.admission.Admission`). ``on_launch(app)``, if given, and the guard
+    (:func:`install_guard`) are put in place before the server accepts its first connection
+    (:func:`before_listening`; serving/apis mounts its routes and key check in ``on_launch``).
     """
     if signals is None:
         signals = StopSignals()
@@ -709,17 +686,21 @@ def serve(demo, engine, options: dict, gate: RequestGate, drain_s: float = 60.0,
         log("[app] stopped")
         return 0
     Admission.install(demo, engine.config.max_requests_per_client, lambda: gate.closed, log=log)
+    # Read by uvicorn when launch makes its server: who may name the client in X-Forwarded-For.
+    os.environ[FORWARDED_ALLOW_IPS] = forwarded_allow_ips(engine.config.trusted_proxies, bool(options.get("share")))
+    def set_up(app) -> None:
+        if on_launch is not None:
+            on_launch(app)
+        install_guard(app, gate, demo)
+
     try:  # quiet: Gradio's own lines would advise "set share=True" even after --share was refused
-        demo.launch(**options, prevent_thread_lock=True, quiet=True)
+        demo.launch(**options, prevent_thread_lock=True, quiet=True, app_kwargs={"lifespan": before_listening(set_up)})
     except OSError as err:  # e.g. the port is taken
         print(f"error: cannot serve on {options['server_name']}:{options['server_port']}: {err}",
               file=sys.stderr, flush=True)
         return EXIT_START_FAILED
     public = f" and public URL: {demo.share_url}" if demo.share_url else ""
     log(f"[app] Running on local URL: {demo.local_url}{public}")
-    if on_launch is not None:
-        on_launch(demo.app)
-    install_guard(demo.app, gate, demo)
     janitor_stop = threading.Event()  # set by this thread, never by a signal handler
     TempJanitor.for_config(demo, engine.config).start(janitor_stop, log)
     while not signals.requested:

@@ -16,7 +16,7 @@ import uuid
 import httpx
 import pytest
 
-from tests.helpers import QUICK, ROOT, RunningApp, assert_serves, free_port
+from tests.helpers import QUICK, ROOT, TRUST_LOOPBACK, RunningApp, assert_serves, free_port
 
 OK = QUICK
 
@@ -65,6 +65,7 @@ def fault_app(tmp_path_factory, hold_dir):
     blocker = tmp_path_factory.mktemp("unwritable") / "a-file"
     blocker.write_text("a file, so nothing can be created below it (even by root)")
     app = RunningApp(env={
+        **TRUST_LOOPBACK,  # the tests' clients stand for several addresses, each with its own places
         "SDXL_FAULT_INJECTION": "1", "SDXL_MAX_QUEUE_SIZE": "2", "GRADIO_SHARE": "True",
         "SDXL_COMPILE_CACHE_DIR": str(blocker / "jax"), "GRADIO_TEMP_DIR": str(blocker / "gradio"),
         "SDXL_FAULT_HOLD_DIR": str(hold_dir),
@@ -120,7 +121,7 @@ def _wait_processing(job, timeout=60):
 def test_burst_beyond_the_queue_gets_busy_retry_not_a_hang(fault_app, client, hold_dir):
     from gradio_client.utils import QueueError
 
-    clients = [fault_app.client() for _ in range(5)]
+    clients = [fault_app.client(address=f"198.51.100.{i}") for i in range(5)]
     with Hold(hold_dir) as hold:  # one generation runs until every other request has had its answer
         slow = client.submit(api_name="/generate", **{**OK, "prompt": hold.prompt})
         _wait_processing(slow)
@@ -148,13 +149,14 @@ def test_queue_time_counts_the_wait_in_gradios_queue(fault_app, client, hold_dir
     (and no more than they took), in the info and the status line, through gradio_client and raw HTTP."""
     import app
 
-    second = fault_app.client()
+    second = fault_app.client(address="198.51.100.20")
     with Hold(hold_dir) as hold:
         slow = client.submit(api_name="/generate", **{**OK, "prompt": hold.prompt})
         _wait_processing(slow)
         started = time.monotonic()
         waiting = second.submit(api_name="/generate", **OK)
         raw = httpx.post(fault_app.url + "gradio_api/call/generate", timeout=30,
+                         headers={"X-Forwarded-For": "198.51.100.21"},
                          json={"data": ["a red circle", "", 1, 7, 2, 0, 0, "(No style)", "Euler"]}).json()["event_id"]
         wait_until(lambda: queue_size(fault_app) >= 2, "the two requests never reached the queue")
         seen = time.monotonic()
@@ -274,7 +276,7 @@ def test_sigterm_finishes_the_request_in_flight_then_exits_0(fault_app, client, 
     """Last test of the module: it stops the shared fault app. One request runs (held until the
     server refuses new calls), one waits."""
 
-    second = fault_app.client()
+    second = fault_app.client(address="198.51.100.30")
     with Hold(hold_dir) as hold:
         job = client.submit(api_name="/generate", **{**OK, "prompt": hold.prompt})
         _wait_processing(job)
@@ -286,6 +288,7 @@ def test_sigterm_finishes_the_request_in_flight_then_exits_0(fault_app, client, 
 
         def refused() -> bool:  # new calls are refused (one sent before the signal is handled is served)
             late[:] = [httpx.post(fault_app.url + "gradio_api/call/generate", timeout=30,
+                                  headers={"X-Forwarded-For": "198.51.100.31"},
                                   json={"data": ["a red circle", "", 1, 7, 2, 0, 0, "(No style)", "Euler"]})]
             assert late[0].status_code in (200, 503), (late[0].status_code, late[0].text)
             return late[0].status_code == 503 and "shutting down" in late[0].text

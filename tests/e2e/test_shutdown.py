@@ -67,11 +67,19 @@ class Harness:
             self.proc.wait(30)
 
 
+PROXY = {"SDXL_TRUSTED_PROXIES": "127.0.0.1"}  # so a test's X-Forwarded-For stands for another client address
+
+
+def forwarded(address: str) -> dict:
+    return {"X-Forwarded-For": address}
+
+
 @pytest.fixture
 def page(tmp_path):
-    """A served page (``serve_harness.py page``): (harness, url, folder whose files end held calls)."""
+    """A served page (``serve_harness.py page``) behind a trusted proxy (loopback), so X-Forwarded-For
+    names the client: (harness, url, folder whose files end held calls)."""
     port = next(PORTS)
-    harness = Harness("page", str(port), str(tmp_path))
+    harness = Harness("page", str(port), str(tmp_path), env=PROXY)
     try:
         harness.until("[app] Running on local URL")
         yield harness, f"http://127.0.0.1:{port}/", tmp_path
@@ -107,6 +115,61 @@ def test_a_burst_of_signals_at_each_stop_never_hangs():
             assert sum("second stop signal ignored" in line for line in lines) <= 1, lines
         assert harness.proc.wait(60) == 0
     finally:
+        harness.close()
+
+
+def test_a_stop_signal_during_the_imports_is_a_clean_stop(tmp_path):
+    """SIGTERM 1 s after ``python app.py`` starts (still importing Gradio and JAX): the two stop lines and
+    status 0, as for a stop while the model loads; it was a silent 143 (the default kill)."""
+    from tests.helpers import free_port
+
+    proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(free_port())], cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", "GRADIO_ANALYTICS_ENABLED": "False",
+                                 "HOME": str(tmp_path)})
+    try:
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, (proc.returncode, out[-2000:], err[-2000:])
+    assert out.splitlines() == ["[app] stopping: a stop signal came before the server started", "[app] stopped"], out
+    assert "Traceback" not in err and "error:" not in err, err
+
+
+def test_the_guard_is_in_place_from_the_first_connection(tmp_path):
+    """A client hammering the port while the server starts never gets an answer the guard would refuse: the
+    routes, middleware and key checks go in before the server listens (their set-up takes 3 s here), so every
+    answer to ``POST /gradio_api/upload`` is the guard's 404, never Gradio's own."""
+    import socket
+
+    port = next(PORTS)
+    harness = Harness("page", str(port), str(tmp_path), env={"HARNESS_SET_UP_S": "3"})
+    answers, up = [], threading.Event()
+
+    def hammer():
+        while not up.is_set() and harness.proc.poll() is None:
+            try:
+                response = httpx.post(f"http://127.0.0.1:{port}/gradio_api/upload", files={"files": b"x"}, timeout=5)
+                answers.append((response.status_code, response.text))
+            except httpx.TransportError:  # not listening yet
+                time.sleep(0.005)
+
+    thread = threading.Thread(target=hammer, daemon=True)
+    try:
+        thread.start()
+        harness.until("[app] Running on local URL")
+        time.sleep(0.5)  # a few more answers once it is up
+        up.set()
+        thread.join(30)
+        assert answers, "the hammer never got an answer"
+        assert set(answers) == {(404, "uploads are off: this app takes no files")}, sorted(set(answers))[:5]
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass
+    finally:
+        up.set()
         harness.close()
 
 
@@ -149,22 +212,34 @@ def _running(job) -> bool:
     return job.status().code in (Status.PROCESSING, Status.PROGRESS, Status.ITERATING)
 
 
-def _browser_join(url: str, session: str, prompt: str) -> dict:
-    """What the page's JavaScript does for one call: queue/join, then its session's event stream;
-    returns the stream's process_completed message."""
-    import json
-
+def _join(url: str, session: str, prompt: str, headers: dict | None = None) -> str:
+    """The page's queue/join for one call (raw HTTP); returns its event id."""
     config = httpx.get(url + "config", timeout=30).json()
     fn_index = next(d["id"] for d in config["dependencies"] if d.get("api_name") == "generate")
-    join = httpx.post(url + "gradio_api/queue/join", timeout=30, json={
+    join = httpx.post(url + "gradio_api/queue/join", timeout=30, headers=headers, json={
         "data": [prompt], "fn_index": fn_index, "session_hash": session, "event_data": None, "trigger_id": None})
     assert join.status_code == 200, join.text
+    return join.json()["event_id"]
+
+
+def _browser_join(url: str, session: str, prompt: str, headers: dict | None = None) -> dict:
+    """What the page's JavaScript does for one call: queue/join, then its session's event stream;
+    returns the stream's process_completed message."""
+    event_id = _join(url, session, prompt, headers)
+    return _completion(url, session, event_id, headers)
+
+
+def _completion(url: str, session: str, event_id: str, headers: dict | None = None) -> dict:
+    """The process_completed message of ``event_id``, read from its session's event stream."""
+    import json
+
     deadline = time.monotonic() + 60  # the stream sends a heartbeat every few seconds while the call waits
-    with httpx.stream("GET", url + f"gradio_api/queue/data?session_hash={session}", timeout=30) as stream:
+    with httpx.stream("GET", url + f"gradio_api/queue/data?session_hash={session}", timeout=30,
+                      headers=headers) as stream:
         for line in stream.iter_lines():
-            assert time.monotonic() < deadline, f"{prompt!r}: no result within 60 s"
+            assert time.monotonic() < deadline, f"{event_id}: no result within 60 s"
             if line.startswith("data:") and (message := json.loads(line[5:]))["msg"] == "process_completed":
-                assert message["event_id"] == join.json()["event_id"]
+                assert message["event_id"] == event_id
                 return message
     raise AssertionError("the stream ended without process_completed")
 
@@ -196,14 +271,15 @@ def test_every_client_is_told_the_server_is_shutting_down(page):
 
 def test_one_client_cannot_hold_the_queue(page):
     """Default cap 2: client A's third call is refused at once with the cap's message (gradio_client,
-    the page's protocol, raw HTTP by IP) while B's call runs; B's call ends normally; after A's calls
-    end (served, failed or cancelled), A again gets exactly 2 places."""
+    the page's protocol, raw HTTP; each client its own address) while B's call runs; B's call ends
+    normally; after A's calls end (served, failed or cancelled), A again gets exactly 2 places."""
     from gradio_client import Client
     from gradio_client.exceptions import AppError
 
     harness, url, folder = page
     message = over_limit_message(2)
-    a, b = Client(url, verbose=False), Client(url, verbose=False)
+    a = Client(url, verbose=False, headers=forwarded("198.51.100.1"))
+    b = Client(url, verbose=False, headers=forwarded("198.51.100.2"))
     b_job = b.submit("hold:b", api_name="/generate")
     _wait(lambda: _running(b_job), "B's call running")
     a_jobs = [a.submit(f"hold:a{i}", api_name="/generate") for i in (1, 2)]
@@ -211,15 +287,16 @@ def test_one_client_cannot_hold_the_queue(page):
     with pytest.raises(AppError) as refused:
         a.submit("hold:a3", api_name="/generate").result(timeout=60)  # refused at once, while B's call is still running
     assert str(refused.value) == message and not b_job.done()
-    tab = "browser-tab-a"  # the page's protocol, one session with two calls already
+    tab, tab_from = "browser-tab-a", forwarded("198.51.100.3")  # the page's protocol, an address with two calls
     for i in (1, 2):
         config = httpx.get(url + "config", timeout=30).json()
         fn_index = next(d["id"] for d in config["dependencies"] if d.get("api_name") == "generate")
-        assert httpx.post(url + "gradio_api/queue/join", timeout=30, json={
+        assert httpx.post(url + "gradio_api/queue/join", timeout=30, headers=tab_from, json={
             "data": [f"hold:t{i}"], "fn_index": fn_index, "session_hash": tab}).status_code == 200
-    assert _browser_join(url, tab, "hold:t3")["output"]["error"] == message
-    raw = [httpx.post(url + "gradio_api/call/generate", json={"data": [f"hold:r{i}"]}, timeout=30) for i in (1, 2, 3)]
-    assert [r.status_code for r in raw] == [200, 200, 429]  # raw calls have no session: counted by IP
+    assert _browser_join(url, tab, "hold:t3", tab_from)["output"]["error"] == message
+    raw = [httpx.post(url + "gradio_api/call/generate", json={"data": [f"hold:r{i}"]}, timeout=30,
+                      headers=forwarded("198.51.100.4")) for i in (1, 2, 3)]
+    assert [r.status_code for r in raw] == [200, 200, 429]
     assert raw[2].json()["detail"] == message and raw[2].headers["retry-after"] == "5"
     assert httpx.post(url + "gradio_api/run/generate", json={"data": ["x"]}, timeout=30).status_code == 404  # no way round
     # Queued: A's two and the two raw calls; the tab's two went when its stream closed (a client that leaves).
@@ -229,7 +306,7 @@ def test_one_client_cannot_hold_the_queue(page):
     for name in ("a1", "a2", "r1", "r2"):
         (folder / name).touch()
     assert [job.result(timeout=60) for job in a_jobs] == ["done: hold:a1", "done: hold:a2"]
-    assert _browser_join(url, tab, "again")["output"]["data"] == ["done: again"]  # the tab's places were freed
+    assert _browser_join(url, tab, "again", tab_from)["output"]["data"] == ["done: again"]  # the tab's places were freed
     with pytest.raises(AppError, match="refused: the prompt says fail"):
         a.predict("fail", api_name="/generate")  # a call that fails frees its place too
     _wait(lambda: _queue_size(url) == 0, "the queue empty")
@@ -250,6 +327,58 @@ def test_one_client_cannot_hold_the_queue(page):
     assert [job.result(timeout=60) for job in again] == ["done: hold:a6", "done: hold:a7"]
     log = "".join(harness.log)
     assert log.count(f"[app] request refused: {message}") == 4 and "Traceback" not in log
+
+
+def test_made_up_sessions_get_no_more_places_and_forwarding_counts_only_behind_a_trusted_proxy(page, tmp_path):
+    """Raw queue/join calls, each under a new random session hash, as the page sends them: one address
+    gets 2 places however many sessions it makes up, the others it sends are refused at once, and a
+    client from another address still gets in. A queued call whose event stream closes is dropped
+    (Gradio's own clean-up), which frees its place. Without a trusted proxy, X-Forwarded-For is the
+    client's own text: three "addresses" from one peer are one client."""
+    import secrets
+
+    from gradio_client import Client
+
+    harness, url, folder = page
+    message = over_limit_message(2)
+    b = Client(url, verbose=False, headers=forwarded("198.51.100.2"))
+    running = b.submit("hold:b", api_name="/generate")
+    _wait(lambda: _running(running), "B's call running")
+    a = forwarded("198.51.100.1")
+    joins = [(session, _join(url, session, f"hold:a{i}", a))
+             for i, session in enumerate(secrets.token_hex(5) for _ in range(17))]
+    _wait(lambda: _queue_size(url) == 2, "two of A's calls queued")
+    time.sleep(0.5)
+    assert _queue_size(url) == 2  # and no more: fifteen were refused without taking a place
+    assert _completion(url, *joins[2], a)["output"]["error"] == message
+    c = Client(url, verbose=False, headers=forwarded("198.51.100.3")).submit("hold:c", api_name="/generate")
+    _wait(lambda: _queue_size(url) == 3, "C's call queued")  # another client is not told the queue is full
+    with httpx.stream("GET", url + f"gradio_api/queue/data?session_hash={joins[0][0]}", timeout=30,
+                      headers=a) as stream:
+        next(stream.iter_lines())  # the stream is open; closing it is A leaving
+    _wait(lambda: _queue_size(url) == 2, "A's left call dropped from the queue")
+    replacement = secrets.token_hex(5)
+    replacement_id = _join(url, replacement, "hold:a-again", a)  # the place A's left call held is A's again
+    _wait(lambda: _queue_size(url) == 3, "A's new call queued")
+    for name in ("b", "c", "a1", "a-again"):
+        (folder / name).touch()
+    assert running.result(timeout=60) == "done: hold:b" and c.result(timeout=60) == "done: hold:c"
+    assert _completion(url, replacement, replacement_id, a)["output"]["data"] == ["done: hold:a-again"]
+    assert "".join(harness.log).count(f"[app] request refused: {message} (client 198.51.100.1)") == 15
+
+    port = next(PORTS)  # the same page with no trusted proxy
+    direct = Harness("page", str(port), str(tmp_path))
+    try:
+        direct.until("[app] Running on local URL")
+        url = f"http://127.0.0.1:{port}/"
+        ids = [(session, _join(url, session, f"hold:d{i}", forwarded(f"198.51.100.{10 + i}")))
+               for i, session in enumerate(secrets.token_hex(5) for _ in range(3))]
+        assert _completion(url, *ids[2])["output"]["error"] == message
+        assert "".join(direct.log).count(f"[app] request refused: {message} (client 127.0.0.1)") == 1
+    finally:
+        (tmp_path / "d0").touch()
+        (tmp_path / "d1").touch()
+        direct.close()
 
 
 def test_max_requests_per_client_is_a_setting_at_least_1():

@@ -76,7 +76,7 @@ def test_gradio_internals_are_used_in_one_module_only():
 
 @pytest.mark.slow  # a fresh interpreter importing the serving package
 def test_the_process_main_imports_no_gradio_before_its_environment_check():
-    """app.py runs serving.main.check_environment before importing Gradio (which reads GRADIO_TEMP_DIR
+    """app.py runs serving.main.prepare before importing Gradio (which reads GRADIO_TEMP_DIR
     at import): importing the module that holds it must not import Gradio already."""
     import subprocess
     import sys

@@ -1,7 +1,9 @@
 """PNG files: A1111 parameters, lossless bytes, safe names, files never replaced."""
 
+import errno
 import io
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -52,3 +54,53 @@ def test_write_new_never_replaces_a_file(tmp_path):
 ])
 def test_slug_is_a_safe_file_name_part(text, expected):
     assert slug(text) == expected
+
+
+def _full_disk_open(room: int, failing_suffix: str, opened: list):
+    """An ``open`` whose files ending ``failing_suffix`` take ``room`` bytes, then fail as a full disk does."""
+    import builtins
+
+    class Full:
+        def __init__(self, f):
+            self.f = f
+
+        def write(self, data):
+            self.f.write(bytes(data[:room]))
+            self.f.flush()
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+    def fake_open(path, mode="r", *args, **kwargs):
+        f = builtins.open(path, mode, *args, **kwargs)
+        if not str(path).endswith(failing_suffix):
+            return f
+        opened.append(Path(path).name)
+        return Full(f)
+
+    return fake_open
+
+
+@pytest.mark.parametrize("links", [True, False], ids=["hard-link", "no-links"])
+@pytest.mark.parametrize("room", [0, 100])
+def test_a_failed_write_leaves_nothing_behind(tmp_path, monkeypatch, links, room):
+    """A full disk fails the save with ENOSPC and leaves no ``.partial`` file and no part of the PNG, whether the
+    temporary file (hard links) or the final name (a file system without them) was being written."""
+    from sdxl_engine.serving import images
+
+    (tmp_path / "kept.png").write_bytes(b"another file")
+    opened = []
+    if not links:
+        def no_link(src, dst):
+            raise OSError(errno.EPERM, "Operation not permitted")
+        monkeypatch.setattr(images.os, "link", no_link)
+    monkeypatch.setattr(images, "open", _full_disk_open(room, ".partial" if links else ".png", opened), raising=False)
+    with pytest.raises(OSError) as err:
+        write_new(b"x" * 1000, tmp_path, "seed1-x")
+    assert err.value.errno == errno.ENOSPC
+    assert len(opened) == 1 and opened[0].endswith(".partial" if links else ".png")  # the failing write was reached
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept.png"]

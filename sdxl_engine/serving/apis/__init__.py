@@ -101,8 +101,9 @@ def loras_of(engine):
 
 
 def mount(app, demo, engine, access: Access, flags: dict, log=print) -> None:
-    """Add the protocol routes to the launched Gradio ``app``, their key check, the cross-site refusal
-    (:class:`CrossSiteGuard`, for every route), and shape its MCP tool results.
+    """Add the protocol routes to Gradio's ``app``, their key check, the cross-site refusal
+    (:class:`CrossSiteGuard`, for every route), and shape its MCP tool results (server.serve's ``on_launch``:
+    before the server listens).
 
     The routes go after Gradio's own (none of which starts with ``/sdapi`` or ``/v1``). With the
     APIs off, both prefixes answer 403 with the reason, in each protocol's error shape.

@@ -41,7 +41,8 @@ from PIL import Image
 from pydantic import BaseModel, BeforeValidator, ConfigDict
 
 from sdxl_engine.program.schedulers import SAMPLERS, UnknownSampler, get_sampler
-from sdxl_engine.serving.apis.core import ApiError, Call, Interrupted, client_of, generate, model_name, read_json
+from sdxl_engine.serving import admission
+from sdxl_engine.serving.apis.core import ApiError, Call, Interrupted, generate, model_name, read_json
 from sdxl_engine.serving.apis.openai_images import EXIF_IFD, USER_COMMENT
 from sdxl_engine.serving.progress import JOBS, Owner
 from sdxl_engine.serving.styles import NO_STYLE, STYLES
@@ -327,7 +328,7 @@ def info_record(body: Txt2Img, info: dict, seeds: list[int], infotexts: list[str
 
 def owner_of(request) -> Owner:
     """The A1111 client a route's Starlette ``request`` comes from: its address (progress.Owner)."""
-    return ("a1111", client_of(request))
+    return ("a1111", admission.client_address(request))
 
 
 def progress_record(owner: Owner, skip_current_image: bool = False) -> dict:

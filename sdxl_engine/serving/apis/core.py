@@ -35,7 +35,7 @@ from sdxl_engine.engine.contract import EngineContract
 from sdxl_engine.engine.local import CompilesBusy
 from sdxl_engine.engine.steps import Stopped
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest, validate
-from sdxl_engine.serving import admission, gradio_internals
+from sdxl_engine.serving import admission, delivery, gradio_internals
 from sdxl_engine.serving.progress import JOB_SCOPE_KEY, JOBS, Owner
 from sdxl_engine.serving.styles import NO_STYLE, UnknownStyle, apply_style
 
@@ -165,12 +165,6 @@ async def wait_started(engine: EngineContract, poll_s: float = 0.25) -> None:
         await asyncio.sleep(poll_s)
 
 
-def client_of(request) -> str:
-    """The client address of a route's Starlette ``request`` ("" when the server does not know it)."""
-    client = getattr(request, "client", None)
-    return getattr(client, "host", None) or ""
-
-
 async def generate(demo, engine: EngineContract, request, call: Call, owner: Owner) -> Generated:
     """Run ``call`` (see the module docstring) as one job of ``owner`` (progress.JOBS: its progress counts
     every engine call; ``owner``'s interrupt stops it, its skip ends the running call and the next one runs);
@@ -195,8 +189,10 @@ async def generate(demo, engine: EngineContract, request, call: Call, owner: Own
     job = JOBS.open(owner, calls)
     try:
         for n in range(calls):
+            keep = wanted - n * batch  # of this call's images, the ones the client receives (and outputs_dir gets)
             try:
-                info, files = await _one_call(demo, request, call.values(seed), job, continues=n > 0)
+                info, files = await _one_call(demo, request, call.values(seed), job, continues=n > 0,
+                                              keep=keep if keep < batch else None)
             except Interrupted as err:
                 stopped = err.message
                 if JOBS.interrupted(job):  # A1111's interrupt: no further calls; what was made is answered
@@ -219,10 +215,14 @@ async def generate(demo, engine: EngineContract, request, call: Call, owner: Own
                      stopped if len(pngs) < wanted else None)
 
 
-async def _one_call(demo, request, values: list, job: str, continues: bool = False) -> tuple[dict, list[str]]:
+async def _one_call(demo, request, values: list, job: str, continues: bool = False,
+                    keep: int | None = None) -> tuple[dict, list[str]]:
     """One ``/generate`` event of ``job`` through the queue: (info record, PNG paths). ``continues``: a later
-    call of one request (its images past the first batch), which the per-client limit does not refuse."""
-    scope = {JOB_SCOPE_KEY: job, **({admission.CONTINUES: True} if continues else {})}
+    call of one request (its images past the first batch), which the per-client limit does not refuse.
+    ``keep``: how many of its images the client receives, if fewer than the batch (delivery.KEEP: only they
+    are saved)."""
+    scope = {JOB_SCOPE_KEY: job, **({admission.CONTINUES: True} if continues else {}),
+             **({delivery.KEEP: keep} if keep is not None else {})}
     try:
         ok, output = await gradio_internals.run_queued(demo, API_NAME, values, request, scope=scope)
     except HTTPException as err:  # the admission's refusal (admission.Admission._refuse)

@@ -32,7 +32,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from PIL import Image
 
-from sdxl_engine.serving.apis.core import ApiError, Call, FileTokens, client_of, generate, model_name, read_json
+from sdxl_engine.serving import admission
+from sdxl_engine.serving.apis.core import ApiError, Call, FileTokens, generate, model_name, read_json
 
 PREFIX = "/v1"
 FORMATS = ("b64_json", "url")
@@ -230,7 +231,7 @@ def router(demo, engine, tokens: FileTokens) -> APIRouter:
             if answer.warnings:
                 print(f"[app] OpenAI images: {len(answer.warnings)} field(s) not honoured: "
                       f"{'; '.join(answer.warnings)}", flush=True)
-            made = await generate(demo, engine, request, call, ("openai", client_of(request)))
+            made = await generate(demo, engine, request, call, ("openai", admission.client_address(request)))
         except ApiError as err:
             return openai_error(err)
         headers = {"X-SDXL-Warnings": "; ".join(answer.warnings)} if answer.warnings else {}
