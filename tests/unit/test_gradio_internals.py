@@ -1,0 +1,105 @@
+"""serving/gradio_internals against the installed Gradio, on a small Blocks with no server: each private name the
+module relies on still exists and still behaves as its function says, so a Gradio upgrade that changes one fails
+here, in seconds, rather than only in the e2e tests."""
+
+from pathlib import Path
+
+import gradio as gr
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from sdxl_engine.serving import gradio_internals as gi
+
+
+def small_demo():
+    with gr.Blocks() as demo:
+        text = gr.Textbox()
+        out = gr.Textbox()
+        button = gr.Button()
+
+        def generate(prompt):
+            yield prompt
+
+        button.click(generate, text, out, api_name="generate")
+        button.click(lambda x: x, text, out, api_visibility="private", queue=False)
+        button.click(None, None, None, js="() => 1")  # a page script only: no server function
+    return demo
+
+
+def test_the_event_table_names_fn_index_api_name_visibility_and_queueing():
+    demo = small_demo()
+    fns = gi.event_fns(demo)
+    assert [(f.public, f.queued) for f in fns] == [(True, True), (False, False)] and fns[0].api_name == "generate"
+    generate = next(f for f in fns if f.api_name == "generate")
+    assert gi.api_name_of(demo, generate.fn_index) == "generate" and gi.api_name_of(demo, 10_000) is None
+    assert gi.fn_indices(demo, ("generate",)) == [generate.fn_index]
+    assert len(fns) == 2  # the script-only event has no server function
+
+
+def test_the_queue_and_its_tables():
+    demo = small_demo()
+    demo.queue(max_size=3)
+    queue = gi.queue_of(demo)
+    assert queue is not None and queue.max_size == 3
+    assert gi.waiting(demo) == 0 and gi.queue_idle(demo)
+    assert not gi.session_stream_known(demo, "nobody") and not gi.event_pending(demo, "no-event")
+    ids = gi.live_event_ids(queue)
+    assert "no-event" not in ids and len(ids) == 0
+    queue.event_ids_to_events["e1"] = object()  # what Queue.push does for a queued call
+    assert "e1" in ids and gi.event_pending(demo, "e1")  # a live view, not a copy
+    queue.pending_messages_per_session["s1"] = object()
+    queue.pending_event_ids_session["s1"] = {"e2"}
+    assert gi.session_stream_known(demo, "s1") and gi.event_pending(demo, "e2")
+
+
+def test_wrap_push_replaces_the_queues_push_and_closes_the_direct_run_route():
+    demo = small_demo()
+    demo.queue()
+    queue = gi.queue_of(demo)
+
+    async def mine(body, request, username):
+        return True, "x", "ok"
+
+    original = gi.wrap_push(demo, mine)
+    assert queue.push is mine and callable(original) and demo.api_open is False
+
+
+def test_temp_files_and_the_files_gradio_keeps():
+    demo = small_demo()
+    assert gi.temp_folder(demo) == Path(demo.GRADIO_CACHE).resolve()
+    sets = gi.file_sets(demo)
+    assert isinstance(sets, list) and all(isinstance(s, set) for s in sets)
+    assert isinstance(gi.kept_files(demo), set)
+
+
+def test_a_middleware_added_after_the_first_request_is_outermost():
+    app = FastAPI()
+    seen = []
+
+    @app.get("/x")
+    def x():
+        seen.append("route")
+        return {}
+
+    class Outer:
+        def __init__(self, inner, name):
+            self.inner, self.name = inner, name
+
+        async def __call__(self, scope, receive, send):
+            seen.append(self.name)
+            await self.inner(scope, receive, send)
+
+    client = TestClient(app)
+    client.get("/x")  # builds Starlette's middleware stack, after which add_middleware alone is refused
+    gi.add_outermost_middleware(app, Outer, name="outer")
+    seen.clear()
+    client.get("/x")
+    assert seen == ["outer", "route"]
+
+
+def test_outside_an_event_there_is_no_event_id_and_galleries_give_their_paths():
+    assert gi.current_event_id() is None
+    assert gi.gallery_paths([{"image": {"path": "/a.png"}, "caption": "c"}, {"image": {"path": "/b.png"}}]) == [
+        "/a.png", "/b.png"]
+    assert gi.gallery_paths(None) == []
+    assert gi.mcp_server_of(small_demo()) is None and gi.set_mcp_output(small_demo(), lambda *a: []) is False
