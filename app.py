@@ -112,7 +112,7 @@ def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract 
     model's default size only. ``concurrency``: requests run at once (the one place that serialises them: one
     per engine). ``history_secret``: the browsers' history key (history.browser_secret: this, else
     SDXL_HISTORY_SECRET, else the one kept in the cache folder). Only ``/generate`` is an API endpoint; the
-    other events are private (server.Routes lets them through only as the page calls them), and each one that
+    other events are private (guard.Routes lets them through only as the page calls them), and each one that
     runs on the server is a :func:`page_event`. None writes a file: the history's thumbnails are drawn in the
     browser (HISTORY_JS)."""
     with gr.Blocks(title=TITLE) as demo:

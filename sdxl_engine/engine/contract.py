@@ -25,7 +25,7 @@ from sdxl_engine.engine.validation import GenerateRequest, Limits
 def clock() -> float:
     """Seconds on the one clock of request timings (``time.perf_counter``: monotonic, this process only).
 
-    The HTTP guard stamps a request's arrival with it (serving.server.arrival_time reads it back)
+    The HTTP guard stamps a request's arrival with it (serving.guard.arrival_time reads it back)
     and the engines time their stages with it, so an arrival needs no conversion.
     """
     return time.perf_counter()

@@ -4,7 +4,7 @@ Every queued call, whichever way it came (the page and gradio_client: ``POST /qu
 HTTP: ``POST /call/generate``), enters Gradio through ``Queue.push``. :class:`Admission` wraps
 that method for the counted endpoints (``/generate``) and refuses a call before it takes a place:
 
-- while the server shuts down (:class:`~.server.RequestGate` closed): ``the server is shutting
+- while the server shuts down (:class:`~.guard.RequestGate` closed): ``the server is shutting
   down; retry in a minute``;
 - when its client already has ``limit`` calls queued or running (``max_requests_per_client``): a
   message naming the limit (not for a call that continues an admitted one: :data:`CONTINUES`). A client
@@ -19,7 +19,7 @@ message is a failed completion carrying the text, as for a ``gr.Error`` raised b
 the page shows its error pop-up and gradio_client raises ``AppError`` with the text (an HTTP
 error status would not do: for a 503 both show their own "queue is full"/"busy" line, and
 gradio_client drops the body of any other status). A raw ``/call/`` gets an HTTP status with the
-text in ``detail``: 429 over the limit (``Retry-After``); during a shutdown :class:`~.server.Guard`
+text in ``detail``: 429 over the limit (``Retry-After``); during a shutdown :class:`~.guard.Guard`
 answers raw calls itself (503).
 
 A call whose client has gone before it runs is dropped by Gradio itself: when a session's result

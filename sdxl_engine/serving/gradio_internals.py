@@ -1,6 +1,6 @@
 """Every use serving makes of Gradio's internals, in one module, with the version it was checked against.
 
-The HTTP guard (server.Routes, server.install_guard), the temp-folder janitor (server.TempJanitor),
+The HTTP guard (guard.Routes, guard.install_guard), the temp-folder janitor (janitor.TempJanitor),
 the clean stop (server.serve) and the per-client admission (admission.Admission) need what Gradio
 does not document: its event table (``Blocks.fns``, ``BlockFunction._id``), its queue's tables
 (``Blocks._queue``: ``event_ids_to_events``, ``pending_messages_per_session``,

@@ -28,7 +28,7 @@ from sdxl_engine.engine.contract import EngineContract, clock
 from sdxl_engine.engine.local import CompilesBusy, EngineNotReady, GenerationError
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest
 from sdxl_engine.program.schedulers import SAMPLERS
-from sdxl_engine.serving import admission, delivery, gradio_internals, history, server
+from sdxl_engine.serving import admission, delivery, gradio_internals, guard, history
 from sdxl_engine.serving.styles import NO_STYLE, STYLE_NAMES, UnknownStyle, apply_style, get_style
 from sdxl_engine.engine.previews import preview_grid
 from sdxl_engine.engine.steps import StepEvent, Stopped
@@ -78,7 +78,7 @@ def api_function(handle: Callable, config: EngineConfig, pending: history.Pendin
 
     Its parameter names are the API's keyword inputs, its defaults the page's (``config``: the
     page's resolved defaults); it calls ``handle`` (handle_generate's arguments minus the engine)
-    with the request's arrival (server.arrival_time), keeps the history record in ``pending`` for
+    with the request's arrival (guard.arrival_time), keeps the history record in ``pending`` for
     the caller's session, and yields (preview gallery, None) while the engine runs, then (gallery
     items, info) (stream_previews). Its name and docstring are the MCP tool's (serving/apis: Gradio
     describes the tool and its inputs from them).
@@ -96,7 +96,7 @@ def api_function(handle: Callable, config: EngineConfig, pending: history.Pendin
         # engine (stream_previews).
         values = (prompt, negative_prompt, seed, guidance_scale, num_inference_steps, width, height, style, sampler)
         session, event_id, arrived = (getattr(request, "session_hash", None), gradio_internals.current_event_id(),
-                                      server.arrival_time(request))
+                                      guard.arrival_time(request))
         since = clock() if arrived is None else arrived
         job = protocol_job(request)  # a protocol's request (serving/apis) opened its job; else this call is one
         own = job is None
@@ -107,7 +107,7 @@ def api_function(handle: Callable, config: EngineConfig, pending: history.Pendin
             gallery, info, record = yield from stream_previews(
                 functools.partial(handle, job=job, client=admission.client_address(request),
                                   keep=keep), values, progress, arrived,
-                lambda: server.CANCELLED.cancelled(session, event_id, since))
+                lambda: guard.CANCELLED.cancelled(session, event_id, since))
         finally:
             if own:
                 JOBS.close(job)
@@ -144,7 +144,7 @@ def stream_previews(generate: Callable, values: tuple, progress, arrived: float 
     _preview_gallery), captioned ``preview · step k/N``; the final images replace it.
 
     Stopped two ways, whichever comes first: ``client_cancelled()`` (its client's cancel, noted by the
-    server: server.CANCELLED), asked at every step and by the engine before it starts, so a Stop during
+    server: guard.CANCELLED), asked at every step and by the engine before it starts, so a Stop during
     the wait means the request never runs; or Gradio closing this generator, which it does only once
     the generator has yielded. Either way the engine stops after the running step (the next request
     waits for that: Engine.generate runs one at a time); handle_generate logs one line; nothing is
@@ -188,7 +188,7 @@ def stream_previews(generate: Callable, values: tuple, progress, arrived: float 
                     continue
                 # Nothing new: the same values again (an empty diff), so that a cancel can close this
                 # generator. Not gr.skip(): Gradio answers it with a session copy of the gallery, whose
-                # files it does not record, so server.Routes would refuse to serve them. Not before the
+                # files it does not record, so guard.Routes would refuse to serve them. Not before the
                 # first step (docstring): the progress line of the wait stays on the page.
                 if stepping.is_set():
                     yield shown, None
@@ -256,7 +256,7 @@ def handle_generate(engine: EngineContract, prompt, negative_prompt, seed, guida
     = the engine's default). Raises gr.Error with the engine's message for bad input, an engine
     that is not ready or an unusable image; any other failure is logged and reported without
     internals. ``style`` names a preset of sdxl_engine.serving.styles (applied here, so the engine sees
-    plain text). ``arrived`` (contract.clock() at the server: server.arrival_time) makes
+    plain text). ``arrived`` (contract.clock() at the server: guard.arrival_time) makes
     ``timings_s.queue`` count the wait in Gradio's queue too.
 
     ``progress(fraction, desc=...)`` (a gr.Progress) hears each stage; while the engine is still

@@ -307,7 +307,7 @@ def test_a1111_body_checks_warnings_and_png_info_on_the_running_app(webui):
 
 
 def test_an_over_long_body_is_a_413_in_each_protocols_shape(app):
-    """The HTTP guard's 1 MB limit (server.Guard) answers in the protocol's own error shape."""
+    """The HTTP guard's 1 MB limit (guard.Guard) answers in the protocol's own error shape."""
     headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
     big = json.dumps({"prompt": "x" * (1 << 21)})
     openai_answer = httpx.post(app.url + "v1/images/generations", headers=headers, content=big)

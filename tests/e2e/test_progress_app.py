@@ -103,7 +103,7 @@ def test_cancel_after_step_5_of_50_frees_the_app_and_keeps_nothing(one_device_ap
 
 def test_a_cancel_during_a_compile_means_the_request_never_runs(one_device_app):
     """The first request at 80x48 compiles inside it; cancelled then (before its generator ever yielded,
-    so Gradio cannot close it), it still never runs: the server noted the cancel (server.CANCELLED) and
+    so Gradio cannot close it), it still never runs: the server noted the cancel (guard.CANCELLED) and
     the engine asks before it starts (or, if the compile was quick, at the next step). Nothing is saved."""
     client = one_device_app.client()
     saved_before = set(one_device_app.outputs.iterdir())

@@ -60,11 +60,11 @@ def test_previews_are_yielded_as_they_come_and_the_result_is_returned(monkeypatc
 
 
 def test_a_client_cancel_stops_the_engine_though_nothing_was_yielded(monkeypatch, tmp_path):
-    """Gradio closes a generator only once it has yielded: a cancel noted by the server (server.CANCELLED)
+    """Gradio closes a generator only once it has yielded: a cancel noted by the server (guard.CANCELLED)
     reaches the engine's should_stop without a yield, also before the loop (then the request never runs)."""
     monkeypatch.setattr(handler, "PREVIEW_WAIT_S", 0.05)
     monkeypatch.setattr(handler.gr.utils, "get_upload_folder", lambda: str(tmp_path))
-    cancels = handler.server.Cancels()
+    cancels = handler.guard.Cancels()
     asked = []
 
     def generate(*values, progress, arrived, on_step, should_stop):
@@ -96,7 +96,7 @@ def test_a_client_cancel_stops_the_engine_though_nothing_was_yielded(monkeypatch
 
 
 def test_the_cancels_are_pairs_kept_for_a_while():
-    cancels = handler.server.Cancels(keep_s=10)
+    cancels = handler.guard.Cancels(keep_s=10)
     cancels.add("s", "e", now=100.0)
     assert ("s", "e") in cancels and ("s", "x") not in cancels and ("x", "e") not in cancels
     cancels.add("t", "f", now=109.0)
@@ -110,10 +110,10 @@ def test_the_cancels_are_pairs_kept_for_a_while():
     # gradio_client's job.cancel() before it knows the event id posts event_id null: the session's calls
     # that arrived before the cancel are cancelled, not later ones
     cancels.note(b'{"session_hash": "s7", "fn_index": 3, "event_id": null}')
-    now = handler.server.clock()
+    now = handler.guard.clock()
     assert cancels.cancelled("s7", "any", since=now - 1) and not cancels.cancelled("s7", "any", since=now + 1)
     assert not cancels.cancelled("s8", "any", since=now - 1) and cancels.cancelled("s9", "e9", since=now + 1)
-    few = handler.server.Cancels(limit=3)
+    few = handler.guard.Cancels(limit=3)
     for i in range(5):
         few.add("s", f"e{i}", now=1.0)
     assert [("s", f"e{i}") in few for i in range(5)] == [False, False, True, True, True]  # the newest 3

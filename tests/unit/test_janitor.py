@@ -42,7 +42,7 @@ def make_in_order(root: Path, names: list[str], size: int, after_ns: int = 0) ->
 
 
 def test_sweep_deletes_oldest_first_down_to_the_cap_and_never_young_files(tmp_path):
-    from sdxl_engine.serving import server as serving
+    from sdxl_engine.serving import janitor as serving
 
     demo = FakeDemo(tmp_path)
     old, old_times = make_in_order(tmp_path, [f"req{i}/seed{i}.png" for i in range(10)], 1000)  # 10 kB, oldest first

@@ -6,7 +6,7 @@ def test_guard_never_passes_more_than_the_cap_to_the_app():
     """The guard alone, on a dummy app: a chunked body stops at the cap; the app sees a disconnect."""
     import asyncio
 
-    from sdxl_engine.serving import server as serving
+    from sdxl_engine.serving import guard as serving
 
     received, sent = [], []
 
@@ -43,7 +43,7 @@ def test_the_guard_notes_a_cancel_and_hands_gradio_the_same_body():
     import asyncio
     import json
 
-    from sdxl_engine.serving import server as serving
+    from sdxl_engine.serving import guard as serving
 
     body = json.dumps({"session_hash": "s-guard", "fn_index": 2, "event_id": "e-guard"}).encode()
     received = []

@@ -1,0 +1,449 @@
+"""The HTTP guard of the served app: an ASGI layer outside Gradio's own, in place before the server listens
+(server.before_listening).
+
+:class:`Guard` lets through only the calls, result streams and files :class:`Routes` allows (the /generate
+API, the page's own events as the page calls them, the files the app created), refuses uploads and request
+bodies over 1 MB, never lets ``Access-Control-Allow-Origin`` name a foreign origin, adds ``Retry-After`` to
+"queue full" answers, answers a raw API call with too few values with a 422 naming the inputs, stamps each
+request's arrival (:func:`arrival_time`) and notes each cancel (:data:`CANCELLED`) before Gradio answers it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+import time
+from collections import OrderedDict
+from urllib.parse import urlsplit
+
+from sdxl_engine.engine.contract import clock
+from sdxl_engine.serving import gradio_internals
+from sdxl_engine.serving.admission import SHUTTING_DOWN  # loads no Gradio (fastapi only)
+
+LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
+MAX_BODY_BYTES = 1_000_000  # JSON of a /generate call is < 100 kB even with a 20 000-character prompt
+BLOCKED_PATH_PREFIXES = ("/gradio_api/upload", "/upload")  # the page has no file inputs
+# Gradio routes this page never uses, refused (404, one line): deep_link writes a session's values
+# (which a client sets) into the temp folder; process_recording writes an uploaded video; stream/
+# feeds streaming components (the page has none); dev/reload and the vibe-* editor are for development.
+UNUSED_ROUTES = tuple(prefix + route for prefix in ("/gradio_api", "") for route in (
+    "/deep_link", "/process_recording", "/stream/", "/dev/", "/vibe-edit", "/undo-vibe-edit", "/vibe-code"))
+RETRY_AFTER_S = 5
+ARRIVED_HEADER = b"x-sdxl-arrived"  # set by Guard on every request: contract.clock() at arrival
+
+
+def _host_of(origin: str) -> str:
+    try:
+        return (urlsplit(origin).hostname or "").lower()
+    except ValueError:
+        return ""
+
+
+_FILE_ROUTE = re.compile(r"^(?:/gradio_api)?/(?P<kind>file=|file/|proxy=)(?P<path>.*)$", re.S)
+_RESULT_STREAM = re.compile(r"^(?:/gradio_api)?/call/(?:v2/)?(?P<name>[^/]+)/(?P<event>[^/]+)/?$")
+_QUEUE_DATA = re.compile(r"^(?:/gradio_api)?/queue/data/?$")
+_DIRECT_CALL = re.compile(r"^(?:/gradio_api)?/(?:call/v2|call|run|api)/(?P<name>[^/]+)/?$")
+
+
+NOT_JSON = "the request body is not a JSON object"
+
+
+class Routes:
+    """What the guard lets through to Gradio's call and file routes, read from the demo at each request.
+
+    Gradio 6 answers ``/gradio_api/call|run|api/<name>`` for every event with a server function,
+    whatever its ``api_visibility``, and serves through ``/gradio_api/file=`` any file under its
+    temp folder. Here:
+
+    - calls by name: only the public API endpoints (``/generate``);
+    - calls by ``fn_index`` (how the page calls its events: ``queue/join`` for queued ones,
+      ``run/predict`` with a session for the others): only events with a server function, each
+      through the route the page uses for it;
+    - result streams (``call/<name>/<event id>``, ``queue/data``): only ones the queue knows;
+    - files: only those this app created and Gradio recorded (``demo.temp_file_sets``: each
+      request's PNGs; ``keep_in_cache``); no ``proxy=`` and no URL fetched on a client's behalf.
+
+    Other paths pass: the page, Gradio's config and assets, and the protocol APIs (serving/apis:
+    ``/sdapi/v1/...``, ``/v1/...`` and Gradio's MCP server at ``/gradio_api/mcp/``), which check
+    their own inputs and key and run ``/generate`` only through the queue; every body is still capped.
+
+    :meth:`refusal` says why a request is refused (the guard answers 404 with one log line).
+    """
+
+    def __init__(self, demo):
+        self.demo = demo
+        fns = gradio_internals.event_fns(demo)
+        self.api_names = frozenset(fn.api_name for fn in fns if fn.public)
+        self.queued = frozenset(fn.fn_index for fn in fns if fn.queued)
+        self.direct = frozenset(fn.fn_index for fn in fns if not fn.queued)
+
+    def served_files(self) -> set[str]:
+        """Absolute paths of the files this app created in Gradio's temp folder (those it serves)."""
+        files = set(gradio_internals.kept_files(self.demo))
+        for file_set in gradio_internals.file_sets(self.demo):
+            files.update(list(file_set))
+        return {os.path.abspath(str(f)) for f in files}
+
+    def _event_known(self, event_id: str) -> bool:
+        """Whether ``event_id``'s result is still to be read (gradio_internals.event_pending). A result
+        already read is not: its session's stream stays open, so Gradio would send heartbeats for ever."""
+        return gradio_internals.event_pending(self.demo, event_id)
+
+    def refusal(self, method: str, path: str, query: str, body: bytes | None) -> str | None:
+        """Why the request is refused, or None to let it through. ``body``: a POST's body (else None)."""
+        if (match := _FILE_ROUTE.match(path)) is not None:
+            wanted = match["path"]
+            if match["kind"] == "proxy=" or method not in ("GET", "HEAD") or "://" in wanted \
+                    or os.path.abspath(wanted) not in self.served_files():
+                return "not a file of this app"
+            return None
+        if method == "GET" and (match := _RESULT_STREAM.match(path)) is not None:
+            if match["name"] not in self.api_names:
+                return f"no API endpoint /{match['name']} (this app's API: /generate)"
+            if not self._event_known(match["event"]):
+                return "no such event (unknown, or its result was already read)"
+            return None
+        if method == "GET" and _QUEUE_DATA.match(path):
+            session = dict(pair.partition("=")[::2] for pair in query.split("&")).get("session_hash", "")
+            return None if gradio_internals.session_stream_known(self.demo, session) else "no such session"
+        join, call = _QUEUE_JOIN.match(path), _DIRECT_CALL.match(path)
+        if method != "POST" or not (join or call):
+            return None
+        try:
+            payload = json.loads(body or b"null")
+        except (ValueError, RecursionError):
+            return NOT_JSON
+        if not isinstance(payload, dict):
+            return NOT_JSON
+        if _holds_file(payload.get("data")):  # Gradio would fetch or copy it into its temp folder
+            return "this app takes no files"
+        fn_index, session = payload.get("fn_index"), payload.get("session_hash")
+        if join:  # the page's queued events, and gradio_client's /generate
+            return None if type(fn_index) is int and fn_index in self.queued else "no such queued event"
+        name = call["name"]
+        if name in self.api_names:  # by name; a fn_index in the body would pick another event
+            return None if fn_index is None or gradio_internals.api_name_of(self.demo, fn_index) == name \
+                else "fn_index does not name this endpoint"
+        if name == "predict" and path.startswith(("/gradio_api/run/", "/run/")) and type(fn_index) is int \
+                and fn_index in self.direct and isinstance(session, str) and session:
+            return None  # the page's events that skip the queue
+        return f"no API endpoint /{name} (this app's API: /generate)"
+
+    @staticmethod
+    def cleaned(body: bytes) -> bytes:
+        """A call's body (already let through) with its ``event_data`` cut to what the page's
+        select handlers read: the index (and whether it is selected). The rest (the selected
+        gallery item, a file object) is the client's and Gradio would check or fetch it."""
+        payload = json.loads(body)  # refusal() parsed it already
+        event = payload.get("event_data") if isinstance(payload, dict) else None
+        if not isinstance(event, dict):
+            return body
+        index = event.get("index")
+        valid = type(index) is int or isinstance(index, list) and all(type(i) is int for i in index)
+        payload["event_data"] = {"index": index if valid else None, "value": None,
+                                 "selected": event.get("selected") is not False}
+        return json.dumps(payload).encode()
+
+
+def _holds_file(value, depth: int = 0) -> bool:
+    """Whether ``value`` (JSON) holds what Gradio takes for a file: a dict with a string ``path``."""
+    if depth > 32:
+        return True  # deeper than any value the page sends
+    if isinstance(value, dict):
+        return isinstance(value.get("path"), str) or any(_holds_file(v, depth + 1) for v in value.values())
+    if isinstance(value, list):
+        return any(_holds_file(v, depth + 1) for v in value)
+    return False
+
+
+# Raw calls whose JSON body carries an endpoint's input values: /gradio_api/{call,run,api}/<api_name>
+# ("data": the values in order) and /gradio_api/queue/join ("fn_index" names the event).
+_API_CALL = re.compile(r"^(?:/gradio_api)?/(?:call|run|api)/(?!v2/)(?P<name>[^/]+)/?$")
+_QUEUE_JOIN = re.compile(r"^(?:/gradio_api)?/queue/join/?$")
+_CANCEL = re.compile(r"^(?:/gradio_api)?/cancel/?$")
+
+
+class Cancels:
+    """The events clients cancelled, as (session_hash, event_id) pairs: the last ``limit`` of them, each
+    for ``keep_s`` seconds (long enough for its request to reach a step). Thread-safe: the guard adds on
+    the event loop, requests read on their own threads. Gradio's cancel needs the session too, so a pair
+    is asked for; the bounds keep a client that posts cancels in a loop from growing it."""
+
+    def __init__(self, keep_s: float = 600.0, limit: int = 4096):
+        self.keep_s, self.limit = keep_s, limit
+        self._lock = threading.Lock()
+        self._at: OrderedDict[tuple[str, str | None], float] = OrderedDict()  # oldest first
+
+    def add(self, session_hash: str, event_id: str | None, now: float | None = None) -> None:
+        """Note a cancel; forget the ones older than ``keep_s`` and the oldest beyond ``limit``."""
+        now = clock() if now is None else now
+        with self._lock:
+            self._at[(session_hash, event_id)] = now
+            self._at.move_to_end((session_hash, event_id))
+            while self._at and (len(self._at) > self.limit or now - next(iter(self._at.values())) >= self.keep_s):
+                self._at.popitem(last=False)
+
+    def __contains__(self, key) -> bool:
+        with self._lock:
+            return key in self._at
+
+    def cancelled(self, session_hash: str | None, event_id: str | None, since: float) -> bool:
+        """Whether this event was cancelled: by its own id, or by a cancel of its session without an id
+        (gradio_client's ``job.cancel()`` before it has learnt the event's id; Gradio then cancels the
+        session's tasks) noted at or after ``since`` (contract.clock(): the request's arrival), so a later
+        request of the same client is not stopped by it."""
+        with self._lock:
+            return (session_hash, event_id) in self._at or self._at.get((session_hash, None), -1.0) >= since
+
+    def note(self, body: bytes) -> None:
+        """Note the cancel a ``POST /gradio_api/cancel`` body asks for (Gradio's CancelBody:
+        ``session_hash``, ``fn_index``, ``event_id``); anything else is left to Gradio to refuse."""
+        try:
+            payload = json.loads(body or b"null")
+        except (ValueError, RecursionError):
+            return
+        if isinstance(payload, dict) and isinstance(payload.get("session_hash"), str) \
+                and isinstance(payload.get("event_id"), (str, type(None))):
+            self.add(payload["session_hash"], payload["event_id"])  # None: the session's calls (cancelled())
+
+
+CANCELLED = Cancels()  # the served process's cancels (Guard notes them; handler.stream_previews reads them)
+
+
+def api_inputs(demo) -> tuple[dict[str, tuple[str, ...]], dict[int, str]]:
+    """({api_name: input names}, {fn_index: api_name}) of ``demo``'s named API endpoints."""
+    named = demo.get_api_info()["named_endpoints"]
+    inputs = {name.lstrip("/"): tuple(p["parameter_name"] for p in info["parameters"]) for name, info in named.items()}
+    fns = {fn_index: gradio_internals.api_name_of(demo, fn_index)
+           for fn_index in gradio_internals.fn_indices(demo, inputs)}
+    return inputs, fns
+
+
+def arity_error(path: str, body: bytes, inputs: dict[str, tuple[str, ...]], fns: dict[int, str]) -> str | None:
+    """The message for a raw call to a named endpoint with fewer values than it takes, else None.
+
+    Extra values are left to Gradio (it ignores them); bodies that are not JSON with a ``data``
+    list are left to Gradio's own validation.
+    """
+    call, join = _API_CALL.match(path), _QUEUE_JOIN.match(path)
+    try:
+        payload = json.loads(body) if (call or join) else None
+    except ValueError:
+        return None
+    if not isinstance(payload, dict) or not isinstance(payload.get("data"), list):
+        return None
+    name = call["name"] if call else fns.get(payload.get("fn_index"))
+    names = inputs.get(name)
+    if names is None or len(payload["data"]) >= len(names):
+        return None
+    return (f"{name} takes {len(names)} inputs ({', '.join(names)}); got {len(payload['data'])}. "
+            "Send every value in this order (gradio_client fills in the optional ones).")
+
+
+class Guard:
+    """ASGI middleware, outermost: see the module docstring for what it refuses or rewrites.
+
+    ``inputs``/``fns`` (from :func:`api_inputs`) name the API endpoints whose raw calls are
+    checked for missing values. ``routes`` (a :class:`Routes`) decides which calls, result
+    streams and files reach Gradio at all; a refused request gets a 404 and one log line.
+    """
+
+    def __init__(self, app, gate: "RequestGate | None" = None, max_body: int = MAX_BODY_BYTES,
+                 inputs: dict | None = None, fns: dict | None = None, routes: "Routes | None" = None,
+                 log=print):
+        self.app = app
+        self.gate = gate
+        self.max_body = max_body
+        self.inputs = inputs or {}
+        self.fns = fns or {}
+        self.routes = routes
+        self.log = log
+
+    async def _refuse(self, send, method: str, path: str, reason: str) -> None:
+        self.log(f"[app] refused {method} {path[:160]!r}: {reason}")
+        body = json.dumps({"error": reason, "detail": reason}).encode()
+        await _plain(send, 422 if reason == NOT_JSON else 404, body, content_type=b"application/json")
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope.get("path", "")
+        if self.gate is not None:
+            self.gate.touch()
+        if path.startswith(BLOCKED_PATH_PREFIXES):
+            return await _plain(send, 404, b"uploads are off: this app takes no files")
+        if path.startswith(UNUSED_ROUTES):
+            return await self._refuse(send, scope["method"], path, "not an endpoint of this app")
+        if self.gate is not None and self.gate.closed and scope["method"] == "POST" and _starts_work(path):
+            # Raw calls only: a queue/join goes on to Admission (admission.py), which answers it in a form
+            # the page and gradio_client show (a 503 there reads "busy" / "Queue is full").
+            return await _plain(send, 503, SHUTTING_DOWN.encode(), [(b"retry-after", b"60")])
+        # When the request arrived (a client's own header of that name is dropped): the queue wait starts here.
+        scope = {**scope, "headers": [(k, v) for k, v in scope.get("headers") or [] if k.lower() != ARRIVED_HEADER]
+                 + [(ARRIVED_HEADER, repr(clock()).encode())]}
+        headers = dict(scope["headers"])
+        length = headers.get(b"content-length", b"0")
+        if not length.isdigit() or int(length) > self.max_body:
+            return await _too_large(send, path)
+        origin = headers.get(b"origin", b"").decode("latin-1")
+        foreign = bool(origin) and _host_of(origin) not in LOOPBACK_NAMES
+        seen = 0
+        started = False
+
+        async def limited_receive():  # bodies sent without Content-Length (chunked) are counted too
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_body:
+                return {"type": "http.disconnect"}
+            return message
+
+        async def guarded_send(message):
+            nonlocal started
+            if seen > self.max_body and not started:  # the app answers a body it never got whole: 413 instead
+                return
+            if message["type"] == "http.response.start":
+                started = True
+                out = [(k, v) for k, v in message.get("headers", [])
+                       if not (foreign and k.lower().startswith(b"access-control-allow-"))]
+                if message["status"] == 503 and not any(k.lower() == b"retry-after" for k, _ in out):
+                    out.append((b"retry-after", str(RETRY_AFTER_S).encode()))
+                message = {**message, "headers": out}
+            await send(message)
+
+        inner_receive = limited_receive
+        method, query = scope["method"], scope.get("query_string", b"").decode("latin-1")
+        if self.routes is not None and method != "POST" \
+                and (reason := self.routes.refusal(method, path, query, None)) is not None:
+            return await self._refuse(send, method, path, reason)
+        if method == "POST" and (self.inputs or self.routes) and (_DIRECT_CALL.match(path) or _QUEUE_JOIN.match(path)):
+            body = await _read_body(limited_receive)
+            if body is None:  # over the cap, or the client left
+                return await _too_large(send, path) if seen > self.max_body else None
+            if self.routes is not None:
+                if (reason := self.routes.refusal(method, path, query, body)) is not None:
+                    return await self._refuse(send, method, path, reason)
+                body = self.routes.cleaned(body)
+                scope = {**scope, "headers": [(k, v) for k, v in scope["headers"] if k.lower() != b"content-length"]
+                         + [(b"content-length", str(len(body)).encode())]}
+            message = arity_error(path, body, self.inputs, self.fns)
+            if message is not None:
+                return await _plain(send, 422, json.dumps({"error": message, "detail": message}).encode(),
+                                    content_type=b"application/json")
+            inner_receive = _replay(body, receive)
+        elif method == "POST" and _CANCEL.match(path):
+            body = await _read_body(limited_receive)
+            if body is None:
+                return await _too_large(send, path) if seen > self.max_body else None
+            CANCELLED.note(body)
+            inner_receive = _replay(body, receive)
+        try:
+            await self.app(scope, inner_receive, guarded_send)
+        except Exception:
+            if seen <= self.max_body or started:
+                raise
+        if seen > self.max_body and not started:  # a chunked body crossed the cap: the app saw a disconnect
+            await _too_large(send, path)
+
+
+async def _read_body(receive) -> bytes | None:
+    """The whole request body from ``receive``, or None if it ends in a disconnect."""
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+def _replay(body: bytes, receive):
+    """An ASGI ``receive`` that yields ``body`` once, then defers to ``receive`` (disconnects)."""
+    pending = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def replayed():
+        return pending.pop() if pending else await receive()
+
+    return replayed
+
+
+def arrival_time(request) -> float | None:
+    """contract.clock() when ``request`` (a gr.Request) reached the server, stamped by Guard; None if unknown.
+
+    On the engines' clock already: pass it on as ``generate(..., arrived=...)`` as it is."""
+    try:
+        return float(request.headers[ARRIVED_HEADER.decode()])
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return None
+
+
+def _starts_work(path: str) -> bool:
+    """Whether a POST to ``path`` is a raw call that would start work (call/<api>, run/<api>, api/<api>)."""
+    return path.startswith(("/gradio_api/call/", "/gradio_api/run/", "/gradio_api/api/", "/call/", "/run/", "/api/"))
+
+
+TOO_LARGE = "request body too large (limit 1 MB)"
+
+
+async def _too_large(send, path: str) -> None:
+    """The 413 for an over-long body, in the shape of the protocol ``path`` belongs to: AUTOMATIC1111's
+    error object under /sdapi/ (modules/api/api.py), OpenAI's under /v1/, plain text elsewhere."""
+    if path.startswith("/sdapi/"):
+        body = {"error": "HTTPException", "detail": TOO_LARGE, "body": "", "errors": TOO_LARGE}
+    elif path.startswith("/v1/"):
+        body = {"error": {"message": TOO_LARGE, "type": "invalid_request_error", "param": None, "code": None}}
+    else:
+        return await _plain(send, 413, TOO_LARGE.encode())
+    await _plain(send, 413, json.dumps(body).encode(), content_type=b"application/json")
+
+
+async def _plain(send, status: int, body: bytes, extra: list | None = None,
+                 content_type: bytes = b"text/plain; charset=utf-8") -> None:
+    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers + (extra or [])})
+    await send({"type": "http.response.body", "body": body})
+
+
+def install_guard(app, gate: "RequestGate | None" = None, demo=None) -> None:
+    """Put :class:`Guard` outside every other middleware of Gradio's FastAPI ``app``.
+
+    Gradio adds its CORS middleware inside ``launch``, so the guard goes in after it
+    (gradio_internals.add_outermost_middleware). The security tests probe the result over HTTP. With ``demo``, raw
+    calls of its API endpoints are checked for missing values, and only the calls, streams and
+    files :class:`Routes` allows reach Gradio.
+    """
+    inputs, fns = api_inputs(demo) if demo is not None else ({}, {})
+    gradio_internals.add_outermost_middleware(app, Guard, gate=gate, inputs=inputs, fns=fns,
+                                              routes=None if demo is None else Routes(demo))
+
+
+class RequestGate:
+    """Counts /generate calls in flight; after :meth:`close` new calls are refused (Guard, Admission)."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self.in_flight = 0
+        self.closed = False
+        self.last_request = time.monotonic()  # when the last HTTP request arrived (set by Guard)
+
+    def touch(self) -> None:
+        """Record that an HTTP request arrived now."""
+        self.last_request = time.monotonic()
+
+    def run(self, fn, *args, **kwargs):
+        """Call ``fn(*args, **kwargs)``, counted as in flight while it runs."""
+        with self._cond:
+            self.in_flight += 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            with self._cond:
+                self.in_flight -= 1
+                self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            self.closed = True
