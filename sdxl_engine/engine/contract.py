@@ -3,7 +3,7 @@
 :class:`EngineContract` names everything ``app.py`` and ``sdxl_engine.serving.handler`` may use
 of an engine. Two classes implement it: the local :class:`~sdxl_engine.engine.local.Engine` (one
 per process, on this host's devices) and the Ray front
-:class:`~sdxl_engine.serving.replicas.RemoteEngine` (Serve replicas, each an Engine). Anything
+:class:`~sdxl_engine.serving.remote.RemoteEngine` (Serve replicas, each an Engine). Anything
 the page needs from an engine is added here first, then to both; the page never probes an
 engine with ``getattr``/``hasattr``.
 

@@ -136,9 +136,9 @@ def start_engine(config: EngineConfig, args) -> tuple:
 
     scaleout.ray_environment(private=args.ray_address is None)  # before Ray's import, which reads it
     # Imported only here: without --replicas `python app.py` never loads Ray (README, "Scale-out on Ray Serve").
-    from sdxl_engine.serving import replicas
+    from sdxl_engine.serving import remote
 
-    engine = replicas.RemoteEngine.launch(config, args.replicas, address=args.ray_address, app_name=args.ray_app,
+    engine = remote.RemoteEngine.launch(config, args.replicas, address=args.ray_address, app_name=args.ray_app,
                                           resources=args.replica_resources)
     return engine, engine.slots
 

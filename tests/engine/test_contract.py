@@ -28,7 +28,7 @@ def test_the_ray_front_implements_the_contract_without_starting_ray():
 
     from sdxl_engine.config import EngineConfig
     from sdxl_engine.engine.contract import EngineContract, ScaleOut
-    from sdxl_engine.serving.replicas import RemoteEngine, ReplicaCounts
+    from sdxl_engine.serving.remote import RemoteEngine, ReplicaCounts
     from sdxl_engine.serving.scaleout import Replicas
 
     front = RemoteEngine(EngineConfig.load({}, environ={}), Replicas(2, 2), log=lambda *_: None)  # not launched

@@ -101,7 +101,7 @@ class FakeHandle:
 
 def remote_engine(streams):
     """A RemoteEngine that is ready and calls ``FakeHandle(streams)`` instead of a Serve deployment."""
-    from sdxl_engine.serving.replicas import RemoteEngine  # imports Ray: only the tests that need it load it
+    from sdxl_engine.serving.remote import RemoteEngine  # imports Ray: only the tests that need it load it
     from sdxl_engine.engine.validation import Limits
 
     engine = RemoteEngine(EngineConfig.load({}), Replicas(2, 2), log=lambda *_: None)
@@ -240,7 +240,8 @@ def test_replicas_that_cannot_start_give_one_clear_error():
     """Serve's message (its own words, then the replica's traceback) becomes the replica's exception
     line; a setting the replicas' devices cannot honour exits 2 like any bad setting."""
     from sdxl_engine.serving import server
-    from sdxl_engine.serving.replicas import ReplicaConfigError, ReplicaStartError, start_failure
+    from sdxl_engine.serving.remote import start_failure
+    from sdxl_engine.serving.replicas import ReplicaConfigError, ReplicaStartError
 
     message = ("The deployment failed to start 3 times in a row. This may be due to a problem with its constructor "
                "or initial health check failing. See controller logs for details. Error:\n"
