@@ -135,8 +135,8 @@ class Plan:
     Attributes:
         request: the validated request; shape: the ProgramShape (size, CFG mode, prompt chunks): the
             compile key; prompt, negative: the tokenized prompts, padded to the shape's chunk count;
-        schedule: the sampler's per-step coefficients for the request's steps (img2img: starting at its
-            start step, Schedule.starting_at); seeds: image i's seed; image: img2img's (batch, H, W, 3)
+        schedule: the sampler's per-step coefficients for the request's steps (img2img: all of them; the
+            program's inputs start it at the request's start_step); seeds: image i's seed; image: img2img's (batch, H, W, 3)
             uint8 pixels, None for text to image.
     """
 
@@ -492,7 +492,6 @@ class Engine:
                 raise InvalidRequest("image", f"{image.shape[0]} images; this server makes {self.batch} per request: "
                                               f"send one for all of them, or {self.batch}")
             image = np.broadcast_to(image, (self.batch, *image.shape[1:]))
-            schedule = schedule.starting_at(request.start_step)
         shape = self._shape(request.width, request.height, request.guidance_scale > 1, prompt.chunks,
                             init_image=image is not None)
         # Image i uses seed + i, wrapping past max_seed to 0, so every caption's seed is itself a valid request seed.

@@ -224,13 +224,14 @@ class ProgramInputs:
         a program with ``given_latents``, else None. ``prompt_weights``, ``negative_weights``:
         (2, chunks * 77) float32 emphasis weights of the ids; None = all 1 (no emphasis). ``image``:
         (batch, height, width, 3) uint8 pixels and ``start_step`` (0 .. steps - 1, the first step that
-        runs) for a program with ``init_image`` (img2img), else None; ``schedule`` should then be
-        :meth:`Schedule.starting_at` that step.
+        runs) for a program with ``init_image`` (img2img), else None; ``schedule`` is the whole
+        ``steps``-step one, made to start there here (:meth:`Schedule.starting_at`: its first step first order).
         """
         n, dims = len(seeds), np.shape(prompt_ids)
         if np.shape(negative_ids) != dims:
             raise ValueError(f"prompt_ids {dims} and negative_ids {np.shape(negative_ids)} must have one shape")
         ones = np.ones(dims, np.float32)
+        schedule = schedule if start_step is None else schedule.starting_at(start_step)
         return ProgramInputs(
             prompt_ids=np.broadcast_to(prompt_ids, (n, *dims)),
             negative_ids=np.broadcast_to(negative_ids, (n, *dims)),
