@@ -3,11 +3,11 @@
 Static (bound before compiling; changing any of them compiles a new program): the model's
 modules (their graph definitions), and :class:`ProgramShape`: the batch size, the image height
 and width, the largest step count, whether classifier-free guidance runs (guidance > 1, as
-diffusers decides), whether the initial latents are given and the prompt's chunk count (77
-tokens each). Everything that changes per
+diffusers decides), whether the initial latents are given, whether an image comes in (img2img) and
+the prompt's chunk count (77 tokens each). Everything that changes per
 request is a traced array in :class:`ProgramInputs`, so a new prompt, negative prompt, seed,
-guidance scale (within one CFG mode), step count (up to ``max_steps``) or sampler (schedulers.py:
-every sampler is per-step coefficients) reuses the same executable.
+guidance scale (within one CFG mode), step count (up to ``max_steps``), sampler (schedulers.py:
+every sampler is per-step coefficients), input image or img2img start step reuses the same executable.
 
 The initial noise of image i is ``jax.random.normal(jax.random.key(seed_i), (C, H/f, W/f),
 float32)`` (channels-first; f the VAE factor, 8 for SDXL), with ``seed_i = seed + i`` for the
