@@ -160,6 +160,16 @@ def test_img2img_compiles_once_then_nothing_for_strength_image_or_start_step(eng
     assert np.abs(per_image[1].astype(int) - first.images[1]).mean() > 1
 
 
+def test_img2img_progress_reports_the_steps_that_run(engine):
+    """With the per-step hook on (the default config), strength 0.5 of 6 steps reports steps 4, 5 and 6 of 6: the
+    three that run, numbered in the whole schedule."""
+    events = []
+    engine.generate(GenerateRequest("a red circle", seed=1, num_inference_steps=6, image=pictures(engine),
+                                    strength=0.5), on_step=events.append)
+    assert engine.config.progress
+    assert [(e.step, e.steps) for e in events] == [(4, 6), (5, 6), (6, 6)]
+
+
 def test_img2img_keeps_the_image_at_low_strength(tiny_shapes_engine):
     """On the trained tiny-shapes (its VAE reconstructs its pictures): a blue square on white stays near the
     input at strength 0.2 and moves away at 1, towards the prompt's red circle."""
