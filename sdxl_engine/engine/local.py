@@ -135,7 +135,9 @@ class Plan:
     Attributes:
         request: the validated request; shape: the ProgramShape (size, CFG mode, prompt chunks): the
             compile key; prompt, negative: the tokenized prompts, padded to the shape's chunk count;
-        schedule: the sampler's per-step coefficients for the request's steps; seeds: image i's seed.
+        schedule: the sampler's per-step coefficients for the request's steps (img2img: all of them; the
+            program's inputs start it at the request's start_step); seeds: image i's seed; image: img2img's (batch, H, W, 3)
+            uint8 pixels, None for text to image.
     """
 
     request: GenerateRequest
@@ -144,6 +146,7 @@ class Plan:
     negative: PromptTokens
     schedule: Schedule
     seeds: list[int]
+    image: np.ndarray | None = None
 
 
 class Engine:
@@ -333,7 +336,7 @@ class Engine:
                       default_size=default, default_steps=defaults.num_inference_steps,
                       default_guidance=defaults.guidance_scale, multiple=multiple, default_sampler=defaults.sampler,
                       loras=tuple(self.loras.loras) if self.loras else (),
-                      max_pixels=max(max_pixels, *(w * h for w, h in sizes)))
+                      max_pixels=max(max_pixels, *(w * h for w, h in sizes)), batch=self.batch)
 
     def _program(self, width: int, height: int, cfg: bool, chunks: int = 1) -> CompiledProgram:
         """The compiled program for a size bucket, CFG mode and prompt chunk count, compiled on first use
@@ -356,6 +359,7 @@ class Engine:
         hits, misses = after["hits"] - before["hits"], after["misses"] - before["misses"]
         what = f"{width}x{height} x {self.batch} images{'' if cfg else ' without CFG'}"
         what += f", {shape.chunks} prompt chunks" if shape.chunks > 1 else ""
+        what += ", image to image" if shape.init_image else ""
         # One line either way; a missing or refused executable says why in the "compiled" line.
         if program.loaded:
             self._log(f"[sdxl_engine] loaded {what} in {program.compile_s:.2f} s (executable cache: "
@@ -393,10 +397,12 @@ class Engine:
         finally:
             self.precompiled.set()
 
-    def _shape(self, width: int, height: int, cfg: bool = True, chunks: int = 1) -> ProgramShape:
-        """The ProgramShape (the compile key) of a size bucket in pixels, a CFG mode and a prompt chunk count."""
+    def _shape(self, width: int, height: int, cfg: bool = True, chunks: int = 1,
+               init_image: bool = False) -> ProgramShape:
+        """The ProgramShape (the compile key) of a size bucket in pixels, a CFG mode, a prompt chunk count and
+        whether an image comes in (img2img)."""
         return ProgramShape(self.batch, height, width, self.config.max_inference_steps, cfg=cfg, chunks=chunks,
-                            step_hook=self.config.progress)
+                            step_hook=self.config.progress, init_image=init_image)
 
     def is_compiled(self, width: int, height: int, cfg: bool = True, chunks: int = 1) -> bool:
         """Whether the program for this size bucket (pixels), CFG mode and prompt chunk count is compiled already."""
@@ -471,16 +477,26 @@ class Engine:
 
     def plan(self, request: GenerateRequest) -> Plan:
         """The :class:`Plan` of a validated ``request``: its LoRA tags' weights aside (merged at run time),
-        the prompt chunks, the CFG mode (diffusers: guidance <= 1 runs without it), the schedule and the seeds.
+        the prompt chunks, the CFG mode (diffusers: guidance <= 1 runs without it), the schedule and the seeds;
+        with an image, the img2img program (its own per size) and the schedule from the request's start step.
 
-        Raises InvalidRequest: a sampler the model's scheduler config rules out, too many steps for it.
+        Raises InvalidRequest: a sampler the model's scheduler config rules out, too many steps for it; an
+        image count other than 1 or the batch.
         """
         prompt, negative = self._tokens(request)  # first: the chunk count chooses the program
         schedule = self._schedule(request.sampler, request.num_inference_steps)  # refuses before compiling
-        shape = self._shape(request.width, request.height, request.guidance_scale > 1, prompt.chunks)
+        image = None
+        if request.image is not None:  # img2img: validate set start_step (from strength, or as given)
+            image = np.asarray(request.image)
+            if image.shape[0] not in (1, self.batch):
+                raise InvalidRequest("image", f"{image.shape[0]} images; this server makes {self.batch} per request: "
+                                              f"send one for all of them, or {self.batch}")
+            image = np.broadcast_to(image, (self.batch, *image.shape[1:]))
+        shape = self._shape(request.width, request.height, request.guidance_scale > 1, prompt.chunks,
+                            init_image=image is not None)
         # Image i uses seed + i, wrapping past max_seed to 0, so every caption's seed is itself a valid request seed.
         seeds = [(request.seed + i) % (self.limits.max_seed + 1) for i in range(self.batch)]
-        return Plan(request, shape, prompt, negative, schedule, seeds)
+        return Plan(request, shape, prompt, negative, schedule, seeds, image)
 
     def _program_for(self, plan: Plan, progress: Callable[[str], None],
                      should_stop: Callable[[], bool] | None) -> CompiledProgram:
@@ -587,7 +603,8 @@ class Engine:
                                      request.guidance_scale, plan.schedule,
                                      request.num_inference_steps if loop_steps is None else loop_steps,
                                      self.config.max_inference_steps, prompt_weights=plan.prompt.weights,
-                                     negative_weights=plan.negative.weights)
+                                     negative_weights=plan.negative.weights, image=plan.image,
+                                     start_step=None if plan.image is None else request.start_step)
         # TEST-ONLY fault hooks (faults.py): self._faults is None unless SDXL_FAULT_INJECTION=1.
         params = self._faults.params(request.prompt, params) if self._faults else params
         if should_stop is not None and should_stop():

@@ -81,6 +81,7 @@ class StepReceiver:
         self._parts: dict[int, dict[int, np.ndarray]] = {}  # step -> shard -> its x0
         self._decisions: dict[int, tuple[bool, int]] = {}  # step -> (whether the next call sends x0, its step)
         self._started: float | None = None
+        self._first = 0  # the 0-based step of the loop's first call
         self._last_preview: float | None = None
 
     def __call__(self, shard: int, step: int, x0: np.ndarray | None) -> tuple[bool, bool, int]:
@@ -88,8 +89,8 @@ class StepReceiver:
         sends x0, the 0-based step of the next call)."""
         now = clock()
         with self._lock:
-            if self._started is None:
-                self._started = self._last_preview = now
+            if self._started is None:  # the loop's first call: img2img starts past step 0
+                self._started, self._last_preview, self._first = now, now, step
             if x0 is not None:  # copied: the callback's argument may alias a device buffer
                 self._parts.setdefault(step, {})[shard] = np.array(x0, copy=True)
             self._counts[step] = self._counts.get(step, 0) + 1
@@ -126,7 +127,8 @@ class StepReceiver:
         :data:`REPORT_INTERVAL_S` of steps on (at least the next step; the first steps, unmeasured, each
         call), no further than the next fixed-cadence preview, and at most the last step. x0 is never sent
         with the last step (its images follow)."""
-        per_step = (now - self._started) / step if step else math.inf
+        ran = step - self._first  # steps run since the first call
+        per_step = (now - self._started) / ran if ran else math.inf
         gap = 1 if per_step == math.inf else max(1, int(REPORT_INTERVAL_S / per_step))
         nxt = min(step + gap, self.steps - 1)
         if self.every > 0:  # the next preview step (1-based multiples of ``every``), if it comes first

@@ -15,15 +15,18 @@ import numbers
 import secrets
 import unicodedata
 
+import numpy as np
+
 from sdxl_engine.engine.errors import InvalidRequest
 from sdxl_engine.engine.prompts import check_prompt
-from sdxl_engine.program.schedulers import DEFAULT_SAMPLER, UnknownSampler, get_sampler
+from sdxl_engine.program.schedulers import DEFAULT_SAMPLER, UnknownSampler, get_sampler, img2img_start
 
 __all__ = ["GenerateRequest", "InvalidRequest", "Limits", "validate"]  # InvalidRequest: from errors.py, kept here
 
 MAX_PROMPT_CHARS = 20_000  # far past 77 tokens; longer text is refused, not tokenized
 MAX_GUIDANCE = 50.0
 MAX_SIDE = 1 << 16  # pixels; anything larger is refused before it is compared with the buckets
+DEFAULT_STRENGTH = 0.75  # img2img with an image and neither strength nor start_step (A1111's img2img default)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +42,15 @@ class GenerateRequest:
     height: int | None = None
     sampler: str | None = None  # an A1111 sampler name (schedulers.SAMPLERS)
     client: str = ""  # who asks (the peer address): per-client limits such as one pending new-size compile
+    # Image to image (README "Image to image"). ``image``: None = text to image; one (H, W, 3) uint8 array for
+    # every image of the request, or a list of one per image; validated: (batch, H, W, 3) uint8. Arrays are not
+    # compared or hashed (compare=False: numpy's == is elementwise), so two requests differing only in their
+    # image compare equal. ``strength`` in (0, 1] (default DEFAULT_STRENGTH): the last int(steps x strength)
+    # steps run. ``start_step``: the first step that runs, 0 .. steps - 1, instead of strength's rule (it wins
+    # when both are given); validated, it is always set for an image.
+    image: object = dataclasses.field(default=None, compare=False)
+    strength: float | None = None
+    start_step: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +70,7 @@ class Limits:
     # up to it is served (the ``sizes`` buckets are compiled ahead; another compiles on first use). 0: the
     # buckets only.
     max_pixels: int = 0
+    batch: int = 0  # images per request: a list of input images must hold this many (0: not checked)
 
 
 # Characters that draw nothing yet are neither whitespace to str.split() nor control/format
@@ -185,13 +198,92 @@ def validate(request: GenerateRequest, limits: Limits) -> GenerateRequest:
         "guidance_scale", request.guidance_scale, 0.0, MAX_GUIDANCE)
     steps = limits.default_steps if request.num_inference_steps is None else as_int(
         "num_inference_steps", request.num_inference_steps, 1, limits.max_steps)
-    width, height = size_of(request.width, request.height, limits)
+    if request.image is None:
+        for field in ("strength", "start_step"):
+            if getattr(request, field) is not None:
+                raise InvalidRequest(field, "applies to image to image only: send an image with it, or leave it out")
+        width, height = size_of(request.width, request.height, limits)
+        image, strength, start = None, None, None
+    else:
+        image = as_images(request.image, limits.batch)
+        width, height = image_size(image, request.width, request.height, limits)
+        strength, start = as_strength(request.strength, request.start_step, steps)
     try:
         sampler = get_sampler(limits.default_sampler if request.sampler is None else request.sampler)
     except UnknownSampler as err:
         raise InvalidRequest("sampler", str(err)) from None
     client = request.client if isinstance(request.client, str) else ""
-    return GenerateRequest(prompt, negative, seed, guidance, steps, width, height, sampler, client)
+    return GenerateRequest(prompt, negative, seed, guidance, steps, width, height, sampler, client,
+                           image=image, strength=strength, start_step=start)
+
+
+def as_images(value, batch: int) -> np.ndarray:
+    """A request's input image(s) as one (n, H, W, 3) uint8 array: one (H, W, 3) uint8 array (every image of
+    the request starts from it; n = ``batch``, or 1 when ``batch`` is 0), or a list/tuple of ``batch`` such
+    arrays of one size (one per image). Values are not converted: another dtype is refused, not rescaled.
+
+    Raises InvalidRequest naming ``image``.
+    """
+    many = isinstance(value, (list, tuple))
+    items = list(value) if many else [value]
+    if many and batch and len(items) != batch:
+        raise InvalidRequest("image", f"a list of {len(items)} images; this server makes {batch} images per "
+                                      f"request: send one image for all of them, or {batch}")
+    if not items:
+        raise InvalidRequest("image", "an empty list; send one (height, width, 3) uint8 image")
+    for item in items:
+        if not isinstance(item, np.ndarray):
+            raise InvalidRequest("image", f"expected a numpy array of (height, width, 3) uint8 pixels, got "
+                                          f"{type(item).__name__}")
+        if item.dtype != np.uint8 or item.ndim != 3 or item.shape[2] != 3:
+            raise InvalidRequest("image", f"expected (height, width, 3) uint8 RGB pixels, got {item.shape} "
+                                          f"{item.dtype}")
+    if len({item.shape for item in items}) > 1:
+        raise InvalidRequest("image", f"the images differ in size ({', '.join(str(i.shape) for i in items)}); "
+                                      "send images of one size")
+    stacked = np.stack(items)
+    if not many:
+        stacked = np.broadcast_to(stacked, (batch or 1, *stacked.shape[1:]))
+    return np.ascontiguousarray(stacked)
+
+
+def image_size(images: np.ndarray, width, height, limits: Limits) -> tuple[int, int]:
+    """The (width, height) of an img2img request: the image's own. A side given (not 0/None) must equal it
+    (the engine does not resize: the caller does); the size must be one this server makes (:func:`size_of`).
+
+    Raises InvalidRequest naming ``image`` (or ``width``/``height`` for a value that is not a whole number).
+    """
+    size = (images.shape[2], images.shape[1])
+    for field, value, own in (("width", width, size[0]), ("height", height, size[1])):
+        given = 0 if value is None else as_int(field, value, 0, MAX_SIDE)
+        if given and given != own:
+            raise InvalidRequest("image", f"is {size[0]}x{size[1]} pixels but the request's {field} is {given}: "
+                                          "resize the image to the request's size, or send width/height 0 to use "
+                                          "the image's")
+    try:
+        return size_of(*size, limits)
+    except InvalidRequest as err:
+        raise InvalidRequest("image", f"its size is not one this server makes: {err.message}") from None
+
+
+def as_strength(strength, start_step, steps: int) -> tuple[float | None, int]:
+    """(strength, start step) of an img2img request of ``steps`` steps: ``start_step`` (0 .. steps - 1) when
+    given, which wins over ``strength`` (then kept as given, validated); else diffusers' rule on ``strength``
+    in (0, 1], default :data:`DEFAULT_STRENGTH` (schedulers.img2img_start).
+
+    Raises InvalidRequest naming ``strength`` or ``start_step``.
+    """
+    if strength is not None:
+        strength = as_float("strength", strength, 0.0, 1.0)
+        if strength == 0:
+            raise InvalidRequest("strength", "must be above 0 (0 would return the image unchanged) and at most 1")
+    if start_step is not None:
+        return strength, as_int("start_step", start_step, 0, steps - 1)
+    strength = DEFAULT_STRENGTH if strength is None else strength
+    try:
+        return strength, img2img_start(steps, strength)
+    except ValueError as err:
+        raise InvalidRequest("strength", str(err)) from None
 
 
 def size_of(width, height, limits: Limits) -> tuple[int, int]:

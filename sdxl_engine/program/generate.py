@@ -3,11 +3,11 @@
 Static (bound before compiling; changing any of them compiles a new program): the model's
 modules (their graph definitions), and :class:`ProgramShape`: the batch size, the image height
 and width, the largest step count, whether classifier-free guidance runs (guidance > 1, as
-diffusers decides), whether the initial latents are given and the prompt's chunk count (77
-tokens each). Everything that changes per
+diffusers decides), whether the initial latents are given, whether an image comes in (img2img) and
+the prompt's chunk count (77 tokens each). Everything that changes per
 request is a traced array in :class:`ProgramInputs`, so a new prompt, negative prompt, seed,
-guidance scale (within one CFG mode), step count (up to ``max_steps``) or sampler (schedulers.py:
-every sampler is per-step coefficients) reuses the same executable.
+guidance scale (within one CFG mode), step count (up to ``max_steps``), sampler (schedulers.py:
+every sampler is per-step coefficients), input image or img2img start step reuses the same executable.
 
 The initial noise of image i is ``jax.random.normal(jax.random.key(seed_i), (C, H/f, W/f),
 float32)`` (channels-first; f the VAE factor, 8 for SDXL), with ``seed_i = seed + i`` for the
@@ -59,10 +59,10 @@ per-step hook               built: the ``step_hook`` ProgramShape flag; its one 
 cancel)                     at the steps the host asks for, with x0 when it asked for it); the stop flag it
                             returns is carried into a ``lax.while_loop`` condition in :func:`denoise`, and a
                             stopped program skips the VAE.
-image inputs (img2img)      an ``init_image: bool`` ProgramShape flag; ``image_latents`` (per-image,
-                            ``when="init_image"``) and ``start_step`` (replicated, ``()`` int32)
-                            inputs; the branch in :func:`initial_latents` (noise the given latents to
-                            ``sigmas[start_step]``) and :func:`denoise` starting its loop there.
+image inputs (img2img)      done: the ``init_image`` ProgramShape flag; ``image`` (per-image uint8
+                            pixels, ``when="init_image"``) and ``start_step`` (replicated, ``()`` int32)
+                            inputs; the branch in :func:`initial_latents` (:func:`encode_image`, noised
+                            to ``sigmas[start_step]``) and :func:`denoise` starting its loop there.
 ==========================  =========================================================================
 """
 
@@ -112,6 +112,9 @@ class ProgramShape:
     # Issue #23: the per-step hook (progress, previews, stop): each step calls the host (:class:`StepHook`)
     # and the loop ends early when it answers "stop". False: no host callback, today's program to the byte.
     step_hook: bool = False
+    # Image to image: the request's pixels come in ProgramInputs.image, are encoded by the VAE inside the program
+    # and noised to the start step's sigma; the loop runs from ProgramInputs.start_step. False: text to image.
+    init_image: bool = False
 
 
 # Partitions of a ProgramInputs field: split along its first (batch) axis over ``data``, or whole on every device.
@@ -133,6 +136,11 @@ def per_sigma(shape: ProgramShape, latent) -> tuple[int]:
 def prompt_dims(shape: ProgramShape, latent) -> tuple[int, int]:
     """Dims of one image's token ids or weights: (2 tokenizers, chunks * 77)."""
     return (2, shape.chunks * TOKENS)
+
+
+def image_dims(shape: ProgramShape, latent) -> tuple[int, int, int]:
+    """Dims of one input image: (height, width, 3) pixels, channels-last."""
+    return (shape.height, shape.width, 3)
 
 
 def latent_dims(shape: ProgramShape, latent) -> tuple[int, int, int]:
@@ -193,6 +201,8 @@ class ProgramInputs:
     init_scale: jax.Array = replicated((), jnp.float32)  # initial latents = noise x init_scale
     final_scale: jax.Array = replicated((), jnp.float32)  # VAE input = final latents x final_scale
     latents: jax.Array | None = per_image(latent_dims, jnp.float32, when="given_latents")  # initial noise
+    image: jax.Array | None = per_image(image_dims, jnp.uint8, when="init_image")  # img2img: (H, W, 3) pixels
+    start_step: jax.Array | None = replicated((), jnp.int32, when="init_image")  # img2img: the first step to run
 
     @staticmethod
     def specs(shape: ProgramShape) -> "ProgramInputs":
@@ -204,19 +214,24 @@ class ProgramInputs:
     @staticmethod
     def build(prompt_ids: np.ndarray, negative_ids: np.ndarray, negative_empty: bool, seeds, guidance_scale: float,
               schedule: Schedule, steps: int, max_steps: int, latents: np.ndarray | None = None,
-              prompt_weights: np.ndarray | None = None, negative_weights: np.ndarray | None = None) -> "ProgramInputs":
+              prompt_weights: np.ndarray | None = None, negative_weights: np.ndarray | None = None,
+              image: np.ndarray | None = None, start_step: int | None = None) -> "ProgramInputs":
         """One request's inputs: (2, chunks * 77) ids broadcast to every image, a seed per image, a padded schedule.
 
         ``prompt_ids`` and ``negative_ids`` have the same chunk count (engine/prompts.py pads the
         shorter). ``negative_empty``: no negative prompt, so its first chunk's embeddings and its pooled
         embedding are zeros (:func:`encode_text`, as A1111 does for SDXL). ``latents``: (batch, C, h, w) float32 initial noise for
         a program with ``given_latents``, else None. ``prompt_weights``, ``negative_weights``:
-        (2, chunks * 77) float32 emphasis weights of the ids; None = all 1 (no emphasis).
+        (2, chunks * 77) float32 emphasis weights of the ids; None = all 1 (no emphasis). ``image``:
+        (batch, height, width, 3) uint8 pixels and ``start_step`` (0 .. steps - 1, the first step that
+        runs) for a program with ``init_image`` (img2img), else None; ``schedule`` is the whole
+        ``steps``-step one, made to start there here (:meth:`Schedule.starting_at`: its first step first order).
         """
         n, dims = len(seeds), np.shape(prompt_ids)
         if np.shape(negative_ids) != dims:
             raise ValueError(f"prompt_ids {dims} and negative_ids {np.shape(negative_ids)} must have one shape")
         ones = np.ones(dims, np.float32)
+        schedule = schedule if start_step is None else schedule.starting_at(start_step)
         return ProgramInputs(
             prompt_ids=np.broadcast_to(prompt_ids, (n, *dims)),
             negative_ids=np.broadcast_to(negative_ids, (n, *dims)),
@@ -226,7 +241,9 @@ class ProgramInputs:
             seeds=np.asarray(seeds, np.uint32), guidance_scale=np.full((n,), guidance_scale, np.float32),
             **schedule.padded(max_steps), clip_range=np.float32(schedule.clip_range), num_steps=np.int32(steps),
             init_scale=np.float32(schedule.init_scale),
-            final_scale=np.float32(schedule.final_scale), latents=latents)
+            final_scale=np.float32(schedule.final_scale), latents=latents,
+            image=None if image is None else np.asarray(image, np.uint8),
+            start_step=None if start_step is None else np.int32(start_step))
 
     @staticmethod
     def abstract(shape: ProgramShape, latent_shape: tuple[int, int, int], mesh: Mesh) -> "ProgramInputs":
@@ -509,11 +526,37 @@ def encode_text(st: Static, params, inputs: ProgramInputs) -> Conditioning:
     return Conditioning(hidden, text_embeds, jnp.broadcast_to(size, (rows, 6)))
 
 
-def initial_latents(st: Static, inputs: ProgramInputs) -> jax.Array:
+def initial_latents(st: Static, params, inputs: ProgramInputs) -> jax.Array:
     """Stage 2: (b, C, h, w) float32 sigma-space latents: each image's noise from its own seed (whatever
-    device it lands on), or the given latents, times the sampler's initial scale."""
+    device it lands on), or the given latents, times the sampler's initial scale.
+
+    With ``init_image`` (img2img): the image latents plus the same noise times the start step's sigma,
+    ``x = image_latents + sigmas[start_step] * noise``. That is every scheduler's ``add_noise`` in this
+    sigma space (diffusers' ``StableDiffusionXLImg2ImgPipeline.prepare_latents``): Euler's
+    ``x0 + sigma noise`` as it is; DPM++'s and DDIM's x-space ``alpha_t x0 + sigma_t noise``, with
+    alpha_t = 1 / sqrt(sigma^2 + 1), times sqrt(sigma^2 + 1). No ``init_noise_sigma``, as diffusers.
+    """
     noise = inputs.latents if st.shape.given_latents else initial_noise(inputs.seeds, st.latent)
+    if st.shape.init_image:
+        return encode_image(st, params, inputs.image) + inputs.sigmas[inputs.start_step] * noise
     return noise * inputs.init_scale
+
+
+def encode_image(st: Static, params, pixels: jax.Array) -> jax.Array:
+    """Image to latents: (b, H, W, 3) uint8 -> (b, C, h, w) float32, the VAE posterior's MEAN times
+    ``scaling_factor`` (minus ``shift_factor`` first, the inverse of :func:`unscale_latents`).
+
+    Pixels go to [-1, 1] as diffusers' ``VaeImageProcessor`` does (x / 255, then 2x - 1), channels-last
+    becomes channels-first here. The mean, not a sample of the posterior: deterministic, as diffusers'
+    ``retrieve_latents(..., sample_mode="argmax")`` and ComfyUI (the pipeline's default samples).
+    """
+    vae = st.components["vae"].bind(params["vae"])
+    x = (pixels.astype(jnp.float32) / 255.0 * 2.0 - 1.0).transpose(0, 3, 1, 2)  # (b, 3, H, W) in [-1, 1]
+    mean, _ = vae.encode(x)
+    mean = mean.astype(jnp.float32)
+    if st.vae.shift_factor:
+        mean = mean - st.vae.shift_factor
+    return mean * st.vae.scaling_factor
 
 
 def denoise_step(st: Static, unet, cond: Conditioning, inputs: ProgramInputs, i, carry):
@@ -572,17 +615,18 @@ def denoise(st: Static, params, cond: Conditioning, inputs: ProgramInputs, laten
     carry = (latents, jnp.zeros_like(latents))
     if st.shape.step_hook:
         carry = carry + (jnp.bool_(False), jnp.bool_(False), jnp.int32(0))  # + (stop, send x0, next call's step)
+    first = inputs.start_step if st.shape.init_image else 0  # img2img: the skipped steps are not run
     if python_loop:
-        for i in range(int(inputs.num_steps)):
+        for i in range(int(first), int(inputs.num_steps)):
             carry = step(i, carry)
             if st.shape.step_hook and bool(carry[2]):
                 break
     elif st.shape.step_hook:
         def go_on(c):
             return (c[0] < inputs.num_steps) & ~c[1][2]
-        _, carry = jax.lax.while_loop(go_on, lambda c: (c[0] + 1, step(c[0], c[1])), (jnp.int32(0), carry))
+        _, carry = jax.lax.while_loop(go_on, lambda c: (c[0] + 1, step(c[0], c[1])), (jnp.int32(first), carry))
     else:
-        carry = jax.lax.fori_loop(0, inputs.num_steps, step, carry)
+        carry = jax.lax.fori_loop(first, inputs.num_steps, step, carry)
     stopped = carry[2] if st.shape.step_hook else jnp.bool_(False)
     return carry[0] * inputs.final_scale, stopped
 
@@ -611,7 +655,7 @@ def build_generate(model: LoadedModel, shape: ProgramShape, python_loop: bool = 
 
     def generate(params, inputs: ProgramInputs):
         cond = encode_text(st, params, inputs)  # 1.
-        latents = initial_latents(st, inputs)  # 2.
+        latents = initial_latents(st, params, inputs)  # 2.
         latents, stopped = denoise(st, params, cond, inputs, latents, python_loop)  # 3.
         if not st.shape.step_hook:
             return decode(st, params, latents)  # 4.
@@ -689,6 +733,7 @@ def program_key(model: LoadedModel, params, shape: ProgramShape, mesh: Mesh) -> 
     """
     cfg = "" if shape.cfg else " without CFG"
     cfg += f", {shape.chunks} prompt chunks" if shape.chunks > 1 else ""
+    cfg += ", image to image" if shape.init_image else ""
     st = static_options(model, shape)  # what the traced program reads, so the key cannot miss it
     return {
         "program": f"{shape.width}x{shape.height} x {shape.batch} images, {shape.max_steps} steps{cfg}",

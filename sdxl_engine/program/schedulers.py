@@ -163,6 +163,25 @@ class Schedule:
     final_scale: float
     clip_range: float = math.inf
 
+    def starting_at(self, start: int) -> "Schedule":
+        """This schedule for a run that begins at step ``start`` (img2img): the steps before it are skipped,
+        and step ``start`` has no previous x0, so its update is first order, ``b + c`` on x0 and ``c = 0``
+        (DPM++ 2M's second-order step needs the x0 of a step that did not run; diffusers'
+        ``DPMSolverMultistepScheduler`` starts with ``lower_order_nums`` 0 after ``set_begin_index`` too).
+        The other samplers have c = 0 everywhere, so only DPM++ changes. ``start`` 0: this schedule.
+
+        Raises ValueError for ``start`` outside 0 .. steps - 1.
+        """
+        n = len(self.timesteps)
+        if not 0 <= start < n:
+            raise ValueError(f"start step must be 0 to {n - 1}, got {start}")
+        if start == 0:
+            return self
+        b, c = self.b.copy(), self.c.copy()
+        b[start] = np.float32(np.float64(b[start]) + np.float64(c[start]))
+        c[start] = 0.0
+        return dataclasses.replace(self, b=b, c=c)
+
     def padded(self, max_steps: int) -> dict[str, np.ndarray]:
         """Arrays padded with zeros to ``max_steps`` (sigmas to ``max_steps + 1``), for one program shape."""
         def pad(x, n):
@@ -173,6 +192,22 @@ class Schedule:
         n = max_steps
         return {"timesteps": pad(self.timesteps, n), "sigmas": pad(self.sigmas, n + 1), "a": pad(self.a, n),
                 "b": pad(self.b, n), "c": pad(self.c, n), "d": pad(self.d, n), "e": pad(self.e, n)}
+
+
+def img2img_start(steps: int, strength: float) -> int:
+    """The first step an img2img request of ``steps`` steps at ``strength`` (0, 1] runs: diffusers'
+    ``StableDiffusionXLImg2ImgPipeline.get_timesteps`` without ``denoising_start``, whose schedule is
+    the full ``steps``-step one and whose loop runs its last ``int(steps * strength)`` steps:
+    ``steps - min(int(steps * strength), steps)``. Strength 1 starts at 0 (all steps, from the image
+    noised to the first sigma); 0.5 of 20 steps at 10.
+
+    Raises ValueError when that runs no step (``int(steps * strength)`` is 0; diffusers fails then too).
+    """
+    run = min(int(steps * strength), steps)
+    if run < 1:
+        raise ValueError(f"strength {strength:g} of {steps} steps runs int({steps} x {strength:g}) = 0 steps; "
+                         f"use a strength of at least {1 / steps:.3g} or more steps")
+    return steps - run
 
 
 def get_sampler(name) -> str:

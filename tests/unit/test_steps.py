@@ -74,6 +74,16 @@ def test_the_timed_cadence_asks_for_a_preview_about_every_half_second(monkeypatc
     assert previews == [27, 52, 77]  # calls every 5 steps (0.1 s); x0 at the first call 0.5 s or more after the last
 
 
+def test_a_loop_that_starts_past_step_0_measures_its_pace_from_its_first_call(monkeypatch):
+    """img2img runs the last steps of a schedule: its pace is time over the steps it ran, not the step index."""
+    now = [0.0]
+    monkeypatch.setattr(steps_mod, "clock", lambda: now[0])
+    receiver = StepReceiver(1, 30, 0, None, None, None)
+    assert receiver(0, 20, None) == (False, False, 21)  # the first call: nothing measured yet
+    now[0] = 0.02
+    assert receiver(0, 21, None) == (False, False, 26)  # 0.02 s a step: the next call 0.1 s on, 5 steps
+
+
 def test_a_stop_is_heard_at_the_next_call_and_ends_the_loop(monkeypatch):
     events = []
     receiver = StepReceiver(2, 50, 0, rgb, events.append, lambda: len(events) >= 3)

@@ -1,0 +1,67 @@
+"""engine/validation.py's image-to-image fields, without an engine: the image's size, strength's rule, start_step."""
+
+import numpy as np
+import pytest
+
+from sdxl_engine.engine.validation import DEFAULT_STRENGTH, GenerateRequest, InvalidRequest, Limits, validate
+
+LIMITS = Limits(max_seed=2**32 - 5, max_steps=50, sizes=((64, 64),), default_size=(64, 64), default_steps=20,
+                default_guidance=5.0, multiple=8, max_pixels=128 * 128, batch=4)
+
+
+def picture(height=64, width=64, k=0) -> np.ndarray:
+    return np.full((height, width, 3), k, np.uint8)
+
+
+def check(**kw) -> GenerateRequest:
+    return validate(GenerateRequest("a red circle", seed=1, **kw), LIMITS)
+
+
+def test_without_an_image_nothing_changes():
+    request = check()
+    assert request.image is None and request.strength is None and request.start_step is None
+    assert (request.width, request.height) == (64, 64)
+
+
+def test_one_image_serves_every_image_and_sets_the_size():
+    request = check(image=picture(48, 80, 7), num_inference_steps=20)
+    assert request.image.shape == (4, 48, 80, 3) and request.image.dtype == np.uint8
+    assert (request.width, request.height) == (80, 48)  # the image's own size: width/height were not given
+    assert request.strength == DEFAULT_STRENGTH and request.start_step == 20 - int(20 * DEFAULT_STRENGTH)
+
+
+def test_a_list_gives_each_image_its_own():
+    request = check(image=[picture(k=k) for k in range(4)], width=64, height=0, strength=0.5, num_inference_steps=10)
+    assert [int(i[0, 0, 0]) for i in request.image] == [0, 1, 2, 3]
+    assert request.start_step == 5
+
+
+def test_start_step_wins_over_strength():
+    request = check(image=picture(), strength=0.3, start_step=2, num_inference_steps=10)
+    assert request.start_step == 2 and request.strength == 0.3
+
+
+@pytest.mark.parametrize("kw, field, words", [
+    (dict(image=picture(), strength=0), "strength", "above 0"),
+    (dict(image=picture(), strength=1.01), "strength", "between 0 and 1"),
+    (dict(image=picture(), strength=float("nan")), "strength", "finite"),
+    (dict(image=picture(), strength="half"), "strength", "expected a number"),
+    (dict(image=picture(), strength=True), "strength", "expected a number"),
+    (dict(image=picture(), strength=0.04, num_inference_steps=20), "strength", "= 0 steps"),
+    (dict(strength=0.5), "strength", "image to image only"),
+    (dict(start_step=1), "start_step", "image to image only"),
+    (dict(image=picture(), start_step=20, num_inference_steps=20), "start_step", "between 0 and 19"),
+    (dict(image=picture().astype(np.float32)), "image", "uint8"),
+    (dict(image=picture()[..., :1]), "image", "(height, width, 3)"),
+    (dict(image=picture()[0]), "image", "(height, width, 3)"),
+    (dict(image="a.png"), "image", "numpy array"),
+    (dict(image=[picture()] * 3), "image", "3 images"),
+    (dict(image=[picture(), picture(56, 64), picture(), picture()]), "image", "differ in size"),
+    (dict(image=picture(), width=72), "image", "request's width is 72"),
+    (dict(image=picture(60, 64)), "image", "not a multiple of 8"),
+    (dict(image=picture(136, 136)), "image", "max_pixels"),
+])
+def test_refusals_name_the_field(kw, field, words):
+    with pytest.raises(InvalidRequest) as err:
+        check(**kw)
+    assert err.value.field == field and words in str(err.value), str(err.value)
