@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from typing import Callable
 
 from sdxl_engine.serving import main as process  # imports no Gradio
@@ -27,7 +28,8 @@ from sdxl_engine.engine.validation import MAX_GUIDANCE
 from sdxl_engine.program.schedulers import SAMPLERS
 from sdxl_engine.serving import handler, history
 from sdxl_engine.serving.page_assets import (CLEAR_HISTORY_JS, HISTORY_JS, HISTORY_KEY, HISTORY_NOTE, MODEL_NOTES,
-                                             PAGE_CSS, PARSE_SIZE_JS, REAL_SDXL_HINT, SCROLL_TO_GALLERY_JS)
+                                             PAGE_CSS, PARSE_SIZE_JS, REAL_SDXL_HINT, SCROLL_TO_GALLERY_JS,
+                                             KEEP_STOPPED_JS, STOP_STEP_JS)
 from sdxl_engine.serving.styles import (FAST_LABEL, FAST_LORA, FAST_PRESET, NO_STYLE, STYLE_NAMES,
                                         has_fast_tag, with_fast_tag, without_fast_tag)
 
@@ -56,6 +58,28 @@ def status_line(info: dict) -> str:
             f"post {t['post']:.3f} s{ray}) — {info['width']}×{info['height']}, {info['num_inference_steps']} "
             f"{info.get('sampler', 'Euler')} steps, CFG {info['guidance_scale']:g}, seeds {info['seeds'][0]}–"
             f"{info['seeds'][-1]}, style **{info.get('style', NO_STYLE)}**, model `{info['model']}`{saved}")
+
+
+def stopped_view(last: dict | None, heard: str) -> tuple:
+    """(gallery, info, status) for the page after its Stop: the line saying where the request stopped, and
+    the last finished request's gallery and details back (``last``: ``{"gallery": [(path, caption)...],
+    "info": {...}}`` as handler.api_function keeps it, or None: then an empty gallery, not a half-made preview).
+
+    ``heard``: what the page last showed of the request (STOP_STEP_JS): ``"k/N"`` (step k of N, from the
+    preview's caption or the progress line), ``"waiting"`` (no step yet), or ``""`` (no request running:
+    nothing changes). Raises ValueError for any other text (only a client other than the page sends it).
+    """
+    if heard == "":
+        return gr.update(), gr.update(), gr.update()
+    if heard == "waiting":
+        said = "Stopped before its first step; nothing saved."
+    elif (match := re.fullmatch(r"(\d{1,6})/(\d{1,6})", heard)) is not None:
+        said = f"Stopped at step {int(match[1])} of {int(match[2])}; nothing saved."
+    else:
+        raise ValueError(f"heard: expected 'k/N', 'waiting' or '', got {heard[:40]!r}")
+    if not last:
+        return [], None, f"**{said}**"
+    return last["gallery"], last["info"], f"**{said}** Below, the last finished request: {status_line(last['info'])}"
 
 
 def engine_banner(engine: EngineContract | None) -> tuple[str, bool]:
@@ -182,13 +206,20 @@ def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract 
             clear_history = gr.Button("Clear history", size="sm")
         past = gr.BrowserState([], storage_key=HISTORY_KEY, secret=history.browser_secret(history_secret))
         selected_seed = gr.State(None)
+        last_result = gr.State(None)  # the last finished request's gallery and details, shown again after a Stop
+        heard = gr.Textbox(visible=False)  # the step the page last showed, read in the browser at Stop (STOP_STEP_JS)
         pending = history.Pending()  # each generation's history record, until this browser's history takes it
+        finished = history.Pending(max_per_session=1)  # each session's last finished gallery, until it is kept
 
-        generate_images = handler.api_function(generate, config, pending)  # named as the /generate API's inputs
+        # named as the /generate API's inputs
+        generate_images = handler.api_function(generate, config, pending, finished)
 
         # On a narrow screen bring the gallery into view for the progress, and again once the images are in.
         gr.on([run.click, prompt.submit], None, None, None, js=SCROLL_TO_GALLERY_JS, queue=False,
               api_visibility="private")
+        # A Stop's line described the stopped request: a new one takes it away (a finished one's line stays).
+        gr.on([run.click, prompt.submit], None, status, status, js=f"(s) => ({KEEP_STOPPED_JS})(s) ? '' : s",
+              queue=False, api_visibility="private")
         # preprocess=False: values reach the engine as sent, so its checks and messages (with the
         # argument's name) apply to page and API alike, instead of Gradio's unnamed bound checks.
         event = gr.on([run.click, prompt.submit], generate_images,
@@ -198,14 +229,23 @@ def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract 
         event.success(page_event(status_line), info, status, api_visibility="private")
         # Issue #23: Stop cancels this browser's request; Gradio closes its generator, which stops the engine
         # after the running step (handler.stream_previews). Nothing else: another browser's request runs on.
-        stop.click(None, None, None, cancels=[event], api_visibility="private", queue=False)
-        event.failure(None, None, status, js="() => ''", api_visibility="private")  # the line was the last request's
+        # The page then says where it stopped and shows the last finished result again (stopped_view), not
+        # the half-made preview. The step is read in the browser: the server's request is being closed.
+        stop.click(page_event(stopped_view), [last_result, heard], [gallery, info, status], js=STOP_STEP_JS,
+                   cancels=[event], api_visibility="private", queue=False, show_progress="hidden")
+        # The line was the last request's; a stopped request's failure keeps the line its Stop wrote.
+        event.failure(None, status, status, js=KEEP_STOPPED_JS, api_visibility="private")
         event.success(None, None, None, js=SCROLL_TO_GALLERY_JS, queue=False, api_visibility="private")
 
         @page_event
         def remember(past: list, request: gr.Request):
             return history.remember(past if isinstance(past, list) else [], pending.pop(request.session_hash))
 
+        @page_event
+        def keep_result(request: gr.Request):
+            return finished.pop(request.session_hash)
+
+        event.success(keep_result, None, last_result, api_visibility="private", queue=False, show_progress="hidden")
         event.success(remember, past, past, api_visibility="private", show_progress="hidden").then(
             None, past, [history_gallery, history_note], js=HISTORY_JS, api_visibility="private")
         event.success(lambda: (None, gr.Button("Reuse selected image's seed", interactive=False)), None,

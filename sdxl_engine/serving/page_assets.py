@@ -67,3 +67,19 @@ CLEAR_HISTORY_JS = f"() => {{ localStorage.setItem({json.dumps(HISTORY_KEY + '-c
 PARSE_SIZE_JS = "(v) => String(v || '0x0').split('x').map(Number)"  # "WxH" (a size_choices value) -> [width, height]
 SCROLL_TO_GALLERY_JS = """() => { if (window.innerWidth < 768) {  /* after the page's own updates settle */
   setTimeout(() => document.querySelector('#gallery')?.scrollIntoView({block: 'start'}), 100); } }"""
+# At Stop: what the page last showed of its running request, for app.stopped_view: "k/N" (the step of the
+# preview's caption or of the progress line, whichever is later), "waiting" (its progress line shows no step
+# yet), "" (no request running). The state input (first) is the server's; its value here is ignored.
+STOP_STEP_JS = """(last, heard) => { const gallery = document.querySelector('#gallery');
+  const caption = gallery?.querySelector('.caption-label')?.innerText.trim() || '';
+  const tracker = gallery?.querySelector('[data-testid="status-tracker"]');
+  const progress = tracker?.innerText.trim() || '';
+  let best = null;
+  for (const text of [caption.startsWith('preview') ? caption : '', progress]) {
+    const m = /step (\\d+)\\/(\\d+)/.exec(text);
+    if (m && (!best || Number(m[1]) > best[0])) best = [Number(m[1]), Number(m[2])];
+  }
+  if (best) return [last, `${best[0]}/${best[1]}`];
+  return [last, progress ? 'waiting' : '']; }"""
+# The status line after a request's failure: kept if it is the line its Stop wrote (app.stopped_view), else none.
+KEEP_STOPPED_JS = "(s) => (typeof s === 'string' && s.startsWith('**Stopped')) ? s : ''"

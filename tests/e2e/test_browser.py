@@ -548,3 +548,80 @@ def test_progress_bar_and_previews_show_before_the_images(browser, previews_serv
         assert page_handle.blocked == []
     finally:
         page_handle.close()
+
+
+def test_stop_says_where_it_stopped_and_shows_the_last_finished_result_again(browser, previews_server):
+    """A Stop in the middle of a request: the line under the gallery says "Stopped at step k of N; nothing
+    saved" (k: the step the page showed last, at most the step the engine stopped after, from its log line),
+    and the gallery shows the previous request's finished images (by their captions), not the half-made
+    preview. The Stop is clicked by an observer the moment the first preview shows, as a user would."""
+    page_handle = OfflinePage(browser, previews_server.url)
+    try:
+        page = page_handle.open()
+        page.wait_for_function("document.querySelector('#engine-status')?.innerText.includes('Ready on')")
+        finished = generate(page, "a red circle on a blue background")
+        page.get_by_text("Advanced settings").click()
+        page.fill("#steps input[type='number']", "50")
+        page.keyboard.press("Enter")
+        page.wait_for_function("() => document.querySelector('#steps input[type=number]')?.value === '50'")
+        page.evaluate("""() => { window.atStop = null; const seen = new MutationObserver(() => {
+            const caption = document.querySelector('#gallery .caption-label')?.innerText.trim() || '';
+            if (window.atStop === null && caption.startsWith('preview · step ')) {
+              const tracker = document.querySelector('#gallery [data-testid="status-tracker"]');
+              window.atStop = [caption, tracker ? tracker.innerText : ''];
+              document.querySelector('#stop').click(); seen.disconnect(); }
+          }); seen.observe(document.body, {subtree: true, childList: true, characterData: true}); }""")
+        log_from = len(previews_server.log)
+        page.fill("#prompt textarea", "a green square")
+        page.click("#generate")
+        page.wait_for_function("document.querySelector('#result-status')?.innerText.includes('Stopped at step')",
+                               timeout=120_000)
+        caption, tracker = page.evaluate("window.atStop")
+        shown = [int(m.group(1)) for m in re.finditer(r"step (\d+)/50", caption + " " + tracker)]
+        status = page.inner_text("#result-status")
+        match = re.match(r"Stopped at step (\d+) of 50; nothing saved\. Below, the last finished request: ", status)
+        assert match and int(match.group(1)) == max(shown), (status, caption, tracker)
+        assert "4 images on 4 × cpu" in status, status
+        page.wait_for_function("""prev => { const items = [...document.querySelectorAll(
+            '#gallery .grid-container .gallery-item .caption-label')].map(e => e.innerText.trim());
+          return JSON.stringify(items) === JSON.stringify(prev); }""", arg=finished, timeout=30_000)
+        # The engine stopped after a step no earlier than the one the page showed; the status still holds after it.
+        deadline = time.monotonic() + 60
+        while not any("request stopped after step" in line for line in previews_server.log[log_from:]):
+            assert time.monotonic() < deadline, "".join(previews_server.log[log_from:])
+            page.wait_for_timeout(100)
+        line = next(line for line in previews_server.log[log_from:] if "request stopped after step" in line)
+        stopped_at = int(re.search(r"stopped after step (\d+) of 50", line).group(1))
+        assert int(match.group(1)) <= stopped_at, (status, line)
+        assert "nothing saved" in line
+        assert page.inner_text("#result-status") == status
+        captions = page.locator("#gallery .grid-container .gallery-item .caption-label").all_inner_texts()
+        assert [c.strip() for c in captions] == finished
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "ui-stopped.png"))
+        assert page_handle.blocked == []
+    finally:
+        page_handle.close()
+
+
+def test_error_pop_ups_show_the_clients_angle_brackets_as_text_and_make_no_element(offline):
+    """An error quoting the prompt shows its tag with the real < > (copyable back into the prompt), and a
+    tag carrying markup shows that markup as text: no element is made, no script runs."""
+    page = offline.open()
+    page.wait_for_function("document.querySelector('#engine-status')?.innerText.includes('Ready on')")
+    toasts = "[...document.querySelectorAll('[data-testid=\"toast-text\"]')].map(e => e.innerText)"
+    page.fill("#prompt textarea", "a red circle <lora:x:9> & co")
+    page.click("#generate")
+    page.wait_for_function(f"{toasts}.some(t => t.includes('weight must be'))", timeout=60_000)
+    text = next(t for t in page.evaluate(toasts) if "weight must be" in t)
+    assert text == "prompt: '<lora:x:9>': the weight must be between -4 and 4", text
+    page.fill("#prompt textarea", "a red circle <lora:x:<img src=x onerror=window.pwned=1>>")
+    page.click("#generate")
+    page.wait_for_function(f"{toasts}.some(t => t.includes('is not a number'))", timeout=60_000)
+    text = next(t for t in page.evaluate(toasts) if "is not a number" in t)
+    assert text == ("prompt: '<lora:x:<img src=x onerror=window.pwned=1>': the weight "
+                    "'<img src=x onerror=window.pwned=1' is not a number"), text
+    assert page.evaluate("document.querySelectorAll('[data-testid=\"toast-body\"] img').length") == 0
+    assert page.evaluate("window.pwned") is None
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "ui-error-text.png"))

@@ -94,3 +94,19 @@ def test_another_clients_interrupt_stops_nothing(monkeypatch, tmp_path):
                                            lambda job: JOBS.interrupt(("gradio", "x"))])
     made = run(Call("a red circle", seed=1, images=8))
     assert made.seeds == list(range(1, 9)) and made.stopped is None
+
+
+def test_the_handlers_page_escaped_message_reaches_an_api_client_as_text(monkeypatch):
+    """The handler's refusals are HTML-escaped for the page's pop-up (handler.shown); the protocol APIs answer
+    the text itself, with the real < > & a client can copy back."""
+    from sdxl_engine.serving.handler import shown
+
+    message = "prompt: '<lora:x:9>': the weight must be between -4 and 4 & more"
+
+    async def run_queued(demo, api_name, values, request, scope=None):
+        return False, {"error": shown(message)}
+
+    monkeypatch.setattr(core.gradio_internals, "run_queued", run_queued)
+    with pytest.raises(core.ApiError) as caught:
+        run(Call("a red circle", seed=10, images=4))
+    assert caught.value.status == 500 and caught.value.message == message

@@ -54,3 +54,47 @@ def test_page_lists_the_loras_and_a_click_adds_a_tag(tmp_path):
             ] == ["<lora:lcm:1>"]
     plain = app.build_demo(lambda *v, **kw: ([], {}, None), EngineConfig.load({"model": "tiny-random"}, environ={}))
     assert not next(b for b in plain.blocks.values() if getattr(b, "elem_id", None) == "loras").visible
+
+
+def test_stopped_view_says_where_and_gives_the_last_finished_result_back():
+    """After Stop: "Stopped at step k of N; nothing saved", with the last finished gallery and details back
+    (its own status line after the message), or an empty gallery when nothing finished before."""
+    import gradio as gr
+    import pytest
+
+    import app
+
+    info = {"seeds": [7, 8, 9, 10], "latency_s": 1.5, "device": "4 × cpu", "width": 64, "height": 64,
+            "num_inference_steps": 8, "sampler": "Euler", "guidance_scale": 5.0, "model": "tiny-shapes",
+            "timings_s": {"queue": 0.0, "prep": 0.001, "device": 1.4, "post": 0.002}}
+    last = {"gallery": [("/tmp/a.png", "seed 7 · 1.50 s"), ("/tmp/b.png", "seed 8 · 1.50 s")], "info": info}
+    gallery, details, status = app.stopped_view(last, "4/50")
+    assert gallery == last["gallery"] and details is info
+    assert status == ("**Stopped at step 4 of 50; nothing saved.** Below, the last finished request: "
+                      + app.status_line(info))
+    assert status.endswith("seeds 7–10, style **(No style)**, model `tiny-shapes`")
+    assert app.stopped_view(None, "12/30") == ([], None, "**Stopped at step 12 of 30; nothing saved.**")
+    assert app.stopped_view(None, "waiting") == ([], None, "**Stopped before its first step; nothing saved.**")
+    assert app.stopped_view(last, "") == (gr.update(), gr.update(), gr.update())  # no request was running
+    with pytest.raises(ValueError, match="heard: expected 'k/N', 'waiting' or '', got '<b>4/50'"):
+        app.stopped_view(last, "<b>4/50")
+
+
+def test_api_function_keeps_the_last_finished_gallery_for_the_session():
+    """The Generate event keeps each session's finished gallery and details where the page's follow-up event
+    takes them (the state a Stop shows again); the history record goes to its own holder."""
+    from types import SimpleNamespace
+
+    from sdxl_engine.config import EngineConfig
+    from sdxl_engine.serving import handler, history
+
+    def fake(*values, job=None, progress=None, arrived=None, on_step=None, should_stop=None):
+        return [("/tmp/x.png", "seed 1 · 0.10 s")], {"seeds": [1]}, {"prompt": values[0]}
+
+    pending, finished = history.Pending(), history.Pending(max_per_session=1)
+    generate = handler.api_function(fake, EngineConfig.load(environ={}), pending, finished)
+    request = SimpleNamespace(session_hash="s1", request=None)
+    assert list(generate("a red circle", request=request, progress=lambda *a, **k: None)) == [
+        ([("/tmp/x.png", "seed 1 · 0.10 s")], {"seeds": [1]})]
+    assert finished.pop("s1") == {"gallery": [("/tmp/x.png", "seed 1 · 0.10 s")], "info": {"seeds": [1]}}
+    assert pending.pop("s1") == {"prompt": "a red circle"} and finished.pop("s1") is None

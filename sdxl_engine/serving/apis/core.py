@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import html
 import json
 import math
 import secrets
@@ -230,7 +231,8 @@ async def _one_call(demo, request, values: list, job: str, continues: bool = Fal
         raise ApiError(err.status, f"the server cannot take this request now ({err.message}); retry later",
                        headers={"Retry-After": "5"}) from None
     if not ok:
-        message = str(output.get("error") or "the engine failed on this request")
+        # The handler's messages are HTML-escaped for the page's pop-up (handler.shown); an API answers text.
+        message = html.unescape(str(output.get("error") or "the engine failed on this request"))
         raise Interrupted(message) if message.startswith(STOPPED) else ApiError(500, message)
     gallery, info = output["data"]
     return info, gradio_internals.gallery_paths(gallery)
