@@ -43,8 +43,9 @@ from PIL import Image
 from pydantic import BaseModel, BeforeValidator, ConfigDict
 
 from sdxl_engine.program.schedulers import SAMPLERS, UnknownSampler, get_sampler
-from sdxl_engine.serving.apis import extras
 from sdxl_engine.serving.apis.core import ApiError, Call, Interrupted, client_of, generate, model_name, read_json
+from sdxl_engine.serving.apis.extras import ExtrasBatchImages, ExtrasRequest, ExtrasSingleImage, upscaler_list
+from sdxl_engine.serving.apis.extras import run as run_extras
 from sdxl_engine.serving.apis.openai_images import EXIF_IFD, USER_COMMENT
 from sdxl_engine.serving.progress import JOBS, Owner
 from sdxl_engine.serving.styles import NO_STYLE, STYLES
@@ -418,12 +419,12 @@ def router(demo, engine, flags: dict, loras) -> APIRouter:
         except ApiError as err:
             return a1111_error(err, bad_value=422)
 
-    async def upscaled(route: str, body: extras.ExtrasRequest, images: list[tuple[str, str]]):
+    async def upscaled(route: str, body: ExtrasRequest, images: list[tuple[str, str]]):
         """(base64 PNGs, html_info) of an Extras route, or A1111's 422 naming the field; one log line either
         way for what is refused or not honoured. The work runs in a thread, one request at a time."""
         try:
             async with extras_turn:
-                pngs, info, warnings = await asyncio.to_thread(extras.run, body, images)
+                pngs, info, warnings = await asyncio.to_thread(run_extras, body, images)
         except ApiError as err:
             print(f"[app] request refused: {route}: {err.message}", flush=True)
             return None, a1111_error(err, bad_value=422)
@@ -432,12 +433,12 @@ def router(demo, engine, flags: dict, loras) -> APIRouter:
         return pngs, info
 
     @api.post("/extra-single-image")
-    async def extra_single_image(body: extras.ExtrasSingleImage):
+    async def extra_single_image(body: ExtrasSingleImage):
         pngs, info = await upscaled("extra-single-image", body, [(body.image, "image")])
         return info if pngs is None else {"image": pngs[0], "html_info": info}
 
     @api.post("/extra-batch-images")
-    async def extra_batch_images(body: extras.ExtrasBatchImages):
+    async def extra_batch_images(body: ExtrasBatchImages):
         pngs, info = await upscaled("extra-batch-images", body,
                                     [(item.data, f"imageList[{i}].data") for i, item in enumerate(body.imageList)])
         return info if pngs is None else {"images": pngs, "html_info": info}
@@ -514,7 +515,7 @@ def router(demo, engine, flags: dict, loras) -> APIRouter:
 
     @api.get("/upscalers")
     async def upscalers():
-        return extras.upscaler_list()
+        return upscaler_list()
 
     @api.get("/latent-upscale-modes")
     async def latent_upscale_modes():
