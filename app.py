@@ -27,10 +27,12 @@ from sdxl_engine.engine.contract import EngineContract, clock
 from sdxl_engine.engine.validation import MAX_GUIDANCE
 from sdxl_engine.program.schedulers import SAMPLERS
 from sdxl_engine.serving import handler, history
+from sdxl_engine.serving.apis.a1111 import generation_parameters, sampler_of
+from sdxl_engine.serving.apis.core import ApiError
 from sdxl_engine.serving.page_assets import (CLEAR_HISTORY_JS, HISTORY_JS, HISTORY_KEY, HISTORY_NOTE, MODEL_NOTES,
                                              PAGE_CSS, PARSE_SIZE_JS, REAL_SDXL_HINT, SCROLL_TO_GALLERY_JS,
-                                             KEEP_STOPPED_JS, STOP_STEP_JS)
-from sdxl_engine.serving.styles import (FAST_LABEL, FAST_LORA, FAST_PRESET, NO_STYLE, STYLE_NAMES,
+                                             KEEP_STOPPED_JS, PNG_SETTINGS_HTML, PNG_SETTINGS_JS, STOP_STEP_JS)
+from sdxl_engine.serving.styles import (FAST_LABEL, FAST_LORA, FAST_PRESET, NO_STYLE, STYLE_NAMES, get_style,
                                         has_fast_tag, with_fast_tag, without_fast_tag)
 
 TITLE = "Fast Stable Diffusion XL with JAX"
@@ -80,6 +82,84 @@ def stopped_view(last: dict | None, heard: str) -> tuple:
     if not last:
         return [], None, f"**{said}**"
     return last["gallery"], last["info"], f"**{said}** Below, the last finished request: {status_line(last['info'])}"
+
+
+# The page fields png_settings restores, in its event's output order, with the names its note uses.
+PNG_FIELDS = {"prompt": "prompt", "negative_prompt": "negative prompt", "style": "style", "seed": "seed",
+              "guidance_scale": "CFG", "num_inference_steps": "steps", "sampler": "sampler", "resolution": "size"}
+MAX_PARAMETERS_CHARS = 60_000  # a parameters text is a few kB; PNG_SETTINGS_JS sends at most this
+
+
+def _unstyled(style: str, prompt: str, negative: str) -> tuple[str, str] | None:
+    """(prompt, negative prompt) as typed before ``style`` was applied (styles.apply_style), or None when the
+    texts are not that style's output."""
+    template = get_style(style)
+    before, _, after = template.prompt.partition("{prompt}")
+    if not (prompt.startswith(before) and prompt.endswith(after) and len(prompt) >= len(before) + len(after)):
+        return None
+    typed = prompt[len(before):len(prompt) - len(after)]
+    extra = template.negative_prompt
+    if not extra:
+        return typed, negative
+    if negative == extra:
+        return typed, ""
+    return (typed, negative[:-len(extra) - 2]) if negative.endswith(", " + extra) else None
+
+
+def png_settings(text: str, sizes: list[str], max_steps: int, max_seed: int) -> tuple[dict, str]:
+    """The page's settings from a PNG's ``parameters`` text (this server's or A1111's; parsed by A1111's rules:
+    apis.a1111.generation_parameters): ({field of PNG_FIELDS: value}, a Markdown note saying what was
+    restored and what was not, and why).
+
+    ``sizes``: the page's resolution values ("WxH"); ``max_steps``, ``max_seed``: the page's limits. A style
+    the page has is taken back out of the prompt texts (the PNG holds them styled); a value the page cannot
+    take (a sampler or size it lacks, steps past the limit) is left as it is and named in the note. A blank
+    text (the browser found no ``parameters`` chunk) restores nothing. Raises TypeError or ValueError for
+    text the page's script never sends (not a string, longer than MAX_PARAMETERS_CHARS)."""
+    if not isinstance(text, str) or len(text) > MAX_PARAMETERS_CHARS:
+        raise ValueError(f"text: expected a parameters text of at most {MAX_PARAMETERS_CHARS} characters")
+    if not text.strip():
+        return {}, "That file has no generation parameters (no `parameters` text in a PNG): nothing restored."
+    fields = generation_parameters(text)
+    values = {"prompt": fields["Prompt"], "negative_prompt": fields["Negative prompt"], "style": NO_STYLE}
+    left: list[str] = []
+    style = fields.get("Style", NO_STYLE)
+    if style != NO_STYLE:
+        typed = _unstyled(style, values["prompt"], values["negative_prompt"]) if style in STYLE_NAMES else None
+        if typed is None:
+            why = "the prompts are not its output" if style in STYLE_NAMES else "not one of this page's"
+            left.append(f"style {style[:40]!r} ({why}: its words stay in the prompt)")
+        else:
+            values.update(prompt=typed[0], negative_prompt=typed[1], style=style)
+    number = {"seed": ("Seed", int, 0, max_seed), "guidance_scale": ("CFG scale", float, 0.0, MAX_GUIDANCE),
+              "num_inference_steps": ("Steps", int, 1, max_steps)}
+    for name, (key, kind, low, high) in number.items():
+        if key not in fields:
+            continue
+        try:
+            value = kind(fields[key])
+        except ValueError:
+            value = None
+        if value is not None and low <= value <= high:
+            values[name] = value
+        else:
+            left.append(f"{key} {fields[key][:20]!r} (this page takes {low:g} to {high:g})")
+    if "Sampler" in fields:
+        try:
+            values["sampler"] = sampler_of(fields["Sampler"], fields.get("Schedule type")) or values.get("sampler")
+        except ApiError:
+            left.append(f"sampler {(fields['Sampler'] + ' ' + fields.get('Schedule type', '')).strip()[:40]!r} "
+                        f"(not one of this server's)")
+    if "Size-1" in fields and "Size-2" in fields:
+        size = f"{fields['Size-1']}x{fields['Size-2']}"
+        if size in sizes:
+            values["resolution"] = size
+        else:
+            left.append(f"size {size} (not one of this model's sizes)")
+    values = {name: value for name, value in values.items() if value is not None}
+    restored = ", ".join(label for name, label in PNG_FIELDS.items() if name in values)
+    note = f"Restored from the PNG: {restored}; press **Generate** to make it again."
+    return values, note + (f" Not restored: {'; '.join(left)}." if left else "")
 
 
 def engine_banner(engine: EngineContract | None) -> tuple[str, bool]:
@@ -198,6 +278,10 @@ def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract 
         lora_list = gr.Dataset(components=[prompt], samples=[[f"<lora:{name}:1>"] for name in lora_names],
                                type="index", label="LoRAs (click to add its tag to the prompt; edit the weight, -4 to 4)",
                                elem_id="loras", visible=bool(lora_names))
+        with gr.Accordion("Restore settings from a PNG", open=False, elem_id="png-settings-box"):
+            png_file = gr.HTML("", html_template=PNG_SETTINGS_HTML, js_on_load=PNG_SETTINGS_JS, elem_id="png-settings")
+            png_note = gr.Markdown("A PNG this page or AUTOMATIC1111 made carries its prompt and settings; it is read "
+                                   "in this browser, not uploaded.", elem_id="png-note")
         with gr.Accordion("History (this browser)", open=True):
             history_note = gr.Markdown(HISTORY_NOTE, elem_id="history-note")
             history_gallery = gr.Gallery(label="Past generations", show_label=False, columns=10, height=300,
@@ -290,6 +374,17 @@ def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract 
                                api_visibility="private", queue=False)
         clear_history.click(None, None, past, js=CLEAR_HISTORY_JS, api_visibility="private").then(
             None, past, [history_gallery, history_note], js=HISTORY_JS, api_visibility="private")
+
+        @page_event
+        def restore_png(text: str):
+            values, note = png_settings(text, [value for _, value in size_choices(engine)[0]],
+                                        config.max_inference_steps, config.max_seed)
+            return (*(values.get(name, gr.update()) for name in PNG_FIELDS), note)
+
+        # The browser sends the PNG's parameters text only (PNG_SETTINGS_JS): no file reaches the server.
+        png_file.input(restore_png, png_file, [prompt, negative_prompt, style, seed, guidance_scale,
+                                               num_inference_steps, sampler, resolution, png_note],
+                       api_visibility="private", queue=False, show_progress="hidden")
 
         @page_event
         def load_example(index: int):

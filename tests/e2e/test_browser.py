@@ -6,6 +6,7 @@ Skipped only when /usr/bin/chromium is missing (.ci/run installs it with apt-get
 """
 
 import io
+import json
 import re
 import time
 from pathlib import Path
@@ -625,3 +626,59 @@ def test_error_pop_ups_show_the_clients_angle_brackets_as_text_and_make_no_eleme
     assert page.evaluate("window.pwned") is None
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "ui-error-text.png"))
+
+
+def test_a_png_this_server_made_restores_its_settings_read_in_the_browser(offline, tmp_path):
+    """Choosing a PNG the page made puts its prompt (the style taken back out), negative prompt, style, seed,
+    steps, sampler, CFG and size back into the fields; the file is read in the browser, never uploaded
+    (no request carries it: the event sends its parameters text only)."""
+    page = offline.open()
+    page.wait_for_function("document.querySelector('#engine-status')?.innerText.includes('Ready on')")
+    page.get_by_text("Advanced settings").click()
+    page.fill("#negative textarea", "blurry")
+    page.fill("#steps input[type='number']", "6")
+    page.keyboard.press("Enter")
+    page.wait_for_function("() => document.querySelector('#steps input[type=number]')?.value === '6'")
+    captions = generate(page, "a small yellow star", "Cinematic")
+    seed = CAPTION.match(captions[2]).group(1)
+    page.locator("#gallery .grid-container .gallery-item").nth(2).click()
+    with page.expect_download() as download:
+        page.locator("#gallery button[aria-label='Download']").first.click()
+    made = tmp_path / "made.png"
+    download.value.save_as(made)
+    page.keyboard.press("Escape")
+    # Other settings on the page now.
+    page.fill("#prompt textarea", "something else")
+    page.fill("#negative textarea", "")
+    page.locator("#style input[value='Anime']").check()
+    page.click("#randomize")
+    page.wait_for_function("document.querySelector('#seed input')?.value === '-1'")
+    sent = []
+    page.on("request", lambda request: sent.append((request.url, request.post_data or ""))
+            if request.method == "POST" else None)
+    page.get_by_text("Restore settings from a PNG").click()
+    page.locator("#png-settings input[type=file]").set_input_files(str(made))
+    page.wait_for_function("document.querySelector('#prompt textarea')?.value === 'a small yellow star'",
+                           timeout=30_000)
+    page.wait_for_function(f"document.querySelector('#seed input')?.value === '{seed}'")
+    assert page.input_value("#negative textarea") == "blurry"
+    assert page.locator("#style input:checked").get_attribute("value") == "Cinematic"
+    assert page.locator("#steps input[type='number']").input_value() == "6"
+    assert page.locator("#sampler input").input_value() == DEFAULTS["sampler"]
+    assert "64 × 64" in page.locator("#resolution input").input_value()
+    assert page.inner_text("#png-note").startswith("Restored from the PNG: prompt, negative prompt, style, seed, CFG, "
+                                                   "steps, sampler, size")
+    with Image.open(made) as image:
+        parameters = image.text["parameters"]
+    # What went to the server: the parameters text (JSON-escaped), no PNG (base64 starts "iVBORw0KGgo"), no upload.
+    assert any(json.dumps(parameters)[1:-1] in body for _, body in sent), sent
+    assert not any("iVBORw0KGgo" in body or "upload" in url for url, body in sent), sent
+    # A file with no parameters restores nothing and says so.
+    plain = tmp_path / "plain.png"
+    Image.new("RGB", (4, 4)).save(plain)
+    page.locator("#png-settings input[type=file]").set_input_files(str(plain))
+    page.wait_for_function("document.querySelector('#png-note')?.innerText.includes('nothing restored')")
+    assert page.input_value("#prompt textarea") == "a small yellow star"
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "ui-png-restore.png"), full_page=True)
+    assert offline.blocked == []
