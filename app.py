@@ -31,7 +31,7 @@ from sdxl_engine.serving.apis.a1111 import generation_parameters, sampler_of
 from sdxl_engine.serving.apis.core import ApiError
 from sdxl_engine.serving.page_assets import (CLEAR_HISTORY_JS, HISTORY_JS, HISTORY_KEY, HISTORY_NOTE, MODEL_NOTES,
                                              PAGE_CSS, PARSE_SIZE_JS, REAL_SDXL_HINT, SCROLL_TO_GALLERY_JS,
-                                             KEEP_STOPPED_JS, PNG_SETTINGS_HTML, PNG_SETTINGS_JS, STOP_STEP_JS)
+                                             NEW_REQUEST_JS, PNG_SETTINGS_HTML, PNG_SETTINGS_JS, STOP_STEP_JS)
 from sdxl_engine.serving.styles import (FAST_LABEL, FAST_LORA, FAST_PRESET, NO_STYLE, STYLE_NAMES, get_style,
                                         has_fast_tag, with_fast_tag, without_fast_tag)
 
@@ -63,16 +63,19 @@ def status_line(info: dict) -> str:
 
 
 def stopped_view(last: dict | None, heard: str) -> tuple:
-    """(gallery, info, status) for the page after its Stop: the line saying where the request stopped, and
-    the last finished request's gallery and details back (``last``: ``{"gallery": [(path, caption)...],
-    "info": {...}}`` as handler.api_function keeps it, or None: then an empty gallery, not a half-made preview).
+    """(gallery, info, status) for the page after its request failed: a Stop (``heard`` says where it
+    stopped) gets the line saying so and the last finished request's gallery and details back (``last``:
+    ``{"gallery": [(path, caption)...], "info": {...}}`` as handler.api_function keeps it, or None: then an
+    empty gallery, not a half-made preview); any other failure (``heard`` "") leaves the gallery and clears
+    the line, which described the last request.
 
-    ``heard``: what the page last showed of the request (STOP_STEP_JS): ``"k/N"`` (step k of N, from the
-    preview's caption or the progress line), ``"waiting"`` (no step yet), or ``""`` (no request running:
-    nothing changes). Raises ValueError for any other text (only a client other than the page sends it).
+    ``heard``: what the page last showed of the stopped request (STOP_STEP_JS): ``"k/N"`` (step k of N,
+    from the preview's caption or the progress line), ``"waiting"`` (no step yet), or ``""`` (no Stop).
+    Raises ValueError for any other text, TypeError for a non-string (only a client other than the page
+    sends them).
     """
     if heard == "":
-        return gr.update(), gr.update(), gr.update()
+        return gr.update(), gr.update(), ""
     if heard == "waiting":
         said = "Stopped before its first step; nothing saved."
     elif (match := re.fullmatch(r"(\d{1,6})/(\d{1,6})", heard)) is not None:
@@ -84,7 +87,6 @@ def stopped_view(last: dict | None, heard: str) -> tuple:
     return last["gallery"], last["info"], f"**{said}** Below, the last finished request: {status_line(last['info'])}"
 
 
-# The page fields png_settings restores, in its event's output order, with the names its note uses.
 PNG_FIELDS = {"prompt": "prompt", "negative_prompt": "negative prompt", "style": "style", "seed": "seed",
               "guidance_scale": "CFG", "num_inference_steps": "steps", "sampler": "sampler", "resolution": "size"}
 MAX_PARAMETERS_CHARS = 60_000  # a parameters text is a few kB; PNG_SETTINGS_JS sends at most this
@@ -291,7 +293,8 @@ def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract 
         past = gr.BrowserState([], storage_key=HISTORY_KEY, secret=history.browser_secret(history_secret))
         selected_seed = gr.State(None)
         last_result = gr.State(None)  # the last finished request's gallery and details, shown again after a Stop
-        heard = gr.Textbox(visible=False)  # the step the page last showed, read in the browser at Stop (STOP_STEP_JS)
+        # Where the page's Stop found its request (STOP_STEP_JS), "" when there was no Stop; kept in the browser.
+        heard = gr.Textbox("", visible="hidden", elem_id="stop-heard")
         pending = history.Pending()  # each generation's history record, until this browser's history takes it
         finished = history.Pending(max_per_session=1)  # each session's last finished gallery, until it is kept
 
@@ -302,8 +305,8 @@ def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract 
         gr.on([run.click, prompt.submit], None, None, None, js=SCROLL_TO_GALLERY_JS, queue=False,
               api_visibility="private")
         # A Stop's line described the stopped request: a new one takes it away (a finished one's line stays).
-        gr.on([run.click, prompt.submit], None, status, status, js=f"(s) => ({KEEP_STOPPED_JS})(s) ? '' : s",
-              queue=False, api_visibility="private")
+        gr.on([run.click, prompt.submit], None, status, [status, heard], js=NEW_REQUEST_JS, queue=False,
+              api_visibility="private")
         # preprocess=False: values reach the engine as sent, so its checks and messages (with the
         # argument's name) apply to page and API alike, instead of Gradio's unnamed bound checks.
         event = gr.on([run.click, prompt.submit], generate_images,
@@ -313,12 +316,13 @@ def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract 
         event.success(page_event(status_line), info, status, api_visibility="private")
         # Issue #23: Stop cancels this browser's request; Gradio closes its generator, which stops the engine
         # after the running step (handler.stream_previews). Nothing else: another browser's request runs on.
-        # The page then says where it stopped and shows the last finished result again (stopped_view), not
-        # the half-made preview. The step is read in the browser: the server's request is being closed.
-        stop.click(page_event(stopped_view), [last_result, heard], [gallery, info, status], js=STOP_STEP_JS,
-                   cancels=[event], api_visibility="private", queue=False, show_progress="hidden")
-        # The line was the last request's; a stopped request's failure keeps the line its Stop wrote.
-        event.failure(None, status, status, js=KEEP_STOPPED_JS, api_visibility="private")
+        # The page then says where it stopped and shows the last finished result again, not the half-made
+        # preview (stopped_view). The step is read in the browser as the Stop is clicked; the rest runs as the
+        # cancelled event's failure, which Gradio's page sends once the cancel is through: previews still on
+        # their way before that would otherwise land on the restored gallery.
+        stop.click(None, None, heard, js=STOP_STEP_JS, cancels=[event], api_visibility="private", queue=False)
+        event.failure(page_event(stopped_view), [last_result, heard], [gallery, info, status],
+                      api_visibility="private", queue=False, show_progress="hidden")
         event.success(None, None, None, js=SCROLL_TO_GALLERY_JS, queue=False, api_visibility="private")
 
         @page_event

@@ -69,8 +69,8 @@ SCROLL_TO_GALLERY_JS = """() => { if (window.innerWidth < 768) {  /* after the p
   setTimeout(() => document.querySelector('#gallery')?.scrollIntoView({block: 'start'}), 100); } }"""
 # At Stop: what the page last showed of its running request, for app.stopped_view: "k/N" (the step of the
 # preview's caption or of the progress line, whichever is later), "waiting" (its progress line shows no step
-# yet), "" (no request running). The state input (first) is the server's; its value here is ignored.
-STOP_STEP_JS = """(last, heard) => { const gallery = document.querySelector('#gallery');
+# yet), "" (no request running).
+STOP_STEP_JS = """() => { const gallery = document.querySelector('#gallery');
   const caption = gallery?.querySelector('.caption-label')?.innerText.trim() || '';
   const tracker = gallery?.querySelector('[data-testid="status-tracker"]');
   const progress = tracker?.innerText.trim() || '';
@@ -79,10 +79,10 @@ STOP_STEP_JS = """(last, heard) => { const gallery = document.querySelector('#ga
     const m = /step (\\d+)\\/(\\d+)/.exec(text);
     if (m && (!best || Number(m[1]) > best[0])) best = [Number(m[1]), Number(m[2])];
   }
-  if (best) return [last, `${best[0]}/${best[1]}`];
-  return [last, progress ? 'waiting' : '']; }"""
-# The status line after a request's failure: kept if it is the line its Stop wrote (app.stopped_view), else none.
-KEEP_STOPPED_JS = "(s) => (typeof s === 'string' && s.startsWith('**Stopped')) ? s : ''"
+  return best ? `${best[0]}/${best[1]}` : progress ? 'waiting' : ''; }"""
+# At Generate: a Stop's line goes (it described the stopped request; a finished one's line stays until the
+# new one's), and no Stop is heard yet.
+NEW_REQUEST_JS = "(s) => [(typeof s === 'string' && s.startsWith('**Stopped')) ? '' : s, '']"
 # Restore settings from a PNG (app.png_settings): a file input and a drop zone; the PNG is read here in the
 # browser, never uploaded (the server takes no files): only its `parameters` text goes to the page's event.
 PNG_SETTINGS_HTML = """<div class="png-drop" style="border: 1px dashed var(--border-color-primary); border-radius: 8px;

@@ -58,7 +58,8 @@ def test_page_lists_the_loras_and_a_click_adds_a_tag(tmp_path):
 
 def test_stopped_view_says_where_and_gives_the_last_finished_result_back():
     """After Stop: "Stopped at step k of N; nothing saved", with the last finished gallery and details back
-    (its own status line after the message), or an empty gallery when nothing finished before."""
+    (its own status line after the message), or an empty gallery when nothing finished before; after a
+    failure that was no Stop, the line goes and the gallery stays."""
     import gradio as gr
     import pytest
 
@@ -75,7 +76,7 @@ def test_stopped_view_says_where_and_gives_the_last_finished_result_back():
     assert status.endswith("seeds 7–10, style **(No style)**, model `tiny-shapes`")
     assert app.stopped_view(None, "12/30") == ([], None, "**Stopped at step 12 of 30; nothing saved.**")
     assert app.stopped_view(None, "waiting") == ([], None, "**Stopped before its first step; nothing saved.**")
-    assert app.stopped_view(last, "") == (gr.update(), gr.update(), gr.update())  # no request was running
+    assert app.stopped_view(last, "") == (gr.update(), gr.update(), "")  # another failure: the line goes
     with pytest.raises(ValueError, match="heard: expected 'k/N', 'waiting' or '', got '<b>4/50'"):
         app.stopped_view(last, "<b>4/50")
 
