@@ -141,6 +141,9 @@ def test_none_keeps_the_image_and_an_unknown_upscaler_or_a_bad_batch_item_is_ref
     assert caught.value.message == "imageList[1].data: not a PNG, JPEG or WebP image"
     with pytest.raises(ApiError, match=r"^imageList: 17 images; at most 16 in one request$"):
         extras.run(batch, [(b64(source), "x")] * 17)
+    big = ExtrasSingleImage(upscaler_1="Nearest", upscaling_resize=512)  # 8x8 -> 4096x4096 each
+    with pytest.raises(ApiError, match=r"^imageList: the results would hold 50331648 pixels; at most 33554432 "):
+        extras.run(big, [(b64(source), f"imageList[{i}].data") for i in range(3)])
 
 
 def test_upscalers_are_listed_with_a1111s_fields():

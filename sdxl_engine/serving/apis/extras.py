@@ -6,7 +6,8 @@ Client images are bounded before any pixel is decoded (:func:`decode_image`): ba
 URL too), read in memory, never written to disk; PNG, JPEG or WebP only; at most :data:`MAX_INPUT_SIDE`
 pixels a side (the header's size is checked first, so a small file claiming a huge image costs nothing);
 truncated or broken data refused; EXIF orientation applied, as a viewer shows the image. An answer's
-image is at most :data:`MAX_OUTPUT_SIDE` pixels a side and a batch at most :data:`MAX_BATCH` images. A
+image is at most :data:`MAX_OUTPUT_SIDE` pixels a side, a batch at most :data:`MAX_BATCH` images and all its
+results together at most :data:`MAX_TOTAL_OUTPUT` pixels. A
 refusal is :class:`core.ApiError` 400 naming the field (``image``, ``imageList[i].data``,
 ``upscaling_resize``...), which the route answers in A1111's 422 shape.
 
@@ -33,6 +34,7 @@ from sdxl_engine.serving.apis.core import ApiError
 MAX_INPUT_SIDE = 2048  # pixels, each side of a client's image
 MAX_OUTPUT_SIDE = 4096  # pixels, each side of an answer's image
 MAX_BATCH = 16  # images in one extra-batch-images request
+MAX_TOTAL_OUTPUT = 2 * 4096 * 4096  # pixels of all the answer's images together (its memory and size)
 FORMATS = ("PNG", "JPEG", "WEBP")
 # A1111's names (modules/upscaler.py UpscalerNone, UpscalerLanczos, UpscalerNearest) and Pillow's filters.
 UPSCALERS = {"None": None, "Lanczos": Image.Resampling.LANCZOS, "Nearest": Image.Resampling.NEAREST}
@@ -220,8 +222,11 @@ def run(req: ExtrasRequest, images: list[tuple[str, str]]) -> tuple[list[str], s
         raise ApiError(400, f"imageList: {len(images)} images; at most {MAX_BATCH} in one request", "imageList")
     decoded = [decode_image(data, field) for data, field in images]
     if req.upscaler_1 not in (None, "", "None"):
-        for image in decoded:
-            output_size(req, *image.size)
+        sizes = [output_size(req, *image.size) for image in decoded]
+        total = sum(w * h for w, h, _ in sizes)
+        if total > MAX_TOTAL_OUTPUT:
+            raise ApiError(400, f"imageList: the results would hold {total} pixels; at most {MAX_TOTAL_OUTPUT} "
+                                f"(two 4096x4096 images) in one request", "imageList")
     warnings = ignored(req)
     outputs, text = [], ""
     for image in decoded:
