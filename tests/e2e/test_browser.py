@@ -695,6 +695,23 @@ def test_a_png_this_server_made_restores_its_settings_read_in_the_browser(offlin
     page.locator("#png-settings input[type=file]").set_input_files(str(plain))
     page.wait_for_function("document.querySelector('#png-note')?.innerText.includes('nothing restored')")
     assert page.input_value("#prompt textarea") == "a small yellow star"
+    # An A1111 PNG whose text is not Latin-1 (Pillow writes it as iTXt, UTF-8), at a size this model lacks.
+    from PIL import PngImagePlugin
+    info = PngImagePlugin.PngInfo()
+    info.add_text("parameters", "一只猫 (cat:1.2)\nNegative prompt: 模糊\nSteps: 20, Sampler: DPM++ 2M, "
+                                "Schedule type: Karras, CFG scale: 6.5, Seed: 4242, Size: 1024x1024, Model: sdxl")
+    a1111 = tmp_path / "a1111.png"
+    Image.new("RGB", (4, 4)).save(a1111, pnginfo=info)
+    assert b"iTXt" in a1111.read_bytes()
+    page.locator("#png-settings input[type=file]").set_input_files(str(a1111))
+    page.wait_for_function("document.querySelector('#prompt textarea')?.value === '一只猫 (cat:1.2)'")
+    assert page.input_value("#negative textarea") == "模糊"
+    page.wait_for_function("document.querySelector('#seed input')?.value === '4242'")
+    assert page.locator("#sampler input").input_value() == "DPM++ 2M Karras"
+    assert page.locator("#steps input[type='number']").input_value() == "20"
+    assert page.locator("#style input:checked").get_attribute("value") == "(No style)"
+    assert "Not restored: size 1024x1024 (not one of this model's sizes)." in page.inner_text("#png-note")
+    assert "64 × 64" in page.locator("#resolution input").input_value()
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "ui-png-restore.png"), full_page=True)
     assert offline.blocked == []
