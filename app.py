@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from typing import Callable
 
 from sdxl_engine.serving import main as process  # imports nothing heavy: no Gradio, no JAX
@@ -27,9 +28,12 @@ from sdxl_engine.engine.contract import EngineContract, clock
 from sdxl_engine.engine.validation import MAX_GUIDANCE
 from sdxl_engine.program.schedulers import SAMPLERS
 from sdxl_engine.serving import handler, history
+from sdxl_engine.serving.apis.a1111 import generation_parameters, sampler_of
+from sdxl_engine.serving.apis.core import ApiError
 from sdxl_engine.serving.page_assets import (CLEAR_HISTORY_JS, HISTORY_JS, HISTORY_KEY, HISTORY_NOTE, MODEL_NOTES,
-                                             PAGE_CSS, PARSE_SIZE_JS, REAL_SDXL_HINT, SCROLL_TO_GALLERY_JS)
-from sdxl_engine.serving.styles import (FAST_LABEL, FAST_LORA, FAST_PRESET, NO_STYLE, STYLE_NAMES,
+                                             PAGE_CSS, PARSE_SIZE_JS, REAL_SDXL_HINT, SCROLL_TO_GALLERY_JS,
+                                             NEW_REQUEST_JS, PNG_SETTINGS_HTML, PNG_SETTINGS_JS, STOP_STEP_JS)
+from sdxl_engine.serving.styles import (FAST_LABEL, FAST_LORA, FAST_PRESET, NO_STYLE, STYLE_NAMES, get_style,
                                         has_fast_tag, with_fast_tag, without_fast_tag)
 
 # Prompts in the vocabulary of the default model, tiny-shapes (sdxl_engine/assets/tiny-shapes/vocabulary.txt).
@@ -56,6 +60,108 @@ def status_line(info: dict) -> str:
             f"post {t['post']:.3f} s{ray}) — {info['width']}×{info['height']}, {info['num_inference_steps']} "
             f"{info.get('sampler', 'Euler')} steps, CFG {info['guidance_scale']:g}, seeds {info['seeds'][0]}–"
             f"{info['seeds'][-1]}, style **{info.get('style', NO_STYLE)}**, model `{info['model']}`{saved}")
+
+
+def stopped_view(last: dict | None, heard: str) -> tuple:
+    """(gallery, info, status) for the page after its request failed: a Stop (``heard`` says where it
+    stopped) gets the line saying so and the last finished request's gallery and details back (``last``:
+    ``{"gallery": [(path, caption)...], "info": {...}}`` as handler.api_function keeps it, or None: then an
+    empty gallery, not a half-made preview); any other failure (``heard`` "") leaves the gallery and clears
+    the line, which described the last request.
+
+    ``heard``: what the page last showed of the stopped request (STOP_STEP_JS): ``"k/N"`` (step k of N,
+    from the preview's caption or the progress line), ``"waiting"`` (no step yet), or ``""`` (no Stop).
+    Raises ValueError for any other text, TypeError for a non-string (only a client other than the page
+    sends them).
+    """
+    if heard == "":
+        return gr.update(), gr.update(), ""
+    if heard == "waiting":
+        said = "Stopped before its first step; nothing saved."
+    elif (match := re.fullmatch(r"(\d{1,6})/(\d{1,6})", heard)) is not None:
+        said = f"Stopped at step {int(match[1])} of {int(match[2])}; nothing saved."
+    else:
+        raise ValueError(f"heard: expected 'k/N', 'waiting' or '', got {heard[:40]!r}")
+    if not last:
+        return [], None, f"**{said}**"
+    return last["gallery"], last["info"], f"**{said}** Below, the last finished request: {status_line(last['info'])}"
+
+
+PNG_FIELDS = {"prompt": "prompt", "negative_prompt": "negative prompt", "style": "style", "seed": "seed",
+              "guidance_scale": "CFG", "num_inference_steps": "steps", "sampler": "sampler", "resolution": "size"}
+MAX_PARAMETERS_CHARS = 60_000  # a parameters text is a few kB; PNG_SETTINGS_JS sends at most this
+
+
+def _unstyled(style: str, prompt: str, negative: str) -> tuple[str, str] | None:
+    """(prompt, negative prompt) as typed before ``style`` was applied (styles.apply_style), or None when the
+    texts are not that style's output."""
+    template = get_style(style)
+    before, _, after = template.prompt.partition("{prompt}")
+    if not (prompt.startswith(before) and prompt.endswith(after) and len(prompt) >= len(before) + len(after)):
+        return None
+    typed = prompt[len(before):len(prompt) - len(after)]
+    extra = template.negative_prompt
+    if not extra:
+        return typed, negative
+    if negative == extra:
+        return typed, ""
+    return (typed, negative[:-len(extra) - 2]) if negative.endswith(", " + extra) else None
+
+
+def png_settings(text: str, sizes: list[str], max_steps: int, max_seed: int) -> tuple[dict, str]:
+    """The page's settings from a PNG's ``parameters`` text (this server's or A1111's; parsed by A1111's rules:
+    apis.a1111.generation_parameters): ({field of PNG_FIELDS: value}, a Markdown note saying what was
+    restored and what was not, and why).
+
+    ``sizes``: the page's resolution values ("WxH"); ``max_steps``, ``max_seed``: the page's limits. A style
+    the page has is taken back out of the prompt texts (the PNG holds them styled); a value the page cannot
+    take (a sampler or size it lacks, steps past the limit) is left as it is and named in the note. A blank
+    text (the browser found no ``parameters`` chunk) restores nothing. Raises TypeError or ValueError for
+    text the page's script never sends (not a string, longer than MAX_PARAMETERS_CHARS)."""
+    if not isinstance(text, str) or len(text) > MAX_PARAMETERS_CHARS:
+        raise ValueError(f"text: expected a parameters text of at most {MAX_PARAMETERS_CHARS} characters")
+    if not text.strip():
+        return {}, "That file has no generation parameters (no `parameters` text in a PNG): nothing restored."
+    fields = generation_parameters(text)
+    values = {"prompt": fields["Prompt"], "negative_prompt": fields["Negative prompt"], "style": NO_STYLE}
+    left: list[str] = []
+    style = fields.get("Style", NO_STYLE)
+    if style != NO_STYLE:
+        typed = _unstyled(style, values["prompt"], values["negative_prompt"]) if style in STYLE_NAMES else None
+        if typed is None:
+            why = "the prompts are not its output" if style in STYLE_NAMES else "not one of this page's"
+            left.append(f"style {style[:40]!r} ({why}: its words stay in the prompt)")
+        else:
+            values.update(prompt=typed[0], negative_prompt=typed[1], style=style)
+    number = {"seed": ("Seed", int, 0, max_seed), "guidance_scale": ("CFG scale", float, 0.0, MAX_GUIDANCE),
+              "num_inference_steps": ("Steps", int, 1, max_steps)}
+    for name, (key, kind, low, high) in number.items():
+        if key not in fields:
+            continue
+        try:
+            value = kind(fields[key])
+        except ValueError:
+            value = None
+        if value is not None and low <= value <= high:
+            values[name] = value
+        else:
+            left.append(f"{key} {fields[key][:20]!r} (this page takes {low:g} to {high:g})")
+    if "Sampler" in fields:
+        try:
+            values["sampler"] = sampler_of(fields["Sampler"], fields.get("Schedule type")) or values.get("sampler")
+        except ApiError:
+            left.append(f"sampler {(fields['Sampler'] + ' ' + fields.get('Schedule type', '')).strip()[:40]!r} "
+                        f"(not one of this server's)")
+    if "Size-1" in fields and "Size-2" in fields:
+        size = f"{fields['Size-1']}x{fields['Size-2']}"
+        if size in sizes:
+            values["resolution"] = size
+        else:
+            left.append(f"size {size} (not one of this model's sizes)")
+    values = {name: value for name, value in values.items() if value is not None}
+    restored = ", ".join(label for name, label in PNG_FIELDS.items() if name in values)
+    note = f"Restored from the PNG: {restored}; press **Generate** to make it again."
+    return values, note + (f" Not restored: {'; '.join(left)}." if left else "")
 
 
 def engine_banner(engine: EngineContract | None) -> tuple[str, bool]:
@@ -174,6 +280,10 @@ def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract 
         lora_list = gr.Dataset(components=[prompt], samples=[[f"<lora:{name}:1>"] for name in lora_names],
                                type="index", label="LoRAs (click to add its tag to the prompt; edit the weight, -4 to 4)",
                                elem_id="loras", visible=bool(lora_names))
+        with gr.Accordion("Restore settings from a PNG", open=False, elem_id="png-settings-box"):
+            png_file = gr.HTML("", html_template=PNG_SETTINGS_HTML, js_on_load=PNG_SETTINGS_JS, elem_id="png-settings")
+            png_note = gr.Markdown("A PNG this page or AUTOMATIC1111 made carries its prompt and settings; it is read "
+                                   "in this browser, not uploaded.", elem_id="png-note")
         with gr.Accordion("History (this browser)", open=True):
             history_note = gr.Markdown(HISTORY_NOTE, elem_id="history-note")
             history_gallery = gr.Gallery(label="Past generations", show_label=False, columns=10, height=300,
@@ -182,12 +292,20 @@ def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract 
             clear_history = gr.Button("Clear history", size="sm")
         past = gr.BrowserState([], storage_key=HISTORY_KEY, secret=history.browser_secret(history_secret))
         selected_seed = gr.State(None)
+        last_result = gr.State(None)  # the last finished request's gallery and details, shown again after a Stop
+        # Where the page's Stop found its request (STOP_STEP_JS), "" when there was no Stop; kept in the browser.
+        heard = gr.Textbox("", visible="hidden", elem_id="stop-heard")
         pending = history.Pending()  # each generation's history record, until this browser's history takes it
+        finished = history.Pending(max_per_session=1)  # each session's last finished gallery, until it is kept
 
-        generate_images = handler.api_function(generate, config, pending)  # named as the /generate API's inputs
+        # named as the /generate API's inputs
+        generate_images = handler.api_function(generate, config, pending, finished)
 
         # On a narrow screen bring the gallery into view for the progress, and again once the images are in.
         gr.on([run.click, prompt.submit], None, None, None, js=SCROLL_TO_GALLERY_JS, queue=False,
+              api_visibility="private")
+        # A Stop's line described the stopped request: a new one takes it away (a finished one's line stays).
+        gr.on([run.click, prompt.submit], None, status, [status, heard], js=NEW_REQUEST_JS, queue=False,
               api_visibility="private")
         # preprocess=False: values reach the engine as sent, so its checks and messages (with the
         # argument's name) apply to page and API alike, instead of Gradio's unnamed bound checks.
@@ -198,14 +316,24 @@ def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract 
         event.success(page_event(status_line), info, status, api_visibility="private")
         # Issue #23: Stop cancels this browser's request; Gradio closes its generator, which stops the engine
         # after the running step (handler.stream_previews). Nothing else: another browser's request runs on.
-        stop.click(None, None, None, cancels=[event], api_visibility="private", queue=False)
-        event.failure(None, None, status, js="() => ''", api_visibility="private")  # the line was the last request's
+        # The page then says where it stopped and shows the last finished result again, not the half-made
+        # preview (stopped_view). The step is read in the browser as the Stop is clicked; the rest runs as the
+        # cancelled event's failure, which Gradio's page sends once the cancel is through: previews still on
+        # their way before that would otherwise land on the restored gallery.
+        stop.click(None, None, heard, js=STOP_STEP_JS, cancels=[event], api_visibility="private", queue=False)
+        event.failure(page_event(stopped_view), [last_result, heard], [gallery, info, status],
+                      api_visibility="private", queue=False, show_progress="hidden")
         event.success(None, None, None, js=SCROLL_TO_GALLERY_JS, queue=False, api_visibility="private")
 
         @page_event
         def remember(past: list, request: gr.Request):
             return history.remember(past if isinstance(past, list) else [], pending.pop(request.session_hash))
 
+        @page_event
+        def keep_result(request: gr.Request):
+            return finished.pop(request.session_hash)
+
+        event.success(keep_result, None, last_result, api_visibility="private", queue=False, show_progress="hidden")
         event.success(remember, past, past, api_visibility="private", show_progress="hidden").then(
             None, past, [history_gallery, history_note], js=HISTORY_JS, api_visibility="private")
         event.success(lambda: (None, gr.Button("Reuse selected image's seed", interactive=False)), None,
@@ -250,6 +378,17 @@ def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract 
                                api_visibility="private", queue=False)
         clear_history.click(None, None, past, js=CLEAR_HISTORY_JS, api_visibility="private").then(
             None, past, [history_gallery, history_note], js=HISTORY_JS, api_visibility="private")
+
+        @page_event
+        def restore_png(text: str):
+            values, note = png_settings(text, [value for _, value in size_choices(engine)[0]],
+                                        config.max_inference_steps, config.max_seed)
+            return (*(values.get(name, gr.update()) for name in PNG_FIELDS), note)
+
+        # The browser sends the PNG's parameters text only (PNG_SETTINGS_JS): no file reaches the server.
+        png_file.input(restore_png, png_file, [prompt, negative_prompt, style, seed, guidance_scale,
+                                               num_inference_steps, sampler, resolution, png_note],
+                       api_visibility="private", queue=False, show_progress="hidden")
 
         @page_event
         def load_example(index: int):

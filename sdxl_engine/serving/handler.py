@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import html
 import queue
 import tempfile
 import threading
@@ -73,13 +74,15 @@ def page_defaults(config: EngineConfig) -> EngineConfig:
     return resolve_defaults(config, engine_defaults(config.model), config.model)
 
 
-def api_function(handle: Callable, config: EngineConfig, pending: history.Pending) -> Callable:
+def api_function(handle: Callable, config: EngineConfig, pending: history.Pending,
+                 finished: history.Pending | None = None) -> Callable:
     """The function the page's Generate event runs, which is also the ``/generate`` API endpoint.
 
     Its parameter names are the API's keyword inputs, its defaults the page's (``config``: the
     page's resolved defaults); it calls ``handle`` (handle_generate's arguments minus the engine)
     with the request's arrival (guard.arrival_time), keeps the history record in ``pending`` for
-    the caller's session, and yields (preview gallery, None) while the engine runs, then (gallery
+    the caller's session (and ``{"gallery": items, "info": info}`` in ``finished``, if given: the
+    page shows it again after a Stop), and yields (preview gallery, None) while the engine runs, then (gallery
     items, info) (stream_previews). Its name and docstring are the MCP tool's (serving/apis: Gradio
     describes the tool and its inputs from them).
     """
@@ -112,6 +115,8 @@ def api_function(handle: Callable, config: EngineConfig, pending: history.Pendin
             if own:
                 JOBS.close(job)
         pending.put(getattr(request, "session_hash", None), record)
+        if finished is not None:
+            finished.put(getattr(request, "session_hash", None), {"gallery": gallery, "info": info})
         yield gallery, info
 
     generate.__doc__ = TOOL_DOC.format(styles=", ".join(STYLE_NAMES), samplers=", ".join(SAMPLERS))
@@ -239,10 +244,11 @@ def refuse(err: Exception) -> gr.Error:
 
 
 def shown(message: str) -> str:
-    """A message for gr.Error, whose pop-up on the page renders HTML: angle brackets (a ``<lora:...>`` tag
-    the message quotes, or markup a client typed) become the look-alike ‹ › so the text shows whole and
-    nothing a client sent becomes an element."""
-    return message.replace("<", "\u2039").replace(">", "\u203a")
+    """A message for gr.Error, whose pop-up on the page renders HTML: ``&``, ``<`` and ``>`` as HTML
+    entities, so the pop-up shows the text as it was (a ``<lora:x:9>`` tag the message quotes can be
+    copied back into the prompt) and nothing a client sent becomes an element. Clients that read the
+    message as text (the protocol APIs: apis/core.py) unescape it (html.unescape)."""
+    return html.escape(message, quote=False)
 
 
 def handle_generate(engine: EngineContract, prompt, negative_prompt, seed, guidance_scale, num_inference_steps,

@@ -67,3 +67,64 @@ CLEAR_HISTORY_JS = f"() => {{ localStorage.setItem({json.dumps(HISTORY_KEY + '-c
 PARSE_SIZE_JS = "(v) => String(v || '0x0').split('x').map(Number)"  # "WxH" (a size_choices value) -> [width, height]
 SCROLL_TO_GALLERY_JS = """() => { if (window.innerWidth < 768) {  /* after the page's own updates settle */
   setTimeout(() => document.querySelector('#gallery')?.scrollIntoView({block: 'start'}), 100); } }"""
+# At Stop: what the page last showed of its running request, for app.stopped_view: "k/N" (the step of the
+# preview's caption or of the progress line, whichever is later), "waiting" (its progress line shows no step
+# yet), "" (no request running).
+STOP_STEP_JS = """() => { const gallery = document.querySelector('#gallery');
+  const caption = gallery?.querySelector('.caption-label')?.innerText.trim() || '';
+  const tracker = gallery?.querySelector('[data-testid="status-tracker"]');
+  const progress = tracker?.innerText.trim() || '';
+  let best = null;
+  for (const text of [caption.startsWith('preview') ? caption : '', progress]) {
+    const m = /step (\\d+)\\/(\\d+)/.exec(text);
+    if (m && (!best || Number(m[1]) > best[0])) best = [Number(m[1]), Number(m[2])];
+  }
+  return best ? `${best[0]}/${best[1]}` : progress ? 'waiting' : ''; }"""
+# At Generate: a Stop's line goes (it described the stopped request; a finished one's line stays until the
+# new one's), and no Stop is heard yet.
+NEW_REQUEST_JS = "(s) => [(typeof s === 'string' && s.startsWith('**Stopped')) ? '' : s, '']"
+# Restore settings from a PNG (app.png_settings): a file input and a drop zone; the PNG is read here in the
+# browser, never uploaded (the server takes no files): only its `parameters` text goes to the page's event.
+PNG_SETTINGS_HTML = """<div class="png-drop" style="border: 1px dashed var(--border-color-primary); border-radius: 8px;
+  padding: 12px; text-align: center;">
+  <label>Drop a PNG here, or choose one: <input type="file" accept="image/png" aria-label="PNG to restore settings from"></label>
+</div>"""
+# Its js_on_load (gr.HTML: `element`, `props`, `trigger`). The text of the first tEXt, iTXt or zTXt chunk
+# keyed `parameters` (PNG spec 11.3.4; A1111 and this server write tEXt, or iTXt for non-Latin-1 text),
+# '' when there is none or the file is no PNG; capped, as a parameters text is a few kB.
+PNG_SETTINGS_JS = """
+const MAX = 60000, input = element.querySelector('input[type=file]'), zone = element.querySelector('.png-drop');
+const inflate = async (bytes) => new Response(new Blob([bytes]).stream()
+  .pipeThrough(new DecompressionStream('deflate'))).arrayBuffer().then(b => new Uint8Array(b));
+async function parameters(bytes) {
+  const sig = [137, 80, 78, 71, 13, 10, 26, 10], view = new DataView(bytes.buffer);
+  if (bytes.length < 8 || sig.some((b, i) => bytes[i] !== b)) return '';
+  for (let at = 8; at + 12 <= bytes.length;) {
+    const length = view.getUint32(at), type = String.fromCharCode(...bytes.subarray(at + 4, at + 8));
+    const data = bytes.subarray(at + 8, Math.min(at + 8 + length, bytes.length));
+    at += 12 + length;
+    if (type === 'IEND') break;
+    if (!['tEXt', 'iTXt', 'zTXt'].includes(type)) continue;
+    const nul = data.indexOf(0);
+    if (nul < 0 || new TextDecoder('latin1').decode(data.subarray(0, nul)) !== 'parameters') continue;
+    if (type === 'tEXt') return new TextDecoder('latin1').decode(data.subarray(nul + 1));
+    if (type === 'zTXt') return new TextDecoder('latin1').decode(await inflate(data.subarray(nul + 2)));
+    const compressed = data[nul + 1] === 1;  /* iTXt: flag, method, language\\0, translated keyword\\0, text */
+    let rest = nul + 3;
+    rest = data.indexOf(0, rest) + 1; rest = data.indexOf(0, rest) + 1;
+    if (rest <= 0) return '';
+    const text = compressed ? await inflate(data.subarray(rest)) : data.subarray(rest);
+    return new TextDecoder('utf-8').decode(text);
+  }
+  return '';
+}
+async function read(file) {
+  let text = '';
+  try { text = (await parameters(new Uint8Array(await file.arrayBuffer()))).slice(0, MAX); } catch (err) { text = ''; }
+  props.value = text || ' ';  /* a blank: no parameters found (the event says so) */
+  trigger('input');
+}
+input.addEventListener('change', () => { const file = input.files[0]; input.value = ''; if (file) read(file); });
+zone.addEventListener('dragover', (e) => e.preventDefault());
+zone.addEventListener('drop', (e) => { e.preventDefault(); const file = e.dataTransfer.files[0]; if (file) read(file); });
+"""

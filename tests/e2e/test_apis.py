@@ -9,6 +9,7 @@ import base64
 import io
 import json
 import threading
+import time
 
 import httpx
 import numpy as np
@@ -119,7 +120,7 @@ def test_a1111_lists_options_and_model_switching(webui):
         "cannot switch to 'sd_xl_base_1.0'")
     styles = webui.get_prompt_styles()
     assert [s["name"] for s in styles][:2] == ["Cinematic", "Photographic"] and "{prompt}" in styles[0]["prompt"]
-    assert webui.get_upscalers() == [] and webui.get_sd_vae() == []
+    assert [u["name"] for u in webui.get_upscalers()] == ["None", "Lanczos", "Nearest"] and webui.get_sd_vae() == []
     assert [lora["name"] for lora in webui.get_loras()] == ["lcm"]  # tiny-shapes' own LCM-LoRA (#26)
     flags = webui.get_cmd_flags()
     assert flags["api_key_required"] is True and KEY not in json.dumps(flags)
@@ -418,3 +419,36 @@ def test_a1111_progress_and_interrupt_reach_only_the_callers_own_a1111_requests(
     info = json.loads(answer["response"].json()["info"])
     assert info["interrupted"] is True and answer["response"].json()["images"] == []
     assert any("request stopped after step" in line and "(interrupted)" in line for line in app.log)
+
+
+def test_webuiapi_extras_upscale_a_png_this_server_made(app, webui):
+    """webuiapi's extra_single_image and extra_batch_images: Lanczos x2 is Pillow's Lanczos to the pixel, Nearest
+    to a size, an upscaler_2 and GFPGAN named as not applied (html_info and one log line); a truncated image is
+    A1111's 422 naming imageList[1].data, with one log line."""
+    made = webui.txt2img(prompt=PROMPT, seed=5, steps=2, **SIZE).images[0]
+    result = webui.extra_single_image(made, upscaler_1="Lanczos", upscaling_resize=2)
+    assert result.images[0].size == (128, 128)
+    assert np.array_equal(pixels(result.images[0]), pixels(made.resize((128, 128), Image.Resampling.LANCZOS)))
+    assert result.info == "<p>Postprocess upscale by: 2, Postprocess upscaler: Lanczos</p>"
+    log_from = len(app.log)
+    batch = webui.extra_batch_images([made, made.rotate(90)], resize_mode=1, upscaling_resize_w=96,
+                                     upscaling_resize_h=96, upscaler_1="Nearest", upscaler_2="ESRGAN_4x",
+                                     extras_upscaler_2_visibility=0.4, gfpgan_visibility=1)
+    assert [image.size for image in batch.images] == [(96, 96), (96, 96)]
+    assert np.array_equal(pixels(batch.images[1]), pixels(made.rotate(90).resize((96, 96), Image.Resampling.NEAREST)))
+    assert "upscaler_2 &#x27;ESRGAN_4x&#x27; (visibility 0.4) is not applied" in batch.info
+    assert "gfpgan_visibility 1 is not applied: no face restoration here" in batch.info
+    png = io.BytesIO()
+    made.save(png, format="PNG")
+    truncated = base64.b64encode(png.getvalue()[:200]).decode()
+    refused = webui.session.post(f"{webui.baseurl}/extra-batch-images", json={
+        "upscaler_1": "Lanczos", "imageList": [{"data": base64.b64encode(png.getvalue()).decode(), "name": "a.png"},
+                                               {"data": truncated, "name": "b.png"}]})
+    assert refused.status_code == 422 and refused.json()["error"] == "InvalidRequest"
+    assert refused.json()["detail"].startswith("imageList[1].data: a broken or truncated image (")
+    deadline = time.monotonic() + 30
+    while not any("request refused: extra-batch-images: imageList[1].data" in line for line in app.log[log_from:]):
+        assert time.monotonic() < deadline, "".join(app.log[log_from:])
+        time.sleep(0.05)
+    lines = [line for line in app.log[log_from:] if "extra-batch-images" in line]
+    assert len(lines) == 2 and "2 field(s) not honoured" in lines[0], lines

@@ -6,6 +6,7 @@ Skipped only when /usr/bin/chromium is missing (.ci/run installs it with apt-get
 """
 
 import io
+import json
 import re
 import time
 from pathlib import Path
@@ -548,3 +549,169 @@ def test_progress_bar_and_previews_show_before_the_images(browser, previews_serv
         assert page_handle.blocked == []
     finally:
         page_handle.close()
+
+
+def set_steps(page, steps: int) -> None:
+    """Type ``steps`` into the Steps box until the page holds it (under load, the slider may put its old value
+    back over a first typing that lands while the accordion is still opening): at most three tries."""
+    for attempt in range(3):
+        page.fill("#steps input[type='number']", str(steps))
+        page.keyboard.press("Enter")
+        try:
+            page.wait_for_function("n => document.querySelector('#steps input[type=number]')?.value === String(n)"
+                                   " && document.querySelector('#steps input[type=range]')?.value === String(n)",
+                                   arg=steps, timeout=10_000)
+            return
+        except Exception:
+            if attempt == 2:
+                raise
+
+
+def test_stop_says_where_it_stopped_and_shows_the_last_finished_result_again(browser, previews_server):
+    """A Stop in the middle of a request: the line under the gallery says "Stopped at step k of N; nothing
+    saved" (k: a step the page showed, at most the step the engine stopped after, from its log line),
+    and the gallery shows the previous request's finished images (by their captions), not the half-made
+    preview. The Stop is clicked by an observer the moment the first preview shows, as a user would."""
+    page_handle = OfflinePage(browser, previews_server.url)
+    try:
+        page = page_handle.open()
+        page.wait_for_function("document.querySelector('#engine-status')?.innerText.includes('Ready on')")
+        page.get_by_text("Advanced settings").click()
+        set_steps(page, 50)
+        finished = generate(page, "a red circle on a blue background")
+        page.evaluate("""() => { window.atStop = null; const seen = new MutationObserver(() => {
+            const caption = document.querySelector('#gallery .caption-label')?.innerText.trim() || '';
+            if (window.atStop === null && caption.startsWith('preview · step ')) {
+              const tracker = document.querySelector('#gallery [data-testid="status-tracker"]');
+              window.atStop = [caption, tracker ? tracker.innerText : ''];
+              document.querySelector('#stop').click(); seen.disconnect(); }
+          }); seen.observe(document.body, {subtree: true, childList: true, characterData: true}); }""")
+        log_from = len(previews_server.log)
+        page.fill("#prompt textarea", "a green square")
+        page.click("#generate")
+        page.wait_for_function("document.querySelector('#result-status')?.innerText.includes('Stopped at step')",
+                               timeout=120_000)
+        caption, tracker = page.evaluate("window.atStop")
+        shown = [int(m.group(1)) for m in re.finditer(r"step (\d+)/50", caption + " " + tracker)]
+        status = page.inner_text("#result-status")
+        match = re.match(r"Stopped at step (\d+) of 50; nothing saved\. Below, the last finished request: ", status)
+        # k is a step the page showed at the click (the preview's or the progress line's, whichever the Stop's
+        # script still found: Gradio may reset the progress line for the cancel first).
+        assert match and int(match.group(1)) in shown, (status, caption, tracker)
+        assert "4 images on 4 × cpu" in status, status
+        page.wait_for_function("""prev => { const items = [...document.querySelectorAll(
+            '#gallery .grid-container .gallery-item .caption-label')].map(e => e.innerText.trim());
+          return JSON.stringify(items) === JSON.stringify(prev); }""", arg=finished, timeout=30_000)
+        # The engine stopped after a step no earlier than the one the page showed; the status still holds after it.
+        deadline = time.monotonic() + 60
+        while not any("request stopped after step" in line for line in previews_server.log[log_from:]):
+            assert time.monotonic() < deadline, "".join(previews_server.log[log_from:])
+            page.wait_for_timeout(100)
+        line = next(line for line in previews_server.log[log_from:] if "request stopped after step" in line)
+        stopped_at = int(re.search(r"stopped after step (\d+) of 50", line).group(1))
+        assert int(match.group(1)) <= stopped_at, (status, line)
+        assert "nothing saved" in line
+        assert page.inner_text("#result-status") == status
+        captions = page.locator("#gallery .grid-container .gallery-item .caption-label").all_inner_texts()
+        assert [c.strip() for c in captions] == finished
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "ui-stopped.png"))
+        assert page_handle.blocked == []
+    finally:
+        page_handle.close()
+
+
+def test_error_pop_ups_show_the_clients_angle_brackets_as_text_and_make_no_element(offline):
+    """An error quoting the prompt shows its tag with the real < > (copyable back into the prompt), and a
+    tag carrying markup shows that markup as text: no element is made, no script runs."""
+    page = offline.open()
+    page.wait_for_function("document.querySelector('#engine-status')?.innerText.includes('Ready on')")
+    toasts = "[...document.querySelectorAll('[data-testid=\"toast-text\"]')].map(e => e.innerText)"
+    page.fill("#prompt textarea", "a red circle <lora:x:9> & co")
+    page.click("#generate")
+    page.wait_for_function(f"{toasts}.some(t => t.includes('weight must be'))", timeout=60_000)
+    text = next(t for t in page.evaluate(toasts) if "weight must be" in t)
+    assert text == "prompt: '<lora:x:9>': the weight must be between -4 and 4", text
+    page.fill("#prompt textarea", "a red circle <lora:x:<img src=x onerror=window.pwned=1>>")
+    page.click("#generate")
+    page.wait_for_function(f"{toasts}.some(t => t.includes('is not a number'))", timeout=60_000)
+    text = next(t for t in page.evaluate(toasts) if "is not a number" in t)
+    assert text == ("prompt: '<lora:x:<img src=x onerror=window.pwned=1>': the weight "
+                    "'<img src=x onerror=window.pwned=1' is not a number"), text
+    assert page.evaluate("document.querySelectorAll('[data-testid=\"toast-body\"] img').length") == 0
+    assert page.evaluate("window.pwned") is None
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "ui-error-text.png"))
+
+
+def test_a_png_this_server_made_restores_its_settings_read_in_the_browser(offline, tmp_path):
+    """Choosing a PNG the page made puts its prompt (the style taken back out), negative prompt, style, seed,
+    steps, sampler, CFG and size back into the fields; the file is read in the browser, never uploaded
+    (no request carries it: the event sends its parameters text only)."""
+    page = offline.open()
+    page.wait_for_function("document.querySelector('#engine-status')?.innerText.includes('Ready on')")
+    page.get_by_text("Advanced settings").click()
+    page.fill("#negative textarea", "blurry")
+    page.fill("#steps input[type='number']", "6")
+    page.keyboard.press("Enter")
+    page.wait_for_function("() => document.querySelector('#steps input[type=number]')?.value === '6'")
+    captions = generate(page, "a small yellow star", "Cinematic")
+    seed = CAPTION.match(captions[2]).group(1)
+    page.locator("#gallery .grid-container .gallery-item").nth(2).click()
+    with page.expect_download() as download:
+        page.locator("#gallery button[aria-label='Download']").first.click()
+    made = tmp_path / "made.png"
+    download.value.save_as(made)
+    page.keyboard.press("Escape")
+    # Other settings on the page now.
+    page.fill("#prompt textarea", "something else")
+    page.fill("#negative textarea", "")
+    page.locator("#style input[value='Anime']").check()
+    page.click("#randomize")
+    page.wait_for_function("document.querySelector('#seed input')?.value === '-1'")
+    sent = []
+    page.on("request", lambda request: sent.append((request.url, request.post_data or ""))
+            if request.method == "POST" else None)
+    page.get_by_text("Restore settings from a PNG").click()
+    page.locator("#png-settings input[type=file]").set_input_files(str(made))
+    page.wait_for_function("document.querySelector('#prompt textarea')?.value === 'a small yellow star'",
+                           timeout=30_000)
+    page.wait_for_function(f"document.querySelector('#seed input')?.value === '{seed}'")
+    assert page.input_value("#negative textarea") == "blurry"
+    assert page.locator("#style input:checked").get_attribute("value") == "Cinematic"
+    assert page.locator("#steps input[type='number']").input_value() == "6"
+    assert page.locator("#sampler input").input_value() == DEFAULTS["sampler"]
+    assert "64 × 64" in page.locator("#resolution input").input_value()
+    assert page.inner_text("#png-note").startswith("Restored from the PNG: prompt, negative prompt, style, seed, CFG, "
+                                                   "steps, sampler, size")
+    with Image.open(made) as image:
+        parameters = image.text["parameters"]
+    # What went to the server: the parameters text (JSON-escaped), no PNG (base64 starts "iVBORw0KGgo"), no upload.
+    assert any(json.dumps(parameters)[1:-1] in body for _, body in sent), sent
+    assert not any("iVBORw0KGgo" in body or "upload" in url for url, body in sent), sent
+    # A file with no parameters restores nothing and says so.
+    plain = tmp_path / "plain.png"
+    Image.new("RGB", (4, 4)).save(plain)
+    page.locator("#png-settings input[type=file]").set_input_files(str(plain))
+    page.wait_for_function("document.querySelector('#png-note')?.innerText.includes('nothing restored')")
+    assert page.input_value("#prompt textarea") == "a small yellow star"
+    # An A1111 PNG whose text is not Latin-1 (Pillow writes it as iTXt, UTF-8), at a size this model lacks.
+    from PIL import PngImagePlugin
+    info = PngImagePlugin.PngInfo()
+    info.add_text("parameters", "一只猫 (cat:1.2)\nNegative prompt: 模糊\nSteps: 20, Sampler: DPM++ 2M, "
+                                "Schedule type: Karras, CFG scale: 6.5, Seed: 4242, Size: 1024x1024, Model: sdxl")
+    a1111 = tmp_path / "a1111.png"
+    Image.new("RGB", (4, 4)).save(a1111, pnginfo=info)
+    assert b"iTXt" in a1111.read_bytes()
+    page.locator("#png-settings input[type=file]").set_input_files(str(a1111))
+    page.wait_for_function("document.querySelector('#prompt textarea')?.value === '一只猫 (cat:1.2)'")
+    assert page.input_value("#negative textarea") == "模糊"
+    page.wait_for_function("document.querySelector('#seed input')?.value === '4242'")
+    assert page.locator("#sampler input").input_value() == "DPM++ 2M Karras"
+    assert page.locator("#steps input[type='number']").input_value() == "20"
+    assert page.locator("#style input:checked").get_attribute("value") == "(No style)"
+    assert "Not restored: size 1024x1024 (not one of this model's sizes)." in page.inner_text("#png-note")
+    assert "64 × 64" in page.locator("#resolution input").input_value()
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "ui-png-restore.png"), full_page=True)
+    assert offline.blocked == []

@@ -103,8 +103,8 @@ def test_served_app_applies_a_tag_and_records_its_hash(tmp_path):
             assert image.text["parameters"].startswith("a red circle <lora:ink:0.7>\n")
             assert image.text["parameters"].endswith(f', Lora hashes: "ink: {short}"')
             assert np.abs(np.asarray(image, np.int32) - np.asarray(base, np.int32)).mean() > 1
-        # gr.Error's pop-up renders HTML, so the page's messages show angle brackets as ‹ › (handler.shown)
-        unknown = "prompt: unknown LoRA 'nope' in \u2039lora:nope:\\.\\.\\.\u203a; available: ink"
+        # gr.Error's pop-up renders HTML, so the messages carry < > & as HTML entities (handler.shown)
+        unknown = "prompt: unknown LoRA 'nope' in &lt;lora:nope:\\.\\.\\.&gt;; available: ink"
         with pytest.raises(AppError, match=unknown):
             client.predict(api_name="/generate", prompt="a cat <lora:nope>", **request)
         log = "".join(app.log)

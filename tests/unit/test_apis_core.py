@@ -115,3 +115,19 @@ def test_the_handlers_typed_error_crosses_the_queue_as_the_protocols_status(monk
         with pytest.raises(core.ApiError) as err:
             run(Call("a red circle", seed=1))
         assert err.value.status == status and not isinstance(err.value, Interrupted) and err.value.message == str(error)
+
+
+def test_the_handlers_page_escaped_message_reaches_an_api_client_as_text(monkeypatch):
+    """The handler's refusals are HTML-escaped for the page's pop-up (handler.shown); the protocol APIs answer
+    the text itself, with the real < > & a client can copy back."""
+    from sdxl_engine.serving.handler import shown
+
+    message = "prompt: '<lora:x:9>': the weight must be between -4 and 4 & more"
+
+    async def run_queued(demo, api_name, values, request, scope=None):
+        return False, {"error": shown(message)}
+
+    monkeypatch.setattr(core.gradio_internals, "run_queued", run_queued)
+    with pytest.raises(core.ApiError) as caught:
+        run(Call("a red circle", seed=10, images=4))
+    assert caught.value.status == 500 and caught.value.message == message

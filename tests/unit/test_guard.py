@@ -35,7 +35,7 @@ def test_guard_never_passes_more_than_the_cap_to_the_app():
     assert received[-1]["type"] == "http.disconnect"
     assert sent[0]["status"] == 413
     received.clear(), sent.clear()
-    asyncio.run(run("/gradio_api/cancel"))  # read whole by the guard first (server.CANCELLED): never reaches the app
+    asyncio.run(run("/gradio_api/cancel"))  # read whole by the guard first (guard.CANCELLED): never reaches the app
     assert received == [] and sent[0]["status"] == 413
 
 

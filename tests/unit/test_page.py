@@ -54,3 +54,85 @@ def test_page_lists_the_loras_and_a_click_adds_a_tag(tmp_path):
             ] == ["<lora:lcm:1>"]
     plain = app.build_demo(lambda *v, **kw: ([], {}, None), EngineConfig.load({"model": "tiny-random"}, environ={}))
     assert not next(b for b in plain.blocks.values() if getattr(b, "elem_id", None) == "loras").visible
+
+
+def test_stopped_view_says_where_and_gives_the_last_finished_result_back():
+    """After Stop: "Stopped at step k of N; nothing saved", with the last finished gallery and details back
+    (its own status line after the message), or an empty gallery when nothing finished before; after a
+    failure that was no Stop, the line goes and the gallery stays."""
+    import gradio as gr
+    import pytest
+
+    import app
+
+    info = {"seeds": [7, 8, 9, 10], "latency_s": 1.5, "device": "4 × cpu", "width": 64, "height": 64,
+            "num_inference_steps": 8, "sampler": "Euler", "guidance_scale": 5.0, "model": "tiny-shapes",
+            "timings_s": {"queue": 0.0, "prep": 0.001, "device": 1.4, "post": 0.002}}
+    last = {"gallery": [("/tmp/a.png", "seed 7 · 1.50 s"), ("/tmp/b.png", "seed 8 · 1.50 s")], "info": info}
+    gallery, details, status = app.stopped_view(last, "4/50")
+    assert gallery == last["gallery"] and details is info
+    assert status == ("**Stopped at step 4 of 50; nothing saved.** Below, the last finished request: "
+                      + app.status_line(info))
+    assert status.endswith("seeds 7–10, style **(No style)**, model `tiny-shapes`")
+    assert app.stopped_view(None, "12/30") == ([], None, "**Stopped at step 12 of 30; nothing saved.**")
+    assert app.stopped_view(None, "waiting") == ([], None, "**Stopped before its first step; nothing saved.**")
+    assert app.stopped_view(last, "") == (gr.update(), gr.update(), "")  # another failure: the line goes
+    with pytest.raises(ValueError, match="heard: expected 'k/N', 'waiting' or '', got '<b>4/50'"):
+        app.stopped_view(last, "<b>4/50")
+
+
+def test_api_function_keeps_the_last_finished_gallery_for_the_session():
+    """The Generate event keeps each session's finished gallery and details where the page's follow-up event
+    takes them (the state a Stop shows again); the history record goes to its own holder."""
+    from types import SimpleNamespace
+
+    from sdxl_engine.config import EngineConfig
+    from sdxl_engine.serving import handler, history
+
+    def fake(*values, job=None, client="", keep=None, progress=None, arrived=None, on_step=None, should_stop=None):
+        return [("/tmp/x.png", "seed 1 · 0.10 s")], {"seeds": [1]}, {"prompt": values[0]}
+
+    pending, finished = history.Pending(), history.Pending(max_per_session=1)
+    generate = handler.api_function(fake, EngineConfig.load(environ={}), pending, finished)
+    request = SimpleNamespace(session_hash="s1", request=None)
+    assert list(generate("a red circle", request=request, progress=lambda *a, **k: None)) == [
+        ([("/tmp/x.png", "seed 1 · 0.10 s")], {"seeds": [1]})]
+    assert finished.pop("s1") == {"gallery": [("/tmp/x.png", "seed 1 · 0.10 s")], "info": {"seeds": [1]}}
+    assert pending.pop("s1") == {"prompt": "a red circle"} and finished.pop("s1") is None
+
+
+def test_png_settings_restores_this_servers_and_a1111s_parameters():
+    """A PNG's parameters text back into the page's fields: this server's (a style taken back out of the
+    prompts it wrapped), A1111's (DPM++ 2M with Schedule type Karras), and what the page cannot take named."""
+    import pytest
+
+    import app
+    from sdxl_engine.serving.images import a1111_parameters
+    from sdxl_engine.serving.styles import apply_style
+
+    styled, negative = apply_style("Cinematic", "a green square, big", "blurry")
+    text = a1111_parameters(styled, negative, 12, 4.5, 77, 64, 64, "tiny-shapes", {"Style": "Cinematic"}, "DDIM")
+    values, note = app.png_settings(text, ["64x64", "80x48"], 50, 2**32 - 1)
+    assert values == {"prompt": "a green square, big", "negative_prompt": "blurry", "style": "Cinematic", "seed": 77,
+                      "guidance_scale": 4.5, "num_inference_steps": 12, "sampler": "DDIM", "resolution": "64x64"}
+    assert note == ("Restored from the PNG: prompt, negative prompt, style, seed, CFG, steps, sampler, size; "
+                    "press **Generate** to make it again.")
+    a1111 = ("masterpiece, a cat <lora:ink:0.5>\nwearing a hat\nNegative prompt: lowres, \"bad\"\n"
+             "Steps: 70, Sampler: DPM++ 2M, Schedule type: Karras, CFG scale: 7, Seed: 1234, Size: 1024x1024, "
+             "Model hash: 31e35c80fc, Model: sd_xl_base_1.0, Style: \"My, style\", Version: v1.10.1")
+    values, note = app.png_settings(a1111, ["64x64"], 50, 2**32 - 1)
+    assert values == {"prompt": "masterpiece, a cat <lora:ink:0.5>\nwearing a hat", "negative_prompt": 'lowres, "bad"',
+                      "style": "(No style)", "seed": 1234, "guidance_scale": 7.0, "sampler": "DPM++ 2M Karras"}
+    assert note == ("Restored from the PNG: prompt, negative prompt, style, seed, CFG, sampler; press **Generate** to "
+                    "make it again. Not restored: style 'My, style' (not one of this page's: its words stay in the "
+                    "prompt); Steps '70' (this page takes 1 to 50); size 1024x1024 (not one of this model's sizes).")
+    values, note = app.png_settings("a cat\nSteps: 4, Seed: 5", [], 50, 99)
+    assert values == {"prompt": "a cat\nSteps: 4, Seed: 5", "negative_prompt": "",
+                      "style": "(No style)"}  # fewer than 3 fields: A1111 reads the line as prompt
+    values, note = app.png_settings("a cat\nSteps: 4, Sampler: UniPC, Seed: x, CFG scale: 2", [], 50, 99)
+    assert values["num_inference_steps"] == 4 and "sampler 'UniPC' (not one of this server's)" in note
+    assert "Seed 'x' (this page takes 0 to 99)" in note
+    assert app.png_settings(" ", [], 50, 99) == ({}, "That file has no generation parameters (no `parameters` text "
+                                                     "in a PNG): nothing restored.")
+    with pytest.raises(ValueError, match="at most 60000 characters"):
+        app.png_settings("x" * 60_001, [], 50, 99)

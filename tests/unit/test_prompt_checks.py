@@ -55,6 +55,9 @@ def test_break_keeps_the_words_apart():
 def test_messages_shown_on_the_page_keep_their_angle_bracket_text_but_no_markup():
     from sdxl_engine.serving.handler import shown
 
+    # The page's pop-up renders HTML: entities show the real characters and make no element.
     assert shown("prompt: unknown LoRA 'nope' in <lora:nope:...>; available: ink") == (
-        "prompt: unknown LoRA 'nope' in \u2039lora:nope:...\u203a; available: ink")
-    assert "<" not in shown("<img src=x onerror=alert(1)>") and ">" not in shown("<b>")
+        "prompt: unknown LoRA 'nope' in &lt;lora:nope:...&gt;; available: ink")
+    assert shown("'<lora:x:<img src=x onerror=alert(1)>': a & b \"c\"") == (
+        "'&lt;lora:x:&lt;img src=x onerror=alert(1)&gt;': a &amp; b \"c\"")
+    assert shown("&lt;b&gt;") == "&amp;lt;b&amp;gt;"  # typed entities stay text too

@@ -8,7 +8,8 @@ come), ``POST skip`` ends its running engine call only: never a page's, a gradio
 protocol's or another address's request; ``sd-models``, ``options``, ``samplers``, ``schedulers``, ``loras``,
 ``prompt-styles``, ``upscalers``, ``latent-upscale-modes``, ``sd-vae``, ``sd-modules``,
 ``hypernetworks``, ``embeddings``, ``scripts``, ``cmd-flags`` and ``refresh-*`` describe the one
-loaded model and what it takes; ``POST png-info`` reads an image's parameters text (:func:`png_info`).
+loaded model and what it takes; ``POST png-info`` reads an image's parameters text (:func:`png_info`);
+``POST extra-single-image`` and ``extra-batch-images`` upscale with Pillow's Lanczos or Nearest (extras.py).
 
 Field mapping (:func:`to_call`): ``steps`` -> num_inference_steps, ``cfg_scale`` -> guidance_scale,
 ``sampler_name`` (else ``sampler_index``) with ``scheduler`` -> the sampler (A1111 1.9 splits
@@ -26,6 +27,7 @@ path is A1111's 404 (:func:`unknown_router`).
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import dataclasses
 import io
@@ -43,6 +45,8 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict
 from sdxl_engine.program.schedulers import SAMPLERS, UnknownSampler, get_sampler
 from sdxl_engine.serving import admission
 from sdxl_engine.serving.apis.core import ApiError, Call, Interrupted, generate, model_name, read_json
+from sdxl_engine.serving.apis.extras import ExtrasBatchImages, ExtrasRequest, ExtrasSingleImage, upscaler_list
+from sdxl_engine.serving.apis.extras import run as run_extras
 from sdxl_engine.serving.apis.openai_images import EXIF_IFD, USER_COMMENT
 from sdxl_engine.serving.progress import JOBS, Owner
 from sdxl_engine.serving.styles import NO_STYLE, STYLES
@@ -388,6 +392,7 @@ def router(demo, engine, flags: dict, loras) -> APIRouter:
     giving ``(names, reason)`` for ``/loras`` (apis.loras_of).
     """
     api = APIRouter(prefix=PREFIX, route_class=CheckedBody)
+    extras_turn = asyncio.Lock()  # one Extras request at a time: each holds its images in memory
 
     @api.post("/txt2img")
     async def txt2img(body: Txt2Img, request: Request):
@@ -414,6 +419,30 @@ def router(demo, engine, flags: dict, loras) -> APIRouter:
             return png_info(body.image)
         except ApiError as err:
             return a1111_error(err, bad_value=422)
+
+    async def upscaled(route: str, body: ExtrasRequest, images: list[tuple[str, str]]):
+        """(base64 PNGs, html_info) of an Extras route, or A1111's 422 naming the field; one log line either
+        way for what is refused or not honoured. The work runs in a thread, one request at a time."""
+        try:
+            async with extras_turn:
+                pngs, info, warnings = await asyncio.to_thread(run_extras, body, images)
+        except ApiError as err:
+            print(f"[app] request refused: {route}: {err.message}", flush=True)
+            return None, a1111_error(err, bad_value=422)
+        if warnings:
+            print(f"[app] A1111 {route}: {len(warnings)} field(s) not honoured: {'; '.join(warnings)}", flush=True)
+        return pngs, info
+
+    @api.post("/extra-single-image")
+    async def extra_single_image(body: ExtrasSingleImage):
+        pngs, info = await upscaled("extra-single-image", body, [(body.image, "image")])
+        return info if pngs is None else {"image": pngs[0], "html_info": info}
+
+    @api.post("/extra-batch-images")
+    async def extra_batch_images(body: ExtrasBatchImages):
+        pngs, info = await upscaled("extra-batch-images", body,
+                                    [(item.data, f"imageList[{i}].data") for i, item in enumerate(body.imageList)])
+        return info if pngs is None else {"images": pngs, "html_info": info}
 
     @api.post("/img2img")
     async def img2img():
@@ -487,7 +516,7 @@ def router(demo, engine, flags: dict, loras) -> APIRouter:
 
     @api.get("/upscalers")
     async def upscalers():
-        return []
+        return upscaler_list()
 
     @api.get("/latent-upscale-modes")
     async def latent_upscale_modes():

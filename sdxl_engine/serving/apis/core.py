@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import html
 import json
 import math
 import secrets
@@ -231,7 +232,8 @@ async def _one_call(demo, request, values: list, job: str, continues: bool = Fal
         raise ApiError(err.status, f"the server cannot take this request now ({err.message}); retry later",
                        headers={"Retry-After": "5"}) from None
     if not ok:  # the handler's typed error crosses the queue on the job (progress.Jobs.fail); the message with it
-        message = str(output.get("error") or "the engine failed on this request")
+        # The handler's messages are HTML-escaped for the page's pop-up (handler.shown); an API answers text.
+        message = html.unescape(str(output.get("error") or "the engine failed on this request"))
         error = JOBS.error(job)
         if isinstance(error, Stopped):
             raise Interrupted(message)
