@@ -8,9 +8,6 @@ and a JSON object (``seeds``, ``latency_s``, ``device_count`` ...: README). The 
 
 from __future__ import annotations
 
-import functools
-import os
-import re
 from typing import Callable
 
 from sdxl_engine.serving import main as process  # imports nothing heavy: no Gradio, no JAX
@@ -21,193 +18,20 @@ if __name__ == "__main__":  # first: stop signals handled, flags and settings ch
 
 import gradio as gr
 
-from sdxl_engine.checkpoint.loading import model_loras
-from sdxl_engine.checkpoint.lora import available_names
 from sdxl_engine.config import EngineConfig
-from sdxl_engine.engine.contract import EngineContract, clock
+from sdxl_engine.engine.contract import EngineContract
 from sdxl_engine.engine.validation import MAX_GUIDANCE
 from sdxl_engine.program.schedulers import SAMPLERS
 from sdxl_engine.serving import handler, history
-from sdxl_engine.serving.apis.a1111 import generation_parameters, sampler_of
-from sdxl_engine.serving.apis.core import ApiError
 from sdxl_engine.serving.page_assets import (CLEAR_HISTORY_JS, HISTORY_JS, HISTORY_KEY, HISTORY_NOTE, MODEL_NOTES,
                                              PAGE_CSS, PARSE_SIZE_JS, REAL_SDXL_HINT, SCROLL_TO_GALLERY_JS,
                                              NEW_REQUEST_JS, PNG_SETTINGS_HTML, PNG_SETTINGS_JS, STOP_STEP_JS)
-from sdxl_engine.serving.styles import (FAST_LABEL, FAST_LORA, FAST_PRESET, NO_STYLE, STYLE_NAMES, get_style,
+from sdxl_engine.serving.styles import (FAST_LABEL, FAST_LORA, FAST_PRESET, NO_STYLE, STYLE_NAMES,
                                         has_fast_tag, with_fast_tag, without_fast_tag)
 
-# Prompts in the vocabulary of the default model, tiny-shapes (sdxl_engine/assets/tiny-shapes/vocabulary.txt).
-EXAMPLES = ["a red circle on a blue background", "a large green square at the top", "a small yellow star on the left",
-            "a purple triangle on a white background", "a large pink cross in the centre on a black background"]
-# No style in the examples: a style's added words ("anime artwork ...") pull tiny-shapes' images off the prompt.
-# The blog's setting (the config's own defaults), one click away when a model's engine_defaults.json chose another.
-BLOG_DEFAULT = (EngineConfig.sampler, EngineConfig.num_inference_steps)
-def lora_names_for(config: EngineConfig) -> list[str]:
-    """The LoRA names the engine will load: the deployment's and the model's own (its loras.json)."""
-    return available_names(config.lora, config.lora_dir, os.pathsep, model_loras(config.model))
-
-
-def status_line(info: dict) -> str:
-    """The one line under the gallery: latency breakdown, devices, size, steps, sampler, style and model."""
-    if not isinstance(info, dict) or "timings_s" not in info:  # empty, or a raw call to this page event
-        return ""
-    t = info["timings_s"]
-    saved = " · saved to the server's outputs folder" if info.get("saved") else ""
-    replica = f" (replica `{info['replica']}`)" if info.get("replica") else ""
-    ray = f" · ray {t['ray']:.2f} s" if "ray" in t else ""
-    return (f"**{info['latency_s']:.2f} s** for {len(info['seeds'])} images on **{info['device']}**{replica} "
-            f"(queue {t['queue']:.2f} s · prep {t['prep']:.3f} s · device {t['device']:.2f} s · "
-            f"post {t['post']:.3f} s{ray}) — {info['width']}×{info['height']}, {info['num_inference_steps']} "
-            f"{info.get('sampler', 'Euler')} steps, CFG {info['guidance_scale']:g}, seeds {info['seeds'][0]}–"
-            f"{info['seeds'][-1]}, style **{info.get('style', NO_STYLE)}**, model `{info['model']}`{saved}")
-
-
-def stopped_view(last: dict | None, heard: str) -> tuple:
-    """(gallery, info, status) for the page after its request failed: a Stop (``heard`` says where it
-    stopped) gets the line saying so and the last finished request's gallery and details back (``last``:
-    ``{"gallery": [(path, caption)...], "info": {...}}`` as handler.api_function keeps it, or None: then an
-    empty gallery, not a half-made preview); any other failure (``heard`` "") leaves the gallery and clears
-    the line, which described the last request.
-
-    ``heard``: what the page last showed of the stopped request (STOP_STEP_JS): ``"k/N"`` (step k of N,
-    from the preview's caption or the progress line), ``"waiting"`` (no step yet), or ``""`` (no Stop).
-    Raises ValueError for any other text, TypeError for a non-string (only a client other than the page
-    sends them).
-    """
-    if heard == "":
-        return gr.update(), gr.update(), ""
-    if heard == "waiting":
-        said = "Stopped before its first step; nothing saved."
-    elif (match := re.fullmatch(r"(\d{1,6})/(\d{1,6})", heard)) is not None:
-        said = f"Stopped at step {int(match[1])} of {int(match[2])}; nothing saved."
-    else:
-        raise ValueError(f"heard: expected 'k/N', 'waiting' or '', got {heard[:40]!r}")
-    if not last:
-        return [], None, f"**{said}**"
-    return last["gallery"], last["info"], f"**{said}** Below, the last finished request: {status_line(last['info'])}"
-
-
-PNG_FIELDS = {"prompt": "prompt", "negative_prompt": "negative prompt", "style": "style", "seed": "seed",
-              "guidance_scale": "CFG", "num_inference_steps": "steps", "sampler": "sampler", "resolution": "size"}
-MAX_PARAMETERS_CHARS = 60_000  # a parameters text is a few kB; PNG_SETTINGS_JS sends at most this
-
-
-def _unstyled(style: str, prompt: str, negative: str) -> tuple[str, str] | None:
-    """(prompt, negative prompt) as typed before ``style`` was applied (styles.apply_style), or None when the
-    texts are not that style's output."""
-    template = get_style(style)
-    before, _, after = template.prompt.partition("{prompt}")
-    if not (prompt.startswith(before) and prompt.endswith(after) and len(prompt) >= len(before) + len(after)):
-        return None
-    typed = prompt[len(before):len(prompt) - len(after)]
-    extra = template.negative_prompt
-    if not extra:
-        return typed, negative
-    if negative == extra:
-        return typed, ""
-    return (typed, negative[:-len(extra) - 2]) if negative.endswith(", " + extra) else None
-
-
-def png_settings(text: str, sizes: list[str], max_steps: int, max_seed: int) -> tuple[dict, str]:
-    """The page's settings from a PNG's ``parameters`` text (this server's or A1111's; parsed by A1111's rules:
-    apis.a1111.generation_parameters): ({field of PNG_FIELDS: value}, a Markdown note saying what was
-    restored and what was not, and why).
-
-    ``sizes``: the page's resolution values ("WxH"); ``max_steps``, ``max_seed``: the page's limits. A style
-    the page has is taken back out of the prompt texts (the PNG holds them styled); a value the page cannot
-    take (a sampler or size it lacks, steps past the limit) is left as it is and named in the note. A blank
-    text (the browser found no ``parameters`` chunk) restores nothing. Raises TypeError or ValueError for
-    text the page's script never sends (not a string, longer than MAX_PARAMETERS_CHARS)."""
-    if not isinstance(text, str) or len(text) > MAX_PARAMETERS_CHARS:
-        raise ValueError(f"text: expected a parameters text of at most {MAX_PARAMETERS_CHARS} characters")
-    if not text.strip():
-        return {}, "That file has no generation parameters (no `parameters` text in a PNG): nothing restored."
-    fields = generation_parameters(text)
-    values = {"prompt": fields["Prompt"], "negative_prompt": fields["Negative prompt"], "style": NO_STYLE}
-    left: list[str] = []
-    style = fields.get("Style", NO_STYLE)
-    if style != NO_STYLE:
-        typed = _unstyled(style, values["prompt"], values["negative_prompt"]) if style in STYLE_NAMES else None
-        if typed is None:
-            why = "the prompts are not its output" if style in STYLE_NAMES else "not one of this page's"
-            left.append(f"style {style[:40]!r} ({why}: its words stay in the prompt)")
-        else:
-            values.update(prompt=typed[0], negative_prompt=typed[1], style=style)
-    number = {"seed": ("Seed", int, 0, max_seed), "guidance_scale": ("CFG scale", float, 0.0, MAX_GUIDANCE),
-              "num_inference_steps": ("Steps", int, 1, max_steps)}
-    for name, (key, kind, low, high) in number.items():
-        if key not in fields:
-            continue
-        try:
-            value = kind(fields[key])
-        except ValueError:
-            value = None
-        if value is not None and low <= value <= high:
-            values[name] = value
-        else:
-            left.append(f"{key} {fields[key][:20]!r} (this page takes {low:g} to {high:g})")
-    if "Sampler" in fields:
-        try:
-            values["sampler"] = sampler_of(fields["Sampler"], fields.get("Schedule type")) or values.get("sampler")
-        except ApiError:
-            left.append(f"sampler {(fields['Sampler'] + ' ' + fields.get('Schedule type', '')).strip()[:40]!r} "
-                        f"(not one of this server's)")
-    if "Size-1" in fields and "Size-2" in fields:
-        size = f"{fields['Size-1']}x{fields['Size-2']}"
-        if size in sizes:
-            values["resolution"] = size
-        else:
-            left.append(f"size {size} (not one of this model's sizes)")
-    values = {name: value for name, value in values.items() if value is not None}
-    restored = ", ".join(label for name, label in PNG_FIELDS.items() if name in values)
-    note = f"Restored from the PNG: {restored}; press **Generate** to make it again."
-    return values, note + (f" Not restored: {'; '.join(left)}." if left else "")
-
-
-def engine_banner(engine: EngineContract | None) -> tuple[str, bool]:
-    """(Markdown for the status banner, whether the engine is done starting) for ``engine``."""
-    if engine is None:
-        return "", True
-    elapsed = clock() - engine.started
-    if not engine.ready.is_set():
-        return (f"**Starting the engine: {engine.stage}** — {elapsed:.0f} s so far. "
-                "Requests sent now wait and run as soon as it is ready."), False
-    if engine.error is not None:
-        return f"**The engine failed to start:** {engine.error}", True
-    ready_s = engine.startup.get("ready_s", elapsed)
-    scale = engine.scale_out()
-    if scale is None:
-        return (f"Ready on **{engine.device_summary}** — model `{engine.model.name}` ({engine.model.dtype}), "
-                f"started in {ready_s:.1f} s"), True
-    return (f"**{scale.text}** on Ray Serve, each on **{engine.device_summary}** — model "
-            f"`{engine.model.name}` ({engine.model.dtype}), first replica ready in {ready_s:.1f} s"), scale.settled
-
-
-def size_choices(engine: EngineContract | None) -> tuple[list[tuple[str, str]], str]:
-    """Resolution dropdown (label, "WxH") choices and the default value; ("model default", "0x0") until ready."""
-    if engine is None or not engine.ready.is_set() or engine.error is not None:
-        return [("model default", "0x0")], "0x0"
-    default = engine.limits.default_size
-    choices = []
-    for w, h in engine.limits.sizes:
-        shape = "square" if w == h else "landscape" if w > h else "portrait"
-        choices.append((f"{w} × {h} ({shape}{', default' if (w, h) == default else ''})", f"{w}x{h}"))
-    return choices, f"{default[0]}x{default[1]}"
-
-
-def page_event(fn: Callable) -> Callable:
-    """``fn`` as a page event: input it cannot use (only a client other than the page sends it)
-    is refused with one log line and a gr.Error, not a traceback."""
-    @functools.wraps(fn)
-    def guarded(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except gr.Error:
-            raise
-        except (LookupError, TypeError, ValueError, AttributeError) as err:
-            print(f"[app] page event {fn.__name__} refused: {type(err).__name__}: {err}"[:300], flush=True)
-            raise gr.Error("this page event got values the page does not send", print_exception=False) from err
-    return guarded
+from sdxl_engine.serving.page import (BLOG_DEFAULT, EXAMPLES, PNG_FIELDS, engine_banner, load_example,  # noqa: F401
+                                      lora_names_for, page_event, png_settings, size_choices, status_line,
+                                      stopped_view, lora_tag_adder)  # (tests read some of them here too)
 
 
 def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract | None = None, concurrency: int = 1,
@@ -230,8 +54,8 @@ def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract 
             prompt = gr.Textbox(label="Prompt", placeholder="a red circle on a blue background", scale=5,
                                 lines=1, max_lines=3, elem_id="prompt")
             run = gr.Button("Generate", variant="primary", scale=1, min_width=120, elem_id="generate")
-            stop = gr.Button("Stop", variant="stop", scale=0, min_width=80, elem_id="stop")  # issue #23
-        # (#22) One line on the prompt syntax (engine/prompts.py; README, "Prompt syntax").
+            stop = gr.Button("Stop", variant="stop", scale=0, min_width=80, elem_id="stop")
+        # One line on the prompt syntax (engine/prompts.py; README, "Prompt syntax").
         gr.Markdown(f"`(word:1.3)` `(word)` more, `[word]` less; `BREAK` starts a new chunk; up to "
                     f"{config.max_prompt_chunks * 75} tokens.", elem_id="prompt-hint")
         with gr.Row(elem_id="main-row"):
@@ -275,7 +99,7 @@ def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract 
         # an index the page never sends; this one refuses it in one line (page_event).
         examples = gr.Dataset(components=[prompt, style], samples=[[text, NO_STYLE] for text in EXAMPLES],
                               type="index", label="Examples (click to fill the prompt and style)", elem_id="examples")
-        # (#21) The loaded LoRAs: a click adds its <lora:NAME:1> tag to the prompt (the engine reads the tags).
+        # The loaded LoRAs: a click adds its <lora:NAME:1> tag to the prompt (the engine reads the tags).
         lora_names = lora_names_for(config)
         lora_list = gr.Dataset(components=[prompt], samples=[[f"<lora:{name}:1>"] for name in lora_names],
                                type="index", label="LoRAs (click to add its tag to the prompt; edit the weight, -4 to 4)",
@@ -314,7 +138,7 @@ def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract 
                       [gallery, info], api_name="generate", concurrency_id="engine",
                       concurrency_limit=concurrency, preprocess=False)
         event.success(page_event(status_line), info, status, api_visibility="private")
-        # Issue #23: Stop cancels this browser's request; Gradio closes its generator, which stops the engine
+        # Stop cancels this browser's request; Gradio closes its generator, which stops the engine
         # after the running step (handler.stream_previews). Nothing else: another browser's request runs on.
         # The page then says where it stopped and shows the last finished result again, not the half-made
         # preview (stopped_view). The step is read in the browser as the Stop is clicked; the rest runs as the
@@ -353,7 +177,7 @@ def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract 
         randomize.click(None, None, seed, js="() => -1", api_visibility="private")
         blog_default.click(page_event(lambda: BLOG_DEFAULT), None, [sampler, num_inference_steps],
                            api_visibility="private", queue=False)
-        # (#26) Leaving the fast preset: its tag goes and the guidance comes back (the blog button's first event
+        # Leaving the fast preset: its tag goes and the guidance comes back (the blog button's first event
         # above still sets just the sampler and steps).
         blog_default.click(page_event(lambda text: (without_fast_tag(text), config.guidance_scale)
                                       if has_fast_tag(text) else (gr.update(), gr.update())),
@@ -390,24 +214,10 @@ def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract 
                                                num_inference_steps, sampler, resolution, png_note],
                        api_visibility="private", queue=False, show_progress="hidden")
 
-        @page_event
-        def load_example(index: int):
-            if type(index) is not int or not 0 <= index < len(EXAMPLES):
-                raise IndexError(f"no example {index!r}")
-            return EXAMPLES[index], NO_STYLE
-
-        examples.click(load_example, examples, [prompt, style], api_visibility="private", queue=False,
+        examples.click(page_event(load_example), examples, [prompt, style], api_visibility="private", queue=False,
                        show_progress="hidden")
-
-        @page_event
-        def add_lora(index: int, text: str | None):
-            if type(index) is not int or not 0 <= index < len(lora_names):
-                raise IndexError(f"no LoRA {index!r}")
-            tag = f"<lora:{lora_names[index]}:1>"
-            return f"{text.rstrip()} {tag}" if isinstance(text, str) and text.strip() else tag
-
-        lora_list.click(add_lora, [lora_list, prompt], prompt, api_visibility="private", queue=False,
-                        show_progress="hidden")
+        lora_list.click(page_event(lora_tag_adder(lora_names)), [lora_list, prompt], prompt,
+                        api_visibility="private", queue=False, show_progress="hidden")
 
         timer = gr.Timer(1.0, active=engine is not None and not engine.ready.is_set())
 

@@ -45,7 +45,8 @@ def test_python_app_py_without_the_flag_never_imports_ray():
             "import os; os._exit(0)\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip().splitlines()[-1] == "1 []"
+    # one request on the devices, and one more page slot per new size that may compile meanwhile (the default 2)
+    assert out.stdout.strip().splitlines()[-1] == "3 []"
 
 
 def process_tree(pid: int) -> list[psutil.Process]:
