@@ -61,7 +61,7 @@ def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract 
         with gr.Row(elem_id="main-row"):
             with gr.Column(scale=2, elem_id="settings-col"):  # how to make it
                 style = gr.Radio(list(STYLE_NAMES), value=NO_STYLE, label="Style", elem_id="style")
-                with gr.Row(elem_id="preset-row"):  # (#26) few steps, or back to the model's own setting
+                with gr.Row(elem_id="preset-row"):  # few steps, or back to the model's own setting
                     fast = gr.Button(FAST_LABEL, size="sm", elem_id="fast-preset",
                                      visible=FAST_LORA in lora_names_for(config))
                     model_default = gr.Button(f"Model default ({config.sampler}, {config.num_inference_steps} steps)",

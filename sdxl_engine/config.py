@@ -36,7 +36,7 @@ DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) /
 MODEL_DEFAULT_FIELDS = ("sampler", "num_inference_steps", "guidance_scale")
 # The file in a model folder that chooses them (read by checkpoint.loading, which imports this name).
 ENGINE_DEFAULTS_FILE = "engine_defaults.json"
-# (#22) How prompt weights apply (engine/prompts.py): A1111's "Original" emphasis, or none (the syntax is read,
+# How prompt weights apply (engine/prompts.py): A1111's "Original" emphasis, or none (the syntax is read,
 # every weight is 1). MAX_PROMPT_CHUNKS: each chunk count is a program, so their number stays small.
 EMPHASIS_MODES = ("original", "none")
 MAX_PROMPT_CHUNKS = 8
@@ -112,7 +112,7 @@ class EngineConfig:
     temp_max_mb: float = 500.0
     # ...but never a file younger than this many seconds (a client may still be downloading it).
     temp_keep_s: float = 600.0
-    # --- single files and swapped parts (#21) ---
+    # --- single files and swapped parts ---
     # For a single-file model: a diffusers SDXL folder whose component configs, scheduler and tokenizers it
     # uses (as diffusers' from_single_file(config=...)); "" = the shipped SDXL base configs.
     model_config: str = ""
@@ -124,7 +124,7 @@ class EngineConfig:
     # SDXL-Lightning need) or linspace; "" = the model's.
     timestep_spacing: str = ""
 
-    # (#22) Long prompts and emphasis (README, "Prompt syntax").
+    # Long prompts and emphasis (README, "Prompt syntax").
     # Prompt chunks of 75 tokens a request may use (3 = 225 tokens); each chunk count 1..this compiles
     # once, on its first request, and longer prompts are cut with a warning.
     max_prompt_chunks: int = 3
@@ -132,7 +132,7 @@ class EngineConfig:
     # chunk's mean) or "none" (brackets and BREAK are still syntax; every weight counts as 1).
     emphasis: str = "original"
 
-    # ---- LoRAs (issue #21) ----
+    # ---- LoRAs ----
     # LoRA files that prompts pick with <lora:NAME:WEIGHT>: NAME=PATH entries, several separated by
     # os.pathsep (":" on Linux, as in PATH; the flag --lora NAME=PATH may instead be repeated). Each is
     # read and checked against the model at start (checkpoint/lora.py); a bad one stops the start.
@@ -140,7 +140,7 @@ class EngineConfig:
     # A folder whose every .safetensors file is a LoRA named by its file stem ("" = none).
     lora_dir: str = ""
 
-    # Issue #23 (progress, previews, Stop). Per-step progress and Stop from inside the compiled loop (one
+    # Progress, previews, Stop. Per-step progress and Stop from inside the compiled loop (one
     # host call per step); off: the program has no host call and Stop acts only before a request starts.
     progress: bool = True
     # Steps between live previews of the running images (with progress on); -1 = about twice a second,
@@ -281,19 +281,17 @@ class EngineConfig:
             raise ConfigError(f"temp_max_mb must be a positive number of megabytes, got {self.temp_max_mb}")
         if not 0 <= self.temp_keep_s < float("inf"):
             raise ConfigError(f"temp_keep_s must be a finite number of seconds, 0 or more, got {self.temp_keep_s}")
-        # (#22)
         if not 1 <= self.max_prompt_chunks <= MAX_PROMPT_CHUNKS:
             raise ConfigError(f"max_prompt_chunks must be between 1 and {MAX_PROMPT_CHUNKS}, "
                               f"got {self.max_prompt_chunks}")
         if self.emphasis not in EMPHASIS_MODES:
             raise ConfigError(f"emphasis must be {' or '.join(EMPHASIS_MODES)}, got {self.emphasis!r}")
-        # (#21)
         if self.timestep_spacing not in ("", "leading", "trailing", "linspace"):
             raise ConfigError(f"timestep_spacing must be leading, trailing or linspace (or empty: the model's), "
                               f"got {self.timestep_spacing!r}")
         trusted_networks(self.trusted_proxies)
         lora_entries(self.lora)
-        if self.preview_every < -1:  # issue #23
+        if self.preview_every < -1:
             raise ConfigError(f"preview_every must be -1 (about twice a second), 0 (off) or a number of steps, "
                               f"got {self.preview_every}")
         if self.precompile not in ("auto", "on", "off"):

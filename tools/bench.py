@@ -289,7 +289,7 @@ def host_side(engine, size: int, runs: int) -> dict:
     import gradio as gr
     from sdxl_engine.serving import history
 
-    # Issue #23: the app's /generate is a generator (handler.stream_previews); gradio_client downloads the
+    # the app's /generate is a generator (handler.stream_previews); gradio_client downloads the
     # files of every message it yields and then those of the final answer, so its final PNGs come twice.
     stream = handler.api_function(lambda *values, **kw: handler.handle_generate(fixed, *values, **kw),
                                   fixed.config, history.Pending())
@@ -339,7 +339,7 @@ class _SteppingEngine(_FixedEngine):
 
 
 def served_stream(engine, size: int, runs: int, steps: int = 20, step_s: float = 0.05, preview_every: int = 5) -> dict:
-    """Issue #23, item 5: seconds a gradio_client caller waits beyond the simulated device time
+    """seconds a gradio_client caller waits beyond the simulated device time
     (``steps`` x ``step_s``) for 4 images of ``size``², a preview every ``preview_every`` steps, in one run
     with interleaved rounds: the plain function (no previews: the path before streaming); the app's
     streaming /generate (each preview one grid image: handler._preview_gallery); the same with one file per
@@ -609,10 +609,10 @@ def main(argv=None) -> None:
                         help="only the engine's request and the PyTorch pipeline's (needs --torch-python); "
                              "prints JSON, writes bench_vs_torch.json")
     parser.add_argument("--vs-torch-engine", metavar="DIR", help=argparse.SUPPRESS)  # --vs-torch's child process
-    parser.add_argument("--progress-cost", action="store_true",  # issue #23
+    parser.add_argument("--progress-cost", action="store_true",
                         help="only the per-step hook's cost: device time with progress/previews on and off "
                              "(tools/progress_cost.py); prints JSON, writes bench_progress.json")
-    parser.add_argument("--served-stream", action="store_true",  # issue #23, item 5
+    parser.add_argument("--served-stream", action="store_true",
                         help="served minus device time at 1024², plain vs streaming with previews (grid vs per image)")
     parser.add_argument("--md", default=str(ROOT / "BENCHMARKS.md"))
     parser.add_argument("--json", default=str(ROOT / "bench.json"))

@@ -29,7 +29,7 @@ WORKER = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
 from sdxl_engine.config import EngineConfig
-try:  # the layout since issue #20
+try:  # the layout with sdxl_engine/ in folders
     from sdxl_engine.engine.local import Engine
     from sdxl_engine.engine.validation import GenerateRequest
 except ImportError:  # an older checkout

@@ -110,7 +110,7 @@ def run(engine, seed: int = 0, guidance: float = EngineConfig.guidance_scale, st
 
     start = time.perf_counter()
     per_prompt, rows, by_guidance = [], [], {}
-    for g in dict.fromkeys((guidance, 1.0, 7.0)):  # the one evaluated, none, and issue #3's 7
+    for g in dict.fromkeys((guidance, 1.0, 7.0)):  # the one evaluated, none, and 7 (A1111's default)
         scores = []
         for prompt, target in eval_prompts():
             images = generate(prompt, g=g)
@@ -199,7 +199,7 @@ def measure(engine, settings: list[tuple], seeds: list[int], guidance: float, lo
     return rows
 
 
-# (#26) The few-step evaluation: Euler-20 at the default guidance (the reference) against the LCM-LoRA's
+# The few-step evaluation: Euler-20 at the default guidance (the reference) against the LCM-LoRA's
 # settings (no CFG) and two controls: LCM without the LoRA, and Euler at 4 steps with CFG.
 LCM_TAG = "<lora:lcm:1> "
 LCM_MAX_LATENCY_RATIO = 0.15  # device time: 4 no-CFG UNet passes against Euler-20's 40

@@ -101,7 +101,7 @@ def cost_report(size: int = 1024, steps: int = 20, images: int = 4) -> dict:
 
     plain_program = program_flops(shape)
     program_lower_s = time.perf_counter() - t1
-    # Issue #23: the per-step hook (progress, previews, stop) against the same program without it. XLA
+    # The per-step hook (progress, previews, stop) against the same program without it. XLA
     # counts the denoising loop's body once, so the difference is what the hook adds to one step.
     hooked_program = program_flops(dataclasses.replace(shape, step_hook=True))
     per_request = images * (steps * flops["unet_cfg_step"] + flops["vae_decode"] + 2 * flops["text_encoders_per_prompt"])

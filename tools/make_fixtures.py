@@ -1698,7 +1698,7 @@ def cmd_lora(out: Path) -> None:
     (folder / "reference.json").write_text(json.dumps(meta, indent=2) + "\n")
 
 
-# ``lcm-lora``: the shipped tiny-shapes with its LCM-LoRA (issue #26) in diffusers, LCMScheduler, guidance 1 (no
+# ``lcm-lora``: the shipped tiny-shapes with its LCM-LoRA in diffusers, LCMScheduler, guidance 1 (no
 # CFG), the step noise tests/fixtures/lcm-noise.npz's (the engine's rule, tools/lcm_noise.py). (prompt, steps).
 TINY_SHAPES = ROOT / "sdxl_engine" / "assets" / "tiny-shapes"
 LCM_LORA_CASES = {"lcm4": ("a large red star on the left on a white background", 4),

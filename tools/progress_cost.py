@@ -1,4 +1,4 @@
-"""What the per-step hook costs (issue #23): device time of one request with progress and previews on and off.
+"""What the per-step hook costs: device time of one request with progress and previews on and off.
 
     python -m tools.bench --progress-cost [--model tiny-shapes] [--steps 20] [--runs 7]
 

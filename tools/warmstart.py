@@ -4,7 +4,7 @@
 
 Starts the engine twice, each time in a fresh process, on one new cache folder: first empty
 (cold), then as the first start left it (warm: the executable cache and XLA's cache filled).
-The setting is issue #14's: ``sdxl-base-random`` in bfloat16 (SDXL base's architecture, 3.47 B
+The setting: ``sdxl-base-random`` in bfloat16 (SDXL base's architecture, 3.47 B
 parameters), 256², 1 image, 1 CPU device, 1 step. Each start reports:
 
 * process start -> ready (wall clock from ``Popen`` to the engine's ready), and the part before
@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = {"SDXL_MODEL": "sdxl-base-random", "SDXL_DTYPE": "bfloat16", "SDXL_CPU_DEVICES": "1",
             "SDXL_IMAGES_PER_REQUEST": "1", "SDXL_WIDTH": "256", "SDXL_HEIGHT": "256",
             "SDXL_NUM_INFERENCE_STEPS": "1", "SDXL_MAX_INFERENCE_STEPS": "1"}
-GOALS = {"ready": 0.3, "compile": 0.1}  # warm / cold, issue #14 item 5
+GOALS = {"ready": 0.3, "compile": 0.1}  # warm / cold: the goals set for the warm start
 EVENTS = {"/jax/core/compile/jaxpr_trace_duration": "traces",
           "/jax/core/compile/jaxpr_to_mlir_module_duration": "lowerings",
           "/jax/core/compile/backend_compile_duration": "xla_compiles"}

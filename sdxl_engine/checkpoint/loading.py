@@ -386,7 +386,7 @@ def engine_defaults(model: str) -> dict[str, Any]:
     return {} if model in builtin.BUILTIN_NAMES or not folder.is_dir() else read_engine_defaults(folder)
 
 
-# (#26) A model folder's own LoRAs, {"name": "file.safetensors"} (a file of the folder): tiny-shapes ships its
+# A model folder's own LoRAs, {"name": "file.safetensors"} (a file of the folder): tiny-shapes ships its
 # LCM-LoRA as "lcm". Listed with the deployment's --lora / --lora-dir, which win for the same name.
 MODEL_LORAS_FILE = "loras.json"
 
@@ -576,7 +576,7 @@ def _not_safetensors_message(path: Path) -> str:
             "folder, a built-in name or a hub id")
 
 
-# --- single files and swapped parts (#21) ---------------------------------------------------------------------
+# --- single files and swapped parts ---------------------------------------------------------------------
 
 # Where the shipped SDXL base configs come from (checkpoint/configs/README.md): their tokenizers' vocabulary is
 # not shipped, so a single file with the default configs reads CLIP's from there (the hub cache, or a download).

@@ -100,7 +100,7 @@ class EngineContract(Protocol):
         reached the server) is where ``timings["queue"]`` starts (:func:`queue_seconds`).
         ``on_step(engine.steps.StepEvent)`` hears each denoising step an engine reports (with its
         previews); ``should_stop()`` True stops the request as soon as the engine can, raising
-        engine.steps.Stopped (issue #23).
+        engine.steps.Stopped.
 
         Raises InvalidRequest (a bad argument), EngineNotReady, GenerationError (an unusable
         image, a lost replica).

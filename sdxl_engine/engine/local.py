@@ -9,7 +9,7 @@ it off in the persistent compilation cache, so a restart does not compile them a
 The engine runs whatever it is given: requests are serialised in one place in front of it
 (Gradio's concurrency limit in the app, one ongoing request per Ray Serve replica). A stopped request
 may still run its last step after that place let the next one in, so :meth:`Engine.generate` also
-takes a lock (issue #23): the next request waits for that step, counted as its queue time.
+takes a lock: the next request waits for that step, counted as its queue time.
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ class GenerateResult:
         device_summary: e.g. ``4 × cpu``.
         model: the loaded model's name.
         prompt_chunks: 75-token chunks the prompt and negative prompt ran with (the program's ``chunks``).
-        loras: {name: A1111 short hash} of the LoRAs the prompt's tags named, in their order (#21).
+        loras: {name: A1111 short hash} of the LoRAs the prompt's tags named, in their order.
     """
 
     images: np.ndarray
@@ -117,10 +117,8 @@ class GenerateResult:
     device_count: int
     device_summary: str
     model: str
-    prompt_chunks: int = 1  # (#22)
-    loras: dict[str, str] = dataclasses.field(default_factory=dict)  # (#21)
-
-
+    prompt_chunks: int = 1
+    loras: dict[str, str] = dataclasses.field(default_factory=dict)
 class CompilesBusy(RuntimeError):
     """A request needs a program that is not compiled yet, and its client already waits for another
     new size, or ``max_pending_compiles`` sizes compile already: retry once those are ready (the
@@ -174,14 +172,14 @@ class Engine:
         self.compile_count = 0  # programs made (compiled, or loaded from the executable cache)
         self.compile_cache_dir = ""  # set at start (apply_jax_options: "" = no persistent cache)
         self.executables: ExecutableCache | None = None  # set at start: <compile_cache_dir>/executables, or None
-        self.loras: lora_mod.LoraMerger | None = None  # (#21) set at start: the LoRAs and their merged params
+        self.loras: lora_mod.LoraMerger | None = None  # set at start: the LoRAs and their merged params
         self.stage = "starting"
         self.started = clock()
         self.startup: dict[str, float] = {}
         self.ready = threading.Event()
         self.error: BaseException | None = None
         self._faults = faults.injector()  # TEST-ONLY (faults.py): None unless the switch is on; read once
-        # Issue #23: one compile at a time (a request's and the background precompile's); the preview map.
+        # One compile at a time (a request's and the background precompile's); the preview map.
         self._compile_lock = threading.Lock()
         self._request_lock = threading.Lock()  # one request at a time, also one a cancel left running for a step
         # Sizes beyond the buckets compile on this thread while requests at compiled sizes run: their
@@ -232,9 +230,9 @@ class Engine:
         config_mod.check_seed_range(self.config.max_seed, self.batch)
         self.device_summary = sharding.device_summary(self.mesh)
 
-        # 2. The model, each parameter straight onto the devices; the LoRAs' files checked first (#21).
+        # 2. The model, each parameter straight onto the devices; the LoRAs' files checked first.
         lora_sources = lora_mod.lora_sources(self.config.lora, self.config.lora_dir, os.pathsep,
-                                             loading.model_loras(self.config.model))  # (#26) the model's own
+                                             loading.model_loras(self.config.model))  # the model's own
         for path in lora_sources.values():
             lora_mod.check_lora_path(path)
         t0 = self._stage("loading model onto the devices")
@@ -245,7 +243,7 @@ class Engine:
                                         revision=self.config.revision, variant=self.config.variant,
                                         cache_dir=self.config.model_cache_dir,
                                         sharding=sharding.replicated(self.mesh), log=self._log,
-                                        model_config=self.config.model_config, unet=self.config.unet,  # (#21)
+                                        model_config=self.config.model_config, unet=self.config.unet,
                                         vae=self.config.vae, timestep_spacing=self.config.timestep_spacing)
         if (why := self.model.kind.txt2img_refusal(self.model.name)) is not None:
             raise loading.ModelLoadError(why)
@@ -276,7 +274,7 @@ class Engine:
         self._start_precompile()
 
     def _load_loras(self, sources: dict) -> None:
-        """(#21) Read and check every LoRA against the model (LoraError stops the start), keep the merger."""
+        """Read and check every LoRA against the model (LoraError stops the start), keep the merger."""
         t0 = time.perf_counter()
         if sources:  # the banner's stage; the log gets one line, after
             self.stage = f"loading {len(sources)} LoRAs"
@@ -289,7 +287,7 @@ class Engine:
                 for i in lora_mod.lora_info(loras.values())) + f"; read in {self.startup['lora_s']:.2f} s")
 
     def _lora_params(self, prompt: str) -> tuple[dict, dict[str, str]]:
-        """(#21) The params for the prompt's <lora:...> tags (merged outside the compiled program; the base
+        """The params for the prompt's <lora:...> tags (merged outside the compiled program; the base
         params without tags) and {name: short hash}. The tags were checked by validate (Limits.loras)."""
         _, tags = parse_lora_tags(prompt)
         if not tags:
@@ -374,7 +372,7 @@ class Engine:
             self._log(f"[sdxl_engine] compiled {what} in {program.compile_s:.2f} s ({cache})")
 
     def _start_precompile(self) -> None:
-        """Issue #23: compile the no-CFG variant of the default size, then the other size buckets, in a
+        """Compile the no-CFG variant of the default size, then the other size buckets, in a
         daemon thread (config ``precompile``: auto = on unless the devices are CPUs); sets ``precompiled``."""
         mode = self.config.precompile
         if mode == "off" or (mode == "auto" and self.platform == "cpu"):
@@ -432,7 +430,7 @@ class Engine:
         ``arrived`` (contract.clock() when the request reached the server) is where
         ``timings["queue"]`` starts (contract.queue_seconds); by default it starts when this call does.
 
-        ``on_step(StepEvent)`` (issue #23) hears each denoising step as every device finishes it, with
+        ``on_step(StepEvent)`` hears each denoising step as every device finishes it, with
         a preview of the images every ``preview_every`` steps; it is called on XLA's thread while the
         devices wait, so it must only hand the event on. ``should_stop()`` is polled before the
         program and at every step: True ends the request after the running step (with the config's
@@ -579,14 +577,14 @@ class Engine:
     def _schedule(self, sampler: str, steps: int):
         """The sampler's schedule for ``steps`` steps (cached). Raises InvalidRequest for a sampler this
         model's scheduler config rules out (schedulers.PER_SAMPLER: DDIM on a zero-terminal-SNR model), or
-        more steps than it can take (#26: LCM past original_inference_steps)."""
+        more steps than it can take (LCM past original_inference_steps)."""
         key = (sampler, steps)
         if key not in self._schedules:
             try:
                 self._schedules[key] = make_schedule(sampler, self.model.scheduler_config, steps)
             except UnsupportedSchedulerConfig as err:
                 raise InvalidRequest("sampler", f"{sampler} cannot run {self.model.name}: {err}") from None
-            except TooManySteps as err:  # (#26)
+            except TooManySteps as err:
                 raise InvalidRequest("num_inference_steps", str(err)) from None
         return self._schedules[key]
 

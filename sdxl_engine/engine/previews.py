@@ -1,4 +1,4 @@
-"""Live previews (issue #23): the current x0 estimate, mapped from latents to RGB by one linear map.
+"""Live previews: the current x0 estimate, mapped from latents to RGB by one linear map.
 
 A preview is ``rgb = x0ᵀ F + bias`` per latent pixel (F: (C, 3), bias: (3,)), in [-1, 1] like the
 VAE's output, then to uint8 as :func:`sdxl_engine.program.generate.decode` does: no VAE, so it
@@ -93,8 +93,7 @@ def preview_grid(previews: np.ndarray) -> np.ndarray:
     columns = ceil(n / rows); empty cells black). 4 images -> 2 x 2, 2 -> 1 x 2, 1 -> itself.
 
     ``previews``: (n, h, w, 3) uint8 (n >= 1) -> (rows*h, cols*w, 3) uint8; a (h, w, 3) image is returned
-    as it is. One image per preview instead of n: each file a client fetches costs it a round trip
-    (issue #23, item 5).
+    as it is. One image per preview instead of n: each file a client fetches costs it a round trip.
 
     Raises ValueError for an empty batch.
     """

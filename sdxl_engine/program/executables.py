@@ -166,7 +166,7 @@ class ExecutableCache:
             in_tree, out_tree: the executable's argument pytree (``((args...), {})``) and
                 output pytree, rebuilt by the caller without tracing.
             devices: the devices the executable runs on (the mesh's, in mesh order).
-            host_callback: for a program stored with host callbacks (``io_callback``; issue #23's
+            host_callback: for a program stored with host callbacks (``io_callback``: the
                 step hook), the function every one of them calls: flat numpy arguments in, a
                 tuple of numpy results out (what JAX's own wrapper of the callback returns).
         Returns:
@@ -274,7 +274,7 @@ class ExecutableCache:
                 _write_private(path, blob)
                 entry = {"key": key, "bytes": len(blob), "sha256": hashlib.sha256(blob).hexdigest(),
                          "uid": os.getuid(), "written": time.time()}
-                if callbacks:  # issue #23: how many host callbacks the loader hands XLA
+                if callbacks:  # how many host callbacks the loader hands XLA
                     entry["host_callbacks"] = callbacks
                 entry["mac"] = _mac(secret, digest, entry)
                 manifest["entries"][digest] = entry
@@ -390,7 +390,7 @@ def _first_line(err: BaseException) -> str:
     return text.splitlines()[0][:200] if text else ""
 
 
-# Issue #23: an executable with host callbacks (io_callback). JAX's serialize_executable pickles the
+# An executable with host callbacks (io_callback). JAX's serialize_executable pickles the
 # callbacks, which are closures JAX made while lowering and cannot be pickled; these store each as a
 # placeholder and, on load, hand XLA the caller's function for every one (the host_callbacks argument of
 # deserialize_executable, as JAX's persistent compilation cache does with the ones a fresh lowering made).

@@ -50,7 +50,7 @@ LoRA weight deltas          outside the program: merged into ``params`` before t
                             a ``lora: bool`` ProgramShape flag, a replicated ``lora_*`` input with
                             ``when="lora"``, and one branch where :func:`build_generate` binds the
                             params (``params = merged(params, inputs) if st.shape.lora else params``).
-prompts over 77 tokens      done (#22): the ``chunks`` ProgramShape field; ids and weights declare
+prompts over 77 tokens      done: the ``chunks`` ProgramShape field; ids and weights declare
                             ``per_image(prompt_dims, ...)``, (2, chunks * 77); :func:`encode_prompts` encodes
                             each 77-token chunk and concatenates along tokens; :func:`emphasize` applies the
                             weights; the host side in engine/prompts.py (``tokenize_prompt``).
@@ -106,10 +106,10 @@ class ProgramShape:
     max_steps: int  # longest denoising loop the padded schedule allows
     cfg: bool = True  # classifier-free guidance (UNet on 2 x batch); False: guidance <= 1, conditional only
     given_latents: bool = False  # True: initial latents come in ProgramInputs.latents (tests, tools)
-    # (#22) Prompt chunks of 77 tokens (engine/prompts.py): the ids and weights are (2, chunks * 77) and the
+    # Prompt chunks of 77 tokens (engine/prompts.py): the ids and weights are (2, chunks * 77) and the
     # UNet cross-attends over chunks * 77 tokens. 1 is the program of a prompt of up to 75 tokens.
     chunks: int = 1
-    # Issue #23: the per-step hook (progress, previews, stop): each step calls the host (:class:`StepHook`)
+    # The per-step hook (progress, previews, stop): each step calls the host (:class:`StepHook`)
     # and the loop ends early when it answers "stop". False: no host callback, today's program to the byte.
     step_hook: bool = False
     # Image to image: the request's pixels come in ProgramInputs.image, are encoded by the VAE inside the program
@@ -431,7 +431,7 @@ def static_options(model: LoadedModel, shape: ProgramShape) -> Static:
 
 
 class StepHook:
-    """The host end of the compiled programs' per-step callback (ProgramShape.step_hook), issue #23.
+    """The host end of the compiled programs' per-step callback (ProgramShape.step_hook).
 
     A compiled program calls :meth:`call` once per denoising step on every device of the mesh
     (inside ``shard_map``: each device with its own images); the call is synchronous, so the

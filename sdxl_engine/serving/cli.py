@@ -17,11 +17,11 @@ import httpx
 from sdxl_engine.config import LORA_NAME, MODEL_DEFAULT_FIELDS, ConfigError, EngineConfig, lora_entries
 from sdxl_engine.serving.scaleout import Replicas, ScaleOutError, parse_resources
 
-# (#21) Engine settings whose flag is given once per value (argparse's append); the setting joins them with os.pathsep.
+# Engine settings whose flag is given once per value (argparse's append); the setting joins them with os.pathsep.
 REPEATED_FLAGS = {"lora": "a LoRA that prompts pick with <lora:NAME:WEIGHT>; repeat the flag for more (env SDXL_LORA: "
                           "NAME=PATH entries separated by os.pathsep; .safetensors only)"}
 SERVER_FLAGS = ("share", "host", "port", "history_secret", "replicas", "ray_address", "ray_app", "replica_resources",
-                "api_key", "public_api", "mcp")  # the last three: #24, the protocol APIs
+                "api_key", "public_api", "mcp")  # the last three: the protocol APIs
 
 
 def tcp_port(text: str) -> int:
@@ -65,7 +65,7 @@ def _resources(text: str) -> dict[str, float]:
 
 
 def _env_flag(name: str, default: bool = False) -> bool:
-    """A switch's default from the environment (#24): 1/true/yes/on or 0/false/no/off, else ``default``."""
+    """A switch's default from the environment: 1/true/yes/on or 0/false/no/off, else ``default``."""
     word = os.environ.get(name, "").strip().lower()
     return True if word in ("1", "true", "yes", "on") else False if word in ("0", "false", "no", "off") else default
 
@@ -99,13 +99,13 @@ def parse_args(argv=None, description: str = "") -> argparse.Namespace:
         if field.name in MODEL_DEFAULT_FIELDS:  # the model's engine_defaults.json may choose another (README)
             default = (f"default: the model's own, else {field.default!r}"
                        + f"; {EngineConfig.model} runs {SHIPPED % field.name}")
-        if field.name in REPEATED_FLAGS:  # (#21) --lora NAME=PATH, once per LoRA
+        if field.name in REPEATED_FLAGS:  # --lora NAME=PATH, once per LoRA
             parser.add_argument("--" + field.name.replace("_", "-"), dest=field.name, default=None, action="append",
                                 metavar="NAME=PATH", help=REPEATED_FLAGS[field.name])
             continue
         parser.add_argument("--" + field.name.replace("_", "-"), dest=field.name, default=None,
                             help=f"engine setting {field.name} (env SDXL_{field.name.upper()}, {default})")
-    # #24: the protocol APIs (AUTOMATIC1111, OpenAI Images, MCP; README, "Other protocols"). Server flags, not
+    # the protocol APIs (AUTOMATIC1111, OpenAI Images, MCP; README, "Other protocols"). Server flags, not
     # engine settings: the key is never logged (the engine logs its config) and never sent to Ray replicas.
     apis = parser.add_argument_group("protocol APIs: AUTOMATIC1111 (/sdapi/v1), OpenAI Images (/v1), MCP "
                                      "(/gradio_api/mcp)")

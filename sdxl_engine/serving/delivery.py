@@ -69,7 +69,7 @@ def deliver(result, prompt: str, style: str, files_dir: Path, outputs_dir: str =
     """
     req, latency = result.request, result.timings["latency"]
     extra = {} if style == NO_STYLE else {"Style": style}
-    loras = getattr(result, "loras", None) or {}  # (#21) {name: short hash} of the prompt's <lora:> tags
+    loras = getattr(result, "loras", None) or {}  # {name: short hash} of the prompt's <lora:> tags
     if loras:  # as A1111's Lora extension writes it, JSON-quoted since the value holds ': ' and ', '
         extra["Lora hashes"] = json.dumps(", ".join(f"{name}: {short}" for name, short in loras.items()),
                                           ensure_ascii=False)
@@ -88,7 +88,7 @@ def deliver(result, prompt: str, style: str, files_dir: Path, outputs_dir: str =
         "num_inference_steps": req.num_inference_steps, "sampler": req.sampler, "width": req.width,
         "height": req.height, "model": result.model, "warnings": list(result.warnings), "style": style,
     }
-    info["prompt_chunks"] = getattr(result, "prompt_chunks", 1)  # (#22) 75-token chunks the prompts ran with
+    info["prompt_chunks"] = getattr(result, "prompt_chunks", 1)  # 75-token chunks the prompts ran with
     if loras:
         info["loras"] = dict(loras)
     if getattr(result, "replica", ""):  # scale-out mode: which Serve replica made it (timings_s also has "ray")

@@ -110,7 +110,7 @@ def main(argv: list[str] | None, build_demo: Callable, css: str, title: str, sta
                       concurrency=concurrency, history_secret=args.history_secret)
     demo.queue(max_size=config.max_queue_size)
     share = args.share and cli.share_possible(f"http://{args.host}:{args.port}/", GRADIO_API_SERVER)
-    access = apis.access_for(args.api_key, share, args.public_api, args.mcp)  # #24: the protocol APIs
+    access = apis.access_for(args.api_key, share, args.public_api, args.mcp)  # the protocol APIs
     flags = {"api": access.apis, "share": bool(share), "api_key_required": bool(access.key), "mcp": access.mcp,
              "max_requests_per_client": config.max_requests_per_client}  # A1111's cmd-flags: nothing secret
     try:

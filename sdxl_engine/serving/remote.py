@@ -229,7 +229,7 @@ class RemoteEngine:
                  on_step: Callable | None = None, should_stop: Callable[[], bool] | None = None) -> ReplicaResult:
         """Run one request on a replica; the local Engine.generate's contract, plus ``replica``.
 
-        Issue #23: ``on_step`` hears the replica's StepEvents (with their previews) as they come;
+        ``on_step`` hears the replica's StepEvents (with their previews) as they come;
         ``should_stop()`` is asked before the request leaves the front and at each step: when it says
         stop, the call is cancelled, which stops the replica's engine after its running step
         (EngineReplica.generate), and Stopped is raised here at once.

@@ -156,7 +156,7 @@ class EngineReplica:
         The engine runs in a thread of its own so its stages and steps can be streamed as they happen.
         An async generator, because Serve cancels only those: when the front cancels the call (its
         client's Stop, or its request_timeout_s), Serve raises CancelledError at the ``await`` and the
-        engine is asked to stop, which it does after the running step (issue #23; a sync generator would
+        engine is asked to stop, which it does after the running step (a sync generator would
         run on to the end). This generator returns only once the engine's thread has ended, so the
         replica never runs two requests at once.
         """

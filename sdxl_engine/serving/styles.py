@@ -104,7 +104,7 @@ def apply_style(name: str | None, prompt: str, negative_prompt: str = "") -> tup
     return styled, negative
 
 
-# (#26) The few-step preset, offered when a LoRA named "lcm" is loaded (tiny-shapes ships one; for SDXL,
+# The few-step preset, offered when a LoRA named "lcm" is loaded (tiny-shapes ships one; for SDXL,
 # --lora lcm=lcm-lora-sdxl.safetensors): its tag in the prompt, the LCM sampler, 4 steps, guidance 1 (no CFG).
 FAST_PRESET = ("LCM", 4, 1.0)
 FAST_LORA = "lcm"
