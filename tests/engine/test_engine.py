@@ -240,7 +240,7 @@ def healthy_images(engine):
     return gen(engine).images
 
 
-@pytest.mark.parametrize("kwargs, message", [
+REFUSED = [
     (dict(prompt=""), "prompt: is empty"),
     (dict(prompt="   \t"), "prompt: is empty"),
     (dict(prompt=None), "prompt: is empty"),
@@ -255,10 +255,20 @@ def healthy_images(engine):
     (dict(width=63), "width: 63 is not a multiple of 8 pixels (the model works on 8-pixel blocks); "
                      "supported sizes: 64x64, 72x56, "),
     (dict(width=64, height=8), "is not a supported size"),
-])
-def test_bad_input_raises_typed_error_and_engine_stays_healthy(engine, healthy_images, kwargs, message):
+]
+
+
+@pytest.mark.parametrize("kwargs, message", REFUSED)
+def test_bad_input_raises_typed_error(engine, kwargs, message):
     with pytest.raises(InvalidRequest, match=re.escape(message)):
         gen(engine, **kwargs)
+
+
+def test_engine_stays_healthy_after_every_bad_input(engine, healthy_images):
+    """A refusal runs nothing, so one request after all of them shows the engine is still whole."""
+    for kwargs, message in REFUSED:
+        with pytest.raises(InvalidRequest, match=re.escape(message)):
+            gen(engine, **kwargs)
     np.testing.assert_array_equal(gen(engine).images, healthy_images)  # the same images as before any error
 
 
