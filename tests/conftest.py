@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, TRUST_LOOPBACK, RunningApp
+from tests.helpers import FIXTURES, ROOT, TRUST_LOOPBACK, Programs, RunningApp
 
 E2E = ROOT / "tests" / "e2e"
 
@@ -61,6 +61,25 @@ def tiny_shapes_engine():
     config = EngineConfig.load({"model": "tiny-shapes"}, environ={
         k: v for k, v in os.environ.items() if k in ("SDXL_MODEL_CACHE_DIR", "SDXL_COMPILE_CACHE_DIR")})
     return Engine(config, log=lambda *_: None).start()
+
+
+@pytest.fixture(scope="session")
+def tiny_pt():
+    """tests/fixtures/tiny-pt (diffusers' PyTorch layout, with reference outputs), loaded once per session."""
+    from sdxl_engine.checkpoint.loading import load_folder
+
+    return load_folder(FIXTURES / "tiny-pt", "tiny-pt", "float32")
+
+
+@pytest.fixture(scope="session")
+def tiny_pt_programs(tiny_pt):
+    """tiny-pt's programs on 2 CPU devices, one per ProgramShape for the session: every test comparing its
+    images with diffusers' uses these (with helpers.TINY_PT_MAX_STEPS) instead of compiling its own."""
+    import jax
+
+    from sdxl_engine.program.sharding import make_mesh
+
+    return Programs(tiny_pt, make_mesh(jax.devices()[:2]))
 
 
 @pytest.fixture(scope="session")

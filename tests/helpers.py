@@ -1,7 +1,7 @@
 """Helpers the test files share (import them as ``from tests.helpers import RunningApp``; pyproject.toml's
 pytest ``pythonpath`` puts the repository root on the path): the repository root, the fixtures folder, a
-free port, a quick request and the check that an app serves it, and ``python app.py`` in a subprocess.
-Fixtures live in tests/conftest.py."""
+free port, a quick request and the check that an app serves it, ``python app.py`` in a subprocess, and a
+model's compiled programs shared by shape. Fixtures live in tests/conftest.py."""
 
 import os
 import socket
@@ -79,3 +79,31 @@ class RunningApp:
             self.proc.wait(30)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+
+
+# The loop bound of every tiny-pt program the tests compile: the reference cases take at most 10 steps, and
+# one bound for all means one program per (size, CFG) for the whole session (the padded loop runs the
+# request's steps only, as the engine's program does under its max_inference_steps).
+TINY_PT_MAX_STEPS = 10
+
+
+class Programs:
+    """The engine's compiled programs for one model on one mesh, compiled once per ProgramShape and shared
+    by every case of that shape (the cases differ only in per-request inputs: prompts, latents, guidance,
+    schedule, parameters of the same shapes), as the engine shares them between requests."""
+
+    def __init__(self, model, mesh):
+        import jax
+
+        from sdxl_engine.program.sharding import replicated
+
+        self.model, self.mesh = model, mesh
+        self.params = jax.device_put(model.params, replicated(mesh))
+        self._compiled = {}
+
+    def __getitem__(self, shape):
+        from sdxl_engine.program.generate import compile_program
+
+        if shape not in self._compiled:
+            self._compiled[shape] = compile_program(self.model, self.params, shape, self.mesh)
+        return self._compiled[shape]

@@ -460,30 +460,27 @@ def browser_state_secret(page, app) -> str:
                 if c["type"] == "browserstate")
 
 
-def test_history_survives_a_restart_and_says_when_its_key_changed(browser):
+def test_history_survives_a_restart_and_says_when_its_key_changed(browser, app_server):
     """The key the browser's history is encrypted with is the one kept in the cache folder: after a
     restart the browser's saved history still reads. With another key (--history-secret) the page
     says the history cannot be read, instead of showing an empty one without a word.
 
     localStorage belongs to an origin (host and port) and each app here gets a free port, so what
     the browser saved for the first server is put back for the next one, as a browser keeps it for
-    one address across that server's restarts."""
+    one address across that server's restarts. The first server is the session's (the same flags
+    and cache folder); each later one is a new process that has only the cache folder to go by."""
     offline = OfflinePage(browser, "about:blank")
     page = offline.page
     saved_js = "key => [localStorage.getItem(key), localStorage.getItem(key + '-count')]"
     restore_js = """([key, v, n]) => { localStorage.setItem(key, v);
       if (n !== null) localStorage.setItem(key + '-count', n); }"""
     try:
-        app = RunningApp()
-        try:
-            offline.url = app.url
-            offline.open()
-            captions = generate(page, "a small yellow star on the left")
-            secret = browser_state_secret(page, app)
-            saved = page.evaluate(saved_js, "sdxl-jax-history")
-            assert saved[0]
-        finally:
-            app.stop()
+        offline.url = app_server.url
+        offline.open()
+        captions = generate(page, "a small yellow star on the left")
+        secret = browser_state_secret(page, app_server)
+        saved = page.evaluate(saved_js, "sdxl-jax-history")
+        assert saved[0]
         for args, readable in (((), True), (("--history-secret", "another-key"), False)):
             app = RunningApp(*args)
             try:

@@ -1,6 +1,8 @@
 """The bad-input matrix: every row through gradio_client against the running app, and through
 the engine directly. Each bad row must come back as an error whose message names the argument
-(the engine's own message, not Gradio's), and the next valid request must still succeed.
+(the engine's own message, not Gradio's), and a valid request after them must still succeed
+(checked once per path, after every row: a refusal runs nothing, so one generation shows the
+server is still whole).
 
 Rows with ``ok`` are accepted inputs (cleaned or defaulted); ``check`` then looks at the
 result's info (API) / validated request (engine).
@@ -97,13 +99,22 @@ def client(app_server):
     return app_server.client()
 
 
-@pytest.mark.parametrize("kwargs, message", [pytest.param(k, m, id=i) for i, k, m in BAD])
-def test_bad_input_through_api_is_a_clear_error(client, kwargs, message):
+def refused_through_api(client, kwargs, message):
     from gradio_client.exceptions import AppError
 
     with pytest.raises(AppError, match=message) as caught:
         client.predict(api_name="/generate", **{**VALID, **kwargs})
     assert "upstream Gradio app has raised an exception" not in str(caught.value)
+
+
+@pytest.mark.parametrize("kwargs, message", [pytest.param(k, m, id=i) for i, k, m in BAD])
+def test_bad_input_through_api_is_a_clear_error(client, kwargs, message):
+    refused_through_api(client, kwargs, message)
+
+
+def test_the_app_serves_after_every_bad_input(client):
+    for _, kwargs, message in BAD:
+        refused_through_api(client, kwargs, message)
     assert_serves(client)
 
 
@@ -114,23 +125,37 @@ def test_accepted_input_through_api(client, kwargs, check):
     assert check(info), info
 
 
-@pytest.mark.parametrize("kwargs, message", [pytest.param(k, m, id=i) for i, k, m in BAD])
-def test_bad_input_in_engine_is_typed_error(engine, kwargs, message):
+def refused_by_engine(engine, kwargs, message):
     message = message.replace("multiple of 16", "multiple of 8")  # BAD is for the app's tiny-shapes; this is tiny-random
     with pytest.raises(InvalidRequest, match=message) as caught:
         engine.generate(GenerateRequest(**{**VALID, **kwargs}))
     assert caught.value.field in str(caught.value) and message.startswith(caught.value.field)
-    assert engine.generate(GenerateRequest(**VALID)).seeds == [1, 2, 3, 4]
 
 
-@pytest.mark.parametrize("kwargs, message", [
+@pytest.mark.parametrize("kwargs, message", [pytest.param(k, m, id=i) for i, k, m in BAD])
+def test_bad_input_in_engine_is_typed_error(engine, kwargs, message):
+    refused_by_engine(engine, kwargs, message)
+
+
+NON_FINITE = [
     pytest.param(dict(guidance_scale=math.nan), "guidance_scale: must be a finite number, got nan", id="float nan"),
     pytest.param(dict(guidance_scale=math.inf), "guidance_scale: must be a finite number, got inf", id="float inf"),
     pytest.param(dict(seed=math.inf), "seed: expected a whole number, got inf", id="seed inf"),
-])
+]
+
+
+@pytest.mark.parametrize("kwargs, message", NON_FINITE)
 def test_non_finite_floats_in_engine(engine, kwargs, message):
     with pytest.raises(InvalidRequest, match=message):
         engine.generate(GenerateRequest(**{**VALID, **kwargs}))
+
+
+def test_the_engine_serves_after_every_bad_input(engine):
+    for _, kwargs, message in BAD:
+        refused_by_engine(engine, kwargs, message)
+    for row in NON_FINITE:
+        with pytest.raises(InvalidRequest, match=row.values[1]):
+            engine.generate(GenerateRequest(**{**VALID, **row.values[0]}))
     assert engine.generate(GenerateRequest(**VALID)).seeds == [1, 2, 3, 4]
 
 

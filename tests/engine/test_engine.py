@@ -240,7 +240,7 @@ def healthy_images(engine):
     return gen(engine).images
 
 
-@pytest.mark.parametrize("kwargs, message", [
+REFUSED = [
     (dict(prompt=""), "prompt: is empty"),
     (dict(prompt="   \t"), "prompt: is empty"),
     (dict(prompt=None), "prompt: is empty"),
@@ -256,10 +256,20 @@ def healthy_images(engine):
                      "of 8 pixels with width x height up to 1048576 pixels (compiled already: 64x64, 72x56, "),
     (dict(width=2048, height=1024), "width/height: 2048x1024 is 2097152 pixels; this server makes up to 1048576 "
                                     "(any multiple of 8 pixels"),
-])
-def test_bad_input_raises_typed_error_and_engine_stays_healthy(engine, healthy_images, kwargs, message):
+]
+
+
+@pytest.mark.parametrize("kwargs, message", REFUSED)
+def test_bad_input_raises_typed_error(engine, kwargs, message):
     with pytest.raises(InvalidRequest, match=re.escape(message)):
         gen(engine, **kwargs)
+
+
+def test_engine_stays_healthy_after_every_bad_input(engine, healthy_images):
+    """A refusal runs nothing, so one request after all of them shows the engine is still whole."""
+    for kwargs, message in REFUSED:
+        with pytest.raises(InvalidRequest, match=re.escape(message)):
+            gen(engine, **kwargs)
     np.testing.assert_array_equal(gen(engine).images, healthy_images)  # the same images as before any error
 
 

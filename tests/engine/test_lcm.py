@@ -14,7 +14,7 @@ import pytest
 
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest
 from sdxl_engine.program.schedulers import make_schedule
-from tests.helpers import FIXTURES
+from tests.helpers import FIXTURES, TINY_PT_MAX_STEPS
 
 STEPS = json.loads((FIXTURES / "sampler-steps.json").read_text())
 META = STEPS["lcm_image_cases"]
@@ -36,16 +36,14 @@ def gen(engine, prompt="a red circle", **kw):
     return engine.generate(GenerateRequest(prompt, **{"seed": 1, "num_inference_steps": 4, **kw}))
 
 
-def test_the_engine_step_noise_is_the_fixture_noise(lcm_noise):
+def test_the_engine_step_noise_is_the_fixture_noise(lcm_noise, tiny_pt):
     """The noise diffusers' LCMScheduler was given is the program's own rule for the fixture's seeds, exactly:
     normal(fold_in(key(seed_i), k + 1)) at step k, in tiny-pt's 64x64 latent shape."""
     import jax.numpy as jnp
 
-    from sdxl_engine.checkpoint.loading import load_folder
     from sdxl_engine.program.generate import latent_shape, step_noise
 
-    model = load_folder(FIXTURES / "tiny-pt", "tiny-pt", "float32")
-    shape = latent_shape(model, META["height"], META["width"])
+    shape = latent_shape(tiny_pt, META["height"], META["width"])
     assert lcm_noise["noise"].shape == (META["lcm_image"]["num_inference_steps"] - 1, 2, *shape)
     assert lcm_noise["seeds"].tolist() == META["seeds"]
     for k, want in enumerate(lcm_noise["noise"]):
@@ -53,26 +51,22 @@ def test_the_engine_step_noise_is_the_fixture_noise(lcm_noise):
         assert np.array_equal(got, want), k
 
 
-@pytest.mark.slow  # compiles tiny-pt's program twice (without and with CFG) at the fixture's shape
-def test_lcm_images_match_diffusers(steps_arrays, lcm_noise):
+@pytest.mark.slow  # tiny-pt's programs without and with CFG at the fixture's shape (the session's: compiled once)
+def test_lcm_images_match_diffusers(steps_arrays, lcm_noise, tiny_pt_programs):
     """tiny-pt's pipeline with LCMScheduler and the engine's program on the same latents and step noise agree
     within 4/255 (max) and 0.5/255 (mean), at guidance 1 (no CFG) and 5; the same program with Euler's
     coefficients, or with other seeds' step noise, is far off (the comparison sees the sampler and the noise)."""
-    import jax
+    from sdxl_engine.program.generate import ProgramInputs, ProgramShape, tokenize
 
-    from sdxl_engine.checkpoint.loading import load_folder
-    from sdxl_engine.program.generate import ProgramInputs, ProgramShape, compile_program, tokenize
-    from sdxl_engine.program.sharding import make_mesh, replicated
-
-    model = load_folder(FIXTURES / "tiny-pt", "tiny-pt", "float32")
-    mesh = make_mesh(jax.devices()[:2])
-    params = jax.device_put(model.params, replicated(mesh))
+    model, params = tiny_pt_programs.model, tiny_pt_programs.params
     latents, seeds = steps_arrays["lcm_image_latents"], lcm_noise["seeds"]
     for key in ("lcm_image", "lcm_image_cfg"):
         case = META[key]
         steps, guidance = case["num_inference_steps"], case["guidance_scale"]
-        shape = ProgramShape(2, META["height"], META["width"], max_steps=steps, cfg=guidance > 1, given_latents=True)
-        program = compile_program(model, params, shape, mesh)
+        assert steps <= TINY_PT_MAX_STEPS
+        shape = ProgramShape(2, META["height"], META["width"], max_steps=TINY_PT_MAX_STEPS, cfg=guidance > 1,
+                             given_latents=True)
+        program = tiny_pt_programs[shape]
         ids, _ = tokenize(model, case["prompt"])
         negative, _ = tokenize(model, case["negative_prompt"])
 

@@ -13,13 +13,12 @@ import numpy as np
 import pytest
 
 from sdxl_engine.checkpoint import lora
-from sdxl_engine.checkpoint.loading import load_folder
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest
-from sdxl_engine.program.generate import ProgramInputs, ProgramShape, compile_program, tokenize
+from sdxl_engine.program.generate import ProgramInputs, ProgramShape, tokenize
 from sdxl_engine.program.schedulers import make_schedule
-from sdxl_engine.program.sharding import make_mesh, replicated
+from sdxl_engine.program.sharding import replicated
 
-from tests.helpers import FIXTURES
+from tests.helpers import FIXTURES, TINY_PT_MAX_STEPS
 
 LORA_DIR = FIXTURES / "tiny-pt-lora"
 REF = json.loads((LORA_DIR / "reference.json").read_text())
@@ -27,13 +26,10 @@ FILES = {"kohya": LORA_DIR / "kohya.safetensors", "peft": LORA_DIR / "peft.safet
 
 
 @pytest.fixture(scope="module")
-def setup():
-    """tiny-pt on 2 devices, its 64x64 CFG program with given latents compiled once, and a merger of both LoRAs."""
-    model = load_folder(FIXTURES / "tiny-pt", "tiny-pt", "float32")
-    mesh = make_mesh(jax.devices()[:2])
-    params = jax.device_put(model.params, replicated(mesh))
-    shape = ProgramShape(2, 64, 64, max_steps=10, cfg=True, given_latents=True)
-    program = compile_program(model, params, shape, mesh)
+def setup(tiny_pt_programs):
+    """tiny-pt on 2 devices, its 64x64 CFG program with given latents (the session's), and a merger of both LoRAs."""
+    model, params, mesh = tiny_pt_programs.model, tiny_pt_programs.params, tiny_pt_programs.mesh
+    program = tiny_pt_programs[ProgramShape(2, 64, 64, max_steps=TINY_PT_MAX_STEPS, cfg=True, given_latents=True)]
     loras = {name: lora.read_lora(name, path, model.components) for name, path in FILES.items()}
     return model, params, program, lora.LoraMerger(params, loras, replicated(mesh))
 

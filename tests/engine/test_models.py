@@ -19,11 +19,10 @@ import pytest
 from sdxl_engine.checkpoint import weights
 from sdxl_engine.checkpoint.loading import load_folder, read_model_folder
 from sdxl_engine.models import build_component
-from sdxl_engine.program.generate import ProgramInputs, ProgramShape, compile_program, latent_shape, tokenize
+from sdxl_engine.program.generate import ProgramInputs, ProgramShape, latent_shape, tokenize
 from sdxl_engine.program.schedulers import make_schedule
-from sdxl_engine.program.sharding import make_mesh, replicated
 
-from tests.helpers import FIXTURES, ROOT
+from tests.helpers import FIXTURES, ROOT, TINY_PT_MAX_STEPS, Programs
 
 REF_DIR = FIXTURES / "tiny-pt-reference"
 REF = json.loads((REF_DIR / "reference.json").read_text())
@@ -40,11 +39,6 @@ def first_shape_only(cases: list[dict]) -> list:
 def arrays():
     with np.load(REF_DIR / "arrays.npz") as data:  # no pickles: allow_pickle stays False
         return dict(data)
-
-
-@pytest.fixture(scope="module")
-def tiny_pt():
-    return load_folder(FIXTURES / "tiny-pt", "tiny-pt", "float32")
 
 
 def jitted(component, params, method: str = "__call__"):
@@ -115,33 +109,12 @@ SAMPLER_OF = {"euler-leading": "Euler", "euler-trailing": "Euler", "euler-linspa
               "dpm++2m-karras": "DPM++ 2M Karras", "ddim": "DDIM"}
 
 
-class Programs:
-    """The engine's compiled programs for one model on one mesh, compiled once per ProgramShape and shared
-    by every case of that shape (the cases differ only in per-request inputs: prompts, latents, guidance,
-    schedule), as the engine shares them between requests."""
-
-    def __init__(self, model, mesh):
-        self.model, self.mesh = model, mesh
-        self.params = jax.device_put(model.params, replicated(mesh))
-        self._compiled = {}
-
-    def __getitem__(self, shape: ProgramShape):
-        if shape not in self._compiled:
-            self._compiled[shape] = compile_program(self.model, self.params, shape, self.mesh)
-        return self._compiled[shape]
-
-
-@pytest.fixture(scope="module")
-def tiny_pt_programs(tiny_pt):
-    return Programs(tiny_pt, make_mesh(jax.devices()[:2]))
-
-
 def run_case(programs: Programs, case: dict, latents: np.ndarray) -> np.ndarray:
     """The engine's compiled program on diffusers' initial latents: (n, H, W, 3) uint8."""
     model = programs.model
     n, steps = latents.shape[0], case["num_inference_steps"]
-    shape = ProgramShape(n, case["height"], case["width"], max_steps=10, cfg=case["guidance_scale"] > 1,
-                         given_latents=True)
+    shape = ProgramShape(n, case["height"], case["width"], max_steps=TINY_PT_MAX_STEPS,
+                         cfg=case["guidance_scale"] > 1, given_latents=True)
     assert latent_shape(model, shape.height, shape.width) == latents.shape[1:]
     config = {**model.scheduler_config, **{k: v for k, v in case["from_config_overrides"].items()
                                           if k == "timestep_spacing"}}

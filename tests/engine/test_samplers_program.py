@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from sdxl_engine.program.schedulers import make_schedule
-from tests.helpers import FIXTURES
+from tests.helpers import FIXTURES, TINY_PT_MAX_STEPS
 
 STEPS = json.loads((FIXTURES / "sampler-steps.json").read_text())
 
@@ -90,25 +90,20 @@ def test_the_program_clips_x0_where_the_schedule_says(engine):
     assert np.abs(unclipped.astype(int) - want.astype(int)).max() > 8
 
 
-@pytest.mark.slow  # compiles tiny-pt's program at the fixture's shape
-def test_ddim_images_match_diffusers_when_the_config_lacks_clip_sample(steps_arrays):
+@pytest.mark.slow  # runs tiny-pt's program (the session's, compiled once) at the fixture's shape
+def test_ddim_images_match_diffusers_when_the_config_lacks_clip_sample(steps_arrays, tiny_pt_programs):
     """Image level, the issue's case: tiny-pt's pipeline with DDIMScheduler.from_config of a config without
     clip_sample (so True) and the engine's program on the same latents agree within 4/255 (test_models' image
     tolerance); the unclipped DDIM the engine used to run is far off."""
-    import jax
-
-    from sdxl_engine.checkpoint.loading import load_folder
-    from sdxl_engine.program.generate import ProgramInputs, ProgramShape, compile_program, tokenize
-    from sdxl_engine.program.sharding import make_mesh, replicated
+    from sdxl_engine.program.generate import ProgramInputs, ProgramShape, tokenize
 
     meta = STEPS["ddim_image_case"]
     assert meta["clip_sample"] is True and "clip_sample" not in meta["scheduler_config"]
-    model = load_folder(FIXTURES / "tiny-pt", "tiny-pt", "float32")
-    mesh = make_mesh(jax.devices()[:2])
+    model, params = tiny_pt_programs.model, tiny_pt_programs.params
     latents, want = steps_arrays["ddim_image_latents"], steps_arrays["ddim_image_images"].astype(int)
-    shape = ProgramShape(2, meta["height"], meta["width"], max_steps=meta["num_inference_steps"], given_latents=True)
-    params = jax.device_put(model.params, replicated(mesh))
-    program = compile_program(model, params, shape, mesh)
+    assert meta["num_inference_steps"] <= TINY_PT_MAX_STEPS
+    shape = ProgramShape(2, meta["height"], meta["width"], max_steps=TINY_PT_MAX_STEPS, given_latents=True)
+    program = tiny_pt_programs[shape]
     ids, _ = tokenize(model, meta["prompt"])
     negative, _ = tokenize(model, meta["negative_prompt"])
 

@@ -51,12 +51,9 @@ def test_every_vocabulary_word_is_one_token(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def shapes_engine():
-    from sdxl_engine.config import EngineConfig
-    from sdxl_engine.engine.local import Engine
-
-    config = EngineConfig.load({"model": "tiny-shapes", "cpu_devices": 4}, environ={})
-    return Engine(config, log=lambda *_: None).start()
+def shapes_engine(tiny_shapes_engine):
+    """The session's tiny-shapes engine (4 CPU devices, the shipped model as a user starts it): no engine of its own."""
+    return tiny_shapes_engine
 
 
 def test_shipped_model_is_the_default_and_small():

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from sdxl_engine.checkpoint.loading import load_model
-from sdxl_engine.program.generate import ProgramInputs, ProgramShape, compile_program, tokenize
+from sdxl_engine.program.generate import ProgramInputs, ProgramShape, tokenize
 from sdxl_engine.program.schedulers import make_schedule
 from sdxl_engine.program.sharding import make_mesh, replicated
 
-from tests.helpers import FIXTURES
+from tests.helpers import FIXTURES, TINY_PT_MAX_STEPS
 
 SINGLE = FIXTURES / "tiny-single"
 REF = json.loads((SINGLE / "reference.json").read_text())
@@ -42,13 +42,15 @@ def models():
 
 
 @pytest.fixture(scope="module")
-def program(models):
-    """One compiled program (64x64, CFG, 2 given latents) for both: the models share tiny-pt's configs, so
-    only their parameters, which are the program's arguments, differ."""
-    mesh = make_mesh(jax.devices()[:2])
-    shape = ProgramShape(2, 64, 64, max_steps=10, cfg=True, given_latents=True)
+def program(models, tiny_pt_programs):
+    """One compiled program (64x64, CFG, 2 given latents) for both, tiny-pt's of the session: the models have
+    tiny-pt's configs (checked here), so only their parameters, which are the program's arguments, differ."""
+    for name, component in tiny_pt_programs.model.components.items():
+        assert [m.components[name].config for m in models.values()] == [component.config] * len(models), name
+    mesh = tiny_pt_programs.mesh
+    shape = ProgramShape(2, 64, 64, max_steps=TINY_PT_MAX_STEPS, cfg=True, given_latents=True)
     params = {name: jax.device_put(m.params, replicated(mesh)) for name, m in models.items()}
-    return compile_program(models["single"], params["single"], shape, mesh), params, shape
+    return tiny_pt_programs[shape], params, shape
 
 
 @pytest.mark.parametrize("case", ["single", "swap"])
