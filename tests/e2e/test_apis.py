@@ -121,7 +121,7 @@ def test_a1111_lists_options_and_model_switching(webui):
     styles = webui.get_prompt_styles()
     assert [s["name"] for s in styles][:2] == ["Cinematic", "Photographic"] and "{prompt}" in styles[0]["prompt"]
     assert [u["name"] for u in webui.get_upscalers()] == ["None", "Lanczos", "Nearest"] and webui.get_sd_vae() == []
-    assert [lora["name"] for lora in webui.get_loras()] == ["lcm"]  # tiny-shapes' own LCM-LoRA (#26)
+    assert [lora["name"] for lora in webui.get_loras()] == ["lcm"]  # tiny-shapes' own LCM-LoRA
     flags = webui.get_cmd_flags()
     assert flags["api_key_required"] is True and KEY not in json.dumps(flags)
 

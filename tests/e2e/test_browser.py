@@ -211,7 +211,7 @@ def test_blog_default_is_one_click_from_the_models_default(offline):
 
 
 def test_fast_preset_is_one_click_and_model_default_takes_it_back(offline):
-    """(#26) Fast (LCM, 4 steps) adds the LCM-LoRA's tag and sets LCM, 4 steps, guidance 1; the request runs so
+    """Fast (LCM, 4 steps) adds the LCM-LoRA's tag and sets LCM, 4 steps, guidance 1; the request runs so
     (its status and PNG say so); Model default takes the tag out and restores the model's own setting."""
     from sdxl_engine.checkpoint import builtin
     from sdxl_engine.checkpoint.lora import lora_hash
@@ -513,7 +513,7 @@ def test_history_survives_a_restart_and_says_when_its_key_changed(browser, app_s
 
 @pytest.fixture(scope="module")
 def previews_server():
-    """The default app with a preview at every step (issue #23)."""
+    """The default app with a preview at every step."""
     app = RunningApp(env={"SDXL_PREVIEW_EVERY": "1"})
     yield app
     app.stop()

@@ -1,4 +1,4 @@
-"""``python app.py --lora ... --lora-dir ...``: a LoRA the server cannot use stops the start with one line (#21)."""
+"""``python app.py --lora ... --lora-dir ...``: a LoRA the server cannot use stops the start with one line."""
 
 import subprocess
 import sys

@@ -1,4 +1,4 @@
-"""Progress, previews and Stop as a gradio_client caller sees them (issue #23): `python app.py` in a subprocess."""
+"""Progress, previews and Stop as a gradio_client caller sees them: `python app.py` in a subprocess."""
 
 import time
 

@@ -132,7 +132,7 @@ def test_page_works_and_its_banner_counts_the_ready_replicas(app2):
 
 
 def test_the_replicas_steps_and_previews_reach_the_client_and_a_cancel_stops_the_replica(app2):
-    """Issue #23 through Ray: job.status() shows the replica's steps in order and job.outputs() its
+    """Progress through Ray: job.status() shows the replica's steps in order and job.outputs() its
     previews; a cancel after step 5 of 50 stops the replica's engine after its running step (its log
     line names a step before 50) and the front logs its one line."""
     from gradio_client import Client
@@ -252,7 +252,7 @@ def test_sigterm_drains_then_deletes_the_deployment_and_leaves_nothing(app2, hom
     assert len(gallery) == 4 and info["replica"]
     assert code == 0 and took < 60, (code, took)
     assert "[replicas] Serve application deleted and Ray stopped" in app2.log
-    # A plain log (issue 19): no colour codes, no WARNING for the token mode the app chose, and no
+    # A plain log: no colour codes, no WARNING for the token mode the app chose, and no
     # Ray line about the clean stop itself (serve.shutdown() left two "Task ServeController... failed").
     assert "\x1b[" not in app2.log and "Token authentication" not in app2.log
     stop = app2.log.index("[app] stopping")

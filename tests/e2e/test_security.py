@@ -141,7 +141,7 @@ def test_server_listens_on_loopback_only(app_server):
     assert listening and all(addr.ip == "127.0.0.1" for addr in listening), listening
 
 
-# --- What a client other than the page can reach (issue 19, faults 3-5) --------------------------------------------
+# --- What a client other than the page can reach --------------------------------------------
 
 def page_dependencies(app_server) -> list[dict]:
     """The page's events that run a function on the server, as /config lists them (id, api_name, inputs, queue)."""

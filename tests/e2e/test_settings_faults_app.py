@@ -1,4 +1,4 @@
-"""Settings that misled a new user (issue 19: fault 2 and the settings items of fault 10), through a real
+"""Settings that misled a new user, through a real
 ``python app.py``: an outputs folder that cannot take the images, or limits below what would run, stop
 the start with one line; a real app's start log says what it runs. The checks without an app are
 tests/unit/test_settings_faults.py.

@@ -57,7 +57,7 @@ def test_gradio_version_check_is_one_line_and_matches_the_pin():
     from sdxl_engine.serving import gradio_internals
 
     pins = dict(line.split("==") for line in (ROOT / "requirements.txt").read_text().splitlines() if "==" in line)
-    assert pins["gradio[mcp]"].split()[0] == gradio_internals.GRADIO_VERSION  # the mcp extra: the MCP server (#24)
+    assert pins["gradio[mcp]"].split()[0] == gradio_internals.GRADIO_VERSION  # the mcp extra: the MCP server
     lines = []
     assert gradio_internals.check_version(lines.append, installed=gradio_internals.GRADIO_VERSION) and lines == []
     assert not gradio_internals.check_version(lines.append, installed="99.0.0")

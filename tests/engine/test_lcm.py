@@ -1,4 +1,4 @@
-"""The LCM sampler through the compiled program (issue #26): images against diffusers' LCMScheduler, the step
+"""The LCM sampler through the compiled program: images against diffusers' LCMScheduler, the step
 noise rule, no compile for a switch to it, and its step limit refused before anything compiles.
 
 References: tests/fixtures/sampler-steps.{json,npz} (``lcm_image_cases``: tiny-pt's StableDiffusionXLPipeline

@@ -1,4 +1,4 @@
-"""The shipped LCM-LoRA of tiny-shapes (issue #26): diffusers reads it and agrees with the engine's images,
+"""The shipped LCM-LoRA of tiny-shapes: diffusers reads it and agrees with the engine's images,
 and it changes nothing when a prompt does not ask for it.
 
 References: tests/fixtures/tiny-shapes-lcm/ (``python -m tools.make_fixtures lcm-lora``: tiny-shapes in

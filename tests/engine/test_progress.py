@@ -1,4 +1,4 @@
-"""Per-step progress, live previews and Stop (issue #23), on the shipped tiny-shapes model over 4 CPU devices.
+"""Per-step progress, live previews and Stop, on the shipped tiny-shapes model over 4 CPU devices.
 
 The engines here share one compiled program (the executable cache serves the second and third: the
 config's preview_every is not part of the program), so only the tests marked slow compile another.

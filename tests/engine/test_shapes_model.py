@@ -65,7 +65,7 @@ def test_shipped_model_is_the_default_and_small():
     assert size <= 30e6
     assert not list(TINY_SHAPES_DIR.rglob("*.bin")) and not list(TINY_SHAPES_DIR.rglob("*.msgpack"))
     assert len(list(TINY_SHAPES_DIR.glob("*/*.safetensors"))) == 4  # PyTorch layout: diffusers' PyTorch pipeline loads it too
-    assert [f.name for f in TINY_SHAPES_DIR.glob("*.safetensors")] == ["lcm-lora.safetensors"]  # its LCM-LoRA (#26)
+    assert [f.name for f in TINY_SHAPES_DIR.glob("*.safetensors")] == ["lcm-lora.safetensors"]  # its LCM-LoRA
 
 
 def test_red_circle_is_red(shapes_engine):

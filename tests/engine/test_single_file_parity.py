@@ -1,4 +1,4 @@
-"""Single files and swapped parts against diffusers' PyTorch pipelines on the same latents (issue #21).
+"""Single files and swapped parts against diffusers' PyTorch pipelines on the same latents.
 
 ``tests/fixtures/tiny-single`` (``python -m tools.make_fixtures single``, tests/fixtures/README.md): tiny-pt
 written as an SDXL single file in the original sgm layout (float16), a UNet of tiny-pt's config in diffusers

@@ -37,7 +37,7 @@ def test_handler_applies_style_reports_progress_and_saves_pngs(engine, monkeypat
     reports = []
     gallery, info, record = handler.handle_generate(engine, "a red circle", "green", 7, 5.0, 3, 0, 0, "Pixel art",
                                                 progress=lambda fraction, desc, unit=None: reports.append((fraction, desc)))
-    steps = [(f, d.split(",")[0]) for f, d in reports if isinstance(f, tuple)]  # issue #23: each denoising step
+    steps = [(f, d.split(",")[0]) for f, d in reports if isinstance(f, tuple)]  # each denoising step
     assert steps == [((k, 3), f"Denoising: step {k}/3") for k in (1, 2, 3)]
     assert [d for f, d in reports if not isinstance(f, tuple)] == [
         "Preparing: tokenizing the prompts, scheduling 3 Euler steps",

@@ -1,4 +1,4 @@
-"""(#26) The page's "Fast (LCM, 4 steps)" preset and the way back to the model's and the blog's settings."""
+"""The page's "Fast (LCM, 4 steps)" preset and the way back to the model's and the blog's settings."""
 
 import pytest
 

@@ -436,7 +436,7 @@ def test_pngs_keep_the_tags_and_carry_lora_hashes_as_a1111_writes_them(tmp_path)
 
 
 def test_a_model_folders_own_loras_come_last_and_yield_their_name(tmp_path):
-    """(#26) A model folder's loras.json names LoRAs shipped with it; the deployment's --lora / --lora-dir
+    """A model folder's loras.json names LoRAs shipped with it; the deployment's --lora / --lora-dir
     take a name first, and a bad loras.json is refused in one line naming the file."""
     from sdxl_engine.checkpoint.loading import MODEL_LORAS_FILE, ModelLoadError, model_loras, read_model_loras
 
@@ -460,7 +460,7 @@ def test_a_model_folders_own_loras_come_last_and_yield_their_name(tmp_path):
 
 
 def test_tiny_shapes_ships_its_lcm_lora_in_the_peft_format():
-    """(#26) The shipped LCM-LoRA: named "lcm" by tiny-shapes' loras.json, diffusers/PEFT keys and LoraConfig."""
+    """The shipped LCM-LoRA: named "lcm" by tiny-shapes' loras.json, diffusers/PEFT keys and LoraConfig."""
     import json
 
     from safetensors import safe_open

@@ -28,7 +28,7 @@ def test_page_builder_with_fake_engine():
 
 
 def test_page_lists_the_loras_and_a_click_adds_a_tag(tmp_path):
-    """(#21) The page lists the configured LoRAs (names from --lora and --lora-dir, in that order); a click
+    """The page lists the configured LoRAs (names from --lora and --lora-dir, in that order); a click
     appends ``<lora:NAME:1>`` to the prompt; an index the page never sends is refused in one line."""
     import gradio as gr
     import pytest
@@ -42,7 +42,7 @@ def test_page_lists_the_loras_and_a_click_adds_a_tag(tmp_path):
                                 "lora_dir": str(tmp_path)}, environ={})
     demo = app.build_demo(lambda *v, **kw: ([], {}, None), config)
     listing = next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "loras")
-    # the deployment's (--lora, then --lora-dir), then tiny-shapes' own LCM-LoRA (#26, its loras.json)
+    # the deployment's (--lora, then --lora-dir), then tiny-shapes' own LCM-LoRA (its loras.json)
     assert listing.visible and [s[0] for s in listing.samples] == ["<lora:peft:1>", "<lora:ink:1>", "<lora:lcm:1>"]
     add = next(f.fn for f in demo.fns.values() if getattr(f.fn, "__name__", "") == "add_lora")
     assert add(1, "a red circle ") == "a red circle <lora:ink:1>"

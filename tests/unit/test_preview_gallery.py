@@ -1,4 +1,4 @@
-"""Previews reach the gallery as one PNG file of the batch's grid, written once (issue #23, item 5):
+"""Previews reach the gallery as one PNG file of the batch's grid, written once:
 handler._preview_gallery, previews.preview_grid."""
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""The LCM sampler (issue #26): schedulers.py's coefficients against diffusers' LCMScheduler, and its refusals.
+"""The LCM sampler: schedulers.py's coefficients against diffusers' LCMScheduler, and its refusals.
 
 References: tests/fixtures/sampler-steps.{json,npz} (``make_fixtures samplers``): the LCM cases' timesteps,
 ``get_scalings_for_boundary_condition_discrete``'s c_skip and c_out per step, and whole ``step``

@@ -154,7 +154,7 @@ def test_a_replica_lost_on_the_device_is_one_clear_error():
 
 
 def test_the_replicas_steps_reach_the_front_in_order_with_their_previews():
-    """Issue #23: the replica streams StepEvents (EngineReplica.generate); the front hands each to on_step."""
+    """the replica streams StepEvents (EngineReplica.generate); the front hands each to on_step."""
     import numpy as np
 
     from sdxl_engine.engine.steps import StepEvent

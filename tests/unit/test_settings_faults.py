@@ -1,4 +1,4 @@
-"""Settings that misled a new user (issue 19: fault 2 and the settings items of fault 10).
+"""Settings that misled a new user.
 
 An outputs folder that cannot take the images stops the start; one that fails later says so in
 the reply. Limits that make a request's images equal, or that a default the user never set

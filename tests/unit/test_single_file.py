@@ -1,4 +1,4 @@
-"""Single files and swapped parts without a compile (issue #21): every tensor of tiny-pt's sgm single file
+"""Single files and swapped parts without a compile: every tensor of tiny-pt's sgm single file
 lands on tiny-pt's parameter in float16, bfloat16 and float32 files; other architectures are refused by name;
 markers, leftovers, missing and truncated files; --unet / --vae in either layout, with or without prefix;
 --timestep-spacing; the settings and flags.

@@ -1,4 +1,4 @@
-"""handler.stream_previews' yields (issue #23): nothing before the first denoising step, so the page keeps the
+"""handler.stream_previews' yields: nothing before the first denoising step, so the page keeps the
 wait's progress line (start-up, queue, compile); keep-alive yields once the loop runs, so a cancel can close the
 generator, which asks the engine to stop."""
 
