@@ -107,3 +107,23 @@ class Programs:
         if shape not in self._compiled:
             self._compiled[shape] = compile_program(self.model, self.params, shape, self.mesh)
         return self._compiled[shape]
+
+
+class FullDiskFile:
+    """A file opened for writing whose first write stores ``room`` bytes, then fails as a full disk does (ENOSPC)."""
+
+    def __init__(self, f, room: int):
+        self.f, self.room = f, room
+
+    def write(self, data):
+        import errno
+
+        self.f.write(bytes(data[:self.room]))
+        self.f.flush()
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.f.close()

@@ -1,12 +1,12 @@
 """What a request hands back (serving/delivery.py): the images saved to outputs_dir are the ones the client receives."""
 
-import errno
 
 import gradio as gr
 from starlette.requests import Request
 
 from sdxl_engine.serving import delivery, images
 from sdxl_engine.serving.delivery import KEEP, deliver, kept_images
+from tests.helpers import FullDiskFile
 from tests.unit.test_settings_faults import fake_result
 
 
@@ -37,26 +37,12 @@ def test_a_full_disk_leaves_no_partial_file_in_the_outputs_folder(tmp_path, monk
 
     out, served, writes = tmp_path / "outputs", tmp_path / "served", []
 
-    class Full:
-        def __init__(self, f):
-            self.f = f
-
-        def write(self, data):
-            self.f.write(bytes(data[:10]))
-            raise OSError(errno.ENOSPC, "No space left on device")
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            self.f.close()
-
     def fake_open(path, mode="r", *args, **kwargs):
         f = builtins.open(path, mode, *args, **kwargs)
         if str(path).startswith(str(out)):
             writes.append(path)
             if len(writes) > 1:
-                return Full(f)
+                return FullDiskFile(f, room=10)
         return f
 
     monkeypatch.setattr(images, "open", fake_open, raising=False)

@@ -10,6 +10,7 @@ import pytest
 from PIL import Image
 
 from sdxl_engine.serving.images import a1111_parameters, encode_pngs, parse_a1111_parameters, png_bytes, slug, write_new
+from tests.helpers import FullDiskFile
 
 
 def test_a1111_parameters_roundtrip():
@@ -60,27 +61,12 @@ def _full_disk_open(room: int, failing_suffix: str, opened: list):
     """An ``open`` whose files ending ``failing_suffix`` take ``room`` bytes, then fail as a full disk does."""
     import builtins
 
-    class Full:
-        def __init__(self, f):
-            self.f = f
-
-        def write(self, data):
-            self.f.write(bytes(data[:room]))
-            self.f.flush()
-            raise OSError(errno.ENOSPC, "No space left on device")
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            self.f.close()
-
     def fake_open(path, mode="r", *args, **kwargs):
         f = builtins.open(path, mode, *args, **kwargs)
         if not str(path).endswith(failing_suffix):
             return f
         opened.append(Path(path).name)
-        return Full(f)
+        return FullDiskFile(f, room)
 
     return fake_open
 
