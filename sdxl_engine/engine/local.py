@@ -540,7 +540,7 @@ class Engine:
                     raise CompilesBusy(f"width/height: your request for {mine.width}x{mine.height} is still "
                                        "compiling; send this size once it is ready")
                 if len(self._pending) >= self.config.max_pending_compiles:
-                    sizes = ", ".join(f"{s.width}x{s.height}" for s in self._pending)
+                    sizes = ", ".join(f"{w}x{h}" for w, h in sorted((s.width, s.height) for s in self._pending))
                     raise CompilesBusy(f"width/height: {shape.width}x{shape.height} is not compiled yet and "
                                        f"{len(self._pending)} new sizes compile already ({sizes}; "
                                        "max_pending_compiles); retry in a minute, or use a compiled size")
@@ -553,6 +553,7 @@ class Engine:
         with self._compile_lock:
             if shape not in self._programs:
                 self._compile(shape, shape.width, shape.height, shape.cfg)
+        self._used[shape] = clock()  # the newest: never the one dropped to make room for itself
         self._drop_unused()
 
     def _bucket(self, shape: ProgramShape) -> bool:

@@ -126,6 +126,20 @@ def test_programs_beyond_the_buckets_are_kept_least_recently_used(engine, monkey
     assert logged == ["[sdxl_engine] dropped the program for 112x48 (least recently used; max_resident_programs 2)"]
 
 
+def test_a_new_size_compiled_past_the_limit_drops_an_older_one_not_itself(engine, held_compiles, monkeypatch):
+    release, _ = held_compiles
+    release.set()
+    monkeypatch.setattr(engine, "config", dataclasses.replace(engine.config, max_resident_programs=1))
+    older = engine._shape(112, 48)
+    engine._programs[older] = object()
+    engine._used[older] = 0.0
+    with pytest.raises(Stopped):  # the compile stands in the default program; the request is stopped after it
+        engine.generate(request(width=96, height=48, client="a"), should_stop=lambda: engine.is_compiled(96, 48))
+    for future in list(engine._pending.values()):
+        future.result(60)
+    assert engine.is_compiled(96, 48) and older not in engine._programs
+
+
 def test_a_new_size_runs_for_real_once_compiled(engine):
     """One real compile of a size no bucket has: the images come at that size, deterministic per seed."""
     assert not engine.is_compiled(96, 48)
