@@ -132,7 +132,7 @@ def test_a_new_size_compiled_past_the_limit_drops_an_older_one_not_itself(engine
     monkeypatch.setattr(engine, "config", dataclasses.replace(engine.config, max_resident_programs=1))
     older = engine._shape(112, 48)
     engine._programs[older] = object()
-    engine._used[older] = 0.0
+    engine._used[older] = 5.0  # used before the new size (clock() is far past 5 s), after "never" (0)
     with pytest.raises(Stopped):  # the compile stands in the default program; the request is stopped after it
         engine.generate(request(width=96, height=48, client="a"), should_stop=lambda: engine.is_compiled(96, 48))
     for future in list(engine._pending.values()):
