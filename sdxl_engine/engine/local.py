@@ -545,24 +545,25 @@ class Engine:
                                        f"{len(self._pending)} new sizes compile already ({sizes}; "
                                        "max_pending_compiles); retry in a minute, or use a compiled size")
                 future = self._pending[shape] = self._compiler.submit(self._compile_new, shape)
-                future.add_done_callback(lambda _, shape=shape: self._compile_done(shape))
             self._pending_for[client] = shape
             return future
 
     def _compile_new(self, shape: ProgramShape) -> None:
-        with self._compile_lock:
-            if shape not in self._programs:
-                self._compile(shape, shape.width, shape.height, shape.cfg)
-        self._used[shape] = clock()  # the newest: never the one dropped to make room for itself
-        self._drop_unused()
+        """The compile thread's job: compile ``shape``, then no longer count it as pending (under the pending
+        lock, which _pending_compile holds until the future is recorded, so the record always goes)."""
+        try:
+            with self._compile_lock:
+                if shape not in self._programs:
+                    self._compile(shape, shape.width, shape.height, shape.cfg)
+            self._used[shape] = clock()  # the newest: never the one dropped to make room for itself
+            self._drop_unused()
+        finally:
+            with self._pending_lock:
+                self._pending.pop(shape, None)
 
     def _bucket(self, shape: ProgramShape) -> bool:
         """Whether ``shape``'s size is one of the model's size buckets (whose programs stay in memory)."""
         return (shape.width, shape.height) in self.limits.sizes
-
-    def _compile_done(self, shape: ProgramShape) -> None:
-        with self._pending_lock:
-            self._pending.pop(shape, None)
 
     def _drop_unused(self) -> None:
         """Keep at most ``max_resident_programs`` programs beyond the size buckets' in memory, dropping
