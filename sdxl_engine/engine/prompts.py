@@ -316,7 +316,9 @@ def check_prompt(text: str, loras: tuple[str, ...] | frozenset[str] = ()) -> Non
         if tag.name not in loras:
             available = (f"available: {', '.join(sorted(loras))}" if loras else
                          "none are loaded (start with --lora NAME=PATH or --lora-dir DIR)")
-            raise InvalidRequest("prompt", f"unknown LoRA {tag.name!r} in <lora:{tag.name}:...>; {available}")
+            typed = re.search(r"<(?:lora|lyco):" + re.escape(tag.name) + r"(?::[^<>]*)?>", text)  # as the user wrote it
+            shown = typed.group(0) if typed else f"<lora:{tag.name}>"
+            raise InvalidRequest("prompt", f"unknown LoRA {tag.name!r} in {shown}; {available}")
     if not "".join(" " if s.is_break else s.text for s in parse_prompt_attention(stripped)).strip():
         raise InvalidRequest("prompt", "is empty: it holds only brackets, weights or BREAK, no words"
                              + (" (besides its LoRA tags)" if tags else ""))

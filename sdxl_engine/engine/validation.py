@@ -293,8 +293,8 @@ def size_of(width, height, limits: Limits) -> tuple[int, int]:
     Raises InvalidRequest naming ``width``, ``height`` or ``width/height``.
     """
     buckets = ", ".join(f"{w}x{h}" for w, h in limits.sizes)
-    rule = (f"any multiple of {limits.multiple} pixels with width x height up to {limits.max_pixels} pixels "
-            f"(compiled already: {buckets})" if limits.max_pixels else f"supported sizes: {buckets}")
+    rule = (f"any multiple of {limits.multiple} pixels per side, up to {limits.max_pixels} pixels in all "
+            f"(max_pixels; the model's sizes: {buckets})" if limits.max_pixels else f"supported sizes: {buckets}")
     given = {}
     for field, value in (("width", width), ("height", height)):
         if value is not None:  # 0 (or None) = the model's default for that side
@@ -310,6 +310,7 @@ def size_of(width, height, limits: Limits) -> tuple[int, int]:
                                              f"{buckets} (0 = the model's default)")
     if size[0] * size[1] > limits.max_pixels:
         raise InvalidRequest("width/height", f"{size[0]}x{size[1]} is {size[0] * size[1]} pixels; this server "
-                                             f"makes up to {limits.max_pixels} ({rule}; max_pixels)")
+                                             f"makes up to {limits.max_pixels} (max_pixels), any multiple of "
+                                             f"{limits.multiple} pixels per side (the model's sizes: {buckets})")
     return size
 

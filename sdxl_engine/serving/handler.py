@@ -37,7 +37,7 @@ from sdxl_engine.serving.progress import JOB_SCOPE_KEY, JOBS
 from sdxl_engine.serving.images import png_bytes, write_new
 
 STAGES = {  # engine stage -> (progress fraction, what the page says)
-    "compiling": (0.03, "Compiling {size} once, about {compile_s:.0f} s (the first request at it; reused afterwards)"),
+    "compiling": (0.03, "Compiling {size} once{about} (the first request at it; reused afterwards)"),
     "waiting": (0.04, "Waiting for the request ahead on the devices"),
     "preparing": (0.05, "Preparing: tokenizing the prompts, scheduling {steps} {sampler} steps"),
     "on device": (0.1, "On {devices}: encoding the prompts, denoising {steps} steps, decoding with the VAE"),
@@ -303,9 +303,10 @@ def handle_generate(engine: EngineContract, prompt, negative_prompt, seed, guida
         JOBS.stage(job, stage)
         fraction, text = STAGES.get(stage, (None, stage))
         size = f"{width or engine.limits.default_size[0]}x{height or engine.limits.default_size[1]}"
+        compile_s = engine.startup.get("compile_s", 0.0)  # the start's compile: 0 when it came from the cache
         report(fraction, desc=text.format(steps=steps, sampler=sampler or engine.limits.default_sampler,
                                           devices=engine.device_summary, n=engine.batch, size=size,
-                                          compile_s=engine.startup.get("compile_s", 0.0)))
+                                          about=f", about {compile_s:.0f} s" if compile_s >= 1 else ""))
 
     # gr.Progress finds its event in this thread's context variables; the steps are heard on XLA's thread.
     here = contextvars.copy_context()

@@ -59,7 +59,8 @@ BAD = [
     ("height not multiple", dict(height=63), r"height: 63 is not a multiple of 16 pixels"),
     ("width huge", dict(width=10**6), r"width: must be between 0 and 65536"),
     ("size over the pixel budget", dict(width=2048, height=1024),
-     r"width/height: 2048x1024 is 2097152 pixels; this server makes up to 1048576 \(any multiple of 16 pixels"),
+     r"width/height: 2048x1024 is 2097152 pixels; this server makes up to 1048576 \(max_pixels\), any multiple of 16 "
+     r"pixels per side \(the model's sizes: 64x64"),
     ("size far over it", dict(width=8192, height=8192), r"width/height: 8192x8192 is 67108864 pixels"),
     ("width text", dict(width="wide"), r"width: expected a whole number, got 'wide'"),
     # sampler (A1111 names)

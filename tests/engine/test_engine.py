@@ -253,9 +253,9 @@ REFUSED = [
     (dict(num_inference_steps=0), "num_inference_steps: must be between 1"),
     (dict(num_inference_steps=10**9), "num_inference_steps: must be between 1"),
     (dict(width=63), "width: 63 is not a multiple of 8 pixels (the model works on 8-pixel blocks); any multiple "
-                     "of 8 pixels with width x height up to 1048576 pixels (compiled already: 64x64, 72x56, "),
+                     "of 8 pixels per side, up to 1048576 pixels in all (max_pixels; the model's sizes: 64x64, 72x56, "),
     (dict(width=2048, height=1024), "width/height: 2048x1024 is 2097152 pixels; this server makes up to 1048576 "
-                                    "(any multiple of 8 pixels"),
+                                    "(max_pixels), any multiple of 8 pixels per side (the model's sizes: 64x64, "),
 ]
 
 

@@ -95,8 +95,8 @@ def test_sizes_beyond_the_buckets_are_any_multiple_within_the_pixel_budget():
     assert size_of(96, 48, limits) == (96, 48) and size_of(128, 128, limits) == (128, 128)
     assert size_of(0, 48, limits) == (64, 48) and size_of(None, None, limits) == (64, 64)
     with pytest.raises(InvalidRequest, match=r"^width/height: 144x128 is 18432 pixels; this server makes up to 16384 "
-                                             r"\(any multiple of 16 pixels with width x height up to 16384 pixels "
-                                             r"\(compiled already: 64x64, 80x48\); max_pixels\)$"):
+                                             r"\(max_pixels\), any multiple of 16 pixels per side \(the model's sizes: "
+                                             r"64x64, 80x48\)$"):
         size_of(144, 128, limits)
     with pytest.raises(InvalidRequest, match=r"^height: 40 is not a multiple of 16 pixels"):
         size_of(64, 40, limits)

@@ -101,7 +101,7 @@ def test_prompt_syntax_and_lora_tags_are_refused_before_queueing_with_the_engine
     from inside the engine."""
     engine = StartedEngine(limits=dataclasses.replace(LIMITS, loras=("ink", "peft")))
     cases = [
-        (Txt2Img(prompt="a cat <lora:oil:0.5>"), "prompt: unknown LoRA 'oil' in <lora:oil:...>; available: ink, peft"),
+        (Txt2Img(prompt="a cat <lora:oil:0.5>"), "prompt: unknown LoRA 'oil' in <lora:oil:0.5>; available: ink, peft"),
         (Txt2Img(prompt="a cat <lora:ink:9>"), "prompt: '<lora:ink:9>': the weight must be between -4 and 4"),
         (Txt2Img(prompt="(( )) BREAK [ ]"), "prompt: is empty: it holds only brackets, weights or BREAK, no words"),
     ]
