@@ -49,14 +49,15 @@ def images(gallery) -> np.ndarray:
 
 
 def test_steps_reach_the_client_in_order(app_server):
-    """The default app (previews about twice a second): job.status() shows "k/N steps", k rising. Gradio
-    sends the latest progress every few ms and a yielded preview's status replaces it, so some k are not seen."""
+    """The default app (previews about twice a second): job.status() shows "k/N steps", k rising. The devices
+    report about every 0.1 s of fast steps (engine/steps.py), Gradio sends the latest progress every few ms and a
+    yielded preview's status replaces it, so many k are not seen; a few are."""
     job = app_server.client().submit(api_name="/generate", prompt="a red circle", seed=4, num_inference_steps=40)
     seen = watch(job)
     job.result(timeout=60)
     assert seen and all(length == 40 for _, length in seen)
     steps = [index for index, _ in seen]
-    assert steps == sorted(set(steps)) and len(steps) >= 5 and steps[-1] <= 40, seen
+    assert steps == sorted(set(steps)) and len(steps) >= 3 and steps[-1] <= 40, seen
 
 
 def test_previews_come_before_the_images_which_are_those_without_previews(previews_app, app_server):
