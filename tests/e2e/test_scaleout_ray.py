@@ -62,7 +62,8 @@ def home(tmp_path_factory):
 @pytest.fixture(scope="module")
 def app2(home):
     app = loadtest.ServedApp(["--replicas", "2", *REPLICA_ARGS],
-                             env={"SDXL_FAULT_INJECTION": "1", "HOME": str(home)})
+                             # a preview every 5 steps: the previews through Ray come whatever this machine's pace
+                             env={"SDXL_FAULT_INJECTION": "1", "HOME": str(home), "SDXL_PREVIEW_EVERY": "5"})
     try:
         # Generous: both replicas may compile at once on a loaded machine (no earlier app warmed the cache).
         app.wait_for("[replicas] 2 of 2 replicas ready", timeout=600)
