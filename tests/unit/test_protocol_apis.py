@@ -612,6 +612,13 @@ def test_mcp_call_with_a_number_beyond_a_float_names_the_argument():
                                                                                                   "text": text}]}}
     nan = client.post("/gradio_api/mcp/", content=call.replace("1e400", "7").replace("5.5", "NaN")).json()
     assert nan["result"]["content"][0]["text"].startswith("guidance_scale: NaN is not a finite number")
+    # what the Python mcp SDK sends for float("inf"): null, named where the tool takes a number
+    null = client.post("/gradio_api/mcp/", content=call.replace("1e400", "null")).json()
+    assert null["result"]["isError"] is True and null["result"]["content"][0]["text"] == (
+        "seed: got null where a number belongs (a client sends a number JSON cannot carry, such as 1e400 or "
+        "infinity, as null); send a number within the argument's range")
+    text_null = call.replace("1e400", "7").replace('"prompt": "x"', '"prompt": "x", "negative_prompt": null')
+    assert client.post("/gradio_api/mcp/", content=text_null).json() == {"echo": text_null}  # text may be null
     for body in (call.replace("1e400", "7"), "not json", "[" * 3000 + "]" * 3000,
                  '{"jsonrpc": "2.0", "method": "notifications/x", "params": {"v": 1e400}}'):
         assert client.post("/gradio_api/mcp/", content=body).json() == {"echo": body}

@@ -239,10 +239,14 @@ def _replay(chunks: list[bytes], pending, receive, more: bool = False):
     return replayed
 
 
+# The /generate tool's arguments that are numbers (its other arguments are text).
+NUMBER_ARGUMENTS = ("seed", "guidance_scale", "num_inference_steps", "width", "height")
+
+
 def nonfinite_call(body: bytes) -> dict | None:
     """The JSON-RPC answer (a tool error, as the mcp SDK gives for a bad argument) to an MCP ``tools/call``
     ``body`` whose arguments hold a non-finite number, naming it (``seed: 1e400 is not a finite
-    number...``); None for any other body."""
+    number...``), or null for one of :data:`NUMBER_ARGUMENTS`; None for any other body."""
     bad = []
 
     def number(text: str) -> float:
@@ -256,14 +260,24 @@ def nonfinite_call(body: bytes) -> dict | None:
     except (ValueError, RecursionError):
         return None
     params = message.get("params") if isinstance(message, dict) else None
-    if not bad or message.get("method") != "tools/call" or not isinstance(params, dict) \
-            or not isinstance(params.get("arguments"), dict):
+    if message.get("method") != "tools/call" if isinstance(message, dict) else True:
         return None
-    names = [name for name, value in params["arguments"].items()
-             if isinstance(value, float) and not math.isfinite(value)]
-    field = names[0] if names else "arguments"  # the tool's arguments are flat: a nested one is named as a whole
-    text = (f"{field}: {bad[0][:40]} is not a finite number (beyond what JSON numbers can carry here); "
-            "send a number within the argument's range")
+    if not isinstance(params, dict) or not isinstance(params.get("arguments"), dict):
+        return None
+    # A client's JSON encoder may send a number it cannot carry (1e400, infinity) as null, as the Python mcp SDK
+    # does: where the tool takes a number, null is named too, rather than left to "None is not of type 'integer'".
+    nulls = [name for name in NUMBER_ARGUMENTS if name in params["arguments"] and params["arguments"][name] is None]
+    if not bad and not nulls:
+        return None
+    if bad:
+        names = [name for name, value in params["arguments"].items()
+                 if isinstance(value, float) and not math.isfinite(value)]
+        field = names[0] if names else "arguments"  # the tool's arguments are flat: a nested one is named whole
+        text = (f"{field}: {bad[0][:40]} is not a finite number (beyond what JSON numbers can carry here); "
+                "send a number within the argument's range")
+    else:
+        text = (f"{nulls[0]}: got null where a number belongs (a client sends a number JSON cannot carry, such as "
+                "1e400 or infinity, as null); send a number within the argument's range")
     print(f"[app] request refused: MCP {params.get('name')}: {text}", flush=True)
     return {"jsonrpc": "2.0", "id": message.get("id"),
             "result": {"content": [{"type": "text", "text": text}], "isError": True}}
