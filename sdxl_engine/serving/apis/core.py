@@ -62,8 +62,8 @@ class ApiError(Exception):
 
 
 class Interrupted(ApiError):
-    """The request was stopped while it ran (A1111's ``POST /interrupt``, the page's Stop): 409, nothing
-    made. A1111's txt2img answers it as A1111 does an interrupted job: 200 with the images it has (none)."""
+    """The request was stopped before it made any image (its owner's interrupt or skip of every call): 409.
+    A1111's txt2img answers it as A1111 does an interrupted job: 200 with the images it has (none)."""
 
     def __init__(self, message: str):
         super().__init__(409, message)
