@@ -433,7 +433,7 @@ def static_options(model: LoadedModel, shape: ProgramShape) -> Static:
 class StepHook:
     """The host end of the compiled programs' per-step callback (ProgramShape.step_hook).
 
-    A compiled program calls :meth:`call` once per denoising step on every device of the mesh
+    A compiled program calls :meth:`call` at the denoising steps the receiver asks for, on every device of the mesh
     (inside ``shard_map``: each device with its own images); the call is synchronous, so the
     receiver must return at once (copy what it needs, do the work on another thread). One
     receiver at a time (the engine runs one request at a time), installed around a program call
