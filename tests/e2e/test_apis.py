@@ -25,7 +25,8 @@ SIZE = dict(width=64, height=64)
 
 @pytest.fixture(scope="module")
 def app():
-    running = RunningApp("--api-key", KEY)
+    # a preview every 5 steps: /progress shows one whatever this machine's pace (previews are otherwise timed)
+    running = RunningApp("--api-key", KEY, env={"SDXL_PREVIEW_EVERY": "5"})
     yield running
     running.stop()
 
