@@ -303,7 +303,8 @@ def replica_loss(app: ServedApp, clients: int = 4, device_s: float = 2.0, timeou
 
     Returns: the victim, ``in_flight`` (calls running at the kill: outcome and seconds from the kill
     to their end), ``errors_after`` (calls sent after the kill that failed), ``survivor_ok`` (calls
-    served by the surviving replicas until the replacement served), ``replacement_serves_s``
+    the surviving replicas completed after the kill and before the replacement served: the ones
+    queued there at the kill count, since a survivor busy with those cannot start new ones sooner), ``replacement_serves_s``
     (kill -> first call served by the replacement), ``replacement_start_s`` (its own start-up as it
     logged it) and ``first_start_s`` (the killed replica's start-up, for comparison).
     """
@@ -360,7 +361,7 @@ def replica_loss(app: ServedApp, clients: int = 4, device_s: float = 2.0, timeou
         "in_flight": [{"ok": c.ok, "replica": c.replica, "error": c.error[:200],
                        "ended_after_kill_s": round(c.t1 - killed, 2)} for c in in_flight],
         "errors_after": [c.error[:200] for c in after if not c.ok],
-        "survivor_ok": sum(1 for c in after if c.ok and c.replica in before
+        "survivor_ok": sum(1 for c in calls if c.ok and c.replica in before and c.t1 > killed
                            and (replaced_at is None or c.t1 < replaced_at)),
         "calls_after_kill": len(after),
         "replacement": replacement,
