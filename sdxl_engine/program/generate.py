@@ -63,6 +63,10 @@ image inputs (img2img)      done: the ``init_image`` ProgramShape flag; ``image`
                             pixels, ``when="init_image"``) and ``start_step`` (replicated, ``()`` int32)
                             inputs; the branch in :func:`initial_latents` (:func:`encode_image`, noised
                             to ``sigmas[start_step]``) and :func:`denoise` starting its loop there.
+inpainting                  done: the ``inpaint`` ProgramShape flag; ``mask`` (per-image (H, W) float32) and
+                            ``from_noise`` inputs; :func:`image_conditioning` (mask at latent size, an
+                            inpainting UNet's masked-image latents), :func:`keep_known` after each step of a
+                            plain UNet, the extra input channels of an inpainting UNet in :func:`denoise_step`.
 ==========================  =========================================================================
 """
 
@@ -115,6 +119,10 @@ class ProgramShape:
     # Image to image: the request's pixels come in ProgramInputs.image, are encoded by the VAE inside the program
     # and noised to the start step's sigma; the loop runs from ProgramInputs.start_step. False: text to image.
     init_image: bool = False
+    # Inpainting (with init_image): a mask comes in ProgramInputs.mask (1 = repaint). A 4-channel UNet's known
+    # region is put back after every step (the image latents re-noised to the next sigma with the same noise); a
+    # 9-channel inpainting UNet takes [latents, mask, masked-image latents] instead. False: no mask.
+    inpaint: bool = False
 
 
 # Partitions of a ProgramInputs field: split along its first (batch) axis over ``data``, or whole on every device.
@@ -141,6 +149,11 @@ def prompt_dims(shape: ProgramShape, latent) -> tuple[int, int]:
 def image_dims(shape: ProgramShape, latent) -> tuple[int, int, int]:
     """Dims of one input image: (height, width, 3) pixels, channels-last."""
     return (shape.height, shape.width, 3)
+
+
+def mask_dims(shape: ProgramShape, latent) -> tuple[int, int]:
+    """Dims of one inpainting mask: (height, width), pixel size, 1 = repaint."""
+    return (shape.height, shape.width)
 
 
 def latent_dims(shape: ProgramShape, latent) -> tuple[int, int, int]:
@@ -203,6 +216,8 @@ class ProgramInputs:
     latents: jax.Array | None = per_image(latent_dims, jnp.float32, when="given_latents")  # initial noise
     image: jax.Array | None = per_image(image_dims, jnp.uint8, when="init_image")  # img2img: (H, W, 3) pixels
     start_step: jax.Array | None = replicated((), jnp.int32, when="init_image")  # img2img: the first step to run
+    mask: jax.Array | None = per_image(mask_dims, jnp.float32, when="inpaint")  # (H, W) in [0, 1], 1 = repaint
+    from_noise: jax.Array | None = replicated((), jnp.bool_, when="inpaint")  # start from noise, not the image
 
     @staticmethod
     def specs(shape: ProgramShape) -> "ProgramInputs":
@@ -215,7 +230,8 @@ class ProgramInputs:
     def build(prompt_ids: np.ndarray, negative_ids: np.ndarray, negative_empty: bool, seeds, guidance_scale: float,
               schedule: Schedule, steps: int, max_steps: int, latents: np.ndarray | None = None,
               prompt_weights: np.ndarray | None = None, negative_weights: np.ndarray | None = None,
-              image: np.ndarray | None = None, start_step: int | None = None) -> "ProgramInputs":
+              image: np.ndarray | None = None, start_step: int | None = None, mask: np.ndarray | None = None,
+              from_noise: bool = False) -> "ProgramInputs":
         """One request's inputs: (2, chunks * 77) ids broadcast to every image, a seed per image, a padded schedule.
 
         ``prompt_ids`` and ``negative_ids`` have the same chunk count (engine/prompts.py pads the
@@ -226,6 +242,9 @@ class ProgramInputs:
         (batch, height, width, 3) uint8 pixels and ``start_step`` (0 .. steps - 1, the first step that
         runs) for a program with ``init_image`` (img2img), else None; ``schedule`` is the whole
         ``steps``-step one, made to start there here (:meth:`Schedule.starting_at`: its first step first order).
+        ``mask``: (batch, height, width) float32 in [0, 1] (1 = repaint) for a program with ``inpaint``, and
+        ``from_noise``: start from the seed's noise x ``init_scale`` instead of the noised image (diffusers'
+        inpainting at strength 1, ``is_strength_max``).
         """
         n, dims = len(seeds), np.shape(prompt_ids)
         if np.shape(negative_ids) != dims:
@@ -243,7 +262,9 @@ class ProgramInputs:
             init_scale=np.float32(schedule.init_scale),
             final_scale=np.float32(schedule.final_scale), latents=latents,
             image=None if image is None else np.asarray(image, np.uint8),
-            start_step=None if start_step is None else np.int32(start_step))
+            start_step=None if start_step is None else np.int32(start_step),
+            mask=None if mask is None else np.asarray(mask, np.float32),
+            from_noise=None if mask is None else np.bool_(from_noise))
 
     @staticmethod
     def abstract(shape: ProgramShape, latent_shape: tuple[int, int, int], mesh: Mesh) -> "ProgramInputs":
@@ -421,13 +442,22 @@ class Static:
     prediction_type: str  # epsilon, v_prediction or sample (the scheduler config's)
     vae: Any  # VAEConfig: scaling and shift factors
     hook: Callable | None = None  # with shape.step_hook: STEP_HOOK.call, the host end of the per-step callback
+    inpainting_unet: bool = False  # the UNet takes [latents, mask, masked-image latents] (9 channels for SDXL)
 
 
 def static_options(model: LoadedModel, shape: ProgramShape) -> Static:
-    """The one place the program reads the model and the ProgramShape's static options."""
+    """The one place the program reads the model and the ProgramShape's static options.
+
+    Raises ValueError: a mask without an image (``inpaint`` needs ``init_image``); an inpainting UNet
+    without a mask, which has nothing to put in its mask channels."""
+    if shape.inpaint and not shape.init_image:
+        raise ValueError("ProgramShape.inpaint needs init_image: a mask applies to an input image")
+    if model.kind.inpainting_unet and not shape.inpaint:
+        raise ValueError(f"{model.name}'s UNet takes a mask and a masked image ({model.kind.unet_in_channels} "
+                         "input channels): it runs inpainting programs only (ProgramShape.inpaint)")
     return Static(shape=shape, components=model.components, latent=latent_shape(model, shape.height, shape.width),
                   prediction_type=model.scheduler_config.get("prediction_type", "epsilon"), vae=model.vae,
-                  hook=STEP_HOOK.call if shape.step_hook else None)
+                  hook=STEP_HOOK.call if shape.step_hook else None, inpainting_unet=model.kind.inpainting_unet)
 
 
 class StepHook:
@@ -526,32 +556,83 @@ def encode_text(st: Static, params, inputs: ProgramInputs) -> Conditioning:
     return Conditioning(hidden, text_embeds, jnp.broadcast_to(size, (rows, 6)))
 
 
-def initial_latents(st: Static, params, inputs: ProgramInputs) -> jax.Array:
+class ImageConditioning(NamedTuple):
+    """What an input image gives the denoising loop (:func:`image_conditioning`), float32.
+
+    latents: (b, C, h, w) the image latents (:func:`encode_image`); noise: (b, C, h, w) the seed's initial noise,
+    the one draw every re-noising uses; mask: (b, 1, h, w) the mask at latent size (1 = repaint), None without
+    ``inpaint``; masked: (b, C, h, w) the masked image's latents, for an inpainting UNet only (else None).
+    """
+
+    latents: jax.Array
+    noise: jax.Array
+    mask: jax.Array | None = None
+    masked: jax.Array | None = None
+
+
+def image_conditioning(st: Static, params, inputs: ProgramInputs) -> ImageConditioning | None:
+    """Stage 2a (``init_image``): the image latents, the noise and, with ``inpaint``, the mask; None for text to image.
+
+    The mask goes to latent size as diffusers' ``StableDiffusionXLInpaintPipeline.prepare_mask_latents`` does
+    (``interpolate``, nearest: pixel (f i, f j) for latent (i, j), f the VAE factor). An inpainting UNet's masked
+    image is the image in [-1, 1] times (mask < 0.5), encoded (the pipeline's ``init_image * (mask < 0.5)``).
+    """
+    if not st.shape.init_image:
+        return None
+    noise = inputs.latents if st.shape.given_latents else initial_noise(inputs.seeds, st.latent)
+    latents = encode_image(st, params, inputs.image)
+    if not st.shape.inpaint:
+        return ImageConditioning(latents, noise)
+    f = st.shape.height // st.latent[1]
+    mask = inputs.mask[:, None, ::f, ::f]  # (b, 1, h, w)
+    masked = None
+    if st.inpainting_unet:
+        keep = (inputs.mask < 0.5)[:, None].astype(jnp.float32)  # (b, 1, H, W): 1 where the image is kept
+        masked = encode_pixels(st, params, to_unit_range(inputs.image) * keep)
+    return ImageConditioning(latents, noise, mask, masked)
+
+
+def initial_latents(st: Static, params, inputs: ProgramInputs, image: ImageConditioning | None = None) -> jax.Array:
     """Stage 2: (b, C, h, w) float32 sigma-space latents: each image's noise from its own seed (whatever
     device it lands on), or the given latents, times the sampler's initial scale.
 
-    With ``init_image`` (img2img): the image latents plus the same noise times the start step's sigma,
-    ``x = image_latents + sigmas[start_step] * noise``. That is every scheduler's ``add_noise`` in this
-    sigma space (diffusers' ``StableDiffusionXLImg2ImgPipeline.prepare_latents``): Euler's
-    ``x0 + sigma noise`` as it is; DPM++'s and DDIM's x-space ``alpha_t x0 + sigma_t noise``, with
-    alpha_t = 1 / sqrt(sigma^2 + 1), times sqrt(sigma^2 + 1). No ``init_noise_sigma``, as diffusers.
+    With ``init_image`` (img2img; ``image`` from :func:`image_conditioning`, computed here when None): the image
+    latents plus the same noise times the start step's sigma, ``x = image_latents + sigmas[start_step] * noise``.
+    That is every scheduler's ``add_noise`` in this sigma space (diffusers'
+    ``StableDiffusionXLImg2ImgPipeline.prepare_latents``): Euler's ``x0 + sigma noise`` as it is; DPM++'s and
+    DDIM's x-space ``alpha_t x0 + sigma_t noise``, with alpha_t = 1 / sqrt(sigma^2 + 1), times
+    sqrt(sigma^2 + 1). No ``init_noise_sigma``, as diffusers. With ``inpaint`` and ``from_noise``: the noise times
+    the initial scale instead, as the inpainting pipeline does at strength 1 (``is_strength_max``).
     """
-    noise = inputs.latents if st.shape.given_latents else initial_noise(inputs.seeds, st.latent)
     if st.shape.init_image:
-        return encode_image(st, params, inputs.image) + inputs.sigmas[inputs.start_step] * noise
+        image = image_conditioning(st, params, inputs) if image is None else image
+        noised = image.latents + inputs.sigmas[inputs.start_step] * image.noise
+        if st.shape.inpaint:
+            return jnp.where(inputs.from_noise, image.noise * inputs.init_scale, noised)
+        return noised
+    noise = inputs.latents if st.shape.given_latents else initial_noise(inputs.seeds, st.latent)
     return noise * inputs.init_scale
+
+
+def to_unit_range(pixels: jax.Array) -> jax.Array:
+    """(b, H, W, 3) uint8 -> (b, 3, H, W) float32 in [-1, 1], as diffusers' ``VaeImageProcessor`` (x / 255, 2x - 1)."""
+    return (pixels.astype(jnp.float32) / 255.0 * 2.0 - 1.0).transpose(0, 3, 1, 2)
 
 
 def encode_image(st: Static, params, pixels: jax.Array) -> jax.Array:
     """Image to latents: (b, H, W, 3) uint8 -> (b, C, h, w) float32, the VAE posterior's MEAN times
     ``scaling_factor`` (minus ``shift_factor`` first, the inverse of :func:`unscale_latents`).
 
-    Pixels go to [-1, 1] as diffusers' ``VaeImageProcessor`` does (x / 255, then 2x - 1), channels-last
-    becomes channels-first here. The mean, not a sample of the posterior: deterministic, as diffusers'
+    Pixels go to [-1, 1] as diffusers' ``VaeImageProcessor`` does (:func:`to_unit_range`), channels-last
+    becomes channels-first. The mean, not a sample of the posterior: deterministic, as diffusers'
     ``retrieve_latents(..., sample_mode="argmax")`` and ComfyUI (the pipeline's default samples).
     """
+    return encode_pixels(st, params, to_unit_range(pixels))
+
+
+def encode_pixels(st: Static, params, x: jax.Array) -> jax.Array:
+    """(b, 3, H, W) float32 in [-1, 1] -> (b, C, h, w) float32 latents: the posterior's mean, scaled (:func:`encode_image`)."""
     vae = st.components["vae"].bind(params["vae"])
-    x = (pixels.astype(jnp.float32) / 255.0 * 2.0 - 1.0).transpose(0, 3, 1, 2)  # (b, 3, H, W) in [-1, 1]
     mean, _ = vae.encode(x)
     mean = mean.astype(jnp.float32)
     if st.vae.shift_factor:
@@ -559,13 +640,20 @@ def encode_image(st: Static, params, pixels: jax.Array) -> jax.Array:
     return mean * st.vae.scaling_factor
 
 
-def denoise_step(st: Static, unet, cond: Conditioning, inputs: ProgramInputs, i, carry):
+def denoise_step(st: Static, unet, cond: Conditioning, inputs: ProgramInputs, i, carry,
+                 image: ImageConditioning | None = None):
     """Stage 3's body, step ``i``: the UNet (with CFG over a doubled batch), then the sampler's update,
     float32. ``carry`` = (latents, previous x0), each (b, C, h, w), with ``step_hook`` then (stop, send x0
-    at the next call, the step of the next call), () bool, bool, int32; returns the next carry."""
+    at the next call, the step of the next call), () bool, bool, int32; returns the next carry.
+
+    With ``inpaint`` (``image`` holds the mask): an inpainting UNet's input is [scaled latents, mask, masked-image
+    latents] along channels; a plain UNet's result is blended with the known region after the update
+    (:func:`keep_known`), as diffusers' ``StableDiffusionXLInpaintPipeline`` denoising loop does."""
     latents, x0_prev = carry[:2]
     sigma = inputs.sigmas[i]
     x = latents / jnp.sqrt(sigma**2 + 1)  # the UNet's input scaling
+    if st.inpainting_unet:  # after the scaling, as the pipeline concatenates after scale_model_input
+        x = jnp.concatenate([x, image.mask, image.masked], axis=1)  # (b, 2C + 1, h, w)
     x = jnp.concatenate([x, x]) if st.shape.cfg else x  # (rows, c, h, w)
     t = jnp.broadcast_to(inputs.timesteps[i], (cond.hidden.shape[0],))
     out = unet(x, t, cond.hidden, cond.text_embeds, cond.add_time_ids).astype(jnp.float32)
@@ -575,11 +663,27 @@ def denoise_step(st: Static, unet, cond: Conditioning, inputs: ProgramInputs, i,
     z = step_noise(inputs.seeds, i, st.latent)
     update = sampler_update(latents, x0, x0_prev, z, inputs.a[i], inputs.b[i], inputs.c[i], inputs.d[i],
                             inputs.e[i], inputs.clip_range)
+    if st.shape.inpaint and not st.inpainting_unet:
+        update = keep_known(update, image, inputs, i)
     if st.shape.step_hook:  # the one seam of the per-step hook: report step i when due (x0 if asked); hear "stop"
         hook = carry[2:]
         due = (i >= hook[2]) | (i == inputs.num_steps - 1)
         return (update, x0) + jax.lax.cond(due, lambda: step_report(st, i, x0, hook[1]), lambda: hook)
     return update, x0
+
+
+def keep_known(latents: jax.Array, image: ImageConditioning, inputs: ProgramInputs, i) -> jax.Array:
+    """Inpainting with a plain UNet, after step ``i``: (1 - mask) known + mask latents, the known region being the
+    image latents re-noised to the next step's sigma with the request's one noise draw (clean after the last
+    step). (b, C, h, w) float32.
+
+    diffusers' ``StableDiffusionXLInpaintPipeline`` (``num_channels_unet == 4``): ``scheduler.add_noise(
+    image_latents, noise, timesteps[i + 1])`` while ``i < len(timesteps) - 1``, else the image latents; in this
+    sigma space every scheduler's add_noise is ``x0 + sigma noise`` (:func:`initial_latents`).
+    """
+    sigma_next = jnp.where(i + 1 < inputs.num_steps, inputs.sigmas[i + 1], 0.0)
+    known = image.latents + sigma_next * image.noise
+    return (1.0 - image.mask) * known + image.mask * latents
 
 
 def step_report(st: Static, i, x0: jax.Array, send_x0) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -600,7 +704,7 @@ def step_report(st: Static, i, x0: jax.Array, send_x0) -> tuple[jax.Array, jax.A
 
 
 def denoise(st: Static, params, cond: Conditioning, inputs: ProgramInputs, latents: jax.Array,
-            python_loop: bool = False) -> tuple[jax.Array, jax.Array]:
+            python_loop: bool = False, image: ImageConditioning | None = None) -> tuple[jax.Array, jax.Array]:
     """Stage 3: ``num_steps`` of :func:`denoise_step` in ``lax.fori_loop`` (or a Python loop, for
     debugging: needs a concrete ``num_steps``); returns the final latents x ``final_scale`` and
     whether the host stopped the loop early (() bool; always False without ``step_hook``).
@@ -608,10 +712,11 @@ def denoise(st: Static, params, cond: Conditioning, inputs: ProgramInputs, laten
     With ``step_hook`` the loop is a ``lax.while_loop`` that also ends when the host answers stop; its
     carry adds (stop, send x0 at the next call, the step of the next call): the first step calls, without
     x0; later ones when the host said (and the last). The steps it runs are the same
-    :func:`denoise_step` (same images to the byte).
+    :func:`denoise_step` (same images to the byte). ``image``: the input image's :class:`ImageConditioning`,
+    which inpainting's steps read.
     """
     unet = st.components["unet"].bind(params["unet"])
-    step = functools.partial(denoise_step, st, unet, cond, inputs)
+    step = lambda i, carry: denoise_step(st, unet, cond, inputs, i, carry, image)  # noqa: E731
     carry = (latents, jnp.zeros_like(latents))
     if st.shape.step_hook:
         carry = carry + (jnp.bool_(False), jnp.bool_(False), jnp.int32(0))  # + (stop, send x0, next call's step)
@@ -655,8 +760,9 @@ def build_generate(model: LoadedModel, shape: ProgramShape, python_loop: bool = 
 
     def generate(params, inputs: ProgramInputs):
         cond = encode_text(st, params, inputs)  # 1.
-        latents = initial_latents(st, params, inputs)  # 2.
-        latents, stopped = denoise(st, params, cond, inputs, latents, python_loop)  # 3.
+        image = image_conditioning(st, params, inputs)  # 2a. (an input image: its latents, noise, mask)
+        latents = initial_latents(st, params, inputs, image)  # 2.
+        latents, stopped = denoise(st, params, cond, inputs, latents, python_loop, image)  # 3.
         if not st.shape.step_hook:
             return decode(st, params, latents)  # 4.
         # A stopped request's images are discarded: skip the VAE so the stop costs at most one step.
@@ -734,6 +840,7 @@ def program_key(model: LoadedModel, params, shape: ProgramShape, mesh: Mesh) -> 
     cfg = "" if shape.cfg else " without CFG"
     cfg += f", {shape.chunks} prompt chunks" if shape.chunks > 1 else ""
     cfg += ", image to image" if shape.init_image else ""
+    cfg += ", inpainting" if shape.inpaint else ""
     st = static_options(model, shape)  # what the traced program reads, so the key cannot miss it
     return {
         "program": f"{shape.width}x{shape.height} x {shape.batch} images, {shape.max_steps} steps{cfg}",
