@@ -135,7 +135,7 @@ class Plan:
             compile key; prompt, negative: the tokenized prompts, padded to the shape's chunk count;
         schedule: the sampler's per-step coefficients for the request's steps (img2img: all of them; the
             program's inputs start it at the request's start_step); seeds: image i's seed; image: img2img's (batch, H, W, 3)
-            uint8 pixels, None for text to image.
+            uint8 pixels, None for text to image; mask: inpainting's (batch, H, W) float32 (1 = repaint), else None.
     """
 
     request: GenerateRequest
@@ -145,6 +145,7 @@ class Plan:
     schedule: Schedule
     seeds: list[int]
     image: np.ndarray | None = None
+    mask: np.ndarray | None = None
 
 
 class Engine:
@@ -396,11 +397,11 @@ class Engine:
             self.precompiled.set()
 
     def _shape(self, width: int, height: int, cfg: bool = True, chunks: int = 1,
-               init_image: bool = False) -> ProgramShape:
-        """The ProgramShape (the compile key) of a size bucket in pixels, a CFG mode, a prompt chunk count and
-        whether an image comes in (img2img)."""
+               init_image: bool = False, inpaint: bool = False) -> ProgramShape:
+        """The ProgramShape (the compile key) of a size bucket in pixels, a CFG mode, a prompt chunk count,
+        whether an image comes in (img2img) and whether a mask does (inpainting)."""
         return ProgramShape(self.batch, height, width, self.config.max_inference_steps, cfg=cfg, chunks=chunks,
-                            step_hook=self.config.progress, init_image=init_image)
+                            step_hook=self.config.progress, init_image=init_image, inpaint=inpaint)
 
     def is_compiled(self, width: int, height: int, cfg: bool = True, chunks: int = 1) -> bool:
         """Whether the program for this size bucket (pixels), CFG mode and prompt chunk count is compiled already."""
@@ -476,7 +477,8 @@ class Engine:
     def plan(self, request: GenerateRequest) -> Plan:
         """The :class:`Plan` of a validated ``request``: its LoRA tags' weights aside (merged at run time),
         the prompt chunks, the CFG mode (diffusers: guidance <= 1 runs without it), the schedule and the seeds;
-        with an image, the img2img program (its own per size) and the schedule from the request's start step.
+        with an image, the img2img program (its own per size) and the schedule from the request's start step; with a
+        mask too, the inpainting program (its own per size).
 
         Raises InvalidRequest: a sampler the model's scheduler config rules out, too many steps for it; an
         image count other than 1 or the batch.
@@ -490,11 +492,12 @@ class Engine:
                 raise InvalidRequest("image", f"{image.shape[0]} images; this server makes {self.batch} per request: "
                                               f"send one for all of them, or {self.batch}")
             image = np.broadcast_to(image, (self.batch, *image.shape[1:]))
+        mask = None if request.mask is None else np.broadcast_to(request.mask, (self.batch, *request.mask.shape[1:]))
         shape = self._shape(request.width, request.height, request.guidance_scale > 1, prompt.chunks,
-                            init_image=image is not None)
+                            init_image=image is not None, inpaint=mask is not None)
         # Image i uses seed + i, wrapping past max_seed to 0, so every caption's seed is itself a valid request seed.
         seeds = [(request.seed + i) % (self.limits.max_seed + 1) for i in range(self.batch)]
-        return Plan(request, shape, prompt, negative, schedule, seeds, image)
+        return Plan(request, shape, prompt, negative, schedule, seeds, image, mask)
 
     def _program_for(self, plan: Plan, progress: Callable[[str], None],
                      should_stop: Callable[[], bool] | None) -> CompiledProgram:
@@ -604,7 +607,9 @@ class Engine:
                                      request.num_inference_steps if loop_steps is None else loop_steps,
                                      self.config.max_inference_steps, prompt_weights=plan.prompt.weights,
                                      negative_weights=plan.negative.weights, image=plan.image,
-                                     start_step=None if plan.image is None else request.start_step)
+                                     start_step=None if plan.image is None else request.start_step, mask=plan.mask,
+                                     # diffusers' inpainting at strength 1 starts from noise (is_strength_max)
+                                     from_noise=request.strength == 1.0)
         # TEST-ONLY fault hooks (faults.py): self._faults is None unless SDXL_FAULT_INJECTION=1.
         params = self._faults.params(request.prompt, params) if self._faults else params
         if should_stop is not None and should_stop():

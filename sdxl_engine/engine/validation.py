@@ -51,6 +51,10 @@ class GenerateRequest:
     image: object = dataclasses.field(default=None, compare=False)
     strength: float | None = None
     start_step: int | None = None
+    # Inpainting (with an image): white (>= 0.5) = repaint, black = keep. One mask for every image or a list of one
+    # per image, each (H, W) uint8 / bool / float in [0, 1], or (H, W, 3 or 4) uint8 (made grey as PIL's "L");
+    # validated: (batch, H, W) float32 of 0 and 1 at the image's size (as_masks).
+    mask: object = dataclasses.field(default=None, compare=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,7 +203,7 @@ def validate(request: GenerateRequest, limits: Limits) -> GenerateRequest:
     steps = limits.default_steps if request.num_inference_steps is None else as_int(
         "num_inference_steps", request.num_inference_steps, 1, limits.max_steps)
     if request.image is None:
-        for field in ("strength", "start_step"):
+        for field in ("strength", "start_step", "mask"):
             if getattr(request, field) is not None:
                 raise InvalidRequest(field, "applies to image to image only: send an image with it, or leave it out")
         width, height = size_of(request.width, request.height, limits)
@@ -208,13 +212,14 @@ def validate(request: GenerateRequest, limits: Limits) -> GenerateRequest:
         image = as_images(request.image, limits.batch)
         width, height = image_size(image, request.width, request.height, limits)
         strength, start = as_strength(request.strength, request.start_step, steps)
+    mask = None if request.mask is None else as_masks(request.mask, image, limits.batch)
     try:
         sampler = get_sampler(limits.default_sampler if request.sampler is None else request.sampler)
     except UnknownSampler as err:
         raise InvalidRequest("sampler", str(err)) from None
     client = request.client if isinstance(request.client, str) else ""
     return GenerateRequest(prompt, negative, seed, guidance, steps, width, height, sampler, client,
-                           image=image, strength=strength, start_step=start)
+                           image=image, strength=strength, start_step=start, mask=mask)
 
 
 def as_images(value, batch: int) -> np.ndarray:
@@ -245,6 +250,58 @@ def as_images(value, batch: int) -> np.ndarray:
     if not many:
         stacked = np.broadcast_to(stacked, (batch or 1, *stacked.shape[1:]))
     return np.ascontiguousarray(stacked)
+
+
+def as_masks(value, images: np.ndarray, batch: int) -> np.ndarray:
+    """A request's inpainting mask(s) as (n, H, W) float32 of 0 (keep) and 1 (repaint), n and (H, W) those of
+    ``images`` (:func:`as_images`' (n, H, W, 3)).
+
+    Each mask: (H, W) uint8 (0..255), bool or float in [0, 1], or (H, W, 3 or 4) uint8 made grey as PIL's
+    ``convert("L")`` (the alpha channel, if any, ignored); one for every image or a list of one per image. A mask
+    of another size with the image's aspect ratio (to a pixel) is resized to it with Lanczos, as diffusers'
+    ``VaeImageProcessor`` resizes a mask; then binarized at 0.5 (``do_binarize``: < 0.5 keep, else repaint).
+
+    Raises InvalidRequest naming ``mask``.
+    """
+    import PIL.Image
+
+    many = isinstance(value, (list, tuple))
+    items = list(value) if many else [value]
+    if many and len(items) not in (1, len(images)):
+        raise InvalidRequest("mask", f"a list of {len(items)} masks for {len(images)} images: send one mask for all "
+                                     f"of them, or one per image")
+    height, width = images.shape[1:3]
+    grey = []
+    for item in items:
+        if not isinstance(item, np.ndarray):
+            raise InvalidRequest("mask", f"expected a numpy array, (height, width) or (height, width, 3), got "
+                                         f"{type(item).__name__}")
+        if item.ndim == 3 and item.shape[2] in (3, 4) and item.dtype == np.uint8:
+            item = np.asarray(PIL.Image.fromarray(np.ascontiguousarray(item[..., :3])).convert("L"))
+        if item.ndim != 2:
+            raise InvalidRequest("mask", f"expected (height, width) values or (height, width, 3) uint8 pixels, "
+                                         f"got shape {item.shape} {item.dtype}")
+        if item.dtype == np.bool_:
+            item = item.astype(np.float32)
+        elif item.dtype == np.uint8:
+            item = item.astype(np.float32) / 255.0
+        elif np.issubdtype(item.dtype, np.floating):
+            if not np.isfinite(item).all() or item.min() < 0 or item.max() > 1:
+                raise InvalidRequest("mask", "float values must be finite and within [0, 1] (1 = repaint)")
+            item = item.astype(np.float32)
+        else:
+            raise InvalidRequest("mask", f"expected uint8, bool or float values, got {item.dtype}")
+        if item.shape != (height, width):
+            h, w = item.shape
+            if abs(w * height / h - width) > 1 or abs(h * width / w - height) > 1:
+                raise InvalidRequest("mask", f"is {w}x{h} pixels, the image {width}x{height}: a mask of another "
+                                             "size must have the image's aspect ratio (it is resized to the image); "
+                                             "send a mask of the image's size")
+            resized = PIL.Image.fromarray(np.round(item * 255).astype(np.uint8)).resize((width, height),
+                                                                                         PIL.Image.LANCZOS)
+            item = np.asarray(resized, np.float32) / 255.0
+        grey.append((item >= 0.5).astype(np.float32))
+    return np.ascontiguousarray(np.broadcast_to(np.stack(grey), (len(images), height, width)))
 
 
 def image_size(images: np.ndarray, width, height, limits: Limits) -> tuple[int, int]:
