@@ -55,6 +55,10 @@ class GenerateRequest:
     # per image, each (H, W) uint8 / bool / float in [0, 1], or (H, W, 3 or 4) uint8 (made grey as PIL's "L");
     # validated: (batch, H, W) float32 of 0 and 1 at the image's size (as_masks).
     mask: object = dataclasses.field(default=None, compare=False)
+    # Outpainting (with an image): pixels to add (left, top, right, bottom), each >= 0. The canvas grows by them,
+    # the new area filled with the nearest edge pixel's colour and masked (repainted); the image's own area keeps
+    # its mask (none: kept). Validated: None, and image and mask the grown ones (grow_canvas).
+    outpaint: tuple | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,16 +207,23 @@ def validate(request: GenerateRequest, limits: Limits) -> GenerateRequest:
     steps = limits.default_steps if request.num_inference_steps is None else as_int(
         "num_inference_steps", request.num_inference_steps, 1, limits.max_steps)
     if request.image is None:
-        for field in ("strength", "start_step", "mask"):
+        for field in ("strength", "start_step", "mask", "outpaint"):
             if getattr(request, field) is not None:
                 raise InvalidRequest(field, "applies to image to image only: send an image with it, or leave it out")
         width, height = size_of(request.width, request.height, limits)
-        image, strength, start = None, None, None
+        image, strength, start, mask = None, None, None, None
     else:
         image = as_images(request.image, limits.batch)
-        width, height = image_size(image, request.width, request.height, limits)
+        mask = None if request.mask is None else as_masks(request.mask, image, limits.batch)
+        if request.outpaint is None:
+            width, height = image_size(image, request.width, request.height, limits)
+        else:
+            image, mask = grow_canvas(image, mask, as_sides(request.outpaint))
+            try:
+                width, height = image_size(image, request.width, request.height, limits)
+            except InvalidRequest as err:
+                raise InvalidRequest("outpaint", f"the grown canvas {err.message}") from None
         strength, start = as_strength(request.strength, request.start_step, steps)
-    mask = None if request.mask is None else as_masks(request.mask, image, limits.batch)
     try:
         sampler = get_sampler(limits.default_sampler if request.sampler is None else request.sampler)
     except UnknownSampler as err:
@@ -302,6 +313,37 @@ def as_masks(value, images: np.ndarray, batch: int) -> np.ndarray:
             item = np.asarray(resized, np.float32) / 255.0
         grey.append((item >= 0.5).astype(np.float32))
     return np.ascontiguousarray(np.broadcast_to(np.stack(grey), (len(images), height, width)))
+
+
+def as_sides(value) -> tuple[int, int, int, int]:
+    """An outpainting request's (left, top, right, bottom) pixels, each a whole number 0..MAX_SIDE, not all 0.
+
+    Raises InvalidRequest naming ``outpaint``."""
+    if not isinstance(value, (list, tuple)) or len(value) != 4:
+        raise InvalidRequest("outpaint", f"expected 4 whole numbers of pixels (left, top, right, bottom), got "
+                                         f"{_short(value)}")
+    try:
+        sides = tuple(as_int("outpaint", v, 0, MAX_SIDE) for v in value)
+    except InvalidRequest as err:
+        raise InvalidRequest("outpaint", f"(left, top, right, bottom) {err.message}") from None
+    if not any(sides):
+        raise InvalidRequest("outpaint", "adds no pixels (all four sides 0): give the pixels to add on some side")
+    return sides
+
+
+def grow_canvas(images: np.ndarray, mask: np.ndarray | None,
+                sides: tuple[int, int, int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Outpainting's canvas: ``images`` (n, H, W, 3) uint8 grown by ``sides`` (left, top, right, bottom) pixels,
+    the new area filled with the nearest edge pixel's colour (``np.pad`` mode "edge": the colours the border
+    continues, which the denoising then repaints; at strength 1 it starts from noise there anyway), and the mask
+    (n, H, W) float32 (None: all kept) grown with 1 (repaint) over the new area.
+
+    Returns (n, H + top + bottom, W + left + right, 3) uint8 and (n, H', W') float32.
+    """
+    left, top, right, bottom = sides
+    canvas = np.pad(images, ((0, 0), (top, bottom), (left, right), (0, 0)), mode="edge")
+    mask = np.zeros(images.shape[:3], np.float32) if mask is None else mask
+    return canvas, np.pad(mask, ((0, 0), (top, bottom), (left, right)), constant_values=1.0)
 
 
 def image_size(images: np.ndarray, width, height, limits: Limits) -> tuple[int, int]:

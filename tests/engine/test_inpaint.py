@@ -266,3 +266,61 @@ def test_a_mask_is_made_grey_resized_and_binarized_as_diffusers_does():
     half = as_masks(rgb[::2, ::2], images, 2)  # 12x8, the same aspect ratio
     assert half.shape == (2, 16, 24) and (half[:, :, 14:] == 1).all() and (half[:, :, :10] == 0).all()
     assert as_masks([rgb, 255 - rgb], images, 2)[1, 0, 0] == 1
+
+
+def test_outpainting_grows_the_canvas_with_edge_colours_and_masks_the_new_area():
+    """grow_canvas through validate: the image padded with its edge pixels, the new area masked (1), the image's own
+    area keeping its mask (or 0 without one); the grown size is the request's."""
+    from sdxl_engine.engine.validation import GenerateRequest, Limits, validate
+
+    limits = Limits(max_seed=10, max_steps=50, sizes=((64, 64),), default_size=(64, 64), default_steps=10,
+                    default_guidance=5.0, multiple=8, max_pixels=128 * 128, batch=2)
+    image = np.zeros((48, 40, 3), np.uint8)
+    image[:, 0] = (255, 0, 0)  # left edge red, top-right pixel green
+    image[0, -1] = (0, 255, 0)
+    own = np.zeros((48, 40), np.uint8)
+    own[10:20, 10:20] = 255
+    got = validate(GenerateRequest("a", image=image, mask=own, outpaint=(8, 0, 16, 16)), limits)
+    assert (got.width, got.height) == (64, 64) and got.outpaint is None
+    assert got.image.shape == (2, 64, 64, 3) and got.mask.shape == (2, 64, 64)
+    assert np.array_equal(got.image[0, :48, 8:48], image)
+    assert (got.image[0, :48, :8] == (255, 0, 0)).all()  # the left edge's colour continues
+    assert (got.image[0, 0, 48:] == (0, 255, 0)).all()  # the top-right pixel's to the right
+    assert (got.image[0, 48:, 8:48] == got.image[0, 47, 8:48]).all()  # the bottom row's down
+    assert (got.mask[:, :, :8] == 1).all() and (got.mask[:, :, 48:] == 1).all() and (got.mask[:, 48:] == 1).all()
+    assert np.array_equal(got.mask[0, :48, 8:48], (own >= 128).astype(np.float32))
+    plain = validate(GenerateRequest("a", image=image, outpaint=[8, 0, 16, 16]), limits)
+    assert plain.mask[0, :48, 8:48].sum() == 0 and plain.mask.sum() == 2 * (64 * 64 - 48 * 40)
+
+
+@pytest.mark.parametrize("sides, words", [((0, 0, 0, 0), "adds no pixels"), ((8, 8, 8), "4 whole numbers"),
+                                          ((8, -8, 8, 8), "between 0 and"), ((8, 0.5, 8, 8), "whole number"), ((4, 0, 0, 0), "grown canvas"),
+                                          ((8, 0, 8, 0), None)])
+def test_outpainting_refusals_name_the_field(sides, words):
+    from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest, Limits, validate
+
+    limits = Limits(max_seed=10, max_steps=50, sizes=((64, 64),), default_size=(64, 64), default_steps=10,
+                    default_guidance=5.0, multiple=8, max_pixels=128 * 128, batch=2)
+    request = GenerateRequest("a", image=np.zeros((48, 48, 3), np.uint8), outpaint=sides)
+    if words is None:
+        assert validate(request, limits).width == 64
+        with pytest.raises(InvalidRequest, match="outpaint"):
+            validate(dataclasses.replace(request, image=None), limits)
+        return
+    with pytest.raises(InvalidRequest) as err:
+        validate(request, limits)
+    assert err.value.field == "outpaint" and words in str(err.value), err.value
+
+
+def test_outpainting_is_inpainting_on_the_grown_canvas(engine):
+    """An outpainting request gives the images of the inpainting request with the canvas and mask grow_canvas makes
+    (the same program: no compile once the size's inpainting program exists)."""
+    from sdxl_engine.engine.validation import grow_canvas
+
+    width, height = engine.limits.default_size
+    image = picture(engine)[:, 8: width - 8]
+    out = gen(engine, image=image, outpaint=(8, 0, 8, 0), strength=1.0)
+    canvas, mask = grow_canvas(image[None], None, (8, 0, 8, 0))
+    same = gen(engine, image=canvas[0], mask=mask[0], strength=1.0)
+    assert out.images.shape == (engine.batch, height, width, 3)
+    assert np.array_equal(out.images, same.images)
