@@ -169,6 +169,7 @@ class Engine:
         self.device_summary = ""  # set at start, e.g. "4 × cpu"
         self._log = log
         self._programs: dict[ProgramShape, CompiledProgram] = {}
+        self._startup_mode: dict = {}  # the program flags every request of this model needs (start: an inpainting UNet)
         self._schedules: dict = {}
         self.compile_count = 0  # programs made (compiled, or loaded from the executable cache)
         self.compile_cache_dir = ""  # set at start (apply_jax_options: "" = no persistent cache)
@@ -246,8 +247,10 @@ class Engine:
                                         sharding=sharding.replicated(self.mesh), log=self._log,
                                         model_config=self.config.model_config, unet=self.config.unet,
                                         vae=self.config.vae, timestep_spacing=self.config.timestep_spacing)
-        if (why := self.model.kind.txt2img_refusal(self.model.name)) is not None:
-            raise loading.ModelLoadError(why)
+        if self.model.kind.refiner:
+            raise loading.ModelLoadError(self.model.kind.txt2img_refusal(self.model.name))
+        # An inpainting UNet serves masked requests only: its programs are inpainting ones from the start on.
+        self._startup_mode = dict(init_image=True, inpaint=True) if self.model.kind.inpainting_unet else {}
         self.params = self.model.params
         jax.block_until_ready(self.params)
         self._done("load_s", t0)
@@ -260,14 +263,18 @@ class Engine:
         width, height = self.limits.default_size
         self._stage(f"compiling {width}x{height} x {self.batch} images"
                     + (", unless the executable cache has them" if self.executables else ""))
-        self.startup["compile_s"] = self._program(width, height, self.defaults.guidance_scale > 1).compile_s
+        self.startup["compile_s"] = self._program(width, height, self.defaults.guidance_scale > 1,
+                                                  **self._startup_mode).compile_s
 
         # 4. One request through the compiled program with zero denoising steps: the executable runs
         # (first-run allocations; text encoders and VAE decode checked finite) without paying a UNet
         # step, which the compile (or the executable cache) has readied already.
         t0 = self._stage("warm-up request")
-        plan = self.plan(validate(GenerateRequest("warm-up", seed=0, num_inference_steps=1), self.limits))
-        self._run(plan, self._program(width, height, plan.shape.cfg, plan.shape.chunks), loop_steps=0)
+        image = dict(image=np.full((height, width, 3), 128, np.uint8), mask=np.ones((height, width), np.float32),
+                     strength=1.0) if self._startup_mode else {}
+        plan = self.plan(validate(GenerateRequest("warm-up", seed=0, num_inference_steps=1, **image), self.limits))
+        self._run(plan, self._program(width, height, plan.shape.cfg, plan.shape.chunks, **self._startup_mode),
+                  loop_steps=0)
         self._done("warmup_s", t0)
         self.startup["ready_s"] = clock() - self.started
         self._log(f"[sdxl_engine] ready in {self.startup['ready_s']:.2f} s on {self.device_summary} "
@@ -335,12 +342,15 @@ class Engine:
                       default_size=default, default_steps=defaults.num_inference_steps,
                       default_guidance=defaults.guidance_scale, multiple=multiple, default_sampler=defaults.sampler,
                       loras=tuple(self.loras.loras) if self.loras else (),
-                      max_pixels=max(max_pixels, *(w * h for w, h in sizes)), batch=self.batch)
+                      max_pixels=max(max_pixels, *(w * h for w, h in sizes)), batch=self.batch,
+                      requires_mask=f"{self.model.name} has an inpainting UNet ({self.model.kind.unet_in_channels} "
+                                    "input channels: latents, mask, masked image)" if self._startup_mode else "")
 
-    def _program(self, width: int, height: int, cfg: bool, chunks: int = 1) -> CompiledProgram:
-        """The compiled program for a size bucket, CFG mode and prompt chunk count, compiled on first use
-        (then cached)."""
-        shape = self._shape(width, height, cfg, chunks)
+    def _program(self, width: int, height: int, cfg: bool, chunks: int = 1, init_image: bool = False,
+                 inpaint: bool = False) -> CompiledProgram:
+        """The compiled program for a size bucket, CFG mode, prompt chunk count and image mode (:meth:`_shape`),
+        compiled on first use (then cached)."""
+        shape = self._shape(width, height, cfg, chunks, init_image, inpaint)
         if shape in self._programs:
             return self._programs[shape]
         with self._compile_lock:  # the background precompile may be compiling this one (or another) now
@@ -359,6 +369,7 @@ class Engine:
         what = f"{width}x{height} x {self.batch} images{'' if cfg else ' without CFG'}"
         what += f", {shape.chunks} prompt chunks" if shape.chunks > 1 else ""
         what += ", image to image" if shape.init_image else ""
+        what += ", inpainting" if shape.inpaint else ""
         # One line either way; a missing or refused executable says why in the "compiled" line.
         if program.loaded:
             self._log(f"[sdxl_engine] loaded {what} in {program.compile_s:.2f} s (executable cache: "
@@ -388,7 +399,7 @@ class Engine:
         t0 = time.perf_counter()
         try:
             for width, height, cfg in todo:
-                self._program(width, height, cfg)
+                self._program(width, height, cfg, **self._startup_mode)
             self._log(f"[sdxl_engine] precompiled {len(todo)} more programs in {time.perf_counter() - t0:.2f} s "
                       "in the background")
         except Exception as err:  # a request at that size compiles it then (and reports its own error)

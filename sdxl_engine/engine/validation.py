@@ -79,6 +79,9 @@ class Limits:
     # buckets only.
     max_pixels: int = 0
     batch: int = 0  # images per request: a list of input images must hold this many (0: not checked)
+    # Non-empty: every request needs an image and a mask (or outpaint), and this names the model that needs them
+    # (one with an inpainting UNet). "": masks are optional.
+    requires_mask: str = ""
 
 
 # Characters that draw nothing yet are neither whitespace to str.split() nor control/format
@@ -224,6 +227,9 @@ def validate(request: GenerateRequest, limits: Limits) -> GenerateRequest:
             except InvalidRequest as err:
                 raise InvalidRequest("outpaint", f"the grown canvas {err.message}") from None
         strength, start = as_strength(request.strength, request.start_step, steps)
+    if limits.requires_mask and mask is None:
+        raise InvalidRequest("mask", f"{limits.requires_mask}: it only repaints the masked part of an image; send an "
+                                     "image with a mask (white = repaint) or outpaint sides")
     try:
         sampler = get_sampler(limits.default_sampler if request.sampler is None else request.sampler)
     except UnknownSampler as err:

@@ -324,3 +324,42 @@ def test_outpainting_is_inpainting_on_the_grown_canvas(engine):
     same = gen(engine, image=canvas[0], mask=mask[0], strength=1.0)
     assert out.images.shape == (engine.batch, height, width, 3)
     assert np.array_equal(out.images, same.images)
+
+
+@pytest.fixture(scope="module")
+def inpaint_engine():
+    """An engine serving tests/fixtures/tiny-pt-inpaint (a 9-channel inpainting UNet) on 4 CPU devices."""
+    import os
+
+    from sdxl_engine.config import EngineConfig
+    from sdxl_engine.engine.local import Engine
+
+    config = EngineConfig.load({"model": str(FOLDER), "cpu_devices": 4}, environ={
+        k: v for k, v in os.environ.items() if k in ("SDXL_MODEL_CACHE_DIR", "SDXL_COMPILE_CACHE_DIR")})
+    return Engine(config, log=lambda *_: None).start()
+
+
+@pytest.mark.slow  # starts an engine on the inpainting model
+def test_an_inpainting_model_serves_masked_requests_with_diffusers_images(inpaint_engine, reference):
+    """A 9-channel model starts (its start-up program is the inpainting one), makes diffusers' images for a masked
+    request (the fixture's case through the whole engine: validation, plan, program), and refuses a request
+    without a mask naming ``mask`` and saying what the model does."""
+    from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest
+
+    engine = inpaint_engine
+    assert engine.batch == 4 and all(s.inpaint for s in engine._programs)
+    meta = META["cases"]["unet9_euler_075"]
+    pictures, masks = list(reference["pictures"]) * 2, list(reference["masks"]) * 2
+    before = engine.compile_count
+    result = engine.generate(GenerateRequest(SETTINGS["prompt"], negative_prompt=SETTINGS["negative_prompt"],
+                                             seed=META["seeds"][0], guidance_scale=SETTINGS["guidance_scale"],
+                                             num_inference_steps=STEPS, sampler="Euler", image=pictures, mask=masks,
+                                             strength=meta["strength"]))
+    assert engine.compile_count == before
+    diff = np.abs(result.images[:2].astype(int) - reference["unet9_euler_075_images"])
+    print(f"through the engine: max {diff.max()}/255, mean {diff.mean():.4f}/255")
+    assert diff.max() <= 4 and diff.mean() <= 0.5
+    for kw in (dict(), dict(image=pictures[0])):
+        with pytest.raises(InvalidRequest, match="inpainting UNet .* only repaints the masked part") as err:
+            engine.generate(GenerateRequest("a red circle", **kw))
+        assert err.value.field == "mask"
