@@ -1,9 +1,10 @@
-"""img2img's device time against txt2img's at the same step count, alternating rounds (BENCHMARKS.md).
+"""img2img's and inpainting's device time against txt2img's at the same step count, alternating rounds (BENCHMARKS.md).
 
     python -m tools.bench_img2img [--model tiny-shapes] [--steps 20] [--runs 7]
 
 One engine; per round one request of each leg in turn: txt2img, img2img at strength 0.5 (half the steps
-run) and at strength 1 (every step: the difference to txt2img is the VAE encode). Reports each leg's median
+run) and at strength 1 (every step: the difference to txt2img is the VAE encode), inpainting (the left half
+masked) at 0.5 and 1 (the extra: the per-step blend of a plain UNet). Reports each leg's median
 ``timings["device"]`` (the compiled program, until ready), the per-round ratios' median, and the compiles
 the measured rounds made (0: strength and image are traced inputs).
 """
@@ -31,8 +32,12 @@ def picture(width: int, height: int) -> np.ndarray:
 def measure(engine: Engine, steps: int, runs: int) -> dict:
     """{leg: median device seconds}, the median per-round ratios to txt2img, and the compiles while measuring."""
     image = picture(*engine.limits.default_size)
+    mask = np.zeros(image.shape[:2], np.uint8)
+    mask[:, : image.shape[1] // 2] = 255
     legs = {"txt2img": {}, "img2img 0.5": {"image": image, "strength": 0.5},
-            "img2img 1.0": {"image": image, "strength": 1.0}}
+            "img2img 1.0": {"image": image, "strength": 1.0},
+            "inpaint 0.5": {"image": image, "mask": mask, "strength": 0.5},
+            "inpaint 1.0": {"image": image, "mask": mask, "strength": 1.0}}
     run = lambda kw, seed: engine.generate(GenerateRequest(  # noqa: E731
         "a red circle", seed=seed, num_inference_steps=steps, **kw)).timings["device"]
     for kw in legs.values():  # compile (or load) and warm up each program

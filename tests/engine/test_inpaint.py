@@ -363,3 +363,41 @@ def test_an_inpainting_model_serves_masked_requests_with_diffusers_images(inpain
         with pytest.raises(InvalidRequest, match="inpainting UNet .* only repaints the masked part") as err:
             engine.generate(GenerateRequest("a red circle", **kw))
         assert err.value.field == "mask"
+
+
+@pytest.mark.slow  # compiles one more 9-channel program, with the masked image left unmasked
+def test_the_inpainting_unet_sees_the_masked_image(programs, reference):
+    """The 9-channel UNet's third input is the image with the repainted area zeroed ((mask < 0.5) in [-1, 1]): the
+    whole image there instead is 10x farther from diffusers' images than the right program (the random UNet reads
+    those channels weakly, so the parity tolerance alone would not see it)."""
+    import jax
+
+    from sdxl_engine.checkpoint.loading import load_folder
+    from sdxl_engine.program import generate
+    from sdxl_engine.program.generate import ProgramInputs, ProgramShape, compile_program, tokenize
+    from sdxl_engine.program.sharding import make_mesh, replicated
+
+    saved = generate.image_conditioning
+
+    def unmasked(st, params, inputs):
+        image = saved(st, params, inputs)
+        return image._replace(masked=generate.encode_image(st, params, inputs.image))
+
+    model = load_folder(FOLDER, "tiny-pt-inpaint", "float32")
+    mesh = make_mesh(jax.devices()[:2])
+    params = jax.device_put(model.params, replicated(mesh))
+    try:
+        generate.image_conditioning = unmasked
+        compiled = compile_program(model, params, ProgramShape(2, 64, 64, STEPS, init_image=True, inpaint=True), mesh)
+    finally:
+        generate.image_conditioning = saved
+    ids, _ = tokenize(model, SETTINGS["prompt"])
+    negative, _ = tokenize(model, SETTINGS["negative_prompt"])
+    inputs = ProgramInputs.build(ids, negative, False, META["seeds"], SETTINGS["guidance_scale"],
+                                 make_schedule("Euler", model.scheduler_config, STEPS), STEPS, STEPS,
+                                 image=reference["pictures"], start_step=3, mask=reference["masks"] / 255.0)
+    want = reference["unet9_euler_075_images"].astype(int)
+    wrong = np.abs(np.asarray(compiled.executable(params, inputs)[0]).astype(int) - want).mean()
+    right = _off(programs, reference, "unet9_euler_075")
+    print(f"masked image unmasked: mean {wrong:.3f}/255 (the right program: {right:.4f})")
+    assert wrong > 10 * right and wrong > 0.05, (wrong, right)
