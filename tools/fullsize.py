@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -32,7 +33,8 @@ import numpy as np
 from sdxl_engine.checkpoint import builtin
 from sdxl_engine.checkpoint.loading import LoadedModel, load_folder
 from sdxl_engine.models import build_component
-from sdxl_engine.program.generate import ProgramInputs, ProgramShape, jit_program, latent_shape
+from sdxl_engine.program.generate import (ImageConditioning, ProgramInputs, ProgramShape, jit_program, keep_known,
+                                          latent_shape)
 from sdxl_engine.program.sharding import make_mesh
 from tools.report import write_section
 
@@ -86,6 +88,8 @@ def cost_report(size: int = 1024, steps: int = 20, images: int = 4) -> dict:
         "unet_step_no_cfg": unet_step(1),
         "vae_decode": lowered_flops(lambda params, z: c["vae"].bind(params).decode(z), p["vae"],
                                     s((1, 4, latent, latent), jnp.float32)),
+        "vae_encode": lowered_flops(lambda params, x: c["vae"].bind(params).encode(x)[0], p["vae"],
+                                    s((1, 3, size, size), jnp.float32)),
         "text_encoders_per_prompt": lowered_flops(text_encoders, p["text_encoder"], p["text_encoder_2"],
                                                   s((1, 77), jnp.int32)),
     }
@@ -104,6 +108,16 @@ def cost_report(size: int = 1024, steps: int = 20, images: int = 4) -> dict:
     # The per-step hook (progress, previews, stop) against the same program without it. XLA
     # counts the denoising loop's body once, so the difference is what the hook adds to one step.
     hooked_program = program_flops(dataclasses.replace(shape, step_hook=True))
+    # Image input: the img2img and inpainting programs against text to image. The inpainting program's excess over
+    # img2img's (its per-step blend) is below the float32 resolution of XLA's total (about 8 MFLOP at 1e14: the
+    # step hook's "-8.39e6" is that rounding), so the blend is counted on its own, for all images at once.
+    img2img_program = program_flops(dataclasses.replace(shape, init_image=True))
+    inpaint_program = program_flops(dataclasses.replace(shape, init_image=True, inpaint=True))
+    lat = s((images, 4, latent, latent), jnp.float32)
+    flops["inpaint_blend_per_step"] = lowered_flops(
+        lambda x, known, noise, mask, sigmas, n: keep_known(x, ImageConditioning(known, noise, mask), SimpleNamespace(
+            sigmas=sigmas, num_steps=n), 3), lat, lat, lat, s((images, 1, latent, latent), jnp.float32),
+        s((steps + 1,), jnp.float32), s((), jnp.int32))
     per_request = images * (steps * flops["unet_cfg_step"] + flops["vae_decode"] + 2 * flops["text_encoders_per_prompt"])
     no_cfg = images * (steps * flops["unet_step_no_cfg"] + flops["vae_decode"] + flops["text_encoders_per_prompt"])
     return {
@@ -116,10 +130,30 @@ def cost_report(size: int = 1024, steps: int = 20, images: int = 4) -> dict:
         "program_tflop_lowered": {"plain": plain_program / 1e12, "step hook": hooked_program / 1e12},
         "step_hook_flops_per_step": hooked_program - plain_program,
         "step_hook_share_of_unet_cfg_step": (hooked_program - plain_program) / flops["unet_cfg_step"],
+        "image_input": image_input_costs(flops, steps, images, plain_program, img2img_program, inpaint_program),
         "lower_s": time.perf_counter() - t0,
         "engine_program_lower_s": program_lower_s,
         "platform": jax.devices()[0].platform,
     }
+
+
+def image_input_costs(flops: dict, steps: int, images: int, txt2img: float, img2img: float, inpaint: float) -> dict:
+    """Image to image's cost at full size from the parts: strength s runs int(steps x s) UNet steps (diffusers'
+    get_timesteps) plus one VAE encode per image; inpainting with a plain UNet adds its per-step blend (counted on its
+    own: the programs' totals cannot resolve it). TFLOP per request."""
+    text = images * 2 * flops["text_encoders_per_prompt"]
+    txt = images * (steps * flops["unet_cfg_step"] + flops["vae_decode"]) + text
+    blend = flops["inpaint_blend_per_step"]
+    out = {"program_tflop_lowered": {"txt2img": txt2img / 1e12, "img2img": img2img / 1e12, "inpaint": inpaint / 1e12},
+           "img2img_program_excess_tflop": (img2img - txt2img) / 1e12,
+           "vae_encode_share_of_request": images * flops["vae_encode"] / txt,
+           "inpaint_blend_flops_per_step": blend, "inpaint_blend_share_of_unet_cfg_step": blend / flops["unet_cfg_step"],
+           "per_request_tflop": {}}
+    for strength in (0.3, 0.5, 0.75, 1.0):
+        run = min(int(steps * strength), steps)
+        cost = images * (run * flops["unet_cfg_step"] + flops["vae_encode"] + flops["vae_decode"]) + text
+        out["per_request_tflop"][str(strength)] = {"steps_run": run, "tflop": cost / 1e12, "ratio_to_txt2img": cost / txt}
+    return out
 
 
 def markdown(r: dict) -> str:
@@ -141,6 +175,13 @@ def markdown(r: dict) -> str:
         f"| the per-step hook (progress, previews, Stop): FLOPs it adds to a step, XLA's count of the whole "
         f"program with and without it | {r['step_hook_flops_per_step']:.3g} "
         f"({r['step_hook_share_of_unet_cfg_step'] * 100:.4f} % of a CFG UNet step) |",
+        f"| one VAE encode at {r['size']}² (image to image) | {r['tflop']['vae_encode']:.2f} TFLOP "
+        f"({r['image_input']['vae_encode_share_of_request'] * 100:.1f} % of a text-to-image request for all images) |",
+        *(f"| img2img at strength {k} ({v['steps_run']} of {r['steps']} steps + encode) | {v['tflop']:.0f} TFLOP "
+          f"({v['ratio_to_txt2img']:.3f} × text to image) |" for k, v in r["image_input"]["per_request_tflop"].items()),
+        f"| inpainting's per-step blend (plain UNet, all images; XLA count of keep_known) | "
+        f"{r['image_input']['inpaint_blend_flops_per_step']:.3g} FLOP "
+        f"({r['image_input']['inpaint_blend_share_of_unet_cfg_step'] * 100:.4f} % of a CFG UNet step) |",
     ])
 
 
