@@ -34,7 +34,7 @@ from sdxl_engine import config as config_mod
 from sdxl_engine.config import EngineConfig
 from sdxl_engine.program.executables import ExecutableCache
 from sdxl_engine.program.generate import STEP_HOOK, CompiledProgram, ProgramInputs, ProgramShape, cached_program
-from sdxl_engine.program.schedulers import TooManySteps, UnsupportedSchedulerConfig, make_schedule
+from sdxl_engine.program.schedulers import TooManySteps, UnsupportedSchedulerConfig, make_schedule, refiner_start
 from sdxl_engine.engine.contract import ScaleOut, clock, queue_seconds
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest, Limits, validate
 from sdxl_engine.engine.prompts import CHUNK, PromptTokens, parse_lora_tags, tokenize_prompt
@@ -145,6 +145,7 @@ class Plan:
     schedule: Schedule
     seeds: list[int]
     image: np.ndarray | None = None
+    refiner_start: int | None = None  # the refiner's first step (refiner_switch_at), None without the refiner
 
 
 class Engine:
@@ -250,6 +251,7 @@ class Engine:
         self.params = self.model.params
         jax.block_until_ready(self.params)
         self._done("load_s", t0)
+        self._load_refiner()
         self._load_loras(lora_sources)
         self.defaults = self._model_defaults()
         self.limits = self._limits(self.defaults)
@@ -272,6 +274,23 @@ class Engine:
         self._log(f"[sdxl_engine] ready in {self.startup['ready_s']:.2f} s on {self.device_summary} "
                   f"({self.model.name}, {self.model.dtype})")
         self._start_precompile()
+
+    def _load_refiner(self) -> None:
+        """With ``config.refiner``: load the SDXL refiner onto the same devices (replicated over the mesh), check it
+        against the model (loading.check_refiner: RefinerMismatch stops the start), attach it (``model.refiner``)
+        and put its text_encoder_2 and UNet in ``params["refiner"]``; its VAE is not kept (the base's decodes)."""
+        if not self.config.refiner:
+            return
+        t0 = self._stage("loading the refiner onto the devices")
+        refiner = loading.load_model(self.config.refiner, dtype=self.model.dtype, platform=self.platform,
+                                     variant=self.config.variant, cache_dir=self.config.model_cache_dir,
+                                     sharding=sharding.replicated(self.mesh), log=self._log)
+        loading.check_refiner(self.model, refiner)
+        refiner.params = {name: refiner.params[name] for name in ("text_encoder_2", "unet")}  # the VAE's freed
+        self.model.refiner = refiner
+        self.params = {**self.params, "refiner": refiner.params}
+        jax.block_until_ready(self.params)
+        self._done("refiner_load_s", t0)
 
     def _load_loras(self, sources: dict) -> None:
         """Read and check every LoRA against the model (LoraError stops the start), keep the merger."""
@@ -334,7 +353,8 @@ class Engine:
                       default_size=default, default_steps=defaults.num_inference_steps,
                       default_guidance=defaults.guidance_scale, multiple=multiple, default_sampler=defaults.sampler,
                       loras=tuple(self.loras.loras) if self.loras else (),
-                      max_pixels=max(max_pixels, *(w * h for w, h in sizes)), batch=self.batch)
+                      max_pixels=max(max_pixels, *(w * h for w, h in sizes)), batch=self.batch,
+                      refiner=self.model.refiner is not None)
 
     def _program(self, width: int, height: int, cfg: bool, chunks: int = 1) -> CompiledProgram:
         """The compiled program for a size bucket, CFG mode and prompt chunk count, compiled on first use
@@ -358,6 +378,7 @@ class Engine:
         what = f"{width}x{height} x {self.batch} images{'' if cfg else ' without CFG'}"
         what += f", {shape.chunks} prompt chunks" if shape.chunks > 1 else ""
         what += ", image to image" if shape.init_image else ""
+        what += ", with the refiner" if shape.refiner else ""
         # One line either way; a missing or refused executable says why in the "compiled" line.
         if program.loaded:
             self._log(f"[sdxl_engine] loaded {what} in {program.compile_s:.2f} s (executable cache: "
@@ -494,7 +515,20 @@ class Engine:
                             init_image=image is not None)
         # Image i uses seed + i, wrapping past max_seed to 0, so every caption's seed is itself a valid request seed.
         seeds = [(request.seed + i) % (self.limits.max_seed + 1) for i in range(self.batch)]
+        if request.refiner_switch_at is not None:  # the refiner's program and its first step (README "Refiner")
+            return Plan(request, self._refiner_shape(shape), prompt, negative, schedule, seeds, image,
+                        refiner_start=refiner_start(schedule.timesteps, request.refiner_switch_at,
+                                                    self.model.scheduler_config.get("num_train_timesteps", 1000)))
         return Plan(request, shape, prompt, negative, schedule, seeds, image)
+
+    def _refiner_shape(self, shape: ProgramShape) -> ProgramShape:
+        """``shape`` with the refiner. Raises InvalidRequest (``width``) for a size the refiner's UNet cannot halve
+        as often as it does (its size multiple may exceed the model's: SDXL's refiner has one block more)."""
+        multiple = self.model.refiner.size_multiple
+        if shape.width % multiple or shape.height % multiple:
+            raise InvalidRequest("width", f"{shape.width}x{shape.height}: the refiner needs multiples of {multiple} "
+                                          "pixels; choose such a size, or leave refiner_switch_at out")
+        return dataclasses.replace(shape, refiner=True)
 
     def _program_for(self, plan: Plan, progress: Callable[[str], None],
                      should_stop: Callable[[], bool] | None) -> CompiledProgram:
@@ -605,6 +639,8 @@ class Engine:
                                      self.config.max_inference_steps, prompt_weights=plan.prompt.weights,
                                      negative_weights=plan.negative.weights, image=plan.image,
                                      start_step=None if plan.image is None else request.start_step)
+        if plan.refiner_start is not None:  # the refiner's switch step and aesthetic scores (diffusers' defaults)
+            inputs = inputs.with_refiner(plan.refiner_start)
         # TEST-ONLY fault hooks (faults.py): self._faults is None unless SDXL_FAULT_INJECTION=1.
         params = self._faults.params(request.prompt, params) if self._faults else params
         if should_stop is not None and should_stop():
