@@ -108,6 +108,21 @@ def ensemble_case(base, refiner, noise: np.ndarray, switch: float, sampler: str,
     return np.round(images * 255).astype(np.uint8), meta
 
 
+def refiner_conditioning(refiner) -> dict[str, np.ndarray]:
+    """The refiner's conditioning for SETTINGS' prompt and an empty negative prompt (``None``: encoded, as its
+    force_zeros_for_empty_prompt is false) and its time ids at 64x64 with the default aesthetic scores, float32:
+    ``encode_prompt`` and ``_get_add_time_ids`` of StableDiffusionXLImg2ImgPipeline."""
+    with torch.no_grad():
+        embeds, negative, pooled, negative_pooled = refiner.encode_prompt(SETTINGS["prompt"], device="cpu",
+                                                                          negative_prompt=None)
+        time_ids, negative_time_ids = refiner._get_add_time_ids(
+            (SIZE, SIZE), (0, 0), (SIZE, SIZE), 6.0, 2.5, (SIZE, SIZE), (0, 0), (SIZE, SIZE), dtype=torch.float32,
+            text_encoder_projection_dim=refiner.text_encoder_2.config.projection_dim)
+    return {"prompt_embeds": embeds, "negative_prompt_embeds": negative, "pooled_prompt_embeds": pooled,
+            "negative_pooled_prompt_embeds": negative_pooled, "add_time_ids": time_ids,
+            "add_neg_time_ids": negative_time_ids}
+
+
 def write_reference() -> None:
     """tests/fixtures/tiny-pt-refiner-reference/reference.{npz,json} from the saved models."""
     REFERENCE.mkdir(parents=True, exist_ok=True)
@@ -118,7 +133,8 @@ def write_reference() -> None:
     assert refiner.config.requires_aesthetics_score and not refiner.config.force_zeros_for_empty_prompt
     for pipe in (base, refiner):
         pipe.set_progress_bar_config(disable=True)
-    arrays, cases = {}, {}
+    arrays = {f"refiner_{k}": v.numpy().astype(np.float32) for k, v in refiner_conditioning(refiner).items()}
+    cases = {}
     for key, (switch, sampler, negative) in CASES.items():
         arrays[f"{key}_images"], cases[key] = ensemble_case(base, refiner, noise, switch, sampler, negative)
     write_npz(REFERENCE / "reference.npz", arrays)
@@ -135,7 +151,9 @@ def write_reference() -> None:
                        "zeros it, the refiner (false) encodes ''.",
                        "Refiner time ids: (64, 64, 0, 0, 6.0) for the prompt, (64, 64, 0, 0, 2.5) for the negative "
                        "(aesthetic_score, negative_aesthetic_score defaults).",
-                       "<case>_images (2, 64, 64, 3) uint8, round(np * 255)."])
+                       "<case>_images (2, 64, 64, 3) uint8, round(np * 255).",
+                       "refiner_*: the refiner's encode_prompt(prompt, negative_prompt=None) (1, 77, 48) and (1, 48) "
+                       "float32, and _get_add_time_ids at 64x64 with the default scores (1, 5)."])
     (REFERENCE / "reference.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
 
 
