@@ -81,7 +81,8 @@ def test_the_switch_step_is_diffusers_denoising_end_rule(tiny_pt):
         assert np.array_equal(schedule.timesteps, np.float32(case["timesteps"]))
         assert refiner_start(schedule.timesteps, case["switch_at"]) == case["refiner_start"]
     euler = make_schedule("Euler", tiny_pt.scheduler_config, STEPS).timesteps  # 901, 801, ..., 1
-    assert [refiner_start(euler, s) for s in (0.0999, 0.1, 0.8, 0.799, 0.999)] == [10, 9, 8, 7, 0]
+    switches = {0.05: 0, 0.1: 1, 0.79: 7, 0.8: 8, 0.9: 9, 0.999: 10}  # 0: the refiner runs every step; 10: none
+    assert {s: refiner_start(euler, s) for s in switches} == switches
     for bad in (0.0, 1.0, -0.5, math.nan):
         with pytest.raises(ValueError, match="switch_at must be between 0 and 1"):
             refiner_start(euler, bad)
@@ -110,11 +111,14 @@ def test_a_refiner_that_cannot_take_the_models_latents_is_refused(tiny_pt, model
     refiner = models[0].refiner
     vae = refiner.components["vae"]
 
-    def with_vae(**changes):
+    def with_vae(refiner=refiner, **changes):
         return dataclasses.replace(refiner, components={**refiner.components, "vae": dataclasses.replace(
             vae, config=dataclasses.replace(vae.config, **changes))})
 
-    cases = [(tiny_pt, "not an SDXL refiner"), (with_vae(latent_channels=16), "latent channels is 16, the base's 4"),
+    sixteen = dataclasses.replace(refiner, kind=dataclasses.replace(refiner.kind, unet_in_channels=16))
+    cases = [(tiny_pt, "not an SDXL refiner"),
+             (with_vae(latent_channels=16), "its UNet takes 4 input channels, not its VAE's 16 latent channels"),
+             (with_vae(sixteen, latent_channels=16), "its latent channels is 16, the base's 4"),
              (with_vae(scaling_factor=0.18215), "VAE scaling_factor is 0.18215, the base's 0.13025"),
              (dataclasses.replace(refiner, tokenizer_2=tiny_pt.tokenizer), "tokenizer_2 differs")]
     for bad, message in cases:
@@ -176,9 +180,14 @@ def program(models):
 @pytest.mark.slow  # compiles tiny-pt + tiny-pt-refiner's program at the fixture's shape
 @pytest.mark.parametrize("case", list(META["cases"]))
 def test_refiner_images_match_diffusers(program, models, reference, case):
-    """Each switch point and sampler within 4/255 (max) and 0.5/255 (mean) of diffusers' base + refiner; the switch
-    one step earlier or later, the time ids without the aesthetic scores (0) or with them swapped, and DPM++'s
-    switch step second order (not restarted) are far off: the comparison sees each convention."""
+    """Each switch point and sampler within 4/255 (max) and 0.5/255 (mean) of diffusers' base + refiner (measured:
+    max 1/255, mean at most 0.0001/255: a few pixels rounded the other way).
+
+    The switch one step earlier or later, and DPM++'s switch step second order (its scheduler not restarted), are
+    off by 0.18-0.74/255 mean: the random tiny models change little in the last steps, so some of these stay
+    within the loose parity tolerance, but each is over 1000 x the right run's difference; the check is mean
+    > 0.1/255. (The aesthetic score moves these images by only 0.002-0.05/255; its convention is checked on the
+    time ids themselves, test_the_refiners_conditioning_is_diffusers.)"""
     base, _ = models
     meta = META["cases"][case]
     want = reference[f"{case}_images"].astype(int)
@@ -187,16 +196,15 @@ def test_refiner_images_match_diffusers(program, models, reference, case):
     assert diff.max() <= 4 and diff.mean() <= 0.5, (case, diff.max(), diff.mean())
     start = meta["refiner_start"]
     wrong = {"switch one step early": inputs_for(base, meta, switch=start - 1),
-             "switch one step late": inputs_for(base, meta, switch=start + 1),
-             "no aesthetic score": inputs_for(base, meta, aesthetic_score=0.0, negative_aesthetic_score=0.0),
-             "aesthetic scores swapped": inputs_for(base, meta, aesthetic_score=2.5, negative_aesthetic_score=6.0)}
+             "switch one step late": inputs_for(base, meta, switch=start + 1)}
     if meta["sampler"].startswith("DPM"):
         plain = make_schedule(meta["sampler"], base.scheduler_config, STEPS).padded(STEPS)
         wrong["switch step second order"] = dataclasses.replace(inputs_for(base, meta), b=plain["b"], c=plain["c"])
-    for name, inputs in wrong.items():
-        off = np.abs(program(inputs) - want).mean()
-        print(f"{case} {name}: mean {off:.2f}/255")
-        assert off > 1.0, (case, name, off)
+    offs = {name: np.abs(program(inputs) - want) for name, inputs in wrong.items()}
+    for name, off in offs.items():
+        print(f"{case} {name}: max {off.max()}/255, mean {off.mean():.3f}/255")
+    for name, off in offs.items():
+        assert off.mean() > 0.1, (case, name, off.max(), off.mean())
 
 
 # ---- the engine: --refiner, one program for every switch point, refusals ---------------------------------------------
