@@ -251,7 +251,8 @@ def test_the_engine_refines_as_diffusers_with_one_program_for_every_switch_point
         print(f"engine {key}: max {diff.max()}/255, mean {diff.mean():.4f}/255")
         assert diff.max() <= 4 and diff.mean() <= 0.5, (key, diff.max(), diff.mean())
     plain = engine.generate(GenerateRequest(SETTINGS["prompt"], seed=SEEDS[0], num_inference_steps=STEPS))
-    assert not plain.request.refiner_switch_at and np.abs(plain.images.astype(int) - first.images).mean() > 1
+    assert plain.request.refiner_switch_at is None and engine.compile_count == before  # the start's base program
+    assert np.abs(plain.images.astype(int) - first.images).mean() > 0.1  # the base's last 2 steps: 0.55/255
 
 
 @pytest.mark.slow  # starts an engine on tiny-pt (shared with the test above)
