@@ -123,6 +123,10 @@ class EngineConfig:
     # Replaces the scheduler config's timestep_spacing: leading, trailing (what few-step UNets such as
     # SDXL-Lightning need) or linspace; "" = the model's.
     timestep_spacing: str = ""
+    # An SDXL refiner (diffusers' "ensemble of experts", README "Refiner"): a diffusers-format folder, a hub id or a
+    # built-in name, loaded onto the same devices beside the model; requests may then ask for refiner_switch_at.
+    # "" = none.
+    refiner: str = ""
 
     # Long prompts and emphasis (README, "Prompt syntax").
     # Prompt chunks of 75 tokens a request may use (3 = 225 tokens); each chunk count 1..this compiles

@@ -118,7 +118,8 @@ class ModelKind:
         if self.refiner:
             return (f"{name} is an SDXL refiner ({' + '.join(self.text_encoders)}, {self.time_ids} time ids with "
                     "an aesthetic score): it refines another model's images and cannot make images from text; "
-                    "serve an SDXL base model (for example --model stabilityai/stable-diffusion-xl-base-1.0)")
+                    "serve an SDXL base model (for example --model stabilityai/stable-diffusion-xl-base-1.0) "
+                    f"with {name} as --refiner")
         if self.inpainting_unet:
             return (f"{name} has an inpainting UNet ({self.unet_in_channels} input channels: latents, mask and "
                     "masked-image latents): it repaints masked regions of an image and cannot make images from "
@@ -172,6 +173,10 @@ class LoadedModel:
     vocabulary: frozenset[str] | None = None
     engine_defaults: dict[str, Any] = dataclasses.field(default_factory=dict)
     kind: ModelKind = ModelKind()  # what the files declare (read_model_folder); SDXL base for built models
+    # The SDXL refiner the engine attached to this base (--refiner; :func:`check_refiner` passed): its components
+    # and kind are the program's refiner expert; its params (text_encoder_2, unet) go in the program's
+    # params["refiner"]. None: no refiner.
+    refiner: "LoadedModel | None" = None
 
     @property
     def unet(self):
@@ -204,6 +209,46 @@ class LoadedModel:
     def size_buckets(self) -> tuple[tuple[int, int], ...]:
         """SDXL's aspect buckets (width, height) scaled to this model's native size."""
         return size_buckets(self.native_size, self.size_multiple)
+
+
+class RefinerMismatch(ModelLoadError):
+    """A ``--refiner`` that cannot continue the base model's latents: not a refiner, or another latent space."""
+
+
+def check_refiner(base: LoadedModel, refiner: LoadedModel) -> None:
+    """Check that ``refiner`` can take over ``base``'s latents mid-loop (diffusers' ensemble of experts hands the
+    base's latents to the refiner as they are, ``StableDiffusionXLImg2ImgPipeline(image=latents)``).
+
+    Refused: a base model with an inpainting UNet; a model that is not an SDXL refiner (:attr:`ModelKind.refiner`: text_encoder_2 only) or whose UNet
+    takes other than its VAE's latent channels (an inpainting UNet); a VAE with other latent channels, scaling or
+    shift factor than the base's (the latents would mean something else to it); a tokenizer_2 other than the
+    base's (the program encodes the base's tokenizer_2 ids with the refiner's text encoder).
+
+    Raises RefinerMismatch naming both models and the value that differs.
+    """
+    def refuse(why: str) -> None:
+        raise RefinerMismatch(f"--refiner {refiner.name}: {why}; it cannot refine {base.name}'s latents")
+
+    if not refiner.kind.refiner:
+        refuse(f"not an SDXL refiner ({' + '.join(refiner.kind.text_encoders)}, {refiner.kind.time_ids} time ids): "
+               "a refiner has text_encoder_2 only (stabilityai/stable-diffusion-xl-refiner-1.0)")
+    if base.kind.inpainting_unet:  # the refiner continues a plain UNet's latents; an inpainting model's steps differ
+        refuse(f"{base.name} has an inpainting UNet ({base.kind.unet_in_channels} input channels), whose steps a "
+               "refiner's plain UNet cannot take over here; serve the refiner with a base model")
+    if refiner.kind.unet_in_channels != refiner.latent_channels:
+        refuse(f"its UNet takes {refiner.kind.unet_in_channels} input channels, not its VAE's "
+               f"{refiner.latent_channels} latent channels")
+    for what, mine, theirs in (("latent channels", refiner.latent_channels, base.latent_channels),
+                               ("VAE scaling_factor", refiner.vae.scaling_factor, base.vae.scaling_factor),
+                               ("VAE shift_factor", refiner.vae.shift_factor, base.vae.shift_factor),
+                               ("VAE scale factor (pixels per latent)", refiner.vae_scale_factor,
+                                base.vae_scale_factor)):
+        if mine != theirs:
+            refuse(f"its {what} is {mine}, the base's {theirs}")
+    tokenizers = (refiner.tokenizer_2, base.tokenizer_2)
+    if (tokenizers[0].get_vocab() != tokenizers[1].get_vocab()
+            or tokenizers[0].pad_token_id != tokenizers[1].pad_token_id):
+        refuse("its tokenizer_2 differs from the base's (vocabulary or pad token)")
 
 
 def resolve_dtype(name: str, platform: str) -> str:

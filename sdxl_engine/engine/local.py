@@ -34,7 +34,7 @@ from sdxl_engine import config as config_mod
 from sdxl_engine.config import EngineConfig
 from sdxl_engine.program.executables import ExecutableCache
 from sdxl_engine.program.generate import STEP_HOOK, CompiledProgram, ProgramInputs, ProgramShape, cached_program
-from sdxl_engine.program.schedulers import TooManySteps, UnsupportedSchedulerConfig, make_schedule
+from sdxl_engine.program.schedulers import TooManySteps, UnsupportedSchedulerConfig, make_schedule, refiner_start
 from sdxl_engine.engine.contract import ScaleOut, clock, queue_seconds
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest, Limits, validate
 from sdxl_engine.engine.prompts import CHUNK, PromptTokens, parse_lora_tags, tokenize_prompt
@@ -146,6 +146,7 @@ class Plan:
     seeds: list[int]
     image: np.ndarray | None = None
     mask: np.ndarray | None = None
+    refiner_start: int | None = None  # the refiner's first step (refiner_switch_at), None without the refiner
 
 
 class Engine:
@@ -254,6 +255,7 @@ class Engine:
         self.params = self.model.params
         jax.block_until_ready(self.params)
         self._done("load_s", t0)
+        self._load_refiner()
         self._load_loras(lora_sources)
         self.defaults = self._model_defaults()
         self.limits = self._limits(self.defaults)
@@ -280,6 +282,23 @@ class Engine:
         self._log(f"[sdxl_engine] ready in {self.startup['ready_s']:.2f} s on {self.device_summary} "
                   f"({self.model.name}, {self.model.dtype})")
         self._start_precompile()
+
+    def _load_refiner(self) -> None:
+        """With ``config.refiner``: load the SDXL refiner onto the same devices (replicated over the mesh), check it
+        against the model (loading.check_refiner: RefinerMismatch stops the start), attach it (``model.refiner``)
+        and put its text_encoder_2 and UNet in ``params["refiner"]``; its VAE is not kept (the base's decodes)."""
+        if not self.config.refiner:
+            return
+        t0 = self._stage("loading the refiner onto the devices")
+        refiner = loading.load_model(self.config.refiner, dtype=self.model.dtype, platform=self.platform,
+                                     variant=self.config.variant, cache_dir=self.config.model_cache_dir,
+                                     sharding=sharding.replicated(self.mesh), log=self._log)
+        loading.check_refiner(self.model, refiner)
+        refiner.params = {name: refiner.params[name] for name in ("text_encoder_2", "unet")}  # the VAE's freed
+        self.model.refiner = refiner
+        self.params = {**self.params, "refiner": refiner.params}
+        jax.block_until_ready(self.params)
+        self._done("refiner_load_s", t0)
 
     def _load_loras(self, sources: dict) -> None:
         """Read and check every LoRA against the model (LoraError stops the start), keep the merger."""
@@ -344,7 +363,8 @@ class Engine:
                       loras=tuple(self.loras.loras) if self.loras else (),
                       max_pixels=max(max_pixels, *(w * h for w, h in sizes)), batch=self.batch,
                       requires_mask=f"{self.model.name} has an inpainting UNet ({self.model.kind.unet_in_channels} "
-                                    "input channels: latents, mask, masked image)" if self._startup_mode else "")
+                                    "input channels: latents, mask, masked image)" if self._startup_mode else "",
+                      refiner=self.model.refiner is not None)
 
     def _program(self, width: int, height: int, cfg: bool, chunks: int = 1, init_image: bool = False,
                  inpaint: bool = False) -> CompiledProgram:
@@ -370,6 +390,7 @@ class Engine:
         what += f", {shape.chunks} prompt chunks" if shape.chunks > 1 else ""
         what += ", image to image" if shape.init_image else ""
         what += ", inpainting" if shape.inpaint else ""
+        what += ", with the refiner" if shape.refiner else ""
         # One line either way; a missing or refused executable says why in the "compiled" line.
         if program.loaded:
             self._log(f"[sdxl_engine] loaded {what} in {program.compile_s:.2f} s (executable cache: "
@@ -508,7 +529,20 @@ class Engine:
                             init_image=image is not None, inpaint=mask is not None)
         # Image i uses seed + i, wrapping past max_seed to 0, so every caption's seed is itself a valid request seed.
         seeds = [(request.seed + i) % (self.limits.max_seed + 1) for i in range(self.batch)]
+        if request.refiner_switch_at is not None:  # the refiner's program and its first step (README "Refiner")
+            return Plan(request, self._refiner_shape(shape), prompt, negative, schedule, seeds, image, mask,
+                        refiner_start=refiner_start(schedule.timesteps, request.refiner_switch_at,
+                                                    self.model.scheduler_config.get("num_train_timesteps", 1000)))
         return Plan(request, shape, prompt, negative, schedule, seeds, image, mask)
+
+    def _refiner_shape(self, shape: ProgramShape) -> ProgramShape:
+        """``shape`` with the refiner. Raises InvalidRequest (``width``) for a size the refiner's UNet cannot halve
+        as often as it does (its size multiple may exceed the model's: SDXL's refiner has one block more)."""
+        multiple = self.model.refiner.size_multiple
+        if shape.width % multiple or shape.height % multiple:
+            raise InvalidRequest("width", f"{shape.width}x{shape.height}: the refiner needs multiples of {multiple} "
+                                          "pixels; choose such a size, or leave refiner_switch_at out")
+        return dataclasses.replace(shape, refiner=True)
 
     def _program_for(self, plan: Plan, progress: Callable[[str], None],
                      should_stop: Callable[[], bool] | None) -> CompiledProgram:
@@ -621,6 +655,8 @@ class Engine:
                                      start_step=None if plan.image is None else request.start_step, mask=plan.mask,
                                      # diffusers' inpainting at strength 1 starts from noise (is_strength_max)
                                      from_noise=request.strength == 1.0)
+        if plan.refiner_start is not None:  # the refiner's switch step and aesthetic scores (diffusers' defaults)
+            inputs = inputs.with_refiner(plan.refiner_start)
         # TEST-ONLY fault hooks (faults.py): self._faults is None unless SDXL_FAULT_INJECTION=1.
         params = self._faults.params(request.prompt, params) if self._faults else params
         if should_stop is not None and should_stop():

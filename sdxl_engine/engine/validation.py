@@ -59,6 +59,9 @@ class GenerateRequest:
     # the new area filled with the nearest edge pixel's colour and masked (repainted); the image's own area keeps
     # its mask (none: kept). Validated: None, and image and mask the grown ones (grow_canvas).
     outpaint: tuple | None = None
+    # The SDXL refiner (README "Refiner"): the switch point in (0, 1) of diffusers' ensemble of experts (the base's
+    # denoising_end, the refiner's denoising_start), e.g. 0.8; None = the base model alone. Needs a loaded refiner.
+    refiner_switch_at: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +85,7 @@ class Limits:
     # Non-empty: every request needs an image and a mask (or outpaint), and this names the model that needs them
     # (one with an inpainting UNet). "": masks are optional.
     requires_mask: str = ""
+    refiner: bool = False  # a refiner is loaded (--refiner): requests may set refiner_switch_at
 
 
 # Characters that draw nothing yet are neither whitespace to str.split() nor control/format
@@ -236,7 +240,26 @@ def validate(request: GenerateRequest, limits: Limits) -> GenerateRequest:
         raise InvalidRequest("sampler", str(err)) from None
     client = request.client if isinstance(request.client, str) else ""
     return GenerateRequest(prompt, negative, seed, guidance, steps, width, height, sampler, client,
-                           image=image, strength=strength, start_step=start, mask=mask)
+                           image=image, strength=strength, start_step=start, mask=mask,
+                           refiner_switch_at=as_switch(request.refiner_switch_at, limits))
+
+
+def as_switch(value, limits: Limits) -> float | None:
+    """A request's ``refiner_switch_at``: None (no refiner), or a number strictly between 0 and 1 with a refiner
+    loaded (``limits.refiner``).
+
+    Raises InvalidRequest naming ``refiner_switch_at``.
+    """
+    if value is None:
+        return None
+    if not limits.refiner:
+        raise InvalidRequest("refiner_switch_at", "no refiner is loaded: start the server with --refiner DIR|HUB_ID "
+                                                  "(an SDXL refiner), or leave it out")
+    switch = as_float("refiner_switch_at", value, 0.0, 1.0)
+    if switch in (0.0, 1.0):
+        raise InvalidRequest("refiner_switch_at", f"must be between 0 and 1, exclusive (the share of the schedule "
+                                                  f"the base model runs, e.g. 0.8), got {switch:g}")
+    return switch
 
 
 def as_images(value, batch: int) -> np.ndarray:

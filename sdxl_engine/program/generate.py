@@ -67,6 +67,10 @@ inpainting                  done: the ``inpaint`` ProgramShape flag; ``mask`` (p
                             ``from_noise`` inputs; :func:`image_conditioning` (mask at latent size, an
                             inpainting UNet's masked-image latents), :func:`keep_known` after each step of a
                             plain UNet, the extra input channels of an inpainting UNet in :func:`denoise_step`.
+SDXL refiner (ensemble      done: the ``refiner`` ProgramShape flag; ``refiner_start`` and ``aesthetic_score``
+of experts)                 (replicated, ``when="refiner"``); :func:`refiner_expert` (its conditioning and bound
+                            UNet, ``Conditioning.refiner``) and :func:`unet_prediction` (``lax.cond``: the base
+                            UNet before ``refiner_start``, the refiner's from it).
 ==========================  =========================================================================
 """
 
@@ -123,6 +127,9 @@ class ProgramShape:
     # region is put back after every step (the image latents re-noised to the next sigma with the same noise); a
     # 9-channel inpainting UNet takes [latents, mask, masked-image latents] instead. False: no mask.
     inpaint: bool = False
+    # The SDXL refiner (diffusers' ensemble of experts): the model's refiner (LoadedModel.refiner, its params in
+    # params["refiner"]) denoises the steps from ProgramInputs.refiner_start on, a traced switch. False: base only.
+    refiner: bool = False
 
 
 # Partitions of a ProgramInputs field: split along its first (batch) axis over ``data``, or whole on every device.
@@ -218,6 +225,8 @@ class ProgramInputs:
     start_step: jax.Array | None = replicated((), jnp.int32, when="init_image")  # img2img: the first step to run
     mask: jax.Array | None = per_image(mask_dims, jnp.float32, when="inpaint")  # (H, W) in [0, 1], 1 = repaint
     from_noise: jax.Array | None = replicated((), jnp.bool_, when="inpaint")  # start from noise, not the image
+    refiner_start: jax.Array | None = replicated((), jnp.int32, when="refiner")  # the refiner's first step
+    aesthetic_score: jax.Array | None = replicated((2,), jnp.float32, when="refiner")  # (negative, prompt) rows'
 
     @staticmethod
     def specs(shape: ProgramShape) -> "ProgramInputs":
@@ -265,6 +274,21 @@ class ProgramInputs:
             start_step=None if start_step is None else np.int32(start_step),
             mask=None if mask is None else np.asarray(mask, np.float32),
             from_noise=None if mask is None else np.bool_(from_noise))
+
+    def with_refiner(self, refiner_start: int, aesthetic_score: float = 6.0,
+                     negative_aesthetic_score: float = 2.5) -> "ProgramInputs":
+        """These inputs for a program with ``refiner``: the refiner runs from step ``refiner_start``
+        (schedulers.refiner_start: 0 .. steps), the prompt rows' time ids carry ``aesthetic_score`` and the negative
+        rows' ``negative_aesthetic_score`` (diffusers' img2img defaults 6.0 and 2.5). The switch step's update is
+        first order (``b + c``, ``c = 0``, as :meth:`Schedule.starting_at`): diffusers' refiner pipeline restarts its
+        scheduler there (DPM++ 2M has no previous x0 in it); every other sampler has c = 0, so only DPM++ changes.
+        """
+        b, c = np.array(self.b, np.float32), np.array(self.c, np.float32)  # (max_steps,) copies
+        if 0 < refiner_start < int(self.num_steps):
+            b[refiner_start] = np.float32(np.float64(b[refiner_start]) + np.float64(c[refiner_start]))
+            c[refiner_start] = 0.0
+        return dataclasses.replace(self, b=b, c=c, refiner_start=np.int32(refiner_start),
+                                   aesthetic_score=np.asarray([negative_aesthetic_score, aesthetic_score], np.float32))
 
     @staticmethod
     def abstract(shape: ProgramShape, latent_shape: tuple[int, int, int], mesh: Mesh) -> "ProgramInputs":
@@ -443,6 +467,7 @@ class Static:
     vae: Any  # VAEConfig: scaling and shift factors
     hook: Callable | None = None  # with shape.step_hook: STEP_HOOK.call, the host end of the per-step callback
     inpainting_unet: bool = False  # the UNet takes [latents, mask, masked-image latents] (9 channels for SDXL)
+    refiner: Any = None  # with shape.refiner: the model's refiner (LoadedModel: components, kind), else None
 
 
 def static_options(model: LoadedModel, shape: ProgramShape) -> Static:
@@ -457,7 +482,17 @@ def static_options(model: LoadedModel, shape: ProgramShape) -> Static:
                          "input channels): it runs inpainting programs only (ProgramShape.inpaint)")
     return Static(shape=shape, components=model.components, latent=latent_shape(model, shape.height, shape.width),
                   prediction_type=model.scheduler_config.get("prediction_type", "epsilon"), vae=model.vae,
-                  hook=STEP_HOOK.call if shape.step_hook else None, inpainting_unet=model.kind.inpainting_unet)
+                  hook=STEP_HOOK.call if shape.step_hook else None, inpainting_unet=model.kind.inpainting_unet,
+                  refiner=_refiner_of(model, shape))
+
+
+def _refiner_of(model: LoadedModel, shape: ProgramShape):
+    """The model's refiner for a program with ``refiner`` (else None). Raises ValueError when it has none."""
+    if not shape.refiner:
+        return None
+    if model.refiner is None:
+        raise ValueError(f"a program with the refiner needs a model with one; {model.name} has none (--refiner)")
+    return model.refiner
 
 
 class StepHook:
@@ -516,6 +551,7 @@ class Conditioning(NamedTuple):
     hidden: jax.Array  # (rows, chunks * 77, hidden_1 + hidden_2) encoder hidden states
     text_embeds: jax.Array  # (rows, projection_2) pooled text embeddings
     add_time_ids: jax.Array  # (rows, 6): original size, crop top-left, target size
+    refiner: Any = None  # with ProgramShape.refiner: the refiner expert (:class:`RefinerExpert`), else None
 
 
 def encode_text(st: Static, params, inputs: ProgramInputs) -> Conditioning:
@@ -656,7 +692,7 @@ def denoise_step(st: Static, unet, cond: Conditioning, inputs: ProgramInputs, i,
         x = jnp.concatenate([x, image.mask, image.masked], axis=1)  # (b, 2C + 1, h, w)
     x = jnp.concatenate([x, x]) if st.shape.cfg else x  # (rows, c, h, w)
     t = jnp.broadcast_to(inputs.timesteps[i], (cond.hidden.shape[0],))
-    out = unet(x, t, cond.hidden, cond.text_embeds, cond.add_time_ids).astype(jnp.float32)
+    out = unet_prediction(st, unet, cond, inputs, i, x, t)
     if st.shape.cfg:
         out = cfg_combine(*jnp.split(out, 2), inputs.guidance_scale)  # (b, c, h, w)
     x0 = denoised(latents, out, sigma, st.prediction_type)
@@ -760,6 +796,8 @@ def build_generate(model: LoadedModel, shape: ProgramShape, python_loop: bool = 
 
     def generate(params, inputs: ProgramInputs):
         cond = encode_text(st, params, inputs)  # 1.
+        if st.shape.refiner:  # 1b. the refiner's own conditioning and UNet
+            cond = cond._replace(refiner=refiner_expert(st, params, inputs))
         image = image_conditioning(st, params, inputs)  # 2a. (an input image: its latents, noise, mask)
         latents = initial_latents(st, params, inputs, image)  # 2.
         latents, stopped = denoise(st, params, cond, inputs, latents, python_loop, image)  # 3.
@@ -772,6 +810,80 @@ def build_generate(model: LoadedModel, shape: ProgramShape, python_loop: bool = 
         return jax.lax.cond(stopped, skipped, lambda: decode(st, params, latents))  # 4.
 
     return generate
+
+
+class RefinerExpert(NamedTuple):
+    """What the refiner's steps read (ProgramShape.refiner): its conditioning, in the parameters' dtype (time ids
+    float32), ``rows`` as :class:`Conditioning`'s (negatives first with CFG), and its UNet bound to its params."""
+
+    hidden: jax.Array  # (rows, chunks * 77, hidden_2): text_encoder_2's penultimate hidden states
+    text_embeds: jax.Array  # (rows, projection_2) text_encoder_2's pooled projection (the first chunk's)
+    add_time_ids: jax.Array  # (rows, 5): original size, crop top-left, aesthetic score (6 without the score)
+    unet: Any  # the refiner's UNet module, bound to params["refiner"]["unet"]
+
+
+def refiner_expert(st: Static, params, inputs: ProgramInputs) -> RefinerExpert:
+    """Stage 1b: the refiner's conditioning, diffusers' ``StableDiffusionXLImg2ImgPipeline.encode_prompt`` and
+    ``_get_add_time_ids`` for a refiner, with this engine's chunks and emphasis.
+
+    * text: its one text encoder (text_encoder_2) on the base's tokenizer_2 ids (row 1 of ``prompt_ids`` /
+      ``negative_ids``; loading.check_refiner made sure the refiner's tokenizer_2 is the same), chunk by chunk with
+      the emphasis weights, penultimate hidden states concatenated, the first chunk's pooled projection: as
+      :func:`encode_prompts` does for the base's second encoder.
+    * an empty negative prompt (``negative_zero``) is zeros (chunk 1 and pooled, as :func:`encode_text`) only when
+      the refiner's model_index.json says ``force_zeros_for_empty_prompt``; SDXL's refiner says false, so its empty
+      negative is the empty text encoded.
+    * time ids, with ``requires_aesthetics_score`` (5 ids): (height, width, 0, 0, score), score
+      ``aesthetic_score[1]`` on the prompt rows and ``aesthetic_score[0]`` on the negative rows; a refiner UNet with
+      6 time ids gets the base's (height, width, 0, 0, height, width).
+    """
+    refiner = st.refiner
+    b, chunks = inputs.prompt_ids.shape[0], inputs.prompt_ids.shape[-1] // TOKENS
+    ids, weights = inputs.prompt_ids[:, 1], inputs.prompt_weights[:, 1]  # (b, chunks * 77): tokenizer_2's
+    if st.shape.cfg:
+        ids = jnp.concatenate([inputs.negative_ids[:, 1], ids])  # (2b, chunks * 77), negatives first
+        weights = jnp.concatenate([inputs.negative_weights[:, 1], weights])
+    n = ids.shape[0]
+    te2 = refiner.components["text_encoder_2"].bind(params["refiner"]["text_encoder_2"])
+    out = te2(ids.reshape(n * chunks, TOKENS))
+    hidden = emphasize(out.penultimate, weights.reshape(n * chunks, TOKENS))  # (n * chunks, 77, h2)
+    hidden = hidden.reshape(n, chunks * TOKENS, hidden.shape[-1])  # (n, chunks * 77, h2): chunks in order
+    text_embeds = out.text_embeds.reshape(n, chunks, -1)[:, 0]  # (n, projection_2): the first chunk's
+    if st.shape.cfg and refiner.kind.force_zeros_for_empty_prompt:
+        zero = jnp.concatenate([inputs.negative_zero, jnp.zeros((b,), jnp.float32)])  # (2b,) 1 = empty negative
+        first = (jnp.arange(hidden.shape[1]) < TOKENS).astype(jnp.float32)  # (chunks * 77,) 1 in chunk 1
+        hidden = hidden * (1.0 - zero[:, None] * first[None, :]).astype(hidden.dtype)[:, :, None]
+        text_embeds = text_embeds * (1.0 - zero).astype(text_embeds.dtype)[:, None]
+    h, w = st.shape.height, st.shape.width
+    if refiner.kind.time_ids == 5:
+        score = inputs.aesthetic_score[1] if not st.shape.cfg else jnp.repeat(inputs.aesthetic_score, b)  # (n,)
+        size = jnp.broadcast_to(jnp.array([h, w, 0, 0], jnp.float32), (n, 4))
+        time_ids = jnp.concatenate([size, jnp.broadcast_to(score, (n,))[:, None]], axis=1)  # (n, 5)
+    else:
+        time_ids = jnp.broadcast_to(jnp.array([h, w, 0, 0, h, w], jnp.float32), (n, 6))
+    unet = refiner.components["unet"].bind(params["refiner"]["unet"])
+    return RefinerExpert(hidden, text_embeds, time_ids, unet)
+
+
+def unet_prediction(st: Static, unet, cond: Conditioning, inputs: ProgramInputs, i, x: jax.Array,
+                    t: jax.Array) -> jax.Array:
+    """The model output of step ``i``, (rows, C, h, w) float32, for the UNet input ``x`` (rows, C, h, w) at
+    timesteps ``t`` (rows,): the base UNet's; with ``refiner``, the refiner's from step ``refiner_start`` on.
+
+    The switch is diffusers' ensemble of experts (schedulers.refiner_start): a traced scalar, so another switch
+    point is the same executable; ``lax.cond`` runs one of the two UNets per step, not both.
+    """
+    def base():
+        return unet(x, t, cond.hidden, cond.text_embeds, cond.add_time_ids).astype(jnp.float32)
+
+    if not st.shape.refiner:
+        return base()
+    expert = cond.refiner
+
+    def refine():
+        return expert.unet(x, t, expert.hidden, expert.text_embeds, expert.add_time_ids).astype(jnp.float32)
+
+    return jax.lax.cond(i < inputs.refiner_start, base, refine)
 
 
 def unscale_latents(latents: jax.Array, vae_cfg) -> jax.Array:
@@ -841,6 +953,7 @@ def program_key(model: LoadedModel, params, shape: ProgramShape, mesh: Mesh) -> 
     cfg += f", {shape.chunks} prompt chunks" if shape.chunks > 1 else ""
     cfg += ", image to image" if shape.init_image else ""
     cfg += ", inpainting" if shape.inpaint else ""
+    cfg += ", with the refiner" if shape.refiner else ""
     st = static_options(model, shape)  # what the traced program reads, so the key cannot miss it
     return {
         "program": f"{shape.width}x{shape.height} x {shape.batch} images, {shape.max_steps} steps{cfg}",
@@ -853,6 +966,8 @@ def program_key(model: LoadedModel, params, shape: ProgramShape, mesh: Mesh) -> 
                               for path, x in jax.tree_util.tree_leaves_with_path(params)]),
         "mesh": {"axes": list(mesh.axis_names), "devices": [d.id for d in mesh.devices.flat]},
         "source": _source_digest(),
+        **({"refiner": {"model": {n: dataclasses.asdict(c.config) for n, c in st.refiner.components.items()},
+                        "kind": dataclasses.asdict(st.refiner.kind)}} if st.refiner else {}),
     }
 
 

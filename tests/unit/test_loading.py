@@ -78,7 +78,7 @@ def test_a_refiner_folder_loads_with_one_text_encoder_and_five_time_ids(tmp_path
     assert model.kind.txt2img_refusal("refiner") == (
         "refiner is an SDXL refiner (text_encoder_2, 5 time ids with an aesthetic score): it refines another "
         "model's images and cannot make images from text; serve an SDXL base model (for example --model "
-        "stabilityai/stable-diffusion-xl-base-1.0)")
+        "stabilityai/stable-diffusion-xl-base-1.0) with refiner as --refiner")
 
 
 def test_a_nine_channel_inpainting_unet_loads(tmp_path):
