@@ -174,14 +174,15 @@ def markdown(r: dict) -> str:
         f"| one request without CFG | {r['tflop_per_request_no_cfg']:.0f} TFLOP |",
         f"| the per-step hook (progress, previews, Stop): FLOPs it adds to a step, XLA's count of the whole "
         f"program with and without it | {r['step_hook_flops_per_step']:.3g} "
-        f"({r['step_hook_share_of_unet_cfg_step'] * 100:.4f} % of a CFG UNet step) |",
+        f"({r['step_hook_share_of_unet_cfg_step'] * 100:.4f} % of a CFG UNet step; XLA's totals are float32, so "
+        f"differences under about 8 MFLOP at 1e14 are rounding) |",
         f"| one VAE encode at {r['size']}² (image to image) | {r['tflop']['vae_encode']:.2f} TFLOP "
         f"({r['image_input']['vae_encode_share_of_request'] * 100:.1f} % of a text-to-image request for all images) |",
         *(f"| img2img at strength {k} ({v['steps_run']} of {r['steps']} steps + encode) | {v['tflop']:.0f} TFLOP "
           f"({v['ratio_to_txt2img']:.3f} × text to image) |" for k, v in r["image_input"]["per_request_tflop"].items()),
         f"| inpainting's per-step blend (plain UNet, all images; XLA count of keep_known) | "
         f"{r['image_input']['inpaint_blend_flops_per_step']:.3g} FLOP "
-        f"({r['image_input']['inpaint_blend_share_of_unet_cfg_step'] * 100:.4f} % of a CFG UNet step) |",
+        f"({r['image_input']['inpaint_blend_share_of_unet_cfg_step'] * 100:.2g} % of a CFG UNet step) |",
     ])
 
 

@@ -401,3 +401,15 @@ def test_the_inpainting_unet_sees_the_masked_image(programs, reference):
     right = _off(programs, reference, "unet9_euler_075")
     print(f"masked image unmasked: mean {wrong:.3f}/255 (the right program: {right:.4f})")
     assert wrong > 10 * right and wrong > 0.05, (wrong, right)
+
+
+def test_a_refiner_is_refused_beside_an_inpainting_model():
+    """The refiner continues a plain UNet's latents: with an inpainting base model it is refused at start, naming
+    both models."""
+    from sdxl_engine.checkpoint.loading import RefinerMismatch, check_refiner, load_folder
+
+    base = load_folder(FOLDER, "tiny-pt-inpaint", "float32")
+    refiner = load_folder(FIXTURES / "tiny-pt-refiner", "tiny-pt-refiner", "float32")
+    with pytest.raises(RefinerMismatch, match="tiny-pt-refiner: tiny-pt-inpaint has an inpainting UNet"):
+        check_refiner(base, refiner)
+    check_refiner(load_folder(MODELS[4], "tiny-pt", "float32"), refiner)  # a plain base: accepted
