@@ -139,7 +139,7 @@ class ProgramShape:
 
     @property
     def from_image(self) -> bool:
-        """Whether the loop starts from an image (pixels or latents) at ProgramInputs.start_step."""
+        """Whether the loop starts from an image (pixels or latents) at ProgramInputs.start_step (its ``when``)."""
         return self.init_image or self.init_latents
 
 
@@ -179,7 +179,7 @@ def latent_dims(shape: ProgramShape, latent) -> tuple[int, int, int]:
     return tuple(latent)
 
 
-def _input(partition: str, dims: Dims, dtype, when: str | tuple[str, ...] | None):
+def _input(partition: str, dims: Dims, dtype, when: str | None):
     metadata = {"partition": partition, "dims": dims, "dtype": jnp.dtype(dtype), "when": when}
     return dataclasses.field(metadata=metadata, **({"default": None} if when else {}))
 
@@ -191,8 +191,8 @@ def per_image(dims: Dims, dtype, when: str | None = None):
         dims: the shape after the batch axis: a tuple, or ``f(shape, latent)`` of the
             ProgramShape and the latents' (C, h, w).
         dtype: its dtype.
-        when: the name of a bool ProgramShape field (or a tuple of names: any of them); the input exists
-            only when it is True and is None otherwise (it then has no spec, no abstract input and no argument).
+        when: the name of a bool ProgramShape field; the input exists only when it is True and
+            is None otherwise (it then has no spec, no abstract input and no argument).
     """
     return _input(PER_IMAGE, dims, dtype, when)
 
@@ -233,7 +233,7 @@ class ProgramInputs:
     final_scale: jax.Array = replicated((), jnp.float32)  # VAE input = final latents x final_scale
     latents: jax.Array | None = per_image(latent_dims, jnp.float32, when="given_latents")  # initial noise
     image: jax.Array | None = per_image(image_dims, jnp.uint8, when="init_image")  # img2img: (H, W, 3) pixels
-    start_step: jax.Array | None = replicated((), jnp.int32, when=("init_image", "init_latents"))  # the first step
+    start_step: jax.Array | None = replicated((), jnp.int32, when="from_image")  # img2img, hires: the first step
     mask: jax.Array | None = per_image(mask_dims, jnp.float32, when="inpaint")  # (H, W) in [0, 1], 1 = repaint
     from_noise: jax.Array | None = replicated((), jnp.bool_, when="inpaint")  # start from noise, not the image
     init_latents: jax.Array | None = per_image(latent_dims, jnp.float32, when="init_latents")  # hires: the image
@@ -307,9 +307,8 @@ def _spec(f: dataclasses.Field) -> P:
 
 def _present(f: dataclasses.Field, shape: ProgramShape) -> bool:
     """Whether a ProgramInputs field is an argument of the program for ``shape``: the one rule for
-    optional inputs (declared with ``when``: present only while that ProgramShape flag, or one of those, is on)."""
-    when = f.metadata["when"]
-    return when is None or any(bool(getattr(shape, w)) for w in ((when,) if isinstance(when, str) else when))
+    optional inputs (declared with ``when``: present only while that ProgramShape flag is on)."""
+    return f.metadata["when"] is None or bool(getattr(shape, f.metadata["when"]))
 
 
 @dataclasses.dataclass
