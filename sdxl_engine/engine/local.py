@@ -34,9 +34,11 @@ from sdxl_engine import config as config_mod
 from sdxl_engine.config import EngineConfig
 from sdxl_engine.program.executables import ExecutableCache
 from sdxl_engine.program.generate import STEP_HOOK, CompiledProgram, ProgramInputs, ProgramShape, cached_program
-from sdxl_engine.program.schedulers import TooManySteps, UnsupportedSchedulerConfig, make_schedule, refiner_start
+from sdxl_engine.program.latent_upscale import resize_matrix, sharded_upscale
+from sdxl_engine.program.schedulers import (TooManySteps, UnsupportedSchedulerConfig, hires_schedule,
+                                            make_schedule, refiner_start)
 from sdxl_engine.engine.contract import ScaleOut, clock, queue_seconds
-from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest, Limits, validate
+from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest, Limits, hires_size, validate
 from sdxl_engine.engine.prompts import CHUNK, PromptTokens, parse_lora_tags, tokenize_prompt
 from sdxl_engine.program.schedulers import Schedule
 from sdxl_engine.engine.previews import latent_rgb_for
@@ -147,6 +149,41 @@ class Plan:
     image: np.ndarray | None = None
     mask: np.ndarray | None = None
     refiner_start: int | None = None  # the refiner's first step (refiner_switch_at), None without the refiner
+    hires: HiresPlan | None = None  # hires fix's second pass (then ``shape`` is the first's, with latents_out)
+
+
+@dataclasses.dataclass(frozen=True)
+class HiresPlan:
+    """Hires fix's second pass (README "Hires fix"): after the first pass (the plan's shape, latents out), the
+    latents are upscaled on the devices and denoised again at the large size.
+
+    Attributes:
+        shape: the second pass's ProgramShape: the large size, ``init_latents`` (its own compile per size).
+        schedule: the sampler's schedule of ``steps`` steps (whole; the program starts at ``start_step``).
+        steps, start_step: schedulers.hires_schedule's (schedule length, first step that runs).
+        rows, cols: the upscaler's (H/f, h/f) and (W/f, w/f) float32 matrices (latent_upscale.resize_matrix).
+    """
+
+    shape: ProgramShape
+    schedule: Schedule
+    steps: int
+    start_step: int
+    rows: np.ndarray
+    cols: np.ndarray
+
+    @property
+    def runs(self) -> int:
+        """Denoising steps the second pass runs."""
+        return self.steps - self.start_step
+
+
+def _pass_events(on_step: Callable[[StepEvent], None] | None, before: int, first: int, total: int):
+    """``on_step`` for one pass of a hires request: the pass's step k (1-based in its schedule, whose first ``first``
+    steps are skipped) reported as step ``before + k - first`` of ``total`` (both passes' steps), so progress
+    counts through both."""
+    if on_step is None:
+        return None
+    return lambda event: on_step(dataclasses.replace(event, step=before + event.step - first, steps=total))
 
 
 class Engine:
@@ -391,6 +428,7 @@ class Engine:
         what += ", image to image" if shape.init_image else ""
         what += ", inpainting" if shape.inpaint else ""
         what += ", with the refiner" if shape.refiner else ""
+        what += ", hires first pass" if shape.latents_out else ", hires second pass" if shape.init_latents else ""
         # One line either way; a missing or refused executable says why in the "compiled" line.
         if program.loaded:
             self._log(f"[sdxl_engine] loaded {what} in {program.compile_s:.2f} s (executable cache: "
@@ -482,12 +520,14 @@ class Engine:
         t0 = time.perf_counter()
         plan = self.plan(validate(request, self.limits))  # every refusal before anything waits or compiles
         program = self._program_for(plan, progress, should_stop)  # a new size compiles: other requests run on
+        second = None if plan.hires is None else self._program_for(plan, progress, should_stop, plan.hires.shape)
         prep_s = time.perf_counter() - t0
         waiting = clock()
         self._wait_turn(progress, should_stop)  # one request on the devices at a time; the wait is queue time
         try:
             start = clock()
-            result = self._run(plan, program, progress, on_step=on_step, should_stop=should_stop)
+            result = (self._run(plan, program, progress, on_step=on_step, should_stop=should_stop) if second is None
+                      else self._run_hires(plan, program, second, progress, on_step, should_stop))
         finally:
             self._request_lock.release()
         result.timings["queue"] = queue_seconds(arrived, called, called) + (start - waiting)
@@ -529,11 +569,33 @@ class Engine:
                             init_image=image is not None, inpaint=mask is not None)
         # Image i uses seed + i, wrapping past max_seed to 0, so every caption's seed is itself a valid request seed.
         seeds = [(request.seed + i) % (self.limits.max_seed + 1) for i in range(self.batch)]
+        hires = None if request.hires_scale is None else self._hires(request, shape)
+        shape = shape if hires is None else dataclasses.replace(shape, latents_out=True)  # hires: latents, no VAE
         if request.refiner_switch_at is not None:  # the refiner's program and its first step (README "Refiner")
+            if hires is not None:
+                raise InvalidRequest("refiner_switch_at", "the refiner does not run with hires fix: send "
+                                                          "refiner_switch_at or hires_scale, not both")
             return Plan(request, self._refiner_shape(shape), prompt, negative, schedule, seeds, image, mask,
                         refiner_start=refiner_start(schedule.timesteps, request.refiner_switch_at,
                                                     self.model.scheduler_config.get("num_train_timesteps", 1000)))
-        return Plan(request, shape, prompt, negative, schedule, seeds, image, mask)
+        return Plan(request, shape, prompt, negative, schedule, seeds, image, mask, hires=hires)
+
+    def _hires(self, request: GenerateRequest, shape: ProgramShape) -> HiresPlan:
+        """The second pass of a validated hires ``request`` whose first pass runs on ``shape``.
+
+        Raises InvalidRequest naming ``hires_steps`` when the sampler cannot take the schedule's step count (LCM).
+        """
+        width, height = hires_size(request.width, request.height, request.hires_scale, self.limits.multiple)
+        steps, start = hires_schedule(request.num_inference_steps, request.hires_steps, request.hires_strength)
+        try:
+            schedule = self._schedule(request.sampler, steps)
+        except InvalidRequest as err:
+            raise InvalidRequest("hires_steps", f"the second pass's {steps}-step schedule: {err.message}") from None
+        f = self.model.vae_scale_factor
+        rows = resize_matrix(request.height // f, height // f, request.hires_upscaler)  # (H/f, h/f)
+        cols = resize_matrix(request.width // f, width // f, request.hires_upscaler)  # (W/f, w/f)
+        large = dataclasses.replace(shape, width=width, height=height, init_latents=True)
+        return HiresPlan(large, schedule, steps, start, rows, cols)
 
     def _refiner_shape(self, shape: ProgramShape) -> ProgramShape:
         """``shape`` with the refiner. Raises InvalidRequest (``width``) for a size the refiner's UNet cannot halve
@@ -545,17 +607,19 @@ class Engine:
         return dataclasses.replace(shape, refiner=True)
 
     def _program_for(self, plan: Plan, progress: Callable[[str], None],
-                     should_stop: Callable[[], bool] | None) -> CompiledProgram:
+                     should_stop: Callable[[], bool] | None, shape: ProgramShape | None = None) -> CompiledProgram:
         """The plan's program; one not compiled yet compiles on the engine's compile thread while this
         request waits (``progress("compiling")``) and requests at compiled sizes run on. A stop while it
         waits frees the request at once (the compile goes on: the size is ready for the next request).
+
+        ``shape``: another program of the plan than ``plan.shape`` (hires fix's second pass).
 
         Raises:
             CompilesBusy: the request's client waits for another new size already, or
                 ``max_pending_compiles`` sizes compile already.
             Stopped: ``should_stop()`` said so while the request waited for its compile.
         """
-        shape = plan.shape
+        shape = plan.shape if shape is None else shape
         program = self._programs.get(shape)
         if program is not None:
             self._used[shape] = clock()
@@ -690,6 +754,64 @@ class Engine:
                               warnings=self._warnings(plan.prompt, plan.negative),
                               device_count=self.mesh.devices.size, device_summary=self.device_summary,
                               model=self.model.name, prompt_chunks=plan.prompt.chunks, loras=loras)
+
+    def _run_hires(self, plan: Plan, first: CompiledProgram, second: CompiledProgram,
+                   progress: Callable[[str], None] = _no_progress, on_step: Callable[[StepEvent], None] | None = None,
+                   should_stop: Callable[[], bool] | None = None) -> GenerateResult:
+        """Run a hires plan: 1. the first pass (text to image at the request's size, its final latents out),
+        2. the latents upscaled on the devices (the plan's matrices), 3. the second pass (image to image from those
+        latents at the large size, from the hires start step, the seeds' hires noise). Both stay on the devices;
+        the images are the second pass's. Progress counts both passes' steps that run (``_pass_events``)."""
+        t0 = time.perf_counter()
+        request, hires = plan.request, plan.hires
+        progress("preparing")
+        params, loras = self._lora_params(request.prompt)  # the tags' LoRAs merged, for both passes
+        params = self._faults.params(request.prompt, params) if self._faults else params  # TEST-ONLY (faults.py)
+        shared = dict(prompt_weights=plan.prompt.weights, negative_weights=plan.negative.weights)
+        inputs = ProgramInputs.build(plan.prompt.ids, plan.negative.ids, not plan.negative.words.strip(), plan.seeds,
+                                     request.guidance_scale, plan.schedule, request.num_inference_steps,
+                                     self.config.max_inference_steps, **shared)
+        if should_stop is not None and should_stop():
+            raise Stopped("stopped before it started")
+        steps, total = request.num_inference_steps, request.num_inference_steps + hires.runs
+        progress("on device")
+        t1 = time.perf_counter()
+        latents, _ = self._on_device(first, params, inputs, steps, _pass_events(on_step, 0, 0, total), should_stop)
+        large = sharded_upscale(self.mesh)(latents, hires.rows, hires.cols)  # (b, C, H/f, W/f), split over data
+        inputs = ProgramInputs.build(plan.prompt.ids, plan.negative.ids, not plan.negative.words.strip(), plan.seeds,
+                                     request.guidance_scale, hires.schedule, hires.steps,
+                                     self.config.max_inference_steps, start_step=hires.start_step,
+                                     init_latents=large, **shared)
+        images, finite = self._on_device(second, params, inputs, hires.steps,
+                                         _pass_events(on_step, steps, hires.start_step, total), should_stop)
+        progress("to host")
+        t2 = time.perf_counter()
+        images, finite = np.asarray(images), np.asarray(finite)
+        t3 = time.perf_counter()
+        if not finite.all():
+            bad = [s for s, ok in zip(plan.seeds, finite) if not ok]
+            raise GenerationError(f"the model produced non-finite pixels (NaN/inf) for seeds {bad} (hires fix); "
+                                  f"try another seed or a lower guidance scale ({self.model.dtype} weights)")
+        timings = {"prep": t1 - t0, "device": t2 - t1, "post": t3 - t2, "latency": t3 - t0}
+        return GenerateResult(images=images, seeds=plan.seeds, request=request, timings=timings,
+                              warnings=self._warnings(plan.prompt, plan.negative),
+                              device_count=self.mesh.devices.size, device_summary=self.device_summary,
+                              model=self.model.name, prompt_chunks=plan.prompt.chunks, loras=loras)
+
+    def _on_device(self, program: CompiledProgram, params, inputs: ProgramInputs, steps: int,
+                   on_step: Callable[[StepEvent], None] | None, should_stop: Callable[[], bool] | None):
+        """One program call of a hires request, with its per-step receiver (when the program has the step hook);
+        returns its outputs on the devices, ready. Raises what on_step/should_stop raised, or Stopped."""
+        receiver = StepReceiver(self.mesh.devices.size, steps, self.config.preview_every, self.latent_rgb, on_step,
+                                should_stop) if program.shape.step_hook else None
+        with STEP_HOOK.receiving(receiver) if receiver else contextlib.nullcontext():
+            out = program.executable(params, inputs)
+            jax.block_until_ready(out)  # inside: the devices call the receiver until the loop ends
+        if receiver is not None and receiver.error is not None:
+            raise receiver.error
+        if receiver is not None and receiver.stopped:
+            raise Stopped(f"stopped after step {receiver.done} of {steps}")
+        return out
 
     def _tokens(self, request: GenerateRequest) -> tuple[PromptTokens, PromptTokens]:
         """The prompt and negative prompt as chunks (engine/prompts.py), padded to one chunk count (a

@@ -19,7 +19,8 @@ import numpy as np
 
 from sdxl_engine.engine.errors import InvalidRequest
 from sdxl_engine.engine.prompts import check_prompt
-from sdxl_engine.program.schedulers import DEFAULT_SAMPLER, UnknownSampler, get_sampler, img2img_start
+from sdxl_engine.program.latent_upscale import DEFAULT_UPSCALER, HIRES_UPSCALERS
+from sdxl_engine.program.schedulers import DEFAULT_SAMPLER, UnknownSampler, get_sampler, hires_schedule, img2img_start
 
 __all__ = ["GenerateRequest", "InvalidRequest", "Limits", "validate"]  # InvalidRequest: from errors.py, kept here
 
@@ -27,6 +28,8 @@ MAX_PROMPT_CHARS = 20_000  # far past 77 tokens; longer text is refused, not tok
 MAX_GUIDANCE = 50.0
 MAX_SIDE = 1 << 16  # pixels; anything larger is refused before it is compared with the buckets
 DEFAULT_STRENGTH = 0.75  # img2img with an image and neither strength nor start_step (A1111's img2img default)
+DEFAULT_HIRES_STRENGTH = 0.7  # hires fix's second pass (A1111's txt2img denoising strength default)
+MAX_HIRES_SCALE = 16.0  # far past any size max_pixels allows; larger is refused before the size is computed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +65,15 @@ class GenerateRequest:
     # The SDXL refiner (README "Refiner"): the switch point in (0, 1) of diffusers' ensemble of experts (the base's
     # denoising_end, the refiner's denoising_start), e.g. 0.8; None = the base model alone. Needs a loaded refiner.
     refiner_switch_at: float | None = None
+    # Hires fix (README "Hires fix"; text to image only). ``hires_scale`` > 1 turns it on: the image is made at
+    # width x height, its latents are upscaled (``hires_upscaler``, an A1111 latent upscaler name, default "Latent":
+    # bilinear) to :func:`hires_size` and denoised again there from ``hires_strength`` in (0, 1] (default
+    # DEFAULT_HIRES_STRENGTH) with ``hires_steps`` steps (0, the default: schedulers.hires_schedule's rule on
+    # num_inference_steps). The images are the large ones. Validated: all four None without hires_scale.
+    hires_scale: float | None = None
+    hires_strength: float | None = None
+    hires_steps: int | None = None
+    hires_upscaler: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,6 +246,7 @@ def validate(request: GenerateRequest, limits: Limits) -> GenerateRequest:
     if limits.requires_mask and mask is None:
         raise InvalidRequest("mask", f"{limits.requires_mask}: it only repaints the masked part of an image; send an "
                                      "image with a mask (white = repaint) or outpaint sides")
+    hires = as_hires(request, width, height, steps, limits)
     try:
         sampler = get_sampler(limits.default_sampler if request.sampler is None else request.sampler)
     except UnknownSampler as err:
@@ -241,7 +254,7 @@ def validate(request: GenerateRequest, limits: Limits) -> GenerateRequest:
     client = request.client if isinstance(request.client, str) else ""
     return GenerateRequest(prompt, negative, seed, guidance, steps, width, height, sampler, client,
                            image=image, strength=strength, start_step=start, mask=mask,
-                           refiner_switch_at=as_switch(request.refiner_switch_at, limits))
+                           refiner_switch_at=as_switch(request.refiner_switch_at, limits), **hires)
 
 
 def as_switch(value, limits: Limits) -> float | None:
@@ -260,6 +273,67 @@ def as_switch(value, limits: Limits) -> float | None:
         raise InvalidRequest("refiner_switch_at", f"must be between 0 and 1, exclusive (the share of the schedule "
                                                   f"the base model runs, e.g. 0.8), got {switch:g}")
     return switch
+
+
+HIRES_FIELDS = ("hires_scale", "hires_strength", "hires_steps", "hires_upscaler")
+
+
+def as_hires(request: GenerateRequest, width: int, height: int, steps: int, limits: Limits) -> dict:
+    """The validated hires fields of ``request`` (its base size and first-pass ``steps`` validated), by name: all
+    None without ``hires_scale``; else the scale, the strength (default :data:`DEFAULT_HIRES_STRENGTH`), the second
+    pass's step count (0 = the rule on ``steps``, see schedulers.hires_schedule) and the upscaler's A1111 name.
+
+    Raises InvalidRequest naming the field: a hires field without ``hires_scale``; hires with an input image or a
+    mask; a scale not above 1, or whose size (:func:`hires_size`) is not one this server makes or no larger; a
+    strength outside (0, 1] or too small to run a step; a second-pass schedule longer than ``limits.max_steps``;
+    an unknown upscaler.
+    """
+    if request.hires_scale is None:
+        for field in HIRES_FIELDS[1:]:
+            if getattr(request, field) is not None:
+                raise InvalidRequest(field, "applies to hires fix only: send hires_scale (above 1) with it, or "
+                                            "leave it out")
+        return dict.fromkeys(HIRES_FIELDS)
+    for field in ("image", "mask"):
+        if getattr(request, field) is not None:
+            raise InvalidRequest("hires_scale", f"hires fix makes its image from the prompt, so it takes no {field}: "
+                                                f"send the {field} or hires_scale, not both")
+    scale = as_float("hires_scale", request.hires_scale, 0.0, MAX_HIRES_SCALE)
+    if scale <= 1:
+        raise InvalidRequest("hires_scale", f"must be above 1 (the second pass's size over the first's), got {scale:g}")
+    large = hires_size(width, height, scale, limits.multiple)
+    if large == (width, height):
+        raise InvalidRequest("hires_scale", f"{scale:g} x {width}x{height} rounds down to {width}x{height} at "
+                                            f"multiples of {limits.multiple} pixels: use a larger scale")
+    try:
+        size_of(*large, limits)
+    except InvalidRequest as err:
+        raise InvalidRequest("hires_scale", f"{scale:g} x {width}x{height} = {large[0]}x{large[1]}, which this "
+                                            f"server does not make: {err.message}") from None
+    strength = DEFAULT_HIRES_STRENGTH if request.hires_strength is None else as_float(
+        "hires_strength", request.hires_strength, 0.0, 1.0)
+    if strength == 0:
+        raise InvalidRequest("hires_strength", "must be above 0 (0 would upscale without denoising) and at most 1")
+    hires_steps = 0 if request.hires_steps is None else as_int("hires_steps", request.hires_steps, 0, limits.max_steps)
+    try:
+        total, _ = hires_schedule(steps, hires_steps, strength)
+    except ValueError as err:
+        raise InvalidRequest("hires_strength", str(err)) from None
+    if total > limits.max_steps:
+        raise InvalidRequest("hires_steps", f"{hires_steps} steps at hires_strength {strength:g} take a schedule of "
+                                            f"int({hires_steps} / {strength:g}) = {total} steps; this server runs at "
+                                            f"most {limits.max_steps}: fewer steps or a higher strength")
+    upscaler = DEFAULT_UPSCALER if request.hires_upscaler is None else request.hires_upscaler
+    if not isinstance(upscaler, str) or upscaler not in HIRES_UPSCALERS:
+        raise InvalidRequest("hires_upscaler", f"unknown upscaler {_short(upscaler)}; choose one of "
+                                               f"{', '.join(HIRES_UPSCALERS)}")
+    return dict(hires_scale=scale, hires_strength=strength, hires_steps=hires_steps, hires_upscaler=upscaler)
+
+
+def hires_size(width: int, height: int, scale: float, multiple: int) -> tuple[int, int]:
+    """Hires fix's second (width, height): each side times ``scale``, cut to a whole pixel as A1111 does
+    (``int(width * hr_scale)``), then down to a multiple of ``multiple`` (the model's block)."""
+    return int(width * scale) // multiple * multiple, int(height * scale) // multiple * multiple
 
 
 def as_images(value, batch: int) -> np.ndarray:

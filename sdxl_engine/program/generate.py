@@ -18,7 +18,8 @@ can reproduce an image from its seed with JAX's threefry generator.
 
 Outputs: ``images`` (batch, height, width, 3) uint8, channels-last, 0..255; ``finite`` (batch,)
 bool, False where the decoded image held NaN or inf (the caller reports an error instead of
-showing a black square).
+showing a black square). With ``latents_out`` (hires fix's first pass): the final latents (batch, C, h, w)
+float32 in place of the images, and their ``finite``.
 
 The batch is split over the mesh's ``data`` axis with ``jax.shard_map``: every device runs the
 whole program on its own images, params replicated, with no cross-device communication.
@@ -71,6 +72,11 @@ SDXL refiner (ensemble      done: the ``refiner`` ProgramShape flag; ``refiner_s
 of experts)                 (replicated, ``when="refiner"``); :func:`refiner_expert` (its conditioning and bound
                             UNet, ``Conditioning.refiner``) and :func:`unet_prediction` (``lax.cond``: the base
                             UNet before ``refiner_start``, the refiner's from it).
+hires fix                   done: two programs. The first pass's ``latents_out`` flag returns the final latents
+                            (no VAE decode); the engine upscales them on the devices (latent_upscale.py); the
+                            second pass's ``init_latents`` flag takes them as ``init_latents`` (per-image, no
+                            VAE encode), noised to ``start_step`` as img2img, with the seed's hires noise stream
+                            (:data:`HIRES_NOISE`) in :func:`image_conditioning` and :func:`denoise_step`.
 ==========================  =========================================================================
 """
 
@@ -130,6 +136,18 @@ class ProgramShape:
     # The SDXL refiner (diffusers' ensemble of experts): the model's refiner (LoadedModel.refiner, its params in
     # params["refiner"]) denoises the steps from ProgramInputs.refiner_start on, a traced switch. False: base only.
     refiner: bool = False
+    # Hires fix, first pass: the program returns its final latents, (batch, C, h, w) float32, and whether each is
+    # finite, in place of the images: no VAE decode. False: images.
+    latents_out: bool = False
+    # Hires fix, second pass: image to image whose image comes as latents at this program's size (ProgramInputs.
+    # init_latents, upscaled by the engine: no VAE encode), noised to the start step's sigma as img2img; its noise,
+    # initial and per step, is the seed's hires stream (:data:`HIRES_NOISE`). False: no latents come in.
+    init_latents: bool = False
+
+    @property
+    def from_image(self) -> bool:
+        """Whether the loop starts from an image (pixels or latents) at ProgramInputs.start_step (its ``when``)."""
+        return self.init_image or self.init_latents
 
 
 # Partitions of a ProgramInputs field: split along its first (batch) axis over ``data``, or whole on every device.
@@ -222,11 +240,12 @@ class ProgramInputs:
     final_scale: jax.Array = replicated((), jnp.float32)  # VAE input = final latents x final_scale
     latents: jax.Array | None = per_image(latent_dims, jnp.float32, when="given_latents")  # initial noise
     image: jax.Array | None = per_image(image_dims, jnp.uint8, when="init_image")  # img2img: (H, W, 3) pixels
-    start_step: jax.Array | None = replicated((), jnp.int32, when="init_image")  # img2img: the first step to run
+    start_step: jax.Array | None = replicated((), jnp.int32, when="from_image")  # img2img, hires: the first step
     mask: jax.Array | None = per_image(mask_dims, jnp.float32, when="inpaint")  # (H, W) in [0, 1], 1 = repaint
     from_noise: jax.Array | None = replicated((), jnp.bool_, when="inpaint")  # start from noise, not the image
     refiner_start: jax.Array | None = replicated((), jnp.int32, when="refiner")  # the refiner's first step
     aesthetic_score: jax.Array | None = replicated((2,), jnp.float32, when="refiner")  # (negative, prompt) rows'
+    init_latents: jax.Array | None = per_image(latent_dims, jnp.float32, when="init_latents")  # hires: the image
 
     @staticmethod
     def specs(shape: ProgramShape) -> "ProgramInputs":
@@ -240,7 +259,7 @@ class ProgramInputs:
               schedule: Schedule, steps: int, max_steps: int, latents: np.ndarray | None = None,
               prompt_weights: np.ndarray | None = None, negative_weights: np.ndarray | None = None,
               image: np.ndarray | None = None, start_step: int | None = None, mask: np.ndarray | None = None,
-              from_noise: bool = False) -> "ProgramInputs":
+              from_noise: bool = False, init_latents=None) -> "ProgramInputs":
         """One request's inputs: (2, chunks * 77) ids broadcast to every image, a seed per image, a padded schedule.
 
         ``prompt_ids`` and ``negative_ids`` have the same chunk count (engine/prompts.py pads the
@@ -273,7 +292,8 @@ class ProgramInputs:
             image=None if image is None else np.asarray(image, np.uint8),
             start_step=None if start_step is None else np.int32(start_step),
             mask=None if mask is None else np.asarray(mask, np.float32),
-            from_noise=None if mask is None else np.bool_(from_noise))
+            from_noise=None if mask is None else np.bool_(from_noise),
+            init_latents=init_latents)  # hires' second pass: (n, C, h, w) float32, kept where it is (on the devices)
 
     def with_refiner(self, refiner_start: int, aesthetic_score: float = 6.0,
                      negative_aesthetic_score: float = 2.5) -> "ProgramInputs":
@@ -436,16 +456,31 @@ def sampler_update(latents, x0, x0_prev, noise, a, b, c, d, e=0.0, clip_range=jn
     return a * latents + b * x0 + c * x0_prev + d * noise + e * clipped
 
 
-def step_noise(seeds: jax.Array, step, latent_shape: tuple[int, int, int]) -> jax.Array:
+def step_noise(seeds: jax.Array, step, latent_shape: tuple[int, int, int], stream: int | None = None) -> jax.Array:
     """The step noise at ``step`` for each image (Euler a, LCM): normal(fold_in(key(seed), step + 1)); (b, C, h, w)
-    float32."""
-    return jax.vmap(lambda s: jax.random.normal(jax.random.fold_in(jax.random.key(s), step + 1), latent_shape,
+    float32. ``stream``: the seed's key is :func:`seed_key`'s for it (hires fix's second pass)."""
+    return jax.vmap(lambda s: jax.random.normal(jax.random.fold_in(seed_key(s, stream), step + 1), latent_shape,
                                                 jnp.float32))(seeds)
 
 
-def initial_noise(seeds: jax.Array, latent_shape: tuple[int, int, int]) -> jax.Array:
-    """(b,) uint32 seeds -> (b, C, h, w) float32 standard normal noise, image i from its own seed."""
-    return jax.vmap(lambda s: jax.random.normal(jax.random.key(s), latent_shape, jnp.float32))(seeds)
+def initial_noise(seeds: jax.Array, latent_shape: tuple[int, int, int], stream: int | None = None) -> jax.Array:
+    """(b,) uint32 seeds -> (b, C, h, w) float32 standard normal noise, image i from its own seed (its ``stream``:
+    :func:`seed_key`)."""
+    return jax.vmap(lambda s: jax.random.normal(seed_key(s, stream), latent_shape, jnp.float32))(seeds)
+
+
+# Hires fix's second pass draws its noise from each seed's own stream: key(seed_i) folded with this constant
+# ("HIRE" in ASCII), so its initial noise is normal(fold_in(key(seed_i), HIRES_NOISE), (C, H/f, W/f)) and its step
+# noise normal(fold_in(fold_in(key(seed_i), HIRES_NOISE), step + 1)). Not key(seed_i) itself: threefry's counter
+# mode makes normal(key, larger shape) repeat normal(key, smaller shape) in its first elements (flat order), so the
+# second pass would re-add the first pass's noise, spread over other pixels.
+HIRES_NOISE = 0x48495245
+
+
+def seed_key(seed: jax.Array, stream: int | None = None) -> jax.Array:
+    """A seed's PRNG key: ``jax.random.key(seed)``, or with ``stream`` ``fold_in(key(seed), stream)``."""
+    key = jax.random.key(seed)
+    return key if stream is None else jax.random.fold_in(key, stream)
 
 
 def latent_shape(model: LoadedModel, height: int, width: int) -> tuple[int, int, int]:
@@ -468,6 +503,7 @@ class Static:
     hook: Callable | None = None  # with shape.step_hook: STEP_HOOK.call, the host end of the per-step callback
     inpainting_unet: bool = False  # the UNet takes [latents, mask, masked-image latents] (9 channels for SDXL)
     refiner: Any = None  # with shape.refiner: the model's refiner (LoadedModel: components, kind), else None
+    noise_stream: int | None = None  # the seeds' noise stream (seed_key): HIRES_NOISE for hires' second pass
 
 
 def static_options(model: LoadedModel, shape: ProgramShape) -> Static:
@@ -477,13 +513,15 @@ def static_options(model: LoadedModel, shape: ProgramShape) -> Static:
     without a mask, which has nothing to put in its mask channels."""
     if shape.inpaint and not shape.init_image:
         raise ValueError("ProgramShape.inpaint needs init_image: a mask applies to an input image")
+    if shape.init_latents and (shape.init_image or shape.latents_out):
+        raise ValueError("ProgramShape.init_latents (hires fix's second pass) takes no image and returns images")
     if model.kind.inpainting_unet and not shape.inpaint:
         raise ValueError(f"{model.name}'s UNet takes a mask and a masked image ({model.kind.unet_in_channels} "
                          "input channels): it runs inpainting programs only (ProgramShape.inpaint)")
     return Static(shape=shape, components=model.components, latent=latent_shape(model, shape.height, shape.width),
                   prediction_type=model.scheduler_config.get("prediction_type", "epsilon"), vae=model.vae,
                   hook=STEP_HOOK.call if shape.step_hook else None, inpainting_unet=model.kind.inpainting_unet,
-                  refiner=_refiner_of(model, shape))
+                  refiner=_refiner_of(model, shape), noise_stream=HIRES_NOISE if shape.init_latents else None)
 
 
 def _refiner_of(model: LoadedModel, shape: ProgramShape):
@@ -613,9 +651,11 @@ def image_conditioning(st: Static, params, inputs: ProgramInputs) -> ImageCondit
     (``interpolate``, nearest: pixel (f i, f j) for latent (i, j), f the VAE factor). An inpainting UNet's masked
     image is the image in [-1, 1] times (mask < 0.5), encoded (the pipeline's ``init_image * (mask < 0.5)``).
     """
-    if not st.shape.init_image:
+    if not st.shape.from_image:
         return None
-    noise = inputs.latents if st.shape.given_latents else initial_noise(inputs.seeds, st.latent)
+    noise = inputs.latents if st.shape.given_latents else initial_noise(inputs.seeds, st.latent, st.noise_stream)
+    if st.shape.init_latents:  # hires fix's second pass: the image is latents already
+        return ImageConditioning(inputs.init_latents, noise)
     latents = encode_image(st, params, inputs.image)
     if not st.shape.inpaint:
         return ImageConditioning(latents, noise)
@@ -640,7 +680,7 @@ def initial_latents(st: Static, params, inputs: ProgramInputs, image: ImageCondi
     sqrt(sigma^2 + 1). No ``init_noise_sigma``, as diffusers. With ``inpaint`` and ``from_noise``: the noise times
     the initial scale instead, as the inpainting pipeline does at strength 1 (``is_strength_max``).
     """
-    if st.shape.init_image:
+    if st.shape.from_image:  # img2img, or hires fix's second pass (init_latents)
         image = image_conditioning(st, params, inputs) if image is None else image
         noised = image.latents + inputs.sigmas[inputs.start_step] * image.noise
         if st.shape.inpaint:
@@ -696,7 +736,7 @@ def denoise_step(st: Static, unet, cond: Conditioning, inputs: ProgramInputs, i,
     if st.shape.cfg:
         out = cfg_combine(*jnp.split(out, 2), inputs.guidance_scale)  # (b, c, h, w)
     x0 = denoised(latents, out, sigma, st.prediction_type)
-    z = step_noise(inputs.seeds, i, st.latent)
+    z = step_noise(inputs.seeds, i, st.latent, st.noise_stream)
     update = sampler_update(latents, x0, x0_prev, z, inputs.a[i], inputs.b[i], inputs.c[i], inputs.d[i],
                             inputs.e[i], inputs.clip_range)
     if st.shape.inpaint and not st.inpainting_unet:
@@ -756,7 +796,7 @@ def denoise(st: Static, params, cond: Conditioning, inputs: ProgramInputs, laten
     carry = (latents, jnp.zeros_like(latents))
     if st.shape.step_hook:
         carry = carry + (jnp.bool_(False), jnp.bool_(False), jnp.int32(0))  # + (stop, send x0, next call's step)
-    first = inputs.start_step if st.shape.init_image else 0  # img2img: the skipped steps are not run
+    first = inputs.start_step if st.shape.from_image else 0  # img2img, hires: the skipped steps are not run
     if python_loop:
         for i in range(int(first), int(inputs.num_steps)):
             carry = step(i, carry)
@@ -785,7 +825,8 @@ def decode(st: Static, params, latents: jax.Array) -> tuple[jax.Array, jax.Array
 
 
 def build_generate(model: LoadedModel, shape: ProgramShape, python_loop: bool = False) -> Callable:
-    """The per-device generate function ``(params, inputs: ProgramInputs) -> (images, finite)``.
+    """The per-device generate function ``(params, inputs: ProgramInputs) -> (images, finite)`` (``latents_out``:
+    (latents, finite)).
 
     Args:
         model: a LoadedModel (module graphs and configs; params come as an argument).
@@ -801,6 +842,8 @@ def build_generate(model: LoadedModel, shape: ProgramShape, python_loop: bool = 
         image = image_conditioning(st, params, inputs)  # 2a. (an input image: its latents, noise, mask)
         latents = initial_latents(st, params, inputs, image)  # 2.
         latents, stopped = denoise(st, params, cond, inputs, latents, python_loop, image)  # 3.
+        if st.shape.latents_out:  # hires fix's first pass: the latents themselves, no VAE
+            return latents, jnp.isfinite(latents).all(axis=(1, 2, 3))
         if not st.shape.step_hook:
             return decode(st, params, latents)  # 4.
         # A stopped request's images are discarded: skip the VAE so the stop costs at most one step.

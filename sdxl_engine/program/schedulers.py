@@ -227,6 +227,24 @@ def refiner_start(timesteps, switch_at: float, num_train_timesteps: int = 1000) 
     return int(np.sum(np.asarray(timesteps, np.float64) >= cutoff))
 
 
+def hires_schedule(steps: int, hires_steps: int, strength: float) -> tuple[int, int]:
+    """(schedule length, first step that runs) of hires fix's second pass, whose first pass ran ``steps`` steps.
+
+    ``hires_steps`` > 0: AUTOMATIC1111's rule for an explicit step count (``sd_samplers_common.setup_img2img_steps``
+    with ``steps`` given, which ``sample_hr_pass`` always gives): a schedule of ``int(hires_steps / min(strength,
+    0.999))`` steps of which the last ``hires_steps`` run (k-diffusion's ``sigmas[steps - t_enc - 1:]``, t_enc =
+    hires_steps - 1). ``hires_steps`` 0: diffusers' ``get_timesteps`` on the first pass's ``steps``
+    (:func:`img2img_start`: the last ``int(steps x strength)`` of ``steps`` run). A1111 itself uses its own rule
+    there too, with ``hires_steps = steps`` (``hr_second_pass_steps or steps``): send the step count to get it.
+
+    Raises ValueError when ``strength`` runs no step (:func:`img2img_start`).
+    """
+    if hires_steps > 0:
+        total = int(hires_steps / min(strength, 0.999))
+        return total, total - hires_steps
+    return steps, img2img_start(steps, strength)
+
+
 def get_sampler(name) -> str:
     """The canonical A1111 name for ``name`` (case and spaces ignored; None = the default).
 
