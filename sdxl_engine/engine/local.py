@@ -725,20 +725,11 @@ class Engine:
         params = self._faults.params(request.prompt, params) if self._faults else params
         if should_stop is not None and should_stop():
             raise Stopped("stopped before it started")
-        steps = int(inputs.num_steps)
-        receiver = StepReceiver(self.mesh.devices.size, steps, self.config.preview_every, self.latent_rgb, on_step,
-                                should_stop) if program.shape.step_hook else None
         progress("on device")
         t1 = time.perf_counter()
         if self._faults:  # simulated device time, counted as device time
             self._faults.on_device(request.prompt)
-        with STEP_HOOK.receiving(receiver) if receiver else contextlib.nullcontext():
-            images, finite = program.executable(params, inputs)
-            jax.block_until_ready(images)  # inside: the devices call the receiver until the loop ends
-        if receiver is not None and receiver.error is not None:
-            raise receiver.error
-        if receiver is not None and receiver.stopped:
-            raise Stopped(f"stopped after step {receiver.done} of {steps}")
+        images, finite = self._on_device(program, params, inputs, int(inputs.num_steps), on_step, should_stop)
         progress("to host")
         t2 = time.perf_counter()
         images, finite = np.asarray(images), np.asarray(finite)
@@ -800,7 +791,7 @@ class Engine:
 
     def _on_device(self, program: CompiledProgram, params, inputs: ProgramInputs, steps: int,
                    on_step: Callable[[StepEvent], None] | None, should_stop: Callable[[], bool] | None):
-        """One program call of a hires request, with its per-step receiver (when the program has the step hook);
+        """One program call, with its per-step receiver (when the program has the step hook) for ``steps`` steps;
         returns its outputs on the devices, ready. Raises what on_step/should_stop raised, or Stopped."""
         receiver = StepReceiver(self.mesh.devices.size, steps, self.config.preview_every, self.latent_rgb, on_step,
                                 should_stop) if program.shape.step_hook else None
