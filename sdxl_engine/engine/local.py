@@ -729,19 +729,27 @@ class Engine:
         t1 = time.perf_counter()
         if self._faults:  # simulated device time, counted as device time
             self._faults.on_device(request.prompt)
-        images, finite = self._on_device(program, params, inputs, int(inputs.num_steps), on_step, should_stop)
+        out = self._on_device(program, params, inputs, int(inputs.num_steps), on_step, should_stop)
+        return self._result(plan, out, loras, t0, t1, progress)
+
+    def _result(self, plan: Plan, out, loras: dict[str, str], t0: float, t1: float, progress: Callable[[str], None],
+                what: str = "") -> GenerateResult:
+        """The GenerateResult of a run whose last program call returned ``out`` = (images, finite) on the devices:
+        copied to the host, checked finite, timed (``t0`` the run's start, ``t1`` the device's start).
+
+        Raises GenerationError naming the seeds whose images hold NaN/inf (``what``: the mode, for the message)."""
         progress("to host")
         t2 = time.perf_counter()
-        images, finite = np.asarray(images), np.asarray(finite)
+        images, finite = np.asarray(out[0]), np.asarray(out[1])
         t3 = time.perf_counter()
         if self._faults:
-            self._faults.after_run(request.prompt)
+            self._faults.after_run(plan.request.prompt)
         if not finite.all():
             bad = [s for s, ok in zip(plan.seeds, finite) if not ok]
-            raise GenerationError(f"the model produced non-finite pixels (NaN/inf) for seeds {bad}; "
+            raise GenerationError(f"the model produced non-finite pixels (NaN/inf) for seeds {bad}{what}; "
                                   f"try another seed or a lower guidance scale ({self.model.dtype} weights)")
         timings = {"prep": t1 - t0, "device": t2 - t1, "post": t3 - t2, "latency": t3 - t0}
-        return GenerateResult(images=images, seeds=plan.seeds, request=request, timings=timings,
+        return GenerateResult(images=images, seeds=plan.seeds, request=plan.request, timings=timings,
                               warnings=self._warnings(plan.prompt, plan.negative),
                               device_count=self.mesh.devices.size, device_summary=self.device_summary,
                               model=self.model.name, prompt_chunks=plan.prompt.chunks, loras=loras)
@@ -767,27 +775,19 @@ class Engine:
         steps, total = request.num_inference_steps, request.num_inference_steps + hires.runs
         progress("on device")
         t1 = time.perf_counter()
+        if self._faults:  # simulated device time, counted as device time
+            self._faults.on_device(request.prompt)
+        # The first pass's finite flags are not read here: a NaN in its latents stays NaN through the second pass,
+        # whose flags _result checks.
         latents, _ = self._on_device(first, params, inputs, steps, _pass_events(on_step, 0, 0, total), should_stop)
         large = sharded_upscale(self.mesh)(latents, hires.rows, hires.cols)  # (b, C, H/f, W/f), split over data
         inputs = ProgramInputs.build(plan.prompt.ids, plan.negative.ids, not plan.negative.words.strip(), plan.seeds,
                                      request.guidance_scale, hires.schedule, hires.steps,
                                      self.config.max_inference_steps, start_step=hires.start_step,
                                      init_latents=large, **shared)
-        images, finite = self._on_device(second, params, inputs, hires.steps,
-                                         _pass_events(on_step, steps, hires.start_step, total), should_stop)
-        progress("to host")
-        t2 = time.perf_counter()
-        images, finite = np.asarray(images), np.asarray(finite)
-        t3 = time.perf_counter()
-        if not finite.all():
-            bad = [s for s, ok in zip(plan.seeds, finite) if not ok]
-            raise GenerationError(f"the model produced non-finite pixels (NaN/inf) for seeds {bad} (hires fix); "
-                                  f"try another seed or a lower guidance scale ({self.model.dtype} weights)")
-        timings = {"prep": t1 - t0, "device": t2 - t1, "post": t3 - t2, "latency": t3 - t0}
-        return GenerateResult(images=images, seeds=plan.seeds, request=request, timings=timings,
-                              warnings=self._warnings(plan.prompt, plan.negative),
-                              device_count=self.mesh.devices.size, device_summary=self.device_summary,
-                              model=self.model.name, prompt_chunks=plan.prompt.chunks, loras=loras)
+        out = self._on_device(second, params, inputs, hires.steps,
+                              _pass_events(on_step, steps, hires.start_step, total), should_stop)
+        return self._result(plan, out, loras, t0, t1, progress, " (hires fix)")
 
     def _on_device(self, program: CompiledProgram, params, inputs: ProgramInputs, steps: int,
                    on_step: Callable[[StepEvent], None] | None, should_stop: Callable[[], bool] | None):
