@@ -27,8 +27,8 @@ import torch
 import diffusers.pipelines.stable_diffusion_xl.pipeline_stable_diffusion_xl_inpaint as sdxl_inpaint
 from diffusers import StableDiffusionXLInpaintPipeline, StableDiffusionXLPipeline, UNet2DConditionModel
 
-from tools.make_fixtures import (FIXTURES, IMG2IMG_SCHEDULERS, img2img_pictures, plain_config, randomized, versions,
-                                 write_npz)
+from tools.make_fixtures import (FIXTURES, IMG2IMG_SCHEDULERS, Img2ImgNoise, img2img_pictures, plain_config,
+                                 randomized, versions, write_npz)
 
 FOLDER = FIXTURES / "tiny-pt-inpaint"
 NOISE = FIXTURES / "tiny-pt-img2img" / "noise.npz"
@@ -49,29 +49,11 @@ def masks() -> np.ndarray:
     return np.stack([rect, disc]).astype(np.uint8)
 
 
-class InpaintNoise:
-    """The inpaint pipeline's ``randn_tensor`` returns the engine's noise (called once, checked) and its
-    ``retrieve_latents`` the posterior's mean (counted: the image and, for the 9-channel UNet, the masked image)."""
+class InpaintNoise(Img2ImgNoise):
+    """Img2ImgNoise on the inpaint pipeline: its ``randn_tensor`` returns the engine's noise (called once, checked) and
+    its ``retrieve_latents`` the posterior's mean (counted: the image and the masked image)."""
 
-    def __init__(self, noise: np.ndarray):
-        self.noise, self.calls, self.encodes = noise, 0, 0
-
-    def randn(self, shape, generator=None, device=None, dtype=None, **kwargs):
-        assert tuple(shape) == self.noise.shape and dtype == torch.float32, (shape, dtype)
-        self.calls += 1
-        return torch.from_numpy(self.noise.copy())
-
-    def latents(self, encoder_output, generator=None, sample_mode="sample"):
-        self.encodes += 1
-        return self.saved[1](encoder_output, generator, sample_mode="argmax")
-
-    def __enter__(self):
-        self.saved = sdxl_inpaint.randn_tensor, sdxl_inpaint.retrieve_latents
-        sdxl_inpaint.randn_tensor, sdxl_inpaint.retrieve_latents = self.randn, self.latents
-        return self
-
-    def __exit__(self, *exc):
-        sdxl_inpaint.randn_tensor, sdxl_inpaint.retrieve_latents = self.saved
+    module = sdxl_inpaint
 
 
 def save_inpaint_model() -> None:

@@ -750,13 +750,15 @@ class Img2ImgNoise:
         self.encodes += 1
         return self.saved[1](encoder_output, generator, sample_mode="argmax")
 
+    module = sdxl_img2img  # the pipeline module whose two functions are replaced (a subclass names another)
+
     def __enter__(self):
-        self.saved = sdxl_img2img.randn_tensor, sdxl_img2img.retrieve_latents
-        sdxl_img2img.randn_tensor, sdxl_img2img.retrieve_latents = self.randn, self.latents
+        self.saved = self.module.randn_tensor, self.module.retrieve_latents
+        self.module.randn_tensor, self.module.retrieve_latents = self.randn, self.latents
         return self
 
     def __exit__(self, *exc):
-        sdxl_img2img.randn_tensor, sdxl_img2img.retrieve_latents = self.saved
+        self.module.randn_tensor, self.module.retrieve_latents = self.saved
 
 
 def cmd_img2img(out: Path) -> None:
