@@ -294,7 +294,8 @@ def test_outpainting_grows_the_canvas_with_edge_colours_and_masks_the_new_area()
 
 
 @pytest.mark.parametrize("sides, words", [((0, 0, 0, 0), "adds no pixels"), ((8, 8, 8), "4 whole numbers"),
-                                          ((8, -8, 8, 8), "between 0 and"), ((8, 0.5, 8, 8), "whole number"), ((4, 0, 0, 0), "grown canvas"),
+                                          ((8, -8, 8, 8), "between 0 and"), ((8, 0.5, 8, 8), "whole number"),
+                                          ((4, 0, 0, 0), "grown canvas"),
                                           ((8, 0, 8, 0), None)])
 def test_outpainting_refusals_name_the_field(sides, words):
     from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest, Limits, validate
