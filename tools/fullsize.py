@@ -118,6 +118,7 @@ def cost_report(size: int = 1024, steps: int = 20, images: int = 4) -> dict:
         lambda x, known, noise, mask, sigmas, n: keep_known(x, ImageConditioning(known, noise, mask), SimpleNamespace(
             sigmas=sigmas, num_steps=n), 3), lat, lat, lat, s((images, 1, latent, latent), jnp.float32),
         s((steps + 1,), jnp.float32), s((), jnp.int32))
+    hires = hires_costs(model, flops, size, steps, images)
     per_request = images * (steps * flops["unet_cfg_step"] + flops["vae_decode"] + 2 * flops["text_encoders_per_prompt"])
     no_cfg = images * (steps * flops["unet_step_no_cfg"] + flops["vae_decode"] + flops["text_encoders_per_prompt"])
     return {
@@ -130,11 +131,35 @@ def cost_report(size: int = 1024, steps: int = 20, images: int = 4) -> dict:
         "program_tflop_lowered": {"plain": plain_program / 1e12, "step hook": hooked_program / 1e12},
         "step_hook_flops_per_step": hooked_program - plain_program,
         "step_hook_share_of_unet_cfg_step": (hooked_program - plain_program) / flops["unet_cfg_step"],
+        "hires": hires,
         "image_input": image_input_costs(flops, steps, images, plain_program, img2img_program, inpaint_program),
         "lower_s": time.perf_counter() - t0,
         "engine_program_lower_s": program_lower_s,
         "platform": jax.devices()[0].platform,
     }
+
+
+def hires_costs(model: LoadedModel, flops: dict, size: int, steps: int, images: int, scale: float = 1.5,
+                strength: float = 0.7) -> dict:
+    """Hires fix ``size``² -> (``size`` x ``scale``)² at the default strength and ``hires_steps`` 0 (the second pass
+    runs int(steps x strength) of ``steps``): each pass's count from the parts (a CFG UNet step and a VAE decode
+    lowered at the large size; the first pass has no decode). TFLOP per request."""
+    c, p, s = model.components, model.params, jax.ShapeDtypeStruct
+    large = int(size * scale) // model.size_multiple * model.size_multiple
+    lat = large // model.vae_scale_factor
+    unet = lowered_flops(lambda params, x, t, hidden, text_embeds, time_ids: c["unet"].bind(params)(
+        x, t, hidden, text_embeds, time_ids), p["unet"], s((2, 4, lat, lat), jnp.float32), s((2,), jnp.float32),
+        s((2, 77, 2048), jnp.bfloat16), s((2, 1280), jnp.bfloat16), s((2, 6), jnp.float32))
+    decode = lowered_flops(lambda params, z: c["vae"].bind(params).decode(z), p["vae"], s((1, 4, lat, lat), jnp.float32))
+    runs = min(int(steps * strength), steps)
+    text = images * 2 * flops["text_encoders_per_prompt"]
+    first = images * steps * flops["unet_cfg_step"] + text
+    second = images * (runs * unet + decode)
+    txt = images * (steps * flops["unet_cfg_step"] + flops["vae_decode"]) + text
+    return {"size": size, "large": large, "strength": strength, "second_pass_steps_run": runs,
+            "unet_cfg_step_large_tflop": unet / 1e12, "vae_decode_large_tflop": decode / 1e12,
+            "first_pass_tflop": first / 1e12, "second_pass_tflop": second / 1e12,
+            "ratio_to_txt2img": (first + second) / txt}
 
 
 def image_input_costs(flops: dict, steps: int, images: int, txt2img: float, img2img: float, inpaint: float) -> dict:
@@ -180,6 +205,11 @@ def markdown(r: dict) -> str:
         f"({r['image_input']['vae_encode_share_of_request'] * 100:.1f} % of a text-to-image request for all images) |",
         *(f"| img2img at strength {k} ({v['steps_run']} of {r['steps']} steps + encode) | {v['tflop']:.0f} TFLOP "
           f"({v['ratio_to_txt2img']:.3f} × text to image) |" for k, v in r["image_input"]["per_request_tflop"].items()),
+        f"| hires fix {r['hires']['size']}² -> {r['hires']['large']}² (strength {r['hires']['strength']}, "
+        f"{r['hires']['second_pass_steps_run']} of {r['steps']} steps at the large size) | first pass "
+        f"{r['hires']['first_pass_tflop']:.0f} TFLOP (no decode) + second {r['hires']['second_pass_tflop']:.0f} TFLOP "
+        f"(a CFG step {r['hires']['unet_cfg_step_large_tflop']:.2f}, the decode {r['hires']['vae_decode_large_tflop']:.2f}) "
+        f"= {r['hires']['ratio_to_txt2img']:.2f} × text to image at {r['size']}² |",
         f"| inpainting's per-step blend (plain UNet, all images; XLA count of keep_known) | "
         f"{r['image_input']['inpaint_blend_flops_per_step']:.3g} FLOP "
         f"({r['image_input']['inpaint_blend_share_of_unet_cfg_step'] * 100:.2g} % of a CFG UNet step) |",

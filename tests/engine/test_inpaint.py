@@ -112,15 +112,29 @@ def test_an_empty_mask_keeps_the_image_whatever_the_seed_or_strength(programs, r
     assert np.abs(full - kept).mean() > 5
 
 
+def _clean_blend(latents, image, inputs, i):
+    return (1 - image.mask) * image.latents + image.mask * latents
+
+
+def _fresh_noise_blend(latents, image, inputs, i):
+    from sdxl_engine.program.generate import step_noise
+
+    sigma_next = inputs.sigmas[i + 1] * (i + 1 < inputs.num_steps)
+    fresh = step_noise(inputs.seeds, i, image.latents.shape[1:])
+    return (1 - image.mask) * (image.latents + sigma_next * fresh) + image.mask * latents
+
+
 @pytest.mark.slow
-def test_the_blend_uses_the_renoised_image_latents(programs, reference):
+@pytest.mark.parametrize("wrong", [_clean_blend, _fresh_noise_blend], ids=["un-noised", "fresh noise per step"])
+def test_the_blend_uses_the_renoised_image_latents(programs, reference, wrong):
     """Blending with the clean image latents at every step (no re-noising: the known region's noise level wrong)
-    or re-noising with a fresh draw is far from diffusers'; the re-noising is what the reference did."""
+    or re-noising with a fresh draw per step is far from diffusers'; the re-noising with the request's one draw is
+    what the reference did."""
     from sdxl_engine.program import generate
 
     saved = generate.keep_known
     try:
-        generate.keep_known = lambda latents, image, inputs, i: (1 - image.mask) * image.latents + image.mask * latents
+        generate.keep_known = wrong
         # a new compile: the patched function is traced into a fresh program
         import jax
 
@@ -141,7 +155,7 @@ def test_the_blend_uses_the_renoised_image_latents(programs, reference):
     finally:
         generate.keep_known = saved
     off = np.abs(wrong - reference["unet4_euler_075_images"].astype(int)).mean()
-    print(f"blend with un-noised latents: mean {off:.2f}/255")
+    print(f"{wrong.__name__}: mean {off:.2f}/255")
     assert off > 1.0, off
 
 
