@@ -151,10 +151,10 @@ def test_the_blend_uses_the_renoised_image_latents(programs, reference, wrong):
         inputs = ProgramInputs.build(ids, negative, False, META["seeds"], SETTINGS["guidance_scale"],
                                      make_schedule("Euler", model.scheduler_config, STEPS), STEPS, STEPS,
                                      image=reference["pictures"], start_step=3, mask=reference["masks"] / 255.0)
-        wrong = np.asarray(compiled.executable(params, inputs)[0]).astype(int)
+        images = np.asarray(compiled.executable(params, inputs)[0]).astype(int)
     finally:
         generate.keep_known = saved
-    off = np.abs(wrong - reference["unet4_euler_075_images"].astype(int)).mean()
+    off = np.abs(images - reference["unet4_euler_075_images"].astype(int)).mean()
     print(f"{wrong.__name__}: mean {off:.2f}/255")
     assert off > 1.0, off
 
