@@ -420,6 +420,18 @@ def test_phone_layout_fits_390px(browser, app_server):
     try:
         page = offline.open()
         page.wait_for_function("document.querySelector('#resolution input')?.value.includes('default')")
+        # Both boxes settled, then waited for together: each box settling on its own could still see the prompt
+        # grow after the button was measured (seen once under load: the textarea's autosize ran later). A layout
+        # that never gets there fails below with the boxes as they are.
+        from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+        settled_box(page, "#prompt"), settled_box(page, "#generate")
+        try:
+            page.wait_for_function("""() => { const p = document.querySelector('#prompt').getBoundingClientRect(),
+                b = document.querySelector('#generate').getBoundingClientRect();
+                return b.top >= p.bottom - 1 && p.width >= 300; }""", timeout=20_000)
+        except PlaywrightTimeout:
+            pass
         prompt_box, button = settled_box(page, "#prompt"), settled_box(page, "#generate")
         assert button["y"] >= prompt_box["y"] + prompt_box["height"] - 1 and prompt_box["width"] >= 300, (
             prompt_box, button)
