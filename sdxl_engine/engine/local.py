@@ -572,9 +572,6 @@ class Engine:
         hires = None if request.hires_scale is None else self._hires(request, shape)
         shape = shape if hires is None else dataclasses.replace(shape, latents_out=True)  # hires: latents, no VAE
         if request.refiner_switch_at is not None:  # the refiner's program and its first step (README "Refiner")
-            if hires is not None:
-                raise InvalidRequest("refiner_switch_at", "the refiner does not run with hires fix: send "
-                                                          "refiner_switch_at or hires_scale, not both")
             return Plan(request, self._refiner_shape(shape), prompt, negative, schedule, seeds, image, mask,
                         refiner_start=refiner_start(schedule.timesteps, request.refiner_switch_at,
                                                     self.model.scheduler_config.get("num_train_timesteps", 1000)))

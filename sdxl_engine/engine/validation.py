@@ -254,17 +254,21 @@ def validate(request: GenerateRequest, limits: Limits) -> GenerateRequest:
     client = request.client if isinstance(request.client, str) else ""
     return GenerateRequest(prompt, negative, seed, guidance, steps, width, height, sampler, client,
                            image=image, strength=strength, start_step=start, mask=mask,
-                           refiner_switch_at=as_switch(request.refiner_switch_at, limits), **hires)
+                           refiner_switch_at=as_switch(request.refiner_switch_at, limits, request.hires_scale),
+                           **hires)
 
 
-def as_switch(value, limits: Limits) -> float | None:
+def as_switch(value, limits: Limits, hires_scale=None) -> float | None:
     """A request's ``refiner_switch_at``: None (no refiner), or a number strictly between 0 and 1 with a refiner
-    loaded (``limits.refiner``).
+    loaded (``limits.refiner``) and no hires fix (``hires_scale`` None).
 
     Raises InvalidRequest naming ``refiner_switch_at``.
     """
     if value is None:
         return None
+    if hires_scale is not None:
+        raise InvalidRequest("refiner_switch_at", "the refiner does not run with hires fix: send refiner_switch_at "
+                                                  "or hires_scale, not both")
     if not limits.refiner:
         raise InvalidRequest("refiner_switch_at", "no refiner is loaded: start the server with --refiner DIR|HUB_ID "
                                                   "(an SDXL refiner), or leave it out")

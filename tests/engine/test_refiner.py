@@ -101,6 +101,11 @@ def test_refiner_switch_at_is_validated_naming_the_field():
         with pytest.raises(InvalidRequest) as err:
             validate(GenerateRequest("a red circle", refiner_switch_at=bad), with_refiner)
         assert err.value.field == "refiner_switch_at", bad
+    big = dataclasses.replace(with_refiner, max_pixels=128 * 128)  # a size hires 1.5 can reach
+    assert validate(GenerateRequest("a red circle", hires_scale=1.5), big).hires_scale == 1.5
+    with pytest.raises(InvalidRequest, match="does not run with hires fix") as err:
+        validate(GenerateRequest("a red circle", refiner_switch_at=0.8, hires_scale=1.5), big)
+    assert err.value.field == "refiner_switch_at"
 
 
 def test_a_refiner_that_cannot_take_the_models_latents_is_refused(tiny_pt, models):
