@@ -33,7 +33,7 @@ CAPTION = re.compile(r"^seed (\d+)(?: · ([^·]+))? · (\d+\.\d\d) s$")
 LOST = "the replica running this request stopped"  # as tests/unit/test_scaleout.py
 
 
-def test_python_app_py_without_the_flag_never_imports_ray():
+def test_python_app_py_without_the_flag_never_imports_ray(tmp_path):
     """The default start path (flags, config, the local engine started, the page built) loads no Ray module."""
     code = ("import sys, app\n"
             "from sdxl_engine.config import EngineConfig\n"
@@ -41,12 +41,17 @@ def test_python_app_py_without_the_flag_never_imports_ray():
             "args = cli.parse_args([])\n"
             "engine, concurrency = main.start_engine(EngineConfig.load(cli.engine_overrides(args)), args)\n"
             "app.build_demo(lambda *a, **k: None, engine.config, engine, concurrency=concurrency)\n"
-            "print(concurrency, sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')), flush=True)\n"
+            "ray = sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.'))\n"
+            "open(sys.argv[1], 'w').write(f'{concurrency} {ray}')\n"
             "import os; os._exit(0)\n")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    # The answer goes to a file: the engine's start-up thread logs to stdout meanwhile, and a print of the answer
+    # could land in the middle of one of its lines.
+    answer = tmp_path / "answer.txt"
+    out = subprocess.run([sys.executable, "-c", code, str(answer)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     # one request on the devices, and one more page slot per new size that may compile meanwhile (the default 2)
-    assert out.stdout.strip().splitlines()[-1] == "3 []"
+    assert answer.read_text() == "3 []"
 
 
 def process_tree(pid: int) -> list[psutil.Process]:
