@@ -3,7 +3,7 @@
 
 :class:`Guard` lets through only the calls, result streams and files :class:`Routes` allows (the /generate
 API, the page's own events as the page calls them, the files the app created), refuses uploads and request
-bodies over 1 MB, never lets ``Access-Control-Allow-Origin`` name a foreign origin, adds ``Retry-After`` to
+bodies over 1 MB (48 MB on the routes that take images: :data:`IMAGE_BODY_PATHS`), never lets ``Access-Control-Allow-Origin`` name a foreign origin, adds ``Retry-After`` to
 "queue full" answers, answers a raw API call with too few values with a 422 naming the inputs, stamps each
 request's arrival (:func:`arrival_time`) and notes each cancel (:data:`CANCELLED`) before Gradio answers it.
 """
@@ -24,6 +24,10 @@ from sdxl_engine.serving.admission import SHUTTING_DOWN  # loads no Gradio (fast
 
 LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
 MAX_BODY_BYTES = 1_000_000  # JSON of a /generate call is < 100 kB even with a 20 000-character prompt
+# The routes that take images (an init image and a mask, each at most uploads.MAX_IMAGE_BYTES once decoded,
+# 4/3 of that as base64) and their body caps; every other path keeps MAX_BODY_BYTES.
+MAX_IMAGE_BODY_BYTES = 48_000_000
+IMAGE_BODY_PATHS = ("/sdapi/v1/img2img", "/v1/images/edits")
 BLOCKED_PATH_PREFIXES = ("/gradio_api/upload", "/upload")  # the page has no file inputs
 # Gradio routes this page never uses, refused (404, one line): deep_link writes a session's values
 # (which a client sets) into the temp folder; process_recording writes an uploaded video; stream/
@@ -266,6 +270,11 @@ class Guard:
         body = json.dumps({"error": reason, "detail": reason}).encode()
         await _plain(send, 422 if reason == NOT_JSON else 404, body, content_type=b"application/json")
 
+    def body_limit(self, path: str) -> int:
+        """The body cap for ``path``: :data:`MAX_IMAGE_BODY_BYTES` on a route that takes images (or this guard's
+        own cap if larger), else this guard's (``max_body``)."""
+        return max(self.max_body, MAX_IMAGE_BODY_BYTES) if path in IMAGE_BODY_PATHS else self.max_body
+
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
@@ -285,8 +294,9 @@ class Guard:
                  + [(ARRIVED_HEADER, repr(clock()).encode())]}
         headers = dict(scope["headers"])
         length = headers.get(b"content-length", b"0")
-        if not length.isdigit() or int(length) > self.max_body:
-            return await _too_large(send, path)
+        limit = self.body_limit(path)
+        if not length.isdigit() or int(length) > limit:
+            return await _too_large(send, path, limit)
         origin = headers.get(b"origin", b"").decode("latin-1")
         foreign = bool(origin) and _host_of(origin) not in LOOPBACK_NAMES
         seen = 0
@@ -296,13 +306,13 @@ class Guard:
             nonlocal seen
             message = await receive()
             seen += len(message.get("body", b""))
-            if seen > self.max_body:
+            if seen > limit:
                 return {"type": "http.disconnect"}
             return message
 
         async def guarded_send(message):
             nonlocal started
-            if seen > self.max_body and not started:  # the app answers a body it never got whole: 413 instead
+            if seen > limit and not started:  # the app answers a body it never got whole: 413 instead
                 return
             if message["type"] == "http.response.start":
                 started = True
@@ -321,7 +331,7 @@ class Guard:
         if method == "POST" and (self.inputs or self.routes) and (_DIRECT_CALL.match(path) or _QUEUE_JOIN.match(path)):
             body = await _read_body(limited_receive)
             if body is None:  # over the cap, or the client left
-                return await _too_large(send, path) if seen > self.max_body else None
+                return await _too_large(send, path, limit) if seen > limit else None
             if self.routes is not None:
                 if (reason := self.routes.refusal(method, path, query, body)) is not None:
                     return await self._refuse(send, method, path, reason)
@@ -336,16 +346,16 @@ class Guard:
         elif method == "POST" and _CANCEL.match(path):
             body = await _read_body(limited_receive)
             if body is None:
-                return await _too_large(send, path) if seen > self.max_body else None
+                return await _too_large(send, path, limit) if seen > limit else None
             CANCELLED.note(body)
             inner_receive = _replay(body, receive)
         try:
             await self.app(scope, inner_receive, guarded_send)
         except Exception:
-            if seen <= self.max_body or started:
+            if seen <= limit or started:
                 raise
-        if seen > self.max_body and not started:  # a chunked body crossed the cap: the app saw a disconnect
-            await _too_large(send, path)
+        if seen > limit and not started:  # a chunked body crossed the cap: the app saw a disconnect
+            await _too_large(send, path, limit)
 
 
 async def _read_body(receive) -> bytes | None:
@@ -388,15 +398,21 @@ def _starts_work(path: str) -> bool:
 TOO_LARGE = "request body too large (limit 1 MB)"
 
 
-async def _too_large(send, path: str) -> None:
+def too_large_message(limit: int) -> str:
+    """The 413's message for a body cap of ``limit`` bytes (1 MB: :data:`TOO_LARGE`)."""
+    return f"request body too large (limit {limit / 1e6:g} MB)"
+
+
+async def _too_large(send, path: str, limit: int = MAX_BODY_BYTES) -> None:
     """The 413 for an over-long body, in the shape of the protocol ``path`` belongs to: AUTOMATIC1111's
     error object under /sdapi/ (modules/api/api.py), OpenAI's under /v1/, plain text elsewhere."""
+    message = too_large_message(limit)
     if path.startswith("/sdapi/"):
-        body = {"error": "HTTPException", "detail": TOO_LARGE, "body": "", "errors": TOO_LARGE}
+        body = {"error": "HTTPException", "detail": message, "body": "", "errors": message}
     elif path.startswith("/v1/"):
-        body = {"error": {"message": TOO_LARGE, "type": "invalid_request_error", "param": None, "code": None}}
+        body = {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": None}}
     else:
-        return await _plain(send, 413, TOO_LARGE.encode())
+        return await _plain(send, 413, message.encode())
     await _plain(send, 413, json.dumps(body).encode(), content_type=b"application/json")
 
 

@@ -12,6 +12,7 @@ loaded the model. Imports Gradio (it raises Gradio's errors and writes to Gradio
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import functools
 import html
 import queue
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 import gradio as gr
+import numpy as np
 
 from sdxl_engine.checkpoint.loading import engine_defaults
 from sdxl_engine.config import EngineConfig, resolve_defaults
@@ -106,10 +108,12 @@ def api_function(handle: Callable, config: EngineConfig, pending: history.Pendin
         if own:
             job = JOBS.open(("gradio", session or event_id or ""))
         keep = delivery.kept_images(request)  # a protocol API's client receives fewer than the batch
+        extra = protocol_inputs(request)
         try:
             gallery, info, record = yield from stream_previews(
                 functools.partial(handle, job=job, client=admission.client_address(request),
-                                  keep=keep), values, progress, arrived,
+                                  keep=keep, **({"extra": extra} if extra.fields or extra.overlay else {})),
+                values, progress, arrived,
                 lambda: guard.CANCELLED.cancelled(session, event_id, since))
         finally:
             if own:
@@ -121,6 +125,45 @@ def api_function(handle: Callable, config: EngineConfig, pending: history.Pendin
 
     generate.__doc__ = TOOL_DOC.format(styles=", ".join(STYLE_NAMES), samplers=", ".join(SAMPLERS))
     return generate
+
+
+PROTOCOL_INPUTS = "sdxl_engine.protocol_inputs"  # request-scope key of a protocol call's ProtocolInputs
+
+
+@dataclasses.dataclass(frozen=True)
+class ProtocolInputs:
+    """What a protocol request (serving/apis) asks beyond the page's nine inputs, carried in memory in its queued
+    call's request scope (:data:`PROTOCOL_INPUTS`), never through the queue's data (which would make files).
+
+    ``fields``: GenerateRequest keyword fields (``image``, ``mask``, ``strength``, ``start_step``,
+    ``refiner_switch_at``, ``hires_scale``, ``hires_strength``, ``hires_steps``, ``hires_upscaler``), validated
+    by the engine as any request's. ``overlay``: None, or (image (H, W, 3) uint8, alpha (H, W) float32 in [0, 1])
+    pasted over each result, ``result * alpha + image * (1 - alpha)`` (A1111's ``apply_overlay``: the original's
+    pixels outside an inpainting mask), at the result's size."""
+
+    fields: dict = dataclasses.field(default_factory=dict)
+    overlay: tuple | None = None
+
+
+def protocol_inputs(request) -> ProtocolInputs:
+    """The :class:`ProtocolInputs` a protocol route put in its queued call's request scope; an empty one for a
+    call from the page, gradio_client or MCP (a client cannot set a request's scope)."""
+    scope = getattr(getattr(request, "request", None), "scope", None)
+    found = scope.get(PROTOCOL_INPUTS) if isinstance(scope, dict) else None
+    return found if isinstance(found, ProtocolInputs) else ProtocolInputs()
+
+
+def apply_overlay(images: np.ndarray, overlay: tuple | None) -> np.ndarray:
+    """``images`` (n, H, W, 3) uint8 with ``overlay`` (:class:`ProtocolInputs`) pasted over each, rounded to
+    uint8; unchanged when ``overlay`` is None or of another size (a hires result is larger: nothing to paste)."""
+    if overlay is None:
+        return images
+    image, alpha = overlay
+    if image.shape != images.shape[1:]:
+        return images
+    alpha = alpha[None, :, :, None].astype(np.float32)
+    mixed = images.astype(np.float32) * alpha + image[None].astype(np.float32) * (1.0 - alpha)
+    return np.clip(np.rint(mixed), 0, 255).astype(np.uint8)
 
 
 def protocol_job(request) -> str | None:
@@ -255,7 +298,8 @@ def handle_generate(engine: EngineContract, prompt, negative_prompt, seed, guida
                     width, height, style=NO_STYLE, sampler=None, progress: Callable | None = None,
                     files_dir: str | None = None, arrived: float | None = None,
                     on_step: Callable[[StepEvent], None] | None = None, should_stop: Callable[[], bool] | None = None,
-                    job: str | None = None, client: str = "", keep: int | None = None):
+                    job: str | None = None, client: str = "", keep: int | None = None,
+                    extra: ProtocolInputs | None = None):
     """One /generate call: values as the client sent them in; (gallery items, info, history record) out.
 
     The engine validates every value (width/height 0 or None = the model's default; sampler None
@@ -280,7 +324,11 @@ def handle_generate(engine: EngineContract, prompt, negative_prompt, seed, guida
     named after seed and prompt (``seed42-a-red-circle.png``, the download's name). With the
     config's ``outputs_dir`` they are saved there too, as ``<µs time>-<request id>-seed42-...png``: the
     first ``keep`` only, when the client receives only those (delivery.kept_images).
+
+    ``extra``: a protocol request's fields beyond these (image to image, hires fix, refiner) and its overlay
+    (:class:`ProtocolInputs`).
     """
+    extra = extra or ProtocolInputs()
     report = progress if progress is not None else (lambda *_, **__: None)  # gr.Progress is falsy (len 0)
     try:
         styled_prompt, styled_negative = apply_style(style, prompt, negative_prompt)
@@ -291,7 +339,7 @@ def handle_generate(engine: EngineContract, prompt, negative_prompt, seed, guida
         report(0.0, desc=f"Starting the engine: {engine.stage} ({clock() - engine.started:.0f} s)")
     request = GenerateRequest(prompt=styled_prompt, negative_prompt=styled_negative, seed=seed,
                               guidance_scale=guidance_scale, num_inference_steps=num_inference_steps,
-                              width=width, height=height, sampler=sampler, client=client)
+                              width=width, height=height, sampler=sampler, client=client, **extra.fields)
 
     steps = engine.limits.default_steps if num_inference_steps is None else num_inference_steps
     own = job is None
@@ -341,6 +389,8 @@ def handle_generate(engine: EngineContract, prompt, negative_prompt, seed, guida
         JOBS.end_call(job)
         if own:
             JOBS.close(job)
+    if extra.overlay is not None:
+        result = dataclasses.replace(result, images=apply_overlay(result.images, extra.overlay))
     report(0.95, desc="Encoding PNGs")
     return _deliver(engine, result, prompt, negative_prompt, style, files_dir, keep)
 

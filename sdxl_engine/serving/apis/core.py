@@ -37,6 +37,7 @@ from sdxl_engine.engine.local import CompilesBusy
 from sdxl_engine.engine.steps import Stopped
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest, validate
 from sdxl_engine.serving import admission, delivery, gradio_internals
+from sdxl_engine.serving.handler import PROTOCOL_INPUTS, ProtocolInputs
 from sdxl_engine.serving.progress import JOB_SCOPE_KEY, JOBS, Owner
 from sdxl_engine.serving.styles import NO_STYLE, UnknownStyle, apply_style
 
@@ -91,6 +92,7 @@ class Call:
     sampler: object = None
     images: int = 0
     field_names: tuple[tuple[str, str], ...] = ()
+    extra: ProtocolInputs | None = None  # image to image, hires fix, refiner (handler.ProtocolInputs)
 
     def values(self, seed) -> list:
         """The ``/generate`` event's input values, in app.py's order, with ``seed``."""
@@ -152,7 +154,8 @@ def check(engine: EngineContract, call: Call) -> None:
         raise ApiError(400, str(err).replace("style:", f"{call.field('style')}:", 1), call.field("style")) from None
     request = GenerateRequest(prompt=prompt, negative_prompt=negative, seed=call.seed,
                               guidance_scale=call.guidance_scale, num_inference_steps=call.num_inference_steps,
-                              width=call.width, height=call.height, sampler=call.sampler)
+                              width=call.width, height=call.height, sampler=call.sampler,
+                              **(call.extra.fields if call.extra is not None else {}))
     try:
         validate(request, engine.limits)
     except InvalidRequest as err:
@@ -193,7 +196,7 @@ async def generate(demo, engine: EngineContract, request, call: Call, owner: Own
             keep = wanted - n * batch  # of this call's images, the ones the client receives (and outputs_dir gets)
             try:
                 info, files = await _one_call(demo, request, call.values(seed), job, continues=n > 0,
-                                              keep=keep if keep < batch else None)
+                                              keep=keep if keep < batch else None, extra=call.extra)
             except Interrupted as err:
                 stopped = err.message
                 if JOBS.interrupted(job):  # A1111's interrupt: no further calls; what was made is answered
@@ -217,13 +220,14 @@ async def generate(demo, engine: EngineContract, request, call: Call, owner: Own
 
 
 async def _one_call(demo, request, values: list, job: str, continues: bool = False,
-                    keep: int | None = None) -> tuple[dict, list[str]]:
+                    keep: int | None = None, extra: ProtocolInputs | None = None) -> tuple[dict, list[str]]:
     """One ``/generate`` event of ``job`` through the queue: (info record, PNG paths). ``continues``: a later
     call of one request (its images past the first batch), which the per-client limit does not refuse.
     ``keep``: how many of its images the client receives, if fewer than the batch (delivery.KEEP: only they
-    are saved)."""
+    are saved). ``extra``: the request's fields beyond the page's inputs, handed to the handler in memory."""
     scope = {JOB_SCOPE_KEY: job, **({admission.CONTINUES: True} if continues else {}),
-             **({delivery.KEEP: keep} if keep is not None else {})}
+             **({delivery.KEEP: keep} if keep is not None else {}),
+             **({PROTOCOL_INPUTS: extra} if extra is not None else {})}
     try:
         ok, output = await gradio_internals.run_queued(demo, API_NAME, values, request, scope=scope)
     except HTTPException as err:  # the admission's refusal (admission.Admission._refuse)
