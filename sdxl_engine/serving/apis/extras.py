@@ -2,10 +2,7 @@
 upscalers this server has: Pillow's Lanczos and Nearest (A1111's own ``Lanczos`` and ``Nearest``; its ESRGAN
 and other model upscalers are not here).
 
-Client images are bounded before any pixel is decoded (:func:`decode_image`): base64 (a ``data:image/...``
-URL too), read in memory, never written to disk; PNG, JPEG or WebP only; at most :data:`MAX_INPUT_SIDE`
-pixels a side (the header's size is checked first, so a small file claiming a huge image costs nothing);
-truncated or broken data refused; EXIF orientation applied, as a viewer shows the image. An answer's
+Client images are bounded before any pixel is decoded (uploads.decode_image). An answer's
 image is at most :data:`MAX_OUTPUT_SIDE` pixels a side, a batch at most :data:`MAX_BATCH` images and all its
 results together at most :data:`MAX_TOTAL_OUTPUT` pixels. A
 refusal is :class:`core.ApiError` 400 naming the field (``image``, ``imageList[i].data``,
@@ -21,21 +18,19 @@ exactly that size.
 from __future__ import annotations
 
 import base64
-import binascii
 import html
 import io
 from typing import Literal
 
-from PIL import Image, ImageOps, PngImagePlugin
+from PIL import Image, PngImagePlugin
 from pydantic import BaseModel, ConfigDict, Field
 
 from sdxl_engine.serving.apis.core import ApiError
+from sdxl_engine.serving.apis.uploads import decode_image
 
-MAX_INPUT_SIDE = 2048  # pixels, each side of a client's image
 MAX_OUTPUT_SIDE = 4096  # pixels, each side of an answer's image
 MAX_BATCH = 16  # images in one extra-batch-images request
 MAX_TOTAL_OUTPUT = 2 * 4096 * 4096  # pixels of all the answer's images together (its memory and size)
-FORMATS = ("PNG", "JPEG", "WEBP")
 # A1111's names (modules/upscaler.py UpscalerNone, UpscalerLanczos, UpscalerNearest) and Pillow's filters.
 UPSCALERS = {"None": None, "Lanczos": Image.Resampling.LANCZOS, "Nearest": Image.Resampling.NEAREST}
 
@@ -88,42 +83,6 @@ def upscaler_list() -> list[dict]:
     A1111 lists its built-in ones: no model file, scale 4 (modules/upscaler.py UpscalerData's default)."""
     return [{"name": name, "model_name": None, "model_path": None, "model_url": None, "scale": 4}
             for name in UPSCALERS]
-
-
-def decode_image(data: str, field: str) -> Image.Image:
-    """A client's base64 image (``data:image/...;base64,`` prefix allowed) as an RGB PIL image, oriented by
-    its EXIF tag (ImageOps.exif_transpose), decoded in memory.
-
-    Raises ApiError 400 naming ``field``: not base64, not an image, not PNG/JPEG/WebP, a side over
-    MAX_INPUT_SIDE (checked on the header, before the pixels are decoded), truncated or broken data.
-    """
-    text = data.strip() if isinstance(data, str) else ""
-    if text.startswith("data:"):
-        text = text.partition(",")[2]
-    try:
-        raw = base64.b64decode(text, validate=True)
-    except (binascii.Error, ValueError):
-        raise ApiError(400, f"{field}: not base64 data", field) from None
-    if not raw:
-        raise ApiError(400, f"{field}: no image (empty)", field)
-    try:
-        with Image.open(io.BytesIO(raw), formats=FORMATS) as image:  # reads the header only
-            width, height = image.size
-            if width > MAX_INPUT_SIDE or height > MAX_INPUT_SIDE:
-                raise ApiError(400, f"{field}: the image is {width}x{height} pixels; at most "
-                                    f"{MAX_INPUT_SIDE}x{MAX_INPUT_SIDE} here", field)
-            image.load()
-            oriented = ImageOps.exif_transpose(image)
-            return oriented.convert("RGB")
-    except ApiError:
-        raise
-    except Image.DecompressionBombError:  # Pillow's own check on opening, far above the bound here
-        raise ApiError(400, f"{field}: the image claims too many pixels; at most {MAX_INPUT_SIDE}x{MAX_INPUT_SIDE} "
-                            "here", field) from None
-    except (OSError, SyntaxError, ValueError, EOFError) as err:  # UnidentifiedImageError is an OSError
-        reason = "not a PNG, JPEG or WebP image" if isinstance(err, Image.UnidentifiedImageError) \
-            else f"a broken or truncated image ({str(err)[:80]})"
-        raise ApiError(400, f"{field}: {reason}", field) from None
 
 
 def _side(side: int, factor: float) -> int:
