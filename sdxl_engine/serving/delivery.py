@@ -46,8 +46,24 @@ def kept_images(request) -> int | None:
     return keep if type(keep) is int and keep >= 0 else None
 
 
+def mode_parameters(req) -> dict:
+    """A1111's infotext entries for what a validated request ran beyond text to image, under A1111's own keys
+    (modules/processing.py): ``Denoising strength`` (img2img's strength, or the hires pass's), ``Hires upscale``,
+    ``Hires steps``, ``Hires upscaler``, ``Refiner``, ``Refiner switch at``. {} for plain text to image."""
+    out: dict = {}
+    if getattr(req, "image", None) is not None and req.strength is not None:
+        out["Denoising strength"] = req.strength
+    if getattr(req, "hires_scale", None) is not None:
+        out.update({"Denoising strength": req.hires_strength, "Hires upscale": req.hires_scale,
+                    **({"Hires steps": req.hires_steps} if req.hires_steps else {}),
+                    "Hires upscaler": req.hires_upscaler})
+    if getattr(req, "refiner_switch_at", None) is not None:
+        out.update({"Refiner": "refiner", "Refiner switch at": req.refiner_switch_at})
+    return out
+
+
 def deliver(result, prompt: str, style: str, files_dir: Path, outputs_dir: str = "",
-            keep: int | None = None) -> Delivery:
+            keep: int | None = None, params: dict | None = None) -> Delivery:
     """Encode ``result.images`` ((n, H, W, 3) uint8) as PNGs, write them, build the info record.
 
     Args:
@@ -61,6 +77,7 @@ def deliver(result, prompt: str, style: str, files_dir: Path, outputs_dir: str =
             ``info["saved"]`` lists those file names, relative to ``outputs_dir``.
         keep: how many of the images (the first) the client receives (:func:`kept_images`); only they
             are saved to ``outputs_dir``. None: all.
+        params: more A1111 infotext entries (a protocol's: ``Mask blur``...), after :func:`mode_parameters`'.
 
     Raises:
         OSError: the PNGs could not be written under ``files_dir`` (nothing to serve). A failure
@@ -68,7 +85,9 @@ def deliver(result, prompt: str, style: str, files_dir: Path, outputs_dir: str =
         ``info["warnings"]`` (and ``save_warning``).
     """
     req, latency = result.request, result.timings["latency"]
-    extra = {} if style == NO_STYLE else {"Style": style}
+    extra = {**mode_parameters(req), **(params or {})}
+    if style != NO_STYLE:
+        extra["Style"] = style
     loras = getattr(result, "loras", None) or {}  # {name: short hash} of the prompt's <lora:> tags
     if loras:  # as A1111's Lora extension writes it, JSON-quoted since the value holds ': ' and ', '
         extra["Lora hashes"] = json.dumps(", ".join(f"{name}: {short}" for name, short in loras.items()),
@@ -88,6 +107,15 @@ def deliver(result, prompt: str, style: str, files_dir: Path, outputs_dir: str =
         "num_inference_steps": req.num_inference_steps, "sampler": req.sampler, "width": req.width,
         "height": req.height, "model": result.model, "warnings": list(result.warnings), "style": style,
     }
+    if getattr(req, "image", None) is not None:  # image to image: what ran of the steps, and the answer's size
+        info.update(strength=req.strength, start_step=req.start_step, mask=req.mask is not None,
+                    width=int(result.images.shape[2]), height=int(result.images.shape[1]))
+    if getattr(req, "hires_scale", None) is not None:
+        info["hires"] = {"scale": req.hires_scale, "strength": req.hires_strength, "steps": req.hires_steps,
+                         "upscaler": req.hires_upscaler, "width": int(result.images.shape[2]),
+                         "height": int(result.images.shape[1])}
+    if getattr(req, "refiner_switch_at", None) is not None:
+        info["refiner_switch_at"] = req.refiner_switch_at
     info["prompt_chunks"] = getattr(result, "prompt_chunks", 1)  # 75-token chunks the prompts ran with
     if loras:
         info["loras"] = dict(loras)

@@ -112,7 +112,7 @@ def api_function(handle: Callable, config: EngineConfig, pending: history.Pendin
         try:
             gallery, info, record = yield from stream_previews(
                 functools.partial(handle, job=job, client=admission.client_address(request),
-                                  keep=keep, **({"extra": extra} if extra.fields or extra.overlay else {})),
+                                  keep=keep, **({"extra": extra} if extra.fields or extra.finish or extra.params else {})),
                 values, progress, arrived,
                 lambda: guard.CANCELLED.cancelled(session, event_id, since))
         finally:
@@ -137,12 +137,14 @@ class ProtocolInputs:
 
     ``fields``: GenerateRequest keyword fields (``image``, ``mask``, ``strength``, ``start_step``,
     ``refiner_switch_at``, ``hires_scale``, ``hires_strength``, ``hires_steps``, ``hires_upscaler``), validated
-    by the engine as any request's. ``overlay``: None, or (image (H, W, 3) uint8, alpha (H, W) float32 in [0, 1])
-    pasted over each result, ``result * alpha + image * (1 - alpha)`` (A1111's ``apply_overlay``: the original's
-    pixels outside an inpainting mask), at the result's size."""
+    by the engine as any request's. ``finish``: None, or a function of the engine's images ((n, H, W, 3) uint8)
+    giving the answer's ((n, H', W', 3) uint8), run before the PNGs are written: A1111's overlay of the original
+    outside an inpainting mask (a1111_images.prepare). ``params``: more A1111 infotext entries for the PNGs
+    (``Mask blur``...: delivery.deliver)."""
 
     fields: dict = dataclasses.field(default_factory=dict)
-    overlay: tuple | None = None
+    finish: Callable[[np.ndarray], np.ndarray] | None = None
+    params: dict = dataclasses.field(default_factory=dict)
 
 
 def protocol_inputs(request) -> ProtocolInputs:
@@ -151,19 +153,6 @@ def protocol_inputs(request) -> ProtocolInputs:
     scope = getattr(getattr(request, "request", None), "scope", None)
     found = scope.get(PROTOCOL_INPUTS) if isinstance(scope, dict) else None
     return found if isinstance(found, ProtocolInputs) else ProtocolInputs()
-
-
-def apply_overlay(images: np.ndarray, overlay: tuple | None) -> np.ndarray:
-    """``images`` (n, H, W, 3) uint8 with ``overlay`` (:class:`ProtocolInputs`) pasted over each, rounded to
-    uint8; unchanged when ``overlay`` is None or of another size (a hires result is larger: nothing to paste)."""
-    if overlay is None:
-        return images
-    image, alpha = overlay
-    if image.shape != images.shape[1:]:
-        return images
-    alpha = alpha[None, :, :, None].astype(np.float32)
-    mixed = images.astype(np.float32) * alpha + image[None].astype(np.float32) * (1.0 - alpha)
-    return np.clip(np.rint(mixed), 0, 255).astype(np.uint8)
 
 
 def protocol_job(request) -> str | None:
@@ -325,7 +314,7 @@ def handle_generate(engine: EngineContract, prompt, negative_prompt, seed, guida
     config's ``outputs_dir`` they are saved there too, as ``<µs time>-<request id>-seed42-...png``: the
     first ``keep`` only, when the client receives only those (delivery.kept_images).
 
-    ``extra``: a protocol request's fields beyond these (image to image, hires fix, refiner) and its overlay
+    ``extra``: a protocol request's fields beyond these (image to image, hires fix, refiner) and its finish
     (:class:`ProtocolInputs`).
     """
     extra = extra or ProtocolInputs()
@@ -389,18 +378,18 @@ def handle_generate(engine: EngineContract, prompt, negative_prompt, seed, guida
         JOBS.end_call(job)
         if own:
             JOBS.close(job)
-    if extra.overlay is not None:
-        result = dataclasses.replace(result, images=apply_overlay(result.images, extra.overlay))
+    if extra.finish is not None:
+        result = dataclasses.replace(result, images=extra.finish(result.images))
     report(0.95, desc="Encoding PNGs")
-    return _deliver(engine, result, prompt, negative_prompt, style, files_dir, keep)
+    return _deliver(engine, result, prompt, negative_prompt, style, files_dir, keep, extra.params)
 
 
 def _deliver(engine: EngineContract, result, prompt: str, negative_prompt: str, style: str,
-             files_dir: str | None, keep: int | None = None) -> tuple[list, dict, dict]:
+             files_dir: str | None, keep: int | None = None, params: dict | None = None) -> tuple[list, dict, dict]:
     """(gallery items, info, history record) for a result; its PNGs written (delivery.deliver)."""
     try:
         out = delivery.deliver(result, prompt, style, files_dir or gr.utils.get_upload_folder(),
-                               engine.config.outputs_dir, keep)
+                               engine.config.outputs_dir, keep, params)
     except OSError as err:
         print(f"[app] error: could not write the images to Gradio's temp folder: {err}", flush=True)
         raise gr.Error(f"the server could not store the images ({type(err).__name__}); please retry later",

@@ -295,11 +295,11 @@ def test_a1111_body_checks_warnings_and_png_info_on_the_running_app(webui):
     assert boolean.status_code == 422 and boolean.json()["detail"][0]["loc"] == ["body", "seed"]
     unknown = webui.session.get(f"{webui.baseurl}/no-such-route")
     assert unknown.status_code == 404 and set(unknown.json()) == {"error", "detail", "body", "errors"}
-    result = webui.txt2img(prompt=PROMPT, seed=3, steps=2, scheduler="N/A", enable_hr=True, restore_faces=True,
+    result = webui.txt2img(prompt=PROMPT, seed=3, steps=2, scheduler="N/A", tiling=True, restore_faces=True,
                            **SIZE)
     assert result.info["scheduler"] == "Automatic" and result.info["warnings"][:2] == [
-        "enable_hr=true ignored: no hires fix here: the images are made at width x height in one pass",
-        "restore_faces=true ignored: no face restoration here"]
+        "restore_faces=true ignored: no face restoration here",
+        "tiling=true ignored: no tiling here: the images do not wrap around"]
     hidden = post(f"{webui.baseurl}/txt2img", json={"prompt": PROMPT, "seed": 3, "steps": 2, "send_images": False,
                                                     **SIZE}).json()
     assert hidden["images"] == [] and json.loads(hidden["info"])["all_seeds"] == [3]

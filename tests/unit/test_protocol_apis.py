@@ -379,7 +379,10 @@ def served(monkeypatch, tmp_path):
 
     monkeypatch.setattr(a1111, "generate", generate)
     monkeypatch.setattr(openai_images, "generate", generate)
-    engine = types.SimpleNamespace(model=types.SimpleNamespace(name="tiny-shapes"), limits=LIMITS)
+    ready = threading.Event()
+    ready.set()
+    engine = types.SimpleNamespace(model=types.SimpleNamespace(name="tiny-shapes"), limits=LIMITS, ready=ready,
+                                   error=None, config=types.SimpleNamespace(refiner=""))
     app = FastAPI()
     mount(app, None, engine, access_for("", share=False, public_api=False), {}, log=lambda line: None)
     lines = []
@@ -482,18 +485,17 @@ def test_a1111_info_send_images_and_negative_prompts(served):
 
 def test_a1111_fields_not_honoured_are_named_in_info_warnings_and_one_log_line(served):
     client, _, lines = served
-    body = {"prompt": "x", "enable_hr": True, "hr_scale": 2, "alwayson_scripts": {"ControlNet": {"args": []}},
-            "refiner_checkpoint": "sdxl-refiner", "restore_faces": True, "tiling": True, "subseed_strength": 0.5,
+    body = {"prompt": "x", "firstphase_width": 512, "alwayson_scripts": {"ControlNet": {"args": []}},
+            "restore_faces": True, "tiling": True, "subseed_strength": 0.5,
             "eta": 0.3, "sampler_name": "Euler a", "s_noise": 0.9, "init_images": ["aGk="],
             "override_settings": {"sd_model_checkpoint": "other.safetensors", "CLIP_stop_at_last_layers": 2,
                                   "sd_vae": "Automatic"}}
     info = json.loads(client.post("/sdapi/v1/txt2img", json=body).json()["info"])
     expected = [
-        "enable_hr=true ignored: no hires fix here: the images are made at width x height in one pass",
-        "refiner_checkpoint=\"sdxl-refiner\" ignored: no refiner here: the loaded model makes every step",
+        "firstphase_width=512 ignored: the hires fix's first pass is width x height here",
+        'init_images=["aGk="] ignored: txt2img takes no image: send it to /sdapi/v1/img2img',
         'alwayson_scripts={"ControlNet": {"args": []}} ignored: no scripts or extensions here (ControlNet, '
         "ADetailer...): they did not run",
-        'init_images=["aGk="] ignored: txt2img takes no image, and img2img is not served here',
         "restore_faces=true ignored: no face restoration here",
         "tiling=true ignored: no tiling here: the images do not wrap around",
         "subseed_strength=0.5 ignored: no variation seeds here: each image is its seed alone",
@@ -504,7 +506,7 @@ def test_a1111_fields_not_honoured_are_named_in_info_warnings_and_one_log_line(s
         "override_settings.CLIP_stop_at_last_layers=2 ignored: clip skip is fixed at 1 here",
     ]
     assert info["warnings"] == expected + ["engine note"]  # sd_vae "Automatic" is this server's value: no warning
-    assert lines == [f"[app] A1111 txt2img: 11 field(s) not honoured: {'; '.join(expected)}"]
+    assert lines == [f"[app] A1111 txt2img: 10 field(s) not honoured: {'; '.join(expected)}"]
     lines.clear()
     defaults = {"prompt": "x", "enable_hr": False, "hr_scale": 2, "restore_faces": False, "tiling": None,
                 "subseed": 5, "subseed_strength": 0, "seed_resize_from_w": -1, "s_noise": 1.0, "eta": None,
@@ -667,3 +669,48 @@ def test_the_readme_names_every_field_the_a1111_table_does_not_honour():
                and f"`{row.name.rsplit('_', 1)[0]}_w/h`" not in section
                and f"`{row.name.rsplit('_', 1)[0]}_width/height`" not in section]
     assert missing == []
+
+
+def test_a1111_hires_fields_map_to_the_engines_and_keep_one_factor():
+    from sdxl_engine.serving.apis.a1111 import Txt2ImgHires, hires_fields
+    from sdxl_engine.serving.apis.core import ApiError
+
+    assert hires_fields(Txt2ImgHires(prompt="x", hr_scale=3), 64, 64) == ({}, [])  # enable_hr off
+    fields, warnings = hires_fields(Txt2ImgHires(prompt="x", enable_hr=True, hr_scale=1.5, denoising_strength=0.4,
+                                                 hr_second_pass_steps=7, hr_upscaler="Latent (bicubic)"), 64, 48)
+    assert fields == {"hires_scale": 1.5, "hires_strength": 0.4, "hires_steps": 7, "hires_upscaler": "Latent (bicubic)"}
+    assert warnings == []
+    assert hires_fields(Txt2ImgHires(prompt="x", enable_hr=True, hr_resize_y=96), 64, 48)[0]["hires_scale"] == 2
+    assert hires_fields(Txt2ImgHires(prompt="x", enable_hr=True, hr_resize_x=128, hr_resize_y=96), 64, 48)[0][
+        "hires_scale"] == 2
+    with pytest.raises(ApiError, match=r"^hr_resize_x/hr_resize_y: 128x128 has another aspect ratio than the first "
+                                       r"pass's 64x48"):
+        hires_fields(Txt2ImgHires(prompt="x", enable_hr=True, hr_resize_x=128, hr_resize_y=128), 64, 48)
+    _, warnings = hires_fields(Txt2ImgHires(prompt="x", enable_hr=True, sampler_name="Euler",
+                                            hr_sampler_name="DPM++ 2M", hr_prompt="y", hr_negative_prompt=""), 64, 64)
+    assert warnings == ['hr_sampler_name="DPM++ 2M" ignored: the second pass uses the request\'s sampler',
+                        'hr_prompt="y" ignored: the second pass uses the first pass\'s prompts']
+    assert hires_fields(Txt2ImgHires(prompt="x", enable_hr=True, hr_sampler_name="Use same sampler",
+                                     hr_prompt="x"), 64, 64)[1] == []
+
+
+def test_a1111_refiner_checkpoint_must_name_the_loaded_refiner(tmp_path):
+    import types
+
+    from sdxl_engine.serving.apis.a1111 import RefinerRefused, Txt2Img, refiner_fields
+
+    folder = tmp_path / "sdxl-refiner"
+    folder.mkdir()
+    engine = types.SimpleNamespace(config=types.SimpleNamespace(refiner=str(folder)))
+    assert refiner_fields(Txt2Img(prompt="x", refiner_checkpoint="None", refiner_switch_at=0.5), engine) == {}
+    assert refiner_fields(Txt2Img(prompt="x", refiner_checkpoint="sdxl-refiner [0123abcd]"), engine) == {
+        "refiner_switch_at": 0.8}
+    assert refiner_fields(Txt2Img(prompt="x", refiner_checkpoint="sdxl-refiner.safetensors",
+                                  refiner_switch_at=0.6), engine) == {"refiner_switch_at": 0.6}
+    with pytest.raises(RefinerRefused, match=r"^refiner_checkpoint: this server's refiner is 'sdxl-refiner', loaded "
+                                             r"at start-up; cannot switch to 'other'") as err:
+        refiner_fields(Txt2Img(prompt="x", refiner_checkpoint="other"), engine)
+    assert err.value.status == 400
+    none = types.SimpleNamespace(config=types.SimpleNamespace(refiner=""))
+    with pytest.raises(RefinerRefused, match="no refiner is loaded here"):
+        refiner_fields(Txt2Img(prompt="x", refiner_checkpoint="sdxl-refiner"), none)

@@ -34,6 +34,7 @@ import io
 import json
 import re
 import time
+from pathlib import Path
 from typing import Annotated, Callable
 
 from fastapi import APIRouter, Request
@@ -42,12 +43,17 @@ from fastapi.routing import APIRoute
 from PIL import Image
 from pydantic import BaseModel, BeforeValidator, ConfigDict
 
+from sdxl_engine.program.latent_upscale import HIRES_UPSCALERS
 from sdxl_engine.program.schedulers import SAMPLERS, UnknownSampler, get_sampler
 from sdxl_engine.serving import admission
-from sdxl_engine.serving.apis.core import ApiError, Call, Interrupted, generate, model_name, read_json
+from sdxl_engine.serving.apis import a1111_images
+from sdxl_engine.serving.apis.a1111_images import same_aspect
+from sdxl_engine.serving.apis.core import ApiError, Call, Interrupted, generate, model_name, read_json, wait_started
 from sdxl_engine.serving.apis.extras import ExtrasBatchImages, ExtrasRequest, ExtrasSingleImage, upscaler_list
 from sdxl_engine.serving.apis.extras import run as run_extras
 from sdxl_engine.serving.apis.openai_images import EXIF_IFD, USER_COMMENT
+from sdxl_engine.serving.apis.uploads import MAX_INPUT_SIDE, decode_image
+from sdxl_engine.serving.handler import ProtocolInputs
 from sdxl_engine.serving.progress import JOBS, Owner
 from sdxl_engine.serving.styles import NO_STYLE, STYLES
 
@@ -64,7 +70,13 @@ A1111_SCHEDULERS = frozenset(("automatic", "uniform", "karras", "exponential", "
                               "sgm uniform", "sgmuniform", "kl_optimal", "kl optimal", "align_your_steps",
                               "align your steps", "simple", "normal", "ddim", "beta"))
 FIELD_NAMES = (("num_inference_steps", "steps"), ("guidance_scale", "cfg_scale"), ("sampler", "sampler_name"),
-               ("style", "styles"), ("images", "batch_size*n_iter"))
+               ("style", "styles"), ("images", "batch_size*n_iter"), ("hires_scale", "hr_scale"),
+               ("hires_strength", "denoising_strength"), ("hires_steps", "hr_second_pass_steps"),
+               ("hires_upscaler", "hr_upscaler"), ("strength", "denoising_strength"),
+               ("start_step", "denoising_strength"), ("image", "init_images"))
+DEFAULT_SWITCH_AT = 0.8  # A1111's refiner_switch_at default (its UI's), diffusers' ensemble-of-experts example
+NONE_NAMES = ("", "None")  # A1111's "no refiner" and "same sampler" values
+SAME_SAMPLER = ("", "Use same sampler")
 
 
 def _not_bool(value):
@@ -100,6 +112,47 @@ class Txt2Img(BaseModel):
     n_iter: Int = 1
     send_images: bool = True
     save_images: bool = False
+    denoising_strength: Float | None = None
+    refiner_checkpoint: str | None = None
+    refiner_switch_at: Float | None = None
+
+
+class Txt2ImgHires(Txt2Img):
+    """txt2img with A1111's hires fix fields (StableDiffusionProcessingTxt2Img): ``enable_hr`` turns it on;
+    ``hr_scale`` (default 2) or ``hr_resize_x`` / ``hr_resize_y`` the final size; ``hr_upscaler`` one of
+    ``/latent-upscale-modes`` (default Latent); ``hr_second_pass_steps`` (0: the engine's rule);
+    ``denoising_strength`` the second pass's (default 0.7, A1111's)."""
+
+    enable_hr: bool = False
+    hr_scale: Float = 2.0
+    hr_upscaler: str | None = None
+    hr_second_pass_steps: Int = 0
+    hr_resize_x: Int = 0
+    hr_resize_y: Int = 0
+    hr_sampler_name: str | None = None
+    hr_prompt: str | None = ""
+    hr_negative_prompt: str | None = ""
+
+
+class Img2Img(Txt2Img):
+    """A1111's StableDiffusionImg2ImgProcessingAPI fields this server reads (a1111_images.prepare): the first of
+    ``init_images`` (base64 or a data URL) for every image, ``mask`` (white or opaque = repaint), ``mask_blur``
+    (both sides) or ``mask_blur_x`` / ``mask_blur_y``, ``inpainting_fill`` (0 fill, 1 original, 2 latent noise,
+    3 latent nothing), ``inpaint_full_res`` + ``inpaint_full_res_padding`` (only the masked area),
+    ``inpainting_mask_invert``, ``resize_mode``, ``denoising_strength`` (A1111's step rule), ``include_init_images``
+    (echo them in ``parameters``). Defaults are A1111's."""
+
+    init_images: list[str] | None = None
+    resize_mode: Int = 0
+    mask: str | None = None
+    mask_blur: Int | None = None
+    mask_blur_x: Int = 4
+    mask_blur_y: Int = 4
+    inpainting_fill: Int = 0
+    inpaint_full_res: bool = True
+    inpaint_full_res_padding: Int = 0
+    inpainting_mask_invert: Int = 0
+    include_init_images: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,15 +179,10 @@ _UNSET = (None, "", [], {})
 # a user gets and that this server does not honour. The hires fix's own fields (hr_scale, hr_upscaler,
 # hr_second_pass_steps, hr_resize_x/y, hr_checkpoint_name, hr_sampler_name, hr_prompt,
 # hr_negative_prompt, denoising_strength) matter only with enable_hr, which is named for them all.
-IGNORED = (
-    Ignored("enable_hr", (*_UNSET, False), "no hires fix here: the images are made at width x height in one pass"),
-    Ignored("firstphase_width", (*_UNSET, 0), "no hires fix here: the images are made at width x height"),
-    Ignored("firstphase_height", (*_UNSET, 0), "no hires fix here: the images are made at width x height"),
-    Ignored("refiner_checkpoint", _UNSET, "no refiner here: the loaded model makes every step"),
+COMMON_IGNORED = (
     Ignored("alwayson_scripts", _UNSET, "no scripts or extensions here (ControlNet, ADetailer...): they did not run"),
-    Ignored("script_name", _UNSET, "no scripts here: the plain txt2img ran"),
+    Ignored("script_name", _UNSET, "no scripts here: the plain generation ran"),
     Ignored("infotext", _UNSET, "infotext is not read here: send the fields themselves"),
-    Ignored("init_images", _UNSET, "txt2img takes no image, and img2img is not served here"),
     Ignored("restore_faces", (*_UNSET, False), "no face restoration here"),
     Ignored("tiling", (*_UNSET, False), "no tiling here: the images do not wrap around"),
     Ignored("subseed_strength", (*_UNSET, 0), "no variation seeds here: each image is its seed alone"),
@@ -149,15 +197,27 @@ IGNORED = (
     Ignored("token_merging_ratio", (*_UNSET, 0), "no token merging here"),
     Ignored("disable_extra_networks", (*_UNSET, False), "<lora:...> tags in the prompt are applied here all the same"),
 )
+IGNORED = (  # txt2img's
+    Ignored("firstphase_width", (*_UNSET, 0), "the hires fix's first pass is width x height here"),
+    Ignored("firstphase_height", (*_UNSET, 0), "the hires fix's first pass is width x height here"),
+    Ignored("init_images", _UNSET, "txt2img takes no image: send it to /sdapi/v1/img2img"),
+    *COMMON_IGNORED,
+)
+IMG2IMG_IGNORED = (
+    Ignored("initial_noise_multiplier", (*_UNSET, 1), "the initial noise is not scaled here"),
+    Ignored("latent_mask", _UNSET, "a separate latent mask is not read here: the mask is used for both"),
+    Ignored("image_cfg_scale", lambda body: None, "for instruct-pix2pix models only"),
+    *COMMON_IGNORED,
+)
 
 
-def ignored_warnings(body: Txt2Img, options: dict) -> list[str]:
-    """The warnings for a txt2img ``body``'s fields this server does not honour (:data:`IGNORED`), and for
-    ``override_settings`` entries other than ``options`` (GET /options: this server's fixed values), one
-    line each, in the table's order. A field at one of its defaults gives none."""
+def ignored_warnings(body: Txt2Img, options: dict, table: tuple = IGNORED) -> list[str]:
+    """The warnings for a txt2img (or img2img: ``table`` :data:`IMG2IMG_IGNORED`) ``body``'s fields this server
+    does not honour (:data:`IGNORED`), and for ``override_settings`` entries other than ``options`` (GET /options:
+    this server's fixed values), one line each, in the table's order. A field at one of its defaults gives none."""
     sent = body.model_extra or {}
     warnings = []
-    for row in IGNORED:
+    for row in table:
         defaults = row.defaults(body) if callable(row.defaults) else row.defaults
         if row.name in sent and defaults is not None and not _at_default(sent[row.name], defaults):
             warnings.append(f"{row.name}={_short(sent[row.name])} ignored: {row.why}")
@@ -213,8 +273,70 @@ def sampler_of(sampler_name: str | None, scheduler: str | None) -> str | None:
                         f"this server has {choices}", "scheduler")
 
 
-def to_call(body: Txt2Img) -> Call:
-    """The ``/generate`` call for a txt2img body (the module docstring's mapping).
+def refiner_name(engine) -> str:
+    """The loaded refiner's name as ``/sd-models`` lists it (a folder by its own name), "" without one."""
+    setting = getattr(engine.config, "refiner", "") or ""
+    return Path(setting).name if setting and Path(setting).exists() else setting
+
+
+class RefinerRefused(ApiError):
+    """``refiner_checkpoint`` names no refiner this server has: A1111's 400 (not the 422 of a bad value)."""
+
+
+def refiner_fields(body: Txt2Img, engine) -> dict:
+    """The engine fields for A1111's ``refiner_checkpoint`` and ``refiner_switch_at`` (default 0.8): {} when no
+    refiner is asked for (None, "" or "None"). A1111 titles (``name [hash]``) and file names with an
+    extension match the loaded refiner's name.
+
+    Raises RefinerRefused (400) naming what is loaded: no refiner loaded, or another name."""
+    wanted = (body.refiner_checkpoint or "").strip()
+    if wanted in NONE_NAMES:
+        return {}
+    loaded = refiner_name(engine)
+    if not loaded:
+        raise RefinerRefused(400, f"refiner_checkpoint: no refiner is loaded here (the server starts one with "
+                                  f"--refiner); got {wanted[:80]!r}", "refiner_checkpoint")
+    plain = wanted.split(" [")[0].strip()
+    if plain not in (loaded, Path(loaded).stem) and Path(plain).stem not in (loaded, Path(loaded).stem):
+        raise RefinerRefused(400, f"refiner_checkpoint: this server's refiner is {loaded!r}, loaded at start-up; "
+                                  f"cannot switch to {wanted[:80]!r}", "refiner_checkpoint")
+    return {"refiner_switch_at": DEFAULT_SWITCH_AT if body.refiner_switch_at is None else body.refiner_switch_at}
+
+
+def hires_fields(body: Txt2ImgHires, width: int, height: int) -> tuple[dict, list[str]]:
+    """(engine fields, warnings) of txt2img's hires fix for a first pass of ``width`` x ``height``: {} without
+    ``enable_hr``. The final size is ``hr_scale`` x the size, or ``hr_resize_x`` / ``hr_resize_y`` (one of them:
+    the other follows the aspect ratio; both: they must keep it, as this server scales both sides by one factor),
+    each side down to the model's multiple (validation.hires_size). ``hr_sampler_name``, ``hr_prompt`` and
+    ``hr_negative_prompt`` other than the first pass's are named in a warning: the second pass uses those.
+
+    Raises ApiError 422 naming hr_resize_x/hr_resize_y for a size of another aspect ratio."""
+    if not body.enable_hr:
+        return {}, []
+    scale = body.hr_scale
+    rx, ry = body.hr_resize_x, body.hr_resize_y
+    if rx or ry:
+        if rx and ry and not same_aspect((rx, ry), (width, height)):
+            raise ApiError(422, f"hr_resize_x/hr_resize_y: {rx}x{ry} has another aspect ratio than the first pass's "
+                                f"{width}x{height}; this server scales both sides by one factor: send hr_scale, or "
+                                "one of hr_resize_x and hr_resize_y", "hr_resize_x")
+        scale = rx / width if rx else ry / height
+    fields = {"hires_scale": scale, "hires_strength": body.denoising_strength, "hires_steps": body.hr_second_pass_steps,
+              "hires_upscaler": body.hr_upscaler or None}
+    warnings = []
+    if (body.hr_sampler_name or "") not in SAME_SAMPLER and body.hr_sampler_name != (body.sampler_name or ""):
+        warnings.append(f"hr_sampler_name={_short(body.hr_sampler_name)} ignored: the second pass uses the "
+                        "request's sampler")
+    for name, first in (("hr_prompt", body.prompt), ("hr_negative_prompt", body.negative_prompt)):
+        value = getattr(body, name) or ""
+        if value and value != (first or ""):
+            warnings.append(f"{name}={_short(value)} ignored: the second pass uses the first pass's prompts")
+    return fields, warnings
+
+
+def to_call(body: Txt2Img, width=None, height=None, extra: ProtocolInputs | None = None) -> Call:
+    """The ``/generate`` call for a txt2img (or img2img) body (the module docstring's mapping); ``width`` and
+    ``height`` (else the body's), ``extra``: the fields beyond the page's (handler.ProtocolInputs).
 
     Raises ApiError 422: an unknown sampler or scheduler, more than one style, batch_size or
     n_iter below 1.
@@ -228,9 +350,63 @@ def to_call(body: Txt2Img) -> Call:
         if getattr(body, name) < 1:
             raise ApiError(422, f"{name}: must be at least 1, got {getattr(body, name)}", name)
     return Call(prompt=body.prompt, negative_prompt=body.negative_prompt, seed=body.seed,
-                guidance_scale=body.cfg_scale, num_inference_steps=body.steps, width=body.width,
-                height=body.height, style=styles[0] if styles else NO_STYLE, sampler=sampler,
-                images=body.batch_size * body.n_iter, field_names=FIELD_NAMES)
+                guidance_scale=body.cfg_scale, num_inference_steps=body.steps,
+                width=body.width if width is None else width, height=body.height if height is None else height,
+                style=styles[0] if styles else NO_STYLE, sampler=sampler,
+                images=body.batch_size * body.n_iter, field_names=FIELD_NAMES, extra=extra)
+
+
+def img2img_call(body: Img2Img, engine) -> tuple[Call, list[str]]:
+    """(the ``/generate`` call, warnings) of an A1111 img2img body: its images decoded in memory
+    (uploads.decode_image), prepared as A1111 does (a1111_images.prepare) at ``width`` x ``height`` (the
+    engine's default size for a side not sent), the steps run by A1111's rule (a1111_images.img2img_start_step;
+    ``denoising_strength`` default 0.75), the overlay of the original outside the mask.
+
+    Raises ApiError 400/422 naming the field: no init image, an undecodable or oversized image, a mask of another
+    aspect ratio, a value out of A1111's range; RefinerRefused (400)."""
+    if not body.init_images:
+        raise ApiError(422, "init_images: send one image (base64 PNG, JPEG or WebP, or a data URL)", "init_images")
+    warnings = []
+    if len(body.init_images) > 1:
+        warnings.append(f"init_images: {len(body.init_images)} images sent; the first is used for every image")
+    for name, value, low, high in (("resize_mode", body.resize_mode, 0, 3), ("inpainting_fill", body.inpainting_fill, 0, 3),
+                                   ("mask_blur_x", body.mask_blur_x, 0, 64), ("mask_blur_y", body.mask_blur_y, 0, 64),
+                                   ("mask_blur", body.mask_blur if body.mask_blur is not None else 0, 0, 64),
+                                   ("inpaint_full_res_padding", body.inpaint_full_res_padding, 0, 256),
+                                   ("inpainting_mask_invert", body.inpainting_mask_invert, 0, 1),
+                                   ("denoising_strength", 0.75 if body.denoising_strength is None
+                                    else body.denoising_strength, 0, 1)):
+        if not low <= value <= high:
+            raise ApiError(422, f"{name}: must be within {low} to {high}, got {value}", name)
+    init = decode_image(body.init_images[0], "init_images[0]", mode=None)
+    mask = None if not body.mask else decode_image(body.mask, "mask", mode=None)
+    if mask is not None and mask.size != init.size and not same_aspect(mask.size, init.size):
+        raise ApiError(422, f"mask: is {mask.width}x{mask.height} pixels but the init image is {init.width}x"
+                            f"{init.height}; send a mask of the image's size (or its aspect ratio)", "mask")
+    default_w, default_h = engine.limits.default_size
+    width, height = body.width or default_w, body.height or default_h
+    for name, side in (("width", width), ("height", height)):
+        if not 8 <= side <= MAX_INPUT_SIDE:
+            raise ApiError(422, f"{name}: must be within 8 to {MAX_INPUT_SIDE} pixels, got {side}", name)
+    blur_x, blur_y = (body.mask_blur, body.mask_blur) if body.mask_blur is not None else (body.mask_blur_x,
+                                                                                          body.mask_blur_y)
+    prepared = a1111_images.prepare(init, mask, width, height, body.resize_mode, blur_x, blur_y,
+                                    bool(body.inpainting_mask_invert), body.inpainting_fill, body.inpaint_full_res,
+                                    body.inpaint_full_res_padding)
+    if mask is not None and body.inpainting_fill in (2, 3):
+        warnings.append(f"inpainting_fill={body.inpainting_fill} ({a1111_images.FILL_MODES[body.inpainting_fill]}) "
+                        "runs as 0 (fill) here: the masked area is pre-filled with the colours around it, and its "
+                        "latents are not replaced")
+    if body.resize_mode == 3:
+        warnings.append("resize_mode=3 (latent upscale) runs as 0 (just resize) here: the image is resized before "
+                        "it is encoded")
+    steps = body.steps or engine.limits.default_steps
+    strength = 0.75 if body.denoising_strength is None else body.denoising_strength
+    fields = {"image": prepared.image, "strength": strength if strength > 0 else None,
+              "start_step": a1111_images.img2img_start_step(strength, steps) if isinstance(steps, int) else None,
+              **({"mask": prepared.mask} if prepared.mask is not None else {}), **refiner_fields(body, engine)}
+    extra = ProtocolInputs(fields, prepared.finish, prepared.params)
+    return to_call(body, width, height, extra), warnings
 
 
 def infotext(png: bytes) -> str:
@@ -322,7 +498,8 @@ def info_record(body: Txt2Img, info: dict, seeds: list[int], infotexts: list[str
         "steps": info["num_inference_steps"], "batch_size": body.batch_size, "n_iter": body.n_iter,
         "restore_faces": False, "face_restoration_model": None, "sd_model_name": info["model"],
         "sd_model_hash": None, "sd_vae_name": None, "sd_vae_hash": None, "seed_resize_from_w": -1,
-        "seed_resize_from_h": -1, "denoising_strength": None,
+        "seed_resize_from_h": -1,
+        "denoising_strength": info.get("strength", (info.get("hires") or {}).get("strength")),
         "extra_generation_params": {} if info.get("style", NO_STYLE) == NO_STYLE else {"Style": info["style"]},
         "index_of_first_image": 0, "infotexts": infotexts, "styles": body.styles or [],
         "job_timestamp": time.strftime("%Y%m%d%H%M%S"), "clip_skip": 1, "is_using_inpainting_conditioning": False,
@@ -394,15 +571,26 @@ def router(demo, engine, flags: dict, loras) -> APIRouter:
     api = APIRouter(prefix=PREFIX, route_class=CheckedBody)
     extras_turn = asyncio.Lock()  # one Extras request at a time: each holds its images in memory
 
-    @api.post("/txt2img")
-    async def txt2img(body: Txt2Img, request: Request):
-        warnings = ignored_warnings(body, await get_options())
-        if warnings:
-            print(f"[app] A1111 txt2img: {len(warnings)} field(s) not honoured: {'; '.join(warnings)}", flush=True)
+    async def answer(route: str, body: Txt2Img, request: Request, make_call: Callable[[], tuple[Call, list[str]]],
+                     warnings: list[str], echo: dict):
+        """A1111's answer to a generation route: the images, ``parameters`` (``echo``: the body as A1111 echoes
+        it) and ``info``; a refusal in A1111's shape (422 for a bad value; 400 for a refiner it lacks), one log
+        line. ``make_call()`` gives the call and more warnings; it runs in a thread (images decode there)."""
+        await wait_started(engine)
         try:
-            made = await generate(demo, engine, request, to_call(body), owner_of(request))
+            if engine.error is not None:
+                raise ApiError(503, f"the engine failed to start: {engine.error}")
+            call, more = await asyncio.to_thread(make_call)
+        except ApiError as err:
+            print(f"[app] request refused: /sdapi/v1/{route}: {err.message}", flush=True)
+            return a1111_error(err, bad_value=400 if isinstance(err, RefinerRefused) else 422)
+        warnings = warnings + more
+        if warnings:
+            print(f"[app] A1111 {route}: {len(warnings)} field(s) not honoured: {'; '.join(warnings)}", flush=True)
+        try:
+            made = await generate(demo, engine, request, call, owner_of(request))
         except Interrupted as err:  # A1111 answers an interrupted job with what it has: here nothing
-            return {"images": [], "parameters": body.model_dump(),
+            return {"images": [], "parameters": echo,
                     "info": json.dumps({"interrupted": True, "message": err.message, "all_seeds": [], "infotexts": []})}
         except ApiError as err:
             return a1111_error(err, bad_value=422)
@@ -411,7 +599,28 @@ def router(demo, engine, flags: dict, loras) -> APIRouter:
         info = info_record(body, {**made.info, "warnings": warnings + made.info["warnings"]}, made.seeds, texts)
         if made.stopped is not None:  # interrupted (or a batch skipped) after some images: those, as A1111 does
             info.update(interrupted=True, message=made.stopped)
-        return {"images": images, "parameters": body.model_dump(), "info": json.dumps(info)}
+        return {"images": images, "parameters": echo, "info": json.dumps(info)}
+
+    @api.post("/txt2img")
+    async def txt2img(body: Txt2ImgHires, request: Request):
+        warnings = ignored_warnings(body, await get_options())
+
+        def make_call():
+            call = to_call(body)
+            first = (body.width or engine.limits.default_size[0], body.height or engine.limits.default_size[1])
+            hires, more = hires_fields(body, *first)
+            fields = {**hires, **refiner_fields(body, engine)}
+            return (dataclasses.replace(call, extra=ProtocolInputs(fields)) if fields else call), more
+
+        return await answer("txt2img", body, request, make_call, warnings, body.model_dump())
+
+    @api.post("/img2img")
+    async def img2img(body: Img2Img, request: Request):
+        warnings = ignored_warnings(body, await get_options(), IMG2IMG_IGNORED)
+        echo = body.model_dump()
+        if not body.include_init_images:  # as A1111's api.img2imgapi: the images are echoed only when asked
+            echo.update(init_images=None, mask=None)
+        return await answer("img2img", body, request, lambda: img2img_call(body, engine), warnings, echo)
 
     @api.post("/png-info")
     async def png_info_route(body: PngInfo):
@@ -444,11 +653,6 @@ def router(demo, engine, flags: dict, loras) -> APIRouter:
                                     [(item.data, f"imageList[{i}].data") for i, item in enumerate(body.imageList)])
         return info if pngs is None else {"images": pngs, "html_info": info}
 
-    @api.post("/img2img")
-    async def img2img():
-        return a1111_error(ApiError(404, "img2img is not served here: this server makes images from text only "
-                                         "(POST /sdapi/v1/txt2img)"))
-
     @api.get("/progress")
     async def progress(request: Request, skip_current_image: bool = False):
         return progress_record(owner_of(request), skip_current_image)
@@ -462,9 +666,10 @@ def router(demo, engine, flags: dict, loras) -> APIRouter:
         return {"interrupted": JOBS.skip(owner_of(request))}
 
     @api.get("/sd-models")
-    async def sd_models():
-        name = model_name(engine)
-        return [{"title": name, "model_name": name, "hash": None, "sha256": None, "filename": name, "config": None}]
+    async def sd_models():  # the model, and the refiner when one is loaded (txt2img's refiner_checkpoint names it)
+        names = [model_name(engine), *([refiner] if (refiner := refiner_name(engine)) else [])]
+        return [{"title": n, "model_name": n, "hash": None, "sha256": None, "filename": n, "config": None}
+                for n in names]
 
     @api.get("/options")
     async def get_options():
@@ -519,8 +724,8 @@ def router(demo, engine, flags: dict, loras) -> APIRouter:
         return upscaler_list()
 
     @api.get("/latent-upscale-modes")
-    async def latent_upscale_modes():
-        return []
+    async def latent_upscale_modes():  # txt2img's hr_upscaler: A1111's latent upscalers, each one the engine does
+        return [{"name": name} for name in HIRES_UPSCALERS]
 
     @api.get("/sd-vae")
     async def sd_vae():  # the model's own VAE, part of the loaded model: nothing to choose

@@ -1,0 +1,130 @@
+"""serving/apis/a1111_images.py: A1111's img2img image handling, each rule against an independent expectation
+(A1111's own worked examples, scipy's Gaussian filter, hand-made images)."""
+
+import numpy as np
+import pytest
+from PIL import Image, ImageDraw
+from scipy.ndimage import gaussian_filter1d
+
+from sdxl_engine.serving.apis import a1111_images as ai
+
+
+@pytest.mark.parametrize("strength, steps, start", [
+    (0.75, 20, 4),   # t_enc 15: A1111 runs 16 steps, from step 4
+    (0.75, 8, 1),    # t_enc 6: 7 steps
+    (1.0, 20, 0),    # capped at 0.999: t_enc 19, every step
+    (0.0, 20, 19),   # t_enc 0: one step, the last
+    (0.5, 3, 1),     # t_enc 1: 2 steps
+])
+def test_a1111s_step_rule_runs_t_enc_plus_one_steps(strength, steps, start):
+    assert ai.img2img_start_step(strength, steps) == start
+
+
+def test_resize_modes_stretch_crop_and_fill_as_a1111():
+    """A 100 x 50 picture to 50 x 50: just resize squeezes it; crop and resize keeps its middle 50 x 50 after
+    scaling to cover (its left and right quarters gone); resize and fill scales it to fit and repeats the edge
+    rows above and below."""
+    image = Image.new("RGB", (100, 50), (200, 0, 0))
+    ImageDraw.Draw(image).rectangle((0, 0, 24, 49), fill=(0, 0, 200))  # a blue left quarter
+    just = np.asarray(ai.resize_image(0, image, 50, 50))
+    crop = np.asarray(ai.resize_image(1, image, 50, 50))
+    fill = np.asarray(ai.resize_image(2, image, 50, 50))
+    assert just.shape == crop.shape == fill.shape == (50, 50, 3)
+    assert just[25, 2, 2] > 150 and crop[25, 2, 0] > 150  # the blue quarter: squeezed in, or cut off
+    assert fill[12:38, 2, 2].min() > 150 and fill[:12, 40, 0].min() > 150 and fill[38:, 40, 0].min() > 150
+    assert ai.resize_image(1, Image.new("L", (100, 50), 255), 50, 50).mode == "L"
+
+
+def test_binary_mask_reads_alpha_when_transparent_else_grey():
+    rgba = Image.new("RGBA", (4, 1), (0, 0, 0, 0))
+    rgba.putpixel((1, 0), (0, 0, 0, 129))
+    rgba.putpixel((2, 0), (0, 0, 0, 128))
+    assert np.asarray(ai.binary_mask(rgba)).tolist() == [[0, 255, 0, 0]]
+    opaque = Image.new("RGBA", (2, 1), (255, 255, 255, 255))
+    assert np.asarray(ai.binary_mask(opaque)).tolist() == [[255, 255]]
+
+
+@pytest.mark.parametrize("sigma", [1, 4, 7.5])
+def test_mask_blur_is_opencvs_gaussian_with_a1111s_kernel(sigma):
+    """cv2.GaussianBlur with A1111's kernel size 2 * int(2.5 sigma + 0.5) + 1 and reflected borders (101) is
+    scipy's gaussian_filter1d truncated at the same radius in "mirror" mode, up to one level of rounding."""
+    mask = np.zeros((40, 64), np.uint8)
+    mask[10:30, 20:50] = 255
+    radius = int(2.5 * sigma + 0.5)
+    for axis in (0, 1):
+        expected = gaussian_filter1d(mask.astype(np.float64), sigma, axis=axis, mode="mirror", truncate=radius / sigma)
+        got = ai.gaussian_blur_1d(mask, sigma, axis)
+        assert np.abs(got.astype(float) - expected).max() <= 0.5 + 1e-9
+        # the blur spreads along ``axis`` only: just outside the square on that axis > 0, across it still 0
+        assert (got[20, 19] > 0 and (got[5, :] == 0).all()) if axis else (got[9, 30] > 0 and (got[:, 5] == 0).all())
+
+
+def test_crop_region_and_its_expansion_as_a1111s_example():
+    """A1111's docstring: a mask drawn in a 128 x 32 region, processed at 512 x 512, is expanded to 128 x 128."""
+    mask = np.zeros((512, 512), np.uint8)
+    mask[200:232, 100:228] = 255
+    box = ai.crop_region(mask, 0)
+    assert box == (100, 200, 228, 232)
+    x1, y1, x2, y2 = ai.expand_crop_region(box, 512, 512, 512, 512)
+    assert (x2 - x1, y2 - y1) == (128, 128) and (x1, x2) == (100, 228)
+    assert ai.crop_region(mask, 16) == (84, 184, 244, 248)
+    assert ai.crop_region(np.zeros((8, 8), np.uint8), 4) is None
+    # at the image's edge the box slides inward and keeps its size
+    edge = np.zeros((100, 100), np.uint8)
+    edge[0:10, 90:100] = 255
+    assert ai.expand_crop_region(ai.crop_region(edge, 0), 40, 20, 100, 100) == (80, 0, 100, 10)
+
+
+def test_fill_paints_the_masked_hole_with_the_colours_around_it():
+    image = Image.new("RGB", (64, 64), (200, 30, 30))
+    ImageDraw.Draw(image).rectangle((20, 20, 43, 43), fill=(0, 0, 0))
+    mask = Image.new("L", (64, 64), 0)
+    ImageDraw.Draw(mask).rectangle((20, 20, 43, 43), fill=255)
+    filled = np.asarray(ai.fill(image, mask)).astype(int)
+    assert np.abs(filled[32, 32] - [200, 30, 30]).max() <= 2  # the hole now red, as around it
+    assert np.array_equal(filled[:16], np.asarray(image)[:16])  # outside the mask: unchanged
+
+
+def test_the_overlay_keeps_the_original_outside_the_mask_with_the_blurred_edge_doubled():
+    """prepare's finish: where the blurred mask is 0 the original, where it is >= 128 the result, between them
+    a mix with opacity 2 x mask (A1111's mask_for_overlay)."""
+    init = Image.new("RGB", (64, 64), (0, 0, 0))
+    mask = Image.new("L", (64, 64), 0)
+    ImageDraw.Draw(mask).rectangle((32, 0, 63, 63), fill=255)
+    prepared = ai.prepare(init, mask, 64, 64, mask_blur_x=4, mask_blur_y=0, fill_mode=1)
+    out = prepared.finish(np.full((1, 64, 64, 3), 200, np.uint8))[0, 10, :, 0].astype(int)
+    blurred = ai.gaussian_blur_1d(np.asarray(mask), 4, axis=1)[10].astype(int)
+    expected = np.rint(200 * np.minimum(2 * blurred, 255) / 255)
+    assert np.abs(out - expected).max() <= 1
+    assert out[0] == 0 and out[63] == 200 and 0 < out[29] < 200
+    assert prepared.params == {"Mask blur": "4x0", "Masked content": "original"}
+    assert np.array_equal(prepared.mask[10], blurred)  # the engine gets the blurred mask (it binarizes at 128)
+
+
+def test_only_masked_crops_around_the_mask_and_pastes_back_at_the_originals_size():
+    init = Image.new("RGB", (128, 96), (10, 20, 30))
+    mask = Image.new("L", (128, 96), 0)
+    ImageDraw.Draw(mask).rectangle((70, 20, 99, 49), fill=255)  # 30 x 30
+    prepared = ai.prepare(init, mask, 64, 64, mask_blur_x=0, mask_blur_y=0, full_res=True, padding=2)
+    assert prepared.image.shape == (64, 64, 3) and prepared.mask.shape == (64, 64)
+    # the box is the mask (30 x 30) and 2 pixels of padding around it (34 x 34), scaled to 64 x 64
+    assert prepared.mask[32, 32] == 255 and prepared.mask[1, 1] == 0 and prepared.mask[62, 62] == 0
+    out = prepared.finish(np.full((2, 64, 64, 3), 250, np.uint8))
+    assert out.shape == (2, 96, 128, 3)
+    assert (out[:, 20:50, 70:100] == 250).all() and (out[:, :18] == [10, 20, 30]).all()
+    assert prepared.params["Inpaint area"] == "Only masked" and prepared.params["Masked area padding"] == 2
+
+
+def test_no_mask_is_a_resize_and_a_transparent_init_is_flattened_on_white():
+    rgba = Image.new("RGBA", (32, 32), (0, 0, 0, 0))
+    prepared = ai.prepare(rgba, None, 16, 16)
+    assert prepared.mask is None and prepared.finish is None and (prepared.image == 255).all()
+
+
+def test_an_inverted_mask_repaints_the_black_part():
+    init = Image.new("RGB", (16, 16), (0, 0, 0))
+    mask = Image.new("L", (16, 16), 0)
+    ImageDraw.Draw(mask).rectangle((0, 0, 7, 15), fill=255)
+    prepared = ai.prepare(init, mask, 16, 16, mask_blur_x=0, mask_blur_y=0, invert=True)
+    assert prepared.mask[:, :8].max() == 0 and prepared.mask[:, 8:].min() == 255
+    assert prepared.params["Mask mode"] == "Inpaint not masked"
