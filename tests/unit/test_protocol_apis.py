@@ -675,23 +675,26 @@ def test_a1111_hires_fields_map_to_the_engines_and_keep_one_factor():
     from sdxl_engine.serving.apis.a1111 import Txt2ImgHires, hires_fields
     from sdxl_engine.serving.apis.core import ApiError
 
-    assert hires_fields(Txt2ImgHires(prompt="x", hr_scale=3), 64, 64) == ({}, [])  # enable_hr off
+    assert hires_fields(Txt2ImgHires(prompt="x", hr_scale=3), 64, 64, 20) == ({}, [])  # enable_hr off
     fields, warnings = hires_fields(Txt2ImgHires(prompt="x", enable_hr=True, hr_scale=1.5, denoising_strength=0.4,
-                                                 hr_second_pass_steps=7, hr_upscaler="Latent (bicubic)"), 64, 48)
+                                                 hr_second_pass_steps=7, hr_upscaler="Latent (bicubic)"), 64, 48, 20)
     assert fields == {"hires_scale": 1.5, "hires_strength": 0.4, "hires_steps": 7, "hires_upscaler": "Latent (bicubic)"}
     assert warnings == []
-    assert hires_fields(Txt2ImgHires(prompt="x", enable_hr=True, hr_resize_y=96), 64, 48)[0]["hires_scale"] == 2
-    assert hires_fields(Txt2ImgHires(prompt="x", enable_hr=True, hr_resize_x=128, hr_resize_y=96), 64, 48)[0][
+    # no hr_second_pass_steps: A1111 passes the first pass's steps, and exactly that many run
+    assert hires_fields(Txt2ImgHires(prompt="x", enable_hr=True, hr_resize_y=96), 64, 48, 20)[0] == {
+        "hires_scale": 2, "hires_strength": None, "hires_steps": 20, "hires_upscaler": None}
+    assert hires_fields(Txt2ImgHires(prompt="x", enable_hr=True, hr_resize_x=128, hr_resize_y=96), 64, 48, 20)[0][
         "hires_scale"] == 2
     with pytest.raises(ApiError, match=r"^hr_resize_x/hr_resize_y: 128x128 has another aspect ratio than the first "
                                        r"pass's 64x48"):
-        hires_fields(Txt2ImgHires(prompt="x", enable_hr=True, hr_resize_x=128, hr_resize_y=128), 64, 48)
+        hires_fields(Txt2ImgHires(prompt="x", enable_hr=True, hr_resize_x=128, hr_resize_y=128), 64, 48, 20)
     _, warnings = hires_fields(Txt2ImgHires(prompt="x", enable_hr=True, sampler_name="Euler",
-                                            hr_sampler_name="DPM++ 2M", hr_prompt="y", hr_negative_prompt=""), 64, 64)
+                                            hr_sampler_name="DPM++ 2M", hr_prompt="y", hr_negative_prompt=""), 64, 64,
+                               20)
     assert warnings == ['hr_sampler_name="DPM++ 2M" ignored: the second pass uses the request\'s sampler',
                         'hr_prompt="y" ignored: the second pass uses the first pass\'s prompts']
     assert hires_fields(Txt2ImgHires(prompt="x", enable_hr=True, hr_sampler_name="Use same sampler",
-                                     hr_prompt="x"), 64, 64)[1] == []
+                                     hr_prompt="x"), 64, 64, 20)[1] == []
 
 
 def test_a1111_refiner_checkpoint_must_name_the_loaded_refiner(tmp_path):

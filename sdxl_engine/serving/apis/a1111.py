@@ -1,7 +1,9 @@
-"""AUTOMATIC1111's web API (``/sdapi/v1/...``) on this server: txt2img, progress, interrupt, the lists.
+"""AUTOMATIC1111's web API (``/sdapi/v1/...``) on this server: txt2img, img2img, progress, interrupt, the lists.
 
 The routes its clients call (webuiapi, Open WebUI, SillyTavern; README, "AUTOMATIC1111 API"):
-``POST txt2img`` runs the page's ``/generate`` event (core.generate: same queue, handler, checks
+``POST txt2img`` (with its hires fix and refiner fields) and ``img2img`` (its images prepared as A1111 does:
+a1111_images.py; the image, mask and overlay reach the handler in memory: handler.ProtocolInputs) run the
+page's ``/generate`` event (core.generate: same queue, handler, checks
 and messages) as a job of its client (progress.JOBS; the client is its address); ``GET progress``
 reads that client's running A1111 request, ``POST interrupt`` stops it (and its engine calls still to
 come), ``POST skip`` ends its running engine call only: never a page's, a gradio_client's, another
@@ -46,8 +48,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict
 from sdxl_engine.program.latent_upscale import HIRES_UPSCALERS
 from sdxl_engine.program.schedulers import SAMPLERS, UnknownSampler, get_sampler
 from sdxl_engine.serving import admission
-from sdxl_engine.serving.apis import a1111_images
-from sdxl_engine.serving.apis.a1111_images import same_aspect
+from sdxl_engine.serving.apis.a1111_images import FILL_MODES, img2img_start_step, prepare, same_aspect
 from sdxl_engine.serving.apis.core import ApiError, Call, Interrupted, generate, model_name, read_json, wait_started
 from sdxl_engine.serving.apis.extras import ExtrasBatchImages, ExtrasRequest, ExtrasSingleImage, upscaler_list
 from sdxl_engine.serving.apis.extras import run as run_extras
@@ -120,7 +121,7 @@ class Txt2Img(BaseModel):
 class Txt2ImgHires(Txt2Img):
     """txt2img with A1111's hires fix fields (StableDiffusionProcessingTxt2Img): ``enable_hr`` turns it on;
     ``hr_scale`` (default 2) or ``hr_resize_x`` / ``hr_resize_y`` the final size; ``hr_upscaler`` one of
-    ``/latent-upscale-modes`` (default Latent); ``hr_second_pass_steps`` (0: the engine's rule);
+    ``/latent-upscale-modes`` (default Latent); ``hr_second_pass_steps`` (0: ``steps``, as A1111);
     ``denoising_strength`` the second pass's (default 0.7, A1111's)."""
 
     enable_hr: bool = False
@@ -303,9 +304,10 @@ def refiner_fields(body: Txt2Img, engine) -> dict:
     return {"refiner_switch_at": DEFAULT_SWITCH_AT if body.refiner_switch_at is None else body.refiner_switch_at}
 
 
-def hires_fields(body: Txt2ImgHires, width: int, height: int) -> tuple[dict, list[str]]:
-    """(engine fields, warnings) of txt2img's hires fix for a first pass of ``width`` x ``height``: {} without
-    ``enable_hr``. The final size is ``hr_scale`` x the size, or ``hr_resize_x`` / ``hr_resize_y`` (one of them:
+def hires_fields(body: Txt2ImgHires, width: int, height: int, steps: int) -> tuple[dict, list[str]]:
+    """(engine fields, warnings) of txt2img's hires fix for a first pass of ``width`` x ``height`` and ``steps``
+    steps: {} without ``enable_hr``. The second pass runs ``hr_second_pass_steps or steps`` steps, as A1111 passes
+    them (processing.sample_hr_pass; setup_img2img_steps with steps given: exactly that many run). The final size is ``hr_scale`` x the size, or ``hr_resize_x`` / ``hr_resize_y`` (one of them:
     the other follows the aspect ratio; both: they must keep it, as this server scales both sides by one factor),
     each side down to the model's multiple (validation.hires_size). ``hr_sampler_name``, ``hr_prompt`` and
     ``hr_negative_prompt`` other than the first pass's are named in a warning: the second pass uses those.
@@ -321,8 +323,8 @@ def hires_fields(body: Txt2ImgHires, width: int, height: int) -> tuple[dict, lis
                                 f"{width}x{height}; this server scales both sides by one factor: send hr_scale, or "
                                 "one of hr_resize_x and hr_resize_y", "hr_resize_x")
         scale = rx / width if rx else ry / height
-    fields = {"hires_scale": scale, "hires_strength": body.denoising_strength, "hires_steps": body.hr_second_pass_steps,
-              "hires_upscaler": body.hr_upscaler or None}
+    fields = {"hires_scale": scale, "hires_strength": body.denoising_strength,
+              "hires_steps": body.hr_second_pass_steps or steps, "hires_upscaler": body.hr_upscaler or None}
     warnings = []
     if (body.hr_sampler_name or "") not in SAME_SAMPLER and body.hr_sampler_name != (body.sampler_name or ""):
         warnings.append(f"hr_sampler_name={_short(body.hr_sampler_name)} ignored: the second pass uses the "
@@ -390,11 +392,11 @@ def img2img_call(body: Img2Img, engine) -> tuple[Call, list[str]]:
             raise ApiError(422, f"{name}: must be within 8 to {MAX_INPUT_SIDE} pixels, got {side}", name)
     blur_x, blur_y = (body.mask_blur, body.mask_blur) if body.mask_blur is not None else (body.mask_blur_x,
                                                                                           body.mask_blur_y)
-    prepared = a1111_images.prepare(init, mask, width, height, body.resize_mode, blur_x, blur_y,
+    prepared = prepare(init, mask, width, height, body.resize_mode, blur_x, blur_y,
                                     bool(body.inpainting_mask_invert), body.inpainting_fill, body.inpaint_full_res,
                                     body.inpaint_full_res_padding)
     if mask is not None and body.inpainting_fill in (2, 3):
-        warnings.append(f"inpainting_fill={body.inpainting_fill} ({a1111_images.FILL_MODES[body.inpainting_fill]}) "
+        warnings.append(f"inpainting_fill={body.inpainting_fill} ({FILL_MODES[body.inpainting_fill]}) "
                         "runs as 0 (fill) here: the masked area is pre-filled with the colours around it, and its "
                         "latents are not replaced")
     if body.resize_mode == 3:
@@ -403,7 +405,7 @@ def img2img_call(body: Img2Img, engine) -> tuple[Call, list[str]]:
     steps = body.steps or engine.limits.default_steps
     strength = 0.75 if body.denoising_strength is None else body.denoising_strength
     fields = {"image": prepared.image, "strength": strength if strength > 0 else None,
-              "start_step": a1111_images.img2img_start_step(strength, steps) if isinstance(steps, int) else None,
+              "start_step": img2img_start_step(strength, steps) if isinstance(steps, int) else None,
               **({"mask": prepared.mask} if prepared.mask is not None else {}), **refiner_fields(body, engine)}
     extra = ProtocolInputs(fields, prepared.finish, prepared.params)
     return to_call(body, width, height, extra), warnings
@@ -608,7 +610,7 @@ def router(demo, engine, flags: dict, loras) -> APIRouter:
         def make_call():
             call = to_call(body)
             first = (body.width or engine.limits.default_size[0], body.height or engine.limits.default_size[1])
-            hires, more = hires_fields(body, *first)
+            hires, more = hires_fields(body, *first, body.steps or engine.limits.default_steps)
             fields = {**hires, **refiner_fields(body, engine)}
             return (dataclasses.replace(call, extra=ProtocolInputs(fields)) if fields else call), more
 
