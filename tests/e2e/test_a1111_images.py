@@ -223,3 +223,19 @@ def test_info_is_json_with_the_seeds_in_order(webui):
     result = webui.img2img(images=[init_image()], prompt=PROMPT, seed=40, steps=2, batch_size=2, **SIZE)
     assert result.info["all_seeds"] == [40, 41] and len(result.images) == 2
     assert json.loads(json.dumps(result.info))["infotexts"][0].endswith("Denoising strength: 0.75")
+
+
+def test_a_one_pixel_image_is_resized_and_an_rgba_mask_repaints_where_opaque(webui):
+    """A 1 x 1 init image is resized to width x height (resize_mode 0, documented); an RGBA mask with transparency
+    repaints where it is opaque (A1111's create_binary_mask reads its alpha): there the pixels change, where it is
+    transparent they are the original's."""
+    tiny = webui.img2img(images=[Image.new("RGB", (1, 1), (200, 40, 40))], prompt=PROMPT, seed=2, steps=2, **SIZE)
+    assert tiny.image.size == (64, 64)
+    init = init_image()
+    mask = Image.new("RGBA", (64, 64), (0, 0, 0, 0))
+    ImageDraw.Draw(mask).rectangle((0, 32, 63, 63), fill=(0, 0, 0, 255))  # the bottom half opaque: repaint it
+    result = webui.img2img(images=[init], mask_image=mask, prompt=PROMPT, seed=2, steps=4, mask_blur=0,
+                           inpaint_full_res=False, inpainting_fill=1, denoising_strength=1.0, **SIZE)
+    got, original = pixels(result.image).astype(int), pixels(init).astype(int)
+    assert np.array_equal(got[:32], original[:32])
+    assert np.abs(got[32:] - original[32:]).mean() > 10
