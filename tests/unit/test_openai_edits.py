@@ -203,6 +203,17 @@ def test_the_edit_stream_is_image_edit_events_through_the_sdk(served):
         ("ImageEditCompletedEvent", "image_edit.completed", "64x64")] * 2
 
 
+def test_strength_reaches_the_engine_from_the_sdks_extra_body(served):
+    """The README's way to set strength with the SDK: extra_body travels as a form field."""
+    from openai import OpenAI
+
+    client, calls, _ = served
+    sdk = OpenAI(base_url="http://testserver/v1", api_key="any", http_client=client)
+    sdk.images.edit(image=("in.png", png(Image.fromarray(noise(64, 64))), "image/png"), prompt="x",
+                    mask=("m.png", png(hole_mask(64, 64, (0, 0, 8, 8))), "image/png"), extra_body={"strength": 0.5})
+    assert calls[0].extra.fields["strength"] == 0.5
+
+
 def _broken_png() -> bytes:
     whole = png(Image.fromarray(noise(64, 64)))
     return whole[: len(whole) // 2]

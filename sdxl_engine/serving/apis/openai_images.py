@@ -18,7 +18,7 @@ Errors come in OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}
 statuses (400 bad value, 401 key, 404 model, 429 over the per-client limit, 500/503 server).
 
 ``POST /v1/images/edits`` (multipart/form-data, as OpenAI's ``images.edit`` and Open WebUI send it) edits
-one image (:func:`edit_form`, :func:`edit_inputs`): ``image`` (a file; or ``image[]``, several, of which
+one image (:func:`read_form`, :func:`edit_form`, :func:`edit_call`): ``image`` (a file; or ``image[]``, several, of which
 the first is edited and the others are named in a warning), ``prompt``, optional ``mask`` (a PNG the
 image's size whose fully transparent pixels, alpha 0, mark where to edit) and the generations fields
 above (read from their text form: ``n``, ``size``, ``model``, ``response_format``, ``output_format``,
@@ -270,8 +270,7 @@ async def read_form(request: Request) -> FormData:
     except ClientDisconnect:  # the client left, or the guard cut a body over its cap (it answers the 413)
         raise ApiError(400, "the request body ended before the form did") from None
     except MultiPartException as err:
-        raise ApiError(400, f"the multipart form could not be read: {err.message} (at most {FORM_MAX_FILES} files: "
-                            "image or image[], mask)") from None
+        raise ApiError(400, f"the multipart form could not be read: {err.message}") from None
 
 
 def edit_form(form: FormData, model_id: str) -> tuple[Call, Answer, EditUpload]:
