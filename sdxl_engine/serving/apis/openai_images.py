@@ -51,9 +51,9 @@ from starlette.requests import ClientDisconnect
 
 from sdxl_engine.engine.validation import DEFAULT_STRENGTH, InvalidRequest, Limits, size_of
 from sdxl_engine.serving import admission
-from sdxl_engine.serving.apis import uploads
 from sdxl_engine.serving.apis.core import (ApiError, Call, FileTokens, Generated, generate, model_name, read_json,
                                            wait_started)
+from sdxl_engine.serving.apis.uploads import open_image
 from sdxl_engine.serving.handler import ProtocolInputs
 
 PREFIX = "/v1"
@@ -354,8 +354,8 @@ def edit_call(call: Call, upload: EditUpload, limits: Limits) -> Call:
     except InvalidRequest as err:
         field = call.field(err.field)
         raise ApiError(400, field + str(err)[len(err.field):], field) from None
-    image = uploads.open_image(upload.image, "image", "RGB")
-    repaint = None if upload.mask is None else edit_mask(uploads.open_image(upload.mask, "mask", None), image.size,
+    image = open_image(upload.image, "image", "RGB")
+    repaint = None if upload.mask is None else edit_mask(open_image(upload.mask, "mask", None), image.size,
                                                          (width, height))
     if image.size != (width, height):
         image = image.resize((width, height), Image.Resampling.LANCZOS)
