@@ -22,6 +22,7 @@ def app(tmp_path_factory):
     temp = tmp_path_factory.mktemp("edits")
     (temp / "gradio").mkdir()
     (temp / "tmp").mkdir()
+    # its own Gradio temp folder and TMPDIR, which the last test reads: no upload may land in either
     running = RunningApp(env={"GRADIO_TEMP_DIR": str(temp / "gradio"), "TMPDIR": str(temp / "tmp")})
     running.temp = temp
     yield running
@@ -97,7 +98,7 @@ def test_an_edit_without_a_mask_redraws_the_image_from_it(client):
 def test_bad_uploads_are_400s_naming_the_field_and_the_server_edits_on_and_keeps_no_upload(app, client):
     """No image, a text file named .png, a truncated PNG, a mask without alpha, a mask of another size (under a
     3 MB image, past Starlette's 1 MB spool): 400s in OpenAI's shape naming image or mask; then an edit works.
-    The temp folders hold only the answers' PNGs (the engine's output), none of the uploaded files."""
+    The temp folders hold only the handler's PNGs (answers and step previews), none of the uploaded files."""
     import openai
 
     good = png(split_image())
@@ -125,6 +126,7 @@ def test_bad_uploads_are_400s_naming_the_field_and_the_server_edits_on_and_keeps
     uploads = {good, whole, no_alpha, other_size}
     for root in ("gradio", "tmp"):
         for path in (app.temp / root).rglob("*"):
-            if path.is_file():
+            if path.is_file():  # the answers (64x64) and the step previews (sdxl-preview-*/stepN.png), nothing else
                 assert root == "gradio" and path.suffix == ".png", path
-                assert path.read_bytes() not in uploads and Image.open(path).size == (64, 64), path
+                assert path.read_bytes() not in uploads, path
+                assert path.parent.name.startswith("sdxl-preview-") or Image.open(path).size == (64, 64), path
