@@ -258,10 +258,11 @@ def test_openai_url_format_and_errors(app):
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=app.url + "v1", api_key="wrong").images.generate(prompt=PROMPT)
     headers = {"Authorization": f"Bearer {KEY}"}
-    for method, path in (("POST", "v1/images/edits"), ("GET", "v1/images/generations")):
+    for method, path in (("POST", "v1/images/variations"), ("GET", "v1/images/generations")):
         answer = httpx.request(method, app.url + path, headers=headers, json={})
         assert answer.status_code == 404 and answer.json()["error"]["message"] == (
-            f"{method} /{path} is not served here; this server has POST /v1/images/generations, GET /v1/models")
+            f"{method} /{path} is not served here; this server has POST /v1/images/generations, "
+            "POST /v1/images/edits, GET /v1/models")
 
 
 def test_openai_model_aliases_jpeg_and_stream_through_the_sdk(app):

@@ -1,4 +1,4 @@
-"""OpenAI's Images API on this server: ``POST /v1/images/generations``, ``GET /v1/models``.
+"""OpenAI's Images API on this server: ``POST /v1/images/generations``, ``POST /v1/images/edits``, ``GET /v1/models``.
 
 ``POST /v1/images/generations`` runs the page's ``/generate`` event (core.generate: same queue,
 handler, checks and messages). Fields (:func:`to_call`): ``prompt``; ``n`` images (default 1; the
@@ -16,6 +16,19 @@ would change the images (``quality``, ``style``, ``background``, ``partial_image
 honoured: each is named in one log line and the ``X-SDXL-Warnings`` header (:func:`ignored`).
 Errors come in OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``, with its
 statuses (400 bad value, 401 key, 404 model, 429 over the per-client limit, 500/503 server).
+
+``POST /v1/images/edits`` (multipart/form-data, as OpenAI's ``images.edit`` and Open WebUI send it) edits
+one image (:func:`read_form`, :func:`edit_form`, :func:`edit_call`): ``image`` (a file; or ``image[]``, several, of which
+the first is edited and the others are named in a warning), ``prompt``, optional ``mask`` (a PNG the
+image's size whose fully transparent pixels, alpha 0, mark where to edit) and the generations fields
+above (read from their text form: ``n``, ``size``, ``model``, ``response_format``, ``output_format``,
+``output_compression``, ``stream``, ``user``), plus ``strength`` (not OpenAI's: a number in (0, 1]).
+The image is resized (Pillow's Lanczos) to the request's size, ``size`` or the engine's default size,
+since the engine makes only its own sizes; the mask with it. With a mask: inpainting of the transparent
+part at strength :data:`MASK_STRENGTH` (1.0: the masked part is made anew), every pixel outside it the
+resized image's own (the handler's overlay). Without: image to image of the whole image at
+validation.DEFAULT_STRENGTH (0.75, A1111's and diffusers' img2img default). The client's bytes are never
+written to disk (:class:`InMemoryMultiPartParser`) and are decoded only by uploads.open_image.
 """
 
 from __future__ import annotations
@@ -28,12 +41,20 @@ import json
 import re
 import time
 
+import numpy as np
 from fastapi import APIRouter, Request
-from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from PIL import Image
+from starlette.datastructures import FormData, UploadFile
+from starlette.formparsers import MultiPartException, MultiPartParser
+from starlette.requests import ClientDisconnect
 
+from sdxl_engine.engine.validation import DEFAULT_STRENGTH, InvalidRequest, Limits, size_of
 from sdxl_engine.serving import admission
-from sdxl_engine.serving.apis.core import ApiError, Call, FileTokens, generate, model_name, read_json
+from sdxl_engine.serving.apis.core import (ApiError, Call, FileTokens, Generated, generate, model_name, read_json,
+                                           wait_started)
+from sdxl_engine.serving.apis.uploads import open_image
+from sdxl_engine.serving.handler import ProtocolInputs
 
 PREFIX = "/v1"
 FORMATS = ("b64_json", "url")
@@ -79,8 +100,9 @@ EXIF_IFD = 0x8769
 
 @dataclasses.dataclass(frozen=True)
 class Answer:
-    """How a generations request wants its images: ``response_format`` (b64_json, url), ``output_format``
-    (png, jpeg, webp) with ``compression`` (0-100, for jpeg and webp), ``stream`` (Server-Sent Events),
+    """How a generations or edits request wants its images: ``response_format`` (b64_json, url),
+    ``output_format`` (png, jpeg, webp) with ``compression`` (0-100, for jpeg and webp), ``stream``
+    (Server-Sent Events of type ``<event>.completed``: ``image_generation``, or ``image_edit`` for edits),
     and ``warnings``: the fields sent that this server does not honour (:func:`ignored`)."""
 
     response_format: str = "b64_json"
@@ -88,6 +110,7 @@ class Answer:
     compression: int = 100
     stream: bool = False
     warnings: tuple[str, ...] = ()
+    event: str = "image_generation"
 
 
 def model_family(model, model_id: str) -> str | None:
@@ -109,7 +132,8 @@ def ignored(body: dict) -> tuple[str, ...]:
     rows = (("quality", ("auto",), "the steps and size decide the quality here"),
             ("style", (), "no vivid/natural styles here: describe the style in the prompt"),
             ("background", ("auto", "opaque"), "images are opaque RGB here"),
-            ("partial_images", (0,), "only the final image is sent here (no partial images)"))
+            ("partial_images", (0,), "only the final image is sent here (no partial images)"),
+            ("input_fidelity", ("low",), "the image is followed as strength says (0.75 without a mask) here"))
     warnings = [f"{name}={_short(body[name])} ignored: {why}" for name, defaults, why in rows
                 if body.get(name) is not None and body[name] not in defaults]
     if body.get("output_compression") not in (None, 100) and (body.get("output_format") or "png") == "png":
@@ -199,6 +223,179 @@ def encode(png: bytes, output_format: str, compression: int = 100) -> bytes:
     return out.getvalue()
 
 
+MASK_STRENGTH = 1.0  # an edit with a mask: the transparent part is made anew (diffusers' inpainting default)
+FORM_MAX_FILES = 4  # file parts in an edits form: image (or image[] ...) and mask
+FORM_MAX_FIELDS = 50  # text parts: OpenAI's edit fields are fewer than 25
+FORM_MAX_TEXT_BYTES = 256 * 1024  # one text part: a prompt of validation.MAX_PROMPT_CHARS in 4-byte UTF-8, and more
+FORM_WHOLE = ("n", "output_compression", "partial_images")  # text fields read as whole numbers
+FILE_FIELDS = ("image", "image[]", "mask", "markup")
+TEXT_FIELDS = ("prompt", "model", "n", "size", "response_format", "output_format", "output_compression", "stream",
+               "user", "strength", "quality", "background", "partial_images", "input_fidelity", "moderation")
+
+
+class InMemoryMultiPartParser(MultiPartParser):
+    """Starlette's multipart parser (the one ``Request.form`` uses, with its part, file and field limits) with
+    every file part kept in memory. Starlette keeps a file part in a ``SpooledTemporaryFile`` that moves to a
+    file on disk past ``spool_max_size`` (1 MB there); a client's image is not written to disk here, so this
+    spool has no such size (tempfile's rule: ``max_size`` 0 never rolls over). The body is bounded before it
+    is read: the HTTP guard caps it at guard.MAX_IMAGE_BODY_BYTES (48 MB) on ``/v1/images/edits``."""
+
+    spool_max_size = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class EditUpload:
+    """An edits form's files and image fields, not yet decoded: ``image`` (the first image's bytes), ``mask``
+    (the mask's bytes, or None), ``strength`` (the form's, or None for the default)."""
+
+    image: bytes
+    mask: bytes | None = None
+    strength: float | None = None
+
+
+async def read_form(request: Request) -> FormData:
+    """The request's multipart/form-data body, read in memory (:class:`InMemoryMultiPartParser`) with at most
+    :data:`FORM_MAX_FILES` files, :data:`FORM_MAX_FIELDS` text fields of :data:`FORM_MAX_TEXT_BYTES` each.
+    The caller closes it (``await form.close()``).
+
+    Raises ApiError 400: another Content-Type, a form that breaks these limits or cannot be parsed."""
+    kind = request.headers.get("content-type", "")
+    if kind.partition(";")[0].strip().lower() != "multipart/form-data":
+        raise ApiError(400, "the request body must be multipart/form-data (an image file and text fields, as "
+                            f"openai's images.edit sends them), got {_short(kind) if kind else 'no Content-Type'}")
+    parser = InMemoryMultiPartParser(request.headers, request.stream(), max_files=FORM_MAX_FILES,
+                                     max_fields=FORM_MAX_FIELDS, max_part_size=FORM_MAX_TEXT_BYTES)
+    try:
+        return await parser.parse()
+    except ClientDisconnect:  # the client left, or the guard cut a body over its cap (it answers the 413)
+        raise ApiError(400, "the request body ended before the form did") from None
+    except MultiPartException as err:
+        raise ApiError(400, f"the multipart form could not be read: {err.message}") from None
+
+
+def edit_form(form: FormData, model_id: str) -> tuple[Call, Answer, EditUpload]:
+    """(the ``/generate`` call without its image, how to answer, the files) for an edits form.
+
+    Text fields are read as generations' JSON fields (:func:`to_call`: every check and refusal is its): ``n``,
+    ``output_compression`` and ``partial_images`` as whole numbers, ``stream`` ``true``/``false``; an empty
+    text field counts as left out. The image is ``image``, or the first ``image[]`` (any others, and a
+    ``markup`` file, are named in the answer's warnings). The answer's stream events are ``image_edit``'s.
+
+    Raises ApiError: to_call's; 400 no image (param ``image``), a file where text belongs (:data:`TEXT_FIELDS`) or
+    text where a file does (naming the field), a number field that is not one, ``strength`` not a number.
+    """
+    text, files = {}, {}
+    for name, value in form.multi_items():
+        if isinstance(value, UploadFile):
+            if name in TEXT_FIELDS:
+                raise ApiError(400, f"{name}: expected text, got a file", name)
+            files.setdefault(name, []).append(value)  # a file of another name is not read (as unknown text)
+        elif name in FILE_FIELDS:
+            raise ApiError(400, f"{name}: expected an image file (a form part with a filename), got text", name)
+        elif value != "":
+            text.setdefault(name, value)
+    body = {name: _form_value(name, value) for name, value in text.items() if name != "strength"}
+    call, answer = to_call(body, model_id)
+    images = files.get("image", []) + files.get("image[]", [])
+    if not images:
+        raise ApiError(400, "image: is required (the image to edit, a PNG, JPEG or WebP file)", "image")
+    warnings = list(answer.warnings)
+    if len(images) > 1:
+        warnings.append(f"{'image[]' if 'image[]' in files else 'image'}: {len(images)} images sent, the first one "
+                        "edited: this server edits one image per request")
+    if "markup" in files:
+        warnings.append("markup ignored: the prompt and the mask say what to change here")
+    strength = None
+    if "strength" in text:
+        try:
+            strength = float(text["strength"])
+        except ValueError:
+            raise ApiError(400, f"strength: expected a number in (0, 1], got {_short(text['strength'])}",
+                           "strength") from None
+    masks = files.get("mask", [])
+    upload = EditUpload(_read(images[0]), _read(masks[0]) if masks else None, strength)
+    return call, dataclasses.replace(answer, warnings=tuple(warnings), event="image_edit"), upload
+
+
+def _form_value(name: str, value: str):
+    """A text field's value as generations' JSON would carry it (see :func:`edit_form`)."""
+    if name in FORM_WHOLE:
+        try:
+            return int(value.strip())
+        except ValueError:
+            raise ApiError(400, f"{name}: expected a whole number, got {_short(value)}", name) from None
+    if name == "stream":
+        if value.strip().lower() not in ("true", "false"):
+            raise ApiError(400, f"stream: expected true or false, got {_short(value)}", "stream")
+        return value.strip().lower() == "true"
+    return value
+
+
+def _read(upload: UploadFile) -> bytes:
+    """A file part's bytes: in memory (InMemoryMultiPartParser), so a plain read does not block."""
+    upload.file.seek(0)
+    return upload.file.read()
+
+
+def edit_call(call: Call, upload: EditUpload, limits: Limits) -> Call:
+    """``call`` (from :func:`edit_form`) with its image: the uploaded image, decoded by uploads.open_image and
+    resized with Pillow's Lanczos to the request's size (``size``, or ``limits.default_size``), since the engine
+    makes only sizes of its own; and its mask, if one came (:func:`edit_mask`). The call's ``extra`` carries
+    ``image`` (H, W, 3) uint8, ``strength`` (the form's; else :data:`MASK_STRENGTH` with a mask,
+    validation.DEFAULT_STRENGTH without) and with a mask ``mask`` (H, W) uint8 (255 = repaint) and the
+    overlay (the resized image, alpha 1.0 where repainted, 0.0 elsewhere: every pixel outside the mask stays
+    the image's). Blocking (decoding, resizing): run it in a thread.
+
+    Raises ApiError 400: a size the engine does not make (param ``size``, the engine's message); uploads'
+    refusals naming ``image`` or ``mask``; :func:`edit_mask`'s.
+    """
+    try:
+        width, height = size_of(call.width or limits.default_size[0], call.height or limits.default_size[1], limits)
+    except InvalidRequest as err:
+        field = call.field(err.field)
+        raise ApiError(400, field + str(err)[len(err.field):], field) from None
+    image = open_image(upload.image, "image", "RGB")
+    repaint = None if upload.mask is None else edit_mask(open_image(upload.mask, "mask", None), image.size,
+                                                         (width, height))
+    if image.size != (width, height):
+        image = image.resize((width, height), Image.Resampling.LANCZOS)
+    pixels = np.asarray(image, dtype=np.uint8)  # (H, W, 3)
+    if repaint is None:
+        strength = DEFAULT_STRENGTH if upload.strength is None else upload.strength
+        extra = ProtocolInputs(fields={"image": pixels, "strength": strength})
+    else:
+        strength = MASK_STRENGTH if upload.strength is None else upload.strength
+        extra = ProtocolInputs(fields={"image": pixels, "mask": repaint, "strength": strength},
+                               overlay=(pixels, (repaint == 255).astype(np.float32)))
+    return dataclasses.replace(call, width=width, height=height, extra=extra)
+
+
+def edit_mask(mask: Image.Image, image_size: tuple[int, int], size: tuple[int, int]) -> np.ndarray:
+    """OpenAI's edit mask as the engine's: (H, W) uint8 at ``size`` (width, height), 255 where ``mask``'s alpha
+    is 0 (fully transparent: edit), 0 elsewhere (keep). ``mask`` (any mode, as decoded) must have an alpha
+    channel (or a transparent colour) and be ``image_size``; its edit area is resized with Lanczos and cut at
+    128 (as validation.as_masks binarizes at 0.5).
+
+    Raises ApiError 400 naming ``mask``: no alpha, another size than the image, no fully transparent pixel
+    (or none left at ``size``).
+    """
+    if mask.size != image_size:
+        raise ApiError(400, f"mask: is {mask.size[0]}x{mask.size[1]} pixels, the image {image_size[0]}x"
+                            f"{image_size[1]}: send a mask of the image's size", "mask")
+    if mask.mode not in ("RGBA", "LA", "PA", "RGBa", "La") and "transparency" not in mask.info:
+        raise ApiError(400, f"mask: has no alpha channel (mode {mask.mode}): send a PNG with transparency, fully "
+                            "transparent (alpha 0) where the image is to be edited", "mask")
+    edit = Image.fromarray(np.where(np.asarray(mask.convert("RGBA"))[..., 3] == 0, 255, 0).astype(np.uint8), "L")
+    if edit.size != size:
+        edit = edit.resize(size, Image.Resampling.LANCZOS)
+    repaint = np.where(np.asarray(edit) >= 128, 255, 0).astype(np.uint8)  # (H, W)
+    if not repaint.any():
+        where = "" if mask.size == size else f" at the request's size {size[0]}x{size[1]}"
+        raise ApiError(400, f"mask: no fully transparent pixel (alpha 0){where}, so nothing to edit: make the "
+                            "area to edit transparent", "mask")
+    return repaint
+
+
 FILES = PREFIX + "/images/files/"
 
 
@@ -228,26 +425,31 @@ def router(demo, engine, tokens: FileTokens) -> APIRouter:
     async def generations(request: Request):
         try:
             call, answer = to_call(read_json(await request.body()), model_id())
-            if answer.warnings:
-                print(f"[app] OpenAI images: {len(answer.warnings)} field(s) not honoured: "
-                      f"{'; '.join(answer.warnings)}", flush=True)
-            made = await generate(demo, engine, request, call, ("openai", admission.client_address(request)))
+            made = await _generate(demo, engine, request, call, answer)
         except ApiError as err:
             return openai_error(err)
-        headers = {"X-SDXL-Warnings": "; ".join(answer.warnings)} if answer.warnings else {}
-        size = f"{made.info['width']}x{made.info['height']}"
-        images = [] if answer.response_format == "url" else made.pngs if answer.output_format == "png" else \
-            await asyncio.to_thread(lambda: [encode(p, answer.output_format, answer.compression) for p in made.pngs])
-        if answer.stream:
-            return StreamingResponse(_events(images, answer, size), media_type="text/event-stream", headers=headers)
-        if answer.response_format == "b64_json":
-            data = [{"b64_json": base64.b64encode(image).decode(), "revised_prompt": None} for image in images]
-        else:
-            base = str(request.base_url).rstrip("/")
-            data = [{"url": f"{base}{FILES}{tokens.add(path)}.png", "revised_prompt": None}
-                    for path in made.paths]
-        return JSONResponse({"created": int(time.time()), "data": data, "output_format": answer.output_format,
-                             "size": size}, headers=headers)
+        return await respond(request, made, answer, tokens)
+
+    decoding = asyncio.Lock()  # one edit's images decoded at a time: each holds up to 2048 x 2048 pixels
+
+    @api.post("/images/edits")
+    async def edits(request: Request):
+        try:
+            form = await read_form(request)
+            try:
+                call, answer, upload = edit_form(form, model_id())
+            finally:
+                await form.close()
+            await wait_started(engine)
+            if engine.error is not None:
+                raise ApiError(503, f"the engine failed to start: {engine.error}")
+            async with decoding:
+                call = await asyncio.to_thread(edit_call, call, upload, engine.limits)
+            del upload  # the call holds the decoded image now; the file's bytes can go
+            made = await _generate(demo, engine, request, call, answer)
+        except ApiError as err:
+            return openai_error(err)
+        return await respond(request, made, answer, tokens)
 
     @api.get("/models")
     async def models():
@@ -264,16 +466,44 @@ def router(demo, engine, tokens: FileTokens) -> APIRouter:
     return api
 
 
+async def _generate(demo, engine, request: Request, call: Call, answer: Answer) -> Generated:
+    """core.generate for a route's call, after one log line naming the fields it does not honour."""
+    if answer.warnings:
+        print(f"[app] OpenAI images: {len(answer.warnings)} field(s) not honoured: "
+              f"{'; '.join(answer.warnings)}", flush=True)
+    return await generate(demo, engine, request, call, ("openai", admission.client_address(request)))
+
+
+async def respond(request: Request, made: Generated, answer: Answer, tokens: FileTokens) -> Response:
+    """OpenAI's answer for ``made`` as ``answer`` says (generations and edits alike): a JSON ImagesResponse
+    (``b64_json`` or ``url`` items), or a stream of ``<answer.event>.completed`` events; the warnings in the
+    ``X-SDXL-Warnings`` header."""
+    headers = {"X-SDXL-Warnings": "; ".join(answer.warnings)} if answer.warnings else {}
+    size = f"{made.info['width']}x{made.info['height']}"
+    images = [] if answer.response_format == "url" else made.pngs if answer.output_format == "png" else \
+        await asyncio.to_thread(lambda: [encode(p, answer.output_format, answer.compression) for p in made.pngs])
+    if answer.stream:
+        return StreamingResponse(_events(images, answer, size), media_type="text/event-stream", headers=headers)
+    if answer.response_format == "b64_json":
+        data = [{"b64_json": base64.b64encode(image).decode(), "revised_prompt": None} for image in images]
+    else:
+        base = str(request.base_url).rstrip("/")
+        data = [{"url": f"{base}{FILES}{tokens.add(path)}.png", "revised_prompt": None} for path in made.paths]
+    return JSONResponse({"created": int(time.time()), "data": data, "output_format": answer.output_format,
+                         "size": size}, headers=headers)
+
+
 async def _events(images: list[bytes], answer: Answer, size: str):
-    """OpenAI's image stream (openai.types.ImageGenStreamEvent) for finished images: one
-    ``image_generation.completed`` Server-Sent Event per image, in order (no partial images)."""
+    """OpenAI's image stream (openai.types.ImageGenStreamEvent, or ImageEditStreamEvent for edits) for finished
+    images: one ``<answer.event>.completed`` Server-Sent Event per image, in order (no partial images)."""
+    kind = f"{answer.event}.completed"
     for image in images:
-        event = {"type": "image_generation.completed", "b64_json": base64.b64encode(image).decode(),
+        event = {"type": kind, "b64_json": base64.b64encode(image).decode(),
                  "created_at": int(time.time()), "size": size, "output_format": answer.output_format,
                  "quality": "auto", "background": "opaque",
                  "usage": {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0,
                            "input_tokens_details": {"image_tokens": 0, "text_tokens": 0}}}
-        yield f"event: image_generation.completed\ndata: {json.dumps(event)}\n\n"
+        yield f"event: {kind}\ndata: {json.dumps(event)}\n\n"
 
 
 def unknown_router() -> APIRouter:
@@ -284,6 +514,7 @@ def unknown_router() -> APIRouter:
     @api.api_route("/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"], include_in_schema=False)
     async def unknown(path: str, request: Request):
         return openai_error(ApiError(404, f"{request.method} {PREFIX}/{path[:80]} is not served here; this server "
-                                          f"has POST {PREFIX}/images/generations, GET {PREFIX}/models"))
+                                          f"has POST {PREFIX}/images/generations, POST {PREFIX}/images/edits, "
+                                          f"GET {PREFIX}/models"))
 
     return api
