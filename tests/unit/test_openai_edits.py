@@ -53,7 +53,7 @@ def test_an_image_of_the_requests_size_reaches_the_engine_unchanged_for_img2img_
     pixels = noise(64, 64)
     call = edit_call(Call(prompt="x", field_names=FIELD_NAMES), EditUpload(png(Image.fromarray(pixels))), LIMITS)
     assert (call.width, call.height) == (64, 64)  # the engine's default size (size left out)
-    assert set(call.extra.fields) == {"image", "strength"} and call.extra.overlay is None
+    assert set(call.extra.fields) == {"image", "strength"} and call.extra.finish is None
     assert call.extra.fields["strength"] == DEFAULT_STRENGTH == 0.75
     assert call.extra.fields["image"].dtype == np.uint8 and np.array_equal(call.extra.fields["image"], pixels)
 
@@ -74,13 +74,16 @@ def test_a_mask_marks_its_transparent_pixels_for_repainting_and_the_overlay_keep
     mask = hole_mask(64, 64, (16, 8, 40, 32))
     call = edit_call(Call(prompt="x", field_names=FIELD_NAMES), EditUpload(png(Image.fromarray(pixels)), png(mask)),
                      LIMITS)
-    fields, (overlay_image, alpha) = call.extra.fields, call.extra.overlay
+    fields = call.extra.fields
     expected = np.zeros((64, 64), np.uint8)
     expected[8:32, 16:40] = 255
     assert fields["mask"].dtype == np.uint8 and np.array_equal(fields["mask"], expected)
     assert fields["strength"] == MASK_STRENGTH == 1.0
-    assert np.array_equal(overlay_image, pixels) and alpha.dtype == np.float32
-    assert np.array_equal(alpha, expected / 255.0)  # 1 where edited: the result; 0 elsewhere: the image
+    results = noise(64, 64, 7)[None].repeat(2, axis=0)  # what the engine made, for two images
+    finished = call.extra.finish(results)
+    edited = expected == 255  # where edited: the result; elsewhere: the image
+    assert np.array_equal(finished[:, edited], results[:, edited])
+    assert np.array_equal(finished[:, ~edited], np.broadcast_to(pixels[~edited], finished[:, ~edited].shape))
 
 
 def test_a_mask_is_resized_with_the_image_and_binarized():
@@ -185,7 +188,7 @@ def test_several_images_edit_the_first_and_say_so_and_strength_overrides(served)
                          files=[("image[]", ("a.png", first, "image/png")), ("image[]", ("b.png", second, "image/png"))])
     assert answer.status_code == 200, answer.text
     assert np.array_equal(calls[0].extra.fields["image"], noise(64, 64, 1))
-    assert calls[0].extra.fields["strength"] == 0.4 and calls[0].extra.overlay is None
+    assert calls[0].extra.fields["strength"] == 0.4 and calls[0].extra.finish is None
     warnings = ('quality="high" ignored: the steps and size decide the quality here; image[]: 2 images sent, the '
                 "first one edited: this server edits one image per request")
     assert answer.headers["x-sdxl-warnings"] == warnings

@@ -211,7 +211,7 @@ def prepare(init: Image.Image, mask: Image.Image | None, width: int, height: int
         work_image = resize_image(mode, image, width, height)
         original = np.asarray(work_image)
         alpha = np.clip(np.asarray(work_mask).astype(np.float32) * 2, 0, 255).astype(np.uint8) / np.float32(255)
-        finish = _overlay(original, alpha)
+        finish = overlay(original, alpha)
     if fill_mode != 1:
         work_image = fill(work_image, work_mask)
     params["Masked content"] = FILL_MODES.get(fill_mode, "fill")
@@ -222,7 +222,7 @@ def _number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else str(value)
 
 
-def _overlay(original: np.ndarray, alpha: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+def overlay(original: np.ndarray, alpha: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
     """The overlay of ``original`` (H, W, 3) uint8 where ``alpha`` (H, W) float32 is 0, each result kept where
     it is 1: ``result * alpha + original * (1 - alpha)``, rounded (A1111's alpha_composite of its overlay)."""
     def finish(images: np.ndarray) -> np.ndarray:
@@ -234,9 +234,9 @@ def _overlay(original: np.ndarray, alpha: np.ndarray) -> Callable[[np.ndarray], 
 
 def _paste_back(original: np.ndarray, alpha: np.ndarray, box) -> Callable[[np.ndarray], np.ndarray]:
     """"Only masked"'s answer: each result resized into ``box`` (crop and resize, A1111's uncrop) on the
-    original's canvas, then the overlay (:func:`_overlay`) with ``alpha`` (the blurred mask, original size)."""
+    original's canvas, then the overlay (:func:`overlay`) with ``alpha`` (the blurred mask, original size)."""
     x1, y1, x2, y2 = box
-    blend = _overlay(original, alpha)
+    blend = overlay(original, alpha)
 
     def finish(images: np.ndarray) -> np.ndarray:
         canvas = np.zeros((len(images), *original.shape), np.uint8)

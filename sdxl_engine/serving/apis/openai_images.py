@@ -26,7 +26,7 @@ above (read from their text form: ``n``, ``size``, ``model``, ``response_format`
 The image is resized (Pillow's Lanczos) to the request's size, ``size`` or the engine's default size,
 since the engine makes only its own sizes; the mask with it. With a mask: inpainting of the transparent
 part at strength :data:`MASK_STRENGTH` (1.0: the masked part is made anew), every pixel outside it the
-resized image's own (the handler's overlay). Without: image to image of the whole image at
+resized image's own (the overlay: a1111_images.overlay). Without: image to image of the whole image at
 validation.DEFAULT_STRENGTH (0.75, A1111's and diffusers' img2img default). The client's bytes are never
 written to disk (:class:`InMemoryMultiPartParser`) and are decoded only by uploads.open_image.
 """
@@ -51,6 +51,7 @@ from starlette.requests import ClientDisconnect
 
 from sdxl_engine.engine.validation import DEFAULT_STRENGTH, InvalidRequest, Limits, size_of
 from sdxl_engine.serving import admission
+from sdxl_engine.serving.apis.a1111_images import overlay
 from sdxl_engine.serving.apis.core import (ApiError, Call, FileTokens, Generated, generate, model_name, read_json,
                                            wait_started)
 from sdxl_engine.serving.apis.uploads import open_image
@@ -366,7 +367,7 @@ def edit_call(call: Call, upload: EditUpload, limits: Limits) -> Call:
     else:
         strength = MASK_STRENGTH if upload.strength is None else upload.strength
         extra = ProtocolInputs(fields={"image": pixels, "mask": repaint, "strength": strength},
-                               overlay=(pixels, (repaint == 255).astype(np.float32)))
+                               finish=overlay(pixels, (repaint == 255).astype(np.float32)))
     return dataclasses.replace(call, width=width, height=height, extra=extra)
 
 
