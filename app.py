@@ -23,6 +23,7 @@ from sdxl_engine.engine.contract import EngineContract
 from sdxl_engine.engine.validation import MAX_GUIDANCE
 from sdxl_engine.program.schedulers import SAMPLERS
 from sdxl_engine.serving import handler, history
+from sdxl_engine.serving.apis.mcp_image import API_NAME as IMAGE_TOOL, image_tool
 from sdxl_engine.serving.page_assets import (CLEAR_HISTORY_JS, HISTORY_JS, HISTORY_KEY, HISTORY_NOTE, MODEL_NOTES,
                                              PAGE_CSS, PARSE_SIZE_JS, REAL_SDXL_HINT, SCROLL_TO_GALLERY_JS,
                                              NEW_REQUEST_JS, PNG_SETTINGS_HTML, PNG_SETTINGS_JS, STOP_STEP_JS)
@@ -138,6 +139,9 @@ def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract 
                       [gallery, info], api_name="generate", concurrency_id="engine",
                       concurrency_limit=concurrency, preprocess=False)
         event.success(page_event(status_line), info, status, api_visibility="private")
+        # The MCP image tool (an API endpoint without widgets): the picture as base64 text (apis/mcp_image.py).
+        gr.api(image_tool(generate, config, engine), api_name=IMAGE_TOOL, concurrency_id="engine",
+               concurrency_limit=concurrency)
         # Stop cancels this browser's request; Gradio closes its generator, which stops the engine
         # after the running step (handler.stream_previews). Nothing else: another browser's request runs on.
         # The page then says where it stopped and shows the last finished result again, not the half-made

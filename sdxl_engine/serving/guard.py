@@ -28,6 +28,10 @@ MAX_BODY_BYTES = 1_000_000  # JSON of a /generate call is < 100 kB even with a 2
 # 4/3 of that as base64) and their body caps; every other path keeps MAX_BODY_BYTES.
 MAX_IMAGE_BODY_BYTES = 48_000_000
 IMAGE_BODY_PATHS = ("/sdapi/v1/img2img", "/v1/images/edits")
+# The API endpoint whose calls carry an image as base64 text (apis/mcp_image.py): its calls, and only they, may be
+# larger than MAX_BODY_BYTES on the routes that reach it (a raw call by name, queue/join, the MCP server).
+IMAGE_TOOL = "image_to_image"
+MCP_PATH = "/gradio_api/mcp"
 BLOCKED_PATH_PREFIXES = ("/gradio_api/upload", "/upload")  # the page has no file inputs
 # Gradio routes this page never uses, refused (404, one line): deep_link writes a session's values
 # (which a client sets) into the temp folder; process_recording writes an uploaded video; stream/
@@ -271,9 +275,33 @@ class Guard:
         await _plain(send, 422 if reason == NOT_JSON else 404, body, content_type=b"application/json")
 
     def body_limit(self, path: str) -> int:
-        """The body cap for ``path``: :data:`MAX_IMAGE_BODY_BYTES` on a route that takes images (or this guard's
-        own cap if larger), else this guard's (``max_body``)."""
-        return max(self.max_body, MAX_IMAGE_BODY_BYTES) if path in IMAGE_BODY_PATHS else self.max_body
+        """The body cap for ``path``: :data:`MAX_IMAGE_BODY_BYTES` on a route that takes images or may carry an
+        :data:`IMAGE_TOOL` call (or this guard's own cap if larger; :meth:`over_cap_refused` then checks that a
+        body over ``max_body`` is one), else this guard's (``max_body``)."""
+        call = _DIRECT_CALL.match(path)
+        if path in IMAGE_BODY_PATHS or _QUEUE_JOIN.match(path) or path.rstrip("/") == MCP_PATH \
+                or (call is not None and call["name"] == IMAGE_TOOL):
+            return max(self.max_body, MAX_IMAGE_BODY_BYTES)
+        return self.max_body
+
+    def over_cap_refused(self, path: str, body: bytes) -> bool:
+        """Whether ``body``, read whole on ``path``, is over ``max_body`` without being an :data:`IMAGE_TOOL`
+        call: a queue/join of another event, an MCP message other than a ``tools/call`` of the tool."""
+        if len(body) <= self.max_body or path in IMAGE_BODY_PATHS:
+            return False
+        if (call := _DIRECT_CALL.match(path)) is not None:
+            return call["name"] != IMAGE_TOOL
+        try:
+            payload = json.loads(body)
+        except (ValueError, RecursionError):
+            return True
+        if not isinstance(payload, dict):
+            return True
+        if _QUEUE_JOIN.match(path):
+            return self.fns.get(payload.get("fn_index")) != IMAGE_TOOL
+        params = payload.get("params")
+        return not (payload.get("method") == "tools/call" and isinstance(params, dict)
+                    and params.get("name") == IMAGE_TOOL)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -328,10 +356,13 @@ class Guard:
         if self.routes is not None and method != "POST" \
                 and (reason := self.routes.refusal(method, path, query, None)) is not None:
             return await self._refuse(send, method, path, reason)
-        if method == "POST" and (self.inputs or self.routes) and (_DIRECT_CALL.match(path) or _QUEUE_JOIN.match(path)):
+        if method == "POST" and (self.inputs or self.routes or limit > self.max_body) \
+                and (_DIRECT_CALL.match(path) or _QUEUE_JOIN.match(path)):
             body = await _read_body(limited_receive)
             if body is None:  # over the cap, or the client left
                 return await _too_large(send, path, limit) if seen > limit else None
+            if self.over_cap_refused(path, body):
+                return await _too_large(send, path, self.max_body)
             if self.routes is not None:
                 if (reason := self.routes.refusal(method, path, query, body)) is not None:
                     return await self._refuse(send, method, path, reason)
@@ -342,6 +373,13 @@ class Guard:
             if message is not None:
                 return await _plain(send, 422, json.dumps({"error": message, "detail": message}).encode(),
                                     content_type=b"application/json")
+            inner_receive = _replay(body, receive)
+        elif method == "POST" and path.rstrip("/") == MCP_PATH and limit > self.max_body:
+            body = await _read_body(limited_receive)  # only a tools/call of the image tool may be large
+            if body is None:
+                return await _too_large(send, path, limit) if seen > limit else None
+            if self.over_cap_refused(path, body):
+                return await _too_large(send, path, self.max_body)
             inner_receive = _replay(body, receive)
         elif method == "POST" and _CANCEL.match(path):
             body = await _read_body(limited_receive)

@@ -322,7 +322,7 @@ def test_an_over_long_body_is_a_413_in_each_protocols_shape(app):
 
 
 def test_mcp_lists_one_described_tool_and_its_images_are_the_pages(app):
-    """The mcp SDK over streamable HTTP: one tool, generate, each input described; calling it with seed 5 gives 4
+    """The mcp SDK over streamable HTTP: generate (and image_to_image), each input described; calling it with seed 5 gives 4
     PNG images equal to /generate's for seed 5 and the info record as JSON text, with no server path."""
     from mcp import ClientSession
     from mcp.client.streamable_http import streamable_http_client
@@ -338,7 +338,7 @@ def test_mcp_lists_one_described_tool_and_its_images_are_the_pages(app):
             return tools, result
 
     tools, result = asyncio.run(session_calls())
-    assert [tool.name for tool in tools] == ["generate"]
+    assert [tool.name for tool in tools] == ["generate", "image_to_image"]
     properties = tools[0].inputSchema["properties"]
     assert list(properties)[:9] == ["prompt", "negative_prompt", "seed", "guidance_scale", "num_inference_steps",
                                     "width", "height", "style", "sampler"]
@@ -455,3 +455,56 @@ def test_webuiapi_extras_upscale_a_png_this_server_made(app, webui):
         time.sleep(0.05)
     lines = [line for line in app.log[log_from:] if "extra-batch-images" in line]
     assert len(lines) == 2 and "2 field(s) not honoured" in lines[0], lines
+
+
+def test_mcp_image_tool_repaints_as_a1111s_img2img_and_only_it_may_send_a_large_body(app, webui):
+    """The mcp SDK: image_to_image with a base64 PNG and a mask gives the images webuiapi's img2img gives for the
+    same request (strength 1 = A1111's step rule's full run, no blur, the whole picture): outside the mask the
+    original's pixels, inside new ones. A 2 MB call of the tool passes (its picture is resized); a 2 MB call of
+    generate is the 1 MB cap's 413; a broken image is a tool error naming the field."""
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    init = Image.new("RGB", (64, 64), (30, 60, 200))
+    init.paste((230, 210, 40), (16, 16, 32, 32))
+    mask = Image.new("L", (64, 64), 0)
+    mask.paste(255, (36, 8, 60, 40))
+    b64 = {name: base64.b64encode(_png_bytes(image)).decode() for name, image in (("image", init), ("mask", mask))}
+    big = Image.fromarray(np.random.default_rng(1).integers(0, 256, (900, 900, 3), np.uint8))
+    big_b64 = base64.b64encode(_png_bytes(big)).decode()
+    assert len(big_b64) > 2_000_000
+    common = {"prompt": PROMPT, "seed": 21, "num_inference_steps": 3, "guidance_scale": 5.0, **SIZE}
+
+    async def session_calls():
+        async with httpx.AsyncClient(headers={"Authorization": f"Bearer {KEY}"}, timeout=300) as http, \
+                streamable_http_client(app.url + "gradio_api/mcp/", http_client=http) as (read, write, _), \
+                ClientSession(read, write) as session:
+            await session.initialize()
+            repainted = await session.call_tool("image_to_image", {**common, **b64, "sampler": "Euler"})
+            large = await session.call_tool("image_to_image", {**common, "image": big_b64, "strength": 0.5})
+            broken = await session.call_tool("image_to_image", {**common, "image": b64["image"][:200]})
+            return repainted, large, broken
+
+    repainted, large, broken = asyncio.run(session_calls())
+    assert not repainted.isError and not large.isError
+    images = [np.asarray(Image.open(io.BytesIO(base64.b64decode(c.data))).convert("RGB"))
+              for c in repainted.content if c.type == "image"]
+    a1111 = webui.img2img(images=[init], mask_image=mask, prompt=PROMPT, seed=21, steps=3, cfg_scale=5.0,
+                          sampler_name="Euler", denoising_strength=1.0, mask_blur=0, inpaint_full_res=False,
+                          inpainting_fill=1, batch_size=4, **SIZE)
+    assert len(images) == 4 and all(np.array_equal(a, pixels(b)) for a, b in zip(images, a1111.images))
+    keep = np.asarray(mask) == 0
+    assert all(np.array_equal(image[keep], np.asarray(init)[keep]) for image in images)
+    assert np.abs(images[0][~keep].astype(int) - np.asarray(init)[~keep]).mean() > 10
+    assert broken.isError and "image: a broken or truncated image" in broken.content[0].text
+    call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+            "params": {"name": "generate", "arguments": {"prompt": "x" * 2_000_000}}}
+    over = httpx.post(app.url + "gradio_api/mcp/", json=call, headers={
+        "Authorization": f"Bearer {KEY}", "Accept": "application/json, text/event-stream"})
+    assert over.status_code == 413 and over.text == "request body too large (limit 1 MB)"
+
+
+def _png_bytes(image: Image.Image) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()

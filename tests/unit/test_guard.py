@@ -83,3 +83,57 @@ def test_launch_defaults(monkeypatch):
     assert options["ssr_mode"] is False and options["enable_monitoring"] is False and options["mcp_server"] is False
     assert options["allowed_paths"] == [] and options["max_file_size"] == "1mb"
     assert serving.launch_options("0.0.0.0", 7860, True)["share"] is True  # only when asked
+
+
+def test_only_the_image_tool_and_the_image_routes_may_send_more_than_1_mb():
+    """A 2 MB body passes on the image routes, a raw call or queue/join of image_to_image and an MCP tools/call of
+    it; the same size of any other call, join or MCP message is the 1 MB cap's 413 and never reaches the app."""
+    import asyncio
+    import json
+
+    from sdxl_engine.serving import guard as serving
+
+    def post(path: str, body: bytes, fns=None) -> tuple[int, int]:
+        received, sent = [], []
+
+        async def app(scope, receive, send):
+            message = await receive()
+            received.append(message)
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b""})
+
+        async def run():
+            chunks = [{"type": "http.request", "body": body, "more_body": False}]
+
+            async def receive():
+                return chunks.pop(0) if chunks else {"type": "http.disconnect"}
+
+            async def send(message):
+                sent.append(message)
+
+            scope = {"type": "http", "method": "POST", "path": path,
+                     "headers": [(b"content-length", str(len(body)).encode())]}
+            await serving.Guard(app, max_body=1_000_000, fns=fns)(scope, receive, send)
+
+        asyncio.run(run())
+        return sent[0]["status"], sum(len(m.get("body", b"")) for m in received)
+
+    pad = "x" * 2_000_000
+    fns = {3: "generate", 7: "image_to_image"}
+    tool_call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "image_to_image",
+                                                                             "arguments": {"image": pad}}}
+    passed = [("/sdapi/v1/img2img", {"init_images": [pad]}), ("/v1/images/edits", {"x": pad}),
+              ("/gradio_api/call/image_to_image", {"data": [pad]}), ("/gradio_api/queue/join", {"fn_index": 7,
+                                                                                                 "data": [pad]}),
+              ("/gradio_api/mcp/", tool_call)]
+    for path, payload in passed:
+        body = json.dumps(payload).encode()
+        assert post(path, body, fns) == (200, len(body)), path
+    refused = [("/sdapi/v1/txt2img", {"prompt": pad}), ("/gradio_api/call/generate", {"data": [pad]}),
+               ("/gradio_api/queue/join", {"fn_index": 3, "data": [pad]}),
+               ("/gradio_api/mcp/", {**tool_call, "params": {"name": "generate", "arguments": {"prompt": pad}}}),
+               ("/gradio_api/mcp", {"jsonrpc": "2.0", "method": "tools/list", "pad": pad})]
+    for path, payload in refused:
+        assert post(path, json.dumps(payload).encode(), fns) == (413, 0), path
+    small = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}).encode()
+    assert post("/gradio_api/mcp/", small, fns) == (200, len(small))
