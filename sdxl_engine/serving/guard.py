@@ -65,7 +65,7 @@ class Routes:
     whatever its ``api_visibility``, and serves through ``/gradio_api/file=`` any file under its
     temp folder. Here:
 
-    - calls by name: only the public API endpoints (``/generate``);
+    - calls by name: only the public API endpoints (``/generate``, ``/image_to_image``);
     - calls by ``fn_index`` (how the page calls its events: ``queue/join`` for queued ones,
       ``run/predict`` with a session for the others): only events with a server function, each
       through the route the page uses for it;
@@ -86,6 +86,10 @@ class Routes:
         self.api_names = frozenset(fn.api_name for fn in fns if fn.public)
         self.queued = frozenset(fn.fn_index for fn in fns if fn.queued)
         self.direct = frozenset(fn.fn_index for fn in fns if not fn.queued)
+
+    def api_list(self) -> str:
+        """``this app's API: /generate, /image_to_image``: the public endpoints, for a refusal's message."""
+        return "this app's API: " + ", ".join(f"/{name}" for name in sorted(self.api_names))
 
     def served_files(self) -> set[str]:
         """Absolute paths of the files this app created in Gradio's temp folder (those it serves)."""
@@ -109,7 +113,7 @@ class Routes:
             return None
         if method == "GET" and (match := _RESULT_STREAM.match(path)) is not None:
             if match["name"] not in self.api_names:
-                return f"no API endpoint /{match['name']} (this app's API: /generate)"
+                return f"no API endpoint /{match['name']} ({self.api_list()})"
             if not self._event_known(match["event"]):
                 return "no such event (unknown, or its result was already read)"
             return None
@@ -137,7 +141,7 @@ class Routes:
         if name == "predict" and path.startswith(("/gradio_api/run/", "/run/")) and type(fn_index) is int \
                 and fn_index in self.direct and isinstance(session, str) and session:
             return None  # the page's events that skip the queue
-        return f"no API endpoint /{name} (this app's API: /generate)"
+        return f"no API endpoint /{name} ({self.api_list()})"
 
     @staticmethod
     def cleaned(body: bytes) -> bytes:

@@ -118,7 +118,7 @@ def test_chunked_bodies_are_capped_too(app_server):
 def test_monitoring_and_flagging_are_off(app_server):
     assert httpx.get(app_server.url + "monitoring", timeout=30).status_code in (403, 404)
     info = httpx.get(app_server.url + "gradio_api/info", timeout=30).json()
-    assert list(info["named_endpoints"]) == ["/generate"]
+    assert list(info["named_endpoints"]) == ["/generate", "/image_to_image"]
     assert not any("flag" in name for name in info["named_endpoints"])
 
 
@@ -189,7 +189,7 @@ def test_only_generate_is_callable_by_name(app_server):
     """Gradio answers /call|run|api/<name> for every event; here only /generate is an API endpoint,
     and a refused call (or one that names another event by fn_index) is one log line, no traceback."""
     deps = page_dependencies(app_server)
-    names = {dep["api_name"] for dep in deps} - {"generate"} | {"predict", "doesnotexist"}
+    names = {dep["api_name"] for dep in deps} - {"generate", "image_to_image"} | {"predict", "doesnotexist"}
     assert {"status_line", "remember", "restore", "refresh", "select_image", "load_example"} <= names
     start = len(app_server.log)
     calls = 0
