@@ -224,11 +224,19 @@ def _number(value: float) -> str:
 
 def overlay(original: np.ndarray, alpha: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
     """The overlay of ``original`` (H, W, 3) uint8 where ``alpha`` (H, W) float32 is 0, each result kept where
-    it is 1: ``result * alpha + original * (1 - alpha)``, rounded (A1111's alpha_composite of its overlay)."""
+    it is 1: ``result * alpha + original * (1 - alpha)``, rounded (A1111's alpha_composite of its overlay). Only
+    the pixels of a partial alpha (a blurred mask's edge) are mixed in float; the rest are copied."""
+    whole = (alpha >= 1)[None, :, :, None]
+    ys, xs = np.nonzero((alpha > 0) & (alpha < 1))
+    a = alpha[ys, xs][None, :, None]
+    kept = original[ys, xs][None].astype(np.float32) * (1 - a)
+
     def finish(images: np.ndarray) -> np.ndarray:
-        a = alpha[None, :, :, None]
-        mixed = images.astype(np.float32) * a + original[None].astype(np.float32) * (1 - a)
-        return np.clip(np.rint(mixed), 0, 255).astype(np.uint8)
+        out = np.where(whole, images, original[None])
+        if ys.size:
+            mixed = images[:, ys, xs].astype(np.float32) * a + kept
+            out[:, ys, xs] = np.clip(np.rint(mixed), 0, 255).astype(np.uint8)
+        return out
     return finish
 
 
