@@ -307,9 +307,10 @@ def refiner_fields(body: Txt2Img, engine) -> dict:
 def hires_fields(body: Txt2ImgHires, width: int, height: int, steps: int) -> tuple[dict, list[str]]:
     """(engine fields, warnings) of txt2img's hires fix for a first pass of ``width`` x ``height`` and ``steps``
     steps: {} without ``enable_hr``. The second pass runs ``hr_second_pass_steps or steps`` steps, as A1111 passes
-    them (processing.sample_hr_pass; setup_img2img_steps with steps given: exactly that many run). The final size is ``hr_scale`` x the size, or ``hr_resize_x`` / ``hr_resize_y`` (one of them:
-    the other follows the aspect ratio; both: they must keep it, as this server scales both sides by one factor),
-    each side down to the model's multiple (validation.hires_size). ``hr_sampler_name``, ``hr_prompt`` and
+    them (processing.sample_hr_pass; setup_img2img_steps with steps given: exactly that many run). The final size
+    is ``hr_scale`` x the size, or ``hr_resize_x`` / ``hr_resize_y`` (one of them: the other follows the aspect
+    ratio; both: they must keep it, as this server scales both sides by one factor), each side down to the
+    model's multiple (validation.hires_size). ``hr_sampler_name``, ``hr_prompt`` and
     ``hr_negative_prompt`` other than the first pass's are named in a warning: the second pass uses those.
 
     Raises ApiError 422 naming hr_resize_x/hr_resize_y for a size of another aspect ratio."""
@@ -371,13 +372,13 @@ def img2img_call(body: Img2Img, engine) -> tuple[Call, list[str]]:
     warnings = []
     if len(body.init_images) > 1:
         warnings.append(f"init_images: {len(body.init_images)} images sent; the first is used for every image")
-    for name, value, low, high in (("resize_mode", body.resize_mode, 0, 3), ("inpainting_fill", body.inpainting_fill, 0, 3),
-                                   ("mask_blur_x", body.mask_blur_x, 0, 64), ("mask_blur_y", body.mask_blur_y, 0, 64),
-                                   ("mask_blur", body.mask_blur if body.mask_blur is not None else 0, 0, 64),
-                                   ("inpaint_full_res_padding", body.inpaint_full_res_padding, 0, 256),
-                                   ("inpainting_mask_invert", body.inpainting_mask_invert, 0, 1),
-                                   ("denoising_strength", 0.75 if body.denoising_strength is None
-                                    else body.denoising_strength, 0, 1)):
+    ranges = (("resize_mode", body.resize_mode, 0, 3), ("inpainting_fill", body.inpainting_fill, 0, 3),
+              ("mask_blur_x", body.mask_blur_x, 0, 64), ("mask_blur_y", body.mask_blur_y, 0, 64),
+              ("mask_blur", body.mask_blur if body.mask_blur is not None else 0, 0, 64),
+              ("inpaint_full_res_padding", body.inpaint_full_res_padding, 0, 256),
+              ("inpainting_mask_invert", body.inpainting_mask_invert, 0, 1),
+              ("denoising_strength", 0.75 if body.denoising_strength is None else body.denoising_strength, 0, 1))
+    for name, value, low, high in ranges:
         if not low <= value <= high:
             raise ApiError(422, f"{name}: must be within {low} to {high}, got {value}", name)
     init = decode_image(body.init_images[0], "init_images[0]", mode=None)
@@ -392,9 +393,8 @@ def img2img_call(body: Img2Img, engine) -> tuple[Call, list[str]]:
             raise ApiError(422, f"{name}: must be within 8 to {MAX_INPUT_SIDE} pixels, got {side}", name)
     blur_x, blur_y = (body.mask_blur, body.mask_blur) if body.mask_blur is not None else (body.mask_blur_x,
                                                                                           body.mask_blur_y)
-    prepared = prepare(init, mask, width, height, body.resize_mode, blur_x, blur_y,
-                                    bool(body.inpainting_mask_invert), body.inpainting_fill, body.inpaint_full_res,
-                                    body.inpaint_full_res_padding)
+    prepared = prepare(init, mask, width, height, body.resize_mode, blur_x, blur_y, bool(body.inpainting_mask_invert),
+                       body.inpainting_fill, body.inpaint_full_res, body.inpaint_full_res_padding)
     if mask is not None and body.inpainting_fill in (2, 3):
         warnings.append(f"inpainting_fill={body.inpainting_fill} ({FILL_MODES[body.inpainting_fill]}) "
                         "runs as 0 (fill) here: the masked area is pre-filled with the colours around it, and its "
