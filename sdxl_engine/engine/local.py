@@ -109,6 +109,7 @@ class GenerateResult:
         model: the loaded model's name.
         prompt_chunks: 75-token chunks the prompt and negative prompt ran with (the program's ``chunks``).
         loras: {name: A1111 short hash} of the LoRAs the prompt's tags named, in their order.
+        refiner: the refiner's name when it ran (``request.refiner_switch_at``), else "".
     """
 
     images: np.ndarray
@@ -121,6 +122,9 @@ class GenerateResult:
     model: str
     prompt_chunks: int = 1
     loras: dict[str, str] = dataclasses.field(default_factory=dict)
+    refiner: str = ""
+
+
 class CompilesBusy(RuntimeError):
     """A request needs a program that is not compiled yet, and its client already waits for another
     new size, or ``max_pending_compiles`` sizes compile already: retry once those are ready (the
@@ -749,7 +753,9 @@ class Engine:
         return GenerateResult(images=images, seeds=plan.seeds, request=plan.request, timings=timings,
                               warnings=self._warnings(plan.prompt, plan.negative),
                               device_count=self.mesh.devices.size, device_summary=self.device_summary,
-                              model=self.model.name, prompt_chunks=plan.prompt.chunks, loras=loras)
+                              model=self.model.name, prompt_chunks=plan.prompt.chunks, loras=loras,
+                              refiner=self.model.refiner.name if plan.request.refiner_switch_at is not None
+                              and self.model.refiner is not None else "")
 
     def _run_hires(self, plan: Plan, first: CompiledProgram, second: CompiledProgram,
                    progress: Callable[[str], None] = _no_progress, on_step: Callable[[StepEvent], None] | None = None,

@@ -46,10 +46,11 @@ def kept_images(request) -> int | None:
     return keep if type(keep) is int and keep >= 0 else None
 
 
-def mode_parameters(req) -> dict:
+def mode_parameters(req, refiner: str = "") -> dict:
     """A1111's infotext entries for what a validated request ran beyond text to image, under A1111's own keys
     (modules/processing.py): ``Denoising strength`` (img2img's strength, or the hires pass's), ``Hires upscale``,
-    ``Hires steps``, ``Hires upscaler``, ``Refiner``, ``Refiner switch at``. {} for plain text to image."""
+    ``Hires steps``, ``Hires upscaler``, ``Refiner`` (``refiner``: its name), ``Refiner switch at``. {} for plain
+    text to image."""
     out: dict = {}
     if getattr(req, "image", None) is not None and req.strength is not None:
         out["Denoising strength"] = req.strength
@@ -58,7 +59,7 @@ def mode_parameters(req) -> dict:
                     **({"Hires steps": req.hires_steps} if req.hires_steps else {}),
                     "Hires upscaler": req.hires_upscaler})
     if getattr(req, "refiner_switch_at", None) is not None:
-        out.update({"Refiner": "refiner", "Refiner switch at": req.refiner_switch_at})
+        out.update({"Refiner": refiner or "refiner", "Refiner switch at": req.refiner_switch_at})
     return out
 
 
@@ -85,7 +86,7 @@ def deliver(result, prompt: str, style: str, files_dir: Path, outputs_dir: str =
         ``info["warnings"]`` (and ``save_warning``).
     """
     req, latency = result.request, result.timings["latency"]
-    extra = {**mode_parameters(req), **(params or {})}
+    extra = {**mode_parameters(req, getattr(result, "refiner", "")), **(params or {})}
     if style != NO_STYLE:
         extra["Style"] = style
     loras = getattr(result, "loras", None) or {}  # {name: short hash} of the prompt's <lora:> tags
@@ -115,7 +116,7 @@ def deliver(result, prompt: str, style: str, files_dir: Path, outputs_dir: str =
                          "upscaler": req.hires_upscaler, "width": int(result.images.shape[2]),
                          "height": int(result.images.shape[1])}
     if getattr(req, "refiner_switch_at", None) is not None:
-        info["refiner_switch_at"] = req.refiner_switch_at
+        info.update(refiner=getattr(result, "refiner", ""), refiner_switch_at=req.refiner_switch_at)
     info["prompt_chunks"] = getattr(result, "prompt_chunks", 1)  # 75-token chunks the prompts ran with
     if loras:
         info["loras"] = dict(loras)

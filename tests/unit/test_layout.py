@@ -100,3 +100,13 @@ def test_each_layer_is_a_folder():
     layers = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
     assert layers == {"checkpoint", "models", "program", "engine", "serving"}
     assert sorted(p.name for p in PACKAGE.glob("*.py")) == ["__init__.py", "config.py"]
+
+
+def test_test_files_have_unique_names():
+    """tests/ folders are not packages: pytest imports each test file by its base name, so two files of one name
+    (tests/unit/test_x.py and tests/e2e/test_x.py) stop the whole collection."""
+    from collections import Counter
+    from pathlib import Path
+
+    names = Counter(path.name for path in (Path(__file__).parents[1]).rglob("test_*.py"))
+    assert [name for name, count in names.items() if count > 1] == []

@@ -239,3 +239,38 @@ def test_a_one_pixel_image_is_resized_and_an_rgba_mask_repaints_where_opaque(web
     got, original = pixels(result.image).astype(int), pixels(init).astype(int)
     assert np.array_equal(got[:32], original[:32])
     assert np.abs(got[32:] - original[32:]).mean() > 10
+
+
+def test_a1111_runs_the_loaded_refiner_by_name_and_refuses_another():
+    """`--refiner`: /sd-models lists it after the model; txt2img with refiner_checkpoint naming it (an A1111 title
+    with a hash too) runs it at refiner_switch_at: the same images per seed, not the base's alone, and the infotext
+    says Refiner and Refiner switch at; another name is a 400 naming the loaded refiner."""
+    import webuiapi
+
+    from tests.helpers import FIXTURES
+
+    app = RunningApp("--model", str(FIXTURES / "tiny-pt"), "--refiner", str(FIXTURES / "tiny-pt-refiner"),
+                     "--max-inference-steps", "8", "--num-inference-steps", "4", "--executable-cache", "off")
+    try:
+        api = webuiapi.WebUIApi(host="127.0.0.1", port=app.port)
+        assert [m["model_name"] for m in api.session.get(f"{api.baseurl}/sd-models").json()] == [
+            "tiny-pt", "tiny-pt-refiner"]
+        fields = dict(prompt=PROMPT, seed=4, steps=4, cfg_scale=5.0, sampler_name="Euler")
+
+        def txt2img(**more):  # webuiapi's txt2img has no refiner arguments: A1111's JSON as its clients send it
+            answer = api.session.post(f"{api.baseurl}/txt2img", json={**fields, **more}).json()
+            return pixels(Image.open(io.BytesIO(base64.b64decode(answer["images"][0])))), json.loads(answer["info"])
+
+        refined, info = txt2img(refiner_checkpoint="tiny-pt-refiner", refiner_switch_at=0.5)
+        again, _ = txt2img(refiner_checkpoint="tiny-pt-refiner [0123abcd]", refiner_switch_at=0.5)
+        base, base_info = txt2img()
+        assert np.array_equal(refined, again)
+        assert np.abs(refined.astype(int) - base).mean() > 1
+        assert info["infotexts"][0].endswith("Refiner: tiny-pt-refiner, Refiner switch at: 0.5")
+        assert "Refiner" not in base_info["infotexts"][0]
+        other = api.session.post(f"{api.baseurl}/txt2img", json={**fields, "refiner_checkpoint": "sd_xl_refiner_1.0"})
+        assert other.status_code == 400 and other.json()["detail"] == (
+            "refiner_checkpoint: this server's refiner is 'tiny-pt-refiner', loaded at start-up; cannot switch to "
+            "'sd_xl_refiner_1.0'")
+    finally:
+        app.stop()
