@@ -141,8 +141,8 @@ def image_function(handle: Callable, config: EngineConfig, pending: history.Pend
     """The function of the page's "Generate from image" event (api_name ``img2img``, private: the page's own).
 
     Its inputs: the nine of /generate, then the image editor's value (image_input: the event does not preprocess),
-    the mode (image_input.MODES), strength, the outpaint sides and pixels, and the refiner switch (None without a
-    refiner). It reads the editor's picture and mask (image_input.read_editor: only uploads and the app's own
+    the mode (image_input.MODES), strength, the outpaint sides and pixels, and the refiner switch (ignored unless
+    ``config.refiner`` is set: the page hides that slider then). It reads the editor's picture and mask (image_input.read_editor: only uploads and the app's own
     PNGs of ``demo``), builds the engine fields (image_input.request_fields) and runs as /generate does
     (:func:`_run_event`: previews, Stop, history record with the settings, not the picture). Every upload it was
     given is deleted when it ends, whatever the outcome (:func:`discard_uploads`). A picture the page cannot
@@ -164,7 +164,7 @@ def image_function(handle: Callable, config: EngineConfig, pending: history.Pend
             try:
                 picture = image_input.read_editor(image, lambda path: readable(demo, path))
                 asked = image_input.request_fields(picture, mode, strength, _whole(width), _whole(height), sides,
-                                                   _whole(pixels), refiner_switch_at)
+                                                   _whole(pixels), refiner_switch_at if config.refiner else None)
             except ApiError as err:
                 raise refuse(ValueError(err.message)) from err
             yield from _run_event(handle, values, request, progress, pending, finished,
