@@ -97,7 +97,7 @@ def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract 
                                 "over what to repaint. The picture is resized to the **Resolution** above (Lanczos, "
                                 "stretched to its shape); it is deleted from the server after its request.",
                                 elem_id="img2img-note")
-                    init_image = gr.ImageMask(label="Picture (the brush marks the area to repaint)", type="filepath",
+                    init_image = gr.ImageMask(label="Picture", type="filepath",
                                               sources=["upload", "clipboard"], image_mode="RGB", layers=False,
                                               transforms=(), height=320, elem_id="init-image")
                     image_mode = gr.Radio(list(image_input.MODES), value=image_input.IMG2IMG, label="Mode",
