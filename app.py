@@ -242,7 +242,7 @@ def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract 
         image_mode.change(page_event(lambda mode: (image_input.DEFAULT_STRENGTH[mode],
                                                    gr.Row(visible=mode == image_input.OUTPAINT))),
                           image_mode, [strength, outpaint_row], api_visibility="private", queue=False,
-                          show_progress="hidden")
+                          show_progress="hidden", preprocess=False)  # a mode the page never sends: page_event
         # The seed kept by select_image is server-side state (gr.State), so this one runs on the server.
         reuse.click(page_event(lambda s: -1 if s is None else int(s)), selected_seed, seed, api_visibility="private",
                     queue=False)
