@@ -2,8 +2,8 @@
 (server.before_listening).
 
 :class:`Guard` lets through only the calls, result streams and files :class:`Routes` allows (the /generate
-API, the page's own events as the page calls them, the files the app created), refuses uploads and request
-bodies over 1 MB (48 MB on the routes that take images: :data:`IMAGE_BODY_PATHS`), never lets ``Access-Control-Allow-Origin`` name a foreign origin, adds ``Retry-After`` to
+API, the page's own events as the page calls them, the files the app created), lets only the page's image
+uploads through (:data:`UPLOAD_PATH`: images only, never served back), refuses request bodies over 1 MB (48 MB on the routes that take images: :data:`IMAGE_BODY_PATHS`), never lets ``Access-Control-Allow-Origin`` name a foreign origin, adds ``Retry-After`` to
 "queue full" answers, answers a raw API call with too few values with a 422 naming the inputs, stamps each
 request's arrival (:func:`arrival_time`) and notes each cancel (:data:`CANCELLED`) before Gradio answers it.
 """
