@@ -178,6 +178,12 @@ def file_sets(demo) -> list[set]:
     return list(demo.temp_file_sets)
 
 
+def upload_files(demo) -> set:
+    """The live set of absolute paths Gradio's upload route wrote (``Blocks.upload_file_set``, also the first of
+    :func:`file_sets`): files clients sent, which the app never serves back (guard.app_files)."""
+    return demo.upload_file_set
+
+
 def kept_files(demo) -> set:
     """Files Gradio keeps for good (``keep_in_cache``: examples), never deleted."""
     return set().union(*(getattr(block, "keep_in_cache", set()) for block in list(demo.blocks.values())))

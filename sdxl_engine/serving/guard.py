@@ -2,10 +2,12 @@
 (server.before_listening).
 
 :class:`Guard` lets through only the calls, result streams and files :class:`Routes` allows (the /generate
-API, the page's own events as the page calls them, the files the app created), refuses uploads and request
-bodies over 1 MB (48 MB on the routes that take images: :data:`IMAGE_BODY_PATHS`), never lets ``Access-Control-Allow-Origin`` name a foreign origin, adds ``Retry-After`` to
-"queue full" answers, answers a raw API call with too few values with a 422 naming the inputs, stamps each
-request's arrival (:func:`arrival_time`) and notes each cancel (:data:`CANCELLED`) before Gradio answers it.
+API, the page's own events as the page calls them, the files the app created), lets only the page's image
+uploads through (:data:`UPLOAD_PATH`: images only, never served back), refuses request bodies over 1 MB (48 MB
+on the routes that take images, :data:`IMAGE_BODY_PATHS` and the uploads, and for calls of :data:`IMAGE_TOOL`),
+never lets ``Access-Control-Allow-Origin`` name a foreign origin, adds ``Retry-After`` to "queue full" answers,
+answers a raw API call with too few values with a 422 naming the inputs, stamps each request's arrival
+(:func:`arrival_time`) and notes each cancel (:data:`CANCELLED`) before Gradio answers it.
 """
 
 from __future__ import annotations
@@ -32,7 +34,16 @@ IMAGE_BODY_PATHS = ("/sdapi/v1/img2img", "/v1/images/edits")
 # larger than MAX_BODY_BYTES on the routes that reach it (a raw call by name, queue/join, the MCP server).
 IMAGE_TOOL = "image_to_image"
 MCP_PATH = "/gradio_api/mcp"
-BLOCKED_PATH_PREFIXES = ("/gradio_api/upload", "/upload")  # the page has no file inputs
+BLOCKED_PATH_PREFIXES = ("/gradio_api/upload", "/upload")  # Gradio's upload routes: all but UPLOAD_PATH refused
+# The one upload route the page uses (its image editor, in "Image to image"): POST only, with a demo's Routes,
+# a body of at most MAX_IMAGE_BODY_BYTES (the editor sends picture, brush layer and composite at once: three
+# 2048 x 2048 PNGs fit), at most MAX_UPLOAD_FILES files, each a PNG, JPEG or WebP by its first bytes (else the
+# files are deleted and the answer is 415). Uploads are never served back (app_files) and the image event
+# deletes them when it ends (handler.discard_uploads).
+UPLOAD_PATH = "/gradio_api/upload"
+MAX_UPLOAD_FILES = 8
+IMAGE_EVENT = "img2img"  # the page's image to image event (private): the one whose call may name uploaded files
+NOT_AN_IMAGE = "uploads take PNG, JPEG or WebP images only"
 # Gradio routes this page never uses, refused (404, one line): deep_link writes a session's values
 # (which a client sets) into the temp folder; process_recording writes an uploaded video; stream/
 # feeds streaming components (the page has none); dev/reload and the vibe-* editor are for development.
@@ -92,11 +103,9 @@ class Routes:
         return "this app's API: " + ", ".join(f"/{name}" for name in sorted(self.api_names))
 
     def served_files(self) -> set[str]:
-        """Absolute paths of the files this app created in Gradio's temp folder (those it serves)."""
-        files = set(gradio_internals.kept_files(self.demo))
-        for file_set in gradio_internals.file_sets(self.demo):
-            files.update(list(file_set))
-        return {os.path.abspath(str(f)) for f in files}
+        """Absolute paths of the files this app created in Gradio's temp folder (those it serves: app_files;
+        never an upload)."""
+        return app_files(self.demo)
 
     def _event_known(self, event_id: str) -> bool:
         """Whether ``event_id``'s result is still to be read (gradio_internals.event_pending). A result
@@ -129,9 +138,9 @@ class Routes:
             return NOT_JSON
         if not isinstance(payload, dict):
             return NOT_JSON
-        if _holds_file(payload.get("data")):  # Gradio would fetch or copy it into its temp folder
-            return "this app takes no files"
         fn_index, session = payload.get("fn_index"), payload.get("session_hash")
+        if _holds_file(payload.get("data")) and not (join and self._image_files_ok(fn_index, payload.get("data"))):
+            return "this app takes no files"  # Gradio would fetch or copy it into its temp folder
         if join:  # the page's queued events, and gradio_client's /generate
             return None if type(fn_index) is int and fn_index in self.queued else "no such queued event"
         name = call["name"]
@@ -142,6 +151,18 @@ class Routes:
                 and fn_index in self.direct and isinstance(session, str) and session:
             return None  # the page's events that skip the queue
         return f"no API endpoint /{name} ({self.api_list()})"
+
+    def _image_files_ok(self, fn_index, data) -> bool:
+        """Whether ``data`` may name files: only in a call of the image event (IMAGE_EVENT), and only files
+        Gradio's upload route wrote or the app created (a gallery PNG sent to the editor)."""
+        if type(fn_index) is not int or gradio_internals.api_name_of(self.demo, fn_index) != IMAGE_EVENT:
+            return False
+        paths = _file_paths(data)
+        if paths is None:
+            return False
+        allowed = app_files(self.demo) | {os.path.abspath(str(f)) for f in
+                                          list(gradio_internals.upload_files(self.demo))}
+        return all("://" not in p and os.path.abspath(p) in allowed for p in paths)
 
     @staticmethod
     def cleaned(body: bytes) -> bytes:
@@ -157,6 +178,87 @@ class Routes:
         payload["event_data"] = {"index": index if valid else None, "value": None,
                                  "selected": event.get("selected") is not False}
         return json.dumps(payload).encode()
+
+
+def app_files(demo) -> set[str]:
+    """Absolute paths of the files this app created in Gradio's temp folder (each request's PNGs, kept files):
+    every file Gradio recorded except uploads (gradio_internals.upload_files), which a client sent. Gradio also
+    records an upload in the set of the component it was given to; it stays an upload."""
+    files = set(gradio_internals.kept_files(demo))
+    for file_set in gradio_internals.file_sets(demo):
+        files.update(list(file_set))
+    return {os.path.abspath(str(f)) for f in files} - {os.path.abspath(str(f)) for f in
+                                                       list(gradio_internals.upload_files(demo))}
+
+
+def image_kind(head: bytes) -> str | None:
+    """"PNG", "JPEG" or "WEBP" when ``head`` (a file's first 12 bytes or more) starts as that format does; else
+    None. Only a first look: apis.uploads.open_image decodes (and bounds) the file when it is used."""
+    if head.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "PNG"
+    if head.startswith(b"\xff\xd8\xff"):
+        return "JPEG"
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "WEBP"
+    return None
+
+
+def upload_refusal(demo, paths) -> str | None:
+    """Why the files Gradio's upload route just wrote (``paths``, its JSON answer) are refused, or None: more
+    than MAX_UPLOAD_FILES, a path that is not an upload, a file that is not a PNG, JPEG or WebP image."""
+    if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+        return "the upload route gave no list of files"
+    if len(paths) > MAX_UPLOAD_FILES:
+        return f"at most {MAX_UPLOAD_FILES} files per upload"
+    uploads = {os.path.abspath(str(f)) for f in list(gradio_internals.upload_files(demo))}
+    for path in paths:
+        if os.path.abspath(path) not in uploads:
+            return "not an upload"
+        try:
+            with open(path, "rb") as handle:
+                head = handle.read(16)
+        except OSError:
+            return "the upload was not written"
+        if image_kind(head) is None:
+            return f"{NOT_AN_IMAGE} (a file starting {head[:8]!r} is none of them)"
+    return None
+
+
+def remove_uploads(demo, paths) -> None:
+    """Delete the files Gradio's upload route wrote (``paths``) and their folders when empty; they stay in
+    Gradio's upload set, so their paths are never served (app_files)."""
+    uploads = {os.path.abspath(str(f)) for f in list(gradio_internals.upload_files(demo))}
+    for path in paths if isinstance(paths, list) else []:
+        if isinstance(path, str) and os.path.abspath(path) in uploads:
+            try:
+                os.remove(path)
+                os.rmdir(os.path.dirname(path))
+            except OSError:
+                pass
+
+
+def _file_paths(value, depth: int = 0) -> list | None:
+    """The ``path`` of every dict in ``value`` (JSON) that Gradio takes for a file; None when it is deeper than
+    any value the page sends or a file's path is not a string."""
+    if depth > 32:
+        return None
+    found: list = []
+    if isinstance(value, dict):
+        if "path" in value:
+            if not isinstance(value["path"], str):
+                return None
+            found.append(value["path"])
+        items = value.values()
+    elif isinstance(value, list):
+        items = value
+    else:
+        return found
+    for item in items:
+        inner = _file_paths(item, depth + 1)
+        if inner is None:
+            return None
+        found += inner
+    return found
 
 
 def _holds_file(value, depth: int = 0) -> bool:
@@ -279,11 +381,12 @@ class Guard:
         await _plain(send, 422 if reason == NOT_JSON else 404, body, content_type=b"application/json")
 
     def body_limit(self, path: str) -> int:
-        """The body cap for ``path``: :data:`MAX_IMAGE_BODY_BYTES` on a route that takes images or may carry an
+        """The body cap for ``path``: :data:`MAX_IMAGE_BODY_BYTES` on a route that takes images (the image APIs, the
+        page's upload route) or may carry an
         :data:`IMAGE_TOOL` call (or this guard's own cap if larger; :meth:`over_cap_refused` then checks that a
         body over ``max_body`` is one), else this guard's (``max_body``)."""
         call = _DIRECT_CALL.match(path)
-        if path in IMAGE_BODY_PATHS or _QUEUE_JOIN.match(path) or path.rstrip("/") == MCP_PATH \
+        if path in IMAGE_BODY_PATHS or path == UPLOAD_PATH or _QUEUE_JOIN.match(path) or path.rstrip("/") == MCP_PATH \
                 or (call is not None and call["name"] == IMAGE_TOOL):
             return max(self.max_body, MAX_IMAGE_BODY_BYTES)
         return self.max_body
@@ -291,7 +394,7 @@ class Guard:
     def over_cap_refused(self, path: str, body: bytes) -> bool:
         """Whether ``body``, read whole on ``path``, is over ``max_body`` without being an :data:`IMAGE_TOOL`
         call: a queue/join of another event, an MCP message other than a ``tools/call`` of the tool."""
-        if len(body) <= self.max_body or path in IMAGE_BODY_PATHS:
+        if len(body) <= self.max_body or path in IMAGE_BODY_PATHS or path == UPLOAD_PATH:
             return False
         if (call := _DIRECT_CALL.match(path)) is not None:
             return call["name"] != IMAGE_TOOL
@@ -313,8 +416,9 @@ class Guard:
         path = scope.get("path", "")
         if self.gate is not None:
             self.gate.touch()
-        if path.startswith(BLOCKED_PATH_PREFIXES):
-            return await _plain(send, 404, b"uploads are off: this app takes no files")
+        upload = path == UPLOAD_PATH and scope["method"] == "POST" and self.routes is not None
+        if path.startswith(BLOCKED_PATH_PREFIXES) and not upload:
+            return await _plain(send, 404, b"uploads are off: this app takes image uploads only, from its page")
         if path.startswith(UNUSED_ROUTES):
             return await self._refuse(send, scope["method"], path, "not an endpoint of this app")
         if self.gate is not None and self.gate.closed and scope["method"] == "POST" and _starts_work(path):
@@ -378,6 +482,8 @@ class Guard:
                 return await _plain(send, 422, json.dumps({"error": message, "detail": message}).encode(),
                                     content_type=b"application/json")
             inner_receive = _replay(body, receive)
+        elif upload:
+            return await self._upload(scope, limited_receive, guarded_send, send, lambda: seen > limit, path, limit)
         elif method == "POST" and path.rstrip("/") == MCP_PATH and limit > self.max_body:
             body = await _read_body(limited_receive)  # only a tools/call of the image tool may be large
             if body is None:
@@ -398,6 +504,42 @@ class Guard:
                 raise
         if seen > limit and not started:  # a chunked body crossed the cap: the app saw a disconnect
             await _too_large(send, path, limit)
+
+
+    async def _upload(self, scope, receive, guarded_send, send, over, path: str, limit: int) -> None:
+        """Gradio's upload route, its answer held back until the files it wrote are checked (upload_refusal):
+        passed on as it is, or the files deleted and a 415 (a 413 for a body over ``limit``)."""
+        held: list = []
+
+        async def hold(message):
+            held.append(message)
+
+        try:
+            await self.app(scope, receive, hold)
+        except Exception:
+            if not over():
+                raise
+        body = b"".join(m.get("body", b"") for m in held if m["type"] == "http.response.body")
+        start = next((m for m in held if m["type"] == "http.response.start"), None)
+        try:
+            paths = json.loads(body) if start is not None and start["status"] == 200 else None
+        except ValueError:
+            paths = None
+        if over():
+            remove_uploads(self.routes.demo, paths)
+            return await _too_large(send, path, limit)
+        if paths is None:  # Gradio refused it (not multipart, a file over max_file_size): its own answer
+            for message in held:
+                await guarded_send(message)
+            return
+        reason = upload_refusal(self.routes.demo, paths)
+        if reason is not None:
+            remove_uploads(self.routes.demo, paths)
+            self.log(f"[app] refused POST {path!r}: {reason}"[:300])
+            message = json.dumps({"error": reason, "detail": reason}).encode()
+            return await _plain(send, 415, message, content_type=b"application/json")
+        for message in held:
+            await guarded_send(message)
 
 
 async def _read_body(receive) -> bytes | None:

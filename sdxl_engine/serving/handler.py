@@ -15,6 +15,7 @@ import contextvars
 import dataclasses
 import functools
 import html
+import os
 import queue
 import tempfile
 import threading
@@ -100,31 +101,112 @@ def api_function(handle: Callable, config: EngineConfig, pending: history.Pendin
         # gradio_client's job.cancel()), noted by the server under this session and event, stops the
         # engine (stream_previews).
         values = (prompt, negative_prompt, seed, guidance_scale, num_inference_steps, width, height, style, sampler)
-        session, event_id, arrived = (getattr(request, "session_hash", None), gradio_internals.current_event_id(),
-                                      guard.arrival_time(request))
-        since = clock() if arrived is None else arrived
-        job = protocol_job(request)  # a protocol's request (serving/apis) opened its job; else this call is one
-        own = job is None
-        if own:
-            job = JOBS.open(("gradio", session or event_id or ""))
-        keep = delivery.kept_images(request)  # a protocol API's client receives fewer than the batch
-        extra = protocol_inputs(request)
-        try:
-            gallery, info, record = yield from stream_previews(
-                functools.partial(handle, job=job, client=admission.client_address(request),
-                                  keep=keep, **({"extra": extra} if extra.fields or extra.finish or extra.params else {})),
-                values, progress, arrived,
-                lambda: guard.CANCELLED.cancelled(session, event_id, since))
-        finally:
-            if own:
-                JOBS.close(job)
-        pending.put(getattr(request, "session_hash", None), record)
-        if finished is not None:
-            finished.put(getattr(request, "session_hash", None), {"gallery": gallery, "info": info})
-        yield gallery, info
+        yield from _run_event(handle, values, request, progress, pending, finished, protocol_inputs(request))
 
     generate.__doc__ = TOOL_DOC.format(styles=", ".join(STYLE_NAMES), samplers=", ".join(SAMPLERS))
     return generate
+
+
+def _run_event(handle: Callable, values: tuple, request, progress, pending: history.Pending,
+               finished: history.Pending | None, extra: "ProtocolInputs"):
+    """What both page events run (api_function's /generate, image_function's image to image): ``handle`` on the
+    nine ``values`` with ``extra`` under the request's job (a protocol's, else one of its own), the previews
+    streamed (stream_previews), a Stop heard; then the history record kept in ``pending`` and the gallery in
+    ``finished`` for the caller's session. Yields (preview gallery, None) while it runs, then (gallery, info)."""
+    session, event_id, arrived = (getattr(request, "session_hash", None), gradio_internals.current_event_id(),
+                                  guard.arrival_time(request))
+    since = clock() if arrived is None else arrived
+    job = protocol_job(request)  # a protocol's request (serving/apis) opened its job; else this call is one
+    own = job is None
+    if own:
+        job = JOBS.open(("gradio", session or event_id or ""))
+    keep = delivery.kept_images(request)  # a protocol API's client receives fewer than the batch
+    try:
+        gallery, info, record = yield from stream_previews(
+            functools.partial(handle, job=job, client=admission.client_address(request),
+                              keep=keep, **({"extra": extra} if extra.fields or extra.finish or extra.params else {})),
+            values, progress, arrived,
+            lambda: guard.CANCELLED.cancelled(session, event_id, since))
+    finally:
+        if own:
+            JOBS.close(job)
+    pending.put(session, record)
+    if finished is not None:
+        finished.put(session, {"gallery": gallery, "info": info})
+    yield gallery, info
+
+
+def image_function(handle: Callable, config: EngineConfig, pending: history.Pending,
+                   finished: history.Pending | None, demo) -> Callable:
+    """The function of the page's "Generate from image" event (api_name ``img2img``, private: the page's own).
+
+    Its inputs: the nine of /generate, then the image editor's value (image_input: the event does not preprocess),
+    the mode (image_input.MODES), strength, the outpaint sides and pixels, and the refiner switch (ignored unless
+    ``config.refiner`` is set: the page hides that slider then). It reads the editor's picture and mask (image_input.read_editor: only uploads and the app's own
+    PNGs of ``demo``), builds the engine fields (image_input.request_fields) and runs as /generate does
+    (:func:`_run_event`: previews, Stop, history record with the settings, not the picture). Every upload it was
+    given is deleted when it ends, whatever the outcome (:func:`discard_uploads`). A picture the page cannot
+    use is gr.Error with apis.uploads' or image_input's message.
+    """
+    # Here, not at the top: serving.apis (image_input decodes with apis.uploads) imports this module.
+    from sdxl_engine.serving import image_input
+    from sdxl_engine.serving.apis.core import ApiError
+
+    def img2img(prompt: str, negative_prompt: str | None = None, seed: int = -1,
+                guidance_scale: float = config.guidance_scale,
+                num_inference_steps: int = config.num_inference_steps, width: int = 0, height: int = 0,
+                style: str = NO_STYLE, sampler: str = config.sampler, image: dict | None = None,
+                mode: str = image_input.IMG2IMG, strength: float = image_input.DEFAULT_STRENGTH[image_input.IMG2IMG],
+                sides: list | None = None, pixels: int = 0, refiner_switch_at: float | None = None,
+                request: gr.Request = None, progress=gr.Progress()):
+        values = (prompt, negative_prompt, seed, guidance_scale, num_inference_steps, width, height, style, sampler)
+        try:
+            try:
+                picture = image_input.read_editor(image, lambda path: readable(demo, path))
+                asked = image_input.request_fields(picture, mode, strength, _whole(width), _whole(height), sides,
+                                                   _whole(pixels), refiner_switch_at if config.refiner else None)
+            except ApiError as err:
+                raise refuse(ValueError(err.message)) from err
+            yield from _run_event(handle, values, request, progress, pending, finished,
+                                  ProtocolInputs(fields=asked.fields, finish=asked.finish))
+        finally:
+            discard_uploads(demo, image_input.editor_paths(image))
+
+    return img2img
+
+
+def _whole(value):
+    """``value`` as an int when it is a whole number (the page's Number and Slider send floats); else as it is."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def readable(demo, path: str) -> bool:
+    """Whether the image event may read ``path``: a file Gradio's upload route wrote (guard.Routes let only
+    images through) or one the app created (guard.app_files: a gallery PNG sent to the editor)."""
+    full = os.path.abspath(path)
+    return full in gradio_internals.upload_files(demo) or full in guard.app_files(demo)
+
+
+def discard_uploads(demo, paths: list[str]) -> None:
+    """Delete each of ``paths`` that is an upload (never the app's own PNGs), and its folder when empty; Gradio
+    forgets it everywhere but its upload set, so guard.Routes never serves that path (module guard)."""
+    uploads = gradio_internals.upload_files(demo)
+    for path in {os.path.abspath(p) for p in paths if isinstance(p, str)}:
+        if path not in uploads:
+            continue
+        for files in gradio_internals.file_sets(demo):
+            if files is not uploads:
+                files.discard(path)
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            pass
+        except OSError as err:
+            print(f"[app] warning: could not delete an upload: {err}", flush=True)
+        try:
+            os.rmdir(os.path.dirname(path))  # Gradio's per-content folder; left when another file is in it
+        except OSError:
+            pass
 
 
 PROTOCOL_INPUTS = "sdxl_engine.protocol_inputs"  # request-scope key of a protocol call's ProtocolInputs

@@ -181,6 +181,14 @@ def size_choices(engine: EngineContract | None) -> tuple[list[tuple[str, str]], 
     return choices, f"{default[0]}x{default[1]}"
 
 
+def outpaint_default(engine: EngineContract | None) -> int:
+    """The outpaint slider's start: an eighth of the default size's width in whole 8-pixel steps (128 px for
+    SDXL's 1024), at least 8; 16 before the engine is ready."""
+    choices, value = size_choices(engine)
+    width = int(value.split("x")[0])
+    return max(8, width // 64 * 8) if width else 16
+
+
 def page_event(fn: Callable) -> Callable:
     """``fn`` as a page event: input it cannot use (only a client other than the page sends it)
     is refused with one log line and a gr.Error, not a traceback."""

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from sdxl_engine.config import ConfigError, trusted_networks
 from sdxl_engine.serving import gradio_internals
+from sdxl_engine.serving.apis.uploads import MAX_IMAGE_BYTES  # Pillow only
 from sdxl_engine.serving.admission import Admission  # loads no Gradio (fastapi only)
 from sdxl_engine.serving.guard import RequestGate, install_guard  # noqa: F401 (RequestGate: main.py's)
 from sdxl_engine.serving.janitor import TempJanitor
@@ -44,7 +45,8 @@ def launch_options(host: str, port: int, share: bool, mcp: bool = False) -> dict
         share=bool(share),  # explicit False: GRADIO_SHARE in the environment cannot open a link
         ssr_mode=False, enable_monitoring=False, mcp_server=bool(mcp), strict_cors=True, show_error=False,
         run_history=False,  # Gradio's /runs page and its hub-bucket routes: not this app's
-        max_file_size="1mb", allowed_paths=[],
+        # Per uploaded file (the image editor's, the only upload the guard lets through): one image's cap.
+        max_file_size=MAX_IMAGE_BYTES, allowed_paths=[],
     )
 
 

@@ -724,3 +724,82 @@ def test_a_png_this_server_made_restores_its_settings_read_in_the_browser(offlin
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "ui-png-restore.png"), full_page=True)
     assert offline.blocked == []
+
+
+def picture_png() -> tuple[np.ndarray, bytes]:
+    """A 64 x 64 test picture (red left half, blue right half, a white bar at the top) and its PNG bytes."""
+    pixels = np.zeros((64, 64, 3), np.uint8)
+    pixels[:, :32] = (200, 30, 30)
+    pixels[:, 32:] = (30, 30, 200)
+    pixels[4:10, 8:56] = 255
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, "PNG")
+    return pixels, buffer.getvalue()
+
+
+@pytest.mark.parametrize("viewport", [{"width": 1280, "height": 800}, {"width": 390, "height": 844}],
+                         ids=["desktop", "phone"])
+def test_inpaint_an_uploaded_picture_keeps_it_outside_the_brush_stroke(browser, app_server, viewport):
+    """Upload a picture into "Image to image", paint a stroke across its middle, pick Inpaint and press "Generate
+    from image": four 64 x 64 images come back, each the picture itself (exactly: the answer pastes it back)
+    outside one and the same painted area, and new inside it, where the stroke ran. The call names only the
+    editor's uploads, which are not served back."""
+    pixels, png = picture_png()
+    offline = OfflinePage(browser, app_server.url, viewport=viewport)
+    sent: list[tuple[str, str]] = []
+    try:
+        page = offline.open()
+        page.on("request", lambda r: sent.append((r.url, r.post_data if "queue/join" in r.url else "")))
+        page.wait_for_function("document.querySelector('#engine-status')?.innerText.includes('Ready on')")
+        page.locator("#img2img-box button").first.click()
+        page.wait_for_selector("#init-image input[type=file]", state="attached")
+        page.wait_for_timeout(1000)  # the accordion's opening
+        page.locator("#init-image input[type=file]").set_input_files(
+            {"name": "picture.png", "mimeType": "image/png", "buffer": png})
+        page.wait_for_function("!document.querySelector('#init-image')?.innerText.includes('Upload an image')")
+        canvas = page.locator("#init-image canvas").first
+        canvas.scroll_into_view_if_needed()
+        page.wait_for_timeout(500)
+        box = canvas.bounding_box()
+        y = box["y"] + box["height"] * 0.55  # across the picture's lower middle, away from the white bar
+        page.mouse.move(box["x"] + box["width"] * 0.35, y)
+        page.mouse.down()
+        page.mouse.move(box["x"] + box["width"] * 0.65, y, steps=10)
+        page.mouse.up()
+        page.locator("#img2img-mode input[value='Inpaint (repaint the drawn area)']").check()
+        page.wait_for_function("document.querySelector('#strength input[type=number]')?.value === '1'")
+        page.fill("#prompt textarea", "a large green square")
+        page.click("#generate-image")
+        page.wait_for_function("document.querySelector('#result-status')?.innerText.includes('images on')",
+                               timeout=90_000)
+        items = page.locator("#gallery .grid-container .gallery-item")
+        assert items.count() == 4
+        images = np.stack([gallery_pixels(page, i) for i in range(4)]).astype(int)
+        assert images.shape == (4, 64, 64, 3)
+        kept = (images == pixels).all(-1)  # (4, 64, 64): the picture's own pixels
+        assert (kept == kept[0]).all(), "the four images keep different areas"
+        painted = ~kept[0]
+        # The stroke was painted, so the area is neither nothing nor everything; the white bar at the top and
+        # the bottom corners lie outside it and are the picture's, exactly.
+        assert 0.05 < painted.mean() < 0.9, painted.mean()
+        assert kept[:, 4:10, 8:56].all() and kept[:, 60:, :4].all() and kept[:, 60:, 60:].all()
+        inside = painted[None, :, :, None].repeat(4, 0).repeat(3, -1)
+        assert np.abs(images - pixels)[inside].mean() > 10  # repainted, not the picture
+        assert painted[35, 28:36].all()  # where the stroke ran
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / f"ui-inpaint-{viewport['width']}.png"), full_page=True)
+        # The queued call named the editor's uploads only, and none is served back. (Each is deleted when its
+        # request ends: test_security checks that. Here the editor keeps uploading its value while a stroke is
+        # drawn, and a late upload writes the same content-named file again: the janitor removes it with age.)
+        call = next(body for url, body in sent if "queue/join" in url and "Inpaint" in (body or ""))
+        uploads = re.findall(r'"path":\s*"([^"]+)"', call)
+        assert {Path(path).name for path in uploads} == {"background.png", "layer_0.png", "composite.png"}, uploads
+        for path in uploads:
+            assert page.request.get(app_server.url + f"gradio_api/file={path}").status == 404
+        assert offline.blocked == []
+    except Exception:
+        ARTIFACTS.mkdir(exist_ok=True)
+        offline.page.screenshot(path=str(ARTIFACTS / f"ui-inpaint-{viewport['width']}-failed.png"), full_page=True)
+        raise
+    finally:
+        offline.close()

@@ -93,9 +93,70 @@ def test_loopback_origin_still_allowed(app_server):
     assert response.headers.get("access-control-allow-origin") == origin
 
 
-def test_uploads_are_off_and_bodies_are_capped(app_server):
-    response = httpx.post(app_server.url + "gradio_api/upload", files={"files": ("a.txt", b"hello")}, timeout=30)
-    assert response.status_code == 404 and "uploads are off" in response.text
+def png_bytes(size: int = 8, noise: bool = False) -> bytes:
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    pixels = rng.integers(0, 256, (size, size, 3), dtype=np.uint8) if noise else np.full((size, size, 3), 90, np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, "PNG", compress_level=0)
+    return buffer.getvalue()
+
+
+def test_uploads_take_images_only_and_are_never_served(app_server):
+    """Uploads were off; the page's image editor needs Gradio's upload route, so that one route takes images only:
+    a file that is not a PNG, JPEG or WebP (by its bytes, whatever its name) is deleted and refused (415, saying
+    so), a body over the images' cap gets 413, the other upload routes stay off, an uploaded image is never served
+    back (not even to its sender), and the server answers as before."""
+    url = app_server.url + "gradio_api/upload"
+    for name, data in (("a.txt", b"hello"), ("fake.png", b"GIF89a" + b"\0" * 64), ("a.svg", b"<svg/>")):
+        response = httpx.post(url, files={"files": (name, data)}, timeout=30)
+        assert response.status_code == 415 and "PNG, JPEG or WebP images only" in response.text, (name, response.text)
+    # One image and one text file in one body: all refused, none left behind.
+    response = httpx.post(url, files=[("files", ("ok.png", png_bytes())), ("files", ("b.txt", b"hi"))], timeout=30)
+    assert response.status_code == 415
+    too_big = b"\x89PNG\r\n\x1a\n" + b"\0" * 48_000_000
+    response = httpx.post(url, files={"files": ("big.png", too_big)}, timeout=60)
+    assert response.status_code == 413 and "too large (limit 48 MB)" in response.text
+    for path in ("upload", "gradio_api/upload_progress?upload_id=x"):
+        assert httpx.post(app_server.url + path, files={"files": ("a.png", png_bytes())}, timeout=30).status_code == 404
+    # An image passes, lies in Gradio's temp folder, and is not served (an upload is never a file of this app).
+    response = httpx.post(url, files={"files": ("in.png", png_bytes(64, noise=True))}, timeout=30)
+    assert response.status_code == 200, response.text
+    (path,) = response.json()
+    assert Path(path).read_bytes() == png_bytes(64, noise=True)
+    assert get(app_server, f"/gradio_api/file={path}").status_code == 404
+    assert get(app_server, f"/file={path}").status_code == 404
+    # The refused files were deleted: only the image's folder came to stay.
+    folders = {p.parent for p in Path(path).parent.parent.glob("*/*") if p.name in ("a.txt", "fake.png", "a.svg",
+                                                                                     "ok.png", "b.txt", "big.png")}
+    assert folders == set(), folders
+    # A queued call naming an upload is refused unless it is the page's image event (every other event takes no
+    # files), and the server is healthy.
+    file = {"path": path, "meta": {"_type": "gradio.FileData"}}
+    image_event = next(dep for dep in page_dependencies(app_server) if dep["api_name"] == "img2img")
+    for dep in page_dependencies(app_server):
+        if dep["id"] != image_event["id"]:
+            status, reply = call_page_event(app_server, dep, [file] * max(1, len(dep["inputs"])))
+            assert status == 404 and "this app takes no files" in reply, (dep["api_name"], status, reply[:200])
+    nine = ["a red circle", "", 1, 5.0, 2, 64, 64, "(No style)", "Euler"]
+    for other in ("/etc/hostname", str(Path(path).parent / ".." / Path(path).parent.name / "other.png")):
+        editor = {"background": {**file, "path": other}, "layers": [], "composite": None}
+        status, reply = call_page_event(app_server, image_event, nine + [editor, "Image to image", 0.75, [], 16, 0.8])
+        assert status == 404 and "this app takes no files" in reply, (other, status, reply[:200])
+    # The image event takes the upload, makes 4 images from it and deletes it; it stays unserved.
+    editor = {"background": file, "layers": [], "composite": None}
+    status, reply = call_page_event(app_server, image_event, nine + [editor, "Image to image", 0.75, [], 16, 0.8])
+    assert status == 200 and '"success": true' in reply.replace('"success":true', '"success": true'), reply[:300]
+    assert not Path(path).exists()
+    assert get(app_server, f"/gradio_api/file={path}").status_code == 404
+    assert httpx.get(app_server.url + "gradio_api/info", timeout=30).status_code == 200
+
+
+def test_the_other_upload_routes_are_off_and_bodies_are_capped(app_server):
     response = httpx.post(app_server.url + "gradio_api/queue/join", content=b"{" + b" " * 2_000_000 + b"}",
                           headers={"content-type": "application/json"}, timeout=30)
     assert response.status_code == 413

@@ -70,6 +70,10 @@ def test_temp_files_and_the_files_gradio_keeps():
     sets = gi.file_sets(demo)
     assert isinstance(sets, list) and all(isinstance(s, set) for s in sets)
     assert isinstance(gi.kept_files(demo), set)
+    # The upload route records what it wrote in one live set, which is also one of the file sets: the guard
+    # takes those paths out of what it serves (guard.app_files).
+    uploads = gi.upload_files(demo)
+    assert isinstance(uploads, set) and any(s is uploads for s in sets)
 
 
 def test_a_middleware_added_after_the_first_request_is_outermost():

@@ -81,7 +81,8 @@ def test_launch_defaults(monkeypatch):
     options = serving.launch_options(args.host, args.port, args.share)
     assert options["server_name"] == "127.0.0.1" and options["share"] is False
     assert options["ssr_mode"] is False and options["enable_monitoring"] is False and options["mcp_server"] is False
-    assert options["allowed_paths"] == [] and options["max_file_size"] == "1mb"
+    # Per uploaded file: one image's cap (the page's image editor is the one upload the guard lets through).
+    assert options["allowed_paths"] == [] and options["max_file_size"] == 16 * 1024 * 1024
     assert serving.launch_options("0.0.0.0", 7860, True)["share"] is True  # only when asked
 
 
