@@ -28,6 +28,7 @@ LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
 MAX_BODY_BYTES = 1_000_000  # JSON of a /generate call is < 100 kB even with a 20 000-character prompt
 # The routes that take images (an init image and a mask, each at most uploads.MAX_IMAGE_BYTES once decoded,
 # 4/3 of that as base64) and their body caps; every other path keeps MAX_BODY_BYTES.
+MAX_IMAGE_BYTES = 16 * 1024 * 1024  # one image file a client sends: a 2048 x 2048 RGB PNG of noise is 12.6 MB
 MAX_IMAGE_BODY_BYTES = 48_000_000
 IMAGE_BODY_PATHS = ("/sdapi/v1/img2img", "/v1/images/edits")
 # The API endpoint whose calls carry an image as base64 text (apis/mcp_image.py): its calls, and only they, may be

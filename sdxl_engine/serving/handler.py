@@ -148,9 +148,10 @@ def image_function(handle: Callable, config: EngineConfig, pending: history.Pend
     given is deleted when it ends, whatever the outcome (:func:`discard_uploads`). A picture the page cannot
     use is gr.Error with apis.uploads' or image_input's message.
     """
-    # Here, not at the top: serving.apis (image_input decodes with apis.uploads) imports this module.
+    # Here, not at the top: importing serving.apis (image_input decodes with apis.uploads) runs the package's
+    # __init__, whose routes import this module.
     from sdxl_engine.serving import image_input
-    from sdxl_engine.serving.apis.core import ApiError
+    from sdxl_engine.serving.apis.errors import ApiError
 
     def img2img(prompt: str, negative_prompt: str | None = None, seed: int = -1,
                 guidance_scale: float = config.guidance_scale,

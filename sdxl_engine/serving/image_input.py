@@ -20,7 +20,7 @@ from typing import Callable
 import numpy as np
 from PIL import Image
 
-from sdxl_engine.serving.apis.core import ApiError
+from sdxl_engine.serving.apis.errors import ApiError
 from sdxl_engine.serving.apis.uploads import MAX_IMAGE_BYTES, open_image
 
 LANCZOS = Image.Resampling.LANCZOS

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from sdxl_engine.config import ConfigError, trusted_networks
 from sdxl_engine.serving import gradio_internals
-from sdxl_engine.serving.apis.uploads import MAX_IMAGE_BYTES  # Pillow only
+from sdxl_engine.serving.guard import MAX_IMAGE_BYTES
 from sdxl_engine.serving.admission import Admission  # loads no Gradio (fastapi only)
 from sdxl_engine.serving.guard import RequestGate, install_guard  # noqa: F401 (RequestGate: main.py's)
 from sdxl_engine.serving.janitor import TempJanitor

@@ -37,29 +37,13 @@ from sdxl_engine.engine.local import CompilesBusy
 from sdxl_engine.engine.steps import Stopped
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest, validate
 from sdxl_engine.serving import admission, delivery, gradio_internals
+from sdxl_engine.serving.apis.errors import ApiError
 from sdxl_engine.serving.handler import PROTOCOL_INPUTS, ProtocolInputs
 from sdxl_engine.serving.progress import JOB_SCOPE_KEY, JOBS, Owner
 from sdxl_engine.serving.styles import NO_STYLE, UnknownStyle, apply_style
 
 API_NAME = "generate"  # the page's event every protocol runs
 MAX_CALLS = 4  # engine calls one API request may ask for (n, batch_size x n_iter): 4 x the engine's batch images
-
-
-class ApiError(Exception):
-    """A refusal or failure to answer in the protocol's own error shape.
-
-    ``status``: the HTTP status (400 bad value, 401 no or wrong key, 404, 429 over the per-client
-    limit, 500 the engine failed, 503 not started / shutting down / queue full); ``message``: one
-    line for the user (the engine's own for a bad value); ``param``: the request field at fault,
-    if one is; ``headers``: extra response headers (``Retry-After``).
-    """
-
-    def __init__(self, status: int, message: str, param: str | None = None, headers: dict | None = None):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.headers = headers or {}
 
 
 class Interrupted(ApiError):

@@ -14,10 +14,10 @@ import io
 
 from PIL import Image, ImageOps
 
-from sdxl_engine.serving.apis.core import ApiError
+from sdxl_engine.serving.apis.errors import ApiError
+from sdxl_engine.serving.guard import MAX_IMAGE_BYTES  # noqa: F401 (one image's file: the guard's, also Gradio's cap)
 
 MAX_INPUT_SIDE = 2048  # pixels, each side of a client's image: the largest SDXL size this server makes, and more
-MAX_IMAGE_BYTES = 16 * 1024 * 1024  # one image's file: a 2048 x 2048 RGB PNG of noise is 12.6 MB
 FORMATS = ("PNG", "JPEG", "WEBP")
 
 
