@@ -7,7 +7,7 @@ The editor's value (Gradio's ImageEditor/ImageMask ``EditorData``, sent as it is
 preprocess) is ``{"background": file, "layers": [file, ...], "composite": file}``, each file a dict with a
 ``path``. The background is the picture; the layers hold the brush strokes (RGBA, opaque where drawn), whose
 union is the mask: every pixel a stroke touched (alpha > 0) is repainted. Files are read with a size bound and
-decoded by apis.uploads.open_image (formats, side, EXIF, decompression bombs); a refusal is apis.core.ApiError
+decoded by apis.uploads.open_image (formats, side, EXIF, decompression bombs); a refusal is apis.errors.ApiError
 400 naming the field, which the handler shows as gr.Error.
 """
 

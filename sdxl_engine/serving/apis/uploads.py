@@ -15,7 +15,7 @@ import io
 from PIL import Image, ImageOps
 
 from sdxl_engine.serving.apis.errors import ApiError
-from sdxl_engine.serving.guard import MAX_IMAGE_BYTES  # noqa: F401 (one image's file: the guard's, also Gradio's cap)
+from sdxl_engine.serving.guard import MAX_IMAGE_BYTES  # one image file: also Gradio's per-file upload cap
 
 MAX_INPUT_SIDE = 2048  # pixels, each side of a client's image: the largest SDXL size this server makes, and more
 FORMATS = ("PNG", "JPEG", "WEBP")
