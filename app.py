@@ -22,7 +22,7 @@ from sdxl_engine.config import EngineConfig
 from sdxl_engine.engine.contract import EngineContract
 from sdxl_engine.engine.validation import MAX_GUIDANCE
 from sdxl_engine.program.schedulers import SAMPLERS
-from sdxl_engine.serving import handler, history, image_input
+from sdxl_engine.serving import handler, history
 from sdxl_engine.serving.apis.mcp_image import API_NAME as IMAGE_TOOL, image_tool
 from sdxl_engine.serving.page_assets import (CLEAR_HISTORY_JS, HISTORY_JS, HISTORY_KEY, HISTORY_NOTE, MODEL_NOTES,
                                              PAGE_CSS, PARSE_SIZE_JS, REAL_SDXL_HINT, SCROLL_TO_GALLERY_JS,
@@ -32,8 +32,9 @@ from sdxl_engine.serving.styles import (FAST_LABEL, FAST_LORA, FAST_PRESET, NO_S
 
 from sdxl_engine.serving import guard
 from sdxl_engine.serving.page import (BLOG_DEFAULT, EXAMPLES, PNG_FIELDS, engine_banner, load_example,  # noqa: F401
-                                      lora_names_for, outpaint_default, page_event, png_settings, size_choices,
-                                      status_line, stopped_view, lora_tag_adder)  # (tests read some of them here too)
+                                      lora_names_for, page_event, png_settings, size_choices, status_line,
+                                      stopped_view, lora_tag_adder)  # (tests read some of them here too)
+from sdxl_engine.serving.page_image import image_section, wire_image_section
 
 
 def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract | None = None, concurrency: int = 1,
@@ -91,31 +92,7 @@ def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract 
                     with gr.Row(visible=False):  # set from the resolution list; still the API's width/height
                         width = gr.Number(value=0, precision=0, label="Width (px, 0 = model default)")
                         height = gr.Number(value=0, precision=0, label="Height (px, 0 = model default)")
-                # Image to image, inpainting, outpainting: closed, so text to image looks as it did. Its own
-                # button and event (handler.image_function); the prompt and settings above apply to it too.
-                with gr.Accordion("Image to image", open=False, elem_id="img2img-box") as image_box:
-                    gr.Markdown("Upload a picture (PNG, JPEG or WebP, at most 2048 px a side); for **Inpaint**, paint "
-                                "over what to repaint. The picture is resized to the **Resolution** above (Lanczos, "
-                                "stretched to its shape); it is deleted from the server after its request.",
-                                elem_id="img2img-note")
-                    init_image = gr.ImageMask(label="Picture", type="filepath",
-                                              sources=["upload", "clipboard"], image_mode="RGB", layers=False,
-                                              transforms=(), height=320, elem_id="init-image")
-                    image_mode = gr.Radio(list(image_input.MODES), value=image_input.IMG2IMG, label="Mode",
-                                          elem_id="img2img-mode")
-                    strength = gr.Slider(0.01, 1.0, value=image_input.DEFAULT_STRENGTH[image_input.IMG2IMG],
-                                         step=0.01, label="Strength (how much changes: 1 = from noise)",
-                                         elem_id="strength")
-                    with gr.Row(visible=False, elem_id="outpaint-row") as outpaint_row:
-                        outpaint_sides = gr.CheckboxGroup(list(image_input.SIDES), value=["Right"],
-                                                          label="Sides to extend", elem_id="outpaint-sides")
-                        outpaint_pixels = gr.Slider(8, 1024, value=outpaint_default(engine), step=8, precision=0,
-                                                    label="Pixels per side (the canvas stays the Resolution)",
-                                                    elem_id="outpaint-pixels")
-                    refiner_switch = gr.Slider(0.05, 0.95, value=0.8, step=0.05, visible=bool(config.refiner),
-                                               label="Refiner switch (share of the steps on the base model)",
-                                               elem_id="refiner-switch")
-                    run_image = gr.Button("Generate from image", variant="primary", elem_id="generate-image")
+                image = image_section(config, engine)  # Image to image (serving/page_image.py)
             with gr.Column(scale=3, elem_id="output-col"):  # what came out (first on a phone: PAGE_CSS)
                 gallery = gr.Gallery(label="Images", columns=2, format="png", object_fit="contain",
                                      buttons=["download", "fullscreen"], interactive=False, elem_id="gallery")
@@ -158,10 +135,10 @@ def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract 
         generate_from_image = handler.image_function(generate, config, pending, finished, demo)
 
         # On a narrow screen bring the gallery into view for the progress, and again once the images are in.
-        gr.on([run.click, prompt.submit, run_image.click], None, None, None, js=SCROLL_TO_GALLERY_JS, queue=False,
+        gr.on([run.click, prompt.submit, image.run.click], None, None, None, js=SCROLL_TO_GALLERY_JS, queue=False,
               api_visibility="private")
         # A Stop's line described the stopped request: a new one takes it away (a finished one's line stays).
-        gr.on([run.click, prompt.submit, run_image.click], None, status, [status, heard], js=NEW_REQUEST_JS,
+        gr.on([run.click, prompt.submit, image.run.click], None, status, [status, heard], js=NEW_REQUEST_JS,
               queue=False, api_visibility="private")
         # preprocess=False: values reach the engine as sent, so its checks and messages (with the
         # argument's name) apply to page and API alike, instead of Gradio's unnamed bound checks.
@@ -171,10 +148,9 @@ def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract 
                       concurrency_limit=concurrency, preprocess=False)
         # The image event: the same nine, then the editor's value (as sent: guard.Routes let only uploads and the
         # app's PNGs through) and the image settings. Private: the page's own (the API stays /generate).
-        image_event = run_image.click(
+        image_event = image.run.click(
             generate_from_image, [prompt, negative_prompt, seed, guidance_scale, num_inference_steps, width, height,
-                                  style, sampler, init_image, image_mode, strength, outpaint_sides, outpaint_pixels,
-                                  refiner_switch],
+                                  style, sampler, *image.inputs],
             [gallery, info], api_name=guard.IMAGE_EVENT, api_visibility="private", concurrency_id="engine",
             concurrency_limit=concurrency, preprocess=False)
         events = (event, image_event)
@@ -221,32 +197,7 @@ def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract 
 
         gallery.select(select_image, info, [selected_seed, reuse], api_visibility="private", queue=False)
 
-        @page_event
-        def select_for_image(last: dict | None, evt: gr.SelectData):
-            index = evt.index if last and type(evt.index) is int and 0 <= evt.index < len(last["gallery"]) else None
-            return index, gr.Button(interactive=index is not None), gr.Button(interactive=index is not None)
-
-        gallery.select(select_for_image, last_result, [selected_index, send_image, send_inpaint],
-                       api_visibility="private", queue=False)
-
-        def send_to_editor(mode: str):
-            @page_event
-            def send(last: dict | None, index: int | None):
-                # The selected image of the last finished request (server state: no file comes from the browser).
-                if not last or type(index) is not int or not 0 <= index < len(last["gallery"]):
-                    raise IndexError(f"no gallery image {index!r}")
-                path = last["gallery"][index][0]
-                return ({"background": path, "layers": [], "composite": path}, mode,
-                        image_input.DEFAULT_STRENGTH[mode], gr.Accordion(open=True))
-            return send
-
-        for button, mode in ((send_image, image_input.IMG2IMG), (send_inpaint, image_input.INPAINT)):
-            button.click(send_to_editor(mode), [last_result, selected_index],
-                         [init_image, image_mode, strength, image_box], api_visibility="private", queue=False)
-        image_mode.change(page_event(lambda mode: (image_input.DEFAULT_STRENGTH[mode],
-                                                   gr.Row(visible=mode == image_input.OUTPAINT))),
-                          image_mode, [strength, outpaint_row], api_visibility="private", queue=False,
-                          show_progress="hidden", preprocess=False)  # a mode the page never sends: page_event
+        wire_image_section(image, gallery, last_result, selected_index, send_image, send_inpaint)
         # The seed kept by select_image is server-side state (gr.State), so this one runs on the server.
         reuse.click(page_event(lambda s: -1 if s is None else int(s)), selected_seed, seed, api_visibility="private",
                     queue=False)

@@ -1,0 +1,96 @@
+"""The page's "Image to image" section: its widgets (:func:`image_section`) and the events that stay inside it
+(:func:`wire_image_section`: the mode's strength and outpaint row, the gallery's Send to image / Inpaint). The
+Generate-from-image event itself is app.py's, beside /generate's, since both share the page's other events."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import gradio as gr
+
+from sdxl_engine.config import EngineConfig
+from sdxl_engine.engine.contract import EngineContract
+from sdxl_engine.serving import image_input
+from sdxl_engine.serving.page import outpaint_default, page_event
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageSection:
+    """The section's components: ``inputs`` are the image event's inputs after /generate's nine."""
+
+    box: gr.Accordion
+    init_image: gr.ImageMask
+    image_mode: gr.Radio
+    strength: gr.Slider
+    outpaint_row: gr.Row
+    outpaint_sides: gr.CheckboxGroup
+    outpaint_pixels: gr.Slider
+    refiner_switch: gr.Slider
+    run: gr.Button
+
+    @property
+    def inputs(self) -> list:
+        return [self.init_image, self.image_mode, self.strength, self.outpaint_sides, self.outpaint_pixels,
+                self.refiner_switch]
+
+
+def image_section(config: EngineConfig, engine: EngineContract | None) -> ImageSection:
+    """Image to image, inpainting, outpainting, in a closed accordion (text to image looks as it did), placed where
+    it is called inside the page's Blocks. Its own button and event (handler.image_function); the prompt and settings
+    above it apply too."""
+    with gr.Accordion("Image to image", open=False, elem_id="img2img-box") as box:
+        gr.Markdown("Upload a picture (PNG, JPEG or WebP, at most 2048 px a side); for **Inpaint**, paint "
+                    "over what to repaint. The picture is resized to the **Resolution** above (Lanczos, "
+                    "stretched to its shape); it is deleted from the server after its request.",
+                    elem_id="img2img-note")
+        init_image = gr.ImageMask(label="Picture", type="filepath", sources=["upload", "clipboard"], image_mode="RGB",
+                                  layers=False, transforms=(), height=320, elem_id="init-image")
+        image_mode = gr.Radio(list(image_input.MODES), value=image_input.IMG2IMG, label="Mode", elem_id="img2img-mode")
+        strength = gr.Slider(0.01, 1.0, value=image_input.DEFAULT_STRENGTH[image_input.IMG2IMG], step=0.01,
+                             label="Strength (how much changes: 1 = from noise)", elem_id="strength")
+        with gr.Row(visible=False, elem_id="outpaint-row") as outpaint_row:
+            outpaint_sides = gr.CheckboxGroup(list(image_input.SIDES), value=["Right"], label="Sides to extend",
+                                              elem_id="outpaint-sides")
+            outpaint_pixels = gr.Slider(8, 1024, value=outpaint_default(engine), step=8, precision=0,
+                                        label="Pixels per side (the canvas stays the Resolution)",
+                                        elem_id="outpaint-pixels")
+        refiner_switch = gr.Slider(0.05, 0.95, value=0.8, step=0.05, visible=bool(config.refiner),
+                                   label="Refiner switch (share of the steps on the base model)",
+                                   elem_id="refiner-switch")
+        run = gr.Button("Generate from image", variant="primary", elem_id="generate-image")
+    return ImageSection(box, init_image, image_mode, strength, outpaint_row, outpaint_sides, outpaint_pixels,
+                        refiner_switch, run)
+
+
+def wire_image_section(section: ImageSection, gallery: gr.Gallery, last_result: gr.State,
+                       selected_index: gr.State, send_image: gr.Button, send_inpaint: gr.Button) -> None:
+    """The section's own events: a gallery selection enables Send to image / Inpaint, which put the selected image of
+    the last finished request (server state: no file comes from the browser) into the editor; the mode sets its
+    strength and shows the outpaint row."""
+
+    @page_event
+    def select_for_image(last: dict | None, evt: gr.SelectData):
+        index = evt.index if last and type(evt.index) is int and 0 <= evt.index < len(last["gallery"]) else None
+        return index, gr.Button(interactive=index is not None), gr.Button(interactive=index is not None)
+
+    gallery.select(select_for_image, last_result, [selected_index, send_image, send_inpaint],
+                   api_visibility="private", queue=False)
+
+    def send_to_editor(mode: str):
+        @page_event
+        def send(last: dict | None, index: int | None):
+            if not last or type(index) is not int or not 0 <= index < len(last["gallery"]):
+                raise IndexError(f"no gallery image {index!r}")
+            path = last["gallery"][index][0]
+            return ({"background": path, "layers": [], "composite": path}, mode,
+                    image_input.DEFAULT_STRENGTH[mode], gr.Accordion(open=True))
+        return send
+
+    for button, mode in ((send_image, image_input.IMG2IMG), (send_inpaint, image_input.INPAINT)):
+        button.click(send_to_editor(mode), [last_result, selected_index],
+                     [section.init_image, section.image_mode, section.strength, section.box],
+                     api_visibility="private", queue=False)
+    section.image_mode.change(page_event(lambda mode: (image_input.DEFAULT_STRENGTH[mode],
+                                                       gr.Row(visible=mode == image_input.OUTPAINT))),
+                              section.image_mode, [section.strength, section.outpaint_row], api_visibility="private",
+                              queue=False, show_progress="hidden", preprocess=False)  # a mode the page never sends
