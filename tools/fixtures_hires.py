@@ -15,6 +15,11 @@ Each case (:data:`CASES`), 2 images, "a red circle", negative "a blue square", g
    at the engine's start step (checked), its ``randn_tensor`` returning noise.npz's ``hires_noise`` (one call,
    checked): the images.
 
+``python -m tools.fixtures_hires pixels`` writes pixels.{npz,json}: hires fix with A1111's pixel upscalers
+(:data:`PIXEL_CASES`): step 1 with ``output_type="np"``, its images as uint8 (``round(x * 255)``, the engine's
+txt2img images), resized by A1111's ``images.resize_image(0, ...)`` chain (:func:`a1111_resize`, written out here),
+then step 3 on those pictures (encoded by the VAE, the posterior's mean).
+
 Also writes torch's ``F.interpolate`` of fixed random latents for every A1111 latent upscaler at several sizes
 (``resize_*``), which the test compares with latent_upscale.resize_matrix.
 """
@@ -73,6 +78,87 @@ def resize_checks() -> dict[str, np.ndarray]:
     return arrays
 
 
+# case -> (A1111 sampler, A1111 pixel upscaler, hires strength, hires steps)
+PIXEL_CASES = {"euler_lanczos_05": ("Euler", "Lanczos", 0.5, 0),
+               "dpmk_nearest_06_5steps": ("DPM++ 2M Karras", "Nearest", 0.6, 5)}
+
+
+def a1111_resize(image, width: int, height: int, upscaler: str):
+    """A1111's ``images.resize_image(0, image, width, height, upscaler_name)`` for its built-in upscalers None,
+    Lanczos and Nearest (``Upscaler.upscale``: the upscaler to int(side x scale), Lanczos to that rounded down to
+    a multiple of 8, then Lanczos to the target), copied from modules/upscaler.py and modules/images.py."""
+    from PIL import Image
+
+    lanczos = Image.Resampling.LANCZOS
+    own = {"None": None, "Lanczos": lanczos, "Nearest": Image.Resampling.NEAREST}[upscaler]
+    scale = max(width / image.width, height / image.height)
+    if scale > 1.0:
+        dest_w, dest_h = int((image.width * scale) // 8 * 8), int((image.height * scale) // 8 * 8)
+        for i in range(3):
+            if image.width >= dest_w and image.height >= dest_h and (i > 0 or scale != 1):
+                break
+            shape = image.size
+            if own is not None:
+                image = image.resize((int(image.width * scale), int(image.height * scale)), resample=own)
+            if shape == image.size:
+                break
+        if image.size != (dest_w, dest_h):
+            image = image.resize((dest_w, dest_h), resample=lanczos)
+    if image.size != (width, height):
+        image = image.resize((width, height), resample=lanczos)
+    return image
+
+
+def main_pixels() -> None:
+    """pixels.{npz,json}: the :data:`PIXEL_CASES` (module docstring)."""
+    from PIL import Image
+
+    torch.set_num_threads(1)
+    with np.load(FOLDER / "noise.npz") as data:
+        seeds, noise, hires_noise = data["seeds"], data["noise"], data["hires_noise"]
+    base = StableDiffusionXLPipeline.from_pretrained(FIXTURES / "tiny-pt", dtype=torch.float32, add_watermarker=False)
+    refine = StableDiffusionXLImg2ImgPipeline(**base.components, requires_aesthetics_score=False)
+    for pipe in (base, refine):
+        pipe.set_progress_bar_config(disable=True)
+    config = plain_config(base.scheduler.config)
+    arrays, meta = {}, {}
+    for key, (sampler, upscaler, strength, hires_steps) in PIXEL_CASES.items():
+        cls, overrides = IMG2IMG_SCHEDULERS[sampler]
+        base.scheduler = cls.from_config(config, **overrides)
+        first = base(**SETTINGS, num_inference_steps=STEPS, height=SIZE, width=SIZE, num_images_per_prompt=2,
+                     latents=torch.from_numpy(noise.copy()), output_type="np").images  # (2, 64, 64, 3) in [0, 1]
+        first = np.round(first * 255).astype(np.uint8)
+        upscaled = [a1111_resize(Image.fromarray(image), HIRES_SIZE, HIRES_SIZE, upscaler) for image in first]
+        total, start = second_pass(STEPS, strength, hires_steps)
+        strength_d = min(1.0, (total - start + 0.5) / total)
+        refine.scheduler = cls.from_config(config, **overrides)
+        with Img2ImgNoise(hires_noise) as patched:
+            images = refine(**{**SETTINGS, "prompt": [SETTINGS["prompt"]] * 2,  # a prompt per picture
+                               "negative_prompt": [SETTINGS["negative_prompt"]] * 2},
+                            image=upscaled, strength=strength_d, num_inference_steps=total, output_type="np").images
+        assert patched.calls == 1 and patched.encodes == 1, (patched.calls, patched.encodes)
+        assert images.shape == (2, HIRES_SIZE, HIRES_SIZE, 3), images.shape
+        arrays[f"{key}_first"] = first
+        arrays[f"{key}_upscaled"] = np.stack([np.asarray(image) for image in upscaled])
+        arrays[f"{key}_images"] = np.round(images * 255).astype(np.uint8)
+        meta[key] = dict(sampler=sampler, scheduler=cls.__name__, overrides=overrides, upscaler=upscaler,
+                         hires_strength=strength, hires_steps=hires_steps, schedule_steps=total, start_step=start,
+                         diffusers_strength=strength_d,
+                         timesteps=[float(t) for t in refine.scheduler.timesteps[start:]])
+    write_npz(FOLDER / "pixels.npz", arrays)
+    from PIL import __version__ as pillow
+
+    meta = dict(made_by="python -m tools.hires_noise (runtime venv), then python -m tools.fixtures_hires pixels",
+                versions={**versions(), "pillow": pillow}, torch_threads=1, model="tests/fixtures/tiny-pt",
+                settings=SETTINGS, steps=STEPS, size=[SIZE, SIZE], hires_size=[HIRES_SIZE, HIRES_SIZE],
+                seeds=[int(s) for s in seeds], cases=meta,
+                notes=["<case>_first (2, 64, 64, 3) uint8: the first pass's images, round(np x 255); <case>_upscaled "
+                       "(2, 96, 96, 3): a1111_resize of them; <case>_images (2, 96, 96, 3): the img2img pipeline's "
+                       "images of <case>_upscaled (posterior mean, noise.npz's hires_noise), round(np x 255)."])
+    (FOLDER / "pixels.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
+    print(f"wrote {FOLDER}/pixels.*")
+
+
 def main() -> None:
     torch.set_num_threads(1)  # one thread: the same float32 sums whatever the machine's core count
     with np.load(FOLDER / "noise.npz") as data:
@@ -125,4 +211,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    main_pixels() if sys.argv[1:] == ["pixels"] else main()

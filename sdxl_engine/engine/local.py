@@ -38,6 +38,7 @@ from sdxl_engine.program.latent_upscale import resize_matrix, sharded_upscale
 from sdxl_engine.program.schedulers import (TooManySteps, UnsupportedSchedulerConfig, hires_schedule,
                                             make_schedule, refiner_start)
 from sdxl_engine.engine.contract import ScaleOut, clock, queue_seconds
+from sdxl_engine.engine.image_upscale import IMAGE_UPSCALERS, upscale_images
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest, Limits, hires_size, validate
 from sdxl_engine.engine.prompts import CHUNK, PromptTokens, parse_lora_tags, tokenize_prompt
 from sdxl_engine.program.schedulers import Schedule
@@ -142,6 +143,8 @@ class Plan:
         schedule: the sampler's per-step coefficients for the request's steps (img2img: all of them; the
             program's inputs start it at the request's start_step); seeds: image i's seed; image: img2img's (batch, H, W, 3)
             uint8 pixels, None for text to image; mask: inpainting's (batch, H, W) float32 (1 = repaint), else None.
+        steps, start_step: the schedule's length and first step when they are not the request's
+            (hires fix of an input image: its second pass's), else None.
     """
 
     request: GenerateRequest
@@ -153,27 +156,42 @@ class Plan:
     image: np.ndarray | None = None
     mask: np.ndarray | None = None
     refiner_start: int | None = None  # the refiner's first step (refiner_switch_at), None without the refiner
-    hires: HiresPlan | None = None  # hires fix's second pass (then ``shape`` is the first's, with latents_out)
+    hires: HiresPlan | None = None  # hires fix's second pass (then ``shape`` is the first pass's)
+    steps: int | None = None
+    start_step: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
 class HiresPlan:
-    """Hires fix's second pass (README "Hires fix"): after the first pass (the plan's shape, latents out), the
-    latents are upscaled on the devices and denoised again at the large size.
+    """Hires fix's second pass (README "Hires fix"): after the first pass (the plan's shape), its latents are
+    upscaled on the devices (a latent upscaler; the first pass returns latents), or its images on the host (a pixel
+    upscaler, image_upscale.py), and denoised again at the large size.
 
     Attributes:
-        shape: the second pass's ProgramShape: the large size, ``init_latents`` (its own compile per size).
-        schedule: the sampler's schedule of ``steps`` steps (whole; the program starts at ``start_step``).
+        shape: the second pass's ProgramShape: the large size, ``init_latents`` (latent upscalers) or
+            ``init_image`` + ``hires_noise`` (pixel upscalers); its own compile per size.
+        schedule: the hires sampler's schedule of ``steps`` steps (whole; the program starts at ``start_step``).
         steps, start_step: schedulers.hires_schedule's (schedule length, first step that runs).
-        rows, cols: the upscaler's (H/f, h/f) and (W/f, w/f) float32 matrices (latent_upscale.resize_matrix).
+        prompt, negative: the second pass's prompts (the hires ones, else the first pass's), tokenized.
+        rows, cols: a latent upscaler's (H/f, h/f) and (W/f, w/f) float32 matrices (latent_upscale.resize_matrix);
+            None for a pixel upscaler.
+        upscaler: the A1111 upscaler's name.
     """
 
     shape: ProgramShape
     schedule: Schedule
     steps: int
     start_step: int
-    rows: np.ndarray
-    cols: np.ndarray
+    prompt: PromptTokens
+    negative: PromptTokens
+    upscaler: str
+    rows: np.ndarray | None = None
+    cols: np.ndarray | None = None
+
+    @property
+    def pixels(self) -> bool:
+        """Whether the first pass's images (not latents) are upscaled, on the host."""
+        return self.rows is None
 
     @property
     def runs(self) -> int:
@@ -559,7 +577,7 @@ class Engine:
         Raises InvalidRequest: a sampler the model's scheduler config rules out, too many steps for it; an
         image count other than 1 or the batch.
         """
-        prompt, negative = self._tokens(request)  # first: the chunk count chooses the program
+        prompt, negative = self._tokens(request.prompt, request.negative_prompt)  # the chunks choose the program
         schedule = self._schedule(request.sampler, request.num_inference_steps)  # refuses before compiling
         image = None
         if request.image is not None:  # img2img: validate set start_step (from strength, or as given)
@@ -574,7 +592,12 @@ class Engine:
         # Image i uses seed + i, wrapping past max_seed to 0, so every caption's seed is itself a valid request seed.
         seeds = [(request.seed + i) % (self.limits.max_seed + 1) for i in range(self.batch)]
         hires = None if request.hires_scale is None else self._hires(request, shape)
-        shape = shape if hires is None else dataclasses.replace(shape, latents_out=True)  # hires: latents, no VAE
+        if hires is not None and image is not None:  # hires fix of the given image: its second pass alone
+            return Plan(request, hires.shape, hires.prompt, hires.negative, hires.schedule, seeds,
+                        upscale_images(image, hires.shape.width, hires.shape.height, hires.upscaler),
+                        steps=hires.steps, start_step=hires.start_step)
+        if hires is not None and not hires.pixels:  # a latent upscaler: the first pass's latents, no VAE decode
+            shape = dataclasses.replace(shape, latents_out=True)
         if request.refiner_switch_at is not None:  # the refiner's program and its first step (README "Refiner")
             return Plan(request, self._refiner_shape(shape), prompt, negative, schedule, seeds, image, mask,
                         refiner_start=refiner_start(schedule.timesteps, request.refiner_switch_at,
@@ -582,21 +605,32 @@ class Engine:
         return Plan(request, shape, prompt, negative, schedule, seeds, image, mask, hires=hires)
 
     def _hires(self, request: GenerateRequest, shape: ProgramShape) -> HiresPlan:
-        """The second pass of a validated hires ``request`` whose first pass runs on ``shape``.
+        """The second pass of a validated hires ``request`` whose first pass runs on ``shape`` (or, with an
+        input image, would: its size, CFG mode and chunks).
 
-        Raises InvalidRequest naming ``hires_steps`` when the sampler cannot take the schedule's step count (LCM).
+        Raises InvalidRequest naming ``hires_steps`` when the sampler cannot take the schedule's step count (LCM),
+        or ``hires_sampler`` for one the model's scheduler config rules out.
         """
         width, height = hires_size(request.width, request.height, request.hires_scale, self.limits.multiple)
         steps, start = hires_schedule(request.num_inference_steps, request.hires_steps, request.hires_strength)
         try:
-            schedule = self._schedule(request.sampler, steps)
+            schedule = self._schedule(request.hires_sampler, steps)
         except InvalidRequest as err:
-            raise InvalidRequest("hires_steps", f"the second pass's {steps}-step schedule: {err.message}") from None
+            field = "hires_sampler" if err.field == "sampler" else "hires_steps"
+            raise InvalidRequest(field, f"the second pass's {steps}-step schedule: {err.message}") from None
+        prompt, negative = self._tokens(
+            request.prompt if request.hires_prompt is None else request.hires_prompt,
+            request.negative_prompt if request.hires_negative_prompt is None else request.hires_negative_prompt)
+        large = dataclasses.replace(shape, width=width, height=height, chunks=prompt.chunks, init_image=False,
+                                    inpaint=False)
+        if request.hires_upscaler in IMAGE_UPSCALERS:  # pixels, upscaled on the host: an img2img pass
+            return HiresPlan(dataclasses.replace(large, init_image=True, hires_noise=True), schedule, steps, start,
+                             prompt, negative, request.hires_upscaler)
         f = self.model.vae_scale_factor
         rows = resize_matrix(request.height // f, height // f, request.hires_upscaler)  # (H/f, h/f)
         cols = resize_matrix(request.width // f, width // f, request.hires_upscaler)  # (W/f, w/f)
-        large = dataclasses.replace(shape, width=width, height=height, init_latents=True)
-        return HiresPlan(large, schedule, steps, start, rows, cols)
+        return HiresPlan(dataclasses.replace(large, init_latents=True), schedule, steps, start, prompt, negative,
+                         request.hires_upscaler, rows, cols)
 
     def _refiner_shape(self, shape: ProgramShape) -> ProgramShape:
         """``shape`` with the refiner. Raises InvalidRequest (``width``) for a size the refiner's UNet cannot halve
@@ -712,12 +746,13 @@ class Engine:
         request = plan.request
         progress("preparing")
         params, loras = self._lora_params(request.prompt)  # the tags' LoRAs merged; _tokens dropped the tags
+        steps = request.num_inference_steps if plan.steps is None else plan.steps
+        start = request.start_step if plan.start_step is None else plan.start_step
         inputs = ProgramInputs.build(plan.prompt.ids, plan.negative.ids, not plan.negative.words.strip(), plan.seeds,
-                                     request.guidance_scale, plan.schedule,
-                                     request.num_inference_steps if loop_steps is None else loop_steps,
+                                     request.guidance_scale, plan.schedule, steps if loop_steps is None else loop_steps,
                                      self.config.max_inference_steps, prompt_weights=plan.prompt.weights,
                                      negative_weights=plan.negative.weights, image=plan.image,
-                                     start_step=None if plan.image is None else request.start_step, mask=plan.mask,
+                                     start_step=None if plan.image is None else start, mask=plan.mask,
                                      # diffusers' inpainting at strength 1 starts from noise (is_strength_max)
                                      from_noise=request.strength == 1.0)
         if plan.refiner_start is not None:  # the refiner's switch step and aesthetic scores (diffusers' defaults)
@@ -760,19 +795,22 @@ class Engine:
     def _run_hires(self, plan: Plan, first: CompiledProgram, second: CompiledProgram,
                    progress: Callable[[str], None] = _no_progress, on_step: Callable[[StepEvent], None] | None = None,
                    should_stop: Callable[[], bool] | None = None) -> GenerateResult:
-        """Run a hires plan: 1. the first pass (text to image at the request's size, its final latents out),
-        2. the latents upscaled on the devices (the plan's matrices), 3. the second pass (image to image from those
-        latents at the large size, from the hires start step, the seeds' hires noise). Both stay on the devices;
-        the images are the second pass's. Progress counts both passes' steps that run (``_pass_events``)."""
+        """Run a hires plan: 1. the first pass (text to image at the request's size, its final latents out; with
+        a pixel upscaler its images), 2. the latents upscaled on the devices (the plan's matrices; the images on the
+        host, image_upscale.py), 3. the second pass (image to image from those latents or pixels at the large size,
+        from the hires start step, the seeds' hires noise, the hires prompts and sampler). Latents stay on the
+        devices; the images are the second pass's. Progress counts both passes' steps that run (``_pass_events``).
+
+        Raises GenerationError: the first pass's images hold NaN/inf (a pixel upscaler; latents carry it through)."""
         t0 = time.perf_counter()
         request, hires = plan.request, plan.hires
         progress("preparing")
         params, loras = self._lora_params(request.prompt)  # the tags' LoRAs merged, for both passes
         params = self._faults.params(request.prompt, params) if self._faults else params  # TEST-ONLY (faults.py)
-        shared = dict(prompt_weights=plan.prompt.weights, negative_weights=plan.negative.weights)
         inputs = ProgramInputs.build(plan.prompt.ids, plan.negative.ids, not plan.negative.words.strip(), plan.seeds,
                                      request.guidance_scale, plan.schedule, request.num_inference_steps,
-                                     self.config.max_inference_steps, **shared)
+                                     self.config.max_inference_steps, prompt_weights=plan.prompt.weights,
+                                     negative_weights=plan.negative.weights)
         if should_stop is not None and should_stop():
             raise Stopped("stopped before it started")
         steps, total = request.num_inference_steps, request.num_inference_steps + hires.runs
@@ -782,12 +820,23 @@ class Engine:
             self._faults.on_device(request.prompt)
         # The first pass's finite flags are not read here: a NaN in its latents stays NaN through the second pass,
         # whose flags _result checks.
-        latents, _ = self._on_device(first, params, inputs, steps, _pass_events(on_step, 0, 0, total), should_stop)
-        large = sharded_upscale(self.mesh)(latents, hires.rows, hires.cols)  # (b, C, H/f, W/f), split over data
-        inputs = ProgramInputs.build(plan.prompt.ids, plan.negative.ids, not plan.negative.words.strip(), plan.seeds,
-                                     request.guidance_scale, hires.schedule, hires.steps,
+        latents, finite = self._on_device(first, params, inputs, steps, _pass_events(on_step, 0, 0, total),
+                                          should_stop)
+        pixels = None
+        if hires.pixels:  # the first pass's images, upscaled on the host as A1111's resize_image
+            images, finite = np.asarray(latents), np.asarray(finite)
+            if not finite.all():
+                bad = [s for s, ok in zip(plan.seeds, finite) if not ok]
+                raise GenerationError(f"the model produced non-finite pixels (NaN/inf) for seeds {bad} in the hires "
+                                      "fix's first pass; try another seed or a lower guidance scale")
+            pixels = upscale_images(images, hires.shape.width, hires.shape.height, hires.upscaler)
+        # a latent upscaler: (b, C, H/f, W/f), split over data, never on the host
+        large = None if hires.pixels else sharded_upscale(self.mesh)(latents, hires.rows, hires.cols)
+        inputs = ProgramInputs.build(hires.prompt.ids, hires.negative.ids, not hires.negative.words.strip(),
+                                     plan.seeds, request.guidance_scale, hires.schedule, hires.steps,
                                      self.config.max_inference_steps, start_step=hires.start_step,
-                                     init_latents=large, **shared)
+                                     prompt_weights=hires.prompt.weights, negative_weights=hires.negative.weights,
+                                     image=pixels, init_latents=large)
         out = self._on_device(second, params, inputs, hires.steps,
                               _pass_events(on_step, steps, hires.start_step, total), should_stop)
         return self._result(plan, out, loras, t0, t1, progress, " (hires fix)")
@@ -807,12 +856,12 @@ class Engine:
             raise Stopped(f"stopped after step {receiver.done} of {steps}")
         return out
 
-    def _tokens(self, request: GenerateRequest) -> tuple[PromptTokens, PromptTokens]:
-        """The prompt and negative prompt as chunks (engine/prompts.py), padded to one chunk count (a
+    def _tokens(self, prompt: str, negative: str) -> tuple[PromptTokens, PromptTokens]:
+        """A validated prompt and negative prompt as chunks (engine/prompts.py), padded to one chunk count (a
         prompt of syntax only was refused by validate: prompts.check_prompt)."""
         tokenizers, chunks = (self.model.tokenizer, self.model.tokenizer_2), self.config.max_prompt_chunks
-        prompt = tokenize_prompt(tokenizers, request.prompt, chunks, self.config.emphasis, "prompt")
-        negative = tokenize_prompt(tokenizers, request.negative_prompt, chunks, self.config.emphasis,
+        prompt = tokenize_prompt(tokenizers, prompt, chunks, self.config.emphasis, "prompt")
+        negative = tokenize_prompt(tokenizers, negative, chunks, self.config.emphasis,
                                    "negative_prompt", lora_tags=False)
         if not negative.words.strip():  # no words: the empty negative prompt (zeros), whatever its syntax
             negative = tokenize_prompt(tokenizers, "", chunks, self.config.emphasis, "negative_prompt")

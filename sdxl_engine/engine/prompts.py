@@ -300,27 +300,28 @@ def chunk_tokens(segments: list[Segment], tokenizer,
     return chunks
 
 
-def check_prompt(text: str, loras: tuple[str, ...] | frozenset[str] = ()) -> None:
+def check_prompt(text: str, loras: tuple[str, ...] | frozenset[str] = (), field: str = "prompt") -> None:
     """Refuse a prompt the engine could not read, before it is queued or tokenized (validation.validate).
 
     Args:
         text: the prompt as typed (cleaned by validation.clean_text).
         loras: the names of the loaded LoRAs its tags may pick.
+        field: the request field it came in (``hires_prompt`` for hires fix's second pass).
     Raises:
-        InvalidRequest ("prompt"): a malformed tag (:func:`parse_lora_tags`); a tag naming a LoRA
+        InvalidRequest (``field``): a malformed tag (:func:`parse_lora_tags`); a tag naming a LoRA
             not in ``loras`` (the message lists the loaded ones); a prompt with no words once tags,
             brackets, weights and BREAK are read (A1111 would encode an empty prompt).
     """
-    stripped, tags = parse_lora_tags(text)
+    stripped, tags = parse_lora_tags(text, field)
     for tag in tags:
         if tag.name not in loras:
             available = (f"available: {', '.join(sorted(loras))}" if loras else
                          "none are loaded (start with --lora NAME=PATH or --lora-dir DIR)")
             typed = re.search(r"<(?:lora|lyco):" + re.escape(tag.name) + r"(?::[^<>]*)?>", text)  # as the user wrote it
             shown = typed.group(0) if typed else f"<lora:{tag.name}>"
-            raise InvalidRequest("prompt", f"unknown LoRA {tag.name!r} in {shown}; {available}")
+            raise InvalidRequest(field, f"unknown LoRA {tag.name!r} in {shown}; {available}")
     if not "".join(" " if s.is_break else s.text for s in parse_prompt_attention(stripped)).strip():
-        raise InvalidRequest("prompt", "is empty: it holds only brackets, weights or BREAK, no words"
+        raise InvalidRequest(field, "is empty: it holds only brackets, weights or BREAK, no words"
                              + (" (besides its LoRA tags)" if tags else ""))
 
 

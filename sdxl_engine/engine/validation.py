@@ -18,7 +18,8 @@ import unicodedata
 import numpy as np
 
 from sdxl_engine.engine.errors import InvalidRequest
-from sdxl_engine.engine.prompts import check_prompt
+from sdxl_engine.engine.image_upscale import IMAGE_UPSCALERS
+from sdxl_engine.engine.prompts import check_prompt, parse_lora_tags
 from sdxl_engine.program.latent_upscale import DEFAULT_UPSCALER, HIRES_UPSCALERS
 from sdxl_engine.program.schedulers import DEFAULT_SAMPLER, UnknownSampler, get_sampler, hires_schedule, img2img_start
 
@@ -28,6 +29,7 @@ MAX_PROMPT_CHARS = 20_000  # far past 77 tokens; longer text is refused, not tok
 MAX_GUIDANCE = 50.0
 MAX_SIDE = 1 << 16  # pixels; anything larger is refused before it is compared with the buckets
 DEFAULT_STRENGTH = 0.75  # img2img with an image and neither strength nor start_step (A1111's img2img default)
+DEFAULT_IMAGE_UPSCALER = "Lanczos"  # hires fix of an input image (no latents to upscale)
 DEFAULT_HIRES_STRENGTH = 0.7  # hires fix's second pass (A1111's txt2img denoising strength default)
 MAX_HIRES_SCALE = 16.0  # far past any size max_pixels allows; larger is refused before the size is computed
 
@@ -65,15 +67,21 @@ class GenerateRequest:
     # The SDXL refiner (README "Refiner"): the switch point in (0, 1) of diffusers' ensemble of experts (the base's
     # denoising_end, the refiner's denoising_start), e.g. 0.8; None = the base model alone. Needs a loaded refiner.
     refiner_switch_at: float | None = None
-    # Hires fix (README "Hires fix"; text to image only). ``hires_scale`` > 1 turns it on: the image is made at
-    # width x height, its latents are upscaled (``hires_upscaler``, an A1111 latent upscaler name, default "Latent":
-    # bilinear) to :func:`hires_size` and denoised again there from ``hires_strength`` in (0, 1] (default
-    # DEFAULT_HIRES_STRENGTH) with ``hires_steps`` steps (0, the default: schedulers.hires_schedule's rule on
-    # num_inference_steps). The images are the large ones. Validated: all four None without hires_scale.
+    # Hires fix (README "Hires fix"). ``hires_scale`` > 1 turns it on: the image is made at width x height, upscaled
+    # (``hires_upscaler``: an A1111 latent upscaler, default "Latent" (bilinear), resizes its latents on the devices;
+    # "None", "Lanczos" or "Nearest" its decoded pixels on the host, image_upscale.py) to :func:`hires_size` and
+    # denoised again there from ``hires_strength`` in (0, 1] (default DEFAULT_HIRES_STRENGTH) with ``hires_steps``
+    # steps (0, the default: schedulers.hires_schedule's rule on num_inference_steps), with ``hires_sampler`` and
+    # ``hires_prompt`` / ``hires_negative_prompt`` (None: the first pass's). The images are the large ones. With an
+    # ``image`` (and no mask, strength or outpaint) there is no first pass: the image is the one upscaled (a pixel
+    # upscaler, default "Lanczos"). Validated: all None without hires_scale.
     hires_scale: float | None = None
     hires_strength: float | None = None
     hires_steps: int | None = None
     hires_upscaler: str | None = None
+    hires_sampler: str | None = None
+    hires_prompt: str | None = None
+    hires_negative_prompt: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -242,15 +250,18 @@ def validate(request: GenerateRequest, limits: Limits) -> GenerateRequest:
                 width, height = image_size(image, request.width, request.height, limits)
             except InvalidRequest as err:
                 raise InvalidRequest("outpaint", f"the grown canvas {err.message}") from None
-        strength, start = as_strength(request.strength, request.start_step, steps)
+        if request.hires_scale is None:
+            strength, start = as_strength(request.strength, request.start_step, steps)
+        else:  # hires fix of this image: its own strength and start step (hires_strength, as_hires)
+            strength, start = None, None
     if limits.requires_mask and mask is None:
         raise InvalidRequest("mask", f"{limits.requires_mask}: it only repaints the masked part of an image; send an "
                                      "image with a mask (white = repaint) or outpaint sides")
     hires = as_hires(request, width, height, steps, limits)
-    try:
-        sampler = get_sampler(limits.default_sampler if request.sampler is None else request.sampler)
-    except UnknownSampler as err:
-        raise InvalidRequest("sampler", str(err)) from None
+    sampler = as_sampler("sampler", limits.default_sampler if request.sampler is None else request.sampler)
+    if hires["hires_scale"] is not None:
+        hires["hires_sampler"] = sampler if request.hires_sampler is None else as_sampler("hires_sampler",
+                                                                                        request.hires_sampler)
     client = request.client if isinstance(request.client, str) else ""
     return GenerateRequest(prompt, negative, seed, guidance, steps, width, height, sampler, client,
                            image=image, strength=strength, start_step=start, mask=mask,
@@ -279,7 +290,17 @@ def as_switch(value, limits: Limits, hires_scale=None) -> float | None:
     return switch
 
 
-HIRES_FIELDS = ("hires_scale", "hires_strength", "hires_steps", "hires_upscaler")
+def as_sampler(field: str, value) -> str:
+    """An A1111 sampler name (schedulers.get_sampler's spellings) as its canonical name.
+    Raises InvalidRequest naming ``field``."""
+    try:
+        return get_sampler(value)
+    except UnknownSampler as err:
+        raise InvalidRequest(field, str(err)) from None
+
+
+HIRES_FIELDS = ("hires_scale", "hires_strength", "hires_steps", "hires_upscaler", "hires_sampler", "hires_prompt",
+                "hires_negative_prompt")
 
 
 def as_hires(request: GenerateRequest, width: int, height: int, steps: int, limits: Limits) -> dict:
@@ -287,10 +308,13 @@ def as_hires(request: GenerateRequest, width: int, height: int, steps: int, limi
     None without ``hires_scale``; else the scale, the strength (default :data:`DEFAULT_HIRES_STRENGTH`), the second
     pass's step count (0 = the rule on ``steps``, see schedulers.hires_schedule) and the upscaler's A1111 name.
 
-    Raises InvalidRequest naming the field: a hires field without ``hires_scale``; hires with an input image or a
-    mask; a scale not above 1, or whose size (:func:`hires_size`) is not one this server makes or no larger; a
-    strength outside (0, 1] or too small to run a step; a second-pass schedule longer than ``limits.max_steps``;
-    an unknown upscaler.
+    With an input image (hires fix of that image, no first pass): no mask, strength, start step or outpaint, and
+    a pixel upscaler (default "Lanczos"). The second pass's sampler is validated by the caller (as_sampler).
+
+    Raises InvalidRequest naming the field: a hires field without ``hires_scale``; hires with a mask, strength,
+    start step or outpaint; a scale not above 1, or whose size (:func:`hires_size`) is not one this server makes
+    or no larger; a strength outside (0, 1] or too small to run a step; a second-pass schedule longer than
+    ``limits.max_steps``; an unknown upscaler, or a latent one for an input image; a bad hires prompt.
     """
     if request.hires_scale is None:
         for field in HIRES_FIELDS[1:]:
@@ -298,10 +322,11 @@ def as_hires(request: GenerateRequest, width: int, height: int, steps: int, limi
                 raise InvalidRequest(field, "applies to hires fix only: send hires_scale (above 1) with it, or "
                                             "leave it out")
         return dict.fromkeys(HIRES_FIELDS)
-    for field in ("image", "mask"):
+    for field in ("mask", "outpaint", "strength", "start_step"):
         if getattr(request, field) is not None:
-            raise InvalidRequest("hires_scale", f"hires fix makes its image from the prompt, so it takes no {field}: "
-                                                f"send the {field} or hires_scale, not both")
+            raise InvalidRequest("hires_scale", f"hires fix takes no {field} (hires_strength is its strength; an "
+                                                f"image alone is upscaled): send the {field} or hires_scale, "
+                                                "not both")
     scale = as_float("hires_scale", request.hires_scale, 0.0, MAX_HIRES_SCALE)
     if scale <= 1:
         raise InvalidRequest("hires_scale", f"must be above 1 (the second pass's size over the first's), got {scale:g}")
@@ -327,11 +352,33 @@ def as_hires(request: GenerateRequest, width: int, height: int, steps: int, limi
         raise InvalidRequest("hires_steps", f"{hires_steps} steps at hires_strength {strength:g} take a schedule of "
                                             f"int({hires_steps} / {strength:g}) = {total} steps; this server runs at "
                                             f"most {limits.max_steps}: fewer steps or a higher strength")
-    upscaler = DEFAULT_UPSCALER if request.hires_upscaler is None else request.hires_upscaler
-    if not isinstance(upscaler, str) or upscaler not in HIRES_UPSCALERS:
-        raise InvalidRequest("hires_upscaler", f"unknown upscaler {_short(upscaler)}; choose one of "
-                                               f"{', '.join(HIRES_UPSCALERS)}")
-    return dict(hires_scale=scale, hires_strength=strength, hires_steps=hires_steps, hires_upscaler=upscaler)
+    given = request.image is not None
+    upscaler = request.hires_upscaler
+    if upscaler is None:
+        upscaler = DEFAULT_IMAGE_UPSCALER if given else DEFAULT_UPSCALER
+    names = list(IMAGE_UPSCALERS) if given else [*HIRES_UPSCALERS, *IMAGE_UPSCALERS]
+    if not isinstance(upscaler, str) or upscaler not in names:
+        why = ("an input image is upscaled as pixels (a latent upscaler needs the first pass's latents)"
+               if given and upscaler in HIRES_UPSCALERS else f"unknown upscaler {_short(upscaler)}")
+        raise InvalidRequest("hires_upscaler", f"{why}; choose one of {', '.join(names)}")
+    prompts = {}
+    for field in ("hires_prompt", "hires_negative_prompt"):
+        value = getattr(request, field)
+        if value is not None:
+            value = clean_text(field, value, required=field == "hires_prompt")
+            if field == "hires_prompt":
+                check_prompt(value, limits.loras, field)
+                if _tags(value) != _tags(request.prompt):
+                    raise InvalidRequest(field, "its <lora:...> tags differ from the prompt's: both passes use "
+                                                "the prompt's LoRAs here; write the same tags, or none in neither")
+        prompts[field] = value
+    return dict(hires_scale=scale, hires_strength=strength, hires_steps=hires_steps, hires_upscaler=upscaler,
+                hires_sampler=None, **prompts)
+
+
+def _tags(prompt) -> list[tuple[str, float]]:
+    """A prompt's LoRA tags as sorted (name, weight) pairs."""
+    return sorted((tag.name, tag.weight) for tag in parse_lora_tags(prompt if isinstance(prompt, str) else "")[1])
 
 
 def hires_size(width: int, height: int, scale: float, multiple: int) -> tuple[int, int]:

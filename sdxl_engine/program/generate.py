@@ -143,6 +143,10 @@ class ProgramShape:
     # init_latents, upscaled by the engine: no VAE encode), noised to the start step's sigma as img2img; its noise,
     # initial and per step, is the seed's hires stream (:data:`HIRES_NOISE`). False: no latents come in.
     init_latents: bool = False
+    # Hires fix's second pass from pixels (with init_image): the first pass's images upscaled as pixels on the host
+    # (engine/image_upscale.py) come in ProgramInputs.image; the noise, initial and per step, is the seed's hires
+    # stream as with init_latents. False: the seed's own stream.
+    hires_noise: bool = False
 
     @property
     def from_image(self) -> bool:
@@ -515,13 +519,16 @@ def static_options(model: LoadedModel, shape: ProgramShape) -> Static:
         raise ValueError("ProgramShape.inpaint needs init_image: a mask applies to an input image")
     if shape.init_latents and (shape.init_image or shape.latents_out):
         raise ValueError("ProgramShape.init_latents (hires fix's second pass) takes no image and returns images")
+    if shape.hires_noise and not shape.init_image:
+        raise ValueError("ProgramShape.hires_noise (hires fix's second pass from pixels) needs init_image")
     if model.kind.inpainting_unet and not shape.inpaint:
         raise ValueError(f"{model.name}'s UNet takes a mask and a masked image ({model.kind.unet_in_channels} "
                          "input channels): it runs inpainting programs only (ProgramShape.inpaint)")
     return Static(shape=shape, components=model.components, latent=latent_shape(model, shape.height, shape.width),
                   prediction_type=model.scheduler_config.get("prediction_type", "epsilon"), vae=model.vae,
                   hook=STEP_HOOK.call if shape.step_hook else None, inpainting_unet=model.kind.inpainting_unet,
-                  refiner=_refiner_of(model, shape), noise_stream=HIRES_NOISE if shape.init_latents else None)
+                  refiner=_refiner_of(model, shape),
+                  noise_stream=HIRES_NOISE if shape.init_latents or shape.hires_noise else None)
 
 
 def _refiner_of(model: LoadedModel, shape: ProgramShape):

@@ -152,6 +152,81 @@ def test_hires_images_match_diffusers(passes, reference, case):
         assert off.mean() > 1.0, (case, wrong, off.mean())
 
 
+# ---- pixel upscalers (A1111's None, Lanczos, Nearest): the first pass's images resized on the host ----------------
+PIXELS = json.loads((FOLDER / "pixels.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def pixels():
+    with np.load(FOLDER / "pixels.npz") as data, np.load(FOLDER / "noise.npz") as noise:
+        return {**dict(data), **{f"noise_{k}": v for k, v in noise.items()}}
+
+
+def test_pixel_upscalers_are_a1111s_resize_image(pixels):
+    """image_upscale.upscale_images is A1111's resize_image(0, ...) chain for its built-in upscalers: the fixture's
+    resize (a copy of A1111's code, another Pillow) to 1 level; Nearest is not Lanczos; None upscales as Lanczos
+    (UpscalerNone leaves the image to the final Lanczos resize); a scale off the multiple of 8 resizes twice."""
+    from PIL import Image
+
+    from sdxl_engine.engine.image_upscale import IMAGE_UPSCALERS, upscale_image, upscale_images
+
+    assert list(IMAGE_UPSCALERS) == ["None", "Lanczos", "Nearest"]
+    for case, meta in PIXELS["cases"].items():
+        got = upscale_images(pixels[f"{case}_first"], 96, 96, meta["upscaler"]).astype(int)
+        assert got.shape == (2, 96, 96, 3) and np.abs(got - pixels[f"{case}_upscaled"]).max() <= 1, case
+    first = pixels["euler_lanczos_05_first"]
+    lanczos, nearest, none = (upscale_images(first, 96, 96, name).astype(int) for name in ("Lanczos", "Nearest", "None"))
+    assert np.array_equal(none, lanczos) and np.abs(nearest - lanczos).mean() > 2
+    assert np.array_equal(nearest[:, ::3, ::3], first[:, ::2, ::2])  # nearest at 1.5x: source pixel 2i for 3i
+    picture = Image.fromarray(first[0])
+    # to 84 (scale 1.3125): Lanczos to 84, to 80 (A1111's multiple of 8), then to the asked 84 again
+    chain = np.asarray(upscale_image(picture, 84, 84, "Lanczos")).astype(int)
+    once = np.asarray(picture.resize((84, 84), Image.Resampling.LANCZOS)).astype(int)
+    again = picture.resize((84, 84), Image.Resampling.LANCZOS).resize((80, 80), Image.Resampling.LANCZOS)
+    assert np.array_equal(chain, np.asarray(again.resize((84, 84), Image.Resampling.LANCZOS)))
+    assert np.abs(chain - once).max() > 0
+
+
+@pytest.mark.slow  # compiles tiny-pt's second pass from pixels
+@pytest.mark.parametrize("case", list(PIXELS["cases"]))
+def test_hires_pixel_upscalers_match_diffusers(tiny_pt, tiny_pt_programs, pixels, case):
+    """A pixel upscaler's hires fix: the first pass is text to image (diffusers' images to 4/255), and the second
+    diffusers' img2img of the upscaled pictures with the seeds' hires noise (within 4/255 max, 0.5/255 mean). The
+    second pass from one step later, or with the seeds' own noise stream, is far off."""
+    from sdxl_engine.program.generate import ProgramInputs, ProgramShape, tokenize
+
+    meta, settings, config = PIXELS["cases"][case], PIXELS["settings"], tiny_pt.scheduler_config
+    programs = tiny_pt_programs
+    ids, _ = tokenize(tiny_pt, settings["prompt"])
+    negative, _ = tokenize(tiny_pt, settings["negative_prompt"])
+    build = lambda schedule, steps, **kw: ProgramInputs.build(  # noqa: E731
+        ids, negative, False, PIXELS["seeds"], settings["guidance_scale"], schedule, steps, TINY_PT_MAX_STEPS, **kw)
+    first = programs[ProgramShape(2, 64, 64, max_steps=TINY_PT_MAX_STEPS)]
+    images = np.asarray(first.executable(programs.params, build(make_schedule(meta["sampler"], config, STEPS),
+                                                                 STEPS))[0]).astype(int)
+    diff = np.abs(images - pixels[f"{case}_first"])
+    assert diff.max() <= 4 and diff.mean() <= 0.5, (case, diff.max(), diff.mean())
+    second = programs[ProgramShape(2, 96, 96, max_steps=TINY_PT_MAX_STEPS, init_image=True, hires_noise=True)]
+    total, start = hires_schedule(STEPS, meta["hires_steps"], meta["hires_strength"])
+    assert (total, start) == (meta["schedule_steps"], meta["start_step"])
+
+    def run(start_step):
+        inputs = build(make_schedule(meta["sampler"], config, total), total, start_step=start_step,
+                       image=pixels[f"{case}_upscaled"])
+        return np.asarray(second.executable(programs.params, inputs)[0]).astype(int)
+
+    want = pixels[f"{case}_images"].astype(int)
+    diff = np.abs(run(start) - want)
+    print(f"{case}: first pass max {np.abs(images - pixels[f'{case}_first']).max()}, images max {diff.max()}/255, "
+          f"mean {diff.mean():.4f}/255")
+    assert diff.max() <= 4 and diff.mean() <= 0.5, (case, diff.max(), diff.mean())
+    assert np.abs(run(start + 1) - want).mean() > 1.0
+    own = programs[ProgramShape(2, 96, 96, max_steps=TINY_PT_MAX_STEPS, init_image=True)]  # the seeds' own noise
+    inputs = build(make_schedule(meta["sampler"], config, total), total, start_step=start,
+                   image=pixels[f"{case}_upscaled"])
+    assert np.abs(np.asarray(own.executable(programs.params, inputs)[0]).astype(int) - want).mean() > 1.0
+
+
 # ---- the engine: validation, two programs per size, no recompile per strength, steps, seed or upscaler -----------
 def gen(engine, **kw):
     return engine.generate(GenerateRequest("a red circle", **{"seed": 1, "num_inference_steps": 6, **kw}))
@@ -192,6 +267,41 @@ def test_hires_compiles_two_programs_once_then_nothing(engine):
     assert np.array_equal(gen(engine).images, txt)
 
 
+def test_pixel_hires_is_txt2img_upscaled_then_denoised(engine):
+    """A pixel upscaler (Lanczos): the first pass is the plain text-to-image program (its images are the txt2img
+    images), the second an img2img program at the large size with the hires noise; upscaling those txt2img images
+    given as the request's image (the page's Upscale) gives the same images to the byte, compiling nothing more.
+    hires_sampler and hires_prompt change the second pass only, through traced inputs."""
+    import jax
+
+    txt = gen(engine)
+    before = engine.compile_count
+    pixels = gen(engine, hires_scale=1.5, hires_upscaler="Lanczos")
+    assert engine.compile_count == before + 1  # the second pass; the first is text to image's
+    assert {(s.init_image, s.hires_noise) for s in engine._programs} >= {(True, True)}
+    m = engine.limits.multiple
+    assert pixels.images.shape[1:3] == (int(txt.images.shape[1] * 1.5) // m * m, int(txt.images.shape[2] * 1.5) // m * m)
+    latent = gen(engine, hires_scale=1.5)
+    assert np.abs(pixels.images.astype(int) - latent.images).mean() > 0.5
+    events = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, duration, **kw: events.append(event) if "backend_compile" in event else None)
+    before = engine.compile_count
+    given = gen(engine, image=list(txt.images), hires_scale=1.5, hires_upscaler="Lanczos")
+    assert np.array_equal(given.images, pixels.images)
+    default = gen(engine, image=list(txt.images), hires_scale=1.5)  # an image's default upscaler: Lanczos
+    assert np.array_equal(default.images, pixels.images) and default.request.hires_upscaler == "Lanczos"
+    nearest = gen(engine, hires_scale=1.5, hires_upscaler="Nearest")
+    sampler = gen(engine, hires_scale=1.5, hires_upscaler="Lanczos", hires_sampler="DPM++ 2M Karras")
+    prompt = gen(engine, hires_scale=1.5, hires_upscaler="Lanczos", hires_prompt="a blue square")
+    same = gen(engine, hires_scale=1.5, hires_upscaler="Lanczos", hires_prompt="a red circle",
+               hires_sampler=engine.limits.default_sampler)
+    assert engine.compile_count == before and events == []
+    assert np.array_equal(same.images, pixels.images)
+    for name, run in (("nearest", nearest), ("sampler", sampler), ("prompt", prompt)):
+        assert np.abs(run.images.astype(int) - pixels.images).mean() > 0.5, name
+
+
 def test_hires_progress_counts_both_passes(engine):
     """6 first-pass steps, then at strength 0.5: 3 of 6 (diffusers' rule), or hires_steps 4: 4 of int(4 / 0.5) = 8
     (A1111's): progress counts to 9 of 9, or 10 of 10, through step 6 (each pass's last step always reports; fast
@@ -213,8 +323,13 @@ def test_hires_refusals_name_the_field(engine):
     cases = [(dict(hires_scale=1.0), "hires_scale"), (dict(hires_scale="big"), "hires_scale"),
              (dict(hires_scale=1.01), "hires_scale"), (dict(hires_scale=17.0), "hires_scale"),
              (dict(hires_scale=2.5, width=512, height=512), "hires_scale"),  # 1280x1280: past max_pixels
-             (dict(hires_scale=1.5, image=image), "hires_scale"),
+             (dict(hires_scale=1.5, image=image, hires_upscaler="Latent"), "hires_upscaler"),
+             (dict(hires_scale=1.5, image=image, strength=0.5), "hires_scale"),
              (dict(hires_scale=1.5, image=image, mask=np.ones((height, width), np.float32)), "hires_scale"),
+             (dict(hires_scale=1.5, hires_sampler="Euler q"), "hires_sampler"),
+             (dict(hires_scale=1.5, hires_prompt=""), "hires_prompt"),
+             (dict(hires_scale=1.5, hires_prompt="a cat <lora:nope:1>"), "hires_prompt"),
+             (dict(hires_sampler="Euler"), "hires_sampler"), (dict(hires_prompt="a cat"), "hires_prompt"),
              (dict(hires_scale=1.5, hires_strength=0), "hires_strength"),
              (dict(hires_scale=1.5, hires_strength=1.5), "hires_strength"),
              (dict(hires_scale=1.5, hires_strength=0.1), "hires_strength"),  # int(6 x 0.1) = 0 steps
