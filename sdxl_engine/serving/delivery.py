@@ -46,11 +46,17 @@ def kept_images(request) -> int | None:
     return keep if type(keep) is int and keep >= 0 else None
 
 
+def quote(text: str) -> str:
+    """An infotext value as A1111's ``infotext_utils.quote``: JSON-quoted when it holds a comma, colon or newline."""
+    return text if not any(c in text for c in ",:\n") else json.dumps(text, ensure_ascii=False)
+
+
 def mode_parameters(req, refiner: str = "") -> dict:
     """A1111's infotext entries for what a validated request ran beyond text to image, under A1111's own keys
     (modules/processing.py): ``Denoising strength`` (img2img's strength, or the hires pass's), ``Hires upscale``,
-    ``Hires steps``, ``Hires upscaler``, ``Refiner`` (``refiner``: its name), ``Refiner switch at``. {} for plain
-    text to image."""
+    ``Hires steps``, ``Hires upscaler``, ``Hires sampler``, ``Hires prompt``, ``Hires negative prompt`` (those three
+    when they differ from the first pass's), ``Refiner`` (``refiner``: its name), ``Refiner switch at``. {} for
+    plain text to image."""
     out: dict = {}
     if getattr(req, "image", None) is not None and req.strength is not None:
         out["Denoising strength"] = req.strength
@@ -58,6 +64,11 @@ def mode_parameters(req, refiner: str = "") -> dict:
         out.update({"Denoising strength": req.hires_strength, "Hires upscale": req.hires_scale,
                     **({"Hires steps": req.hires_steps} if req.hires_steps else {}),
                     "Hires upscaler": req.hires_upscaler})
+        for key, value, first in (("Hires sampler", req.hires_sampler, req.sampler),
+                                  ("Hires prompt", req.hires_prompt, req.prompt),
+                                  ("Hires negative prompt", req.hires_negative_prompt, req.negative_prompt)):
+            if value is not None and value != first:
+                out[key] = quote(value)
     if getattr(req, "refiner_switch_at", None) is not None:
         out.update({"Refiner": refiner or "refiner", "Refiner switch at": req.refiner_switch_at})
     return out

@@ -402,8 +402,13 @@ def handle_generate(engine: EngineContract, prompt, negative_prompt, seed, guida
     """
     extra = extra or ProtocolInputs()
     report = progress if progress is not None else (lambda *_, **__: None)  # gr.Progress is falsy (len 0)
+    fields = dict(extra.fields)
     try:
         styled_prompt, styled_negative = apply_style(style, prompt, negative_prompt)
+        if fields.get("hires_prompt") is not None or fields.get("hires_negative_prompt") is not None:
+            # the second pass's prompts take the style too, as A1111's all_hr_prompts
+            fields["hires_prompt"], fields["hires_negative_prompt"] = apply_style(
+                style, fields.get("hires_prompt") or prompt, fields.get("hires_negative_prompt") or negative_prompt)
         style = get_style(style).name
     except UnknownStyle as err:
         raise refuse(err) from err
@@ -411,7 +416,7 @@ def handle_generate(engine: EngineContract, prompt, negative_prompt, seed, guida
         report(0.0, desc=f"Starting the engine: {engine.stage} ({clock() - engine.started:.0f} s)")
     request = GenerateRequest(prompt=styled_prompt, negative_prompt=styled_negative, seed=seed,
                               guidance_scale=guidance_scale, num_inference_steps=num_inference_steps,
-                              width=width, height=height, sampler=sampler, client=client, **extra.fields)
+                              width=width, height=height, sampler=sampler, client=client, **fields)
 
     steps = engine.limits.default_steps if num_inference_steps is None else num_inference_steps
     own = job is None

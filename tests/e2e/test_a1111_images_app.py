@@ -151,10 +151,28 @@ def test_txt2img_hires_fix_gives_the_final_size_and_repeats_per_seed(webui):
     text = first.info["infotexts"][0]
     assert "Hires upscale: 2" in text and "Hires steps: 3" in text and "Denoising strength: 0.6" in text
     assert "Size: 64x64" in text  # A1111 records the first pass's size
-    for mode in modes[1:]:
+    upscalers = [u["name"] for u in webui.session.get(f"{webui.baseurl}/upscalers").json()]
+    assert upscalers == ["None", "Lanczos", "Nearest"]  # the decoded images resized, as A1111's built-in ones
+    for mode in modes[1:] + upscalers:
         assert webui.txt2img(hr_upscaler=mode, **fields).image.size == (128, 128), mode
     bad = webui.session.post(f"{webui.baseurl}/txt2img", json={**fields, "hr_upscaler": "ESRGAN_4x"})
     assert bad.status_code == 422 and bad.json()["detail"].startswith("hr_upscaler: ")
+
+
+def test_txt2img_hires_fix_second_pass_prompt_and_sampler(webui):
+    """hr_prompt and hr_sampler_name run the second pass with them (SillyTavern leaves them empty: the first
+    pass's); the infotext says so under A1111's keys; the same values as the first pass's change nothing."""
+    fields = dict(prompt=PROMPT, seed=9, steps=4, cfg_scale=5.0, sampler_name="Euler", enable_hr=True, hr_scale=2,
+                  denoising_strength=0.6, hr_upscaler="Lanczos", **SIZE)
+    plain = webui.txt2img(**fields)
+    same = webui.txt2img(hr_prompt=PROMPT, hr_sampler_name="Euler", **fields)
+    other = webui.txt2img(hr_prompt="a blue square, flat", hr_sampler_name="DPM++ 2M", hr_scheduler="Karras",
+                          **fields)
+    assert pixels(same.image).tolist() == pixels(plain.image).tolist()
+    assert np.abs(pixels(other.image).astype(int) - pixels(plain.image)).mean() > 0.5
+    text = other.info["infotexts"][0]
+    assert 'Hires prompt: "a blue square, flat"' in text and "Hires sampler: DPM++ 2M Karras" in text
+    assert "Hires prompt" not in same.info["infotexts"][0]
 
 
 def test_refiner_fields_name_what_is_loaded(webui):

@@ -678,23 +678,35 @@ def test_a1111_hires_fields_map_to_the_engines_and_keep_one_factor():
     assert hires_fields(Txt2ImgHires(prompt="x", hr_scale=3), 64, 64, 20) == ({}, [])  # enable_hr off
     fields, warnings = hires_fields(Txt2ImgHires(prompt="x", enable_hr=True, hr_scale=1.5, denoising_strength=0.4,
                                                  hr_second_pass_steps=7, hr_upscaler="Latent (bicubic)"), 64, 48, 20)
-    assert fields == {"hires_scale": 1.5, "hires_strength": 0.4, "hires_steps": 7, "hires_upscaler": "Latent (bicubic)"}
+    same = {"hires_prompt": None, "hires_negative_prompt": None}  # "": the first pass's
+    assert fields == {"hires_scale": 1.5, "hires_strength": 0.4, "hires_steps": 7, "hires_upscaler": "Latent (bicubic)",
+                      **same}
     assert warnings == []
     # no hr_second_pass_steps: A1111 passes the first pass's steps, and exactly that many run
     assert hires_fields(Txt2ImgHires(prompt="x", enable_hr=True, hr_resize_y=96), 64, 48, 20)[0] == {
-        "hires_scale": 2, "hires_strength": None, "hires_steps": 20, "hires_upscaler": None}
+        "hires_scale": 2, "hires_strength": None, "hires_steps": 20, "hires_upscaler": None, **same}
     assert hires_fields(Txt2ImgHires(prompt="x", enable_hr=True, hr_resize_x=128, hr_resize_y=96), 64, 48, 20)[0][
         "hires_scale"] == 2
     with pytest.raises(ApiError, match=r"^hr_resize_x/hr_resize_y: 128x128 has another aspect ratio than the first "
                                        r"pass's 64x48"):
         hires_fields(Txt2ImgHires(prompt="x", enable_hr=True, hr_resize_x=128, hr_resize_y=128), 64, 48, 20)
-    _, warnings = hires_fields(Txt2ImgHires(prompt="x", enable_hr=True, sampler_name="Euler",
-                                            hr_sampler_name="DPM++ 2M", hr_prompt="y", hr_negative_prompt=""), 64, 64,
-                               20)
-    assert warnings == ['hr_sampler_name="DPM++ 2M" ignored: the second pass uses the request\'s sampler',
-                        'hr_prompt="y" ignored: the second pass uses the first pass\'s prompts']
-    assert hires_fields(Txt2ImgHires(prompt="x", enable_hr=True, hr_sampler_name="Use same sampler",
-                                     hr_prompt="x"), 64, 64, 20)[1] == []
+    # the second pass's sampler (A1111 1.9's split names: hr_scheduler, else the first pass's scheduler) and prompts
+    fields, warnings = hires_fields(Txt2ImgHires(prompt="x", enable_hr=True, sampler_name="Euler",
+                                                 hr_sampler_name="DPM++ 2M", hr_prompt="y", hr_negative_prompt=""),
+                                    64, 64, 20)
+    assert (fields["hires_sampler"], fields["hires_prompt"], fields["hires_negative_prompt"], warnings) == (
+        "DPM++ 2M", "y", None, [])
+    karras = Txt2ImgHires(prompt="x", enable_hr=True, sampler_name="Euler", scheduler="Karras",
+                          hr_sampler_name="DPM++ 2M")
+    assert hires_fields(karras, 64, 64, 20)[0]["hires_sampler"] == "DPM++ 2M Karras"  # the first pass's scheduler
+    assert hires_fields(Txt2ImgHires(prompt="x", enable_hr=True, sampler_name="DPM++ 2M", hr_scheduler="Karras"),
+                        64, 64, 20)[0]["hires_sampler"] == "DPM++ 2M Karras"
+    assert "hires_sampler" not in hires_fields(Txt2ImgHires(prompt="x", enable_hr=True,
+                                                            hr_sampler_name="Use same sampler"), 64, 64, 20)[0]
+    for bad, field in (({"hr_sampler_name": "Euler q"}, "hr_sampler_name"), ({"hr_scheduler": "Karras"}, "hr_scheduler")):
+        with pytest.raises(ApiError) as err:
+            hires_fields(Txt2ImgHires(prompt="x", enable_hr=True, sampler_name="Euler", **bad), 64, 64, 20)
+        assert err.value.param == field and err.value.message.startswith(f"{field}: "), err.value.message
 
 
 def test_a1111_refiner_checkpoint_must_name_the_loaded_refiner(tmp_path):

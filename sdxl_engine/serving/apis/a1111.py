@@ -121,7 +121,9 @@ class Txt2Img(BaseModel):
 class Txt2ImgHires(Txt2Img):
     """txt2img with A1111's hires fix fields (StableDiffusionProcessingTxt2Img): ``enable_hr`` turns it on;
     ``hr_scale`` (default 2) or ``hr_resize_x`` / ``hr_resize_y`` the final size; ``hr_upscaler`` one of
-    ``/latent-upscale-modes`` (default Latent); ``hr_second_pass_steps`` (0: ``steps``, as A1111);
+    ``/latent-upscale-modes`` (default Latent) or of ``/upscalers`` (None, Lanczos, Nearest: the decoded images
+    resized); ``hr_second_pass_steps`` (0: ``steps``, as A1111); ``hr_sampler_name`` / ``hr_scheduler`` and
+    ``hr_prompt`` / ``hr_negative_prompt`` the second pass's (unset or "": the first pass's);
     ``denoising_strength`` the second pass's (default 0.7, A1111's)."""
 
     enable_hr: bool = False
@@ -131,6 +133,7 @@ class Txt2ImgHires(Txt2Img):
     hr_resize_x: Int = 0
     hr_resize_y: Int = 0
     hr_sampler_name: str | None = None
+    hr_scheduler: str | None = None
     hr_prompt: str | None = ""
     hr_negative_prompt: str | None = ""
 
@@ -310,10 +313,12 @@ def hires_fields(body: Txt2ImgHires, width: int, height: int, steps: int) -> tup
     them (processing.sample_hr_pass; setup_img2img_steps with steps given: exactly that many run). The final size
     is ``hr_scale`` x the size, or ``hr_resize_x`` / ``hr_resize_y`` (one of them: the other follows the aspect
     ratio; both: they must keep it, as this server scales both sides by one factor), each side down to the
-    model's multiple (validation.hires_size). ``hr_sampler_name``, ``hr_prompt`` and
-    ``hr_negative_prompt`` other than the first pass's are named in a warning: the second pass uses those.
+    model's multiple (validation.hires_size). ``hr_sampler_name`` (with ``hr_scheduler``, else ``scheduler``),
+    ``hr_prompt`` and ``hr_negative_prompt`` set the second pass's, as A1111's ``sample_hr_pass`` (unset, "" or
+    "Use same sampler": the first pass's).
 
-    Raises ApiError 422 naming hr_resize_x/hr_resize_y for a size of another aspect ratio."""
+    Raises ApiError 422 naming hr_resize_x/hr_resize_y for a size of another aspect ratio, hr_sampler_name or
+    hr_scheduler for one this server does not have."""
     if not body.enable_hr:
         return {}, []
     scale = body.hr_scale
@@ -325,16 +330,18 @@ def hires_fields(body: Txt2ImgHires, width: int, height: int, steps: int) -> tup
                                 "one of hr_resize_x and hr_resize_y", "hr_resize_x")
         scale = rx / width if rx else ry / height
     fields = {"hires_scale": scale, "hires_strength": body.denoising_strength,
-              "hires_steps": body.hr_second_pass_steps or steps, "hires_upscaler": body.hr_upscaler or None}
-    warnings = []
-    if (body.hr_sampler_name or "") not in SAME_SAMPLER and body.hr_sampler_name != (body.sampler_name or ""):
-        warnings.append(f"hr_sampler_name={_short(body.hr_sampler_name)} ignored: the second pass uses the "
-                        "request's sampler")
-    for name, first in (("hr_prompt", body.prompt), ("hr_negative_prompt", body.negative_prompt)):
-        value = getattr(body, name) or ""
-        if value and value != (first or ""):
-            warnings.append(f"{name}={_short(value)} ignored: the second pass uses the first pass's prompts")
-    return fields, warnings
+              "hires_steps": body.hr_second_pass_steps or steps, "hires_upscaler": body.hr_upscaler or None,
+              "hires_prompt": body.hr_prompt or None, "hires_negative_prompt": body.hr_negative_prompt or None}
+    same_scheduler = (body.hr_scheduler or "") in ("", "Use same scheduler")
+    if (body.hr_sampler_name or "") not in SAME_SAMPLER or not same_scheduler:
+        named = body.hr_sampler_name if (body.hr_sampler_name or "") not in SAME_SAMPLER else (
+            body.sampler_name or body.sampler_index)
+        try:
+            fields["hires_sampler"] = sampler_of(named, body.scheduler if same_scheduler else body.hr_scheduler)
+        except ApiError as err:
+            field = "hr_scheduler" if err.param == "scheduler" else "hr_sampler_name"
+            raise ApiError(422, f"{field}: {err.message.split(': ', 1)[-1]}", field) from None
+    return fields, []
 
 
 def to_call(body: Txt2Img, width=None, height=None, extra: ProtocolInputs | None = None) -> Call:
