@@ -100,6 +100,8 @@ def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract 
                 with gr.Row(elem_id="gallery-actions"):  # the selected image into the image editor
                     send_image = gr.Button("Send to image", size="sm", interactive=False, elem_id="send-to-image")
                     send_inpaint = gr.Button("Inpaint", size="sm", interactive=False, elem_id="send-to-inpaint")
+                    send_upscale = gr.Button("Upscale (hires fix)", size="sm", interactive=False,
+                                             elem_id="send-to-upscale")
                 with gr.Accordion("Details (JSON, as the API returns it)", open=False):
                     info = gr.JSON(label="Details")
         # A Dataset of index type, not gr.Examples: Gradio's own example loader fails with a traceback on
@@ -133,13 +135,13 @@ def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract 
         # named as the /generate API's inputs
         generate_images = handler.api_function(generate, config, pending, finished)
         generate_from_image = handler.image_function(generate, config, pending, finished, demo)
+        upscale_image = handler.upscale_function(generate, config, pending, finished, demo)
 
         # On a narrow screen bring the gallery into view for the progress, and again once the images are in.
-        gr.on([run.click, prompt.submit, image.run.click], None, None, None, js=SCROLL_TO_GALLERY_JS, queue=False,
-              api_visibility="private")
+        starts = [run.click, prompt.submit, image.run.click, send_upscale.click]
+        gr.on(starts, None, None, None, js=SCROLL_TO_GALLERY_JS, queue=False, api_visibility="private")
         # A Stop's line described the stopped request: a new one takes it away (a finished one's line stays).
-        gr.on([run.click, prompt.submit, image.run.click], None, status, [status, heard], js=NEW_REQUEST_JS,
-              queue=False, api_visibility="private")
+        gr.on(starts, None, status, [status, heard], js=NEW_REQUEST_JS, queue=False, api_visibility="private")
         # preprocess=False: values reach the engine as sent, so its checks and messages (with the
         # argument's name) apply to page and API alike, instead of Gradio's unnamed bound checks.
         event = gr.on([run.click, prompt.submit], generate_images,
@@ -153,7 +155,13 @@ def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract 
                                   style, sampler, *image.inputs],
             [gallery, info], api_name=guard.IMAGE_EVENT, api_visibility="private", concurrency_id="engine",
             concurrency_limit=concurrency, preprocess=False)
-        events = (event, image_event)
+        # Upscale (hires fix): the selected gallery image of the last result, the image section's hires settings.
+        upscale_event = send_upscale.click(
+            upscale_image, [prompt, negative_prompt, seed, guidance_scale, num_inference_steps, width, height, style,
+                            sampler, last_result, selected_index, *image.hires_inputs],
+            [gallery, info], api_name="upscale", api_visibility="private", concurrency_id="engine",
+            concurrency_limit=concurrency, preprocess=False)
+        events = (event, image_event, upscale_event)
         for done in events:
             done.success(page_event(status_line), info, status, api_visibility="private")
         # The MCP image tool (an API endpoint without widgets): the picture as base64 text (apis/mcp_image.py).
@@ -185,9 +193,9 @@ def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract 
             done.success(remember, past, past, api_visibility="private", show_progress="hidden").then(
                 None, past, [history_gallery, history_note], js=HISTORY_JS, api_visibility="private")
             done.success(lambda: (None, gr.Button("Reuse selected image's seed", interactive=False), None,
-                                  gr.Button(interactive=False), gr.Button(interactive=False)), None,
-                         [selected_seed, reuse, selected_index, send_image, send_inpaint], api_visibility="private",
-                         queue=False)
+                                  *(gr.Button(interactive=False) for _ in range(3))), None,
+                         [selected_seed, reuse, selected_index, send_image, send_inpaint, send_upscale],
+                         api_visibility="private", queue=False)
 
         @page_event
         def select_image(info: dict, evt: gr.SelectData):
@@ -197,7 +205,7 @@ def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract 
 
         gallery.select(select_image, info, [selected_seed, reuse], api_visibility="private", queue=False)
 
-        wire_image_section(image, gallery, last_result, selected_index, send_image, send_inpaint)
+        wire_image_section(image, gallery, last_result, selected_index, send_image, send_inpaint, send_upscale)
         # The seed kept by select_image is server-side state (gr.State), so this one runs on the server.
         reuse.click(page_event(lambda s: -1 if s is None else int(s)), selected_seed, seed, api_visibility="private",
                     queue=False)

@@ -176,6 +176,46 @@ def image_function(handle: Callable, config: EngineConfig, pending: history.Pend
     return img2img
 
 
+def upscale_function(handle: Callable, config: EngineConfig, pending: history.Pending,
+                     finished: history.Pending | None, demo) -> Callable:
+    """The function of the gallery's "Upscale (hires fix)" event (api_name ``upscale``, private: the page's own).
+
+    Its inputs: the nine of /generate, then the last finished request (server state) and the gallery index
+    selected, the hires scale, upscaler (a pixel one: image_upscale.IMAGE_UPSCALERS) and strength. The selected
+    image (the app's own PNG) is the hires fix's first pass: the engine upscales it and denoises it again at the
+    larger size, with that image's seed (so the same click gives the same images) and the page's prompt and
+    settings; its size is the image's (the Resolution is not read). Runs as /generate does (:func:`_run_event`).
+    """
+    from sdxl_engine.serving import image_input
+    from sdxl_engine.serving.apis.errors import ApiError
+    from sdxl_engine.serving.apis.uploads import open_image
+
+    def upscale(prompt: str, negative_prompt: str | None = None, seed: int = -1,
+                guidance_scale: float = config.guidance_scale,
+                num_inference_steps: int = config.num_inference_steps, width: int = 0, height: int = 0,
+                style: str = NO_STYLE, sampler: str = config.sampler, last: dict | None = None,
+                index: int | None = None, hires_scale: float = 1.5, hires_upscaler: str = "Lanczos",
+                hires_strength: float = 0.5, request: gr.Request = None, progress=gr.Progress()):
+        if not last or type(index) is not int or not 0 <= index < len(last.get("gallery") or []):
+            raise refuse(ValueError("image: select an image of the last result in the gallery first"))
+        path = last["gallery"][index][0]
+        path = path.get("path") if isinstance(path, dict) else path
+        try:
+            if not isinstance(path, str) or not readable(demo, path):
+                raise ApiError(400, "image: not an image this page made", "image")
+            picture = np.asarray(open_image(image_input.read_file(path, "image"), "image", "RGB"))
+        except ApiError as err:
+            raise refuse(ValueError(err.message)) from err
+        seeds = (last.get("info") or {}).get("seeds") or []
+        seed = seeds[index] if index < len(seeds) else seed
+        values = (prompt, negative_prompt, seed, guidance_scale, num_inference_steps, 0, 0, style, sampler)
+        fields = dict(image=picture, hires_scale=hires_scale, hires_upscaler=hires_upscaler,
+                      hires_strength=hires_strength)
+        yield from _run_event(handle, values, request, progress, pending, finished, ProtocolInputs(fields=fields))
+
+    return upscale
+
+
 def _whole(value):
     """``value`` as an int when it is a whole number (the page's Number and Slider send floats); else as it is."""
     return int(value) if isinstance(value, float) and value.is_integer() else value

@@ -1,6 +1,7 @@
-"""The page's "Image to image" section: its widgets (:func:`image_section`) and the events that stay inside it
-(:func:`wire_image_section`: the mode's strength and outpaint row, the gallery's Send to image / Inpaint). The
-Generate-from-image event itself is app.py's, beside /generate's, since both share the page's other events."""
+"""The page's "Image to image" section: its widgets (:func:`image_section`, with the hires fix settings of the
+gallery's Upscale) and the events that stay inside it (:func:`wire_image_section`: the mode's strength and
+outpaint row, the gallery's Send to image / Inpaint / Upscale buttons). The Generate-from-image and Upscale events
+themselves are app.py's, beside /generate's, since all share the page's other events."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import gradio as gr
 
 from sdxl_engine.config import EngineConfig
 from sdxl_engine.engine.contract import EngineContract
+from sdxl_engine.engine.image_upscale import IMAGE_UPSCALERS
+from sdxl_engine.engine.validation import DEFAULT_IMAGE_UPSCALER
 from sdxl_engine.serving import image_input
 from sdxl_engine.serving.page import outpaint_default, page_event
 
@@ -27,11 +30,19 @@ class ImageSection:
     outpaint_pixels: gr.Slider
     refiner_switch: gr.Slider
     run: gr.Button
+    hires_scale: gr.Slider
+    hires_upscaler: gr.Dropdown
+    hires_strength: gr.Slider
 
     @property
     def inputs(self) -> list:
         return [self.init_image, self.image_mode, self.strength, self.outpaint_sides, self.outpaint_pixels,
                 self.refiner_switch]
+
+    @property
+    def hires_inputs(self) -> list:
+        """The Upscale event's settings (handler.upscale_function), after its last result and index."""
+        return [self.hires_scale, self.hires_upscaler, self.hires_strength]
 
 
 def image_section(config: EngineConfig, engine: EngineContract | None) -> ImageSection:
@@ -58,22 +69,31 @@ def image_section(config: EngineConfig, engine: EngineContract | None) -> ImageS
                                    label="Refiner switch (share of the steps on the base model)",
                                    elem_id="refiner-switch")
         run = gr.Button("Generate from image", variant="primary", elem_id="generate-image")
+        gr.Markdown("**Upscale (hires fix)** under the gallery: the selected image, upscaled and denoised again at "
+                    "the larger size with its seed and the prompt above.", elem_id="upscale-note")
+        with gr.Row(elem_id="upscale-row"):
+            hires_scale = gr.Slider(1.25, 2.0, value=1.5, step=0.25, label="Upscale by", elem_id="hires-scale")
+            hires_upscaler = gr.Dropdown(list(IMAGE_UPSCALERS), value=DEFAULT_IMAGE_UPSCALER, label="Upscaler",
+                                         elem_id="hires-upscaler")
+            hires_strength = gr.Slider(0.05, 1.0, value=0.5, step=0.05, label="Upscale strength",
+                                       elem_id="hires-strength")
     return ImageSection(box, init_image, image_mode, strength, outpaint_row, outpaint_sides, outpaint_pixels,
-                        refiner_switch, run)
+                        refiner_switch, run, hires_scale, hires_upscaler, hires_strength)
 
 
 def wire_image_section(section: ImageSection, gallery: gr.Gallery, last_result: gr.State,
-                       selected_index: gr.State, send_image: gr.Button, send_inpaint: gr.Button) -> None:
-    """The section's own events: a gallery selection enables Send to image / Inpaint, which put the selected image of
-    the last finished request (server state: no file comes from the browser) into the editor; the mode sets its
-    strength and shows the outpaint row."""
+                       selected_index: gr.State, send_image: gr.Button, send_inpaint: gr.Button,
+                       send_upscale: gr.Button) -> None:
+    """The section's own events: a gallery selection enables Send to image / Inpaint / Upscale; the first two put
+    the selected image of the last finished request (server state: no file comes from the browser) into the
+    editor; the mode sets its strength and shows the outpaint row."""
 
     @page_event
     def select_for_image(last: dict | None, evt: gr.SelectData):
         index = evt.index if last and type(evt.index) is int and 0 <= evt.index < len(last["gallery"]) else None
-        return index, gr.Button(interactive=index is not None), gr.Button(interactive=index is not None)
+        return index, *(gr.Button(interactive=index is not None) for _ in range(3))
 
-    gallery.select(select_for_image, last_result, [selected_index, send_image, send_inpaint],
+    gallery.select(select_for_image, last_result, [selected_index, send_image, send_inpaint, send_upscale],
                    api_visibility="private", queue=False)
 
     def send_to_editor(mode: str):

@@ -803,3 +803,66 @@ def test_inpaint_an_uploaded_picture_keeps_it_outside_the_brush_stroke(browser, 
         raise
     finally:
         offline.close()
+
+
+def test_upscale_a_gallery_image_runs_hires_fix_on_it_with_its_seed(offline):
+    """Select a gallery image and press "Upscale (hires fix)" (strength 0.2): four images at 1.5 x its size come
+    back, the first with the selected image's seed, closer to the selected image than to the other images of its
+    request (the hires fix denoises the image, it does not draw a new one). The engine test shows the same request
+    gives the same images (test_hires: the given image's hires fix is the prompt's, to the byte)."""
+    page = offline.open()
+    captions = generate(page, "a red circle on a blue background")
+    sources = np.stack([gallery_pixels(page, i) for i in range(4)]).astype(int)
+    third_seed = int(CAPTION.match(captions[2]).group(1))
+    page.locator("#gallery .grid-container .gallery-item").nth(2).click()
+    page.wait_for_function("!document.querySelector('#send-to-upscale')?.disabled")
+    page.locator("#gallery button[aria-label='Close']").first.click()
+    page.locator("#img2img-box button").first.click()  # the upscale settings: a low strength keeps the image
+    page.fill("#hires-strength input[type=number]", "0.2")
+    page.locator("#hires-strength input[type=number]").press("Enter")
+    previous = page.inner_text("#result-status")
+    page.click("#send-to-upscale")
+    page.wait_for_function("prev => { const t = document.querySelector('#result-status')?.innerText;"
+                           " return t.includes('images on') && t !== prev; }", arg=previous, timeout=90_000)
+    items = page.locator("#gallery .grid-container .gallery-item")
+    assert items.count() == 4
+    assert CAPTION.match(items.nth(0).locator(".caption-label").inner_text().strip()).group(1) == str(third_seed)
+    upscaled = gallery_pixels(page, 0)
+    assert upscaled.shape == (96, 96, 3)
+    small = np.asarray(Image.fromarray(upscaled).resize((64, 64), Image.Resampling.LANCZOS)).astype(int)
+    distances = [np.abs(small - source).mean() for source in sources]
+    assert distances[2] == min(distances), distances  # (tiny-shapes' VAE alone moves each pixel ~10 levels)
+    page.wait_for_function("document.querySelector('#send-to-upscale')?.disabled")  # a new result: select again
+
+
+def test_outpaint_extends_the_picture_to_the_right(browser, app_server):
+    """Upload a picture, pick Outpaint with the right side and 16 pixels: four 64 x 64 canvases come back whose left
+    48 columns are the picture resized to 48 x 64 (exactly: pasted back) and whose right 16 are new."""
+    pixels, png = picture_png()
+    offline = OfflinePage(browser, app_server.url)
+    try:
+        page = offline.open()
+        page.wait_for_function("document.querySelector('#engine-status')?.innerText.includes('Ready on')")
+        page.locator("#img2img-box button").first.click()
+        page.wait_for_selector("#init-image input[type=file]", state="attached")
+        page.wait_for_timeout(1000)
+        page.locator("#init-image input[type=file]").set_input_files(
+            {"name": "picture.png", "mimeType": "image/png", "buffer": png})
+        page.wait_for_function("!document.querySelector('#init-image')?.innerText.includes('Upload an image')")
+        page.locator("#img2img-mode input[value='Outpaint (add pixels at the sides)']").check()
+        page.wait_for_selector("#outpaint-row", state="visible")
+        page.fill("#outpaint-pixels input[type=number]", "16")
+        page.locator("#outpaint-pixels input[type=number]").press("Enter")
+        page.fill("#prompt textarea", "a red circle")
+        page.click("#generate-image")
+        page.wait_for_function("document.querySelector('#result-status')?.innerText.includes('images on')",
+                               timeout=90_000)
+        images = np.stack([gallery_pixels(page, i) for i in range(4)]).astype(int)
+        assert images.shape == (4, 64, 64, 3)
+        inner = np.asarray(Image.fromarray(pixels).resize((48, 64), Image.Resampling.LANCZOS)).astype(int)
+        assert (images[:, :, :48] == inner).all()
+        assert np.abs(images[:, :, 48:] - inner[:, -1:]).mean() > 5  # new pixels, not the edge colour kept
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "ui-outpaint-1280.png"), full_page=True)
+    finally:
+        offline.close()
