@@ -122,5 +122,53 @@ def main() -> None:
     print(f"wrote {FOLDER}")
 
 
+# soft-mask case -> (UNet, A1111 sampler name, strength); the masks blurred (soft_masks), not binarized
+SOFT_CASES = {"soft_unet4_euler_075": ("4", "Euler", 0.75), "soft_unet9_euler_075": ("9", "Euler", 0.75)}
+
+
+def soft_masks() -> np.ndarray:
+    """(2, 64, 64) uint8: :func:`masks` blurred (Pillow's GaussianBlur, radius 4): grey levels along the edges."""
+    import PIL.ImageFilter
+
+    return np.stack([np.asarray(PIL.Image.fromarray(m, mode="L").filter(PIL.ImageFilter.GaussianBlur(4)))
+                     for m in masks()])
+
+
+def main_soft() -> None:
+    """soft.{npz,json}: :data:`SOFT_CASES`, the pipeline's mask processor with ``do_binarize`` off (the engine's
+    ``soft_mask``): the blurred masks' values blend the latents (4 channels) and fill the mask channel (9)."""
+    torch.set_num_threads(1)
+    with np.load(NOISE) as data:
+        seeds, noise = data["seeds"], data["noise"]
+    pictures, mask = img2img_pictures(), soft_masks()
+    assert 0.2 < ((mask > 0) & (mask < 255)).mean() < 0.8  # grey edges
+    arrays, meta = {"pictures": pictures, "masks": mask}, {}
+    steps = SETTINGS["num_inference_steps"]
+    for key, (unet, sampler, strength) in SOFT_CASES.items():
+        pipe = StableDiffusionXLInpaintPipeline.from_pretrained(FIXTURES / "tiny-pt" if unet == "4" else FOLDER,
+                                                                dtype=torch.float32, add_watermarker=False)
+        pipe.mask_processor.register_to_config(do_binarize=False)
+        pipe.set_progress_bar_config(disable=True)
+        cls, overrides = IMG2IMG_SCHEDULERS[sampler]
+        pipe.scheduler = cls.from_config(plain_config(pipe.scheduler.config), **overrides)
+        with InpaintNoise(noise) as patched:
+            images = pipe(**SETTINGS, image=[PIL.Image.fromarray(p) for p in pictures],
+                          mask_image=[PIL.Image.fromarray(m, mode="L") for m in mask], strength=strength,
+                          height=64, width=64, num_images_per_prompt=2, output_type="np").images
+        assert patched.calls == 1, patched.calls
+        arrays[f"{key}_images"] = np.round(images * 255).astype(np.uint8)
+        meta[key] = dict(unet_in_channels=int(unet), sampler=sampler, strength=strength,
+                         start_step=steps - min(int(steps * strength), steps))
+    write_npz(FOLDER / "soft.npz", arrays)
+    meta = dict(made_by="python -m tools.fixtures_inpaint soft (after tools.img2img_noise)", versions=versions(),
+                torch_threads=1, settings=SETTINGS, size=[64, 64], seeds=[int(s) for s in seeds], cases=meta,
+                notes=["masks (2, 64, 64) uint8: soft_masks(), masks() blurred; the mask processor's do_binarize off, "
+                       "so the latent mask (nearest: pixel 4j) keeps the grey levels."])
+    (FOLDER / "soft.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
+    print(f"wrote {FOLDER}/soft.*")
+
+
 if __name__ == "__main__":
-    main()
+    import sys
+
+    main_soft() if sys.argv[1:] == ["soft"] else main()

@@ -60,6 +60,10 @@ class GenerateRequest:
     # per image, each (H, W) uint8 / bool / float in [0, 1], or (H, W, 3 or 4) uint8 (made grey as PIL's "L");
     # validated: (batch, H, W) float32 of 0 and 1 at the image's size (as_masks).
     mask: object = dataclasses.field(default=None, compare=False)
+    # With a mask: keep its grey levels (a blurred mask blends the repainted latents into the kept ones by them;
+    # A1111's mask_round off) instead of binarizing it at 0.5 (diffusers' VaeImageProcessor do_binarize). False
+    # (the default): binarized.
+    soft_mask: bool = False
     # Outpainting (with an image): pixels to add (left, top, right, bottom), each >= 0. The canvas grows by them,
     # the new area filled with the nearest edge pixel's colour and masked (repainted); the image's own area keeps
     # its mask (none: kept). Validated: None, and image and mask the grown ones (grow_canvas).
@@ -233,6 +237,10 @@ def validate(request: GenerateRequest, limits: Limits) -> GenerateRequest:
         "guidance_scale", request.guidance_scale, 0.0, MAX_GUIDANCE)
     steps = limits.default_steps if request.num_inference_steps is None else as_int(
         "num_inference_steps", request.num_inference_steps, 1, limits.max_steps)
+    if request.soft_mask not in (True, False):
+        raise InvalidRequest("soft_mask", f"expected true or false, got {_short(request.soft_mask)}")
+    if request.soft_mask and request.mask is None:
+        raise InvalidRequest("soft_mask", "applies to a mask only: send a mask with it, or leave it out")
     if request.image is None:
         for field in ("strength", "start_step", "mask", "outpaint"):
             if getattr(request, field) is not None:
@@ -241,7 +249,8 @@ def validate(request: GenerateRequest, limits: Limits) -> GenerateRequest:
         image, strength, start, mask = None, None, None, None
     else:
         image = as_images(request.image, limits.batch)
-        mask = None if request.mask is None else as_masks(request.mask, image, limits.batch)
+        mask = None if request.mask is None else as_masks(request.mask, image, limits.batch,
+                                                          binarize=not request.soft_mask)
         if request.outpaint is None:
             width, height = image_size(image, request.width, request.height, limits)
         else:
@@ -265,6 +274,7 @@ def validate(request: GenerateRequest, limits: Limits) -> GenerateRequest:
     client = request.client if isinstance(request.client, str) else ""
     return GenerateRequest(prompt, negative, seed, guidance, steps, width, height, sampler, client,
                            image=image, strength=strength, start_step=start, mask=mask,
+                           soft_mask=bool(request.soft_mask) and mask is not None,
                            refiner_switch_at=as_switch(request.refiner_switch_at, limits, request.hires_scale),
                            **hires)
 
@@ -417,9 +427,9 @@ def as_images(value, batch: int) -> np.ndarray:
     return np.ascontiguousarray(stacked)
 
 
-def as_masks(value, images: np.ndarray, batch: int) -> np.ndarray:
+def as_masks(value, images: np.ndarray, batch: int, binarize: bool = True) -> np.ndarray:
     """A request's inpainting mask(s) as (n, H, W) float32 of 0 (keep) and 1 (repaint), n and (H, W) those of
-    ``images`` (:func:`as_images`' (n, H, W, 3)).
+    ``images`` (:func:`as_images`' (n, H, W, 3)); with ``binarize`` False, of its values in [0, 1] as they are.
 
     Each mask: (H, W) uint8 (0..255), bool or float in [0, 1], or (H, W, 3 or 4) uint8 made grey as PIL's
     ``convert("L")`` (the alpha channel, if any, ignored); one for every image or a list of one per image. A mask
@@ -465,7 +475,7 @@ def as_masks(value, images: np.ndarray, batch: int) -> np.ndarray:
             resized = PIL.Image.fromarray(np.round(item * 255).astype(np.uint8)).resize((width, height),
                                                                                          PIL.Image.LANCZOS)
             item = np.asarray(resized, np.float32) / 255.0
-        grey.append((item >= 0.5).astype(np.float32))
+        grey.append((item >= 0.5).astype(np.float32) if binarize else item)
     return np.ascontiguousarray(np.broadcast_to(np.stack(grey), (len(images), height, width)))
 
 

@@ -128,3 +128,36 @@ def test_an_inverted_mask_repaints_the_black_part():
     prepared = ai.prepare(init, mask, 16, 16, mask_blur_x=0, mask_blur_y=0, invert=True)
     assert prepared.mask[:, :8].max() == 0 and prepared.mask[:, 8:].min() == 255
     assert prepared.params["Mask mode"] == "Inpaint not masked"
+
+
+def test_mask_round_off_sends_the_blurred_mask_soft():
+    """img2img's mask_round (A1111's StableDiffusionProcessingImg2Img field, default true: the latent mask rounded)
+    maps to the engine's soft_mask: false keeps the blurred mask's grey levels. The mask sent is the blurred one
+    either way (grey levels along its edge)."""
+    import base64
+    import io
+    import types
+
+    from PIL import Image
+
+    from sdxl_engine.serving.apis.a1111 import Img2Img, img2img_call
+
+    def b64(image):
+        out = io.BytesIO()
+        image.save(out, "PNG")
+        return base64.b64encode(out.getvalue()).decode()
+
+    mask = np.zeros((64, 64), np.uint8)
+    mask[16:48, 16:48] = 255
+    engine = types.SimpleNamespace(limits=types.SimpleNamespace(default_size=(64, 64), default_steps=4),
+                                   config=types.SimpleNamespace(refiner=""))
+    body = dict(prompt="x", init_images=[b64(Image.new("RGB", (64, 64), (200, 30, 30)))],
+                mask=b64(Image.fromarray(mask)), mask_blur=4, inpaint_full_res=False, width=64, height=64)
+    for mask_round, soft in ((True, False), (False, True)):
+        call, _ = img2img_call(Img2Img(**body, mask_round=mask_round), engine)
+        fields = call.extra.fields
+        assert fields["soft_mask"] is soft
+        grey = fields["mask"]
+        assert ((grey > 0) & (grey < 255)).any() and grey[32, 32] == 255 and grey[0, 0] == 0
+    call, _ = img2img_call(Img2Img(**{**body, "mask": None}), engine)
+    assert "soft_mask" not in call.extra.fields

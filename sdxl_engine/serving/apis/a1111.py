@@ -143,8 +143,9 @@ class Img2Img(Txt2Img):
     ``init_images`` (base64 or a data URL) for every image, ``mask`` (white or opaque = repaint), ``mask_blur``
     (both sides) or ``mask_blur_x`` / ``mask_blur_y``, ``inpainting_fill`` (0 fill, 1 original, 2 latent noise,
     3 latent nothing), ``inpaint_full_res`` + ``inpaint_full_res_padding`` (only the masked area),
-    ``inpainting_mask_invert``, ``resize_mode``, ``denoising_strength`` (A1111's step rule), ``include_init_images``
-    (echo them in ``parameters``). Defaults are A1111's."""
+    ``inpainting_mask_invert``, ``resize_mode``, ``denoising_strength`` (A1111's step rule), ``mask_round`` (false:
+    the blurred mask's grey levels blend the latents, the engine's ``soft_mask``), ``include_init_images`` (echo
+    them in ``parameters``). Defaults are A1111's."""
 
     init_images: list[str] | None = None
     resize_mode: Int = 0
@@ -156,6 +157,7 @@ class Img2Img(Txt2Img):
     inpaint_full_res: bool = True
     inpaint_full_res_padding: Int = 0
     inpainting_mask_invert: Int = 0
+    mask_round: bool = True
     include_init_images: bool = False
 
 
@@ -413,7 +415,8 @@ def img2img_call(body: Img2Img, engine) -> tuple[Call, list[str]]:
     strength = 0.75 if body.denoising_strength is None else body.denoising_strength
     fields = {"image": prepared.image, "strength": strength if strength > 0 else None,
               "start_step": img2img_start_step(strength, steps) if isinstance(steps, int) else None,
-              **({"mask": prepared.mask} if prepared.mask is not None else {}), **refiner_fields(body, engine)}
+              **({"mask": prepared.mask, "soft_mask": not body.mask_round} if prepared.mask is not None else {}),
+              **refiner_fields(body, engine)}
     extra = ProtocolInputs(fields, prepared.finish, prepared.params)
     return to_call(body, width, height, extra), warnings
 
