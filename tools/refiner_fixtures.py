@@ -156,6 +156,58 @@ def write_reference() -> None:
     (REFERENCE / "reference.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
 
 
+# image case -> (img2img strength, switch point: 0 = the refiner alone, as a plain img2img model; sampler)
+IMAGE_CASES = {"refiner_alone_05": (0.5, 0.0, "Euler"), "refiner_alone_03_dpmk": (0.3, 0.0, "DPM++ 2M Karras"),
+               "ensemble_07_switch_08": (0.7, 0.8, "Euler")}
+
+
+def write_image_reference() -> None:
+    """tests/fixtures/tiny-pt-refiner-reference/images.{npz,json}: the refiner on input pictures (make_fixtures'
+    img2img_pictures). Switch 0: ``StableDiffusionXLImg2ImgPipeline`` of the refiner alone at the strength (the
+    refiner as a plain img2img model). Else the ensemble from an image: tiny-pt's img2img pipeline at the strength
+    with ``denoising_end``, its latents to the refiner with ``denoising_start``. Noise: the engine's (seeds 41, 42),
+    image latents the posterior's mean (make_fixtures.Img2ImgNoise)."""
+    import PIL.Image
+
+    from tools.make_fixtures import Img2ImgNoise, img2img_pictures
+
+    with np.load(NOISE) as data:
+        seeds, noise = data["seeds"], data["noise"]
+    base = StableDiffusionXLImg2ImgPipeline.from_pretrained(BASE, dtype=torch.float32, add_watermarker=False)
+    refiner = StableDiffusionXLImg2ImgPipeline.from_pretrained(REFINER, dtype=torch.float32, add_watermarker=False)
+    assert not base.config.requires_aesthetics_score and refiner.config.requires_aesthetics_score
+    for pipe in (base, refiner):
+        pipe.set_progress_bar_config(disable=True)
+    pictures = img2img_pictures()
+    arrays, cases = {"pictures": pictures}, {}
+    common = {**SETTINGS, "prompt": [SETTINGS["prompt"]] * 2, "negative_prompt": ["a blue square"] * 2}
+    config = plain_config(base.scheduler.config)  # once: a case's scheduler config must not leak into the next
+    for key, (strength, switch, sampler) in IMAGE_CASES.items():
+        cls, overrides = SCHEDULERS[sampler]
+        base.scheduler, refiner.scheduler = cls.from_config(config, **overrides), cls.from_config(config, **overrides)
+        images = [PIL.Image.fromarray(p) for p in pictures]
+        with Img2ImgNoise(noise) as patched:
+            if switch == 0:
+                out = refiner(**common, image=images, strength=strength, output_type="np").images
+            else:
+                latents = base(**common, image=images, strength=strength, denoising_end=switch,
+                               output_type="latent").images
+                out = refiner(**common, image=latents, denoising_start=switch, output_type="np").images
+        assert patched.calls == 1, patched.calls  # one noise draw: the first pipeline's
+        steps = SETTINGS["num_inference_steps"]
+        arrays[f"{key}_images"] = np.round(out * 255).astype(np.uint8)
+        cases[key] = dict(strength=strength, switch_at=switch, sampler=sampler, scheduler=cls.__name__,
+                          overrides=overrides, start_step=steps - min(int(steps * strength), steps))
+    write_npz(REFERENCE / "images.npz", arrays)
+    meta = dict(made_by="python -m tools.refiner_fixtures images (after tools.img2img_noise)", versions=versions(),
+                torch_threads=1, settings={**SETTINGS, "negative_prompt": "a blue square"}, size=[SIZE, SIZE],
+                seeds=[int(s) for s in seeds], cases=cases,
+                notes=["pictures (2, 64, 64, 3): make_fixtures.img2img_pictures(); <case>_images (2, 64, 64, 3) uint8.",
+                       "switch_at 0: the refiner's img2img pipeline alone; else tiny-pt's img2img pipeline with "
+                       "denoising_end, then the refiner with denoising_start on its latents."])
+    (REFERENCE / "images.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
+
+
 def main() -> None:
     torch.set_num_threads(1)  # the same float32 sums whatever the machine's core count
     save_refiner()
@@ -164,4 +216,10 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    if sys.argv[1:] == ["images"]:
+        torch.set_num_threads(1)
+        write_image_reference()
+    else:
+        main()

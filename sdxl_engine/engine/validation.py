@@ -68,8 +68,9 @@ class GenerateRequest:
     # the new area filled with the nearest edge pixel's colour and masked (repainted); the image's own area keeps
     # its mask (none: kept). Validated: None, and image and mask the grown ones (grow_canvas).
     outpaint: tuple | None = None
-    # The SDXL refiner (README "Refiner"): the switch point in (0, 1) of diffusers' ensemble of experts (the base's
-    # denoising_end, the refiner's denoising_start), e.g. 0.8; None = the base model alone. Needs a loaded refiner.
+    # The SDXL refiner (README "Refiner"): the switch point in [0, 1) of diffusers' ensemble of experts (the base's
+    # denoising_end, the refiner's denoising_start), e.g. 0.8; 0 = the refiner alone (with an image: the refiner as
+    # a plain img2img model); None = the base model alone. Needs a loaded refiner.
     refiner_switch_at: float | None = None
     # Hires fix (README "Hires fix"). ``hires_scale`` > 1 turns it on: the image is made at width x height, upscaled
     # (``hires_upscaler``: an A1111 latent upscaler, default "Latent" (bilinear), resizes its latents on the devices;
@@ -280,8 +281,9 @@ def validate(request: GenerateRequest, limits: Limits) -> GenerateRequest:
 
 
 def as_switch(value, limits: Limits, hires_scale=None) -> float | None:
-    """A request's ``refiner_switch_at``: None (no refiner), or a number strictly between 0 and 1 with a refiner
-    loaded (``limits.refiner``) and no hires fix (``hires_scale`` None).
+    """A request's ``refiner_switch_at``: None (no refiner), or a number in [0, 1) with a refiner loaded
+    (``limits.refiner``) and no hires fix (``hires_scale`` None). 0: the refiner runs every step (with an image,
+    the refiner as a plain img2img model; A1111 switches at once too).
 
     Raises InvalidRequest naming ``refiner_switch_at``.
     """
@@ -294,9 +296,9 @@ def as_switch(value, limits: Limits, hires_scale=None) -> float | None:
         raise InvalidRequest("refiner_switch_at", "no refiner is loaded: start the server with --refiner DIR|HUB_ID "
                                                   "(an SDXL refiner), or leave it out")
     switch = as_float("refiner_switch_at", value, 0.0, 1.0)
-    if switch in (0.0, 1.0):
-        raise InvalidRequest("refiner_switch_at", f"must be between 0 and 1, exclusive (the share of the schedule "
-                                                  f"the base model runs, e.g. 0.8), got {switch:g}")
+    if switch == 1.0:
+        raise InvalidRequest("refiner_switch_at", "must be at least 0 and below 1 (the share of the schedule the "
+                                                  "base model runs, e.g. 0.8; 0: the refiner alone), got 1")
     return switch
 
 

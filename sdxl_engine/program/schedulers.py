@@ -211,7 +211,7 @@ def img2img_start(steps: int, strength: float) -> int:
 
 
 def refiner_start(timesteps, switch_at: float, num_train_timesteps: int = 1000) -> int:
-    """The first step the refiner runs (diffusers' ensemble of experts, switch point ``switch_at`` in (0, 1)): the
+    """The first step the refiner runs (diffusers' ensemble of experts, switch point ``switch_at`` in [0, 1)): the
     base runs the steps whose timestep is at least ``round(T - switch_at x T)`` (T = ``num_train_timesteps``),
     ``StableDiffusionXLPipeline.__call__`` with ``denoising_end``, and the refiner the rest,
     ``StableDiffusionXLImg2ImgPipeline.get_timesteps`` with ``denoising_start`` (timesteps ``< cutoff``). So the
@@ -219,10 +219,12 @@ def refiner_start(timesteps, switch_at: float, num_train_timesteps: int = 1000) 
 
     Args:
         timesteps: (steps,) the schedule's timesteps, falling (:attr:`Schedule.timesteps`).
-    Raises ValueError for ``switch_at`` outside (0, 1).
+    ``switch_at`` 0: every step (no timestep reaches T), the refiner alone.
+
+    Raises ValueError for ``switch_at`` outside [0, 1).
     """
-    if not 0 < switch_at < 1:
-        raise ValueError(f"switch_at must be between 0 and 1 (exclusive), got {switch_at!r}")
+    if not 0 <= switch_at < 1:
+        raise ValueError(f"switch_at must be at least 0 and below 1, got {switch_at!r}")
     cutoff = int(round(num_train_timesteps - (switch_at * num_train_timesteps)))  # diffusers' expression, as written
     return int(np.sum(np.asarray(timesteps, np.float64) >= cutoff))
 

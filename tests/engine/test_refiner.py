@@ -81,10 +81,10 @@ def test_the_switch_step_is_diffusers_denoising_end_rule(tiny_pt):
         assert np.array_equal(schedule.timesteps, np.float32(case["timesteps"]))
         assert refiner_start(schedule.timesteps, case["switch_at"]) == case["refiner_start"]
     euler = make_schedule("Euler", tiny_pt.scheduler_config, STEPS).timesteps  # 901, 801, ..., 1
-    switches = {0.05: 0, 0.1: 1, 0.79: 7, 0.8: 8, 0.9: 9, 0.999: 10}  # 0: the refiner runs every step; 10: none
+    switches = {0.0: 0, 0.05: 0, 0.1: 1, 0.79: 7, 0.8: 8, 0.9: 9, 0.999: 10}  # 0: the refiner runs every step
     assert {s: refiner_start(euler, s) for s in switches} == switches
-    for bad in (0.0, 1.0, -0.5, math.nan):
-        with pytest.raises(ValueError, match="switch_at must be between 0 and 1"):
+    for bad in (1.0, -0.5, math.nan):
+        with pytest.raises(ValueError, match="switch_at must be at least 0 and below 1"):
             refiner_start(euler, bad)
 
 
@@ -97,7 +97,8 @@ def test_refiner_switch_at_is_validated_naming_the_field():
     assert validate(GenerateRequest("a red circle"), limits).refiner_switch_at is None
     with_refiner = dataclasses.replace(limits, refiner=True)
     assert validate(GenerateRequest("a red circle", refiner_switch_at="0.8"), with_refiner).refiner_switch_at == 0.8
-    for bad in (0, 1, 1.5, -0.2, "soon", float("nan"), True, [0.8]):
+    assert validate(GenerateRequest("a red circle", refiner_switch_at=0), with_refiner).refiner_switch_at == 0
+    for bad in (1, 1.5, -0.2, "soon", float("nan"), True, [0.8]):
         with pytest.raises(InvalidRequest) as err:
             validate(GenerateRequest("a red circle", refiner_switch_at=bad), with_refiner)
         assert err.value.field == "refiner_switch_at", bad
@@ -258,6 +259,38 @@ def test_the_engine_refines_as_diffusers_with_one_program_for_every_switch_point
     plain = engine.generate(GenerateRequest(SETTINGS["prompt"], seed=SEEDS[0], num_inference_steps=STEPS))
     assert plain.request.refiner_switch_at is None and engine.compile_count == before  # the start's base program
     assert np.abs(plain.images.astype(int) - first.images).mean() > 0.1  # the base's last 2 steps: 0.55/255
+
+
+IMAGES = json.loads((FOLDER / "images.json").read_text())
+
+
+@pytest.mark.slow  # compiles tiny-pt + refiner's image to image program on the engine above
+def test_the_refiner_on_an_input_image_is_diffusers_img2img(refiner_engine):
+    """An input image with refiner_switch_at 0: the refiner alone as a plain img2img model (diffusers'
+    StableDiffusionXLImg2ImgPipeline of the refiner); with 0.8: tiny-pt's img2img up to the switch, then the
+    refiner (denoising_end / denoising_start). Each within the parity tolerance (first two images, seeds 41, 42),
+    on one program; the base alone on the same image is far off the refiner's."""
+    with np.load(FOLDER / "images.npz") as data:
+        pictures, want = data["pictures"], {k: data[f"{k}_images"].astype(int) for k in IMAGES["cases"]}
+    engine = refiner_engine
+    batch = list(pictures) * (engine.batch // 2)  # image i of the request starts from picture i % 2
+
+    def run(case, **kw):
+        return engine.generate(GenerateRequest(SETTINGS["prompt"], negative_prompt="a blue square", seed=SEEDS[0],
+                                               num_inference_steps=STEPS, guidance_scale=SETTINGS["guidance_scale"],
+                                               sampler=case["sampler"], image=batch, strength=case["strength"],
+                                               **kw)).images[:2].astype(int)
+
+    before = None
+    for key, case in IMAGES["cases"].items():
+        got = run(case, refiner_switch_at=case["switch_at"])
+        before = engine.compile_count if before is None else before
+        diff = np.abs(got - want[key])
+        print(f"engine {key}: max {diff.max()}/255, mean {diff.mean():.4f}/255")
+        assert diff.max() <= 4 and diff.mean() <= 0.5, (key, diff.max(), diff.mean())
+    assert engine.compile_count == before  # every switch point and sampler: the one image program with the refiner
+    alone = IMAGES["cases"]["refiner_alone_05"]
+    assert np.abs(run(alone) - want["refiner_alone_05"]).mean() > 5  # the base alone: another model's image
 
 
 @pytest.mark.slow  # starts an engine on tiny-pt (shared with the test above)
