@@ -533,6 +533,7 @@ class Engine:
             InvalidRequest: a bad argument (nothing ran), including a bad or unknown ``<lora:...>`` tag.
             EngineNotReady: start-up failed or did not finish within ``ready_timeout`` seconds.
             GenerationError: the program produced non-finite pixels.
+            InvalidRequest (``width``): also when the devices ran out of memory at the request's size.
             faults.InjectedFault: only with the test-only switch on (faults.py) and a ``fault:raise`` prompt.
             Stopped: ``should_stop()`` answered True; no images.
         """
@@ -550,12 +551,26 @@ class Engine:
             start = clock()
             result = (self._run(plan, program, progress, on_step=on_step, should_stop=should_stop) if second is None
                       else self._run_hires(plan, program, second, progress, on_step, should_stop))
+        except jax.errors.JaxRuntimeError as err:
+            if "RESOURCE_EXHAUSTED" not in str(err):
+                raise
+            raise self._out_of_memory(plan, err) from None
         finally:
             self._request_lock.release()
         result.timings["queue"] = queue_seconds(arrived, called, called) + (start - waiting)
         result.timings["prep"] += prep_s
         result.timings["latency"] += prep_s
         return result
+
+    def _out_of_memory(self, plan: Plan, err: Exception) -> InvalidRequest:
+        """The refusal of a request whose program ran out of device memory (XLA's RESOURCE_EXHAUSTED): the size
+        is what the client can change, and a retry of the same request would fail again. (The server logs the
+        refusal as it logs any: one line.)"""
+        shape = plan.shape if plan.hires is None else plan.hires.shape
+        first = str(err).strip().splitlines()[0][:160]
+        return InvalidRequest("width", f"{shape.width}x{shape.height} x {self.batch} images needs more memory than "
+                                       f"this server's devices have ({self.device_summary}: {first}); choose a "
+                                       "smaller size")
 
     def _wait_turn(self, progress: Callable[[str], None], should_stop: Callable[[], bool] | None) -> None:
         """Take the devices (``_request_lock``): at once, or after ``progress("waiting")`` once the request

@@ -60,6 +60,7 @@ def test_broken_truncated_and_non_images_are_refused_naming_the_field():
     Image.new("RGB", (4, 4)).save(gif, format="GIF")
     assert refusal(base64.b64encode(gif.getvalue()).decode()) == "image: not a PNG, JPEG or WebP image"
     assert refusal("not base64!") == "image: not base64 data"
+    assert refusal(" https://example.com/a.png").startswith("image: a URL; this server never fetches one")
     assert refusal("") == "image: no image (empty)"
 
 

@@ -24,8 +24,12 @@ FORMATS = ("PNG", "JPEG", "WEBP")
 def decode_base64(data: str, field: str) -> bytes:
     """A client's base64 text (``data:image/...;base64,`` prefix and line breaks allowed) as bytes.
 
-    Raises ApiError 400 naming ``field``: not a string, not base64, empty, over :data:`MAX_IMAGE_BYTES`."""
+    Raises ApiError 400 naming ``field``: not a string, a URL (never fetched), not base64, empty, over
+    :data:`MAX_IMAGE_BYTES`."""
     text = data.strip() if isinstance(data, str) else ""
+    if text.lower().startswith(("http://", "https://", "file:", "ftp://")):
+        raise ApiError(400, f"{field}: a URL; this server never fetches one: send the image itself as base64 (or a "
+                            "data:image/png;base64,... URL)", field)
     if text.startswith("data:"):
         text = text.partition(",")[2]
     if len(text) > (MAX_IMAGE_BYTES + 2) // 3 * 4 + 4096:  # before decoding: the text alone tells the size
