@@ -689,8 +689,8 @@ def _refiner_configs(flag: str) -> Path:
     except Exception as err:  # noqa: BLE001  offline, DNS, HTTP: huggingface_hub raises many types
         raise ModelLoadError(f"an SDXL refiner single file needs the refiner's configs, and {SDXL_REFINER_REPO}'s "
                              f"could not be read ({type(err).__name__}" + (", offline mode" if _hub_offline() else "")
-                             + f"): pass {flag} DIR, a diffusers SDXL refiner folder (model_index.json, text_encoder_2/, "
-                             "unet/, vae/ and scheduler/ configs, tokenizer_2/)") from err
+                             + f"): pass {flag} DIR, a diffusers SDXL refiner folder (model_index.json, "
+                             "text_encoder_2/, unet/, vae/ and scheduler/ configs, tokenizer_2/)") from err
 
 
 def load_single_file(path: Path, dtype: str, sharding=None, model_config: str = "",
@@ -725,8 +725,9 @@ def load_single_file(path: Path, dtype: str, sharding=None, model_config: str = 
     if kind.refiner != checkpoint.refiner:
         file_is, configs_are = ("an SDXL refiner", "a base model's") if checkpoint.refiner else (
             "an SDXL base-type", "an SDXL refiner's")
-        raise ModelLoadError(f"{path} is {file_is} single file ({', '.join(p + '*' for p in checkpoint.prefixes.values())}"
-                             f"), but the configs of {config_dir.name} are {configs_are}; pass {config_flag} DIR with "
+        prefixes = ", ".join(p + "*" for p in checkpoint.prefixes.values())
+        raise ModelLoadError(f"{path} is {file_is} single file ({prefixes}), but the configs of {config_dir.name} "
+                             f"are {configs_are}; pass {config_flag} DIR with "
                              f"{'a refiner' if checkpoint.refiner else 'a base model'}'s configs")
     scheduler_config = {**read_scheduler_config(config_dir), **checkpoint.scheduler_changes()}
     if checkpoint.scheduler_changes():
