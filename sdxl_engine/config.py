@@ -123,10 +123,13 @@ class EngineConfig:
     # Replaces the scheduler config's timestep_spacing: leading, trailing (what few-step UNets such as
     # SDXL-Lightning need) or linspace; "" = the model's.
     timestep_spacing: str = ""
-    # An SDXL refiner (diffusers' "ensemble of experts", README "Refiner"): a diffusers-format folder, a hub id or a
-    # built-in name, loaded onto the same devices beside the model; requests may then ask for refiner_switch_at.
-    # "" = none.
+    # An SDXL refiner (diffusers' "ensemble of experts", README "Refiner"): a diffusers-format folder, a hub id, a
+    # built-in name or a refiner single file (sd_xl_refiner_1.0.safetensors, see refiner_config), loaded onto the
+    # same devices beside the model; requests may then ask for refiner_switch_at. "" = none.
     refiner: str = ""
+    # For a single-file refiner: a diffusers SDXL refiner folder whose configs and tokenizer_2 it uses (as
+    # model_config for the model); "" = stabilityai/stable-diffusion-xl-refiner-1.0's, from the hub cache or hub.
+    refiner_config: str = ""
 
     # Long prompts and emphasis (README, "Prompt syntax").
     # Prompt chunks of 75 tokens a request may use (3 = 225 tokens); each chunk count 1..this compiles

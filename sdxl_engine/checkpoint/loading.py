@@ -556,7 +556,7 @@ def _hub_offline() -> bool:
 
 def load_model(model: str, *, dtype: str, platform: str, revision: str = "", variant: str = "", cache_dir: str,
                sharding=None, log: Callable[[str], None] = LOG.info, model_config: str = "", unet: str = "",
-               vae: str = "", timestep_spacing: str = "") -> LoadedModel:
+               vae: str = "", timestep_spacing: str = "", config_flag: str = "--model-config") -> LoadedModel:
     """Load an SDXL model by name: built-in, a local folder, a hub id, or a single file.
 
     Args:
@@ -571,6 +571,7 @@ def load_model(model: str, *, dtype: str, platform: str, revision: str = "", var
             diffusers' ``from_single_file(config=...)``); "" = the shipped SDXL base configs.
         unet, vae: a file or folder read in place of that component (:func:`swap_source`); "" = the model's.
         timestep_spacing: "leading", "trailing" or "linspace" in place of the scheduler config's; "" = its own.
+        config_flag: the setting ``model_config`` comes from, as errors name it ("--refiner-config" for a refiner).
     Raises:
         ModelLoadError: one line naming the path or id and what to do.
     """
@@ -583,11 +584,12 @@ def load_model(model: str, *, dtype: str, platform: str, revision: str = "", var
                                  "--model-config apply to models read from files")
         return _with_spacing(random_model(builtin.SDXL_BASE_CONFIGS, model, dtype, sharding), timestep_spacing)
     if single_file.is_single_file_name(model) and not Path(model).expanduser().is_dir():
-        loaded = load_single_file(_single_file_path(model, revision), dtype, sharding, model_config, swaps, log)
+        loaded = load_single_file(_single_file_path(model, revision), dtype, sharding, model_config, swaps, log,
+                                  config_flag)
         loaded.load_s = time.perf_counter() - start
         return _with_spacing(loaded, timestep_spacing)
     if model_config:
-        raise ModelLoadError(f"--model-config {model_config!r} is for single-file models (--model FILE.safetensors); "
+        raise ModelLoadError(f"{config_flag} {model_config!r} is for single-file models (FILE.safetensors); "
                              f"{model!r} has its own configs")
     shown = model  # the name users see (page, API record, PNG parameters)
     if model in builtin.BUILTIN_NAMES:
@@ -627,6 +629,10 @@ def _not_safetensors_message(path: Path) -> str:
 # not shipped, so a single file with the default configs reads CLIP's from there (the hub cache, or a download).
 SDXL_BASE_REPO = "stabilityai/stable-diffusion-xl-base-1.0"
 SDXL_BASE_REVISION = "462165984030d82259a11f4367a4eed129e94a7b"
+# A refiner single file's default configs: the refiner's repository (as diffusers' from_single_file reads them for
+# "xl_refiner"), its configs and tokenizer_2 only, from the hub cache or downloaded once; no configs are shipped.
+SDXL_REFINER_REPO = "stabilityai/stable-diffusion-xl-refiner-1.0"
+_REFINER_CONFIG_FILES = ["model_index.json", "*/config.json", "scheduler/*", "tokenizer_2/*"]
 SPACINGS = ("leading", "trailing", "linspace")
 
 
@@ -673,39 +679,72 @@ def _config_tokenizer(folder: Path, sub: str):
     return _tokenizer(Path(paths[0]).parent)
 
 
+def _refiner_configs(flag: str) -> Path:
+    """SDXL refiner 1.0's configs and tokenizer_2 (:data:`SDXL_REFINER_REPO`): the hub cache, else a download.
+
+    Raises ModelLoadError (offline with nothing cached, or the hub unreachable) saying to pass ``flag`` DIR."""
+    try:
+        return Path(snapshot_download(SDXL_REFINER_REPO, allow_patterns=_REFINER_CONFIG_FILES,
+                                      local_files_only=_hub_offline()))
+    except Exception as err:  # noqa: BLE001  offline, DNS, HTTP: huggingface_hub raises many types
+        raise ModelLoadError(f"an SDXL refiner single file needs the refiner's configs, and {SDXL_REFINER_REPO}'s "
+                             f"could not be read ({type(err).__name__}" + (", offline mode" if _hub_offline() else "")
+                             + f"): pass {flag} DIR, a diffusers SDXL refiner folder (model_index.json, "
+                             "text_encoder_2/, unet/, vae/ and scheduler/ configs, tokenizer_2/)") from err
+
+
 def load_single_file(path: Path, dtype: str, sharding=None, model_config: str = "",
-                     swaps: dict[str, str] | None = None, log: Callable[[str], None] = LOG.info) -> LoadedModel:
+                     swaps: dict[str, str] | None = None, log: Callable[[str], None] = LOG.info,
+                     config_flag: str = "--model-config") -> LoadedModel:
     """An SDXL single file in the original sgm layout (:mod:`.single_file`) with the configs and tokenizers of
-    ``model_config`` (a diffusers SDXL folder; "" = the shipped SDXL base configs).
+    ``model_config`` (a diffusers SDXL folder; "" = the shipped SDXL base configs for a base-type file, SDXL
+    refiner 1.0's from the hub for a refiner file: :func:`_refiner_configs`). A refiner file loads as a refiner
+    (:class:`ModelKind` from the configs: text_encoder_2, unet, vae; no tokenizer), as a refiner folder does.
 
     The file's ``v_pred`` / ``ztsnr`` markers set the scheduler's ``prediction_type`` (v_prediction) and
     ``rescale_betas_zero_snr`` (True). Checked before any tensor is read: what the file is (another architecture
     refused by name), the configs, the scheduler, the tokenizers, every tensor's name, shape and dtype.
 
+    Args:
+        config_flag: the setting ``model_config`` came from, as errors name it (``--refiner-config`` for
+            ``--refiner``).
     Raises:
-        ModelLoadError: one line, naming the file and what to do.
+        ModelLoadError: one line, naming the file and what to do; a refiner file with a base model's configs or
+            the other way round.
     """
     checkpoint = single_file.inspect_checkpoint(path)
-    config_dir = Path(model_config).expanduser() if model_config else builtin.SDXL_BASE_DIR
+    if model_config:
+        config_dir = Path(model_config).expanduser()
+    else:
+        config_dir = _refiner_configs(config_flag) if checkpoint.refiner else builtin.SDXL_BASE_DIR
     if not config_dir.is_dir():
-        raise ModelLoadError(f"--model-config {model_config!r}: no such folder (a diffusers SDXL folder: "
+        raise ModelLoadError(f"{config_flag} {model_config!r}: no such folder (a diffusers SDXL folder: "
                              "model_index.json, component configs, tokenizer/ and tokenizer_2/)")
-    components = read_model_folder(config_dir)
+    index, components = _read_index_and_components(config_dir)
+    kind = model_kind(index, components)
+    if kind.refiner != checkpoint.refiner:
+        file_is, configs_are = ("an SDXL refiner", "a base model's") if checkpoint.refiner else (
+            "an SDXL base-type", "an SDXL refiner's")
+        prefixes = ", ".join(p + "*" for p in checkpoint.prefixes.values())
+        raise ModelLoadError(f"{path} is {file_is} single file ({prefixes}), but the configs of {config_dir.name} "
+                             f"are {configs_are}; pass {config_flag} DIR with "
+                             f"{'a refiner' if checkpoint.refiner else 'a base model'}'s configs")
     scheduler_config = {**read_scheduler_config(config_dir), **checkpoint.scheduler_changes()}
     if checkpoint.scheduler_changes():
         _check_scheduler(scheduler_config, f"{path} (its v_pred/ztsnr markers)")
         log(f"[sdxl_engine] {path.name}: scheduler {checkpoint.scheduler_changes()} (the file's markers)")
-    tokenizers = [_config_tokenizer(config_dir, sub) for sub in ("tokenizer", "tokenizer_2")]
+    tokenizers = [_config_tokenizer(config_dir, TOKENIZER_OF[name]) if name in components else None
+                  for name in ("text_encoder", "text_encoder_2")]
     target = jnp.dtype(dtype)
     place = lambda array: jax.device_put(array, sharding)  # noqa: E731
     params = _swapped(components, swaps or {}, target, place, log)
     params.update(single_file.load_checkpoint_params(checkpoint, components, target, place, skip=tuple(params),
                                                      log=log))
-    log(f"[sdxl_engine] {path.name}: single file, configs of {config_dir.name}")
-    return LoadedModel(name=path.name, components=components, params={k: params[k] for k in COMPONENTS},
+    log(f"[sdxl_engine] {path.name}: {'refiner ' * checkpoint.refiner}single file, configs of {config_dir.name}")
+    return LoadedModel(name=path.name, components=components, params={k: params[k] for k in components},
                        tokenizer=tokenizers[0], tokenizer_2=tokenizers[1], scheduler_config=scheduler_config,
                        dtype=dtype, source=str(path), vocabulary=_vocabulary(config_dir),
-                       engine_defaults=read_engine_defaults(config_dir))
+                       engine_defaults=read_engine_defaults(config_dir), kind=kind)
 
 
 def swap_source(name: str, spec: str, component: Component) -> tuple[Component, Path]:

@@ -3,7 +3,10 @@
 An SDXL single file (``sd_xl_base_1.0.safetensors`` and its fine-tunes) holds every component under
 one prefix each: ``model.diffusion_model.*`` (UNet), ``first_stage_model.*`` (VAE),
 ``conditioner.embedders.0.transformer.*`` (CLIP-L, transformers' names already) and
-``conditioner.embedders.1.model.*`` (OpenCLIP ViT-bigG). Each tensor maps to one parameter of the
+``conditioner.embedders.1.model.*`` (OpenCLIP ViT-bigG). The SDXL refiner's file
+(``sd_xl_refiner_1.0.safetensors``) has the same UNet and VAE prefixes and one text encoder, the OpenCLIP
+ViT-bigG as ``conditioner.embedders.0.model.*`` (text_encoder_2; no CLIP-L), identified as diffusers'
+``infer_diffusers_model_type`` does ("xl_refiner": embedder 0 is OpenCLIP). Each tensor maps to one parameter of the
 own modules by rule, the rules of diffusers' ``loaders/single_file_utils.py``
 (``convert_ldm_unet_checkpoint``, ``convert_ldm_vae_checkpoint``, ``convert_ldm_clip_checkpoint``,
 ``convert_open_clip_checkpoint``):
@@ -48,12 +51,15 @@ __all__ = ["Checkpoint", "Source", "inspect_checkpoint", "load_checkpoint_params
 # The sgm prefix of each component in an SDXL single file.
 PREFIXES = {"unet": "model.diffusion_model.", "vae": "first_stage_model.",
             "text_encoder": "conditioner.embedders.0.transformer.", "text_encoder_2": "conditioner.embedders.1.model."}
+# The refiner's file: OpenCLIP bigG (text_encoder_2) is embedder 0; the UNet and VAE as in the base.
+REFINER_PREFIXES = {"unet": PREFIXES["unet"], "vae": PREFIXES["vae"],
+                    "text_encoder_2": "conditioner.embedders.0.model."}
 # Prefixes a component's own file may carry (--unet / --vae): sgm's, diffusers' pipeline-level name, LDM's "vae.".
 COMPONENT_PREFIXES = {"unet": ("model.diffusion_model.", "unet."), "vae": ("first_stage_model.", "vae."),
                       "text_encoder": (PREFIXES["text_encoder"], "text_encoder."),
                       "text_encoder_2": (PREFIXES["text_encoder_2"], "text_encoder_2.")}
 # Keys an SDXL file carries that are not weights of any module: OpenCLIP's contrastive temperature.
-NOT_WEIGHTS = ("conditioner.embedders.1.model.logit_scale",)
+NOT_WEIGHTS = ("conditioner.embedders.1.model.logit_scale", "conditioner.embedders.0.model.logit_scale")
 # Marker tensors of v-prediction fine-tunes (as ComfyUI and A1111 read them): v_pred -> prediction_type
 # v_prediction; ztsnr -> zero terminal SNR (rescale_betas_zero_snr).
 MARKERS = ("v_pred", "ztsnr")
@@ -225,7 +231,8 @@ _OPEN_CLIP_LAYER = {"ln_1": "layer_norm1", "ln_2": "layer_norm2", "mlp.c_fc": "m
 
 
 def open_clip_keys(key: str) -> list[tuple[str, int | None, bool]]:
-    """An OpenCLIP text-tower key (without ``conditioner.embedders.1.model.``) -> [(transformers name, third of
+    """An OpenCLIP text-tower key (without its ``conditioner.embedders.{1,0}.model.``: the base's, the refiner's)
+    -> [(transformers name, third of
     a fused in_proj or None, transpose)]; [] if no rule fits."""
     if key in _OPEN_CLIP_TOP:
         return [(_OPEN_CLIP_TOP[key], None, False)]
@@ -315,6 +322,7 @@ class Checkpoint:
         leftovers: keys that belong to no component (EMA copies, another model's text encoder...).
         prediction_type: "v_prediction" when the file carries the ``v_pred`` marker, else None (the config's).
         zero_snr: True when the file carries the ``ztsnr`` marker (rescale_betas_zero_snr).
+        refiner: an SDXL refiner's file (:data:`REFINER_PREFIXES`: no text_encoder), else a base-type one.
     """
 
     path: Path
@@ -322,6 +330,12 @@ class Checkpoint:
     leftovers: list[str]
     prediction_type: str | None = None
     zero_snr: bool = False
+    refiner: bool = False
+
+    @property
+    def prefixes(self) -> dict[str, str]:
+        """Component name -> its prefix in this file (:data:`PREFIXES`, or :data:`REFINER_PREFIXES`)."""
+        return REFINER_PREFIXES if self.refiner else PREFIXES
 
     def scheduler_changes(self) -> dict:
         """The scheduler config fields the file's markers set (what ComfyUI and A1111 read from them)."""
@@ -342,12 +356,20 @@ def _has(keys, prefix: str) -> bool:
     return any(k.startswith(prefix) for k in keys)
 
 
-def identify(path: Path, keys: list[str]) -> None:
-    """Raise ModelLoadError naming what the file is unless it is an SDXL base-type single file.
+def is_refiner_file(keys) -> bool:
+    """Whether a single file's ``keys`` are an SDXL refiner's: OpenCLIP as embedder 0 and no embedder 1.
+
+    diffusers' ``infer_diffusers_model_type`` tests one full-size key (``conditioner.embedders.0.model.transformer.
+    resblocks.9.mlp.c_proj.bias``, "xl_refiner"); the prefix rule here holds for a text tower of any depth."""
+    return _has(keys, REFINER_PREFIXES["text_encoder_2"]) and not _has(keys, "conditioner.embedders.1.")
+
+
+def identify(path: Path, keys: list[str]) -> str:
+    """What an SDXL single file is: "base" (a base-type file: CLIP-L and OpenCLIP) or "refiner"
+    (:func:`is_refiner_file`, with a UNet); else raise ModelLoadError naming what the file is.
 
     Refused, each by name: SD3 (``joint_blocks``), Flux (``double_blocks``), Playground v2.5 (``edm_mean``:
-    an EDM scheduler), the SDXL refiner (OpenCLIP
-    as embedder 0, no CLIP-L: it needs an image input), SD 1.x (``cond_stage_model.transformer``) and
+    an EDM scheduler), SD 1.x (``cond_stage_model.transformer``) and
     2.x (``cond_stage_model.model``) without SDXL's ``conditioner``, a component alone (use --unet/--vae),
     anything else (its first keys named). The keys are diffusers' ``CHECKPOINT_KEY_NAMES`` families.
     """
@@ -358,10 +380,8 @@ def identify(path: Path, keys: list[str]) -> None:
     if "edm_mean" in keys:
         raise ModelLoadError(f"{path} is a Playground v2.5 checkpoint (edm_mean): SDXL's architecture with an EDM "
                              "scheduler and latent statistics this engine does not implement")
-    if _has(keys, "conditioner.embedders.0.model.") and not _has(keys, "conditioner.embedders.1."):
-        raise ModelLoadError(f"{path} is an SDXL refiner checkpoint (conditioner.embedders.0.model.*, OpenCLIP only): "
-                             "a refiner checkpoint; it needs an image input, which this engine does not take. "
-                             "Use an SDXL base-type checkpoint")
+    if is_refiner_file(keys) and _has(keys, REFINER_PREFIXES["unet"]):
+        return "refiner"
     sdxl = _has(keys, PREFIXES["text_encoder_2"]) and _has(keys, PREFIXES["unet"])
     if not sdxl and _has(keys, "cond_stage_model.transformer."):
         raise ModelLoadError(f"{path} is a Stable Diffusion 1.x checkpoint (cond_stage_model.transformer.*, one CLIP "
@@ -370,7 +390,7 @@ def identify(path: Path, keys: list[str]) -> None:
         raise ModelLoadError(f"{path} is a Stable Diffusion 2.x checkpoint (cond_stage_model.model.*, OpenCLIP-H); "
                              "this engine runs SDXL")
     if sdxl:
-        return
+        return "base"
     if _has(keys, "model.diffusion_model.") or "conv_in.weight" in keys or _has(keys, "down_blocks."):
         raise ModelLoadError(f"{path} holds a UNet alone; pass it as --unet PATH, with --model for the other parts")
     if _has(keys, "first_stage_model.") or _has(keys, "encoder.down") or "decoder.conv_in.weight" in keys:
@@ -381,32 +401,35 @@ def identify(path: Path, keys: list[str]) -> None:
 
 
 def inspect_checkpoint(path: Path) -> Checkpoint:
-    """Read ``path``'s header, identify it (:func:`identify`) and split its keys by component.
+    """Read ``path``'s header, identify it (:func:`identify`: a base-type or a refiner file) and split its keys by
+    component (:attr:`Checkpoint.prefixes`).
 
     Raises:
         ModelLoadError: not readable safetensors, truncated, or not an SDXL single file (naming what it is).
     """
     infos = read_safetensors_header(path)
     keys = list(infos)
-    identify(path, keys)
-    parts: dict[str, dict[str, TensorInfo]] = {name: {} for name in PREFIXES}
+    refiner = identify(path, keys) == "refiner"
+    prefixes = REFINER_PREFIXES if refiner else PREFIXES
+    parts: dict[str, dict[str, TensorInfo]] = {name: {} for name in prefixes}
     leftovers = []
     for key, info in infos.items():
         if key in MARKERS or key in NOT_WEIGHTS:
             continue
-        for name, prefix in PREFIXES.items():
+        for name, prefix in prefixes.items():
             if key.startswith(prefix):
                 parts[name][key[len(prefix):]] = info
                 break
         else:
             leftovers.append(key)
     return Checkpoint(path=path, parts=parts, leftovers=leftovers,
-                      prediction_type="v_prediction" if "v_pred" in infos else None, zero_snr="ztsnr" in infos)
+                      prediction_type="v_prediction" if "v_pred" in infos else None, zero_snr="ztsnr" in infos,
+                      refiner=refiner)
 
 
 def _group(key: str) -> str:
     """A component's sgm prefix (``model.diffusion_model.*``), else the key's first name (``model_ema.*``)."""
-    prefix = next((p for p in PREFIXES.values() if key.startswith(p)), None)
+    prefix = next((p for p in (*PREFIXES.values(), REFINER_PREFIXES["text_encoder_2"]) if key.startswith(p)), None)
     return prefix + "*" if prefix else key.split(".", 1)[0] + (".*" if "." in key else "")
 
 
@@ -423,7 +446,8 @@ def load_checkpoint_params(checkpoint: Checkpoint, components: Mapping[str, Comp
     --unet/--vae replace them).
 
     Args:
-        components: name -> Component (from the --model-config folder's configs).
+        components: name -> Component (from the --model-config folder's configs; a refiner file's: text_encoder_2,
+            unet and vae).
         dtype: target dtype; place: as in :func:`.weights.load_params`.
     Returns:
         {component: {module key: placed array}} for the components not skipped.
@@ -432,20 +456,20 @@ def load_checkpoint_params(checkpoint: Checkpoint, components: Mapping[str, Comp
             do not fit its config (missing ones named, the first few), all before any tensor is read; see
             :func:`read_planned`.
     """
-    plans = {}
+    plans, prefixes = {}, checkpoint.prefixes
     for name, component in components.items():
         if name in skip:
             continue
         if not checkpoint.parts[name]:  # some fine-tunes ship without a VAE ("no VAE baked in")
             flag = f"; pass --{name} PATH" if name in ("unet", "vae") else ""
-            raise ModelLoadError(f"{checkpoint.path} has no {name} (no {PREFIXES[name]}* tensors){flag}")
+            raise ModelLoadError(f"{checkpoint.path} has no {name} (no {prefixes[name]}* tensors){flag}")
         plan, unexpected = plan_component(component, checkpoint.parts[name], "ldm")
-        where = f"{checkpoint.path} ({name}, {PREFIXES[name]}*)"
+        where = f"{checkpoint.path} ({name}, {prefixes[name]}*)"
         _check(component, where, {k: module_shape(s.shape) for k, s in plan.items()},
-               {k: s.info.dtype for k, s in plan.items()}, [PREFIXES[name] + k for k in unexpected])
+               {k: s.info.dtype for k, s in plan.items()}, [prefixes[name] + k for k in unexpected])
         plans[name] = (plan, where)
     unused = [f"not used, {describe_leftovers(checkpoint.leftovers)}"] if checkpoint.leftovers else []
-    unused += [f"{PREFIXES[name]}* ({len(checkpoint.parts[name])}) replaced by --{name}" for name in skip
+    unused += [f"{prefixes[name]}* ({len(checkpoint.parts[name])}) replaced by --{name}" for name in skip
                if checkpoint.parts[name]]
     if unused:
         log(f"[sdxl_engine] {checkpoint.path.name}: {'; '.join(unused)}")

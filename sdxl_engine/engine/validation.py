@@ -293,7 +293,7 @@ def as_switch(value, limits: Limits, hires_scale=None) -> float | None:
         raise InvalidRequest("refiner_switch_at", "the refiner does not run with hires fix: send refiner_switch_at "
                                                   "or hires_scale, not both")
     if not limits.refiner:
-        raise InvalidRequest("refiner_switch_at", "no refiner is loaded: start the server with --refiner DIR|HUB_ID "
+        raise InvalidRequest("refiner_switch_at", "no refiner is loaded: start the server with --refiner DIR|HUB_ID|FILE "
                                                   "(an SDXL refiner), or leave it out")
     switch = as_float("refiner_switch_at", value, 0.0, 1.0)
     if switch == 1.0:

@@ -116,8 +116,8 @@ def zeros(*keys):
 
 @pytest.mark.parametrize("keys, message", [
     (["conditioner.embedders.0.model.transformer.resblocks.9.mlp.c_proj.bias", "model.diffusion_model.out.2.bias"],
-     "is an SDXL refiner checkpoint (conditioner.embedders.0.model.*, OpenCLIP only): a refiner checkpoint; it "
-     "needs an image input, which this engine does not take. Use an SDXL base-type checkpoint"),
+     "is an SDXL refiner single file (model.diffusion_model.*, first_stage_model.*, conditioner.embedders.0.model.*), "
+     "but the configs of tiny-pt are a base model's; pass --model-config DIR with a refiner's configs"),
     (["cond_stage_model.transformer.text_model.final_layer_norm.bias", "model.diffusion_model.out.2.bias"],
      "is a Stable Diffusion 1.x checkpoint (cond_stage_model.transformer.*, one CLIP text encoder); this engine "
      "runs SDXL"),
@@ -202,6 +202,58 @@ def test_hub_files_offline_say_so(tmp_path, monkeypatch):
         load_model(str(SGM), **LOAD)
 
 
+# --- the refiner's single file ---------------------------------------------------------------------------------
+
+REFINER_FILE = FIXTURES / "tiny-single-refiner" / "tiny-refiner-sgm.fp16.safetensors"
+TINY_REFINER = FIXTURES / "tiny-pt-refiner"
+
+
+def test_a_refiner_single_file_loads_as_the_refiner_folder_it_came_from():
+    """tiny-pt-refiner written in sd_xl_refiner_1.0's layout (tools/fixtures_refiner_single.py: OpenCLIP as
+    embedder 0, no CLIP-L) loads as the folder does: the same kind (text_encoder_2 only, 5 time ids, the aesthetic
+    score, no force-zero), no tokenizer, the same tokenizer_2, and every parameter the folder's rounded to float16
+    (as the file stores them), exactly; the log line says what it is."""
+    lines = []
+    loaded = load_model(str(REFINER_FILE), model_config=str(TINY_REFINER), log=lines.append, **LOAD)
+    folder = loading.load_folder(TINY_REFINER, "tiny-pt-refiner", "float32")
+    assert loaded.kind == folder.kind and loaded.kind.refiner and loaded.kind.text_encoders == ("text_encoder_2",)
+    assert loaded.tokenizer is None and loaded.tokenizer_2.get_vocab() == folder.tokenizer_2.get_vocab()
+    assert loaded.components.keys() == folder.components.keys() == {"text_encoder_2", "unet", "vae"}
+    assert loaded.scheduler_config == folder.scheduler_config and loaded.name == REFINER_FILE.name
+    assert_params(loaded.params, folder.params, lambda a: np.asarray(a).astype(np.float16))
+    assert lines == [f"[sdxl_engine] {REFINER_FILE.name}: refiner single file, configs of tiny-pt-refiner"]
+    checkpoint = single_file.inspect_checkpoint(REFINER_FILE)
+    assert checkpoint.refiner and checkpoint.leftovers == [] and "text_encoder" not in checkpoint.parts
+    assert len(checkpoint.parts["text_encoder_2"]) == 41  # 3 layers x 12 + 5: logit_scale set aside, not a weight
+
+
+def test_a_refiner_file_and_base_configs_do_not_mix():
+    """A refiner file with a base model's configs, or a base file with a refiner's, is one line naming both and
+    the setting to change (before any tensor is read)."""
+    with pytest.raises(ModelLoadError) as err:
+        load_model(str(SGM), model_config=str(TINY_REFINER), config_flag="--refiner-config", **LOAD)
+    assert str(err.value) == (
+        f"{SGM} is an SDXL base-type single file (model.diffusion_model.*, first_stage_model.*, "
+        "conditioner.embedders.0.transformer.*, conditioner.embedders.1.model.*), but the configs of tiny-pt-refiner "
+        "are an SDXL refiner's; "
+        "pass --refiner-config DIR with a base model's configs")
+    with pytest.raises(ModelLoadError, match=r"tiny-refiner-sgm.fp16.safetensors is an SDXL refiner single file .* "
+                                             r"configs of tiny-pt are a base model's; pass --model-config DIR"):
+        load_model(str(REFINER_FILE), model_config=str(TINY_PT), **LOAD)
+
+
+def test_a_refiner_file_without_configs_reads_the_refiner_repos(tmp_path, monkeypatch):
+    """No --refiner-config: the refiner repository's configs (diffusers' from_single_file does the same); offline
+    with nothing cached, one line says to pass --refiner-config."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setattr(loading, "SDXL_REFINER_REPO", "nobody/not-cached")
+    with pytest.raises(ModelLoadError, match=r"^an SDXL refiner single file needs the refiner's configs, and "
+                                             r"nobody/not-cached's could not be read \(\w+, offline mode\): pass "
+                                             r"--refiner-config DIR, a diffusers SDXL refiner folder"):
+        load_model(str(REFINER_FILE), config_flag="--refiner-config", **LOAD)
+
+
 # --- swapped parts -------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -283,15 +335,17 @@ def test_timestep_spacing_replaces_the_schedulers():
 def test_settings_and_flags():
     config = EngineConfig.load({"unet": "u.safetensors"}, environ={
         "SDXL_MODEL": "m.safetensors", "SDXL_MODEL_CONFIG": "cfg", "SDXL_VAE": "v",
-        "SDXL_TIMESTEP_SPACING": "trailing"})
+        "SDXL_TIMESTEP_SPACING": "trailing", "SDXL_REFINER": "r.safetensors", "SDXL_REFINER_CONFIG": "rcfg"})
     assert (config.model, config.model_config, config.unet, config.vae, config.timestep_spacing) == (
         "m.safetensors", "cfg", "u.safetensors", "v", "trailing")
+    assert (config.refiner, config.refiner_config) == ("r.safetensors", "rcfg")
     with pytest.raises(ConfigError, match="timestep_spacing must be leading, trailing or linspace"):
         EngineConfig.load({"timestep_spacing": "late"}, environ={})
     args = parse_args(["--model", "m.safetensors", "--model-config", "cfg", "--unet", "u", "--vae", "v",
-                       "--timestep-spacing", "trailing"])
+                       "--timestep-spacing", "trailing", "--refiner", "r.safetensors", "--refiner-config", "rcfg"])
     assert engine_overrides(args) == {"model": "m.safetensors", "model_config": "cfg", "unet": "u", "vae": "v",
-                                      "timestep_spacing": "trailing"}
+                                      "timestep_spacing": "trailing", "refiner": "r.safetensors",
+                                      "refiner_config": "rcfg"}
 
 
 def test_ldm_block_indices_follow_layers_per_block(components):
