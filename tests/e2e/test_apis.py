@@ -497,6 +497,12 @@ def test_mcp_image_tool_repaints_as_a1111s_img2img_and_only_it_may_send_a_large_
     assert all(np.array_equal(image[keep], np.asarray(init)[keep]) for image in images)
     assert np.abs(images[0][~keep].astype(int) - np.asarray(init)[~keep]).mean() > 10
     assert broken.isError and "image: a broken or truncated image" in broken.content[0].text
+    # gradio_client: the same endpoint answers a gallery of files it downloads over HTTP, as /generate's
+    gallery, info = app.client().predict(api_name="/image_to_image", **common, **b64, sampler="Euler")
+    assert info["seeds"] == [21, 22, 23, 24] and len(gallery) == 4
+    assert all(np.array_equal(np.asarray(Image.open(item["image"]).convert("RGB")), image)
+               for item, image in zip(gallery, images))
+    assert all(item["caption"].startswith(f"seed {seed} ") for item, seed in zip(gallery, info["seeds"]))
     call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
             "params": {"name": "generate", "arguments": {"prompt": "x" * 2_000_000}}}
     over = httpx.post(app.url + "gradio_api/mcp/", json=call, headers={

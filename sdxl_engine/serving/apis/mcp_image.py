@@ -111,7 +111,9 @@ def image_tool(handle: Callable, config, engine=None) -> Callable:
             raise gr.Error(err.message, print_exception=False) from None
         gallery, info, _ = handle(prompt, negative_prompt, seed, guidance_scale, num_inference_steps, w, h, NO_STYLE,
                                   sampler, client=admission.client_address(request), extra=extra)
-        return gallery, info
+        # As a Gallery's value (FileData items): Gradio serves each file and gradio_client downloads it, as it does
+        # /generate's; bare paths would name files on the server that no remote client can read.
+        return [{"image": gr.FileData(path=path).model_dump(), "caption": caption} for path, caption in gallery], info
 
     image_to_image.__doc__ = TOOL_DOC
     return image_to_image
