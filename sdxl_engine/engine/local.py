@@ -235,6 +235,7 @@ class Engine:
         self.compile_cache_dir = ""  # set at start (apply_jax_options: "" = no persistent cache)
         self.executables: ExecutableCache | None = None  # set at start: <compile_cache_dir>/executables, or None
         self.loras: lora_mod.LoraMerger | None = None  # set at start: the LoRAs and their merged params
+        self.refiner_loras: lora_mod.LoraMerger | None = None  # the refiner's LoRAs (params["refiner"]), if any
         self.stage = "starting"
         self.started = clock()
         self.startup: dict[str, float] = {}
@@ -361,26 +362,49 @@ class Engine:
         self._done("refiner_load_s", t0)
 
     def _load_loras(self, sources: dict) -> None:
-        """Read and check every LoRA against the model (LoraError stops the start), keep the merger."""
+        """Read and check every LoRA against the model, or, when it does not fit the model and a refiner is
+        loaded, against the refiner (a LoRA trained for the refiner: its tags then change the refiner's steps);
+        LoraError (the model's) stops the start. Keeps the mergers."""
         t0 = time.perf_counter()
         if sources:  # the banner's stage; the log gets one line, after
             self.stage = f"loading {len(sources)} LoRAs"
-        loras = {name: lora_mod.read_lora(name, path, self.model.components) for name, path in sources.items()}
+        loras, for_refiner = {}, {}
+        for name, path in sources.items():
+            try:
+                loras[name] = lora_mod.read_lora(name, path, self.model.components)
+            except lora_mod.LoraError as err:
+                refiner = self.model.refiner
+                if refiner is None:
+                    raise
+                try:
+                    for_refiner[name] = lora_mod.read_lora(name, path, {
+                        k: c for k, c in refiner.components.items() if k in self.params["refiner"]})
+                except lora_mod.LoraError:
+                    raise err from None
         self.loras = lora_mod.LoraMerger(self.params, loras, sharding.replicated(self.mesh))
+        self.refiner_loras = (lora_mod.LoraMerger(self.params["refiner"], for_refiner, sharding.replicated(self.mesh))
+                              if for_refiner else None)
         if sources:
             self.startup["lora_s"] = time.perf_counter() - t0
             self._log("[sdxl_engine] LoRAs: " + ", ".join(
-                f"{i['name']} ({i['format']}, {i['layers']} layers, hash {i['hash']})"
-                for i in lora_mod.lora_info(loras.values())) + f"; read in {self.startup['lora_s']:.2f} s")
+                f"{i['name']} ({i['format']}, {i['layers']} layers, hash {i['hash']}"
+                f"{', for the refiner' if i['name'] in for_refiner else ''})"
+                for i in lora_mod.lora_info([*loras.values(), *for_refiner.values()]))
+                + f"; read in {self.startup['lora_s']:.2f} s")
 
     def _lora_params(self, prompt: str) -> tuple[dict, dict[str, str]]:
         """The params for the prompt's <lora:...> tags (merged outside the compiled program; the base
-        params without tags) and {name: short hash}. The tags were checked by validate (Limits.loras)."""
+        params without tags; a refiner LoRA's tag merges into ``params["refiner"]``) and {name: short hash}.
+        The tags were checked by validate (Limits.loras) and the plan (a refiner LoRA needs the refiner)."""
         _, tags = parse_lora_tags(prompt)
         if not tags:
             return self.params, {}
-        params = self.loras.params([(t.name, t.weight) for t in tags])
-        return params, {t.name: self.loras.loras[t.name].short_hash for t in tags}
+        refiner = self.refiner_loras.loras if self.refiner_loras else {}
+        params = self.loras.params([(t.name, t.weight) for t in tags if t.name not in refiner])
+        if any(t.name in refiner for t in tags):
+            params = {**params, "refiner": self.refiner_loras.params([(t.name, t.weight) for t in tags
+                                                                     if t.name in refiner])}
+        return params, {t.name: (refiner.get(t.name) or self.loras.loras[t.name]).short_hash for t in tags}
 
     def _config_shown(self) -> dict:
         """The config for the start-up line: a field the model's engine_defaults.json may still choose
@@ -420,7 +444,8 @@ class Engine:
         return Limits(max_seed=defaults.max_seed, max_steps=defaults.max_inference_steps, sizes=sizes,
                       default_size=default, default_steps=defaults.num_inference_steps,
                       default_guidance=defaults.guidance_scale, multiple=multiple, default_sampler=defaults.sampler,
-                      loras=tuple(self.loras.loras) if self.loras else (),
+                      loras=(*(self.loras.loras if self.loras else ()),
+                             *(self.refiner_loras.loras if self.refiner_loras else ())),
                       max_pixels=max(max_pixels, *(w * h for w, h in sizes)), batch=self.batch,
                       requires_mask=f"{self.model.name} has an inpainting UNet ({self.model.kind.unet_in_channels} "
                                     "input channels: latents, mask, masked image)" if self._startup_mode else "",
@@ -594,6 +619,7 @@ class Engine:
         image count other than 1 or the batch.
         """
         prompt, negative = self._tokens(request.prompt, request.negative_prompt)  # the chunks choose the program
+        self._check_refiner_tags(request)
         schedule = self._schedule(request.sampler, request.num_inference_steps)  # refuses before compiling
         image = None
         if request.image is not None:  # img2img: validate set start_step (from strength, or as given)
@@ -619,6 +645,15 @@ class Engine:
                         refiner_start=refiner_start(schedule.timesteps, request.refiner_switch_at,
                                                     self.model.scheduler_config.get("num_train_timesteps", 1000)))
         return Plan(request, shape, prompt, negative, schedule, seeds, image, mask, hires=hires)
+
+    def _check_refiner_tags(self, request: GenerateRequest) -> None:
+        """Raise InvalidRequest (``prompt``) for a refiner LoRA's tag in a request the refiner does not run in."""
+        if self.refiner_loras is None or request.refiner_switch_at is not None:
+            return
+        named = [t.name for t in parse_lora_tags(request.prompt)[1] if t.name in self.refiner_loras.loras]
+        if named:
+            raise InvalidRequest("prompt", f"<lora:{named[0]}> is a LoRA for the refiner, which this request does not "
+                                           "run: send refiner_switch_at (e.g. 0.8), or leave the tag out")
 
     def _hires(self, request: GenerateRequest, shape: ProgramShape) -> HiresPlan:
         """The second pass of a validated hires ``request`` whose first pass runs on ``shape`` (or, with an
