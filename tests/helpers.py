@@ -127,3 +127,40 @@ class FullDiskFile:
 
     def __exit__(self, *exc):
         self.f.close()
+
+
+def mounted_apis(monkeypatch, tmp_path, limits, pngs_for, info_for):
+    """The protocol APIs (serving.apis.mount) on a FastAPI app with ``core.generate`` replaced: each call's seeds
+    are 7, 8, ...; ``pngs_for(call, seeds)`` gives its PNG bytes (written under ``tmp_path``) and ``info_for(call,
+    seeds)`` its info record. Returns (TestClient, the calls, the lines printed)."""
+    import types
+
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from sdxl_engine.serving.apis import a1111, access_for, mount, openai_images
+    from sdxl_engine.serving.apis.core import Generated
+
+    calls = []
+
+    async def generate(demo, engine, request, call, owner):
+        calls.append(call)
+        seeds = [7 + i for i in range(call.images or 4)]
+        pngs = pngs_for(call, seeds)
+        paths = []
+        for i, data in enumerate(pngs):
+            (tmp_path / f"{i}.png").write_bytes(data)
+            paths.append(str(tmp_path / f"{i}.png"))
+        return Generated(pngs, seeds, info_for(call, seeds), paths)
+
+    monkeypatch.setattr(a1111, "generate", generate)
+    monkeypatch.setattr(openai_images, "generate", generate)
+    ready = threading.Event()
+    ready.set()
+    engine = types.SimpleNamespace(model=types.SimpleNamespace(name="tiny-shapes"), limits=limits, ready=ready,
+                                   error=None, config=types.SimpleNamespace(refiner=""))
+    app = FastAPI()
+    mount(app, None, engine, access_for("", share=False, public_api=False), {}, log=lambda line: None)
+    lines = []
+    monkeypatch.setattr("builtins.print", lambda *args, **kwargs: lines.append(" ".join(map(str, args))))
+    return TestClient(app), calls, lines

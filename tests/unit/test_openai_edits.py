@@ -8,16 +8,13 @@ stand-in for core.generate that records the call it gets. tests/e2e/test_openai_
 import asyncio
 import base64
 import io
-import threading
-import types
 
 import numpy as np
 import pytest
 from PIL import Image, PngImagePlugin
 
 from sdxl_engine.engine.validation import DEFAULT_STRENGTH, Limits
-from sdxl_engine.serving.apis import openai_images
-from sdxl_engine.serving.apis.core import ApiError, Call, Generated
+from sdxl_engine.serving.apis.core import ApiError, Call
 from sdxl_engine.serving.apis.openai_images import (FIELD_NAMES, MASK_STRENGTH, EditUpload, edit_call, edit_mask,
                                                     read_form)
 
@@ -127,35 +124,12 @@ def test_a_size_the_engine_does_not_make_is_refused_naming_size_before_any_decod
 
 @pytest.fixture
 def served(monkeypatch, tmp_path):
-    """(TestClient of the mounted APIs, the calls core.generate got, the lines logged)."""
-    from fastapi import FastAPI
-    from fastapi.testclient import TestClient
+    """(TestClient of the mounted APIs, the calls core.generate got, the lines logged): red PNGs of the call's size."""
+    from tests.helpers import mounted_apis
 
-    from sdxl_engine.serving.apis import access_for, mount
-
-    calls = []
-
-    async def generate(demo, engine, request, call, owner):
-        calls.append(call)
-        n = call.images or 4
-        seeds = [7 + i for i in range(n)]
-        pngs = [png(Image.new("RGB", (call.width, call.height), "red"), f"{call.prompt}\nSeed: {s}") for s in seeds]
-        paths = []
-        for i, data in enumerate(pngs):
-            (tmp_path / f"{i}.png").write_bytes(data)
-            paths.append(str(tmp_path / f"{i}.png"))
-        return Generated(pngs, seeds, {"width": call.width, "height": call.height, "seeds": seeds}, paths)
-
-    monkeypatch.setattr(openai_images, "generate", generate)
-    ready = threading.Event()
-    ready.set()
-    engine = types.SimpleNamespace(model=types.SimpleNamespace(name="tiny-shapes"), limits=LIMITS, ready=ready,
-                                   error=None)
-    app = FastAPI()
-    mount(app, None, engine, access_for("", share=False, public_api=False), {}, log=lambda line: None)
-    lines = []
-    monkeypatch.setattr("builtins.print", lambda *args, **kwargs: lines.append(" ".join(map(str, args))))
-    return TestClient(app), calls, lines
+    return mounted_apis(monkeypatch, tmp_path, LIMITS, lambda call, seeds: [
+        png(Image.new("RGB", (call.width, call.height), "red"), f"{call.prompt}\nSeed: {s}") for s in seeds],
+        lambda call, seeds: {"width": call.width, "height": call.height, "seeds": seeds})
 
 
 def test_the_openai_sdk_edits_with_a_mask_and_every_generations_field(served):

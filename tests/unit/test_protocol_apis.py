@@ -351,43 +351,17 @@ def _png(text: str, color: str = "red") -> bytes:
 
 @pytest.fixture
 def served(monkeypatch, tmp_path):
-    """(TestClient of the mounted APIs, the calls core.generate got, the lines logged)."""
-    import types
+    """(TestClient of the mounted APIs, the calls core.generate got, the lines logged): 8x8 PNGs."""
+    from tests.helpers import mounted_apis
 
-    from fastapi import FastAPI
-    from fastapi.testclient import TestClient
-
-    from sdxl_engine.serving.apis import a1111, mount, openai_images
-    from sdxl_engine.serving.apis.core import Generated
-
-    calls = []
-
-    async def generate(demo, engine, request, call, owner):
-        calls.append(call)
-        n = call.images or 4
-        seeds = [7 + i for i in range(n)]
-        pngs = [_png(f"{call.prompt}\nNegative prompt: {call.negative_prompt}\nSteps: 2, Seed: {s}") for s in seeds]
-        paths = []
-        for i, png in enumerate(pngs):
-            (tmp_path / f"{i}.png").write_bytes(png)
-            paths.append(str(tmp_path / f"{i}.png"))
-        info = {"prompt": f"styled {call.prompt}", "negative_prompt": f"styled {call.negative_prompt}", "width": 8,
+    def info_for(call, seeds):
+        return {"prompt": f"styled {call.prompt}", "negative_prompt": f"styled {call.negative_prompt}", "width": 8,
                 "height": 8, "sampler": "Euler", "guidance_scale": 5.0, "num_inference_steps": 2,
                 "model": "tiny-shapes", "style": "(No style)", "latency_s": 0.1, "warnings": ["engine note"],
                 "seeds": seeds}
-        return Generated(pngs, seeds, info, paths)
 
-    monkeypatch.setattr(a1111, "generate", generate)
-    monkeypatch.setattr(openai_images, "generate", generate)
-    ready = threading.Event()
-    ready.set()
-    engine = types.SimpleNamespace(model=types.SimpleNamespace(name="tiny-shapes"), limits=LIMITS, ready=ready,
-                                   error=None, config=types.SimpleNamespace(refiner=""))
-    app = FastAPI()
-    mount(app, None, engine, access_for("", share=False, public_api=False), {}, log=lambda line: None)
-    lines = []
-    monkeypatch.setattr("builtins.print", lambda *args, **kwargs: lines.append(" ".join(map(str, args))))
-    return TestClient(app), calls, lines
+    return mounted_apis(monkeypatch, tmp_path, LIMITS, lambda call, seeds: [
+        _png(f"{call.prompt}\nNegative prompt: {call.negative_prompt}\nSteps: 2, Seed: {s}") for s in seeds], info_for)
 
 
 @pytest.mark.parametrize("body, field", [
