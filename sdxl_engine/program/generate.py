@@ -1004,6 +1004,8 @@ def program_key(model: LoadedModel, params, shape: ProgramShape, mesh: Mesh) -> 
     cfg += ", image to image" if shape.init_image else ""
     cfg += ", inpainting" if shape.inpaint else ""
     cfg += ", with the refiner" if shape.refiner else ""
+    cfg += ", hires first pass" if shape.latents_out else ""
+    cfg += ", hires second pass" if shape.init_latents or shape.hires_noise else ""
     st = static_options(model, shape)  # what the traced program reads, so the key cannot miss it
     return {
         "program": f"{shape.width}x{shape.height} x {shape.batch} images, {shape.max_steps} steps{cfg}",
