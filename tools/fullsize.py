@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sdxl_engine.checkpoint import builtin
-from sdxl_engine.checkpoint.loading import LoadedModel, load_folder
+from sdxl_engine.checkpoint.loading import LoadedModel, load_folder, model_kind, read_model_folder
 from sdxl_engine.models import build_component
 from sdxl_engine.program.generate import (ImageConditioning, ProgramInputs, ProgramShape, jit_program, keep_known,
                                           latent_shape)
@@ -235,6 +235,7 @@ def timed_load(folder: Path, dtype: str) -> tuple[LoadedModel, dict]:
     jax.block_until_ready(model.params)
     nbytes = sum(v.nbytes for c in model.params.values() for v in c.values())
     return model, {"dtype": dtype, "load_s": time.perf_counter() - t0, "params_gb": nbytes / 1e9,
+                   "component_gb": {n: sum(v.nbytes for v in c.values()) / 1e9 for n, c in model.params.items()},
                    "peak_growth_gb": (_rss("VmHWM") - before) / 1e9,
                    "peak_over_params": (_rss("VmHWM") - before) / nbytes}
 
@@ -244,6 +245,80 @@ def measure_load(folder: Path, dtype: str) -> dict:
     out = subprocess.run([sys.executable, "-m", "tools.fullsize", "load", str(folder), "--dtype", dtype],
                          cwd=ROOT, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# --- ``refiner``: base + refiner at full size, the refiner's load and XLA's buffer plan of the program -------------
+
+PLAN_FIELDS = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes", "temp_size_in_bytes",
+               "generated_code_size_in_bytes")
+
+
+def abstract_refiner(folder: Path, dtype: str = "bfloat16") -> LoadedModel:
+    """The refiner in ``folder`` (its configs and model_index.json only, no weights read) with abstract parameters:
+    text_encoder_2 and UNet, what the engine keeps of a refiner (engine/local.py ``_load_refiner``: the VAE's freed)."""
+    index = json.loads((folder / "model_index.json").read_text())
+    components = read_model_folder(folder)
+    return LoadedModel(name=f"{folder.name}-abstract", components=components,
+                       params={n: components[n].abstract(jnp.dtype(dtype)) for n in ("text_encoder_2", "unet")},
+                       tokenizer=None, tokenizer_2=None, scheduler_config=dict(builtin.SDXL_SCHEDULER), dtype=dtype,
+                       kind=model_kind(index, components))
+
+
+def buffer_plan(program: str, refiner_folder: Path, size: int, steps: int) -> None:
+    """Print, as JSON lines, the engine's program (``base`` or ``refiner``: base + refiner) for one image per
+    device with CFG at ``size``², abstract bfloat16 parameters: first when lowered (seconds, StableHLO characters),
+    then when compiled (seconds and ``memory_analysis()``). Two lines, so a caller that stops a compile that runs
+    too long still has the first."""
+    t0 = time.perf_counter()
+    model = sdxl_base_model()
+    mesh = make_mesh()
+    shape = ProgramShape(len(mesh.devices.flat), size, size, steps, refiner=program == "refiner")
+    params = dict(model.params)
+    if shape.refiner:
+        model.refiner = abstract_refiner(refiner_folder)
+        params["refiner"] = model.refiner.params
+    lowered = jit_program(model, shape, mesh).lower(params, ProgramInputs.abstract(
+        shape, latent_shape(model, size, size), mesh))
+    out = {"program": program, "shape": dataclasses.asdict(shape), "devices": len(mesh.devices.flat),
+           "platform": jax.devices()[0].platform, "lower_s": time.perf_counter() - t0,
+           "stablehlo_chars": len(lowered.as_text()),
+           "params_bytes": {n: int(sum(np.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(v)))
+                            for n, v in params.items()}}
+    print(json.dumps(out), flush=True)
+    t1 = time.perf_counter()
+    stats = lowered.compile().memory_analysis()
+    out.update(compile_s=time.perf_counter() - t1, plan={f: int(getattr(stats, f)) for f in PLAN_FIELDS})
+    print(json.dumps(out), flush=True)
+
+
+def measure_plan(program: str, refiner_folder: Path, size: int, steps: int, timeout_s: float) -> dict:
+    """:func:`buffer_plan` in a fresh process, stopped after ``timeout_s``: then the lowered line alone, with
+    ``compile_timed_out``."""
+    cmd = [sys.executable, "-m", "tools.fullsize", "plan", str(refiner_folder), "--program", program,
+           "--size", str(size), "--steps", str(steps)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        stdout, stderr = proc.communicate()
+        timed_out = True
+    lines = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        raise RuntimeError(f"{' '.join(cmd)} printed nothing (rc {proc.returncode}): {stderr[-2000:]}")
+    out = {**lines[-1], "compile_timed_out": timed_out, "timeout_s": timeout_s}
+    if "plan" not in out and not timed_out:  # the compile failed: say why rather than report a lowered line alone
+        out["compile_error"] = stderr[-2000:]
+    return out
+
+
+def refiner_report(folder: Path, size: int = 1024, steps: int = 20, timeout_s: float = 900) -> dict:
+    """The refiner folder's bfloat16 load (a fresh process, :func:`timed_load`) and the buffer plans of the base
+    and base + refiner programs (:func:`measure_plan`, one process each, one after the other)."""
+    load = measure_load(folder, "bfloat16")
+    plans = {program: measure_plan(program, folder, size, steps, timeout_s) for program in ("base", "refiner")}
+    return {"folder": str(folder), "load_bfloat16": load, "plans": plans, "size": size, "steps": steps}
 
 
 def relative_error(ours, reference: np.ndarray) -> float:
@@ -298,14 +373,27 @@ def main(args=None) -> None:
     """``bench --full-size`` calls this with its args (cost); ``python -m ...fullsize parity DIR`` runs parity."""
     if args is None:
         parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-        parser.add_argument("command", choices=("cost", "parity", "load"))
-        parser.add_argument("folder", nargs="?", help="parity, load: the folder make_fixtures fullsize wrote")
+        parser.add_argument("command", choices=("cost", "parity", "load", "refiner", "plan"))
+        parser.add_argument("folder", nargs="?", help="parity, load: the folder make_fixtures fullsize wrote; "
+                            "refiner, plan: the one tools.fullsize_refiner_fixture wrote")
+        parser.add_argument("--program", default="refiner", choices=("base", "refiner"), help="plan: which program")
+        parser.add_argument("--size", type=int, default=1024, help="refiner, plan: image side in pixels")
+        parser.add_argument("--steps", type=int, default=20, help="refiner, plan: the program's max_steps")
+        parser.add_argument("--timeout", type=float, default=900, help="refiner: seconds a program may compile")
         parser.add_argument("--dtype", default="bfloat16", help="load: the parameters' dtype")
         parser.add_argument("--md", default=str(ROOT / "BENCHMARKS.md"))
         parser.add_argument("--json", default=str(ROOT / "bench.json"))
         args = parser.parse_args()
     if getattr(args, "command", "cost") == "load":
         print(json.dumps(timed_load(Path(args.folder), args.dtype)[1]))
+        return
+    if getattr(args, "command", "cost") == "plan":
+        buffer_plan(args.program, Path(args.folder), args.size, args.steps)
+        return
+    if getattr(args, "command", "cost") == "refiner":
+        report = refiner_report(Path(args.folder), args.size, args.steps, args.timeout)
+        Path(args.json).with_name("bench_refiner_fullsize.json").write_text(json.dumps(report, indent=2))
+        print(json.dumps(report, indent=2))
         return
     if getattr(args, "command", "cost") == "parity":
         report = parity(Path(args.folder))
