@@ -264,15 +264,31 @@ def abstract_refiner(folder: Path, dtype: str = "bfloat16") -> LoadedModel:
                        kind=model_kind(index, components))
 
 
-def buffer_plan(program: str, refiner_folder: Path, size: int, steps: int) -> None:
-    """Print, as JSON lines, the engine's program (``base`` or ``refiner``: base + refiner) for one image per
+def unet_call_plan(model: LoadedModel, size: int, images: int = 1) -> dict:
+    """``memory_analysis()`` of one CFG UNet call (2 rows per image: negative, prompt) of ``model`` alone at ``size``², its
+    abstract parameters and conditioning in bfloat16 (the shapes the program's loop body feeds it), compiled."""
+    s, unet = jax.ShapeDtypeStruct, model.components["unet"]
+    latent = size // model.vae_scale_factor
+    time_ids = model.kind.time_ids
+    hidden = model.unet.cross_attention_dim[0]
+    rows = 2 * images
+    args = (model.params["unet"], s((rows, 4, latent, latent), jnp.float32), s((rows,), jnp.float32),
+            s((rows, 77, hidden), jnp.bfloat16), s((rows, model.components["text_encoder_2"].config.projection_dim),
+                                                   jnp.bfloat16), s((rows, time_ids), jnp.float32))
+    t0 = time.perf_counter()
+    stats = jax.jit(lambda params, *a: unet.bind(params)(*a)).lower(*args).compile().memory_analysis()
+    return {"compile_s": time.perf_counter() - t0, "plan": {f: int(getattr(stats, f)) for f in PLAN_FIELDS}}
+
+
+def buffer_plan(program: str, refiner_folder: Path, size: int, steps: int, images: int = 1) -> None:
+    """Print, as JSON lines, the engine's program (``base`` or ``refiner``: base + refiner) for ``images`` per
     device with CFG at ``size``², abstract bfloat16 parameters: first when lowered (seconds, StableHLO characters),
     then when compiled (seconds and ``memory_analysis()``). Two lines, so a caller that stops a compile that runs
     too long still has the first."""
     t0 = time.perf_counter()
     model = sdxl_base_model()
     mesh = make_mesh()
-    shape = ProgramShape(len(mesh.devices.flat), size, size, steps, refiner=program == "refiner")
+    shape = ProgramShape(images * len(mesh.devices.flat), size, size, steps, refiner=program == "refiner")
     params = dict(model.params)
     if shape.refiner:
         model.refiner = abstract_refiner(refiner_folder)
@@ -289,13 +305,17 @@ def buffer_plan(program: str, refiner_folder: Path, size: int, steps: int) -> No
     stats = lowered.compile().memory_analysis()
     out.update(compile_s=time.perf_counter() - t1, plan={f: int(getattr(stats, f)) for f in PLAN_FIELDS})
     print(json.dumps(out), flush=True)
+    del lowered, stats
+    # What one step's UNet call alone plans, to tell the UNets' activations from the rest of the program.
+    out["unet_call"] = unet_call_plan(model.refiner if shape.refiner else model, size, images)
+    print(json.dumps(out), flush=True)
 
 
-def measure_plan(program: str, refiner_folder: Path, size: int, steps: int, timeout_s: float) -> dict:
+def measure_plan(program: str, refiner_folder: Path, size: int, steps: int, timeout_s: float, images: int = 1) -> dict:
     """:func:`buffer_plan` in a fresh process, stopped after ``timeout_s``: then the lowered line alone, with
     ``compile_timed_out``."""
     cmd = [sys.executable, "-m", "tools.fullsize", "plan", str(refiner_folder), "--program", program,
-           "--size", str(size), "--steps", str(steps)]
+           "--size", str(size), "--steps", str(steps), "--images", str(images)]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         stdout, stderr = proc.communicate(timeout=timeout_s)
@@ -315,9 +335,11 @@ def measure_plan(program: str, refiner_folder: Path, size: int, steps: int, time
 
 def refiner_report(folder: Path, size: int = 1024, steps: int = 20, timeout_s: float = 900) -> dict:
     """The refiner folder's bfloat16 load (a fresh process, :func:`timed_load`) and the buffer plans of the base
-    and base + refiner programs (:func:`measure_plan`, one process each, one after the other)."""
+    and base + refiner programs at one image per device, and of base + refiner at 4 (:func:`measure_plan`, one
+    process each, one after the other)."""
     load = measure_load(folder, "bfloat16")
-    plans = {program: measure_plan(program, folder, size, steps, timeout_s) for program in ("base", "refiner")}
+    plans = {name: measure_plan(program, folder, size, steps, timeout_s, images)
+             for name, program, images in (("base", "base", 1), ("refiner", "refiner", 1), ("refiner_x4", "refiner", 4))}
     return {"folder": str(folder), "load_bfloat16": load, "plans": plans, "size": size, "steps": steps}
 
 
@@ -379,6 +401,7 @@ def main(args=None) -> None:
         parser.add_argument("--program", default="refiner", choices=("base", "refiner"), help="plan: which program")
         parser.add_argument("--size", type=int, default=1024, help="refiner, plan: image side in pixels")
         parser.add_argument("--steps", type=int, default=20, help="refiner, plan: the program's max_steps")
+        parser.add_argument("--images", type=int, default=1, help="plan: images per device (CFG: 2 UNet rows each)")
         parser.add_argument("--timeout", type=float, default=900, help="refiner: seconds a program may compile")
         parser.add_argument("--dtype", default="bfloat16", help="load: the parameters' dtype")
         parser.add_argument("--md", default=str(ROOT / "BENCHMARKS.md"))
@@ -388,7 +411,7 @@ def main(args=None) -> None:
         print(json.dumps(timed_load(Path(args.folder), args.dtype)[1]))
         return
     if getattr(args, "command", "cost") == "plan":
-        buffer_plan(args.program, Path(args.folder), args.size, args.steps)
+        buffer_plan(args.program, Path(args.folder), args.size, args.steps, args.images)
         return
     if getattr(args, "command", "cost") == "refiner":
         report = refiner_report(Path(args.folder), args.size, args.steps, args.timeout)
