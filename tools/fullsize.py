@@ -3,6 +3,7 @@
     python -m tools.bench --full-size          # cost: lower the real architecture, count FLOPs
     python -m tools.fullsize parity DIR        # DIR from `make_fixtures fullsize --out DIR`
     python -m tools.fullsize load DIR --dtype bfloat16   # load time and peak memory alone
+    python -m tools.fullsize refiner DIR       # DIR from `tools.fullsize_refiner_fixture --out DIR` (torch venv)
 
 ``cost``: SDXL 1.0 base's real configs (sdxl_engine/checkpoint/configs/sdxl-base-1.0) with *abstract*
 bfloat16 parameters (shapes only, no memory): one CFG UNet step, one VAE decode and the two text
@@ -13,6 +14,14 @@ classes (``tools.make_fixtures fullsize``), loaded by the engine's loader in bfl
 (load time and peak memory against the parameters' size) and in float32, then compared with the
 PyTorch outputs saved beside them: the text encoders, one UNet call with CFG (batch 2, 64x64
 latents, i.e. 512²) and one VAE decode, at rtol 1e-3.
+
+``refiner``: a random full-size SDXL refiner folder loaded by the engine's loader in bfloat16 (a fresh process:
+seconds, peak RSS growth, bytes per component), then XLA's buffer plan (``compile().memory_analysis()``: argument,
+output and temporary bytes) of the engine's base program and of its base + refiner program
+(``ProgramShape(refiner=True)``) at 1024², CFG, one image per device (and base + refiner at four), with abstract
+bfloat16 parameters (SDXL base's configs, the refiner folder's configs), each compiled for this machine's backend
+in a fresh process (``plan``), beside the plan of one CFG UNet call of the same model alone. Writes
+bench_refiner_fullsize.json. On CPU the plan is the CPU compiler's, an approximation of an accelerator's.
 """
 
 from __future__ import annotations
@@ -343,6 +352,40 @@ def refiner_report(folder: Path, size: int = 1024, steps: int = 20, timeout_s: f
     return {"folder": str(folder), "load_bfloat16": load, "plans": plans, "size": size, "steps": steps}
 
 
+def refiner_markdown(r: dict) -> str:
+    """bench_refiner_fullsize.json as two tables: the refiner's load, and the programs' buffer plans."""
+    load, gb, gib = r["load_bfloat16"], (lambda b: f"{b / 1e9:.2f} GB"), (lambda b: f"{b / 2**30:.2f} GiB")
+    kept = sum(load["component_gb"][n] for n in ("text_encoder_2", "unet")) * 1e9
+    lines = [f"Random full-size SDXL refiner ({r['folder']}), loaded by the engine's loader in bfloat16 on "
+             f"`{r['plans']['base']['platform']}` in a fresh process:", "",
+             "| load | seconds | params as loaded | of which text_encoder_2 / UNet / VAE | kept by the engine "
+             "(text_encoder_2 + UNet) | peak RSS growth | peak / params |", "|---|---|---|---|---|---|---|",
+             f"| bfloat16 | {load['load_s']:.1f} | {load['params_gb']:.2f} GB | "
+             + " / ".join(f"{load['component_gb'][n]:.2f}" for n in ("text_encoder_2", "unet", "vae"))
+             + f" GB | {gb(kept)} ({gib(kept)}) | {load['peak_growth_gb']:.2f} GB | {load['peak_over_params']:.2f}x |",
+             "", f"XLA's buffer plan (`compile().memory_analysis()`) of the engine's program at {r['size']}², CFG, "
+             f"{r['steps']} steps, abstract bfloat16 parameters, compiled by the CPU backend (an approximation of an "
+             "accelerator's plan), per device:", "",
+             "| program | images per device | arguments (params read + inputs) | output | temporaries | "
+             "arguments + output + temporaries | one CFG UNet call alone: temporaries | lowered / compiled in |",
+             "|---|---|---|---|---|---|---|---|"]
+    for key, v in r["plans"].items():
+        name = "base + refiner" if v["shape"]["refiner"] else "base"
+        images = v["shape"]["batch"] // v["devices"]
+        if "plan" not in v:
+            lines.append(f"| {name} | {images} | compile did not finish in {v['timeout_s']:.0f} s "
+                         f"({v.get('compile_error', 'stopped')[:200]}); lowered in {v['lower_s']:.0f} s, "
+                         f"{v['stablehlo_chars'] / 1e6:.1f} M characters of StableHLO | | | | | |")
+            continue
+        p = v["plan"]
+        total = p["argument_size_in_bytes"] + p["output_size_in_bytes"] + p["temp_size_in_bytes"]
+        unet = v["unet_call"]["plan"]["temp_size_in_bytes"]
+        lines.append(f"| {name} | {images} | {gb(p['argument_size_in_bytes'])} | {p['output_size_in_bytes'] / 1e6:.1f} MB"
+                     f" | {gb(p['temp_size_in_bytes'])} | **{gb(total)} ({gib(total)})** | {gb(unet)} | "
+                     f"{v['lower_s']:.0f} s / {v['compile_s']:.0f} s |")
+    return "\n".join(lines)
+
+
 def relative_error(ours, reference: np.ndarray) -> float:
     """max |ours - reference| / max |reference| (float64)."""
     ours = np.asarray(ours, np.float64)
@@ -416,7 +459,8 @@ def main(args=None) -> None:
     if getattr(args, "command", "cost") == "refiner":
         report = refiner_report(Path(args.folder), args.size, args.steps, args.timeout)
         Path(args.json).with_name("bench_refiner_fullsize.json").write_text(json.dumps(report, indent=2))
-        print(json.dumps(report, indent=2))
+        write_section(Path(args.md), "refiner-fullsize", refiner_markdown(report))
+        print(refiner_markdown(report))
         return
     if getattr(args, "command", "cost") == "parity":
         report = parity(Path(args.folder))
