@@ -40,7 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sdxl_engine.checkpoint import builtin
-from sdxl_engine.checkpoint.loading import LoadedModel, load_folder, model_kind, read_model_folder
+from sdxl_engine.checkpoint.loading import LoadedModel, check_refiner, load_folder, model_kind, read_model_folder
 from sdxl_engine.models import build_component
 from sdxl_engine.program.generate import (ImageConditioning, ProgramInputs, ProgramShape, jit_program, keep_known,
                                           latent_shape)
@@ -342,14 +342,45 @@ def measure_plan(program: str, refiner_folder: Path, size: int, steps: int, time
     return out
 
 
-def refiner_report(folder: Path, size: int = 1024, steps: int = 20, timeout_s: float = 900) -> dict:
+def pair_load(base: Path, refiner: Path, dtype: str = "bfloat16") -> dict:
+    """Base then refiner loaded in one process as the engine's start does (``_load_refiner``: the refiner checked
+    against the base, its VAE dropped): seconds of each, the parameter bytes kept on the device, and the process's
+    peak and final RSS growth. Run it in a fresh process (:func:`measure_pair`)."""
+    _reset_peak()
+    before = _rss("VmRSS")
+    base_model, base_load = timed_load(base, dtype)
+    t0 = time.perf_counter()
+    refiner_model = load_folder(refiner, refiner.name, dtype, log=lambda *_: None)
+    check_refiner(base_model, refiner_model)
+    refiner_model.params = {n: refiner_model.params[n] for n in ("text_encoder_2", "unet")}  # the VAE's freed
+    jax.block_until_ready(refiner_model.params)
+    refiner_s = time.perf_counter() - t0
+    kept = {"base": sum(v.nbytes for c in base_model.params.values() for v in c.values()),
+            "refiner": sum(v.nbytes for c in refiner_model.params.values() for v in c.values())}
+    return {"dtype": dtype, "base_load_s": base_load["load_s"], "refiner_load_s": refiner_s,
+            "params_kept_gb": {k: v / 1e9 for k, v in kept.items()}, "params_kept_total_gb": sum(kept.values()) / 1e9,
+            "peak_growth_gb": (_rss("VmHWM") - before) / 1e9, "rss_growth_after_gb": (_rss("VmRSS") - before) / 1e9,
+            "peak_over_kept": (_rss("VmHWM") - before) / sum(kept.values())}
+
+
+def measure_pair(base: Path, refiner: Path) -> dict:
+    """:func:`pair_load` in a fresh process."""
+    out = subprocess.run([sys.executable, "-m", "tools.fullsize", "pair", str(refiner), "--base", str(base)],
+                         cwd=ROOT, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def refiner_report(folder: Path, size: int = 1024, steps: int = 20, timeout_s: float = 900,
+                   base: Path | None = None) -> dict:
     """The refiner folder's bfloat16 load (a fresh process, :func:`timed_load`) and the buffer plans of the base
     and base + refiner programs at one image per device, and of base + refiner at 4 (:func:`measure_plan`, one
     process each, one after the other)."""
     load = measure_load(folder, "bfloat16")
     plans = {name: measure_plan(program, folder, size, steps, timeout_s, images)
              for name, program, images in (("base", "base", 1), ("refiner", "refiner", 1), ("refiner_x4", "refiner", 4))}
-    return {"folder": str(folder), "load_bfloat16": load, "plans": plans, "size": size, "steps": steps}
+    pair = measure_pair(base, folder) if base else None
+    return {"folder": str(folder), "load_bfloat16": load, "base_and_refiner_load": pair, "plans": plans, "size": size,
+            "steps": steps}
 
 
 def refiner_markdown(r: dict) -> str:
@@ -438,7 +469,7 @@ def main(args=None) -> None:
     """``bench --full-size`` calls this with its args (cost); ``python -m ...fullsize parity DIR`` runs parity."""
     if args is None:
         parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-        parser.add_argument("command", choices=("cost", "parity", "load", "refiner", "plan"))
+        parser.add_argument("command", choices=("cost", "parity", "load", "refiner", "plan", "pair"))
         parser.add_argument("folder", nargs="?", help="parity, load: the folder make_fixtures fullsize wrote; "
                             "refiner, plan: the one tools.fullsize_refiner_fixture wrote")
         parser.add_argument("--program", default="refiner", choices=("base", "refiner"), help="plan: which program")
@@ -446,6 +477,8 @@ def main(args=None) -> None:
         parser.add_argument("--steps", type=int, default=20, help="refiner, plan: the program's max_steps")
         parser.add_argument("--images", type=int, default=1, help="plan: images per device (CFG: 2 UNet rows each)")
         parser.add_argument("--timeout", type=float, default=900, help="refiner: seconds a program may compile")
+        parser.add_argument("--base", help="refiner, pair: a full-size base folder, loaded with the refiner in one "
+                            "process (tools.fullsize_refiner_fixture --base)")
         parser.add_argument("--dtype", default="bfloat16", help="load: the parameters' dtype")
         parser.add_argument("--md", default=str(ROOT / "BENCHMARKS.md"))
         parser.add_argument("--json", default=str(ROOT / "bench.json"))
@@ -456,8 +489,16 @@ def main(args=None) -> None:
     if getattr(args, "command", "cost") == "plan":
         buffer_plan(args.program, Path(args.folder), args.size, args.steps, args.images)
         return
+    if getattr(args, "command", "cost") == "pair":  # prints the JSON; the refiner report's entry when it exists
+        pair = pair_load(Path(args.base), Path(args.folder))
+        path = Path(args.json).with_name("bench_refiner_fullsize.json")
+        if path.exists():
+            path.write_text(json.dumps({**json.loads(path.read_text()), "base_and_refiner_load": pair}, indent=2))
+        print(json.dumps(pair))
+        return
     if getattr(args, "command", "cost") == "refiner":
-        report = refiner_report(Path(args.folder), args.size, args.steps, args.timeout)
+        report = refiner_report(Path(args.folder), args.size, args.steps, args.timeout,
+                                Path(args.base) if args.base else None)
         Path(args.json).with_name("bench_refiner_fullsize.json").write_text(json.dumps(report, indent=2))
         write_section(Path(args.md), "refiner-fullsize", refiner_markdown(report))
         print(refiner_markdown(report))

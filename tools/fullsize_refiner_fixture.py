@@ -1,6 +1,7 @@
 """A random full-size SDXL refiner folder (diffusers format, safetensors), for load time and memory at full size.
 
-    /tmp/torchvenv/bin/python -m tools.fullsize_refiner_fixture --out /tmp/fullsize-refiner   (torch venv; ~4.5 GB)
+    /tmp/torchvenv/bin/python -m tools.fullsize_refiner_fixture --out /tmp/fullsize-refiner   (torch venv; 6.1 GB)
+    /tmp/torchvenv/bin/python -m tools.fullsize_refiner_fixture --base --out /tmp/fullsize-base-bf16      (6.9 GB)
 
 stabilityai/stable-diffusion-xl-refiner-1.0's architecture with random weights, saved by
 ``StableDiffusionXLImg2ImgPipeline``'s config and each component's ``save_pretrained``, as
@@ -15,7 +16,9 @@ stabilityai/stable-diffusion-xl-refiner-1.0's architecture with random weights, 
   ``force_zeros_for_empty_prompt`` false (the refiner's).
 
 Weights are made in ``--dtype`` directly (torch's default dtype while building: half the memory of float32, and
-random values need no float32 master). No reference outputs: the refiner's numerics are checked on tiny-pt-refiner
+random values need no float32 master). ``--base``: SDXL 1.0 base the same way (all four components,
+``StableDiffusionXLPipeline``'s model_index.json), the light kin of ``make_fixtures fullsize`` (which builds in
+float32 and runs references). No reference outputs: the refiner's numerics are checked on tiny-pt-refiner
 (tools.refiner_fixtures); this folder is for load time and memory only. Never in CI.
 """
 
@@ -27,7 +30,7 @@ import shutil
 from pathlib import Path
 
 import torch
-from diffusers import EulerDiscreteScheduler, StableDiffusionXLImg2ImgPipeline
+from diffusers import EulerDiscreteScheduler, StableDiffusionXLImg2ImgPipeline, StableDiffusionXLPipeline
 
 from transformers import CLIPTokenizer
 
@@ -45,8 +48,7 @@ REFINER_UNET_OVERRIDES = dict(
     projection_class_embeddings_input_dim=2560,
 )
 REFINER_COMPONENTS = ("text_encoder_2", "vae", "unet")
-TOKENIZER_2 = FIXTURES / "tiny-pt" / "tokenizer_2"
-SEEDS = dict(text_encoder_2=31, vae=32, unet=33)
+SEEDS = dict(text_encoder=30, text_encoder_2=31, vae=32, unet=33)  # + 10 for --base
 
 
 def refiner_configs() -> dict:
@@ -60,31 +62,39 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=Path("/tmp/fullsize-refiner"))
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    parser.add_argument("--base", action="store_true", help="SDXL 1.0 base instead of the refiner")
     args = parser.parse_args()
     out, dtype, log = args.out, getattr(torch, args.dtype), StageLog()
     out.mkdir(parents=True, exist_ok=True)
-    configs = refiner_configs()
+    configs = sdxl_base_configs() if args.base else refiner_configs()
+    names = ("text_encoder",) + REFINER_COMPONENTS if args.base else REFINER_COMPONENTS
     with torch.device("meta"):  # the pipeline only to write model_index.json as save_pretrained does
-        parts = {name: build_component(name, configs) for name in REFINER_COMPONENTS}
-    tokenizer_2 = CLIPTokenizer.from_pretrained(TOKENIZER_2)  # the project's vocabulary, as tiny-pt's (no JAX here)
-    pipe = StableDiffusionXLImg2ImgPipeline(**parts, text_encoder=None, tokenizer=None, tokenizer_2=tokenizer_2,
-                                            scheduler=EulerDiscreteScheduler.from_config(configs["scheduler"]),
-                                            requires_aesthetics_score=True, force_zeros_for_empty_prompt=False,
-                                            add_watermarker=False)
+        parts = {name: build_component(name, configs) for name in names}
+    tokenizers = {sub: CLIPTokenizer.from_pretrained(FIXTURES / "tiny-pt" / sub)  # the project's vocabulary (no JAX)
+                  for sub in (("tokenizer", "tokenizer_2") if args.base else ("tokenizer_2",))}
+    scheduler = EulerDiscreteScheduler.from_config(configs["scheduler"])
+    if args.base:
+        pipe = StableDiffusionXLPipeline(**parts, **tokenizers, scheduler=scheduler, force_zeros_for_empty_prompt=True,
+                                         add_watermarker=False)
+    else:
+        pipe = StableDiffusionXLImg2ImgPipeline(**parts, text_encoder=None, tokenizer=None, **tokenizers,
+                                                scheduler=scheduler, requires_aesthetics_score=True,
+                                                force_zeros_for_empty_prompt=False, add_watermarker=False)
     pipe.save_config(out)
     pipe.scheduler.save_pretrained(out / "scheduler")
-    tokenizer_2.save_pretrained(out / "tokenizer_2")
-    for name in ("vocab.json", "merges.txt"):  # transformers 5 omits them; the engine's tokenizer reads them
-        shutil.copyfile(TOKENIZER_2 / name, out / "tokenizer_2" / name)
+    for sub, tokenizer in tokenizers.items():
+        tokenizer.save_pretrained(out / sub)
+        for name in ("vocab.json", "merges.txt"):  # transformers 5 omits them; the engine's tokenizer reads them
+            shutil.copyfile(FIXTURES / "tiny-pt" / sub / name, out / sub / name)
     del pipe, parts
     free_memory()
-    log.mark("model_index, scheduler, tokenizer_2")
+    log.mark("model_index, scheduler, tokenizers")
     counts = {}
     previous = torch.get_default_dtype()
-    for name in REFINER_COMPONENTS:
+    for name in names:
         torch.set_default_dtype(dtype)
         try:
-            model = seeded_component(name, configs, seed=SEEDS[name]).to(dtype)
+            model = seeded_component(name, configs, seed=SEEDS[name] + (10 if args.base else 0)).to(dtype)
         finally:
             torch.set_default_dtype(previous)
         counts[name] = sum(p.numel() for p in model.parameters())
@@ -95,7 +105,8 @@ def main() -> None:
         free_memory()
         log.mark(f"save {name}")
     files = {str(p.relative_to(out)): p.stat().st_size for p in sorted(out.rglob("*")) if p.is_file()}
-    meta = dict(made_by=f"/tmp/torchvenv/bin/python -m tools.fullsize_refiner_fixture --out {out} --dtype {args.dtype}",
+    meta = dict(made_by=f"/tmp/torchvenv/bin/python -m tools.fullsize_refiner_fixture {'--base ' if args.base else ''}"
+                        f"--out {out} --dtype {args.dtype}",
                 versions=versions(), saved_dtype=args.dtype, param_counts=counts, stages=log.rows, files=files)
     (out / "made_by.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
     print(json.dumps({"param_counts": counts, "bytes": sum(files.values())}))
