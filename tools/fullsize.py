@@ -394,6 +394,15 @@ def refiner_markdown(r: dict) -> str:
              f"| bfloat16 | {load['load_s']:.1f} | {load['params_gb']:.2f} GB | "
              + " / ".join(f"{load['component_gb'][n]:.2f}" for n in ("text_encoder_2", "unet", "vae"))
              + f" GB | {gb(kept)} ({gib(kept)}) | {load['peak_growth_gb']:.2f} GB | {load['peak_over_params']:.2f}x |",
+             *([] if not r.get("base_and_refiner_load") else [
+                 "", "Base then refiner in one fresh process, as the engine's start loads them (the refiner checked "
+                 "against the base, its VAE dropped):", "",
+                 "| base load | refiner load | params kept: base + refiner | peak RSS growth | peak / kept |",
+                 "|---|---|---|---|---|",
+                 (lambda q: f"| {q['base_load_s']:.1f} s | {q['refiner_load_s']:.1f} s | {q['params_kept_gb']['base']:.2f}"
+                            f" + {q['params_kept_gb']['refiner']:.2f} = **{gb(q['params_kept_total_gb'] * 1e9)} "
+                            f"({gib(q['params_kept_total_gb'] * 1e9)})** | {q['peak_growth_gb']:.2f} GB | "
+                            f"{q['peak_over_kept']:.2f}x |")(r["base_and_refiner_load"])]),
              "", f"XLA's buffer plan (`compile().memory_analysis()`) of the engine's program at {r['size']}², CFG, "
              f"{r['steps']} steps, abstract bfloat16 parameters, compiled by the CPU backend (an approximation of an "
              "accelerator's plan), per device:", "",
