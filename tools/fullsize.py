@@ -508,7 +508,11 @@ def main(args=None) -> None:
     if getattr(args, "command", "cost") == "refiner":
         report = refiner_report(Path(args.folder), args.size, args.steps, args.timeout,
                                 Path(args.base) if args.base else None)
-        Path(args.json).with_name("bench_refiner_fullsize.json").write_text(json.dumps(report, indent=2))
+        path = Path(args.json).with_name("bench_refiner_fullsize.json")
+        if report["base_and_refiner_load"] is None and path.exists():  # without --base: keep the last `pair` figures
+            old = json.loads(path.read_text())
+            report.update({k: v for k, v in old.items() if k.startswith("base_and_refiner_load")})
+        path.write_text(json.dumps(report, indent=2))
         write_section(Path(args.md), "refiner-fullsize", refiner_markdown(report))
         print(refiner_markdown(report))
         return
