@@ -3,6 +3,7 @@
     python -m tools.bench --full-size          # cost: lower the real architecture, count FLOPs
     python -m tools.fullsize parity DIR        # DIR from `make_fixtures fullsize --out DIR`
     python -m tools.fullsize load DIR --dtype bfloat16   # load time and peak memory alone
+    python -m tools.fullsize refiner DIR       # DIR from `tools.fullsize_refiner_fixture --out DIR` (torch venv)
 
 ``cost``: SDXL 1.0 base's real configs (sdxl_engine/checkpoint/configs/sdxl-base-1.0) with *abstract*
 bfloat16 parameters (shapes only, no memory): one CFG UNet step, one VAE decode and the two text
@@ -13,6 +14,14 @@ classes (``tools.make_fixtures fullsize``), loaded by the engine's loader in bfl
 (load time and peak memory against the parameters' size) and in float32, then compared with the
 PyTorch outputs saved beside them: the text encoders, one UNet call with CFG (batch 2, 64x64
 latents, i.e. 512²) and one VAE decode, at rtol 1e-3.
+
+``refiner``: a random full-size SDXL refiner folder loaded by the engine's loader in bfloat16 (a fresh process:
+seconds, peak RSS growth, bytes per component), then XLA's buffer plan (``compile().memory_analysis()``: argument,
+output and temporary bytes) of the engine's base program and of its base + refiner program
+(``ProgramShape(refiner=True)``) at 1024², CFG, one image per device (and base + refiner at four), with abstract
+bfloat16 parameters (SDXL base's configs, the refiner folder's configs), each compiled for this machine's backend
+in a fresh process (``plan``), beside the plan of one CFG UNet call of the same model alone. Writes
+bench_refiner_fullsize.json. On CPU the plan is the CPU compiler's, an approximation of an accelerator's.
 """
 
 from __future__ import annotations
@@ -31,7 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sdxl_engine.checkpoint import builtin
-from sdxl_engine.checkpoint.loading import LoadedModel, load_folder
+from sdxl_engine.checkpoint.loading import LoadedModel, check_refiner, load_folder, model_kind, read_model_folder
 from sdxl_engine.models import build_component
 from sdxl_engine.program.generate import (ImageConditioning, ProgramInputs, ProgramShape, jit_program, keep_known,
                                           latent_shape)
@@ -235,6 +244,7 @@ def timed_load(folder: Path, dtype: str) -> tuple[LoadedModel, dict]:
     jax.block_until_ready(model.params)
     nbytes = sum(v.nbytes for c in model.params.values() for v in c.values())
     return model, {"dtype": dtype, "load_s": time.perf_counter() - t0, "params_gb": nbytes / 1e9,
+                   "component_gb": {n: sum(v.nbytes for v in c.values()) / 1e9 for n, c in model.params.items()},
                    "peak_growth_gb": (_rss("VmHWM") - before) / 1e9,
                    "peak_over_params": (_rss("VmHWM") - before) / nbytes}
 
@@ -244,6 +254,176 @@ def measure_load(folder: Path, dtype: str) -> dict:
     out = subprocess.run([sys.executable, "-m", "tools.fullsize", "load", str(folder), "--dtype", dtype],
                          cwd=ROOT, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# --- ``refiner``: base + refiner at full size, the refiner's load and XLA's buffer plan of the program -------------
+
+PLAN_FIELDS = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes", "temp_size_in_bytes",
+               "generated_code_size_in_bytes")
+
+
+def abstract_refiner(folder: Path, dtype: str = "bfloat16") -> LoadedModel:
+    """The refiner in ``folder`` (its configs and model_index.json only, no weights read) with abstract parameters:
+    text_encoder_2 and UNet, what the engine keeps of a refiner (engine/local.py ``_load_refiner``: the VAE's freed)."""
+    index = json.loads((folder / "model_index.json").read_text())
+    components = read_model_folder(folder)
+    return LoadedModel(name=f"{folder.name}-abstract", components=components,
+                       params={n: components[n].abstract(jnp.dtype(dtype)) for n in ("text_encoder_2", "unet")},
+                       tokenizer=None, tokenizer_2=None, scheduler_config=dict(builtin.SDXL_SCHEDULER), dtype=dtype,
+                       kind=model_kind(index, components))
+
+
+def unet_call_plan(model: LoadedModel, size: int, images: int = 1) -> dict:
+    """``memory_analysis()`` of one CFG UNet call (2 rows per image: negative, prompt) of ``model`` alone at ``size``², its
+    abstract parameters and conditioning in bfloat16 (the shapes the program's loop body feeds it), compiled."""
+    s, unet = jax.ShapeDtypeStruct, model.components["unet"]
+    latent = size // model.vae_scale_factor
+    time_ids = model.kind.time_ids
+    hidden = model.unet.cross_attention_dim[0]
+    rows = 2 * images
+    args = (model.params["unet"], s((rows, 4, latent, latent), jnp.float32), s((rows,), jnp.float32),
+            s((rows, 77, hidden), jnp.bfloat16), s((rows, model.components["text_encoder_2"].config.projection_dim),
+                                                   jnp.bfloat16), s((rows, time_ids), jnp.float32))
+    t0 = time.perf_counter()
+    stats = jax.jit(lambda params, *a: unet.bind(params)(*a)).lower(*args).compile().memory_analysis()
+    return {"compile_s": time.perf_counter() - t0, "plan": {f: int(getattr(stats, f)) for f in PLAN_FIELDS}}
+
+
+def buffer_plan(program: str, refiner_folder: Path, size: int, steps: int, images: int = 1) -> None:
+    """Print, as JSON lines, the engine's program (``base`` or ``refiner``: base + refiner) for ``images`` per
+    device with CFG at ``size``², abstract bfloat16 parameters: first when lowered (seconds, StableHLO characters),
+    then when compiled (seconds and ``memory_analysis()``). Two lines, so a caller that stops a compile that runs
+    too long still has the first."""
+    t0 = time.perf_counter()
+    model = sdxl_base_model()
+    mesh = make_mesh()
+    shape = ProgramShape(images * len(mesh.devices.flat), size, size, steps, refiner=program == "refiner")
+    params = dict(model.params)
+    if shape.refiner:
+        model.refiner = abstract_refiner(refiner_folder)
+        params["refiner"] = model.refiner.params
+    lowered = jit_program(model, shape, mesh).lower(params, ProgramInputs.abstract(
+        shape, latent_shape(model, size, size), mesh))
+    out = {"program": program, "shape": dataclasses.asdict(shape), "devices": len(mesh.devices.flat),
+           "platform": jax.devices()[0].platform, "lower_s": time.perf_counter() - t0,
+           "stablehlo_chars": len(lowered.as_text()),
+           "params_bytes": {n: int(sum(np.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(v)))
+                            for n, v in params.items()}}
+    print(json.dumps(out), flush=True)
+    t1 = time.perf_counter()
+    stats = lowered.compile().memory_analysis()
+    out.update(compile_s=time.perf_counter() - t1, plan={f: int(getattr(stats, f)) for f in PLAN_FIELDS})
+    print(json.dumps(out), flush=True)
+    del lowered, stats
+    # What one step's UNet call alone plans, to tell the UNets' activations from the rest of the program.
+    out["unet_call"] = unet_call_plan(model.refiner if shape.refiner else model, size, images)
+    print(json.dumps(out), flush=True)
+
+
+def measure_plan(program: str, refiner_folder: Path, size: int, steps: int, timeout_s: float, images: int = 1) -> dict:
+    """:func:`buffer_plan` in a fresh process, stopped after ``timeout_s``: then the lowered line alone, with
+    ``compile_timed_out``."""
+    cmd = [sys.executable, "-m", "tools.fullsize", "plan", str(refiner_folder), "--program", program,
+           "--size", str(size), "--steps", str(steps), "--images", str(images)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        stdout, stderr = proc.communicate()
+        timed_out = True
+    lines = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        raise RuntimeError(f"{' '.join(cmd)} printed nothing (rc {proc.returncode}): {stderr[-2000:]}")
+    out = {**lines[-1], "compile_timed_out": timed_out, "timeout_s": timeout_s}
+    if "plan" not in out and not timed_out:  # the compile failed: say why rather than report a lowered line alone
+        out["compile_error"] = stderr[-2000:]
+    return out
+
+
+def pair_load(base: Path, refiner: Path, dtype: str = "bfloat16") -> dict:
+    """Base then refiner loaded in one process as the engine's start does (``_load_refiner``: the refiner checked
+    against the base, its VAE dropped): seconds of each, the parameter bytes kept on the device, and the process's
+    peak and final RSS growth. Run it in a fresh process (:func:`measure_pair`)."""
+    _reset_peak()
+    before = _rss("VmRSS")
+    base_model, base_load = timed_load(base, dtype)
+    t0 = time.perf_counter()
+    refiner_model = load_folder(refiner, refiner.name, dtype, log=lambda *_: None)
+    check_refiner(base_model, refiner_model)
+    refiner_model.params = {n: refiner_model.params[n] for n in ("text_encoder_2", "unet")}  # the VAE's freed
+    jax.block_until_ready(refiner_model.params)
+    refiner_s = time.perf_counter() - t0
+    kept = {"base": sum(v.nbytes for c in base_model.params.values() for v in c.values()),
+            "refiner": sum(v.nbytes for c in refiner_model.params.values() for v in c.values())}
+    return {"dtype": dtype, "base_load_s": base_load["load_s"], "refiner_load_s": refiner_s,
+            "params_kept_gb": {k: v / 1e9 for k, v in kept.items()}, "params_kept_total_gb": sum(kept.values()) / 1e9,
+            "peak_growth_gb": (_rss("VmHWM") - before) / 1e9, "rss_growth_after_gb": (_rss("VmRSS") - before) / 1e9,
+            "peak_over_kept": (_rss("VmHWM") - before) / sum(kept.values())}
+
+
+def measure_pair(base: Path, refiner: Path) -> dict:
+    """:func:`pair_load` in a fresh process."""
+    out = subprocess.run([sys.executable, "-m", "tools.fullsize", "pair", str(refiner), "--base", str(base)],
+                         cwd=ROOT, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def refiner_report(folder: Path, size: int = 1024, steps: int = 20, timeout_s: float = 900,
+                   base: Path | None = None) -> dict:
+    """The refiner folder's bfloat16 load (a fresh process, :func:`timed_load`) and the buffer plans of the base
+    and base + refiner programs at one image per device, and of base + refiner at 4 (:func:`measure_plan`, one
+    process each, one after the other)."""
+    load = measure_load(folder, "bfloat16")
+    plans = {name: measure_plan(program, folder, size, steps, timeout_s, images)
+             for name, program, images in (("base", "base", 1), ("refiner", "refiner", 1), ("refiner_x4", "refiner", 4))}
+    pair = measure_pair(base, folder) if base else None
+    return {"folder": str(folder), "load_bfloat16": load, "base_and_refiner_load": pair, "plans": plans, "size": size,
+            "steps": steps}
+
+
+def refiner_markdown(r: dict) -> str:
+    """bench_refiner_fullsize.json as two tables: the refiner's load, and the programs' buffer plans."""
+    load, gb, gib = r["load_bfloat16"], (lambda b: f"{b / 1e9:.2f} GB"), (lambda b: f"{b / 2**30:.2f} GiB")
+    kept = sum(load["component_gb"][n] for n in ("text_encoder_2", "unet")) * 1e9
+    lines = [f"Random full-size SDXL refiner ({r['folder']}), loaded by the engine's loader in bfloat16 on "
+             f"`{r['plans']['base']['platform']}` in a fresh process:", "",
+             "| load | seconds | params as loaded | of which text_encoder_2 / UNet / VAE | kept by the engine "
+             "(text_encoder_2 + UNet) | peak RSS growth | peak / params |", "|---|---|---|---|---|---|---|",
+             f"| bfloat16 | {load['load_s']:.1f} | {load['params_gb']:.2f} GB | "
+             + " / ".join(f"{load['component_gb'][n]:.2f}" for n in ("text_encoder_2", "unet", "vae"))
+             + f" GB | {gb(kept)} ({gib(kept)}) | {load['peak_growth_gb']:.2f} GB | {load['peak_over_params']:.2f}x |",
+             *([] if not r.get("base_and_refiner_load") else [
+                 "", "Base then refiner in one fresh process, as the engine's start loads them (the refiner checked "
+                 "against the base, its VAE dropped):", "",
+                 "| base load | refiner load | params kept: base + refiner | peak RSS growth | peak / kept |",
+                 "|---|---|---|---|---|",
+                 (lambda q: f"| {q['base_load_s']:.1f} s | {q['refiner_load_s']:.1f} s | {q['params_kept_gb']['base']:.2f}"
+                            f" + {q['params_kept_gb']['refiner']:.2f} = **{gb(q['params_kept_total_gb'] * 1e9)} "
+                            f"({gib(q['params_kept_total_gb'] * 1e9)})** | {q['peak_growth_gb']:.2f} GB | "
+                            f"{q['peak_over_kept']:.2f}x |")(r["base_and_refiner_load"])]),
+             "", f"XLA's buffer plan (`compile().memory_analysis()`) of the engine's program at {r['size']}², CFG, "
+             f"{r['steps']} steps, abstract bfloat16 parameters, compiled by the CPU backend (an approximation of an "
+             "accelerator's plan), per device:", "",
+             "| program | images per device | arguments (params read + inputs) | output | temporaries | "
+             "arguments + output + temporaries | one CFG UNet call alone: temporaries | lowered / compiled in |",
+             "|---|---|---|---|---|---|---|---|"]
+    for key, v in r["plans"].items():
+        name = "base + refiner" if v["shape"]["refiner"] else "base"
+        images = v["shape"]["batch"] // v["devices"]
+        if "plan" not in v:
+            lines.append(f"| {name} | {images} | compile did not finish in {v['timeout_s']:.0f} s "
+                         f"({v.get('compile_error', 'stopped')[:200]}); lowered in {v['lower_s']:.0f} s, "
+                         f"{v['stablehlo_chars'] / 1e6:.1f} M characters of StableHLO | | | | | |")
+            continue
+        p = v["plan"]
+        total = p["argument_size_in_bytes"] + p["output_size_in_bytes"] + p["temp_size_in_bytes"]
+        unet = v["unet_call"]["plan"]["temp_size_in_bytes"]
+        lines.append(f"| {name} | {images} | {gb(p['argument_size_in_bytes'])} | {p['output_size_in_bytes'] / 1e6:.1f} MB"
+                     f" | {gb(p['temp_size_in_bytes'])} | **{gb(total)} ({gib(total)})** | {gb(unet)} | "
+                     f"{v['lower_s']:.0f} s / {v['compile_s']:.0f} s |")
+    return "\n".join(lines)
 
 
 def relative_error(ours, reference: np.ndarray) -> float:
@@ -298,14 +478,43 @@ def main(args=None) -> None:
     """``bench --full-size`` calls this with its args (cost); ``python -m ...fullsize parity DIR`` runs parity."""
     if args is None:
         parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-        parser.add_argument("command", choices=("cost", "parity", "load"))
-        parser.add_argument("folder", nargs="?", help="parity, load: the folder make_fixtures fullsize wrote")
+        parser.add_argument("command", choices=("cost", "parity", "load", "refiner", "plan", "pair"))
+        parser.add_argument("folder", nargs="?", help="parity, load: the folder make_fixtures fullsize wrote; "
+                            "refiner, plan: the one tools.fullsize_refiner_fixture wrote")
+        parser.add_argument("--program", default="refiner", choices=("base", "refiner"), help="plan: which program")
+        parser.add_argument("--size", type=int, default=1024, help="refiner, plan: image side in pixels")
+        parser.add_argument("--steps", type=int, default=20, help="refiner, plan: the program's max_steps")
+        parser.add_argument("--images", type=int, default=1, help="plan: images per device (CFG: 2 UNet rows each)")
+        parser.add_argument("--timeout", type=float, default=900, help="refiner: seconds a program may compile")
+        parser.add_argument("--base", help="refiner, pair: a full-size base folder, loaded with the refiner in one "
+                            "process (tools.fullsize_refiner_fixture --base)")
         parser.add_argument("--dtype", default="bfloat16", help="load: the parameters' dtype")
         parser.add_argument("--md", default=str(ROOT / "BENCHMARKS.md"))
         parser.add_argument("--json", default=str(ROOT / "bench.json"))
         args = parser.parse_args()
     if getattr(args, "command", "cost") == "load":
         print(json.dumps(timed_load(Path(args.folder), args.dtype)[1]))
+        return
+    if getattr(args, "command", "cost") == "plan":
+        buffer_plan(args.program, Path(args.folder), args.size, args.steps, args.images)
+        return
+    if getattr(args, "command", "cost") == "pair":  # prints the JSON; the refiner report's entry when it exists
+        pair = pair_load(Path(args.base), Path(args.folder))
+        path = Path(args.json).with_name("bench_refiner_fullsize.json")
+        if path.exists():
+            path.write_text(json.dumps({**json.loads(path.read_text()), "base_and_refiner_load": pair}, indent=2))
+        print(json.dumps(pair))
+        return
+    if getattr(args, "command", "cost") == "refiner":
+        report = refiner_report(Path(args.folder), args.size, args.steps, args.timeout,
+                                Path(args.base) if args.base else None)
+        path = Path(args.json).with_name("bench_refiner_fullsize.json")
+        if report["base_and_refiner_load"] is None and path.exists():  # without --base: keep the last `pair` figures
+            old = json.loads(path.read_text())
+            report.update({k: v for k, v in old.items() if k.startswith("base_and_refiner_load")})
+        path.write_text(json.dumps(report, indent=2))
+        write_section(Path(args.md), "refiner-fullsize", refiner_markdown(report))
+        print(refiner_markdown(report))
         return
     if getattr(args, "command", "cost") == "parity":
         report = parity(Path(args.folder))
