@@ -109,10 +109,9 @@ def a1111_resize(image, width: int, height: int, upscaler: str):
     return image
 
 
-def main_pixels() -> None:
-    """pixels.{npz,json}: the :data:`PIXEL_CASES` (module docstring)."""
-    from PIL import Image
-
+def pipelines():
+    """(seeds, noise, hires noise, tiny-pt's txt2img pipeline, an img2img pipeline on its components, the
+    scheduler config) for both commands, with one torch thread (the same float32 sums on any machine)."""
     torch.set_num_threads(1)
     with np.load(FOLDER / "noise.npz") as data:
         seeds, noise, hires_noise = data["seeds"], data["noise"], data["hires_noise"]
@@ -120,7 +119,14 @@ def main_pixels() -> None:
     refine = StableDiffusionXLImg2ImgPipeline(**base.components, requires_aesthetics_score=False)
     for pipe in (base, refine):
         pipe.set_progress_bar_config(disable=True)
-    config = plain_config(base.scheduler.config)
+    return seeds, noise, hires_noise, base, refine, plain_config(base.scheduler.config)
+
+
+def main_pixels() -> None:
+    """pixels.{npz,json}: the :data:`PIXEL_CASES` (module docstring)."""
+    from PIL import Image
+
+    seeds, noise, hires_noise, base, refine, config = pipelines()
     arrays, meta = {}, {}
     for key, (sampler, upscaler, strength, hires_steps) in PIXEL_CASES.items():
         cls, overrides = IMG2IMG_SCHEDULERS[sampler]
@@ -160,14 +166,7 @@ def main_pixels() -> None:
 
 
 def main() -> None:
-    torch.set_num_threads(1)  # one thread: the same float32 sums whatever the machine's core count
-    with np.load(FOLDER / "noise.npz") as data:
-        seeds, noise, hires_noise = data["seeds"], data["noise"], data["hires_noise"]
-    base = StableDiffusionXLPipeline.from_pretrained(FIXTURES / "tiny-pt", dtype=torch.float32, add_watermarker=False)
-    refine = StableDiffusionXLImg2ImgPipeline(**base.components, requires_aesthetics_score=False)
-    for pipe in (base, refine):
-        pipe.set_progress_bar_config(disable=True)
-    config = plain_config(base.scheduler.config)
+    seeds, noise, hires_noise, base, refine, config = pipelines()
     arrays, meta = resize_checks(), {}
     for key, (sampler, upscaler, strength, hires_steps) in CASES.items():
         cls, overrides = IMG2IMG_SCHEDULERS[sampler]
