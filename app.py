@@ -30,11 +30,10 @@ from sdxl_engine.serving.page_assets import (CLEAR_HISTORY_JS, HISTORY_JS, HISTO
 from sdxl_engine.serving.styles import (FAST_LABEL, FAST_LORA, FAST_PRESET, NO_STYLE, STYLE_NAMES,
                                         has_fast_tag, with_fast_tag, without_fast_tag)
 
-from sdxl_engine.serving import guard
 from sdxl_engine.serving.page import (BLOG_DEFAULT, EXAMPLES, PNG_FIELDS, engine_banner, load_example,  # noqa: F401
                                       lora_names_for, page_event, png_settings, size_choices, status_line,
                                       stopped_view, lora_tag_adder)  # (tests read some of them here too)
-from sdxl_engine.serving.page_image import image_section, wire_image_section
+from sdxl_engine.serving.page_image import image_events, image_section, refiner_slider, wire_image_section
 
 
 def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract | None = None, concurrency: int = 1,
@@ -89,10 +88,11 @@ def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract 
                                                     elem_id="steps")  # precision 0: an int in the API
                     blog_default = gr.Button(f"Blog default ({BLOG_DEFAULT[0]}, {BLOG_DEFAULT[1]} steps)", size="sm",
                                              elem_id="blog-default")
+                    refiner_switch = refiner_slider(config)  # shown only when a refiner is loaded
                     with gr.Row(visible=False):  # set from the resolution list; still the API's width/height
                         width = gr.Number(value=0, precision=0, label="Width (px, 0 = model default)")
                         height = gr.Number(value=0, precision=0, label="Height (px, 0 = model default)")
-                image = image_section(config, engine)  # Image to image (serving/page_image.py)
+                image = image_section(config, engine, refiner_switch)  # Image to image (serving/page_image.py)
             with gr.Column(scale=3, elem_id="output-col"):  # what came out (first on a phone: PAGE_CSS)
                 gallery = gr.Gallery(label="Images", columns=2, format="png", object_fit="contain",
                                      buttons=["download", "fullscreen"], interactive=False, elem_id="gallery")
@@ -144,24 +144,11 @@ def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract 
         gr.on(starts, None, status, [status, heard], js=NEW_REQUEST_JS, queue=False, api_visibility="private")
         # preprocess=False: values reach the engine as sent, so its checks and messages (with the
         # argument's name) apply to page and API alike, instead of Gradio's unnamed bound checks.
-        event = gr.on([run.click, prompt.submit], generate_images,
-                      [prompt, negative_prompt, seed, guidance_scale, num_inference_steps, width, height, style, sampler],
-                      [gallery, info], api_name="generate", concurrency_id="engine",
-                      concurrency_limit=concurrency, preprocess=False)
-        # The image event: the same nine, then the editor's value (as sent: guard.Routes let only uploads and the
-        # app's PNGs through) and the image settings. Private: the page's own (the API stays /generate).
-        image_event = image.run.click(
-            generate_from_image, [prompt, negative_prompt, seed, guidance_scale, num_inference_steps, width, height,
-                                  style, sampler, *image.inputs],
-            [gallery, info], api_name=guard.IMAGE_EVENT, api_visibility="private", concurrency_id="engine",
-            concurrency_limit=concurrency, preprocess=False)
-        # Upscale (hires fix): the selected gallery image of the last result, the image section's hires settings.
-        upscale_event = send_upscale.click(
-            upscale_image, [prompt, negative_prompt, seed, guidance_scale, num_inference_steps, width, height, style,
-                            sampler, last_result, selected_index, *image.hires_inputs],
-            [gallery, info], api_name="upscale", api_visibility="private", concurrency_id="engine",
-            concurrency_limit=concurrency, preprocess=False)
-        events = (event, image_event, upscale_event)
+        settings = [prompt, negative_prompt, seed, guidance_scale, num_inference_steps, width, height, style, sampler]
+        event = gr.on([run.click, prompt.submit], generate_images, [*settings, refiner_switch], [gallery, info],
+                      api_name="generate", concurrency_id="engine", concurrency_limit=concurrency, preprocess=False)
+        events = (event, *image_events(image, settings, generate_from_image, upscale_image, send_upscale,
+                                       last_result, selected_index, gallery, info, concurrency))
         for done in events:
             done.success(page_event(status_line), info, status, api_visibility="private")
         # The MCP image tool (an API endpoint without widgets): the picture as base64 text (apis/mcp_image.py).

@@ -61,6 +61,7 @@ Args:
     height: image height in pixels, one of the model's sizes; 0 = the model's default
     style: a style preset, one of {styles}
     sampler: one of {samplers}
+    refiner_switch_at: with a refiner loaded (the server's --refiner), the share of the steps on the base model before the refiner takes over, 0.05 to below 1; 1 = no refiner
 Returns:
     the images (PNG, with their generation parameters) and a JSON record: seeds, size, steps, sampler, timings
 """
@@ -93,7 +94,8 @@ def api_function(handle: Callable, config: EngineConfig, pending: history.Pendin
     def generate(prompt: str, negative_prompt: str | None = None, seed: int = -1,
                  guidance_scale: float = config.guidance_scale,
                  num_inference_steps: int = config.num_inference_steps, width: int = 0, height: int = 0,
-                 style: str = NO_STYLE, sampler: str = config.sampler, request: gr.Request = None,
+                 style: str = NO_STYLE, sampler: str = config.sampler,
+                 refiner_switch_at: float | None = 0.8 if config.refiner else 1.0, request: gr.Request = None,
                  progress=gr.Progress()):
         # Named parameters: gradio_client callers use these keywords (the /generate contract);
         # only optional inputs are ever added, at the end. ``request`` and ``progress`` are Gradio's.
@@ -101,10 +103,21 @@ def api_function(handle: Callable, config: EngineConfig, pending: history.Pendin
         # gradio_client's job.cancel()), noted by the server under this session and event, stops the
         # engine (stream_previews).
         values = (prompt, negative_prompt, seed, guidance_scale, num_inference_steps, width, height, style, sampler)
-        yield from _run_event(handle, values, request, progress, pending, finished, protocol_inputs(request))
+        extra, switch = protocol_inputs(request), refiner_switch(refiner_switch_at)
+        if switch is not None:  # a protocol call sends None here: its refiner comes in its own fields
+            extra = dataclasses.replace(extra, fields={**extra.fields, "refiner_switch_at": switch})
+        yield from _run_event(handle, values, request, progress, pending, finished, extra)
 
     generate.__doc__ = TOOL_DOC.format(styles=", ".join(STYLE_NAMES), samplers=", ".join(SAMPLERS))
     return generate
+
+
+def refiner_switch(value):
+    """The engine's ``refiner_switch_at`` for the page's refiner slider value (page_image.refiner_slider): None
+    (no refiner) for None or 1, the slider's "no refiner" (also what a page without a refiner sends: the slider
+    is hidden there at 1); any other value as sent, for the engine to check (validation.as_switch: a number in
+    [0, 1), and only with a refiner loaded)."""
+    return None if value is None or (type(value) in (int, float) and value == 1) else _whole(value)
 
 
 def _run_event(handle: Callable, values: tuple, request, progress, pending: history.Pending,
@@ -141,8 +154,8 @@ def image_function(handle: Callable, config: EngineConfig, pending: history.Pend
     """The function of the page's "Generate from image" event (api_name ``img2img``, private: the page's own).
 
     Its inputs: the nine of /generate, then the image editor's value (image_input: the event does not preprocess),
-    the mode (image_input.MODES), strength, the outpaint sides and pixels, and the refiner switch (ignored unless
-    ``config.refiner`` is set: the page hides that slider then). It reads the editor's picture and mask (image_input.read_editor: only uploads and the app's own
+    the mode (image_input.MODES), strength, the outpaint sides and pixels, and the refiner switch
+    (:func:`refiner_switch`: 1 = none). It reads the editor's picture and mask (image_input.read_editor: only uploads and the app's own
     PNGs of ``demo``), builds the engine fields (image_input.request_fields) and runs as /generate does
     (:func:`_run_event`: previews, Stop, history record with the settings, not the picture). Every upload it was
     given is deleted when it ends, whatever the outcome (:func:`discard_uploads`). A picture the page cannot
@@ -165,7 +178,7 @@ def image_function(handle: Callable, config: EngineConfig, pending: history.Pend
             try:
                 picture = image_input.read_editor(image, lambda path: readable(demo, path))
                 asked = image_input.request_fields(picture, mode, strength, _whole(width), _whole(height), sides,
-                                                   _whole(pixels), refiner_switch_at if config.refiner else None)
+                                                   _whole(pixels), refiner_switch(refiner_switch_at))
             except ApiError as err:
                 raise refuse(ValueError(err.message)) from err
             yield from _run_event(handle, values, request, progress, pending, finished,

@@ -1,7 +1,7 @@
 """The page's "Image to image" section: its widgets (:func:`image_section`, with the hires fix settings of the
 gallery's Upscale) and the events that stay inside it (:func:`wire_image_section`: the mode's strength and
-outpaint row, the gallery's Send to image / Inpaint / Upscale buttons). The Generate-from-image and Upscale events
-themselves are app.py's, beside /generate's, since all share the page's other events."""
+outpaint row, the gallery's Send to image / Inpaint / Upscale buttons), and the Generate-from-image and Upscale
+events (:func:`image_events`), which app.py wires beside /generate's to the page's other events."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from sdxl_engine.config import EngineConfig
 from sdxl_engine.engine.contract import EngineContract
 from sdxl_engine.engine.image_upscale import IMAGE_UPSCALERS
 from sdxl_engine.engine.validation import DEFAULT_IMAGE_UPSCALER
-from sdxl_engine.serving import image_input
+from sdxl_engine.serving import guard, image_input
 from sdxl_engine.serving.page import outpaint_default, page_event
 
 
@@ -45,10 +45,22 @@ class ImageSection:
         return [self.hires_scale, self.hires_upscaler, self.hires_strength]
 
 
-def image_section(config: EngineConfig, engine: EngineContract | None) -> ImageSection:
+REFINER_OFF = 1.0  # the refiner slider's value for "base model only" (handler.refiner_switch)
+
+
+def refiner_slider(config: EngineConfig) -> gr.Slider:
+    """The refiner switch (``refiner_switch_at``: the share of the steps on the base model; 1 = no refiner), an
+    input of /generate and of the image event; shown, at 0.8 (diffusers' and A1111's usual switch), only when a
+    refiner is loaded (``config.refiner``), else hidden at 1 (off)."""
+    return gr.Slider(0.05, REFINER_OFF, value=0.8 if config.refiner else REFINER_OFF, step=0.05,
+                     visible=bool(config.refiner), label="Refiner switch (share of the steps on the base model; "
+                     "1 = no refiner)", elem_id="refiner-switch")
+
+
+def image_section(config: EngineConfig, engine: EngineContract | None, refiner_switch: gr.Slider) -> ImageSection:
     """Image to image, inpainting, outpainting, in a closed accordion (text to image looks as it did), placed where
     it is called inside the page's Blocks. Its own button and event (handler.image_function); the prompt and settings
-    above it apply too."""
+    above it apply too, the refiner switch (:func:`refiner_slider`, under the advanced settings) among them."""
     with gr.Accordion("Image to image", open=False, elem_id="img2img-box") as box:
         gr.Markdown("Upload a picture (PNG, JPEG or WebP, at most 2048 px a side); for **Inpaint**, paint "
                     "over what to repaint. The picture is resized to the **Resolution** above (Lanczos, "
@@ -65,9 +77,6 @@ def image_section(config: EngineConfig, engine: EngineContract | None) -> ImageS
             outpaint_pixels = gr.Slider(8, 1024, value=outpaint_default(engine), step=8, precision=0,
                                         label="Pixels per side (the canvas stays the Resolution)",
                                         elem_id="outpaint-pixels")
-        refiner_switch = gr.Slider(0.05, 0.95, value=0.8, step=0.05, visible=bool(config.refiner),
-                                   label="Refiner switch (share of the steps on the base model)",
-                                   elem_id="refiner-switch")
         run = gr.Button("Generate from image", variant="primary", elem_id="generate-image")
         gr.Markdown("**Upscale (hires fix)** under the gallery: the selected image, upscaled and denoised again at "
                     "the larger size with its seed and the prompt above.", elem_id="upscale-note")
@@ -114,3 +123,21 @@ def wire_image_section(section: ImageSection, gallery: gr.Gallery, last_result: 
                                                        gr.Row(visible=mode == image_input.OUTPAINT))),
                               section.image_mode, [section.strength, section.outpaint_row], api_visibility="private",
                               queue=False, show_progress="hidden", preprocess=False)  # a mode the page never sends
+
+
+def image_events(section: ImageSection, settings: list, generate_from_image, upscale_image, send_upscale: gr.Button,
+                 last_result: gr.State, selected_index: gr.State, gallery: gr.Gallery, info: gr.JSON,
+                 concurrency: int) -> tuple:
+    """The page's two image events, private (the API stays /generate), in the engine's queue as /generate:
+    Generate from image (handler.image_function: ``settings``, /generate's nine, then the editor's value as sent,
+    since guard.Routes let only uploads and the app's PNGs through, and the section's settings) and the gallery's
+    Upscale (handler.upscale_function: the nine, the last result and the selected index, the hires settings).
+    Returns (image event, upscale event)."""
+    image_event = section.run.click(
+        generate_from_image, [*settings, *section.inputs], [gallery, info], api_name=guard.IMAGE_EVENT,
+        api_visibility="private", concurrency_id="engine", concurrency_limit=concurrency, preprocess=False)
+    upscale_event = send_upscale.click(
+        upscale_image, [*settings, last_result, selected_index, *section.hires_inputs], [gallery, info],
+        api_name="upscale", api_visibility="private", concurrency_id="engine", concurrency_limit=concurrency,
+        preprocess=False)
+    return image_event, upscale_event

@@ -259,11 +259,20 @@ def test_a_one_pixel_image_is_resized_and_an_rgba_mask_repaints_where_opaque(web
     assert np.abs(got[32:] - original[32:]).mean() > 10
 
 
-def test_a1111_runs_the_loaded_refiner_by_name_and_refuses_another():
-    """`--refiner`: /sd-models lists it after the model; txt2img with refiner_checkpoint naming it (an A1111 title
-    with a hash too) runs it at refiner_switch_at: the same images per seed, not the base's alone, and the infotext
-    says Refiner and Refiner switch at; another name is a 400 naming the loaded refiner."""
+def test_base_and_refiner_from_every_protocols_client():
+    """`--refiner`: /sd-models lists it after the model; A1111's txt2img with refiner_checkpoint naming it (an A1111
+    title with a hash too) runs it at refiner_switch_at: the same images per seed, not the base's alone, and the
+    infotext says Refiner and Refiner switch at; another name is a 400 naming the loaded refiner. gradio_client's
+    /generate and the MCP generate tool with refiner_switch_at give A1111's refined images, their default (the
+    page's slider, shown) is 0.8, and 1 is the base alone; OpenAI's quality "hd" refines at 0.8 (the PNG says so),
+    "standard" does not."""
+    import asyncio
+
+    import httpx
+    import openai
     import webuiapi
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
 
     from tests.helpers import FIXTURES
 
@@ -273,7 +282,7 @@ def test_a1111_runs_the_loaded_refiner_by_name_and_refuses_another():
         api = webuiapi.WebUIApi(host="127.0.0.1", port=app.port)
         assert [m["model_name"] for m in api.session.get(f"{api.baseurl}/sd-models").json()] == [
             "tiny-pt", "tiny-pt-refiner"]
-        fields = dict(prompt=PROMPT, seed=4, steps=4, cfg_scale=5.0, sampler_name="Euler")
+        fields = dict(prompt=PROMPT, seed=4, steps=4, cfg_scale=5.0, sampler_name="Euler", **SIZE)
 
         def txt2img(**more):  # webuiapi's txt2img has no refiner arguments: A1111's JSON as its clients send it
             answer = api.session.post(f"{api.baseurl}/txt2img", json={**fields, **more}).json()
@@ -290,5 +299,35 @@ def test_a1111_runs_the_loaded_refiner_by_name_and_refuses_another():
         assert other.status_code == 400 and other.json()["detail"] == (
             "refiner_checkpoint: this server's refiner is 'tiny-pt-refiner', loaded at start-up; cannot switch to "
             "'sd_xl_refiner_1.0'")
+
+        client = app.client()
+        page = dict(prompt=PROMPT, seed=4, num_inference_steps=4, guidance_scale=5.0, sampler="Euler", **SIZE)
+        parameters = {p["parameter_name"]: p for p in client.view_api(return_format="dict", print_info=False)[
+            "named_endpoints"]["/generate"]["parameters"]}
+        assert parameters["refiner_switch_at"]["parameter_default"] == 0.8
+        gallery, page_info = client.predict(api_name="/generate", refiner_switch_at=0.5, **page)
+        assert np.array_equal(pixels(Image.open(gallery[0]["image"])), refined)
+        assert (page_info["refiner"], page_info["refiner_switch_at"]) == ("tiny-pt-refiner", 0.5)
+        gallery, page_info = client.predict(api_name="/generate", refiner_switch_at=1, **page)
+        assert np.array_equal(pixels(Image.open(gallery[0]["image"])), base) and "refiner" not in page_info
+
+        async def mcp_call():
+            async with httpx.AsyncClient(timeout=300) as http, \
+                    streamable_http_client(app.url + "gradio_api/mcp/", http_client=http) as (read, write, _), \
+                    ClientSession(read, write) as session:
+                await session.initialize()
+                return await session.call_tool("generate", {**page, "refiner_switch_at": 0.5})
+
+        result = asyncio.run(mcp_call())
+        assert not result.isError, result.content
+        first = next(c for c in result.content if c.type == "image")
+        assert np.array_equal(pixels(Image.open(io.BytesIO(base64.b64decode(first.data)))), refined)
+
+        sdk = openai.OpenAI(base_url=app.url + "v1", api_key="unused", max_retries=0)
+        for quality, says in (("hd", "Refiner: tiny-pt-refiner, Refiner switch at: 0.8"), ("standard", None)):
+            made = sdk.images.generate(model="dall-e-3", prompt=PROMPT, size="64x64", quality=quality,
+                                       response_format="b64_json")
+            text = Image.open(io.BytesIO(base64.b64decode(made.data[0].b64_json))).text["parameters"]
+            assert (says in text) if says else ("Refiner" not in text), text
     finally:
         app.stop()

@@ -510,6 +510,46 @@ def test_mcp_image_tool_repaints_as_a1111s_img2img_and_only_it_may_send_a_large_
     assert over.status_code == 413 and over.text == "request body too large (limit 1 MB)"
 
 
+def test_mcp_image_tool_upscales_a_picture_as_the_engines_hires_fix(app, tiny_shapes_engine):
+    """The mcp SDK: image_to_image with upscale 1.5 gives 96 x 96 images equal to the engine's hires fix of the
+    same picture (hires_scale 1.5, Lanczos, hires_strength = the tool's strength); its PNG parameters say Hires
+    upscale; a mask beside it is a tool error naming upscale; no refiner loaded: refiner_switch_at is the
+    engine's refusal naming it."""
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    from sdxl_engine.engine.validation import GenerateRequest
+
+    init = Image.new("RGB", (64, 64), (30, 60, 200))
+    init.paste((230, 210, 40), (16, 16, 32, 32))
+    image_b64 = base64.b64encode(_png_bytes(init)).decode()
+    mask_b64 = base64.b64encode(_png_bytes(Image.new("L", (64, 64), 255))).decode()
+    common = {"prompt": PROMPT, "seed": 3, "num_inference_steps": 4, "guidance_scale": 5.0, "sampler": "Euler",
+              "image": image_b64, **SIZE}
+
+    async def session_calls():
+        async with httpx.AsyncClient(headers={"Authorization": f"Bearer {KEY}"}, timeout=300) as http, \
+                streamable_http_client(app.url + "gradio_api/mcp/", http_client=http) as (read, write, _), \
+                ClientSession(read, write) as session:
+            await session.initialize()
+            upscaled = await session.call_tool("image_to_image", {**common, "upscale": 1.5, "strength": 0.4})
+            masked = await session.call_tool("image_to_image", {**common, "upscale": 1.5, "mask": mask_b64})
+            refined = await session.call_tool("image_to_image", {**common, "refiner_switch_at": 0.5})
+            return upscaled, masked, refined
+
+    upscaled, masked, refined = asyncio.run(session_calls())
+    assert not upscaled.isError, upscaled.content
+    pngs = [Image.open(io.BytesIO(base64.b64decode(c.data))) for c in upscaled.content if c.type == "image"]
+    expected = tiny_shapes_engine.generate(GenerateRequest(
+        prompt=PROMPT, seed=3, num_inference_steps=4, guidance_scale=5.0, sampler="Euler", width=64, height=64,
+        image=np.asarray(init), hires_scale=1.5, hires_strength=0.4)).images
+    assert len(pngs) == 4 and all(png.size == (96, 96) for png in pngs)
+    assert all(np.array_equal(pixels(png), want) for png, want in zip(pngs, expected))
+    assert "Hires upscale: 1.5" in pngs[0].text["parameters"]
+    assert masked.isError and "upscale: upscales the whole picture: send no mask with it" in masked.content[0].text
+    assert refined.isError and "refiner_switch_at: no refiner is loaded" in refined.content[0].text
+
+
 def _png_bytes(image: Image.Image) -> bytes:
     buffer = io.BytesIO()
     image.save(buffer, format="PNG")

@@ -163,8 +163,8 @@ def test_several_images_edit_the_first_and_say_so_and_strength_overrides(served)
     assert answer.status_code == 200, answer.text
     assert np.array_equal(calls[0].extra.fields["image"], noise(64, 64, 1))
     assert calls[0].extra.fields["strength"] == 0.4 and calls[0].extra.finish is None
-    warnings = ('quality="high" ignored: the steps and size decide the quality here; image[]: 2 images sent, the '
-                "first one edited: this server edits one image per request")
+    warnings = ('image[]: 2 images sent, the first one edited: this server edits one image per request; '
+                'quality="high" ignored: no refiner is loaded here to refine with (the server runs one with --refiner)')
     assert answer.headers["x-sdxl-warnings"] == warnings
     assert lines == [f"[app] OpenAI images: 2 field(s) not honoured: {warnings}"]
 

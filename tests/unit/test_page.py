@@ -18,13 +18,37 @@ def test_page_builder_with_fake_engine():
     names = [p["parameter_name"] for p in api["parameters"]]
     # The first seven are the /generate contract; later inputs are optional additions.
     assert names[:7] == ["prompt", "negative_prompt", "seed", "guidance_scale", "num_inference_steps", "width", "height"]
-    assert names[7:] == ["style", "sampler"] and api["parameters"][7]["parameter_has_default"]
-    assert [p["parameter_has_default"] for p in api["parameters"]] == [False] + [True] * 8
+    assert names[7:] == ["style", "sampler", "refiner_switch_at"] and api["parameters"][7]["parameter_has_default"]
+    assert [p["parameter_has_default"] for p in api["parameters"]] == [False] + [True] * 9
+    assert api["parameters"][9]["parameter_default"] == 1  # no refiner loaded: "1 = no refiner"
     assert api["parameters"][8]["python_type"]["type"] == "Literal['Euler', 'Euler a', 'DPM++ 2M', 'DPM++ 2M Karras', 'DDIM', 'LCM']"
     assert len(api["returns"]) == 2  # the gallery and the JSON info (the history record never leaves the server)
     # What view_api shows: whole numbers as int (a slider reports float unless told otherwise).
     assert [p["python_type"]["type"] for p in api["parameters"][:7]] == ["str", "str", "int", "float", "int", "int",
                                                                           "int"]
+
+
+def test_the_refiner_switch_shows_only_with_a_refiner_and_1_is_none():
+    """The refiner slider (under the advanced settings, an input of /generate and of the image event) is hidden
+    at 1 without a refiner and shown at 0.8 with one; the API's default follows; handler.refiner_switch reads 1
+    (and None) as no refiner and passes anything else on for the engine to check."""
+    import app
+    from sdxl_engine.config import EngineConfig
+    from sdxl_engine.serving.handler import refiner_switch
+    from tests.helpers import FIXTURES
+
+    def slider_and_default(config):
+        demo = app.build_demo(lambda *v, **kw: ([], {}, None), config)
+        slider = next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "refiner-switch")
+        api = demo.get_api_info()["named_endpoints"]["/generate"]
+        return slider.visible, slider.value, api["parameters"][9]["parameter_default"]
+
+    assert slider_and_default(EngineConfig.load(environ={})) == (False, 1.0, 1.0)
+    refined = EngineConfig.load({"model": str(FIXTURES / "tiny-pt"), "refiner": str(FIXTURES / "tiny-pt-refiner")},
+                                environ={})
+    assert slider_and_default(refined) == (True, 0.8, 0.8)
+    assert [refiner_switch(v) for v in (None, 1, 1.0, 0.8, 0.0, 0, "x", 1.5)] == [None, None, None, 0.8, 0, 0, "x",
+                                                                                    1.5]
 
 
 def test_page_lists_the_loras_and_a_click_adds_a_tag(tmp_path):

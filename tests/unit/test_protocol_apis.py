@@ -16,7 +16,8 @@ from sdxl_engine.serving.apis import Access, access_for, key_refusal
 from sdxl_engine.serving.apis.a1111 import (Txt2Img, a1111_error, info_record, progress_record, sampler_of,
                                             to_call as a1111_call)
 from sdxl_engine.serving.apis.core import ApiError, Call, FileTokens, check
-from sdxl_engine.serving.apis.openai_images import Answer, openai_error, parse_size, to_call as openai_call
+from sdxl_engine.serving.apis.openai_images import (Answer, openai_error, parse_size, to_call as openai_call,
+                                                 with_quality)
 from sdxl_engine.serving.progress import JOBS
 
 LIMITS = Limits(max_seed=2**32 - 1, max_steps=50, sizes=((64, 64), (80, 48)), default_size=(64, 64),
@@ -60,7 +61,7 @@ def test_txt2img_fields_map_to_the_generate_call_and_unknown_fields_are_ignored(
                                    "styles": ["Anime"], "batch_size": 2, "n_iter": 3, "enable_hr": True,
                                    "alwayson_scripts": {"ControlNet": {"args": []}}})
     call = a1111_call(body)
-    assert call.values(9) == ["a red circle", "blue", 9, 4.5, 3, 80, 48, "Anime", "DDIM"]
+    assert call.values(9) == ["a red circle", "blue", 9, 4.5, 3, 80, 48, "Anime", "DDIM", None]
     assert call.images == 6 and call.field("num_inference_steps") == "steps"
     assert call.field("width/height") == "width/height"
     assert a1111_call(Txt2Img(prompt="x", sampler_name="Euler a", sampler_index="DDIM")).sampler == "Euler a"
@@ -122,10 +123,19 @@ def test_check_refuses_with_503_when_the_engine_failed_to_start():
 def test_openai_body_maps_to_the_generate_call():
     call, answer = openai_call({"prompt": "a red circle", "n": 4, "size": "80x48", "model": "tiny-shapes",
                                 "quality": "hd", "style": "vivid", "user": "u1"}, "tiny-shapes")
-    assert (call.values(-1), call.images) == (["a red circle", "", -1, None, None, 80, 48, "(No style)", None], 4)
+    assert (call.values(-1), call.images) == (["a red circle", "", -1, None, None, 80, 48, "(No style)", None, None],
+                                              4)
     assert answer == Answer("b64_json", "png", 100, False, (
-        'quality="hd" ignored: the steps and size decide the quality here',
-        'style="vivid" ignored: no vivid/natural styles here: describe the style in the prompt'))
+        'style="vivid" ignored: no vivid/natural styles here: describe the style in the prompt',), top_quality="hd")
+    # quality hd/high: base + refiner where one is loaded, else a warning; other values warned as before
+    refined, said = with_quality(call, answer, refiner=True)
+    assert refined.extra.fields == {"refiner_switch_at": 0.8} and said == answer
+    plain, said = with_quality(call, answer, refiner=False)
+    assert plain == call and said.warnings[-1] == ('quality="hd" ignored: no refiner is loaded here to refine with '
+                                                   '(the server runs one with --refiner)')
+    low, said = openai_call({"prompt": "x", "quality": "low"}, "m")
+    assert with_quality(low, said, refiner=True) == (low, said) and said.warnings == (
+        'quality="low" ignored: the steps and size decide the quality here',)
     assert openai_call({"prompt": "x", "size": "auto", "response_format": "url"}, "m")[0].width is None
     defaults = {"prompt": "x", "quality": "auto", "background": "opaque", "partial_images": 0, "moderation": "low",
                 "output_compression": 100, "stream": False}
@@ -522,9 +532,10 @@ def test_openai_routes_encode_stream_and_warn(served):
                                                          "output_format": "jpeg", "output_compression": 50,
                                                          "quality": "high"})
     assert answer.status_code == 200 and answer.json()["output_format"] == "jpeg"
-    assert answer.headers["x-sdxl-warnings"] == 'quality="high" ignored: the steps and size decide the quality here'
-    assert lines == ['[app] OpenAI images: 1 field(s) not honoured: quality="high" ignored: the steps and size '
-                     "decide the quality here"]
+    assert answer.headers["x-sdxl-warnings"] == ('quality="high" ignored: no refiner is loaded here to refine with '
+                                                 '(the server runs one with --refiner)')
+    assert lines == ['[app] OpenAI images: 1 field(s) not honoured: quality="high" ignored: no refiner is loaded '
+                     "here to refine with (the server runs one with --refiner)"]
     image = Image.open(io.BytesIO(base64.b64decode(answer.json()["data"][1]["b64_json"])))
     comment = image.getexif().get_ifd(0x8769)[0x9286]
     assert image.format == "JPEG"

@@ -79,9 +79,10 @@ class Call:
     extra: ProtocolInputs | None = None  # image to image, hires fix, refiner (handler.ProtocolInputs)
 
     def values(self, seed) -> list:
-        """The ``/generate`` event's input values, in app.py's order, with ``seed``."""
+        """The ``/generate`` event's input values, in app.py's order, with ``seed``; its refiner switch None
+        (the protocol's refiner comes in ``extra``)."""
         return [self.prompt, self.negative_prompt, seed, self.guidance_scale, self.num_inference_steps,
-                self.width, self.height, self.style, self.sampler]
+                self.width, self.height, self.style, self.sampler, None]
 
     def field(self, name: str) -> str:
         """The protocol's name of the ``/generate`` input ``name`` (``width/height`` maps each side)."""

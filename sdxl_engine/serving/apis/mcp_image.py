@@ -2,7 +2,8 @@
 MCP server lists beside ``generate``). The image and the optional mask come as base64 text in the call, decoded in
 memory (uploads.decode_image); no URL is ever fetched and nothing the client sends becomes a file. The engine runs
 it as any request (handler.handle_generate with handler.ProtocolInputs): img2img of the whole image, or with a mask
-inpainting under the overlay that keeps the original's pixels outside it.
+inpainting under the overlay that keeps the original's pixels outside it; with the loaded refiner, or a hires fix
+(``upscale``) of the picture.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from sdxl_engine.serving import admission
 from sdxl_engine.serving.apis.a1111_images import binary_mask, flatten, overlay, same_aspect
 from sdxl_engine.serving.apis.core import ApiError
 from sdxl_engine.serving.apis.uploads import MAX_INPUT_SIDE, decode_image
-from sdxl_engine.serving.handler import ProtocolInputs
+from sdxl_engine.serving.handler import ProtocolInputs, refiner_switch
 from sdxl_engine.serving.styles import NO_STYLE
 
 API_NAME = "image_to_image"
@@ -39,20 +40,28 @@ Args:
     width: output width in pixels, one of the model's sizes; 0 = the model's default
     height: output height in pixels, one of the model's sizes; 0 = the model's default
     sampler: an A1111 sampler name, as the generate tool takes
+    refiner_switch_at: with a refiner loaded (the server's --refiner), the share of the steps on the base model before the refiner takes over, 0 to below 1 (0 = the refiner alone); 1 = no refiner
+    upscale: 1 = off; 1.25 to 2 = hires fix: the picture (at width x height) upscaled by this factor (Lanczos) and denoised again at the larger size with strength (-1 = 0.7); no mask with it
 Returns:
     the images (PNG, with their generation parameters) and a JSON record: seeds, size, strength, timings
 """
 
 
 def tool_inputs(image: str, mask: str, strength: float, width: int, height: int,
-                default_size: tuple[int, int]) -> tuple[ProtocolInputs, int, int]:
+                default_size: tuple[int, int], refiner_switch_at=None,
+                upscale=None) -> tuple[ProtocolInputs, int, int]:
     """(the engine's fields and overlay, width, height) of one tool call: the image decoded (a transparent one
     flattened on white) and resized with Lanczos to ``width`` x ``height`` (0: ``default_size``'s side); the mask
     made binary (a1111_images.binary_mask), resized with the image, cut at 128 (255 = repaint), and the overlay
     of the original outside it; ``strength`` -1 (or None) takes 0.75 without a mask, 1.0 with one.
+    ``refiner_switch_at`` (handler.refiner_switch: None or 1 = no refiner) goes on as sent. ``upscale`` other
+    than None or 1 is the hires fix of the picture: ``hires_scale`` with ``hires_strength`` = ``strength`` (-1:
+    the engine's default, validation.DEFAULT_HIRES_STRENGTH) and the engine's pixel upscaler for an input image
+    (validation.DEFAULT_IMAGE_UPSCALER); the engine checks the scale and the size it makes.
 
     Raises ApiError 400 naming the field: a side that is not a whole number of 8 to 2048 pixels, an undecodable
-    or oversized image or mask (uploads.decode_image), a mask of another aspect ratio, or with nothing to repaint.
+    or oversized image or mask (uploads.decode_image), a mask of another aspect ratio, or with nothing to repaint;
+    ``upscale`` with a mask.
     """
     size = []
     for name, value, default in (("width", width, default_size[0]), ("height", height, default_size[1])):
@@ -84,6 +93,16 @@ def tool_inputs(image: str, mask: str, strength: float, width: int, height: int,
                                 "picture is to be repainted", "mask")
         fields["mask"] = repaint
         finish = overlay(pixels, (repaint == 255).astype(np.float32))
+    switch = refiner_switch(refiner_switch_at)
+    if switch is not None:
+        fields["refiner_switch_at"] = switch
+    if upscale is not None and upscale != 1:
+        if mask:
+            raise ApiError(400, "upscale: upscales the whole picture: send no mask with it (or upscale 1)", "upscale")
+        fields["hires_scale"] = upscale
+        if strength is not None and strength != -1:
+            fields["hires_strength"] = strength
+        return ProtocolInputs(fields), w, h
     if strength is None or strength == -1:
         strength = MASK_STRENGTH if mask else DEFAULT_STRENGTH
     fields["strength"] = strength
@@ -99,13 +118,14 @@ def image_tool(handle: Callable, config, engine=None) -> Callable:
     def image_to_image(prompt: str, image: str, mask: str = "", strength: float = -1.0, negative_prompt: str = "",
                        seed: int = -1, guidance_scale: float = config.guidance_scale,
                        num_inference_steps: int = config.num_inference_steps, width: int = 0, height: int = 0,
-                       sampler: str = config.sampler, request: gr.Request = None) -> tuple[list, dict]:
+                       sampler: str = config.sampler, refiner_switch_at: float = 1.0, upscale: float = 1.0,
+                       request: gr.Request = None) -> tuple[list, dict]:
         if engine is not None:
             engine.ready.wait()
         limits = getattr(engine, "limits", None)
         default = limits.default_size if limits is not None else (1024, 1024)
         try:
-            extra, w, h = tool_inputs(image, mask, strength, width, height, default)
+            extra, w, h = tool_inputs(image, mask, strength, width, height, default, refiner_switch_at, upscale)
         except ApiError as err:
             print(f"[app] request refused: {API_NAME}: {err.message}", flush=True)
             raise gr.Error(err.message, print_exception=False) from None

@@ -11,8 +11,9 @@ for the PNG, valid while the temp folder keeps it); ``output_format`` ``png`` (d
 EXIF UserComment, as A1111 writes it); ``stream`` (Server-Sent Events: one
 ``image_generation.completed`` event per image, no partial images); ``user`` (accepted, not stored).
 OpenAI's model names (``gpt-image-*``, ``dall-e-2``, ``dall-e-3``) are served as aliases of the
-loaded model, answering as that model does by default (:func:`model_family`). Other fields that
-would change the images (``quality``, ``style``, ``background``, ``partial_images``) are not
+loaded model, answering as that model does by default (:func:`model_family`). ``quality`` ``hd`` or
+``high`` runs the base model with the loaded refiner (``--refiner``; :func:`with_quality`). Other fields
+that would change the images (another ``quality``, ``style``, ``background``, ``partial_images``) are not
 honoured: each is named in one log line and the ``X-SDXL-Warnings`` header (:func:`ignored`).
 Errors come in OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``, with its
 statuses (400 bad value, 401 key, 404 model, 429 over the per-client limit, 500/503 server).
@@ -112,6 +113,7 @@ class Answer:
     stream: bool = False
     warnings: tuple[str, ...] = ()
     event: str = "image_generation"
+    top_quality: str | None = None  # quality hd/high, if asked: base + refiner where one is loaded (with_quality)
 
 
 def model_family(model, model_id: str) -> str | None:
@@ -130,7 +132,7 @@ def ignored(body: dict) -> tuple[str, ...]:
     """The warnings for OpenAI fields in ``body`` that would change the images and are not honoured; a
     field left out or at OpenAI's default (``auto``) gives none. OpenAI's response has no place for
     them: the route logs them and sends them in the ``X-SDXL-Warnings`` header."""
-    rows = (("quality", ("auto",), "the steps and size decide the quality here"),
+    rows = (("quality", ("auto", *TOP_QUALITY), "the steps and size decide the quality here"),
             ("style", (), "no vivid/natural styles here: describe the style in the prompt"),
             ("background", ("auto", "opaque"), "images are opaque RGB here"),
             ("partial_images", (0,), "only the final image is sent here (no partial images)"),
@@ -141,6 +143,26 @@ def ignored(body: dict) -> tuple[str, ...]:
         warnings.append(f"output_compression={_short(body['output_compression'])} ignored: "
                         "PNG is lossless (it applies to jpeg and webp)")
     return tuple(warnings)
+
+
+TOP_QUALITY = ("hd", "high")  # OpenAI's best quality (DALL-E 3's hd, GPT image's high): base + refiner here
+REFINER_SWITCH = 0.8  # the refiner's share: the last 20 % of the steps (diffusers' and A1111's usual switch)
+
+
+def with_quality(call: Call, answer: Answer, refiner: bool) -> tuple[Call, Answer]:
+    """(call, answer) with OpenAI's top ``quality`` (:data:`TOP_QUALITY`, ``answer.top_quality``) served: the
+    base model and the loaded refiner as an ensemble (``refiner_switch_at`` :data:`REFINER_SWITCH`, kept beside
+    any image fields of an edit) when ``refiner`` (the engine has one, validation.Limits.refiner); without one a
+    warning (:func:`ignored`'s kind) says it was not honoured. Any other quality: unchanged."""
+    if not answer.top_quality:
+        return call, answer
+    if not refiner:
+        why = (f"quality={_short(answer.top_quality)} ignored: no refiner is loaded here to refine with (the server "
+               "runs one with --refiner)")
+        return call, dataclasses.replace(answer, warnings=(*answer.warnings, why))
+    extra = call.extra or ProtocolInputs()
+    extra = dataclasses.replace(extra, fields={**extra.fields, "refiner_switch_at": REFINER_SWITCH})
+    return dataclasses.replace(call, extra=extra), answer
 
 
 def _short(value) -> str:
@@ -207,7 +229,8 @@ def to_call(body, model_id: str) -> tuple[Call, Answer]:
                             f"for {'a stream' if stream else output + ' images'}", field)
     width, height = parse_size(body.get("size")) or (None, None)
     call = Call(prompt=body["prompt"], width=width, height=height, images=n, field_names=FIELD_NAMES)
-    return call, Answer(fmt, output, compression, bool(stream), ignored(body))
+    return call, Answer(fmt, output, compression, bool(stream), ignored(body),
+                        top_quality=body["quality"] if body.get("quality") in TOP_QUALITY else None)
 
 
 def encode(png: bytes, output_format: str, compression: int = 100) -> bytes:
@@ -361,12 +384,13 @@ def edit_call(call: Call, upload: EditUpload, limits: Limits) -> Call:
     if image.size != (width, height):
         image = image.resize((width, height), Image.Resampling.LANCZOS)
     pixels = np.asarray(image, dtype=np.uint8)  # (H, W, 3)
+    asked = call.extra.fields if call.extra is not None else {}  # with_quality's refiner
     if repaint is None:
         strength = DEFAULT_STRENGTH if upload.strength is None else upload.strength
-        extra = ProtocolInputs(fields={"image": pixels, "strength": strength})
+        extra = ProtocolInputs(fields={**asked, "image": pixels, "strength": strength})
     else:
         strength = MASK_STRENGTH if upload.strength is None else upload.strength
-        extra = ProtocolInputs(fields={"image": pixels, "mask": repaint, "strength": strength},
+        extra = ProtocolInputs(fields={**asked, "image": pixels, "mask": repaint, "strength": strength},
                                finish=overlay(pixels, (repaint == 255).astype(np.float32)))
     return dataclasses.replace(call, width=width, height=height, extra=extra)
 
@@ -426,6 +450,8 @@ def router(demo, engine, tokens: FileTokens) -> APIRouter:
     async def generations(request: Request):
         try:
             call, answer = to_call(read_json(await request.body()), model_id())
+            await wait_started(engine)
+            call, answer = with_quality(call, answer, engine.limits is not None and engine.limits.refiner)
             made = await _generate(demo, engine, request, call, answer)
         except ApiError as err:
             return openai_error(err)
@@ -444,6 +470,7 @@ def router(demo, engine, tokens: FileTokens) -> APIRouter:
             await wait_started(engine)
             if engine.error is not None:
                 raise ApiError(503, f"the engine failed to start: {engine.error}")
+            call, answer = with_quality(call, answer, engine.limits.refiner)
             async with decoding:
                 call = await asyncio.to_thread(edit_call, call, upload, engine.limits)
             del upload  # the call holds the decoded image now; the file's bytes can go
