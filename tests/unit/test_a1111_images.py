@@ -161,3 +161,32 @@ def test_mask_round_off_sends_the_blurred_mask_soft():
         assert ((grey > 0) & (grey < 255)).any() and grey[32, 32] == 255 and grey[0, 0] == 0
     call, _ = img2img_call(Img2Img(**{**body, "mask": None}), engine)
     assert "soft_mask" not in call.extra.fields
+
+
+def test_denoising_strength_0_runs_one_step_and_says_0_as_a1111():
+    """img2img at denoising_strength 0: A1111's rule runs one step (t_enc 0: the last step), so the engine gets
+    start_step = steps - 1 and no strength; the PNG parameters and the info say Denoising strength 0, not null."""
+    import base64
+    import io
+    import types
+
+    from PIL import Image
+
+    from sdxl_engine.serving.apis.a1111 import Img2Img, Txt2Img, img2img_call, info_record
+
+    out = io.BytesIO()
+    Image.new("RGB", (64, 64), (200, 30, 30)).save(out, "PNG")
+    engine = types.SimpleNamespace(limits=types.SimpleNamespace(default_size=(64, 64), default_steps=4),
+                                   config=types.SimpleNamespace(refiner=""))
+    body = Img2Img(prompt="x", init_images=[base64.b64encode(out.getvalue()).decode()], denoising_strength=0,
+                   steps=4, width=64, height=64)
+    call, _ = img2img_call(body, engine)
+    assert call.extra.fields["strength"] is None and call.extra.fields["start_step"] == 3
+    assert call.extra.params["Denoising strength"] == 0
+    info = {"sampler": "Euler", "prompt": "x", "negative_prompt": "", "width": 64, "height": 64, "guidance_scale": 5,
+            "num_inference_steps": 4, "model": "m", "latency_s": 1.0, "warnings": [], "strength": None}
+    assert info_record(body, info, [1], [""])["denoising_strength"] == 0
+    assert info_record(Img2Img(**{**body.model_dump(), "denoising_strength": 0.4}), {**info, "strength": 0.4}, [1],
+                       [""])["denoising_strength"] == 0.4
+    assert info_record(Txt2Img(prompt="x"), {k: v for k, v in info.items() if k != "strength"}, [1],
+                       [""])["denoising_strength"] is None

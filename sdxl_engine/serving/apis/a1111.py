@@ -417,7 +417,10 @@ def img2img_call(body: Img2Img, engine) -> tuple[Call, list[str]]:
               "start_step": img2img_start_step(strength, steps) if isinstance(steps, int) else None,
               **({"mask": prepared.mask, "soft_mask": not body.mask_round} if prepared.mask is not None else {}),
               **refiner_fields(body, engine)}
-    extra = ProtocolInputs(fields, prepared.finish, prepared.params)
+    # Strength 0 runs A1111's one step from start_step alone (the engine takes no strength 0): its infotext still
+    # says Denoising strength: 0, as A1111's does.
+    params = prepared.params if strength > 0 else {"Denoising strength": 0, **prepared.params}
+    extra = ProtocolInputs(fields, prepared.finish, params)
     return to_call(body, width, height, extra), warnings
 
 
@@ -511,12 +514,22 @@ def info_record(body: Txt2Img, info: dict, seeds: list[int], infotexts: list[str
         "restore_faces": False, "face_restoration_model": None, "sd_model_name": info["model"],
         "sd_model_hash": None, "sd_vae_name": None, "sd_vae_hash": None, "seed_resize_from_w": -1,
         "seed_resize_from_h": -1,
-        "denoising_strength": info.get("strength", (info.get("hires") or {}).get("strength")),
+        "denoising_strength": denoising_strength(body, info),
         "extra_generation_params": {} if info.get("style", NO_STYLE) == NO_STYLE else {"Style": info["style"]},
         "index_of_first_image": 0, "infotexts": infotexts, "styles": body.styles or [],
         "job_timestamp": time.strftime("%Y%m%d%H%M%S"), "clip_skip": 1, "is_using_inpainting_conditioning": False,
         "latency_s": info["latency_s"], "warnings": info["warnings"], "saved": info.get("saved", []),
     }
+
+
+def denoising_strength(body: Txt2Img, info: dict) -> float | None:
+    """A1111's ``denoising_strength`` in ``info``: img2img's (the engine's strength; the body's for 0, which
+    runs by start step alone), the hires pass's, else None (a plain txt2img)."""
+    if info.get("strength") is not None:
+        return info["strength"]
+    if getattr(body, "init_images", None):
+        return 0.75 if body.denoising_strength is None else body.denoising_strength
+    return (info.get("hires") or {}).get("strength")
 
 
 def owner_of(request) -> Owner:
