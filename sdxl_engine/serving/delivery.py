@@ -23,13 +23,15 @@ class Delivery:
     ``paths``: the PNGs (A1111 ``parameters`` chunk, lossless) in a new folder, image i from
     ``info["seeds"][i]``. ``info``: the API's JSON record (README, "API"). ``save_error``: why the
     copies to ``outputs_dir`` were not written (the images are still served; ``info["warnings"]``
-    says so too), else None.
+    says so too), else None. ``pngs``: the files' bytes, in the same order (a protocol's answer takes
+    them from memory: progress.Jobs.deliver).
     """
 
     paths: list[str]
     info: dict
     save_error: OSError | None = None
     save_warning: str = ""  # the warning in info["warnings"] when save_error is set
+    pngs: list[bytes] = dataclasses.field(default_factory=list)
 
 
 # A request scope key, as admission.CONTINUES: how many of this /generate call's images its client receives,
@@ -147,7 +149,7 @@ def deliver(result, prompt: str, style: str, files_dir: Path, outputs_dir: str =
             info["warnings"].append(note)
         if saved:
             info["saved"] = saved
-    return Delivery(paths, info, save_error, note)
+    return Delivery(paths, info, save_error, note, pngs)
 
 
 def _save_warning(err: OSError, saved: int, total: int) -> str:

@@ -522,12 +522,16 @@ def handle_generate(engine: EngineContract, prompt, negative_prompt, seed, guida
     if extra.finish is not None:
         result = dataclasses.replace(result, images=extra.finish(result.images))
     report(0.95, desc="Encoding PNGs")
-    return _deliver(engine, result, prompt, negative_prompt, style, files_dir, keep, extra.params)
+    gallery, info, record, pngs = _deliver(engine, result, prompt, negative_prompt, style, files_dir, keep,
+                                           extra.params)
+    if not own:  # a protocol's job (or the page's): its caller may take the bytes from memory
+        JOBS.deliver(job, pngs)
+    return gallery, info, record
 
 
-def _deliver(engine: EngineContract, result, prompt: str, negative_prompt: str, style: str,
-             files_dir: str | None, keep: int | None = None, params: dict | None = None) -> tuple[list, dict, dict]:
-    """(gallery items, info, history record) for a result; its PNGs written (delivery.deliver)."""
+def _deliver(engine: EngineContract, result, prompt: str, negative_prompt: str, style: str, files_dir: str | None,
+             keep: int | None = None, params: dict | None = None) -> tuple[list, dict, dict, list[bytes]]:
+    """(gallery items, info, history record, PNG bytes) for a result; its PNGs written (delivery.deliver)."""
     try:
         out = delivery.deliver(result, prompt, style, files_dir or gr.utils.get_upload_folder(),
                                engine.config.outputs_dir, keep, params)
@@ -545,4 +549,4 @@ def _deliver(engine: EngineContract, result, prompt: str, negative_prompt: str, 
         gr.Warning(warning if style == NO_STYLE else f"{warning} (the {style} style adds words around yours)")
     record = history.make_record({"prompt": prompt, "negative_prompt": negative_prompt, "style": style}, info,
                                  result.images)
-    return gallery, info, record
+    return gallery, info, record, out.pngs

@@ -70,6 +70,7 @@ class Job:
     done_s: float = 0.0  # seconds the finished calls' loops took (the eta of the calls still to come)
     preview_image: np.ndarray | None = None  # the latest array preview, PNG-encoded when read
     error: BaseException | None = None  # why the running call failed (the engine's typed error), if it did
+    pngs: list[bytes] = dataclasses.field(default_factory=list)  # the last finished call's PNGs, until taken
 
 
 class Jobs:
@@ -178,6 +179,24 @@ class Jobs:
             job = self._jobs.get(job_id)
             if job is not None:
                 job.error = error
+
+    def deliver(self, job_id: str, pngs: list[bytes]) -> None:
+        """The job's running call made ``pngs`` (PNG bytes, as delivered: image i of its seeds), kept in memory
+        for whoever runs the call across Gradio's queue (serving/apis/core.py: the answer's bytes, no read
+        back from disk) until :meth:`take_pngs`. Ignored for a closed job."""
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is not None:
+                job.pngs = list(pngs)
+
+    def take_pngs(self, job_id: str) -> list[bytes]:
+        """The PNGs :meth:`deliver` kept for the job's last call, handed over once ([] when none)."""
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is None:
+                return []
+            pngs, job.pngs = job.pngs, []
+            return pngs
 
     def error(self, job_id: str) -> BaseException | None:
         """The error :meth:`fail` recorded for the job's latest call (cleared when a call begins), or None."""

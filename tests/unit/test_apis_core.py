@@ -42,11 +42,13 @@ def scripted_queue(monkeypatch, tmp_path, script):
         if JOBS.stop_requested(job):  # as handler.handle_generate answers a stopped call
             JOBS.fail(job, Stopped("stopped after step 3 of 8"))
             return False, {"error": "the request was stopped after step 3 of 8"}
-        gallery = []
+        gallery, pngs = [], []
         for i in range(4):
             path = tmp_path / f"call{len(calls)}-{i}.png"
-            path.write_bytes(png_bytes(np.full((2, 2, 3), seed + i, np.uint8)))
+            pngs.append(png_bytes(np.full((2, 2, 3), seed + i, np.uint8)))
+            path.write_bytes(pngs[-1])
             gallery.append({"image": {"path": str(path)}, "caption": ""})
+        JOBS.deliver(job, pngs)  # as handler.handle_generate hands its PNGs to the job
         return True, {"data": [gallery, {"seeds": [seed + i for i in range(4)], "width": 64, "height": 64}]}
 
     monkeypatch.setattr(core.gradio_internals, "run_queued", run_queued)

@@ -60,7 +60,7 @@ def test_a_protocol_request_for_fewer_images_marks_the_calls_that_end_it(tmp_pat
 
     from sdxl_engine.serving import admission, gradio_internals, handler
     from sdxl_engine.serving.apis import core
-    from sdxl_engine.serving.progress import JOB_SCOPE_KEY
+    from sdxl_engine.serving.progress import JOB_SCOPE_KEY, JOBS
     from tests.unit.test_protocol_apis import StartedEngine
 
     scopes = []
@@ -70,6 +70,7 @@ def test_a_protocol_request_for_fewer_images_marks_the_calls_that_end_it(tmp_pat
         png = tmp_path / f"{len(scopes)}.png"
         png.write_bytes(b"png")
         seed = data[2]
+        JOBS.deliver(scope[JOB_SCOPE_KEY], [b"png"] * 4)  # as handler.handle_generate does
         return True, {"data": [[{"image": {"path": str(png)}}] * 4, {"seeds": [seed + i for i in range(4)]}]}
 
     monkeypatch.setattr(gradio_internals, "run_queued", run_queued)
@@ -86,7 +87,7 @@ def test_a_protocol_request_for_fewer_images_marks_the_calls_that_end_it(tmp_pat
 
     heard = []
     generate = handler.api_function(lambda *values, **kw: heard.append(kw.get("keep")) or ([], {}, {}),
-                                    SimpleNamespace(guidance_scale=5.0, num_inference_steps=8, sampler="Euler"),
+                                    SimpleNamespace(guidance_scale=5.0, num_inference_steps=8, sampler="Euler", refiner=""),
                                     SimpleNamespace(put=lambda *a: None))
     for scope in ({}, {KEEP: 1}):
         marked = gr.Request(request=Request({"type": "http", "headers": [], **scope}))

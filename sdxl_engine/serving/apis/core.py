@@ -10,8 +10,8 @@ A protocol route (a1111.py, openai_images.py) turns its request into a :class:`C
    handler (handler.handle_generate), the same concurrency id and limit, the same per-client
    admission (admission.py: this client is its IP address) and the same drain on shutdown as
    the page and gradio_client;
-3. reads back the PNGs the handler wrote (with their A1111 ``parameters`` chunk) and its info
-   record. More images than one engine call makes run as further calls, one after another,
+3. takes the PNGs the handler made (with their A1111 ``parameters`` chunk) from memory
+   (progress.Jobs.take_pngs: no read back from disk) and its info record. More images than one engine call makes run as further calls, one after another,
    each through the queue, with the seeds following on.
 
 No answer carries a server path: the PNGs travel as bytes, and a URL (openai_images.py) names
@@ -180,8 +180,8 @@ async def generate(demo, engine: EngineContract, request, call: Call, owner: Own
         for n in range(calls):
             keep = wanted - n * batch  # of this call's images, the ones the client receives (and outputs_dir gets)
             try:
-                info, files = await _one_call(demo, request, call.values(seed), job, continues=n > 0,
-                                              keep=keep if keep < batch else None, extra=call.extra)
+                info, files, made = await _one_call(demo, request, call.values(seed), job, continues=n > 0,
+                                                    keep=keep if keep < batch else None, extra=call.extra)
             except Interrupted as err:
                 stopped = err.message
                 if JOBS.interrupted(job):  # A1111's interrupt: no further calls; what was made is answered
@@ -190,9 +190,9 @@ async def generate(demo, engine: EngineContract, request, call: Call, owner: Own
                 seed = seed if seed == -1 else (seed + batch) % (engine.limits.max_seed + 1)
                 continue
             first_info = first_info or info
-            for path, image_seed in zip(files, info["seeds"]):
+            for path, png, image_seed in zip(files, made, info["seeds"]):
                 if len(pngs) < wanted:
-                    pngs.append(Path(path).read_bytes())
+                    pngs.append(png)
                     seeds.append(image_seed)
                     paths.append(path)
             seed = (info["seeds"][0] + batch) % (engine.limits.max_seed + 1)  # the next call follows on
@@ -205,8 +205,10 @@ async def generate(demo, engine: EngineContract, request, call: Call, owner: Own
 
 
 async def _one_call(demo, request, values: list, job: str, continues: bool = False,
-                    keep: int | None = None, extra: ProtocolInputs | None = None) -> tuple[dict, list[str]]:
-    """One ``/generate`` event of ``job`` through the queue: (info record, PNG paths). ``continues``: a later
+                    keep: int | None = None, extra: ProtocolInputs | None = None
+                    ) -> tuple[dict, list[str], list[bytes]]:
+    """One ``/generate`` event of ``job`` through the queue: (info record, PNG paths, their bytes: from memory,
+    progress.Jobs.take_pngs, as the handler delivered them). ``continues``: a later
     call of one request (its images past the first batch), which the per-client limit does not refuse.
     ``keep``: how many of its images the client receives, if fewer than the batch (delivery.KEEP: only they
     are saved). ``extra``: the request's fields beyond the page's inputs, handed to the handler in memory."""
@@ -230,7 +232,10 @@ async def _one_call(demo, request, values: list, job: str, continues: bool = Fal
             raise ApiError(429, message, headers={"Retry-After": "30"})
         raise ApiError(400 if isinstance(error, InvalidRequest) else 500, message)
     gallery, info = output["data"]
-    return info, gradio_internals.gallery_paths(gallery)
+    paths, pngs = gradio_internals.gallery_paths(gallery), JOBS.take_pngs(job)
+    if len(pngs) != len(paths):  # the handler delivers every call's PNGs to its job (handler.handle_generate)
+        raise ApiError(500, "the engine's images did not reach this request; please retry")
+    return info, paths, pngs
 
 
 class FileTokens:
