@@ -24,7 +24,7 @@ from sdxl_engine.engine.validation import MAX_GUIDANCE
 from sdxl_engine.program.schedulers import SAMPLERS
 from sdxl_engine.serving import handler, history
 from sdxl_engine.serving.apis.mcp_image import API_NAME as IMAGE_TOOL, image_tool
-from sdxl_engine.serving.page_assets import (CLEAR_HISTORY_JS, HISTORY_JS, HISTORY_KEY, HISTORY_NOTE, MODEL_NOTES,
+from sdxl_engine.serving.page_assets import (HISTORY_JS, HISTORY_KEY, HISTORY_NOTE, MODEL_NOTES,
                                              PAGE_CSS, PARSE_SIZE_JS, REAL_SDXL_HINT, SCROLL_TO_GALLERY_JS,
                                              NEW_REQUEST_JS, PNG_SETTINGS_HTML, PNG_SETTINGS_JS, STOP_STEP_JS)
 from sdxl_engine.serving.styles import (FAST_LABEL, FAST_LORA, FAST_PRESET, NO_STYLE, STYLE_NAMES,
@@ -33,6 +33,7 @@ from sdxl_engine.serving.styles import (FAST_LABEL, FAST_LORA, FAST_PRESET, NO_S
 from sdxl_engine.serving.page import (BLOG_DEFAULT, EXAMPLES, PNG_FIELDS, engine_banner, load_example,  # noqa: F401
                                       lora_names_for, page_event, png_settings, size_choices, status_line,
                                       stopped_view, lora_tag_adder)  # (tests read some of them here too)
+from sdxl_engine.serving.page_history import wire_history
 from sdxl_engine.serving.page_image import image_events, image_section, refiner_slider, wire_image_section
 
 
@@ -166,19 +167,10 @@ def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract 
                          api_visibility="private", queue=False, show_progress="hidden")
             done.success(None, None, None, js=SCROLL_TO_GALLERY_JS, queue=False, api_visibility="private")
 
-        @page_event
-        def remember(past: list, request: gr.Request):
-            return history.remember(past if isinstance(past, list) else [], pending.pop(request.session_hash))
-
-        @page_event
-        def keep_result(request: gr.Request):
-            return finished.pop(request.session_hash)
-
+        wire_history(events, past, pending, finished, last_result, history_gallery, history_note, clear_history,
+                     [prompt, negative_prompt, style, seed, guidance_scale, num_inference_steps, sampler, resolution,
+                      refiner_switch])
         for done in events:
-            done.success(keep_result, None, last_result, api_visibility="private", queue=False,
-                         show_progress="hidden")
-            done.success(remember, past, past, api_visibility="private", show_progress="hidden").then(
-                None, past, [history_gallery, history_note], js=HISTORY_JS, api_visibility="private")
             done.success(lambda: (None, gr.Button("Reuse selected image's seed", interactive=False), None,
                                   *(gr.Button(interactive=False) for _ in range(3))), None,
                          [selected_seed, reuse, selected_index, send_image, send_inpaint, send_upscale],
@@ -212,19 +204,6 @@ def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract 
                             [sampler, num_inference_steps, guidance_scale, prompt], api_visibility="private",
                             queue=False)
         resolution.change(None, resolution, [width, height], js=PARSE_SIZE_JS, api_visibility="private")
-
-        @page_event
-        def restore(past: list, evt: gr.SelectData):
-            rec, seed_value = history.entry(past, evt.index)
-            return (rec["prompt"], rec["negative_prompt"], rec["style"], seed_value, rec["guidance_scale"],
-                    rec["num_inference_steps"], rec.get("sampler", "Euler"), f"{rec['width']}x{rec['height']}",
-                    f"Restored seed {seed_value} from {rec['time']} ({rec['model']}); press **Generate** to make it again.")
-
-        history_gallery.select(restore, past, [prompt, negative_prompt, style, seed, guidance_scale,
-                                               num_inference_steps, sampler, resolution, history_note],
-                               api_visibility="private", queue=False)
-        clear_history.click(None, None, past, js=CLEAR_HISTORY_JS, api_visibility="private").then(
-            None, past, [history_gallery, history_note], js=HISTORY_JS, api_visibility="private")
 
         @page_event
         def restore_png(text: str):

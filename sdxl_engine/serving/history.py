@@ -54,7 +54,7 @@ def make_record(user: dict, info: dict, images: np.ndarray) -> dict:
         "prompt": user["prompt"], "negative_prompt": user["negative_prompt"] or "", "style": user["style"],
         "seeds": info["seeds"], "guidance_scale": info["guidance_scale"], "sampler": info.get("sampler", "Euler"),
         "num_inference_steps": info["num_inference_steps"], "width": info["width"], "height": info["height"],
-        "model": info["model"], "latency_s": info["latency_s"],
+        "model": info["model"], "latency_s": info["latency_s"], "refiner_switch_at": info.get("refiner_switch_at"),
         "thumbs": [thumbnail_url(image) for image in images],
     }
 

@@ -1,0 +1,47 @@
+"""The page's browser history: each finished request's record kept in this browser (encrypted BrowserState), a
+click on a past image restoring its settings, and Clear. The records are made by the handler (history.make_record)
+and held on the server per session (history.Pending) until the request's follow-up event takes them."""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from sdxl_engine.serving import history
+from sdxl_engine.serving.page import page_event
+from sdxl_engine.serving.page_assets import CLEAR_HISTORY_JS, HISTORY_JS
+from sdxl_engine.serving.page_image import REFINER_OFF
+
+
+def wire_history(events: tuple, past: gr.BrowserState, pending: history.Pending, finished: history.Pending,
+                 last_result: gr.State, history_gallery: gr.Gallery, history_note: gr.Markdown,
+                 clear_history: gr.Button, settings: list) -> None:
+    """After each of ``events`` succeeds: its gallery and details into ``last_result`` (``finished``: the page
+    shows them again after a Stop), its record from ``pending`` first into ``past``, the history redrawn in the
+    browser (HISTORY_JS: thumbnails drawn there, no file written). A click on a past image sets ``settings``
+    (prompt, negative prompt, style, seed, guidance, steps, sampler, resolution, refiner switch) to that image's;
+    Clear empties the history. All private events."""
+
+    @page_event
+    def remember(past: list, request: gr.Request):
+        return history.remember(past if isinstance(past, list) else [], pending.pop(request.session_hash))
+
+    @page_event
+    def keep_result(request: gr.Request):
+        return finished.pop(request.session_hash)
+
+    for done in events:
+        done.success(keep_result, None, last_result, api_visibility="private", queue=False, show_progress="hidden")
+        done.success(remember, past, past, api_visibility="private", show_progress="hidden").then(
+            None, past, [history_gallery, history_note], js=HISTORY_JS, api_visibility="private")
+
+    @page_event
+    def restore(past: list, evt: gr.SelectData):
+        rec, seed_value = history.entry(past, evt.index)
+        return (rec["prompt"], rec["negative_prompt"], rec["style"], seed_value, rec["guidance_scale"],
+                rec["num_inference_steps"], rec.get("sampler", "Euler"), f"{rec['width']}x{rec['height']}",
+                rec.get("refiner_switch_at") or REFINER_OFF,
+                f"Restored seed {seed_value} from {rec['time']} ({rec['model']}); press **Generate** to make it again.")
+
+    history_gallery.select(restore, past, [*settings, history_note], api_visibility="private", queue=False)
+    clear_history.click(None, None, past, js=CLEAR_HISTORY_JS, api_visibility="private").then(
+        None, past, [history_gallery, history_note], js=HISTORY_JS, api_visibility="private")
