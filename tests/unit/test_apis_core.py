@@ -3,10 +3,12 @@ its finished calls made when it is interrupted, a skip drops only the running ca
 reaches every queued call. The queue is replaced by a scripted one (no app, no engine)."""
 
 import asyncio
+import io
 import threading
 
 import numpy as np
 import pytest
+from PIL import Image
 
 from sdxl_engine.engine.steps import Stopped
 from sdxl_engine.engine.validation import InvalidRequest, Limits
@@ -46,7 +48,7 @@ def scripted_queue(monkeypatch, tmp_path, script):
         for i in range(4):
             path = tmp_path / f"call{len(calls)}-{i}.png"
             pngs.append(png_bytes(np.full((2, 2, 3), seed + i, np.uint8)))
-            path.write_bytes(pngs[-1])
+            path.write_bytes(b"the served file: an answer takes the bytes from memory, not from here")
             gallery.append({"image": {"path": str(path)}, "caption": ""})
         JOBS.deliver(job, pngs)  # as handler.handle_generate hands its PNGs to the job
         return True, {"data": [gallery, {"seeds": [seed + i for i in range(4)], "width": 64, "height": 64}]}
@@ -68,6 +70,8 @@ def test_every_call_of_a_request_carries_its_one_job_and_the_job_closes(monkeypa
     made = run(Call("a red circle", seed=10, images=10))
     assert [c[0] for c in calls] == [10, 14, 18] and [c[2] for c in calls] == [False, True, True]
     assert len({c[1] for c in calls}) == 1 and made.seeds == list(range(10, 20)) and made.stopped is None
+    # each image's PNG is the one its call delivered for its seed, in order (progress.Jobs.take_pngs)
+    assert [int(np.asarray(Image.open(io.BytesIO(png)))[0, 0, 0]) for png in made.pngs] == made.seeds
     assert JOBS.snapshot(OWNER).job is None  # closed
 
 
