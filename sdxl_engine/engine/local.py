@@ -4,7 +4,8 @@ Start-up stages (each logged with its duration): configure JAX, load the model s
 devices, compile the default size ahead of time (or load it from the executable cache, see
 executables.py), run one zero-step warm-up request. Other size buckets and the no-CFG variant
 (guidance <= 1) compile on first use and stay cached (and land in the executable cache, or with
-it off in the persistent compilation cache, so a restart does not compile them again).
+it off in the persistent compilation cache, so a restart does not compile them again). Per request:
+plan (plan.Planner, made at start), get or compile the plan's program, run it.
 
 The engine runs whatever it is given: requests are serialised in one place in front of it
 (Gradio's concurrency limit in the app, one ongoing request per Ray Serve replica). A stopped request
@@ -26,7 +27,7 @@ from typing import Callable
 import jax
 import numpy as np
 
-from sdxl_engine.checkpoint import builtin, loading
+from sdxl_engine.checkpoint import loading
 from sdxl_engine.checkpoint import lora as lora_mod
 from sdxl_engine.engine import faults
 from sdxl_engine.program import sharding
@@ -34,15 +35,13 @@ from sdxl_engine import config as config_mod
 from sdxl_engine.config import EngineConfig
 from sdxl_engine.program.executables import ExecutableCache
 from sdxl_engine.program.generate import STEP_HOOK, CompiledProgram, ProgramInputs, ProgramShape, cached_program
-from sdxl_engine.program.latent_upscale import resize_matrix, sharded_upscale
-from sdxl_engine.program.schedulers import (TooManySteps, UnsupportedSchedulerConfig, hires_schedule,
-                                            make_schedule, refiner_start)
+from sdxl_engine.program.latent_upscale import sharded_upscale
 from sdxl_engine.engine.contract import ScaleOut, clock, queue_seconds
-from sdxl_engine.engine.image_upscale import IMAGE_UPSCALERS, upscale_images
-from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest, Limits, hires_size, validate
-from sdxl_engine.engine.prompts import CHUNK, PromptTokens, parse_lora_tags, tokenize_prompt
-from sdxl_engine.program.schedulers import Schedule
+from sdxl_engine.engine.image_upscale import upscale_images
+from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest, Limits, validate
+from sdxl_engine.engine.prompts import parse_lora_tags
 from sdxl_engine.engine.previews import latent_rgb_for
+from sdxl_engine.engine.plan import Plan, Planner
 from sdxl_engine.engine.steps import StepEvent, StepReceiver, Stopped
 
 
@@ -132,73 +131,6 @@ class CompilesBusy(RuntimeError):
     message says which sizes compile). Nothing ran."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Plan:
-    """One validated request in the program's terms (:meth:`Engine.plan`): the program it runs on and
-    what goes into it, all decided before anything waits, compiles or runs.
-
-    Attributes:
-        request: the validated request; shape: the ProgramShape (size, CFG mode, prompt chunks): the
-            compile key; prompt, negative: the tokenized prompts, padded to the shape's chunk count;
-        schedule: the sampler's per-step coefficients for the request's steps (img2img: all of them; the
-            program's inputs start it at the request's start_step); seeds: image i's seed; image: img2img's (batch, H, W, 3)
-            uint8 pixels, None for text to image; mask: inpainting's (batch, H, W) float32 (1 = repaint), else None.
-        steps, start_step: the schedule's length and first step when they are not the request's
-            (hires fix of an input image: its second pass's), else None.
-    """
-
-    request: GenerateRequest
-    shape: ProgramShape
-    prompt: PromptTokens
-    negative: PromptTokens
-    schedule: Schedule
-    seeds: list[int]
-    image: np.ndarray | None = None
-    mask: np.ndarray | None = None
-    refiner_start: int | None = None  # the refiner's first step (refiner_switch_at), None without the refiner
-    hires: HiresPlan | None = None  # hires fix's second pass (then ``shape`` is the first pass's)
-    steps: int | None = None
-    start_step: int | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class HiresPlan:
-    """Hires fix's second pass (README "Hires fix"): after the first pass (the plan's shape), its latents are
-    upscaled on the devices (a latent upscaler; the first pass returns latents), or its images on the host (a pixel
-    upscaler, image_upscale.py), and denoised again at the large size.
-
-    Attributes:
-        shape: the second pass's ProgramShape: the large size, ``init_latents`` (latent upscalers) or
-            ``init_image`` + ``hires_noise`` (pixel upscalers); its own compile per size.
-        schedule: the hires sampler's schedule of ``steps`` steps (whole; the program starts at ``start_step``).
-        steps, start_step: schedulers.hires_schedule's (schedule length, first step that runs).
-        prompt, negative: the second pass's prompts (the hires ones, else the first pass's), tokenized.
-        rows, cols: a latent upscaler's (H/f, h/f) and (W/f, w/f) float32 matrices (latent_upscale.resize_matrix);
-            None for a pixel upscaler.
-        upscaler: the A1111 upscaler's name.
-    """
-
-    shape: ProgramShape
-    schedule: Schedule
-    steps: int
-    start_step: int
-    prompt: PromptTokens
-    negative: PromptTokens
-    upscaler: str
-    rows: np.ndarray | None = None
-    cols: np.ndarray | None = None
-
-    @property
-    def pixels(self) -> bool:
-        """Whether the first pass's images (not latents) are upscaled, on the host."""
-        return self.rows is None
-
-    @property
-    def runs(self) -> int:
-        """Denoising steps the second pass runs."""
-        return self.steps - self.start_step
-
-
 def _pass_events(on_step: Callable[[StepEvent], None] | None, before: int, first: int, total: int):
     """``on_step`` for one pass of a hires request: the pass's step k (1-based in its schedule, whose first ``first``
     steps are skipped) reported as step ``before + k - first`` of ``total`` (both passes' steps), so progress
@@ -230,7 +162,7 @@ class Engine:
         self._log = log
         self._programs: dict[ProgramShape, CompiledProgram] = {}
         self._startup_mode: dict = {}  # the program flags every request of this model needs (start: an inpainting UNet)
-        self._schedules: dict = {}
+        self.planner: Planner | None = None  # set at start, once the model, its LoRAs and the limits are known
         self.compile_count = 0  # programs made (compiled, or loaded from the executable cache)
         self.compile_cache_dir = ""  # set at start (apply_jax_options: "" = no persistent cache)
         self.executables: ExecutableCache | None = None  # set at start: <compile_cache_dir>/executables, or None
@@ -319,6 +251,7 @@ class Engine:
         self._load_loras(lora_sources)
         self.defaults = self._model_defaults()
         self.limits = self._limits(self.defaults)
+        self.planner = Planner(self.model, self.config, self.limits, self.batch, self.refiner_loras)
         self.latent_rgb = latent_rgb_for(self.model.source, self.model.latent_channels)
 
         # 3. Compile the default size (CFG, the default guidance's mode) ahead of time.
@@ -334,7 +267,7 @@ class Engine:
         t0 = self._stage("warm-up request")
         image = dict(image=np.full((height, width, 3), 128, np.uint8), mask=np.ones((height, width), np.float32),
                      strength=1.0) if self._startup_mode else {}
-        plan = self.plan(validate(GenerateRequest("warm-up", seed=0, num_inference_steps=1, **image), self.limits))
+        plan = self.planner.plan(validate(GenerateRequest("warm-up", seed=0, num_inference_steps=1, **image), self.limits))
         self._run(plan, self._program(width, height, plan.shape.cfg, plan.shape.chunks, **self._startup_mode),
                   loop_steps=0)
         self._done("warmup_s", t0)
@@ -455,7 +388,7 @@ class Engine:
                  inpaint: bool = False) -> CompiledProgram:
         """The compiled program for a size bucket, CFG mode, prompt chunk count and image mode (:meth:`_shape`),
         compiled on first use (then cached)."""
-        shape = self._shape(width, height, cfg, chunks, init_image, inpaint)
+        shape = self.planner.shape(width, height, cfg, chunks, init_image, inpaint)
         if shape in self._programs:
             return self._programs[shape]
         with self._compile_lock:  # the background precompile may be compiling this one (or another) now
@@ -514,16 +447,9 @@ class Engine:
         finally:
             self.precompiled.set()
 
-    def _shape(self, width: int, height: int, cfg: bool = True, chunks: int = 1,
-               init_image: bool = False, inpaint: bool = False) -> ProgramShape:
-        """The ProgramShape (the compile key) of a size bucket in pixels, a CFG mode, a prompt chunk count,
-        whether an image comes in (img2img) and whether a mask does (inpainting)."""
-        return ProgramShape(self.batch, height, width, self.config.max_inference_steps, cfg=cfg, chunks=chunks,
-                            step_hook=self.config.progress, init_image=init_image, inpaint=inpaint)
-
     def is_compiled(self, width: int, height: int, cfg: bool = True, chunks: int = 1) -> bool:
         """Whether the program for this size bucket (pixels), CFG mode and prompt chunk count is compiled already."""
-        return self._shape(width, height, cfg, chunks) in self._programs
+        return self.planner.shape(width, height, cfg, chunks) in self._programs
 
     def wait_ready(self, timeout: float | None = None) -> None:
         """Block until start-up finished. Raises EngineNotReady if it failed or timed out."""
@@ -567,7 +493,7 @@ class Engine:
         self.wait_ready(ready_timeout)
         progress = progress or _no_progress
         t0 = time.perf_counter()
-        plan = self.plan(validate(request, self.limits))  # every refusal before anything waits or compiles
+        plan = self.planner.plan(validate(request, self.limits))  # every refusal before anything waits or compiles
         program = self._program_for(plan, progress, should_stop)  # a new size compiles: other requests run on
         second = None if plan.hires is None else self._program_for(plan, progress, should_stop, plan.hires.shape)
         prep_s = time.perf_counter() - t0
@@ -608,89 +534,6 @@ class Engine:
         while not self._request_lock.acquire(timeout=0.1):
             if should_stop is not None and should_stop():
                 raise Stopped("stopped before it started")
-
-    def plan(self, request: GenerateRequest) -> Plan:
-        """The :class:`Plan` of a validated ``request``: its LoRA tags' weights aside (merged at run time),
-        the prompt chunks, the CFG mode (diffusers: guidance <= 1 runs without it), the schedule and the seeds;
-        with an image, the img2img program (its own per size) and the schedule from the request's start step; with a
-        mask too, the inpainting program (its own per size).
-
-        Raises InvalidRequest: a sampler the model's scheduler config rules out, too many steps for it; an
-        image count other than 1 or the batch.
-        """
-        prompt, negative = self._tokens(request.prompt, request.negative_prompt)  # the chunks choose the program
-        self._check_refiner_tags(request)
-        schedule = self._schedule(request.sampler, request.num_inference_steps)  # refuses before compiling
-        image = None
-        if request.image is not None:  # img2img: validate set start_step (from strength, or as given)
-            image = np.asarray(request.image)
-            if image.shape[0] not in (1, self.batch):
-                raise InvalidRequest("image", f"{image.shape[0]} images; this server makes {self.batch} per request: "
-                                              f"send one for all of them, or {self.batch}")
-            image = np.broadcast_to(image, (self.batch, *image.shape[1:]))
-        mask = None if request.mask is None else np.broadcast_to(request.mask, (self.batch, *request.mask.shape[1:]))
-        shape = self._shape(request.width, request.height, request.guidance_scale > 1, prompt.chunks,
-                            init_image=image is not None, inpaint=mask is not None)
-        # Image i uses seed + i, wrapping past max_seed to 0, so every caption's seed is itself a valid request seed.
-        seeds = [(request.seed + i) % (self.limits.max_seed + 1) for i in range(self.batch)]
-        hires = None if request.hires_scale is None else self._hires(request, shape)
-        if hires is not None and image is not None:  # hires fix of the given image: its second pass alone
-            return Plan(request, hires.shape, hires.prompt, hires.negative, hires.schedule, seeds,
-                        upscale_images(image, hires.shape.width, hires.shape.height, hires.upscaler),
-                        steps=hires.steps, start_step=hires.start_step)
-        if hires is not None and not hires.pixels:  # a latent upscaler: the first pass's latents, no VAE decode
-            shape = dataclasses.replace(shape, latents_out=True)
-        if request.refiner_switch_at is not None:  # the refiner's program and its first step (README "Refiner")
-            return Plan(request, self._refiner_shape(shape), prompt, negative, schedule, seeds, image, mask,
-                        refiner_start=refiner_start(schedule.timesteps, request.refiner_switch_at,
-                                                    self.model.scheduler_config.get("num_train_timesteps", 1000)))
-        return Plan(request, shape, prompt, negative, schedule, seeds, image, mask, hires=hires)
-
-    def _check_refiner_tags(self, request: GenerateRequest) -> None:
-        """Raise InvalidRequest (``prompt``) for a refiner LoRA's tag in a request the refiner does not run in."""
-        if self.refiner_loras is None or request.refiner_switch_at is not None:
-            return
-        named = [t.name for t in parse_lora_tags(request.prompt)[1] if t.name in self.refiner_loras.loras]
-        if named:
-            raise InvalidRequest("prompt", f"<lora:{named[0]}> is a LoRA for the refiner, which this request does not "
-                                           "run: send refiner_switch_at (e.g. 0.8), or leave the tag out")
-
-    def _hires(self, request: GenerateRequest, shape: ProgramShape) -> HiresPlan:
-        """The second pass of a validated hires ``request`` whose first pass runs on ``shape`` (or, with an
-        input image, would: its size, CFG mode and chunks).
-
-        Raises InvalidRequest naming ``hires_steps`` when the sampler cannot take the schedule's step count (LCM),
-        or ``hires_sampler`` for one the model's scheduler config rules out.
-        """
-        width, height = hires_size(request.width, request.height, request.hires_scale, self.limits.multiple)
-        steps, start = hires_schedule(request.num_inference_steps, request.hires_steps, request.hires_strength)
-        try:
-            schedule = self._schedule(request.hires_sampler, steps)
-        except InvalidRequest as err:
-            field = "hires_sampler" if err.field == "sampler" else "hires_steps"
-            raise InvalidRequest(field, f"the second pass's {steps}-step schedule: {err.message}") from None
-        prompt, negative = self._tokens(
-            request.prompt if request.hires_prompt is None else request.hires_prompt,
-            request.negative_prompt if request.hires_negative_prompt is None else request.hires_negative_prompt)
-        large = dataclasses.replace(shape, width=width, height=height, chunks=prompt.chunks, init_image=False,
-                                    inpaint=False)
-        if request.hires_upscaler in IMAGE_UPSCALERS:  # pixels, upscaled on the host: an img2img pass
-            return HiresPlan(dataclasses.replace(large, init_image=True, hires_noise=True), schedule, steps, start,
-                             prompt, negative, request.hires_upscaler)
-        f = self.model.vae_scale_factor
-        rows = resize_matrix(request.height // f, height // f, request.hires_upscaler)  # (H/f, h/f)
-        cols = resize_matrix(request.width // f, width // f, request.hires_upscaler)  # (W/f, w/f)
-        return HiresPlan(dataclasses.replace(large, init_latents=True), schedule, steps, start, prompt, negative,
-                         request.hires_upscaler, rows, cols)
-
-    def _refiner_shape(self, shape: ProgramShape) -> ProgramShape:
-        """``shape`` with the refiner. Raises InvalidRequest (``width``) for a size the refiner's UNet cannot halve
-        as often as it does (its size multiple may exceed the model's: SDXL's refiner has one block more)."""
-        multiple = self.model.refiner.size_multiple
-        if shape.width % multiple or shape.height % multiple:
-            raise InvalidRequest("width", f"{shape.width}x{shape.height}: the refiner needs multiples of {multiple} "
-                                          "pixels; choose such a size, or leave refiner_switch_at out")
-        return dataclasses.replace(shape, refiner=True)
 
     def _program_for(self, plan: Plan, progress: Callable[[str], None],
                      should_stop: Callable[[], bool] | None, shape: ProgramShape | None = None) -> CompiledProgram:
@@ -774,20 +617,6 @@ class Engine:
             self._log(f"[sdxl_engine] dropped the program for {shape.width}x{shape.height} (least recently used; "
                       f"max_resident_programs {self.config.max_resident_programs})")
 
-    def _schedule(self, sampler: str, steps: int):
-        """The sampler's schedule for ``steps`` steps (cached). Raises InvalidRequest for a sampler this
-        model's scheduler config rules out (schedulers.PER_SAMPLER: DDIM on a zero-terminal-SNR model), or
-        more steps than it can take (LCM past original_inference_steps)."""
-        key = (sampler, steps)
-        if key not in self._schedules:
-            try:
-                self._schedules[key] = make_schedule(sampler, self.model.scheduler_config, steps)
-            except UnsupportedSchedulerConfig as err:
-                raise InvalidRequest("sampler", f"{sampler} cannot run {self.model.name}: {err}") from None
-            except TooManySteps as err:
-                raise InvalidRequest("num_inference_steps", str(err)) from None
-        return self._schedules[key]
-
     def _run(self, plan: Plan, program: CompiledProgram, progress: Callable[[str], None] = _no_progress,
              loop_steps: int | None = None, on_step: Callable[[StepEvent], None] | None = None,
              should_stop: Callable[[], bool] | None = None) -> GenerateResult:
@@ -837,7 +666,7 @@ class Engine:
                                   f"try another seed or a lower guidance scale ({self.model.dtype} weights)")
         timings = {"prep": t1 - t0, "device": t2 - t1, "post": t3 - t2, "latency": t3 - t0}
         return GenerateResult(images=images, seeds=plan.seeds, request=plan.request, timings=timings,
-                              warnings=self._warnings(plan.prompt, plan.negative),
+                              warnings=self.planner.warnings(plan.prompt, plan.negative),
                               device_count=self.mesh.devices.size, device_summary=self.device_summary,
                               model=self.model.name, prompt_chunks=plan.prompt.chunks, loras=loras,
                               refiner=self.model.refiner.name if plan.request.refiner_switch_at is not None
@@ -907,36 +736,6 @@ class Engine:
             raise Stopped(f"stopped after step {receiver.done} of {steps}")
         return out
 
-    def _tokens(self, prompt: str, negative: str) -> tuple[PromptTokens, PromptTokens]:
-        """A validated prompt and negative prompt as chunks (engine/prompts.py), padded to one chunk count (a
-        prompt of syntax only was refused by validate: prompts.check_prompt)."""
-        tokenizers, chunks = (self.model.tokenizer, self.model.tokenizer_2), self.config.max_prompt_chunks
-        prompt = tokenize_prompt(tokenizers, prompt, chunks, self.config.emphasis, "prompt")
-        negative = tokenize_prompt(tokenizers, negative, chunks, self.config.emphasis,
-                                   "negative_prompt", lora_tags=False)
-        if not negative.words.strip():  # no words: the empty negative prompt (zeros), whatever its syntax
-            negative = tokenize_prompt(tokenizers, "", chunks, self.config.emphasis, "negative_prompt")
-        count = max(prompt.chunks, negative.chunks)
-        return prompt.padded(count), negative.padded(count)
-
-    def _warnings(self, prompt: PromptTokens, negative: PromptTokens) -> list[str]:
-        warnings = []
-        limit = self.config.max_prompt_chunks
-        for field, tokens in (("prompt", prompt), ("negative prompt", negative)):
-            if tokens.cut:
-                warnings.append(f"{field} needs more than {limit} chunks of {CHUNK} tokens (each BREAK starts one) "
-                                f"and was cut to {limit} ({limit * CHUNK} tokens, the max_prompt_chunks setting)")
-            if tokens.clamped:
-                warnings.append(f"{field}: a weight beyond ±10 was clamped to ±10")
-        if self.model.vocabulary is not None:
-            for field, text in (("prompt", prompt.words), ("negative prompt", negative.words)):
-                unknown = builtin.unknown_words(text, self.model.vocabulary)
-                # What the model does with them: the tokenizer still spells them (as byte tokens, or a
-                # token training never used), so they move the text embedding and with it the images.
-                if unknown:
-                    warnings.append(f"{field}: {self.model.name} was not trained on these words, so they do not "
-                                    f"steer its images, but they still change them: {', '.join(unknown)}")
-        return warnings
 
 
 _engine: Engine | None = None

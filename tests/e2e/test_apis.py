@@ -550,6 +550,23 @@ def test_mcp_image_tool_upscales_a_picture_as_the_engines_hires_fix(app, tiny_sh
     assert refined.isError and "refiner_switch_at: no refiner is loaded" in refined.content[0].text
 
 
+def test_openai_sdk_runs_the_hires_fix_from_extra_body(app):
+    """The openai SDK with the engine's hires fields in extra_body: the images and the answer's size are the second
+    pass's (64 x 1.5 = 96), the PNG parameters say Hires upscale and upscaler; a bad scale is OpenAI's 400 naming
+    hires_scale."""
+    import openai
+
+    sdk = openai.OpenAI(base_url=app.url + "v1", api_key=KEY, max_retries=0)
+    made = sdk.images.generate(prompt=PROMPT, size="64x64", n=1, response_format="b64_json",
+                               extra_body={"hires_scale": 1.5, "hires_upscaler": "Lanczos", "hires_strength": 0.4})
+    image = Image.open(io.BytesIO(base64.b64decode(made.data[0].b64_json)))
+    assert image.size == (96, 96) and made.size == "96x96"
+    assert "Hires upscale: 1.5" in image.text["parameters"] and "Hires upscaler: Lanczos" in image.text["parameters"]
+    with pytest.raises(openai.BadRequestError) as err:
+        sdk.images.generate(prompt=PROMPT, size="64x64", extra_body={"hires_scale": 0.5})
+    assert err.value.body["param"] == "hires_scale" and "must be above 1" in err.value.body["message"]
+
+
 def _png_bytes(image: Image.Image) -> bytes:
     buffer = io.BytesIO()
     image.save(buffer, format="PNG")

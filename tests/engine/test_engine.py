@@ -281,7 +281,7 @@ def test_random_seed_is_reported(engine):
 def test_output_is_sharded_over_the_data_axis(engine):
     from sdxl_engine.program.generate import ProgramShape
 
-    program = engine._programs[engine._shape(64, 64)]  # the engine's ProgramShape: its step hook on (progress)
+    program = engine._programs[engine.planner.shape(64, 64)]  # the engine's ProgramShape: its step hook on (progress)
     assert program.shape == ProgramShape(4, 64, 64, engine.config.max_inference_steps, step_hook=True)
     out_sharding = program.executable.output_shardings[0]
     assert out_sharding.spec[0] == "data"

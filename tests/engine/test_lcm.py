@@ -108,7 +108,7 @@ def test_more_lcm_steps_than_the_model_allows_is_refused_before_compiling(engine
     monkeypatch.setattr(engine, "_programs", {shape: program for shape, program in engine._programs.items()
                                               if (shape.width, shape.height) != (width, height)})
     monkeypatch.setitem(engine.model.scheduler_config, "original_inference_steps", 3)
-    monkeypatch.setattr(engine, "_schedules", {})
+    monkeypatch.setattr(engine.planner, "_schedules", {})
     before = engine.compile_count
     with pytest.raises(InvalidRequest) as err:
         gen(engine, sampler="LCM", num_inference_steps=4, width=width, height=height)

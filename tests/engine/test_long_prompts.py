@@ -153,7 +153,7 @@ def test_a_bracketless_short_prompt_runs_the_one_chunk_program(tiny_shapes_engin
 
 def conditioning(engine, prompt: str, negative: str):
     """encode_text's (hidden, pooled) for one image with CFG, as the engine tokenizes and pads the request."""
-    tokens, negative_tokens = engine._tokens(prompt, negative)
+    tokens, negative_tokens = engine.planner.tokens(prompt, negative)
     shape = ProgramShape(1, 64, 64, 2, chunks=tokens.chunks)
     inputs = ProgramInputs.build(tokens.ids, negative_tokens.ids, not negative_tokens.words.strip(), [0], 5.0,
                                  make_schedule("Euler", engine.model.scheduler_config, 2), 2, 2,

@@ -148,7 +148,7 @@ def test_a_tag_is_read_in_the_prompt_and_kept_as_text_in_the_negative_prompt(tin
     engine = tiny_shapes_engine
     tokenizers = (engine.model.tokenizer, engine.model.tokenizer_2)
     request = GenerateRequest("a red circle <lora:lcm:0.5>", "<lora:lcm:1> blue square", seed=1)
-    prompt, negative = engine._tokens(request.prompt, request.negative_prompt)
+    prompt, negative = engine.planner.tokens(request.prompt, request.negative_prompt)
     assert prompt.words == "a red circle " and negative.words == "<lora:lcm:1> blue square"
     np.testing.assert_array_equal(prompt.ids, tokenize_prompt(tokenizers, "a red circle", 3).ids)
     as_text = tokenize_prompt(tokenizers, "<lora:lcm:1> blue square", 3, lora_tags=False).ids

@@ -186,7 +186,7 @@ def test_tiny_shapes_images_unchanged(tiny_shapes_engine, k, monkeypatch):
     """The previous engine (diffusers' Flax classes) made these images. With its integer timesteps the
     own modules give the same pixels (max 2/255); the engine now passes the scheduler's float
     timesteps to the UNet as diffusers' PyTorch pipeline does, which moves them by mean <= 0.5/255."""
-    from sdxl_engine.engine import local as engine_module
+    from sdxl_engine.engine import plan as engine_module  # where the schedules are made
     from sdxl_engine.engine.validation import GenerateRequest
 
     case = TINY_SHAPES["cases"][k]
@@ -203,6 +203,6 @@ def test_tiny_shapes_images_unchanged(tiny_shapes_engine, k, monkeypatch):
         return dataclasses.replace(schedule, timesteps=np.floor(schedule.timesteps))
 
     monkeypatch.setattr(engine_module, "make_schedule", integer_timesteps)
-    monkeypatch.setattr(tiny_shapes_engine, "_schedules", {})
+    monkeypatch.setattr(tiny_shapes_engine.planner, "_schedules", {})
     before = tiny_shapes_engine.generate(request)
     assert np.abs(before.images.astype(np.int32) - expected).max() <= 2

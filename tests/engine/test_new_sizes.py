@@ -116,7 +116,7 @@ def test_programs_beyond_the_buckets_are_kept_least_recently_used(engine, monkey
     monkeypatch.setattr(engine, "_used", {})
     monkeypatch.setattr(engine, "_log", lambda line: logged.append(line))
     logged, buckets = [], set(engine._programs)
-    shapes = [engine._shape(w, 48) for w in (96, 112, 128)]
+    shapes = [engine.planner.shape(w, 48) for w in (96, 112, 128)]
     for t, shape in enumerate(shapes):
         engine._programs[shape] = object()
         engine._used[shape] = float(t)
@@ -130,7 +130,7 @@ def test_a_new_size_compiled_past_the_limit_drops_an_older_one_not_itself(engine
     release, _ = held_compiles
     release.set()
     monkeypatch.setattr(engine, "config", dataclasses.replace(engine.config, max_resident_programs=1))
-    older = engine._shape(112, 48)
+    older = engine.planner.shape(112, 48)
     engine._programs[older] = object()
     engine._used[older] = 5.0  # used before the new size (clock() is far past 5 s), after "never" (0)
     with pytest.raises(Stopped):  # the compile stands in the default program; the request is stopped after it

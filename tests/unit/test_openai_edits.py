@@ -283,3 +283,28 @@ def test_file_parts_stay_in_memory_however_large():
     upload = form["image"]
     assert not upload.file._rolled and form["prompt"] == "x"
     assert upload.file.read() == payload
+
+
+def test_the_engines_refiner_and_hires_fields_ride_in_extra_body(served):
+    """Not OpenAI's fields, the engine's own (the SDK's extra_body): generations take refiner_switch_at (which
+    wins over quality hd's 0.8) and the hires fix fields as the engine names them; an edit takes
+    refiner_switch_at as a number, and refuses a hires field naming it."""
+    from openai import BadRequestError, OpenAI
+
+    client, calls, _ = served
+    sdk = OpenAI(base_url="http://testserver/v1", api_key="any", http_client=client, max_retries=0)
+    sdk.images.generate(prompt="x", size="64x64", quality="hd", extra_body={"refiner_switch_at": 0.6})
+    sdk.images.generate(prompt="x", size="64x64", extra_body={"hires_scale": 1.5, "hires_upscaler": "Lanczos",
+                                                "hires_strength": 0.4, "hires_steps": 6})
+    assert calls[0].extra.fields == {"refiner_switch_at": 0.6}
+    assert calls[1].extra.fields == {"hires_scale": 1.5, "hires_upscaler": "Lanczos", "hires_strength": 0.4,
+                                     "hires_steps": 6}
+    image = ("in.png", png(Image.fromarray(noise(64, 64))), "image/png")
+    sdk.images.edit(image=image, prompt="x", extra_body={"refiner_switch_at": "0.5"})
+    assert calls[2].extra.fields["refiner_switch_at"] == 0.5 and calls[2].extra.fields["strength"] == 0.75
+    for extra, message in (({"hires_scale": "1.5"}, "hires_scale: the hires fix applies to generations"),
+                           ({"refiner_switch_at": "late"}, "refiner_switch_at: expected a number in [0, 1)")):
+        with pytest.raises(BadRequestError) as err:
+            sdk.images.edit(image=image, prompt="x", extra_body=extra)
+        assert err.value.body["message"].startswith(message)
+    assert len(calls) == 3

@@ -9,7 +9,8 @@ engine makes its batch per call, fewer return the first ones, more run further c
 for the PNG, valid while the temp folder keeps it); ``output_format`` ``png`` (default), ``jpeg`` or
 ``webp`` with ``output_compression`` (0-100, the encoder's quality; the parameters text goes in the
 EXIF UserComment, as A1111 writes it); ``stream`` (Server-Sent Events: one
-``image_generation.completed`` event per image, no partial images); ``user`` (accepted, not stored).
+``image_generation.completed`` event per image, no partial images); ``user`` (accepted, not stored);
+not OpenAI's (the SDK's ``extra_body``): :data:`EXTENSIONS`, the engine's refiner and hires fix fields.
 OpenAI's model names (``gpt-image-*``, ``dall-e-2``, ``dall-e-3``) are served as aliases of the
 loaded model, answering as that model does by default (:func:`model_family`). ``quality`` ``hd`` or
 ``high`` runs the base model with the loaded refiner (``--refiner``; :func:`with_quality`). Other fields
@@ -62,6 +63,9 @@ PREFIX = "/v1"
 FORMATS = ("b64_json", "url")
 _SIZE = re.compile(r"^\s*(\d{1,6})\s*[xX×]\s*(\d{1,6})\s*$")
 FIELD_NAMES = (("width", "size"), ("height", "size"), ("images", "n"))
+# Not OpenAI's: the engine's own fields, by their names, in a generations body (the SDK's extra_body): base + refiner
+# at a switch of the client's choice, and the hires fix (README "Hires fix"); the engine validates them.
+EXTENSIONS = ("refiner_switch_at", "hires_scale", "hires_upscaler", "hires_strength", "hires_steps")
 ERROR_TYPES = {400: ("invalid_request_error", None), 401: ("invalid_request_error", "invalid_api_key"),
                403: ("invalid_request_error", "api_off"), 404: ("invalid_request_error", None),
                409: ("invalid_request_error", "interrupted"), 429: ("requests", "rate_limit_exceeded"),
@@ -154,8 +158,8 @@ def with_quality(call: Call, answer: Answer, refiner: bool) -> tuple[Call, Answe
     base model and the loaded refiner as an ensemble (``refiner_switch_at`` :data:`REFINER_SWITCH`, kept beside
     any image fields of an edit) when ``refiner`` (the engine has one, validation.Limits.refiner); without one a
     warning (:func:`ignored`'s kind) says it was not honoured. Any other quality: unchanged."""
-    if not answer.top_quality:
-        return call, answer
+    if not answer.top_quality or (call.extra is not None and "refiner_switch_at" in call.extra.fields):
+        return call, answer  # another quality, or the client's own refiner_switch_at
     if not refiner:
         why = (f"quality={_short(answer.top_quality)} ignored: no refiner is loaded here to refine with (the server "
                "runs one with --refiner)")
@@ -228,7 +232,9 @@ def to_call(body, model_id: str) -> tuple[Call, Answer]:
         raise ApiError(400, f"{field}: url answers are PNG files, sent whole; ask for response_format b64_json "
                             f"for {'a stream' if stream else output + ' images'}", field)
     width, height = parse_size(body.get("size")) or (None, None)
-    call = Call(prompt=body["prompt"], width=width, height=height, images=n, field_names=FIELD_NAMES)
+    fields = {name: body[name] for name in EXTENSIONS if body.get(name) is not None}
+    call = Call(prompt=body["prompt"], width=width, height=height, images=n, field_names=FIELD_NAMES,
+                extra=ProtocolInputs(fields=fields) if fields else None)
     return call, Answer(fmt, output, compression, bool(stream), ignored(body),
                         top_quality=body["quality"] if body.get("quality") in TOP_QUALITY else None)
 
@@ -306,7 +312,8 @@ def edit_form(form: FormData, model_id: str) -> tuple[Call, Answer, EditUpload]:
     ``markup`` file, are named in the answer's warnings). The answer's stream events are ``image_edit``'s.
 
     Raises ApiError: to_call's; 400 no image (param ``image``), a file where text belongs (:data:`TEXT_FIELDS`) or
-    text where a file does (naming the field), a number field that is not one, ``strength`` not a number.
+    text where a file does (naming the field), a number field that is not one, ``strength`` or
+    ``refiner_switch_at`` not a number, a hires fix field (generations only).
     """
     text, files = {}, {}
     for name, value in form.multi_items():
@@ -318,7 +325,17 @@ def edit_form(form: FormData, model_id: str) -> tuple[Call, Answer, EditUpload]:
             raise ApiError(400, f"{name}: expected an image file (a form part with a filename), got text", name)
         elif value != "":
             text.setdefault(name, value)
+    for name in EXTENSIONS:
+        if name.startswith("hires_") and name in text:
+            raise ApiError(400, f"{name}: the hires fix applies to generations (POST /v1/images/generations); an "
+                                "edit is made at its size", name)
     body = {name: _form_value(name, value) for name, value in text.items() if name != "strength"}
+    if "refiner_switch_at" in body:
+        try:
+            body["refiner_switch_at"] = float(body["refiner_switch_at"])
+        except ValueError:
+            raise ApiError(400, f"refiner_switch_at: expected a number in [0, 1), got "
+                                f"{_short(body['refiner_switch_at'])}", "refiner_switch_at") from None
     call, answer = to_call(body, model_id)
     images = files.get("image", []) + files.get("image[]", [])
     if not images:
@@ -507,7 +524,8 @@ async def respond(request: Request, made: Generated, answer: Answer, tokens: Fil
     (``b64_json`` or ``url`` items), or a stream of ``<answer.event>.completed`` events; the warnings in the
     ``X-SDXL-Warnings`` header."""
     headers = {"X-SDXL-Warnings": "; ".join(answer.warnings)} if answer.warnings else {}
-    size = f"{made.info['width']}x{made.info['height']}"
+    made_at = made.info.get("hires") or made.info  # a hires fix's images are its second pass's size
+    size = f"{made_at['width']}x{made_at['height']}"
     images = [] if answer.response_format == "url" else made.pngs if answer.output_format == "png" else \
         await asyncio.to_thread(lambda: [encode(p, answer.output_format, answer.compression) for p in made.pngs])
     if answer.stream:
