@@ -208,12 +208,13 @@ def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract 
         @page_event
         def restore_png(text: str):
             values, note = png_settings(text, [value for _, value in size_choices(engine)[0]],
-                                        config.max_inference_steps, config.max_seed)
+                                        config.max_inference_steps, config.max_seed, bool(config.refiner))
             return (*(values.get(name, gr.update()) for name in PNG_FIELDS), note)
 
         # The browser sends the PNG's parameters text only (PNG_SETTINGS_JS): no file reaches the server.
         png_file.input(restore_png, png_file, [prompt, negative_prompt, style, seed, guidance_scale,
-                                               num_inference_steps, sampler, resolution, png_note],
+                                               num_inference_steps, sampler, resolution, refiner_switch,
+                                               png_note],
                        api_visibility="private", queue=False, show_progress="hidden")
 
         examples.click(page_event(load_example), examples, [prompt, style], api_visibility="private", queue=False,

@@ -289,12 +289,12 @@ def as_switch(value, limits: Limits, hires_scale=None) -> float | None:
     """
     if value is None:
         return None
-    if hires_scale is not None:
-        raise InvalidRequest("refiner_switch_at", "the refiner does not run with hires fix: send refiner_switch_at "
-                                                  "or hires_scale, not both")
     if not limits.refiner:
         raise InvalidRequest("refiner_switch_at", "no refiner is loaded: start the server with --refiner DIR|HUB_ID|FILE "
                                                   "(an SDXL refiner), or leave it out")
+    if hires_scale is not None:  # worded without field names: each protocol names both its own way
+        raise InvalidRequest("refiner_switch_at", "the refiner does not run with hires fix (an upscale): ask for one "
+                                                  "or the other, not both")
     switch = as_float("refiner_switch_at", value, 0.0, 1.0)
     if switch == 1.0:
         raise InvalidRequest("refiner_switch_at", "must be at least 0 and below 1 (the share of the schedule the "

@@ -6,7 +6,8 @@ API, the page's own events as the page calls them, the files the app created), l
 uploads through (:data:`UPLOAD_PATH`: images only, never served back), refuses request bodies over 1 MB (48 MB
 on the routes that take images, :data:`IMAGE_BODY_PATHS` and the uploads, and for calls of :data:`IMAGE_TOOL`),
 never lets ``Access-Control-Allow-Origin`` name a foreign origin, adds ``Retry-After`` to "queue full" answers,
-answers a raw API call with too few values with a 422 naming the inputs, stamps each request's arrival
+answers a raw API call with too few values with a 422 naming the inputs (and fills in the inputs added to an
+endpoint later, :data:`OPTIONAL_INPUTS`, that a raw call leaves out), stamps each request's arrival
 (:func:`arrival_time`) and notes each cancel (:data:`CANCELLED`) before Gradio answers it.
 """
 
@@ -327,52 +328,95 @@ class Cancels:
 CANCELLED = Cancels()  # the served process's cancels (Guard notes them; handler.stream_previews reads them)
 
 
-def api_inputs(demo) -> tuple[dict[str, tuple[str, ...]], dict[int, str]]:
-    """({api_name: input names}, {fn_index: api_name}) of ``demo``'s named API endpoints."""
+# Inputs an endpoint gained after its first release (handler.api_function: only optional inputs are ever added,
+# at the end): a raw call may leave them out, and gets the same defaults gradio_client fills in (Guard.complete).
+OPTIONAL_INPUTS = {"generate": ("refiner_switch_at",)}
+
+
+def api_inputs(demo) -> tuple[dict[str, tuple[str, ...]], dict[int, str], dict[str, tuple]]:
+    """({api_name: input names}, {fn_index: api_name}, {api_name: defaults of its :data:`OPTIONAL_INPUTS`, in
+    order}) of ``demo``'s named API endpoints. The defaults are the API description's (``parameter_default``:
+    the component's value, what gradio_client sends for a parameter it is not given)."""
     named = demo.get_api_info()["named_endpoints"]
     inputs = {name.lstrip("/"): tuple(p["parameter_name"] for p in info["parameters"]) for name, info in named.items()}
+    defaults = {}
+    for name, info in named.items():
+        optional = OPTIONAL_INPUTS.get(name.lstrip("/"), ())
+        params = info["parameters"]
+        if optional and tuple(p["parameter_name"] for p in params[-len(optional):]) == optional:
+            defaults[name.lstrip("/")] = tuple(p.get("parameter_default") for p in params[-len(optional):])
     fns = {fn_index: gradio_internals.api_name_of(demo, fn_index)
            for fn_index in gradio_internals.fn_indices(demo, inputs)}
-    return inputs, fns
+    return inputs, fns, defaults
 
 
-def arity_error(path: str, body: bytes, inputs: dict[str, tuple[str, ...]], fns: dict[int, str]) -> str | None:
+def arity_error(path: str, body: bytes, inputs: dict[str, tuple[str, ...]], fns: dict[int, str],
+                defaults: dict[str, tuple] | None = None) -> str | None:
     """The message for a raw call to a named endpoint with fewer values than it takes, else None.
 
-    Extra values are left to Gradio (it ignores them); bodies that are not JSON with a ``data``
-    list are left to Gradio's own validation.
+    An endpoint's trailing :data:`OPTIONAL_INPUTS` (their ``defaults``, from :func:`api_inputs`) may be left
+    out: :func:`completed` fills them in. Extra values are left to Gradio (it ignores them); bodies that are
+    not JSON with a ``data`` list are left to Gradio's own validation.
     """
+    found = _call_data(path, body, fns)
+    if found is None or (names := inputs.get(found[0])) is None:
+        return None
+    name, data = found
+    optional = len((defaults or {}).get(name, ()))
+    needed = names[:len(names) - optional]
+    if len(data) >= len(needed):
+        return None
+    later = f"; {', '.join(names[len(needed):])} may follow them" if optional else ""
+    return (f"{name} takes {len(needed)} inputs ({', '.join(needed)}); got {len(data)}. "
+            f"Send every value in this order{later} (gradio_client fills in the optional ones).")
+
+
+def completed(path: str, body: bytes, inputs: dict[str, tuple[str, ...]], fns: dict[int, str],
+              defaults: dict[str, tuple]) -> bytes:
+    """``body`` with the trailing optional inputs a raw call left out (:data:`OPTIONAL_INPUTS`) set to their
+    ``defaults``, so the call runs as gradio_client's does; any other body as it is."""
+    found = _call_data(path, body, fns)
+    if found is None or (names := inputs.get(found[0])) is None or found[0] not in defaults:
+        return body
+    name, data = found
+    missing = len(names) - len(data)
+    if not 0 < missing <= len(defaults[name]):
+        return body
+    payload = json.loads(body)
+    payload["data"] = [*data, *defaults[name][len(defaults[name]) - missing:]]
+    return json.dumps(payload).encode()
+
+
+def _call_data(path: str, body: bytes, fns: dict[int, str]) -> tuple[str, list] | None:
+    """(api_name, data) of a raw call (``/call/<name>``, ``/run/<name>``) or queue join (``fn_index``) whose
+    body is JSON with a ``data`` list, else None."""
     call, join = _API_CALL.match(path), _QUEUE_JOIN.match(path)
     try:
         payload = json.loads(body) if (call or join) else None
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if not isinstance(payload, dict) or not isinstance(payload.get("data"), list):
         return None
-    name = call["name"] if call else fns.get(payload.get("fn_index"))
-    names = inputs.get(name)
-    if names is None or len(payload["data"]) >= len(names):
-        return None
-    return (f"{name} takes {len(names)} inputs ({', '.join(names)}); got {len(payload['data'])}. "
-            "Send every value in this order (gradio_client fills in the optional ones).")
+    return (call["name"] if call else fns.get(payload.get("fn_index"))), payload["data"]
 
 
 class Guard:
     """ASGI middleware, outermost: see the module docstring for what it refuses or rewrites.
 
-    ``inputs``/``fns`` (from :func:`api_inputs`) name the API endpoints whose raw calls are
-    checked for missing values. ``routes`` (a :class:`Routes`) decides which calls, result
+    ``inputs``/``fns``/``defaults`` (from :func:`api_inputs`) name the API endpoints whose raw calls are
+    checked for missing values (:func:`arity_error`) and completed with their optional ones (:func:`completed`). ``routes`` (a :class:`Routes`) decides which calls, result
     streams and files reach Gradio at all; a refused request gets a 404 and one log line.
     """
 
     def __init__(self, app, gate: "RequestGate | None" = None, max_body: int = MAX_BODY_BYTES,
                  inputs: dict | None = None, fns: dict | None = None, routes: "Routes | None" = None,
-                 log=print):
+                 log=print, defaults: dict | None = None):
         self.app = app
         self.gate = gate
         self.max_body = max_body
         self.inputs = inputs or {}
         self.fns = fns or {}
+        self.defaults = defaults or {}
         self.routes = routes
         self.log = log
 
@@ -478,10 +522,14 @@ class Guard:
                 body = self.routes.cleaned(body)
                 scope = {**scope, "headers": [(k, v) for k, v in scope["headers"] if k.lower() != b"content-length"]
                          + [(b"content-length", str(len(body)).encode())]}
-            message = arity_error(path, body, self.inputs, self.fns)
+            message = arity_error(path, body, self.inputs, self.fns, self.defaults)
             if message is not None:
                 return await _plain(send, 422, json.dumps({"error": message, "detail": message}).encode(),
                                     content_type=b"application/json")
+            if (whole := completed(path, body, self.inputs, self.fns, self.defaults)) is not body:
+                body = whole
+                scope = {**scope, "headers": [(k, v) for k, v in scope["headers"] if k.lower() != b"content-length"]
+                         + [(b"content-length", str(len(body)).encode())]}
             inner_receive = _replay(body, receive)
         elif upload:
             return await self._upload(scope, limited_receive, guarded_send, send, lambda: seen > limit, path, limit)
@@ -616,8 +664,8 @@ def install_guard(app, gate: "RequestGate | None" = None, demo=None) -> None:
     calls of its API endpoints are checked for missing values, and only the calls, streams and
     files :class:`Routes` allows reach Gradio.
     """
-    inputs, fns = api_inputs(demo) if demo is not None else ({}, {})
-    gradio_internals.add_outermost_middleware(app, Guard, gate=gate, inputs=inputs, fns=fns,
+    inputs, fns, defaults = api_inputs(demo) if demo is not None else ({}, {}, {})
+    gradio_internals.add_outermost_middleware(app, Guard, gate=gate, inputs=inputs, fns=fns, defaults=defaults,
                                               routes=None if demo is None else Routes(demo))
 
 

@@ -16,7 +16,7 @@ from sdxl_engine.checkpoint.lora import available_names
 from sdxl_engine.config import EngineConfig
 from sdxl_engine.engine.contract import EngineContract, clock
 from sdxl_engine.engine.validation import MAX_GUIDANCE
-from sdxl_engine.serving.apis.a1111 import generation_parameters, sampler_of
+from sdxl_engine.serving.apis.a1111 import generation_parameters, refiner_name, sampler_of
 from sdxl_engine.serving.apis.core import ApiError
 from sdxl_engine.serving.styles import NO_STYLE, STYLE_NAMES, get_style
 
@@ -34,18 +34,23 @@ def lora_names_for(config: EngineConfig) -> list[str]:
 
 
 def status_line(info: dict) -> str:
-    """The one line under the gallery: latency breakdown, devices, size, steps, sampler, style and model."""
+    """The one line under the gallery: latency breakdown, devices, size, steps, sampler, style and model (and the
+    refiner and its switch, a hires fix's factor and strength, when the request ran them)."""
     if not isinstance(info, dict) or "timings_s" not in info:  # empty, or a raw call to this page event
         return ""
     t = info["timings_s"]
     saved = " · saved to the server's outputs folder" if info.get("saved") else ""
     replica = f" (replica `{info['replica']}`)" if info.get("replica") else ""
     ray = f" · ray {t['ray']:.2f} s" if "ray" in t else ""
+    refined = (f" + refiner `{info.get('refiner') or 'refiner'}` from {info['refiner_switch_at']:g} of the steps"
+               if info.get("refiner_switch_at") is not None else "")
+    if "hires" in info:
+        refined += f" · upscaled ×{info['hires']['scale']:g} (hires fix, strength {info['hires']['strength']:g})"
     return (f"**{info['latency_s']:.2f} s** for {len(info['seeds'])} images on **{info['device']}**{replica} "
             f"(queue {t['queue']:.2f} s · prep {t['prep']:.3f} s · device {t['device']:.2f} s · "
             f"post {t['post']:.3f} s{ray}) — {info['width']}×{info['height']}, {info['num_inference_steps']} "
             f"{info.get('sampler', 'Euler')} steps, CFG {info['guidance_scale']:g}, seeds {info['seeds'][0]}–"
-            f"{info['seeds'][-1]}, style **{info.get('style', NO_STYLE)}**, model `{info['model']}`{saved}")
+            f"{info['seeds'][-1]}, style **{info.get('style', NO_STYLE)}**, model `{info['model']}`{refined}{saved}")
 
 
 def stopped_view(last: dict | None, heard: str) -> tuple:
@@ -74,7 +79,9 @@ def stopped_view(last: dict | None, heard: str) -> tuple:
 
 
 PNG_FIELDS = {"prompt": "prompt", "negative_prompt": "negative prompt", "style": "style", "seed": "seed",
-              "guidance_scale": "CFG", "num_inference_steps": "steps", "sampler": "sampler", "resolution": "size"}
+              "guidance_scale": "CFG", "num_inference_steps": "steps", "sampler": "sampler", "resolution": "size",
+              "refiner_switch_at": "refiner switch"}
+REFINER_RANGE = (0.05, 1.0)  # the page's refiner slider (page_image.refiner_slider; 1 = no refiner)
 MAX_PARAMETERS_CHARS = 60_000  # a parameters text is a few kB; PNG_SETTINGS_JS sends at most this
 
 
@@ -94,14 +101,18 @@ def _unstyled(style: str, prompt: str, negative: str) -> tuple[str, str] | None:
     return (typed, negative[:-len(extra) - 2]) if negative.endswith(", " + extra) else None
 
 
-def png_settings(text: str, sizes: list[str], max_steps: int, max_seed: int) -> tuple[dict, str]:
+def png_settings(text: str, sizes: list[str], max_steps: int, max_seed: int,
+                 refiner: bool = False) -> tuple[dict, str]:
     """The page's settings from a PNG's ``parameters`` text (this server's or A1111's; parsed by A1111's rules:
     apis.a1111.generation_parameters): ({field of PNG_FIELDS: value}, a Markdown note saying what was
     restored and what was not, and why).
 
     ``sizes``: the page's resolution values ("WxH"); ``max_steps``, ``max_seed``: the page's limits. A style
     the page has is taken back out of the prompt texts (the PNG holds them styled); a value the page cannot
-    take (a sampler or size it lacks, steps past the limit) is left as it is and named in the note. A blank
+    take (a sampler or size it lacks, steps past the limit) is left as it is and named in the note. With a
+    ``refiner`` loaded, the refiner switch is restored too (``Refiner switch at``; 1, no refiner, for a PNG made
+    without one); without one a PNG's refiner is named as not restored, and so are a hires fix and an image to
+    image's strength (this form makes images from text only). A blank
     text (the browser found no ``parameters`` chunk) restores nothing. Raises TypeError or ValueError for
     text the page's script never sends (not a string, longer than MAX_PARAMETERS_CHARS)."""
     if not isinstance(text, str) or len(text) > MAX_PARAMETERS_CHARS:
@@ -144,6 +155,24 @@ def png_settings(text: str, sizes: list[str], max_steps: int, max_seed: int) -> 
             values["resolution"] = size
         else:
             left.append(f"size {size} (not one of this model's sizes)")
+    if "Refiner switch at" in fields:
+        try:
+            switch = float(fields["Refiner switch at"])
+        except ValueError:
+            switch = None
+        if refiner and switch is not None and REFINER_RANGE[0] <= switch <= REFINER_RANGE[1]:
+            values["refiner_switch_at"] = switch
+        else:
+            why = "no refiner on this server" if not refiner else "this page takes 0.05 to 1"
+            left.append(f"refiner switch at {fields['Refiner switch at'][:20]!r} ({why})")
+    elif refiner:
+        values["refiner_switch_at"] = REFINER_RANGE[1]  # made without a refiner: base model only, as it was
+    if "Hires upscale" in fields:
+        left.append(f"hires fix (upscale {fields['Hires upscale'][:20]!r}: the images were upscaled after; "
+                    "Upscale under Image to image runs it on a picture)")
+    elif "Denoising strength" in fields:
+        left.append(f"denoising strength {fields['Denoising strength'][:20]!r} (made from a picture: "
+                    "Image to image takes one)")
     values = {name: value for name, value in values.items() if value is not None}
     restored = ", ".join(label for name, label in PNG_FIELDS.items() if name in values)
     note = f"Restored from the PNG: {restored}; press **Generate** to make it again."
@@ -151,7 +180,8 @@ def png_settings(text: str, sizes: list[str], max_steps: int, max_seed: int) -> 
 
 
 def engine_banner(engine: EngineContract | None) -> tuple[str, bool]:
-    """(Markdown for the status banner, whether the engine is done starting) for ``engine``."""
+    """(Markdown for the status banner, whether the engine is done starting) for ``engine``; a loaded refiner is
+    named beside the model."""
     if engine is None:
         return "", True
     elapsed = clock() - engine.started
@@ -162,11 +192,13 @@ def engine_banner(engine: EngineContract | None) -> tuple[str, bool]:
         return f"**The engine failed to start:** {engine.error}", True
     ready_s = engine.startup.get("ready_s", elapsed)
     scale = engine.scale_out()
+    refiner = f" + refiner `{name}`" if (name := refiner_name(engine)) else ""
     if scale is None:
-        return (f"Ready on **{engine.device_summary}** — model `{engine.model.name}` ({engine.model.dtype}), "
+        return (f"Ready on **{engine.device_summary}** — model `{engine.model.name}` ({engine.model.dtype}){refiner}, "
                 f"started in {ready_s:.1f} s"), True
     return (f"**{scale.text}** on Ray Serve, each on **{engine.device_summary}** — model "
-            f"`{engine.model.name}` ({engine.model.dtype}), first replica ready in {ready_s:.1f} s"), scale.settled
+            f"`{engine.model.name}` ({engine.model.dtype}){refiner}, first replica ready in {ready_s:.1f} s"), \
+        scale.settled
 
 
 def size_choices(engine: EngineContract | None) -> tuple[list[tuple[str, str]], str]:

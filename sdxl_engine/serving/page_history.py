@@ -37,11 +37,24 @@ def wire_history(events: tuple, past: gr.BrowserState, pending: history.Pending,
     @page_event
     def restore(past: list, evt: gr.SelectData):
         rec, seed_value = history.entry(past, evt.index)
+        size, note = restored_size(rec, seed_value)
         return (rec["prompt"], rec["negative_prompt"], rec["style"], seed_value, rec["guidance_scale"],
-                rec["num_inference_steps"], rec.get("sampler", "Euler"), f"{rec['width']}x{rec['height']}",
-                rec.get("refiner_switch_at") or REFINER_OFF,
-                f"Restored seed {seed_value} from {rec['time']} ({rec['model']}); press **Generate** to make it again.")
+                rec["num_inference_steps"], rec.get("sampler", "Euler"), gr.update() if size is None else size,
+                rec.get("refiner_switch_at") or REFINER_OFF, note)
 
     history_gallery.select(restore, past, [*settings, history_note], api_visibility="private", queue=False)
     clear_history.click(None, None, past, js=CLEAR_HISTORY_JS, api_visibility="private").then(
         None, past, [history_gallery, history_note], js=HISTORY_JS, api_visibility="private")
+
+
+def restored_size(rec: dict, seed: int) -> tuple[str | None, str]:
+    """(the resolution to set, "WxH", or None to leave it; the note) for restoring history record ``rec``'s image
+    of ``seed``. A record made from a picture (``from_image``: image to image, inpainting, upscale) has the
+    picture's size, which the history does not keep: its settings come back, its size does not, and the note
+    says how to make it again."""
+    if rec.get("from_image"):
+        return None, (f"Restored the settings of seed {seed} from {rec['time']} ({rec['model']}); it was made from a "
+                      f"picture ({rec['width']}x{rec['height']}), which the history does not keep: put it under "
+                      "**Image to image** again to remake it (**Generate** makes an image from the text alone).")
+    return (f"{rec['width']}x{rec['height']}",
+            f"Restored seed {seed} from {rec['time']} ({rec['model']}); press **Generate** to make it again.")

@@ -513,8 +513,9 @@ def test_mcp_image_tool_repaints_as_a1111s_img2img_and_only_it_may_send_a_large_
 def test_mcp_image_tool_upscales_a_picture_as_the_engines_hires_fix(app, tiny_shapes_engine):
     """The mcp SDK: image_to_image with upscale 1.5 gives 96 x 96 images equal to the engine's hires fix of the
     same picture (hires_scale 1.5, Lanczos, hires_strength = the tool's strength); its PNG parameters say Hires
-    upscale; a mask beside it is a tool error naming upscale; no refiner loaded: refiner_switch_at is the
-    engine's refusal naming it."""
+    upscale; a mask beside it, or a factor over 4, is a tool error naming upscale; the engine's refusals name the
+    tool's inputs (upscale's strength 0: strength); no refiner loaded: refiner_switch_at is the engine's refusal
+    naming it, with an upscale too."""
     from mcp import ClientSession
     from mcp.client.streamable_http import streamable_http_client
 
@@ -535,9 +536,15 @@ def test_mcp_image_tool_upscales_a_picture_as_the_engines_hires_fix(app, tiny_sh
             upscaled = await session.call_tool("image_to_image", {**common, "upscale": 1.5, "strength": 0.4})
             masked = await session.call_tool("image_to_image", {**common, "upscale": 1.5, "mask": mask_b64})
             refined = await session.call_tool("image_to_image", {**common, "refiner_switch_at": 0.5})
-            return upscaled, masked, refined
+            refused = [await session.call_tool("image_to_image", {**common, **extra}) for extra in (
+                {"upscale": 8}, {"upscale": 1.5, "strength": 0}, {"upscale": 1.5, "refiner_switch_at": 0.5})]
+            return upscaled, masked, refined, refused
 
-    upscaled, masked, refined = asyncio.run(session_calls())
+    upscaled, masked, refined, refused = asyncio.run(session_calls())
+    assert all(answer.isError for answer in refused)
+    assert [answer.content[0].text.split(":")[0] for answer in refused] == ["upscale", "strength", "refiner_switch_at"]
+    assert "at most 4" in refused[0].content[0].text and "must be above 0" in refused[1].content[0].text
+    assert "no refiner is loaded" in refused[2].content[0].text  # what is missing, not "not with hires fix"
     assert not upscaled.isError, upscaled.content
     pngs = [Image.open(io.BytesIO(base64.b64decode(c.data))) for c in upscaled.content if c.type == "image"]
     expected = tiny_shapes_engine.generate(GenerateRequest(

@@ -145,11 +145,11 @@ def test_uploads_take_images_only_and_are_never_served(app_server):
     nine = ["a red circle", "", 1, 5.0, 2, 64, 64, "(No style)", "Euler"]
     for other in ("/etc/hostname", str(Path(path).parent / ".." / Path(path).parent.name / "other.png")):
         editor = {"background": {**file, "path": other}, "layers": [], "composite": None}
-        status, reply = call_page_event(app_server, image_event, nine + [editor, "Image to image", 0.75, [], 16, 0.8])
+        status, reply = call_page_event(app_server, image_event, nine + [editor, "Image to image", 0.75, [], 16, 1.0])
         assert status == 404 and "this app takes no files" in reply, (other, status, reply[:200])
     # The image event takes the upload, makes 4 images from it and deletes it; it stays unserved.
     editor = {"background": file, "layers": [], "composite": None}
-    status, reply = call_page_event(app_server, image_event, nine + [editor, "Image to image", 0.75, [], 16, 0.8])
+    status, reply = call_page_event(app_server, image_event, nine + [editor, "Image to image", 0.75, [], 16, 1.0])
     assert status == 200 and '"success": true' in reply.replace('"success":true', '"success": true'), reply[:300]
     assert not Path(path).exists()
     assert get(app_server, f"/gradio_api/file={path}").status_code == 404
@@ -187,12 +187,17 @@ def test_model_cannot_be_chosen_through_the_api(app_server):
     info = httpx.get(app_server.url + "gradio_api/info", timeout=30).json()
     names = [p["parameter_name"] for p in info["named_endpoints"]["/generate"]["parameters"]]
     assert "model" not in names and names[0] == "prompt"
-    # An extra value in a raw call is ignored: the model stays the one the server was started with.
-    event = httpx.post(app_server.url + "gradio_api/call/generate",
-                       json={"data": ["a red circle", "", 1, 7.0, 2, 0, 0, "(No style)", "Euler", "stabilityai/other-model"]},
-                       timeout=30).json()["event_id"]
-    text = httpx.get(app_server.url + f"gradio_api/call/generate/{event}", timeout=60).text
-    assert "event: complete" in text and '"model": "tiny-shapes"' in text
+    # An extra value in a raw call is ignored: the model stays the one the server was started with. (The tenth
+    # value is the refiner switch, 1 = none: a model name there is refused naming it.)
+    nine = ["a red circle", "", 1, 7.0, 2, 0, 0, "(No style)", "Euler"]
+    for data, answer in (([*nine, 1.0, "stabilityai/other-model"], "event: complete"),
+                         ([*nine, "stabilityai/other-model"], "refiner_switch_at: no refiner is loaded")):
+        event = httpx.post(app_server.url + "gradio_api/call/generate", json={"data": data}, timeout=30).json()
+        text = httpx.get(app_server.url + f"gradio_api/call/generate/{event['event_id']}", timeout=60).text
+        assert answer in text and "other-model" not in text.replace('"refiner_switch_at"', ""), text[:300]
+    assert '"model": "tiny-shapes"' in httpx.get(app_server.url + "gradio_api/call/generate/" + httpx.post(
+        app_server.url + "gradio_api/call/generate", json={"data": nine}, timeout=30).json()["event_id"],
+        timeout=60).text
 
 
 def test_server_listens_on_loopback_only(app_server):

@@ -106,7 +106,10 @@ def test_refiner_switch_at_is_validated_naming_the_field():
     assert validate(GenerateRequest("a red circle", hires_scale=1.5), big).hires_scale == 1.5
     with pytest.raises(InvalidRequest, match="does not run with hires fix") as err:
         validate(GenerateRequest("a red circle", refiner_switch_at=0.8, hires_scale=1.5), big)
-    assert err.value.field == "refiner_switch_at"
+    assert err.value.field == "refiner_switch_at" and "hires_scale" not in str(err.value)  # each protocol's own name
+    with pytest.raises(InvalidRequest, match="no refiner is loaded"):  # what is missing first, not the combination
+        validate(GenerateRequest("a red circle", refiner_switch_at=0.8, hires_scale=1.5),
+                 dataclasses.replace(big, refiner=False))
 
 
 def test_a_refiner_that_cannot_take_the_models_latents_is_refused(tiny_pt, models):

@@ -154,6 +154,9 @@ def test_history_keeps_small_records_newest_first_and_bounded(engine, tmp_path):
 
 
 def test_banner_and_sizes_while_starting_and_when_ready(engine):
+    import dataclasses
+    from pathlib import Path
+
     import app
     from sdxl_engine.engine.local import Engine
 
@@ -165,7 +168,16 @@ def test_banner_and_sizes_while_starting_and_when_ready(engine):
     starting.ready.set()
     assert app.engine_banner(starting) == ("**The engine failed to start:** no such model", True)
     text, done = app.engine_banner(engine)
-    assert done and text.startswith("Ready on **4 × cpu** — model `tiny-random` (float32)")
+    assert done and text.startswith("Ready on **4 × cpu** — model `tiny-random` (float32), started in")
+
+    class Refined:  # the same engine, started with a refiner (a folder: named by its own name)
+        config = dataclasses.replace(engine.config, refiner=str(Path(__file__).parents[1] / "fixtures" / "tiny-pt-refiner"))
+
+        def __getattr__(self, name):
+            return getattr(engine, name)
+
+    text, done = app.engine_banner(Refined())
+    assert text.startswith("Ready on **4 × cpu** — model `tiny-random` (float32) + refiner `tiny-pt-refiner`, started")
     choices, value = app.size_choices(engine)
     assert value == "64x64" and choices[0] == ("64 × 64 (square, default)", "64x64")
     assert [tuple(map(int, v.split("x"))) for _, v in choices] == list(engine.limits.sizes)  # as PARSE_SIZE_JS

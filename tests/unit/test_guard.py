@@ -71,6 +71,54 @@ def test_the_guard_notes_a_cancel_and_hands_gradio_the_same_body():
     assert received == [{"type": "http.request", "body": body, "more_body": False}]
 
 
+def test_a_raw_call_without_the_later_optional_inputs_gets_their_defaults_and_one_with_too_few_a_422():
+    """A raw /generate call with the nine values of its first release reaches Gradio with the refiner switch's
+    default appended (what gradio_client sends); eight values get a 422 naming the nine, then the optional one."""
+    import asyncio
+    import json
+
+    from sdxl_engine.serving import guard as serving
+
+    names = ("prompt", "negative_prompt", "seed", "guidance_scale", "num_inference_steps", "width", "height",
+             "style", "sampler", "refiner_switch_at")
+    nine = ["a red circle", "", 1, 7, 2, 0, 0, "(No style)", "Euler"]
+    received, sent = [], []
+
+    async def app(scope, receive, send):
+        received.append((dict(scope["headers"])[b"content-length"], await receive()))
+
+    def post(path, payload):
+        body = json.dumps(payload).encode()
+
+        async def run():
+            chunks = [{"type": "http.request", "body": body, "more_body": False}]
+
+            async def receive():
+                return chunks.pop(0)
+
+            async def send(message):
+                sent.append(message)
+
+            scope = {"type": "http", "method": "POST", "path": path,
+                     "headers": [(b"content-length", str(len(body)).encode())]}
+            await serving.Guard(app, inputs={"generate": names}, fns={3: "generate"},
+                                defaults={"generate": (0.8,)})(scope, receive, send)
+        asyncio.run(run())
+
+    post("/gradio_api/call/generate", {"data": nine})
+    post("/gradio_api/queue/join", {"data": nine, "fn_index": 3, "session_hash": "s"})
+    post("/gradio_api/call/generate", {"data": [*nine, 1.0]})  # sent whole: as it is
+    assert [json.loads(m["body"])["data"] for _, m in received] == [[*nine, 0.8], [*nine, 0.8], [*nine, 1.0]]
+    assert [int(length) for length, m in received] == [len(m["body"]) for _, m in received]
+    assert json.loads(received[1][1]["body"])["session_hash"] == "s"
+    assert sent == []
+    post("/gradio_api/call/generate", {"data": nine[:8]})
+    assert len(received) == 3 and sent[0]["status"] == 422
+    assert json.loads(sent[1]["body"])["error"].startswith(
+        "generate takes 9 inputs (prompt, negative_prompt, seed, guidance_scale, num_inference_steps, width, "
+        "height, style, sampler); got 8. Send every value in this order; refiner_switch_at may follow them")
+
+
 def test_launch_defaults(monkeypatch):
     from sdxl_engine.serving import cli
     from sdxl_engine.serving import server as serving

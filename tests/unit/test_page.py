@@ -98,6 +98,10 @@ def test_stopped_view_says_where_and_gives_the_last_finished_result_back():
     assert status == ("**Stopped at step 4 of 50; nothing saved.** Below, the last finished request: "
                       + app.status_line(info))
     assert status.endswith("seeds 7–10, style **(No style)**, model `tiny-shapes`")
+    refined = {**info, "refiner": "tiny-pt-refiner", "refiner_switch_at": 0.8}
+    assert app.status_line(refined).endswith("model `tiny-shapes` + refiner `tiny-pt-refiner` from 0.8 of the steps")
+    upscaled = {**info, "hires": {"scale": 1.5, "strength": 0.4}}
+    assert app.status_line(upscaled).endswith("model `tiny-shapes` · upscaled ×1.5 (hires fix, strength 0.4)")
     assert app.stopped_view(None, "12/30") == ([], None, "**Stopped at step 12 of 30; nothing saved.**")
     assert app.stopped_view(None, "waiting") == ([], None, "**Stopped before its first step; nothing saved.**")
     assert app.stopped_view(last, "") == (gr.update(), gr.update(), "")  # another failure: the line goes
@@ -160,3 +164,50 @@ def test_png_settings_restores_this_servers_and_a1111s_parameters():
                                                      "in a PNG): nothing restored.")
     with pytest.raises(ValueError, match="at most 60000 characters"):
         app.png_settings("x" * 60_001, [], 50, 99)
+
+
+def test_png_settings_restores_the_refiner_switch_and_names_what_the_text_form_cannot_make_again():
+    """With a refiner loaded the PNG's ``Refiner switch at`` goes back on the slider (1, base model only, for
+    a PNG made without one); without a refiner, and for a hires fix or an image to image, the note says so."""
+    import app
+    from sdxl_engine.serving.images import a1111_parameters
+
+    refined = a1111_parameters("a cat", "", 12, 4.5, 77, 64, 64, "tiny-shapes",
+                               {"Refiner": "tiny-refiner", "Refiner switch at": 0.65}, "Euler")
+    values, note = app.png_settings(refined, ["64x64"], 50, 99, refiner=True)
+    assert values["refiner_switch_at"] == 0.65 and values["seed"] == 77 and "refiner switch;" in note
+    values, note = app.png_settings(refined, ["64x64"], 50, 99, refiner=False)
+    assert "refiner_switch_at" not in values
+    assert "Not restored: refiner switch at '0.65' (no refiner on this server)." in note
+    plain = a1111_parameters("a cat", "", 12, 4.5, 77, 64, 64, "tiny-shapes", {}, "Euler")
+    assert app.png_settings(plain, ["64x64"], 50, 99, refiner=True)[0]["refiner_switch_at"] == 1.0
+    assert "refiner_switch_at" not in app.png_settings(plain, ["64x64"], 50, 99)[0]
+    hires = a1111_parameters("a cat", "", 12, 4.5, 77, 96, 96, "tiny-shapes",
+                             {"Denoising strength": 0.5, "Hires upscale": 1.5, "Hires upscaler": "Latent"}, "Euler")
+    values, note = app.png_settings(hires, ["64x64"], 50, 99)
+    assert "hires fix (upscale '1.5': the images were upscaled after" in note and "resolution" not in values
+    picture = a1111_parameters("a cat", "", 12, 4.5, 77, 64, 64, "tiny-shapes", {"Denoising strength": 0.4}, "Euler")
+    assert "denoising strength '0.4' (made from a picture" in app.png_settings(picture, ["64x64"], 50, 99)[1]
+
+
+def test_a_history_record_made_from_a_picture_restores_its_settings_but_not_its_size():
+    """The history keeps whether an image was made from a picture (img2img's ``strength``, an upscale's ``hires``
+    in the info); restoring one leaves the resolution (the picture's size, not one the page offers) and says why."""
+    import numpy as np
+
+    from sdxl_engine.serving import history
+    from sdxl_engine.serving.page_history import restored_size
+
+    user = {"prompt": "a cat", "negative_prompt": "", "style": "(No style)"}
+    info = {"seeds": [5, 6], "guidance_scale": 7.0, "num_inference_steps": 4, "width": 64, "height": 64,
+            "model": "tiny", "latency_s": 1.0}
+    images = np.zeros((2, 8, 8, 3), np.uint8)
+    text = history.make_record(user, info, images)
+    assert "from_image" not in text
+    assert restored_size({**text, "time": "t"}, 6) == ("64x64", "Restored seed 6 from t (tiny); press **Generate** "
+                                                                "to make it again.")
+    upscaled = history.make_record(user, {**info, "width": 96, "height": 96, "hires": {"scale": 1.5}}, images)
+    edited = history.make_record(user, {**info, "strength": 0.5}, images)
+    assert upscaled["from_image"] is True and edited["from_image"] is True
+    size, note = restored_size({**upscaled, "time": "t"}, 5)
+    assert size is None and "made from a picture (96x96)" in note and "Image to image" in note

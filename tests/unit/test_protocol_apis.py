@@ -604,6 +604,9 @@ def test_mcp_call_with_a_number_beyond_a_float_names_the_argument():
     assert null["result"]["isError"] is True and null["result"]["content"][0]["text"] == (
         "seed: got null where a number belongs (a client sends a number JSON cannot carry, such as 1e400 or "
         "infinity, as null); send a number within the argument's range")
+    image_call = call.replace('"generate"', '"image_to_image"').replace('"seed": 1e400', '"seed": 1, "upscale": null')
+    assert client.post("/gradio_api/mcp/", content=image_call).json()["result"]["content"][0]["text"].startswith(
+        "upscale: got null where a number belongs")  # the image tool's numbers too
     text_null = call.replace("1e400", "7").replace('"prompt": "x"', '"prompt": "x", "negative_prompt": null')
     assert client.post("/gradio_api/mcp/", content=text_null).json() == {"echo": text_null}  # text may be null
     for body in (call.replace("1e400", "7"), "not json", "[" * 3000 + "]" * 3000,
@@ -707,6 +710,8 @@ def test_a1111_refiner_checkpoint_must_name_the_loaded_refiner(tmp_path):
         "refiner_switch_at": 0.8}
     assert refiner_fields(Txt2Img(prompt="x", refiner_checkpoint="sdxl-refiner.safetensors",
                                   refiner_switch_at=0.6), engine) == {"refiner_switch_at": 0.6}
+    assert refiner_fields(Txt2Img(prompt="x", refiner_checkpoint="sdxl-refiner", refiner_switch_at=1),
+                          engine) == {}  # A1111 switches after the last step: no refiner
     with pytest.raises(RefinerRefused, match=r"^refiner_checkpoint: this server's refiner is 'sdxl-refiner', loaded "
                                              r"at start-up; cannot switch to 'other'") as err:
         refiner_fields(Txt2Img(prompt="x", refiner_checkpoint="other"), engine)

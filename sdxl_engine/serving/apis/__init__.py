@@ -240,7 +240,8 @@ def _replay(chunks: list[bytes], pending, receive, more: bool = False):
 
 
 # The /generate tool's arguments that are numbers (its other arguments are text).
-NUMBER_ARGUMENTS = ("seed", "guidance_scale", "num_inference_steps", "width", "height")
+NUMBER_ARGUMENTS = ("seed", "guidance_scale", "num_inference_steps", "width", "height",  # the tools' number inputs
+                    "strength", "refiner_switch_at", "upscale")
 
 
 def nonfinite_call(body: bytes) -> dict | None:

@@ -291,7 +291,8 @@ class RefinerRefused(ApiError):
 
 def refiner_fields(body: Txt2Img, engine) -> dict:
     """The engine fields for A1111's ``refiner_checkpoint`` and ``refiner_switch_at`` (default 0.8): {} when no
-    refiner is asked for (None, "" or "None"). A1111 titles (``name [hash]``) and file names with an
+    refiner is asked for (None, "" or "None") or ``refiner_switch_at`` is 1 (A1111 switches once that share of
+    the steps is done: never; sd_samplers_common.apply_refiner). A1111 titles (``name [hash]``) and file names with an
     extension match the loaded refiner's name.
 
     Raises RefinerRefused (400) naming what is loaded: no refiner loaded, or another name."""
@@ -306,6 +307,8 @@ def refiner_fields(body: Txt2Img, engine) -> dict:
     if plain not in (loaded, Path(loaded).stem) and Path(plain).stem not in (loaded, Path(loaded).stem):
         raise RefinerRefused(400, f"refiner_checkpoint: this server's refiner is {loaded!r}, loaded at start-up; "
                                   f"cannot switch to {wanted[:80]!r}", "refiner_checkpoint")
+    if body.refiner_switch_at == 1:  # A1111 switches once that share of the steps is done: at 1, never
+        return {}
     return {"refiner_switch_at": DEFAULT_SWITCH_AT if body.refiner_switch_at is None else body.refiner_switch_at}
 
 

@@ -41,10 +41,14 @@ Args:
     height: output height in pixels, one of the model's sizes; 0 = the model's default
     sampler: an A1111 sampler name, as the generate tool takes
     refiner_switch_at: with a refiner loaded (the server's --refiner), the share of the steps on the base model before the refiner takes over, 0 to below 1 (0 = the refiner alone); 1 = no refiner
-    upscale: 1 = off; 1.25 to 2 = hires fix: the picture (at width x height) upscaled by this factor (Lanczos) and denoised again at the larger size with strength (-1 = 0.7); no mask with it
+    upscale: 1 = off; above 1, at most 4 (e.g. 1.5 or 2) = hires fix: the picture (at width x height) upscaled by this factor (Lanczos) and denoised again at the larger size with strength (-1 = 0.7); no mask with it
 Returns:
     the images (PNG, with their generation parameters) and a JSON record: seeds, size, strength, timings
 """
+
+
+MAX_UPSCALE = 4.0  # A1111's "Upscale by" slider's top (hires fix); the engine also checks the size it makes
+TOOL_FIELDS = {"hires_scale": "upscale", "hires_strength": "strength"}  # engine field -> this tool's input
 
 
 def tool_inputs(image: str, mask: str, strength: float, width: int, height: int,
@@ -61,7 +65,7 @@ def tool_inputs(image: str, mask: str, strength: float, width: int, height: int,
 
     Raises ApiError 400 naming the field: a side that is not a whole number of 8 to 2048 pixels, an undecodable
     or oversized image or mask (uploads.decode_image), a mask of another aspect ratio, or with nothing to repaint;
-    ``upscale`` with a mask.
+    ``upscale`` with a mask, or outside 1 to :data:`MAX_UPSCALE`.
     """
     size = []
     for name, value, default in (("width", width, default_size[0]), ("height", height, default_size[1])):
@@ -97,6 +101,9 @@ def tool_inputs(image: str, mask: str, strength: float, width: int, height: int,
     if switch is not None:
         fields["refiner_switch_at"] = switch
     if upscale is not None and upscale != 1:
+        if isinstance(upscale, bool) or not isinstance(upscale, (int, float)) or not 1 < upscale <= MAX_UPSCALE:
+            raise ApiError(400, f"upscale: 1 (off), or above 1 and at most {MAX_UPSCALE:g} (the hires fix's factor); "
+                                f"got {upscale!r}", "upscale")
         if mask:
             raise ApiError(400, "upscale: upscales the whole picture: send no mask with it (or upscale 1)", "upscale")
         fields["hires_scale"] = upscale
@@ -107,6 +114,13 @@ def tool_inputs(image: str, mask: str, strength: float, width: int, height: int,
         strength = MASK_STRENGTH if mask else DEFAULT_STRENGTH
     fields["strength"] = strength
     return ProtocolInputs(fields, finish), w, h
+
+
+def tool_message(message: str) -> str:
+    """An engine refusal's ``message`` with the engine's field name it starts with (:data:`TOOL_FIELDS`) as this
+    tool's input name (``hires_scale: ...`` -> ``upscale: ...``); any other message as it is."""
+    field, colon, rest = message.partition(":")
+    return f"{TOOL_FIELDS[field]}:{rest}" if colon and field in TOOL_FIELDS else message
 
 
 def image_tool(handle: Callable, config, engine=None) -> Callable:
@@ -129,8 +143,11 @@ def image_tool(handle: Callable, config, engine=None) -> Callable:
         except ApiError as err:
             print(f"[app] request refused: {API_NAME}: {err.message}", flush=True)
             raise gr.Error(err.message, print_exception=False) from None
-        gallery, info, _ = handle(prompt, negative_prompt, seed, guidance_scale, num_inference_steps, w, h, NO_STYLE,
-                                  sampler, client=admission.client_address(request), extra=extra)
+        try:
+            gallery, info, _ = handle(prompt, negative_prompt, seed, guidance_scale, num_inference_steps, w, h,
+                                      NO_STYLE, sampler, client=admission.client_address(request), extra=extra)
+        except gr.Error as err:  # the engine's refusals name its fields: this tool's names instead
+            raise gr.Error(tool_message(str(err.message)), print_exception=False) from None
         # As a Gallery's value (FileData items): Gradio serves each file and gradio_client downloads it, as it does
         # /generate's; bare paths would name files on the server that no remote client can read.
         return [{"image": gr.FileData(path=path).model_dump(), "caption": caption} for path, caption in gallery], info
