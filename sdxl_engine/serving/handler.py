@@ -61,7 +61,7 @@ Args:
     height: image height in pixels, one of the model's sizes; 0 = the model's default
     style: a style preset, one of {styles}
     sampler: one of {samplers}
-    refiner_switch_at: with a refiner loaded (the server's --refiner), the share of the steps on the base model before the refiner takes over, 0.05 to below 1; 1 = no refiner
+    refiner_switch_at: with a refiner loaded (the server's --refiner), the share of the steps on the base model before the refiner takes over, 0 to below 1 (0 = the refiner alone); 1 = no refiner; default: the page's slider (0.8 with a refiner)
 Returns:
     the images (PNG, with their generation parameters) and a JSON record: seeds, size, steps, sampler, timings
 """
