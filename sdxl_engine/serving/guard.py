@@ -329,7 +329,7 @@ CANCELLED = Cancels()  # the served process's cancels (Guard notes them; handler
 
 
 # Inputs an endpoint gained after its first release (handler.api_function: only optional inputs are ever added,
-# at the end): a raw call may leave them out, and gets the same defaults gradio_client fills in (Guard.complete).
+# at the end): a raw call may leave them out, and gets the same defaults gradio_client fills in (:func:`completed`).
 OPTIONAL_INPUTS = {"generate": ("refiner_switch_at",)}
 
 
@@ -404,8 +404,9 @@ class Guard:
     """ASGI middleware, outermost: see the module docstring for what it refuses or rewrites.
 
     ``inputs``/``fns``/``defaults`` (from :func:`api_inputs`) name the API endpoints whose raw calls are
-    checked for missing values (:func:`arity_error`) and completed with their optional ones (:func:`completed`). ``routes`` (a :class:`Routes`) decides which calls, result
-    streams and files reach Gradio at all; a refused request gets a 404 and one log line.
+    checked for missing values (:func:`arity_error`) and completed with their optional ones (:func:`completed`).
+    ``routes`` (a :class:`Routes`) decides which calls, result streams and files reach Gradio at all; a refused
+    request gets a 404 and one log line.
     """
 
     def __init__(self, app, gate: "RequestGate | None" = None, max_body: int = MAX_BODY_BYTES,
