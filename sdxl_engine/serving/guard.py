@@ -350,18 +350,32 @@ def api_inputs(demo) -> tuple[dict[str, tuple[str, ...]], dict[int, str], dict[s
     return inputs, fns, defaults
 
 
-def arity_error(path: str, body: bytes, inputs: dict[str, tuple[str, ...]], fns: dict[int, str],
+def raw_call(path: str, body: bytes, fns: dict[int, str]) -> tuple[str, dict] | None:
+    """(api_name, JSON payload) of a raw call (``/call/<name>``, ``/run/<name>``) or queue join (``fn_index``)
+    whose body is JSON with a ``data`` list, else None (read once: :func:`arity_error` and :func:`completed` take
+    it)."""
+    call, join = _API_CALL.match(path), _QUEUE_JOIN.match(path)
+    try:
+        payload = json.loads(body) if (call or join) else None
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(payload, dict) or not isinstance(payload.get("data"), list):
+        return None
+    return (call["name"] if call else fns.get(payload.get("fn_index"))), payload
+
+
+def arity_error(found: tuple[str, dict] | None, inputs: dict[str, tuple[str, ...]],
                 defaults: dict[str, tuple] | None = None) -> str | None:
-    """The message for a raw call to a named endpoint with fewer values than it takes, else None.
+    """The message for a raw call (``found``, from :func:`raw_call`) to a named endpoint with fewer values than it
+    takes, else None.
 
     An endpoint's trailing :data:`OPTIONAL_INPUTS` (their ``defaults``, from :func:`api_inputs`) may be left
     out: :func:`completed` fills them in. Extra values are left to Gradio (it ignores them); bodies that are
     not JSON with a ``data`` list are left to Gradio's own validation.
     """
-    found = _call_data(path, body, fns)
     if found is None or (names := inputs.get(found[0])) is None:
         return None
-    name, data = found
+    name, data = found[0], found[1]["data"]
     optional = len((defaults or {}).get(name, ()))
     needed = names[:len(names) - optional]
     if len(data) >= len(needed):
@@ -371,33 +385,24 @@ def arity_error(path: str, body: bytes, inputs: dict[str, tuple[str, ...]], fns:
             f"Send every value in this order{later} (gradio_client fills in the optional ones).")
 
 
-def completed(path: str, body: bytes, inputs: dict[str, tuple[str, ...]], fns: dict[int, str],
-              defaults: dict[str, tuple]) -> bytes:
-    """``body`` with the trailing optional inputs a raw call left out (:data:`OPTIONAL_INPUTS`) set to their
-    ``defaults``, so the call runs as gradio_client's does; any other body as it is."""
-    found = _call_data(path, body, fns)
-    if found is None or (names := inputs.get(found[0])) is None or found[0] not in defaults:
-        return body
-    name, data = found
-    missing = len(names) - len(data)
+def completed(found: tuple[str, dict] | None, inputs: dict[str, tuple[str, ...]],
+              defaults: dict[str, tuple]) -> bytes | None:
+    """The body of raw call ``found`` (from :func:`raw_call`) with the trailing optional inputs it left out
+    (:data:`OPTIONAL_INPUTS`) set to their ``defaults``, so the call runs as gradio_client's does; None when
+    nothing is to be filled in."""
+    if found is None or found[0] not in defaults or (names := inputs.get(found[0])) is None:
+        return None
+    name, payload = found
+    missing = len(names) - len(payload["data"])
     if not 0 < missing <= len(defaults[name]):
-        return body
-    payload = json.loads(body)
-    payload["data"] = [*data, *defaults[name][len(defaults[name]) - missing:]]
-    return json.dumps(payload).encode()
+        return None
+    return json.dumps({**payload, "data": [*payload["data"], *defaults[name][len(defaults[name]) - missing:]]}).encode()
 
 
-def _call_data(path: str, body: bytes, fns: dict[int, str]) -> tuple[str, list] | None:
-    """(api_name, data) of a raw call (``/call/<name>``, ``/run/<name>``) or queue join (``fn_index``) whose
-    body is JSON with a ``data`` list, else None."""
-    call, join = _API_CALL.match(path), _QUEUE_JOIN.match(path)
-    try:
-        payload = json.loads(body) if (call or join) else None
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(payload, dict) or not isinstance(payload.get("data"), list):
-        return None
-    return (call["name"] if call else fns.get(payload.get("fn_index"))), payload["data"]
+def _with_length(scope: dict, body: bytes) -> dict:
+    """``scope`` with its Content-Length header set to ``body``'s length (a body the guard rewrote)."""
+    return {**scope, "headers": [(k, v) for k, v in scope["headers"] if k.lower() != b"content-length"]
+            + [(b"content-length", str(len(body)).encode())]}
 
 
 class Guard:
@@ -521,16 +526,15 @@ class Guard:
                 if (reason := self.routes.refusal(method, path, query, body)) is not None:
                     return await self._refuse(send, method, path, reason)
                 body = self.routes.cleaned(body)
-                scope = {**scope, "headers": [(k, v) for k, v in scope["headers"] if k.lower() != b"content-length"]
-                         + [(b"content-length", str(len(body)).encode())]}
-            message = arity_error(path, body, self.inputs, self.fns, self.defaults)
+                scope = _with_length(scope, body)
+            found = raw_call(path, body, self.fns) if self.inputs else None
+            message = arity_error(found, self.inputs, self.defaults)
             if message is not None:
                 return await _plain(send, 422, json.dumps({"error": message, "detail": message}).encode(),
                                     content_type=b"application/json")
-            if (whole := completed(path, body, self.inputs, self.fns, self.defaults)) is not body:
+            if (whole := completed(found, self.inputs, self.defaults)) is not None:
                 body = whole
-                scope = {**scope, "headers": [(k, v) for k, v in scope["headers"] if k.lower() != b"content-length"]
-                         + [(b"content-length", str(len(body)).encode())]}
+                scope = _with_length(scope, body)
             inner_receive = _replay(body, receive)
         elif upload:
             return await self._upload(scope, limited_receive, guarded_send, send, lambda: seen > limit, path, limit)

@@ -81,7 +81,7 @@ def stopped_view(last: dict | None, heard: str) -> tuple:
 PNG_FIELDS = {"prompt": "prompt", "negative_prompt": "negative prompt", "style": "style", "seed": "seed",
               "guidance_scale": "CFG", "num_inference_steps": "steps", "sampler": "sampler", "resolution": "size",
               "refiner_switch_at": "refiner switch"}
-REFINER_RANGE = (0.05, 1.0)  # the page's refiner slider (page_image.refiner_slider; 1 = no refiner)
+REFINER_MIN, REFINER_OFF = 0.05, 1.0  # the refiner slider's range (page_image.refiner_slider); 1: base model only
 MAX_PARAMETERS_CHARS = 60_000  # a parameters text is a few kB; PNG_SETTINGS_JS sends at most this
 
 
@@ -131,7 +131,8 @@ def png_settings(text: str, sizes: list[str], max_steps: int, max_seed: int,
         else:
             values.update(prompt=typed[0], negative_prompt=typed[1], style=style)
     number = {"seed": ("Seed", int, 0, max_seed), "guidance_scale": ("CFG scale", float, 0.0, MAX_GUIDANCE),
-              "num_inference_steps": ("Steps", int, 1, max_steps)}
+              "num_inference_steps": ("Steps", int, 1, max_steps),
+              **({"refiner_switch_at": ("Refiner switch at", float, REFINER_MIN, REFINER_OFF)} if refiner else {})}
     for name, (key, kind, low, high) in number.items():
         if key not in fields:
             continue
@@ -155,18 +156,10 @@ def png_settings(text: str, sizes: list[str], max_steps: int, max_seed: int,
             values["resolution"] = size
         else:
             left.append(f"size {size} (not one of this model's sizes)")
-    if "Refiner switch at" in fields:
-        try:
-            switch = float(fields["Refiner switch at"])
-        except ValueError:
-            switch = None
-        if refiner and switch is not None and REFINER_RANGE[0] <= switch <= REFINER_RANGE[1]:
-            values["refiner_switch_at"] = switch
-        else:
-            why = "no refiner on this server" if not refiner else "this page takes 0.05 to 1"
-            left.append(f"refiner switch at {fields['Refiner switch at'][:20]!r} ({why})")
-    elif refiner:
-        values["refiner_switch_at"] = REFINER_RANGE[1]  # made without a refiner: base model only, as it was
+    if "Refiner switch at" in fields and not refiner:  # with a refiner: read with the numbers above
+        left.append(f"refiner switch at {fields['Refiner switch at'][:20]!r} (no refiner on this server)")
+    elif refiner and "Refiner switch at" not in fields:
+        values["refiner_switch_at"] = REFINER_OFF  # made without a refiner: base model only, as it was
     if "Hires upscale" in fields:
         left.append(f"hires fix (upscale {fields['Hires upscale'][:20]!r}: the images were upscaled after; "
                     "Upscale under Image to image runs it on a picture)")

@@ -14,7 +14,7 @@ from sdxl_engine.engine.contract import EngineContract
 from sdxl_engine.engine.image_upscale import IMAGE_UPSCALERS
 from sdxl_engine.engine.validation import DEFAULT_IMAGE_UPSCALER
 from sdxl_engine.serving import guard, image_input
-from sdxl_engine.serving.page import outpaint_default, page_event
+from sdxl_engine.serving.page import REFINER_MIN, REFINER_OFF, outpaint_default, page_event
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,14 +45,11 @@ class ImageSection:
         return [self.hires_scale, self.hires_upscaler, self.hires_strength]
 
 
-REFINER_OFF = 1.0  # the refiner slider's value for "base model only" (handler.refiner_switch)
-
-
 def refiner_slider(config: EngineConfig) -> gr.Slider:
     """The refiner switch (``refiner_switch_at``: the share of the steps on the base model; 1 = no refiner), an
     input of /generate and of the image event; shown, at 0.8 (diffusers' and A1111's usual switch), only when a
     refiner is loaded (``config.refiner``), else hidden at 1 (off)."""
-    return gr.Slider(0.05, REFINER_OFF, value=0.8 if config.refiner else REFINER_OFF, step=0.05,
+    return gr.Slider(REFINER_MIN, REFINER_OFF, value=0.8 if config.refiner else REFINER_OFF, step=0.05,
                      visible=bool(config.refiner), label="Refiner switch (share of the steps on the base model; "
                      "1 = no refiner)", elem_id="refiner-switch")
 
