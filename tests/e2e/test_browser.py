@@ -545,9 +545,7 @@ def test_progress_bar_and_previews_show_before_the_images(browser, previews_serv
             if (text && window.captions[window.captions.length - 1] !== text) window.captions.push(text);
           }).observe(document.body, {subtree: true, childList: true, characterData: true}); }""")
         page.get_by_text("Advanced settings").click()
-        page.fill("#steps input[type='number']", "40")
-        page.keyboard.press("Enter")
-        page.wait_for_function("() => document.querySelector('#steps input[type=number]')?.value === '40'")
+        set_steps(page, 40)
         captions = generate(page, "a red circle on a blue background")
         seen = page.evaluate("[...window.progress]")
         order = page.evaluate("window.captions")
@@ -560,20 +558,26 @@ def test_progress_bar_and_previews_show_before_the_images(browser, previews_serv
         page_handle.close()
 
 
-def set_steps(page, steps: int) -> None:
-    """Type ``steps`` into the Steps box until the page holds it (under load, the slider may put its old value
-    back over a first typing that lands while the accordion is still opening): at most three tries."""
+def set_slider(page, elem_id: str, value) -> None:
+    """Type ``value`` into slider ``elem_id``'s number box until the page holds it in the box and on the slider
+    (under load, the slider may put its old value back over a first typing that lands while its accordion is
+    still opening): at most three tries."""
     for attempt in range(3):
-        page.fill("#steps input[type='number']", str(steps))
-        page.keyboard.press("Enter")
+        page.fill(f"#{elem_id} input[type='number']", str(value))
+        page.locator(f"#{elem_id} input[type='number']").press("Enter")
         try:
-            page.wait_for_function("n => document.querySelector('#steps input[type=number]')?.value === String(n)"
-                                   " && document.querySelector('#steps input[type=range]')?.value === String(n)",
-                                   arg=steps, timeout=10_000)
+            page.wait_for_function("([id, v]) => document.querySelector(`#${id} input[type=number]`)?.value === v"
+                                   " && document.querySelector(`#${id} input[type=range]`)?.value === v",
+                                   arg=[elem_id, str(value)], timeout=10_000)
             return
         except Exception:
             if attempt == 2:
                 raise
+
+
+def set_steps(page, steps: int) -> None:
+    """Put ``steps`` in the Steps slider (:func:`set_slider`)."""
+    set_slider(page, "steps", steps)
 
 
 def test_stop_says_where_it_stopped_and_shows_the_last_finished_result_again(browser, previews_server):
@@ -661,9 +665,7 @@ def test_a_png_this_server_made_restores_its_settings_read_in_the_browser(offlin
     page.wait_for_function("document.querySelector('#engine-status')?.innerText.includes('Ready on')")
     page.get_by_text("Advanced settings").click()
     page.fill("#negative textarea", "blurry")
-    page.fill("#steps input[type='number']", "6")
-    page.keyboard.press("Enter")
-    page.wait_for_function("() => document.querySelector('#steps input[type=number]')?.value === '6'")
+    set_steps(page, 6)
     captions = generate(page, "a small yellow star", "Cinematic")
     seed = CAPTION.match(captions[2]).group(1)
     page.locator("#gallery .grid-container .gallery-item").nth(2).click()
@@ -821,8 +823,7 @@ def test_upscale_a_gallery_image_runs_hires_fix_on_it_with_its_seed(offline):
     page.wait_for_function("!document.querySelector('#send-to-upscale')?.disabled")
     page.locator("#gallery button[aria-label='Close']").first.click()
     page.locator("#img2img-box button").first.click()  # the upscale settings: a low strength keeps the image
-    page.fill("#hires-strength input[type=number]", "0.2")
-    page.locator("#hires-strength input[type=number]").press("Enter")
+    set_slider(page, "hires-strength", 0.2)
     previous = page.inner_text("#result-status")
     page.click("#send-to-upscale")
     page.wait_for_function("prev => { const t = document.querySelector('#result-status')?.innerText;"
@@ -854,8 +855,7 @@ def test_outpaint_extends_the_picture_to_the_right(browser, app_server):
         page.wait_for_function("!document.querySelector('#init-image')?.innerText.includes('Upload an image')")
         page.locator("#img2img-mode input[value='Outpaint (add pixels at the sides)']").check()
         page.wait_for_selector("#outpaint-row", state="visible")
-        page.fill("#outpaint-pixels input[type=number]", "16")
-        page.locator("#outpaint-pixels input[type=number]").press("Enter")
+        set_slider(page, "outpaint-pixels", 16)
         page.fill("#prompt textarea", "a red circle")
         page.click("#generate-image")
         page.wait_for_function("document.querySelector('#result-status')?.innerText.includes('images on')",
