@@ -133,7 +133,6 @@ def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract 
         pending = history.Pending()  # each generation's history record, until this browser's history takes it
         finished = history.Pending(max_per_session=1)  # each session's last finished gallery, until it is kept
 
-        # named as the /generate API's inputs
         generate_images = handler.api_function(generate, config, pending, finished)
         generate_from_image = handler.image_function(generate, config, pending, finished, demo)
         upscale_image = handler.upscale_function(generate, config, pending, finished, demo)
@@ -145,7 +144,10 @@ def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract 
         gr.on(starts, None, status, [status, heard], js=NEW_REQUEST_JS, queue=False, api_visibility="private")
         # preprocess=False: values reach the engine as sent, so its checks and messages (with the
         # argument's name) apply to page and API alike, instead of Gradio's unnamed bound checks.
-        settings = [prompt, negative_prompt, seed, guidance_scale, num_inference_steps, width, height, style, sampler]
+        page_inputs = dict(prompt=prompt, negative_prompt=negative_prompt, seed=seed, guidance_scale=guidance_scale,
+                           num_inference_steps=num_inference_steps, width=width, height=height, style=style,
+                           sampler=sampler)
+        settings = [page_inputs[name] for name in handler.GENERATE_INPUTS]  # /generate's order, declared there
         event = gr.on([run.click, prompt.submit], generate_images, [*settings, refiner_switch], [gallery, info],
                       api_name="generate", concurrency_id="engine", concurrency_limit=concurrency, preprocess=False)
         events = (event, *image_events(image, settings, generate_from_image, upscale_image, send_upscale,

@@ -39,6 +39,21 @@ from sdxl_engine.engine.steps import StepEvent, Stopped
 from sdxl_engine.serving.progress import JOB_SCOPE_KEY, JOBS
 from sdxl_engine.serving.images import png_bytes, write_new
 
+GENERATE_INPUTS = ("prompt", "negative_prompt", "seed", "guidance_scale", "num_inference_steps", "width", "height",
+                   "style", "sampler")
+"""``/generate``'s inputs in its contract's order (gradio_client's positional values, a raw call's ``data``), the one
+place that order is written: app.py lists the page's components by it, the page's events (:func:`api_function`,
+:func:`image_function`, :func:`upscale_function`, whose signatures begin with these names: a unit test holds them
+to it) and apis.core.Call read their values by it. Inputs added later follow them (guard.OPTIONAL_INPUTS)."""
+
+
+def generate_values(arguments: dict) -> tuple:
+    """The :data:`GENERATE_INPUTS` values of an event function's named ``arguments`` (its ``locals()``), in order.
+
+    Raises KeyError naming an input ``arguments`` lacks."""
+    return tuple(arguments[name] for name in GENERATE_INPUTS)
+
+
 STAGES = {  # engine stage -> (progress fraction, what the page says)
     "compiling": (0.03, "Compiling {size} once{about} (the first request at it; reused afterwards)"),
     "waiting": (0.04, "Waiting for the request ahead on the devices"),
@@ -102,7 +117,7 @@ def api_function(handle: Callable, config: EngineConfig, pending: history.Pendin
         # A generator, so the previews stream to the gallery; a cancel (the page's Stop,
         # gradio_client's job.cancel()), noted by the server under this session and event, stops the
         # engine (stream_previews).
-        values = (prompt, negative_prompt, seed, guidance_scale, num_inference_steps, width, height, style, sampler)
+        values = generate_values(locals())
         extra, switch = protocol_inputs(request), refiner_switch(refiner_switch_at)
         if switch is not None:  # a protocol call sends None here: its refiner comes in its own fields
             extra = dataclasses.replace(extra, fields={**extra.fields, "refiner_switch_at": switch})
@@ -173,7 +188,7 @@ def image_function(handle: Callable, config: EngineConfig, pending: history.Pend
                 mode: str = image_input.IMG2IMG, strength: float = image_input.DEFAULT_STRENGTH[image_input.IMG2IMG],
                 sides: list | None = None, pixels: int = 0, refiner_switch_at: float | None = None,
                 request: gr.Request = None, progress=gr.Progress()):
-        values = (prompt, negative_prompt, seed, guidance_scale, num_inference_steps, width, height, style, sampler)
+        values = generate_values(locals())
         try:
             try:
                 picture = image_input.read_editor(image, lambda path: readable(demo, path))
@@ -221,7 +236,7 @@ def upscale_function(handle: Callable, config: EngineConfig, pending: history.Pe
             raise refuse(ValueError(err.message)) from err
         seeds = (last.get("info") or {}).get("seeds") or []
         seed = seeds[index] if index < len(seeds) else seed
-        values = (prompt, negative_prompt, seed, guidance_scale, num_inference_steps, 0, 0, style, sampler)
+        values = generate_values({**locals(), "width": 0, "height": 0})  # the size is the image's
         fields = dict(image=picture, hires_scale=hires_scale, hires_upscaler=hires_upscaler,
                       hires_strength=hires_strength)
         yield from _run_event(handle, values, request, progress, pending, finished, ProtocolInputs(fields=fields))

@@ -211,3 +211,34 @@ def test_a_history_record_made_from_a_picture_restores_its_settings_but_not_its_
     assert upscaled["from_image"] is True and edited["from_image"] is True
     size, note = restored_size({**upscaled, "time": "t"}, 5)
     assert size is None and "made from a picture (96x96)" in note and "Image to image" in note
+
+
+def test_every_event_and_protocol_call_reads_the_nine_inputs_in_the_declared_order():
+    """handler.GENERATE_INPUTS is /generate's contract order: the three page events' signatures begin with it (Gradio
+    reads their parameter names and positions), each hands the engine its values in that order, and a protocol's
+    Call lists its values so (then the refiner switch, None)."""
+    import inspect
+    from types import SimpleNamespace
+
+    from sdxl_engine.config import EngineConfig
+    from sdxl_engine.serving import handler, history
+    from sdxl_engine.serving.apis.core import Call
+
+    config = EngineConfig.load(environ={})
+    functions = [handler.api_function(None, config, history.Pending()),
+                 handler.image_function(None, config, history.Pending(), None, None),
+                 handler.upscale_function(None, config, history.Pending(), None, None)]
+    for function in functions:
+        assert tuple(inspect.signature(function).parameters)[:9] == handler.GENERATE_INPUTS, function.__name__
+    sent = dict(zip(handler.GENERATE_INPUTS, ("p", "n", 7, 3.5, 6, 64, 80, "Anime", "Euler a")))
+    got = []
+
+    def fake(*values, **kw):
+        got.append(values)
+        return [], {"seeds": [7]}, {}
+
+    generate = handler.api_function(fake, config, history.Pending())
+    list(generate(**sent, request=SimpleNamespace(session_hash="s", request=None), progress=lambda *a, **k: None))
+    assert got == [tuple(sent.values())]
+    assert Call(**{k: v for k, v in sent.items() if k != "seed"}).values(9) == [*sent.values()][:2] + [9] + [
+        *sent.values()][3:] + [None]

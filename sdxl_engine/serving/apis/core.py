@@ -38,7 +38,7 @@ from sdxl_engine.engine.steps import Stopped
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest, validate
 from sdxl_engine.serving import admission, delivery, gradio_internals
 from sdxl_engine.serving.apis.errors import ApiError
-from sdxl_engine.serving.handler import PROTOCOL_INPUTS, ProtocolInputs
+from sdxl_engine.serving.handler import PROTOCOL_INPUTS, ProtocolInputs, generate_values
 from sdxl_engine.serving.progress import JOB_SCOPE_KEY, JOBS, Owner
 from sdxl_engine.serving.styles import NO_STYLE, UnknownStyle, apply_style
 
@@ -79,10 +79,9 @@ class Call:
     extra: ProtocolInputs | None = None  # image to image, hires fix, refiner (handler.ProtocolInputs)
 
     def values(self, seed) -> list:
-        """The ``/generate`` event's input values, in app.py's order, with ``seed``; its refiner switch None
-        (the protocol's refiner comes in ``extra``)."""
-        return [self.prompt, self.negative_prompt, seed, self.guidance_scale, self.num_inference_steps,
-                self.width, self.height, self.style, self.sampler, None]
+        """The ``/generate`` event's input values (handler.GENERATE_INPUTS), with ``seed``; then its refiner switch,
+        None (the protocol's refiner comes in ``extra``)."""
+        return [*generate_values({**vars(self), "seed": seed}), None]
 
     def field(self, name: str) -> str:
         """The protocol's name of the ``/generate`` input ``name`` (``width/height`` maps each side)."""
