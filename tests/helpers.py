@@ -102,7 +102,7 @@ class Programs:
         self._compiled = {}
 
     def __getitem__(self, shape):
-        from sdxl_engine.program.generate import compile_program
+        from sdxl_engine.program.compiling import compile_program
 
         if shape not in self._compiled:
             self._compiled[shape] = compile_program(self.model, self.params, shape, self.mesh)

@@ -52,8 +52,9 @@ from PIL import Image
 from sdxl_engine.config import EngineConfig, apply_jax_options
 from sdxl_engine.engine.local import Engine, GenerateResult
 from sdxl_engine.serving.images import encode_pngs
-from sdxl_engine.program.generate import (ProgramInputs, ProgramShape, cfg_combine, compile_program, denoised, encode_prompts,
-                       initial_noise, latent_shape, sampler_update, tokenize)
+from sdxl_engine.program.compiling import compile_program
+from sdxl_engine.program.generate import (ProgramInputs, ProgramShape, cfg_combine, denoised, encode_prompts, initial_noise,
+                                          latent_shape, sampler_update, tokenize)
 from sdxl_engine.program.schedulers import make_schedule
 from sdxl_engine.program.sharding import DATA_AXIS
 from sdxl_engine.engine.steps import StepEvent

@@ -42,8 +42,8 @@ import numpy as np
 from sdxl_engine.checkpoint import builtin
 from sdxl_engine.checkpoint.loading import LoadedModel, check_refiner, load_folder, model_kind, read_model_folder
 from sdxl_engine.models import build_component
-from sdxl_engine.program.generate import (ImageConditioning, ProgramInputs, ProgramShape, jit_program, keep_known,
-                                          latent_shape)
+from sdxl_engine.program.compiling import jit_program
+from sdxl_engine.program.generate import ImageConditioning, ProgramInputs, ProgramShape, keep_known, latent_shape
 from sdxl_engine.program.sharding import make_mesh
 from tools.report import write_section
 

@@ -34,7 +34,8 @@ from sdxl_engine.program import sharding
 from sdxl_engine import config as config_mod
 from sdxl_engine.config import EngineConfig
 from sdxl_engine.program.executables import ExecutableCache
-from sdxl_engine.program.generate import STEP_HOOK, CompiledProgram, ProgramInputs, ProgramShape, cached_program
+from sdxl_engine.program.compiling import CompiledProgram, cached_program
+from sdxl_engine.program.generate import STEP_HOOK, ProgramInputs, ProgramShape
 from sdxl_engine.program.latent_upscale import sharded_upscale
 from sdxl_engine.engine.contract import ScaleOut, clock, queue_seconds
 from sdxl_engine.engine.image_upscale import upscale_images
@@ -414,7 +415,7 @@ class Engine:
         if program.loaded:
             self._log(f"[sdxl_engine] loaded {what} in {program.compile_s:.2f} s (executable cache: "
                       f"{program.cache_note}; nothing traced or compiled)")
-        elif self.executables:  # program.cached_program bypasses XLA's cache for what it stores
+        elif self.executables:  # compiling.cached_program bypasses XLA's cache for what it stores
             self._log(f"[sdxl_engine] compiled {what} in {program.compile_s:.2f} s (executable cache: "
                       f"{program.cache_note}; compile cache: bypassed)")
         else:

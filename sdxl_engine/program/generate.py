@@ -27,7 +27,7 @@ whole program on its own images, params replicated, with no cross-device communi
 How the program is put together (the extension seam)
 ----------------------------------------------------
 * :class:`ProgramShape` holds the static options: one field each, all of it in the executable
-  cache's key (:func:`program_key` takes it whole).
+  cache's key (compiling.program_key takes it whole).
 * :class:`ProgramInputs` holds the per-request arrays. Each field declares itself once, with
   :func:`per_image` (split over ``data``; its shape after the batch axis) or :func:`replicated`
   (whole on every device), a shape that may read the ProgramShape, a dtype, and for an optional
@@ -84,23 +84,18 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import threading
-import time
-from pathlib import Path
 from typing import Any, Callable, Mapping, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import io_callback
-from jax._src import config as jax_config  # its thread-local enable_compilation_cache switch has no public API
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from sdxl_engine.program.executables import ExecutableCache, key_digest, source_digest
 from sdxl_engine.checkpoint.loading import LoadedModel
 from sdxl_engine.program.schedulers import Schedule
-from sdxl_engine.program.sharding import DATA_AXIS, check_batch
+from sdxl_engine.program.sharding import DATA_AXIS
 
 TOKENS = 77  # CLIP context length of both SDXL tokenizers
 
@@ -339,19 +334,6 @@ def _present(f: dataclasses.Field, shape: ProgramShape) -> bool:
     return f.metadata["when"] is None or bool(getattr(shape, f.metadata["when"]))
 
 
-@dataclasses.dataclass
-class CompiledProgram:
-    """An ahead-of-time compiled executable and what it took to build."""
-
-    shape: ProgramShape
-    executable: Callable  # (params, ProgramInputs) -> (images, finite)
-    compile_s: float  # seconds to make it: lower + compile (a persistent-cache hit included) + the executable
-    # cache's lookup and store; or, when loaded, the lookup and deserialization alone
-    flops: float | None  # XLA's cost analysis of the whole program (all devices), if reported
-    loaded: bool = False  # True: deserialized from the executable cache (nothing traced or compiled)
-    cache_note: str = ""  # the executable cache's one-line account (loaded / why not / stored), "" without one
-
-
 def emphasize(z: jax.Array, weights: jax.Array) -> jax.Array:
     """AUTOMATIC1111's "Original" emphasis on one encoder's chunks (``modules/sd_emphasis.py``,
     ``EmphasisOriginal.after_transformers``): z' = z w (each token's hidden state times its
@@ -496,7 +478,7 @@ def latent_shape(model: LoadedModel, height: int, width: int) -> tuple[int, int,
 @dataclasses.dataclass(frozen=True)
 class Static:
     """What the traced program reads besides its arguments: bound before compiling, so changing any of
-    it compiles a new program (and :func:`program_key` covers each: the shape whole, the components'
+    it compiles a new program (and compiling.program_key covers each: the shape whole, the components'
     configs, the prediction type)."""
 
     shape: ProgramShape
@@ -941,113 +923,3 @@ def unscale_latents(latents: jax.Array, vae_cfg) -> jax.Array:
     as diffusers' SDXL pipeline does before ``vae.decode``. (b, c, h, w) float32."""
     out = latents / vae_cfg.scaling_factor
     return out + vae_cfg.shift_factor if vae_cfg.shift_factor else out
-
-
-def jit_program(model: LoadedModel, shape: ProgramShape, mesh: Mesh):
-    """``jax.jit`` of the sharded program with explicit in/out shardings (not yet compiled)."""
-    check_batch(shape.batch, mesh)
-    specs = ProgramInputs.specs(shape)
-    sharded = jax.shard_map(build_generate(model, shape), mesh=mesh, in_specs=(P(), specs),
-                            out_specs=(P(DATA_AXIS), P(DATA_AXIS)))
-    shardings = jax.tree.map(lambda spec: NamedSharding(mesh, spec), specs)
-    batch = NamedSharding(mesh, P(DATA_AXIS))
-    return jax.jit(sharded, in_shardings=(NamedSharding(mesh, P()), shardings), out_shardings=(batch, batch))
-
-
-def compile_program(model: LoadedModel, params, shape: ProgramShape, mesh: Mesh) -> CompiledProgram:
-    """Lower and compile ahead of time for ``shape``; ``params`` may be arrays or ShapeDtypeStructs."""
-    start = time.perf_counter()
-    abstract = ProgramInputs.abstract(shape, latent_shape(model, shape.height, shape.width), mesh)
-    executable = jit_program(model, shape, mesh).lower(params, abstract).compile()
-    return CompiledProgram(shape=shape, executable=executable, compile_s=time.perf_counter() - start,
-                           flops=_flops(executable))
-
-
-def _flops(executable) -> float | None:
-    try:
-        cost = executable.cost_analysis()
-        cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-        return float(cost.get("flops")) if cost and cost.get("flops") is not None else None
-    except Exception:  # cost analysis is best-effort and backend-dependent
-        return None
-
-
-# The folders the program is traced from: every Python file in them, found when the key is made (not a
-# hand-kept list, which would forget the next new file), is part of the executable-cache key. The weights'
-# names, shapes and dtypes, and every component's config, are in the key as data (program_key).
-_PACKAGE = Path(__file__).resolve().parents[1]
-PROGRAM_FOLDERS = (_PACKAGE / "program", _PACKAGE / "models")
-
-
-def program_sources() -> tuple[Path, ...]:
-    """Every ``*.py`` under :data:`PROGRAM_FOLDERS`, sorted by path relative to the package."""
-    return tuple(sorted((p for folder in PROGRAM_FOLDERS for p in folder.rglob("*.py")),
-                        key=lambda p: p.relative_to(_PACKAGE).as_posix()))
-
-
-@functools.cache
-def _source_digest() -> str:
-    return source_digest(program_sources(), root=_PACKAGE)
-
-
-def program_key(model: LoadedModel, params, shape: ProgramShape, mesh: Mesh) -> dict:
-    """The executable cache's key for this program, computed without tracing.
-
-    Everything static that the traced program depends on: the shape (batch, size, loop length,
-    CFG mode, given latents), every component's config, the prediction type, the parameters'
-    names, shapes, dtypes and shardings, the mesh (axis names, device ids in order) and a hash
-    of the source files it is traced from (:func:`program_sources`). The cache adds versions,
-    backend, devices and JAX options (:func:`.executables.runtime_key`).
-    """
-    cfg = "" if shape.cfg else " without CFG"
-    cfg += f", {shape.chunks} prompt chunks" if shape.chunks > 1 else ""
-    cfg += ", image to image" if shape.init_image else ""
-    cfg += ", inpainting" if shape.inpaint else ""
-    cfg += ", with the refiner" if shape.refiner else ""
-    cfg += ", hires first pass" if shape.latents_out else ""
-    cfg += ", hires second pass" if shape.init_latents or shape.hires_noise else ""
-    st = static_options(model, shape)  # what the traced program reads, so the key cannot miss it
-    return {
-        "program": f"{shape.width}x{shape.height} x {shape.batch} images, {shape.max_steps} steps{cfg}",
-        "shape": dataclasses.asdict(st.shape),
-        "model": {name: dataclasses.asdict(c.config) for name, c in st.components.items()},
-        "prediction_type": st.prediction_type,
-        "dtype": model.dtype,
-        "params": key_digest([[jax.tree_util.keystr(path), list(x.shape), str(x.dtype),
-                               str(getattr(x, "sharding", None))]
-                              for path, x in jax.tree_util.tree_leaves_with_path(params)]),
-        "mesh": {"axes": list(mesh.axis_names), "devices": [d.id for d in mesh.devices.flat]},
-        "source": _source_digest(),
-        **({"refiner": {"model": {n: dataclasses.asdict(c.config) for n, c in st.refiner.components.items()},
-                        "kind": dataclasses.asdict(st.refiner.kind)}} if st.refiner else {}),
-    }
-
-
-def cached_program(model: LoadedModel, params, shape: ProgramShape, mesh: Mesh,
-                   cache: ExecutableCache | None) -> CompiledProgram:
-    """The program for ``shape``: loaded from ``cache`` when it holds a trusted entry, else compiled and stored.
-
-    Without a cache this is :func:`compile_program`. A loaded program is neither traced, lowered
-    nor compiled: its argument pytree is rebuilt from ``params`` and the abstract inputs. A
-    compiled one bypasses JAX's persistent compilation cache (see below), so a miss here is a
-    full compile. ``cache_note`` of the result says what the cache did, in one line.
-    """
-    if cache is None:
-        return compile_program(model, params, shape, mesh)
-    start = time.perf_counter()
-    abstract = ProgramInputs.abstract(shape, latent_shape(model, shape.height, shape.width), mesh)
-    in_tree, out_tree = jax.tree.structure(((params, abstract), {})), jax.tree.structure((0, 0))  # (images, finite)
-    key, devices = program_key(model, params, shape, mesh), list(mesh.devices.flat)
-    found = cache.load(key, in_tree, out_tree, devices,
-                       host_callback=STEP_HOOK.call if shape.step_hook else None)  # the step hook restored
-    if found.executable is not None:
-        return CompiledProgram(shape=shape, executable=found.executable, compile_s=time.perf_counter() - start,
-                               flops=_flops(found.executable), loaded=True, cache_note=found.note)
-    # What is stored must come from a fresh compile: XLA:CPU (jaxlib 0.12) drops kernels when it re-serializes an
-    # executable it deserialized, such as one JAX's persistent cache served (measured: the reloaded copy fails with
-    # "Function multiply_add_fusion not found"). So this program bypasses that cache; everything else still uses it.
-    with jax_config.enable_compilation_cache(False):
-        program = compile_program(model, params, shape, mesh)
-    program.cache_note = f"{found.note}; {cache.store(key, program.executable, devices, in_tree, out_tree)}"
-    program.compile_s = time.perf_counter() - start
-    return program

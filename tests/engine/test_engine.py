@@ -296,7 +296,8 @@ def test_random_weight_builder_goes_through_the_engine_program(engine):
 
     from sdxl_engine.checkpoint import builtin
     from sdxl_engine.checkpoint.loading import random_model
-    from sdxl_engine.program.generate import ProgramInputs, ProgramShape, compile_program
+    from sdxl_engine.program.compiling import compile_program
+    from sdxl_engine.program.generate import ProgramInputs, ProgramShape
     from sdxl_engine.program.schedulers import make_schedule
     from sdxl_engine.program.sharding import replicated
 

@@ -73,7 +73,8 @@ def program():
     import jax
 
     from sdxl_engine.checkpoint.loading import load_folder
-    from sdxl_engine.program.generate import ProgramInputs, ProgramShape, compile_program, tokenize
+    from sdxl_engine.program.compiling import compile_program
+    from sdxl_engine.program.generate import ProgramInputs, ProgramShape, tokenize
     from sdxl_engine.program.sharding import make_mesh, replicated
 
     model = load_folder(FIXTURES / "tiny-pt", "tiny-pt", "float32")
@@ -130,6 +131,7 @@ def gen(engine, **kw):
     return engine.generate(GenerateRequest("a red circle", **{"seed": 1, "num_inference_steps": 6, **kw}))
 
 
+@pytest.mark.slow  # compiles the image to image program on the session engine
 def test_img2img_compiles_once_then_nothing_for_strength_image_or_start_step(engine):
     """The first img2img request at a size compiles its program; strength, the image (one for all, or one per
     image), start_step, seed and sampler change only traced inputs. Text to image keeps its own program."""

@@ -36,7 +36,8 @@ def programs():
     import jax
 
     from sdxl_engine.checkpoint.loading import load_folder
-    from sdxl_engine.program.generate import ProgramInputs, ProgramShape, compile_program, tokenize
+    from sdxl_engine.program.compiling import compile_program
+    from sdxl_engine.program.generate import ProgramInputs, ProgramShape, tokenize
     from sdxl_engine.program.sharding import make_mesh, replicated
 
     mesh = make_mesh(jax.devices()[:2])
@@ -163,7 +164,8 @@ def test_the_blend_uses_the_renoised_image_latents(programs, reference, wrong):
         import jax
 
         from sdxl_engine.checkpoint.loading import load_folder
-        from sdxl_engine.program.generate import ProgramInputs, ProgramShape, compile_program, tokenize
+        from sdxl_engine.program.compiling import compile_program
+        from sdxl_engine.program.generate import ProgramInputs, ProgramShape, tokenize
         from sdxl_engine.program.sharding import make_mesh, replicated
 
         model = load_folder(MODELS[4], "tiny-pt", "float32")
@@ -220,6 +222,7 @@ def gen(engine, **kw):
     return engine.generate(GenerateRequest("a red circle", **{"seed": 1, "num_inference_steps": 6, **kw}))
 
 
+@pytest.mark.slow  # compiles the inpainting program on the session engine
 def test_inpainting_compiles_once_then_nothing_for_mask_image_or_strength(engine):
     """The first masked request at a size compiles the inpainting program; the mask, image, strength (1 included)
     and seed change only traced inputs. An empty mask returns the same images for any seed; img2img keeps its own
@@ -417,7 +420,8 @@ def test_the_inpainting_unet_sees_the_masked_image(programs, reference):
 
     from sdxl_engine.checkpoint.loading import load_folder
     from sdxl_engine.program import generate
-    from sdxl_engine.program.generate import ProgramInputs, ProgramShape, compile_program, tokenize
+    from sdxl_engine.program.compiling import compile_program
+    from sdxl_engine.program.generate import ProgramInputs, ProgramShape, tokenize
     from sdxl_engine.program.sharding import make_mesh, replicated
 
     saved = generate.image_conditioning

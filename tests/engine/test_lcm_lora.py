@@ -42,7 +42,8 @@ def test_images_with_the_lcm_lora_match_diffusers_load_lora_weights(reference):
 
     from sdxl_engine.checkpoint import lora as lora_mod
     from sdxl_engine.checkpoint.loading import load_folder
-    from sdxl_engine.program.generate import ProgramInputs, ProgramShape, compile_program, tokenize
+    from sdxl_engine.program.compiling import compile_program
+    from sdxl_engine.program.generate import ProgramInputs, ProgramShape, tokenize
     from sdxl_engine.program.schedulers import make_schedule
     from sdxl_engine.program.sharding import make_mesh, replicated
 

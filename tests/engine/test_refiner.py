@@ -172,7 +172,8 @@ def program(models):
     """tiny-pt + tiny-pt-refiner's program: 2 images at 64x64 with CFG over 2 devices, and how to run a case on it."""
     import jax
 
-    from sdxl_engine.program.generate import ProgramShape, compile_program
+    from sdxl_engine.program.compiling import compile_program
+    from sdxl_engine.program.generate import ProgramShape
     from sdxl_engine.program.sharding import make_mesh, replicated
 
     base, params = models

@@ -129,7 +129,8 @@ def test_ddim_images_match_diffusers_on_a_config_saved_by_euler(steps_arrays):
     import jax
 
     from sdxl_engine.checkpoint.loading import load_folder
-    from sdxl_engine.program.generate import ProgramInputs, ProgramShape, compile_program, tokenize
+    from sdxl_engine.program.compiling import compile_program
+    from sdxl_engine.program.generate import ProgramInputs, ProgramShape, tokenize
     from sdxl_engine.program.sharding import make_mesh, replicated
 
     meta = STEPS["ddim_euler_image_case"]

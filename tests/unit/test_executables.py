@@ -189,12 +189,12 @@ def test_a_refused_entry_is_replaced_by_the_next_store(tmp_path, program):
 def test_every_file_of_program_and_models_is_in_the_source_digest():
     """The executable cache's key covers the traced code by folder: a new file under program/ or
     models/ is in it without anyone listing it (a hand-kept list forgets the next file)."""
-    from sdxl_engine.program import generate
+    from sdxl_engine.program import compiling
 
-    package = generate._PACKAGE
+    package = compiling._PACKAGE
     expected = sorted(p.relative_to(package).as_posix() for folder in ("program", "models")
                       for p in (package / folder).rglob("*.py"))
-    assert [p.relative_to(package).as_posix() for p in generate.program_sources()] == expected
+    assert [p.relative_to(package).as_posix() for p in compiling.program_sources()] == expected
     assert {"program/generate.py", "program/schedulers.py", "models/unet.py", "models/__init__.py"} <= set(expected)
 
 
