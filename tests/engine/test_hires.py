@@ -232,6 +232,7 @@ def gen(engine, **kw):
     return engine.generate(GenerateRequest("a red circle", **{"seed": 1, "num_inference_steps": 6, **kw}))
 
 
+@pytest.mark.slow  # compiles the hires fix's two programs on the session engine
 def test_hires_compiles_two_programs_once_then_nothing(engine):
     """The first hires request compiles its first pass (the default size, latents out) and its second (the large
     size, from latents); hires_strength, hires_steps, the seed, the upscaler and the sampler change only traced
@@ -267,6 +268,7 @@ def test_hires_compiles_two_programs_once_then_nothing(engine):
     assert np.array_equal(gen(engine).images, txt)
 
 
+@pytest.mark.slow  # compiles a pixel hires fix's second program
 def test_pixel_hires_is_txt2img_upscaled_then_denoised(engine):
     """A pixel upscaler (Lanczos): the first pass is the plain text-to-image program (its images are the txt2img
     images), the second an img2img program at the large size with the hires noise; upscaling those txt2img images
