@@ -29,7 +29,8 @@ from sdxl_engine.config import EngineConfig
 from sdxl_engine.engine.local import Engine
 from sdxl_engine.engine.steps import AUTO, StepReceiver
 from sdxl_engine.program.compiling import cached_program
-from sdxl_engine.program.generate import STEP_HOOK, ProgramInputs, tokenize
+from sdxl_engine.program.generate import ProgramInputs, tokenize
+from sdxl_engine.program.step_hook import STEP_HOOK
 from sdxl_engine.program.schedulers import make_schedule
 
 

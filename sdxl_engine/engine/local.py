@@ -35,7 +35,8 @@ from sdxl_engine import config as config_mod
 from sdxl_engine.config import EngineConfig
 from sdxl_engine.program.executables import ExecutableCache
 from sdxl_engine.program.compiling import CompiledProgram, cached_program
-from sdxl_engine.program.generate import STEP_HOOK, ProgramInputs, ProgramShape
+from sdxl_engine.program.generate import ProgramInputs, ProgramShape
+from sdxl_engine.program.step_hook import STEP_HOOK
 from sdxl_engine.program.latent_upscale import sharded_upscale
 from sdxl_engine.engine.contract import ScaleOut, clock, queue_seconds
 from sdxl_engine.engine.image_upscale import upscale_images

@@ -1,6 +1,6 @@
 """One request's per-step progress, previews and stop, the host side of the program's step hook.
 
-The compiled program (ProgramShape.step_hook) calls ``generate.STEP_HOOK`` at the denoising steps this
+The compiled program (ProgramShape.step_hook) calls ``step_hook.STEP_HOOK`` at the denoising steps this
 side asks for, on every device; while a request runs, the engine installs a :class:`StepReceiver`
 there. It counts the devices' calls for each step; when the last device has reported step k it calls
 the request's ``on_step(StepEvent)``; every call answers whether to stop (the request's
@@ -54,7 +54,7 @@ class StepEvent:
 
 
 class StepReceiver:
-    """The receiver ``generate.STEP_HOOK`` calls for one request (see the module docstring).
+    """The receiver ``step_hook.STEP_HOOK`` calls for one request (see the module docstring).
 
     Args:
         shards: devices on the mesh's ``data`` axis (each calls once per step).
@@ -85,7 +85,7 @@ class StepReceiver:
         self._last_preview: float | None = None
 
     def __call__(self, shard: int, step: int, x0: np.ndarray | None) -> tuple[bool, bool, int]:
-        """One device's call for 0-based ``step`` (see generate.StepHook): returns (stop, whether the next call
+        """One device's call for 0-based ``step`` (see step_hook.StepHook): returns (stop, whether the next call
         sends x0, the 0-based step of the next call)."""
         now = clock()
         with self._lock:

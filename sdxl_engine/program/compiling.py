@@ -15,9 +15,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from sdxl_engine.checkpoint.loading import LoadedModel
 from sdxl_engine.program.executables import ExecutableCache, key_digest, source_digest
-from sdxl_engine.program.generate import (STEP_HOOK, ProgramInputs, ProgramShape, build_generate, latent_shape,
-                                          static_options)
+from sdxl_engine.program.generate import ProgramInputs, ProgramShape, build_generate, latent_shape, static_options
 from sdxl_engine.program.sharding import DATA_AXIS, check_batch
+from sdxl_engine.program.step_hook import STEP_HOOK
 
 
 @dataclasses.dataclass

@@ -56,7 +56,7 @@ prompts over 77 tokens      done: the ``chunks`` ProgramShape field; ids and wei
                             each 77-token chunk and concatenates along tokens; :func:`emphasize` applies the
                             weights; the host side in engine/prompts.py (``tokenize_prompt``).
 per-step hook               built: the ``step_hook`` ProgramShape flag; its one seam is the end of
-(progress, previews,        :func:`denoise_step` (:func:`step_report`: an ``io_callback`` to :data:`STEP_HOOK`
+(progress, previews,        :func:`denoise_step` (:func:`step_report`: an ``io_callback`` to step_hook.STEP_HOOK
 cancel)                     at the steps the host asks for, with x0 when it asked for it); the stop flag it
                             returns is carried into a ``lax.while_loop`` condition in :func:`denoise`, and a
                             stopped program skips the VAE.
@@ -82,9 +82,7 @@ hires fix                   done: two programs. The first pass's ``latents_out``
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import threading
 from typing import Any, Callable, Mapping, NamedTuple
 
 import jax
@@ -96,6 +94,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from sdxl_engine.checkpoint.loading import LoadedModel
 from sdxl_engine.program.schedulers import Schedule
 from sdxl_engine.program.sharding import DATA_AXIS
+from sdxl_engine.program.step_hook import STEP_HOOK
 
 TOKENS = 77  # CLIP context length of both SDXL tokenizers
 
@@ -118,7 +117,7 @@ class ProgramShape:
     # Prompt chunks of 77 tokens (engine/prompts.py): the ids and weights are (2, chunks * 77) and the
     # UNet cross-attends over chunks * 77 tokens. 1 is the program of a prompt of up to 75 tokens.
     chunks: int = 1
-    # The per-step hook (progress, previews, stop): each step calls the host (:class:`StepHook`)
+    # The per-step hook (progress, previews, stop): each step calls the host (step_hook.StepHook)
     # and the loop ends early when it answers "stop". False: no host callback, today's program to the byte.
     step_hook: bool = False
     # Image to image: the request's pixels come in ProgramInputs.image, are encoded by the VAE inside the program
@@ -522,50 +521,6 @@ def _refiner_of(model: LoadedModel, shape: ProgramShape):
     return model.refiner
 
 
-class StepHook:
-    """The host end of the compiled programs' per-step callback (ProgramShape.step_hook).
-
-    A compiled program calls :meth:`call` at the denoising steps the receiver asks for, on every device of the mesh
-    (inside ``shard_map``: each device with its own images); the call is synchronous, so the
-    receiver must return at once (copy what it needs, do the work on another thread). One
-    receiver at a time (the engine runs one request at a time), installed around a program call
-    with :meth:`receiving`; with none installed every call answers "go on, no preview".
-
-    The receiver is ``fn(shard, step, x0) -> (stop, preview_next, next_report)``: ``shard`` the device's
-    index on the ``data`` axis, ``step`` 0-based, ``x0`` None or this shard's current estimate of the
-    clean latents, (b_local, C, h, w) float32 numpy (sent only when the previous call asked for it with
-    ``preview_next``, so a call without a preview moves no latents to the host); ``next_report``: the
-    0-based step at which the devices call next (the last step always calls), so the host decides how
-    often the devices stop to call it (engine/steps.py: every step when steps are slow, as on an
-    accelerator; every few when they are fast).
-    """
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._receiver: Callable | None = None
-
-    @contextlib.contextmanager
-    def receiving(self, fn: Callable):
-        """Send the per-step calls to ``fn`` (see the class docstring) while the block runs."""
-        with self._lock:
-            self._receiver = fn
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._receiver = None
-
-    def call(self, shard, step, x0=None):
-        """What the program calls (through ``io_callback``): returns (stop, preview_next, next_report) as numpy
-        (bool, bool, int32); with no receiver: go on, no preview, call again at the next step."""
-        fn = self._receiver
-        if fn is None:
-            return np.bool_(False), np.bool_(False), np.int32(int(step) + 1)
-        stop, preview, next_report = fn(int(shard), int(step), None if x0 is None else np.asarray(x0))
-        return np.bool_(stop), np.bool_(preview), np.int32(next_report)
-
-
-STEP_HOOK = StepHook()  # the process's one step hook: every program with step_hook calls it
 # (stop, preview_next, next_report)
 _HOOK_RESULT = (jax.ShapeDtypeStruct((), jnp.bool_), jax.ShapeDtypeStruct((), jnp.bool_),
                 jax.ShapeDtypeStruct((), jnp.int32))
@@ -752,7 +707,7 @@ def keep_known(latents: jax.Array, image: ImageConditioning, inputs: ProgramInpu
 
 
 def step_report(st: Static, i, x0: jax.Array, send_x0) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """The host call of step ``i`` (:class:`StepHook`): ``x0`` (b, C, h, w) float32 goes along only when
+    """The host call of step ``i`` (step_hook.StepHook): ``x0`` (b, C, h, w) float32 goes along only when
     ``send_x0`` (the previous call's answer) is True; returns (stop, send_x0 at the next call, the step of
     the next call), () bool, bool, int32.
 
