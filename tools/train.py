@@ -304,8 +304,8 @@ def main(argv=None) -> None:
 
     # 4. Text encoders + UNet.
     components = {name: build_component(name, configs[name]) for name in ("text_encoder", "text_encoder_2", "unet")}
-    # Eagerly, op by op: the same values to the bit as jax.jit(c.init), and 2-3 x faster on a CPU, where compiling
-    # the whole initialiser (every tensor's random draw in one program) costs more than running it.
+    # Eagerly, op by op: the same values to the bit as jax.jit(c.init), and faster on a CPU, where compiling the
+    # whole initialiser (every tensor's random draw in one program) costs more than running it (BENCHMARKS.md).
     params = {name: c.init(jax.random.fold_in(key, seed)) for (name, c), seed in zip(components.items(), (4, 5, 2))}
     for name, seed in (("text_encoder", 6), ("text_encoder_2", 7)):
         params[name] = init_text_encoder(params[name], jax.random.fold_in(key, seed))
