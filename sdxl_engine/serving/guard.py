@@ -69,6 +69,16 @@ _DIRECT_CALL = re.compile(r"^(?:/gradio_api)?/(?:call/v2|call|run|api)/(?P<name>
 
 
 NOT_JSON = "the request body is not a JSON object"
+UNPARSED = object()  # the payload of a body that is not JSON (parsed: one body, parsed once per request)
+
+
+def parsed(body: bytes | None):
+    """``body``'s JSON value (None for an empty body), or :data:`UNPARSED` when it is not JSON. The guard
+    parses a call's body once here and every check takes the value (an image call's body may be 48 MB)."""
+    try:
+        return json.loads(body or b"null")
+    except (ValueError, RecursionError):
+        return UNPARSED
 
 
 class Routes:
@@ -114,8 +124,9 @@ class Routes:
         already read is not: its session's stream stays open, so Gradio would send heartbeats for ever."""
         return gradio_internals.event_pending(self.demo, event_id)
 
-    def refusal(self, method: str, path: str, query: str, body: bytes | None) -> str | None:
-        """Why the request is refused, or None to let it through. ``body``: a POST's body (else None)."""
+    def refusal(self, method: str, path: str, query: str, payload=None) -> str | None:
+        """Why the request is refused, or None to let it through. ``payload``: a POST's body as :func:`parsed`
+        gives it (else None)."""
         if (match := _FILE_ROUTE.match(path)) is not None:
             wanted = match["path"]
             if match["kind"] == "proxy=" or method not in ("GET", "HEAD") or "://" in wanted \
@@ -134,10 +145,6 @@ class Routes:
         join, call = _QUEUE_JOIN.match(path), _DIRECT_CALL.match(path)
         if method != "POST" or not (join or call):
             return None
-        try:
-            payload = json.loads(body or b"null")
-        except (ValueError, RecursionError):
-            return NOT_JSON
         if not isinstance(payload, dict):
             return NOT_JSON
         fn_index, session = payload.get("fn_index"), payload.get("session_hash")
@@ -167,19 +174,18 @@ class Routes:
         return all("://" not in p and os.path.abspath(p) in allowed for p in paths)
 
     @staticmethod
-    def cleaned(body: bytes) -> bytes:
-        """A call's body (already let through) with its ``event_data`` cut to what the page's
-        select handlers read: the index (and whether it is selected). The rest (the selected
-        gallery item, a file object) is the client's and Gradio would check or fetch it."""
-        payload = json.loads(body)  # refusal() parsed it already
+    def cleaned(payload):
+        """A call's payload (already let through) with its ``event_data`` cut to what the page's
+        select handlers read: the index (and whether it is selected), as a new dict; ``payload`` itself
+        when it has none. The rest (the selected gallery item, a file object) is the client's and
+        Gradio would check or fetch it."""
         event = payload.get("event_data") if isinstance(payload, dict) else None
         if not isinstance(event, dict):
-            return body
+            return payload
         index = event.get("index")
         valid = type(index) is int or isinstance(index, list) and all(type(i) is int for i in index)
-        payload["event_data"] = {"index": index if valid else None, "value": None,
-                                 "selected": event.get("selected") is not False}
-        return json.dumps(payload).encode()
+        return {**payload, "event_data": {"index": index if valid else None, "value": None,
+                                          "selected": event.get("selected") is not False}}
 
 
 def app_files(demo) -> set[str]:
@@ -316,10 +322,7 @@ class Cancels:
     def note(self, body: bytes) -> None:
         """Note the cancel a ``POST /gradio_api/cancel`` body asks for (Gradio's CancelBody:
         ``session_hash``, ``fn_index``, ``event_id``); anything else is left to Gradio to refuse."""
-        try:
-            payload = json.loads(body or b"null")
-        except (ValueError, RecursionError):
-            return
+        payload = parsed(body)
         if isinstance(payload, dict) and isinstance(payload.get("session_hash"), str) \
                 and isinstance(payload.get("event_id"), (str, type(None))):
             self.add(payload["session_hash"], payload["event_id"])  # None: the session's calls (cancelled())
@@ -350,16 +353,12 @@ def api_inputs(demo) -> tuple[dict[str, tuple[str, ...]], dict[int, str], dict[s
     return inputs, fns, defaults
 
 
-def raw_call(path: str, body: bytes, fns: dict[int, str]) -> tuple[str, dict] | None:
-    """(api_name, JSON payload) of a raw call (``/call/<name>``, ``/run/<name>``) or queue join (``fn_index``)
-    whose body is JSON with a ``data`` list, else None (read once: :func:`arity_error` and :func:`completed` take
-    it)."""
+def raw_call(path: str, payload, fns: dict[int, str]) -> tuple[str, dict] | None:
+    """(api_name, payload) of a raw call (``/call/<name>``, ``/run/<name>``) or queue join (``fn_index``)
+    whose ``payload`` (the body, :func:`parsed`) is a JSON object with a ``data`` list, else None
+    (:func:`arity_error` and :func:`completed` take it)."""
     call, join = _API_CALL.match(path), _QUEUE_JOIN.match(path)
-    try:
-        payload = json.loads(body) if (call or join) else None
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(payload, dict) or not isinstance(payload.get("data"), list):
+    if not (call or join) or not isinstance(payload, dict) or not isinstance(payload.get("data"), list):
         return None
     return (call["name"] if call else fns.get(payload.get("fn_index"))), payload
 
@@ -386,8 +385,8 @@ def arity_error(found: tuple[str, dict] | None, inputs: dict[str, tuple[str, ...
 
 
 def completed(found: tuple[str, dict] | None, inputs: dict[str, tuple[str, ...]],
-              defaults: dict[str, tuple]) -> bytes | None:
-    """The body of raw call ``found`` (from :func:`raw_call`) with the trailing optional inputs it left out
+              defaults: dict[str, tuple]) -> dict | None:
+    """The payload of raw call ``found`` (from :func:`raw_call`) with the trailing optional inputs it left out
     (:data:`OPTIONAL_INPUTS`) set to their ``defaults``, so the call runs as gradio_client's does; None when
     nothing is to be filled in."""
     if found is None or found[0] not in defaults or (names := inputs.get(found[0])) is None:
@@ -396,7 +395,7 @@ def completed(found: tuple[str, dict] | None, inputs: dict[str, tuple[str, ...]]
     missing = len(names) - len(payload["data"])
     if not 0 < missing <= len(defaults[name]):
         return None
-    return json.dumps({**payload, "data": [*payload["data"], *defaults[name][len(defaults[name]) - missing:]]}).encode()
+    return {**payload, "data": [*payload["data"], *defaults[name][len(defaults[name]) - missing:]]}
 
 
 def _with_length(scope: dict, body: bytes) -> dict:
@@ -442,17 +441,14 @@ class Guard:
             return max(self.max_body, MAX_IMAGE_BODY_BYTES)
         return self.max_body
 
-    def over_cap_refused(self, path: str, body: bytes) -> bool:
-        """Whether ``body``, read whole on ``path``, is over ``max_body`` without being an :data:`IMAGE_TOOL`
-        call: a queue/join of another event, an MCP message other than a ``tools/call`` of the tool."""
-        if len(body) <= self.max_body or path in IMAGE_BODY_PATHS or path == UPLOAD_PATH:
+    def over_cap_refused(self, path: str, size: int, payload) -> bool:
+        """Whether a body of ``size`` bytes, read whole on ``path`` (``payload``: its value, :func:`parsed`), is
+        over ``max_body`` without being an :data:`IMAGE_TOOL` call: a queue/join of another event, an MCP message
+        other than a ``tools/call`` of the tool."""
+        if size <= self.max_body or path in IMAGE_BODY_PATHS or path == UPLOAD_PATH:
             return False
         if (call := _DIRECT_CALL.match(path)) is not None:
             return call["name"] != IMAGE_TOOL
-        try:
-            payload = json.loads(body)
-        except (ValueError, RecursionError):
-            return True
         if not isinstance(payload, dict):
             return True
         if _QUEUE_JOIN.match(path):
@@ -520,20 +516,23 @@ class Guard:
             body = await _read_body(limited_receive)
             if body is None:  # over the cap, or the client left
                 return await _too_large(send, path, limit) if seen > limit else None
-            if self.over_cap_refused(path, body):
+            payload = parsed(body)  # once: each check below takes the value
+            if self.over_cap_refused(path, len(body), payload):
                 return await _too_large(send, path, self.max_body)
+            sent = payload
             if self.routes is not None:
-                if (reason := self.routes.refusal(method, path, query, body)) is not None:
+                if (reason := self.routes.refusal(method, path, query, payload)) is not None:
                     return await self._refuse(send, method, path, reason)
-                body = self.routes.cleaned(body)
-                scope = _with_length(scope, body)
-            found = raw_call(path, body, self.fns) if self.inputs else None
+                payload = self.routes.cleaned(payload)
+            found = raw_call(path, payload, self.fns) if self.inputs else None
             message = arity_error(found, self.inputs, self.defaults)
             if message is not None:
                 return await _plain(send, 422, json.dumps({"error": message, "detail": message}).encode(),
                                     content_type=b"application/json")
             if (whole := completed(found, self.inputs, self.defaults)) is not None:
-                body = whole
+                payload = whole
+            if payload is not sent:  # rewritten: Gradio reads the new body (encoded once)
+                body = json.dumps(payload).encode()
                 scope = _with_length(scope, body)
             inner_receive = _replay(body, receive)
         elif upload:
@@ -542,7 +541,7 @@ class Guard:
             body = await _read_body(limited_receive)  # only a tools/call of the image tool may be large
             if body is None:
                 return await _too_large(send, path, limit) if seen > limit else None
-            if self.over_cap_refused(path, body):
+            if len(body) > self.max_body and self.over_cap_refused(path, len(body), parsed(body)):
                 return await _too_large(send, path, self.max_body)
             inner_receive = _replay(body, receive)
         elif method == "POST" and _CANCEL.match(path):

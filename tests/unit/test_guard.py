@@ -186,3 +186,60 @@ def test_only_the_image_tool_and_the_image_routes_may_send_more_than_1_mb():
         assert post(path, json.dumps(payload).encode(), fns) == (413, 0), path
     small = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}).encode()
     assert post("/gradio_api/mcp/", small, fns) == (200, len(small))
+
+
+def test_a_large_image_call_is_parsed_once_and_reaches_gradio_cleaned_and_completed(monkeypatch):
+    """A 2 MB queue/join of the image event through every check (the cap, the routes, the select data cut, the raw
+    call's optional inputs): its body is parsed once and encoded once, and Gradio reads the rewritten body with its
+    own Content-Length."""
+    import asyncio
+    import json
+
+    from sdxl_engine.serving import guard as serving
+
+    routes = object.__new__(serving.Routes)  # the routes of a page whose queued events are 3 and 7
+    routes.demo, routes.api_names, routes.queued, routes.direct = None, frozenset({"generate"}), frozenset({3, 7}), \
+        frozenset()
+    payload = {"fn_index": 7, "session_hash": "s", "data": ["x" * 2_000_000, 0.5],
+               "event_data": {"index": 2, "value": {"image": {"path": "/etc/passwd"}}}}
+    body = json.dumps(payload).encode()
+    received = []
+
+    async def app(scope, receive, send):
+        received.append((dict(scope["headers"])[b"content-length"], await receive()))
+
+    async def run():
+        chunks = [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def receive():
+            return chunks.pop(0)
+
+        async def send(message):
+            raise AssertionError(f"answered by the guard: {message}")
+
+        scope = {"type": "http", "method": "POST", "path": "/gradio_api/queue/join",
+                 "headers": [(b"content-length", str(len(body)).encode())]}
+        await serving.Guard(app, max_body=1_000_000, routes=routes, inputs={"image_to_image": ("image", "strength",
+                                                                                              "seed")},
+                            fns={3: "generate", 7: "image_to_image"}, defaults={"image_to_image": (42,)})(
+            scope, receive, send)
+
+    counts = {"loads": 0, "dumps": 0}
+    loads, dumps = json.loads, json.dumps
+
+    def counted(name, fn):
+        def call(*args, **kwargs):
+            counts[name] += 1
+            return fn(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(json, "loads", counted("loads", loads))
+    monkeypatch.setattr(json, "dumps", counted("dumps", dumps))
+    asyncio.run(run())
+    monkeypatch.undo()
+    assert counts == {"loads": 1, "dumps": 1}
+    (length, message), = received
+    seen = json.loads(message["body"])
+    assert int(length) == len(message["body"])
+    assert seen["data"] == ["x" * 2_000_000, 0.5, 42]  # the optional seed filled in
+    assert seen["event_data"] == {"index": 2, "value": None, "selected": True}  # the client's file object cut
