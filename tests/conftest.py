@@ -25,6 +25,11 @@ atexit.register(shutil.rmtree, SESSION_DIR, True)
 for _name, _sub in (("SDXL_MODEL_CACHE_DIR", "models"), ("SDXL_COMPILE_CACHE_DIR", "jax"),
                     ("GRADIO_TEMP_DIR", "gradio"), ("XDG_CACHE_HOME", "xdg-cache")):
     os.environ.setdefault(_name, str(SESSION_DIR / _sub))
+# This process's temporary files go there too (the apps it starts keep the system's): gradio_client leaves an
+# empty folder in the temp folder for every file it downloads (``tempfile.gettempdir() / token_hex(20)``, never
+# removed), thousands per run.
+(SESSION_DIR / "tmp").mkdir()
+tempfile.tempdir = str(SESSION_DIR / "tmp")
 
 from sdxl_engine.config import EngineConfig, apply_jax_options  # noqa: E402
 
