@@ -1,6 +1,6 @@
 """Fit a model's latents-to-RGB preview factors by least squares from its own VAE's decodes.
 
-    python -m tools.fit_preview                       # tiny-shapes -> sdxl_engine/assets/tiny-shapes/latent_rgb.json
+    python -m tools.fit_preview                       # tiny-shapes -> assets/tiny-shapes/latent_rgb.json
     python -m tools.fit_preview --model DIR --out DIR/latent_rgb.json
 
 Runs the engine's compiled program (with the per-step hook) on prompts of the model's vocabulary

@@ -1,8 +1,8 @@
 """Train the ``tiny-shapes`` model: SDXL in miniature, on captioned shapes, on a CPU.
 
-    python -m tools.train --out sdxl_engine/assets/tiny-shapes   # the shipped model (seed 0; time: BENCHMARKS.md)
+    python -m tools.train --out assets/tiny-shapes   # the shipped model (seed 0; time: BENCHMARKS.md)
     python -m tools.train --out /tmp/ts --vae-steps 200 --unet-steps 300   # a quick try
-    python -m tools.train --out /tmp/ts --vae-from sdxl_engine/assets/tiny-shapes --unet-steps 600  # UNet only
+    python -m tools.train --out /tmp/ts --vae-from assets/tiny-shapes --unet-steps 600  # UNet only
     python -m tools.train lcm-lora         # its few-step LCM-LoRA (tools/train_lcm.py)
 
 Stages, as SDXL was trained (Podell et al. 2023, with Rombach et al. 2022's latent diffusion):
@@ -93,7 +93,7 @@ ADD_TIME_IDS = (64, 64, 0, 0, 64, 64)  # original size, crop top-left, target si
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", default="sdxl_engine/assets/tiny-shapes", help="output directory (replaced)")
+    p.add_argument("--out", default="assets/tiny-shapes", help="output directory (replaced)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--images", type=int, default=20000, help="training images rendered")
     p.add_argument("--vae-steps", type=int, default=2000)

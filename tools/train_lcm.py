@@ -56,7 +56,7 @@ from tools import shapes
 from tools.train import encode_all
 
 ROOT = Path(__file__).resolve().parents[1]
-MODEL = ROOT / "sdxl_engine" / "assets" / "tiny-shapes"
+MODEL = ROOT / "assets" / "tiny-shapes"
 # The modules lcm-lora-sdxl adapts (its LoraConfig's target_modules; PEFT matches them as name suffixes).
 TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "proj_in", "proj_out", "ff.net.0.proj", "ff.net.2", "conv1", "conv2",
            "conv_shortcut", "downsamplers.0.conv", "upsamplers.0.conv", "time_emb_proj")

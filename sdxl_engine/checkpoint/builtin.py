@@ -1,7 +1,7 @@
 """Built-in models that need no download: a trained tiny SDXL, and the architecture at two scales.
 
 * ``tiny-shapes`` (the default): the SDXL architecture scaled to 64x64 images, trained here on
-  captioned shapes (``python -m tools.train``); shipped as ``sdxl_engine/assets/tiny-shapes``.
+  captioned shapes (``python -m tools.train``); shipped as ``assets/tiny-shapes``.
 
 * ``tiny-random``: the SDXL architecture (two CLIP text encoders, the second with projection and
   its pooled output feeding ``text_embeds``; a UNet with ``text_time`` added conditioning and
@@ -88,9 +88,18 @@ TINY = dict(
 
 BUILTIN_NAMES = ("tiny-shapes", "tiny-random", "sdxl-base-random")
 
+
+def _assets_dir() -> Path:
+    """The shipped assets: the installed package's ``sdxl_engine/assets/`` (pyproject.toml maps the repository's
+    top-level ``assets/`` there), else, in a checkout (``python app.py``, an editable install), ``assets/`` beside
+    the package."""
+    package = Path(__file__).resolve().parents[1]
+    return package / "assets" if (package / "assets").is_dir() else package.parent / "assets"
+
+
 # ``tiny-shapes``: the SDXL architecture at 64x64, trained by ``python -m tools.train`` on
 # the captioned shapes of tools/shapes.py and shipped in the repository (diffusers format).
-TINY_SHAPES_DIR = Path(__file__).resolve().parents[1] / "assets" / "tiny-shapes"
+TINY_SHAPES_DIR = _assets_dir() / "tiny-shapes"
 
 # Words the project's tokenizer spells as whole tokens: SDXL-style prompt words and the
 # vocabulary of the built-in demo data (shapes, colours, positions, sizes, styles).
@@ -270,7 +279,7 @@ def model_path(name: str, cache_dir: str) -> Path:
     if name == "tiny-shapes":
         if not (TINY_SHAPES_DIR / "model_index.json").is_file():
             raise FileNotFoundError(f"the shipped model is missing from {TINY_SHAPES_DIR}; "
-                                    "recreate it with: python -m tools.train --out sdxl_engine/assets/tiny-shapes")
+                                    "recreate it with: python -m tools.train --out assets/tiny-shapes")
         return TINY_SHAPES_DIR
     if name != "tiny-random":
         raise ValueError(f"{name!r} has no folder")

@@ -20,7 +20,7 @@ from sdxl_engine.serving.apis.a1111 import generation_parameters, refiner_name, 
 from sdxl_engine.serving.apis.core import ApiError
 from sdxl_engine.serving.styles import NO_STYLE, STYLE_NAMES, get_style
 
-# Prompts in the vocabulary of the default model, tiny-shapes (sdxl_engine/assets/tiny-shapes/vocabulary.txt).
+# Prompts in the vocabulary of the default model, tiny-shapes (assets/tiny-shapes/vocabulary.txt).
 EXAMPLES = ["a red circle on a blue background", "a large green square at the top", "a small yellow star on the left",
             "a purple triangle on a white background", "a large pink cross in the centre on a black background"]
 # No style in the examples: a style's added words ("anime artwork ...") pull tiny-shapes' images off the prompt.

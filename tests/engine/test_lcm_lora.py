@@ -2,7 +2,7 @@
 and it changes nothing when a prompt does not ask for it.
 
 References: tests/fixtures/tiny-shapes-lcm/ (``python -m tools.make_fixtures lcm-lora``: tiny-shapes in
-diffusers' StableDiffusionXLPipeline, ``load_lora_weights`` of sdxl_engine/assets/tiny-shapes/lcm-lora.safetensors,
+diffusers' StableDiffusionXLPipeline, ``load_lora_weights`` of assets/tiny-shapes/lcm-lora.safetensors,
 LCMScheduler, guidance 1, on given latents, the step noise the engine's: tests/fixtures/lcm-noise.npz).
 Tolerance as every image parity test here: max 4/255, mean 0.5/255 (uint8 units).
 """

@@ -162,7 +162,7 @@ def test_training_command_saves_a_model_the_engine_recipe_describes(tmp_path):
 
 def test_shipped_weights_come_from_the_training_command_defaults():
     """The README's ``python -m tools.train`` (its defaults) is the recipe that made
-    sdxl_engine/assets/tiny-shapes: every recorded argument but the output path equals today's default."""
+    assets/tiny-shapes: every recorded argument but the output path equals today's default."""
     import json
 
     from sdxl_engine.checkpoint.builtin import TINY_SHAPES_DIR

@@ -6,6 +6,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 import sdxl_engine
 
 PACKAGE = Path(sdxl_engine.__file__).resolve().parent
@@ -110,3 +112,56 @@ def test_test_files_have_unique_names():
 
     names = Counter(path.name for path in (Path(__file__).parents[1]).rglob("test_*.py"))
     assert [name for name, count in names.items() if count > 1] == []
+
+
+def test_pyproject_lists_every_package_and_carries_the_top_level_assets():
+    """pyproject.toml names its packages one by one (so the repository's top-level assets/ can be mapped into the
+    package): the list is every folder of sdxl_engine/ with an __init__.py or with data files directly in it (if
+    its name can be imported: setuptools warns of one left out), plus sdxl_engine.assets from assets/, where the
+    checkout's tiny-shapes is found."""
+    import tomllib
+
+    from sdxl_engine.checkpoint.builtin import TINY_SHAPES_DIR
+
+    setuptools = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = {module_name(init) for init in PACKAGE.rglob("__init__.py")}
+    data = {module_name(folder / "__init__.py") for folder in PACKAGE.rglob("*") if folder.is_dir()
+            and folder.name != "__pycache__" and not (folder / "__init__.py").exists()
+            and any(f.is_file() for f in folder.iterdir())
+            and all(part.isidentifier() for part in folder.relative_to(PACKAGE.parent).parts)}
+    assert data == {"sdxl_engine.checkpoint.configs", "sdxl_engine.serving.deploy.kuberay"}
+    assert set(setuptools["packages"]) == folders | data | {"sdxl_engine.assets"}
+    assert len(setuptools["packages"]) == len(set(setuptools["packages"]))
+    assert setuptools["package-dir"] == {"sdxl_engine.assets": "assets"}
+    assert setuptools["package-data"]["sdxl_engine.assets"] == ["**/*"]
+    assert not (PACKAGE / "assets").exists()  # one copy, at the top level
+    assert TINY_SHAPES_DIR == PACKAGE.parent / "assets" / "tiny-shapes" and (TINY_SHAPES_DIR / "model_index.json").is_file()
+
+
+@pytest.mark.slow  # builds a wheel (about 10 s)
+def test_the_built_wheel_ships_the_package_and_tiny_shapes(tmp_path):
+    """``pip install .``'s wheel, built from a copy of the package's sources: every module of sdxl_engine/, the
+    configs and manifests, and every file of assets/ under sdxl_engine/assets/; nothing of tools/ or tests/."""
+    import shutil
+    import subprocess
+    import sys
+    import zipfile
+
+    root = PACKAGE.parent
+    source = tmp_path / "source"
+    for name in ("pyproject.toml", "README.md", "requirements.txt"):
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(root / name, source / name)
+    for name in ("sdxl_engine", "assets"):
+        shutil.copytree(root / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+                    str(tmp_path / "dist"), str(source)], check=True, timeout=300)
+    wheel, = (tmp_path / "dist").glob("sdxl_engine-*.whl")
+    shipped = {name for name in zipfile.ZipFile(wheel).namelist() if not name.endswith("/")}
+    expected = {path.relative_to(root).as_posix() for path in PACKAGE.rglob("*")
+                if path.is_file() and "__pycache__" not in path.parts}
+    expected |= {"sdxl_engine/" + path.relative_to(root).as_posix() for path in (root / "assets").rglob("*")
+                 if path.is_file()}
+    assert expected - shipped == set()
+    package_files = {name for name in shipped if not name.startswith("sdxl_engine-")}
+    assert package_files == expected

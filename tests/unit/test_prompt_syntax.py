@@ -10,8 +10,6 @@ from sdxl_engine.engine.prompts import (CHUNK, TOKENS, Segment, chunk_tokens, pa
                                         tokenize_prompt)
 from sdxl_engine.engine.validation import InvalidRequest
 
-from tests.helpers import ROOT
-
 
 def parsed(text):
     return [[s.text, s.weight] for s in parse_prompt_attention(text)]
@@ -98,7 +96,8 @@ def test_lora_tags_are_removed_before_emphasis(tokenizers):
 
 @pytest.fixture(scope="module")
 def tokenizers():
-    folder = ROOT / "sdxl_engine" / "assets" / "tiny-shapes"
+    from sdxl_engine.checkpoint.builtin import TINY_SHAPES_DIR as folder
+
     return tuple(CLIPTokenizer.from_pretrained(str(folder / sub)) for sub in ("tokenizer", "tokenizer_2"))
 
 
