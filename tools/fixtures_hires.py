@@ -33,7 +33,8 @@ import torch
 import torch.nn.functional as F
 from diffusers import StableDiffusionXLImg2ImgPipeline, StableDiffusionXLPipeline
 
-from tools.make_fixtures import FIXTURES, IMG2IMG_SCHEDULERS, Img2ImgNoise, plain_config, versions, write_npz
+from tools.fixtures_common import FIXTURES, plain_config, versions, write_npz
+from tools.fixtures_img2img import IMG2IMG_SCHEDULERS, Img2ImgNoise
 
 FOLDER = FIXTURES / "tiny-pt-hires"
 SETTINGS = dict(prompt="a red circle", negative_prompt="a blue square", guidance_scale=5.0)

@@ -6,9 +6,9 @@ tiny-pt-inpaint (tiny-pt with a 9-channel inpainting UNet), for tests/engine/tes
 Writes tests/fixtures/tiny-pt-inpaint/: a whole model folder (tiny-pt's text encoders, tokenizers, VAE and
 scheduler with a random 9-channel UNet: latents, mask, masked-image latents; ``save_pretrained``, safetensors)
 and ``reference.{npz,json}``: the pipeline's images for :data:`CASES`, 64x64, 2 images (one picture and one mask
-each), 10 steps, from tools/make_fixtures.py's two fixed pictures and :func:`masks`.
+each), 10 steps, from tools/fixtures_img2img.py's two fixed pictures and :func:`masks`.
 
-As the img2img fixture (tools/make_fixtures.py ``cmd_img2img``), the pipeline's noise is the engine's
+As the img2img fixture (tools/fixtures_img2img.py), the pipeline's noise is the engine's
 (tests/fixtures/tiny-pt-img2img/noise.npz, ``python -m tools.img2img_noise``: seeds 41 and 42, the same
 64x64 latent shape) and its image latents the VAE posterior's mean (``retrieve_latents(..., sample_mode=
 "argmax")``), the engine's conventions. The masks are given as PIL "L" images of the request's size, so
@@ -27,8 +27,8 @@ import torch
 import diffusers.pipelines.stable_diffusion_xl.pipeline_stable_diffusion_xl_inpaint as sdxl_inpaint
 from diffusers import StableDiffusionXLInpaintPipeline, StableDiffusionXLPipeline, UNet2DConditionModel
 
-from tools.make_fixtures import (FIXTURES, IMG2IMG_SCHEDULERS, Img2ImgNoise, img2img_pictures, plain_config,
-                                 randomized, versions, write_npz)
+from tools.fixtures_common import FIXTURES, plain_config, randomized, versions, write_npz
+from tools.fixtures_img2img import IMG2IMG_SCHEDULERS, Img2ImgNoise, img2img_pictures
 
 FOLDER = FIXTURES / "tiny-pt-inpaint"
 NOISE = FIXTURES / "tiny-pt-img2img" / "noise.npz"
@@ -109,7 +109,7 @@ def main() -> None:
                 versions=versions(), torch_threads=1, models={"4": "tests/fixtures/tiny-pt",
                                                               "9": "tests/fixtures/tiny-pt-inpaint"},
                 settings=SETTINGS, size=[64, 64], seeds=[int(s) for s in seeds], cases=meta,
-                notes=["pictures (2, 64, 64, 3) uint8: tools.make_fixtures.img2img_pictures(); masks (2, 64, 64) "
+                notes=["pictures (2, 64, 64, 3) uint8: tools.fixtures_img2img.img2img_pictures(); masks (2, 64, 64) "
                        "uint8, 255 = repaint: masks(); image i and mask i are the inputs of output image i.",
                        "Image latents and masked-image latents: the VAE posterior's mean x scaling_factor.",
                        "Noise: noise.npz of tiny-pt-img2img (the engine's initial noise of seeds 41, 42). Below "

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from diffusers import EulerDiscreteScheduler, StableDiffusionXLImg2ImgPipeline, StableDiffusionXLPipeline
 
-from tools.make_fixtures import plain_config, versions, write_npz
+from tools.fixtures_common import plain_config, versions, write_npz
 from tools.refiner_fixtures import BASE, NOISE, REFERENCE, REFINER, SETTINGS, SIZE
 
 LORA = REFERENCE / "refiner-lora.safetensors"

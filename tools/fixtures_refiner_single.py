@@ -26,8 +26,9 @@ import torch
 from diffusers import StableDiffusionXLImg2ImgPipeline
 from safetensors.torch import save_file
 
-from tools.make_fixtures import (FIXTURES, _loaded_without_warnings, _same_weights, _sgm_open_clip, _sgm_unet_key,
-                                 sgm_vae_state, versions)
+from tools.fixtures_common import FIXTURES, versions
+from tools.fixtures_single import (_loaded_without_warnings, _same_weights, _sgm_open_clip, _sgm_unet_key,
+                                   sgm_vae_state)
 
 REFINER = FIXTURES / "tiny-pt-refiner"
 OUT = FIXTURES / "tiny-single-refiner"

@@ -34,8 +34,8 @@ from diffusers import EulerDiscreteScheduler, StableDiffusionXLImg2ImgPipeline, 
 
 from transformers import CLIPTokenizer
 
-from tools.make_fixtures import (FIXTURES, StageLog, build_component, check_saved, free_memory, sdxl_base_configs,
-                                 seeded_component, versions)
+from tools.fixtures_common import (FIXTURES, StageLog, build_component, check_saved, free_memory, sdxl_base_configs,
+                                   seeded_component, versions)
 
 # stabilityai/stable-diffusion-xl-refiner-1.0 unet/config.json, where it differs from the base's.
 REFINER_UNET_OVERRIDES = dict(

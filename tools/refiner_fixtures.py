@@ -32,7 +32,7 @@ from diffusers import (AutoencoderKL, DPMSolverMultistepScheduler, EulerDiscrete
                        StableDiffusionXLPipeline)
 from transformers import CLIPTextConfig, CLIPTokenizer
 
-from tools.make_fixtures import FIXTURES, check_saved, plain_config, seeded_component, versions, write_npz
+from tools.fixtures_common import FIXTURES, check_saved, plain_config, seeded_component, versions, write_npz
 
 BASE = FIXTURES / "tiny-pt"
 REFINER = FIXTURES / "tiny-pt-refiner"
@@ -166,10 +166,10 @@ def write_image_reference() -> None:
     img2img_pictures). Switch 0: ``StableDiffusionXLImg2ImgPipeline`` of the refiner alone at the strength (the
     refiner as a plain img2img model). Else the ensemble from an image: tiny-pt's img2img pipeline at the strength
     with ``denoising_end``, its latents to the refiner with ``denoising_start``. Noise: the engine's (seeds 41, 42),
-    image latents the posterior's mean (make_fixtures.Img2ImgNoise)."""
+    image latents the posterior's mean (fixtures_img2img.Img2ImgNoise)."""
     import PIL.Image
 
-    from tools.make_fixtures import Img2ImgNoise, img2img_pictures
+    from tools.fixtures_img2img import Img2ImgNoise, img2img_pictures
 
     with np.load(NOISE) as data:
         seeds, noise = data["seeds"], data["noise"]
@@ -202,7 +202,7 @@ def write_image_reference() -> None:
     meta = dict(made_by="python -m tools.refiner_fixtures images (after tools.img2img_noise)", versions=versions(),
                 torch_threads=1, settings={**SETTINGS, "negative_prompt": "a blue square"}, size=[SIZE, SIZE],
                 seeds=[int(s) for s in seeds], cases=cases,
-                notes=["pictures (2, 64, 64, 3): make_fixtures.img2img_pictures(); <case>_images (2, 64, 64, 3) uint8.",
+                notes=["pictures (2, 64, 64, 3): fixtures_img2img.img2img_pictures(); <case>_images (2, 64, 64, 3) uint8.",
                        "switch_at 0: the refiner's img2img pipeline alone; else tiny-pt's img2img pipeline with "
                        "denoising_end, then the refiner with denoising_start on its latents."])
     (REFERENCE / "images.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")

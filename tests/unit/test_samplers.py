@@ -46,7 +46,7 @@ def steps_arrays():
 
 
 def model_config(case: dict) -> dict:
-    """The raw scheduler_config.json of a sampler-steps case (make_fixtures.case_config)."""
+    """The raw scheduler_config.json of a sampler-steps case (fixtures_samplers.case_config)."""
     base, changes = STEPS["base_config"], case["changes"]
     if changes == "minimal":
         return {"_class_name": base["_class_name"]}

@@ -23,7 +23,7 @@ BASE = STEPS["base_config"]
 
 
 def model_config(case: dict) -> dict:
-    """The raw scheduler_config.json of a sampler-steps case (make_fixtures.case_config)."""
+    """The raw scheduler_config.json of a sampler-steps case (fixtures_samplers.case_config)."""
     if case["changes"] == "minimal":
         return {"_class_name": BASE["_class_name"]}
     return {**BASE, **case["changes"]}
