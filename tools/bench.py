@@ -50,7 +50,8 @@ from jax.sharding import PartitionSpec as P
 from PIL import Image
 
 from sdxl_engine.config import EngineConfig, apply_jax_options
-from sdxl_engine.engine.local import Engine, GenerateResult
+from sdxl_engine.engine.contract import GenerateResult
+from sdxl_engine.engine.local import Engine
 from sdxl_engine.serving.images import encode_pngs
 from sdxl_engine.program.compiling import compile_program
 from sdxl_engine.program.generate import (ProgramInputs, ProgramShape, cfg_combine, denoised, encode_prompts, initial_noise,

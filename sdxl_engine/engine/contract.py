@@ -18,7 +18,10 @@ import threading
 import time
 from typing import Callable, Protocol, runtime_checkable
 
+import numpy as np
+
 from sdxl_engine.config import EngineConfig
+from sdxl_engine.engine.errors import EngineNotReady
 from sdxl_engine.engine.validation import GenerateRequest, Limits
 
 
@@ -40,6 +43,53 @@ def queue_seconds(arrived: float | None, called: float, started: float) -> float
     stamped after ``called`` (another clock's value) counts from ``called``; never negative.
     """
     return max(0.0, started - (called if arrived is None else min(arrived, called)))
+
+
+@dataclasses.dataclass
+class GenerateResult:
+    """One request's output.
+
+    Attributes:
+        images: (batch, height, width, 3) uint8, channels-last, RGB.
+        seeds: seed of each image (request seed + i, wrapping to 0 past max_seed); any image is
+            reproduced by its seed alone as the first image of a request with that seed.
+        request: the validated request (defaults filled, random seed resolved).
+        timings: seconds: ``queue`` (from arrival until this request started), ``prep``
+            (compile if new, tokenize, schedule), ``device`` (the compiled program, until
+            ready), ``post`` (to host), ``latency`` (prep + device + post: the engine's time,
+            queue excluded).
+        warnings: things the user should know (a prompt cut at ``max_prompt_chunks`` chunks, a
+            weight clamped; words the model was not trained on, for models that ship their vocabulary).
+        device_count: devices the batch was split over.
+        device_summary: e.g. ``4 × cpu``.
+        model: the loaded model's name.
+        prompt_chunks: 75-token chunks the prompt and negative prompt ran with (the program's ``chunks``).
+        loras: {name: A1111 short hash} of the LoRAs the prompt's tags named, in their order.
+        refiner: the refiner's name when it ran (``request.refiner_switch_at``), else "".
+    """
+
+    images: np.ndarray
+    seeds: list[int]
+    request: GenerateRequest
+    timings: dict[str, float]
+    warnings: list[str]
+    device_count: int
+    device_summary: str
+    model: str
+    prompt_chunks: int = 1
+    loras: dict[str, str] = dataclasses.field(default_factory=dict)
+    refiner: str = ""
+
+
+def wait_for_start(engine, timeout: float | None) -> None:
+    """Block until ``engine.ready`` (a threading.Event) is set, up to ``timeout`` seconds (None: no limit).
+
+    Raises EngineNotReady naming ``engine.stage`` on a timeout, or ``engine.error`` if the start failed.
+    """
+    if not engine.ready.wait(timeout):
+        raise EngineNotReady(f"the engine is still {engine.stage} after {timeout} s")
+    if engine.error is not None:
+        raise EngineNotReady(f"the engine failed to start: {engine.error}")
 
 
 @runtime_checkable
@@ -94,7 +144,7 @@ class EngineContract(Protocol):
     def generate(self, request: GenerateRequest, ready_timeout: float | None = None,
                  progress: Callable[[str], None] | None = None, arrived: float | None = None,
                  on_step: Callable | None = None, should_stop: Callable[[], bool] | None = None):
-        """Validate and run one request; returns a GenerateResult (engine.local).
+        """Validate and run one request; returns a :class:`GenerateResult`.
 
         ``progress(stage)`` hears each stage as it starts; ``arrived`` (:func:`clock` when the request
         reached the server) is where ``timings["queue"]`` starts (:func:`queue_seconds`).

@@ -34,11 +34,12 @@ from sdxl_engine.program import sharding
 from sdxl_engine import config as config_mod
 from sdxl_engine.config import EngineConfig
 from sdxl_engine.program.executables import ExecutableCache
-from sdxl_engine.program.compiling import CompiledProgram, cached_program
+from sdxl_engine.program.compiling import CompiledProgram, cache_counts, cached_program
 from sdxl_engine.program.generate import ProgramInputs, ProgramShape
 from sdxl_engine.program.step_hook import STEP_HOOK
 from sdxl_engine.program.latent_upscale import sharded_upscale
-from sdxl_engine.engine.contract import ScaleOut, clock, queue_seconds
+from sdxl_engine.engine.contract import GenerateResult, ScaleOut, clock, queue_seconds, wait_for_start
+from sdxl_engine.engine.errors import CompilesBusy, GenerationError
 from sdxl_engine.engine.image_upscale import upscale_images
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest, Limits, validate
 from sdxl_engine.engine.prompts import parse_lora_tags
@@ -49,88 +50,6 @@ from sdxl_engine.engine.steps import StepEvent, StepReceiver, Stopped
 
 def _no_progress(stage: str) -> None:
     """The default ``progress`` callback of :meth:`Engine.generate`: report nothing."""
-
-
-# Persistent compilation cache reads, counted process-wide from JAX's monitoring events, so
-# the log can say whether a compile was served from the cache.
-CACHE_EVENTS = {"/jax/compilation_cache/cache_hits": "hits", "/jax/compilation_cache/cache_misses": "misses"}
-_cache_counts = {"hits": 0, "misses": 0}
-_listening = False
-
-
-def _count_cache_event(event: str, **_) -> None:
-    if event in CACHE_EVENTS:
-        _cache_counts[CACHE_EVENTS[event]] += 1
-
-
-def cache_counts() -> dict[str, int]:
-    """{"hits", "misses"} of the persistent compilation cache so far in this process."""
-    global _listening
-    if not _listening:
-        jax.monitoring.register_event_listener(_count_cache_event)
-        _listening = True
-    return dict(_cache_counts)
-
-
-class EngineNotReady(RuntimeError):
-    """The engine failed to start (the message says why) or did not become ready in time."""
-
-
-def wait_for_start(engine, timeout: float | None) -> None:
-    """Block until ``engine.ready`` (a threading.Event) is set, up to ``timeout`` seconds (None: no limit).
-
-    Raises EngineNotReady naming ``engine.stage`` on a timeout, or ``engine.error`` if the start failed.
-    """
-    if not engine.ready.wait(timeout):
-        raise EngineNotReady(f"the engine is still {engine.stage} after {timeout} s")
-    if engine.error is not None:
-        raise EngineNotReady(f"the engine failed to start: {engine.error}")
-
-
-class GenerationError(RuntimeError):
-    """The program ran but produced something unusable (non-finite pixels)."""
-
-
-@dataclasses.dataclass
-class GenerateResult:
-    """One request's output.
-
-    Attributes:
-        images: (batch, height, width, 3) uint8, channels-last, RGB.
-        seeds: seed of each image (request seed + i, wrapping to 0 past max_seed); any image is
-            reproduced by its seed alone as the first image of a request with that seed.
-        request: the validated request (defaults filled, random seed resolved).
-        timings: seconds: ``queue`` (from arrival until this request started), ``prep``
-            (compile if new, tokenize, schedule), ``device`` (the compiled program, until
-            ready), ``post`` (to host), ``latency`` (prep + device + post: the engine's time,
-            queue excluded).
-        warnings: things the user should know (a prompt cut at ``max_prompt_chunks`` chunks, a
-            weight clamped; words the model was not trained on, for models that ship their vocabulary).
-        device_count: devices the batch was split over.
-        device_summary: e.g. ``4 × cpu``.
-        model: the loaded model's name.
-        prompt_chunks: 75-token chunks the prompt and negative prompt ran with (the program's ``chunks``).
-        loras: {name: A1111 short hash} of the LoRAs the prompt's tags named, in their order.
-        refiner: the refiner's name when it ran (``request.refiner_switch_at``), else "".
-    """
-
-    images: np.ndarray
-    seeds: list[int]
-    request: GenerateRequest
-    timings: dict[str, float]
-    warnings: list[str]
-    device_count: int
-    device_summary: str
-    model: str
-    prompt_chunks: int = 1
-    loras: dict[str, str] = dataclasses.field(default_factory=dict)
-    refiner: str = ""
-
-
-class CompilesBusy(RuntimeError):
-    """A request needs a program that is not compiled yet, and its client already waits for another
-    new size, or ``max_pending_compiles`` sizes compile already: retry once those are ready (the
-    message says which sizes compile). Nothing ran."""
 
 
 def _pass_events(on_step: Callable[[StepEvent], None] | None, before: int, first: int, total: int):

@@ -141,3 +141,24 @@ def cached_program(model: LoadedModel, params, shape: ProgramShape, mesh: Mesh,
     program.cache_note = f"{found.note}; {cache.store(key, program.executable, devices, in_tree, out_tree)}"
     program.compile_s = time.perf_counter() - start
     return program
+
+
+# Persistent compilation cache reads, counted process-wide from JAX's monitoring events, so
+# the log can say whether a compile was served from the cache.
+CACHE_EVENTS = {"/jax/compilation_cache/cache_hits": "hits", "/jax/compilation_cache/cache_misses": "misses"}
+_cache_counts = {"hits": 0, "misses": 0}
+_listening = False
+
+
+def _count_cache_event(event: str, **_) -> None:
+    if event in CACHE_EVENTS:
+        _cache_counts[CACHE_EVENTS[event]] += 1
+
+
+def cache_counts() -> dict[str, int]:
+    """{"hits", "misses"} of the persistent compilation cache so far in this process."""
+    global _listening
+    if not _listening:
+        jax.monitoring.register_event_listener(_count_cache_event)
+        _listening = True
+    return dict(_cache_counts)

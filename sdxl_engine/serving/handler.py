@@ -29,7 +29,7 @@ import numpy as np
 from sdxl_engine.checkpoint.loading import engine_defaults
 from sdxl_engine.config import EngineConfig, resolve_defaults
 from sdxl_engine.engine.contract import EngineContract, clock
-from sdxl_engine.engine.local import CompilesBusy, EngineNotReady, GenerationError
+from sdxl_engine.engine.errors import CompilesBusy, EngineNotReady, GenerationError
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest
 from sdxl_engine.program.schedulers import SAMPLERS
 from sdxl_engine.serving import admission, delivery, gradio_internals, guard, history

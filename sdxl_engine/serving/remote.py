@@ -26,8 +26,7 @@ from ray.exceptions import RayActorError
 from ray.serve.exceptions import RequestCancelledError
 
 from sdxl_engine.config import EngineConfig
-from sdxl_engine.engine.contract import ScaleOut, clock, queue_seconds
-from sdxl_engine.engine.local import wait_for_start
+from sdxl_engine.engine.contract import ScaleOut, clock, queue_seconds, wait_for_start
 from sdxl_engine.engine.steps import StepEvent, Stopped
 from sdxl_engine.engine.validation import GenerateRequest, Limits, validate
 from sdxl_engine.serving.replicas import (LOCAL_TEMP_PREFIX, SERVE_LOGGING, Outcome, ReplicaConfigError, ReplicaInfo,

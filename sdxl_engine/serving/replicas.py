@@ -25,7 +25,9 @@ from ray import serve
 
 from sdxl_engine.engine import faults
 from sdxl_engine.config import ConfigError, EngineConfig
-from sdxl_engine.engine.local import CompilesBusy, Engine, EngineNotReady, GenerateResult, GenerationError
+from sdxl_engine.engine.contract import GenerateResult
+from sdxl_engine.engine.errors import CompilesBusy, EngineNotReady, GenerationError
+from sdxl_engine.engine.local import Engine
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest, Limits
 from sdxl_engine.engine.steps import StepEvent, Stopped
 from sdxl_engine.serving.scaleout import (DEPLOYMENT_NAME, GRACEFUL_SHUTDOWN_S, HEALTH_CHECK_PERIOD_S,

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from sdxl_engine.engine.local import GenerationError
+from sdxl_engine.engine.errors import GenerationError
 from sdxl_engine.engine.validation import GenerateRequest
 
 

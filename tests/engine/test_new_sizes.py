@@ -10,7 +10,7 @@ import threading
 import numpy as np
 import pytest
 
-from sdxl_engine.engine.local import CompilesBusy
+from sdxl_engine.engine.errors import CompilesBusy
 from sdxl_engine.engine.steps import Stopped
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest, Limits, size_of
 

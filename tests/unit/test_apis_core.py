@@ -107,7 +107,7 @@ def test_another_clients_interrupt_stops_nothing(monkeypatch, tmp_path):
 def test_the_handlers_typed_error_crosses_the_queue_as_the_protocols_status(monkeypatch, tmp_path):
     """Not by its message: a refusal the engine makes only at run time (a sampler the model's scheduler rules
     out, a new size while others compile) keeps its type on the job, whatever its text says."""
-    from sdxl_engine.engine.local import CompilesBusy
+    from sdxl_engine.engine.errors import CompilesBusy
 
     for error, status in ((InvalidRequest("sampler", "DDIM cannot run this model"), 400),
                           (CompilesBusy("width/height: 2 new sizes compile already"), 429),

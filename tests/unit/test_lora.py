@@ -416,7 +416,7 @@ def test_pngs_keep_the_tags_and_carry_lora_hashes_as_a1111_writes_them(tmp_path)
     ', '), in the tags' order; the prompt keeps its tags. The expected text is written out here."""
     from PIL import Image
 
-    from sdxl_engine.engine.local import GenerateResult
+    from sdxl_engine.engine.contract import GenerateResult
     from sdxl_engine.engine.validation import GenerateRequest
     from sdxl_engine.serving.delivery import deliver
     from sdxl_engine.serving.images import parse_a1111_parameters

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from sdxl_engine.engine.local import GenerateResult
+from sdxl_engine.engine.contract import GenerateResult
 from sdxl_engine.serving.delivery import deliver
 from sdxl_engine.serving.styles import NO_STYLE
 from sdxl_engine.engine.validation import GenerateRequest

@@ -5,7 +5,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from sdxl_engine.engine.local import EngineNotReady, wait_for_start
+from sdxl_engine.engine.contract import wait_for_start
+from sdxl_engine.engine.errors import EngineNotReady
 
 
 def test_waiting_for_the_engine_names_its_stage_or_its_error():

@@ -193,7 +193,7 @@ def test_a_stop_at_a_step_cancels_the_replicas_call_at_once():
 
 
 def test_replica_errors_come_back_as_the_engines_types():
-    from sdxl_engine.engine.local import GenerationError
+    from sdxl_engine.engine.errors import GenerationError
     from sdxl_engine.engine.faults import InjectedFault
     from sdxl_engine.serving.replicas import Outcome, ReplicaError
     from sdxl_engine.engine.validation import InvalidRequest
@@ -217,7 +217,7 @@ def test_replica_errors_cross_ray_pickled_as_themselves():
     ReplicaError naming its type."""
     import pickle
 
-    from sdxl_engine.engine.local import CompilesBusy, EngineNotReady, GenerationError
+    from sdxl_engine.engine.errors import CompilesBusy, EngineNotReady, GenerationError
     from sdxl_engine.engine.steps import Stopped
     from sdxl_engine.engine.validation import InvalidRequest
     from sdxl_engine.serving.replicas import Outcome, ReplicaError

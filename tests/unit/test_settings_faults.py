@@ -245,7 +245,7 @@ def test_ray_environment_asks_for_a_plain_quiet_log():
 
 def test_a_lost_replica_is_logged_as_a_failed_request_not_a_refused_one(capsys):
     from sdxl_engine.serving import handler
-    from sdxl_engine.engine.local import GenerationError
+    from sdxl_engine.engine.errors import GenerationError
     from sdxl_engine.engine.validation import InvalidRequest
 
     handler.refuse(GenerationError("the replica running this request stopped (ActorDiedError); nothing came back"))

@@ -33,7 +33,7 @@ from pathlib import Path
 from fastapi import HTTPException
 
 from sdxl_engine.engine.contract import EngineContract
-from sdxl_engine.engine.local import CompilesBusy
+from sdxl_engine.engine.errors import CompilesBusy
 from sdxl_engine.engine.steps import Stopped
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest, validate
 from sdxl_engine.serving import admission, delivery, gradio_internals
