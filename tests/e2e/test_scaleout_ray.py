@@ -167,6 +167,75 @@ def test_the_replicas_steps_and_previews_reach_the_client_and_a_cancel_stops_the
     assert len(gallery) == 4 and info["num_inference_steps"] == 30
 
 
+def test_two_clients_run_at_once_and_each_sees_and_stops_only_its_own_request(app2):
+    """Two replicas, two clients at once, each request on its own: two A1111 clients (two addresses) each see their
+    own request's steps in /progress (50 and 45) while both run, and one's /interrupt stops its own only (the other
+    gives its images); then two gradio_client jobs at once each see their own steps, and a cancel of one stops it
+    only."""
+    import threading
+
+    import httpx
+    from gradio_client import Client
+
+    def wait_for(predicate, what, limit_s=120):
+        deadline = time.monotonic() + limit_s
+        while not predicate():
+            assert time.monotonic() < deadline, f"not within {limit_s} s: {what}"
+            time.sleep(0.02)
+
+    # A1111: two addresses (127.0.0.2 reaches a server on 127.0.0.1)
+    me = httpx.Client(base_url=app2.url + "sdapi/v1", timeout=300)
+    other = httpx.Client(base_url=app2.url + "sdapi/v1", timeout=300,
+                         transport=httpx.HTTPTransport(local_address="127.0.0.2"))
+    answers = {}
+
+    def txt2img(name, client, steps, seed):
+        answers[name] = client.post("/txt2img", json={"prompt": "a red circle", "steps": steps, "seed": seed})
+
+    threads = [threading.Thread(target=txt2img, args=("me", me, 50, 31)),
+               threading.Thread(target=txt2img, args=("other", other, 45, 32))]
+    for thread in threads:
+        thread.start()
+    states = {}
+
+    def both_past_step_2():
+        states.update(me=me.get("/progress").json()["state"], other=other.get("/progress").json()["state"])
+        return all(state["sampling_step"] >= 2 for state in states.values())
+
+    wait_for(both_past_step_2, "both A1111 requests at step 2 at once")
+    assert (states["me"]["sampling_steps"], states["other"]["sampling_steps"]) == (50, 45), states
+    assert me.post("/interrupt").json() == {"interrupted": True}
+    for thread in threads:
+        thread.join(300)
+    mine, theirs = answers["me"].json(), answers["other"].json()
+    assert json.loads(mine["info"])["interrupted"] is True and mine["images"] == []
+    info = json.loads(theirs["info"])
+    # ran to its end: A1111's default batch_size 1, one image
+    assert info.get("interrupted") is not True and len(theirs["images"]) == 1 and info["steps"] == 45, info
+
+    # gradio_client: two jobs at once, one cancelled
+    cancelled_before = app2.log.count("(its call was cancelled)")
+    jobs = {steps: Client(app2.url, verbose=False).submit(api_name="/generate", prompt="a red circle", seed=steps,
+                                                          num_inference_steps=steps) for steps in (50, 45)}
+    seen = {steps: [] for steps in jobs}
+
+    def both_jobs_past_step_3():
+        for steps, job in jobs.items():
+            for unit in job.status().progress_data or []:
+                if unit.unit == "steps" and unit.index is not None:
+                    seen[steps].append((unit.index, unit.length))
+        return all(any(index >= 3 for index, _ in seen[steps]) for steps in jobs)
+
+    wait_for(both_jobs_past_step_3, "both jobs at step 3 at once")
+    jobs[50].cancel()
+    gallery, info = jobs[45].result(timeout=300)
+    assert len(gallery) == 4 and info["num_inference_steps"] == 45  # ran to its end
+    assert {length for _, length in seen[50]} == {50} and {length for _, length in seen[45]} == {45}, seen
+    wait_for(lambda: app2.log.count("(its call was cancelled)") > cancelled_before, "the cancel's log line", 60)
+    time.sleep(1)  # a second cancel line, had the other request been stopped too, would be in by now
+    assert app2.log.count("(its call was cancelled)") == cancelled_before + 1
+
+
 def test_only_the_front_is_reachable_and_ray_listens_on_loopback_only(app2):
     """No Serve HTTP proxy, no dashboard UI; every socket the app's processes listen on (the Gradio
     front, and all of the private Ray cluster: GCS, raylet, workers, agents, metrics) is loopback."""
