@@ -24,60 +24,16 @@ float32 in place of the images, and their ``finite``.
 The batch is split over the mesh's ``data`` axis with ``jax.shard_map``: every device runs the
 whole program on its own images, params replicated, with no cross-device communication.
 
-How the program is put together (the extension seam)
-----------------------------------------------------
-* :class:`ProgramShape` holds the static options: one field each, all of it in the executable
-  cache's key (compiling.program_key takes it whole).
-* :class:`ProgramInputs` holds the per-request arrays. Each field declares itself once, with
-  :func:`per_image` (split over ``data``; its shape after the batch axis) or :func:`replicated`
-  (whole on every device), a shape that may read the ProgramShape, a dtype, and for an optional
-  input the ProgramShape flag that turns it on (``when``): off, the field is None, so it is absent
-  from the pytree, its specs and its abstract inputs. :meth:`ProgramInputs.specs` and
-  :meth:`ProgramInputs.abstract` are derived from these declarations, never written by hand.
-* :class:`Static` is everything the traced code reads besides its arguments, read from the model
-  and the ProgramShape in one place (:func:`static_options`).
-* The program is four stages over them, in order: :func:`encode_text` (-> :class:`Conditioning`),
-  :func:`initial_latents`, :func:`denoise` (``lax.fori_loop`` over :func:`denoise_step`, the one
-  body every step runs) and :func:`decode`; :func:`build_generate` only chains them.
-
-Where each planned feature goes (each is a field and one branch; nothing else changes, since the
-specs, the abstract inputs, the shardings and the cache key derive from the declarations):
-
-==========================  =========================================================================
-feature                     where
-==========================  =========================================================================
-LoRA weight deltas          outside the program: merged into ``params`` before the call (the program
-                            is unchanged, no recompile; the engine's ``_run`` picks the params). Inside:
-                            a ``lora: bool`` ProgramShape flag, a replicated ``lora_*`` input with
-                            ``when="lora"``, and one branch where :func:`build_generate` binds the
-                            params (``params = merged(params, inputs) if st.shape.lora else params``).
-prompts over 77 tokens      done: the ``chunks`` ProgramShape field; ids and weights declare
-                            ``per_image(prompt_dims, ...)``, (2, chunks * 77); :func:`encode_prompts` encodes
-                            each 77-token chunk and concatenates along tokens; :func:`emphasize` applies the
-                            weights; the host side in engine/prompts.py (``tokenize_prompt``).
-per-step hook               built: the ``step_hook`` ProgramShape flag; its one seam is the end of
-(progress, previews,        :func:`denoise_step` (:func:`step_report`: an ``io_callback`` to step_hook.STEP_HOOK
-cancel)                     at the steps the host asks for, with x0 when it asked for it); the stop flag it
-                            returns is carried into a ``lax.while_loop`` condition in :func:`denoise`, and a
-                            stopped program skips the VAE.
-image inputs (img2img)      done: the ``init_image`` ProgramShape flag; ``image`` (per-image uint8
-                            pixels, ``when="init_image"``) and ``start_step`` (replicated, ``()`` int32)
-                            inputs; the branch in :func:`initial_latents` (:func:`encode_image`, noised
-                            to ``sigmas[start_step]``) and :func:`denoise` starting its loop there.
-inpainting                  done: the ``inpaint`` ProgramShape flag; ``mask`` (per-image (H, W) float32) and
-                            ``from_noise`` inputs; :func:`image_conditioning` (mask at latent size, an
-                            inpainting UNet's masked-image latents), :func:`keep_known` after each step of a
-                            plain UNet, the extra input channels of an inpainting UNet in :func:`denoise_step`.
-SDXL refiner (ensemble      done: the ``refiner`` ProgramShape flag; ``refiner_start`` and ``aesthetic_score``
-of experts)                 (replicated, ``when="refiner"``); :func:`refiner_expert` (its conditioning and bound
-                            UNet, ``Conditioning.refiner``) and :func:`unet_prediction` (``lax.cond``: the base
-                            UNet before ``refiner_start``, the refiner's from it).
-hires fix                   done: two programs. The first pass's ``latents_out`` flag returns the final latents
-                            (no VAE decode); the engine upscales them on the devices (latent_upscale.py); the
-                            second pass's ``init_latents`` flag takes them as ``init_latents`` (per-image, no
-                            VAE encode), noised to ``start_step`` as img2img, with the seed's hires noise stream
-                            (:data:`HIRES_NOISE`) in :func:`image_conditioning` and :func:`denoise_step`.
-==========================  =========================================================================
+How the program is put together (the extension seam): :class:`ProgramShape` holds the static options (one field
+each, all of it in the executable cache's key); :class:`ProgramInputs` the per-request arrays, each field declared
+once with :func:`per_image` or :func:`replicated`, its shape, dtype and the ProgramShape flag that turns it on
+(``when``), from which its specs and abstract inputs derive; :class:`Static` what the traced code reads besides its
+arguments (:func:`static_options`). The program is four stages, in order: :func:`encode_text`,
+:func:`initial_latents`, :func:`denoise` (:func:`denoise_step`, the one body every step runs, whose end is the
+per-step hook's seam, :func:`step_report`) and :func:`decode`; :func:`build_generate` only chains them. A mode is a
+ProgramShape flag, the inputs it turns on and one branch in a stage: img2img (``init_image``), inpainting
+(``inpaint``), the refiner (``refiner``), hires fix's two passes (``latents_out``, ``init_latents``); README,
+"Architecture", says where each goes.
 """
 
 from __future__ import annotations
