@@ -42,7 +42,6 @@ from sdxl_engine.engine.contract import GenerateResult, ScaleOut, clock, queue_s
 from sdxl_engine.engine.errors import CompilesBusy, GenerationError
 from sdxl_engine.engine.image_upscale import upscale_images
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest, Limits, validate
-from sdxl_engine.engine.prompts import parse_lora_tags
 from sdxl_engine.engine.previews import latent_rgb_for
 from sdxl_engine.engine.plan import Plan, Planner
 from sdxl_engine.engine.steps import StepEvent, StepReceiver, Stopped
@@ -246,19 +245,19 @@ class Engine:
                 for i in lora_mod.lora_info([*loras.values(), *for_refiner.values()]))
                 + f"; read in {self.startup['lora_s']:.2f} s")
 
-    def _lora_params(self, prompt: str) -> tuple[dict, dict[str, str]]:
-        """The params for the prompt's <lora:...> tags (merged outside the compiled program; the base
-        params without tags; a refiner LoRA's tag merges into ``params["refiner"]``) and {name: short hash}.
-        The tags were checked by validate (Limits.loras) and the plan (a refiner LoRA needs the refiner)."""
-        _, tags = parse_lora_tags(prompt)
-        if not tags:
+    def _lora_params(self, loras: tuple[tuple[str, float], ...]) -> tuple[dict, dict[str, str]]:
+        """The params for a plan's LoRAs (``Plan.loras``: the prompt's tags as (name, weight); merged outside the
+        compiled program; the base params without any; a refiner LoRA merges into ``params["refiner"]``) and
+        {name: short hash}. The tags were checked by validate (Limits.loras) and the plan (a refiner LoRA needs the
+        refiner)."""
+        if not loras:
             return self.params, {}
         refiner = self.refiner_loras.loras if self.refiner_loras else {}
-        params = self.loras.params([(t.name, t.weight) for t in tags if t.name not in refiner])
-        if any(t.name in refiner for t in tags):
-            params = {**params, "refiner": self.refiner_loras.params([(t.name, t.weight) for t in tags
-                                                                     if t.name in refiner])}
-        return params, {t.name: (refiner.get(t.name) or self.loras.loras[t.name]).short_hash for t in tags}
+        params = self.loras.params([(name, weight) for name, weight in loras if name not in refiner])
+        if any(name in refiner for name, _ in loras):
+            params = {**params, "refiner": self.refiner_loras.params([(name, weight) for name, weight in loras
+                                                                     if name in refiner])}
+        return params, {name: (refiner.get(name) or self.loras.loras[name]).short_hash for name, _ in loras}
 
     def _config_shown(self) -> dict:
         """The config for the start-up line: a field the model's engine_defaults.json may still choose
@@ -546,7 +545,7 @@ class Engine:
         t0 = time.perf_counter()
         request = plan.request
         progress("preparing")
-        params, loras = self._lora_params(request.prompt)  # the tags' LoRAs merged; _tokens dropped the tags
+        params, loras = self._lora_params(plan.loras)  # the tags' LoRAs merged; the plan's tokens are without them
         steps = request.num_inference_steps if plan.steps is None else plan.steps
         start = request.start_step if plan.start_step is None else plan.start_step
         inputs = ProgramInputs.build(plan.prompt.ids, plan.negative.ids, not plan.negative.words.strip(), plan.seeds,
@@ -606,7 +605,7 @@ class Engine:
         t0 = time.perf_counter()
         request, hires = plan.request, plan.hires
         progress("preparing")
-        params, loras = self._lora_params(request.prompt)  # the tags' LoRAs merged, for both passes
+        params, loras = self._lora_params(plan.loras)  # the tags' LoRAs merged, for both passes
         params = self._faults.params(request.prompt, params) if self._faults else params  # TEST-ONLY (faults.py)
         inputs = ProgramInputs.build(plan.prompt.ids, plan.negative.ids, not plan.negative.words.strip(), plan.seeds,
                                      request.guidance_scale, plan.schedule, request.num_inference_steps,

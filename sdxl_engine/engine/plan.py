@@ -35,6 +35,8 @@ class Plan:
             uint8 pixels, None for text to image; mask: inpainting's (batch, H, W) float32 (1 = repaint), else None.
         steps, start_step: the schedule's length and first step when they are not the request's
             (hires fix of an input image: its second pass's), else None.
+        loras: the prompt's ``<lora:NAME:WEIGHT>`` tags as (name, weight) in their order, parsed once here: the
+            engine merges those LoRAs into the params it runs with (validate checked each names a loaded one).
     """
 
     request: GenerateRequest
@@ -49,6 +51,7 @@ class Plan:
     hires: HiresPlan | None = None  # hires fix's second pass (then ``shape`` is the first pass's)
     steps: int | None = None
     start_step: int | None = None
+    loras: tuple[tuple[str, float], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,7 +115,8 @@ class Planner:
         image count other than 1 or the batch.
         """
         prompt, negative = self.tokens(request.prompt, request.negative_prompt)  # the chunks choose the program
-        self._check_refiner_tags(request)
+        loras = tuple((tag.name, tag.weight) for tag in parse_lora_tags(request.prompt)[1])
+        self._check_refiner_tags(request, loras)
         schedule = self.schedule(request.sampler, request.num_inference_steps)  # refuses before compiling
         image = None
         if request.image is not None:  # img2img: validate set start_step (from strength, or as given)
@@ -130,20 +134,22 @@ class Planner:
         if hires is not None and image is not None:  # hires fix of the given image: its second pass alone
             return Plan(request, hires.shape, hires.prompt, hires.negative, hires.schedule, seeds,
                         upscale_images(image, hires.shape.width, hires.shape.height, hires.upscaler),
-                        steps=hires.steps, start_step=hires.start_step)
+                        steps=hires.steps, start_step=hires.start_step, loras=loras)
         if hires is not None and not hires.pixels:  # a latent upscaler: the first pass's latents, no VAE decode
             shape = dataclasses.replace(shape, latents_out=True)
         if request.refiner_switch_at is not None:  # the refiner's program and its first step (README "Refiner")
             return Plan(request, self._refiner_shape(shape), prompt, negative, schedule, seeds, image, mask,
                         refiner_start=refiner_start(schedule.timesteps, request.refiner_switch_at,
-                                                    self.model.scheduler_config.get("num_train_timesteps", 1000)))
-        return Plan(request, shape, prompt, negative, schedule, seeds, image, mask, hires=hires)
+                                                    self.model.scheduler_config.get("num_train_timesteps", 1000)),
+                        loras=loras)
+        return Plan(request, shape, prompt, negative, schedule, seeds, image, mask, hires=hires, loras=loras)
 
-    def _check_refiner_tags(self, request: GenerateRequest) -> None:
-        """Raise InvalidRequest (``prompt``) for a refiner LoRA's tag in a request the refiner does not run in."""
+    def _check_refiner_tags(self, request: GenerateRequest, loras: tuple[tuple[str, float], ...]) -> None:
+        """Raise InvalidRequest (``prompt``) for a refiner LoRA's tag (``loras``: the prompt's) in a request the
+        refiner does not run in."""
         if self.refiner_loras is None or request.refiner_switch_at is not None:
             return
-        named = [t.name for t in parse_lora_tags(request.prompt)[1] if t.name in self.refiner_loras.loras]
+        named = [name for name, _ in loras if name in self.refiner_loras.loras]
         if named:
             raise InvalidRequest("prompt", f"<lora:{named[0]}> is a LoRA for the refiner, which this request does not "
                                            "run: send refiner_switch_at (e.g. 0.8), or leave the tag out")

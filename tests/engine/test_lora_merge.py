@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from sdxl_engine.checkpoint import lora
-from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest
+from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest, validate
 from sdxl_engine.program.generate import ProgramInputs, ProgramShape, tokenize
 from sdxl_engine.program.schedulers import make_schedule
 from sdxl_engine.program.sharding import replicated
@@ -154,6 +154,8 @@ def test_a_tag_is_read_in_the_prompt_and_kept_as_text_in_the_negative_prompt(tin
     as_text = tokenize_prompt(tokenizers, "<lora:lcm:1> blue square", 3, lora_tags=False).ids
     np.testing.assert_array_equal(negative.ids, as_text)
     assert int((as_text[0] != tokenizers[0].pad_token_id).sum()) > len("blue square".split()) + 2  # the tag's tokens
-    _, hashes = engine._lora_params(request.prompt)
+    plan = engine.planner.plan(validate(request, engine.limits))
+    assert plan.loras == (("lcm", 0.5),)  # the prompt's tag; the negative prompt's is text
+    _, hashes = engine._lora_params(plan.loras)
     assert hashes == {"lcm": engine.loras.loras["lcm"].short_hash}
-    assert engine._lora_params("a red circle")[1] == {}
+    assert engine._lora_params(())[1] == {}
