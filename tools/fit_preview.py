@@ -36,7 +36,7 @@ STEPS = 20
 def last_x0_and_images(engine: Engine, prompt: str, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """(batch, C, h, w) float32 x0 at the last Euler step and the (batch, H, W, 3) uint8 images."""
     width, height = engine.limits.default_size
-    program = engine._program(width, height, True)
+    program = engine.program(width, height, True)
     ids, _ = tokenize(engine.model, prompt)
     empty, _ = tokenize(engine.model, "")
     seeds = [seed * engine.batch + i for i in range(engine.batch)]

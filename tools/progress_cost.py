@@ -37,7 +37,7 @@ from sdxl_engine.program.schedulers import make_schedule
 def variants(engine: Engine, steps: int) -> tuple[dict, dict]:
     """({name: call that blocks until the images are ready}, {name: its last images})."""
     width, height = engine.limits.default_size
-    plain = engine._program(width, height, True)  # progress off: no hook
+    plain = engine.program(width, height, True)  # progress off: no hook
     hooked = cached_program(engine.model, engine.params, dataclasses.replace(plain.shape, step_hook=True),
                             engine.mesh, engine.executables)
     ids, _ = tokenize(engine.model, "a red circle on a blue background")

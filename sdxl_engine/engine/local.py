@@ -5,7 +5,7 @@ devices, compile the default size ahead of time (or load it from the executable 
 executables.py), run one zero-step warm-up request. Other size buckets and the no-CFG variant
 (guidance <= 1) compile on first use and stay cached (and land in the executable cache, or with
 it off in the persistent compilation cache, so a restart does not compile them again). Per request:
-plan (plan.Planner, made at start), get or compile the plan's program, run it.
+plan (plan.Planner, made at start), get or compile the plan's program (programs.Programs), run it.
 
 The engine runs whatever it is given: requests are serialised in one place in front of it
 (Gradio's concurrency limit in the app, one ongoing request per Ray Serve replica). A stopped request
@@ -15,7 +15,6 @@ takes a lock: the next request waits for that step, counted as its queue time.
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import dataclasses
 import os
@@ -34,16 +33,17 @@ from sdxl_engine.program import sharding
 from sdxl_engine import config as config_mod
 from sdxl_engine.config import EngineConfig
 from sdxl_engine.program.executables import ExecutableCache
-from sdxl_engine.program.compiling import CompiledProgram, cache_counts, cached_program
-from sdxl_engine.program.generate import ProgramInputs, ProgramShape
+from sdxl_engine.program.compiling import CompiledProgram
+from sdxl_engine.program.generate import ProgramInputs
 from sdxl_engine.program.step_hook import STEP_HOOK
 from sdxl_engine.program.latent_upscale import sharded_upscale
 from sdxl_engine.engine.contract import GenerateResult, ScaleOut, clock, queue_seconds, wait_for_start
-from sdxl_engine.engine.errors import CompilesBusy, GenerationError
+from sdxl_engine.engine.errors import GenerationError
 from sdxl_engine.engine.image_upscale import upscale_images
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest, Limits, validate
 from sdxl_engine.engine.previews import latent_rgb_for
 from sdxl_engine.engine.plan import Plan, Planner
+from sdxl_engine.engine.programs import Programs
 from sdxl_engine.engine.steps import StepEvent, StepReceiver, Stopped
 
 
@@ -80,10 +80,9 @@ class Engine:
         self.platform = ""
         self.device_summary = ""  # set at start, e.g. "4 × cpu"
         self._log = log
-        self._programs: dict[ProgramShape, CompiledProgram] = {}
+        self.programs: Programs | None = None  # set at start: the compiled programs (engine/programs.py)
         self._startup_mode: dict = {}  # the program flags every request of this model needs (start: an inpainting UNet)
         self.planner: Planner | None = None  # set at start, once the model, its LoRAs and the limits are known
-        self.compile_count = 0  # programs made (compiled, or loaded from the executable cache)
         self.compile_cache_dir = ""  # set at start (apply_jax_options: "" = no persistent cache)
         self.executables: ExecutableCache | None = None  # set at start: <compile_cache_dir>/executables, or None
         self.loras: lora_mod.LoraMerger | None = None  # set at start: the LoRAs and their merged params
@@ -94,17 +93,7 @@ class Engine:
         self.ready = threading.Event()
         self.error: BaseException | None = None
         self._faults = faults.injector()  # TEST-ONLY (faults.py): None unless the switch is on; read once
-        # One compile at a time (a request's and the background precompile's); the preview map.
-        self._compile_lock = threading.Lock()
         self._request_lock = threading.Lock()  # one request at a time, also one a cancel left running for a step
-        # Sizes beyond the buckets compile on this thread while requests at compiled sizes run: their
-        # pending compiles (shape -> future, and which clients wait for which), and when each program
-        # was last used (the least recently used ones beyond max_resident_programs are dropped).
-        self._compiler = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="engine-compile")
-        self._pending: dict[ProgramShape, concurrent.futures.Future] = {}
-        self._pending_for: dict[str, ProgramShape] = {}
-        self._pending_lock = threading.Lock()
-        self._used: dict[ProgramShape, float] = {}  # the size buckets' programs are never dropped
         self.latent_rgb = None  # set at start: previews.LatentRGB of the model, or None (no previews)
         self.precompiled = threading.Event()  # set when the background precompile finished (or was not run)
         if self._faults:
@@ -172,14 +161,16 @@ class Engine:
         self.defaults = self._model_defaults()
         self.limits = self._limits(self.defaults)
         self.planner = Planner(self.model, self.config, self.limits, self.batch, self.refiner_loras)
+        self.programs = Programs(self.model, self.params, self.mesh, self.batch, self.executables, self.config,
+                                 self.compile_cache_dir, self.limits.sizes, self._log)
         self.latent_rgb = latent_rgb_for(self.model.source, self.model.latent_channels)
 
         # 3. Compile the default size (CFG, the default guidance's mode) ahead of time.
         width, height = self.limits.default_size
         self._stage(f"compiling {width}x{height} x {self.batch} images"
                     + (", unless the executable cache has them" if self.executables else ""))
-        self.startup["compile_s"] = self._program(width, height, self.defaults.guidance_scale > 1,
-                                                  **self._startup_mode).compile_s
+        self.startup["compile_s"] = self.program(width, height, self.defaults.guidance_scale > 1,
+                                                 **self._startup_mode).compile_s
 
         # 4. One request through the compiled program with zero denoising steps: the executable runs
         # (first-run allocations; text encoders and VAE decode checked finite) without paying a UNet
@@ -188,7 +179,7 @@ class Engine:
         image = dict(image=np.full((height, width, 3), 128, np.uint8), mask=np.ones((height, width), np.float32),
                      strength=1.0) if self._startup_mode else {}
         plan = self.planner.plan(validate(GenerateRequest("warm-up", seed=0, num_inference_steps=1, **image), self.limits))
-        self._run(plan, self._program(width, height, plan.shape.cfg, plan.shape.chunks, **self._startup_mode),
+        self._run(plan, self.program(width, height, plan.shape.cfg, plan.shape.chunks, **self._startup_mode),
                   loop_steps=0)
         self._done("warmup_s", t0)
         self.startup["ready_s"] = clock() - self.started
@@ -304,45 +295,6 @@ class Engine:
                                     "input channels: latents, mask, masked image)" if self._startup_mode else "",
                       refiner=self.model.refiner is not None)
 
-    def _program(self, width: int, height: int, cfg: bool, chunks: int = 1, init_image: bool = False,
-                 inpaint: bool = False) -> CompiledProgram:
-        """The compiled program for a size bucket, CFG mode, prompt chunk count and image mode (:meth:`_shape`),
-        compiled on first use (then cached)."""
-        shape = self.planner.shape(width, height, cfg, chunks, init_image, inpaint)
-        if shape in self._programs:
-            return self._programs[shape]
-        with self._compile_lock:  # the background precompile may be compiling this one (or another) now
-            if shape not in self._programs:
-                self._compile(shape, width, height, cfg)
-        return self._programs[shape]
-
-    def _compile(self, shape: ProgramShape, width: int, height: int, cfg: bool) -> None:
-        """Compile (or load) one program and log one line saying how; call with ``_compile_lock`` held."""
-        before = cache_counts()
-        program = self._programs[shape] = cached_program(self.model, self.params, shape, self.mesh,
-                                                         self.executables)
-        self.compile_count += 1
-        after = cache_counts()
-        hits, misses = after["hits"] - before["hits"], after["misses"] - before["misses"]
-        what = f"{width}x{height} x {self.batch} images{'' if cfg else ' without CFG'}"
-        what += f", {shape.chunks} prompt chunks" if shape.chunks > 1 else ""
-        what += ", image to image" if shape.init_image else ""
-        what += ", inpainting" if shape.inpaint else ""
-        what += ", with the refiner" if shape.refiner else ""
-        what += ", hires first pass" if shape.latents_out else ", hires second pass" if shape.init_latents else ""
-        # One line either way; a missing or refused executable says why in the "compiled" line.
-        if program.loaded:
-            self._log(f"[sdxl_engine] loaded {what} in {program.compile_s:.2f} s (executable cache: "
-                      f"{program.cache_note}; nothing traced or compiled)")
-        elif self.executables:  # compiling.cached_program bypasses XLA's cache for what it stores
-            self._log(f"[sdxl_engine] compiled {what} in {program.compile_s:.2f} s (executable cache: "
-                      f"{program.cache_note}; compile cache: bypassed)")
-        else:
-            cache = (f"compile cache: {'hit' if hits and not misses else 'miss' if misses else 'not used'} "
-                     f"({hits} hits, {misses} misses) in {self.compile_cache_dir}" if self.compile_cache_dir
-                     else "compile cache off")
-            self._log(f"[sdxl_engine] compiled {what} in {program.compile_s:.2f} s ({cache})")
-
     def _start_precompile(self) -> None:
         """Compile the no-CFG variant of the default size, then the other size buckets, in a
         daemon thread (config ``precompile``: auto = on unless the devices are CPUs); sets ``precompiled``."""
@@ -353,23 +305,23 @@ class Engine:
         default = self.limits.default_size
         todo = [(*default, not (self.defaults.guidance_scale > 1))] + [(w, h, True) for w, h in self.limits.sizes
                                                                         if (w, h) != default]
-        threading.Thread(target=self._precompile, args=(todo,), name="engine-precompile", daemon=True).start()
+        self.programs.precompile([self.planner.shape(w, h, cfg, **self._startup_mode) for w, h, cfg in todo],
+                                 self.precompiled)
 
-    def _precompile(self, todo: list[tuple[int, int, bool]]) -> None:
-        t0 = time.perf_counter()
-        try:
-            for width, height, cfg in todo:
-                self._program(width, height, cfg, **self._startup_mode)
-            self._log(f"[sdxl_engine] precompiled {len(todo)} more programs in {time.perf_counter() - t0:.2f} s "
-                      "in the background")
-        except Exception as err:  # a request at that size compiles it then (and reports its own error)
-            self._log(f"[sdxl_engine] background precompile stopped: {type(err).__name__}: {err}")
-        finally:
-            self.precompiled.set()
+    def program(self, width: int, height: int, cfg: bool = True, chunks: int = 1, init_image: bool = False,
+                inpaint: bool = False) -> CompiledProgram:
+        """The compiled program for a size (pixels), CFG mode, prompt chunk count and image mode, compiled on this
+        thread on first use (Programs.get); for start-up and the tools."""
+        return self.programs.get(self.planner.shape(width, height, cfg, chunks, init_image, inpaint))
+
+    @property
+    def compile_count(self) -> int:
+        """Programs made so far (compiled, or loaded from the executable cache); 0 before start."""
+        return self.programs.count if self.programs is not None else 0
 
     def is_compiled(self, width: int, height: int, cfg: bool = True, chunks: int = 1) -> bool:
         """Whether the program for this size bucket (pixels), CFG mode and prompt chunk count is compiled already."""
-        return self.planner.shape(width, height, cfg, chunks) in self._programs
+        return self.programs is not None and self.planner.shape(width, height, cfg, chunks) in self.programs.compiled
 
     def wait_ready(self, timeout: float | None = None) -> None:
         """Block until start-up finished. Raises EngineNotReady if it failed or timed out."""
@@ -414,8 +366,10 @@ class Engine:
         progress = progress or _no_progress
         t0 = time.perf_counter()
         plan = self.planner.plan(validate(request, self.limits))  # every refusal before anything waits or compiles
-        program = self._program_for(plan, progress, should_stop)  # a new size compiles: other requests run on
-        second = None if plan.hires is None else self._program_for(plan, progress, should_stop, plan.hires.shape)
+        # a new size compiles on the compile thread: other requests run on (Programs.for_request)
+        program = self.programs.for_request(plan.shape, plan.request.client, progress, should_stop)
+        second = None if plan.hires is None else self.programs.for_request(plan.hires.shape, plan.request.client,
+                                                                            progress, should_stop)
         prep_s = time.perf_counter() - t0
         waiting = clock()
         self._wait_turn(progress, should_stop)  # one request on the devices at a time; the wait is queue time
@@ -454,88 +408,6 @@ class Engine:
         while not self._request_lock.acquire(timeout=0.1):
             if should_stop is not None and should_stop():
                 raise Stopped("stopped before it started")
-
-    def _program_for(self, plan: Plan, progress: Callable[[str], None],
-                     should_stop: Callable[[], bool] | None, shape: ProgramShape | None = None) -> CompiledProgram:
-        """The plan's program; one not compiled yet compiles on the engine's compile thread while this
-        request waits (``progress("compiling")``) and requests at compiled sizes run on. A stop while it
-        waits frees the request at once (the compile goes on: the size is ready for the next request).
-
-        ``shape``: another program of the plan than ``plan.shape`` (hires fix's second pass).
-
-        Raises:
-            CompilesBusy: the request's client waits for another new size already, or
-                ``max_pending_compiles`` sizes compile already.
-            Stopped: ``should_stop()`` said so while the request waited for its compile.
-        """
-        shape = plan.shape if shape is None else shape
-        program = self._programs.get(shape)
-        if program is not None:
-            self._used[shape] = clock()
-            return program
-        future = self._pending_compile(shape, plan.request.client)
-        progress("compiling")
-        try:
-            while True:
-                try:
-                    future.result(timeout=0.1)
-                    break
-                except concurrent.futures.TimeoutError:
-                    if should_stop is not None and should_stop():
-                        raise Stopped("stopped before it started (its size still compiles, for the next "
-                                      "request)") from None
-        finally:
-            with self._pending_lock:
-                if self._pending_for.get(plan.request.client) == shape:
-                    del self._pending_for[plan.request.client]
-        self._used[shape] = clock()
-        return self._programs[shape]
-
-    def _pending_compile(self, shape: ProgramShape, client: str) -> concurrent.futures.Future:
-        """The compile of ``shape``, started on the compile thread unless it runs already (see _program_for)."""
-        with self._pending_lock:
-            future = self._pending.get(shape)
-            if future is None:
-                mine = self._pending_for.get(client)
-                if mine is not None and mine != shape:
-                    raise CompilesBusy(f"width/height: your request for {mine.width}x{mine.height} is still "
-                                       "compiling; send this size once it is ready")
-                if len(self._pending) >= self.config.max_pending_compiles:
-                    sizes = ", ".join(f"{w}x{h}" for w, h in sorted((s.width, s.height) for s in self._pending))
-                    raise CompilesBusy(f"width/height: {shape.width}x{shape.height} is not compiled yet and "
-                                       f"{len(self._pending)} new sizes compile already ({sizes}; "
-                                       "max_pending_compiles); retry in a minute, or use a compiled size")
-                future = self._pending[shape] = self._compiler.submit(self._compile_new, shape)
-            self._pending_for[client] = shape
-            return future
-
-    def _compile_new(self, shape: ProgramShape) -> None:
-        """The compile thread's job: compile ``shape``, then no longer count it as pending (under the pending
-        lock, which _pending_compile holds until the future is recorded, so the record always goes)."""
-        try:
-            with self._compile_lock:
-                if shape not in self._programs:
-                    self._compile(shape, shape.width, shape.height, shape.cfg)
-            self._used[shape] = clock()  # the newest: never the one dropped to make room for itself
-            self._drop_unused()
-        finally:
-            with self._pending_lock:
-                self._pending.pop(shape, None)
-
-    def _bucket(self, shape: ProgramShape) -> bool:
-        """Whether ``shape``'s size is one of the model's size buckets (whose programs stay in memory)."""
-        return (shape.width, shape.height) in self.limits.sizes
-
-    def _drop_unused(self) -> None:
-        """Keep at most ``max_resident_programs`` programs beyond the size buckets' in memory, dropping
-        the least recently used (the executable cache, or XLA's, brings one back without compiling)."""
-        extra = [shape for shape in list(self._programs) if not self._bucket(shape)]
-        extra.sort(key=lambda shape: self._used.get(shape, 0.0))
-        for shape in extra[:max(0, len(extra) - self.config.max_resident_programs)]:
-            self._programs.pop(shape, None)
-            self._used.pop(shape, None)
-            self._log(f"[sdxl_engine] dropped the program for {shape.width}x{shape.height} (least recently used; "
-                      f"max_resident_programs {self.config.max_resident_programs})")
 
     def _run(self, plan: Plan, program: CompiledProgram, progress: Callable[[str], None] = _no_progress,
              loop_steps: int | None = None, on_step: Callable[[StepEvent], None] | None = None,

@@ -188,8 +188,9 @@ def test_new_size_bucket_compiles_once(engine, monkeypatch):
     other tests compiled on the shared engine: the bucket's programs are taken out of its table for
     this test (and the table restored after it)."""
     width, height = engine.limits.sizes[-1]
-    monkeypatch.setattr(engine, "_programs", {shape: program for shape, program in engine._programs.items()
-                                              if (shape.width, shape.height) != (width, height)})
+    monkeypatch.setattr(engine.programs, "compiled", {shape: program for shape, program
+                                                      in engine.programs.compiled.items()
+                                                      if (shape.width, shape.height) != (width, height)})
     assert not engine.is_compiled(width, height)
     before = engine.compile_count
     result = gen(engine, width=width, height=height)
@@ -281,7 +282,8 @@ def test_random_seed_is_reported(engine):
 def test_output_is_sharded_over_the_data_axis(engine):
     from sdxl_engine.program.generate import ProgramShape
 
-    program = engine._programs[engine.planner.shape(64, 64)]  # the engine's ProgramShape: its step hook on (progress)
+    # the engine's ProgramShape: its step hook on (progress)
+    program = engine.programs.compiled[engine.planner.shape(64, 64)]
     assert program.shape == ProgramShape(4, 64, 64, engine.config.max_inference_steps, step_hook=True)
     out_sharding = program.executable.output_shardings[0]
     assert out_sharding.spec[0] == "data"

@@ -249,7 +249,7 @@ def test_hires_compiles_two_programs_once_then_nothing(engine):
     assert first.images.shape == (engine.batch, big[1], big[0], 3)
     assert first.request.hires_strength == 0.7 and first.request.hires_steps == 0
     assert first.request.hires_upscaler == "Latent"
-    assert {(s.width, s.height, s.latents_out, s.init_latents) for s in engine._programs} >= {
+    assert {(s.width, s.height, s.latents_out, s.init_latents) for s in engine.programs.compiled} >= {
         (width, height, True, False), (*big, False, True)}
     events = []
     jax.monitoring.register_event_duration_secs_listener(
@@ -280,7 +280,7 @@ def test_pixel_hires_is_txt2img_upscaled_then_denoised(engine):
     before = engine.compile_count
     pixels = gen(engine, hires_scale=1.5, hires_upscaler="Lanczos")
     assert engine.compile_count == before + 1  # the second pass; the first is text to image's
-    assert {(s.init_image, s.hires_noise) for s in engine._programs} >= {(True, True)}
+    assert {(s.init_image, s.hires_noise) for s in engine.programs.compiled} >= {(True, True)}
     m = engine.limits.multiple
     assert pixels.images.shape[1:3] == (int(txt.images.shape[1] * 1.5) // m * m, int(txt.images.shape[2] * 1.5) // m * m)
     latent = gen(engine, hires_scale=1.5)

@@ -137,13 +137,14 @@ def test_img2img_compiles_once_then_nothing_for_strength_image_or_start_step(eng
     image), start_step, seed and sampler change only traced inputs. Text to image keeps its own program."""
     import jax
 
-    from sdxl_engine.engine.local import ProgramShape
+    from sdxl_engine.program.generate import ProgramShape
 
     txt = gen(engine).images
     first = gen(engine, image=pictures(engine), strength=0.5)
     width, height = engine.limits.default_size
     assert first.request.start_step == 3 and first.images.shape == (engine.batch, height, width, 3)
-    assert any(s.init_image for s in engine._programs) and isinstance(next(iter(engine._programs)), ProgramShape)
+    compiled = engine.programs.compiled
+    assert any(s.init_image for s in compiled) and isinstance(next(iter(compiled)), ProgramShape)
     events = []
     jax.monitoring.register_event_duration_secs_listener(
         lambda event, duration, **kw: events.append(event) if "backend_compile" in event else None)

@@ -231,7 +231,7 @@ def test_inpainting_compiles_once_then_nothing_for_mask_image_or_strength(engine
 
     image, mask = picture(engine), left_half(engine)
     first = gen(engine, image=image, mask=mask, strength=0.75)
-    assert any(s.inpaint for s in engine._programs)
+    assert any(s.inpaint for s in engine.programs.compiled)
     events = []
     jax.monitoring.register_event_duration_secs_listener(
         lambda event, duration, **kw: events.append(event) if "backend_compile" in event else None)
@@ -393,7 +393,7 @@ def test_an_inpainting_model_serves_masked_requests_with_diffusers_images(inpain
     from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest
 
     engine = inpaint_engine
-    assert engine.batch == 4 and all(s.inpaint for s in engine._programs)
+    assert engine.batch == 4 and all(s.inpaint for s in engine.programs.compiled)
     meta = META["cases"]["unet9_euler_075"]
     pictures, masks = list(reference["pictures"]) * 2, list(reference["masks"]) * 2
     before = engine.compile_count

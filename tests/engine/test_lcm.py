@@ -105,8 +105,9 @@ def test_more_lcm_steps_than_the_model_allows_is_refused_before_compiling(engine
     """A model whose LCM schedule has 3 original steps: 4 LCM steps is a typed request error naming the
     steps and the limit, raised before the (not yet compiled) size bucket's program is built; Euler runs."""
     width, height = engine.limits.sizes[-1]
-    monkeypatch.setattr(engine, "_programs", {shape: program for shape, program in engine._programs.items()
-                                              if (shape.width, shape.height) != (width, height)})
+    monkeypatch.setattr(engine.programs, "compiled", {shape: program for shape, program
+                                                      in engine.programs.compiled.items()
+                                                      if (shape.width, shape.height) != (width, height)})
     monkeypatch.setitem(engine.model.scheduler_config, "original_inference_steps", 3)
     monkeypatch.setattr(engine.planner, "_schedules", {})
     before = engine.compile_count

@@ -95,7 +95,8 @@ def test_emphasis_moves_the_colour_its_way(tiny_shapes_engine):
 def test_a_new_chunk_count_compiles_once_and_says_so(tiny_shapes_engine, monkeypatch):
     """0 compiles across 1-chunk requests, one at the first 2-chunk request (the "compiling" stage), then 0."""
     engine = tiny_shapes_engine
-    monkeypatch.setattr(engine, "_programs", {s: p for s, p in engine._programs.items() if s.chunks == 1})
+    monkeypatch.setattr(engine.programs, "compiled",
+                        {s: p for s, p in engine.programs.compiled.items() if s.chunks == 1})
     events = []
     jax.monitoring.register_event_duration_secs_listener(
         lambda event, duration, **kw: events.append(event) if "backend_compile" in event else None)
@@ -148,7 +149,7 @@ def test_a_bracketless_short_prompt_runs_the_one_chunk_program(tiny_shapes_engin
     result = tiny_shapes_engine.generate(GenerateRequest("a red circle", seed=0, num_inference_steps=1))
     assert result.prompt_chunks == 1
     assert ProgramShape(4, 64, 64, tiny_shapes_engine.config.max_inference_steps,
-                        step_hook=tiny_shapes_engine.config.progress) in tiny_shapes_engine._programs
+                        step_hook=tiny_shapes_engine.config.progress) in tiny_shapes_engine.programs.compiled
 
 
 def conditioning(engine, prompt: str, negative: str):

@@ -23,20 +23,20 @@ def request(**kw):
 def held_compiles(engine, monkeypatch):
     """Compiles of new sizes wait for ``release`` and then stand in the default program (never run here)."""
     release, started = threading.Event(), []
-    default = next(iter(engine._programs.values()))
+    default = next(iter(engine.programs.compiled.values()))
 
-    def compile_held(shape, width, height, cfg):
-        started.append((width, height))
+    def compile_held(shape):
+        started.append((shape.width, shape.height))
         assert release.wait(60)
-        engine._programs[shape] = default
+        engine.programs.compiled[shape] = default
 
-    monkeypatch.setattr(engine, "_compile", compile_held)
+    monkeypatch.setattr(engine.programs, "_compile", compile_held)
     yield release, started
     release.set()
-    for future in list(engine._pending.values()):
+    for future in list(engine.programs.pending.values()):
         future.result(60)
-    for shape in [s for s in engine._programs if (s.width, s.height) not in engine.limits.sizes]:
-        engine._programs.pop(shape)
+    for shape in [s for s in engine.programs.compiled if (s.width, s.height) not in engine.limits.sizes]:
+        engine.programs.compiled.pop(shape)
 
 
 def test_a_new_size_compiles_while_a_compiled_size_is_served_and_a_stop_frees_its_request(engine, held_compiles):
@@ -62,20 +62,20 @@ def test_a_new_size_compiles_while_a_compiled_size_is_served_and_a_stop_frees_it
     assert str(outcome["error"]) == "stopped before it started (its size still compiles, for the next request)"
     assert not engine.is_compiled(96, 48)  # still compiling: the next request at the size finds it ready
     release.set()
-    for future in list(engine._pending.values()):
+    for future in list(engine.programs.pending.values()):
         future.result(60)
-    assert engine.is_compiled(96, 48) and engine._pending == {} and engine._pending_for == {}
+    assert engine.is_compiled(96, 48) and engine.programs.pending == {} and engine.programs.pending_for == {}
 
 
 def test_each_client_waits_for_one_new_size_and_a_few_compile_at_once(engine, held_compiles, monkeypatch):
     release, started = held_compiles
     stop = threading.Event()
-    monkeypatch.setattr(engine, "config", dataclasses.replace(engine.config, max_pending_compiles=2))
+    monkeypatch.setattr(engine.programs, "config", dataclasses.replace(engine.programs.config, max_pending_compiles=2))
     threads = [threading.Thread(target=lambda c=c, w=w: pytest.raises(Stopped, engine.generate, request(
         width=w, height=48, client=c), should_stop=stop.is_set)) for c, w in (("a", 96), ("b", 112))]
     for t in threads:
         t.start()
-    while len(engine._pending_for) < 2:
+    while len(engine.programs.pending_for) < 2:
         threading.Event().wait(0.01)
     with pytest.raises(CompilesBusy, match=r"^width/height: your request for 96x48 is still compiling; send this "
                                            r"size once it is ready$"):
@@ -111,33 +111,33 @@ def test_the_engines_budget_is_four_native_areas_and_at_least_a_megapixel(engine
 
 
 def test_programs_beyond_the_buckets_are_kept_least_recently_used(engine, monkeypatch):
-    monkeypatch.setattr(engine, "config", dataclasses.replace(engine.config, max_resident_programs=2))
-    monkeypatch.setattr(engine, "_programs", dict(engine._programs))
-    monkeypatch.setattr(engine, "_used", {})
-    monkeypatch.setattr(engine, "_log", lambda line: logged.append(line))
-    logged, buckets = [], set(engine._programs)
+    monkeypatch.setattr(engine.programs, "config", dataclasses.replace(engine.programs.config, max_resident_programs=2))
+    monkeypatch.setattr(engine.programs, "compiled", dict(engine.programs.compiled))
+    monkeypatch.setattr(engine.programs, "used", {})
+    monkeypatch.setattr(engine.programs, "_log", lambda line: logged.append(line))
+    logged, buckets = [], set(engine.programs.compiled)
     shapes = [engine.planner.shape(w, 48) for w in (96, 112, 128)]
     for t, shape in enumerate(shapes):
-        engine._programs[shape] = object()
-        engine._used[shape] = float(t)
-    engine._used[shapes[0]] = 10.0  # used again since: the least recently used is now 112x48
-    engine._drop_unused()
-    assert set(engine._programs) == buckets | {shapes[0], shapes[2]}
+        engine.programs.compiled[shape] = object()
+        engine.programs.used[shape] = float(t)
+    engine.programs.used[shapes[0]] = 10.0  # used again since: the least recently used is now 112x48
+    engine.programs.drop_unused()
+    assert set(engine.programs.compiled) == buckets | {shapes[0], shapes[2]}
     assert logged == ["[sdxl_engine] dropped the program for 112x48 (least recently used; max_resident_programs 2)"]
 
 
 def test_a_new_size_compiled_past_the_limit_drops_an_older_one_not_itself(engine, held_compiles, monkeypatch):
     release, _ = held_compiles
     release.set()
-    monkeypatch.setattr(engine, "config", dataclasses.replace(engine.config, max_resident_programs=1))
+    monkeypatch.setattr(engine.programs, "config", dataclasses.replace(engine.programs.config, max_resident_programs=1))
     older = engine.planner.shape(112, 48)
-    engine._programs[older] = object()
-    engine._used[older] = 5.0  # used before the new size (clock() is far past 5 s), after "never" (0)
+    engine.programs.compiled[older] = object()
+    engine.programs.used[older] = 5.0  # used before the new size (clock() is far past 5 s), after "never" (0)
     with pytest.raises(Stopped):  # the compile stands in the default program; the request is stopped after it
         engine.generate(request(width=96, height=48, client="a"), should_stop=lambda: engine.is_compiled(96, 48))
-    for future in list(engine._pending.values()):
+    for future in list(engine.programs.pending.values()):
         future.result(60)
-    assert engine.is_compiled(96, 48) and older not in engine._programs
+    assert engine.is_compiled(96, 48) and older not in engine.programs.compiled
 
 
 def test_a_new_size_runs_for_real_once_compiled(engine):
@@ -147,7 +147,7 @@ def test_a_new_size_runs_for_real_once_compiled(engine):
         first = engine.generate(request(width=96, height=48))
         again = engine.generate(request(width=96, height=48))
     finally:
-        for shape in [s for s in engine._programs if (s.width, s.height) == (96, 48)]:
-            engine._programs.pop(shape)
+        for shape in [s for s in engine.programs.compiled if (s.width, s.height) == (96, 48)]:
+            engine.programs.compiled.pop(shape)
     assert first.images.shape == (4, 48, 96, 3)
     np.testing.assert_array_equal(first.images, again.images)

@@ -6,13 +6,15 @@ config's preview_every is not part of the program), so only the tests marked slo
 
 import json
 import os
+import threading
 import time
 
 import numpy as np
 import pytest
 
 from sdxl_engine.config import EngineConfig
-from sdxl_engine.engine.local import Engine, Stopped
+from sdxl_engine.engine.local import Engine
+from sdxl_engine.engine.steps import Stopped
 from sdxl_engine.engine.previews import FACTORS_FILE, SDXL_BIAS, SDXL_FACTORS, fit_latent_rgb, latent_rgb_for
 from sdxl_engine.engine.validation import GenerateRequest
 from sdxl_engine.checkpoint import builtin
@@ -133,7 +135,7 @@ def test_least_squares_fit_recovers_a_known_map():
 @pytest.mark.slow  # compiles the program without the hook
 def test_images_are_the_same_bytes_with_the_hook_off(every_step):
     off = shapes_engine(progress=False)
-    assert off._programs and not any(shape.step_hook for shape in off._programs)
+    assert off.programs.compiled and not any(shape.step_hook for shape in off.programs.compiled)
     events = []
     with_hook = every_step.generate(request(seed=11), on_step=events.append)
     without = off.generate(request(seed=11), on_step=events.append, should_stop=lambda: False)
@@ -145,7 +147,9 @@ def test_images_are_the_same_bytes_with_the_hook_off(every_step):
 def test_precompiled_bucket_needs_no_compile_later(every_step):
     width, height = next(size for size in every_step.limits.sizes if size != every_step.limits.default_size)
     assert not every_step.is_compiled(width, height)
-    every_step._precompile([(width, height, True)])  # what the background thread runs after ready
+    done = threading.Event()
+    every_step.programs.precompile([every_step.planner.shape(width, height)], done)  # what start-up runs after ready
+    assert done.wait(300)
     count = every_step.compile_count
     stages = []
     result = every_step.generate(GenerateRequest("a red circle", seed=1, num_inference_steps=2, width=width,

@@ -305,7 +305,7 @@ def test_the_engine_refines_as_diffusers_with_one_program_for_every_switch_point
     assert set(engine.params["refiner"]) == {"text_encoder_2", "unet"} and "vae" not in engine.model.refiner.params
     cases = list(META["cases"].values())
     first = refine(engine, cases[0])
-    assert sum(shape.refiner for shape in engine._programs) == 1
+    assert sum(shape.refiner for shape in engine.programs.compiled) == 1
     events = []
     jax.monitoring.register_event_duration_secs_listener(
         lambda event, duration, **kw: events.append(event) if "backend_compile" in event else None)

@@ -45,7 +45,7 @@ def _run_coefficients(engine, seeds, steps, **coefficients):
     from sdxl_engine.program.generate import ProgramInputs, tokenize
 
     width, height = engine.limits.default_size
-    program = engine._program(width, height, cfg=True)
+    program = engine.program(width, height, cfg=True)
     schedule = make_schedule("Euler a", engine.model.scheduler_config, steps)
     zeros = np.zeros(steps, np.float32)
     schedule = dataclasses.replace(schedule, **{**{k: zeros for k in "abcde"}, **coefficients})
