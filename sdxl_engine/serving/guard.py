@@ -69,16 +69,16 @@ _DIRECT_CALL = re.compile(r"^(?:/gradio_api)?/(?:call/v2|call|run|api)/(?P<name>
 
 
 NOT_JSON = "the request body is not a JSON object"
-UNPARSED = object()  # the payload of a body that is not JSON (parsed: one body, parsed once per request)
 
 
 def parsed(body: bytes | None):
-    """``body``'s JSON value (None for an empty body), or :data:`UNPARSED` when it is not JSON. The guard
-    parses a call's body once here and every check takes the value (an image call's body may be 48 MB)."""
+    """``body``'s JSON value; None for an empty body or one that is not JSON (every check wants a JSON object, and
+    refuses anything else alike). The guard parses a call's body once here and every check takes the value (an image
+    call's body may be 48 MB)."""
     try:
         return json.loads(body or b"null")
     except (ValueError, RecursionError):
-        return UNPARSED
+        return None
 
 
 class Routes:
