@@ -1,4 +1,4 @@
-"""Shared fixtures: one engine per test session (4 CPU devices, tiny random SDXL), the ``slow`` mark of tests/e2e/.
+"""Shared fixtures: one engine per test session (4 CPU devices, tiny random SDXL); an ``e2e`` test is also ``slow``.
 
 No test may depend on what an earlier run left on this machine: the model cache, the
 compilation cache and Gradio's temp folder point into one fresh folder for the session
@@ -15,8 +15,6 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import FIXTURES, ROOT, TRUST_LOOPBACK, Programs, RunningApp
-
-E2E = ROOT / "tests" / "e2e"
 
 # Before anything reads them (sdxl_engine.config reads XDG_CACHE_HOME at import, Gradio reads
 # GRADIO_TEMP_DIR at import).
@@ -39,10 +37,10 @@ apply_jax_options(EngineConfig.load({"cpu_devices": 4}, environ={
 
 
 def pytest_collection_modifyitems(config, items):
-    """Every test under tests/e2e/ is slow (it starts ``python app.py``, a Ray cluster or a browser), so
+    """Every ``e2e`` test is slow (it starts ``python app.py``, a Ray cluster or a browser), so
     ``pytest -m "not slow"`` runs the unit and engine tests only; slow ones elsewhere carry the mark themselves."""
     for item in items:
-        if E2E in item.path.parents:
+        if item.get_closest_marker("e2e") is not None:
             item.add_marker(pytest.mark.slow)
 
 

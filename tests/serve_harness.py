@@ -1,4 +1,4 @@
-"""A small server for tests/e2e/test_shutdown.py: the app's own ``server.serve`` around a cheap page.
+"""A small server for tests/serving/test_server_shutdown_app.py: the app's own ``server.serve`` around a cheap page.
 
 ``python tests/serve_harness.py stops PORT N`` runs ``serve`` N times in a row in this process,
 each time around a stand-in for a launched page (no HTTP server: launching and closing Gradio

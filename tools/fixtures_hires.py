@@ -1,5 +1,5 @@
 """Hires fix references: diffusers' two pipelines chained as AUTOMATIC1111's latent hires fix, on tiny-pt, for
-tests/engine/test_hires.py.
+tests/program/test_generate_hires.py.
 
     /work/main/.venv/bin/python -m tools.hires_noise     (the runtime's venv: the engine's noise)
     /tmp/torchvenv/bin/python -m tools.fixtures_hires    (the torch venv; never the runtime's)

@@ -1,5 +1,5 @@
 """Inpainting references: diffusers' ``StableDiffusionXLInpaintPipeline`` images on tiny-pt (4-channel UNet) and on
-tiny-pt-inpaint (tiny-pt with a 9-channel inpainting UNet), for tests/engine/test_inpaint.py.
+tiny-pt-inpaint (tiny-pt with a 9-channel inpainting UNet), for tests/program/test_generate_inpaint.py.
 
     /tmp/torchvenv/bin/python -m tools.fixtures_inpaint      (the torch venv; never the runtime's)
 

@@ -1,4 +1,4 @@
-"""A LoRA for the tiny refiner and diffusers' ensemble of experts with it, for tests/engine/test_refiner.py.
+"""A LoRA for the tiny refiner and diffusers' ensemble of experts with it, for tests/program/test_generate_refiner.py.
 
     /tmp/torchvenv/bin/python -m tools.fixtures_refiner_lora      (the torch venv; never the runtime's)
 

@@ -8,7 +8,7 @@ diffusers draws its own with torch; so that the two pipelines' images can be com
 engine's noise for the fixture's seeds, and ``python -m tools.make_fixtures img2img`` (torch venv) hands
 it to diffusers' ``prepare_latents`` instead of its ``randn_tensor``. Run this first.
 
-The file holds ``seeds`` (2,) uint32 and ``noise`` (2, C, h, w) float32. tests/engine/test_img2img.py
+The file holds ``seeds`` (2,) uint32 and ``noise`` (2, C, h, w) float32. tests/program/test_generate_img2img.py
 checks that the engine's rule still gives this array exactly.
 """
 

@@ -10,7 +10,7 @@ seeds, and ``python -m tools.make_fixtures samplers`` (torch venv) hands them to
 scheduler in order instead of its own ``randn_tensor``. Run this first.
 
 The file holds ``seeds`` (2,) uint32 and ``noise`` (STEPS - 1, 2, C, h, w) float32: the noise of
-steps 0 .. STEPS - 2 (LCM adds none after its last step). tests/engine/test_lcm.py checks that the
+steps 0 .. STEPS - 2 (LCM adds none after its last step). tests/program/test_generate_lcm.py checks that the
 engine's rule still gives these arrays exactly.
 """
 

@@ -126,7 +126,7 @@ def parse_prompt_attention(text: str) -> list[Segment]:
     """Split prompt text into runs of text with their emphasis weights, as AUTOMATIC1111 does.
 
     Rules (A1111 ``modules/prompt_parser.py``, ``parse_prompt_attention``; its documented examples
-    hold exactly, tests/unit/test_prompt_syntax.py): ``(x)`` multiplies x's weight by 1.1,
+    hold exactly, tests/engine/test_prompts.py): ``(x)`` multiplies x's weight by 1.1,
     ``(x:1.3)`` by 1.3, ``[x]`` divides it by 1.1; brackets nest (weights multiply, innermost
     first); ``\\(`` ``\\)`` ``\\[`` ``\\]`` ``\\\\`` are the literal characters; a closer with no
     opener is literal text; brackets still open at the end are closed there (round ones first);

@@ -11,7 +11,7 @@ Why not ``jax.image.resize``: its ``linear`` is torch's bilinear (half-pixel cen
 renormalizes the weights over the pixels inside and torch clamps the index, which for a 2-tap linear kernel
 gives the same value), but its ``cubic`` is Keys' a = -0.5 with renormalized borders where torch's bicubic
 is a = -0.75 with clamped indices, and its ``nearest`` is torch's ``nearest-exact``, not ``nearest``.
-tests/engine/test_hires.py checks every mode against torch's outputs stored in the hires fixture.
+tests/program/test_generate_hires.py checks every mode against torch's outputs stored in the hires fixture.
 """
 
 from __future__ import annotations

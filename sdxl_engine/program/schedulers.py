@@ -76,7 +76,7 @@ _COMMON = dict(num_train_timesteps=1000, beta_start=0.0001, beta_end=0.02, beta_
                trained_betas=None, prediction_type="epsilon", timestep_spacing="linspace", steps_offset=0,
                rescale_betas_zero_snr=False)
 _SIGMA_KINDS = dict(use_karras_sigmas=False, use_exponential_sigmas=False, use_beta_sigmas=False)
-# Every __init__ argument of each class with its default, diffusers 0.42.1 (tests/unit/test_samplers.py checks
+# Every __init__ argument of each class with its default, diffusers 0.42.1 (tests/program/test_schedulers.py checks
 # this against the signatures the fixture tool recorded).
 CLASS_DEFAULTS = {
     "EulerDiscreteScheduler": {**_COMMON, "interpolation_type": "linear", **_SIGMA_KINDS, "sigma_min": None,

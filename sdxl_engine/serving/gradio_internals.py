@@ -8,8 +8,8 @@ does not document: its event table (``Blocks.fns``, ``BlockFunction._id``), its 
 (``temp_file_sets``, ``keep_in_cache``, ``GRADIO_CACHE``), how it fails an event
 (``Event``, ``ProcessCompletedMessage``, ``error_payload``) and Starlette's cached
 ``middleware_stack``. Nothing else in the project touches them: after a Gradio upgrade, read
-this module against the new Gradio (and run tests/e2e/test_security.py, e2e/test_shutdown.py,
-e2e/test_temp_folder.py), then move :data:`GRADIO_VERSION`. :func:`check_version` logs one warning
+this module against the new Gradio (and run tests/serving/test_guard_app.py, tests/serving/test_server_shutdown_app.py,
+tests/serving/test_janitor_app.py), then move :data:`GRADIO_VERSION`. :func:`check_version` logs one warning
 line at start-up when the installed Gradio is another.
 """
 

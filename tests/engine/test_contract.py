@@ -6,6 +6,8 @@ import pytest
 
 from tests.helpers import ROOT
 
+pytestmark = pytest.mark.engine
+
 
 def test_the_local_engine_implements_the_contract_before_and_after_start(engine):
     from sdxl_engine.engine.contract import EngineContract, ModelDescription

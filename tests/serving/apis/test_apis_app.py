@@ -1,0 +1,582 @@
+"""The other protocols through their own clients, unmodified, against `python app.py --api-key KEY` on loopback:
+AUTOMATIC1111's API (webuiapi), OpenAI's Images API (openai), MCP (the mcp SDK). One app for the module.
+
+Each protocol's images must be the page's: the same PNGs (pixels and parameters chunk) as gradio_client's
+/generate for the same seed, since every route runs that event (serving/apis/core.py)."""
+
+import asyncio
+import base64
+import io
+import json
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+from PIL import Image
+
+from tests.helpers import RunningApp, assert_serves
+
+pytestmark = pytest.mark.e2e
+
+KEY = "test-key-24"
+PROMPT = "a red circle"
+SIZE = dict(width=64, height=64)
+
+
+@pytest.fixture(scope="module")
+def app():
+    # a preview every 5 steps: /progress shows one whatever this machine's pace (previews are otherwise timed)
+    running = RunningApp("--api-key", KEY, env={"SDXL_PREVIEW_EVERY": "5"})
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def webui(app):
+    import webuiapi
+
+    api = webuiapi.WebUIApi(host="127.0.0.1", port=app.port)
+    api.session.headers["Authorization"] = f"Bearer {KEY}"  # webuiapi's own auth is HTTP Basic; this server's is Bearer
+    return api
+
+
+def pixels(image: Image.Image) -> np.ndarray:
+    return np.asarray(image.convert("RGB"))
+
+
+def page_images(app, seed: int, steps: int = 2, sampler: str = "Euler") -> tuple[list[bytes], dict]:
+    """The page's /generate (gradio_client) PNG bytes and info for ``seed``."""
+    gallery, info = app.client().predict(api_name="/generate", prompt=PROMPT, seed=seed, guidance_scale=5.0,
+                                         num_inference_steps=steps, sampler=sampler, **SIZE)
+    return [open(item["image"], "rb").read() for item in gallery], info
+
+
+def test_webuiapi_txt2img_gives_the_pages_images_for_the_same_seed(app, webui):
+    """webuiapi's txt2img with A1111's field names: 4 images equal, byte for byte, to /generate's for seed 7,
+    A1111's info (seed, all_seeds, infotexts = each PNG's parameters chunk, sd_model_name, sampler_name)."""
+    result = webui.txt2img(prompt=PROMPT, seed=7, steps=2, cfg_scale=5.0, sampler_name="Euler", batch_size=4, **SIZE)
+    expected, info = page_images(app, 7)
+    assert [pixels(image).tobytes() for image in result.images] == \
+        [pixels(Image.open(io.BytesIO(png))).tobytes() for png in expected]
+    assert base64.b64decode(result.json["images"][0]) == expected[0]  # the same PNG, parameters chunk and all
+    assert info["seeds"] == [7, 8, 9, 10]
+    assert (result.info["seed"], result.info["all_seeds"], result.info["sd_model_name"], result.info["sampler_name"],
+            result.info["steps"], result.info["cfg_scale"], result.info["width"]) == (
+        7, [7, 8, 9, 10], "tiny-shapes", "Euler", 2, 5.0, 64)
+    assert result.info["infotexts"] == [Image.open(io.BytesIO(png)).text["parameters"] for png in expected]
+    assert result.info["infotexts"][0] == "a red circle\nSteps: 2, Sampler: Euler, CFG scale: 5, Seed: 7, " \
+                                          "Size: 64x64, Model: tiny-shapes"
+    assert result.parameters["prompt"] == PROMPT and result.parameters["batch_size"] == 4
+
+
+def test_batch_size_and_n_iter_serve_that_many_images_with_seeds_following_on(webui):
+    """batch_size 1 (webuiapi's default) gives the first image of one engine call; batch_size 3 x n_iter 2 = 6
+    images from two engine calls of 4, seeds 20..25."""
+    one = webui.txt2img(prompt=PROMPT, seed=20, steps=2, **SIZE)
+    assert len(one.images) == 1 and one.info["all_seeds"] == [20]
+    six = webui.txt2img(prompt=PROMPT, seed=20, steps=2, batch_size=3, n_iter=2, **SIZE)
+    assert len(six.images) == 6 and six.info["all_seeds"] == [20, 21, 22, 23, 24, 25]
+    assert pixels(six.images[0]).tobytes() == pixels(one.images[0]).tobytes()
+
+
+def test_sampler_names_round_trip(webui):
+    """Every name GET /samplers lists is accepted by txt2img and comes back as info's sampler_name; A1111 1.9's
+    split form (sampler DPM++ 2M, scheduler Karras) is the engine's DPM++ 2M Karras."""
+    names = webui.util_get_sampler_names()
+    assert sorted(names) == sorted(["Euler", "Euler a", "DPM++ 2M", "DPM++ 2M Karras", "DDIM", "LCM"])
+    for name in names:
+        assert webui.txt2img(prompt=PROMPT, seed=1, steps=2, sampler_name=name, **SIZE).info["sampler_name"] == name
+    split = webui.txt2img(prompt=PROMPT, seed=1, steps=2, sampler_name="DPM++ 2M", scheduler="Karras", **SIZE)
+    assert (split.info["sampler_name"], split.info["scheduler"]) == ("DPM++ 2M Karras", "Karras")
+    assert sorted(webui.util_get_scheduler_names()) == ["automatic", "karras"]
+
+
+def test_a1111_refusals_are_clear_422s_with_the_engines_message(webui):
+    """A value the engine refuses: 422 whose detail is the engine's message under A1111's field name; a wrong type:
+    FastAPI's 422 naming the field; an unknown sampler lists the choices."""
+    with pytest.raises(RuntimeError) as err:
+        webui.txt2img(prompt=PROMPT, steps=99, **SIZE)
+    status, text = err.value.args
+    assert status == 422 and json.loads(text)["detail"] == "steps: must be between 1 and 50, got 99"
+    with pytest.raises(RuntimeError) as err:
+        webui.txt2img(prompt=PROMPT, steps=2, width=65, height=64)
+    assert json.loads(err.value.args[1])["detail"].startswith("width: 65 is not a multiple of 16 pixels")
+    with pytest.raises(RuntimeError) as err:
+        webui.txt2img(prompt=PROMPT, sampler_name="LMS", **SIZE)
+    assert json.loads(err.value.args[1])["detail"] == \
+        "sampler_name: unknown sampler 'LMS'; choose one of Euler, Euler a, DPM++ 2M, DPM++ 2M Karras, DDIM, LCM"
+    response = webui.session.post(f"{webui.baseurl}/txt2img", json={"prompt": PROMPT, "steps": "many"})
+    assert response.status_code == 422 and response.json()["detail"][0]["loc"] == ["body", "steps"]
+
+
+def test_a1111_lists_options_and_model_switching(webui):
+    """The routes Open WebUI, SillyTavern and webuiapi read; setting sd_model_checkpoint to the loaded model
+    succeeds, to another is a 400 naming both."""
+    assert webui.util_get_model_names() == ["tiny-shapes"]
+    assert webui.util_get_current_model() == "tiny-shapes"
+    webui.util_set_model("tiny-shapes", find_closest=False)
+    response = webui.session.post(f"{webui.baseurl}/options", json={"sd_model_checkpoint": "sd_xl_base_1.0"})
+    assert response.status_code == 400 and response.json()["detail"] == (
+        "sd_model_checkpoint: this server serves one model, 'tiny-shapes', loaded at start-up; "
+        "cannot switch to 'sd_xl_base_1.0'")
+    styles = webui.get_prompt_styles()
+    assert [s["name"] for s in styles][:2] == ["Cinematic", "Photographic"] and "{prompt}" in styles[0]["prompt"]
+    assert [u["name"] for u in webui.get_upscalers()] == ["None", "Lanczos", "Nearest"] and webui.get_sd_vae() == []
+    assert [lora["name"] for lora in webui.get_loras()] == ["lcm"]  # tiny-shapes' own LCM-LoRA
+    flags = webui.get_cmd_flags()
+    assert flags["api_key_required"] is True and KEY not in json.dumps(flags)
+
+
+def test_progress_and_interrupt(app, webui):
+    """Idle: progress 0, job_count 0 (webuiapi's util_wait_for_ready returns at once), interrupt answers False.
+    While a 50-step txt2img runs: progress counts its steps with an eta and a preview PNG; interrupt stops it
+    within a step, and txt2img answers as A1111 does an interrupted job (200, no images, interrupted in info);
+    the next request is served at once."""
+    progress = webui.get_progress()
+    assert progress["progress"] == 0.0 and progress["state"]["job_count"] == 0 and progress["current_image"] is None
+    assert webui.interrupt() == {"interrupted": False}
+    assert webui.session.post(f"{webui.baseurl}/skip").json() == {"interrupted": False}
+    answer = {}
+    thread = threading.Thread(target=lambda: answer.update(response=httpx.post(
+        app.url + "sdapi/v1/txt2img", timeout=300, headers={"Authorization": f"Bearer {KEY}"},
+        json={"prompt": PROMPT, "steps": 50, "seed": 3, **SIZE})))
+    thread.start()
+    seen = []
+    for _ in range(600):  # until a preview has come (about twice a second) after step 3
+        progress = webui.session.get(f"{webui.baseurl}/progress", params={"skip_current_image": "false"}).json()
+        seen.append(progress["state"]["sampling_step"])
+        if progress["state"]["sampling_step"] >= 3 and progress["current_image"]:
+            break
+        threading.Event().wait(0.05)
+    state = progress["state"]
+    assert state["job_count"] == 1 and state["sampling_steps"] == 50 and 3 <= state["sampling_step"] < 50
+    assert 0.05 <= progress["progress"] < 1 and progress["eta_relative"] > 0
+    assert Image.open(io.BytesIO(base64.b64decode(progress["current_image"]))).format == "PNG"
+    assert seen == sorted(seen)  # steps only go forward
+    assert webui.interrupt() == {"interrupted": True}
+    thread.join(120)
+    response = answer["response"]
+    assert response.status_code == 200 and response.json()["images"] == []
+    info = json.loads(response.json()["info"])
+    assert info["interrupted"] is True and info["message"].startswith("the request was stopped after step ")
+    stopped_at = int(info["message"].split("after step ")[1].split()[0])
+    assert stopped_at < state["sampling_step"] + 10  # within a few steps of the call (one, plus the poll's lag)
+    assert webui.get_progress()["state"]["job_count"] == 0
+    assert_serves(app.client())
+    # Progress still reaches every client: the interrupted call's session outlives its job (gradio_internals
+    # run_queued), or Gradio's progress task would die on it, for every client, until a restart. A race: it
+    # hit one interrupt in three before the fix, so three more are sent.
+    for _ in range(3):
+        thread = threading.Thread(target=lambda: httpx.post(app.url + "sdapi/v1/txt2img", timeout=300, headers={
+            "Authorization": f"Bearer {KEY}"}, json={"prompt": PROMPT, "steps": 50, "seed": 4, **SIZE}))
+        thread.start()
+        deadline = threading.Event()
+        timer = threading.Timer(120, deadline.set)  # generous: a step is tens of ms; the bound only ends a hang
+        timer.start()
+        while webui.get_progress()["state"]["sampling_step"] < 3:
+            assert not deadline.is_set(), "no step 3 within 120 s"
+            threading.Event().wait(0.02)
+        timer.cancel()
+        assert webui.interrupt() == {"interrupted": True}
+        thread.join(120)
+    job = app.client().submit(api_name="/generate", prompt=PROMPT, seed=5, num_inference_steps=50)
+    steps = set()
+    while not job.done():
+        steps.update(u.index for u in job.status().progress_data or [] if u.unit == "steps" and u.index)
+        threading.Event().wait(0.01)
+    # the bug this guards left no progress at all; a fast request's client sees a few of its reports
+    assert len(steps) >= 1 and max(steps) <= 50, steps
+    assert not any("Task exception was never retrieved" in line for line in app.log), app.log[-20:]
+
+
+def test_a_request_of_16_images_is_one_call_under_the_per_client_limit(app):
+    """n=16 runs 4 engine calls one after another; with one other call from the same address in flight the
+    client holds 2 calls (the limit), so both are served: the later engine calls of one request never count
+    as a third (admission.CONTINUES)."""
+    headers = {"Authorization": f"Bearer {KEY}"}
+    answers = {}
+    big = threading.Thread(target=lambda: answers.update(big=httpx.post(
+        app.url + "v1/images/generations", timeout=300, headers=headers,
+        json={"prompt": PROMPT, "n": 16, "size": "64x64"})))
+    big.start()
+    threading.Event().wait(0.3)
+    answers["small"] = httpx.post(app.url + "sdapi/v1/txt2img", timeout=300, headers=headers,
+                                  json={"prompt": "a blue square", "steps": 20, **SIZE})
+    big.join(300)
+    assert answers["small"].status_code == 200, answers["small"].text
+    assert answers["big"].status_code == 200, answers["big"].text
+    assert len(answers["big"].json()["data"]) == 16
+
+
+def test_protocol_routes_need_the_key_in_their_own_error_shape(app):
+    """No key / a wrong key: 401 in A1111's shape on /sdapi, OpenAI's on /v1; MCP refuses too."""
+    a1111 = httpx.get(app.url + "sdapi/v1/options")
+    assert a1111.status_code == 401 and a1111.json()["detail"] == \
+        "this server needs an API key: send the header Authorization: Bearer <key>"
+    openai_style = httpx.get(app.url + "v1/models", headers={"Authorization": "Bearer wrong"})
+    assert openai_style.status_code == 401 and openai_style.json() == {"error": {
+        "message": "the API key is wrong", "type": "invalid_request_error", "param": None, "code": "invalid_api_key"}}
+    assert httpx.post(app.url + "gradio_api/mcp/", json={}).status_code == 401
+    import webuiapi  # A1111's own --api-auth is HTTP Basic: the key as the password works too
+
+    assert webuiapi.WebUIApi(port=app.port, username="any", password=KEY).util_get_current_model() == "tiny-shapes"
+
+
+def test_openai_images_generate_b64_json(app):
+    """openai's images.generate(n=4, size="64x64", response_format="b64_json"): 4 distinct 64x64 PNGs carrying
+    their parameters; models.list names the loaded model."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=app.url + "v1", api_key=KEY)
+    assert [m.id for m in client.models.list()] == ["tiny-shapes"]
+    result = client.images.generate(model="tiny-shapes", prompt=PROMPT, n=4, size="64x64",
+                                    response_format="b64_json", user="test")
+    images = [Image.open(io.BytesIO(base64.b64decode(item.b64_json))) for item in result.data]
+    assert [image.size for image in images] == [(64, 64)] * 4
+    assert len({pixels(image).tobytes() for image in images}) == 4
+    seeds = [int(image.text["parameters"].split("Seed: ")[1].split(",")[0]) for image in images]
+    assert seeds == list(range(seeds[0], seeds[0] + 4))
+
+
+def test_openai_url_format_and_errors(app):
+    """response_format=url: a URL on this server (no server path in it) that serves the PNG; a size the model does not
+    make is a BadRequestError naming size with the engine's list; an unknown model a NotFoundError."""
+    import openai
+
+    client = openai.OpenAI(base_url=app.url + "v1", api_key=KEY)
+    result = client.images.generate(prompt=PROMPT, n=1, size="64x64", response_format="url")
+    url = result.data[0].url
+    assert url.startswith(app.url + "v1/images/files/") and "/tmp" not in url
+    assert Image.open(io.BytesIO(httpx.get(url).content)).size == (64, 64)
+    with pytest.raises(openai.BadRequestError) as err:
+        client.images.generate(prompt=PROMPT, size="2048x2048")
+    assert err.value.status_code == 400 and err.value.param == "size"
+    assert err.value.body["message"].startswith("size: 2048x2048 is 4194304 pixels; this server makes up to 1048576")
+    with pytest.raises(openai.NotFoundError) as err:
+        client.images.generate(model="sdxl-turbo", prompt=PROMPT)
+    assert err.value.code == "model_not_found"
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=app.url + "v1", api_key="wrong").images.generate(prompt=PROMPT)
+    headers = {"Authorization": f"Bearer {KEY}"}
+    for method, path in (("POST", "v1/images/variations"), ("GET", "v1/images/generations")):
+        answer = httpx.request(method, app.url + path, headers=headers, json={})
+        assert answer.status_code == 404 and answer.json()["error"]["message"] == (
+            f"{method} /{path} is not served here; this server has POST /v1/images/generations, "
+            "POST /v1/images/edits, GET /v1/models")
+
+
+def test_openai_model_aliases_jpeg_and_stream_through_the_sdk(app):
+    """OpenAI's model names are the loaded model: dall-e-3 answers a URL as DALL-E did; gpt-image-1 with
+    output_format jpeg a JPEG with the parameters in its EXIF UserComment; stream=True yields the completed
+    image events with the page's image for the seed-following PNGs."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=app.url + "v1", api_key=KEY)
+    assert client.images.generate(model="dall-e-3", prompt=PROMPT, size="64x64").data[0].url.startswith(
+        app.url + "v1/images/files/")
+    jpeg = client.images.generate(model="gpt-image-1", prompt=PROMPT, size="64x64", output_format="jpeg",
+                                  output_compression=90)
+    image = Image.open(io.BytesIO(base64.b64decode(jpeg.data[0].b64_json)))
+    assert (image.format, jpeg.output_format) == ("JPEG", "jpeg")
+    assert image.getexif().get_ifd(0x8769)[0x9286][8:].decode("utf-16-be").startswith(PROMPT + "\nSteps: ")
+    events = list(client.images.generate(model="gpt-image-1", prompt=PROMPT, size="64x64", n=2, stream=True))
+    assert [(e.type, e.size, e.output_format) for e in events] == [("image_generation.completed", "64x64", "png")] * 2
+
+
+def test_a1111_body_checks_warnings_and_png_info_on_the_running_app(webui):
+    """A lone surrogate is a 422 naming the field before anything runs (it was a 500 after generating); "seed":
+    true is a 422; an unknown path is A1111's 404 shape; fields not honoured are named in info's warnings;
+    scheduler "N/A" is Automatic; send_images false sends none; png-info reads a PNG this server made."""
+    post = webui.session.post
+    surrogate = post(f"{webui.baseurl}/txt2img", data='{"prompt": "a red \\ud800 circle", "steps": 2}',
+                     headers={"Content-Type": "application/json"})
+    assert surrogate.status_code == 422 and surrogate.json()["detail"].startswith(
+        "prompt: holds a lone surrogate (\\ud800 at character 6)")
+    boolean = post(f"{webui.baseurl}/txt2img", json={"prompt": PROMPT, "seed": True, "steps": 2, **SIZE})
+    assert boolean.status_code == 422 and boolean.json()["detail"][0]["loc"] == ["body", "seed"]
+    unknown = webui.session.get(f"{webui.baseurl}/no-such-route")
+    assert unknown.status_code == 404 and set(unknown.json()) == {"error", "detail", "body", "errors"}
+    result = webui.txt2img(prompt=PROMPT, seed=3, steps=2, scheduler="N/A", tiling=True, restore_faces=True,
+                           **SIZE)
+    assert result.info["scheduler"] == "Automatic" and result.info["warnings"][:2] == [
+        "restore_faces=true ignored: no face restoration here",
+        "tiling=true ignored: no tiling here: the images do not wrap around"]
+    hidden = post(f"{webui.baseurl}/txt2img", json={"prompt": PROMPT, "seed": 3, "steps": 2, "send_images": False,
+                                                    **SIZE}).json()
+    assert hidden["images"] == [] and json.loads(hidden["info"])["all_seeds"] == [3]
+    info = post(f"{webui.baseurl}/png-info", json={"image": result.json["images"][0]}).json()
+    assert info["info"] == result.info["infotexts"][0]
+    parsed = info["parameters"]
+    assert (parsed["Prompt"], parsed["Seed"], parsed["Size-1"], parsed["Steps"]) == (PROMPT, "3", "64", "2")
+
+
+def test_an_over_long_body_is_a_413_in_each_protocols_shape(app):
+    """The HTTP guard's 1 MB limit (guard.Guard) answers in the protocol's own error shape."""
+    headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    big = json.dumps({"prompt": "x" * (1 << 21)})
+    openai_answer = httpx.post(app.url + "v1/images/generations", headers=headers, content=big)
+    assert openai_answer.status_code == 413
+    assert openai_answer.json()["error"]["message"] == "request body too large (limit 1 MB)"
+    a1111_answer = httpx.post(app.url + "sdapi/v1/txt2img", headers=headers, content=big)
+    assert a1111_answer.status_code == 413 and a1111_answer.json()["detail"] == "request body too large (limit 1 MB)"
+
+
+def test_mcp_lists_one_described_tool_and_its_images_are_the_pages(app):
+    """The mcp SDK over streamable HTTP: generate (and image_to_image), each input described; calling it with seed 5 gives 4
+    PNG images equal to /generate's for seed 5 and the info record as JSON text, with no server path."""
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    async def session_calls():
+        async with httpx.AsyncClient(headers={"Authorization": f"Bearer {KEY}"}, timeout=120) as http, \
+                streamable_http_client(app.url + "gradio_api/mcp/", http_client=http) as (read, write, _), \
+                ClientSession(read, write) as session:
+            await session.initialize()
+            tools = (await session.list_tools()).tools
+            result = await session.call_tool("generate", {"prompt": PROMPT, "seed": 5, "num_inference_steps": 2,
+                                                          "guidance_scale": 5.0, "width": 64, "height": 64})
+            return tools, result
+
+    tools, result = asyncio.run(session_calls())
+    assert [tool.name for tool in tools] == ["generate", "image_to_image"]
+    properties = tools[0].inputSchema["properties"]
+    assert list(properties)[:9] == ["prompt", "negative_prompt", "seed", "guidance_scale", "num_inference_steps",
+                                    "width", "height", "style", "sampler"]
+    assert "seed of the first image" in properties["seed"]["description"]
+    assert not result.isError
+    images = [base64.b64decode(c.data) for c in result.content if c.type == "image"]
+    expected, _ = page_images(app, 5)
+    assert [pixels(Image.open(io.BytesIO(png))).tobytes() for png in images] == \
+        [pixels(Image.open(io.BytesIO(png))).tobytes() for png in expected]
+    (text,) = [c.text for c in result.content if c.type == "text"]
+    assert json.loads(text)["seeds"] == [5, 6, 7, 8] and "/tmp" not in text
+
+
+def test_one_clients_third_concurrent_request_is_refused_as_on_the_page(app):
+    """max_requests_per_client = 2 holds across protocols: three concurrent txt2img calls from one address leave
+    one refused with a 429 naming the limit, as a page or gradio_client call would be; the server still serves."""
+    answers = []
+
+    def post():
+        answers.append(httpx.post(app.url + "sdapi/v1/txt2img", timeout=120, headers={"Authorization": f"Bearer {KEY}"},
+                                  json={"prompt": PROMPT, "steps": 30, **SIZE}))
+
+    threads = [threading.Thread(target=post) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(a.status_code for a in answers) == [200, 200, 429]
+    (refused,) = [a for a in answers if a.status_code == 429]
+    assert "max_requests_per_client = 2" in refused.json()["detail"]
+    assert_serves(app.client())
+
+
+def test_a1111_progress_and_interrupt_reach_only_the_callers_own_a1111_requests(app):
+    """A1111's /progress, /interrupt and /skip concern the caller's own A1111 requests (its address): they
+    never see or stop a gradio_client (page) request, nor another address's; a cross-site form post is
+    refused. Two loopback addresses stand for two clients (127.0.0.2 reaches a server on 127.0.0.1)."""
+    auth = {"Authorization": f"Bearer {KEY}"}
+    me = httpx.Client(base_url=app.url + "sdapi/v1", headers=auth, timeout=300)
+    other = httpx.Client(base_url=app.url + "sdapi/v1", headers=auth, timeout=300,
+                         transport=httpx.HTTPTransport(local_address="127.0.0.2"))
+
+    def wait_for(predicate, what, limit_s=120):
+        deadline = threading.Event()
+        timer = threading.Timer(limit_s, deadline.set)
+        timer.start()
+        try:
+            while not deadline.is_set():
+                if predicate():
+                    return
+                deadline.wait(0.05)
+            raise AssertionError(f"not within {limit_s} s: {what}")
+        finally:
+            timer.cancel()
+
+    # a page (gradio_client) request: no A1111 client sees or stops it
+    job = app.client().submit(api_name="/generate", prompt=PROMPT, seed=21, num_inference_steps=50)
+    wait_for(lambda: any(u.unit == "steps" and (u.index or 0) >= 2 for u in job.status().progress_data or []),
+             "the page request's step 2")
+    assert me.get("/progress").json()["state"]["job_count"] == 0
+    assert me.post("/interrupt").json() == {"interrupted": False}
+    assert me.post("/skip").json() == {"interrupted": False}
+    gallery, info = job.result(timeout=300)
+    assert len(gallery) == 4 and info["num_inference_steps"] == 50  # ran to its end
+
+    # another address's A1111 request: mine shows nothing and my interrupt stops nothing; theirs does
+    answer = {}
+    thread = threading.Thread(target=lambda: answer.update(response=other.post(
+        "/txt2img", json={"prompt": PROMPT, "steps": 50, "seed": 22, **SIZE})))
+    thread.start()
+    wait_for(lambda: other.get("/progress").json()["state"]["sampling_step"] >= 2, "the other address's step 2")
+    assert me.get("/progress").json()["state"]["job_count"] == 0
+    assert me.post("/interrupt").json() == {"interrupted": False}
+    # a form another site's page posts (no CORS preflight) is refused before it reaches the route
+    forged = other.post("/interrupt", headers={"Origin": "https://evil.example", "Sec-Fetch-Site": "cross-site"},
+                        content=b"x=1", )
+    assert forged.status_code == 403 and forged.json()["detail"].startswith("requests from another site's page")
+    assert other.get("/progress").json()["state"]["interrupted"] is False
+    assert other.post("/interrupt").json() == {"interrupted": True}
+    thread.join(300)
+    info = json.loads(answer["response"].json()["info"])
+    assert info["interrupted"] is True and answer["response"].json()["images"] == []
+    assert any("request stopped after step" in line and "(interrupted)" in line for line in app.log)
+
+
+def test_webuiapi_extras_upscale_a_png_this_server_made(app, webui):
+    """webuiapi's extra_single_image and extra_batch_images: Lanczos x2 is Pillow's Lanczos to the pixel, Nearest
+    to a size, an upscaler_2 and GFPGAN named as not applied (html_info and one log line); a truncated image is
+    A1111's 422 naming imageList[1].data, with one log line."""
+    made = webui.txt2img(prompt=PROMPT, seed=5, steps=2, **SIZE).images[0]
+    result = webui.extra_single_image(made, upscaler_1="Lanczos", upscaling_resize=2)
+    assert result.images[0].size == (128, 128)
+    assert np.array_equal(pixels(result.images[0]), pixels(made.resize((128, 128), Image.Resampling.LANCZOS)))
+    assert result.info == "<p>Postprocess upscale by: 2, Postprocess upscaler: Lanczos</p>"
+    log_from = len(app.log)
+    batch = webui.extra_batch_images([made, made.rotate(90)], resize_mode=1, upscaling_resize_w=96,
+                                     upscaling_resize_h=96, upscaler_1="Nearest", upscaler_2="ESRGAN_4x",
+                                     extras_upscaler_2_visibility=0.4, gfpgan_visibility=1)
+    assert [image.size for image in batch.images] == [(96, 96), (96, 96)]
+    assert np.array_equal(pixels(batch.images[1]), pixels(made.rotate(90).resize((96, 96), Image.Resampling.NEAREST)))
+    assert "upscaler_2 &#x27;ESRGAN_4x&#x27; (visibility 0.4) is not applied" in batch.info
+    assert "gfpgan_visibility 1 is not applied: no face restoration here" in batch.info
+    png = io.BytesIO()
+    made.save(png, format="PNG")
+    truncated = base64.b64encode(png.getvalue()[:200]).decode()
+    refused = webui.session.post(f"{webui.baseurl}/extra-batch-images", json={
+        "upscaler_1": "Lanczos", "imageList": [{"data": base64.b64encode(png.getvalue()).decode(), "name": "a.png"},
+                                               {"data": truncated, "name": "b.png"}]})
+    assert refused.status_code == 422 and refused.json()["error"] == "InvalidRequest"
+    assert refused.json()["detail"].startswith("imageList[1].data: a broken or truncated image (")
+    deadline = time.monotonic() + 30
+    while not any("request refused: extra-batch-images: imageList[1].data" in line for line in app.log[log_from:]):
+        assert time.monotonic() < deadline, "".join(app.log[log_from:])
+        time.sleep(0.05)
+    lines = [line for line in app.log[log_from:] if "extra-batch-images" in line]
+    assert len(lines) == 2 and "2 field(s) not honoured" in lines[0], lines
+
+
+def test_mcp_image_tool_repaints_as_a1111s_img2img_and_only_it_may_send_a_large_body(app, webui):
+    """The mcp SDK: image_to_image with a base64 PNG and a mask gives the images webuiapi's img2img gives for the
+    same request (strength 1 = A1111's step rule's full run, no blur, the whole picture): outside the mask the
+    original's pixels, inside new ones. A 2 MB call of the tool passes (its picture is resized); a 2 MB call of
+    generate is the 1 MB cap's 413; a broken image is a tool error naming the field."""
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    init = Image.new("RGB", (64, 64), (30, 60, 200))
+    init.paste((230, 210, 40), (16, 16, 32, 32))
+    mask = Image.new("L", (64, 64), 0)
+    mask.paste(255, (36, 8, 60, 40))
+    b64 = {name: base64.b64encode(_png_bytes(image)).decode() for name, image in (("image", init), ("mask", mask))}
+    big = Image.fromarray(np.random.default_rng(1).integers(0, 256, (900, 900, 3), np.uint8))
+    big_b64 = base64.b64encode(_png_bytes(big)).decode()
+    assert len(big_b64) > 2_000_000
+    common = {"prompt": PROMPT, "seed": 21, "num_inference_steps": 3, "guidance_scale": 5.0, **SIZE}
+
+    async def session_calls():
+        async with httpx.AsyncClient(headers={"Authorization": f"Bearer {KEY}"}, timeout=300) as http, \
+                streamable_http_client(app.url + "gradio_api/mcp/", http_client=http) as (read, write, _), \
+                ClientSession(read, write) as session:
+            await session.initialize()
+            repainted = await session.call_tool("image_to_image", {**common, **b64, "sampler": "Euler"})
+            large = await session.call_tool("image_to_image", {**common, "image": big_b64, "strength": 0.5})
+            broken = await session.call_tool("image_to_image", {**common, "image": b64["image"][:200]})
+            return repainted, large, broken
+
+    repainted, large, broken = asyncio.run(session_calls())
+    assert not repainted.isError and not large.isError
+    images = [np.asarray(Image.open(io.BytesIO(base64.b64decode(c.data))).convert("RGB"))
+              for c in repainted.content if c.type == "image"]
+    a1111 = webui.img2img(images=[init], mask_image=mask, prompt=PROMPT, seed=21, steps=3, cfg_scale=5.0,
+                          sampler_name="Euler", denoising_strength=1.0, mask_blur=0, inpaint_full_res=False,
+                          inpainting_fill=1, batch_size=4, **SIZE)
+    assert len(images) == 4 and all(np.array_equal(a, pixels(b)) for a, b in zip(images, a1111.images))
+    keep = np.asarray(mask) == 0
+    assert all(np.array_equal(image[keep], np.asarray(init)[keep]) for image in images)
+    assert np.abs(images[0][~keep].astype(int) - np.asarray(init)[~keep]).mean() > 10
+    assert broken.isError and "image: a broken or truncated image" in broken.content[0].text
+    # gradio_client: the same endpoint answers a gallery of files it downloads over HTTP, as /generate's
+    gallery, info = app.client().predict(api_name="/image_to_image", **common, **b64, sampler="Euler")
+    assert info["seeds"] == [21, 22, 23, 24] and len(gallery) == 4
+    assert all(np.array_equal(np.asarray(Image.open(item["image"]).convert("RGB")), image)
+               for item, image in zip(gallery, images))
+    assert all(item["caption"].startswith(f"seed {seed} ") for item, seed in zip(gallery, info["seeds"]))
+    call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+            "params": {"name": "generate", "arguments": {"prompt": "x" * 2_000_000}}}
+    over = httpx.post(app.url + "gradio_api/mcp/", json=call, headers={
+        "Authorization": f"Bearer {KEY}", "Accept": "application/json, text/event-stream"})
+    assert over.status_code == 413 and over.text == "request body too large (limit 1 MB)"
+
+
+def test_mcp_image_tool_upscales_a_picture_as_the_engines_hires_fix(app, tiny_shapes_engine):
+    """The mcp SDK: image_to_image with upscale 1.5 gives 96 x 96 images equal to the engine's hires fix of the
+    same picture (hires_scale 1.5, Lanczos, hires_strength = the tool's strength); its PNG parameters say Hires
+    upscale; a mask beside it, or a factor over 4, is a tool error naming upscale; the engine's refusals name the
+    tool's inputs (upscale's strength 0: strength); no refiner loaded: refiner_switch_at is the engine's refusal
+    naming it, with an upscale too."""
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    from sdxl_engine.engine.validation import GenerateRequest
+
+    init = Image.new("RGB", (64, 64), (30, 60, 200))
+    init.paste((230, 210, 40), (16, 16, 32, 32))
+    image_b64 = base64.b64encode(_png_bytes(init)).decode()
+    mask_b64 = base64.b64encode(_png_bytes(Image.new("L", (64, 64), 255))).decode()
+    common = {"prompt": PROMPT, "seed": 3, "num_inference_steps": 4, "guidance_scale": 5.0, "sampler": "Euler",
+              "image": image_b64, **SIZE}
+
+    async def session_calls():
+        async with httpx.AsyncClient(headers={"Authorization": f"Bearer {KEY}"}, timeout=300) as http, \
+                streamable_http_client(app.url + "gradio_api/mcp/", http_client=http) as (read, write, _), \
+                ClientSession(read, write) as session:
+            await session.initialize()
+            upscaled = await session.call_tool("image_to_image", {**common, "upscale": 1.5, "strength": 0.4})
+            masked = await session.call_tool("image_to_image", {**common, "upscale": 1.5, "mask": mask_b64})
+            refined = await session.call_tool("image_to_image", {**common, "refiner_switch_at": 0.5})
+            refused = [await session.call_tool("image_to_image", {**common, **extra}) for extra in (
+                {"upscale": 8}, {"upscale": 1.5, "strength": 0}, {"upscale": 1.5, "refiner_switch_at": 0.5})]
+            return upscaled, masked, refined, refused
+
+    upscaled, masked, refined, refused = asyncio.run(session_calls())
+    assert all(answer.isError for answer in refused)
+    assert [answer.content[0].text.split(":")[0] for answer in refused] == ["upscale", "strength", "refiner_switch_at"]
+    assert "at most 4" in refused[0].content[0].text and "must be above 0" in refused[1].content[0].text
+    assert "no refiner is loaded" in refused[2].content[0].text  # what is missing, not "not with hires fix"
+    assert not upscaled.isError, upscaled.content
+    pngs = [Image.open(io.BytesIO(base64.b64decode(c.data))) for c in upscaled.content if c.type == "image"]
+    expected = tiny_shapes_engine.generate(GenerateRequest(
+        prompt=PROMPT, seed=3, num_inference_steps=4, guidance_scale=5.0, sampler="Euler", width=64, height=64,
+        image=np.asarray(init), hires_scale=1.5, hires_strength=0.4)).images
+    assert len(pngs) == 4 and all(png.size == (96, 96) for png in pngs)
+    assert all(np.array_equal(pixels(png), want) for png, want in zip(pngs, expected))
+    assert "Hires upscale: 1.5" in pngs[0].text["parameters"]
+    assert masked.isError and "upscale: upscales the whole picture: send no mask with it" in masked.content[0].text
+    assert refined.isError and "refiner_switch_at: no refiner is loaded" in refined.content[0].text
+
+
+def test_openai_sdk_runs_the_hires_fix_from_extra_body(app):
+    """The openai SDK with the engine's hires fields in extra_body: the images and the answer's size are the second
+    pass's (64 x 1.5 = 96), the PNG parameters say Hires upscale and upscaler; a bad scale is OpenAI's 400 naming
+    hires_scale."""
+    import openai
+
+    sdk = openai.OpenAI(base_url=app.url + "v1", api_key=KEY, max_retries=0)
+    made = sdk.images.generate(prompt=PROMPT, size="64x64", n=1, response_format="b64_json",
+                               extra_body={"hires_scale": 1.5, "hires_upscaler": "Lanczos", "hires_strength": 0.4})
+    image = Image.open(io.BytesIO(base64.b64decode(made.data[0].b64_json)))
+    assert image.size == (96, 96) and made.size == "96x96"
+    assert "Hires upscale: 1.5" in image.text["parameters"] and "Hires upscaler: Lanczos" in image.text["parameters"]
+    with pytest.raises(openai.BadRequestError) as err:
+        sdk.images.generate(prompt=PROMPT, size="64x64", extra_body={"hires_scale": 0.5})
+    assert err.value.body["param"] == "hires_scale" and "must be above 1" in err.value.body["message"]
+
+
+def _png_bytes(image: Image.Image) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()

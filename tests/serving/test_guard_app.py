@@ -1,0 +1,393 @@
+"""Security probes: raw HTTP against the running app (the shared ``app_server``)."""
+
+import base64
+import json
+import os
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.helpers import ROOT, assert_serves
+
+pytestmark = pytest.mark.e2e
+
+
+def get(app_server, path, **kw):
+    # httpx would normalise "../" and "%2e" in a URL; send the raw target exactly as an attacker would.
+    with httpx.Client(base_url=app_server.url.rstrip("/"), timeout=30) as client:
+        request = client.build_request("GET", "/", **kw)
+        request.url = request.url.copy_with(raw_path=path.encode())
+        return client.send(request)
+
+
+@pytest.fixture(scope="module")
+def output_file(app_server):
+    """Server-side path and URL of an image the app generated (the one place files are served from)."""
+    event = httpx.post(app_server.url + "gradio_api/call/generate",
+                       json={"data": ["a red circle", "", 1, 7.0, 2, 0, 0, "(No style)", "Euler"]}, timeout=30).json()["event_id"]
+    text = httpx.get(app_server.url + f"gradio_api/call/generate/{event}", timeout=60).text
+    line = next(l for l in text.splitlines() if l.startswith("data: ") and '"path"' in l)
+    item = json.loads(line[6:])[0][0]["image"]
+    return item["path"], item["url"]
+
+
+def test_generated_output_is_served(app_server, output_file):
+    path, url = output_file
+    response = httpx.get(url, timeout=30)
+    assert response.status_code == 200 and response.content[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+SECRETS = ["/etc/passwd", "/proc/self/environ", str(ROOT / "app.py"), str(ROOT / "README.md")]
+
+
+def probe_paths(output_dir: str) -> list[str]:
+    paths = []
+    for prefix in ("/file=", "/gradio_api/file="):
+        for secret in SECRETS:
+            paths += [prefix + secret, prefix + "/" + secret]
+        paths += [
+            prefix + "app.py", prefix + "./app.py", prefix + "../../../../../../etc/passwd",
+            prefix + output_dir + "/../../../../../../etc/passwd",
+            prefix + output_dir + "/%2e%2e/%2e%2e/%2e%2e/%2e%2e/%2e%2e/etc/passwd",
+            prefix + "%2e%2e%2f%2e%2e%2f%2e%2e%2f%2e%2e%2f%2e%2e%2fetc%2fpasswd",
+            prefix + "%252e%252e%252f%252e%252e%252f%252e%252e%252fetc%252fpasswd",
+            prefix + "%2Fetc%2Fpasswd", prefix + "%252Fetc%252Fpasswd",
+            prefix + "..%5c..%5c..%5c..%5cetc%5cpasswd", prefix + "....//....//....//etc/passwd",
+            prefix + output_dir + "%00/../../../../etc/passwd",
+        ]
+    paths += ["/gradio_api/file%3D/etc/passwd", "/static/../../../../etc/passwd", "/assets/%2e%2e/%2e%2e/%2e%2e/etc/passwd"]
+    return paths
+
+
+def test_no_file_outside_the_output_area_can_be_fetched(app_server, output_file):
+    output_dir = str(Path(output_file[0]).parent)
+    assert get(app_server, "/gradio_api/file=" + output_file[0]).status_code == 200  # the probe method works
+    root_line = Path("/etc/passwd").read_text().splitlines()[0]
+    app_text = (ROOT / "app.py").read_text()[:200]
+    fetched = []
+    for path in probe_paths(output_dir):
+        response = get(app_server, path)
+        body = response.text
+        if response.status_code == 200 and (root_line in body or app_text in body or "PATH=" in body):
+            fetched.append(path)
+        assert response.status_code in (400, 403, 404, 405), (path, response.status_code, body[:100])
+    assert fetched == []
+
+
+def test_forged_host_and_foreign_origin_are_not_echoed(app_server):
+    for path, method in (("/config", "GET"), ("/gradio_api/info", "GET"), ("/gradio_api/queue/join", "OPTIONS")):
+        for host in ("evil.example", "127.0.0.1", None):
+            for origin in ("https://evil.example", "null", "http://127.0.0.1.evil.example"):
+                headers = {"Origin": origin, "Access-Control-Request-Method": "POST"}
+                if host:
+                    headers["Host"] = host
+                response = httpx.request(method, app_server.url.rstrip("/") + path, headers=headers, timeout=30)
+                allowed = response.headers.get("access-control-allow-origin")
+                assert allowed in (None, "") or allowed not in (origin, "*"), (path, host, origin, response.headers)
+                assert "access-control-allow-credentials" not in response.headers or allowed is None
+
+
+def test_loopback_origin_still_allowed(app_server):
+    origin = app_server.url.rstrip("/")
+    response = httpx.get(app_server.url + "config", headers={"Origin": origin}, timeout=30)
+    assert response.headers.get("access-control-allow-origin") == origin
+
+
+def png_bytes(size: int = 8, noise: bool = False) -> bytes:
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    pixels = rng.integers(0, 256, (size, size, 3), dtype=np.uint8) if noise else np.full((size, size, 3), 90, np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, "PNG", compress_level=0)
+    return buffer.getvalue()
+
+
+def test_uploads_take_images_only_and_are_never_served(app_server):
+    """Uploads were off; the page's image editor needs Gradio's upload route, so that one route takes images only:
+    a file that is not a PNG, JPEG or WebP (by its bytes, whatever its name) is deleted and refused (415, saying
+    so), a body over the images' cap gets 413, the other upload routes stay off, an uploaded image is never served
+    back (not even to its sender), and the server answers as before."""
+    url = app_server.url + "gradio_api/upload"
+    for name, data in (("a.txt", b"hello"), ("fake.png", b"GIF89a" + b"\0" * 64), ("a.svg", b"<svg/>")):
+        response = httpx.post(url, files={"files": (name, data)}, timeout=30)
+        assert response.status_code == 415 and "PNG, JPEG or WebP images only" in response.text, (name, response.text)
+    # One image and one text file in one body: all refused, none left behind.
+    response = httpx.post(url, files=[("files", ("ok.png", png_bytes())), ("files", ("b.txt", b"hi"))], timeout=30)
+    assert response.status_code == 415
+    too_big = b"\x89PNG\r\n\x1a\n" + b"\0" * 48_000_000
+    response = httpx.post(url, files={"files": ("big.png", too_big)}, timeout=60)
+    assert response.status_code == 413 and "too large (limit 48 MB)" in response.text
+    for path in ("upload", "gradio_api/upload_progress?upload_id=x"):
+        assert httpx.post(app_server.url + path, files={"files": ("a.png", png_bytes())}, timeout=30).status_code == 404
+    # An image passes, lies in Gradio's temp folder, and is not served (an upload is never a file of this app).
+    response = httpx.post(url, files={"files": ("in.png", png_bytes(64, noise=True))}, timeout=30)
+    assert response.status_code == 200, response.text
+    (path,) = response.json()
+    assert Path(path).read_bytes() == png_bytes(64, noise=True)
+    assert get(app_server, f"/gradio_api/file={path}").status_code == 404
+    assert get(app_server, f"/file={path}").status_code == 404
+    # The refused files were deleted: only the image's folder came to stay.
+    folders = {p.parent for p in Path(path).parent.parent.glob("*/*") if p.name in ("a.txt", "fake.png", "a.svg",
+                                                                                     "ok.png", "b.txt", "big.png")}
+    assert folders == set(), folders
+    # A queued call naming an upload is refused unless it is the page's image event (every other event takes no
+    # files), and the server is healthy.
+    file = {"path": path, "meta": {"_type": "gradio.FileData"}}
+    image_event = next(dep for dep in page_dependencies(app_server) if dep["api_name"] == "img2img")
+    for dep in page_dependencies(app_server):
+        if dep["id"] != image_event["id"]:
+            status, reply = call_page_event(app_server, dep, [file] * max(1, len(dep["inputs"])))
+            assert status == 404 and "this app takes no files" in reply, (dep["api_name"], status, reply[:200])
+    nine = ["a red circle", "", 1, 5.0, 2, 64, 64, "(No style)", "Euler"]
+    for other in ("/etc/hostname", str(Path(path).parent / ".." / Path(path).parent.name / "other.png")):
+        editor = {"background": {**file, "path": other}, "layers": [], "composite": None}
+        status, reply = call_page_event(app_server, image_event, nine + [editor, "Image to image", 0.75, [], 16, 1.0])
+        assert status == 404 and "this app takes no files" in reply, (other, status, reply[:200])
+    # The image event takes the upload, makes 4 images from it and deletes it; it stays unserved.
+    editor = {"background": file, "layers": [], "composite": None}
+    status, reply = call_page_event(app_server, image_event, nine + [editor, "Image to image", 0.75, [], 16, 1.0])
+    assert status == 200 and '"success": true' in reply.replace('"success":true', '"success": true'), reply[:300]
+    assert not Path(path).exists()
+    assert get(app_server, f"/gradio_api/file={path}").status_code == 404
+    assert httpx.get(app_server.url + "gradio_api/info", timeout=30).status_code == 200
+
+
+def test_the_other_upload_routes_are_off_and_bodies_are_capped(app_server):
+    response = httpx.post(app_server.url + "gradio_api/queue/join", content=b"{" + b" " * 2_000_000 + b"}",
+                          headers={"content-type": "application/json"}, timeout=30)
+    assert response.status_code == 413
+
+
+def test_chunked_bodies_are_capped_too(app_server):
+    """A body sent without Content-Length (chunked) is counted as it arrives: past 1 MB, 413."""
+    def chunks():
+        yield b'{"data": ["'
+        for _ in range(40):
+            yield b"a" * 50_000
+        yield b'"]}'
+
+    for path in ("gradio_api/queue/join", "gradio_api/call/generate", "gradio_api/cancel"):
+        response = httpx.post(app_server.url + path, content=chunks(), headers={"content-type": "application/json"},
+                              timeout=30)
+        assert response.status_code == 413 and "too large" in response.text, (path, response.status_code)
+
+
+def test_monitoring_and_flagging_are_off(app_server):
+    assert httpx.get(app_server.url + "monitoring", timeout=30).status_code in (403, 404)
+    info = httpx.get(app_server.url + "gradio_api/info", timeout=30).json()
+    assert list(info["named_endpoints"]) == ["/generate", "/image_to_image"]
+    assert not any("flag" in name for name in info["named_endpoints"])
+
+
+def test_model_cannot_be_chosen_through_the_api(app_server):
+    info = httpx.get(app_server.url + "gradio_api/info", timeout=30).json()
+    names = [p["parameter_name"] for p in info["named_endpoints"]["/generate"]["parameters"]]
+    assert "model" not in names and names[0] == "prompt"
+    # An extra value in a raw call is ignored: the model stays the one the server was started with. (The tenth
+    # value is the refiner switch, 1 = none: a model name there is refused naming it.)
+    nine = ["a red circle", "", 1, 7.0, 2, 0, 0, "(No style)", "Euler"]
+    for data, answer in (([*nine, 1.0, "stabilityai/other-model"], "event: complete"),
+                         ([*nine, "stabilityai/other-model"], "refiner_switch_at: no refiner is loaded")):
+        event = httpx.post(app_server.url + "gradio_api/call/generate", json={"data": data}, timeout=30).json()
+        text = httpx.get(app_server.url + f"gradio_api/call/generate/{event['event_id']}", timeout=60).text
+        assert answer in text and "other-model" not in text.replace('"refiner_switch_at"', ""), text[:300]
+    assert '"model": "tiny-shapes"' in httpx.get(app_server.url + "gradio_api/call/generate/" + httpx.post(
+        app_server.url + "gradio_api/call/generate", json={"data": nine}, timeout=30).json()["event_id"],
+        timeout=60).text
+
+
+def test_server_listens_on_loopback_only(app_server):
+    psutil = pytest.importorskip("psutil")
+    listening = [c.laddr for c in psutil.Process(app_server.proc.pid).net_connections(kind="inet")
+                 if c.status == psutil.CONN_LISTEN]
+    assert listening and all(addr.ip == "127.0.0.1" for addr in listening), listening
+
+
+# --- What a client other than the page can reach --------------------------------------------
+
+def page_dependencies(app_server) -> list[dict]:
+    """The page's events that run a function on the server, as /config lists them (id, api_name, inputs, queue)."""
+    config = httpx.get(app_server.url + "config", timeout=30).json()
+    return [dep for dep in config["dependencies"] if dep.get("backend_fn")]
+
+
+def log_barrier(app_server, start: int) -> str:
+    """The server's log from line ``start`` on, once everything logged before this call has arrived.
+
+    A /generate call with a unique unknown style is sent and read to its end; the server logs its
+    refusal after every line it logged earlier, so once that line shows up the log is complete up
+    to here (the marker line is left out)."""
+    marker = f"log-barrier-{len(app_server.log)}-{time.monotonic_ns()}"
+    event = httpx.post(app_server.url + "gradio_api/call/generate", timeout=30, json={
+        "data": ["a red circle", "", 1, 5.0, 2, 0, 0, marker, "Euler"]}).json()["event_id"]
+    assert "event: error" in httpx.get(app_server.url + f"gradio_api/call/generate/{event}", timeout=60).text
+    deadline = time.monotonic() + 60
+    while not any(marker in line for line in app_server.log[start:]):
+        assert time.monotonic() < deadline, "the refusal line never reached the log"
+        time.sleep(0.05)
+    return "".join(line for line in app_server.log[start:] if marker not in line)
+
+
+def call_page_event(app_server, dep: dict, data: list, event_data=None, session: str = "probe-session"):
+    """Call event ``dep`` as the page does (queue/join, or run/predict for one that skips the queue); returns
+    (HTTP status, the event's outcome message or the direct reply)."""
+    body = {"data": data, "fn_index": dep["id"], "session_hash": session, "event_data": event_data,
+            "trigger_id": None}
+    if not dep["queue"]:
+        response = httpx.post(app_server.url + "gradio_api/run/predict", json=body, timeout=60)
+        return response.status_code, response.text
+    response = httpx.post(app_server.url + "gradio_api/queue/join", json=body, timeout=30)
+    if response.status_code != 200:
+        return response.status_code, response.text
+    event_id = response.json()["event_id"]
+    with httpx.stream("GET", app_server.url + f"gradio_api/queue/data?session_hash={session}", timeout=60) as stream:
+        for line in stream.iter_lines():
+            if line.startswith("data: ") and event_id in line and "process_completed" in line:
+                return 200, line[6:]
+    raise AssertionError(f"event {dep['api_name']} never completed")
+
+
+def test_only_generate_is_callable_by_name(app_server):
+    """Gradio answers /call|run|api/<name> for every event; here only /generate is an API endpoint,
+    and a refused call (or one that names another event by fn_index) is one log line, no traceback."""
+    deps = page_dependencies(app_server)
+    names = {dep["api_name"] for dep in deps} - {"generate", "image_to_image"} | {"predict", "doesnotexist"}
+    assert {"status_line", "remember", "restore", "refresh", "select_image", "load_example"} <= names
+    start = len(app_server.log)
+    calls = 0
+    for name in sorted(names):
+        for route in ("call", "call/v2", "run", "api"):
+            response = httpx.post(app_server.url + f"gradio_api/{route}/{name}", json={"data": []}, timeout=30)
+            assert response.status_code == 404 and "this app's API: /generate" in response.json()["error"], (
+                route, name, response.status_code, response.text[:200])
+            calls += 1
+    restore = next(dep["id"] for dep in deps if dep["api_name"] == "restore")
+    for route in ("call/generate", "run/generate"):  # the name is right, the fn_index picks another event
+        response = httpx.post(app_server.url + f"gradio_api/{route}", json={
+            "data": ["a red circle", "", 1, 7.0, 2, 0, 0, "(No style)", "Euler"], "fn_index": restore}, timeout=30)
+        assert response.status_code == 404, (route, response.text[:200])
+        calls += 1
+    log = log_barrier(app_server, start)
+    assert "Traceback" not in log and "Exception in ASGI" not in log, log
+    assert log.count("[app] refused POST") == calls and len(log.splitlines()) == calls, log
+
+
+def test_unknown_result_streams_are_one_line(app_server):
+    start = len(app_server.log)
+    response = httpx.get(app_server.url + "gradio_api/call/generate/doesnotexist", timeout=30)
+    assert response.status_code == 404 and "no such event" in response.text
+    response = httpx.get(app_server.url + "gradio_api/queue/data?session_hash=nobody-here", timeout=30)
+    assert response.status_code == 404 and "no such session" in response.text
+    log = log_barrier(app_server, start)
+    assert "Traceback" not in log and len(log.splitlines()) == 2, log
+
+
+def test_page_events_given_values_the_page_never_sends_log_one_line_each(app_server):
+    """Every server-side event, called the page's way with values of the wrong kind (and a select
+    event's data naming a file): an error reply, at most one log line each, no traceback; the
+    server still serves."""
+    deps = page_dependencies(app_server)
+    start = len(app_server.log)
+    event_data = {"index": "first", "value": {"path": "/etc/passwd", "meta": {"_type": "gradio.FileData"}}}
+    for dep in deps:
+        status, reply = call_page_event(app_server, dep, [{"junk": [1, 2]}] * len(dep["inputs"]), event_data)
+        assert status in (200, 500), (dep["api_name"], status, reply[:200])
+    log = log_barrier(app_server, start)
+    assert "Traceback" not in log and "Exception in ASGI" not in log, log
+    assert len(log.splitlines()) <= len(deps), log
+    config = httpx.get(app_server.url + "config", timeout=30).json()
+    in_browser = [dep["id"] for dep in config["dependencies"] if not dep.get("backend_fn")]
+    assert in_browser  # randomize, the resolution list, clear history, ... run in the browser only
+    for fn_index in in_browser + [10_000]:  # those, and an event id the page does not have
+        for queue in (True, False):
+            status, reply = call_page_event(app_server, {"id": fn_index, "queue": queue, "api_name": "?"}, [])
+            assert status == 404, (fn_index, queue, status, reply[:200])
+    assert_serves(app_server.client())
+
+
+def temp_files() -> set[Path]:
+    return {p for p in Path(os.environ["GRADIO_TEMP_DIR"]).rglob("*") if p.is_file()}
+
+
+def test_no_byte_a_client_sends_becomes_a_file(app_server):
+    """The issue's probe (a history record whose "thumbnail" is an HTML page), sent to every event
+    by name and the page's way, and a file object in the values: nothing new in the temp folder."""
+    deps = page_dependencies(app_server)
+    payload = base64.b64encode(b"<html><script>alert(1)</script></html>" * 100).decode()
+    record = {"style": "(No style)", "seeds": [1], "thumbs": [f"data:image/jpeg;base64,{payload}"], "prompt": "x",
+              "negative_prompt": "", "guidance_scale": 5, "num_inference_steps": 2, "width": 64, "height": 64,
+              "time": "now", "model": "tiny-shapes"}
+    before = temp_files()
+    for dep in deps:
+        data = [[record]] * len(dep["inputs"])
+        httpx.post(app_server.url + f"gradio_api/call/{dep['api_name']}", json={"data": data}, timeout=30)
+        call_page_event(app_server, dep, data, {"index": 0, "value": None})
+    assert temp_files() - before == set()
+    fetched = {"path": "http://127.0.0.1:9/x.png", "url": "http://127.0.0.1:9/x.png", "meta": {"_type": "gradio.FileData"}}
+    for dep in deps:
+        status, reply = call_page_event(app_server, dep, [fetched] * max(1, len(dep["inputs"])))
+        assert status == 404 and "this app takes no files" in reply, (dep["api_name"], status, reply[:200])
+    assert temp_files() - before == set()
+    # Gradio routes the page never uses, which write what a client sent: deep_link saves the session's
+    # component values (which the page events above just set from the client's record) as state.json;
+    # process_recording writes an uploaded video.
+    for prefix in ("gradio_api/", ""):
+        response = httpx.get(app_server.url + f"{prefix}deep_link?session_hash=probe-session", timeout=30)
+        assert response.status_code == 404 and "not an endpoint of this app" in response.text, response.text
+    response = httpx.post(app_server.url + "gradio_api/process_recording", timeout=30,
+                          files={"video": ("v.mp4", b"\0" * 1000, "video/mp4")}, data={"params": "{}"})
+    assert response.status_code == 404 and "not an endpoint of this app" in response.text, response.text
+    assert temp_files() - before == set()
+    assert httpx.get(app_server.url + "gradio_api/runs", timeout=30).status_code == 404  # run_history off
+
+
+def test_a_result_read_twice_is_refused_not_left_open(app_server):
+    """A /call/generate result can be read once; a second read of the same event id is a 404 with one
+    log line (Gradio would keep that stream open with heartbeats for ever)."""
+    event = httpx.post(app_server.url + "gradio_api/call/generate",
+                       json={"data": ["a red circle", "", 3, 5.0, 2, 0, 0, "(No style)", "Euler"]}, timeout=30)
+    url = app_server.url + f"gradio_api/call/generate/{event.json()['event_id']}"
+    assert "event: complete" in httpx.get(url, timeout=120).text
+    start = len(app_server.log)
+    with httpx.stream("GET", url, timeout=30) as again:  # the status comes at once; a stream left open never ends
+        assert again.status_code == 404, again.status_code
+        assert "no such event" in again.read().decode()
+    log = log_barrier(app_server, start)
+    assert len(log.splitlines()) == 1 and "Traceback" not in log, log
+
+
+def test_no_server_function_feeds_the_history_gallery(app_server):
+    """The history's thumbnails go from the browser's own records to its gallery (HISTORY_JS): no
+    event that runs on the server outputs to it, so none turns a record into a file."""
+    config = httpx.get(app_server.url + "config", timeout=30).json()
+    history = next(c["id"] for c in config["components"] if c["props"].get("elem_id") == "history")
+    feeding = [dep for dep in config["dependencies"] if history in dep["outputs"]]
+    assert feeding and all(not dep["backend_fn"] and dep["js"] for dep in feeding), feeding
+
+
+def test_only_files_the_app_created_are_served(app_server, output_file):
+    """A file someone else put in Gradio's temp folder, or a copy of an output under another name,
+    is not served (Gradio itself serves anything there); the app's own PNGs are."""
+    temp = Path(os.environ["GRADIO_TEMP_DIR"])
+    probe = temp / "nu-probe" / "secret.txt"
+    probe.parent.mkdir(parents=True, exist_ok=True)
+    probe.write_text("not for clients")
+    copy = Path(output_file[0]).with_name("copy-of-output.png")
+    copy.write_bytes(Path(output_file[0]).read_bytes())
+    start = len(app_server.log)
+    for target in (probe, copy, temp / "nu-probe"):
+        for prefix in ("/gradio_api/file=", "/gradio_api/file/", "/file="):
+            for method in ("GET", "HEAD"):
+                response = httpx.request(method, app_server.url.rstrip("/") + prefix + str(target), timeout=30)
+                assert response.status_code == 404 and b"not for clients" not in response.content, (prefix, target)
+    assert get(app_server, "/gradio_api/proxy=http://127.0.0.1:9/x").status_code == 404
+    assert get(app_server, "/gradio_api/file=http://127.0.0.1:9/x").status_code == 404
+    assert httpx.get(output_file[1], timeout=30).status_code == 200
+    log = log_barrier(app_server, start)
+    assert "Traceback" not in log and len(log.splitlines()) == 20, log
