@@ -142,6 +142,37 @@ def test_tests_mirror_the_package():
     assert misplaced == []
 
 
+E2E_SIGNS = ("RunningApp", "app_server", "serve_harness", "sync_playwright")  # an app process, a browser
+
+
+def test_a_test_file_that_starts_an_app_is_marked_e2e_and_so_slow(request):
+    """The level is a mark, so it must be on every file that starts ``python app.py``, a server or a browser (and
+    on no other), and ``pytest -m "not slow"`` must skip those: conftest makes every e2e test slow."""
+    import re
+
+    marked = re.compile(r"^pytestmark = \[?[^\n]*pytest\.mark\.e2e\b", re.M)
+    wrong = [str(path.relative_to(TESTS)) for path in sorted(TESTS.rglob("test_*.py"))
+             if "fixtures" not in path.parts and path != Path(__file__)
+             and any(sign in path.read_text() for sign in E2E_SIGNS) != bool(marked.search(path.read_text()))]
+    assert wrong == []
+
+    class Item:  # what conftest's hook reads and writes of a collected test
+        def __init__(self, *marks):
+            self.marks = [m.mark for m in marks]
+
+        def get_closest_marker(self, name):
+            return next((m for m in self.marks if m.name == name), None)
+
+        def add_marker(self, marker):
+            self.marks.append(marker.mark)
+
+    conftest = next(p for p in request.config.pluginmanager.get_plugins()
+                    if getattr(p, "__file__", "") == str(TESTS / "conftest.py"))
+    items = [Item(pytest.mark.e2e), Item(pytest.mark.engine), Item()]
+    conftest.pytest_collection_modifyitems(request.config, items)
+    assert [[m.name for m in item.marks] for item in items] == [["e2e", "slow"], ["engine"], []]
+
+
 def test_pyproject_lists_every_package_and_carries_the_top_level_assets():
     """pyproject.toml names its packages one by one (so the repository's top-level assets/ can be mapped into the
     package): the list is every folder of sdxl_engine/ with an __init__.py or with data files directly in it (if
