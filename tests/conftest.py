@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import FIXTURES, ROOT, TRUST_LOOPBACK, Programs, RunningApp
+from tests.helpers import FIXTURES, TRUST_LOOPBACK, Programs, RunningApp
 
 # Before anything reads them (sdxl_engine.config reads XDG_CACHE_HOME at import, Gradio reads
 # GRADIO_TEMP_DIR at import).

@@ -105,6 +105,7 @@ def test_each_layer_is_a_folder():
 
 
 TESTS = PACKAGE.parent / "tests"
+TEST_FILES = sorted(path for path in TESTS.rglob("test_*.py") if "fixtures" not in path.relative_to(TESTS).parts)
 REPOSITORY_CHECKS = {"layout", "repository"}  # tests/test_layout.py, tests/test_repository.py: the repository's own
 
 
@@ -113,7 +114,7 @@ def test_test_files_have_unique_names():
     (tests/serving/test_x.py and tests/engine/test_x.py) stop the whole collection."""
     from collections import Counter
 
-    names = Counter(path.name for path in TESTS.rglob("test_*.py") if "fixtures" not in path.parts)
+    names = Counter(path.name for path in TEST_FILES)
     assert [name for name, count in names.items() if count > 1] == []
 
 
@@ -121,14 +122,10 @@ def test_tests_mirror_the_package():
     """Each test file is found by its module's name: ``tests/<layer>/test_<module>[_<topic>].py`` for
     ``sdxl_engine/<layer>/<module>.py`` (or the layer's own package), ``tests/tools/`` for tools/, and at the top
     the two top-level modules (app.py, sdxl_engine/config.py) and the repository's own checks."""
-    from tools import __file__ as tools_init
-
-    tools = Path(tools_init).parent
+    tools = PACKAGE.parent / "tools"
     misplaced = []
-    for path in sorted(TESTS.rglob("test_*.py")):
+    for path in TEST_FILES:
         where = path.parent.relative_to(TESTS).parts
-        if "fixtures" in where:
-            continue
         if where == ():
             names = {"app", "config"} | REPOSITORY_CHECKS
         elif where[0] == "tools":
@@ -151,9 +148,9 @@ def test_a_test_file_that_starts_an_app_is_marked_e2e_and_so_slow(request):
     import re
 
     marked = re.compile(r"^pytestmark = \[?[^\n]*pytest\.mark\.e2e\b", re.M)
-    wrong = [str(path.relative_to(TESTS)) for path in sorted(TESTS.rglob("test_*.py"))
-             if "fixtures" not in path.parts and path != Path(__file__)
-             and any(sign in path.read_text() for sign in E2E_SIGNS) != bool(marked.search(path.read_text()))]
+    texts = {path: path.read_text() for path in TEST_FILES if path != Path(__file__)}
+    wrong = [str(path.relative_to(TESTS)) for path, text in texts.items()
+             if any(sign in text for sign in E2E_SIGNS) != bool(marked.search(text))]
     assert wrong == []
 
     class Item:  # what conftest's hook reads and writes of a collected test
