@@ -143,7 +143,7 @@ def mounted_apis(monkeypatch, tmp_path, limits, pngs_for, info_for):
 
     calls = []
 
-    async def generate(demo, engine, request, call, owner):
+    async def generate(service, request, call, owner):
         calls.append(call)
         seeds = [7 + i for i in range(call.images or 4)]
         pngs = pngs_for(call, seeds)
@@ -160,7 +160,8 @@ def mounted_apis(monkeypatch, tmp_path, limits, pngs_for, info_for):
     engine = types.SimpleNamespace(model=types.SimpleNamespace(name="tiny-shapes"), limits=limits, ready=ready,
                                    error=None, config=types.SimpleNamespace(refiner=""))
     app = FastAPI()
-    mount(app, None, engine, access_for("", share=False, public_api=False), {}, log=lambda line: None)
+    mount(app, None, types.SimpleNamespace(engine=engine), access_for("", share=False, public_api=False), {},
+          log=lambda line: None)
     lines = []
     monkeypatch.setattr("builtins.print", lambda *args, **kwargs: lines.append(" ".join(map(str, args))))
     return TestClient(app), calls, lines

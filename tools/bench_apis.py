@@ -12,6 +12,10 @@ each client as a user runs it:
 Prints a Markdown table (median, min, max and the median's difference from ``/generate``) and writes
 ``--json``. Each protocol runs the same ``/generate`` event (serving/apis/core.py), so the difference
 is the protocol's own work: parsing, the base64 of the PNGs, and for MCP Gradio's loopback client.
+
+``--before DIR [--before-python PY]`` also starts the app of another checkout (``git worktree add DIR REV``) and
+sends every call to both apps in the same round, in alternating order, so the two revisions see the same load;
+the table then gives each client's median on both and the median of the paired differences (after - before).
 """
 
 from __future__ import annotations
@@ -37,10 +41,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_app(port: int, timeout: float = 600) -> subprocess.Popen:
-    """``python app.py --port PORT`` until it logs that the engine is ready."""
+def start_app(port: int, timeout: float = 600, root: Path = ROOT, python: str = sys.executable) -> subprocess.Popen:
+    """``python app.py --port PORT`` of the checkout ``root`` until it logs that the engine is ready."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "GRADIO_ANALYTICS_ENABLED": "False"}
-    proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(port)], cwd=ROOT, env=env,
+    proc = subprocess.Popen([python, str(root / "app.py"), "--port", str(port)], cwd=root, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + timeout
     for line in proc.stdout:
@@ -81,29 +85,39 @@ def clients(url: str, steps: int, session) -> dict:
     }
 
 
-async def measure(url: str, steps: int, runs: int) -> dict:
-    """Seconds per call: one warm-up each, then ``runs`` rounds with the calls interleaved."""
+async def measure(urls: list[str], steps: int, runs: int) -> list[dict]:
+    """Seconds per call on each app of ``urls``: one warm-up each, then ``runs`` rounds with the calls
+    interleaved (with two apps each call goes to both in the round, first to one, then the other, alternating)."""
+    from contextlib import AsyncExitStack
+
     from mcp import ClientSession
     from mcp.client.streamable_http import streamable_http_client
 
-    async with streamable_http_client(url + "gradio_api/mcp/") as (read, write, _), \
-            ClientSession(read, write) as session:
-        await session.initialize()
-        calls = clients(url, steps, session)
+    async with AsyncExitStack() as stack:
+        apps = []
+        for url in urls:
+            read, write, _ = await stack.enter_async_context(streamable_http_client(url + "gradio_api/mcp/"))
+            session = await stack.enter_async_context(ClientSession(read, write))
+            await session.initialize()
+            apps.append(clients(url, steps, session))
 
         async def timed(call) -> float:
             t0 = time.perf_counter()
             await (call() if asyncio.iscoroutinefunction(call) else asyncio.to_thread(call))
             return time.perf_counter() - t0
 
-        for call in calls.values():
-            await timed(call)
-        samples = {name: [] for name in calls}
-        for _ in range(runs):
-            for name, call in calls.items():
-                samples[name].append(await timed(call))
-    return {name: {"median_s": statistics.median(s), "min_s": min(s), "max_s": max(s), "runs": len(s)}
-            for name, s in samples.items()}
+        for calls in apps:
+            for call in calls.values():
+                await timed(call)
+        samples = [{name: [] for name in calls} for calls in apps]
+        for round_ in range(runs):
+            for name in apps[0]:
+                order = range(len(apps)) if round_ % 2 == 0 else reversed(range(len(apps)))
+                for i in order:
+                    samples[i][name].append(await timed(apps[i][name]))
+    return [{name: {"median_s": statistics.median(s), "min_s": min(s), "max_s": max(s), "runs": len(s),
+                    "samples_s": s}
+             for name, s in app_samples.items()} for app_samples in samples]
 
 
 def markdown(results: dict, steps: int) -> str:
@@ -116,21 +130,44 @@ def markdown(results: dict, steps: int) -> str:
     return "\n".join(lines)
 
 
+def markdown_compare(before: dict, after: dict, steps: int) -> str:
+    """Each client's median before and after, and the median of the paired (same round) differences."""
+    lines = [f"| client, 4 images 64x64, {steps} steps | before median s | after median s | "
+             "after - before, paired median s |", "|---|---|---|---|"]
+    for name in after:
+        paired = [a - b for a, b in zip(after[name]["samples_s"], before[name]["samples_s"])]
+        lines.append(f"| {name} | {before[name]['median_s']:.3f} | {after[name]['median_s']:.3f} | "
+                     f"{statistics.median(paired):+.3f} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--before", type=Path, help="another checkout, timed side by side with this one")
+    parser.add_argument("--before-python", default=sys.executable, help="the interpreter that runs --before")
     parser.add_argument("--json", default=str(ROOT / "bench_apis.json"))
     args = parser.parse_args(argv)
-    port = _free_port()
-    app = start_app(port)
+    apps, urls = [], []
     try:
-        results = asyncio.run(measure(f"http://127.0.0.1:{port}/", args.steps, args.runs))
+        for root, python in ([(args.before.resolve(), args.before_python)] if args.before else []) + \
+                [(ROOT, sys.executable)]:
+            port = _free_port()
+            apps.append(start_app(port, root=root, python=python))
+            urls.append(f"http://127.0.0.1:{port}/")
+        results = asyncio.run(measure(urls, args.steps, args.runs))
     finally:
-        app.terminate()
-        app.wait(60)
-    Path(args.json).write_text(json.dumps({"steps": args.steps, "results": results}, indent=1))
-    print(markdown(results, args.steps))
+        for app in apps:
+            app.terminate()
+            app.wait(60)
+    if args.before:
+        Path(args.json).write_text(json.dumps({"steps": args.steps, "before": str(args.before),
+                                               "results_before": results[0], "results": results[1]}, indent=1))
+        print(markdown_compare(results[0], results[1], args.steps))
+    else:
+        Path(args.json).write_text(json.dumps({"steps": args.steps, "results": results[0]}, indent=1))
+        print(markdown(results[0], args.steps))
 
 
 if __name__ == "__main__":

@@ -6,8 +6,9 @@ that method for the counted endpoints (``/generate``) and refuses a call before 
 
 - while the server shuts down (:class:`~.guard.RequestGate` closed): ``the server is shutting
   down; retry in a minute``;
-- when its client already has ``limit`` calls queued or running (``max_requests_per_client``): a
-  message naming the limit (not for a call that continues an admitted one: :data:`CONTINUES`). A client
+- when its client already has ``limit`` calls queued or running (``max_requests_per_client``), its
+  protocol requests in the request service counted too (service.RequestService.held): a message
+  naming the limit. A client
   is an address (:func:`client_address`: the peer, or the client a trusted proxy names), never what the
   client sends: a Gradio ``session_hash`` is the client's own choice, so keying on it let one client
   take the whole queue with made-up ones.
@@ -66,10 +67,12 @@ class Admission:
         limit: calls one client may have queued or running at once, at least 1.
         closing: whether the server is shutting down (``RequestGate.closed``).
         log: one line per refusal over the limit.
+        also_held: the client's requests held elsewhere that count against its limit (the request
+            service's protocol requests: service.RequestService.held).
     """
 
     def __init__(self, queue: Queue, fn_ids, limit: int, closing: Callable[[], bool], log=print,
-                 push: Callable | None = None):
+                 push: Callable | None = None, also_held: Callable[[str], int] | None = None):
         if limit < 1:
             raise ValueError(f"limit must be at least 1, got {limit}")
         self.queue = queue
@@ -78,12 +81,13 @@ class Admission:
         self.closing = closing
         self.log = log
         self._push = push or queue.push
+        self.also_held = also_held or (lambda client: 0)
         self._events: dict[str, set[str]] = {}  # client -> ids of its events Gradio may still hold
         self._arriving: dict[str, int] = {}  # client -> pushes under way (not yet in Gradio's table)
 
     @classmethod
     def install(cls, demo, limit: int, closing: Callable[[], bool], api_names=("generate",),
-                log=print) -> "Admission":
+                log=print, also_held: Callable[[str], int] | None = None) -> "Admission":
         """Wrap the demo's queue's ``push`` for the events named ``api_names``; returns the admission.
 
         Call after ``demo.queue(...)`` (it replaces the queue) and before serving. Off the queue,
@@ -92,7 +96,7 @@ class Admission:
         """
         queue = gradio_internals.queue_of(demo)
         admission = cls(queue, gradio_internals.fn_indices(demo, api_names), limit, closing, log,
-                        push=queue.push)
+                        push=queue.push, also_held=also_held)
         gradio_internals.wrap_push(demo, admission.push)
         return admission
 
@@ -118,7 +122,7 @@ class Admission:
         self.total()  # forget the events Gradio has finished with, for every client
         if self.closing():
             return await self._refuse(body, request, username, SHUTTING_DOWN, 503)
-        if self.held(client) >= self.limit and not continues(request):
+        if self.held(client) + self.also_held(client) >= self.limit:
             message = over_limit_message(self.limit)
             self.log(f"[app] request refused: {message} (client {client})")
             return await self._refuse(body, request, username, message, 429)
@@ -140,17 +144,6 @@ class Admission:
             headers = {"Retry-After": str(60 if status == 503 else RETRY_AFTER_S)}
             raise HTTPException(status_code=status, detail=message, headers=headers)
         return True, await gradio_internals.fail_at_once(self.queue, body, request, username, message), "success"
-
-
-# A request scope key: this /generate call continues one the admission let in already (a protocol API's
-# 5th to 16th images: apis/core.generate), so it is not refused over the limit. The earlier call's event
-# may still be in Gradio's table for a moment after it completed, and the request as a whole is one call.
-CONTINUES = "sdxl_engine.continues"
-
-
-def continues(request) -> bool:
-    """Whether ``request`` (the call's Starlette request) carries :data:`CONTINUES`."""
-    return bool(getattr(request, "scope", {}).get(CONTINUES))
 
 
 def client_address(request) -> str:

@@ -34,20 +34,6 @@ class Delivery:
     pngs: list[bytes] = dataclasses.field(default_factory=list)
 
 
-# A request scope key, as admission.CONTINUES: how many of this /generate call's images its client receives,
-# set by a protocol API whose client asked for fewer than the batch (OpenAI n=2, A1111 batch_size=1) on the
-# call that ends its request. Only those are saved to outputs_dir; absent, all (the page and gradio_client
-# receive the whole batch).
-KEEP = "sdxl_engine.keep_images"
-
-
-def kept_images(request) -> int | None:
-    """The :data:`KEEP` count of ``request`` (a gr.Request, or the Starlette request it wraps), or None."""
-    starlette_request = getattr(request, "request", request)  # gr.Request wraps it (and rewraps dict attributes)
-    keep = getattr(starlette_request, "scope", {}).get(KEEP)
-    return keep if type(keep) is int and keep >= 0 else None
-
-
 def quote(text: str) -> str:
     """An infotext value as A1111's ``infotext_utils.quote``: JSON-quoted when it holds a comma, colon or newline."""
     return text if not any(c in text for c in ",:\n") else json.dumps(text, ensure_ascii=False)
@@ -89,7 +75,7 @@ def deliver(result, prompt: str, style: str, files_dir: Path, outputs_dir: str =
         files_dir: a folder the web server serves from; each request gets a new folder inside it.
         outputs_dir: also save the PNGs here as ``<µs time>-<request id>-seed42-...png`` ("" = no);
             ``info["saved"]`` lists those file names, relative to ``outputs_dir``.
-        keep: how many of the images (the first) the client receives (:func:`kept_images`); only they
+        keep: how many of the images (the first) the client receives (service.RequestService.run); only they
             are saved to ``outputs_dir``. None: all.
         params: more A1111 infotext entries (a protocol's: ``Mask blur``...), after :func:`mode_parameters`'.
 

@@ -15,7 +15,6 @@ line at start-up when the installed Gradio is another.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import importlib.metadata
 import warnings
@@ -201,100 +200,7 @@ def add_outermost_middleware(app, middleware, **options) -> None:
     app.add_middleware(middleware, **options)
 
 
-# ---- running an API event from a route of this app (serving/apis) ----------------------------
-class QueueRefusal(Exception):
-    """The queue did not take the call: ``status`` (503 queue full, 400 otherwise) and Gradio's ``message``."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-async def run_queued(demo, api_name: str, data: list, request, poll_s: float = 5.0,
-                     scope: dict | None = None) -> tuple[bool, dict]:
-    """Run the event ``api_name`` with input ``data`` through ``demo``'s queue, as a raw ``/call/`` would;
-    returns (success, output): on success ``output["data"]`` holds the outputs as the queue sends them
-    (a gallery: ``[{"image": {"path": ...}, "caption": ...}, ...]``), else ``output["error"]`` the message.
-
-    The call enters through ``Queue.push`` (so admission.Admission counts it and may raise its
-    HTTPException: 429 over the per-client limit, 503 shutting down) with no session, so its client
-    is ``request``'s IP address; it waits its turn under the event's concurrency id, like the page's
-    calls. ``request`` (the route's Starlette request) is the one the handler sees as gr.Request.
-    If the client leaves before the end, the event is dropped from the queue (a running one finishes).
-    ``scope``: extra keys for the call's request scope (admission.CONTINUES).
-
-    Raises:
-        QueueRefusal: the queue is stopped or full, or refused the call for another reason.
-    """
-    from gradio.data_classes import PredictBodyInternal
-    from gradio.route_utils import API_PREFIX
-    from gradio.server_messages import ProcessCompletedMessage
-    from starlette.requests import Request
-
-    queue = demo._queue
-    # The queue finds the app's root URL from the request's path, which must be one of its call
-    # routes: the handler sees this copy (same headers, client, host), the route keeps the original.
-    path = f"{API_PREFIX}/call/{api_name}"
-    routed = Request({**request.scope, **(scope or {}), "path": path, "raw_path": path.encode(), "root_path": ""})
-    if queue.server_app is None:
-        queue.set_server_app(demo.server_app)
-    if queue.stopped:
-        raise QueueRefusal(503, "the queue is stopped")
-    (fn_index,) = fn_indices(demo, (api_name,))
-    body = PredictBodyInternal(data=data, fn_index=fn_index, session_hash=None, request=routed)
-    success, event_id, state = await queue.push(body=body, request=routed, username=None)
-    if not success:
-        raise QueueRefusal(503 if state == "queue_full" else 400, str(event_id))
-    session = body.session_hash  # the event's own id (Event's default session)
-    try:
-        while True:
-            messages = queue.pending_messages_per_session.get(session)
-            if messages is None:
-                return False, {"error": "the call was dropped by the server"}
-            try:
-                message = await asyncio.wait_for(messages.get(), timeout=poll_s)
-            except TimeoutError:
-                if await request.is_disconnected():
-                    await queue.clean_events(session_hash=session)
-                    return False, {"error": "the client left"}
-                continue
-            if isinstance(message, ProcessCompletedMessage):
-                output = dict(message.output)
-                if "data" in output:  # postprocessed values may be Gradio's pydantic models (GalleryData, JsonData)
-                    output["data"] = [v.model_dump() if hasattr(v, "model_dump") else v for v in output["data"]]
-                return bool(message.success), output
-    finally:
-        task = asyncio.get_running_loop().create_task(_forget_session(queue, session))
-        _FORGETTING.add(task)  # held until done (the loop keeps only weak references to tasks)
-        task.add_done_callback(_FORGETTING.discard)
-
-
-_FORGETTING: set = set()
-
-
-async def _forget_session(queue: Queue, session: str, poll_s: float = 0.05, limit_s: float = 60.0) -> None:
-    """Drop a finished :func:`run_queued` call's session from the queue once no running job holds its event.
-
-    Not at once: the call's answer comes before its job has left ``queue.active_jobs``, and Gradio's
-    progress task sends a pending progress update (the last step's, when a request was interrupted) to
-    every active event's session; a session that is gone raises KeyError there, which ends that task
-    for good: no client would see progress again until a restart.
-    """
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + limit_s
-    while loop.time() < deadline and any(
-            getattr(event, "session_hash", None) == session for job in list(queue.active_jobs) if job for event in job):
-        await asyncio.sleep(poll_s)
-    queue.pending_messages_per_session.pop(session, None)
-    queue.pending_event_ids_session.pop(session, None)
-
-
-def gallery_paths(value) -> list[str]:
-    """The image file paths of a gallery output as the queue sends it (:func:`run_queued`), in order."""
-    return [item["image"]["path"] for item in value or []]
-
-
+# ---- the MCP server -------------------------------------------------------------------------
 def mcp_server_of(demo):
     """Gradio's MCP server object of a launched demo (``launch(mcp_server=True)``), or None."""
     return getattr(demo, "mcp_server_obj", None) if getattr(demo, "mcp_server", False) else None

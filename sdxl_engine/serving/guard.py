@@ -13,6 +13,7 @@ endpoint later, :data:`OPTIONAL_INPUTS`, that a raw call leaves out), stamps eac
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -688,10 +689,16 @@ class RequestGate:
 
     def run(self, fn, *args, **kwargs):
         """Call ``fn(*args, **kwargs)``, counted as in flight while it runs."""
+        with self.counted():
+            return fn(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def counted(self):
+        """Count one call as in flight while the block runs (a protocol request: waiting for its slot included)."""
         with self._cond:
             self.in_flight += 1
         try:
-            return fn(*args, **kwargs)
+            yield
         finally:
             with self._cond:
                 self.in_flight -= 1

@@ -11,6 +11,7 @@ loaded the model. Imports Gradio (it raises Gradio's errors and writes to Gradio
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import dataclasses
 import functools
@@ -36,7 +37,7 @@ from sdxl_engine.serving import admission, delivery, gradio_internals, guard, hi
 from sdxl_engine.serving.styles import NO_STYLE, STYLE_NAMES, UnknownStyle, apply_style, get_style
 from sdxl_engine.engine.previews import preview_grid
 from sdxl_engine.engine.steps import StepEvent, Stopped
-from sdxl_engine.serving.progress import JOB_SCOPE_KEY, JOBS
+from sdxl_engine.serving.progress import JOBS
 from sdxl_engine.serving.images import png_bytes, write_new
 
 GENERATE_INPUTS = ("prompt", "negative_prompt", "seed", "guidance_scale", "num_inference_steps", "width", "height",
@@ -118,9 +119,8 @@ def api_function(handle: Callable, config: EngineConfig, pending: history.Pendin
         # gradio_client's job.cancel()), noted by the server under this session and event, stops the
         # engine (stream_previews).
         values = generate_values(locals())
-        extra, switch = protocol_inputs(request), refiner_switch(refiner_switch_at)
-        if switch is not None:  # a protocol call sends None here: its refiner comes in its own fields
-            extra = dataclasses.replace(extra, fields={**extra.fields, "refiner_switch_at": switch})
+        switch = refiner_switch(refiner_switch_at)
+        extra = ProtocolInputs(fields={} if switch is None else {"refiner_switch_at": switch})
         yield from _run_event(handle, values, request, progress, pending, finished, extra)
 
     generate.__doc__ = TOOL_DOC.format(styles=", ".join(STYLE_NAMES), samplers=", ".join(SAMPLERS))
@@ -137,27 +137,22 @@ def refiner_switch(value):
 
 def _run_event(handle: Callable, values: tuple, request, progress, pending: history.Pending,
                finished: history.Pending | None, extra: "ProtocolInputs"):
-    """What both page events run (api_function's /generate, image_function's image to image): ``handle`` on the
-    nine ``values`` with ``extra`` under the request's job (a protocol's, else one of its own), the previews
+    """What the page's events run (api_function's /generate, image_function's image to image, the hires fix):
+    ``handle`` on the nine ``values`` with ``extra`` under a job of the caller's session, the previews
     streamed (stream_previews), a Stop heard; then the history record kept in ``pending`` and the gallery in
     ``finished`` for the caller's session. Yields (preview gallery, None) while it runs, then (gallery, info)."""
     session, event_id, arrived = (getattr(request, "session_hash", None), gradio_internals.current_event_id(),
                                   guard.arrival_time(request))
     since = clock() if arrived is None else arrived
-    job = protocol_job(request)  # a protocol's request (serving/apis) opened its job; else this call is one
-    own = job is None
-    if own:
-        job = JOBS.open(("gradio", session or event_id or ""))
-    keep = delivery.kept_images(request)  # a protocol API's client receives fewer than the batch
+    job = JOBS.open(("gradio", session or event_id or ""))
     try:
         gallery, info, record = yield from stream_previews(
             functools.partial(handle, job=job, client=admission.client_address(request),
-                              keep=keep, **({"extra": extra} if extra.fields or extra.finish or extra.params else {})),
+                              **({"extra": extra} if extra.fields or extra.finish or extra.params else {})),
             values, progress, arrived,
             lambda: guard.CANCELLED.cancelled(session, event_id, since))
     finally:
-        if own:
-            JOBS.close(job)
+        JOBS.close(job)
     pending.put(session, record)
     if finished is not None:
         finished.put(session, {"gallery": gallery, "info": info})
@@ -278,13 +273,10 @@ def discard_uploads(demo, paths: list[str]) -> None:
             pass
 
 
-PROTOCOL_INPUTS = "sdxl_engine.protocol_inputs"  # request-scope key of a protocol call's ProtocolInputs
-
-
 @dataclasses.dataclass(frozen=True)
 class ProtocolInputs:
-    """What a protocol request (serving/apis) asks beyond the page's nine inputs, carried in memory in its queued
-    call's request scope (:data:`PROTOCOL_INPUTS`), never through the queue's data (which would make files).
+    """What a request asks beyond the page's nine inputs (a protocol's, or the page's image events'), handed to the
+    handler in memory (service.RequestService.run), never through Gradio's queue data (which would make files).
 
     ``fields``: GenerateRequest keyword fields (``image``, ``mask``, ``strength``, ``start_step``,
     ``refiner_switch_at``, ``hires_scale``, ``hires_strength``, ``hires_steps``, ``hires_upscaler``), validated
@@ -296,21 +288,6 @@ class ProtocolInputs:
     fields: dict = dataclasses.field(default_factory=dict)
     finish: Callable[[np.ndarray], np.ndarray] | None = None
     params: dict = dataclasses.field(default_factory=dict)
-
-
-def protocol_inputs(request) -> ProtocolInputs:
-    """The :class:`ProtocolInputs` a protocol route put in its queued call's request scope; an empty one for a
-    call from the page, gradio_client or MCP (a client cannot set a request's scope)."""
-    scope = getattr(getattr(request, "request", None), "scope", None)
-    found = scope.get(PROTOCOL_INPUTS) if isinstance(scope, dict) else None
-    return found if isinstance(found, ProtocolInputs) else ProtocolInputs()
-
-
-def protocol_job(request) -> str | None:
-    """The job id a protocol route (serving/apis/core.py) put in its queued call's request scope
-    (progress.JOB_SCOPE_KEY), or None for a call from the page, gradio_client or MCP."""
-    scope = getattr(getattr(request, "request", None), "scope", None)
-    return scope.get(JOB_SCOPE_KEY) if isinstance(scope, dict) else None
 
 
 _DONE = object()  # stream_previews' end-of-request marker
@@ -439,7 +416,7 @@ def handle_generate(engine: EngineContract, prompt, negative_prompt, seed, guida
                     files_dir: str | None = None, arrived: float | None = None,
                     on_step: Callable[[StepEvent], None] | None = None, should_stop: Callable[[], bool] | None = None,
                     job: str | None = None, client: str = "", keep: int | None = None,
-                    extra: ProtocolInputs | None = None):
+                    extra: ProtocolInputs | None = None, slots=None):
     """One /generate call: values as the client sent them in; (gallery items, info, history record) out.
 
     The engine validates every value (width/height 0 or None = the model's default; sampler None
@@ -463,10 +440,12 @@ def handle_generate(engine: EngineContract, prompt, negative_prompt, seed, guida
     folder under ``files_dir`` (default: Gradio's temp folder, which serves them as they are),
     named after seed and prompt (``seed42-a-red-circle.png``, the download's name). With the
     config's ``outputs_dir`` they are saved there too, as ``<µs time>-<request id>-seed42-...png``: the
-    first ``keep`` only, when the client receives only those (delivery.kept_images).
+    first ``keep`` only, when the client receives only those (a protocol's request: service.RequestService.run).
 
     ``extra``: a protocol request's fields beyond these (image to image, hires fix, refiner) and its finish
-    (:class:`ProtocolInputs`).
+    (:class:`ProtocolInputs`). ``slots``: the request service's places in front of the engine (service.Slots),
+    for a call from Gradio's events: it waits for one in order of arrival (stage "waiting") and leaves the line,
+    with nothing run, when it is stopped meanwhile (a protocol's call comes with its slot: service.RequestService.run).
     """
     extra = extra or ProtocolInputs()
     report = progress if progress is not None else (lambda *_, **__: None)  # gr.Progress is falsy (len 0)
@@ -516,7 +495,10 @@ def handle_generate(engine: EngineContract, prompt, negative_prompt, seed, guida
         return JOBS.stop_requested(job) or (should_stop is not None and should_stop())
 
     try:
-        result = engine.generate(request, progress=on_stage, arrived=arrived, on_step=on_engine_step, should_stop=stop)
+        with (slots.held(stop, lambda: on_stage("waiting")) if slots is not None
+              else contextlib.nullcontext()):
+            result = engine.generate(request, progress=on_stage, arrived=arrived, on_step=on_engine_step,
+                                     should_stop=stop)
     except (InvalidRequest, EngineNotReady, GenerationError, CompilesBusy) as err:
         JOBS.fail(job, err)
         raise refuse(err) from err

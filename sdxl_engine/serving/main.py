@@ -85,6 +85,7 @@ def main(argv: list[str] | None, build_demo: Callable, css: str, title: str, sta
     from sdxl_engine.config import ConfigError
     from sdxl_engine.serving import apis, cli, gradio_internals, server
     from sdxl_engine.serving.handler import handle_generate, page_defaults
+    from sdxl_engine.serving.service import RequestService
 
     args, config, signals = start.args, start.config, start.signals
     if signals.requested:  # during the imports: nothing started yet, nothing to drain
@@ -106,8 +107,9 @@ def main(argv: list[str] | None, build_demo: Callable, css: str, title: str, sta
         print(server.start_error_line(err), file=sys.stderr)
         return server.exit_status(err)
     gate = server.RequestGate()
-    demo = build_demo(lambda *values, **kw: gate.run(handle_generate, engine, *values, **kw), page_config, engine,
-                      concurrency=concurrency, history_secret=args.history_secret)
+    service = RequestService(engine, handle_generate, gate, concurrency, config.max_requests_per_client)
+    demo = build_demo(service.generate, page_config, engine, concurrency=concurrency,
+                      history_secret=args.history_secret)
     demo.queue(max_size=config.max_queue_size)
     share = args.share and cli.share_possible(f"http://{args.host}:{args.port}/", GRADIO_API_SERVER)
     access = apis.access_for(args.api_key, share, args.public_api, args.mcp)  # the protocol APIs
@@ -115,8 +117,8 @@ def main(argv: list[str] | None, build_demo: Callable, css: str, title: str, sta
              "max_requests_per_client": config.max_requests_per_client}  # A1111's cmd-flags: nothing secret
     try:
         return server.serve(demo, engine, {**server.launch_options(args.host, args.port, share, access.mcp),
-                                           "css": css}, gate, signals=signals,
-                            on_launch=lambda app: apis.mount(app, demo, engine, access, flags))
+                                           "css": css}, gate, signals=signals, service=service,
+                            on_launch=lambda app: apis.mount(app, demo, service, access, flags))
     finally:
         if args.replicas is not None:
             engine.close()  # after the drain: delete the Serve application, stop the private Ray cluster

@@ -22,7 +22,6 @@ from sdxl_engine.engine.previews import preview_grid
 from sdxl_engine.serving.images import png_bytes
 
 Owner = tuple[str, str]  # (protocol, client): ("a1111", "127.0.0.1"), ("page", <Gradio session>) ...
-JOB_SCOPE_KEY = "sdxl_engine.job"  # a queued engine call's request scope names the job it belongs to
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,8 +172,8 @@ class Jobs:
 
     def fail(self, job_id: str, error: BaseException) -> None:
         """The job's running call failed with ``error`` (the engine's own exception: InvalidRequest, Stopped,
-        CompilesBusy ...), kept for whoever runs the call across Gradio's queue (serving/apis/core.py), which
-        hands on only a message."""
+        CompilesBusy ...), kept for the request service (service.RequestService: the cause when the
+        handler's error carries none)."""
         with self._lock:
             job = self._jobs.get(job_id)
             if job is not None:
@@ -182,8 +181,8 @@ class Jobs:
 
     def deliver(self, job_id: str, pngs: list[bytes]) -> None:
         """The job's running call made ``pngs`` (PNG bytes, as delivered: image i of its seeds), kept in memory
-        for whoever runs the call across Gradio's queue (serving/apis/core.py: the answer's bytes, no read
-        back from disk) until :meth:`take_pngs`. Ignored for a closed job."""
+        for the request service (service.RequestService.run: the answer's bytes, no read back from disk) until
+        :meth:`take_pngs`. Ignored for a closed job."""
         with self._lock:
             job = self._jobs.get(job_id)
             if job is not None:

@@ -133,7 +133,7 @@ def before_listening(set_up):
 
 
 def serve(demo, engine, options: dict, gate: RequestGate, drain_s: float = 60.0, log=print,
-          quiet_s: float = QUIET_S, signals: "StopSignals | None" = None, on_launch=None) -> int:
+          quiet_s: float = QUIET_S, signals: "StopSignals | None" = None, on_launch=None, service=None) -> int:
     """Launch ``demo`` and block until it should stop; returns the process exit status.
 
     Returns :func:`exit_status` (after one ``error:`` line on stderr) when the engine fails to
@@ -145,7 +145,9 @@ def serve(demo, engine, options: dict, gate: RequestGate, drain_s: float = 60.0,
     request). A client may have ``engine.config.max_requests_per_client`` /generate calls queued or
     running at once (:class:`~.admission.Admission`). ``on_launch(app)``, if given, and the guard
     (:func:`install_guard`) are put in place before the server accepts its first connection
-    (:func:`before_listening`; serving/apis mounts its routes and key check in ``on_launch``).
+    (:func:`before_listening`; serving/apis mounts its routes and key check in ``on_launch``). ``service``
+    (service.RequestService), if given: its protocol requests and the Gradio calls count against one
+    per-client limit together.
     """
     if signals is None:
         signals = StopSignals()
@@ -154,7 +156,10 @@ def serve(demo, engine, options: dict, gate: RequestGate, drain_s: float = 60.0,
         log("[app] stopping: a stop signal came before the server started")
         log("[app] stopped")
         return 0
-    Admission.install(demo, engine.config.max_requests_per_client, lambda: gate.closed, log=log)
+    admission = Admission.install(demo, engine.config.max_requests_per_client, lambda: gate.closed, log=log,
+                                  also_held=None if service is None else service.held)
+    if service is not None:
+        service.gradio_held = admission.held
     # Read by uvicorn when launch makes its server: who may name the client in X-Forwarded-For.
     os.environ[FORWARDED_ALLOW_IPS] = forwarded_allow_ips(engine.config.trusted_proxies, bool(options.get("share")))
     def set_up(app) -> None:

@@ -5,7 +5,7 @@ import gradio as gr
 from starlette.requests import Request
 
 from sdxl_engine.serving import delivery, images
-from sdxl_engine.serving.delivery import KEEP, deliver, kept_images
+from sdxl_engine.serving.delivery import deliver
 from tests.helpers import FullDiskFile
 from tests.serving.test_cli_settings import fake_result
 
@@ -19,15 +19,6 @@ def test_only_the_images_a_client_receives_are_saved(tmp_path):
         assert sorted(int(name.split("-seed")[1].split("-")[0]) for name in names) == seeds
         assert sorted(delivered.info["saved"]) == names and delivered.info["warnings"] == []
         assert len(delivered.paths) == 4  # the served copies: the protocol API picks its images from them
-
-
-def test_the_kept_count_travels_in_the_request_scope():
-    plain = Request({"type": "http", "headers": []})
-    marked = Request({"type": "http", "headers": [], KEEP: 2})
-    assert (kept_images(plain), kept_images(marked)) == (None, 2)
-    assert kept_images(gr.Request(request=marked)) == 2  # as the handler gets it
-    assert kept_images(None) is None
-    assert kept_images(Request({"type": "http", "headers": [], KEEP: "2"})) is None  # only the server sets it
 
 
 def test_a_full_disk_leaves_no_partial_file_in_the_outputs_folder(tmp_path, monkeypatch):
@@ -52,44 +43,42 @@ def test_a_full_disk_leaves_no_partial_file_in_the_outputs_folder(tmp_path, monk
                                           "left on device); download them instead"]
 
 
-def test_a_protocol_request_for_fewer_images_marks_the_calls_that_end_it(tmp_path, monkeypatch):
-    """apis.core.generate sets delivery.KEEP on the queued call whose images are cut (n=2: that call keeps 2;
-    n=6 over a batch of 4: the first keeps all, the second 2), and the page's event hands it to handle_generate."""
+def test_a_protocol_request_for_fewer_images_tells_the_calls_that_end_it(tmp_path, monkeypatch):
+    """apis.core.generate hands ``keep`` to the engine call whose images are cut (n=2: that call keeps 2; n=6 over
+    a batch of 4: the first keeps all, the second 2), through the request service to handle_generate; the page's
+    event never sends one (its client receives the whole batch)."""
     import asyncio
     from types import SimpleNamespace
 
-    from sdxl_engine.serving import admission, gradio_internals, handler
+    from sdxl_engine.serving import handler
     from sdxl_engine.serving.apis import core
-    from sdxl_engine.serving.progress import JOB_SCOPE_KEY, JOBS
+    from sdxl_engine.serving.guard import RequestGate
+    from sdxl_engine.serving.progress import JOBS
+    from sdxl_engine.serving.service import RequestService
+    from tests.serving.apis.test_core import RouteRequest
     from tests.serving.apis.test_apis import StartedEngine
 
-    scopes = []
+    kept = []
 
-    async def run_queued(demo, api_name, data, request, scope=None):
-        scopes.append(scope)
-        png = tmp_path / f"{len(scopes)}.png"
-        png.write_bytes(b"png")
-        seed = data[2]
-        JOBS.deliver(scope[JOB_SCOPE_KEY], [b"png"] * 4)  # as handler.handle_generate does
-        return True, {"data": [[{"image": {"path": str(png)}}] * 4, {"seeds": [seed + i for i in range(4)]}]}
+    def handle(engine, *values, job, keep=None, slots=None, **kwargs):
+        kept.append(keep)
+        JOBS.deliver(job, [b"png"] * 4)  # as handler.handle_generate does
+        return [(str(tmp_path / f"{i}.png"), "") for i in range(4)], {"seeds": [values[2] + i for i in range(4)]}, {}
 
-    monkeypatch.setattr(gradio_internals, "run_queued", run_queued)
     engine = StartedEngine()
     engine.limits = SimpleNamespace(max_seed=2**32 - 1)
+    service = RequestService(engine, handle, RequestGate(), slots=1, limit=1)
     monkeypatch.setattr(core, "check", lambda engine, call: None)
-    request = Request({"type": "http", "headers": []})
-    for images, expected in ((2, [{KEEP: 2}]), (4, [None]), (6, [None, {admission.CONTINUES: True, KEEP: 2}])):
-        scopes.clear()
-        generated = asyncio.run(core.generate(None, engine, request, core.Call("a red circle", seed=1, images=images),
-                                              ("openai", "10.0.0.1")))
-        assert [{k: v for k, v in s.items() if k != JOB_SCOPE_KEY} or None for s in scopes] == expected
-        assert len({s[JOB_SCOPE_KEY] for s in scopes}) == 1 and len(generated.pngs) == images
+    for images, expected in ((2, [2]), (4, [None]), (6, [None, 2])):
+        kept.clear()
+        call = core.Call("a red circle", seed=1, images=images)
+        generated = asyncio.run(core.generate(service, RouteRequest(), call, ("openai", "10.0.0.1")))
+        assert kept == expected and len(generated.pngs) == images
 
     heard = []
     generate = handler.api_function(lambda *values, **kw: heard.append(kw.get("keep")) or ([], {}, {}),
                                     SimpleNamespace(guidance_scale=5.0, num_inference_steps=8, sampler="Euler", refiner=""),
                                     SimpleNamespace(put=lambda *a: None))
-    for scope in ({}, {KEEP: 1}):
-        marked = gr.Request(request=Request({"type": "http", "headers": [], **scope}))
-        list(generate("a red circle", request=marked, progress=lambda *a, **k: None))
-    assert heard == [None, 1]
+    list(generate("a red circle", request=gr.Request(request=Request({"type": "http", "headers": []})),
+                  progress=lambda *a, **k: None))
+    assert heard == [None]

@@ -101,9 +101,6 @@ def test_a_middleware_added_after_the_first_request_is_outermost():
     assert seen == ["outer", "route"]
 
 
-def test_outside_an_event_there_is_no_event_id_and_galleries_give_their_paths():
+def test_outside_an_event_there_is_no_event_id_and_no_mcp_server():
     assert gi.current_event_id() is None
-    assert gi.gallery_paths([{"image": {"path": "/a.png"}, "caption": "c"}, {"image": {"path": "/b.png"}}]) == [
-        "/a.png", "/b.png"]
-    assert gi.gallery_paths(None) == []
     assert gi.mcp_server_of(small_demo()) is None and gi.set_mcp_output(small_demo(), lambda *a: []) is False

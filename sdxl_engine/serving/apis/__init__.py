@@ -1,8 +1,8 @@
 """The protocols other clients speak, on the page's own server: AUTOMATIC1111's API (a1111.py),
 OpenAI's Images API (openai_images.py) and MCP (Gradio's MCP server, ``/gradio_api/mcp/``).
 
-Every generation runs the page's ``/generate`` event through Gradio's queue (core.py), so all of
-them share the page's engine, concurrency limit, per-client admission, checks and messages.
+Every generation runs through the request service (core.py, service.RequestService), as the page's own do, so
+all of them share the page's engine, slots, per-client admission, checks and messages.
 
 Access (:func:`access_for`, from the flags ``--api-key`` / ``SDXL_API_KEY``, ``--public-api``,
 ``--no-mcp``): with a key, ``/sdapi``, ``/v1`` and ``/gradio_api/mcp`` need
@@ -100,10 +100,10 @@ def loras_of(engine):
     return loras
 
 
-def mount(app, demo, engine, access: Access, flags: dict, log=print) -> None:
+def mount(app, demo, service, access: Access, flags: dict, log=print) -> None:
     """Add the protocol routes to Gradio's ``app``, their key check, the cross-site refusal
     (:class:`CrossSiteGuard`, for every route), and shape its MCP tool results (server.serve's ``on_launch``:
-    before the server listens).
+    before the server listens). The routes generate through ``service`` (service.RequestService).
 
     The routes go after Gradio's own (none of which starts with ``/sdapi`` or ``/v1``). With the
     APIs off, both prefixes answer 403 with the reason, in each protocol's error shape.
@@ -114,9 +114,9 @@ def mount(app, demo, engine, access: Access, flags: dict, log=print) -> None:
         log(access.line)
         return
     tokens = FileTokens()
-    app.include_router(a1111.router(demo, engine, flags, loras_of(engine)))
+    app.include_router(a1111.router(service, flags, loras_of(service.engine)))
     app.include_router(a1111.unknown_router())  # after every /sdapi/v1 route: only what none answers
-    app.include_router(openai_images.router(demo, engine, tokens))
+    app.include_router(openai_images.router(service, tokens))
     app.include_router(openai_images.files_router(tokens))
     app.include_router(openai_images.unknown_router())  # last: only what no /v1 route answers
     if access.mcp:

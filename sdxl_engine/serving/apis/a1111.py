@@ -56,6 +56,7 @@ from sdxl_engine.serving.apis.openai_images import EXIF_IFD, USER_COMMENT
 from sdxl_engine.serving.apis.uploads import MAX_INPUT_SIDE, decode_image
 from sdxl_engine.serving.handler import ProtocolInputs
 from sdxl_engine.serving.progress import JOBS, Owner
+from sdxl_engine.serving.service import RequestService
 from sdxl_engine.serving.styles import NO_STYLE, STYLES
 
 PREFIX = "/sdapi/v1"
@@ -590,13 +591,14 @@ class CheckedBody(APIRoute):
         return checked
 
 
-def router(demo, engine, flags: dict, loras) -> APIRouter:
-    """The ``/sdapi/v1`` routes for ``demo``'s ``/generate`` and ``engine``.
+def router(service: RequestService, flags: dict, loras) -> APIRouter:
+    """The ``/sdapi/v1`` routes, generating through ``service`` (service.RequestService).
 
     ``flags``: what ``cmd-flags`` shows (safe values only: no paths, no key); ``loras``: a callable
     giving ``(names, reason)`` for ``/loras`` (apis.loras_of).
     """
     api = APIRouter(prefix=PREFIX, route_class=CheckedBody)
+    engine = service.engine
     extras_turn = asyncio.Lock()  # one Extras request at a time: each holds its images in memory
 
     async def answer(route: str, body: Txt2Img, request: Request, make_call: Callable[[], tuple[Call, list[str]]],
@@ -616,7 +618,7 @@ def router(demo, engine, flags: dict, loras) -> APIRouter:
         if warnings:
             print(f"[app] A1111 {route}: {len(warnings)} field(s) not honoured: {'; '.join(warnings)}", flush=True)
         try:
-            made = await generate(demo, engine, request, call, owner_of(request))
+            made = await generate(service, request, call, owner_of(request))
         except Interrupted as err:  # A1111 answers an interrupted job with what it has: here nothing
             return {"images": [], "parameters": echo,
                     "info": json.dumps({"interrupted": True, "message": err.message, "all_seeds": [], "infotexts": []})}

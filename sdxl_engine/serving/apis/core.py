@@ -1,18 +1,18 @@
-"""One generation for every protocol: the page's own ``/generate`` event, its queue, its checks.
+"""One generation for every protocol: the page's checks, then the request service.
 
 A protocol route (a1111.py, openai_images.py) turns its request into a :class:`Call` (the
 ``/generate`` inputs plus how many images), and :func:`generate` runs it:
 
 1. waits for the engine's start (as the page's requests do), then checks the values with the
    engine's own functions (styles.apply_style, validation.validate), so a bad value is refused
-   before it takes a place in the queue, with the page's message (:class:`ApiError`, 400);
-2. pushes the ``/generate`` event into Gradio's queue (gradio_internals.run_queued): the same
-   handler (handler.handle_generate), the same concurrency id and limit, the same per-client
-   admission (admission.py: this client is its IP address) and the same drain on shutdown as
-   the page and gradio_client;
-3. takes the PNGs the handler made (with their A1111 ``parameters`` chunk) from memory
-   (progress.Jobs.take_pngs: no read back from disk) and its info record. More images than one engine call makes run as further calls, one after another,
-   each through the queue, with the seeds following on.
+   before it takes a place, with the page's message (:class:`ApiError`, 400);
+2. takes a place in the request service (service.RequestService.admitted: the per-client cap,
+   counted with the client's Gradio calls; refused while the server shuts down), then runs each
+   engine call through the service (service.RequestService.run: the same handler,
+   handler.handle_generate, in one of the same slots as the page's calls, in order of arrival);
+3. takes the PNGs the handler made (with their A1111 ``parameters`` chunk) from memory and its
+   info record. More images than one engine call makes run as further calls, one after another,
+   with the seeds following on.
 
 No answer carries a server path: the PNGs travel as bytes, and a URL (openai_images.py) names
 an opaque token (:class:`FileTokens`).
@@ -23,26 +23,21 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-import html
 import json
 import math
 import secrets
 import threading
 from pathlib import Path
 
-from fastapi import HTTPException
-
 from sdxl_engine.engine.contract import EngineContract
-from sdxl_engine.engine.errors import CompilesBusy
-from sdxl_engine.engine.steps import Stopped
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest, validate
-from sdxl_engine.serving import admission, delivery, gradio_internals
+from sdxl_engine.serving import admission, guard
 from sdxl_engine.serving.apis.errors import ApiError
-from sdxl_engine.serving.handler import PROTOCOL_INPUTS, ProtocolInputs, generate_values
-from sdxl_engine.serving.progress import JOB_SCOPE_KEY, JOBS, Owner
+from sdxl_engine.serving.handler import ProtocolInputs, generate_values
+from sdxl_engine.serving.progress import JOBS, Owner
+from sdxl_engine.serving.service import Failed, Refused, RequestService
 from sdxl_engine.serving.styles import NO_STYLE, UnknownStyle, apply_style
 
-API_NAME = "generate"  # the page's event every protocol runs
 MAX_CALLS = 4  # engine calls one API request may ask for (n, batch_size x n_iter): 4 x the engine's batch images
 
 
@@ -153,23 +148,36 @@ async def wait_started(engine: EngineContract, poll_s: float = 0.25) -> None:
         await asyncio.sleep(poll_s)
 
 
-async def generate(demo, engine: EngineContract, request, call: Call, owner: Owner) -> Generated:
+async def generate(service: RequestService, request, call: Call, owner: Owner) -> Generated:
     """Run ``call`` (see the module docstring) as one job of ``owner`` (progress.JOBS: its progress counts
     every engine call; ``owner``'s interrupt stops it, its skip ends the running call and the next one runs);
-    ``request`` is the route's Starlette request.
+    ``request`` is the route's Starlette request (its client address, arrival time and connection).
 
     Raises:
-        ApiError: :func:`check`'s refusals; 429/503 from the admission (over the per-client limit,
-            shutting down) or the queue (full, stopped); :class:`Interrupted` (409) when the request was
-            stopped before it made any image; 500 with the handler's message when the engine failed on the
-            request (its details are in the server log only).
+        ApiError: :func:`check`'s refusals; 429/503 from the service's admission (over the per-client limit,
+            shutting down); :class:`Interrupted` (409) when the request was stopped before it made any image;
+            429 when the engine is compiling as many new sizes as it may; 400 a value the engine refused;
+            500 with the handler's message when the engine failed on the request (its details are in the
+            server log only).
     """
+    engine = service.engine
     await wait_started(engine)
     try:
         check(engine, call)
     except ApiError as err:  # one line, as the handler logs the page's refusals (handler.refuse)
         print(f"[app] request refused: {err.message}", flush=True)
         raise
+    client = admission.client_address(request)
+    try:
+        with service.admitted(client):  # one place for all the request's engine calls
+            return await _run_calls(service, request, call, owner, client)
+    except Refused as err:  # raised on entry only: nothing ran
+        raise ApiError(err.status, err.message, headers={"Retry-After": str(err.retry_after_s)}) from None
+
+
+async def _run_calls(service: RequestService, request, call: Call, owner: Owner, client: str) -> Generated:
+    """:func:`generate`'s engine calls, one after another, the seeds following on."""
+    engine = service.engine
     batch = engine_batch(engine)
     wanted = call.images or batch
     calls = math.ceil(wanted / batch)
@@ -179,22 +187,25 @@ async def generate(demo, engine: EngineContract, request, call: Call, owner: Own
         for n in range(calls):
             keep = wanted - n * batch  # of this call's images, the ones the client receives (and outputs_dir gets)
             try:
-                info, files, made = await _one_call(demo, request, call.values(seed), job, continues=n > 0,
-                                                    keep=keep if keep < batch else None, extra=call.extra)
-            except Interrupted as err:
+                made = await service.run(call.values(seed), job=job, client=client,
+                                         keep=keep if keep < batch else None, extra=call.extra,
+                                         arrived=guard.arrival_time(request), left=request.is_disconnected)
+            except Failed as err:
+                if not err.stopped:
+                    raise _api_error(err) from None
                 stopped = err.message
-                if JOBS.interrupted(job):  # A1111's interrupt: no further calls; what was made is answered
+                if JOBS.interrupted(job) or await request.is_disconnected():  # no further calls
                     break
                 # a skip (A1111's /skip): this call's batch is dropped, the next follows on from its seeds
                 seed = seed if seed == -1 else (seed + batch) % (engine.limits.max_seed + 1)
                 continue
-            first_info = first_info or info
-            for path, png, image_seed in zip(files, made, info["seeds"]):
+            first_info = first_info or made.info
+            for path, png, image_seed in zip(made.paths, made.pngs, made.info["seeds"]):
                 if len(pngs) < wanted:
                     pngs.append(png)
                     seeds.append(image_seed)
                     paths.append(path)
-            seed = (info["seeds"][0] + batch) % (engine.limits.max_seed + 1)  # the next call follows on
+            seed = (made.info["seeds"][0] + batch) % (engine.limits.max_seed + 1)  # the next call follows on
     finally:
         JOBS.close(job)
     if first_info is None:  # stopped before any image was made
@@ -203,38 +214,12 @@ async def generate(demo, engine: EngineContract, request, call: Call, owner: Own
                      stopped if len(pngs) < wanted else None)
 
 
-async def _one_call(demo, request, values: list, job: str, continues: bool = False,
-                    keep: int | None = None, extra: ProtocolInputs | None = None
-                    ) -> tuple[dict, list[str], list[bytes]]:
-    """One ``/generate`` event of ``job`` through the queue: (info record, PNG paths, their bytes: from memory,
-    progress.Jobs.take_pngs, as the handler delivered them). ``continues``: a later
-    call of one request (its images past the first batch), which the per-client limit does not refuse.
-    ``keep``: how many of its images the client receives, if fewer than the batch (delivery.KEEP: only they
-    are saved). ``extra``: the request's fields beyond the page's inputs, handed to the handler in memory."""
-    scope = {JOB_SCOPE_KEY: job, **({admission.CONTINUES: True} if continues else {}),
-             **({delivery.KEEP: keep} if keep is not None else {}),
-             **({PROTOCOL_INPUTS: extra} if extra is not None else {})}
-    try:
-        ok, output = await gradio_internals.run_queued(demo, API_NAME, values, request, scope=scope)
-    except HTTPException as err:  # the admission's refusal (admission.Admission._refuse)
-        raise ApiError(err.status_code, str(err.detail), headers=dict(err.headers or {})) from None
-    except gradio_internals.QueueRefusal as err:
-        raise ApiError(err.status, f"the server cannot take this request now ({err.message}); retry later",
-                       headers={"Retry-After": "5"}) from None
-    if not ok:  # the handler's typed error crosses the queue on the job (progress.Jobs.fail); the message with it
-        # The handler's messages are HTML-escaped for the page's pop-up (handler.shown); an API answers text.
-        message = html.unescape(str(output.get("error") or "the engine failed on this request"))
-        error = JOBS.error(job)
-        if isinstance(error, Stopped):
-            raise Interrupted(message)
-        if isinstance(error, CompilesBusy):
-            raise ApiError(429, message, headers={"Retry-After": "30"})
-        raise ApiError(400 if isinstance(error, InvalidRequest) else 500, message)
-    gallery, info = output["data"]
-    paths, pngs = gradio_internals.gallery_paths(gallery), JOBS.take_pngs(job)
-    if len(pngs) != len(paths):  # the handler delivers every call's PNGs to its job (handler.handle_generate)
-        raise ApiError(500, "the engine's images did not reach this request; please retry")
-    return info, paths, pngs
+def _api_error(err: Failed) -> ApiError:
+    """The protocol's answer to an engine call that failed (not stopped): 429 busy compiling (retry in 30 s),
+    400 a value the engine refused, else 500."""
+    if err.busy:
+        return ApiError(429, err.message, headers={"Retry-After": "30"})
+    return ApiError(400 if err.bad_value else 500, err.message)
 
 
 class FileTokens:

@@ -58,6 +58,7 @@ from sdxl_engine.serving.apis.core import (ApiError, Call, FileTokens, Generated
                                            wait_started)
 from sdxl_engine.serving.apis.uploads import open_image
 from sdxl_engine.serving.handler import ProtocolInputs
+from sdxl_engine.serving.service import RequestService
 
 PREFIX = "/v1"
 FORMATS = ("b64_json", "url")
@@ -455,10 +456,11 @@ def files_router(tokens: FileTokens) -> APIRouter:
     return api
 
 
-def router(demo, engine, tokens: FileTokens) -> APIRouter:
-    """The ``/v1`` routes for ``demo``'s ``/generate`` and ``engine``; ``tokens`` names the PNGs of
-    ``url`` answers (served by :func:`files_router`)."""
+def router(service: RequestService, tokens: FileTokens) -> APIRouter:
+    """The ``/v1`` routes, generating through ``service`` (service.RequestService); ``tokens`` names the PNGs
+    of ``url`` answers (served by :func:`files_router`)."""
     api = APIRouter(prefix=PREFIX)
+    engine = service.engine
 
     def model_id() -> str:
         return model_name(engine)
@@ -469,7 +471,7 @@ def router(demo, engine, tokens: FileTokens) -> APIRouter:
             call, answer = to_call(read_json(await request.body()), model_id())
             await wait_started(engine)
             call, answer = with_quality(call, answer, engine.limits is not None and engine.limits.refiner)
-            made = await _generate(demo, engine, request, call, answer)
+            made = await _generate(service, request, call, answer)
         except ApiError as err:
             return openai_error(err)
         return await respond(request, made, answer, tokens)
@@ -491,7 +493,7 @@ def router(demo, engine, tokens: FileTokens) -> APIRouter:
             async with decoding:
                 call = await asyncio.to_thread(edit_call, call, upload, engine.limits)
             del upload  # the call holds the decoded image now; the file's bytes can go
-            made = await _generate(demo, engine, request, call, answer)
+            made = await _generate(service, request, call, answer)
         except ApiError as err:
             return openai_error(err)
         return await respond(request, made, answer, tokens)
@@ -511,12 +513,12 @@ def router(demo, engine, tokens: FileTokens) -> APIRouter:
     return api
 
 
-async def _generate(demo, engine, request: Request, call: Call, answer: Answer) -> Generated:
+async def _generate(service: RequestService, request: Request, call: Call, answer: Answer) -> Generated:
     """core.generate for a route's call, after one log line naming the fields it does not honour."""
     if answer.warnings:
         print(f"[app] OpenAI images: {len(answer.warnings)} field(s) not honoured: "
               f"{'; '.join(answer.warnings)}", flush=True)
-    return await generate(demo, engine, request, call, ("openai", admission.client_address(request)))
+    return await generate(service, request, call, ("openai", admission.client_address(request)))
 
 
 async def respond(request: Request, made: Generated, answer: Answer, tokens: FileTokens) -> Response:

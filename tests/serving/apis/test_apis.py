@@ -5,6 +5,7 @@ stand-in for the engine call. tests/serving/apis/test_apis_app.py drives them wi
 
 import dataclasses
 import json
+import types
 import threading
 
 import numpy as np
@@ -334,7 +335,8 @@ def test_mounted_routes_off_on_a_share_link_and_keyed_otherwise():
     assert lines == [access_for("", share=True, public_api=False).line]
 
     keyed_app = FastAPI()
-    mount(keyed_app, None, None, access_for("k", share=True, public_api=False), {}, log=lines.append)
+    mount(keyed_app, None, types.SimpleNamespace(engine=None), access_for("k", share=True, public_api=False), {},
+          log=lines.append)
     keyed = TestClient(keyed_app)
     assert keyed.get("/sdapi/v1/sd-models").status_code == 401
     refused = keyed.post("/v1/images/generations", json={"prompt": "x"}, headers={"Authorization": "Bearer no"})

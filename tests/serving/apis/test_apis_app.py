@@ -194,7 +194,7 @@ def test_progress_and_interrupt(app, webui):
 def test_a_request_of_16_images_is_one_call_under_the_per_client_limit(app):
     """n=16 runs 4 engine calls one after another; with one other call from the same address in flight the
     client holds 2 calls (the limit), so both are served: the later engine calls of one request never count
-    as a third (admission.CONTINUES)."""
+    as a third (the request holds one place in the request service: service.RequestService.admitted)."""
     headers = {"Authorization": f"Bearer {KEY}"}
     answers = {}
     big = threading.Thread(target=lambda: answers.update(big=httpx.post(
@@ -372,6 +372,45 @@ def test_one_clients_third_concurrent_request_is_refused_as_on_the_page(app):
     (refused,) = [a for a in answers if a.status_code == 429]
     assert "max_requests_per_client = 2" in refused.json()["detail"]
     assert_serves(app.client())
+
+
+def test_a_clients_gradio_calls_and_protocol_requests_count_together(app):
+    """The per-client limit (2) spans Gradio's queue and the request service: with a gradio_client call of the
+    address in flight, one A1111 request is served and a second refused; with two A1111 requests in flight, a
+    gradio_client call is refused with the same message."""
+    from gradio_client.exceptions import AppError
+
+    headers = {"Authorization": f"Bearer {KEY}"}
+    long_call = dict(prompt=PROMPT, num_inference_steps=50, **SIZE)
+    job = app.client().submit(api_name="/generate", seed=1, **long_call)
+    time.sleep(1.0)
+    assert not job.done()
+    answers = []
+
+    def post():
+        answers.append(httpx.post(app.url + "sdapi/v1/txt2img", timeout=300, headers=headers,
+                                  json={"prompt": PROMPT, "steps": 50, **SIZE}))
+
+    threads = [threading.Thread(target=post) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(300)
+    assert sorted(a.status_code for a in answers) == [200, 429], [a.text for a in answers]
+    assert "max_requests_per_client = 2" in [a for a in answers if a.status_code == 429][0].json()["detail"]
+    assert len(job.result(timeout=300)[0]) == 4
+
+    answers.clear()
+    threads = [threading.Thread(target=post) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    time.sleep(1.0)
+    assert len(answers) == 0
+    with pytest.raises(AppError, match="max_requests_per_client = 2"):
+        app.client().predict(api_name="/generate", seed=2, **long_call)
+    for thread in threads:
+        thread.join(300)
+    assert [a.status_code for a in answers] == [200, 200]
 
 
 def test_a1111_progress_and_interrupt_reach_only_the_callers_own_a1111_requests(app):

@@ -1,10 +1,12 @@
 """serving/apis/core.generate as one job of its owner: a request of several engine calls keeps the images
 its finished calls made when it is interrupted, a skip drops only the running call, and the job's id
-reaches every queued call. The queue is replaced by a scripted one (no app, no engine)."""
+reaches every engine call. The calls go through a real request service (service.RequestService) whose handler is
+scripted (no app, no engine)."""
 
 import asyncio
 import io
 import threading
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -14,8 +16,10 @@ from sdxl_engine.engine.steps import Stopped
 from sdxl_engine.engine.validation import InvalidRequest, Limits
 from sdxl_engine.serving.apis import core
 from sdxl_engine.serving.apis.core import Call, Interrupted
+from sdxl_engine.serving.guard import RequestGate
 from sdxl_engine.serving.images import png_bytes
-from sdxl_engine.serving.progress import JOB_SCOPE_KEY, JOBS
+from sdxl_engine.serving.progress import JOBS
+from sdxl_engine.serving.service import RequestService
 
 LIMITS = Limits(max_seed=2**32 - 1, max_steps=50, sizes=((64, 64),), default_size=(64, 64), default_steps=8,
                 default_guidance=5.0, multiple=16, default_sampler="Euler")
@@ -30,110 +34,138 @@ class Engine:
         self.ready.set()
 
 
-def scripted_queue(monkeypatch, tmp_path, script):
-    """Replace the queue: call k begins as the handler begins it, runs ``script[k](job)`` (it may interrupt or skip), then answers the
-    /generate event's outputs for the seeds it was asked for, or the handler's stop message if the job's
-    call was stopped. Returns the calls' (seed, job id, continues) as they came."""
+class RouteRequest:
+    """The parts of a route's Starlette request core.generate reads: its client, headers and connection."""
+
+    def __init__(self, host: str = "10.1.2.3"):
+        self.client, self.headers = SimpleNamespace(host=host), {}
+
+    async def is_disconnected(self) -> bool:
+        return False
+
+
+def scripted_service(tmp_path, script, limit: int = 2) -> tuple[RequestService, list]:
+    """A request service whose handler, for call k, begins it as handle_generate does, runs ``script[k](job)`` (it
+    may interrupt or skip), then answers the gallery, info and PNGs for the seeds it was asked for, or raises the
+    handler's stop error (the page's message from the typed Stopped) if the job's call was stopped. Returns the
+    service and the calls' (seed, job id, keep) as they came."""
     calls = []
 
-    async def run_queued(demo, api_name, values, request, scope=None):
-        job, seed = scope[JOB_SCOPE_KEY], values[2]
-        calls.append((seed, job, bool(scope.get("sdxl_engine.continues"))))
-        JOBS.begin_call(job, 8)  # as handler.handle_generate does
-        script[len(calls) - 1](job)
-        if JOBS.stop_requested(job):  # as handler.handle_generate answers a stopped call
-            JOBS.fail(job, Stopped("stopped after step 3 of 8"))
-            return False, {"error": "the request was stopped after step 3 of 8"}
-        gallery, pngs = [], []
-        for i in range(4):
-            path = tmp_path / f"call{len(calls)}-{i}.png"
-            pngs.append(png_bytes(np.full((2, 2, 3), seed + i, np.uint8)))
-            path.write_bytes(b"the served file: an answer takes the bytes from memory, not from here")
-            gallery.append({"image": {"path": str(path)}, "caption": ""})
-        JOBS.deliver(job, pngs)  # as handler.handle_generate hands its PNGs to the job
-        return True, {"data": [gallery, {"seeds": [seed + i for i in range(4)], "width": 64, "height": 64}]}
+    def handle(engine, *values, job, client, keep, arrived, extra=None):
+        if True:  # in the slot service.RequestService.run holds
+            seed = values[2]
+            calls.append((seed, job, keep))
+            JOBS.begin_call(job, 8)
+            script[len(calls) - 1](job)
+            if JOBS.stop_requested(job):  # as handler.handle_generate answers a stopped call
+                raise RuntimeError("the request was stopped after step 3 of 8") from Stopped("stopped after step 3 of 8")
+            gallery, pngs = [], []
+            for i in range(4):
+                path = tmp_path / f"call{len(calls)}-{i}.png"
+                pngs.append(png_bytes(np.full((2, 2, 3), seed + i, np.uint8)))
+                path.write_bytes(b"the served file: an answer takes the bytes from memory, not from here")
+                gallery.append((str(path), ""))
+            JOBS.deliver(job, pngs)  # as handler.handle_generate hands its PNGs to the job
+            return gallery, {"seeds": [seed + i for i in range(4)], "width": 64, "height": 64}, {}
 
-    monkeypatch.setattr(core.gradio_internals, "run_queued", run_queued)
-    return calls
+    return RequestService(Engine(), handle, RequestGate(), slots=1, limit=limit, log=lambda line: None), calls
 
 
-def run(call):
-    return asyncio.run(core.generate(None, Engine(), None, call, OWNER))
+def run(service, call, host="10.1.2.3"):
+    return asyncio.run(core.generate(service, RouteRequest(host), call, OWNER))
 
 
 def nothing(job):
     pass
 
 
-def test_every_call_of_a_request_carries_its_one_job_and_the_job_closes(monkeypatch, tmp_path):
-    calls = scripted_queue(monkeypatch, tmp_path, [nothing] * 4)
-    made = run(Call("a red circle", seed=10, images=10))
-    assert [c[0] for c in calls] == [10, 14, 18] and [c[2] for c in calls] == [False, True, True]
+def test_every_call_of_a_request_carries_its_one_job_and_the_job_closes(tmp_path):
+    service, calls = scripted_service(tmp_path, [nothing] * 4)
+    made = run(service, Call("a red circle", seed=10, images=10))
+    assert [c[0] for c in calls] == [10, 14, 18] and [c[2] for c in calls] == [None, None, 2]  # the last keeps 2
     assert len({c[1] for c in calls}) == 1 and made.seeds == list(range(10, 20)) and made.stopped is None
     # each image's PNG is the one its call delivered for its seed, in order (progress.Jobs.take_pngs)
     assert [int(np.asarray(Image.open(io.BytesIO(png)))[0, 0, 0]) for png in made.pngs] == made.seeds
     assert JOBS.snapshot(OWNER).job is None  # closed
+    assert service.held("10.1.2.3") == 0 and service.slots.taken == 0  # its place and slot given back
 
 
-def test_an_interrupt_in_a_later_call_answers_the_finished_calls_images(monkeypatch, tmp_path):
-    calls = scripted_queue(monkeypatch, tmp_path, [nothing, lambda job: JOBS.interrupt(OWNER), nothing, nothing])
-    made = run(Call("a red circle", seed=10, images=16))
+def test_an_interrupt_in_a_later_call_answers_the_finished_calls_images(tmp_path):
+    service, calls = scripted_service(tmp_path, [nothing, lambda job: JOBS.interrupt(OWNER), nothing, nothing])
+    made = run(service, Call("a red circle", seed=10, images=16))
     assert len(calls) == 2  # no call after the interrupt
     assert made.seeds == [10, 11, 12, 13] and len(made.pngs) == 4
     assert made.stopped == "the request was stopped after step 3 of 8" and made.info["seeds"] == [10, 11, 12, 13]
 
 
-def test_a_skip_drops_the_running_call_only_and_the_seeds_follow_on(monkeypatch, tmp_path):
-    calls = scripted_queue(monkeypatch, tmp_path, [nothing, lambda job: JOBS.skip(OWNER), nothing])
-    made = run(Call("a red circle", seed=10, images=12))
+def test_a_skip_drops_the_running_call_only_and_the_seeds_follow_on(tmp_path):
+    service, calls = scripted_service(tmp_path, [nothing, lambda job: JOBS.skip(OWNER), nothing])
+    made = run(service, Call("a red circle", seed=10, images=12))
     assert [c[0] for c in calls] == [10, 14, 18]
     assert made.seeds == [10, 11, 12, 13, 18, 19, 20, 21] and made.stopped.startswith("the request was stopped")
 
 
-def test_an_interrupt_before_any_image_is_interrupted(monkeypatch, tmp_path):
-    scripted_queue(monkeypatch, tmp_path, [lambda job: JOBS.interrupt(OWNER)] + [nothing] * 3)
+def test_an_interrupt_before_any_image_is_interrupted(tmp_path):
+    service, _ = scripted_service(tmp_path, [lambda job: JOBS.interrupt(OWNER)] + [nothing] * 3)
     with pytest.raises(Interrupted, match="^the request was stopped after step 3 of 8$"):
-        run(Call("a red circle", seed=10, images=16))
+        run(service, Call("a red circle", seed=10, images=16))
     assert JOBS.snapshot(OWNER).job is None
 
 
-def test_another_clients_interrupt_stops_nothing(monkeypatch, tmp_path):
-    scripted_queue(monkeypatch, tmp_path, [lambda job: JOBS.interrupt(("a1111", "10.9.9.9")),
-                                           lambda job: JOBS.interrupt(("gradio", "x"))])
-    made = run(Call("a red circle", seed=1, images=8))
+def test_another_clients_interrupt_stops_nothing(tmp_path):
+    service, _ = scripted_service(tmp_path, [lambda job: JOBS.interrupt(("a1111", "10.9.9.9")),
+                                             lambda job: JOBS.interrupt(("gradio", "x"))])
+    made = run(service, Call("a red circle", seed=1, images=8))
     assert made.seeds == list(range(1, 9)) and made.stopped is None
 
 
-def test_the_handlers_typed_error_crosses_the_queue_as_the_protocols_status(monkeypatch, tmp_path):
+def test_the_handlers_typed_error_reaches_the_protocol_as_its_status(tmp_path):
     """Not by its message: a refusal the engine makes only at run time (a sampler the model's scheduler rules
-    out, a new size while others compile) keeps its type on the job, whatever its text says."""
+    out, a new size while others compile) keeps its type through the service, whatever its text says."""
     from sdxl_engine.engine.errors import CompilesBusy
 
     for error, status in ((InvalidRequest("sampler", "DDIM cannot run this model"), 400),
                           (CompilesBusy("width/height: 2 new sizes compile already"), 429),
                           (RuntimeError("the request was stopped, it says"), 500)):
-        async def run_queued(demo, api_name, values, request, scope=None, error=error):
-            JOBS.begin_call(scope[JOB_SCOPE_KEY], 8)
-            JOBS.fail(scope[JOB_SCOPE_KEY], error)
-            return False, {"error": str(error)}
+        def handle(engine, *values, error=error, **kwargs):
+            raise RuntimeError(str(error)) from error
 
-        monkeypatch.setattr(core.gradio_internals, "run_queued", run_queued)
+        service = RequestService(Engine(), handle, RequestGate(), slots=1, limit=1)
         with pytest.raises(core.ApiError) as err:
-            run(Call("a red circle", seed=1))
+            run(service, Call("a red circle", seed=1))
         assert err.value.status == status and not isinstance(err.value, Interrupted) and err.value.message == str(error)
+        assert service.held("10.1.2.3") == 0
 
 
-def test_the_handlers_page_escaped_message_reaches_an_api_client_as_text(monkeypatch):
+def test_the_handlers_page_escaped_message_reaches_an_api_client_as_text():
     """The handler's refusals are HTML-escaped for the page's pop-up (handler.shown); the protocol APIs answer
     the text itself, with the real < > & a client can copy back."""
+    import gradio as gr
+
     from sdxl_engine.serving.handler import shown
 
     message = "prompt: '<lora:x:9>': the weight must be between -4 and 4 & more"
 
-    async def run_queued(demo, api_name, values, request, scope=None):
-        return False, {"error": shown(message)}
+    def handle(engine, *values, **kwargs):
+        raise gr.Error(shown(message), print_exception=False)
 
-    monkeypatch.setattr(core.gradio_internals, "run_queued", run_queued)
+    service = RequestService(Engine(), handle, RequestGate(), slots=1, limit=1)
     with pytest.raises(core.ApiError) as caught:
-        run(Call("a red circle", seed=10, images=4))
+        run(service, Call("a red circle", seed=10, images=4))
     assert caught.value.status == 500 and caught.value.message == message
+
+
+def test_a_client_over_its_limit_or_a_closing_server_is_refused_before_anything_runs(tmp_path):
+    """The service's admission: the client's own protocol requests and its Gradio calls count together
+    (gradio_held: admission.Admission.held); during a shutdown every request is refused with 503."""
+    service, calls = scripted_service(tmp_path, [nothing] * 4, limit=2)
+    service.gradio_held = lambda client: 2 if client == "10.1.2.3" else 0
+    with pytest.raises(core.ApiError) as over:
+        run(service, Call("a red circle", seed=1))
+    assert over.value.status == 429 and "max_requests_per_client = 2" in over.value.message
+    assert over.value.headers == {"Retry-After": "5"} and calls == []
+    assert run(service, Call("a red circle", seed=1), host="10.7.7.7").seeds == [1, 2, 3, 4]  # another address
+    service.gate.close()
+    with pytest.raises(core.ApiError) as closing:
+        run(service, Call("a red circle", seed=1), host="10.7.7.7")
+    assert closing.value.status == 503 and closing.value.message == "the server is shutting down; retry in a minute"
