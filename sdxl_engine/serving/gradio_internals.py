@@ -6,8 +6,10 @@ does not document: its event table (``Blocks.fns``, ``BlockFunction._id``), its 
 (``Blocks._queue``: ``event_ids_to_events``, ``pending_messages_per_session``,
 ``pending_event_ids_session``, ``active_jobs``, ``push``), the files it recorded
 (``temp_file_sets``, ``keep_in_cache``, ``GRADIO_CACHE``), how it fails an event
-(``Event``, ``ProcessCompletedMessage``, ``error_payload``) and Starlette's cached
-``middleware_stack``. Nothing else in the project touches them: after a Gradio upgrade, read
+(``Event``, ``ProcessCompletedMessage``, ``error_payload``), the running event's id
+(``LocalContext.event_id``), the MCP server's tool output (``mcp_server_obj``, ``postprocess_output_data``:
+apis.mount) and Starlette's cached ``middleware_stack``. The protocol APIs no longer enter Gradio's queue
+(service.RequestService.run). Nothing else in the project touches them: after a Gradio upgrade, read
 this module against the new Gradio (and run tests/serving/test_guard_app.py, tests/serving/test_server_shutdown_app.py,
 tests/serving/test_janitor_app.py), then move :data:`GRADIO_VERSION`. :func:`check_version` logs one warning
 line at start-up when the installed Gradio is another.
