@@ -59,50 +59,62 @@ class Slots:
 
         Raises Stopped("stopped before it started") when ``should_stop()`` answered True while it waited."""
         ticket = object()
-        with self._cond:
-            if self._taken < self.n and not self._line:
-                self._taken += 1
-                return
-            self._line.append(ticket)
+        if self._enter(ticket):
+            return
         if on_wait is not None:
             on_wait()
-        with self._cond:
-            while not (self._line[0] is ticket and self._taken < self.n):
-                if should_stop is not None and should_stop():
-                    self._line.remove(ticket)
-                    self._cond.notify_all()  # the next in line may be first now
-                    raise Stopped("stopped before it started")
-                self._cond.wait(self.poll_s)
-            self._line.popleft()
-            self._taken += 1
-            self._cond.notify_all()
+        try:
+            with self._cond:
+                while not self._turn(ticket):
+                    if should_stop is not None and should_stop():
+                        raise Stopped("stopped before it started")
+                    self._cond.wait(self.poll_s)
+        except BaseException:
+            self._leave(ticket)
+            raise
 
     async def take_async(self, should_stop: Callable[[], Awaitable[bool]] | None = None) -> None:
         """:meth:`take` for a coroutine: it waits in the same line without holding a thread, looking every
         ``poll_s``; ``await should_stop()`` answering True leaves the line (Raises Stopped, as :meth:`take`)."""
         ticket = object()
-        with self._cond:
-            if self._taken < self.n and not self._line:
-                self._taken += 1
-                return
-            self._line.append(ticket)
+        if self._enter(ticket):
+            return
         try:
             while True:
                 with self._cond:
-                    if self._line[0] is ticket and self._taken < self.n:
-                        self._line.popleft()
-                        self._taken += 1
-                        self._cond.notify_all()
+                    if self._turn(ticket):
                         return
                 if should_stop is not None and await should_stop():
                     raise Stopped("stopped before it started")
                 await asyncio.sleep(self.poll_s)
         except BaseException:  # stopped, or the route's task cancelled: out of the line
-            with self._cond:
-                if ticket in self._line:
-                    self._line.remove(ticket)
-                    self._cond.notify_all()
+            self._leave(ticket)
             raise
+
+    def _enter(self, ticket: object) -> bool:
+        """Take a slot at once if one is free and no one waits (True), else put ``ticket`` at the end of the line."""
+        with self._cond:
+            if self._taken < self.n and not self._line:
+                self._taken += 1
+                return True
+            self._line.append(ticket)
+            return False
+
+    def _turn(self, ticket: object) -> bool:
+        """With the lock held: take a slot for ``ticket`` if it is first in line and one is free."""
+        if self._line[0] is not ticket or self._taken >= self.n:
+            return False
+        self._line.popleft()
+        self._taken += 1
+        self._cond.notify_all()
+        return True
+
+    def _leave(self, ticket: object) -> None:
+        """``ticket`` leaves the line (if it is still in it); the next in line may be first now."""
+        with self._cond:
+            if ticket in self._line:
+                self._line.remove(ticket)
+                self._cond.notify_all()
 
     def give(self) -> None:
         """Give a slot back (once per :meth:`take` that returned)."""

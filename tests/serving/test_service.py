@@ -26,7 +26,7 @@ def test_slots_are_given_in_order_of_arrival_n_at_a_time():
     slots.take()  # both slots taken: the callers below wait
     order, threads = [], []
     for name in "abcd":
-        thread = threading.Thread(target=lambda name=name: (slots.take(), order.append(name)))
+        thread = threading.Thread(target=lambda name=name: (slots.take(), order.append(name)), daemon=True)
         thread.start()
         threads.append(thread)
         wait_for(lambda n=len(threads): slots.waiting == n)  # in line before the next one arrives
@@ -58,10 +58,10 @@ def test_a_caller_stopped_while_it_waits_leaves_the_line_and_the_next_moves_up()
         slots.take()
         outcome["second"] = "ran"
 
-    a = threading.Thread(target=first)
+    a = threading.Thread(target=first, daemon=True)
     a.start()
     wait_for(lambda: slots.waiting == 1)
-    b = threading.Thread(target=second)
+    b = threading.Thread(target=second, daemon=True)
     b.start()
     wait_for(lambda: slots.waiting == 2)
     stop.set()
@@ -175,7 +175,7 @@ def test_an_interrupt_while_a_protocol_request_waits_ends_it_and_a_waiting_threa
         job = JOBS.open(owner)
         run = asyncio.ensure_future(service.run(("p", "", 1), job=job, client="10.0.0.3"))
         await asyncio.sleep(0.05)
-        thread = threading.Thread(target=lambda: (service.slots.take(), order.append("thread")))
+        thread = threading.Thread(target=lambda: (service.slots.take(), order.append("thread")), daemon=True)
         thread.start()
         await asyncio.to_thread(wait_for, lambda: service.slots.waiting == 2)
         JOBS.interrupt(owner)
@@ -236,7 +236,7 @@ def test_the_handler_waits_for_a_slot_says_so_and_leaves_the_line_when_its_job_i
         except gr.Error as err:
             outcome["error"] = err
 
-    thread = threading.Thread(target=run)
+    thread = threading.Thread(target=run, daemon=True)
     thread.start()
     wait_for(lambda: slots.waiting == 1)
     assert heard == ["Waiting for the request ahead on the devices"]
