@@ -107,7 +107,8 @@ def main(argv: list[str] | None, build_demo: Callable, css: str, title: str, sta
         print(server.start_error_line(err), file=sys.stderr)
         return server.exit_status(err)
     gate = server.RequestGate()
-    service = RequestService(engine, handle_generate, gate, concurrency, config.max_requests_per_client)
+    service = RequestService(engine, handle_generate, gate, concurrency, config.max_requests_per_client,
+                             max_waiting=config.max_queue_size)
     demo = build_demo(service.generate, page_config, engine, concurrency=concurrency,
                       history_secret=args.history_secret)
     demo.queue(max_size=config.max_queue_size)

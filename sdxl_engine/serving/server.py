@@ -160,6 +160,7 @@ def serve(demo, engine, options: dict, gate: RequestGate, drain_s: float = 60.0,
                                   also_held=None if service is None else service.held)
     if service is not None:
         service.gradio_held = admission.held
+        service.gradio_waiting = lambda: gradio_internals.waiting(demo)
     # Read by uvicorn when launch makes its server: who may name the client in X-Forwarded-For.
     os.environ[FORWARDED_ALLOW_IPS] = forwarded_allow_ips(engine.config.trusted_proxies, bool(options.get("share")))
     def set_up(app) -> None:

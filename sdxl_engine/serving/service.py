@@ -188,10 +188,13 @@ class RequestService:
         gate: the shutdown gate: counts what runs, refuses new requests once closed.
         slots: requests the engine is called with at once.
         limit: a client's requests queued or running at once (``max_requests_per_client``).
+        max_waiting: requests that may wait at once (``max_queue_size``): a protocol request that finds that many
+            waiting (in the slots' line and in Gradio's queue: :attr:`gradio_waiting`) is refused; None = no bound.
         log: one line per refusal.
     """
 
-    def __init__(self, engine: EngineContract, handle: Callable, gate, slots: int, limit: int, log=print):
+    def __init__(self, engine: EngineContract, handle: Callable, gate, slots: int, limit: int,
+                 max_waiting: int | None = None, log=print):
         if limit < 1:
             raise ValueError(f"limit must be at least 1, got {limit}")
         self.engine = engine
@@ -199,8 +202,10 @@ class RequestService:
         self.gate = gate
         self.slots = Slots(slots)
         self.limit = limit
+        self.max_waiting = max_waiting
         self.log = log
         self.gradio_held: Callable[[str], int] = lambda client: 0  # the client's Gradio events (Admission.held)
+        self.gradio_waiting: Callable[[], int] = lambda: 0  # calls waiting in Gradio's queue (gradio_internals.waiting)
         self._lock = threading.Lock()
         self._held: dict[str, int] = {}  # client -> its protocol requests admitted and not finished
 
@@ -219,11 +224,17 @@ class RequestService:
     def admitted(self, client: str):
         """Hold a place for one protocol request of ``client`` (all its engine calls) while the block runs.
 
-        Raises Refused: 503 while the server shuts down; 429 when the client already has ``limit`` requests
-        queued or running, counting its Gradio events (:attr:`gradio_held`) with its protocol requests."""
+        Raises Refused: 503 while the server shuts down, or when ``max_waiting`` requests wait already; 429 when
+        the client already has ``limit`` requests queued or running, counting its Gradio events
+        (:attr:`gradio_held`) with its protocol requests."""
         with self._lock:
             if self.gate.closed:
                 raise Refused(503, SHUTTING_DOWN, 60)
+            if self.max_waiting is not None and self.slots.waiting + self.gradio_waiting() >= self.max_waiting:
+                message = (f"the server cannot take this request now: {self.max_waiting} requests wait already "
+                           f"(max_queue_size = {self.max_waiting}); retry later")
+                self.log(f"[app] request refused: {message} (client {client})")
+                raise Refused(503, message, RETRY_AFTER_S)
             if self._held.get(client, 0) + self.gradio_held(client) >= self.limit:
                 message = over_limit_message(self.limit)
                 self.log(f"[app] request refused: {message} (client {client})")

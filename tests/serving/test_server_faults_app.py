@@ -148,6 +148,12 @@ def test_burst_beyond_the_queue_gets_busy_retry_not_a_hang(fault_app, client, ho
         raw = httpx.post(fault_app.url + "gradio_api/call/generate",
                          json={"data": ["a red circle", "", 1, 7, 2, 0, 0, "(No style)", "Euler"]}, timeout=30)
         assert raw.status_code == 503 and "Queue is full" in raw.text and raw.headers["retry-after"] == "5"
+        # the protocols enter the request service, not Gradio's queue: the same bound (max_queue_size) holds for them
+        a1111 = httpx.post(fault_app.url + "sdapi/v1/txt2img", timeout=30, headers={"X-Forwarded-For": "198.51.100.90"},
+                           json={"prompt": "a red circle", "steps": 2, "width": 64, "height": 64})
+        assert a1111.status_code == 503 and a1111.headers["retry-after"] == "5", a1111.text
+        assert a1111.json()["detail"] == ("the server cannot take this request now: 2 requests wait already "
+                                          "(max_queue_size = 2); retry later")
     outcomes = []
     for job in burst:
         try:

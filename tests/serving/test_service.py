@@ -245,3 +245,26 @@ def test_the_handler_waits_for_a_slot_says_so_and_leaves_the_line_when_its_job_i
     JOBS.close(job)
     assert outcome["error"].message == "the request was stopped before it started"
     assert isinstance(outcome["error"].__cause__, Stopped) and calls == [] and slots.waiting == 0
+
+
+def test_a_protocol_request_is_refused_when_max_queue_size_requests_wait_already():
+    """max_queue_size bounds the protocols' wait too: the requests waiting for a slot and the calls waiting in
+    Gradio's queue count together; below the bound a request is admitted, and a free slot means no wait."""
+    lines = []
+    service = RequestService(object(), lambda *a, **k: None, RequestGate(), slots=1, limit=8, max_waiting=3,
+                             log=lines.append)
+    with service.admitted("10.0.0.1"):  # nothing waits
+        pass
+    service.slots.take()
+    service.slots._line.extend([object(), object()])  # two callers wait for the slot
+    service.gradio_waiting = lambda: 0
+    with service.admitted("10.0.0.1"):  # 2 waiting < 3
+        pass
+    service.gradio_waiting = lambda: 1  # and one call in Gradio's queue: 3
+    with pytest.raises(Refused) as full:
+        with service.admitted("10.0.0.2"):
+            pass
+    assert full.value.status == 503 and full.value.retry_after_s == 5
+    assert full.value.message == ("the server cannot take this request now: 3 requests wait already "
+                                  "(max_queue_size = 3); retry later")
+    assert lines == [f"[app] request refused: {full.value.message} (client 10.0.0.2)"] and service.held("10.0.0.2") == 0
