@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import contextlib
 import dataclasses
 import html
@@ -208,6 +209,9 @@ class RequestService:
         self.gradio_waiting: Callable[[], int] = lambda: 0  # calls waiting in Gradio's queue (gradio_internals.waiting)
         self._lock = threading.Lock()
         self._held: dict[str, int] = {}  # client -> its protocol requests admitted and not finished
+        # One worker thread per slot, for the protocols' calls: asyncio's default pool (cpu count + 4 threads) would
+        # cap them below the slots on a small host in front of many replicas, and the routes' decoding shares it.
+        self._threads = concurrent.futures.ThreadPoolExecutor(max_workers=slots, thread_name_prefix="protocol-request")
 
     # ---- Gradio's events (the page, gradio_client, MCP) ---------------------------------------------------------
     def generate(self, *values, **kwargs):
@@ -277,7 +281,8 @@ class RequestService:
                 self.log(f"[app] request {err} ({why}); nothing saved")
                 raise Failed(f"the request was {err}", err) from None
             try:
-                info, paths, pngs = await asyncio.to_thread(self._call, values, kwargs)
+                info, paths, pngs = await asyncio.get_running_loop().run_in_executor(
+                    self._threads, self._call, values, kwargs)
             finally:
                 self.slots.give()
         return CallResult(info, paths, pngs)
