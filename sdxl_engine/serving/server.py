@@ -187,8 +187,9 @@ def serve(demo, engine, options: dict, gate: RequestGate, drain_s: float = 60.0,
         time.sleep(0.2)  # a signal interrupts the sleep and runs its handler; the flag is seen next round
     janitor_stop.set()
     gate.close()
+    in_line = 0 if service is None else service.slots.waiting  # counted by the gate, but not running yet
     log(f"[app] stopping: new requests are refused; finishing the ones already accepted "
-        f"({gate.in_flight} running, {gradio_internals.waiting(demo)} waiting)")
+        f"({gate.in_flight - in_line} running, {gradio_internals.waiting(demo) + in_line} waiting)")
     deadline = time.monotonic() + drain_s
 
     def wait_until(done) -> None:  # polls, so an ignored second signal is logged while waiting

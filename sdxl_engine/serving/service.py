@@ -260,8 +260,9 @@ class RequestService:
         ``values``: the nine ``/generate`` values (handler.GENERATE_INPUTS); ``job``: the request's progress.JOBS
         id; ``keep``: how many of the images the client receives, if fewer than the batch (only they are saved);
         ``extra``: handler.ProtocolInputs; ``arrived``: contract.clock() at the server. ``left``: an async
-        callable answering whether the client has gone (Starlette's ``is_disconnected``): a request whose client
-        left, or whose job was interrupted, while it waited for its slot does not run (one line logged).
+        callable answering whether the client has gone (Starlette's ``is_disconnected``): a call whose client has
+        left, or whose job was interrupted, before its turn (asked first, then while it waits for its slot) does not
+        run (one line logged); a call that runs finishes.
 
         Raises Failed with the engine's typed error and the page's message (HTML entities undone).
         """
@@ -275,6 +276,8 @@ class RequestService:
             kwargs["extra"] = extra
         with self.gate.counted():
             try:
+                if await stop_waiting():  # gone already: a free slot would let it run for no one
+                    raise Stopped("stopped before it started")
                 await self.slots.take_async(stop_waiting)
             except Stopped as err:
                 why = "interrupted" if JOBS.interrupted(job) else "its client left"

@@ -268,3 +268,26 @@ def test_a_protocol_request_is_refused_when_max_queue_size_requests_wait_already
     assert full.value.message == ("the server cannot take this request now: 3 requests wait already "
                                   "(max_queue_size = 3); retry later")
     assert lines == [f"[app] request refused: {full.value.message} (client 10.0.0.2)"] and service.held("10.0.0.2") == 0
+
+
+def test_a_call_whose_client_has_gone_does_not_run_even_when_a_slot_is_free():
+    """The later engine calls of a protocol request whose client left while an earlier one ran: asked before the
+    slot is taken, so a free slot does not make images for no one."""
+    ran, lines = [], []
+    service = service_with(lambda *values, **kwargs: ran.append(values) or ([], {"seeds": []}, {}))
+    service.log = lines.append
+
+    async def gone():
+        return True
+
+    async def call():
+        job = JOBS.open(("openai", "10.0.0.4"))
+        try:
+            return await service.run(("p", "", 1), job=job, client="10.0.0.4", left=gone)
+        finally:
+            JOBS.close(job)
+
+    with pytest.raises(Failed) as failed:
+        asyncio.run(call())
+    assert failed.value.stopped and ran == [] and service.slots.taken == 0 and service.gate.in_flight == 0
+    assert lines == ["[app] request stopped before it started (its client left); nothing saved"]

@@ -169,3 +169,27 @@ def test_a_client_over_its_limit_or_a_closing_server_is_refused_before_anything_
     with pytest.raises(core.ApiError) as closing:
         run(service, Call("a red circle", seed=1), host="10.7.7.7")
     assert closing.value.status == 503 and closing.value.message == "the server is shutting down; retry in a minute"
+
+
+def test_a_client_that_leaves_during_a_call_gets_no_further_calls(tmp_path):
+    """A request of 12 images whose client disconnects while its first engine call runs: that call finishes, no
+    other runs (the engine makes no images for no one), and the job closes."""
+    service, calls = scripted_service(tmp_path, [nothing] * 3)
+    request = RouteRequest()
+    gone = []
+
+    async def is_disconnected() -> bool:
+        return bool(gone)
+
+    request.is_disconnected = is_disconnected
+    script_first = service.handle
+
+    def handle(engine, *values, **kwargs):
+        answer = script_first(engine, *values, **kwargs)
+        gone.append(True)  # the client leaves while this call runs
+        return answer
+
+    service.handle = handle
+    made = asyncio.run(core.generate(service, request, Call("a red circle", seed=10, images=12), OWNER))
+    assert [c[0] for c in calls] == [10] and made.seeds == [10, 11, 12, 13]
+    assert made.stopped == "the request was stopped before it started" and JOBS.snapshot(OWNER).job is None
