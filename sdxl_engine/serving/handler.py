@@ -500,10 +500,8 @@ def handle_generate(engine: EngineContract, prompt, negative_prompt, seed, guida
             result = engine.generate(request, progress=on_stage, arrived=arrived, on_step=on_engine_step,
                                      should_stop=stop)
     except (InvalidRequest, EngineNotReady, GenerationError, CompilesBusy) as err:
-        JOBS.fail(job, err)
         raise refuse(err) from err
     except Stopped as err:  # the one log line of a stopped request
-        JOBS.fail(job, err)
         why = "cancelled by its client" if should_stop is not None and should_stop() \
             else "interrupted" if JOBS.interrupted(job) else "skipped"
         print(f"[app] request {err} ({why}); nothing saved", flush=True)

@@ -68,7 +68,6 @@ class Job:
     loop_started: float | None = None  # clock() when the running call's denoising loop began
     done_s: float = 0.0  # seconds the finished calls' loops took (the eta of the calls still to come)
     preview_image: np.ndarray | None = None  # the latest array preview, PNG-encoded when read
-    error: BaseException | None = None  # why the running call failed (the engine's typed error), if it did
     pngs: list[bytes] = dataclasses.field(default_factory=list)  # the last finished call's PNGs, until taken
 
 
@@ -99,7 +98,6 @@ class Jobs:
             if job is None:
                 return
             job.skipped.clear()
-            job.error = None
             job.calls_begun += 1
             job.loop_started, job.preview_image = None, None
             job.now = dataclasses.replace(job.now, call=min(job.calls_begun - 1, job.now.calls - 1), step=0,
@@ -170,15 +168,6 @@ class Jobs:
                 getattr(job, which).set()
             return bool(owned)
 
-    def fail(self, job_id: str, error: BaseException) -> None:
-        """The job's running call failed with ``error`` (the engine's own exception: InvalidRequest, Stopped,
-        CompilesBusy ...), kept for the request service (service.RequestService: the cause when the
-        handler's error carries none)."""
-        with self._lock:
-            job = self._jobs.get(job_id)
-            if job is not None:
-                job.error = error
-
     def deliver(self, job_id: str, pngs: list[bytes]) -> None:
         """The job's running call made ``pngs`` (PNG bytes, as delivered: image i of its seeds), kept in memory
         for the request service (service.RequestService.run: the answer's bytes, no read back from disk) until
@@ -196,12 +185,6 @@ class Jobs:
                 return []
             pngs, job.pngs = job.pngs, []
             return pngs
-
-    def error(self, job_id: str) -> BaseException | None:
-        """The error :meth:`fail` recorded for the job's latest call (cleared when a call begins), or None."""
-        with self._lock:
-            job = self._jobs.get(job_id)
-            return None if job is None else job.error
 
     def stop_requested(self, job_id: str) -> bool:
         """Whether the job's running call is to stop: the job was interrupted or the call skipped."""

@@ -295,9 +295,8 @@ class RequestService:
         try:
             gallery, info, _record = self.handle(self.engine, *values, **kwargs)  # in the slot run() holds
         except Exception as err:  # the handler raises the page's error (gr.Error) from the engine's typed one
-            cause = err.__cause__ if err.__cause__ is not None else JOBS.error(job)
             message = getattr(err, "message", None) or str(err) or "the engine failed on this request"
-            raise Failed(html.unescape(str(message)), cause) from err
+            raise Failed(html.unescape(str(message)), err.__cause__) from err
         paths = [item[0] for item in gallery]
         pngs = JOBS.take_pngs(job)
         if len(pngs) != len(paths):  # the handler delivers every call's PNGs to its job (handler.handle_generate)
