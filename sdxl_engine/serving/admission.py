@@ -56,6 +56,16 @@ def over_limit_message(limit: int) -> str:
             f"(max_requests_per_client = {limit}); retry when one has finished")
 
 
+def over_limit(held: int, limit: int, client: str, log=print) -> str | None:
+    """The refusal when ``client`` already holds ``held`` >= ``limit`` calls (after one log line), else None:
+    the one check of the cap, for Gradio's calls (:class:`Admission`) and the protocols' (service.RequestService)."""
+    if held < limit:
+        return None
+    message = over_limit_message(limit)
+    log(f"[app] request refused: {message} (client {client})")
+    return message
+
+
 class Admission:
     """Wraps ``queue.push``: refuses new calls of ``fn_ids`` while ``closing()`` or over ``limit`` per client.
 
@@ -122,9 +132,8 @@ class Admission:
         self.total()  # forget the events Gradio has finished with, for every client
         if self.closing():
             return await self._refuse(body, request, username, SHUTTING_DOWN, 503)
-        if self.held(client) + self.also_held(client) >= self.limit:
-            message = over_limit_message(self.limit)
-            self.log(f"[app] request refused: {message} (client {client})")
+        message = over_limit(self.held(client) + self.also_held(client), self.limit, client, self.log)
+        if message is not None:
             return await self._refuse(body, request, username, message, 429)
         self._arriving[client] = self._arriving.get(client, 0) + 1  # before the first await: no race
         try:

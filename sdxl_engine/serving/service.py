@@ -24,7 +24,7 @@ from sdxl_engine.engine.contract import EngineContract
 from sdxl_engine.engine.errors import CompilesBusy
 from sdxl_engine.engine.steps import Stopped
 from sdxl_engine.engine.validation import InvalidRequest
-from sdxl_engine.serving.admission import RETRY_AFTER_S, SHUTTING_DOWN, over_limit_message
+from sdxl_engine.serving.admission import RETRY_AFTER_S, SHUTTING_DOWN, over_limit
 from sdxl_engine.serving.progress import JOBS
 from sdxl_engine.serving.styles import UnknownStyle
 
@@ -239,9 +239,8 @@ class RequestService:
                            f"(max_queue_size = {self.max_waiting}); retry later")
                 self.log(f"[app] request refused: {message} (client {client})")
                 raise Refused(503, message, RETRY_AFTER_S)
-            if self._held.get(client, 0) + self.gradio_held(client) >= self.limit:
-                message = over_limit_message(self.limit)
-                self.log(f"[app] request refused: {message} (client {client})")
+            if (message := over_limit(self._held.get(client, 0) + self.gradio_held(client), self.limit, client,
+                                      self.log)) is not None:
                 raise Refused(429, message, RETRY_AFTER_S)
             self._held[client] = self._held.get(client, 0) + 1
         try:
