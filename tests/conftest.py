@@ -23,6 +23,10 @@ atexit.register(shutil.rmtree, SESSION_DIR, True)
 for _name, _sub in (("SDXL_MODEL_CACHE_DIR", "models"), ("SDXL_COMPILE_CACHE_DIR", "jax"),
                     ("GRADIO_TEMP_DIR", "gradio"), ("XDG_CACHE_HOME", "xdg-cache")):
     os.environ.setdefault(_name, str(SESSION_DIR / _sub))
+# Under pytest-xdist (pyproject's addopts) each worker's apps get their own Gradio temp folder: the guard and
+# delivery tests count the files in it, and another worker's app would add some of its own.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["GRADIO_TEMP_DIR"] = str(Path(os.environ["GRADIO_TEMP_DIR"]) / os.environ["PYTEST_XDIST_WORKER"])
 # This process's temporary files go there too (the apps it starts keep the system's): gradio_client leaves an
 # empty folder in the temp folder for every file it downloads (``tempfile.gettempdir() / token_hex(20)``, never
 # removed), thousands per run.
@@ -34,6 +38,22 @@ from sdxl_engine.config import EngineConfig, apply_jax_options  # noqa: E402
 # Before any test touches JAX: 4 CPU devices, as the app presents them.
 apply_jax_options(EngineConfig.load({"cpu_devices": 4}, environ={
     k: v for k, v in os.environ.items() if k == "SDXL_COMPILE_CACHE_DIR"}))
+
+
+# Bytes of memory one test worker may need: the largest test (a 1024x1024 compile in tests/test_app.py) peaks at
+# about 9.5 GB, the apps of a busy file at a few.
+WORKER_MEMORY = 11 * 2**30
+
+
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto`` (pyproject's addopts): one worker per CPU this process may use, as many as the memory holds
+    (2 on the 2-core, 23 GB CI machine; 1 where memory is short). PYTEST_XDIST_AUTO_NUM_WORKERS overrides it;
+    ``-n 0`` runs the tests in this process."""
+    import psutil
+
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
+    return max(1, min(len(os.sched_getaffinity(0)), psutil.virtual_memory().total // WORKER_MEMORY))
 
 
 def pytest_collection_modifyitems(config, items):
