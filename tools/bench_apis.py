@@ -1,7 +1,7 @@
 """Served overhead of each protocol against ``/generate``, in one run on one app.
 
-``python -m tools.bench_apis [--runs 10] [--steps 8]`` starts ``python app.py`` (tiny-shapes, loopback)
-and times, interleaved so a noisy neighbour slows them alike, one request of 4 images at 64x64 from
+``python -m tools.bench_apis [--runs 10] [--steps 8] [--size 64]`` starts ``python app.py`` (tiny-shapes, loopback)
+and times, interleaved so a noisy neighbour slows them alike, one request of 4 images at size x size from
 each client as a user runs it:
 
 - ``/generate`` through gradio_client (``Client.predict``: the page's API, the baseline);
@@ -9,8 +9,9 @@ each client as a user runs it:
 - OpenAI's ``POST /v1/images/generations`` through the ``openai`` client, ``b64_json``;
 - the MCP ``generate`` tool through the ``mcp`` SDK (one session, streamable HTTP).
 
-Prints a Markdown table (median, min, max and the median's difference from ``/generate``) and writes
-``--json``. Each protocol runs the same ``/generate`` event (serving/apis/core.py), so the difference
+Prints a Markdown table (median, min, max, the median's difference from ``/generate`` and the median of served
+minus engine time: the call's wall time less the engine's ``latency_s`` its answer reports; OpenAI's answer has none,
+so its calls are set against the median engine time of the other calls of the same round) and writes ``--json``. Each protocol runs the same ``/generate`` event (serving/apis/core.py), so the difference
 is the protocol's own work: parsing, the base64 of the PNGs, and for MCP Gradio's loopback client.
 
 ``--before DIR [--before-python PY]`` also starts the app of another checkout (``git worktree add DIR REV``) and
@@ -56,8 +57,9 @@ def start_app(port: int, timeout: float = 600, root: Path = ROOT, python: str = 
     raise RuntimeError("the app did not become ready")
 
 
-def clients(url: str, steps: int, session) -> dict:
-    """{name: a call making 4 images of PROMPT} for each protocol (the MCP one a coroutine function, on ``session``)."""
+def clients(url: str, steps: int, session, size: int = 64) -> dict:
+    """{name: a call making 4 images of PROMPT} for each protocol (the MCP one a coroutine function, on ``session``);
+    each returns the engine's seconds its answer reports (``latency_s``), or None (OpenAI's has none)."""
     import httpx
     import webuiapi
     from gradio_client import Client
@@ -67,27 +69,38 @@ def clients(url: str, steps: int, session) -> dict:
     http = httpx.Client(timeout=300)
     webui = webuiapi.WebUIApi(baseurl=url + "sdapi/v1")
     openai = OpenAI(base_url=url + "v1", api_key="unused")
-    body = {"prompt": PROMPT, "seed": 1, "steps": steps, "width": 64, "height": 64, "batch_size": 4}
+    body = {"prompt": PROMPT, "seed": 1, "steps": steps, "width": size, "height": size, "batch_size": 4}
 
     async def mcp_call():
         result = await session.call_tool("generate", {
-            "prompt": PROMPT, "seed": 1, "num_inference_steps": steps, "width": 64, "height": 64})
+            "prompt": PROMPT, "seed": 1, "num_inference_steps": steps, "width": size, "height": size})
         assert not result.isError and sum(c.type == "image" for c in result.content) == 4
+        texts = [c.text for c in result.content if c.type == "text" and "latency_s" in c.text]
+        return json.loads(texts[0])["latency_s"] if texts else None
+
+    def a1111_call():
+        response = http.post(url + "sdapi/v1/txt2img", json=body)
+        response.raise_for_status()
+        return json.loads(response.json()["info"])["latency_s"]
+
+    def openai_call():
+        openai.images.generate(prompt=PROMPT, n=4, size=f"{size}x{size}", response_format="b64_json")
 
     return {
         "/generate (gradio_client)": lambda: gradio.predict(api_name="/generate", prompt=PROMPT, seed=1,
-                                                            num_inference_steps=steps, width=64, height=64),
-        "A1111 txt2img (httpx)": lambda: http.post(url + "sdapi/v1/txt2img", json=body).raise_for_status(),
-        "A1111 txt2img (webuiapi)": lambda: webui.txt2img(**body),
-        "OpenAI images.generate (openai, b64_json)": lambda: openai.images.generate(
-            prompt=PROMPT, n=4, size="64x64", response_format="b64_json"),
+                                                            num_inference_steps=steps, width=size,
+                                                            height=size)[1]["latency_s"],
+        "A1111 txt2img (httpx)": a1111_call,
+        "A1111 txt2img (webuiapi)": lambda: webui.txt2img(**body).info["latency_s"],
+        "OpenAI images.generate (openai, b64_json)": openai_call,
         "MCP generate (mcp SDK)": mcp_call,
     }
 
 
-async def measure(urls: list[str], steps: int, runs: int) -> list[dict]:
+async def measure(urls: list[str], steps: int, runs: int, size: int = 64) -> list[dict]:
     """Seconds per call on each app of ``urls``: one warm-up each, then ``runs`` rounds with the calls
-    interleaved (with two apps each call goes to both in the round, first to one, then the other, alternating)."""
+    interleaved (with two apps each call goes to both in the round, first to one, then the other, alternating);
+    with each call's served minus engine seconds (``overhead_s``, see the module docstring)."""
     from contextlib import AsyncExitStack
 
     from mcp import ClientSession
@@ -99,40 +112,49 @@ async def measure(urls: list[str], steps: int, runs: int) -> list[dict]:
             read, write, _ = await stack.enter_async_context(streamable_http_client(url + "gradio_api/mcp/"))
             session = await stack.enter_async_context(ClientSession(read, write))
             await session.initialize()
-            apps.append(clients(url, steps, session))
+            apps.append(clients(url, steps, session, size))
 
-        async def timed(call) -> float:
+        async def timed(call) -> tuple[float, float | None]:
             t0 = time.perf_counter()
-            await (call() if asyncio.iscoroutinefunction(call) else asyncio.to_thread(call))
-            return time.perf_counter() - t0
+            engine_s = await (call() if asyncio.iscoroutinefunction(call) else asyncio.to_thread(call))
+            return time.perf_counter() - t0, engine_s
 
         for calls in apps:
             for call in calls.values():
                 await timed(call)
         samples = [{name: [] for name in calls} for calls in apps]
+        overheads = [{name: [] for name in calls} for calls in apps]
         for round_ in range(runs):
+            engine_s = [{} for _ in apps]
             for name in apps[0]:
                 order = range(len(apps)) if round_ % 2 == 0 else reversed(range(len(apps)))
                 for i in order:
-                    samples[i][name].append(await timed(apps[i][name]))
+                    wall, engine_s[i][name] = await timed(apps[i][name])
+                    samples[i][name].append(wall)
+            for i in range(len(apps)):
+                reported = [e for e in engine_s[i].values() if e is not None]
+                for name, e in engine_s[i].items():
+                    overheads[i][name].append(samples[i][name][-1] - (statistics.median(reported) if e is None
+                                                                       else e))
     return [{name: {"median_s": statistics.median(s), "min_s": min(s), "max_s": max(s), "runs": len(s),
-                    "samples_s": s}
-             for name, s in app_samples.items()} for app_samples in samples]
+                    "samples_s": s, "overhead_median_s": statistics.median(overheads[i][name]),
+                    "overhead_s": overheads[i][name]}
+             for name, s in app_samples.items()} for i, app_samples in enumerate(samples)]
 
 
-def markdown(results: dict, steps: int) -> str:
+def markdown(results: dict, steps: int, size: int = 64) -> str:
     base = results["/generate (gradio_client)"]["median_s"]
-    lines = [f"| client, 4 images 64x64, {steps} steps | median s | min s | max s | vs /generate |",
-             "|---|---|---|---|---|"]
+    lines = [f"| client, 4 images {size}x{size}, {steps} steps | median s | min s | max s | vs /generate | "
+             "served - engine, median s |", "|---|---|---|---|---|---|"]
     for name, r in results.items():
         lines.append(f"| {name} | {r['median_s']:.3f} | {r['min_s']:.3f} | {r['max_s']:.3f} | "
-                     f"{r['median_s'] - base:+.3f} s |")
+                     f"{r['median_s'] - base:+.3f} s | {r['overhead_median_s']:.3f} |")
     return "\n".join(lines)
 
 
-def markdown_compare(before: dict, after: dict, steps: int) -> str:
+def markdown_compare(before: dict, after: dict, steps: int, size: int = 64) -> str:
     """Each client's median before and after, and the median of the paired (same round) differences."""
-    lines = [f"| client, 4 images 64x64, {steps} steps | before median s | after median s | "
+    lines = [f"| client, 4 images {size}x{size}, {steps} steps | before median s | after median s | "
              "after - before, paired median s |", "|---|---|---|---|"]
     for name in after:
         paired = [a - b for a, b in zip(after[name]["samples_s"], before[name]["samples_s"])]
@@ -145,6 +167,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--size", type=int, default=64, help="width and height of the images (tiny-shapes: 64)")
     parser.add_argument("--before", type=Path, help="another checkout, timed side by side with this one")
     parser.add_argument("--before-python", default=sys.executable, help="the interpreter that runs --before")
     parser.add_argument("--json", default=str(ROOT / "bench_apis.json"))
@@ -156,18 +179,19 @@ def main(argv=None) -> None:
             port = _free_port()
             apps.append(start_app(port, root=root, python=python))
             urls.append(f"http://127.0.0.1:{port}/")
-        results = asyncio.run(measure(urls, args.steps, args.runs))
+        results = asyncio.run(measure(urls, args.steps, args.runs, args.size))
     finally:
         for app in apps:
             app.terminate()
             app.wait(60)
     if args.before:
-        Path(args.json).write_text(json.dumps({"steps": args.steps, "before": str(args.before),
+        Path(args.json).write_text(json.dumps({"steps": args.steps, "size": args.size, "before": str(args.before),
                                                "results_before": results[0], "results": results[1]}, indent=1))
-        print(markdown_compare(results[0], results[1], args.steps))
+        print(markdown_compare(results[0], results[1], args.steps, args.size))
     else:
-        Path(args.json).write_text(json.dumps({"steps": args.steps, "results": results[0]}, indent=1))
-        print(markdown(results[0], args.steps))
+        Path(args.json).write_text(json.dumps({"steps": args.steps, "size": args.size, "results": results[0]},
+                                              indent=1))
+        print(markdown(results[0], args.steps, args.size))
 
 
 if __name__ == "__main__":

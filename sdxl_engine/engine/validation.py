@@ -87,6 +87,10 @@ class GenerateRequest:
     hires_sampler: str | None = None
     hires_prompt: str | None = None
     hires_negative_prompt: str | None = None
+    # The Limits this exact object was validated against (set by :func:`validate` only; not an argument, and
+    # dataclasses.replace makes an unstamped copy), so a request checked where it arrived (apis/core.check, a
+    # Ray front) is not validated again by the engine that runs it.
+    validated_for: Limits | None = dataclasses.field(default=None, init=False, compare=False, repr=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,13 +225,17 @@ def _short(value) -> str:
 
 
 def validate(request: GenerateRequest, limits: Limits) -> GenerateRequest:
-    """Return a fully specified, clean copy of ``request`` (defaults filled, random seed drawn).
+    """Return a fully specified, clean copy of ``request`` (defaults filled, random seed drawn), stamped as
+    validated against ``limits``; a request :func:`validate` returned for equal limits comes back as it is (each
+    request is validated once, wherever it was first checked: apis/core.check, a Ray front, the engine).
 
     Raises:
         InvalidRequest: the first argument that is out of range or of the wrong type; a prompt whose
             ``<lora:...>`` tags are malformed or name a LoRA not in ``limits.loras``, or that holds
             only syntax (prompts.check_prompt).
     """
+    if request.validated_for == limits:
+        return request
     prompt = clean_text("prompt", request.prompt, required=True)
     check_prompt(prompt, limits.loras)  # its <lora:...> tags and A1111 syntax (engine/prompts.py)
     negative = clean_text("negative_prompt", request.negative_prompt, required=False)
@@ -273,11 +281,13 @@ def validate(request: GenerateRequest, limits: Limits) -> GenerateRequest:
         hires["hires_sampler"] = sampler if request.hires_sampler is None else as_sampler("hires_sampler",
                                                                                         request.hires_sampler)
     client = request.client if isinstance(request.client, str) else ""
-    return GenerateRequest(prompt, negative, seed, guidance, steps, width, height, sampler, client,
-                           image=image, strength=strength, start_step=start, mask=mask,
-                           soft_mask=bool(request.soft_mask) and mask is not None,
-                           refiner_switch_at=as_switch(request.refiner_switch_at, limits, request.hires_scale),
-                           **hires)
+    checked = GenerateRequest(prompt, negative, seed, guidance, steps, width, height, sampler, client,
+                              image=image, strength=strength, start_step=start, mask=mask,
+                              soft_mask=bool(request.soft_mask) and mask is not None,
+                              refiner_switch_at=as_switch(request.refiner_switch_at, limits, request.hires_scale),
+                              **hires)
+    object.__setattr__(checked, "validated_for", limits)  # frozen: the one place the stamp is set
+    return checked
 
 
 def as_switch(value, limits: Limits, hires_scale=None) -> float | None:

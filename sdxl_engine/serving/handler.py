@@ -55,6 +55,26 @@ def generate_values(arguments: dict) -> tuple:
     return tuple(arguments[name] for name in GENERATE_INPUTS)
 
 
+def build_request(prompt, negative_prompt, seed, guidance_scale, num_inference_steps, width, height, style=NO_STYLE,
+                  sampler=None, *, client: str = "", fields: dict | None = None) -> tuple[GenerateRequest, str]:
+    """The engine's request for ``/generate``'s values (:data:`GENERATE_INPUTS`, as the client sent them) and a
+    request's further GenerateRequest ``fields`` (:class:`ProtocolInputs`), with ``style`` applied (the hires fix's
+    prompts take it too, as A1111's ``all_hr_prompts``), and the style's name as the page shows it. Not validated
+    (the engine's validation.validate). The one place a request is built from values: the page's events
+    (:func:`handle_generate`) and the protocols' early check (apis.core.check).
+
+    Raises UnknownStyle."""
+    fields = dict(fields or {})
+    styled_prompt, styled_negative = apply_style(style, prompt, negative_prompt)
+    if fields.get("hires_prompt") is not None or fields.get("hires_negative_prompt") is not None:
+        fields["hires_prompt"], fields["hires_negative_prompt"] = apply_style(
+            style, fields.get("hires_prompt") or prompt, fields.get("hires_negative_prompt") or negative_prompt)
+    request = GenerateRequest(prompt=styled_prompt, negative_prompt=styled_negative, seed=seed,
+                              guidance_scale=guidance_scale, num_inference_steps=num_inference_steps,
+                              width=width, height=height, sampler=sampler, client=client, **fields)
+    return request, get_style(style).name
+
+
 STAGES = {  # engine stage -> (progress fraction, what the page says)
     "compiling": (0.03, "Compiling {size} once{about} (the first request at it; reused afterwards)"),
     "waiting": (0.04, "Waiting for the request ahead on the devices"),
@@ -416,7 +436,7 @@ def handle_generate(engine: EngineContract, prompt, negative_prompt, seed, guida
                     files_dir: str | None = None, arrived: float | None = None,
                     on_step: Callable[[StepEvent], None] | None = None, should_stop: Callable[[], bool] | None = None,
                     job: str | None = None, client: str = "", keep: int | None = None,
-                    extra: ProtocolInputs | None = None, slots=None):
+                    extra: ProtocolInputs | None = None, slots=None, request: GenerateRequest | None = None):
     """One /generate call: values as the client sent them in; (gallery items, info, history record) out.
 
     The engine validates every value (width/height 0 or None = the model's default; sampler None
@@ -446,24 +466,21 @@ def handle_generate(engine: EngineContract, prompt, negative_prompt, seed, guida
     (:class:`ProtocolInputs`). ``slots``: the request service's places in front of the engine (service.Slots),
     for a call from Gradio's events: it waits for one in order of arrival (stage "waiting") and leaves the line,
     with nothing run, when it is stopped meanwhile (a protocol's call comes with its slot: service.RequestService.run).
+    ``request``: the engine's request for these values when the caller built and validated it already
+    (apis.core.check, for a protocol's first call); else it is built here (:func:`build_request`).
     """
     extra = extra or ProtocolInputs()
     report = progress if progress is not None else (lambda *_, **__: None)  # gr.Progress is falsy (len 0)
-    fields = dict(extra.fields)
     try:
-        styled_prompt, styled_negative = apply_style(style, prompt, negative_prompt)
-        if fields.get("hires_prompt") is not None or fields.get("hires_negative_prompt") is not None:
-            # the second pass's prompts take the style too, as A1111's all_hr_prompts
-            fields["hires_prompt"], fields["hires_negative_prompt"] = apply_style(
-                style, fields.get("hires_prompt") or prompt, fields.get("hires_negative_prompt") or negative_prompt)
-        style = get_style(style).name
+        if request is None:
+            request, style = build_request(prompt, negative_prompt, seed, guidance_scale, num_inference_steps, width,
+                                           height, style, sampler, client=client, fields=extra.fields)
+        else:
+            style = get_style(style).name
     except UnknownStyle as err:
         raise refuse(err) from err
     while not engine.ready.wait(0.5):
         report(0.0, desc=f"Starting the engine: {engine.stage} ({clock() - engine.started:.0f} s)")
-    request = GenerateRequest(prompt=styled_prompt, negative_prompt=styled_negative, seed=seed,
-                              guidance_scale=guidance_scale, num_inference_steps=num_inference_steps,
-                              width=width, height=height, sampler=sampler, client=client, **fields)
 
     steps = engine.limits.default_steps if num_inference_steps is None else num_inference_steps
     own = job is None

@@ -251,17 +251,18 @@ class RequestService:
                 if not self._held[client]:
                     del self._held[client]
 
-    async def run(self, values: tuple, *, job: str, client: str, keep: int | None = None, extra=None,
+    async def run(self, values: tuple, *, job: str, client: str, keep: int | None = None, extra=None, request=None,
                   arrived: float | None = None, left: Callable[[], Awaitable[bool]] | None = None) -> CallResult:
         """One engine call of a protocol request (admitted with :meth:`admitted`): it waits for a slot in line with
         every other call (without a thread, counted by the gate), then runs the handler on a worker thread.
 
         ``values``: the nine ``/generate`` values (handler.GENERATE_INPUTS); ``job``: the request's progress.JOBS
         id; ``keep``: how many of the images the client receives, if fewer than the batch (only they are saved);
-        ``extra``: handler.ProtocolInputs; ``arrived``: contract.clock() at the server. ``left``: an async
-        callable answering whether the client has gone (Starlette's ``is_disconnected``): a call whose client has
-        left, or whose job was interrupted, before its turn (asked first, then while it waits for its slot) does not
-        run (one line logged); a call that runs finishes.
+        ``extra``: handler.ProtocolInputs; ``request``: the engine's request for ``values`` when the caller built
+        and validated it (apis.core.check), else None (the handler builds it); ``arrived``: contract.clock() at the
+        server. ``left``: an async callable answering whether the client has gone (Starlette's
+        ``is_disconnected``): a call whose client has left, or whose job was interrupted, before its turn (asked
+        first, then while it waits for its slot) does not run (one line logged); a call that runs finishes.
 
         Raises Failed with the engine's typed error and the page's message (HTML entities undone).
         """
@@ -271,8 +272,7 @@ class RequestService:
             return JOBS.interrupted(job) or (left is not None and await left())
 
         kwargs = dict(job=job, client=client, keep=keep, arrived=arrived)
-        if extra is not None:
-            kwargs["extra"] = extra
+        kwargs.update({name: value for name, value in (("extra", extra), ("request", request)) if value is not None})
         with self.gate.counted():
             try:
                 if await stop_waiting():  # gone already: a free slot would let it run for no one

@@ -3,9 +3,10 @@
 A protocol route (a1111.py, openai_images.py) turns its request into a :class:`Call` (the
 ``/generate`` inputs plus how many images), and :func:`generate` runs it:
 
-1. waits for the engine's start (as the page's requests do), then checks the values with the
-   engine's own functions (styles.apply_style, validation.validate), so a bad value is refused
-   before it takes a place, with the page's message (:class:`ApiError`, 400);
+1. waits for the engine's start (as the page's requests do), then builds the engine's request as the
+   page's calls do (handler.build_request: the style applied) and validates it (validation.validate),
+   so a bad value is refused before it takes a place, with the page's message (:class:`ApiError`,
+   400); the first engine call runs that request, which nothing validates again;
 2. takes a place in the request service (service.RequestService.admitted: the per-client cap,
    counted with the client's Gradio calls; refused while the server shuts down), then runs each
    engine call through the service (service.RequestService.run: the same handler,
@@ -33,10 +34,10 @@ from sdxl_engine.engine.contract import EngineContract
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest, validate
 from sdxl_engine.serving import admission, guard
 from sdxl_engine.serving.apis.errors import ApiError
-from sdxl_engine.serving.handler import ProtocolInputs, generate_values
+from sdxl_engine.serving.handler import ProtocolInputs, build_request, generate_values
 from sdxl_engine.serving.progress import JOBS, Owner
 from sdxl_engine.serving.service import Failed, Refused, RequestService
-from sdxl_engine.serving.styles import NO_STYLE, UnknownStyle, apply_style
+from sdxl_engine.serving.styles import NO_STYLE, UnknownStyle
 
 MAX_CALLS = 4  # engine calls one API request may ask for (n, batch_size x n_iter): 4 x the engine's batch images
 
@@ -113,8 +114,10 @@ def engine_batch(engine: EngineContract) -> int:
     return engine.batch or 4
 
 
-def check(engine: EngineContract, call: Call) -> None:
-    """Refuse ``call`` as the page would, before it is queued; the engine must have started.
+def check(engine: EngineContract, call: Call, client: str = "") -> GenerateRequest:
+    """Refuse ``call`` as the page would, before it is queued; the engine must have started. Returns the engine's
+    request for its first engine call (handler.build_request, validated: the engine does not validate it again),
+    ``client`` its client address.
 
     Raises:
         ApiError: 503 the engine failed to start; 400 an unknown style, a value the engine's
@@ -128,15 +131,12 @@ def check(engine: EngineContract, call: Call) -> None:
         raise ApiError(400, f"{call.field('images')}: this server makes 1 to {MAX_CALLS * batch} images per request "
                             f"({MAX_CALLS} engine calls of {batch}), got {call.images}", call.field("images"))
     try:
-        prompt, negative = apply_style(call.style, call.prompt, call.negative_prompt)
+        request, _style = build_request(*generate_values(vars(call)), client=client,
+                                        fields=call.extra.fields if call.extra is not None else None)
     except UnknownStyle as err:
         raise ApiError(400, str(err).replace("style:", f"{call.field('style')}:", 1), call.field("style")) from None
-    request = GenerateRequest(prompt=prompt, negative_prompt=negative, seed=call.seed,
-                              guidance_scale=call.guidance_scale, num_inference_steps=call.num_inference_steps,
-                              width=call.width, height=call.height, sampler=call.sampler,
-                              **(call.extra.fields if call.extra is not None else {}))
     try:
-        validate(request, engine.limits)
+        return validate(request, engine.limits)
     except InvalidRequest as err:
         field = call.field(err.field)
         raise ApiError(400, field + str(err)[len(err.field):], field) from None
@@ -162,21 +162,23 @@ async def generate(service: RequestService, request, call: Call, owner: Owner) -
     """
     engine = service.engine
     await wait_started(engine)
+    client = admission.client_address(request)
     try:
-        check(engine, call)
+        checked = check(engine, call, client)
     except ApiError as err:  # one line, as the handler logs the page's refusals (handler.refuse)
         print(f"[app] request refused: {err.message}", flush=True)
         raise
-    client = admission.client_address(request)
     try:
         with service.admitted(client):  # one place for all the request's engine calls
-            return await _run_calls(service, request, call, owner, client)
+            return await _run_calls(service, request, call, owner, client, checked)
     except Refused as err:  # raised on entry only: nothing ran
         raise ApiError(err.status, err.message, headers={"Retry-After": str(err.retry_after_s)}) from None
 
 
-async def _run_calls(service: RequestService, request, call: Call, owner: Owner, client: str) -> Generated:
-    """:func:`generate`'s engine calls, one after another, the seeds following on."""
+async def _run_calls(service: RequestService, request, call: Call, owner: Owner, client: str,
+                     checked: GenerateRequest) -> Generated:
+    """:func:`generate`'s engine calls, one after another, the seeds following on; the first runs ``checked``
+    (:func:`check`'s request), the next ones the request of their own seed."""
     engine = service.engine
     batch = engine_batch(engine)
     wanted = call.images or batch
@@ -187,8 +189,8 @@ async def _run_calls(service: RequestService, request, call: Call, owner: Owner,
         for n in range(calls):
             keep = wanted - n * batch  # of this call's images, the ones the client receives (and outputs_dir gets)
             try:
-                made = await service.run(call.values(seed), job=job, client=client,
-                                         keep=keep if keep < batch else None, extra=call.extra,
+                made = await service.run(call.values(seed), request=checked if n == 0 else None, job=job,
+                                         client=client, keep=keep if keep < batch else None, extra=call.extra,
                                          arrived=guard.arrival_time(request), left=request.is_disconnected)
             except Failed as err:
                 if not err.stopped:

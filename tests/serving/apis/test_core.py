@@ -4,6 +4,7 @@ reaches every engine call. The calls go through a real request service (service.
 scripted (no app, no engine)."""
 
 import asyncio
+import dataclasses
 import io
 import threading
 from types import SimpleNamespace
@@ -48,13 +49,13 @@ def scripted_service(tmp_path, script, limit: int = 2) -> tuple[RequestService, 
     """A request service whose handler, for call k, begins it as handle_generate does, runs ``script[k](job)`` (it
     may interrupt or skip), then answers the gallery, info and PNGs for the seeds it was asked for, or raises the
     handler's stop error (the page's message from the typed Stopped) if the job's call was stopped. Returns the
-    service and the calls' (seed, job id, keep) as they came."""
+    service and the calls' (seed, job id, keep, the request handed on built) as they came."""
     calls = []
 
-    def handle(engine, *values, job, client, keep, arrived, extra=None):
+    def handle(engine, *values, job, client, keep, arrived, extra=None, request=None):
         if True:  # in the slot service.RequestService.run holds
             seed = values[2]
-            calls.append((seed, job, keep))
+            calls.append((seed, job, keep, request))
             JOBS.begin_call(job, 8)
             script[len(calls) - 1](job)
             if JOBS.stop_requested(job):  # as handler.handle_generate answers a stopped call
@@ -88,6 +89,26 @@ def test_every_call_of_a_request_carries_its_one_job_and_the_job_closes(tmp_path
     assert [int(np.asarray(Image.open(io.BytesIO(png)))[0, 0, 0]) for png in made.pngs] == made.seeds
     assert JOBS.snapshot(OWNER).job is None  # closed
     assert service.held("10.1.2.3") == 0 and service.slots.taken == 0  # its place and slot given back
+
+
+def test_the_first_call_runs_the_checked_request_and_nothing_validates_it_again(tmp_path):
+    """check builds the request as the page does (the style applied, the client's address) and validates it; the
+    first engine call gets that object, which validate hands back as it is (validated once); the next calls, of
+    other seeds, get none (the handler builds theirs, which the engine validates)."""
+    from sdxl_engine.engine.validation import validate
+
+    service, calls = scripted_service(tmp_path, [nothing] * 2)
+    run(service, Call("a red circle", seed=10, images=8, style="Cinematic", num_inference_steps=3))
+    first = calls[0][3]
+    assert first.seed == 10 and first.num_inference_steps == 3 and first.client == "10.1.2.3"
+    assert first.prompt.startswith("cinematic still a red circle") and first.validated_for == LIMITS
+    assert validate(first, LIMITS) is first and calls[1][3] is None
+    changed = dataclasses.replace(first, num_inference_steps=500)  # a changed copy is not validated: refused
+    with pytest.raises(InvalidRequest, match="^num_inference_steps: "):
+        validate(changed, LIMITS)
+    other = dataclasses.replace(LIMITS, max_steps=2)  # validated for other limits: validated for these
+    with pytest.raises(InvalidRequest, match="^num_inference_steps: "):
+        validate(first, other)
 
 
 def test_an_interrupt_in_a_later_call_answers_the_finished_calls_images(tmp_path):
