@@ -120,8 +120,8 @@ async def measure(urls: list[str], steps: int, runs: int, size: int = 64) -> lis
             return time.perf_counter() - t0, engine_s
 
         for calls in apps:
-            for call in calls.values():
-                await timed(call)
+            for name, call in calls.items():
+                print(f"warm-up: {name} {(await timed(call))[0]:.2f} s", file=sys.stderr, flush=True)
         samples = [{name: [] for name in calls} for calls in apps]
         overheads = [{name: [] for name in calls} for calls in apps]
         for round_ in range(runs):
@@ -131,6 +131,8 @@ async def measure(urls: list[str], steps: int, runs: int, size: int = 64) -> lis
                 for i in order:
                     wall, engine_s[i][name] = await timed(apps[i][name])
                     samples[i][name].append(wall)
+            print(f"round {round_ + 1}/{runs}: " + ", ".join(f"{name.split(' (')[0]} {samples[-1][name][-1]:.2f} s"
+                                                       for name in apps[0]), file=sys.stderr, flush=True)
             for i in range(len(apps)):
                 reported = [e for e in engine_s[i].values() if e is not None]
                 for name, e in engine_s[i].items():
