@@ -40,8 +40,8 @@ apply_jax_options(EngineConfig.load({"cpu_devices": 4}, environ={
     k: v for k, v in os.environ.items() if k == "SDXL_COMPILE_CACHE_DIR"}))
 
 
-# Bytes of memory one test worker may need: the largest test (a 1024x1024 compile in tests/test_app.py) peaks at
-# about 9.5 GB, the apps of a busy file at a few.
+# Bytes of memory one test worker may need: the largest test (a 512x512 request on the app, tests/test_app.py) peaks
+# at about 9.5 GB, the apps of a busy file at a few (16 GB in use at most on 2 workers, measured).
 WORKER_MEMORY = 11 * 2**30
 
 

@@ -234,9 +234,9 @@ class RemoteEngine:
         (EngineReplica.generate), and Stopped is raised here at once.
 
         The request is validated here first, unless it was already (bad input never travels; a random seed is
-        drawn once, so a retry makes the same images); the replica's engine does not validate it again. Timings: the replica's ``prep``, ``device``, ``post``;
-        ``queue`` from ``arrived`` until the call left the front; ``ray``, the rest of the round
-        trip (routing, transfer, a retry); ``latency``, the whole round trip.
+        drawn once, so a retry makes the same images); the replica's engine does not validate it again.
+        Timings: the replica's ``prep``, ``device``, ``post``; ``queue`` from ``arrived`` until the call left the
+        front; ``ray``, the rest of the round trip (routing, transfer, a retry); ``latency``, the whole round trip.
 
         Raises:
             InvalidRequest, EngineNotReady, GenerationError: as the local engine.
