@@ -58,10 +58,20 @@ def pytest_xdist_auto_num_workers(config):
 
 def pytest_collection_modifyitems(config, items):
     """Every ``e2e`` test is slow (it starts ``python app.py``, a Ray cluster or a browser), so
-    ``pytest -m "not slow"`` runs the unit and engine tests only; slow ones elsewhere carry the mark themselves."""
+    ``pytest -m "not slow"`` runs the unit and engine tests only; slow ones elsewhere carry the mark themselves.
+
+    Then the files run heaviest first: those with a slow test, then those with an engine test, then the rest, each
+    file's tests together and in their order. pytest-xdist hands a worker the next file when it is free
+    (pyproject's ``--dist loadfile --no-loadscope-reorder``), so the long files start early and the quick ones fill
+    the end, instead of one long file running alone after the rest are done."""
     for item in items:
         if item.get_closest_marker("e2e") is not None:
             item.add_marker(pytest.mark.slow)
+    weight: dict = {}
+    for item in items:
+        level = 0 if item.get_closest_marker("slow") else 1 if item.get_closest_marker("engine") else 2
+        weight[item.path] = min(level, weight.get(item.path, 2))
+    items.sort(key=lambda item: weight[item.path])  # stable: a file's tests keep their order
 
 
 @pytest.fixture(scope="session")
