@@ -154,8 +154,8 @@ def test_a_test_file_that_starts_an_app_is_marked_e2e_and_so_slow(request):
     assert wrong == []
 
     class Item:  # what conftest's hook reads and writes of a collected test
-        def __init__(self, *marks):
-            self.marks = [m.mark for m in marks]
+        def __init__(self, *marks, path="tests/test_x.py"):
+            self.marks, self.path = [m.mark for m in marks], Path(path)
 
         def get_closest_marker(self, name):
             return next((m for m in self.marks if m.name == name), None)
@@ -168,6 +168,13 @@ def test_a_test_file_that_starts_an_app_is_marked_e2e_and_so_slow(request):
     items = [Item(pytest.mark.e2e), Item(pytest.mark.engine), Item()]
     conftest.pytest_collection_modifyitems(request.config, items)
     assert [[m.name for m in item.marks] for item in items] == [["e2e", "slow"], ["engine"], []]
+    # and the files run heaviest first (a file with a slow test, then with an engine test), each file's tests
+    # together in their order
+    items = [Item(path="unit.py"), Item(pytest.mark.engine, path="engine.py"), Item(path="app.py"),
+             Item(pytest.mark.e2e, path="app.py"), Item(path="engine.py")]
+    before = list(items)
+    conftest.pytest_collection_modifyitems(request.config, items)
+    assert items == [before[2], before[3], before[1], before[4], before[0]]
 
 
 def test_pyproject_lists_every_package_and_carries_the_top_level_assets():

@@ -68,7 +68,7 @@ def test_a_protocol_request_for_fewer_images_tells_the_calls_that_end_it(tmp_pat
     engine = StartedEngine()
     engine.limits = SimpleNamespace(max_seed=2**32 - 1)
     service = RequestService(engine, handle, RequestGate(), slots=1, limit=1)
-    monkeypatch.setattr(core, "check", lambda engine, call: None)
+    monkeypatch.setattr(core, "check", lambda engine, call, client: None)  # the handler builds every call's request
     for images, expected in ((2, [2]), (4, [None]), (6, [None, 2])):
         kept.clear()
         call = core.Call("a red circle", seed=1, images=images)
