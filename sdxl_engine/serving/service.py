@@ -271,8 +271,7 @@ class RequestService:
             # an interrupt, not a skip: a skip is of the running call, and the next call's begin clears it
             return JOBS.interrupted(job) or (left is not None and await left())
 
-        kwargs = dict(job=job, client=client, keep=keep, arrived=arrived)
-        kwargs.update({name: value for name, value in (("extra", extra), ("request", request)) if value is not None})
+        kwargs = dict(job=job, client=client, keep=keep, arrived=arrived, extra=extra, request=request)
         with self.gate.counted():
             try:
                 if await stop_waiting():  # gone already: a free slot would let it run for no one
