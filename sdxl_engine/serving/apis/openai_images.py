@@ -465,12 +465,21 @@ def router(service: RequestService, tokens: FileTokens) -> APIRouter:
     def model_id() -> str:
         return model_name(engine)
 
+    def refused(route: str, err: ApiError) -> JSONResponse:
+        """A request refused before it reached the service (which logs its own refusals): one log line, then
+        OpenAI's error shape."""
+        print(f"[app] request refused: {PREFIX}/{route}: {err.message}", flush=True)
+        return openai_error(err)
+
     @api.post("/images/generations")
     async def generations(request: Request):
         try:
             call, answer = to_call(read_json(await request.body()), model_id())
             await wait_started(engine)
             call, answer = with_quality(call, answer, engine.limits is not None and engine.limits.refiner)
+        except ApiError as err:
+            return refused("images/generations", err)
+        try:
             made = await _generate(service, request, call, answer)
         except ApiError as err:
             return openai_error(err)
@@ -493,6 +502,9 @@ def router(service: RequestService, tokens: FileTokens) -> APIRouter:
             async with decoding:
                 call = await asyncio.to_thread(edit_call, call, upload, engine.limits)
             del upload  # the call holds the decoded image now; the file's bytes can go
+        except ApiError as err:
+            return refused("images/edits", err)
+        try:
             made = await _generate(service, request, call, answer)
         except ApiError as err:
             return openai_error(err)

@@ -413,6 +413,18 @@ def test_a1111_options_and_openai_refuse_a_lone_surrogate_naming_the_field(serve
     assert paired.status_code == 200 and calls[0].prompt == "a \U0001F600 circle"
 
 
+def test_openai_refusals_before_generating_are_one_log_line_each(served):
+    """A body the /v1 routes refuse before the request service sees it (n below 1, an edit without its image) is
+    logged once, as the service logs its own refusals, with the route and the message the client gets."""
+    client, calls, lines = served
+    bad_n = client.post("/v1/images/generations", json={"prompt": "a red circle", "n": -1})
+    no_image = client.post("/v1/images/edits", data={"prompt": "a red circle"}, files={"n": (None, "1")})
+    assert (bad_n.status_code, no_image.status_code) == (400, 400) and calls == []
+    assert lines == [f"[app] request refused: /v1/images/generations: {bad_n.json()['error']['message']}",
+                     f"[app] request refused: /v1/images/edits: {no_image.json()['error']['message']}"]
+    assert bad_n.json()["error"]["message"] == "n: must be at least 1, got -1"
+
+
 def test_a_deeply_nested_body_is_named_as_such(served):
     client, calls, _ = served
     message = ("the request body is too deeply nested (more than 64 levels of [ or {): no field here nests so deep")
