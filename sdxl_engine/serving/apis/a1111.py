@@ -687,13 +687,14 @@ def router(service: RequestService, flags: dict, loras) -> APIRouter:
     async def progress(request: Request, skip_current_image: bool = False):
         return progress_record(owner_of(request), skip_current_image)
 
+    # A1111 answers {} and null; these name what happened (A1111's clients read no body).
     @api.post("/interrupt")
     async def interrupt(request: Request):
         return {"interrupted": JOBS.interrupt(owner_of(request))}
 
     @api.post("/skip")
     async def skip(request: Request):  # an engine call makes its batch at once: skip ends the running call
-        return {"interrupted": JOBS.skip(owner_of(request))}
+        return {"skipped": JOBS.skip(owner_of(request))}
 
     @api.get("/sd-models")
     async def sd_models():  # the model, and the refiner when one is loaded (txt2img's refiner_checkpoint names it)

@@ -137,7 +137,7 @@ def test_progress_and_interrupt(app, webui):
     progress = webui.get_progress()
     assert progress["progress"] == 0.0 and progress["state"]["job_count"] == 0 and progress["current_image"] is None
     assert webui.interrupt() == {"interrupted": False}
-    assert webui.session.post(f"{webui.baseurl}/skip").json() == {"interrupted": False}
+    assert webui.session.post(f"{webui.baseurl}/skip").json() == {"skipped": False}
     answer = {}
     thread = threading.Thread(target=lambda: answer.update(response=httpx.post(
         app.url + "sdapi/v1/txt2img", timeout=300, headers={"Authorization": f"Bearer {KEY}"},
@@ -441,7 +441,7 @@ def test_a1111_progress_and_interrupt_reach_only_the_callers_own_a1111_requests(
              "the page request's step 2")
     assert me.get("/progress").json()["state"]["job_count"] == 0
     assert me.post("/interrupt").json() == {"interrupted": False}
-    assert me.post("/skip").json() == {"interrupted": False}
+    assert me.post("/skip").json() == {"skipped": False}
     gallery, info = job.result(timeout=300)
     assert len(gallery) == 4 and info["num_inference_steps"] == 50  # ran to its end
 
