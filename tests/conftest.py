@@ -33,15 +33,6 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 (SESSION_DIR / "tmp").mkdir()
 tempfile.tempdir = str(SESSION_DIR / "tmp")
 
-# XLA's CPU backend compiles the tests' programs with LLVM's optimisation passes off: the same HLO programs (XLA's own
-# passes and fusions run as before), machine code made faster and running slower, which this suite of small models,
-# most of its time spent compiling, gains from (BENCHMARKS.md, "Test time"). Results can differ from the default's in
-# float rounding only; the parity tolerances and fixtures hold (the suite passes both ways). Every app, Ray worker
-# and tool the tests start inherits it; an XLA_FLAGS that sets the level already is left as it is. The app and the
-# benchmark commands keep XLA's default.
-if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0".strip()
-
 from sdxl_engine.config import EngineConfig, apply_jax_options  # noqa: E402
 
 # Before any test touches JAX: 4 CPU devices, as the app presents them.
