@@ -79,6 +79,7 @@ def test_images_with_the_lcm_lora_match_diffusers_load_lora_weights(reference):
     assert moved > 2, moved  # four times the parity tolerance on the mean
 
 
+@pytest.mark.slow  # starts a second tiny-shapes engine and compiles the no-CFG program on both (30 s here)
 def test_without_its_tag_the_lcm_lora_changes_no_byte(tiny_shapes_engine, tmp_path):
     """tiny-shapes loads its LCM-LoRA (loras.json); a request without the tag gives the same bytes as the same
     model without the LoRA at all (a copy of the folder less loras.json); with the tag, other images."""

@@ -306,6 +306,7 @@ def test_pixel_hires_is_txt2img_upscaled_then_denoised(engine):
         assert np.abs(run.images.astype(int) - pixels.images).mean() > 0.5, name
 
 
+@pytest.mark.slow  # compiles two hires fix programs unless the slow tests before it did (24 s here)
 def test_hires_progress_counts_both_passes(engine):
     """6 first-pass steps, then at strength 0.5: 3 of 6 (diffusers' rule), or hires_steps 4: 4 of int(4 / 0.5) = 8
     (A1111's): progress counts to 9 of 9, or 10 of 10, through step 6 (each pass's last step always reports; fast

@@ -251,6 +251,7 @@ def test_inpainting_compiles_once_then_nothing_for_mask_image_or_strength(engine
     assert np.array_equal(runs["per image"].images[1], runs["other mask"].images[1])
 
 
+@pytest.mark.slow  # compiles tiny-shapes' img2img and inpainting programs (45 s here)
 def test_inpainting_keeps_what_the_mask_keeps(tiny_shapes_engine):
     """On the trained tiny-shapes: a blue square on white with the left half masked, at strength 1 towards "a red
     circle". The right half (away from the mask's edge) stays near the image's own decode (an empty mask's output:
