@@ -292,12 +292,11 @@ def test_a_replica_killed_under_load(app2):
         assert call["ok"] or LOST in call["error"], call
     assert loss["errors_after"] == [], loss  # new calls go to the survivor
     assert loss["survivor_ok"] >= 1 and loss["replacement"] and loss["replacement"] not in loss["replicas_before"]
-    # Serve replaces the replica, the front counts it within replica_loss's window (240 s) and the replacement
-    # serves. How fast is the loadtest's figure (BENCHMARKS.md, on a quiet machine: 9.9 s), not a bound here: on a
-    # loaded CI machine every stage of it (Serve noticing, a worker process, imports, load, compile) stretches
-    # several-fold (one CI run: 72 s, with the replacement's own start-up 27 s against 3 s quiet).
-    assert loss["count_back_s"] is not None and loss["replacement_serves_s"] is not None, loss
-    deadline = time.monotonic() + 30  # the front's count is back to 2 (it logs every change)
+    # Serve replaces the replica: the replacement served (above: within replica_loss's window, 240 s) and the
+    # front counts it (below). How fast is the loadtest's figure (BENCHMARKS.md, on a quiet machine: 9.9 s), not a
+    # bound here: on a loaded CI machine every stage of it (Serve noticing, a worker process, imports, load,
+    # compile) stretches several-fold (one CI run: 72 s, with the replacement's own start-up 27 s against 3 s quiet).
+    deadline = time.monotonic() + 60  # the front's count is back to 2 (it logs every change)
     while not last_count(app2).startswith("[replicas] 2 of 2 replicas ready at"):
         assert time.monotonic() < deadline, last_count(app2)
         time.sleep(0.2)
