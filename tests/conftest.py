@@ -23,6 +23,13 @@ atexit.register(shutil.rmtree, SESSION_DIR, True)
 for _name, _sub in (("SDXL_MODEL_CACHE_DIR", "models"), ("SDXL_COMPILE_CACHE_DIR", "jax"),
                     ("GRADIO_TEMP_DIR", "gradio"), ("XDG_CACHE_HOME", "xdg-cache")):
     os.environ.setdefault(_name, str(SESSION_DIR / _sub))
+# Every program this session and its apps compile goes through LLVM at optimisation level 1 instead of XLA's 3:
+# the same bytes (every reference the tests hold was made at XLA's default, and they pass under it; level 0 changes
+# jax.random's bits), about a third less compile time and the same run time at the tests' sizes (BENCHMARKS.md,
+# "Test time"). Compiling is most of what the tests wait for. The app's users keep XLA's default; a level named in
+# XLA_FLAGS already stays.
+if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=1".strip()
 # Under pytest-xdist (pyproject's addopts) each worker's apps get their own Gradio temp folder: the guard and
 # delivery tests count the files in it, and another worker's app would add some of its own.
 if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -40,8 +47,8 @@ apply_jax_options(EngineConfig.load({"cpu_devices": 4}, environ={
     k: v for k, v in os.environ.items() if k == "SDXL_COMPILE_CACHE_DIR"}))
 
 
-# Bytes of memory one test worker may need: the largest test (a 512x512 request on the app, tests/test_app.py) peaks
-# at about 9.5 GB, the apps of a busy file at a few (16 GB in use at most on 2 workers, measured).
+# Bytes of memory one test worker may need: a 512x512 request on the app peaked at about 9.5 GB (the largest test
+# asks 256x256 now), the apps of a busy file at a few (16 GB in use at most on 2 workers, measured).
 WORKER_MEMORY = 11 * 2**30
 
 

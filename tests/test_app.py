@@ -110,18 +110,18 @@ def test_words_outside_tiny_shapes_vocabulary_are_named(app_server):
 
 
 def test_a_new_size_compiles_without_holding_up_other_clients(app_server):
-    """512x512, webuiapi's default and no bucket of tiny-shapes, is served: it compiles once on the engine's
+    """256x256, no bucket of tiny-shapes (whose largest side is 192), is served: it compiles once on the engine's
     compile thread, and a request at a compiled size sent during that compile is answered before it ends."""
     compiling = app_server.client().submit(api_name="/generate", prompt="a red circle", seed=3, num_inference_steps=2,
-                                           width=512, height=512)
+                                           width=256, height=256)
     deadline = time.monotonic() + 120
-    while not any("Compiling 512x512" in (getattr(u, "desc", "") or "")
+    while not any("Compiling 256x256" in (getattr(u, "desc", "") or "")
                   for u in compiling.status().progress_data or []):
         assert time.monotonic() < deadline and not compiling.done(), compiling.status()
         time.sleep(0.05)
     gallery, info = call(app_server, prompt="a blue square", seed=4, num_inference_steps=2)
     assert len(gallery) == 4 and (info["width"], info["height"]) == (64, 64)
-    assert not compiling.done()  # answered while the 512x512 program still compiled
+    assert not compiling.done()  # answered while the 256x256 program still compiled
     gallery, info = compiling.result(timeout=600)
-    assert (info["width"], info["height"]) == (512, 512) and len(gallery) == 4
-    assert any("compiled 512x512 x 4 images" in line for line in app_server.log)
+    assert (info["width"], info["height"]) == (256, 256) and len(gallery) == 4
+    assert any("compiled 256x256 x 4 images" in line for line in app_server.log)
