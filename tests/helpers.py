@@ -1,7 +1,8 @@
 """Helpers the test files share (import them as ``from tests.helpers import RunningApp``; pyproject.toml's
 pytest ``pythonpath`` puts the repository root on the path): the repository root, the fixtures folder, a
-free port, a quick request and the check that an app serves it, ``python app.py`` in a subprocess, and a
-model's compiled programs shared by shape. Fixtures live in tests/conftest.py."""
+free port, a quick request and the check that an app serves it, a held generation and a wait on a condition,
+``python app.py`` in a subprocess, and a model's compiled programs shared by shape. Fixtures live in
+tests/conftest.py."""
 
 import os
 import socket
@@ -9,10 +10,49 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
+
+
+class Hold:
+    """A generation that lasts until released, on an app started with the test-only fault switch
+    (``SDXL_FAULT_INJECTION=1`` and ``SDXL_FAULT_HOLD_DIR=folder``; sdxl_engine/engine/faults.py): its prompt carries
+    ``fault:hold=<name>``; leaving the ``with`` block (or :meth:`release`) creates the file the engine waits for, so a
+    failing test never leaves a shared app held."""
+
+    def __init__(self, folder, prompt: str = "a red circle"):
+        self.path = Path(folder) / uuid.uuid4().hex[:12]
+        self.prompt = f"{prompt} fault:hold={self.path.name}"
+
+    def release(self) -> float:
+        """Let the generation run; returns time.monotonic() at release."""
+        self.path.touch()
+        return time.monotonic()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *_):
+        self.release()
+
+
+def wait_until(condition, what: str, timeout: float = 60.0) -> None:
+    """Poll ``condition()`` until true; AssertionError naming ``what`` after a generous ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def wait_processing(job, timeout: float = 60.0) -> None:
+    """Wait until a gradio_client ``job`` runs on the server (PROCESSING, or PROGRESS: the page reports stages)."""
+    from gradio_client.utils import Status
+
+    wait_until(lambda: job.status().code in (Status.PROCESSING, Status.PROGRESS), "the request never started",
+               timeout)
 
 
 def free_port() -> int:

@@ -16,7 +16,8 @@ import uuid
 import httpx
 import pytest
 
-from tests.helpers import QUICK, ROOT, TRUST_LOOPBACK, RunningApp, assert_serves, free_port
+from tests.helpers import (QUICK, ROOT, TRUST_LOOPBACK, Hold, RunningApp, assert_serves, free_port, wait_processing,
+                           wait_until)
 
 pytestmark = pytest.mark.e2e
 
@@ -27,35 +28,6 @@ OK = QUICK
 def hold_dir(tmp_path_factory):
     """Where the tests release ``fault:hold`` generations (faults.py)."""
     return tmp_path_factory.mktemp("holds")
-
-
-class Hold:
-    """A generation that lasts until released: its prompt carries ``fault:hold=<name>``; leaving the
-    ``with`` block (or :meth:`release`) creates the file the engine waits for, so a failing test never
-    leaves the shared app held."""
-
-    def __init__(self, folder):
-        self.path = folder / uuid.uuid4().hex[:12]
-        self.prompt = f"a red circle fault:hold={self.path.name}"
-
-    def release(self) -> float:
-        """Let the generation run; returns time.monotonic() at release."""
-        self.path.touch()
-        return time.monotonic()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *_):
-        self.release()
-
-
-def wait_until(condition, what: str, timeout: float = 60.0) -> None:
-    """Poll ``condition()`` until true; AssertionError naming ``what`` after a generous ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
 
 
 def queue_size(app) -> int:
@@ -124,22 +96,13 @@ def waiting_behind(job) -> bool:
         "Waiting for the request ahead" in (getattr(unit, "desc", "") or "") for unit in status.progress_data or [])
 
 
-def _wait_processing(job, timeout=60):
-    from gradio_client.utils import Status
-
-    deadline = time.monotonic() + timeout
-    while job.status().code not in (Status.PROCESSING, Status.PROGRESS):  # PROGRESS: the page reports stages
-        assert time.monotonic() < deadline, "the slow request never started"
-        time.sleep(0.05)
-
-
 def test_burst_beyond_the_queue_gets_busy_retry_not_a_hang(fault_app, client, hold_dir):
     from gradio_client.utils import QueueError
 
     clients = [fault_app.client(address=f"198.51.100.{i}") for i in range(7)]
     with Hold(hold_dir) as hold:  # one generation runs until every other request has had its answer
         slow = client.submit(api_name="/generate", **{**OK, "prompt": hold.prompt})
-        _wait_processing(slow)
+        wait_processing(slow)
         # 1 running, 2 in the other page slots waiting for the devices, a queue of 2: the next 4 wait, the rest
         # are told to retry at once.
         burst = [c.submit(api_name="/generate", **OK) for c in clients]
@@ -174,7 +137,7 @@ def test_queue_time_counts_the_wait_in_gradios_queue(fault_app, client, hold_dir
     second = fault_app.client(address="198.51.100.20")
     with Hold(hold_dir) as hold:
         slow = client.submit(api_name="/generate", **{**OK, "prompt": hold.prompt})
-        _wait_processing(slow)
+        wait_processing(slow)
         started = time.monotonic()
         waiting = second.submit(api_name="/generate", **OK)
         raw = httpx.post(fault_app.url + "gradio_api/call/generate", timeout=30,
@@ -301,7 +264,7 @@ def test_sigterm_finishes_the_request_in_flight_then_exits_0(fault_app, client, 
     second = fault_app.client(address="198.51.100.30")
     with Hold(hold_dir) as hold:
         job = client.submit(api_name="/generate", **{**OK, "prompt": hold.prompt})
-        _wait_processing(job)
+        wait_processing(job)
         waiting = second.submit(api_name="/generate", **{**OK, "seed": 9})
         wait_until(lambda: waiting_behind(waiting), "the second request never waited for the held one")
         fault_app.proc.terminate()  # SIGTERM

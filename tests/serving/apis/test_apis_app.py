@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.helpers import RunningApp, assert_serves
+from tests.helpers import Hold, RunningApp, assert_serves, wait_processing, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -26,9 +26,17 @@ SIZE = dict(width=64, height=64)
 
 
 @pytest.fixture(scope="module")
-def app():
-    # a preview every 5 steps: /progress shows one whatever this machine's pace (previews are otherwise timed)
-    running = RunningApp("--api-key", KEY, env={"SDXL_PREVIEW_EVERY": "5"})
+def hold_dir(tmp_path_factory):
+    """Where the per-client limit tests release their ``fault:hold`` generations (helpers.Hold)."""
+    return tmp_path_factory.mktemp("holds")
+
+
+@pytest.fixture(scope="module")
+def app(hold_dir):
+    # a preview every 5 steps: /progress shows one whatever this machine's pace (previews are otherwise timed); the
+    # test-only fault switch for helpers.Hold: a request the limit tests hold in flight as long as they need it
+    running = RunningApp("--api-key", KEY, env={"SDXL_PREVIEW_EVERY": "5", "SDXL_FAULT_INJECTION": "1",
+                                                "SDXL_FAULT_HOLD_DIR": str(hold_dir)})
     yield running
     running.stop()
 
@@ -354,60 +362,78 @@ def test_mcp_lists_one_described_tool_and_its_images_are_the_pages(app):
     assert json.loads(text)["seeds"] == [5, 6, 7, 8] and "/tmp" not in text
 
 
-def test_one_clients_third_concurrent_request_is_refused_as_on_the_page(app):
+def test_one_clients_third_concurrent_request_is_refused_as_on_the_page(app, hold_dir):
     """max_requests_per_client = 2 holds across protocols: three concurrent txt2img calls from one address leave
-    one refused with a 429 naming the limit, as a page or gradio_client call would be; the server still serves."""
+    one refused with a 429 naming the limit, as a page or gradio_client call would be; the server still serves.
+    The calls are held in flight (helpers.Hold) until the refusal has come: none can finish before the third
+    arrives, however fast or loaded this machine is."""
     answers = []
 
-    def post():
-        answers.append(httpx.post(app.url + "sdapi/v1/txt2img", timeout=120, headers={"Authorization": f"Bearer {KEY}"},
-                                  json={"prompt": PROMPT, "steps": 30, **SIZE}))
+    def post(prompt):
+        answers.append(httpx.post(app.url + "sdapi/v1/txt2img", timeout=300, headers={"Authorization": f"Bearer {KEY}"},
+                                  json={"prompt": prompt, "steps": 2, **SIZE}))
 
-    threads = [threading.Thread(target=post) for _ in range(3)]
+    with Hold(hold_dir, PROMPT) as hold:
+        threads = [threading.Thread(target=post, args=(hold.prompt,)) for _ in range(3)]
+        for thread in threads:
+            thread.start()
+        wait_until(lambda: len(answers) == 1, "no call was refused while two were held", 120)
+        (refused,) = answers
+        assert refused.status_code == 429
+        assert "max_requests_per_client = 2" in refused.json()["detail"]
     for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+        thread.join(300)
     assert sorted(a.status_code for a in answers) == [200, 200, 429]
-    (refused,) = [a for a in answers if a.status_code == 429]
-    assert "max_requests_per_client = 2" in refused.json()["detail"]
     assert_serves(app.client())
 
 
-def test_a_clients_gradio_calls_and_protocol_requests_count_together(app):
+def test_a_clients_gradio_calls_and_protocol_requests_count_together(app, hold_dir):
     """The per-client limit (2) spans Gradio's queue and the request service: with a gradio_client call of the
     address in flight, one A1111 request is served and a second refused; with two A1111 requests in flight, a
-    gradio_client call is refused with the same message."""
+    gradio_client call is refused with the same message. The calls in flight are held (helpers.Hold) until the
+    refusal has come, and each is known to be counted (the page call running, each A1111 request's job in
+    /sdapi/v1/progress) before the next call is sent."""
     from gradio_client.exceptions import AppError
 
     headers = {"Authorization": f"Bearer {KEY}"}
-    long_call = dict(prompt=PROMPT, num_inference_steps=50, **SIZE)
-    job = app.client().submit(api_name="/generate", seed=1, **long_call)
-    time.sleep(1.0)
-    assert not job.done()
+    me = httpx.Client(base_url=app.url + "sdapi/v1", headers=headers, timeout=300)
+    client = app.client()  # made before the calls: a client's start asks the server several things
+    quick = dict(num_inference_steps=2, **SIZE)
     answers = []
 
-    def post():
-        answers.append(httpx.post(app.url + "sdapi/v1/txt2img", timeout=300, headers=headers,
-                                  json={"prompt": PROMPT, "steps": 50, **SIZE}))
+    def post(prompt):
+        answers.append(me.post("/txt2img", json={"prompt": prompt, "steps": 2, **SIZE}))
 
-    threads = [threading.Thread(target=post) for _ in range(2)]
-    for thread in threads:
-        thread.start()
+    with Hold(hold_dir, PROMPT) as hold:
+        job = client.submit(api_name="/generate", prompt=hold.prompt, seed=1, **quick)
+        wait_processing(job)
+        threads = [threading.Thread(target=post, args=(PROMPT,)) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        wait_until(lambda: len(answers) == 1, "no A1111 request was refused beside the page call", 120)
+        assert answers[0].status_code == 429, answers[0].text
+        assert "max_requests_per_client = 2" in answers[0].json()["detail"]
     for thread in threads:
         thread.join(300)
     assert sorted(a.status_code for a in answers) == [200, 429], [a.text for a in answers]
-    assert "max_requests_per_client = 2" in [a for a in answers if a.status_code == 429][0].json()["detail"]
     assert len(job.result(timeout=300)[0]) == 4
 
     answers.clear()
-    threads = [threading.Thread(target=post) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    time.sleep(1.0)
-    assert len(answers) == 0
-    with pytest.raises(AppError, match="max_requests_per_client = 2"):
-        app.client().predict(api_name="/generate", seed=2, **long_call)
+    with Hold(hold_dir, PROMPT) as hold:
+        threads = [threading.Thread(target=post, args=(hold.prompt,)) for _ in range(2)]
+        jobs = set()
+
+        def opened(count):  # the A1111 requests' jobs seen so far (progress shows the latest one opened)
+            jobs.add(me.get("/progress").json()["state"]["job"])
+            return len(jobs - {""}) >= count
+
+        threads[0].start()
+        wait_until(lambda: opened(1), "the first A1111 request never began", 120)
+        threads[1].start()
+        wait_until(lambda: opened(2), "the second A1111 request never began", 120)
+        assert answers == []
+        with pytest.raises(AppError, match="max_requests_per_client = 2"):
+            client.predict(api_name="/generate", prompt=PROMPT, seed=2, **quick)
     for thread in threads:
         thread.join(300)
     assert [a.status_code for a in answers] == [200, 200]
@@ -422,23 +448,10 @@ def test_a1111_progress_and_interrupt_reach_only_the_callers_own_a1111_requests(
     other = httpx.Client(base_url=app.url + "sdapi/v1", headers=auth, timeout=300,
                          transport=httpx.HTTPTransport(local_address="127.0.0.2"))
 
-    def wait_for(predicate, what, limit_s=120):
-        deadline = threading.Event()
-        timer = threading.Timer(limit_s, deadline.set)
-        timer.start()
-        try:
-            while not deadline.is_set():
-                if predicate():
-                    return
-                deadline.wait(0.05)
-            raise AssertionError(f"not within {limit_s} s: {what}")
-        finally:
-            timer.cancel()
-
     # a page (gradio_client) request: no A1111 client sees or stops it
     job = app.client().submit(api_name="/generate", prompt=PROMPT, seed=21, num_inference_steps=50)
-    wait_for(lambda: any(u.unit == "steps" and (u.index or 0) >= 2 for u in job.status().progress_data or []),
-             "the page request's step 2")
+    wait_until(lambda: any(u.unit == "steps" and (u.index or 0) >= 2 for u in job.status().progress_data or []),
+               "the page request's step 2", 120)
     assert me.get("/progress").json()["state"]["job_count"] == 0
     assert me.post("/interrupt").json() == {"interrupted": False}
     assert me.post("/skip").json() == {"skipped": False}
@@ -450,7 +463,7 @@ def test_a1111_progress_and_interrupt_reach_only_the_callers_own_a1111_requests(
     thread = threading.Thread(target=lambda: answer.update(response=other.post(
         "/txt2img", json={"prompt": PROMPT, "steps": 50, "seed": 22, **SIZE})))
     thread.start()
-    wait_for(lambda: other.get("/progress").json()["state"]["sampling_step"] >= 2, "the other address's step 2")
+    wait_until(lambda: other.get("/progress").json()["state"]["sampling_step"] >= 2, "the other address's step 2", 120)
     assert me.get("/progress").json()["state"]["job_count"] == 0
     assert me.post("/interrupt").json() == {"interrupted": False}
     # a form another site's page posts (no CORS preflight) is refused before it reaches the route
