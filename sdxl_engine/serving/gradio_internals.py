@@ -6,7 +6,8 @@ does not document: its event table (``Blocks.fns``, ``BlockFunction._id``), its 
 (``Blocks._queue``: ``event_ids_to_events``, ``pending_messages_per_session``,
 ``pending_event_ids_session``, ``active_jobs``, ``push``), the files it recorded
 (``temp_file_sets``, ``keep_in_cache``, ``GRADIO_CACHE``), how it fails an event
-(``Event``, ``ProcessCompletedMessage``, ``error_payload``), the running event's id
+(``Event``, ``ProcessCompletedMessage``, ``error_payload``), whether an event's client is still there
+(``Event.alive``), the running event's id
 (``LocalContext.event_id``), the MCP server's tool output (``mcp_server_obj``, ``postprocess_output_data``:
 apis.mount) and Starlette's cached ``middleware_stack``. The protocol APIs no longer enter Gradio's queue
 (service.RequestService.run). Nothing else in the project touches them: after a Gradio upgrade, read
@@ -117,6 +118,24 @@ def event_pending(demo, event_id: str) -> bool:
         return False
     return event_id in queue.event_ids_to_events or any(
         event_id in ids for ids in list(queue.pending_event_ids_session.values()))
+
+
+def live_events(demo) -> list:
+    """The events the demo's queue holds now, queued or running (Gradio ``Event``s: ``_id``, ``session_hash``,
+    ``alive``), a copy: for :func:`undelivered` once they have run."""
+    queue = queue_of(demo)
+    return [] if queue is None else list(queue.event_ids_to_events.values())
+
+
+def undelivered(demo, events) -> list:
+    """Of ``events`` (from :func:`live_events`), those whose result is still to reach a client that is still there:
+    the event is ``alive`` (Gradio's ``clean_events`` clears it when the session's result stream closes) and its id
+    is still in ``pending_event_ids_session`` (the stream removes it once it has written the completion)."""
+    queue = queue_of(demo)
+    if queue is None:
+        return []
+    return [event for event in events
+            if event.alive and event._id in queue.pending_event_ids_session.get(event.session_hash, ())]
 
 
 def current_event_id() -> str | None:

@@ -35,6 +35,7 @@ from sdxl_engine.serving.signals import StopSignals  # noqa: F401 (serve's; impo
 EXIT_START_FAILED = 1  # valid settings, yet the app could not start
 EXIT_BAD_SETTING = 2  # a flag or setting must change (argparse uses 2 too)
 QUIET_S = 2.0  # on shutdown, close once no HTTP request arrived for this long (image downloads)
+DELIVER_S = 5.0  # on shutdown, the longest wait for the accepted calls' results to be written to their clients
 
 
 def launch_options(host: str, port: int, share: bool, mcp: bool = False) -> dict:
@@ -191,6 +192,7 @@ def serve(demo, engine, options: dict, gate: RequestGate, drain_s: float = 60.0,
     log(f"[app] stopping: new requests are refused; finishing the ones already accepted "
         f"({gate.in_flight - in_line} running, {gradio_internals.waiting(demo) + in_line} waiting)")
     deadline = time.monotonic() + drain_s
+    accepted = gradio_internals.live_events(demo)
 
     def wait_until(done) -> None:  # polls, so an ignored second signal is logged while waiting
         while not done() and time.monotonic() < deadline:
@@ -198,10 +200,14 @@ def serve(demo, engine, options: dict, gate: RequestGate, drain_s: float = 60.0,
             time.sleep(0.05)
 
     wait_until(lambda: gate.in_flight == 0)
-    wait_until(lambda: gradio_internals.queue_idle(demo))  # results still on their way out
+    wait_until(lambda: gradio_internals.queue_idle(demo))
+    idle_at = time.monotonic()
+    # A finished call's result is written to its client's stream by another task: closing first would send the
+    # client "Server stopped unexpectedly" in its place. A client that left is not waited for, nor, past
+    # DELIVER_S, one that never reads its result.
+    wait_until(lambda: not gradio_internals.undelivered(demo, accepted) or time.monotonic() - idle_at > DELIVER_S)
     # Clients fetch a result's images after the result itself: close only once quiet_s seconds
     # passed since the last result and since the last HTTP request (still within the deadline).
-    idle_at = time.monotonic()
     wait_until(lambda: time.monotonic() - max(idle_at, gate.last_request) >= quiet_s)
     demo.close(verbose=False)
     signals.note_ignored(log)

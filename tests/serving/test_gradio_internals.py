@@ -52,6 +52,32 @@ def test_the_queue_and_its_tables():
     assert gi.session_stream_known(demo, "s1") and gi.event_pending(demo, "e2")
 
 
+def test_an_events_result_is_undelivered_until_its_stream_sends_it_or_its_client_leaves():
+    """server.serve's drain waits for the accepted calls' results to reach their clients: Gradio's own Event, its
+    tables as Queue.push fills them, and its clean_events (what a closed result stream runs)."""
+    import asyncio
+
+    from gradio.queueing import Event
+
+    demo = small_demo()
+    demo.queue()
+    queue = gi.queue_of(demo)
+    fn = demo.fns[gi.fn_indices(demo, ("generate",))[0]]
+    events = [Event(session, fn, None, None) for session in ("s1", "s2")]
+    for event in events:  # queued, as Queue.push leaves them
+        queue.event_ids_to_events[event._id] = event
+        queue.pending_event_ids_session.setdefault(event.session_hash, set()).add(event._id)
+    accepted = gi.live_events(demo)
+    assert accepted == events
+    queue.active_jobs.append(accepted)  # running, then finished (their completions still in their streams' queues)
+    queue.event_ids_to_events.clear()
+    assert gi.undelivered(demo, accepted) == events
+    queue.pending_event_ids_session["s1"].discard(events[0]._id)  # s1's stream wrote the completion
+    assert gi.undelivered(demo, accepted) == [events[1]]
+    asyncio.run(queue.clean_events(session_hash="s2"))  # s2's client left: its stream closed
+    assert events[1].alive is False and gi.undelivered(demo, accepted) == []
+
+
 def test_wrap_push_replaces_the_queues_push_and_closes_the_direct_run_route():
     demo = small_demo()
     demo.queue()
