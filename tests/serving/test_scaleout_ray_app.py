@@ -21,7 +21,7 @@ import grpc
 import psutil
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, wait_until
 from tools import loadtest
 
 pytestmark = pytest.mark.e2e
@@ -179,12 +179,6 @@ def test_two_clients_run_at_once_and_each_sees_and_stops_only_its_own_request(ap
     import httpx
     from gradio_client import Client
 
-    def wait_for(predicate, what, limit_s=120):
-        deadline = time.monotonic() + limit_s
-        while not predicate():
-            assert time.monotonic() < deadline, f"not within {limit_s} s: {what}"
-            time.sleep(0.02)
-
     # A1111: two addresses (127.0.0.2 reaches a server on 127.0.0.1)
     me = httpx.Client(base_url=app2.url + "sdapi/v1", timeout=300)
     other = httpx.Client(base_url=app2.url + "sdapi/v1", timeout=300,
@@ -204,7 +198,7 @@ def test_two_clients_run_at_once_and_each_sees_and_stops_only_its_own_request(ap
         states.update(me=me.get("/progress").json()["state"], other=other.get("/progress").json()["state"])
         return all(state["sampling_step"] >= 2 for state in states.values())
 
-    wait_for(both_past_step_2, "both A1111 requests at step 2 at once")
+    wait_until(both_past_step_2, "both A1111 requests at step 2 at once", 120)
     assert (states["me"]["sampling_steps"], states["other"]["sampling_steps"]) == (50, 45), states
     assert me.post("/interrupt").json() == {"interrupted": True}
     for thread in threads:
@@ -228,12 +222,12 @@ def test_two_clients_run_at_once_and_each_sees_and_stops_only_its_own_request(ap
                     seen[steps].append((unit.index, unit.length))
         return all(any(index >= 3 for index, _ in seen[steps]) for steps in jobs)
 
-    wait_for(both_jobs_past_step_3, "both jobs at step 3 at once")
+    wait_until(both_jobs_past_step_3, "both jobs at step 3 at once", 120)
     jobs[50].cancel()
     gallery, info = jobs[45].result(timeout=300)
     assert len(gallery) == 4 and info["num_inference_steps"] == 45  # ran to its end
     assert {length for _, length in seen[50]} == {50} and {length for _, length in seen[45]} == {45}, seen
-    wait_for(lambda: app2.log.count("(its call was cancelled)") > cancelled_before, "the cancel's log line", 60)
+    wait_until(lambda: app2.log.count("(its call was cancelled)") > cancelled_before, "the cancel's log line", 60)
     time.sleep(1)  # a second cancel line, had the other request been stopped too, would be in by now
     assert app2.log.count("(its call was cancelled)") == cancelled_before + 1
 

@@ -17,7 +17,7 @@ import time
 import httpx
 import pytest
 
-from tests.helpers import ROOT, RunningApp
+from tests.helpers import ROOT, RunningApp, wait_until
 from sdxl_engine.config import ConfigError, EngineConfig
 from sdxl_engine.serving.admission import SHUTTING_DOWN, over_limit_message
 from sdxl_engine.serving.server import StopSignals
@@ -182,7 +182,7 @@ def test_the_third_signal_exits_at_once_with_128_plus_its_number(page):
 
     harness, url, _ = page
     held = Client(url, verbose=False).submit("hold:never", api_name="/generate")
-    _wait(lambda: _running(held), "the call running")
+    wait_until(lambda: _running(held), "the call running")
     gap = 2 * StopSignals.BURST_S  # signals closer than that to the first are the first stop's burst
     harness.signal()
     assert "(1 running, 0 waiting)" in harness.until("[app] stopping")[-1]  # it keeps the drain open (60 s)
@@ -201,13 +201,6 @@ def test_the_third_signal_exits_at_once_with_128_plus_its_number(page):
 
 def _queue_size(url: str) -> int:
     return httpx.get(url + "gradio_api/queue/status", timeout=30).json()["queue_size"]
-
-
-def _wait(condition, what: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
-        time.sleep(0.05)
 
 
 def _running(job) -> bool:
@@ -257,7 +250,7 @@ def test_every_client_is_told_the_server_is_shutting_down(page):
     harness, url, folder = page
     first, second = Client(url, verbose=False), Client(url, verbose=False)
     running = first.submit("hold:first", api_name="/generate")
-    _wait(lambda: _running(running), "the first call running")
+    wait_until(lambda: _running(running), "the first call running")
     harness.signal()
     harness.until("[app] stopping")
     with pytest.raises(AppError) as refused:
@@ -285,9 +278,9 @@ def test_one_client_cannot_hold_the_queue(page):
     a = Client(url, verbose=False, headers=forwarded("198.51.100.1"))
     b = Client(url, verbose=False, headers=forwarded("198.51.100.2"))
     b_job = b.submit("hold:b", api_name="/generate")
-    _wait(lambda: _running(b_job), "B's call running")
+    wait_until(lambda: _running(b_job), "B's call running")
     a_jobs = [a.submit(f"hold:a{i}", api_name="/generate") for i in (1, 2)]
-    _wait(lambda: _queue_size(url) == 2, "A's two calls queued")
+    wait_until(lambda: _queue_size(url) == 2, "A's two calls queued")
     with pytest.raises(AppError) as refused:
         a.submit("hold:a3", api_name="/generate").result(timeout=60)  # refused at once, while B's call is still running
     assert str(refused.value) == message and not b_job.done()
@@ -313,15 +306,15 @@ def test_one_client_cannot_hold_the_queue(page):
     assert _browser_join(url, tab, "again", tab_from)["output"]["data"] == ["done: again"]  # the tab's places were freed
     with pytest.raises(AppError, match="refused: the prompt says fail"):
         a.predict("fail", api_name="/generate")  # a call that fails frees its place too
-    _wait(lambda: _queue_size(url) == 0, "the queue empty")
+    wait_until(lambda: _queue_size(url) == 0, "the queue empty")
     blocker = b.submit("hold:b2", api_name="/generate")  # B's again: A's next calls wait behind it
-    _wait(lambda: _running(blocker), "B's second call running")
+    wait_until(lambda: _running(blocker), "B's second call running")
     cancelled = a.submit("hold:a5", api_name="/generate")
-    _wait(lambda: _queue_size(url) == 1, "A's fifth call queued")
+    wait_until(lambda: _queue_size(url) == 1, "A's fifth call queued")
     cancelled.cancel()  # (Gradio cancels a session's calls of this event, so none of A's is running)
-    _wait(lambda: _queue_size(url) == 0, "A's fifth call cancelled")
+    wait_until(lambda: _queue_size(url) == 0, "A's fifth call cancelled")
     again = [a.submit(f"hold:a{i}", api_name="/generate") for i in (6, 7)]  # two places again, not fewer
-    _wait(lambda: _queue_size(url) == 2, "A's sixth and seventh calls queued")
+    wait_until(lambda: _queue_size(url) == 2, "A's sixth and seventh calls queued")
     with pytest.raises(AppError) as refused:
         a.submit("hold:a8", api_name="/generate").result(timeout=60)  # and not more
     assert str(refused.value) == message
@@ -347,23 +340,23 @@ def test_made_up_sessions_get_no_more_places_and_forwarding_counts_only_behind_a
     message = over_limit_message(2)
     b = Client(url, verbose=False, headers=forwarded("198.51.100.2"))
     running = b.submit("hold:b", api_name="/generate")
-    _wait(lambda: _running(running), "B's call running")
+    wait_until(lambda: _running(running), "B's call running")
     a = forwarded("198.51.100.1")
     joins = [(session, _join(url, session, f"hold:a{i}", a))
              for i, session in enumerate(secrets.token_hex(5) for _ in range(17))]
-    _wait(lambda: _queue_size(url) == 2, "two of A's calls queued")
+    wait_until(lambda: _queue_size(url) == 2, "two of A's calls queued")
     time.sleep(0.5)
     assert _queue_size(url) == 2  # and no more: fifteen were refused without taking a place
     assert _completion(url, *joins[2], a)["output"]["error"] == message
     c = Client(url, verbose=False, headers=forwarded("198.51.100.3")).submit("hold:c", api_name="/generate")
-    _wait(lambda: _queue_size(url) == 3, "C's call queued")  # another client is not told the queue is full
+    wait_until(lambda: _queue_size(url) == 3, "C's call queued")  # another client is not told the queue is full
     with httpx.stream("GET", url + f"gradio_api/queue/data?session_hash={joins[0][0]}", timeout=30,
                       headers=a) as stream:
         next(stream.iter_lines())  # the stream is open; closing it is A leaving
-    _wait(lambda: _queue_size(url) == 2, "A's left call dropped from the queue")
+    wait_until(lambda: _queue_size(url) == 2, "A's left call dropped from the queue")
     replacement = secrets.token_hex(5)
     replacement_id = _join(url, replacement, "hold:a-again", a)  # the place A's left call held is A's again
-    _wait(lambda: _queue_size(url) == 3, "A's new call queued")
+    wait_until(lambda: _queue_size(url) == 3, "A's new call queued")
     for name in ("b", "c", "a1", "a-again"):
         (folder / name).touch()
     assert running.result(timeout=60) == "done: hold:b" and c.result(timeout=60) == "done: hold:c"
@@ -408,7 +401,7 @@ def test_the_page_shows_the_shutdown_message(page):
 
     harness, url, folder = page
     running = Client(url, verbose=False).submit("hold:first", api_name="/generate")
-    _wait(lambda: _running(running), "the first call running")
+    wait_until(lambda: _running(running), "the first call running")
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu"])
         try:
