@@ -11,11 +11,13 @@ returns ``"done: <prompt>"``; a prompt ``hold:<name>`` first waits until the fil
 exists (so a test decides when a call ends, without timing); ``fail`` raises ``gr.Error``.
 Settings come from the environment as for the app (``SDXL_MAX_REQUESTS_PER_CLIENT``);
 ``HARNESS_SET_UP_S=S`` makes serve's ``on_launch`` take S seconds (as mounting the protocol APIs takes
-some), so a test can watch what a client gets meanwhile.
+some), so a test can watch what a client gets meanwhile; ``HARNESS_LOOP_LAG_S=S`` stalls Gradio's event loop
+for S seconds once each call's completion is queued, before its result stream can send it (:func:`lag_completions`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 import tempfile
@@ -83,8 +85,28 @@ def stops(port: int, count: int) -> int:
     return 0
 
 
+def lag_completions(seconds: float) -> None:
+    """Stall Gradio's event loop for ``seconds`` right after it queues a call's completion for the call's result
+    stream (``Queue.send_message``), as a loaded machine may: the call is then done (``gate.in_flight`` 0, the
+    queue idle) while its client has not been sent the result; a close in that window must wait for the stream."""
+    from gradio import queueing
+    from gradio.server_messages import ProcessCompletedMessage
+
+    send = queueing.Queue.send_message
+
+    def lagging(self, event, message):
+        if isinstance(message, ProcessCompletedMessage):  # runs first in the loop's next step, before the stream
+            asyncio.get_running_loop().call_soon(time.sleep, seconds)
+        return send(self, event, message)
+
+    queueing.Queue.send_message = lagging
+
+
 def page(port: int, folder: Path) -> int:
     import gradio as gr
+
+    if os.environ.get("HARNESS_LOOP_LAG_S"):
+        lag_completions(float(os.environ["HARNESS_LOOP_LAG_S"]))
 
     def generate(prompt: str) -> str:
         if prompt == "fail":

@@ -266,6 +266,28 @@ def test_every_client_is_told_the_server_is_shutting_down(page):
     assert "[app] stopped" in "".join(harness.log)
 
 
+def test_a_result_reaches_its_client_though_the_event_loop_lags_at_the_close(tmp_path):
+    """The drain closes only once the accepted call's result is written to its client's stream: with Gradio's event
+    loop stalled 0.5 s between queueing the completion and the stream sending it (serve_harness
+    HARNESS_LOOP_LAG_S, as on a loaded machine), the client still gets its result, not Gradio's "Server stopped
+    unexpectedly" (gradio_client: KeyError 'unexpected_error'), and the process exits 0."""
+    from gradio_client import Client
+
+    port = next(PORTS)
+    harness = Harness("page", str(port), str(tmp_path), env={"HARNESS_LOOP_LAG_S": "0.5"})
+    try:
+        harness.until("[app] Running on local URL")
+        running = Client(f"http://127.0.0.1:{port}/", verbose=False).submit("hold:first", api_name="/generate")
+        wait_until(lambda: _running(running), "the call running")
+        harness.signal()
+        harness.until("[app] stopping")
+        (tmp_path / "first").touch()
+        assert running.result(timeout=60) == "done: hold:first"
+        assert harness.proc.wait(60) == 0
+    finally:
+        harness.close()
+
+
 def test_one_client_cannot_hold_the_queue(page):
     """Default cap 2: client A's third call is refused at once with the cap's message (gradio_client,
     the page's protocol, raw HTTP; each client its own address) while B's call runs; B's call ends
