@@ -43,7 +43,7 @@ def wait_until(condition, what: str, timeout: float = 60.0) -> None:
     """Poll ``condition()`` until true; AssertionError naming ``what`` after a generous ``timeout``."""
     deadline = time.monotonic() + timeout
     while not condition():
-        assert time.monotonic() < deadline, what
+        assert time.monotonic() < deadline, f"{what} (not within {timeout:g} s)"
         time.sleep(0.05)
 
 
