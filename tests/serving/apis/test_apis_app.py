@@ -439,39 +439,42 @@ def test_a_clients_gradio_calls_and_protocol_requests_count_together(app, hold_d
     assert [a.status_code for a in answers] == [200, 200]
 
 
-def test_a1111_progress_and_interrupt_reach_only_the_callers_own_a1111_requests(app):
+def test_a1111_progress_and_interrupt_reach_only_the_callers_own_a1111_requests(app, hold_dir):
     """A1111's /progress, /interrupt and /skip concern the caller's own A1111 requests (its address): they
     never see or stop a gradio_client (page) request, nor another address's; a cross-site form post is
-    refused. Two loopback addresses stand for two clients (127.0.0.2 reaches a server on 127.0.0.1)."""
+    refused. Two loopback addresses stand for two clients (127.0.0.2 reaches a server on 127.0.0.1). Each
+    request is held in flight (helpers.Hold) while the others look at it, so none can end before they have."""
     auth = {"Authorization": f"Bearer {KEY}"}
     me = httpx.Client(base_url=app.url + "sdapi/v1", headers=auth, timeout=300)
     other = httpx.Client(base_url=app.url + "sdapi/v1", headers=auth, timeout=300,
                          transport=httpx.HTTPTransport(local_address="127.0.0.2"))
 
     # a page (gradio_client) request: no A1111 client sees or stops it
-    job = app.client().submit(api_name="/generate", prompt=PROMPT, seed=21, num_inference_steps=50)
-    wait_until(lambda: any(u.unit == "steps" and (u.index or 0) >= 2 for u in job.status().progress_data or []),
-               "the page request's step 2", 120)
-    assert me.get("/progress").json()["state"]["job_count"] == 0
-    assert me.post("/interrupt").json() == {"interrupted": False}
-    assert me.post("/skip").json() == {"skipped": False}
+    with Hold(hold_dir, PROMPT) as hold:
+        job = app.client().submit(api_name="/generate", prompt=hold.prompt, seed=21, num_inference_steps=50)
+        wait_processing(job)
+        assert me.get("/progress").json()["state"]["job_count"] == 0
+        assert me.post("/interrupt").json() == {"interrupted": False}
+        assert me.post("/skip").json() == {"skipped": False}
     gallery, info = job.result(timeout=300)
     assert len(gallery) == 4 and info["num_inference_steps"] == 50  # ran to its end
 
     # another address's A1111 request: mine shows nothing and my interrupt stops nothing; theirs does
     answer = {}
-    thread = threading.Thread(target=lambda: answer.update(response=other.post(
-        "/txt2img", json={"prompt": PROMPT, "steps": 50, "seed": 22, **SIZE})))
-    thread.start()
-    wait_until(lambda: other.get("/progress").json()["state"]["sampling_step"] >= 2, "the other address's step 2", 120)
-    assert me.get("/progress").json()["state"]["job_count"] == 0
-    assert me.post("/interrupt").json() == {"interrupted": False}
-    # a form another site's page posts (no CORS preflight) is refused before it reaches the route
-    forged = other.post("/interrupt", headers={"Origin": "https://evil.example", "Sec-Fetch-Site": "cross-site"},
-                        content=b"x=1", )
-    assert forged.status_code == 403 and forged.json()["detail"].startswith("requests from another site's page")
-    assert other.get("/progress").json()["state"]["interrupted"] is False
-    assert other.post("/interrupt").json() == {"interrupted": True}
+    with Hold(hold_dir, PROMPT) as hold:
+        thread = threading.Thread(target=lambda: answer.update(response=other.post(
+            "/txt2img", json={"prompt": hold.prompt, "steps": 50, "seed": 22, **SIZE})))
+        thread.start()
+        wait_until(lambda: other.get("/progress").json()["state"]["job"], "the other address's request never began",
+                   120)
+        assert me.get("/progress").json()["state"]["job_count"] == 0
+        assert me.post("/interrupt").json() == {"interrupted": False}
+        # a form another site's page posts (no CORS preflight) is refused before it reaches the route
+        forged = other.post("/interrupt", headers={"Origin": "https://evil.example", "Sec-Fetch-Site": "cross-site"},
+                            content=b"x=1", )
+        assert forged.status_code == 403 and forged.json()["detail"].startswith("requests from another site's page")
+        assert other.get("/progress").json()["state"]["interrupted"] is False
+        assert other.post("/interrupt").json() == {"interrupted": True}
     thread.join(300)
     info = json.loads(answer["response"].json()["info"])
     assert info["interrupted"] is True and answer["response"].json()["images"] == []
