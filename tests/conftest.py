@@ -30,6 +30,14 @@ for _name, _sub in (("SDXL_MODEL_CACHE_DIR", "models"), ("SDXL_COMPILE_CACHE_DIR
 # XLA_FLAGS already stays.
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=1".strip()
+# Python may keep the bytecode of what it imports (the checkout's __pycache__ folders, git-ignored) even where the
+# environment says not to (PYTHONDONTWRITEBYTECODE): the session starts about 60 Python processes that import the app
+# (about 10 s of CPU each on the 2-core CI machine), and without it each compiles the project's modules again,
+# about 2 s more per process (BENCHMARKS.md, "Test time"). Children inherit this; this process keeps the flag off too.
+if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is not None:
+    import sys
+
+    sys.dont_write_bytecode = False
 # Under pytest-xdist (pyproject's addopts) each worker's apps get their own Gradio temp folder: the guard and
 # delivery tests count the files in it, and another worker's app would add some of its own.
 if os.environ.get("PYTEST_XDIST_WORKER"):
