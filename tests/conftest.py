@@ -9,6 +9,7 @@ of its own). Every app the tests start inherits them.
 import atexit
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -35,8 +36,6 @@ if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
 # (about 10 s of CPU each on the 2-core CI machine), and without it each compiles the project's modules again,
 # about 2 s more per process (BENCHMARKS.md, "Test time"). Children inherit this; this process keeps the flag off too.
 if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is not None:
-    import sys
-
     sys.dont_write_bytecode = False
 # Under pytest-xdist (pyproject's addopts) each worker's apps get their own Gradio temp folder: the guard and
 # delivery tests count the files in it, and another worker's app would add some of its own.

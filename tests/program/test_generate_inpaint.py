@@ -34,7 +34,9 @@ def reference():
 @pytest.fixture(scope="module")
 def programs():
     """The inpainting programs of tiny-pt (4 channels) and tiny-pt-inpaint (9): 2 images at 64x64 with CFG over 2
-    devices, and ``run(channels, sampler, strength, ...)`` -> (2, 64, 64, 3) int images."""
+    devices, and ``run(channels, sampler, strength, ...)`` -> (2, 64, 64, 3) int images. ``run.compile(channels)``
+    compiles that model's program again (for a test that patched what it traces), and ``run(..., program=it)`` runs
+    it on the same weights and inputs."""
     import jax
 
     from sdxl_engine.checkpoint.loading import load_folder
@@ -51,8 +53,9 @@ def programs():
         built[channels] = (model, params, compile_program(model, params, shape, mesh))
 
     def run(channels, sampler, strength, pictures, masks, seeds=tuple(META["seeds"]), start=None, from_noise=None,
-            **replace):
+            program=None, **replace):
         model, params, compiled = built[channels]
+        compiled = program or compiled
         start = img2img_start(STEPS, strength) if start is None else start
         ids, _ = tokenize(model, SETTINGS["prompt"])
         negative, _ = tokenize(model, SETTINGS["negative_prompt"])
@@ -63,6 +66,11 @@ def programs():
         inputs = dataclasses.replace(inputs, **replace)
         return np.asarray(compiled.executable(params, inputs)[0]).astype(int)
 
+    def recompile(channels):
+        model, params, _ = built[channels]
+        return compile_program(model, params, shape, mesh)
+
+    run.compile = recompile
     return run
 
 
@@ -158,14 +166,9 @@ def test_the_blend_uses_the_renoised_image_latents(programs, reference):
     what the reference did. Both wrong blends run in one program (one compile): the first seed's image blends
     without re-noising, the second's with fresh noise per step (``shard_map`` gives each device its own images, so
     the image is told by its seed)."""
-    import jax
     import jax.numpy as jnp
 
-    from sdxl_engine.checkpoint.loading import load_folder
     from sdxl_engine.program import generate
-    from sdxl_engine.program.compiling import compile_program
-    from sdxl_engine.program.generate import ProgramInputs, ProgramShape, tokenize
-    from sdxl_engine.program.sharding import make_mesh, replicated
 
     first_seed = META["seeds"][0]
 
@@ -176,18 +179,10 @@ def test_the_blend_uses_the_renoised_image_latents(programs, reference):
     saved = generate.keep_known
     try:
         generate.keep_known = wrong  # a new compile: the patched function is traced into a fresh program
-        model = load_folder(MODELS[4], "tiny-pt", "float32")
-        mesh = make_mesh(jax.devices()[:2])
-        params = jax.device_put(model.params, replicated(mesh))
-        compiled = compile_program(model, params, ProgramShape(2, 64, 64, STEPS, init_image=True, inpaint=True), mesh)
-        ids, _ = tokenize(model, SETTINGS["prompt"])
-        negative, _ = tokenize(model, SETTINGS["negative_prompt"])
-        inputs = ProgramInputs.build(ids, negative, False, META["seeds"], SETTINGS["guidance_scale"],
-                                     make_schedule("Euler", model.scheduler_config, STEPS), STEPS, STEPS,
-                                     image=reference["pictures"], start_step=3, mask=reference["masks"] / 255.0)
-        images = np.asarray(compiled.executable(params, inputs)[0]).astype(int)
+        compiled = programs.compile(4)
     finally:
         generate.keep_known = saved
+    images = programs(4, "Euler", 0.75, reference["pictures"], reference["masks"], program=compiled)
     off = np.abs(images - reference["unet4_euler_075_images"].astype(int)).mean(axis=(1, 2, 3))
     print(f"un-noised (seed {first_seed}): mean {off[0]:.2f}/255; fresh noise per step: mean {off[1]:.2f}/255")
     assert off[0] > 1.0 and off[1] > 1.0, off
@@ -425,13 +420,7 @@ def test_the_inpainting_unet_sees_the_masked_image(programs, reference):
     """The 9-channel UNet's third input is the image with the repainted area zeroed ((mask < 0.5) in [-1, 1]): the
     whole image there instead is 10x farther from diffusers' images than the right program (the random UNet reads
     those channels weakly, so the parity tolerance alone would not see it)."""
-    import jax
-
-    from sdxl_engine.checkpoint.loading import load_folder
     from sdxl_engine.program import generate
-    from sdxl_engine.program.compiling import compile_program
-    from sdxl_engine.program.generate import ProgramInputs, ProgramShape, tokenize
-    from sdxl_engine.program.sharding import make_mesh, replicated
 
     saved = generate.image_conditioning
 
@@ -439,21 +428,13 @@ def test_the_inpainting_unet_sees_the_masked_image(programs, reference):
         image = saved(st, params, inputs)
         return image._replace(masked=generate.encode_image(st, params, inputs.image))
 
-    model = load_folder(FOLDER, "tiny-pt-inpaint", "float32")
-    mesh = make_mesh(jax.devices()[:2])
-    params = jax.device_put(model.params, replicated(mesh))
     try:
         generate.image_conditioning = unmasked
-        compiled = compile_program(model, params, ProgramShape(2, 64, 64, STEPS, init_image=True, inpaint=True), mesh)
+        compiled = programs.compile(9)
     finally:
         generate.image_conditioning = saved
-    ids, _ = tokenize(model, SETTINGS["prompt"])
-    negative, _ = tokenize(model, SETTINGS["negative_prompt"])
-    inputs = ProgramInputs.build(ids, negative, False, META["seeds"], SETTINGS["guidance_scale"],
-                                 make_schedule("Euler", model.scheduler_config, STEPS), STEPS, STEPS,
-                                 image=reference["pictures"], start_step=3, mask=reference["masks"] / 255.0)
-    want = reference["unet9_euler_075_images"].astype(int)
-    wrong = np.abs(np.asarray(compiled.executable(params, inputs)[0]).astype(int) - want).mean()
+    images = programs(9, "Euler", 0.75, reference["pictures"], reference["masks"], program=compiled)
+    wrong = np.abs(images - reference["unet9_euler_075_images"].astype(int)).mean()
     right = _off(programs, reference, "unet9_euler_075")
     print(f"masked image unmasked: mean {wrong:.3f}/255 (the right program: {right:.4f})")
     assert wrong > 10 * right and wrong > 0.05, (wrong, right)
