@@ -27,6 +27,9 @@ ARTIFACTS = ROOT / "artifacts"
 DEFAULTS = {"sampler": EngineConfig.sampler, "num_inference_steps": EngineConfig.num_inference_steps,
             **engine_defaults("tiny-shapes")}
 CAPTION = re.compile(r"^seed (\d+)(?: · ([^·]+))? · (\d+\.\d\d) s$")
+# Gradio's own loading overlay over the whole page: it covers the widgets (already in the page under it) until
+# the app has started. Clicking while it is up makes Playwright scroll to find the button unhidden.
+APP_LOADER = '.gradio-container > .main > [data-testid="status-tracker"]'
 
 pytestmark = [pytest.mark.e2e,
               pytest.mark.skipif(not CHROMIUM.exists(), reason=f"{CHROMIUM} not installed (apt-get install chromium)")]
@@ -62,8 +65,7 @@ class OfflinePage:
 
     def open(self):
         self.page.goto(self.url, wait_until="load", timeout=60_000)
-        self.page.wait_for_selector("#prompt textarea", timeout=30_000)
-        return self.page
+        return started(self.page)
 
     def close(self):
         self.context.close()
@@ -74,6 +76,13 @@ def offline(browser, app_server):
     page = OfflinePage(browser, app_server.url)
     yield page
     page.close()
+
+
+def started(page):
+    """Wait until the page is what a user sees once it has loaded: the prompt box, no loading overlay."""
+    page.wait_for_selector("#prompt textarea", timeout=30_000)
+    page.wait_for_selector(APP_LOADER, state="detached", timeout=30_000)
+    return page
 
 
 def generate(page, prompt: str, style: str | None = None) -> list[str]:
@@ -252,7 +261,7 @@ def test_history_survives_a_reload_and_restores_settings(offline):
     captions = generate(page, "a blue ring", "(No style)")
     newest_seed = CAPTION.match(captions[0]).group(1)
     page.reload()
-    page.wait_for_selector("#prompt textarea")
+    started(page)
     page.wait_for_function("document.querySelectorAll('#history .gallery-item').length >= 8")
     history = page.locator("#history .gallery-item")
     assert history.nth(0).inner_text().strip() == f"seed {newest_seed} · a blue ring"
