@@ -27,9 +27,12 @@ ARTIFACTS = ROOT / "artifacts"
 DEFAULTS = {"sampler": EngineConfig.sampler, "num_inference_steps": EngineConfig.num_inference_steps,
             **engine_defaults("tiny-shapes")}
 CAPTION = re.compile(r"^seed (\d+)(?: · ([^·]+))? · (\d+\.\d\d) s$")
-# Gradio's own loading overlay over the whole page: it covers the widgets (already in the page under it) until
-# the app has started. Clicking while it is up makes Playwright scroll to find the button unhidden.
-APP_LOADER = '.gradio-container > .main > [data-testid="status-tracker"]'
+# The page has started when Generate takes a click: the point at its centre hits the button. Until then Gradio's
+# loading overlay covers the widgets already in the page, and a click makes Playwright scroll the page to find the
+# button uncovered (a 1280x800 page was left scrolled by 206 px on a loaded machine).
+GENERATE_TAKES_A_CLICK = """() => { const b = document.querySelector('#generate'); if (!b) return false;
+  const r = b.getBoundingClientRect();
+  return r.width > 0 && b.contains(document.elementFromPoint(r.left + r.width / 2, r.top + r.height / 2)); }"""
 
 pytestmark = [pytest.mark.e2e,
               pytest.mark.skipif(not CHROMIUM.exists(), reason=f"{CHROMIUM} not installed (apt-get install chromium)")]
@@ -79,9 +82,9 @@ def offline(browser, app_server):
 
 
 def started(page):
-    """Wait until the page is what a user sees once it has loaded: the prompt box, no loading overlay."""
+    """Wait until the page is what a user sees once it has loaded: the prompt box, and Generate uncovered."""
     page.wait_for_selector("#prompt textarea", timeout=30_000)
-    page.wait_for_selector(APP_LOADER, state="detached", timeout=30_000)
+    page.wait_for_function(GENERATE_TAKES_A_CLICK, timeout=30_000)
     return page
 
 
