@@ -3,6 +3,7 @@ lookup (program/executables.py stores and loads; this module decides what a prog
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import time
@@ -11,6 +12,7 @@ from typing import Callable
 
 import jax
 from jax._src import config as jax_config  # its thread-local enable_compilation_cache switch has no public API
+from jax._src import compilation_cache  # reset_cache: JAX reads that switch once per process (persistent_cache_off)
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from sdxl_engine.checkpoint.loading import LoadedModel
@@ -136,11 +138,33 @@ def cached_program(model: LoadedModel, params, shape: ProgramShape, mesh: Mesh,
     # What is stored must come from a fresh compile: XLA:CPU (jaxlib 0.12) drops kernels when it re-serializes an
     # executable it deserialized, such as one JAX's persistent cache served (measured: the reloaded copy fails with
     # "Function multiply_add_fusion not found"). So this program bypasses that cache; everything else still uses it.
-    with jax_config.enable_compilation_cache(False):
+    hits = cache_counts()["hits"]
+    with persistent_cache_off():
         program = compile_program(model, params, shape, mesh)
-    program.cache_note = f"{found.note}; {cache.store(key, program.executable, devices, in_tree, out_tree)}"
+    if cache_counts()["hits"] != hits:  # another thread turned the cache back on meanwhile: store nothing
+        program.cache_note = f"{found.note}; not stored: JAX's persistent compilation cache served it"
+    else:
+        program.cache_note = f"{found.note}; {cache.store(key, program.executable, devices, in_tree, out_tree)}"
     program.compile_s = time.perf_counter() - start
     return program
+
+
+@contextlib.contextmanager
+def persistent_cache_off():
+    """Compile without JAX's persistent compilation cache inside this block (this thread), then turn it back on.
+
+    JAX's ``enable_compilation_cache(False)`` alone does not do it once the process has compiled with the cache:
+    ``compilation_cache.is_cache_used`` keeps its first answer for the process (jax 0.12), so a later compile
+    of a program the cache holds is served from it (measured: the executable cache then stored a 3.5 MB copy
+    instead of 4.0 MB, and a new process that loaded it failed with "Function ..._fusion not found").
+    ``reset_cache`` makes JAX ask again, here with the switch off and after the block with it back on.
+    """
+    with jax_config.enable_compilation_cache(False):
+        compilation_cache.reset_cache()
+        try:
+            yield
+        finally:
+            compilation_cache.reset_cache()
 
 
 # Persistent compilation cache reads, counted process-wide from JAX's monitoring events, so
