@@ -141,7 +141,9 @@ def cached_program(model: LoadedModel, params, shape: ProgramShape, mesh: Mesh,
     hits = cache_counts()["hits"]
     with persistent_cache_off():
         program = compile_program(model, params, shape, mesh)
-    if cache_counts()["hits"] != hits:  # another thread turned the cache back on meanwhile: store nothing
+    # The count is process-wide: a hit meanwhile is this compile's (another thread's block ended and turned the
+    # cache back on) or another thread's compile. Either way store nothing; a later miss compiles and stores it.
+    if cache_counts()["hits"] != hits:
         program.cache_note = f"{found.note}; not stored: JAX's persistent compilation cache served it"
     else:
         program.cache_note = f"{found.note}; {cache.store(key, program.executable, devices, in_tree, out_tree)}"
