@@ -19,7 +19,9 @@ line at start-up when the installed Gradio is another.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.metadata
+import json
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
@@ -194,8 +196,49 @@ def temp_folder(demo) -> Path:
 
 def file_sets(demo) -> list[set]:
     """The sets in which Gradio records the files the app created (each request's gallery PNGs);
-    live: removing a path from one makes Gradio forget it."""
-    return list(demo.temp_file_sets)
+    live: removing a path from one makes Gradio forget it.
+
+    Two kinds: the demo's components' own sets (``Blocks.temp_file_sets``) and those of the per-session copies
+    Gradio makes of a component when an event returns an update for it (``gr.update()``, ``gr.skip()``, a component
+    instance: ``Blocks.postprocess_data`` stores ``block.__class__(**kwargs)`` in the session's ``SessionState``,
+    ``state_holder.session_data[...].blocks_config.blocks``). From then on that session's outputs of the component
+    are postprocessed by the copy and recorded in the copy's set, which ``temp_file_sets`` does not list: without
+    them one error on the page (whose failure event leaves the gallery as it is, an update) made every later image
+    of that browser tab "not a file of this app" for the guard.
+    """
+    sets = list(demo.temp_file_sets)
+    seen = {id(file_set) for file_set in sets}
+    originals = [(block_id, block) for block_id, block in list(demo.blocks.items()) if _holds_files(block)]
+    if not originals:
+        return sets
+    for state in list(demo.state_holder.session_data.values()):
+        blocks = state.blocks_config.blocks
+        for block_id, original in originals:
+            copy = blocks.get(block_id)
+            file_set = getattr(copy, "temp_files", None)
+            if copy is not original and file_set is not None and id(file_set) not in seen:
+                seen.add(id(file_set))
+                sets.append(file_set)
+    return sets
+
+
+def _holds_files(block) -> bool:
+    """Whether ``block`` is a component whose values are files (its data model holds FileData: Gallery, Image,
+    ImageEditor, File...): the only components whose session copies record files. Known per class."""
+    return _class_holds_files(type(block))
+
+
+@functools.cache
+def _class_holds_files(cls) -> bool:
+    from gradio.data_classes import FileData
+
+    model = getattr(cls, "data_model", None)
+    model = model if isinstance(model, type) else None  # a property on some classes: such ones hold no files here
+    try:
+        fields = model.model_json_schema() if model is not None else {}
+    except Exception:  # a data model pydantic cannot describe: not a file component of this page
+        return False
+    return FileData.__name__ in json.dumps(fields)
 
 
 def upload_files(demo) -> set:

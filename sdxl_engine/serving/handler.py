@@ -372,9 +372,8 @@ def stream_previews(generate: Callable, values: tuple, progress, arrived: float 
                 if stop_asked():  # cancelled: no one reads this stream any more; wait for the engine's stop
                     continue
                 # Nothing new: the same values again (an empty diff), so that a cancel can close this
-                # generator. Not gr.skip(): Gradio answers it with a session copy of the gallery, whose
-                # files it does not record, so guard.Routes would refuse to serve them. Not before the
-                # first step (docstring): the progress line of the wait stays on the page.
+                # generator. Not before the first step (docstring): the progress line of the wait stays on
+                # the page.
                 if stepping.is_set():
                     yield shown, None
                 continue

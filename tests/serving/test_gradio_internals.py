@@ -102,6 +102,38 @@ def test_temp_files_and_the_files_gradio_keeps():
     assert isinstance(uploads, set) and any(s is uploads for s in sets)
 
 
+def test_a_session_copy_of_a_gallery_records_its_files_in_one_of_the_file_sets(tmp_path):
+    """An event that returns an update for the gallery (the page's failure event: gr.update()) makes Gradio keep a
+    copy of the gallery for that session, and the session's later images are recorded in the copy's set:
+    file_sets lists it (the guard serves those images, the janitor sweeps them), and not another session's view of
+    the gallery, which is the demo's own."""
+    import asyncio
+
+    from PIL import Image
+
+    with gr.Blocks() as demo:
+        gallery = gr.Gallery()
+        text = gr.Textbox()
+        button = gr.Button()
+        button.click(lambda: gr.update(), None, gallery)
+        button.click(lambda: [], None, gallery)
+        button.click(lambda: gr.update(value="x"), None, text)  # a copy of a component without files: no set
+    demo.state_holder.set_blocks(demo)
+    png = tmp_path / "seed1.png"
+    Image.new("RGB", (8, 6)).save(png)
+    mine, other = demo.state_holder["mine"], demo.state_holder["other"]
+    failed, shown, typed = demo.fns.values()
+    asyncio.run(demo.postprocess_data(failed, gr.update(), mine))
+    asyncio.run(demo.postprocess_data(typed, gr.update(value="x"), mine))
+    before = len(gi.file_sets(demo))
+    [value] = asyncio.run(demo.postprocess_data(shown, [(str(png), "seed 1")], mine))
+    served = value[0]["image"]["path"]  # Gradio's copy of the PNG in its cache folder
+    assert not any(served in s for s in demo.temp_file_sets)  # recorded in the session's copy only
+    assert any(served in s for s in gi.file_sets(demo)) and len(gi.file_sets(demo)) == before == \
+        len(demo.temp_file_sets) + 1
+    assert other[gallery._id] is gallery and mine[gallery._id] is not gallery
+
+
 def test_a_middleware_added_after_the_first_request_is_outermost():
     app = FastAPI()
     seen = []

@@ -877,3 +877,54 @@ def test_outpaint_extends_the_picture_to_the_right(browser, app_server):
         page.screenshot(path=str(ARTIFACTS / "ui-outpaint-1280.png"), full_page=True)
     finally:
         offline.close()
+
+
+def images_load(page, selector: str, count: int) -> list[int]:
+    """The natural widths of the first ``count`` images under ``selector`` once each has loaded or failed (0: the
+    browser could not load it)."""
+    page.wait_for_function("([sel, n]) => { const imgs = [...document.querySelectorAll(sel)].slice(0, n);"
+                           " return imgs.length === n && imgs.every(i => i.complete); }",
+                           arg=[selector, count], timeout=30_000)
+    return page.evaluate("([sel, n]) => [...document.querySelectorAll(sel)].slice(0, n).map(i => i.naturalWidth)",
+                         [selector, count])
+
+
+def refuse_generate(page):
+    page.fill("#prompt textarea", "   ")
+    page.click("#generate")
+
+
+def refuse_generate_from_image(page):
+    """"Generate from image" with no picture in the editor: refused naming the image."""
+    page.locator("#img2img-box button").first.click()
+    page.wait_for_selector("#generate-image", state="visible")
+    page.fill("#prompt textarea", "a red circle")
+    page.click("#generate-image")
+
+
+@pytest.mark.parametrize("refuse", [refuse_generate, refuse_generate_from_image], ids=["generate", "from-image"])
+def test_after_an_error_the_next_results_images_load_and_can_be_sent_to_the_editor(offline, refuse):
+    """An error on the page (the pop-up), then Generate: the four images and the history's thumbnails load in the
+    browser (no 404: the failure event leaves the gallery as it was, an update, after which Gradio records that
+    tab's images in a copy of the gallery the guard once did not know), and a gallery image sent to the editor
+    runs image to image. Each of the page's events that a user can make fail is one case."""
+    page = offline.open()
+    page.wait_for_function("document.querySelector('#engine-status')?.innerText.includes('Ready on')")
+    missing: list[str] = []
+    page.on("response", lambda r: missing.append(r.url) if r.status >= 400 else None)
+    refuse(page)
+    page.wait_for_selector(".toast-body.error", timeout=30_000)
+    captions = generate(page, "a red circle on a blue background")
+    assert len(captions) == 4
+    assert images_load(page, "#gallery .grid-container .gallery-item img", 4) == [64] * 4
+    assert images_load(page, "#history .gallery-item img", 4) == [64] * 4
+    page.locator("#gallery .grid-container .gallery-item").nth(1).click()
+    page.wait_for_function("!document.querySelector('#send-to-image')?.disabled")
+    page.click("#send-to-image")
+    page.wait_for_function("!document.querySelector('#init-image')?.innerText.includes('Upload an image')")
+    previous = page.inner_text("#result-status")
+    page.click("#generate-image")
+    page.wait_for_function("prev => { const t = document.querySelector('#result-status')?.innerText;"
+                           " return t.includes('images on') && t !== prev; }", arg=previous, timeout=90_000)
+    assert images_load(page, "#gallery .grid-container .gallery-item img", 4) == [64] * 4
+    assert missing == [] and offline.blocked == []
