@@ -168,6 +168,10 @@ class EngineConfig:
     # Compiled programs kept in memory beyond the size buckets' (the least recently used dropped; the
     # executable cache keeps them on disk, so one comes back without compiling).
     max_resident_programs: int = 8
+    # Memory a request's run may take, in GB (on CPU devices: of the host's memory, which they share; on
+    # accelerators: per device); 0 = auto: what is free once the engine is ready, less a reserve. A request whose
+    # program needs more (XLA's count) is refused before it runs, naming the largest size that fits (engine/memory.py).
+    max_run_memory_gb: float = 0.0
 
     @classmethod
     def load(cls, overrides: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> "EngineConfig":
@@ -305,6 +309,8 @@ class EngineConfig:
             raise ConfigError(f"precompile must be auto, on or off, got {self.precompile!r}")
         if self.max_pixels < 0:
             raise ConfigError(f"max_pixels must be 0 (auto) or a number of pixels, got {self.max_pixels}")
+        if not self.max_run_memory_gb >= 0:
+            raise ConfigError(f"max_run_memory_gb must be 0 (auto) or a number of GB, got {self.max_run_memory_gb}")
         for name in ("max_pending_compiles", "max_resident_programs"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")

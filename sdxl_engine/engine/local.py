@@ -28,7 +28,8 @@ import numpy as np
 
 from sdxl_engine.checkpoint import loading
 from sdxl_engine.checkpoint import lora as lora_mod
-from sdxl_engine.engine import faults
+from sdxl_engine.engine import faults, memory
+from sdxl_engine.engine.memory import MemoryBudget
 from sdxl_engine.program import sharding
 from sdxl_engine import config as config_mod
 from sdxl_engine.config import EngineConfig
@@ -182,6 +183,12 @@ class Engine:
         self._run(plan, self.program(width, height, plan.shape.cfg, plan.shape.chunks, **self._startup_mode),
                   loop_steps=0)
         self._done("warmup_s", t0)
+        # 5. What a request's run may take of the memory left now (weights loaded, first program warmed up).
+        budget = MemoryBudget.measure(self.mesh, self.limits.multiple, self.batch, self.config.max_run_memory_gb)
+        self.programs.use_budget(budget)
+        self._log(f"[sdxl_engine] memory for a request's run: {budget.capacity / 1e9:.1f} GB of {budget.where}"
+                  + ("" if self.config.max_run_memory_gb else
+                     f" (what was free at ready less {memory.RESERVE:.0%}; max_run_memory_gb sets it)"))
         self.startup["ready_s"] = clock() - self.started
         self._log(f"[sdxl_engine] ready in {self.startup['ready_s']:.2f} s on {self.device_summary} "
                   f"({self.model.name}, {self.model.dtype})")

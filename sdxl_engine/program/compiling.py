@@ -33,6 +33,7 @@ class CompiledProgram:
     flops: float | None  # XLA's cost analysis of the whole program (all devices), if reported
     loaded: bool = False  # True: deserialized from the executable cache (nothing traced or compiled)
     cache_note: str = ""  # the executable cache's one-line account (loaded / why not / stored), "" without one
+    run_bytes: int | None = None  # bytes one device needs to run it beyond its arguments (engine/memory.py), if known
 
 
 def jit_program(model: LoadedModel, shape: ProgramShape, mesh: Mesh):

@@ -119,6 +119,26 @@ def test_a1111_refusals_are_clear_422s_with_the_engines_message(webui):
     assert response.status_code == 422 and response.json()["detail"][0]["loc"] == ["body", "steps"]
 
 
+def test_a_size_whose_run_exceeds_the_machines_memory_is_refused_and_the_server_serves_on(app, webui):
+    """The new user's request that killed the server (tiny-shapes at 768x768 needs 4 x 10.9 GB of host memory to run;
+    1024x960, sent here, about 4 x 30 GB: more than any machine this runs on has free): a 422 naming width, the need,
+    the server's memory and the largest size that fits, before anything ran; the same pixels the other way round are
+    refused before they compile; the server then serves as before."""
+    with pytest.raises(RuntimeError) as err:
+        webui.txt2img(prompt=PROMPT, steps=2, batch_size=4, width=1024, height=960)
+    status, text = err.value.args
+    detail = json.loads(text)["detail"]
+    assert status == 422 and detail.startswith("width: 1024x960 x 4 images needs "), detail
+    assert "XLA's count of its compiled program" in detail and "of host memory for a run: at most " in detail
+    side = int(detail.split("at most ")[1].split("x")[0])
+    assert 64 <= side < 960 and side % 16 == 0
+    with pytest.raises(RuntimeError) as err:
+        webui.txt2img(prompt=PROMPT, steps=2, width=960, height=1024)
+    assert "estimated from the sizes compiled so far" in json.loads(err.value.args[1])["detail"]
+    assert not any("compiled 960x1024" in line for line in app.log)
+    assert len(webui.txt2img(prompt=PROMPT, steps=2, seed=3, **SIZE).images) == 1
+
+
 def test_a1111_lists_options_and_model_switching(webui):
     """The routes Open WebUI, SillyTavern and webuiapi read; setting sd_model_checkpoint to the loaded model
     succeeds, to another is a 400 naming both."""
