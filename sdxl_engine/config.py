@@ -172,6 +172,10 @@ class EngineConfig:
     # accelerators: per device); 0 = auto: what is free once the engine is ready, less a reserve. A request whose
     # program needs more (XLA's count) is refused before it runs, naming the largest size that fits (engine/memory.py).
     max_run_memory_gb: float = 0.0
+    # The longest a request may hold the devices, in seconds, as estimated before it runs (engine/durations.py:
+    # XLA's FLOPs of its program x the device time per step measured at start-up and on every request); a longer
+    # one is refused naming the steps that fit, so one client's long run does not hold the others. 0 = no limit.
+    max_run_seconds: float = 30.0
 
     @classmethod
     def load(cls, overrides: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> "EngineConfig":
@@ -309,6 +313,8 @@ class EngineConfig:
             raise ConfigError(f"precompile must be auto, on or off, got {self.precompile!r}")
         if self.max_pixels < 0:
             raise ConfigError(f"max_pixels must be 0 (auto) or a number of pixels, got {self.max_pixels}")
+        if not self.max_run_seconds >= 0:
+            raise ConfigError(f"max_run_seconds must be 0 (no limit) or a number of seconds, got {self.max_run_seconds}")
         if not self.max_run_memory_gb >= 0:
             raise ConfigError(f"max_run_memory_gb must be 0 (auto) or a number of GB, got {self.max_run_memory_gb}")
         for name in ("max_pending_compiles", "max_resident_programs"):

@@ -30,11 +30,12 @@ from sdxl_engine.checkpoint import loading
 from sdxl_engine.checkpoint import lora as lora_mod
 from sdxl_engine.engine import faults, memory
 from sdxl_engine.engine.memory import MemoryBudget
+from sdxl_engine.engine.durations import RunTimes
 from sdxl_engine.program import sharding
 from sdxl_engine import config as config_mod
 from sdxl_engine.config import EngineConfig
 from sdxl_engine.program.executables import ExecutableCache
-from sdxl_engine.program.compiling import CompiledProgram
+from sdxl_engine.program.compiling import CompiledProgram, program_work
 from sdxl_engine.program.generate import ProgramInputs
 from sdxl_engine.program.step_hook import STEP_HOOK
 from sdxl_engine.program.latent_upscale import sharded_upscale
@@ -97,6 +98,7 @@ class Engine:
         self._request_lock = threading.Lock()  # one request at a time, also one a cancel left running for a step
         self.latent_rgb = None  # set at start: previews.LatentRGB of the model, or None (no previews)
         self.precompiled = threading.Event()  # set when the background precompile finished (or was not run)
+        self.run_times: RunTimes | None = None  # set at start (max_run_seconds): the device-time estimate's figures
         if self._faults:
             self._log(f"[sdxl_engine] WARNING: {faults.ENV} is on: test-only faults can be triggered by prompts")
 
@@ -180,9 +182,10 @@ class Engine:
         image = dict(image=np.full((height, width, 3), 128, np.uint8), mask=np.ones((height, width), np.float32),
                      strength=1.0) if self._startup_mode else {}
         plan = self.planner.plan(validate(GenerateRequest("warm-up", seed=0, num_inference_steps=1, **image), self.limits))
-        self._run(plan, self.program(width, height, plan.shape.cfg, plan.shape.chunks, **self._startup_mode),
-                  loop_steps=0)
+        warm = self.program(width, height, plan.shape.cfg, plan.shape.chunks, **self._startup_mode)
+        self._run(plan, warm, loop_steps=0)
         self._done("warmup_s", t0)
+        self._time_runs(plan, warm)
         # 5. What a request's run may take of the memory left now (weights loaded, first program warmed up).
         budget = MemoryBudget.measure(self.mesh, self.limits.multiple, self.batch, self.config.max_run_memory_gb)
         self.programs.use_budget(budget)
@@ -193,6 +196,25 @@ class Engine:
         self._log(f"[sdxl_engine] ready in {self.startup['ready_s']:.2f} s on {self.device_summary} "
                   f"({self.model.name}, {self.model.dtype})")
         self._start_precompile()
+
+    def _time_runs(self, plan: Plan, program: CompiledProgram) -> None:
+        """Measure the default program's device seconds with 0, 1 and 3 denoising steps (the warm-up's plan, warmed
+        up): what durations.RunTimes scales to estimate every request (config ``max_run_seconds``; 0: not measured)."""
+        self.run_times = None
+        work = program_work(program.executable)
+        if not self.config.max_run_seconds or work is None:
+            return
+        t0 = self._stage("timing one denoising step")
+        fixed = self._run(plan, program, loop_steps=0).timings["device"]
+        self._run(plan, program, loop_steps=1)  # the loop's first run pays its own set-up (the step hook's)
+        # Steps 2 and 3 against step 1: a loop's entry and first step cost more than the steps after them.
+        one = self._run(plan, program, loop_steps=1).timings["device"]
+        three = self._run(plan, program, loop_steps=3).timings["device"]
+        self.run_times = RunTimes(self.config.max_run_seconds, work, fixed, max((three - one) / 2, 1e-6), self.batch)
+        self._done("timing_s", t0)
+        self._log(f"[sdxl_engine] device time at {plan.shape.width}x{plan.shape.height} x {self.batch} images: "
+                  f"{fixed:.3f} s + {self.run_times.step_s:.3f} s per step; requests estimated over "
+                  f"{self.config.max_run_seconds:g} s are refused (max_run_seconds)")
 
     def _load_refiner(self) -> None:
         """With ``config.refiner``: load the SDXL refiner onto the same devices (replicated over the mesh), check it
@@ -377,6 +399,8 @@ class Engine:
         program = self.programs.for_request(plan.shape, plan.request.client, progress, should_stop)
         second = None if plan.hires is None else self.programs.for_request(plan.hires.shape, plan.request.client,
                                                                             progress, should_stop)
+        if self.run_times is not None and (refused := self.run_times.refusal(self._runs(plan, program, second))):
+            raise refused
         prep_s = time.perf_counter() - t0
         waiting = clock()
         self._wait_turn(progress, should_stop)  # one request on the devices at a time; the wait is queue time
@@ -390,10 +414,25 @@ class Engine:
             raise self._out_of_memory(plan, err) from None
         finally:
             self._request_lock.release()
+        if self.run_times is not None and second is None and self._faults is None:  # faults: simulated time
+            self.run_times.observe(*self._runs(plan, program, None)[0], result.timings["device"])
         result.timings["queue"] = queue_seconds(arrived, called, called) + (start - waiting)
         result.timings["prep"] += prep_s
         result.timings["latency"] += prep_s
         return result
+
+    @staticmethod
+    def _runs(plan: Plan, program: CompiledProgram, second: CompiledProgram | None) -> list[tuple]:
+        """(width, height, XLA's (FLOPs, bytes accessed), denoising steps that run) of each program call of ``plan``,
+        in order."""
+        request = plan.request
+        steps = request.num_inference_steps if plan.steps is None else plan.steps
+        start = (request.start_step if plan.start_step is None else plan.start_step) if plan.image is not None else 0
+        runs = [(plan.shape.width, plan.shape.height, program.work, steps - (start or 0))]
+        if second is not None:
+            runs.append((plan.hires.shape.width, plan.hires.shape.height, second.work,
+                         plan.hires.steps - plan.hires.start_step))
+        return runs
 
     def _out_of_memory(self, plan: Plan, err: Exception) -> InvalidRequest:
         """The refusal of a request whose program ran out of device memory (XLA's RESOURCE_EXHAUSTED): the size

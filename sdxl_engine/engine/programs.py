@@ -14,7 +14,7 @@ from sdxl_engine.engine.contract import clock
 from sdxl_engine.engine.errors import CompilesBusy
 from sdxl_engine.engine.memory import MemoryBudget, program_bytes
 from sdxl_engine.engine.steps import Stopped
-from sdxl_engine.program.compiling import CompiledProgram, cache_counts, cached_program
+from sdxl_engine.program.compiling import CompiledProgram, cache_counts, cached_program, program_work
 from sdxl_engine.program.executables import ExecutableCache
 from sdxl_engine.program.generate import ProgramShape
 
@@ -70,6 +70,7 @@ class Programs:
         before = cache_counts()
         program = cached_program(self.model, self.params, shape, self.mesh, self.executables)
         program.run_bytes = program_bytes(program.executable)
+        program.work = program_work(program.executable)
         if self.budget is not None:
             self.budget.observe(shape, program.run_bytes)
         self.compiled[shape] = program

@@ -194,7 +194,7 @@ async def _run_calls(service: RequestService, request, call: Call, owner: Owner,
                                          arrived=guard.arrival_time(request), left=request.is_disconnected)
             except Failed as err:
                 if not err.stopped:
-                    raise _api_error(err) from None
+                    raise _api_error(err, call) from None
                 stopped = err.message
                 if JOBS.interrupted(job) or await request.is_disconnected():  # no further calls
                     break
@@ -216,11 +216,15 @@ async def _run_calls(service: RequestService, request, call: Call, owner: Owner,
                      stopped if len(pngs) < wanted else None)
 
 
-def _api_error(err: Failed) -> ApiError:
+def _api_error(err: Failed, call: Call) -> ApiError:
     """The protocol's answer to an engine call that failed (not stopped): 429 busy compiling (retry in 30 s),
-    400 a value the engine refused, else 500."""
+    400 a value the engine refused (an InvalidRequest's field under the protocol's name: the size or steps a run
+    cannot take, engine/memory.py and durations.py), else 500."""
     if err.busy:
         return ApiError(429, err.message, headers={"Retry-After": "30"})
+    if isinstance(err.cause, InvalidRequest):
+        field = call.field(err.cause.field)
+        return ApiError(400, f"{field}: {err.cause.message}", field)
     return ApiError(400 if err.bad_value else 500, err.message)
 
 

@@ -139,6 +139,23 @@ def test_a_size_whose_run_exceeds_the_machines_memory_is_refused_and_the_server_
     assert len(webui.txt2img(prompt=PROMPT, steps=2, seed=3, **SIZE).images) == 1
 
 
+def test_a_run_longer_than_the_servers_limit_is_refused_naming_the_steps_that_fit(app, webui):
+    """384x256 x 50 steps on tiny-shapes would hold this CPU about a minute (37 x the 64x64 program's memory traffic,
+    BENCHMARKS.md "Run time admission"), over the default max_run_seconds of 30: a 422 under A1111's name for the
+    steps, saying how many fit; that many then run."""
+    with pytest.raises(RuntimeError) as err:
+        webui.txt2img(prompt=PROMPT, steps=50, width=384, height=256)
+    status, text = err.value.args
+    detail = json.loads(text)["detail"]
+    assert status == 422 and detail.startswith("steps: 384x256, 50 steps x 4 images would hold this server's "
+                                               "devices about "), detail
+    assert "over its limit of 30 s (max_run_seconds)" in detail
+    fit = int(detail.split("at most ")[1].split(" steps")[0]) if "at most " in detail else 0
+    assert 0 <= fit < 50
+    if fit:
+        assert len(webui.txt2img(prompt=PROMPT, steps=min(fit, 2), width=384, height=256).images) == 1
+
+
 def test_a1111_lists_options_and_model_switching(webui):
     """The routes Open WebUI, SillyTavern and webuiapi read; setting sd_model_checkpoint to the loaded model
     succeeds, to another is a 400 naming both."""
