@@ -58,7 +58,7 @@ def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract 
                                 lines=1, max_lines=3, elem_id="prompt")
             run = gr.Button("Generate", variant="primary", scale=1, min_width=120, elem_id="generate")
             stop = gr.Button("Stop", variant="stop", scale=0, min_width=80, elem_id="stop")
-        # One line on the prompt syntax (engine/prompts.py; README, "Prompt syntax").
+        # One line on the prompt syntax (engine/prompts.py; docs/prompts.md).
         gr.Markdown(f"`(word:1.3)` `(word)` more, `[word]` less; `BREAK` starts a new chunk; up to "
                     f"{config.max_prompt_chunks * 75} tokens.", elem_id="prompt-hint")
         with gr.Row(elem_id="main-row"):

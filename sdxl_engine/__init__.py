@@ -1,6 +1,6 @@
 """SDXL on JAX: the serving runtime.
 
-Layers, each a folder (README, "Architecture"): ``config`` (settings and their precedence),
+Layers, each a folder (docs/architecture.md): ``config`` (settings and their precedence),
 ``checkpoint`` (files -> a LoadedModel), ``models`` (the Flax NNX modules), ``program`` (everything
 traced), ``engine`` (the contract, requests, the engine), ``serving`` (the request handler, the HTTP
 server, the process, scale-out). Commands that use the runtime (benchmark, training, evaluation,

@@ -70,7 +70,7 @@ class EngineConfig:
     height: int = 0
     # Default number of denoising steps and classifier-free guidance scale. 5 is diffusers'
     # StableDiffusionXLPipeline default and tiny-shapes' best on prompts it was trained on
-    # (shape accuracy at guidance 3 / 5 / 7: BENCHMARKS.md, "Figures behind choices in the code").
+    # (shape accuracy at guidance 3 / 5 / 7: docs/benchmarks.md, "Figures behind choices in the code").
     # These two and the sampler yield to a model's engine_defaults.json unless set explicitly.
     num_inference_steps: int = 20
     guidance_scale: float = 5.0
@@ -123,7 +123,7 @@ class EngineConfig:
     # Replaces the scheduler config's timestep_spacing: leading, trailing (what few-step UNets such as
     # SDXL-Lightning need) or linspace; "" = the model's.
     timestep_spacing: str = ""
-    # An SDXL refiner (diffusers' "ensemble of experts", README "Refiner"): a diffusers-format folder, a hub id, a
+    # An SDXL refiner (diffusers' "ensemble of experts", docs/refiner.md): a diffusers-format folder, a hub id, a
     # built-in name or a refiner single file (sd_xl_refiner_1.0.safetensors, see refiner_config), loaded onto the
     # same devices beside the model; requests may then ask for refiner_switch_at. "" = none.
     refiner: str = ""
@@ -131,7 +131,7 @@ class EngineConfig:
     # model_config for the model); "" = stabilityai/stable-diffusion-xl-refiner-1.0's, from the hub cache or hub.
     refiner_config: str = ""
 
-    # Long prompts and emphasis (README, "Prompt syntax").
+    # Long prompts and emphasis (docs/prompts.md).
     # Prompt chunks of 75 tokens a request may use (3 = 225 tokens); each chunk count 1..this compiles
     # once, on its first request, and longer prompts are cut with a warning.
     max_prompt_chunks: int = 3

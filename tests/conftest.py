@@ -26,7 +26,7 @@ for _name, _sub in (("SDXL_MODEL_CACHE_DIR", "models"), ("SDXL_COMPILE_CACHE_DIR
     os.environ.setdefault(_name, str(SESSION_DIR / _sub))
 # Every program this session and its apps compile goes through LLVM at optimisation level 1 instead of XLA's 3:
 # the same bytes (every reference the tests hold was made at XLA's default, and they pass under it; level 0 changes
-# jax.random's bits), about a third less compile time and the same run time at the tests' sizes (BENCHMARKS.md,
+# jax.random's bits), about a third less compile time and the same run time at the tests' sizes (docs/benchmarks.md,
 # "Test time"). Compiling is most of what the tests wait for. The app's users keep XLA's default; a level named in
 # XLA_FLAGS already stays.
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
@@ -34,7 +34,7 @@ if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
 # Python may keep the bytecode of what it imports (the checkout's __pycache__ folders, git-ignored) even where the
 # environment says not to (PYTHONDONTWRITEBYTECODE): the session starts about 60 Python processes that import the app
 # (about 10 s of CPU each on the 2-core CI machine), and without it each compiles the project's modules again,
-# about 2 s more per process (BENCHMARKS.md, "Test time"). Children inherit this; this process keeps the flag off too.
+# about 2 s more per process (docs/benchmarks.md, "Test time"). Children inherit this; this process keeps the flag off too.
 if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is not None:
     sys.dont_write_bytecode = False
 # Under pytest-xdist (pyproject's addopts) each worker's apps get their own Gradio temp folder: the guard and

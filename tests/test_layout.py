@@ -1,4 +1,4 @@
-"""The package's shape (README, "Architecture"): no import cycle between its modules, the runtime
+"""The package's shape (docs/architecture.md): no import cycle between its modules, the runtime
 imports neither tools/, tests/ nor the repository root's app.py, and only serving/ knows Gradio."""
 
 from __future__ import annotations

@@ -20,3 +20,40 @@ def test_readme_first_python_example_works_with_the_default_model():
     prompt = re.search(r'prompt="([^"]+)"', call)[1]
     assert unknown_words(prompt, frozenset((TINY_SHAPES_DIR / "vocabulary.txt").read_text().split())) == []
     assert "style=" not in call
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _headings(text: str) -> set[str]:
+    text = re.sub(r"(?ms)^```.*?^```", "", text)  # a "# comment" in a code block is no heading
+    return {_slug(m[1]) for m in re.finditer(r"(?m)^#{1,6} (.+)$", text)}
+
+
+def test_the_readme_is_a_front_door_and_every_docs_page_is_in_the_index():
+    """README: at most 300 lines, the two commands, a pointer to docs/index.md; the index links every page of docs/."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 300
+    assert "pip install -r requirements.txt && python app.py" in readme
+    assert "pip install -r requirements-dev.txt && python -m pytest -q tests" in readme
+    assert "(docs/index.md)" in readme
+    index = (ROOT / "docs" / "index.md").read_text()
+    pages = {p.name for p in (ROOT / "docs").glob("*.md")} - {"index.md"}
+    assert pages and {page for page in pages if f"]({page})" not in index} == set()
+
+
+def test_every_relative_link_of_the_docs_resolves_to_a_file_and_heading():
+    """Each relative link of README.md and docs/*.md names a file of the repository, and its #anchor a heading there."""
+    broken = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = re.sub(r"(?ms)^```.*?^```", "", page.read_text())
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue  # https:, mailto:
+            path, _, anchor = target.partition("#")
+            file = (page.parent / path).resolve() if path else page
+            if not file.exists() or (anchor and file.is_file() and anchor not in _headings(file.read_text())):
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+    assert broken == []

@@ -16,7 +16,7 @@
    engine time.
 
 Medians over ``--runs`` runs after one warm-up, with min and max, the contenders interleaved so
-a noisy neighbour slows them alike. Results go to BENCHMARKS.md (a table between markers) and a
+a noisy neighbour slows them alike. Results go to docs/benchmarks.md (a table between markers) and a
 JSON file. ``--full-size`` instead lowers the real SDXL base architecture with abstract bfloat16
 weights and reports XLA's cost analysis; ``--warm-start`` times full-size starts (tools/warmstart.py);
 ``--vs-torch --model DIR --torch-python PATH`` runs legs 2 and 8 only, for a full-size folder::
@@ -547,7 +547,7 @@ def ratios(r: dict) -> dict:
 
 
 def markdown(r: dict) -> str:
-    """The BENCHMARKS.md table for one run."""
+    """The docs/benchmarks.md table for one run."""
     def row(name, s):
         return f"| {name} | {s['median']:.4f} | {s['min']:.4f} | {s['max']:.4f} |"
 
@@ -616,8 +616,8 @@ def main(argv=None) -> None:
                              "(tools/progress_cost.py); prints JSON, writes bench_progress.json")
     parser.add_argument("--served-stream", action="store_true",
                         help="served minus device time at 1024², plain vs streaming with previews (grid vs per image)")
-    parser.add_argument("--md", default=str(ROOT / "BENCHMARKS.md"))
-    parser.add_argument("--json", default=str(ROOT / "bench.json"))
+    parser.add_argument("--md", default=str(ROOT / "docs/benchmarks.md"))
+    parser.add_argument("--json", default=str(ROOT / "docs" / "benchmarks" / "bench.json"))
     args = parser.parse_args(argv)
     if args.full_size:
         return fullsize.main(args)

@@ -172,7 +172,7 @@ def main(argv=None) -> None:
     parser.add_argument("--size", type=int, default=64, help="width and height of the images (tiny-shapes: 64)")
     parser.add_argument("--before", type=Path, help="another checkout, timed side by side with this one")
     parser.add_argument("--before-python", default=sys.executable, help="the interpreter that runs --before")
-    parser.add_argument("--json", default=str(ROOT / "bench_apis.json"))
+    parser.add_argument("--json", default=str(ROOT / "docs" / "benchmarks" / "bench_apis.json"))
     args = parser.parse_args(argv)
     apps, urls = [], []
     try:

@@ -35,7 +35,7 @@ blog's) for ``--steps`` (default 20), whatever the model's own defaults are. Rep
    its latency) again, on as many fresh seed groups, so that a setting picked for doing well on
    the first seeds must do so again on others.
 
-The choice is the fastest setting that qualifies in both stages. The tables go to BENCHMARKS.md
+The choice is the fastest setting that qualifies in both stages. The tables go to docs/benchmarks.md
 (section ``quality``), everything to ``--json``.
 """
 
@@ -227,7 +227,7 @@ def lcm_evaluation(engine, seed: int = 1000, seed_groups: int = 4, guidance: flo
 
 
 def lcm_markdown(result: dict) -> str:
-    """The BENCHMARKS.md section ``quality-lcm``: one row per setting, the reference first."""
+    """The docs/benchmarks.md section ``quality-lcm``: one row per setting, the reference first."""
     n = result["images_per_setting"]
     lines = [f"Run: {result['run']} · {result['machine']} · model `{result['model']}` · 16 held-out prompts x "
              f"{n // 16} images = {n} images per setting (seeds {result['seeds'][0]}–{result['seeds'][-1] + 3}, "
@@ -319,7 +319,7 @@ def grid(rows: list[dict]) -> list[str]:
 
 
 def sweep_markdown(result: dict) -> str:
-    """The BENCHMARKS.md section: the selection table (reference first), the confirmation table, the choice."""
+    """The docs/benchmarks.md section: the selection table (reference first), the confirmation table, the choice."""
     ref, n, choice = result["reference"], result["images_per_setting"], result["choice"] or {}
     name = f"{ref['sampler']}-{ref['steps']}"
     seeds = lambda s: f"seeds {s[0]}–{s[-1] + 3}"  # noqa: E731
@@ -356,9 +356,9 @@ def main(argv=None) -> None:
     p.add_argument("--samplers", default=",".join(SAMPLERS), help="sweep: comma-separated sampler names")
     p.add_argument("--steps-list", default=",".join(map(str, SWEEP_STEPS)), help="sweep: comma-separated step counts")
     p.add_argument("--seed-groups", type=int, default=4, help="sweep: groups of 4 seeds per prompt, per stage")
-    p.add_argument("--md", default=str(ROOT / "BENCHMARKS.md"), help="sweep: rewrite its 'quality' section ('' = no)")
+    p.add_argument("--md", default=str(ROOT / "docs/benchmarks.md"), help="sweep: rewrite its 'quality' section ('' = no)")
     p.add_argument("--lcm", action="store_true", help="the LCM-LoRA evaluation instead (lcm_evaluation; seeds from "
-                   "--seed, default 1000; writes BENCHMARKS.md's 'quality-lcm' section)")
+                   "--seed, default 1000; writes docs/benchmarks.md's 'quality-lcm' section)")
     p.add_argument("--lora", default="", help="--lora NAME=PATH for the engine (e.g. lcm=/tmp/lcm.safetensors: "
                    "another LoRA under the name the LCM evaluation uses)")
     args = p.parse_args(argv)
@@ -371,7 +371,7 @@ def main(argv=None) -> None:
         print(lcm_markdown(report))
         if args.md:
             write_section(Path(args.md), "quality-lcm", lcm_markdown(report))
-        args.json = args.json or str(ROOT / "bench_quality_lcm.json")
+        args.json = args.json or str(ROOT / "docs" / "benchmarks" / "bench_quality_lcm.json")
     elif args.sweep:
         report = sweep(engine, [s.strip() for s in args.samplers.split(",")],
                        [int(n) for n in args.steps_list.split(",")], args.seed, args.seed_groups, args.guidance,
@@ -379,7 +379,7 @@ def main(argv=None) -> None:
         print(sweep_markdown(report))
         if args.md:
             write_section(Path(args.md), "quality", sweep_markdown(report))
-        args.json = args.json or str(ROOT / "bench_quality.json")
+        args.json = args.json or str(ROOT / "docs" / "benchmarks" / "bench_quality.json")
     else:
         report = run(engine, args.seed, args.guidance, args.steps, args.grid, args.sampler)
         for row in report["per_prompt"]:

@@ -489,8 +489,8 @@ def main(args=None) -> None:
         parser.add_argument("--base", help="refiner, pair: a full-size base folder, loaded with the refiner in one "
                             "process (tools.fullsize_refiner_fixture --base)")
         parser.add_argument("--dtype", default="bfloat16", help="load: the parameters' dtype")
-        parser.add_argument("--md", default=str(ROOT / "BENCHMARKS.md"))
-        parser.add_argument("--json", default=str(ROOT / "bench.json"))
+        parser.add_argument("--md", default=str(ROOT / "docs/benchmarks.md"))
+        parser.add_argument("--json", default=str(ROOT / "docs" / "benchmarks" / "bench.json"))
         args = parser.parse_args()
     if getattr(args, "command", "cost") == "load":
         print(json.dumps(timed_load(Path(args.folder), args.dtype)[1]))

@@ -7,7 +7,7 @@ N CPU devices, 4 images per request, the same requests (2 prompts x 2 seeds x Eu
 DPM++ 2M, the model's default steps). Every layout's images are compared with the first's:
 the largest and the mean difference in 1/255 units, and the share of pixel values that differ.
 A repeated layout (4 again) shows whether one layout reproduces itself exactly. Prints one
-Markdown table (README, "reproducibility"; BENCHMARKS.md holds the run).
+Markdown table (docs/python.md, "The seed rule"; docs/benchmarks.md holds the run).
 """
 
 from __future__ import annotations

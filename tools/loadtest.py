@@ -18,7 +18,7 @@ its start time; then ``--replicas N`` for each N, every replica the same CPU sha
 with ``--device-s`` seconds of simulated device time per request (the TEST-ONLY
 ``fault:slow=S`` marker, ``SDXL_FAULT_INJECTION=1``: two CPU cores cannot show accelerator
 scaling), kills one replica by its pid under load in the largest run (``--no-kill`` skips it),
-and with ``--bench`` rewrites the scale-out section of BENCHMARKS.md.
+and with ``--bench`` rewrites the scale-out section of docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -444,7 +444,7 @@ def _cache_words(log: str) -> list[str]:
 
 
 def scaleout_markdown(report: dict) -> str:
-    """The BENCHMARKS.md section for a :func:`compare_replicas` report."""
+    """The docs/benchmarks.md section for a :func:`compare_replicas` report."""
     runs = report["runs"]
     lines = [f"Run: {report.get('time', time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()))} · {report['machine']} · "
              f"model `tiny-shapes` · {report['clients']} clients for {report['seconds']:g} s per run · each request "
@@ -512,7 +512,7 @@ def main(argv=None) -> int:
                         help="with --replicas: simulated device seconds per request")
     parser.add_argument("--no-kill", action="store_true", help="with --replicas: skip killing a replica")
     parser.add_argument("--bench", action="store_true",
-                        help="with --replicas: rewrite BENCHMARKS.md's scale-out section")
+                        help="with --replicas: rewrite docs/benchmarks.md's scale-out section")
     args = parser.parse_args(argv)
     if args.replicas:
         try:
@@ -526,7 +526,7 @@ def main(argv=None) -> int:
         if args.json_path:
             Path(args.json_path).write_text(text + "\n")
         if args.bench:
-            write_section(ROOT / "BENCHMARKS.md", "scaleout", scaleout_markdown(report))
+            write_section(ROOT / "docs/benchmarks.md", "scaleout", scaleout_markdown(report))
         return 0
     try:
         report = run(args.url, args.clients, args.seconds, args.pid, args.timeout,

@@ -1,4 +1,4 @@
-"""BENCHMARKS.md sections that the benchmark commands rewrite in place."""
+"""docs/benchmarks.md sections that the benchmark commands rewrite in place."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 
 def write_section(md_path: Path, name: str, body: str) -> None:
-    """Replace the text between ``<!-- bench:NAME:begin/end -->`` in BENCHMARKS.md (appended if absent)."""
+    """Replace the text between ``<!-- bench:NAME:begin/end -->`` in docs/benchmarks.md (appended if absent)."""
     begin, end = f"<!-- bench:{name}:begin -->", f"<!-- bench:{name}:end -->"
     text = md_path.read_text() if md_path.exists() else "# Benchmarks\n"
     if begin not in text:

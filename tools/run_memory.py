@@ -1,6 +1,6 @@
 """What a request's program needs of memory, per size: the host memory its compile takes and XLA's count of what one
 device needs to run it (engine/memory.py admits requests on that count). Each size in a fresh process, so one
-compile's memory does not hide the next's. BENCHMARKS.md, "Memory admission".
+compile's memory does not hide the next's. docs/benchmarks.md, "Memory admission".
 
     python -m tools.run_memory --model tiny-shapes --sizes 64x64 256x256 512x512 768x768
 """

@@ -1,6 +1,6 @@
 """Train the ``tiny-shapes`` model: SDXL in miniature, on captioned shapes, on a CPU.
 
-    python -m tools.train --out assets/tiny-shapes   # the shipped model (seed 0; time: BENCHMARKS.md)
+    python -m tools.train --out assets/tiny-shapes   # the shipped model (seed 0; time: docs/benchmarks.md)
     python -m tools.train --out /tmp/ts --vae-steps 200 --unet-steps 300   # a quick try
     python -m tools.train --out /tmp/ts --vae-from assets/tiny-shapes --unet-steps 600  # UNet only
     python -m tools.train lcm-lora         # its few-step LCM-LoRA (tools/train_lcm.py)
@@ -305,7 +305,7 @@ def main(argv=None) -> None:
     # 4. Text encoders + UNet.
     components = {name: build_component(name, configs[name]) for name in ("text_encoder", "text_encoder_2", "unet")}
     # Eagerly, op by op: the same values to the bit as jax.jit(c.init), and faster on a CPU, where compiling the
-    # whole initialiser (every tensor's random draw in one program) costs more than running it (BENCHMARKS.md).
+    # whole initialiser (every tensor's random draw in one program) costs more than running it (docs/benchmarks.md).
     params = {name: c.init(jax.random.fold_in(key, seed)) for (name, c), seed in zip(components.items(), (4, 5, 2))}
     for name, seed in (("text_encoder", 6), ("text_encoder_2", 7)):
         params[name] = init_text_encoder(params[name], jax.random.fold_in(key, seed))

@@ -1,6 +1,6 @@
 """Distil a model into an LCM-LoRA: latent consistency distillation on a CPU (``python -m tools.train lcm-lora``).
 
-    python -m tools.train lcm-lora                         # the shipped tiny-shapes LCM-LoRA (BENCHMARKS.md)
+    python -m tools.train lcm-lora                         # the shipped tiny-shapes LCM-LoRA (docs/benchmarks.md)
     python -m tools.train lcm-lora --steps 100 --out /tmp/lcm.safetensors   # a quick try
 
 Latent consistency distillation (Luo et al. 2023, "Latent Consistency Models", Algorithm 1) with the

@@ -16,7 +16,7 @@ parameters), 256², 1 image, 1 CPU device, 1 step. Each start reports:
 * host memory: the peak while loading (VmHWM, reset before the engine starts) against the
   params' bytes, the whole start's peak, and RSS when ready.
 
-Results go to BENCHMARKS.md (section ``warm-start``) and ``bench_warmstart.json``.
+Results go to docs/benchmarks.md (section ``warm-start``) and ``bench_warmstart.json``.
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def _events(r: dict, after_load: bool) -> str:
 
 
 def markdown(r: dict) -> str:
-    """The BENCHMARKS.md table for one run."""
+    """The docs/benchmarks.md table for one run."""
     cold, warm, gb = r["cold"], r["warm"], 1e9
 
     def row(name: str, c: float, w: float, unit: str = "s", goal: str = "") -> str:
@@ -178,8 +178,8 @@ def main(args=None) -> None:
         parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
         parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
         parser.add_argument("--timeout", type=float, default=3600.0, help="seconds allowed per start")
-        parser.add_argument("--md", default=str(ROOT / "BENCHMARKS.md"))
-        parser.add_argument("--json", default=str(ROOT / "bench.json"))
+        parser.add_argument("--md", default=str(ROOT / "docs/benchmarks.md"))
+        parser.add_argument("--json", default=str(ROOT / "docs" / "benchmarks" / "bench.json"))
         args = parser.parse_args()
         if args.child:
             return child()

@@ -551,7 +551,7 @@ class LoraMerger:
     Each touched weight is merged by :func:`merge_layer`, jitted once per distinct (weight shape, factor
     shapes, index): a new set of already-seen shapes, or new weights, compiles nothing. Per layer, not
     one program per set, so that only one layer's float32 delta is alive at a time (one program for a
-    whole full-size set keeps many of them at once: BENCHMARKS.md) and a set of new names needs no
+    whole full-size set keeps many of them at once: docs/benchmarks.md) and a set of new names needs no
     compile of its own. The last merged set is kept, so repeated requests with the same tags merge
     nothing. Memory: the base parameters, the LoRAs' factors, one merged copy of the weights the current
     set touches (the previous copy is dropped before a new merge) and one layer's float32 delta.

@@ -49,7 +49,7 @@ MSGPACK_NAMES = ("diffusion_flax_model.msgpack", "flax_model.msgpack")
 BUFFERS = ("position_ids",)  # non-parameter buffers some checkpoints carry
 FLOAT_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": "bfloat16"}
 # Reopen a safetensors file after this many bytes read, dropping its mapped pages: the pages read since the last
-# reopening stay resident, so a larger interval raises the loading peak well above the params' size (BENCHMARKS.md,
+# reopening stay resident, so a larger interval raises the loading peak well above the params' size (docs/benchmarks.md,
 # "Figures behind choices in the code"; tests/checkpoint/test_weights.py bounds the peak).
 REMAP_BYTES = 16 << 20
 _FLAX_RENAMES = {"query": "to_q", "key": "to_k", "value": "to_v", "proj_attn": "to_out.0"}

@@ -9,7 +9,7 @@ The estimate (issue #47: pixels x steps x images x the measured time per step) i
 measured on the devices at start-up on the default size's program (``fixed_s``: its run with 0 denoising steps, the
 text encoders and the VAE decode; ``step_s``: one more step), with ``work`` the program's size against that one by
 XLA's cost analysis: the larger of its FLOPs ratio and its bytes-accessed ratio (on a CPU a large size's attention is
-bound by memory traffic, which grows faster than its FLOPs: BENCHMARKS.md, "Run time admission"). A size that has
+bound by memory traffic, which grows faster than its FLOPs: docs/benchmarks.md, "Run time admission"). A size that has
 run once is estimated by its own measured step time from then on (an exponential average over its requests, which
 follows a machine that got busier or quieter).
 """

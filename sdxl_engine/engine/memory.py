@@ -1,7 +1,7 @@
 """What a request's program needs of memory to run, and what this server has for it: a request that cannot fit is
 refused before it compiles (when the sizes seen so far say it cannot) or before it runs (XLA's count of its compiled
 program says so), never started. On CPU devices the buffers come out of the host's memory, and a run past it is
-killed by the kernel with every client's requests (a 768x768 request did that on a 23 GB machine: BENCHMARKS.md,
+killed by the kernel with every client's requests (a 768x768 request did that on a 23 GB machine: docs/benchmarks.md,
 "Memory admission").
 
 The need is XLA's own count, per device, of the compiled executable (``memory_analysis()``: its temporaries and

@@ -56,7 +56,7 @@ class Plan:
 
 @dataclasses.dataclass(frozen=True)
 class HiresPlan:
-    """Hires fix's second pass (README "Hires fix"): after the first pass (the plan's shape), its latents are
+    """Hires fix's second pass (docs/hires-fix.md): after the first pass (the plan's shape), its latents are
     upscaled on the devices (a latent upscaler; the first pass returns latents), or its images on the host (a pixel
     upscaler, image_upscale.py), and denoised again at the large size.
 
@@ -137,7 +137,7 @@ class Planner:
                         steps=hires.steps, start_step=hires.start_step, loras=loras)
         if hires is not None and not hires.pixels:  # a latent upscaler: the first pass's latents, no VAE decode
             shape = dataclasses.replace(shape, latents_out=True)
-        if request.refiner_switch_at is not None:  # the refiner's program and its first step (README "Refiner")
+        if request.refiner_switch_at is not None:  # the refiner's program and its first step (docs/refiner.md)
             return Plan(request, self._refiner_shape(shape), prompt, negative, schedule, seeds, image, mask,
                         refiner_start=refiner_start(schedule.timesteps, request.refiner_switch_at,
                                                     self.model.scheduler_config.get("num_train_timesteps", 1000)),

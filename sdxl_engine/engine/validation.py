@@ -2,7 +2,7 @@
 
 Each check raises :class:`InvalidRequest` naming the argument, what was expected and what
 arrived. Prompts are cleaned rather than refused where that loses nothing (control characters
-become spaces); the rules are listed in the README's "Input rules" table. Values arrive as the
+become spaces); the rules are listed in the docs/input-rules.md table. Values arrive as the
 client sent them (the page's components do no checking of their own), so every check here also
 covers the wrong type: text where a number belongs, a bool, a list, NaN or inf.
 """
@@ -47,7 +47,7 @@ class GenerateRequest:
     height: int | None = None
     sampler: str | None = None  # an A1111 sampler name (schedulers.SAMPLERS)
     client: str = ""  # who asks (the peer address): per-client limits such as one pending new-size compile
-    # Image to image (README "Image to image"). ``image``: None = text to image; one (H, W, 3) uint8 array for
+    # Image to image (docs/image-to-image.md). ``image``: None = text to image; one (H, W, 3) uint8 array for
     # every image of the request, or a list of one per image; validated: (batch, H, W, 3) uint8. Arrays are not
     # compared or hashed (compare=False: numpy's == is elementwise), so two requests differing only in their
     # image compare equal. ``strength`` in (0, 1] (default DEFAULT_STRENGTH): the last int(steps x strength)
@@ -68,11 +68,11 @@ class GenerateRequest:
     # the new area filled with the nearest edge pixel's colour and masked (repainted); the image's own area keeps
     # its mask (none: kept). Validated: None, and image and mask the grown ones (grow_canvas).
     outpaint: tuple | None = None
-    # The SDXL refiner (README "Refiner"): the switch point in [0, 1) of diffusers' ensemble of experts (the base's
+    # The SDXL refiner (docs/refiner.md): the switch point in [0, 1) of diffusers' ensemble of experts (the base's
     # denoising_end, the refiner's denoising_start), e.g. 0.8; 0 = the refiner alone (with an image: the refiner as
     # a plain img2img model); None = the base model alone. Needs a loaded refiner.
     refiner_switch_at: float | None = None
-    # Hires fix (README "Hires fix"). ``hires_scale`` > 1 turns it on: the image is made at width x height, upscaled
+    # Hires fix (docs/hires-fix.md). ``hires_scale`` > 1 turns it on: the image is made at width x height, upscaled
     # (``hires_upscaler``: an A1111 latent upscaler, default "Latent" (bilinear), resizes its latents on the devices;
     # "None", "Lanczos" or "Nearest" its decoded pixels on the host, image_upscale.py) to :func:`hires_size` and
     # denoised again there from ``hires_strength`` in (0, 1] (default DEFAULT_HIRES_STRENGTH) with ``hires_steps``

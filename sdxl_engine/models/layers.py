@@ -6,7 +6,7 @@ Parameters carry PyTorch's names: the module path joined by dots *is* the checkp
 ``in`` axis; no copy). ``Conv2d.weight`` alone is stored channels-last, (kh, kw, in, out)
 (HWIO): the one rule the loader applies to PyTorch files is to transpose 4-D tensors from
 (out, in, kh, kw). XLA's CPU convolution inside a ``fori_loop`` is far slower with OIHW
-kernels (BENCHMARKS.md, "Figures behind choices in the code"), and HWIO is what XLA prefers on
+kernels (docs/benchmarks.md, "Figures behind choices in the code"), and HWIO is what XLA prefers on
 TPU and GPU too.
 
 Activations are channels-last inside the models (batch, height, width, channels).

@@ -10,7 +10,7 @@ slow on a CPU host, where XLA compiles one kernel per output:
 * one jitted function returning all tensors: a compiled kernel per random tensor, so the
   compile grows with the tensor count (1,135 here).
 
-(The figures: BENCHMARKS.md, "Full-size warm start" and "Figures behind choices in the code".)
+(The figures: docs/benchmarks.md, "Full-size warm start" and "Figures behind choices in the code".)
 
 So one jitted *fill* function makes every tensor, ``mean + std * u`` with ``u`` uniform on
 [-sqrt 3, sqrt 3) (unit variance) from an integer hash of (seed, tensor index, element index):

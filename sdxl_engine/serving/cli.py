@@ -83,7 +83,7 @@ def parse_args(argv=None, description: str = "") -> argparse.Namespace:
                         help="TCP port (env GRADIO_SERVER_PORT)")
     parser.add_argument("--history-secret", default=None,
                         help="key of the browsers' history (env SDXL_HISTORY_SECRET; default: one made once and kept "
-                             "in the cache folder, so history survives restarts; README, \"History\")")
+                             "in the cache folder, so history survives restarts; docs/page.md, \"History\")")
     scale = parser.add_argument_group("scale-out on Ray Serve (README); without --replicas, Ray is not used")
     scale.add_argument("--replicas", type=_replicas, default=None,
                        help="engine replicas: a count (2) or an autoscaling range MIN-MAX (1-4)")
@@ -105,7 +105,7 @@ def parse_args(argv=None, description: str = "") -> argparse.Namespace:
             continue
         parser.add_argument("--" + field.name.replace("_", "-"), dest=field.name, default=None,
                             help=f"engine setting {field.name} (env SDXL_{field.name.upper()}, {default})")
-    # the protocol APIs (AUTOMATIC1111, OpenAI Images, MCP; README, "Other protocols"). Server flags, not
+    # the protocol APIs (AUTOMATIC1111, OpenAI Images, MCP; docs/protocols.md). Server flags, not
     # engine settings: the key is never logged (the engine logs its config) and never sent to Ray replicas.
     apis = parser.add_argument_group("protocol APIs: AUTOMATIC1111 (/sdapi/v1), OpenAI Images (/v1), MCP "
                                      "(/gradio_api/mcp)")

@@ -21,7 +21,7 @@ class Delivery:
     """One request's files and record.
 
     ``paths``: the PNGs (A1111 ``parameters`` chunk, lossless) in a new folder, image i from
-    ``info["seeds"][i]``. ``info``: the API's JSON record (README, "API"). ``save_error``: why the
+    ``info["seeds"][i]``. ``info``: the API's JSON record (docs/python.md). ``save_error``: why the
     copies to ``outputs_dir`` were not written (the images are still served; ``info["warnings"]``
     says so too), else None. ``pngs``: the files' bytes, in the same order (a protocol's answer takes
     them from memory: progress.Jobs.deliver).

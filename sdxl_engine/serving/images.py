@@ -59,7 +59,7 @@ def png_bytes(image: np.ndarray | Image.Image, parameters: str | None = None, le
 
     Written directly (PNG spec, ISO/IEC 15948): every row with the "Sub" filter, deflated by
     zlib at ``level`` with its run-length strategy, which is much faster than Pillow's default
-    encoder (level 6, adaptive filters; BENCHMARKS.md, leg 9 of the tiny-model table). zlib
+    encoder (level 6, adaptive filters; docs/benchmarks.md, leg 9 of the tiny-model table). zlib
     releases the GIL, so images encode in parallel.
 
     Args:

@@ -138,7 +138,7 @@ def start_engine(config: EngineConfig, args) -> tuple:
     from sdxl_engine.serving import scaleout
 
     scaleout.ray_environment(private=args.ray_address is None)  # before Ray's import, which reads it
-    # Imported only here: without --replicas `python app.py` never loads Ray (README, "Scale-out on Ray Serve").
+    # Imported only here: without --replicas `python app.py` never loads Ray (docs/scale-out.md).
     from sdxl_engine.serving import remote
 
     engine = remote.RemoteEngine.launch(config, args.replicas, address=args.ray_address, app_name=args.ray_app,

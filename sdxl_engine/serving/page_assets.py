@@ -1,7 +1,7 @@
 """The page's texts, CSS and browser scripts (app.py lays out the widgets and wires these to them).
 
 Kept apart from app.py so that it stays the page's layout and events; nothing here runs on the
-server. HISTORY_KEY names the browser's localStorage entry of the history (README, "History").
+server. HISTORY_KEY names the browser's localStorage entry of the history (docs/page.md, "History").
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ HISTORY_KEY = "sdxl-jax-history"  # the BrowserState's localStorage key
 HISTORY_NOTE = "Click an image to restore its prompt, style, seed and settings."
 # The history gallery, drawn in the browser from the records' JPEG data URLs (the server writes no
 # thumbnail), in history.entry's order. A history this browser kept but cannot read now (the history
-# key changed: README, "History") comes back empty; a count kept beside it tells that case apart.
+# key changed: docs/page.md, "History") comes back empty; a count kept beside it tells that case apart.
 HISTORY_JS = """(past) => { const records = Array.isArray(past) ? past : [];
   const items = [];
   for (const r of records) {
@@ -60,7 +60,7 @@ HISTORY_JS = """(past) => { const records = Array.isArray(past) ? past : [];
   document.querySelector('#history')?.setAttribute('data-drawn', String(Date.now()));  /* when it was drawn last */
   return [items, lost ? %s : %s]; }""" % (json.dumps(NO_STYLE), json.dumps(HISTORY_KEY), json.dumps(HISTORY_KEY),
     json.dumps("This browser's earlier history cannot be read: the server's history key changed since it was saved "
-               "(README, \"History\"). New generations start a new history."), json.dumps(HISTORY_NOTE))
+               "(docs/page.md, \"History\"). New generations start a new history."), json.dumps(HISTORY_NOTE))
 # An emptied history is not an unreadable one: the count beside it goes to 0 first. (The one output's
 # value is wrapped in a list: Gradio reads an array returned by a page script as the list of outputs.)
 CLEAR_HISTORY_JS = f"() => {{ localStorage.setItem({json.dumps(HISTORY_KEY + '-count')}, '0'); return [[]]; }}"

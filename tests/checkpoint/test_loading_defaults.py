@@ -76,10 +76,10 @@ def test_the_file_is_read_without_its_notes(tmp_path, model_dir):
 
 
 def test_shipped_model_chooses_its_fastest_setting_that_keeps_euler_20s_accuracy():
-    """tiny-shapes' file holds the sweep's choice (bench_quality.json, README "Default model")."""
+    """tiny-shapes' file holds the sweep's choice (bench_quality.json, docs/default-model.md)."""
     from tests.helpers import ROOT
 
-    choice = json.loads((ROOT / "bench_quality.json").read_text())["choice"]
+    choice = json.loads((ROOT / "docs" / "benchmarks" / "bench_quality.json").read_text())["choice"]
     assert engine_defaults("tiny-shapes") == {"sampler": choice["sampler"], "num_inference_steps": choice["steps"]}
 
 

@@ -1,7 +1,7 @@
 """engine/memory: what a request's run needs (XLA's count of its compiled program) against what the server has; a
 request that cannot fit is refused, naming the field and the largest size that fits, before it runs or, once the
 sizes compiled so far tell, before it compiles. (A 768x768 request on tiny-shapes needs 4 x 10.9 GB of host memory
-and was killed by the kernel with the whole server: BENCHMARKS.md, "Memory admission".)"""
+and was killed by the kernel with the whole server: docs/benchmarks.md, "Memory admission".)"""
 
 import dataclasses
 from types import SimpleNamespace

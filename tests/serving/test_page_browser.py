@@ -23,7 +23,7 @@ CHROMIUM = Path("/usr/bin/chromium")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 ARTIFACTS = ROOT / "artifacts"
-# The app's defaults: tiny-shapes' engine_defaults.json over the config's own (README, "Configuration").
+# The app's defaults: tiny-shapes' engine_defaults.json over the config's own (docs/configuration.md).
 DEFAULTS = {"sampler": EngineConfig.sampler, "num_inference_steps": EngineConfig.num_inference_steps,
             **engine_defaults("tiny-shapes")}
 CAPTION = re.compile(r"^seed (\d+)(?: · ([^·]+))? · (\d+\.\d\d) s$")

@@ -1,4 +1,4 @@
-"""Scale-out on Ray Serve: ``python app.py --replicas N`` (README, "Scale-out on Ray Serve").
+"""Scale-out on Ray Serve: ``python app.py --replicas N`` (docs/scale-out.md).
 
 The checks without a cluster: flags, resource plans, the front's retry rule with a stand-in
 handle, a start failure's line. The app on its own Ray cluster is tests/serving/test_scaleout_ray_app.py.

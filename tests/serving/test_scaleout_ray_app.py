@@ -1,4 +1,4 @@
-"""Scale-out on Ray Serve end to end: ``python app.py --replicas N`` (README, "Scale-out on Ray Serve").
+"""Scale-out on Ray Serve end to end: ``python app.py --replicas N`` (docs/scale-out.md).
 
 First the default app never importing Ray. Then one ``--replicas 2`` app with its own private Ray cluster
 (the TEST-ONLY fault switch on, for simulated device time; HOME in a temporary folder), shared by
@@ -6,7 +6,7 @@ the tests after it: serving in parallel, the page's banner, nothing of Ray expos
 no call lost, a replica killed under load, SIGTERM (it stops the app and checks that nothing of
 Ray is left, so it runs last). Each of them needs only the app, not what an earlier test did.
 Every replica gets one CPU (``--replica-resources '{"CPU": 1}'``). Throughput against one
-replica is a benchmark's question (tools/loadtest.py, BENCHMARKS.md), not a test's. The checks
+replica is a benchmark's question (tools/loadtest.py, docs/benchmarks.md), not a test's. The checks
 without a cluster (flags, resource plans, the front's retry rule) are tests/serving/test_scaleout.py.
 """
 
@@ -287,7 +287,7 @@ def test_a_replica_killed_under_load(app2):
     assert loss["errors_after"] == [], loss  # new calls go to the survivor
     assert loss["survivor_ok"] >= 1 and loss["replacement"] and loss["replacement"] not in loss["replicas_before"]
     # Serve replaces the replica: the replacement served (above: within replica_loss's window, 240 s) and the
-    # front counts it (below). How fast is the loadtest's figure (BENCHMARKS.md, on a quiet machine: 9.9 s), not a
+    # front counts it (below). How fast is the loadtest's figure (docs/benchmarks.md, on a quiet machine: 9.9 s), not a
     # bound here: on a loaded CI machine every stage of it (Serve noticing, a worker process, imports, load,
     # compile) stretches several-fold (one CI run: 72 s, with the replacement's own start-up 27 s against 3 s quiet).
     deadline = time.monotonic() + 60  # the front's count is back to 2 (it logs every change)

@@ -1,6 +1,6 @@
 """AUTOMATIC1111's web API (``/sdapi/v1/...``) on this server: txt2img, img2img, progress, interrupt, the lists.
 
-The routes its clients call (webuiapi, Open WebUI, SillyTavern; README, "AUTOMATIC1111 API"):
+The routes its clients call (webuiapi, Open WebUI, SillyTavern; docs/protocols.md, "AUTOMATIC1111 API"):
 ``POST txt2img`` (with its hires fix and refiner fields) and ``img2img`` (its images prepared as A1111 does:
 a1111_images.py; the image, mask and overlay reach the handler in memory: handler.ProtocolInputs) run the
 page's ``/generate`` event (core.generate: same queue, handler, checks
@@ -503,7 +503,7 @@ def png_info(image_b64: str) -> dict:
 def info_record(body: Txt2Img, info: dict, seeds: list[int], infotexts: list[str]) -> dict:
     """A1111's ``info`` object (processing.Processed.js) for one txt2img answer.
 
-    ``info``: the handler's record (README, "API") of the first engine call; ``seeds``: every
+    ``info``: the handler's record (docs/python.md) of the first engine call; ``seeds``: every
     image's seed, in order; ``infotexts``: each image's parameters text.
     """
     n = len(seeds)
@@ -802,6 +802,6 @@ def unknown_router() -> APIRouter:
     @api.api_route("/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"], include_in_schema=False)
     async def unknown(path: str, request: Request):
         return a1111_error(ApiError(404, f"{request.method} {PREFIX}/{ascii(path)[1:-1][:80]} is not served here "
-                                         "(the README's AUTOMATIC1111 section lists the routes served)"))
+                                         "(docs/protocols.md, AUTOMATIC1111 API, lists the routes served)"))
 
     return api

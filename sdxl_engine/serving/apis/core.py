@@ -88,7 +88,7 @@ class Call:
 @dataclasses.dataclass(frozen=True)
 class Generated:
     """What :func:`generate` returns: ``pngs`` (PNG bytes, image i made from ``seeds[i]``), the
-    handler's ``info`` record of the first engine call that made images (README, "API"; ``seeds`` lists
+    handler's ``info`` record of the first engine call that made images (docs/python.md; ``seeds`` lists
     every image's), ``paths``, the served files (for :class:`FileTokens`; never sent to a client), and
     ``stopped``: None, or the message of the interrupt that ended the request before all its calls ran
     (the images are those made until then)."""

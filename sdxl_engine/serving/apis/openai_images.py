@@ -65,7 +65,7 @@ FORMATS = ("b64_json", "url")
 _SIZE = re.compile(r"^\s*(\d{1,6})\s*[xX×]\s*(\d{1,6})\s*$")
 FIELD_NAMES = (("width", "size"), ("height", "size"), ("images", "n"))
 # Not OpenAI's: the engine's own fields, by their names, in a generations body (the SDK's extra_body): base + refiner
-# at a switch of the client's choice, and the hires fix (README "Hires fix"); the engine validates them.
+# at a switch of the client's choice, and the hires fix (docs/hires-fix.md); the engine validates them.
 EXTENSIONS = ("refiner_switch_at", "hires_scale", "hires_upscaler", "hires_strength", "hires_steps")
 ERROR_TYPES = {400: ("invalid_request_error", None), 401: ("invalid_request_error", "invalid_api_key"),
                403: ("invalid_request_error", "api_off"), 404: ("invalid_request_error", None),

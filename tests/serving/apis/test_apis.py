@@ -448,10 +448,10 @@ def test_unknown_a1111_paths_answer_in_a1111s_error_shape(served):
     for method in ("GET", "POST"):
         answer = client.request(method, "/sdapi/v1/no-such-route")
         assert answer.status_code == 404 and answer.json() == {
-            "error": "HTTPException", "detail": f"{method} /sdapi/v1/no-such-route is not served here (the README's "
-                                                "AUTOMATIC1111 section lists the routes served)",
-            "body": "", "errors": f"{method} /sdapi/v1/no-such-route is not served here (the README's "
-                                  "AUTOMATIC1111 section lists the routes served)"}
+            "error": "HTTPException", "detail": f"{method} /sdapi/v1/no-such-route is not served here (docs/protocols.md, "
+                                                "AUTOMATIC1111 API, lists the routes served)",
+            "body": "", "errors": f"{method} /sdapi/v1/no-such-route is not served here (docs/protocols.md, "
+                                  "AUTOMATIC1111 API, lists the routes served)"}
     assert client.get("/sdapi/v1/sd-models").json()[0]["title"] == "tiny-shapes"  # routes still answer first
 
 
@@ -660,11 +660,11 @@ def test_png_info_reads_this_servers_pngs_and_jpegs_and_a1111s_text(served):
 
 
 def test_the_readme_names_every_field_the_a1111_table_does_not_honour():
-    """README's AUTOMATIC1111 section lists IGNORED's fields by hand; this keeps the two from drifting."""
+    """docs/protocols.md's AUTOMATIC1111 section lists IGNORED's fields by hand; this keeps the two from drifting."""
     from sdxl_engine.serving.apis.a1111 import IGNORED
     from tests.helpers import ROOT
 
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "protocols.md").read_text()
     section = readme[readme.index("### AUTOMATIC1111 API"):readme.index("### OpenAI Images API")]
     missing = [row.name for row in IGNORED if f"`{row.name}`" not in section
                and f"`{row.name.rsplit('_', 1)[0]}_w/h`" not in section

@@ -141,7 +141,7 @@ def test_a_size_whose_run_exceeds_the_machines_memory_is_refused_and_the_server_
 
 def test_a_run_longer_than_the_servers_limit_is_refused_naming_the_steps_that_fit(app, webui):
     """384x256 x 50 steps on tiny-shapes would hold this CPU about a minute (37 x the 64x64 program's memory traffic,
-    BENCHMARKS.md "Run time admission"), over the default max_run_seconds of 30: a 422 under A1111's name for the
+    docs/benchmarks.md "Run time admission"), over the default max_run_seconds of 30: a 422 under A1111's name for the
     steps, saying how many fit; that many then run."""
     with pytest.raises(RuntimeError) as err:
         webui.txt2img(prompt=PROMPT, steps=50, width=384, height=256)
