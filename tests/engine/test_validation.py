@@ -65,3 +65,38 @@ def test_refusals_name_the_field(kw, field, words):
     with pytest.raises(InvalidRequest) as err:
         check(**kw)
     assert err.value.field == field and words in str(err.value), str(err.value)
+
+
+def test_a_mask_value_of_exactly_one_half_repaints():
+    """diffusers' VaeImageProcessor.binarize: ``mask[mask < 0.5] = 0; mask[mask >= 0.5] = 1``, so a float 0.5 is
+    repaint (1); just below it is keep. In uint8, 128 (0.502) repaints and 127 (0.498) keeps. A non-square mask, so
+    the columns are not the rows."""
+    from sdxl_engine.engine.validation import as_masks
+
+    images = np.zeros((2, 8, 16, 3), np.uint8)  # 16 wide, 8 high
+    soft = np.zeros((8, 16), np.float32)
+    soft[:, 4] = 0.5
+    soft[:, 5] = np.nextafter(np.float32(0.5), np.float32(0))  # the largest float32 below 0.5
+    soft[2, 10] = 0.5
+    got = as_masks(soft, images, 2)
+    expected = np.zeros((8, 16), np.float32)
+    expected[:, 4] = 1
+    expected[2, 10] = 1
+    assert got.shape == (2, 8, 16) and np.array_equal(got[0], expected) and np.array_equal(got[1], expected)
+    levels = np.zeros((8, 16), np.uint8)
+    levels[:, 0], levels[:, 1], levels[:, 2] = 127, 128, 255
+    assert as_masks(levels, images, 2)[0, 0, :4].tolist() == [0.0, 1.0, 1.0, 0.0]
+    # through validate: the request's mask is the binarized one, one per image
+    request = check(image=picture(8, 16), mask=soft, num_inference_steps=20)
+    assert request.mask.shape == (4, 8, 16) and np.array_equal(request.mask[3], expected)
+
+
+def test_the_default_img2img_strength_is_a1111s_0_75():
+    """The default strength is A1111's img2img default denoising_strength, 0.75 (validation.DEFAULT_STRENGTH's
+    comment says so), not diffusers' StableDiffusionXLImg2ImgPipeline default (0.3): 20 steps start at step
+    20 - int(20 x 0.75) = 5 and run 15."""
+    assert DEFAULT_STRENGTH == 0.75
+    request = check(image=picture(48, 80), num_inference_steps=20)
+    assert request.strength == 0.75 and request.start_step == 5
+    request = check(image=picture(48, 80), num_inference_steps=10)
+    assert request.strength == 0.75 and request.start_step == 3  # int(7.5) = 7 steps run
