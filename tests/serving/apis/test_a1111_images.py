@@ -275,3 +275,29 @@ def test_the_default_denoising_strength_is_a1111s_0_75():
     call, _ = _img2img_call(init_images=[_b64_png(Image.new("RGB", (64, 64), (1, 2, 3)))], steps=20, width=64,
                             height=64)
     assert call.extra.fields["strength"] == 0.75 and call.extra.fields["start_step"] == 4
+
+
+def test_an_init_image_or_mask_over_the_per_image_limit_is_refused_naming_it():
+    """A valid PNG padded to MAX_IMAGE_BYTES + 1 bytes (22.4 MB of base64: under img2img's 48 MB body cap, and within
+    the base64 text's own bound) is refused by the per-image bound, naming ``init_images[0]`` or ``mask``; one byte
+    shorter it is the engine's image."""
+    import base64
+    import io
+
+    from sdxl_engine.serving.apis.core import ApiError
+    from sdxl_engine.serving.guard import MAX_IMAGE_BODY_BYTES, MAX_IMAGE_BYTES
+
+    out = io.BytesIO()
+    Image.new("RGB", (64, 48), (90, 90, 90)).save(out, "PNG")
+    over = out.getvalue() + b"\0" * (MAX_IMAGE_BYTES + 1 - len(out.getvalue()))
+    text = base64.b64encode(over).decode()
+    assert 2 * len(text) < MAX_IMAGE_BODY_BYTES
+    small = _b64_png(Image.new("RGB", (64, 48), (90, 90, 90)))
+    for fields, field in (({"init_images": [text]}, "init_images[0]"),
+                          ({"init_images": [small], "mask": text}, "mask")):
+        with pytest.raises(ApiError) as err:
+            _img2img_call(**fields, width=64, height=48)
+        assert (err.value.status, err.value.param, err.value.message) == (
+            400, field, f"{field}: the image is over 16 MiB")
+    call, _ = _img2img_call(init_images=[base64.b64encode(over[:MAX_IMAGE_BYTES]).decode()], width=64, height=48)
+    assert call.extra.fields["image"].shape == (48, 64, 3) and (call.extra.fields["image"] == 90).all()
