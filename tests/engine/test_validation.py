@@ -100,3 +100,25 @@ def test_the_default_img2img_strength_is_a1111s_0_75():
     assert request.strength == 0.75 and request.start_step == 5
     request = check(image=picture(48, 80), num_inference_steps=10)
     assert request.strength == 0.75 and request.start_step == 3  # int(7.5) = 7 steps run
+
+
+def test_hires_size_is_width_by_height_each_cut_as_a1111_then_to_the_multiple():
+    """validation.hires_size: (int(width x scale), int(height x scale)), each down to the multiple; non-square so
+    the order shows."""
+    from sdxl_engine.engine.validation import hires_size
+
+    assert hires_size(64, 48, 2, 8) == (128, 96)
+    assert hires_size(48, 64, 2, 8) == (96, 128)
+    assert hires_size(64, 48, 1.5, 16) == (96, 64)  # 72 -> 64
+    assert hires_size(100, 60, 1.25, 8) == (120, 72)  # int(125.0) = 125 -> 120, int(75.0) = 75 -> 72
+    assert hires_size(64, 40, 1.99, 8) == (120, 72)  # int(127.36) = 127 -> 120, int(79.6) = 79 -> 72
+
+
+def test_a_hires_size_the_server_does_not_make_is_named_width_by_height():
+    limits = Limits(max_seed=10, max_steps=50, sizes=((64, 48),), default_size=(64, 48), default_steps=10,
+                    default_guidance=5.0, multiple=8, max_pixels=128 * 80)
+    assert validate(GenerateRequest("a", width=64, height=40, hires_scale=2), limits).hires_scale == 2
+    with pytest.raises(InvalidRequest) as err:
+        validate(GenerateRequest("a", width=64, height=48, hires_scale=2), limits)
+    assert err.value.field == "hires_scale" and str(err.value).startswith(
+        "hires_scale: 2 x 64x48 = 128x96, which this server does not make: 128x96 is 12288 pixels")
