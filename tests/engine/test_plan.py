@@ -108,7 +108,8 @@ def test_an_image_count_other_than_one_or_the_batch_is_refused_naming_image(plan
 def test_hires_with_a_latent_upscaler_plans_a_second_pass_of_scale_times_width_by_height(planner, tiny_pt):
     """64 x 48 at hires_scale 2: the second pass is 128 wide and 96 high (validation.hires_size); the first pass
     returns latents (latents_out); the upscale matrices take tiny-pt's (48/4, 64/4) latents to (96/4, 128/4):
-    rows (24, 12), cols (32, 16) (large x small); 10 steps at hires_strength 0.5 (hires_steps 0) run the last 5 of 10."""
+    rows (24, 12), cols (32, 16) (large x small); 10 steps at hires_strength 0.5 (hires_steps 0) run the last 5
+    of 10."""
     plan = planner.plan(request(width=64, height=48, hires_scale=2, hires_strength=0.5,
                                 hires_upscaler="Latent (bicubic)"))
     assert plan.shape == dataclasses.replace(planner.shape(64, 48), latents_out=True)

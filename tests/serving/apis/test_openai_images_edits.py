@@ -333,7 +333,7 @@ def test_only_fully_transparent_pixels_are_edited_a_partly_transparent_one_is_ke
 
 
 def padded_png(size: int, width: int = 64, height: int = 48) -> bytes:
-    """A valid PNG of ``width`` x ``height`` grey pixels, ``size`` bytes long (zeros after IEND, which decoders skip)."""
+    """A valid grey PNG of ``width`` x ``height``, ``size`` bytes long (zeros after IEND, which decoders skip)."""
     whole = png(Image.new("RGB", (width, height), (90, 90, 90)))
     return whole + b"\0" * (size - len(whole))
 

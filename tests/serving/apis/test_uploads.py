@@ -130,7 +130,8 @@ def test_a_palettes_transparent_colour_becomes_alpha():
     assert rgba[:, :2, 3].tolist() == [[0, 0]] * 4 and (rgba[:, 2:, 3] == 255).all()
     assert rgba[0, 3, :3].tolist() == [10, 20, 30]
     grey = np.asarray(open_image(raw, "mask", "L"))
-    assert grey[0, 0] == round(0.299 * 200 + 0.587 * 100 + 0.114 * 50) and grey[0, 5] == round(0.299 * 10 + 0.587 * 20 + 0.114 * 30)
+    assert grey[0, 0] == round(0.299 * 200 + 0.587 * 100 + 0.114 * 50)  # the transparent entry's colour
+    assert grey[0, 5] == round(0.299 * 10 + 0.587 * 20 + 0.114 * 30)
     assert open_image(raw, "mask", None).mode == "P"
 
 
