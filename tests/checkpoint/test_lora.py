@@ -146,6 +146,30 @@ def test_peft_pattern_keys_are_grouped_regexes_on_the_peft_module_name(component
     assert round(scale[("text_encoder", "encoder.layers.1.self_attn.q_proj.weight")], 6) == 2.0
 
 
+def test_peft_pattern_keys_match_only_at_a_dot(components, tmp_path):
+    """PEFT's ``(.*\\.)?(key)$``: a key is a whole dotted suffix of the module's name, so ``n1.to_q`` (alpha 2, rank
+    8) touches no module, not even attn1.to_q, whose name merely ends with those characters (every unet scale stays
+    8 / 4 = 2); ``0.attn1.to_q`` (a suffix starting at a dot) reaches transformer_blocks.0's attn1.to_q only."""
+    tensors = load_file(str(PEFT))
+    config = {"unet.lora_alpha": 8, "unet.r": 4, "unet.alpha_pattern": {"n1.to_q": 2}, "unet.rank_pattern": {
+              "n1.to_q": 8}}
+    path = write(tmp_path, tensors, "dots.safetensors", metadata={"lora_adapter_metadata": json.dumps(config)})
+    layers = by_key(lora.read_lora("d", path, components))
+
+    def scales(layers):
+        return {k: round(float(layer.up[0, 0] / tensors[f"unet.{k[1][:-len('.weight')]}.lora_B.weight"].reshape(
+            layer.up.shape)[0, 0]), 6) for k, layer in layers.items() if k[0] == "unet"}
+
+    got = scales(layers)
+    assert any(k[1].endswith("attn1.to_q.weight") for k in got) and set(got.values()) == {2.0}
+    config["unet.alpha_pattern"], config["unet.rank_pattern"] = {"0.attn1.to_q": 2}, {}
+    path = write(tmp_path, tensors, "dot.safetensors", metadata={"lora_adapter_metadata": json.dumps(config)})
+    got = scales(by_key(lora.read_lora("d", path, components)))
+    matched = {k for k in got if k[1].endswith("transformer_blocks.0.attn1.to_q.weight")}
+    assert matched and any(k[1].endswith("attn1.to_q.weight") and k not in matched for k in got)
+    assert got == {k: 0.5 if k in matched else 2.0 for k in got}
+
+
 def test_diffusers_alpha_keys_divide_by_the_rank(components, tmp_path):
     """diffusers' own kohya conversion keeps alpha as ``<module>.alpha`` beside lora_A/lora_B: the scale is
     alpha / rank (2 / 4 here), and a module without one keeps 1 (no metadata). Delta by hand: 0.5 * B @ A."""

@@ -65,3 +65,60 @@ def test_refusals_name_the_field(kw, field, words):
     with pytest.raises(InvalidRequest) as err:
         check(**kw)
     assert err.value.field == field and words in str(err.value), str(err.value)
+
+
+def test_a_mask_value_of_exactly_one_half_repaints():
+    """diffusers' VaeImageProcessor.binarize: ``mask[mask < 0.5] = 0; mask[mask >= 0.5] = 1``, so a float 0.5 is
+    repaint (1); just below it is keep. In uint8, 128 (0.502) repaints and 127 (0.498) keeps. A non-square mask, so
+    the columns are not the rows."""
+    from sdxl_engine.engine.validation import as_masks
+
+    images = np.zeros((2, 8, 16, 3), np.uint8)  # 16 wide, 8 high
+    soft = np.zeros((8, 16), np.float32)
+    soft[:, 4] = 0.5
+    soft[:, 5] = np.nextafter(np.float32(0.5), np.float32(0))  # the largest float32 below 0.5
+    soft[2, 10] = 0.5
+    got = as_masks(soft, images, 2)
+    expected = np.zeros((8, 16), np.float32)
+    expected[:, 4] = 1
+    expected[2, 10] = 1
+    assert got.shape == (2, 8, 16) and np.array_equal(got[0], expected) and np.array_equal(got[1], expected)
+    levels = np.zeros((8, 16), np.uint8)
+    levels[:, 0], levels[:, 1], levels[:, 2] = 127, 128, 255
+    assert as_masks(levels, images, 2)[0, 0, :4].tolist() == [0.0, 1.0, 1.0, 0.0]
+    # through validate: the request's mask is the binarized one, one per image
+    request = check(image=picture(8, 16), mask=soft, num_inference_steps=20)
+    assert request.mask.shape == (4, 8, 16) and np.array_equal(request.mask[3], expected)
+
+
+def test_the_default_img2img_strength_is_a1111s_0_75():
+    """The default strength is A1111's img2img default denoising_strength, 0.75 (validation.DEFAULT_STRENGTH's
+    comment says so), not diffusers' StableDiffusionXLImg2ImgPipeline default (0.3): 20 steps start at step
+    20 - int(20 x 0.75) = 5 and run 15."""
+    assert DEFAULT_STRENGTH == 0.75
+    request = check(image=picture(48, 80), num_inference_steps=20)
+    assert request.strength == 0.75 and request.start_step == 5
+    request = check(image=picture(48, 80), num_inference_steps=10)
+    assert request.strength == 0.75 and request.start_step == 3  # int(7.5) = 7 steps run
+
+
+def test_hires_size_is_width_by_height_each_cut_as_a1111_then_to_the_multiple():
+    """validation.hires_size: (int(width x scale), int(height x scale)), each down to the multiple; non-square so
+    the order shows."""
+    from sdxl_engine.engine.validation import hires_size
+
+    assert hires_size(64, 48, 2, 8) == (128, 96)
+    assert hires_size(48, 64, 2, 8) == (96, 128)
+    assert hires_size(64, 48, 1.5, 16) == (96, 64)  # 72 -> 64
+    assert hires_size(100, 60, 1.25, 8) == (120, 72)  # int(125.0) = 125 -> 120, int(75.0) = 75 -> 72
+    assert hires_size(64, 40, 1.99, 8) == (120, 72)  # int(127.36) = 127 -> 120, int(79.6) = 79 -> 72
+
+
+def test_a_hires_size_the_server_does_not_make_is_named_width_by_height():
+    limits = Limits(max_seed=10, max_steps=50, sizes=((64, 48),), default_size=(64, 48), default_steps=10,
+                    default_guidance=5.0, multiple=8, max_pixels=128 * 80)
+    assert validate(GenerateRequest("a", width=64, height=40, hires_scale=2), limits).hires_scale == 2
+    with pytest.raises(InvalidRequest) as err:
+        validate(GenerateRequest("a", width=64, height=48, hires_scale=2), limits)
+    assert err.value.field == "hires_scale" and str(err.value).startswith(
+        "hires_scale: 2 x 64x48 = 128x96, which this server does not make: 128x96 is 12288 pixels")

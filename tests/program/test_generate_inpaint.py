@@ -440,6 +440,48 @@ def test_the_inpainting_unet_sees_the_masked_image(programs, reference):
     assert wrong > 10 * right and wrong > 0.05, (wrong, right)
 
 
+def test_the_inpainting_unets_masked_image_zeroes_the_repainted_part():
+    """image_conditioning, not compiled (the VAE encoder runs eagerly): the 9-channel UNet's masked image is
+    diffusers' ``init_image * (mask < 0.5)``, the picture in [-1, 1] with 0 wherever the mask repaints (>= 0.5),
+    encoded; an empty mask's masked image is the picture's own latents. Non-square (64 wide, 48 high), a hard mask
+    (the left 16 columns) and a soft one (0.5 repaints, 0.25 keeps). Catches an inverted masked image
+    (``image * mask``, or keeping the repainted part) in seconds; the slow parity tests barely see it."""
+    from sdxl_engine.checkpoint.loading import load_folder
+    from sdxl_engine.program.generate import (ProgramInputs, ProgramShape, encode_image, encode_pixels,
+                                              image_conditioning, static_options)
+
+    model = load_folder(FOLDER, "tiny-pt-inpaint", "float32")
+    st = static_options(model, ProgramShape(2, 48, 64, STEPS, init_image=True, inpaint=True))
+    pictures = np.random.default_rng(3).integers(0, 256, (2, 48, 64, 3), dtype=np.uint8)
+    masks = np.zeros((2, 48, 64), np.float32)
+    masks[0, :, :16] = 1.0
+    masks[1, 8:40, 20:44] = 0.5
+    masks[1, :, 48:] = 0.25
+
+    def conditioning(mask):
+        inputs = ProgramInputs.build(np.zeros((2, 77), np.int32), np.zeros((2, 77), np.int32), True, [41, 42], 5.0,
+                                     make_schedule("Euler", model.scheduler_config, STEPS), STEPS, STEPS,
+                                     image=pictures, start_step=3, mask=mask)
+        return image_conditioning(st, model.params, inputs)
+
+    got = conditioning(masks)
+    unit = pictures.astype(np.float32) / 255.0 * 2.0 - 1.0  # (2, 48, 64, 3) in [-1, 1]
+    kept = np.where(masks[..., None] < 0.5, unit, 0.0).transpose(0, 3, 1, 2)  # (2, 3, 48, 64)
+    assert (kept[0, :, :, :16] == 0).all() and (kept[1, :, 8:40, 20:44] == 0).all()
+    assert np.array_equal(kept[1, :, :, 48:], unit[1, :, 48:].transpose(2, 0, 1))  # 0.25: kept
+    want = np.asarray(encode_pixels(st, model.params, kept))
+    assert got.masked.shape == (2, 4, 12, 16)
+    np.testing.assert_allclose(np.asarray(got.masked), want, atol=1e-5)
+    inverted = np.asarray(encode_pixels(st, model.params, np.where(masks[..., None] >= 0.5, unit, 0.0)
+                                        .transpose(0, 3, 1, 2)))
+    assert np.abs(want - inverted).mean() > 100 * 1e-5  # the inverted image is far from it
+    np.testing.assert_array_equal(np.asarray(got.mask), masks[:, None, ::4, ::4])  # (2, 1, 12, 16), nearest
+    empty = conditioning(np.zeros_like(masks))
+    np.testing.assert_allclose(np.asarray(empty.masked), np.asarray(encode_image(st, model.params, pictures)),
+                               atol=1e-5)
+    np.testing.assert_allclose(np.asarray(empty.latents), np.asarray(empty.masked), atol=1e-5)
+
+
 def test_a_refiner_is_refused_beside_an_inpainting_model():
     """The refiner continues a plain UNet's latents: with an inpainting base model it is refused at start, naming
     both models."""

@@ -168,6 +168,30 @@ def test_the_refiners_conditioning_is_diffusers(models, reference):
     np.testing.assert_array_equal(np.asarray(zeroed.hidden)[2:], hidden[2:])
 
 
+def test_the_refiners_time_ids_are_height_width_on_a_non_square_size(models):
+    """diffusers' StableDiffusionXLImg2ImgPipeline._get_add_time_ids with requires_aesthetics_score:
+    ``original_size + crops_coords_top_left + (aesthetic_score,)``, original_size = (height, width): at 96 wide and
+    64 high, (64, 96, 0, 0, score) on every row, the negative rows' score negative_aesthetic_score (CFG: negatives
+    first), the prompt rows' aesthetic_score; without CFG the prompt rows only. A refiner UNet of 6 time ids gets the
+    base's (64, 96, 0, 0, 64, 96). Not compiled (the text encoder runs eagerly)."""
+    from sdxl_engine.program.generate import ProgramShape, refiner_expert, static_options
+
+    base, params = models
+    case = META["cases"]["euler_08"]
+    inputs = inputs_for(base, case, aesthetic_score=7.0, negative_aesthetic_score=1.5)
+    shape = ProgramShape(2, 64, 96, STEPS, refiner=True)  # batch, height, width
+    assert (shape.width, shape.height) == (96, 64)
+    got = np.asarray(refiner_expert(static_options(base, shape), params, inputs).add_time_ids)
+    assert got.tolist() == [[64, 96, 0, 0, 1.5]] * 2 + [[64, 96, 0, 0, 7.0]] * 2
+    plain = dataclasses.replace(shape, cfg=False)
+    got = np.asarray(refiner_expert(static_options(base, plain), params, inputs).add_time_ids)
+    assert got.tolist() == [[64, 96, 0, 0, 7.0]] * 2
+    six = dataclasses.replace(base.refiner, kind=dataclasses.replace(base.refiner.kind, time_ids=6))
+    got = np.asarray(refiner_expert(static_options(dataclasses.replace(base, refiner=six), shape), params,
+                                    inputs).add_time_ids)
+    assert got.tolist() == [[64, 96, 0, 0, 64, 96]] * 4
+
+
 # ---- the compiled program on 2 devices: diffusers' images -----------------------------------------------------------
 @pytest.fixture(scope="module")
 def program(models):

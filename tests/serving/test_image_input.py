@@ -89,3 +89,13 @@ def test_modes_give_the_engine_fields_they_need(editor):
         image_input.request_fields(read, image_input.OUTPAINT, 1.0, 64, 64, ["Left", "Right"], 30)
     with pytest.raises(ApiError, match="pick a resolution"):
         image_input.request_fields(read, image_input.IMG2IMG, 0.75, 0, 0)
+
+
+def test_the_pages_default_strengths_are_a1111s_and_the_inpainting_start():
+    """The slider's value per mode: image to image A1111's img2img default (0.75, the engine's too); inpaint and
+    outpaint 1 (the masked area starts from noise)."""
+    from sdxl_engine.engine.validation import DEFAULT_STRENGTH
+
+    assert image_input.DEFAULT_STRENGTH == {image_input.IMG2IMG: 0.75, image_input.INPAINT: 1.0,
+                                            image_input.OUTPAINT: 1.0}
+    assert image_input.DEFAULT_STRENGTH[image_input.IMG2IMG] == DEFAULT_STRENGTH

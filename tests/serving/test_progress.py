@@ -144,3 +144,23 @@ def test_threads_see_whole_records():
     [th.start() for th in threads]
     [th.join() for th in threads]
     assert all(seen) and t.snapshot(ME).step == 1000
+
+
+def test_a_new_call_drops_the_previous_calls_unread_array_preview():
+    """A call's last array preview, never read (no snapshot between its step and the next call's start), is not
+    the next call's preview: after begin_call the snapshot has none until that call sends its own, and a step of
+    the new call without a preview does not bring the old one back."""
+    t = Jobs()
+    job = t.open(ME, calls=2)
+    t.begin_call(job, 4)
+    first = np.stack([np.full((2, 3, 3), v, np.uint8) for v in (10, 20, 30, 40)])
+    t.step(job, 4, 4, preview=first)  # unread
+    t.end_call(job)
+    t.begin_call(job, 4)
+    snap = t.snapshot(ME)
+    assert (snap.call, snap.step, snap.preview) == (1, 0, None)
+    t.step(job, 1, 4)
+    assert t.snapshot(ME).preview is None
+    t.step(job, 2, 4, preview=np.full((2, 3, 3), 99, np.uint8))
+    with Image.open(io.BytesIO(t.snapshot(ME).preview)) as png:
+        assert png.size == (3, 2) and (np.asarray(png.convert("RGB")) == 99).all()  # the new call's own

@@ -190,3 +190,114 @@ def test_denoising_strength_0_runs_one_step_and_says_0_as_a1111():
                        [""])["denoising_strength"] == 0.4
     assert info_record(Txt2Img(prompt="x"), {k: v for k, v in info.items() if k != "strength"}, [1],
                        [""])["denoising_strength"] is None
+
+
+def _b64_png(image: Image.Image) -> str:
+    import base64
+    import io
+
+    out = io.BytesIO()
+    image.save(out, "PNG")
+    return base64.b64encode(out.getvalue()).decode()
+
+
+def _img2img_call(**fields):
+    """img2img_call of an A1111 body (``fields`` over a prompt) on a stand-in engine of default size 64 x 64."""
+    import types
+
+    from sdxl_engine.serving.apis.a1111 import Img2Img, img2img_call
+
+    engine = types.SimpleNamespace(limits=types.SimpleNamespace(default_size=(64, 64), default_steps=20),
+                                   config=types.SimpleNamespace(refiner=""))
+    return img2img_call(Img2Img(prompt="x", **fields), engine)
+
+
+def _holed(width: int = 48, height: int = 32):
+    """A red ``width`` x ``height`` picture with a black hole and the mask of that hole (255 = repaint)."""
+    image = Image.new("RGB", (width, height), (200, 30, 30))
+    ImageDraw.Draw(image).rectangle((16, 8, 31, 23), fill=(0, 0, 0))
+    mask = Image.new("L", (width, height), 0)
+    ImageDraw.Draw(mask).rectangle((16, 8, 31, 23), fill=255)
+    return image, mask
+
+
+@pytest.mark.parametrize("mode, name", [(0, "fill"), (2, "latent noise"), (3, "latent nothing")])
+def test_inpainting_fill_2_and_3_pre_fill_the_hole_as_0_does(mode, name):
+    """A1111's inpainting_fill 2 (latent noise) and 3 (latent nothing) run as 0 (fill) here, as their warning says:
+    the masked area is painted with the colours around it (masking.fill), the image the engine gets is exactly fill
+    0's; 1 (original) keeps the hole black. Non-square: 48 x 32."""
+    image, mask = _holed()
+    prepared = ai.prepare(image, mask, 48, 32, mask_blur_x=0, mask_blur_y=0, fill_mode=mode)
+    expected = np.asarray(ai.fill(image, mask))
+    assert prepared.image.shape == (32, 48, 3) and np.array_equal(prepared.image, expected)
+    assert np.abs(prepared.image[16, 24].astype(int) - [200, 30, 30]).max() <= 2  # the hole red, as around it
+    assert prepared.params["Masked content"] == name
+    original = ai.prepare(image, mask, 48, 32, mask_blur_x=0, mask_blur_y=0, fill_mode=1)
+    assert (original.image[8:24, 16:32] == 0).all() and original.params["Masked content"] == "original"
+    # through A1111's route: the image field is the filled one, and 2 and 3 say they ran as 0
+    call, warnings = _img2img_call(init_images=[_b64_png(image)], mask=_b64_png(mask), inpainting_fill=mode,
+                                   mask_blur=0, inpaint_full_res=False, width=48, height=32)
+    assert np.array_equal(call.extra.fields["image"], expected)
+    said = [w for w in warnings if w.startswith("inpainting_fill=")]
+    assert said == ([] if mode == 0 else [f"inpainting_fill={mode} ({name}) runs as 0 (fill) here: the masked area "
+                                         "is pre-filled with the colours around it, and its latents are not replaced"])
+
+
+def test_mask_blur_x_blurs_along_x_and_mask_blur_y_along_y():
+    """An asymmetric blur (x 6, y 1) on a non-square mask (64 x 40): A1111's mask_blur_x spreads the mask's edge
+    along a row (cv2.GaussianBlur's kernel width), mask_blur_y along a column. Kernel radii int(2.5 sigma + 0.5):
+    15 pixels for 6, 3 for 1. prepare and the A1111 route (mask_blur_x / mask_blur_y; mask_blur sets both)."""
+    image = Image.new("RGB", (64, 40), (10, 20, 30))
+    mask = Image.new("L", (64, 40), 0)
+    ImageDraw.Draw(mask).rectangle((24, 12, 39, 27), fill=255)  # columns 24-39, rows 12-27
+    m = np.asarray(mask)
+    expected = ai.gaussian_blur_1d(ai.gaussian_blur_1d(m, 6, axis=1), 1, axis=0)
+    prepared = ai.prepare(image, mask, 64, 40, mask_blur_x=6, mask_blur_y=1, fill_mode=1)
+    assert prepared.mask.shape == (40, 64) and np.array_equal(prepared.mask, expected)
+    assert prepared.params["Mask blur"] == "6x1"
+    row, column = prepared.mask[20], prepared.mask[:, 32]
+    assert row[14] > 0 and row[10] > 0 and row[8] == 0  # x: 10 pixels left of the edge still reached (radius 15)
+    assert column[9] > 0 and column[6] == 0 and column[4] == 0  # y: 3 pixels above the edge at most
+    for fields in (dict(mask_blur_x=6, mask_blur_y=1), dict(mask_blur_x=6, mask_blur_y=1, mask_blur=None)):
+        call, _ = _img2img_call(init_images=[_b64_png(image)], mask=_b64_png(mask), inpainting_fill=1,
+                                inpaint_full_res=False, width=64, height=40, **fields)
+        assert np.array_equal(call.extra.fields["mask"], expected)
+        assert call.extra.params["Mask blur"] == "6x1"
+    call, _ = _img2img_call(init_images=[_b64_png(image)], mask=_b64_png(mask), inpainting_fill=1, mask_blur=2,
+                            mask_blur_x=6, mask_blur_y=1, inpaint_full_res=False, width=64, height=40)
+    both = ai.gaussian_blur_1d(ai.gaussian_blur_1d(m, 2, axis=1), 2, axis=0)
+    assert np.array_equal(call.extra.fields["mask"], both) and call.extra.params["Mask blur"] == "2"
+
+
+def test_the_default_denoising_strength_is_a1111s_0_75():
+    """img2img without denoising_strength: A1111's default 0.75, run by its step rule (20 steps: t_enc 15, from
+    step 4); the engine gets strength 0.75."""
+    call, _ = _img2img_call(init_images=[_b64_png(Image.new("RGB", (64, 64), (1, 2, 3)))], steps=20, width=64,
+                            height=64)
+    assert call.extra.fields["strength"] == 0.75 and call.extra.fields["start_step"] == 4
+
+
+def test_an_init_image_or_mask_over_the_per_image_limit_is_refused_naming_it():
+    """A valid PNG padded to MAX_IMAGE_BYTES + 1 bytes (22.4 MB of base64: under img2img's 48 MB body cap, and within
+    the base64 text's own bound) is refused by the per-image bound, naming ``init_images[0]`` or ``mask``; one byte
+    shorter it is the engine's image."""
+    import base64
+    import io
+
+    from sdxl_engine.serving.apis.core import ApiError
+    from sdxl_engine.serving.guard import MAX_IMAGE_BODY_BYTES, MAX_IMAGE_BYTES
+
+    out = io.BytesIO()
+    Image.new("RGB", (64, 48), (90, 90, 90)).save(out, "PNG")
+    over = out.getvalue() + b"\0" * (MAX_IMAGE_BYTES + 1 - len(out.getvalue()))
+    text = base64.b64encode(over).decode()
+    assert 2 * len(text) < MAX_IMAGE_BODY_BYTES
+    small = _b64_png(Image.new("RGB", (64, 48), (90, 90, 90)))
+    for fields, field in (({"init_images": [text]}, "init_images[0]"),
+                          ({"init_images": [small], "mask": text}, "mask")):
+        with pytest.raises(ApiError) as err:
+            _img2img_call(**fields, width=64, height=48)
+        assert (err.value.status, err.value.param, err.value.message) == (
+            400, field, f"{field}: the image is over 16 MiB")
+    call, _ = _img2img_call(init_images=[base64.b64encode(over[:MAX_IMAGE_BYTES]).decode()], width=64, height=48)
+    assert call.extra.fields["image"].shape == (48, 64, 3) and (call.extra.fields["image"] == 90).all()

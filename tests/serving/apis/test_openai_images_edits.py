@@ -308,3 +308,57 @@ def test_the_engines_refiner_and_hires_fields_ride_in_extra_body(served):
             sdk.images.edit(image=image, prompt="x", extra_body=extra)
         assert err.value.body["message"].startswith(message)
     assert len(calls) == 3
+
+
+def test_only_fully_transparent_pixels_are_edited_a_partly_transparent_one_is_kept():
+    """OpenAI's rule: the mask's fully transparent pixels (alpha 0) are edited; every other alpha, 1 and 254
+    included, keeps the image's pixel (and the overlay puts it back). A non-square 48 x 32 mask at its own size."""
+    alpha = np.full((32, 48), 255, np.uint8)
+    alpha[4:12, 30:44] = 0  # the edit area: rows 4-11, columns 30-43
+    alpha[20, :6] = [1, 2, 127, 128, 253, 254]  # partly transparent: kept
+    alpha[25:28, 2:40] = 1
+    mask = Image.fromarray(np.dstack([np.zeros((32, 48, 3), np.uint8), alpha]), "RGBA")
+    expected = np.zeros((32, 48), np.uint8)
+    expected[4:12, 30:44] = 255
+    assert np.array_equal(edit_mask(mask, (48, 32), (48, 32)), expected)
+    limits = Limits(max_seed=2**32 - 1, max_steps=50, sizes=((48, 32),), default_size=(48, 32), default_steps=8,
+                    default_guidance=5.0, multiple=16)
+    pixels = noise(48, 32)
+    call = edit_call(Call(prompt="x", field_names=FIELD_NAMES), EditUpload(png(Image.fromarray(pixels)), png(mask)),
+                     limits)
+    assert np.array_equal(call.extra.fields["mask"], expected)
+    finished = call.extra.finish(np.full((1, 32, 48, 3), 7, np.uint8))[0]
+    assert np.array_equal(finished[20, :6], pixels[20, :6]) and np.array_equal(finished[26], pixels[26])
+    assert (finished[4:12, 30:44] == 7).all()
+
+
+def padded_png(size: int, width: int = 64, height: int = 48) -> bytes:
+    """A valid grey PNG of ``width`` x ``height``, ``size`` bytes long (zeros after IEND, which decoders skip)."""
+    whole = png(Image.new("RGB", (width, height), (90, 90, 90)))
+    return whole + b"\0" * (size - len(whole))
+
+
+def test_an_image_or_mask_over_the_per_image_limit_under_the_body_cap_is_refused_naming_it(served):
+    """A file part of MAX_IMAGE_BYTES + 1 bytes (a valid PNG, padded): well under the edits route's body cap
+    (guard.MAX_IMAGE_BODY_BYTES, 48 MB), refused by the per-image bound before it is decoded, naming the field; the
+    same PNG one byte shorter is an edit."""
+    from sdxl_engine.serving.guard import MAX_IMAGE_BODY_BYTES, MAX_IMAGE_BYTES
+
+    client, calls, _ = served
+    over = padded_png(MAX_IMAGE_BYTES + 1, 64, 64)
+    assert 2 * len(over) + 100_000 < MAX_IMAGE_BODY_BYTES  # an image and a mask of this size pass the body cap
+    answer = client.post("/v1/images/edits", data={"prompt": "x"}, files={"image": ("a.png", over, "image/png")})
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert (error["param"], error["message"]) == ("image", "image: the image is over 16 MiB") and calls == []
+    mask = png(hole_mask(64, 64, (0, 0, 8, 8)))
+    answer = client.post("/v1/images/edits", data={"prompt": "x"}, files={
+        "image": ("a.png", png(Image.fromarray(noise(64, 64))), "image/png"),
+        "mask": ("m.png", mask + b"\0" * (MAX_IMAGE_BYTES + 1 - len(mask)), "image/png")})
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert (error["param"], error["message"]) == ("mask", "mask: the image is over 16 MiB") and calls == []
+    fine = client.post("/v1/images/edits", data={"prompt": "x"},
+                       files={"image": ("a.png", over[:MAX_IMAGE_BYTES], "image/png")})
+    assert fine.status_code == 200, fine.text
+    assert len(calls) == 1 and (calls[0].extra.fields["image"] == 90).all()
