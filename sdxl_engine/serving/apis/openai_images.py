@@ -30,8 +30,7 @@ since the engine makes only its own sizes; the mask with it. With a mask: inpain
 part at strength :data:`MASK_STRENGTH` (1.0: the masked part is made anew), every pixel outside it the
 resized image's own (the overlay: a1111_images.overlay). Without: image to image of the whole image at
 validation.DEFAULT_STRENGTH (0.75, A1111's img2img default; diffusers' SDXL img2img pipeline defaults to 0.3).
-The client's bytes are never
-written to disk (:class:`InMemoryMultiPartParser`) and are decoded only by uploads.open_image.
+The client's bytes are never written to disk (:class:`InMemoryMultiPartParser`) and are decoded only by uploads.open_image.
 """
 
 from __future__ import annotations
