@@ -13,6 +13,7 @@ steps, guidance 5, seeds 41 and 42. Image tolerance as the other parity tests: m
 import json
 
 import numpy as np
+from PIL import Image
 import pytest
 
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest
@@ -304,6 +305,21 @@ def test_pixel_hires_is_txt2img_upscaled_then_denoised(engine):
     assert np.array_equal(same.images, pixels.images)
     for name, run in (("nearest", nearest), ("sampler", sampler), ("prompt", prompt)):
         assert np.abs(run.images.astype(int) - pixels.images).mean() > 0.5, name
+
+
+@pytest.mark.slow  # compiles a non-square pixel hires fix's two programs
+def test_a_non_square_pixel_hires_fix_is_width_by_height(engine):
+    """64 x 48 at 2x through a pixel upscaler: the first pass's images are resized on the host to 128 wide and 96
+    high (image_upscale.upscale_images(images, width, height)), and the answer is 4 images of 96 rows x 128 columns,
+    close to the first pass's images upscaled (a width/height swap there gives the second program the wrong shape)."""
+    small = gen(engine, width=64, height=48)
+    large = gen(engine, width=64, height=48, hires_scale=2, hires_upscaler="Lanczos", hires_strength=0.2)
+    assert large.images.shape == (4, 96, 128, 3)
+    upscaled = np.stack([np.asarray(Image.fromarray(image).resize((128, 96), Image.Resampling.LANCZOS))
+                         for image in small.images]).astype(int)
+    other = np.stack([np.asarray(Image.fromarray(image).resize((128, 96), Image.Resampling.LANCZOS))
+                      for image in small.images[::-1]]).astype(int)
+    assert np.abs(large.images - upscaled).mean() < np.abs(large.images - other).mean()
 
 
 @pytest.mark.slow  # compiles two hires fix programs unless the slow tests before it did (24 s here)
