@@ -28,7 +28,7 @@ def one(model_name: str, width: int, height: int, devices: int) -> dict:
     jax.config.update("jax_num_cpu_devices", devices)
     from sdxl_engine.checkpoint.loading import load_model
     from sdxl_engine.config import EngineConfig
-    from sdxl_engine.engine.memory import program_bytes
+    from sdxl_engine.engine.costs import program_cost
     from sdxl_engine.program.compiling import jit_program
     from sdxl_engine.program.generate import ProgramInputs, ProgramShape, latent_shape
     from sdxl_engine.program.sharding import default_batch, make_mesh
@@ -53,7 +53,7 @@ def one(model_name: str, width: int, height: int, devices: int) -> dict:
     done.set()
     return {"model": model_name, "width": width, "height": height, "devices": mesh.devices.size,
             "compile_s": round(seconds, 2), "compile_rss_growth_bytes": max(peak[0], _rss()) - base,
-            "run_bytes_per_device": program_bytes(executable)}
+            "run_bytes_per_device": int(program_cost(executable).run_bytes)}
 
 
 def main(argv=None) -> None:

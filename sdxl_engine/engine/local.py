@@ -35,7 +35,7 @@ from sdxl_engine.program import sharding
 from sdxl_engine import config as config_mod
 from sdxl_engine.config import EngineConfig
 from sdxl_engine.program.executables import ExecutableCache
-from sdxl_engine.program.compiling import CompiledProgram, program_work
+from sdxl_engine.program.compiling import CompiledProgram
 from sdxl_engine.program.generate import ProgramInputs
 from sdxl_engine.program.step_hook import STEP_HOOK
 from sdxl_engine.program.latent_upscale import sharded_upscale
@@ -99,6 +99,7 @@ class Engine:
         self.latent_rgb = None  # set at start: previews.LatentRGB of the model, or None (no previews)
         self.precompiled = threading.Event()  # set when the background precompile finished (or was not run)
         self.run_times: RunTimes | None = None  # set at start (max_run_seconds): the device-time estimate's figures
+        self.memory: MemoryBudget | None = None  # set at start: the memory a request's run may take
         if self._faults:
             self._log(f"[sdxl_engine] WARNING: {faults.ENV} is on: test-only faults can be triggered by prompts")
 
@@ -187,34 +188,39 @@ class Engine:
         self._done("warmup_s", t0)
         self._time_runs(plan, warm)
         # 5. What a request's run may take of the memory left now (weights loaded, first program warmed up).
-        budget = MemoryBudget.measure(self.mesh, self.limits.multiple, self.batch, self.config.max_run_memory_gb)
-        self.programs.use_budget(budget)
-        self._log(f"[sdxl_engine] memory for a request's run: {budget.capacity / 1e9:.1f} GB of {budget.where}"
+        budget = self.memory = MemoryBudget.measure(self.mesh, self.limits.multiple, self.batch,
+                                                    self.config.max_run_memory_gb)
+        times = self.run_times
+        self._log(f"[sdxl_engine] a request's run may take {budget.capacity / 1e9:.1f} GB of {budget.where}"
                   + ("" if self.config.max_run_memory_gb else
-                     f" (what was free at ready less {memory.RESERVE:.0%}; max_run_memory_gb sets it)"))
+                     f" (free at ready less {memory.RESERVE:.0%}; max_run_memory_gb)")
+                  + ("" if times is None else
+                     f" and {times.limit_s:g} s of device time (max_run_seconds; measured at {width}x{height} x "
+                     f"{self.batch} images: {times.fixed_s:.3f} s + {times.step_s:.3f} s per step)"))
         self.startup["ready_s"] = clock() - self.started
         self._log(f"[sdxl_engine] ready in {self.startup['ready_s']:.2f} s on {self.device_summary} "
                   f"({self.model.name}, {self.model.dtype})")
         self._start_precompile()
 
     def _time_runs(self, plan: Plan, program: CompiledProgram) -> None:
-        """Measure the default program's device seconds with 0, 1 and 3 denoising steps (the warm-up's plan, warmed
-        up): what durations.RunTimes scales to estimate every request (config ``max_run_seconds``; 0: not measured)."""
+        """Measure the default program's device seconds with 0, 1 and 5 denoising steps (the warm-up's plan, warmed
+        up; each the quicker of two runs): what durations.RunTimes scales to estimate every request (config
+        ``max_run_seconds``; 0: not measured)."""
         self.run_times = None
-        work = program_work(program.executable)
-        if not self.config.max_run_seconds or work is None:
+        cost = self.programs.costs.estimate(plan.shape)
+        if not self.config.max_run_seconds or cost is None:
             return
-        t0 = self._stage("timing one denoising step")
-        fixed = self._run(plan, program, loop_steps=0).timings["device"]
-        self._run(plan, program, loop_steps=1)  # the loop's first run pays its own set-up (the step hook's)
-        # Steps 2 and 3 against step 1: a loop's entry and first step cost more than the steps after them.
-        one = self._run(plan, program, loop_steps=1).timings["device"]
-        three = self._run(plan, program, loop_steps=3).timings["device"]
-        self.run_times = RunTimes(self.config.max_run_seconds, work, fixed, max((three - one) / 2, 1e-6), self.batch)
-        self._done("timing_s", t0)
-        self._log(f"[sdxl_engine] device time at {plan.shape.width}x{plan.shape.height} x {self.batch} images: "
-                  f"{fixed:.3f} s + {self.run_times.step_s:.3f} s per step; requests estimated over "
-                  f"{self.config.max_run_seconds:g} s are refused (max_run_seconds)")
+        self.stage = "timing the denoising steps"  # logged with the memory budget, in one line (_start)
+        t0 = time.perf_counter()
+
+        def device_s(steps: int) -> float:
+            return min(self._run(plan, program, loop_steps=steps).timings["device"] for _ in range(2))
+
+        fixed = device_s(0)
+        one = device_s(1)  # a loop's entry and first step cost more than the steps after them
+        five = device_s(5)
+        self.run_times = RunTimes(self.config.max_run_seconds, cost, fixed, max((five - one) / 4, 1e-6), self.batch)
+        self.startup["timing_s"] = time.perf_counter() - t0
 
     def _load_refiner(self) -> None:
         """With ``config.refiner``: load the SDXL refiner onto the same devices (replicated over the mesh), check it
@@ -395,12 +401,12 @@ class Engine:
         progress = progress or _no_progress
         t0 = time.perf_counter()
         plan = self.planner.plan(validate(request, self.limits))  # every refusal before anything waits or compiles
+        self._admit(plan)  # what it would cost, estimated from the sizes compiled so far: refused before compiling
         # a new size compiles on the compile thread: other requests run on (Programs.for_request)
         program = self.programs.for_request(plan.shape, plan.request.client, progress, should_stop)
         second = None if plan.hires is None else self.programs.for_request(plan.hires.shape, plan.request.client,
                                                                             progress, should_stop)
-        if self.run_times is not None and (refused := self.run_times.refusal(self._runs(plan, program, second))):
-            raise refused
+        self._admit(plan)  # XLA's counts of the compiled programs: refused before running
         prep_s = time.perf_counter() - t0
         waiting = clock()
         self._wait_turn(progress, should_stop)  # one request on the devices at a time; the wait is queue time
@@ -415,22 +421,38 @@ class Engine:
         finally:
             self._request_lock.release()
         if self.run_times is not None and second is None and self._faults is None:  # faults: simulated time
-            self.run_times.observe(*self._runs(plan, program, None)[0], result.timings["device"])
+            self.run_times.observe(*self._runs(plan)[0], result.timings["device"])
         result.timings["queue"] = queue_seconds(arrived, called, called) + (start - waiting)
         result.timings["prep"] += prep_s
         result.timings["latency"] += prep_s
         return result
 
-    @staticmethod
-    def _runs(plan: Plan, program: CompiledProgram, second: CompiledProgram | None) -> list[tuple]:
-        """(width, height, XLA's (FLOPs, bytes accessed), denoising steps that run) of each program call of ``plan``,
-        in order."""
-        request = plan.request
+    def _admit(self, plan: Plan) -> None:
+        """Refuse ``plan`` when its programs' memory or device time is over what this server allows (memory.py,
+        durations.py), by XLA's counts of those compiled, else by their estimates; nothing is refused while either is
+        unknown. The hires fix's second pass names ``hires_scale`` (its size) and ``hires_steps``.
+
+        Raises InvalidRequest."""
+        costs = self.programs.costs
+        if self.memory is not None:
+            for shape, field in [(plan.shape, "width")] + ([] if plan.hires is None else
+                                                           [(plan.hires.shape, "hires_scale")]):
+                if refused := self.memory.refusal(shape, costs.estimate(shape), costs, field):
+                    raise refused
+        if self.run_times is not None:
+            field = "num_inference_steps" if plan.hires is None else "hires_steps"
+            if refused := self.run_times.refusal(self._runs(plan), field):
+                raise refused
+
+    def _runs(self, plan: Plan) -> list[tuple]:
+        """(width, height, its program's costs.ProgramCost or estimate or None, denoising steps that run) of each
+        program call of ``plan``, in order."""
+        request, costs = plan.request, self.programs.costs
         steps = request.num_inference_steps if plan.steps is None else plan.steps
         start = (request.start_step if plan.start_step is None else plan.start_step) if plan.image is not None else 0
-        runs = [(plan.shape.width, plan.shape.height, program.work, steps - (start or 0))]
-        if second is not None:
-            runs.append((plan.hires.shape.width, plan.hires.shape.height, second.work,
+        runs = [(plan.shape.width, plan.shape.height, costs.estimate(plan.shape), steps - (start or 0))]
+        if plan.hires is not None:
+            runs.append((plan.hires.shape.width, plan.hires.shape.height, costs.estimate(plan.hires.shape),
                          plan.hires.steps - plan.hires.start_step))
         return runs
 

@@ -12,9 +12,9 @@ from typing import Callable
 from sdxl_engine.config import EngineConfig
 from sdxl_engine.engine.contract import clock
 from sdxl_engine.engine.errors import CompilesBusy
-from sdxl_engine.engine.memory import MemoryBudget, program_bytes
+from sdxl_engine.engine.costs import CostTable, program_cost
 from sdxl_engine.engine.steps import Stopped
-from sdxl_engine.program.compiling import CompiledProgram, cache_counts, cached_program, program_work
+from sdxl_engine.program.compiling import CompiledProgram, cache_counts, cached_program
 from sdxl_engine.program.executables import ExecutableCache
 from sdxl_engine.program.generate import ProgramShape
 
@@ -47,13 +47,7 @@ class Programs:
         self.pending_for: dict[str, ProgramShape] = {}
         self._pending_lock = threading.Lock()
         self.used: dict[ProgramShape, float] = {}  # the size buckets' programs are never dropped
-        self.budget: MemoryBudget | None = None  # set once the engine is ready (use_budget): requests' memory checks
-
-    def use_budget(self, budget: MemoryBudget) -> None:
-        """Check every later request's memory against ``budget``, which learns the programs compiled so far."""
-        for shape, program in list(self.compiled.items()):
-            budget.observe(shape, program.run_bytes)
-        self.budget = budget
+        self.costs = CostTable()  # XLA's counts of every program made so far (engine/costs.py), kept when one is dropped
 
     def get(self, shape: ProgramShape) -> CompiledProgram:
         """``shape``'s program, compiled on this thread on first use (then kept): start-up, the warm-up and the
@@ -69,10 +63,7 @@ class Programs:
         """Compile (or load) one program and log one line saying how; call with ``_compile_lock`` held."""
         before = cache_counts()
         program = cached_program(self.model, self.params, shape, self.mesh, self.executables)
-        program.run_bytes = program_bytes(program.executable)
-        program.work = program_work(program.executable)
-        if self.budget is not None:
-            self.budget.observe(shape, program.run_bytes)
+        self.costs.observe(shape, program_cost(program.executable))
         self.compiled[shape] = program
         self.count += 1
         after = cache_counts()
@@ -122,8 +113,6 @@ class Programs:
         (each waits for one new size at a time).
 
         Raises:
-            InvalidRequest (``width``): the program needs more memory to run than the budget has (use_budget): refused
-                before it compiles when the sizes compiled so far say so, else once XLA counted it; nothing ran.
             CompilesBusy: the request's client waits for another new size already, or
                 ``max_pending_compiles`` sizes compile already.
             Stopped: ``should_stop()`` said so while the request waited for its compile.
@@ -131,17 +120,12 @@ class Programs:
         program = self.compiled.get(shape)
         if program is None:
             program = self._compiled_for(shape, client, progress, should_stop)
-        if self.budget is not None and (refused := self.budget.refusal(shape, program.run_bytes, counted=True)):
-            raise refused
         self.used[shape] = clock()
         return program
 
     def _compiled_for(self, shape: ProgramShape, client: str, progress: Callable[[str], None],
                       should_stop: Callable[[], bool] | None) -> CompiledProgram:
-        """for_request's compile: refused first when the budget's estimate says it cannot run."""
-        if self.budget is not None and (refused := self.budget.refusal(shape, self.budget.estimate(shape),
-                                                                       counted=False)):
-            raise refused
+        """for_request's compile of a shape not compiled yet (on the compile thread)."""
         future = self._pending_compile(shape, client)
         progress("compiling")
         try:

@@ -33,8 +33,6 @@ class CompiledProgram:
     flops: float | None  # XLA's cost analysis of the whole program (all devices), if reported
     loaded: bool = False  # True: deserialized from the executable cache (nothing traced or compiled)
     cache_note: str = ""  # the executable cache's one-line account (loaded / why not / stored), "" without one
-    run_bytes: int | None = None  # bytes one device needs to run it beyond its arguments (engine/memory.py), if known
-    work: tuple[float, float] | None = None  # XLA's (FLOPs, bytes accessed): program_work (engine/durations.py)
 
 
 def jit_program(model: LoadedModel, shape: ProgramShape, mesh: Mesh):
@@ -58,24 +56,12 @@ def compile_program(model: LoadedModel, params, shape: ProgramShape, mesh: Mesh)
 
 
 def _flops(executable) -> float | None:
-    return _cost(executable, "flops")
-
-
-def _cost(executable, key: str) -> float | None:
-    """One figure of XLA's cost analysis of ``executable`` ("flops", "bytes accessed"), or None if not reported."""
     try:
         cost = executable.cost_analysis()
         cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-        return float(cost.get(key)) if cost and cost.get(key) is not None else None
+        return float(cost.get("flops")) if cost and cost.get("flops") is not None else None
     except Exception:  # cost analysis is best-effort and backend-dependent
         return None
-
-
-def program_work(executable) -> tuple[float, float] | None:
-    """(FLOPs, bytes accessed) of XLA's cost analysis of ``executable`` (the denoising loop's body counted once), or
-    None where the backend reports neither: what engine/durations.py scales a measured run time by."""
-    flops, accessed = _cost(executable, "flops"), _cost(executable, "bytes accessed")
-    return None if flops is None or accessed is None else (flops, accessed)
 
 
 # The folders the program is traced from: every Python file in them, found when the key is made (not a

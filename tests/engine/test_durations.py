@@ -1,54 +1,61 @@
-"""engine/durations: a request's device time estimated from the start-up measurement and XLA's cost of its program,
+"""engine/durations: a request's device time estimated from the start-up measurement and XLA's counts of its program,
 refused over ``max_run_seconds`` naming the steps that fit; a size that ran is estimated by its own time."""
 
 import dataclasses
 
 import pytest
 
+from sdxl_engine.engine.costs import ProgramCost
 from sdxl_engine.engine.durations import RunTimes
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest
 
-REF = (1.0e9, 1.0e8)  # FLOPs, bytes accessed of the reference program
+REF = ProgramCost(run_bytes=4e6, flops=1.0e9, accessed=1.0e8)  # the reference program's counts
 
 
 def times(limit: float = 30.0) -> RunTimes:
     return RunTimes(limit, REF, fixed_s=0.1, step_s=0.02, batch=4)
 
 
-def test_work_is_the_larger_of_the_flops_and_the_bytes_ratio():
+def test_work_is_the_largest_of_the_flops_the_bytes_accessed_and_the_temporaries_ratio():
     runs = times()
-    assert runs.work((4.0e9, 8.0e8)) == 8.0  # memory traffic grows faster than FLOPs: it sets the time
-    assert runs.work((6.0e9, 2.0e8)) == 6.0
+    assert runs.work(ProgramCost(8e6, 4.0e9, 8.0e8)) == 8.0  # memory traffic grows faster than FLOPs: it sets the time
+    assert runs.work(ProgramCost(8e6, 6.0e9, 2.0e8)) == 6.0
+    assert runs.work(ProgramCost(2.4e9, 1.3e11, 1.8e10)) == 600.0  # 512x512 on a CPU: the temporaries' 584 x
     # 384x256 of work 8: 8 x (0.1 + 20 x 0.02) = 4.0 s
-    assert runs.seconds(384, 256, (4.0e9, 8.0e8), 20) == pytest.approx(4.0)
+    assert runs.seconds(384, 256, ProgramCost(8e6, 4.0e9, 8.0e8), 20) == pytest.approx(4.0)
 
 
 def test_a_size_that_ran_is_estimated_by_its_own_step_time():
-    runs = times()
-    runs.observe(384, 256, (4.0e9, 8.0e8), 10, device_s=0.8 + 10 * 0.5)  # 0.5 s per step measured
+    runs, cost = times(), ProgramCost(8e6, 4.0e9, 8.0e8)
+    runs.observe(384, 256, cost, 10, device_s=0.8 + 10 * 0.5)  # 0.5 s per step measured
     assert runs.measured == {(384, 256): pytest.approx(0.5)}
-    assert runs.seconds(384, 256, (4.0e9, 8.0e8), 20) == pytest.approx(0.8 + 20 * 0.5)
-    assert runs.seconds(256, 384, (4.0e9, 8.0e8), 20) == pytest.approx(4.0)  # another size: still scaled
-    runs.observe(384, 256, (4.0e9, 8.0e8), 10, device_s=0.8 + 10 * 0.3)
+    assert runs.seconds(384, 256, cost, 20) == pytest.approx(0.8 + 20 * 0.5)
+    assert runs.seconds(256, 384, cost, 20) == pytest.approx(4.0)  # another size: still scaled
+    runs.observe(384, 256, cost, 10, device_s=0.8 + 10 * 0.3)
     assert runs.measured[(384, 256)] == pytest.approx(0.4)  # the average follows the newer request
-    runs.observe(384, 256, None, 10, 99.0)  # no cost reported, no steps: nothing learnt
-    runs.observe(384, 256, (4.0e9, 8.0e8), 0, 99.0)
+    runs.observe(384, 256, None, 10, 99.0)  # no counts, no steps: nothing learnt
+    runs.observe(384, 256, cost, 0, 99.0)
     assert runs.measured[(384, 256)] == pytest.approx(0.4)
 
 
 def test_a_refusal_names_the_steps_that_fit_and_they_do_fit():
     runs = times(limit=3.0)
-    work = (2.0e9, 5.0e8)  # x5: 0.5 s fixed, 0.1 s per step
-    err = runs.refusal([(320, 192, work, 40)])
+    cost = ProgramCost(2e7, 2.0e9, 5.0e8)  # x5: 0.5 s fixed, 0.1 s per step
+    err = runs.refusal([(320, 192, cost, 40)])
     assert isinstance(err, InvalidRequest) and err.field == "num_inference_steps"
     assert err.message == ("320x192, 40 steps x 4 images would hold this server's devices about 4 s, over its limit "
                            "of 3 s (max_run_seconds): at most 25 steps at this size, or a smaller size")
-    assert runs.refusal([(320, 192, work, 24)]) is None and runs.refusal([(320, 192, work, 26)]) is not None
-    # hires fix: the first pass's time counts against the second's room
-    assert "at most 16 steps" in runs.refusal([(160, 96, work, 4), (320, 192, work, 40)]).message
-    assert "no number of steps" in runs.refusal([(640, 384, (40.0e9, 1.0e9), 1)]).message  # fixed part alone: 4 s
-    assert times(limit=0).refusal([(4096, 4096, (1e20, 1e20), 50)]) is None  # 0: no limit
-    assert runs.refusal([(320, 192, None, 40)]) is None  # a program without a cost is not estimated
+    assert runs.refusal([(320, 192, cost, 24)]) is None and runs.refusal([(320, 192, cost, 26)]) is not None
+    # hires fix: the first pass's time counts against the second's room, and the field is the hires steps
+    hires = runs.refusal([(160, 96, cost, 4), (320, 192, cost, 40)], field="hires_steps")
+    assert hires.field == "hires_steps" and "at most 16 steps" in hires.message
+    assert "at most 1 step at this size," in times(limit=0.65).refusal([(320, 192, cost, 4)]).message
+    assert "no number of steps" in runs.refusal([(640, 384, ProgramCost(1e8, 40.0e9, 1.0e9), 1)]).message
+    assert times(limit=0).refusal([(4096, 4096, ProgramCost(1e20, 1e20, 1e20), 50)]) is None  # 0: no limit
+    assert runs.refusal([(320, 192, None, 40)]) is None  # a program without counts is not estimated
+    # an estimate (a size not compiled yet) is refused only when over by a tenth
+    guess = dataclasses.replace(cost, counted=False)
+    assert runs.refusal([(320, 192, guess, 27)]) is None and runs.refusal([(320, 192, guess, 29)]) is not None
 
 
 @pytest.mark.engine
@@ -59,8 +66,8 @@ def test_the_engine_measures_at_start_and_refuses_a_run_over_the_limit_before_it
     measured = engine.run_times
     assert measured is not None and measured.fixed_s > 0 and measured.step_s > 0 and measured.limit_s == 30.0
     width, height = engine.limits.default_size
-    program = engine.program(width, height)
-    limit = measured.seconds(width, height, program.work, 10) + 1e-9
+    cost = engine.programs.costs.estimate(engine.planner.shape(width, height))
+    limit = measured.seconds(width, height, cost, 10) + 1e-9
     monkeypatch.setattr(engine, "run_times", dataclasses.replace(measured, limit_s=limit, measured={}))
     with pytest.raises(InvalidRequest) as refused:
         engine.generate(GenerateRequest("a red circle", seed=1, num_inference_steps=20))

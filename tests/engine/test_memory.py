@@ -1,7 +1,7 @@
-"""engine/memory: what a request's run needs (XLA's count of its compiled program) against what the server has; a
-request that cannot fit is refused, naming the field and the largest size that fits, before it runs or, once the
-sizes compiled so far tell, before it compiles. (A 768x768 request on tiny-shapes needs 4 x 10.9 GB of host memory
-and was killed by the kernel with the whole server: docs/benchmarks.md, "Memory admission".)"""
+"""engine/memory: what a request's run needs (XLA's count of its compiled program, engine/costs.py) against what the
+server has; a request that cannot fit is refused, naming the field and the largest size that fits, before it runs
+or, once the sizes compiled so far tell, before it compiles. (A 768x768 request on tiny-shapes needs 4 x 10.9 GB of
+host memory and was killed by the kernel with the whole server: docs/benchmarks.md, "Memory admission".)"""
 
 import dataclasses
 from types import SimpleNamespace
@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from sdxl_engine.engine import memory
-from sdxl_engine.engine.memory import MemoryBudget, _fit, program_bytes
+from sdxl_engine.engine.costs import CostTable, ProgramCost
+from sdxl_engine.engine.memory import MemoryBudget
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest
 from sdxl_engine.program.generate import ProgramShape
 
@@ -21,35 +22,18 @@ def sized(width: int, height: int, **kw) -> ProgramShape:
     return dataclasses.replace(SHAPE, width=width, height=height, **kw)
 
 
+def cost(run_bytes: float, counted: bool = True) -> ProgramCost:
+    return ProgramCost(run_bytes, 1e9, 1e8, counted)
+
+
 def budget(capacity: float, pool: int = 4) -> MemoryBudget:
     return MemoryBudget(int(capacity), pool, "host memory", 16, 4)
 
 
-def test_the_fit_recovers_linear_and_quadratic_growth_in_pixels():
-    a, b = 300.0, 0.004  # bytes per pixel, per pixel squared
-    points = {p: int(a * p + b * p * p) for p in (64 * 64, 256 * 128, 512 * 384)}
-    fa, fb = _fit(points)
-    assert fa == pytest.approx(a, rel=1e-3) and fb == pytest.approx(b, rel=1e-3)
-    assert _fit({4096: 8192}) == (2.0, 0.0)
-    assert _fit({4096: 4096 ** 2, 8192: 8192 ** 2}) == (0.0, pytest.approx(1.0))  # quadratic alone: a clamped at 0
-
-
-def test_an_estimate_needs_two_sizes_of_the_same_kind_and_a_counted_size_is_its_count():
-    b = budget(1e9)
-    b.observe(sized(64, 64), 4_000)
-    assert b.estimate(sized(64, 64)) == 4_000
-    assert b.estimate(sized(128, 96)) is None  # one size: its constant part cannot be told from what scales
-    b.observe(sized(128, 64), 16_000)
-    assert b.estimate(sized(256, 64)) > 16_000
-    assert b.estimate(sized(256, 64, cfg=False)) is None  # another kind of program: nothing known of it
-    b.observe(sized(64, 64), None)  # a backend that reports nothing records nothing
-    assert b.estimate(sized(64, 64)) == 4_000
-
-
 def test_a_refusal_names_width_the_need_the_capacity_and_a_largest_size_that_fits():
-    b = budget(4 * 2.0e9)  # 2 GB per device
-    b.observe(sized(512, 512), int(2.16e9))  # tiny-shapes at 512x512: 2.16 GB per device
-    err = b.refusal(sized(768, 512), int(4.9e9), counted=True)
+    b, table = budget(4 * 2.0e9), CostTable()  # 2 GB per device
+    table.observe(sized(512, 512), cost(2.16e9))  # tiny-shapes at 512x512: 2.16 GB per device
+    err = b.refusal(sized(768, 512), cost(4.9e9), table)
     assert isinstance(err, InvalidRequest) and err.field == "width"
     assert err.message.startswith("768x512 x 4 images needs 19.6 GB to run (4.90 GB on each of 4 devices), XLA's "
                                   "count of its compiled program, and this server has 8.0 GB of host memory")
@@ -57,12 +41,13 @@ def test_a_refusal_names_width_the_need_the_capacity_and_a_largest_size_that_fit
     assert side % 16 == 0 and 0 < side < 512
     # With one size known, the size named grows as the pixels' square from it: it fits for sure.
     assert b.need(int(2.16e9 * (side / 512) ** 4)) <= b.capacity
-    assert b.refusal(sized(512, 512), int(1.9e9), counted=True) is None
+    assert b.refusal(sized(512, 512), cost(1.9e9), table) is None
+    assert b.refusal(sized(1024, 512), cost(9e9), table, field="hires_scale").field == "hires_scale"
     # An estimate is refused only when over by more than a tenth (a size near the limit is compiled and counted).
-    assert b.refusal(sized(600, 512), int(2.1e9), counted=False) is None
-    assert "estimated from the sizes compiled so far" in str(b.refusal(sized(600, 512), int(2.3e9), counted=False))
-    assert budget(0).refusal(sized(768, 768), 10 ** 12, counted=True) is None  # capacity unknown: no check
-    assert b.refusal(sized(768, 768), None, counted=True) is None
+    assert b.refusal(sized(600, 512), cost(2.1e9, counted=False), table) is None
+    assert "estimated from the sizes compiled so far" in str(b.refusal(sized(600, 512), cost(2.3e9, False), table))
+    assert budget(0).refusal(sized(768, 768), cost(1e12), table) is None  # capacity unknown: no check
+    assert b.refusal(sized(768, 768), None, table) is None
 
 
 def test_the_capacity_is_the_setting_or_what_is_free_less_the_reserve():
@@ -75,34 +60,36 @@ def test_the_capacity_is_the_setting_or_what_is_free_less_the_reserve():
     gpu = [SimpleNamespace(platform="gpu", memory_stats=lambda: {"bytes_limit": 80e9, "bytes_in_use": 20e9})]
     accel = MemoryBudget.measure(SimpleNamespace(devices=np.array(gpu)), 32, 1)
     assert (accel.capacity, accel.pool) == (int(60e9 * (1 - memory.RESERVE)), 1)
-    assert program_bytes(object()) is None  # no memory_analysis: no figure
 
 
 @pytest.mark.engine
 def test_a_size_that_cannot_run_is_refused_before_it_runs_then_before_it_compiles(engine, monkeypatch):
-    """tiny-random needs (per device, XLA's count) 1.6 MB at 64x64, 5.9 MB at 128x96, 19.8 MB at 192x128: with 10 MB
-    per device and only 64x64 counted, 192x128 compiles and is refused before it runs; with two sizes counted,
-    256x192 is refused before it compiles; 128x96 runs, and the engine serves on."""
-    programs = engine.programs
-    monkeypatch.setattr(programs, "budget", None)
-    programs.use_budget(MemoryBudget(4 * 10_000_000, 4, "host memory", engine.limits.multiple, engine.batch))
+    """tiny-random needs (per device, XLA's count) 1.6 MB at 64x64 and about 30 MB at 208x144: with 10 MB per device
+    and only 64x64 counted, 208x144 compiles and is refused before it runs; with two sizes counted, 272x176 is
+    refused before it compiles; 144x96 runs, and the engine serves on."""
+    programs, default = engine.programs, engine.planner.shape(*engine.limits.default_size)
+    table = CostTable()
+    table.observe(default, programs.costs.estimate(default))
+    monkeypatch.setattr(programs, "costs", table)  # only the default size known, whatever ran before
+    monkeypatch.setattr(engine, "memory", MemoryBudget(4 * 10_000_000, 4, "host memory", engine.limits.multiple,
+                                                       engine.batch))
+    monkeypatch.setattr(engine, "run_times", None)
     before = set(programs.compiled)
     try:
         count = engine.compile_count
         with pytest.raises(InvalidRequest) as refused:
-            engine.generate(GenerateRequest("a red circle", seed=1, num_inference_steps=1, width=192, height=128))
+            engine.generate(GenerateRequest("a red circle", seed=1, num_inference_steps=1, width=208, height=144))
         assert refused.value.field == "width" and engine.compile_count == count + 1
-        assert refused.value.message.startswith("192x128 x 4 images needs ") and "XLA's count" in refused.value.message
+        assert refused.value.message.startswith("208x144 x 4 images needs ") and "XLA's count" in refused.value.message
         with pytest.raises(InvalidRequest) as estimated:
-            engine.generate(GenerateRequest("a red circle", seed=1, num_inference_steps=1, width=256, height=192))
+            engine.generate(GenerateRequest("a red circle", seed=1, num_inference_steps=1, width=272, height=176))
         assert engine.compile_count == count + 1  # refused before compiling
         assert "estimated from the sizes compiled so far" in estimated.value.message
         side = int(estimated.value.message.split("at most ")[1].split("x")[0])
-        kind = next(shape for shape in programs.compiled if (shape.width, shape.height) == (192, 128))
-        square = programs.budget.estimate(dataclasses.replace(kind, width=side, height=side))
-        assert 96 <= side < 192 and programs.budget.need(square) <= programs.budget.capacity
-        served = engine.generate(GenerateRequest("a red circle", seed=1, num_inference_steps=1, width=128, height=96))
-        assert served.images.shape == (4, 96, 128, 3) and engine.compile_count == count + 2
+        square = table.estimate(dataclasses.replace(default, width=side, height=side))
+        assert 96 <= side < 208 and engine.memory.need(int(square.run_bytes)) <= engine.memory.capacity
+        served = engine.generate(GenerateRequest("a red circle", seed=1, num_inference_steps=1, width=144, height=96))
+        assert served.images.shape == (4, 96, 144, 3) and engine.compile_count == count + 2
         assert engine.generate(GenerateRequest("a red circle", seed=1, num_inference_steps=1)).images.shape[0] == 4
     finally:
         for shape in set(programs.compiled) - before:
