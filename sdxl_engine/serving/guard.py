@@ -5,7 +5,9 @@
 API, the page's own events as the page calls them, the files the app created), lets only the page's image
 uploads through (:data:`UPLOAD_PATH`: images only, never served back), refuses request bodies over 1 MB (48 MB
 on the routes that take images, :data:`IMAGE_BODY_PATHS` and the uploads, and for calls of :data:`IMAGE_TOOL`),
-never lets ``Access-Control-Allow-Origin`` name a foreign origin, adds ``Retry-After`` to "queue full" answers,
+never lets ``Access-Control-Allow-Origin`` name a foreign origin, refuses a state-changing request another site's
+page sent (:func:`cross_site_refusal`, the rule of every route: a 403 here for Gradio's routes and MCP, in the
+protocols' shapes for ``/sdapi`` and ``/v1``, apis.CrossSiteGuard), adds ``Retry-After`` to "queue full" answers,
 answers a raw API call with too few values with a 422 naming the inputs (and fills in the inputs added to an
 endpoint later, :data:`OPTIONAL_INPUTS`, that a raw call leaves out), stamps each request's arrival
 (:func:`arrival_time`) and notes each cancel (:data:`CANCELLED`) before Gradio answers it.
@@ -61,6 +63,57 @@ def _host_of(origin: str) -> str:
         return (urlsplit(origin).hostname or "").lower()
     except ValueError:
         return ""
+
+
+# --- requests from another site's page -------------------------------------------------------------------------
+
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+CROSS_SITE = "requests from another site's page are refused"
+# The routes that answer a cross-site request in their own protocol's error shape (apis.CrossSiteGuard applies
+# cross_site_refusal there); the Guard applies it to every other path: Gradio's calls, queue, uploads, cancels, MCP.
+PROTOCOL_PREFIXES = ("/sdapi/", "/v1/")
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def same_origin(origin: str, host: str) -> bool:
+    """Whether ``origin`` (a browser's Origin header: ``scheme://host[:port]``) names the server that ``host`` (the
+    request's Host header) names: the same host name and port, a port left out being the origin scheme's default
+    (a page at ``https://name`` posts ``Origin: https://name`` with ``Host: name``). ``null`` and anything else that
+    is not an http(s) origin is not."""
+    try:
+        sent, here = urlsplit(origin), urlsplit("//" + host)
+        sent_port, here_port = sent.port, here.port  # a port that is not a number raises
+    except ValueError:
+        return False
+    if sent.scheme not in DEFAULT_PORTS or not sent.hostname or not here.hostname:
+        return False
+    default = DEFAULT_PORTS[sent.scheme]
+    return (sent.hostname, sent_port or default) == (here.hostname, here_port or default)
+
+
+def cross_site_refusal(method: str, headers) -> str | None:
+    """Why a request with ``method`` and ``headers`` (a mapping, lower-case names) looks sent by another site's
+    page, or None. The one rule of every route that changes state (the Guard's for Gradio's routes and MCP,
+    apis.CrossSiteGuard's for ``/sdapi`` and ``/v1``).
+
+    Only state-changing methods are checked: a form another site posts needs no CORS preflight, so without this
+    any page a user visits could start, interrupt or cancel their requests. Browsers send ``Sec-Fetch-Site`` with
+    every request (``cross-site``, ``same-site``, ``same-origin``, ``none`` for one the user typed) and ``Origin``
+    with every POST, and a page can set neither; API clients (gradio_client, curl, webuiapi, openai, MCP SDKs)
+    send neither (or their own Origin, refused unless it is this server). Refused: ``Sec-Fetch-Site`` cross-site
+    or same-site; else an ``Origin`` that is not this server's ``Host`` (:func:`same_origin`; ``null`` included),
+    unless the browser says ``Sec-Fetch-Site: same-origin``: then the page is this server's own even where a
+    reverse proxy rewrote ``Host``.
+    """
+    if method.upper() in SAFE_METHODS:
+        return None
+    site = (headers.get("sec-fetch-site") or "").lower()
+    if site in ("cross-site", "same-site"):
+        return f"{CROSS_SITE} (Sec-Fetch-Site: {site})"
+    origin = (headers.get("origin") or "").strip()
+    if origin and site != "same-origin" and not same_origin(origin, headers.get("host") or ""):
+        return f"{CROSS_SITE} (Origin: {origin} is not this server)"
+    return None
 
 
 _FILE_ROUTE = re.compile(r"^(?:/gradio_api)?/(?P<kind>file=|file/|proxy=)(?P<path>.*)$", re.S)
@@ -426,10 +479,11 @@ class Guard:
         self.routes = routes
         self.log = log
 
-    async def _refuse(self, send, method: str, path: str, reason: str) -> None:
+    async def _refuse(self, send, method: str, path: str, reason: str, status: int = 0) -> None:
+        """Answer ``status`` (default: 422 for a body that is not JSON, else 404) with ``reason``; one log line."""
         self.log(f"[app] refused {method} {path[:160]!r}: {reason}")
         body = json.dumps({"error": reason, "detail": reason}).encode()
-        await _plain(send, 422 if reason == NOT_JSON else 404, body, content_type=b"application/json")
+        await _plain(send, status or (422 if reason == NOT_JSON else 404), body, content_type=b"application/json")
 
     def body_limit(self, path: str) -> int:
         """The body cap for ``path``: :data:`MAX_IMAGE_BODY_BYTES` on a route that takes images (the image APIs, the
@@ -464,6 +518,12 @@ class Guard:
         path = scope.get("path", "")
         if self.gate is not None:
             self.gate.touch()
+        if scope["method"] not in SAFE_METHODS and not path.startswith(PROTOCOL_PREFIXES):
+            # Before anything reads the body or reaches Gradio: /gradio_api/call/generate took a foreign Origin
+            # (200, queued) while the protocol routes refused it (issue #47).
+            headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers") or []}
+            if (reason := cross_site_refusal(scope["method"], headers)) is not None:
+                return await self._refuse(send, scope["method"], path, reason, 403)
         upload = path == UPLOAD_PATH and scope["method"] == "POST" and self.routes is not None
         if path.startswith(BLOCKED_PATH_PREFIXES) and not upload:
             return await _plain(send, 404, b"uploads are off: this app takes image uploads only, from its page")

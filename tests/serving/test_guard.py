@@ -1,6 +1,6 @@
-"""Security settings checked without an app: the HTTP guard's body cap, the launch defaults."""
+"""Security settings checked without an app: the HTTP guard's body cap, the launch defaults, the cross-site rule."""
 
-
+import pytest
 
 def test_guard_never_passes_more_than_the_cap_to_the_app():
     """The guard alone, on a dummy app: a chunked body stops at the cap; the app sees a disconnect."""
@@ -243,3 +243,87 @@ def test_a_large_image_call_is_parsed_once_and_reaches_gradio_cleaned_and_comple
     assert int(length) == len(message["body"])
     assert seen["data"] == ["x" * 2_000_000, 0.5, 42]  # the optional seed filled in
     assert seen["event_data"] == {"index": 2, "value": None, "selected": True}  # the client's file object cut
+
+
+# --- requests from another site's page: one rule for every route (guard.cross_site_refusal) ---------------------
+
+GRADIO_POSTS = ("/gradio_api/call/generate", "/gradio_api/queue/join", "/gradio_api/run/predict", "/gradio_api/upload",
+                "/gradio_api/cancel", "/gradio_api/mcp/")
+
+
+def post_through_the_guard(path: str, headers: dict, method: str = "POST"):
+    """``method path`` with ``headers`` through the Guard alone (no Routes), to an app that answers 200 and notes
+    the call; served at http://127.0.0.1:7860 (its Host header). Returns (response, paths the app saw, log)."""
+    import asyncio
+
+    import httpx
+
+    from sdxl_engine.serving import guard as serving
+
+    ran, log = [], []
+
+    async def app(scope, receive, send):
+        ran.append(scope["path"])
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    async def go():
+        transport = httpx.ASGITransport(app=serving.Guard(app, log=log.append))
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:7860") as client:
+            return await client.request(method, path, headers=headers, content=b"{}")
+
+    return asyncio.run(go()), ran, log
+
+
+@pytest.mark.parametrize("headers", [
+    {"origin": "http://evil.example"},  # issue #47: curl (or an older browser) with a foreign Origin alone
+    {"origin": "https://evil.example", "sec-fetch-site": "cross-site"},
+    {"sec-fetch-site": "same-site"},
+    {"origin": "null"},  # a sandboxed frame or a file:// page
+    {"origin": "http://127.0.0.1.evil.example"},
+    {"origin": "http://127.0.0.1:7861"},  # another port is another origin
+])
+def test_gradios_routes_refuse_another_sites_page_as_the_protocols_do(headers):
+    """A foreign Origin on /gradio_api/call/generate was queued (200) while /sdapi, /v1 and MCP answered 403: the
+    Guard refuses every state-changing request on Gradio's routes by the protocols' rule, before Gradio runs."""
+    for path in GRADIO_POSTS:
+        response, ran, log = post_through_the_guard(path, headers)
+        assert response.status_code == 403 and ran == [], (path, response.text)
+        assert response.json()["detail"].startswith("requests from another site's page are refused")
+        assert log == [f"[app] refused POST {path!r}: {response.json()['detail']}"]
+
+
+@pytest.mark.parametrize("headers", [
+    {},  # gradio_client, curl
+    {"origin": "http://127.0.0.1:7860", "sec-fetch-site": "same-origin"},  # the page itself
+    {"origin": "http://127.0.0.1:7860"},  # the page, in a browser without Sec-Fetch-Site
+    {"origin": "https://sd.example", "sec-fetch-site": "same-origin"},  # the page behind a proxy that rewrote Host
+    {"sec-fetch-site": "none"},  # typed by the user
+])
+def test_the_page_and_api_clients_still_reach_gradio(headers):
+    for path in set(GRADIO_POSTS) - {"/gradio_api/upload"}:  # uploads pass only with the demo's Routes (test_guard_app)
+        response, ran, _ = post_through_the_guard(path, headers)
+        assert response.status_code == 200 and ran == [path], (path, response.text)
+
+
+def test_reads_and_the_protocol_routes_pass_the_guard_on():
+    """GET is never refused (CORS keeps its answer from another site); /sdapi and /v1 are refused by the same rule
+    in their own error shapes (apis.CrossSiteGuard, inside the Guard)."""
+    response, ran, _ = post_through_the_guard("/gradio_api/info", {"origin": "http://evil.example"}, method="GET")
+    assert response.status_code == 200
+    for path in ("/sdapi/v1/txt2img", "/v1/images/generations"):
+        response, ran, _ = post_through_the_guard(path, {"origin": "http://evil.example"})
+        assert response.status_code == 200 and ran == [path]
+
+
+def test_same_origin_compares_host_and_port_as_a_browser_sends_them():
+    from sdxl_engine.serving.guard import same_origin
+
+    assert same_origin("http://127.0.0.1:7860", "127.0.0.1:7860")
+    assert same_origin("https://abc.gradio.live", "abc.gradio.live")  # the share link: default port left out
+    assert same_origin("https://abc.gradio.live", "abc.gradio.live:443") and same_origin("http://[::1]:80", "[::1]")
+    assert same_origin("HTTP://Name.Example", "name.example")
+    assert not same_origin("http://127.0.0.1:7860", "127.0.0.1:7861")
+    assert not same_origin("https://name.example", "name.example:80")
+    assert not same_origin("null", "127.0.0.1:7860") and not same_origin("http://x", "")
+    assert not same_origin("http://x:port", "x") and not same_origin("ftp://x", "x")

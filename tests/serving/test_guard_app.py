@@ -95,6 +95,30 @@ def test_loopback_origin_still_allowed(app_server):
     assert response.headers.get("access-control-allow-origin") == origin
 
 
+def test_another_sites_page_cannot_drive_gradios_routes(app_server):
+    """Issue #47: ``POST /gradio_api/call/generate`` with only a foreign Origin was queued (200) while /sdapi, /v1
+    and MCP answered 403. Now every state-changing route refuses it alike (403, one log line, nothing queued);
+    the page itself (its own Origin) and gradio_client or curl (no Origin) still call."""
+    start = len(app_server.log)
+    call = {"data": ["a red circle", "", 1, 5.0, 2, 0, 0, "(No style)", "Euler"]}
+    own = app_server.url.rstrip("/")
+    for path, body in (("gradio_api/call/generate", call), ("gradio_api/queue/join", {**call, "fn_index": 0}),
+                       ("sdapi/v1/interrupt", {}), ("gradio_api/mcp/", {})):
+        for origin in ("http://evil.example", "null"):
+            response = httpx.post(app_server.url + path, json=body, headers={"Origin": origin}, timeout=30)
+            assert response.status_code == 403, (path, origin, response.status_code, response.text)
+            assert "requests from another site's page are refused" in response.text
+    log = log_barrier(app_server, start)
+    assert log.count("requests from another site's page are refused") == 8 and "Traceback" not in log
+    assert ("[app] refused POST '/gradio_api/call/generate': requests from another site's page are refused "
+            "(Origin: http://evil.example is not this server)") in log
+    for headers in ({"Origin": own}, {"Origin": own, "Sec-Fetch-Site": "same-origin"}, {}):
+        response = httpx.post(app_server.url + "gradio_api/call/generate", json=call, headers=headers, timeout=30)
+        assert response.status_code == 200, (headers, response.text)
+        answer = httpx.get(app_server.url + f"gradio_api/call/generate/{response.json()['event_id']}", timeout=60)
+        assert "event: complete" in answer.text, (headers, answer.text[-300:])
+
+
 def png_bytes(size: int = 8, noise: bool = False) -> bytes:
     import io
 
