@@ -286,17 +286,87 @@ def upload_refusal(demo, paths) -> str | None:
     return None
 
 
-def remove_uploads(demo, paths) -> None:
-    """Delete the files Gradio's upload route wrote (``paths``) and their folders when empty; they stay in
-    Gradio's upload set, so their paths are never served (app_files)."""
+class UploadFiles:
+    """When an upload may be deleted. Gradio's upload route names a file by its content (``<temp>/<sha of the
+    bytes>/<file name>``), so the image editor's uploads of an unchanged picture (it sends its background, layer
+    and composite with every value, and again and again while a stroke is drawn) all land on one path. Deleting
+    that path for one request (handler.discard_uploads at its end) took the file from an upload of the same bytes
+    being checked (a 415 "the upload was not written" for the editor's own upload), removed the folder Gradio was
+    about to write into, and took the picture of a queued request naming the same path.
+
+    So the guard counts the uploads being written (:meth:`writing`) and notes when each path was last uploaded
+    (:meth:`uploaded`), and every delete of an upload (:meth:`remove`: the image event's end, a refused upload, the
+    janitor) happens under one lock with them: none while another upload is being written, none of a path
+    uploaded again since the one deleting it began. What is kept goes with the janitor (it deletes uploads no
+    request took after ``temp_keep_s``). Thread-safe: the guard runs on the event loop, requests and the janitor
+    on their own threads; the lock is never held across an ``await``."""
+
+    def __init__(self, limit: int = 65536):
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._writing = 0
+        self._last: OrderedDict[str, float] = OrderedDict()  # absolute path -> clock() of its last upload, oldest first
+
+    @contextlib.contextmanager
+    def writing(self):
+        """Count one upload as being written while the block runs (Gradio parses it and writes its files)."""
+        with self._lock:
+            self._writing += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._writing -= 1
+
+    def uploaded(self, paths, now: float | None = None) -> None:
+        """Note that ``paths`` were uploaded (let through) at ``now`` (contract.clock(); default: now). Call it inside
+        :meth:`writing`, so no delete runs between the write and the note."""
+        now = clock() if now is None else now
+        with self._lock:
+            for path in paths:
+                self._last[os.path.abspath(path)] = now
+                self._last.move_to_end(os.path.abspath(path))
+            while len(self._last) > self.limit:
+                self._last.popitem(last=False)
+
+    def remove(self, paths, since: float, writers: int = 0) -> list[str]:
+        """Delete each of ``paths`` (files Gradio's upload route wrote) and its folder when left empty, unless it may
+        still be used: while uploads other than the caller's own ``writers`` are being written, or when it was
+        uploaded at or after ``since`` (contract.clock(): when the caller's request arrived or its upload began).
+        Returns the paths deleted (or already gone); the others are left to the janitor."""
+        deleted = []
+        with self._lock:
+            if self._writing > writers:
+                return deleted
+            for path in {os.path.abspath(p) for p in paths}:
+                if self._last.get(path, float("-inf")) >= since:
+                    continue
+                try:
+                    os.remove(path)
+                except FileNotFoundError:
+                    pass
+                except OSError as err:
+                    print(f"[app] warning: could not delete an upload: {err}", flush=True)
+                    continue
+                deleted.append(path)
+                self._last.pop(path, None)
+                try:
+                    os.rmdir(os.path.dirname(path))  # Gradio's per-content folder; left when another file is in it
+                except OSError:
+                    pass
+        return deleted
+
+
+UPLOADS = UploadFiles()  # the served process's uploads (Guard, handler.discard_uploads, janitor.TempJanitor)
+
+
+def remove_uploads(demo, paths, since: float) -> None:
+    """Delete the files a refused upload (``paths``, Gradio's answer, its writing begun at ``since``) made; they
+    stay in Gradio's upload set, so their paths are never served (app_files). Called inside the upload's own
+    :meth:`UploadFiles.writing`: a concurrent upload of the same bytes keeps them (the janitor takes them)."""
     uploads = {os.path.abspath(str(f)) for f in list(gradio_internals.upload_files(demo))}
-    for path in paths if isinstance(paths, list) else []:
-        if isinstance(path, str) and os.path.abspath(path) in uploads:
-            try:
-                os.remove(path)
-                os.rmdir(os.path.dirname(path))
-            except OSError:
-                pass
+    UPLOADS.remove([p for p in paths if isinstance(p, str) and os.path.abspath(p) in uploads]
+                   if isinstance(paths, list) else [], since, writers=1)
 
 
 def _file_paths(value, depth: int = 0) -> list | None:
@@ -597,7 +667,8 @@ class Guard:
                 scope = _with_length(scope, body)
             inner_receive = _replay(body, receive)
         elif upload:
-            return await self._upload(scope, limited_receive, guarded_send, send, lambda: seen > limit, path, limit)
+            return await self._upload(scope, limited_receive, receive, guarded_send, send, lambda: seen > limit, path,
+                                      limit)
         elif method == "POST" and path.rstrip("/") == MCP_PATH and limit > self.max_body:
             body = await _read_body(limited_receive)  # only a tools/call of the image tool may be large
             if body is None:
@@ -620,39 +691,44 @@ class Guard:
             await _too_large(send, path, limit)
 
 
-    async def _upload(self, scope, receive, guarded_send, send, over, path: str, limit: int) -> None:
+    async def _upload(self, scope, limited_receive, receive, guarded_send, send, over, path: str, limit: int) -> None:
         """Gradio's upload route, its answer held back until the files it wrote are checked (upload_refusal):
-        passed on as it is, or the files deleted and a 415 (a 413 for a body over ``limit``)."""
+        passed on as it is, or the files deleted and a 415 (a 413 for a body over ``limit``).
+
+        The body is read whole first (at most ``limit``): a client that leaves mid-upload is one log line, and
+        Gradio, which would raise ClientDisconnect (a traceback) and leave its half-written temp file, never sees
+        it. Gradio then writes and the files are checked inside UPLOADS.writing(), so no delete of an upload
+        (another request's end, the janitor) takes a file between its write and its check."""
+        body = await _read_body(limited_receive)
+        if body is None:  # over the cap (a chunked body: limited_receive ends it there), or the client left
+            if over():
+                return await _too_large(send, path, limit)
+            self.log(f"[app] upload cancelled: the client left before its body arrived ({path})")
+            return None
         held: list = []
 
         async def hold(message):
             held.append(message)
 
-        try:
-            await self.app(scope, receive, hold)
-        except Exception:
-            if not over():
-                raise
-        body = b"".join(m.get("body", b"") for m in held if m["type"] == "http.response.body")
-        start = next((m for m in held if m["type"] == "http.response.start"), None)
-        try:
-            paths = json.loads(body) if start is not None and start["status"] == 200 else None
-        except ValueError:
-            paths = None
-        if over():
-            remove_uploads(self.routes.demo, paths)
-            return await _too_large(send, path, limit)
-        if paths is None:  # Gradio refused it (not multipart, a file over max_file_size): its own answer
-            for message in held:
-                await guarded_send(message)
-            return
-        reason = upload_refusal(self.routes.demo, paths)
+        began = clock()
+        with UPLOADS.writing():
+            await self.app(scope, _replay(body, receive), hold)
+            answer = b"".join(m.get("body", b"") for m in held if m["type"] == "http.response.body")
+            start = next((m for m in held if m["type"] == "http.response.start"), None)
+            try:
+                paths = json.loads(answer) if start is not None and start["status"] == 200 else None
+            except ValueError:
+                paths = None
+            reason = None if paths is None else upload_refusal(self.routes.demo, paths)
+            if reason is not None:
+                remove_uploads(self.routes.demo, paths, began)
+            elif paths is not None:
+                UPLOADS.uploaded(paths)
         if reason is not None:
-            remove_uploads(self.routes.demo, paths)
             self.log(f"[app] refused POST {path!r}: {reason}"[:300])
             message = json.dumps({"error": reason, "detail": reason}).encode()
             return await _plain(send, 415, message, content_type=b"application/json")
-        for message in held:
+        for message in held:  # Gradio's answer: the paths, or its own refusal (not multipart, a file too large)
             await guarded_send(message)
 
 

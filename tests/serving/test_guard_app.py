@@ -182,6 +182,31 @@ def test_uploads_take_images_only_and_are_never_served(app_server):
     assert httpx.get(app_server.url + "gradio_api/info", timeout=30).status_code == 200
 
 
+def test_a_client_that_leaves_mid_upload_is_one_log_line(app_server):
+    """Issue #47: a browser that drops an upload (a closed tab, a cancelled request) left a starlette ClientDisconnect
+    traceback in the server log. Now: one line, and the server answers as before."""
+    import socket
+    from urllib.parse import urlsplit
+
+    start = len(app_server.log)
+    head = (b"--b\r\nContent-Disposition: form-data; name=\"files\"; filename=\"background.png\"\r\n"
+            b"Content-Type: image/png\r\n\r\n" + png_bytes(64, noise=True)[:2000])
+    url = urlsplit(app_server.url)
+    with socket.create_connection((url.hostname, url.port), timeout=30) as connection:
+        connection.sendall(b"POST /gradio_api/upload HTTP/1.1\r\nHost: " + url.netloc.encode() + b"\r\n"
+                           b"Content-Type: multipart/form-data; boundary=b\r\nContent-Length: 100000\r\n\r\n" + head)
+        time.sleep(0.3)  # the server is reading the body when the client leaves
+    deadline = time.monotonic() + 30
+    while not any("upload cancelled" in line for line in app_server.log[start:]):
+        assert time.monotonic() < deadline, "".join(app_server.log[start:])
+        time.sleep(0.05)
+    log = log_barrier(app_server, start)
+    assert log.count("[app] upload cancelled: the client left before its body arrived (/gradio_api/upload)") == 1
+    assert "Traceback" not in log and "ClientDisconnect" not in log, log
+    response = httpx.post(app_server.url + "gradio_api/upload", files={"files": ("in.png", png_bytes())}, timeout=30)
+    assert response.status_code == 200
+
+
 def test_the_other_upload_routes_are_off_and_bodies_are_capped(app_server):
     response = httpx.post(app_server.url + "gradio_api/queue/join", content=b"{" + b" " * 2_000_000 + b"}",
                           headers={"content-type": "application/json"}, timeout=30)
