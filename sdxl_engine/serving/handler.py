@@ -189,8 +189,8 @@ def image_function(handle: Callable, config: EngineConfig, pending: history.Pend
     PNGs of ``demo``), builds the engine fields (image_input.request_fields) and runs as /generate does
     (:func:`_run_event`: previews, Stop, history record with the settings, not the picture). Every upload it was
     given is deleted when it ends, whatever the outcome, unless the editor uploaded it again since this request
-    arrived (:func:`discard_uploads`). A picture the page cannot
-    use is gr.Error with apis.uploads' or image_input's message.
+    arrived (:func:`discard_uploads`). A picture the page cannot use is gr.Error with apis.uploads' or
+    image_input's message.
     """
     # Here, not at the top: importing serving.apis (image_input decodes with apis.uploads) runs the package's
     # __init__, whose routes import this module.

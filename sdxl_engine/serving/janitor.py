@@ -57,8 +57,9 @@ class TempJanitor:
         return sorted(entries, key=lambda entry: entry[0])
 
     def sweep(self, now: float | None = None) -> tuple[int, int]:
-        """Delete the oldest files until the app's files take at most ``max_bytes`` (none younger
-        than ``keep_s``). Returns (files deleted, bytes left)."""
+        """Delete the uploads older than ``keep_s`` (:meth:`expire_uploads`), then the oldest files until the app's
+        files take at most ``max_bytes`` (none younger than ``keep_s``). Returns (files deleted by the second step,
+        bytes left)."""
         now = time.time() if now is None else now
         self.expire_uploads(now)
         entries = self._tracked()
@@ -67,6 +68,7 @@ class TempJanitor:
             if total <= self.max_bytes or now - written < self.keep_s:
                 break
             if file_set is gradio_internals.upload_files(self.demo):
+                # With its folder, under the lock of the uploads being written (one may be filling that folder).
                 if not guard.UPLOADS.remove([path], clock() - self.keep_s):
                     continue  # being uploaded again: kept
             else:
@@ -76,10 +78,10 @@ class TempJanitor:
                     pass
                 except OSError:
                     continue
+                self._remove_empty(Path(path).parent)
             file_set.discard(path)
             total -= size
             deleted += 1
-            self._remove_empty(Path(path).parent)
         return deleted, total
 
     def expire_uploads(self, now: float) -> int:
