@@ -26,7 +26,8 @@ from sdxl_engine.serving import handler, history
 from sdxl_engine.serving.apis.mcp_image import API_NAME as IMAGE_TOOL, image_tool
 from sdxl_engine.serving.page_assets import (HISTORY_JS, HISTORY_KEY, HISTORY_NOTE, MODEL_NOTES,
                                              PAGE_CSS, PARSE_SIZE_JS, REAL_SDXL_HINT, SCROLL_TO_GALLERY_JS,
-                                             NEW_REQUEST_JS, PNG_SETTINGS_HTML, PNG_SETTINGS_JS, STOP_STEP_JS)
+                                             NEW_REQUEST_JS, PNG_SETTINGS_HTML, PNG_SETTINGS_JS, REQUEST_ENDS_JS,
+                                             REQUEST_STARTS_JS, STOP_STEP_JS)
 from sdxl_engine.serving.styles import (FAST_LABEL, FAST_LORA, FAST_PRESET, NO_STYLE, STYLE_NAMES,
                                         has_fast_tag, with_fast_tag, without_fast_tag)
 
@@ -34,7 +35,8 @@ from sdxl_engine.serving.page import (BLOG_DEFAULT, EXAMPLES, PNG_FIELDS, engine
                                       lora_names_for, page_event, png_settings, size_choices, status_line,
                                       stopped_view, lora_tag_adder)  # (tests read some of them here too)
 from sdxl_engine.serving.page_history import wire_history
-from sdxl_engine.serving.page_image import image_events, image_section, refiner_slider, wire_image_section
+from sdxl_engine.serving.page_image import (editor_tools, image_events, image_section, refiner_slider,
+                                            wire_image_section)
 
 
 def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract | None = None, concurrency: int = 1,
@@ -140,6 +142,7 @@ def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract 
         # On a narrow screen bring the gallery into view for the progress, and again once the images are in.
         starts = [run.click, prompt.submit, image.run.click, send_upscale.click]
         gr.on(starts, None, None, None, js=SCROLL_TO_GALLERY_JS, queue=False, api_visibility="private")
+        gr.on(starts, None, None, None, js=REQUEST_STARTS_JS, queue=False, api_visibility="private")  # Stop shows
         # A Stop's line described the stopped request: a new one takes it away (a finished one's line stays).
         gr.on(starts, None, status, [status, heard], js=NEW_REQUEST_JS, queue=False, api_visibility="private")
         # preprocess=False: values reach the engine as sent, so its checks and messages (with the
@@ -168,6 +171,8 @@ def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract 
             done.failure(page_event(stopped_view), [last_result, heard], [gallery, info, status],
                          api_visibility="private", queue=False, show_progress="hidden")
             done.success(None, None, None, js=SCROLL_TO_GALLERY_JS, queue=False, api_visibility="private")
+            # After success, error or Stop alike: Stop hides once none of this page's requests is left.
+            done.then(None, None, None, js=REQUEST_ENDS_JS, queue=False, api_visibility="private")
 
         wire_history(events, past, pending, finished, last_result, history_gallery, history_note, clear_history,
                      [prompt, negative_prompt, style, seed, guidance_scale, num_inference_steps, sampler, resolution,
@@ -230,18 +235,19 @@ def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract 
         def refresh():
             text, done = engine_banner(engine)
             if not done:
-                return text, gr.Dropdown(), gr.Timer(active=True)
+                return text, gr.Dropdown(), gr.skip(), gr.Timer(active=True)
             sizes, value = size_choices(engine)
-            return text, gr.Dropdown(choices=sizes, value=value), gr.Timer(active=False)
+            # The editor's brush follows the model's size, known once the engine is ready (page_image.editor_tools).
+            return text, gr.Dropdown(choices=sizes, value=value), gr.ImageMask(**editor_tools(engine)), \
+                gr.Timer(active=False)
 
-        timer.tick(refresh, None, [banner, resolution, timer], api_visibility="private", queue=False,
-                   show_progress="hidden")
+        refreshed = [banner, resolution, image.init_image, timer]
+        timer.tick(refresh, None, refreshed, api_visibility="private", queue=False, show_progress="hidden")
         if engine is not None and engine.scale_out() is not None:  # scale-out: the replica count after each request
             for done in events:
                 done.then(lambda: engine_banner(engine)[0], None, banner, api_visibility="private", queue=False,
                           show_progress="hidden")
-        demo.load(refresh, None, [banner, resolution, timer], api_visibility="private", queue=False,
-                  show_progress="hidden")
+        demo.load(refresh, None, refreshed, api_visibility="private", queue=False, show_progress="hidden")
         demo.load(None, past, [history_gallery, history_note], js=HISTORY_JS, api_visibility="private")
     return demo
 

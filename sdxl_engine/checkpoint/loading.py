@@ -48,10 +48,23 @@ PIPELINES = ("StableDiffusionXLPipeline", "FlaxStableDiffusionXLPipeline", "Stab
 TOKENIZERS = ("CLIPTokenizer", "CLIPTokenizerFast")
 OPTIONAL_COMPONENTS = ("text_encoder",)  # the refiner has text_encoder_2 only (model_index.json: [null, null])
 TOKENIZER_OF = {"text_encoder": "tokenizer", "text_encoder_2": "tokenizer_2"}
-_HUB_HINT = ("Real SDXL needs its weights: on a machine that reaches the Hugging Face Hub use the hub id "
-             "(--model stabilityai/stable-diffusion-xl-base-1.0), or download once "
-             "(hf download stabilityai/stable-diffusion-xl-base-1.0 --local-dir sdxl-base) and start with "
-             "--model ./sdxl-base. Built-in models: " + ", ".join(builtin.BUILTIN_NAMES))
+# The setting a model comes from (as errors name it) -> what it is, the real weights to suggest and the folder to
+# download them to. The refiner loads through the same functions as the model, so its errors must name --refiner
+# and the refiner's weights, not --model and the base's.
+MODEL_FLAGS = {"--model": ("SDXL model", "stabilityai/stable-diffusion-xl-base-1.0", "sdxl-base"),
+               "--refiner": ("SDXL refiner", "stabilityai/stable-diffusion-xl-refiner-1.0", "sdxl-refiner")}
+
+
+def _hub_hint(flag: str = "--model") -> str:
+    """What to pass as ``flag`` for real SDXL weights (the end of a load error)."""
+    _, repo, local = MODEL_FLAGS[flag]
+    builtins = ("Built-in models: " + ", ".join(builtin.BUILTIN_NAMES) if flag == "--model"
+                else "No built-in model is a refiner")
+    return (f"Real SDXL needs its weights: on a machine that reaches the Hugging Face Hub use the hub id "
+            f"({flag} {repo}), or download once (hf download {repo} --local-dir {local}) and start with "
+            f"{flag} ./{local}. {builtins}")
+
+
 # Files a hub snapshot needs besides the weights (never pickles).
 _HUB_META = ("model_index.json", "scheduler/scheduler_config.json", "tokenizer/", "tokenizer_2/", ENGINE_DEFAULTS_FILE)
 
@@ -287,14 +300,14 @@ def read_model_kind(folder: Path) -> ModelKind:
     return model_kind(index, components)
 
 
-def _read_index_and_components(folder: Path) -> tuple[dict, dict[str, Component]]:
+def _read_index_and_components(folder: Path, flag: str = "--model") -> tuple[dict, dict[str, Component]]:
     index = _read_json(folder / "model_index.json")
     kind = index.get("_class_name", "?")
     if kind not in PIPELINES:
         what = ("an SD 1.x/2.x folder" if kind in ("StableDiffusionPipeline", "FlaxStableDiffusionPipeline")
                 else "not an SDXL pipeline")
         raise ModelLoadError(f"{folder} holds a {kind} ({what}); this engine runs SDXL: a StableDiffusionXLPipeline "
-                             "with text_encoder_2 and a text_time UNet. " + _HUB_HINT)
+                             "with text_encoder_2 and a text_time UNet. " + _hub_hint(flag))
     components = {}
     for name, (_, _, classes) in COMPONENTS.items():
         entry = index.get(name)
@@ -352,7 +365,8 @@ def _tokenizer(folder: Path):
 
 
 def load_folder(folder: Path, name: str, dtype: str, sharding=None, variant: str = "",
-                log: Callable[[str], None] = LOG.info, swaps: dict[str, str] | None = None) -> LoadedModel:
+                log: Callable[[str], None] = LOG.info, swaps: dict[str, str] | None = None,
+                flag: str = "--model") -> LoadedModel:
     """Load every component of a diffusers-format SDXL folder.
 
     Args:
@@ -362,11 +376,12 @@ def load_folder(folder: Path, name: str, dtype: str, sharding=None, variant: str
             host copy of the whole model is held; None = the default device.
         variant: preferred weight variant ("fp16"); others are used when it is absent.
         swaps: {"unet" or "vae": path} read in place of the folder's component (:func:`swap_source`).
+        flag: the setting the folder comes from, as errors name it ("--model" or "--refiner").
     Raises:
         ModelLoadError: see :func:`read_model_folder`, :func:`swap_source` and :mod:`.weights`.
     """
     start = time.perf_counter()
-    index, components = _read_index_and_components(folder)
+    index, components = _read_index_and_components(folder, flag)
     scheduler_config = read_scheduler_config(folder)  # before the weights: a refused config fails fast
     target = jnp.dtype(dtype)
     place = lambda array: jax.device_put(array, sharding)  # noqa: E731
@@ -497,8 +512,9 @@ def hub_files(files: list[str], variant: str = "") -> list[str]:
     return sorted(set(wanted))
 
 
-def hub_snapshot(repo_id: str, revision: str = "", variant: str = "") -> Path:
-    """Download (or find in the local cache) only the files :func:`hub_files` selects.
+def hub_snapshot(repo_id: str, revision: str = "", variant: str = "", flag: str = "--model") -> Path:
+    """Download (or find in the local cache) only the files :func:`hub_files` selects; ``flag`` is the setting
+    ``repo_id`` comes from, as errors name it ("--model" or "--refiner").
 
     Raises ModelLoadError when the hub cannot be reached and the cache does not have the files,
     for an unknown or gated repository, or a revision that does not exist.
@@ -508,8 +524,8 @@ def hub_snapshot(repo_id: str, revision: str = "", variant: str = "") -> Path:
         try:
             return Path(snapshot_download(repo_id, local_files_only=True, **kwargs))
         except Exception as err:  # noqa: BLE001  not cached: huggingface_hub raises several types
-            raise ModelLoadError(f"could not load SDXL model {repo_id!r} from the hub (offline mode: HF_HUB_OFFLINE "
-                                 f"is set and the local cache does not have it). {_HUB_HINT}") from err
+            raise ModelLoadError(f"could not load {MODEL_FLAGS[flag][0]} {repo_id!r} from the hub (offline mode: HF_HUB_OFFLINE "
+                                 f"is set and the local cache does not have it). {_hub_hint(flag)}") from err
     try:
         api = HfApi()
         unreachable = hub_unreachable(api.endpoint)
@@ -520,13 +536,13 @@ def hub_snapshot(repo_id: str, revision: str = "", variant: str = "") -> Path:
         try:  # whatever the local cache already has
             return Path(snapshot_download(repo_id, local_files_only=True, **kwargs))
         except Exception:  # not cached either: report the first, more telling error
-            raise ModelLoadError(f"could not load SDXL model {repo_id!r} from the hub ({type(err).__name__}: "
-                                 f"{str(err).splitlines()[0][:200] if str(err) else ''}). {_HUB_HINT}") from err
+            raise ModelLoadError(f"could not load {MODEL_FLAGS[flag][0]} {repo_id!r} from the hub ({type(err).__name__}: "
+                                 f"{str(err).splitlines()[0][:200] if str(err) else ''}). {_hub_hint(flag)}") from err
     try:
         return Path(snapshot_download(repo_id, allow_patterns=patterns, **kwargs))
     except Exception as err:  # a download that breaks off, a full disk
-        raise ModelLoadError(f"could not download SDXL model {repo_id!r} ({type(err).__name__}: "
-                             f"{str(err).splitlines()[0][:200] if str(err) else ''}). {_HUB_HINT}") from err
+        raise ModelLoadError(f"could not download {MODEL_FLAGS[flag][0]} {repo_id!r} ({type(err).__name__}: "
+                             f"{str(err).splitlines()[0][:200] if str(err) else ''}). {_hub_hint(flag)}") from err
 
 
 PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
@@ -556,7 +572,7 @@ def _hub_offline() -> bool:
 
 def load_model(model: str, *, dtype: str, platform: str, revision: str = "", variant: str = "", cache_dir: str,
                sharding=None, log: Callable[[str], None] = LOG.info, model_config: str = "", unet: str = "",
-               vae: str = "", timestep_spacing: str = "", config_flag: str = "--model-config") -> LoadedModel:
+               vae: str = "", timestep_spacing: str = "", flag: str = "--model") -> LoadedModel:
     """Load an SDXL model by name: built-in, a local folder, a hub id, or a single file.
 
     Args:
@@ -571,21 +587,24 @@ def load_model(model: str, *, dtype: str, platform: str, revision: str = "", var
             diffusers' ``from_single_file(config=...)``); "" = the shipped SDXL base configs.
         unet, vae: a file or folder read in place of that component (:func:`swap_source`); "" = the model's.
         timestep_spacing: "leading", "trailing" or "linspace" in place of the scheduler config's; "" = its own.
-        config_flag: the setting ``model_config`` comes from, as errors name it ("--refiner-config" for a refiner).
+        flag: the setting ``model`` comes from, as errors name it: "--model", or "--refiner" for a refiner
+            (whose ``model_config`` then comes from "--refiner-config").
     Raises:
-        ModelLoadError: one line naming the path or id and what to do.
+        ModelLoadError: one line naming the setting, the path or id and what to do.
     """
     start = time.perf_counter()
+    config_flag = f"{flag}-config"  # --model-config, --refiner-config: derived, so the two names cannot drift
     dtype = resolve_dtype(dtype, platform)
     swaps = {name: path for name, path in (("unet", unet), ("vae", vae)) if path}
     if model == "sdxl-base-random":
         if swaps or model_config:
-            raise ModelLoadError("sdxl-base-random is made in memory with random weights; --unet, --vae and "
-                                 "--model-config apply to models read from files")
+            options = "--unet, --vae and --model-config" if flag == "--model" else config_flag
+            raise ModelLoadError(f"{flag} sdxl-base-random is made in memory with random weights; {options} "
+                                 "apply to models read from files")
         return _with_spacing(random_model(builtin.SDXL_BASE_CONFIGS, model, dtype, sharding), timestep_spacing)
     if single_file.is_single_file_name(model) and not Path(model).expanduser().is_dir():
-        loaded = load_single_file(_single_file_path(model, revision), dtype, sharding, model_config, swaps, log,
-                                  config_flag)
+        loaded = load_single_file(_single_file_path(model, revision, flag), dtype, sharding, model_config, swaps,
+                                  log, config_flag)
         loaded.load_s = time.perf_counter() - start
         return _with_spacing(loaded, timestep_spacing)
     if model_config:
@@ -600,26 +619,28 @@ def load_model(model: str, *, dtype: str, platform: str, revision: str = "", var
     elif Path(model).expanduser().exists():
         folder = Path(model).expanduser()
         if folder.is_file():
-            raise ModelLoadError(_not_safetensors_message(folder))
+            raise ModelLoadError(_not_safetensors_message(folder, flag))
         if not (folder / "model_index.json").is_file():
-            raise ModelLoadError(f"{folder} is not a diffusers-format model directory (no model_index.json). {_HUB_HINT}")
+            raise ModelLoadError(f"{flag} {folder}: not a diffusers-format model directory (no model_index.json). "
+                                 + _hub_hint(flag))
         # A local folder by its own name only: a public link must not show the server's paths (logs
         # and errors name the whole path).
         shown = folder.resolve().name
     elif model.startswith((".", "/", "~")) or model.count("/") != 1:
-        raise ModelLoadError(f"model {model!r} is neither a built-in name, an existing directory nor a hub id. {_HUB_HINT}")
+        raise ModelLoadError(f"{flag} {model!r} is neither a built-in name, an existing directory nor a hub id. "
+                             + _hub_hint(flag))
     else:
-        folder = hub_snapshot(model, revision, variant)
-    loaded = load_folder(folder, shown, dtype, sharding, variant, log, swaps)
+        folder = hub_snapshot(model, revision, variant, flag)
+    loaded = load_folder(folder, shown, dtype, sharding, variant, log, swaps, flag)
     loaded.load_s = time.perf_counter() - start
     return _with_spacing(loaded, timestep_spacing) if timestep_spacing else loaded
 
 
-def _not_safetensors_message(path: Path) -> str:
+def _not_safetensors_message(path: Path, flag: str = "--model") -> str:
     if path.suffix in PICKLE_SUFFIXES:
         return (f"{path} is a pickle checkpoint ({path.suffix}); it is never opened because unpickling can run "
-                "code. Use the .safetensors release of the model (single files load: --model FILE.safetensors)")
-    return (f"{path} is a file but not .safetensors; --model takes a .safetensors single file, a diffusers-format "
+                f"code. Use the .safetensors release of the model (single files load: {flag} FILE.safetensors)")
+    return (f"{path} is a file but not .safetensors; {flag} takes a .safetensors single file, a diffusers-format "
             "folder, a built-in name or a hub id")
 
 
@@ -651,15 +672,16 @@ def _hub_file(spec: str, revision: str, what: str) -> Path:
                              + (" (offline mode: HF_HUB_OFFLINE is set)" if _hub_offline() else "")) from err
 
 
-def _single_file_path(model: str, revision: str) -> Path:
-    """The local file a single-file ``--model`` names: a path, or a hub ``owner/name/file.safetensors``."""
+def _single_file_path(model: str, revision: str, flag: str = "--model") -> Path:
+    """The local file a single-file ``--model`` (or ``--refiner``: ``flag``) names: a path, or a hub
+    ``owner/name/file.safetensors``."""
     path = Path(model).expanduser()
     if path.is_file():
         return path
     if model.startswith((".", "/", "~")) or model.count("/") < 2:
-        raise ModelLoadError(f"{model}: no such file (a single file is a local path or a hub "
+        raise ModelLoadError(f"{flag} {model}: no such file (a single file is a local path or a hub "
                              "owner/name/file.safetensors)")
-    return _hub_file(model, revision, "single file")
+    return _hub_file(model, revision, f"the {flag} single file")
 
 
 def _config_tokenizer(folder: Path, sub: str):
@@ -773,7 +795,7 @@ def swap_source(name: str, spec: str, component: Component) -> tuple[Component, 
             raise ModelLoadError(f"--{name} {spec!r}: no such file or folder")
         path = _hub_file(spec, "", f"--{name} file")
     if path.suffix != ".safetensors":
-        raise ModelLoadError(_not_safetensors_message(path).replace("--model takes", f"--{name} takes"))
+        raise ModelLoadError(_not_safetensors_message(path, f"--{name}"))
     return component, path
 
 

@@ -232,7 +232,7 @@ class Engine:
         refiner = loading.load_model(self.config.refiner, dtype=self.model.dtype, platform=self.platform,
                                      variant=self.config.variant, cache_dir=self.config.model_cache_dir,
                                      sharding=sharding.replicated(self.mesh), log=self._log,
-                                     model_config=self.config.refiner_config, config_flag="--refiner-config")
+                                     model_config=self.config.refiner_config, flag="--refiner")
         loading.check_refiner(self.model, refiner)
         refiner.params = {name: refiner.params[name] for name in ("text_encoder_2", "unet")}  # the VAE's freed
         self.model.refiner = refiner

@@ -5,7 +5,9 @@
 API, the page's own events as the page calls them, the files the app created), lets only the page's image
 uploads through (:data:`UPLOAD_PATH`: images only, never served back), refuses request bodies over 1 MB (48 MB
 on the routes that take images, :data:`IMAGE_BODY_PATHS` and the uploads, and for calls of :data:`IMAGE_TOOL`),
-never lets ``Access-Control-Allow-Origin`` name a foreign origin, adds ``Retry-After`` to "queue full" answers,
+never lets ``Access-Control-Allow-Origin`` name a foreign origin, refuses a state-changing request another site's
+page sent (:func:`cross_site_refusal`, the rule of every route: a 403 here for Gradio's routes and MCP, in the
+protocols' shapes for ``/sdapi`` and ``/v1``, apis.CrossSiteGuard), adds ``Retry-After`` to "queue full" answers,
 answers a raw API call with too few values with a 422 naming the inputs (and fills in the inputs added to an
 endpoint later, :data:`OPTIONAL_INPUTS`, that a raw call leaves out), stamps each request's arrival
 (:func:`arrival_time`) and notes each cancel (:data:`CANCELLED`) before Gradio answers it.
@@ -61,6 +63,57 @@ def _host_of(origin: str) -> str:
         return (urlsplit(origin).hostname or "").lower()
     except ValueError:
         return ""
+
+
+# --- requests from another site's page -------------------------------------------------------------------------
+
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+CROSS_SITE = "requests from another site's page are refused"
+# The routes that answer a cross-site request in their own protocol's error shape (apis.CrossSiteGuard applies
+# cross_site_refusal there); the Guard applies it to every other path: Gradio's calls, queue, uploads, cancels, MCP.
+PROTOCOL_PREFIXES = ("/sdapi/", "/v1/")
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def same_origin(origin: str, host: str) -> bool:
+    """Whether ``origin`` (a browser's Origin header: ``scheme://host[:port]``) names the server that ``host`` (the
+    request's Host header) names: the same host name and port, a port left out being the origin scheme's default
+    (a page at ``https://name`` posts ``Origin: https://name`` with ``Host: name``). ``null`` and anything else that
+    is not an http(s) origin is not."""
+    try:
+        sent, here = urlsplit(origin), urlsplit("//" + host)
+        sent_port, here_port = sent.port, here.port  # a port that is not a number raises
+    except ValueError:
+        return False
+    if sent.scheme not in DEFAULT_PORTS or not sent.hostname or not here.hostname:
+        return False
+    default = DEFAULT_PORTS[sent.scheme]
+    return (sent.hostname, sent_port or default) == (here.hostname, here_port or default)
+
+
+def cross_site_refusal(method: str, headers) -> str | None:
+    """Why a request with ``method`` and ``headers`` (a mapping, lower-case names) looks sent by another site's
+    page, or None. The one rule of every route that changes state (the Guard's for Gradio's routes and MCP,
+    apis.CrossSiteGuard's for ``/sdapi`` and ``/v1``).
+
+    Only state-changing methods are checked: a form another site posts needs no CORS preflight, so without this
+    any page a user visits could start, interrupt or cancel their requests. Browsers send ``Sec-Fetch-Site`` with
+    every request (``cross-site``, ``same-site``, ``same-origin``, ``none`` for one the user typed) and ``Origin``
+    with every POST, and a page can set neither; API clients (gradio_client, curl, webuiapi, openai, MCP SDKs)
+    send neither (or their own Origin, refused unless it is this server). Refused: ``Sec-Fetch-Site`` cross-site
+    or same-site; else an ``Origin`` that is not this server's ``Host`` (:func:`same_origin`; ``null`` included),
+    unless the browser says ``Sec-Fetch-Site: same-origin``: then the page is this server's own even where a
+    reverse proxy rewrote ``Host``.
+    """
+    if method.upper() in SAFE_METHODS:
+        return None
+    site = (headers.get("sec-fetch-site") or "").lower()
+    if site in ("cross-site", "same-site"):
+        return f"{CROSS_SITE} (Sec-Fetch-Site: {site})"
+    origin = (headers.get("origin") or "").strip()
+    if origin and site != "same-origin" and not same_origin(origin, headers.get("host") or ""):
+        return f"{CROSS_SITE} (Origin: {origin} is not this server)"
+    return None
 
 
 _FILE_ROUTE = re.compile(r"^(?:/gradio_api)?/(?P<kind>file=|file/|proxy=)(?P<path>.*)$", re.S)
@@ -233,17 +286,87 @@ def upload_refusal(demo, paths) -> str | None:
     return None
 
 
-def remove_uploads(demo, paths) -> None:
-    """Delete the files Gradio's upload route wrote (``paths``) and their folders when empty; they stay in
-    Gradio's upload set, so their paths are never served (app_files)."""
+class UploadFiles:
+    """When an upload may be deleted. Gradio's upload route names a file by its content (``<temp>/<sha of the
+    bytes>/<file name>``), so the image editor's uploads of an unchanged picture (it sends its background, layer
+    and composite with every value, and again and again while a stroke is drawn) all land on one path. Deleting
+    that path for one request (handler.discard_uploads at its end) took the file from an upload of the same bytes
+    being checked (a 415 "the upload was not written" for the editor's own upload), removed the folder Gradio was
+    about to write into, and took the picture of a queued request naming the same path.
+
+    So the guard counts the uploads being written (:meth:`writing`) and notes when each path was last uploaded
+    (:meth:`uploaded`), and every delete of an upload (:meth:`remove`: the image event's end, a refused upload, the
+    janitor) happens under one lock with them: none while another upload is being written, none of a path
+    uploaded again since the one deleting it began. What is kept goes with the janitor (it deletes uploads no
+    request took after ``temp_keep_s``). Thread-safe: the guard runs on the event loop, requests and the janitor
+    on their own threads; the lock is never held across an ``await``."""
+
+    def __init__(self, limit: int = 65536):
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._writing = 0
+        self._last: OrderedDict[str, float] = OrderedDict()  # absolute path -> clock() of its last upload, oldest first
+
+    @contextlib.contextmanager
+    def writing(self):
+        """Count one upload as being written while the block runs (Gradio parses it and writes its files)."""
+        with self._lock:
+            self._writing += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._writing -= 1
+
+    def uploaded(self, paths, now: float | None = None) -> None:
+        """Note that ``paths`` were uploaded (let through) at ``now`` (contract.clock(); default: now). Call it inside
+        :meth:`writing`, so no delete runs between the write and the note."""
+        now = clock() if now is None else now
+        with self._lock:
+            for path in paths:
+                self._last[os.path.abspath(path)] = now
+                self._last.move_to_end(os.path.abspath(path))
+            while len(self._last) > self.limit:
+                self._last.popitem(last=False)
+
+    def remove(self, paths, since: float, writers: int = 0) -> list[str]:
+        """Delete each of ``paths`` (files Gradio's upload route wrote) and its folder when left empty, unless it may
+        still be used: while uploads other than the caller's own ``writers`` are being written, or when it was
+        uploaded at or after ``since`` (contract.clock(): when the caller's request arrived or its upload began).
+        Returns the paths deleted (or already gone); the others are left to the janitor."""
+        deleted = []
+        with self._lock:
+            if self._writing > writers:
+                return deleted
+            for path in {os.path.abspath(p) for p in paths}:
+                if self._last.get(path, float("-inf")) >= since:
+                    continue
+                try:
+                    os.remove(path)
+                except FileNotFoundError:
+                    pass
+                except OSError as err:
+                    print(f"[app] warning: could not delete an upload: {err}", flush=True)
+                    continue
+                deleted.append(path)
+                self._last.pop(path, None)
+                try:
+                    os.rmdir(os.path.dirname(path))  # Gradio's per-content folder; left when another file is in it
+                except OSError:
+                    pass
+        return deleted
+
+
+UPLOADS = UploadFiles()  # the served process's uploads (Guard, handler.discard_uploads, janitor.TempJanitor)
+
+
+def remove_uploads(demo, paths, since: float) -> None:
+    """Delete the files a refused upload (``paths``, Gradio's answer, its writing begun at ``since``) made; they
+    stay in Gradio's upload set, so their paths are never served (app_files). Called inside the upload's own
+    :meth:`UploadFiles.writing`: a concurrent upload of the same bytes keeps them (the janitor takes them)."""
     uploads = {os.path.abspath(str(f)) for f in list(gradio_internals.upload_files(demo))}
-    for path in paths if isinstance(paths, list) else []:
-        if isinstance(path, str) and os.path.abspath(path) in uploads:
-            try:
-                os.remove(path)
-                os.rmdir(os.path.dirname(path))
-            except OSError:
-                pass
+    UPLOADS.remove([p for p in paths if isinstance(p, str) and os.path.abspath(p) in uploads]
+                   if isinstance(paths, list) else [], since, writers=1)
 
 
 def _file_paths(value, depth: int = 0) -> list | None:
@@ -426,10 +549,11 @@ class Guard:
         self.routes = routes
         self.log = log
 
-    async def _refuse(self, send, method: str, path: str, reason: str) -> None:
+    async def _refuse(self, send, method: str, path: str, reason: str, status: int = 0) -> None:
+        """Answer ``status`` (default: 422 for a body that is not JSON, else 404) with ``reason``; one log line."""
         self.log(f"[app] refused {method} {path[:160]!r}: {reason}")
         body = json.dumps({"error": reason, "detail": reason}).encode()
-        await _plain(send, 422 if reason == NOT_JSON else 404, body, content_type=b"application/json")
+        await _plain(send, status or (422 if reason == NOT_JSON else 404), body, content_type=b"application/json")
 
     def body_limit(self, path: str) -> int:
         """The body cap for ``path``: :data:`MAX_IMAGE_BODY_BYTES` on a route that takes images (the image APIs, the
@@ -464,6 +588,12 @@ class Guard:
         path = scope.get("path", "")
         if self.gate is not None:
             self.gate.touch()
+        if scope["method"] not in SAFE_METHODS and not path.startswith(PROTOCOL_PREFIXES):
+            # Before anything reads the body or reaches Gradio: /gradio_api/call/generate took a foreign Origin
+            # (200, queued) while the protocol routes refused it (issue #47).
+            headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers") or []}
+            if (reason := cross_site_refusal(scope["method"], headers)) is not None:
+                return await self._refuse(send, scope["method"], path, reason, 403)
         upload = path == UPLOAD_PATH and scope["method"] == "POST" and self.routes is not None
         if path.startswith(BLOCKED_PATH_PREFIXES) and not upload:
             return await _plain(send, 404, b"uploads are off: this app takes image uploads only, from its page")
@@ -537,7 +667,8 @@ class Guard:
                 scope = _with_length(scope, body)
             inner_receive = _replay(body, receive)
         elif upload:
-            return await self._upload(scope, limited_receive, guarded_send, send, lambda: seen > limit, path, limit)
+            return await self._upload(scope, limited_receive, receive, guarded_send, send, lambda: seen > limit, path,
+                                      limit)
         elif method == "POST" and path.rstrip("/") == MCP_PATH and limit > self.max_body:
             body = await _read_body(limited_receive)  # only a tools/call of the image tool may be large
             if body is None:
@@ -560,39 +691,44 @@ class Guard:
             await _too_large(send, path, limit)
 
 
-    async def _upload(self, scope, receive, guarded_send, send, over, path: str, limit: int) -> None:
+    async def _upload(self, scope, limited_receive, receive, guarded_send, send, over, path: str, limit: int) -> None:
         """Gradio's upload route, its answer held back until the files it wrote are checked (upload_refusal):
-        passed on as it is, or the files deleted and a 415 (a 413 for a body over ``limit``)."""
+        passed on as it is, or the files deleted and a 415 (a 413 for a body over ``limit``).
+
+        The body is read whole first (at most ``limit``): a client that leaves mid-upload is one log line, and
+        Gradio, which would raise ClientDisconnect (a traceback) and leave its half-written temp file, never sees
+        it. Gradio then writes and the files are checked inside UPLOADS.writing(), so no delete of an upload
+        (another request's end, the janitor) takes a file between its write and its check."""
+        body = await _read_body(limited_receive)
+        if body is None:  # over the cap (a chunked body: limited_receive ends it there), or the client left
+            if over():
+                return await _too_large(send, path, limit)
+            self.log(f"[app] upload cancelled: the client left before its body arrived ({path})")
+            return None
         held: list = []
 
         async def hold(message):
             held.append(message)
 
-        try:
-            await self.app(scope, receive, hold)
-        except Exception:
-            if not over():
-                raise
-        body = b"".join(m.get("body", b"") for m in held if m["type"] == "http.response.body")
-        start = next((m for m in held if m["type"] == "http.response.start"), None)
-        try:
-            paths = json.loads(body) if start is not None and start["status"] == 200 else None
-        except ValueError:
-            paths = None
-        if over():
-            remove_uploads(self.routes.demo, paths)
-            return await _too_large(send, path, limit)
-        if paths is None:  # Gradio refused it (not multipart, a file over max_file_size): its own answer
-            for message in held:
-                await guarded_send(message)
-            return
-        reason = upload_refusal(self.routes.demo, paths)
+        began = clock()
+        with UPLOADS.writing():
+            await self.app(scope, _replay(body, receive), hold)
+            answer = b"".join(m.get("body", b"") for m in held if m["type"] == "http.response.body")
+            start = next((m for m in held if m["type"] == "http.response.start"), None)
+            try:
+                paths = json.loads(answer) if start is not None and start["status"] == 200 else None
+            except ValueError:
+                paths = None
+            reason = None if paths is None else upload_refusal(self.routes.demo, paths)
+            if reason is not None:
+                remove_uploads(self.routes.demo, paths, began)
+            elif paths is not None:
+                UPLOADS.uploaded(paths)
         if reason is not None:
-            remove_uploads(self.routes.demo, paths)
             self.log(f"[app] refused POST {path!r}: {reason}"[:300])
             message = json.dumps({"error": reason, "detail": reason}).encode()
             return await _plain(send, 415, message, content_type=b"application/json")
-        for message in held:
+        for message in held:  # Gradio's answer: the paths, or its own refusal (not multipart, a file too large)
             await guarded_send(message)
 
 

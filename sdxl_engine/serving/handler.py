@@ -188,8 +188,9 @@ def image_function(handle: Callable, config: EngineConfig, pending: history.Pend
     (:func:`refiner_switch`: 1 = none). It reads the editor's picture and mask (image_input.read_editor: only uploads and the app's own
     PNGs of ``demo``), builds the engine fields (image_input.request_fields) and runs as /generate does
     (:func:`_run_event`: previews, Stop, history record with the settings, not the picture). Every upload it was
-    given is deleted when it ends, whatever the outcome (:func:`discard_uploads`). A picture the page cannot
-    use is gr.Error with apis.uploads' or image_input's message.
+    given is deleted when it ends, whatever the outcome, unless the editor uploaded it again since this request
+    arrived (:func:`discard_uploads`). A picture the page cannot use is gr.Error with apis.uploads' or
+    image_input's message.
     """
     # Here, not at the top: importing serving.apis (image_input decodes with apis.uploads) runs the package's
     # __init__, whose routes import this module.
@@ -204,6 +205,8 @@ def image_function(handle: Callable, config: EngineConfig, pending: history.Pend
                 sides: list | None = None, pixels: int = 0, refiner_switch_at: float | None = None,
                 request: gr.Request = None, progress=gr.Progress()):
         values = generate_values(locals())
+        arrived = guard.arrival_time(request)
+        since = clock() if arrived is None else arrived
         try:
             try:
                 picture = image_input.read_editor(image, lambda path: readable(demo, path))
@@ -214,7 +217,7 @@ def image_function(handle: Callable, config: EngineConfig, pending: history.Pend
             yield from _run_event(handle, values, request, progress, pending, finished,
                                   ProtocolInputs(fields=asked.fields, finish=asked.finish))
         finally:
-            discard_uploads(demo, image_input.editor_paths(image))
+            discard_uploads(demo, image_input.editor_paths(image), since)
 
     return img2img
 
@@ -271,26 +274,19 @@ def readable(demo, path: str) -> bool:
     return full in gradio_internals.upload_files(demo) or full in guard.app_files(demo)
 
 
-def discard_uploads(demo, paths: list[str]) -> None:
-    """Delete each of ``paths`` that is an upload (never the app's own PNGs), and its folder when empty; Gradio
-    forgets it everywhere but its upload set, so guard.Routes never serves that path (module guard)."""
+def discard_uploads(demo, paths: list[str], since: float | None = None) -> None:
+    """Delete each of ``paths`` that is an upload (never the app's own PNGs), and its folder when empty, through
+    guard.UPLOADS: not while another upload is being written, nor one uploaded again at or after ``since`` (the
+    request's arrival, contract.clock(); None: now): Gradio names an upload by its content, so that path is
+    another upload's too (the janitor deletes what is kept). Gradio forgets each everywhere but its upload set,
+    so guard.Routes never serves that path (module guard)."""
     uploads = gradio_internals.upload_files(demo)
-    for path in {os.path.abspath(p) for p in paths if isinstance(p, str)}:
-        if path not in uploads:
-            continue
+    named = [path for path in {os.path.abspath(p) for p in paths if isinstance(p, str)} if path in uploads]
+    for path in named:
         for files in gradio_internals.file_sets(demo):
             if files is not uploads:
                 files.discard(path)
-        try:
-            os.remove(path)
-        except FileNotFoundError:
-            pass
-        except OSError as err:
-            print(f"[app] warning: could not delete an upload: {err}", flush=True)
-        try:
-            os.rmdir(os.path.dirname(path))  # Gradio's per-content folder; left when another file is in it
-        except OSError:
-            pass
+    guard.UPLOADS.remove(named, clock() if since is None else since)
 
 
 @dataclasses.dataclass(frozen=True)

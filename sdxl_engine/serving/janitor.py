@@ -9,7 +9,8 @@ import threading
 import time
 from pathlib import Path
 
-from sdxl_engine.serving import gradio_internals
+from sdxl_engine.engine.contract import clock
+from sdxl_engine.serving import gradio_internals, guard
 
 
 class TempJanitor:
@@ -21,6 +22,11 @@ class TempJanitor:
     good (``keep_in_cache``: examples). A file younger than ``keep_s`` seconds is never deleted,
     as a client may still be downloading it: a burst can push the folder past ``max_bytes`` by
     what it writes in that time. Folders left empty inside the temp folder are removed too.
+
+    Uploads (files clients sent) go after ``keep_s`` whatever the size: the image event deletes the ones it was
+    given when it ends, but not one the editor uploaded again meanwhile, nor the copies it uploads while a stroke
+    is drawn that no request names (guard.UploadFiles). Every upload is deleted through guard.UPLOADS, so none
+    is taken while an upload of the same bytes is being written.
     """
 
     def __init__(self, demo, max_bytes: float, keep_s: float):
@@ -51,25 +57,45 @@ class TempJanitor:
         return sorted(entries, key=lambda entry: entry[0])
 
     def sweep(self, now: float | None = None) -> tuple[int, int]:
-        """Delete the oldest files until the app's files take at most ``max_bytes`` (none younger
-        than ``keep_s``). Returns (files deleted, bytes left)."""
+        """Delete the uploads older than ``keep_s`` (:meth:`expire_uploads`), then the oldest files until the app's
+        files take at most ``max_bytes`` (none younger than ``keep_s``). Returns (files deleted by the second step,
+        bytes left)."""
         now = time.time() if now is None else now
+        self.expire_uploads(now)
         entries = self._tracked()
         total, deleted = sum(size for _, size, _, _ in entries), 0
         for written, size, path, file_set in entries:
             if total <= self.max_bytes or now - written < self.keep_s:
                 break
-            try:
-                os.remove(path)
-            except FileNotFoundError:
-                pass
-            except OSError:
-                continue
+            if file_set is gradio_internals.upload_files(self.demo):
+                # With its folder, under the lock of the uploads being written (one may be filling that folder).
+                if not guard.UPLOADS.remove([path], clock() - self.keep_s):
+                    continue  # being uploaded again: kept
+            else:
+                try:
+                    os.remove(path)
+                except FileNotFoundError:
+                    pass
+                except OSError:
+                    continue
+                self._remove_empty(Path(path).parent)
             file_set.discard(path)
             total -= size
             deleted += 1
-            self._remove_empty(Path(path).parent)
         return deleted, total
+
+    def expire_uploads(self, now: float) -> int:
+        """Delete the uploads written ``keep_s`` seconds before ``now`` (time.time()) or earlier and not uploaded
+        again since (guard.UPLOADS.remove); returns how many were deleted."""
+        uploads = gradio_internals.upload_files(self.demo)
+        old = []
+        for path in list(uploads):
+            try:
+                if now - os.stat(path).st_ctime >= self.keep_s:
+                    old.append(path)
+            except FileNotFoundError:
+                uploads.discard(path)
+        return len(guard.UPLOADS.remove(old, clock() - self.keep_s))
 
     def _remove_empty(self, folder: Path) -> None:
         """Remove ``folder`` if it is empty and strictly inside the temp folder."""

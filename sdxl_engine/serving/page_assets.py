@@ -24,7 +24,10 @@ REAL_SDXL_HINT = "For real SDXL, start it with: `python app.py --model stability
 # There the prompt and Generate, and the resolution and seed, take a line each (side by side
 # they squeeze the text). Toasts sit at the bottom left, off the Generate button (top right)
 # and the gallery; on a phone, at the bottom. The history's tiles fill the width (no sideways
-# scrolling); captions wrap instead of ending in "…".
+# scrolling); captions wrap instead of ending in "…", except the history's on a phone: three or four
+# lines of a 137 px tile hid 40 % of the thumbnail, so there they are one small line, cut with "…"
+# (a click restores the whole record). Stop shows only while a request of this page is queued or
+# running (REQUEST_STARTS_JS / REQUEST_ENDS_JS mark the page): idle, a big red Stop has nothing to stop.
 PAGE_CSS = """
 #gallery .grid-container { max-width: max(240px, min(100%, calc(100vh - 380px))); margin-inline: auto; }
 @media (max-width: 767px) { #output-col { order: -1; } #main-row { overflow-anchor: none; }
@@ -37,6 +40,9 @@ PAGE_CSS = """
 #history .caption-label, #gallery .caption-label { white-space: normal !important; overflow: visible !important;
   text-overflow: clip !important;
   max-width: calc(100% - 8px) !important; line-height: 1.2; }
+@media (max-width: 767px) { #history .caption-label { white-space: nowrap !important; overflow: hidden !important;
+  text-overflow: ellipsis !important; font-size: 10px !important; padding: 1px 4px !important; } }
+body:not([data-requests]) #stop, body[data-requests="0"] #stop { display: none !important; }
 """
 HISTORY_KEY = "sdxl-jax-history"  # the BrowserState's localStorage key
 HISTORY_NOTE = "Click an image to restore its prompt, style, seed and settings."
@@ -80,6 +86,13 @@ STOP_STEP_JS = """() => { const gallery = document.querySelector('#gallery');
     if (m && (!best || Number(m[1]) > best[0])) best = [Number(m[1]), Number(m[2])];
   }
   return best ? `${best[0]}/${best[1]}` : progress ? 'waiting' : ''; }"""
+# At each start and end (success, error or Stop) of a request of this page: the count of its requests queued or
+# running, on the page's body, where PAGE_CSS reads it (Stop shows while it is above 0). On the body, not the
+# button: Gradio owns the button's attributes.
+REQUEST_STARTS_JS = ("() => { document.body.dataset.requests = "
+                     "String(Number(document.body.dataset.requests || 0) + 1); }")
+REQUEST_ENDS_JS = ("() => { document.body.dataset.requests = "
+                   "String(Math.max(0, Number(document.body.dataset.requests || 0) - 1)); }")
 # At Generate: a Stop's line goes (it described the stopped request; a finished one's line stays until the
 # new one's), and no Stop is heard yet.
 NEW_REQUEST_JS = "(s) => [(typeof s === 'string' && s.startsWith('**Stopped')) ? '' : s, '']"

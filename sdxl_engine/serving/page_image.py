@@ -14,7 +14,9 @@ from sdxl_engine.engine.contract import EngineContract
 from sdxl_engine.engine.image_upscale import IMAGE_UPSCALERS
 from sdxl_engine.engine.validation import DEFAULT_IMAGE_UPSCALER
 from sdxl_engine.serving import guard, image_input
-from sdxl_engine.serving.page import REFINER_MIN, REFINER_OFF, outpaint_default, page_event
+from sdxl_engine.serving.page import REFINER_MIN, REFINER_OFF, outpaint_default, page_event, size_choices
+
+BRUSH_SHARE = 16  # the brush's radius: the model's native size (its default size's shorter side) over this
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +56,23 @@ def refiner_slider(config: EngineConfig) -> gr.Slider:
                      "1 = no refiner)", elem_id="refiner-switch")
 
 
+def brush_radius(engine: EngineContract | None) -> int | None:
+    """The image editor's brush and eraser radius, in the picture's pixels: the model's native size (the default
+    size's shorter side) over :data:`BRUSH_SHARE` (4 px for tiny-shapes' 64, 64 px for SDXL's 1024), so a dab covers
+    a like share of a picture at the model's size. Gradio's "auto" is a fixed 25 px, whose circle covered about
+    80 % of a 64 x 64 picture. None until the engine is ready (the page's refresh sets it then)."""
+    width, height = (int(side) for side in size_choices(engine)[1].split("x"))
+    return max(1, round(min(width, height) / BRUSH_SHARE)) if width and height else None
+
+
+def editor_tools(engine: EngineContract | None) -> dict:
+    """The ``brush`` and ``eraser`` of the image editor (gr.ImageMask's black, fixed-colour brush) at
+    :func:`brush_radius`; Gradio's own size ("auto") until the engine is ready."""
+    radius = brush_radius(engine) or "auto"
+    return dict(brush=gr.Brush(default_size=radius, colors=["#000000"], color_mode="fixed"),
+                eraser=gr.Eraser(default_size=radius))
+
+
 def image_section(config: EngineConfig, engine: EngineContract | None, refiner_switch: gr.Slider) -> ImageSection:
     """Image to image, inpainting, outpainting, in a closed accordion (text to image looks as it did), placed where
     it is called inside the page's Blocks. Its own button and event (handler.image_function); the prompt and settings
@@ -64,7 +83,8 @@ def image_section(config: EngineConfig, engine: EngineContract | None, refiner_s
                     "stretched to its shape); it is deleted from the server after its request.",
                     elem_id="img2img-note")
         init_image = gr.ImageMask(label="Picture", type="filepath", sources=["upload", "clipboard"], image_mode="RGB",
-                                  layers=False, transforms=(), height=320, elem_id="init-image")
+                                  layers=False, transforms=(), height=320, elem_id="init-image",
+                                  **editor_tools(engine))
         image_mode = gr.Radio(list(image_input.MODES), value=image_input.IMG2IMG, label="Mode", elem_id="img2img-mode")
         strength = gr.Slider(0.01, 1.0, value=image_input.DEFAULT_STRENGTH[image_input.IMG2IMG], step=0.01,
                              label="Strength (how much changes: 1 = from noise)", elem_id="strength")

@@ -20,6 +20,26 @@ def test_missing_model_directory_gives_clear_error(tmp_path):
         load_model(str(tmp_path), dtype="auto", platform="cpu", cache_dir=str(tmp_path))
 
 
+def test_a_refiner_that_does_not_load_is_named_by_its_setting(tmp_path):
+    """The refiner loads through load_model too: its errors name --refiner and the refiner's weights, never
+    --model and the base's (issue #47: `app.py --refiner nonexistent` told the user to fix --model)."""
+    (tmp_path / "refiner.ckpt").write_bytes(b"")
+    (tmp_path / "empty").mkdir()
+    hint = "use the hub id (--refiner stabilityai/stable-diffusion-xl-refiner-1.0)"
+    cases = [("nonexistent", "", "--refiner 'nonexistent' is neither a built-in name, an existing directory nor "
+                                 "a hub id. Real SDXL needs its weights: on a machine that reaches the Hugging Face "
+                                 "Hub " + hint),
+             (str(tmp_path / "empty"), "", f"--refiner {tmp_path / 'empty'}: not a diffusers-format model"),
+             (str(tmp_path / "refiner.ckpt"), "", "single files load: --refiner FILE.safetensors"),
+             ("./missing.safetensors", "", "--refiner ./missing.safetensors: no such file"),
+             ("sdxl-base-random", str(tmp_path), "--refiner-config apply to models read from files")]
+    for refiner, refiner_config, expected in cases:
+        with pytest.raises(ModelLoadError) as err:
+            load_model(refiner, dtype="auto", platform="cpu", cache_dir=str(tmp_path), flag="--refiner",
+                       model_config=refiner_config)
+        assert expected in str(err.value) and "--model" not in str(err.value), str(err.value)
+
+
 # ---- what a model's files declare (ModelKind): a refiner and an inpainting UNet load as what they are ----
 import json  # noqa: E402
 import shutil  # noqa: E402

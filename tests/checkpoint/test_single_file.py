@@ -190,8 +190,8 @@ def test_model_config_must_be_a_folder_and_only_for_single_files(tmp_path):
 def test_hub_files_offline_say_so(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    with pytest.raises(ModelLoadError, match=r"could not get single file 'someone/sdxl-finetune/model.safetensors' "
-                                             r"from the hub .*\(offline mode: HF_HUB_OFFLINE is set\)"):
+    with pytest.raises(ModelLoadError, match=r"could not get the --model single file "
+                                             r"'someone/sdxl-finetune/model.safetensors' from the hub .*\(offline mode: HF_HUB_OFFLINE is set\)"):
         load_model("someone/sdxl-finetune/model.safetensors", **LOAD)
     # The shipped configs have no CLIP vocabulary: it comes from SDXL base's repository (here one not cached).
     monkeypatch.setattr(loading, "SDXL_BASE_REPO", "nobody/not-cached")
@@ -231,7 +231,7 @@ def test_a_refiner_file_and_base_configs_do_not_mix():
     """A refiner file with a base model's configs, or a base file with a refiner's, is one line naming both and
     the setting to change (before any tensor is read)."""
     with pytest.raises(ModelLoadError) as err:
-        load_model(str(SGM), model_config=str(TINY_REFINER), config_flag="--refiner-config", **LOAD)
+        load_model(str(SGM), model_config=str(TINY_REFINER), flag="--refiner", **LOAD)
     assert str(err.value) == (
         f"{SGM} is an SDXL base-type single file (model.diffusion_model.*, first_stage_model.*, "
         "conditioner.embedders.0.transformer.*, conditioner.embedders.1.model.*), but the configs of tiny-pt-refiner "
@@ -251,7 +251,7 @@ def test_a_refiner_file_without_configs_reads_the_refiner_repos(tmp_path, monkey
     with pytest.raises(ModelLoadError, match=r"^an SDXL refiner single file needs the refiner's configs, and "
                                              r"nobody/not-cached's could not be read \(\w+, offline mode\): pass "
                                              r"--refiner-config DIR, a diffusers SDXL refiner folder"):
-        load_model(str(REFINER_FILE), config_flag="--refiner-config", **LOAD)
+        load_model(str(REFINER_FILE), flag="--refiner", **LOAD)
 
 
 # --- swapped parts -------------------------------------------------------------------------------------------

@@ -259,7 +259,7 @@ def test_the_single_file_refiner_refines_as_its_folder(program, models, referenc
 
     base, params = models
     single = load_model(str(REFINER_FILE), dtype="float32", platform="cpu", cache_dir="unused",
-                        model_config=str(REFINER), config_flag="--refiner-config")
+                        model_config=str(REFINER), flag="--refiner")
     check_refiner(base, single)
     swapped = {**params, "refiner": {k: single.params[k] for k in ("text_encoder_2", "unet")}}
     for case in ("euler_08", "euler_065_negative"):

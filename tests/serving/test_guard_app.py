@@ -95,6 +95,30 @@ def test_loopback_origin_still_allowed(app_server):
     assert response.headers.get("access-control-allow-origin") == origin
 
 
+def test_another_sites_page_cannot_drive_gradios_routes(app_server):
+    """Issue #47: ``POST /gradio_api/call/generate`` with only a foreign Origin was queued (200) while /sdapi, /v1
+    and MCP answered 403. Now every state-changing route refuses it alike (403, one log line, nothing queued);
+    the page itself (its own Origin) and gradio_client or curl (no Origin) still call."""
+    start = len(app_server.log)
+    call = {"data": ["a red circle", "", 1, 5.0, 2, 0, 0, "(No style)", "Euler"]}
+    own = app_server.url.rstrip("/")
+    for path, body in (("gradio_api/call/generate", call), ("gradio_api/queue/join", {**call, "fn_index": 0}),
+                       ("sdapi/v1/interrupt", {}), ("gradio_api/mcp/", {})):
+        for origin in ("http://evil.example", "null"):
+            response = httpx.post(app_server.url + path, json=body, headers={"Origin": origin}, timeout=30)
+            assert response.status_code == 403, (path, origin, response.status_code, response.text)
+            assert "requests from another site's page are refused" in response.text
+    log = log_barrier(app_server, start)
+    assert log.count("requests from another site's page are refused") == 8 and "Traceback" not in log
+    assert ("[app] refused POST '/gradio_api/call/generate': requests from another site's page are refused "
+            "(Origin: http://evil.example is not this server)") in log
+    for headers in ({"Origin": own}, {"Origin": own, "Sec-Fetch-Site": "same-origin"}, {}):
+        response = httpx.post(app_server.url + "gradio_api/call/generate", json=call, headers=headers, timeout=30)
+        assert response.status_code == 200, (headers, response.text)
+        answer = httpx.get(app_server.url + f"gradio_api/call/generate/{response.json()['event_id']}", timeout=60)
+        assert "event: complete" in answer.text, (headers, answer.text[-300:])
+
+
 def png_bytes(size: int = 8, noise: bool = False) -> bytes:
     import io
 
@@ -156,6 +180,31 @@ def test_uploads_take_images_only_and_are_never_served(app_server):
     assert not Path(path).exists()
     assert get(app_server, f"/gradio_api/file={path}").status_code == 404
     assert httpx.get(app_server.url + "gradio_api/info", timeout=30).status_code == 200
+
+
+def test_a_client_that_leaves_mid_upload_is_one_log_line(app_server):
+    """Issue #47: a browser that drops an upload (a closed tab, a cancelled request) left a starlette ClientDisconnect
+    traceback in the server log. Now: one line, and the server answers as before."""
+    import socket
+    from urllib.parse import urlsplit
+
+    start = len(app_server.log)
+    head = (b"--b\r\nContent-Disposition: form-data; name=\"files\"; filename=\"background.png\"\r\n"
+            b"Content-Type: image/png\r\n\r\n" + png_bytes(64, noise=True)[:2000])
+    url = urlsplit(app_server.url)
+    with socket.create_connection((url.hostname, url.port), timeout=30) as connection:
+        connection.sendall(b"POST /gradio_api/upload HTTP/1.1\r\nHost: " + url.netloc.encode() + b"\r\n"
+                           b"Content-Type: multipart/form-data; boundary=b\r\nContent-Length: 100000\r\n\r\n" + head)
+        time.sleep(0.3)  # the server is reading the body when the client leaves
+    deadline = time.monotonic() + 30
+    while not any("upload cancelled" in line for line in app_server.log[start:]):
+        assert time.monotonic() < deadline, "".join(app_server.log[start:])
+        time.sleep(0.05)
+    log = log_barrier(app_server, start)
+    assert log.count("[app] upload cancelled: the client left before its body arrived (/gradio_api/upload)") == 1
+    assert "Traceback" not in log and "ClientDisconnect" not in log, log
+    response = httpx.post(app_server.url + "gradio_api/upload", files={"files": ("in.png", png_bytes())}, timeout=30)
+    assert response.status_code == 200
 
 
 def test_the_other_upload_routes_are_off_and_bodies_are_capped(app_server):

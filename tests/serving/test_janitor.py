@@ -15,6 +15,7 @@ class FakeDemo:
         self.GRADIO_CACHE = str(root)
         self.blocks = {}
         self.temp_file_sets = [set(), set()]
+        self.upload_file_set = set()  # Gradio's is temp_file_sets[0]; apart here, so the sets above hold app files
 
 
 def make(root: Path, name: str, size: int) -> str:
@@ -65,3 +66,27 @@ def test_sweep_deletes_oldest_first_down_to_the_cap_and_never_young_files(tmp_pa
     assert janitor.sweep(now=now) == (3, 3000) and all(Path(p).exists() for p in young)
     assert janitor.sweep(now=young_times[-1] + keep_s + 1) == (3, 0) and tmp_path.exists()
     assert not any(Path(p).exists() for p in young)
+
+
+def test_uploads_no_request_took_go_after_keep_s_whatever_the_size(tmp_path):
+    """The image event leaves an upload the editor sent again meanwhile (guard.UploadFiles), and the editor's copies
+    sent while a stroke is drawn are named by no request: they go after keep_s even far under the cap, unless
+    uploaded again since (the same bytes, the same path) or while an upload is being written."""
+    from sdxl_engine.engine.contract import clock
+    from sdxl_engine.serving import guard
+    from sdxl_engine.serving import janitor as serving
+
+    demo = FakeDemo(tmp_path)
+    (old, again, busy), times = make_in_order(tmp_path, ["u1/background.png", "u2/composite.png", "u3/layer_0.png"],
+                                              100)
+    young, _ = make_in_order(tmp_path, ["u4/background.png"], 100, os.stat(busy).st_ctime_ns)
+    demo.upload_file_set.update([old, again, busy, *young])
+    keep_s = 100.0
+    now = times[-1] + keep_s + 0.5 * GAP_NS / 1e9  # the three first are keep_s old, the young one not yet
+    guard.UPLOADS.uploaded([again], now=clock())  # the editor sent the same bytes again just now
+    janitor = serving.TempJanitor(demo, max_bytes=1e9, keep_s=keep_s)
+    with guard.UPLOADS.writing():  # an upload being written: nothing is taken
+        assert janitor.expire_uploads(now) == 0
+    assert janitor.expire_uploads(now) == 2
+    assert not Path(old).exists() and not Path(busy).exists() and not (tmp_path / "u1").exists()
+    assert Path(again).exists() and Path(young[0]).exists()

@@ -185,16 +185,18 @@ def test_startup_failure_exits_non_zero_with_one_clear_line(tmp_path):
     corrupt = tmp_path / "corrupt"
     corrupt.mkdir()
     (corrupt / "model_index.json").write_text("{not json")
-    cases = {str(tmp_path / "missing"): "is neither a built-in name, an existing directory nor a hub id",
-             str(corrupt): "model_index.json: not readable JSON"}
-    procs = {model: subprocess.Popen(
-        [sys.executable, str(ROOT / "app.py"), "--port", str(free_port()), "--model", model], cwd=ROOT,
+    # The refiner loads after the model: its error names --refiner, not --model (issue #47).
+    cases = {("--model", str(tmp_path / "missing")): "is neither a built-in name, an existing directory nor a hub id",
+             ("--model", str(corrupt)): "model_index.json: not readable JSON",
+             ("--refiner", "nonexistent"): "ModelLoadError: --refiner 'nonexistent' is neither a built-in name"}
+    procs = {args: subprocess.Popen(
+        [sys.executable, str(ROOT / "app.py"), "--port", str(free_port()), *args], cwd=ROOT,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={"GRADIO_ANALYTICS_ENABLED": "False",
                                                                        "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
-        for model in cases}
-    for model, expected in cases.items():
-        out, err = procs[model].communicate(timeout=240)
-        assert procs[model].returncode == 1, (out, err)
+        for args in cases}
+    for args, expected in cases.items():
+        out, err = procs[args].communicate(timeout=240)
+        assert procs[args].returncode == 1, (out, err)
         errors = [line for line in (out + err).splitlines() if line.startswith("error:")]
         assert len(errors) == 1 and "the engine failed to start: ModelLoadError" in errors[0] and expected in errors[0]
         assert "Traceback" not in out + err

@@ -28,6 +28,7 @@ from fastapi.responses import JSONResponse
 from sdxl_engine.serving import gradio_internals
 from sdxl_engine.serving.apis import a1111, openai_images
 from sdxl_engine.serving.apis.core import ApiError, FileTokens
+from sdxl_engine.serving.guard import PROTOCOL_PREFIXES, SAFE_METHODS, cross_site_refusal
 
 MCP_PATH = "/gradio_api/mcp"
 
@@ -101,9 +102,10 @@ def loras_of(engine):
 
 
 def mount(app, demo, service, access: Access, flags: dict, log=print) -> None:
-    """Add the protocol routes to Gradio's ``app``, their key check, the cross-site refusal
-    (:class:`CrossSiteGuard`, for every route), and shape its MCP tool results (server.serve's ``on_launch``:
-    before the server listens). The routes generate through ``service`` (service.RequestService).
+    """Add the protocol routes to Gradio's ``app``, their key check, their cross-site refusal
+    (:class:`CrossSiteGuard`; guard.Guard refuses the same on every other route), and shape its MCP tool
+    results (server.serve's ``on_launch``: before the server listens). The routes generate through ``service``
+    (service.RequestService).
 
     The routes go after Gradio's own (none of which starts with ``/sdapi`` or ``/v1``). With the
     APIs off, both prefixes answer 403 with the reason, in each protocol's error shape.
@@ -149,52 +151,24 @@ class KeyGuard:
         return await self.app(scope, receive, send)
 
 
-SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-
-
-def cross_site_refusal(method: str, headers, check_origin: bool = True) -> str | None:
-    """Why a request with ``method`` and ``headers`` (lower-case names) looks sent by another site's page,
-    or None. Browsers send ``Sec-Fetch-Site`` with every request (``cross-site``, ``same-site``,
-    ``same-origin``, ``none`` for one the user typed) and ``Origin`` with every POST; scripts and API
-    clients send neither (or their own Origin). Only state-changing methods are checked: a form another
-    site posts needs no CORS preflight, so without this any page a user visits could interrupt or start
-    their requests. ``check_origin``: also refuse an ``Origin`` that is not this server's ``Host`` (the
-    protocol routes; Gradio's own routes are checked by ``Sec-Fetch-Site`` only, which a proxy or a share
-    tunnel that rewrites ``Host`` leaves intact).
-    """
-    if method.upper() in SAFE_METHODS:
-        return None
-    site = (headers.get("sec-fetch-site") or "").lower()
-    if site in ("cross-site", "same-site"):
-        return f"requests from another site's page are refused (Sec-Fetch-Site: {site})"
-    origin = (headers.get("origin") or "").strip()
-    if check_origin and origin:
-        host = origin.split("://", 1)[-1].rstrip("/").lower()
-        if origin == "null" or host != (headers.get("host") or "").lower():
-            return f"requests from another site's page are refused (Origin: {origin} is not this server)"
-    return None
-
-
 class CrossSiteGuard:
-    """ASGI middleware: a state-changing request (POST ...) that a browser says comes from another site's
-    page (:func:`cross_site_refusal`; the protocol routes also by its Origin) is a 403, in the protocol's
-    error shape under ``/sdapi`` and ``/v1``, before any route runs. API clients (webuiapi, openai, curl,
-    gradio_client, MCP SDKs) send no such headers; the page's own requests are same-origin."""
+    """ASGI middleware: a state-changing request (POST ...) to ``/sdapi`` or ``/v1`` that looks sent by another
+    site's page (guard.cross_site_refusal: the rule of every route) is a 403 in the protocol's error shape,
+    before any route runs. Every other path (Gradio's routes, MCP) is the HTTP guard's (guard.Guard), by the same
+    rule. API clients (webuiapi, openai, curl) send no browser headers; the page's own requests are same-origin."""
 
     def __init__(self, app):
         self.app = app
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope.get("method", "GET").upper() not in SAFE_METHODS:
-            path = scope.get("path", "")
-            protocol = path.startswith((a1111.PREFIX + "/", openai_images.PREFIX + "/", MCP_PATH))
+        if scope["type"] == "http" and scope.get("method", "GET").upper() not in SAFE_METHODS \
+                and scope.get("path", "").startswith(PROTOCOL_PREFIXES):
+            path = scope["path"]
             headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers") or []}
-            if (reason := cross_site_refusal(scope["method"], headers, check_origin=protocol)) is not None:
+            if (reason := cross_site_refusal(scope["method"], headers)) is not None:
                 print(f"[app] request refused: {scope['method']} {path}: {reason}", flush=True)
                 err = ApiError(403, reason)
-                response = a1111.a1111_error(err) if path.startswith(a1111.PREFIX) \
-                    else openai_images.openai_error(err) if path.startswith(openai_images.PREFIX) \
-                    else JSONResponse({"detail": reason}, status_code=403)
+                response = a1111.a1111_error(err) if path.startswith("/sdapi/") else openai_images.openai_error(err)
                 return await response(scope, receive, send)
         return await self.app(scope, receive, send)
 

@@ -240,6 +240,35 @@ def ignored_warnings(body: Txt2Img, options: dict, table: tuple = IGNORED) -> li
     return warnings
 
 
+CONTROLNET = "controlnet"  # sd-webui-controlnet's script, as A1111 finds an alwayson script: by title, any case
+# How sd-webui-controlnet's unit model (pydantic) reads an ``enabled`` that turns a unit off.
+UNIT_OFF = (False, "0", "false", "off", "no", "n", "f")
+
+
+def refuse_controlnet_units(body: Txt2Img) -> None:
+    """Refuse a request whose ``alwayson_scripts`` holds an enabled ControlNet unit: ApiError 422 naming
+    ``alwayson_scripts.<script>.args[<i>]``. sd-webui-controlnet runs every unit whose ``enabled`` is true or
+    absent; this server has no ControlNet, so its images would ignore the control image, which a warning in
+    ``info`` does not make right. Units with ``enabled: false``, an empty or absent ``args`` and other scripts
+    change nothing and pass (named among the fields not honoured, :func:`ignored_warnings`)."""
+    scripts = (body.model_extra or {}).get("alwayson_scripts")
+    for name, script in (scripts.items() if isinstance(scripts, dict) else ()):
+        if str(name).strip().lower() != CONTROLNET:
+            continue
+        field = f"alwayson_scripts.{name}.args"
+        units = script.get("args") if isinstance(script, dict) else script
+        if units is None:
+            continue
+        if not isinstance(units, list):
+            raise ApiError(422, f"{field}: expected a list of ControlNet units, got {_short(units)}", field)
+        for i, unit in enumerate(units):
+            enabled = unit.get("enabled", True) if isinstance(unit, dict) else True
+            if not (enabled in UNIT_OFF or isinstance(enabled, str) and enabled.strip().lower() in UNIT_OFF):
+                raise ApiError(422, f"{field}[{i}]: this server has no ControlNet, so it cannot run an enabled "
+                                    "ControlNet unit (its images would ignore the control image); send the request "
+                                    'without it, or with "enabled": false', f"{field}[{i}]")
+
+
 def _at_default(value, defaults: tuple) -> bool:
     return any(type(value) is type(d) and value == d or value is None and d is None
                or isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -610,6 +639,7 @@ def router(service: RequestService, flags: dict, loras) -> APIRouter:
         try:
             if engine.error is not None:
                 raise ApiError(503, f"the engine failed to start: {engine.error}")
+            refuse_controlnet_units(body)  # before any image is decoded
             call, more = await asyncio.to_thread(make_call)
         except ApiError as err:
             print(f"[app] request refused: /sdapi/v1/{route}: {err.message}", flush=True)

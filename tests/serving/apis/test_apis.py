@@ -521,6 +521,38 @@ def test_a1111_fields_not_honoured_are_named_in_info_warnings_and_one_log_line(s
                             if warned else []) + ["engine note"]
 
 
+@pytest.mark.parametrize("scripts, field", [
+    ({"controlnet": {"args": [{"module": "canny", "model": "control_v11p_sd15_canny", "image": "aGk="}]}},
+     "alwayson_scripts.controlnet.args[0]"),  # enabled absent: sd-webui-controlnet runs the unit
+    ({"ControlNet": {"args": [{"enabled": False}, {"enabled": True, "module": "depth"}]}},
+     "alwayson_scripts.ControlNet.args[1]"),
+    ({"controlnet": {"args": [{"enabled": "true"}]}}, "alwayson_scripts.controlnet.args[0]"),
+])
+def test_a1111_an_enabled_controlnet_unit_is_refused_naming_it(served, scripts, field):
+    """Issue #47: an enabled ControlNet unit was served with a warning, images that ignore its control image. It is
+    A1111's 422 naming the unit (txt2img and img2img, before any image is decoded), one log line, nothing run."""
+    client, calls, lines = served
+    for route, extra in (("txt2img", {}), ("img2img", {"init_images": ["not an image"]})):
+        response = client.post(f"/sdapi/v1/{route}", json={"prompt": "x", "alwayson_scripts": scripts, **extra})
+        message = (f"{field}: this server has no ControlNet, so it cannot run an enabled ControlNet unit (its images "
+                   'would ignore the control image); send the request without it, or with "enabled": false')
+        assert response.status_code == 422 and response.json() == {"error": "InvalidRequest", "detail": message,
+                                                                   "body": "", "errors": message}
+        assert lines == [f"[app] request refused: /sdapi/v1/{route}: {message}"] and calls == []
+        lines.clear()
+
+
+def test_a1111_disabled_controlnet_units_and_empty_args_still_run_with_the_warning(served):
+    client, calls, lines = served
+    for scripts in ({"controlnet": {"args": [{"enabled": False, "module": "canny"}, {"enabled": "false"}]}},
+                    {"ControlNet": {"args": []}}, {"controlnet": {}}, {"ADetailer": {"args": [{"ad_model": "x"}]}}):
+        response = client.post("/sdapi/v1/txt2img", json={"prompt": "x", "alwayson_scripts": scripts})
+        warnings = json.loads(response.json()["info"])["warnings"]
+        assert response.status_code == 200 and warnings[0].startswith("alwayson_scripts=") \
+            and warnings[0].endswith("ignored: no scripts or extensions here (ControlNet, ADetailer...): they did not run")
+    assert len(calls) == 4
+
+
 @pytest.mark.parametrize("scheduler, sampler", [("N/A", "Euler a"), ("", "Euler a"), ("whatever", "Euler a"),
                                                ("automatic", "Euler a")])
 def test_a1111_unknown_scheduler_names_are_automatic_as_in_a1111(scheduler, sampler):
