@@ -5,6 +5,7 @@ free port, a quick request and the check that an app serves it, a held generatio
 tests/conftest.py."""
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -15,6 +16,19 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
+
+
+# One line of the app's log (serving.logs): ISO time with milliseconds and offset, level, logger, message.
+LOG_LINE = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}[+-]\d\d:\d\d) (DEBUG|INFO|WARNING|ERROR|CRITICAL) "
+                      r"([\w.]+): (.*)")
+
+
+def log_message(line: str) -> str:
+    """The message of a line of the app's log, without its time, level and logger; another line (an ``error:``
+    line, a library's own output) as it is. Without the line's end."""
+    line = line.rstrip("\n")
+    match = LOG_LINE.fullmatch(line)
+    return match[4] if match else line
 
 
 class Hold:
