@@ -183,10 +183,11 @@ class FullDiskFile:
         self.f.close()
 
 
-def mounted_apis(monkeypatch, tmp_path, limits, pngs_for, info_for):
+def mounted_apis(monkeypatch, tmp_path, limits, pngs_for, info_for, lines: list[str]):
     """The protocol APIs (serving.apis.mount) on a FastAPI app with ``core.generate`` replaced: each call's seeds
     are 7, 8, ...; ``pngs_for(call, seeds)`` gives its PNG bytes (written under ``tmp_path``) and ``info_for(call,
-    seeds)`` its info record. Returns (TestClient, the calls, the lines printed)."""
+    seeds)`` its info record. ``lines``: the messages logged (conftest's ``runtime_log``). Returns (TestClient,
+    the calls, ``lines``)."""
     import types
 
     from fastapi import FastAPI
@@ -216,6 +217,4 @@ def mounted_apis(monkeypatch, tmp_path, limits, pngs_for, info_for):
     app = FastAPI()
     mount(app, None, types.SimpleNamespace(engine=engine), access_for("", share=False, public_api=False), {},
           log=lambda line: None)
-    lines = []
-    monkeypatch.setattr("builtins.print", lambda *args, **kwargs: lines.append(" ".join(map(str, args))))
     return TestClient(app), calls, lines
