@@ -19,14 +19,17 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import logging
 import os
 import re
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 # No JAX here (apply_jax_options imports it): the process checks its settings with this module before
 # the heavy imports, so a malformed one ends the start at once (serving/main.py).
 from sdxl_engine.program.schedulers import UnknownSampler, get_sampler
+
+LOG = logging.getLogger(__name__)
 
 ENV_PREFIX = "SDXL_"
 DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "sdxl_engine"
@@ -464,12 +467,14 @@ def plan_jax_options(config: EngineConfig,
     return plan, notes
 
 
-def apply_jax_options(config: EngineConfig, environ: Mapping[str, str] | None = None, log=print) -> str:
+def apply_jax_options(config: EngineConfig, environ: Mapping[str, str] | None = None,
+                      log: Callable[[str], None] | None = None) -> str:
     """Set the JAX options that only work before JAX's first array (see :func:`plan_jax_options`).
 
     Logs one line per option that JAX's own environment variable decides instead. An
     unwritable cache directory (the engine's or JAX_COMPILATION_CACHE_DIR's) logs a warning and
-    leaves the cache off. Calling it again with the same values is a no-op.
+    leaves the cache off. Calling it again with the same values is a no-op. ``log``: where the lines
+    go (tests collect them); None: this module's logger, each line at its level.
 
     Returns:
         the compilation cache directory in use ("" = none).
@@ -481,13 +486,14 @@ def apply_jax_options(config: EngineConfig, environ: Mapping[str, str] | None = 
     wanted = {**plan, "cache": cache_dir}
     if _applied.get("wanted") == wanted:
         return _applied["cache"]
+    info, warn = log or LOG.info, log or LOG.warning
     for note in notes:
-        log(note)
+        info(note)
     if not _applied and "jax_num_cpu_devices" in plan:
         try:
             jax.config.update("jax_num_cpu_devices", plan["jax_num_cpu_devices"])
         except RuntimeError:  # something ran a JAX operation first: keep what the backend has
-            log(f"[sdxl_engine] warning: JAX was initialised before the engine; cpu_devices={config.cpu_devices} "
+            warn(f"[sdxl_engine] warning: JAX was initialised before the engine; cpu_devices={config.cpu_devices} "
                 f"not applied ({len(jax.devices())} devices)")
     if cache_dir:
         try:
@@ -496,7 +502,7 @@ def apply_jax_options(config: EngineConfig, environ: Mapping[str, str] | None = 
             probe.write_text("ok")
             probe.unlink()
         except OSError as err:
-            log(f"[sdxl_engine] warning: compile cache {cache_dir!r} is not writable ({err}); running without it")
+            warn(f"[sdxl_engine] warning: compile cache {cache_dir!r} is not writable ({err}); running without it")
             cache_dir = ""
             jax.config.update("jax_compilation_cache_dir", None)
     if cache_dir:

@@ -7,6 +7,7 @@ of its own). Every app the tests start inherits them.
 """
 
 import atexit
+import logging
 import os
 import shutil
 import sys
@@ -134,3 +135,26 @@ def app_server():
     app = RunningApp(env=TRUST_LOOPBACK)  # the load test's clients have their own addresses (tools/loadtest.py)
     yield app
     app.stop()
+
+
+class _Lines(logging.Handler):
+    """A handler that keeps each record's message in a list."""
+
+    def __init__(self, lines: list[str]):
+        super().__init__()
+        self.lines = lines
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+@pytest.fixture
+def runtime_log(caplog):
+    """The messages the runtime logs while the test runs (its ``sdxl_engine.*`` loggers, INFO and up), in order:
+    a list, filled as they are logged (no handler is configured in the test process: serving.logs is the app's)."""
+    caplog.set_level(logging.INFO, logger="sdxl_engine")  # put back at the test's end
+    lines: list[str] = []
+    handler, logger = _Lines(lines), logging.getLogger("sdxl_engine")
+    logger.addHandler(handler)
+    yield lines
+    logger.removeHandler(handler)

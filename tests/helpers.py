@@ -5,6 +5,7 @@ free port, a quick request and the check that an app serves it, a held generatio
 tests/conftest.py."""
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -15,6 +16,19 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
+
+
+# One line of the app's log (serving.logs): ISO time with milliseconds and offset, level, logger, message.
+LOG_LINE = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}[+-]\d\d:\d\d) (DEBUG|INFO|WARNING|ERROR|CRITICAL) "
+                      r"([\w.]+): (.*)")
+
+
+def log_message(line: str) -> str:
+    """The message of a line of the app's log, without its time, level and logger; another line (an ``error:``
+    line, a library's own output) as it is. Without the line's end."""
+    line = line.rstrip("\n")
+    match = LOG_LINE.fullmatch(line)
+    return match[4] if match else line
 
 
 class Hold:
@@ -169,10 +183,11 @@ class FullDiskFile:
         self.f.close()
 
 
-def mounted_apis(monkeypatch, tmp_path, limits, pngs_for, info_for):
+def mounted_apis(monkeypatch, tmp_path, limits, pngs_for, info_for, lines: list[str]):
     """The protocol APIs (serving.apis.mount) on a FastAPI app with ``core.generate`` replaced: each call's seeds
     are 7, 8, ...; ``pngs_for(call, seeds)`` gives its PNG bytes (written under ``tmp_path``) and ``info_for(call,
-    seeds)`` its info record. Returns (TestClient, the calls, the lines printed)."""
+    seeds)`` its info record. ``lines``: the messages logged (conftest's ``runtime_log``). Returns (TestClient,
+    the calls, ``lines``)."""
     import types
 
     from fastapi import FastAPI
@@ -202,6 +217,4 @@ def mounted_apis(monkeypatch, tmp_path, limits, pngs_for, info_for):
     app = FastAPI()
     mount(app, None, types.SimpleNamespace(engine=engine), access_for("", share=False, public_api=False), {},
           log=lambda line: None)
-    lines = []
-    monkeypatch.setattr("builtins.print", lambda *args, **kwargs: lines.append(" ".join(map(str, args))))
     return TestClient(app), calls, lines

@@ -27,7 +27,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from sdxl_engine.config import EngineConfig
-from sdxl_engine.serving import server
+from sdxl_engine.serving import logs, server
 
 
 def ready_engine(config: EngineConfig) -> SimpleNamespace:
@@ -131,5 +131,6 @@ def page(port: int, folder: Path) -> int:
 
 
 if __name__ == "__main__":
+    logs.configure()  # as python app.py does (serving.main.prepare): serve's lines on stderr, one per record
     mode, port = sys.argv[1], int(sys.argv[2])
     sys.exit(stops(port, int(sys.argv[3])) if mode == "stops" else page(port, Path(sys.argv[3])))

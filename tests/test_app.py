@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.helpers import FIXTURES
+from tests.helpers import FIXTURES, log_message
 
 pytestmark = pytest.mark.e2e
 
@@ -95,7 +95,7 @@ def test_a_refused_request_logs_one_line_and_a_good_one_none(app_server):
             call(app_server, prompt="\u200d")
 
     lines = new_log_lines(app_server, refused)
-    assert len(lines) == 1 and lines[0].startswith("[app] request refused: prompt: is empty"), lines
+    assert len(lines) == 1 and log_message(lines[0]).startswith("[app] request refused: prompt: is empty"), lines
     assert new_log_lines(app_server, lambda: call(app_server, prompt="a red circle", num_inference_steps=2)) == []
 
 

@@ -59,7 +59,7 @@ def test_jax_own_variables_win_and_say_so(environ, expected, note):
 def test_engine_start_honours_jax_variables(tmp_path):
     """In a fresh process: XLA_FLAGS' device count and JAX_COMPILATION_CACHE_DIR are what JAX uses."""
     code = ("import jax; from sdxl_engine.config import EngineConfig, apply_jax_options; "
-            "d = apply_jax_options(EngineConfig.load()); print(len(jax.devices()), d)")
+            "d = apply_jax_options(EngineConfig.load(), log=print); print(len(jax.devices()), d)")
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "SDXL_CPU_DEVICES": "4",
            "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "jax-own"), "SDXL_COMPILE_CACHE_DIR": str(tmp_path / "ours")}
     env.pop("JAX_NUM_CPU_DEVICES", None)

@@ -50,7 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]  # where app.py is
 PAGE_UP = "[app] Running on local URL"
 ENGINE_READY = "[sdxl_engine] ready in"
 REPLICA_READY = re.compile(r"\[sdxl_engine\] Serve replica (\w+) ready \(pid (\d+)\)")
-REPLICA_START = re.compile(r"pid=(\d+)\)\S* \[sdxl_engine\] ready in ([\d.]+) s")
+REPLICA_START = re.compile(r"pid=(\d+)\)\S* .*\[sdxl_engine\] ready in ([\d.]+) s")  # after the time, level, logger
 
 
 class LoadTestError(ValueError):
@@ -375,7 +375,7 @@ def replica_loss(app: ServedApp, clients: int = 4, device_s: float = 2.0, timeou
 def _count_back_s(app: ServedApp, count: int, since: float) -> float | None:
     """Seconds from ``since`` (perf_counter) until the front logged all ``count`` replicas ready again."""
     text = f"[replicas] {count} of {count} replicas ready at"
-    times = [app.started + t for t, line in list(app.lines) if line.startswith(text)]
+    times = [app.started + t for t, line in list(app.lines) if text in line]  # the line starts with its time
     return next((round(t - since, 2) for t in times if t > since), None)
 
 

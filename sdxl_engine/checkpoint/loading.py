@@ -40,7 +40,7 @@ from sdxl_engine.config import ENGINE_DEFAULTS_FILE
 __all__ = ["LoadedModel", "ModelKind", "ModelLoadError", "load_model", "resolve_dtype", "read_model_folder",
            "read_model_kind", "engine_defaults"]
 
-LOG = logging.getLogger("sdxl_engine")
+LOG = logging.getLogger(__name__)
 # model_index.json's _class_name: diffusers' SDXL pipelines. What a model can do is read from its files
 # (ModelKind), not from this name: a base model saved by the img2img pipeline is still a base model.
 PIPELINES = ("StableDiffusionXLPipeline", "FlaxStableDiffusionXLPipeline", "StableDiffusionXLImg2ImgPipeline",

@@ -34,6 +34,7 @@ then each tensor is read memory-mapped in file order, cut or transposed, cast an
 from __future__ import annotations
 
 import dataclasses
+import logging
 import re
 from collections import Counter
 from pathlib import Path
@@ -44,6 +45,8 @@ import numpy as np
 from sdxl_engine.checkpoint.weights import (BUFFERS, ModelLoadError, TensorInfo, _check, _read_safetensors,
                                             module_shape, read_safetensors_header, to_module_layout)
 from sdxl_engine.models import Component
+
+LOG = logging.getLogger(__name__)
 
 __all__ = ["Checkpoint", "Source", "inspect_checkpoint", "load_checkpoint_params", "load_component_file",
            "is_single_file_name"]
@@ -441,7 +444,7 @@ def describe_leftovers(keys: list[str]) -> str:
 
 def load_checkpoint_params(checkpoint: Checkpoint, components: Mapping[str, Component], dtype,
                            place: Callable[[np.ndarray], object] = np.asarray, skip: tuple[str, ...] = (),
-                           log: Callable[[str], None] = print) -> dict[str, dict]:
+                           log: Callable[[str], None] = LOG.info) -> dict[str, dict]:
     """Every component's parameters from an inspected single file (the components in ``skip`` are not read:
     --unet/--vae replace them).
 
@@ -490,7 +493,7 @@ def component_layout(component: Component, keys: list[str]) -> tuple[str, str]:
 
 def load_component_file(component: Component, path: Path, dtype,
                         place: Callable[[np.ndarray], object] = np.asarray,
-                        log: Callable[[str], None] = print) -> dict:
+                        log: Callable[[str], None] = LOG.info) -> dict:
     """One component's parameters from a file of its own (``--unet`` / ``--vae``): diffusers or LDM layout,
     keys with or without the component prefix (``model.diffusion_model.``/``unet.``, ``first_stage_model.``/
     ``vae.``); keys under no such prefix in a prefixed file are named in one log line, not used.

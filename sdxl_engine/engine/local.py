@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 import threading
 import time
@@ -48,6 +49,8 @@ from sdxl_engine.engine.plan import Plan, Planner
 from sdxl_engine.engine.programs import Programs
 from sdxl_engine.engine.steps import StepEvent, StepReceiver, Stopped
 
+LOG = logging.getLogger(__name__)
+
 
 def _no_progress(stage: str) -> None:
     """The default ``progress`` callback of :meth:`Engine.generate`: report nothing."""
@@ -66,10 +69,11 @@ class Engine:
     """Load + compile at :meth:`start`; :meth:`generate` runs one request.
 
     Implements :class:`~sdxl_engine.engine.contract.EngineContract` (what the page may use). Use
-    :func:`get_engine` for the process-wide instance.
+    :func:`get_engine` for the process-wide instance. ``log``: where the start-up lines go (tests collect
+    them); None: the engine's module loggers, each line at its level.
     """
 
-    def __init__(self, config: EngineConfig, log=print):
+    def __init__(self, config: EngineConfig, log: Callable[[str], None] | None = None):
         self.config = config
         self.defaults = config  # set at start: config.resolve_defaults with the model's engine_defaults.json
         # Set at start (None until then): the device mesh, images per request, the loaded model
@@ -81,7 +85,8 @@ class Engine:
         self.limits: Limits | None = None
         self.platform = ""
         self.device_summary = ""  # set at start, e.g. "4 × cpu"
-        self._log = log
+        self._collect = log  # handed on as it is: None lets each module log to its own logger
+        self._log, self._warn = log or LOG.info, log or LOG.warning
         self.programs: Programs | None = None  # set at start: the compiled programs (engine/programs.py)
         self._startup_mode: dict = {}  # the program flags every request of this model needs (start: an inpainting UNet)
         self.planner: Planner | None = None  # set at start, once the model, its LoRAs and the limits are known
@@ -101,7 +106,7 @@ class Engine:
         self.run_times: RunTimes | None = None  # set at start (max_run_seconds): the device-time estimate's figures
         self.memory: MemoryBudget | None = None  # set at start: the memory a request's run may take
         if self._faults:
-            self._log(f"[sdxl_engine] WARNING: {faults.ENV} is on: test-only faults can be triggered by prompts")
+            self._warn(f"[sdxl_engine] WARNING: {faults.ENV} is on: test-only faults can be triggered by prompts")
 
     # ---- start-up -------------------------------------------------------------------------
     def start(self) -> "Engine":
@@ -128,7 +133,7 @@ class Engine:
 
     def _start(self) -> None:
         # 1. JAX options (before JAX's first array), the mesh and the batch.
-        self.compile_cache_dir = config_mod.apply_jax_options(self.config, log=self._log)
+        self.compile_cache_dir = config_mod.apply_jax_options(self.config, log=self._collect)
         if self.compile_cache_dir and self.config.executable_cache:
             self.executables = ExecutableCache(Path(self.compile_cache_dir) / "executables")
         self._log(f"[sdxl_engine] config: {self._config_shown()}")
@@ -150,9 +155,10 @@ class Engine:
         self.model = loading.load_model(self.config.model, dtype=self.config.dtype, platform=self.platform,
                                         revision=self.config.revision, variant=self.config.variant,
                                         cache_dir=self.config.model_cache_dir,
-                                        sharding=sharding.replicated(self.mesh), log=self._log,
-                                        model_config=self.config.model_config, unet=self.config.unet,
-                                        vae=self.config.vae, timestep_spacing=self.config.timestep_spacing)
+                                        sharding=sharding.replicated(self.mesh),
+                                        log=self._collect or loading.LOG.info, model_config=self.config.model_config,
+                                        unet=self.config.unet, vae=self.config.vae,
+                                        timestep_spacing=self.config.timestep_spacing)
         if self.model.kind.refiner:
             raise loading.ModelLoadError(self.model.kind.txt2img_refusal(self.model.name))
         # An inpainting UNet serves masked requests only: its programs are inpainting ones from the start on.
@@ -166,7 +172,7 @@ class Engine:
         self.limits = self._limits(self.defaults)
         self.planner = Planner(self.model, self.config, self.limits, self.batch, self.refiner_loras)
         self.programs = Programs(self.model, self.params, self.mesh, self.batch, self.executables, self.config,
-                                 self.compile_cache_dir, self.limits.sizes, self._log)
+                                 self.compile_cache_dir, self.limits.sizes, self._collect)
         self.latent_rgb = latent_rgb_for(self.model.source, self.model.latent_channels)
 
         # 3. Compile the default size (CFG, the default guidance's mode) ahead of time.
@@ -231,7 +237,7 @@ class Engine:
         t0 = self._stage("loading the refiner onto the devices")
         refiner = loading.load_model(self.config.refiner, dtype=self.model.dtype, platform=self.platform,
                                      variant=self.config.variant, cache_dir=self.config.model_cache_dir,
-                                     sharding=sharding.replicated(self.mesh), log=self._log,
+                                     sharding=sharding.replicated(self.mesh), log=self._collect or loading.LOG.info,
                                      model_config=self.config.refiner_config, flag="--refiner")
         loading.check_refiner(self.model, refiner)
         refiner.params = {name: refiner.params[name] for name in ("text_encoder_2", "unet")}  # the VAE's freed
@@ -602,7 +608,8 @@ _engine: Engine | None = None
 _engine_lock = threading.Lock()
 
 
-def get_engine(config: EngineConfig | None = None, background: bool = False, log=print) -> Engine:
+def get_engine(config: EngineConfig | None = None, background: bool = False,
+               log: Callable[[str], None] | None = None) -> Engine:
     """The process-wide engine, created (and started) on the first call.
 
     Args:

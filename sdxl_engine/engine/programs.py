@@ -5,6 +5,7 @@ dropped. engine/local.py asks it for a plan's program; nothing here plans or run
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import threading
 import time
 from typing import Callable
@@ -18,6 +19,8 @@ from sdxl_engine.program.compiling import CompiledProgram, cache_counts, cached_
 from sdxl_engine.program.executables import ExecutableCache
 from sdxl_engine.program.generate import ProgramShape
 
+LOG = logging.getLogger(__name__)
+
 
 class Programs:
     """The compiled programs of one loaded model on one mesh, by :class:`ProgramShape`.
@@ -25,7 +28,8 @@ class Programs:
     ``model`` (loading.LoadedModel), ``params`` (its parameters on the devices: the shapes and shardings every
     program is compiled for), ``mesh``, ``batch`` (images per request), ``executables`` (the executable cache, or
     None), ``config`` (max_pending_compiles, max_resident_programs), ``compile_cache_dir`` (for the log line),
-    ``sizes`` (the model's size buckets in pixels, whose programs are never dropped), ``log``.
+    ``sizes`` (the model's size buckets in pixels, whose programs are never dropped), ``log`` (where the lines go,
+    tests collect them; None: this module's logger, each line at its level).
 
     Attributes:
         compiled: {ProgramShape: CompiledProgram}, the programs in memory.
@@ -35,10 +39,11 @@ class Programs:
     """
 
     def __init__(self, model, params, mesh, batch: int, executables: ExecutableCache | None, config: EngineConfig,
-                 compile_cache_dir: str, sizes: tuple[tuple[int, int], ...], log=print):
+                 compile_cache_dir: str, sizes: tuple[tuple[int, int], ...],
+                 log: Callable[[str], None] | None = None):
         self.model, self.params, self.mesh, self.batch = model, params, mesh, batch
         self.executables, self.config, self.compile_cache_dir, self.sizes = executables, config, compile_cache_dir, sizes
-        self._log = log
+        self._log, self._warn = log or LOG.info, log or LOG.warning
         self.compiled: dict[ProgramShape, CompiledProgram] = {}
         self.count = 0
         self._compile_lock = threading.Lock()  # one compile at a time (a request's, the background precompile's)
@@ -99,7 +104,7 @@ class Programs:
                 self._log(f"[sdxl_engine] precompiled {len(shapes)} more programs in {time.perf_counter() - t0:.2f} s "
                           "in the background")
             except Exception as err:
-                self._log(f"[sdxl_engine] background precompile stopped: {type(err).__name__}: {err}")
+                self._warn(f"[sdxl_engine] background precompile stopped: {type(err).__name__}: {err}")
             finally:
                 done.set()
 

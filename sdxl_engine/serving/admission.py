@@ -36,6 +36,7 @@ internals here goes through :mod:`.gradio_internals`.
 from __future__ import annotations
 
 import ipaddress
+import logging
 from typing import TYPE_CHECKING, Callable
 
 from fastapi import HTTPException
@@ -44,6 +45,8 @@ from sdxl_engine.serving import gradio_internals
 
 if TYPE_CHECKING:
     from sdxl_engine.serving.gradio_internals import PredictBody, Queue
+
+LOG = logging.getLogger(__name__)
 
 RETRY_AFTER_S = 5  # for a client over its limit: about one generation
 SHUTTING_DOWN = "the server is shutting down; retry in a minute"  # every client's refusal during a stop (the guard's too)
@@ -56,7 +59,7 @@ def over_limit_message(limit: int) -> str:
             f"(max_requests_per_client = {limit}); retry when one has finished")
 
 
-def over_limit(held: int, limit: int, client: str, log=print) -> str | None:
+def over_limit(held: int, limit: int, client: str, log=LOG.info) -> str | None:
     """The refusal when ``client`` already holds ``held`` >= ``limit`` calls (after one log line), else None:
     the one check of the cap, for Gradio's calls (:class:`Admission`) and the protocols' (service.RequestService)."""
     if held < limit:
@@ -81,7 +84,7 @@ class Admission:
             service's protocol requests: service.RequestService.held).
     """
 
-    def __init__(self, queue: Queue, fn_ids, limit: int, closing: Callable[[], bool], log=print,
+    def __init__(self, queue: Queue, fn_ids, limit: int, closing: Callable[[], bool], log=LOG.info,
                  push: Callable | None = None, also_held: Callable[[str], int] | None = None):
         if limit < 1:
             raise ValueError(f"limit must be at least 1, got {limit}")
@@ -97,7 +100,7 @@ class Admission:
 
     @classmethod
     def install(cls, demo, limit: int, closing: Callable[[], bool], api_names=("generate",),
-                log=print, also_held: Callable[[str], int] | None = None) -> "Admission":
+                log=LOG.info, also_held: Callable[[str], int] | None = None) -> "Admission":
         """Wrap the demo's queue's ``push`` for the events named ``api_names``; returns the admission.
 
         Call after ``demo.queue(...)`` (it replaces the queue) and before serving. Off the queue,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import os
 import tempfile
 from pathlib import Path
@@ -15,13 +16,16 @@ from pathlib import Path
 import httpx
 
 from sdxl_engine.config import LORA_NAME, MODEL_DEFAULT_FIELDS, ConfigError, EngineConfig, lora_entries
+from sdxl_engine.serving import logs
 from sdxl_engine.serving.scaleout import Replicas, ScaleOutError, parse_resources
+
+LOG = logging.getLogger(__name__)
 
 # Engine settings whose flag is given once per value (argparse's append); the setting joins them with os.pathsep.
 REPEATED_FLAGS = {"lora": "a LoRA that prompts pick with <lora:NAME:WEIGHT>; repeat the flag for more (env SDXL_LORA: "
                           "NAME=PATH entries separated by os.pathsep; .safetensors only)"}
-SERVER_FLAGS = ("share", "host", "port", "history_secret", "replicas", "ray_address", "ray_app", "replica_resources",
-                "api_key", "public_api", "mcp")  # the last three: the protocol APIs
+SERVER_FLAGS = ("share", "host", "port", "history_secret", "log_level", "replicas", "ray_address", "ray_app",
+                "replica_resources", "api_key", "public_api", "mcp")  # the last three: the protocol APIs
 
 
 def tcp_port(text: str) -> int:
@@ -35,16 +39,26 @@ def tcp_port(text: str) -> int:
     return port
 
 
-def environment_error(environ=os.environ) -> str | None:
-    """Why GRADIO_SERVER_PORT is unusable, or None. Check it before importing Gradio, which
-    converts it with ``int()`` at import time (a traceback for ``abc``)."""
-    text = environ.get("GRADIO_SERVER_PORT")
-    if text is None:
-        return None
+def log_level(text: str) -> str:
+    """argparse type for --log-level / SDXL_LOG_LEVEL: DEBUG, INFO, WARNING or ERROR (any case)."""
     try:
-        tcp_port(text)
-    except argparse.ArgumentTypeError as err:
-        return f"GRADIO_SERVER_PORT: {err}"
+        return logs.parse_level(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def environment_error(environ=os.environ) -> str | None:
+    """Why GRADIO_SERVER_PORT or SDXL_LOG_LEVEL is unusable, or None. Check them before parsing the flags, whose
+    defaults they are (argparse would blame the flag), and before importing Gradio, which converts the port
+    with ``int()`` at import time (a traceback for ``abc``)."""
+    for name, check in (("GRADIO_SERVER_PORT", tcp_port), (logs.ENV, log_level)):
+        text = environ.get(name)
+        if text is None:
+            continue
+        try:
+            check(text)
+        except argparse.ArgumentTypeError as err:
+            return f"{name}: {err}"
     return None
 
 
@@ -84,6 +98,9 @@ def parse_args(argv=None, description: str = "") -> argparse.Namespace:
     parser.add_argument("--history-secret", default=None,
                         help="key of the browsers' history (env SDXL_HISTORY_SECRET; default: one made once and kept "
                              "in the cache folder, so history survives restarts; docs/page.md, \"History\")")
+    parser.add_argument("--log-level", type=log_level, default=os.environ.get(logs.ENV, logs.DEFAULT_LEVEL),
+                        help=f"log from this level up: {', '.join(logs.LEVELS)} (env {logs.ENV}; default "
+                             f"{logs.DEFAULT_LEVEL}); one line per record on stderr: ISO time, level, logger, message")
     scale = parser.add_argument_group("scale-out on Ray Serve (README); without --replicas, Ray is not used")
     scale.add_argument("--replicas", type=_replicas, default=None,
                        help="engine replicas: a count (2) or an autoscaling range MIN-MAX (1-4)")
@@ -202,7 +219,7 @@ def check_lora_settings(config: EngineConfig) -> None:
         names[file.stem] = file
 
 
-def share_possible(local_url: str, api_server: str, timeout: float = 5.0, log=print) -> bool:
+def share_possible(local_url: str, api_server: str, timeout: float = 5.0, log=LOG.warning) -> bool:
     """Whether the share server ``api_server`` answers; if not, log one line saying the app stays local.
 
     Gradio itself would try, fail and print several lines of advice; offline, one clear line is

@@ -22,6 +22,7 @@ import dataclasses
 import functools
 import importlib.metadata
 import json
+import logging
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
@@ -33,6 +34,8 @@ if TYPE_CHECKING:  # Gradio itself is imported only where used: server.py import
     from gradio.data_classes import PredictBodyInternal as PredictBody
     from gradio.queueing import Queue
 
+LOG = logging.getLogger(__name__)
+
 GRADIO_VERSION = "6.31.0"  # what this module was checked against: requirements.txt's pin
 
 # Gradio uses Starlette names deprecated since (HTTP_422_UNPROCESSABLE_ENTITY): warnings in the
@@ -40,7 +43,7 @@ GRADIO_VERSION = "6.31.0"  # what this module was checked against: requirements.
 warnings.filterwarnings("ignore", category=StarletteDeprecationWarning, module=r"gradio(\.|$)")
 
 
-def check_version(log=print, installed: str | None = None) -> bool:
+def check_version(log=LOG.warning, installed: str | None = None) -> bool:
     """Whether the installed Gradio (or ``installed``) is :data:`GRADIO_VERSION`; if not, log one warning line."""
     installed = installed or importlib.metadata.version("gradio")
     if installed == GRADIO_VERSION:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import threading
@@ -27,6 +28,8 @@ from urllib.parse import urlsplit
 from sdxl_engine.engine.contract import clock
 from sdxl_engine.serving import gradio_internals
 from sdxl_engine.serving.admission import SHUTTING_DOWN  # loads no Gradio (fastapi only)
+
+LOG = logging.getLogger(__name__)
 
 LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
 MAX_BODY_BYTES = 1_000_000  # JSON of a /generate call is < 100 kB even with a 20 000-character prompt
@@ -346,7 +349,7 @@ class UploadFiles:
                 except FileNotFoundError:
                     pass
                 except OSError as err:
-                    print(f"[app] warning: could not delete an upload: {err}", flush=True)
+                    LOG.warning(f"[app] warning: could not delete an upload: {err}")
                     continue
                 deleted.append(path)
                 self._last.pop(path, None)
@@ -539,7 +542,7 @@ class Guard:
 
     def __init__(self, app, gate: "RequestGate | None" = None, max_body: int = MAX_BODY_BYTES,
                  inputs: dict | None = None, fns: dict | None = None, routes: "Routes | None" = None,
-                 log=print, defaults: dict | None = None):
+                 log=LOG.info, defaults: dict | None = None):
         self.app = app
         self.gate = gate
         self.max_body = max_body

@@ -16,11 +16,11 @@ import contextvars
 import dataclasses
 import functools
 import html
+import logging
 import os
 import queue
 import tempfile
 import threading
-import traceback
 from pathlib import Path
 from typing import Callable
 
@@ -39,6 +39,8 @@ from sdxl_engine.engine.previews import preview_grid
 from sdxl_engine.engine.steps import StepEvent, Stopped
 from sdxl_engine.serving.progress import JOBS
 from sdxl_engine.serving.images import png_bytes, write_new
+
+LOG = logging.getLogger(__name__)
 
 GENERATE_INPUTS = ("prompt", "negative_prompt", "seed", "guidance_scale", "num_inference_steps", "width", "height",
                    "style", "sampler")
@@ -406,7 +408,7 @@ def _preview_gallery(event: StepEvent, folder: list) -> list:
         path = write_new(png_bytes(preview_grid(event.preview)), folder[0], f"step{event.step}")
         return [(str(path), f"preview · step {event.step}/{event.steps}")]
     except OSError as err:
-        print(f"[app] warning: could not write a preview to Gradio's temp folder: {err}", flush=True)
+        LOG.warning(f"[app] warning: could not write a preview to Gradio's temp folder: {err}")
         return []
 
 
@@ -414,7 +416,10 @@ def refuse(err: Exception) -> gr.Error:
     """The gr.Error for a request the engine refused (bad input, not started) or that failed with
     a message for the user (an unusable image, a lost Ray replica: GenerationError), after one
     log line that says which: neither is a traceback in the server log."""
-    print(f"[app] request {'failed' if isinstance(err, GenerationError) else 'refused'}: {err}", flush=True)
+    if isinstance(err, GenerationError):  # the request could not be made: the operator may want to know
+        LOG.error(f"[app] request failed: {err}")
+    else:  # the client's to change (or to retry once the engine is ready): nothing wrong with the server
+        LOG.info(f"[app] request refused: {err}")
     return gr.Error(shown(str(err)), print_exception=False)
 
 
@@ -516,10 +521,10 @@ def handle_generate(engine: EngineContract, prompt, negative_prompt, seed, guida
     except Stopped as err:  # the one log line of a stopped request
         why = "cancelled by its client" if should_stop is not None and should_stop() \
             else "interrupted" if JOBS.interrupted(job) else "skipped"
-        print(f"[app] request {err} ({why}); nothing saved", flush=True)
+        LOG.info(f"[app] request {err} ({why}); nothing saved")
         raise gr.Error(f"the request was {err}", print_exception=False) from err
-    except Exception as err:
-        traceback.print_exc()
+    except Exception as err:  # unexpected: the one failure logged with its traceback
+        LOG.exception(f"[app] request failed: the engine raised {type(err).__name__}: {err}")
         raise gr.Error(f"the engine failed on this request ({type(err).__name__}); it is logged on the server. "
                        "Please retry.") from err
     finally:
@@ -543,12 +548,11 @@ def _deliver(engine: EngineContract, result, prompt: str, negative_prompt: str, 
         out = delivery.deliver(result, prompt, style, files_dir or gr.utils.get_upload_folder(),
                                engine.config.outputs_dir, keep, params)
     except OSError as err:
-        print(f"[app] error: could not write the images to Gradio's temp folder: {err}", flush=True)
+        LOG.error(f"[app] error: could not write the images to Gradio's temp folder: {err}")
         raise gr.Error(f"the server could not store the images ({type(err).__name__}); please retry later",
                        print_exception=False) from err
     if out.save_error is not None:  # the images are still shown and downloadable; saving is best-effort
-        print(f"[app] warning: could not save to outputs_dir {engine.config.outputs_dir!r}: {out.save_error}",
-              flush=True)
+        LOG.warning(f"[app] warning: could not save to outputs_dir {engine.config.outputs_dir!r}: {out.save_error}")
         gr.Warning(out.save_warning)
     info, label = out.info, "" if style == NO_STYLE else f" · {style}"
     gallery = [(path, f"seed {s}{label} · {info['latency_s']:.2f} s") for path, s in zip(out.paths, result.seeds)]

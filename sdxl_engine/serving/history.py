@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import io
+import logging
 import os
 import secrets
 import threading
@@ -25,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image
+
+LOG = logging.getLogger(__name__)
 
 LIMIT = 20  # generations kept per browser
 THUMB_PX = 96  # longest side of a thumbnail, pixels
@@ -113,7 +116,7 @@ def entry(history: list | None, index: int) -> tuple[dict, int]:
     raise IndexError("no such history item")
 
 
-def browser_secret(setting: str | None = None, cache_dir: str | Path | None = None, log=print) -> str:
+def browser_secret(setting: str | None = None, cache_dir: str | Path | None = None, log=LOG.warning) -> str:
     """The key the browsers' history is encrypted with: ``setting`` (``--history-secret``), else
     the environment's SDXL_HISTORY_SECRET, else the one kept in ``<cache_dir>/history-secret``
     (default: sdxl_engine's cache folder, which honours XDG_CACHE_HOME), made once (random, mode

@@ -4,13 +4,17 @@ be downloading (:class:`TempJanitor`).
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 from sdxl_engine.engine.contract import clock
 from sdxl_engine.serving import gradio_internals, guard
+
+LOG = logging.getLogger(__name__)
 
 
 class TempJanitor:
@@ -105,8 +109,10 @@ class TempJanitor:
         except OSError:  # not empty, or gone already
             pass
 
-    def run(self, stop: threading.Event, interval_s: float, log=print) -> None:
-        """Sweep every ``interval_s`` seconds until ``stop`` is set (a daemon thread's body)."""
+    def run(self, stop: threading.Event, interval_s: float, log: Callable[[str], None] | None = None) -> None:
+        """Sweep every ``interval_s`` seconds until ``stop`` is set (a daemon thread's body); a failure logs one
+        warning (to ``log``, None: this module's logger)."""
+        log = log or LOG.warning
         warned = False
         while not stop.wait(interval_s):
             try:
@@ -116,7 +122,7 @@ class TempJanitor:
                     log(f"[app] warning: cleaning Gradio's temp folder failed ({type(err).__name__}: {err})")
                     warned = True
 
-    def start(self, stop: threading.Event, log=print) -> threading.Thread:
+    def start(self, stop: threading.Event, log: Callable[[str], None] | None = None) -> threading.Thread:
         """Run :meth:`run` in a daemon thread, sweeping at least every 30 s and 4 times per ``keep_s``."""
         interval = max(0.5, min(30.0, self.keep_s / 4))
         thread = threading.Thread(target=self.run, args=(stop, interval, log), name="temp-janitor", daemon=True)

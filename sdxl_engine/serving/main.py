@@ -3,9 +3,11 @@
 app.py holds the page only and hands its builder here (this package never imports app.py):
 
 1. :func:`prepare`, the process's first step, before Gradio or JAX is imported: the stop signals
-   handled from here on (signals.StopSignals), a writable temp folder and a usable port variable for
-   Gradio (which reads ``GRADIO_TEMP_DIR`` and ``GRADIO_SERVER_PORT`` at import), the flags parsed and
-   every setting checked: a malformed one exits 2 with one ``error:`` line, before anything listens.
+   handled from here on (signals.StopSignals), a usable port variable for Gradio (which reads
+   ``GRADIO_SERVER_PORT`` at import), the flags parsed, the log configured (serving.logs: one line per
+   record on stderr, ``--log-level``), a writable temp folder for Gradio (``GRADIO_TEMP_DIR``, also read at
+   import), and every setting checked: a malformed one exits 2 with one ``error:`` line, before anything
+   listens.
 2. :func:`main`: a stop that came during the imports ends here (status 0); the port probe, the engine
    started in the background (:func:`start_engine`: the local one, or the Ray front with
    ``--replicas``), the page built around :func:`~.handler.handle_generate`, served until a stop
@@ -20,11 +22,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import os
 import sys
 from typing import TYPE_CHECKING, Callable, NoReturn
 
+from sdxl_engine.serving import logs  # standard library only
 from sdxl_engine.serving.signals import StopSignals  # standard library only
+
+LOG = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from sdxl_engine.config import EngineConfig
@@ -42,21 +48,30 @@ class Start:
 def prepare(title: str, argv: list[str] | None = None) -> Start:
     """The process's first step (app.py calls it before importing Gradio; see the module docstring).
 
-    Exits (``SystemExit``) with status 2 and one line for a bad flag (argparse's), an unusable
-    ``GRADIO_SERVER_PORT``, or a malformed or unusable setting (``error: bad setting: ...``): a value
-    EngineConfig refuses (the LoRA names included), an ``outputs_dir`` that cannot be written, a LoRA
-    entry that is not an existing ``.safetensors`` file (cli.check_lora_settings). ``--help`` exits 0.
+    Exits (``SystemExit``) with status 2 and one line for a bad flag (argparse's, ``--log-level`` included),
+    an unusable ``GRADIO_SERVER_PORT`` or ``SDXL_LOG_LEVEL``, or a malformed or unusable setting (``error: bad
+    setting: ...``): a value EngineConfig refuses (the LoRA names included), an ``outputs_dir`` that cannot be
+    written, a LoRA entry that is not an existing ``.safetensors`` file (cli.check_lora_settings). ``--help``
+    exits 0. These ``error:`` lines are the command's answer, written as they are (as argparse writes its own),
+    not log records.
     """
     signals = StopSignals()  # first: from here on a stop signal ends in a clean stop, not the default kill
     signals.install()
     from sdxl_engine.config import ConfigError, EngineConfig  # light: no JAX, no Gradio (the imports below too)
     from sdxl_engine.serving import cli, server
 
-    server.usable_output_dir()
     if (bad_env := cli.environment_error()) is not None:
         print(f"error: bad setting: {bad_env}", file=sys.stderr)
         sys.exit(server.EXIT_BAD_SETTING)
     args = cli.parse_args(argv, title)
+    logs.configure(args.log_level)  # before the first line the process logs
+    # The private Ray cluster's replicas inherit this process's environment: they log at the same level.
+    os.environ[logs.ENV] = args.log_level
+    # What still writes to stdout (Ray's copies of its workers' output) reaches a redirected log line by line,
+    # not in blocks: stdout is block-buffered when it is not a terminal.
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(line_buffering=True)
+    server.usable_output_dir()
     try:
         config = EngineConfig.load(cli.engine_overrides(args))
         cli.check_outputs_dir(config.outputs_dir)
@@ -89,8 +104,8 @@ def main(argv: list[str] | None, build_demo: Callable, css: str, title: str, sta
 
     args, config, signals = start.args, start.config, start.signals
     if signals.requested:  # during the imports: nothing started yet, nothing to drain
-        print("[app] stopping: a stop signal came before the server started", flush=True)
-        print("[app] stopped", flush=True)
+        LOG.info("[app] stopping: a stop signal came before the server started")
+        LOG.info("[app] stopped")
         return 0
     gradio_internals.check_version()
     try:

@@ -5,6 +5,7 @@ guard, the example prompts and presets."""
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import re
 from typing import Callable
@@ -19,6 +20,8 @@ from sdxl_engine.engine.validation import MAX_GUIDANCE
 from sdxl_engine.serving.apis.a1111 import generation_parameters, refiner_name, sampler_of
 from sdxl_engine.serving.apis.core import ApiError
 from sdxl_engine.serving.styles import NO_STYLE, STYLE_NAMES, get_style
+
+LOG = logging.getLogger(__name__)
 
 # Prompts in the vocabulary of the default model, tiny-shapes (assets/tiny-shapes/vocabulary.txt).
 EXAMPLES = ["a red circle on a blue background", "a large green square at the top", "a small yellow star on the left",
@@ -224,7 +227,7 @@ def page_event(fn: Callable) -> Callable:
         except gr.Error:
             raise
         except (LookupError, TypeError, ValueError, AttributeError) as err:
-            print(f"[app] page event {fn.__name__} refused: {type(err).__name__}: {err}"[:300], flush=True)
+            LOG.info(f"[app] page event {fn.__name__} refused: {type(err).__name__}: {err}"[:300])
             raise gr.Error("this page event got values the page does not send", print_exception=False) from err
     return guarded
 

@@ -34,6 +34,8 @@ from sdxl_engine.serving.replicas import (LOCAL_TEMP_PREFIX, SERVE_LOGGING, Outc
 from sdxl_engine.serving.scaleout import (APP_NAME, DEPLOYMENT_NAME, REQUEST_TIMEOUT_S, ReplicaPlan, Replicas,
                                           plan_replica, ray_environment)
 
+LOG = logging.getLogger(__name__)
+
 POLL_S = 1.0  # the front reads Serve's replica counts this often
 
 
@@ -75,11 +77,13 @@ class RemoteEngine:
     ``limits``, ``scale_out()`` (the replica counts); plus ``replicas`` (:class:`ReplicaCounts`),
     ``scale`` (:class:`Replicas`) and ``slots`` (the page's concurrency: one request per replica).
 
-    Use :meth:`launch`; call :meth:`close` after the front drained.
+    Use :meth:`launch`; call :meth:`close` after the front drained. ``log``: where its lines go (tests collect
+    them); None: this module's logger, each line at its level.
     """
 
     def __init__(self, config: EngineConfig, scale: Replicas, address: str | None = None, app_name: str = "",
-                 resources: dict[str, float] | None = None, request_timeout_s: float = REQUEST_TIMEOUT_S, log=print):
+                 resources: dict[str, float] | None = None, request_timeout_s: float = REQUEST_TIMEOUT_S,
+                 log: Callable[[str], None] | None = None):
         self.config = config
         self.defaults = config  # the replicas' resolved defaults once the first is ready (ReplicaInfo)
         self.scale = scale
@@ -89,7 +93,7 @@ class RemoteEngine:
         self.owns_app = not app_name  # deployed here, so deleted here; an existing application is left running
         self.resources = resources
         self.request_timeout_s = request_timeout_s
-        self._log = log
+        self._log, self._warn = log or LOG.info, log or LOG.warning
         self.stage = "starting Ray"
         self.started = clock()
         self.startup: dict[str, float] = {}
@@ -201,7 +205,7 @@ class RemoteEngine:
         try:
             info: ReplicaInfo = self._handle.describe.remote().result(timeout_s=60)
         except Exception as err:  # it may have died since; the next poll tries again
-            self._log(f"[replicas] a ready replica did not describe itself ({type(err).__name__}); retrying")
+            self._warn(f"[replicas] a ready replica did not describe itself ({type(err).__name__}); retrying")
             return
         self.model = _ModelName(info.model_name, info.dtype)
         self.batch, self.device_summary, self.limits = info.batch, info.device_summary, info.limits
@@ -261,7 +265,7 @@ class RemoteEngine:
                     raise ReplicaLost(f"the replica running this request {lost.reason}; nothing came back. Please "
                                       "retry: the other replicas serve, and Serve replaces the lost one.") from lost
                 retried = lost.reason
-                self._log(f"[replicas] a replica {lost.reason} before the request reached its devices; retrying once")
+                self._warn(f"[replicas] a replica {lost.reason} before the request reached its devices; retrying once")
         if outcome.result is None:
             outcome.raise_error()
         back = clock()
@@ -319,7 +323,7 @@ class RemoteEngine:
                 # raylet logs each of those calls as a failed task: noise on every clean stop.)
                 serve.delete(self.app_name)
         except Exception as err:  # the cluster may be gone already; shutting down goes on
-            self._log(f"[replicas] warning: could not delete the Serve application ({type(err).__name__}: {err})")
+            self._warn(f"[replicas] warning: could not delete the Serve application ({type(err).__name__}: {err})")
         finally:
             ray.shutdown()
             self._remove_temp_dir()

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import os
 import threading
-import traceback
 from typing import AsyncIterator, Callable
 
 import jax
@@ -30,11 +30,14 @@ from sdxl_engine.engine.errors import CompilesBusy, EngineNotReady, GenerationEr
 from sdxl_engine.engine.local import Engine
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest, Limits
 from sdxl_engine.engine.steps import StepEvent, Stopped
+from sdxl_engine.serving import logs
 from sdxl_engine.serving.scaleout import (DEPLOYMENT_NAME, GRACEFUL_SHUTDOWN_S, HEALTH_CHECK_PERIOD_S,
                                           HEALTH_CHECK_TIMEOUT_S, MAX_ONGOING_REQUESTS, ReplicaPlan, Replicas,
                                           plan_replica)
 
-SERVE_LOGGING = {"log_level": "WARNING", "enable_access_log": False}  # replicas' own prints still reach the log
+LOG = logging.getLogger(__name__)
+
+SERVE_LOGGING = {"log_level": "WARNING", "enable_access_log": False}  # Serve's own lines; the engine's: logs.configure
 LOCAL_TEMP_PREFIX = "sdxl-ray-"  # the private cluster's Ray temp folder, under the system temp folder
 
 
@@ -133,11 +136,14 @@ class EngineReplica:
 
         Raises whatever the engine's start raises (Serve retries, then reports the deployment failed).
         """
+        # A replica is a process of its own: without this handler its INFO lines (stages, compiles, ready) would be
+        # dropped. On stderr, which Ray copies to the front's log prefixed with this replica's pid.
+        logs.configure(_replica_log_level())
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         self.device_error: BaseException | None = None
-        self.engine = Engine(config)  # its log lines reach the front's log, prefixed with this replica's pid
+        self.engine = Engine(config)
         self.engine.start()
-        print(f"[sdxl_engine] Serve replica {self.replica_id} ready (pid {os.getpid()})", flush=True)
+        LOG.info(f"[sdxl_engine] Serve replica {self.replica_id} ready (pid {os.getpid()})")
 
     def check_health(self) -> None:
         """Serve's health check. Raises ReplicaUnhealthy once a request hit a device failure."""
@@ -186,15 +192,25 @@ class EngineReplica:
             fields = {f.name: getattr(result, f.name) for f in dataclasses.fields(GenerateResult)}
             put(Outcome(result=ReplicaResult(**fields, replica=self.replica_id)))
         except Stopped as err:  # the front cancelled the call: one line in this replica's log
-            print(f"[sdxl_engine] Serve replica {self.replica_id}: request {err} (its call was cancelled)", flush=True)
+            LOG.info(f"[sdxl_engine] Serve replica {self.replica_id}: request {err} (its call was cancelled)")
             put(Outcome.failure(err))
         except (InvalidRequest, EngineNotReady, GenerationError, CompilesBusy) as err:  # the user's: no traceback
             put(Outcome.failure(err))
         except Exception as err:  # unexpected: the traceback stays in this replica's log
-            traceback.print_exc()
+            LOG.exception(f"[sdxl_engine] Serve replica {self.replica_id}: the engine raised {type(err).__name__}")
             if isinstance(err, jax.errors.JaxRuntimeError):  # the runtime failed, not the request: replace us
                 self.device_error = err
             put(Outcome.failure(err))
+
+
+def _replica_log_level() -> str:
+    """The replica's log level: ``SDXL_LOG_LEVEL`` (a private cluster's replicas inherit the front's, which
+    serving.main sets from ``--log-level``), else the default; a bad one is said once and the default used."""
+    try:
+        return logs.parse_level(os.environ.get(logs.ENV, logs.DEFAULT_LEVEL))
+    except ValueError as err:
+        LOG.warning(f"[sdxl_engine] {logs.ENV}: {err}; logging from {logs.DEFAULT_LEVEL}")
+        return logs.DEFAULT_LEVEL
 
 
 def deployment_options(replicas: Replicas, plan: ReplicaPlan) -> dict:

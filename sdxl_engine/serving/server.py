@@ -16,6 +16,7 @@ SIGTERM/SIGINT cut a stop short.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 import sys
@@ -31,6 +32,8 @@ from sdxl_engine.serving.admission import Admission  # loads no Gradio (fastapi 
 from sdxl_engine.serving.guard import RequestGate, install_guard  # noqa: F401 (RequestGate: main.py's)
 from sdxl_engine.serving.janitor import TempJanitor
 from sdxl_engine.serving.signals import StopSignals  # noqa: F401 (serve's; imported from here by callers too)
+
+LOG = logging.getLogger(__name__)
 
 EXIT_START_FAILED = 1  # valid settings, yet the app could not start
 EXIT_BAD_SETTING = 2  # a flag or setting must change (argparse uses 2 too)
@@ -68,11 +71,11 @@ def forwarded_allow_ips(trusted_proxies: str, share: bool = False) -> str:
     return ",".join(dict.fromkeys(str(n.network_address) if n.num_addresses == 1 else str(n) for n in networks))
 
 
-def usable_output_dir(log=print) -> str:
+def usable_output_dir(log=LOG.warning) -> str:
     """Make sure Gradio's output/temp folder (``GRADIO_TEMP_DIR``) is writable; fall back if not.
 
     Call before importing Gradio (it reads the folder once, at import). An unwritable
-    folder prints one warning and switches ``GRADIO_TEMP_DIR`` to a fresh private temp folder.
+    folder logs one warning and switches ``GRADIO_TEMP_DIR`` to a fresh private temp folder.
     Returns the folder used.
     """
     wanted = os.environ.get("GRADIO_TEMP_DIR") or str(Path(tempfile.gettempdir()) / "gradio")
@@ -133,7 +136,7 @@ def before_listening(set_up):
     return lifespan
 
 
-def serve(demo, engine, options: dict, gate: RequestGate, drain_s: float = 60.0, log=print,
+def serve(demo, engine, options: dict, gate: RequestGate, drain_s: float = 60.0, log=None,
           quiet_s: float = QUIET_S, signals: "StopSignals | None" = None, on_launch=None, service=None) -> int:
     """Launch ``demo`` and block until it should stop; returns the process exit status.
 
@@ -148,8 +151,10 @@ def serve(demo, engine, options: dict, gate: RequestGate, drain_s: float = 60.0,
     (:func:`install_guard`) are put in place before the server accepts its first connection
     (:func:`before_listening`; serving/apis mounts its routes and key check in ``on_launch``). ``service``
     (service.RequestService), if given: its protocol requests and the Gradio calls count against one
-    per-client limit together.
+    per-client limit together. ``log``: where its lines go (tests collect them); None: the module loggers, each
+    line at its level.
     """
+    janitor_log, log = log, log or LOG.info
     if signals is None:
         signals = StopSignals()
     signals.install()  # again when given: Ray's start (--replicas) sets its own SIGTERM handler in between
@@ -178,7 +183,7 @@ def serve(demo, engine, options: dict, gate: RequestGate, drain_s: float = 60.0,
     public = f" and public URL: {demo.share_url}" if demo.share_url else ""
     log(f"[app] Running on local URL: {demo.local_url}{public}")
     janitor_stop = threading.Event()  # set by this thread, never by a signal handler
-    TempJanitor.for_config(demo, engine.config).start(janitor_stop, log)
+    TempJanitor.for_config(demo, engine.config).start(janitor_stop, janitor_log)
     while not signals.requested:
         if engine.ready.is_set() and engine.error is not None:
             janitor_stop.set()

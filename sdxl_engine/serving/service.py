@@ -17,6 +17,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import html
+import logging
 import threading
 from typing import Awaitable, Callable
 
@@ -27,6 +28,8 @@ from sdxl_engine.engine.validation import InvalidRequest
 from sdxl_engine.serving.admission import RETRY_AFTER_S, SHUTTING_DOWN, over_limit
 from sdxl_engine.serving.progress import JOBS
 from sdxl_engine.serving.styles import UnknownStyle
+
+LOG = logging.getLogger(__name__)
 
 
 class Slots:
@@ -195,7 +198,7 @@ class RequestService:
     """
 
     def __init__(self, engine: EngineContract, handle: Callable, gate, slots: int, limit: int,
-                 max_waiting: int | None = None, log=print):
+                 max_waiting: int | None = None, log=LOG.info):
         if limit < 1:
             raise ValueError(f"limit must be at least 1, got {limit}")
         self.engine = engine

@@ -5,9 +5,14 @@ Standard library only, so the process installs it before any heavy import (servi
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import time
+
+from sdxl_engine.serving import logs  # standard library only
+
+LOG = logging.getLogger(__name__)
 
 
 class StopSignals:
@@ -23,8 +28,8 @@ class StopSignals:
       process group), which the kernel sometimes merges into one; either way it is one stop, so
       what the user sends next always counts the same.
     - 2nd: ignored; :meth:`note_ignored` logs it once.
-    - 3rd: one line on stderr, then ``os._exit(128 + signal number)`` (143 for SIGTERM, 130 for
-      SIGINT, as a shell reports a process the signal ended), dropping the calls still running.
+    - 3rd: one line on stderr (formatted as the log's), then ``os._exit(128 + signal number)`` (143 for
+      SIGTERM, 130 for SIGINT, as a shell reports a process the signal ended), dropping the calls still running.
 
     Install it as early as the process can (serving.main.prepare does, before Gradio, JAX or any other
     heavy import): a signal before :func:`~.server.serve` then still ends in a clean stop, never in the
@@ -53,8 +58,9 @@ class StopSignals:
         self.received.append(signum)
         if len(self.received) >= 3:
             name = signal.Signals(signum).name
-            os.write(2, f"[app] {name} a third time: exiting at once, without finishing the calls still running "
-                        f"(exit status {128 + signum})\n".encode())
+            # Written directly: the logging module takes locks, which the interrupted code may hold.
+            os.write(2, (logs.line(logging.WARNING, __name__, f"[app] {name} a third time: exiting at once, without "
+                                   f"finishing the calls still running (exit status {128 + signum})") + "\n").encode())
             os._exit(128 + signum)
 
     @property
@@ -62,7 +68,7 @@ class StopSignals:
         """Whether a stop signal arrived."""
         return bool(self.received)
 
-    def note_ignored(self, log=print) -> None:
+    def note_ignored(self, log=LOG.info) -> None:
         """Log, once, that a second signal was ignored (called by the loop, never by the handler)."""
         if len(self.received) >= 2 and not self._noted:
             self._noted = True

@@ -51,7 +51,7 @@ def test_bad_loras_exit_with_one_line_before_serving(tmp_path):
         errors = [line for line in (out + err).splitlines() if line.startswith("error:")]
         assert len(errors) == 1 and errors[0].startswith(start) and expected in errors[0], errors
         assert "Traceback" not in out + err
-        assert ("Running on local URL" in out) == (status == 1), out  # a bad setting: nothing ever listened
+        assert ("Running on local URL" in out + err) == (status == 1), err  # a bad setting: nothing ever listened
 
 
 def test_a_malformed_lora_setting_exits_2_at_once_and_never_listens(tmp_path):

@@ -6,6 +6,7 @@ exceeds, are refused at start naming where the value came from. The saved files'
 unknown-word warning, the start log and ``--help`` say what actually happens.
 """
 
+import logging
 import os
 import re
 import threading
@@ -243,13 +244,14 @@ def test_ray_environment_asks_for_a_plain_quiet_log():
     assert "RAY_AUTH_MODE" not in own and own["RAY_COLOR_PREFIX"] == "1"
 
 
-def test_a_lost_replica_is_logged_as_a_failed_request_not_a_refused_one(capsys):
+def test_a_lost_replica_is_logged_as_a_failed_request_not_a_refused_one(caplog):
     from sdxl_engine.serving import handler
     from sdxl_engine.engine.errors import GenerationError
     from sdxl_engine.engine.validation import InvalidRequest
 
+    caplog.set_level(logging.INFO, logger="sdxl_engine")
     handler.refuse(GenerationError("the replica running this request stopped (ActorDiedError); nothing came back"))
     handler.refuse(InvalidRequest("seed", "must be between -1 and 5"))
-    assert capsys.readouterr().out.splitlines() == [
-        "[app] request failed: the replica running this request stopped (ActorDiedError); nothing came back",
-        "[app] request refused: seed: must be between -1 and 5"]
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [  # a failure is an error, a refusal is not
+        ("ERROR", "[app] request failed: the replica running this request stopped (ActorDiedError); nothing came back"),
+        ("INFO", "[app] request refused: seed: must be between -1 and 5")]

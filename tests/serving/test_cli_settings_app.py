@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.helpers import ROOT, RunningApp, free_port
+from tests.helpers import ROOT, RunningApp, free_port, log_message
 
 pytestmark = pytest.mark.e2e
 
@@ -82,13 +82,14 @@ def test_a_real_app_logs_what_it_runs_and_reports_a_broken_outputs_folder(tmp_pa
     try:
         client = app.client()
         log = "".join(app.log)
-        config_line = next(line for line in app.log if line.startswith("[sdxl_engine] config: "))
+        messages = [log_message(line) for line in app.log]
+        config_line = next(line for line in messages if line.startswith("[sdxl_engine] config: "))
         assert "'num_inference_steps': 'model default, else 20'" in config_line
         assert "'sampler': \"model default, else 'Euler'\"" in config_line
         assert "[sdxl_engine] the model's defaults (engine_defaults.json): {'sampler': 'Euler', " \
                "'num_inference_steps': 8}" in log
         assert "[sdxl_engine] the engine's defaults, which the model does not choose: {'guidance_scale': 5.0}" in log
-        assert "[sdxl_engine] compiling 64x64 x 4 images, unless the executable cache has them ...\n" in app.log
+        assert "[sdxl_engine] compiling 64x64 x 4 images, unless the executable cache has them ..." in messages
         gallery, info = client.predict(prompt="a red circle dog 👍🏽", seed=5, api_name="/generate")
         assert info["num_inference_steps"] == 8 and info["seeds"] == [5, 6, 7, 8]
         assert info["warnings"] == ["prompt: tiny-shapes was not trained on these words, so they do not steer its "

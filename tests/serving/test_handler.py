@@ -185,7 +185,7 @@ def test_banner_and_sizes_while_starting_and_when_ready(engine):
     assert [tuple(map(int, v.split("x"))) for _, v in choices] == list(engine.limits.sizes)  # as PARSE_SIZE_JS
 
 
-def test_share_without_internet_prints_one_line(monkeypatch, capsys):
+def test_share_without_internet_logs_one_line(monkeypatch, runtime_log):
     from gradio.networking import GRADIO_API_SERVER
 
     from sdxl_engine.serving import cli
@@ -193,7 +193,7 @@ def test_share_without_internet_prints_one_line(monkeypatch, capsys):
     monkeypatch.delenv("GRADIO_SHARE_SERVER_ADDRESS", raising=False)
     monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")  # a closed port: no way out
     assert cli.share_possible("http://127.0.0.1:7860/", GRADIO_API_SERVER, timeout=5) is False
-    lines = capsys.readouterr().out.splitlines()
+    lines = runtime_log
     assert len(lines) == 1 and lines[0].startswith("[app] --share: no public link (cannot reach api.gradio.app")
     assert lines[0].endswith("serving locally only at http://127.0.0.1:7860/")
 

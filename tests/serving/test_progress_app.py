@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.helpers import RunningApp
+from tests.helpers import RunningApp, log_message
 
 pytestmark = pytest.mark.e2e
 
@@ -96,7 +96,7 @@ def test_cancel_after_step_5_of_50_frees_the_app_and_keeps_nothing(one_device_ap
     assert info["timings_s"]["queue"] < 3 * per_step + 1.0, info["timings_s"]
     assert time.monotonic() - cancelled < 30 * per_step + 10
     time.sleep(0.5)
-    lines = [line for line in one_device_app.log[log_before:] if line.startswith("[app] request stopped")]
+    lines = [line for line in one_device_app.log[log_before:] if log_message(line).startswith("[app] request stopped")]
     assert len(lines) == 1 and "of 50 (cancelled by its client); nothing saved" in lines[0], lines
     saved = set(one_device_app.outputs.iterdir()) - saved_before
     stamps = {p.name.rsplit("-seed", 1)[0] for p in saved}  # <time>-<request id>: one request's PNGs only
@@ -119,7 +119,8 @@ def test_a_cancel_during_a_compile_means_the_request_never_runs(one_device_app):
         time.sleep(0.02)
     job.cancel()
     deadline = time.monotonic() + 180
-    while not (lines := [x for x in one_device_app.log[log_before:] if x.startswith("[app] request stopped")]):
+    while not (lines := [x for x in one_device_app.log[log_before:]
+                         if log_message(x).startswith("[app] request stopped")]):
         assert time.monotonic() < deadline, one_device_app.log[log_before:]
         time.sleep(0.1)
     assert len(lines) == 1 and "(cancelled by its client); nothing saved" in lines[0], lines

@@ -21,7 +21,7 @@ import grpc
 import psutil
 import pytest
 
-from tests.helpers import ROOT, wait_until
+from tests.helpers import ROOT, log_message, wait_until
 from tools import loadtest
 
 pytestmark = pytest.mark.e2e
@@ -294,13 +294,13 @@ def test_a_replica_killed_under_load(app2):
     while not last_count(app2).startswith("[replicas] 2 of 2 replicas ready at"):
         assert time.monotonic() < deadline, last_count(app2)
         time.sleep(0.2)
-    assert any(line.startswith("[replicas] 1 of 2 replicas ready") for _, line in app2.lines)
+    assert any(log_message(line).startswith("[replicas] 1 of 2 replicas ready") for _, line in app2.lines)
 
 
 def last_count(app) -> str:
-    """The front's last "[replicas] N of M replicas ready" log line."""
-    return next((line for _, line in reversed(app.lines) if " replicas ready" in line
-                 and line.startswith("[replicas] ")), "")
+    """The message of the front's last "[replicas] N of M replicas ready" log line."""
+    return next((message for _, line in reversed(app.lines) if " replicas ready" in line
+                 and (message := log_message(line)).startswith("[replicas] ")), "")
 
 
 def test_sigterm_drains_then_deletes_the_deployment_and_leaves_nothing(app2, home):

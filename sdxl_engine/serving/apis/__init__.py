@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import logging
 import math
 import secrets
 from pathlib import Path
@@ -29,6 +30,8 @@ from sdxl_engine.serving import gradio_internals
 from sdxl_engine.serving.apis import a1111, openai_images
 from sdxl_engine.serving.apis.core import ApiError, FileTokens
 from sdxl_engine.serving.guard import PROTOCOL_PREFIXES, SAFE_METHODS, cross_site_refusal
+
+LOG = logging.getLogger(__name__)
 
 MCP_PATH = "/gradio_api/mcp"
 
@@ -101,7 +104,7 @@ def loras_of(engine):
     return loras
 
 
-def mount(app, demo, service, access: Access, flags: dict, log=print) -> None:
+def mount(app, demo, service, access: Access, flags: dict, log=LOG.info) -> None:
     """Add the protocol routes to Gradio's ``app``, their key check, their cross-site refusal
     (:class:`CrossSiteGuard`; guard.Guard refuses the same on every other route), and shape its MCP tool
     results (server.serve's ``on_launch``: before the server listens). The routes generate through ``service``
@@ -166,7 +169,7 @@ class CrossSiteGuard:
             path = scope["path"]
             headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers") or []}
             if (reason := cross_site_refusal(scope["method"], headers)) is not None:
-                print(f"[app] request refused: {scope['method']} {path}: {reason}", flush=True)
+                LOG.info(f"[app] request refused: {scope['method']} {path}: {reason}")
                 err = ApiError(403, reason)
                 response = a1111.a1111_error(err) if path.startswith("/sdapi/") else openai_images.openai_error(err)
                 return await response(scope, receive, send)
@@ -253,7 +256,7 @@ def nonfinite_call(body: bytes) -> dict | None:
     else:
         text = (f"{nulls[0]}: got null where a number belongs (a client sends a number JSON cannot carry, such as "
                 "1e400 or infinity, as null); send a number within the argument's range")
-    print(f"[app] request refused: MCP {params.get('name')}: {text}", flush=True)
+    LOG.info(f"[app] request refused: MCP {params.get('name')}: {text}")
     return {"jsonrpc": "2.0", "id": message.get("id"),
             "result": {"content": [{"type": "text", "text": text}], "isError": True}}
 

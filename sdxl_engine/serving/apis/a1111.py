@@ -34,6 +34,7 @@ import base64
 import dataclasses
 import io
 import json
+import logging
 import re
 import time
 from pathlib import Path
@@ -58,6 +59,8 @@ from sdxl_engine.serving.handler import ProtocolInputs
 from sdxl_engine.serving.progress import JOBS, Owner
 from sdxl_engine.serving.service import RequestService
 from sdxl_engine.serving.styles import NO_STYLE, STYLES
+
+LOG = logging.getLogger(__name__)
 
 PREFIX = "/sdapi/v1"
 KARRAS = " Karras"
@@ -613,7 +616,7 @@ class CheckedBody(APIRoute):
                 read_json(raw)
             except ApiError as err:
                 if err.message != "the request body is not JSON":  # not JSON: the route's own refusal
-                    print(f"[app] request refused: {request.url.path}: {err.message}", flush=True)
+                    LOG.info(f"[app] request refused: {request.url.path}: {err.message}")
                     return a1111_error(err, bad_value=422)
             return await handler(request)
 
@@ -642,11 +645,11 @@ def router(service: RequestService, flags: dict, loras) -> APIRouter:
             refuse_controlnet_units(body)  # before any image is decoded
             call, more = await asyncio.to_thread(make_call)
         except ApiError as err:
-            print(f"[app] request refused: /sdapi/v1/{route}: {err.message}", flush=True)
+            LOG.info(f"[app] request refused: /sdapi/v1/{route}: {err.message}")
             return a1111_error(err, bad_value=400 if isinstance(err, RefinerRefused) else 422)
         warnings = warnings + more
         if warnings:
-            print(f"[app] A1111 {route}: {len(warnings)} field(s) not honoured: {'; '.join(warnings)}", flush=True)
+            LOG.info(f"[app] A1111 {route}: {len(warnings)} field(s) not honoured: {'; '.join(warnings)}")
         try:
             made = await generate(service, request, call, owner_of(request))
         except Interrupted as err:  # A1111 answers an interrupted job with what it has: here nothing
@@ -696,10 +699,10 @@ def router(service: RequestService, flags: dict, loras) -> APIRouter:
             async with extras_turn:
                 pngs, info, warnings = await asyncio.to_thread(run_extras, body, images)
         except ApiError as err:
-            print(f"[app] request refused: {route}: {err.message}", flush=True)
+            LOG.info(f"[app] request refused: {route}: {err.message}")
             return None, a1111_error(err, bad_value=422)
         if warnings:
-            print(f"[app] A1111 {route}: {len(warnings)} field(s) not honoured: {'; '.join(warnings)}", flush=True)
+            LOG.info(f"[app] A1111 {route}: {len(warnings)} field(s) not honoured: {'; '.join(warnings)}")
         return pngs, info
 
     @api.post("/extra-single-image")

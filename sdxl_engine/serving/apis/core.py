@@ -25,6 +25,7 @@ import asyncio
 import collections
 import dataclasses
 import json
+import logging
 import math
 import secrets
 import threading
@@ -38,6 +39,8 @@ from sdxl_engine.serving.handler import ProtocolInputs, build_request, generate_
 from sdxl_engine.serving.progress import JOBS, Owner
 from sdxl_engine.serving.service import Failed, Refused, RequestService
 from sdxl_engine.serving.styles import NO_STYLE, UnknownStyle
+
+LOG = logging.getLogger(__name__)
 
 MAX_CALLS = 4  # engine calls one API request may ask for (n, batch_size x n_iter): 4 x the engine's batch images
 
@@ -166,7 +169,7 @@ async def generate(service: RequestService, request, call: Call, owner: Owner) -
     try:
         checked = check(engine, call, client)
     except ApiError as err:  # one line, as the handler logs the page's refusals (handler.refuse)
-        print(f"[app] request refused: {err.message}", flush=True)
+        LOG.info(f"[app] request refused: {err.message}")
         raise
     try:
         with service.admitted(client):  # one place for all the request's engine calls

@@ -8,6 +8,7 @@ inpainting under the overlay that keeps the original's pixels outside it; with t
 
 from __future__ import annotations
 
+import logging
 from typing import Callable
 
 import gradio as gr
@@ -21,6 +22,8 @@ from sdxl_engine.serving.apis.core import ApiError
 from sdxl_engine.serving.apis.uploads import MAX_INPUT_SIDE, decode_image
 from sdxl_engine.serving.handler import ProtocolInputs, refiner_switch
 from sdxl_engine.serving.styles import NO_STYLE
+
+LOG = logging.getLogger(__name__)
 
 API_NAME = "image_to_image"
 MASK_STRENGTH = 1.0  # with a mask the white part is made anew (diffusers' inpainting default), as OpenAI's edits
@@ -141,7 +144,7 @@ def image_tool(handle: Callable, config, engine=None) -> Callable:
         try:
             extra, w, h = tool_inputs(image, mask, strength, width, height, default, refiner_switch_at, upscale)
         except ApiError as err:
-            print(f"[app] request refused: {API_NAME}: {err.message}", flush=True)
+            LOG.info(f"[app] request refused: {API_NAME}: {err.message}")
             raise gr.Error(err.message, print_exception=False) from None
         try:
             gallery, info, _ = handle(prompt, negative_prompt, seed, guidance_scale, num_inference_steps, w, h,

@@ -40,6 +40,7 @@ import base64
 import dataclasses
 import io
 import json
+import logging
 import re
 import time
 
@@ -59,6 +60,8 @@ from sdxl_engine.serving.apis.core import (ApiError, Call, FileTokens, Generated
 from sdxl_engine.serving.apis.uploads import open_image
 from sdxl_engine.serving.handler import ProtocolInputs
 from sdxl_engine.serving.service import RequestService
+
+LOG = logging.getLogger(__name__)
 
 PREFIX = "/v1"
 FORMATS = ("b64_json", "url")
@@ -468,7 +471,7 @@ def router(service: RequestService, tokens: FileTokens) -> APIRouter:
     def refused(route: str, err: ApiError) -> JSONResponse:
         """A request refused before it reached the service (which logs its own refusals): one log line, then
         OpenAI's error shape."""
-        print(f"[app] request refused: {PREFIX}/{route}: {err.message}", flush=True)
+        LOG.info(f"[app] request refused: {PREFIX}/{route}: {err.message}")
         return openai_error(err)
 
     @api.post("/images/generations")
@@ -528,8 +531,7 @@ def router(service: RequestService, tokens: FileTokens) -> APIRouter:
 async def _generate(service: RequestService, request: Request, call: Call, answer: Answer) -> Generated:
     """core.generate for a route's call, after one log line naming the fields it does not honour."""
     if answer.warnings:
-        print(f"[app] OpenAI images: {len(answer.warnings)} field(s) not honoured: "
-              f"{'; '.join(answer.warnings)}", flush=True)
+        LOG.info(f"[app] OpenAI images: {len(answer.warnings)} field(s) not honoured: {'; '.join(answer.warnings)}")
     return await generate(service, request, call, ("openai", admission.client_address(request)))
 
 

@@ -362,7 +362,7 @@ def _png(text: str, color: str = "red") -> bytes:
 
 
 @pytest.fixture
-def served(monkeypatch, tmp_path):
+def served(monkeypatch, tmp_path, runtime_log):
     """(TestClient of the mounted APIs, the calls core.generate got, the lines logged): 8x8 PNGs."""
     from tests.helpers import mounted_apis
 
@@ -373,7 +373,8 @@ def served(monkeypatch, tmp_path):
                 "seeds": seeds}
 
     return mounted_apis(monkeypatch, tmp_path, LIMITS, lambda call, seeds: [
-        _png(f"{call.prompt}\nNegative prompt: {call.negative_prompt}\nSteps: 2, Seed: {s}") for s in seeds], info_for)
+        _png(f"{call.prompt}\nNegative prompt: {call.negative_prompt}\nSteps: 2, Seed: {s}") for s in seeds], info_for,
+        runtime_log)
 
 
 @pytest.mark.parametrize("body, field", [

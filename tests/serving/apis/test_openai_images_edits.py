@@ -123,13 +123,13 @@ def test_a_size_the_engine_does_not_make_is_refused_naming_size_before_any_decod
 # --- The route over HTTP, with a stand-in for core.generate
 
 @pytest.fixture
-def served(monkeypatch, tmp_path):
+def served(monkeypatch, tmp_path, runtime_log):
     """(TestClient of the mounted APIs, the calls core.generate got, the lines logged): red PNGs of the call's size."""
     from tests.helpers import mounted_apis
 
     return mounted_apis(monkeypatch, tmp_path, LIMITS, lambda call, seeds: [
         png(Image.new("RGB", (call.width, call.height), "red"), f"{call.prompt}\nSeed: {s}") for s in seeds],
-        lambda call, seeds: {"width": call.width, "height": call.height, "seeds": seeds})
+        lambda call, seeds: {"width": call.width, "height": call.height, "seeds": seeds}, runtime_log)
 
 
 def test_the_openai_sdk_edits_with_a_mask_and_every_generations_field(served):
