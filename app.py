@@ -8,7 +8,7 @@ and a JSON object (``seeds``, ``latency_s``, ``device_count`` ...: README). The 
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from sdxl_engine.serving import main as process  # imports nothing heavy: no Gradio, no JAX
 
@@ -23,20 +23,50 @@ from sdxl_engine.engine.contract import EngineContract
 from sdxl_engine.engine.validation import MAX_GUIDANCE
 from sdxl_engine.program.schedulers import SAMPLERS
 from sdxl_engine.serving import handler, history
-from sdxl_engine.serving.apis.mcp_image import API_NAME as IMAGE_TOOL, image_tool
-from sdxl_engine.serving.page_assets import (HISTORY_JS, HISTORY_KEY, HISTORY_NOTE, MODEL_NOTES,
-                                             PAGE_CSS, PARSE_SIZE_JS, REAL_SDXL_HINT, SCROLL_TO_GALLERY_JS,
-                                             NEW_REQUEST_JS, PNG_SETTINGS_HTML, PNG_SETTINGS_JS, REQUEST_ENDS_JS,
-                                             REQUEST_STARTS_JS, STOP_STEP_JS)
-from sdxl_engine.serving.styles import (FAST_LABEL, FAST_LORA, FAST_PRESET, NO_STYLE, STYLE_NAMES,
-                                        has_fast_tag, with_fast_tag, without_fast_tag)
-
-from sdxl_engine.serving.page import (BLOG_DEFAULT, EXAMPLES, PNG_FIELDS, engine_banner, load_example,  # noqa: F401
-                                      lora_names_for, page_event, png_settings, size_choices, status_line,
-                                      stopped_view, lora_tag_adder)  # (tests read some of them here too)
+from sdxl_engine.serving.apis.mcp_image import API_NAME as IMAGE_TOOL
+from sdxl_engine.serving.apis.mcp_image import image_tool
+from sdxl_engine.serving.page import (  # noqa: F401
+    BLOG_DEFAULT,
+    EXAMPLES,
+    PNG_FIELDS,
+    engine_banner,
+    load_example,
+    lora_names_for,
+    lora_tag_adder,
+    page_event,
+    png_settings,
+    size_choices,
+    status_line,
+    stopped_view,  # (tests read some of them here too)
+)
+from sdxl_engine.serving.page_assets import (
+    HISTORY_JS,
+    HISTORY_KEY,
+    HISTORY_NOTE,
+    MODEL_NOTES,
+    NEW_REQUEST_JS,
+    PAGE_CSS,
+    PARSE_SIZE_JS,
+    PNG_SETTINGS_HTML,
+    PNG_SETTINGS_JS,
+    REAL_SDXL_HINT,
+    REQUEST_ENDS_JS,
+    REQUEST_STARTS_JS,
+    SCROLL_TO_GALLERY_JS,
+    STOP_STEP_JS,
+)
 from sdxl_engine.serving.page_history import wire_history
-from sdxl_engine.serving.page_image import (editor_tools, image_events, image_section, refiner_slider,
-                                            wire_image_section)
+from sdxl_engine.serving.page_image import editor_tools, image_events, image_section, refiner_slider, wire_image_section
+from sdxl_engine.serving.styles import (
+    FAST_LABEL,
+    FAST_LORA,
+    FAST_PRESET,
+    NO_STYLE,
+    STYLE_NAMES,
+    has_fast_tag,
+    with_fast_tag,
+    without_fast_tag,
+)
 
 
 def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract | None = None, concurrency: int = 1,

@@ -22,8 +22,9 @@ import ipaddress
 import logging
 import os
 import re
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 # No JAX here (apply_jax_options imports it): the process checks its settings with this module before
 # the heavy imports, so a malformed one ends the start at once (serving/main.py).
@@ -181,7 +182,7 @@ class EngineConfig:
     max_run_seconds: float = 30.0
 
     @classmethod
-    def load(cls, overrides: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> "EngineConfig":
+    def load(cls, overrides: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> EngineConfig:
         """Build the config: defaults, then ``SDXL_*`` environment variables, then ``overrides``.
 
         Raises:
@@ -213,7 +214,7 @@ class EngineConfig:
         return self._explicit
 
     def with_model_defaults(self, defaults: Mapping[str, Any], model: str = "the model",
-                            source: str = "") -> "EngineConfig":
+                            source: str = "") -> EngineConfig:
         """This config with a model's own defaults (its engine_defaults.json) for the fields not :attr:`explicit`.
 
         Args:

@@ -52,14 +52,23 @@ from PIL import Image
 from sdxl_engine.config import EngineConfig, apply_jax_options
 from sdxl_engine.engine.contract import GenerateResult
 from sdxl_engine.engine.local import Engine
-from sdxl_engine.serving.images import encode_pngs
-from sdxl_engine.program.compiling import compile_program
-from sdxl_engine.program.generate import (ProgramInputs, ProgramShape, cfg_combine, denoised, encode_prompts, initial_noise,
-                                          latent_shape, sampler_update, tokenize)
-from sdxl_engine.program.schedulers import make_schedule
-from sdxl_engine.program.sharding import DATA_AXIS
 from sdxl_engine.engine.steps import StepEvent
 from sdxl_engine.engine.validation import GenerateRequest
+from sdxl_engine.program.compiling import compile_program
+from sdxl_engine.program.generate import (
+    ProgramInputs,
+    ProgramShape,
+    cfg_combine,
+    denoised,
+    encode_prompts,
+    initial_noise,
+    latent_shape,
+    sampler_update,
+    tokenize,
+)
+from sdxl_engine.program.schedulers import make_schedule
+from sdxl_engine.program.sharding import DATA_AXIS
+from sdxl_engine.serving.images import encode_pngs
 from tools import fullsize, progress_cost, warmstart
 from tools.report import write_section
 
@@ -289,6 +298,7 @@ def host_side(engine, size: int, runs: int) -> dict:
                      "page handler after the device": lambda: handler.handle_generate(
                          fixed, "a red circle on the left", "", 7, 5.0, 20, 0, 0, files_dir=files)}, runs)
     import gradio as gr
+
     from sdxl_engine.serving import history
 
     # the app's /generate is a generator (handler.stream_previews); gradio_client downloads the
@@ -346,9 +356,10 @@ def served_stream(engine, size: int, runs: int, steps: int = 20, step_s: float =
     with interleaved rounds: the plain function (no previews: the path before streaming); the app's
     streaming /generate (each preview one grid image: handler._preview_gallery); the same with one file per
     image per preview (the design before the grid, rebuilt here for the comparison)."""
+    import gradio as gr
+
     from sdxl_engine.serving import handler, history
     from sdxl_engine.serving.images import png_bytes, write_new
-    import gradio as gr
 
     small = engine.generate(GenerateRequest("a red circle on the left", seed=0, num_inference_steps=20)).images
     images = np.repeat(np.repeat(small, size // small.shape[1], axis=1), size // small.shape[2], axis=2)

@@ -20,9 +20,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from sdxl_engine.checkpoint.loading import read_model_folder
-from sdxl_engine.models import COMPONENTS
 from sdxl_engine.checkpoint.weights import find_weight_files, load_params, save_params
 from sdxl_engine.checkpoint.writing import WEIGHT_FILES
+from sdxl_engine.models import COMPONENTS
 
 # Flax-only config fields, and the class name each component has in PyTorch.
 FLAX_ONLY = ("dtype", "split_head_dim", "use_memory_efficient_attention")

@@ -55,8 +55,8 @@ from PIL import Image
 
 from sdxl_engine.config import EngineConfig
 from sdxl_engine.engine.local import Engine
-from sdxl_engine.program.schedulers import SAMPLERS
 from sdxl_engine.engine.validation import GenerateRequest
+from sdxl_engine.program.schedulers import SAMPLERS
 from tools import shapes
 from tools.report import write_section
 

@@ -24,8 +24,8 @@ from sdxl_engine.config import EngineConfig
 from sdxl_engine.engine.local import Engine
 from sdxl_engine.engine.previews import FACTORS_FILE, LatentRGB, fit_latent_rgb
 from sdxl_engine.program.generate import ProgramInputs, tokenize
-from sdxl_engine.program.step_hook import STEP_HOOK
 from sdxl_engine.program.schedulers import make_schedule
+from sdxl_engine.program.step_hook import STEP_HOOK
 
 PROMPTS = ("a red circle on a blue background", "a large green square at the top", "a small yellow star on the left",
            "a purple triangle on a white background", "a large pink cross in the centre on a black background",

@@ -19,16 +19,14 @@ import zipfile
 from pathlib import Path
 
 import diffusers
+import diffusers.schedulers.scheduling_lcm
 import numpy as np
 import psutil
 import torch
 import transformers
-import diffusers.schedulers.scheduling_lcm
 from diffusers import AutoencoderKL, StableDiffusionXLPipeline, UNet2DConditionModel
 from safetensors import safe_open
 from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
-
-
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"

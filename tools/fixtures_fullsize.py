@@ -11,11 +11,29 @@ import torch
 from diffusers import AutoencoderKL, EulerDiscreteScheduler, StableDiffusionXLPipeline, UNet2DConditionModel
 from transformers import CLIPTextModel, CLIPTextModelWithProjection
 
-from tools.fixtures_common import (COMPONENTS, StageLog, _json, build_component, check_saved, free_memory,
-                                   sdxl_base_configs, seeded_component, versions)
-from tools.fixtures_tiny import (PROMPTS, make_tokenizers, text_inputs, text_outputs, unet_inputs, unet_outputs,
-                                 vae_inputs, vae_outputs, write_reference, write_tokenizers)
-
+from tools.fixtures_common import (
+    COMPONENTS,
+    StageLog,
+    _json,
+    build_component,
+    check_saved,
+    free_memory,
+    sdxl_base_configs,
+    seeded_component,
+    versions,
+)
+from tools.fixtures_tiny import (
+    PROMPTS,
+    make_tokenizers,
+    text_inputs,
+    text_outputs,
+    unet_inputs,
+    unet_outputs,
+    vae_inputs,
+    vae_outputs,
+    write_reference,
+    write_tokenizers,
+)
 
 FULLSIZE_PROMPTS = PROMPTS[:2]
 

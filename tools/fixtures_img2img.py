@@ -12,14 +12,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
-import torch
 import diffusers.pipelines.stable_diffusion_xl.pipeline_stable_diffusion_xl_img2img as sdxl_img2img
+import numpy as np
 import PIL.Image
+import torch
 from diffusers import DDIMScheduler, DPMSolverMultistepScheduler, EulerDiscreteScheduler
 
 from tools.fixtures_common import plain_config, versions, write_npz
-
 
 # ``img2img``: tiny-pt's StableDiffusionXLImg2ImgPipeline, 64x64, 2 images (one picture each), 10 steps; case ->
 # (A1111 sampler name, strength). The prompt, negative prompt and guidance are IMG2IMG_SETTINGS'.

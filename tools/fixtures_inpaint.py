@@ -21,10 +21,10 @@ from __future__ import annotations
 import json
 import shutil
 
+import diffusers.pipelines.stable_diffusion_xl.pipeline_stable_diffusion_xl_inpaint as sdxl_inpaint
 import numpy as np
 import PIL.Image
 import torch
-import diffusers.pipelines.stable_diffusion_xl.pipeline_stable_diffusion_xl_inpaint as sdxl_inpaint
 from diffusers import StableDiffusionXLInpaintPipeline, StableDiffusionXLPipeline, UNet2DConditionModel
 
 from tools.fixtures_common import FIXTURES, plain_config, randomized, versions, write_npz

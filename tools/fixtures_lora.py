@@ -22,8 +22,7 @@ import torch
 from diffusers import LCMScheduler, StableDiffusionXLPipeline
 from safetensors import safe_open
 
-from tools.fixtures_common import EngineNoise, ROOT, load_checked, plain_config, versions, write_npz
-
+from tools.fixtures_common import ROOT, EngineNoise, load_checked, plain_config, versions, write_npz
 
 # ``lora``: two LoRAs for tiny-pt and diffusers' images with them. The kohya file is written here by hand in
 # kohya's SDXL naming (sd-scripts trains SDXL on the sgm/LDM UNet: input_blocks/middle_block/output_blocks), so

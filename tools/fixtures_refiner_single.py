@@ -27,8 +27,7 @@ from diffusers import StableDiffusionXLImg2ImgPipeline
 from safetensors.torch import save_file
 
 from tools.fixtures_common import FIXTURES, versions
-from tools.fixtures_single import (_loaded_without_warnings, _same_weights, _sgm_open_clip, _sgm_unet_key,
-                                   sgm_vae_state)
+from tools.fixtures_single import _loaded_without_warnings, _same_weights, _sgm_open_clip, _sgm_unet_key, sgm_vae_state
 
 REFINER = FIXTURES / "tiny-pt-refiner"
 OUT = FIXTURES / "tiny-single-refiner"

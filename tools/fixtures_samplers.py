@@ -18,11 +18,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from diffusers import (DDIMScheduler, DPMSolverMultistepScheduler, EulerAncestralDiscreteScheduler,
-                       EulerDiscreteScheduler, LCMScheduler, StableDiffusionXLPipeline)
+from diffusers import (
+    DDIMScheduler,
+    DPMSolverMultistepScheduler,
+    EulerAncestralDiscreteScheduler,
+    EulerDiscreteScheduler,
+    LCMScheduler,
+    StableDiffusionXLPipeline,
+)
 
 from tools.fixtures_common import EngineNoise, plain_config, sdxl_base_configs, versions, write_npz
-
 
 # ``samplers``: A1111 name -> (diffusers class, the from_config overrides the name stands for), as the engine maps them.
 SAMPLER_CLASSES = {

@@ -26,10 +26,19 @@ from diffusers import AutoencoderKL, EulerDiscreteScheduler, StableDiffusionXLPi
 from safetensors import safe_open
 from transformers import CLIPTextModelWithProjection
 
-from tools.fixtures_common import (COMPONENTS, FIXTURES, as_numpy, build_component, load_checked, plain_config,
-                                   sdxl_base_configs, seeded_component, versions, write_npz)
+from tools.fixtures_common import (
+    COMPONENTS,
+    FIXTURES,
+    as_numpy,
+    build_component,
+    load_checked,
+    plain_config,
+    sdxl_base_configs,
+    seeded_component,
+    versions,
+    write_npz,
+)
 from tools.fixtures_lora import LORA_GUIDANCE, LORA_PROMPT, LORA_STEPS
-
 
 # (prompt, negative prompt, guidance, steps, scheduler overrides, latents seed): the single file's case, then the
 # swap case (tiny-pt with unet-swap.safetensors and vae-ldm.safetensors, trailing spacing, as for Lightning UNets).

@@ -21,13 +21,28 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from diffusers import (AutoencoderKL, DDIMScheduler, DPMSolverMultistepScheduler, EulerDiscreteScheduler,
-                       StableDiffusionXLPipeline, UNet2DConditionModel)
+from diffusers import (
+    AutoencoderKL,
+    DDIMScheduler,
+    DPMSolverMultistepScheduler,
+    EulerDiscreteScheduler,
+    StableDiffusionXLPipeline,
+    UNet2DConditionModel,
+)
 from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
 
-from tools.fixtures_common import (COMPONENTS, as_numpy, build_component, check_saved, plain_config, saved_shapes,
-                                   sdxl_base_configs, seeded_component, versions, write_npz)
-
+from tools.fixtures_common import (
+    COMPONENTS,
+    as_numpy,
+    build_component,
+    check_saved,
+    plain_config,
+    saved_shapes,
+    sdxl_base_configs,
+    seeded_component,
+    versions,
+    write_npz,
+)
 
 # ``tiny``: SDXL's architecture, deliberately unlike the project's tiny-shapes (more layers and heads).
 TINY_TEXT = dict(

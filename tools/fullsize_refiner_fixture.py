@@ -31,11 +31,18 @@ from pathlib import Path
 
 import torch
 from diffusers import EulerDiscreteScheduler, StableDiffusionXLImg2ImgPipeline, StableDiffusionXLPipeline
-
 from transformers import CLIPTokenizer
 
-from tools.fixtures_common import (FIXTURES, StageLog, build_component, check_saved, free_memory, sdxl_base_configs,
-                                   seeded_component, versions)
+from tools.fixtures_common import (
+    FIXTURES,
+    StageLog,
+    build_component,
+    check_saved,
+    free_memory,
+    sdxl_base_configs,
+    seeded_component,
+    versions,
+)
 
 # stabilityai/stable-diffusion-xl-refiner-1.0 unet/config.json, where it differs from the base's.
 REFINER_UNET_OVERRIDES = dict(

@@ -30,8 +30,8 @@ from sdxl_engine.engine.local import Engine
 from sdxl_engine.engine.steps import AUTO, StepReceiver
 from sdxl_engine.program.compiling import cached_program
 from sdxl_engine.program.generate import ProgramInputs, tokenize
-from sdxl_engine.program.step_hook import STEP_HOOK
 from sdxl_engine.program.schedulers import make_schedule
+from sdxl_engine.program.step_hook import STEP_HOOK
 
 
 def variants(engine: Engine, steps: int) -> tuple[dict, dict]:

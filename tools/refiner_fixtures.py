@@ -28,8 +28,13 @@ import shutil
 
 import numpy as np
 import torch
-from diffusers import (AutoencoderKL, DPMSolverMultistepScheduler, EulerDiscreteScheduler, StableDiffusionXLImg2ImgPipeline,
-                       StableDiffusionXLPipeline)
+from diffusers import (
+    AutoencoderKL,
+    DPMSolverMultistepScheduler,
+    EulerDiscreteScheduler,
+    StableDiffusionXLImg2ImgPipeline,
+    StableDiffusionXLPipeline,
+)
 from transformers import CLIPTextConfig, CLIPTokenizer
 
 from tools.fixtures_common import FIXTURES, check_saved, plain_config, seeded_component, versions, write_npz

@@ -53,9 +53,9 @@ from transformers import CLIPTokenizer
 
 from sdxl_engine.checkpoint import builtin
 from sdxl_engine.checkpoint.loading import load_model
+from sdxl_engine.checkpoint.writing import save_folder
 from sdxl_engine.models import build_component
 from sdxl_engine.program.generate import encode_prompts
-from sdxl_engine.checkpoint.writing import save_folder
 from tools import shapes
 
 # The SDXL architecture at 64x64 (compare builtin.SDXL_BASE): same block types, attention with

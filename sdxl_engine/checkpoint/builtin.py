@@ -29,9 +29,9 @@ from pathlib import Path
 import numpy as np
 from transformers import CLIPTokenizer
 
+from sdxl_engine.checkpoint.writing import save_folder
 from sdxl_engine.models import build_component
 from sdxl_engine.models.random_weights import random_params
-from sdxl_engine.checkpoint.writing import save_folder
 
 # SDXL 1.0 base's config.json files, byte-identical to the hub's (sdxl_engine/checkpoint/configs/README.md).
 SDXL_BASE_DIR = Path(__file__).resolve().parent / "configs" / "sdxl-base-1.0"

@@ -18,8 +18,9 @@ import socket
 import tempfile
 import time
 import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -28,14 +29,15 @@ from huggingface_hub import constants as hub_constants
 from transformers import CLIPTokenizer
 
 from sdxl_engine.checkpoint import builtin, single_file
-from sdxl_engine.models import COMPONENTS, Component, build_component
-from sdxl_engine.models.random_weights import random_params
-from sdxl_engine.program.schedulers import UnsupportedSchedulerConfig, check_scheduler_config
 from sdxl_engine.checkpoint.weights import PICKLE_SUFFIXES, ModelLoadError, find_weight_files, load_params
 from sdxl_engine.checkpoint.writing import VOCABULARY_FILE
+
 # Optional in a model folder: the sampler, steps and guidance it chooses for requests that set none (one JSON
 # object, keys of config.MODEL_DEFAULT_FIELDS; "_" keys are notes); a deployment's explicit setting wins.
 from sdxl_engine.config import ENGINE_DEFAULTS_FILE
+from sdxl_engine.models import COMPONENTS, Component, build_component
+from sdxl_engine.models.random_weights import random_params
+from sdxl_engine.program.schedulers import UnsupportedSchedulerConfig, check_scheduler_config
 
 __all__ = ["LoadedModel", "ModelKind", "ModelLoadError", "load_model", "resolve_dtype", "read_model_folder",
            "read_model_kind", "engine_defaults"]
@@ -189,7 +191,7 @@ class LoadedModel:
     # The SDXL refiner the engine attached to this base (--refiner; :func:`check_refiner` passed): its components
     # and kind are the program's refiner expert; its params (text_encoder_2, unet) go in the program's
     # params["refiner"]. None: no refiner.
-    refiner: "LoadedModel | None" = None
+    refiner: LoadedModel | None = None
 
     @property
     def unet(self):

@@ -38,8 +38,8 @@ import hashlib
 import json
 import math
 import re
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp

@@ -37,13 +37,21 @@ import dataclasses
 import logging
 import re
 from collections import Counter
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Callable, Mapping
 
 import numpy as np
 
-from sdxl_engine.checkpoint.weights import (BUFFERS, ModelLoadError, TensorInfo, _check, _read_safetensors,
-                                            module_shape, read_safetensors_header, to_module_layout)
+from sdxl_engine.checkpoint.weights import (
+    BUFFERS,
+    ModelLoadError,
+    TensorInfo,
+    _check,
+    _read_safetensors,
+    module_shape,
+    read_safetensors_header,
+    to_module_layout,
+)
 from sdxl_engine.models import Component
 
 LOG = logging.getLogger(__name__)

@@ -31,8 +31,8 @@ import dataclasses
 import json
 import re
 import struct
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Callable, Iterator, Mapping
 
 import numpy as np
 from flax.serialization import msgpack_restore

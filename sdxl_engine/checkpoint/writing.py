@@ -11,8 +11,8 @@ project's optional ``vocabulary.txt``. Tokenizers are written by whoever makes t
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 import numpy as np
 

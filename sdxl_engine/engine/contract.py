@@ -16,7 +16,8 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from typing import Callable, Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 

@@ -21,33 +21,33 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import jax
 import numpy as np
 
+from sdxl_engine import config as config_mod
 from sdxl_engine.checkpoint import loading
 from sdxl_engine.checkpoint import lora as lora_mod
-from sdxl_engine.engine import faults, memory
-from sdxl_engine.engine.memory import MemoryBudget
-from sdxl_engine.engine.durations import RunTimes
-from sdxl_engine.program import sharding
-from sdxl_engine import config as config_mod
 from sdxl_engine.config import EngineConfig
-from sdxl_engine.program.executables import ExecutableCache
-from sdxl_engine.program.compiling import CompiledProgram
-from sdxl_engine.program.generate import ProgramInputs
-from sdxl_engine.program.step_hook import STEP_HOOK
-from sdxl_engine.program.latent_upscale import sharded_upscale
+from sdxl_engine.engine import faults, memory
 from sdxl_engine.engine.contract import GenerateResult, ScaleOut, clock, queue_seconds, wait_for_start
+from sdxl_engine.engine.durations import RunTimes
 from sdxl_engine.engine.errors import GenerationError
 from sdxl_engine.engine.image_upscale import upscale_images
-from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest, Limits, validate
-from sdxl_engine.engine.previews import latent_rgb_for
+from sdxl_engine.engine.memory import MemoryBudget
 from sdxl_engine.engine.plan import Plan, Planner
+from sdxl_engine.engine.previews import latent_rgb_for
 from sdxl_engine.engine.programs import Programs
 from sdxl_engine.engine.steps import StepEvent, StepReceiver, Stopped
+from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest, Limits, validate
+from sdxl_engine.program import sharding
+from sdxl_engine.program.compiling import CompiledProgram
+from sdxl_engine.program.executables import ExecutableCache
+from sdxl_engine.program.generate import ProgramInputs
+from sdxl_engine.program.latent_upscale import sharded_upscale
+from sdxl_engine.program.step_hook import STEP_HOOK
 
 LOG = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ class Engine:
             self._warn(f"[sdxl_engine] WARNING: {faults.ENV} is on: test-only faults can be triggered by prompts")
 
     # ---- start-up -------------------------------------------------------------------------
-    def start(self) -> "Engine":
+    def start(self) -> Engine:
         """Run every start-up stage in this thread; sets ``ready`` or ``error``. Returns self."""
         try:
             self._start()

@@ -68,7 +68,7 @@ class MemoryBudget:
     batch: int
 
     @classmethod
-    def measure(cls, mesh, multiple: int, batch: int, limit_gb: float = 0.0) -> "MemoryBudget":
+    def measure(cls, mesh, multiple: int, batch: int, limit_gb: float = 0.0) -> MemoryBudget:
         """The budget of the devices of ``mesh`` now (call once the engine is ready): ``limit_gb`` GB when set (>
         0), else what they have free less :data:`RESERVE`."""
         devices = list(mesh.devices.flat)

@@ -18,8 +18,14 @@ from sdxl_engine.engine.prompts import CHUNK, PromptTokens, parse_lora_tags, tok
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest, Limits, hires_size
 from sdxl_engine.program.generate import ProgramShape
 from sdxl_engine.program.latent_upscale import resize_matrix
-from sdxl_engine.program.schedulers import (Schedule, TooManySteps, UnsupportedSchedulerConfig, hires_schedule,
-                                            make_schedule, refiner_start)
+from sdxl_engine.program.schedulers import (
+    Schedule,
+    TooManySteps,
+    UnsupportedSchedulerConfig,
+    hires_schedule,
+    make_schedule,
+    refiner_start,
+)
 
 
 @dataclasses.dataclass(frozen=True)

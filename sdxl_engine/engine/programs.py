@@ -8,12 +8,12 @@ import concurrent.futures
 import logging
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from sdxl_engine.config import EngineConfig
 from sdxl_engine.engine.contract import clock
-from sdxl_engine.engine.errors import CompilesBusy
 from sdxl_engine.engine.costs import CostTable, program_cost
+from sdxl_engine.engine.errors import CompilesBusy
 from sdxl_engine.engine.steps import Stopped
 from sdxl_engine.program.compiling import CompiledProgram, cache_counts, cached_program
 from sdxl_engine.program.executables import ExecutableCache

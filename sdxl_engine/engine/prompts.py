@@ -231,7 +231,7 @@ class PromptTokens:
     words: str
     empty_chunk: np.ndarray
 
-    def padded(self, chunks: int) -> "PromptTokens":
+    def padded(self, chunks: int) -> PromptTokens:
         """This prompt with the empty prompt's chunk appended up to ``chunks`` chunks (weights 1), as
         A1111 pads the shorter of the prompt and negative prompt ("pad prompt/negative prompt to be
         same length"), so both have one shape."""

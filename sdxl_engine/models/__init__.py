@@ -14,7 +14,8 @@ casting, the persistent caches); the modules are only ever called through ``bind
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp

@@ -11,7 +11,8 @@ one (see :mod:`sdxl_engine.checkpoint.weights` for the ``text_model.`` prefix ru
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -36,7 +37,7 @@ class CLIPTextConfig:
     eos_token_id: int = 2  # 2 = legacy configs: pool at argmax(input_ids) (transformers PR #24773)
 
     @classmethod
-    def from_dict(cls, config: Mapping[str, Any]) -> "CLIPTextConfig":
+    def from_dict(cls, config: Mapping[str, Any]) -> CLIPTextConfig:
         """Keep the known fields of a config.json dict (others, e.g. dropout, do not matter here).
 
         Raises ValueError for a hidden size that does not split over the heads.

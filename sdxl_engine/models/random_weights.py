@@ -26,7 +26,7 @@ usual scale. Values are not those of ``Component.init``: only the statistics mat
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp

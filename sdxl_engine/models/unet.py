@@ -16,7 +16,8 @@ channels-first arrays as diffusers does; inside, activations are channels-last.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -81,7 +82,7 @@ class UNetConfig:
     projection_class_embeddings_input_dim: int
 
     @classmethod
-    def from_dict(cls, c: Mapping[str, Any]) -> "UNetConfig":
+    def from_dict(cls, c: Mapping[str, Any]) -> UNetConfig:
         """Normalise a config.json dict. Raises ValueError naming an unsupported field or value."""
         for key, allowed in _FIXED.items():
             if c.get(key, allowed) != allowed:

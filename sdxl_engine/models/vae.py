@@ -8,7 +8,8 @@ resnets.1.conv2``, ``encoder.mid_block.attentions.0.to_q``), parameters PyTorch-
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -39,7 +40,7 @@ class VAEConfig:
     mid_block_add_attention: bool = True
 
     @classmethod
-    def from_dict(cls, c: Mapping[str, Any]) -> "VAEConfig":
+    def from_dict(cls, c: Mapping[str, Any]) -> VAEConfig:
         """Keep the known fields of config.json. Raises ValueError for unsupported block types."""
         for key, kind in (("down_block_types", "DownEncoderBlock2D"), ("up_block_types", "UpDecoderBlock2D")):
             if any(t != kind for t in c.get(key, ())):

@@ -7,13 +7,14 @@ import contextlib
 import dataclasses
 import functools
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import jax
-from jax._src import config as jax_config  # its thread-local enable_compilation_cache switch has no public API
 from jax._src import compilation_cache  # reset_cache: JAX reads that switch once per process (persistent_cache_off)
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax._src import config as jax_config  # its thread-local enable_compilation_cache switch has no public API
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from sdxl_engine.checkpoint.loading import LoadedModel
 from sdxl_engine.program.executables import ExecutableCache, key_digest, source_digest

@@ -51,9 +51,10 @@ import platform
 import secrets
 import stat
 import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import jax
 import jaxlib.version

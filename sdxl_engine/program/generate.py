@@ -39,13 +39,15 @@ ProgramShape flag, the inputs it turns on and one branch in a stage: img2img (``
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Mapping, NamedTuple
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import io_callback
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from sdxl_engine.checkpoint.loading import LoadedModel
 from sdxl_engine.program.schedulers import Schedule
@@ -202,7 +204,7 @@ class ProgramInputs:
     init_latents: jax.Array | None = per_image(latent_dims, jnp.float32, when="init_latents")  # hires: the image
 
     @staticmethod
-    def specs(shape: ProgramShape) -> "ProgramInputs":
+    def specs(shape: ProgramShape) -> ProgramInputs:
         """PartitionSpecs from the declarations: per-image fields ``P("data")``, the others ``P()``,
         an optional field None unless its flag is on in ``shape``."""
         return ProgramInputs(**{f.name: _spec(f) if _present(f, shape) else None
@@ -213,7 +215,7 @@ class ProgramInputs:
               schedule: Schedule, steps: int, max_steps: int, latents: np.ndarray | None = None,
               prompt_weights: np.ndarray | None = None, negative_weights: np.ndarray | None = None,
               image: np.ndarray | None = None, start_step: int | None = None, mask: np.ndarray | None = None,
-              from_noise: bool = False, init_latents=None) -> "ProgramInputs":
+              from_noise: bool = False, init_latents=None) -> ProgramInputs:
         """One request's inputs: (2, chunks * 77) ids broadcast to every image, a seed per image, a padded schedule.
 
         ``prompt_ids`` and ``negative_ids`` have the same chunk count (engine/prompts.py pads the
@@ -250,7 +252,7 @@ class ProgramInputs:
             init_latents=init_latents)  # hires' second pass: (n, C, h, w) float32, kept where it is (on the devices)
 
     def with_refiner(self, refiner_start: int, aesthetic_score: float = 6.0,
-                     negative_aesthetic_score: float = 2.5) -> "ProgramInputs":
+                     negative_aesthetic_score: float = 2.5) -> ProgramInputs:
         """These inputs for a program with ``refiner``: the refiner runs from step ``refiner_start``
         (schedulers.refiner_start: 0 .. steps), the prompt rows' time ids carry ``aesthetic_score`` and the negative
         rows' ``negative_aesthetic_score`` (diffusers' img2img defaults 6.0 and 2.5). The switch step's update is
@@ -265,7 +267,7 @@ class ProgramInputs:
                                    aesthetic_score=np.asarray([negative_aesthetic_score, aesthetic_score], np.float32))
 
     @staticmethod
-    def abstract(shape: ProgramShape, latent_shape: tuple[int, int, int], mesh: Mesh) -> "ProgramInputs":
+    def abstract(shape: ProgramShape, latent_shape: tuple[int, int, int], mesh: Mesh) -> ProgramInputs:
         """ShapeDtypeStructs with their shardings, from the declarations, for lowering ahead of time.
 
         ``latent_shape``: the (C, h, w) of one image's latents (:func:`latent_shape`)."""

@@ -110,7 +110,8 @@ def sharded_upscale(mesh):
     returns them and the second pass takes them), the matrices replicated; one compile per pair of sizes, none per
     upscaler."""
     import jax
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     from sdxl_engine.program.sharding import DATA_AXIS
 

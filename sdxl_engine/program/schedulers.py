@@ -163,7 +163,7 @@ class Schedule:
     final_scale: float
     clip_range: float = math.inf
 
-    def starting_at(self, start: int) -> "Schedule":
+    def starting_at(self, start: int) -> Schedule:
         """This schedule for a run that begins at step ``start`` (img2img): the steps before it are skipped,
         and step ``start`` has no previous x0, so its update is first order, ``b + c`` on x0 and ``c = 0``
         (DPM++ 2M's second-order step needs the x0 of a step that did not run; diffusers'

@@ -37,7 +37,8 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from fastapi import HTTPException
 
@@ -100,7 +101,7 @@ class Admission:
 
     @classmethod
     def install(cls, demo, limit: int, closing: Callable[[], bool], api_names=("generate",),
-                log=LOG.info, also_held: Callable[[str], int] | None = None) -> "Admission":
+                log=LOG.info, also_held: Callable[[str], int] | None = None) -> Admission:
         """Wrap the demo's queue's ``push`` for the events named ``api_names``; returns the admission.
 
         Call after ``demo.queue(...)`` (it replaces the queue) and before serving. Off the queue,

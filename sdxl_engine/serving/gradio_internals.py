@@ -24,8 +24,9 @@ import importlib.metadata
 import json
 import logging
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from starlette.exceptions import StarletteDeprecationWarning
 

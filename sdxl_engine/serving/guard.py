@@ -540,8 +540,8 @@ class Guard:
     request gets a 404 and one log line.
     """
 
-    def __init__(self, app, gate: "RequestGate | None" = None, max_body: int = MAX_BODY_BYTES,
-                 inputs: dict | None = None, fns: dict | None = None, routes: "Routes | None" = None,
+    def __init__(self, app, gate: RequestGate | None = None, max_body: int = MAX_BODY_BYTES,
+                 inputs: dict | None = None, fns: dict | None = None, routes: Routes | None = None,
                  log=LOG.info, defaults: dict | None = None):
         self.app = app
         self.gate = gate
@@ -800,7 +800,7 @@ async def _plain(send, status: int, body: bytes, extra: list | None = None,
     await send({"type": "http.response.body", "body": body})
 
 
-def install_guard(app, gate: "RequestGate | None" = None, demo=None) -> None:
+def install_guard(app, gate: RequestGate | None = None, demo=None) -> None:
     """Put :class:`Guard` outside every other middleware of Gradio's FastAPI ``app``.
 
     Gradio adds its CORS middleware inside ``launch``, so the guard goes in after it

@@ -21,8 +21,8 @@ import os
 import queue
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import gradio as gr
 import numpy as np
@@ -31,14 +31,14 @@ from sdxl_engine.checkpoint.loading import engine_defaults
 from sdxl_engine.config import EngineConfig, resolve_defaults
 from sdxl_engine.engine.contract import EngineContract, clock
 from sdxl_engine.engine.errors import CompilesBusy, EngineNotReady, GenerationError
+from sdxl_engine.engine.previews import preview_grid
+from sdxl_engine.engine.steps import StepEvent, Stopped
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest
 from sdxl_engine.program.schedulers import SAMPLERS
 from sdxl_engine.serving import admission, delivery, gradio_internals, guard, history
-from sdxl_engine.serving.styles import NO_STYLE, STYLE_NAMES, UnknownStyle, apply_style, get_style
-from sdxl_engine.engine.previews import preview_grid
-from sdxl_engine.engine.steps import StepEvent, Stopped
-from sdxl_engine.serving.progress import JOBS
 from sdxl_engine.serving.images import png_bytes, write_new
+from sdxl_engine.serving.progress import JOBS
+from sdxl_engine.serving.styles import NO_STYLE, STYLE_NAMES, UnknownStyle, apply_style, get_style
 
 LOG = logging.getLogger(__name__)
 
@@ -158,7 +158,7 @@ def refiner_switch(value):
 
 
 def _run_event(handle: Callable, values: tuple, request, progress, pending: history.Pending,
-               finished: history.Pending | None, extra: "ProtocolInputs"):
+               finished: history.Pending | None, extra: ProtocolInputs):
     """What the page's events run (api_function's /generate, image_function's image to image, the hires fix):
     ``handle`` on the nine ``values`` with ``extra`` under a job of the caller's session, the previews
     streamed (stream_previews), a Stop heard; then the history record kept in ``pending`` and the gallery in

@@ -8,8 +8,8 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from sdxl_engine.engine.contract import clock
 from sdxl_engine.serving import gradio_internals, guard
@@ -40,7 +40,7 @@ class TempJanitor:
         self.keep_s = keep_s
 
     @classmethod
-    def for_config(cls, demo, config) -> "TempJanitor":
+    def for_config(cls, demo, config) -> TempJanitor:
         return cls(demo, config.temp_max_mb * 1e6, config.temp_keep_s)
 
     def _tracked(self) -> list[tuple[float, int, str, set]]:

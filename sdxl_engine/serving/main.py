@@ -25,7 +25,8 @@ import dataclasses
 import logging
 import os
 import sys
-from typing import TYPE_CHECKING, Callable, NoReturn
+from collections.abc import Callable
+from typing import TYPE_CHECKING, NoReturn
 
 from sdxl_engine.serving import logs  # standard library only
 from sdxl_engine.serving.signals import StopSignals  # standard library only

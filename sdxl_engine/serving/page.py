@@ -8,7 +8,7 @@ import functools
 import logging
 import os
 import re
-from typing import Callable
+from collections.abc import Callable
 
 import gradio as gr
 

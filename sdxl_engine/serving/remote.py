@@ -18,7 +18,7 @@ import shutil
 import tempfile
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import ray
 from ray import serve
@@ -29,10 +29,27 @@ from sdxl_engine.config import EngineConfig
 from sdxl_engine.engine.contract import ScaleOut, clock, queue_seconds, wait_for_start
 from sdxl_engine.engine.steps import StepEvent, Stopped
 from sdxl_engine.engine.validation import GenerateRequest, Limits, validate
-from sdxl_engine.serving.replicas import (LOCAL_TEMP_PREFIX, SERVE_LOGGING, Outcome, ReplicaConfigError, ReplicaInfo,
-                                          ReplicaLost, ReplicaResult, ReplicaStartError, build_app, node_resources)
-from sdxl_engine.serving.scaleout import (APP_NAME, DEPLOYMENT_NAME, REQUEST_TIMEOUT_S, ReplicaPlan, Replicas,
-                                          plan_replica, ray_environment)
+from sdxl_engine.serving.replicas import (
+    LOCAL_TEMP_PREFIX,
+    SERVE_LOGGING,
+    Outcome,
+    ReplicaConfigError,
+    ReplicaInfo,
+    ReplicaLost,
+    ReplicaResult,
+    ReplicaStartError,
+    build_app,
+    node_resources,
+)
+from sdxl_engine.serving.scaleout import (
+    APP_NAME,
+    DEPLOYMENT_NAME,
+    REQUEST_TIMEOUT_S,
+    ReplicaPlan,
+    Replicas,
+    plan_replica,
+    ray_environment,
+)
 
 LOG = logging.getLogger(__name__)
 
@@ -112,7 +129,7 @@ class RemoteEngine:
 
     # ---- start-up -------------------------------------------------------------------------
     @classmethod
-    def launch(cls, config: EngineConfig, scale: Replicas, **kwargs) -> "RemoteEngine":
+    def launch(cls, config: EngineConfig, scale: Replicas, **kwargs) -> RemoteEngine:
         """Start or join Ray in this thread (call it from the main thread, before the server
         installs its signal handlers), then deploy and watch the replicas in a background thread.
 

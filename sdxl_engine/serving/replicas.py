@@ -17,23 +17,30 @@ import dataclasses
 import logging
 import os
 import threading
-from typing import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
 
 import jax
 import ray
 from ray import serve
 
-from sdxl_engine.engine import faults
 from sdxl_engine.config import ConfigError, EngineConfig
+from sdxl_engine.engine import faults
 from sdxl_engine.engine.contract import GenerateResult
 from sdxl_engine.engine.errors import CompilesBusy, EngineNotReady, GenerationError
 from sdxl_engine.engine.local import Engine
-from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest, Limits
 from sdxl_engine.engine.steps import StepEvent, Stopped
+from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest, Limits
 from sdxl_engine.serving import logs
-from sdxl_engine.serving.scaleout import (DEPLOYMENT_NAME, GRACEFUL_SHUTDOWN_S, HEALTH_CHECK_PERIOD_S,
-                                          HEALTH_CHECK_TIMEOUT_S, MAX_ONGOING_REQUESTS, ReplicaPlan, Replicas,
-                                          plan_replica)
+from sdxl_engine.serving.scaleout import (
+    DEPLOYMENT_NAME,
+    GRACEFUL_SHUTDOWN_S,
+    HEALTH_CHECK_PERIOD_S,
+    HEALTH_CHECK_TIMEOUT_S,
+    MAX_ONGOING_REQUESTS,
+    ReplicaPlan,
+    Replicas,
+    plan_replica,
+)
 
 LOG = logging.getLogger(__name__)
 
@@ -111,7 +118,7 @@ class Outcome:
     error: BaseException | None = None
 
     @classmethod
-    def failure(cls, err: BaseException) -> "Outcome":
+    def failure(cls, err: BaseException) -> Outcome:
         """The outcome of a failed request: the engine's own error (one of :data:`ENGINE_ERRORS`, whose type the
         front raises again), or any other exception as a ReplicaError with its type's name and text."""
         return cls(error=err if isinstance(err, ENGINE_ERRORS) else ReplicaError(f"{type(err).__name__}: {err}"))

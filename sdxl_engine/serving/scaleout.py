@@ -16,7 +16,7 @@ import json
 import math
 import os
 import secrets
-from typing import Mapping, MutableMapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 
 from sdxl_engine.config import ConfigError
 
@@ -46,7 +46,7 @@ class Replicas:
     max_replicas: int
 
     @classmethod
-    def parse(cls, text: str) -> "Replicas":
+    def parse(cls, text: str) -> Replicas:
         """``"2"`` -> 2 fixed replicas; ``"1-4"`` -> autoscaling from 1 to 4.
 
         Raises:

@@ -27,9 +27,8 @@ from pathlib import Path
 
 from sdxl_engine.config import ConfigError, trusted_networks
 from sdxl_engine.serving import gradio_internals
-from sdxl_engine.serving.guard import MAX_IMAGE_BYTES
 from sdxl_engine.serving.admission import Admission  # loads no Gradio (fastapi only)
-from sdxl_engine.serving.guard import RequestGate, install_guard  # noqa: F401 (RequestGate: main.py's)
+from sdxl_engine.serving.guard import MAX_IMAGE_BYTES, RequestGate, install_guard  # noqa: F401 (RequestGate: main.py's)
 from sdxl_engine.serving.janitor import TempJanitor
 from sdxl_engine.serving.signals import StopSignals  # noqa: F401 (serve's; imported from here by callers too)
 
@@ -137,7 +136,7 @@ def before_listening(set_up):
 
 
 def serve(demo, engine, options: dict, gate: RequestGate, drain_s: float = 60.0, log=None,
-          quiet_s: float = QUIET_S, signals: "StopSignals | None" = None, on_launch=None, service=None) -> int:
+          quiet_s: float = QUIET_S, signals: StopSignals | None = None, on_launch=None, service=None) -> int:
     """Launch ``demo`` and block until it should stop; returns the process exit status.
 
     Returns :func:`exit_status` (after one ``error:`` line on stderr) when the engine fails to

@@ -19,7 +19,7 @@ import dataclasses
 import html
 import logging
 import threading
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from sdxl_engine.engine.contract import EngineContract
 from sdxl_engine.engine.errors import CompilesBusy

@@ -134,11 +134,10 @@ def test_training_command_saves_a_model_the_engine_recipe_describes(tmp_path):
     import subprocess
     import sys
 
-    from tests.helpers import ROOT
-
     from sdxl_engine.checkpoint.builtin import TINY_SHAPES_DIR
     from sdxl_engine.checkpoint.loading import load_folder
     from sdxl_engine.program.schedulers import make_schedule
+    from tests.helpers import ROOT
 
     out = tmp_path / "ts"
     result = subprocess.run([sys.executable, "-m", "tools.train", "--out", str(out), "--images", "64",

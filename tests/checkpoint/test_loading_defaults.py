@@ -7,8 +7,8 @@ import shutil
 import pytest
 from PIL import Image
 
-from sdxl_engine.config import ConfigError, EngineConfig
 from sdxl_engine.checkpoint.loading import ENGINE_DEFAULTS_FILE, ModelLoadError, engine_defaults, read_engine_defaults
+from sdxl_engine.config import ConfigError, EngineConfig
 
 pytestmark = pytest.mark.engine
 

@@ -17,7 +17,6 @@ from safetensors.numpy import load_file, save_file
 from sdxl_engine.checkpoint import lora
 from sdxl_engine.checkpoint.loading import read_model_folder
 from sdxl_engine.checkpoint.weights import ModelLoadError
-
 from tests.helpers import FIXTURES
 
 LORA_DIR = FIXTURES / "tiny-pt-lora"

@@ -17,7 +17,6 @@ from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest, valid
 from sdxl_engine.program.generate import ProgramInputs, ProgramShape, tokenize
 from sdxl_engine.program.schedulers import make_schedule
 from sdxl_engine.program.sharding import replicated
-
 from tests.helpers import FIXTURES, TINY_PT_MAX_STEPS
 
 pytestmark = pytest.mark.engine

@@ -19,7 +19,6 @@ from sdxl_engine.checkpoint import loading, single_file, weights
 from sdxl_engine.checkpoint.loading import ModelLoadError, load_model, read_model_folder
 from sdxl_engine.config import ConfigError, EngineConfig
 from sdxl_engine.serving.cli import engine_overrides, parse_args
-
 from tests.helpers import FIXTURES, ROOT
 
 SINGLE = FIXTURES / "tiny-single"

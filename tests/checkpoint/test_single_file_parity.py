@@ -17,7 +17,6 @@ from sdxl_engine.checkpoint.loading import load_model
 from sdxl_engine.program.generate import ProgramInputs, ProgramShape, tokenize
 from sdxl_engine.program.schedulers import make_schedule
 from sdxl_engine.program.sharding import make_mesh, replicated
-
 from tests.helpers import FIXTURES, TINY_PT_MAX_STEPS
 
 pytestmark = pytest.mark.engine

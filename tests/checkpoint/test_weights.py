@@ -13,7 +13,6 @@ from safetensors.numpy import load_file, save_file
 from sdxl_engine.checkpoint import weights
 from sdxl_engine.checkpoint.loading import ModelLoadError, hub_files, load_folder, load_model
 from sdxl_engine.checkpoint.writing import WEIGHT_FILES
-
 from tests.helpers import FIXTURES, ROOT
 
 pytestmark = pytest.mark.engine

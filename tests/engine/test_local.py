@@ -8,9 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-from sdxl_engine.program.generate import tokenize
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest
-
+from sdxl_engine.program.generate import tokenize
 from tests.helpers import FIXTURES, ROOT
 
 pytestmark = pytest.mark.engine

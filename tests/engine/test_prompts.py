@@ -6,8 +6,15 @@ import numpy as np
 import pytest
 from transformers import CLIPTokenizer
 
-from sdxl_engine.engine.prompts import (CHUNK, TOKENS, Segment, chunk_tokens, parse_lora_tags, parse_prompt_attention,
-                                        tokenize_prompt)
+from sdxl_engine.engine.prompts import (
+    CHUNK,
+    TOKENS,
+    Segment,
+    chunk_tokens,
+    parse_lora_tags,
+    parse_prompt_attention,
+    tokenize_prompt,
+)
 from sdxl_engine.engine.validation import InvalidRequest
 
 

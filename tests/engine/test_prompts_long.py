@@ -11,8 +11,14 @@ import pytest
 
 from sdxl_engine.engine.prompts import TOKENS, tokenize_prompt
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest
-from sdxl_engine.program.generate import (ProgramInputs, ProgramShape, emphasize, encode_prompts, encode_text,
-                                          static_options)
+from sdxl_engine.program.generate import (
+    ProgramInputs,
+    ProgramShape,
+    emphasize,
+    encode_prompts,
+    encode_text,
+    static_options,
+)
 from sdxl_engine.program.schedulers import make_schedule
 
 pytestmark = pytest.mark.engine

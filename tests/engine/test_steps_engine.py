@@ -12,12 +12,12 @@ import time
 import numpy as np
 import pytest
 
+from sdxl_engine.checkpoint import builtin
 from sdxl_engine.config import EngineConfig
 from sdxl_engine.engine.local import Engine
-from sdxl_engine.engine.steps import Stopped
 from sdxl_engine.engine.previews import FACTORS_FILE, SDXL_BIAS, SDXL_FACTORS, fit_latent_rgb, latent_rgb_for
+from sdxl_engine.engine.steps import Stopped
 from sdxl_engine.engine.validation import GenerateRequest
-from sdxl_engine.checkpoint import builtin
 
 pytestmark = pytest.mark.engine
 

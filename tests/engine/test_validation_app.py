@@ -14,8 +14,8 @@ import math
 import httpx
 import pytest
 
-from tests.helpers import QUICK, assert_serves
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest
+from tests.helpers import QUICK, assert_serves
 
 pytestmark = pytest.mark.e2e
 

@@ -25,7 +25,6 @@ from flax import nnx
 
 from sdxl_engine.models import COMPONENTS
 from sdxl_engine.models.layers import GroupNorm, LayerNorm
-
 from tests.helpers import FIXTURES, ROOT
 
 CONFIGS = ROOT / "sdxl_engine" / "checkpoint" / "configs" / "sdxl-base-1.0"

@@ -21,7 +21,6 @@ from sdxl_engine.checkpoint.loading import load_folder, read_model_folder
 from sdxl_engine.models import build_component
 from sdxl_engine.program.generate import ProgramInputs, ProgramShape, latent_shape, tokenize
 from sdxl_engine.program.schedulers import make_schedule
-
 from tests.helpers import FIXTURES, ROOT, TINY_PT_MAX_STEPS, Programs
 
 pytestmark = pytest.mark.engine

@@ -14,7 +14,6 @@ import pytest
 from sdxl_engine.checkpoint import builtin
 from sdxl_engine.models import build_component
 from sdxl_engine.models.random_weights import init_spec, random_params
-
 from tests.helpers import ROOT
 
 pytestmark = pytest.mark.engine

@@ -13,8 +13,8 @@ steps, guidance 5, seeds 41 and 42. Image tolerance as the other parity tests: m
 import json
 
 import numpy as np
-from PIL import Image
 import pytest
+from PIL import Image
 
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest
 from sdxl_engine.program.latent_upscale import HIRES_UPSCALERS, resize_matrix

@@ -447,8 +447,14 @@ def test_the_inpainting_unets_masked_image_zeroes_the_repainted_part():
     (the left 16 columns) and a soft one (0.5 repaints, 0.25 keeps). Catches an inverted masked image
     (``image * mask``, or keeping the repainted part) in seconds; the slow parity tests barely see it."""
     from sdxl_engine.checkpoint.loading import load_folder
-    from sdxl_engine.program.generate import (ProgramInputs, ProgramShape, encode_image, encode_pixels,
-                                              image_conditioning, static_options)
+    from sdxl_engine.program.generate import (
+        ProgramInputs,
+        ProgramShape,
+        encode_image,
+        encode_pixels,
+        image_conditioning,
+        static_options,
+    )
 
     model = load_folder(FOLDER, "tiny-pt-inpaint", "float32")
     st = static_options(model, ProgramShape(2, 48, 64, STEPS, init_image=True, inpaint=True))

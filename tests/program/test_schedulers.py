@@ -8,17 +8,25 @@ coefficient moves a step by far more).
 """
 
 import json
-import re
 import math
+import re
 
 import numpy as np
 import pytest
 
 from sdxl_engine.program.generate import denoised, sampler_update
-from sdxl_engine.program.schedulers import (CLASS_DEFAULTS, FIELDS, SAMPLER_CLASSES, SAMPLERS, UnknownSampler,
-                                    UnsupportedSchedulerConfig, check_scheduler_config, get_sampler, make_schedule,
-                                    sampler_config)
-
+from sdxl_engine.program.schedulers import (
+    CLASS_DEFAULTS,
+    FIELDS,
+    SAMPLER_CLASSES,
+    SAMPLERS,
+    UnknownSampler,
+    UnsupportedSchedulerConfig,
+    check_scheduler_config,
+    get_sampler,
+    make_schedule,
+    sampler_config,
+)
 from tests.helpers import FIXTURES
 
 REF_DIR = FIXTURES / "tiny-pt-reference"

@@ -13,8 +13,17 @@ import re
 import numpy as np
 import pytest
 
-from sdxl_engine.program.schedulers import (FIELDS, PER_SAMPLER, SAMPLERS, TooManySteps, UnsupportedSchedulerConfig,
-                                            check_scheduler_config, get_sampler, make_schedule, sampler_config)
+from sdxl_engine.program.schedulers import (
+    FIELDS,
+    PER_SAMPLER,
+    SAMPLERS,
+    TooManySteps,
+    UnsupportedSchedulerConfig,
+    check_scheduler_config,
+    get_sampler,
+    make_schedule,
+    sampler_config,
+)
 from tests.helpers import FIXTURES
 
 STEPS = json.loads((FIXTURES / "sampler-steps.json").read_text())

@@ -19,7 +19,6 @@ from PIL import Image
 from sdxl_engine.config import ConfigError, EngineConfig
 from sdxl_engine.engine.validation import GenerateRequest
 
-
 # ---- fault 2: an outputs folder that cannot take the images -----------------------------------
 
 
@@ -211,8 +210,9 @@ def test_unknown_words_are_whole_visible_words():
 def test_unknown_words_are_spelled_as_tokens_so_they_change_the_embedding():
     """Why the warning says they change the images: the tokenizer does not drop them, it adds
     tokens between the known words' (byte tokens for the emoji)."""
-    from sdxl_engine.checkpoint.builtin import TINY_SHAPES_DIR, bytes_to_unicode
     from transformers import CLIPTokenizer
+
+    from sdxl_engine.checkpoint.builtin import TINY_SHAPES_DIR, bytes_to_unicode
 
     tok = CLIPTokenizer.from_pretrained(str(TINY_SHAPES_DIR / "tokenizer"))
     emoji = [bytes_to_unicode()[b] for b in "👍🏽".encode()]  # CLIP's printable stand-in of each UTF-8 byte
@@ -245,9 +245,9 @@ def test_ray_environment_asks_for_a_plain_quiet_log():
 
 
 def test_a_lost_replica_is_logged_as_a_failed_request_not_a_refused_one(caplog):
-    from sdxl_engine.serving import handler
     from sdxl_engine.engine.errors import GenerationError
     from sdxl_engine.engine.validation import InvalidRequest
+    from sdxl_engine.serving import handler
 
     caplog.set_level(logging.INFO, logger="sdxl_engine")
     handler.refuse(GenerationError("the replica running this request stopped (ActorDiedError); nothing came back"))

@@ -55,8 +55,8 @@ def test_a_protocol_request_for_fewer_images_tells_the_calls_that_end_it(tmp_pat
     from sdxl_engine.serving.guard import RequestGate
     from sdxl_engine.serving.progress import JOBS
     from sdxl_engine.serving.service import RequestService
-    from tests.serving.apis.test_core import RouteRequest
     from tests.serving.apis.test_apis import StartedEngine
+    from tests.serving.apis.test_core import RouteRequest
 
     kept = []
 

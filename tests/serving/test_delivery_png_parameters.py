@@ -12,9 +12,9 @@ import pytest
 from PIL import Image
 
 from sdxl_engine.engine.contract import GenerateResult
+from sdxl_engine.engine.validation import GenerateRequest
 from sdxl_engine.serving.delivery import deliver
 from sdxl_engine.serving.styles import NO_STYLE
-from sdxl_engine.engine.validation import GenerateRequest
 
 
 def result(request: GenerateRequest, seeds: list[int]) -> GenerateResult:

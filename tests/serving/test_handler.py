@@ -32,8 +32,8 @@ def test_handler_applies_style_reports_progress_and_saves_pngs(engine, monkeypat
     the whole text: the prompt line, ``Negative prompt: ...`` only when there is one, then
     ``Steps: n, Sampler: s, CFG scale: g, Seed: s, Size: WxH, Model: m[, Style: name]`` (AUTOMATIC1111's
     ``parameters`` chunk, modules/processing.py create_infotext: the fields it shares with A1111, in its order)."""
-    from sdxl_engine.serving import handler
     from sdxl_engine.engine.validation import GenerateRequest
+    from sdxl_engine.serving import handler
 
     monkeypatch.setattr(engine, "config", dataclasses.replace(engine.config, outputs_dir=str(tmp_path / "out")))
     reports = []
@@ -134,8 +134,7 @@ def test_handler_turns_bad_input_into_gradio_errors(engine):
 
 
 def test_history_keeps_small_records_newest_first_and_bounded(engine, tmp_path):
-    from sdxl_engine.serving import handler
-    from sdxl_engine.serving import history
+    from sdxl_engine.serving import handler, history
 
     _, info, record = handler.handle_generate(engine, "a blue square", "", 100, 7.0, 2, 0, 0, "Anime")
     past = []
@@ -157,7 +156,6 @@ def test_history_keeps_small_records_newest_first_and_bounded(engine, tmp_path):
 
 def test_banner_and_sizes_while_starting_and_when_ready(engine):
     import dataclasses
-    from pathlib import Path
 
     import app
     from sdxl_engine.engine.local import Engine

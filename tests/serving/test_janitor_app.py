@@ -1,8 +1,9 @@
 """Gradio's temp folder stays bounded: the app deletes its oldest files past a size, never young ones."""
 
-import pytest
 import time
 from pathlib import Path
+
+import pytest
 
 from tests.helpers import QUICK, RunningApp
 

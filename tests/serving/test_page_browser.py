@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.helpers import ROOT, RunningApp
-from sdxl_engine.config import EngineConfig
 from sdxl_engine.checkpoint.loading import engine_defaults, size_buckets
+from sdxl_engine.config import EngineConfig
+from tests.helpers import ROOT, RunningApp
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -7,9 +7,9 @@ import shlex
 import pytest
 import yaml
 
-from tests.helpers import ROOT
 from sdxl_engine.config import EngineConfig
 from sdxl_engine.serving import cli, scaleout
+from tests.helpers import ROOT
 
 DEPLOY = ROOT / "sdxl_engine" / "serving" / "deploy" / "kuberay"
 MANIFESTS = {"tpu": DEPLOY / "rayservice-tpu-v5e.yaml", "gpu": DEPLOY / "rayservice-gpu.yaml"}

@@ -101,8 +101,8 @@ class FakeHandle:
 
 def remote_engine(streams):
     """A RemoteEngine that is ready and calls ``FakeHandle(streams)`` instead of a Serve deployment."""
-    from sdxl_engine.serving.remote import RemoteEngine  # imports Ray: only the tests that need it load it
     from sdxl_engine.engine.validation import Limits
+    from sdxl_engine.serving.remote import RemoteEngine  # imports Ray: only the tests that need it load it
 
     engine = RemoteEngine(EngineConfig.load({}), Replicas(2, 2), log=lambda *_: None)
     engine.limits = Limits(max_seed=2**32 - 1, max_steps=50, sizes=((64, 64),), default_size=(64, 64),
@@ -115,8 +115,8 @@ def remote_engine(streams):
 def fake_result(replica: str):
     import numpy as np
 
-    from sdxl_engine.serving.replicas import Outcome, ReplicaResult
     from sdxl_engine.engine.validation import GenerateRequest
+    from sdxl_engine.serving.replicas import Outcome, ReplicaResult
 
     return Outcome(result=ReplicaResult(
         images=np.zeros((4, 64, 64, 3), np.uint8), seeds=[1, 2, 3, 4], request=GenerateRequest("x", seed=1),
@@ -127,8 +127,8 @@ def fake_result(replica: str):
 def test_a_replica_lost_before_the_device_is_retried_once_elsewhere():
     from ray.exceptions import ActorDiedError
 
-    from sdxl_engine.serving.replicas import Stage
     from sdxl_engine.engine.validation import GenerateRequest
+    from sdxl_engine.serving.replicas import Stage
 
     engine = remote_engine([[Stage("preparing"), ActorDiedError()],
                             [Stage("preparing"), Stage("on device"), Stage("to host"), fake_result("b")]])
@@ -144,8 +144,8 @@ def test_a_replica_lost_before_the_device_is_retried_once_elsewhere():
 def test_a_replica_lost_on_the_device_is_one_clear_error():
     from ray.exceptions import ActorDiedError
 
-    from sdxl_engine.serving.replicas import ReplicaLost, Stage
     from sdxl_engine.engine.validation import GenerateRequest
+    from sdxl_engine.serving.replicas import ReplicaLost, Stage
 
     engine = remote_engine([[Stage("preparing"), Stage("on device"), ActorDiedError()]])
     with pytest.raises(ReplicaLost, match=LOST + r" \(ActorDiedError\); nothing came back. Please retry"):
@@ -195,8 +195,8 @@ def test_a_stop_at_a_step_cancels_the_replicas_call_at_once():
 def test_replica_errors_come_back_as_the_engines_types():
     from sdxl_engine.engine.errors import GenerationError
     from sdxl_engine.engine.faults import InjectedFault
-    from sdxl_engine.serving.replicas import Outcome, ReplicaError
     from sdxl_engine.engine.validation import InvalidRequest
+    from sdxl_engine.serving.replicas import Outcome, ReplicaError
 
     with pytest.raises(InvalidRequest, match="^seed: must be") as err:
         Outcome.failure(InvalidRequest("seed", "must be between -1 and 5")).raise_error()

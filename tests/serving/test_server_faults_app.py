@@ -16,8 +16,17 @@ import uuid
 import httpx
 import pytest
 
-from tests.helpers import (QUICK, ROOT, TRUST_LOOPBACK, Hold, RunningApp, assert_serves, free_port, wait_processing,
-                           wait_until)
+from tests.helpers import (
+    QUICK,
+    ROOT,
+    TRUST_LOOPBACK,
+    Hold,
+    RunningApp,
+    assert_serves,
+    free_port,
+    wait_processing,
+    wait_until,
+)
 
 pytestmark = pytest.mark.e2e
 

@@ -17,10 +17,10 @@ import time
 import httpx
 import pytest
 
-from tests.helpers import LOG_LINE, ROOT, RunningApp, log_message, wait_until
 from sdxl_engine.config import ConfigError, EngineConfig
 from sdxl_engine.serving.admission import SHUTTING_DOWN, over_limit_message
 from sdxl_engine.serving.server import StopSignals
+from tests.helpers import LOG_LINE, ROOT, RunningApp, log_message, wait_until
 
 pytestmark = pytest.mark.e2e
 

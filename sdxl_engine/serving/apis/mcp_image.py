@@ -9,7 +9,7 @@ inpainting under the overlay that keeps the original's pixels outside it; with t
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 import gradio as gr
 import numpy as np

@@ -55,8 +55,16 @@ from starlette.requests import ClientDisconnect
 from sdxl_engine.engine.validation import DEFAULT_STRENGTH, InvalidRequest, Limits, size_of
 from sdxl_engine.serving import admission
 from sdxl_engine.serving.apis.a1111_images import overlay
-from sdxl_engine.serving.apis.core import (ApiError, Call, FileTokens, Generated, generate, model_name, read_json,
-                                           wait_started)
+from sdxl_engine.serving.apis.core import (
+    ApiError,
+    Call,
+    FileTokens,
+    Generated,
+    generate,
+    model_name,
+    read_json,
+    wait_started,
+)
 from sdxl_engine.serving.apis.uploads import open_image
 from sdxl_engine.serving.handler import ProtocolInputs
 from sdxl_engine.serving.service import RequestService

@@ -5,8 +5,8 @@ stand-in for the engine call. tests/serving/apis/test_apis_app.py drives them wi
 
 import dataclasses
 import json
-import types
 import threading
+import types
 
 import numpy as np
 import pytest
@@ -14,11 +14,11 @@ import pytest
 from sdxl_engine.engine.validation import Limits
 from sdxl_engine.serving import cli
 from sdxl_engine.serving.apis import Access, access_for, key_refusal
-from sdxl_engine.serving.apis.a1111 import (Txt2Img, a1111_error, info_record, progress_record, sampler_of,
-                                            to_call as a1111_call)
+from sdxl_engine.serving.apis.a1111 import Txt2Img, a1111_error, info_record, progress_record, sampler_of
+from sdxl_engine.serving.apis.a1111 import to_call as a1111_call
 from sdxl_engine.serving.apis.core import ApiError, Call, FileTokens, check
-from sdxl_engine.serving.apis.openai_images import (Answer, openai_error, parse_size, to_call as openai_call,
-                                                 with_quality)
+from sdxl_engine.serving.apis.openai_images import Answer, openai_error, parse_size, with_quality
+from sdxl_engine.serving.apis.openai_images import to_call as openai_call
 from sdxl_engine.serving.progress import JOBS
 
 LIMITS = Limits(max_seed=2**32 - 1, max_steps=50, sizes=((64, 64), (80, 48)), default_size=(64, 64),

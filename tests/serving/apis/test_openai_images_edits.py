@@ -15,8 +15,14 @@ from PIL import Image, PngImagePlugin
 
 from sdxl_engine.engine.validation import DEFAULT_STRENGTH, Limits
 from sdxl_engine.serving.apis.core import ApiError, Call
-from sdxl_engine.serving.apis.openai_images import (FIELD_NAMES, MASK_STRENGTH, EditUpload, edit_call, edit_mask,
-                                                    read_form)
+from sdxl_engine.serving.apis.openai_images import (
+    FIELD_NAMES,
+    MASK_STRENGTH,
+    EditUpload,
+    edit_call,
+    edit_mask,
+    read_form,
+)
 
 LIMITS = Limits(max_seed=2**32 - 1, max_steps=50, sizes=((64, 64), (80, 48)), default_size=(64, 64),
                 default_steps=8, default_guidance=5.0, multiple=16, default_sampler="Euler", max_pixels=128 * 128)
