@@ -83,8 +83,9 @@ class RunTimes:
         room = self.limit_s - sum(self.seconds(*run) for run in runs[:-1]) - self.seconds(width, height, cost, 0)
         per_step = self.seconds(width, height, cost, 1) - self.seconds(width, height, cost, 0)
         fit = int(room // per_step) if per_step > 0 and room > 0 else 0
-        fits = (f"at most {fit} step{'s' if fit > 1 else ''} at this size" if fit >= 1
+        fits = (f"at most {fit} step{'s' if fit > 1 else ''} to run at this size" if fit >= 1
                 else "no number of steps at this size")
-        return InvalidRequest(field, f"{width}x{height}, {steps} steps x {self.batch} images would hold this "
-                                     f"server's devices about {total:.0f} s, over its limit of {self.limit_s:g} s "
-                                     f"(max_run_seconds): {fits}, or a smaller size")
+        # "to run": image to image runs the last steps of its schedule (strength), fewer than the field says
+        return InvalidRequest(field, f"{width}x{height} x {self.batch} images, {steps} step{'s' if steps > 1 else ''} "
+                                     f"to run, would hold this server's devices about {total:.0f} s, over its limit "
+                                     f"of {self.limit_s:g} s (max_run_seconds): {fits}, or a smaller size")

@@ -43,13 +43,14 @@ def test_a_refusal_names_the_steps_that_fit_and_they_do_fit():
     cost = ProgramCost(2e7, 2.0e9, 5.0e8)  # x5: 0.5 s fixed, 0.1 s per step
     err = runs.refusal([(320, 192, cost, 40)])
     assert isinstance(err, InvalidRequest) and err.field == "num_inference_steps"
-    assert err.message == ("320x192, 40 steps x 4 images would hold this server's devices about 4 s, over its limit "
-                           "of 3 s (max_run_seconds): at most 25 steps at this size, or a smaller size")
+    assert err.message == ("320x192 x 4 images, 40 steps to run, would hold this server's devices about 4 s, over its "
+                           "limit of 3 s (max_run_seconds): at most 25 steps to run at this size, or a smaller size")
     assert runs.refusal([(320, 192, cost, 24)]) is None and runs.refusal([(320, 192, cost, 26)]) is not None
     # hires fix: the first pass's time counts against the second's room, and the field is the hires steps
     hires = runs.refusal([(160, 96, cost, 4), (320, 192, cost, 40)], field="hires_steps")
-    assert hires.field == "hires_steps" and "at most 16 steps" in hires.message
-    assert "at most 1 step at this size," in times(limit=0.65).refusal([(320, 192, cost, 4)]).message
+    assert hires.field == "hires_steps" and "at most 16 steps to run" in hires.message
+    assert "1 step to run, would" in times(limit=0.65).refusal([(320, 192, cost, 1), (320, 192, cost, 1)]).message
+    assert "at most 1 step to run at this size," in times(limit=0.65).refusal([(320, 192, cost, 4)]).message
     assert "no number of steps" in runs.refusal([(640, 384, ProgramCost(1e8, 40.0e9, 1.0e9), 1)]).message
     assert times(limit=0).refusal([(4096, 4096, ProgramCost(1e20, 1e20, 1e20), 50)]) is None  # 0: no limit
     assert runs.refusal([(320, 192, None, 40)]) is None  # a program without counts is not estimated
@@ -71,7 +72,7 @@ def test_the_engine_measures_at_start_and_refuses_a_run_over_the_limit_before_it
     monkeypatch.setattr(engine, "run_times", dataclasses.replace(measured, limit_s=limit, measured={}))
     with pytest.raises(InvalidRequest) as refused:
         engine.generate(GenerateRequest("a red circle", seed=1, num_inference_steps=20))
-    assert refused.value.field == "num_inference_steps" and "at most 10 steps at this size" in refused.value.message
+    assert refused.value.field == "num_inference_steps" and "at most 10 steps to run at this size" in refused.value.message
     assert engine.run_times.measured == {}
     served = engine.generate(GenerateRequest("a red circle", seed=1, num_inference_steps=6))
     assert served.images.shape[0] == 4 and (width, height) in engine.run_times.measured

@@ -147,10 +147,10 @@ def test_a_run_longer_than_the_servers_limit_is_refused_naming_the_steps_that_fi
         webui.txt2img(prompt=PROMPT, steps=50, width=384, height=256)
     status, text = err.value.args
     detail = json.loads(text)["detail"]
-    assert status == 422 and detail.startswith("steps: 384x256, 50 steps x 4 images would hold this server's "
-                                               "devices about "), detail
+    assert status == 422 and detail.startswith("steps: 384x256 x 4 images, 50 steps to run, would hold this "
+                                               "server's devices about "), detail
     assert "over its limit of 30 s (max_run_seconds)" in detail
-    fit = int(detail.split("at most ")[1].split(" steps")[0]) if "at most " in detail else 0
+    fit = int(detail.split("at most ")[1].split(" step")[0]) if "at most " in detail else 0
     assert 0 <= fit < 50
     if fit:
         assert len(webui.txt2img(prompt=PROMPT, steps=min(fit, 2), width=384, height=256).images) == 1
