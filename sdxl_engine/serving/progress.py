@@ -156,6 +156,13 @@ class Jobs:
         """Stop every job of ``owner`` after its running step, and its calls still to come; False when it has none."""
         return self._flag(owner, "interrupted")
 
+    def cancel(self, job_id: str) -> None:
+        """Stop the job ``job_id`` after its running step, and its calls still to come (its client has gone)."""
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is not None:
+                job.interrupted.set()
+
     def skip(self, owner: Owner) -> bool:
         """Stop the running call of every job of ``owner`` after its running step; the job's later calls still
         run (A1111's skip ends the current batch). False when it has none."""

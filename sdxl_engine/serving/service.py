@@ -30,6 +30,7 @@ from sdxl_engine.serving.progress import JOBS
 from sdxl_engine.serving.styles import UnknownStyle
 
 LOG = logging.getLogger(__name__)
+LEFT_POLL_S = 0.5  # how often a running protocol call asks whether its client is still there (RequestService.run)
 
 
 class Slots:
@@ -265,7 +266,9 @@ class RequestService:
         and validated it (apis.core.check), else None (the handler builds it); ``arrived``: contract.clock() at the
         server. ``left``: an async callable answering whether the client has gone (Starlette's
         ``is_disconnected``): a call whose client has left, or whose job was interrupted, before its turn (asked
-        first, then while it waits for its slot) does not run (one line logged); a call that runs finishes.
+        first, then while it waits for its slot) does not run (one line logged); a call whose client leaves while it
+        runs stops after the running step (asked every :data:`LEFT_POLL_S`; its job is cancelled, one line logged),
+        so that the next caller does not wait for images no one will read.
 
         Raises Failed with the engine's typed error and the page's message (HTML entities undone).
         """
@@ -284,12 +287,22 @@ class RequestService:
                 why = "interrupted" if JOBS.interrupted(job) else "its client left"
                 self.log(f"[app] request {err} ({why}); nothing saved")
                 raise Failed(f"the request was {err}", err) from None
+            watch = None if left is None else asyncio.ensure_future(self._cancel_when_left(job, left))
             try:
                 info, paths, pngs = await asyncio.get_running_loop().run_in_executor(
                     self._threads, self._call, values, kwargs)
             finally:
+                if watch is not None:
+                    watch.cancel()
                 self.slots.give()
         return CallResult(info, paths, pngs)
+
+    async def _cancel_when_left(self, job: str, left: Callable[[], Awaitable[bool]]) -> None:
+        """Cancel ``job`` once ``left()`` says its client has gone (run's running call; cancelled when it ends)."""
+        while not await left():
+            await asyncio.sleep(LEFT_POLL_S)
+        self.log("[app] a protocol request's client left while it ran: stopping it after the running step")
+        JOBS.cancel(job)
 
     def _call(self, values: tuple, kwargs: dict) -> tuple[dict, list[str], list[bytes]]:
         job = kwargs["job"]

@@ -291,3 +291,42 @@ def test_a_call_whose_client_has_gone_does_not_run_even_when_a_slot_is_free():
         asyncio.run(call())
     assert failed.value.stopped and ran == [] and service.slots.taken == 0 and service.gate.in_flight == 0
     assert lines == ["[app] request stopped before it started (its client left); nothing saved"]
+
+
+def test_a_protocol_request_whose_client_leaves_while_it_runs_stops_after_the_running_step():
+    """A raw A1111 client killed mid-run: its job is cancelled, so the handler's stop check ends the run (the next
+    caller does not wait for images no one will read); one line logged."""
+    started, stopped, lines = threading.Event(), threading.Event(), []
+
+    def handle(engine, *values, job, **kwargs):
+        started.set()
+        deadline = time.monotonic() + 10
+        while not JOBS.stop_requested(job):  # the engine's step hook asks this at every step
+            assert time.monotonic() < deadline, "the run was not stopped"
+            time.sleep(0.01)
+        stopped.set()
+        raise RuntimeError("stopped")
+
+    service = service_with(handle)
+    service.log = lines.append
+
+    async def client_leaves_mid_run():
+        gone = asyncio.Event()
+
+        async def left():
+            return gone.is_set()
+
+        job = JOBS.open(("a1111", "10.0.0.5"))
+        run = asyncio.ensure_future(service.run(("p", "", 1), job=job, client="10.0.0.5", left=left))
+        while not started.is_set():
+            await asyncio.sleep(0.01)
+        gone.set()
+        try:
+            await run
+        finally:
+            JOBS.close(job)
+
+    with pytest.raises(Failed):
+        asyncio.run(client_leaves_mid_run())
+    assert stopped.is_set() and service.slots.taken == 0
+    assert lines == ["[app] a protocol request's client left while it ran: stopping it after the running step"]
