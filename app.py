@@ -144,7 +144,8 @@ def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract 
         # The loaded LoRAs: a click adds its <lora:NAME:1> tag to the prompt (the engine reads the tags).
         lora_names = lora_names_for(config)
         lora_list = gr.Dataset(components=[prompt], samples=[[f"<lora:{name}:1>"] for name in lora_names],
-                               type="index", label="LoRAs (click to add its tag to the prompt; edit the weight, -4 to 4)",
+                               type="index",
+                               label="LoRAs (click to add its tag to the prompt; edit the weight, -4 to 4)",
                                elem_id="loras", visible=bool(lora_names))
         with gr.Accordion("Restore settings from a PNG", open=False, elem_id="png-settings-box"):
             png_file = gr.HTML("", html_template=PNG_SETTINGS_HTML, js_on_load=PNG_SETTINGS_JS, elem_id="png-settings")

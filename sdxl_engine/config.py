@@ -286,7 +286,8 @@ class EngineConfig:
                 raise ConfigError(f"{name} must be 0 (auto) or positive, got {getattr(self, name)}")
         for name in ("width", "height"):
             if getattr(self, name) % 8:
-                raise ConfigError(f"{name} must be 0 (the model's size) or a multiple of 8 pixels, got {getattr(self, name)}")
+                raise ConfigError(f"{name} must be 0 (the model's size) or a multiple of 8 pixels, "
+                                  f"got {getattr(self, name)}")
         if not 0.0 <= self.guidance_scale <= 50.0:  # also refuses NaN
             raise ConfigError(f"guidance_scale must be between 0 and 50, got {self.guidance_scale}")
         if not 0 <= self.max_seed <= 2**32 - 1:
@@ -318,7 +319,8 @@ class EngineConfig:
         if self.max_pixels < 0:
             raise ConfigError(f"max_pixels must be 0 (auto) or a number of pixels, got {self.max_pixels}")
         if not self.max_run_seconds >= 0:
-            raise ConfigError(f"max_run_seconds must be 0 (no limit) or a number of seconds, got {self.max_run_seconds}")
+            raise ConfigError("max_run_seconds must be 0 (no limit) or a number of seconds, "
+                              f"got {self.max_run_seconds}")
         if not self.max_run_memory_gb >= 0:
             raise ConfigError(f"max_run_memory_gb must be 0 (auto) or a number of GB, got {self.max_run_memory_gb}")
         for name in ("max_pending_compiles", "max_resident_programs"):
@@ -414,7 +416,8 @@ def _convert(name: str, default: Any, value: Any) -> Any:
             return int(value.strip(), 0)
         return kind(value)
     except (TypeError, ValueError) as err:
-        kind_name = {"int": "whole number", "float": "number", "str": "text", "bool": "boolean"}.get(kind.__name__, kind.__name__)
+        kind_name = {"int": "whole number", "float": "number", "str": "text",
+                     "bool": "boolean"}.get(kind.__name__, kind.__name__)
         hint = f" ({', '.join(TRUE_WORDS)} or {', '.join(FALSE_WORDS)})" if kind is bool else ""
         raise ConfigError(f"{name} must be a {kind_name}{hint}, got {value!r}") from err
 

@@ -35,7 +35,8 @@ if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
 # Python may keep the bytecode of what it imports (the checkout's __pycache__ folders, git-ignored) even where the
 # environment says not to (PYTHONDONTWRITEBYTECODE): the session starts about 60 Python processes that import the app
 # (about 10 s of CPU each on the 2-core CI machine), and without it each compiles the project's modules again,
-# about 2 s more per process (docs/benchmarks.md, "Test time"). Children inherit this; this process keeps the flag off too.
+# about 2 s more per process (docs/benchmarks.md, "Test time"). Children inherit this; this process keeps the flag
+# off too.
 if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is not None:
     sys.dont_write_bytecode = False
 # Under pytest-xdist (pyproject's addopts) each worker's apps get their own Gradio temp folder: the guard and

@@ -95,13 +95,15 @@ TRUST_LOOPBACK = {"SDXL_TRUSTED_PROXIES": "127.0.0.1"}
 class RunningApp:
     """``python app.py`` in a subprocess on a free loopback port, as a user starts it."""
 
-    def __init__(self, *args: str, env: dict | None = None, timeout: float = 240, wait_for: str = "[sdxl_engine] ready"):
+    def __init__(self, *args: str, env: dict | None = None, timeout: float = 240,
+                 wait_for: str = "[sdxl_engine] ready"):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
         self.log = []
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "GRADIO_ANALYTICS_ENABLED": "False", **(env or {})}
         self.proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(self.port), *args],
-                                     cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                     cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True)
         deadline = time.monotonic() + timeout
         for line in self.proc.stdout:
             self.log.append(line)

@@ -1,5 +1,6 @@
 """Settings: environment and overrides, refusals at load, JAX's own variables."""
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -11,7 +12,8 @@ from tests.helpers import ROOT
 
 
 def test_config_env_and_overrides():
-    cfg = EngineConfig.load({"num_inference_steps": "8"}, environ={"SDXL_CPU_DEVICES": "2", "SDXL_GUIDANCE_SCALE": "3.5"})
+    cfg = EngineConfig.load({"num_inference_steps": "8"},
+                            environ={"SDXL_CPU_DEVICES": "2", "SDXL_GUIDANCE_SCALE": "3.5"})
     assert (cfg.num_inference_steps, cfg.cpu_devices, cfg.guidance_scale) == (8, 2, 3.5)
     with pytest.raises(ConfigError, match="unknown config key 'stepz'"):
         EngineConfig.load({"stepz": 3}, environ={})
@@ -19,7 +21,7 @@ def test_config_env_and_overrides():
         EngineConfig.load(environ={"SDXL_CPU_DEVICES": "four"})
     with pytest.raises(ConfigError, match="exceeds max_inference_steps"):
         EngineConfig.load({"num_inference_steps": 60}, environ={})
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.model = "other"  # frozen
 
 
@@ -44,12 +46,14 @@ def test_bad_settings_are_refused_at_load(env, message):
                                           "wins over the engine's cpu_devices=4"),
     ({"XLA_FLAGS": "--xla_cpu_enable_fast_math=false"}, {"jax_num_cpu_devices": 4}, None),
     ({"JAX_COMPILATION_CACHE_DIR": "/x"}, {"jax_num_cpu_devices": 4},
-     "jax_compilation_cache_dir: JAX_COMPILATION_CACHE_DIR=/x is set, so JAX's own setting wins over the engine's '/c'"),
+     "jax_compilation_cache_dir: JAX_COMPILATION_CACHE_DIR=/x is set, so JAX's own setting wins over the "
+     "engine's '/c'"),
     ({"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "2"}, {"jax_compilation_cache_dir": "/c"},
      "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=2 is set"),
 ])
 def test_jax_own_variables_win_and_say_so(environ, expected, note):
-    plan, notes = plan_jax_options(EngineConfig.load({"compile_cache_dir": "/c", "cpu_devices": 4}, environ={}), environ)
+    plan, notes = plan_jax_options(EngineConfig.load({"compile_cache_dir": "/c", "cpu_devices": 4}, environ={}),
+                                   environ)
     assert {k: v for k, v in plan.items() if k in expected} == expected
     assert len(notes) == (note is not None) and all(note in line for line in notes)
     decided_by_jax = {line.split("] ")[1].split(":")[0] for line in notes}

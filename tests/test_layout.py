@@ -198,7 +198,8 @@ def test_pyproject_lists_every_package_and_carries_the_top_level_assets():
     assert setuptools["package-dir"] == {"sdxl_engine.assets": "assets"}
     assert setuptools["package-data"]["sdxl_engine.assets"] == ["**/*"]
     assert not (PACKAGE / "assets").exists()  # one copy, at the top level
-    assert TINY_SHAPES_DIR == PACKAGE.parent / "assets" / "tiny-shapes" and (TINY_SHAPES_DIR / "model_index.json").is_file()
+    assert TINY_SHAPES_DIR == PACKAGE.parent / "assets" / "tiny-shapes" \
+        and (TINY_SHAPES_DIR / "model_index.json").is_file()
 
 
 @pytest.mark.slow  # builds a wheel (about 10 s)

@@ -245,7 +245,8 @@ def run_torch(python: str, source: str, ours: np.ndarray, steps: int, runs: int,
     """tools/torch_reference.py in ``python`` on ``workdir/latents.npz``; its timing and how far its
     images are from ``ours``."""
     cmd = [python, "-m", "tools.torch_reference", "--model", source, "--latents",
-           str(workdir / "latents.npz"), "--steps", str(steps), "--runs", str(runs), "--out", str(workdir / "torch.npz")]
+           str(workdir / "latents.npz"), "--steps", str(steps), "--runs", str(runs),
+           "--out", str(workdir / "torch.npz")]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if done.returncode != 0:
         return {"skipped": f"{python} could not run the PyTorch pipeline: {done.stderr.strip().splitlines()[-1:]}"}
@@ -489,7 +490,7 @@ def run(args) -> dict:
         "size: precompiled bucket": dict(seed=1),
         f"size: new bucket {w2}x{h2}": dict(width=w2, height=h2),
     }
-    out["compiles"] = {name: measure(lambda: engine.generate(GenerateRequest(**{**base, **change})))
+    out["compiles"] = {name: measure(lambda change=change: engine.generate(GenerateRequest(**{**base, **change})))
                        for name, change in changes.items()}
 
     # 7. memory
@@ -593,7 +594,8 @@ def markdown(r: dict) -> str:
               f"| engine start-up: load / compile / warm-up | {r['startup_s']['load_s']:.2f} / "
               f"{r['startup_s']['compile_s']:.2f} / {r['startup_s']['warmup_s']:.2f} s |"]
     if "cold" in r:
-        lines += [f"| 6. cold start, process start → first image (empty compile cache) | {r['cold']['first_image_s']:.2f} s |",
+        lines += ["| 6. cold start, process start → first image (empty compile cache) | "
+                  f"{r['cold']['first_image_s']:.2f} s |",
                   f"| 6. warm restart, process start → first image | {r['warm']['first_image_s']:.2f} s |",
                   f"| app server RSS after the calls | {r['warm']['server_rss_mb']:.0f} MiB |"]
     lines.append(f"| 7. bench process peak host RSS | {r['peak_host_rss_mb']:.0f} MiB |")

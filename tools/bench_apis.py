@@ -11,7 +11,8 @@ each client as a user runs it:
 
 Prints a Markdown table (median, min, max, the median's difference from ``/generate`` and the median of served
 minus engine time: the call's wall time less the engine's ``latency_s`` its answer reports; OpenAI's answer has none,
-so its calls are set against the median engine time of the other calls of the same round) and writes ``--json``. Each protocol runs the same ``/generate`` event (serving/apis/core.py), so the difference
+so its calls are set against the median engine time of the other calls of the same round) and writes ``--json``.
+Each protocol runs the same ``/generate`` event (serving/apis/core.py), so the difference
 is the protocol's own work: parsing, the base64 of the PNGs, and for MCP Gradio's loopback client.
 
 ``--before DIR [--before-python PY]`` also starts the app of another checkout (``git worktree add DIR REV``) and

@@ -1,4 +1,5 @@
-"""img2img's and inpainting's device time against txt2img's at the same step count, alternating rounds (docs/benchmarks.md).
+"""img2img's and inpainting's device time against txt2img's at the same step count, alternating rounds \
+(docs/benchmarks.md).
 
     python -m tools.bench_img2img [--model tiny-shapes] [--steps 20] [--runs 7]
 

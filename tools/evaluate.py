@@ -123,7 +123,8 @@ def run(engine, seed: int = 0, guidance: float = EngineConfig.guidance_scale, st
     for colour in shapes.COLOURS:
         shares = []
         for neg in ("", colour):
-            images = np.concatenate([generate(f"a {shape}", neg, offset=4 * i) for i, shape in enumerate(shapes.SHAPES)])
+            images = np.concatenate([generate(f"a {shape}", neg, offset=4 * i)
+                                     for i, shape in enumerate(shapes.SHAPES)])
             shares.append(float(np.mean([shapes.analyse(im)["colour_shares"][colour] for im in images])))
         negative[colour] = {"without": round(shares[0], 4), "with": round(shares[1], 4)}
     if grid:
@@ -356,7 +357,8 @@ def main(argv=None) -> None:
     p.add_argument("--samplers", default=",".join(SAMPLERS), help="sweep: comma-separated sampler names")
     p.add_argument("--steps-list", default=",".join(map(str, SWEEP_STEPS)), help="sweep: comma-separated step counts")
     p.add_argument("--seed-groups", type=int, default=4, help="sweep: groups of 4 seeds per prompt, per stage")
-    p.add_argument("--md", default=str(ROOT / "docs/benchmarks.md"), help="sweep: rewrite its 'quality' section ('' = no)")
+    p.add_argument("--md", default=str(ROOT / "docs/benchmarks.md"),
+                   help="sweep: rewrite its 'quality' section ('' = no)")
     p.add_argument("--lcm", action="store_true", help="the LCM-LoRA evaluation instead (lcm_evaluation; seeds from "
                    "--seed, default 1000; writes docs/benchmarks.md's 'quality-lcm' section)")
     p.add_argument("--lora", default="", help="--lora NAME=PATH for the engine (e.g. lcm=/tmp/lcm.safetensors: "

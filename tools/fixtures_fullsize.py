@@ -106,7 +106,8 @@ def cmd_fullsize(out: Path, dtype_name: str) -> None:
                 versions=versions(), saved_dtype=dtype_name, compute_dtype="float32",
                 torch_threads=torch.get_num_threads(),
                 prompts=FULLSIZE_PROMPTS, stages=log.rows, files=files,
-                notes=["Configs: sdxl_engine/checkpoint/configs/sdxl-base-1.0 (hub-identical). Tokenizers: the project's vocabulary.",
+                notes=["Configs: sdxl_engine/checkpoint/configs/sdxl-base-1.0 (hub-identical). "
+                       "Tokenizers: the project's vocabulary.",
                        "Text encoders keep eos_token_id 2 from the hub config: pooling takes argmax(input_ids), "
                        "which finds <|endoftext|>, the vocabulary's highest id."])
     write_reference(out / "reference", {**inputs, **outputs}, {}, meta)

@@ -91,7 +91,8 @@ def kohya_lora(pipe: StableDiffusionXLPipeline, seed: int) -> dict[str, torch.Te
         "input_blocks_4_0_skip_connection": "down_blocks.1.resnets.0.conv_shortcut",
         "input_blocks_4_1_proj_in": "down_blocks.1.attentions.0.proj_in",
         "input_blocks_4_1_proj_out": "down_blocks.1.attentions.0.proj_out",
-        "input_blocks_8_1_transformer_blocks_1_attn2_to_q": "down_blocks.2.attentions.1.transformer_blocks.1.attn2.to_q",
+        "input_blocks_8_1_transformer_blocks_1_attn2_to_q":
+            "down_blocks.2.attentions.1.transformer_blocks.1.attn2.to_q",
         "middle_block_0_in_layers_2": "mid_block.resnets.0.conv1",
         "middle_block_1_transformer_blocks_0_attn1_to_q": "mid_block.attentions.0.transformer_blocks.0.attn1.to_q",
         "middle_block_2_out_layers_3": "mid_block.resnets.1.conv2",

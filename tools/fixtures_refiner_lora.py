@@ -67,7 +67,8 @@ def main() -> None:
     config = plain_config(base.scheduler.config)
     arrays = {}
     for key, with_lora in (("lora", True), ("plain", False)):
-        base.scheduler, refiner.scheduler = EulerDiscreteScheduler.from_config(config), EulerDiscreteScheduler.from_config(config)
+        base.scheduler, refiner.scheduler = (EulerDiscreteScheduler.from_config(config),
+                                             EulerDiscreteScheduler.from_config(config))
         for pipe in (base, refiner):
             pipe.set_progress_bar_config(disable=True)
         (refiner.enable_lora if with_lora else refiner.disable_lora)()

@@ -182,7 +182,8 @@ MEANINGS = [  # (key pattern, meaning); %s is filled with the pattern's groups
 
 
 def build_vocab():
-    """sdxl_engine.checkpoint.builtin's vocabulary, imported only for ``tiny`` (it brings JAX, which ``samplers`` does not need)."""
+    """sdxl_engine.checkpoint.builtin's vocabulary, imported only for ``tiny`` (it brings JAX, which ``samplers``
+    does not need)."""
     from sdxl_engine.checkpoint.builtin import build_vocab as build
 
     return build()

@@ -89,8 +89,9 @@ def cost_report(size: int = 1024, steps: int = 20, images: int = 4) -> dict:
         return c["text_encoder"].bind(p1)(ids, penultimate_only=True).penultimate, out2.penultimate, out2.text_embeds
 
     def unet_step(rows: int) -> float:  # rows = 2 per image with CFG (uncond + text), 1 without
-        return lowered_flops(unet_cfg_step, p["unet"], s((rows, 4, latent, latent), jnp.float32), s((rows,), jnp.float32),
-                             s((rows, 77, 2048), bf16), s((rows, 1280), bf16), s((rows, 6), jnp.float32))
+        return lowered_flops(unet_cfg_step, p["unet"], s((rows, 4, latent, latent), jnp.float32),
+                             s((rows,), jnp.float32), s((rows, 77, 2048), bf16), s((rows, 1280), bf16),
+                             s((rows, 6), jnp.float32))
 
     flops = {
         "unet_cfg_step": unet_step(2),
@@ -128,7 +129,8 @@ def cost_report(size: int = 1024, steps: int = 20, images: int = 4) -> dict:
             sigmas=sigmas, num_steps=n), 3), lat, lat, lat, s((images, 1, latent, latent), jnp.float32),
         s((steps + 1,), jnp.float32), s((), jnp.int32))
     hires = hires_costs(model, flops, size, steps, images)
-    per_request = images * (steps * flops["unet_cfg_step"] + flops["vae_decode"] + 2 * flops["text_encoders_per_prompt"])
+    per_request = images * (steps * flops["unet_cfg_step"] + flops["vae_decode"]
+                            + 2 * flops["text_encoders_per_prompt"])
     no_cfg = images * (steps * flops["unet_step_no_cfg"] + flops["vae_decode"] + flops["text_encoders_per_prompt"])
     return {
         "size": size, "steps": steps, "images": images, "dtype": "bfloat16",
@@ -159,7 +161,8 @@ def hires_costs(model: LoadedModel, flops: dict, size: int, steps: int, images: 
     unet = lowered_flops(lambda params, x, t, hidden, text_embeds, time_ids: c["unet"].bind(params)(
         x, t, hidden, text_embeds, time_ids), p["unet"], s((2, 4, lat, lat), jnp.float32), s((2,), jnp.float32),
         s((2, 77, 2048), jnp.bfloat16), s((2, 1280), jnp.bfloat16), s((2, 6), jnp.float32))
-    decode = lowered_flops(lambda params, z: c["vae"].bind(params).decode(z), p["vae"], s((1, 4, lat, lat), jnp.float32))
+    decode = lowered_flops(lambda params, z: c["vae"].bind(params).decode(z), p["vae"],
+                           s((1, 4, lat, lat), jnp.float32))
     runs = min(int(steps * strength), steps)
     text = images * 2 * flops["text_encoders_per_prompt"]
     first = images * steps * flops["unet_cfg_step"] + text
@@ -181,19 +184,22 @@ def image_input_costs(flops: dict, steps: int, images: int, txt2img: float, img2
     out = {"program_tflop_lowered": {"txt2img": txt2img / 1e12, "img2img": img2img / 1e12, "inpaint": inpaint / 1e12},
            "img2img_program_excess_tflop": (img2img - txt2img) / 1e12,
            "vae_encode_share_of_request": images * flops["vae_encode"] / txt,
-           "inpaint_blend_flops_per_step": blend, "inpaint_blend_share_of_unet_cfg_step": blend / flops["unet_cfg_step"],
+           "inpaint_blend_flops_per_step": blend,
+           "inpaint_blend_share_of_unet_cfg_step": blend / flops["unet_cfg_step"],
            "per_request_tflop": {}}
     for strength in (0.3, 0.5, 0.75, 1.0):
         run = min(int(steps * strength), steps)
         cost = images * (run * flops["unet_cfg_step"] + flops["vae_encode"] + flops["vae_decode"]) + text
-        out["per_request_tflop"][str(strength)] = {"steps_run": run, "tflop": cost / 1e12, "ratio_to_txt2img": cost / txt}
+        out["per_request_tflop"][str(strength)] = {"steps_run": run, "tflop": cost / 1e12,
+                                                   "ratio_to_txt2img": cost / txt}
     return out
 
 
 def markdown(r: dict) -> str:
     p = r["params"]
     return "\n".join([
-        f"Full-size SDXL base, abstract bfloat16 weights, lowered on `{r['platform']}` (not run) in {r['lower_s']:.0f} s:",
+        f"Full-size SDXL base, abstract bfloat16 weights, lowered on `{r['platform']}` (not run) in "
+        f"{r['lower_s']:.0f} s:",
         "", "| what | value |", "|---|---|",
         f"| UNet params | {p['unet'] / 1e9:.3f} B |",
         f"| text encoders params | {p['text_encoder'] / 1e6:.0f} M + {p['text_encoder_2'] / 1e6:.0f} M |",
@@ -201,8 +207,10 @@ def markdown(r: dict) -> str:
         f"| one CFG UNet step at {r['size']}² (batch 2) | {r['tflop']['unet_cfg_step']:.2f} TFLOP |",
         f"| one VAE decode at {r['size']}² | {r['tflop']['vae_decode']:.2f} TFLOP |",
         f"| text encoders, one prompt | {r['tflop']['text_encoders_per_prompt'] * 1e3:.1f} GFLOP |",
-        f"| the engine's whole program ({r['images']} × {r['size']}², {r['steps']} steps) lowered in | {r['engine_program_lower_s']:.0f} s |",
-        f"| one request: {r['images']} images × ({r['steps']} steps + decode) + prompts | {r['tflop_per_request']:.0f} TFLOP |",
+        f"| the engine's whole program ({r['images']} × {r['size']}², {r['steps']} steps) lowered in | "
+        f"{r['engine_program_lower_s']:.0f} s |",
+        f"| one request: {r['images']} images × ({r['steps']} steps + decode) + prompts | "
+        f"{r['tflop_per_request']:.0f} TFLOP |",
         f"| one UNet step without CFG (guidance ≤ 1, batch 1) | {r['tflop']['unet_step_no_cfg']:.2f} TFLOP "
         f"({r['unet_no_cfg_over_cfg']:.4f} × the CFG step) |",
         f"| one request without CFG | {r['tflop_per_request_no_cfg']:.0f} TFLOP |",
@@ -217,7 +225,8 @@ def markdown(r: dict) -> str:
         f"| hires fix {r['hires']['size']}² -> {r['hires']['large']}² (strength {r['hires']['strength']}, "
         f"{r['hires']['second_pass_steps_run']} of {r['steps']} steps at the large size) | first pass "
         f"{r['hires']['first_pass_tflop']:.0f} TFLOP (no decode) + second {r['hires']['second_pass_tflop']:.0f} TFLOP "
-        f"(a CFG step {r['hires']['unet_cfg_step_large_tflop']:.2f}, the decode {r['hires']['vae_decode_large_tflop']:.2f}) "
+        f"(a CFG step {r['hires']['unet_cfg_step_large_tflop']:.2f}, "
+        f"the decode {r['hires']['vae_decode_large_tflop']:.2f}) "
         f"= {r['hires']['ratio_to_txt2img']:.2f} × text to image at {r['size']}² |",
         f"| inpainting's per-step blend (plain UNet, all images; XLA count of keep_known) | "
         f"{r['image_input']['inpaint_blend_flops_per_step']:.3g} FLOP "
@@ -274,8 +283,9 @@ def abstract_refiner(folder: Path, dtype: str = "bfloat16") -> LoadedModel:
 
 
 def unet_call_plan(model: LoadedModel, size: int, images: int = 1) -> dict:
-    """``memory_analysis()`` of one CFG UNet call (2 rows per image: negative, prompt) of ``model`` alone at ``size``², its
-    abstract parameters and conditioning in bfloat16 (the shapes the program's loop body feeds it), compiled."""
+    """``memory_analysis()`` of one CFG UNet call (2 rows per image: negative, prompt) of ``model`` alone at
+    ``size``², its abstract parameters and conditioning in bfloat16 (the shapes the program's loop body feeds it),
+    compiled."""
     s, unet = jax.ShapeDtypeStruct, model.components["unet"]
     latent = size // model.vae_scale_factor
     time_ids = model.kind.time_ids
@@ -377,7 +387,8 @@ def refiner_report(folder: Path, size: int = 1024, steps: int = 20, timeout_s: f
     process each, one after the other)."""
     load = measure_load(folder, "bfloat16")
     plans = {name: measure_plan(program, folder, size, steps, timeout_s, images)
-             for name, program, images in (("base", "base", 1), ("refiner", "refiner", 1), ("refiner_x4", "refiner", 4))}
+             for name, program, images in (("base", "base", 1), ("refiner", "refiner", 1),
+                                           ("refiner_x4", "refiner", 4))}
     pair = measure_pair(base, folder) if base else None
     return {"folder": str(folder), "load_bfloat16": load, "base_and_refiner_load": pair, "plans": plans, "size": size,
             "steps": steps}
@@ -399,7 +410,8 @@ def refiner_markdown(r: dict) -> str:
                  "against the base, its VAE dropped):", "",
                  "| base load | refiner load | params kept: base + refiner | peak RSS growth | peak / kept |",
                  "|---|---|---|---|---|",
-                 (lambda q: f"| {q['base_load_s']:.1f} s | {q['refiner_load_s']:.1f} s | {q['params_kept_gb']['base']:.2f}"
+                 (lambda q: f"| {q['base_load_s']:.1f} s | {q['refiner_load_s']:.1f} s | "
+                            f"{q['params_kept_gb']['base']:.2f}"
                             f" + {q['params_kept_gb']['refiner']:.2f} = **{gb(q['params_kept_total_gb'] * 1e9)} "
                             f"({gib(q['params_kept_total_gb'] * 1e9)})** | {q['peak_growth_gb']:.2f} GB | "
                             f"{q['peak_over_kept']:.2f}x |")(r["base_and_refiner_load"])]),
@@ -409,7 +421,7 @@ def refiner_markdown(r: dict) -> str:
              "| program | images per device | arguments (params read + inputs) | output | temporaries | "
              "arguments + output + temporaries | one CFG UNet call alone: temporaries | lowered / compiled in |",
              "|---|---|---|---|---|---|---|---|"]
-    for key, v in r["plans"].items():
+    for _key, v in r["plans"].items():
         name = "base + refiner" if v["shape"]["refiner"] else "base"
         images = v["shape"]["batch"] // v["devices"]
         if "plan" not in v:
@@ -420,7 +432,8 @@ def refiner_markdown(r: dict) -> str:
         p = v["plan"]
         total = p["argument_size_in_bytes"] + p["output_size_in_bytes"] + p["temp_size_in_bytes"]
         unet = v["unet_call"]["plan"]["temp_size_in_bytes"]
-        lines.append(f"| {name} | {images} | {gb(p['argument_size_in_bytes'])} | {p['output_size_in_bytes'] / 1e6:.1f} MB"
+        lines.append(f"| {name} | {images} | {gb(p['argument_size_in_bytes'])} | "
+                     f"{p['output_size_in_bytes'] / 1e6:.1f} MB"
                      f" | {gb(p['temp_size_in_bytes'])} | **{gb(total)} ({gib(total)})** | {gb(unet)} | "
                      f"{v['lower_s']:.0f} s / {v['compile_s']:.0f} s |")
     return "\n".join(lines)
@@ -456,7 +469,8 @@ def parity(folder: Path) -> dict:
         "vae_decode_512": relative_error(vae, ref["vae_decode_out"]),
     }
     out["allclose_rtol_1e-3"] = {
-        "unet": bool(np.allclose(np.asarray(unet), ref["unet_out"], rtol=1e-3, atol=1e-3 * np.abs(ref["unet_out"]).max())),
+        "unet": bool(np.allclose(np.asarray(unet), ref["unet_out"], rtol=1e-3,
+                                 atol=1e-3 * np.abs(ref["unet_out"]).max())),
         "vae": bool(np.allclose(np.asarray(vae), ref["vae_decode_out"], rtol=1e-3,
                                 atol=1e-3 * np.abs(ref["vae_decode_out"]).max())),
     }

@@ -10,7 +10,8 @@ so that the pipelines' images can be compared, this writes the engine's, and ``p
 Run this first.
 
 The file holds ``seeds`` (2,) uint32, ``noise`` (2, 4, 16, 16) and ``hires_noise`` (2, 4, 24, 24) float32 (tiny-pt:
-VAE factor 4, 64x64 then 96x96). tests/program/test_generate_hires.py checks that the engine's rules still give them exactly.
+VAE factor 4, 64x64 then 96x96). tests/program/test_generate_hires.py checks that the engine's rules still give them
+exactly.
 """
 
 from __future__ import annotations

@@ -304,9 +304,9 @@ def replica_loss(app: ServedApp, clients: int = 4, device_s: float = 2.0, timeou
     Returns: the victim, ``in_flight`` (calls running at the kill: outcome and seconds from the kill
     to their end), ``errors_after`` (calls sent after the kill that failed), ``survivor_ok`` (calls
     the surviving replicas completed after the kill and before the replacement served: the ones
-    queued there at the kill count, since a survivor busy with those cannot start new ones sooner), ``replacement_serves_s``
-    (kill -> first call served by the replacement), ``replacement_start_s`` (its own start-up as it
-    logged it) and ``first_start_s`` (the killed replica's start-up, for comparison).
+    queued there at the kill count, since a survivor busy with those cannot start new ones sooner),
+    ``replacement_serves_s`` (kill -> first call served by the replacement), ``replacement_start_s`` (its own
+    start-up as it logged it) and ``first_start_s`` (the killed replica's start-up, for comparison).
     """
 
     calls: list[Call] = []
@@ -439,8 +439,8 @@ def _cache_words(log: str) -> list[str]:
     """How each program the log reports was made: ``loaded`` (executable cache), ``compiled``
     (stored in the executable cache), or the persistent compilation cache's ``hit`` / ``miss``."""
     return [made if made == "loaded" else cache or "compiled"
-            for made, cache in re.findall(r"\[sdxl_engine\] (loaded|compiled) .*?(?:compile cache: (hit|miss|not used)|$)",
-                                          log, flags=re.MULTILINE)]
+            for made, cache in re.findall(r"\[sdxl_engine\] (loaded|compiled) .*?"
+                                          r"(?:compile cache: (hit|miss|not used)|$)", log, flags=re.MULTILINE)]
 
 
 def scaleout_markdown(report: dict) -> str:

@@ -93,7 +93,8 @@ def save_refiner() -> None:
         check_saved(model, REFINER / name)
 
 
-def ensemble_case(base, refiner, noise: np.ndarray, switch: float, sampler: str, negative: str) -> tuple[np.ndarray, dict]:
+def ensemble_case(base, refiner, noise: np.ndarray, switch: float, sampler: str,
+                  negative: str) -> tuple[np.ndarray, dict]:
     """One case's (2, 64, 64, 3) uint8 images (round(np x 255)) and its metadata."""
     cls, overrides = SCHEDULERS[sampler]
     config = plain_config(base.scheduler.config)
@@ -143,7 +144,8 @@ def write_reference() -> None:
         arrays[f"{key}_images"], cases[key] = ensemble_case(base, refiner, noise, switch, sampler, negative)
     write_npz(REFERENCE / "reference.npz", arrays)
     meta = dict(made_by="python -m tools.img2img_noise (runtime venv, once), then python -m tools.refiner_fixtures",
-                versions=versions(), torch_threads=1, base="tests/fixtures/tiny-pt", refiner="tests/fixtures/tiny-pt-refiner",
+                versions=versions(), torch_threads=1, base="tests/fixtures/tiny-pt",
+                refiner="tests/fixtures/tiny-pt-refiner",
                 settings=SETTINGS, size=[SIZE, SIZE], seeds=[int(s) for s in seeds],
                 scheduler_config=plain_config(base.scheduler.config), cases=cases,
                 notes=["base: StableDiffusionXLPipeline(denoising_end=switch_at, output_type='latent', "
@@ -207,7 +209,8 @@ def write_image_reference() -> None:
     meta = dict(made_by="python -m tools.refiner_fixtures images (after tools.img2img_noise)", versions=versions(),
                 torch_threads=1, settings={**SETTINGS, "negative_prompt": "a blue square"}, size=[SIZE, SIZE],
                 seeds=[int(s) for s in seeds], cases=cases,
-                notes=["pictures (2, 64, 64, 3): fixtures_img2img.img2img_pictures(); <case>_images (2, 64, 64, 3) uint8.",
+                notes=["pictures (2, 64, 64, 3): fixtures_img2img.img2img_pictures(); "
+                       "<case>_images (2, 64, 64, 3) uint8.",
                        "switch_at 0: the refiner's img2img pipeline alone; else tiny-pt's img2img pipeline with "
                        "denoising_end, then the refiner with denoising_start on its latents."])
     (REFERENCE / "images.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")

@@ -135,7 +135,8 @@ def caption(attrs: Attributes, rng: np.random.Generator) -> str:
 
 def prompt_for(colour: str, shape: str, position: str, size: str = "large", background: str = "white") -> str:
     """The full-description prompt the evaluation uses (the most frequent training template)."""
-    return f"{'an' if size[0] in 'aeiou' else 'a'} {size} {colour} {shape} {WHERE[position]} on a {background} background"
+    return (f"{'an' if size[0] in 'aeiou' else 'a'} {size} {colour} {shape} {WHERE[position]} "
+            f"on a {background} background")
 
 
 def sample_attributes(rng: np.random.Generator, exclude=HELD_OUT) -> Attributes:
@@ -194,7 +195,8 @@ def _normalised_mask(mask: np.ndarray, size: int = 32) -> np.ndarray | None:
     if len(xs) < 4:
         return None
     crop = mask[ys.min(): ys.max() + 1, xs.min(): xs.max() + 1]
-    return np.asarray(Image.fromarray(crop.astype(np.uint8) * 255).resize((size, size), Image.Resampling.BILINEAR)) > 127
+    return np.asarray(Image.fromarray(crop.astype(np.uint8) * 255).resize((size, size),
+                                                                          Image.Resampling.BILINEAR)) > 127
 
 
 _TEMPLATES: dict[str, np.ndarray] = {}

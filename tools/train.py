@@ -242,7 +242,8 @@ def train_unet(components: dict, params: dict, latents: np.ndarray, ids: np.ndar
             weight = jnp.minimum(1.0, 5.0 / (snr + 1)) if clipped else jnp.minimum(snr, 5.0) / (snr + 1)
         else:  # epsilon; min-SNR-5 weight for epsilon (Hang et al. 2023)
             target, weight = noise, jnp.minimum(snr, 5.0) / snr
-        pred = components["unet"].bind(params["unet"])(noisy, t, hidden, text_embeds, jnp.broadcast_to(time_ids, (b, 6)))
+        pred = components["unet"].bind(params["unet"])(noisy, t, hidden, text_embeds,
+                                                       jnp.broadcast_to(time_ids, (b, 6)))
         return jnp.mean(weight * jnp.mean((pred - target) ** 2, axis=(1, 2, 3)))
 
     @jax.jit
@@ -293,7 +294,8 @@ def main(argv=None) -> None:
     configs = builtin.component_configs(SPEC, vocab_size)
     vae = build_component("vae", configs["vae"])
     if args.vae_from:
-        vae_params, vae_history = load_model(args.vae_from, dtype="float32", platform="cpu", cache_dir="").params["vae"], []
+        vae_params = load_model(args.vae_from, dtype="float32", platform="cpu", cache_dir="").params["vae"]
+        vae_history = []
     else:
         vae_params, vae_history = train_vae(vae, images, args, jax.random.fold_in(key, 1))
     raw = encode_all(vae, vae_params, images)

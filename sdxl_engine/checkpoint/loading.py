@@ -234,10 +234,11 @@ def check_refiner(base: LoadedModel, refiner: LoadedModel) -> None:
     """Check that ``refiner`` can take over ``base``'s latents mid-loop (diffusers' ensemble of experts hands the
     base's latents to the refiner as they are, ``StableDiffusionXLImg2ImgPipeline(image=latents)``).
 
-    Refused: a base model with an inpainting UNet; a model that is not an SDXL refiner (:attr:`ModelKind.refiner`: text_encoder_2 only) or whose UNet
-    takes other than its VAE's latent channels (an inpainting UNet); a VAE with other latent channels, scaling or
-    shift factor than the base's (the latents would mean something else to it); a tokenizer_2 other than the
-    base's (the program encodes the base's tokenizer_2 ids with the refiner's text encoder).
+    Refused: a base model with an inpainting UNet; a model that is not an SDXL refiner
+    (:attr:`ModelKind.refiner`: text_encoder_2 only) or whose UNet takes other than its VAE's latent channels (an
+    inpainting UNet); a VAE with other latent channels, scaling or shift factor than the base's (the latents would
+    mean something else to it); a tokenizer_2 other than the base's (the program encodes the base's tokenizer_2 ids
+    with the refiner's text encoder).
 
     Raises RefinerMismatch naming both models and the value that differs.
     """
@@ -526,8 +527,9 @@ def hub_snapshot(repo_id: str, revision: str = "", variant: str = "", flag: str 
         try:
             return Path(snapshot_download(repo_id, local_files_only=True, **kwargs))
         except Exception as err:  # noqa: BLE001  not cached: huggingface_hub raises several types
-            raise ModelLoadError(f"could not load {MODEL_FLAGS[flag][0]} {repo_id!r} from the hub (offline mode: HF_HUB_OFFLINE "
-                                 f"is set and the local cache does not have it). {_hub_hint(flag)}") from err
+            raise ModelLoadError(f"could not load {MODEL_FLAGS[flag][0]} {repo_id!r} from the hub (offline mode: "
+                                 "HF_HUB_OFFLINE is set and the local cache does not have it). "
+                                 f"{_hub_hint(flag)}") from err
     try:
         api = HfApi()
         unreachable = hub_unreachable(api.endpoint)
@@ -538,8 +540,9 @@ def hub_snapshot(repo_id: str, revision: str = "", variant: str = "", flag: str 
         try:  # whatever the local cache already has
             return Path(snapshot_download(repo_id, local_files_only=True, **kwargs))
         except Exception:  # not cached either: report the first, more telling error
-            raise ModelLoadError(f"could not load {MODEL_FLAGS[flag][0]} {repo_id!r} from the hub ({type(err).__name__}: "
-                                 f"{str(err).splitlines()[0][:200] if str(err) else ''}). {_hub_hint(flag)}") from err
+            raise ModelLoadError(f"could not load {MODEL_FLAGS[flag][0]} {repo_id!r} from the hub "
+                                 f"({type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}). "
+                                 f"{_hub_hint(flag)}") from err
     try:
         return Path(snapshot_download(repo_id, allow_patterns=patterns, **kwargs))
     except Exception as err:  # a download that breaks off, a full disk

@@ -308,7 +308,7 @@ def read_lora(name: str, path: Path, components: Mapping[str, Component]) -> Lor
     own = tuple((n, c) for n, c in components.items() if n == "unet" or n in TEXT_ENCODERS)
     table = _kohya_names(own) if kohya else None
     targets, unmatched = {}, []
-    for (prefix, module), tensors in pairs.items():
+    for (prefix, module), _tensors in pairs.items():
         found = table.get(prefix + module) if kohya else _diffusers_target(components, prefix, module)
         if found is None:
             unmatched.append(prefix + module)

@@ -188,7 +188,8 @@ class Engine:
         t0 = self._stage("warm-up request")
         image = dict(image=np.full((height, width, 3), 128, np.uint8), mask=np.ones((height, width), np.float32),
                      strength=1.0) if self._startup_mode else {}
-        plan = self.planner.plan(validate(GenerateRequest("warm-up", seed=0, num_inference_steps=1, **image), self.limits))
+        plan = self.planner.plan(validate(GenerateRequest("warm-up", seed=0, num_inference_steps=1, **image),
+                                          self.limits))
         warm = self.program(width, height, plan.shape.cfg, plan.shape.chunks, **self._startup_mode)
         self._run(plan, warm, loop_steps=0)
         self._done("warmup_s", t0)
@@ -294,12 +295,14 @@ class Engine:
     def _config_shown(self) -> dict:
         """The config for the start-up line: a field the model's engine_defaults.json may still choose
         (not set explicitly) shows as ``"model default, else 20"``; the next lines say what applied."""
-        return {k: f"model default, else {v!r}" if k in config_mod.MODEL_DEFAULT_FIELDS and k not in self.config.explicit
+        return {k: f"model default, else {v!r}"
+                if k in config_mod.MODEL_DEFAULT_FIELDS and k not in self.config.explicit
                 else v for k, v in self.config.as_dict().items()}
 
     def _model_defaults(self) -> EngineConfig:
         """The config with the model's engine_defaults.json where it set nothing; one log line names what applied."""
-        defaults = config_mod.resolve_defaults(self.config, self.model.engine_defaults, self.config.model)  # the path, for the operator
+        defaults = config_mod.resolve_defaults(self.config, self.model.engine_defaults,
+                                               self.config.model)  # the path, for the operator
         if self.model.engine_defaults:
             used = {k: getattr(defaults, k) for k in self.model.engine_defaults if k not in self.config.explicit}
             kept = sorted(self.model.engine_defaults.keys() & self.config.explicit)

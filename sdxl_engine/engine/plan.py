@@ -37,8 +37,9 @@ class Plan:
         request: the validated request; shape: the ProgramShape (size, CFG mode, prompt chunks): the
             compile key; prompt, negative: the tokenized prompts, padded to the shape's chunk count;
         schedule: the sampler's per-step coefficients for the request's steps (img2img: all of them; the
-            program's inputs start it at the request's start_step); seeds: image i's seed; image: img2img's (batch, H, W, 3)
-            uint8 pixels, None for text to image; mask: inpainting's (batch, H, W) float32 (1 = repaint), else None.
+            program's inputs start it at the request's start_step); seeds: image i's seed; image: img2img's
+            (batch, H, W, 3) uint8 pixels, None for text to image; mask: inpainting's (batch, H, W) float32
+            (1 = repaint), else None.
         steps, start_step: the schedule's length and first step when they are not the request's
             (hires fix of an input image: its second pass's), else None.
         loras: the prompt's ``<lora:NAME:WEIGHT>`` tags as (name, weight) in their order, parsed once here: the

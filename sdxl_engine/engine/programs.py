@@ -42,7 +42,8 @@ class Programs:
                  compile_cache_dir: str, sizes: tuple[tuple[int, int], ...],
                  log: Callable[[str], None] | None = None):
         self.model, self.params, self.mesh, self.batch = model, params, mesh, batch
-        self.executables, self.config, self.compile_cache_dir, self.sizes = executables, config, compile_cache_dir, sizes
+        self.executables, self.config = executables, config
+        self.compile_cache_dir, self.sizes = compile_cache_dir, sizes
         self._log, self._warn = log or LOG.info, log or LOG.warning
         self.compiled: dict[ProgramShape, CompiledProgram] = {}
         self.count = 0
@@ -52,7 +53,8 @@ class Programs:
         self.pending_for: dict[str, ProgramShape] = {}
         self._pending_lock = threading.Lock()
         self.used: dict[ProgramShape, float] = {}  # the size buckets' programs are never dropped
-        self.costs = CostTable()  # XLA's counts of every program made so far (engine/costs.py), kept when one is dropped
+        # XLA's counts of every program made so far (engine/costs.py), kept when one is dropped
+        self.costs = CostTable()
 
     def get(self, shape: ProgramShape) -> CompiledProgram:
         """``shape``'s program, compiled on this thread on first use (then kept): start-up, the warm-up and the

@@ -169,7 +169,8 @@ def clean_text(field: str, value, *, required: bool) -> str:
         out.append(c if keep else " ")
     text = " ".join("".join(out).split())
     if required and not text:
-        raise InvalidRequest(field, "is empty (nothing visible in it): describe the image you want, e.g. 'a red circle'")
+        raise InvalidRequest(field, "is empty (nothing visible in it): describe the image you want, "
+                                    "e.g. 'a red circle'")
     return text
 
 
@@ -300,8 +301,8 @@ def as_switch(value, limits: Limits, hires_scale=None) -> float | None:
     if value is None:
         return None
     if not limits.refiner:
-        raise InvalidRequest("refiner_switch_at", "no refiner is loaded: start the server with --refiner DIR|HUB_ID|FILE "
-                                                  "(an SDXL refiner), or leave it out")
+        raise InvalidRequest("refiner_switch_at", "no refiner is loaded: start the server with --refiner "
+                                                  "DIR|HUB_ID|FILE (an SDXL refiner), or leave it out")
     if hires_scale is not None:  # worded without field names: each protocol names both its own way
         raise InvalidRequest("refiner_switch_at", "the refiner does not run with hires fix (an upscale): ask for one "
                                                   "or the other, not both")

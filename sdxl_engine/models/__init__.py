@@ -91,4 +91,5 @@ def build_component(name: str, config: Mapping[str, Any]) -> Component:
     graphdef, state = nnx.split(nnx.eval_shape(lambda: module_cls(cfg, rngs=nnx.Rngs(0))))
     flat = nnx.to_flat_state(state)
     return Component(name=name, config=cfg, graphdef=graphdef,
-                     shapes={_key(p): tuple(v.get_value().shape) for p, v in flat}, _paths={_key(p): p for p, _ in flat})
+                     shapes={_key(p): tuple(v.get_value().shape) for p, v in flat},
+                     _paths={_key(p): p for p, _ in flat})

@@ -55,7 +55,8 @@ class Conv2d(nnx.Module):
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int = 1, padding: int = 0,
                  bias: bool = True, pad_bottom_right: bool = False, *, rngs: nnx.Rngs):
         fan_in = in_channels * kernel_size * kernel_size
-        self.weight = nnx.Param(_normal(rngs, (kernel_size, kernel_size, in_channels, out_channels), 1 / math.sqrt(fan_in)))
+        self.weight = nnx.Param(_normal(rngs, (kernel_size, kernel_size, in_channels, out_channels),
+                                        1 / math.sqrt(fan_in)))
         self.bias = nnx.Param(jnp.zeros((out_channels,), jnp.float32)) if bias else None
         self.stride = stride
         self.padding = ((0, 1), (0, 1)) if pad_bottom_right else ((padding, padding), (padding, padding))
@@ -136,7 +137,10 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, heads: int, *, is_causal
         (batch, q_len, heads * head_dim) in q's dtype; the softmax runs in float32.
     """
     b, t, d = q.shape
-    split = lambda x: x.reshape(x.shape[0], x.shape[1], heads, d // heads)  # (b, len, heads, head_dim)
+
+    def split(x):  # (b, len, heads, head_dim)
+        return x.reshape(x.shape[0], x.shape[1], heads, d // heads)
+
     out = jax.nn.dot_product_attention(split(q), split(k), split(v), is_causal=is_causal,
                                        implementation=implementation)
     return out.reshape(b, t, d)

@@ -260,7 +260,8 @@ class Transformer2DModel(nnx.Module):
         inner = heads * dim_head
         self.use_linear_projection = use_linear_projection
         self.norm = GroupNorm(groups, in_channels, 1e-6)
-        proj = (lambda i, o: Linear(i, o, rngs=rngs)) if use_linear_projection else (lambda i, o: Conv2d(i, o, 1, rngs=rngs))
+        proj = ((lambda i, o: Linear(i, o, rngs=rngs)) if use_linear_projection
+                else (lambda i, o: Conv2d(i, o, 1, rngs=rngs)))
         self.proj_in = proj(in_channels, inner)
         self.transformer_blocks = nnx.List([
             BasicTransformerBlock(inner, heads, dim_head, cross_attention_dim, only_cross_attention, rngs=rngs)

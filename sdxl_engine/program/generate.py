@@ -220,8 +220,8 @@ class ProgramInputs:
 
         ``prompt_ids`` and ``negative_ids`` have the same chunk count (engine/prompts.py pads the
         shorter). ``negative_empty``: no negative prompt, so its first chunk's embeddings and its pooled
-        embedding are zeros (:func:`encode_text`, as A1111 does for SDXL). ``latents``: (batch, C, h, w) float32 initial noise for
-        a program with ``given_latents``, else None. ``prompt_weights``, ``negative_weights``:
+        embedding are zeros (:func:`encode_text`, as A1111 does for SDXL). ``latents``: (batch, C, h, w) float32
+        initial noise for a program with ``given_latents``, else None. ``prompt_weights``, ``negative_weights``:
         (2, chunks * 77) float32 emphasis weights of the ids; None = all 1 (no emphasis). ``image``:
         (batch, height, width, 3) uint8 pixels and ``start_step`` (0 .. steps - 1, the first step that
         runs) for a program with ``init_image`` (img2img), else None; ``schedule`` is the whole
@@ -609,7 +609,8 @@ def encode_image(st: Static, params, pixels: jax.Array) -> jax.Array:
 
 
 def encode_pixels(st: Static, params, x: jax.Array) -> jax.Array:
-    """(b, 3, H, W) float32 in [-1, 1] -> (b, C, h, w) float32 latents: the posterior's mean, scaled (:func:`encode_image`)."""
+    """(b, 3, H, W) float32 in [-1, 1] -> (b, C, h, w) float32 latents: the posterior's mean, scaled
+    (:func:`encode_image`)."""
     vae = st.components["vae"].bind(params["vae"])
     mean, _ = vae.encode(x)
     mean = mean.astype(jnp.float32)
@@ -750,8 +751,11 @@ def build_generate(model: LoadedModel, shape: ProgramShape, python_loop: bool = 
             return decode(st, params, latents)  # 4.
         # A stopped request's images are discarded: skip the VAE so the stop costs at most one step.
         b, (_, h, w) = latents.shape[0], (3, st.shape.height, st.shape.width)
-        skipped = lambda: jax.lax.pcast((jnp.zeros((b, h, w, 3), jnp.uint8), jnp.zeros((b,), jnp.bool_)),
-                                        DATA_AXIS, to="varying")  # per device, as decode's outputs are
+
+        def skipped():
+            return jax.lax.pcast((jnp.zeros((b, h, w, 3), jnp.uint8), jnp.zeros((b,), jnp.bool_)),
+                                 DATA_AXIS, to="varying")  # per device, as decode's outputs are
+
         return jax.lax.cond(stopped, skipped, lambda: decode(st, params, latents))  # 4.
 
     return generate

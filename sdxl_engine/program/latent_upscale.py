@@ -38,7 +38,8 @@ _CUBIC_A = -0.75  # torch's bicubic (upsample_bicubic2d); its antialiased bicubi
 
 
 def _cubic_weights(t: float, a: float) -> tuple[float, float, float, float]:
-    """torch's ``get_cubic_upsample_coefficients``: the weights of pixels floor(x) - 1 .. floor(x) + 2, t = x - floor(x)."""
+    """torch's ``get_cubic_upsample_coefficients``: the weights of pixels floor(x) - 1 .. floor(x) + 2,
+    t = x - floor(x)."""
     def near(x):  # |x| <= 1
         return ((a + 2) * x - (a + 3)) * x * x + 1
 

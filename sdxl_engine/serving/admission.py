@@ -50,7 +50,8 @@ if TYPE_CHECKING:
 LOG = logging.getLogger(__name__)
 
 RETRY_AFTER_S = 5  # for a client over its limit: about one generation
-SHUTTING_DOWN = "the server is shutting down; retry in a minute"  # every client's refusal during a stop (the guard's too)
+# Every client's refusal during a stop (the guard's too).
+SHUTTING_DOWN = "the server is shutting down; retry in a minute"
 
 
 def over_limit_message(limit: int) -> str:

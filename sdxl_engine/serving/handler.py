@@ -87,6 +87,7 @@ STAGES = {  # engine stage -> (progress fraction, what the page says)
 
 
 # The /generate endpoint's description: Gradio's API page and MCP tool (serving/apis) read it (Args: per input).
+# A backslash at a line's end continues that line (the text has no line break there).
 TOOL_DOC = """Generate images from a text prompt with SDXL: the engine's batch (4 images), seeds seed, seed+1, ...
 
 Args:
@@ -99,7 +100,9 @@ Args:
     height: image height in pixels, one of the model's sizes; 0 = the model's default
     style: a style preset, one of {styles}
     sampler: one of {samplers}
-    refiner_switch_at: with a refiner loaded (the server's --refiner), the share of the steps on the base model before the refiner takes over, 0 to below 1 (0 = the refiner alone); 1 = no refiner; default: the page's slider (0.8 with a refiner)
+    refiner_switch_at: with a refiner loaded (the server's --refiner), the share of the steps on the base model \
+before the refiner takes over, 0 to below 1 (0 = the refiner alone); 1 = no refiner; default: the page's slider \
+(0.8 with a refiner)
 Returns:
     the images (PNG, with their generation parameters) and a JSON record: seeds, size, steps, sampler, timings
 """
@@ -187,7 +190,8 @@ def image_function(handle: Callable, config: EngineConfig, pending: history.Pend
 
     Its inputs: the nine of /generate, then the image editor's value (image_input: the event does not preprocess),
     the mode (image_input.MODES), strength, the outpaint sides and pixels, and the refiner switch
-    (:func:`refiner_switch`: 1 = none). It reads the editor's picture and mask (image_input.read_editor: only uploads and the app's own
+    (:func:`refiner_switch`: 1 = none). It reads the editor's picture and mask (image_input.read_editor: only
+    uploads and the app's own
     PNGs of ``demo``), builds the engine fields (image_input.request_fields) and runs as /generate does
     (:func:`_run_event`: previews, Stop, history record with the settings, not the picture). Every upload it was
     given is deleted when it ends, whatever the outcome, unless the editor uploaded it again since this request
@@ -395,7 +399,8 @@ def _preview_gallery(event: StepEvent, folder: list) -> list:
     in one grid image (previews.preview_grid, as A1111 shows a batch's live preview), or [] if it could not be
     written (the gallery keeps what it showed; the request goes on).
 
-    One file per preview, not n: gradio_client fetches every file of every streamed message again. Written once by images.png_bytes (no parameters chunk) into this request's folder in
+    One file per preview, not n: gradio_client fetches every file of every streamed message again. Written once by
+    images.png_bytes (no parameters chunk) into this request's folder in
     Gradio's temp folder (``folder``: [] until the first preview makes it, then [its path]), which Gradio
     serves as it is. A numpy array would be encoded by Pillow at its default level and hashed by the
     Gallery at every yield of it, the keep-alive repeats included.

@@ -143,8 +143,8 @@ def main(argv: list[str] | None, build_demo: Callable, css: str, title: str, sta
 
 def start_engine(config: EngineConfig, args) -> tuple:
     """(engine, page concurrency): the local engine started in the background (one request on the devices
-    at a time, while new sizes compile), or with ``--replicas`` the stand-in for the Ray Serve replicas (one request per replica).
-    Both implement engine.contract.EngineContract."""
+    at a time, while new sizes compile), or with ``--replicas`` the stand-in for the Ray Serve replicas (one request
+    per replica). Both implement engine.contract.EngineContract."""
     if args.replicas is None:
         from sdxl_engine.engine.local import get_engine
 

@@ -46,27 +46,28 @@ body:not([data-requests]) #stop, body[data-requests="0"] #stop { display: none !
 """
 HISTORY_KEY = "sdxl-jax-history"  # the BrowserState's localStorage key
 HISTORY_NOTE = "Click an image to restore its prompt, style, seed and settings."
+# Shown in place of the history note when the history this browser kept cannot be read (see HISTORY_JS).
+HISTORY_LOST_NOTE = ("This browser's earlier history cannot be read: the server's history key changed since it "
+                     "was saved (docs/page.md, \"History\"). New generations start a new history.")
 # The history gallery, drawn in the browser from the records' JPEG data URLs (the server writes no
 # thumbnail), in history.entry's order. A history this browser kept but cannot read now (the history
 # key changed: docs/page.md, "History") comes back empty; a count kept beside it tells that case apart.
-HISTORY_JS = """(past) => { const records = Array.isArray(past) ? past : [];
+HISTORY_JS = f"""(past) => {{ const records = Array.isArray(past) ? past : [];
   const items = [];
-  for (const r of records) {
+  for (const r of records) {{
     if (!r || !Array.isArray(r.seeds) || !Array.isArray(r.thumbs)) continue;
-    const style = r.style && r.style !== %s ? ` · ${r.style}` : '';
-    r.seeds.forEach((seed, i) => { const url = r.thumbs[i];
+    const style = r.style && r.style !== {json.dumps(NO_STYLE)} ? ` · ${{r.style}}` : '';
+    r.seeds.forEach((seed, i) => {{ const url = r.thumbs[i];
       if (typeof url !== 'string' || !url.startsWith('data:image/jpeg;base64,')) return;
-      items.push({image: {url: url, orig_name: `seed${seed}.jpg`, mime_type: 'image/jpeg'},
-                  caption: `seed ${seed}${style} · ${String(r.prompt).slice(0, 40)}`});
-    });
-  }
-  const countKey = %s + '-count', kept = Number(localStorage.getItem(countKey) || 0);
-  const lost = records.length === 0 && kept > 0 && localStorage.getItem(%s) !== null;
+      items.push({{image: {{url: url, orig_name: `seed${{seed}}.jpg`, mime_type: 'image/jpeg'}},
+                  caption: `seed ${{seed}}${{style}} · ${{String(r.prompt).slice(0, 40)}}`}});
+    }});
+  }}
+  const countKey = {json.dumps(HISTORY_KEY)} + '-count', kept = Number(localStorage.getItem(countKey) || 0);
+  const lost = records.length === 0 && kept > 0 && localStorage.getItem({json.dumps(HISTORY_KEY)}) !== null;
   if (!lost) localStorage.setItem(countKey, String(records.length));
   document.querySelector('#history')?.setAttribute('data-drawn', String(Date.now()));  /* when it was drawn last */
-  return [items, lost ? %s : %s]; }""" % (json.dumps(NO_STYLE), json.dumps(HISTORY_KEY), json.dumps(HISTORY_KEY),
-    json.dumps("This browser's earlier history cannot be read: the server's history key changed since it was saved "
-               "(docs/page.md, \"History\"). New generations start a new history."), json.dumps(HISTORY_NOTE))
+  return [items, lost ? {json.dumps(HISTORY_LOST_NOTE)} : {json.dumps(HISTORY_NOTE)}]; }}"""
 # An emptied history is not an unreadable one: the count beside it goes to 0 first. (The one output's
 # value is wrapped in a list: Gradio reads an array returned by a page script as the list of outputs.)
 CLEAR_HISTORY_JS = f"() => {{ localStorage.setItem({json.dumps(HISTORY_KEY + '-count')}, '0'); return [[]]; }}"
@@ -100,7 +101,8 @@ NEW_REQUEST_JS = "(s) => [(typeof s === 'string' && s.startsWith('**Stopped')) ?
 # browser, never uploaded (the server takes no files): only its `parameters` text goes to the page's event.
 PNG_SETTINGS_HTML = """<div class="png-drop" style="border: 1px dashed var(--border-color-primary); border-radius: 8px;
   padding: 12px; text-align: center;">
-  <label>Drop a PNG here, or choose one: <input type="file" accept="image/png" aria-label="PNG to restore settings from"></label>
+  <label>Drop a PNG here, or choose one: \
+<input type="file" accept="image/png" aria-label="PNG to restore settings from"></label>
 </div>"""
 # Its js_on_load (gr.HTML: `element`, `props`, `trigger`). The text of the first tEXt, iTXt or zTXt chunk
 # keyed `parameters` (PNG spec 11.3.4; A1111 and this server write tEXt, or iTXt for non-Latin-1 text),
@@ -139,5 +141,6 @@ async function read(file) {
 }
 input.addEventListener('change', () => { const file = input.files[0]; input.value = ''; if (file) read(file); });
 zone.addEventListener('dragover', (e) => e.preventDefault());
-zone.addEventListener('drop', (e) => { e.preventDefault(); const file = e.dataTransfer.files[0]; if (file) read(file); });
+zone.addEventListener('drop', (e) => { e.preventDefault(); const file = e.dataTransfer.files[0]; \
+if (file) read(file); });
 """

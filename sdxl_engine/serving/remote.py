@@ -64,7 +64,8 @@ def start_failure(message: str) -> ReplicaStartError | ReplicaConfigError:
     ReplicaConfigError (exit status 2, like a bad flag); anything else ReplicaStartError.
     """
     lines = [line for line in message.splitlines()
-             if line.strip() and not line[0].isspace() and not line.startswith(("Traceback", "RuntimeError: Traceback"))]
+             if line.strip() and not line[0].isspace()
+             and not line.startswith(("Traceback", "RuntimeError: Traceback"))]
     name, sep, text = (lines[-1] if lines else message).partition(": ")
     kind = name.rsplit(".", 1)[-1]
     if not sep or not kind.isidentifier():

@@ -30,7 +30,8 @@ def test_training_data_excludes_held_out_combinations():
     assert not any(a.colour == a.background for a in attrs)
     assert {a.shape for a in attrs} == set(shapes.SHAPES) and {a.colour for a in attrs} == set(shapes.COLOURS)
     again = shapes.make_dataset(50, seed=7)
-    assert again[1] == shapes.make_dataset(50, seed=7)[1] and np.array_equal(again[0], shapes.make_dataset(50, seed=7)[0])
+    assert again[1] == shapes.make_dataset(50, seed=7)[1] \
+        and np.array_equal(again[0], shapes.make_dataset(50, seed=7)[0])
 
 
 def test_caption_words_are_exactly_what_the_captions_use():
@@ -66,7 +67,8 @@ def test_shipped_model_is_the_default_and_small():
     size = sum(f.stat().st_size for f in TINY_SHAPES_DIR.rglob("*") if f.is_file())
     assert size <= 30e6
     assert not list(TINY_SHAPES_DIR.rglob("*.bin")) and not list(TINY_SHAPES_DIR.rglob("*.msgpack"))
-    assert len(list(TINY_SHAPES_DIR.glob("*/*.safetensors"))) == 4  # PyTorch layout: diffusers' PyTorch pipeline loads it too
+    # PyTorch layout: diffusers' PyTorch pipeline loads it too
+    assert len(list(TINY_SHAPES_DIR.glob("*/*.safetensors"))) == 4
     assert [f.name for f in TINY_SHAPES_DIR.glob("*.safetensors")] == ["lcm-lora.safetensors"]  # its LCM-LoRA
 
 
@@ -151,7 +153,8 @@ def test_training_command_saves_a_model_the_engine_recipe_describes(tmp_path):
     for name, component in trained.components.items():  # same architecture (VAE: scaling_factor is measured)
         ours, theirs = component.config, shipped.components[name].config
         if name == "vae":
-            ours, theirs = dataclasses.replace(ours, scaling_factor=1.0), dataclasses.replace(theirs, scaling_factor=1.0)
+            ours, theirs = (dataclasses.replace(ours, scaling_factor=1.0),
+                            dataclasses.replace(theirs, scaling_factor=1.0))
         assert ours == theirs, name
         assert component.shapes == shipped.components[name].shapes, name
     for steps in (1, 7, 20):  # the same noise schedule and prediction type

@@ -68,16 +68,17 @@ def variant_of_tiny_pt(tmp_path, index_changes: dict, unet_changes: dict, drop_t
     (folder / "unet" / "config.json").write_text(json.dumps(config))
     rng = np.random.default_rng(0)  # weights by shape: the test reads kinds and shapes, not images
     save_params({k: rng.standard_normal(shape, np.float32) * 0.02 for k, shape in
-                 build_component("unet", config).shapes.items()}, folder / "unet" / "diffusion_pytorch_model.safetensors")
+                 build_component("unet", config).shapes.items()},
+                folder / "unet" / "diffusion_pytorch_model.safetensors")
     return folder
 
 
 def refiner(tmp_path):
     """As stabilityai/stable-diffusion-xl-refiner-1.0 declares itself: the img2img pipeline, text_encoder_2
     only, 5 time ids (the aesthetic score), requires_aesthetics_score, no force-zero."""
-    return variant_of_tiny_pt(tmp_path, {"_class_name": "StableDiffusionXLImg2ImgPipeline", "text_encoder": [None, None],
-                                         "tokenizer": [None, None], "requires_aesthetics_score": True,
-                                         "force_zeros_for_empty_prompt": False},
+    return variant_of_tiny_pt(tmp_path, {"_class_name": "StableDiffusionXLImg2ImgPipeline",
+                                         "text_encoder": [None, None], "tokenizer": [None, None],
+                                         "requires_aesthetics_score": True, "force_zeros_for_empty_prompt": False},
                               {"cross_attention_dim": 48, "projection_class_embeddings_input_dim": 5 * 8 + 48},
                               drop_text_encoder=True)
 

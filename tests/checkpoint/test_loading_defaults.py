@@ -30,7 +30,8 @@ def model_dir(tmp_path_factory):
 def start(model, environ=None, **overrides):
     from sdxl_engine.engine.local import Engine
 
-    config = EngineConfig.load({"model": str(model), "cpu_devices": 4, **overrides}, environ={**CACHES, **(environ or {})})
+    config = EngineConfig.load({"model": str(model), "cpu_devices": 4, **overrides},
+                               environ={**CACHES, **(environ or {})})
     lines = []
     return Engine(config, log=lines.append).start(), lines
 
@@ -157,8 +158,9 @@ def test_png_and_info_record_the_model_default_sampler(model_dir, tmp_path):
 
     engine, _ = start(model_dir)
     stages = []
-    gallery, info, record = handler.handle_generate(engine, "a red circle", "", 7, None, None, 0, 0, files_dir=str(tmp_path),
-                                                progress=lambda fraction, desc, **_: stages.append(desc))
+    gallery, info, record = handler.handle_generate(engine, "a red circle", "", 7, None, None, 0, 0,
+                                                    files_dir=str(tmp_path),
+                                                    progress=lambda fraction, desc, **_: stages.append(desc))
     assert "Preparing: tokenizing the prompts, scheduling 7 DPM++ 2M steps" in stages
     assert (info["sampler"], info["num_inference_steps"]) == ("DPM++ 2M", 7) == (record["sampler"],
                                                                                   record["num_inference_steps"])

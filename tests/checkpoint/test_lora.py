@@ -48,9 +48,11 @@ def test_kohya_sgm_names_map_to_the_modules_diffusers_maps_them_to(components):
         "input_blocks_1_0_emb_layers_1": "down_blocks.0.resnets.0.time_emb_proj",
         "input_blocks_3_0_op": "down_blocks.0.downsamplers.0.conv",
         "input_blocks_4_0_skip_connection": "down_blocks.1.resnets.0.conv_shortcut",
-        "input_blocks_8_1_transformer_blocks_1_attn2_to_q": "down_blocks.2.attentions.1.transformer_blocks.1.attn2.to_q",
+        "input_blocks_8_1_transformer_blocks_1_attn2_to_q":
+            "down_blocks.2.attentions.1.transformer_blocks.1.attn2.to_q",
         "middle_block_2_out_layers_3": "mid_block.resnets.1.conv2",
-        "output_blocks_2_2_conv": "up_blocks.0.upsamplers.0.conv", "output_blocks_5_2_conv": "up_blocks.1.upsamplers.0.conv",
+        "output_blocks_2_2_conv": "up_blocks.0.upsamplers.0.conv",
+        "output_blocks_5_2_conv": "up_blocks.1.upsamplers.0.conv",
         "output_blocks_5_1_proj_out": "up_blocks.1.attentions.2.proj_out",
         "output_blocks_6_0_skip_connection": "up_blocks.2.resnets.0.conv_shortcut",
         "output_blocks_8_0_in_layers_2": "up_blocks.2.resnets.2.conv1",
@@ -61,7 +63,8 @@ def test_kohya_sgm_names_map_to_the_modules_diffusers_maps_them_to(components):
         down = file[f"lora_unet_{kohya_name}.lora_down.weight"]
         alpha = float(file[f"lora_unet_{kohya_name}.alpha"])
         np.testing.assert_array_equal(layer.down, down.reshape(down.shape[0], -1))
-        np.testing.assert_allclose(layer.up, file[f"lora_unet_{kohya_name}.lora_up.weight"].reshape(layer.up.shape[0], -1)
+        np.testing.assert_allclose(layer.up,
+                                   file[f"lora_unet_{kohya_name}.lora_up.weight"].reshape(layer.up.shape[0], -1)
                                    * alpha / down.shape[0], rtol=1e-6)
     assert ("text_encoder", "encoder.layers.1.mlp.fc1.weight") in keys  # te1: transformers' text_model. dropped
     assert ("text_encoder_2", "text_model.encoder.layers.2.mlp.fc2.weight") in keys
@@ -74,7 +77,8 @@ def test_peft_scale_comes_from_the_saved_lora_config(components):
     item = lora.read_lora("p", PEFT, components)
     file = load_file(str(PEFT))
     layer = by_key(item)[("unet", "down_blocks.1.attentions.0.transformer_blocks.0.attn1.to_q.weight")]
-    np.testing.assert_allclose(layer.up, file["unet.down_blocks.1.attentions.0.transformer_blocks.0.attn1.to_q.lora_B.weight"]
+    np.testing.assert_allclose(layer.up,
+                               file["unet.down_blocks.1.attentions.0.transformer_blocks.0.attn1.to_q.lora_B.weight"]
                                * 2.0, rtol=1e-6)
     assert item.format == "diffusers" and {c for c, _ in by_key(item)} == {"unet", "text_encoder", "text_encoder_2"}
     assert ("text_encoder", "encoder.layers.0.self_attn.q_proj.weight") in by_key(item)
@@ -191,7 +195,8 @@ def test_older_diffusers_names_give_the_same_deltas(components, tmp_path):
     old = {}
     for key, value in load_file(str(PEFT)).items():
         key = key.replace(".lora_A.weight", ".lora.down.weight").replace(".lora_B.weight", ".lora.up.weight")
-        for proj, name in (("attn1.to_q.lora", "attn1.processor.to_q_lora"), ("self_attn.q_proj.lora", "self_attn.to_q_lora")):
+        for proj, name in (("attn1.to_q.lora", "attn1.processor.to_q_lora"),
+                           ("self_attn.q_proj.lora", "self_attn.to_q_lora")):
             key = key.replace(proj + ".", name + ".")
         old[key] = value
     assert any("processor.to_q_lora.down.weight" in k for k in old) and any("self_attn.to_q_lora.up" in k for k in old)
@@ -227,7 +232,8 @@ def test_an_sd15_lora_is_refused_saying_its_widths_do_not_fit(components, tmp_pa
     lacks (down_blocks_0 has attention in SD 1.5)."""
     rng = np.random.default_rng(0)
     path = write(tmp_path, {
-        "lora_unet_down_blocks_1_attentions_0_transformer_blocks_0_attn2_to_k.lora_down.weight": rng.normal(size=(4, 768)),
+        "lora_unet_down_blocks_1_attentions_0_transformer_blocks_0_attn2_to_k.lora_down.weight":
+            rng.normal(size=(4, 768)),
         "lora_unet_down_blocks_1_attentions_0_transformer_blocks_0_attn2_to_k.lora_up.weight": rng.normal(size=(32, 4)),
         "lora_unet_down_blocks_0_attentions_0_proj_in.lora_down.weight": rng.normal(size=(4, 320, 1, 1)),
         "lora_unet_down_blocks_0_attentions_0_proj_in.lora_up.weight": rng.normal(size=(320, 4, 1, 1)),
@@ -250,7 +256,8 @@ def test_keys_that_match_no_module_are_named(components, tmp_path):
     with pytest.raises(lora.LoraError, match=r"7 of 7 LoRA layers match no module of this model \(first: "
                                              r"lora_unet_up_blocks_0_attentions_9_proj_in, "
                                              r"lora_unet_up_blocks_1_attentions_9_proj_in, .*, "
-                                             r"lora_unet_up_blocks_4_attentions_9_proj_in\)\. Is it a LoRA for this model\?$"):
+                                             r"lora_unet_up_blocks_4_attentions_9_proj_in\)\. "
+                                             r"Is it a LoRA for this model\?$"):
         lora.read_lora("x", path, components)
 
 
@@ -270,7 +277,8 @@ def test_unsupported_variants_are_refused_by_name(components, tmp_path, key, wha
 def test_foreign_keys_unpaired_layers_and_empty_files(components, tmp_path):
     with pytest.raises(lora.LoraError, match=r"2 keys of no LoRA format this server reads \(first: "
                                              r"model\.diffusion_model\.x, model\.diffusion_model\.y\)"):
-        lora.read_lora("c", write(tmp_path, {"model.diffusion_model.x": np.ones(2), "model.diffusion_model.y": np.ones(2)}),
+        lora.read_lora("c", write(tmp_path, {"model.diffusion_model.x": np.ones(2),
+                                             "model.diffusion_model.y": np.ones(2)}),
                        components)
     with pytest.raises(lora.LoraError, match=r"lora_unet_conv_in has no up weight$"):
         lora.read_lora("c", write(tmp_path, {"lora_unet_conv_in.lora_down.weight": np.ones((4, 4, 3, 3))}), components)
@@ -283,8 +291,8 @@ def test_pickles_are_refused_unopened(components, tmp_path, suffix):
     path = tmp_path / f"evil{suffix}"
     path.write_bytes(b"not read")
     path.chmod(0)  # unreadable: opening it would fail differently
-    with pytest.raises(lora.LoraError, match=rf"^{re.escape(str(path))}: a pickle \({re.escape(suffix)}\); LoRA pickles "
-                                             r"are never opened because unpickling can run code"):
+    with pytest.raises(lora.LoraError, match=rf"^{re.escape(str(path))}: a pickle \({re.escape(suffix)}\); "
+                                             r"LoRA pickles are never opened because unpickling can run code"):
         lora.read_lora("e", path, components)
 
 
@@ -337,7 +345,8 @@ def test_a_nan_everywhere_peft_file_is_refused_at_its_first_tensor(components, t
     path = write(tmp_path, tensors, "nan.safetensors")
     first = next(iter(lora._pairs("w", lora.read_safetensors_header(path), False).values()))["down"]
     with pytest.raises(lora.LoraError, match=rf"^LoRA 'n' \({re.escape(str(path))}\): tensor {re.escape(first)} has "
-                                             rf"{tensors[first].size} NaN and 0 infinite values of {tensors[first].size};"):
+                                             rf"{tensors[first].size} NaN and 0 infinite values of "
+                                             rf"{tensors[first].size};"):
         lora.read_lora("n", path, components)
 
 
@@ -383,7 +392,8 @@ def test_the_magnitude_limit_sits_between_real_and_damaged_deltas(components, tm
 
 def test_a_non_finite_scale_from_the_peft_header_is_refused(components, tmp_path):
     config = {"unet.lora_alpha": float("inf"), "unet.r": 4}
-    path = write(tmp_path, load_file(str(PEFT)), "inf.safetensors", metadata={"lora_adapter_metadata": json.dumps(config)})
+    path = write(tmp_path, load_file(str(PEFT)), "inf.safetensors",
+                 metadata={"lora_adapter_metadata": json.dumps(config)})
     with pytest.raises(lora.LoraError, match=r"the lora_adapter_metadata header gives unet\..*\.lora_B\.weight a scale "
                                              r"of inf; a LoRA's scale must be a finite number$"):
         lora.read_lora("s", path, components)

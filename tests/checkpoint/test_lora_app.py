@@ -63,7 +63,8 @@ def test_a_malformed_lora_setting_exits_2_at_once_and_never_listens(tmp_path):
     port = free_port()
     started = time.monotonic()
     proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(port),
-                             "--lora", "bad name=x.safetensors"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             "--lora", "bad name=x.safetensors"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
                             env={"GRADIO_ANALYTICS_ENABLED": "False", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
     listened = False
     while proc.poll() is None and time.monotonic() - started < 60:

@@ -53,7 +53,8 @@ def images_for(setup, weights: dict) -> np.ndarray:
 @pytest.mark.parametrize("case", list(REF["cases"]))
 def test_images_match_diffusers_load_lora_weights(setup, case):
     """diffusers' load_lora_weights + set_adapters and the merged params, same latents: max 4/255, mean 0.5/255;
-    and each LoRA changes the images ten times the mean tolerance or more (so the comparison would catch a layer mapped wrong)."""
+    and each LoRA changes the images ten times the mean tolerance or more (so the comparison would catch a layer
+    mapped wrong)."""
     with np.load(LORA_DIR / "reference.npz") as data:
         expected, base = data[f"{case}_images"] * 255, data["base_images"] * 255
     images = images_for(setup, REF["cases"][case]).astype(np.float64)
@@ -89,7 +90,8 @@ def test_weight_zero_is_the_base_and_the_base_is_kept(setup):
     half = np.asarray(merger.params([("kohya", 0.5)])["unet"][key]) - before
     negative = np.asarray(merger.params([("kohya", -0.5)])["unet"][key]) - before
     # W + weight x (alpha / rank) x up @ down: linear in the weight, a real change at 1
-    assert np.abs(delta).max() > 1e-3 and np.allclose(half, 0.5 * delta, atol=1e-6) and np.allclose(negative, -half, atol=1e-6)
+    assert np.abs(delta).max() > 1e-3 and np.allclose(half, 0.5 * delta, atol=1e-6) \
+        and np.allclose(negative, -half, atol=1e-6)
     assert merger.params([("kohya", 0.0)]) is params
     assert np.array_equal(np.asarray(params["unet"][key]), before)
     untouched = "up_blocks.2.resnets.1.conv1.weight"

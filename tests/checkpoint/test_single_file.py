@@ -190,7 +190,8 @@ def test_hub_files_offline_say_so(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     with pytest.raises(ModelLoadError, match=r"could not get the --model single file "
-                                             r"'someone/sdxl-finetune/model.safetensors' from the hub .*\(offline mode: HF_HUB_OFFLINE is set\)"):
+                                             r"'someone/sdxl-finetune/model.safetensors' from the hub .*"
+                                             r"\(offline mode: HF_HUB_OFFLINE is set\)"):
         load_model("someone/sdxl-finetune/model.safetensors", **LOAD)
     # The shipped configs have no CLIP vocabulary: it comes from SDXL base's repository (here one not cached).
     monkeypatch.setattr(loading, "SDXL_BASE_REPO", "nobody/not-cached")

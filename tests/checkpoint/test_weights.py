@@ -58,7 +58,8 @@ def test_fp16_variant_and_sharded_index_load_the_same_weights(model_dir):
     fp16 = load(model_dir, variant="fp16")
     assert weights.find_weight_files(model_dir / "unet", "fp16")[0].name == "diffusion_pytorch_model.fp16.safetensors"
     for k in expected:
-        np.testing.assert_array_equal(np.asarray(fp16.params["unet"][k]), expected[k].astype(np.float16).astype(np.float32))
+        np.testing.assert_array_equal(np.asarray(fp16.params["unet"][k]),
+                                      expected[k].astype(np.float16).astype(np.float32))
 
 
 def test_plain_weights_are_read_unless_a_variant_is_asked_for(model_dir):
@@ -194,8 +195,8 @@ def test_a_local_folder_is_named_by_its_own_name_only(tmp_path):
 
 
 def test_single_file_with_a_unet_alone_says_to_pass_it_as_unet(tmp_path):
-    """Single files load (tests/checkpoint/test_single_file.py; parity: tests/checkpoint/test_single_file_parity.py); one
-    holding only a UNet is named for what it is."""
+    """Single files load (tests/checkpoint/test_single_file.py; parity: tests/checkpoint/test_single_file_parity.py);
+    one holding only a UNet is named for what it is."""
     path = tmp_path / "sd_xl_base_1.0.safetensors"
     save_file({"model.diffusion_model.input_blocks.0.0.weight": np.zeros((4, 4), np.float32)}, str(path))
     with pytest.raises(ModelLoadError, match="holds a UNet alone; pass it as --unet PATH, with --model for the other "
@@ -213,13 +214,15 @@ def test_hub_snapshot_takes_one_weight_set_per_component_and_no_pickles():
              "text_encoder_2/flax_model.msgpack", "text_encoder_2/pytorch_model.bin", "vae_1_0/config.json",
              "sd_xl_base_1.0.safetensors"]
     plain = hub_files(files)
-    assert "unet/diffusion_pytorch_model.safetensors" in plain and "unet/diffusion_pytorch_model.fp16.safetensors" not in plain
+    assert "unet/diffusion_pytorch_model.safetensors" in plain \
+        and "unet/diffusion_pytorch_model.fp16.safetensors" not in plain
     assert "vae/diffusion_pytorch_model.fp16.safetensors" in plain  # the only safetensors there
     assert "text_encoder_2/flax_model.msgpack" in plain  # no safetensors: the Flax weights
     assert not any(f.endswith(".bin") for f in plain) and "sd_xl_base_1.0.safetensors" not in plain
     assert "unet/diffusion_flax_model.msgpack" not in plain
     fp16 = hub_files(files, "fp16")
-    assert "unet/diffusion_pytorch_model.fp16.safetensors" in fp16 and "unet/diffusion_pytorch_model.safetensors" not in fp16
+    assert "unet/diffusion_pytorch_model.fp16.safetensors" in fp16 \
+        and "unet/diffusion_pytorch_model.safetensors" not in fp16
     assert "text_encoder/model.fp16.safetensors" in fp16
 
 
@@ -235,7 +238,8 @@ def test_unreachable_hub_gives_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     with pytest.raises(ModelLoadError, match=r"could not load SDXL model 'stabilityai/stable-diffusion-xl-base-1.0' "
                                              r"from the hub \(offline mode: HF_HUB_OFFLINE is set and the local cache "
-                                             r"does not have it\)\..*hf download stabilityai/stable-diffusion-xl-base-1.0"):
+                                             r"does not have it\)\..*"
+                                             r"hf download stabilityai/stable-diffusion-xl-base-1.0"):
         load_model("stabilityai/stable-diffusion-xl-base-1.0", dtype="auto", platform="cpu", cache_dir=str(tmp_path))
     assert asked == []
 

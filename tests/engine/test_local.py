@@ -36,8 +36,9 @@ def shapes_reference():
 def shapes(engine, k=0, **changes):
     """tiny-shapes' images (int32) for reference case ``k`` with ``changes`` to its request."""
     case = {**SHAPES_CASES[k], **changes}
-    return engine.generate(GenerateRequest(case["prompt"], case["negative_prompt"], case["seed"], case["guidance_scale"],
-                                           case["num_inference_steps"], case["width"], case["height"])
+    return engine.generate(GenerateRequest(case["prompt"], case["negative_prompt"], case["seed"],
+                                           case["guidance_scale"], case["num_inference_steps"], case["width"],
+                                           case["height"])
                            ).images.astype(np.int32)
 
 
@@ -255,7 +256,8 @@ REFUSED = [
     (dict(num_inference_steps=0), "num_inference_steps: must be between 1"),
     (dict(num_inference_steps=10**9), "num_inference_steps: must be between 1"),
     (dict(width=63), "width: 63 is not a multiple of 8 pixels (the model works on 8-pixel blocks); any multiple "
-                     "of 8 pixels per side, up to 1048576 pixels in all (max_pixels; the model's sizes: 64x64, 72x56, "),
+                     "of 8 pixels per side, up to 1048576 pixels in all (max_pixels; the model's sizes: 64x64, "
+                     "72x56, "),
     (dict(width=2048, height=1024), "width/height: 2048x1024 is 2097152 pixels; this server makes up to 1048576 "
                                     "(max_pixels), any multiple of 8 pixels per side (the model's sizes: 64x64, "),
 ]

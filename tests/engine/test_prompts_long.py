@@ -142,7 +142,8 @@ def test_the_last_words_of_a_long_prompt_decide_the_colour(tiny_shapes_engine):
 
 
 def test_prompts_of_only_syntax_are_empty_and_weights_are_clamped_with_a_warning(tiny_shapes_engine):
-    for text in ("()", "[ ] BREAK (:1.2)", "BREAK", "(( )) BREAK [ ]"):  # with tags: tests/engine/test_prompts_checks.py
+    # With tags: tests/engine/test_prompts_checks.py.
+    for text in ("()", "[ ] BREAK (:1.2)", "BREAK", "(( )) BREAK [ ]"):
         with pytest.raises(InvalidRequest, match=r"^prompt: is empty: it holds only brackets, weights or BREAK"):
             tiny_shapes_engine.generate(GenerateRequest(text, seed=1, num_inference_steps=1))
     result = tiny_shapes_engine.generate(GenerateRequest("a (red:50) circle", "(blue:-20)", seed=1,

@@ -66,8 +66,8 @@ BAD = [
     ("size far over it", dict(width=8192, height=8192), r"width/height: 8192x8192 is 67108864 pixels"),
     ("width text", dict(width="wide"), r"width: expected a whole number, got 'wide'"),
     # sampler (A1111 names)
-    ("unknown sampler", dict(sampler="LMS"), r"sampler: unknown sampler 'LMS'; choose one of Euler, Euler a, DPM\+\+ 2M, "
-                                             r"DPM\+\+ 2M Karras, DDIM"),
+    ("unknown sampler", dict(sampler="LMS"), r"sampler: unknown sampler 'LMS'; choose one of Euler, Euler a, "
+                                             r"DPM\+\+ 2M, DPM\+\+ 2M Karras, DDIM"),
     ("sampler number", dict(sampler=3), r"sampler: unknown sampler '3'"),
 ]
 
@@ -129,7 +129,8 @@ def test_accepted_input_through_api(client, kwargs, check):
 
 
 def refused_by_engine(engine, kwargs, message):
-    message = message.replace("multiple of 16", "multiple of 8")  # BAD is for the app's tiny-shapes; this is tiny-random
+    # BAD is for the app's tiny-shapes; this is tiny-random.
+    message = message.replace("multiple of 16", "multiple of 8")
     with pytest.raises(InvalidRequest, match=message) as caught:
         engine.generate(GenerateRequest(**{**VALID, **kwargs}))
     assert caught.value.field in str(caught.value) and message.startswith(caught.value.field)
@@ -166,7 +167,7 @@ def test_non_finite_floats_in_raw_json_are_clear_errors(app_server, client):
     """gradio_client refuses to send NaN/inf (not valid JSON), but a raw client can send NaN."""
     for token, message in (("NaN", "guidance_scale: must be a finite number, got nan"),
                            ("Infinity", "guidance_scale: must be a finite number, got inf")):
-        body = '{"data": ["a red circle", "", 1, %s, 2, 0, 0, "(No style)", "Euler"]}' % token
+        body = f'{{"data": ["a red circle", "", 1, {token}, 2, 0, 0, "(No style)", "Euler"]}}'
         event = httpx.post(app_server.url + "gradio_api/call/generate", content=body,
                            headers={"content-type": "application/json"}, timeout=30).json()["event_id"]
         text = httpx.get(app_server.url + f"gradio_api/call/generate/{event}", timeout=60).text

@@ -78,8 +78,8 @@ def check(name: str, config: dict) -> dict[str, tuple]:
 
 
 @pytest.mark.parametrize("folder, name", [
-    pytest.param(folder, name, id=f"{folder.name}-{name}") for folder in (FIXTURES / "tiny-pt", FIXTURES / "tiny-pt-conv",
-                                                                          CONFIGS)
+    pytest.param(folder, name, id=f"{folder.name}-{name}")
+    for folder in (FIXTURES / "tiny-pt", FIXTURES / "tiny-pt-conv", CONFIGS)
     for name in COMPONENTS if (folder / name / "config.json").is_file()])
 def test_every_norm_layer_has_the_configs_epsilon(folder, name):
     found = check(name, config_of(folder, name))

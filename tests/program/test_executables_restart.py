@@ -58,7 +58,8 @@ def start(cache_dir: Path, model_dir: Path, **env) -> dict:
         for name, n in stage.items():
             total[name] = total.get(name, 0) + n
     result["total"] = total
-    result["cache_lines"] = [line for line in result["log"] if "executable cache:" in line]  # the outcome lines, not the stage line
+    # The outcome lines, not the stage line.
+    result["cache_lines"] = [line for line in result["log"] if "executable cache:" in line]
     return result
 
 

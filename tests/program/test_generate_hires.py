@@ -73,8 +73,10 @@ def test_the_upscalers_are_torchs_interpolate(reference):
             got = np.asarray(upscale_latents(jnp.asarray(x), m, m))
             want = reference[f"resize_{n_in}_{n_out}_{k}"]
             assert np.abs(got - want).max() < 1e-5, (n_in, n_out, name, np.abs(got - want).max())
-        jax_resize = lambda method: np.asarray(jax.image.resize(x, (*x.shape[:2], n_out, n_out), method,  # noqa: E731
-                                                                antialias=False))
+
+        def jax_resize(method, x=x, n_out=n_out):
+            return np.asarray(jax.image.resize(x, (*x.shape[:2], n_out, n_out), method, antialias=False))
+
         names = list(HIRES_UPSCALERS)
         assert np.abs(jax_resize("linear") - reference[f"resize_{n_in}_{n_out}_{names.index('Latent')}"]).max() < 1e-5
         cubic = reference[f"resize_{n_in}_{n_out}_{names.index('Latent (bicubic)')}"]
@@ -178,7 +180,8 @@ def test_pixel_upscalers_are_a1111s_resize_image(pixels):
         got = upscale_images(pixels[f"{case}_first"], 96, 96, meta["upscaler"]).astype(int)
         assert got.shape == (2, 96, 96, 3) and np.abs(got - pixels[f"{case}_upscaled"]).max() <= 1, case
     first = pixels["euler_lanczos_05_first"]
-    lanczos, nearest, none = (upscale_images(first, 96, 96, name).astype(int) for name in ("Lanczos", "Nearest", "None"))
+    lanczos, nearest, none = (upscale_images(first, 96, 96, name).astype(int)
+                              for name in ("Lanczos", "Nearest", "None"))
     assert np.array_equal(none, lanczos) and np.abs(nearest - lanczos).mean() > 2
     assert np.array_equal(nearest[:, ::3, ::3], first[:, ::2, ::2])  # nearest at 1.5x: source pixel 2i for 3i
     picture = Image.fromarray(first[0])
@@ -285,7 +288,8 @@ def test_pixel_hires_is_txt2img_upscaled_then_denoised(engine):
     assert engine.compile_count == before + 1  # the second pass; the first is text to image's
     assert {(s.init_image, s.hires_noise) for s in engine.programs.compiled} >= {(True, True)}
     m = engine.limits.multiple
-    assert pixels.images.shape[1:3] == (int(txt.images.shape[1] * 1.5) // m * m, int(txt.images.shape[2] * 1.5) // m * m)
+    assert pixels.images.shape[1:3] == (int(txt.images.shape[1] * 1.5) // m * m,
+                                        int(txt.images.shape[2] * 1.5) // m * m)
     latent = gen(engine, hires_scale=1.5)
     assert np.abs(pixels.images.astype(int) - latent.images).mean() > 0.5
     events = []

@@ -72,7 +72,8 @@ def test_lcm_images_match_diffusers(steps_arrays, lcm_noise, tiny_pt_programs):
         ids, _ = tokenize(model, case["prompt"])
         negative, _ = tokenize(model, case["negative_prompt"])
 
-        def images(sampler, seeds=seeds):
+        def images(sampler, seeds=seeds, case=case, steps=steps, guidance=guidance, ids=ids, negative=negative,
+                   shape=shape, program=program):
             schedule = make_schedule(sampler, model.scheduler_config, steps)
             inputs = ProgramInputs.build(ids, negative, not case["negative_prompt"], seeds, guidance, schedule, steps,
                                          shape.max_steps, latents=latents)

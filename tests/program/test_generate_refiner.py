@@ -151,14 +151,16 @@ def test_the_refiners_conditioning_is_diffusers(models, reference):
     inputs = inputs_for(base, case)
     expert = refiner_expert(st, params, inputs)
     ref = {k[len("refiner_"):]: v for k, v in reference.items() if k.startswith("refiner_")}
-    hidden, pooled = np.asarray(expert.hidden), np.asarray(expert.text_embeds)  # (4, 77, 48), (4, 48): neg, neg, pos, pos
+    # (4, 77, 48), (4, 48): neg, neg, pos, pos
+    hidden, pooled = np.asarray(expert.hidden), np.asarray(expert.text_embeds)
     for rows, which in ((slice(0, 2), "negative_"), (slice(2, 4), "")):
         np.testing.assert_allclose(hidden[rows], np.broadcast_to(ref[f"{which}prompt_embeds"], (2, 77, 48)), atol=1e-5)
         np.testing.assert_allclose(pooled[rows], np.broadcast_to(ref[f"{which}pooled_prompt_embeds"], (2, 48)),
                                    atol=1e-5)
     assert np.abs(ref["negative_prompt_embeds"]).mean() > 0.1  # the encoded empty text is far from zeros
     assert np.array_equal(np.asarray(expert.add_time_ids),
-                          np.concatenate([np.repeat(ref["add_neg_time_ids"], 2, 0), np.repeat(ref["add_time_ids"], 2, 0)]))
+                          np.concatenate([np.repeat(ref["add_neg_time_ids"], 2, 0),
+                                          np.repeat(ref["add_time_ids"], 2, 0)]))
     assert np.asarray(encode_text(st, params, inputs).hidden)[:2, :77].max() == 0  # the base's empty negative: zeros
     zeroing = dataclasses.replace(base.refiner, kind=dataclasses.replace(base.refiner.kind,
                                                                          force_zeros_for_empty_prompt=True))
@@ -224,7 +226,8 @@ def test_refiner_images_match_diffusers(program, models, reference, case):
     The switch one step earlier or later, and DPM++'s switch step second order (its scheduler not restarted), are
     off by 0.18-0.74/255 mean: the random tiny models change little in the last steps, so some of these stay
     within the loose parity tolerance, but each is over 1000 x the right run's difference; the check is mean
-    > 0.1/255 and the right run 10 x closer to diffusers (so the conventions broken in the program fail it too). (The aesthetic score moves these images by only 0.002-0.05/255; its convention is checked on the
+    > 0.1/255 and the right run 10 x closer to diffusers (so the conventions broken in the program fail it too).
+    (The aesthetic score moves these images by only 0.002-0.05/255; its convention is checked on the
     time ids themselves, test_the_refiners_conditioning_is_diffusers.)"""
     base, _ = models
     meta = META["cases"][case]

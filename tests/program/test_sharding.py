@@ -16,5 +16,6 @@ def test_batch_must_divide_over_devices():
     mesh = make_mesh(jax.devices()[:1] * 1)
     check_batch(4, mesh)
     if len(jax.devices()) >= 4:
-        with pytest.raises(ShardingError, match=r"images_per_request \(3\) must be a positive multiple of the device count \(4\)"):
+        with pytest.raises(ShardingError, match=r"images_per_request \(3\) must be a positive multiple of the device "
+                                                r"count \(4\)"):
             check_batch(3, make_mesh(jax.devices()[:4]))

@@ -77,7 +77,8 @@ def test_prepare_checks_every_setting_before_any_heavy_import():
             "from sdxl_engine.serving import main\n"
             "start = main.prepare('title', ['--num-inference-steps', '4'])\n"
             "print(signal.getsignal(signal.SIGTERM) == start.signals._handle, start.config.num_inference_steps)\n"
-            "print(sorted({m.split('.')[0] for m in sys.modules} & {'jax', 'flax', 'gradio', 'transformers', 'torch'}))\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules}"
+            " & {'jax', 'flax', 'gradio', 'transformers', 'torch'}))\n"
             "main.prepare('title', ['--trusted-proxies', 'proxy.local'])\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.stdout.splitlines() == ["True 4", "[]"], out.stderr[-2000:]

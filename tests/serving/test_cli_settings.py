@@ -103,7 +103,8 @@ def test_a_save_that_stops_halfway_says_how_many_were_not_saved(tmp_path, monkey
 
     monkeypatch.setattr(delivery, "write_new", fills_up)
     delivered = delivery.deliver(fake_result(), "a red circle", "(No style)", tmp_path / "served", str(out))
-    assert sorted(delivered.info["saved"]) == sorted(p.name for p in out.iterdir()) and len(delivered.info["saved"]) == 2
+    assert sorted(delivered.info["saved"]) == sorted(p.name for p in out.iterdir()) \
+        and len(delivered.info["saved"]) == 2
     assert delivered.info["warnings"] == ["2 of 4 images not saved to the server's outputs folder (OSError: No space "
                                           "left on device); download them instead"]
 
@@ -217,7 +218,8 @@ def test_unknown_words_are_spelled_as_tokens_so_they_change_the_embedding():
     tok = CLIPTokenizer.from_pretrained(str(TINY_SHAPES_DIR / "tokenizer"))
     emoji = [bytes_to_unicode()[b] for b in "👍🏽".encode()]  # CLIP's printable stand-in of each UTF-8 byte
     assert tok.convert_ids_to_tokens(tok("a red dog circle 👍🏽").input_ids) == [
-        "<|startoftext|>", "a</w>", "red</w>", "dog</w>", "circle</w>", *emoji[:-1], emoji[-1] + "</w>", "<|endoftext|>"]
+        "<|startoftext|>", "a</w>", "red</w>", "dog</w>", "circle</w>", *emoji[:-1], emoji[-1] + "</w>",
+        "<|endoftext|>"]
     assert tok.convert_ids_to_tokens(tok("a red circle").input_ids) == [
         "<|startoftext|>", "a</w>", "red</w>", "circle</w>", "<|endoftext|>"]
 

@@ -69,15 +69,16 @@ def test_a_protocol_request_for_fewer_images_tells_the_calls_that_end_it(tmp_pat
     engine.limits = SimpleNamespace(max_seed=2**32 - 1)
     service = RequestService(engine, handle, RequestGate(), slots=1, limit=1)
     monkeypatch.setattr(core, "check", lambda engine, call, client: None)  # the handler builds every call's request
-    for images, expected in ((2, [2]), (4, [None]), (6, [None, 2])):
+    for n_images, expected in ((2, [2]), (4, [None]), (6, [None, 2])):
         kept.clear()
-        call = core.Call("a red circle", seed=1, images=images)
+        call = core.Call("a red circle", seed=1, images=n_images)
         generated = asyncio.run(core.generate(service, RouteRequest(), call, ("openai", "10.0.0.1")))
-        assert kept == expected and len(generated.pngs) == images
+        assert kept == expected and len(generated.pngs) == n_images
 
     heard = []
     generate = handler.api_function(lambda *values, **kw: heard.append(kw.get("keep")) or ([], {}, {}),
-                                    SimpleNamespace(guidance_scale=5.0, num_inference_steps=8, sampler="Euler", refiner=""),
+                                    SimpleNamespace(guidance_scale=5.0, num_inference_steps=8, sampler="Euler",
+                                                    refiner=""),
                                     SimpleNamespace(put=lambda *a: None))
     list(generate("a red circle", request=gr.Request(request=Request({"type": "http", "headers": []})),
                   progress=lambda *a, **k: None))

@@ -26,9 +26,10 @@ def get(app_server, path, **kw):
 def output_file(app_server):
     """Server-side path and URL of an image the app generated (the one place files are served from)."""
     event = httpx.post(app_server.url + "gradio_api/call/generate",
-                       json={"data": ["a red circle", "", 1, 7.0, 2, 0, 0, "(No style)", "Euler"]}, timeout=30).json()["event_id"]
+                       json={"data": ["a red circle", "", 1, 7.0, 2, 0, 0, "(No style)", "Euler"]},
+                       timeout=30).json()["event_id"]
     text = httpx.get(app_server.url + f"gradio_api/call/generate/{event}", timeout=60).text
-    line = next(l for l in text.splitlines() if l.startswith("data: ") and '"path"' in l)
+    line = next(ln for ln in text.splitlines() if ln.startswith("data: ") and '"path"' in ln)
     item = json.loads(line[6:])[0][0]["image"]
     return item["path"], item["url"]
 
@@ -57,7 +58,8 @@ def probe_paths(output_dir: str) -> list[str]:
             prefix + "..%5c..%5c..%5c..%5cetc%5cpasswd", prefix + "....//....//....//etc/passwd",
             prefix + output_dir + "%00/../../../../etc/passwd",
         ]
-    paths += ["/gradio_api/file%3D/etc/passwd", "/static/../../../../etc/passwd", "/assets/%2e%2e/%2e%2e/%2e%2e/etc/passwd"]
+    paths += ["/gradio_api/file%3D/etc/passwd", "/static/../../../../etc/passwd",
+              "/assets/%2e%2e/%2e%2e/%2e%2e/etc/passwd"]
     return paths
 
 
@@ -378,7 +380,8 @@ def test_no_byte_a_client_sends_becomes_a_file(app_server):
         httpx.post(app_server.url + f"gradio_api/call/{dep['api_name']}", json={"data": data}, timeout=30)
         call_page_event(app_server, dep, data, {"index": 0, "value": None})
     assert temp_files() - before == set()
-    fetched = {"path": "http://127.0.0.1:9/x.png", "url": "http://127.0.0.1:9/x.png", "meta": {"_type": "gradio.FileData"}}
+    fetched = {"path": "http://127.0.0.1:9/x.png", "url": "http://127.0.0.1:9/x.png",
+               "meta": {"_type": "gradio.FileData"}}
     for dep in deps:
         status, reply = call_page_event(app_server, dep, [fetched] * max(1, len(dep["inputs"])))
         assert status == 404 and "this app takes no files" in reply, (dep["api_name"], status, reply[:200])

@@ -37,8 +37,9 @@ def test_handler_applies_style_reports_progress_and_saves_pngs(engine, monkeypat
 
     monkeypatch.setattr(engine, "config", dataclasses.replace(engine.config, outputs_dir=str(tmp_path / "out")))
     reports = []
-    gallery, info, record = handler.handle_generate(engine, "a red circle", "green", 7, 5.0, 3, 0, 0, "Pixel art",
-                                                progress=lambda fraction, desc, unit=None: reports.append((fraction, desc)))
+    gallery, info, record = handler.handle_generate(
+        engine, "a red circle", "green", 7, 5.0, 3, 0, 0, "Pixel art",
+        progress=lambda fraction, desc, unit=None: reports.append((fraction, desc)))
     steps = [(f, d.split(",")[0]) for f, d in reports if isinstance(f, tuple)]  # each denoising step
     assert steps == [((k, 3), f"Denoising: step {k}/3") for k in (1, 2, 3)]
     assert [d for f, d in reports if not isinstance(f, tuple)] == [
@@ -62,7 +63,8 @@ def test_handler_applies_style_reports_progress_and_saves_pngs(engine, monkeypat
             np.testing.assert_array_equal(np.asarray(saved.convert("RGB")), expected_pixels[i])
             assert image.text["parameters"] == saved.text["parameters"] == (
                 f"{styled}\nNegative prompt: {styled_negative}\n"
-                f"Steps: 3, Sampler: Euler, CFG scale: 5, Seed: {seed}, Size: 64x64, Model: tiny-random, Style: Pixel art")
+                f"Steps: 3, Sampler: Euler, CFG scale: 5, Seed: {seed}, Size: 64x64, Model: tiny-random, "
+                "Style: Pixel art")
     # No style, a negative prompt, another sampler: the user's own words, no Style field (a size other than
     # square: test_delivery_png_parameters.py, without compiling one here).
     gallery, info, _ = handler.handle_generate(engine, "a red circle", "blue", 7, 7.5, 2, 0, 0, sampler="DPM++ 2M")
@@ -85,8 +87,8 @@ def test_gallery_files_are_named_after_seed_and_prompt(engine, tmp_path):
     """The name a download gets: the seed and the prompt's first words, not image.png."""
     from sdxl_engine.serving import handler
 
-    gallery, info, _ = handler.handle_generate(engine, "A Red Circle, on a blue background!", "", 7, 5.0, 2, 0, 0, "Anime",
-                                           files_dir=str(tmp_path))
+    gallery, info, _ = handler.handle_generate(engine, "A Red Circle, on a blue background!", "", 7, 5.0, 2, 0, 0,
+                                               "Anime", files_dir=str(tmp_path))
     names = [Path(path).name for path, _ in gallery]
     assert names == [f"seed{s}-a-red-circle-on-a-blue.png" for s in (7, 8, 9, 10)]
     assert all(Path(path).is_relative_to(tmp_path) for path, _ in gallery)
@@ -110,7 +112,8 @@ def test_saved_pngs_never_overwrite_each_other(engine, monkeypatch, tmp_path):
     monkeypatch.setattr(time, "time_ns", lambda: frozen)
     monkeypatch.setattr(time, "strftime", lambda fmt, t=None: "20250101-120000")
     monkeypatch.setattr(secrets, "token_hex", lambda n=None: "abcdef")
-    results = [handler.handle_generate(engine, prompt, "", 7, 5.0, 2, 0, 0) for prompt in ("a red circle", "a blue square")]
+    results = [handler.handle_generate(engine, prompt, "", 7, 5.0, 2, 0, 0)
+               for prompt in ("a red circle", "a blue square")]
     saved = [path for _, info, _ in results for path in info["saved"]]
     assert len(set(saved)) == 8 and sorted(saved) == sorted(p.name for p in out.iterdir())  # names, not paths
     for gallery, info, _ in results:

@@ -15,11 +15,13 @@ from tests.helpers import FullDiskFile
 
 def test_a1111_parameters_roundtrip():
     text = a1111_parameters("a red circle", "blurry", 20, 7.0, 42, 64, 64, "tiny-random")
-    assert text == "a red circle\nNegative prompt: blurry\nSteps: 20, Sampler: Euler, CFG scale: 7, Seed: 42, Size: 64x64, Model: tiny-random"
+    assert text == ("a red circle\nNegative prompt: blurry\nSteps: 20, Sampler: Euler, CFG scale: 7, Seed: 42, "
+                    "Size: 64x64, Model: tiny-random")
     parsed = parse_a1111_parameters(text)
     assert parsed["Seed"] == "42" and parsed["negative_prompt"] == "blurry" and parsed["Size"] == "64x64"
     text = a1111_parameters("a red circle", "", 8, 1.0, 7, 64, 64, "tiny-shapes", {"Style": "Anime"}, "DPM++ 2M Karras")
-    assert text == "a red circle\nSteps: 8, Sampler: DPM++ 2M Karras, CFG scale: 1, Seed: 7, Size: 64x64, Model: tiny-shapes, Style: Anime"
+    assert text == ("a red circle\nSteps: 8, Sampler: DPM++ 2M Karras, CFG scale: 1, Seed: 7, Size: 64x64, "
+                    "Model: tiny-shapes, Style: Anime")
     assert parse_a1111_parameters(text)["Sampler"] == "DPM++ 2M Karras"
 
 

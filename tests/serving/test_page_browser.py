@@ -341,8 +341,8 @@ def test_while_the_engine_starts_the_page_says_so_and_share_offline_is_one_line(
     try:
         page = offline.open()
         banner = page.inner_text("#engine-status")
-        assert re.search(r"Starting the engine: (starting|loading model|placing params|compiling|warm-up).* — \d+ s so far",
-                         banner), banner
+        assert re.search(r"Starting the engine: (starting|loading model|placing params|compiling|warm-up).* "
+                         r"— \d+ s so far", banner), banner
         page.fill("#prompt textarea", "a red circle")
         page.click("#generate")  # waits for the engine instead of failing
         # The gallery's own progress line says what the request waits for (no keep-alive yield before the
@@ -412,7 +412,8 @@ def settled_box(page, selector: str) -> dict:
     return page.locator(selector).bounding_box()
 
 
-TEXT_WIDTH_JS = """(el, text) => { const cs = getComputedStyle(el), ctx = document.createElement('canvas').getContext('2d');
+TEXT_WIDTH_JS = """(el, text) => { const cs = getComputedStyle(el), \
+ctx = document.createElement('canvas').getContext('2d');
   ctx.font = `${cs.fontStyle} ${cs.fontWeight} ${cs.fontSize} ${cs.fontFamily}`;
   return {text: ctx.measureText(text).width, left: el.getBoundingClientRect().left + parseFloat(cs.paddingLeft),
           inner: el.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight)}; }"""
@@ -465,7 +466,8 @@ def test_phone_layout_fits_390px(browser, app_server):
         assert page.evaluate("document.scrollingElement.scrollWidth") <= 390
         captions = page.locator("#gallery .caption-label")
         for i in range(captions.count()):
-            fits = captions.nth(i).evaluate("e => e.scrollWidth <= e.clientWidth + 1 && e.scrollHeight <= e.clientHeight + 1")
+            fits = captions.nth(i).evaluate("e => e.scrollWidth <= e.clientWidth + 1"
+                                            " && e.scrollHeight <= e.clientHeight + 1")
             assert fits, captions.nth(i).inner_text()
         # The history's captions hid 40 % of each thumbnail here (issue #47): now one small line, cut with "…"
         # (the record is whole in the page: a click restores it).
@@ -527,7 +529,8 @@ def test_history_survives_a_restart_and_says_when_its_key_changed(browser, app_s
                     assert page.locator("#history .gallery-item").count() == 0
                     page.evaluate(restore_js, ["sdxl-jax-history", *saved])  # what the first server saved, again
                 else:
-                    page.wait_for_function("document.querySelector('#history-note')?.innerText.includes('cannot be read')")
+                    page.wait_for_function("document.querySelector('#history-note')?.innerText"
+                                           ".includes('cannot be read')")
                     assert page.locator("#history .gallery-item").count() == 0
                     assert browser_state_secret(page, app) == "another-key"
             finally:

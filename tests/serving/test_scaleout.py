@@ -248,14 +248,14 @@ def test_replicas_that_cannot_start_give_one_clear_error():
                "ray::ServeReplica:sdxl:SDXLEngine.initialize_and_get_metadata() (pid=3592, ip=127.0.0.1)\n"
                '  File "replica.py", line 1928, in initialize\nRuntimeError: Traceback (most recent call last):\n'
                '  File "loading.py", line 297, in load_model\n    raise ModelLoadError(...)\n'
-               "sdxl_engine.checkpoint.weights.ModelLoadError: model './x' is neither a built-in name, an existing directory "
-               "nor a hub id.\n")
+               "sdxl_engine.checkpoint.weights.ModelLoadError: model './x' is neither a built-in name, an existing "
+               "directory nor a hub id.\n")
     err = start_failure(message)
     assert isinstance(err, ReplicaStartError) and server.exit_status(err) == 1
     assert str(err) == ("no engine replica could start: ModelLoadError: model './x' is neither a built-in name, "
                         "an existing directory nor a hub id.")
-    bad = start_failure(message.replace("sdxl_engine.checkpoint.weights.ModelLoadError: model './x' is neither a built-in "
-                                        "name, an existing directory nor a hub id.",
+    bad = start_failure(message.replace("sdxl_engine.checkpoint.weights.ModelLoadError: model './x' is neither a "
+                                        "built-in name, an existing directory nor a hub id.",
                                         "sdxl_engine.program.sharding.ShardingError: images_per_request (3) must be a "
                                         "positive multiple of the device count (2)"))
     assert isinstance(bad, ReplicaConfigError) and server.exit_status(bad) == 2

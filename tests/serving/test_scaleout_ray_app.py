@@ -165,7 +165,8 @@ def test_the_replicas_steps_and_previews_reach_the_client_and_a_cancel_stops_the
     previews = client.submit(api_name="/generate", prompt="a red circle", seed=3, num_inference_steps=30)
     gallery, info = previews.result(timeout=120)
     captions = [out[0][0]["caption"] for out in previews.outputs() if isinstance(out, (list, tuple)) and out and out[0]]
-    assert any(c.startswith("preview · step ") for c in captions[:-1]) and captions[-1].startswith("seed 3 · "), captions
+    assert any(c.startswith("preview · step ") for c in captions[:-1]) \
+        and captions[-1].startswith("seed 3 · "), captions
     assert len(gallery) == 4 and info["num_inference_steps"] == 30
 
 

@@ -265,7 +265,8 @@ def test_bad_port_exits_2_with_argparse_message(port):
     result = subprocess.run([sys.executable, str(ROOT / "app.py"), "--port", port], cwd=ROOT, capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert "argument --port: " in result.stderr and "is not a TCP port (a whole number from 1 to 65535)" in result.stderr
+    assert "argument --port: " in result.stderr \
+        and "is not a TCP port (a whole number from 1 to 65535)" in result.stderr
 
 
 def test_sigterm_finishes_the_request_in_flight_then_exits_0(fault_app, client, request, hold_dir):

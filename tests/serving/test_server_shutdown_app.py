@@ -318,7 +318,8 @@ def test_one_client_cannot_hold_the_queue(page):
                       headers=forwarded("198.51.100.4")) for i in (1, 2, 3)]
     assert [r.status_code for r in raw] == [200, 200, 429]
     assert raw[2].json()["detail"] == message and raw[2].headers["retry-after"] == "5"
-    assert httpx.post(url + "gradio_api/run/generate", json={"data": ["x"]}, timeout=30).status_code == 404  # no way round
+    # No way round.
+    assert httpx.post(url + "gradio_api/run/generate", json={"data": ["x"]}, timeout=30).status_code == 404
     # Queued: A's two and the two raw calls; the tab's two went when its stream closed (a client that leaves).
     assert not b_job.done() and _queue_size(url) == 4
     (folder / "b").touch()
@@ -326,7 +327,8 @@ def test_one_client_cannot_hold_the_queue(page):
     for name in ("a1", "a2", "r1", "r2"):
         (folder / name).touch()
     assert [job.result(timeout=60) for job in a_jobs] == ["done: hold:a1", "done: hold:a2"]
-    assert _browser_join(url, tab, "again", tab_from)["output"]["data"] == ["done: again"]  # the tab's places were freed
+    # The tab's places were freed.
+    assert _browser_join(url, tab, "again", tab_from)["output"]["data"] == ["done: again"]
     with pytest.raises(AppError, match="refused: the prompt says fail"):
         a.predict("fail", api_name="/generate")  # a call that fails frees its place too
     wait_until(lambda: _queue_size(url) == 0, "the queue empty")

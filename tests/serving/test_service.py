@@ -29,7 +29,7 @@ def test_slots_are_given_in_order_of_arrival_n_at_a_time():
         thread = threading.Thread(target=lambda name=name: (slots.take(), order.append(name)), daemon=True)
         thread.start()
         threads.append(thread)
-        wait_for(lambda n=len(threads): slots.waiting == n)  # in line before the next one arrives
+        wait_for(lambda: slots.waiting == len(threads))  # in line before the next one arrives
     assert order == [] and slots.taken == 2
     slots.give()
     wait_for(lambda: order == ["a"])

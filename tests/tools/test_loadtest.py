@@ -33,6 +33,7 @@ def test_error_kinds():
     from gradio_client.utils import QueueError
 
     assert loadtest.error_kind(QueueError("Queue is full! Please try again.")) == "busy"
-    assert loadtest.error_kind(AppError("seed: must be between -1 and 5")) == "app_error: seed: must be between -1 and 5"
+    assert loadtest.error_kind(AppError("seed: must be between -1 and 5")) \
+        == "app_error: seed: must be between -1 and 5"
     assert loadtest.error_kind(TimeoutError()) == "timeout"
     assert loadtest.error_kind(ConnectionRefusedError()) == "connection"

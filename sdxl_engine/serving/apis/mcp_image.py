@@ -29,12 +29,18 @@ API_NAME = "image_to_image"
 MASK_STRENGTH = 1.0  # with a mask the white part is made anew (diffusers' inpainting default), as OpenAI's edits
 LANCZOS = Image.Resampling.LANCZOS
 
-TOOL_DOC = """Change a picture with SDXL: image to image (restyle the whole picture to the prompt) or, with a mask, inpainting (repaint only the mask's white part; every other pixel stays the original's). Makes the server's batch (4 images), seeds seed, seed+1, ...
+# The image_to_image tool's description, as the generate tool's (handler.TOOL_DOC): Gradio reads its Args, one line
+# per input. A backslash at a line's end continues that line (the text has no line break there).
+TOOL_DOC = """Change a picture with SDXL: image to image (restyle the whole picture to the prompt) or, with a mask, \
+inpainting (repaint only the mask's white part; every other pixel stays the original's). Makes the server's batch \
+(4 images), seeds seed, seed+1, ...
 
 Args:
     prompt: what the images should show, e.g. "a red circle on a blue background"
-    image: the input picture as base64 PNG, JPEG or WebP (a data:image/...;base64, URL too), at most 2048 x 2048 pixels and 16 MiB; it is resized to width x height. URLs are not fetched: send the bytes
-    mask: optional, base64 PNG of the picture's size (or its aspect ratio): white = repaint, black = keep (a mask with transparency: opaque = repaint). Empty: the whole picture changes
+    image: the input picture as base64 PNG, JPEG or WebP (a data:image/...;base64, URL too), at most 2048 x 2048 \
+pixels and 16 MiB; it is resized to width x height. URLs are not fetched: send the bytes
+    mask: optional, base64 PNG of the picture's size (or its aspect ratio): white = repaint, black = keep (a mask \
+with transparency: opaque = repaint). Empty: the whole picture changes
     strength: how much changes, above 0 to 1 (1 = made anew); -1 = 0.75 without a mask, 1.0 with one
     negative_prompt: what to keep out of the images (optional)
     seed: seed of the first image, 0 to max_seed; -1 picks one at random (the answer says which)
@@ -43,8 +49,10 @@ Args:
     width: output width in pixels, one of the model's sizes; 0 = the model's default
     height: output height in pixels, one of the model's sizes; 0 = the model's default
     sampler: an A1111 sampler name, as the generate tool takes
-    refiner_switch_at: with a refiner loaded (the server's --refiner), the share of the steps on the base model before the refiner takes over, 0 to below 1 (0 = the refiner alone); 1 = no refiner
-    upscale: 1 = off; above 1, at most 4 (e.g. 1.5 or 2) = hires fix: the picture (at width x height) upscaled by this factor (Lanczos) and denoised again at the larger size with strength (-1 = 0.7); no mask with it
+    refiner_switch_at: with a refiner loaded (the server's --refiner), the share of the steps on the base model \
+before the refiner takes over, 0 to below 1 (0 = the refiner alone); 1 = no refiner
+    upscale: 1 = off; above 1, at most 4 (e.g. 1.5 or 2) = hires fix: the picture (at width x height) upscaled by \
+this factor (Lanczos) and denoised again at the larger size with strength (-1 = 0.7); no mask with it
 Returns:
     the images (PNG, with their generation parameters) and a JSON record: seeds, size, strength, timings
 """

@@ -20,8 +20,8 @@ Errors come in OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}
 statuses (400 bad value, 401 key, 404 model, 429 over the per-client limit, 500/503 server).
 
 ``POST /v1/images/edits`` (multipart/form-data, as OpenAI's ``images.edit`` and Open WebUI send it) edits
-one image (:func:`read_form`, :func:`edit_form`, :func:`edit_call`): ``image`` (a file; or ``image[]``, several, of which
-the first is edited and the others are named in a warning), ``prompt``, optional ``mask`` (a PNG the
+one image (:func:`read_form`, :func:`edit_form`, :func:`edit_call`): ``image`` (a file; or ``image[]``, several, of
+which the first is edited and the others are named in a warning), ``prompt``, optional ``mask`` (a PNG the
 image's size whose fully transparent pixels, alpha 0, mark where to edit) and the generations fields
 above (read from their text form: ``n``, ``size``, ``model``, ``response_format``, ``output_format``,
 ``output_compression``, ``stream``, ``user``), plus ``strength`` (not OpenAI's: a number in (0, 1]).
@@ -30,7 +30,8 @@ since the engine makes only its own sizes; the mask with it. With a mask: inpain
 part at strength :data:`MASK_STRENGTH` (1.0: the masked part is made anew), every pixel outside it the
 resized image's own (the overlay: a1111_images.overlay). Without: image to image of the whole image at
 validation.DEFAULT_STRENGTH (0.75, A1111's img2img default; diffusers' SDXL img2img pipeline defaults to 0.3).
-The client's bytes are never written to disk (:class:`InMemoryMultiPartParser`) and are decoded only by uploads.open_image.
+The client's bytes are never written to disk (:class:`InMemoryMultiPartParser`) and are decoded only by
+uploads.open_image.
 """
 
 from __future__ import annotations

@@ -205,7 +205,8 @@ def test_bad_uploads_are_refused_naming_the_field_and_nothing_is_written(app, we
     init_image().save(jpeg, format="JPEG")
     good = base64.b64encode(jpeg.getvalue()).decode()
     cases = [
-        ({"init_images": [base64.b64encode(bomb.getvalue()).decode()]}, "init_images[0]: the image claims too many pixels"),
+        ({"init_images": [base64.b64encode(bomb.getvalue()).decode()]},
+         "init_images[0]: the image claims too many pixels"),
         ({"init_images": [base64.b64encode(noise.getvalue()).decode()]}, "init_images[0]: the image is over 16 MiB"),
         ({"init_images": [base64.b64encode(jpeg.getvalue()[:300]).decode()]},
          "init_images[0]: a broken or truncated image"),

@@ -449,8 +449,9 @@ def test_unknown_a1111_paths_answer_in_a1111s_error_shape(served):
     for method in ("GET", "POST"):
         answer = client.request(method, "/sdapi/v1/no-such-route")
         assert answer.status_code == 404 and answer.json() == {
-            "error": "HTTPException", "detail": f"{method} /sdapi/v1/no-such-route is not served here (docs/protocols.md, "
-                                                "AUTOMATIC1111 API, lists the routes served)",
+            "error": "HTTPException",
+            "detail": f"{method} /sdapi/v1/no-such-route is not served here (docs/protocols.md, "
+                      "AUTOMATIC1111 API, lists the routes served)",
             "body": "", "errors": f"{method} /sdapi/v1/no-such-route is not served here (docs/protocols.md, "
                                   "AUTOMATIC1111 API, lists the routes served)"}
     assert client.get("/sdapi/v1/sd-models").json()[0]["title"] == "tiny-shapes"  # routes still answer first
@@ -550,7 +551,8 @@ def test_a1111_disabled_controlnet_units_and_empty_args_still_run_with_the_warni
         response = client.post("/sdapi/v1/txt2img", json={"prompt": "x", "alwayson_scripts": scripts})
         warnings = json.loads(response.json()["info"])["warnings"]
         assert response.status_code == 200 and warnings[0].startswith("alwayson_scripts=") \
-            and warnings[0].endswith("ignored: no scripts or extensions here (ControlNet, ADetailer...): they did not run")
+            and warnings[0].endswith("ignored: no scripts or extensions here (ControlNet, ADetailer...): "
+                                     "they did not run")
     assert len(calls) == 4
 
 
@@ -737,7 +739,8 @@ def test_a1111_hires_fields_map_to_the_engines_and_keep_one_factor():
                         64, 64, 20)[0]["hires_sampler"] == "DPM++ 2M Karras"
     assert "hires_sampler" not in hires_fields(Txt2ImgHires(prompt="x", enable_hr=True,
                                                             hr_sampler_name="Use same sampler"), 64, 64, 20)[0]
-    for bad, field in (({"hr_sampler_name": "Euler q"}, "hr_sampler_name"), ({"hr_scheduler": "Karras"}, "hr_scheduler")):
+    for bad, field in (({"hr_sampler_name": "Euler q"}, "hr_sampler_name"),
+                       ({"hr_scheduler": "Karras"}, "hr_scheduler")):
         with pytest.raises(ApiError) as err:
             hires_fields(Txt2ImgHires(prompt="x", enable_hr=True, sampler_name="Euler", **bad), 64, 64, 20)
         assert err.value.param == field and err.value.message.startswith(f"{field}: "), err.value.message

@@ -369,8 +369,8 @@ def test_an_over_long_body_is_a_413_in_each_protocols_shape(app):
 
 
 def test_mcp_lists_one_described_tool_and_its_images_are_the_pages(app):
-    """The mcp SDK over streamable HTTP: generate (and image_to_image), each input described; calling it with seed 5 gives 4
-    PNG images equal to /generate's for seed 5 and the info record as JSON text, with no server path."""
+    """The mcp SDK over streamable HTTP: generate (and image_to_image), each input described; calling it with seed 5
+    gives 4 PNG images equal to /generate's for seed 5 and the info record as JSON text, with no server path."""
     from mcp import ClientSession
     from mcp.client.streamable_http import streamable_http_client
 

@@ -30,7 +30,8 @@ def send(method, path, headers):
 
 
 @pytest.mark.parametrize("headers", [
-    {"sec-fetch-site": "cross-site", "origin": "https://evil.example", "content-type": "application/x-www-form-urlencoded"},
+    {"sec-fetch-site": "cross-site", "origin": "https://evil.example",
+     "content-type": "application/x-www-form-urlencoded"},
     {"sec-fetch-site": "same-site"},
     {"origin": "https://evil.example"},  # an older browser: Origin alone
     {"origin": "http://127.0.0.1.evil.example"},

@@ -59,7 +59,8 @@ def scripted_service(tmp_path, script, limit: int = 2) -> tuple[RequestService, 
             JOBS.begin_call(job, 8)
             script[len(calls) - 1](job)
             if JOBS.stop_requested(job):  # as handler.handle_generate answers a stopped call
-                raise RuntimeError("the request was stopped after step 3 of 8") from Stopped("stopped after step 3 of 8")
+                raise RuntimeError("the request was stopped after step 3 of 8") from Stopped(
+                    "stopped after step 3 of 8")
             gallery, pngs = [], []
             for i in range(4):
                 path = tmp_path / f"call{len(calls)}-{i}.png"

@@ -23,7 +23,8 @@ def b64(image: Image.Image, fmt: str = "PNG", **kw) -> str:
 def gradient(width: int, height: int) -> Image.Image:
     x = np.linspace(0, 255, width, dtype=np.float32)[None, :, None]
     y = np.linspace(0, 255, height, dtype=np.float32)[:, None, None]
-    return Image.fromarray(np.concatenate([np.broadcast_to(x, (height, width, 1)), np.broadcast_to(y, (height, width, 1)),
+    return Image.fromarray(np.concatenate([np.broadcast_to(x, (height, width, 1)),
+                                           np.broadcast_to(y, (height, width, 1)),
                                            np.full((height, width, 1), 99, np.float32)], axis=2).astype(np.uint8))
 
 
@@ -133,7 +134,8 @@ def test_none_keeps_the_image_and_an_unknown_upscaler_or_a_bad_batch_item_is_ref
     with Image.open(io.BytesIO(base64.b64decode(pngs[0]))) as out:
         assert np.array_equal(np.asarray(out), np.asarray(source))
     assert info == "<p></p>"
-    with pytest.raises(ApiError, match=r"^upscaler_1: no upscaler 'R-ESRGAN 4x\+' here; one of None, Lanczos, Nearest$"):
+    with pytest.raises(ApiError, match=r"^upscaler_1: no upscaler 'R-ESRGAN 4x\+' here; "
+                                       r"one of None, Lanczos, Nearest$"):
         extras.run(ExtrasSingleImage(upscaler_1="R-ESRGAN 4x+"), [(b64(source), "image")])
     batch = ExtrasBatchImages(upscaler_1="Lanczos", imageList=[{"data": b64(source), "name": "a.png"},
                                                                {"data": "aGVsbG8=", "name": "b.png"}])

@@ -3,7 +3,8 @@ memory, its fields mapped to the /generate call (generations' checks), the image
 OpenAI's mask (alpha 0 = edit) turned into the engine's (255 = repaint) with the overlay that keeps every other
 pixel, the defaults (strength 1.0 with a mask, validation.DEFAULT_STRENGTH without), the refusals in OpenAI's
 shape naming the field. The route is driven over HTTP (FastAPI's TestClient, the openai SDK over it) with a
-stand-in for core.generate that records the call it gets. tests/serving/apis/test_openai_images_edits_app.py runs it on the app."""
+stand-in for core.generate that records the call it gets. tests/serving/apis/test_openai_images_edits_app.py runs it
+on the app."""
 
 import asyncio
 import base64
@@ -165,7 +166,8 @@ def test_several_images_edit_the_first_and_say_so_and_strength_overrides(served)
     client, calls, lines = served
     first, second = png(Image.fromarray(noise(64, 64, 1))), png(Image.fromarray(noise(64, 64, 2)))
     answer = client.post("/v1/images/edits", data={"prompt": "x", "strength": "0.4", "quality": "high"},
-                         files=[("image[]", ("a.png", first, "image/png")), ("image[]", ("b.png", second, "image/png"))])
+                         files=[("image[]", ("a.png", first, "image/png")),
+                                ("image[]", ("b.png", second, "image/png"))])
     assert answer.status_code == 200, answer.text
     assert np.array_equal(calls[0].extra.fields["image"], noise(64, 64, 1))
     assert calls[0].extra.fields["strength"] == 0.4 and calls[0].extra.finish is None

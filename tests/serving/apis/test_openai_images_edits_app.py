@@ -2,7 +2,8 @@
 loopback, with its own temp folders: an edit with a mask keeps every pixel outside it exactly and repaints inside;
 one without redraws the whole image from it, nearer to it at a low strength than text to image is; bad uploads
 are 400s naming the field, after which the server still edits; nothing but the answers' PNGs lands in the temp
-folders. One app for the module (the unit tests, tests/serving/apis/test_openai_images_edits.py, cover the fields one by one)."""
+folders. One app for the module (the unit tests, tests/serving/apis/test_openai_images_edits.py, cover the fields
+one by one)."""
 
 import base64
 import io
