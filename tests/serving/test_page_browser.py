@@ -755,6 +755,21 @@ def test_a_png_this_server_made_restores_its_settings_read_in_the_browser(offlin
     assert offline.blocked == []
 
 
+def upload_picture(page, png: bytes) -> dict:
+    """Open "Image to image", upload ``png`` into its editor as a user does, and return the editor canvas's box
+    (scrolled into view) for drawing on it."""
+    page.locator("#img2img-box button").first.click()
+    page.wait_for_selector("#init-image input[type=file]", state="attached")
+    page.wait_for_timeout(1000)  # the accordion's opening
+    page.locator("#init-image input[type=file]").set_input_files(
+        {"name": "picture.png", "mimeType": "image/png", "buffer": png})
+    page.wait_for_function("!document.querySelector('#init-image')?.innerText.includes('Upload an image')")
+    canvas = page.locator("#init-image canvas").first
+    canvas.scroll_into_view_if_needed()
+    page.wait_for_timeout(500)
+    return canvas.bounding_box()
+
+
 def picture_png() -> tuple[np.ndarray, bytes]:
     """A 64 x 64 test picture (red left half, blue right half, a white bar at the top) and its PNG bytes."""
     pixels = np.zeros((64, 64, 3), np.uint8)
@@ -785,16 +800,7 @@ def test_the_editors_brush_is_sized_to_the_picture(browser, app_server):
         page.on("request", lambda r: layers.append(r.post_data_buffer) if "gradio_api/upload" in r.url
                 and b'filename="layer_0.png"' in (r.post_data_buffer or b"") else None)
         page.wait_for_function("document.querySelector('#engine-status')?.innerText.includes('Ready on')")
-        page.locator("#img2img-box button").first.click()
-        page.wait_for_selector("#init-image input[type=file]", state="attached")
-        page.wait_for_timeout(1000)  # the accordion's opening
-        page.locator("#init-image input[type=file]").set_input_files(
-            {"name": "picture.png", "mimeType": "image/png", "buffer": png})
-        page.wait_for_function("!document.querySelector('#init-image')?.innerText.includes('Upload an image')")
-        canvas = page.locator("#init-image canvas").first
-        canvas.scroll_into_view_if_needed()
-        page.wait_for_timeout(500)
-        box = canvas.bounding_box()
+        box = upload_picture(page, png)
         page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
         ARTIFACTS.mkdir(exist_ok=True)
         page.locator("#init-image").screenshot(path=str(ARTIFACTS / "ui-brush.png"))  # the brush's circle
@@ -829,16 +835,7 @@ def test_inpaint_an_uploaded_picture_keeps_it_outside_the_brush_stroke(browser, 
         page = offline.open()
         page.on("request", lambda r: sent.append((r.url, r.post_data if "queue/join" in r.url else "")))
         page.wait_for_function("document.querySelector('#engine-status')?.innerText.includes('Ready on')")
-        page.locator("#img2img-box button").first.click()
-        page.wait_for_selector("#init-image input[type=file]", state="attached")
-        page.wait_for_timeout(1000)  # the accordion's opening
-        page.locator("#init-image input[type=file]").set_input_files(
-            {"name": "picture.png", "mimeType": "image/png", "buffer": png})
-        page.wait_for_function("!document.querySelector('#init-image')?.innerText.includes('Upload an image')")
-        canvas = page.locator("#init-image canvas").first
-        canvas.scroll_into_view_if_needed()
-        page.wait_for_timeout(500)
-        box = canvas.bounding_box()
+        box = upload_picture(page, png)
         y = box["y"] + box["height"] * 0.55  # across the picture's lower middle, away from the white bar
         page.mouse.move(box["x"] + box["width"] * 0.35, y)
         page.mouse.down()
@@ -923,12 +920,7 @@ def test_outpaint_extends_the_picture_to_the_right(browser, app_server):
     try:
         page = offline.open()
         page.wait_for_function("document.querySelector('#engine-status')?.innerText.includes('Ready on')")
-        page.locator("#img2img-box button").first.click()
-        page.wait_for_selector("#init-image input[type=file]", state="attached")
-        page.wait_for_timeout(1000)
-        page.locator("#init-image input[type=file]").set_input_files(
-            {"name": "picture.png", "mimeType": "image/png", "buffer": png})
-        page.wait_for_function("!document.querySelector('#init-image')?.innerText.includes('Upload an image')")
+        upload_picture(page, png)
         page.locator("#img2img-mode input[value='Outpaint (add pixels at the sides)']").check()
         page.wait_for_selector("#outpaint-row", state="visible")
         set_slider(page, "outpaint-pixels", 16)
