@@ -389,12 +389,15 @@ def load_folder(folder: Path, name: str, dtype: str, sharding=None, variant: str
     target = jnp.dtype(dtype)
     place = lambda array: jax.device_put(array, sharding)  # noqa: E731
     params = _swapped(components, swaps or {}, target, place, log)
+    read = []  # one log line for the folder's weight files, not one per component
     for cname, component in components.items():
         if cname in params:
             continue
         files = find_weight_files(folder / cname, variant)
         params[cname] = load_params(component, files, target, place)
-        log(f"[sdxl_engine] {cname}: {files[0].name}{f' (+{len(files) - 1} shards)' if len(files) > 1 else ''}")
+        read.append(f"{cname} {files[0].name}{f' (+{len(files) - 1} shards)' if len(files) > 1 else ''}")
+    if read:
+        log(f"[sdxl_engine] weights: {', '.join(read)}")
     return LoadedModel(
         name=name, components=components, params=params,
         tokenizer=_tokenizer(folder / "tokenizer") if "text_encoder" in components else None,
