@@ -85,7 +85,8 @@ class RunTimes:
         fit = int(room // per_step) if per_step > 0 and room > 0 else 0
         fits = (f"at most {fit} step{'s' if fit > 1 else ''} to run at this size" if fit >= 1
                 else "no number of steps at this size")
+        about = f"{total:.0f}" if total >= 10 else f"{total:.1f}"
         # "to run": image to image runs the last steps of its schedule (strength), fewer than the field says
         return InvalidRequest(field, f"{width}x{height} x {self.batch} images, {steps} step{'s' if steps > 1 else ''} "
-                                     f"to run, would hold this server's devices about {total:.0f} s, over its limit "
+                                     f"to run, would hold this server's devices about {about} s, over its limit "
                                      f"of {self.limit_s:g} s (max_run_seconds): {fits}, or a smaller size")

@@ -43,8 +43,9 @@ def test_a_refusal_names_the_steps_that_fit_and_they_do_fit():
     cost = ProgramCost(2e7, 2.0e9, 5.0e8)  # x5: 0.5 s fixed, 0.1 s per step
     err = runs.refusal([(320, 192, cost, 40)])
     assert isinstance(err, InvalidRequest) and err.field == "num_inference_steps"
-    assert err.message == ("320x192 x 4 images, 40 steps to run, would hold this server's devices about 4 s, over its "
-                           "limit of 3 s (max_run_seconds): at most 25 steps to run at this size, or a smaller size")
+    assert err.message == ("320x192 x 4 images, 40 steps to run, would hold this server's devices about 4.5 s, "
+                           "over its limit of 3 s (max_run_seconds): at most 25 steps to run at this size, or a "
+                           "smaller size")
     assert runs.refusal([(320, 192, cost, 24)]) is None and runs.refusal([(320, 192, cost, 26)]) is not None
     # hires fix: the first pass's time counts against the second's room, and the field is the hires steps
     hires = runs.refusal([(160, 96, cost, 4), (320, 192, cost, 40)], field="hires_steps")
@@ -68,8 +69,9 @@ def test_the_engine_measures_at_start_and_refuses_a_run_over_the_limit_before_it
     assert measured is not None and measured.fixed_s > 0 and measured.step_s > 0 and measured.limit_s == 30.0
     width, height = engine.limits.default_size
     cost = engine.programs.costs.estimate(engine.planner.shape(width, height))
-    limit = measured.seconds(width, height, cost, 10) + 1e-9
-    monkeypatch.setattr(engine, "run_times", dataclasses.replace(measured, limit_s=limit, measured={}))
+    fresh = dataclasses.replace(measured, measured={})  # the start-up figures alone (other tests' requests measured)
+    limit = fresh.seconds(width, height, cost, 10) + 1e-9
+    monkeypatch.setattr(engine, "run_times", dataclasses.replace(fresh, limit_s=limit))
     with pytest.raises(InvalidRequest) as refused:
         engine.generate(GenerateRequest("a red circle", seed=1, num_inference_steps=20))
     assert refused.value.field == "num_inference_steps"
