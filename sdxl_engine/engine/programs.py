@@ -125,14 +125,9 @@ class Programs:
             Stopped: ``should_stop()`` said so while the request waited for its compile.
         """
         program = self.compiled.get(shape)
-        if program is None:
-            program = self._compiled_for(shape, client, progress, should_stop)
-        self.used[shape] = clock()
-        return program
-
-    def _compiled_for(self, shape: ProgramShape, client: str, progress: Callable[[str], None],
-                      should_stop: Callable[[], bool] | None) -> CompiledProgram:
-        """for_request's compile of a shape not compiled yet (on the compile thread)."""
+        if program is not None:
+            self.used[shape] = clock()
+            return program
         future = self._pending_compile(shape, client)
         progress("compiling")
         try:
@@ -148,6 +143,7 @@ class Programs:
             with self._pending_lock:
                 if self.pending_for.get(client) == shape:
                     del self.pending_for[client]
+        self.used[shape] = clock()
         return self.compiled[shape]
 
     def _pending_compile(self, shape: ProgramShape, client: str) -> concurrent.futures.Future:
