@@ -141,8 +141,7 @@ def check(engine: EngineContract, call: Call, client: str = "") -> GenerateReque
     try:
         return validate(request, engine.limits)
     except InvalidRequest as err:
-        field = call.field(err.field)
-        raise ApiError(400, field + str(err)[len(err.field):], field) from None
+        raise refused_field(err, call) from None
 
 
 async def wait_started(engine: EngineContract, poll_s: float = 0.25) -> None:
@@ -226,9 +225,15 @@ def _api_error(err: Failed, call: Call) -> ApiError:
     if err.busy:
         return ApiError(429, err.message, headers={"Retry-After": "30"})
     if isinstance(err.cause, InvalidRequest):
-        field = call.field(err.cause.field)
-        return ApiError(400, f"{field}: {err.cause.message}", field)
+        return refused_field(err.cause, call)
     return ApiError(400 if err.bad_value else 500, err.message)
+
+
+def refused_field(err: InvalidRequest, call: Call) -> ApiError:
+    """The 400 of a value the engine refused, its field under the name the protocol's client sent (``steps``, not
+    ``num_inference_steps``): before the call (check) or when the engine weighed what it would cost."""
+    field = call.field(err.field)
+    return ApiError(400, f"{field}: {err.message}", field)
 
 
 class FileTokens:
