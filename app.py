@@ -57,7 +57,7 @@ from sdxl_engine.serving.page_assets import (
 )
 from sdxl_engine.serving.page_history import wire_history
 from sdxl_engine.serving.page_image import editor_tools, image_events, image_section, refiner_slider, wire_image_section
-from sdxl_engine.serving.styles import (
+from sdxl_engine.service.styles import (
     FAST_LABEL,
     FAST_LORA,
     FAST_PRESET,

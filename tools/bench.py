@@ -68,7 +68,7 @@ from sdxl_engine.program.generate import (
 )
 from sdxl_engine.program.schedulers import make_schedule
 from sdxl_engine.program.sharding import DATA_AXIS
-from sdxl_engine.serving.images import encode_pngs
+from sdxl_engine.service.images import encode_pngs
 from tools import fullsize, progress_cost, warmstart
 from tools.report import write_section
 
@@ -360,7 +360,7 @@ def served_stream(engine, size: int, runs: int, steps: int = 20, step_s: float =
     import gradio as gr
 
     from sdxl_engine.serving import handler, history
-    from sdxl_engine.serving.images import png_bytes, write_new
+    from sdxl_engine.service.images import png_bytes, write_new
 
     small = engine.generate(GenerateRequest("a red circle on the left", seed=0, num_inference_steps=20)).images
     images = np.repeat(np.repeat(small, size // small.shape[1], axis=1), size // small.shape[2], axis=2)

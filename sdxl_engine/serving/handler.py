@@ -35,10 +35,11 @@ from sdxl_engine.engine.previews import preview_grid
 from sdxl_engine.engine.steps import StepEvent, Stopped
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest
 from sdxl_engine.program.schedulers import SAMPLERS
-from sdxl_engine.serving import admission, delivery, gradio_internals, guard, history
-from sdxl_engine.serving.images import png_bytes, write_new
+from sdxl_engine.service import delivery
+from sdxl_engine.serving import admission, gradio_internals, guard, history
+from sdxl_engine.service.images import png_bytes, write_new
 from sdxl_engine.serving.progress import JOBS
-from sdxl_engine.serving.styles import NO_STYLE, STYLE_NAMES, UnknownStyle, apply_style, get_style
+from sdxl_engine.service.styles import NO_STYLE, STYLE_NAMES, UnknownStyle, apply_style, get_style
 
 LOG = logging.getLogger(__name__)
 
@@ -447,7 +448,7 @@ def handle_generate(engine: EngineContract, prompt, negative_prompt, seed, guida
     The engine validates every value (width/height 0 or None = the model's default; sampler None
     = the engine's default). Raises gr.Error with the engine's message for bad input, an engine
     that is not ready or an unusable image; any other failure is logged and reported without
-    internals. ``style`` names a preset of sdxl_engine.serving.styles (applied here, so the engine sees
+    internals. ``style`` names a preset of sdxl_engine.service.styles (applied here, so the engine sees
     plain text). ``arrived`` (contract.clock() at the server: guard.arrival_time) makes
     ``timings_s.queue`` count the wait in Gradio's queue too.
 
@@ -537,7 +538,7 @@ def handle_generate(engine: EngineContract, prompt, negative_prompt, seed, guida
         if own:
             JOBS.close(job)
     if extra.finish is not None:
-        result = dataclasses.replace(result, images=extra.finish(result.images))
+        result = dataclasses.replace(result, images=extra.finish.apply(result.images))
     report(0.95, desc="Encoding PNGs")
     gallery, info, record, pngs = _deliver(engine, result, prompt, negative_prompt, style, files_dir, keep,
                                            extra.params)

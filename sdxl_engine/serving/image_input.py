@@ -20,6 +20,7 @@ from collections.abc import Callable
 import numpy as np
 from PIL import Image
 
+from sdxl_engine.service.image_prep import PasteBack
 from sdxl_engine.serving.apis.errors import ApiError
 from sdxl_engine.serving.apis.uploads import MAX_IMAGE_BYTES, open_image
 
@@ -103,13 +104,11 @@ def resized(pixels: np.ndarray, width: int, height: int, resample=LANCZOS) -> np
     return np.asarray(Image.fromarray(pixels).resize((width, height), resample))
 
 
-def paste_back(original: np.ndarray, keep: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+def paste_back(original: np.ndarray, keep: np.ndarray) -> PasteBack:
     """The answer's finish: each image ((n, H, W, 3) uint8) with ``original`` ((H, W, 3) uint8) where ``keep``
     ((H, W) bool) is set, so the pixels outside the mask are the picture's exactly, not their VAE round trip
-    (A1111's overlay with a binary mask: result x alpha + original x (1 - alpha))."""
-    def finish(images: np.ndarray) -> np.ndarray:
-        return np.where(keep[None, :, :, None], original[None], images).astype(np.uint8)
-    return finish
+    (A1111's overlay with a binary mask: image_prep.PasteBack)."""
+    return PasteBack(original, (~np.asarray(keep, bool)).astype(np.float32))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,7 +117,7 @@ class Request:
     ``finish`` (None, or the paste-back of :func:`paste_back`), as handler.ProtocolInputs carries them."""
 
     fields: dict
-    finish: Callable[[np.ndarray], np.ndarray] | None
+    finish: PasteBack | None
 
 
 def request_fields(picture: EditorImage, mode: str, strength, width: int, height: int, sides=(), pixels=0,

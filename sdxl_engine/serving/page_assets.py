@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from sdxl_engine.serving.styles import NO_STYLE
+from sdxl_engine.service.styles import NO_STYLE
 
 MODEL_NOTES = {  # shown under the banner for the built-in models
     "tiny-shapes": "Model `tiny-shapes`: a small demo model (SDXL architecture, 64×64, trained here on captioned "

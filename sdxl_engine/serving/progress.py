@@ -19,7 +19,7 @@ import numpy as np
 
 from sdxl_engine.engine.contract import clock
 from sdxl_engine.engine.previews import preview_grid
-from sdxl_engine.serving.images import png_bytes
+from sdxl_engine.service.images import png_bytes
 
 Owner = tuple[str, str]  # (protocol, client): ("a1111", "127.0.0.1"), ("page", <Gradio session>) ...
 

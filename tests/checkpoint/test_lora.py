@@ -451,9 +451,9 @@ def test_pngs_keep_the_tags_and_carry_lora_hashes_as_a1111_writes_them(tmp_path)
 
     from sdxl_engine.engine.contract import GenerateResult
     from sdxl_engine.engine.validation import GenerateRequest
-    from sdxl_engine.serving.delivery import deliver
-    from sdxl_engine.serving.images import parse_a1111_parameters
-    from sdxl_engine.serving.styles import NO_STYLE
+    from sdxl_engine.service.delivery import deliver
+    from sdxl_engine.service.images import parse_a1111_parameters
+    from sdxl_engine.service.styles import NO_STYLE
 
     request = GenerateRequest("a cat <lora:ink:0.7>, <lora:peft>", "", 5, 5.0, 4, 64, 64, "Euler")
     result = GenerateResult(images=np.zeros((1, 64, 64, 3), np.uint8), seeds=[5], request=request,

@@ -43,7 +43,7 @@ def fake_result(n: int = 4, warnings=()) -> SimpleNamespace:
 def test_saved_names_are_relative_to_the_outputs_folder(tmp_path):
     """info["saved"] names the files inside the outputs folder; the server's path shows nowhere."""
     import app
-    from sdxl_engine.serving.delivery import deliver
+    from sdxl_engine.service.delivery import deliver
 
     out = tmp_path / "server-secret" / "outputs"
     delivered = deliver(fake_result(), "a red circle", "(No style)", tmp_path / "served", str(out))
@@ -67,7 +67,7 @@ def test_saving_that_fails_after_the_start_is_a_warning_in_the_reply(tmp_path, b
     the reply's warnings say they were not saved (API clients read info["warnings"]), and no path
     of the server's is in it."""
     from sdxl_engine.serving.cli import check_outputs_dir
-    from sdxl_engine.serving.delivery import deliver
+    from sdxl_engine.service.delivery import deliver
 
     out = tmp_path / "outputs"
     check_outputs_dir(str(out))
@@ -90,7 +90,7 @@ def test_a_save_that_stops_halfway_says_how_many_were_not_saved(tmp_path, monkey
     """The disk fills after two of four files: the two saved are listed, the warning counts the rest."""
     import errno
 
-    from sdxl_engine.serving import delivery
+    from sdxl_engine.service import delivery
 
     real, calls, out = delivery.write_new, [], tmp_path / "outputs"
 

@@ -13,8 +13,8 @@ from PIL import Image
 
 from sdxl_engine.engine.contract import GenerateResult
 from sdxl_engine.engine.validation import GenerateRequest
-from sdxl_engine.serving.delivery import deliver
-from sdxl_engine.serving.styles import NO_STYLE
+from sdxl_engine.service.delivery import deliver
+from sdxl_engine.service.styles import NO_STYLE
 
 
 def result(request: GenerateRequest, seeds: list[int]) -> GenerateResult:

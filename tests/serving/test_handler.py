@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from sdxl_engine.serving.styles import NO_STYLE, apply_style
+from sdxl_engine.service.styles import NO_STYLE, apply_style
 from tests.helpers import ROOT
 
 pytestmark = pytest.mark.engine

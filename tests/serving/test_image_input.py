@@ -63,7 +63,7 @@ def test_inpaint_resizes_to_the_resolution_and_pastes_the_picture_back_outside_t
     assert np.array_equal(image, np.asarray(Image.fromarray(read.image).resize((64, 64), Image.Resampling.LANCZOS)))
     assert mask[30, 20] == 255 and mask[0, 0] == 0  # (row 15, column 10) of the 32 x 48 picture, scaled
     made = np.full((4, 64, 64, 3), 7, np.uint8)
-    out = asked.finish(made)
+    out = asked.finish.apply(made)
     keep = mask < 128
     assert np.array_equal(out[:, keep], np.broadcast_to(image[keep], (4, *image[keep].shape)))
     assert (out[:, ~keep] == 7).all()
@@ -78,7 +78,7 @@ def test_modes_give_the_engine_fields_they_need(editor):
     out = image_input.request_fields(read, image_input.OUTPAINT, 1.0, 64, 64, ["Right"], 16)
     assert out.fields["outpaint"] == (0, 0, 16, 0) and out.fields["image"].shape == (64, 48, 3)
     assert out.fields["mask"].shape == (64, 48)
-    result = out.finish(np.zeros((4, 64, 64, 3), np.uint8))
+    result = out.finish.apply(np.zeros((4, 64, 64, 3), np.uint8))
     assert (result[:, :, 48:] == 0).all()  # the new area is the engine's
     assert np.array_equal(result[0, 0, :8], out.fields["image"][0, :8])  # the picture's unmasked pixels kept
     with pytest.raises(ApiError, match="mask: draw over"):

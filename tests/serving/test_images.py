@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from sdxl_engine.serving.images import a1111_parameters, encode_pngs, parse_a1111_parameters, png_bytes, slug, write_new
+from sdxl_engine.service.images import a1111_parameters, encode_pngs, parse_a1111_parameters, png_bytes, slug, write_new
 from tests.helpers import FullDiskFile
 
 
@@ -78,7 +78,7 @@ def _full_disk_open(room: int, failing_suffix: str, opened: list):
 def test_a_failed_write_leaves_nothing_behind(tmp_path, monkeypatch, links, room):
     """A full disk fails the save with ENOSPC and leaves no ``.partial`` file and no part of the PNG, whether the
     temporary file (hard links) or the final name (a file system without them) was being written."""
-    from sdxl_engine.serving import images
+    from sdxl_engine.service import images
 
     (tmp_path / "kept.png").write_bytes(b"another file")
     opened = []

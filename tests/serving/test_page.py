@@ -137,8 +137,8 @@ def test_png_settings_restores_this_servers_and_a1111s_parameters():
     import pytest
 
     import app
-    from sdxl_engine.serving.images import a1111_parameters
-    from sdxl_engine.serving.styles import apply_style
+    from sdxl_engine.service.images import a1111_parameters
+    from sdxl_engine.service.styles import apply_style
 
     styled, negative = apply_style("Cinematic", "a green square, big", "blurry")
     text = a1111_parameters(styled, negative, 12, 4.5, 77, 64, 64, "tiny-shapes", {"Style": "Cinematic"}, "DDIM")
@@ -172,7 +172,7 @@ def test_png_settings_restores_the_refiner_switch_and_names_what_the_text_form_c
     """With a refiner loaded the PNG's ``Refiner switch at`` goes back on the slider (1, base model only, for
     a PNG made without one); without a refiner, and for a hires fix or an image to image, the note says so."""
     import app
-    from sdxl_engine.serving.images import a1111_parameters
+    from sdxl_engine.service.images import a1111_parameters
 
     refined = a1111_parameters("a cat", "", 12, 4.5, 77, 64, 64, "tiny-shapes",
                                {"Refiner": "tiny-refiner", "Refiner switch at": 0.65}, "Euler")

@@ -191,7 +191,7 @@ def test_reusing_a_selected_images_seed_reproduces_it(offline):
 
 
 def test_downloaded_png_carries_its_parameters(offline):
-    from sdxl_engine.serving.images import parse_a1111_parameters
+    from sdxl_engine.service.images import parse_a1111_parameters
 
     page = offline.open()
     captions = generate(page, "a green square", "Cinematic")
@@ -228,7 +228,7 @@ def test_fast_preset_is_one_click_and_model_default_takes_it_back(offline):
     (its status and PNG say so); Model default takes the tag out and restores the model's own setting."""
     from sdxl_engine.checkpoint import builtin
     from sdxl_engine.checkpoint.lora import lora_hash
-    from sdxl_engine.serving.images import parse_a1111_parameters
+    from sdxl_engine.service.images import parse_a1111_parameters
 
     page = offline.open()
     page.wait_for_function("document.querySelector('#engine-status')?.innerText.includes('Ready on')")

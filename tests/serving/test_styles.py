@@ -2,7 +2,7 @@
 
 import pytest
 
-from sdxl_engine.serving.styles import NO_STYLE, STYLE_NAMES, UnknownStyle, apply_style
+from sdxl_engine.service.styles import NO_STYLE, STYLE_NAMES, UnknownStyle, apply_style
 
 
 def test_the_ten_styles_of_the_reference_space():

@@ -6,7 +6,7 @@ import pytest
 from PIL import Image, ImageDraw
 from scipy.ndimage import gaussian_filter1d
 
-from sdxl_engine.serving.apis import a1111_images as ai
+from sdxl_engine.service import image_prep as ai
 
 
 @pytest.mark.parametrize("strength, steps, start", [
@@ -92,7 +92,7 @@ def test_the_overlay_keeps_the_original_outside_the_mask_with_the_blurred_edge_d
     mask = Image.new("L", (64, 64), 0)
     ImageDraw.Draw(mask).rectangle((32, 0, 63, 63), fill=255)
     prepared = ai.prepare(init, mask, 64, 64, mask_blur_x=4, mask_blur_y=0, fill_mode=1)
-    out = prepared.finish(np.full((1, 64, 64, 3), 200, np.uint8))[0, 10, :, 0].astype(int)
+    out = prepared.finish.apply(np.full((1, 64, 64, 3), 200, np.uint8))[0, 10, :, 0].astype(int)
     blurred = ai.gaussian_blur_1d(np.asarray(mask), 4, axis=1)[10].astype(int)
     expected = np.rint(200 * np.minimum(2 * blurred, 255) / 255)
     assert np.abs(out - expected).max() <= 1
@@ -109,7 +109,7 @@ def test_only_masked_crops_around_the_mask_and_pastes_back_at_the_originals_size
     assert prepared.image.shape == (64, 64, 3) and prepared.mask.shape == (64, 64)
     # the box is the mask (30 x 30) and 2 pixels of padding around it (34 x 34), scaled to 64 x 64
     assert prepared.mask[32, 32] == 255 and prepared.mask[1, 1] == 0 and prepared.mask[62, 62] == 0
-    out = prepared.finish(np.full((2, 64, 64, 3), 250, np.uint8))
+    out = prepared.finish.apply(np.full((2, 64, 64, 3), 250, np.uint8))
     assert out.shape == (2, 96, 128, 3)
     assert (out[:, 20:50, 70:100] == 250).all() and (out[:, :18] == [10, 20, 30]).all()
     assert prepared.params["Inpaint area"] == "Only masked" and prepared.params["Masked area padding"] == 2

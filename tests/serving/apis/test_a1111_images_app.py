@@ -17,7 +17,7 @@ import pytest
 from PIL import Image, ImageDraw
 
 from sdxl_engine.engine.validation import GenerateRequest
-from sdxl_engine.serving.apis import a1111_images
+from sdxl_engine.service import image_prep as a1111_images
 from tests.helpers import RunningApp
 
 pytestmark = pytest.mark.e2e
@@ -67,7 +67,7 @@ def engine_images(engine, prepared, steps, strength, seed=11) -> np.ndarray:
                               height=64, sampler="Euler", image=prepared.image, mask=prepared.mask,
                               strength=strength, start_step=a1111_images.img2img_start_step(strength, steps))
     images = engine.generate(request).images
-    return prepared.finish(images) if prepared.finish is not None else images
+    return prepared.finish.apply(images) if prepared.finish is not None else images
 
 
 def temp_files() -> set[str]:

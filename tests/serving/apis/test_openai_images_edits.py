@@ -84,7 +84,7 @@ def test_a_mask_marks_its_transparent_pixels_for_repainting_and_the_overlay_keep
     assert fields["mask"].dtype == np.uint8 and np.array_equal(fields["mask"], expected)
     assert fields["strength"] == MASK_STRENGTH == 1.0
     results = noise(64, 64, 7)[None].repeat(2, axis=0)  # what the engine made, for two images
-    finished = call.extra.finish(results)
+    finished = call.extra.finish.apply(results)
     edited = expected == 255  # where edited: the result; elsewhere: the image
     assert np.array_equal(finished[:, edited], results[:, edited])
     assert np.array_equal(finished[:, ~edited], np.broadcast_to(pixels[~edited], finished[:, ~edited].shape))
@@ -335,7 +335,7 @@ def test_only_fully_transparent_pixels_are_edited_a_partly_transparent_one_is_ke
     call = edit_call(Call(prompt="x", field_names=FIELD_NAMES), EditUpload(png(Image.fromarray(pixels)), png(mask)),
                      limits)
     assert np.array_equal(call.extra.fields["mask"], expected)
-    finished = call.extra.finish(np.full((1, 32, 48, 3), 7, np.uint8))[0]
+    finished = call.extra.finish.apply(np.full((1, 32, 48, 3), 7, np.uint8))[0]
     assert np.array_equal(finished[20, :6], pixels[20, :6]) and np.array_equal(finished[26], pixels[26])
     assert (finished[4:12, 30:44] == 7).all()
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
 
 import numpy as np
 from PIL import Image, ImageFilter, ImageOps
@@ -156,7 +155,7 @@ class Prepared:
 
     image: np.ndarray
     mask: np.ndarray | None
-    finish: Callable[[np.ndarray], np.ndarray] | None
+    finish: PasteBack | None
     params: dict
 
 
@@ -204,7 +203,7 @@ def prepare(init: Image.Image, mask: Image.Image | None, width: int, height: int
         work_mask = resize_image(2, Image.fromarray(grey).crop(box), width, height)
         work_image = resize_image(2, image.crop(box), width, height)
         params.update({"Inpaint area": "Only masked", "Masked area padding": padding})
-        finish = _paste_back(original, alpha, box)
+        finish = PasteBack(original, alpha, box)
     else:
         mode = 0 if resize_mode == 3 else resize_mode
         work_mask = resize_image(mode, Image.fromarray(grey), width, height)
@@ -222,36 +221,44 @@ def _number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else str(value)
 
 
-def overlay(original: np.ndarray, alpha: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
-    """The overlay of ``original`` (H, W, 3) uint8 where ``alpha`` (H, W) float32 is 0, each result kept where
-    it is 1: ``result * alpha + original * (1 - alpha)``, rounded (A1111's alpha_composite of its overlay). Only
-    the pixels of a partial alpha (a blurred mask's edge) are mixed in float; the rest are copied."""
-    whole = (alpha >= 1)[None, :, :, None]
-    ys, xs = np.nonzero((alpha > 0) & (alpha < 1))
-    a = alpha[ys, xs][None, :, None]
-    kept = original[ys, xs][None].astype(np.float32) * (1 - a)
+@dataclasses.dataclass(frozen=True)
+class PasteBack:
+    """How an answer's images are made from the engine's, recorded with the request (service/request.py) and
+    applied by the service after each engine call: A1111's overlay (processing.apply_overlay) and, for "only
+    masked" inpainting, its uncrop.
 
-    def finish(images: np.ndarray) -> np.ndarray:
-        out = np.where(whole, images, original[None])
+    ``original``: (H, W, 3) uint8, the picture put back; ``alpha``: (H, W) float32 in [0, 1], the share of the
+    result at each pixel (1 = the engine's, 0 = the original's; a blurred mask's edge mixes them); ``box``: None,
+    or (x1, y1, x2, y2) in the original where each result is resized into first (crop and resize, A1111's
+    uncrop), the answer then being the original's size.
+    """
+
+    original: np.ndarray
+    alpha: np.ndarray
+    box: tuple[int, int, int, int] | None = None
+
+    def apply(self, images: np.ndarray) -> np.ndarray:
+        """The answer's images ((n, H, W, 3) uint8, the original's size) for the engine's ``images`` ((n, h, w, 3)
+        uint8): ``result * alpha + original * (1 - alpha)``, rounded; pixels of alpha 0 or 1 are copied."""
+        if self.box is not None:
+            x1, y1, x2, y2 = self.box
+            canvas = np.zeros((len(images), *self.original.shape), np.uint8)
+            for i, image in enumerate(images):
+                canvas[i, y1:y2, x1:x2] = np.asarray(resize_image(1, Image.fromarray(image), x2 - x1, y2 - y1))
+            images = canvas
+        out = np.where((self.alpha >= 1)[None, :, :, None], images, self.original[None])
+        ys, xs = np.nonzero((self.alpha > 0) & (self.alpha < 1))
         if ys.size:
-            mixed = images[:, ys, xs].astype(np.float32) * a + kept
+            a = self.alpha[ys, xs][None, :, None]
+            mixed = images[:, ys, xs].astype(np.float32) * a + self.original[ys, xs][None].astype(np.float32) * (1 - a)
             out[:, ys, xs] = np.clip(np.rint(mixed), 0, 255).astype(np.uint8)
-        return out
-    return finish
+        return out.astype(np.uint8)
 
 
-def _paste_back(original: np.ndarray, alpha: np.ndarray, box) -> Callable[[np.ndarray], np.ndarray]:
-    """"Only masked"'s answer: each result resized into ``box`` (crop and resize, A1111's uncrop) on the
-    original's canvas, then the overlay (:func:`overlay`) with ``alpha`` (the blurred mask, original size)."""
-    x1, y1, x2, y2 = box
-    blend = overlay(original, alpha)
-
-    def finish(images: np.ndarray) -> np.ndarray:
-        canvas = np.zeros((len(images), *original.shape), np.uint8)
-        for i, image in enumerate(images):
-            canvas[i, y1:y2, x1:x2] = np.asarray(resize_image(1, Image.fromarray(image), x2 - x1, y2 - y1))
-        return blend(canvas)
-    return finish
+def overlay(original: np.ndarray, alpha: np.ndarray) -> PasteBack:
+    """The overlay of ``original`` (H, W, 3) uint8 where ``alpha`` (H, W) float32 is 0, each result kept where
+    it is 1 (:class:`PasteBack` without a box)."""
+    return PasteBack(original, np.asarray(alpha, np.float32))
 
 
 def same_aspect(a: tuple[int, int], b: tuple[int, int]) -> bool:

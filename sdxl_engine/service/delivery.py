@@ -1,8 +1,9 @@
-"""What a request hands back after the engine: lossless PNGs on disk, the info record, saved copies.
+"""What a request hands back after the engine: lossless PNGs (in memory), the info record, saved copies.
 
-The request handler (handler.py) calls :func:`deliver` once per request, after ``engine.generate``; it turns
-the result into files Gradio serves as they are, the JSON record the API returns and, with
-``outputs_dir``, copies that never overwrite anything.
+The service (service/service.py) calls :func:`deliver` once per engine call, after ``engine.generate``; it turns
+the result into PNG bytes that carry A1111's ``parameters``, the JSON record the APIs return and, with
+``outputs_dir``, copies that never overwrite anything. Files a web server serves (the page's gallery) are written
+by that front from the bytes, only where a URL must point at them.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ import json
 import tempfile
 from pathlib import Path
 
-from sdxl_engine.serving.images import a1111_parameters, encode_pngs, image_stem, request_stamp, write_new
-from sdxl_engine.serving.styles import NO_STYLE
+from sdxl_engine.service.images import a1111_parameters, encode_pngs, image_stem, request_stamp, write_new
+from sdxl_engine.service.styles import NO_STYLE
 
 
 @dataclasses.dataclass
@@ -32,6 +33,7 @@ class Delivery:
     save_error: OSError | None = None
     save_warning: str = ""  # the warning in info["warnings"] when save_error is set
     pngs: list[bytes] = dataclasses.field(default_factory=list)
+    stems: list[str] = dataclasses.field(default_factory=list)  # the files' names without ``.png``
 
 
 def quote(text: str) -> str:
@@ -62,7 +64,7 @@ def mode_parameters(req, refiner: str = "") -> dict:
     return out
 
 
-def deliver(result, prompt: str, style: str, files_dir: Path, outputs_dir: str = "",
+def deliver(result, prompt: str, style: str, files_dir: Path | None = None, outputs_dir: str = "",
             keep: int | None = None, params: dict | None = None) -> Delivery:
     """Encode ``result.images`` ((n, H, W, 3) uint8) as PNGs, write them, build the info record.
 
@@ -72,7 +74,8 @@ def deliver(result, prompt: str, style: str, files_dir: Path, outputs_dir: str =
         prompt: what the user typed (before any style): it names the files
             (``seed42-a-red-circle.png``, the download's name).
         style: the style's name (``NO_STYLE`` for none), recorded in the PNGs and the record.
-        files_dir: a folder the web server serves from; each request gets a new folder inside it.
+        files_dir: a folder the web server serves from; each request gets a new folder inside it. None: no files
+            (``paths`` is empty; the bytes are in ``pngs``).
         outputs_dir: also save the PNGs here as ``<µs time>-<request id>-seed42-...png`` ("" = no);
             ``info["saved"]`` lists those file names, relative to ``outputs_dir``.
         keep: how many of the images (the first) the client receives (service.RequestService.run); only they
@@ -96,10 +99,7 @@ def deliver(result, prompt: str, style: str, files_dir: Path, outputs_dir: str =
                                                         req.guidance_scale, s, req.width, req.height, result.model,
                                                         extra, req.sampler) for s in result.seeds])
     stems = [image_stem(s, prompt) for s in result.seeds]
-    root = Path(files_dir).resolve()
-    root.mkdir(parents=True, exist_ok=True)
-    folder = Path(tempfile.mkdtemp(prefix="sdxl-", dir=root))  # one new folder per request: served, never copied
-    paths = [str(write_new(data, folder, stem)) for data, stem in zip(pngs, stems)]
+    paths = [] if files_dir is None else write_served(pngs, stems, Path(files_dir))
     info = {
         "seeds": result.seeds, "latency_s": round(latency, 4), "device_count": result.device_count,
         "device": result.device_summary, "timings_s": {k: round(v, 4) for k, v in result.timings.items()},
@@ -135,7 +135,16 @@ def deliver(result, prompt: str, style: str, files_dir: Path, outputs_dir: str =
             info["warnings"].append(note)
         if saved:
             info["saved"] = saved
-    return Delivery(paths, info, save_error, note, pngs)
+    return Delivery(paths, info, save_error, note, pngs, stems)
+
+
+def write_served(pngs: list[bytes], stems: list[str], files_dir: Path) -> list[str]:
+    """``pngs`` written into a new folder under ``files_dir`` (one per request: served as it is, never copied), named
+    ``stems[i]`` + ``.png``; returns their paths. Raises OSError when they could not be written."""
+    root = Path(files_dir).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix="sdxl-", dir=root))
+    return [str(write_new(data, folder, stem)) for data, stem in zip(pngs, stems)]
 
 
 def _save_warning(err: OSError, saved: int, total: int) -> str:

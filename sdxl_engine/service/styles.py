@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from sdxl_engine.engine.errors import InvalidRequest
+
 
 @dataclasses.dataclass(frozen=True)
 class Style:
@@ -66,8 +68,14 @@ STYLE_NAMES: tuple[str, ...] = tuple(s.name for s in STYLES)
 _BY_KEY = {s.name.casefold(): s for s in STYLES}
 
 
-class UnknownStyle(ValueError):
-    """A style name that is not one of :data:`STYLE_NAMES`."""
+class UnknownStyle(InvalidRequest):
+    """A style name that is not one of :data:`STYLE_NAMES` (an InvalidRequest of the field ``style``)."""
+
+    def __init__(self, message: str):
+        super().__init__("style", message)
+
+    def __reduce__(self):
+        return type(self), (self.message,)
 
 
 def get_style(name: str | None) -> Style:
@@ -80,7 +88,7 @@ def get_style(name: str | None) -> Style:
         return STYLES[0]
     style = _BY_KEY.get(str(name).strip().casefold())
     if style is None:
-        raise UnknownStyle(f"style: unknown style {name!r}; choose one of {', '.join(STYLE_NAMES)}")
+        raise UnknownStyle(f"unknown style {name!r}; choose one of {', '.join(STYLE_NAMES)}")
     return style
 
 
