@@ -22,6 +22,16 @@ from sdxl_engine.config import EngineConfig
 from sdxl_engine.engine.contract import EngineContract
 from sdxl_engine.engine.validation import MAX_GUIDANCE
 from sdxl_engine.program.schedulers import SAMPLERS
+from sdxl_engine.service.styles import (
+    FAST_LABEL,
+    FAST_LORA,
+    FAST_PRESET,
+    NO_STYLE,
+    STYLE_NAMES,
+    has_fast_tag,
+    with_fast_tag,
+    without_fast_tag,
+)
 from sdxl_engine.serving import handler, history
 from sdxl_engine.serving.apis.mcp_image import API_NAME as IMAGE_TOOL
 from sdxl_engine.serving.apis.mcp_image import image_tool
@@ -57,16 +67,6 @@ from sdxl_engine.serving.page_assets import (
 )
 from sdxl_engine.serving.page_history import wire_history
 from sdxl_engine.serving.page_image import editor_tools, image_events, image_section, refiner_slider, wire_image_section
-from sdxl_engine.service.styles import (
-    FAST_LABEL,
-    FAST_LORA,
-    FAST_PRESET,
-    NO_STYLE,
-    STYLE_NAMES,
-    has_fast_tag,
-    with_fast_tag,
-    without_fast_tag,
-)
 
 
 def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract | None = None, concurrency: int = 1,

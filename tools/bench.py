@@ -359,8 +359,8 @@ def served_stream(engine, size: int, runs: int, steps: int = 20, step_s: float =
     image per preview (the design before the grid, rebuilt here for the comparison)."""
     import gradio as gr
 
-    from sdxl_engine.serving import handler, history
     from sdxl_engine.service.images import png_bytes, write_new
+    from sdxl_engine.serving import handler, history
 
     small = engine.generate(GenerateRequest("a red circle on the left", seed=0, num_inference_steps=20)).images
     images = np.repeat(np.repeat(small, size // small.shape[1], axis=1), size // small.shape[2], axis=2)

@@ -36,10 +36,10 @@ from sdxl_engine.engine.steps import StepEvent, Stopped
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest
 from sdxl_engine.program.schedulers import SAMPLERS
 from sdxl_engine.service import delivery
-from sdxl_engine.serving import admission, gradio_internals, guard, history
 from sdxl_engine.service.images import png_bytes, write_new
-from sdxl_engine.serving.progress import JOBS
 from sdxl_engine.service.styles import NO_STYLE, STYLE_NAMES, UnknownStyle, apply_style, get_style
+from sdxl_engine.serving import admission, gradio_internals, guard, history
+from sdxl_engine.serving.progress import JOBS
 
 LOG = logging.getLogger(__name__)
 

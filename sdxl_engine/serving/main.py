@@ -99,6 +99,7 @@ def main(argv: list[str] | None, build_demo: Callable, css: str, title: str, sta
 
     from sdxl_engine.checkpoint.loading import ModelLoadError
     from sdxl_engine.config import ConfigError
+    from sdxl_engine.service.service import Service
     from sdxl_engine.serving import apis, cli, gradio_internals, server
     from sdxl_engine.serving.handler import handle_generate, page_defaults
     from sdxl_engine.serving.service import RequestService
@@ -125,6 +126,8 @@ def main(argv: list[str] | None, build_demo: Callable, css: str, title: str, sta
     gate = server.RequestGate()
     service = RequestService(engine, handle_generate, gate, concurrency, config.max_requests_per_client,
                              max_waiting=config.max_queue_size)
+    requests = Service(engine, slots=concurrency, limit=config.max_requests_per_client,
+                       max_waiting=config.max_queue_size, outputs_dir=config.outputs_dir)
     demo = build_demo(service.generate, page_config, engine, concurrency=concurrency,
                       history_secret=args.history_secret)
     demo.queue(max_size=config.max_queue_size)
@@ -135,7 +138,8 @@ def main(argv: list[str] | None, build_demo: Callable, css: str, title: str, sta
     try:
         return server.serve(demo, engine, {**server.launch_options(args.host, args.port, share, access.mcp),
                                            "css": css}, gate, signals=signals, service=service,
-                            on_launch=lambda app: apis.mount(app, demo, service, access, flags))
+                            requests=requests, on_launch=lambda app: apis.mount(app, demo, service, access, flags,
+                                                                                requests))
     finally:
         if args.replicas is not None:
             engine.close()  # after the drain: delete the Serve application, stop the private Ray cluster

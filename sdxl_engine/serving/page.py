@@ -17,9 +17,9 @@ from sdxl_engine.checkpoint.lora import available_names
 from sdxl_engine.config import EngineConfig
 from sdxl_engine.engine.contract import EngineContract, clock
 from sdxl_engine.engine.validation import MAX_GUIDANCE
+from sdxl_engine.service.styles import NO_STYLE, STYLE_NAMES, get_style
 from sdxl_engine.serving.apis.a1111 import generation_parameters, refiner_name, sampler_of
 from sdxl_engine.serving.apis.core import ApiError
-from sdxl_engine.service.styles import NO_STYLE, STYLE_NAMES, get_style
 
 LOG = logging.getLogger(__name__)
 

@@ -136,7 +136,8 @@ def before_listening(set_up):
 
 
 def serve(demo, engine, options: dict, gate: RequestGate, drain_s: float = 60.0, log=None,
-          quiet_s: float = QUIET_S, signals: StopSignals | None = None, on_launch=None, service=None) -> int:
+          quiet_s: float = QUIET_S, signals: StopSignals | None = None, on_launch=None, service=None,
+          requests=None) -> int:
     """Launch ``demo`` and block until it should stop; returns the process exit status.
 
     Returns :func:`exit_status` (after one ``error:`` line on stderr) when the engine fails to
@@ -150,8 +151,9 @@ def serve(demo, engine, options: dict, gate: RequestGate, drain_s: float = 60.0,
     (:func:`install_guard`) are put in place before the server accepts its first connection
     (:func:`before_listening`; serving/apis mounts its routes and key check in ``on_launch``). ``service``
     (service.RequestService), if given: its protocol requests and the Gradio calls count against one
-    per-client limit together. ``log``: where its lines go (tests collect them); None: the module loggers, each
-    line at its level.
+    per-client limit together. ``requests`` (service.Service), if given: closed with the gate, and its queued and
+    running jobs drained as the calls are. ``log``: where its lines go (tests collect them); None: the module
+    loggers, each line at its level.
     """
     janitor_log, log = log, log or LOG.info
     if signals is None:
@@ -192,9 +194,13 @@ def serve(demo, engine, options: dict, gate: RequestGate, drain_s: float = 60.0,
         time.sleep(0.2)  # a signal interrupts the sleep and runs its handler; the flag is seen next round
     janitor_stop.set()
     gate.close()
+    if requests is not None:
+        requests.close()
     in_line = 0 if service is None else service.slots.waiting  # counted by the gate, but not running yet
+    jobs_running, jobs_waiting = (0, 0) if requests is None else (requests.running, requests.waiting)
     log(f"[app] stopping: new requests are refused; finishing the ones already accepted "
-        f"({gate.in_flight - in_line} running, {gradio_internals.waiting(demo) + in_line} waiting)")
+        f"({gate.in_flight - in_line + jobs_running} running, "
+        f"{gradio_internals.waiting(demo) + in_line + jobs_waiting} waiting)")
     deadline = time.monotonic() + drain_s
     accepted = gradio_internals.live_events(demo)
 
@@ -203,7 +209,7 @@ def serve(demo, engine, options: dict, gate: RequestGate, drain_s: float = 60.0,
             signals.note_ignored(log)
             time.sleep(0.05)
 
-    wait_until(lambda: gate.in_flight == 0)
+    wait_until(lambda: gate.in_flight == 0 and (requests is None or requests.idle()))
     wait_until(lambda: gradio_internals.queue_idle(demo))
     idle_at = time.monotonic()
     # A finished call's result is written to its client's stream by another task: closing first would send the

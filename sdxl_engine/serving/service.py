@@ -25,9 +25,9 @@ from sdxl_engine.engine.contract import EngineContract
 from sdxl_engine.engine.errors import CompilesBusy
 from sdxl_engine.engine.steps import Stopped
 from sdxl_engine.engine.validation import InvalidRequest
+from sdxl_engine.service.styles import UnknownStyle
 from sdxl_engine.serving.admission import RETRY_AFTER_S, SHUTTING_DOWN, over_limit
 from sdxl_engine.serving.progress import JOBS
-from sdxl_engine.service.styles import UnknownStyle
 
 LOG = logging.getLogger(__name__)
 LEFT_POLL_S = 0.5  # how often a running protocol call asks whether its client is still there (RequestService.run)

@@ -55,7 +55,7 @@ class StepEngine:
         for step in range(1, steps + 1):
             while not self.gate.acquire(timeout=0.01):
                 if should_stop():
-                    raise Stopped("stopped after step %d" % (step - 1))
+                    raise Stopped(f"stopped after step {step - 1}")
             self.steps_seen += 1
             on_step(StepEvent(step, steps, np.zeros((self.batch, 4, 6, 3), np.uint8), 0.01 * step))
             if should_stop():

@@ -66,8 +66,8 @@ def test_saving_that_fails_after_the_start_is_a_warning_in_the_reply(tmp_path, b
     """The outputs folder passed the start-up check, then went bad: the images are still served,
     the reply's warnings say they were not saved (API clients read info["warnings"]), and no path
     of the server's is in it."""
-    from sdxl_engine.serving.cli import check_outputs_dir
     from sdxl_engine.service.delivery import deliver
+    from sdxl_engine.serving.cli import check_outputs_dir
 
     out = tmp_path / "outputs"
     check_outputs_dir(str(out))

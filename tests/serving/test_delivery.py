@@ -4,8 +4,7 @@
 import gradio as gr
 from starlette.requests import Request
 
-from sdxl_engine.service import delivery
-from sdxl_engine.service import images
+from sdxl_engine.service import delivery, images
 from sdxl_engine.service.delivery import deliver
 from tests.helpers import FullDiskFile
 from tests.serving.test_cli_settings import fake_result

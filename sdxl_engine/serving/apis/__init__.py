@@ -104,7 +104,7 @@ def loras_of(engine):
     return loras
 
 
-def mount(app, demo, service, access: Access, flags: dict, log=LOG.info) -> None:
+def mount(app, demo, service, access: Access, flags: dict, requests=None, log=LOG.info) -> None:
     """Add the protocol routes to Gradio's ``app``, their key check, their cross-site refusal
     (:class:`CrossSiteGuard`; guard.Guard refuses the same on every other route), and shape its MCP tool
     results (server.serve's ``on_launch``: before the server listens). The routes generate through ``service``

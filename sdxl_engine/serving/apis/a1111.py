@@ -49,8 +49,9 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict
 
 from sdxl_engine.program.latent_upscale import HIRES_UPSCALERS
 from sdxl_engine.program.schedulers import SAMPLERS, UnknownSampler, get_sampler
-from sdxl_engine.serving import admission
 from sdxl_engine.service.image_prep import FILL_MODES, img2img_start_step, prepare, same_aspect
+from sdxl_engine.service.styles import NO_STYLE, STYLES
+from sdxl_engine.serving import admission
 from sdxl_engine.serving.apis.core import ApiError, Call, Interrupted, generate, model_name, read_json, wait_started
 from sdxl_engine.serving.apis.extras import ExtrasBatchImages, ExtrasRequest, ExtrasSingleImage, upscaler_list
 from sdxl_engine.serving.apis.extras import run as run_extras
@@ -59,7 +60,6 @@ from sdxl_engine.serving.apis.uploads import MAX_INPUT_SIDE, decode_image
 from sdxl_engine.serving.handler import ProtocolInputs
 from sdxl_engine.serving.progress import JOBS, Owner
 from sdxl_engine.serving.service import RequestService
-from sdxl_engine.service.styles import NO_STYLE, STYLES
 
 LOG = logging.getLogger(__name__)
 

@@ -33,12 +33,12 @@ from pathlib import Path
 
 from sdxl_engine.engine.contract import EngineContract
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest, validate
+from sdxl_engine.service.styles import NO_STYLE, UnknownStyle
 from sdxl_engine.serving import admission, guard
 from sdxl_engine.serving.apis.errors import ApiError
 from sdxl_engine.serving.handler import ProtocolInputs, build_request, generate_values
 from sdxl_engine.serving.progress import JOBS, Owner
 from sdxl_engine.serving.service import Failed, Refused, RequestService
-from sdxl_engine.service.styles import NO_STYLE, UnknownStyle
 
 LOG = logging.getLogger(__name__)
 

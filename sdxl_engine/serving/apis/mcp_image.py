@@ -16,12 +16,12 @@ import numpy as np
 from PIL import Image
 
 from sdxl_engine.engine.validation import DEFAULT_STRENGTH
-from sdxl_engine.serving import admission
 from sdxl_engine.service.image_prep import binary_mask, flatten, overlay, same_aspect
+from sdxl_engine.service.styles import NO_STYLE
+from sdxl_engine.serving import admission
 from sdxl_engine.serving.apis.core import ApiError
 from sdxl_engine.serving.apis.uploads import MAX_INPUT_SIDE, decode_image
 from sdxl_engine.serving.handler import ProtocolInputs, refiner_switch
-from sdxl_engine.service.styles import NO_STYLE
 
 LOG = logging.getLogger(__name__)
 

@@ -54,8 +54,8 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import ClientDisconnect
 
 from sdxl_engine.engine.validation import DEFAULT_STRENGTH, InvalidRequest, Limits, size_of
-from sdxl_engine.serving import admission
 from sdxl_engine.service.image_prep import overlay
+from sdxl_engine.serving import admission
 from sdxl_engine.serving.apis.core import (
     ApiError,
     Call,

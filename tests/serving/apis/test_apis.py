@@ -674,8 +674,8 @@ def test_png_info_reads_this_servers_pngs_and_jpegs_and_a1111s_text(served):
     (images.png_bytes) or a JPEG the OpenAI route encoded, parsed as A1111's parse_generation_parameters."""
     import base64
 
-    from sdxl_engine.serving.apis.openai_images import encode
     from sdxl_engine.service.images import a1111_parameters, png_bytes
+    from sdxl_engine.serving.apis.openai_images import encode
 
     client, _, _ = served
     text = a1111_parameters("a red circle", "blue", 8, 5.0, 7, 64, 48, "tiny-shapes", sampler="DPM++ 2M Karras",

@@ -15,10 +15,10 @@ from PIL import Image
 
 from sdxl_engine.engine.steps import Stopped
 from sdxl_engine.engine.validation import InvalidRequest, Limits
+from sdxl_engine.service.images import png_bytes
 from sdxl_engine.serving.apis import core
 from sdxl_engine.serving.apis.core import Call, Interrupted
 from sdxl_engine.serving.guard import RequestGate
-from sdxl_engine.service.images import png_bytes
 from sdxl_engine.serving.progress import JOBS
 from sdxl_engine.serving.service import RequestService
 
