@@ -200,15 +200,11 @@ def mounted_apis(monkeypatch, tmp_path, limits, pngs_for, info_for, lines: list[
 
     calls = []
 
-    async def generate(service, request, call, owner):
+    async def generate(requests, request, call, front, owner, job_id=None):
         calls.append(call)
         seeds = [7 + i for i in range(call.images or 4)]
         pngs = pngs_for(call, seeds)
-        paths = []
-        for i, data in enumerate(pngs):
-            (tmp_path / f"{i}.png").write_bytes(data)
-            paths.append(str(tmp_path / f"{i}.png"))
-        return Generated(pngs, seeds, info_for(call, seeds), paths)
+        return Generated(pngs, seeds, info_for(call, seeds), [f"seed{seed}" for seed in seeds])
 
     monkeypatch.setattr(a1111, "generate", generate)
     monkeypatch.setattr(openai_images, "generate", generate)

@@ -71,6 +71,7 @@ class Job:
     Attributes:
         id: unguessable (16 hex digits), or the client's own (A1111's ``force_task_id``).
         owner: who may see and stop it: the API key where one is set, else the client's address.
+        client: whom the per-client cap counts it against (the client's address).
         front: which front made it ("page", "a1111", "openai", "mcp", "jobs"), for fronts that list their own.
         request: what it runs (request.Request).
         status: queued, running, succeeded, failed or cancelled.
@@ -85,9 +86,10 @@ class Job:
     """
 
     def __init__(self, owner: str, front: str, request: Request, calls: int, job_id: str | None = None,
-                 arrived: float | None = None):
+                 arrived: float | None = None, client: str | None = None):
         self.id = job_id or secrets.token_hex(8)
         self.owner = owner
+        self.client = owner if client is None else client
         self.front = front
         self.request = request
         self.status = QUEUED

@@ -31,7 +31,7 @@ from sdxl_engine.service.request import MAX_CALLS, Request
 LOG = logging.getLogger(__name__)
 
 RETRY_AFTER_S = 5  # what a refused client is told to wait (Retry-After) before it asks again
-SHUTTING_DOWN = "the server is shutting down and takes no new requests; retry in a minute"
+SHUTTING_DOWN = "the server is shutting down; retry in a minute"
 EXPECTED = (InvalidRequest, EngineNotReady, GenerationError, CompilesBusy)  # a request's failures with a message
 
 
@@ -87,15 +87,16 @@ class Service:
             worker.start()
 
     # ---- what fronts call ----------------------------------------------------------------------------------------
-    def submit(self, request: Request, owner: str, front: str, job_id: str | None = None,
+    def submit(self, request: Request, owner: str, front: str, job_id: str | None = None, client: str | None = None,
                arrived: float | None = None) -> Job:
         """Queue ``request`` for ``owner`` (who may follow and stop it: an API key, or the client's address) from
         ``front``; returns its Job at once (status queued). ``job_id``: the client's own id (A1111's
-        ``force_task_id``), else a new one. ``arrived``: contract.clock() when it reached the server.
+        ``force_task_id``), else a new one. ``client``: who the per-client cap counts it against (the client's
+        address; default ``owner``). ``arrived``: contract.clock() when it reached the server.
 
         Raises:
             Refused: 503 while shutting down or when ``max_waiting`` requests wait; 429 when ``owner`` has
-                ``limit`` requests queued or running (from any front).
+                ``limit`` requests queued or running (from any front, under any owner).
             InvalidRequest: a value the engine refuses (validation.validate, once the engine has started), the
                 image count (field ``images``), or a job id in use (field ``id``).
             EngineNotReady: the engine failed to start.
@@ -113,13 +114,14 @@ class Service:
                            f"(max_queue_size = {self.max_waiting}); retry later")
                 LOG.info(f"[app] request refused: {message} (client {owner})")
                 raise Refused(503, message, RETRY_AFTER_S)
-            if self.held(owner) >= self.limit:
-                LOG.info(f"[app] request refused: client {owner} has {self.limit} requests queued or running "
+            client = owner if client is None else client
+            if self.held(client) >= self.limit:
+                LOG.info(f"[app] request refused: client {client} has {self.limit} requests queued or running "
                          f"(max_requests_per_client = {self.limit})")
                 raise Refused(429, over_limit_message(self.limit), RETRY_AFTER_S)
             if job_id is not None and self.store.taken(job_id):
                 raise InvalidRequest("id", f"the job id {job_id!r} is in use; send a new one or none")
-            job = Job(owner, front, request, calls, job_id, arrived)
+            job = Job(owner, front, request, calls, job_id, arrived, client)
             self.store.add(job)
             self._line.append(job)
             job.position = len(self._line) - 1
@@ -157,10 +159,10 @@ class Service:
         """Stop ``job``'s running engine call after its running step; its later calls still run (A1111's skip)."""
         job.skipped.set()
 
-    def held(self, owner: str) -> int:
-        """``owner``'s requests queued or running now."""
+    def held(self, client: str) -> int:
+        """``client``'s requests queued or running now (the cap's count)."""
         with self._cond:
-            return sum(1 for job in (*self._line, *self._running) if job.owner == owner)
+            return sum(1 for job in (*self._line, *self._running) if job.client == client)
 
     @property
     def waiting(self) -> int:

@@ -25,7 +25,8 @@ LOG = logging.getLogger(__name__)
 REPEATED_FLAGS = {"lora": "a LoRA that prompts pick with <lora:NAME:WEIGHT>; repeat the flag for more (env SDXL_LORA: "
                           "NAME=PATH entries separated by os.pathsep; .safetensors only)"}
 SERVER_FLAGS = ("share", "host", "port", "history_secret", "log_level", "replicas", "ray_address", "ray_app",
-                "replica_resources", "api_key", "public_api", "mcp")  # the last three: the protocol APIs
+                "replica_resources", "api_key", "public_api", "mcp", "callback_host", "job_keep_s",
+                "job_keep_mb")  # from api_key on: the protocol APIs and the jobs API
 
 
 def tcp_port(text: str) -> int:
@@ -133,7 +134,16 @@ def parse_args(argv=None, description: str = "") -> argparse.Namespace:
                            "key they are off otherwise")
     apis.add_argument("--no-mcp", dest="mcp", action="store_false", default=_env_flag("SDXL_MCP", True),
                       help="do not serve /generate as an MCP tool (env SDXL_MCP=0)")
+    apis.add_argument("--callback-host", action="append", default=None,
+                      help="a host the jobs API may POST finished jobs to (a job's callback_url); repeat for more "
+                           "(env SDXL_CALLBACK_HOSTS, comma-separated; default: none, callbacks refused)")
+    apis.add_argument("--job-keep-s", type=float, default=float(os.environ.get("SDXL_JOB_KEEP_S", "600")),
+                      help="seconds a finished job's result is kept for GET /v1/jobs/{id} (default 600)")
+    apis.add_argument("--job-keep-mb", type=float, default=float(os.environ.get("SDXL_JOB_KEEP_MB", "512")),
+                      help="megabytes of finished jobs' images kept, the oldest dropped first (default 512)")
     args = parser.parse_args(argv)
+    if args.callback_host is None:
+        args.callback_host = [h for h in os.environ.get("SDXL_CALLBACK_HOSTS", "").split(",") if h.strip()]
     if args.replicas is None and (args.ray_address or args.ray_app or args.replica_resources):
         parser.error("--ray-address, --ray-app and --replica-resources need --replicas")
     return args

@@ -37,7 +37,7 @@ MAX_BODY_BYTES = 1_000_000  # JSON of a /generate call is < 100 kB even with a 2
 # 4/3 of that as base64) and their body caps; every other path keeps MAX_BODY_BYTES.
 MAX_IMAGE_BYTES = 16 * 1024 * 1024  # one image file a client sends: a 2048 x 2048 RGB PNG of noise is 12.6 MB
 MAX_IMAGE_BODY_BYTES = 48_000_000
-IMAGE_BODY_PATHS = ("/sdapi/v1/img2img", "/v1/images/edits")
+IMAGE_BODY_PATHS = ("/sdapi/v1/img2img", "/v1/images/edits", "/v1/jobs")
 # The API endpoint whose calls carry an image as base64 text (apis/mcp_image.py): its calls, and only they, may be
 # larger than MAX_BODY_BYTES on the routes that reach it (a raw call by name, queue/join, the MCP server).
 IMAGE_TOOL = "image_to_image"
@@ -74,7 +74,7 @@ SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 CROSS_SITE = "requests from another site's page are refused"
 # The routes that answer a cross-site request in their own protocol's error shape (apis.CrossSiteGuard applies
 # cross_site_refusal there); the Guard applies it to every other path: Gradio's calls, queue, uploads, cancels, MCP.
-PROTOCOL_PREFIXES = ("/sdapi/", "/v1/")
+PROTOCOL_PREFIXES = ("/sdapi/", "/v1/", "/internal/")
 DEFAULT_PORTS = {"http": 80, "https": 443}
 
 

@@ -99,6 +99,7 @@ def main(argv: list[str] | None, build_demo: Callable, css: str, title: str, sta
 
     from sdxl_engine.checkpoint.loading import ModelLoadError
     from sdxl_engine.config import ConfigError
+    from sdxl_engine.service.jobs import JobStore
     from sdxl_engine.service.service import Service
     from sdxl_engine.serving import apis, cli, gradio_internals, server
     from sdxl_engine.serving.handler import handle_generate, page_defaults
@@ -127,19 +128,20 @@ def main(argv: list[str] | None, build_demo: Callable, css: str, title: str, sta
     service = RequestService(engine, handle_generate, gate, concurrency, config.max_requests_per_client,
                              max_waiting=config.max_queue_size)
     requests = Service(engine, slots=concurrency, limit=config.max_requests_per_client,
-                       max_waiting=config.max_queue_size, outputs_dir=config.outputs_dir)
+                       max_waiting=config.max_queue_size, outputs_dir=config.outputs_dir,
+                       store=JobStore(keep_s=args.job_keep_s, keep_bytes=int(args.job_keep_mb * 2**20)))
     demo = build_demo(service.generate, page_config, engine, concurrency=concurrency,
                       history_secret=args.history_secret)
     demo.queue(max_size=config.max_queue_size)
     share = args.share and cli.share_possible(f"http://{args.host}:{args.port}/", GRADIO_API_SERVER)
     access = apis.access_for(args.api_key, share, args.public_api, args.mcp)  # the protocol APIs
     flags = {"api": access.apis, "share": bool(share), "api_key_required": bool(access.key), "mcp": access.mcp,
-             "max_requests_per_client": config.max_requests_per_client}  # A1111's cmd-flags: nothing secret
+             "max_requests_per_client": config.max_requests_per_client,  # A1111's cmd-flags: nothing secret
+             "callback_hosts": tuple(args.callback_host)}
     try:
         return server.serve(demo, engine, {**server.launch_options(args.host, args.port, share, access.mcp),
                                            "css": css}, gate, signals=signals, service=service,
-                            requests=requests, on_launch=lambda app: apis.mount(app, demo, service, access, flags,
-                                                                                requests))
+                            requests=requests, on_launch=lambda app: apis.mount(app, demo, requests, access, flags))
     finally:
         if args.replicas is not None:
             engine.close()  # after the drain: delete the Serve application, stop the private Ray cluster

@@ -23,11 +23,12 @@ import math
 import secrets
 from pathlib import Path
 
+import gradio as gr
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
 from sdxl_engine.serving import gradio_internals
-from sdxl_engine.serving.apis import a1111, openai_images
+from sdxl_engine.serving.apis import a1111, core, jobs, openai_images
 from sdxl_engine.serving.apis.core import ApiError, FileTokens
 from sdxl_engine.serving.guard import PROTOCOL_PREFIXES, SAFE_METHODS, cross_site_refusal
 
@@ -104,13 +105,13 @@ def loras_of(engine):
     return loras
 
 
-def mount(app, demo, service, access: Access, flags: dict, requests=None, log=LOG.info) -> None:
+def mount(app, demo, requests, access: Access, flags: dict, log=LOG.info) -> None:
     """Add the protocol routes to Gradio's ``app``, their key check, their cross-site refusal
     (:class:`CrossSiteGuard`; guard.Guard refuses the same on every other route), and shape its MCP tool
-    results (server.serve's ``on_launch``: before the server listens). The routes generate through ``service``
-    (service.RequestService).
+    results (server.serve's ``on_launch``: before the server listens). The routes generate through ``requests``
+    (service.Service): A1111, OpenAI Images and the jobs API are its fronts.
 
-    The routes go after Gradio's own (none of which starts with ``/sdapi`` or ``/v1``). With the
+    The routes go after Gradio's own (none of which starts with ``/sdapi``, ``/v1`` or ``/internal``). With the
     APIs off, both prefixes answer 403 with the reason, in each protocol's error shape.
     """
     gradio_internals.add_outermost_middleware(app, CrossSiteGuard)
@@ -119,9 +120,15 @@ def mount(app, demo, service, access: Access, flags: dict, requests=None, log=LO
         log(access.line)
         return
     tokens = FileTokens()
-    app.include_router(a1111.router(service, flags, loras_of(service.engine)))
+
+    def owner_of(request) -> str:
+        return core.owner_of(request, access.key)
+
+    app.include_router(a1111.router(requests, flags, loras_of(requests.engine), owner_of))
+    app.include_router(a1111.internal_router(requests, owner_of))
     app.include_router(a1111.unknown_router())  # after every /sdapi/v1 route: only what none answers
-    app.include_router(openai_images.router(service, tokens))
+    app.include_router(jobs.router(requests, owner_of, flags.get("callback_hosts", ())))
+    app.include_router(openai_images.router(requests, tokens, owner_of, gr.utils.get_upload_folder))
     app.include_router(openai_images.files_router(tokens))
     app.include_router(openai_images.unknown_router())  # last: only what no /v1 route answers
     if access.mcp:
@@ -133,7 +140,8 @@ def mount(app, demo, service, access: Access, flags: dict, requests=None, log=LO
 
 
 class KeyGuard:
-    """ASGI middleware: ``/sdapi``, ``/v1`` and ``/gradio_api/mcp`` need the API key (:func:`key_refusal`);
+    """ASGI middleware: ``/sdapi``, ``/v1`` (the jobs API included), A1111's ``/internal`` and ``/gradio_api/mcp``
+    need the API key (:func:`key_refusal`);
     a refusal is a 401 in the protocol's error shape. The PNG URLs of ``response_format=url`` are
     exempt: they are capabilities (unguessable names) that browsers fetch without headers."""
 
@@ -143,12 +151,12 @@ class KeyGuard:
 
     async def __call__(self, scope, receive, send):
         path = scope.get("path", "") if scope["type"] == "http" else ""
-        if path.startswith((a1111.PREFIX + "/", openai_images.PREFIX + "/", MCP_PATH)) \
+        if path.startswith((a1111.PREFIX + "/", openai_images.PREFIX + "/", "/internal/", MCP_PATH)) \
                 and not path.startswith(openai_images.FILES):
             headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers") or []}
             if (reason := key_refusal(self.access, headers)) is not None:
                 err = ApiError(401, reason, headers={"WWW-Authenticate": "Bearer"})
-                response = a1111.a1111_error(err) if path.startswith(a1111.PREFIX) \
+                response = a1111.a1111_error(err) if path.startswith((a1111.PREFIX, "/internal/")) \
                     else openai_images.openai_error(err)
                 return await response(scope, receive, send)
         return await self.app(scope, receive, send)

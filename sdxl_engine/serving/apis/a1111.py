@@ -2,7 +2,7 @@
 
 The routes its clients call (webuiapi, Open WebUI, SillyTavern; docs/protocols.md, "AUTOMATIC1111 API"):
 ``POST txt2img`` (with its hires fix and refiner fields) and ``img2img`` (its images prepared as A1111 does:
-a1111_images.py; the image, mask and overlay reach the handler in memory: handler.ProtocolInputs) run the
+a1111_images.py; the image, mask and overlay reach the handler in memory: core.Extra) run the
 page's ``/generate`` event (core.generate: same queue, handler, checks
 and messages) as a job of its client (progress.JOBS; the client is its address); ``GET progress``
 reads that client's running A1111 request, ``POST interrupt`` stops it (and its engine calls still to
@@ -47,19 +47,28 @@ from fastapi.routing import APIRoute
 from PIL import Image
 from pydantic import BaseModel, BeforeValidator, ConfigDict
 
+from sdxl_engine.engine.previews import preview_grid
 from sdxl_engine.program.latent_upscale import HIRES_UPSCALERS
 from sdxl_engine.program.schedulers import SAMPLERS, UnknownSampler, get_sampler
 from sdxl_engine.service.image_prep import FILL_MODES, img2img_start_step, prepare, same_aspect
+from sdxl_engine.service.images import png_bytes
+from sdxl_engine.service.jobs import Job
+from sdxl_engine.service.service import Service
 from sdxl_engine.service.styles import NO_STYLE, STYLES
-from sdxl_engine.serving import admission
-from sdxl_engine.serving.apis.core import ApiError, Call, Interrupted, generate, model_name, read_json, wait_started
+from sdxl_engine.serving.apis.core import (
+    ApiError,
+    Call,
+    Extra,
+    Interrupted,
+    generate,
+    model_name,
+    read_json,
+    wait_started,
+)
 from sdxl_engine.serving.apis.extras import ExtrasBatchImages, ExtrasRequest, ExtrasSingleImage, upscaler_list
 from sdxl_engine.serving.apis.extras import run as run_extras
 from sdxl_engine.serving.apis.openai_images import EXIF_IFD, USER_COMMENT
 from sdxl_engine.serving.apis.uploads import MAX_INPUT_SIDE, decode_image
-from sdxl_engine.serving.handler import ProtocolInputs
-from sdxl_engine.serving.progress import JOBS, Owner
-from sdxl_engine.serving.service import RequestService
 
 LOG = logging.getLogger(__name__)
 
@@ -121,6 +130,7 @@ class Txt2Img(BaseModel):
     denoising_strength: Float | None = None
     refiner_checkpoint: str | None = None
     refiner_switch_at: Float | None = None
+    force_task_id: str | None = None  # the client's own id for this task (/internal/progress follows it)
 
 
 class Txt2ImgHires(Txt2Img):
@@ -383,9 +393,9 @@ def hires_fields(body: Txt2ImgHires, width: int, height: int, steps: int) -> tup
     return fields, []
 
 
-def to_call(body: Txt2Img, width=None, height=None, extra: ProtocolInputs | None = None) -> Call:
+def to_call(body: Txt2Img, width=None, height=None, extra: Extra | None = None) -> Call:
     """The ``/generate`` call for a txt2img (or img2img) body (the module docstring's mapping); ``width`` and
-    ``height`` (else the body's), ``extra``: the fields beyond the page's (handler.ProtocolInputs).
+    ``height`` (else the body's), ``extra``: the fields beyond the page's (core.Extra).
 
     Raises ApiError 422: an unknown sampler or scheduler, more than one style, batch_size or
     n_iter below 1.
@@ -457,7 +467,7 @@ def img2img_call(body: Img2Img, engine) -> tuple[Call, list[str]]:
     # Strength 0 runs A1111's one step from start_step alone (the engine takes no strength 0): its infotext still
     # says Denoising strength: 0, as A1111's does.
     params = prepared.params if strength > 0 else {"Denoising strength": 0, **prepared.params}
-    extra = ProtocolInputs(fields, prepared.finish, params)
+    extra = Extra(fields, prepared.finish, params)
     return to_call(body, width, height, extra), warnings
 
 
@@ -569,27 +579,48 @@ def denoising_strength(body: Txt2Img, info: dict) -> float | None:
     return (info.get("hires") or {}).get("strength")
 
 
-def owner_of(request) -> Owner:
-    """The A1111 client a route's Starlette ``request`` comes from: its address (progress.Owner)."""
-    return ("a1111", admission.client_address(request))
+def latest(requests: Service, owner: str) -> Job | None:
+    """``owner``'s newest A1111 job still queued or running, else its newest finished one, else None."""
+    jobs = requests.jobs(owner, front="a1111")
+    return next((job for job in jobs if not job.done), jobs[0] if jobs else None)
 
 
-def progress_record(owner: Owner, skip_current_image: bool = False) -> dict:
-    """A1111's ``GET /sdapi/v1/progress`` answer (modules/api/models.py ProgressResponse) for ``owner``'s
-    running A1111 request (progress.JOBS): ``job_count`` its engine calls, ``job_no`` the running one
-    (0-based), ``progress`` the share of all its calls' steps done."""
-    snap = JOBS.snapshot(owner)
-    running = snap.job is not None
-    preview = None if skip_current_image or snap.preview is None else base64.b64encode(snap.preview).decode()
+def progress_record(job: Job | None, skip_current_image: bool = False) -> dict:
+    """A1111's ``GET /sdapi/v1/progress`` answer (modules/api/models.py ProgressResponse) for the caller's running
+    A1111 request ``job`` (None or finished: idle): ``job_count`` its engine calls, ``job_no`` the running one
+    (0-based), ``progress`` the share of all its calls' steps done, ``current_image`` its latest preview."""
+    running = job is not None and not job.done
+    preview = None if not running or skip_current_image or job.preview is None else \
+        base64.b64encode(png_bytes(preview_grid(job.preview))).decode()
     return {
-        "progress": snap.fraction, "eta_relative": snap.eta_s or 0.0,
-        "state": {"skipped": snap.skipped, "interrupted": snap.interrupted,
-                  "stopping_generation": snap.interrupted,
-                  "job": f"job {snap.job}" if running else "", "job_count": snap.calls,
-                  "job_timestamp": "0", "job_no": snap.call, "sampling_step": snap.step,
-                  "sampling_steps": snap.steps},
-        "current_image": preview, "textinfo": snap.stage or None,
+        "progress": job.fraction if running else 0.0, "eta_relative": (job.eta_s or 0.0) if running else 0.0,
+        "state": {"skipped": running and job.skipped.is_set(), "interrupted": running and job.cancelled.is_set(),
+                  "stopping_generation": running and job.cancelled.is_set(),
+                  "job": f"job {job.id}" if running else "", "job_count": job.calls if running else 0,
+                  "job_timestamp": "0", "job_no": job.call if running else 0,
+                  "sampling_step": job.step if running else 0, "sampling_steps": job.steps if running else 0},
+        "current_image": preview, "textinfo": (job.stage or None) if running else None,
     }
+
+
+def internal_progress(job: Job | None, id_live_preview: int = -1) -> dict:
+    """A1111's ``POST /internal/progress`` answer (modules/progress.py ProgressResponse) for one task: ``active``
+    (running), ``queued``, ``completed``, ``progress`` (0..1, None when not running), ``eta`` (seconds),
+    ``live_preview`` (a data URL of the latest preview, when newer than ``id_live_preview``), ``id_live_preview``
+    (the step it was made at), ``textinfo``. An unknown task is neither active, queued nor completed, as A1111's."""
+    if job is None:
+        return {"active": False, "queued": False, "completed": False, "progress": None, "eta": None,
+                "live_preview": None, "id_live_preview": id_live_preview, "textinfo": None}
+    active, queued = job.status == "running", job.status == "queued"
+    preview, preview_id = None, id_live_preview
+    if active and job.preview is not None and job.step > id_live_preview:
+        preview = "data:image/png;base64," + base64.b64encode(png_bytes(preview_grid(job.preview))).decode()
+        preview_id = job.step
+    text = (f"In queue: {job.position + 1} ahead of it" if queued and job.position is not None
+            else job.stage or None) if not job.done else "Finished" if job.status == "succeeded" else job.status
+    return {"active": active, "queued": queued, "completed": job.done, "progress": job.fraction if active else None,
+            "eta": job.eta_s if active else None, "live_preview": preview, "id_live_preview": preview_id,
+            "textinfo": text}
 
 
 def a1111_error(err: ApiError, bad_value: int = 400) -> JSONResponse:
@@ -624,14 +655,15 @@ class CheckedBody(APIRoute):
         return checked
 
 
-def router(service: RequestService, flags: dict, loras) -> APIRouter:
-    """The ``/sdapi/v1`` routes, generating through ``service`` (service.RequestService).
+def router(requests: Service, flags: dict, loras, owner_of: Callable) -> APIRouter:
+    """The ``/sdapi/v1`` routes, generating through ``requests`` (service.Service) as jobs of the front "a1111".
 
     ``flags``: what ``cmd-flags`` shows (safe values only: no paths, no key); ``loras``: a callable
-    giving ``(names, reason)`` for ``/loras`` (apis.loras_of).
+    giving ``(names, reason)`` for ``/loras`` (apis.loras_of); ``owner_of(request)``: who owns a route's jobs
+    (core.owner_of: the API key, else the client's address), whose progress, interrupt and skip it reaches.
     """
     api = APIRouter(prefix=PREFIX, route_class=CheckedBody)
-    engine = service.engine
+    engine = requests.engine
     extras_turn = asyncio.Lock()  # one Extras request at a time: each holds its images in memory
 
     async def answer(route: str, body: Txt2Img, request: Request, make_call: Callable[[], tuple[Call, list[str]]],
@@ -652,7 +684,7 @@ def router(service: RequestService, flags: dict, loras) -> APIRouter:
         if warnings:
             LOG.info(f"[app] A1111 {route}: {len(warnings)} field(s) not honoured: {'; '.join(warnings)}")
         try:
-            made = await generate(service, request, call, owner_of(request))
+            made = await generate(requests, request, call, "a1111", owner_of(request), task_id(body))
         except Interrupted as err:  # A1111 answers an interrupted job with what it has: here nothing
             return {"images": [], "parameters": echo,
                     "info": json.dumps({"interrupted": True, "message": err.message, "all_seeds": [], "infotexts": []})}
@@ -674,7 +706,7 @@ def router(service: RequestService, flags: dict, loras) -> APIRouter:
             first = (body.width or engine.limits.default_size[0], body.height or engine.limits.default_size[1])
             hires, more = hires_fields(body, *first, body.steps or engine.limits.default_steps)
             fields = {**hires, **refiner_fields(body, engine)}
-            return (dataclasses.replace(call, extra=ProtocolInputs(fields)) if fields else call), more
+            return (dataclasses.replace(call, extra=Extra(fields)) if fields else call), more
 
         return await answer("txt2img", body, request, make_call, warnings, body.model_dump())
 
@@ -719,16 +751,25 @@ def router(service: RequestService, flags: dict, loras) -> APIRouter:
 
     @api.get("/progress")
     async def progress(request: Request, skip_current_image: bool = False):
-        return progress_record(owner_of(request), skip_current_image)
+        return progress_record(latest(requests, owner_of(request)), skip_current_image)
+
+    def open_jobs(request: Request) -> list[Job]:
+        return [job for job in requests.jobs(owner_of(request), front="a1111") if not job.done]
 
     # A1111 answers {} and null; these name what happened (A1111's clients read no body).
     @api.post("/interrupt")
     async def interrupt(request: Request):
-        return {"interrupted": JOBS.interrupt(owner_of(request))}
+        stopped = open_jobs(request)
+        for job in stopped:
+            requests.stop(job)
+        return {"interrupted": bool(stopped)}
 
     @api.post("/skip")
     async def skip(request: Request):  # an engine call makes its batch at once: skip ends the running call
-        return {"skipped": JOBS.skip(owner_of(request))}
+        skipped = [job for job in open_jobs(request) if job.status == "running"]
+        for job in skipped:
+            requests.skip(job)
+        return {"skipped": bool(skipped)}
 
     @api.get("/sd-models")
     async def sd_models():  # the model, and the refiner when one is loaded (txt2img's refiner_checkpoint names it)
@@ -825,6 +866,47 @@ def router(service: RequestService, flags: dict, loras) -> APIRouter:
         return None
 
     return api
+
+
+def internal_router(requests: Service, owner_of: Callable) -> APIRouter:
+    """A1111's own task routes (modules/progress.py), for the caller's tasks only: ``POST /internal/progress``
+    (``{"id_task", "id_live_preview"}`` -> :func:`internal_progress`; a task of another owner is unknown) and
+    ``GET /internal/pending-tasks`` (the caller's queued and running task ids)."""
+    api = APIRouter(prefix="/internal")
+
+    class ProgressRequest(BaseModel):
+        id_task: str | None = None
+        id_live_preview: int = -1
+        live_preview: bool = True
+
+    @api.post("/progress")
+    async def progress(body: ProgressRequest, request: Request):
+        try:
+            job = requests.get(body.id_task or "", owner_of(request))
+        except LookupError:
+            job = None
+        answer = internal_progress(job, body.id_live_preview)
+        if not body.live_preview:
+            answer["live_preview"] = None
+        return answer
+
+    @api.get("/pending-tasks")
+    async def pending_tasks(request: Request):
+        tasks = [job.id for job in requests.jobs(owner_of(request)) if not job.done]
+        return {"size": len(tasks), "tasks": tasks}
+
+    return api
+
+
+def task_id(body) -> str | None:
+    """A1111's ``force_task_id`` (the client's own id for its task, which ``/internal/progress`` then follows), or
+    None (a new one). Raises ApiError 422 for a value that is not a short printable string."""
+    value = getattr(body, "force_task_id", None)
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or len(value) > 128 or not value.isprintable():
+        raise ApiError(422, "force_task_id: expected a printable string of at most 128 characters", "force_task_id")
+    return value
 
 
 def unknown_router() -> APIRouter:

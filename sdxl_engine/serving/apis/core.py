@@ -24,25 +24,27 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import hashlib
 import json
 import logging
-import math
 import secrets
 import threading
 from pathlib import Path
 
 from sdxl_engine.engine.contract import EngineContract
-from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest, validate
-from sdxl_engine.service.styles import NO_STYLE, UnknownStyle
+from sdxl_engine.engine.errors import CompilesBusy, EngineNotReady, GenerationError, InvalidRequest
+from sdxl_engine.engine.validation import validate
+from sdxl_engine.service.image_prep import PasteBack
+from sdxl_engine.service.jobs import FAILED, Job
+from sdxl_engine.service.request import MAX_CALLS, Request, to_request
+from sdxl_engine.service.service import Refused, Service
+from sdxl_engine.service.styles import NO_STYLE
 from sdxl_engine.serving import admission, guard
 from sdxl_engine.serving.apis.errors import ApiError
-from sdxl_engine.serving.handler import ProtocolInputs, build_request, generate_values
-from sdxl_engine.serving.progress import JOBS, Owner
-from sdxl_engine.serving.service import Failed, Refused, RequestService
 
 LOG = logging.getLogger(__name__)
 
-MAX_CALLS = 4  # engine calls one API request may ask for (n, batch_size x n_iter): 4 x the engine's batch images
+LEFT_POLL_S = 0.5  # how often a waiting protocol request asks whether its client is still there (finished)
 
 
 class Interrupted(ApiError):
@@ -53,6 +55,18 @@ class Interrupted(ApiError):
         super().__init__(409, message)
 
 
+
+
+@dataclasses.dataclass(frozen=True)
+class Extra:
+    """What a protocol request asks beyond ``/generate``'s values: ``fields``, GenerateRequest keyword fields
+    (``image``, ``mask``, ``strength``, ``start_step``, ``refiner_switch_at``, ``hires_*``), validated by the engine
+    as any request's; ``finish``: None, or the image_prep.PasteBack that makes the answer's images (A1111's
+    overlay outside an inpainting mask); ``params``: more A1111 infotext entries (``Mask blur``...)."""
+
+    fields: dict = dataclasses.field(default_factory=dict)
+    finish: PasteBack | None = None
+    params: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,12 +89,7 @@ class Call:
     sampler: object = None
     images: int = 0
     field_names: tuple[tuple[str, str], ...] = ()
-    extra: ProtocolInputs | None = None  # image to image, hires fix, refiner (handler.ProtocolInputs)
-
-    def values(self, seed) -> list:
-        """The ``/generate`` event's input values (handler.GENERATE_INPUTS), with ``seed``; then its refiner switch,
-        None (the protocol's refiner comes in ``extra``)."""
-        return [*generate_values({**vars(self), "seed": seed}), None]
+    extra: Extra | None = None  # image to image, hires fix, refiner
 
     def field(self, name: str) -> str:
         """The protocol's name of the ``/generate`` input ``name`` (``width/height`` maps each side)."""
@@ -91,15 +100,15 @@ class Call:
 @dataclasses.dataclass(frozen=True)
 class Generated:
     """What :func:`generate` returns: ``pngs`` (PNG bytes, image i made from ``seeds[i]``), the
-    handler's ``info`` record of the first engine call that made images (docs/python.md; ``seeds`` lists
-    every image's), ``paths``, the served files (for :class:`FileTokens`; never sent to a client), and
+    ``info`` record of the first engine call that made images (docs/python.md; ``seeds`` lists
+    every image's), ``stems``, the images' file names without ``.png`` (for a front that writes files), and
     ``stopped``: None, or the message of the interrupt that ended the request before all its calls ran
     (the images are those made until then)."""
 
     pngs: list[bytes]
     seeds: list[int]
     info: dict
-    paths: list[str]
+    stems: list[str]
     stopped: str | None = None
 
 
@@ -117,31 +126,11 @@ def engine_batch(engine: EngineContract) -> int:
     return engine.batch or 4
 
 
-def check(engine: EngineContract, call: Call, client: str = "") -> GenerateRequest:
-    """Refuse ``call`` as the page would, before it is queued; the engine must have started. Returns the engine's
-    request for its first engine call (handler.build_request, validated: the engine does not validate it again),
-    ``client`` its client address.
-
-    Raises:
-        ApiError: 503 the engine failed to start; 400 an unknown style, a value the engine's
-            validation refuses (its message, the field renamed to the protocol's), or an image
-            count outside 1 to MAX_CALLS x the batch.
-    """
-    if engine.error is not None:
-        raise ApiError(503, f"the engine failed to start: {engine.error}")
-    batch = engine_batch(engine)
-    if not 0 <= call.images <= MAX_CALLS * batch:
-        raise ApiError(400, f"{call.field('images')}: this server makes 1 to {MAX_CALLS * batch} images per request "
-                            f"({MAX_CALLS} engine calls of {batch}), got {call.images}", call.field("images"))
-    try:
-        request, _style = build_request(*generate_values(vars(call)), client=client,
-                                        fields=call.extra.fields if call.extra is not None else None)
-    except UnknownStyle as err:
-        raise ApiError(400, str(err).replace("style:", f"{call.field('style')}:", 1), call.field("style")) from None
-    try:
-        return validate(request, engine.limits)
-    except InvalidRequest as err:
-        raise refused_field(err, call) from None
+def owner_of(request, key: str = "") -> str:
+    """Who owns a request a route's Starlette ``request`` makes (who may see and stop it: progress, cancel, the
+    jobs API): the API key where the server has one (``key``: every holder of it is one owner), else the client's
+    address (admission.client_address, the per-client cap's identity)."""
+    return f"key:{hashlib.sha256(key.encode()).hexdigest()[:16]}" if key else admission.client_address(request)
 
 
 async def wait_started(engine: EngineContract, poll_s: float = 0.25) -> None:
@@ -150,83 +139,109 @@ async def wait_started(engine: EngineContract, poll_s: float = 0.25) -> None:
         await asyncio.sleep(poll_s)
 
 
-async def generate(service: RequestService, request, call: Call, owner: Owner) -> Generated:
-    """Run ``call`` (see the module docstring) as one job of ``owner`` (progress.JOBS: its progress counts
-    every engine call; ``owner``'s interrupt stops it, its skip ends the running call and the next one runs);
-    ``request`` is the route's Starlette request (its client address, arrival time and connection).
+def to_service_request(call: Call, client: str) -> Request:
+    """The service's request (service/request.py) for a protocol's ``call``: its values by name, its image fields,
+    paste-back and infotext entries (``call.extra``), its field names for refusals."""
+    extra = call.extra or Extra()
+    values = {name: getattr(call, name) for name in ("prompt", "negative_prompt", "seed", "guidance_scale",
+                                                     "num_inference_steps", "width", "height", "style", "sampler")}
+    return to_request(**values, images=call.images, client=client, paste_back=extra.finish,
+                      parameters=extra.params, field_names=dict(call.field_names), **extra.fields)
+
+
+def check(engine: EngineContract, call: Call, client: str = "") -> Request:
+    """Refuse ``call`` as the service would, before anything is queued; the engine must have started. Returns the
+    service's request for it (:func:`to_service_request`), its engine request validated (the service does not
+    validate it again), ``client`` its client address.
 
     Raises:
-        ApiError: :func:`check`'s refusals; 429/503 from the service's admission (over the per-client limit,
-            shutting down); :class:`Interrupted` (409) when the request was stopped before it made any image;
-            429 when the engine is compiling as many new sizes as it may; 400 a value the engine refused;
-            500 with the handler's message when the engine failed on the request (its details are in the
-            server log only).
+        ApiError: 503 the engine failed to start; 400 an unknown style, a value the engine's validation refuses
+            (its message, the field renamed to the protocol's), or an image count outside 1 to MAX_CALLS x the batch.
     """
-    engine = service.engine
+    if engine.error is not None:
+        raise ApiError(503, f"the engine failed to start: {engine.error}")
+    batch = engine_batch(engine)
+    if not 0 <= call.images <= MAX_CALLS * batch:
+        raise ApiError(400, f"{call.field('images')}: this server makes 1 to {MAX_CALLS * batch} images per request "
+                            f"({MAX_CALLS} engine calls of {batch}), got {call.images}", call.field("images"))
+    try:
+        asked = to_service_request(call, client)
+        return dataclasses.replace(asked, engine=validate(asked.engine, engine.limits))
+    except InvalidRequest as err:
+        raise refused_field(err, call) from None
+
+
+async def submit(requests: Service, request, call: Call, front: str, owner: str, job_id: str | None = None) -> Job:
+    """Queue ``call`` in the service for ``owner`` (core.owner_of) from ``front``; ``request`` is the route's
+    Starlette request (its client address and arrival time).
+
+    Raises ApiError: 503 the engine failed to start, or the service is shutting down or full; 429 over the
+    client's cap (with Retry-After); 400 a value the engine's validation refuses (its field under the protocol's
+    name), an unknown style, an image count outside 1 to MAX_CALLS x the batch."""
+    engine = requests.engine
     await wait_started(engine)
     client = admission.client_address(request)
     try:
-        checked = check(engine, call, client)
-    except ApiError as err:  # one line, as the handler logs the page's refusals (handler.refuse)
+        asked = check(engine, call, client)
+        return requests.submit(asked, owner=owner, front=front, job_id=job_id, client=client,
+                               arrived=guard.arrival_time(request))
+    except ApiError as err:
         LOG.info(f"[app] request refused: {err.message}")
         raise
-    try:
-        with service.admitted(client):  # one place for all the request's engine calls
-            return await _run_calls(service, request, call, owner, client, checked)
-    except Refused as err:  # raised on entry only: nothing ran
+    except InvalidRequest as err:  # the job id (A1111's force_task_id) in use
+        refusal = refused_field(err, call)
+        LOG.info(f"[app] request refused: {refusal.message}")
+        raise refusal from None
+    except Refused as err:
         raise ApiError(err.status, err.message, headers={"Retry-After": str(err.retry_after_s)}) from None
 
 
-async def _run_calls(service: RequestService, request, call: Call, owner: Owner, client: str,
-                     checked: GenerateRequest) -> Generated:
-    """:func:`generate`'s engine calls, one after another, the seeds following on; the first runs ``checked``
-    (:func:`check`'s request), the next ones the request of their own seed."""
-    engine = service.engine
-    batch = engine_batch(engine)
-    wanted = call.images or batch
-    calls = math.ceil(wanted / batch)
-    pngs, seeds, paths, first_info, seed, stopped = [], [], [], None, call.seed, None
-    job = JOBS.open(owner, calls)
-    try:
-        for n in range(calls):
-            keep = wanted - n * batch  # of this call's images, the ones the client receives (and outputs_dir gets)
-            try:
-                made = await service.run(call.values(seed), request=checked if n == 0 else None, job=job,
-                                         client=client, keep=keep if keep < batch else None, extra=call.extra,
-                                         arrived=guard.arrival_time(request), left=request.is_disconnected)
-            except Failed as err:
-                if not err.stopped:
-                    raise _api_error(err, call) from None
-                stopped = err.message
-                if JOBS.interrupted(job) or await request.is_disconnected():  # no further calls
-                    break
-                # a skip (A1111's /skip): this call's batch is dropped, the next follows on from its seeds
-                seed = seed if seed == -1 else (seed + batch) % (engine.limits.max_seed + 1)
-                continue
-            first_info = first_info or made.info
-            for path, png, image_seed in zip(made.paths, made.pngs, made.info["seeds"]):
-                if len(pngs) < wanted:
-                    pngs.append(png)
-                    seeds.append(image_seed)
-                    paths.append(path)
-            seed = (made.info["seeds"][0] + batch) % (engine.limits.max_seed + 1)  # the next call follows on
-    finally:
-        JOBS.close(job)
-    if first_info is None:  # stopped before any image was made
-        raise Interrupted(stopped or "the request was stopped")
-    return Generated(pngs, seeds, {**first_info, "seeds": seeds}, paths,
-                     stopped if len(pngs) < wanted else None)
+async def finished(requests: Service, job: Job, request=None) -> Job:
+    """Wait (without a thread) until ``job`` has finished; a client that leaves meanwhile (``request``'s
+    ``is_disconnected``, asked every :data:`LEFT_POLL_S`) stops it (queued: it never runs; running: after the
+    running step), so the next caller does not wait for images no one will read."""
+    seen = 0
+    while not job.done:
+        seen += len(await job.next_events(seen, timeout=LEFT_POLL_S))
+        if request is not None and not job.done and not job.cancelled.is_set() and await request.is_disconnected():
+            LOG.info("[app] a protocol request's client left: stopping it")
+            requests.stop(job)
+    return job
 
 
-def _api_error(err: Failed, call: Call) -> ApiError:
-    """The protocol's answer to an engine call that failed (not stopped): 429 busy compiling (retry in 30 s),
-    400 a value the engine refused (an InvalidRequest's field under the protocol's name: the size or steps a run
-    cannot take, engine/memory.py and durations.py), else 500."""
-    if err.busy:
-        return ApiError(429, err.message, headers={"Retry-After": "30"})
-    if isinstance(err.cause, InvalidRequest):
-        return refused_field(err.cause, call)
-    return ApiError(400 if err.bad_value else 500, err.message)
+def job_error(job: Job, call: Call | None = None) -> ApiError:
+    """The protocol's answer to a job that failed: 429 busy compiling (retry in 30 s), 400 a value the engine
+    refused (its field under the protocol's name: the size or steps a run cannot take, engine/memory.py and
+    durations.py), 503 the engine not ready, else 500 (the details are in the server log only)."""
+    err = job.error
+    if isinstance(err, CompilesBusy):
+        return ApiError(429, str(err), headers={"Retry-After": "30"})
+    if isinstance(err, InvalidRequest):
+        return refused_field(err, call) if call is not None else ApiError(400, str(err), err.field)
+    if isinstance(err, EngineNotReady):
+        return ApiError(503, str(err))
+    if isinstance(err, GenerationError):
+        return ApiError(500, str(err))
+    return ApiError(500, f"the engine failed on this request ({type(err).__name__}); it is logged on the server. "
+                         "Please retry.")
+
+
+async def generate(requests: Service, request, call: Call, front: str, owner: str,
+                   job_id: str | None = None) -> Generated:
+    """Run ``call`` as one job of ``owner`` (see the module docstring) and wait for it; ``request`` is the route's
+    Starlette request (its client address, arrival time and connection).
+
+    Raises:
+        ApiError: :func:`submit`'s refusals; :class:`Interrupted` (409) when the request was stopped before it
+            made any image; :func:`job_error`'s when it failed.
+    """
+    job = await finished(requests, await submit(requests, request, call, front, owner, job_id), request)
+    if job.status == FAILED:
+        raise job_error(job, call)
+    if job.result is None:  # cancelled before any image was made
+        raise Interrupted("the request was stopped")
+    made = job.result
+    return Generated(made.pngs, made.seeds, made.info, made.stems, made.stopped)
 
 
 def refused_field(err: InvalidRequest, call: Call) -> ApiError:

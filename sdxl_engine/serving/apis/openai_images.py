@@ -44,6 +44,8 @@ import json
 import logging
 import re
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 from fastapi import APIRouter, Request
@@ -54,11 +56,13 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import ClientDisconnect
 
 from sdxl_engine.engine.validation import DEFAULT_STRENGTH, InvalidRequest, Limits, size_of
+from sdxl_engine.service.delivery import write_served
 from sdxl_engine.service.image_prep import overlay
-from sdxl_engine.serving import admission
+from sdxl_engine.service.service import Service
 from sdxl_engine.serving.apis.core import (
     ApiError,
     Call,
+    Extra,
     FileTokens,
     Generated,
     generate,
@@ -67,8 +71,6 @@ from sdxl_engine.serving.apis.core import (
     wait_started,
 )
 from sdxl_engine.serving.apis.uploads import open_image
-from sdxl_engine.serving.handler import ProtocolInputs
-from sdxl_engine.serving.service import RequestService
 
 LOG = logging.getLogger(__name__)
 
@@ -177,7 +179,7 @@ def with_quality(call: Call, answer: Answer, refiner: bool) -> tuple[Call, Answe
         why = (f"quality={_short(answer.top_quality)} ignored: no refiner is loaded here to refine with (the server "
                "runs one with --refiner)")
         return call, dataclasses.replace(answer, warnings=(*answer.warnings, why))
-    extra = call.extra or ProtocolInputs()
+    extra = call.extra or Extra()
     extra = dataclasses.replace(extra, fields={**extra.fields, "refiner_switch_at": REFINER_SWITCH})
     return dataclasses.replace(call, extra=extra), answer
 
@@ -247,7 +249,7 @@ def to_call(body, model_id: str) -> tuple[Call, Answer]:
     width, height = parse_size(body.get("size")) or (None, None)
     fields = {name: body[name] for name in EXTENSIONS if body.get(name) is not None}
     call = Call(prompt=body["prompt"], width=width, height=height, images=n, field_names=FIELD_NAMES,
-                extra=ProtocolInputs(fields=fields) if fields else None)
+                extra=Extra(fields=fields) if fields else None)
     return call, Answer(fmt, output, compression, bool(stream), ignored(body),
                         top_quality=body["quality"] if body.get("quality") in TOP_QUALITY else None)
 
@@ -417,10 +419,10 @@ def edit_call(call: Call, upload: EditUpload, limits: Limits) -> Call:
     asked = call.extra.fields if call.extra is not None else {}  # with_quality's refiner
     if repaint is None:
         strength = DEFAULT_STRENGTH if upload.strength is None else upload.strength
-        extra = ProtocolInputs(fields={**asked, "image": pixels, "strength": strength})
+        extra = Extra(fields={**asked, "image": pixels, "strength": strength})
     else:
         strength = MASK_STRENGTH if upload.strength is None else upload.strength
-        extra = ProtocolInputs(fields={**asked, "image": pixels, "mask": repaint, "strength": strength},
+        extra = Extra(fields={**asked, "image": pixels, "mask": repaint, "strength": strength},
                                finish=overlay(pixels, (repaint == 255).astype(np.float32)))
     return dataclasses.replace(call, width=width, height=height, extra=extra)
 
@@ -468,11 +470,12 @@ def files_router(tokens: FileTokens) -> APIRouter:
     return api
 
 
-def router(service: RequestService, tokens: FileTokens) -> APIRouter:
-    """The ``/v1`` routes, generating through ``service`` (service.RequestService); ``tokens`` names the PNGs
-    of ``url`` answers (served by :func:`files_router`)."""
+def router(requests: Service, tokens: FileTokens, owner_of: Callable, files_dir: Callable[[], str]) -> APIRouter:
+    """The ``/v1`` image routes, generating through ``requests`` (service.Service) as jobs of the front "openai"
+    owned by ``owner_of(request)`` (core.owner_of); ``tokens`` names the PNGs of ``url`` answers (served by
+    :func:`files_router`), written under ``files_dir()`` (the only answers that make files)."""
     api = APIRouter(prefix=PREFIX)
-    engine = service.engine
+    engine = requests.engine
 
     def model_id() -> str:
         return model_name(engine)
@@ -492,10 +495,10 @@ def router(service: RequestService, tokens: FileTokens) -> APIRouter:
         except ApiError as err:
             return refused("images/generations", err)
         try:
-            made = await _generate(service, request, call, answer)
+            made = await _generate(requests, request, call, answer, owner_of(request))
         except ApiError as err:
             return openai_error(err)
-        return await respond(request, made, answer, tokens)
+        return await respond(request, made, answer, tokens, files_dir)
 
     decoding = asyncio.Lock()  # one edit's images decoded at a time: each holds up to 2048 x 2048 pixels
 
@@ -517,10 +520,10 @@ def router(service: RequestService, tokens: FileTokens) -> APIRouter:
         except ApiError as err:
             return refused("images/edits", err)
         try:
-            made = await _generate(service, request, call, answer)
+            made = await _generate(requests, request, call, answer, owner_of(request))
         except ApiError as err:
             return openai_error(err)
-        return await respond(request, made, answer, tokens)
+        return await respond(request, made, answer, tokens, files_dir)
 
     @api.get("/models")
     async def models():
@@ -537,14 +540,15 @@ def router(service: RequestService, tokens: FileTokens) -> APIRouter:
     return api
 
 
-async def _generate(service: RequestService, request: Request, call: Call, answer: Answer) -> Generated:
+async def _generate(requests: Service, request: Request, call: Call, answer: Answer, owner: str) -> Generated:
     """core.generate for a route's call, after one log line naming the fields it does not honour."""
     if answer.warnings:
         LOG.info(f"[app] OpenAI images: {len(answer.warnings)} field(s) not honoured: {'; '.join(answer.warnings)}")
-    return await generate(service, request, call, ("openai", admission.client_address(request)))
+    return await generate(requests, request, call, "openai", owner)
 
 
-async def respond(request: Request, made: Generated, answer: Answer, tokens: FileTokens) -> Response:
+async def respond(request: Request, made: Generated, answer: Answer, tokens: FileTokens,
+                  files_dir: Callable[[], str]) -> Response:
     """OpenAI's answer for ``made`` as ``answer`` says (generations and edits alike): a JSON ImagesResponse
     (``b64_json`` or ``url`` items), or a stream of ``<answer.event>.completed`` events; the warnings in the
     ``X-SDXL-Warnings`` header."""
@@ -559,7 +563,8 @@ async def respond(request: Request, made: Generated, answer: Answer, tokens: Fil
         data = [{"b64_json": base64.b64encode(image).decode(), "revised_prompt": None} for image in images]
     else:
         base = str(request.base_url).rstrip("/")
-        data = [{"url": f"{base}{FILES}{tokens.add(path)}.png", "revised_prompt": None} for path in made.paths]
+        paths = await asyncio.to_thread(write_served, made.pngs, made.stems, Path(files_dir()))
+        data = [{"url": f"{base}{FILES}{tokens.add(path)}.png", "revised_prompt": None} for path in paths]
     return JSONResponse({"created": int(time.time()), "data": data, "output_format": answer.output_format,
                          "size": size}, headers=headers)
 

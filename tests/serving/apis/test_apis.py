@@ -3,10 +3,12 @@
 access rules (key, share link) and the flags; then the mounted routes over HTTP (FastAPI's TestClient) with a
 stand-in for the engine call. tests/serving/apis/test_apis_app.py drives them with the real clients on a running app."""
 
+import base64
 import dataclasses
 import json
 import threading
 import types
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -14,12 +16,11 @@ import pytest
 from sdxl_engine.engine.validation import Limits
 from sdxl_engine.serving import cli
 from sdxl_engine.serving.apis import Access, access_for, key_refusal
-from sdxl_engine.serving.apis.a1111 import Txt2Img, a1111_error, info_record, progress_record, sampler_of
+from sdxl_engine.serving.apis.a1111 import Txt2Img, a1111_error, info_record, latest, progress_record, sampler_of
 from sdxl_engine.serving.apis.a1111 import to_call as a1111_call
 from sdxl_engine.serving.apis.core import ApiError, Call, FileTokens, check
 from sdxl_engine.serving.apis.openai_images import Answer, openai_error, parse_size, with_quality
 from sdxl_engine.serving.apis.openai_images import to_call as openai_call
-from sdxl_engine.serving.progress import JOBS
 
 LIMITS = Limits(max_seed=2**32 - 1, max_steps=50, sizes=((64, 64), (80, 48)), default_size=(64, 64),
                 default_steps=8, default_guidance=5.0, multiple=16, default_sampler="Euler")
@@ -56,13 +57,19 @@ def test_unknown_sampler_or_scheduler_is_a_422_listing_what_there_is():
         "scheduler: 'Karras' is not available for sampler 'Euler a'; this server has Euler with Automatic, ")
 
 
+def values(call, seed) -> list:
+    """A call's ``/generate`` values, with ``seed``."""
+    return [call.prompt, call.negative_prompt, seed, call.guidance_scale, call.num_inference_steps, call.width,
+            call.height, call.style, call.sampler]
+
+
 def test_txt2img_fields_map_to_the_generate_call_and_unknown_fields_are_ignored():
     body = Txt2Img.model_validate({"prompt": "a red circle", "negative_prompt": "blue", "seed": 9, "steps": 3,
                                    "cfg_scale": 4.5, "width": 80, "height": 48, "sampler_index": "DDIM",
                                    "styles": ["Anime"], "batch_size": 2, "n_iter": 3, "enable_hr": True,
                                    "alwayson_scripts": {"ControlNet": {"args": []}}})
     call = a1111_call(body)
-    assert call.values(9) == ["a red circle", "blue", 9, 4.5, 3, 80, 48, "Anime", "DDIM", None]
+    assert values(call, 9) == ["a red circle", "blue", 9, 4.5, 3, 80, 48, "Anime", "DDIM"]
     assert call.images == 6 and call.field("num_inference_steps") == "steps"
     assert call.field("width/height") == "width/height"
     assert a1111_call(Txt2Img(prompt="x", sampler_name="Euler a", sampler_index="DDIM")).sampler == "Euler a"
@@ -124,7 +131,7 @@ def test_check_refuses_with_503_when_the_engine_failed_to_start():
 def test_openai_body_maps_to_the_generate_call():
     call, answer = openai_call({"prompt": "a red circle", "n": 4, "size": "80x48", "model": "tiny-shapes",
                                 "quality": "hd", "style": "vivid", "user": "u1"}, "tiny-shapes")
-    assert (call.values(-1), call.images) == (["a red circle", "", -1, None, None, 80, 48, "(No style)", None, None],
+    assert (values(call, -1), call.images) == (["a red circle", "", -1, None, None, 80, 48, "(No style)", None],
                                               4)
     assert answer == Answer("b64_json", "png", 100, False, (
         'style="vivid" ignored: no vivid/natural styles here: describe the style in the prompt',), top_quality="hd")
@@ -246,23 +253,30 @@ def test_info_record_is_a1111s_shape():
 
 
 def test_progress_reads_the_callers_own_job():
-    me, other = ("a1111", "10.0.0.1"), ("a1111", "10.0.0.2")
-    assert progress_record(me)["state"]["job_count"] == 0 and progress_record(me)["progress"] == 0.0
-    job = JOBS.open(me, calls=2)
-    try:
-        JOBS.begin_call(job, 10)
-        JOBS.step(job, 4, 10, preview=b"\x89PNG")
-        running = progress_record(me)
-        assert (running["progress"], running["state"]["sampling_step"], running["state"]["sampling_steps"],
-                running["state"]["job_count"], running["state"]["job_no"], running["current_image"]) == (
-            0.2, 4, 10, 2, 0, "iVBORw==")
-        assert progress_record(me, skip_current_image=True)["current_image"] is None
-        assert progress_record(other)["state"]["job_count"] == 0 and progress_record(other)["current_image"] is None
-        assert JOBS.interrupt(other) is False and progress_record(me)["state"]["interrupted"] is False
-        assert JOBS.interrupt(me) and progress_record(me)["state"]["interrupted"] is True
-    finally:
-        JOBS.close(job)
-    assert progress_record(me)["state"]["interrupted"] is False
+    """A1111's /progress answers the caller's newest A1111 job (a1111.latest): its calls, steps and preview; another
+    owner's job is not seen; an interrupt shows."""
+    from sdxl_engine.service.jobs import Job
+    from sdxl_engine.service.request import to_request
+
+    me, other = "10.0.0.1", "10.0.0.2"
+    requests = SimpleNamespace(jobs=lambda owner, front=None: [j for j in made if j.owner == owner])
+    made = []
+    assert progress_record(latest(requests, me))["state"]["job_count"] == 0
+    job = Job(me, "a1111", to_request(prompt="x"), calls=2)
+    made.append(job)
+    job.status, job.step, job.steps = "running", 4, 10
+    job.preview = np.zeros((4, 2, 2, 3), np.uint8)
+    running = progress_record(latest(requests, me))
+    assert (running["progress"], running["state"]["sampling_step"], running["state"]["sampling_steps"],
+            running["state"]["job_count"], running["state"]["job_no"]) == (0.2, 4, 10, 2, 0)
+    assert base64.b64decode(running["current_image"]).startswith(b"\x89PNG")
+    assert progress_record(latest(requests, me), skip_current_image=True)["current_image"] is None
+    assert progress_record(latest(requests, other))["state"]["job_count"] == 0
+    assert progress_record(latest(requests, me))["state"]["interrupted"] is False
+    job.cancelled.set()
+    assert progress_record(latest(requests, me))["state"]["interrupted"] is True
+    job.status = "cancelled"
+    assert progress_record(latest(requests, me))["state"]["job_count"] == 0  # finished: idle
 
 
 def test_access_rules_and_log_lines():

@@ -1,7 +1,7 @@
-"""serving/apis/core.generate as one job of its owner: a request of several engine calls keeps the images
-its finished calls made when it is interrupted, a skip drops only the running call, and the job's id
-reaches every engine call. The calls go through a real request service (service.RequestService) whose handler is
-scripted (no app, no engine)."""
+"""serving/apis/core.generate as one job of its owner in the service (service/service.py): a request of several
+engine calls keeps the images its finished calls made when it is interrupted, a skip drops only the running call,
+the first call runs the request checked at the door, and the service's refusals and the engine's typed errors reach
+the protocol as their status. The engine is scripted (no app, no model)."""
 
 import asyncio
 import dataclasses
@@ -13,26 +13,16 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from sdxl_engine.engine.steps import Stopped
+from sdxl_engine.engine.contract import GenerateResult
+from sdxl_engine.engine.steps import StepEvent, Stopped
 from sdxl_engine.engine.validation import InvalidRequest, Limits
-from sdxl_engine.service.images import png_bytes
+from sdxl_engine.service.service import Service
 from sdxl_engine.serving.apis import core
 from sdxl_engine.serving.apis.core import Call, Interrupted
-from sdxl_engine.serving.guard import RequestGate
-from sdxl_engine.serving.progress import JOBS
-from sdxl_engine.serving.service import RequestService
 
 LIMITS = Limits(max_seed=2**32 - 1, max_steps=50, sizes=((64, 64),), default_size=(64, 64), default_steps=8,
                 default_guidance=5.0, multiple=16, default_sampler="Euler")
-OWNER = ("a1111", "10.1.2.3")
-
-
-class Engine:
-    limits, batch, error = LIMITS, 4, None
-
-    def __init__(self):
-        self.ready = threading.Event()
-        self.ready.set()
+OWNER = "10.1.2.3"
 
 
 class RouteRequest:
@@ -45,65 +35,77 @@ class RouteRequest:
         return False
 
 
-def scripted_service(tmp_path, script, limit: int = 2) -> tuple[RequestService, list]:
-    """A request service whose handler, for call k, begins it as handle_generate does, runs ``script[k](job)`` (it
-    may interrupt or skip), then answers the gallery, info and PNGs for the seeds it was asked for, or raises the
-    handler's stop error (the page's message from the typed Stopped) if the job's call was stopped. Returns the
-    service and the calls' (seed, job id, keep, the request handed on built) as they came."""
-    calls = []
+class ScriptedEngine:
+    """The engine contract's generate: call k runs ``script[k](service, job)`` after its third step (it may
+    interrupt or skip, as A1111's routes do), then stops if asked, else makes 4 images of its seeds (pixel =
+    seed % 256). ``calls``: (seed, the request object) of each call, in order."""
 
-    def handle(engine, *values, job, client, keep, arrived, extra=None, request=None):
-        if True:  # in the slot service.RequestService.run holds
-            seed = values[2]
-            calls.append((seed, job, keep, request))
-            JOBS.begin_call(job, 8)
-            script[len(calls) - 1](job)
-            if JOBS.stop_requested(job):  # as handler.handle_generate answers a stopped call
-                raise RuntimeError("the request was stopped after step 3 of 8") from Stopped(
-                    "stopped after step 3 of 8")
-            gallery, pngs = [], []
-            for i in range(4):
-                path = tmp_path / f"call{len(calls)}-{i}.png"
-                pngs.append(png_bytes(np.full((2, 2, 3), seed + i, np.uint8)))
-                path.write_bytes(b"the served file: an answer takes the bytes from memory, not from here")
-                gallery.append((str(path), ""))
-            JOBS.deliver(job, pngs)  # as handler.handle_generate hands its PNGs to the job
-            return gallery, {"seeds": [seed + i for i in range(4)], "width": 64, "height": 64}, {}
+    limits, batch, error = LIMITS, 4, None
 
-    return RequestService(Engine(), handle, RequestGate(), slots=1, limit=limit, log=lambda line: None), calls
+    def __init__(self, script):
+        self.ready = threading.Event()
+        self.ready.set()
+        self.script, self.calls, self.service = script, [], None
+
+    def generate(self, request, ready_timeout=None, progress=None, arrived=None, on_step=None, should_stop=None):
+        self.calls.append((request.seed, request))
+        job = next(j for j in self.service.jobs(None) if j.status == "running")
+        for step in range(1, 9):
+            on_step(StepEvent(step, 8))
+            if step == 3:
+                self.script[len(self.calls) - 1](self.service, job)
+                if should_stop():
+                    raise Stopped("stopped after step 3 of 8")
+        seeds = [(request.seed + i) % (LIMITS.max_seed + 1) for i in range(4)]
+        images = np.stack([np.full((64, 64, 3), s % 256, np.uint8) for s in seeds])
+        return GenerateResult(images, seeds, request, {"latency": 0.1}, [], 4, "4 x cpu", "scripted")
+
+
+def scripted_service(script, limit: int = 2) -> tuple[Service, list]:
+    engine = ScriptedEngine(script)
+    engine.service = Service(engine, slots=1, limit=limit)
+    return engine.service, engine.calls
+
+
+def interrupt(service, job):
+    service.stop(job)
+
+
+def skip(service, job):
+    service.skip(job)
 
 
 def run(service, call, host="10.1.2.3"):
-    return asyncio.run(core.generate(service, RouteRequest(host), call, OWNER))
+    return asyncio.run(core.generate(service, RouteRequest(host), call, "a1111", host))
 
 
-def nothing(job):
+def nothing(service, job):
     pass
 
 
-def test_every_call_of_a_request_carries_its_one_job_and_the_job_closes(tmp_path):
-    service, calls = scripted_service(tmp_path, [nothing] * 4)
+def test_every_call_of_a_request_runs_in_its_one_job(tmp_path):
+    service, calls = scripted_service([nothing] * 4)
     made = run(service, Call("a red circle", seed=10, images=10))
-    assert [c[0] for c in calls] == [10, 14, 18] and [c[2] for c in calls] == [None, None, 2]  # the last keeps 2
-    assert len({c[1] for c in calls}) == 1 and made.seeds == list(range(10, 20)) and made.stopped is None
-    # each image's PNG is the one its call delivered for its seed, in order (progress.Jobs.take_pngs)
+    assert [c[0] for c in calls] == [10, 14, 18]
+    assert made.seeds == list(range(10, 20)) and made.stopped is None  # the last call's first 2 images
+    # each image's PNG is the one its call made for its seed, in order
     assert [int(np.asarray(Image.open(io.BytesIO(png)))[0, 0, 0]) for png in made.pngs] == made.seeds
-    assert JOBS.snapshot(OWNER).job is None  # closed
-    assert service.held("10.1.2.3") == 0 and service.slots.taken == 0  # its place and slot given back
+    assert [job.status for job in service.jobs(OWNER)] == ["succeeded"]  # one job for the whole request
+    assert service.held("10.1.2.3") == 0 and service.idle()  # its place given back
 
 
 def test_the_first_call_runs_the_checked_request_and_nothing_validates_it_again(tmp_path):
     """check builds the request as the page does (the style applied, the client's address) and validates it; the
     first engine call gets that object, which validate hands back as it is (validated once); the next calls, of
-    other seeds, get none (the handler builds theirs, which the engine validates)."""
+    other seeds, get a copy with their seed, validated by the service."""
     from sdxl_engine.engine.validation import validate
 
-    service, calls = scripted_service(tmp_path, [nothing] * 2)
+    service, calls = scripted_service([nothing] * 2)
     run(service, Call("a red circle", seed=10, images=8, style="Cinematic", num_inference_steps=3))
-    first = calls[0][3]
+    first = calls[0][1]
     assert first.seed == 10 and first.num_inference_steps == 3 and first.client == "10.1.2.3"
     assert first.prompt.startswith("cinematic still a red circle") and first.validated_for == LIMITS
-    assert validate(first, LIMITS) is first and calls[1][3] is None
+    assert validate(first, LIMITS) is first and calls[1][1].seed == 14
     changed = dataclasses.replace(first, num_inference_steps=500)  # a changed copy is not validated: refused
     with pytest.raises(InvalidRequest, match="^num_inference_steps: "):
         validate(changed, LIMITS)
@@ -113,7 +115,7 @@ def test_the_first_call_runs_the_checked_request_and_nothing_validates_it_again(
 
 
 def test_an_interrupt_in_a_later_call_answers_the_finished_calls_images(tmp_path):
-    service, calls = scripted_service(tmp_path, [nothing, lambda job: JOBS.interrupt(OWNER), nothing, nothing])
+    service, calls = scripted_service([nothing, interrupt, nothing, nothing])
     made = run(service, Call("a red circle", seed=10, images=16))
     assert len(calls) == 2  # no call after the interrupt
     assert made.seeds == [10, 11, 12, 13] and len(made.pngs) == 4
@@ -121,97 +123,95 @@ def test_an_interrupt_in_a_later_call_answers_the_finished_calls_images(tmp_path
 
 
 def test_a_skip_drops_the_running_call_only_and_the_seeds_follow_on(tmp_path):
-    service, calls = scripted_service(tmp_path, [nothing, lambda job: JOBS.skip(OWNER), nothing])
+    service, calls = scripted_service([nothing, skip, nothing])
     made = run(service, Call("a red circle", seed=10, images=12))
     assert [c[0] for c in calls] == [10, 14, 18]
     assert made.seeds == [10, 11, 12, 13, 18, 19, 20, 21] and made.stopped.startswith("the request was stopped")
 
 
 def test_an_interrupt_before_any_image_is_interrupted(tmp_path):
-    service, _ = scripted_service(tmp_path, [lambda job: JOBS.interrupt(OWNER)] + [nothing] * 3)
-    with pytest.raises(Interrupted, match="^the request was stopped after step 3 of 8$"):
+    service, _ = scripted_service([interrupt] + [nothing] * 3)
+    with pytest.raises(Interrupted, match="^the request was stopped$"):
         run(service, Call("a red circle", seed=10, images=16))
-    assert JOBS.snapshot(OWNER).job is None
+    assert [job.status for job in service.jobs(OWNER)] == ["cancelled"]
 
 
-def test_another_clients_interrupt_stops_nothing(tmp_path):
-    service, _ = scripted_service(tmp_path, [lambda job: JOBS.interrupt(("a1111", "10.9.9.9")),
-                                             lambda job: JOBS.interrupt(("gradio", "x"))])
+def test_another_owners_stop_reaches_nothing(tmp_path):
+    """A1111's /interrupt stops the caller's own jobs only: the service finds none of this owner's for another."""
+    def other(service, job):
+        for theirs in service.jobs("10.9.9.9"):
+            service.stop(theirs)
+
+    service, _ = scripted_service([other, nothing])
     made = run(service, Call("a red circle", seed=1, images=8))
     assert made.seeds == list(range(1, 9)) and made.stopped is None
 
 
-def test_the_handlers_typed_error_reaches_the_protocol_as_its_status(tmp_path):
+def test_the_engines_typed_error_reaches_the_protocol_as_its_status(tmp_path):
     """Not by its message: a refusal the engine makes only at run time (a sampler the model's scheduler rules
     out, a new size while others compile) keeps its type through the service, whatever its text says."""
     from sdxl_engine.engine.errors import CompilesBusy
 
-    for error, status in ((InvalidRequest("sampler", "DDIM cannot run this model"), 400),
-                          (CompilesBusy("width/height: 2 new sizes compile already"), 429),
-                          (RuntimeError("the request was stopped, it says"), 500)):
-        def handle(engine, *values, error=error, **kwargs):
-            raise RuntimeError(str(error)) from error
+    busy = "width/height: 2 new sizes compile already"
+    for error, status, message in (
+            (InvalidRequest("sampler", "DDIM cannot run this model"), 400, "sampler_name: DDIM cannot run this model"),
+            (CompilesBusy(busy), 429, busy), (RuntimeError("the request was stopped, it says"), 500, None)):
+        def fail(service, job, error=error):
+            raise error
 
-        service = RequestService(Engine(), handle, RequestGate(), slots=1, limit=1)
+        service, _ = scripted_service([fail])
         with pytest.raises(core.ApiError) as err:
-            run(service, Call("a red circle", seed=1))
-        assert err.value.status == status and not isinstance(err.value, Interrupted) and err.value.message == str(error)
+            run(service, Call("a red circle", seed=1, field_names=(("sampler", "sampler_name"),)))
+        assert err.value.status == status and not isinstance(err.value, Interrupted)
+        assert err.value.message == (message or "the engine failed on this request (RuntimeError); it is logged on "
+                                                "the server. Please retry.")
         assert service.held("10.1.2.3") == 0
 
 
-def test_the_handlers_page_escaped_message_reaches_an_api_client_as_text():
-    """The handler's refusals are HTML-escaped for the page's pop-up (handler.shown); the protocol APIs answer
-    the text itself, with the real < > & a client can copy back."""
-    import gradio as gr
-
-    from sdxl_engine.serving.handler import shown
-
-    message = "prompt: '<lora:x:9>': the weight must be between -4 and 4 & more"
-
-    def handle(engine, *values, **kwargs):
-        raise gr.Error(shown(message), print_exception=False)
-
-    service = RequestService(Engine(), handle, RequestGate(), slots=1, limit=1)
-    with pytest.raises(core.ApiError) as caught:
-        run(service, Call("a red circle", seed=10, images=4))
-    assert caught.value.status == 500 and caught.value.message == message
-
-
 def test_a_client_over_its_limit_or_a_closing_server_is_refused_before_anything_runs(tmp_path):
-    """The service's admission: the client's own protocol requests and its Gradio calls count together
-    (gradio_held: admission.Admission.held); during a shutdown every request is refused with 503."""
-    service, calls = scripted_service(tmp_path, [nothing] * 4, limit=2)
-    service.gradio_held = lambda client: 2 if client == "10.1.2.3" else 0
-    with pytest.raises(core.ApiError) as over:
-        run(service, Call("a red circle", seed=1))
-    assert over.value.status == 429 and "max_requests_per_client = 2" in over.value.message
-    assert over.value.headers == {"Retry-After": "5"} and calls == []
+    """The service's admission: the client's requests from every front count together (the page's two, one
+    running and one in line, here); during a shutdown every request is refused with 503."""
+    from sdxl_engine.service.request import to_request
+
+    release = threading.Event()
+    service, calls = scripted_service([lambda service, job: release.wait(10)] + [nothing] * 4, limit=2)
+    held = [service.submit(to_request(prompt="x", seed=100), owner="10.1.2.3", front="page") for _ in range(2)]
+    while not calls:  # the first is running (held by the script), the second waits in line
+        threading.Event().wait(0.01)
+    try:
+        with pytest.raises(core.ApiError) as over:
+            run(service, Call("a red circle", seed=1))
+        assert over.value.status == 429 and "max_requests_per_client = 2" in over.value.message
+        assert over.value.headers == {"Retry-After": "5"} and [seed for seed, _ in calls] == [100]
+    finally:
+        release.set()
     assert run(service, Call("a red circle", seed=1), host="10.7.7.7").seeds == [1, 2, 3, 4]  # another address
-    service.gate.close()
+    assert all(job.status == "succeeded" for job in held)
+    service.close()
     with pytest.raises(core.ApiError) as closing:
         run(service, Call("a red circle", seed=1), host="10.7.7.7")
     assert closing.value.status == 503 and closing.value.message == "the server is shutting down; retry in a minute"
 
 
 def test_a_client_that_leaves_during_a_call_gets_no_further_calls(tmp_path):
-    """A request of 12 images whose client disconnects while its first engine call runs: that call finishes, no
-    other runs (the engine makes no images for no one), and the job closes."""
-    service, calls = scripted_service(tmp_path, [nothing] * 3)
+    """A request of 12 images whose client disconnects while its first engine call runs: that call stops after
+    its running step, no other runs (the engine makes no images for no one), and the job ends cancelled."""
+    gone = threading.Event()
+
+    def leave(service, job):
+        gone.set()  # the client leaves while this call runs
+        deadline = 10.0
+        while not job.cancelled.is_set() and deadline > 0:  # until the route has noticed
+            threading.Event().wait(0.05)
+            deadline -= 0.05
+
+    service, calls = scripted_service([leave, nothing, nothing])
     request = RouteRequest()
-    gone = []
 
     async def is_disconnected() -> bool:
-        return bool(gone)
+        return gone.is_set()
 
     request.is_disconnected = is_disconnected
-    script_first = service.handle
-
-    def handle(engine, *values, **kwargs):
-        answer = script_first(engine, *values, **kwargs)
-        gone.append(True)  # the client leaves while this call runs
-        return answer
-
-    service.handle = handle
-    made = asyncio.run(core.generate(service, request, Call("a red circle", seed=10, images=12), OWNER))
-    assert [c[0] for c in calls] == [10] and made.seeds == [10, 11, 12, 13]
-    assert made.stopped == "the request was stopped before it started" and JOBS.snapshot(OWNER).job is None
+    with pytest.raises(Interrupted):
+        asyncio.run(core.generate(service, request, Call("a red circle", seed=10, images=12), "a1111", OWNER))
+    assert [c[0] for c in calls] == [10] and [job.status for job in service.jobs(OWNER)] == ["cancelled"]
