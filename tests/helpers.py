@@ -14,6 +14,8 @@ import time
 import uuid
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
 
@@ -216,3 +218,47 @@ def mounted_apis(monkeypatch, tmp_path, limits, pngs_for, info_for, lines: list[
     mount(app, None, types.SimpleNamespace(engine=engine), access_for("", share=False, public_api=False), {},
           log=lambda line: None)
     return TestClient(app), calls, lines
+
+
+class StepEngine:
+    """A stand-in engine for service tests (tests/service, the jobs API): the engine contract's generate, each
+    denoising step waiting for :meth:`go` (one step each), images that encode the seed (pixel value = seed % 256)
+    so the test can tell which call made them."""
+
+    batch = 2
+
+    def __init__(self, steps_per_go: int = 1):
+        from sdxl_engine.engine.validation import Limits
+
+        self.ready = threading.Event()
+        self.ready.set()
+        self.error = None
+        self.limits = Limits(max_seed=2**31 - 1, max_steps=50, sizes=((48, 32), (64, 64)), default_size=(48, 32),
+                             default_steps=3, default_guidance=5.0)
+        self.gate = threading.Semaphore(0)
+        self.calls: list = []  # the GenerateRequests it was called with
+        self.steps_seen = 0
+
+    def go(self, n: int = 1) -> None:
+        for _ in range(n):
+            self.gate.release()
+
+    def generate(self, request, ready_timeout=None, progress=None, arrived=None, on_step=None, should_stop=None):
+        from sdxl_engine.engine.contract import GenerateResult
+        from sdxl_engine.engine.steps import StepEvent, Stopped
+
+        self.calls.append(request)
+        progress("on device")
+        steps = request.num_inference_steps
+        for step in range(1, steps + 1):
+            while not self.gate.acquire(timeout=0.01):
+                if should_stop():
+                    raise Stopped(f"stopped after step {step - 1}")
+            self.steps_seen += 1
+            on_step(StepEvent(step, steps, np.zeros((self.batch, 4, 6, 3), np.uint8), 0.01 * step))
+            if should_stop():
+                raise Stopped(f"stopped after step {step}")
+        seeds = [(request.seed + i) % (self.limits.max_seed + 1) for i in range(self.batch)]
+        images = np.stack([np.full((request.height, request.width, 3), s % 256, np.uint8) for s in seeds])
+        return GenerateResult(images, seeds, request, {"latency": 0.1, "queue": 0.0, "prep": 0.0, "device": 0.1,
+                                                       "post": 0.0}, [], 1, "1 x cpu", "stand-in")

@@ -11,14 +11,12 @@ import time
 import numpy as np
 import pytest
 
-from sdxl_engine.engine.contract import GenerateResult
 from sdxl_engine.engine.errors import InvalidRequest
-from sdxl_engine.engine.steps import StepEvent, Stopped
-from sdxl_engine.engine.validation import GenerateRequest, Limits
 from sdxl_engine.service.image_prep import PasteBack
 from sdxl_engine.service.jobs import CANCELLED, QUEUED, RUNNING, SUCCEEDED, JobGone, JobNotFound, JobStore
 from sdxl_engine.service.request import to_request
 from sdxl_engine.service.service import Refused, Service
+from tests.helpers import StepEngine
 
 
 def wait_for(condition, limit_s: float = 10.0) -> None:
@@ -26,44 +24,6 @@ def wait_for(condition, limit_s: float = 10.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.005)
-
-
-class StepEngine:
-    """The engine contract's generate, each denoising step waiting for :meth:`go` (one step each), images that
-    encode the seed (pixel value = seed % 256) so the test can tell which call made them."""
-
-    batch = 2
-
-    def __init__(self, steps_per_go: int = 1):
-        self.ready = threading.Event()
-        self.ready.set()
-        self.error = None
-        self.limits = Limits(max_seed=2**31 - 1, max_steps=50, sizes=((48, 32), (64, 64)), default_size=(48, 32),
-                             default_steps=3, default_guidance=5.0)
-        self.gate = threading.Semaphore(0)
-        self.calls: list[GenerateRequest] = []
-        self.steps_seen = 0
-
-    def go(self, n: int = 1) -> None:
-        for _ in range(n):
-            self.gate.release()
-
-    def generate(self, request, ready_timeout=None, progress=None, arrived=None, on_step=None, should_stop=None):
-        self.calls.append(request)
-        progress("on device")
-        steps = request.num_inference_steps
-        for step in range(1, steps + 1):
-            while not self.gate.acquire(timeout=0.01):
-                if should_stop():
-                    raise Stopped(f"stopped after step {step - 1}")
-            self.steps_seen += 1
-            on_step(StepEvent(step, steps, np.zeros((self.batch, 4, 6, 3), np.uint8), 0.01 * step))
-            if should_stop():
-                raise Stopped(f"stopped after step {step}")
-        seeds = [(request.seed + i) % (self.limits.max_seed + 1) for i in range(self.batch)]
-        images = np.stack([np.full((request.height, request.width, 3), s % 256, np.uint8) for s in seeds])
-        return GenerateResult(images, seeds, request, {"latency": 0.1, "queue": 0.0, "prep": 0.0, "device": 0.1,
-                                                       "post": 0.0}, [], 1, "1 x cpu", "stand-in")
 
 
 def ask(prompt="a red circle", **fields):
