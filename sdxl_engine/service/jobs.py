@@ -79,7 +79,8 @@ class Job:
         call, calls: the engine call running (0-based) and how many the job makes; step, steps: denoising steps
             done / to run in that call; stage: the engine's stage now.
         preview: the latest preview ((b, h, w, 3) uint8, the batch at latent resolution) or None.
-        result: the Result once succeeded (or cancelled after some images); error: the typed error once failed
+        result: the Result once succeeded (or cancelled after some images); stopped: the message of the stop that
+            ended its last engine call early, if one did; error: the typed error once failed
             (engine.errors' InvalidRequest, EngineNotReady, GenerationError, CompilesBusy; another exception
             is an internal failure, logged with its traceback by the service).
         created, started, finished: contract.clock() times (None until then).
@@ -98,6 +99,7 @@ class Job:
         self.preview: np.ndarray | None = None
         self.result: Result | None = None
         self.error: BaseException | None = None
+        self.stopped: str | None = None  # how a stop ended it ("the request was stopped after step 3 of 8")
         self.created = clock()
         self.arrived = self.created if arrived is None else arrived
         self.started: float | None = None

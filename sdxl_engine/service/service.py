@@ -152,6 +152,7 @@ class Service:
             if job.status != QUEUED or job not in self._line:
                 return
             self._line.remove(job)
+            job.stopped = "the request was stopped before it started"
             self._finish(job, CANCELLED)
             self._renumber()
 
@@ -237,6 +238,7 @@ class Service:
         engine, request = self.engine, job.request
         while not engine.ready.wait(0.5):
             if job.cancelled.is_set():
+                job.stopped = "the request was stopped before it started"
                 return CANCELLED
             self._stage(job, "loading")
         if engine.error is not None:
@@ -258,9 +260,9 @@ class Service:
                                          arrived=job.arrived if n == 0 else None,
                                          on_step=lambda event: self._step(job, event), should_stop=job.stop_requested)
             except Stopped as err:
-                why = "cancelled" if job.cancelled.is_set() else "skipped"
+                why = "interrupted" if job.cancelled.is_set() else "skipped"
                 LOG.info(f"[app] request {err} ({why}); nothing saved")
-                stopped = f"the request was {err}"
+                stopped = job.stopped = f"the request was {err}"
                 if job.cancelled.is_set():
                     break
                 seed = (seed + batch) % (engine.limits.max_seed + 1)  # a skip: the next call follows on

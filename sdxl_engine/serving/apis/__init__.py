@@ -27,7 +27,7 @@ import gradio as gr
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
-from sdxl_engine.serving import gradio_internals
+from sdxl_engine.serving import admission, gradio_internals
 from sdxl_engine.serving.apis import a1111, core, jobs, openai_images
 from sdxl_engine.serving.apis.core import ApiError, FileTokens
 from sdxl_engine.serving.guard import PROTOCOL_PREFIXES, SAFE_METHODS, cross_site_refusal
@@ -124,8 +124,10 @@ def mount(app, demo, requests, access: Access, flags: dict, log=LOG.info) -> Non
     def owner_of(request) -> str:
         return core.owner_of(request, access.key)
 
-    app.include_router(a1111.router(requests, flags, loras_of(requests.engine), owner_of))
-    app.include_router(a1111.internal_router(requests, owner_of))
+    # A1111's progress, interrupt and skip (and its task ids) are the caller's address's, key or not, as A1111's
+    # clients share one key (--api-auth) and must not stop each other's requests
+    app.include_router(a1111.router(requests, flags, loras_of(requests.engine), admission.client_address))
+    app.include_router(a1111.internal_router(requests, admission.client_address))
     app.include_router(a1111.unknown_router())  # after every /sdapi/v1 route: only what none answers
     app.include_router(jobs.router(requests, owner_of, flags.get("callback_hosts", ())))
     app.include_router(openai_images.router(requests, tokens, owner_of, gr.utils.get_upload_folder))

@@ -239,7 +239,7 @@ async def generate(requests: Service, request, call: Call, front: str, owner: st
     if job.status == FAILED:
         raise job_error(job, call)
     if job.result is None:  # cancelled before any image was made
-        raise Interrupted("the request was stopped")
+        raise Interrupted(job.stopped or "the request was stopped")
     made = job.result
     return Generated(made.pngs, made.seeds, made.info, made.stems, made.stopped)
 

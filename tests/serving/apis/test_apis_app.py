@@ -32,11 +32,18 @@ def hold_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def app(hold_dir):
+def gradio_dir(tmp_path_factory):
+    """The app's own Gradio temp folder: the files it writes, and only they, lie there."""
+    return tmp_path_factory.mktemp("gradio")
+
+
+@pytest.fixture(scope="module")
+def app(hold_dir, gradio_dir):
     # a preview every 5 steps: /progress shows one whatever this machine's pace (previews are otherwise timed); the
     # test-only fault switch for helpers.Hold: a request the limit tests hold in flight as long as they need it
     running = RunningApp("--api-key", KEY, env={"SDXL_PREVIEW_EVERY": "5", "SDXL_FAULT_INJECTION": "1",
-                                                "SDXL_FAULT_HOLD_DIR": str(hold_dir)})
+                                                "SDXL_FAULT_HOLD_DIR": str(hold_dir),
+                                                "GRADIO_TEMP_DIR": str(gradio_dir)})
     yield running
     running.stop()
 
@@ -672,3 +679,116 @@ def _png_bytes(image: Image.Image) -> bytes:
     buffer = io.BytesIO()
     image.save(buffer, format="PNG")
     return buffer.getvalue()
+
+
+def files_under(folder) -> set:
+    return {str(path) for path in folder.rglob("*") if path.is_file()}
+
+
+def test_the_jobs_api_gives_the_pages_images_and_its_events_follow_the_job(app):
+    """POST /v1/jobs answers 202 at once; its event stream tells started, each step, then succeeded with the job;
+    the job's images are /generate's for the same seed, byte for byte."""
+    auth = {"Authorization": f"Bearer {KEY}"}
+    accepted = httpx.post(app.url + "v1/jobs", headers=auth, timeout=60,
+                          json={"prompt": PROMPT, "seed": 11, "num_inference_steps": 2, "guidance_scale": 5.0, **SIZE})
+    assert accepted.status_code == 202
+    job_id = accepted.json()["id"]
+    with httpx.stream("GET", app.url + f"v1/jobs/{job_id}/events", headers=auth, timeout=120) as stream:
+        text = "".join(stream.iter_text())
+    names = [line[len("event: "):] for line in text.splitlines() if line.startswith("event: ")]
+    assert names[-1] == "succeeded" and names.count("step") == 2 and "started" in names
+    done = json.loads(text.strip().split("\n\n")[-1].split("data: ", 1)[1])
+    expected, _ = page_images(app, 11)
+    assert [base64.b64decode(image) for image in done["images"]] == expected
+    assert done["seeds"] == [11, 12, 13, 14] and done["id"] == job_id
+    assert httpx.get(app.url + f"v1/jobs/{job_id}").status_code == 401  # the key, as every protocol route
+
+
+def test_delete_removes_a_queued_job_and_stops_a_running_one_then_the_next_runs(app, hold_dir):
+    auth = {"Authorization": f"Bearer {KEY}"}
+    jobs = httpx.Client(base_url=app.url + "v1/jobs", headers=auth, timeout=120)
+    with Hold(hold_dir, PROMPT) as hold:
+        running = jobs.post("", json={"prompt": hold.prompt, "num_inference_steps": 30, **SIZE}).json()["id"]
+        wait_until(lambda: jobs.get(f"/{running}").json()["status"] == "running", "the held job never ran", 120)
+        queued = jobs.post("", json={"prompt": PROMPT, "seed": 3, "num_inference_steps": 2, **SIZE}).json()
+        assert queued["status"] == "queued" and queued["position"] == 0
+        assert jobs.delete(f"/{queued['id']}").json()["status"] == "cancelled"  # out of line, never ran
+        after = jobs.post("", json={"prompt": PROMPT, "seed": 4, "num_inference_steps": 2, **SIZE}).json()["id"]
+        stopping = threading.Thread(target=lambda: jobs.delete(f"/{running}"))  # answers once the job has stopped
+        stopping.start()
+        wait_until(lambda: httpx.get(app.url + "v1/jobs", headers=auth).json()["jobs"], "no jobs listed")
+        assert stopping.is_alive()  # held before its first step: it stops there once released
+    stopping.join(120)
+    stopped = jobs.get(f"/{running}").json()
+    assert stopped["status"] == "cancelled" and stopped["images"] == [] and stopped["progress"]["step"] <= 1
+    wait_until(lambda: jobs.get(f"/{after}").json()["status"] == "succeeded", "the next job never ran", 120)
+    assert jobs.get(f"/{queued['id']}").json()["progress"]["step"] == 0
+
+
+def test_the_per_client_limit_counts_jobs_a1111_and_openai_from_one_address_together(app, hold_dir):
+    """max_requests_per_client = 2: two held jobs from this address leave A1111, OpenAI and a third job refused
+    with 429 naming the limit; once they end, this address is served again."""
+    auth = {"Authorization": f"Bearer {KEY}"}
+    quick = {"prompt": PROMPT, "num_inference_steps": 2, **SIZE}
+    with Hold(hold_dir, PROMPT) as hold:
+        held = [httpx.post(app.url + "v1/jobs", headers=auth, json={**quick, "prompt": hold.prompt}).json()["id"]
+                for _ in range(2)]
+        a1111 = httpx.post(app.url + "sdapi/v1/txt2img", headers=auth, timeout=60,
+                           json={"prompt": PROMPT, "steps": 2, **SIZE})
+        openai = httpx.post(app.url + "v1/images/generations", headers=auth, timeout=60,
+                            json={"prompt": PROMPT, "size": "64x64", "n": 1})
+        third = httpx.post(app.url + "v1/jobs", headers=auth, json=quick)
+        assert (a1111.status_code, openai.status_code, third.status_code) == (429, 429, 429)
+        assert "max_requests_per_client = 2" in a1111.json()["detail"]
+        assert "max_requests_per_client = 2" in openai.json()["error"]["message"]
+        assert third.headers["retry-after"] == "5"
+    for job_id in held:
+        wait_until(lambda job_id=job_id: httpx.get(app.url + f"v1/jobs/{job_id}", headers=auth).json()["status"]
+                   == "succeeded", "a held job never finished", 120)
+    assert httpx.post(app.url + "v1/jobs", headers=auth, json=quick).status_code == 202
+
+
+def test_a1111_force_task_id_is_followed_by_internal_progress(app, hold_dir):
+    auth = {"Authorization": f"Bearer {KEY}"}
+    answer = {}
+    with Hold(hold_dir, PROMPT) as hold:
+        thread = threading.Thread(target=lambda: answer.update(response=httpx.post(
+            app.url + "sdapi/v1/txt2img", headers=auth, timeout=300,
+            json={"prompt": hold.prompt, "steps": 2, "seed": 9, "force_task_id": "task(ab12)", **SIZE})))
+        thread.start()
+        wait_until(lambda: httpx.post(app.url + "internal/progress", headers=auth,
+                                      json={"id_task": "task(ab12)"}).json()["active"], "the task never began", 120)
+        assert httpx.get(app.url + "internal/pending-tasks", headers=auth).json() == {"size": 1,
+                                                                                    "tasks": ["task(ab12)"]}
+        other = httpx.Client(headers=auth, transport=httpx.HTTPTransport(local_address="127.0.0.2"))
+        theirs = other.post(app.url + "internal/progress", json={"id_task": "task(ab12)"}).json()
+        assert (theirs["active"], theirs["completed"]) == (False, False)  # another address's task is unknown
+        assert other.get(app.url + "internal/pending-tasks").json() == {"size": 0, "tasks": []}
+    thread.join(300)
+    assert answer["response"].status_code == 200
+    done = httpx.post(app.url + "internal/progress", headers=auth, json={"id_task": "task(ab12)"}).json()
+    assert (done["active"], done["queued"], done["completed"]) == (False, False, True)
+    unknown = httpx.post(app.url + "internal/progress", headers=auth, json={"id_task": "task(zz)"}).json()
+    assert (unknown["active"], unknown["queued"], unknown["completed"]) == (False, False, False)
+
+
+def test_protocol_requests_write_no_file(app, gradio_dir):
+    """A1111, OpenAI (b64_json) and the jobs API answer from memory: the app's Gradio folder gains no file.
+    The page's /generate does write its gallery's (a URL points at each), and OpenAI's url answers theirs."""
+    auth = {"Authorization": f"Bearer {KEY}"}
+    page_images(app, 31)  # the page's files exist before: the folder is not empty by chance
+    before = files_under(gradio_dir)
+    assert before
+    assert httpx.post(app.url + "sdapi/v1/txt2img", headers=auth, timeout=120,
+                      json={"prompt": PROMPT, "steps": 2, **SIZE}).status_code == 200
+    assert httpx.post(app.url + "v1/images/generations", headers=auth, timeout=120,
+                      json={"prompt": PROMPT, "size": "64x64", "response_format": "b64_json"}).status_code == 200
+    job_id = httpx.post(app.url + "v1/jobs", headers=auth, json={"prompt": PROMPT, "num_inference_steps": 2,
+                                                                  **SIZE}).json()["id"]
+    wait_until(lambda: httpx.get(app.url + f"v1/jobs/{job_id}", headers=auth).json()["status"] == "succeeded",
+               "the job never finished", 120)
+    assert files_under(gradio_dir) == before
+    url = httpx.post(app.url + "v1/images/generations", headers=auth, timeout=120,
+                     json={"prompt": PROMPT, "size": "64x64", "response_format": "url"})
+    assert len(files_under(gradio_dir) - before) == 4 and url.status_code == 200
+

@@ -131,7 +131,7 @@ def test_a_skip_drops_the_running_call_only_and_the_seeds_follow_on(tmp_path):
 
 def test_an_interrupt_before_any_image_is_interrupted(tmp_path):
     service, _ = scripted_service([interrupt] + [nothing] * 3)
-    with pytest.raises(Interrupted, match="^the request was stopped$"):
+    with pytest.raises(Interrupted, match="^the request was stopped after step 3 of 8$"):
         run(service, Call("a red circle", seed=10, images=16))
     assert [job.status for job in service.jobs(OWNER)] == ["cancelled"]
 
