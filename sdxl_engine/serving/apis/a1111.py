@@ -868,16 +868,19 @@ def router(requests: Service, flags: dict, loras, owner_of: Callable) -> APIRout
     return api
 
 
+class ProgressRequest(BaseModel):
+    """A1111's ``POST /internal/progress`` body (modules/progress.py ProgressRequest)."""
+
+    id_task: str | None = None
+    id_live_preview: int = -1
+    live_preview: bool = True
+
+
 def internal_router(requests: Service, owner_of: Callable) -> APIRouter:
     """A1111's own task routes (modules/progress.py), for the caller's tasks only: ``POST /internal/progress``
     (``{"id_task", "id_live_preview"}`` -> :func:`internal_progress`; a task of another owner is unknown) and
     ``GET /internal/pending-tasks`` (the caller's queued and running task ids)."""
     api = APIRouter(prefix="/internal")
-
-    class ProgressRequest(BaseModel):
-        id_task: str | None = None
-        id_live_preview: int = -1
-        live_preview: bool = True
 
     @api.post("/progress")
     async def progress(body: ProgressRequest, request: Request):
