@@ -7,7 +7,9 @@ each client as a user runs it:
 - ``/generate`` through gradio_client (``Client.predict``: the page's API, the baseline);
 - AUTOMATIC1111's ``POST /sdapi/v1/txt2img`` (raw httpx, and through ``webuiapi``, which also decodes the PNGs);
 - OpenAI's ``POST /v1/images/generations`` through the ``openai`` client, ``b64_json``;
-- the MCP ``generate`` tool through the ``mcp`` SDK (one session, streamable HTTP).
+- the MCP ``generate`` tool through the ``mcp`` SDK (one session, streamable HTTP);
+- the jobs API: ``POST /v1/jobs``, its event stream followed to ``succeeded`` (which carries the images), raw httpx
+  (only on an app that has it: a ``--before`` checkout without it skips it).
 
 Prints a Markdown table (median, min, max, the median's difference from ``/generate`` and the median of served
 minus engine time: the call's wall time less the engine's ``latency_s`` its answer reports; OpenAI's answer has none,
@@ -87,6 +89,17 @@ def clients(url: str, steps: int, session, size: int = 64) -> dict:
     def openai_call():
         openai.images.generate(prompt=PROMPT, n=4, size=f"{size}x{size}", response_format="b64_json")
 
+    def jobs_call():
+        job = http.post(url + "v1/jobs", json={"prompt": PROMPT, "seed": 1, "num_inference_steps": steps,
+                                               "width": size, "height": size})
+        job.raise_for_status()
+        with http.stream("GET", url + f"v1/jobs/{job.json()['id']}/events") as stream:
+            last = [line for line in stream.iter_lines() if line.startswith("data: ")][-1]
+        done = json.loads(last[len("data: "):])
+        assert done["status"] == "succeeded" and len(done["images"]) == 4
+        return done["info"]["latency_s"]
+
+    has_jobs = http.get(url + "v1/jobs").status_code == 200
     return {
         "/generate (gradio_client)": lambda: gradio.predict(api_name="/generate", prompt=PROMPT, seed=1,
                                                             num_inference_steps=steps, width=size,
@@ -95,6 +108,7 @@ def clients(url: str, steps: int, session, size: int = 64) -> dict:
         "A1111 txt2img (webuiapi)": lambda: webui.txt2img(**body).info["latency_s"],
         "OpenAI images.generate (openai, b64_json)": openai_call,
         "MCP generate (mcp SDK)": mcp_call,
+        **({"jobs API (httpx, events)": jobs_call} if has_jobs else {}),
     }
 
 
@@ -127,13 +141,15 @@ async def measure(urls: list[str], steps: int, runs: int, size: int = 64) -> lis
         overheads = [{name: [] for name in calls} for calls in apps]
         for round_ in range(runs):
             engine_s = [{} for _ in apps]
-            for name in apps[0]:
+            for name in apps[-1]:
                 order = range(len(apps)) if round_ % 2 == 0 else reversed(range(len(apps)))
                 for i in order:
+                    if name not in apps[i]:  # a client the other checkout lacks
+                        continue
                     wall, engine_s[i][name] = await timed(apps[i][name])
                     samples[i][name].append(wall)
             print(f"round {round_ + 1}/{runs}: " + ", ".join(f"{name.split(' (')[0]} {samples[-1][name][-1]:.2f} s"
-                                                       for name in apps[0]), file=sys.stderr, flush=True)
+                                                       for name in apps[-1]), file=sys.stderr, flush=True)
             for i in range(len(apps)):
                 reported = [e for e in engine_s[i].values() if e is not None]
                 for name, e in engine_s[i].items():
@@ -158,11 +174,17 @@ def markdown(results: dict, steps: int, size: int = 64) -> str:
 def markdown_compare(before: dict, after: dict, steps: int, size: int = 64) -> str:
     """Each client's median before and after, and the median of the paired (same round) differences."""
     lines = [f"| client, 4 images {size}x{size}, {steps} steps | before median s | after median s | "
-             "after - before, paired median s |", "|---|---|---|---|"]
+             "after - before, paired median s | served - engine before, median s | after |",
+             "|---|---|---|---|---|---|"]
     for name in after:
+        if name not in before:
+            lines.append(f"| {name} | (none) | {after[name]['median_s']:.3f} | | | "
+                         f"{after[name]['overhead_median_s']:.3f} |")
+            continue
         paired = [a - b for a, b in zip(after[name]["samples_s"], before[name]["samples_s"])]
         lines.append(f"| {name} | {before[name]['median_s']:.3f} | {after[name]['median_s']:.3f} | "
-                     f"{statistics.median(paired):+.3f} |")
+                     f"{statistics.median(paired):+.3f} | {before[name]['overhead_median_s']:.3f} | "
+                     f"{after[name]['overhead_median_s']:.3f} |")
     return "\n".join(lines)
 
 
