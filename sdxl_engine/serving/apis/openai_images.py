@@ -68,6 +68,7 @@ from sdxl_engine.serving.apis.core import (
     generate,
     model_name,
     read_json,
+    refused_field,
     wait_started,
 )
 from sdxl_engine.serving.apis.uploads import open_image
@@ -408,8 +409,7 @@ def edit_call(call: Call, upload: EditUpload, limits: Limits) -> Call:
     try:
         width, height = size_of(call.width or limits.default_size[0], call.height or limits.default_size[1], limits)
     except InvalidRequest as err:
-        field = call.field(err.field)
-        raise ApiError(400, field + str(err)[len(err.field):], field) from None
+        raise refused_field(err, call) from None
     image = open_image(upload.image, "image", "RGB")
     repaint = None if upload.mask is None else edit_mask(open_image(upload.mask, "mask", None), image.size,
                                                          (width, height))
@@ -423,7 +423,7 @@ def edit_call(call: Call, upload: EditUpload, limits: Limits) -> Call:
     else:
         strength = MASK_STRENGTH if upload.strength is None else upload.strength
         extra = Extra(fields={**asked, "image": pixels, "mask": repaint, "strength": strength},
-                               finish=overlay(pixels, (repaint == 255).astype(np.float32)))
+                      finish=overlay(pixels, (repaint == 255).astype(np.float32)))
     return dataclasses.replace(call, width=width, height=height, extra=extra)
 
 
