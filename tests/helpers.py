@@ -262,3 +262,16 @@ class StepEngine:
         images = np.stack([np.full((request.height, request.width, 3), s % 256, np.uint8) for s in seeds])
         return GenerateResult(images, seeds, request, {"latency": 0.1, "queue": 0.0, "prep": 0.0, "device": 0.1,
                                                        "post": 0.0}, [], 1, "1 x cpu", "stand-in")
+
+
+EXTRA_FIELDS = ("image", "mask", "soft_mask", "strength", "start_step", "outpaint", "refiner_switch_at", "hires_scale",
+                "hires_strength", "hires_steps", "hires_upscaler", "hires_sampler", "hires_prompt",
+                "hires_negative_prompt")
+
+
+def extra_fields(request) -> dict:
+    """The GenerateRequest fields beyond text to image that a service request (service.request.Request) sets: those
+    of :data:`EXTRA_FIELDS` that are not None (``soft_mask`` with a mask)."""
+    engine = request.engine
+    return {name: getattr(engine, name) for name in EXTRA_FIELDS if getattr(engine, name) is not None
+            and (name != "soft_mask" or engine.mask is not None)}

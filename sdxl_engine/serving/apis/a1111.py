@@ -2,11 +2,11 @@
 
 The routes its clients call (webuiapi, Open WebUI, SillyTavern; docs/protocols.md, "AUTOMATIC1111 API"):
 ``POST txt2img`` (with its hires fix and refiner fields) and ``img2img`` (its images prepared as A1111 does:
-a1111_images.py; the image, mask and overlay reach the handler in memory: core.Extra) run the
-page's ``/generate`` event (core.generate: same queue, handler, checks
-and messages) as a job of its client (progress.JOBS; the client is its address); ``GET progress``
-reads that client's running A1111 request, ``POST interrupt`` stops it (and its engine calls still to
-come), ``POST skip`` ends its running engine call only: never a page's, a gradio_client's, another
+service/image_prep.py, in memory; the overlay recorded in the request as a PasteBack) build the service's request
+(:func:`to_call`) and run it as a job of the front "a1111" (core.generate: the same line, cap, checks and messages
+as every front's), owned by the client's address (``force_task_id`` names it: :func:`internal_router`);
+``GET progress`` reads that client's running A1111 request, ``POST interrupt`` stops it (and its engine calls still
+to come), ``POST skip`` ends its running engine call only: never a page's, a gradio_client's, another
 protocol's or another address's request; ``sd-models``, ``options``, ``samplers``, ``schedulers``, ``loras``,
 ``prompt-styles``, ``upscalers``, ``latent-upscale-modes``, ``sd-vae``, ``sd-modules``,
 ``hypernetworks``, ``embeddings``, ``scripts``, ``cmd-flags`` and ``refresh-*`` describe the one
@@ -50,19 +50,19 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict
 from sdxl_engine.engine.previews import preview_grid
 from sdxl_engine.program.latent_upscale import HIRES_UPSCALERS
 from sdxl_engine.program.schedulers import SAMPLERS, UnknownSampler, get_sampler
-from sdxl_engine.service.image_prep import FILL_MODES, img2img_start_step, prepare, same_aspect
+from sdxl_engine.service.image_prep import FILL_MODES, PasteBack, img2img_start_step, prepare, same_aspect
 from sdxl_engine.service.images import png_bytes
 from sdxl_engine.service.jobs import Job
+from sdxl_engine.service.request import Request as ServiceRequest
 from sdxl_engine.service.service import Service
 from sdxl_engine.service.styles import NO_STYLE, STYLES
 from sdxl_engine.serving.apis.core import (
     ApiError,
-    Call,
-    Extra,
     Interrupted,
     generate,
     model_name,
     read_json,
+    request_of,
     wait_started,
 )
 from sdxl_engine.serving.apis.extras import ExtrasBatchImages, ExtrasRequest, ExtrasSingleImage, upscaler_list
@@ -393,12 +393,13 @@ def hires_fields(body: Txt2ImgHires, width: int, height: int, steps: int) -> tup
     return fields, []
 
 
-def to_call(body: Txt2Img, width=None, height=None, extra: Extra | None = None) -> Call:
-    """The ``/generate`` call for a txt2img (or img2img) body (the module docstring's mapping); ``width`` and
-    ``height`` (else the body's), ``extra``: the fields beyond the page's (core.Extra).
+def to_call(body: Txt2Img, width=None, height=None, paste_back: PasteBack | None = None,
+            parameters: dict | None = None, **fields) -> ServiceRequest:
+    """The service's request for a txt2img (or img2img) body (the module docstring's mapping); ``width`` and
+    ``height`` (else the body's); ``paste_back``, ``parameters`` and ``fields`` (GenerateRequest fields: image,
+    mask, strength, hires_*, refiner_switch_at): what the body asks beyond txt2img.
 
-    Raises ApiError 422: an unknown sampler or scheduler, more than one style, batch_size or
-    n_iter below 1.
+    Raises ApiError 422: an unknown sampler, scheduler or style, more than one style, batch_size or n_iter below 1.
     """
     sampler = sampler_of(body.sampler_name or body.sampler_index, body.scheduler)
     styles = [s for s in body.styles or [] if s and s != NO_STYLE]
@@ -408,15 +409,19 @@ def to_call(body: Txt2Img, width=None, height=None, extra: Extra | None = None) 
     for name in ("batch_size", "n_iter"):
         if getattr(body, name) < 1:
             raise ApiError(422, f"{name}: must be at least 1, got {getattr(body, name)}", name)
-    return Call(prompt=body.prompt, negative_prompt=body.negative_prompt, seed=body.seed,
-                guidance_scale=body.cfg_scale, num_inference_steps=body.steps,
-                width=body.width if width is None else width, height=body.height if height is None else height,
-                style=styles[0] if styles else NO_STYLE, sampler=sampler,
-                images=body.batch_size * body.n_iter, field_names=FIELD_NAMES, extra=extra)
+    try:
+        return request_of(FIELD_NAMES, prompt=body.prompt, negative_prompt=body.negative_prompt, seed=body.seed,
+                          guidance_scale=body.cfg_scale, num_inference_steps=body.steps,
+                          width=body.width if width is None else width,
+                          height=body.height if height is None else height, style=styles[0] if styles else NO_STYLE,
+                          sampler=sampler, images=body.batch_size * body.n_iter, paste_back=paste_back,
+                          parameters=parameters, **fields)
+    except ApiError as err:  # the style: A1111 answers a bad value 422
+        raise ApiError(422, err.message, err.param) from None
 
 
-def img2img_call(body: Img2Img, engine) -> tuple[Call, list[str]]:
-    """(the ``/generate`` call, warnings) of an A1111 img2img body: its images decoded in memory
+def img2img_call(body: Img2Img, engine) -> tuple[ServiceRequest, list[str]]:
+    """(the service's request, warnings) of an A1111 img2img body: its images decoded in memory
     (uploads.decode_image), prepared as A1111 does (a1111_images.prepare) at ``width`` x ``height`` (the
     engine's default size for a side not sent), the steps run by A1111's rule (a1111_images.img2img_start_step;
     ``denoising_strength`` default 0.75), the overlay of the original outside the mask.
@@ -467,8 +472,7 @@ def img2img_call(body: Img2Img, engine) -> tuple[Call, list[str]]:
     # Strength 0 runs A1111's one step from start_step alone (the engine takes no strength 0): its infotext still
     # says Denoising strength: 0, as A1111's does.
     params = prepared.params if strength > 0 else {"Denoising strength": 0, **prepared.params}
-    extra = Extra(fields, prepared.finish, params)
-    return to_call(body, width, height, extra), warnings
+    return to_call(body, width, height, prepared.finish, params, **fields), warnings
 
 
 def infotext(png: bytes) -> str:
@@ -666,7 +670,8 @@ def router(requests: Service, flags: dict, loras, owner_of: Callable) -> APIRout
     engine = requests.engine
     extras_turn = asyncio.Lock()  # one Extras request at a time: each holds its images in memory
 
-    async def answer(route: str, body: Txt2Img, request: Request, make_call: Callable[[], tuple[Call, list[str]]],
+    async def answer(route: str, body: Txt2Img, request: Request,
+                     make_call: Callable[[], tuple[ServiceRequest, list[str]]],
                      warnings: list[str], echo: dict):
         """A1111's answer to a generation route: the images, ``parameters`` (``echo``: the body as A1111 echoes
         it) and ``info``; a refusal in A1111's shape (422 for a bad value; 400 for a refiner it lacks), one log
@@ -702,11 +707,11 @@ def router(requests: Service, flags: dict, loras, owner_of: Callable) -> APIRout
         warnings = ignored_warnings(body, await get_options())
 
         def make_call():
-            call = to_call(body)
+            to_call(body)  # the body's own refusals (sampler, styles, batch) before the hires fix's
             first = (body.width or engine.limits.default_size[0], body.height or engine.limits.default_size[1])
             hires, more = hires_fields(body, *first, body.steps or engine.limits.default_steps)
             fields = {**hires, **refiner_fields(body, engine)}
-            return (dataclasses.replace(call, extra=Extra(fields)) if fields else call), more
+            return to_call(body, **fields), more
 
         return await answer("txt2img", body, request, make_call, warnings, body.model_dump())
 

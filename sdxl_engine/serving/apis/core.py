@@ -1,22 +1,12 @@
-"""One generation for every protocol: the page's checks, then the request service.
+"""What every protocol front shares: its request built by keyword (:func:`request_of`: service.request.to_request
+with the protocol's field names), checked at the door (:func:`check`), queued as a job of its owner
+(:func:`submit`, :func:`owner_of`), awaited (:func:`finished`: a client that leaves stops it) and its failure turned
+into the protocol's status (:func:`job_error`, :func:`refused_field`); :func:`generate` does all of it for a
+front that answers when the images are made (A1111, OpenAI). The service (sdxl_engine/service) runs the engine
+calls; a request of more images than one call makes runs further calls, the seeds following on.
 
-A protocol route (a1111.py, openai_images.py) turns its request into a :class:`Call` (the
-``/generate`` inputs plus how many images), and :func:`generate` runs it:
-
-1. waits for the engine's start (as the page's requests do), then builds the engine's request as the
-   page's calls do (handler.build_request: the style applied) and validates it (validation.validate),
-   so a bad value is refused before it takes a place, with the page's message (:class:`ApiError`,
-   400); the first engine call runs that request, which nothing validates again;
-2. takes a place in the request service (service.RequestService.admitted: the per-client cap,
-   counted with the client's Gradio calls; refused while the server shuts down), then runs each
-   engine call through the service (service.RequestService.run: the same handler,
-   handler.handle_generate, in one of the same slots as the page's calls, in order of arrival);
-3. takes the PNGs the handler made (with their A1111 ``parameters`` chunk) from memory and its
-   info record. More images than one engine call makes run as further calls, one after another,
-   with the seeds following on.
-
-No answer carries a server path: the PNGs travel as bytes, and a URL (openai_images.py) names
-an opaque token (:class:`FileTokens`).
+No answer carries a server path: the PNGs travel as bytes (encoded once, by the service), and a URL
+(openai_images.py) names an opaque token (:class:`FileTokens`).
 """
 
 from __future__ import annotations
@@ -34,11 +24,9 @@ from pathlib import Path
 from sdxl_engine.engine.contract import EngineContract
 from sdxl_engine.engine.errors import CompilesBusy, EngineNotReady, GenerationError, InvalidRequest
 from sdxl_engine.engine.validation import validate
-from sdxl_engine.service.image_prep import PasteBack
 from sdxl_engine.service.jobs import FAILED, Job
 from sdxl_engine.service.request import MAX_CALLS, Request, to_request
 from sdxl_engine.service.service import Refused, Service
-from sdxl_engine.service.styles import NO_STYLE
 from sdxl_engine.serving import admission, guard
 from sdxl_engine.serving.apis.errors import ApiError
 
@@ -55,46 +43,6 @@ class Interrupted(ApiError):
         super().__init__(409, message)
 
 
-
-
-@dataclasses.dataclass(frozen=True)
-class Extra:
-    """What a protocol request asks beyond ``/generate``'s values: ``fields``, GenerateRequest keyword fields
-    (``image``, ``mask``, ``strength``, ``start_step``, ``refiner_switch_at``, ``hires_*``), validated by the engine
-    as any request's; ``finish``: None, or the image_prep.PasteBack that makes the answer's images (A1111's
-    overlay outside an inpainting mask); ``params``: more A1111 infotext entries (``Mask blur``...)."""
-
-    fields: dict = dataclasses.field(default_factory=dict)
-    finish: PasteBack | None = None
-    params: dict = dataclasses.field(default_factory=dict)
-
-
-@dataclasses.dataclass(frozen=True)
-class Call:
-    """One protocol request in ``/generate``'s terms (app.py's inputs; None = the engine's default).
-
-    ``images``: how many images the client asked for, 1 to :data:`MAX_CALLS` x the engine's batch;
-    0 = one engine call's batch. ``field_names`` maps a ``/generate`` input to the protocol's own
-    field name, so refusals name the field the client sent (``steps``, not ``num_inference_steps``).
-    """
-
-    prompt: object
-    negative_prompt: object = ""
-    seed: object = -1
-    guidance_scale: object = None
-    num_inference_steps: object = None
-    width: object = None
-    height: object = None
-    style: str | None = NO_STYLE
-    sampler: object = None
-    images: int = 0
-    field_names: tuple[tuple[str, str], ...] = ()
-    extra: Extra | None = None  # image to image, hires fix, refiner
-
-    def field(self, name: str) -> str:
-        """The protocol's name of the ``/generate`` input ``name`` (``width/height`` maps each side)."""
-        names = dict(self.field_names)
-        return "/".join(dict.fromkeys(names.get(part, part) for part in name.split("/")))  # size/size -> size
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,20 +87,22 @@ async def wait_started(engine: EngineContract, poll_s: float = 0.25) -> None:
         await asyncio.sleep(poll_s)
 
 
-def to_service_request(call: Call, client: str) -> Request:
-    """The service's request (service/request.py) for a protocol's ``call``: its values by name, its image fields,
-    paste-back and infotext entries (``call.extra``), its field names for refusals."""
-    extra = call.extra or Extra()
-    values = {name: getattr(call, name) for name in ("prompt", "negative_prompt", "seed", "guidance_scale",
-                                                     "num_inference_steps", "width", "height", "style", "sampler")}
-    return to_request(**values, images=call.images, client=client, paste_back=extra.finish,
-                      parameters=extra.params, field_names=dict(call.field_names), **extra.fields)
+def request_of(field_names: tuple[tuple[str, str], ...] = (), **values) -> Request:
+    """service.request.to_request for a protocol's ``values`` (by ``/generate``'s names), with the protocol's
+    ``field_names`` (``(("num_inference_steps", "steps"), ...)``) so that refusals name the fields its client sent.
+
+    Raises ApiError 400: an unknown style, under the protocol's name of the field."""
+    try:
+        return to_request(**values, field_names=dict(field_names))
+    except InvalidRequest as err:
+        raise ApiError(400, f"{dict(field_names).get(err.field, err.field)}: {err.message}",
+                       dict(field_names).get(err.field, err.field)) from None
 
 
-def check(engine: EngineContract, call: Call, client: str = "") -> Request:
-    """Refuse ``call`` as the service would, before anything is queued; the engine must have started. Returns the
-    service's request for it (:func:`to_service_request`), its engine request validated (the service does not
-    validate it again), ``client`` its client address.
+def check(engine: EngineContract, asked: Request, client: str = "") -> Request:
+    """Refuse ``asked`` as the service would, before anything is queued; the engine must have started. Returns it
+    for ``client`` (its address: the engine's per-client compile limit), its engine request validated (the service
+    does not validate it again).
 
     Raises:
         ApiError: 503 the engine failed to start; 400 an unknown style, a value the engine's validation refuses
@@ -161,18 +111,19 @@ def check(engine: EngineContract, call: Call, client: str = "") -> Request:
     if engine.error is not None:
         raise ApiError(503, f"the engine failed to start: {engine.error}")
     batch = engine_batch(engine)
-    if not 0 <= call.images <= MAX_CALLS * batch:
-        raise ApiError(400, f"{call.field('images')}: this server makes 1 to {MAX_CALLS * batch} images per request "
-                            f"({MAX_CALLS} engine calls of {batch}), got {call.images}", call.field("images"))
+    if not 0 <= asked.images <= MAX_CALLS * batch:
+        raise ApiError(400, f"{asked.field('images')}: this server makes 1 to {MAX_CALLS * batch} images per "
+                            f"request ({MAX_CALLS} engine calls of {batch}), got {asked.images}", asked.field("images"))
     try:
-        asked = to_service_request(call, client)
-        return dataclasses.replace(asked, engine=validate(asked.engine, engine.limits))
+        return dataclasses.replace(asked, engine=validate(dataclasses.replace(asked.engine, client=client),
+                                                          engine.limits))
     except InvalidRequest as err:
-        raise refused_field(err, call) from None
+        raise refused_field(err, asked) from None
 
 
-async def submit(requests: Service, request, call: Call, front: str, owner: str, job_id: str | None = None) -> Job:
-    """Queue ``call`` in the service for ``owner`` (core.owner_of) from ``front``; ``request`` is the route's
+async def submit(requests: Service, request, asked: Request, front: str, owner: str,
+                 job_id: str | None = None) -> Job:
+    """Queue ``asked`` in the service for ``owner`` (core.owner_of) from ``front``; ``request`` is the route's
     Starlette request (its client address and arrival time).
 
     Raises ApiError: 503 the engine failed to start, or the service is shutting down or full; 429 over the
@@ -182,14 +133,13 @@ async def submit(requests: Service, request, call: Call, front: str, owner: str,
     await wait_started(engine)
     client = admission.client_address(request)
     try:
-        asked = check(engine, call, client)
-        return requests.submit(asked, owner=owner, front=front, job_id=job_id, client=client,
+        return requests.submit(check(engine, asked, client), owner=owner, front=front, job_id=job_id, client=client,
                                arrived=guard.arrival_time(request))
     except ApiError as err:
         LOG.info(f"[app] request refused: {err.message}")
         raise
     except InvalidRequest as err:  # the job id (A1111's force_task_id) in use
-        refusal = refused_field(err, call)
+        refusal = refused_field(err, asked)
         LOG.info(f"[app] request refused: {refusal.message}")
         raise refusal from None
     except Refused as err:
@@ -209,7 +159,7 @@ async def finished(requests: Service, job: Job, request=None) -> Job:
     return job
 
 
-def job_error(job: Job, call: Call | None = None) -> ApiError:
+def job_error(job: Job, asked: Request | None = None) -> ApiError:
     """The protocol's answer to a job that failed: 429 busy compiling (retry in 30 s), 400 a value the engine
     refused (its field under the protocol's name: the size or steps a run cannot take, engine/memory.py and
     durations.py), 503 the engine not ready, else 500 (the details are in the server log only)."""
@@ -217,7 +167,7 @@ def job_error(job: Job, call: Call | None = None) -> ApiError:
     if isinstance(err, CompilesBusy):
         return ApiError(429, str(err), headers={"Retry-After": "30"})
     if isinstance(err, InvalidRequest):
-        return refused_field(err, call) if call is not None else ApiError(400, str(err), err.field)
+        return refused_field(err, asked) if asked is not None else ApiError(400, str(err), err.field)
     if isinstance(err, EngineNotReady):
         return ApiError(503, str(err))
     if isinstance(err, GenerationError):
@@ -226,28 +176,28 @@ def job_error(job: Job, call: Call | None = None) -> ApiError:
                          "Please retry.")
 
 
-async def generate(requests: Service, request, call: Call, front: str, owner: str,
+async def generate(requests: Service, request, asked: Request, front: str, owner: str,
                    job_id: str | None = None) -> Generated:
-    """Run ``call`` as one job of ``owner`` (see the module docstring) and wait for it; ``request`` is the route's
+    """Run ``asked`` as one job of ``owner`` (see the module docstring) and wait for it; ``request`` is the route's
     Starlette request (its client address, arrival time and connection).
 
     Raises:
         ApiError: :func:`submit`'s refusals; :class:`Interrupted` (409) when the request was stopped before it
             made any image; :func:`job_error`'s when it failed.
     """
-    job = await finished(requests, await submit(requests, request, call, front, owner, job_id), request)
+    job = await finished(requests, await submit(requests, request, asked, front, owner, job_id), request)
     if job.status == FAILED:
-        raise job_error(job, call)
+        raise job_error(job, asked)
     if job.result is None:  # cancelled before any image was made
         raise Interrupted(job.stopped or "the request was stopped")
     made = job.result
     return Generated(made.pngs, made.seeds, made.info, made.stems, made.stopped)
 
 
-def refused_field(err: InvalidRequest, call: Call) -> ApiError:
+def refused_field(err: InvalidRequest, asked: Request) -> ApiError:
     """The 400 of a value the engine refused, its field under the name the protocol's client sent (``steps``, not
     ``num_inference_steps``): before the call (check) or when the engine weighed what it would cost."""
-    field = call.field(err.field)
+    field = asked.field(err.field)
     return ApiError(400, f"{field}: {err.message}", field)
 
 

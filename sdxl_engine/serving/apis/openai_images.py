@@ -58,17 +58,17 @@ from starlette.requests import ClientDisconnect
 from sdxl_engine.engine.validation import DEFAULT_STRENGTH, InvalidRequest, Limits, size_of
 from sdxl_engine.service.delivery import write_served
 from sdxl_engine.service.image_prep import overlay
+from sdxl_engine.service.request import Request as ServiceRequest
 from sdxl_engine.service.service import Service
 from sdxl_engine.serving.apis.core import (
     ApiError,
-    Call,
-    Extra,
     FileTokens,
     Generated,
     generate,
     model_name,
     read_json,
     refused_field,
+    request_of,
     wait_started,
 )
 from sdxl_engine.serving.apis.uploads import open_image
@@ -169,20 +169,18 @@ TOP_QUALITY = ("hd", "high")  # OpenAI's best quality (DALL-E 3's hd, GPT image'
 REFINER_SWITCH = 0.8  # the refiner's share: the last 20 % of the steps (diffusers' and A1111's usual switch)
 
 
-def with_quality(call: Call, answer: Answer, refiner: bool) -> tuple[Call, Answer]:
-    """(call, answer) with OpenAI's top ``quality`` (:data:`TOP_QUALITY`, ``answer.top_quality``) served: the
+def with_quality(call: ServiceRequest, answer: Answer, refiner: bool) -> tuple[ServiceRequest, Answer]:
+    """(request, answer) with OpenAI's top ``quality`` (:data:`TOP_QUALITY`, ``answer.top_quality``) served: the
     base model and the loaded refiner as an ensemble (``refiner_switch_at`` :data:`REFINER_SWITCH`, kept beside
     any image fields of an edit) when ``refiner`` (the engine has one, validation.Limits.refiner); without one a
     warning (:func:`ignored`'s kind) says it was not honoured. Any other quality: unchanged."""
-    if not answer.top_quality or (call.extra is not None and "refiner_switch_at" in call.extra.fields):
+    if not answer.top_quality or call.engine.refiner_switch_at is not None:
         return call, answer  # another quality, or the client's own refiner_switch_at
     if not refiner:
         why = (f"quality={_short(answer.top_quality)} ignored: no refiner is loaded here to refine with (the server "
                "runs one with --refiner)")
         return call, dataclasses.replace(answer, warnings=(*answer.warnings, why))
-    extra = call.extra or Extra()
-    extra = dataclasses.replace(extra, fields={**extra.fields, "refiner_switch_at": REFINER_SWITCH})
-    return dataclasses.replace(call, extra=extra), answer
+    return dataclasses.replace(call, engine=dataclasses.replace(call.engine, refiner_switch_at=REFINER_SWITCH)), answer
 
 
 def _short(value) -> str:
@@ -203,8 +201,8 @@ def _whole(body: dict, name: str, default: int, lo: int, hi: int) -> int:
     return value
 
 
-def to_call(body, model_id: str) -> tuple[Call, Answer]:
-    """(the ``/generate`` call, how to answer) for a generations body (a JSON object).
+def to_call(body, model_id: str) -> tuple[ServiceRequest, Answer]:
+    """(the service's request, how to answer) for a generations body (a JSON object).
 
     Raises ApiError: 400 a missing/non-text prompt, a bad ``n``/``size``/``response_format``/
     ``output_format``/``output_compression``/``stream``/``partial_images``, ``url`` asked of a GPT image
@@ -249,8 +247,7 @@ def to_call(body, model_id: str) -> tuple[Call, Answer]:
                             f"for {'a stream' if stream else output + ' images'}", field)
     width, height = parse_size(body.get("size")) or (None, None)
     fields = {name: body[name] for name in EXTENSIONS if body.get(name) is not None}
-    call = Call(prompt=body["prompt"], width=width, height=height, images=n, field_names=FIELD_NAMES,
-                extra=Extra(fields=fields) if fields else None)
+    call = request_of(FIELD_NAMES, prompt=body["prompt"], width=width, height=height, images=n, **fields)
     return call, Answer(fmt, output, compression, bool(stream), ignored(body),
                         top_quality=body["quality"] if body.get("quality") in TOP_QUALITY else None)
 
@@ -319,8 +316,8 @@ async def read_form(request: Request) -> FormData:
         raise ApiError(400, f"the multipart form could not be read: {err.message}") from None
 
 
-def edit_form(form: FormData, model_id: str) -> tuple[Call, Answer, EditUpload]:
-    """(the ``/generate`` call without its image, how to answer, the files) for an edits form.
+def edit_form(form: FormData, model_id: str) -> tuple[ServiceRequest, Answer, EditUpload]:
+    """(the service's request without its image, how to answer, the files) for an edits form.
 
     Text fields are read as generations' JSON fields (:func:`to_call`: every check and refusal is its): ``n``,
     ``output_compression`` and ``partial_images`` as whole numbers, ``stream`` ``true``/``false``; an empty
@@ -394,20 +391,21 @@ def _read(upload: UploadFile) -> bytes:
     return upload.file.read()
 
 
-def edit_call(call: Call, upload: EditUpload, limits: Limits) -> Call:
+def edit_call(call: ServiceRequest, upload: EditUpload, limits: Limits) -> ServiceRequest:
     """``call`` (from :func:`edit_form`) with its image: the uploaded image, decoded by uploads.open_image and
     resized with Pillow's Lanczos to the request's size (``size``, or ``limits.default_size``), since the engine
-    makes only sizes of its own; and its mask, if one came (:func:`edit_mask`). The call's ``extra`` carries
+    makes only sizes of its own; and its mask, if one came (:func:`edit_mask`). Its engine request carries
     ``image`` (H, W, 3) uint8, ``strength`` (the form's; else :data:`MASK_STRENGTH` with a mask,
-    validation.DEFAULT_STRENGTH without) and with a mask ``mask`` (H, W) uint8 (255 = repaint) and the
-    overlay (the resized image, alpha 1.0 where repainted, 0.0 elsewhere: every pixel outside the mask stays
-    the image's). Blocking (decoding, resizing): run it in a thread.
+    validation.DEFAULT_STRENGTH without) and with a mask ``mask`` (H, W) uint8 (255 = repaint); its
+    ``paste_back`` the overlay (the resized image, alpha 1.0 where repainted, 0.0 elsewhere: every pixel outside
+    the mask stays the image's). Blocking (decoding, resizing): run it in a thread.
 
     Raises ApiError 400: a size the engine does not make (param ``size``, the engine's message); uploads'
     refusals naming ``image`` or ``mask``; :func:`edit_mask`'s.
     """
     try:
-        width, height = size_of(call.width or limits.default_size[0], call.height or limits.default_size[1], limits)
+        width, height = size_of(call.engine.width or limits.default_size[0],
+                                call.engine.height or limits.default_size[1], limits)
     except InvalidRequest as err:
         raise refused_field(err, call) from None
     image = open_image(upload.image, "image", "RGB")
@@ -416,15 +414,13 @@ def edit_call(call: Call, upload: EditUpload, limits: Limits) -> Call:
     if image.size != (width, height):
         image = image.resize((width, height), Image.Resampling.LANCZOS)
     pixels = np.asarray(image, dtype=np.uint8)  # (H, W, 3)
-    asked = call.extra.fields if call.extra is not None else {}  # with_quality's refiner
     if repaint is None:
         strength = DEFAULT_STRENGTH if upload.strength is None else upload.strength
-        extra = Extra(fields={**asked, "image": pixels, "strength": strength})
-    else:
-        strength = MASK_STRENGTH if upload.strength is None else upload.strength
-        extra = Extra(fields={**asked, "image": pixels, "mask": repaint, "strength": strength},
-                      finish=overlay(pixels, (repaint == 255).astype(np.float32)))
-    return dataclasses.replace(call, width=width, height=height, extra=extra)
+        engine = dataclasses.replace(call.engine, width=width, height=height, image=pixels, strength=strength)
+        return dataclasses.replace(call, engine=engine)
+    strength = MASK_STRENGTH if upload.strength is None else upload.strength
+    engine = dataclasses.replace(call.engine, width=width, height=height, image=pixels, mask=repaint, strength=strength)
+    return dataclasses.replace(call, engine=engine, paste_back=overlay(pixels, (repaint == 255).astype(np.float32)))
 
 
 def edit_mask(mask: Image.Image, image_size: tuple[int, int], size: tuple[int, int]) -> np.ndarray:
@@ -540,7 +536,8 @@ def router(requests: Service, tokens: FileTokens, owner_of: Callable, files_dir:
     return api
 
 
-async def _generate(requests: Service, request: Request, call: Call, answer: Answer, owner: str) -> Generated:
+async def _generate(requests: Service, request: Request, call: ServiceRequest, answer: Answer,
+                    owner: str) -> Generated:
     """core.generate for a route's call, after one log line naming the fields it does not honour."""
     if answer.warnings:
         LOG.info(f"[app] OpenAI images: {len(answer.warnings)} field(s) not honoured: {'; '.join(answer.warnings)}")

@@ -7,6 +7,7 @@ from PIL import Image, ImageDraw
 from scipy.ndimage import gaussian_filter1d
 
 from sdxl_engine.service import image_prep as ai
+from tests.helpers import extra_fields
 
 
 @pytest.mark.parametrize("strength, steps, start", [
@@ -155,12 +156,12 @@ def test_mask_round_off_sends_the_blurred_mask_soft():
                 mask=b64(Image.fromarray(mask)), mask_blur=4, inpaint_full_res=False, width=64, height=64)
     for mask_round, soft in ((True, False), (False, True)):
         call, _ = img2img_call(Img2Img(**body, mask_round=mask_round), engine)
-        fields = call.extra.fields
+        fields = extra_fields(call)
         assert fields["soft_mask"] is soft
         grey = fields["mask"]
         assert ((grey > 0) & (grey < 255)).any() and grey[32, 32] == 255 and grey[0, 0] == 0
     call, _ = img2img_call(Img2Img(**{**body, "mask": None}), engine)
-    assert "soft_mask" not in call.extra.fields
+    assert "soft_mask" not in extra_fields(call)
 
 
 def test_denoising_strength_0_runs_one_step_and_says_0_as_a1111():
@@ -181,8 +182,8 @@ def test_denoising_strength_0_runs_one_step_and_says_0_as_a1111():
     body = Img2Img(prompt="x", init_images=[base64.b64encode(out.getvalue()).decode()], denoising_strength=0,
                    steps=4, width=64, height=64)
     call, _ = img2img_call(body, engine)
-    assert call.extra.fields["strength"] is None and call.extra.fields["start_step"] == 3
-    assert call.extra.params["Denoising strength"] == 0
+    assert call.engine.strength is None and extra_fields(call)["start_step"] == 3
+    assert call.parameters["Denoising strength"] == 0
     info = {"sampler": "Euler", "prompt": "x", "negative_prompt": "", "width": 64, "height": 64, "guidance_scale": 5,
             "num_inference_steps": 4, "model": "m", "latency_s": 1.0, "warnings": [], "strength": None}
     assert info_record(body, info, [1], [""])["denoising_strength"] == 0
@@ -237,7 +238,7 @@ def test_inpainting_fill_2_and_3_pre_fill_the_hole_as_0_does(mode, name):
     # through A1111's route: the image field is the filled one, and 2 and 3 say they ran as 0
     call, warnings = _img2img_call(init_images=[_b64_png(image)], mask=_b64_png(mask), inpainting_fill=mode,
                                    mask_blur=0, inpaint_full_res=False, width=48, height=32)
-    assert np.array_equal(call.extra.fields["image"], expected)
+    assert np.array_equal(extra_fields(call)["image"], expected)
     said = [w for w in warnings if w.startswith("inpainting_fill=")]
     assert said == ([] if mode == 0 else [f"inpainting_fill={mode} ({name}) runs as 0 (fill) here: the masked area "
                                          "is pre-filled with the colours around it, and its latents are not replaced"])
@@ -261,12 +262,12 @@ def test_mask_blur_x_blurs_along_x_and_mask_blur_y_along_y():
     for fields in (dict(mask_blur_x=6, mask_blur_y=1), dict(mask_blur_x=6, mask_blur_y=1, mask_blur=None)):
         call, _ = _img2img_call(init_images=[_b64_png(image)], mask=_b64_png(mask), inpainting_fill=1,
                                 inpaint_full_res=False, width=64, height=40, **fields)
-        assert np.array_equal(call.extra.fields["mask"], expected)
-        assert call.extra.params["Mask blur"] == "6x1"
+        assert np.array_equal(extra_fields(call)["mask"], expected)
+        assert call.parameters["Mask blur"] == "6x1"
     call, _ = _img2img_call(init_images=[_b64_png(image)], mask=_b64_png(mask), inpainting_fill=1, mask_blur=2,
                             mask_blur_x=6, mask_blur_y=1, inpaint_full_res=False, width=64, height=40)
     both = ai.gaussian_blur_1d(ai.gaussian_blur_1d(m, 2, axis=1), 2, axis=0)
-    assert np.array_equal(call.extra.fields["mask"], both) and call.extra.params["Mask blur"] == "2"
+    assert np.array_equal(extra_fields(call)["mask"], both) and call.parameters["Mask blur"] == "2"
 
 
 def test_the_default_denoising_strength_is_a1111s_0_75():
@@ -274,7 +275,7 @@ def test_the_default_denoising_strength_is_a1111s_0_75():
     step 4); the engine gets strength 0.75."""
     call, _ = _img2img_call(init_images=[_b64_png(Image.new("RGB", (64, 64), (1, 2, 3)))], steps=20, width=64,
                             height=64)
-    assert call.extra.fields["strength"] == 0.75 and call.extra.fields["start_step"] == 4
+    assert extra_fields(call)["strength"] == 0.75 and extra_fields(call)["start_step"] == 4
 
 
 def test_an_init_image_or_mask_over_the_per_image_limit_is_refused_naming_it():
@@ -300,4 +301,4 @@ def test_an_init_image_or_mask_over_the_per_image_limit_is_refused_naming_it():
         assert (err.value.status, err.value.param, err.value.message) == (
             400, field, f"{field}: the image is over 16 MiB")
     call, _ = _img2img_call(init_images=[base64.b64encode(over[:MAX_IMAGE_BYTES]).decode()], width=64, height=48)
-    assert call.extra.fields["image"].shape == (48, 64, 3) and (call.extra.fields["image"] == 90).all()
+    assert extra_fields(call)["image"].shape == (48, 64, 3) and (extra_fields(call)["image"] == 90).all()

@@ -18,7 +18,7 @@ from sdxl_engine.engine.steps import StepEvent, Stopped
 from sdxl_engine.engine.validation import InvalidRequest, Limits
 from sdxl_engine.service.service import Service
 from sdxl_engine.serving.apis import core
-from sdxl_engine.serving.apis.core import Call, Interrupted
+from sdxl_engine.serving.apis.core import Interrupted, request_of
 
 LIMITS = Limits(max_seed=2**32 - 1, max_steps=50, sizes=((64, 64),), default_size=(64, 64), default_steps=8,
                 default_guidance=5.0, multiple=16, default_sampler="Euler")
@@ -85,7 +85,7 @@ def nothing(service, job):
 
 def test_every_call_of_a_request_runs_in_its_one_job(tmp_path):
     service, calls = scripted_service([nothing] * 4)
-    made = run(service, Call("a red circle", seed=10, images=10))
+    made = run(service, request_of(prompt="a red circle", seed=10, images=10))
     assert [c[0] for c in calls] == [10, 14, 18]
     assert made.seeds == list(range(10, 20)) and made.stopped is None  # the last call's first 2 images
     # each image's PNG is the one its call made for its seed, in order
@@ -101,7 +101,7 @@ def test_the_first_call_runs_the_checked_request_and_nothing_validates_it_again(
     from sdxl_engine.engine.validation import validate
 
     service, calls = scripted_service([nothing] * 2)
-    run(service, Call("a red circle", seed=10, images=8, style="Cinematic", num_inference_steps=3))
+    run(service, request_of(prompt="a red circle", seed=10, images=8, style="Cinematic", num_inference_steps=3))
     first = calls[0][1]
     assert first.seed == 10 and first.num_inference_steps == 3 and first.client == "10.1.2.3"
     assert first.prompt.startswith("cinematic still a red circle") and first.validated_for == LIMITS
@@ -116,7 +116,7 @@ def test_the_first_call_runs_the_checked_request_and_nothing_validates_it_again(
 
 def test_an_interrupt_in_a_later_call_answers_the_finished_calls_images(tmp_path):
     service, calls = scripted_service([nothing, interrupt, nothing, nothing])
-    made = run(service, Call("a red circle", seed=10, images=16))
+    made = run(service, request_of(prompt="a red circle", seed=10, images=16))
     assert len(calls) == 2  # no call after the interrupt
     assert made.seeds == [10, 11, 12, 13] and len(made.pngs) == 4
     assert made.stopped == "the request was stopped after step 3 of 8" and made.info["seeds"] == [10, 11, 12, 13]
@@ -124,7 +124,7 @@ def test_an_interrupt_in_a_later_call_answers_the_finished_calls_images(tmp_path
 
 def test_a_skip_drops_the_running_call_only_and_the_seeds_follow_on(tmp_path):
     service, calls = scripted_service([nothing, skip, nothing])
-    made = run(service, Call("a red circle", seed=10, images=12))
+    made = run(service, request_of(prompt="a red circle", seed=10, images=12))
     assert [c[0] for c in calls] == [10, 14, 18]
     assert made.seeds == [10, 11, 12, 13, 18, 19, 20, 21] and made.stopped.startswith("the request was stopped")
 
@@ -132,7 +132,7 @@ def test_a_skip_drops_the_running_call_only_and_the_seeds_follow_on(tmp_path):
 def test_an_interrupt_before_any_image_is_interrupted(tmp_path):
     service, _ = scripted_service([interrupt] + [nothing] * 3)
     with pytest.raises(Interrupted, match="^the request was stopped after step 3 of 8$"):
-        run(service, Call("a red circle", seed=10, images=16))
+        run(service, request_of(prompt="a red circle", seed=10, images=16))
     assert [job.status for job in service.jobs(OWNER)] == ["cancelled"]
 
 
@@ -143,7 +143,7 @@ def test_another_owners_stop_reaches_nothing(tmp_path):
             service.stop(theirs)
 
     service, _ = scripted_service([other, nothing])
-    made = run(service, Call("a red circle", seed=1, images=8))
+    made = run(service, request_of(prompt="a red circle", seed=1, images=8))
     assert made.seeds == list(range(1, 9)) and made.stopped is None
 
 
@@ -161,7 +161,7 @@ def test_the_engines_typed_error_reaches_the_protocol_as_its_status(tmp_path):
 
         service, _ = scripted_service([fail])
         with pytest.raises(core.ApiError) as err:
-            run(service, Call("a red circle", seed=1, field_names=(("sampler", "sampler_name"),)))
+            run(service, request_of((("sampler", "sampler_name"),), prompt="a red circle", seed=1))
         assert err.value.status == status and not isinstance(err.value, Interrupted)
         assert err.value.message == (message or "the engine failed on this request (RuntimeError); it is logged on "
                                                 "the server. Please retry.")
@@ -175,21 +175,23 @@ def test_a_client_over_its_limit_or_a_closing_server_is_refused_before_anything_
 
     release = threading.Event()
     service, calls = scripted_service([lambda service, job: release.wait(10)] + [nothing] * 4, limit=2)
-    held = [service.submit(to_request(prompt="x", seed=100), owner="10.1.2.3", front="page") for _ in range(2)]
+    held = [service.submit(to_request(prompt="x", seed=100), owner="10.1.2.3", front="page")
+            for _ in range(2)]
     while not calls:  # the first is running (held by the script), the second waits in line
         threading.Event().wait(0.01)
     try:
         with pytest.raises(core.ApiError) as over:
-            run(service, Call("a red circle", seed=1))
+            run(service, request_of(prompt="a red circle", seed=1))
         assert over.value.status == 429 and "max_requests_per_client = 2" in over.value.message
         assert over.value.headers == {"Retry-After": "5"} and [seed for seed, _ in calls] == [100]
     finally:
         release.set()
-    assert run(service, Call("a red circle", seed=1), host="10.7.7.7").seeds == [1, 2, 3, 4]  # another address
+    other = run(service, request_of(prompt="a red circle", seed=1), host="10.7.7.7")  # another address: served
+    assert other.seeds == [1, 2, 3, 4]
     assert all(job.status == "succeeded" for job in held)
     service.close()
     with pytest.raises(core.ApiError) as closing:
-        run(service, Call("a red circle", seed=1), host="10.7.7.7")
+        run(service, request_of(prompt="a red circle", seed=1), host="10.7.7.7")
     assert closing.value.status == 503 and closing.value.message == "the server is shutting down; retry in a minute"
 
 
@@ -213,5 +215,6 @@ def test_a_client_that_leaves_during_a_call_gets_no_further_calls(tmp_path):
 
     request.is_disconnected = is_disconnected
     with pytest.raises(Interrupted):
-        asyncio.run(core.generate(service, request, Call("a red circle", seed=10, images=12), "a1111", OWNER))
+        asked = request_of(prompt="a red circle", seed=10, images=12)
+        asyncio.run(core.generate(service, request, asked, "a1111", OWNER))
     assert [c[0] for c in calls] == [10] and [job.status for job in service.jobs(OWNER)] == ["cancelled"]

@@ -15,7 +15,7 @@ import pytest
 from PIL import Image, PngImagePlugin
 
 from sdxl_engine.engine.validation import DEFAULT_STRENGTH, Limits
-from sdxl_engine.serving.apis.core import ApiError, Call
+from sdxl_engine.serving.apis.core import ApiError, request_of
 from sdxl_engine.serving.apis.openai_images import (
     FIELD_NAMES,
     MASK_STRENGTH,
@@ -24,6 +24,7 @@ from sdxl_engine.serving.apis.openai_images import (
     edit_mask,
     read_form,
 )
+from tests.helpers import extra_fields
 
 LIMITS = Limits(max_seed=2**32 - 1, max_steps=50, sizes=((64, 64), (80, 48)), default_size=(64, 64),
                 default_steps=8, default_guidance=5.0, multiple=16, default_sampler="Euler", max_pixels=128 * 128)
@@ -55,36 +56,36 @@ def hole_mask(width: int, height: int, box: tuple[int, int, int, int]) -> Image.
 
 def test_an_image_of_the_requests_size_reaches_the_engine_unchanged_for_img2img_at_the_default_strength():
     pixels = noise(64, 64)
-    call = edit_call(Call(prompt="x", field_names=FIELD_NAMES), EditUpload(png(Image.fromarray(pixels))), LIMITS)
-    assert (call.width, call.height) == (64, 64)  # the engine's default size (size left out)
-    assert set(call.extra.fields) == {"image", "strength"} and call.extra.finish is None
-    assert call.extra.fields["strength"] == DEFAULT_STRENGTH == 0.75
-    assert call.extra.fields["image"].dtype == np.uint8 and np.array_equal(call.extra.fields["image"], pixels)
+    call = edit_call(request_of(FIELD_NAMES, prompt="x"), EditUpload(png(Image.fromarray(pixels))), LIMITS)
+    assert (call.engine.width, call.engine.height) == (64, 64)  # the engine's default size (size left out)
+    assert set(extra_fields(call)) == {"image", "strength"} and call.paste_back is None
+    assert extra_fields(call)["strength"] == DEFAULT_STRENGTH == 0.75
+    assert extra_fields(call)["image"].dtype == np.uint8 and np.array_equal(extra_fields(call)["image"], pixels)
 
 
 def test_the_image_is_resized_with_lanczos_to_the_requested_size_and_strength_is_the_forms():
     pixels = noise(100, 60)
-    call = edit_call(Call(prompt="x", width=80, height=48, field_names=FIELD_NAMES),
+    call = edit_call(request_of(FIELD_NAMES, prompt="x", width=80, height=48),
                      EditUpload(png(Image.fromarray(pixels)), strength=0.3), LIMITS)
     expected = np.asarray(Image.fromarray(pixels).resize((80, 48), Image.Resampling.LANCZOS))
-    assert call.extra.fields["image"].shape == (48, 80, 3)
-    assert np.array_equal(call.extra.fields["image"], expected)
+    assert extra_fields(call)["image"].shape == (48, 80, 3)
+    assert np.array_equal(extra_fields(call)["image"], expected)
     assert not np.array_equal(expected, np.asarray(Image.fromarray(pixels).resize((80, 48), Image.Resampling.BILINEAR)))
-    assert call.extra.fields["strength"] == 0.3
+    assert extra_fields(call)["strength"] == 0.3
 
 
 def test_a_mask_marks_its_transparent_pixels_for_repainting_and_the_overlay_keeps_the_others():
     pixels = noise(64, 64)
     mask = hole_mask(64, 64, (16, 8, 40, 32))
-    call = edit_call(Call(prompt="x", field_names=FIELD_NAMES), EditUpload(png(Image.fromarray(pixels)), png(mask)),
+    call = edit_call(request_of(FIELD_NAMES, prompt="x"), EditUpload(png(Image.fromarray(pixels)), png(mask)),
                      LIMITS)
-    fields = call.extra.fields
+    fields = extra_fields(call)
     expected = np.zeros((64, 64), np.uint8)
     expected[8:32, 16:40] = 255
     assert fields["mask"].dtype == np.uint8 and np.array_equal(fields["mask"], expected)
     assert fields["strength"] == MASK_STRENGTH == 1.0
     results = noise(64, 64, 7)[None].repeat(2, axis=0)  # what the engine made, for two images
-    finished = call.extra.finish.apply(results)
+    finished = call.paste_back.apply(results)
     edited = expected == 255  # where edited: the result; elsewhere: the image
     assert np.array_equal(finished[:, edited], results[:, edited])
     assert np.array_equal(finished[:, ~edited], np.broadcast_to(pixels[~edited], finished[:, ~edited].shape))
@@ -116,14 +117,14 @@ def test_a_palette_mask_with_a_transparent_colour_counts_as_alpha():
 ])
 def test_mask_refusals_name_the_mask(mask, message):
     with pytest.raises(ApiError) as err:
-        edit_call(Call(prompt="x", field_names=FIELD_NAMES),
+        edit_call(request_of(FIELD_NAMES, prompt="x"),
                   EditUpload(png(Image.fromarray(noise(64, 64))), png(mask)), LIMITS)
     assert (err.value.status, err.value.param) == (400, "mask") and err.value.message.startswith(message)
 
 
 def test_a_size_the_engine_does_not_make_is_refused_naming_size_before_any_decoding():
     with pytest.raises(ApiError) as err:  # the image is not even an image: the size is checked first
-        edit_call(Call(prompt="x", width=72, height=64, field_names=FIELD_NAMES), EditUpload(b"not an image"), LIMITS)
+        edit_call(request_of(FIELD_NAMES, prompt="x", width=72, height=64), EditUpload(b"not an image"), LIMITS)
     assert err.value.param == "size" and err.value.message.startswith("size: 72 is not a multiple of 16 pixels")
 
 
@@ -135,8 +136,9 @@ def served(monkeypatch, tmp_path, runtime_log):
     from tests.helpers import mounted_apis
 
     return mounted_apis(monkeypatch, tmp_path, LIMITS, lambda call, seeds: [
-        png(Image.new("RGB", (call.width, call.height), "red"), f"{call.prompt}\nSeed: {s}") for s in seeds],
-        lambda call, seeds: {"width": call.width, "height": call.height, "seeds": seeds}, runtime_log)
+        png(Image.new("RGB", (call.engine.width, call.engine.height), "red"),
+            f"{call.prompt}\nSeed: {s}") for s in seeds],
+        lambda call, seeds: {"width": call.engine.width, "height": call.engine.height, "seeds": seeds}, runtime_log)
 
 
 def test_the_openai_sdk_edits_with_a_mask_and_every_generations_field(served):
@@ -152,11 +154,11 @@ def test_the_openai_sdk_edits_with_a_mask_and_every_generations_field(served):
                              size="80x48", model="gpt-image-1", output_format="webp", output_compression=80,
                              user="u")
     (call,) = calls
-    assert (call.prompt, call.images, call.width, call.height) == ("a red circle", 2, 80, 48)
-    assert np.array_equal(call.extra.fields["image"],
+    assert (call.prompt, call.images, call.engine.width, call.engine.height) == ("a red circle", 2, 80, 48)
+    assert np.array_equal(extra_fields(call)["image"],
                           np.asarray(Image.fromarray(pixels).resize((80, 48), Image.Resampling.LANCZOS)))
-    assert (call.extra.fields["mask"][:, :40] == 255).all() and (call.extra.fields["mask"][:, 40:] == 0).all()
-    assert call.extra.fields["strength"] == 1.0
+    assert (extra_fields(call)["mask"][:, :40] == 255).all() and (extra_fields(call)["mask"][:, 40:] == 0).all()
+    assert extra_fields(call)["strength"] == 1.0
     assert result.output_format == "webp" and len(result.data) == 2
     assert Image.open(io.BytesIO(base64.b64decode(result.data[1].b64_json))).format == "WEBP"
     assert lines == []  # nothing ignored
@@ -169,8 +171,8 @@ def test_several_images_edit_the_first_and_say_so_and_strength_overrides(served)
                          files=[("image[]", ("a.png", first, "image/png")),
                                 ("image[]", ("b.png", second, "image/png"))])
     assert answer.status_code == 200, answer.text
-    assert np.array_equal(calls[0].extra.fields["image"], noise(64, 64, 1))
-    assert calls[0].extra.fields["strength"] == 0.4 and calls[0].extra.finish is None
+    assert np.array_equal(extra_fields(calls[0])["image"], noise(64, 64, 1))
+    assert extra_fields(calls[0])["strength"] == 0.4 and calls[0].paste_back is None
     warnings = ('image[]: 2 images sent, the first one edited: this server edits one image per request; '
                 'quality="high" ignored: no refiner is loaded here to refine with (the server runs one with --refiner)')
     assert answer.headers["x-sdxl-warnings"] == warnings
@@ -196,7 +198,7 @@ def test_strength_reaches_the_engine_from_the_sdks_extra_body(served):
     sdk = OpenAI(base_url="http://testserver/v1", api_key="any", http_client=client)
     sdk.images.edit(image=("in.png", png(Image.fromarray(noise(64, 64))), "image/png"), prompt="x",
                     mask=("m.png", png(hole_mask(64, 64, (0, 0, 8, 8))), "image/png"), extra_body={"strength": 0.5})
-    assert calls[0].extra.fields["strength"] == 0.5
+    assert extra_fields(calls[0])["strength"] == 0.5
 
 
 def _broken_png() -> bytes:
@@ -304,12 +306,12 @@ def test_the_engines_refiner_and_hires_fields_ride_in_extra_body(served):
     sdk.images.generate(prompt="x", size="64x64", quality="hd", extra_body={"refiner_switch_at": 0.6})
     sdk.images.generate(prompt="x", size="64x64", extra_body={"hires_scale": 1.5, "hires_upscaler": "Lanczos",
                                                 "hires_strength": 0.4, "hires_steps": 6})
-    assert calls[0].extra.fields == {"refiner_switch_at": 0.6}
-    assert calls[1].extra.fields == {"hires_scale": 1.5, "hires_upscaler": "Lanczos", "hires_strength": 0.4,
+    assert extra_fields(calls[0]) == {"refiner_switch_at": 0.6}
+    assert extra_fields(calls[1]) == {"hires_scale": 1.5, "hires_upscaler": "Lanczos", "hires_strength": 0.4,
                                      "hires_steps": 6}
     image = ("in.png", png(Image.fromarray(noise(64, 64))), "image/png")
     sdk.images.edit(image=image, prompt="x", extra_body={"refiner_switch_at": "0.5"})
-    assert calls[2].extra.fields["refiner_switch_at"] == 0.5 and calls[2].extra.fields["strength"] == 0.75
+    assert extra_fields(calls[2])["refiner_switch_at"] == 0.5 and extra_fields(calls[2])["strength"] == 0.75
     for extra, message in (({"hires_scale": "1.5"}, "hires_scale: the hires fix applies to generations"),
                            ({"refiner_switch_at": "late"}, "refiner_switch_at: expected a number in [0, 1)")):
         with pytest.raises(BadRequestError) as err:
@@ -332,10 +334,10 @@ def test_only_fully_transparent_pixels_are_edited_a_partly_transparent_one_is_ke
     limits = Limits(max_seed=2**32 - 1, max_steps=50, sizes=((48, 32),), default_size=(48, 32), default_steps=8,
                     default_guidance=5.0, multiple=16)
     pixels = noise(48, 32)
-    call = edit_call(Call(prompt="x", field_names=FIELD_NAMES), EditUpload(png(Image.fromarray(pixels)), png(mask)),
+    call = edit_call(request_of(FIELD_NAMES, prompt="x"), EditUpload(png(Image.fromarray(pixels)), png(mask)),
                      limits)
-    assert np.array_equal(call.extra.fields["mask"], expected)
-    finished = call.extra.finish.apply(np.full((1, 32, 48, 3), 7, np.uint8))[0]
+    assert np.array_equal(extra_fields(call)["mask"], expected)
+    finished = call.paste_back.apply(np.full((1, 32, 48, 3), 7, np.uint8))[0]
     assert np.array_equal(finished[20, :6], pixels[20, :6]) and np.array_equal(finished[26], pixels[26])
     assert (finished[4:12, 30:44] == 7).all()
 
@@ -369,4 +371,4 @@ def test_an_image_or_mask_over_the_per_image_limit_under_the_body_cap_is_refused
     fine = client.post("/v1/images/edits", data={"prompt": "x"},
                        files={"image": ("a.png", over[:MAX_IMAGE_BYTES], "image/png")})
     assert fine.status_code == 200, fine.text
-    assert len(calls) == 1 and (calls[0].extra.fields["image"] == 90).all()
+    assert len(calls) == 1 and (extra_fields(calls[0])["image"] == 90).all()
