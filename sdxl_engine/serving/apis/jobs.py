@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import json
 import logging
 from collections.abc import Callable
@@ -34,6 +35,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from sdxl_engine.engine.errors import InvalidRequest
 from sdxl_engine.engine.previews import preview_grid
+from sdxl_engine.engine.validation import GenerateRequest
 from sdxl_engine.service.images import png_bytes
 from sdxl_engine.service.jobs import FAILED, SUCCEEDED, Job, JobGone, JobNotFound
 from sdxl_engine.service.request import to_request
@@ -46,11 +48,11 @@ from sdxl_engine.serving.apis.uploads import decode_image
 LOG = logging.getLogger(__name__)
 
 PREFIX = "/v1/jobs"
-TEXT = ("prompt", "negative_prompt", "sampler", "style", "hires_upscaler", "hires_sampler", "hires_prompt",
-        "hires_negative_prompt")
-NUMBERS = ("seed", "guidance_scale", "num_inference_steps", "width", "height", "strength", "refiner_switch_at",
-           "hires_scale", "hires_strength", "hires_steps", "images")
-FIELDS = (*TEXT, *NUMBERS, "image", "mask", "outpaint", "callback_url")
+IMAGES = {"image": "RGB", "mask": "L"}  # fields sent as base64 images, decoded in this mode
+# The body's fields: every field of the engine's request (by its own name: a field added there is served here with
+# no change), the service's style and image count, and the callback. The engine validates their values.
+FIELDS = (*(f.name for f in dataclasses.fields(GenerateRequest) if f.init and f.name != "client"), "style", "images",
+          "callback_url")
 CALLBACK_TIMEOUT_S = 10.0
 KEEPALIVE_S = 15.0  # a comment line this often keeps proxies from closing a quiet event stream
 
@@ -77,37 +79,30 @@ def job_record(job: Job) -> dict:
 
 
 def to_job_request(body: object, client: str):
-    """The service's request for a ``POST /v1/jobs`` body (a JSON object with :data:`FIELDS`), and its
-    ``callback_url`` (None when absent). Raises ApiError 400 naming the field: not an object, an unknown field,
-    text where a number belongs (and the reverse), an image or mask that does not decode."""
+    """The service's request for a ``POST /v1/jobs`` body (a JSON object of :data:`FIELDS`, by the engine's names)
+    and its ``callback_url`` (None when absent). ``image`` and ``mask`` are base64 images (decoded here); ``outpaint``
+    a list of 4 pixel counts; every other value goes to the engine's validation as sent (its checks name the field).
+
+    Raises ApiError 400 naming the field: not an object, an unknown field, an image or mask that does not decode, an
+    unknown style."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object of the request's fields")
     unknown = sorted(set(body) - set(FIELDS))
     if unknown:
         raise ApiError(400, f"{unknown[0]}: not a field of this API; the fields are {', '.join(FIELDS)}", unknown[0])
-    for name in TEXT:
-        if body.get(name) is not None and not isinstance(body[name], str):
-            raise ApiError(400, f"{name}: expected a string, got {type(body[name]).__name__}", name)
-    for name in NUMBERS:
-        value = body.get(name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            raise ApiError(400, f"{name}: expected a number, got {json.dumps(value)[:40]}", name)
-    fields = {name: body[name] for name in (*TEXT, *NUMBERS) if body.get(name) is not None}
-    if "prompt" not in fields:
+    if "prompt" not in body:
         raise ApiError(400, "prompt: required (the text the images should show)", "prompt")
-    for name, mode in (("image", "RGB"), ("mask", "L")):
-        if body.get(name) is not None:
-            if not isinstance(body[name], str):
+    fields = {name: value for name, value in body.items() if value is not None and name != "callback_url"}
+    for name, mode in IMAGES.items():
+        if name in fields:
+            if not isinstance(fields[name], str):
                 raise ApiError(400, f"{name}: expected a base64 image (PNG, JPEG or WebP)", name)
-            fields[name] = np.asarray(decode_image(body[name], name, mode))
-    if body.get("outpaint") is not None:
-        sides = body["outpaint"]
-        if not isinstance(sides, list) or len(sides) != 4 or not all(type(v) is int for v in sides):
-            raise ApiError(400, "outpaint: expected 4 whole numbers of pixels [left, top, right, bottom]", "outpaint")
-        fields["outpaint"] = tuple(sides)
+            fields[name] = np.asarray(decode_image(fields[name], name, mode))
+    if isinstance(fields.get("outpaint"), list):
+        fields["outpaint"] = tuple(fields["outpaint"])
     images = fields.pop("images", 0)
     if type(images) is not int:
-        raise ApiError(400, f"images: expected a whole number, got {images}", "images")
+        raise ApiError(400, f"images: expected a whole number, got {json.dumps(images)[:40]}", "images")
     callback = body.get("callback_url")
     if callback is not None and not isinstance(callback, str):
         raise ApiError(400, "callback_url: expected a URL string", "callback_url")

@@ -122,14 +122,15 @@ def test_a_dropped_result_is_gone_410(engine):
 
 @pytest.mark.parametrize(("body", "status", "param", "message"), [
     ({"prompt": "x", "steps": 3}, 400, "steps", "steps: not a field of this API"),
-    ({"prompt": 3}, 400, "prompt", "prompt: expected a string, got int"),
-    ({"prompt": "x", "seed": "7"}, 400, "seed", "seed: expected a number"),
+    ({"prompt": 3}, 400, "prompt", "prompt: expected text, got int"),
+    ({"prompt": "x", "seed": "seven"}, 400, "seed", "seed: "),
+    ({"prompt": "x", "soft_mask": "yes"}, 400, "soft_mask", "soft_mask: expected true or false"),
     ({"negative_prompt": "x"}, 400, "prompt", "prompt: required"),
     ({"prompt": "x", "style": "Baroque"}, 400, "style", "style: unknown style 'Baroque'"),
     ({"prompt": "x", "width": 56, "height": 32}, 400, "width/height", "width/height: "),
     ({"prompt": "x", "images": 9}, 400, "images", "images: this server makes 1 to 8 images"),
     ({"prompt": "x", "image": "not base64!"}, 400, "image", "image: "),
-    ({"prompt": "x", "outpaint": [1, 2]}, 400, "outpaint", "outpaint: expected 4 whole numbers"),
+    ({"prompt": "x", "outpaint": [1, 2, 3, 4]}, 400, "outpaint", "outpaint: applies to image to image only"),
     ({"prompt": "x", "callback_url": "http://127.0.0.1:9/x"}, 400, "callback_url",
      "callback_url: this server calls no callback URLs"),
 ])
