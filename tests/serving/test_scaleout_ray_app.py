@@ -232,6 +232,19 @@ def test_two_clients_run_at_once_and_each_sees_and_stops_only_its_own_request(ap
     time.sleep(1)  # a second cancel line, had the other request been stopped too, would be in by now
     assert app2.log.count("(its call was cancelled)") == cancelled_before + 1
 
+    # the jobs API: two jobs at once, one on each replica; a DELETE stops its own, the other ends with its images
+    jobs_api = httpx.Client(base_url=app2.url + "v1/jobs/", timeout=300)
+    ids = {steps: httpx.post(app2.url + "v1/jobs", json={"prompt": "a red circle", "seed": steps,
+                                                         "num_inference_steps": steps}).json()["id"]
+           for steps in (50, 45)}
+    wait_until(lambda: all(jobs_api.get(job_id).json()["progress"]["step"] >= 3 for job_id in ids.values()),
+               "both jobs at step 3 at once", 120)
+    stopped = jobs_api.delete(ids[50]).json()
+    assert stopped["status"] == "cancelled" and stopped["images"] == [] and stopped["progress"]["step"] < 50
+    wait_until(lambda: jobs_api.get(ids[45]).json()["status"] == "succeeded", "the other job never finished", 300)
+    done = jobs_api.get(ids[45]).json()
+    assert len(done["images"]) == 4 and done["progress"]["steps"] == 45 and done["info"]["replica"]
+
 
 def test_only_the_front_is_reachable_and_ray_listens_on_loopback_only(app2):
     """No Serve HTTP proxy, no dashboard UI; every socket the app's processes listen on (the Gradio
