@@ -93,6 +93,17 @@ def test_the_cap_counts_a_clients_requests_from_every_front(fake, service):
     service.submit(ask(), owner="10.0.0.1", front="openai")  # a place again once the earlier ones finished
 
 
+def test_the_cap_counts_by_client_address_whatever_the_owner(fake, service):
+    """With an API key every holder of it is one owner, but the cap is each client address's: two owners from one
+    address share its places, and one owner from two addresses has two sets."""
+    service.submit(ask(), owner="key-a", front="jobs", client="10.0.0.1")
+    service.submit(ask(), owner="key-b", front="jobs", client="10.0.0.1")
+    with pytest.raises(Refused):
+        service.submit(ask(), owner="key-c", front="jobs", client="10.0.0.1")
+    service.submit(ask(), owner="key-a", front="jobs", client="10.0.0.2")
+    assert (service.held("10.0.0.1"), service.held("10.0.0.2"), service.held("key-a")) == (2, 1, 0)
+
+
 def test_a_job_is_invisible_to_another_owner(fake, service):
     job = service.submit(ask(), owner="key-a", front="jobs")
     assert service.get(job.id, "key-a") is job
