@@ -178,9 +178,11 @@ class Service:
             return len(self._running)
 
     def close(self) -> None:
-        """Take no new requests (:meth:`submit` refuses with 503); queued and running ones go on (the drain)."""
+        """Take no new requests (:meth:`submit` refuses with 503); queued and running ones go on (the drain), then
+        the workers end."""
         with self._cond:
             self.closed = True
+            self._cond.notify_all()
 
     def idle(self) -> bool:
         """Whether nothing is queued or running (the shutdown drain waits for it)."""
@@ -198,7 +200,9 @@ class Service:
     def _work(self) -> None:
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: bool(self._line))
+                self._cond.wait_for(lambda: bool(self._line) or self.closed)
+                if not self._line:  # closed, and the line drained: this worker is done
+                    return
                 job = self._line.popleft()
                 self._running.add(job)
                 job.status, job.position, job.started = RUNNING, None, clock()
