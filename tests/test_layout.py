@@ -98,9 +98,26 @@ def test_only_serving_imports_gradio():
     assert users and all(name.startswith("sdxl_engine.serving.") for name in users), users
 
 
+def test_the_service_and_the_engine_know_no_front():
+    """The service layer imports no Gradio and nothing of serving/; the engine (and below) nothing of either; no
+    front of serving/apis imports another front or the page's handler (each is a client of the service)."""
+    def imports_of(prefix):
+        return {name: {m for m in GRAPH[name] | imports(MODULES[name]) if m.split(".")[0] in ("gradio", "gradio_client")
+                       or m.startswith("sdxl_engine.serving")} for name in MODULES if name.startswith(prefix)}
+
+    assert {k: v for k, v in imports_of("sdxl_engine.service").items() if v} == {}
+    for layer in ("engine", "program", "models", "checkpoint"):
+        assert {name for name in MODULES if name.startswith(f"sdxl_engine.{layer}")
+                and any(m.startswith(("sdxl_engine.service", "sdxl_engine.serving")) for m in GRAPH[name])} == set()
+    fronts = {"sdxl_engine.serving.apis.a1111", "sdxl_engine.serving.apis.openai_images",
+              "sdxl_engine.serving.apis.jobs", "sdxl_engine.serving.handler"} & set(MODULES)
+    crossing = {front: sorted(GRAPH[front] & (fronts - {front})) for front in fronts}
+    assert {k: v for k, v in crossing.items() if v} == {}
+
+
 def test_each_layer_is_a_folder():
     layers = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
-    assert layers == {"checkpoint", "models", "program", "engine", "serving"}
+    assert layers == {"checkpoint", "models", "program", "engine", "service", "serving"}
     assert sorted(p.name for p in PACKAGE.glob("*.py")) == ["__init__.py", "config.py"]
 
 

@@ -22,6 +22,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+USER_COMMENT = 0x9286  # EXIF UserComment, in the Exif IFD (0x8769): where A1111 keeps the parameters of a JPEG/WebP
+EXIF_IFD = 0x8769
+
 
 def a1111_parameters(prompt: str, negative_prompt: str, steps: int, guidance_scale: float, seed: int,
                      width: int, height: int, model: str, extra: dict | None = None, sampler: str = "Euler") -> str:

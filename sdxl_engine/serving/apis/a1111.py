@@ -51,7 +51,7 @@ from sdxl_engine.engine.previews import preview_grid
 from sdxl_engine.program.latent_upscale import HIRES_UPSCALERS
 from sdxl_engine.program.schedulers import SAMPLERS, UnknownSampler, get_sampler
 from sdxl_engine.service.image_prep import FILL_MODES, PasteBack, img2img_start_step, prepare, same_aspect
-from sdxl_engine.service.images import png_bytes
+from sdxl_engine.service.images import EXIF_IFD, USER_COMMENT, png_bytes
 from sdxl_engine.service.jobs import Job
 from sdxl_engine.service.request import Request as ServiceRequest
 from sdxl_engine.service.service import Service
@@ -67,7 +67,6 @@ from sdxl_engine.serving.apis.core import (
 )
 from sdxl_engine.serving.apis.extras import ExtrasBatchImages, ExtrasRequest, ExtrasSingleImage, upscaler_list
 from sdxl_engine.serving.apis.extras import run as run_extras
-from sdxl_engine.serving.apis.openai_images import EXIF_IFD, USER_COMMENT
 from sdxl_engine.serving.apis.uploads import MAX_INPUT_SIDE, decode_image
 
 LOG = logging.getLogger(__name__)

@@ -58,6 +58,7 @@ from starlette.requests import ClientDisconnect
 from sdxl_engine.engine.validation import DEFAULT_STRENGTH, InvalidRequest, Limits, size_of
 from sdxl_engine.service.delivery import write_served
 from sdxl_engine.service.image_prep import overlay
+from sdxl_engine.service.images import EXIF_IFD, USER_COMMENT
 from sdxl_engine.service.request import Request as ServiceRequest
 from sdxl_engine.service.service import Service
 from sdxl_engine.serving.apis.core import (
@@ -116,8 +117,6 @@ def parse_size(size) -> tuple[int, int] | None:
 OUTPUT_FORMATS = {"png": "PNG", "jpeg": "JPEG", "webp": "WEBP"}  # OpenAI's output_format -> Pillow's format
 GPT_IMAGE = ("gpt-image-", "chatgpt-image-")  # the name prefixes of OpenAI's GPT image models
 DALL_E = ("dall-e-2", "dall-e-3")
-USER_COMMENT = 0x9286  # EXIF UserComment, in the Exif IFD (0x8769): where A1111 keeps the parameters of a JPEG/WebP
-EXIF_IFD = 0x8769
 
 
 @dataclasses.dataclass(frozen=True)

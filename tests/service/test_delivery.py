@@ -1,0 +1,62 @@
+"""What a request hands back (service/delivery.py): the images saved to outputs_dir are the ones the client receives."""
+
+
+from sdxl_engine.service import delivery, images
+from sdxl_engine.service.delivery import deliver
+from tests.helpers import FullDiskFile
+from tests.serving.test_cli_settings import fake_result
+
+
+def test_only_the_images_a_client_receives_are_saved(tmp_path):
+    """An OpenAI n=2 or A1111 batch_size=1 request runs the engine's batch of 4; outputs_dir gets its 2 or 1."""
+    for keep, seeds in ((2, [7, 8]), (1, [7]), (None, [7, 8, 9, 10])):
+        out = tmp_path / f"outputs-{keep}"
+        delivered = deliver(fake_result(), "a red circle", "(No style)", tmp_path / "served", str(out), keep=keep)
+        names = sorted(p.name for p in out.iterdir())
+        assert sorted(int(name.split("-seed")[1].split("-")[0]) for name in names) == seeds
+        assert sorted(delivered.info["saved"]) == names and delivered.info["warnings"] == []
+        assert len(delivered.paths) == 4  # the served copies: the protocol API picks its images from them
+
+
+def test_a_full_disk_leaves_no_partial_file_in_the_outputs_folder(tmp_path, monkeypatch):
+    """The outputs disk fills while the second image is written: the first is saved, the reply says the rest
+    were not, and nothing else is left there (no ``.partial``, no part of a PNG)."""
+    import builtins
+
+    out, served, writes = tmp_path / "outputs", tmp_path / "served", []
+
+    def fake_open(path, mode="r", *args, **kwargs):
+        f = builtins.open(path, mode, *args, **kwargs)
+        if str(path).startswith(str(out)):
+            writes.append(path)
+            if len(writes) > 1:
+                return FullDiskFile(f, room=10)
+        return f
+
+    monkeypatch.setattr(images, "open", fake_open, raising=False)
+    delivered = delivery.deliver(fake_result(), "a red circle", "(No style)", served, str(out))
+    assert [p.name for p in out.iterdir()] == delivered.info["saved"] and len(delivered.info["saved"]) == 1
+    assert delivered.info["warnings"] == ["3 of 4 images not saved to the server's outputs folder (OSError: No space "
+                                          "left on device); download them instead"]
+
+
+def test_a_request_for_fewer_images_than_its_calls_make_saves_and_answers_only_those(tmp_path):
+    """The service runs whole batches and hands delivery the count the client receives of each call (n=2: the one
+    call keeps 2; n=6 over a batch of 4: the first keeps 4, the second 2): outputs_dir gets exactly those."""
+    from sdxl_engine.service.request import to_request
+    from sdxl_engine.service.service import Service
+    from tests.helpers import StepEngine, wait_until
+
+    engine = StepEngine()
+    engine.batch = 4  # the engine's usual batch
+    for n_images, seeds in ((2, [10, 11]), (4, [10, 11, 12, 13]), (6, [10, 11, 12, 13, 14, 15])):
+        out = tmp_path / f"outputs-{n_images}"
+        service = Service(engine, slots=1, limit=1, outputs_dir=str(out))
+        job = service.submit(to_request(prompt="a red circle", seed=10, num_inference_steps=1, images=n_images),
+                             owner="a", front="openai")
+        engine.go(2)
+        wait_until(lambda job=job: job.done, "the job never finished", 30)
+        service.close()
+        assert job.result.seeds == seeds and len(job.result.pngs) == n_images
+        saved = sorted(int(p.name.split("-seed")[1].split("-")[0]) for p in out.iterdir())
+        assert saved == seeds
