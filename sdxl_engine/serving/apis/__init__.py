@@ -191,8 +191,9 @@ class CrossSiteGuard:
 class McpArguments:
     """ASGI middleware: an MCP ``tools/call`` whose arguments hold a number JSON cannot give as a finite
     float (``1e400``, ``NaN``, ``Infinity``) is answered with a tool error naming the argument and the
-    number as sent. The mcp SDK would turn it into null on its way to the schema check and answer
-    "None is not of type 'integer'". Anything else passes on with its body unchanged."""
+    number as sent. The mcp SDK would turn it into null on its way to the tool's schema check
+    (mcp_server.arguments_refusal: "seed: None is not of type 'integer'"). Anything else passes on with its body
+    unchanged."""
 
     MAX_BODY = 1_000_000  # bytes read to check; a larger body passes on as it is (the server's guard caps it)
 

@@ -127,9 +127,11 @@ class McpServer:
         return answer(job)
 
     async def request_for(self, name: str, arguments: dict, client: str) -> Request:
-        """The service's request for a call of tool ``name`` with ``arguments`` (already of the schema's types).
+        """The service's request for a call of tool ``name`` with ``arguments`` (checked against the tool's schema
+        first: :func:`arguments_refusal`).
 
-        Raises ToolRefusal: an argument the tool does not take, a picture it cannot use, an unknown style."""
+        Raises ToolRefusal: an unknown tool, an argument the tool does not take or of the wrong type, a required one
+        missing, a picture it cannot use, an unknown style, the engine failed to start."""
         inputs = self.inputs.get(name)
         if inputs is None:
             raise refused(name, f"unknown tool {name!r}; this server's tools: {', '.join(self.inputs)}")

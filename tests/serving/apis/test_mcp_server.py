@@ -229,3 +229,18 @@ def test_describe_splits_a_tools_doc():
                                 "seeds, size, strength, timings")
     assert list(inputs) == [item.name for item in tools.image_inputs(CONFIG)]
     assert "\n" not in inputs["refiner_switch_at"] and inputs["refiner_switch_at"].endswith("1 = no refiner")
+
+
+def test_mount_serves_mcp_unless_turned_off_and_hands_its_session_manager_to_the_lifespan(engine):
+    """apis.mount with MCP on adds the route and returns the session manager's run for the app's lifespan; with
+    --no-mcp (access.mcp False) there is neither."""
+    from sdxl_engine.serving.apis import access_for, mount
+
+    service = Service(engine, slots=1, limit=2)
+    for mcp, routes, contexts in ((True, ["/gradio_api/mcp", "/gradio_api/mcp/"], 1), (False, [], 0)):
+        app = FastAPI()
+        returned = mount(app, service, access_for("", share=False, public_api=False, mcp=mcp), {}, config=CONFIG,
+                         log=lambda line: None)
+        assert [path for route in app.routes if (path := getattr(route, "path", "")).startswith("/gradio_api/mcp")] \
+            == routes
+        assert len(returned) == contexts
