@@ -215,7 +215,7 @@ def mounted_apis(monkeypatch, tmp_path, limits, pngs_for, info_for, lines: list[
     engine = types.SimpleNamespace(model=types.SimpleNamespace(name="tiny-shapes"), limits=limits, ready=ready,
                                    error=None, config=types.SimpleNamespace(refiner=""))
     app = FastAPI()
-    mount(app, None, types.SimpleNamespace(engine=engine), access_for("", share=False, public_api=False), {},
+    mount(app, types.SimpleNamespace(engine=engine), access_for("", share=False, public_api=False, mcp=False), {},
           log=lambda line: None)
     return TestClient(app), calls, lines
 

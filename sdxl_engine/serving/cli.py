@@ -133,7 +133,7 @@ def parse_args(argv=None, description: str = "") -> argparse.Namespace:
                       help="serve them on a share link without a key (env SDXL_PUBLIC_API=1); with --share and no "
                            "key they are off otherwise")
     apis.add_argument("--no-mcp", dest="mcp", action="store_false", default=_env_flag("SDXL_MCP", True),
-                      help="do not serve /generate as an MCP tool (env SDXL_MCP=0)")
+                      help="do not serve the MCP tools at /gradio_api/mcp/ (env SDXL_MCP=0)")
     apis.add_argument("--callback-host", action="append", default=None,
                       help="a host the jobs API may POST finished jobs to (a job's callback_url); repeat for more "
                            "(env SDXL_CALLBACK_HOSTS, comma-separated; default: none, callbacks refused)")

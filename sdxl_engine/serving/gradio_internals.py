@@ -8,8 +8,8 @@ does not document: its event table (``Blocks.fns``, ``BlockFunction._id``), its 
 (``temp_file_sets``, ``keep_in_cache``, ``GRADIO_CACHE``), how it fails an event
 (``Event``, ``ProcessCompletedMessage``, ``error_payload``), whether an event's client is still there
 (``Event.alive``), the running event's id
-(``LocalContext.event_id``), the MCP server's tool output (``mcp_server_obj``, ``postprocess_output_data``:
-apis.mount) and Starlette's cached ``middleware_stack``. The protocol APIs no longer enter Gradio's queue
+(``LocalContext.event_id``) and Starlette's cached ``middleware_stack``. (MCP is served by serving/apis itself,
+not by Gradio's MCP server.) The protocol APIs no longer enter Gradio's queue
 (service.RequestService.run). Nothing else in the project touches them: after a Gradio upgrade, read
 this module against the new Gradio (and run tests/serving/test_guard_app.py, tests/serving/test_server_shutdown_app.py,
 tests/serving/test_janitor_app.py), then move :data:`GRADIO_VERSION`. :func:`check_version` logs one warning
@@ -266,20 +266,3 @@ def add_outermost_middleware(app, middleware, **options) -> None:
     """
     app.middleware_stack = None
     app.add_middleware(middleware, **options)
-
-
-# ---- the MCP server -------------------------------------------------------------------------
-def mcp_server_of(demo):
-    """Gradio's MCP server object of a launched demo (``launch(mcp_server=True)``), or None."""
-    return getattr(demo, "mcp_server_obj", None) if getattr(demo, "mcp_server", False) else None
-
-
-def set_mcp_output(demo, postprocess: Callable) -> bool:
-    """Make ``postprocess(output_data, root_url) -> list of mcp content`` turn the tool results of
-    ``demo``'s MCP server into MCP content (Gradio's own turns a gallery into its repr, with the
-    server's file paths); False when the demo serves no MCP."""
-    server = mcp_server_of(demo)
-    if server is None:
-        return False
-    server.postprocess_output_data = postprocess  # GradioMCPServer.call_tool calls self.postprocess_output_data
-    return True

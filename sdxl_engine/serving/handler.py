@@ -34,11 +34,11 @@ from sdxl_engine.engine.errors import CompilesBusy, EngineNotReady, GenerationEr
 from sdxl_engine.engine.previews import preview_grid
 from sdxl_engine.engine.steps import StepEvent, Stopped
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest
-from sdxl_engine.program.schedulers import SAMPLERS
 from sdxl_engine.service import delivery
 from sdxl_engine.service.images import png_bytes, write_new
-from sdxl_engine.service.styles import NO_STYLE, STYLE_NAMES, UnknownStyle, apply_style, get_style
+from sdxl_engine.service.styles import NO_STYLE, UnknownStyle, apply_style, get_style
 from sdxl_engine.serving import admission, gradio_internals, guard, history
+from sdxl_engine.serving.apis.tools import generate_doc, refiner_switch
 from sdxl_engine.serving.progress import JOBS
 
 LOG = logging.getLogger(__name__)
@@ -87,28 +87,6 @@ STAGES = {  # engine stage -> (progress fraction, what the page says)
 }
 
 
-# The /generate endpoint's description: Gradio's API page and MCP tool (serving/apis) read it (Args: per input).
-# A backslash at a line's end continues that line (the text has no line break there).
-TOOL_DOC = """Generate images from a text prompt with SDXL: the engine's batch (4 images), seeds seed, seed+1, ...
-
-Args:
-    prompt: what the images should show, e.g. "a red circle on a blue background"
-    negative_prompt: what to keep out of the images (optional)
-    seed: seed of the first image, 0 to max_seed; -1 picks one at random (the answer says which)
-    guidance_scale: classifier-free guidance, 0 to 50; 1 or less turns it off
-    num_inference_steps: denoising steps, 1 to the server's maximum
-    width: image width in pixels, one of the model's sizes; 0 = the model's default
-    height: image height in pixels, one of the model's sizes; 0 = the model's default
-    style: a style preset, one of {styles}
-    sampler: one of {samplers}
-    refiner_switch_at: with a refiner loaded (the server's --refiner), the share of the steps on the base model \
-before the refiner takes over, 0 to below 1 (0 = the refiner alone); 1 = no refiner; default: the page's slider \
-(0.8 with a refiner)
-Returns:
-    the images (PNG, with their generation parameters) and a JSON record: seeds, size, steps, sampler, timings
-"""
-
-
 def page_defaults(config: EngineConfig) -> EngineConfig:
     """``config`` with the model's engine_defaults.json where it set nothing (config.resolve_defaults):
     the page's sampler, steps and guidance, which are also the API's defaults (read before the engine
@@ -129,8 +107,8 @@ def api_function(handle: Callable, config: EngineConfig, pending: history.Pendin
     with the request's arrival (guard.arrival_time), keeps the history record in ``pending`` for
     the caller's session (and ``{"gallery": items, "info": info}`` in ``finished``, if given: the
     page shows it again after a Stop), and yields (preview gallery, None) while the engine runs, then (gallery
-    items, info) (stream_previews). Its name and docstring are the MCP tool's (serving/apis: Gradio
-    describes the tool and its inputs from them).
+    items, info) (stream_previews). Its inputs and docstring are the MCP ``generate`` tool's (apis/tools.py: a
+    unit test holds them together); Gradio's API page describes ``/generate`` from them.
     """
 
     def generate(prompt: str, negative_prompt: str | None = None, seed: int = -1,
@@ -149,16 +127,8 @@ def api_function(handle: Callable, config: EngineConfig, pending: history.Pendin
         extra = ProtocolInputs(fields={} if switch is None else {"refiner_switch_at": switch})
         yield from _run_event(handle, values, request, progress, pending, finished, extra)
 
-    generate.__doc__ = TOOL_DOC.format(styles=", ".join(STYLE_NAMES), samplers=", ".join(SAMPLERS))
+    generate.__doc__ = generate_doc()  # the MCP tool's description too (apis/tools.py)
     return generate
-
-
-def refiner_switch(value):
-    """The engine's ``refiner_switch_at`` for the page's refiner slider value (page_image.refiner_slider): None
-    (no refiner) for None or 1, the slider's "no refiner" (also what a page without a refiner sends: the slider
-    is hidden there at 1); any other value as sent, for the engine to check (validation.as_switch: a number in
-    [0, 1), and only with a refiner loaded)."""
-    return None if value is None or (type(value) in (int, float) and value == 1) else _whole(value)
 
 
 def _run_event(handle: Callable, values: tuple, request, progress, pending: history.Pending,

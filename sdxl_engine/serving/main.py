@@ -139,9 +139,10 @@ def main(argv: list[str] | None, build_demo: Callable, css: str, title: str, sta
              "max_requests_per_client": config.max_requests_per_client,  # A1111's cmd-flags: nothing secret
              "callback_hosts": tuple(args.callback_host)}
     try:
-        return server.serve(demo, engine, {**server.launch_options(args.host, args.port, share, access.mcp),
+        return server.serve(demo, engine, {**server.launch_options(args.host, args.port, share),
                                            "css": css}, gate, signals=signals, service=service,
-                            requests=requests, on_launch=lambda app: apis.mount(app, demo, requests, access, flags))
+                            requests=requests,
+                            on_launch=lambda app: apis.mount(app, requests, access, flags, page_config))
     finally:
         if args.replicas is not None:
             engine.close()  # after the drain: delete the Serve application, stop the private Ray cluster

@@ -40,13 +40,13 @@ QUIET_S = 2.0  # on shutdown, close once no HTTP request arrived for this long (
 DELIVER_S = 5.0  # on shutdown, the longest wait for the accepted calls' results to be written to their clients
 
 
-def launch_options(host: str, port: int, share: bool, mcp: bool = False) -> dict:
-    """Keyword arguments for ``demo.launch``: the app's security defaults (see README). ``mcp``:
-    serve the public API (``/generate``) as MCP tools at ``/gradio_api/mcp/`` (serving/apis)."""
+def launch_options(host: str, port: int, share: bool) -> dict:
+    """Keyword arguments for ``demo.launch``: the app's security defaults (see README). Gradio's own MCP server
+    stays off: serving/apis serves MCP at ``/gradio_api/mcp/`` itself (apis/mcp_server.py)."""
     return dict(
         server_name=host, server_port=port,
         share=bool(share),  # explicit False: GRADIO_SHARE in the environment cannot open a link
-        ssr_mode=False, enable_monitoring=False, mcp_server=bool(mcp), strict_cors=True, show_error=False,
+        ssr_mode=False, enable_monitoring=False, mcp_server=False, strict_cors=True, show_error=False,
         run_history=False,  # Gradio's /runs page and its hub-bucket routes: not this app's
         # Per uploaded file (the image editor's, the only upload the guard lets through): one image's cap.
         max_file_size=MAX_IMAGE_BYTES, allowed_paths=[],
@@ -125,12 +125,16 @@ def before_listening(set_up):
     at the application's startup: the ASGI lifespan protocol has the server run it before it accepts
     connections (uvicorn binds its socket only after startup completes), so routes, middleware and key
     checks added there are in place from the first connection. If ``set_up`` raises, the server does not start.
+    ``set_up`` may return async context managers (the MCP server's session manager: apis.mount): each is entered
+    before the first connection too, and exited, last first, when the app shuts down.
     """
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
-        set_up(app)
-        yield
+        async with contextlib.AsyncExitStack() as stack:
+            for context in set_up(app) or ():
+                await stack.enter_async_context(context)
+            yield
 
     return lifespan
 
@@ -149,7 +153,8 @@ def serve(demo, engine, options: dict, gate: RequestGate, drain_s: float = 60.0,
     request). A client may have ``engine.config.max_requests_per_client`` /generate calls queued or
     running at once (:class:`~.admission.Admission`). ``on_launch(app)``, if given, and the guard
     (:func:`install_guard`) are put in place before the server accepts its first connection
-    (:func:`before_listening`; serving/apis mounts its routes and key check in ``on_launch``). ``service``
+    (:func:`before_listening`; serving/apis mounts its routes and key check in ``on_launch``, which returns the
+    async context managers the app's lifespan enters, as the MCP server's session manager). ``service``
     (service.RequestService), if given: its protocol requests and the Gradio calls count against one
     per-client limit together. ``requests`` (service.Service), if given: closed with the gate, and its queued and
     running jobs drained as the calls are. ``log``: where its lines go (tests collect them); None: the module
@@ -170,10 +175,10 @@ def serve(demo, engine, options: dict, gate: RequestGate, drain_s: float = 60.0,
         service.gradio_waiting = lambda: gradio_internals.waiting(demo)
     # Read by uvicorn when launch makes its server: who may name the client in X-Forwarded-For.
     os.environ[FORWARDED_ALLOW_IPS] = forwarded_allow_ips(engine.config.trusted_proxies, bool(options.get("share")))
-    def set_up(app) -> None:
-        if on_launch is not None:
-            on_launch(app)
+    def set_up(app) -> list:
+        contexts = (on_launch(app) if on_launch is not None else None) or []
         install_guard(app, gate, demo)
+        return contexts
 
     try:  # quiet: Gradio's own lines would advise "set share=True" even after --share was refused
         demo.launch(**options, prevent_thread_lock=True, quiet=True, app_kwargs={"lifespan": before_listening(set_up)})

@@ -159,6 +159,5 @@ def test_a_middleware_added_after_the_first_request_is_outermost():
     assert seen == ["outer", "route"]
 
 
-def test_outside_an_event_there_is_no_event_id_and_no_mcp_server():
+def test_outside_an_event_there_is_no_event_id():
     assert gi.current_event_id() is None
-    assert gi.mcp_server_of(small_demo()) is None and gi.set_mcp_output(small_demo(), lambda *a: []) is False

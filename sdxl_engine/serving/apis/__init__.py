@@ -1,8 +1,8 @@
 """The protocols other clients speak, on the page's own server: AUTOMATIC1111's API (a1111.py),
-OpenAI's Images API (openai_images.py) and MCP (Gradio's MCP server, ``/gradio_api/mcp/``).
+OpenAI's Images API (openai_images.py), the jobs API (jobs.py) and MCP (mcp_server.py, ``/gradio_api/mcp/``).
 
-Every generation runs through the request service (core.py, service.RequestService), as the page's own do, so
-all of them share the page's engine, slots, per-client admission, checks and messages.
+Each is a front of the service (service.Service): every generation is one of its jobs, so all of them share the
+page's engine, slots, per-client cap, checks and messages.
 
 Access (:func:`access_for`, from the flags ``--api-key`` / ``SDXL_API_KEY``, ``--public-api``,
 ``--no-mcp``): with a key, ``/sdapi``, ``/v1`` and ``/gradio_api/mcp`` need
@@ -21,20 +21,17 @@ import json
 import logging
 import math
 import secrets
-from pathlib import Path
 
 import gradio as gr
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
 from sdxl_engine.serving import admission, gradio_internals
-from sdxl_engine.serving.apis import a1111, core, jobs, openai_images
+from sdxl_engine.serving.apis import a1111, core, jobs, mcp_server, openai_images
 from sdxl_engine.serving.apis.core import ApiError, FileTokens
-from sdxl_engine.serving.guard import PROTOCOL_PREFIXES, SAFE_METHODS, cross_site_refusal
+from sdxl_engine.serving.guard import MCP_PATH, PROTOCOL_PREFIXES, SAFE_METHODS, cross_site_refusal
 
 LOG = logging.getLogger(__name__)
-
-MCP_PATH = "/gradio_api/mcp"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +39,7 @@ class Access:
     """Which protocol APIs serve, and the key they need.
 
     ``apis``: ``/sdapi/v1`` and ``/v1`` are served (else they answer 403 with ``off_reason``);
-    ``mcp``: Gradio's MCP server runs; ``key``: the Bearer token they need ("" = none; never logged).
+    ``mcp``: the MCP server (mcp_server.py) serves; ``key``: the Bearer token they need ("" = none; never logged).
     """
 
     apis: bool
@@ -105,20 +102,23 @@ def loras_of(engine):
     return loras
 
 
-def mount(app, demo, requests, access: Access, flags: dict, log=LOG.info) -> None:
-    """Add the protocol routes to Gradio's ``app``, their key check, their cross-site refusal
-    (:class:`CrossSiteGuard`; guard.Guard refuses the same on every other route), and shape its MCP tool
-    results (server.serve's ``on_launch``: before the server listens). The routes generate through ``requests``
-    (service.Service): A1111, OpenAI Images and the jobs API are its fronts.
+def mount(app, requests, access: Access, flags: dict, config=None, log=LOG.info) -> list:
+    """Add the protocol routes to Gradio's ``app``, their key check and their cross-site refusal
+    (:class:`CrossSiteGuard`; guard.Guard refuses the same on every other route) (server.serve's ``on_launch``:
+    before the server listens). The routes generate through ``requests`` (service.Service): A1111, OpenAI Images,
+    the jobs API and MCP are its fronts. ``config``: the page's resolved EngineConfig (handler.page_defaults), the
+    MCP tools' defaults (None: the engine's config as it is).
 
-    The routes go after Gradio's own (none of which starts with ``/sdapi``, ``/v1`` or ``/internal``). With the
-    APIs off, both prefixes answer 403 with the reason, in each protocol's error shape.
+    The routes go after Gradio's own (none of which starts with ``/sdapi``, ``/v1``, ``/internal`` or
+    ``/gradio_api/mcp``). With the APIs off, both prefixes answer 403 with the reason, in each protocol's error
+    shape. Returns the async context managers the app's lifespan must enter before the first request
+    (server.before_listening): the MCP server's session manager.
     """
     gradio_internals.add_outermost_middleware(app, CrossSiteGuard)
     if not access.apis:
         app.include_router(_off_router(access.off_reason))
         log(access.line)
-        return
+        return []
     tokens = FileTokens()
 
     def owner_of(request) -> str:
@@ -133,12 +133,16 @@ def mount(app, demo, requests, access: Access, flags: dict, log=LOG.info) -> Non
     app.include_router(openai_images.router(requests, tokens, owner_of, gr.utils.get_upload_folder))
     app.include_router(openai_images.files_router(tokens))
     app.include_router(openai_images.unknown_router())  # last: only what no /v1 route answers
+    contexts = []
     if access.mcp:
-        gradio_internals.set_mcp_output(demo, mcp_content)
+        mcp = mcp_server.McpServer(requests, config if config is not None else requests.engine.config, owner_of)
+        mcp.mount(app)
+        contexts.append(mcp.running())
         gradio_internals.add_outermost_middleware(app, McpArguments)
     if access.key:
         gradio_internals.add_outermost_middleware(app, KeyGuard, access=access)
     log(access.line)
+    return contexts
 
 
 class KeyGuard:
@@ -189,8 +193,9 @@ class CrossSiteGuard:
 class McpArguments:
     """ASGI middleware: an MCP ``tools/call`` whose arguments hold a number JSON cannot give as a finite
     float (``1e400``, ``NaN``, ``Infinity``) is answered with a tool error naming the argument and the
-    number as sent. The mcp SDK would turn it into null on its way to the schema check and answer
-    "None is not of type 'integer'". Anything else passes on with its body unchanged."""
+    number as sent. The mcp SDK would turn it into null on its way to the tool's schema check
+    (mcp_server.arguments_refusal: "seed: None is not of type 'integer'"). Anything else passes on with its body
+    unchanged."""
 
     MAX_BODY = 1_000_000  # bytes read to check; a larger body passes on as it is (the server's guard caps it)
 
@@ -283,36 +288,3 @@ def _off_router(reason: str) -> APIRouter:
         return openai_images.openai_error(ApiError(403, f"the OpenAI Images API is off: {reason}"))
 
     return off
-
-
-def mcp_content(output_data: list, root_url: str) -> list:
-    """The MCP content of one ``generate`` tool result: each image as PNG image content, then the
-    info record as JSON text. Gradio's own would print the gallery's value, server paths and all.
-
-    ``output_data``: the ``/generate`` outputs as gradio_client returns them ((gallery, info), the
-    gallery's items with a local ``path``); ``root_url`` is unused (no URL is sent).
-    """
-    from mcp import types
-
-    if len(output_data) == 1:  # gradio_client's job.result() for two outputs: one (gallery, info) tuple
-        output_data = output_data[0]
-    gallery, info = output_data
-    content = []
-    for item in gallery or []:
-        path = _image_path(item)
-        if path:
-            content.append(types.ImageContent(type="image", mimeType="image/png",
-                                              data=base64.b64encode(Path(path).read_bytes()).decode()))
-    content.append(types.TextContent(type="text", text=json.dumps(info)))
-    return content
-
-
-def _image_path(item) -> str | None:
-    """The local file of one gallery item as gradio_client hands it over: ``{"image": FileData}``,
-    ``(path, caption)`` or a bare FileData/path."""
-    if isinstance(item, (list, tuple)) and item:
-        item = item[0]
-    if isinstance(item, dict):
-        item = item.get("image", item)
-        item = item.get("path") if isinstance(item, dict) else item
-    return item if isinstance(item, str) and Path(item).is_file() else None

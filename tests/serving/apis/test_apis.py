@@ -343,7 +343,7 @@ def test_mounted_routes_off_on_a_share_link_and_keyed_otherwise():
 
     lines = []
     off_app = FastAPI()
-    mount(off_app, None, None, access_for("", share=True, public_api=False), {}, log=lines.append)
+    mount(off_app, None, access_for("", share=True, public_api=False), {}, log=lines.append)
     off = TestClient(off_app)
     a1111 = off.get("/sdapi/v1/options")
     assert a1111.status_code == 403 and a1111.json()["detail"].startswith(
@@ -353,7 +353,8 @@ def test_mounted_routes_off_on_a_share_link_and_keyed_otherwise():
     assert lines == [access_for("", share=True, public_api=False).line]
 
     keyed_app = FastAPI()
-    mount(keyed_app, None, types.SimpleNamespace(engine=None), access_for("k", share=True, public_api=False), {},
+    # MCP off here (no engine config for its tools' defaults): the key check covers its path all the same
+    mount(keyed_app, types.SimpleNamespace(engine=None), access_for("k", share=True, public_api=False, mcp=False), {},
           log=lines.append)
     keyed = TestClient(keyed_app)
     assert keyed.get("/sdapi/v1/sd-models").status_code == 401

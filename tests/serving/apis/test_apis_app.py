@@ -377,9 +377,18 @@ def test_an_over_long_body_is_a_413_in_each_protocols_shape(app):
 
 def test_mcp_lists_one_described_tool_and_its_images_are_the_pages(app):
     """The mcp SDK over streamable HTTP: generate (and image_to_image), each input described; calling it with seed 5
-    gives 4 PNG images equal to /generate's for seed 5 and the info record as JSON text, with no server path."""
+    gives 4 PNG images equal to /generate's for seed 5 and the info record as JSON text, with no server path; the
+    call writes no file (Gradio's temp folder is as it was: the PNGs travel from memory)."""
+    import os
+    from pathlib import Path
+
     from mcp import ClientSession
     from mcp.client.streamable_http import streamable_http_client
+
+    temp = Path(os.environ["GRADIO_TEMP_DIR"])  # the app's too (conftest: every app inherits it)
+
+    def files() -> set:
+        return {path for path in temp.rglob("*") if path.is_file()}
 
     async def session_calls():
         async with httpx.AsyncClient(headers={"Authorization": f"Bearer {KEY}"}, timeout=120) as http, \
@@ -391,7 +400,9 @@ def test_mcp_lists_one_described_tool_and_its_images_are_the_pages(app):
                                                           "guidance_scale": 5.0, "width": 64, "height": 64})
             return tools, result
 
+    before = files()
     tools, result = asyncio.run(session_calls())
+    assert files() - before == set()
     assert [tool.name for tool in tools] == ["generate", "image_to_image"]
     properties = tools[0].inputSchema["properties"]
     assert list(properties)[:9] == ["prompt", "negative_prompt", "seed", "guidance_scale", "num_inference_steps",

@@ -1,0 +1,211 @@
+"""The two tools, ``generate`` and ``image_to_image``, declared once for the fronts that offer them: their inputs
+(name, type, default, in order), their descriptions, and the image tool's preparation of its picture. The MCP
+server (mcp_server.py) lists and runs them; the page's Gradio endpoints of the same names (handler.api_function,
+mcp_image.image_tool: gradio_client's ``/generate`` and ``/image_to_image``) take the same inputs, which a unit test
+holds them to. No Gradio and no HTTP here.
+
+The image tool's picture and optional mask come as base64 text, decoded in memory (uploads.decode_image): no URL is
+ever fetched and nothing the client sends becomes a file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+from PIL import Image
+
+from sdxl_engine.engine.validation import DEFAULT_STRENGTH
+from sdxl_engine.program.schedulers import SAMPLERS
+from sdxl_engine.service.image_prep import PasteBack, binary_mask, flatten, overlay, same_aspect
+from sdxl_engine.service.styles import NO_STYLE, STYLE_NAMES
+from sdxl_engine.serving.apis.errors import ApiError
+from sdxl_engine.serving.apis.uploads import MAX_INPUT_SIDE, decode_image
+
+GENERATE = "generate"
+IMAGE_TO_IMAGE = "image_to_image"
+MASK_STRENGTH = 1.0  # with a mask the white part is made anew (diffusers' inpainting default), as OpenAI's edits
+MAX_UPSCALE = 4.0  # A1111's "Upscale by" slider's top (hires fix); the engine also checks the size it makes
+TOOL_FIELDS = {"hires_scale": "upscale", "hires_strength": "strength"}  # engine field -> the image tool's input
+LANCZOS = Image.Resampling.LANCZOS
+
+# The tools' descriptions: a summary, then ``Args:`` (one line per input, in the inputs' order), then ``Returns:``
+# (:func:`describe` splits them). A backslash at a line's end continues that line (the text has no line break there).
+GENERATE_DOC = """Generate images from a text prompt with SDXL: the engine's batch (4 images), seeds seed, seed+1, ...
+
+Args:
+    prompt: what the images should show, e.g. "a red circle on a blue background"
+    negative_prompt: what to keep out of the images (optional)
+    seed: seed of the first image, 0 to max_seed; -1 picks one at random (the answer says which)
+    guidance_scale: classifier-free guidance, 0 to 50; 1 or less turns it off
+    num_inference_steps: denoising steps, 1 to the server's maximum
+    width: image width in pixels, one of the model's sizes; 0 = the model's default
+    height: image height in pixels, one of the model's sizes; 0 = the model's default
+    style: a style preset, one of {styles}
+    sampler: one of {samplers}
+    refiner_switch_at: with a refiner loaded (the server's --refiner), the share of the steps on the base model \
+before the refiner takes over, 0 to below 1 (0 = the refiner alone); 1 = no refiner; default: the page's slider \
+(0.8 with a refiner)
+Returns:
+    the images (PNG, with their generation parameters) and a JSON record: seeds, size, steps, sampler, timings
+"""
+
+IMAGE_DOC = """Change a picture with SDXL: image to image (restyle the whole picture to the prompt) or, with a mask, \
+inpainting (repaint only the mask's white part; every other pixel stays the original's). Makes the server's batch \
+(4 images), seeds seed, seed+1, ...
+
+Args:
+    prompt: what the images should show, e.g. "a red circle on a blue background"
+    image: the input picture as base64 PNG, JPEG or WebP (a data:image/...;base64, URL too), at most 2048 x 2048 \
+pixels and 16 MiB; it is resized to width x height. URLs are not fetched: send the bytes
+    mask: optional, base64 PNG of the picture's size (or its aspect ratio): white = repaint, black = keep (a mask \
+with transparency: opaque = repaint). Empty: the whole picture changes
+    strength: how much changes, above 0 to 1 (1 = made anew); -1 = 0.75 without a mask, 1.0 with one
+    negative_prompt: what to keep out of the images (optional)
+    seed: seed of the first image, 0 to max_seed; -1 picks one at random (the answer says which)
+    guidance_scale: classifier-free guidance, 0 to 50; 1 or less turns it off
+    num_inference_steps: denoising steps; with strength s about s x this many run
+    width: output width in pixels, one of the model's sizes; 0 = the model's default
+    height: output height in pixels, one of the model's sizes; 0 = the model's default
+    sampler: an A1111 sampler name, as the generate tool takes
+    refiner_switch_at: with a refiner loaded (the server's --refiner), the share of the steps on the base model \
+before the refiner takes over, 0 to below 1 (0 = the refiner alone); 1 = no refiner
+    upscale: 1 = off; above 1, at most 4 (e.g. 1.5 or 2) = hires fix: the picture (at width x height) upscaled by \
+this factor (Lanczos) and denoised again at the larger size with strength (-1 = 0.7); no mask with it
+Returns:
+    the images (PNG, with their generation parameters) and a JSON record: seeds, size, strength, timings
+"""
+
+REQUIRED = object()  # an input's default when it has none (the client must send it)
+
+
+@dataclasses.dataclass(frozen=True)
+class Input:
+    """One input of a tool: its ``name``, Python ``kind`` (str, int or float), ``default`` (:data:`REQUIRED`: none)
+    and ``choices`` (the values it may take, or () for any)."""
+
+    name: str
+    kind: type
+    default: object = REQUIRED
+    choices: tuple = ()
+
+
+def generate_inputs(config) -> tuple[Input, ...]:
+    """The ``generate`` tool's inputs, in order (``/generate``'s contract: its nine, then the refiner switch), its
+    defaults the page's (``config``: handler.page_defaults' resolved EngineConfig)."""
+    return (Input("prompt", str), Input("negative_prompt", str, ""), Input("seed", int, -1),
+            Input("guidance_scale", float, config.guidance_scale),
+            Input("num_inference_steps", int, config.num_inference_steps), Input("width", int, 0),
+            Input("height", int, 0), Input("style", str, NO_STYLE, tuple(STYLE_NAMES)),
+            Input("sampler", str, config.sampler, tuple(SAMPLERS)),
+            Input("refiner_switch_at", float, 0.8 if config.refiner else 1.0))
+
+
+def image_inputs(config) -> tuple[Input, ...]:
+    """The ``image_to_image`` tool's inputs, in order, its defaults the page's (``config``)."""
+    return (Input("prompt", str), Input("image", str), Input("mask", str, ""), Input("strength", float, -1.0),
+            Input("negative_prompt", str, ""), Input("seed", int, -1),
+            Input("guidance_scale", float, config.guidance_scale),
+            Input("num_inference_steps", int, config.num_inference_steps), Input("width", int, 0),
+            Input("height", int, 0), Input("sampler", str, config.sampler), Input("refiner_switch_at", float, 1.0),
+            Input("upscale", float, 1.0))
+
+
+def generate_doc() -> str:
+    """:data:`GENERATE_DOC` with the style and sampler names filled in."""
+    return GENERATE_DOC.format(styles=", ".join(STYLE_NAMES), samplers=", ".join(SAMPLERS))
+
+
+def describe(doc: str) -> tuple[str, dict[str, str]]:
+    """(the tool's description: the summary, then ``Returns: ...``; each input's description by name) of a tool's
+    ``doc`` (:data:`GENERATE_DOC`'s layout)."""
+    summary, _, rest = doc.partition("\nArgs:\n")
+    args, _, returns = rest.partition("\nReturns:\n")
+    inputs = {}
+    for line in args.splitlines():
+        name, colon, text = line.strip().partition(": ")
+        if colon:
+            inputs[name] = text.strip()
+    summary, returns = " ".join(summary.split()), " ".join(returns.split())
+    return f"{summary}{'' if summary.endswith('.') else '.'} Returns: {returns}", inputs
+
+
+def refiner_switch(value):
+    """The engine's ``refiner_switch_at`` for a refiner switch sent (the page's slider, a tool's input): None (no
+    refiner) for None or 1, the slider's "no refiner" (also what a page without a refiner sends: the slider is
+    hidden there at 1); any other value as sent (a whole float as an int), for the engine to check
+    (validation.as_switch: a number in [0, 1), and only with a refiner loaded)."""
+    if value is None or (type(value) in (int, float) and value == 1):
+        return None
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def tool_inputs(image: str, mask: str, strength: float, width: int, height: int,
+                default_size: tuple[int, int], refiner_switch_at=None,
+                upscale=None) -> tuple[dict, PasteBack | None, int, int]:
+    """(the engine's fields, the overlay or None, width, height) of one image tool call: the image decoded (a
+    transparent one flattened on white) and resized with Lanczos to ``width`` x ``height`` (0: ``default_size``'s
+    side); the mask made binary (image_prep.binary_mask), resized with the image, cut at 128 (255 = repaint), and
+    the overlay of the original outside it; ``strength`` -1 (or None) takes 0.75 without a mask, 1.0 with one.
+    ``refiner_switch_at`` (:func:`refiner_switch`: None or 1 = no refiner) goes on as sent. ``upscale`` other
+    than None or 1 is the hires fix of the picture: ``hires_scale`` with ``hires_strength`` = ``strength`` (-1:
+    the engine's default, validation.DEFAULT_HIRES_STRENGTH) and the engine's pixel upscaler for an input image
+    (validation.DEFAULT_IMAGE_UPSCALER); the engine checks the scale and the size it makes.
+
+    Raises ApiError 400 naming the field: a side that is not a whole number of 8 to 2048 pixels, an undecodable
+    or oversized image or mask (uploads.decode_image), a mask of another aspect ratio, or with nothing to repaint;
+    ``upscale`` with a mask, or outside 1 to :data:`MAX_UPSCALE`.
+    """
+    size = []
+    for name, value, default in (("width", width, default_size[0]), ("height", height, default_size[1])):
+        side = value or default
+        if isinstance(side, float) and side.is_integer():
+            side = int(side)
+        if isinstance(side, bool) or not isinstance(side, int) or not 8 <= side <= MAX_INPUT_SIDE:
+            raise ApiError(400, f"{name}: must be a whole number of pixels, 8 to {MAX_INPUT_SIDE}, or 0 for the "
+                                f"model's default; got {value!r}", name)
+        size.append(side)
+    w, h = size
+    picture = flatten(decode_image(image, "image", mode=None))
+    original = picture.size
+    if picture.size != (w, h):
+        picture = picture.resize((w, h), LANCZOS)
+    pixels = np.asarray(picture, dtype=np.uint8)
+    fields: dict = {"image": pixels}
+    finish = None
+    if mask:
+        grey = binary_mask(decode_image(mask, "mask", mode=None))
+        if grey.size != original and not same_aspect(grey.size, original):
+            raise ApiError(400, f"mask: is {grey.width}x{grey.height} pixels but the image is {original[0]}x"
+                                f"{original[1]}: send a mask of the image's size (or its aspect ratio)", "mask")
+        if grey.size != (w, h):
+            grey = grey.resize((w, h), LANCZOS)
+        repaint = np.where(np.asarray(grey) >= 128, 255, 0).astype(np.uint8)
+        if not repaint.any():
+            raise ApiError(400, "mask: has no white (repaint) pixel, so nothing would change: paint white where the "
+                                "picture is to be repainted", "mask")
+        fields["mask"] = repaint
+        finish = overlay(pixels, (repaint == 255).astype(np.float32))
+    switch = refiner_switch(refiner_switch_at)
+    if switch is not None:
+        fields["refiner_switch_at"] = switch
+    if upscale is not None and upscale != 1:
+        if isinstance(upscale, bool) or not isinstance(upscale, (int, float)) or not 1 < upscale <= MAX_UPSCALE:
+            raise ApiError(400, f"upscale: 1 (off), or above 1 and at most {MAX_UPSCALE:g} (the hires fix's factor); "
+                                f"got {upscale!r}", "upscale")
+        if mask:
+            raise ApiError(400, "upscale: upscales the whole picture: send no mask with it (or upscale 1)", "upscale")
+        fields["hires_scale"] = upscale
+        if strength is not None and strength != -1:
+            fields["hires_strength"] = strength
+        return fields, None, w, h
+    if strength is None or strength == -1:
+        strength = MASK_STRENGTH if mask else DEFAULT_STRENGTH
+    fields["strength"] = strength
+    return fields, finish, w, h
+
+
+def field_names(fields: dict) -> dict:
+    """The image tool's names (:data:`TOOL_FIELDS`) of the engine ``fields`` a call sets, for request.to_request's
+    ``field_names``: a refusal of ``hires_scale`` names ``upscale``."""
+    return {field: name for field, name in TOOL_FIELDS.items() if field in fields}

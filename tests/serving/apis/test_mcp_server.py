@@ -1,0 +1,246 @@
+"""serving/apis/mcp_server.py: the MCP tools on a real Service over a stand-in engine whose steps wait for the test
+(tests.helpers.StepEngine), served by uvicorn in this process and called with the mcp SDK's client over streamable
+HTTP: the tools' inputs (the page's endpoints' own, in order, described), images as the job's PNG bytes, refusals
+naming the tool's input, the per-client cap shared with the other fronts, a call whose client leaves stopping its job,
+progress per step. And tools.py's inputs against the Gradio endpoints of the same names."""
+
+import asyncio
+import base64
+import contextlib
+import inspect
+import io
+import json
+import socket
+import threading
+
+import httpx
+import numpy as np
+import pytest
+import uvicorn
+from fastapi import FastAPI
+from PIL import Image
+
+from sdxl_engine.config import EngineConfig
+from sdxl_engine.service.jobs import CANCELLED
+from sdxl_engine.service.service import Service
+from sdxl_engine.serving.apis import tools
+from sdxl_engine.serving.apis.mcp_server import McpServer
+from tests.helpers import StepEngine, wait_until
+
+CONFIG = EngineConfig.load(environ={})
+
+
+class Served:
+    """An app with only the MCP route (mount, lifespan) on a free loopback port, in a thread."""
+
+    def __init__(self, service: Service):
+        self.service = service
+        mcp = McpServer(service, CONFIG, lambda request: "owner-" + request.client.host)
+
+        @contextlib.asynccontextmanager
+        async def lifespan(app):
+            async with mcp.running():
+                yield
+
+        app = FastAPI(lifespan=lifespan)
+        mcp.mount(app)
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        wait_until(lambda: self.server.started, "the server never started", 30)
+        self.url = f"http://127.0.0.1:{self.port}/gradio_api/mcp/"
+
+    def stop(self):
+        self.server.should_exit = True
+        self.thread.join(30)
+
+
+@pytest.fixture
+def engine():
+    engine = StepEngine()
+    yield engine
+    engine.go(1000)
+
+
+@pytest.fixture
+def served(engine):
+    running = Served(Service(engine, slots=1, limit=2))
+    yield running
+    engine.go(1000)
+    running.stop()
+
+
+async def in_session(url: str, work):
+    """``await work(session)`` in an initialised MCP client session to ``url``."""
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    async with httpx.AsyncClient(timeout=60) as http, \
+            streamable_http_client(url, http_client=http) as (read, write, _), ClientSession(read, write) as session:
+        await session.initialize()
+        return await work(session)
+
+
+def released(engine: StepEngine, steps: int) -> threading.Timer:
+    """Let ``steps`` denoising steps run once the call is on its way (the engine waits for them)."""
+    timer = threading.Timer(0.3, engine.go, (steps,))
+    timer.start()
+    return timer
+
+
+def test_the_tools_are_the_endpoints_inputs_in_order_described_with_the_pages_defaults(served):
+    listed = asyncio.run(in_session(served.url, lambda session: session.list_tools())).tools
+    assert [tool.name for tool in listed] == ["generate", "image_to_image"]
+    generate, image = (tool.inputSchema for tool in listed)
+    assert list(generate["properties"]) == ["prompt", "negative_prompt", "seed", "guidance_scale",
+                                            "num_inference_steps", "width", "height", "style", "sampler",
+                                            "refiner_switch_at"]
+    assert generate["required"] == ["prompt"] and image["required"] == ["prompt", "image"]
+    seed = generate["properties"]["seed"]
+    assert seed["type"] == "integer" and seed["default"] == -1 and "seed of the first image" in seed["description"]
+    assert generate["properties"]["num_inference_steps"]["default"] == CONFIG.num_inference_steps
+    assert generate["properties"]["sampler"]["enum"][0] == "Euler" and "(No style)" in generate["properties"][
+        "style"]["enum"]
+    assert listed[0].description.startswith("Generate images from a text prompt with SDXL") and \
+        " Returns: the images (PNG" in listed[0].description
+    assert list(image["properties"])[:4] == ["prompt", "image", "mask", "strength"]
+    assert "URLs are not fetched" in image["properties"]["image"]["description"]
+    assert image["properties"]["upscale"] == {"type": "number", "default": 1.0,
+                                              "description": image["properties"]["upscale"]["description"]}
+
+
+def test_the_tools_inputs_are_the_gradio_endpoints_of_the_same_names():
+    """gradio_client's /generate and /image_to_image take what the MCP tools take: names, order, defaults."""
+    from sdxl_engine.serving import handler, history
+    from sdxl_engine.serving.apis import mcp_image
+
+    endpoints = {"generate": handler.api_function(lambda *a, **k: None, CONFIG, history.Pending()),
+                 "image_to_image": mcp_image.image_tool(lambda *a, **k: None, CONFIG)}
+    for name, inputs in (("generate", tools.generate_inputs(CONFIG)), ("image_to_image", tools.image_inputs(CONFIG))):
+        parameters = [p for p in inspect.signature(endpoints[name]).parameters.values()
+                      if p.name not in ("request", "progress")]
+        assert [p.name for p in parameters] == [item.name for item in inputs]
+        defaults = ["" if p.default is None else tools.REQUIRED if p.default is p.empty else p.default
+                    for p in parameters]
+        assert defaults == [item.default for item in inputs]
+
+
+def test_a_call_answers_the_jobs_png_bytes_then_the_info_record(served, engine):
+    released(engine, 2)
+    result = asyncio.run(in_session(served.url, lambda session: session.call_tool(
+        "generate", {"prompt": "a red circle", "seed": 12, "num_inference_steps": 2, "width": 48, "height": 32})))
+    assert not result.isError, result.content
+    (job,) = served.service.jobs(None)
+    assert (job.front, job.owner, job.client) == ("mcp", "owner-127.0.0.1", "127.0.0.1")
+    images = [base64.b64decode(c.data) for c in result.content if c.type == "image"]
+    assert images == job.result.pngs and [c.mimeType for c in result.content[:2]] == ["image/png"] * 2
+    assert np.asarray(Image.open(io.BytesIO(images[1])))[0, 0, 0] == 13  # StepEngine: pixel = seed
+    assert result.content[-1].type == "text" and json.loads(result.content[-1].text)["seeds"] == [12, 13]
+
+
+def test_refusals_are_tool_errors_naming_the_tools_input(served, engine):
+    picture = io.BytesIO()
+    Image.new("RGB", (48, 32), (10, 20, 30)).save(picture, format="PNG")
+    picture = base64.b64encode(picture.getvalue()).decode()
+
+    async def calls(session):
+        return [await session.call_tool(name, arguments) for name, arguments in (
+            ("generate", {"prompt": "x", "style": "Nope"}),
+            ("generate", {"prompt": "x", "width": 50, "height": 32}),
+            ("generate", {"prompt": "x", "steps": 3}),
+            ("generate", {"seed": 3}),
+            ("generate", {"prompt": "x", "seed": "five"}),
+            ("image_to_image", {"prompt": "x", "image": picture[:40]}),
+            ("image_to_image", {"prompt": "x", "image": picture, "upscale": 9}),
+            ("image_to_image", {"prompt": "x", "image": picture, "upscale": 1.5}))]
+
+    answers = asyncio.run(in_session(served.url, calls))
+    assert all(answer.isError for answer in answers)
+    texts = [answer.content[0].text for answer in answers]
+    assert [text.split(":")[0] for text in texts] == ["style", "width", "steps", "prompt", "seed", "image",
+                                                      "upscale", "upscale"]
+    assert texts[0].startswith("style: 'Nope' is not one of ['(No style)'")
+    assert "not an input of this tool; its inputs: prompt, negative_prompt, seed" in texts[2]
+    assert texts[-1].startswith("upscale: 1.5 x 48x32 = 72x48, which this server does not make")  # hires_scale's
+    assert texts[3] == "prompt: is required" and texts[4] == "seed: 'five' is not of type 'integer'"
+    assert served.service.jobs(None) == [] and engine.calls == []  # nothing was queued
+
+
+def test_mcp_calls_count_in_the_per_client_cap_with_the_other_fronts(served, engine):
+    """limit 2: with one job of the address from another front and one MCP call in flight, a second MCP call is
+    refused with the cap's message, and so is the other front's next job; the two in flight then finish."""
+    from sdxl_engine.service.request import to_request
+    from sdxl_engine.service.service import Refused
+
+    other = served.service.submit(to_request(prompt="a1111's", num_inference_steps=1), owner="k", front="a1111",
+                                  client="127.0.0.1")
+
+    async def calls(session):
+        first = asyncio.create_task(session.call_tool("generate", {"prompt": "x", "num_inference_steps": 1}))
+        await asyncio.to_thread(wait_until, lambda: len(served.service.jobs(None)) == 2, "the MCP call's job")
+        second = await session.call_tool("generate", {"prompt": "y", "num_inference_steps": 1})
+        with pytest.raises(Refused) as refused:
+            served.service.submit(to_request(prompt="z"), owner="k", front="openai", client="127.0.0.1")
+        engine.go(2)
+        return await first, second, refused.value
+
+    first, second, refused = asyncio.run(in_session(served.url, calls))
+    assert second.isError and "max_requests_per_client = 2" in second.content[0].text
+    assert refused.status == 429 and not first.isError and other.status == "succeeded"
+
+
+def test_a_call_whose_client_leaves_stops_its_job_and_the_next_runs(served, engine):
+    async def leave(session):
+        call = asyncio.create_task(session.call_tool("generate", {"prompt": "x", "num_inference_steps": 30}))
+        await asyncio.to_thread(wait_until, lambda: served.service.running == 1, "the call never ran")
+        engine.go(1)
+        await asyncio.to_thread(wait_until, lambda: engine.steps_seen == 1, "no step ran")
+        call.cancel()
+
+    asyncio.run(in_session(served.url, leave))  # the session closes with the call's connection
+    (job,) = served.service.jobs(None)
+    wait_until(lambda: job.status == CANCELLED, "the job of a client that left was not stopped", 30)
+    assert engine.steps_seen <= 2
+    released(engine, 1)
+    after = asyncio.run(in_session(served.url, lambda session: session.call_tool(
+        "generate", {"prompt": "y", "seed": 3, "num_inference_steps": 1})))
+    assert not after.isError and json.loads(after.content[-1].text)["seeds"] == [3, 4]
+
+
+def test_a_call_with_a_progress_token_hears_each_step(served, engine):
+    heard = []
+
+    async def progress(done, total, message):
+        heard.append((done, total, message))
+
+    released(engine, 3)
+    result = asyncio.run(in_session(served.url, lambda session: session.call_tool(
+        "generate", {"prompt": "x", "num_inference_steps": 3}, progress_callback=progress)))
+    assert not result.isError
+    assert heard == [(1, 3, "step 1/3"), (2, 3, "step 2/3"), (3, 3, "step 3/3")]
+
+
+def test_describe_splits_a_tools_doc():
+    description, inputs = tools.describe(tools.IMAGE_DOC)
+    assert description.endswith("Returns: the images (PNG, with their generation parameters) and a JSON record: "
+                                "seeds, size, strength, timings")
+    assert list(inputs) == [item.name for item in tools.image_inputs(CONFIG)]
+    assert "\n" not in inputs["refiner_switch_at"] and inputs["refiner_switch_at"].endswith("1 = no refiner")
+
+
+def test_mount_serves_mcp_unless_turned_off_and_hands_its_session_manager_to_the_lifespan(engine):
+    """apis.mount with MCP on adds the route and returns the session manager's run for the app's lifespan; with
+    --no-mcp (access.mcp False) there is neither."""
+    from sdxl_engine.serving.apis import access_for, mount
+
+    service = Service(engine, slots=1, limit=2)
+    for mcp, routes, contexts in ((True, ["/gradio_api/mcp", "/gradio_api/mcp/"], 1), (False, [], 0)):
+        app = FastAPI()
+        returned = mount(app, service, access_for("", share=False, public_api=False, mcp=mcp), {}, config=CONFIG,
+                         log=lambda line: None)
+        assert [path for route in app.routes if (path := getattr(route, "path", "")).startswith("/gradio_api/mcp")] \
+            == routes
+        assert len(returned) == contexts
