@@ -12,7 +12,7 @@ encoded once (delivery.py), saved to ``outputs_dir`` when the operator asks. Fro
 from __future__ import annotations
 
 import collections
-import contextlib
+import concurrent.futures
 import dataclasses
 import logging
 import math
@@ -83,6 +83,8 @@ class Service:
         self._running: set[Job] = set()
         self._workers = [threading.Thread(target=self._work, name=f"service-slot-{i}", daemon=True)
                          for i in range(slots)]
+        # PNGs are encoded here, one job at a time, so a slot is free for the next job's engine calls meanwhile
+        self._encoder = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="service-encoder")
         for worker in self._workers:
             worker.start()
 
@@ -209,19 +211,30 @@ class Service:
                 self._renumber()
             try:
                 job.emit("started")
-                status = self._run(job)
+                made = self._run(job)
             except BaseException as err:  # noqa: BLE001 - a worker must survive any request
-                job.error = err
-                status = FAILED
-                if not isinstance(err, EXPECTED):
-                    LOG.exception(f"[app] request failed: the engine raised {type(err).__name__}: {err}")
-                elif isinstance(err, GenerationError):  # the request could not be made: the operator may want to know
-                    LOG.error(f"[app] request failed: {err}")
-                else:  # the client's to change (or to retry): nothing wrong with the server
-                    LOG.info(f"[app] request refused: {err}")
-            with self._cond:
-                self._running.discard(job)
-                self._finish(job, status)
+                self._failed(job, err)
+                continue
+            if isinstance(made, str):  # stopped before any image: nothing to encode
+                self._done(job, made)
+            else:  # the PNGs are encoded beside the next job's engine calls: the devices do not wait for them
+                self._encoder.submit(self._deliver, job, *made)
+
+    def _failed(self, job: Job, err: BaseException) -> None:
+        """``job`` failed with ``err``: one log line (a traceback only for an unexpected error)."""
+        job.error = err
+        if not isinstance(err, EXPECTED):
+            LOG.exception(f"[app] request failed: the engine raised {type(err).__name__}: {err}", exc_info=err)
+        elif isinstance(err, GenerationError):  # the request could not be made: the operator may want to know
+            LOG.error(f"[app] request failed: {err}")
+        else:  # the client's to change (or to retry): nothing wrong with the server
+            LOG.info(f"[app] request refused: {err}")
+        self._done(job, FAILED)
+
+    def _done(self, job: Job, status: str) -> None:
+        with self._cond:
+            self._running.discard(job)
+            self._finish(job, status)
 
     def _finish(self, job: Job, status: str) -> None:
         """With the lock held: ``job`` ends as ``status``; its followers hear it."""
@@ -237,8 +250,10 @@ class Service:
                 queued.position = position
                 queued.emit("queued", {"position": position})
 
-    def _run(self, job: Job) -> str:
-        """Run ``job``'s engine calls one after another (the seeds following on); its final status."""
+    def _run(self, job: Job):
+        """Run ``job``'s engine calls one after another (the seeds following on). Returns its final status when it
+        made no image (cancelled), else what :meth:`_deliver` takes: (the calls' results, each with the number of
+        its images the client receives, and the message of a stop that cut it short, or None)."""
         engine, request = self.engine, job.request
         while not engine.ready.wait(0.5):
             if job.cancelled.is_set():
@@ -250,12 +265,10 @@ class Service:
         first = request.engine if request.engine.validated_for is not None else validate(request.engine,
                                                                                            engine.limits)
         batch, wanted = engine.batch, request.images or engine.batch
-        images, pngs, seeds, stems, warnings, info, stopped = [], [], [], [], [], None, None
-        seed = first.seed
+        made, stopped, seed = [], None, first.seed
         for n in range(job.calls):
             if job.cancelled.is_set():
                 break
-            keep = min(batch, wanted - n * batch)
             call = first if n == 0 else validate(dataclasses.replace(first, seed=seed), engine.limits)
             job.call, job.step, job.steps, job.preview, job.loop_started = n, 0, call.num_inference_steps, None, None
             job.skipped.clear()
@@ -271,27 +284,39 @@ class Service:
                     break
                 seed = (seed + batch) % (engine.limits.max_seed + 1)  # a skip: the next call follows on
                 continue
-            made = result.images if request.paste_back is None else request.paste_back.apply(result.images)
-            result = dataclasses.replace(result, images=made)
-            self._stage(job, "encoding")
-            out = delivery.deliver(result, request.prompt, request.style, None, self.outputs_dir, keep,
-                                   request.parameters)
-            if out.save_error is not None:
-                LOG.warning(f"[app] warning: could not save to outputs_dir {self.outputs_dir!r}: {out.save_error}")
-            images.append(made[:keep])
-            pngs += out.pngs[:keep]
-            seeds += list(result.seeds[:keep])
-            stems += out.stems[:keep]
-            warnings += [w for w in out.info["warnings"] if w not in warnings]
-            info = info or out.info
+            made.append((result, min(batch, wanted - n * batch)))
             seed = (result.seeds[0] + batch) % (engine.limits.max_seed + 1)
-        if info is None:  # stopped before any image was made
+        if not made:  # stopped before any image was made
             if stopped is not None or job.cancelled.is_set():
                 return CANCELLED
             raise GenerationError("the request made no images")
-        job.result = Result(np.concatenate(images), pngs, seeds, {**info, "seeds": seeds}, warnings, stems,
-                            stopped if len(pngs) < wanted else None)
-        return CANCELLED if job.cancelled.is_set() and len(pngs) < wanted else SUCCEEDED
+        return made, stopped
+
+    def _deliver(self, job: Job, made: list, stopped: str | None) -> None:
+        """On the encoder thread: the answer's images (pasted back), their PNGs (encoded once, with A1111's
+        parameters), copies in ``outputs_dir``, then ``job`` ends succeeded (or cancelled with the images it has)."""
+        request, wanted = job.request, job.request.images or self.engine.batch
+        try:
+            self._stage(job, "encoding")
+            images, pngs, seeds, stems, warnings, info = [], [], [], [], [], None
+            for result, keep in made:
+                pixels = result.images if request.paste_back is None else request.paste_back.apply(result.images)
+                out = delivery.deliver(dataclasses.replace(result, images=pixels), request.prompt, request.style,
+                                       None, self.outputs_dir, keep, request.parameters)
+                if out.save_error is not None:
+                    LOG.warning(f"[app] warning: could not save to outputs_dir {self.outputs_dir!r}: {out.save_error}")
+                images.append(pixels[:keep])
+                pngs += out.pngs[:keep]
+                seeds += list(result.seeds[:keep])
+                stems += out.stems[:keep]
+                warnings += [w for w in out.info["warnings"] if w not in warnings]
+                info = info or out.info
+            job.result = Result(np.concatenate(images), pngs, seeds, {**info, "seeds": seeds}, warnings, stems,
+                                stopped if len(pngs) < wanted else None)
+        except BaseException as err:  # noqa: BLE001 - the encoder must survive any request
+            self._failed(job, err)
+            return
+        self._done(job, CANCELLED if job.cancelled.is_set() and len(pngs) < wanted else SUCCEEDED)
 
     @staticmethod
     def _stage(job: Job, stage: str) -> None:
@@ -309,12 +334,3 @@ class Service:
             job.preview = event.preview
             job.emit("preview", {"step": event.step, "steps": event.steps})
 
-
-@contextlib.contextmanager
-def running_service(engine: EngineContract, **kwargs):
-    """A :class:`Service` for the block (tests, tools); closed after it."""
-    service = Service(engine, **kwargs)
-    try:
-        yield service
-    finally:
-        service.close()
