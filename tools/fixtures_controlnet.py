@@ -51,7 +51,7 @@ STEPS = SETTINGS["num_inference_steps"]
 # image index, scale, A1111 start, A1111 end, diffusers start, diffusers end)
 CASES = {
     "one": ("txt2img", None, [("cn-a", 0, 0.8, 0.0, 1.0, 0.0, 1.0)]),
-    "start_end": ("txt2img", None, [("cn-a", 0, 1.0, 0.2, 0.5, 0.2, 0.6)]),
+    "start_end": ("txt2img", None, [("cn-a", 0, 1.5, 0.1, 0.3, 0.1, 0.4)]),
     "two": ("txt2img", None, [("cn-a", 0, 0.7, 0.0, 1.0, 0.0, 1.0), ("cn-b", 1, 0.5, 0.0, 0.8, 0.0, 0.9)]),
     "img2img": ("img2img", 0.75, [("cn-a", 1, 1.0, 0.0, 1.0, 0.0, 1.0)]),
     "inpaint4": ("inpaint4", 0.75, [("cn-a", 0, 1.0, 0.0, 1.0, 0.0, 1.0)]),

@@ -81,6 +81,7 @@ class Programs:
         what += ", inpainting" if shape.inpaint else ""
         what += ", with the refiner" if shape.refiner else ""
         what += ", hires first pass" if shape.latents_out else ", hires second pass" if shape.init_latents else ""
+        what += f", {len(shape.controlnets)} ControlNet units" if shape.controlnets else ""
         # One line either way; a missing or refused executable says why in the "compiled" line.
         if program.loaded:
             self._log(f"[sdxl_engine] loaded {what} in {program.compile_s:.2f} s (executable cache: "
