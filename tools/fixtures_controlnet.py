@@ -9,7 +9,8 @@ Needs tests/fixtures/tiny-pt/ and tiny-pt-img2img/noise.npz (the engine's initia
 * ``cn-a/``, ``cn-b/``: ``ControlNetModel.from_unet(tiny-pt's UNet, conditioning_embedding_out_channels=(8, 16,
   32))`` (two stride-2 convs: tiny-pt's VAE factor 4), seeds 11 and 12; the zero convolutions
   (``controlnet_down_blocks.*``, ``controlnet_mid_block``) and the conditioning embedding's ``conv_out`` given
-  PyTorch's default random init (zero, they would add nothing), every 1-D parameter moved (``randomized``); saved by
+  PyTorch's default random init (zero, they would add nothing), x 3, the ``conv_out`` x 10 more (its output then
+  about conv_in's), every 1-D parameter moved (``randomized``); saved by
   ``save_pretrained`` in float16 (half the bytes); the references use them loaded back in float32.
 * ``reference.npz``: ``controls`` (2, 64, 64, 3) uint8 (the two control images: tools/fixtures_img2img.py's
   pictures), the module case (``module_*``: one ``cn-a`` call's inputs and its 10 residuals), and ``<case>_images``
@@ -78,6 +79,9 @@ def make_controlnet(unet, seed: int) -> ControlNetModel:
         for conv in zero:
             conv.reset_parameters()
             conv.weight.mul_(3.0)  # strong enough that a unit's scale, start and end show in 64x64 images
+        # the image's embedding as large as conv_in's latents (a trained ControlNet's is; x1 left the image's effect
+        # on the images at 0.01/255)
+        net.controlnet_cond_embedding.conv_out.weight.mul_(10.0)
     return randomized(net, seed)
 
 
