@@ -156,7 +156,7 @@ def _build(config: dict, where: Path) -> Component:
         raise ModelLoadError(f"{where}: {err}") from err
 
 
-def config_from_file(path: Path, unet_config: dict) -> dict:
+def config_from_file(path: Path, unet_config: dict | None) -> dict:
     """A single file's ControlNet config: ``<stem>.json`` or ``config.json`` beside it, else ``unet_config`` (the
     model's UNet config as a dict (its config.json, or ``dataclasses.asdict`` of its UNetConfig), as
     ``ControlNetModel.from_unet``) with what the file's tensor shapes say: the
@@ -164,6 +164,9 @@ def config_from_file(path: Path, unet_config: dict) -> dict:
     for candidate in (path.with_suffix(".json"), path.parent / "config.json"):
         if candidate.is_file():
             return _read_config(candidate)
+    if unet_config is None:
+        raise ModelLoadError(f"{path}: a single file needs {path.stem}.json or config.json beside it (or the model's "
+                             "UNet config)")
     header = read_safetensors_header(path)
     if not any(k.startswith("controlnet_down_blocks.") for k in header):
         what = ("a ControlNet-LoRA / LLLite file" if any("lora" in k or "lllite" in k for k in header)
@@ -215,8 +218,6 @@ def read_controlnet(path: Path, unet_config: dict | None = None) -> tuple[Compon
         return _build(_read_config(path / "config.json"), path / "config.json"), find_weight_files(path)
     if path.suffix != ".safetensors":
         raise ModelLoadError(f"{path}: not a .safetensors file; ControlNets load from safetensors only")
-    if unet_config is None:
-        raise ModelLoadError(f"{path}: a single file needs a config.json beside it (or the model's UNet config)")
     return _build(config_from_file(path, unet_config), path), [path]
 
 

@@ -264,3 +264,14 @@ def infotext(units: Sequence[ControlUnit], titles: Mapping[str, str]) -> dict[st
                   ("Pixel Perfect", u.pixel_perfect), ("Control Mode", u.control_mode)]
         entries[f"ControlNet {k}"] = ", ".join(f"{name}: {value}" for name, value in fields)
     return entries
+
+
+def detect(image, module: str = "none", processor_res: int = -1, threshold_a: float = -1,
+           threshold_b: float = -1) -> np.ndarray:
+    """The detected map of one image by one preprocessor (sd-webui-controlnet's ``/controlnet/detect`` body): the
+    image checked as a unit's (``image``), the module resolved (:func:`.control_preprocess.module_name`: an alias
+    read, a model-backed or unknown one refused), the map (H', W', 3) uint8 at ``processor_res`` (-1: the module's
+    default). Raises InvalidRequest (UnknownModule for ``module``) naming the field."""
+    (unit,) = validate_units([ControlUnit(image=image, model="-", module=module, processor_res=processor_res,
+                                          threshold_a=threshold_a, threshold_b=threshold_b)], ["-"], 1)
+    return preprocess(unit.image, unit.module, unit.processor_res, unit.threshold_a, unit.threshold_b)

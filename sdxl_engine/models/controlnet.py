@@ -70,7 +70,8 @@ class ControlNetConfig:
             raise ValueError(f"controlnet config controlnet_conditioning_channel_order={order!r}: rgb or bgr")
         down = list(c["down_block_types"])
         up = ["CrossAttnUpBlock2D" if kind == "CrossAttnDownBlock2D" else "UpBlock2D" for kind in reversed(down)]
-        encoder = {k: v for k, v in c.items() if k not in ("up_block_types", "out_channels")}
+        # sample_size is not the encoder's business (from_unet does not copy it): left out, so equal nets compare equal
+        encoder = {k: v for k, v in c.items() if k not in ("up_block_types", "out_channels", "sample_size")}
         encoder.update(up_block_types=up, out_channels=c.get("in_channels", 4))
         return cls(unet=UNetConfig.from_dict(encoder), conditioning_channels=int(c.get("conditioning_channels", 3)),
                    conditioning_embedding_out_channels=tuple(c.get("conditioning_embedding_out_channels",
