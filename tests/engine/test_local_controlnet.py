@@ -129,3 +129,18 @@ def test_img2img_with_a_unit_through_the_engine_matches_diffusers(cn_engine, ref
     diff = np.abs(result.images[:2].astype(int) - reference["img2img_images"])
     print(f"img2img through the engine: max {diff.max()}/255, mean {diff.mean():.4f}/255")
     assert diff.max() <= 4 and diff.mean() <= 0.5
+
+
+@pytest.mark.slow  # compiles hires fix's two programs with one unit
+def test_hires_fix_with_a_unit_runs_both_passes(cn_engine, reference):
+    """Hires fix (a latent upscaler) with a canny unit: both passes' programs carry it (each with the map at its
+    size), the images are the large ones, and the unit changes them (weight 0.8 against 0, the same programs)."""
+    def run(weight):
+        unit = ControlUnit(image=reference["controls"][0], model="cn-a", module="canny", weight=weight)
+        return cn_engine.generate(request([unit], hires_scale=1.5, hires_steps=4))
+
+    result = run(0.8)
+    assert result.images.shape == (4, 96, 96, 3) and "Module: canny" in result.control_infotext["ControlNet 0"]
+    shapes = [s for s in cn_engine.programs.compiled if s.controlnets]
+    assert {(s.width, s.latents_out, s.init_latents) for s in shapes} >= {(64, True, False), (96, False, True)}
+    assert np.abs(run(0.0).images.astype(int) - result.images).mean() > 1

@@ -93,7 +93,7 @@ def program():
         control = tuple(model.controlnets[u.model].params for u in units)
         return np.asarray(compiled[shape].executable({**params, "controlnet": control}, inputs)[0]).astype(int)
 
-    run.compiled = compiled
+    run.compiled, run.model, run.params, run.mesh, run.place = compiled, model, params, mesh, place
     return run
 
 
@@ -176,3 +176,78 @@ def test_the_fixture_keeps_are_a1111s_rule():
 def test_dataclass_units_compare_without_images():
     a, b = ControlUnit(image=np.zeros((2, 2, 3), np.uint8), model="x"), ControlUnit(image=None, model="x")
     assert a == b and dataclasses.replace(a, weight=0.5) != b
+
+
+@pytest.mark.slow  # compiles tiny-pt + tiny-pt-refiner's program with one unit
+def test_the_refiners_steps_take_no_control(program, reference):
+    """diffusers' refiner takes no ControlNet: with the refiner from step 0 a unit at weight 0.8 gives the images of
+    weight 0 exactly (its residuals are computed in the base UNet's branch only); switching at step 5 they differ."""
+    import jax
+
+    from sdxl_engine.checkpoint.loading import check_refiner, load_folder
+    from sdxl_engine.program.compiling import compile_program
+    from sdxl_engine.program.generate import ProgramInputs, ProgramShape, tokenize
+
+    model, params = program.model, program.params
+    refiner = load_folder(FIXTURES / "tiny-pt-refiner", "tiny-pt-refiner", "float32")
+    check_refiner(model, refiner)
+    base = dataclasses.replace(model, refiner=refiner)
+    params = {**params, "refiner": jax.device_put({k: refiner.params[k] for k in ("text_encoder_2", "unet")},
+                                                  program.place),
+              "controlnet": (model.controlnets["cn-a"].params,)}
+    shape = ProgramShape(2, 64, 64, max_steps=STEPS, refiner=True,
+                         controlnets=(model.controlnets["cn-a"].architecture,))
+    compiled = compile_program(base, params, shape, program.mesh)
+    ids, _ = tokenize(model, SETTINGS["prompt"])
+    negative, _ = tokenize(model, SETTINGS["negative_prompt"])
+    schedule = make_schedule("Euler", model.scheduler_config, STEPS)
+
+    def images(switch, weight):
+        unit = ControlUnit(image=reference["controls"][0], model="cn-a", weight=weight)
+        inputs = ProgramInputs.build(ids, negative, False, list(reference["seeds"]), SETTINGS["guidance_scale"],
+                                     schedule, STEPS, STEPS).with_refiner(switch)
+        inputs = inputs.with_control(**control_arrays([unit], 64, 64, 2, 0, STEPS, STEPS).inputs())
+        return np.asarray(compiled.executable(params, inputs)[0]).astype(int)
+
+    assert np.array_equal(images(0, 0.8), images(0, 0.0))
+    assert np.abs(images(5, 0.8) - images(5, 0.0)).mean() > 1
+
+
+@pytest.mark.slow  # compiles tiny-pt-inpaint's 9-channel program with one unit
+def test_a_9_channel_inpainting_unet_takes_a_unit(program, reference):
+    """An inpainting UNet's input is [latents, mask, masked image]; its ControlNet gets the latents alone (diffusers'
+    inpaint pipeline, A1111's ``x[:, :4]``): a random ControlNet of the 9-channel UNet's blocks (4 input channels)
+    runs, weight 0 and 1 differ, and the images are finite."""
+    import jax
+
+    from sdxl_engine.checkpoint.controlnet import LoadedControlNet
+    from sdxl_engine.checkpoint.loading import load_folder
+    from sdxl_engine.models import build_component
+    from sdxl_engine.program.compiling import compile_program
+    from sdxl_engine.program.generate import ProgramInputs, ProgramShape, tokenize
+
+    model = load_folder(FIXTURES / "tiny-pt-inpaint", "tiny-pt-inpaint", "float32")
+    unet = json.loads((FIXTURES / "tiny-pt-inpaint" / "unet" / "config.json").read_text())
+    config = {k: v for k, v in unet.items() if not k.startswith("up_") and k not in ("out_channels", "sample_size")}
+    component = build_component("controlnet", {**config, "in_channels": 4, "_class_name": "ControlNetModel",
+                                               "conditioning_embedding_out_channels": [8, 16, 32]})
+    net = LoadedControlNet("cn-9", FIXTURES, component, jax.jit(component.init)(jax.random.key(3)), "", "float32")
+    model.controlnets = {"cn-9": net}
+    params = jax.device_put({**model.params, "controlnet": (net.params,)}, program.place)
+    shape = ProgramShape(2, 64, 64, max_steps=STEPS, init_image=True, inpaint=True, controlnets=(net.architecture,))
+    compiled = compile_program(model, params, shape, program.mesh)
+    ids, _ = tokenize(model, SETTINGS["prompt"])
+    negative, _ = tokenize(model, SETTINGS["negative_prompt"])
+    schedule = make_schedule("Euler", model.scheduler_config, STEPS)
+
+    def images(weight):
+        unit = ControlUnit(image=reference["controls"][1], model="cn-9", weight=weight)
+        inputs = ProgramInputs.build(ids, negative, False, list(reference["seeds"]), SETTINGS["guidance_scale"],
+                                     schedule, STEPS, STEPS, image=reference["controls"][::-1], start_step=0,
+                                     mask=np.asarray(reference["masks"]) / 255.0, from_noise=True)
+        inputs = inputs.with_control(**control_arrays([unit], 64, 64, 2, 0, STEPS, STEPS).inputs())
+        out, finite = compiled.executable(params, inputs)
+        assert np.asarray(finite).all()
+        return np.asarray(out).astype(int)
+
+    assert np.abs(images(1.0) - images(0.0)).mean() > 1
