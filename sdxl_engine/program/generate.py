@@ -32,8 +32,9 @@ arguments (:func:`static_options`). The program is four stages, in order: :func:
 :func:`initial_latents`, :func:`denoise` (:func:`denoise_step`, the one body every step runs, whose end is the
 per-step hook's seam, :func:`step_report`) and :func:`decode`; :func:`build_generate` only chains them. A mode is a
 ProgramShape flag, the inputs it turns on and one branch in a stage: img2img (``init_image``), inpainting
-(``inpaint``), the refiner (``refiner``), hires fix's two passes (``latents_out``, ``init_latents``); README,
-"Architecture", says where each goes.
+(``inpaint``), the refiner (``refiner``), hires fix's two passes (``latents_out``, ``init_latents``), ControlNet units
+(``controlnets``: the ``control_*`` inputs, stage 1c :func:`control_conditioning` and :func:`control_residuals` in the
+base UNet's call; docs/controlnet.md); README, "Architecture", says where each goes.
 """
 
 from __future__ import annotations
