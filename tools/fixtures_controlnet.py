@@ -1,5 +1,5 @@
 """ControlNet references: two small ControlNets made from tiny-pt's UNet and diffusers' SDXL ControlNet pipelines'
-images with them, for tests/models/test_controlnet.py and tests/program/test_generate_controlnet.py.
+images with them, for tests/models/test_controlnet_module.py and tests/program/test_generate_controlnet.py.
 
     /work/venv-torch/bin/python -m tools.fixtures_controlnet      (the torch venv; never the runtime's)
 
