@@ -151,6 +151,18 @@ class EngineConfig:
     # A folder whose every .safetensors file is a LoRA named by its file stem ("" = none).
     lora_dir: str = ""
 
+    # ---- ControlNets (docs/controlnet.md) ----
+    # ControlNets that requests' control units name: diffusers ControlNetModel folders (config.json + safetensors)
+    # or .safetensors files in diffusers' layout, several separated by os.pathsep (the flag --controlnet PATH may
+    # instead be repeated); each is named by its folder or file name without .safetensors, loaded in the model's
+    # dtype and checked against the model at start (checkpoint/controlnet.py); a bad one stops the start.
+    controlnet: str = ""
+    # A folder whose every ControlNet (a sub-folder with config.json, or a .safetensors file) is loaded ("" = none).
+    controlnet_dir: str = ""
+    # ControlNet units one request may have (A1111's "Multi-ControlNet" unit count); each count compiles its own
+    # program on first use.
+    max_control_units: int = 3
+
     # Progress, previews, Stop from inside the compiled loop (a host call every step, or about every 0.1 s of
     # faster steps: engine/steps.py); off: the program has no host call and Stop acts only before a request starts.
     progress: bool = True

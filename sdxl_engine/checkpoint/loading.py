@@ -192,6 +192,10 @@ class LoadedModel:
     # and kind are the program's refiner expert; its params (text_encoder_2, unet) go in the program's
     # params["refiner"]. None: no refiner.
     refiner: LoadedModel | None = None
+    # The ControlNets the engine loaded beside this model (--controlnet; checkpoint/controlnet.py), by name: their
+    # Components are the programs' (ProgramShape.controlnets names architectures); their params go in each request's
+    # params["controlnet"]. Empty: none.
+    controlnets: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def unet(self):

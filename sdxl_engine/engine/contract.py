@@ -67,6 +67,9 @@ class GenerateResult:
         prompt_chunks: 75-token chunks the prompt and negative prompt ran with (the program's ``chunks``).
         loras: {name: A1111 short hash} of the LoRAs the prompt's tags named, in their order.
         refiner: the refiner's name when it ran (``request.refiner_switch_at``), else "".
+        control_infotext: A1111's infotext entries of the request's ControlNet units, {"ControlNet 0": "Module:
+            canny, Model: name [hash], Weight: 1.0, ..."} (engine/control.py ``infotext``); the values hold commas,
+            so a PNG's parameters quote them (JSON) as A1111 does. {} without units.
     """
 
     images: np.ndarray
@@ -80,6 +83,7 @@ class GenerateResult:
     prompt_chunks: int = 1
     loras: dict[str, str] = dataclasses.field(default_factory=dict)
     refiner: str = ""
+    control_infotext: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def wait_for_start(engine, timeout: float | None) -> None:

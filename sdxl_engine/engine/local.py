@@ -28,11 +28,13 @@ import jax
 import numpy as np
 
 from sdxl_engine import config as config_mod
+from sdxl_engine.checkpoint import controlnet as controlnet_mod
 from sdxl_engine.checkpoint import loading
 from sdxl_engine.checkpoint import lora as lora_mod
 from sdxl_engine.config import EngineConfig
 from sdxl_engine.engine import faults, memory
 from sdxl_engine.engine.contract import GenerateResult, ScaleOut, clock, queue_seconds, wait_for_start
+from sdxl_engine.engine.control import ControlArrays, infotext
 from sdxl_engine.engine.durations import RunTimes
 from sdxl_engine.engine.errors import GenerationError
 from sdxl_engine.engine.image_upscale import upscale_images
@@ -168,6 +170,7 @@ class Engine:
         self._done("load_s", t0)
         self._load_refiner()
         self._load_loras(lora_sources)
+        self._load_controlnets()
         self.defaults = self._model_defaults()
         self.limits = self._limits(self.defaults)
         self.planner = Planner(self.model, self.config, self.limits, self.batch, self.refiner_loras)
@@ -246,6 +249,36 @@ class Engine:
         self.params = {**self.params, "refiner": refiner.params}
         jax.block_until_ready(self.params)
         self._done("refiner_load_s", t0)
+
+    def _load_controlnets(self) -> None:
+        """With ``config.controlnet`` / ``controlnet_dir``: load each ControlNet in the model's dtype onto the
+        devices (replicated), check it fits the model (checkpoint/controlnet.check_fits: ModelLoadError stops the
+        start) and attach them (``model.controlnets``, by name)."""
+        sources = controlnet_mod.controlnet_sources(self.config.controlnet, self.config.controlnet_dir)
+        if not sources:
+            return
+        t0 = self._stage(f"loading {len(sources)} ControlNets onto the devices")
+        unet_config = dataclasses.asdict(self.model.unet)  # a single file without a config: from_unet's rule
+        nets = {}
+        for name, path in sources.items():
+            net = controlnet_mod.load_controlnet(name, path, self.model.dtype, unet_config,
+                                                 sharding.replicated(self.mesh), log=self._collect or self._log)
+            controlnet_mod.check_fits(net, self.model.components["unet"], self.model.vae_scale_factor,
+                                      self.model.latent_channels)
+            nets[name] = net
+        self.model.controlnets = nets
+        jax.block_until_ready([n.params for n in nets.values()])
+        self._done("controlnet_load_s", t0)
+
+    def _control(self, params: dict, control: ControlArrays | None,
+                 inputs: ProgramInputs) -> tuple[dict, ProgramInputs]:
+        """``params`` and ``inputs`` for a pass with ControlNet units (``control``, a plan's): each unit's
+        ControlNet params in ``params["controlnet"]``, the units' arrays in the inputs; as they are without."""
+        if control is None:
+            return params, inputs
+        nets = self.model.controlnets
+        return ({**params, "controlnet": tuple(nets[m].params for m in control.models)},
+                inputs.with_control(**control.inputs()))
 
     def _load_loras(self, sources: dict) -> None:
         """Read and check every LoRA against the model, or, when it does not fit the model and a refiner is
@@ -337,7 +370,9 @@ class Engine:
                       max_pixels=max(max_pixels, *(w * h for w, h in sizes)), batch=self.batch,
                       requires_mask=f"{self.model.name} has an inpainting UNet ({self.model.kind.unet_in_channels} "
                                     "input channels: latents, mask, masked image)" if self._startup_mode else "",
-                      refiner=self.model.refiner is not None)
+                      refiner=self.model.refiner is not None,
+                      controlnets=tuple((name, net.hash) for name, net in self.model.controlnets.items()),
+                      max_control_units=self.config.max_control_units)
 
     def _start_precompile(self) -> None:
         """Compile the no-CFG variant of the default size, then the other size buckets, in a
@@ -506,6 +541,7 @@ class Engine:
                                      from_noise=request.strength == 1.0)
         if plan.refiner_start is not None:  # the refiner's switch step and aesthetic scores (diffusers' defaults)
             inputs = inputs.with_refiner(plan.refiner_start)
+        params, inputs = self._control(params, plan.control, inputs)  # the units' ControlNets and arrays
         # TEST-ONLY fault hooks (faults.py): self._faults is None unless SDXL_FAULT_INJECTION=1.
         params = self._faults.params(request.prompt, params) if self._faults else params
         if should_stop is not None and should_stop():
@@ -539,7 +575,9 @@ class Engine:
                               device_count=self.mesh.devices.size, device_summary=self.device_summary,
                               model=self.model.name, prompt_chunks=plan.prompt.chunks, loras=loras,
                               refiner=self.model.refiner.name if plan.request.refiner_switch_at is not None
-                              and self.model.refiner is not None else "")
+                              and self.model.refiner is not None else "",
+                              control_infotext=infotext(plan.request.control_units, {
+                                  name: net.title for name, net in self.model.controlnets.items()}))
 
     def _run_hires(self, plan: Plan, first: CompiledProgram, second: CompiledProgram,
                    progress: Callable[[str], None] = _no_progress, on_step: Callable[[StepEvent], None] | None = None,
@@ -560,6 +598,7 @@ class Engine:
                                      request.guidance_scale, plan.schedule, request.num_inference_steps,
                                      self.config.max_inference_steps, prompt_weights=plan.prompt.weights,
                                      negative_weights=plan.negative.weights)
+        first_params, inputs = self._control(params, plan.control, inputs)
         if should_stop is not None and should_stop():
             raise Stopped("stopped before it started")
         steps, total = request.num_inference_steps, request.num_inference_steps + hires.runs
@@ -569,7 +608,7 @@ class Engine:
             self._faults.on_device(request.prompt)
         # The first pass's finite flags are not read here: a NaN in its latents stays NaN through the second pass,
         # whose flags _result checks.
-        latents, finite = self._on_device(first, params, inputs, steps, _pass_events(on_step, 0, 0, total),
+        latents, finite = self._on_device(first, first_params, inputs, steps, _pass_events(on_step, 0, 0, total),
                                           should_stop)
         pixels = None
         if hires.pixels:  # the first pass's images, upscaled on the host as A1111's resize_image
@@ -586,6 +625,7 @@ class Engine:
                                      self.config.max_inference_steps, start_step=hires.start_step,
                                      prompt_weights=hires.prompt.weights, negative_weights=hires.negative.weights,
                                      image=pixels, init_latents=large)
+        params, inputs = self._control(params, hires.control, inputs)
         out = self._on_device(second, params, inputs, hires.steps,
                               _pass_events(on_step, steps, hires.start_step, total), should_stop)
         return self._result(plan, out, loras, t0, t1, progress, " (hires fix)")

@@ -13,6 +13,7 @@ import numpy as np
 from sdxl_engine.checkpoint import builtin, loading
 from sdxl_engine.checkpoint import lora as lora_mod
 from sdxl_engine.config import EngineConfig
+from sdxl_engine.engine.control import ControlArrays, control_arrays
 from sdxl_engine.engine.image_upscale import IMAGE_UPSCALERS, upscale_images
 from sdxl_engine.engine.prompts import CHUNK, PromptTokens, parse_lora_tags, tokenize_prompt
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest, Limits, hires_size
@@ -44,6 +45,9 @@ class Plan:
             (hires fix of an input image: its second pass's), else None.
         loras: the prompt's ``<lora:NAME:WEIGHT>`` tags as (name, weight) in their order, parsed once here: the
             engine merges those LoRAs into the params it runs with (validate checked each names a loaded one).
+        control: the ControlNet units' arrays for the (first) pass (engine/control.py: images fitted to its size,
+            weights, modes, per-step keep; its ``models`` name each unit's ControlNet, whose params the engine passes
+            in params["controlnet"]), None without units.
     """
 
     request: GenerateRequest
@@ -59,6 +63,7 @@ class Plan:
     steps: int | None = None
     start_step: int | None = None
     loras: tuple[tuple[str, float], ...] = ()
+    control: ControlArrays | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +81,8 @@ class HiresPlan:
         rows, cols: a latent upscaler's (H/f, h/f) and (W/f, w/f) float32 matrices (latent_upscale.resize_matrix);
             None for a pixel upscaler.
         upscaler: the A1111 upscaler's name.
+        control: the ControlNet units' arrays for the second pass (the images fitted to its size, its keep over its
+            own steps, canny units soft: engine/control.py ``mode_factors``), None without units.
     """
 
     shape: ProgramShape
@@ -87,6 +94,7 @@ class HiresPlan:
     upscaler: str
     rows: np.ndarray | None = None
     cols: np.ndarray | None = None
+    control: ControlArrays | None = None
 
     @property
     def pixels(self) -> bool:
@@ -133,23 +141,31 @@ class Planner:
                                               f"send one for all of them, or {self.batch}")
             image = np.broadcast_to(image, (self.batch, *image.shape[1:]))
         mask = None if request.mask is None else np.broadcast_to(request.mask, (self.batch, *request.mask.shape[1:]))
+        units = request.control_units
         shape = self.shape(request.width, request.height, request.guidance_scale > 1, prompt.chunks,
-                            init_image=image is not None, inpaint=mask is not None)
+                            init_image=image is not None, inpaint=mask is not None,
+                            controlnets=tuple(self.model.controlnets[u.model].architecture for u in units))
         # Image i uses seed + i, wrapping past max_seed to 0, so every caption's seed is itself a valid request seed.
         seeds = [(request.seed + i) % (self.limits.max_seed + 1) for i in range(self.batch)]
         hires = None if request.hires_scale is None else self._hires(request, shape)
         if hires is not None and image is not None:  # hires fix of the given image: its second pass alone
             return Plan(request, hires.shape, hires.prompt, hires.negative, hires.schedule, seeds,
                         upscale_images(image, hires.shape.width, hires.shape.height, hires.upscaler),
-                        steps=hires.steps, start_step=hires.start_step, loras=loras)
+                        steps=hires.steps, start_step=hires.start_step, loras=loras, control=hires.control)
+        control = None
+        if units:  # the units' arrays at the request's size, keep over the steps that run (from img2img's start)
+            first = request.start_step if image is not None else 0
+            control = control_arrays(units, shape.width, shape.height, self.batch, first or 0,
+                                     request.num_inference_steps, self.config.max_inference_steps)
         if hires is not None and not hires.pixels:  # a latent upscaler: the first pass's latents, no VAE decode
             shape = dataclasses.replace(shape, latents_out=True)
         if request.refiner_switch_at is not None:  # the refiner's program and its first step (docs/refiner.md)
             return Plan(request, self._refiner_shape(shape), prompt, negative, schedule, seeds, image, mask,
                         refiner_start=refiner_start(schedule.timesteps, request.refiner_switch_at,
                                                     self.model.scheduler_config.get("num_train_timesteps", 1000)),
-                        loras=loras)
-        return Plan(request, shape, prompt, negative, schedule, seeds, image, mask, hires=hires, loras=loras)
+                        loras=loras, control=control)
+        return Plan(request, shape, prompt, negative, schedule, seeds, image, mask, hires=hires, loras=loras,
+                    control=control)
 
     def _check_refiner_tags(self, request: GenerateRequest, loras: tuple[tuple[str, float], ...]) -> None:
         """Raise InvalidRequest (``prompt``) for a refiner LoRA's tag (``loras``: the prompt's) in a request the
@@ -180,14 +196,17 @@ class Planner:
             request.negative_prompt if request.hires_negative_prompt is None else request.hires_negative_prompt)
         large = dataclasses.replace(shape, width=width, height=height, chunks=prompt.chunks, init_image=False,
                                     inpaint=False)
+        control = None if not request.control_units else control_arrays(
+            request.control_units, width, height, self.batch, start, steps, self.config.max_inference_steps,
+            hires_pass=True)
         if request.hires_upscaler in IMAGE_UPSCALERS:  # pixels, upscaled on the host: an img2img pass
             return HiresPlan(dataclasses.replace(large, init_image=True, hires_noise=True), schedule, steps, start,
-                             prompt, negative, request.hires_upscaler)
+                             prompt, negative, request.hires_upscaler, control=control)
         f = self.model.vae_scale_factor
         rows = resize_matrix(request.height // f, height // f, request.hires_upscaler)  # (H/f, h/f)
         cols = resize_matrix(request.width // f, width // f, request.hires_upscaler)  # (W/f, w/f)
         return HiresPlan(dataclasses.replace(large, init_latents=True), schedule, steps, start, prompt, negative,
-                         request.hires_upscaler, rows, cols)
+                         request.hires_upscaler, rows, cols, control)
 
     def _refiner_shape(self, shape: ProgramShape) -> ProgramShape:
         """``shape`` with the refiner. Raises InvalidRequest (``width``) for a size the refiner's UNet cannot halve
@@ -199,11 +218,13 @@ class Planner:
         return dataclasses.replace(shape, refiner=True)
 
     def shape(self, width: int, height: int, cfg: bool = True, chunks: int = 1,
-               init_image: bool = False, inpaint: bool = False) -> ProgramShape:
+               init_image: bool = False, inpaint: bool = False, controlnets: tuple[str, ...] = ()) -> ProgramShape:
         """The ProgramShape (the compile key) of a size bucket in pixels, a CFG mode, a prompt chunk count,
-        whether an image comes in (img2img) and whether a mask does (inpainting)."""
+        whether an image comes in (img2img), whether a mask does (inpainting) and the ControlNet units'
+        architectures (checkpoint/controlnet.architecture, one per unit)."""
         return ProgramShape(self.batch, height, width, self.config.max_inference_steps, cfg=cfg, chunks=chunks,
-                            step_hook=self.config.progress, init_image=init_image, inpaint=inpaint)
+                            step_hook=self.config.progress, init_image=init_image, inpaint=inpaint,
+                            controlnets=controlnets)
 
     def schedule(self, sampler: str, steps: int):
         """The sampler's schedule for ``steps`` steps (cached). Raises InvalidRequest for a sampler this

@@ -66,10 +66,19 @@ class Programs:
                 self._compile(shape)
         return self.compiled[shape]
 
+    def params_for(self, shape: ProgramShape):
+        """The params ``shape``'s program is compiled for: the model's, with ``shape.controlnets`` a loaded
+        ControlNet's of each unit's architecture in ``params["controlnet"]`` (a request passes its units' own, of
+        the same shapes)."""
+        if not shape.controlnets:
+            return self.params
+        by_id = {net.architecture: net.params for net in self.model.controlnets.values()}
+        return {**self.params, "controlnet": tuple(by_id[a] for a in shape.controlnets)}
+
     def _compile(self, shape: ProgramShape) -> None:
         """Compile (or load) one program and log one line saying how; call with ``_compile_lock`` held."""
         before = cache_counts()
-        program = cached_program(self.model, self.params, shape, self.mesh, self.executables)
+        program = cached_program(self.model, self.params_for(shape), shape, self.mesh, self.executables)
         self.costs.observe(shape, program_cost(program.executable))
         self.compiled[shape] = program
         self.count += 1
@@ -81,6 +90,7 @@ class Programs:
         what += ", inpainting" if shape.inpaint else ""
         what += ", with the refiner" if shape.refiner else ""
         what += ", hires first pass" if shape.latents_out else ", hires second pass" if shape.init_latents else ""
+        what += f", {len(shape.controlnets)} ControlNet units" if shape.controlnets else ""
         # One line either way; a missing or refused executable says why in the "compiled" line.
         if program.loaded:
             self._log(f"[sdxl_engine] loaded {what} in {program.compile_s:.2f} s (executable cache: "

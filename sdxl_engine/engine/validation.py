@@ -17,13 +17,15 @@ import unicodedata
 
 import numpy as np
 
+from sdxl_engine.engine.control import ControlUnit, validate_units
 from sdxl_engine.engine.errors import InvalidRequest
 from sdxl_engine.engine.image_upscale import IMAGE_UPSCALERS
 from sdxl_engine.engine.prompts import check_prompt, parse_lora_tags
 from sdxl_engine.program.latent_upscale import DEFAULT_UPSCALER, HIRES_UPSCALERS
 from sdxl_engine.program.schedulers import DEFAULT_SAMPLER, UnknownSampler, get_sampler, hires_schedule, img2img_start
 
-__all__ = ["GenerateRequest", "InvalidRequest", "Limits", "validate"]  # InvalidRequest: from errors.py, kept here
+# InvalidRequest: from errors.py, ControlUnit: from control.py, kept here (one import for every request field)
+__all__ = ["ControlUnit", "GenerateRequest", "InvalidRequest", "Limits", "validate"]
 
 MAX_PROMPT_CHARS = 20_000  # far past 77 tokens; longer text is refused, not tokenized
 MAX_GUIDANCE = 50.0
@@ -87,6 +89,11 @@ class GenerateRequest:
     hires_sampler: str | None = None
     hires_prompt: str | None = None
     hires_negative_prompt: str | None = None
+    # ControlNet units (docs/controlnet.md; engine/control.py ControlUnit: image, model, weight, guidance_start/end,
+    # control_mode, resize_mode, pixel_perfect, processor_res, module, threshold_a/b), in order; each names a loaded
+    # ControlNet (Limits.controlnets). With a refiner, control applies to the base model's steps; with hires fix, to
+    # both passes (the image fitted to each pass's size). Validated: a tuple of normalised units (names resolved).
+    control_units: tuple[ControlUnit, ...] = ()
     # The Limits this exact object was validated against (set by :func:`validate` only; not an argument, and
     # dataclasses.replace makes an unstamped copy), so a request checked where it arrived (apis/core.check, a
     # Ray front) is not validated again by the engine that runs it.
@@ -115,6 +122,10 @@ class Limits:
     # (one with an inpainting UNet). "": masks are optional.
     requires_mask: str = ""
     refiner: bool = False  # a refiner is loaded (--refiner): requests may set refiner_switch_at
+    # The loaded ControlNets as (name, A1111 hash) pairs, in load order: what control units may name, and what a
+    # model list shows ("name [hash]"). Empty: none loaded, control units are refused.
+    controlnets: tuple[tuple[str, str], ...] = ()
+    max_control_units: int = 3  # ControlNet units a request may have (config max_control_units)
 
 
 # Characters that draw nothing yet are neither whitespace to str.split() nor control/format
@@ -233,7 +244,8 @@ def validate(request: GenerateRequest, limits: Limits) -> GenerateRequest:
     Raises:
         InvalidRequest: the first argument that is out of range or of the wrong type; a prompt whose
             ``<lora:...>`` tags are malformed or name a LoRA not in ``limits.loras``, or that holds
-            only syntax (prompts.check_prompt).
+            only syntax (prompts.check_prompt); a control unit's field (``control_units[k].model`` for an
+            unknown ControlNet, naming the loaded ones; control.validate_units).
     """
     if request.validated_for == limits:
         return request
@@ -286,6 +298,8 @@ def validate(request: GenerateRequest, limits: Limits) -> GenerateRequest:
                               image=image, strength=strength, start_step=start, mask=mask,
                               soft_mask=bool(request.soft_mask) and mask is not None,
                               refiner_switch_at=as_switch(request.refiner_switch_at, limits, request.hires_scale),
+                              control_units=validate_units(request.control_units, [n for n, _ in limits.controlnets],
+                                                           limits.max_control_units),
                               **hires)
     object.__setattr__(checked, "validated_for", limits)  # frozen: the one place the stamp is set
     return checked

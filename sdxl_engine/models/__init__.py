@@ -22,10 +22,11 @@ import jax.numpy as jnp
 from flax import nnx
 
 from sdxl_engine.models.clip import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, CLIPTextOutput
+from sdxl_engine.models.controlnet import ControlNetConfig, ControlNetModel
 from sdxl_engine.models.unet import UNet2DConditionModel, UNetConfig
 from sdxl_engine.models.vae import AutoencoderKL, VAEConfig
 
-__all__ = ["COMPONENTS", "Component", "build_component", "CLIPTextOutput", "UNetConfig", "VAEConfig",
+__all__ = ["ADDONS", "COMPONENTS", "Component", "build_component", "CLIPTextOutput", "UNetConfig", "VAEConfig",
            "CLIPTextConfig"]
 
 # component name -> (config class, module class, class names accepted in model_index.json)
@@ -36,6 +37,10 @@ COMPONENTS: dict[str, tuple[type, type, tuple[str, ...]]] = {
     "unet": (UNetConfig, UNet2DConditionModel, ("UNet2DConditionModel", "FlaxUNet2DConditionModel")),
     "vae": (VAEConfig, AutoencoderKL, ("AutoencoderKL", "FlaxAutoencoderKL")),
 }
+# Components loaded beside a model, never listed in its model_index.json (checkpoint/controlnet.py), same shape.
+ADDONS: dict[str, tuple[type, type, tuple[str, ...]]] = {
+    "controlnet": (ControlNetConfig, ControlNetModel, ("ControlNetModel",)),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,8 +48,8 @@ class Component:
     """One model component: its config, static module graph and parameter names and shapes.
 
     Attributes:
-        name: "text_encoder", "text_encoder_2", "unet" or "vae".
-        config: the normalised config (CLIPTextConfig, UNetConfig or VAEConfig).
+        name: "text_encoder", "text_encoder_2", "unet", "vae" or "controlnet" (an ADDONS one).
+        config: the normalised config (CLIPTextConfig, UNetConfig, VAEConfig or ControlNetConfig).
         graphdef: NNX graph definition (static; part of every compiled program).
         shapes: {checkpoint key: shape} of every parameter, in module order.
     """
@@ -64,7 +69,7 @@ class Component:
 
     def init(self, key: jax.Array, dtype=jnp.float32) -> dict[str, jax.Array]:
         """Fresh random parameters ({checkpoint key: array} in ``dtype``); jit it to build them on device."""
-        _, module_cls, _ = COMPONENTS[self.name]
+        _, module_cls, _ = {**COMPONENTS, **ADDONS}[self.name]
         _, state = nnx.split(module_cls(self.config, rngs=nnx.Rngs(key)))
         return {_key(path): value.get_value().astype(dtype) for path, value in nnx.to_flat_state(state)}
 
@@ -84,9 +89,10 @@ def build_component(name: str, config: Mapping[str, Any]) -> Component:
         ValueError: an unknown component name, or a config the modules do not support (the
             message names the field).
     """
-    if name not in COMPONENTS:
-        raise ValueError(f"unknown component {name!r} ({', '.join(COMPONENTS)})")
-    config_cls, module_cls, _ = COMPONENTS[name]
+    known = {**COMPONENTS, **ADDONS}
+    if name not in known:
+        raise ValueError(f"unknown component {name!r} ({', '.join(known)})")
+    config_cls, module_cls, _ = known[name]
     cfg = config if isinstance(config, config_cls) else config_cls.from_dict(config)
     graphdef, state = nnx.split(nnx.eval_shape(lambda: module_cls(cfg, rngs=nnx.Rngs(0))))
     flat = nnx.to_flat_state(state)

@@ -16,7 +16,7 @@ channels-first arrays as diffusers does; inside, activations are channels-last.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -429,7 +429,9 @@ class UNet2DConditionModel(nnx.Module):
         return emb + self.add_embedding(add)
 
     def __call__(self, sample: jax.Array, timesteps: jax.Array, encoder_hidden_states: jax.Array,
-                 text_embeds: jax.Array, time_ids: jax.Array) -> jax.Array:
+                 text_embeds: jax.Array, time_ids: jax.Array,
+                 down_block_additional_residuals: Sequence[jax.Array] | None = None,
+                 mid_block_additional_residual: jax.Array | None = None) -> jax.Array:
         """Predict the noise (or v) for a batch of latents.
 
         Args:
@@ -439,6 +441,11 @@ class UNet2DConditionModel(nnx.Module):
             encoder_hidden_states: (b, 77, cross_attention_dim) both encoders' penultimate states.
             text_embeds: (b, projection_dim) pooled projection of text_encoder_2.
             time_ids: (b, 6) float: original size, crop top-left, target size (height, width each).
+            down_block_additional_residuals: a ControlNet's residuals (models/controlnet.py), one per skip
+                connection in order (conv_in's, each down layer's, each downsampler's), each channels-first
+                (b, c_k, h_k, w_k); added to the skips after the down blocks, as diffusers'
+                ``UNet2DConditionModel`` does. None: none.
+            mid_block_additional_residual: (b, c_last, h_last, w_last) added to the mid block's output; None: none.
         Returns:
             (b, out_channels, h, w) in the parameters' dtype, channels-first.
         """
@@ -451,7 +458,14 @@ class UNet2DConditionModel(nnx.Module):
         for block in self.down_blocks:
             x, block_skips = block(x, temb, context)
             skips.extend(block_skips)
+        if down_block_additional_residuals is not None:
+            if len(down_block_additional_residuals) != len(skips):
+                raise ValueError(f"{len(down_block_additional_residuals)} down residuals for {len(skips)} skips")
+            skips = [s + jnp.transpose(r, (0, 2, 3, 1)).astype(s.dtype)
+                     for s, r in zip(skips, down_block_additional_residuals, strict=True)]
         x = self.mid_block(x, temb, context)
+        if mid_block_additional_residual is not None:
+            x = x + jnp.transpose(mid_block_additional_residual, (0, 2, 3, 1)).astype(x.dtype)
         for block in self.up_blocks:
             n = len(block.resnets)
             x = block(x, skips[-n:], temb, context)

@@ -99,6 +99,7 @@ def program_key(model: LoadedModel, params, shape: ProgramShape, mesh: Mesh) -> 
     cfg += ", with the refiner" if shape.refiner else ""
     cfg += ", hires first pass" if shape.latents_out else ""
     cfg += ", hires second pass" if shape.init_latents or shape.hires_noise else ""
+    cfg += f", {len(shape.controlnets)} ControlNet units" if shape.controlnets else ""
     st = static_options(model, shape)  # what the traced program reads, so the key cannot miss it
     return {
         "program": f"{shape.width}x{shape.height} x {shape.batch} images, {shape.max_steps} steps{cfg}",
@@ -111,6 +112,7 @@ def program_key(model: LoadedModel, params, shape: ProgramShape, mesh: Mesh) -> 
                               for path, x in jax.tree_util.tree_leaves_with_path(params)]),
         "mesh": {"axes": list(mesh.axis_names), "devices": [d.id for d in mesh.devices.flat]},
         "source": _source_digest(),
+        **({"controlnets": [dataclasses.asdict(c.config) for c in st.controlnets]} if st.controlnets else {}),
         **({"refiner": {"model": {n: dataclasses.asdict(c.config) for n, c in st.refiner.components.items()},
                         "kind": dataclasses.asdict(st.refiner.kind)}} if st.refiner else {}),
     }

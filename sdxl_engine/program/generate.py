@@ -32,8 +32,9 @@ arguments (:func:`static_options`). The program is four stages, in order: :func:
 :func:`initial_latents`, :func:`denoise` (:func:`denoise_step`, the one body every step runs, whose end is the
 per-step hook's seam, :func:`step_report`) and :func:`decode`; :func:`build_generate` only chains them. A mode is a
 ProgramShape flag, the inputs it turns on and one branch in a stage: img2img (``init_image``), inpainting
-(``inpaint``), the refiner (``refiner``), hires fix's two passes (``latents_out``, ``init_latents``); README,
-"Architecture", says where each goes.
+(``inpaint``), the refiner (``refiner``), hires fix's two passes (``latents_out``, ``init_latents``), ControlNet units
+(``controlnets``: the ``control_*`` inputs, stage 1c :func:`control_conditioning` and :func:`control_residuals` in the
+base UNet's call; docs/controlnet.md); README, "Architecture", says where each goes.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from sdxl_engine.checkpoint.loading import LoadedModel
+from sdxl_engine.models.controlnet import soft_scales
 from sdxl_engine.program.schedulers import Schedule
 from sdxl_engine.program.sharding import DATA_AXIS
 from sdxl_engine.program.step_hook import STEP_HOOK
@@ -99,6 +101,16 @@ class ProgramShape:
     # (engine/image_upscale.py) come in ProgramInputs.image; the noise, initial and per step, is the seed's hires
     # stream as with init_latents. False: the seed's own stream.
     hires_noise: bool = False
+    # ControlNet units (docs/controlnet.md): one architecture id per unit (checkpoint/controlnet.architecture, in
+    # the units' order); each unit's conditioning image, weight, soft/CFG injection and per-step keep come in
+    # ProgramInputs.control_*, its ControlNet's params in params["controlnet"][k]. So another ControlNet of the same
+    # architecture, image, weight, mode or start/end is the same executable. (): no ControlNet.
+    controlnets: tuple[str, ...] = ()
+
+    @property
+    def control(self) -> bool:
+        """Whether ControlNet units run (the ``when`` of the control_* inputs)."""
+        return bool(self.controlnets)
 
     @property
     def from_image(self) -> bool:
@@ -135,6 +147,21 @@ def image_dims(shape: ProgramShape, latent) -> tuple[int, int, int]:
 def mask_dims(shape: ProgramShape, latent) -> tuple[int, int]:
     """Dims of one inpainting mask: (height, width), pixel size, 1 = repaint."""
     return (shape.height, shape.width)
+
+
+def control_image_dims(shape: ProgramShape, latent) -> tuple[int, int, int, int]:
+    """Dims of one image's control images: (units, height, width, 3) pixels, channels-last."""
+    return (len(shape.controlnets), shape.height, shape.width, 3)
+
+
+def per_unit(shape: ProgramShape, latent) -> tuple[int]:
+    """Dims of a ControlNet unit scalar: (units,)."""
+    return (len(shape.controlnets),)
+
+
+def per_unit_step(shape: ProgramShape, latent) -> tuple[int, int]:
+    """Dims of a unit's per-step value, padded: (units, max_steps)."""
+    return (len(shape.controlnets), shape.max_steps)
 
 
 def latent_dims(shape: ProgramShape, latent) -> tuple[int, int, int]:
@@ -202,6 +229,15 @@ class ProgramInputs:
     refiner_start: jax.Array | None = replicated((), jnp.int32, when="refiner")  # the refiner's first step
     aesthetic_score: jax.Array | None = replicated((2,), jnp.float32, when="refiner")  # (negative, prompt) rows'
     init_latents: jax.Array | None = per_image(latent_dims, jnp.float32, when="init_latents")  # hires: the image
+    # ControlNet units (ProgramShape.controlnets; :meth:`with_control`): each unit's conditioning image at the
+    # program's size, its weight, 1 = soft injection (A1111's per-residual 0.825 ** (12 - k) factors), the factor of
+    # its residuals on the negative rows (1: both CFG halves, A1111's "Balanced"; 0: the prompt's rows only, "ControlNet
+    # is more important") and per step 1 = run, 0 = skipped (A1111's guidance start/end, computed on the host).
+    control_image: jax.Array | None = per_image(control_image_dims, jnp.uint8, when="control")
+    control_weight: jax.Array | None = replicated(per_unit, jnp.float32, when="control")
+    control_soft: jax.Array | None = replicated(per_unit, jnp.float32, when="control")
+    control_uncond: jax.Array | None = replicated(per_unit, jnp.float32, when="control")
+    control_keep: jax.Array | None = replicated(per_unit_step, jnp.float32, when="control")
 
     @staticmethod
     def specs(shape: ProgramShape) -> ProgramInputs:
@@ -265,6 +301,17 @@ class ProgramInputs:
             c[refiner_start] = 0.0
         return dataclasses.replace(self, b=b, c=c, refiner_start=np.int32(refiner_start),
                                    aesthetic_score=np.asarray([negative_aesthetic_score, aesthetic_score], np.float32))
+
+    def with_control(self, images: np.ndarray, weight, soft, uncond, keep: np.ndarray) -> ProgramInputs:
+        """These inputs for a program with ``controlnets`` (engine/control.py makes the arrays): ``images`` (batch,
+        units, height, width, 3) uint8 at the program's size; ``weight``, ``soft``, ``uncond`` (units,) float32;
+        ``keep`` (units, max_steps) float32, 1 where the unit runs at that step (the loop's step index, the
+        skipped steps of an img2img start included)."""
+        return dataclasses.replace(self, control_image=np.asarray(images, np.uint8),
+                                   control_weight=np.asarray(weight, np.float32),
+                                   control_soft=np.asarray(soft, np.float32),
+                                   control_uncond=np.asarray(uncond, np.float32),
+                                   control_keep=np.asarray(keep, np.float32))
 
     @staticmethod
     def abstract(shape: ProgramShape, latent_shape: tuple[int, int, int], mesh: Mesh) -> ProgramInputs:
@@ -446,6 +493,7 @@ class Static:
     hook: Callable | None = None  # with shape.step_hook: STEP_HOOK.call, the host end of the per-step callback
     inpainting_unet: bool = False  # the UNet takes [latents, mask, masked-image latents] (9 channels for SDXL)
     refiner: Any = None  # with shape.refiner: the model's refiner (LoadedModel: components, kind), else None
+    controlnets: tuple = ()  # with shape.control: each unit's ControlNet Component (its architecture's), in order
     noise_stream: int | None = None  # the seeds' noise stream (seed_key): HIRES_NOISE for hires' second pass
 
 
@@ -466,8 +514,19 @@ def static_options(model: LoadedModel, shape: ProgramShape) -> Static:
     return Static(shape=shape, components=model.components, latent=latent_shape(model, shape.height, shape.width),
                   prediction_type=model.scheduler_config.get("prediction_type", "epsilon"), vae=model.vae,
                   hook=STEP_HOOK.call if shape.step_hook else None, inpainting_unet=model.kind.inpainting_unet,
-                  refiner=_refiner_of(model, shape),
+                  refiner=_refiner_of(model, shape), controlnets=_controlnets_of(model, shape),
                   noise_stream=HIRES_NOISE if shape.init_latents or shape.hires_noise else None)
+
+
+def _controlnets_of(model: LoadedModel, shape: ProgramShape) -> tuple:
+    """The Component of each unit's architecture id (a loaded ControlNet of it: ``model.controlnets``). Raises
+    ValueError for an id no loaded ControlNet has."""
+    by_id = {net.architecture: net.component for net in model.controlnets.values()}
+    missing = [a for a in shape.controlnets if a not in by_id]
+    if missing:
+        raise ValueError(f"a program with ControlNet architectures {missing} needs a loaded ControlNet of each; "
+                         f"{model.name} has {sorted(by_id) or 'none'} (--controlnet)")
+    return tuple(by_id[a] for a in shape.controlnets)
 
 
 def _refiner_of(model: LoadedModel, shape: ProgramShape):
@@ -492,6 +551,7 @@ class Conditioning(NamedTuple):
     text_embeds: jax.Array  # (rows, projection_2) pooled text embeddings
     add_time_ids: jax.Array  # (rows, 6): original size, crop top-left, target size
     refiner: Any = None  # with ProgramShape.refiner: the refiner expert (:class:`RefinerExpert`), else None
+    control: Any = None  # with ProgramShape.control: :class:`ControlConditioning`, else None
 
 
 def encode_text(st: Static, params, inputs: ProgramInputs) -> Conditioning:
@@ -742,6 +802,8 @@ def build_generate(model: LoadedModel, shape: ProgramShape, python_loop: bool = 
         cond = encode_text(st, params, inputs)  # 1.
         if st.shape.refiner:  # 1b. the refiner's own conditioning and UNet
             cond = cond._replace(refiner=refiner_expert(st, params, inputs))
+        if st.shape.control:  # 1c. the ControlNets, bound, and their conditioning images
+            cond = cond._replace(control=control_conditioning(st, params, inputs))
         image = image_conditioning(st, params, inputs)  # 2a. (an input image: its latents, noise, mask)
         latents = initial_latents(st, params, inputs, image)  # 2.
         latents, stopped = denoise(st, params, cond, inputs, latents, python_loop, image)  # 3.
@@ -759,6 +821,68 @@ def build_generate(model: LoadedModel, shape: ProgramShape, python_loop: bool = 
         return jax.lax.cond(stopped, skipped, lambda: decode(st, params, latents))  # 4.
 
     return generate
+
+
+class ControlConditioning(NamedTuple):
+    """What the ControlNet units read at every step (ProgramShape.control): each unit's ControlNet bound to its params
+    (``params["controlnet"][k]``) and its conditioning image, (rows, 3, H, W) in [0, 1] in the parameters' dtype,
+    repeated for the negative rows with CFG (negatives first, as :class:`Conditioning`)."""
+
+    nets: tuple
+    images: tuple
+
+
+def control_conditioning(st: Static, params, inputs: ProgramInputs) -> ControlConditioning:
+    """Stage 1c: the units' ControlNets and images. Pixels (b, units, H, W, 3) uint8 become x / 255 channels-first
+    (diffusers' control image processor: no normalisation; A1111's hint likewise)."""
+    nets, images = [], []
+    for k, component in enumerate(st.controlnets):
+        net = component.bind(params["controlnet"][k])
+        dtype = net.conv_in.weight[...].dtype
+        image = (inputs.control_image[:, k].astype(jnp.float32) / 255.0).transpose(0, 3, 1, 2).astype(dtype)
+        nets.append(net)
+        images.append(jnp.concatenate([image, image]) if st.shape.cfg else image)  # (rows, 3, H, W)
+    return ControlConditioning(tuple(nets), tuple(images))
+
+
+def control_residuals(st: Static, cond: Conditioning, inputs: ProgramInputs, i, x: jax.Array,
+                      t: jax.Array) -> tuple[list[jax.Array], jax.Array]:
+    """The UNet's additional residuals at step ``i``: the sum over units of each ControlNet's residuals (its own
+    ``x`` (rows, C, h, w) latent input and ``t``), times the unit's weight, times A1111's soft-injection factor of
+    the residual (``control_soft``: 0.825 ** (12 - k) for residual k), times ``control_uncond`` on the negative rows
+    with CFG (0: the prompt's rows only); a unit whose ``control_keep[k, i]`` is 0 adds zeros without running
+    (``lax.cond``). sd-webui-controlnet's hook.py: ``control_scales``, ``cond_mark``, ``guidance_stopped``.
+
+    Returns (down residuals (one per UNet skip, channels-first), the mid residual), in the parameters' dtype.
+    """
+    control, total = cond.control, None
+    rows = x.shape[0]
+    for k, net in enumerate(control.nets):
+        n = st.controlnets[k].config.residuals
+        soft = jnp.asarray(soft_scales(n), jnp.float32)  # (n,)
+        layer = inputs.control_weight[k] * jnp.where(inputs.control_soft[k] > 0, soft, 1.0)  # (n,)
+        row = jnp.ones((rows,), jnp.float32)
+        if st.shape.cfg:  # negatives first: (rows,) = [uncond factor] * b + [1] * b
+            row = jnp.concatenate([jnp.full((rows // 2,), inputs.control_uncond[k]), jnp.ones((rows // 2,))])
+
+        def run(net=net, k=k, layer=layer, row=row):
+            down, mid = net(x, t, cond.hidden, cond.text_embeds, cond.add_time_ids, control.images[k])
+            out = [*down, mid]
+            return [r * (layer[j] * row).astype(r.dtype)[:, None, None, None] for j, r in enumerate(out)]
+
+        shapes = jax.eval_shape(run)
+        res = jax.lax.cond(inputs.control_keep[k, i] > 0, run, lambda shapes=shapes: [_like(s) for s in shapes])
+        total = res if total is None else [a + b for a, b in zip(total, res, strict=True)]
+    return total[:-1], total[-1]
+
+
+def _like(struct) -> jax.Array:
+    """Zeros of ``struct``'s shape and dtype (an ``eval_shape`` result), varying over the mesh axes it varies over:
+    inside ``shard_map`` a ``lax.cond``'s branches must agree on them."""
+    zeros = jnp.zeros(struct.shape, struct.dtype)
+    manual = getattr(struct, "manual_axis_type", None)
+    axes = tuple(sorted(manual.varying)) if manual is not None else ()
+    return jax.lax.pcast(zeros, axes, to="varying") if axes else zeros
 
 
 class RefinerExpert(NamedTuple):
@@ -820,10 +944,13 @@ def unet_prediction(st: Static, unet, cond: Conditioning, inputs: ProgramInputs,
     timesteps ``t`` (rows,): the base UNet's; with ``refiner``, the refiner's from step ``refiner_start`` on.
 
     The switch is diffusers' ensemble of experts (schedulers.refiner_start): a traced scalar, so another switch
-    point is the same executable; ``lax.cond`` runs one of the two UNets per step, not both.
+    point is the same executable; ``lax.cond`` runs one of the two UNets per step, not both. ControlNet residuals
+    (``control``) go to the base UNet only, as diffusers' refiner takes none.
     """
     def base():
-        return unet(x, t, cond.hidden, cond.text_embeds, cond.add_time_ids).astype(jnp.float32)
+        down, mid = control_residuals(st, cond, inputs, i, x[:, :st.latent[0]], t) if st.shape.control else (None,
+                                                                                                               None)
+        return unet(x, t, cond.hidden, cond.text_embeds, cond.add_time_ids, down, mid).astype(jnp.float32)
 
     if not st.shape.refiner:
         return base()

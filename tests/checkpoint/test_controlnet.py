@@ -1,0 +1,116 @@
+"""checkpoint/controlnet.py: ControlNet folders and single files, names, A1111 hashes, sources and refusals."""
+
+import dataclasses
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from sdxl_engine.checkpoint.controlnet import (
+    check_fits,
+    controlnet_sources,
+    load_controlnet,
+    model_hash,
+)
+from sdxl_engine.checkpoint.weights import ModelLoadError
+from tests.helpers import FIXTURES
+
+FOLDER = FIXTURES / "tiny-pt-controlnet"
+WEIGHTS = "diffusion_pytorch_model.safetensors"
+
+
+@pytest.fixture(scope="module")
+def tiny_unet():
+    from sdxl_engine.checkpoint.loading import read_model_folder
+
+    return read_model_folder(FIXTURES / "tiny-pt")["unet"]
+
+
+def quiet(_line):
+    pass
+
+
+def test_a_folder_loads_in_the_requested_dtype_with_its_name_and_hash(tiny_unet):
+    net = load_controlnet("cn-a", FOLDER / "cn-a", "bfloat16", log=quiet)
+    assert net.name == "cn-a" and net.dtype == "bfloat16"
+    assert {str(v.dtype) for v in net.params.values()} == {"bfloat16"}  # the file is float16
+    assert net.hash == model_hash(FOLDER / "cn-a" / WEIGHTS) and len(net.hash) == 8
+    assert net.title == f"cn-a [{net.hash}]"
+    check_fits(net, tiny_unet, 4, 4)
+    other = load_controlnet("cn-b", FOLDER / "cn-b", "float32", log=quiet)
+    assert other.architecture == net.architecture  # one architecture: one program for both
+
+
+def test_a1111s_model_hash(tmp_path):
+    """sd_models.model_hash: sha256 of the 64 KiB at offset 1 MiB, 8 hex digits (a smaller file: of nothing, as
+    A1111's)."""
+    import hashlib
+
+    data = bytes(range(256)) * 8192  # 2 MiB
+    (tmp_path / "big.safetensors").write_bytes(data)
+    assert model_hash(tmp_path / "big.safetensors") == hashlib.sha256(data[0x100000:0x110000]).hexdigest()[:8]
+    (tmp_path / "small.safetensors").write_bytes(b"x" * 100)
+    assert model_hash(tmp_path / "small.safetensors") == hashlib.sha256(b"").hexdigest()[:8]
+
+
+def test_a_single_file_without_a_config_reads_the_models_unet_config(tmp_path, tiny_unet):
+    """A diffusers-layout file alone: ControlNetModel.from_unet's config from the model's UNet, the conditioning
+    embedding's channels from the file's tensors; the same parameters as the folder."""
+    shutil.copy(FOLDER / "cn-a" / WEIGHTS, tmp_path / "edges-xl.safetensors")
+    folder = load_controlnet("cn-a", FOLDER / "cn-a", "float32", log=quiet)
+    single = load_controlnet("edges-xl", tmp_path / "edges-xl.safetensors", "float32",
+                             dataclasses.asdict(tiny_unet.config), log=quiet)
+    assert single.name == "edges-xl" and single.architecture == folder.architecture
+    assert single.component.config == folder.component.config
+    for key, value in folder.params.items():
+        assert np.array_equal(np.asarray(single.params[key]), np.asarray(value)), key
+
+
+def test_a_single_file_with_a_config_beside_it(tmp_path):
+    shutil.copy(FOLDER / "cn-a" / WEIGHTS, tmp_path / "edges.safetensors")
+    shutil.copy(FOLDER / "cn-a" / "config.json", tmp_path / "edges.json")
+    net = load_controlnet("edges", tmp_path / "edges.safetensors", "float32", log=quiet)
+    assert net.component.config.residuals == 10
+
+
+def test_sources_from_the_setting_and_a_folder(tmp_path):
+    shutil.copytree(FOLDER / "cn-a", tmp_path / "dir" / "canny-xl")
+    shutil.copy(FOLDER / "cn-b" / WEIGHTS, tmp_path / "dir" / "depth-xl.safetensors")
+    (tmp_path / "dir" / "notes.txt").write_text("not a model")
+    sources = controlnet_sources(str(FOLDER / "cn-a"), str(tmp_path / "dir"), ":")
+    assert list(sources) == ["cn-a", "canny-xl", "depth-xl"]
+    with pytest.raises(ModelLoadError, match="two ControlNets named 'cn-a'"):
+        controlnet_sources(f"{FOLDER / 'cn-a'}:{FOLDER / 'cn-a'}", "", ":")
+    with pytest.raises(ModelLoadError, match="no such file or folder"):
+        controlnet_sources(str(tmp_path / "missing"), "", ":")
+    (tmp_path / "old.pth").write_bytes(b"x")
+    with pytest.raises(ModelLoadError, match="a pickle"):
+        controlnet_sources(str(tmp_path / "old.pth"), "", ":")
+    with pytest.raises(ModelLoadError, match="not a folder"):
+        controlnet_sources("", str(tmp_path / "missing"), ":")
+    assert controlnet_sources("", "", ":") == {}
+
+
+def test_refusals_name_the_file_and_what_to_do(tmp_path, tiny_unet):
+    union = tmp_path / "union"
+    shutil.copytree(FOLDER / "cn-a", union)
+    config = json.loads((union / "config.json").read_text())
+    (union / "config.json").write_text(json.dumps({**config, "_class_name": "ControlNetUnionModel"}))
+    with pytest.raises(ModelLoadError, match="ControlNet-Union"):
+        load_controlnet("union", union, "float32", log=quiet)
+    from safetensors.numpy import save_file
+
+    save_file({"lora_unet_down.weight": np.zeros((2, 2), np.float32)}, str(tmp_path / "lora.safetensors"))
+    with pytest.raises(ModelLoadError, match="ControlNet-LoRA"):
+        load_controlnet("lora", tmp_path / "lora.safetensors", "float32", dataclasses.asdict(tiny_unet.config),
+                        log=quiet)
+
+
+def test_a_controlnet_for_another_unet_does_not_fit():
+    from sdxl_engine.checkpoint.loading import swap_source
+
+    net = load_controlnet("cn-a", FOLDER / "cn-a", "float32", log=quiet)
+    conv_unet, _ = swap_source("unet", str(FIXTURES / "tiny-pt-conv" / "unet"), None)
+    with pytest.raises(ModelLoadError, match="does not fit the model: its block_out_channels"):
+        check_fits(net, conv_unet, 2, 4)
