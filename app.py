@@ -166,7 +166,7 @@ def build_demo(requests: Service, config: EngineConfig, engine: EngineContract |
         pending = history.Pending()  # each generation's history record, until this browser's history takes it
         finished = history.Pending(max_per_session=1)  # each session's last finished gallery, until it is kept
 
-        generate_images = handler.api_function(requests, config, pending, finished)
+        generate_images = handler.api_function(requests, config, pending, finished, demo)
         generate_from_image = handler.image_function(requests, config, pending, finished, demo)
         upscale_image = handler.upscale_function(requests, config, pending, finished, demo)
 

@@ -127,7 +127,7 @@ def page_defaults(config: EngineConfig) -> EngineConfig:
 
 
 def api_function(requests: Service, config: EngineConfig, pending: history.Pending,
-                 finished: history.Pending | None = None) -> Callable:
+                 finished: history.Pending | None = None, demo=None) -> Callable:
     """The function the page's Generate event runs, which is also the ``/generate`` API endpoint.
 
     Its parameter names are the API's keyword inputs, its defaults the page's (``config``: the
@@ -135,7 +135,8 @@ def api_function(requests: Service, config: EngineConfig, pending: history.Pendi
     for every front) as the caller's job (:func:`follow`), keeps the history record in ``pending`` for
     the caller's session (and ``{"gallery": items, "info": info}`` in ``finished``, if given: the
     page shows it again after a Stop), and yields (preview gallery, None) while the engine runs, then (gallery
-    items, info). Its name and docstring are the MCP tool's (serving/apis: Gradio
+    items, info); ``demo``: the page, whose result streams tell when a caller has left (:func:`client_gone`).
+    Its name and docstring are the MCP tool's (serving/apis: Gradio
     describes the tool and its inputs from them).
     """
 
@@ -154,7 +155,7 @@ def api_function(requests: Service, config: EngineConfig, pending: history.Pendi
         asked = _page_request(dict(prompt=prompt, negative_prompt=negative_prompt, seed=seed,
                                    guidance_scale=guidance_scale, num_inference_steps=num_inference_steps, width=width,
                                    height=height, style=style, sampler=sampler), request, fields)
-        async for out in follow(requests, asked, request, progress, pending, finished):
+        async for out in follow(requests, asked, request, progress, pending, finished, client_gone(demo, request)):
             yield out
 
     generate.__doc__ = TOOL_DOC.format(styles=", ".join(STYLE_NAMES), samplers=", ".join(SAMPLERS))
@@ -180,17 +181,19 @@ def _page_request(values: dict, gr_request, fields: dict | None = None, paste_ba
 
 
 async def follow(requests: Service, asked: Request, gr_request, progress=None,
-                 pending: history.Pending | None = None, finished: history.Pending | None = None):
+                 pending: history.Pending | None = None, finished: history.Pending | None = None,
+                 gone: Callable[[], bool] | None = None):
     """What the page's events run (/generate, image to image, the gallery's Upscale): ``asked`` submitted to
     ``requests`` as the caller's job (its owner: the caller's address, admission.client_address; its arrival:
-    guard.arrival_time), followed by its events: the stages and steps reported to ``progress``, each preview
-    yielded as (preview gallery, None) (nothing before the first one, so the wait's progress line stays on the
-    page); at the end the PNGs written into Gradio's upload folder for the gallery, the history record kept in
+    guard.arrival_time), followed by its events: the stages and steps reported to ``progress``, the latest
+    preview yielded as (preview gallery, None) (nothing before the first one, so the wait's progress line stays on
+    the page); at the end the PNGs written into Gradio's upload folder for the gallery, the history record kept in
     ``pending`` and the gallery in ``finished`` for the caller's session (if given), and (gallery, info) yielded.
 
     A Stop (the page's, gradio_client's ``job.cancel()``) is Gradio cancelling this task (or closing this
     generator) at an await: the job is stopped (Service.stop: a queued one leaves the line and never runs, a
-    running one stops after its running step). The service's typed errors become gr.Error (:func:`page_error`)."""
+    running one stops after its running step). So is a job whose client has left (``gone()``, asked every
+    :data:`EVENT_WAIT_S`: :func:`client_gone`). The service's typed errors become gr.Error (:func:`page_error`)."""
     try:
         job = requests.submit(asked, owner=admission.client_address(gr_request), front="page",
                               arrived=guard.arrival_time(gr_request))
@@ -203,13 +206,17 @@ async def follow(requests: Service, asked: Request, gr_request, progress=None,
         while not job.done:
             events = await job.next_events(seen, timeout=EVENT_WAIT_S)
             seen += len(events)
+            if gone is not None and not job.cancelled.is_set() and gone():
+                LOG.info(f"[app] a page request's client left: stopping it ({job.status})")
+                requests.stop(job)
+            previews = [data for name, data in events if name == "preview"]
             for name, data in events:
-                if name == "preview" and job.preview is not None:
-                    shown_now = _preview_gallery(StepEvent(data["step"], data["steps"], job.preview), folder) \
-                        or shown_now
-                    yield shown_now, None
-                elif progress is not None:
+                if progress is not None and name != "preview":
                     _report(requests.engine, job, name, data, progress)
+            if previews and job.preview is not None:  # the latest only: those before it are already old
+                step = StepEvent(previews[-1]["step"], previews[-1]["steps"], job.preview)
+                shown_now = _preview_gallery(step, folder) or shown_now
+                yield shown_now, None
         gallery, info, record = _delivered(job)
     finally:
         if not job.done:  # cancelled (the task, or the generator closed): the job stops too
@@ -220,6 +227,16 @@ async def follow(requests: Service, asked: Request, gr_request, progress=None,
     if finished is not None:
         finished.put(session, {"gallery": gallery, "info": info})
     yield gallery, info
+
+
+def client_gone(demo, gr_request) -> Callable[[], bool] | None:
+    """Whether the caller of a page event has left: its session's result stream was known when the event began
+    and Gradio has dropped it since (a closed tab, a client that went: gradio_internals.session_stream_known).
+    None where there is no stream to watch (no demo, or a call without a queued session: MCP)."""
+    session = getattr(gr_request, "session_hash", None)
+    if demo is None or not session or not gradio_internals.session_stream_known(demo, session):
+        return None
+    return lambda: not gradio_internals.session_stream_known(demo, session)
 
 
 PROMPT_FIELDS = ("prompt", "negative_prompt", "hires_prompt", "hires_negative_prompt")
@@ -330,7 +347,8 @@ def image_function(requests: Service, config: EngineConfig, pending: history.Pen
                           num_inference_steps=num_inference_steps, width=width, height=height, style=style,
                           sampler=sampler)
             job_request = _page_request(values, request, asked.fields, asked.finish)
-            async for out in follow(requests, job_request, request, progress, pending, finished):
+            async for out in follow(requests, job_request, request, progress, pending, finished,
+                                    client_gone(demo, request)):
                 yield out
         finally:
             discard_uploads(demo, image_input.editor_paths(image), since)
@@ -377,7 +395,7 @@ def upscale_function(requests: Service, config: EngineConfig, pending: history.P
         fields = dict(image=picture, hires_scale=hires_scale, hires_upscaler=hires_upscaler,
                       hires_strength=hires_strength)
         async for out in follow(requests, _page_request(values, request, fields), request, progress, pending,
-                                finished):
+                                finished, client_gone(demo, request)):
             yield out
 
     return upscale

@@ -46,7 +46,7 @@ def test_a_full_disk_leaves_no_partial_file_in_the_outputs_folder(tmp_path, monk
 def test_a_protocol_request_for_fewer_images_tells_the_calls_that_end_it(tmp_path, monkeypatch):
     """apis.core.generate hands ``keep`` to the engine call whose images are cut (n=2: that call keeps 2; n=6 over
     a batch of 4: the first keeps all, the second 2), through the request service to handle_generate; the page's
-    event never sends one (its client receives the whole batch)."""
+    event asks the service for one batch (images 0: its client receives the whole batch)."""
     import asyncio
     from types import SimpleNamespace
 
@@ -76,10 +76,19 @@ def test_a_protocol_request_for_fewer_images_tells_the_calls_that_end_it(tmp_pat
         assert kept == expected and len(generated.pngs) == n_images
 
     heard = []
-    generate = handler.api_function(lambda *values, **kw: heard.append(kw.get("keep")) or ([], {}, {}),
-                                    SimpleNamespace(guidance_scale=5.0, num_inference_steps=8, sampler="Euler",
-                                                    refiner=""),
+
+    async def follow(requests, asked, *args, **kwargs):  # what the page's event submits to the service
+        heard.append(asked.images)
+        yield [], {}
+
+    monkeypatch.setattr(handler, "follow", follow)
+    generate = handler.api_function(None, SimpleNamespace(guidance_scale=5.0, num_inference_steps=8, sampler="Euler",
+                                                          refiner=""),
                                     SimpleNamespace(put=lambda *a: None))
-    list(generate("a red circle", request=gr.Request(request=Request({"type": "http", "headers": []})),
-                  progress=lambda *a, **k: None))
-    assert heard == [None]
+
+    async def run():
+        return [out async for out in generate("a red circle", progress=lambda *a, **k: None,
+                                              request=gr.Request(request=Request({"type": "http", "headers": []})))]
+
+    asyncio.run(run())
+    assert heard == [0]  # the engine's batch, every image kept

@@ -71,7 +71,9 @@ def test_previews_stream_after_the_first_step_then_the_images_and_the_record(fak
                                              outs))
         await asyncio.sleep(0.3)
         assert outs == [] and not task.done()  # nothing yielded before the first step: the progress line stays
-        fake.go(2)
+        fake.go(1)
+        await asyncio.to_thread(wait_for, lambda: len(outs) == 1)
+        fake.go(1)
         await asyncio.wait_for(task, 10)
         return outs
 

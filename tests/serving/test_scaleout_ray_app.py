@@ -36,13 +36,15 @@ LOST = "the replica running this request stopped"  # as tests/serving/test_scale
 
 
 def test_python_app_py_without_the_flag_never_imports_ray(tmp_path):
-    """The default start path (flags, config, the local engine started, the page built) loads no Ray module."""
+    """The default start path (flags, config, the local engine started, the service and the page built) loads no
+    Ray module."""
     code = ("import sys, app\n"
             "from sdxl_engine.config import EngineConfig\n"
+            "from sdxl_engine.service.service import Service\n"
             "from sdxl_engine.serving import cli, main\n"
             "args = cli.parse_args([])\n"
             "engine, concurrency = main.start_engine(EngineConfig.load(cli.engine_overrides(args)), args)\n"
-            "app.build_demo(lambda *a, **k: None, engine.config, engine, concurrency=concurrency)\n"
+            "app.build_demo(Service(engine, slots=concurrency), engine.config, engine)\n"
             "ray = sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.'))\n"
             "open(sys.argv[1], 'w').write(f'{concurrency} {ray}')\n"
             "import os; os._exit(0)\n")
