@@ -5,7 +5,8 @@ and the clean stop (server.serve) need what Gradio does not document: its event 
 ``BlockFunction._id``), its queue's tables (``Blocks._queue``: ``event_ids_to_events``,
 ``pending_messages_per_session``, ``pending_event_ids_session``, ``active_jobs``), the files it recorded
 (``temp_file_sets``, ``keep_in_cache``, ``GRADIO_CACHE``), whether an event's client is still there
-(``Event.alive``), the MCP server's tool output (``mcp_server_obj``, ``postprocess_output_data``:
+(``Event.alive``: the clean stop, and the page's events, which stop the job of a client that left), the running
+event's id (``LocalContext.event_id``), the MCP server's tool output (``mcp_server_obj``, ``postprocess_output_data``:
 apis.mount) and Starlette's cached ``middleware_stack``. The admission (the per-client cap, the shutdown
 refusal) and the page's Stop need none: the service holds the first (sdxl_engine.service), and a Stop is Gradio
 cancelling the event's task (handler.follow). Nothing else in the project touches them: after a Gradio upgrade, read
@@ -139,6 +140,29 @@ def undelivered(demo, events) -> list:
         return []
     return [event for event in events
             if event.alive and event._id in queue.pending_event_ids_session.get(event.session_hash, ())]
+
+
+def current_event_id() -> str | None:
+    """The id of the event whose function runs in this context (Gradio's ``LocalContext.event_id``, set for each
+    call), or None outside an event."""
+    from gradio.context import LocalContext
+
+    return LocalContext.event_id.get(None)
+
+
+def event_alive(demo, event_id: str) -> bool:
+    """Whether the queued event ``event_id`` still has a client: its ``Event.alive``, which Gradio's
+    ``Queue.clean_events`` clears when the session's result stream closes (the client left). True for an event the
+    queue does not hold (not queued, or already finished)."""
+    queue = queue_of(demo)
+    if queue is None:
+        return True
+    for job_set in list(getattr(queue, "active_jobs", [])):
+        for event in job_set or ():
+            if event._id == event_id:
+                return bool(event.alive)
+    event = queue.event_ids_to_events.get(event_id)
+    return True if event is None else bool(event.alive)
 
 
 # ---- the files Gradio recorded ----------------------------------------------------------------

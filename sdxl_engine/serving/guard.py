@@ -27,8 +27,8 @@ from collections import OrderedDict
 from urllib.parse import urlsplit
 
 from sdxl_engine.engine.contract import clock
+from sdxl_engine.service.service import SHUTTING_DOWN  # the service's own text: one for every /generate client
 from sdxl_engine.serving import gradio_internals
-from sdxl_engine.serving.admission import SHUTTING_DOWN  # loads no Gradio (fastapi only)
 
 LOG = logging.getLogger(__name__)
 

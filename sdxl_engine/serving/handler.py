@@ -192,8 +192,9 @@ async def follow(requests: Service, asked: Request, gr_request, progress=None,
 
     A Stop (the page's, gradio_client's ``job.cancel()``) is Gradio cancelling this task (or closing this
     generator) at an await: the job is stopped (Service.stop: a queued one leaves the line and never runs, a
-    running one stops after its running step). So is a job whose client has left (``gone()``, asked every
-    :data:`EVENT_WAIT_S`: :func:`client_gone`). The service's typed errors become gr.Error (:func:`page_error`)."""
+    running one stops after its running step). So is a job whose client has left (``gone()``, asked at each event
+    and every :data:`EVENT_WAIT_S`: :func:`client_gone`). The service's typed errors become gr.Error
+    (:func:`page_error`)."""
     try:
         job = requests.submit(asked, owner=admission.client_address(gr_request), front="page",
                               arrived=guard.arrival_time(gr_request))
@@ -229,14 +230,14 @@ async def follow(requests: Service, asked: Request, gr_request, progress=None,
     yield gallery, info
 
 
-def client_gone(demo, gr_request) -> Callable[[], bool] | None:
-    """Whether the caller of a page event has left: its session's result stream was known when the event began
-    and Gradio has dropped it since (a closed tab, a client that went: gradio_internals.session_stream_known).
-    None where there is no stream to watch (no demo, or a call without a queued session: MCP)."""
-    session = getattr(gr_request, "session_hash", None)
-    if demo is None or not session or not gradio_internals.session_stream_known(demo, session):
+def client_gone(demo, gr_request=None) -> Callable[[], bool] | None:
+    """Whether the caller of the page event running in this context has left: Gradio marks the event gone when
+    its session's result stream closes (a closed tab, a client that went: gradio_internals.event_alive). None where
+    there is nothing to watch (no demo, or not a queued event: MCP calls the function itself)."""
+    event_id = gradio_internals.current_event_id()
+    if demo is None or event_id is None:
         return None
-    return lambda: not gradio_internals.session_stream_known(demo, session)
+    return lambda: not gradio_internals.event_alive(demo, event_id)
 
 
 PROMPT_FIELDS = ("prompt", "negative_prompt", "hires_prompt", "hires_negative_prompt")

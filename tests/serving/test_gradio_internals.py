@@ -72,8 +72,10 @@ def test_an_events_result_is_undelivered_until_its_stream_sends_it_or_its_client
     assert gi.undelivered(demo, accepted) == events
     queue.pending_event_ids_session["s1"].discard(events[0]._id)  # s1's stream wrote the completion
     assert gi.undelivered(demo, accepted) == [events[1]]
+    assert gi.event_alive(demo, events[1]._id) and gi.event_alive(demo, "not-queued")
     asyncio.run(queue.clean_events(session_hash="s2"))  # s2's client left: its stream closed
     assert events[1].alive is False and gi.undelivered(demo, accepted) == []
+    assert not gi.event_alive(demo, events[1]._id) and gi.event_alive(demo, events[0]._id)  # what the page watches
 
 
 def test_temp_files_and_the_files_gradio_keeps():
@@ -145,5 +147,6 @@ def test_a_middleware_added_after_the_first_request_is_outermost():
     assert seen == ["outer", "route"]
 
 
-def test_a_demo_without_mcp_has_no_mcp_server():
+def test_outside_an_event_there_is_no_event_id_and_no_mcp_server():
+    assert gi.current_event_id() is None
     assert gi.mcp_server_of(small_demo()) is None and gi.set_mcp_output(small_demo(), lambda *a: []) is False
