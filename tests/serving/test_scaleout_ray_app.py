@@ -159,7 +159,7 @@ def test_the_replicas_steps_and_previews_reach_the_client_and_a_cancel_stops_the
     steps = [k for k, _ in seen]
     assert steps == sorted(set(steps)), seen
     job.cancel()
-    app2.wait_for("(cancelled by its client); nothing saved", timeout=60)
+    app2.wait_for("(cancelled); nothing saved", timeout=60)
     app2.wait_for("(its call was cancelled)", timeout=60)
     line = next(x for x in app2.log.splitlines() if "(its call was cancelled)" in x)
     stopped_at = int(re.search(r"request stopped after step (\d+) of 50", line).group(1))
