@@ -163,7 +163,7 @@ def page(port: int, folder: Path) -> int:
         async def generate(prompt: str, request: gr.Request = None) -> str:
             # as the page's events: a job of the caller's, followed until its images (handler.follow)
             outs = [out async for out in handler.follow(requests, to_request(prompt=prompt), request,
-                                                          gone=handler.client_gone(demo, request))]
+                                                          gone=handler.client_gone(demo))]
             return f"done: {outs[-1][1]['prompt']}"
 
         generate.__annotations__["request"] = gr.Request  # not the text "gr.Request": Gradio finds it by its type

@@ -155,7 +155,7 @@ def api_function(requests: Service, config: EngineConfig, pending: history.Pendi
         asked = _page_request(dict(prompt=prompt, negative_prompt=negative_prompt, seed=seed,
                                    guidance_scale=guidance_scale, num_inference_steps=num_inference_steps, width=width,
                                    height=height, style=style, sampler=sampler), request, fields)
-        async for out in follow(requests, asked, request, progress, pending, finished, client_gone(demo, request)):
+        async for out in follow(requests, asked, request, progress, pending, finished, client_gone(demo)):
             yield out
 
     generate.__doc__ = TOOL_DOC.format(styles=", ".join(STYLE_NAMES), samplers=", ".join(SAMPLERS))
@@ -230,7 +230,7 @@ async def follow(requests: Service, asked: Request, gr_request, progress=None,
     yield gallery, info
 
 
-def client_gone(demo, gr_request=None) -> Callable[[], bool] | None:
+def client_gone(demo) -> Callable[[], bool] | None:
     """Whether the caller of the page event running in this context has left: Gradio marks the event gone when
     its session's result stream closes (a closed tab, a client that went: gradio_internals.event_alive). None where
     there is nothing to watch (no demo, or not a queued event: MCP calls the function itself)."""
@@ -349,7 +349,7 @@ def image_function(requests: Service, config: EngineConfig, pending: history.Pen
                           sampler=sampler)
             job_request = _page_request(values, request, asked.fields, asked.finish)
             async for out in follow(requests, job_request, request, progress, pending, finished,
-                                    client_gone(demo, request)):
+                                    client_gone(demo)):
                 yield out
         finally:
             discard_uploads(demo, image_input.editor_paths(image), since)
@@ -396,7 +396,7 @@ def upscale_function(requests: Service, config: EngineConfig, pending: history.P
         fields = dict(image=picture, hires_scale=hires_scale, hires_upscaler=hires_upscaler,
                       hires_strength=hires_strength)
         async for out in follow(requests, _page_request(values, request, fields), request, progress, pending,
-                                finished, client_gone(demo, request)):
+                                finished, client_gone(demo)):
             yield out
 
     return upscale
