@@ -182,10 +182,10 @@ def _page_request(values: dict, gr_request, fields: dict | None = None, paste_ba
 
 async def follow(requests: Service, asked: Request, gr_request, progress=None,
                  pending: history.Pending | None = None, finished: history.Pending | None = None,
-                 gone: Callable[[], bool] | None = None):
+                 gone: Callable[[], bool] | None = None, front: str = "page"):
     """What the page's events run (/generate, image to image, the gallery's Upscale): ``asked`` submitted to
     ``requests`` as the caller's job (its owner: the caller's address, admission.client_address; its arrival:
-    guard.arrival_time), followed by its events: the stages and steps reported to ``progress``, the latest
+    guard.arrival_time; ``front``: "mcp" for the MCP image tool), followed by its events: the stages and steps reported to ``progress``, the latest
     preview yielded as (preview gallery, None) (nothing before the first one, so the wait's progress line stays on
     the page); at the end the PNGs written into Gradio's upload folder for the gallery, the history record kept in
     ``pending`` and the gallery in ``finished`` for the caller's session (if given), and (gallery, info) yielded.
@@ -196,7 +196,7 @@ async def follow(requests: Service, asked: Request, gr_request, progress=None,
     and every :data:`EVENT_WAIT_S`: :func:`client_gone`). The service's typed errors become gr.Error
     (:func:`page_error`)."""
     try:
-        job = requests.submit(asked, owner=admission.client_address(gr_request), front="page",
+        job = requests.submit(asked, owner=admission.client_address(gr_request), front=front,
                               arrived=guard.arrival_time(gr_request))
     except (InvalidRequest, EngineNotReady) as err:
         raise refuse(err, asked) from err

@@ -160,7 +160,7 @@ def image_tool(requests, config, engine=None) -> Callable:
                                paste_back=paste_back, field_names=names, **fields)
         except InvalidRequest as err:
             raise refuse(err) from err
-        outputs = [out async for out in follow(requests, asked, request)]  # previews, then the images
+        outputs = [out async for out in follow(requests, asked, request, front="mcp")]  # previews, then the images
         gallery, info = outputs[-1]
         # As a Gallery's value (FileData items): Gradio serves each file and gradio_client downloads it, as it does
         # /generate's; bare paths would name files on the server that no remote client can read.
