@@ -183,12 +183,13 @@ def _page_request(values: dict, gr_request, fields: dict | None = None, paste_ba
 async def follow(requests: Service, asked: Request, gr_request, progress=None,
                  pending: history.Pending | None = None, finished: history.Pending | None = None,
                  gone: Callable[[], bool] | None = None, front: str = "page"):
-    """What the page's events run (/generate, image to image, the gallery's Upscale): ``asked`` submitted to
-    ``requests`` as the caller's job (its owner: the caller's address, admission.client_address; its arrival:
-    guard.arrival_time; ``front``: "mcp" for the MCP image tool), followed by its events: the stages and steps reported to ``progress``, the latest
-    preview yielded as (preview gallery, None) (nothing before the first one, so the wait's progress line stays on
-    the page); at the end the PNGs written into Gradio's upload folder for the gallery, the history record kept in
-    ``pending`` and the gallery in ``finished`` for the caller's session (if given), and (gallery, info) yielded.
+    """What the page's events run (/generate, image to image, the gallery's Upscale, the MCP image tool):
+    ``asked`` submitted to ``requests`` as the caller's job (its owner: the caller's address,
+    admission.client_address; its arrival: guard.arrival_time; ``front``: "mcp" for the MCP image tool), followed
+    by its events: the stages and steps reported to ``progress``, the latest preview yielded as (preview gallery,
+    None) (nothing before the first one, so the wait's progress line stays on the page); at the end the PNGs
+    written into Gradio's upload folder for the gallery, the history record kept in ``pending`` and the gallery in
+    ``finished`` for the caller's session (if given), and (gallery, info) yielded.
 
     A Stop (the page's, gradio_client's ``job.cancel()``) is Gradio cancelling this task (or closing this
     generator) at an await: the job is stopped (Service.stop: a queued one leaves the line and never runs, a
