@@ -169,7 +169,7 @@ def page(port: int, folder: Path) -> int:
         generate.__annotations__["request"] = gr.Request  # not the text "gr.Request": Gradio finds it by its type
 
         prompt.submit(generate, prompt, out, api_name="generate", concurrency_limit=None)
-    demo.queue(max_size=config.max_queue_size, api_open=False)
+    demo.queue(api_open=False)  # as the app's: the service's line is the bounded one
     set_up_s = float(os.environ.get("HARNESS_SET_UP_S", "0"))
 
     def set_up(app) -> None:

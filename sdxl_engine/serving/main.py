@@ -130,8 +130,9 @@ def main(argv: list[str] | None, build_demo: Callable, css: str, title: str, sta
     requests = Service(engine, slots=concurrency, limit=config.max_requests_per_client,
                        max_waiting=config.max_queue_size, outputs_dir=config.outputs_dir)
     demo = build_demo(requests, page_config, engine, history_secret=args.history_secret)
-    # api_open False: every event goes through the queue (no POST /run/<api>), as the guard expects.
-    demo.queue(max_size=config.max_queue_size, api_open=False)
+    # api_open False: every event goes through the queue (no POST /run/<api>), as the guard expects. No max_size:
+    # Gradio's queue holds an event only until it starts, at once; the service's line is bounded (max_waiting).
+    demo.queue(api_open=False)
     share = args.share and cli.share_possible(f"http://{args.host}:{args.port}/", GRADIO_API_SERVER)
     access = apis.access_for(args.api_key, share, args.public_api, args.mcp)  # the protocol APIs
     flags = {"api": access.apis, "share": bool(share), "api_key_required": bool(access.key), "mcp": access.mcp,
