@@ -17,6 +17,7 @@ import dataclasses
 import logging
 import math
 import threading
+from collections.abc import Callable
 
 import numpy as np
 
@@ -78,6 +79,9 @@ class Service:
         self.outputs_dir = outputs_dir
         self.store = store if store is not None else JobStore()
         self.closed = False
+        # The owner's requests held elsewhere that count against its limit too: the protocols' request service
+        # (serving/service.RequestService.held) until the protocols submit here (server.serve sets it).
+        self.also_held: Callable[[str], int] = lambda owner: 0
         self._cond = threading.Condition()
         self._line: collections.deque[Job] = collections.deque()
         self._running: set[Job] = set()
@@ -113,7 +117,7 @@ class Service:
                            f"(max_queue_size = {self.max_waiting}); retry later")
                 LOG.info(f"[app] request refused: {message} (client {owner})")
                 raise Refused(503, message, RETRY_AFTER_S)
-            if self.held(owner) >= self.limit:
+            if self.held(owner) + self.also_held(owner) >= self.limit:
                 LOG.info(f"[app] request refused: client {owner} has {self.limit} requests queued or running "
                          f"(max_requests_per_client = {self.limit})")
                 raise Refused(429, over_limit_message(self.limit), RETRY_AFTER_S)

@@ -163,9 +163,10 @@ def serve(demo, engine, options: dict, gate: RequestGate, drain_s: float = 60.0,
         log("[app] stopping: a stop signal came before the server started")
         log("[app] stopped")
         return 0
-    if service is not None and requests is not None:  # the protocols' cap and bound count the page's jobs too
+    if service is not None and requests is not None:  # one cap and one bound over both, each counting the other's
         service.gradio_held = requests.held
         service.gradio_waiting = lambda: requests.waiting
+        requests.also_held = service.held
     # Read by uvicorn when launch makes its server: who may name the client in X-Forwarded-For.
     os.environ[FORWARDED_ALLOW_IPS] = forwarded_allow_ips(engine.config.trusted_proxies, bool(options.get("share")))
     def set_up(app) -> None:
