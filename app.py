@@ -69,7 +69,7 @@ from sdxl_engine.serving.page_image import editor_tools, image_events, image_sec
 
 
 def build_demo(requests: Service, config: EngineConfig, engine: EngineContract | None = None,
-                history_secret: str | None = None) -> gr.Blocks:
+               history_secret: str | None = None) -> gr.Blocks:
     """The page, one client of ``requests`` (the service, sdxl_engine.service: tests give it a fake engine): its
     events submit jobs there, which orders the work and holds the per-client cap for every front, so Gradio's
     queue runs them as they come (``concurrency_limit=None``).
