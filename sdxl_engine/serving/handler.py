@@ -241,7 +241,8 @@ def client_gone(demo) -> Callable[[], bool] | None:
     return lambda: not gradio_internals.event_alive(demo, event_id)
 
 
-PROMPT_FIELDS = ("prompt", "negative_prompt", "hires_prompt", "hires_negative_prompt")
+# How the engine's warnings about the prompts begin (engine/plan.Planner.warnings); a style's words may be the cause.
+PROMPT_WARNINGS = ("prompt", "negative prompt")
 EVENT_WAIT_S = 1.0  # the longest follow() waits for a job's next event before it looks again
 
 
@@ -287,8 +288,8 @@ def _delivered(job: Job) -> tuple[list, dict, dict]:
                        print_exception=False) from err
     info, label = result.info, "" if style == NO_STYLE else f" · {style}"
     gallery = [(path, f"seed {s}{label} · {info['latency_s']:.2f} s") for path, s in zip(paths, result.seeds)]
-    for warning in result.warnings:  # the engine's name the prompt field they are about; the save's do not
-        styled = style != NO_STYLE and warning.startswith(PROMPT_FIELDS)
+    for warning in result.warnings:  # the engine's, about the prompts, and the outputs folder's
+        styled = style != NO_STYLE and warning.startswith(PROMPT_WARNINGS)
         gr.Warning(f"{warning} (the {style} style adds words around yours)" if styled else warning)
     record = history.make_record({"prompt": job.request.prompt, "negative_prompt": job.request.negative_prompt,
                                   "style": style}, info, result.images)

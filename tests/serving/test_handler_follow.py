@@ -222,6 +222,25 @@ def test_refusals_and_typed_errors_are_the_pages_errors(fake, page, runtime_log)
         asyncio.run(run())
 
 
+def test_the_engines_warnings_are_the_pages_and_a_style_is_named_beside_those_on_the_prompts(fake, page,
+                                                                                            monkeypatch):
+    requests, function, _ = page
+    generate_images = fake.generate
+
+    def warned(request, **kwargs):
+        result = generate_images(request, **kwargs)
+        return dataclasses.replace(result, warnings=["negative prompt: a weight beyond ±10 was clamped to ±10"])
+
+    monkeypatch.setattr(fake, "generate", warned)
+    shown = []
+    monkeypatch.setattr(handler.gr, "Warning", shown.append)
+    fake.go(1000)
+    asyncio.run(collect(generate(function, style="Anime"), []))
+    asyncio.run(collect(generate(function), []))
+    assert shown == ["negative prompt: a weight beyond ±10 was clamped to ±10 (the Anime style adds words around "
+                     "yours)", "negative prompt: a weight beyond ±10 was clamped to ±10"]
+
+
 def test_a_job_that_fails_in_the_engine_is_one_message_without_internals(fake, page, monkeypatch):
     requests, function, _ = page
 
