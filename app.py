@@ -8,8 +8,6 @@ and a JSON object (``seeds``, ``latency_s``, ``device_count`` ...: README). The 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from sdxl_engine.serving import main as process  # imports nothing heavy: no Gradio, no JAX
 
 TITLE = "Fast Stable Diffusion XL with JAX"
@@ -22,6 +20,7 @@ from sdxl_engine.config import EngineConfig
 from sdxl_engine.engine.contract import EngineContract
 from sdxl_engine.engine.validation import MAX_GUIDANCE
 from sdxl_engine.program.schedulers import SAMPLERS
+from sdxl_engine.service.service import Service
 from sdxl_engine.service.styles import (
     FAST_LABEL,
     FAST_LORA,
@@ -69,13 +68,14 @@ from sdxl_engine.serving.page_history import wire_history
 from sdxl_engine.serving.page_image import editor_tools, image_events, image_section, refiner_slider, wire_image_section
 
 
-def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract | None = None, concurrency: int = 1,
+def build_demo(requests: Service, config: EngineConfig, engine: EngineContract | None = None,
                history_secret: str | None = None) -> gr.Blocks:
-    """The page. ``generate`` has serving.handler.handle_generate's signature minus the engine (tests pass a fake).
+    """The page, one client of ``requests`` (the service, sdxl_engine.service: tests give it a fake engine): its
+    events submit jobs there, which orders the work and holds the per-client cap for every front, so Gradio's
+    queue runs them as they come (``concurrency_limit=None``).
 
     ``engine`` (optional) feeds the start-up banner and the resolution list; without it the page offers the
-    model's default size only. ``concurrency``: requests run at once (the one place that serialises them: one
-    per engine). ``history_secret``: the browsers' history key (history.browser_secret: this, else
+    model's default size only. ``history_secret``: the browsers' history key (history.browser_secret: this, else
     SDXL_HISTORY_SECRET, else the one kept in the cache folder). Only ``/generate`` is an API endpoint; the
     other events are private (guard.Routes lets them through only as the page calls them), and each one that
     runs on the server is a :func:`page_event`. None writes a file: the history's thumbnails are drawn in the
@@ -166,9 +166,9 @@ def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract 
         pending = history.Pending()  # each generation's history record, until this browser's history takes it
         finished = history.Pending(max_per_session=1)  # each session's last finished gallery, until it is kept
 
-        generate_images = handler.api_function(generate, config, pending, finished)
-        generate_from_image = handler.image_function(generate, config, pending, finished, demo)
-        upscale_image = handler.upscale_function(generate, config, pending, finished, demo)
+        generate_images = handler.api_function(requests, config, pending, finished, demo)
+        generate_from_image = handler.image_function(requests, config, pending, finished, demo)
+        upscale_image = handler.upscale_function(requests, config, pending, finished, demo)
 
         # On a narrow screen bring the gallery into view for the progress, and again once the images are in.
         starts = [run.click, prompt.submit, image.run.click, send_upscale.click]
@@ -182,17 +182,18 @@ def build_demo(generate: Callable, config: EngineConfig, engine: EngineContract 
                            num_inference_steps=num_inference_steps, width=width, height=height, style=style,
                            sampler=sampler)
         settings = [page_inputs[name] for name in handler.GENERATE_INPUTS]  # /generate's order, declared there
+        # concurrency_limit None: the service (not Gradio's queue) orders the requests and caps each client.
         event = gr.on([run.click, prompt.submit], generate_images, [*settings, refiner_switch], [gallery, info],
-                      api_name="generate", concurrency_id="engine", concurrency_limit=concurrency, preprocess=False)
+                      api_name="generate", concurrency_limit=None, preprocess=False)
         events = (event, *image_events(image, settings, generate_from_image, upscale_image, send_upscale,
-                                       last_result, selected_index, gallery, info, concurrency))
+                                       last_result, selected_index, gallery, info))
         for done in events:
             done.success(page_event(status_line), info, status, api_visibility="private")
         # The MCP image tool (an API endpoint without widgets): the picture as base64 text (apis/mcp_image.py).
-        gr.api(image_tool(generate, config, engine), api_name=IMAGE_TOOL, concurrency_id="engine",
-               concurrency_limit=concurrency)
-        # Stop cancels this browser's request; Gradio closes its generator, which stops the engine
-        # after the running step (handler.stream_previews). Nothing else: another browser's request runs on.
+        gr.api(image_tool(requests, config, engine), api_name=IMAGE_TOOL, concurrency_limit=None)
+        # Stop cancels this browser's request: Gradio cancels the event's task, which stops its job in the service
+        # (handler.follow: out of the line if it waits, after the running step if it runs). Nothing else: another
+        # browser's request runs on.
         # The page then says where it stopped and shows the last finished result again, not the half-made
         # preview (stopped_view). The step is read in the browser as the Stop is clicked; the rest runs as the
         # cancelled event's failure, which Gradio's page sends once the cancel is through: previews still on

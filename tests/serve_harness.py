@@ -5,14 +5,17 @@ each time around a stand-in for a launched page (no HTTP server: launching and c
 would dominate a test of signal handling), printing ``serve returned <status>`` after each.
 
 ``python tests/serve_harness.py page PORT DIR`` serves a real Gradio page through ``serve``
-(Guard, Admission, RequestGate, as ``python app.py`` does) with one queued endpoint,
-``/generate(prompt)``, run through ``RequestGate.run`` with concurrency 1 as the app's. It
-returns ``"done: <prompt>"``; a prompt ``hold:<name>`` first waits until the file ``DIR/<name>``
-exists (so a test decides when a call ends, without timing); ``fail`` raises ``gr.Error``.
-Settings come from the environment as for the app (``SDXL_MAX_REQUESTS_PER_CLIENT``);
-``HARNESS_SET_UP_S=S`` makes serve's ``on_launch`` take S seconds (as mounting the protocol APIs takes
-some), so a test can watch what a client gets meanwhile; ``HARNESS_LOOP_LAG_S=S`` stalls Gradio's event loop
-for S seconds once each call's completion is queued, before its result stream can send it (:func:`lag_completions`).
+(Guard, RequestGate, the service, as ``python app.py`` does) with one endpoint, ``/generate(prompt)``: a client
+of a real service (sdxl_engine.service.Service, one slot, the app's per-client cap) over a stand-in engine
+(:class:`HoldEngine`), followed as the page's events follow theirs (handler.follow). It returns
+``"done: <prompt>"``; a prompt ``hold:<name>`` runs until the file ``DIR/<name>`` (or ``DIR/all``) exists (so a
+test decides when a call ends, without timing); ``fail`` fails in the engine (a gr.Error with its message).
+``GET /harness/service`` answers the service's ``{"waiting", "running"}`` (Gradio's queue holds nothing: the
+service's line is where calls wait). Settings come from the environment as for the app
+(``SDXL_MAX_REQUESTS_PER_CLIENT``); ``HARNESS_SET_UP_S=S`` makes serve's ``on_launch`` take S seconds (as
+mounting the protocol APIs takes some), so a test can watch what a client gets meanwhile; ``HARNESS_LOOP_LAG_S=S``
+stalls Gradio's event loop for S seconds once each call's completion is queued, before its result stream can send
+it (:func:`lag_completions`).
 """
 
 from __future__ import annotations
@@ -102,32 +105,80 @@ def lag_completions(seconds: float) -> None:
     queueing.Queue.send_message = lagging
 
 
+class HoldEngine:
+    """What the service calls of an engine (contract.EngineContract's generate, ready, limits, batch): one 8 x 8
+    image per call, after a ``hold:<name>`` prompt's file appears (stopped meanwhile when its job is); the prompt
+    ``fail`` fails as a request the engine could not make does (GenerationError)."""
+
+    batch = 1
+    stage, started, startup, device_summary = "ready", 0.0, {}, "1 x cpu"
+
+    def __init__(self, config: EngineConfig, folder: Path):
+        from sdxl_engine.engine.validation import Limits
+
+        self.config, self.folder = config, folder
+        self.ready = threading.Event()
+        self.ready.set()
+        self.error = None
+        self.limits = Limits(max_seed=2**31 - 1, max_steps=50, sizes=((8, 8),), default_size=(8, 8), default_steps=1,
+                             default_guidance=5.0)
+
+    def generate(self, request, progress=None, arrived=None, on_step=None, should_stop=None):
+        import numpy as np
+
+        from sdxl_engine.engine.contract import GenerateResult
+        from sdxl_engine.engine.errors import GenerationError
+        from sdxl_engine.engine.steps import Stopped
+
+        if request.prompt == "fail":
+            raise GenerationError("refused: the prompt says fail")
+        if request.prompt.startswith("hold:"):
+            release = self.folder / request.prompt[len("hold:"):]
+            deadline = time.monotonic() + 300  # a generous bound: the test creates the file
+            while not (release.exists() or (self.folder / "all").exists()) and time.monotonic() < deadline:
+                if should_stop is not None and should_stop():
+                    raise Stopped("stopped before its first step")
+                time.sleep(0.02)
+        return GenerateResult(np.zeros((1, 8, 8, 3), np.uint8), [request.seed], request,
+                              {"latency": 0.0, "queue": 0.0, "prep": 0.0, "device": 0.0, "post": 0.0}, [], 1,
+                              self.device_summary, "hold")
+
+
 def page(port: int, folder: Path) -> int:
     import gradio as gr
 
+    from sdxl_engine.service.request import to_request
+    from sdxl_engine.service.service import Service
+    from sdxl_engine.serving import handler
+
     if os.environ.get("HARNESS_LOOP_LAG_S"):
         lag_completions(float(os.environ["HARNESS_LOOP_LAG_S"]))
+    config = EngineConfig.load()
+    engine = HoldEngine(config, folder)
+    requests = Service(engine, slots=1, limit=config.max_requests_per_client, max_waiting=config.max_queue_size)
 
-    def generate(prompt: str) -> str:
-        if prompt == "fail":
-            raise gr.Error("refused: the prompt says fail", print_exception=False)
-        if prompt.startswith("hold:"):
-            release = folder / prompt[len("hold:"):]
-            deadline = time.monotonic() + 300  # a generous bound: the test creates the file
-            while not release.exists() and time.monotonic() < deadline:
-                time.sleep(0.02)
-        return f"done: {prompt}"
-
-    gate = server.RequestGate()
     with gr.Blocks() as demo:
         prompt, out = gr.Textbox(), gr.Textbox()
-        prompt.submit(lambda p: gate.run(generate, p), prompt, out, api_name="generate", concurrency_id="engine",
-                      concurrency_limit=1)
-    config = EngineConfig.load()
-    demo.queue(max_size=config.max_queue_size)
+
+        async def generate(prompt: str, request: gr.Request = None) -> str:
+            # as the page's events: a job of the caller's, followed until its images (handler.follow)
+            outs = [out async for out in handler.follow(requests, to_request(prompt=prompt), request,
+                                                          gone=handler.client_gone(demo))]
+            return f"done: {outs[-1][1]['prompt']}"
+
+        generate.__annotations__["request"] = gr.Request  # not the text "gr.Request": Gradio finds it by its type
+
+        prompt.submit(generate, prompt, out, api_name="generate", concurrency_limit=None)
+    demo.queue(api_open=False)  # as the app's: the service's line is the bounded one
     set_up_s = float(os.environ.get("HARNESS_SET_UP_S", "0"))
-    return server.serve(demo, ready_engine(config), server.launch_options("127.0.0.1", port, False), gate,
-                        quiet_s=0.0, on_launch=lambda app: time.sleep(set_up_s) if set_up_s else None)
+
+    def set_up(app) -> None:
+        app.add_api_route("/harness/service", lambda: {"waiting": requests.waiting, "running": requests.running})
+        if set_up_s:
+            time.sleep(set_up_s)
+
+    return server.serve(demo, engine, server.launch_options("127.0.0.1", port, False), server.RequestGate(),
+                        quiet_s=0.0, on_launch=set_up, requests=requests)
 
 
 if __name__ == "__main__":

@@ -68,7 +68,10 @@ from sdxl_engine.program.generate import (
 )
 from sdxl_engine.program.schedulers import make_schedule
 from sdxl_engine.program.sharding import DATA_AXIS
+from sdxl_engine.service.delivery import write_served
 from sdxl_engine.service.images import encode_pngs
+from sdxl_engine.service.request import to_request
+from sdxl_engine.service.service import Service
 from tools import fullsize, progress_cost, warmstart
 from tools.report import write_section
 
@@ -293,24 +296,25 @@ def host_side(engine, size: int, runs: int) -> dict:
         for image in images:
             Image.fromarray(image).save(io.BytesIO(), format="PNG")
 
+    service = Service(fixed)
     with tempfile.TemporaryDirectory() as files:
         out = timed({"encode: engine (Sub filter, zlib RLE level 1, parallel)": lambda: encode_pngs(images, texts),
                      "encode: Pillow default (what the Gallery did)": pil_default,
-                     "page handler after the device": lambda: handler.handle_generate(
-                         fixed, "a red circle on the left", "", 7, 5.0, 20, 0, 0, files_dir=files)}, runs)
+                     "page path after the device (the service's job, the gallery's files)": lambda: _page_path(
+                         service, "a red circle on the left", 20, files)}, runs)
     import gradio as gr
 
     from sdxl_engine.serving import history
 
-    # the app's /generate is a generator (handler.stream_previews); gradio_client downloads the
+    # the app's /generate is an async generator (handler.follow); gradio_client downloads the
     # files of every message it yields and then those of the final answer, so its final PNGs come twice.
-    stream = handler.api_function(lambda *values, **kw: handler.handle_generate(fixed, *values, **kw),
-                                  fixed.config, history.Pending())
+    stream = handler.api_function(service, fixed.config, history.Pending())
 
-    def streaming(text, progress=gr.Progress()):
-        yield from stream(text, None, 7, 5.0, 20, 0, 0, progress=progress)
+    async def streaming(text, progress=gr.Progress()):
+        async for out in stream(text, None, 7, 5.0, 20, 0, 0, progress=progress):
+            yield out
 
-    demos = _served_pair(fixed, 20, streaming)
+    demos = _served_pair(service, 20, streaming)
     try:
         plain, streamed = (Client(demo.local_url, verbose=False) for demo in demos)
         # gradio_client makes a new httpx client per file, with a TLS context even for http://: without it
@@ -374,18 +378,19 @@ def served_stream(engine, size: int, runs: int, steps: int = 20, step_s: float =
         return [(str(write_new(png_bytes(image), folder[0], f"step{event.step}-{i}")),
                  f"preview · step {event.step}/{event.steps}") for i, image in enumerate(event.preview)]
 
-    stream = handler.api_function(lambda *values, **kw: handler.handle_generate(stepping, *values, **kw),
-                                  stepping.config, history.Pending())
+    service = Service(stepping)
+    stream = handler.api_function(service, stepping.config, history.Pending())
     chosen = {"gallery": grid_gallery}
 
-    def streaming(text, progress=gr.Progress()):
+    async def streaming(text, progress=gr.Progress()):
         handler._preview_gallery = chosen["gallery"]
         try:
-            yield from stream(text, None, 7, 5.0, steps, 0, 0, progress=progress)
+            async for out in stream(text, None, 7, 5.0, steps, 0, 0, progress=progress):
+                yield out
         finally:
             handler._preview_gallery = grid_gallery
 
-    demos = _served_pair(stepping, steps, streaming)
+    demos = _served_pair(service, steps, streaming)
     try:
         plain, streamed = (Client(demo.local_url, verbose=False) for demo in demos)
         text = "a red circle on the left"
@@ -411,12 +416,26 @@ def served_stream(engine, size: int, runs: int, steps: int = 20, step_s: float =
             "messages_with_previews": previews["grid"], "served_minus_device_s": minus}
 
 
-def _served_pair(engine, steps: int, streaming) -> list:
-    """Two launched pages on free ports: the handler as a plain function on ``engine``, and ``streaming``."""
+def _page_path(service, text: str, steps: int, files: str) -> list[str]:
+    """The page's path after the device, without Gradio: the service's job (its PNGs encoded once) and the files
+    the gallery serves (delivery.write_served)."""
+    job = service.submit(to_request(prompt=text, seed=7, guidance_scale=5.0, num_inference_steps=steps), "bench",
+                         "page")
+    while not job.done:
+        job.wait(len(job.events()), 1.0)
+    return write_served(job.result.pngs, job.result.stems, Path(files))
+
+
+def _served_pair(service, steps: int, streaming) -> list:
+    """Two launched pages on free ports: the page's path as a plain function on ``service`` (its last answer only:
+    no previews), and ``streaming``."""
     from sdxl_engine.serving import handler
 
-    demos = [served_page(lambda text: handler.handle_generate(engine, text, "", 7, 5.0, steps, 0, 0)[:2]),
-             served_page(streaming)]
+    async def plain(text):
+        request = to_request(prompt=text, seed=7, guidance_scale=5.0, num_inference_steps=steps)
+        return [out async for out in handler.follow(service, request, None)][-1]
+
+    demos = [served_page(plain), served_page(streaming)]
     for demo in demos:
         demo.queue()
         demo.launch(server_port=_free_port(), prevent_thread_lock=True, quiet=True)

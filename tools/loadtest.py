@@ -113,7 +113,9 @@ def error_kind(err: BaseException) -> str:
     """A short, stable name for a failed call: busy, app_error, timeout, connection or the type."""
     name = type(err).__name__
     text = str(err)
-    if name == "QueueError" or "Queue is full" in text:
+    # Gradio's own "queue full", or the service's line full (its 503 refusal, which the page's events send as
+    # an AppError with the service's text: sdxl_engine/service/service.py).
+    if name == "QueueError" or "Queue is full" in text or text.startswith("the server cannot take this request now"):
         return "busy"
     if name == "AppError":
         return "app_error: " + text[:60]

@@ -1,16 +1,15 @@
 """Every use serving makes of Gradio's internals, in one module, with the version it was checked against.
 
 The HTTP guard (guard.Routes, guard.install_guard), the temp-folder janitor (janitor.TempJanitor),
-the clean stop (server.serve) and the per-client admission (admission.Admission) need what Gradio
-does not document: its event table (``Blocks.fns``, ``BlockFunction._id``), its queue's tables
-(``Blocks._queue``: ``event_ids_to_events``, ``pending_messages_per_session``,
-``pending_event_ids_session``, ``active_jobs``, ``push``), the files it recorded
-(``temp_file_sets``, ``keep_in_cache``, ``GRADIO_CACHE``), how it fails an event
-(``Event``, ``ProcessCompletedMessage``, ``error_payload``), whether an event's client is still there
-(``Event.alive``), the running event's id
-(``LocalContext.event_id``) and Starlette's cached ``middleware_stack``. (MCP is served by serving/apis itself,
-not by Gradio's MCP server.) The protocol APIs no longer enter Gradio's queue
-(service.RequestService.run). Nothing else in the project touches them: after a Gradio upgrade, read
+and the clean stop (server.serve) need what Gradio does not document: its event table (``Blocks.fns``,
+``BlockFunction._id``), its queue's tables (``Blocks._queue``: ``event_ids_to_events``,
+``pending_messages_per_session``, ``pending_event_ids_session``, ``active_jobs``), the files it recorded
+(``temp_file_sets``, ``keep_in_cache``, ``GRADIO_CACHE``), whether an event's client is still there
+(``Event.alive``: the clean stop, and the page's events, which stop the job of a client that left), the running
+event's id (``LocalContext.event_id``) and Starlette's cached ``middleware_stack``. (MCP is served by
+serving/apis itself, not by Gradio's MCP server.) The admission (the per-client cap, the shutdown
+refusal) and the page's Stop need none: the service holds the first (sdxl_engine.service), and a Stop is Gradio
+cancelling the event's task (handler.follow). Nothing else in the project touches them: after a Gradio upgrade, read
 this module against the new Gradio (and run tests/serving/test_guard_app.py, tests/serving/test_server_shutdown_app.py,
 tests/serving/test_janitor_app.py), then move :data:`GRADIO_VERSION`. :func:`check_version` logs one warning
 line at start-up when the installed Gradio is another.
@@ -24,7 +23,6 @@ import importlib.metadata
 import json
 import logging
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,7 +30,6 @@ from starlette.exceptions import StarletteDeprecationWarning
 
 if TYPE_CHECKING:  # Gradio itself is imported only where used: server.py imports this module before Gradio's
     # import (usable_output_dir must run first: Gradio reads GRADIO_TEMP_DIR at import).
-    from gradio.data_classes import PredictBodyInternal as PredictBody
     from gradio.queueing import Queue
 
 LOG = logging.getLogger(__name__)
@@ -50,7 +47,7 @@ def check_version(log=LOG.warning, installed: str | None = None) -> bool:
     if installed == GRADIO_VERSION:
         return True
     log(f"[app] warning: Gradio {installed} is installed, but sdxl_engine/serving/gradio_internals.py was checked "
-        f"against Gradio {GRADIO_VERSION} (requirements.txt): the HTTP guard, the admission and the temp-folder "
+        f"against Gradio {GRADIO_VERSION} (requirements.txt): the HTTP guard, the clean stop and the temp-folder "
         "janitor use Gradio internals that may have changed")
     return False
 
@@ -145,51 +142,26 @@ def undelivered(demo, events) -> list:
 
 
 def current_event_id() -> str | None:
-    """The id of the event whose function runs in this context (Gradio's ``LocalContext.event_id``,
-    set for each call and copied into the threads that run it), or None outside an event."""
+    """The id of the event whose function runs in this context (Gradio's ``LocalContext.event_id``, set for each
+    call), or None outside an event."""
     from gradio.context import LocalContext
 
     return LocalContext.event_id.get(None)
 
 
-def live_event_ids(queue: Queue):
-    """The ids of the events ``queue`` holds (queued or running), as a live mapping's keys view:
-    an event is there from the moment it is queued until it has run, failed, been cancelled or
-    lost its client."""
-    return queue.event_ids_to_events.keys()
-
-
-def wrap_push(demo, push: Callable) -> Callable:
-    """Put ``push`` in place of ``demo._queue.push`` and return the original, which ``push`` must
-    call with the same keywords (``body``, ``request``, ``username``). Also closes the direct
-    ``POST /run/<api>`` route for queued events (as ``demo.queue(api_open=False)``), so every
-    queued call goes through ``push``. Call after ``demo.queue(...)`` (it replaces the queue)."""
-    queue = demo._queue
-    original = queue.push
-    queue.push = push
-    demo.api_open = False
-    return original
-
-
-async def fail_at_once(queue: Queue, body: PredictBody, request, username: str | None, message: str) -> str:
-    """Register an event for ``body``'s session that fails at once with ``message`` (as a gr.Error
-    raised by its handler would), without queueing or running anything; returns its event id."""
-    from gradio import route_utils
-    from gradio.exceptions import Error
-    from gradio.queueing import AsyncQueue, Event
-    from gradio.server_messages import ProcessCompletedMessage
-    from gradio.utils import error_payload
-
-    event = Event(body.session_hash, route_utils.get_fn(queue.blocks, None, body), request, username)
-    async with queue.pending_message_lock:  # registered as Queue.push registers a session's events
-        if event.session_hash not in queue.pending_messages_per_session:
-            queue.pending_messages_per_session[event.session_hash] = AsyncQueue()
-        if event.session_hash not in queue.pending_event_ids_session:
-            queue.pending_event_ids_session[event.session_hash] = set()
-    queue.pending_event_ids_session[event.session_hash].add(event._id)
-    payload = error_payload(Error(message, print_exception=False), show_error=True)
-    queue.send_message(event, ProcessCompletedMessage(output=payload, success=False, title="Error"))
-    return event._id
+def event_alive(demo, event_id: str) -> bool:
+    """Whether the queued event ``event_id`` still has a client: its ``Event.alive``, which Gradio's
+    ``Queue.clean_events`` clears when the session's result stream closes (the client left). True for an event the
+    queue does not hold (not queued, or already finished)."""
+    queue = queue_of(demo)
+    if queue is None:
+        return True
+    for job_set in list(getattr(queue, "active_jobs", [])):
+        for event in job_set or ():
+            if event._id == event_id:
+                return bool(event.alive)
+    event = queue.event_ids_to_events.get(event_id)
+    return True if event is None else bool(event.alive)
 
 
 # ---- the files Gradio recorded ----------------------------------------------------------------

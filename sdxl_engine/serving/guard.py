@@ -9,8 +9,9 @@ never lets ``Access-Control-Allow-Origin`` name a foreign origin, refuses a stat
 page sent (:func:`cross_site_refusal`, the rule of every route: a 403 here for Gradio's routes and MCP, in the
 protocols' shapes for ``/sdapi`` and ``/v1``, apis.CrossSiteGuard), adds ``Retry-After`` to "queue full" answers,
 answers a raw API call with too few values with a 422 naming the inputs (and fills in the inputs added to an
-endpoint later, :data:`OPTIONAL_INPUTS`, that a raw call leaves out), stamps each request's arrival
-(:func:`arrival_time`) and notes each cancel (:data:`CANCELLED`) before Gradio answers it.
+endpoint later, :data:`OPTIONAL_INPUTS`, that a raw call leaves out) and stamps each request's arrival
+(:func:`arrival_time`). A cancel goes to Gradio as it came: Gradio cancels the event's task, which stops its job in
+the service (handler.follow).
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ from collections import OrderedDict
 from urllib.parse import urlsplit
 
 from sdxl_engine.engine.contract import clock
+from sdxl_engine.service.service import SHUTTING_DOWN  # the service's own text: one for every /generate client
 from sdxl_engine.serving import gradio_internals
-from sdxl_engine.serving.admission import SHUTTING_DOWN  # loads no Gradio (fastapi only)
 
 LOG = logging.getLogger(__name__)
 
@@ -411,51 +412,6 @@ def _holds_file(value, depth: int = 0) -> bool:
 # ("data": the values in order) and /gradio_api/queue/join ("fn_index" names the event).
 _API_CALL = re.compile(r"^(?:/gradio_api)?/(?:call|run|api)/(?!v2/)(?P<name>[^/]+)/?$")
 _QUEUE_JOIN = re.compile(r"^(?:/gradio_api)?/queue/join/?$")
-_CANCEL = re.compile(r"^(?:/gradio_api)?/cancel/?$")
-
-
-class Cancels:
-    """The events clients cancelled, as (session_hash, event_id) pairs: the last ``limit`` of them, each
-    for ``keep_s`` seconds (long enough for its request to reach a step). Thread-safe: the guard adds on
-    the event loop, requests read on their own threads. Gradio's cancel needs the session too, so a pair
-    is asked for; the bounds keep a client that posts cancels in a loop from growing it."""
-
-    def __init__(self, keep_s: float = 600.0, limit: int = 4096):
-        self.keep_s, self.limit = keep_s, limit
-        self._lock = threading.Lock()
-        self._at: OrderedDict[tuple[str, str | None], float] = OrderedDict()  # oldest first
-
-    def add(self, session_hash: str, event_id: str | None, now: float | None = None) -> None:
-        """Note a cancel; forget the ones older than ``keep_s`` and the oldest beyond ``limit``."""
-        now = clock() if now is None else now
-        with self._lock:
-            self._at[(session_hash, event_id)] = now
-            self._at.move_to_end((session_hash, event_id))
-            while self._at and (len(self._at) > self.limit or now - next(iter(self._at.values())) >= self.keep_s):
-                self._at.popitem(last=False)
-
-    def __contains__(self, key) -> bool:
-        with self._lock:
-            return key in self._at
-
-    def cancelled(self, session_hash: str | None, event_id: str | None, since: float) -> bool:
-        """Whether this event was cancelled: by its own id, or by a cancel of its session without an id
-        (gradio_client's ``job.cancel()`` before it has learnt the event's id; Gradio then cancels the
-        session's tasks) noted at or after ``since`` (contract.clock(): the request's arrival), so a later
-        request of the same client is not stopped by it."""
-        with self._lock:
-            return (session_hash, event_id) in self._at or self._at.get((session_hash, None), -1.0) >= since
-
-    def note(self, body: bytes) -> None:
-        """Note the cancel a ``POST /gradio_api/cancel`` body asks for (Gradio's CancelBody:
-        ``session_hash``, ``fn_index``, ``event_id``); anything else is left to Gradio to refuse."""
-        payload = parsed(body)
-        if isinstance(payload, dict) and isinstance(payload.get("session_hash"), str) \
-                and isinstance(payload.get("event_id"), (str, type(None))):
-            self.add(payload["session_hash"], payload["event_id"])  # None: the session's calls (cancelled())
-
-
-CANCELLED = Cancels()  # the served process's cancels (Guard notes them; handler.stream_previews reads them)
 
 
 # Inputs an endpoint gained after its first release (handler.api_function: only optional inputs are ever added,
@@ -603,8 +559,8 @@ class Guard:
         if path.startswith(UNUSED_ROUTES):
             return await self._refuse(send, scope["method"], path, "not an endpoint of this app")
         if self.gate is not None and self.gate.closed and scope["method"] == "POST" and _starts_work(path):
-            # Raw calls only: a queue/join goes on to Admission (admission.py), which answers it in a form
-            # the page and gradio_client show (a 503 there reads "busy" / "Queue is full").
+            # Raw calls only: a queue/join goes on to its event, whose submit the service refuses (a gr.Error the
+            # page and gradio_client show; a 503 here would read "busy" / "Queue is full" there).
             return await _plain(send, 503, SHUTTING_DOWN.encode(), [(b"retry-after", b"60")])
         # When the request arrived (a client's own header of that name is dropped): the queue wait starts here.
         scope = {**scope, "headers": [(k, v) for k, v in scope.get("headers") or [] if k.lower() != ARRIVED_HEADER]
@@ -678,12 +634,6 @@ class Guard:
                 return await _too_large(send, path, limit) if seen > limit else None
             if len(body) > self.max_body and self.over_cap_refused(path, len(body), parsed(body)):
                 return await _too_large(send, path, self.max_body)
-            inner_receive = _replay(body, receive)
-        elif method == "POST" and _CANCEL.match(path):
-            body = await _read_body(limited_receive)
-            if body is None:
-                return await _too_large(send, path, limit) if seen > limit else None
-            CANCELLED.note(body)
             inner_receive = _replay(body, receive)
         try:
             await self.app(scope, inner_receive, guarded_send)
@@ -814,7 +764,8 @@ def install_guard(app, gate: RequestGate | None = None, demo=None) -> None:
 
 
 class RequestGate:
-    """Counts /generate calls in flight; after :meth:`close` new calls are refused (Guard, Admission)."""
+    """Counts the protocols' calls in flight (service.RequestService); after :meth:`close` new calls are refused
+    (Guard: raw calls; the service refuses the page's events once closed with it, server.serve)."""
 
     def __init__(self):
         self._cond = threading.Condition()

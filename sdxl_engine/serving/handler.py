@@ -1,26 +1,28 @@
-"""The request handler the page calls: one /generate call, from the widgets' values to the gallery.
+"""The page's events: one /generate call (or image to image, or the gallery's Upscale), from the widgets' values
+to the gallery, as a client of the service (sdxl_engine.service).
 
-:func:`handle_generate` applies the style, waits for the engine's start, passes the request's
-arrival on, maps the engine's errors to what the page shows (gr.Error, gr.Warning), delivers the
-PNGs (delivery.py) and builds the browser history's record (history.py). It uses only the
-engine contract (engine.contract.EngineContract), so the local engine and the Ray front serve
-alike. :func:`api_function` is the ``/generate`` endpoint's function (its parameters name the
-API's inputs); :func:`page_defaults` gives the page its sliders' defaults before the engine has
-loaded the model. Imports Gradio (it raises Gradio's errors and writes to Gradio's temp folder).
+:func:`api_function` is the ``/generate`` endpoint's function (its parameters name the API's inputs),
+:func:`image_function` and :func:`upscale_function` the page's image events: each builds the service's request
+(service.request.to_request), submits it as the caller's job and follows it (:func:`follow`: progress, previews,
+Stop), then writes the PNGs where Gradio serves them, builds the browser history's record (history.py) and turns
+the service's typed errors into what the page shows (gr.Error, gr.Warning): only the page does that.
+:func:`page_defaults` gives the page its sliders' defaults before the engine has loaded the model. Imports Gradio.
+
+Still here for the protocol APIs until they submit to the service too (apis/core.py, service.RequestService):
+:func:`handle_generate` (one engine call: style, the engine's start, errors, delivery), :func:`build_request`,
+:class:`ProtocolInputs`, :data:`GENERATE_INPUTS`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
 import dataclasses
-import functools
 import html
 import logging
 import os
-import queue
 import tempfile
-import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -36,6 +38,9 @@ from sdxl_engine.engine.steps import StepEvent, Stopped
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest
 from sdxl_engine.service import delivery
 from sdxl_engine.service.images import png_bytes, write_new
+from sdxl_engine.service.jobs import QUEUED, SUCCEEDED, Job
+from sdxl_engine.service.request import Request, to_request
+from sdxl_engine.service.service import Refused, Service
 from sdxl_engine.service.styles import NO_STYLE, UnknownStyle, apply_style, get_style
 from sdxl_engine.serving import admission, gradio_internals, guard, history
 from sdxl_engine.serving.apis.tools import generate_doc, refiner_switch
@@ -84,6 +89,7 @@ STAGES = {  # engine stage -> (progress fraction, what the page says)
     "preparing": (0.05, "Preparing: tokenizing the prompts, scheduling {steps} {sampler} steps"),
     "on device": (0.1, "On {devices}: encoding the prompts, denoising {steps} steps, decoding with the VAE"),
     "to host": (0.9, "Copying {n} images to the host"),
+    "encoding": (0.95, "Encoding PNGs"),  # the service's, after the engine
 }
 
 
@@ -98,108 +104,232 @@ def page_defaults(config: EngineConfig) -> EngineConfig:
     return resolve_defaults(config, engine_defaults(config.model), config.model)
 
 
-def api_function(handle: Callable, config: EngineConfig, pending: history.Pending,
-                 finished: history.Pending | None = None) -> Callable:
+def api_function(requests: Service, config: EngineConfig, pending: history.Pending,
+                 finished: history.Pending | None = None, demo=None) -> Callable:
     """The function the page's Generate event runs, which is also the ``/generate`` API endpoint.
 
     Its parameter names are the API's keyword inputs, its defaults the page's (``config``: the
-    page's resolved defaults); it calls ``handle`` (handle_generate's arguments minus the engine)
-    with the request's arrival (guard.arrival_time), keeps the history record in ``pending`` for
+    page's resolved defaults); it submits the request to ``requests`` (the service: its line, the per-client cap
+    for every front) as the caller's job (:func:`follow`), keeps the history record in ``pending`` for
     the caller's session (and ``{"gallery": items, "info": info}`` in ``finished``, if given: the
     page shows it again after a Stop), and yields (preview gallery, None) while the engine runs, then (gallery
-    items, info) (stream_previews). Its inputs and docstring are the MCP ``generate`` tool's (apis/tools.py: a
-    unit test holds them together); Gradio's API page describes ``/generate`` from them.
+    items, info); ``demo``: the page, whose result streams tell when a caller has left (:func:`client_gone`).
+    Its inputs and docstring are the MCP ``generate`` tool's (apis/tools.py: a unit test holds them together);
+    Gradio's API page describes ``/generate`` from them.
     """
 
-    def generate(prompt: str, negative_prompt: str | None = None, seed: int = -1,
-                 guidance_scale: float = config.guidance_scale,
-                 num_inference_steps: int = config.num_inference_steps, width: int = 0, height: int = 0,
-                 style: str = NO_STYLE, sampler: str = config.sampler,
-                 refiner_switch_at: float | None = 0.8 if config.refiner else 1.0, request: gr.Request = None,
-                 progress=gr.Progress()):
+    async def generate(prompt: str, negative_prompt: str | None = None, seed: int = -1,
+                       guidance_scale: float = config.guidance_scale,
+                       num_inference_steps: int = config.num_inference_steps, width: int = 0, height: int = 0,
+                       style: str = NO_STYLE, sampler: str = config.sampler,
+                       refiner_switch_at: float | None = 0.8 if config.refiner else 1.0, request: gr.Request = None,
+                       progress=gr.Progress()):
         # Named parameters: gradio_client callers use these keywords (the /generate contract);
         # only optional inputs are ever added, at the end. ``request`` and ``progress`` are Gradio's.
-        # A generator, so the previews stream to the gallery; a cancel (the page's Stop,
-        # gradio_client's job.cancel()), noted by the server under this session and event, stops the
-        # engine (stream_previews).
-        values = generate_values(locals())
+        # An async generator, so the previews stream to the gallery and a cancel (the page's Stop,
+        # gradio_client's job.cancel()) is Gradio cancelling this task at an await: follow() stops the job.
         switch = refiner_switch(refiner_switch_at)
-        extra = ProtocolInputs(fields={} if switch is None else {"refiner_switch_at": switch})
-        yield from _run_event(handle, values, request, progress, pending, finished, extra)
+        fields = {} if switch is None else {"refiner_switch_at": switch}
+        asked = _page_request(dict(prompt=prompt, negative_prompt=negative_prompt, seed=seed,
+                                   guidance_scale=guidance_scale, num_inference_steps=num_inference_steps, width=width,
+                                   height=height, style=style, sampler=sampler), request, fields)
+        async for out in follow(requests, asked, request, progress, pending, finished, client_gone(demo)):
+            yield out
 
     generate.__doc__ = generate_doc()  # the MCP tool's description too (apis/tools.py)
     return generate
 
 
-def _run_event(handle: Callable, values: tuple, request, progress, pending: history.Pending,
-               finished: history.Pending | None, extra: ProtocolInputs):
-    """What the page's events run (api_function's /generate, image_function's image to image, the hires fix):
-    ``handle`` on the nine ``values`` with ``extra`` under a job of the caller's session, the previews
-    streamed (stream_previews), a Stop heard; then the history record kept in ``pending`` and the gallery in
-    ``finished`` for the caller's session. Yields (preview gallery, None) while it runs, then (gallery, info)."""
-    session, event_id, arrived = (getattr(request, "session_hash", None), gradio_internals.current_event_id(),
-                                  guard.arrival_time(request))
-    since = clock() if arrived is None else arrived
-    job = JOBS.open(("gradio", session or event_id or ""))
+def _page_request(values: dict, gr_request, fields: dict | None = None, paste_back=None) -> Request:
+    """The service's request for a page event's ``values`` (/generate's names) and further GenerateRequest
+    ``fields``, the caller's address as its client. Raises gr.Error for an unknown style (one log line)."""
     try:
-        gallery, info, record = yield from stream_previews(
-            functools.partial(handle, job=job, client=admission.client_address(request),
-                              **({"extra": extra} if extra.fields or extra.finish or extra.params else {})),
-            values, progress, arrived,
-            lambda: guard.CANCELLED.cancelled(session, event_id, since))
+        return to_request(**values, client=admission.client_address(gr_request), paste_back=paste_back,
+                          **(fields or {}))
+    except InvalidRequest as err:
+        raise refuse(err) from err
+
+
+async def follow(requests: Service, asked: Request, gr_request, progress=None,
+                 pending: history.Pending | None = None, finished: history.Pending | None = None,
+                 gone: Callable[[], bool] | None = None, front: str = "page"):
+    """What the page's events run (/generate, image to image, the gallery's Upscale, the MCP image tool):
+    ``asked`` submitted to ``requests`` as the caller's job (its owner: the caller's address,
+    admission.client_address; its arrival: guard.arrival_time; ``front``: "mcp" for the MCP image tool), followed
+    by its events: the stages and steps reported to ``progress``, the latest preview yielded as (preview gallery,
+    None) (nothing before the first one, so the wait's progress line stays on the page); at the end the PNGs
+    written into Gradio's upload folder for the gallery, the history record kept in ``pending`` and the gallery in
+    ``finished`` for the caller's session (if given), and (gallery, info) yielded.
+
+    A Stop (the page's, gradio_client's ``job.cancel()``) is Gradio cancelling this task (or closing this
+    generator) at an await: the job is stopped (Service.stop: a queued one leaves the line and never runs, a
+    running one stops after its running step). So is a job whose client has left (``gone()``, asked at each event
+    and every :data:`EVENT_WAIT_S`: :func:`client_gone`). The service's typed errors become gr.Error
+    (:func:`page_error`)."""
+    try:
+        job = requests.submit(asked, owner=admission.client_address(gr_request), front=front,
+                              arrived=guard.arrival_time(gr_request))
+    except (InvalidRequest, EngineNotReady) as err:
+        raise refuse(err, asked) from err
+    except Refused as err:  # the service logged it
+        raise gr.Error(shown(err.message), print_exception=False) from err
+    try:
+        shown_now, folder, seen = [], [], 0
+        while not job.done:
+            events = await job.next_events(seen, timeout=EVENT_WAIT_S)
+            seen += len(events)
+            if gone is not None and not job.cancelled.is_set() and gone():
+                LOG.info(f"[app] a page request's client left: stopping it ({job.status})")
+                requests.stop(job)
+            previews = [data for name, data in events if name == "preview"]
+            for name, data in events:
+                if progress is not None and name != "preview":
+                    _report(requests.engine, job, name, data, progress)
+            if previews and job.preview is not None:  # the latest only: those before it are already old
+                step = StepEvent(previews[-1]["step"], previews[-1]["steps"], job.preview)
+                shown_now = _preview_gallery(step, folder) or shown_now
+                yield shown_now, None
+        gallery, info, record = _delivered(job)
     finally:
-        JOBS.close(job)
-    pending.put(session, record)
+        if not job.done:  # cancelled (the task, or the generator closed): the job stops too
+            requests.stop(job)
+    session = getattr(gr_request, "session_hash", None)
+    if pending is not None:
+        pending.put(session, record)
     if finished is not None:
         finished.put(session, {"gallery": gallery, "info": info})
     yield gallery, info
 
 
-def image_function(handle: Callable, config: EngineConfig, pending: history.Pending,
+def client_gone(demo) -> Callable[[], bool] | None:
+    """Whether the caller of the page event running in this context has left: Gradio marks the event gone when
+    its session's result stream closes (a closed tab, a client that went: gradio_internals.event_alive). None where
+    there is nothing to watch (no demo, or not a queued event: MCP calls the function itself)."""
+    event_id = gradio_internals.current_event_id()
+    if demo is None or event_id is None:
+        return None
+    return lambda: not gradio_internals.event_alive(demo, event_id)
+
+
+# How the engine's warnings about the prompts begin (engine/plan.Planner.warnings); a style's words may be the cause.
+PROMPT_WARNINGS = ("prompt", "negative prompt")
+EVENT_WAIT_S = 1.0  # the longest follow() waits for a job's next event before it looks again
+
+
+def _report(engine: EngineContract, job: Job, name: str, data: dict | None, progress) -> None:
+    """Tell ``progress`` (a gr.Progress) about one of ``job``'s events: its place in line, the engine's stage
+    (:data:`STAGES`), a denoising step (``(k, N)`` steps, with the job's time left)."""
+    req = job.request.engine
+    if name == "queued" and job.status == QUEUED:  # still in line (not a place it has left already)
+        ahead = data["position"] if data else 0
+        text = STAGES["waiting"][1] + (f" ({ahead} more ahead in line)" if ahead else "")
+        progress(STAGES["waiting"][0], desc=text)
+    elif name == "stage" and data["stage"] == "loading":
+        progress(0.0, desc=f"Starting the engine: {engine.stage} ({clock() - engine.started:.0f} s)")
+    elif name == "stage":
+        limits = engine.limits
+        fraction, text = STAGES.get(data["stage"], (None, data["stage"]))
+        size = f"{req.width or limits.default_size[0]}x{req.height or limits.default_size[1]}"
+        compile_s = engine.startup.get("compile_s", 0.0)  # the start's compile: 0 when it came from the cache
+        steps = limits.default_steps if req.num_inference_steps is None else req.num_inference_steps
+        progress(fraction, desc=text.format(steps=steps, sampler=req.sampler or limits.default_sampler,
+                                            devices=engine.device_summary, n=engine.batch, size=size,
+                                            about=f", about {compile_s:.0f} s" if compile_s >= 1 else ""))
+    elif name == "step":
+        left = job.eta_s or 0.0
+        progress((data["step"], data["steps"]), unit="steps",
+                 desc=f"Denoising: step {data['step']}/{data['steps']}, about {left:.0f} s left")
+
+
+def _delivered(job: Job) -> tuple[list, dict, dict]:
+    """(gallery items, info, history record) of a finished ``job``: its PNGs written into Gradio's upload folder
+    (one new folder, served as it is), its warnings shown (gr.Warning). Raises gr.Error for a failed or
+    cancelled job (:func:`page_error`) or PNGs that could not be written."""
+    if job.status != SUCCEEDED:
+        raise page_error(job.error, job.request) if job.error is not None else gr.Error(
+            shown((job.result.stopped if job.result is not None else None) or "the request was cancelled"),
+            print_exception=False)
+    result, style = job.result, job.request.style
+    try:
+        paths = delivery.write_served(result.pngs, result.stems, Path(gr.utils.get_upload_folder()))
+    except OSError as err:
+        LOG.error(f"[app] error: could not write the images to Gradio's temp folder: {err}")
+        raise gr.Error(f"the server could not store the images ({type(err).__name__}); please retry later",
+                       print_exception=False) from err
+    info, label = result.info, "" if style == NO_STYLE else f" · {style}"
+    gallery = [(path, f"seed {s}{label} · {info['latency_s']:.2f} s") for path, s in zip(paths, result.seeds)]
+    for warning in result.warnings:  # the engine's, about the prompts, and the outputs folder's
+        styled = style != NO_STYLE and warning.startswith(PROMPT_WARNINGS)
+        gr.Warning(f"{warning} (the {style} style adds words around yours)" if styled else warning)
+    record = history.make_record({"prompt": job.request.prompt, "negative_prompt": job.request.negative_prompt,
+                                  "style": style}, info, result.images)
+    return gallery, info, record
+
+
+def page_error(err: BaseException, asked: Request | None = None) -> gr.Error:
+    """The page's pop-up for a job's typed error (the service logged it): the engine's message for a refused
+    value (under the front's name of the field: ``asked``'s Request.field), an engine that did not start, a
+    request that could not be made or a busy compiler; for anything else a message without internals."""
+    if isinstance(err, (InvalidRequest, EngineNotReady, GenerationError, CompilesBusy)):
+        return gr.Error(shown(message_of(err, asked)), print_exception=False)
+    return gr.Error(f"the engine failed on this request ({type(err).__name__}); it is logged on the server. "
+                    "Please retry.", print_exception=False)
+
+
+def image_function(requests: Service, config: EngineConfig, pending: history.Pending,
                    finished: history.Pending | None, demo) -> Callable:
     """The function of the page's "Generate from image" event (api_name ``img2img``, private: the page's own).
 
     Its inputs: the nine of /generate, then the image editor's value (image_input: the event does not preprocess),
     the mode (image_input.MODES), strength, the outpaint sides and pixels, and the refiner switch
     (:func:`refiner_switch`: 1 = none). It reads the editor's picture and mask (image_input.read_editor: only
-    uploads and the app's own
-    PNGs of ``demo``), builds the engine fields (image_input.request_fields) and runs as /generate does
-    (:func:`_run_event`: previews, Stop, history record with the settings, not the picture). Every upload it was
-    given is deleted when it ends, whatever the outcome, unless the editor uploaded it again since this request
-    arrived (:func:`discard_uploads`). A picture the page cannot use is gr.Error with apis.uploads' or
-    image_input's message.
+    uploads and the app's own PNGs of ``demo``; on a worker thread, off the event loop), builds the engine fields
+    and paste-back (image_input.request_fields) and runs as /generate does (:func:`follow`: the service's job,
+    previews, Stop, history record with the settings, not the picture). Every upload it was given is deleted when
+    it ends, whatever the outcome, unless the editor uploaded it again since this request arrived
+    (:func:`discard_uploads`). A picture the page cannot use is gr.Error with apis.uploads' or image_input's
+    message.
     """
     # Here, not at the top: importing serving.apis (image_input decodes with apis.uploads) runs the package's
     # __init__, whose routes import this module.
     from sdxl_engine.serving import image_input
     from sdxl_engine.serving.apis.errors import ApiError
 
-    def img2img(prompt: str, negative_prompt: str | None = None, seed: int = -1,
-                guidance_scale: float = config.guidance_scale,
-                num_inference_steps: int = config.num_inference_steps, width: int = 0, height: int = 0,
-                style: str = NO_STYLE, sampler: str = config.sampler, image: dict | None = None,
-                mode: str = image_input.IMG2IMG, strength: float = image_input.DEFAULT_STRENGTH[image_input.IMG2IMG],
-                sides: list | None = None, pixels: int = 0, refiner_switch_at: float | None = None,
-                request: gr.Request = None, progress=gr.Progress()):
-        values = generate_values(locals())
+    async def img2img(prompt: str, negative_prompt: str | None = None, seed: int = -1,
+                      guidance_scale: float = config.guidance_scale,
+                      num_inference_steps: int = config.num_inference_steps, width: int = 0, height: int = 0,
+                      style: str = NO_STYLE, sampler: str = config.sampler, image: dict | None = None,
+                      mode: str = image_input.IMG2IMG,
+                      strength: float = image_input.DEFAULT_STRENGTH[image_input.IMG2IMG],
+                      sides: list | None = None, pixels: int = 0, refiner_switch_at: float | None = None,
+                      request: gr.Request = None, progress=gr.Progress()):
         arrived = guard.arrival_time(request)
         since = clock() if arrived is None else arrived
+
+        def prepared():
+            picture = image_input.read_editor(image, lambda path: readable(demo, path))
+            return image_input.request_fields(picture, mode, strength, _whole(width), _whole(height), sides,
+                                              _whole(pixels), refiner_switch(refiner_switch_at))
+
         try:
             try:
-                picture = image_input.read_editor(image, lambda path: readable(demo, path))
-                asked = image_input.request_fields(picture, mode, strength, _whole(width), _whole(height), sides,
-                                                   _whole(pixels), refiner_switch(refiner_switch_at))
+                asked = await asyncio.to_thread(prepared)
             except ApiError as err:
                 raise refuse(ValueError(err.message)) from err
-            yield from _run_event(handle, values, request, progress, pending, finished,
-                                  ProtocolInputs(fields=asked.fields, finish=asked.finish))
+            values = dict(prompt=prompt, negative_prompt=negative_prompt, seed=seed, guidance_scale=guidance_scale,
+                          num_inference_steps=num_inference_steps, width=width, height=height, style=style,
+                          sampler=sampler)
+            job_request = _page_request(values, request, asked.fields, asked.finish)
+            async for out in follow(requests, job_request, request, progress, pending, finished,
+                                    client_gone(demo)):
+                yield out
         finally:
             discard_uploads(demo, image_input.editor_paths(image), since)
 
     return img2img
 
 
-def upscale_function(handle: Callable, config: EngineConfig, pending: history.Pending,
+def upscale_function(requests: Service, config: EngineConfig, pending: history.Pending,
                      finished: history.Pending | None, demo) -> Callable:
     """The function of the gallery's "Upscale (hires fix)" event (api_name ``upscale``, private: the page's own).
 
@@ -207,18 +337,18 @@ def upscale_function(handle: Callable, config: EngineConfig, pending: history.Pe
     selected, the hires scale, upscaler (a pixel one: image_upscale.IMAGE_UPSCALERS) and strength. The selected
     image (the app's own PNG) is the hires fix's first pass: the engine upscales it and denoises it again at the
     larger size, with that image's seed (so the same click gives the same images) and the page's prompt and
-    settings; its size is the image's (the Resolution is not read). Runs as /generate does (:func:`_run_event`).
+    settings; its size is the image's (the Resolution is not read). Runs as /generate does (:func:`follow`).
     """
     from sdxl_engine.serving import image_input
     from sdxl_engine.serving.apis.errors import ApiError
     from sdxl_engine.serving.apis.uploads import open_image
 
-    def upscale(prompt: str, negative_prompt: str | None = None, seed: int = -1,
-                guidance_scale: float = config.guidance_scale,
-                num_inference_steps: int = config.num_inference_steps, width: int = 0, height: int = 0,
-                style: str = NO_STYLE, sampler: str = config.sampler, last: dict | None = None,
-                index: int | None = None, hires_scale: float = 1.5, hires_upscaler: str = "Lanczos",
-                hires_strength: float = 0.5, request: gr.Request = None, progress=gr.Progress()):
+    async def upscale(prompt: str, negative_prompt: str | None = None, seed: int = -1,
+                      guidance_scale: float = config.guidance_scale,
+                      num_inference_steps: int = config.num_inference_steps, width: int = 0, height: int = 0,
+                      style: str = NO_STYLE, sampler: str = config.sampler, last: dict | None = None,
+                      index: int | None = None, hires_scale: float = 1.5, hires_upscaler: str = "Lanczos",
+                      hires_strength: float = 0.5, request: gr.Request = None, progress=gr.Progress()):
         if not last or type(index) is not int or not 0 <= index < len(last.get("gallery") or []):
             raise refuse(ValueError("image: select an image of the last result in the gallery first"))
         path = last["gallery"][index][0]
@@ -226,15 +356,20 @@ def upscale_function(handle: Callable, config: EngineConfig, pending: history.Pe
         try:
             if not isinstance(path, str) or not readable(demo, path):
                 raise ApiError(400, "image: not an image this page made", "image")
-            picture = np.asarray(open_image(image_input.read_file(path, "image"), "image", "RGB"))
+            picture = await asyncio.to_thread(
+                lambda: np.asarray(open_image(image_input.read_file(path, "image"), "image", "RGB")))
         except ApiError as err:
             raise refuse(ValueError(err.message)) from err
         seeds = (last.get("info") or {}).get("seeds") or []
         seed = seeds[index] if index < len(seeds) else seed
-        values = generate_values({**locals(), "width": 0, "height": 0})  # the size is the image's
+        values = dict(prompt=prompt, negative_prompt=negative_prompt, seed=seed, guidance_scale=guidance_scale,
+                      num_inference_steps=num_inference_steps, width=0, height=0,  # the size is the image's
+                      style=style, sampler=sampler)
         fields = dict(image=picture, hires_scale=hires_scale, hires_upscaler=hires_upscaler,
                       hires_strength=hires_strength)
-        yield from _run_event(handle, values, request, progress, pending, finished, ProtocolInputs(fields=fields))
+        async for out in follow(requests, _page_request(values, request, fields), request, progress, pending,
+                                finished, client_gone(demo)):
+            yield out
 
     return upscale
 
@@ -283,88 +418,6 @@ class ProtocolInputs:
     params: dict = dataclasses.field(default_factory=dict)
 
 
-_DONE = object()  # stream_previews' end-of-request marker
-PREVIEW_WAIT_S = 0.5  # the longest a waiting stream goes without yielding, so a cancel can close it
-
-
-def stream_previews(generate: Callable, values: tuple, progress, arrived: float | None,
-                    client_cancelled: Callable[[], bool] | None = None):
-    """Run ``generate(*values, progress=, arrived=, on_step=, should_stop=)`` (handle_generate minus the
-    engine) in a thread; yield (preview gallery, None) for each preview (and, once the denoising loop
-    has begun, the same again after PREVIEW_WAIT_S without one), then return its result (gallery, info,
-    record) or raise its error.
-
-    Nothing is yielded before the first denoising step: while the request waits for the engine's start,
-    for the request ahead of it or for a compile, the gallery's progress line says so, and a yield there
-    would replace it with the (empty) gallery.
-
-    A preview gallery is one image, the batch's previews at latent resolution in a grid (a PNG file:
-    _preview_gallery), captioned ``preview · step k/N``; the final images replace it.
-
-    Stopped two ways, whichever comes first: ``client_cancelled()`` (its client's cancel, noted by the
-    server: guard.CANCELLED), asked at every step and by the engine before it starts, so a Stop during
-    the wait means the request never runs; or Gradio closing this generator, which it does only once
-    the generator has yielded. Either way the engine stops after the running step (the next request
-    waits for that: Engine.generate runs one at a time); handle_generate logs one line; nothing is
-    delivered, so there is no PNG and no history record. Not joined here: Gradio closes generators on
-    its event loop, which must not wait for a step.
-    """
-    events: queue.SimpleQueue = queue.SimpleQueue()
-    cancelled = threading.Event()
-    stepping = threading.Event()  # the denoising loop has begun: keep-alive yields from here on
-    outcome: dict = {}
-
-    def on_step(event: StepEvent) -> None:
-        stepping.set()
-        if event.preview is not None:
-            events.put(event)
-
-    def stop_asked() -> bool:
-        return cancelled.is_set() or (client_cancelled is not None and client_cancelled())
-
-    def work() -> None:
-        try:
-            outcome["result"] = generate(*values, progress=progress, arrived=arrived, on_step=on_step,
-                                         should_stop=stop_asked)
-        except BaseException as err:  # handed to the generator's thread, which raises it
-            outcome["error"] = err
-        finally:
-            events.put(_DONE)
-
-    # In a copy of this context: gr.Progress finds its event there (Gradio's context variables).
-    worker = threading.Thread(target=contextvars.copy_context().run, args=(work,), name="generate-request", daemon=True)
-    worker.start()
-    shown: list = []  # the gallery now: nothing (this request's first), then its latest previews
-    preview_folder: list = []  # this request's preview folder, made at its first preview (_preview_gallery)
-    finished = False
-    try:
-        while True:
-            try:
-                event = events.get(timeout=PREVIEW_WAIT_S)
-            except queue.Empty:
-                if stop_asked():  # cancelled: no one reads this stream any more; wait for the engine's stop
-                    continue
-                # Nothing new: the same values again (an empty diff), so that a cancel can close this
-                # generator. Not before the first step (docstring): the progress line of the wait stays on
-                # the page.
-                if stepping.is_set():
-                    yield shown, None
-                continue
-            if event is _DONE:
-                finished = True
-                break
-            if stop_asked():
-                continue
-            shown = _preview_gallery(event, preview_folder) or shown
-            yield shown, None
-    finally:
-        if not finished:  # closed by a cancel: the engine stops after the running step
-            cancelled.set()
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["result"]
-
-
 def _preview_gallery(event: StepEvent, folder: list) -> list:
     """The gallery item [(PNG path, ``preview · step k/N``)] of ``event.preview`` ((n, h, w, 3) uint8): the batch
     in one grid image (previews.preview_grid, as A1111 shows a batch's live preview), or [] if it could not be
@@ -388,15 +441,25 @@ def _preview_gallery(event: StepEvent, folder: list) -> list:
         return []
 
 
-def refuse(err: Exception) -> gr.Error:
+def refuse(err: Exception, asked: Request | None = None) -> gr.Error:
     """The gr.Error for a request the engine refused (bad input, not started) or that failed with
     a message for the user (an unusable image, a lost Ray replica: GenerationError), after one
-    log line that says which: neither is a traceback in the server log."""
+    log line that says which: neither is a traceback in the server log. ``asked``: the request, whose front names
+    the fields (:func:`message_of`)."""
+    message = message_of(err, asked)
     if isinstance(err, GenerationError):  # the request could not be made: the operator may want to know
-        LOG.error(f"[app] request failed: {err}")
+        LOG.error(f"[app] request failed: {message}")
     else:  # the client's to change (or to retry once the engine is ready): nothing wrong with the server
-        LOG.info(f"[app] request refused: {err}")
-    return gr.Error(shown(str(err)), print_exception=False)
+        LOG.info(f"[app] request refused: {message}")
+    return gr.Error(shown(message), print_exception=False)
+
+
+def message_of(err: BaseException, asked: Request | None = None) -> str:
+    """What a client reads of ``err``: an InvalidRequest's field under the front's name (``asked``'s
+    Request.field: MCP's ``upscale`` for ``hires_scale``) and its message; any other error's text."""
+    if isinstance(err, InvalidRequest) and asked is not None:
+        return f"{asked.field(err.field)}: {err.message}"
+    return str(err)
 
 
 def shown(message: str) -> str:

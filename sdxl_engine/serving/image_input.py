@@ -114,7 +114,8 @@ def paste_back(original: np.ndarray, keep: np.ndarray) -> PasteBack:
 @dataclasses.dataclass(frozen=True)
 class Request:
     """What the page's image to image event asks of the engine: ``fields`` (GenerateRequest keywords) and
-    ``finish`` (None, or the paste-back of :func:`paste_back`), as handler.ProtocolInputs carries them."""
+    ``finish`` (None, or the paste-back of :func:`paste_back`), handed to service.request.to_request as its
+    further fields and ``paste_back``."""
 
     fields: dict
     finish: PasteBack | None

@@ -10,7 +10,8 @@ app.py holds the page only and hands its builder here (this package never import
    listens.
 2. :func:`main`: a stop that came during the imports ends here (status 0); the port probe, the engine
    started in the background (:func:`start_engine`: the local one, or the Ray front with
-   ``--replicas``), the page built around :func:`~.handler.handle_generate`, served until a stop
+   ``--replicas``), the service (sdxl_engine.service: every request's line and cap) and the page built as one of
+   its clients, served until a stop
    (server.serve: the exit statuses).
 3. :func:`run`: :func:`main`, then ``os._exit`` with its status.
 
@@ -89,8 +90,8 @@ def main(argv: list[str] | None, build_demo: Callable, css: str, title: str, sta
     Args:
         argv: the command line without the program name (None: ``sys.argv[1:]``); not read when
             ``start`` is given.
-        build_demo: app.build_demo: ``(generate, page config, engine, concurrency=, history_secret=)``
-            -> gr.Blocks, where ``generate`` takes handle_generate's arguments minus the engine.
+        build_demo: app.build_demo: ``(requests, page config, engine, history_secret=)`` -> gr.Blocks, where
+            ``requests`` is the service (service.service.Service) its events submit to.
         css: the page's CSS (``demo.launch(css=...)``). title: the page's title, also in ``--help``.
         start: what :func:`prepare` returned (None: it runs now).
     """
@@ -102,8 +103,7 @@ def main(argv: list[str] | None, build_demo: Callable, css: str, title: str, sta
     from sdxl_engine.service.jobs import JobStore
     from sdxl_engine.service.service import Service
     from sdxl_engine.serving import apis, cli, gradio_internals, server
-    from sdxl_engine.serving.handler import handle_generate, page_defaults
-    from sdxl_engine.serving.service import RequestService
+    from sdxl_engine.serving.handler import page_defaults
 
     args, config, signals = start.args, start.config, start.signals
     if signals.requested:  # during the imports: nothing started yet, nothing to drain
@@ -125,14 +125,13 @@ def main(argv: list[str] | None, build_demo: Callable, css: str, title: str, sta
         print(server.start_error_line(err), file=sys.stderr)
         return server.exit_status(err)
     gate = server.RequestGate()
-    service = RequestService(engine, handle_generate, gate, concurrency, config.max_requests_per_client,
-                             max_waiting=config.max_queue_size)
     requests = Service(engine, slots=concurrency, limit=config.max_requests_per_client,
                        max_waiting=config.max_queue_size, outputs_dir=config.outputs_dir,
                        store=JobStore(keep_s=args.job_keep_s, keep_bytes=int(args.job_keep_mb * 2**20)))
-    demo = build_demo(service.generate, page_config, engine, concurrency=concurrency,
-                      history_secret=args.history_secret)
-    demo.queue(max_size=config.max_queue_size)
+    demo = build_demo(requests, page_config, engine, history_secret=args.history_secret)
+    # api_open False: every event goes through the queue (no POST /run/<api>), as the guard expects. No max_size:
+    # Gradio's queue holds an event only until it starts, at once; the service's line is bounded (max_waiting).
+    demo.queue(api_open=False)
     share = args.share and cli.share_possible(f"http://{args.host}:{args.port}/", GRADIO_API_SERVER)
     access = apis.access_for(args.api_key, share, args.public_api, args.mcp)  # the protocol APIs
     flags = {"api": access.apis, "share": bool(share), "api_key_required": bool(access.key), "mcp": access.mcp,
@@ -140,7 +139,7 @@ def main(argv: list[str] | None, build_demo: Callable, css: str, title: str, sta
              "callback_hosts": tuple(args.callback_host)}
     try:
         return server.serve(demo, engine, {**server.launch_options(args.host, args.port, share),
-                                           "css": css}, gate, signals=signals, service=service,
+                                           "css": css}, gate, signals=signals,
                             requests=requests,
                             on_launch=lambda app: apis.mount(app, requests, access, flags, page_config))
     finally:

@@ -27,7 +27,6 @@ from pathlib import Path
 
 from sdxl_engine.config import ConfigError, trusted_networks
 from sdxl_engine.serving import gradio_internals
-from sdxl_engine.serving.admission import Admission  # loads no Gradio (fastapi only)
 from sdxl_engine.serving.guard import MAX_IMAGE_BYTES, RequestGate, install_guard  # noqa: F401 (RequestGate: main.py's)
 from sdxl_engine.serving.janitor import TempJanitor
 from sdxl_engine.serving.signals import StopSignals  # noqa: F401 (serve's; imported from here by callers too)
@@ -140,25 +139,23 @@ def before_listening(set_up):
 
 
 def serve(demo, engine, options: dict, gate: RequestGate, drain_s: float = 60.0, log=None,
-          quiet_s: float = QUIET_S, signals: StopSignals | None = None, on_launch=None, service=None,
-          requests=None) -> int:
+          quiet_s: float = QUIET_S, signals: StopSignals | None = None, on_launch=None, requests=None) -> int:
     """Launch ``demo`` and block until it should stop; returns the process exit status.
 
     Returns :func:`exit_status` (after one ``error:`` line on stderr) when the engine fails to
     start, 1 when the server cannot listen, 0 after SIGTERM/SIGINT (:class:`StopSignals`: a second
-    is ignored, a third exits at once): new calls are refused (raw HTTP 503; the page and
-    gradio_client the same text as an error, :mod:`.admission`), the calls already accepted
+    is ignored, a third exits at once): new calls are refused (raw HTTP 503 by the guard; the page's events,
+    gradio_client and MCP by the service, ``requests``: its 503 text as an error), the calls already accepted
     (running or waiting) get up to ``drain_s`` seconds together to finish and reach their clients
     (including the clients' image downloads: the server closes after ``quiet_s`` seconds without a
-    request). A client may have ``engine.config.max_requests_per_client`` /generate calls queued or
-    running at once (:class:`~.admission.Admission`). ``on_launch(app)``, if given, and the guard
+    request). ``on_launch(app)``, if given, and the guard
     (:func:`install_guard`) are put in place before the server accepts its first connection
     (:func:`before_listening`; serving/apis mounts its routes and key check in ``on_launch``, which returns the
-    async context managers the app's lifespan enters, as the MCP server's session manager). ``service``
-    (service.RequestService), if given: its protocol requests and the Gradio calls count against one
-    per-client limit together. ``requests`` (service.Service), if given: closed with the gate, and its queued and
-    running jobs drained as the calls are. ``log``: where its lines go (tests collect them); None: the module
-    loggers, each line at its level.
+    async context managers the app's lifespan enters, as the MCP server's session manager). ``requests``
+    (service.Service), if given: the service of every front (the per-client cap of
+    ``engine.config.max_requests_per_client``, the waiting bound), closed with the gate, its queued and running jobs
+    drained as the calls are. ``log``: where its lines go (tests collect them); None: the module loggers, each line
+    at its level.
     """
     janitor_log, log = log, log or LOG.info
     if signals is None:
@@ -168,11 +165,6 @@ def serve(demo, engine, options: dict, gate: RequestGate, drain_s: float = 60.0,
         log("[app] stopping: a stop signal came before the server started")
         log("[app] stopped")
         return 0
-    admission = Admission.install(demo, engine.config.max_requests_per_client, lambda: gate.closed, log=log,
-                                  also_held=None if service is None else service.held)
-    if service is not None:
-        service.gradio_held = admission.held
-        service.gradio_waiting = lambda: gradio_internals.waiting(demo)
     # Read by uvicorn when launch makes its server: who may name the client in X-Forwarded-For.
     os.environ[FORWARDED_ALLOW_IPS] = forwarded_allow_ips(engine.config.trusted_proxies, bool(options.get("share")))
     def set_up(app) -> list:

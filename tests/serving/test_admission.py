@@ -1,69 +1,20 @@
-"""The per-client cap (serving/admission.py): who a client is, and that a third call from one is refused."""
+"""Who a client is for the per-client cap (serving/admission.py): an address, never a session hash (the cap itself:
+tests/serving/test_handler_follow.py, tests/service/test_service.py)."""
 
 import asyncio
-from types import SimpleNamespace
 
 import pytest
-from fastapi import HTTPException
 from starlette.requests import Request
 
 from sdxl_engine.config import ConfigError, EngineConfig, trusted_networks
-from sdxl_engine.serving import admission, gradio_internals
-from sdxl_engine.serving.admission import Admission, client_address, over_limit_message
+from sdxl_engine.serving import admission
+from sdxl_engine.serving.admission import client_address
 from sdxl_engine.serving.server import forwarded_allow_ips
 
 
 def request(peer: str, forwarded: str | None = None) -> Request:
     headers = [] if forwarded is None else [(b"x-forwarded-for", forwarded.encode())]
     return Request({"type": "http", "client": (peer, 40000), "headers": headers})
-
-
-class FakeQueue:
-    """What Admission reads of Gradio's queue: its live events, and push (which queues every call)."""
-
-    def __init__(self):
-        self.event_ids_to_events: dict = {}
-        self.pushed: list[str] = []
-
-    async def push(self, body, request, username):
-        event_id = f"event-{len(self.pushed)}"
-        self.pushed.append(body.session_hash)
-        self.event_ids_to_events[event_id] = body
-        return True, event_id, "success"
-
-
-def body(session_hash: str | None) -> SimpleNamespace:
-    return SimpleNamespace(fn_index=7, session_hash=session_hash)
-
-
-@pytest.fixture
-def refusals(monkeypatch):
-    """The messages of the calls refused through the page's protocol (an event that fails at once)."""
-    seen = []
-
-    async def fail_at_once(queue, body, request, username, message):
-        seen.append((body.session_hash, message))
-        return "refused-event"
-
-    monkeypatch.setattr(gradio_internals, "fail_at_once", fail_at_once)
-    return seen
-
-
-def test_one_address_is_one_client_whatever_session_hashes_it_sends(refusals):
-    queue = FakeQueue()
-    gate = Admission(queue, fn_ids=[7], limit=2, closing=lambda: False, log=lambda line: None)
-    results = [asyncio.run(gate.push(body(f"made-up-{i}"), request("203.0.113.9"), None)) for i in range(3)]
-    assert [r[1] for r in results] == ["event-0", "event-1", "refused-event"]
-    assert queue.pushed == ["made-up-0", "made-up-1"]  # the third never took a place
-    assert refusals == [("made-up-2", over_limit_message(2))]
-    assert gate.held("203.0.113.9") == 2
-    # Another address has its own places, and a raw call (no session) from the first is refused by status.
-    assert asyncio.run(gate.push(body("made-up-3"), request("203.0.113.10"), None))[1] == "event-2"
-    with pytest.raises(HTTPException) as raw:
-        asyncio.run(gate.push(body(None), request("203.0.113.9"), None))
-    assert (raw.value.status_code, raw.value.detail) == (429, over_limit_message(2))
-    del queue.event_ids_to_events["event-0"]  # Gradio finished one: its place is free again
-    assert asyncio.run(gate.push(body("made-up-4"), request("203.0.113.9"), None))[1] == "event-3"
 
 
 def _client_behind(allow: str, peer: str, forwarded: str | None) -> str:

@@ -40,40 +40,9 @@ def test_guard_never_passes_more_than_the_cap_to_the_app():
     assert received[-1]["type"] == "http.disconnect"
     assert sent[0]["status"] == 413
     received.clear(), sent.clear()
-    asyncio.run(run("/gradio_api/cancel"))  # read whole by the guard first (guard.CANCELLED): never reaches the app
-    assert received == [] and sent[0]["status"] == 413
-
-
-def test_the_guard_notes_a_cancel_and_hands_gradio_the_same_body():
-    import asyncio
-    import json
-
-    from sdxl_engine.serving import guard as serving
-
-    body = json.dumps({"session_hash": "s-guard", "fn_index": 2, "event_id": "e-guard"}).encode()
-    received = []
-
-    async def app(scope, receive, send):
-        received.append(await receive())
-
-    async def run():
-        chunks = [{"type": "http.request", "body": body[:10], "more_body": True},
-                  {"type": "http.request", "body": body[10:], "more_body": False}]
-
-        async def receive():
-            return chunks.pop(0)
-
-        async def send(message):
-            pass
-
-        scope = {"type": "http", "method": "POST", "path": "/gradio_api/cancel",
-                 "headers": [(b"content-length", str(len(body)).encode())]}
-        await serving.Guard(app)(scope, receive, send)
-
-    assert ("s-guard", "e-guard") not in serving.CANCELLED
-    asyncio.run(run())
-    assert ("s-guard", "e-guard") in serving.CANCELLED and ("s-guard", "other") not in serving.CANCELLED
-    assert received == [{"type": "http.request", "body": body, "more_body": False}]
+    asyncio.run(run("/gradio_api/cancel"))  # not read by the guard (a cancel is Gradio's): passed on, cut at the cap
+    assert sum(len(m.get("body", b"")) for m in received) <= 1_000_000
+    assert received[-1]["type"] == "http.disconnect" and sent[0]["status"] == 413
 
 
 def test_a_raw_call_without_the_later_optional_inputs_gets_their_defaults_and_one_with_too_few_a_422():

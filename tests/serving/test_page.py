@@ -3,17 +3,13 @@
 
 
 def test_page_builder_with_fake_engine():
-    """The page can be driven by any callable with the /generate signature (no model)."""
+    """The page is built around a service (sdxl_engine.service) over any engine (a stand-in here: no model)."""
     import app
     from sdxl_engine.config import EngineConfig
+    from sdxl_engine.service.service import Service
+    from tests.service.test_service import StepEngine
 
-    seen = []
-
-    def fake(*values, progress=None, arrived=None):
-        seen.append(values)
-        return [], {}, None
-
-    demo = app.build_demo(fake, EngineConfig.load(environ={}))
+    demo = app.build_demo(Service(StepEngine()), EngineConfig.load(environ={}))
     api = demo.get_api_info()["named_endpoints"]["/generate"]
     names = [p["parameter_name"] for p in api["parameters"]]
     # The first seven are the /generate contract; later inputs are optional additions.
@@ -111,24 +107,33 @@ def test_stopped_view_says_where_and_gives_the_last_finished_result_back():
         app.stopped_view(last, "<b>4/50")
 
 
-def test_api_function_keeps_the_last_finished_gallery_for_the_session():
+def test_api_function_keeps_the_last_finished_gallery_for_the_session(tmp_path, monkeypatch):
     """The Generate event keeps each session's finished gallery and details where the page's follow-up event
     takes them (the state a Stop shows again); the history record goes to its own holder."""
+    import asyncio
     from types import SimpleNamespace
 
     from sdxl_engine.config import EngineConfig
+    from sdxl_engine.service.service import Service
     from sdxl_engine.serving import handler, history
+    from tests.serving.test_handler_follow import PageEngine
 
-    def fake(*values, job=None, client="", keep=None, progress=None, arrived=None, on_step=None, should_stop=None):
-        return [("/tmp/x.png", "seed 1 · 0.10 s")], {"seeds": [1]}, {"prompt": values[0]}
-
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
+    fake = PageEngine()
+    fake.go(100)
     pending, finished = history.Pending(), history.Pending(max_per_session=1)
-    generate = handler.api_function(fake, EngineConfig.load(environ={}), pending, finished)
-    request = SimpleNamespace(session_hash="s1", request=None)
-    assert list(generate("a red circle", request=request, progress=lambda *a, **k: None)) == [
-        ([("/tmp/x.png", "seed 1 · 0.10 s")], {"seeds": [1]})]
-    assert finished.pop("s1") == {"gallery": [("/tmp/x.png", "seed 1 · 0.10 s")], "info": {"seeds": [1]}}
-    assert pending.pop("s1") == {"prompt": "a red circle"} and finished.pop("s1") is None
+    generate = handler.api_function(Service(fake), EngineConfig.load(environ={}), pending, finished)
+    request = SimpleNamespace(session_hash="s1", client=SimpleNamespace(host="10.0.0.1"), headers={})
+
+    async def run():
+        return [out async for out in generate("a red circle", seed=1, num_inference_steps=2, width=48, height=32,
+                                              request=request, progress=lambda *a, **k: None)]
+
+    gallery, info = asyncio.run(run())[-1]
+    assert [caption.split(" · ")[0] for _, caption in gallery] == ["seed 1", "seed 2"] and info["seeds"] == [1, 2]
+    assert finished.pop("s1") == {"gallery": gallery, "info": info}
+    record = pending.pop("s1")
+    assert record["prompt"] == "a red circle" and record["seeds"] == [1, 2] and finished.pop("s1") is None
 
 
 def test_png_settings_restores_this_servers_and_a1111s_parameters():
@@ -215,10 +220,11 @@ def test_a_history_record_made_from_a_picture_restores_its_settings_but_not_its_
     assert size is None and "made from a picture (96x96)" in note and "Image to image" in note
 
 
-def test_every_event_and_protocol_call_reads_the_nine_inputs_in_the_declared_order():
+def test_every_event_and_protocol_call_reads_the_nine_inputs_in_the_declared_order(monkeypatch):
     """handler.GENERATE_INPUTS is /generate's contract order: the three page events' signatures begin with it (Gradio
-    reads their parameter names and positions), each hands the engine its values in that order, and a protocol's
+    reads their parameter names and positions), /generate's request holds each value under its name, and a protocol's
     Call lists its values so (then the refiner switch, None)."""
+    import asyncio
     import inspect
     from types import SimpleNamespace
 
@@ -235,12 +241,21 @@ def test_every_event_and_protocol_call_reads_the_nine_inputs_in_the_declared_ord
     sent = dict(zip(handler.GENERATE_INPUTS, ("p", "n", 7, 3.5, 6, 64, 80, "Anime", "Euler a")))
     got = []
 
-    def fake(*values, **kw):
-        got.append(values)
-        return [], {"seeds": [7]}, {}
+    async def follow(requests, asked, *args, **kwargs):  # what the event submits to the service
+        got.append(asked)
+        yield [], {"seeds": [7]}
 
-    generate = handler.api_function(fake, config, history.Pending())
-    list(generate(**sent, request=SimpleNamespace(session_hash="s", request=None), progress=lambda *a, **k: None))
-    assert got == [tuple(sent.values())]
+    monkeypatch.setattr(handler, "follow", follow)
+    generate = handler.api_function(None, config, history.Pending())
+
+    async def run():
+        return [out async for out in generate(**sent, request=SimpleNamespace(session_hash="s", client=None,
+                                                                                 headers={}),
+                                               progress=lambda *a, **k: None)]
+
+    asyncio.run(run())
+    engine = got[0].engine
+    assert (got[0].prompt, got[0].negative_prompt, engine.seed, engine.guidance_scale, engine.num_inference_steps,
+            engine.width, engine.height, got[0].style, engine.sampler) == tuple(sent.values())
     assert Call(**{k: v for k, v in sent.items() if k != "seed"}).values(9) == [*sent.values()][:2] + [9] + [
         *sent.values()][3:] + [None]

@@ -36,13 +36,15 @@ LOST = "the replica running this request stopped"  # as tests/serving/test_scale
 
 
 def test_python_app_py_without_the_flag_never_imports_ray(tmp_path):
-    """The default start path (flags, config, the local engine started, the page built) loads no Ray module."""
+    """The default start path (flags, config, the local engine started, the service and the page built) loads no
+    Ray module."""
     code = ("import sys, app\n"
             "from sdxl_engine.config import EngineConfig\n"
+            "from sdxl_engine.service.service import Service\n"
             "from sdxl_engine.serving import cli, main\n"
             "args = cli.parse_args([])\n"
             "engine, concurrency = main.start_engine(EngineConfig.load(cli.engine_overrides(args)), args)\n"
-            "app.build_demo(lambda *a, **k: None, engine.config, engine, concurrency=concurrency)\n"
+            "app.build_demo(Service(engine, slots=concurrency), engine.config, engine)\n"
             "ray = sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.'))\n"
             "open(sys.argv[1], 'w').write(f'{concurrency} {ray}')\n"
             "import os; os._exit(0)\n")
@@ -157,7 +159,7 @@ def test_the_replicas_steps_and_previews_reach_the_client_and_a_cancel_stops_the
     steps = [k for k, _ in seen]
     assert steps == sorted(set(steps)), seen
     job.cancel()
-    app2.wait_for("(cancelled by its client); nothing saved", timeout=60)
+    app2.wait_for("(cancelled); nothing saved", timeout=60)
     app2.wait_for("(its call was cancelled)", timeout=60)
     line = next(x for x in app2.log.splitlines() if "(its call was cancelled)" in x)
     stopped_at = int(re.search(r"request stopped after step (\d+) of 50", line).group(1))

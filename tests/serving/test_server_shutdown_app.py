@@ -1,8 +1,8 @@
 """Stopping and admission: stop signals (nested, repeated), the shutdown message, the per-client cap.
 
 The servers here are ``tests/serve_harness.py``: the app's own ``server.serve`` (signal handling,
-Guard, Admission, RequestGate) around a one-endpoint page whose calls end when the test says so
-(a file appears), so nothing depends on timing.
+Guard, RequestGate) around a one-endpoint page, a client of a real service (its line, the per-client cap, the
+shutdown refusal) whose calls end when the test says so (a file appears), so nothing depends on timing.
 """
 
 import os
@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from sdxl_engine.config import ConfigError, EngineConfig
-from sdxl_engine.serving.admission import SHUTTING_DOWN, over_limit_message
+from sdxl_engine.service.service import SHUTTING_DOWN, over_limit_message
 from sdxl_engine.serving.server import StopSignals
 from tests.helpers import LOG_LINE, ROOT, RunningApp, log_message, wait_until
 
@@ -183,7 +183,8 @@ def test_the_third_signal_exits_at_once_with_128_plus_its_number(page):
 
     harness, url, _ = page
     held = Client(url, verbose=False).submit("hold:never", api_name="/generate")
-    wait_until(lambda: _running(held), "the call running")
+    wait_until(lambda: _running(url), "the call running")
+    assert not held.done()
     gap = 2 * StopSignals.BURST_S  # signals closer than that to the first are the first stop's burst
     harness.signal()
     assert "(1 running, 0 waiting)" in harness.until("[app] stopping")[-1]  # it keeps the drain open (60 s)
@@ -200,14 +201,37 @@ def test_the_third_signal_exits_at_once_with_128_plus_its_number(page):
     assert "[app] stopped" not in log and log.count("second stop signal ignored") == 1
 
 
-def _queue_size(url: str) -> int:
-    return httpx.get(url + "gradio_api/queue/status", timeout=30).json()["queue_size"]
+def _service(url: str) -> dict:
+    """The harness's service now: its calls ``waiting`` in line and ``running`` (Gradio's queue holds none)."""
+    return httpx.get(url + "harness/service", timeout=30).json()
 
 
-def _running(job) -> bool:
-    from gradio_client.utils import Status
+def _waiting(url: str) -> int:
+    return _service(url)["waiting"]
 
-    return job.status().code in (Status.PROCESSING, Status.PROGRESS, Status.ITERATING)
+
+def _running(url: str, n: int = 1) -> bool:
+    return _service(url)["running"] == n
+
+
+def _refusals(log: str, client: str = "") -> int:
+    """The service's log lines refusing a client over its cap (``client``'s only, if given)."""
+    return log.count(f"[app] request refused: client {client}") if client else log.count(
+        "[app] request refused: client ")
+
+
+def _call_result(url: str, event_id: str, headers: dict | None = None) -> tuple[str, str]:
+    """(the SSE event name, its data) that ends a raw call's result stream (``complete`` or ``error``)."""
+    import json
+
+    event = ""
+    with httpx.stream("GET", url + f"gradio_api/call/generate/{event_id}", timeout=30, headers=headers) as stream:
+        for line in stream.iter_lines():
+            if line.startswith("event:"):
+                event = line[6:].strip()
+            elif line.startswith("data:") and event in ("complete", "error"):
+                return event, json.loads(line[5:])
+    raise AssertionError("the stream ended without a result")
 
 
 def _join(url: str, session: str, prompt: str, headers: dict | None = None) -> str:
@@ -251,7 +275,7 @@ def test_every_client_is_told_the_server_is_shutting_down(page):
     harness, url, folder = page
     first, second = Client(url, verbose=False), Client(url, verbose=False)
     running = first.submit("hold:first", api_name="/generate")
-    wait_until(lambda: _running(running), "the first call running")
+    wait_until(lambda: _running(url), "the first call running")
     harness.signal()
     harness.until("[app] stopping")
     with pytest.raises(AppError) as refused:
@@ -278,8 +302,9 @@ def test_a_result_reaches_its_client_though_the_event_loop_lags_at_the_close(tmp
     harness = Harness("page", str(port), str(tmp_path), env={"HARNESS_LOOP_LAG_S": "0.5"})
     try:
         harness.until("[app] Running on local URL")
-        running = Client(f"http://127.0.0.1:{port}/", verbose=False).submit("hold:first", api_name="/generate")
-        wait_until(lambda: _running(running), "the call running")
+        url = f"http://127.0.0.1:{port}/"
+        running = Client(url, verbose=False).submit("hold:first", api_name="/generate")
+        wait_until(lambda: _running(url), "the call running")
         harness.signal()
         harness.until("[app] stopping")
         (tmp_path / "first").touch()
@@ -301,9 +326,9 @@ def test_one_client_cannot_hold_the_queue(page):
     a = Client(url, verbose=False, headers=forwarded("198.51.100.1"))
     b = Client(url, verbose=False, headers=forwarded("198.51.100.2"))
     b_job = b.submit("hold:b", api_name="/generate")
-    wait_until(lambda: _running(b_job), "B's call running")
+    wait_until(lambda: _running(url), "B's call running")
     a_jobs = [a.submit(f"hold:a{i}", api_name="/generate") for i in (1, 2)]
-    wait_until(lambda: _queue_size(url) == 2, "A's two calls queued")
+    wait_until(lambda: _waiting(url) == 2, "A's two calls queued")
     with pytest.raises(AppError) as refused:
         a.submit("hold:a3", api_name="/generate").result(timeout=60)  # refused at once, while B's call is still running
     assert str(refused.value) == message and not b_job.done()
@@ -316,12 +341,14 @@ def test_one_client_cannot_hold_the_queue(page):
     assert _browser_join(url, tab, "hold:t3", tab_from)["output"]["error"] == message
     raw = [httpx.post(url + "gradio_api/call/generate", json={"data": [f"hold:r{i}"]}, timeout=30,
                       headers=forwarded("198.51.100.4")) for i in (1, 2, 3)]
-    assert [r.status_code for r in raw] == [200, 200, 429]
-    assert raw[2].json()["detail"] == message and raw[2].headers["retry-after"] == "5"
+    assert [r.status_code for r in raw] == [200, 200, 200]  # each call is taken; the service answers in its stream
+    event, data = _call_result(url, raw[2].json()["event_id"], forwarded("198.51.100.4"))
+    assert (event, data["error"]) == ("error", message)
     # No way round.
     assert httpx.post(url + "gradio_api/run/generate", json={"data": ["x"]}, timeout=30).status_code == 404
-    # Queued: A's two and the two raw calls; the tab's two went when its stream closed (a client that leaves).
-    assert not b_job.done() and _queue_size(url) == 4
+    # Waiting: A's two and the two raw calls; the tab's two went when its stream closed (a client that leaves).
+    wait_until(lambda: _waiting(url) == 4, "the tab's calls out of the line")
+    assert not b_job.done()
     (folder / "b").touch()
     assert b_job.result(timeout=60) == "done: hold:b"
     for name in ("a1", "a2", "r1", "r2"):
@@ -331,15 +358,15 @@ def test_one_client_cannot_hold_the_queue(page):
     assert _browser_join(url, tab, "again", tab_from)["output"]["data"] == ["done: again"]
     with pytest.raises(AppError, match="refused: the prompt says fail"):
         a.predict("fail", api_name="/generate")  # a call that fails frees its place too
-    wait_until(lambda: _queue_size(url) == 0, "the queue empty")
+    wait_until(lambda: _waiting(url) == 0, "the queue empty")
     blocker = b.submit("hold:b2", api_name="/generate")  # B's again: A's next calls wait behind it
-    wait_until(lambda: _running(blocker), "B's second call running")
+    wait_until(lambda: _running(url), "B's second call running")
     cancelled = a.submit("hold:a5", api_name="/generate")
-    wait_until(lambda: _queue_size(url) == 1, "A's fifth call queued")
+    wait_until(lambda: _waiting(url) == 1, "A's fifth call queued")
     cancelled.cancel()  # (Gradio cancels a session's calls of this event, so none of A's is running)
-    wait_until(lambda: _queue_size(url) == 0, "A's fifth call cancelled")
+    wait_until(lambda: _waiting(url) == 0, "A's fifth call cancelled")
     again = [a.submit(f"hold:a{i}", api_name="/generate") for i in (6, 7)]  # two places again, not fewer
-    wait_until(lambda: _queue_size(url) == 2, "A's sixth and seventh calls queued")
+    wait_until(lambda: _waiting(url) == 2, "A's sixth and seventh calls queued")
     with pytest.raises(AppError) as refused:
         a.submit("hold:a8", api_name="/generate").result(timeout=60)  # and not more
     assert str(refused.value) == message
@@ -348,7 +375,7 @@ def test_one_client_cannot_hold_the_queue(page):
     assert blocker.result(timeout=60) == "done: hold:b2"
     assert [job.result(timeout=60) for job in again] == ["done: hold:a6", "done: hold:a7"]
     log = "".join(harness.log)
-    assert log.count(f"[app] request refused: {message}") == 4 and "Traceback" not in log
+    assert _refusals(log) == 4 and "Traceback" not in log
 
 
 def test_made_up_sessions_get_no_more_places_and_forwarding_counts_only_behind_a_trusted_proxy(page, tmp_path):
@@ -365,28 +392,28 @@ def test_made_up_sessions_get_no_more_places_and_forwarding_counts_only_behind_a
     message = over_limit_message(2)
     b = Client(url, verbose=False, headers=forwarded("198.51.100.2"))
     running = b.submit("hold:b", api_name="/generate")
-    wait_until(lambda: _running(running), "B's call running")
+    wait_until(lambda: _running(url), "B's call running")
     a = forwarded("198.51.100.1")
     joins = [(session, _join(url, session, f"hold:a{i}", a))
              for i, session in enumerate(secrets.token_hex(5) for _ in range(17))]
-    wait_until(lambda: _queue_size(url) == 2, "two of A's calls queued")
+    wait_until(lambda: _waiting(url) == 2, "two of A's calls queued")
     time.sleep(0.5)
-    assert _queue_size(url) == 2  # and no more: fifteen were refused without taking a place
+    assert _waiting(url) == 2  # and no more: fifteen were refused without taking a place
     assert _completion(url, *joins[2], a)["output"]["error"] == message
     c = Client(url, verbose=False, headers=forwarded("198.51.100.3")).submit("hold:c", api_name="/generate")
-    wait_until(lambda: _queue_size(url) == 3, "C's call queued")  # another client is not told the queue is full
+    wait_until(lambda: _waiting(url) == 3, "C's call queued")  # another client is not told the queue is full
     with httpx.stream("GET", url + f"gradio_api/queue/data?session_hash={joins[0][0]}", timeout=30,
                       headers=a) as stream:
         next(stream.iter_lines())  # the stream is open; closing it is A leaving
-    wait_until(lambda: _queue_size(url) == 2, "A's left call dropped from the queue")
+    wait_until(lambda: _waiting(url) == 2, "A's left call dropped from the line")
     replacement = secrets.token_hex(5)
     replacement_id = _join(url, replacement, "hold:a-again", a)  # the place A's left call held is A's again
-    wait_until(lambda: _queue_size(url) == 3, "A's new call queued")
+    wait_until(lambda: _waiting(url) == 3, "A's new call queued")
     for name in ("b", "c", "a1", "a-again"):
         (folder / name).touch()
     assert running.result(timeout=60) == "done: hold:b" and c.result(timeout=60) == "done: hold:c"
     assert _completion(url, replacement, replacement_id, a)["output"]["data"] == ["done: hold:a-again"]
-    assert "".join(harness.log).count(f"[app] request refused: {message} (client 198.51.100.1)") == 15
+    assert _refusals("".join(harness.log), "198.51.100.1") == 15
 
     port = next(PORTS)  # the same page with no trusted proxy
     direct = Harness("page", str(port), str(tmp_path))
@@ -396,7 +423,7 @@ def test_made_up_sessions_get_no_more_places_and_forwarding_counts_only_behind_a
         ids = [(session, _join(url, session, f"hold:d{i}", forwarded(f"198.51.100.{10 + i}")))
                for i, session in enumerate(secrets.token_hex(5) for _ in range(3))]
         assert _completion(url, *ids[2])["output"]["error"] == message
-        assert "".join(direct.log).count(f"[app] request refused: {message} (client 127.0.0.1)") == 1
+        assert _refusals("".join(direct.log), "127.0.0.1") == 1
     finally:
         (tmp_path / "d0").touch()
         (tmp_path / "d1").touch()
@@ -426,7 +453,7 @@ def test_the_page_shows_the_shutdown_message(page):
 
     harness, url, folder = page
     running = Client(url, verbose=False).submit("hold:first", api_name="/generate")
-    wait_until(lambda: _running(running), "the first call running")
+    wait_until(lambda: _running(url), "the first call running")
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu"])
         try:

@@ -33,6 +33,8 @@ def test_error_kinds():
     from gradio_client.utils import QueueError
 
     assert loadtest.error_kind(QueueError("Queue is full! Please try again.")) == "busy"
+    assert loadtest.error_kind(AppError("the server cannot take this request now: 16 requests wait already "
+                                        "(max_queue_size = 16); retry later")) == "busy"  # the service's line full
     assert loadtest.error_kind(AppError("seed: must be between -1 and 5")) \
         == "app_error: seed: must be between -1 and 5"
     assert loadtest.error_kind(TimeoutError()) == "timeout"

@@ -1,0 +1,65 @@
+"""The MCP image tool (apis/mcp_image.py) as a client of the service: its calls count in the per-client cap with the
+page's events, and the engine's refusals name the tool's inputs (``upscale`` for the engine's ``hires_scale``)."""
+
+import asyncio
+import base64
+import io
+
+import gradio as gr
+import pytest
+from PIL import Image
+
+from sdxl_engine.service.service import Service, over_limit_message
+from sdxl_engine.serving import handler, history
+from sdxl_engine.serving.apis.mcp_image import image_tool
+from tests.serving.test_handler_follow import CONFIG, PageEngine, caller, collect, generate
+
+
+def picture() -> str:
+    data = io.BytesIO()
+    Image.new("RGB", (48, 32), (10, 200, 10)).save(data, format="PNG")
+    return base64.b64encode(data.getvalue()).decode()
+
+
+@pytest.fixture
+def tool(tmp_path, monkeypatch):
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
+    fake = PageEngine()
+    requests = Service(fake, slots=1, limit=1)
+    yield fake, requests, image_tool(requests, CONFIG, fake)
+    requests.close()
+    fake.go(1000)
+
+
+def test_the_tool_makes_images_as_a_job_of_its_caller(tool):
+    fake, requests, image_to_image = tool
+    fake.go(100)
+    gallery, info = asyncio.run(image_to_image("a green square", picture(), seed=5, num_inference_steps=2, width=48,
+                                               height=32, request=caller("10.0.0.7")))
+    assert info["seeds"] == [5, 6] and info["strength"] == 0.75 and len(gallery) == 2
+    assert requests.jobs("10.0.0.7")[0].front == "mcp"
+
+
+def test_the_tool_counts_in_the_cap_with_the_pages_events(tool):
+    fake, requests, image_to_image = tool
+    function = handler.api_function(requests, CONFIG, history.Pending())
+
+    async def main():
+        held = asyncio.ensure_future(collect(generate(function, address="10.0.0.7"), []))
+        await asyncio.sleep(0.1)
+        with pytest.raises(gr.Error) as refused:
+            await image_to_image("a green square", picture(), num_inference_steps=2, width=48, height=32,
+                                 request=caller("10.0.0.7"))
+        fake.go(1000)
+        await asyncio.wait_for(held, 10)
+        return refused.value.message
+
+    assert asyncio.run(main()) == handler.shown(over_limit_message(1))
+
+
+def test_an_engine_refusal_names_the_tools_input(tool):
+    fake, requests, image_to_image = tool
+    with pytest.raises(gr.Error) as refused:  # 72x48 is no size of the stand-in's
+        asyncio.run(image_to_image("a green square", picture(), num_inference_steps=2, width=48, height=32,
+                                   upscale=1.5, request=caller("10.0.0.7")))
+    assert refused.value.message.startswith("upscale: ")

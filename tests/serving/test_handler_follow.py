@@ -1,0 +1,259 @@
+"""The page's events as clients of the service (handler.follow, api_function, image_function, upscale_function):
+each submits a job and follows it; previews stream, nothing before the first; the per-client cap holds across the
+page's events; a Stop (Gradio cancelling the event's task) takes a waiting job out of the line and stops a running
+one within a step; the service's refusals and typed errors become gr.Error.
+
+The engine is tests/service's stand-in whose steps wait for the test (StepEngine), so the order is the test's."""
+
+import asyncio
+import dataclasses
+import types
+
+import gradio as gr
+import numpy as np
+import pytest
+from PIL import Image
+
+from sdxl_engine.config import EngineConfig
+from sdxl_engine.service.jobs import CANCELLED, QUEUED, RUNNING, SUCCEEDED
+from sdxl_engine.service.service import SHUTTING_DOWN, Service, over_limit_message
+from sdxl_engine.serving import handler, history
+from tests.service.test_service import StepEngine, wait_for
+
+CONFIG = EngineConfig.load(environ={})
+
+
+class PageEngine(StepEngine):
+    """StepEngine with what the page's progress reads of an engine (stage, start time, device summary)."""
+
+    stage, started, startup, device_summary = "ready", 0.0, {}, "1 x cpu"
+
+
+def caller(address: str = "10.0.0.5", session: str = "s1"):
+    """What the events read of a gr.Request: the peer's address (the owner), headers, the session."""
+    return types.SimpleNamespace(client=types.SimpleNamespace(host=address), headers={}, session_hash=session)
+
+
+@pytest.fixture
+def fake():
+    return PageEngine()
+
+
+@pytest.fixture
+def page(fake, tmp_path, monkeypatch):
+    """(the service, its /generate function, the history's pending records); Gradio's upload folder in tmp_path."""
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
+    requests = Service(fake, slots=1, limit=2)
+    pending = history.Pending()
+    yield requests, handler.api_function(requests, CONFIG, pending), pending
+    requests.close()
+    fake.go(1000)
+
+
+def generate(function, prompt="a red circle", address="10.0.0.5", session="s1", steps=2, progress=None, **kwargs):
+    """One /generate call's async generator, as Gradio runs it."""
+    return function(prompt, "", 3, 5.0, steps, 48, 32, request=caller(address, session),
+                    progress=progress or (lambda *a, **k: None), **kwargs)
+
+
+async def collect(stream, outs: list):
+    async for out in stream:
+        outs.append(out)
+
+
+def test_previews_stream_after_the_first_step_then_the_images_and_the_record(fake, page):
+    requests, function, pending = page
+    reports = []
+
+    async def main():
+        outs = []
+        task = asyncio.ensure_future(collect(generate(function, progress=lambda *a, **k: reports.append((a, k))),
+                                             outs))
+        await asyncio.sleep(0.3)
+        assert outs == [] and not task.done()  # nothing yielded before the first step: the progress line stays
+        fake.go(1)
+        await asyncio.to_thread(wait_for, lambda: len(outs) == 1)
+        fake.go(1)
+        await asyncio.wait_for(task, 10)
+        return outs
+
+    outs = asyncio.run(main())
+    previews, (gallery, info) = outs[:-1], outs[-1]
+    assert [caption for shown, _ in previews for _, caption in shown] == ["preview · step 1/2", "preview · step 2/2"]
+    assert all(out[1] is None for out in previews)
+    assert [caption.split(" · ")[0] for _, caption in gallery] == ["seed 3", "seed 4"]
+    assert info["seeds"] == [3, 4] and info["style"] == "(No style)"
+    for path, seed in zip((p for p, _ in gallery), (3, 4)):
+        with Image.open(path) as png:  # the service's PNG bytes, written where Gradio serves them
+            assert np.asarray(png.convert("RGB")).max() == seed and "Seed: " in png.text["parameters"]
+    assert pending.pop("s1")["seeds"] == [3, 4]
+    steps = [a[0] for a, k in reports if k.get("unit") == "steps"]
+    assert steps == [(1, 2), (2, 2)]
+    assert [k["desc"] for a, k in reports if k.get("unit") != "steps"][-1] == "Encoding PNGs"
+
+
+def test_the_cap_holds_across_the_pages_events(fake, page, tmp_path, monkeypatch):
+    """A client with max_requests_per_client requests running from /generate is refused on image to image and
+    upscale too (the service's message as the page's error); another address is not."""
+    requests, function, pending = page
+    monkeypatch.setattr(fake, "limits", dataclasses.replace(fake.limits, sizes=((48, 32), (64, 64), (72, 48))))
+    image = tmp_path / "picture.png"
+    Image.new("RGB", (48, 32), (200, 10, 10)).save(image)
+    monkeypatch.setattr(handler, "readable", lambda demo, path: True)
+    monkeypatch.setattr(handler, "discard_uploads", lambda *a, **k: None)
+    img2img = handler.image_function(requests, CONFIG, pending, None, demo=None)
+    upscale = handler.upscale_function(requests, CONFIG, pending, None, demo=None)
+    editor = {"background": {"path": str(image)}, "layers": [], "composite": {"path": str(image)}}
+    last = {"gallery": [[str(image), "seed 3"]], "info": {"seeds": [3]}}
+
+    async def main():
+        held = [asyncio.ensure_future(collect(generate(function, session=f"s{i}"), [])) for i in range(2)]
+        await asyncio.sleep(0.1)
+        assert requests.held("10.0.0.5") == 2
+        refusals = []
+        for stream in (img2img("a red circle", "", 3, 5.0, 2, 48, 32, image=editor, request=caller(),
+                               progress=lambda *a, **k: None),
+                       upscale("a red circle", "", 3, 5.0, 2, 0, 0, last=last, index=0, request=caller(),
+                               progress=lambda *a, **k: None)):
+            with pytest.raises(gr.Error) as refused:
+                await collect(stream, [])
+            refusals.append(refused.value.message)
+        other = asyncio.ensure_future(collect(generate(function, address="10.0.0.6"), []))
+        await asyncio.sleep(0.1)
+        assert requests.held("10.0.0.6") == 1  # another client's place
+        fake.go(1000)
+        await asyncio.wait_for(asyncio.gather(*held, other), 10)
+        return refusals
+
+    assert asyncio.run(main()) == [handler.shown(over_limit_message(2))] * 2
+
+
+def test_the_protocols_requests_of_the_address_count_too(fake, page):
+    """Until the protocols submit to the service, their requests (serving/service.RequestService.held, which
+    server.serve hands the service) count against the page's cap of the same address."""
+    requests, function, _ = page
+    requests.also_held = lambda owner: 2 if owner == "10.0.0.5" else 0
+
+    async def main():
+        with pytest.raises(gr.Error, match="too many requests from this client"):
+            await collect(generate(function), [])
+        fake.go(1000)
+        await asyncio.wait_for(collect(generate(function, address="10.0.0.6"), []), 10)
+
+    asyncio.run(main())
+
+
+def test_one_address_is_one_client_whatever_session_hashes_it_sends(fake, page):
+    requests, function, _ = page
+
+    async def main():
+        held = [asyncio.ensure_future(collect(generate(function, session=f"made-up-{i}"), [])) for i in range(2)]
+        await asyncio.sleep(0.1)
+        with pytest.raises(gr.Error, match="too many requests from this client"):
+            await collect(generate(function, session="made-up-2"), [])
+        fake.go(1000)
+        await asyncio.wait_for(asyncio.gather(*held), 10)
+
+    asyncio.run(main())
+
+
+def test_a_stop_while_the_request_waits_takes_it_out_of_the_line_and_it_never_runs(fake, page):
+    requests, function, _ = page
+
+    async def main():
+        first = asyncio.ensure_future(collect(generate(function, address="10.0.0.1"), []))
+        await asyncio.sleep(0.1)
+        waiting = asyncio.ensure_future(collect(generate(function, prompt="a blue square"), []))
+        await asyncio.sleep(0.1)
+        job = requests.jobs("10.0.0.5")[0]
+        assert job.status == QUEUED and requests.waiting == 1
+        waiting.cancel()  # the page's Stop: Gradio cancels the event's task
+        await asyncio.gather(waiting, return_exceptions=True)
+        assert job.status == CANCELLED and requests.waiting == 0 and requests.held("10.0.0.5") == 0
+        fake.go(1000)
+        await asyncio.wait_for(first, 10)
+        return job
+
+    job = asyncio.run(main())
+    assert [call.prompt for call in fake.calls] == ["a red circle"]  # the stopped one never reached the engine
+    assert job.result is None
+
+
+def test_a_stop_while_the_request_runs_stops_it_within_a_step_and_the_next_one_runs(fake, page):
+    requests, function, _ = page
+
+    async def main():
+        running = asyncio.ensure_future(collect(generate(function, steps=20), []))
+        await asyncio.sleep(0.1)
+        job = requests.jobs("10.0.0.5")[0]
+        fake.go(1)
+        await asyncio.to_thread(wait_for, lambda: job.step == 1)
+        assert job.status == RUNNING
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+        await asyncio.to_thread(wait_for, lambda: job.done)
+        assert job.status == CANCELLED and fake.steps_seen == 1  # no step after the Stop
+        outs = []
+        fake.go(2)
+        await asyncio.wait_for(collect(generate(function, prompt="next"), outs), 10)
+        return outs[-1]
+
+    gallery, info = asyncio.run(main())
+    assert info["seeds"] == [3, 4] and len(gallery) == 2
+
+
+def test_refusals_and_typed_errors_are_the_pages_errors(fake, page, runtime_log):
+    requests, function, _ = page
+
+    async def run(**kwargs):
+        await collect(generate(function, **kwargs), [])
+
+    with pytest.raises(gr.Error, match="prompt: is empty"):
+        asyncio.run(run(prompt="  "))
+    assert runtime_log[-1].startswith("[app] request refused: prompt: is empty")
+    with pytest.raises(gr.Error) as styled:
+        asyncio.run(run(style="Baroque"))
+    assert styled.value.message.startswith("style: unknown style 'Baroque'")
+    with pytest.raises(gr.Error) as tagged:  # the pop-up renders HTML: what the client sent is text there
+        asyncio.run(run(style="<b>x</b>"))
+    assert "&lt;b&gt;x&lt;/b&gt;" in tagged.value.message and "<b>" not in tagged.value.message
+    requests.close()
+    with pytest.raises(gr.Error, match=SHUTTING_DOWN.split(";")[0]):
+        asyncio.run(run())
+
+
+def test_the_engines_warnings_are_the_pages_and_a_style_is_named_beside_those_on_the_prompts(fake, page,
+                                                                                            monkeypatch):
+    requests, function, _ = page
+    generate_images = fake.generate
+
+    def warned(request, **kwargs):
+        result = generate_images(request, **kwargs)
+        return dataclasses.replace(result, warnings=["negative prompt: a weight beyond ±10 was clamped to ±10"])
+
+    monkeypatch.setattr(fake, "generate", warned)
+    shown = []
+    monkeypatch.setattr(handler.gr, "Warning", shown.append)
+    fake.go(1000)
+    asyncio.run(collect(generate(function, style="Anime"), []))
+    asyncio.run(collect(generate(function), []))
+    assert shown == ["negative prompt: a weight beyond ±10 was clamped to ±10 (the Anime style adds words around "
+                     "yours)", "negative prompt: a weight beyond ±10 was clamped to ±10"]
+
+
+def test_a_job_that_fails_in_the_engine_is_one_message_without_internals(fake, page, monkeypatch):
+    requests, function, _ = page
+
+    def broken(*args, **kwargs):
+        raise KeyError("internal detail")
+
+    monkeypatch.setattr(fake, "generate", broken)
+
+    async def main():
+        await collect(generate(function), [])
+
+    with pytest.raises(gr.Error) as failed:
+        asyncio.run(main())
+    assert failed.value.message.startswith("the engine failed on this request (KeyError)")
+    assert "internal detail" not in failed.value.message
+    assert requests.jobs("10.0.0.5")[0].status not in (SUCCEEDED, QUEUED)
