@@ -193,11 +193,9 @@ def serve(demo, engine, options: dict, gate: RequestGate, drain_s: float = 60.0,
     gate.close()
     if requests is not None:
         requests.close()
-    in_line = 0 if service is None else service.slots.waiting  # counted by the gate, but not running yet
     jobs_running, jobs_waiting = (0, 0) if requests is None else (requests.running, requests.waiting)
     log(f"[app] stopping: new requests are refused; finishing the ones already accepted "
-        f"({gate.in_flight - in_line + jobs_running} running, "
-        f"{gradio_internals.waiting(demo) + in_line + jobs_waiting} waiting)")
+        f"({gate.in_flight + jobs_running} running, {gradio_internals.waiting(demo) + jobs_waiting} waiting)")
     deadline = time.monotonic() + drain_s
     accepted = gradio_internals.live_events(demo)
 
