@@ -181,7 +181,7 @@ def build_demo(requests: Service, config: EngineConfig, engine: EngineContract |
         page_inputs = dict(prompt=prompt, negative_prompt=negative_prompt, seed=seed, guidance_scale=guidance_scale,
                            num_inference_steps=num_inference_steps, width=width, height=height, style=style,
                            sampler=sampler)
-        settings = [page_inputs[name] for name in handler.GENERATE_INPUTS]  # /generate's order, declared there
+        settings = list(page_inputs.values())  # /generate's first nine inputs, in its order (apis/tools.py)
         # concurrency_limit None: the service (not Gradio's queue) orders the requests and caps each client.
         event = gr.on([run.click, prompt.submit], generate_images, [*settings, refiner_switch], [gallery, info],
                       api_name="generate", concurrency_limit=None, preprocess=False)

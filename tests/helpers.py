@@ -275,3 +275,45 @@ def extra_fields(request) -> dict:
     engine = request.engine
     return {name: getattr(engine, name) for name in EXTRA_FIELDS if getattr(engine, name) is not None
             and (name != "soft_mask" or engine.mask is not None)}
+
+
+def page_generate(engine, prompt, negative_prompt="", seed=-1, guidance_scale=None, num_inference_steps=None, width=0,
+                  height=0, style="(No style)", sampler=None, progress=None, outputs_dir: str = "",
+                  files_dir: str | None = None):
+    """One /generate event as the page runs it (serving/handler.api_function over a real service.Service of
+    ``engine``, saving to ``outputs_dir``), its gallery files written under ``files_dir`` (Gradio's upload folder
+    when None): (gallery items, info, history record). ``progress(fraction, desc=..., unit=...)`` hears the
+    event's reports. Raises what the event raises (gr.Error)."""
+    import asyncio
+    import os
+    from types import SimpleNamespace
+
+    from sdxl_engine.config import EngineConfig
+    from sdxl_engine.service.service import Service
+    from sdxl_engine.serving import handler, history
+
+    config = EngineConfig.load(environ={})
+    service = Service(engine, slots=1, limit=4, outputs_dir=outputs_dir)
+    pending = history.Pending()
+    generate = handler.api_function(service, config, pending)
+    request = SimpleNamespace(session_hash="test-session", client=SimpleNamespace(host="127.0.0.1"), headers={})
+    report = progress if progress is not None else (lambda *_, **__: None)
+    values = dict(prompt=prompt, negative_prompt=negative_prompt, seed=seed, guidance_scale=guidance_scale,
+                  num_inference_steps=num_inference_steps, width=width, height=height, style=style, sampler=sampler)
+    before = os.environ.get("GRADIO_TEMP_DIR")
+    try:
+        if files_dir is not None:
+            os.environ["GRADIO_TEMP_DIR"] = str(files_dir)
+
+        async def run():
+            return [out async for out in generate(**values, request=request, progress=report)]
+
+        gallery, info = asyncio.run(run())[-1]
+    finally:
+        service.close()
+        if files_dir is not None:
+            if before is None:
+                os.environ.pop("GRADIO_TEMP_DIR", None)
+            else:
+                os.environ["GRADIO_TEMP_DIR"] = before
+    return gallery, info, pending.pop("test-session")

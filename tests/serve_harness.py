@@ -90,7 +90,7 @@ def stops(port: int, count: int) -> int:
 
 def lag_completions(seconds: float) -> None:
     """Stall Gradio's event loop for ``seconds`` right after it queues a call's completion for the call's result
-    stream (``Queue.send_message``), as a loaded machine may: the call is then done (``gate.in_flight`` 0, the
+    stream (``Queue.send_message``), as a loaded machine may: the call is then done (the service idle, the
     queue idle) while its client has not been sent the result; a close in that window must wait for the stream."""
     from gradio import queueing
     from gradio.server_messages import ProcessCompletedMessage

@@ -78,7 +78,7 @@ def deliver(result, prompt: str, style: str, files_dir: Path | None = None, outp
             (``paths`` is empty; the bytes are in ``pngs``).
         outputs_dir: also save the PNGs here as ``<µs time>-<request id>-seed42-...png`` ("" = no);
             ``info["saved"]`` lists those file names, relative to ``outputs_dir``.
-        keep: how many of the images (the first) the client receives (service.RequestService.run); only they
+        keep: how many of the images (the first) the client receives (service.Service: a request's last call); only they
             are saved to ``outputs_dir``. None: all.
         params: more A1111 infotext entries (a protocol's: ``Mask blur``...), after :func:`mode_parameters`'.
 

@@ -78,8 +78,6 @@ class Service:
         self.outputs_dir = outputs_dir
         self.store = store if store is not None else JobStore()
         self.closed = False
-        # The owner's requests held elsewhere that count against its limit too: the protocols' request service
-        # (serving/service.RequestService.held) until the protocols submit here (server.serve sets it).
         self._cond = threading.Condition()
         self._line: collections.deque[Job] = collections.deque()
         self._running: set[Job] = set()

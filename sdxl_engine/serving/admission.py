@@ -1,11 +1,6 @@
-"""Who a client is, and the refusal over the per-client cap, for the protocols' request service.
-
-The page's events, gradio_client and MCP submit to the service (sdxl_engine.service), which holds the per-client
-cap and the shutdown refusal for them; the protocol APIs (service.RequestService, until they submit there too) use
-:func:`over_limit` here, counting the client's jobs in the service with their own. A client is an address
-(:func:`client_address`: the peer, or the client a trusted proxy names), never what the client sends: a Gradio
-``session_hash`` is the client's own choice, so keying on it let one client take the whole queue with made-up
-ones.
+"""Who a client is: an address (:func:`client_address`: the peer, or the client a trusted proxy names), never what
+the client sends: a Gradio ``session_hash`` is the client's own choice, so keying on it let one client take the whole
+queue with made-up ones. The service (sdxl_engine.service) counts its per-client cap, for every front, by it.
 """
 
 from __future__ import annotations
@@ -14,28 +9,6 @@ import ipaddress
 import logging
 
 LOG = logging.getLogger(__name__)
-
-RETRY_AFTER_S = 5  # for a client over its limit: about one generation
-# Every client's refusal during a stop (the guard's too).
-SHUTTING_DOWN = "the server is shutting down; retry in a minute"
-
-
-def over_limit_message(limit: int) -> str:
-    """The refusal for a client that already has ``limit`` calls queued or running."""
-    calls = "call" if limit == 1 else "calls"
-    return (f"this client already has {limit} {calls} queued or running, the most allowed per client "
-            f"(max_requests_per_client = {limit}); retry when one has finished")
-
-
-def over_limit(held: int, limit: int, client: str, log=LOG.info) -> str | None:
-    """The refusal when ``client`` already holds ``held`` >= ``limit`` calls (after one log line), else None:
-    the protocols' check of the cap (service.RequestService)."""
-    if held < limit:
-        return None
-    message = over_limit_message(limit)
-    log(f"[app] request refused: {message} (client {client})")
-    return message
-
 
 def client_address(request) -> str:
     """Who sent ``request`` (a Starlette request), for the per-client cap: an address the client cannot choose.

@@ -764,12 +764,11 @@ def install_guard(app, gate: RequestGate | None = None, demo=None) -> None:
 
 
 class RequestGate:
-    """Counts the protocols' calls in flight (service.RequestService); after :meth:`close` new calls are refused
-    (Guard: raw calls; the service refuses the page's events once closed with it, server.serve)."""
+    """The server's stop switch and clock for the guard: after :meth:`close` raw calls are refused (Guard; the
+    service refuses every front's requests once closed with it, server.serve), and ``last_request`` is when the last
+    HTTP request arrived (the shutdown waits for a quiet moment before it closes)."""
 
     def __init__(self):
-        self._cond = threading.Condition()
-        self.in_flight = 0
         self.closed = False
         self.last_request = time.monotonic()  # when the last HTTP request arrived (set by Guard)
 
@@ -777,23 +776,5 @@ class RequestGate:
         """Record that an HTTP request arrived now."""
         self.last_request = time.monotonic()
 
-    def run(self, fn, *args, **kwargs):
-        """Call ``fn(*args, **kwargs)``, counted as in flight while it runs."""
-        with self.counted():
-            return fn(*args, **kwargs)
-
-    @contextlib.contextmanager
-    def counted(self):
-        """Count one call as in flight while the block runs (a protocol request: waiting for its slot included)."""
-        with self._cond:
-            self.in_flight += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self.in_flight -= 1
-                self._cond.notify_all()
-
     def close(self) -> None:
-        with self._cond:
-            self.closed = True
+        self.closed = True

@@ -7,18 +7,11 @@ to the gallery, as a client of the service (sdxl_engine.service).
 Stop), then writes the PNGs where Gradio serves them, builds the browser history's record (history.py) and turns
 the service's typed errors into what the page shows (gr.Error, gr.Warning): only the page does that.
 :func:`page_defaults` gives the page its sliders' defaults before the engine has loaded the model. Imports Gradio.
-
-Still here for the protocol APIs until they submit to the service too (apis/core.py, service.RequestService):
-:func:`handle_generate` (one engine call: style, the engine's start, errors, delivery), :func:`build_request`,
-:class:`ProtocolInputs`, :data:`GENERATE_INPUTS`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import contextvars
-import dataclasses
 import html
 import logging
 import os
@@ -34,54 +27,18 @@ from sdxl_engine.config import EngineConfig, resolve_defaults
 from sdxl_engine.engine.contract import EngineContract, clock
 from sdxl_engine.engine.errors import CompilesBusy, EngineNotReady, GenerationError
 from sdxl_engine.engine.previews import preview_grid
-from sdxl_engine.engine.steps import StepEvent, Stopped
-from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest
+from sdxl_engine.engine.steps import StepEvent
+from sdxl_engine.engine.validation import InvalidRequest
 from sdxl_engine.service import delivery
 from sdxl_engine.service.images import png_bytes, write_new
 from sdxl_engine.service.jobs import QUEUED, SUCCEEDED, Job
 from sdxl_engine.service.request import Request, to_request
 from sdxl_engine.service.service import Refused, Service
-from sdxl_engine.service.styles import NO_STYLE, UnknownStyle, apply_style, get_style
+from sdxl_engine.service.styles import NO_STYLE
 from sdxl_engine.serving import admission, gradio_internals, guard, history
 from sdxl_engine.serving.apis.tools import generate_doc, refiner_switch
-from sdxl_engine.serving.progress import JOBS
 
 LOG = logging.getLogger(__name__)
-
-GENERATE_INPUTS = ("prompt", "negative_prompt", "seed", "guidance_scale", "num_inference_steps", "width", "height",
-                   "style", "sampler")
-"""``/generate``'s inputs in its contract's order (gradio_client's positional values, a raw call's ``data``), the one
-place that order is written: app.py lists the page's components by it, the page's events (:func:`api_function`,
-:func:`image_function`, :func:`upscale_function`, whose signatures begin with these names: a unit test holds them
-to it) and apis.core.Call read their values by it. Inputs added later follow them (guard.OPTIONAL_INPUTS)."""
-
-
-def generate_values(arguments: dict) -> tuple:
-    """The :data:`GENERATE_INPUTS` values of an event function's named ``arguments`` (its ``locals()``), in order.
-
-    Raises KeyError naming an input ``arguments`` lacks."""
-    return tuple(arguments[name] for name in GENERATE_INPUTS)
-
-
-def build_request(prompt, negative_prompt, seed, guidance_scale, num_inference_steps, width, height, style=NO_STYLE,
-                  sampler=None, *, client: str = "", fields: dict | None = None) -> tuple[GenerateRequest, str]:
-    """The engine's request for ``/generate``'s values (:data:`GENERATE_INPUTS`, as the client sent them) and a
-    request's further GenerateRequest ``fields`` (:class:`ProtocolInputs`), with ``style`` applied (the hires fix's
-    prompts take it too, as A1111's ``all_hr_prompts``), and the style's name as the page shows it. Not validated
-    (the engine's validation.validate). The one place a request is built from values: the page's events
-    (:func:`handle_generate`) and the protocols' early check (apis.core.check).
-
-    Raises UnknownStyle."""
-    fields = dict(fields or {})
-    styled_prompt, styled_negative = apply_style(style, prompt, negative_prompt)
-    if fields.get("hires_prompt") is not None or fields.get("hires_negative_prompt") is not None:
-        fields["hires_prompt"], fields["hires_negative_prompt"] = apply_style(
-            style, fields.get("hires_prompt") or prompt, fields.get("hires_negative_prompt") or negative_prompt)
-    request = GenerateRequest(prompt=styled_prompt, negative_prompt=styled_negative, seed=seed,
-                              guidance_scale=guidance_scale, num_inference_steps=num_inference_steps,
-                              width=width, height=height, sampler=sampler, client=client, **fields)
-    return request, get_style(style).name
-
 
 STAGES = {  # engine stage -> (progress fraction, what the page says)
     "compiling": (0.03, "Compiling {size} once{about} (the first request at it; reused afterwards)"),
@@ -401,23 +358,6 @@ def discard_uploads(demo, paths: list[str], since: float | None = None) -> None:
     guard.UPLOADS.remove(named, clock() if since is None else since)
 
 
-@dataclasses.dataclass(frozen=True)
-class ProtocolInputs:
-    """What a request asks beyond the page's nine inputs (a protocol's, or the page's image events'), handed to the
-    handler in memory (service.RequestService.run), never through Gradio's queue data (which would make files).
-
-    ``fields``: GenerateRequest keyword fields (``image``, ``mask``, ``strength``, ``start_step``,
-    ``refiner_switch_at``, ``hires_scale``, ``hires_strength``, ``hires_steps``, ``hires_upscaler``), validated
-    by the engine as any request's. ``finish``: None, or a function of the engine's images ((n, H, W, 3) uint8)
-    giving the answer's ((n, H', W', 3) uint8), run before the PNGs are written: A1111's overlay of the original
-    outside an inpainting mask (a1111_images.prepare). ``params``: more A1111 infotext entries for the PNGs
-    (``Mask blur``...: delivery.deliver)."""
-
-    fields: dict = dataclasses.field(default_factory=dict)
-    finish: Callable[[np.ndarray], np.ndarray] | None = None
-    params: dict = dataclasses.field(default_factory=dict)
-
-
 def _preview_gallery(event: StepEvent, folder: list) -> list:
     """The gallery item [(PNG path, ``preview · step k/N``)] of ``event.preview`` ((n, h, w, 3) uint8): the batch
     in one grid image (previews.preview_grid, as A1111 shows a batch's live preview), or [] if it could not be
@@ -468,135 +408,3 @@ def shown(message: str) -> str:
     copied back into the prompt) and nothing a client sent becomes an element. Clients that read the
     message as text (the protocol APIs: apis/core.py) unescape it (html.unescape)."""
     return html.escape(message, quote=False)
-
-
-def handle_generate(engine: EngineContract, prompt, negative_prompt, seed, guidance_scale, num_inference_steps,
-                    width, height, style=NO_STYLE, sampler=None, progress: Callable | None = None,
-                    files_dir: str | None = None, arrived: float | None = None,
-                    on_step: Callable[[StepEvent], None] | None = None, should_stop: Callable[[], bool] | None = None,
-                    job: str | None = None, client: str = "", keep: int | None = None,
-                    extra: ProtocolInputs | None = None, slots=None, request: GenerateRequest | None = None):
-    """One /generate call: values as the client sent them in; (gallery items, info, history record) out.
-
-    The engine validates every value (width/height 0 or None = the model's default; sampler None
-    = the engine's default). Raises gr.Error with the engine's message for bad input, an engine
-    that is not ready or an unusable image; any other failure is logged and reported without
-    internals. ``style`` names a preset of sdxl_engine.service.styles (applied here, so the engine sees
-    plain text). ``arrived`` (contract.clock() at the server: guard.arrival_time) makes
-    ``timings_s.queue`` count the wait in Gradio's queue too.
-
-    ``progress(fraction, desc=...)`` (a gr.Progress) hears each stage; while the engine is still
-    starting, the request waits and reports the start-up stage and elapsed seconds.
-
-    It also hears each denoising step (``progress((k, N), desc="step k/N ...", unit="steps")``), and the
-    call is recorded as the next engine call of ``job`` (progress.JOBS: begin_call, stage, step with the
-    preview, end_call; a job of its own, opened and closed here, when None), which its owner reads (A1111's
-    ``/progress``). ``on_step`` hears the engine's StepEvents too; the request stops (after the running
-    step) when ``should_stop()`` or ``JOBS.stop_requested(job)`` (its owner's interrupt or skip): one log
-    line, gr.Error("the request was stopped ..."), nothing saved.
-
-    The gallery items are (PNG path, caption): the PNGs (with their A1111 parameters) lie in a new
-    folder under ``files_dir`` (default: Gradio's temp folder, which serves them as they are),
-    named after seed and prompt (``seed42-a-red-circle.png``, the download's name). With the
-    config's ``outputs_dir`` they are saved there too, as ``<µs time>-<request id>-seed42-...png``: the
-    first ``keep`` only, when the client receives only those (a protocol's request: service.RequestService.run).
-
-    ``extra``: a protocol request's fields beyond these (image to image, hires fix, refiner) and its finish
-    (:class:`ProtocolInputs`). ``slots``: the request service's places in front of the engine (service.Slots),
-    for a call from Gradio's events: it waits for one in order of arrival (stage "waiting") and leaves the line,
-    with nothing run, when it is stopped meanwhile (a protocol's call comes with its slot: service.RequestService.run).
-    ``request``: the engine's request for these values when the caller built and validated it already
-    (apis.core.check, for a protocol's first call); else it is built here (:func:`build_request`).
-    """
-    extra = extra or ProtocolInputs()
-    report = progress if progress is not None else (lambda *_, **__: None)  # gr.Progress is falsy (len 0)
-    try:
-        if request is None:
-            request, style = build_request(prompt, negative_prompt, seed, guidance_scale, num_inference_steps, width,
-                                           height, style, sampler, client=client, fields=extra.fields)
-        else:
-            style = get_style(style).name
-    except UnknownStyle as err:
-        raise refuse(err) from err
-    while not engine.ready.wait(0.5):
-        report(0.0, desc=f"Starting the engine: {engine.stage} ({clock() - engine.started:.0f} s)")
-
-    steps = engine.limits.default_steps if num_inference_steps is None else num_inference_steps
-    own = job is None
-    if own:
-        job = JOBS.open(("direct", ""))
-    JOBS.begin_call(job, steps if isinstance(steps, int) else 0)
-
-    def on_stage(stage: str) -> None:
-        JOBS.stage(job, stage)
-        fraction, text = STAGES.get(stage, (None, stage))
-        size = f"{width or engine.limits.default_size[0]}x{height or engine.limits.default_size[1]}"
-        compile_s = engine.startup.get("compile_s", 0.0)  # the start's compile: 0 when it came from the cache
-        report(fraction, desc=text.format(steps=steps, sampler=sampler or engine.limits.default_sampler,
-                                          devices=engine.device_summary, n=engine.batch, size=size,
-                                          about=f", about {compile_s:.0f} s" if compile_s >= 1 else ""))
-
-    # gr.Progress finds its event in this thread's context variables; the steps are heard on XLA's thread.
-    here = contextvars.copy_context()
-
-    def on_engine_step(event: StepEvent) -> None:  # on XLA's thread while the devices wait: hand on, never block
-        JOBS.step(job, event.step, event.steps, event.preview)
-        left = event.elapsed_s / event.step * (event.steps - event.step)
-        here.copy().run(report, (event.step, event.steps), unit="steps",
-                        desc=f"Denoising: step {event.step}/{event.steps}, about {left:.0f} s left")
-        if on_step is not None:
-            on_step(event)
-
-    def stop() -> bool:
-        return JOBS.stop_requested(job) or (should_stop is not None and should_stop())
-
-    try:
-        with (slots.held(stop, lambda: on_stage("waiting")) if slots is not None
-              else contextlib.nullcontext()):
-            result = engine.generate(request, progress=on_stage, arrived=arrived, on_step=on_engine_step,
-                                     should_stop=stop)
-    except (InvalidRequest, EngineNotReady, GenerationError, CompilesBusy) as err:
-        raise refuse(err) from err
-    except Stopped as err:  # the one log line of a stopped request
-        why = "cancelled by its client" if should_stop is not None and should_stop() \
-            else "interrupted" if JOBS.interrupted(job) else "skipped"
-        LOG.info(f"[app] request {err} ({why}); nothing saved")
-        raise gr.Error(f"the request was {err}", print_exception=False) from err
-    except Exception as err:  # unexpected: the one failure logged with its traceback
-        LOG.exception(f"[app] request failed: the engine raised {type(err).__name__}: {err}")
-        raise gr.Error(f"the engine failed on this request ({type(err).__name__}); it is logged on the server. "
-                       "Please retry.") from err
-    finally:
-        JOBS.end_call(job)
-        if own:
-            JOBS.close(job)
-    if extra.finish is not None:
-        result = dataclasses.replace(result, images=extra.finish.apply(result.images))
-    report(0.95, desc="Encoding PNGs")
-    gallery, info, record, pngs = _deliver(engine, result, prompt, negative_prompt, style, files_dir, keep,
-                                           extra.params)
-    if not own:  # a protocol's job (or the page's): its caller may take the bytes from memory
-        JOBS.deliver(job, pngs)
-    return gallery, info, record
-
-
-def _deliver(engine: EngineContract, result, prompt: str, negative_prompt: str, style: str, files_dir: str | None,
-             keep: int | None = None, params: dict | None = None) -> tuple[list, dict, dict, list[bytes]]:
-    """(gallery items, info, history record, PNG bytes) for a result; its PNGs written (delivery.deliver)."""
-    try:
-        out = delivery.deliver(result, prompt, style, files_dir or gr.utils.get_upload_folder(),
-                               engine.config.outputs_dir, keep, params)
-    except OSError as err:
-        LOG.error(f"[app] error: could not write the images to Gradio's temp folder: {err}")
-        raise gr.Error(f"the server could not store the images ({type(err).__name__}); please retry later",
-                       print_exception=False) from err
-    if out.save_error is not None:  # the images are still shown and downloadable; saving is best-effort
-        LOG.warning(f"[app] warning: could not save to outputs_dir {engine.config.outputs_dir!r}: {out.save_error}")
-        gr.Warning(out.save_warning)
-    info, label = out.info, "" if style == NO_STYLE else f" · {style}"
-    gallery = [(path, f"seed {s}{label} · {info['latency_s']:.2f} s") for path, s in zip(out.paths, result.seeds)]
-    for warning in result.warnings:
-        gr.Warning(warning if style == NO_STYLE else f"{warning} (the {style} style adds words around yours)")
-    record = history.make_record({"prompt": prompt, "negative_prompt": negative_prompt, "style": style}, info,
-                                 result.images)
-    return gallery, info, record, out.pngs

@@ -195,7 +195,7 @@ def serve(demo, engine, options: dict, gate: RequestGate, drain_s: float = 60.0,
         requests.close()
     jobs_running, jobs_waiting = (0, 0) if requests is None else (requests.running, requests.waiting)
     log(f"[app] stopping: new requests are refused; finishing the ones already accepted "
-        f"({gate.in_flight + jobs_running} running, {gradio_internals.waiting(demo) + jobs_waiting} waiting)")
+        f"({jobs_running} running, {gradio_internals.waiting(demo) + jobs_waiting} waiting)")
     deadline = time.monotonic() + drain_s
     accepted = gradio_internals.live_events(demo)
 
@@ -204,7 +204,7 @@ def serve(demo, engine, options: dict, gate: RequestGate, drain_s: float = 60.0,
             signals.note_ignored(log)
             time.sleep(0.05)
 
-    wait_until(lambda: gate.in_flight == 0 and (requests is None or requests.idle()))
+    wait_until(lambda: requests is None or requests.idle())
     wait_until(lambda: gradio_internals.queue_idle(demo))
     idle_at = time.monotonic()
     # A finished call's result is written to its client's stream by another task: closing first would send the

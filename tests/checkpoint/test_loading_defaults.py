@@ -154,13 +154,12 @@ def test_blog_default_button_sets_euler_20():
 
 def test_png_and_info_record_the_model_default_sampler(model_dir, tmp_path):
     import app
-    from sdxl_engine.serving import handler
+    from tests.helpers import page_generate
 
     engine, _ = start(model_dir)
     stages = []
-    gallery, info, record = handler.handle_generate(engine, "a red circle", "", 7, None, None, 0, 0,
-                                                    files_dir=str(tmp_path),
-                                                    progress=lambda fraction, desc, **_: stages.append(desc))
+    gallery, info, record = page_generate(engine, "a red circle", "", 7, None, None, 0, 0, files_dir=str(tmp_path),
+                                          progress=lambda fraction, desc, **_: stages.append(desc))
     assert "Preparing: tokenizing the prompts, scheduling 7 DPM++ 2M steps" in stages
     assert (info["sampler"], info["num_inference_steps"]) == ("DPM++ 2M", 7) == (record["sampler"],
                                                                                   record["num_inference_steps"])

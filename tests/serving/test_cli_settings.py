@@ -9,7 +9,6 @@ unknown-word warning, the start log and ``--help`` say what actually happens.
 import logging
 import os
 import re
-import threading
 from types import SimpleNamespace
 
 import numpy as np
@@ -110,17 +109,17 @@ def test_a_save_that_stops_halfway_says_how_many_were_not_saved(tmp_path, monkey
 
 
 def test_the_page_handler_reply_carries_the_save_warning(tmp_path):
-    """handle_generate with an engine whose outputs folder went bad: gallery served, warning in info."""
-    from sdxl_engine.serving import handler
+    """The page's event with a service whose outputs folder went bad: gallery served, warning in info."""
+    from tests.helpers import StepEngine, page_generate
 
     (tmp_path / "disk").write_text("")
-    ready = threading.Event()
-    ready.set()
-    engine = SimpleNamespace(ready=ready, config=SimpleNamespace(outputs_dir=str(tmp_path / "disk" / "outputs")),
-                             generate=lambda request, progress, arrived, **_: fake_result())
+    engine = StepEngine()
+    engine.batch = 4
+    engine.go(1000)
     with pytest.warns(UserWarning, match="not saved to the server's outputs folder"):  # gr.Warning outside a request
-        gallery, info, _ = handler.handle_generate(engine, "a red circle", "", 7, 5.0, 3, 0, 0,
-                                               files_dir=str(tmp_path / "served"))
+        gallery, info, _ = page_generate(engine, "a red circle", "", 7, 5.0, 3, 48, 32,
+                                         outputs_dir=str(tmp_path / "disk" / "outputs"),
+                                         files_dir=str(tmp_path / "served"))
     assert len(gallery) == 4 and "saved" not in info
     assert info["warnings"] == ["images not saved to the server's outputs folder (NotADirectoryError: Not a "
                                 "directory); download them instead"]

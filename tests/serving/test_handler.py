@@ -1,4 +1,4 @@
-"""The page's pieces without a browser: styles, the /generate handler, history, banner, --share."""
+"""The page's pieces without a browser: styles, the /generate event over a real service, history, banner, --share."""
 
 import dataclasses
 from pathlib import Path
@@ -8,7 +8,7 @@ import pytest
 from PIL import Image
 
 from sdxl_engine.service.styles import NO_STYLE, apply_style
-from tests.helpers import ROOT
+from tests.helpers import ROOT, page_generate
 
 pytestmark = pytest.mark.engine
 
@@ -33,13 +33,13 @@ def test_handler_applies_style_reports_progress_and_saves_pngs(engine, monkeypat
     ``Steps: n, Sampler: s, CFG scale: g, Seed: s, Size: WxH, Model: m[, Style: name]`` (AUTOMATIC1111's
     ``parameters`` chunk, modules/processing.py create_infotext: the fields it shares with A1111, in its order)."""
     from sdxl_engine.engine.validation import GenerateRequest
-    from sdxl_engine.serving import handler
 
-    monkeypatch.setattr(engine, "config", dataclasses.replace(engine.config, outputs_dir=str(tmp_path / "out")))
     reports = []
-    gallery, info, record = handler.handle_generate(
-        engine, "a red circle", "green", 7, 5.0, 3, 0, 0, "Pixel art",
+    gallery, info, record = page_generate(
+        engine, "a red circle", "green", 7, 5.0, 3, 0, 0, "Pixel art", outputs_dir=str(tmp_path / "out"),
         progress=lambda fraction, desc, unit=None: reports.append((fraction, desc)))
+    # the place in line, when the event hears it before the job starts: not always, so not asserted
+    reports = [(f, d) for f, d in reports if not d.startswith("Waiting for the request ahead")]
     steps = [(f, d.split(",")[0]) for f, d in reports if isinstance(f, tuple)]  # each denoising step
     assert steps == [((k, 3), f"Denoising: step {k}/3") for k in (1, 2, 3)]
     assert [d for f, d in reports if not isinstance(f, tuple)] == [
@@ -67,7 +67,7 @@ def test_handler_applies_style_reports_progress_and_saves_pngs(engine, monkeypat
                 "Style: Pixel art")
     # No style, a negative prompt, another sampler: the user's own words, no Style field (a size other than
     # square: test_delivery_png_parameters.py, without compiling one here).
-    gallery, info, _ = handler.handle_generate(engine, "a red circle", "blue", 7, 7.5, 2, 0, 0, sampler="DPM++ 2M")
+    gallery, info, _ = page_generate(engine, "a red circle", "blue", 7, 7.5, 2, 0, 0, sampler="DPM++ 2M")
     assert info["style"] == NO_STYLE and info["prompt"] == "a red circle" and info["negative_prompt"] == "blue"
     assert gallery[0][1].startswith("seed 7 · ") and gallery[0][1].count("·") == 1
     with Image.open(gallery[0][0]) as image:
@@ -76,7 +76,7 @@ def test_handler_applies_style_reports_progress_and_saves_pngs(engine, monkeypat
                                             "Model: tiny-random")
     assert info["sampler"] == "DPM++ 2M"
     # No negative prompt: no "Negative prompt:" line at all (A1111 omits it).
-    gallery, info, _ = handler.handle_generate(engine, "a red circle", "", 9, 0.0, 2, 0, 0)
+    gallery, info, _ = page_generate(engine, "a red circle", "", 9, 0.0, 2, 0, 0)
     with Image.open(gallery[1][0]) as image:
         assert image.text["parameters"] == ("a red circle\n"
                                             "Steps: 2, Sampler: Euler, CFG scale: 0, Seed: 10, Size: 64x64, "
@@ -85,16 +85,15 @@ def test_handler_applies_style_reports_progress_and_saves_pngs(engine, monkeypat
 
 def test_gallery_files_are_named_after_seed_and_prompt(engine, tmp_path):
     """The name a download gets: the seed and the prompt's first words, not image.png."""
-    from sdxl_engine.serving import handler
 
-    gallery, info, _ = handler.handle_generate(engine, "A Red Circle, on a blue background!", "", 7, 5.0, 2, 0, 0,
-                                               "Anime", files_dir=str(tmp_path))
+    gallery, info, _ = page_generate(engine, "A Red Circle, on a blue background!", "", 7, 5.0, 2, 0, 0, "Anime",
+                                     files_dir=str(tmp_path))
     names = [Path(path).name for path, _ in gallery]
     assert names == [f"seed{s}-a-red-circle-on-a-blue.png" for s in (7, 8, 9, 10)]
     assert all(Path(path).is_relative_to(tmp_path) for path, _ in gallery)
     assert len({Path(path).parent for path, _ in gallery}) == 1  # one new folder per request
-    gallery2, _, _ = handler.handle_generate(engine, "A Red Circle, on a blue background!", "", 7, 5.0, 2, 0, 0,
-                                         files_dir=str(tmp_path))
+    gallery2, _, _ = page_generate(engine, "A Red Circle, on a blue background!", "", 7, 5.0, 2, 0, 0,
+                                   files_dir=str(tmp_path))
     assert Path(gallery2[0][0]).parent != Path(gallery[0][0]).parent and Path(gallery[0][0]).exists()
 
 
@@ -104,15 +103,13 @@ def test_saved_pngs_never_overwrite_each_other(engine, monkeypatch, tmp_path):
     import secrets
     import time
 
-    from sdxl_engine.serving import handler
 
     out = tmp_path / "out"
-    monkeypatch.setattr(engine, "config", dataclasses.replace(engine.config, outputs_dir=str(out)))
     frozen = time.time_ns()
     monkeypatch.setattr(time, "time_ns", lambda: frozen)
     monkeypatch.setattr(time, "strftime", lambda fmt, t=None: "20250101-120000")
     monkeypatch.setattr(secrets, "token_hex", lambda n=None: "abcdef")
-    results = [handler.handle_generate(engine, prompt, "", 7, 5.0, 2, 0, 0)
+    results = [page_generate(engine, prompt, "", 7, 5.0, 2, 0, 0, outputs_dir=str(out))
                for prompt in ("a red circle", "a blue square")]
     saved = [path for _, info, _ in results for path in info["saved"]]
     assert len(set(saved)) == 8 and sorted(saved) == sorted(p.name for p in out.iterdir())  # names, not paths
@@ -128,18 +125,17 @@ def test_saved_pngs_never_overwrite_each_other(engine, monkeypatch, tmp_path):
 def test_handler_turns_bad_input_into_gradio_errors(engine):
     import gradio as gr
 
-    from sdxl_engine.serving import handler
 
     with pytest.raises(gr.Error, match="unknown style 'Baroque'"):
-        handler.handle_generate(engine, "a red circle", "", 1, 7.0, 2, 0, 0, "Baroque")
+        page_generate(engine, "a red circle", "", 1, 7.0, 2, 0, 0, "Baroque")
     with pytest.raises(gr.Error, match="prompt: is empty"):
-        handler.handle_generate(engine, "   ", "", 1, 7.0, 2, 0, 0, "Anime")
+        page_generate(engine, "   ", "", 1, 7.0, 2, 0, 0, "Anime")
 
 
 def test_history_keeps_small_records_newest_first_and_bounded(engine, tmp_path):
-    from sdxl_engine.serving import handler, history
+    from sdxl_engine.serving import history
 
-    _, info, record = handler.handle_generate(engine, "a blue square", "", 100, 7.0, 2, 0, 0, "Anime")
+    _, info, record = page_generate(engine, "a blue square", "", 100, 7.0, 2, 0, 0, "Anime")
     past = []
     for _ in range(history.LIMIT + 2):
         past = history.remember(past, record)
@@ -158,7 +154,6 @@ def test_history_keeps_small_records_newest_first_and_bounded(engine, tmp_path):
 
 
 def test_banner_and_sizes_while_starting_and_when_ready(engine):
-    import dataclasses
 
     import app
     from sdxl_engine.engine.local import Engine

@@ -128,21 +128,6 @@ def test_the_cap_holds_across_the_pages_events(fake, page, tmp_path, monkeypatch
     assert asyncio.run(main()) == [handler.shown(over_limit_message(2))] * 2
 
 
-def test_the_protocols_requests_of_the_address_count_too(fake, page):
-    """Until the protocols submit to the service, their requests (serving/service.RequestService.held, which
-    server.serve hands the service) count against the page's cap of the same address."""
-    requests, function, _ = page
-    requests.also_held = lambda owner: 2 if owner == "10.0.0.5" else 0
-
-    async def main():
-        with pytest.raises(gr.Error, match="too many requests from this client"):
-            await collect(generate(function), [])
-        fake.go(1000)
-        await asyncio.wait_for(collect(generate(function, address="10.0.0.6"), []), 10)
-
-    asyncio.run(main())
-
-
 def test_one_address_is_one_client_whatever_session_hashes_it_sends(fake, page):
     requests, function, _ = page
 

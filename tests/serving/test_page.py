@@ -220,25 +220,26 @@ def test_a_history_record_made_from_a_picture_restores_its_settings_but_not_its_
     assert size is None and "made from a picture (96x96)" in note and "Image to image" in note
 
 
-def test_every_event_and_protocol_call_reads_the_nine_inputs_in_the_declared_order(monkeypatch):
-    """handler.GENERATE_INPUTS is /generate's contract order: the three page events' signatures begin with it (Gradio
-    reads their parameter names and positions), /generate's request holds each value under its name, and a protocol's
-    Call lists its values so (then the refiner switch, None)."""
+def test_every_page_event_reads_the_nine_inputs_in_the_declared_order(monkeypatch):
+    """/generate's inputs (apis/tools.generate_inputs: its contract order) begin the three page events' signatures
+    (Gradio reads their parameter names and positions; app.py lists the page's components in that order), and
+    /generate's request holds each value under its name."""
     import asyncio
     import inspect
     from types import SimpleNamespace
 
     from sdxl_engine.config import EngineConfig
     from sdxl_engine.serving import handler, history
-    from sdxl_engine.serving.apis.core import Call
+    from sdxl_engine.serving.apis.tools import generate_inputs
 
     config = EngineConfig.load(environ={})
+    names = tuple(i.name for i in generate_inputs(config))[:9]
     functions = [handler.api_function(None, config, history.Pending()),
                  handler.image_function(None, config, history.Pending(), None, None),
                  handler.upscale_function(None, config, history.Pending(), None, None)]
     for function in functions:
-        assert tuple(inspect.signature(function).parameters)[:9] == handler.GENERATE_INPUTS, function.__name__
-    sent = dict(zip(handler.GENERATE_INPUTS, ("p", "n", 7, 3.5, 6, 64, 80, "Anime", "Euler a")))
+        assert tuple(inspect.signature(function).parameters)[:9] == names, function.__name__
+    sent = dict(zip(names, ("p", "n", 7, 3.5, 6, 64, 80, "Anime", "Euler a")))
     got = []
 
     async def follow(requests, asked, *args, **kwargs):  # what the event submits to the service
@@ -257,5 +258,3 @@ def test_every_event_and_protocol_call_reads_the_nine_inputs_in_the_declared_ord
     engine = got[0].engine
     assert (got[0].prompt, got[0].negative_prompt, engine.seed, engine.guidance_scale, engine.num_inference_steps,
             engine.width, engine.height, got[0].style, engine.sampler) == tuple(sent.values())
-    assert Call(**{k: v for k, v in sent.items() if k != "seed"}).values(9) == [*sent.values()][:2] + [9] + [
-        *sent.values()][3:] + [None]

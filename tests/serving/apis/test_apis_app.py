@@ -246,7 +246,7 @@ def test_progress_and_interrupt(app, webui):
 def test_a_request_of_16_images_is_one_call_under_the_per_client_limit(app):
     """n=16 runs 4 engine calls one after another; with one other call from the same address in flight the
     client holds 2 calls (the limit), so both are served: the later engine calls of one request never count
-    as a third (the request holds one place in the request service: service.RequestService.admitted)."""
+    as a third (the request is one job of the service, whatever its engine calls)."""
     headers = {"Authorization": f"Bearer {KEY}"}
     answers = {}
     big = threading.Thread(target=lambda: answers.update(big=httpx.post(
