@@ -1,5 +1,5 @@
 """Who a client is for the per-client cap (serving/admission.py): an address, never a session hash (the cap itself:
-tests/serving/test_handler_follow.py, tests/service/test_service.py)."""
+tests/serving/test_handler_follow.py, tests/service/test_service_jobs.py)."""
 
 import asyncio
 

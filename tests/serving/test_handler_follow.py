@@ -7,6 +7,7 @@ The engine is tests/service's stand-in whose steps wait for the test (StepEngine
 
 import asyncio
 import dataclasses
+import time
 import types
 
 import gradio as gr
@@ -18,7 +19,14 @@ from sdxl_engine.config import EngineConfig
 from sdxl_engine.service.jobs import CANCELLED, QUEUED, RUNNING, SUCCEEDED
 from sdxl_engine.service.service import SHUTTING_DOWN, Service, over_limit_message
 from sdxl_engine.serving import handler, history
-from tests.service.test_service import StepEngine, wait_for
+from tests.helpers import StepEngine
+
+
+def wait_for(condition, limit_s: float = 10.0) -> None:
+    deadline = time.monotonic() + limit_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
 
 CONFIG = EngineConfig.load(environ={})
 

@@ -7,7 +7,7 @@ def test_page_builder_with_fake_engine():
     import app
     from sdxl_engine.config import EngineConfig
     from sdxl_engine.service.service import Service
-    from tests.service.test_service import StepEngine
+    from tests.helpers import StepEngine
 
     demo = app.build_demo(Service(StepEngine()), EngineConfig.load(environ={}))
     api = demo.get_api_info()["named_endpoints"]["/generate"]

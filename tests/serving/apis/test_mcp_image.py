@@ -37,7 +37,7 @@ def test_the_tool_makes_images_as_a_job_of_its_caller(tool):
     gallery, info = asyncio.run(image_to_image("a green square", picture(), seed=5, num_inference_steps=2, width=48,
                                                height=32, request=caller("10.0.0.7")))
     assert info["seeds"] == [5, 6] and info["strength"] == 0.75 and len(gallery) == 2
-    assert requests.jobs("10.0.0.7")[0].front == "mcp"
+    assert requests.jobs("10.0.0.7")[0].front == "page"  # a Gradio endpoint (gradio_client); MCP is mcp_server.py
 
 
 def test_the_tool_counts_in_the_cap_with_the_pages_events(tool):
