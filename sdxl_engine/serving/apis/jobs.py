@@ -142,14 +142,16 @@ def router(requests: Service, owner_of: Callable, callback_hosts: tuple[str, ...
     engine = requests.engine
     callbacks: set[asyncio.Task] = set()  # held until done: the loop keeps only weak references to tasks
 
-    def find(job_id: str, request: Request) -> Job:
+    def find(job_id: str, request: Request) -> Job | JSONResponse:
+        """The caller's job ``job_id``, or the answer that it is not there: 404 (none of the caller's: another
+        owner's is not found either), 410 (finished and dropped)."""
         try:
             return requests.get(job_id, owner_of(request))
         except JobGone:
-            raise ApiError(410, f"job {job_id[:80]!r} finished and its result is no longer kept "
-                                f"(results are kept {requests.store.keep_s:g} s)") from None
+            return openai_error(ApiError(410, f"job {job_id[:80]!r} finished and its result is no longer kept "
+                                              f"(results are kept {requests.store.keep_s:g} s)"))
         except JobNotFound:
-            raise ApiError(404, f"no job {job_id[:80]!r} of yours here") from None
+            return openai_error(ApiError(404, f"no job {job_id[:80]!r} of yours here"))
 
     @api.post("", status_code=202, summary="Submit a generation; answers at once with the job's id")
     async def submit(request: Request):
@@ -183,17 +185,14 @@ def router(requests: Service, owner_of: Callable, callback_hosts: tuple[str, ...
 
     @api.get("/{job_id}", summary="A job: status, place in line, progress, and its images once succeeded")
     async def get_job(job_id: str, request: Request):
-        try:
-            return job_record(find(job_id, request))
-        except ApiError as err:
-            return openai_error(err)
+        job = find(job_id, request)
+        return job if isinstance(job, JSONResponse) else job_record(job)
 
     @api.delete("/{job_id}", summary="Cancel a job: queued, it leaves the line; running, it stops within a step")
     async def cancel_job(job_id: str, request: Request):
-        try:
-            job = find(job_id, request)
-        except ApiError as err:
-            return openai_error(err)
+        job = find(job_id, request)
+        if isinstance(job, JSONResponse):
+            return job
         requests.stop(job)
         if not job.done:  # running: wait (without a thread) for the step that is running to end
             await asyncio.wait_for(job.finished_result(), timeout=None)
@@ -201,10 +200,9 @@ def router(requests: Service, owner_of: Callable, callback_hosts: tuple[str, ...
 
     @api.get("/{job_id}/events", summary="The job's events as Server-Sent Events, until it ends")
     async def job_events(job_id: str, request: Request):
-        try:
-            job = find(job_id, request)
-        except ApiError as err:
-            return openai_error(err)
+        job = find(job_id, request)
+        if isinstance(job, JSONResponse):
+            return job
         return StreamingResponse(_stream(job, request), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
