@@ -71,7 +71,7 @@ class Engine:
     """Load + compile at :meth:`start`; :meth:`generate` runs one request.
 
     Implements :class:`~sdxl_engine.engine.contract.EngineContract` (what the page may use). Use
-    :func:`get_engine` for the process-wide instance. ``log``: where the start-up lines go (tests collect
+    :meth:`start_in_background` for the app's start. ``log``: where the start-up lines go (tests collect
     them); None: the engine's module loggers, each line at its level.
     """
 
@@ -122,6 +122,18 @@ class Engine:
             self.stage = f"failed: {err}"
             self.ready.set()
             raise
+        return self
+
+    def start_in_background(self) -> Engine:
+        """:meth:`start` on a daemon thread; returns self at once (``ready`` tells when it is done; a start-up
+        failure is kept in ``error``, not raised: the app prints it and exits)."""
+        def start_quietly() -> None:
+            try:
+                self.start()
+            except BaseException:  # noqa: BLE001 - recorded in self.error; the app prints it once and exits
+                pass
+
+        threading.Thread(target=start_quietly, name="engine-start", daemon=True).start()
         return self
 
     def _stage(self, name: str):
@@ -644,41 +656,3 @@ class Engine:
         if receiver is not None and receiver.stopped:
             raise Stopped(f"stopped after step {receiver.done} of {steps}")
         return out
-
-
-
-_engine: Engine | None = None
-_engine_lock = threading.Lock()
-
-
-def get_engine(config: EngineConfig | None = None, background: bool = False,
-               log: Callable[[str], None] | None = None) -> Engine:
-    """The process-wide engine, created (and started) on the first call.
-
-    Args:
-        config: used on the first call only; later calls must pass None or the same config.
-        background: start in a daemon thread and return at once (``ready`` tells when done; a
-            start-up failure is kept in ``error``, not printed: the app prints it and exits).
-
-    Raises:
-        ValueError: a different config after the engine exists.
-        Exception: whatever start-up raised, when not in the background.
-    """
-    global _engine
-    with _engine_lock:
-        if _engine is None:
-            _engine = Engine(config or EngineConfig.load(), log=log)
-            if background:
-                threading.Thread(target=_start_quietly, args=(_engine,), name="engine-start", daemon=True).start()
-            else:
-                _engine.start()
-        elif config is not None and config != _engine.config:
-            raise ValueError("the engine already runs with another config; one engine per process")
-        return _engine
-
-
-def _start_quietly(engine: Engine) -> None:
-    try:
-        engine.start()
-    except BaseException:  # recorded in engine.error; the app prints it once and exits non-zero
-        pass

@@ -152,11 +152,11 @@ def start_engine(config: EngineConfig, args) -> tuple:
     at a time, while new sizes compile), or with ``--replicas`` the stand-in for the Ray Serve replicas (one request
     per replica). Both implement engine.contract.EngineContract."""
     if args.replicas is None:
-        from sdxl_engine.engine.local import get_engine
+        from sdxl_engine.engine.local import Engine
 
         # One request on the devices at a time (Engine.generate's lock); one more slot per new size that may
         # compile meanwhile, so a compile never holds up requests at compiled sizes.
-        return get_engine(config, background=True), 1 + config.max_pending_compiles
+        return Engine(config).start_in_background(), 1 + config.max_pending_compiles
     from sdxl_engine.serving import scaleout
 
     scaleout.ray_environment(private=args.ray_address is None)  # before Ray's import, which reads it
