@@ -4,7 +4,9 @@
 and times, interleaved so a noisy neighbour slows them alike, one request of 4 images at size x size from
 each client as a user runs it:
 
-- ``/generate`` through gradio_client (``Client.predict``: the page's API, the baseline);
+- ``/generate`` through gradio_client (``Client.predict``: the page's API, the baseline), and through Gradio's
+  documented call API with httpx (``POST /gradio_api/call/generate``, its result stream read to ``complete``):
+  the server's side of the same call, without gradio_client's own work (its threads, its file downloads);
 - AUTOMATIC1111's ``POST /sdapi/v1/txt2img`` (raw httpx, and through ``webuiapi``, which also decodes the PNGs);
 - OpenAI's ``POST /v1/images/generations`` through the ``openai`` client, ``b64_json``;
 - the MCP ``generate`` tool through the ``mcp`` SDK (one session, streamable HTTP);
@@ -89,6 +91,14 @@ def clients(url: str, steps: int, session, size: int = 64) -> dict:
     def openai_call():
         openai.images.generate(prompt=PROMPT, n=4, size=f"{size}x{size}", response_format="b64_json")
 
+    def gradio_call():
+        posted = http.post(url + "gradio_api/call/generate", json={"data": [PROMPT, "", 1, 5.0, steps, size, size,
+                                                                             "(No style)", "Euler", 1.0]})
+        posted.raise_for_status()
+        with http.stream("GET", url + f"gradio_api/call/generate/{posted.json()['event_id']}") as stream:
+            last = [line for line in stream.iter_lines() if line.startswith("data:")][-1]
+        return json.loads(last[len("data:"):])[1]["latency_s"]
+
     def jobs_call():
         job = http.post(url + "v1/jobs", json={"prompt": PROMPT, "seed": 1, "num_inference_steps": steps,
                                                "width": size, "height": size})
@@ -104,6 +114,7 @@ def clients(url: str, steps: int, session, size: int = 64) -> dict:
         "/generate (gradio_client)": lambda: gradio.predict(api_name="/generate", prompt=PROMPT, seed=1,
                                                             num_inference_steps=steps, width=size,
                                                             height=size)[1]["latency_s"],
+        "/generate (Gradio's call API, httpx)": gradio_call,
         "A1111 txt2img (httpx)": a1111_call,
         "A1111 txt2img (webuiapi)": lambda: webui.txt2img(**body).info["latency_s"],
         "OpenAI images.generate (openai, b64_json)": openai_call,
