@@ -87,6 +87,10 @@ class GenerateRequest:
     hires_sampler: str | None = None
     hires_prompt: str | None = None
     hires_negative_prompt: str | None = None
+    # Which of the server's models makes the images, by name (docs/models.md; Engine.model_names): None = the
+    # default (the first --model). Checked by the engine (an unknown name: InvalidRequest naming it and the models
+    # offered), whose limits for that model validate the rest.
+    model: str | None = None
     # The Limits this exact object was validated against (set by :func:`validate` only; not an argument, and
     # dataclasses.replace makes an unstamped copy), so a request checked where it arrived (apis/core.check, a
     # Ray front) is not validated again by the engine that runs it.
@@ -286,9 +290,16 @@ def validate(request: GenerateRequest, limits: Limits) -> GenerateRequest:
                               image=image, strength=strength, start_step=start, mask=mask,
                               soft_mask=bool(request.soft_mask) and mask is not None,
                               refiner_switch_at=as_switch(request.refiner_switch_at, limits, request.hires_scale),
-                              **hires)
+                              model=as_model(request.model), **hires)
     object.__setattr__(checked, "validated_for", limits)  # frozen: the one place the stamp is set
     return checked
+
+
+def as_model(value) -> str | None:
+    """A request's ``model``: None (the default) or a name (which names exist, the engine checks)."""
+    if value is None or (isinstance(value, str) and value.strip()):
+        return None if value is None else value.strip()
+    raise InvalidRequest("model", f"expected a model's name, got {_short(value)}")
 
 
 def as_switch(value, limits: Limits, hires_scale=None) -> float | None:
