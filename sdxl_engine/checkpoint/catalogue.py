@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import logging
 import os
 import threading
@@ -96,6 +97,16 @@ def _is_model_folder(path: Path) -> bool:
     return path.is_dir() and (path / "model_index.json").is_file()
 
 
+def _folder_is_refiner(path: Path) -> bool:
+    """Whether a diffusers folder's model_index.json declares no ``text_encoder`` (an SDXL refiner's: [null, null]);
+    unreadable: False (loading it says what is wrong)."""
+    try:
+        index = json.loads((path / "model_index.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(index, dict) and index.get("text_encoder") in (None, [None, None])
+
+
 def scan_dir(folder: str, flag: str = MODEL, log: Callable[[str], None] = LOG.info) -> list[ModelEntry]:
     """The models in ``folder``, by name: each subfolder with a ``model_index.json`` and each SDXL
     ``.safetensors`` file (its header read: a LoRA, a UNet alone or another architecture is skipped with one log
@@ -110,18 +121,20 @@ def scan_dir(folder: str, flag: str = MODEL, log: Callable[[str], None] = LOG.in
     entries = []
     for path in sorted(root.iterdir()):
         if _is_model_folder(path):
-            entries.append(ModelEntry(path.name, str(path), flag, from_dir=True))
+            refiner = _folder_is_refiner(path)
         elif path.is_file() and single_file.is_single_file_name(path.name):
             try:
                 refiner = single_file.inspect_checkpoint(path).refiner
             except ModelLoadError as err:
                 log(f"[sdxl_engine] {flag}s-dir: skipped {path.name}: {err}")
                 continue
-            if refiner != (flag == REFINER):
-                log(f"[sdxl_engine] {flag}s-dir: skipped {path.name}: "
-                    f"{'an SDXL refiner' if refiner else 'not an SDXL refiner'}")
-                continue
-            entries.append(ModelEntry(path.stem, str(path), flag, from_dir=True))
+        else:
+            continue
+        if refiner != (flag == REFINER):
+            log(f"[sdxl_engine] {flag}s-dir: skipped {path.name}: "
+                f"{'an SDXL refiner' if refiner else 'not an SDXL refiner'}")
+            continue
+        entries.append(ModelEntry(path.stem if path.is_file() else path.name, str(path), flag, from_dir=True))
     return entries
 
 
