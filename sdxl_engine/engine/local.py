@@ -489,7 +489,16 @@ class Engine:
             jax.block_until_ready(params)
             return self._resident(setup, params)
         entry = self.catalogue.model(name)
-        loaded = self._read_model(entry, default=name == self.catalogue.default)
+        default = name == self.catalogue.default
+        if setup is not None and setup.model.source and not (default and (self.config.unet or self.config.vae)):
+            # loaded before: its weights alone, read with the components it has (loading.reload_params)
+            params = loading.reload_params(setup.model, sharding.replicated(self.mesh), self.config.variant,
+                                           self._collect or loading.LOG.info)
+            if setup.model.refiner is not None:
+                params = {**params, "refiner": self._refiner.params}
+            jax.block_until_ready(params)
+            return self._resident(setup, params)
+        loaded = self._read_model(entry, default=default)
         jax.block_until_ready(loaded.params)
         self._load_refiner(loaded)
         if setup is None:

@@ -154,10 +154,10 @@ class Residency:
     # ---- the loader thread ----------------------------------------------------------------------
     def _load_job(self, name: str) -> None:
         try:
+            with self._changed:  # first: making room moves others to the host cache, which may drop its oldest
+                cached = self._host.pop(name, None)
             need = self.sizes.get(name) or max(self.sizes.values(), default=0)
             self._make_room(need)
-            with self._changed:
-                cached = self._host.pop(name, None)
             t0, from_host = time.perf_counter(), cached is not None
             resident = self._load(name, None if cached is None else cached[0])
             cached = None  # the host copy's arrays go with their last reference

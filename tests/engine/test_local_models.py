@@ -1,0 +1,149 @@
+"""Several models in one engine (docs/models.md): each model's images are its own engine's, an unknown name is refused
+by name, a switch compiles nothing, a dropped model reloads to the same images, requests for a resident model never
+wait for another's load, memory stays flat over many switches.
+
+Two models of one architecture: the built-in tiny-random (seed 0) and tiny-random made with seed 1
+(builtin.create_tiny_random), so they share every program and differ in every weight.
+"""
+
+import gc
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from sdxl_engine.checkpoint.builtin import create_tiny_random
+from sdxl_engine.config import EngineConfig
+from sdxl_engine.engine.local import Engine
+from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest
+
+pytestmark = pytest.mark.engine
+
+CACHES = ("SDXL_MODEL_CACHE_DIR", "SDXL_COMPILE_CACHE_DIR")
+
+
+def start(**settings) -> Engine:
+    config = EngineConfig.load({"cpu_devices": 4, "max_run_seconds": 0, **settings},
+                               environ={k: v for k, v in os.environ.items() if k in CACHES})
+    return Engine(config, log=lambda *_: None).start()
+
+
+@pytest.fixture(scope="module")
+def other(tmp_path_factory):
+    """tiny-random's architecture with other weights (seed 1), as a diffusers folder named tiny-random-b."""
+    return str(create_tiny_random(tmp_path_factory.mktemp("models") / "tiny-random-b", seed=1))
+
+
+@pytest.fixture(scope="module")
+def single_b(other):
+    return start(model=other)
+
+
+@pytest.fixture(scope="module")
+def two(other):
+    """Both models, room for one on the devices: every switch drops one and loads the other."""
+    return start(model="tiny-random", models=other, max_resident_models=1)
+
+
+def request(model=None, seed=3, steps=2, **kwargs) -> GenerateRequest:
+    return GenerateRequest("a red circle", seed=seed, num_inference_steps=steps, model=model, **kwargs)
+
+
+def test_each_models_images_are_its_own_engines(two, engine, single_b):
+    assert two.model_names() == ["tiny-random", "tiny-random-b"] and two.default_model == "tiny-random"
+    a, b = two.generate(request()), two.generate(request("tiny-random-b"))
+    assert (a.model, b.model) == ("tiny-random", "tiny-random-b")
+    np.testing.assert_array_equal(a.images, engine.generate(request()).images)
+    np.testing.assert_array_equal(b.images, single_b.generate(request()).images)
+    assert np.abs(a.images.astype(int) - b.images).mean() > 10  # two models, two sets of images
+    np.testing.assert_array_equal(two.generate(request("tiny-random")).images, a.images)  # by name as by default
+    resident = two.residency.peek("tiny-random")
+    assert resident.state.loras.base is resident.params  # its own LoRA merger, over its own weights
+
+
+def test_an_unknown_model_is_refused_by_name_listing_the_loaded_ones(two):
+    for name in ("sdxl-turbo", "", 3):
+        with pytest.raises(InvalidRequest) as err:
+            two.generate(request(name))
+        assert err.value.field == "model"
+    with pytest.raises(InvalidRequest, match=r"unknown model 'sdxl-turbo'; this server offers: tiny-random, "
+                                             r"tiny-random-b"):
+        two.generate(request("sdxl-turbo"))
+    assert two.limits_for(None) is two.limits
+    with pytest.raises(InvalidRequest, match="unknown model 'nope'"):
+        two.limits_for("nope")
+
+
+def test_a_switch_compiles_nothing(two):
+    for name in ("tiny-random", "tiny-random-b"):  # each model's program for this request once
+        two.generate(request(name, steps=1))
+    compiles, loads = two.compile_count, two.residency.loads
+    for name in ["tiny-random", "tiny-random-b"] * 3:
+        assert two.generate(request(name, steps=1)).model == name
+    assert two.compile_count == compiles  # counted over every family
+    assert len(two.families) == 1 and two.setups["tiny-random"].programs is two.setups["tiny-random-b"].programs
+    assert two.residency.loads == loads + 6  # room for one: every switch loaded, and compiled nothing
+
+
+def test_a_dropped_model_reloads_to_the_same_images(two):
+    first = two.generate(request(seed=11))
+    two.generate(request("tiny-random-b", seed=11))
+    assert two.resident_models() == ["tiny-random-b"]  # tiny-random dropped
+    progress: list[str] = []
+    again = two.generate(request(seed=11), progress=progress.append)
+    assert progress[0] == "loading model" and two.resident_models() == ["tiny-random"]
+    np.testing.assert_array_equal(again.images, first.images)
+    assert two.params is not None  # the default's weights, as the single-model engine showed them
+
+
+def test_a_request_for_a_resident_model_never_waits_for_another_models_load(other):
+    both = start(model="tiny-random", models=other, max_resident_models=2)
+    release, real = threading.Event(), both.residency._load
+
+    def held_load(name, host):  # tiny-random-b's load takes until released
+        release.wait(60)
+        return real(name, host)
+
+    both.residency._load = held_load
+    loading: list[str] = []
+    waiting = threading.Thread(target=both.generate, args=(request("tiny-random-b"),),
+                               kwargs={"progress": loading.append})
+    waiting.start()
+    try:
+        while "loading model" not in loading:
+            time.sleep(0.01)
+        for _ in range(3):  # the default model, resident, while the other loads
+            assert both.generate(request(steps=1)).model == "tiny-random"
+        assert waiting.is_alive()
+    finally:
+        release.set()
+        waiting.join(60)
+    assert both.resident_models() == ["tiny-random", "tiny-random-b"]
+    loads = both.residency.loads
+    for name in ["tiny-random", "tiny-random-b"] * 5:  # room for both: alternating does not thrash
+        both.generate(request(name, steps=1))
+    assert both.residency.loads == loads and both.residency.evictions == 0
+
+
+def test_memory_is_flat_over_many_switches(two):
+    """100 switches with room for one model: 100 loads and 100 drops; the process's memory grows by less than one
+    model's weights (a dropped model whose weights stayed would add them at every switch)."""
+    import psutil
+
+    process = psutil.Process()
+
+    def switches(count: int) -> None:
+        for i in range(count):
+            two.generate(request("tiny-random-b" if i % 2 else "tiny-random", steps=1))
+
+    switches(10)
+    gc.collect()
+    before, loads = process.memory_info().rss, two.residency.loads
+    switches(100)
+    gc.collect()
+    grown = process.memory_info().rss - before
+    one_model = two.residency.sizes["tiny-random"]
+    assert two.residency.loads == loads + 100
+    assert grown < one_model, f"grew {grown / 1e6:.0f} MB over 100 switches (one model: {one_model / 1e6:.0f} MB)"
