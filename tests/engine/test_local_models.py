@@ -76,26 +76,30 @@ def test_an_unknown_model_is_refused_by_name_listing_the_loaded_ones(two):
         two.limits_for("nope")
 
 
-def test_a_switch_compiles_nothing(two):
-    for name in ("tiny-random", "tiny-random-b"):  # each model's program for this request once
-        two.generate(request(name, steps=1))
-    compiles, loads = two.compile_count, two.residency.loads
-    for name in ["tiny-random", "tiny-random-b"] * 3:
-        assert two.generate(request(name, steps=1)).model == name
-    assert two.compile_count == compiles  # counted over every family
-    assert len(two.families) == 1 and two.setups["tiny-random"].programs is two.setups["tiny-random-b"].programs
-    assert two.residency.loads == loads + 6  # room for one: every switch loaded, and compiled nothing
+def test_a_switch_compiles_nothing(other):
+    """From the start on: the default model's program compiled at start serves the other model's first request and
+    every switch after it (the engine's compile counter, over every family; the executable cache's loads count)."""
+    fresh = start(model="tiny-random", models=other, max_resident_models=1)
+    compiles = fresh.compile_count
+    assert compiles >= 1 and "tiny-random-b" not in fresh.setups
+    for name in ["tiny-random-b", "tiny-random"] * 3:
+        assert fresh.generate(request(name, steps=1)).model == name
+    assert fresh.compile_count == compiles
+    assert len(fresh.families) == 1 and fresh.setups["tiny-random"].programs is fresh.setups["tiny-random-b"].programs
+    assert fresh.residency.loads == 1 + 6  # room for one: every switch loaded, and compiled nothing
 
 
 def test_a_dropped_model_reloads_to_the_same_images(two):
     first = two.generate(request(seed=11))
-    two.generate(request("tiny-random-b", seed=11))
+    first_b = two.generate(request("tiny-random-b", seed=11))
     assert two.resident_models() == ["tiny-random-b"]  # tiny-random dropped
     progress: list[str] = []
     again = two.generate(request(seed=11), progress=progress.append)
     assert progress[0] == "loading model" and two.resident_models() == ["tiny-random"]
     np.testing.assert_array_equal(again.images, first.images)
     assert two.params is not None  # the default's weights, as the single-model engine showed them
+    np.testing.assert_array_equal(two.generate(request("tiny-random-b", seed=11)).images, first_b.images)
+    assert two.params is None  # the default dropped: Engine.params is a resident's, never kept aside
 
 
 def test_a_request_for_a_resident_model_never_waits_for_another_models_load(other):
