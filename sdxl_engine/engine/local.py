@@ -37,7 +37,7 @@ from sdxl_engine.config import EngineConfig
 from sdxl_engine.engine import faults, memory
 from sdxl_engine.engine.contract import GenerateResult, ScaleOut, clock, queue_seconds, wait_for_start
 from sdxl_engine.engine.durations import RunTimes
-from sdxl_engine.engine.errors import GenerationError
+from sdxl_engine.engine.errors import GenerationError, ModelUnavailable
 from sdxl_engine.engine.image_upscale import upscale_images
 from sdxl_engine.engine.memory import MemoryBudget
 from sdxl_engine.engine.plan import Plan, Planner
@@ -553,12 +553,14 @@ class Engine:
                         raise err from None
                     self._warn(f"[sdxl_engine] LoRA {name} is left out for {loaded.name}: {err}")
         if sources:
-            self.startup["lora_s"] = time.perf_counter() - t0
+            took = time.perf_counter() - t0
+            if strict:  # the start's figure
+                self.startup["lora_s"] = took
             self._log(f"[sdxl_engine] LoRAs{'' if strict else ' of ' + loaded.name}: " + ", ".join(
                 f"{i['name']} ({i['format']}, {i['layers']} layers, hash {i['hash']}"
                 f"{', for the refiner' if i['name'] in for_refiner else ''})"
                 for i in lora_mod.lora_info([*loras.values(), *for_refiner.values()]))
-                + f"; read in {self.startup['lora_s']:.2f} s")
+                + f"; read in {took:.2f} s")
         return loras, for_refiner
 
     @staticmethod
@@ -668,8 +670,12 @@ class Engine:
                  should_stop: Callable[[], bool] | None = None) -> GenerateResult:
         """Validate, then run one request on the devices.
 
+        ``request.model`` names the model (None: the default; docs/models.md).
+
         ``progress``, if given, is called on this thread with each stage's name as it starts:
-        ``"compiling"`` (only for the first request of a size bucket, CFG mode or prompt chunk count),
+        ``"loading model"`` (only for a model not on the devices: its load, on the loader thread, while requests
+        for resident models run on), ``"compiling"`` (only for the first request of a size bucket, CFG mode or
+        prompt chunk count),
         ``"preparing"`` (tokenize, schedule), ``"on device"`` (the one compiled program: text
         encoders, the denoising loop and the VAE decode; it reports nothing from inside),
         ``"to host"``.
@@ -684,7 +690,9 @@ class Engine:
         ``progress`` off, only before the program), raising Stopped; the engine is free at once.
 
         Raises:
-            InvalidRequest: a bad argument (nothing ran), including a bad or unknown ``<lora:...>`` tag.
+            InvalidRequest: a bad argument (nothing ran), including a bad or unknown ``<lora:...>`` tag, and an unknown
+                ``model`` (field "model", the message naming it and the models offered).
+            ModelUnavailable: the request's model could not be loaded (nothing ran; the other models serve on).
             EngineNotReady: start-up failed or did not finish within ``ready_timeout`` seconds.
             GenerationError: the program produced non-finite pixels.
             InvalidRequest (``width``): also when the devices ran out of memory at the request's size.
@@ -701,7 +709,10 @@ class Engine:
             request = validate(request, known.limits)
         # A model not on the devices loads on the loader thread (progress "loading model"); requests for resident
         # models run on meanwhile (engine/residency.py). Held until the run ends: it is not dropped under it.
-        served = self.residency.acquire(name, progress, should_stop)
+        try:
+            served = self.residency.acquire(name, progress, should_stop)
+        except (loading.ModelLoadError, lora_mod.LoraError, config_mod.ConfigError, OSError) as err:
+            raise ModelUnavailable(f"model {name!r} could not be loaded: {err}") from err
         try:
             return self._generate(request, served, called, t0, arrived, progress, on_step, should_stop)
         finally:

@@ -16,6 +16,7 @@ import pytest
 
 from sdxl_engine.checkpoint.builtin import create_tiny_random
 from sdxl_engine.config import EngineConfig
+from sdxl_engine.engine.errors import ModelUnavailable
 from sdxl_engine.engine.local import Engine
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest
 
@@ -151,3 +152,12 @@ def test_memory_is_flat_over_many_switches(two):
     one_model = two.residency.sizes["tiny-random"]
     assert two.residency.loads == loads + 100
     assert grown < one_model, f"grew {grown / 1e6:.0f} MB over 100 switches (one model: {one_model / 1e6:.0f} MB)"
+
+
+def test_a_model_whose_files_broke_is_unavailable_and_the_others_serve_on(tmp_path):
+    broken = create_tiny_random(tmp_path / "broken", seed=2)
+    engine = start(model="tiny-random", models=str(broken), precompile="off")
+    (broken / "unet" / "diffusion_pytorch_model.safetensors").write_bytes(b"garbage")
+    with pytest.raises(ModelUnavailable, match="model 'broken' could not be loaded: .*truncated"):
+        engine.generate(request("broken", steps=1))
+    assert engine.generate(request(steps=1)).model == "tiny-random"
