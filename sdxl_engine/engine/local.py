@@ -563,12 +563,13 @@ class Engine:
                 + f"; read in {took:.2f} s")
         return loras, for_refiner
 
-    @staticmethod
-    def _lora_params(loras: tuple[tuple[str, float], ...], served: Resident) -> tuple[dict, dict[str, str]]:
-        """The params of model ``served`` for a plan's LoRAs (``Plan.loras``: the prompt's tags as (name, weight);
-        merged outside the compiled program by that model's own mergers; the base params without any; a refiner
-        LoRA merges into ``params["refiner"]``) and {name: short hash}. The tags were checked by validate
+    def _lora_params(self, loras: tuple[tuple[str, float], ...],
+                     served: Resident | None = None) -> tuple[dict, dict[str, str]]:
+        """The params of model ``served`` (None: the default) for a plan's LoRAs (``Plan.loras``: the prompt's tags
+        as (name, weight); merged outside the compiled program by that model's own mergers; the base params without
+        any; a refiner LoRA merges into ``params["refiner"]``) and {name: short hash}. The tags were checked by validate
         (Limits.loras) and the plan (a refiner LoRA needs the refiner)."""
+        served = served or self._default_resident()
         if not loras:
             return served.params, {}
         mergers = served.state
