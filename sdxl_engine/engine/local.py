@@ -267,6 +267,7 @@ class Engine:
         if model is None:
             return self.default_model
         names = self.model_names()
+        model = model.strip() if isinstance(model, str) else model  # as validate's as_model
         if not isinstance(model, str) or model not in names:
             raise InvalidRequest("model", f"unknown model {str(model)[:120]!r}; this server offers: "
                                           + ", ".join(names))

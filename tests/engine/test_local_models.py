@@ -73,6 +73,25 @@ def test_an_unknown_model_is_refused_by_name_listing_the_loaded_ones(two):
                                              r"tiny-random-b"):
         two.generate(request("sdxl-turbo"))
     assert two.limits_for(None) is two.limits
+    assert two.generate(request(" tiny-random-b ", steps=1)).model == "tiny-random-b"  # spaces around a name
+
+
+def test_the_catalogue_the_fronts_list(two, other):
+    """What /sdapi/v1/sd-models and a dropdown read: every model, the default first, titles with A1111's hash once
+    the background hashing reached it; a client's title or bare name found."""
+    import hashlib
+    from pathlib import Path
+
+    infos = two.models_info()
+    assert [(i.name, i.default) for i in infos] == [("tiny-random", True), ("tiny-random-b", False)]
+    two.catalogue.wait_hashes(60)
+    b = two.models_info()[1]
+    files = sorted(Path(other).rglob("*.safetensors"), key=lambda p: p.relative_to(other).as_posix())
+    assert b.sha256 == hashlib.sha256(b"".join(p.read_bytes() for p in files)).hexdigest()
+    assert b.title == f"tiny-random-b [{b.sha256[:10]}]" and b.filename == str(Path(other).resolve())
+    assert two.find_model(b.title) == two.find_model("tiny-random-b") == "tiny-random-b"
+    assert two.find_model("tiny-random-b [0123456789]") is None and two.find_model("sdxl-turbo") is None
+    assert two.default_model == "tiny-random" and two.rescan_models() == ([], [])
     with pytest.raises(InvalidRequest, match="unknown model 'nope'"):
         two.limits_for("nope")
 
