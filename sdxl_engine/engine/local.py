@@ -135,6 +135,8 @@ class Engine:
         self.families: dict[str, Programs] = {}
         self.residency: Residency | None = None
         self._refiner: loading.LoadedModel | None = None
+        self._refiners: dict[str, loading.LoadedModel] = {}  # by name: the first (attached to the models), then others
+        self._refiner_lock = threading.Lock()  # one refiner load at a time
         self._lora_sources: dict = {}  # the --lora / --lora-dir files, read against each model it loads
         self.device_summary = ""  # set at start, e.g. "4 × cpu"
         self._collect = log  # handed on as it is: None lets each module log to its own logger
@@ -397,19 +399,14 @@ class Engine:
         (loading.check_refiner) and attach it (``loaded.refiner``; its text_encoder_2 and UNet go in the program's
         ``params["refiner"]``: :meth:`_params_of`). A mismatch stops the start for the default model; another model
         is served without the refiner (one log line)."""
-        if not self.config.refiner:
+        if not self.catalogue.names(refiners=True):
             return
         if self._refiner is None:
             t0 = self._stage("loading the refiner onto the devices")
-            refiner = loading.load_model(self.config.refiner, dtype=loaded.dtype, platform=self.platform,
-                                         variant=self.config.variant, cache_dir=self.config.model_cache_dir,
-                                         sharding=sharding.replicated(self.mesh),
-                                         log=self._collect or loading.LOG.info,
-                                         model_config=self.config.refiner_config, flag="--refiner")
+            entry = self.catalogue.refiner(None)
+            refiner = self._read_refiner(entry.spec, loaded.dtype)
             loading.check_refiner(loaded, refiner)
-            refiner.params = {name: refiner.params[name] for name in ("text_encoder_2", "unet")}  # the VAE's freed
-            jax.block_until_ready(refiner.params)
-            self._refiner = refiner
+            self._refiner = self._refiners[entry.name] = refiner
             self._done("refiner_load_s", t0)
         try:
             loading.check_refiner(loaded, self._refiner)
@@ -419,6 +416,51 @@ class Engine:
             self._warn(f"[sdxl_engine] {loaded.name} is served without the refiner: {err}")
             return
         loaded.refiner = self._refiner
+
+    def _read_refiner(self, spec: str, dtype: str) -> loading.LoadedModel:
+        """A refiner onto the devices (replicated), its text_encoder_2 and UNet kept (the base's VAE decodes)."""
+        refiner = loading.load_model(spec, dtype=dtype, platform=self.platform, variant=self.config.variant,
+                                     cache_dir=self.config.model_cache_dir, sharding=sharding.replicated(self.mesh),
+                                     log=self._collect or loading.LOG.info, model_config=self.config.refiner_config,
+                                     flag="--refiner")
+        refiner.params = {name: refiner.params[name] for name in ("text_encoder_2", "unet")}  # the VAE's freed
+        jax.block_until_ready(refiner.params)
+        return refiner
+
+    def refiner_names(self) -> list[str]:
+        """The refiners requests may name (GenerateRequest.refiner), the default (the first --refiner) first."""
+        return self.catalogue.names(refiners=True) if self.catalogue is not None else []
+
+    def _chosen_refiner(self, name: str | None, progress: Callable[[str], None]) -> loading.LoadedModel | None:
+        """The refiner a request names (None: the first, attached to every model: None is returned, nothing to
+        swap), loaded on first use (``progress("loading model")``; kept on the devices from then on). It must be
+        of the first refiner's architecture: its weights then go to the same programs.
+
+        Raises InvalidRequest (``refiner``): an unknown name, or another architecture. ModelUnavailable: its files
+        could not be read."""
+        names = self.refiner_names()
+        if name is None or (names and name == names[0]):
+            return None
+        if name not in names:
+            raise InvalidRequest("refiner", f"unknown refiner {name[:120]!r}; this server offers: "
+                                            + (", ".join(names) or "none"))
+        with self._refiner_lock:
+            refiner = self._refiners.get(name)
+            if refiner is None:
+                progress("loading model")
+                try:
+                    refiner = self._read_refiner(self.catalogue.refiner(name).spec, self._refiner.dtype)
+                except (loading.ModelLoadError, OSError) as err:
+                    raise ModelUnavailable(f"refiner {name!r} could not be loaded: {err}") from err
+                first = self._refiner
+                same = ({k: c.config for k, c in refiner.components.items() if k in refiner.params}
+                        == {k: c.config for k, c in first.components.items() if k in first.params}
+                        and refiner.kind == first.kind)
+                if not same:
+                    raise InvalidRequest("refiner", f"{name} is not of the first refiner's ({names[0]}) architecture; "
+                                                    "this server runs refiners of one architecture")
+                self._refiners[name] = refiner
+        return refiner
 
     @staticmethod
     def _params_of(loaded: loading.LoadedModel) -> dict:
@@ -727,6 +769,10 @@ class Engine:
         setup = self.setups[served.name]
         programs = setup.programs
         plan = setup.planner.plan(validate(request, setup.limits))  # every refusal before anything waits or compiles
+        refiner = self._chosen_refiner(plan.request.refiner, progress)  # None: the model's own (the first)
+        if refiner is not None and setup.refiner_loras and any(n in setup.refiner_loras for n, _ in plan.loras):
+            raise InvalidRequest("prompt", f"a refiner LoRA's tag applies to the first refiner only, not to "
+                                           f"{plan.request.refiner}: leave the tag out, or the refiner")
         self._admit(plan, programs)  # what it would cost, estimated from the sizes compiled so far: refused first
         # a new size compiles on the compile thread: other requests run on (Programs.for_request)
         program = programs.for_request(plan.shape, plan.request.client, progress, should_stop)
@@ -738,7 +784,8 @@ class Engine:
         self._wait_turn(progress, should_stop)  # one request on the devices at a time; the wait is queue time
         try:
             start = clock()
-            result = (self._run(plan, program, progress, on_step=on_step, should_stop=should_stop, served=served)
+            result = (self._run(plan, program, progress, on_step=on_step, should_stop=should_stop, served=served,
+                                refiner=refiner)
                       if second is None else self._run_hires(plan, program, second, progress, on_step, should_stop,
                                                              served))
         except jax.errors.JaxRuntimeError as err:
@@ -811,14 +858,18 @@ class Engine:
 
     def _run(self, plan: Plan, program: CompiledProgram, progress: Callable[[str], None] = _no_progress,
              loop_steps: int | None = None, on_step: Callable[[StepEvent], None] | None = None,
-             should_stop: Callable[[], bool] | None = None, served: Resident | None = None) -> GenerateResult:
-        """Run a plan on its compiled program with model ``served``'s weights (None: the default model's);
-        ``loop_steps`` (the warm-up's 0) overrides how many denoising steps run."""
+             should_stop: Callable[[], bool] | None = None, served: Resident | None = None,
+             refiner: loading.LoadedModel | None = None) -> GenerateResult:
+        """Run a plan on its compiled program with model ``served``'s weights (None: the default model's) and the
+        refiner ``refiner``'s (None: the model's own, the first); ``loop_steps`` (the warm-up's 0) overrides how many
+        denoising steps run."""
         t0 = time.perf_counter()
         request = plan.request
         served = served or self._default_resident()
         progress("preparing")
         params, loras = self._lora_params(plan.loras, served)  # the tags' LoRAs merged; the tokens are without them
+        if refiner is not None:  # another refiner of the first one's architecture: its weights, the same program
+            params = {**params, "refiner": refiner.params}
         steps = request.num_inference_steps if plan.steps is None else plan.steps
         start = request.start_step if plan.start_step is None else plan.start_step
         inputs = ProgramInputs.build(plan.prompt.ids, plan.negative.ids, not plan.negative.words.strip(), plan.seeds,
@@ -840,7 +891,10 @@ class Engine:
             self._faults.on_device(request.prompt)
         setup = self.setups[served.name]
         out = self._on_device(program, params, inputs, int(inputs.num_steps), on_step, should_stop, setup.latent_rgb)
-        return self._result(plan, out, loras, t0, t1, progress, setup=setup)
+        result = self._result(plan, out, loras, t0, t1, progress, setup=setup)
+        if refiner is not None:
+            result.refiner = request.refiner
+        return result
 
     def _result(self, plan: Plan, out, loras: dict[str, str], t0: float, t1: float, progress: Callable[[str], None],
                 what: str = "", setup: ModelSetup | None = None) -> GenerateResult:

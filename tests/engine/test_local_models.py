@@ -180,3 +180,36 @@ def test_a_model_whose_files_broke_is_unavailable_and_the_others_serve_on(tmp_pa
     with pytest.raises(ModelUnavailable, match="model 'broken' could not be loaded: .*truncated"):
         engine.generate(request("broken", steps=1))
     assert engine.generate(request(steps=1)).model == "tiny-random"
+
+
+def test_a_refiner_chosen_per_request_runs_on_the_same_program(tmp_path):
+    """--refiner A --refiner B: a request names B (A1111's refiner_checkpoint); its images are those of a server whose
+    only refiner is B, and B runs on A's program (0 compiles)."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    from tests.helpers import FIXTURES
+
+    other = tmp_path / "refiner-b"
+    shutil.copytree(FIXTURES / "tiny-pt-refiner", other, ignore=shutil.ignore_patterns("*.npz"))
+    unet = other / "unet" / "diffusion_pytorch_model.safetensors"
+    save_file({k: v * np.asarray(3.0, v.dtype) for k, v in load_file(unet).items()}, str(unet), {"format": "pt"})
+    base = dict(model=str(FIXTURES / "tiny-pt"), precompile="off")
+    both = start(**base, refiner=str(FIXTURES / "tiny-pt-refiner"), refiners=str(other))
+    assert both.refiner_names() == ["tiny-pt-refiner", "refiner-b"]
+    first = both.generate(request(refiner_switch_at=0.2, steps=6))
+    compiles = both.compile_count
+    loading: list[str] = []
+    chosen = both.generate(request(refiner="refiner-b", refiner_switch_at=0.2, steps=6), progress=loading.append)
+    assert both.compile_count == compiles and loading[0] == "loading model"
+    assert (first.refiner, chosen.refiner) == ("tiny-pt-refiner", "refiner-b")
+    assert np.abs(first.images.astype(int) - chosen.images).mean() > 1
+    only_b = start(**base, refiner=str(other))
+    np.testing.assert_array_equal(chosen.images, only_b.generate(request(refiner_switch_at=0.2, steps=6)).images)
+    again = both.generate(request(refiner="tiny-pt-refiner", refiner_switch_at=0.2, steps=6))
+    np.testing.assert_array_equal(again.images, first.images)
+    with pytest.raises(InvalidRequest, match=r"unknown refiner 'nope'; this server offers: tiny-pt-refiner, refiner-b"):
+        both.generate(request(refiner="nope", refiner_switch_at=0.2, steps=6))
+    with pytest.raises(InvalidRequest, match="refiner: applies with refiner_switch_at only"):
+        both.generate(request(refiner="refiner-b"))
