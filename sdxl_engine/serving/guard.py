@@ -38,11 +38,13 @@ MAX_BODY_BYTES = 1_000_000  # JSON of a /generate call is < 100 kB even with a 2
 # 4/3 of that as base64) and their body caps; every other path keeps MAX_BODY_BYTES.
 MAX_IMAGE_BYTES = 16 * 1024 * 1024  # one image file a client sends: a 2048 x 2048 RGB PNG of noise is 12.6 MB
 MAX_IMAGE_BODY_BYTES = 48_000_000
-IMAGE_BODY_PATHS = ("/sdapi/v1/img2img", "/v1/images/edits", "/v1/jobs")
+IMAGE_BODY_PATHS = ("/sdapi/v1/txt2img", "/sdapi/v1/img2img", "/v1/images/edits", "/v1/jobs",  # txt2img: ControlNet's
+                    "/controlnet/detect")
 # The API endpoint whose calls carry an image as base64 text (apis/mcp_image.py): its calls, and only they, may be
 # larger than MAX_BODY_BYTES on the routes that reach it (a raw call by name, queue/join, the MCP server).
 IMAGE_TOOL = "image_to_image"
 MCP_PATH = "/gradio_api/mcp"
+CONTROLNET = "/controlnet/"  # sd-webui-controlnet's routes (apis/controlnet.py), A1111's error shape
 BLOCKED_PATH_PREFIXES = ("/gradio_api/upload", "/upload")  # Gradio's upload routes: all but UPLOAD_PATH refused
 # The one upload route the page uses (its image editor, in "Image to image"): POST only, with a demo's Routes,
 # a body of at most MAX_IMAGE_BODY_BYTES (the editor sends picture, brush layer and composite at once: three
@@ -75,7 +77,7 @@ SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 CROSS_SITE = "requests from another site's page are refused"
 # The routes that answer a cross-site request in their own protocol's error shape (apis.CrossSiteGuard applies
 # cross_site_refusal there); the Guard applies it to every other path: Gradio's calls, queue, uploads, cancels, MCP.
-PROTOCOL_PREFIXES = ("/sdapi/", "/v1/", "/internal/")
+PROTOCOL_PREFIXES = ("/sdapi/", "/v1/", "/internal/", "/controlnet/")
 DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
@@ -734,7 +736,7 @@ async def _too_large(send, path: str, limit: int = MAX_BODY_BYTES) -> None:
     """The 413 for an over-long body, in the shape of the protocol ``path`` belongs to: AUTOMATIC1111's
     error object under /sdapi/ (modules/api/api.py), OpenAI's under /v1/, plain text elsewhere."""
     message = too_large_message(limit)
-    if path.startswith("/sdapi/"):
+    if path.startswith(("/sdapi/", "/controlnet/")):
         body = {"error": "HTTPException", "detail": message, "body": "", "errors": message}
     elif path.startswith("/v1/"):
         body = {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": None}}
