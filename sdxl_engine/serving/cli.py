@@ -21,9 +21,15 @@ from sdxl_engine.serving.scaleout import Replicas, ScaleOutError, parse_resource
 
 LOG = logging.getLogger(__name__)
 
-# Engine settings whose flag is given once per value (argparse's append); the setting joins them with os.pathsep.
-REPEATED_FLAGS = {"lora": "a LoRA that prompts pick with <lora:NAME:WEIGHT>; repeat the flag for more (env SDXL_LORA: "
-                          "NAME=PATH entries separated by os.pathsep; .safetensors only)"}
+# Engine settings whose flag is given once per value (argparse's append): {setting: (metavar, help)}; the setting
+# joins them with os.pathsep.
+REPEATED_FLAGS = {"lora": ("NAME=PATH", "a LoRA that prompts pick with <lora:NAME:WEIGHT>; repeat the flag for more "
+                                        "(env SDXL_LORA: NAME=PATH entries separated by os.pathsep; .safetensors "
+                                        "only)"),
+                  "controlnet": ("PATH", "a ControlNet (a diffusers folder or a .safetensors file; named by its "
+                                         "folder or file name) that requests' control units pick; repeat the flag "
+                                         "for more (env SDXL_CONTROLNET: paths separated by os.pathsep; "
+                                         "docs/controlnet.md)")}
 SERVER_FLAGS = ("share", "host", "port", "history_secret", "log_level", "replicas", "ray_address", "ray_app",
                 "replica_resources", "api_key", "public_api", "mcp", "callback_host", "job_keep_s",
                 "job_keep_mb")  # from api_key on: the protocol APIs and the jobs API
@@ -117,9 +123,10 @@ def parse_args(argv=None, description: str = "") -> argparse.Namespace:
         if field.name in MODEL_DEFAULT_FIELDS:  # the model's engine_defaults.json may choose another (README)
             default = (f"default: the model's own, else {field.default!r}"
                        + f"; {EngineConfig.model} runs {SHIPPED % field.name}")
-        if field.name in REPEATED_FLAGS:  # --lora NAME=PATH, once per LoRA
+        if field.name in REPEATED_FLAGS:  # --lora NAME=PATH, once per LoRA; --controlnet PATH
+            metavar, text = REPEATED_FLAGS[field.name]
             parser.add_argument("--" + field.name.replace("_", "-"), dest=field.name, default=None, action="append",
-                                metavar="NAME=PATH", help=REPEATED_FLAGS[field.name])
+                                metavar=metavar, help=text)
             continue
         parser.add_argument("--" + field.name.replace("_", "-"), dest=field.name, default=None,
                             help=f"engine setting {field.name} (env SDXL_{field.name.upper()}, {default})")
