@@ -97,7 +97,11 @@ def test_the_tools_are_the_endpoints_inputs_in_order_described_with_the_pages_de
     generate, image = (tool.inputSchema for tool in listed)
     assert list(generate["properties"]) == ["prompt", "negative_prompt", "seed", "guidance_scale",
                                             "num_inference_steps", "width", "height", "style", "sampler",
-                                            "refiner_switch_at"]
+                                            "refiner_switch_at", *tools.CONTROL_NAMES]
+    assert tools.CONTROL_NAMES == ("control_image", "control_model", "control_weight", "control_start",
+                                   "control_end", "control_module")
+    assert list(image["properties"])[-6:] == list(tools.CONTROL_NAMES)
+    assert "canny" in generate["properties"]["control_module"]["description"]
     assert generate["required"] == ["prompt"] and image["required"] == ["prompt", "image"]
     seed = generate["properties"]["seed"]
     assert seed["type"] == "integer" and seed["default"] == -1 and "seed of the first image" in seed["description"]
@@ -224,7 +228,7 @@ def test_a_call_with_a_progress_token_hears_each_step(served, engine):
 
 
 def test_describe_splits_a_tools_doc():
-    description, inputs = tools.describe(tools.IMAGE_DOC)
+    description, inputs = tools.describe(tools.image_doc())
     assert description.endswith("Returns: the images (PNG, with their generation parameters) and a JSON record: "
                                 "seeds, size, strength, timings")
     assert list(inputs) == [item.name for item in tools.image_inputs(CONFIG)]
