@@ -146,3 +146,32 @@ def test_the_controlnet_routes(served):
                                                       "controlnet_input_images": [b64_png()]})
     assert refused.status_code == 422 and "openpose" in refused.json()["detail"]
     assert client.post("/controlnet/detect", json={"controlnet_module": "canny"}).status_code == 422
+
+
+def test_the_controlnet_routes_take_the_api_key_and_refuse_another_sites_page():
+    """With --api-key the /controlnet/* routes need it, as /sdapi/v1 does (apis.KeyGuard), in A1111's error shape;
+    a POST from another site's page is refused before the route runs (apis.CrossSiteGuard)."""
+    import threading
+    import types
+
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from sdxl_engine.serving.apis import access_for, mount
+
+    ready = threading.Event()
+    ready.set()
+    engine = types.SimpleNamespace(model=types.SimpleNamespace(name="tiny-pt"), limits=LIMITS, ready=ready,
+                                   error=None, config=types.SimpleNamespace(refiner=""))
+    app = FastAPI()
+    mount(app, types.SimpleNamespace(engine=engine), access_for("k-123", share=False, public_api=False, mcp=False),
+          {}, log=lambda line: None)
+    client = TestClient(app)
+    refused = client.get("/controlnet/model_list")
+    assert refused.status_code == 401 and refused.json()["error"] == "HTTPException"
+    assert client.get("/controlnet/model_list", headers={"Authorization": "Bearer k-123"}).json() == {
+        "model_list": ["cn-a [1a2b3c4d]", "cn-b"]}
+    foreign = client.post("/controlnet/detect", json={"controlnet_module": "canny"},
+                          headers={"Authorization": "Bearer k-123", "Origin": "https://elsewhere.example",
+                                   "Sec-Fetch-Site": "cross-site"})
+    assert foreign.status_code == 403 and foreign.json()["error"] == "HTTPException"
