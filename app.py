@@ -65,7 +65,15 @@ from sdxl_engine.serving.page_assets import (
     STOP_STEP_JS,
 )
 from sdxl_engine.serving.page_history import wire_history
-from sdxl_engine.serving.page_image import editor_tools, image_events, image_section, refiner_slider, wire_image_section
+from sdxl_engine.serving.page_image import (
+    control_section,
+    editor_tools,
+    image_events,
+    image_section,
+    refiner_slider,
+    wire_control_section,
+    wire_image_section,
+)
 
 
 def build_demo(requests: Service, config: EngineConfig, engine: EngineContract | None = None,
@@ -126,6 +134,7 @@ def build_demo(requests: Service, config: EngineConfig, engine: EngineContract |
                         width = gr.Number(value=0, precision=0, label="Width (px, 0 = model default)")
                         height = gr.Number(value=0, precision=0, label="Height (px, 0 = model default)")
                 image = image_section(config, engine, refiner_switch)  # Image to image (serving/page_image.py)
+                control = control_section(config, engine)  # ControlNet, shown when one is loaded (page_image.py)
             with gr.Column(scale=3, elem_id="output-col"):  # what came out (first on a phone: PAGE_CSS)
                 gallery = gr.Gallery(label="Images", columns=2, format="png", object_fit="contain",
                                      buttons=["download", "fullscreen"], interactive=False, elem_id="gallery")
@@ -183,7 +192,9 @@ def build_demo(requests: Service, config: EngineConfig, engine: EngineContract |
                            sampler=sampler)
         settings = list(page_inputs.values())  # /generate's first nine inputs, in its order (apis/tools.py)
         # concurrency_limit None: the service (not Gradio's queue) orders the requests and caps each client.
-        event = gr.on([run.click, prompt.submit], generate_images, [*settings, refiner_switch], [gallery, info],
+        wire_control_section(control)
+        event = gr.on([run.click, prompt.submit], generate_images, [*settings, refiner_switch, *control.inputs],
+                      [gallery, info],
                       api_name="generate", concurrency_limit=None, preprocess=False)
         events = (event, *image_events(image, settings, generate_from_image, upscale_image, send_upscale,
                                        last_result, selected_index, gallery, info))

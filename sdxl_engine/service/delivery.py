@@ -89,6 +89,8 @@ def deliver(result, prompt: str, style: str, files_dir: Path | None = None, outp
     """
     req, latency = result.request, result.timings["latency"]
     extra = {**mode_parameters(req, getattr(result, "refiner", "")), **(params or {})}
+    for key, value in (getattr(result, "control_infotext", None) or {}).items():  # "ControlNet 0": "Module: ..."
+        extra[key] = quote(value)
     if style != NO_STYLE:
         extra["Style"] = style
     loras = getattr(result, "loras", None) or {}  # {name: short hash} of the prompt's <lora:> tags

@@ -21,9 +21,15 @@ from sdxl_engine.serving.scaleout import Replicas, ScaleOutError, parse_resource
 
 LOG = logging.getLogger(__name__)
 
-# Engine settings whose flag is given once per value (argparse's append); the setting joins them with os.pathsep.
-REPEATED_FLAGS = {"lora": "a LoRA that prompts pick with <lora:NAME:WEIGHT>; repeat the flag for more (env SDXL_LORA: "
-                          "NAME=PATH entries separated by os.pathsep; .safetensors only)"}
+# Engine settings whose flag is given once per value (argparse's append): {setting: (metavar, help)}; the setting
+# joins them with os.pathsep.
+REPEATED_FLAGS = {"lora": ("NAME=PATH", "a LoRA that prompts pick with <lora:NAME:WEIGHT>; repeat the flag for more "
+                                        "(env SDXL_LORA: NAME=PATH entries separated by os.pathsep; .safetensors "
+                                        "only)"),
+                  "controlnet": ("PATH", "a ControlNet (a diffusers folder or a .safetensors file; named by its "
+                                         "folder or file name) that requests' control units pick; repeat the flag "
+                                         "for more (env SDXL_CONTROLNET: paths separated by os.pathsep; "
+                                         "docs/controlnet.md)")}
 # Engine settings whose flag may be repeated to offer several models by name (docs/models.md): the first value is the
 # setting (the default), the others go to its list setting (os.pathsep-joined), before that list's own values.
 MODEL_LIST_FLAGS = {"model": "models", "refiner": "refiners"}
@@ -126,9 +132,10 @@ def parse_args(argv=None, description: str = "") -> argparse.Namespace:
                                      f"the flag to offer several, chosen per request by name (the first is the "
                                      f"default; the others go to {MODEL_LIST_FLAGS[field.name]}: docs/models.md)")
             continue
-        if field.name in REPEATED_FLAGS:  # --lora NAME=PATH, once per LoRA
+        if field.name in REPEATED_FLAGS:  # --lora NAME=PATH, once per LoRA; --controlnet PATH
+            metavar, text = REPEATED_FLAGS[field.name]
             parser.add_argument("--" + field.name.replace("_", "-"), dest=field.name, default=None, action="append",
-                                metavar="NAME=PATH", help=REPEATED_FLAGS[field.name])
+                                metavar=metavar, help=text)
             continue
         parser.add_argument("--" + field.name.replace("_", "-"), dest=field.name, default=None,
                             help=f"engine setting {field.name} (env SDXL_{field.name.upper()}, {default})")

@@ -38,11 +38,16 @@ MAX_BODY_BYTES = 1_000_000  # JSON of a /generate call is < 100 kB even with a 2
 # 4/3 of that as base64) and their body caps; every other path keeps MAX_BODY_BYTES.
 MAX_IMAGE_BYTES = 16 * 1024 * 1024  # one image file a client sends: a 2048 x 2048 RGB PNG of noise is 12.6 MB
 MAX_IMAGE_BODY_BYTES = 48_000_000
-IMAGE_BODY_PATHS = ("/sdapi/v1/img2img", "/v1/images/edits", "/v1/jobs")
+IMAGE_BODY_PATHS = ("/sdapi/v1/txt2img", "/sdapi/v1/img2img", "/v1/images/edits", "/v1/jobs",  # txt2img: ControlNet's
+                    "/controlnet/detect")
 # The API endpoint whose calls carry an image as base64 text (apis/mcp_image.py): its calls, and only they, may be
 # larger than MAX_BODY_BYTES on the routes that reach it (a raw call by name, queue/join, the MCP server).
 IMAGE_TOOL = "image_to_image"
+# The endpoints whose calls may carry an image as base64 text over MAX_BODY_BYTES: the image tool, and /generate
+# with a ControlNet's control_image (apis/tools.py CONTROL_INPUTS).
+IMAGE_TEXT_CALLS = (IMAGE_TOOL, "generate")
 MCP_PATH = "/gradio_api/mcp"
+CONTROLNET = "/controlnet/"  # sd-webui-controlnet's routes (apis/controlnet.py), A1111's error shape
 BLOCKED_PATH_PREFIXES = ("/gradio_api/upload", "/upload")  # Gradio's upload routes: all but UPLOAD_PATH refused
 # The one upload route the page uses (its image editor, in "Image to image"): POST only, with a demo's Routes,
 # a body of at most MAX_IMAGE_BODY_BYTES (the editor sends picture, brush layer and composite at once: three
@@ -52,6 +57,7 @@ BLOCKED_PATH_PREFIXES = ("/gradio_api/upload", "/upload")  # Gradio's upload rou
 UPLOAD_PATH = "/gradio_api/upload"
 MAX_UPLOAD_FILES = 8
 IMAGE_EVENT = "img2img"  # the page's image to image event (private): the one whose call may name uploaded files
+CONTROL_EVENT = "control_upload"  # the page's ControlNet picture upload (private): may name uploaded files too
 NOT_AN_IMAGE = "uploads take PNG, JPEG or WebP images only"
 # Gradio routes this page never uses, refused (404, one line): deep_link writes a session's values
 # (which a client sets) into the temp folder; process_recording writes an uploaded video; stream/
@@ -75,7 +81,7 @@ SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 CROSS_SITE = "requests from another site's page are refused"
 # The routes that answer a cross-site request in their own protocol's error shape (apis.CrossSiteGuard applies
 # cross_site_refusal there); the Guard applies it to every other path: Gradio's calls, queue, uploads, cancels, MCP.
-PROTOCOL_PREFIXES = ("/sdapi/", "/v1/", "/internal/")
+PROTOCOL_PREFIXES = ("/sdapi/", "/v1/", "/internal/", "/controlnet/")
 DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
@@ -222,7 +228,8 @@ class Routes:
     def _image_files_ok(self, fn_index, data) -> bool:
         """Whether ``data`` may name files: only in a call of the image event (IMAGE_EVENT), and only files
         Gradio's upload route wrote or the app created (a gallery PNG sent to the editor)."""
-        if type(fn_index) is not int or gradio_internals.api_name_of(self.demo, fn_index) != IMAGE_EVENT:
+        if type(fn_index) is not int or gradio_internals.api_name_of(self.demo, fn_index) not in (IMAGE_EVENT,
+                                                                                               CONTROL_EVENT):
             return False
         paths = _file_paths(data)
         if paths is None:
@@ -521,7 +528,7 @@ class Guard:
         body over ``max_body`` is one), else this guard's (``max_body``)."""
         call = _DIRECT_CALL.match(path)
         if path in IMAGE_BODY_PATHS or path == UPLOAD_PATH or _QUEUE_JOIN.match(path) or path.rstrip("/") == MCP_PATH \
-                or (call is not None and call["name"] == IMAGE_TOOL):
+                or (call is not None and call["name"] in IMAGE_TEXT_CALLS):
             return max(self.max_body, MAX_IMAGE_BODY_BYTES)
         return self.max_body
 
@@ -532,14 +539,14 @@ class Guard:
         if size <= self.max_body or path in IMAGE_BODY_PATHS or path == UPLOAD_PATH:
             return False
         if (call := _DIRECT_CALL.match(path)) is not None:
-            return call["name"] != IMAGE_TOOL
+            return call["name"] not in IMAGE_TEXT_CALLS
         if not isinstance(payload, dict):
             return True
         if _QUEUE_JOIN.match(path):
-            return self.fns.get(payload.get("fn_index")) != IMAGE_TOOL
+            return self.fns.get(payload.get("fn_index")) not in IMAGE_TEXT_CALLS
         params = payload.get("params")
         return not (payload.get("method") == "tools/call" and isinstance(params, dict)
-                    and params.get("name") == IMAGE_TOOL)
+                    and params.get("name") in IMAGE_TEXT_CALLS)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -734,7 +741,7 @@ async def _too_large(send, path: str, limit: int = MAX_BODY_BYTES) -> None:
     """The 413 for an over-long body, in the shape of the protocol ``path`` belongs to: AUTOMATIC1111's
     error object under /sdapi/ (modules/api/api.py), OpenAI's under /v1/, plain text elsewhere."""
     message = too_large_message(limit)
-    if path.startswith("/sdapi/"):
+    if path.startswith(("/sdapi/", "/controlnet/")):
         body = {"error": "HTTPException", "detail": message, "body": "", "errors": message}
     elif path.startswith("/v1/"):
         body = {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": None}}

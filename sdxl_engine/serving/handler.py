@@ -36,7 +36,8 @@ from sdxl_engine.service.request import Request, to_request
 from sdxl_engine.service.service import Refused, Service
 from sdxl_engine.service.styles import NO_STYLE
 from sdxl_engine.serving import admission, gradio_internals, guard, history
-from sdxl_engine.serving.apis.tools import generate_doc, refiner_switch
+from sdxl_engine.serving.apis.errors import ApiError
+from sdxl_engine.serving.apis.tools import control_fields, generate_doc, refiner_switch
 
 LOG = logging.getLogger(__name__)
 
@@ -79,7 +80,9 @@ def api_function(requests: Service, config: EngineConfig, pending: history.Pendi
                        guidance_scale: float = config.guidance_scale,
                        num_inference_steps: int = config.num_inference_steps, width: int = 0, height: int = 0,
                        style: str = NO_STYLE, sampler: str = config.sampler,
-                       refiner_switch_at: float | None = 0.8 if config.refiner else 1.0, request: gr.Request = None,
+                       refiner_switch_at: float | None = 0.8 if config.refiner else 1.0, control_image: str = "",
+                       control_model: str = "", control_weight: float = 1.0, control_start: float = 0.0,
+                       control_end: float = 1.0, control_module: str = "none", request: gr.Request = None,
                        progress=gr.Progress()):
         # Named parameters: gradio_client callers use these keywords (the /generate contract);
         # only optional inputs are ever added, at the end. ``request`` and ``progress`` are Gradio's.
@@ -87,6 +90,8 @@ def api_function(requests: Service, config: EngineConfig, pending: history.Pendi
         # gradio_client's job.cancel()) is Gradio cancelling this task at an await: follow() stops the job.
         switch = refiner_switch(refiner_switch_at)
         fields = {} if switch is None else {"refiner_switch_at": switch}
+        fields.update(control_of(control_image, control_model, control_weight, control_start, control_end,
+                                 control_module))
         asked = _page_request(dict(prompt=prompt, negative_prompt=negative_prompt, seed=seed,
                                    guidance_scale=guidance_scale, num_inference_steps=num_inference_steps, width=width,
                                    height=height, style=style, sampler=sampler), request, fields)
@@ -95,6 +100,16 @@ def api_function(requests: Service, config: EngineConfig, pending: history.Pendi
 
     generate.__doc__ = generate_doc()  # the MCP tool's description too (apis/tools.py)
     return generate
+
+
+def control_of(image, model: str, weight: float, start: float, end: float, module: str) -> dict:
+    """The engine's ``control_units`` for /generate's (and the page's ControlNet section's) control inputs
+    (tools.control_fields: {} without an image). A refused input is one log line and a gr.Error."""
+    try:
+        return control_fields(image, model, weight, start, end, module)
+    except ApiError as err:
+        LOG.info(f"[app] request refused: {err.message}")
+        raise gr.Error(err.message, print_exception=False) from None
 
 
 def _page_request(values: dict, gr_request, fields: dict | None = None, paste_back=None) -> Request:

@@ -5,12 +5,21 @@ events (:func:`image_events`), which app.py wires beside /generate's to the page
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import io
+import os
+from pathlib import Path
 
 import gradio as gr
+import numpy as np
+from PIL import Image
 
 from sdxl_engine.config import EngineConfig
 from sdxl_engine.engine.contract import EngineContract
+from sdxl_engine.engine.control import detect
+from sdxl_engine.engine.control_preprocess import MODULES
+from sdxl_engine.engine.errors import InvalidRequest
 from sdxl_engine.engine.image_upscale import IMAGE_UPSCALERS
 from sdxl_engine.engine.validation import DEFAULT_IMAGE_UPSCALER
 from sdxl_engine.serving import guard, image_input
@@ -157,3 +166,88 @@ def image_events(section: ImageSection, settings: list, generate_from_image, ups
         upscale_image, [*settings, last_result, selected_index, *section.hires_inputs], [gallery, info],
         api_name="upscale", api_visibility="private", concurrency_limit=None, preprocess=False)
     return image_event, upscale_event
+
+
+@dataclasses.dataclass
+class ControlSection:
+    """The page's ControlNet section (shown when a ControlNet is loaded): ``picture`` (the upload; a private event
+    turns it into ``image``, base64 PNG text: /generate's ``control_image``, so gradio_client and the page send the
+    same), the preprocessor ``module`` with ``preview`` (the detected map into ``detected``), the ControlNet
+    ``model``, ``weight``, ``start`` and ``end``."""
+
+    box: gr.Accordion
+    picture: gr.Image
+    image: gr.Textbox
+    module: gr.Dropdown
+    preview: gr.Button
+    detected: gr.Image
+    model: gr.Dropdown
+    weight: gr.Slider
+    start: gr.Slider
+    end: gr.Slider
+
+    @property
+    def inputs(self) -> list:
+        """/generate's control inputs, in apis/tools.CONTROL_INPUTS' order."""
+        return [self.image, self.model, self.weight, self.start, self.end, self.module]
+
+
+def controlnet_names(config: EngineConfig) -> list[str]:
+    """The ControlNets ``--controlnet`` names (a folder's name, a file's without ``.safetensors``), as the engine
+    names them (checkpoint/controlnet.py); ``--controlnet-dir``'s are listed once the engine is ready."""
+    paths = [p for p in (config.controlnet or "").split(os.pathsep) if p]
+    return [Path(p).name[:-len(".safetensors")] if p.endswith(".safetensors") else Path(p.rstrip("/")).name
+            for p in paths]
+
+
+def control_section(config: EngineConfig, engine: EngineContract | None = None) -> ControlSection:
+    """The ControlNet section's widgets (:class:`ControlSection`), in an accordion shown when ``config`` loads a
+    ControlNet; the model list is the engine's once it is ready (Limits.controlnets), else the flags' names."""
+    limits = getattr(engine, "limits", None) if engine is not None and engine.ready.is_set() else None
+    names = [name for name, _ in limits.controlnets] if limits is not None else controlnet_names(config)
+    with gr.Accordion("ControlNet", open=False, visible=bool(config.controlnet or config.controlnet_dir),
+                      elem_id="controlnet-box") as box:
+        with gr.Row():
+            picture = gr.Image(label="Control image", type="numpy", sources=["upload"], image_mode="RGB",
+                               elem_id="control-picture")
+            detected = gr.Image(label="Detected map", interactive=False, elem_id="control-detected")
+        image = gr.Textbox("", visible=False, elem_id="control-image")  # the picture as base64 PNG
+        with gr.Row():
+            module = gr.Dropdown(list(MODULES), value="none", label="Preprocessor", elem_id="control-module")
+            preview = gr.Button("Preview", size="sm", elem_id="control-preview")
+            model = gr.Dropdown(names, value=names[0] if names else "", allow_custom_value=True, label="ControlNet",
+                                elem_id="control-model")
+        with gr.Row():
+            weight = gr.Slider(0.0, 2.0, value=1.0, step=0.05, label="Control weight", elem_id="control-weight")
+            start = gr.Slider(0.0, 1.0, value=0.0, step=0.05, label="Starting step (share)", elem_id="control-start")
+            end = gr.Slider(0.0, 1.0, value=1.0, step=0.05, label="Ending step (share)", elem_id="control-end")
+    return ControlSection(box, picture, image, module, preview, detected, model, weight, start, end)
+
+
+def encoded_picture(picture) -> str:
+    """The upload (H, W, 3) uint8, or None, as base64 PNG text ("" for none)."""
+    if picture is None:
+        return ""
+    buffer = io.BytesIO()
+    Image.fromarray(np.asarray(picture, dtype=np.uint8)).save(buffer, format="PNG")
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def detected_map(image: str, module: str):
+    """The preprocessor's map of the section's picture (engine/control.detect), or None without a picture; a
+    module the engine refuses is a gr.Error with its message."""
+    if not image:
+        return None
+    try:
+        return detect(np.asarray(Image.open(io.BytesIO(base64.b64decode(image))).convert("RGB")), module)
+    except InvalidRequest as err:
+        raise gr.Error(str(err), print_exception=False) from None
+
+
+def wire_control_section(section: ControlSection) -> None:
+    """The section's own events, private: the upload encoded into ``image`` (guard.CONTROL_EVENT: the one event
+    besides the image event whose call may name an upload), Preview's detected map."""
+    section.picture.change(page_event(encoded_picture), section.picture, section.image,
+                           api_name=guard.CONTROL_EVENT, api_visibility="private")
+    section.preview.click(page_event(detected_map), [section.image, section.module], section.detected,
+                          api_visibility="private")

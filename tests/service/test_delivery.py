@@ -60,3 +60,21 @@ def test_a_request_for_fewer_images_than_its_calls_make_saves_and_answers_only_t
         assert job.result.seeds == seeds and len(job.result.pngs) == n_images
         saved = sorted(int(p.name.split("-seed")[1].split("-")[0]) for p in out.iterdir())
         assert saved == seeds
+
+
+def test_the_pngs_carry_the_control_infotext_quoted_as_a1111_writes_it(tmp_path):
+    """A result's control_infotext entries (engine/control.infotext) go into each PNG's A1111 parameters, each value
+    JSON-quoted (it holds commas), as sd-webui-controlnet writes ``ControlNet 0: "Module: ..."``."""
+    import io
+
+    from PIL import Image
+
+    def a1111_text(png: bytes) -> str:
+        return Image.open(io.BytesIO(png)).info["parameters"]
+
+    result = fake_result(1)
+    entry = "Module: canny, Model: cn-a [1a2b3c4d], Weight: 0.8, Guidance End: 0.6"
+    result.control_infotext = {"ControlNet 0": entry}
+    text = a1111_text(deliver(result, "a red circle", "(No style)", tmp_path / "served").pngs[0])
+    assert f'ControlNet 0: "{entry}"' in text.splitlines()[-1]
+    assert "ControlNet" not in a1111_text(deliver(fake_result(1), "x", "(No style)", tmp_path / "plain").pngs[0])

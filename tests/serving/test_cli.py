@@ -85,3 +85,21 @@ def test_prepare_checks_every_setting_before_any_heavy_import():
     assert out.returncode == 2 and out.stderr.splitlines() == [
         "error: bad setting: trusted_proxies: 'proxy.local' is not an IP address or network (e.g. 10.0.0.2 or "
         "10.0.0.0/8); separate several with commas"]
+
+
+def test_controlnet_is_repeated_with_its_own_metavar_and_joined_like_lora(capsys):
+    """--controlnet PATH (repeatable, joined with os.pathsep as SDXL_CONTROLNET is) and --controlnet-dir DIR
+    reach the engine settings; --help names each repeated flag's own value (PATH, not --lora's NAME=PATH)."""
+    import os
+
+    from sdxl_engine.serving.cli import engine_overrides
+
+    args = parse_args(["--controlnet", "a/cn-one", "--controlnet", "b/cn-two.safetensors", "--controlnet-dir", "cns",
+                       "--lora", "ink=ink.safetensors"])
+    overrides = engine_overrides(args)
+    assert overrides["controlnet"] == os.pathsep.join(["a/cn-one", "b/cn-two.safetensors"])
+    assert overrides["controlnet_dir"] == "cns" and overrides["lora"] == "ink=ink.safetensors"
+    with pytest.raises(SystemExit):
+        parse_args(["--help"], "title")
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--controlnet PATH" in text and "--lora NAME=PATH" in text and "--controlnet NAME=PATH" not in text

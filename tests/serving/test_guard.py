@@ -35,7 +35,7 @@ def test_guard_never_passes_more_than_the_cap_to_the_app():
         scope = {"type": "http", "method": "POST", "path": path, "headers": []}
         await serving.Guard(app, max_body=1_000_000)(scope, receive, send)
 
-    asyncio.run(run("/sdapi/v1/txt2img"))  # passed on as it comes
+    asyncio.run(run("/v1/images/generations"))  # passed on as it comes
     assert sum(len(m.get("body", b"")) for m in received) <= 1_000_000
     assert received[-1]["type"] == "http.disconnect"
     assert sent[0]["status"] == 413
@@ -108,9 +108,10 @@ def test_launch_defaults(monkeypatch):
     assert serving.launch_options("0.0.0.0", 7860, True)["share"] is True  # only when asked
 
 
-def test_only_the_image_tool_and_the_image_routes_may_send_more_than_1_mb():
-    """A 2 MB body passes on the image routes, a raw call or queue/join of image_to_image and an MCP tools/call of
-    it; the same size of any other call, join or MCP message is the 1 MB cap's 413 and never reaches the app."""
+def test_only_the_image_tools_and_the_image_routes_may_send_more_than_1_mb():
+    """A 2 MB body passes on the image routes (txt2img too: ControlNet units' images), a raw call or queue/join of
+    image_to_image or generate (its control_image) and an MCP tools/call of them; the same size of any other call,
+    join or MCP message is the 1 MB cap's 413 and never reaches the app."""
     import asyncio
     import json
 
@@ -142,19 +143,23 @@ def test_only_the_image_tool_and_the_image_routes_may_send_more_than_1_mb():
         return sent[0]["status"], sum(len(m.get("body", b"")) for m in received)
 
     pad = "x" * 2_000_000
-    fns = {3: "generate", 7: "image_to_image"}
+    fns = {3: "generate", 7: "image_to_image", 9: "upscale"}
     tool_call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "image_to_image",
                                                                              "arguments": {"image": pad}}}
     passed = [("/sdapi/v1/img2img", {"init_images": [pad]}), ("/v1/images/edits", {"x": pad}),
               ("/gradio_api/call/image_to_image", {"data": [pad]}), ("/gradio_api/queue/join", {"fn_index": 7,
                                                                                                  "data": [pad]}),
-              ("/gradio_api/mcp/", tool_call)]
+              ("/gradio_api/mcp/", tool_call), ("/sdapi/v1/txt2img", {"prompt": pad}),
+              ("/gradio_api/call/generate", {"data": [pad]}), ("/gradio_api/queue/join", {"fn_index": 3,
+                                                                                          "data": [pad]}),
+              ("/gradio_api/mcp/", {**tool_call, "params": {"name": "generate", "arguments": {"prompt": pad}}}),
+              ("/controlnet/detect", {"controlnet_input_images": [pad]})]
     for path, payload in passed:
         body = json.dumps(payload).encode()
         assert post(path, body, fns) == (200, len(body)), path
-    refused = [("/sdapi/v1/txt2img", {"prompt": pad}), ("/gradio_api/call/generate", {"data": [pad]}),
-               ("/gradio_api/queue/join", {"fn_index": 3, "data": [pad]}),
-               ("/gradio_api/mcp/", {**tool_call, "params": {"name": "generate", "arguments": {"prompt": pad}}}),
+    refused = [("/v1/images/generations", {"prompt": pad}), ("/gradio_api/call/upscale", {"data": [pad]}),
+               ("/gradio_api/queue/join", {"fn_index": 9, "data": [pad]}),
+               ("/gradio_api/mcp/", {**tool_call, "params": {"name": "other", "arguments": {"prompt": pad}}}),
                ("/gradio_api/mcp", {"jsonrpc": "2.0", "method": "tools/list", "pad": pad})]
     for path, payload in refused:
         assert post(path, json.dumps(payload).encode(), fns) == (413, 0), path

@@ -24,3 +24,39 @@ def test_the_brush_is_a_sixteenth_of_the_models_shorter_side():
     assert tools["brush"].default_size == 52 and tools["eraser"].default_size == 52
     assert tools["brush"].colors == ["#000000"] and tools["brush"].color_mode == "fixed"  # gr.ImageMask's own brush
     assert editor_tools(None)["brush"].default_size == "auto"
+
+
+def test_the_control_section_shows_with_a_controlnet_and_turns_its_upload_into_generates_text():
+    """page_image.control_section: shown only when a ControlNet is loaded, its inputs /generate's control inputs in
+    apis/tools.CONTROL_INPUTS' order; the upload becomes base64 PNG text (what gradio_client sends as
+    control_image), and Preview's map is engine/control.detect's (canny on a non-square picture)."""
+    import base64
+    import io
+    from types import SimpleNamespace
+
+    import gradio as gr
+    import numpy as np
+    import pytest
+    from PIL import Image
+
+    from sdxl_engine.serving import page_image
+    from sdxl_engine.serving.apis.tools import CONTROL_NAMES
+
+    for paths, shown in (("", False), ("tests/fixtures/tiny-pt-controlnet/cn-a:x/canny-xl.safetensors", True)):
+        config = SimpleNamespace(controlnet=paths, controlnet_dir="")
+        with gr.Blocks():
+            section = page_image.control_section(config)
+        assert section.box.visible is shown
+    assert section.model.choices == [("cn-a", "cn-a"), ("canny-xl", "canny-xl")] and section.model.value == "cn-a"
+    assert [c.elem_id for c in section.inputs] == ["control-image", "control-model", "control-weight",
+                                                   "control-start", "control-end", "control-module"]
+    assert len(section.inputs) == len(CONTROL_NAMES)
+    picture = np.zeros((48, 80, 3), np.uint8)
+    picture[:, :40] = 255
+    text = page_image.encoded_picture(picture)
+    np.testing.assert_array_equal(np.asarray(Image.open(io.BytesIO(base64.b64decode(text)))), picture)
+    assert page_image.encoded_picture(None) == "" and page_image.detected_map("", "canny") is None
+    edges = page_image.detected_map(text, "canny")
+    assert edges.shape[:2] == (512, 853) and edges[:, 420:433].max() == 255 and edges[:, :400].max() == 0
+    with pytest.raises(gr.Error):
+        page_image.detected_map(text, "openpose")

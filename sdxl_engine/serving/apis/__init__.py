@@ -27,9 +27,9 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
 from sdxl_engine.serving import admission, gradio_internals
-from sdxl_engine.serving.apis import a1111, core, jobs, mcp_server, openai_images
+from sdxl_engine.serving.apis import a1111, controlnet, core, jobs, mcp_server, openai_images
 from sdxl_engine.serving.apis.core import ApiError, FileTokens
-from sdxl_engine.serving.guard import MCP_PATH, PROTOCOL_PREFIXES, SAFE_METHODS, cross_site_refusal
+from sdxl_engine.serving.guard import CONTROLNET, MCP_PATH, PROTOCOL_PREFIXES, SAFE_METHODS, cross_site_refusal
 
 LOG = logging.getLogger(__name__)
 
@@ -128,6 +128,7 @@ def mount(app, requests, access: Access, flags: dict, config=None, log=LOG.info)
     # clients share one key (--api-auth) and must not stop each other's requests
     app.include_router(a1111.router(requests, flags, loras_of(requests.engine), admission.client_address))
     app.include_router(a1111.internal_router(requests, admission.client_address))
+    app.include_router(controlnet.router(requests.engine))  # sd-webui-controlnet's /controlnet/* routes
     app.include_router(a1111.unknown_router())  # after every /sdapi/v1 route: only what none answers
     app.include_router(jobs.router(requests, owner_of, flags.get("callback_hosts", ())))
     app.include_router(openai_images.router(requests, tokens, owner_of, gr.utils.get_upload_folder))
@@ -157,12 +158,12 @@ class KeyGuard:
 
     async def __call__(self, scope, receive, send):
         path = scope.get("path", "") if scope["type"] == "http" else ""
-        if path.startswith((a1111.PREFIX + "/", openai_images.PREFIX + "/", "/internal/", MCP_PATH)) \
+        if path.startswith((a1111.PREFIX + "/", openai_images.PREFIX + "/", "/internal/", CONTROLNET, MCP_PATH)) \
                 and not path.startswith(openai_images.FILES):
             headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers") or []}
             if (reason := key_refusal(self.access, headers)) is not None:
                 err = ApiError(401, reason, headers={"WWW-Authenticate": "Bearer"})
-                response = a1111.a1111_error(err) if path.startswith((a1111.PREFIX, "/internal/")) \
+                response = a1111.a1111_error(err) if path.startswith((a1111.PREFIX, "/internal/", CONTROLNET)) \
                     else openai_images.openai_error(err)
                 return await response(scope, receive, send)
         return await self.app(scope, receive, send)
@@ -185,7 +186,8 @@ class CrossSiteGuard:
             if (reason := cross_site_refusal(scope["method"], headers)) is not None:
                 LOG.info(f"[app] request refused: {scope['method']} {path}: {reason}")
                 err = ApiError(403, reason)
-                response = a1111.a1111_error(err) if path.startswith("/sdapi/") else openai_images.openai_error(err)
+                response = a1111.a1111_error(err) if path.startswith(("/sdapi/", CONTROLNET)) \
+                    else openai_images.openai_error(err)
                 return await response(scope, receive, send)
         return await self.app(scope, receive, send)
 

@@ -56,6 +56,8 @@ from sdxl_engine.service.jobs import Job
 from sdxl_engine.service.request import Request as ServiceRequest
 from sdxl_engine.service.service import Service
 from sdxl_engine.service.styles import NO_STYLE, STYLES
+from sdxl_engine.serving.apis.controlnet import SCRIPT as CONTROLNET
+from sdxl_engine.serving.apis.controlnet import loaded_of, units_of
 from sdxl_engine.serving.apis.core import (
     ApiError,
     Interrupted,
@@ -194,13 +196,23 @@ def _eta_defaults(body) -> tuple | None:
     return (*_UNSET, 1) if name == "euler a" else (*_UNSET, 0) if name == "ddim" else None
 
 
+def _other_scripts(body) -> tuple | None:
+    """``alwayson_scripts``' defaults for the warning: a body whose scripts are ControlNet's alone (run here,
+    controlnet.units_of) is at its default."""
+    scripts = (body.model_extra or {}).get("alwayson_scripts")
+    if isinstance(scripts, dict) and all(str(k).strip().lower() == CONTROLNET for k in scripts):
+        return (*_UNSET, scripts)
+    return _UNSET
+
+
 _UNSET = (None, "", [], {})
 # The fields of A1111's txt2img request (modules/processing.py, modules/api/models.py) that change what
 # a user gets and that this server does not honour. The hires fix's own fields (hr_scale, hr_upscaler,
 # hr_second_pass_steps, hr_resize_x/y, hr_checkpoint_name, hr_sampler_name, hr_prompt,
 # hr_negative_prompt, denoising_strength) matter only with enable_hr, which is named for them all.
 COMMON_IGNORED = (
-    Ignored("alwayson_scripts", _UNSET, "no scripts or extensions here (ControlNet, ADetailer...): they did not run"),
+    Ignored("alwayson_scripts", _other_scripts,
+            "no scripts or extensions here but ControlNet (ADetailer...): the others did not run"),
     Ignored("script_name", _UNSET, "no scripts here: the plain generation ran"),
     Ignored("infotext", _UNSET, "infotext is not read here: send the fields themselves"),
     Ignored("restore_faces", (*_UNSET, False), "no face restoration here"),
@@ -251,35 +263,6 @@ def ignored_warnings(body: Txt2Img, options: dict, table: tuple = IGNORED) -> li
                "options are fixed at start-up (flags or SDXL_* settings)")
         warnings.append(f"override_settings.{key}={_short(value)} ignored: {why}")
     return warnings
-
-
-CONTROLNET = "controlnet"  # sd-webui-controlnet's script, as A1111 finds an alwayson script: by title, any case
-# How sd-webui-controlnet's unit model (pydantic) reads an ``enabled`` that turns a unit off.
-UNIT_OFF = (False, "0", "false", "off", "no", "n", "f")
-
-
-def refuse_controlnet_units(body: Txt2Img) -> None:
-    """Refuse a request whose ``alwayson_scripts`` holds an enabled ControlNet unit: ApiError 422 naming
-    ``alwayson_scripts.<script>.args[<i>]``. sd-webui-controlnet runs every unit whose ``enabled`` is true or
-    absent; this server has no ControlNet, so its images would ignore the control image, which a warning in
-    ``info`` does not make right. Units with ``enabled: false``, an empty or absent ``args`` and other scripts
-    change nothing and pass (named among the fields not honoured, :func:`ignored_warnings`)."""
-    scripts = (body.model_extra or {}).get("alwayson_scripts")
-    for name, script in (scripts.items() if isinstance(scripts, dict) else ()):
-        if str(name).strip().lower() != CONTROLNET:
-            continue
-        field = f"alwayson_scripts.{name}.args"
-        units = script.get("args") if isinstance(script, dict) else script
-        if units is None:
-            continue
-        if not isinstance(units, list):
-            raise ApiError(422, f"{field}: expected a list of ControlNet units, got {_short(units)}", field)
-        for i, unit in enumerate(units):
-            enabled = unit.get("enabled", True) if isinstance(unit, dict) else True
-            if not (enabled in UNIT_OFF or isinstance(enabled, str) and enabled.strip().lower() in UNIT_OFF):
-                raise ApiError(422, f"{field}[{i}]: this server has no ControlNet, so it cannot run an enabled "
-                                    "ControlNet unit (its images would ignore the control image); send the request "
-                                    'without it, or with "enabled": false', f"{field}[{i}]")
 
 
 def _at_default(value, defaults: tuple) -> bool:
@@ -669,6 +652,14 @@ def router(requests: Service, flags: dict, loras, owner_of: Callable) -> APIRout
     engine = requests.engine
     extras_turn = asyncio.Lock()  # one Extras request at a time: each holds its images in memory
 
+    def with_units(body: Txt2Img, make_call):
+        """make_call()'s call with the body's ControlNet units (apis/controlnet.units_of) as its control_units."""
+        units, unit_warnings = units_of(body.model_extra or {}, loaded_of(engine))
+        call, more = make_call()
+        if units:
+            call = dataclasses.replace(call, engine=dataclasses.replace(call.engine, control_units=units))
+        return call, more + unit_warnings
+
     async def answer(route: str, body: Txt2Img, request: Request,
                      make_call: Callable[[], tuple[ServiceRequest, list[str]]],
                      warnings: list[str], echo: dict):
@@ -679,8 +670,7 @@ def router(requests: Service, flags: dict, loras, owner_of: Callable) -> APIRout
         try:
             if engine.error is not None:
                 raise ApiError(503, f"the engine failed to start: {engine.error}")
-            refuse_controlnet_units(body)  # before any image is decoded
-            call, more = await asyncio.to_thread(make_call)
+            call, more = await asyncio.to_thread(with_units, body, make_call)
         except ApiError as err:
             LOG.info(f"[app] request refused: /sdapi/v1/{route}: {err.message}")
             return a1111_error(err, bad_value=400 if isinstance(err, RefinerRefused) else 422)

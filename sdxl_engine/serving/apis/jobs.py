@@ -33,6 +33,7 @@ import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from sdxl_engine.engine.control import ControlUnit
 from sdxl_engine.engine.errors import InvalidRequest
 from sdxl_engine.engine.previews import preview_grid
 from sdxl_engine.engine.validation import GenerateRequest
@@ -53,6 +54,7 @@ IMAGES = {"image": "RGB", "mask": "L"}  # fields sent as base64 images, decoded 
 # no change), the service's style and image count, and the callback. The engine validates their values.
 FIELDS = (*(f.name for f in dataclasses.fields(GenerateRequest) if f.init and f.name != "client"), "style", "images",
           "callback_url")
+UNIT_FIELDS = tuple(f.name for f in dataclasses.fields(ControlUnit))  # a control unit's, by ControlUnit's names
 CALLBACK_TIMEOUT_S = 10.0
 KEEPALIVE_S = 15.0  # a comment line this often keeps proxies from closing a quiet event stream
 
@@ -100,6 +102,8 @@ def to_job_request(body: object, client: str):
             fields[name] = np.asarray(decode_image(fields[name], name, mode))
     if isinstance(fields.get("outpaint"), list):
         fields["outpaint"] = tuple(fields["outpaint"])
+    if "control_units" in fields:
+        fields["control_units"] = control_units(fields["control_units"])
     images = fields.pop("images", 0)
     if type(images) is not int:
         raise ApiError(400, f"images: expected a whole number, got {json.dumps(images)[:40]}", "images")
@@ -110,6 +114,27 @@ def to_job_request(body: object, client: str):
         return to_request(**fields, images=images, client=client), callback
     except InvalidRequest as err:
         raise ApiError(400, str(err), err.field) from None
+
+
+def control_units(units) -> tuple[ControlUnit, ...]:
+    """``control_units`` as the engine's ControlUnits: a list of objects of ControlUnit's fields (:data:`UNIT_FIELDS`),
+    ``image`` a base64 image (decoded here, RGB); the engine validates the rest. Raises ApiError 400 naming the
+    field: not a list of objects, an unknown field, an image that does not decode."""
+    if not isinstance(units, list):
+        raise ApiError(400, "control_units: expected a list of objects (ControlNet units)", "control_units")
+    made = []
+    for i, unit in enumerate(units):
+        field = f"control_units[{i}]"
+        if not isinstance(unit, dict):
+            raise ApiError(400, f"{field}: expected an object of {', '.join(UNIT_FIELDS)}", field)
+        if unknown := sorted(set(unit) - set(UNIT_FIELDS)):
+            raise ApiError(400, f"{field}.{unknown[0]}: not a field of a unit; the fields are "
+                                f"{', '.join(UNIT_FIELDS)}", f"{field}.{unknown[0]}")
+        if not isinstance(unit.get("image"), str):
+            raise ApiError(400, f"{field}.image: expected a base64 image (PNG, JPEG or WebP)", f"{field}.image")
+        image = np.asarray(decode_image(unit["image"], f"{field}.image", "RGB"))
+        made.append(ControlUnit(**{**unit, "image": image}))
+    return tuple(made)
 
 
 def callback_refusal(url: str, hosts: tuple[str, ...]) -> ApiError | None:

@@ -20,13 +20,13 @@ from sdxl_engine.service.request import to_request
 from sdxl_engine.service.styles import NO_STYLE
 from sdxl_engine.serving import admission
 from sdxl_engine.serving.apis.core import ApiError
-from sdxl_engine.serving.apis.tools import IMAGE_DOC, IMAGE_TO_IMAGE, TOOL_FIELDS, tool_inputs
+from sdxl_engine.serving.apis.tools import IMAGE_TO_IMAGE, TOOL_FIELDS, control_fields, image_doc, tool_inputs
 from sdxl_engine.serving.handler import follow, refuse
 
 LOG = logging.getLogger(__name__)
 
 API_NAME = IMAGE_TO_IMAGE
-TOOL_DOC = IMAGE_DOC  # the MCP tool's description too (tools.py): Gradio's API page reads its Args
+TOOL_DOC = image_doc()  # the MCP tool's description too (tools.py): Gradio's API page reads its Args
 
 
 def image_tool(requests, config, engine=None) -> Callable:
@@ -41,6 +41,8 @@ def image_tool(requests, config, engine=None) -> Callable:
                              negative_prompt: str = "", seed: int = -1, guidance_scale: float = config.guidance_scale,
                              num_inference_steps: int = config.num_inference_steps, width: int = 0, height: int = 0,
                              sampler: str = config.sampler, refiner_switch_at: float = 1.0, upscale: float = 1.0,
+                             control_image: str = "", control_model: str = "", control_weight: float = 1.0,
+                             control_start: float = 0.0, control_end: float = 1.0, control_module: str = "none",
                              request: gr.Request = None) -> tuple[list, dict]:
         while engine is not None and not engine.ready.is_set():
             await asyncio.sleep(0.5)
@@ -49,6 +51,8 @@ def image_tool(requests, config, engine=None) -> Callable:
         try:
             fields, paste_back, w, h = await asyncio.to_thread(tool_inputs, image, mask, strength, width, height,
                                                                default, refiner_switch_at, upscale)
+            fields.update(await asyncio.to_thread(control_fields, control_image, control_model, control_weight,
+                                                  control_start, control_end, control_module))
         except ApiError as err:
             LOG.info(f"[app] request refused: {API_NAME}: {err.message}")
             raise gr.Error(err.message, print_exception=False) from None

@@ -86,7 +86,7 @@ class McpServer:
         self.inputs = {tools.GENERATE: tools.generate_inputs(config),
                        tools.IMAGE_TO_IMAGE: tools.image_inputs(config)}
         self.tools = [tool(tools.GENERATE, self.inputs[tools.GENERATE], tools.generate_doc()),
-                      tool(tools.IMAGE_TO_IMAGE, self.inputs[tools.IMAGE_TO_IMAGE], tools.IMAGE_DOC)]
+                      tool(tools.IMAGE_TO_IMAGE, self.inputs[tools.IMAGE_TO_IMAGE], tools.image_doc())]
         self.server = Server(NAME)
         self.server.list_tools()(self.list_tools)
         self.server.call_tool(validate_input=False)(self.call_tool)  # checked by arguments_refusal instead
@@ -140,9 +140,14 @@ class McpServer:
             raise refused(name, message)
         values = {item.name: arguments.get(item.name, item.default) for item in inputs}
         try:
+            control = {n: values.pop(n) for n in tools.CONTROL_NAMES}
+            if control["control_image"]:
+                control = await asyncio.to_thread(tools.control_fields, **control)  # the image decoded
+            else:
+                control = {}
             if name == tools.GENERATE:
                 switch = tools.refiner_switch(values.pop("refiner_switch_at"))
-                return to_request(**values, client=client,
+                return to_request(**values, client=client, **control,
                                   **({} if switch is None else {"refiner_switch_at": switch}))
             engine = self.requests.engine
             await wait_started(engine)  # the picture is resized to the model's default size
@@ -155,7 +160,7 @@ class McpServer:
                               guidance_scale=values["guidance_scale"],
                               num_inference_steps=values["num_inference_steps"], width=w, height=h,
                               sampler=values["sampler"], style=NO_STYLE, client=client, paste_back=paste_back,
-                              field_names=tools.field_names(fields), **fields)
+                              field_names=tools.field_names(fields), **fields, **control)
         except ApiError as err:
             raise refused(name, err.message) from None
         except InvalidRequest as err:

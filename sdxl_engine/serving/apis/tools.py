@@ -15,6 +15,8 @@ import dataclasses
 import numpy as np
 from PIL import Image
 
+from sdxl_engine.engine.control import ControlUnit
+from sdxl_engine.engine.control_preprocess import MODULES
 from sdxl_engine.engine.validation import DEFAULT_STRENGTH
 from sdxl_engine.program.schedulers import SAMPLERS
 from sdxl_engine.service.image_prep import PasteBack, binary_mask, flatten, overlay, same_aspect
@@ -46,6 +48,13 @@ Args:
     refiner_switch_at: with a refiner loaded (the server's --refiner), the share of the steps on the base model \
 before the refiner takes over, 0 to below 1 (0 = the refiner alone); 1 = no refiner; default: the page's slider \
 (0.8 with a refiner)
+    control_image: optional ControlNet: a control image (edges, depth, pose map...) as base64 PNG, JPEG or WebP \
+(a data URL too); empty = no control. Needs a ControlNet loaded (the server's --controlnet)
+    control_model: the ControlNet's name, as /controlnet/model_list lists it ("name" or "name [hash]")
+    control_weight: the control's strength, 0 to 2
+    control_start: the share of the steps where the control begins, 0 to 1
+    control_end: the share of the steps where it ends, 0 to 1, not below control_start
+    control_module: the preprocessor run on the control image first: {modules} (none = the image is the map)
 Returns:
     the images (PNG, with their generation parameters) and a JSON record: seeds, size, steps, sampler, timings
 """
@@ -72,6 +81,13 @@ with transparency: opaque = repaint). Empty: the whole picture changes
 before the refiner takes over, 0 to below 1 (0 = the refiner alone); 1 = no refiner
     upscale: 1 = off; above 1, at most 4 (e.g. 1.5 or 2) = hires fix: the picture (at width x height) upscaled by \
 this factor (Lanczos) and denoised again at the larger size with strength (-1 = 0.7); no mask with it
+    control_image: optional ControlNet: a control image (edges, depth, pose map...) as base64 PNG, JPEG or WebP \
+(a data URL too); empty = no control. Needs a ControlNet loaded (the server's --controlnet)
+    control_model: the ControlNet's name, as /controlnet/model_list lists it ("name" or "name [hash]")
+    control_weight: the control's strength, 0 to 2
+    control_start: the share of the steps where the control begins, 0 to 1
+    control_end: the share of the steps where it ends, 0 to 1, not below control_start
+    control_module: the preprocessor run on the control image first: {modules} (none = the image is the map)
 Returns:
     the images (PNG, with their generation parameters) and a JSON record: seeds, size, strength, timings
 """
@@ -90,6 +106,13 @@ class Input:
     choices: tuple = ()
 
 
+# One ControlNet unit (engine/control.ControlUnit; no unit without a control image), last in both tools.
+CONTROL_INPUTS = (Input("control_image", str, ""), Input("control_model", str, ""),
+                  Input("control_weight", float, 1.0), Input("control_start", float, 0.0),
+                  Input("control_end", float, 1.0), Input("control_module", str, "none"))
+CONTROL_NAMES = tuple(i.name for i in CONTROL_INPUTS)
+
+
 def generate_inputs(config) -> tuple[Input, ...]:
     """The ``generate`` tool's inputs, in order (``/generate``'s contract: its nine, then the refiner switch), its
     defaults the page's (``config``: handler.page_defaults' resolved EngineConfig)."""
@@ -98,7 +121,7 @@ def generate_inputs(config) -> tuple[Input, ...]:
             Input("num_inference_steps", int, config.num_inference_steps), Input("width", int, 0),
             Input("height", int, 0), Input("style", str, NO_STYLE, tuple(STYLE_NAMES)),
             Input("sampler", str, config.sampler, tuple(SAMPLERS)),
-            Input("refiner_switch_at", float, 0.8 if config.refiner else 1.0))
+            Input("refiner_switch_at", float, 0.8 if config.refiner else 1.0), *CONTROL_INPUTS)
 
 
 def image_inputs(config) -> tuple[Input, ...]:
@@ -108,12 +131,38 @@ def image_inputs(config) -> tuple[Input, ...]:
             Input("guidance_scale", float, config.guidance_scale),
             Input("num_inference_steps", int, config.num_inference_steps), Input("width", int, 0),
             Input("height", int, 0), Input("sampler", str, config.sampler), Input("refiner_switch_at", float, 1.0),
-            Input("upscale", float, 1.0))
+            Input("upscale", float, 1.0), *CONTROL_INPUTS)
 
 
 def generate_doc() -> str:
-    """:data:`GENERATE_DOC` with the style and sampler names filled in."""
-    return GENERATE_DOC.format(styles=", ".join(STYLE_NAMES), samplers=", ".join(SAMPLERS))
+    """:data:`GENERATE_DOC` with the style, sampler and preprocessor names filled in."""
+    return GENERATE_DOC.format(styles=", ".join(STYLE_NAMES), samplers=", ".join(SAMPLERS),
+                               modules=", ".join(MODULES))
+
+
+def image_doc() -> str:
+    """:data:`IMAGE_DOC` with the preprocessor names filled in."""
+    return IMAGE_DOC.format(modules=", ".join(MODULES))
+
+
+def control_fields(control_image: str = "", control_model: str = "", control_weight: float = 1.0,
+                   control_start: float = 0.0, control_end: float = 1.0, control_module: str = "none") -> dict:
+    """The engine's ``control_units`` field for a tool's control inputs (:data:`CONTROL_INPUTS`): {} without a
+    control image, else one ControlUnit of the image (base64, decoded as RGB; the page's widget gives an (H, W, 3)
+    uint8 array), the model, weight, start, end and module (the engine checks their values: an unknown model or
+    module is refused naming it).
+
+    Raises ApiError 400 naming the input: an image that does not decode, an image without a model."""
+    if control_image is None or isinstance(control_image, str) and not control_image:
+        return {}
+    if not isinstance(control_model, str) or not control_model.strip():
+        raise ApiError(400, "control_model: name the ControlNet for the control image (the server's "
+                            "/controlnet/model_list)", "control_model")
+    image = np.asarray(control_image if not isinstance(control_image, str) else
+                       decode_image(control_image, "control_image", mode="RGB"), dtype=np.uint8)
+    return {"control_units": (ControlUnit(image=image, model=control_model, weight=control_weight,
+                                          guidance_start=control_start, guidance_end=control_end,
+                                          module=control_module or "none"),)}
 
 
 def describe(doc: str) -> tuple[str, dict[str, str]]:

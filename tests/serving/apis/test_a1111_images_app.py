@@ -227,7 +227,7 @@ def test_bad_uploads_are_refused_naming_the_field_and_nothing_is_written(app, we
     big_but_fine = {"prompt": PROMPT, "steps": 2, "seed": 1, **SIZE, "init_images": [good],
                     "comment": "x" * 2_000_000}
     assert webui.session.post(f"{webui.baseurl}/img2img", json=big_but_fine).status_code == 200
-    over = webui.session.post(f"{webui.baseurl}/txt2img", json={"prompt": "x" * 2_000_000})
+    over = webui.session.post(f"{webui.baseurl}/options", json={"x": "x" * 2_000_000})  # txt2img: images' cap
     assert over.status_code == 413 and over.json()["detail"] == "request body too large (limit 1 MB)"
     new = temp_files() - before
     assert all(Path(p).suffix == ".png" and "sdxl-" in p for p in new), sorted(new)[:5]  # the answers' PNGs only

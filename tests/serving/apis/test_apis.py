@@ -513,8 +513,6 @@ def test_a1111_fields_not_honoured_are_named_in_info_warnings_and_one_log_line(s
     expected = [
         "firstphase_width=512 ignored: the hires fix's first pass is width x height here",
         'init_images=["aGk="] ignored: txt2img takes no image: send it to /sdapi/v1/img2img',
-        'alwayson_scripts={"ControlNet": {"args": []}} ignored: no scripts or extensions here (ControlNet, '
-        "ADetailer...): they did not run",
         "restore_faces=true ignored: no face restoration here",
         "tiling=true ignored: no tiling here: the images do not wrap around",
         "subseed_strength=0.5 ignored: no variation seeds here: each image is its seed alone",
@@ -525,7 +523,7 @@ def test_a1111_fields_not_honoured_are_named_in_info_warnings_and_one_log_line(s
         "override_settings.CLIP_stop_at_last_layers=2 ignored: clip skip is fixed at 1 here",
     ]
     assert info["warnings"] == expected + ["engine note"]  # sd_vae "Automatic" is this server's value: no warning
-    assert lines == [f"[app] A1111 txt2img: 10 field(s) not honoured: {'; '.join(expected)}"]
+    assert lines == [f"[app] A1111 txt2img: 9 field(s) not honoured: {'; '.join(expected)}"]
     lines.clear()
     defaults = {"prompt": "x", "enable_hr": False, "hr_scale": 2, "restore_faces": False, "tiling": None,
                 "subseed": 5, "subseed_strength": 0, "seed_resize_from_w": -1, "s_noise": 1.0, "eta": None,
@@ -542,36 +540,19 @@ def test_a1111_fields_not_honoured_are_named_in_info_warnings_and_one_log_line(s
                             if warned else []) + ["engine note"]
 
 
-@pytest.mark.parametrize("scripts, field", [
-    ({"controlnet": {"args": [{"module": "canny", "model": "control_v11p_sd15_canny", "image": "aGk="}]}},
-     "alwayson_scripts.controlnet.args[0]"),  # enabled absent: sd-webui-controlnet runs the unit
-    ({"ControlNet": {"args": [{"enabled": False}, {"enabled": True, "module": "depth"}]}},
-     "alwayson_scripts.ControlNet.args[1]"),
-    ({"controlnet": {"args": [{"enabled": "true"}]}}, "alwayson_scripts.controlnet.args[0]"),
-])
-def test_a1111_an_enabled_controlnet_unit_is_refused_naming_it(served, scripts, field):
-    """Issue #47: an enabled ControlNet unit was served with a warning, images that ignore its control image. It is
-    A1111's 422 naming the unit (txt2img and img2img, before any image is decoded), one log line, nothing run."""
+def test_a1111_disabled_controlnet_units_run_without_a_warning_and_other_scripts_are_named(served):
+    """sd-webui-controlnet's units run here (tests/serving/apis/test_controlnet.py); disabled ones and an empty
+    args change nothing and are no field "not honoured"; another script (ADetailer) is."""
     client, calls, lines = served
-    for route, extra in (("txt2img", {}), ("img2img", {"init_images": ["not an image"]})):
-        response = client.post(f"/sdapi/v1/{route}", json={"prompt": "x", "alwayson_scripts": scripts, **extra})
-        message = (f"{field}: this server has no ControlNet, so it cannot run an enabled ControlNet unit (its images "
-                   'would ignore the control image); send the request without it, or with "enabled": false')
-        assert response.status_code == 422 and response.json() == {"error": "InvalidRequest", "detail": message,
-                                                                   "body": "", "errors": message}
-        assert lines == [f"[app] request refused: /sdapi/v1/{route}: {message}"] and calls == []
-        lines.clear()
-
-
-def test_a1111_disabled_controlnet_units_and_empty_args_still_run_with_the_warning(served):
-    client, calls, lines = served
-    for scripts in ({"controlnet": {"args": [{"enabled": False, "module": "canny"}, {"enabled": "false"}]}},
-                    {"ControlNet": {"args": []}}, {"controlnet": {}}, {"ADetailer": {"args": [{"ad_model": "x"}]}}):
+    for scripts, warned in (({"controlnet": {"args": [{"enabled": False, "module": "canny"}, {"enabled": "false"}]}},
+                             False), ({"ControlNet": {"args": []}}, False), ({"controlnet": {}}, False),
+                            ({"ADetailer": {"args": [{"ad_model": "x"}]}}, True)):
         response = client.post("/sdapi/v1/txt2img", json={"prompt": "x", "alwayson_scripts": scripts})
         warnings = json.loads(response.json()["info"])["warnings"]
-        assert response.status_code == 200 and warnings[0].startswith("alwayson_scripts=") \
-            and warnings[0].endswith("ignored: no scripts or extensions here (ControlNet, ADetailer...): "
-                                     "they did not run")
+        assert response.status_code == 200 and warnings[0].startswith("alwayson_scripts=") is warned
+        assert calls[-1].engine.control_units == ()
+    assert warnings[0].endswith("ignored: no scripts or extensions here but ControlNet (ADetailer...): the others "
+                                "did not run")
     assert len(calls) == 4
 
 

@@ -371,7 +371,8 @@ def test_an_over_long_body_is_a_413_in_each_protocols_shape(app):
     openai_answer = httpx.post(app.url + "v1/images/generations", headers=headers, content=big)
     assert openai_answer.status_code == 413
     assert openai_answer.json()["error"]["message"] == "request body too large (limit 1 MB)"
-    a1111_answer = httpx.post(app.url + "sdapi/v1/txt2img", headers=headers, content=big)
+    # (txt2img takes the images' cap: ControlNet units carry images, guard.IMAGE_BODY_PATHS)
+    a1111_answer = httpx.post(app.url + "sdapi/v1/options", headers=headers, content=big)
     assert a1111_answer.status_code == 413 and a1111_answer.json()["detail"] == "request body too large (limit 1 MB)"
 
 

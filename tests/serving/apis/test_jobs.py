@@ -194,3 +194,23 @@ def test_a_finished_job_is_posted_to_its_callback_on_a_listed_host(engine):
             elsewhere.json()["error"]["message"]
     finally:
         server.shutdown()
+
+
+def test_control_units_are_objects_of_control_unit_fields_with_a_base64_image():
+    picture = np.zeros((16, 24, 3), np.uint8)
+    picture[:, :12] = 255
+    image = base64.b64encode(png_bytes(picture)).decode()
+    asked, _ = jobs.to_job_request({"prompt": "x", "control_units": [
+        {"image": image, "model": "cn-a [1a2b3c4d]", "weight": 0.5, "guidance_end": 0.6, "module": "canny",
+         "control_mode": 2}]}, "me")
+    (unit,) = asked.engine.control_units
+    assert (unit.model, unit.weight, unit.guidance_end, unit.module, unit.control_mode) == (
+        "cn-a [1a2b3c4d]", 0.5, 0.6, "canny", 2)  # the engine validates and resolves them
+    np.testing.assert_array_equal(unit.image, picture)
+    for units, param in (({"image": image}, "control_units"), ([{"image": image, "enabled": True}],
+                                                               "control_units[0].enabled"),
+                         ([{"model": "cn-a"}], "control_units[0].image"),
+                         ([{"model": "cn-a", "image": "bm90IGFuIGltYWdl"}], "control_units[0].image")):
+        with pytest.raises(jobs.ApiError) as err:
+            jobs.to_job_request({"prompt": "x", "control_units": units}, "me")
+        assert err.value.status == 400 and err.value.param == param and err.value.message.startswith(param)

@@ -97,7 +97,11 @@ def test_the_tools_are_the_endpoints_inputs_in_order_described_with_the_pages_de
     generate, image = (tool.inputSchema for tool in listed)
     assert list(generate["properties"]) == ["prompt", "negative_prompt", "seed", "guidance_scale",
                                             "num_inference_steps", "width", "height", "style", "sampler",
-                                            "refiner_switch_at"]
+                                            "refiner_switch_at", *tools.CONTROL_NAMES]
+    assert tools.CONTROL_NAMES == ("control_image", "control_model", "control_weight", "control_start",
+                                   "control_end", "control_module")
+    assert list(image["properties"])[-6:] == list(tools.CONTROL_NAMES)
+    assert "canny" in generate["properties"]["control_module"]["description"]
     assert generate["required"] == ["prompt"] and image["required"] == ["prompt", "image"]
     seed = generate["properties"]["seed"]
     assert seed["type"] == "integer" and seed["default"] == -1 and "seed of the first image" in seed["description"]
@@ -224,7 +228,7 @@ def test_a_call_with_a_progress_token_hears_each_step(served, engine):
 
 
 def test_describe_splits_a_tools_doc():
-    description, inputs = tools.describe(tools.IMAGE_DOC)
+    description, inputs = tools.describe(tools.image_doc())
     assert description.endswith("Returns: the images (PNG, with their generation parameters) and a JSON record: "
                                 "seeds, size, strength, timings")
     assert list(inputs) == [item.name for item in tools.image_inputs(CONFIG)]
@@ -244,3 +248,34 @@ def test_mount_serves_mcp_unless_turned_off_and_hands_its_session_manager_to_the
         assert [path for route in app.routes if (path := getattr(route, "path", "")).startswith("/gradio_api/mcp")] \
             == routes
         assert len(returned) == contexts
+
+
+def test_a_tool_call_with_a_control_image_asks_for_one_control_unit(engine):
+    """The tools' control inputs (tools.CONTROL_INPUTS) become one ControlUnit of the decoded image; without a
+    control image no unit; an image without a model is refused naming control_model."""
+    import base64
+
+    import numpy as np
+
+    from sdxl_engine.service.images import png_bytes
+
+    mcp = McpServer(Service(engine, slots=1, limit=2), CONFIG, lambda request: "me")
+    picture = np.zeros((24, 40, 3), np.uint8)
+    picture[:, :20] = 255
+    control = base64.b64encode(png_bytes(picture)).decode()
+    asked = asyncio.run(mcp.request_for("generate", {"prompt": "x", "control_image": control,
+                                                     "control_model": "cn-a", "control_weight": 0.7,
+                                                     "control_start": 0.1, "control_end": 0.9,
+                                                     "control_module": "canny"}, "me"))
+    (unit,) = asked.engine.control_units
+    assert (unit.model, unit.weight, unit.guidance_start, unit.guidance_end, unit.module) == (
+        "cn-a", 0.7, 0.1, 0.9, "canny")
+    np.testing.assert_array_equal(unit.image, picture)
+    plain = asyncio.run(mcp.request_for("image_to_image", {"prompt": "x", "image": control}, "me"))
+    assert plain.engine.control_units == ()
+    with_image = asyncio.run(mcp.request_for("image_to_image", {"prompt": "x", "image": control,
+                                                                "control_image": control,
+                                                                "control_model": "cn-a"}, "me"))
+    assert with_image.engine.control_units[0].model == "cn-a" and with_image.engine.image is not None
+    with pytest.raises(Exception, match="control_model: name the ControlNet"):
+        asyncio.run(mcp.request_for("generate", {"prompt": "x", "control_image": control}, "me"))

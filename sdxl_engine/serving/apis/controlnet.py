@@ -1,0 +1,196 @@
+"""AUTOMATIC1111's sd-webui-controlnet on this server: its units in txt2img / img2img bodies
+(``alwayson_scripts.controlnet.args``: :func:`units_of`) and its ``/controlnet/*`` routes (:func:`router`).
+
+The shapes are the extension's (``scripts/api.py``, ``internal_controlnet/external_code.py`` and ``args.py``): a
+unit's ``enabled``, ``module``, ``model`` ("name" or "name [hash]"), ``weight``, ``image`` (base64, a data URL, or
+``{"image", "mask"}``), ``resize_mode``, ``control_mode``, ``guidance_start``, ``guidance_end``, ``pixel_perfect``,
+``processor_res``, ``threshold_a``, ``threshold_b``, ``low_vram`` (accepted, no effect here), ``hr_option``
+("Both" runs; another is a warning) and the legacy names ``input_image``, ``guidance`` (the end) and ``lowvram``.
+The engine (engine/control.py) validates the values; an unknown model or module is refused here, naming the field
+the client sent and the name. No Gradio here.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import numpy as np
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+from PIL import Image
+
+from sdxl_engine.engine.control import ControlUnit, detect, model_name_of
+from sdxl_engine.engine.control_preprocess import MODULES, module_name
+from sdxl_engine.engine.errors import InvalidRequest
+from sdxl_engine.serving.apis.errors import ApiError
+from sdxl_engine.serving.apis.uploads import decode_image
+
+SCRIPT = "controlnet"  # the extension's script, as A1111 finds an alwayson script: by title, any case
+API_VERSION = 3  # external_code.get_api_version()
+# How the extension's unit model (pydantic) reads an ``enabled`` that turns a unit off.
+UNIT_OFF = (False, 0, "0", "false", "off", "no", "n", "f")
+LEGACY = {"input_image": "image", "guidance": "guidance_end", "lowvram": "low_vram"}  # args.py legacy_field_alias
+# A unit's fields passed to ControlUnit as they are (the engine checks their values).
+PASSED = ("weight", "guidance_start", "guidance_end", "control_mode", "resize_mode", "pixel_perfect",
+          "processor_res", "threshold_a", "threshold_b")
+# The sliders each module shows (external_code.get_modules_detail: name, value, min, max, step).
+SLIDERS = {"canny": (("Low Threshold", 100, 1, 255, 1), ("High Threshold", 200, 1, 255, 1)),
+           "tile_resample": (("Down Sampling Rate", 1.0, 1.0, 8.0, 0.01),),
+           "blur_gaussian": (("Sigma", 9.0, 0.01, 64.0, 0.01),),
+           "scribble_xdog": (("XDoG Threshold", 32, 1, 64, 1),)}
+
+
+def is_off(enabled) -> bool:
+    """Whether a unit's ``enabled`` turns it off (absent = on, as the extension)."""
+    return enabled in UNIT_OFF or isinstance(enabled, str) and enabled.strip().lower() in UNIT_OFF
+
+
+def script_units(extra: dict) -> tuple[str, list] | None:
+    """(the field name ``alwayson_scripts.<script>.args``, its units) of a body's extra fields, or None when it has
+    no ControlNet script (any key casing: "controlnet", "ControlNet"). Raises ApiError 422: args not a list."""
+    scripts = extra.get("alwayson_scripts")
+    for name, script in (scripts.items() if isinstance(scripts, dict) else ()):
+        if str(name).strip().lower() != SCRIPT:
+            continue
+        field = f"alwayson_scripts.{name}.args"
+        units = script.get("args") if isinstance(script, dict) else script
+        if units is None:
+            return None
+        if not isinstance(units, list):
+            raise ApiError(422, f"{field}: expected a list of ControlNet units, got {type(units).__name__}", field)
+        return field, units
+    return None
+
+
+def unit_image(value, field: str) -> tuple[np.ndarray, bool]:
+    """(the control image (H, W, 3) uint8, whether a mask came with it) of a unit's ``image``: base64, a data URL,
+    ``{"image": ..., "mask": ...}`` or ``[image, mask]``. The mask is for the extension's inpaint modules, which
+    this server does not run: it is not used. Raises ApiError 422 naming the field."""
+    mask = False
+    if isinstance(value, dict):
+        value, mask = value.get("image"), bool(value.get("mask") or value.get("mask_image"))
+        field = f"{field}.image"
+    elif isinstance(value, (list, tuple)) and value:
+        value, mask = value[0], len(value) > 1 and bool(value[1])
+    if not isinstance(value, str) or not value:
+        raise ApiError(422, f"{field}: send the control image (base64 PNG, JPEG or WebP, or a data URL)", field)
+    try:
+        return np.asarray(decode_image(value, field, mode="RGB"), dtype=np.uint8), mask
+    except ApiError as err:
+        raise ApiError(422, err.message, err.param) from None
+
+
+def to_unit(raw: dict, field: str, loaded: dict[str, str]) -> tuple[ControlUnit, list[str]]:
+    """(the engine's unit, warnings) of one enabled A1111 unit ``raw`` (legacy names read); ``loaded``: the loaded
+    ControlNets' {name: "name [hash]"}. Raises ApiError 422 naming ``field``'s entry: two names for one field, an
+    unknown model or module, no image."""
+    values = dict(raw)
+    for old, new in LEGACY.items():
+        if old in values:
+            if new in values:
+                raise ApiError(422, f"{field}.{old}: conflicts with {new} (send one of them)", f"{field}.{old}")
+            values[new] = values.pop(old)
+    model = model_name_of(values.get("model"))
+    if model not in loaded:
+        names = ", ".join(loaded.values()) or "none (the server was started without --controlnet)"
+        raise ApiError(422, f"{field}.model: no ControlNet named {values.get('model')!r} is loaded; loaded: {names}",
+                       f"{field}.model")
+    try:
+        module = module_name(f"{field}.module", values.get("module", "none"))
+    except InvalidRequest as err:
+        raise ApiError(422, f"{err.field}: {err.message}", err.field) from None
+    image, mask = unit_image(values.get("image"), f"{field}.image")
+    warnings = []
+    if mask or values.get("mask") or values.get("mask_image"):  # webuiapi sends the unit's "mask" beside "image"
+        warnings.append(f"{field}.image: the mask is not used (it is for inpaint modules, which this server does "
+                        "not run)")
+    if values.get("hr_option") not in (None, "", "Both", 0):
+        warnings.append(f"{field}.hr_option={values['hr_option']!r} runs as \"Both\" here: the unit steers both "
+                        "passes of a hires fix")
+    unit = ControlUnit(image=image, model=model, module=module,
+                       **{k: values[k] for k in PASSED if k in values and values[k] is not None})
+    return unit, warnings
+
+
+def units_of(extra: dict, loaded: dict[str, str]) -> tuple[tuple[ControlUnit, ...], list[str]]:
+    """(the engine's control units, warnings) of a txt2img / img2img body's extra fields: the enabled units of
+    ``alwayson_scripts.controlnet.args`` in order (disabled ones skipped, as the extension does). ``loaded``:
+    {name: "name [hash]"}. Raises ApiError 422 naming the field (:func:`to_unit`)."""
+    found = script_units(extra)
+    if found is None:
+        return (), []
+    field, raw_units = found
+    units, warnings = [], []
+    for i, raw in enumerate(raw_units):
+        if not isinstance(raw, dict):
+            raise ApiError(422, f"{field}[{i}]: expected a ControlNet unit (an object)", f"{field}[{i}]")
+        if is_off(raw.get("enabled", True)):
+            continue
+        unit, more = to_unit(raw, f"{field}[{i}]", loaded)
+        units.append(unit)
+        warnings += more
+    return tuple(units), warnings
+
+
+def loaded_of(engine) -> dict[str, str]:
+    """{name: "name [hash]"} of the engine's loaded ControlNets (engine.limits.controlnets), in load order."""
+    return {name: f"{name} [{digest}]" if digest else name
+            for name, digest in getattr(engine.limits, "controlnets", ()) or ()}
+
+
+def module_detail(name: str) -> dict:
+    """The extension's ``module_detail`` entry of a module: ``model_free`` and its ``sliders``."""
+    res = MODULES[name][0]
+    sliders = [{"name": "Resolution", "value": res, "min": 64, "max": 2048, "step": 8}] if res else []
+    sliders += [dict(zip(("name", "value", "min", "max", "step"), s, strict=True)) for s in SLIDERS.get(name, ())]
+    return {"model_free": name == "none", "sliders": sliders}
+
+
+def _png_b64(image: np.ndarray) -> str:
+    buffer = io.BytesIO()
+    Image.fromarray(image).save(buffer, format="PNG")
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def router(engine) -> APIRouter:
+    """The extension's routes (scripts/api.py): ``GET /controlnet/version``, ``model_list`` (the loaded ones as
+    "name [hash]"), ``module_list`` (with ``module_detail``), ``settings``, ``POST /controlnet/detect`` (the
+    preprocessors, engine/control.detect, on the host: no device time)."""
+    api = APIRouter(prefix="/controlnet")
+
+    @api.get("/version")
+    async def version():
+        return {"version": API_VERSION}
+
+    @api.get("/model_list")
+    async def model_list(update: bool = True):
+        return {"model_list": list(loaded_of(engine).values())}
+
+    @api.get("/module_list")
+    async def module_list(alias_names: bool = False):
+        return {"module_list": list(MODULES), "module_detail": {name: module_detail(name) for name in MODULES}}
+
+    @api.get("/settings")
+    async def settings():
+        return {"control_net_unit_count": engine.limits.max_control_units}
+
+    @api.post("/detect")
+    def detect_route(body: dict):
+        # webuiapi's controlnet_detect sends the extension's older name, controlnet_images
+        images = body.get("controlnet_input_images") or body.get("controlnet_images") or []
+        if not isinstance(images, list) or not images:
+            return JSONResponse({"detail": "No image selected"}, status_code=422)
+        module = body.get("controlnet_module", "none")
+        args = {k: body.get(f"controlnet_{k}", -1) for k in ("processor_res", "threshold_a", "threshold_b")}
+        try:
+            maps = [detect(unit_image(image, f"controlnet_input_images[{i}]")[0], module, **args)
+                    for i, image in enumerate(images)]
+        except ApiError as err:
+            return JSONResponse({"detail": err.message}, status_code=422)
+        except InvalidRequest as err:
+            field = f"controlnet_{err.field.rpartition('.')[2]}"  # control_units[0].module -> controlnet_module
+            return JSONResponse({"detail": f"{field}: {err.message}"}, status_code=422)
+        return {"images": [_png_b64(m) for m in maps], "info": "Success"}
+
+    return api

@@ -1,0 +1,177 @@
+"""sd-webui-controlnet's API on this server (serving/apis/controlnet.py): A1111 units to the engine's
+ControlUnits (legacy names, disabled units, ``{"image", "mask"}``, refusals by name), and the ``/controlnet/*``
+routes and txt2img / img2img units over HTTP (FastAPI's TestClient, a stand-in for the engine call).
+tests/serving/apis/test_controlnet_api_app.py drives them with webuiapi on a running app."""
+
+import base64
+import io
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from sdxl_engine.engine.validation import Limits
+from sdxl_engine.serving.apis.controlnet import units_of
+from sdxl_engine.serving.apis.core import ApiError
+
+LIMITS = Limits(max_seed=2**32 - 1, max_steps=50, sizes=((64, 64), (80, 48)), default_size=(64, 64),
+                default_steps=8, default_guidance=5.0, multiple=16, default_sampler="Euler",
+                controlnets=(("cn-a", "1a2b3c4d"), ("cn-b", "")))
+LOADED = {"cn-a": "cn-a [1a2b3c4d]", "cn-b": "cn-b"}
+
+
+def b64_png(width: int = 24, height: int = 16, value: int = 200) -> str:
+    """A base64 PNG, non-square: its left half ``value``, its right half black."""
+    pixels = np.zeros((height, width, 3), np.uint8)
+    pixels[:, : width // 2] = value
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def scripts(*units, key: str = "controlnet") -> dict:
+    return {"alwayson_scripts": {key: {"args": list(units)}}}
+
+
+def test_units_map_every_field_and_skip_disabled_ones():
+    image = b64_png()
+    units, warnings = units_of(scripts(
+        {"enabled": False, "model": "nowhere", "module": "depth"},  # skipped: never checked
+        {"enabled": True, "module": "canny", "model": "cn-a [1a2b3c4d]", "weight": 0.6, "image": image,
+         "resize_mode": "Just Resize", "control_mode": "My prompt is more important", "guidance_start": 0.1,
+         "guidance_end": 0.7, "pixel_perfect": True, "processor_res": 256, "threshold_a": 50, "threshold_b": 120,
+         "low_vram": True},
+        {"enabled": "false"},
+        {"model": "cn-b", "image": "data:image/png;base64," + image}, key="ControlNet"), LOADED)
+    assert warnings == [] and len(units) == 2
+    first, second = units
+    assert (first.model, first.module, first.weight, first.resize_mode, first.control_mode, first.guidance_start,
+            first.guidance_end, first.pixel_perfect, first.processor_res, first.threshold_a, first.threshold_b) == (
+        "cn-a", "canny", 0.6, "Just Resize", "My prompt is more important", 0.1, 0.7, True, 256, 50, 120)
+    assert first.image.shape == (16, 24, 3) and first.image[0, 0, 0] == 200 and first.image[0, -1, 0] == 0
+    assert (second.model, second.module, second.weight, second.guidance_end) == ("cn-b", "none", 1.0, 1.0)
+    np.testing.assert_array_equal(second.image, first.image)
+
+
+def test_legacy_names_and_an_image_with_a_mask():
+    (unit,), warnings = units_of(scripts({"input_image": {"image": b64_png(), "mask": b64_png(value=255)},
+                                          "model": "cn-a", "guidance": 0.4, "lowvram": True}), LOADED)
+    assert unit.guidance_end == 0.4 and unit.image.shape == (16, 24, 3)
+    assert warnings == ["alwayson_scripts.controlnet.args[0].image: the mask is not used (it is for inpaint "
+                        "modules, which this server does not run)"]
+    with pytest.raises(ApiError) as err:
+        units_of(scripts({"input_image": b64_png(), "image": b64_png(), "model": "cn-a"}), LOADED)
+    assert err.value.param == "alwayson_scripts.controlnet.args[0].input_image"
+
+
+IMAGE = b64_png()
+
+
+@pytest.mark.parametrize("unit, field, words", [
+    ({"model": "control_v11p_sd15_canny", "module": "canny", "image": IMAGE}, "model",
+     ("'control_v11p_sd15_canny'", "cn-a [1a2b3c4d], cn-b")),
+    ({"model": "cn-a", "module": "depth_midas", "image": IMAGE}, "module", ("depth_midas",)),
+    ({"model": "cn-a", "module": "no-such-module", "image": IMAGE}, "module", ("no-such-module",)),
+    ({"model": "cn-a"}, "image", ("control image",)),
+    ({"model": "cn-a", "image": "bm90IGFuIGltYWdl"}, "image", ()),
+])
+def test_an_unknown_model_or_module_or_no_image_is_refused_by_name(unit, field, words):
+    with pytest.raises(ApiError) as err:
+        units_of(scripts({"enabled": False}, {**unit}), LOADED)  # the disabled one is never read
+    assert err.value.status == 422 and err.value.param == f"alwayson_scripts.controlnet.args[1].{field}"
+    assert err.value.message.startswith(err.value.param) and all(w in err.value.message for w in words)
+
+
+def test_no_controlnet_loaded_says_so():
+    with pytest.raises(ApiError) as err:
+        units_of(scripts({"model": "cn-a", "image": b64_png()}), {})
+    assert "none (the server was started without --controlnet)" in err.value.message
+
+
+@pytest.fixture
+def served(monkeypatch, tmp_path, runtime_log):
+    from tests.helpers import mounted_apis
+    from tests.serving.apis.test_apis import _png
+
+    def info_for(call, seeds):
+        return {"prompt": call.prompt, "negative_prompt": call.negative_prompt, "width": 8, "height": 8,
+                "sampler": "Euler", "guidance_scale": 5.0, "num_inference_steps": 2, "model": "tiny-shapes",
+                "style": "(No style)", "latency_s": 0.1, "warnings": [], "seeds": seeds}
+
+    return mounted_apis(monkeypatch, tmp_path, LIMITS, lambda call, seeds: [_png("x") for _ in seeds], info_for,
+                        runtime_log)
+
+
+def test_txt2img_and_img2img_carry_the_units_to_the_engine_request(served):
+    client, calls, _ = served
+    body = {"prompt": "x", **scripts({"enabled": False}, {"model": "cn-a", "image": b64_png(), "weight": 0.5})}
+    answer = client.post("/sdapi/v1/txt2img", json=body)
+    assert answer.status_code == 200, answer.text
+    assert json.loads(answer.json()["info"])["warnings"] == []  # ControlNet alone: no "not honoured" warning
+    (unit,) = calls[-1].engine.control_units
+    assert (unit.model, unit.weight) == ("cn-a", 0.5)
+    answer = client.post("/sdapi/v1/img2img", json={**body, "init_images": [b64_png(64, 64)]})
+    assert answer.status_code == 200, answer.text
+    assert calls[-1].engine.control_units[0].model == "cn-a" and calls[-1].engine.image is not None
+    refused = client.post("/sdapi/v1/txt2img", json={"prompt": "x", **scripts({"model": "canny-sd15"})})
+    assert refused.status_code == 422 and "canny-sd15" in refused.json()["detail"] and len(calls) == 2
+    other = client.post("/sdapi/v1/txt2img", json={"prompt": "x", "alwayson_scripts": {
+        "controlnet": {"args": []}, "ADetailer": {"args": [{"ad_model": "x"}]}}}).json()
+    assert json.loads(other["info"])["warnings"][0].endswith("no scripts or extensions here but ControlNet "
+                                                             "(ADetailer...): the others did not run")
+
+
+def test_the_controlnet_routes(served):
+    client, _, _ = served
+    assert client.get("/controlnet/version").json() == {"version": 3}
+    assert client.get("/controlnet/model_list").json() == {"model_list": ["cn-a [1a2b3c4d]", "cn-b"]}
+    assert client.get("/controlnet/settings").json() == {"control_net_unit_count": 3}
+    modules = client.get("/controlnet/module_list").json()
+    assert modules["module_list"][:2] == ["none", "canny"] and set(modules["module_detail"]) == set(
+        modules["module_list"])
+    assert modules["module_detail"]["canny"]["sliders"][1] == {"name": "Low Threshold", "value": 100, "min": 1,
+                                                               "max": 255, "step": 1}
+    answer = client.post("/controlnet/detect", json={"controlnet_module": "canny",
+                                                     "controlnet_input_images": [b64_png(144, 96)],
+                                                     "controlnet_processor_res": 64}).json()
+    assert answer.get("info") == "Success" and len(answer["images"]) == 1, answer
+    edges = np.asarray(Image.open(io.BytesIO(base64.b64decode(answer["images"][0]))))
+    assert edges.shape[:2] == (64, 96)  # the short side at processor_res, the aspect kept (not square)
+    assert edges[:, 44:52].max() == 255 and edges[:, :40].max() == 0 and edges[:, 56:].max() == 0  # one edge
+    refused = client.post("/controlnet/detect", json={"controlnet_module": "canny", "controlnet_processor_res": 32,
+                                                      "controlnet_images": [b64_png()]})  # webuiapi's name
+    assert refused.status_code == 422 and refused.json()["detail"].startswith("controlnet_processor_res: ")
+    refused = client.post("/controlnet/detect", json={"controlnet_module": "openpose",
+                                                      "controlnet_input_images": [b64_png()]})
+    assert refused.status_code == 422 and "openpose" in refused.json()["detail"]
+    assert client.post("/controlnet/detect", json={"controlnet_module": "canny"}).status_code == 422
+
+
+def test_the_controlnet_routes_take_the_api_key_and_refuse_another_sites_page():
+    """With --api-key the /controlnet/* routes need it, as /sdapi/v1 does (apis.KeyGuard), in A1111's error shape;
+    a POST from another site's page is refused before the route runs (apis.CrossSiteGuard)."""
+    import threading
+    import types
+
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from sdxl_engine.serving.apis import access_for, mount
+
+    ready = threading.Event()
+    ready.set()
+    engine = types.SimpleNamespace(model=types.SimpleNamespace(name="tiny-pt"), limits=LIMITS, ready=ready,
+                                   error=None, config=types.SimpleNamespace(refiner=""))
+    app = FastAPI()
+    mount(app, types.SimpleNamespace(engine=engine), access_for("k-123", share=False, public_api=False, mcp=False),
+          {}, log=lambda line: None)
+    client = TestClient(app)
+    refused = client.get("/controlnet/model_list")
+    assert refused.status_code == 401 and refused.json()["error"] == "HTTPException"
+    assert client.get("/controlnet/model_list", headers={"Authorization": "Bearer k-123"}).json() == {
+        "model_list": ["cn-a [1a2b3c4d]", "cn-b"]}
+    foreign = client.post("/controlnet/detect", json={"controlnet_module": "canny"},
+                          headers={"Authorization": "Bearer k-123", "Origin": "https://elsewhere.example",
+                                   "Sec-Fetch-Site": "cross-site"})
+    assert foreign.status_code == 403 and foreign.json()["error"] == "HTTPException"

@@ -1,0 +1,112 @@
+"""sd-webui-controlnet's API through its own client, webuiapi (``ControlNetUnit``), against
+``python app.py --model tests/fixtures/tiny-pt --controlnet tests/fixtures/tiny-pt-controlnet/cn-a`` on loopback;
+the jobs API's and gradio_client's ``/generate`` control inputs against the same app. One app for the module.
+
+A unit's images must be what the engine makes for that unit: the same PNG pixels as the jobs API's for the same
+request and unit (both fronts build one ControlUnit), and not the images without the unit."""
+
+import base64
+import io
+import time
+
+import httpx
+import numpy as np
+import pytest
+from PIL import Image
+
+from tests.helpers import RunningApp
+
+pytestmark = pytest.mark.e2e
+
+CONTROLNET = "tests/fixtures/tiny-pt-controlnet/cn-a"
+ASK = dict(prompt="a red circle", seed=5, steps=4, cfg_scale=5.0, width=64, height=64, sampler_name="Euler")
+
+
+@pytest.fixture(scope="module")
+def app():
+    running = RunningApp("--model", "tests/fixtures/tiny-pt", "--controlnet", CONTROLNET, "--no-mcp", timeout=600)
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def webui(app):
+    import webuiapi
+
+    return webuiapi.WebUIApi(host="127.0.0.1", port=app.port)
+
+
+def control_picture() -> Image.Image:
+    """A non-square control map: a white bar on black, off-centre."""
+    pixels = np.zeros((48, 80, 3), np.uint8)
+    pixels[10:30, 12:40] = 255
+    return Image.fromarray(pixels)
+
+
+def b64(image: Image.Image) -> str:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def pixels(image: Image.Image) -> np.ndarray:
+    return np.asarray(image.convert("RGB"), dtype=np.int16)
+
+
+def job_images(app, body: dict) -> list[np.ndarray]:
+    job = httpx.post(app.url + "v1/jobs", json=body, timeout=60).json()
+    deadline = time.monotonic() + 300
+    while (got := httpx.get(app.url + f"v1/jobs/{job['id']}", timeout=60).json())["status"] in ("queued", "running"):
+        assert time.monotonic() < deadline, "the job never finished"
+        time.sleep(0.2)
+    assert got["status"] == "succeeded", got
+    return [pixels(Image.open(io.BytesIO(base64.b64decode(png)))) for png in got["images"]]
+
+
+def test_lists_and_detect(webui):
+    (title,) = webui.controlnet_model_list()
+    assert title.startswith("cn-a")
+    assert webui.controlnet_module_list()[:2] == ["none", "canny"]
+    found = webui.controlnet_detect([control_picture()], module="canny", processor_res=96, threshold_a=100,
+                                    threshold_b=200)
+    edges = np.asarray(found.images[0])  # webuiapi sends the extension's older controlnet_images, as data URLs
+    assert found.info == "Success" and edges.shape[:2] == (96, 160)  # 48 x 80 at a short side of 96
+    assert edges.max() == 255 and edges[:, 100:].max() == 0  # the bar's edges, on the left
+
+
+def test_a_unit_steers_the_images_as_the_engine_runs_it_and_says_so_in_the_infotext(app, webui):
+    import webuiapi
+
+    title = webui.controlnet_model_list()[0]
+    unit = webuiapi.ControlNetUnit(image=control_picture(), module="none", model=title, weight=1.5,
+                                   resize_mode="Crop and Resize", guidance_end=0.8)
+    plain = webui.txt2img(**ASK)
+    steered = webui.txt2img(**ASK, controlnet_units=[unit])
+    assert len(steered.images) == 1  # A1111's batch_size 1
+    same = [np.array_equal(pixels(a), pixels(b)) for a, b in zip(plain.images, steered.images, strict=True)]
+    assert not any(same), "the unit changed nothing"
+    text = steered.info["infotexts"][0]
+    assert f'ControlNet 0: "Module: none, Model: {title}, Weight: 1.5, Resize Mode: Crop and Resize' in text
+    assert "Guidance End: 0.8" in text and "ControlNet 0" not in plain.info["infotexts"][0]
+    jobs = job_images(app, {"prompt": ASK["prompt"], "seed": 5, "num_inference_steps": 4, "guidance_scale": 5.0,
+                            "width": 64, "height": 64, "sampler": "Euler", "images": 1, "control_units": [
+                                {"image": b64(control_picture()), "model": "cn-a", "weight": 1.5,
+                                 "guidance_end": 0.8}]})
+    for ours, theirs in zip(steered.images, jobs, strict=True):
+        np.testing.assert_array_equal(pixels(ours), theirs)
+    client = app.client()
+    gallery, info = client.predict(prompt=ASK["prompt"], seed=5, num_inference_steps=4, guidance_scale=5.0,
+                                   width=64, height=64, sampler="Euler", control_image=b64(control_picture()),
+                                   control_model=title, control_weight=1.5, control_end=0.8, api_name="/generate")
+    np.testing.assert_array_equal(pixels(Image.open(gallery[0]["image"])), jobs[0])  # the batch's first: seed 5
+
+
+@pytest.mark.parametrize("unit, named", [
+    ({"model": "control_v11p_sd15_canny", "module": "none"}, "control_v11p_sd15_canny"),
+    ({"model": "cn-a", "module": "depth_midas"}, "depth_midas"),
+])
+def test_an_unknown_model_or_module_is_refused_by_name(app, unit, named):
+    body = {**ASK, "alwayson_scripts": {"ControlNet": {"args": [{"image": b64(control_picture()), **unit}]}}}
+    answer = httpx.post(app.url + "sdapi/v1/txt2img", json=body, timeout=60)
+    assert answer.status_code == 422 and named in answer.json()["detail"]
+    assert answer.json()["detail"].startswith("alwayson_scripts.ControlNet.args[0].")
