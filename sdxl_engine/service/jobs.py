@@ -106,6 +106,7 @@ class Job:
         self.finished: float | None = None
         self.loop_started: float | None = None  # clock() when the running call's denoising loop began
         self.cancelled = threading.Event()  # the whole job is to stop (DELETE, the page's Stop, A1111's interrupt)
+        self.stop_reason = "cancelled"  # what stopped it, for its log line (Service.stop)
         self.skipped = threading.Event()  # the running engine call is to stop; the next one runs (A1111's skip)
         self._events: list[tuple[str, dict | None]] = []
         self._cond = threading.Condition()

@@ -147,8 +147,11 @@ class Service:
         self.stop(job)
         return job
 
-    def stop(self, job: Job) -> None:
-        """:meth:`cancel` for a Job the caller holds (the page's own event)."""
+    def stop(self, job: Job, reason: str = "cancelled") -> None:
+        """:meth:`cancel` for a Job the caller holds (the page's own event); ``reason`` is what its log line says
+        ("cancelled"; A1111's "interrupted"; "its client left")."""
+        if not job.cancelled.is_set():
+            job.stop_reason = reason
         job.cancelled.set()
         with self._cond:
             if job.status != QUEUED or job not in self._line:
@@ -277,7 +280,7 @@ class Service:
                                          arrived=job.arrived if n == 0 else None,
                                          on_step=lambda event: self._step(job, event), should_stop=job.stop_requested)
             except Stopped as err:
-                why = "interrupted" if job.cancelled.is_set() else "skipped"
+                why = job.stop_reason if job.cancelled.is_set() else "skipped"
                 LOG.info(f"[app] request {err} ({why}); nothing saved")
                 stopped = job.stopped = f"the request was {err}"
                 if job.cancelled.is_set():

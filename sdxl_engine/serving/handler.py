@@ -152,7 +152,7 @@ async def follow(requests: Service, asked: Request, gr_request, progress=None,
             seen += len(events)
             if gone is not None and not job.cancelled.is_set() and gone():
                 LOG.info(f"[app] a page request's client left: stopping it ({job.status})")
-                requests.stop(job)
+                requests.stop(job, "its client left")
             previews = [data for name, data in events if name == "preview"]
             for name, data in events:
                 if progress is not None and name != "preview":

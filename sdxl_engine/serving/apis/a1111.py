@@ -755,7 +755,7 @@ def router(requests: Service, flags: dict, loras, owner_of: Callable) -> APIRout
     async def interrupt(request: Request):
         stopped = open_jobs(request)
         for job in stopped:
-            requests.stop(job)
+            requests.stop(job, "interrupted")
         return {"interrupted": bool(stopped)}
 
     @api.post("/skip")

@@ -155,7 +155,7 @@ async def finished(requests: Service, job: Job, request=None) -> Job:
         seen += len(await job.next_events(seen, timeout=LEFT_POLL_S))
         if request is not None and not job.done and not job.cancelled.is_set() and await request.is_disconnected():
             LOG.info("[app] a protocol request's client left: stopping it")
-            requests.stop(job)
+            requests.stop(job, "its client left")
     return job
 
 
