@@ -12,8 +12,9 @@ reads the folder's PyTorch-layout safetensors) and imports nothing from the runt
 
 Commands, one JSON object per line on stdin, one JSON reply per line on stdout (after ``{"ready": ...}``):
 
-* ``{"op": "time", "seed": S}``: one timed ``generate()``: ``latency`` (the whole call, as the blog times it) and
-  ``pipeline`` (the pipeline call and the copy of its images to the host, no tokenizing or PIL), seconds.
+* ``{"op": "time", "seed": S}``: one timed ``generate()``: ``latency`` (the whole call, as the blog times it),
+  ``pipeline`` (the pipeline call and the copy of its images to the host, no tokenizing or PIL) and ``cpu`` (this
+  process's CPU time over the call, all threads), seconds.
 * ``{"op": "images", "latents": NPZ, "out": NPZ}``: the pipeline on the given initial noise ``latents`` (n, C, h, w)
   float32 (one image per device), its images (n, H, W, 3) uint8 written to ``out``.
 * ``{"op": "parts", "runs": N}``: medians of N calls of each part, seconds (see :func:`parts`).
@@ -38,7 +39,7 @@ from diffusers import FlaxStableDiffusionXLPipeline
 from diffusers.pipelines.stable_diffusion_xl import pipeline_flax_stable_diffusion_xl as blog_module
 from flax.jax_utils import replicate
 
-from tools.hlo_counts import cost_of, hlo_ops
+from tools.hlo_counts import program_counts
 
 PROMPT = "a red circle on the left"
 NEGATIVE = "a blue square"
@@ -177,14 +178,14 @@ def cost(blog: Blog) -> dict:
     gs = jnp.array([blog.guidance] * p_ids.shape[0])[:, None]
     compiled = blog_module._p_generate.lower(blog.pipeline, p_ids, blog.p_params, rng, blog.steps, blog.size,
                                              blog.size, gs, None, p_neg, False).compile()
-    return {**cost_of(compiled), "ops": hlo_ops(compiled.as_text()), "per": "device"}
+    return {**program_counts(compiled), "per": "device"}
 
 
 def fullsize_cost(config_dir: Path, size: int, steps: int, guidance: float, dtype: str) -> dict:
     """The blog's pmap program for SDXL base's configs (``config_dir``: the diffusers folder's config files) at
     ``size``², abstract ``dtype`` params (eval_shape of each module's init), lowered and compiled, not run."""
     from diffusers import FlaxAutoencoderKL, FlaxEulerDiscreteScheduler, FlaxUNet2DConditionModel
-    from transformers import CLIPTextConfig, CLIPTokenizer, FlaxCLIPTextModel, FlaxCLIPTextModelWithProjection
+    from transformers import CLIPTextConfig, FlaxCLIPTextModel, FlaxCLIPTextModelWithProjection
 
     dt = jnp.dtype(dtype)
     rng = jax.random.PRNGKey(0)
@@ -202,9 +203,8 @@ def fullsize_cost(config_dir: Path, size: int, steps: int, guidance: float, dtyp
               "text_encoder": cast(jax.eval_shape(lambda r: te1.init_weights(r, (1, 77)), rng)),
               "text_encoder_2": cast(jax.eval_shape(lambda r: te2.init_weights(r, (1, 77)), rng)),
               "scheduler": scheduler.create_state()}
-    tok = CLIPTokenizer.from_pretrained(config_dir / "tokenizer") if (config_dir / "tokenizer").exists() else None
-    pipe = FlaxStableDiffusionXLPipeline(text_encoder=te1, text_encoder_2=te2, vae=vae, tokenizer=tok,
-                                         tokenizer_2=tok, unet=unet, scheduler=scheduler, dtype=dt)
+    pipe = FlaxStableDiffusionXLPipeline(text_encoder=te1, text_encoder_2=te2, vae=vae, tokenizer=None,
+                                         tokenizer_2=None, unet=unet, scheduler=scheduler, dtype=dt)  # ids are given
     n = jax.device_count()
     rep = lambda x: jax.ShapeDtypeStruct((n, *x.shape), x.dtype)  # noqa: E731  (replicate: a leading device axis)
     p_params = jax.tree_util.tree_map(rep, params)
@@ -215,7 +215,7 @@ def fullsize_cost(config_dir: Path, size: int, steps: int, guidance: float, dtyp
     lowered = blog_module._p_generate.lower(pipe, ids, p_params, keys, steps, size, size, gs, None, ids, False)
     t1 = time.perf_counter()
     compiled = lowered.compile()
-    return {**cost_of(compiled), "ops": hlo_ops(compiled.as_text()), "per": "device", "size": size, "steps": steps,
+    return {**program_counts(compiled), "per": "device", "size": size, "steps": steps,
             "dtype": dtype, "lower_s": t1 - t0, "compile_s": time.perf_counter() - t1, "jax": jax.__version__}
 
 

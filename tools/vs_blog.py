@@ -14,10 +14,14 @@ timesteps == t)``), which finds only whole timesteps, and its "leading" spacing 
 values both sides run the same 20 Euler steps (the engine honours both fields), so the images can be compared.
 Same prompt and negative prompt, guidance 5, 4 images (one per device), float32 (the engine's CPU default).
 
-Each round sends one request to each side, the order alternating round by round; the figure per side is the
+Each round sends one request to each side, each side first in turn; the figure per side is the
 engine's reported latency (``timings["latency"]``: prepare, device, copy to host) and the blog's whole
-``generate()`` (tokenize, replicate, pipeline, ``numpy_to_pil``), and per round their ratio. Before the rounds the
+``generate()`` (tokenize, replicate, pipeline, ``numpy_to_pil``), and per round their ratio; also each side's
+process CPU time for the request (all its threads: on 2 shared cores it moves far less with the load than the
+wall time does, and says which side does more work). Before the rounds the
 images are compared: the engine's for seed S, and the blog pipeline's on the engine's initial noise for S.
+``--before DIR`` runs a second engine from another checkout (the revision before a change) as a third side in the
+same rounds, so a before/after table comes from one run on one load.
 
 ``--parts``: where the time goes on each side (text encoders, one CFG step, VAE decode, host work, the whole
 request at 1 and at 20 steps). ``--cost``: XLA's cost analysis (FLOPs, bytes accessed) of each side's compiled
@@ -134,11 +138,11 @@ def engine_parts(engine, runs: int) -> dict:
 
 def engine_cost(engine) -> dict:
     """XLA's cost analysis and op counts of the engine's compiled program for this size (the one it serves)."""
-    from tools.hlo_counts import cost_of, hlo_ops
+    from tools.hlo_counts import program_counts
 
     w, h = engine.limits.default_size
     program = engine.programs.get(engine.planner.shape(w, h))
-    return {**cost_of(program.executable), "ops": hlo_ops(program.executable.as_text()),
+    return {**program_counts(program.executable),
             "shape": str(program.shape)}
 
 
@@ -151,7 +155,7 @@ def fullsize_engine_cost(size: int, images: int, steps: int) -> dict:
     from sdxl_engine.program.generate import ProgramInputs, ProgramShape, latent_shape
     from sdxl_engine.program.sharding import make_mesh
     from tools.fullsize import sdxl_base_model
-    from tools.hlo_counts import cost_of, hlo_ops
+    from tools.hlo_counts import program_counts
 
     model, mesh = sdxl_base_model("bfloat16"), make_mesh()
     out = {}
@@ -163,7 +167,7 @@ def fullsize_engine_cost(size: int, images: int, steps: int) -> dict:
         t1 = time.perf_counter()
         compiled = lowered.compile()
         out["progress on" if hook else "progress off"] = {
-            **cost_of(compiled), "ops": hlo_ops(compiled.as_text()), "lower_s": t1 - t0,
+            **program_counts(compiled), "lower_s": t1 - t0,
             "compile_s": time.perf_counter() - t1}
     return {**out, "size": size, "images": images, "devices": mesh.devices.size, "max_steps": steps,
             "jax": jax.__version__}
@@ -173,10 +177,10 @@ def fullsize_engine_cost(size: int, images: int, steps: int) -> dict:
 class Worker:
     """One side's long-lived process: JSON lines in and out."""
 
-    def __init__(self, name: str, cmd: list[str], env: dict[str, str], log: Path):
+    def __init__(self, name: str, cmd: list[str], env: dict[str, str], log: Path, cwd: Path = ROOT):
         self.name = name
         self.stderr = log.open("w")
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen(cmd, cwd=cwd, text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self.stderr, env={**os.environ, "PYTHONWARNINGS": "ignore", **env})
         self.info = self._read()
 
@@ -210,17 +214,24 @@ def spread(values: list[float]) -> dict:
             "n": len(values)}
 
 
-def compare_size(size: int, blog_python: str, rounds: int, workdir: Path, parts: bool, cost: bool) -> dict:
-    """Both sides at ``size``²: image parity, ``rounds`` alternating rounds, and optionally parts and costs."""
+def compare_size(size: int, blog_python: str, rounds: int, workdir: Path, parts: bool, cost: bool,
+                 before: Path | None = None) -> dict:
+    """Both sides at ``size``²: image parity, ``rounds`` alternating rounds, and optionally parts and costs.
+    ``before``: another checkout whose engine runs as a third side in the same rounds (the revision before a
+    change; its own ``tools/vs_blog.py`` serves it, imported from there)."""
     import numpy as np
 
     model = comparable_model(workdir / f"{size}")
     env = {"XLA_FLAGS": f"--xla_force_host_platform_device_count={DEVICES}"}  # the blog's JAX: 4 CPU devices
     started = load()
-    engine = Worker("engine", [sys.executable, "-m", "tools.vs_blog", "--engine-worker", "--model", str(model),
-                               "--size", str(size)], {}, workdir / f"engine-{size}.log")
-    blog = Worker("blog", [blog_python, "-m", "tools.blog_pipeline", "--model", str(model), "--size", str(size),
-                           "--steps", str(STEPS), "--guidance", str(GUIDANCE)], env, workdir / f"blog-{size}.log")
+    engine_cmd = [sys.executable, "-m", "tools.vs_blog", "--engine-worker", "--model", str(model), "--size", str(size)]
+    sides = [Worker("engine", engine_cmd, {}, workdir / f"engine-{size}.log")]
+    if before is not None:
+        sides.append(Worker("before", engine_cmd, {}, workdir / f"before-{size}.log", cwd=before))
+    blog_cmd = [blog_python, "-m", "tools.blog_pipeline", "--model", str(model), "--size", str(size),
+                "--steps", str(STEPS), "--guidance", str(GUIDANCE)]
+    sides.append(Worker("blog", blog_cmd, env, workdir / f"blog-{size}.log"))
+    engine, blog = sides[0], sides[-1]
     try:
         latents, ours, theirs = (str(workdir / f"{n}-{size}.npz") for n in ("latents", "engine", "blog"))
         engine.ask(op="images", seed=7, latents=latents, out=ours)
@@ -228,31 +239,34 @@ def compare_size(size: int, blog_python: str, rounds: int, workdir: Path, parts:
         a, b = np.load(ours)["images"].astype(int), np.load(theirs)["images"].astype(int)
         parity = {"max_abs_diff": int(np.abs(a - b).max()), "mean_abs_diff": float(np.abs(a - b).mean()),
                   "seed": 7, "of": 255}
-        seconds = {"engine": [], "blog": [], "engine_device": [], "blog_pipeline": [], "engine_cpu": [],
-                   "blog_cpu": []}
-        ratios = []
+        seconds = {f"{side.name}{kind}": [] for side in sides for kind in ("", "_device", "_cpu")}
         for i in range(rounds):
-            for side in (engine, blog) if i % 2 == 0 else (blog, engine):
+            for side in sides[i % len(sides):] + sides[:i % len(sides)]:  # each side first in turn
                 reply = side.ask(op="time", seed=100 + i)
                 seconds[side.name].append(reply["latency"])
                 seconds[f"{side.name}_cpu"].append(reply["cpu"])
-                seconds["engine_device" if side is engine else "blog_pipeline"].append(
-                    reply["device"] if side is engine else reply["pipeline"])
-            ratios.append(seconds["engine"][-1] / seconds["blog"][-1])
+                seconds[f"{side.name}_device"].append(reply["pipeline" if side is blog else "device"])
+        ratios = {f"{side.name}_over_blog": [x / y for x, y in zip(seconds[side.name], seconds["blog"])]
+                  for side in sides[:-1]}
+        ratios.update({f"{side.name}_cpu_over_blog": [x / y for x, y in zip(seconds[f"{side.name}_cpu"],
+                                                                             seconds["blog_cpu"])]
+                       for side in sides[:-1]})
+        if before is not None:
+            ratios["engine_over_before"] = [x / y for x, y in zip(seconds["engine"], seconds["before"])]
         out = {"size": size, "images": DEVICES, "devices": DEVICES, "steps": STEPS, "guidance": GUIDANCE,
-               "rounds": rounds, "parity": parity, "ratio_engine_over_blog": spread(ratios), "per_round": seconds,
-               "seconds": {k: spread(v) for k, v in seconds.items()}, "engine": engine.info, "blog": blog.info,
-               "load_before": started}
+               "rounds": rounds, "parity": parity, "ratio_engine_over_blog": spread(ratios["engine_over_blog"]),
+               "ratios": {k: spread(v) for k, v in ratios.items()}, "per_round": seconds,
+               "seconds": {k: spread(v) for k, v in seconds.items()},
+               "workers": {side.name: side.info for side in sides}, "load_before": started}
         if parts:
-            out["parts"] = {"engine": engine.ask(op="parts", runs=max(rounds, 5)),
-                            "blog": blog.ask(op="parts", runs=max(rounds, 5))}
+            out["parts"] = {side.name: side.ask(op="parts", runs=max(rounds, 5)) for side in sides}
         if cost:
-            out["cost"] = {"engine": engine.ask(op="cost"), "blog": blog.ask(op="cost")}
+            out["cost"] = {side.name: side.ask(op="cost") for side in sides}
         out["load_after"] = load()
         return out
     finally:
-        engine.close()
-        blog.close()
+        for side in sides:
+            side.close()
 
 
 def fullsize(blog_python: str, size: int, workdir: Path) -> dict:
@@ -270,17 +284,20 @@ def fullsize(blog_python: str, size: int, workdir: Path) -> dict:
 
 
 def markdown(results: list[dict]) -> str:
-    rows = ["| size | images over devices | rounds | engine latency, median (s) | blog generate(), median (s) | "
-            "engine ÷ blog, median of per-round ratios (quartiles; min–max) | images: max / mean abs diff (of 255) "
-            "| load (1 min) before / after |",
-            "|---|---|---|---|---|---|---|---|"]
+    """One row per size and engine side: latency medians, the per-round ratios to the blog (wall and CPU time)."""
+    rows = ["| size | side | rounds | latency, median (s) | blog generate(), median (s) | "
+            "÷ blog, median of per-round ratios (quartiles; min–max) | CPU time ÷ blog's (median) | "
+            "images vs blog: max / mean abs diff (of 255) | load (1 min) before / after |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
-        q = r["ratio_engine_over_blog"]
-        rows.append(f"| {r['size']}² | {r['images']} over {r['devices']} | {r['rounds']} | "
-                    f"{r['seconds']['engine']['median']:.4f} | {r['seconds']['blog']['median']:.4f} | "
-                    f"**{q['median']:.3f}** ({q['q1']:.3f}–{q['q3']:.3f}; {q['min']:.3f}–{q['max']:.3f}) | "
-                    f"{r['parity']['max_abs_diff']} / {r['parity']['mean_abs_diff']:.4f} | "
-                    f"{r['load_before']['load_1m']} / {r['load_after']['load_1m']} |")
+        for side in (name for name in ("before", "engine") if name in r["workers"]):
+            q, cpu = r["ratios"][f"{side}_over_blog"], r["ratios"][f"{side}_cpu_over_blog"]
+            rows.append(f"| {r['size']}² | {side} | {r['rounds']} | {r['seconds'][side]['median']:.4f} | "
+                        f"{r['seconds']['blog']['median']:.4f} | **{q['median']:.3f}** ({q['q1']:.3f}–{q['q3']:.3f}; "
+                        f"{q['min']:.3f}–{q['max']:.3f}) | {cpu['median']:.3f} | "
+                        f"{r['parity']['max_abs_diff'] if side == 'engine' else ''} / "
+                        f"{r['parity']['mean_abs_diff'] if side == 'engine' else ''} | "
+                        f"{r['load_before']['load_1m']} / {r['load_after']['load_1m']} |")
     return "\n".join(rows)
 
 
@@ -292,6 +309,8 @@ def main(argv=None) -> None:
     p.add_argument("--parts", action="store_true", help="also time each side's parts")
     p.add_argument("--cost", action="store_true", help="also XLA's cost analysis and op counts of both programs")
     p.add_argument("--fullsize", action="store_true", help="only the 1024² cost of both programs (SDXL base)")
+    p.add_argument("--before", type=Path, help="another checkout whose engine runs as a third side (e.g. an export "
+                   "of the revision before a change; it needs this tools/vs_blog.py)")
     p.add_argument("--out", type=Path, help="write the JSON here too")
     p.add_argument("--engine-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--fullsize-engine-worker", action="store_true", help=argparse.SUPPRESS)
@@ -313,8 +332,8 @@ def main(argv=None) -> None:
             result = {"fullsize": fullsize(args.blog_python, 1024, Path(work))}
         else:
             sizes = [int(s) for s in args.sizes.split(",")]
-            result = {"sizes": [compare_size(s, args.blog_python, args.rounds, Path(work), args.parts, args.cost)
-                                for s in sizes]}
+            result = {"sizes": [compare_size(s, args.blog_python, args.rounds, Path(work), args.parts, args.cost,
+                                             args.before) for s in sizes]}
             print(markdown(result["sizes"]))
     text = json.dumps(result, indent=1)
     print(text)
