@@ -68,7 +68,10 @@ def engine_worker(model: str, size: int) -> None:
 
     config = EngineConfig.load({"model": model, "width": size, "height": size, "cpu_devices": DEVICES,
                                 "num_inference_steps": STEPS, "guidance_scale": GUIDANCE, "sampler": "Euler",
-                                "compile_cache_dir": tempfile.mkdtemp(prefix="vs-blog-cache-")})
+                                "compile_cache_dir": tempfile.mkdtemp(prefix="vs-blog-cache-"),
+                                # no run-time refusal: on a loaded machine the start-up's step time can put a 256²
+                                # request over the default 30 s, and this compares speed, not admission
+                                "max_run_seconds": 0})
     engine = Engine(config, log=lambda *_: None).start()
     for seed in range(2):
         engine_request(engine, seed)
@@ -187,7 +190,9 @@ class Worker:
     def _read(self) -> dict:
         line = self.proc.stdout.readline()
         if not line:
-            raise RuntimeError(f"the {self.name} worker ended (its log: {self.stderr.name})")
+            self.stderr.flush()
+            tail = Path(self.stderr.name).read_text()[-3000:]
+            raise RuntimeError(f"the {self.name} worker ended; the end of its log:\n{tail}")
         return json.loads(line)
 
     def ask(self, **cmd) -> dict:
@@ -259,7 +264,7 @@ def compare_size(size: int, blog_python: str, rounds: int, workdir: Path, parts:
                "seconds": {k: spread(v) for k, v in seconds.items()},
                "workers": {side.name: side.info for side in sides}, "load_before": started}
         if parts:
-            out["parts"] = {side.name: side.ask(op="parts", runs=max(rounds, 5)) for side in sides}
+            out["parts"] = {side.name: side.ask(op="parts", runs=5) for side in sides}
         if cost:
             out["cost"] = {side.name: side.ask(op="cost") for side in sides}
         out["load_after"] = load()
@@ -331,9 +336,12 @@ def main(argv=None) -> None:
         if args.fullsize:
             result = {"fullsize": fullsize(args.blog_python, 1024, Path(work))}
         else:
-            sizes = [int(s) for s in args.sizes.split(",")]
-            result = {"sizes": [compare_size(s, args.blog_python, args.rounds, Path(work), args.parts, args.cost,
-                                             args.before) for s in sizes]}
+            result = {"sizes": []}
+            for size in (int(s) for s in args.sizes.split(",")):
+                result["sizes"].append(compare_size(size, args.blog_python, args.rounds, Path(work), args.parts,
+                                                    args.cost, args.before))
+                if args.out:  # each size as it is done: a later one failing keeps the earlier
+                    args.out.write_text(json.dumps(result, indent=1) + "\n")
             print(markdown(result["sizes"]))
     text = json.dumps(result, indent=1)
     print(text)
