@@ -46,8 +46,9 @@ Args:
     refiner_switch_at: with a refiner loaded (the server's --refiner), the share of the steps on the base model \
 before the refiner takes over, 0 to below 1 (0 = the refiner alone); 1 = no refiner; default: the page's slider \
 (0.8 with a refiner)
+    model: {models}
 Returns:
-    the images (PNG, with their generation parameters) and a JSON record: seeds, size, steps, sampler, timings
+    the images (PNG, with their generation parameters) and a JSON record: seeds, size, steps, sampler, timings, model
 """
 
 IMAGE_DOC = """Change a picture with SDXL: image to image (restyle the whole picture to the prompt) or, with a mask, \
@@ -72,6 +73,7 @@ with transparency: opaque = repaint). Empty: the whole picture changes
 before the refiner takes over, 0 to below 1 (0 = the refiner alone); 1 = no refiner
     upscale: 1 = off; above 1, at most 4 (e.g. 1.5 or 2) = hires fix: the picture (at width x height) upscaled by \
 this factor (Lanczos) and denoised again at the larger size with strength (-1 = 0.7); no mask with it
+    model: {models}
 Returns:
     the images (PNG, with their generation parameters) and a JSON record: seeds, size, strength, timings
 """
@@ -98,7 +100,7 @@ def generate_inputs(config) -> tuple[Input, ...]:
             Input("num_inference_steps", int, config.num_inference_steps), Input("width", int, 0),
             Input("height", int, 0), Input("style", str, NO_STYLE, tuple(STYLE_NAMES)),
             Input("sampler", str, config.sampler, tuple(SAMPLERS)),
-            Input("refiner_switch_at", float, 0.8 if config.refiner else 1.0))
+            Input("refiner_switch_at", float, 0.8 if config.refiner else 1.0), Input("model", str, ""))
 
 
 def image_inputs(config) -> tuple[Input, ...]:
@@ -108,12 +110,33 @@ def image_inputs(config) -> tuple[Input, ...]:
             Input("guidance_scale", float, config.guidance_scale),
             Input("num_inference_steps", int, config.num_inference_steps), Input("width", int, 0),
             Input("height", int, 0), Input("sampler", str, config.sampler), Input("refiner_switch_at", float, 1.0),
-            Input("upscale", float, 1.0))
+            Input("upscale", float, 1.0), Input("model", str, ""))
 
 
-def generate_doc() -> str:
-    """:data:`GENERATE_DOC` with the style and sampler names filled in."""
-    return GENERATE_DOC.format(styles=", ".join(STYLE_NAMES), samplers=", ".join(SAMPLERS))
+def generate_doc(models: list[str] = ()) -> str:
+    """:data:`GENERATE_DOC` with the style, sampler and model names filled in (``models``: the server's, the
+    default first: service/models.names; () before they are known)."""
+    return GENERATE_DOC.format(styles=", ".join(STYLE_NAMES), samplers=", ".join(SAMPLERS),
+                               models=model_doc(models))
+
+
+def image_doc(models: list[str] = ()) -> str:
+    """:data:`IMAGE_DOC` with the model names filled in (as :func:`generate_doc`)."""
+    return IMAGE_DOC.format(models=model_doc(models))
+
+
+def model_doc(models: list[str]) -> str:
+    """The ``model`` input's description for the server's ``models`` (the default first)."""
+    named = f": {', '.join(models)}" if models else ""
+    default = f" ({models[0]})" if models else ""
+    return (f"which of the server's models makes the images, by name{named}; empty = the default{default}. An "
+            "unknown name is refused naming the models offered")
+
+
+def model_field(value) -> dict:
+    """The engine's ``model`` field for a tool's (or the page's) model input: {} for None or "" (the default);
+    else the name as sent, for the engine to check (an unknown one is refused naming the models offered)."""
+    return {} if value is None or value == "" else {"model": value}
 
 
 def describe(doc: str) -> tuple[str, dict[str, str]]:

@@ -185,8 +185,8 @@ def test_openai_output_format_compression_and_stream_are_read():
     ({"prompt": "x", "response_format": "png"}, 400, "response_format",
      "response_format: must be one of b64_json, url, got 'png'"),
     ({"prompt": "x", "model": "sdxl-turbo"}, 404, "model",
-     "model: 'sdxl-turbo' is not served here; this server has 'tiny-shapes' (GET /v1/models), also under OpenAI's "
-     "names gpt-image-*, dall-e-2, dall-e-3"),
+     "model: unknown model 'sdxl-turbo'; this server offers: tiny-shapes (GET /v1/models), the first also under "
+     "OpenAI's names gpt-image-*, dall-e-2, dall-e-3"),
     ({"prompt": "x", "model": "gpt-image-1", "response_format": "url"}, 400, "response_format",
      "response_format: 'url' is not supported with 'gpt-image-1': GPT image models answer b64_json (leave "
      "response_format out)"),
@@ -507,7 +507,7 @@ def test_a1111_fields_not_honoured_are_named_in_info_warnings_and_one_log_line(s
     body = {"prompt": "x", "firstphase_width": 512, "alwayson_scripts": {"ControlNet": {"args": []}},
             "restore_faces": True, "tiling": True, "subseed_strength": 0.5,
             "eta": 0.3, "sampler_name": "Euler a", "s_noise": 0.9, "init_images": ["aGk="],
-            "override_settings": {"sd_model_checkpoint": "other.safetensors", "CLIP_stop_at_last_layers": 2,
+            "override_settings": {"sd_model_checkpoint": "tiny-shapes", "CLIP_stop_at_last_layers": 2,
                                   "sd_vae": "Automatic"}}
     info = json.loads(client.post("/sdapi/v1/txt2img", json=body).json()["info"])
     expected = [
@@ -520,12 +520,10 @@ def test_a1111_fields_not_honoured_are_named_in_info_warnings_and_one_log_line(s
         "subseed_strength=0.5 ignored: no variation seeds here: each image is its seed alone",
         "eta=0.3 ignored: eta is fixed per sampler here (Euler a 1, DDIM 0: A1111's defaults)",
         "s_noise=0.9 ignored: the sampler noise settings are fixed here (A1111's defaults)",
-        "override_settings.sd_model_checkpoint=\"other.safetensors\" ignored: this server serves one model, "
-        "'tiny-shapes', loaded at start-up",
         "override_settings.CLIP_stop_at_last_layers=2 ignored: clip skip is fixed at 1 here",
     ]
     assert info["warnings"] == expected + ["engine note"]  # sd_vae "Automatic" is this server's value: no warning
-    assert lines == [f"[app] A1111 txt2img: 10 field(s) not honoured: {'; '.join(expected)}"]
+    assert lines == [f"[app] A1111 txt2img: 9 field(s) not honoured: {'; '.join(expected)}"]
     lines.clear()
     defaults = {"prompt": "x", "enable_hr": False, "hr_scale": 2, "restore_faces": False, "tiling": None,
                 "subseed": 5, "subseed_strength": 0, "seed_resize_from_w": -1, "s_noise": 1.0, "eta": None,

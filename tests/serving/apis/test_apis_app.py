@@ -165,14 +165,13 @@ def test_a_run_longer_than_the_servers_limit_is_refused_naming_the_steps_that_fi
 
 def test_a1111_lists_options_and_model_switching(webui):
     """The routes Open WebUI, SillyTavern and webuiapi read; setting sd_model_checkpoint to the loaded model
-    succeeds, to another is a 400 naming both."""
+    succeeds, to another is a 400 naming it and the models offered."""
     assert webui.util_get_model_names() == ["tiny-shapes"]
     assert webui.util_get_current_model() == "tiny-shapes"
     webui.util_set_model("tiny-shapes", find_closest=False)
     response = webui.session.post(f"{webui.baseurl}/options", json={"sd_model_checkpoint": "sd_xl_base_1.0"})
     assert response.status_code == 400 and response.json()["detail"] == (
-        "sd_model_checkpoint: this server serves one model, 'tiny-shapes', loaded at start-up; "
-        "cannot switch to 'sd_xl_base_1.0'")
+        "sd_model_checkpoint: unknown model 'sd_xl_base_1.0'; this server offers: tiny-shapes")
     styles = webui.get_prompt_styles()
     assert [s["name"] for s in styles][:2] == ["Cinematic", "Photographic"] and "{prompt}" in styles[0]["prompt"]
     assert [u["name"] for u in webui.get_upscalers()] == ["None", "Lanczos", "Nearest"] and webui.get_sd_vae() == []
