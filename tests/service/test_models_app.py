@@ -109,7 +109,7 @@ def test_each_front_serves_the_named_model_as_a_single_model_server_does(two, si
     """The same request naming tiny-random-b on every front gives the single-model server's images; the PNG infotext
     names the model that made them, with its A1111 hash; the default is tiny-random's, by name as by default."""
     expected = [pixels(png) for png in page(single)]
-    title = hashed(two)[1]["title"]
+    title_a, title = (item["title"] for item in hashed(two))
     b_hash = title.split(" [")[1][:-1]
     made = {"page": page(two, model=B)}
     a1111 = httpx.post(two.url + "sdapi/v1/txt2img", timeout=120, json={
@@ -176,7 +176,7 @@ def test_a1111_options_are_each_clients_own(two):
     first = httpx.Client(base_url=two.url + "sdapi/v1/", timeout=120)
     second = httpx.Client(base_url=f"http://127.0.0.2:{two.port}/sdapi/v1/", timeout=120,
                           transport=httpx.HTTPTransport(local_address="127.0.0.2"))
-    title = hashed(two)[1]["title"]
+    title_a, title = (item["title"] for item in hashed(two))
 
     def model_of(client, **body) -> str:
         made = client.post("txt2img", json={"prompt": PROMPT, "seed": 5, "steps": 1, "batch_size": 1, **body})
@@ -191,9 +191,9 @@ def test_a1111_options_are_each_clients_own(two):
         assert second.get("options").json()["sd_model_checkpoint"].startswith("tiny-random [")
         assert model_of(second) == "tiny-random"
         webui = webuiapi.WebUIApi(host="127.0.0.1", port=two.port)
-        assert webui.util_get_model_names() == ["tiny-random", B]
-        webui.util_set_model("tiny-random", find_closest=False)  # the first client's default back to the server's
-        assert webui.util_get_current_model().startswith("tiny-random [") and model_of(first) == "tiny-random"
+        assert webui.util_get_model_names() == [title_a, title]  # A1111's titles, sorted
+        webui.util_set_model(title_a, find_closest=False)  # the first client's default back to the server's
+        assert webui.util_get_current_model() == title_a and model_of(first) == "tiny-random"
     finally:
         first.close()
         second.close()
