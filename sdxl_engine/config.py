@@ -61,6 +61,12 @@ class EngineConfig:
     # "stabilityai/stable-diffusion-xl-base-1.0", or one .safetensors single file in the original
     # (sgm) layout, local or on the hub as owner/name/file.safetensors (see model_config).
     model: str = "tiny-shapes"
+    # More models that requests may choose by name (GenerateRequest.model; docs/models.md): entries as ``model``'s,
+    # joined by os.pathsep (the flag --model, repeated: its first value is ``model``, the default, the others these).
+    models: str = ""
+    # A folder whose every diffusers folder and SDXL .safetensors file is a model too (A1111's models/Stable-diffusion),
+    # named by its folder or file name without the extension; "" = none. Rescanned by Engine.rescan_models.
+    models_dir: str = ""
     # Hub revision (branch, tag or commit); "" = the default branch.
     revision: str = ""
     # Preferred weight files variant ("fp16" reads diffusion_pytorch_model.fp16.safetensors and the
@@ -134,6 +140,20 @@ class EngineConfig:
     # For a single-file refiner: a diffusers SDXL refiner folder whose configs and tokenizer_2 it uses (as
     # model_config for the model); "" = stabilityai/stable-diffusion-xl-refiner-1.0's, from the hub cache or hub.
     refiner_config: str = ""
+    # More refiners that requests may choose by name (GenerateRequest.refiner; the flag --refiner repeated: its first
+    # value is ``refiner``, the default), and a folder of them (refiner single files and diffusers folders).
+    refiners: str = ""
+    refiners_dir: str = ""
+    # ---- several models (docs/models.md) ----
+    # Models whose weights stay on the devices at once, the least recently used dropped for a new one; 0 = auto: as
+    # many as the devices' memory holds beside a run (free memory at ready, less the run's reserve, over the largest
+    # model's weights), at least 1.
+    max_resident_models: int = 0
+    # Models dropped from the devices whose weights stay in host memory (a reload copies them back instead of
+    # reading the file again); -1 = auto: as many as half of the host's available memory holds, and none on CPU
+    # devices (their memory is the host's: a copy would hold the weights twice; the file's pages stay in the page
+    # cache); 0 = none.
+    max_host_models: int = -1
 
     # Long prompts and emphasis (docs/prompts.md).
     # Prompt chunks of 75 tokens a request may use (3 = 225 tokens); each chunk count 1..this compiles
@@ -335,6 +355,12 @@ class EngineConfig:
                               f"got {self.max_run_seconds}")
         if not self.max_run_memory_gb >= 0:
             raise ConfigError(f"max_run_memory_gb must be 0 (auto) or a number of GB, got {self.max_run_memory_gb}")
+        if self.max_resident_models < 0:
+            raise ConfigError(f"max_resident_models must be 0 (auto) or a number of models, got "
+                              f"{self.max_resident_models}")
+        if self.max_host_models < -1:
+            raise ConfigError(f"max_host_models must be -1 (auto), 0 (none) or a number of models, got "
+                              f"{self.max_host_models}")
         for name in ("max_pending_compiles", "max_resident_programs"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")

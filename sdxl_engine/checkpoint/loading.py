@@ -410,6 +410,25 @@ def load_folder(folder: Path, name: str, dtype: str, sharding=None, variant: str
         engine_defaults=read_engine_defaults(folder), kind=model_kind(index, components))
 
 
+def reload_params(model: LoadedModel, sharding=None, variant: str = "",
+                  log: Callable[[str], None] = LOG.info) -> dict[str, dict[str, Any]]:
+    """The weights of a model loaded before, read again from its ``source`` (a diffusers folder's weight files, or a
+    single file) with the components it has already (no config read, no module graph built: a reload costs the
+    reading of the weights). For a model the engine dropped from the devices (engine/residency.py).
+
+    Returns {component: {checkpoint key: array on ``sharding``}} in the model's dtype.
+    Raises ModelLoadError: no source (a model made in memory), or files that no longer fit its components."""
+    if not model.source:
+        raise ModelLoadError(f"{model.name} was made in memory; it has no files to read again")
+    source, target = Path(model.source), jnp.dtype(model.dtype)
+    place = lambda array: jax.device_put(array, sharding)  # noqa: E731
+    if source.is_file():
+        return single_file.load_checkpoint_params(single_file.inspect_checkpoint(source), model.components, target,
+                                                  place, log=log)
+    return {name: load_params(component, find_weight_files(source / name, variant), target, place)
+            for name, component in model.components.items()}
+
+
 def read_scheduler_config(folder: Path) -> dict:
     """``folder``'s scheduler/scheduler_config.json, checked: every sampler follows it as diffusers would.
 

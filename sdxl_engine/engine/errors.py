@@ -29,3 +29,9 @@ class CompilesBusy(RuntimeError):
     """A request needs a program that is not compiled yet, and its client already waits for another
     new size, or ``max_pending_compiles`` sizes compile already: retry once those are ready (the
     message says which sizes compile). Nothing ran."""
+
+
+class ModelUnavailable(RuntimeError):
+    """A request's model (GenerateRequest.model, a name the server offers) could not be loaded: its files went
+    missing or broken since the start, or it does not fit this server (the message says which and why). Nothing
+    ran; the other models serve on."""

@@ -15,6 +15,7 @@ takes a lock: the next request waits for that step, counted as its queue time.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import logging
@@ -23,11 +24,13 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import jax
 import numpy as np
 
 from sdxl_engine import config as config_mod
+from sdxl_engine.checkpoint import catalogue as catalogue_mod
 from sdxl_engine.checkpoint import controlnet as controlnet_mod
 from sdxl_engine.checkpoint import loading
 from sdxl_engine.checkpoint import lora as lora_mod
@@ -36,16 +39,17 @@ from sdxl_engine.engine import faults, memory
 from sdxl_engine.engine.contract import GenerateResult, ScaleOut, clock, queue_seconds, wait_for_start
 from sdxl_engine.engine.control import ControlArrays, infotext
 from sdxl_engine.engine.durations import RunTimes
-from sdxl_engine.engine.errors import GenerationError
+from sdxl_engine.engine.errors import GenerationError, ModelUnavailable
 from sdxl_engine.engine.image_upscale import upscale_images
 from sdxl_engine.engine.memory import MemoryBudget
 from sdxl_engine.engine.plan import Plan, Planner
 from sdxl_engine.engine.previews import latent_rgb_for
 from sdxl_engine.engine.programs import Programs
+from sdxl_engine.engine.residency import Residency, Resident, host_bytes, tree_bytes
 from sdxl_engine.engine.steps import StepEvent, StepReceiver, Stopped
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest, Limits, validate
 from sdxl_engine.program import sharding
-from sdxl_engine.program.compiling import CompiledProgram
+from sdxl_engine.program.compiling import CompiledProgram, abstract_params, program_family
 from sdxl_engine.program.executables import ExecutableCache
 from sdxl_engine.program.generate import ProgramInputs
 from sdxl_engine.program.latent_upscale import sharded_upscale
@@ -67,6 +71,51 @@ def _pass_events(on_step: Callable[[StepEvent], None] | None, before: int, first
     return lambda event: on_step(dataclasses.replace(event, step=before + event.step - first, steps=total))
 
 
+# A refiner LoRA's names, for the Planner (which checks tags against them; a LoraMerger would hold the weights).
+LoraNames = collections.namedtuple("LoraNames", "loras")
+
+
+@dataclasses.dataclass(eq=False)
+class ModelSetup:
+    """What the engine knows of one model once it has loaded it; kept when its weights leave the devices (it holds
+    none), so the model's requests are validated and planned, and its programs found, without loading it again.
+
+    Attributes:
+        name: the catalogue's name (what requests send, GenerateResult.model).
+        model: the LoadedModel with its params (and its refiner's) as ShapeDtypeStructs: configs, tokenizers,
+            scheduler config, kind, and the server's ControlNets that fit it (``controlnets``: their Components and
+            params, loaded once for every model); what the planner and the programs read.
+        defaults: the config with the model's engine_defaults.json (config.resolve_defaults).
+        limits: what its requests may ask for (Limits: sizes, defaults, its LoRAs).
+        planner: its Planner.
+        programs: the compiled programs of its family (compiling.program_family): shared by every model of the
+            same architecture, dtype and kind, so a switch between them compiles nothing.
+        loras, refiner_loras: its LoRAs read and checked against it ({name: Lora}; merged per request by the
+            resident's LoraMerger).
+        latent_rgb: its previews' factors (previews.latent_rgb_for), or None.
+        startup_mode: the program flags every request of it needs (an inpainting UNet's).
+    """
+
+    name: str
+    model: loading.LoadedModel
+    defaults: EngineConfig
+    limits: Limits
+    planner: Planner
+    programs: Programs
+    loras: dict
+    refiner_loras: dict
+    latent_rgb: Any = None
+    startup_mode: dict = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(eq=False)
+class ModelState:
+    """A resident model's LoRA mergers (Resident.state): they hold its device params, so they go with them."""
+
+    loras: lora_mod.LoraMerger
+    refiner_loras: lora_mod.LoraMerger | None
+
+
 class Engine:
     """Load + compile at :meth:`start`; :meth:`generate` runs one request.
 
@@ -77,25 +126,29 @@ class Engine:
 
     def __init__(self, config: EngineConfig, log: Callable[[str], None] | None = None):
         self.config = config
-        self.defaults = config  # set at start: config.resolve_defaults with the model's engine_defaults.json
-        # Set at start (None until then): the device mesh, images per request, the loaded model
-        # (loading.LoadedModel) and its parameters, the request limits, the devices' platform.
+        # Set at start (None until then): the device mesh, images per request, the devices' platform.
         self.mesh: jax.sharding.Mesh | None = None
         self.batch: int | None = None
-        self.model: loading.LoadedModel | None = None
-        self.params = None
-        self.limits: Limits | None = None
         self.platform = ""
+        # Several models (docs/models.md), set at start: the models offered by name (checkpoint/catalogue.py), what
+        # is known of each loaded so far (ModelSetup, by name), the compiled programs of each model family (shared
+        # by its models), which models are on the devices (engine/residency.py), and the refiner (attached to each).
+        self.catalogue: catalogue_mod.Catalogue | None = None
+        self.setups: dict[str, ModelSetup] = {}
+        self.families: dict[str, Programs] = {}
+        self.residency: Residency | None = None
+        self._refiner: loading.LoadedModel | None = None
+        self._refiners: dict[str, loading.LoadedModel] = {}  # by name: the first (attached to the models), then others
+        self._refiner_lock = threading.Lock()  # one refiner load at a time
+        self._lora_sources: dict = {}  # the --lora / --lora-dir files, read against each model it loads
+        # The ControlNets (--controlnet, --controlnet-dir; docs/controlnet.md), by name: server-wide, loaded once at
+        # start and kept on the devices; each model's setup carries those that fit it (LoadedModel.controlnets).
+        self.controlnets: dict[str, controlnet_mod.LoadedControlNet] = {}
         self.device_summary = ""  # set at start, e.g. "4 × cpu"
         self._collect = log  # handed on as it is: None lets each module log to its own logger
         self._log, self._warn = log or LOG.info, log or LOG.warning
-        self.programs: Programs | None = None  # set at start: the compiled programs (engine/programs.py)
-        self._startup_mode: dict = {}  # the program flags every request of this model needs (start: an inpainting UNet)
-        self.planner: Planner | None = None  # set at start, once the model, its LoRAs and the limits are known
         self.compile_cache_dir = ""  # set at start (apply_jax_options: "" = no persistent cache)
         self.executables: ExecutableCache | None = None  # set at start: <compile_cache_dir>/executables, or None
-        self.loras: lora_mod.LoraMerger | None = None  # set at start: the LoRAs and their merged params
-        self.refiner_loras: lora_mod.LoraMerger | None = None  # the refiner's LoRAs (params["refiner"]), if any
         self.stage = "starting"
         self.started = clock()
         self.startup: dict[str, float] = {}
@@ -103,12 +156,130 @@ class Engine:
         self.error: BaseException | None = None
         self._faults = faults.injector()  # TEST-ONLY (faults.py): None unless the switch is on; read once
         self._request_lock = threading.Lock()  # one request at a time, also one a cancel left running for a step
-        self.latent_rgb = None  # set at start: previews.LatentRGB of the model, or None (no previews)
         self.precompiled = threading.Event()  # set when the background precompile finished (or was not run)
         self.run_times: RunTimes | None = None  # set at start (max_run_seconds): the device-time estimate's figures
         self.memory: MemoryBudget | None = None  # set at start: the memory a request's run may take
         if self._faults:
             self._warn(f"[sdxl_engine] WARNING: {faults.ENV} is on: test-only faults can be triggered by prompts")
+
+    # ---- the default model, as the single-model engine showed it ------------------------------------
+    # The page, the protocols, the tools and the tests read these; each is the default model's (the first --model).
+    def _default(self) -> ModelSetup | None:
+        return self.setups.get(self.catalogue.default) if self.catalogue is not None else None
+
+    def _default_resident(self) -> Resident | None:
+        setup = self._default()
+        return None if setup is None or self.residency is None else self.residency.peek(setup.name)
+
+    @property
+    def model(self) -> loading.LoadedModel | None:
+        """The default model (its params as ShapeDtypeStructs: the weights are :attr:`params`), None before start."""
+        setup = self._default()
+        return None if setup is None else setup.model
+
+    @property
+    def params(self):
+        """The default model's parameters on the devices (None while it is not resident). Settable (tests)."""
+        resident = self._default_resident()
+        return None if resident is None else resident.params
+
+    @params.setter
+    def params(self, value) -> None:
+        self._default_resident().params = value
+
+    @property
+    def defaults(self) -> EngineConfig:
+        """The config with the default model's engine_defaults.json (before start: the config)."""
+        setup = self._default()
+        return self.config if setup is None else setup.defaults
+
+    @property
+    def limits(self) -> Limits | None:
+        """What requests for the default model may ask for (:meth:`limits_for`: another model's)."""
+        setup = self._default()
+        return None if setup is None else setup.limits
+
+    @property
+    def planner(self) -> Planner | None:
+        setup = self._default()
+        return None if setup is None else setup.planner
+
+    @property
+    def programs(self) -> Programs | None:
+        """The default model's family's compiled programs (:attr:`families`: all of them)."""
+        setup = self._default()
+        return None if setup is None else setup.programs
+
+    @property
+    def latent_rgb(self):
+        setup = self._default()
+        return None if setup is None else setup.latent_rgb
+
+    @property
+    def _startup_mode(self) -> dict:
+        setup = self._default()
+        return {} if setup is None else setup.startup_mode
+
+    @property
+    def loras(self) -> lora_mod.LoraMerger | None:
+        """The default model's LoRA merger while it is resident."""
+        resident = self._default_resident()
+        return None if resident is None else resident.state.loras
+
+    @property
+    def refiner_loras(self) -> lora_mod.LoraMerger | None:
+        resident = self._default_resident()
+        return None if resident is None else resident.state.refiner_loras
+
+    # ---- several models: the API the fronts call (docs/models.md) ---------------------------------------
+    def model_names(self) -> list[str]:
+        """The models requests may name (GenerateRequest.model), the default first."""
+        return self.catalogue.names() if self.catalogue is not None else [self.config.model]
+
+    @property
+    def default_model(self) -> str:
+        """The default model's name (a request's ``model=None``)."""
+        return self.catalogue.default if self.catalogue is not None else catalogue_mod.entry_name(self.config.model)
+
+    def models_info(self) -> list[catalogue_mod.ModelInfo]:
+        """Every model's listing entry (name, A1111 title "name [hash]", hash, sha256, filename), the default first.
+        Never waits: a hash not computed yet is None (the first call starts hashing on a background thread)."""
+        return self.catalogue.infos() if self.catalogue is not None else []
+
+    def find_model(self, text: str) -> str | None:
+        """The model a client's text names: a name or an A1111 title "name [hash]" (Catalogue.find), or None."""
+        return self.catalogue.find(text) if self.catalogue is not None else None
+
+    def resident_models(self) -> list[str]:
+        """The models whose weights are on the devices now, least recently used first."""
+        return self.residency.names() if self.residency is not None else []
+
+    def limits_for(self, model: str | None) -> Limits | None:
+        """What requests for ``model`` (None: the default) may ask for, once the engine has loaded it (its sizes,
+        defaults and LoRAs); None for a model not loaded yet (the engine validates such a request once it is).
+
+        Raises InvalidRequest (``model``) for a name that is not offered."""
+        name = self._model_name(model)
+        setup = self.setups.get(name)
+        return None if setup is None else setup.limits
+
+    def rescan_models(self) -> tuple[list[str], list[str]]:
+        """Read ``--models-dir`` / ``--refiners-dir`` again (A1111's /sdapi/v1/refresh-checkpoints); returns the
+        (added, removed) names. A removed model's loaded weights stay until the residency drops them."""
+        return self.catalogue.rescan()
+
+    def _model_name(self, model: str | None) -> str:
+        """``model`` checked against the catalogue (None: the default's name).
+
+        Raises InvalidRequest (``model``) naming it and the models offered."""
+        if model is None:
+            return self.default_model
+        names = self.model_names()
+        model = model.strip() if isinstance(model, str) else model  # as validate's as_model
+        if not isinstance(model, str) or model not in names:
+            raise InvalidRequest("model", f"unknown model {str(model)[:120]!r}; this server offers: "
+                                          + ", ".join(names))
+        return model
 
     # ---- start-up -------------------------------------------------------------------------
     def start(self) -> Engine:
@@ -145,38 +316,34 @@ class Engine:
         config_mod.check_seed_range(self.config.max_seed, self.batch)
         self.device_summary = sharding.device_summary(self.mesh)
 
-        # 2. The model, each parameter straight onto the devices; the LoRAs' files checked first.
-        lora_sources = lora_mod.lora_sources(self.config.lora, self.config.lora_dir, os.pathsep,
-                                             loading.model_loras(self.config.model))  # the model's own
+        # 2. The models offered (names: checkpoint/catalogue.py), then the default one, each parameter straight onto
+        # the devices; the LoRAs' files checked first.
+        self.catalogue = catalogue_mod.Catalogue(
+            [self.config.model, *catalogue_mod.split_specs(self.config.models)], self.config.models_dir,
+            [*([self.config.refiner] if self.config.refiner else []), *catalogue_mod.split_specs(self.config.refiners)],
+            self.config.refiners_dir, cache_dir=self.config.model_cache_dir, log=self._log)
+        names = self.catalogue.names()
+        if len(names) > 1:
+            self._log(f"[sdxl_engine] models: {', '.join(names)} (the default: {names[0]}; docs/models.md)")
+        entry = self.catalogue.model(None)
+        lora_sources = self._lora_sources_of(entry)
         for path in lora_sources.values():
             lora_mod.check_lora_path(path)
         t0 = self._stage("loading model onto the devices")
         if self._faults:  # TEST-ONLY (faults.py): a start slow enough to watch
             self._faults.on_start()
         self.platform = jax.devices()[0].platform
-        self.model = loading.load_model(self.config.model, dtype=self.config.dtype, platform=self.platform,
-                                        revision=self.config.revision, variant=self.config.variant,
-                                        cache_dir=self.config.model_cache_dir,
-                                        sharding=sharding.replicated(self.mesh),
-                                        log=self._collect or loading.LOG.info, model_config=self.config.model_config,
-                                        unet=self.config.unet, vae=self.config.vae,
-                                        timestep_spacing=self.config.timestep_spacing)
-        if self.model.kind.refiner:
-            raise loading.ModelLoadError(self.model.kind.txt2img_refusal(self.model.name))
-        # An inpainting UNet serves masked requests only: its programs are inpainting ones from the start on.
-        self._startup_mode = dict(init_image=True, inpaint=True) if self.model.kind.inpainting_unet else {}
-        self.params = self.model.params
-        jax.block_until_ready(self.params)
+        loaded = self._read_model(entry, default=True)
+        jax.block_until_ready(loaded.params)
         self._done("load_s", t0)
-        self._load_refiner()
-        self._load_loras(lora_sources)
-        self._load_controlnets()
-        self.defaults = self._model_defaults()
-        self.limits = self._limits(self.defaults)
-        self.planner = Planner(self.model, self.config, self.limits, self.batch, self.refiner_loras)
-        self.programs = Programs(self.model, self.params, self.mesh, self.batch, self.executables, self.config,
-                                 self.compile_cache_dir, self.limits.sizes, self._collect)
-        self.latent_rgb = latent_rgb_for(self.model.source, self.model.latent_channels)
+        self._load_refiner(loaded)
+        self._load_controlnets(loaded)  # server-wide, once: every model's setup carries those that fit it
+        setup = self._setup(entry.name, loaded, lora_sources, strict=True)
+        resident = self._resident(setup, self._params_of(loaded))
+        del loaded  # the resident holds the weights now, and is what drops them
+        # room for one model until the memory is measured (5.)
+        self.residency = Residency(self._load_for_request, resident.nbytes, 0, self._collect)
+        self.residency.add(resident)
 
         # 3. Compile the default size (CFG, the default guidance's mode) ahead of time.
         width, height = self.limits.default_size
@@ -200,6 +367,7 @@ class Engine:
         # 5. What a request's run may take of the memory left now (weights loaded, first program warmed up).
         budget = self.memory = MemoryBudget.measure(self.mesh, self.limits.multiple, self.batch,
                                                     self.config.max_run_memory_gb)
+        self._size_residency(budget, resident)
         times = self.run_times
         self._log(f"[sdxl_engine] a request's run may take {budget.capacity / 1e9:.1f} GB of {budget.where}"
                   + ("" if self.config.max_run_memory_gb else
@@ -232,98 +400,286 @@ class Engine:
         self.run_times = RunTimes(self.config.max_run_seconds, cost, fixed, max((five - one) / 4, 1e-6), self.batch)
         self.startup["timing_s"] = time.perf_counter() - t0
 
-    def _load_refiner(self) -> None:
-        """With ``config.refiner``: load the SDXL refiner onto the same devices (replicated over the mesh), check it
-        against the model (loading.check_refiner: RefinerMismatch stops the start), attach it (``model.refiner``)
-        and put its text_encoder_2 and UNet in ``params["refiner"]``; its VAE is not kept (the base's decodes)."""
-        if not self.config.refiner:
+    def _load_refiner(self, loaded: loading.LoadedModel) -> None:
+        """With ``config.refiner``: load the SDXL refiner onto the same devices (replicated over the mesh) the first
+        time (its VAE is not kept: the base's decodes), check it against the model ``loaded``
+        (loading.check_refiner) and attach it (``loaded.refiner``; its text_encoder_2 and UNet go in the program's
+        ``params["refiner"]``: :meth:`_params_of`). A mismatch stops the start for the default model; another model
+        is served without the refiner (one log line)."""
+        if not self.catalogue.names(refiners=True):
             return
-        t0 = self._stage("loading the refiner onto the devices")
-        refiner = loading.load_model(self.config.refiner, dtype=self.model.dtype, platform=self.platform,
-                                     variant=self.config.variant, cache_dir=self.config.model_cache_dir,
-                                     sharding=sharding.replicated(self.mesh), log=self._collect or loading.LOG.info,
-                                     model_config=self.config.refiner_config, flag="--refiner")
-        loading.check_refiner(self.model, refiner)
-        refiner.params = {name: refiner.params[name] for name in ("text_encoder_2", "unet")}  # the VAE's freed
-        self.model.refiner = refiner
-        self.params = {**self.params, "refiner": refiner.params}
-        jax.block_until_ready(self.params)
-        self._done("refiner_load_s", t0)
+        if self._refiner is None:
+            t0 = self._stage("loading the refiner onto the devices")
+            entry = self.catalogue.refiner(None)
+            refiner = self._read_refiner(entry.spec, loaded.dtype)
+            loading.check_refiner(loaded, refiner)
+            self._refiner = self._refiners[entry.name] = refiner
+            self._done("refiner_load_s", t0)
+        try:
+            loading.check_refiner(loaded, self._refiner)
+        except loading.RefinerMismatch as err:
+            if not self.setups:  # the default model
+                raise
+            self._warn(f"[sdxl_engine] {loaded.name} is served without the refiner: {err}")
+            return
+        loaded.refiner = self._refiner
 
-    def _load_controlnets(self) -> None:
-        """With ``config.controlnet`` / ``controlnet_dir``: load each ControlNet in the model's dtype onto the
-        devices (replicated), check it fits the model (checkpoint/controlnet.check_fits: ModelLoadError stops the
-        start) and attach them (``model.controlnets``, by name)."""
+    def _read_refiner(self, spec: str, dtype: str) -> loading.LoadedModel:
+        """A refiner onto the devices (replicated), its text_encoder_2 and UNet kept (the base's VAE decodes)."""
+        refiner = loading.load_model(spec, dtype=dtype, platform=self.platform, variant=self.config.variant,
+                                     cache_dir=self.config.model_cache_dir, sharding=sharding.replicated(self.mesh),
+                                     log=self._collect or loading.LOG.info, model_config=self.config.refiner_config,
+                                     flag="--refiner")
+        refiner.params = {name: refiner.params[name] for name in ("text_encoder_2", "unet")}  # the VAE's freed
+        jax.block_until_ready(refiner.params)
+        return refiner
+
+    def refiner_names(self) -> list[str]:
+        """The refiners requests may name (GenerateRequest.refiner), the default (the first --refiner) first."""
+        return self.catalogue.names(refiners=True) if self.catalogue is not None else []
+
+    def _chosen_refiner(self, name: str | None, progress: Callable[[str], None]) -> loading.LoadedModel | None:
+        """The refiner a request names (None: the first, attached to every model: None is returned, nothing to
+        swap), loaded on first use (``progress("loading model")``; kept on the devices from then on). It must be
+        of the first refiner's architecture: its weights then go to the same programs.
+
+        Raises InvalidRequest (``refiner``): an unknown name, or another architecture. ModelUnavailable: its files
+        could not be read."""
+        names = self.refiner_names()
+        if name is None or (names and name == names[0]):
+            return None
+        if name not in names:
+            raise InvalidRequest("refiner", f"unknown refiner {name[:120]!r}; this server offers: "
+                                            + (", ".join(names) or "none"))
+        with self._refiner_lock:
+            refiner = self._refiners.get(name)
+            if refiner is None:
+                progress("loading model")
+                try:
+                    refiner = self._read_refiner(self.catalogue.refiner(name).spec, self._refiner.dtype)
+                except (loading.ModelLoadError, OSError) as err:
+                    raise ModelUnavailable(f"refiner {name!r} could not be loaded: {err}") from err
+                first = self._refiner
+                same = ({k: c.config for k, c in refiner.components.items() if k in refiner.params}
+                        == {k: c.config for k, c in first.components.items() if k in first.params}
+                        and refiner.kind == first.kind)
+                if not same:
+                    raise InvalidRequest("refiner", f"{name} is not of the first refiner's ({names[0]}) architecture; "
+                                                    "this server runs refiners of one architecture")
+                self._refiners[name] = refiner
+        return refiner
+
+    def _load_controlnets(self, loaded: loading.LoadedModel) -> None:
+        """With ``config.controlnet`` / ``controlnet_dir``: load each ControlNet once for the whole server, in the
+        default model ``loaded``'s dtype (every model's: config ``dtype``) onto the devices (replicated), a single
+        file without a config after its UNet's (diffusers' from_unet rule), and keep them (:attr:`controlnets`, by
+        name). Each model's :meth:`_setup` checks which fit it (:meth:`_fitting_controlnets`)."""
         sources = controlnet_mod.controlnet_sources(self.config.controlnet, self.config.controlnet_dir)
         if not sources:
             return
         t0 = self._stage(f"loading {len(sources)} ControlNets onto the devices")
-        unet_config = dataclasses.asdict(self.model.unet)  # a single file without a config: from_unet's rule
+        unet_config = dataclasses.asdict(loaded.unet)  # a single file without a config: from_unet's rule
         nets = {}
         for name, path in sources.items():
-            net = controlnet_mod.load_controlnet(name, path, self.model.dtype, unet_config,
-                                                 sharding.replicated(self.mesh), log=self._collect or self._log)
-            controlnet_mod.check_fits(net, self.model.components["unet"], self.model.vae_scale_factor,
-                                      self.model.latent_channels)
-            nets[name] = net
-        self.model.controlnets = nets
+            nets[name] = controlnet_mod.load_controlnet(name, path, loaded.dtype, unet_config,
+                                                        sharding.replicated(self.mesh), log=self._collect or self._log)
+        self.controlnets = nets
         jax.block_until_ready([n.params for n in nets.values()])
         self._done("controlnet_load_s", t0)
 
-    def _control(self, params: dict, control: ControlArrays | None,
-                 inputs: ProgramInputs) -> tuple[dict, ProgramInputs]:
-        """``params`` and ``inputs`` for a pass with ControlNet units (``control``, a plan's): each unit's
-        ControlNet params in ``params["controlnet"]``, the units' arrays in the inputs; as they are without."""
+    def _fitting_controlnets(self, loaded: loading.LoadedModel, strict: bool) -> dict:
+        """{name: LoadedControlNet} of the server's ControlNets that fit the model ``loaded``
+        (checkpoint/controlnet.check_fits). One that does not: with ``strict`` (the default model) its ModelLoadError
+        stops the start; else it is left out for this model (one log line; units naming it are refused for it)."""
+        nets = {}
+        for name, net in self.controlnets.items():
+            try:
+                controlnet_mod.check_fits(net, loaded.components["unet"], loaded.vae_scale_factor,
+                                          loaded.latent_channels)
+            except loading.ModelLoadError as err:
+                if strict:
+                    raise
+                self._warn(f"[sdxl_engine] ControlNet {name} is left out for {loaded.name}: {err}")
+                continue
+            nets[name] = net
+        return nets
+
+    @staticmethod
+    def _control(params: dict, control: ControlArrays | None, inputs: ProgramInputs,
+                 setup: ModelSetup) -> tuple[dict, ProgramInputs]:
+        """``params`` and ``inputs`` for a pass of model ``setup`` with ControlNet units (``control``, a plan's):
+        each unit's ControlNet params in ``params["controlnet"]``, the units' arrays in the inputs; as they are
+        without."""
         if control is None:
             return params, inputs
-        nets = self.model.controlnets
+        nets = setup.model.controlnets
         return ({**params, "controlnet": tuple(nets[m].params for m in control.models)},
                 inputs.with_control(**control.inputs()))
 
-    def _load_loras(self, sources: dict) -> None:
-        """Read and check every LoRA against the model, or, when it does not fit the model and a refiner is
-        loaded, against the refiner (a LoRA trained for the refiner: its tags then change the refiner's steps);
-        LoraError (the model's) stops the start. Keeps the mergers."""
+    @staticmethod
+    def _params_of(loaded: loading.LoadedModel) -> dict:
+        """The program's params of ``loaded``: its own, and its refiner's under ``"refiner"``."""
+        return loaded.params if loaded.refiner is None else {**loaded.params, "refiner": loaded.refiner.params}
+
+    def _lora_sources_of(self, entry: catalogue_mod.ModelEntry) -> dict:
+        """{name: path} of the LoRAs ``entry`` may use: --lora and --lora-dir, then the model's own (loras.json)."""
+        return lora_mod.lora_sources(self.config.lora, self.config.lora_dir, os.pathsep,
+                                     loading.model_loras(entry.spec))
+
+    def _read_model(self, entry: catalogue_mod.ModelEntry, default: bool = False) -> loading.LoadedModel:
+        """Read ``entry`` onto the devices (replicated over the mesh). ``--unet``, ``--vae``, ``--revision`` and
+        ``--timestep-spacing`` apply to the default model only; ``--model-config`` to every single file.
+
+        Raises ModelLoadError: a read error, or an SDXL refiner (it cannot make images from text)."""
+        swaps = dict(unet=self.config.unet, vae=self.config.vae, timestep_spacing=self.config.timestep_spacing,
+                     revision=self.config.revision) if default else {}
+        loaded = loading.load_model(entry.spec, dtype=self.config.dtype, platform=self.platform,
+                                    variant=self.config.variant, cache_dir=self.config.model_cache_dir,
+                                    sharding=sharding.replicated(self.mesh), log=self._collect or loading.LOG.info,
+                                    model_config=self.config.model_config, **swaps)
+        if loaded.kind.refiner:
+            raise loading.ModelLoadError(loaded.kind.txt2img_refusal(loaded.name))
+        return loaded
+
+    def _setup(self, name: str, loaded: loading.LoadedModel, lora_sources: dict, strict: bool) -> ModelSetup:
+        """What the engine keeps of model ``name`` (ModelSetup), made from its first load: the server's ControlNets
+        that fit it (``loaded.controlnets``, kept by its skeleton: its planner's and its family's programs' units) and
+        its LoRAs, read against it (``strict``: one that does not fit stops the start; else it is left out for this
+        model, one log line), its defaults, limits and planner, and its family's programs (found, or made for the
+        first of its family; models of one family fit the same ControlNets: the fit reads the configs the family
+        digests)."""
+        startup_mode = dict(init_image=True, inpaint=True) if loaded.kind.inpainting_unet else {}
+        loaded.controlnets = self._fitting_controlnets(loaded, strict)  # the skeleton keeps them (the planner's)
+        loras, for_refiner = self._read_loras(loaded, lora_sources, strict)
+        defaults = self._model_defaults(loaded, self.catalogue.model(name).spec)
+        limits = self._limits(loaded, defaults, (*loras, *for_refiner), startup_mode)
+        params = self._params_of(loaded)
+        skeleton = dataclasses.replace(loaded, params=abstract_params(loaded.params), refiner=None if loaded.refiner
+                                       is None else dataclasses.replace(loaded.refiner,
+                                                                        params=abstract_params(loaded.refiner.params)))
+        family = program_family(loaded, params)
+        programs = self.families.get(family)
+        if programs is None:
+            programs = self.families[family] = Programs(skeleton, abstract_params(params), self.mesh, self.batch,
+                                                        self.executables, self.config, self.compile_cache_dir,
+                                                        limits.sizes, self._collect)
+        elif self.setups:
+            self._log(f"[sdxl_engine] {name} shares the compiled programs of "
+                      + ", ".join(s.name for s in self.setups.values() if s.programs is programs)
+                      + " (the same architecture, dtype and kind: nothing compiles for it)")
+        planner = Planner(skeleton, self.config, limits, self.batch, LoraNames(for_refiner) if for_refiner else None)
+        setup = self.setups[name] = ModelSetup(name, skeleton, defaults, limits, planner, programs, loras, for_refiner,
+                                               latent_rgb_for(loaded.source, loaded.latent_channels), startup_mode)
+        return setup
+
+    def _resident(self, setup: ModelSetup, params) -> Resident:
+        """A Resident of ``setup``'s model with ``params`` on the devices and its LoRA mergers."""
+        place = sharding.replicated(self.mesh)
+        state = ModelState(lora_mod.LoraMerger(params, setup.loras, place),
+                           lora_mod.LoraMerger(params["refiner"], setup.refiner_loras, place)
+                           if setup.refiner_loras else None)
+        own = {k: v for k, v in params.items() if k != "refiner"}  # the refiner's stay resident, shared by all
+        return Resident(setup.name, params, tree_bytes(own), state)
+
+    def _load_for_request(self, name: str, host_params) -> Resident:
+        """The residency's loader (engine/residency.py), on its thread: model ``name`` onto the devices, from the
+        host cache's arrays (``host_params``) or its file; its ModelSetup made on its first load."""
+        setup = self.setups.get(name)
+        if host_params is not None and setup is not None:
+            params = jax.device_put(host_params, sharding.replicated(self.mesh))
+            jax.block_until_ready(params)
+            return self._resident(setup, params)
+        entry = self.catalogue.model(name)
+        default = name == self.catalogue.default
+        if setup is not None and setup.model.source and not (default and (self.config.unet or self.config.vae)):
+            # loaded before: its weights alone, read with the components it has (loading.reload_params)
+            params = loading.reload_params(setup.model, sharding.replicated(self.mesh), self.config.variant,
+                                           self._collect or loading.LOG.info)
+            if setup.model.refiner is not None:
+                params = {**params, "refiner": self._refiner.params}
+            jax.block_until_ready(params)
+            return self._resident(setup, params)
+        loaded = self._read_model(entry, default=default)
+        jax.block_until_ready(loaded.params)
+        self._load_refiner(loaded)
+        if setup is None:
+            setup = self._setup(name, loaded, self._lora_sources_of(entry), strict=False)
+        return self._resident(setup, self._params_of(loaded))
+
+    def _size_residency(self, budget: MemoryBudget, resident: Resident) -> None:
+        """Bound the resident models (``max_resident_models``; 0: as many as half the memory a run may take holds
+        beside the default, at least 1, at most the models offered) and the host cache (``max_host_models``), and
+        keep the room of the resident models beyond the first out of what a run may take (``budget``, unless
+        ``max_run_memory_gb`` set it). ``resident``: the default model, whose size stands for every model's."""
+        devices = self.mesh.devices.size
+        per_pool = resident.nbytes * budget.pool // devices  # its weights' bytes in the pool a run's budget counts
+        count = self.config.max_resident_models
+        if not count:
+            count = 1 + (int(budget.capacity * 0.5 // per_pool) if budget.capacity and per_pool else 0)
+            count = max(1, min(count, len(self.catalogue.names())))
+        self.residency.capacity = count * resident.nbytes
+        if not self.config.max_run_memory_gb and budget.capacity:
+            budget.capacity = max(0, budget.capacity - (count - 1) * per_pool)
+        one = host_bytes(resident.params) or 1
+        hosts = self.config.max_host_models
+        if hosts < 0:
+            hosts = 0 if self.platform == "cpu" else int(0.5 * memory.host_available_bytes() // one)
+        self.residency.host_capacity = hosts * one
+        if len(self.catalogue.names()) > 1:
+            self._log(f"[sdxl_engine] resident models: up to {count} on the devices "
+                      f"({self.residency.capacity / 1e9:.2f} GB of weights), {hosts} more in host memory "
+                      "(max_resident_models, max_host_models)")
+
+    def _read_loras(self, loaded: loading.LoadedModel, sources: dict, strict: bool) -> tuple[dict, dict]:
+        """Read and check every LoRA against the model ``loaded``, or, when it does not fit the model and a refiner is
+        loaded, against the refiner (a LoRA trained for the refiner: its tags then change the refiner's steps).
+        A LoRA that fits neither: with ``strict`` (the default model) LoraError stops the start; else it is left
+        out for this model (one log line; its tags are refused for it). Returns ({name: Lora} of the model's,
+        {name: Lora} of the refiner's)."""
         t0 = time.perf_counter()
-        if sources:  # the banner's stage; the log gets one line, after
+        if sources and strict:  # the banner's stage; the log gets one line, after
             self.stage = f"loading {len(sources)} LoRAs"
         loras, for_refiner = {}, {}
         for name, path in sources.items():
             try:
-                loras[name] = lora_mod.read_lora(name, path, self.model.components)
+                loras[name] = lora_mod.read_lora(name, path, loaded.components)
             except lora_mod.LoraError as err:
-                refiner = self.model.refiner
-                if refiner is None:
-                    raise
                 try:
+                    if loaded.refiner is None:
+                        raise
                     for_refiner[name] = lora_mod.read_lora(name, path, {
-                        k: c for k, c in refiner.components.items() if k in self.params["refiner"]})
+                        k: c for k, c in loaded.refiner.components.items() if k in loaded.refiner.params})
                 except lora_mod.LoraError:
-                    raise err from None
-        self.loras = lora_mod.LoraMerger(self.params, loras, sharding.replicated(self.mesh))
-        self.refiner_loras = (lora_mod.LoraMerger(self.params["refiner"], for_refiner, sharding.replicated(self.mesh))
-                              if for_refiner else None)
+                    if strict:
+                        raise err from None
+                    self._warn(f"[sdxl_engine] LoRA {name} is left out for {loaded.name}: {err}")
         if sources:
-            self.startup["lora_s"] = time.perf_counter() - t0
-            self._log("[sdxl_engine] LoRAs: " + ", ".join(
+            took = time.perf_counter() - t0
+            if strict:  # the start's figure
+                self.startup["lora_s"] = took
+            self._log(f"[sdxl_engine] LoRAs{'' if strict else ' of ' + loaded.name}: " + ", ".join(
                 f"{i['name']} ({i['format']}, {i['layers']} layers, hash {i['hash']}"
                 f"{', for the refiner' if i['name'] in for_refiner else ''})"
                 for i in lora_mod.lora_info([*loras.values(), *for_refiner.values()]))
-                + f"; read in {self.startup['lora_s']:.2f} s")
+                + f"; read in {took:.2f} s")
+        return loras, for_refiner
 
-    def _lora_params(self, loras: tuple[tuple[str, float], ...]) -> tuple[dict, dict[str, str]]:
-        """The params for a plan's LoRAs (``Plan.loras``: the prompt's tags as (name, weight); merged outside the
-        compiled program; the base params without any; a refiner LoRA merges into ``params["refiner"]``) and
-        {name: short hash}. The tags were checked by validate (Limits.loras) and the plan (a refiner LoRA needs the
-        refiner)."""
+    def _lora_params(self, loras: tuple[tuple[str, float], ...],
+                     served: Resident | None = None) -> tuple[dict, dict[str, str]]:
+        """The params of model ``served`` (None: the default) for a plan's LoRAs (``Plan.loras``: the prompt's tags
+        as (name, weight); merged outside the compiled program by that model's own mergers; the base params without
+        any; a refiner LoRA merges into ``params["refiner"]``) and {name: short hash}. The tags were checked by validate
+        (Limits.loras) and the plan (a refiner LoRA needs the refiner)."""
+        served = served or self._default_resident()
         if not loras:
-            return self.params, {}
-        refiner = self.refiner_loras.loras if self.refiner_loras else {}
-        params = self.loras.params([(name, weight) for name, weight in loras if name not in refiner])
+            return served.params, {}
+        mergers = served.state
+        refiner = mergers.refiner_loras.loras if mergers.refiner_loras else {}
+        params = mergers.loras.params([(name, weight) for name, weight in loras if name not in refiner])
         if any(name in refiner for name, _ in loras):
-            params = {**params, "refiner": self.refiner_loras.params([(name, weight) for name, weight in loras
-                                                                     if name in refiner])}
-        return params, {name: (refiner.get(name) or self.loras.loras[name]).short_hash for name, _ in loras}
+            params = {**params, "refiner": mergers.refiner_loras.params([(name, weight) for name, weight in loras
+                                                                        if name in refiner])}
+        return params, {name: (refiner.get(name) or mergers.loras.loras[name]).short_hash for name, _ in loras}
 
     def _config_shown(self) -> dict:
         """The config for the start-up line: a field the model's engine_defaults.json may still choose
@@ -332,46 +688,46 @@ class Engine:
                 if k in config_mod.MODEL_DEFAULT_FIELDS and k not in self.config.explicit
                 else v for k, v in self.config.as_dict().items()}
 
-    def _model_defaults(self) -> EngineConfig:
-        """The config with the model's engine_defaults.json where it set nothing; one log line names what applied."""
-        defaults = config_mod.resolve_defaults(self.config, self.model.engine_defaults,
-                                               self.config.model)  # the path, for the operator
-        if self.model.engine_defaults:
-            used = {k: getattr(defaults, k) for k in self.model.engine_defaults if k not in self.config.explicit}
-            kept = sorted(self.model.engine_defaults.keys() & self.config.explicit)
+    def _model_defaults(self, model: loading.LoadedModel, spec: str) -> EngineConfig:
+        """The config with ``model``'s engine_defaults.json where it set nothing (``spec``: what it was loaded from,
+        for the operator); one log line names what applied."""
+        defaults = config_mod.resolve_defaults(self.config, model.engine_defaults, spec)
+        if model.engine_defaults:
+            used = {k: getattr(defaults, k) for k in model.engine_defaults if k not in self.config.explicit}
+            kept = sorted(model.engine_defaults.keys() & self.config.explicit)
             self._log(f"[sdxl_engine] the model's defaults ({loading.ENGINE_DEFAULTS_FILE}): {used}"
                       + (f"; set explicitly, so kept: {', '.join(kept)}" if kept else ""))
         builtin_used = {k: getattr(defaults, k) for k in config_mod.MODEL_DEFAULT_FIELDS
-                        if k not in self.config.explicit and k not in self.model.engine_defaults}
+                        if k not in self.config.explicit and k not in model.engine_defaults}
         if builtin_used:
             self._log(f"[sdxl_engine] the engine's defaults, which the model does not choose: {builtin_used}")
         return defaults
 
-    def _limits(self, defaults: EngineConfig) -> Limits:
-        """What requests may ask for: every field from the resolved ``defaults`` (the engine's
-        :attr:`defaults`) and the model's geometry, in this one place.
+    def _limits(self, model: loading.LoadedModel, defaults: EngineConfig, loras: tuple[str, ...],
+                startup_mode: dict) -> Limits:
+        """What requests for ``model`` may ask for: every field from its resolved ``defaults`` (ModelSetup.defaults),
+        its geometry and its LoRAs' names (``loras``), in this one place.
 
         Raises ConfigError for a default width/height the model cannot make.
         """
-        native, multiple = self.model.native_size, self.model.size_multiple
+        native, multiple = model.native_size, model.size_multiple
         default = (defaults.width or native, defaults.height or native)
         if default[0] % multiple or default[1] % multiple:
             raise config_mod.ConfigError(f"width/height {default[0]}x{default[1]}: the model {defaults.model!r} needs "
                                          f"multiples of {multiple} pixels (0 = its native {native}x{native})")
-        sizes = self.model.size_buckets()
+        sizes = model.size_buckets()
         if default not in sizes:
             sizes = (default,) + sizes
         max_pixels = defaults.max_pixels or max(4 * native * native, 1024 * 1024)
         return Limits(max_seed=defaults.max_seed, max_steps=defaults.max_inference_steps, sizes=sizes,
                       default_size=default, default_steps=defaults.num_inference_steps,
                       default_guidance=defaults.guidance_scale, multiple=multiple, default_sampler=defaults.sampler,
-                      loras=(*(self.loras.loras if self.loras else ()),
-                             *(self.refiner_loras.loras if self.refiner_loras else ())),
+                      loras=tuple(loras),
                       max_pixels=max(max_pixels, *(w * h for w, h in sizes)), batch=self.batch,
-                      requires_mask=f"{self.model.name} has an inpainting UNet ({self.model.kind.unet_in_channels} "
-                                    "input channels: latents, mask, masked image)" if self._startup_mode else "",
-                      refiner=self.model.refiner is not None,
-                      controlnets=tuple((name, net.hash) for name, net in self.model.controlnets.items()),
+                      requires_mask=f"{model.name} has an inpainting UNet ({model.kind.unet_in_channels} "
+                                    "input channels: latents, mask, masked image)" if startup_mode else "",
+                      refiner=model.refiner is not None,
+                      controlnets=tuple((name, net.hash) for name, net in model.controlnets.items()),
                       max_control_units=self.config.max_control_units)
 
     def _start_precompile(self) -> None:
@@ -395,8 +751,9 @@ class Engine:
 
     @property
     def compile_count(self) -> int:
-        """Programs made so far (compiled, or loaded from the executable cache); 0 before start."""
-        return self.programs.count if self.programs is not None else 0
+        """Programs made so far (compiled, or loaded from the executable cache) for every model family; 0 before
+        start. A switch between models of one family adds none."""
+        return sum(programs.count for programs in self.families.values())
 
     def is_compiled(self, width: int, height: int, cfg: bool = True, chunks: int = 1) -> bool:
         """Whether the program for this size bucket (pixels), CFG mode and prompt chunk count is compiled already."""
@@ -417,8 +774,12 @@ class Engine:
                  should_stop: Callable[[], bool] | None = None) -> GenerateResult:
         """Validate, then run one request on the devices.
 
+        ``request.model`` names the model (None: the default; docs/models.md).
+
         ``progress``, if given, is called on this thread with each stage's name as it starts:
-        ``"compiling"`` (only for the first request of a size bucket, CFG mode or prompt chunk count),
+        ``"loading model"`` (only for a model not on the devices: its load, on the loader thread, while requests
+        for resident models run on), ``"compiling"`` (only for the first request of a size bucket, CFG mode or
+        prompt chunk count),
         ``"preparing"`` (tokenize, schedule), ``"on device"`` (the one compiled program: text
         encoders, the denoising loop and the VAE decode; it reports nothing from inside),
         ``"to host"``.
@@ -433,7 +794,9 @@ class Engine:
         ``progress`` off, only before the program), raising Stopped; the engine is free at once.
 
         Raises:
-            InvalidRequest: a bad argument (nothing ran), including a bad or unknown ``<lora:...>`` tag.
+            InvalidRequest: a bad argument (nothing ran), including a bad or unknown ``<lora:...>`` tag, and an unknown
+                ``model`` (field "model", the message naming it and the models offered).
+            ModelUnavailable: the request's model could not be loaded (nothing ran; the other models serve on).
             EngineNotReady: start-up failed or did not finish within ``ready_timeout`` seconds.
             GenerationError: the program produced non-finite pixels.
             InvalidRequest (``width``): also when the devices ran out of memory at the request's size.
@@ -444,54 +807,86 @@ class Engine:
         self.wait_ready(ready_timeout)
         progress = progress or _no_progress
         t0 = time.perf_counter()
-        plan = self.planner.plan(validate(request, self.limits))  # every refusal before anything waits or compiles
-        self._admit(plan)  # what it would cost, estimated from the sizes compiled so far: refused before compiling
+        name = self._model_name(request.model)  # an unknown model is refused by name, before anything else
+        known = self.setups.get(name)
+        if known is not None:  # a model loaded before: its request is refused before it waits for a load
+            request = validate(request, known.limits)
+        # A model not on the devices loads on the loader thread (progress "loading model"); requests for resident
+        # models run on meanwhile (engine/residency.py). Held until the run ends: it is not dropped under it.
+        try:
+            served = self.residency.acquire(name, progress, should_stop)
+        except (loading.ModelLoadError, lora_mod.LoraError, config_mod.ConfigError, OSError) as err:
+            raise ModelUnavailable(f"model {name!r} could not be loaded: {err}") from err
+        try:
+            return self._generate(request, served, called, t0, arrived, progress, on_step, should_stop)
+        finally:
+            self.residency.release(served)
+
+    def _generate(self, request: GenerateRequest, served: Resident, called: float, t0: float, arrived: float | None,
+                  progress: Callable[[str], None], on_step: Callable[[StepEvent], None] | None,
+                  should_stop: Callable[[], bool] | None) -> GenerateResult:
+        """:meth:`generate` once its model ``served`` is resident and held: plan, get or compile, run."""
+        setup = self.setups[served.name]
+        programs = setup.programs
+        plan = setup.planner.plan(validate(request, setup.limits))  # every refusal before anything waits or compiles
+        refiner = self._chosen_refiner(plan.request.refiner, progress)  # None: the model's own (the first)
+        if refiner is not None and setup.refiner_loras and any(n in setup.refiner_loras for n, _ in plan.loras):
+            raise InvalidRequest("prompt", f"a refiner LoRA's tag applies to the first refiner only, not to "
+                                           f"{plan.request.refiner}: leave the tag out, or the refiner")
+        self._admit(plan, programs)  # what it would cost, estimated from the sizes compiled so far: refused first
         # a new size compiles on the compile thread: other requests run on (Programs.for_request)
-        program = self.programs.for_request(plan.shape, plan.request.client, progress, should_stop)
-        second = None if plan.hires is None else self.programs.for_request(plan.hires.shape, plan.request.client,
-                                                                            progress, should_stop)
-        self._admit(plan)  # XLA's counts of the compiled programs: refused before running
+        program = programs.for_request(plan.shape, plan.request.client, progress, should_stop)
+        second = None if plan.hires is None else programs.for_request(plan.hires.shape, plan.request.client,
+                                                                       progress, should_stop)
+        self._admit(plan, programs)  # XLA's counts of the compiled programs: refused before running
         prep_s = time.perf_counter() - t0
         waiting = clock()
         self._wait_turn(progress, should_stop)  # one request on the devices at a time; the wait is queue time
         try:
             start = clock()
-            result = (self._run(plan, program, progress, on_step=on_step, should_stop=should_stop) if second is None
-                      else self._run_hires(plan, program, second, progress, on_step, should_stop))
+            result = (self._run(plan, program, progress, on_step=on_step, should_stop=should_stop, served=served,
+                                refiner=refiner)
+                      if second is None else self._run_hires(plan, program, second, progress, on_step, should_stop,
+                                                             served))
         except jax.errors.JaxRuntimeError as err:
             if "RESOURCE_EXHAUSTED" not in str(err):
                 raise
             raise self._out_of_memory(plan, err) from None
         finally:
             self._request_lock.release()
-        if self.run_times is not None and second is None and self._faults is None:  # faults: simulated time
-            self.run_times.observe(*self._runs(plan)[0], result.timings["device"])
+        if (self.run_times is not None and second is None and self._faults is None  # faults: simulated time
+                and programs is self.programs):  # measured on the default's family
+            self.run_times.observe(*self._runs(plan, programs)[0], result.timings["device"])
         result.timings["queue"] = queue_seconds(arrived, called, called) + (start - waiting)
         result.timings["prep"] += prep_s
         result.timings["latency"] += prep_s
         return result
 
-    def _admit(self, plan: Plan) -> None:
+    def _admit(self, plan: Plan, programs: Programs | None = None) -> None:
         """Refuse ``plan`` when its programs' memory or device time is over what this server allows (memory.py,
         durations.py), by XLA's counts of those compiled, else by their estimates; nothing is refused while either is
         unknown. The hires fix's second pass names ``hires_scale`` (its size) and ``hires_steps``.
 
+        ``programs``: the plan's model's family's (None: the default's); the device-time estimate is measured on the
+        default's family and applies to it only.
+
         Raises InvalidRequest."""
-        costs = self.programs.costs
+        programs = programs or self.programs
+        costs = programs.costs
         if self.memory is not None:
             for shape, field in [(plan.shape, "width")] + ([] if plan.hires is None else
                                                            [(plan.hires.shape, "hires_scale")]):
                 if refused := self.memory.refusal(shape, costs.estimate(shape), costs, field):
                     raise refused
-        if self.run_times is not None:
+        if self.run_times is not None and programs is self.programs:
             field = "num_inference_steps" if plan.hires is None else "hires_steps"
-            if refused := self.run_times.refusal(self._runs(plan), field):
+            if refused := self.run_times.refusal(self._runs(plan, programs), field):
                 raise refused
 
-    def _runs(self, plan: Plan) -> list[tuple]:
+    def _runs(self, plan: Plan, programs: Programs | None = None) -> list[tuple]:
         """(width, height, its program's costs.ProgramCost or estimate or None, denoising steps that run) of each
-        program call of ``plan``, in order."""
-        request, costs = plan.request, self.programs.costs
+        program call of ``plan``, in order (``programs``: its family's; None: the default's)."""
+        request, costs = plan.request, (programs or self.programs).costs
         steps = request.num_inference_steps if plan.steps is None else plan.steps
         start = (request.start_step if plan.start_step is None else plan.start_step) if plan.image is not None else 0
         runs = [(plan.shape.width, plan.shape.height, costs.estimate(plan.shape), steps - (start or 0))]
@@ -523,13 +918,19 @@ class Engine:
 
     def _run(self, plan: Plan, program: CompiledProgram, progress: Callable[[str], None] = _no_progress,
              loop_steps: int | None = None, on_step: Callable[[StepEvent], None] | None = None,
-             should_stop: Callable[[], bool] | None = None) -> GenerateResult:
-        """Run a plan on its compiled program; ``loop_steps`` (the warm-up's 0) overrides how many denoising
-        steps run."""
+             should_stop: Callable[[], bool] | None = None, served: Resident | None = None,
+             refiner: loading.LoadedModel | None = None) -> GenerateResult:
+        """Run a plan on its compiled program with model ``served``'s weights (None: the default model's) and the
+        refiner ``refiner``'s (None: the model's own, the first); ``loop_steps`` (the warm-up's 0) overrides how many
+        denoising steps run."""
         t0 = time.perf_counter()
         request = plan.request
+        served = served or self._default_resident()
+        setup = self.setups[served.name]
         progress("preparing")
-        params, loras = self._lora_params(plan.loras)  # the tags' LoRAs merged; the plan's tokens are without them
+        params, loras = self._lora_params(plan.loras, served)  # the tags' LoRAs merged; the tokens are without them
+        if refiner is not None:  # another refiner of the first one's architecture: its weights, the same program
+            params = {**params, "refiner": refiner.params}
         steps = request.num_inference_steps if plan.steps is None else plan.steps
         start = request.start_step if plan.start_step is None else plan.start_step
         inputs = ProgramInputs.build(plan.prompt.ids, plan.negative.ids, not plan.negative.words.strip(), plan.seeds,
@@ -541,7 +942,7 @@ class Engine:
                                      from_noise=request.strength == 1.0)
         if plan.refiner_start is not None:  # the refiner's switch step and aesthetic scores (diffusers' defaults)
             inputs = inputs.with_refiner(plan.refiner_start)
-        params, inputs = self._control(params, plan.control, inputs)  # the units' ControlNets and arrays
+        params, inputs = self._control(params, plan.control, inputs, setup)  # the units' ControlNets and arrays
         # TEST-ONLY fault hooks (faults.py): self._faults is None unless SDXL_FAULT_INJECTION=1.
         params = self._faults.params(request.prompt, params) if self._faults else params
         if should_stop is not None and should_stop():
@@ -550,15 +951,21 @@ class Engine:
         t1 = time.perf_counter()
         if self._faults:  # simulated device time, counted as device time
             self._faults.on_device(request.prompt)
-        out = self._on_device(program, params, inputs, int(inputs.num_steps), on_step, should_stop)
-        return self._result(plan, out, loras, t0, t1, progress)
+        out = self._on_device(program, params, inputs, int(inputs.num_steps), on_step, should_stop, setup.latent_rgb)
+        result = self._result(plan, out, loras, t0, t1, progress, setup=setup)
+        if refiner is not None:
+            result.refiner = request.refiner
+        return result
 
     def _result(self, plan: Plan, out, loras: dict[str, str], t0: float, t1: float, progress: Callable[[str], None],
-                what: str = "") -> GenerateResult:
-        """The GenerateResult of a run whose last program call returned ``out`` = (images, finite) on the devices:
-        copied to the host, checked finite, timed (``t0`` the run's start, ``t1`` the device's start).
+                what: str = "", setup: ModelSetup | None = None) -> GenerateResult:
+        """The GenerateResult of a run of model ``setup`` (None: the default) whose last program call returned
+        ``out`` = (images, finite) on the devices: copied to the host, checked finite, timed (``t0`` the run's
+        start, ``t1`` the device's start).
 
         Raises GenerationError naming the seeds whose images hold NaN/inf (``what``: the mode, for the message)."""
+        setup = setup or self._default()
+        model = setup.model
         progress("to host")
         t2 = time.perf_counter()
         images, finite = np.asarray(out[0]), np.asarray(out[1])
@@ -568,20 +975,20 @@ class Engine:
         if not finite.all():
             bad = [s for s, ok in zip(plan.seeds, finite) if not ok]
             raise GenerationError(f"the model produced non-finite pixels (NaN/inf) for seeds {bad}{what}; "
-                                  f"try another seed or a lower guidance scale ({self.model.dtype} weights)")
+                                  f"try another seed or a lower guidance scale ({model.dtype} weights)")
         timings = {"prep": t1 - t0, "device": t2 - t1, "post": t3 - t2, "latency": t3 - t0}
         return GenerateResult(images=images, seeds=plan.seeds, request=plan.request, timings=timings,
-                              warnings=self.planner.warnings(plan.prompt, plan.negative),
+                              warnings=setup.planner.warnings(plan.prompt, plan.negative),
                               device_count=self.mesh.devices.size, device_summary=self.device_summary,
-                              model=self.model.name, prompt_chunks=plan.prompt.chunks, loras=loras,
-                              refiner=self.model.refiner.name if plan.request.refiner_switch_at is not None
-                              and self.model.refiner is not None else "",
+                              model=setup.name, prompt_chunks=plan.prompt.chunks, loras=loras,
+                              refiner=model.refiner.name if plan.request.refiner_switch_at is not None
+                              and model.refiner is not None else "",
                               control_infotext=infotext(plan.request.control_units, {
-                                  name: net.title for name, net in self.model.controlnets.items()}))
+                                  name: net.title for name, net in model.controlnets.items()}))
 
     def _run_hires(self, plan: Plan, first: CompiledProgram, second: CompiledProgram,
                    progress: Callable[[str], None] = _no_progress, on_step: Callable[[StepEvent], None] | None = None,
-                   should_stop: Callable[[], bool] | None = None) -> GenerateResult:
+                   should_stop: Callable[[], bool] | None = None, served: Resident | None = None) -> GenerateResult:
         """Run a hires plan: 1. the first pass (text to image at the request's size, its final latents out; with
         a pixel upscaler its images), 2. the latents upscaled on the devices (the plan's matrices; the images on the
         host, image_upscale.py), 3. the second pass (image to image from those latents or pixels at the large size,
@@ -591,14 +998,16 @@ class Engine:
         Raises GenerationError: the first pass's images hold NaN/inf (a pixel upscaler; latents carry it through)."""
         t0 = time.perf_counter()
         request, hires = plan.request, plan.hires
+        served = served or self._default_resident()
+        setup = self.setups[served.name]
         progress("preparing")
-        params, loras = self._lora_params(plan.loras)  # the tags' LoRAs merged, for both passes
+        params, loras = self._lora_params(plan.loras, served)  # the tags' LoRAs merged, for both passes
         params = self._faults.params(request.prompt, params) if self._faults else params  # TEST-ONLY (faults.py)
         inputs = ProgramInputs.build(plan.prompt.ids, plan.negative.ids, not plan.negative.words.strip(), plan.seeds,
                                      request.guidance_scale, plan.schedule, request.num_inference_steps,
                                      self.config.max_inference_steps, prompt_weights=plan.prompt.weights,
                                      negative_weights=plan.negative.weights)
-        first_params, inputs = self._control(params, plan.control, inputs)
+        first_params, inputs = self._control(params, plan.control, inputs, setup)
         if should_stop is not None and should_stop():
             raise Stopped("stopped before it started")
         steps, total = request.num_inference_steps, request.num_inference_steps + hires.runs
@@ -609,7 +1018,7 @@ class Engine:
         # The first pass's finite flags are not read here: a NaN in its latents stays NaN through the second pass,
         # whose flags _result checks.
         latents, finite = self._on_device(first, first_params, inputs, steps, _pass_events(on_step, 0, 0, total),
-                                          should_stop)
+                                          should_stop, setup.latent_rgb)
         pixels = None
         if hires.pixels:  # the first pass's images, upscaled on the host as A1111's resize_image
             images, finite = np.asarray(latents), np.asarray(finite)
@@ -625,16 +1034,18 @@ class Engine:
                                      self.config.max_inference_steps, start_step=hires.start_step,
                                      prompt_weights=hires.prompt.weights, negative_weights=hires.negative.weights,
                                      image=pixels, init_latents=large)
-        params, inputs = self._control(params, hires.control, inputs)
+        params, inputs = self._control(params, hires.control, inputs, setup)
         out = self._on_device(second, params, inputs, hires.steps,
-                              _pass_events(on_step, steps, hires.start_step, total), should_stop)
-        return self._result(plan, out, loras, t0, t1, progress, " (hires fix)")
+                              _pass_events(on_step, steps, hires.start_step, total), should_stop, setup.latent_rgb)
+        return self._result(plan, out, loras, t0, t1, progress, " (hires fix)", setup)
 
     def _on_device(self, program: CompiledProgram, params, inputs: ProgramInputs, steps: int,
-                   on_step: Callable[[StepEvent], None] | None, should_stop: Callable[[], bool] | None):
-        """One program call, with its per-step receiver (when the program has the step hook) for ``steps`` steps;
-        returns its outputs on the devices, ready. Raises what on_step/should_stop raised, or Stopped."""
-        receiver = StepReceiver(self.mesh.devices.size, steps, self.config.preview_every, self.latent_rgb, on_step,
+                   on_step: Callable[[StepEvent], None] | None, should_stop: Callable[[], bool] | None,
+                   latent_rgb=None):
+        """One program call, with its per-step receiver (when the program has the step hook) for ``steps`` steps
+        (``latent_rgb``: the model's preview factors); returns its outputs on the devices, ready. Raises what
+        on_step/should_stop raised, or Stopped."""
+        receiver = StepReceiver(self.mesh.devices.size, steps, self.config.preview_every, latent_rgb, on_step,
                                 should_stop) if program.shape.step_hook else None
         with STEP_HOOK.receiving(receiver) if receiver else contextlib.nullcontext():
             out = program.executable(params, inputs)

@@ -94,6 +94,14 @@ class GenerateRequest:
     # ControlNet (Limits.controlnets). With a refiner, control applies to the base model's steps; with hires fix, to
     # both passes (the image fitted to each pass's size). Validated: a tuple of normalised units (names resolved).
     control_units: tuple[ControlUnit, ...] = ()
+    # Which of the server's models makes the images, by name (docs/models.md; Engine.model_names): None = the
+    # default (the first --model). Checked by the engine (an unknown name: InvalidRequest naming it and the models
+    # offered), whose limits for that model validate the rest.
+    model: str | None = None
+    # Which of the server's refiners runs the steps from refiner_switch_at (needs it), by name (Engine.refiner_names;
+    # A1111's refiner_checkpoint): None = the first --refiner. Refiners of the first one's architecture only (they
+    # share its programs); the engine checks the name.
+    refiner: str | None = None
     # The Limits this exact object was validated against (set by :func:`validate` only; not an argument, and
     # dataclasses.replace makes an unstamped copy), so a request checked where it arrived (apis/core.check, a
     # Ray front) is not validated again by the engine that runs it.
@@ -300,9 +308,28 @@ def validate(request: GenerateRequest, limits: Limits) -> GenerateRequest:
                               refiner_switch_at=as_switch(request.refiner_switch_at, limits, request.hires_scale),
                               control_units=validate_units(request.control_units, [n for n, _ in limits.controlnets],
                                                            limits.max_control_units),
-                              **hires)
+                              model=as_model(request.model),
+                              refiner=as_refiner(request.refiner, request.refiner_switch_at), **hires)
     object.__setattr__(checked, "validated_for", limits)  # frozen: the one place the stamp is set
     return checked
+
+
+def as_model(value) -> str | None:
+    """A request's ``model``: None (the default) or a name (which names exist, the engine checks)."""
+    if value is None or (isinstance(value, str) and value.strip()):
+        return None if value is None else value.strip()
+    raise InvalidRequest("model", f"expected a model's name, got {_short(value)}")
+
+
+def as_refiner(value, switch) -> str | None:
+    """A request's ``refiner``: None (the first refiner) or a name, with ``refiner_switch_at`` set."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidRequest("refiner", f"expected a refiner's name, got {_short(value)}")
+    if switch is None:
+        raise InvalidRequest("refiner", "applies with refiner_switch_at only (e.g. 0.8): send both, or leave it out")
+    return value.strip()
 
 
 def as_switch(value, limits: Limits, hires_scale=None) -> float | None:

@@ -118,6 +118,32 @@ def program_key(model: LoadedModel, params, shape: ProgramShape, mesh: Mesh) -> 
     }
 
 
+def program_family(model: LoadedModel, params) -> str:
+    """What every program of ``model`` depends on besides its ProgramShape and the mesh, as a digest: the
+    components' configs, the prediction type, the kind (an inpainting UNet), the dtype, the parameters' names,
+    shapes, dtypes and shardings, and the refiner's configs and kind. Two models of one family run on the same
+    executables (weights are arguments), so the engine keeps one set of compiled programs per family, never per
+    model name (engine/local.py). The same facts as :func:`program_key`'s, read without a shape."""
+    return key_digest({
+        "model": {name: dataclasses.asdict(c.config) for name, c in model.components.items()},
+        "prediction_type": model.scheduler_config.get("prediction_type", "epsilon"),
+        "kind": dataclasses.asdict(model.kind),
+        "dtype": model.dtype,
+        "params": [[jax.tree_util.keystr(path), list(x.shape), str(x.dtype), str(getattr(x, "sharding", None))]
+                   for path, x in jax.tree_util.tree_leaves_with_path(params)],
+        "refiner": None if model.refiner is None else {
+            "model": {n: dataclasses.asdict(c.config) for n, c in model.refiner.components.items()},
+            "kind": dataclasses.asdict(model.refiner.kind)},
+    })
+
+
+def abstract_params(params):
+    """``params`` as ShapeDtypeStructs with their shardings: what a compile needs of them, holding no memory (the
+    engine's programs outlive the weights of a model dropped from the devices)."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)),
+                        params)
+
+
 def cached_program(model: LoadedModel, params, shape: ProgramShape, mesh: Mesh,
                    cache: ExecutableCache | None) -> CompiledProgram:
     """The program for ``shape``: loaded from ``cache`` when it holds a trusted entry, else compiled and stored.

@@ -24,6 +24,9 @@ LOG = logging.getLogger(__name__)
 # Engine settings whose flag is given once per value (argparse's append); the setting joins them with os.pathsep.
 REPEATED_FLAGS = {"lora": "a LoRA that prompts pick with <lora:NAME:WEIGHT>; repeat the flag for more (env SDXL_LORA: "
                           "NAME=PATH entries separated by os.pathsep; .safetensors only)"}
+# Engine settings whose flag may be repeated to offer several models by name (docs/models.md): the first value is the
+# setting (the default), the others go to its list setting (os.pathsep-joined), before that list's own values.
+MODEL_LIST_FLAGS = {"model": "models", "refiner": "refiners"}
 SERVER_FLAGS = ("share", "host", "port", "history_secret", "log_level", "replicas", "ray_address", "ray_app",
                 "replica_resources", "api_key", "public_api", "mcp", "callback_host", "job_keep_s",
                 "job_keep_mb")  # from api_key on: the protocol APIs and the jobs API
@@ -117,6 +120,12 @@ def parse_args(argv=None, description: str = "") -> argparse.Namespace:
         if field.name in MODEL_DEFAULT_FIELDS:  # the model's engine_defaults.json may choose another (README)
             default = (f"default: the model's own, else {field.default!r}"
                        + f"; {EngineConfig.model} runs {SHIPPED % field.name}")
+        if field.name in MODEL_LIST_FLAGS:  # --model A --model B: A the default, B chosen per request by name
+            parser.add_argument("--" + field.name, dest=field.name, default=None, action="append",
+                                help=f"engine setting {field.name} (env SDXL_{field.name.upper()}, {default}); repeat "
+                                     f"the flag to offer several, chosen per request by name (the first is the "
+                                     f"default; the others go to {MODEL_LIST_FLAGS[field.name]}: docs/models.md)")
+            continue
         if field.name in REPEATED_FLAGS:  # --lora NAME=PATH, once per LoRA
             parser.add_argument("--" + field.name.replace("_", "-"), dest=field.name, default=None, action="append",
                                 metavar="NAME=PATH", help=REPEATED_FLAGS[field.name])
@@ -170,8 +179,16 @@ class _Parser(argparse.ArgumentParser):
 def engine_overrides(args: argparse.Namespace) -> dict:
     """The engine settings given on the command line (those not given are left to env and defaults);
     a repeated flag's values joined by os.pathsep, as its setting holds them."""
-    return {k: os.pathsep.join(v) if k in REPEATED_FLAGS else v for k, v in vars(args).items()
-            if k not in SERVER_FLAGS and v is not None}
+    overrides = {k: os.pathsep.join(v) if k in REPEATED_FLAGS else v for k, v in vars(args).items()
+                 if k not in SERVER_FLAGS and v is not None}
+    for single, several in MODEL_LIST_FLAGS.items():  # --model A --model B: model A, models B (then --models')
+        values = overrides.pop(single, None)
+        if values:
+            overrides[single] = values[0]
+            rest = [*values[1:], *([overrides[several]] if overrides.get(several) else [])]
+            if rest:
+                overrides[several] = os.pathsep.join(rest)
+    return overrides
 
 
 def check_outputs_dir(folder: str) -> None:

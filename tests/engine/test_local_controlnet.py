@@ -144,3 +144,50 @@ def test_hires_fix_with_a_unit_runs_both_passes(cn_engine, reference):
     shapes = [s for s in cn_engine.programs.compiled if s.controlnets]
     assert {(s.width, s.latents_out, s.init_latents) for s in shapes} >= {(64, True, False), (96, False, True)}
     assert np.abs(run(0.0).images.astype(int) - result.images).mean() > 1
+
+
+@pytest.mark.slow  # starts two engines of tiny-pt and compiles its program with one unit
+def test_a_unit_on_a_request_for_a_non_default_model(tmp_path, reference):
+    """Several models (docs/models.md) with ControlNets: tiny-pt and tiny-pt-b (tiny-pt's folder, its UNet's weights
+    changed: one architecture, other images), cn-a loaded once for the server, room for one model on the devices.
+    A unit on a request for tiny-pt-b runs on that model's weights with the unit's ControlNet (the images of an engine
+    serving tiny-pt-b alone with cn-a, to the byte), its infotext names the unit, the unit changes the images; the
+    default model's unit request after it reloads tiny-pt and compiles nothing (one program per family and unit
+    architectures, ProgramShape.controlnets)."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    from sdxl_engine.config import EngineConfig
+    from sdxl_engine.engine.local import Engine
+
+    other = tmp_path / "tiny-pt-b"
+    shutil.copytree(FIXTURES / "tiny-pt", other)
+    weights = other / "unet" / "diffusion_pytorch_model.safetensors"
+    tensors = load_file(weights)
+    rng = np.random.default_rng(1)
+    save_file({k: (v + rng.normal(0, 0.05, v.shape)).astype(v.dtype) if v.dtype.kind == "f" else v
+               for k, v in tensors.items()}, weights)
+    environ = {k: v for k, v in os.environ.items() if k in ("SDXL_MODEL_CACHE_DIR", "SDXL_COMPILE_CACHE_DIR")}
+    common = {"cpu_devices": 4, "images_per_request": 4, "max_inference_steps": 10, "num_inference_steps": 10,
+              "controlnet": str(FOLDER / "cn-a"), "max_run_seconds": 0, "precompile": "off"}
+    two = Engine(EngineConfig.load({**common, "model": str(FIXTURES / "tiny-pt"), "models": str(other),
+                                    "max_resident_models": 1}, environ=environ), log=lambda *_: None).start()
+    alone = Engine(EngineConfig.load({**common, "model": str(other)}, environ=environ), log=lambda *_: None).start()
+    assert two.model_names() == ["tiny-pt", "tiny-pt-b"]
+    units = units_of("one", reference)
+
+    result = two.generate(request(units, model="tiny-pt-b"))
+    assert result.model == "tiny-pt-b" and two.resident_models() == ["tiny-pt-b"]
+    listed = (("cn-a", two.controlnets["cn-a"].hash),)
+    assert two.limits_for("tiny-pt-b").controlnets == two.limits.controlnets == listed
+    assert two.setups["tiny-pt-b"].model.controlnets["cn-a"] is two.controlnets["cn-a"]  # loaded once, for all models
+    title = two.controlnets["cn-a"].title
+    assert result.control_infotext["ControlNet 0"].startswith(f"Module: none, Model: {title}, Weight: 0.8")
+    np.testing.assert_array_equal(result.images, alone.generate(request(units)).images)
+    assert np.abs(two.generate(request([], model="tiny-pt-b")).images.astype(int) - result.images).mean() > 0.1
+
+    compiles = two.compile_count
+    default = two.generate(request(units))  # tiny-pt again: reloaded, the same program
+    assert default.model == "tiny-pt" and two.compile_count == compiles
+    assert np.abs(default.images.astype(int) - result.images).mean() > 1  # two models, two sets of images

@@ -70,8 +70,8 @@ def test_the_engines_conditioning_is_the_numpy_formula_per_encoder_and_chunk(tin
     prompt = tokenize_prompt((model.tokenizer, model.tokenizer_2), "a (red:1.5) [circle] BREAK ((blue)) square", 3)
     ids, weights = jnp.asarray(prompt.ids[None]), jnp.asarray(prompt.weights[None])
     encode = jax.jit(functools.partial(encode_prompts, model.components))
-    plain, pooled_plain = encode(model.params, ids)
-    weighted, pooled = encode(model.params, ids, weights)
+    plain, pooled_plain = encode(tiny_shapes_engine.params, ids)
+    weighted, pooled = encode(tiny_shapes_engine.params, ids, weights)
     assert plain.shape == (1, 2 * TOKENS, 64) and pooled.shape == (1, 32)
     np.testing.assert_array_equal(np.asarray(pooled), np.asarray(pooled_plain))  # the pooled embedding takes no weight
     plain, weighted = np.asarray(plain)[0], np.asarray(weighted)[0]
@@ -83,7 +83,7 @@ def test_the_engines_conditioning_is_the_numpy_formula_per_encoder_and_chunk(tin
             np.testing.assert_allclose(weighted[tokens, channels], expected, rtol=1e-4, atol=1e-5)
     # The chunks are encoded on their own: chunk 2 is the encoders' output for "((blue)) square" alone.
     alone = tokenize_prompt((model.tokenizer, model.tokenizer_2), "blue square", 3)
-    second, _ = encode_prompts(model.components, model.params, jnp.asarray(alone.ids[None]))
+    second, _ = encode_prompts(model.components, tiny_shapes_engine.params, jnp.asarray(alone.ids[None]))
     np.testing.assert_allclose(plain[TOKENS:], np.asarray(second)[0], rtol=1e-5, atol=1e-5)
 
 
@@ -168,7 +168,7 @@ def conditioning(engine, prompt: str, negative: str):
     inputs = ProgramInputs.build(tokens.ids, negative_tokens.ids, not negative_tokens.words.strip(), [0], 5.0,
                                  make_schedule("Euler", engine.model.scheduler_config, 2), 2, 2,
                                  prompt_weights=tokens.weights, negative_weights=negative_tokens.weights)
-    cond = jax.jit(functools.partial(encode_text, static_options(engine.model, shape)))(engine.model.params, inputs)
+    cond = jax.jit(functools.partial(encode_text, static_options(engine.model, shape)))(engine.params, inputs)
     return tokens, np.asarray(cond.hidden), np.asarray(cond.text_embeds)
 
 
@@ -180,14 +180,14 @@ def test_an_empty_negative_with_a_long_prompt_is_zeros_then_the_empty_prompt(tin
     tokens, hidden, pooled = conditioning(tiny_shapes_engine, FILLER + "blue square", "")
     assert tokens.chunks == 2 and hidden.shape == (2, 2 * TOKENS, 64) and pooled.shape == (2, 32)
     empty = tokenize_prompt((model.tokenizer, model.tokenizer_2), "", 3)
-    empty_hidden, empty_pooled = (np.asarray(x)[0] for x in encode_prompts(model.components, model.params,
+    empty_hidden, empty_pooled = (np.asarray(x)[0] for x in encode_prompts(model.components, tiny_shapes_engine.params,
                                                                              jnp.asarray(empty.ids[None])))
     assert np.abs(empty_hidden).max() > 1 and np.abs(empty_pooled).max() > 0.1  # not zeros themselves
     np.testing.assert_array_equal(hidden[0, :TOKENS], 0.0)  # negative, chunk 1: zeros
     np.testing.assert_allclose(hidden[0, TOKENS:], empty_hidden, rtol=1e-5, atol=1e-5)  # chunk 2: ""'s chunk
     np.testing.assert_array_equal(pooled[0], 0.0)  # the pooled embedding is chunk 1's: zeros
-    prompt_hidden, prompt_pooled = encode_prompts(model.components, model.params, jnp.asarray(tokens.ids[None]),
-                                                  jnp.asarray(tokens.weights[None]))
+    prompt_hidden, prompt_pooled = encode_prompts(model.components, tiny_shapes_engine.params,
+                                                  jnp.asarray(tokens.ids[None]), jnp.asarray(tokens.weights[None]))
     np.testing.assert_allclose(hidden[1], np.asarray(prompt_hidden)[0], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(pooled[1], np.asarray(prompt_pooled)[0], rtol=1e-5, atol=1e-5)
 
