@@ -123,7 +123,7 @@ def test_prompt_syntax_and_lora_tags_are_refused_before_queueing_with_the_engine
             check(engine, a1111_call(body))
         assert (err.value.status, err.value.param, err.value.message) == (400, "prompt", message)
     check(engine, a1111_call(Txt2Img(prompt="a cat <lora:ink:0.5> <lora:peft>")))
-    check(StartedEngine(), openai_call({"prompt": "a (red:1.2) circle BREAK blue"}, "tiny-shapes")[0])
+    check(StartedEngine(), openai_call({"prompt": "a (red:1.2) circle BREAK blue"}, ["tiny-shapes"])[0])
 
 
 def test_check_refuses_with_503_when_the_engine_failed_to_start():
@@ -134,7 +134,7 @@ def test_check_refuses_with_503_when_the_engine_failed_to_start():
 
 def test_openai_body_maps_to_the_generate_call():
     call, answer = openai_call({"prompt": "a red circle", "n": 4, "size": "80x48", "model": "tiny-shapes",
-                                "quality": "hd", "style": "vivid", "user": "u1"}, "tiny-shapes")
+                                "quality": "hd", "style": "vivid", "user": "u1"}, ["tiny-shapes"])
     assert (values(call, -1), call.images) == (["a red circle", "", -1, None, None, 80, 48, "(No style)", None],
                                               4)
     assert answer == Answer("b64_json", "png", 100, False, (
@@ -160,9 +160,9 @@ def test_openai_body_maps_to_the_generate_call():
 ])
 def test_openai_model_names_are_aliases_answering_as_that_model_does(model, response_format):
     """OpenAI's GPT image models answer base64 without being asked; DALL-E answered URLs by default."""
-    assert openai_call({"prompt": "x", "model": model}, "tiny-shapes")[1].response_format == response_format
+    assert openai_call({"prompt": "x", "model": model}, ["tiny-shapes"])[1].response_format == response_format
     assert openai_call({"prompt": "x", "model": model, "response_format": "b64_json"},
-                       "tiny-shapes")[1].response_format == "b64_json"
+                       ["tiny-shapes"])[1].response_format == "b64_json"
 
 
 def test_openai_output_format_compression_and_stream_are_read():
@@ -206,21 +206,21 @@ def test_openai_output_format_compression_and_stream_are_read():
 ])
 def test_openai_refusals(body, status, param, message):
     with pytest.raises(ApiError) as err:
-        openai_call(body, "tiny-shapes")
+        openai_call(body, ["tiny-shapes"])
     assert (err.value.status, err.value.param, err.value.message) == (status, param, message)
 
 
 def test_openai_n_over_the_limit_is_refused_naming_n():
-    call, _ = openai_call({"prompt": "x", "n": 17}, "tiny-shapes")
+    call, _ = openai_call({"prompt": "x", "n": 17}, ["tiny-shapes"])
     with pytest.raises(ApiError) as err:
         check(StartedEngine(), call)
     assert (err.value.status, err.value.param, err.value.message) == (
         400, "n", "n: this server makes 1 to 16 images per request (4 engine calls of 4), got 17")
-    check(StartedEngine(), openai_call({"prompt": "x", "n": 16}, "tiny-shapes")[0])
+    check(StartedEngine(), openai_call({"prompt": "x", "n": 16}, ["tiny-shapes"])[0])
 
 
 def test_openai_size_refusal_names_size_with_the_engines_sizes():
-    call, _ = openai_call({"prompt": "x", "size": "96x96"}, "tiny-shapes")
+    call, _ = openai_call({"prompt": "x", "size": "96x96"}, ["tiny-shapes"])
     with pytest.raises(ApiError) as err:
         check(StartedEngine(), call)
     assert (err.value.param, err.value.message) == (
@@ -778,10 +778,34 @@ def test_a1111_refiner_checkpoint_must_name_the_loaded_refiner(tmp_path):
                                   refiner_switch_at=0.6), engine) == {"refiner_switch_at": 0.6}
     assert refiner_fields(Txt2Img(prompt="x", refiner_checkpoint="sdxl-refiner", refiner_switch_at=1),
                           engine) == {}  # A1111 switches after the last step: no refiner
-    with pytest.raises(RefinerRefused, match=r"^refiner_checkpoint: this server's refiner is 'sdxl-refiner', loaded "
-                                             r"at start-up; cannot switch to 'other'") as err:
+    with pytest.raises(RefinerRefused, match=r"^refiner_checkpoint: unknown refiner 'other'; this server offers: "
+                                             r"sdxl-refiner$") as err:
         refiner_fields(Txt2Img(prompt="x", refiner_checkpoint="other"), engine)
     assert err.value.status == 400
     none = types.SimpleNamespace(config=types.SimpleNamespace(refiner=""))
     with pytest.raises(RefinerRefused, match="no refiner is loaded here"):
         refiner_fields(Txt2Img(prompt="x", refiner_checkpoint="sdxl-refiner"), none)
+
+
+def test_a1111_refiner_checkpoint_chooses_among_several_refiners():
+    """With several refiners (the engine's refiner_names: --refiner repeated, --refiners-dir) refiner_checkpoint picks
+    one by name or A1111 title: the first is the default (no ``refiner`` field), another is the request's."""
+    from sdxl_engine.serving.apis.a1111 import RefinerRefused, Txt2Img, refiner_fields
+
+    class Engine:
+        config = None
+
+        def model_names(self):
+            return ["base"]
+
+        def refiner_names(self):
+            return ["first", "second"]
+
+    engine = Engine()
+    assert refiner_fields(Txt2Img(prompt="x", refiner_checkpoint="first [0123abcd]"), engine) == {
+        "refiner_switch_at": 0.8}
+    assert refiner_fields(Txt2Img(prompt="x", refiner_checkpoint="second.safetensors", refiner_switch_at=0.6),
+                          engine) == {"refiner_switch_at": 0.6, "refiner": "second"}
+    with pytest.raises(RefinerRefused, match="^refiner_checkpoint: unknown refiner 'third'; this server offers: "
+                                             "first, second$"):
+        refiner_fields(Txt2Img(prompt="x", refiner_checkpoint="third"), engine)
