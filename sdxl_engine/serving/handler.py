@@ -25,7 +25,7 @@ import numpy as np
 from sdxl_engine.checkpoint.loading import engine_defaults
 from sdxl_engine.config import EngineConfig, resolve_defaults
 from sdxl_engine.engine.contract import EngineContract, clock
-from sdxl_engine.engine.errors import CompilesBusy, EngineNotReady, GenerationError
+from sdxl_engine.engine.errors import CompilesBusy, EngineNotReady, GenerationError, ModelUnavailable
 from sdxl_engine.engine.previews import preview_grid
 from sdxl_engine.engine.steps import StepEvent
 from sdxl_engine.engine.validation import InvalidRequest
@@ -225,9 +225,10 @@ def _delivered(job: Job) -> tuple[list, dict, dict]:
 
 def page_error(err: BaseException, asked: Request | None = None) -> gr.Error:
     """The page's pop-up for a job's typed error (the service logged it): the engine's message for a refused
-    value (under the front's name of the field: ``asked``'s Request.field), an engine that did not start, a
-    request that could not be made or a busy compiler; for anything else a message without internals."""
-    if isinstance(err, (InvalidRequest, EngineNotReady, GenerationError, CompilesBusy)):
+    value (under the front's name of the field: ``asked``'s Request.field), an engine that did not start, a model
+    that could not be loaded, a request that could not be made or a busy compiler; for anything else a message
+    without internals."""
+    if isinstance(err, (InvalidRequest, EngineNotReady, GenerationError, CompilesBusy, ModelUnavailable)):
         return gr.Error(shown(message_of(err, asked)), print_exception=False)
     return gr.Error(f"the engine failed on this request ({type(err).__name__}); it is logged on the server. "
                     "Please retry.", print_exception=False)

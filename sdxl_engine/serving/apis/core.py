@@ -22,7 +22,7 @@ import threading
 from pathlib import Path
 
 from sdxl_engine.engine.contract import EngineContract
-from sdxl_engine.engine.errors import CompilesBusy, EngineNotReady, GenerationError, InvalidRequest
+from sdxl_engine.engine.errors import CompilesBusy, EngineNotReady, GenerationError, InvalidRequest, ModelUnavailable
 from sdxl_engine.engine.validation import validate
 from sdxl_engine.service import models
 from sdxl_engine.service.jobs import FAILED, Job
@@ -161,13 +161,14 @@ async def finished(requests: Service, job: Job, request=None) -> Job:
 def job_error(job: Job, asked: Request | None = None) -> ApiError:
     """The protocol's answer to a job that failed: 429 busy compiling (retry in 30 s), 400 a value the engine
     refused (its field under the protocol's name: the size or steps a run cannot take, engine/memory.py and
-    durations.py), 503 the engine not ready, else 500 (the details are in the server log only)."""
+    durations.py), 503 the engine not ready or the request's model could not be loaded (the others serve on), else
+    500 (the details are in the server log only)."""
     err = job.error
     if isinstance(err, CompilesBusy):
         return ApiError(429, str(err), headers={"Retry-After": "30"})
     if isinstance(err, InvalidRequest):
         return refused_field(err, asked) if asked is not None else ApiError(400, str(err), err.field)
-    if isinstance(err, EngineNotReady):
+    if isinstance(err, (EngineNotReady, ModelUnavailable)):
         return ApiError(503, str(err))
     if isinstance(err, GenerationError):
         return ApiError(500, str(err))
