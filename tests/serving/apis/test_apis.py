@@ -165,6 +165,15 @@ def test_openai_model_names_are_aliases_answering_as_that_model_does(model, resp
                        ["tiny-shapes"])[1].response_format == "b64_json"
 
 
+def test_openai_model_names_one_of_the_servers_models_and_openais_names_the_default():
+    models = ["base", "turbo"]
+    for model, chosen in ((None, None), ("base", None), ("turbo", "turbo"), ("gpt-image-1", None), ("dall-e-3", None)):
+        assert openai_call({"prompt": "x", "model": model}, models)[0].engine.model == chosen, model
+    with pytest.raises(ApiError, match="^model: unknown model 'sdxl'; this server offers: base, turbo ") as err:
+        openai_call({"prompt": "x", "model": "sdxl"}, models)
+    assert (err.value.status, err.value.param) == (404, "model")
+
+
 def test_openai_output_format_compression_and_stream_are_read():
     answer = openai_call({"prompt": "x", "output_format": "jpeg", "output_compression": 40, "stream": True}, "m")[1]
     assert answer == Answer("b64_json", "jpeg", 40, True, ())
