@@ -174,7 +174,7 @@ def test_a1111_options_are_each_clients_own(two):
     import webuiapi
 
     first = httpx.Client(base_url=two.url + "sdapi/v1/", timeout=120)
-    second = httpx.Client(base_url=f"http://127.0.0.2:{two.port}/sdapi/v1/", timeout=120,
+    second = httpx.Client(base_url=two.url + "sdapi/v1/", timeout=120,  # another client: from 127.0.0.2
                           transport=httpx.HTTPTransport(local_address="127.0.0.2"))
     title_a, title = (item["title"] for item in hashed(two))
 
