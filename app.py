@@ -20,6 +20,7 @@ from sdxl_engine.config import EngineConfig
 from sdxl_engine.engine.contract import EngineContract
 from sdxl_engine.engine.validation import MAX_GUIDANCE
 from sdxl_engine.program.schedulers import SAMPLERS
+from sdxl_engine.service import models
 from sdxl_engine.service.service import Service
 from sdxl_engine.service.styles import (
     FAST_LABEL,
@@ -103,6 +104,9 @@ def build_demo(requests: Service, config: EngineConfig, engine: EngineContract |
                     f"{config.max_prompt_chunks * 75} tokens.", elem_id="prompt-hint")
         with gr.Row(elem_id="main-row"):
             with gr.Column(scale=2, elem_id="settings-col"):  # how to make it
+                # Which of the server's models makes the images: shown once the engine offers two or more. Its
+                # value reaches the engine as sent (preprocess=False): an unknown name is refused by name.
+                model = gr.Dropdown(**model_choices(engine), label="Model", elem_id="model")
                 style = gr.Radio(list(STYLE_NAMES), value=NO_STYLE, label="Style", elem_id="style")
                 with gr.Row(elem_id="preset-row"):  # few steps, or back to the model's own setting
                     fast = gr.Button(FAST_LABEL, size="sm", elem_id="fast-preset",
@@ -193,11 +197,11 @@ def build_demo(requests: Service, config: EngineConfig, engine: EngineContract |
         settings = list(page_inputs.values())  # /generate's first nine inputs, in its order (apis/tools.py)
         # concurrency_limit None: the service (not Gradio's queue) orders the requests and caps each client.
         wire_control_section(control)
-        event = gr.on([run.click, prompt.submit], generate_images, [*settings, refiner_switch, *control.inputs],
+        event = gr.on([run.click, prompt.submit], generate_images, [*settings, refiner_switch, *control.inputs, model],
                       [gallery, info],
                       api_name="generate", concurrency_limit=None, preprocess=False)
         events = (event, *image_events(image, settings, generate_from_image, upscale_image, send_upscale,
-                                       last_result, selected_index, gallery, info))
+                                       last_result, selected_index, gallery, info, model))
         for done in events:
             done.success(page_event(status_line), info, status, api_visibility="private")
         # The MCP image tool (an API endpoint without widgets): the picture as base64 text (apis/mcp_image.py).
@@ -278,13 +282,13 @@ def build_demo(requests: Service, config: EngineConfig, engine: EngineContract |
         def refresh():
             text, done = engine_banner(engine)
             if not done:
-                return text, gr.Dropdown(), gr.skip(), gr.Timer(active=True)
+                return text, gr.Dropdown(), gr.skip(), gr.skip(), gr.Timer(active=True)
             sizes, value = size_choices(engine)
             # The editor's brush follows the model's size, known once the engine is ready (page_image.editor_tools).
             return text, gr.Dropdown(choices=sizes, value=value), gr.ImageMask(**editor_tools(engine)), \
-                gr.Timer(active=False)
+                gr.Dropdown(**model_choices(engine)), gr.Timer(active=False)
 
-        refreshed = [banner, resolution, image.init_image, timer]
+        refreshed = [banner, resolution, image.init_image, model, timer]
         timer.tick(refresh, None, refreshed, api_visibility="private", queue=False, show_progress="hidden")
         if engine is not None and engine.scale_out() is not None:  # scale-out: the replica count after each request
             for done in events:
@@ -293,6 +297,13 @@ def build_demo(requests: Service, config: EngineConfig, engine: EngineContract |
         demo.load(refresh, None, refreshed, api_visibility="private", queue=False, show_progress="hidden")
         demo.load(None, past, [history_gallery, history_note], js=HISTORY_JS, api_visibility="private")
     return demo
+
+
+def model_choices(engine: EngineContract | None) -> dict:
+    """The Model dropdown's choices, value (the default model) and visibility: shown when the started engine
+    offers two or more models (service/models.names), else hidden with no value (requests take the default)."""
+    names = models.names(engine) if engine is not None and engine.ready.is_set() and engine.error is None else []
+    return {"choices": names, "value": names[0] if names else None, "visible": len(names) > 1}
 
 
 if __name__ == "__main__":  # the process's life (exit statuses, clean stop): sdxl_engine/serving/main.py

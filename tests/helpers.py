@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 import uuid
 from pathlib import Path
 
@@ -234,6 +235,7 @@ class StepEngine:
         self.ready.set()
         self.error = None
         self.startup, self.stage, self.started, self.device_summary = {}, "ready", 0.0, "1 x cpu"
+        self.model = types.SimpleNamespace(name="step-model", dtype="float32")  # the contract's model (its name)
         self.limits = Limits(max_seed=2**31 - 1, max_steps=50, sizes=((48, 32), (64, 64)), default_size=(48, 32),
                              default_steps=3, default_guidance=5.0)
         self.gate = threading.Semaphore(0)

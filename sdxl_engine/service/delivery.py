@@ -65,7 +65,7 @@ def mode_parameters(req, refiner: str = "") -> dict:
 
 
 def deliver(result, prompt: str, style: str, files_dir: Path | None = None, outputs_dir: str = "",
-            keep: int | None = None, params: dict | None = None) -> Delivery:
+            keep: int | None = None, params: dict | None = None, model_hash: str | None = None) -> Delivery:
     """Encode ``result.images`` ((n, H, W, 3) uint8) as PNGs, write them, build the info record.
 
     Args:
@@ -81,6 +81,8 @@ def deliver(result, prompt: str, style: str, files_dir: Path | None = None, outp
         keep: how many of the images (the first) the client receives (service.Service: a request's last call); only they
             are saved to ``outputs_dir``. None: all.
         params: more A1111 infotext entries (a protocol's: ``Mask blur``...), after :func:`mode_parameters`'.
+        model_hash: the A1111 short hash of ``result.model`` (the model that made the images), for the infotext's
+            ``Model hash``; None: not known (yet), left out.
 
     Raises:
         OSError: the PNGs could not be written under ``files_dir`` (nothing to serve). A failure
@@ -99,7 +101,7 @@ def deliver(result, prompt: str, style: str, files_dir: Path | None = None, outp
                                           ensure_ascii=False)
     pngs = encode_pngs(result.images, [a1111_parameters(req.prompt, req.negative_prompt, req.num_inference_steps,
                                                         req.guidance_scale, s, req.width, req.height, result.model,
-                                                        extra, req.sampler) for s in result.seeds])
+                                                        extra, req.sampler, model_hash) for s in result.seeds])
     stems = [image_stem(s, prompt) for s in result.seeds]
     paths = [] if files_dir is None else write_served(pngs, stems, Path(files_dir))
     info = {

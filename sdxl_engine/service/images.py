@@ -27,14 +27,17 @@ EXIF_IFD = 0x8769
 
 
 def a1111_parameters(prompt: str, negative_prompt: str, steps: int, guidance_scale: float, seed: int,
-                     width: int, height: int, model: str, extra: dict | None = None, sampler: str = "Euler") -> str:
+                     width: int, height: int, model: str, extra: dict | None = None, sampler: str = "Euler",
+                     model_hash: str | None = None) -> str:
     """Generation parameters in the AUTOMATIC1111 ``parameters`` text format.
 
     Line 1: the prompt; line 2: ``Negative prompt: ...`` (omitted when empty); last line:
-    ``Steps: 20, Sampler: Euler, CFG scale: 7.0, Seed: 42, Size: 1024x1024, Model: ...``.
+    ``Steps: 20, Sampler: Euler, CFG scale: 7.0, Seed: 42, Size: 1024x1024, Model hash: ..., Model: ...``
+    (``model``: the model that made the image; ``Model hash``, its A1111 short hash, only when known).
     """
     fields = {"Steps": steps, "Sampler": sampler, "CFG scale": f"{guidance_scale:g}", "Seed": seed,
-              "Size": f"{width}x{height}", "Model": model, **(extra or {})}
+              "Size": f"{width}x{height}", **({"Model hash": model_hash} if model_hash else {}), "Model": model,
+              **(extra or {})}
     lines = [prompt]
     if negative_prompt:
         lines.append(f"Negative prompt: {negative_prompt}")

@@ -24,7 +24,7 @@ from sdxl_engine.engine.contract import EngineContract, clock
 from sdxl_engine.engine.errors import CompilesBusy, EngineNotReady, GenerationError, InvalidRequest
 from sdxl_engine.engine.steps import StepEvent, Stopped
 from sdxl_engine.engine.validation import validate
-from sdxl_engine.service import delivery
+from sdxl_engine.service import delivery, models
 from sdxl_engine.service.jobs import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, Job, JobStore, Result
 from sdxl_engine.service.request import MAX_CALLS, Request
 
@@ -99,15 +99,17 @@ class Service:
         Raises:
             Refused: 503 while shutting down or when ``max_waiting`` requests wait; 429 when ``owner`` has
                 ``limit`` requests queued or running (from any front, under any owner).
-            InvalidRequest: a value the engine refuses (validation.validate, once the engine has started), the
-                image count (field ``images``), or a job id in use (field ``id``).
+            InvalidRequest: a value the engine refuses (validation.validate, once the engine has started, with the
+                request's model's limits: models.limits_for), an unknown model (field ``model``, naming the models
+                offered), the image count (field ``images``), or a job id in use (field ``id``).
             EngineNotReady: the engine failed to start.
         """
         calls = self._calls(request)
         if self.engine.ready.is_set():
             if self.engine.error is not None:
                 raise EngineNotReady(f"the engine failed to start: {self.engine.error}")
-            request = dataclasses.replace(request, engine=validate(request.engine, self.engine.limits))
+            limits = models.limits_for(self.engine, request.engine.model)  # an unknown model: refused by name
+            request = dataclasses.replace(request, engine=validate(request.engine, limits))
         with self._cond:
             if self.closed:
                 raise Refused(503, SHUTTING_DOWN, 60)
@@ -265,14 +267,15 @@ class Service:
             self._stage(job, "loading")
         if engine.error is not None:
             raise EngineNotReady(f"the engine failed to start: {engine.error}")
-        first = request.engine if request.engine.validated_for is not None else validate(request.engine,
-                                                                                           engine.limits)
+        models.infos(engine)  # the models' A1111 hashes start computing (once), for the PNGs' Model hash
+        limits = models.limits_for(engine, request.engine.model)
+        first = request.engine if request.engine.validated_for is not None else validate(request.engine, limits)
         batch, wanted = engine.batch, request.images or engine.batch
         made, stopped, seed = [], None, first.seed
         for n in range(job.calls):
             if job.cancelled.is_set():
                 break
-            call = first if n == 0 else validate(dataclasses.replace(first, seed=seed), engine.limits)
+            call = first if n == 0 else validate(dataclasses.replace(first, seed=seed), limits)
             job.call, job.step, job.steps, job.preview, job.loop_started = n, 0, call.num_inference_steps, None, None
             job.skipped.clear()
             try:
@@ -305,7 +308,8 @@ class Service:
             for result, keep in made:
                 pixels = result.images if request.paste_back is None else request.paste_back.apply(result.images)
                 out = delivery.deliver(dataclasses.replace(result, images=pixels), request.prompt, request.style,
-                                       None, self.outputs_dir, keep, request.parameters)
+                                       None, self.outputs_dir, keep, request.parameters,
+                                       models.hash_of(self.engine, result.model))
                 if out.save_error is not None:
                     LOG.warning(f"[app] warning: could not save to outputs_dir {self.outputs_dir!r}: {out.save_error}")
                 images.append(pixels[:keep])

@@ -25,7 +25,7 @@ import numpy as np
 from sdxl_engine.checkpoint.loading import engine_defaults
 from sdxl_engine.config import EngineConfig, resolve_defaults
 from sdxl_engine.engine.contract import EngineContract, clock
-from sdxl_engine.engine.errors import CompilesBusy, EngineNotReady, GenerationError
+from sdxl_engine.engine.errors import CompilesBusy, EngineNotReady, GenerationError, ModelUnavailable
 from sdxl_engine.engine.previews import preview_grid
 from sdxl_engine.engine.steps import StepEvent
 from sdxl_engine.engine.validation import InvalidRequest
@@ -37,7 +37,7 @@ from sdxl_engine.service.service import Refused, Service
 from sdxl_engine.service.styles import NO_STYLE
 from sdxl_engine.serving import admission, gradio_internals, guard, history
 from sdxl_engine.serving.apis.errors import ApiError
-from sdxl_engine.serving.apis.tools import control_fields, generate_doc, refiner_switch
+from sdxl_engine.serving.apis.tools import control_fields, generate_doc, model_field, refiner_switch
 
 LOG = logging.getLogger(__name__)
 
@@ -82,14 +82,14 @@ def api_function(requests: Service, config: EngineConfig, pending: history.Pendi
                        style: str = NO_STYLE, sampler: str = config.sampler,
                        refiner_switch_at: float | None = 0.8 if config.refiner else 1.0, control_image: str = "",
                        control_model: str = "", control_weight: float = 1.0, control_start: float = 0.0,
-                       control_end: float = 1.0, control_module: str = "none", request: gr.Request = None,
-                       progress=gr.Progress()):
+                       control_end: float = 1.0, control_module: str = "none", model: str | None = None,
+                       request: gr.Request = None, progress=gr.Progress()):
         # Named parameters: gradio_client callers use these keywords (the /generate contract);
         # only optional inputs are ever added, at the end. ``request`` and ``progress`` are Gradio's.
         # An async generator, so the previews stream to the gallery and a cancel (the page's Stop,
         # gradio_client's job.cancel()) is Gradio cancelling this task at an await: follow() stops the job.
         switch = refiner_switch(refiner_switch_at)
-        fields = {} if switch is None else {"refiner_switch_at": switch}
+        fields = {**({} if switch is None else {"refiner_switch_at": switch}), **model_field(model)}
         fields.update(control_of(control_image, control_model, control_weight, control_start, control_end,
                                  control_module))
         asked = _page_request(dict(prompt=prompt, negative_prompt=negative_prompt, seed=seed,
@@ -240,9 +240,10 @@ def _delivered(job: Job) -> tuple[list, dict, dict]:
 
 def page_error(err: BaseException, asked: Request | None = None) -> gr.Error:
     """The page's pop-up for a job's typed error (the service logged it): the engine's message for a refused
-    value (under the front's name of the field: ``asked``'s Request.field), an engine that did not start, a
-    request that could not be made or a busy compiler; for anything else a message without internals."""
-    if isinstance(err, (InvalidRequest, EngineNotReady, GenerationError, CompilesBusy)):
+    value (under the front's name of the field: ``asked``'s Request.field), an engine that did not start, a model
+    that could not be loaded, a request that could not be made or a busy compiler; for anything else a message
+    without internals."""
+    if isinstance(err, (InvalidRequest, EngineNotReady, GenerationError, CompilesBusy, ModelUnavailable)):
         return gr.Error(shown(message_of(err, asked)), print_exception=False)
     return gr.Error(f"the engine failed on this request ({type(err).__name__}); it is logged on the server. "
                     "Please retry.", print_exception=False)
@@ -253,9 +254,10 @@ def image_function(requests: Service, config: EngineConfig, pending: history.Pen
     """The function of the page's "Generate from image" event (api_name ``img2img``, private: the page's own).
 
     Its inputs: the nine of /generate, then the image editor's value (image_input: the event does not preprocess),
-    the mode (image_input.MODES), strength, the outpaint sides and pixels, and the refiner switch
-    (:func:`refiner_switch`: 1 = none). It reads the editor's picture and mask (image_input.read_editor: only
-    uploads and the app's own PNGs of ``demo``; on a worker thread, off the event loop), builds the engine fields
+    the mode (image_input.MODES), strength, the outpaint sides and pixels, the refiner switch
+    (:func:`refiner_switch`: 1 = none) and the model (the page's Model dropdown: None or "" = the default). It
+    reads the editor's picture and mask (image_input.read_editor: only uploads and the app's own PNGs of ``demo``;
+    on a worker thread, off the event loop), builds the engine fields
     and paste-back (image_input.request_fields) and runs as /generate does (:func:`follow`: the service's job,
     previews, Stop, history record with the settings, not the picture). Every upload it was given is deleted when
     it ends, whatever the outcome, unless the editor uploaded it again since this request arrived
@@ -274,7 +276,7 @@ def image_function(requests: Service, config: EngineConfig, pending: history.Pen
                       mode: str = image_input.IMG2IMG,
                       strength: float = image_input.DEFAULT_STRENGTH[image_input.IMG2IMG],
                       sides: list | None = None, pixels: int = 0, refiner_switch_at: float | None = None,
-                      request: gr.Request = None, progress=gr.Progress()):
+                      model: str | None = None, request: gr.Request = None, progress=gr.Progress()):
         arrived = guard.arrival_time(request)
         since = clock() if arrived is None else arrived
 
@@ -291,7 +293,7 @@ def image_function(requests: Service, config: EngineConfig, pending: history.Pen
             values = dict(prompt=prompt, negative_prompt=negative_prompt, seed=seed, guidance_scale=guidance_scale,
                           num_inference_steps=num_inference_steps, width=width, height=height, style=style,
                           sampler=sampler)
-            job_request = _page_request(values, request, asked.fields, asked.finish)
+            job_request = _page_request(values, request, {**asked.fields, **model_field(model)}, asked.finish)
             async for out in follow(requests, job_request, request, progress, pending, finished,
                                     client_gone(demo)):
                 yield out
@@ -306,7 +308,8 @@ def upscale_function(requests: Service, config: EngineConfig, pending: history.P
     """The function of the gallery's "Upscale (hires fix)" event (api_name ``upscale``, private: the page's own).
 
     Its inputs: the nine of /generate, then the last finished request (server state) and the gallery index
-    selected, the hires scale, upscaler (a pixel one: image_upscale.IMAGE_UPSCALERS) and strength. The selected
+    selected, the hires scale, upscaler (a pixel one: image_upscale.IMAGE_UPSCALERS) and strength, and the model (the
+    Model dropdown's). The selected
     image (the app's own PNG) is the hires fix's first pass: the engine upscales it and denoises it again at the
     larger size, with that image's seed (so the same click gives the same images) and the page's prompt and
     settings; its size is the image's (the Resolution is not read). Runs as /generate does (:func:`follow`).
@@ -320,7 +323,8 @@ def upscale_function(requests: Service, config: EngineConfig, pending: history.P
                       num_inference_steps: int = config.num_inference_steps, width: int = 0, height: int = 0,
                       style: str = NO_STYLE, sampler: str = config.sampler, last: dict | None = None,
                       index: int | None = None, hires_scale: float = 1.5, hires_upscaler: str = "Lanczos",
-                      hires_strength: float = 0.5, request: gr.Request = None, progress=gr.Progress()):
+                      hires_strength: float = 0.5, model: str | None = None, request: gr.Request = None,
+                      progress=gr.Progress()):
         if not last or type(index) is not int or not 0 <= index < len(last.get("gallery") or []):
             raise refuse(ValueError("image: select an image of the last result in the gallery first"))
         path = last["gallery"][index][0]
@@ -338,7 +342,7 @@ def upscale_function(requests: Service, config: EngineConfig, pending: history.P
                       num_inference_steps=num_inference_steps, width=0, height=0,  # the size is the image's
                       style=style, sampler=sampler)
         fields = dict(image=picture, hires_scale=hires_scale, hires_upscaler=hires_upscaler,
-                      hires_strength=hires_strength)
+                      hires_strength=hires_strength, **model_field(model))
         async for out in follow(requests, _page_request(values, request, fields), request, progress, pending,
                                 finished, client_gone(demo)):
             yield out

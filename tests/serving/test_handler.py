@@ -30,9 +30,13 @@ def test_engine_reports_stages_in_order(engine):
 def test_handler_applies_style_reports_progress_and_saves_pngs(engine, monkeypatch, tmp_path):
     """The handler's PNGs hold the engine's pixels for the styled request and A1111's infotext, checked as
     the whole text: the prompt line, ``Negative prompt: ...`` only when there is one, then
-    ``Steps: n, Sampler: s, CFG scale: g, Seed: s, Size: WxH, Model: m[, Style: name]`` (AUTOMATIC1111's
-    ``parameters`` chunk, modules/processing.py create_infotext: the fields it shares with A1111, in its order)."""
+    ``Steps: n, Sampler: s, CFG scale: g, Seed: s, Size: WxH, Model hash: h, Model: m[, Style: name]``
+    (AUTOMATIC1111's ``parameters`` chunk, modules/processing.py create_infotext: the fields it shares with A1111,
+    in its order; the hash once the engine's background thread has it: waited for here)."""
     from sdxl_engine.engine.validation import GenerateRequest
+
+    engine.catalogue.wait_hashes(60)
+    model = f"Model hash: {engine.models_info()[0].hash}, Model: tiny-random"
 
     reports = []
     gallery, info, record = page_generate(
@@ -63,8 +67,7 @@ def test_handler_applies_style_reports_progress_and_saves_pngs(engine, monkeypat
             np.testing.assert_array_equal(np.asarray(saved.convert("RGB")), expected_pixels[i])
             assert image.text["parameters"] == saved.text["parameters"] == (
                 f"{styled}\nNegative prompt: {styled_negative}\n"
-                f"Steps: 3, Sampler: Euler, CFG scale: 5, Seed: {seed}, Size: 64x64, Model: tiny-random, "
-                "Style: Pixel art")
+                f"Steps: 3, Sampler: Euler, CFG scale: 5, Seed: {seed}, Size: 64x64, {model}, Style: Pixel art")
     # No style, a negative prompt, another sampler: the user's own words, no Style field (a size other than
     # square: test_delivery_png_parameters.py, without compiling one here).
     gallery, info, _ = page_generate(engine, "a red circle", "blue", 7, 7.5, 2, 0, 0, sampler="DPM++ 2M")
@@ -72,15 +75,14 @@ def test_handler_applies_style_reports_progress_and_saves_pngs(engine, monkeypat
     assert gallery[0][1].startswith("seed 7 · ") and gallery[0][1].count("·") == 1
     with Image.open(gallery[0][0]) as image:
         assert image.text["parameters"] == ("a red circle\nNegative prompt: blue\n"
-                                            "Steps: 2, Sampler: DPM++ 2M, CFG scale: 7.5, Seed: 7, Size: 64x64, "
-                                            "Model: tiny-random")
+                                            f"Steps: 2, Sampler: DPM++ 2M, CFG scale: 7.5, Seed: 7, Size: 64x64, "
+                                            f"{model}")
     assert info["sampler"] == "DPM++ 2M"
     # No negative prompt: no "Negative prompt:" line at all (A1111 omits it).
     gallery, info, _ = page_generate(engine, "a red circle", "", 9, 0.0, 2, 0, 0)
     with Image.open(gallery[1][0]) as image:
         assert image.text["parameters"] == ("a red circle\n"
-                                            "Steps: 2, Sampler: Euler, CFG scale: 0, Seed: 10, Size: 64x64, "
-                                            "Model: tiny-random")
+                                            f"Steps: 2, Sampler: Euler, CFG scale: 0, Seed: 10, Size: 64x64, {model}")
 
 
 def test_gallery_files_are_named_after_seed_and_prompt(engine, tmp_path):

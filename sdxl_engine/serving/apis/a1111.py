@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import collections
 import dataclasses
 import io
 import json
@@ -47,9 +48,11 @@ from fastapi.routing import APIRoute
 from PIL import Image
 from pydantic import BaseModel, BeforeValidator, ConfigDict
 
+from sdxl_engine.engine.errors import InvalidRequest
 from sdxl_engine.engine.previews import preview_grid
 from sdxl_engine.program.latent_upscale import HIRES_UPSCALERS
 from sdxl_engine.program.schedulers import SAMPLERS, UnknownSampler, get_sampler
+from sdxl_engine.service import models
 from sdxl_engine.service.image_prep import FILL_MODES, PasteBack, img2img_start_step, prepare, same_aspect
 from sdxl_engine.service.images import EXIF_IFD, USER_COMMENT, png_bytes
 from sdxl_engine.service.jobs import Job
@@ -62,7 +65,6 @@ from sdxl_engine.serving.apis.core import (
     ApiError,
     Interrupted,
     generate,
-    model_name,
     read_json,
     request_of,
     wait_started,
@@ -89,7 +91,8 @@ FIELD_NAMES = (("num_inference_steps", "steps"), ("guidance_scale", "cfg_scale")
                ("style", "styles"), ("images", "batch_size*n_iter"), ("hires_scale", "hr_scale"),
                ("hires_strength", "denoising_strength"), ("hires_steps", "hr_second_pass_steps"),
                ("hires_upscaler", "hr_upscaler"), ("strength", "denoising_strength"),
-               ("start_step", "denoising_strength"), ("image", "init_images"))
+               ("start_step", "denoising_strength"), ("image", "init_images"),
+               ("model", "override_settings.sd_model_checkpoint"), ("refiner", "refiner_checkpoint"))
 DEFAULT_SWITCH_AT = 0.8  # A1111's refiner_switch_at default (its UI's), diffusers' ensemble-of-experts example
 NONE_NAMES = ("", "None")  # A1111's "no refiner" and "same sampler" values
 SAME_SAMPLER = ("", "Use same sampler")
@@ -246,7 +249,8 @@ IMG2IMG_IGNORED = (
 def ignored_warnings(body: Txt2Img, options: dict, table: tuple = IGNORED) -> list[str]:
     """The warnings for a txt2img (or img2img: ``table`` :data:`IMG2IMG_IGNORED`) ``body``'s fields this server
     does not honour (:data:`IGNORED`), and for ``override_settings`` entries other than ``options`` (GET /options:
-    this server's fixed values), one line each, in the table's order. A field at one of its defaults gives none."""
+    the caller's: this server's fixed values) but ``sd_model_checkpoint`` (served: :func:`model_field`), one line
+    each, in the table's order. A field at one of its defaults gives none."""
     sent = body.model_extra or {}
     warnings = []
     for row in table:
@@ -255,11 +259,9 @@ def ignored_warnings(body: Txt2Img, options: dict, table: tuple = IGNORED) -> li
             warnings.append(f"{row.name}={_short(sent[row.name])} ignored: {row.why}")
     overrides = sent.get("override_settings")
     for key, value in (overrides.items() if isinstance(overrides, dict) else ()):
-        if key in options and options[key] == value:
+        if key in options and options[key] == value or key == MODEL_OPTION:  # the model: served (model_field)
             continue
-        why = (f"this server serves one model, {options['sd_model_checkpoint']!r}, loaded at start-up"
-               if key == "sd_model_checkpoint" else
-               "clip skip is fixed at 1 here" if key == "CLIP_stop_at_last_layers" else
+        why = ("clip skip is fixed at 1 here" if key == "CLIP_stop_at_last_layers" else
                "options are fixed at start-up (flags or SDXL_* settings)")
         warnings.append(f"override_settings.{key}={_short(value)} ignored: {why}")
     return warnings
@@ -311,6 +313,27 @@ def refiner_name(engine) -> str:
     return Path(setting).name if setting and Path(setting).exists() else setting
 
 
+MODEL_OPTION = "sd_model_checkpoint"  # A1111's option (and override) naming the model, by title or name
+MAX_OWNERS = 4096  # callers whose own default model (POST /options) is kept, the least recently set dropped first
+
+
+def model_field(body: Txt2Img, engine, chosen: str | None) -> dict:
+    """The engine field for the request's model: ``override_settings.sd_model_checkpoint`` (A1111's title
+    ``"name [hash]"`` or the bare name: for this request only, as A1111 restores it afterwards), else ``chosen``
+    (the caller's own default, set by ``POST /options``; None: the server's). {} for the server's default.
+
+    Raises ApiError 422 naming ``override_settings.sd_model_checkpoint`` and the models offered, for a model this
+    server does not have."""
+    overrides = (body.model_extra or {}).get("override_settings")
+    wanted = overrides.get(MODEL_OPTION) if isinstance(overrides, dict) else None
+    field = f"override_settings.{MODEL_OPTION}"
+    try:
+        name = models.choose(engine, wanted, field) if wanted not in (None, "") else chosen
+    except InvalidRequest as err:
+        raise ApiError(422, f"{field}: {err.message}", field) from None
+    return {} if name is None else {"model": name}
+
+
 class RefinerRefused(ApiError):
     """``refiner_checkpoint`` names no refiner this server has: A1111's 400 (not the 422 of a bad value)."""
 
@@ -319,23 +342,26 @@ def refiner_fields(body: Txt2Img, engine) -> dict:
     """The engine fields for A1111's ``refiner_checkpoint`` and ``refiner_switch_at`` (default 0.8): {} when no
     refiner is asked for (None, "" or "None") or ``refiner_switch_at`` is 1 (A1111 switches once that share of
     the steps is done: never; sd_samplers_common.apply_refiner). A1111 titles (``name [hash]``) and file names with an
-    extension match the loaded refiner's name.
+    extension match a refiner's name (service/models.refiners); a refiner other than the first is the request's
+    ``refiner``.
 
     Raises RefinerRefused (400) naming what is loaded: no refiner loaded, or another name."""
     wanted = (body.refiner_checkpoint or "").strip()
     if wanted in NONE_NAMES:
         return {}
-    loaded = refiner_name(engine)
-    if not loaded:
+    offered = models.refiners(engine, refiner_name(engine))
+    if not offered:
         raise RefinerRefused(400, f"refiner_checkpoint: no refiner is loaded here (the server starts one with "
                                   f"--refiner); got {wanted[:80]!r}", "refiner_checkpoint")
     plain = wanted.split(" [")[0].strip()
-    if plain not in (loaded, Path(loaded).stem) and Path(plain).stem not in (loaded, Path(loaded).stem):
-        raise RefinerRefused(400, f"refiner_checkpoint: this server's refiner is {loaded!r}, loaded at start-up; "
-                                  f"cannot switch to {wanted[:80]!r}", "refiner_checkpoint")
+    name = next((n for n in offered if plain in (n, Path(n).stem) or Path(plain).stem in (n, Path(n).stem)), None)
+    if name is None:
+        raise RefinerRefused(400, f"refiner_checkpoint: unknown refiner {wanted[:80]!r}; this server offers: "
+                                  f"{', '.join(offered)}", "refiner_checkpoint")
     if body.refiner_switch_at == 1:  # A1111 switches once that share of the steps is done: at 1, never
         return {}
-    return {"refiner_switch_at": DEFAULT_SWITCH_AT if body.refiner_switch_at is None else body.refiner_switch_at}
+    switch = DEFAULT_SWITCH_AT if body.refiner_switch_at is None else body.refiner_switch_at
+    return {"refiner_switch_at": switch, **({"refiner": name} if name != offered[0] else {})}
 
 
 def hires_fields(body: Txt2ImgHires, width: int, height: int, steps: int) -> tuple[dict, list[str]]:
@@ -402,11 +428,12 @@ def to_call(body: Txt2Img, width=None, height=None, paste_back: PasteBack | None
         raise ApiError(422, err.message, err.param) from None
 
 
-def img2img_call(body: Img2Img, engine) -> tuple[ServiceRequest, list[str]]:
+def img2img_call(body: Img2Img, engine, chosen: str | None = None) -> tuple[ServiceRequest, list[str]]:
     """(the service's request, warnings) of an A1111 img2img body: its images decoded in memory
     (uploads.decode_image), prepared as A1111 does (a1111_images.prepare) at ``width`` x ``height`` (the
     engine's default size for a side not sent), the steps run by A1111's rule (a1111_images.img2img_start_step;
-    ``denoising_strength`` default 0.75), the overlay of the original outside the mask.
+    ``denoising_strength`` default 0.75), the overlay of the original outside the mask; the model
+    :func:`model_field`'s (``chosen``: the caller's own default, or None).
 
     Raises ApiError 400/422 naming the field: no init image, an undecodable or oversized image, a mask of another
     aspect ratio, a value out of A1111's range; RefinerRefused (400)."""
@@ -450,7 +477,7 @@ def img2img_call(body: Img2Img, engine) -> tuple[ServiceRequest, list[str]]:
     fields = {"image": prepared.image, "strength": strength if strength > 0 else None,
               "start_step": img2img_start_step(strength, steps) if isinstance(steps, int) else None,
               **({"mask": prepared.mask, "soft_mask": not body.mask_round} if prepared.mask is not None else {}),
-              **refiner_fields(body, engine)}
+              **refiner_fields(body, engine), **model_field(body, engine, chosen)}
     # Strength 0 runs A1111's one step from start_step alone (the engine takes no strength 0): its infotext still
     # says Denoising strength: 0, as A1111's does.
     params = prepared.params if strength > 0 else {"Denoising strength": 0, **prepared.params}
@@ -527,6 +554,15 @@ def png_info(image_b64: str) -> dict:
     text = text if isinstance(text, str) else ""
     items = {k: v for k, v in items.items() if isinstance(k, str) and isinstance(v, str)}
     return {"info": text, "items": items, "parameters": generation_parameters(text) if text else {}}
+
+
+def sd_model_list(engine) -> list[dict]:
+    """``GET /sdapi/v1/sd-models``' entries for every model offered, the default first, in A1111's shape (its
+    modules/api/models.py SDModelItem): ``title`` ``"name [hash10]"`` (the bare name while the hash is computed),
+    ``model_name``, ``hash`` (10 hex digits), ``sha256``, ``filename`` (the file or folder; "" for a hub id or a
+    built-in model), ``config`` null. Never waits for a hash (service/models.infos)."""
+    return [{"title": i.title, "model_name": i.name, "hash": i.hash, "sha256": i.sha256, "filename": i.filename,
+             "config": None} for i in models.infos(engine)]
 
 
 def info_record(body: Txt2Img, info: dict, seeds: list[int], infotexts: list[str]) -> dict:
@@ -687,30 +723,34 @@ def router(requests: Service, flags: dict, loras, owner_of: Callable) -> APIRout
         texts = [infotext(png) for png in made.pngs]
         images = [base64.b64encode(png).decode() for png in made.pngs] if body.send_images else []
         info = info_record(body, {**made.info, "warnings": warnings + made.info["warnings"]}, made.seeds, texts)
+        info["sd_model_hash"] = models.hash_of(engine, made.info["model"])  # the model that made them
         if made.stopped is not None:  # interrupted (or a batch skipped) after some images: those, as A1111 does
             info.update(interrupted=True, message=made.stopped)
         return {"images": images, "parameters": echo, "info": json.dumps(info)}
 
     @api.post("/txt2img")
     async def txt2img(body: Txt2ImgHires, request: Request):
-        warnings = ignored_warnings(body, await get_options())
+        owner = owner_of(request)
+        warnings = ignored_warnings(body, await get_options(request))
 
         def make_call():
             to_call(body)  # the body's own refusals (sampler, styles, batch) before the hires fix's
             first = (body.width or engine.limits.default_size[0], body.height or engine.limits.default_size[1])
             hires, more = hires_fields(body, *first, body.steps or engine.limits.default_steps)
-            fields = {**hires, **refiner_fields(body, engine)}
+            fields = {**hires, **refiner_fields(body, engine), **model_field(body, engine, chosen.get(owner))}
             return to_call(body, **fields), more
 
         return await answer("txt2img", body, request, make_call, warnings, body.model_dump())
 
     @api.post("/img2img")
     async def img2img(body: Img2Img, request: Request):
-        warnings = ignored_warnings(body, await get_options(), IMG2IMG_IGNORED)
+        warnings = ignored_warnings(body, await get_options(request), IMG2IMG_IGNORED)
         echo = body.model_dump()
         if not body.include_init_images:  # as A1111's api.img2imgapi: the images are echoed only when asked
             echo.update(init_images=None, mask=None)
-        return await answer("img2img", body, request, lambda: img2img_call(body, engine), warnings, echo)
+        chosen_model = chosen.get(owner_of(request))
+        return await answer("img2img", body, request, lambda: img2img_call(body, engine, chosen_model), warnings,
+                            echo)
 
     @api.post("/png-info")
     async def png_info_route(body: PngInfo):
@@ -766,15 +806,23 @@ def router(requests: Service, flags: dict, loras, owner_of: Callable) -> APIRout
         return {"skipped": bool(skipped)}
 
     @api.get("/sd-models")
-    async def sd_models():  # the model, and the refiner when one is loaded (txt2img's refiner_checkpoint names it)
-        names = [model_name(engine), *([refiner] if (refiner := refiner_name(engine)) else [])]
-        return [{"title": n, "model_name": n, "hash": None, "sha256": None, "filename": n, "config": None}
-                for n in names]
+    async def sd_models():  # every model (A1111's titles, hashes once known), then the refiners not among them
+        listed = sd_model_list(engine)
+        names = {item["model_name"] for item in listed}
+        return listed + [{"title": n, "model_name": n, "hash": None, "sha256": None, "filename": n, "config": None}
+                         for n in models.refiners(engine, refiner_name(engine)) if n not in names]
+
+    # A1111's options are the whole server's; here sd_model_checkpoint is each caller's own (its owner: the API key,
+    # else its address), so one client never switches the model under another. The rest are fixed at start-up.
+    chosen: collections.OrderedDict[str, str] = collections.OrderedDict()  # owner -> its default model's name
 
     @api.get("/options")
-    async def get_options():
-        return {"sd_model_checkpoint": model_name(engine), "sd_checkpoint_hash": None, "sd_vae": "Automatic",
-                "CLIP_stop_at_last_layers": 1, "samples_format": "png", "sd_checkpoints_limit": 1}
+    async def get_options(request: Request):
+        name = chosen.get(owner_of(request)) or models.default(engine)
+        info = next((i for i in sd_model_list(engine) if i["model_name"] == name), None)
+        return {MODEL_OPTION: info["title"] if info else name, "sd_checkpoint_hash": info and info["sha256"],
+                "sd_vae": "Automatic", "CLIP_stop_at_last_layers": 1, "samples_format": "png",
+                "sd_checkpoints_limit": len(models.names(engine))}
 
     @api.post("/options")
     async def set_options(request: Request):
@@ -784,15 +832,22 @@ def router(requests: Service, flags: dict, loras, owner_of: Callable) -> APIRout
             wanted = None
         if not isinstance(wanted, dict):
             return a1111_error(ApiError(422, "options: expected a JSON object of option names and values"))
-        current = await get_options()
-        changed = sorted(k for k, v in wanted.items() if k not in current or current[k] != v)
-        if "sd_model_checkpoint" in changed:
-            other = str(wanted["sd_model_checkpoint"])[:80]
-            return a1111_error(ApiError(400, f"sd_model_checkpoint: this server serves one model, "
-                                             f"{model_name(engine)!r}, loaded at start-up; cannot switch to {other!r}"))
+        current = await get_options(request)
+        changed = sorted(k for k, v in wanted.items() if k != MODEL_OPTION and (k not in current or current[k] != v))
         if changed:
             return a1111_error(ApiError(400, f"options are fixed at start-up (flags or SDXL_* settings); "
                                              f"cannot change {', '.join(changed)[:200]}"))
+        if MODEL_OPTION in wanted:
+            try:
+                name = models.choose(engine, wanted[MODEL_OPTION], MODEL_OPTION)
+            except InvalidRequest as err:
+                return a1111_error(ApiError(400, str(err), MODEL_OPTION))
+            owner = owner_of(request)
+            chosen.pop(owner, None)
+            if name is not None and name != models.default(engine):
+                chosen[owner] = name
+                while len(chosen) > MAX_OWNERS:
+                    chosen.popitem(last=False)
         return None
 
     @api.get("/cmd-flags")
@@ -848,7 +903,8 @@ def router(requests: Service, flags: dict, loras, owner_of: Callable) -> APIRout
         return {"txt2img": [], "img2img": []}
 
     @api.post("/refresh-checkpoints")
-    async def refresh_checkpoints():
+    async def refresh_checkpoints():  # reads --models-dir and --refiners-dir again (the engine's catalogue)
+        await asyncio.to_thread(models.rescan, engine)
         return None
 
     @api.post("/refresh-loras")

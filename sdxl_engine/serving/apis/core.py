@@ -22,8 +22,9 @@ import threading
 from pathlib import Path
 
 from sdxl_engine.engine.contract import EngineContract
-from sdxl_engine.engine.errors import CompilesBusy, EngineNotReady, GenerationError, InvalidRequest
+from sdxl_engine.engine.errors import CompilesBusy, EngineNotReady, GenerationError, InvalidRequest, ModelUnavailable
 from sdxl_engine.engine.validation import validate
+from sdxl_engine.service import models
 from sdxl_engine.service.jobs import FAILED, Job
 from sdxl_engine.service.request import MAX_CALLS, Request, to_request
 from sdxl_engine.service.service import Refused, Service
@@ -61,12 +62,9 @@ class Generated:
 
 
 def model_name(engine: EngineContract) -> str:
-    """The loaded model's name as the page shows it (a local folder by its own name, never its path);
-    before the model is loaded, the setting, cut to its last part if it is a folder."""
-    if engine.model is not None:
-        return engine.model.name
-    setting = engine.config.model
-    return Path(setting).name if Path(setting).is_dir() else setting
+    """The default model's name as the page shows it (a local folder by its own name, never its path); before the
+    model is loaded, the setting, cut to its last part if it is a folder (service/models.default)."""
+    return models.default(engine)
 
 
 def engine_batch(engine: EngineContract) -> int:
@@ -106,7 +104,8 @@ def check(engine: EngineContract, asked: Request, client: str = "") -> Request:
 
     Raises:
         ApiError: 503 the engine failed to start; 400 an unknown style, a value the engine's validation refuses
-            (its message, the field renamed to the protocol's), or an image count outside 1 to MAX_CALLS x the batch.
+            (its message, the field renamed to the protocol's; the model's own limits once it is loaded), an unknown
+            model (naming the models offered), or an image count outside 1 to MAX_CALLS x the batch.
     """
     if engine.error is not None:
         raise ApiError(503, f"the engine failed to start: {engine.error}")
@@ -115,8 +114,8 @@ def check(engine: EngineContract, asked: Request, client: str = "") -> Request:
         raise ApiError(400, f"{asked.field('images')}: this server makes 1 to {MAX_CALLS * batch} images per "
                             f"request ({MAX_CALLS} engine calls of {batch}), got {asked.images}", asked.field("images"))
     try:
-        return dataclasses.replace(asked, engine=validate(dataclasses.replace(asked.engine, client=client),
-                                                          engine.limits))
+        limits = models.limits_for(engine, asked.engine.model)  # an unknown model: refused naming those offered
+        return dataclasses.replace(asked, engine=validate(dataclasses.replace(asked.engine, client=client), limits))
     except InvalidRequest as err:
         raise refused_field(err, asked) from None
 
@@ -162,13 +161,14 @@ async def finished(requests: Service, job: Job, request=None) -> Job:
 def job_error(job: Job, asked: Request | None = None) -> ApiError:
     """The protocol's answer to a job that failed: 429 busy compiling (retry in 30 s), 400 a value the engine
     refused (its field under the protocol's name: the size or steps a run cannot take, engine/memory.py and
-    durations.py), 503 the engine not ready, else 500 (the details are in the server log only)."""
+    durations.py), 503 the engine not ready or the request's model could not be loaded (the others serve on), else
+    500 (the details are in the server log only)."""
     err = job.error
     if isinstance(err, CompilesBusy):
         return ApiError(429, str(err), headers={"Retry-After": "30"})
     if isinstance(err, InvalidRequest):
         return refused_field(err, asked) if asked is not None else ApiError(400, str(err), err.field)
-    if isinstance(err, EngineNotReady):
+    if isinstance(err, (EngineNotReady, ModelUnavailable)):
         return ApiError(503, str(err))
     if isinstance(err, GenerationError):
         return ApiError(500, str(err))

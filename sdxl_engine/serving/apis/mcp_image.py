@@ -20,7 +20,14 @@ from sdxl_engine.service.request import to_request
 from sdxl_engine.service.styles import NO_STYLE
 from sdxl_engine.serving import admission
 from sdxl_engine.serving.apis.core import ApiError
-from sdxl_engine.serving.apis.tools import IMAGE_TO_IMAGE, TOOL_FIELDS, control_fields, image_doc, tool_inputs
+from sdxl_engine.serving.apis.tools import (
+    IMAGE_TO_IMAGE,
+    TOOL_FIELDS,
+    control_fields,
+    image_doc,
+    model_field,
+    tool_inputs,
+)
 from sdxl_engine.serving.handler import follow, refuse
 
 LOG = logging.getLogger(__name__)
@@ -43,7 +50,7 @@ def image_tool(requests, config, engine=None) -> Callable:
                              sampler: str = config.sampler, refiner_switch_at: float = 1.0, upscale: float = 1.0,
                              control_image: str = "", control_model: str = "", control_weight: float = 1.0,
                              control_start: float = 0.0, control_end: float = 1.0, control_module: str = "none",
-                             request: gr.Request = None) -> tuple[list, dict]:
+                             model: str = "", request: gr.Request = None) -> tuple[list, dict]:
         while engine is not None and not engine.ready.is_set():
             await asyncio.sleep(0.5)
         limits = getattr(engine, "limits", None)
@@ -61,7 +68,7 @@ def image_tool(requests, config, engine=None) -> Callable:
             asked = to_request(prompt=prompt, negative_prompt=negative_prompt, seed=seed,
                                guidance_scale=guidance_scale, num_inference_steps=num_inference_steps, width=w,
                                height=h, sampler=sampler, style=NO_STYLE, client=admission.client_address(request),
-                               paste_back=paste_back, field_names=names, **fields)
+                               paste_back=paste_back, field_names=names, **fields, **model_field(model))
         except InvalidRequest as err:
             raise refuse(err) from err
         outputs = [out async for out in follow(requests, asked, request, front="page")]  # previews, then the images

@@ -33,6 +33,7 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 
 import sdxl_engine.serving.apis.tools as tools  # as a module, not through the package (no import cycle)
 from sdxl_engine.engine.errors import EngineNotReady, InvalidRequest
+from sdxl_engine.service import models
 from sdxl_engine.service.jobs import FAILED, Job
 from sdxl_engine.service.request import Request, to_request
 from sdxl_engine.service.service import Refused, Service
@@ -85,8 +86,7 @@ class McpServer:
         self.owner_of = owner_of
         self.inputs = {tools.GENERATE: tools.generate_inputs(config),
                        tools.IMAGE_TO_IMAGE: tools.image_inputs(config)}
-        self.tools = [tool(tools.GENERATE, self.inputs[tools.GENERATE], tools.generate_doc()),
-                      tool(tools.IMAGE_TO_IMAGE, self.inputs[tools.IMAGE_TO_IMAGE], tools.image_doc())]
+        self.tools = self.described([])
         self.server = Server(NAME)
         self.server.list_tools()(self.list_tools)
         self.server.call_tool(validate_input=False)(self.call_tool)  # checked by arguments_refusal instead
@@ -108,7 +108,16 @@ class McpServer:
         return self.manager.run()
 
     # ---- the tools -------------------------------------------------------------------------------------------------
+    def described(self, names: list[str]) -> list[types.Tool]:
+        """The two tools, their ``model`` input describing the models ``names`` (the default first)."""
+        return [tool(tools.GENERATE, self.inputs[tools.GENERATE], tools.generate_doc(names)),
+                tool(tools.IMAGE_TO_IMAGE, self.inputs[tools.IMAGE_TO_IMAGE], tools.image_doc(names))]
+
     async def list_tools(self) -> list[types.Tool]:
+        """The tools, their ``model`` input listing the models offered now (once the engine has started)."""
+        engine = self.requests.engine
+        if engine.ready.is_set() and engine.error is None:
+            self.tools = self.described(models.names(engine))
         return self.tools
 
     async def call_tool(self, name: str, arguments: dict) -> list:
@@ -147,7 +156,8 @@ class McpServer:
                 control = {}
             if name == tools.GENERATE:
                 switch = tools.refiner_switch(values.pop("refiner_switch_at"))
-                return to_request(**values, client=client, **control,
+                model = tools.model_field(values.pop("model"))
+                return to_request(**values, client=client, **control, **model,
                                   **({} if switch is None else {"refiner_switch_at": switch}))
             engine = self.requests.engine
             await wait_started(engine)  # the picture is resized to the model's default size
@@ -160,7 +170,8 @@ class McpServer:
                               guidance_scale=values["guidance_scale"],
                               num_inference_steps=values["num_inference_steps"], width=w, height=h,
                               sampler=values["sampler"], style=NO_STYLE, client=client, paste_back=paste_back,
-                              field_names=tools.field_names(fields), **fields, **control)
+                              field_names=tools.field_names(fields), **fields, **control,
+                              **tools.model_field(values["model"]))
         except ApiError as err:
             raise refused(name, err.message) from None
         except InvalidRequest as err:

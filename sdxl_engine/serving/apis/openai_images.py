@@ -4,7 +4,7 @@
 handler, checks and messages). Fields (:func:`to_call`): ``prompt``; ``n`` images (default 1; the
 engine makes its batch per call, fewer return the first ones, more run further calls);
 ``size`` ``"WxH"`` (one of the model's sizes; ``"auto"`` or left out: its default); ``model``
-(left out, or the loaded model's id from ``GET /v1/models``); ``response_format`` ``b64_json``
+(left out: the default; or one of the ids ``GET /v1/models`` lists); ``response_format`` ``b64_json``
 (default here) or ``url`` (``/v1/images/files/<token>.png`` on this server, an unguessable name
 for the PNG, valid while the temp folder keeps it); ``output_format`` ``png`` (default), ``jpeg`` or
 ``webp`` with ``output_compression`` (0-100, the encoder's quality; the parameters text goes in the
@@ -12,7 +12,7 @@ EXIF UserComment, as A1111 writes it); ``stream`` (Server-Sent Events: one
 ``image_generation.completed`` event per image, no partial images); ``user`` (accepted, not stored);
 not OpenAI's (the SDK's ``extra_body``): :data:`EXTENSIONS`, the engine's refiner and hires fix fields.
 OpenAI's model names (``gpt-image-*``, ``dall-e-2``, ``dall-e-3``) are served as aliases of the
-loaded model, answering as that model does by default (:func:`model_family`). ``quality`` ``hd`` or
+default model, answering as that model does by default (:func:`model_family`). ``quality`` ``hd`` or
 ``high`` runs the base model with the loaded refiner (``--refiner``; :func:`with_quality`). Other fields
 that would change the images (another ``quality``, ``style``, ``background``, ``partial_images``) are not
 honoured: each is named in one log line and the ``X-SDXL-Warnings`` header (:func:`ignored`).
@@ -56,6 +56,7 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import ClientDisconnect
 
 from sdxl_engine.engine.validation import DEFAULT_STRENGTH, InvalidRequest, Limits, size_of
+from sdxl_engine.service import models
 from sdxl_engine.service.delivery import write_served
 from sdxl_engine.service.image_prep import overlay
 from sdxl_engine.service.images import EXIF_IFD, USER_COMMENT
@@ -66,7 +67,6 @@ from sdxl_engine.serving.apis.core import (
     FileTokens,
     Generated,
     generate,
-    model_name,
     read_json,
     refused_field,
     request_of,
@@ -135,12 +135,12 @@ class Answer:
     top_quality: str | None = None  # quality hd/high, if asked: base + refiner where one is loaded (with_quality)
 
 
-def model_family(model, model_id: str) -> str | None:
-    """Which model a ``model`` field names: ``"own"`` (left out, or ``model_id``, the loaded model),
-    ``"gpt-image"`` (any ``gpt-image-*`` / ``chatgpt-image-*`` name: answers b64_json, refuses url, as
-    OpenAI's GPT image models do), ``"dall-e"`` (``dall-e-2``/``dall-e-3``: answers url unless asked
-    for b64_json, as OpenAI's DALL-E did); None for any other name. All of them are the loaded model."""
-    if model in (None, "", model_id):
+def model_family(model, model_ids) -> str | None:
+    """Which model a ``model`` field names: ``"own"`` (left out, or one of ``model_ids``, the models this server
+    offers: GET /v1/models), ``"gpt-image"`` (any ``gpt-image-*`` / ``chatgpt-image-*`` name: answers b64_json,
+    refuses url, as OpenAI's GPT image models do), ``"dall-e"`` (``dall-e-2``/``dall-e-3``: answers url unless
+    asked for b64_json, as OpenAI's DALL-E did); None for any other name. OpenAI's names are the default model."""
+    if model in (None, "") or model in model_ids:
         return "own"
     if isinstance(model, str) and model.startswith(GPT_IMAGE):
         return "gpt-image"
@@ -200,23 +200,23 @@ def _whole(body: dict, name: str, default: int, lo: int, hi: int) -> int:
     return value
 
 
-def to_call(body, model_id: str) -> tuple[ServiceRequest, Answer]:
-    """(the service's request, how to answer) for a generations body (a JSON object).
+def to_call(body, model_ids: list[str]) -> tuple[ServiceRequest, Answer]:
+    """(the service's request, how to answer) for a generations body (a JSON object); ``model_ids``: the models
+    this server offers (service/models.names), the default first: ``model`` naming one is the request's model.
 
     Raises ApiError: 400 a missing/non-text prompt, a bad ``n``/``size``/``response_format``/
     ``output_format``/``output_compression``/``stream``/``partial_images``, ``url`` asked of a GPT image
-    model or with jpeg/webp or a stream; 404 a ``model`` that is neither ``model_id`` nor one of
-    OpenAI's names (:func:`model_family`).
+    model or with jpeg/webp or a stream; 404 a ``model`` that is neither one of ``model_ids`` nor one of
+    OpenAI's names (:func:`model_family`), naming it and the models offered.
     """
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     if "prompt" not in body:
         raise ApiError(400, "prompt: is required", "prompt")
     model = body.get("model")
-    family = model_family(model, model_id)
+    family = model_family(model, model_ids)
     if family is None:
-        raise ApiError(404, f"model: {str(model)[:80]!r} is not served here; this server has {model_id!r} "
-                            "(GET /v1/models), also under OpenAI's names gpt-image-*, dall-e-2, dall-e-3", "model")
+        raise ApiError(404, unknown_model(model, model_ids), "model")
     n = body.get("n", 1)
     if n is None:
         n = 1
@@ -246,9 +246,17 @@ def to_call(body, model_id: str) -> tuple[ServiceRequest, Answer]:
                             f"for {'a stream' if stream else output + ' images'}", field)
     width, height = parse_size(body.get("size")) or (None, None)
     fields = {name: body[name] for name in EXTENSIONS if body.get(name) is not None}
+    if family == "own" and model not in (None, "", model_ids[0]):
+        fields["model"] = model  # another of the server's models; OpenAI's names and the default: None
     call = request_of(FIELD_NAMES, prompt=body["prompt"], width=width, height=height, images=n, **fields)
     return call, Answer(fmt, output, compression, bool(stream), ignored(body),
                         top_quality=body["quality"] if body.get("quality") in TOP_QUALITY else None)
+
+
+def unknown_model(model, model_ids: list[str]) -> str:
+    """The refusal of a ``model`` this server does not have, naming it and the models it offers."""
+    return (f"model: unknown model {str(model)[:80]!r}; this server offers: {', '.join(model_ids)} "
+            "(GET /v1/models), the first also under OpenAI's names gpt-image-*, dall-e-2, dall-e-3")
 
 
 def encode(png: bytes, output_format: str, compression: int = 100) -> bytes:
@@ -315,7 +323,7 @@ async def read_form(request: Request) -> FormData:
         raise ApiError(400, f"the multipart form could not be read: {err.message}") from None
 
 
-def edit_form(form: FormData, model_id: str) -> tuple[ServiceRequest, Answer, EditUpload]:
+def edit_form(form: FormData, model_ids: list[str]) -> tuple[ServiceRequest, Answer, EditUpload]:
     """(the service's request without its image, how to answer, the files) for an edits form.
 
     Text fields are read as generations' JSON fields (:func:`to_call`: every check and refusal is its): ``n``,
@@ -348,7 +356,7 @@ def edit_form(form: FormData, model_id: str) -> tuple[ServiceRequest, Answer, Ed
         except ValueError:
             raise ApiError(400, f"refiner_switch_at: expected a number in [0, 1), got "
                                 f"{_short(body['refiner_switch_at'])}", "refiner_switch_at") from None
-    call, answer = to_call(body, model_id)
+    call, answer = to_call(body, model_ids)
     images = files.get("image", []) + files.get("image[]", [])
     if not images:
         raise ApiError(400, "image: is required (the image to edit, a PNG, JPEG or WebP file)", "image")
@@ -472,8 +480,8 @@ def router(requests: Service, tokens: FileTokens, owner_of: Callable, files_dir:
     api = APIRouter(prefix=PREFIX)
     engine = requests.engine
 
-    def model_id() -> str:
-        return model_name(engine)
+    def model_ids() -> list[str]:  # the models offered, the default first
+        return models.names(engine)
 
     def refused(route: str, err: ApiError) -> JSONResponse:
         """A request refused before it reached the service (which logs its own refusals): one log line, then
@@ -484,7 +492,7 @@ def router(requests: Service, tokens: FileTokens, owner_of: Callable, files_dir:
     @api.post("/images/generations")
     async def generations(request: Request):
         try:
-            call, answer = to_call(read_json(await request.body()), model_id())
+            call, answer = to_call(read_json(await request.body()), model_ids())
             await wait_started(engine)
             call, answer = with_quality(call, answer, engine.limits is not None and engine.limits.refiner)
         except ApiError as err:
@@ -502,7 +510,7 @@ def router(requests: Service, tokens: FileTokens, owner_of: Callable, files_dir:
         try:
             form = await read_form(request)
             try:
-                call, answer, upload = edit_form(form, model_id())
+                call, answer, upload = edit_form(form, model_ids())
             finally:
                 await form.close()
             await wait_started(engine)
@@ -521,15 +529,15 @@ def router(requests: Service, tokens: FileTokens, owner_of: Callable, files_dir:
         return await respond(request, made, answer, tokens, files_dir)
 
     @api.get("/models")
-    async def models():
+    async def list_models():
         return {"object": "list",
-                "data": [{"id": model_id(), "object": "model", "created": 0, "owned_by": "sdxl_engine"}]}
+                "data": [{"id": name, "object": "model", "created": 0, "owned_by": "sdxl_engine"}
+                         for name in model_ids()]}
 
     @api.get("/models/{name:path}")
     async def model(name: str):
-        if model_family(name, model_id()) is None:
-            return openai_error(ApiError(404, f"model: {name[:80]!r} is not served here; this server has "
-                                              f"{model_id()!r}", "model"))
+        if model_family(name, model_ids()) is None:
+            return openai_error(ApiError(404, unknown_model(name, model_ids()), "model"))
         return {"id": name, "object": "model", "created": 0, "owned_by": "sdxl_engine"}
 
     return api

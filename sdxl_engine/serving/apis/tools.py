@@ -55,8 +55,9 @@ before the refiner takes over, 0 to below 1 (0 = the refiner alone); 1 = no refi
     control_start: the share of the steps where the control begins, 0 to 1
     control_end: the share of the steps where it ends, 0 to 1, not below control_start
     control_module: the preprocessor run on the control image first: {modules} (none = the image is the map)
+    model: {models}
 Returns:
-    the images (PNG, with their generation parameters) and a JSON record: seeds, size, steps, sampler, timings
+    the images (PNG, with their generation parameters) and a JSON record: seeds, size, steps, sampler, timings, model
 """
 
 IMAGE_DOC = """Change a picture with SDXL: image to image (restyle the whole picture to the prompt) or, with a mask, \
@@ -88,6 +89,7 @@ this factor (Lanczos) and denoised again at the larger size with strength (-1 = 
     control_start: the share of the steps where the control begins, 0 to 1
     control_end: the share of the steps where it ends, 0 to 1, not below control_start
     control_module: the preprocessor run on the control image first: {modules} (none = the image is the map)
+    model: {models}
 Returns:
     the images (PNG, with their generation parameters) and a JSON record: seeds, size, strength, timings
 """
@@ -121,7 +123,7 @@ def generate_inputs(config) -> tuple[Input, ...]:
             Input("num_inference_steps", int, config.num_inference_steps), Input("width", int, 0),
             Input("height", int, 0), Input("style", str, NO_STYLE, tuple(STYLE_NAMES)),
             Input("sampler", str, config.sampler, tuple(SAMPLERS)),
-            Input("refiner_switch_at", float, 0.8 if config.refiner else 1.0), *CONTROL_INPUTS)
+            Input("refiner_switch_at", float, 0.8 if config.refiner else 1.0), *CONTROL_INPUTS, Input("model", str, ""))
 
 
 def image_inputs(config) -> tuple[Input, ...]:
@@ -131,18 +133,19 @@ def image_inputs(config) -> tuple[Input, ...]:
             Input("guidance_scale", float, config.guidance_scale),
             Input("num_inference_steps", int, config.num_inference_steps), Input("width", int, 0),
             Input("height", int, 0), Input("sampler", str, config.sampler), Input("refiner_switch_at", float, 1.0),
-            Input("upscale", float, 1.0), *CONTROL_INPUTS)
+            Input("upscale", float, 1.0), *CONTROL_INPUTS, Input("model", str, ""))
 
 
-def generate_doc() -> str:
-    """:data:`GENERATE_DOC` with the style, sampler and preprocessor names filled in."""
+def generate_doc(models: list[str] = ()) -> str:
+    """:data:`GENERATE_DOC` with the style, sampler, preprocessor and model names filled in (``models``: the
+    server's, the default first: service/models.names; () before they are known)."""
     return GENERATE_DOC.format(styles=", ".join(STYLE_NAMES), samplers=", ".join(SAMPLERS),
-                               modules=", ".join(MODULES))
+                               modules=", ".join(MODULES), models=model_doc(models))
 
 
-def image_doc() -> str:
-    """:data:`IMAGE_DOC` with the preprocessor names filled in."""
-    return IMAGE_DOC.format(modules=", ".join(MODULES))
+def image_doc(models: list[str] = ()) -> str:
+    """:data:`IMAGE_DOC` with the preprocessor and model names filled in (as :func:`generate_doc`)."""
+    return IMAGE_DOC.format(modules=", ".join(MODULES), models=model_doc(models))
 
 
 def control_fields(control_image: str = "", control_model: str = "", control_weight: float = 1.0,
@@ -163,6 +166,20 @@ def control_fields(control_image: str = "", control_model: str = "", control_wei
     return {"control_units": (ControlUnit(image=image, model=control_model, weight=control_weight,
                                           guidance_start=control_start, guidance_end=control_end,
                                           module=control_module or "none"),)}
+
+
+def model_doc(models: list[str]) -> str:
+    """The ``model`` input's description for the server's ``models`` (the default first)."""
+    named = f": {', '.join(models)}" if models else ""
+    default = f" ({models[0]})" if models else ""
+    return (f"which of the server's models makes the images, by name{named}; empty = the default{default}. An "
+            "unknown name is refused naming the models offered")
+
+
+def model_field(value) -> dict:
+    """The engine's ``model`` field for a tool's (or the page's) model input: {} for None or "" (the default);
+    else the name as sent, for the engine to check (an unknown one is refused naming the models offered)."""
+    return {} if value is None or value == "" else {"model": value}
 
 
 def describe(doc: str) -> tuple[str, dict[str, str]]:

@@ -123,7 +123,7 @@ def test_prompt_syntax_and_lora_tags_are_refused_before_queueing_with_the_engine
             check(engine, a1111_call(body))
         assert (err.value.status, err.value.param, err.value.message) == (400, "prompt", message)
     check(engine, a1111_call(Txt2Img(prompt="a cat <lora:ink:0.5> <lora:peft>")))
-    check(StartedEngine(), openai_call({"prompt": "a (red:1.2) circle BREAK blue"}, "tiny-shapes")[0])
+    check(StartedEngine(), openai_call({"prompt": "a (red:1.2) circle BREAK blue"}, ["tiny-shapes"])[0])
 
 
 def test_check_refuses_with_503_when_the_engine_failed_to_start():
@@ -134,7 +134,7 @@ def test_check_refuses_with_503_when_the_engine_failed_to_start():
 
 def test_openai_body_maps_to_the_generate_call():
     call, answer = openai_call({"prompt": "a red circle", "n": 4, "size": "80x48", "model": "tiny-shapes",
-                                "quality": "hd", "style": "vivid", "user": "u1"}, "tiny-shapes")
+                                "quality": "hd", "style": "vivid", "user": "u1"}, ["tiny-shapes"])
     assert (values(call, -1), call.images) == (["a red circle", "", -1, None, None, 80, 48, "(No style)", None],
                                               4)
     assert answer == Answer("b64_json", "png", 100, False, (
@@ -160,9 +160,18 @@ def test_openai_body_maps_to_the_generate_call():
 ])
 def test_openai_model_names_are_aliases_answering_as_that_model_does(model, response_format):
     """OpenAI's GPT image models answer base64 without being asked; DALL-E answered URLs by default."""
-    assert openai_call({"prompt": "x", "model": model}, "tiny-shapes")[1].response_format == response_format
+    assert openai_call({"prompt": "x", "model": model}, ["tiny-shapes"])[1].response_format == response_format
     assert openai_call({"prompt": "x", "model": model, "response_format": "b64_json"},
-                       "tiny-shapes")[1].response_format == "b64_json"
+                       ["tiny-shapes"])[1].response_format == "b64_json"
+
+
+def test_openai_model_names_one_of_the_servers_models_and_openais_names_the_default():
+    models = ["base", "turbo"]
+    for model, chosen in ((None, None), ("base", None), ("turbo", "turbo"), ("gpt-image-1", None), ("dall-e-3", None)):
+        assert openai_call({"prompt": "x", "model": model}, models)[0].engine.model == chosen, model
+    with pytest.raises(ApiError, match="^model: unknown model 'sdxl'; this server offers: base, turbo ") as err:
+        openai_call({"prompt": "x", "model": "sdxl"}, models)
+    assert (err.value.status, err.value.param) == (404, "model")
 
 
 def test_openai_output_format_compression_and_stream_are_read():
@@ -185,8 +194,8 @@ def test_openai_output_format_compression_and_stream_are_read():
     ({"prompt": "x", "response_format": "png"}, 400, "response_format",
      "response_format: must be one of b64_json, url, got 'png'"),
     ({"prompt": "x", "model": "sdxl-turbo"}, 404, "model",
-     "model: 'sdxl-turbo' is not served here; this server has 'tiny-shapes' (GET /v1/models), also under OpenAI's "
-     "names gpt-image-*, dall-e-2, dall-e-3"),
+     "model: unknown model 'sdxl-turbo'; this server offers: tiny-shapes (GET /v1/models), the first also under "
+     "OpenAI's names gpt-image-*, dall-e-2, dall-e-3"),
     ({"prompt": "x", "model": "gpt-image-1", "response_format": "url"}, 400, "response_format",
      "response_format: 'url' is not supported with 'gpt-image-1': GPT image models answer b64_json (leave "
      "response_format out)"),
@@ -206,21 +215,21 @@ def test_openai_output_format_compression_and_stream_are_read():
 ])
 def test_openai_refusals(body, status, param, message):
     with pytest.raises(ApiError) as err:
-        openai_call(body, "tiny-shapes")
+        openai_call(body, ["tiny-shapes"])
     assert (err.value.status, err.value.param, err.value.message) == (status, param, message)
 
 
 def test_openai_n_over_the_limit_is_refused_naming_n():
-    call, _ = openai_call({"prompt": "x", "n": 17}, "tiny-shapes")
+    call, _ = openai_call({"prompt": "x", "n": 17}, ["tiny-shapes"])
     with pytest.raises(ApiError) as err:
         check(StartedEngine(), call)
     assert (err.value.status, err.value.param, err.value.message) == (
         400, "n", "n: this server makes 1 to 16 images per request (4 engine calls of 4), got 17")
-    check(StartedEngine(), openai_call({"prompt": "x", "n": 16}, "tiny-shapes")[0])
+    check(StartedEngine(), openai_call({"prompt": "x", "n": 16}, ["tiny-shapes"])[0])
 
 
 def test_openai_size_refusal_names_size_with_the_engines_sizes():
-    call, _ = openai_call({"prompt": "x", "size": "96x96"}, "tiny-shapes")
+    call, _ = openai_call({"prompt": "x", "size": "96x96"}, ["tiny-shapes"])
     with pytest.raises(ApiError) as err:
         check(StartedEngine(), call)
     assert (err.value.param, err.value.message) == (
@@ -507,7 +516,7 @@ def test_a1111_fields_not_honoured_are_named_in_info_warnings_and_one_log_line(s
     body = {"prompt": "x", "firstphase_width": 512, "alwayson_scripts": {"ControlNet": {"args": []}},
             "restore_faces": True, "tiling": True, "subseed_strength": 0.5,
             "eta": 0.3, "sampler_name": "Euler a", "s_noise": 0.9, "init_images": ["aGk="],
-            "override_settings": {"sd_model_checkpoint": "other.safetensors", "CLIP_stop_at_last_layers": 2,
+            "override_settings": {"sd_model_checkpoint": "tiny-shapes", "CLIP_stop_at_last_layers": 2,
                                   "sd_vae": "Automatic"}}
     info = json.loads(client.post("/sdapi/v1/txt2img", json=body).json()["info"])
     expected = [
@@ -518,8 +527,6 @@ def test_a1111_fields_not_honoured_are_named_in_info_warnings_and_one_log_line(s
         "subseed_strength=0.5 ignored: no variation seeds here: each image is its seed alone",
         "eta=0.3 ignored: eta is fixed per sampler here (Euler a 1, DDIM 0: A1111's defaults)",
         "s_noise=0.9 ignored: the sampler noise settings are fixed here (A1111's defaults)",
-        "override_settings.sd_model_checkpoint=\"other.safetensors\" ignored: this server serves one model, "
-        "'tiny-shapes', loaded at start-up",
         "override_settings.CLIP_stop_at_last_layers=2 ignored: clip skip is fixed at 1 here",
     ]
     assert info["warnings"] == expected + ["engine note"]  # sd_vae "Automatic" is this server's value: no warning
@@ -761,10 +768,34 @@ def test_a1111_refiner_checkpoint_must_name_the_loaded_refiner(tmp_path):
                                   refiner_switch_at=0.6), engine) == {"refiner_switch_at": 0.6}
     assert refiner_fields(Txt2Img(prompt="x", refiner_checkpoint="sdxl-refiner", refiner_switch_at=1),
                           engine) == {}  # A1111 switches after the last step: no refiner
-    with pytest.raises(RefinerRefused, match=r"^refiner_checkpoint: this server's refiner is 'sdxl-refiner', loaded "
-                                             r"at start-up; cannot switch to 'other'") as err:
+    with pytest.raises(RefinerRefused, match=r"^refiner_checkpoint: unknown refiner 'other'; this server offers: "
+                                             r"sdxl-refiner$") as err:
         refiner_fields(Txt2Img(prompt="x", refiner_checkpoint="other"), engine)
     assert err.value.status == 400
     none = types.SimpleNamespace(config=types.SimpleNamespace(refiner=""))
     with pytest.raises(RefinerRefused, match="no refiner is loaded here"):
         refiner_fields(Txt2Img(prompt="x", refiner_checkpoint="sdxl-refiner"), none)
+
+
+def test_a1111_refiner_checkpoint_chooses_among_several_refiners():
+    """With several refiners (the engine's refiner_names: --refiner repeated, --refiners-dir) refiner_checkpoint picks
+    one by name or A1111 title: the first is the default (no ``refiner`` field), another is the request's."""
+    from sdxl_engine.serving.apis.a1111 import RefinerRefused, Txt2Img, refiner_fields
+
+    class Engine:
+        config = None
+
+        def model_names(self):
+            return ["base"]
+
+        def refiner_names(self):
+            return ["first", "second"]
+
+    engine = Engine()
+    assert refiner_fields(Txt2Img(prompt="x", refiner_checkpoint="first [0123abcd]"), engine) == {
+        "refiner_switch_at": 0.8}
+    assert refiner_fields(Txt2Img(prompt="x", refiner_checkpoint="second.safetensors", refiner_switch_at=0.6),
+                          engine) == {"refiner_switch_at": 0.6, "refiner": "second"}
+    with pytest.raises(RefinerRefused, match="^refiner_checkpoint: unknown refiner 'third'; this server offers: "
+                                             "first, second$"):
+        refiner_fields(Txt2Img(prompt="x", refiner_checkpoint="third"), engine)

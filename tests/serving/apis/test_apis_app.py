@@ -8,6 +8,7 @@ import asyncio
 import base64
 import io
 import json
+import re
 import threading
 import time
 
@@ -81,8 +82,10 @@ def test_webuiapi_txt2img_gives_the_pages_images_for_the_same_seed(app, webui):
             result.info["steps"], result.info["cfg_scale"], result.info["width"]) == (
         7, [7, 8, 9, 10], "tiny-shapes", "Euler", 2, 5.0, 64)
     assert result.info["infotexts"] == [Image.open(io.BytesIO(png)).text["parameters"] for png in expected]
-    assert result.info["infotexts"][0] == "a red circle\nSteps: 2, Sampler: Euler, CFG scale: 5, Seed: 7, " \
-                                          "Size: 64x64, Model: tiny-shapes"
+    short = result.info["sd_model_hash"]  # the model's A1111 hash (GET sd-models), computed before the first job
+    assert re.fullmatch(r"[0-9a-f]{10}", short) and result.info["infotexts"][0] == (
+        f"a red circle\nSteps: 2, Sampler: Euler, CFG scale: 5, Seed: 7, Size: 64x64, Model hash: {short}, "
+        "Model: tiny-shapes")
     assert result.parameters["prompt"] == PROMPT and result.parameters["batch_size"] == 4
 
 
@@ -165,14 +168,14 @@ def test_a_run_longer_than_the_servers_limit_is_refused_naming_the_steps_that_fi
 
 def test_a1111_lists_options_and_model_switching(webui):
     """The routes Open WebUI, SillyTavern and webuiapi read; setting sd_model_checkpoint to the loaded model
-    succeeds, to another is a 400 naming both."""
-    assert webui.util_get_model_names() == ["tiny-shapes"]
-    assert webui.util_get_current_model() == "tiny-shapes"
-    webui.util_set_model("tiny-shapes", find_closest=False)
+    succeeds, to another is a 400 naming it and the models offered."""
+    (title,) = webui.util_get_model_names()  # A1111's titles: "name [hash]"
+    assert re.fullmatch(r"tiny-shapes \[[0-9a-f]{10}\]", title) and webui.util_get_current_model() == title
+    webui.util_set_model("tiny-shapes")  # finds the closest title, as webuiapi does
+    assert webui.session.post(f"{webui.baseurl}/options", json={"sd_model_checkpoint": "tiny-shapes"}).ok
     response = webui.session.post(f"{webui.baseurl}/options", json={"sd_model_checkpoint": "sd_xl_base_1.0"})
     assert response.status_code == 400 and response.json()["detail"] == (
-        "sd_model_checkpoint: this server serves one model, 'tiny-shapes', loaded at start-up; "
-        "cannot switch to 'sd_xl_base_1.0'")
+        "sd_model_checkpoint: unknown model 'sd_xl_base_1.0'; this server offers: tiny-shapes")
     styles = webui.get_prompt_styles()
     assert [s["name"] for s in styles][:2] == ["Cinematic", "Photographic"] and "{prompt}" in styles[0]["prompt"]
     assert [u["name"] for u in webui.get_upscalers()] == ["None", "Lanczos", "Nearest"] and webui.get_sd_vae() == []

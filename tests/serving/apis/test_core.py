@@ -150,12 +150,14 @@ def test_another_owners_stop_reaches_nothing(tmp_path):
 def test_the_engines_typed_error_reaches_the_protocol_as_its_status(tmp_path):
     """Not by its message: a refusal the engine makes only at run time (a sampler the model's scheduler rules
     out, a new size while others compile) keeps its type through the service, whatever its text says."""
-    from sdxl_engine.engine.errors import CompilesBusy
+    from sdxl_engine.engine.errors import CompilesBusy, ModelUnavailable
 
     busy = "width/height: 2 new sizes compile already"
+    broken = "model 'b' could not be loaded: its files changed"
     for error, status, message in (
             (InvalidRequest("sampler", "DDIM cannot run this model"), 400, "sampler_name: DDIM cannot run this model"),
-            (CompilesBusy(busy), 429, busy), (RuntimeError("the request was stopped, it says"), 500, None)):
+            (CompilesBusy(busy), 429, busy), (ModelUnavailable(broken), 503, broken),
+            (RuntimeError("the request was stopped, it says"), 500, None)):
         def fail(service, job, error=error):
             raise error
 

@@ -97,10 +97,10 @@ def test_the_tools_are_the_endpoints_inputs_in_order_described_with_the_pages_de
     generate, image = (tool.inputSchema for tool in listed)
     assert list(generate["properties"]) == ["prompt", "negative_prompt", "seed", "guidance_scale",
                                             "num_inference_steps", "width", "height", "style", "sampler",
-                                            "refiner_switch_at", *tools.CONTROL_NAMES]
+                                            "refiner_switch_at", *tools.CONTROL_NAMES, "model"]
     assert tools.CONTROL_NAMES == ("control_image", "control_model", "control_weight", "control_start",
                                    "control_end", "control_module")
-    assert list(image["properties"])[-6:] == list(tools.CONTROL_NAMES)
+    assert list(image["properties"])[-7:] == [*tools.CONTROL_NAMES, "model"]
     assert "canny" in generate["properties"]["control_module"]["description"]
     assert generate["required"] == ["prompt"] and image["required"] == ["prompt", "image"]
     seed = generate["properties"]["seed"]

@@ -1,0 +1,105 @@
+"""The models a client may name (issue #49, docs/models.md), read the same way by every front: the names offered
+(:func:`names`), a client's text mapped to one (:func:`choose`: a name or an A1111 title ``"name [hash]"``; an unknown
+one refused naming it and the models offered), the limits a request for one is validated with (:func:`limits_for`)
+and a model's A1111 hash for the PNG infotext (:func:`hash_of`). No Gradio, no HTTP.
+
+The local engine (engine/local.Engine) has the calls these read (model_names, default_model, models_info,
+find_model, limits_for). The Ray front (serving/remote.RemoteEngine) does not have them yet (docs/models.md, "The
+engine API"): it is served as one model, its default, and a request's ``model`` crosses to its replicas as any field
+(their engines refuse an unknown name). :func:`_catalogue` is the one place that tells the two apart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from sdxl_engine.engine.errors import InvalidRequest
+
+
+def _catalogue(engine):
+    """``engine`` when it offers several models by name (the local engine), else None (one model: the Ray front,
+    whose contract has no listing calls yet; the tests' stand-in engines)."""
+    return engine if callable(getattr(engine, "model_names", None)) else None
+
+
+def default(engine) -> str:
+    """The default model's name (a request's ``model=None``), as the page shows it."""
+    if _catalogue(engine) is not None:
+        return engine.default_model
+    if engine.model is not None:
+        return engine.model.name
+    setting = engine.config.model
+    return Path(setting).name if Path(setting).is_dir() else setting
+
+
+def names(engine) -> list[str]:
+    """The names a request may send, the default first (a dropdown's choices, MCP's argument description)."""
+    return list(engine.model_names()) if _catalogue(engine) is not None else [default(engine)]
+
+
+def choose(engine, text, field: str = "model") -> str | None:
+    """The model ``text`` names (a client's: a name, or A1111's title ``"name [hash]"``), for GenerateRequest.model;
+    None for None or "" (the default).
+
+    Raises InvalidRequest (``field``, the front's name of it) naming ``text`` and the models offered."""
+    if text is None or (isinstance(text, str) and not text.strip()):
+        return None
+    if isinstance(text, str):
+        found = engine.find_model(text) if _catalogue(engine) is not None else (
+            default(engine) if text.split(" [")[0].strip() == default(engine) else None)
+        if found is not None:
+            return found
+    raise InvalidRequest(field, f"unknown model {str(text)[:120]!r}; this server offers: {', '.join(names(engine))}")
+
+
+def limits_for(engine, model: str | None):
+    """The Limits a request for ``model`` (None: the default) is validated with: that model's once the engine has
+    loaded it, else the default's (the engine validates the request again against the model's own once loaded).
+
+    Raises InvalidRequest (``model``) for a name the engine does not offer."""
+    if model is None or _catalogue(engine) is None:
+        return engine.limits
+    return engine.limits_for(model) or engine.limits
+
+
+def hash_of(engine, name: str) -> str | None:
+    """``name``'s A1111 short hash (10 hex digits) when the engine knows it (hashes are computed on a background
+    thread: None until then), for the PNG infotext's ``Model hash``."""
+    if _catalogue(engine) is None:
+        return None
+    return next((info.hash for info in engine.models_info() if info.name == name), None)
+
+
+def refiners(engine, loaded: str = "") -> list[str]:
+    """The refiners a request may name (GenerateRequest.refiner; A1111's ``refiner_checkpoint``), the first (the
+    default) first; for an engine without the models calls, ``loaded`` (the one refiner's name; "" for none)."""
+    if _catalogue(engine) is not None:
+        return list(engine.refiner_names())
+    return [loaded] if loaded else []
+
+
+@dataclasses.dataclass(frozen=True)
+class Listed:
+    """A model's listing entry (checkpoint/catalogue.ModelInfo's fields) for an engine without the models calls."""
+
+    name: str
+    title: str
+    hash: str | None = None
+    sha256: str | None = None
+    filename: str = ""
+    default: bool = True
+
+
+def infos(engine) -> list:
+    """Every model's listing entry (``name``, ``title`` ``"name [hash10]"``, ``hash``, ``sha256``, ``filename``,
+    ``default``), the default first; never waits (a hash not computed yet is None)."""
+    if _catalogue(engine) is not None:
+        return list(engine.models_info())
+    return [Listed(default(engine), default(engine))]
+
+
+def rescan(engine) -> tuple[list[str], list[str]]:
+    """Read the models folders again (A1111's refresh-checkpoints): the (added, removed) names; ((), ()) for an
+    engine without the models calls."""
+    return engine.rescan_models() if _catalogue(engine) is not None else ([], [])

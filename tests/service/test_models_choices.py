@@ -1,0 +1,84 @@
+"""service/models.py: the models a client may name, read one way by every front, over an engine with the models calls
+(the local engine's API, docs/models.md) and over one without them (the Ray front: its one model)."""
+
+import types
+
+import pytest
+
+from sdxl_engine.engine.errors import InvalidRequest
+from sdxl_engine.service import models
+
+DEFAULT_LIMITS, B_LIMITS = object(), object()
+
+
+class Catalogued:
+    """The local engine's models calls (engine/local.Engine), two models, b's limits once loaded."""
+
+    model = types.SimpleNamespace(name="a")
+    limits = DEFAULT_LIMITS
+    default_model = "a"
+
+    def __init__(self):
+        self.loaded = {"a": DEFAULT_LIMITS}
+
+    def model_names(self):
+        return ["a", "b"]
+
+    def find_model(self, text):
+        name = text.split(" [")[0].strip()
+        return name if name in self.model_names() and text in (name, f"{name} [0123456789]") else None
+
+    def limits_for(self, name):
+        if name not in self.model_names():
+            raise InvalidRequest("model", f"unknown model {name!r}; this server offers: a, b")
+        return self.loaded.get(name)
+
+    def models_info(self):
+        return [types.SimpleNamespace(name="a", title="a [0123456789]", hash="0123456789"),
+                types.SimpleNamespace(name="b", title="b", hash=None)]
+
+    def refiner_names(self):
+        return ["r1", "r2"]
+
+    def rescan_models(self):
+        return ["c"], []
+
+
+def single():
+    return types.SimpleNamespace(model=types.SimpleNamespace(name="tiny-shapes"), limits=DEFAULT_LIMITS,
+                                 config=types.SimpleNamespace(model="tiny-shapes"))
+
+
+def test_names_and_choices_over_the_engines_catalogue():
+    engine = Catalogued()
+    assert models.names(engine) == ["a", "b"] and models.default(engine) == "a"
+    assert models.choose(engine, "b") == "b" and models.choose(engine, "a [0123456789]") == "a"
+    assert models.choose(engine, None) is None and models.choose(engine, "  ") is None
+    for text in ("c", "a [ffffffffff]", 3):
+        with pytest.raises(InvalidRequest) as err:
+            models.choose(engine, text, "override_settings.sd_model_checkpoint")
+        assert err.value.field == "override_settings.sd_model_checkpoint"
+        assert err.value.message == f"unknown model {str(text)!r}; this server offers: a, b"
+    assert models.refiners(engine) == ["r1", "r2"] and models.rescan(engine) == (["c"], [])
+    assert models.hash_of(engine, "a") == "0123456789" and models.hash_of(engine, "b") is None
+
+
+def test_a_models_limits_once_loaded_else_the_defaults_and_an_unknown_one_refused():
+    engine = Catalogued()
+    assert models.limits_for(engine, None) is DEFAULT_LIMITS
+    assert models.limits_for(engine, "b") is DEFAULT_LIMITS  # not loaded yet: the engine validates it once it is
+    engine.loaded["b"] = B_LIMITS
+    assert models.limits_for(engine, "b") is B_LIMITS
+    with pytest.raises(InvalidRequest, match="unknown model 'c'; this server offers: a, b"):
+        models.limits_for(engine, "c")
+
+
+def test_an_engine_without_the_models_calls_is_its_one_model():
+    engine = single()
+    assert models.names(engine) == ["tiny-shapes"] and models.default(engine) == "tiny-shapes"
+    assert models.choose(engine, "tiny-shapes [0123456789]") == "tiny-shapes"
+    with pytest.raises(InvalidRequest, match="unknown model 'other'; this server offers: tiny-shapes"):
+        models.choose(engine, "other")
+    assert [(i.name, i.title, i.hash) for i in models.infos(engine)] == [("tiny-shapes", "tiny-shapes", None)]
+    assert models.limits_for(engine, "anything") is DEFAULT_LIMITS and models.hash_of(engine, "tiny-shapes") is None
+    assert models.refiners(engine, "ref") == ["ref"] and models.rescan(engine) == ([], [])
