@@ -15,8 +15,10 @@ def test_page_builder_with_fake_engine():
     # The first seven are the /generate contract; later inputs are optional additions.
     assert names[:7] == ["prompt", "negative_prompt", "seed", "guidance_scale", "num_inference_steps", "width",
                          "height"]
-    assert names[7:] == ["style", "sampler", "refiner_switch_at"] and api["parameters"][7]["parameter_has_default"]
-    assert [p["parameter_has_default"] for p in api["parameters"]] == [False] + [True] * 9
+    assert names[7:] == ["style", "sampler", "refiner_switch_at", "control_image", "control_model", "control_weight",
+                         "control_start", "control_end", "control_module", "model"]
+    assert api["parameters"][7]["parameter_has_default"]
+    assert [p["parameter_has_default"] for p in api["parameters"]] == [False] + [True] * 16
     assert api["parameters"][9]["parameter_default"] == 1  # no refiner loaded: "1 = no refiner"
     assert api["parameters"][8]["python_type"]["type"] == ("Literal['Euler', 'Euler a', 'DPM++ 2M', "
                                                            "'DPM++ 2M Karras', 'DDIM', 'LCM']")
