@@ -33,6 +33,15 @@ LANCZOS = Image.Resampling.LANCZOS
 
 # The tools' descriptions: a summary, then ``Args:`` (one line per input, in the inputs' order), then ``Returns:``
 # (:func:`describe` splits them). A backslash at a line's end continues that line (the text has no line break there).
+# The control inputs' Args lines, the same in both tools' descriptions ({modules}: the preprocessors' names).
+CONTROL_DOC = """    control_image: optional ControlNet: a control image (edges, depth, pose map...) as base64 PNG, \
+JPEG or WebP (a data URL too); empty = no control. Needs a ControlNet loaded (the server's --controlnet)
+    control_model: the ControlNet's name, as /controlnet/model_list lists it ("name" or "name [hash]")
+    control_weight: the control's strength, 0 to 2
+    control_start: the share of the steps where the control begins, 0 to 1
+    control_end: the share of the steps where it ends, 0 to 1, not below control_start
+    control_module: the preprocessor run on the control image first: {modules} (none = the image is the map)"""
+
 GENERATE_DOC = """Generate images from a text prompt with SDXL: the engine's batch (4 images), seeds seed, seed+1, ...
 
 Args:
@@ -48,13 +57,7 @@ Args:
     refiner_switch_at: with a refiner loaded (the server's --refiner), the share of the steps on the base model \
 before the refiner takes over, 0 to below 1 (0 = the refiner alone); 1 = no refiner; default: the page's slider \
 (0.8 with a refiner)
-    control_image: optional ControlNet: a control image (edges, depth, pose map...) as base64 PNG, JPEG or WebP \
-(a data URL too); empty = no control. Needs a ControlNet loaded (the server's --controlnet)
-    control_model: the ControlNet's name, as /controlnet/model_list lists it ("name" or "name [hash]")
-    control_weight: the control's strength, 0 to 2
-    control_start: the share of the steps where the control begins, 0 to 1
-    control_end: the share of the steps where it ends, 0 to 1, not below control_start
-    control_module: the preprocessor run on the control image first: {modules} (none = the image is the map)
+{control}
     model: {models}
 Returns:
     the images (PNG, with their generation parameters) and a JSON record: seeds, size, steps, sampler, timings, model
@@ -82,13 +85,7 @@ with transparency: opaque = repaint). Empty: the whole picture changes
 before the refiner takes over, 0 to below 1 (0 = the refiner alone); 1 = no refiner
     upscale: 1 = off; above 1, at most 4 (e.g. 1.5 or 2) = hires fix: the picture (at width x height) upscaled by \
 this factor (Lanczos) and denoised again at the larger size with strength (-1 = 0.7); no mask with it
-    control_image: optional ControlNet: a control image (edges, depth, pose map...) as base64 PNG, JPEG or WebP \
-(a data URL too); empty = no control. Needs a ControlNet loaded (the server's --controlnet)
-    control_model: the ControlNet's name, as /controlnet/model_list lists it ("name" or "name [hash]")
-    control_weight: the control's strength, 0 to 2
-    control_start: the share of the steps where the control begins, 0 to 1
-    control_end: the share of the steps where it ends, 0 to 1, not below control_start
-    control_module: the preprocessor run on the control image first: {modules} (none = the image is the map)
+{control}
     model: {models}
 Returns:
     the images (PNG, with their generation parameters) and a JSON record: seeds, size, strength, timings
@@ -140,12 +137,12 @@ def generate_doc(models: list[str] = ()) -> str:
     """:data:`GENERATE_DOC` with the style, sampler, preprocessor and model names filled in (``models``: the
     server's, the default first: service/models.names; () before they are known)."""
     return GENERATE_DOC.format(styles=", ".join(STYLE_NAMES), samplers=", ".join(SAMPLERS),
-                               modules=", ".join(MODULES), models=model_doc(models))
+                               control=CONTROL_DOC.format(modules=", ".join(MODULES)), models=model_doc(models))
 
 
 def image_doc(models: list[str] = ()) -> str:
     """:data:`IMAGE_DOC` with the preprocessor and model names filled in (as :func:`generate_doc`)."""
-    return IMAGE_DOC.format(modules=", ".join(MODULES), models=model_doc(models))
+    return IMAGE_DOC.format(control=CONTROL_DOC.format(modules=", ".join(MODULES)), models=model_doc(models))
 
 
 def control_fields(control_image: str = "", control_model: str = "", control_weight: float = 1.0,
