@@ -620,8 +620,8 @@ def test_mcp_image_tool_repaints_as_a1111s_img2img_and_only_it_may_send_a_large_
     assert all(np.array_equal(np.asarray(Image.open(item["image"]).convert("RGB")), image)
                for item, image in zip(gallery, images))
     assert all(item["caption"].startswith(f"seed {seed} ") for item, seed in zip(gallery, info["seeds"]))
-    call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-            "params": {"name": "generate", "arguments": {"prompt": "x" * 2_000_000}}}
+    # any other MCP message keeps the 1 MB cap (both tools' calls may carry images: generate a control image)
+    call = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"cursor": "x" * 2_000_000}}
     over = httpx.post(app.url + "gradio_api/mcp/", json=call, headers={
         "Authorization": f"Bearer {KEY}", "Accept": "application/json, text/event-stream"})
     assert over.status_code == 413 and over.text == "request body too large (limit 1 MB)"
