@@ -423,7 +423,8 @@ _QUEUE_JOIN = re.compile(r"^(?:/gradio_api)?/queue/join/?$")
 
 # Inputs an endpoint gained after its first release (handler.api_function: only optional inputs are ever added,
 # at the end): a raw call may leave them out, and gets the same defaults gradio_client fills in (:func:`completed`).
-OPTIONAL_INPUTS = {"generate": ("refiner_switch_at",)}
+OPTIONAL_INPUTS = {"generate": ("refiner_switch_at", "control_image", "control_model", "control_weight",
+                                "control_start", "control_end", "control_module", "model")}
 
 
 def api_inputs(demo) -> tuple[dict[str, tuple[str, ...]], dict[int, str], dict[str, tuple]]:
