@@ -99,6 +99,13 @@ def infos(engine) -> list:
     return [Listed(default(engine), default(engine))]
 
 
+def start_hashes(engine) -> None:
+    """Start computing the models' A1111 hashes (once, on the engine's background thread: listing them does), for
+    the PNGs' ``Model hash``; nothing for an engine without the models calls."""
+    if _catalogue(engine) is not None:
+        engine.models_info()
+
+
 def rescan(engine) -> tuple[list[str], list[str]]:
     """Read the models folders again (A1111's refresh-checkpoints): the (added, removed) names; ((), ()) for an
     engine without the models calls."""

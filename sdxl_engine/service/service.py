@@ -267,7 +267,7 @@ class Service:
             self._stage(job, "loading")
         if engine.error is not None:
             raise EngineNotReady(f"the engine failed to start: {engine.error}")
-        models.infos(engine)  # the models' A1111 hashes start computing (once), for the PNGs' Model hash
+        models.start_hashes(engine)
         limits = models.limits_for(engine, request.engine.model)
         first = request.engine if request.engine.validated_for is not None else validate(request.engine, limits)
         batch, wanted = engine.batch, request.images or engine.batch

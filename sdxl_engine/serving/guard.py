@@ -226,8 +226,9 @@ class Routes:
         return f"no API endpoint /{name} ({self.api_list()})"
 
     def _image_files_ok(self, fn_index, data) -> bool:
-        """Whether ``data`` may name files: only in a call of the image event (IMAGE_EVENT), and only files
-        Gradio's upload route wrote or the app created (a gallery PNG sent to the editor)."""
+        """Whether ``data`` may name files: only in a call of the image event (IMAGE_EVENT) or of the ControlNet
+        picture's upload (CONTROL_EVENT), and only files Gradio's upload route wrote or the app created (a gallery
+        PNG sent to the editor)."""
         if type(fn_index) is not int or gradio_internals.api_name_of(self.demo, fn_index) not in (IMAGE_EVENT,
                                                                                                CONTROL_EVENT):
             return False

@@ -9,11 +9,11 @@ import base64
 import dataclasses
 import io
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import gradio as gr
 import numpy as np
-from PIL import Image
 
 from sdxl_engine.config import EngineConfig
 from sdxl_engine.engine.contract import EngineContract
@@ -23,6 +23,8 @@ from sdxl_engine.engine.errors import InvalidRequest
 from sdxl_engine.engine.image_upscale import IMAGE_UPSCALERS
 from sdxl_engine.engine.validation import DEFAULT_IMAGE_UPSCALER
 from sdxl_engine.serving import guard, image_input
+from sdxl_engine.serving.apis.errors import ApiError
+from sdxl_engine.serving.apis.uploads import decode_image
 from sdxl_engine.serving.page import REFINER_MIN, REFINER_OFF, outpaint_default, page_event, size_choices
 
 BRUSH_SHARE = 16  # the brush's radius: the model's native size (its default size's shorter side) over this
@@ -225,30 +227,54 @@ def control_section(config: EngineConfig, engine: EngineContract | None = None) 
     return ControlSection(box, picture, image, module, preview, detected, model, weight, start, end)
 
 
-def encoded_picture(picture) -> str:
-    """The upload (H, W, 3) uint8, or None, as base64 PNG text ("" for none)."""
-    if picture is None:
-        return ""
-    buffer = io.BytesIO()
-    Image.fromarray(np.asarray(picture, dtype=np.uint8)).save(buffer, format="PNG")
-    return base64.b64encode(buffer.getvalue()).decode()
+def picture_function(demo) -> Callable:
+    """The ControlNet picture's upload event (guard.CONTROL_EVENT; it does not preprocess: Gradio would decode
+    any file it is named): the picture's file (an upload or one of the app's PNGs of ``demo``, handler.readable;
+    the guard checked it too) read as the image event reads its picture (image_input.read_file, apis.uploads'
+    decoding), as base64 PNG text ("" for none); the upload is deleted once read (the text holds it). A value that
+    is not such a file, or not an image, is gr.Error with the reason."""
+    from sdxl_engine.serving import handler  # here: handler imports the apis package, whose routes import it
+
+    def read(path) -> str:
+        try:
+            if not isinstance(path, str) or not handler.readable(demo, path):
+                raise ApiError(400, "control image: not a file this page uploaded", "control_image")
+            picture = image_input.open_image(image_input.read_file(path, "control image"), "control image", "RGB")
+        except ApiError as err:
+            raise gr.Error(err.message, print_exception=False) from None
+        finally:
+            if isinstance(path, str):
+                handler.discard_uploads(demo, [path])
+        buffer = io.BytesIO()
+        picture.save(buffer, format="PNG")
+        return base64.b64encode(buffer.getvalue()).decode()
+
+    def encoded_picture(value) -> str:  # sync: Gradio runs it on a worker thread
+        if value is None:
+            return ""
+        return read(value.get("path") if isinstance(value, dict) else None)
+
+    return encoded_picture
 
 
 def detected_map(image: str, module: str):
-    """The preprocessor's map of the section's picture (engine/control.detect), or None without a picture; a
-    module the engine refuses is a gr.Error with its message."""
+    """The preprocessor's map of the section's picture (base64 PNG text, decoded as a client's image is:
+    apis.uploads.decode_image) by engine/control.detect, or None without a picture; a picture it cannot decode or a
+    module the engine refuses is a gr.Error with the message."""
     if not image:
         return None
     try:
-        return detect(np.asarray(Image.open(io.BytesIO(base64.b64decode(image))).convert("RGB")), module)
+        return detect(np.asarray(decode_image(image, "control image", "RGB")), module)
+    except ApiError as err:
+        raise gr.Error(err.message, print_exception=False) from None
     except InvalidRequest as err:
         raise gr.Error(str(err), print_exception=False) from None
 
 
-def wire_control_section(section: ControlSection) -> None:
+def wire_control_section(section: ControlSection, demo) -> None:
     """The section's own events, private: the upload encoded into ``image`` (guard.CONTROL_EVENT: the one event
-    besides the image event whose call may name an upload), Preview's detected map."""
-    section.picture.change(page_event(encoded_picture), section.picture, section.image,
-                           api_name=guard.CONTROL_EVENT, api_visibility="private")
+    besides the image event whose call may name an upload; :func:`picture_function`), Preview's detected map."""
+    section.picture.change(page_event(picture_function(demo)), section.picture, section.image,
+                           api_name=guard.CONTROL_EVENT, api_visibility="private", preprocess=False)
     section.preview.click(page_event(detected_map), [section.image, section.module], section.detected,
-                          api_visibility="private")
+                          api_visibility="private", preprocess=False)  # detect checks the module by name

@@ -178,8 +178,8 @@ def test_non_finite_floats_in_raw_json_are_clear_errors(app_server, client):
 def test_missing_and_extra_arguments_are_refused_by_the_client(client):
     with pytest.raises(TypeError, match="No value provided for required argument: prompt"):
         client.predict(api_name="/generate", seed=3)
-    with pytest.raises(TypeError, match="Parameter `model` is not a valid key-word argument"):
-        client.predict(api_name="/generate", prompt="a red circle", model="stabilityai/other")
+    with pytest.raises(TypeError, match="Parameter `scheduler` is not a valid key-word argument"):
+        client.predict(api_name="/generate", prompt="a red circle", scheduler="Euler a")
     assert_serves(client)
 
 

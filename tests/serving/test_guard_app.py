@@ -162,25 +162,36 @@ def test_uploads_take_images_only_and_are_never_served(app_server):
     folders = {p.parent for p in Path(path).parent.parent.glob("*/*") if p.name in ("a.txt", "fake.png", "a.svg",
                                                                                      "ok.png", "b.txt", "big.png")}
     assert folders == set(), folders
-    # A queued call naming an upload is refused unless it is the page's image event (every other event takes no
-    # files), and the server is healthy.
+    # A queued call naming an upload is refused unless it is the page's image event or its ControlNet picture's
+    # upload (every other event takes no files), and the server is healthy.
     file = {"path": path, "meta": {"_type": "gradio.FileData"}}
     image_event = next(dep for dep in page_dependencies(app_server) if dep["api_name"] == "img2img")
+    control_event = next(dep for dep in page_dependencies(app_server) if dep["api_name"] == "control_upload")
     for dep in page_dependencies(app_server):
-        if dep["id"] != image_event["id"]:
+        if dep["id"] not in (image_event["id"], control_event["id"]):
             status, reply = call_page_event(app_server, dep, [file] * max(1, len(dep["inputs"])))
             assert status == 404 and "this app takes no files" in reply, (dep["api_name"], status, reply[:200])
     nine = ["a red circle", "", 1, 5.0, 2, 64, 64, "(No style)", "Euler"]
+    rest = ["Image to image", 0.75, [], 16, 1.0, ""]  # mode, strength, outpaint sides and pixels, refiner, model
     for other in ("/etc/hostname", str(Path(path).parent / ".." / Path(path).parent.name / "other.png")):
         editor = {"background": {**file, "path": other}, "layers": [], "composite": None}
-        status, reply = call_page_event(app_server, image_event, nine + [editor, "Image to image", 0.75, [], 16, 1.0])
+        status, reply = call_page_event(app_server, image_event, [*nine, editor, *rest])
         assert status == 404 and "this app takes no files" in reply, (other, status, reply[:200])
     # The image event takes the upload, makes 4 images from it and deletes it; it stays unserved.
     editor = {"background": file, "layers": [], "composite": None}
-    status, reply = call_page_event(app_server, image_event, nine + [editor, "Image to image", 0.75, [], 16, 1.0])
+    status, reply = call_page_event(app_server, image_event, [*nine, editor, *rest])
     assert status == 200 and '"success": true' in reply.replace('"success":true', '"success": true'), reply[:300]
     assert not Path(path).exists()
     assert get(app_server, f"/gradio_api/file={path}").status_code == 404
+    # The ControlNet picture's upload takes an upload (as base64 PNG text for the page) but no other file, and
+    # deletes it too.
+    response = httpx.post(url, files={"files": ("control.png", png_bytes(48, noise=True))}, timeout=30)
+    (path,) = response.json()
+    status, reply = call_page_event(app_server, control_event, [{**file, "path": "/etc/hostname"}])
+    assert status == 404 and "this app takes no files" in reply, (status, reply[:200])
+    status, reply = call_page_event(app_server, control_event, [{**file, "path": path}])
+    assert status == 200 and '"success":true' in reply.replace(" ", "") and "iVBORw0KGgo" in reply, reply[:300]
+    assert not Path(path).exists()
     assert httpx.get(app_server.url + "gradio_api/info", timeout=30).status_code == 200
 
 
@@ -237,21 +248,29 @@ def test_monitoring_and_flagging_are_off(app_server):
     assert not any("flag" in name for name in info["named_endpoints"])
 
 
-def test_model_cannot_be_chosen_through_the_api(app_server):
+def test_the_model_is_an_optional_last_input_named_in_a_raw_call(app_server):
+    """Issue #49: /generate takes the model by name, as its last (optional) input. A raw call that leaves it out
+    gets the server's default model; one that names an unknown model is refused with the names it offers (and the
+    unknown name, cut short); a value in another input's place is that input's (the tenth is the refiner switch,
+    1 = none: a model name there is refused naming it)."""
     info = httpx.get(app_server.url + "gradio_api/info", timeout=30).json()
-    names = [p["parameter_name"] for p in info["named_endpoints"]["/generate"]["parameters"]]
-    assert "model" not in names and names[0] == "prompt"
-    # An extra value in a raw call is ignored: the model stays the one the server was started with. (The tenth
-    # value is the refiner switch, 1 = none: a model name there is refused naming it.)
+    params = info["named_endpoints"]["/generate"]["parameters"]
+    names = [p["parameter_name"] for p in params]
+    assert names[0] == "prompt" and names[-1] == "model" and params[-1]["parameter_has_default"], names
     nine = ["a red circle", "", 1, 7.0, 2, 0, 0, "(No style)", "Euler"]
-    for data, answer in (([*nine, 1.0, "stabilityai/other-model"], "event: complete"),
-                         ([*nine, "stabilityai/other-model"], "refiner_switch_at: no refiner is loaded")):
+    defaults = [p["parameter_default"] for p in params[9:-1]]
+
+    def answer(data: list) -> str:
         event = httpx.post(app_server.url + "gradio_api/call/generate", json={"data": data}, timeout=30).json()
-        text = httpx.get(app_server.url + f"gradio_api/call/generate/{event['event_id']}", timeout=60).text
-        assert answer in text and "other-model" not in text.replace('"refiner_switch_at"', ""), text[:300]
-    assert '"model": "tiny-shapes"' in httpx.get(app_server.url + "gradio_api/call/generate/" + httpx.post(
-        app_server.url + "gradio_api/call/generate", json={"data": nine}, timeout=30).json()["event_id"],
-        timeout=60).text
+        return httpx.get(app_server.url + f"gradio_api/call/generate/{event['event_id']}", timeout=60).text
+
+    text = answer([*nine, *defaults, "stabilityai/other-model"])
+    assert "event: error" in text and "unknown model 'stabilityai/other-model'" in text, text[:300]
+    assert "this server offers: tiny-shapes" in text, text[:300]
+    text = answer([*nine, "stabilityai/other-model"])
+    assert "refiner_switch_at: no refiner is loaded" in text, text[:300]
+    assert '"model": "tiny-shapes"' in answer(nine)
+    assert '"model": "tiny-shapes"' in answer([*nine, *defaults, "tiny-shapes"])
 
 
 def test_server_listens_on_loopback_only(app_server):

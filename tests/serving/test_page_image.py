@@ -26,12 +26,13 @@ def test_the_brush_is_a_sixteenth_of_the_models_shorter_side():
     assert editor_tools(None)["brush"].default_size == "auto"
 
 
-def test_the_control_section_shows_with_a_controlnet_and_turns_its_upload_into_generates_text():
+def test_the_control_section_shows_with_a_controlnet_and_turns_its_upload_into_generates_text(tmp_path, monkeypatch):
     """page_image.control_section: shown only when a ControlNet is loaded, its inputs /generate's control inputs in
     apis/tools.CONTROL_INPUTS' order; the upload becomes base64 PNG text (what gradio_client sends as
     control_image), and Preview's map is engine/control.detect's (canny on a non-square picture)."""
     import base64
     import io
+    from pathlib import Path
     from types import SimpleNamespace
 
     import gradio as gr
@@ -39,7 +40,7 @@ def test_the_control_section_shows_with_a_controlnet_and_turns_its_upload_into_g
     import pytest
     from PIL import Image
 
-    from sdxl_engine.serving import page_image
+    from sdxl_engine.serving import handler, page_image
     from sdxl_engine.serving.apis.tools import CONTROL_NAMES
 
     for paths, shown in (("", False), ("tests/fixtures/tiny-pt-controlnet/cn-a:x/canny-xl.safetensors", True)):
@@ -53,9 +54,22 @@ def test_the_control_section_shows_with_a_controlnet_and_turns_its_upload_into_g
     assert len(section.inputs) == len(CONTROL_NAMES)
     picture = np.zeros((48, 80, 3), np.uint8)
     picture[:, :40] = 255
-    text = page_image.encoded_picture(picture)
+    # The picture's upload event reads the file the guard let through, as base64 PNG text, and deletes the upload.
+    upload = tmp_path / "picture.png"
+    Image.fromarray(picture).save(upload)
+    (tmp_path / "note.txt").write_text("not an image")
+    discarded = []
+    monkeypatch.setattr(handler, "readable", lambda demo, path: Path(path).parent == tmp_path)
+    monkeypatch.setattr(handler, "discard_uploads", lambda demo, paths: discarded.extend(paths))
+    encoded_picture = page_image.picture_function(demo=None)
+    text = encoded_picture({"path": str(upload), "meta": {"_type": "gradio.FileData"}})
     np.testing.assert_array_equal(np.asarray(Image.open(io.BytesIO(base64.b64decode(text)))), picture)
-    assert page_image.encoded_picture(None) == "" and page_image.detected_map("", "canny") is None
+    assert discarded == [str(upload)]
+    for value, message in (({"path": "/etc/hostname"}, "control image: not a file this page uploaded"),
+                           ({"path": str(tmp_path / "note.txt")}, "control image"), ({"junk": 1}, "not a file")):
+        with pytest.raises(gr.Error, match=message):
+            encoded_picture(value)
+    assert encoded_picture(None) == "" and page_image.detected_map("", "canny") is None
     edges = page_image.detected_map(text, "canny")
     assert edges.shape[:2] == (512, 853) and edges[:, 420:433].max() == 255 and edges[:, :400].max() == 0
     with pytest.raises(gr.Error):

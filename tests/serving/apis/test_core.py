@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 import io
 import threading
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -179,7 +180,9 @@ def test_a_client_over_its_limit_or_a_closing_server_is_refused_before_anything_
     service, calls = scripted_service([lambda service, job: release.wait(10)] + [nothing] * 4, limit=2)
     held = [service.submit(to_request(prompt="x", seed=100), owner="10.1.2.3", front="page")
             for _ in range(2)]
+    deadline = time.monotonic() + 30
     while not calls:  # the first is running (held by the script), the second waits in line
+        assert time.monotonic() < deadline and all(job.status != "failed" for job in held), [j.error for j in held]
         threading.Event().wait(0.01)
     try:
         with pytest.raises(core.ApiError) as over:
