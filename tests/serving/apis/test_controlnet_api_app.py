@@ -7,6 +7,7 @@ request and unit (both fronts build one ControlUnit), and not the images without
 
 import base64
 import io
+import json
 import time
 
 import httpx
@@ -110,3 +111,57 @@ def test_an_unknown_model_or_module_is_refused_by_name(app, unit, named):
     answer = httpx.post(app.url + "sdapi/v1/txt2img", json=body, timeout=60)
     assert answer.status_code == 422 and named in answer.json()["detail"]
     assert answer.json()["detail"].startswith("alwayson_scripts.ControlNet.args[0].")
+
+
+def test_the_pages_controlnet_section_makes_the_units_images(app):
+    """The page's ControlNet section in Chromium: upload the picture, Preview shows the map ("none": the picture
+    itself), Generate sends the picture as /generate's control_image (base64 PNG of the same pixels) with the
+    section's model and settings, and the gallery shows the images gradio_client gets for those values: not the
+    images without the unit."""
+    from pathlib import Path
+
+    if not Path("/usr/bin/chromium").exists():
+        pytest.skip("/usr/bin/chromium not installed (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    from tests.serving.test_page_browser import ARGS, OfflinePage, gallery_pixels
+
+    picture = io.BytesIO()
+    control_picture().save(picture, format="PNG")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=ARGS)
+        offline = OfflinePage(browser, app.url)
+        sent: list[str] = []
+        try:
+            page = offline.open()
+            page.on("request", lambda r: sent.append(r.post_data) if "queue/join" in r.url else None)
+            page.wait_for_function("document.querySelector('#engine-status')?.innerText.includes('Ready on')")
+            page.fill("#seed input", "5")
+            page.locator("#controlnet-box button").first.click()
+            page.wait_for_selector("#control-picture input[type=file]", state="attached")
+            page.locator("#control-picture input[type=file]").set_input_files(
+                {"name": "control.png", "mimeType": "image/png", "buffer": picture.getvalue()})
+            page.wait_for_function("document.querySelector('#control-picture img')")
+            page.wait_for_timeout(1000)  # the upload event's text, before Preview reads it
+            page.click("#control-preview")
+            page.wait_for_function("document.querySelector('#control-detected img')", timeout=60_000)
+            page.fill("#prompt textarea", ASK["prompt"])
+            page.click("#generate")
+            page.wait_for_function("document.querySelector('#result-status')?.innerText.includes('images on')",
+                                   timeout=120_000)
+            shown = [gallery_pixels(page, i).astype(np.int16) for i in range(4)]
+            assert offline.blocked == []
+        finally:
+            offline.close()
+            browser.close()
+    call = next(json.loads(body) for body in sent if body and len(json.loads(body).get("data") or []) == 17)
+    data = call["data"]
+    np.testing.assert_array_equal(pixels(Image.open(io.BytesIO(base64.b64decode(data[10])))),
+                                  pixels(control_picture()))
+    assert data[11] == "cn-a" and data[15] == "none" and data[16] == "tiny-pt" and data[2] == 5
+    client = app.client()
+    steered, _ = client.predict(*data[:10], b64(control_picture()), *data[11:], api_name="/generate")
+    plain, _ = client.predict(*data[:10], "", *data[11:], api_name="/generate")
+    for i, image in enumerate(shown):
+        np.testing.assert_array_equal(image, pixels(Image.open(steered[i]["image"])))
+        assert not np.array_equal(image, pixels(Image.open(plain[i]["image"])))
