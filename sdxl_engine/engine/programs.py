@@ -14,7 +14,7 @@ from sdxl_engine.config import EngineConfig
 from sdxl_engine.engine.contract import clock
 from sdxl_engine.engine.costs import CostTable, program_cost
 from sdxl_engine.engine.errors import CompilesBusy
-from sdxl_engine.engine.steps import Stopped
+from sdxl_engine.engine.steps import wait_or_stop
 from sdxl_engine.program.compiling import CompiledProgram, cache_counts, cached_program
 from sdxl_engine.program.executables import ExecutableCache
 from sdxl_engine.program.generate import ProgramShape
@@ -141,14 +141,8 @@ class Programs:
         future = self._pending_compile(shape, client)
         progress("compiling")
         try:
-            while True:
-                try:
-                    future.result(timeout=0.1)
-                    break
-                except concurrent.futures.TimeoutError:
-                    if should_stop is not None and should_stop():
-                        raise Stopped("stopped before it started (its size still compiles, for the next "
-                                      "request)") from None
+            wait_or_stop(future, should_stop,
+                         "stopped before it started (its size still compiles, for the next request)")
         finally:
             with self._pending_lock:
                 if self.pending_for.get(client) == shape:

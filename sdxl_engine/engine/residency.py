@@ -24,7 +24,7 @@ from typing import Any
 
 import jax
 
-from sdxl_engine.engine.steps import Stopped
+from sdxl_engine.engine.steps import wait_or_stop
 
 LOG = logging.getLogger(__name__)
 
@@ -135,14 +135,7 @@ class Residency:
                     future = self._pending[name] = self._loader.submit(self._load_job, name)
             if progress is not None:
                 progress("loading model")
-            while True:
-                try:
-                    future.result(timeout=0.1)
-                    break
-                except concurrent.futures.TimeoutError:
-                    if should_stop is not None and should_stop():
-                        raise Stopped("stopped before it started (its model still loads, for the next request)") \
-                            from None
+            wait_or_stop(future, should_stop, "stopped before it started (its model still loads, for the next request)")
             # loaded: take it (a load for another model may have dropped it meanwhile: then it loads again)
 
     def release(self, resident: Resident) -> None:

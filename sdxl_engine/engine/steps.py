@@ -16,6 +16,7 @@ its event on (the page's handler puts it in a queue).
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import math
 import threading
@@ -36,6 +37,20 @@ REPORT_INTERVAL_S = 0.1
 
 class Stopped(RuntimeError):
     """The request was stopped (its ``should_stop()`` answered True) before it finished; no images."""
+
+
+def wait_or_stop(future, should_stop: Callable[[], bool] | None, why: str, poll_s: float = 0.1) -> None:
+    """Wait for ``future`` (a concurrent.futures.Future: a model's load, a size's compile), asking ``should_stop()``
+    every ``poll_s`` seconds; the future goes on for the next request when this one stops.
+
+    Raises Stopped(``why``) when ``should_stop()`` says so; the future's own exception when it failed."""
+    while True:
+        try:
+            future.result(timeout=poll_s)
+            return
+        except concurrent.futures.TimeoutError:
+            if should_stop is not None and should_stop():
+                raise Stopped(why) from None
 
 
 @dataclasses.dataclass(frozen=True)
