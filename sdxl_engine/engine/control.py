@@ -123,18 +123,26 @@ def as_control_image(field: str, image) -> np.ndarray:
     return np.ascontiguousarray(hwc3(image))
 
 
-def validate_units(units, loaded: Sequence[str], max_units: int) -> tuple[ControlUnit, ...]:
+def validate_units(units, loaded: Sequence[str], max_units: int, unfit: Sequence[str] = (),
+                   model: str = "") -> tuple[ControlUnit, ...]:
     """A request's ``control_units`` checked and normalised: names resolved (``model``: a loaded name; ``module``,
     ``control_mode``, ``resize_mode``: their canonical names), numbers in range, the image (H, W, 3) uint8.
 
-    ``loaded``: the names of the loaded ControlNets; ``max_units``: how many units a request may have.
+    ``loaded``: the names of the ControlNets the request's model can run; ``max_units``: how many units a request may
+    have; ``unfit``: the server's other ControlNets (another architecture than the request's model, named ``model``),
+    which a unit's refusal names as such.
     Raises InvalidRequest naming the field, e.g. ``control_units[1].model`` (an unknown model: the message names it
-    and lists the loaded ones; none loaded: says so), ``control_units[0].module`` (UnknownModule).
+    and lists the loaded ones; one that does not fit the model, or none loaded: says so), ``control_units[0].module``
+    (UnknownModule).
     """
     if units is None:
         return ()
     if isinstance(units, ControlUnit) or not isinstance(units, (list, tuple)):
         raise InvalidRequest("control_units", f"expected a list of ControlUnit, got {type(units).__name__}")
+    if units and not loaded and unfit:
+        raise InvalidRequest("control_units", f"no ControlNet of this server fits the model {model or '(default)'}: "
+                                              f"{', '.join(unfit)} {'is' if len(unfit) == 1 else 'are'} for another "
+                                              "architecture; choose a model they fit, or drop the units")
     if units and not loaded:
         raise InvalidRequest("control_units", "no ControlNet is loaded on this server (start it with --controlnet "
                                               "PATH or --controlnet-dir DIR), so it cannot run ControlNet units")
@@ -147,6 +155,9 @@ def validate_units(units, loaded: Sequence[str], max_units: int) -> tuple[Contro
         if not isinstance(unit, ControlUnit):
             raise InvalidRequest(f, f"expected a ControlUnit, got {type(unit).__name__}")
         name = model_name_of(unit.model)
+        if name in unfit:
+            raise InvalidRequest(f"{f}.model", f"ControlNet {name!r} does not fit the model {model or '(default)'} "
+                                               f"(another architecture); it can run: {', '.join(loaded)}")
         if name not in loaded:
             raise InvalidRequest(f"{f}.model", f"no ControlNet named {unit.model!r} is loaded; loaded: "
                                                f"{', '.join(loaded)}")

@@ -740,7 +740,9 @@ class Engine:
                                     "input channels: latents, mask, masked image)" if startup_mode else "",
                       refiner=model.refiner is not None,
                       controlnets=tuple((name, net.hash) for name, net in model.controlnets.items()),
-                      max_control_units=self.config.max_control_units)
+                      max_control_units=self.config.max_control_units,
+                      controlnets_unfit=tuple(name for name in self.controlnets if name not in model.controlnets),
+                      model=model.name)
 
     def _start_precompile(self) -> None:
         """Compile the no-CFG variant of the default size, then the other size buckets, in a

@@ -134,6 +134,10 @@ class Limits:
     # model list shows ("name [hash]"). Empty: none loaded, control units are refused.
     controlnets: tuple[tuple[str, str], ...] = ()
     max_control_units: int = 3  # ControlNet units a request may have (config max_control_units)
+    # The server's ControlNets that do not fit this model (another architecture: left out for it), and the model's
+    # name, for the refusal of a unit naming one ("cn-a does not fit tiny-shapes"), not "none loaded".
+    controlnets_unfit: tuple[str, ...] = ()
+    model: str = ""
 
 
 # Characters that draw nothing yet are neither whitespace to str.split() nor control/format
@@ -307,7 +311,8 @@ def validate(request: GenerateRequest, limits: Limits) -> GenerateRequest:
                               soft_mask=bool(request.soft_mask) and mask is not None,
                               refiner_switch_at=as_switch(request.refiner_switch_at, limits, request.hires_scale),
                               control_units=validate_units(request.control_units, [n for n, _ in limits.controlnets],
-                                                           limits.max_control_units),
+                                                           limits.max_control_units, limits.controlnets_unfit,
+                                                           limits.model),
                               model=as_model(request.model),
                               refiner=as_refiner(request.refiner, request.refiner_switch_at), **hires)
     object.__setattr__(checked, "validated_for", limits)  # frozen: the one place the stamp is set

@@ -231,11 +231,13 @@ def picture_function(demo) -> Callable:
     """The ControlNet picture's upload event (guard.CONTROL_EVENT; it does not preprocess: Gradio would decode
     any file it is named): the picture's file (an upload or one of the app's PNGs of ``demo``, handler.readable;
     the guard checked it too) read as the image event reads its picture (image_input.read_file, apis.uploads'
-    decoding), as base64 PNG text ("" for none); the upload is deleted once read (the text holds it). A value that
-    is not such a file, or not an image, is gr.Error with the reason."""
+    decoding) and answered twice: as base64 PNG text for /generate's control_image, and as the (H, W, 3) uint8
+    picture shown in its box (a PNG the app writes: an upload is never served back). The upload is deleted once
+    read. A value that is not such a file, or not an image, is gr.Error with the reason."""
     from sdxl_engine.serving import handler  # here: handler imports the apis package, whose routes import it
 
-    def read(path) -> str:
+    def encoded_picture(value) -> tuple[str, np.ndarray]:  # sync: Gradio runs it on a worker thread
+        path = value.get("path") if isinstance(value, dict) else None
         try:
             if not isinstance(path, str) or not handler.readable(demo, path):
                 raise ApiError(400, "control image: not a file this page uploaded", "control_image")
@@ -247,12 +249,7 @@ def picture_function(demo) -> Callable:
                 handler.discard_uploads(demo, [path])
         buffer = io.BytesIO()
         picture.save(buffer, format="PNG")
-        return base64.b64encode(buffer.getvalue()).decode()
-
-    def encoded_picture(value) -> str:  # sync: Gradio runs it on a worker thread
-        if value is None:
-            return ""
-        return read(value.get("path") if isinstance(value, dict) else None)
+        return base64.b64encode(buffer.getvalue()).decode(), np.asarray(picture)
 
     return encoded_picture
 
@@ -272,9 +269,11 @@ def detected_map(image: str, module: str):
 
 
 def wire_control_section(section: ControlSection, demo) -> None:
-    """The section's own events, private: the upload encoded into ``image`` (guard.CONTROL_EVENT: the one event
-    besides the image event whose call may name an upload; :func:`picture_function`), Preview's detected map."""
-    section.picture.change(page_event(picture_function(demo)), section.picture, section.image,
+    """The section's own events, private: the upload encoded into ``image`` and shown again as the app's PNG
+    (guard.CONTROL_EVENT: the one event besides the image event whose call may name an upload;
+    :func:`picture_function`), its removal emptying ``image`` (in the browser), Preview's detected map."""
+    section.picture.upload(page_event(picture_function(demo)), section.picture, [section.image, section.picture],
                            api_name=guard.CONTROL_EVENT, api_visibility="private", preprocess=False)
+    section.picture.clear(None, None, section.image, js="() => ''", queue=False, api_visibility="private")
     section.preview.click(page_event(detected_map), [section.image, section.module], section.detected,
                           api_visibility="private", preprocess=False)  # detect checks the module by name

@@ -88,6 +88,22 @@ def test_unit_counts_and_a_server_without_controlnets():
     assert isinstance(UnknownModule("f", "m"), InvalidRequest)
 
 
+def test_a_controlnet_of_another_architecture_is_refused_as_not_fitting_the_model():
+    """Several models: the server's ControlNets that do not fit the request's model (left out for it) are named as
+    such, not "none loaded" nor "unknown"."""
+    with pytest.raises(InvalidRequest) as err:
+        validate_units([unit(model="cn-a")], [], 3, unfit=("cn-a", "cn-b"), model="tiny-shapes")
+    assert err.value.field == "control_units" and err.value.message == (
+        "no ControlNet of this server fits the model tiny-shapes: cn-a, cn-b are for another architecture; choose a "
+        "model they fit, or drop the units")
+    with pytest.raises(InvalidRequest) as err:
+        validate_units([unit(model="cn-a [e3b0c442]")], LOADED, 3, unfit=("cn-a",), model="tiny-shapes")
+    assert err.value.field == "control_units[0].model" and err.value.message == (
+        "ControlNet 'cn-a' does not fit the model tiny-shapes (another architecture); it can run: canny-xl, depth-xl")
+    (u,) = validate_units([unit()], LOADED, 3, unfit=("cn-a",), model="tiny-shapes")
+    assert u.model == "canny-xl"
+
+
 def test_a1111s_rule_keeps_one_step_more_at_the_end_than_diffusers():
     """hook.py: skipped when i/N < start or i/N > end; diffusers: or (i+1)/N > end. End 0.5 of 10 steps: A1111 runs
     0..5, diffusers 0..4; the start rule is the same."""

@@ -62,14 +62,16 @@ def test_the_control_section_shows_with_a_controlnet_and_turns_its_upload_into_g
     monkeypatch.setattr(handler, "readable", lambda demo, path: Path(path).parent == tmp_path)
     monkeypatch.setattr(handler, "discard_uploads", lambda demo, paths: discarded.extend(paths))
     encoded_picture = page_image.picture_function(demo=None)
-    text = encoded_picture({"path": str(upload), "meta": {"_type": "gradio.FileData"}})
+    text, shown = encoded_picture({"path": str(upload), "meta": {"_type": "gradio.FileData"}})
     np.testing.assert_array_equal(np.asarray(Image.open(io.BytesIO(base64.b64decode(text)))), picture)
+    np.testing.assert_array_equal(shown, picture)
     assert discarded == [str(upload)]
     for value, message in (({"path": "/etc/hostname"}, "control image: not a file this page uploaded"),
-                           ({"path": str(tmp_path / "note.txt")}, "control image"), ({"junk": 1}, "not a file")):
+                           ({"path": str(tmp_path / "note.txt")}, "control image"), ({"junk": 1}, "not a file"),
+                           (None, "not a file")):
         with pytest.raises(gr.Error, match=message):
             encoded_picture(value)
-    assert encoded_picture(None) == "" and page_image.detected_map("", "canny") is None
+    assert page_image.detected_map("", "canny") is None
     edges = page_image.detected_map(text, "canny")
     assert edges.shape[:2] == (512, 853) and edges[:, 420:433].max() == 255 and edges[:, :400].max() == 0
     with pytest.raises(gr.Error):
