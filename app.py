@@ -106,7 +106,7 @@ def build_demo(requests: Service, config: EngineConfig, engine: EngineContract |
             with gr.Column(scale=2, elem_id="settings-col"):  # how to make it
                 # Which of the server's models makes the images: shown once the engine offers two or more. Its
                 # value reaches the engine as sent (preprocess=False): an unknown name is refused by name.
-                model = gr.Dropdown(**model_choices(engine), label="Model", elem_id="model")
+                model = gr.Dropdown(**model_choices(engine, config), label="Model", elem_id="model")
                 style = gr.Radio(list(STYLE_NAMES), value=NO_STYLE, label="Style", elem_id="style")
                 with gr.Row(elem_id="preset-row"):  # few steps, or back to the model's own setting
                     fast = gr.Button(FAST_LABEL, size="sm", elem_id="fast-preset",
@@ -286,7 +286,7 @@ def build_demo(requests: Service, config: EngineConfig, engine: EngineContract |
             sizes, value = size_choices(engine)
             # The editor's brush follows the model's size, known once the engine is ready (page_image.editor_tools).
             return text, gr.Dropdown(choices=sizes, value=value), gr.ImageMask(**editor_tools(engine)), \
-                gr.Dropdown(**model_choices(engine)), gr.Timer(active=False)
+                gr.Dropdown(**model_choices(engine, config)), gr.Timer(active=False)
 
         refreshed = [banner, resolution, image.init_image, model, timer]
         timer.tick(refresh, None, refreshed, api_visibility="private", queue=False, show_progress="hidden")
@@ -299,10 +299,12 @@ def build_demo(requests: Service, config: EngineConfig, engine: EngineContract |
     return demo
 
 
-def model_choices(engine: EngineContract | None) -> dict:
-    """The Model dropdown's choices, value (the default model) and visibility: shown when the started engine
-    offers two or more models (service/models.names), else hidden with no value (requests take the default)."""
-    names = models.names(engine) if engine is not None and engine.ready.is_set() and engine.error is None else []
+def model_choices(engine: EngineContract | None, config: EngineConfig) -> dict:
+    """The Model dropdown's choices, value (the default model) and visibility: shown when the server offers two or
+    more models (the started engine's, service/models.names; before that the flags', models.configured: so
+    /generate's API description lists them), else hidden (requests take the default)."""
+    ready = engine is not None and engine.ready.is_set() and engine.error is None
+    names = models.names(engine) if ready else models.configured(config)
     return {"choices": names, "value": names[0] if names else None, "visible": len(names) > 1}
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from sdxl_engine.config import ConfigError
 from sdxl_engine.engine.errors import InvalidRequest
 
 
@@ -36,6 +37,19 @@ def default(engine) -> str:
 def names(engine) -> list[str]:
     """The names a request may send, the default first (a dropdown's choices, MCP's argument description)."""
     return list(engine.model_names()) if _catalogue(engine) is not None else [default(engine)]
+
+
+def configured(config) -> list[str]:
+    """The model names ``config``'s flags and models folder give (checkpoint/catalogue.entries), the default first,
+    known before the engine has started (the page's first Model list, so the API description lists them too); []
+    when they do not resolve (the engine's start then says why)."""
+    from sdxl_engine.checkpoint import catalogue  # here: only the page's build needs it
+
+    try:
+        return list(catalogue.entries([config.model, *catalogue.split_specs(config.models)], config.models_dir,
+                                      log=lambda line: None))
+    except (ConfigError, OSError):
+        return []
 
 
 def choose(engine, text, field: str = "model") -> str | None:

@@ -197,3 +197,12 @@ def test_a1111_options_are_each_clients_own(two):
     finally:
         first.close()
         second.close()
+
+
+def test_the_api_description_lists_the_models(two):
+    """gradio_client's view_api and /gradio_api/info list /generate's model names (the flags', known before the
+    engine has started: the page is built first), the default first and as the default value."""
+    info = httpx.get(two.url + "gradio_api/info", timeout=30).json()
+    (model,) = [p for p in info["named_endpoints"]["/generate"]["parameters"] if p["parameter_name"] == "model"]
+    assert model["type"]["enum"] == ["tiny-random", B] and model["parameter_default"] == "tiny-random", model
+    assert "Literal['tiny-random', 'tiny-random-b']" in model["python_type"]["type"], model
