@@ -20,7 +20,7 @@ from sdxl_engine.config import EngineConfig
 from sdxl_engine.engine.contract import EngineContract
 from sdxl_engine.engine.validation import MAX_GUIDANCE
 from sdxl_engine.program.schedulers import SAMPLERS
-from sdxl_engine.service import models
+from sdxl_engine.service.models import configured as models_configured
 from sdxl_engine.service.service import Service
 from sdxl_engine.service.styles import (
     FAST_LABEL,
@@ -43,6 +43,7 @@ from sdxl_engine.serving.page import (  # noqa: F401
     load_example,
     lora_names_for,
     lora_tag_adder,
+    model_choices,
     page_event,
     png_settings,
     size_choices,
@@ -106,7 +107,8 @@ def build_demo(requests: Service, config: EngineConfig, engine: EngineContract |
             with gr.Column(scale=2, elem_id="settings-col"):  # how to make it
                 # Which of the server's models makes the images: shown once the engine offers two or more. Its
                 # value reaches the engine as sent (preprocess=False): an unknown name is refused by name.
-                model = gr.Dropdown(**model_choices(engine, config), label="Model", elem_id="model")
+                configured = models_configured(config)  # the flags' model names, read once (not on each refresh)
+                model = gr.Dropdown(**model_choices(engine, configured), label="Model", elem_id="model")
                 style = gr.Radio(list(STYLE_NAMES), value=NO_STYLE, label="Style", elem_id="style")
                 with gr.Row(elem_id="preset-row"):  # few steps, or back to the model's own setting
                     fast = gr.Button(FAST_LABEL, size="sm", elem_id="fast-preset",
@@ -286,7 +288,7 @@ def build_demo(requests: Service, config: EngineConfig, engine: EngineContract |
             sizes, value = size_choices(engine)
             # The editor's brush follows the model's size, known once the engine is ready (page_image.editor_tools).
             return text, gr.Dropdown(choices=sizes, value=value), gr.ImageMask(**editor_tools(engine)), \
-                gr.Dropdown(**model_choices(engine, config)), gr.Timer(active=False)
+                gr.Dropdown(**model_choices(engine, configured)), gr.Timer(active=False)
 
         refreshed = [banner, resolution, image.init_image, model, timer]
         timer.tick(refresh, None, refreshed, api_visibility="private", queue=False, show_progress="hidden")
@@ -297,15 +299,6 @@ def build_demo(requests: Service, config: EngineConfig, engine: EngineContract |
         demo.load(refresh, None, refreshed, api_visibility="private", queue=False, show_progress="hidden")
         demo.load(None, past, [history_gallery, history_note], js=HISTORY_JS, api_visibility="private")
     return demo
-
-
-def model_choices(engine: EngineContract | None, config: EngineConfig) -> dict:
-    """The Model dropdown's choices, value (the default model) and visibility: shown when the server offers two or
-    more models (the started engine's, service/models.names; before that the flags', models.configured: so
-    /generate's API description lists them), else hidden (requests take the default)."""
-    ready = engine is not None and engine.ready.is_set() and engine.error is None
-    names = models.names(engine) if ready else models.configured(config)
-    return {"choices": names, "value": names[0] if names else None, "visible": len(names) > 1}
 
 
 if __name__ == "__main__":  # the process's life (exit statuses, clean stop): sdxl_engine/serving/main.py

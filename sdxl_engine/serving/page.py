@@ -17,6 +17,7 @@ from sdxl_engine.checkpoint.lora import available_names
 from sdxl_engine.config import EngineConfig
 from sdxl_engine.engine.contract import EngineContract, clock
 from sdxl_engine.engine.validation import MAX_GUIDANCE
+from sdxl_engine.service import models
 from sdxl_engine.service.styles import NO_STYLE, STYLE_NAMES, get_style
 from sdxl_engine.serving.apis.a1111 import generation_parameters, refiner_name, sampler_of
 from sdxl_engine.serving.apis.core import ApiError
@@ -195,6 +196,16 @@ def engine_banner(engine: EngineContract | None) -> tuple[str, bool]:
     return (f"**{scale.text}** on Ray Serve, each on **{engine.device_summary}** — model "
             f"`{engine.model.name}` ({engine.model.dtype}){refiner}, first replica ready in {ready_s:.1f} s"), \
         scale.settled
+
+
+def model_choices(engine: EngineContract | None, configured: list[str]) -> dict:
+    """The Model dropdown's choices, value (the default model) and visibility: shown when the server offers two or
+    more models (the started engine's, service/models.names; before that ``configured``, the flags' names from
+    service/models.configured: so /generate's API description lists them), else hidden (requests take the
+    default)."""
+    ready = engine is not None and engine.ready.is_set() and engine.error is None
+    names = models.names(engine) if ready else configured
+    return {"choices": names, "value": names[0] if names else None, "visible": len(names) > 1}
 
 
 def size_choices(engine: EngineContract | None) -> tuple[list[tuple[str, str]], str]:
