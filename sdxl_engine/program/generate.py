@@ -453,6 +453,16 @@ def step_noise(seeds: jax.Array, step, latent_shape: tuple[int, int, int], strea
                                                 jnp.float32))(seeds)
 
 
+def noise_if_used(seeds: jax.Array, step, d, latents: jax.Array, stream: int | None = None) -> jax.Array:
+    """Step ``step``'s noise (:func:`step_noise`) where the sampler adds it (``d``, its traced coefficient, not 0: Euler
+    a, LCM), else zeros like ``latents``; (b, C, h, w) float32. The sampler is a per-request input, so the choice is a
+    ``lax.cond`` in the loop, not a new program: a step of Euler, DPM++ or DDIM skips the draw (two threefry loops per
+    step, which XLA:CPU runs as nested while loops: docs/benchmarks.md, "Against the blog's own pipeline"), and its
+    update is the same (``d`` times either is 0)."""
+    return jax.lax.cond(d != 0, lambda: step_noise(seeds, step, latents.shape[1:], stream),
+                        lambda: jnp.zeros_like(latents))
+
+
 def initial_noise(seeds: jax.Array, latent_shape: tuple[int, int, int], stream: int | None = None) -> jax.Array:
     """(b,) uint32 seeds -> (b, C, h, w) float32 standard normal noise, image i from its own seed (its ``stream``:
     :func:`seed_key`)."""
@@ -699,7 +709,7 @@ def denoise_step(st: Static, unet, cond: Conditioning, inputs: ProgramInputs, i,
     if st.shape.cfg:
         out = cfg_combine(*jnp.split(out, 2), inputs.guidance_scale)  # (b, c, h, w)
     x0 = denoised(latents, out, sigma, st.prediction_type)
-    z = step_noise(inputs.seeds, i, st.latent, st.noise_stream)
+    z = noise_if_used(inputs.seeds, i, inputs.d[i], latents, st.noise_stream)
     update = sampler_update(latents, x0, x0_prev, z, inputs.a[i], inputs.b[i], inputs.c[i], inputs.d[i],
                             inputs.e[i], inputs.clip_range)
     if st.shape.inpaint and not st.inpainting_unet:
