@@ -126,23 +126,42 @@ class Embedding(nnx.Module):
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, heads: int, *, is_causal: bool = False,
               implementation: str | None = None) -> jax.Array:
-    """Multi-head scaled dot-product attention through ``jax.nn.dot_product_attention``.
+    """Multi-head scaled dot-product attention (Vaswani et al. 2017): softmax(q k^T / sqrt(head_dim)) v per head.
 
     Args:
         q: (batch, q_len, heads * head_dim); k, v: (batch, kv_len, heads * head_dim), one dtype.
-        heads: number of heads; the scale is head_dim ** -0.5 (Vaswani et al. 2017).
+        heads: number of heads; the scale is head_dim ** -0.5.
         is_causal: mask future positions (CLIP's text encoder).
-        implementation: None (JAX picks: cuDNN where it applies, else XLA), "xla" or "cudnn".
+        implementation: None or "xla": the two einsums below, which XLA compiles on every backend;
+            "cudnn": ``jax.nn.dot_product_attention``'s cuDNN kernel (GPU, float16/bfloat16).
     Returns:
-        (batch, q_len, heads * head_dim) in q's dtype; the softmax runs in float32.
+        (batch, q_len, heads * head_dim) in q's dtype; the scores and the softmax in float32.
+
+    The arithmetic is ``jax.nn.dot_product_attention``'s XLA path (``_dot_product_attention_core``: float32
+    logits, masked with -0.7 x float32's max, softmax in float32, cast to v's dtype before the second
+    product), written without its grouped-query ``vmap``: on XLA:CPU that ``vmap`` put an extra axis on the
+    scores, and a transposing copy of every (q_len, kv_len) probability matrix per head went with it, which
+    took a third of a 256² request's time (docs/benchmarks.md, "Against the blog's own pipeline").
     """
     b, t, d = q.shape
 
     def split(x):  # (b, len, heads, head_dim)
         return x.reshape(x.shape[0], x.shape[1], heads, d // heads)
 
-    out = jax.nn.dot_product_attention(split(q), split(k), split(v), is_causal=is_causal,
-                                       implementation=implementation)
+    if implementation == "cudnn":
+        out = jax.nn.dot_product_attention(split(q), split(k), split(v), is_causal=is_causal,
+                                           implementation="cudnn")
+        return out.reshape(b, t, d)
+    if implementation not in (None, "xla"):
+        raise ValueError(f"attention implementation {implementation!r} is not one of None, 'xla', 'cudnn'")
+    logits = jnp.einsum("btnh,bsnh->bnts", split(q), split(k), preferred_element_type=jnp.float32)
+    logits = logits * jnp.float32(1.0 / math.sqrt(d // heads))
+    if is_causal:
+        s = k.shape[1]
+        causal = jnp.tril(jnp.ones((t, s), bool))
+        logits = jnp.where(causal, logits, jnp.float32(-0.7 * float(jnp.finfo(jnp.float32).max)))
+    probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bnts,bsnh->btnh", probs, split(v))
     return out.reshape(b, t, d)
 
 
