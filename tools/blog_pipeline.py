@@ -19,6 +19,8 @@ Commands, one JSON object per line on stdin, one JSON reply per line on stdout (
   float32 (one image per device), its images (n, H, W, 3) uint8 written to ``out``.
 * ``{"op": "parts", "runs": N}``: medians of N calls of each part, seconds (see :func:`parts`).
 * ``{"op": "cost"}``: XLA's cost analysis and op counts of the compiled pmap program (:func:`cost`).
+* ``{"op": "profile", "dir": D, "runs": N}``: N requests under ``jax.profiler`` and the optimized HLO, in D
+  (:func:`profile`; read by tools/xla_profile.py).
 * ``--fullsize-config DIR`` (no stdin): the same count at ``--size`` for SDXL base's configs in DIR (abstract
   weights: lowered and compiled, not run), one JSON line.
 """
@@ -170,14 +172,30 @@ def parts(blog: Blog, runs: int) -> dict:
     return out
 
 
-def cost(blog: Blog) -> dict:
-    """XLA's cost analysis of the blog's compiled pmap program (per device: pmap compiles one device's program)
-    and the op counts of its optimized HLO."""
+def compiled_program(blog: Blog):
+    """The blog's pmap program as ``generate()`` runs it, lowered and compiled (one device's program)."""
     prompt_ids, neg_ids = blog.tokenize_prompt(PROMPT, NEGATIVE)
     p_ids, p_neg, rng = blog.replicate_all(prompt_ids, neg_ids, 0)
     gs = jnp.array([blog.guidance] * p_ids.shape[0])[:, None]
-    compiled = blog_module._p_generate.lower(blog.pipeline, p_ids, blog.p_params, rng, blog.steps, blog.size,
-                                             blog.size, gs, None, p_neg, False).compile()
+    return blog_module._p_generate.lower(blog.pipeline, p_ids, blog.p_params, rng, blog.steps, blog.size,
+                                         blog.size, gs, None, p_neg, False).compile()
+
+
+def profile(blog: Blog, out: Path, runs: int) -> dict:
+    """``runs`` generate() calls under ``jax.profiler`` (the trace under ``out``) and the program's optimized HLO
+    text in ``out``/program.hlo, for tools/xla_profile.py."""
+    jax.profiler.start_trace(str(out))
+    for seed in range(runs):
+        blog.generate(seed)
+    jax.profiler.stop_trace()
+    (out / "program.hlo").write_text(compiled_program(blog).as_text())
+    return {"xplane": str(next(out.rglob("*.xplane.pb"))), "hlo": str(out / "program.hlo"), "requests": runs}
+
+
+def cost(blog: Blog) -> dict:
+    """XLA's cost analysis of the blog's compiled pmap program (per device: pmap compiles one device's program)
+    and the op counts of its optimized HLO."""
+    compiled = compiled_program(blog)
     return {**program_counts(compiled), "per": "device"}
 
 
@@ -254,6 +272,8 @@ def main(argv=None) -> None:
             reply = parts(blog, int(cmd.get("runs", 5)))
         elif cmd["op"] == "cost":
             reply = cost(blog)
+        elif cmd["op"] == "profile":
+            reply = profile(blog, Path(cmd["dir"]), int(cmd.get("runs", 2)))
         else:
             reply = {"error": f"unknown op {cmd['op']!r}"}
         print(json.dumps(reply), flush=True)

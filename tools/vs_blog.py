@@ -2,6 +2,7 @@
 
     python -m tools.vs_blog --blog-python /work/venv-blog/bin/python --rounds 7            # 64² and 256²
     python -m tools.vs_blog --blog-python /work/venv-blog/bin/python --rounds 7 --parts --cost
+    python -m tools.vs_blog --blog-python /work/venv-blog/bin/python --rounds 3 --profile             # kernel times
     python -m tools.vs_blog --blog-python /work/venv-blog/bin/python --fullsize            # 1024², lowered only
 
 Two long-lived processes per size, each loaded, compiled and warmed up: the engine (this interpreter: its default
@@ -14,7 +15,8 @@ timesteps == t)``), which finds only whole timesteps, and its "leading" spacing 
 values both sides run the same 20 Euler steps (the engine honours both fields), so the images can be compared.
 Same prompt and negative prompt, guidance 5, 4 images (one per device), float32 (the engine's CPU default).
 
-Each round sends one request to each side, each side first in turn; the figure per side is the
+Each round sends one request to each side, after half a second of idle (``SETTLE_S``), the sides in every order
+in turn (each first, and after each other side, equally often over 6 rounds with 3 sides); the figure per side is the
 engine's reported latency (``timings["latency"]``: prepare, device, copy to host) and the blog's whole
 ``generate()`` (tokenize, replicate, pipeline, ``numpy_to_pil``), and per round their ratio; also each side's
 process CPU time for the request (all its threads: on 2 shared cores it moves far less with the load than the
@@ -25,13 +27,16 @@ same rounds, so a before/after table comes from one run on one load.
 
 ``--parts``: where the time goes on each side (text encoders, one CFG step, VAE decode, host work, the whole
 request at 1 and at 20 steps). ``--cost``: XLA's cost analysis (FLOPs, bytes accessed) of each side's compiled
-program and the counts of the ops that differ in its optimized HLO. ``--fullsize``: the same count at 1024² for
-SDXL base's configs with abstract bfloat16 weights, lowered and compiled, not run.
+program and the counts of the ops that differ in its optimized HLO. ``--profile``: each side's kernels under
+``jax.profiler``, their thread time per request, and the ones that differ most (tools/xla_profile.py).
+``--fullsize``: the same count at 1024² for SDXL base's configs with abstract bfloat16 weights, lowered and
+compiled, not run.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shutil
@@ -45,6 +50,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT, NEGATIVE = "a red circle on the left", "a blue square"  # tools/blog_pipeline.py's
 STEPS, GUIDANCE, DEVICES = 20, 5.0, 4
+# Seconds of idle before each timed request: XLA:CPU's worker threads spin a while after a program ends, so a side
+# timed right after another shared the cores with it; with a fixed order that put one side behind the blog in every
+# round (a 64² engine read 1.24x the blog after it and 1.16x before it in the same hour).
+SETTLE_S = 0.5
 SDXL_CONFIGS = ROOT / "sdxl_engine" / "checkpoint" / "configs" / "sdxl-base-1.0"
 
 
@@ -92,6 +101,8 @@ def engine_worker(model: str, size: int) -> None:
             reply = engine_parts(engine, int(cmd.get("runs", 5)))
         elif cmd["op"] == "cost":
             reply = engine_cost(engine)
+        elif cmd["op"] == "profile":
+            reply = engine_profile(engine, Path(cmd["dir"]), int(cmd.get("runs", 2)))
         else:
             reply = {"error": f"unknown op {cmd['op']!r}"}
         print(json.dumps(reply), flush=True)
@@ -147,6 +158,20 @@ def engine_cost(engine) -> dict:
     program = engine.programs.get(engine.planner.shape(w, h))
     return {**program_counts(program.executable),
             "shape": str(program.shape)}
+
+
+def engine_profile(engine, out: Path, runs: int) -> dict:
+    """``runs`` requests under ``jax.profiler`` (the trace under ``out``) and the served program's optimized HLO
+    text in ``out``/program.hlo, for tools/xla_profile.py."""
+    import jax
+
+    jax.profiler.start_trace(str(out))
+    for seed in range(runs):
+        engine_request(engine, seed)
+    jax.profiler.stop_trace()
+    w, h = engine.limits.default_size
+    (out / "program.hlo").write_text(engine.programs.get(engine.planner.shape(w, h)).executable.as_text())
+    return {"xplane": str(next(out.rglob("*.xplane.pb"))), "hlo": str(out / "program.hlo"), "requests": runs}
 
 
 def fullsize_engine_cost(size: int, images: int, steps: int) -> dict:
@@ -219,8 +244,22 @@ def spread(values: list[float]) -> dict:
             "n": len(values)}
 
 
+def profile_sides(sides: list, workdir: Path, runs: int) -> dict:
+    """Each side's kernels under ``jax.profiler`` (tools/xla_profile.py), one side at a time, and the kernels whose
+    thread time differs most between the engine and the blog."""
+    from tools import xla_profile
+
+    times = {}
+    for side in sides:
+        (workdir / side.name).mkdir(parents=True)
+        reply = side.ask(op="profile", dir=str(workdir / side.name), runs=runs)
+        times[side.name] = xla_profile.kernel_times(Path(reply["xplane"]), Path(reply["hlo"]).read_text(),
+                                                    reply["requests"])
+    return {"requests": runs, **xla_profile.compare(times)}
+
+
 def compare_size(size: int, blog_python: str, rounds: int, workdir: Path, parts: bool, cost: bool,
-                 before: Path | None = None) -> dict:
+                 before: Path | None = None, profile: bool = False) -> dict:
     """Both sides at ``size``²: image parity, ``rounds`` alternating rounds, and optionally parts and costs.
     ``before``: another checkout whose engine runs as a third side in the same rounds (the revision before a
     change; its own ``tools/vs_blog.py`` serves it, imported from there)."""
@@ -245,8 +284,10 @@ def compare_size(size: int, blog_python: str, rounds: int, workdir: Path, parts:
         parity = {"max_abs_diff": int(np.abs(a - b).max()), "mean_abs_diff": float(np.abs(a - b).mean()),
                   "seed": 7, "of": 255}
         seconds = {f"{side.name}{kind}": [] for side in sides for kind in ("", "_device", "_cpu")}
+        orders = list(itertools.permutations(sides))
         for i in range(rounds):
-            for side in sides[i % len(sides):] + sides[:i % len(sides)]:  # each side first in turn
+            for side in orders[i % len(orders)]:  # every order in turn: each side first, and after each other side
+                time.sleep(SETTLE_S)
                 reply = side.ask(op="time", seed=100 + i)
                 seconds[side.name].append(reply["latency"])
                 seconds[f"{side.name}_cpu"].append(reply["cpu"])
@@ -267,6 +308,8 @@ def compare_size(size: int, blog_python: str, rounds: int, workdir: Path, parts:
             out["parts"] = {side.name: side.ask(op="parts", runs=5) for side in sides}
         if cost:
             out["cost"] = {side.name: side.ask(op="cost") for side in sides}
+        if profile:
+            out["profile"] = profile_sides(sides, workdir / f"profile-{size}", 3 if size <= 128 else 1)
         out["load_after"] = load()
         return out
     finally:
@@ -313,6 +356,8 @@ def main(argv=None) -> None:
     p.add_argument("--sizes", default="64,256", help="image sizes, comma-separated (4 images, one per device)")
     p.add_argument("--parts", action="store_true", help="also time each side's parts")
     p.add_argument("--cost", action="store_true", help="also XLA's cost analysis and op counts of both programs")
+    p.add_argument("--profile", action="store_true", help="also each side's kernels under jax.profiler, the ones "
+                   "that differ most (tools/xla_profile.py)")
     p.add_argument("--fullsize", action="store_true", help="only the 1024² cost of both programs (SDXL base)")
     p.add_argument("--before", type=Path, help="another checkout whose engine runs as a third side (e.g. an export "
                    "of the revision before a change; it needs this tools/vs_blog.py)")
@@ -339,10 +384,14 @@ def main(argv=None) -> None:
             result = {"sizes": []}
             for size in (int(s) for s in args.sizes.split(",")):
                 result["sizes"].append(compare_size(size, args.blog_python, args.rounds, Path(work), args.parts,
-                                                    args.cost, args.before))
+                                                    args.cost, args.before, args.profile))
                 if args.out:  # each size as it is done: a later one failing keeps the earlier
                     args.out.write_text(json.dumps(result, indent=1) + "\n")
             print(markdown(result["sizes"]))
+            for r in (r for r in result["sizes"] if "profile" in r):
+                from tools import xla_profile
+
+                print(xla_profile.markdown(r["size"], r["profile"]))
     text = json.dumps(result, indent=1)
     print(text)
     if args.out:
