@@ -52,7 +52,7 @@ PROMPT, NEGATIVE = "a red circle on the left", "a blue square"  # tools/blog_pip
 STEPS, GUIDANCE, DEVICES = 20, 5.0, 4
 # Seconds of idle before each timed request: XLA:CPU's worker threads spin a while after a program ends, so a side
 # timed right after another shared the cores with it; with a fixed order that put one side behind the blog in every
-# round (a 64² engine read 1.24x the blog after it and 1.16x before it in the same hour).
+# round (at 64² an engine's figure moved by about 4 % with its place: docs/benchmarks.md).
 SETTLE_S = 0.5
 SDXL_CONFIGS = ROOT / "sdxl_engine" / "checkpoint" / "configs" / "sdxl-base-1.0"
 
@@ -150,12 +150,17 @@ def engine_parts(engine, runs: int) -> dict:
     return medians
 
 
+def served_program(engine):
+    """The engine's compiled program for its default size: the one every timed request runs."""
+    w, h = engine.limits.default_size
+    return engine.programs.get(engine.planner.shape(w, h))
+
+
 def engine_cost(engine) -> dict:
     """XLA's cost analysis and op counts of the engine's compiled program for this size (the one it serves)."""
     from tools.hlo_counts import program_counts
 
-    w, h = engine.limits.default_size
-    program = engine.programs.get(engine.planner.shape(w, h))
+    program = served_program(engine)
     return {**program_counts(program.executable),
             "shape": str(program.shape)}
 
@@ -169,8 +174,7 @@ def engine_profile(engine, out: Path, runs: int) -> dict:
     for seed in range(runs):
         engine_request(engine, seed)
     jax.profiler.stop_trace()
-    w, h = engine.limits.default_size
-    (out / "program.hlo").write_text(engine.programs.get(engine.planner.shape(w, h)).executable.as_text())
+    (out / "program.hlo").write_text(served_program(engine).executable.as_text())
     return {"xplane": str(next(out.rglob("*.xplane.pb"))), "hlo": str(out / "program.hlo"), "requests": runs}
 
 
