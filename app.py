@@ -44,6 +44,9 @@ from sdxl_engine.serving.page import (  # noqa: F401
     lora_names_for,
     lora_tag_adder,
     model_choices,
+    model_default_label,
+    model_default_settings,
+    model_settings,
     page_event,
     png_settings,
     size_choices,
@@ -113,8 +116,7 @@ def build_demo(requests: Service, config: EngineConfig, engine: EngineContract |
                 with gr.Row(elem_id="preset-row"):  # few steps, or back to the model's own setting
                     fast = gr.Button(FAST_LABEL, size="sm", elem_id="fast-preset",
                                      visible=FAST_LORA in lora_names_for(config))
-                    model_default = gr.Button(f"Model default ({config.sampler}, {config.num_inference_steps} steps)",
-                                              size="sm", elem_id="model-default")
+                    model_default = gr.Button(model_default_label(config), size="sm", elem_id="model-default")
                 with gr.Row(elem_id="size-row"):
                     choices, default_size = size_choices(engine)
                     resolution = gr.Dropdown(choices, value=default_size, label="Resolution (width × height, pixels)",
@@ -255,10 +257,13 @@ def build_demo(requests: Service, config: EngineConfig, engine: EngineContract |
                            prompt, [prompt, guidance_scale], api_visibility="private", queue=False)
         fast.click(page_event(lambda text: (*FAST_PRESET, with_fast_tag(text))), prompt,
                    [sampler, num_inference_steps, guidance_scale, prompt], api_visibility="private", queue=False)
-        model_default.click(page_event(lambda text: (config.sampler, config.num_inference_steps, config.guidance_scale,
-                                                     without_fast_tag(text))), prompt,
-                            [sampler, num_inference_steps, guidance_scale, prompt], api_visibility="private",
-                            queue=False)
+        model_default.click(page_event(lambda name, text: model_default_settings(engine, config, name, text)),
+                            [model, prompt], [sampler, num_inference_steps, guidance_scale, prompt],
+                            api_visibility="private", queue=False)
+        # A model chosen on the page brings its own defaults, sizes and ControlNets (what its API requests get).
+        model.input(page_event(lambda name: model_settings(engine, name)), model,
+                    [sampler, num_inference_steps, guidance_scale, model_default, resolution, control.model],
+                    api_visibility="private", queue=False, show_progress="hidden")
         resolution.change(None, resolution, [width, height], js=PARSE_SIZE_JS, api_visibility="private")
 
         @page_event

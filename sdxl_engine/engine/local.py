@@ -263,6 +263,21 @@ class Engine:
         setup = self.setups.get(name)
         return None if setup is None else setup.limits
 
+    def defaults_for(self, model: str | None) -> EngineConfig:
+        """What a request for ``model`` (None: the default) that sets nothing runs with: the config with that model's
+        engine_defaults.json (config.resolve_defaults). Once loaded, the engine's own resolution; before that, the
+        file read from the model's folder (loading.engine_defaults: the config's values for a hub id or a
+        single file, whose settings are known only once loaded). Never loads a model.
+
+        Raises InvalidRequest (``model``) for a name that is not offered, ConfigError or ModelLoadError for an
+        engine_defaults.json the engine would refuse at its load."""
+        name = self._model_name(model)
+        setup = self.setups.get(name)
+        if setup is not None:
+            return setup.defaults
+        spec = self.catalogue.model(name).spec if self.catalogue is not None else self.config.model
+        return config_mod.resolve_defaults(self.config, loading.engine_defaults(spec), spec)
+
     def rescan_models(self) -> tuple[list[str], list[str]]:
         """Read ``--models-dir`` / ``--refiners-dir`` again (A1111's /sdapi/v1/refresh-checkpoints); returns the
         (added, removed) names. A removed model's loaded weights stay until the residency drops them."""

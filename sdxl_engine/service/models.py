@@ -67,14 +67,32 @@ def choose(engine, text, field: str = "model") -> str | None:
     raise InvalidRequest(field, f"unknown model {str(text)[:120]!r}; this server offers: {', '.join(names(engine))}")
 
 
+def loaded_limits(engine, model: str | None):
+    """``model``'s Limits (None: the default's) once the engine has loaded it, else None (its sizes, defaults and the
+    ControlNets that fit it are known then). Raises InvalidRequest (``model``) for a name the engine does not offer."""
+    if model is None or _catalogue(engine) is None:
+        return engine.limits
+    return engine.limits_for(model)
+
+
 def limits_for(engine, model: str | None):
     """The Limits a request for ``model`` (None: the default) is validated with: that model's once the engine has
     loaded it, else the default's (the engine validates the request again against the model's own once loaded).
 
     Raises InvalidRequest (``model``) for a name the engine does not offer."""
-    if model is None or _catalogue(engine) is None:
-        return engine.limits
-    return engine.limits_for(model) or engine.limits
+    return loaded_limits(engine, model) or engine.limits
+
+
+def defaults_for(engine, model: str | None):
+    """The EngineConfig a request for ``model`` (None: the default) that sets nothing runs with: its sampler, steps
+    and guidance (the model's engine_defaults.json over the config: engine/local.Engine.defaults_for), read without
+    loading it; an engine without the models calls: its ``defaults``.
+
+    Raises InvalidRequest (``model``) for a name the engine does not offer, ConfigError or ModelLoadError for a
+    model's engine_defaults.json the engine would refuse."""
+    if _catalogue(engine) is None:
+        return engine.defaults
+    return engine.defaults_for(model)
 
 
 def hash_of(engine, name: str) -> str | None:

@@ -14,11 +14,13 @@ import gradio as gr
 
 from sdxl_engine.checkpoint.loading import model_loras
 from sdxl_engine.checkpoint.lora import available_names
-from sdxl_engine.config import EngineConfig
+from sdxl_engine.checkpoint.weights import ModelLoadError
+from sdxl_engine.config import ConfigError, EngineConfig
 from sdxl_engine.engine.contract import EngineContract, clock
+from sdxl_engine.engine.errors import InvalidRequest
 from sdxl_engine.engine.validation import MAX_GUIDANCE
 from sdxl_engine.service import models
-from sdxl_engine.service.styles import NO_STYLE, STYLE_NAMES, get_style
+from sdxl_engine.service.styles import NO_STYLE, STYLE_NAMES, get_style, without_fast_tag
 from sdxl_engine.serving.apis.a1111 import generation_parameters, refiner_name, sampler_of
 from sdxl_engine.serving.apis.core import ApiError
 
@@ -208,16 +210,75 @@ def model_choices(engine: EngineContract | None, configured: list[str]) -> dict:
     return {"choices": names, "value": names[0] if names else None, "visible": len(names) > 1}
 
 
-def size_choices(engine: EngineContract | None) -> tuple[list[tuple[str, str]], str]:
-    """Resolution dropdown (label, "WxH") choices and the default value; ("model default", "0x0") until ready."""
-    if engine is None or not engine.ready.is_set() or engine.error is not None:
+def size_choices(engine: EngineContract | None, limits=None) -> tuple[list[tuple[str, str]], str]:
+    """Resolution dropdown (label, "WxH") choices and the default value for the default model's sizes (``limits``:
+    another model's, validation.Limits); ("model default", "0x0") until ready."""
+    if limits is None and (engine is None or not engine.ready.is_set() or engine.error is not None):
         return [("model default", "0x0")], "0x0"
-    default = engine.limits.default_size
+    limits = limits or engine.limits
+    default = limits.default_size
     choices = []
-    for w, h in engine.limits.sizes:
+    for w, h in limits.sizes:
         shape = "square" if w == h else "landscape" if w > h else "portrait"
         choices.append((f"{w} × {h} ({shape}{', default' if (w, h) == default else ''})", f"{w}x{h}"))
     return choices, f"{default[0]}x{default[1]}"
+
+
+def model_default_label(defaults: EngineConfig) -> str:
+    """The "Model default" button's text for a model's resolved defaults (its sampler and steps)."""
+    return f"Model default ({defaults.sampler}, {defaults.num_inference_steps} steps)"
+
+
+def model_settings(engine: EngineContract | None, name: str | None) -> tuple:
+    """The page's Model dropdown changed to ``name``: what follows it, as updates for (sampler, steps, guidance
+    scale, the Model default button, resolution, ControlNet model). The first three and the button take that
+    model's own defaults (service/models.defaults_for: its engine_defaults.json, read without loading it), as a
+    request for it through any API that sets none of them runs; once the model is loaded, its sizes and the
+    ControlNets that fit it (its Limits); before that, the resolution is "model default" (0x0: the engine
+    chooses that model's size) and the ControlNet list stays. Nothing changes before the engine is ready, or
+    for a model whose engine_defaults.json the engine refuses (its request is refused with the reason).
+
+    Raises LookupError (page_event: one log line, a gr.Error) for a name the engine does not offer."""
+    keep = (gr.update(),) * 6
+    if engine is None or not engine.ready.is_set() or engine.error is not None:
+        return keep
+    try:
+        model = models.choose(engine, name)
+        defaults = models.defaults_for(engine, model)
+    except InvalidRequest as err:
+        raise LookupError(err.message) from None
+    except (ConfigError, ModelLoadError) as err:
+        LOG.info(f"[app] model {name!r}: its defaults are not readable ({err}); the page keeps its settings"[:300])
+        return keep
+    limits = models.loaded_limits(engine, model)
+    if limits is None:  # not loaded yet: its sizes and the ControlNets that fit it are known once it is
+        resolution, controlnets = gr.update(choices=[("model default", "0x0")], value="0x0"), gr.update()
+    else:
+        choices, value = size_choices(engine, limits)
+        names = [cn for cn, _ in limits.controlnets]
+        resolution = gr.update(choices=choices, value=value)
+        controlnets = gr.update(choices=names, value=names[0] if names else "")
+    return (defaults.sampler, defaults.num_inference_steps, defaults.guidance_scale,
+            gr.update(value=model_default_label(defaults)), resolution, controlnets)
+
+
+def model_default_settings(engine: EngineContract | None, config: EngineConfig, name: str | None,
+                           text: str | None) -> tuple:
+    """The Model default button: (sampler, steps, guidance scale, prompt ``text`` without the few-steps preset's
+    tag) for the model the Model dropdown names (``name``: its own defaults, service/models.defaults_for), or
+    ``config``'s (the page's resolved defaults, the default model's) before the engine is ready or when that
+    model's engine_defaults.json is refused.
+
+    Raises LookupError (page_event: one log line, a gr.Error) for a name the engine does not offer."""
+    defaults = config
+    if engine is not None and engine.ready.is_set() and engine.error is None:
+        try:
+            defaults = models.defaults_for(engine, models.choose(engine, name))
+        except InvalidRequest as err:
+            raise LookupError(err.message) from None
+        except (ConfigError, ModelLoadError) as err:
+            LOG.info(f"[app] model {name!r}: its defaults are not readable ({err})"[:300])
+    return defaults.sampler, defaults.num_inference_steps, defaults.guidance_scale, without_fast_tag(text)
 
 
 def outpaint_default(engine: EngineContract | None) -> int:

@@ -213,3 +213,26 @@ def test_a_refiner_chosen_per_request_runs_on_the_same_program(tmp_path):
         both.generate(request(refiner="nope", refiner_switch_at=0.2, steps=6))
     with pytest.raises(InvalidRequest, match="refiner: applies with refiner_switch_at only"):
         both.generate(request(refiner="refiner-b"))
+
+
+def test_a_models_defaults_are_its_own_before_and_after_it_loads(tmp_path):
+    """Engine.defaults_for: another model's engine_defaults.json read from its folder before it is loaded (the page's
+    Model dropdown and Model default button show them), the same once loaded, and what its request that sets no
+    sampler, steps or guidance runs with; the default model keeps the config's."""
+    import json
+
+    folder = create_tiny_random(tmp_path / "tiny-random-c", seed=2)
+    (folder / "engine_defaults.json").write_text(json.dumps({"sampler": "DPM++ 2M", "num_inference_steps": 3,
+                                                             "guidance_scale": 2.5}))
+    engine = start(model="tiny-random", models=str(folder), precompile="off")
+    own = lambda d: (d.sampler, d.num_inference_steps, d.guidance_scale)  # noqa: E731
+    assert engine.limits_for("tiny-random-c") is None  # not loaded: read from the folder
+    assert own(engine.defaults_for("tiny-random-c")) == ("DPM++ 2M", 3, 2.5)
+    assert own(engine.defaults_for(None)) == own(engine.defaults_for("tiny-random")) == ("Euler", 20, 5.0)
+    result = engine.generate(GenerateRequest("a red circle", seed=1, model="tiny-random-c"))
+    assert (result.request.sampler, result.request.num_inference_steps, result.request.guidance_scale) == \
+        ("DPM++ 2M", 3, 2.5)
+    assert engine.limits_for("tiny-random-c") is not None
+    assert own(engine.defaults_for("tiny-random-c")) == ("DPM++ 2M", 3, 2.5)
+    with pytest.raises(InvalidRequest, match="unknown model 'nope'; this server offers: tiny-random, tiny-random-c"):
+        engine.defaults_for("nope")

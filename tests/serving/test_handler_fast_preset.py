@@ -40,7 +40,8 @@ def test_model_default_and_blog_default_take_the_lcm_tag_away(page):
     button, event = event_of(demo, "model-default")
     assert button.value == f"Model default ({config.sampler}, {config.num_inference_steps} steps)" == \
         "Model default (Euler, 8 steps)"
-    assert event.fn("a red circle <lora:lcm:1>") == ("Euler", 8, 5.0, "a red circle")
+    # no engine: the page's resolved defaults (the default model's), whatever the Model dropdown says
+    assert event.fn("tiny-shapes", "a red circle <lora:lcm:1>") == ("Euler", 8, 5.0, "a red circle")
     _, first = event_of(demo, "blog-default", 0)
     _, second = event_of(demo, "blog-default", 1)
     assert first.fn() == ("Euler", 20)

@@ -988,3 +988,41 @@ def test_after_an_error_the_next_results_images_load_and_can_be_sent_to_the_edit
                            " return t.includes('images on') && t !== prev; }", arg=previous, timeout=90_000)
     assert images_load(page, "#gallery .grid-container .gallery-item img", 4) == [64] * 4
     assert missing == [] and offline.blocked == []
+
+
+def test_the_model_dropdown_brings_each_models_own_defaults_sizes_and_runs_it(browser):
+    """Two models with their own defaults (tiny-shapes: Euler 8 steps; tiny-random: the config's Euler 20): picking
+    one on the page sets Steps and the Model default button to its own, its request runs so, and once it is loaded
+    the Resolution list is its sizes; before that "model default" (the engine picks its size)."""
+    app = RunningApp("--model", "tiny-shapes", "--model", "tiny-random")
+    page = OfflinePage(browser, app.url)
+    try:
+        p = page.open()
+        p.wait_for_function("document.querySelector('#engine-status')?.innerText.includes('Ready on')")
+        p.get_by_text("Advanced settings").click()
+        steps = p.locator("#steps input[type='number']")
+
+        def choose(name: str, want_steps: int):
+            p.click("#model input")
+            p.locator("[role=option]", has_text=name).first.click()
+            p.wait_for_function("n => document.querySelector('#steps input[type=number]')?.value === n",
+                                arg=str(want_steps))
+            p.wait_for_function("t => document.querySelector('#model-default')?.innerText.trim() === t",
+                                arg=f"Model default (Euler, {want_steps} steps)")
+
+        assert steps.input_value() == "8" and p.inner_text("#model-default").strip() == "Model default (Euler, 8 steps)"
+        choose("tiny-random", 20)
+        assert p.locator("#resolution input").input_value() == "model default"  # not loaded yet
+        generate(p, "a red circle")
+        status = p.inner_text("#result-status")
+        assert "20 Euler steps" in status and "model tiny-random" in status, status
+        choose("tiny-shapes", 8)
+        assert p.locator("#resolution input").input_value() == "64 × 64 (square, default)"
+        choose("tiny-random", 20)  # loaded now: its own sizes
+        p.wait_for_function("() => document.querySelector('#resolution input')?.value.includes('default)')")
+        generate(p, "a red circle")
+        assert "model tiny-random" in p.inner_text("#result-status")
+        assert page.blocked == []
+    finally:
+        page.close()
+        app.stop()

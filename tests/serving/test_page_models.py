@@ -1,0 +1,105 @@
+"""The page's Model dropdown (page.model_settings) and Model default button (page.model_default_settings): a model
+chosen on the page brings its own sampler, steps and guidance (what a request for it through any API that sets none
+of them runs with), its sizes and the ControlNets that fit it once loaded; an unknown name is refused."""
+
+import threading
+import types
+
+import gradio as gr
+import pytest
+
+from sdxl_engine.checkpoint.weights import ModelLoadError
+from sdxl_engine.config import EngineConfig
+from sdxl_engine.engine.errors import InvalidRequest
+from sdxl_engine.serving.page import model_default_label, model_default_settings, model_settings, page_event
+
+DEFAULTS = {"a": EngineConfig(), "b": EngineConfig(sampler="DPM++ 2M", num_inference_steps=6, guidance_scale=2.0),
+            "broken": None}
+LIMITS_A = types.SimpleNamespace(default_size=(64, 48), sizes=((64, 48), (48, 64)), controlnets=(("cn-a", "x"),))
+LIMITS_B = types.SimpleNamespace(default_size=(96, 64), sizes=((96, 64), (64, 96), (80, 80)),
+                                 controlnets=(("cn-b", "y"), ("cn-c", "z")))
+
+
+class Catalogued:
+    """The local engine's models calls (engine/local.Engine): a loaded, b not until ``loaded["b"]`` is set."""
+
+    error = None
+    default_model = "a"
+    limits = LIMITS_A
+
+    def __init__(self, ready=True):
+        self.ready = threading.Event()
+        if ready:
+            self.ready.set()
+        self.loaded = {"a": LIMITS_A}
+
+    def model_names(self):
+        return list(DEFAULTS)
+
+    def find_model(self, text):
+        return text if text in DEFAULTS else None
+
+    def _check(self, name):
+        if name is not None and name not in DEFAULTS:
+            raise InvalidRequest("model", f"unknown model {name!r}; this server offers: a, b, broken")
+
+    def limits_for(self, name):
+        self._check(name)
+        return self.loaded.get(name or "a")
+
+    def defaults_for(self, name):
+        self._check(name)
+        if DEFAULTS[name or "a"] is None:
+            raise ModelLoadError("broken/engine_defaults.json: expected a JSON object")
+        return DEFAULTS[name or "a"]
+
+
+def updated(update):
+    return {k: v for k, v in update.items() if k != "__type__"}
+
+
+def test_a_loaded_model_brings_its_defaults_sizes_and_controlnets():
+    engine = Catalogued()
+    engine.loaded["b"] = LIMITS_B
+    sampler, steps, guidance, button, resolution, controlnet = model_settings(engine, "b")
+    assert (sampler, steps, guidance) == ("DPM++ 2M", 6, 2.0)
+    assert updated(button) == {"value": "Model default (DPM++ 2M, 6 steps)"}
+    assert updated(resolution)["value"] == "96x64"
+    assert [value for _, value in updated(resolution)["choices"]] == ["96x64", "64x96", "80x80"]
+    assert updated(resolution)["choices"][0][0] == "96 × 64 (landscape, default)"
+    assert updated(controlnet) == {"choices": ["cn-b", "cn-c"], "value": "cn-b"}
+    back = model_settings(engine, "a")  # and back: the default model's own again
+    assert back[:3] == ("Euler", 20, 5.0) and updated(back[3]) == {"value": "Model default (Euler, 20 steps)"}
+    assert updated(back[4])["value"] == "64x48" and updated(back[5]) == {"choices": ["cn-a"], "value": "cn-a"}
+
+
+def test_a_model_not_loaded_yet_brings_its_defaults_and_lets_the_engine_choose_its_size():
+    sampler, steps, guidance, button, resolution, controlnet = model_settings(Catalogued(), "b")
+    assert (sampler, steps, guidance) == ("DPM++ 2M", 6, 2.0)
+    assert updated(resolution) == {"choices": [("model default", "0x0")], "value": "0x0"}
+    assert updated(controlnet) == {}  # which ControlNets fit it is known once it is loaded
+
+
+def test_nothing_changes_before_the_engine_is_ready_or_for_refused_defaults():
+    for engine, name in ((None, "b"), (Catalogued(ready=False), "b"), (Catalogued(), "broken")):
+        assert all(updated(u) == {} for u in model_settings(engine, name))
+
+
+def test_an_unknown_model_is_refused_by_name():
+    with pytest.raises(LookupError, match="unknown model 'z'; this server offers: a, b, broken"):
+        model_settings(Catalogued(), "z")
+    with pytest.raises(gr.Error, match="values the page does not send"):  # as the page's event runs it
+        page_event(lambda name: model_settings(Catalogued(), name))("z")
+
+
+def test_model_default_takes_the_chosen_models_settings_and_drops_the_fast_tag():
+    config = EngineConfig(num_inference_steps=8)  # the page's resolved defaults (the default model's)
+    engine = Catalogued()
+    assert model_default_settings(engine, config, "b", "a star <lora:lcm:1>") == ("DPM++ 2M", 6, 2.0, "a star")
+    assert model_default_settings(engine, config, "a", "a star") == ("Euler", 20, 5.0, "a star")
+    for before in (None, Catalogued(ready=False)):  # no engine yet: the page's own defaults
+        assert model_default_settings(before, config, "b", "a star") == ("Euler", 8, 5.0, "a star")
+    assert model_default_settings(engine, config, "broken", "a star") == ("Euler", 8, 5.0, "a star")
+    with pytest.raises(LookupError, match="unknown model 'z'"):
+        model_default_settings(engine, config, "z", "a star")
+    assert model_default_label(DEFAULTS["b"]) == "Model default (DPM++ 2M, 6 steps)"
