@@ -257,13 +257,22 @@ def build_demo(requests: Service, config: EngineConfig, engine: EngineContract |
                            prompt, [prompt, guidance_scale], api_visibility="private", queue=False)
         fast.click(page_event(lambda text: (*FAST_PRESET, with_fast_tag(text))), prompt,
                    [sampler, num_inference_steps, guidance_scale, prompt], api_visibility="private", queue=False)
-        model_default.click(page_event(lambda name, text: model_default_settings(engine, config, name, text)),
-                            [model, prompt], [sampler, num_inference_steps, guidance_scale, prompt],
-                            api_visibility="private", queue=False)
+        @page_event
+        def chosen_model_default(name, text):
+            return model_default_settings(engine, config, name, text)
+
+        @page_event
+        def choose_model(name):
+            return model_settings(engine, name)
+
+        # Both take the dropdown's value as sent (preprocess=False): an unknown name is refused by name.
+        model_default.click(chosen_model_default, [model, prompt], [sampler, num_inference_steps, guidance_scale,
+                                                                    prompt],
+                            api_visibility="private", queue=False, preprocess=False)
         # A model chosen on the page brings its own defaults, sizes and ControlNets (what its API requests get).
-        model.input(page_event(lambda name: model_settings(engine, name)), model,
-                    [sampler, num_inference_steps, guidance_scale, model_default, resolution, control.model],
-                    api_visibility="private", queue=False, show_progress="hidden")
+        model.input(choose_model, model, [sampler, num_inference_steps, guidance_scale, model_default, resolution,
+                                          control.model],
+                    api_visibility="private", queue=False, show_progress="hidden", preprocess=False)
         resolution.change(None, resolution, [width, height], js=PARSE_SIZE_JS, api_visibility="private")
 
         @page_event

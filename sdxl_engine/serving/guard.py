@@ -688,8 +688,10 @@ class Guard:
                 UPLOADS.uploaded(paths)
         if reason is not None:
             self.log(f"[app] refused POST {path!r}: {reason}"[:300])
-            message = json.dumps({"error": reason, "detail": reason}).encode()
-            return await _plain(send, 415, message, content_type=b"application/json")
+            # Plain text, as this route's 413: the page shows an upload's refusal as "HTTP 415: <body>" (Gradio's
+            # upload_files), so the body is the sentence a user reads; the file's first bytes are the log's only.
+            shown = NOT_AN_IMAGE if reason.startswith(NOT_AN_IMAGE) else reason
+            return await _plain(send, 415, shown.encode())
         for message in held:  # Gradio's answer: the paths, or its own refusal (not multipart, a file too large)
             await guarded_send(message)
 

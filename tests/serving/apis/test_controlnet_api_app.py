@@ -160,6 +160,14 @@ def test_the_pages_controlnet_section_makes_the_units_images(app):
             page.fill("#seed input", "5")
             page.locator("#controlnet-box button").first.click()
             page.wait_for_selector("#control-picture input[type=file]", state="attached")
+            # A file that is no image, whatever its name, is refused with a sentence (the guard's plain 415:
+            # Gradio's pop-up shows "HTTP 415: <body>"), and the box takes a picture after it.
+            page.locator("#control-picture input[type=file]").set_input_files(
+                {"name": "notes.png", "mimeType": "image/png", "buffer": b"%PDF-1.4 not a picture"})
+            page.wait_for_selector(".toast-body.error", timeout=30_000)
+            toast = page.inner_text(".toast-body.error")
+            assert "uploads take PNG, JPEG or WebP images only" in toast and "{" not in toast, toast
+            page.locator(".toast-body.error button").first.click()  # closed, as a user does
             page.locator("#control-picture input[type=file]").set_input_files(
                 {"name": "control.png", "mimeType": "image/png", "buffer": picture.getvalue()})
             # The picture shows in its box (the app's PNG of it: an upload is never served back), once the upload
