@@ -95,6 +95,22 @@ def defaults_for(engine, model: str | None):
     return engine.defaults_for(model)
 
 
+def default_steps(engine, model: str | None) -> int:
+    """The steps a request for ``model`` (None: the default) that sets none runs: its loaded Limits', else its
+    engine_defaults.json's (:func:`defaults_for`, read without loading it), for a front that derives other values
+    from them (A1111's img2img start step, its hires fix's second pass). A model whose file the engine refuses: the
+    default model's (its request is refused with the reason)."""
+    from sdxl_engine.checkpoint.weights import ModelLoadError  # here: a listing needs no checkpoint code
+
+    loaded = loaded_limits(engine, model)
+    if loaded is not None:
+        return loaded.default_steps
+    try:
+        return defaults_for(engine, model).num_inference_steps
+    except (ConfigError, ModelLoadError):
+        return engine.limits.default_steps
+
+
 def hash_of(engine, name: str) -> str | None:
     """``name``'s A1111 short hash (10 hex digits) when the engine knows it (hashes are computed on a background
     thread: None until then), for the PNG infotext's ``Model hash``."""

@@ -302,3 +302,44 @@ def test_an_init_image_or_mask_over_the_per_image_limit_is_refused_naming_it():
             400, field, f"{field}: the image is over 16 MiB")
     call, _ = _img2img_call(init_images=[base64.b64encode(over[:MAX_IMAGE_BYTES]).decode()], width=64, height=48)
     assert extra_fields(call)["image"].shape == (48, 64, 3) and (extra_fields(call)["image"] == 90).all()
+
+
+def test_img2img_for_another_model_takes_its_own_steps_and_size_for_the_fields_not_sent():
+    """override_settings.sd_model_checkpoint names a model whose own defaults differ from the server's default model
+    (8 steps, 96 x 64 against 20 steps, 64 x 64): A1111's step rule runs on its 8 steps (0.75: from step 1; on the
+    default's 20 it would start at 4), before it is loaded too (its engine_defaults.json), and the picture is
+    prepared at its size once it is loaded."""
+    import types
+
+    from sdxl_engine.serving.apis.a1111 import Img2Img, img2img_call
+
+    default = types.SimpleNamespace(default_size=(64, 64), default_steps=20)
+    other = types.SimpleNamespace(default_size=(96, 64), default_steps=8)
+
+    class Engine:
+        limits, config, default_model, loaded = default, types.SimpleNamespace(refiner=""), "a", {"a": default}
+
+        def model_names(self):
+            return ["a", "b"]
+
+        def find_model(self, text):
+            return text if text in ("a", "b") else None
+
+        def limits_for(self, name):
+            return self.loaded.get(name)
+
+        def defaults_for(self, name):
+            return types.SimpleNamespace(num_inference_steps={"a": 20, "b": 8}[name])
+
+    engine = Engine()
+    body = dict(prompt="x", init_images=[_b64_png(Image.new("RGB", (48, 32), (1, 2, 3)))])
+    for loaded in (False, True):
+        if loaded:
+            engine.loaded["b"] = other
+        call, _ = img2img_call(Img2Img(**body, override_settings={"sd_model_checkpoint": "b"}), engine)
+        fields = extra_fields(call)
+        assert call.engine.model == "b" and fields["start_step"] == ai.img2img_start_step(0.75, 8) == 1
+        assert call.engine.num_inference_steps is None  # the engine runs the model's own 8
+        assert (call.engine.width, call.engine.height) == ((96, 64) if loaded else (64, 64))
+    call, _ = img2img_call(Img2Img(**body), engine)  # the default model: its own 20
+    assert call.engine.model is None and extra_fields(call)["start_step"] == 4

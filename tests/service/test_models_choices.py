@@ -82,3 +82,27 @@ def test_an_engine_without_the_models_calls_is_its_one_model():
     assert [(i.name, i.title, i.hash) for i in models.infos(engine)] == [("tiny-shapes", "tiny-shapes", None)]
     assert models.limits_for(engine, "anything") is DEFAULT_LIMITS and models.hash_of(engine, "tiny-shapes") is None
     assert models.refiners(engine, "ref") == ["ref"] and models.rescan(engine) == ([], [])
+
+
+def test_a_models_default_steps_are_its_own_loaded_or_not():
+    """models.default_steps (A1111's img2img start step and hires pass read it): the loaded Limits', else the model's
+    engine_defaults.json's (Engine.defaults_for), else, for a file the engine refuses, the default model's."""
+    from sdxl_engine.config import ConfigError
+
+    engine = Catalogued()
+    engine.limits = types.SimpleNamespace(default_steps=20)
+    engine.loaded = {"a": engine.limits}
+    read = {"b": 8}
+
+    def defaults_for(name):
+        if name not in read:
+            raise ConfigError("b/engine_defaults.json: num_inference_steps: must be 1 to 50")
+        return types.SimpleNamespace(num_inference_steps=read[name])
+
+    engine.defaults_for = defaults_for
+    assert models.default_steps(engine, None) == models.default_steps(engine, "a") == 20
+    assert models.default_steps(engine, "b") == 8  # not loaded: its file's
+    engine.loaded["b"] = types.SimpleNamespace(default_steps=6)
+    assert models.default_steps(engine, "b") == 6  # loaded: what the engine resolved
+    del engine.loaded["b"], read["b"]
+    assert models.default_steps(engine, "b") == 20

@@ -1025,4 +1025,34 @@ def test_the_model_dropdown_brings_each_models_own_defaults_sizes_and_runs_it(br
         assert page.blocked == []
     finally:
         page.close()
+    try:  # the APIs that leave the steps to the model do as the page now shows: each model's own
+        import asyncio
+        import base64
+        import concurrent.futures
+
+        import httpx
+
+        from tests.service.test_models_app import mcp_call
+
+        for model, steps in (("tiny-random", 20), (None, 8)):
+            arguments = {"prompt": "a red circle", "seed": 3, **({"model": model} if model else {})}
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:  # Playwright's loop runs in this thread
+                _, result = pool.submit(asyncio.run, mcp_call(app, arguments)).result()
+            info = json.loads(result.content[-1].text)
+            assert (info["model"], info["num_inference_steps"]) == (model or "tiny-shapes", steps), info
+        # A1111's img2img: its step rule on the named model's 20 steps (strength 0.5: t_enc 10, from step 9), not
+        # the default model's 8 (from step 3)
+        # (the same images as the request that sends steps 20).
+        picture = io.BytesIO()
+        Image.new("RGB", (64, 64), (200, 30, 30)).save(picture, "PNG")
+        replies = [httpx.post(app.url + "sdapi/v1/img2img", timeout=120, json={
+            "prompt": "a red circle", "seed": 3, "denoising_strength": 0.5, "batch_size": 4, **steps,
+            "init_images": [base64.b64encode(picture.getvalue()).decode()],
+            "override_settings": {"sd_model_checkpoint": "tiny-random"}}) for steps in ({}, {"steps": 20})]
+        assert all(reply.status_code == 200 for reply in replies), replies[0].text
+        info = json.loads(replies[0].json()["info"])
+        assert info["steps"] == 20 and info["sd_model_name"] == "tiny-random", info
+        assert "Steps: 20," in info["infotexts"][0] and "Denoising strength: 0.5" in info["infotexts"][0]
+        assert replies[0].json()["images"] == replies[1].json()["images"]
+    finally:
         app.stop()

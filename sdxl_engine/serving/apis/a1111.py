@@ -456,7 +456,8 @@ def img2img_call(body: Img2Img, engine, chosen: str | None = None) -> tuple[Serv
     if mask is not None and mask.size != init.size and not same_aspect(mask.size, init.size):
         raise ApiError(422, f"mask: is {mask.width}x{mask.height} pixels but the init image is {init.width}x"
                             f"{init.height}; send a mask of the image's size (or its aspect ratio)", "mask")
-    default_w, default_h = engine.limits.default_size
+    model = model_field(body, engine, chosen)  # its size and steps for the fields not sent, not the default's
+    default_w, default_h = models.limits_for(engine, model.get("model")).default_size
     width, height = body.width or default_w, body.height or default_h
     for name, side in (("width", width), ("height", height)):
         if not 8 <= side <= MAX_INPUT_SIDE:
@@ -472,12 +473,12 @@ def img2img_call(body: Img2Img, engine, chosen: str | None = None) -> tuple[Serv
     if body.resize_mode == 3:
         warnings.append("resize_mode=3 (latent upscale) runs as 0 (just resize) here: the image is resized before "
                         "it is encoded")
-    steps = body.steps or engine.limits.default_steps
+    steps = body.steps or models.default_steps(engine, model.get("model"))
     strength = 0.75 if body.denoising_strength is None else body.denoising_strength
     fields = {"image": prepared.image, "strength": strength if strength > 0 else None,
               "start_step": img2img_start_step(strength, steps) if isinstance(steps, int) else None,
               **({"mask": prepared.mask, "soft_mask": not body.mask_round} if prepared.mask is not None else {}),
-              **refiner_fields(body, engine), **model_field(body, engine, chosen)}
+              **refiner_fields(body, engine), **model}
     # Strength 0 runs A1111's one step from start_step alone (the engine takes no strength 0): its infotext still
     # says Denoising strength: 0, as A1111's does.
     params = prepared.params if strength > 0 else {"Denoising strength": 0, **prepared.params}
@@ -735,9 +736,11 @@ def router(requests: Service, flags: dict, loras, owner_of: Callable) -> APIRout
 
         def make_call():
             to_call(body)  # the body's own refusals (sampler, styles, batch) before the hires fix's
-            first = (body.width or engine.limits.default_size[0], body.height or engine.limits.default_size[1])
-            hires, more = hires_fields(body, *first, body.steps or engine.limits.default_steps)
-            fields = {**hires, **refiner_fields(body, engine), **model_field(body, engine, chosen.get(owner))}
+            model = model_field(body, engine, chosen.get(owner))  # the first pass's size and steps are its own
+            size = models.limits_for(engine, model.get("model")).default_size
+            first = (body.width or size[0], body.height or size[1])
+            hires, more = hires_fields(body, *first, body.steps or models.default_steps(engine, model.get("model")))
+            fields = {**hires, **refiner_fields(body, engine), **model}
             return to_call(body, **fields), more
 
         return await answer("txt2img", body, request, make_call, warnings, body.model_dump())

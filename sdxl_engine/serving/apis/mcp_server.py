@@ -32,6 +32,7 @@ from mcp.server.lowlevel import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 
 import sdxl_engine.serving.apis.tools as tools  # as a module, not through the package (no import cycle)
+from sdxl_engine.config import MODEL_DEFAULT_FIELDS
 from sdxl_engine.engine.errors import EngineNotReady, InvalidRequest
 from sdxl_engine.service import models
 from sdxl_engine.service.jobs import FAILED, Job
@@ -147,7 +148,10 @@ class McpServer:
         schema = next(listed.inputSchema for listed in self.tools if listed.name == name)
         if (message := arguments_refusal(schema, arguments)) is not None:
             raise refused(name, message)
-        values = {item.name: arguments.get(item.name, item.default) for item in inputs}
+        # Sampler, steps and guidance left out are the named model's own (None: the engine fills in its defaults,
+        # as A1111 and the jobs API do); the schema's defaults are the default model's, the same values for it.
+        values = {item.name: arguments.get(item.name, None if item.name in MODEL_DEFAULT_FIELDS else item.default)
+                  for item in inputs}
         try:
             control = {n: values.pop(n) for n in tools.CONTROL_NAMES}
             if control["control_image"]:
