@@ -222,8 +222,10 @@ def build_demo(requests: Service, config: EngineConfig, engine: EngineContract |
             done.failure(page_event(stopped_view), [last_result, heard], [gallery, info, status],
                          api_visibility="private", queue=False, show_progress="hidden")
             done.success(None, None, None, js=SCROLL_TO_GALLERY_JS, queue=False, api_visibility="private")
-            # After success, error or Stop alike: Stop hides once none of this page's requests is left.
-            done.then(None, None, None, js=REQUEST_ENDS_JS, queue=False, api_visibility="private")
+            # After success, error or Stop alike: Stop hides once none of this page's requests is left. One of
+            # success and failure runs per request (Gradio's page runs no .then() after an error).
+            for outcome in (done.success, done.failure):
+                outcome(None, None, None, js=REQUEST_ENDS_JS, queue=False, api_visibility="private")
 
         wire_history(events, past, pending, finished, last_result, history_gallery, history_note, clear_history,
                      [prompt, negative_prompt, style, seed, guidance_scale, num_inference_steps, sampler, resolution,

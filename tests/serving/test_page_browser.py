@@ -395,6 +395,12 @@ def test_at_1280x800_toasts_leave_generate_free_and_an_error_clears_the_result_l
             assert not overlaps(box, button), (box, button)
         # The line under the gallery described the last request; after an error there is none to describe.
         page.wait_for_function("document.querySelector('#result-status')?.innerText.trim() === ''", timeout=30_000)
+        # Nothing runs now: Stop goes (it stayed for good after a refused request), and comes back for the next one.
+        page.wait_for_function("document.body.dataset.requests === '0'", timeout=10_000)
+        page.locator("#stop").wait_for(state="hidden", timeout=10_000)
+        generate(page, "a red circle")
+        page.wait_for_function("document.body.dataset.requests === '0'", timeout=10_000)
+        assert not page.locator("#stop").is_visible()
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "ui-desktop-toasts.png"))
         assert offline.blocked == []
