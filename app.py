@@ -273,7 +273,7 @@ def build_demo(requests: Service, config: EngineConfig, engine: EngineContract |
                             api_visibility="private", queue=False, preprocess=False)
         # A model chosen on the page brings its own defaults, sizes and ControlNets (what its API requests get).
         model.input(choose_model, model, [sampler, num_inference_steps, guidance_scale, model_default, resolution,
-                                          control.model],
+                                          control.model, fast],
                     api_visibility="private", queue=False, show_progress="hidden", preprocess=False)
         resolution.change(None, resolution, [width, height], js=PARSE_SIZE_JS, api_visibility="private")
 

@@ -278,6 +278,23 @@ class Engine:
         spec = self.catalogue.model(name).spec if self.catalogue is not None else self.config.model
         return config_mod.resolve_defaults(self.config, loading.engine_defaults(spec), spec)
 
+    def lora_names_for(self, model: str | None) -> tuple[str, ...]:
+        """The LoRAs ``<lora:NAME>`` tags of a request for ``model`` (None: the default) may name: once it is loaded,
+        those read and checked against it (Limits.loras); before that, those it will try (--lora, --lora-dir and
+        its folder's loras.json; one that does not fit it is left out at its load). Never loads a model.
+
+        Raises InvalidRequest (``model``) for a name that is not offered."""
+        name = self._model_name(model)
+        setup = self.setups.get(name)
+        if setup is not None:
+            return setup.limits.loras
+        if self.catalogue is None:
+            return ()
+        try:
+            return tuple(self._lora_sources_of(self.catalogue.model(name)))
+        except (lora_mod.LoraError, loading.ModelLoadError, OSError):  # its load says why, in one line
+            return ()
+
     def rescan_models(self) -> tuple[list[str], list[str]]:
         """Read ``--models-dir`` / ``--refiners-dir`` again (A1111's /sdapi/v1/refresh-checkpoints); returns the
         (added, removed) names. A removed model's loaded weights stay until the residency drops them."""

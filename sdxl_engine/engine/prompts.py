@@ -300,13 +300,16 @@ def chunk_tokens(segments: list[Segment], tokenizer,
     return chunks
 
 
-def check_prompt(text: str, loras: tuple[str, ...] | frozenset[str] = (), field: str = "prompt") -> None:
+def check_prompt(text: str, loras: tuple[str, ...] | frozenset[str] = (), field: str = "prompt",
+                 model: str = "") -> None:
     """Refuse a prompt the engine could not read, before it is queued or tokenized (validation.validate).
 
     Args:
         text: the prompt as typed (cleaned by validation.clean_text).
         loras: the names of the loaded LoRAs its tags may pick.
         field: the request field it came in (``hires_prompt`` for hires fix's second pass).
+        model: the name of the model the request is for ("": not named in the message), whose LoRAs ``loras`` are
+            (a server with several models loads each LoRA for the models it fits).
     Raises:
         InvalidRequest (``field``): a malformed tag (:func:`parse_lora_tags`); a tag naming a LoRA
             not in ``loras`` (the message lists the loaded ones); a prompt with no words once tags,
@@ -316,7 +319,9 @@ def check_prompt(text: str, loras: tuple[str, ...] | frozenset[str] = (), field:
     for tag in tags:
         if tag.name not in loras:
             available = (f"available: {', '.join(sorted(loras))}" if loras else
-                         "none are loaded (start with --lora NAME=PATH or --lora-dir DIR)")
+                         f"none are loaded{f' for the model {model!r}' if model else ''} (start with --lora "
+                         "NAME=PATH or --lora-dir DIR" + ("; a LoRA made for another model is left out for it)"
+                                                          if model else ")"))
             typed = re.search(r"<(?:lora|lyco):" + re.escape(tag.name) + r"(?::[^<>]*)?>", text)  # as the user wrote it
             shown = typed.group(0) if typed else f"<lora:{tag.name}>"
             raise InvalidRequest(field, f"unknown LoRA {tag.name!r} in {shown}; {available}")

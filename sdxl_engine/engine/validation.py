@@ -262,7 +262,7 @@ def validate(request: GenerateRequest, limits: Limits) -> GenerateRequest:
     if request.validated_for == limits:
         return request
     prompt = clean_text("prompt", request.prompt, required=True)
-    check_prompt(prompt, limits.loras)  # its <lora:...> tags and A1111 syntax (engine/prompts.py)
+    check_prompt(prompt, limits.loras, model=limits.model)  # its <lora:...> tags and A1111 syntax (engine/prompts.py)
     negative = clean_text("negative_prompt", request.negative_prompt, required=False)
     seed = -1 if request.seed is None else as_int("seed", request.seed, -1, limits.max_seed)
     if seed == -1:
@@ -436,7 +436,7 @@ def as_hires(request: GenerateRequest, width: int, height: int, steps: int, limi
         if value is not None:
             value = clean_text(field, value, required=field == "hires_prompt")
             if field == "hires_prompt":
-                check_prompt(value, limits.loras, field)
+                check_prompt(value, limits.loras, field, limits.model)
                 if _tags(value) != _tags(request.prompt):
                     raise InvalidRequest(field, "its <lora:...> tags differ from the prompt's: both passes use "
                                                 "the prompt's LoRAs here; write the same tags, or none in neither")

@@ -95,6 +95,16 @@ def defaults_for(engine, model: str | None):
     return engine.defaults_for(model)
 
 
+def lora_names_for(engine, model: str | None) -> tuple[str, ...]:
+    """The LoRA names a request for ``model`` (None: the default) may tag (engine/local.Engine.lora_names_for: its
+    checked ones once loaded, else those it will try); an engine without the models calls: its Limits'.
+
+    Raises InvalidRequest (``model``) for a name the engine does not offer."""
+    if _catalogue(engine) is None:
+        return tuple(engine.limits.loras) if engine.limits is not None else ()
+    return tuple(engine.lora_names_for(model))
+
+
 def default_steps(engine, model: str | None) -> int:
     """The steps a request for ``model`` (None: the default) that sets none runs: its loaded Limits', else its
     engine_defaults.json's (:func:`defaults_for`, read without loading it), for a front that derives other values

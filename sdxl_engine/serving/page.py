@@ -20,7 +20,7 @@ from sdxl_engine.engine.contract import EngineContract, clock
 from sdxl_engine.engine.errors import InvalidRequest
 from sdxl_engine.engine.validation import MAX_GUIDANCE
 from sdxl_engine.service import models
-from sdxl_engine.service.styles import NO_STYLE, STYLE_NAMES, get_style, without_fast_tag
+from sdxl_engine.service.styles import FAST_LORA, NO_STYLE, STYLE_NAMES, get_style, without_fast_tag
 from sdxl_engine.serving.apis.a1111 import generation_parameters, refiner_name, sampler_of
 from sdxl_engine.serving.apis.core import ApiError
 
@@ -231,20 +231,22 @@ def model_default_label(defaults: EngineConfig) -> str:
 
 def model_settings(engine: EngineContract | None, name: str | None) -> tuple:
     """The page's Model dropdown changed to ``name``: what follows it, as updates for (sampler, steps, guidance
-    scale, the Model default button, resolution, ControlNet model). The first three and the button take that
-    model's own defaults (service/models.defaults_for: its engine_defaults.json, read without loading it), as a
-    request for it through any API that sets none of them runs; once the model is loaded, its sizes and the
-    ControlNets that fit it (its Limits); before that, the resolution is "model default" (0x0: the engine
-    chooses that model's size) and the ControlNet list stays. Nothing changes before the engine is ready, or
+    scale, the Model default button, resolution, ControlNet model, the few-steps preset's button). The first three
+    and the button take that model's own defaults (service/models.defaults_for: its engine_defaults.json, read
+    without loading it), as a request for it through any API that sets none of them runs; once the model is
+    loaded, its sizes and the ControlNets that fit it (its Limits); before that, the resolution is "model
+    default" (0x0: the engine chooses that model's size) and the ControlNet list stays. The preset shows when the
+    model has the LoRA it tags (service/models.lora_names_for). Nothing changes before the engine is ready, or
     for a model whose engine_defaults.json the engine refuses (its request is refused with the reason).
 
     Raises LookupError (page_event: one log line, a gr.Error) for a name the engine does not offer."""
-    keep = (gr.update(),) * 6
+    keep = (gr.update(),) * 7
     if engine is None or not engine.ready.is_set() or engine.error is not None:
         return keep
     try:
         model = models.choose(engine, name)
         defaults = models.defaults_for(engine, model)
+        fast = gr.update(visible=FAST_LORA in models.lora_names_for(engine, model))
     except InvalidRequest as err:
         raise LookupError(err.message) from None
     except (ConfigError, ModelLoadError) as err:
@@ -259,7 +261,7 @@ def model_settings(engine: EngineContract | None, name: str | None) -> tuple:
         resolution = gr.update(choices=choices, value=value)
         controlnets = gr.update(choices=names, value=names[0] if names else "")
     return (defaults.sampler, defaults.num_inference_steps, defaults.guidance_scale,
-            gr.update(value=model_default_label(defaults)), resolution, controlnets)
+            gr.update(value=model_default_label(defaults)), resolution, controlnets, fast)
 
 
 def model_default_settings(engine: EngineContract | None, config: EngineConfig, name: str | None,

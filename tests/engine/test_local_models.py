@@ -236,3 +236,16 @@ def test_a_models_defaults_are_its_own_before_and_after_it_loads(tmp_path):
     assert own(engine.defaults_for("tiny-random-c")) == ("DPM++ 2M", 3, 2.5)
     with pytest.raises(InvalidRequest, match="unknown model 'nope'; this server offers: tiny-random, tiny-random-c"):
         engine.defaults_for("nope")
+
+
+def test_a_models_loras_are_its_own_before_and_after_it_loads(tmp_path):
+    """Engine.lora_names_for (the page's few-steps preset shows for a model with the LoRA it tags): tiny-shapes'
+    shipped LCM-LoRA is tiny-shapes' only; another model has none, before and after its load; a request for it that
+    tags the LoRA is refused naming the model."""
+    engine = start(model="tiny-shapes", models="tiny-random", precompile="off")
+    assert engine.lora_names_for(None) == engine.lora_names_for("tiny-shapes") == ("lcm",)
+    assert engine.lora_names_for("tiny-random") == ()  # not loaded: what it will try
+    engine.generate(GenerateRequest("a red circle", seed=1, num_inference_steps=1, model="tiny-random"))
+    assert engine.lora_names_for("tiny-random") == ()  # loaded
+    with pytest.raises(InvalidRequest, match="none are loaded for the model 'tiny-random'"):
+        engine.generate(GenerateRequest("a red circle <lora:lcm:1>", num_inference_steps=1, model="tiny-random"))

@@ -29,6 +29,11 @@ def test_without_loras_the_message_says_how_to_load_them():
     with pytest.raises(InvalidRequest, match=r"^prompt: unknown LoRA 'ink' in <lora:ink>; none are loaded "
                                              r"\(start with --lora NAME=PATH or --lora-dir DIR\)$"):
         validate(GenerateRequest("a <lora:ink>"), dataclasses.replace(LIMITS, loras=()))
+    # A model of a server with several: the message names it (the LoRA may be another model's)
+    with pytest.raises(InvalidRequest, match=r"^prompt: unknown LoRA 'ink' in <lora:ink>; none are loaded for the "
+                                             r"model 'tiny-random' \(start with --lora NAME=PATH or --lora-dir DIR; "
+                                             r"a LoRA made for another model is left out for it\)$"):
+        validate(GenerateRequest("a <lora:ink>"), dataclasses.replace(LIMITS, loras=(), model="tiny-random"))
 
 
 def test_accepted_prompts_are_kept_as_typed():

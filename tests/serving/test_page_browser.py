@@ -1017,13 +1017,16 @@ def test_the_model_dropdown_brings_each_models_own_defaults_sizes_and_runs_it(br
                                 arg=f"Model default (Euler, {want_steps} steps)")
 
         assert steps.input_value() == "8" and p.inner_text("#model-default").strip() == "Model default (Euler, 8 steps)"
+        assert p.locator("#fast-preset").is_visible()  # tiny-shapes ships the LCM-LoRA it tags
         choose("tiny-random", 20)
         assert p.locator("#resolution input").input_value() == "model default"  # not loaded yet
+        assert not p.locator("#fast-preset").is_visible()  # tiny-random has no LoRA named lcm
         generate(p, "a red circle")
         status = p.inner_text("#result-status")
         assert "20 Euler steps" in status and "model tiny-random" in status, status
         choose("tiny-shapes", 8)
         assert p.locator("#resolution input").input_value() == "64 × 64 (square, default)"
+        assert p.locator("#fast-preset").is_visible()
         choose("tiny-random", 20)  # loaded now: its own sizes
         p.wait_for_function("() => document.querySelector('#resolution input')?.value.includes('default)')")
         generate(p, "a red circle")

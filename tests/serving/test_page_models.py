@@ -47,6 +47,10 @@ class Catalogued:
         self._check(name)
         return self.loaded.get(name or "a")
 
+    def lora_names_for(self, name):
+        self._check(name)
+        return ("lcm", "ink") if (name or "a") == "a" else ("ink",)
+
     def defaults_for(self, name):
         self._check(name)
         if DEFAULTS[name or "a"] is None:
@@ -61,9 +65,10 @@ def updated(update):
 def test_a_loaded_model_brings_its_defaults_sizes_and_controlnets():
     engine = Catalogued()
     engine.loaded["b"] = LIMITS_B
-    sampler, steps, guidance, button, resolution, controlnet = model_settings(engine, "b")
+    sampler, steps, guidance, button, resolution, controlnet, fast = model_settings(engine, "b")
     assert (sampler, steps, guidance) == ("DPM++ 2M", 6, 2.0)
     assert updated(button) == {"value": "Model default (DPM++ 2M, 6 steps)"}
+    assert updated(fast) == {"visible": False}  # b has no LoRA named lcm: no few-steps preset for it
     assert updated(resolution)["value"] == "96x64"
     assert [value for _, value in updated(resolution)["choices"]] == ["96x64", "64x96", "80x80"]
     assert updated(resolution)["choices"][0][0] == "96 × 64 (landscape, default)"
@@ -71,10 +76,11 @@ def test_a_loaded_model_brings_its_defaults_sizes_and_controlnets():
     back = model_settings(engine, "a")  # and back: the default model's own again
     assert back[:3] == ("Euler", 20, 5.0) and updated(back[3]) == {"value": "Model default (Euler, 20 steps)"}
     assert updated(back[4])["value"] == "64x48" and updated(back[5]) == {"choices": ["cn-a"], "value": "cn-a"}
+    assert updated(back[6]) == {"visible": True}
 
 
 def test_a_model_not_loaded_yet_brings_its_defaults_and_lets_the_engine_choose_its_size():
-    sampler, steps, guidance, button, resolution, controlnet = model_settings(Catalogued(), "b")
+    sampler, steps, guidance, button, resolution, controlnet, fast = model_settings(Catalogued(), "b")
     assert (sampler, steps, guidance) == ("DPM++ 2M", 6, 2.0)
     assert updated(resolution) == {"choices": [("model default", "0x0")], "value": "0x0"}
     assert updated(controlnet) == {}  # which ControlNets fit it is known once it is loaded
