@@ -20,6 +20,7 @@ from sdxl_engine.config import EngineConfig
 from sdxl_engine.engine.contract import EngineContract
 from sdxl_engine.engine.validation import MAX_GUIDANCE
 from sdxl_engine.program.schedulers import SAMPLERS
+from sdxl_engine.service import models
 from sdxl_engine.service.models import configured as models_configured
 from sdxl_engine.service.service import Service
 from sdxl_engine.service.styles import (
@@ -47,7 +48,9 @@ from sdxl_engine.serving.page import (  # noqa: F401
     model_default_label,
     model_default_settings,
     model_settings,
+    model_widgets,
     page_event,
+    png_model,
     png_settings,
     size_choices,
     status_line,
@@ -227,9 +230,22 @@ def build_demo(requests: Service, config: EngineConfig, engine: EngineContract |
             for outcome in (done.success, done.failure):
                 outcome(None, None, None, js=REQUEST_ENDS_JS, queue=False, api_visibility="private")
 
-        wire_history(events, past, pending, finished, last_result, history_gallery, history_note, clear_history,
-                     [prompt, negative_prompt, style, seed, guidance_scale, num_inference_steps, sampler, resolution,
-                      refiner_switch])
+        def offered() -> list[str]:  # the models the Model dropdown offers (two or more), else none to choose
+            ready = engine is not None and engine.ready.is_set() and engine.error is None
+            names = models.names(engine) if ready else []
+            return names if len(names) > 1 else []
+
+        @page_event
+        def follow_model(name, size):  # after a restore set the dropdown (and the size): its other widgets
+            return model_widgets(engine, name, size=size)
+
+        restored = wire_history(events, past, pending, finished, last_result, history_gallery, history_note,
+                                clear_history, [prompt, negative_prompt, style, seed, guidance_scale,
+                                                num_inference_steps, sampler, resolution, refiner_switch, model],
+                                offered)
+        model_widgets_out = [model_default, resolution, control.model, fast]
+        restored.then(follow_model, [model, resolution], model_widgets_out, api_visibility="private", queue=False,
+                      show_progress="hidden", preprocess=False)
         for done in events:
             done.success(lambda: (None, gr.Button("Reuse selected image's seed", interactive=False), None,
                                   *(gr.Button(interactive=False) for _ in range(3))), None,
@@ -279,15 +295,20 @@ def build_demo(requests: Service, config: EngineConfig, engine: EngineContract |
 
         @page_event
         def restore_png(text: str):
-            values, note = png_settings(text, [value for _, value in size_choices(engine)[0]],
-                                        config.max_inference_steps, config.max_seed, bool(config.refiner))
+            names = offered()
+            made_by = png_model(text, names)  # the sizes its model has, once loaded (else the default's)
+            limits = models.loaded_limits(engine, made_by) if made_by else None
+            values, note = png_settings(text, [value for _, value in size_choices(engine, limits)[0]],
+                                        config.max_inference_steps, config.max_seed, bool(config.refiner), names)
             return (*(values.get(name, gr.update()) for name in PNG_FIELDS), note)
 
         # The browser sends the PNG's parameters text only (PNG_SETTINGS_JS): no file reaches the server.
         png_file.input(restore_png, png_file, [prompt, negative_prompt, style, seed, guidance_scale,
-                                               num_inference_steps, sampler, resolution, refiner_switch,
+                                               num_inference_steps, sampler, resolution, refiner_switch, model,
                                                png_note],
-                       api_visibility="private", queue=False, show_progress="hidden")
+                       api_visibility="private", queue=False, show_progress="hidden").then(
+            follow_model, [model, resolution], model_widgets_out, api_visibility="private", queue=False,
+            show_progress="hidden", preprocess=False)
 
         examples.click(page_event(load_example), examples, [prompt, style], api_visibility="private", queue=False,
                        show_progress="hidden")

@@ -86,9 +86,17 @@ def stopped_view(last: dict | None, heard: str) -> tuple:
 
 PNG_FIELDS = {"prompt": "prompt", "negative_prompt": "negative prompt", "style": "style", "seed": "seed",
               "guidance_scale": "CFG", "num_inference_steps": "steps", "sampler": "sampler", "resolution": "size",
-              "refiner_switch_at": "refiner switch"}
+              "refiner_switch_at": "refiner switch", "model": "model"}
 REFINER_MIN, REFINER_OFF = 0.05, 1.0  # the refiner slider's range (page_image.refiner_slider); 1: base model only
 MAX_PARAMETERS_CHARS = 60_000  # a parameters text is a few kB; PNG_SETTINGS_JS sends at most this
+
+
+def png_model(text, offered: list[str]) -> str | None:
+    """The ``Model`` of a PNG's ``parameters`` text when it is one of ``offered`` (the page's models), else None."""
+    if not isinstance(text, str) or len(text) > MAX_PARAMETERS_CHARS or not text.strip() or not offered:
+        return None
+    name = generation_parameters(text).get("Model")
+    return name if name in offered else None
 
 
 def _unstyled(style: str, prompt: str, negative: str) -> tuple[str, str] | None:
@@ -108,7 +116,7 @@ def _unstyled(style: str, prompt: str, negative: str) -> tuple[str, str] | None:
 
 
 def png_settings(text: str, sizes: list[str], max_steps: int, max_seed: int,
-                 refiner: bool = False) -> tuple[dict, str]:
+                 refiner: bool = False, models: list[str] = ()) -> tuple[dict, str]:
     """The page's settings from a PNG's ``parameters`` text (this server's or A1111's; parsed by A1111's rules:
     apis.a1111.generation_parameters): ({field of PNG_FIELDS: value}, a Markdown note saying what was
     restored and what was not, and why).
@@ -118,7 +126,9 @@ def png_settings(text: str, sizes: list[str], max_steps: int, max_seed: int,
     take (a sampler or size it lacks, steps past the limit) is left as it is and named in the note. With a
     ``refiner`` loaded, the refiner switch is restored too (``Refiner switch at``; 1, no refiner, for a PNG made
     without one); without one a PNG's refiner is named as not restored, and so are a hires fix and an image to
-    image's strength (this form makes images from text only). A blank
+    image's strength (this form makes images from text only). ``models``: the model names the page offers when
+    it offers several (its Model dropdown): the PNG's ``Model`` is restored when it is one of them, else named as
+    not restored; () (one model) leaves the model alone. A blank
     text (the browser found no ``parameters`` chunk) restores nothing. Raises TypeError or ValueError for
     text the page's script never sends (not a string, longer than MAX_PARAMETERS_CHARS)."""
     if not isinstance(text, str) or len(text) > MAX_PARAMETERS_CHARS:
@@ -166,6 +176,11 @@ def png_settings(text: str, sizes: list[str], max_steps: int, max_seed: int,
         left.append(f"refiner switch at {fields['Refiner switch at'][:20]!r} (no refiner on this server)")
     elif refiner and "Refiner switch at" not in fields:
         values["refiner_switch_at"] = REFINER_OFF  # made without a refiner: base model only, as it was
+    if models and "Model" in fields:
+        if fields["Model"] in models:
+            values["model"] = fields["Model"]
+        else:
+            left.append(f"model {fields['Model'][:60]!r} (not on this server)")
     if "Hires upscale" in fields:
         left.append(f"hires fix (upscale {fields['Hires upscale'][:20]!r}: the images were upscaled after; "
                     "Upscale under Image to image runs it on a picture)")
@@ -224,6 +239,9 @@ def size_choices(engine: EngineContract | None, limits=None) -> tuple[list[tuple
     return choices, f"{default[0]}x{default[1]}"
 
 
+SIZE = re.compile(r"[1-9]\d{0,4}x[1-9]\d{0,4}")  # a resolution value, "WxH"
+
+
 def model_default_label(defaults: EngineConfig) -> str:
     """The "Model default" button's text for a model's resolved defaults (its sampler and steps)."""
     return f"Model default ({defaults.sampler}, {defaults.num_inference_steps} steps)"
@@ -246,22 +264,50 @@ def model_settings(engine: EngineContract | None, name: str | None) -> tuple:
     try:
         model = models.choose(engine, name)
         defaults = models.defaults_for(engine, model)
-        fast = gr.update(visible=FAST_LORA in models.lora_names_for(engine, model))
     except InvalidRequest as err:
         raise LookupError(err.message) from None
     except (ConfigError, ModelLoadError) as err:
         LOG.info(f"[app] model {name!r}: its defaults are not readable ({err}); the page keeps its settings"[:300])
         return keep
-    limits = models.loaded_limits(engine, model)
+    return (defaults.sampler, defaults.num_inference_steps, defaults.guidance_scale,
+            *model_widgets(engine, model, defaults))
+
+
+def model_widgets(engine: EngineContract | None, name: str | None, defaults: EngineConfig | None = None,
+                  size: str | None = None) -> tuple:
+    """The widgets that follow the Model dropdown besides the settings (:func:`model_settings`), as updates for
+    (the Model default button, resolution, ControlNet model, the few-steps preset's button): the button's label of
+    the model's ``defaults`` (None: read here), its sizes and fitting ControlNets once loaded (else resolution
+    "model default" and the list as it is), the preset when it has the LoRA. ``size``: a resolution ("WxH") to
+    keep as the value (a restored one) when the model's sizes have it. After a restore (a history image, a PNG)
+    set the dropdown itself. Nothing changes before the engine is ready or for a model it refuses.
+
+    Raises LookupError (page_event) for a name the engine does not offer."""
+    keep = (gr.update(),) * 4
+    if engine is None or not engine.ready.is_set() or engine.error is not None:
+        return keep
+    try:
+        model = models.choose(engine, name)
+        defaults = defaults or models.defaults_for(engine, model)
+        fast = gr.update(visible=FAST_LORA in models.lora_names_for(engine, model))
+        limits = models.loaded_limits(engine, model)
+    except InvalidRequest as err:
+        raise LookupError(err.message) from None
+    except (ConfigError, ModelLoadError):
+        return keep
     if limits is None:  # not loaded yet: its sizes and the ControlNets that fit it are known once it is
-        resolution, controlnets = gr.update(choices=[("model default", "0x0")], value="0x0"), gr.update()
+        restored = [(size.replace("x", " × "), size)] if isinstance(size, str) and SIZE.fullmatch(size) and \
+            size != "0x0" else []
+        resolution = gr.update(choices=[("model default", "0x0"), *restored], value=restored[0][1] if restored
+                               else "0x0")
+        controlnets = gr.update()
     else:
         choices, value = size_choices(engine, limits)
         names = [cn for cn, _ in limits.controlnets]
-        resolution = gr.update(choices=choices, value=value)
+        kept = size if size in [v for _, v in choices] else value
+        resolution = gr.update(choices=choices, value=kept)
         controlnets = gr.update(choices=names, value=names[0] if names else "")
-    return (defaults.sampler, defaults.num_inference_steps, defaults.guidance_scale,
-            gr.update(value=model_default_label(defaults)), resolution, controlnets, fast)
+    return gr.update(value=model_default_label(defaults)), resolution, controlnets, fast
 
 
 def model_default_settings(engine: EngineContract | None, config: EngineConfig, name: str | None,

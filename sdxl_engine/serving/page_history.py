@@ -4,6 +4,8 @@ and held on the server per session (history.Pending) until the request's follow-
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import gradio as gr
 
 from sdxl_engine.serving import history
@@ -14,12 +16,14 @@ from sdxl_engine.serving.page_image import REFINER_OFF
 
 def wire_history(events: tuple, past: gr.BrowserState, pending: history.Pending, finished: history.Pending,
                  last_result: gr.State, history_gallery: gr.Gallery, history_note: gr.Markdown,
-                 clear_history: gr.Button, settings: list) -> None:
+                 clear_history: gr.Button, settings: list, offered: Callable[[], list[str]] = list):
     """After each of ``events`` succeeds: its gallery and details into ``last_result`` (``finished``: the page
     shows them again after a Stop), its record from ``pending`` first into ``past``, the history redrawn in the
     browser (HISTORY_JS: thumbnails drawn there, no file written). A click on a past image sets ``settings``
-    (prompt, negative prompt, style, seed, guidance, steps, sampler, resolution, refiner switch) to that image's;
-    Clear empties the history. All private events."""
+    (prompt, negative prompt, style, seed, guidance, steps, sampler, resolution, refiner switch, model) to that
+    image's: its model when ``offered()`` (the names the Model dropdown offers) has it, else the model stays and
+    the note says so. Clear empties the history. All private events. Returns the click's event (the page follows
+    the model with its other widgets)."""
 
     @page_event
     def remember(past: list, request: gr.Request):
@@ -38,13 +42,19 @@ def wire_history(events: tuple, past: gr.BrowserState, pending: history.Pending,
     def restore(past: list, evt: gr.SelectData):
         rec, seed_value = history.entry(past, evt.index)
         size, note = restored_size(rec, seed_value)
+        names = offered()
+        if names and rec["model"] not in names:
+            note += f" Its model, {rec['model']}, is not on this server now: the chosen model makes it."
         return (rec["prompt"], rec["negative_prompt"], rec["style"], seed_value, rec["guidance_scale"],
                 rec["num_inference_steps"], rec.get("sampler", "Euler"), gr.update() if size is None else size,
-                rec.get("refiner_switch_at") or REFINER_OFF, note)
+                rec.get("refiner_switch_at") or REFINER_OFF,
+                rec["model"] if rec["model"] in names else gr.update(), note)
 
-    history_gallery.select(restore, past, [*settings, history_note], api_visibility="private", queue=False)
+    restored = history_gallery.select(restore, past, [*settings, history_note], api_visibility="private",
+                                      queue=False)
     clear_history.click(None, None, past, js=CLEAR_HISTORY_JS, api_visibility="private").then(
         None, past, [history_gallery, history_note], js=HISTORY_JS, api_visibility="private")
+    return restored
 
 
 def restored_size(rec: dict, seed: int) -> tuple[str | None, str]:

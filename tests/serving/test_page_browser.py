@@ -1031,6 +1031,17 @@ def test_the_model_dropdown_brings_each_models_own_defaults_sizes_and_runs_it(br
         p.wait_for_function("() => document.querySelector('#resolution input')?.value.includes('default)')")
         generate(p, "a red circle")
         assert "model tiny-random" in p.inner_text("#result-status")
+        # A past image restores its model too (with its steps), and the widgets that follow the model follow it.
+        choose("tiny-shapes", 8)
+        history = p.locator("#history .gallery-item")
+        seed = history.nth(0).inner_text().split(" ·")[0]
+        history.nth(0).click()
+        p.wait_for_function("() => document.querySelector('#model input')?.value === 'tiny-random'")
+        p.wait_for_function("() => document.querySelector('#model-default')?.innerText.trim() === "
+                            "'Model default (Euler, 20 steps)'")
+        assert steps.input_value() == "20" and not p.locator("#fast-preset").is_visible()
+        captions = generate(p, "a red circle")
+        assert "model tiny-random" in p.inner_text("#result-status") and captions[0].startswith(seed + " ·")
         assert page.blocked == []
     finally:
         page.close()

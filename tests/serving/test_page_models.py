@@ -11,7 +11,13 @@ import pytest
 from sdxl_engine.checkpoint.weights import ModelLoadError
 from sdxl_engine.config import EngineConfig
 from sdxl_engine.engine.errors import InvalidRequest
-from sdxl_engine.serving.page import model_default_label, model_default_settings, model_settings, page_event
+from sdxl_engine.serving.page import (
+    model_default_label,
+    model_default_settings,
+    model_settings,
+    model_widgets,
+    page_event,
+)
 
 DEFAULTS = {"a": EngineConfig(), "b": EngineConfig(sampler="DPM++ 2M", num_inference_steps=6, guidance_scale=2.0),
             "broken": None}
@@ -109,3 +115,37 @@ def test_model_default_takes_the_chosen_models_settings_and_drops_the_fast_tag()
     with pytest.raises(LookupError, match="unknown model 'z'"):
         model_default_settings(engine, config, "z", "a star")
     assert model_default_label(DEFAULTS["b"]) == "Model default (DPM++ 2M, 6 steps)"
+
+
+def test_a_png_restores_its_model_when_the_page_offers_it():
+    """png_settings with the page's models (a server with several): the PNG's Model comes back when offered, else is
+    named as not restored; with one model (no models given) the model is left alone, as before."""
+    from sdxl_engine.service.images import a1111_parameters
+    from sdxl_engine.serving.page import png_model, png_settings
+
+    text = a1111_parameters("a red circle", "", 20, 5.0, 7, 96, 64, "b", {}, "Euler")
+    values, note = png_settings(text, ["96x64"], 50, 2**32 - 1, models=["a", "b"])
+    assert values["model"] == "b" and values["resolution"] == "96x64"
+    assert note == ("Restored from the PNG: prompt, negative prompt, style, seed, CFG, steps, sampler, size, model; "
+                    "press **Generate** to make it again.")
+    values, note = png_settings(text, ["96x64"], 50, 2**32 - 1, models=["a", "c"])
+    assert "model" not in values and note.endswith("Not restored: model 'b' (not on this server).")
+    values, _ = png_settings(text, ["96x64"], 50, 2**32 - 1)
+    assert "model" not in values
+    assert png_model(text, ["a", "b"]) == "b" and png_model(text, ["a"]) is None and png_model(text, []) is None
+    assert png_model("", ["a", "b"]) is None and png_model(None, ["a", "b"]) is None
+
+
+def test_a_restored_model_keeps_the_restored_size_among_its_own():
+    """model_widgets after a restore (history, PNG): the restored size stays when the model has it (loaded), and is
+    offered beside "model default" before the model is loaded; another size gives way to the model's default."""
+    engine = Catalogued()
+    engine.loaded["b"] = LIMITS_B
+    button, resolution, _, fast = model_widgets(engine, "b", size="80x80")
+    assert updated(resolution)["value"] == "80x80" and updated(button) == {"value": "Model default (DPM++ 2M, 6 steps)"}
+    assert updated(model_widgets(engine, "b", size="64x48")[1])["value"] == "96x64"  # not one of b's
+    del engine.loaded["b"]
+    resolution = updated(model_widgets(engine, "b", size="80x80")[1])
+    assert resolution == {"choices": [("model default", "0x0"), ("80 × 80", "80x80")], "value": "80x80"}
+    assert updated(model_widgets(engine, "b", size="junk")[1]) == {"choices": [("model default", "0x0")],
+                                                                   "value": "0x0"}
