@@ -323,8 +323,11 @@ def model_field(body: Txt2Img, engine, chosen: str | None) -> dict:
     (the caller's own default, set by ``POST /options``; None: the server's). {} for the server's default.
 
     Raises ApiError 422 naming ``override_settings.sd_model_checkpoint`` and the models offered, for a model this
-    server does not have."""
+    server does not have; naming ``override_settings`` when it is not an object (A1111's model takes a dict)."""
     overrides = (body.model_extra or {}).get("override_settings")
+    if overrides is not None and not isinstance(overrides, dict):  # A1111's model: a dict (a 422 for another)
+        raise ApiError(422, f"override_settings: expected an object of options ({{\"{MODEL_OPTION}\": ...}}), got "
+                            f"{type(overrides).__name__} {_short(overrides)}", "override_settings")
     wanted = overrides.get(MODEL_OPTION) if isinstance(overrides, dict) else None
     field = f"override_settings.{MODEL_OPTION}"
     try:

@@ -79,7 +79,8 @@ LOG = logging.getLogger(__name__)
 PREFIX = "/v1"
 FORMATS = ("b64_json", "url")
 _SIZE = re.compile(r"^\s*(\d{1,6})\s*[xX×]\s*(\d{1,6})\s*$")
-FIELD_NAMES = (("width", "size"), ("height", "size"), ("images", "n"))
+# The steps are the model's (OpenAI's body has none): a run over max_run_seconds is the size's to change.
+FIELD_NAMES = (("width", "size"), ("height", "size"), ("images", "n"), ("num_inference_steps", "size"))
 # Not OpenAI's: the engine's own fields, by their names, in a generations body (the SDK's extra_body): base + refiner
 # at a switch of the client's choice, and the hires fix (docs/hires-fix.md); the engine validates them.
 EXTENSIONS = ("refiner_switch_at", "hires_scale", "hires_upscaler", "hires_strength", "hires_steps")

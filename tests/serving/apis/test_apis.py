@@ -799,3 +799,20 @@ def test_a1111_refiner_checkpoint_chooses_among_several_refiners():
     with pytest.raises(RefinerRefused, match="^refiner_checkpoint: unknown refiner 'third'; this server offers: "
                                              "first, second$"):
         refiner_fields(Txt2Img(prompt="x", refiner_checkpoint="third"), engine)
+
+
+def test_override_settings_that_is_no_object_is_refused_naming_it():
+    """A1111's override_settings is a dict (its pydantic model answers 422 for another type); a string, number or
+    list was ignored without a word."""
+    from sdxl_engine.serving.apis.a1111 import model_field
+
+    engine = SimpleNamespace(model_names=lambda: ["a", "b"], find_model=lambda t: t if t in ("a", "b") else None)
+    for sent, shown in (("str", 'str "str"'), (5, "int 5"), ([1, 2], "list [1, 2]")):
+        with pytest.raises(ApiError) as err:
+            model_field(Txt2Img(prompt="x", override_settings=sent), engine, None)
+        assert (err.value.status, err.value.param) == (422, "override_settings")
+        assert err.value.message == ('override_settings: expected an object of options ({"sd_model_checkpoint": '
+                                     f"...}}), got {shown}")
+    assert model_field(Txt2Img(prompt="x", override_settings={"sd_model_checkpoint": "b"}), engine, None) == \
+        {"model": "b"}
+    assert model_field(Txt2Img(prompt="x", override_settings=None), engine, None) == {}
