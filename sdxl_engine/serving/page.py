@@ -52,11 +52,13 @@ def status_line(info: dict) -> str:
                if info.get("refiner_switch_at") is not None else "")
     if "hires" in info:
         refined += f" · upscaled ×{info['hires']['scale']:g} (hires fix, strength {info['hires']['strength']:g})"
+    steps = info["num_inference_steps"]
     return (f"**{info['latency_s']:.2f} s** for {len(info['seeds'])} images on **{info['device']}**{replica} "
             f"(queue {t['queue']:.2f} s · prep {t['prep']:.3f} s · device {t['device']:.2f} s · "
-            f"post {t['post']:.3f} s{ray}) — {info['width']}×{info['height']}, {info['num_inference_steps']} "
-            f"{info.get('sampler', 'Euler')} steps, CFG {info['guidance_scale']:g}, seeds {info['seeds'][0]}–"
-            f"{info['seeds'][-1]}, style **{info.get('style', NO_STYLE)}**, model `{info['model']}`{refined}{saved}")
+            f"post {t['post']:.3f} s{ray}) — {info['width']}×{info['height']}, {steps} "
+            f"{info.get('sampler', 'Euler')} step{'' if steps == 1 else 's'}, CFG {info['guidance_scale']:g}, seeds "
+            f"{info['seeds'][0]}–{info['seeds'][-1]}, style **{info.get('style', NO_STYLE)}**, model "
+            f"`{info['model']}`{refined}{saved}")
 
 
 def stopped_view(last: dict | None, heard: str) -> tuple:

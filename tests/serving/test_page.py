@@ -102,6 +102,8 @@ def test_stopped_view_says_where_and_gives_the_last_finished_result_back():
     assert app.status_line(refined).endswith("model `tiny-shapes` + refiner `tiny-pt-refiner` from 0.8 of the steps")
     upscaled = {**info, "hires": {"scale": 1.5, "strength": 0.4}}
     assert app.status_line(upscaled).endswith("model `tiny-shapes` · upscaled ×1.5 (hires fix, strength 0.4)")
+    assert "64×64, 8 Euler steps, CFG 5," in app.status_line(info)
+    assert "64×64, 1 Euler step, CFG 5," in app.status_line({**info, "num_inference_steps": 1})  # not "1 ... steps"
     assert app.stopped_view(None, "12/30") == ([], None, "**Stopped at step 12 of 30; nothing saved.**")
     assert app.stopped_view(None, "waiting") == ([], None, "**Stopped before its first step; nothing saved.**")
     assert app.stopped_view(last, "") == (gr.update(), gr.update(), "")  # another failure: the line goes
