@@ -816,3 +816,18 @@ def test_override_settings_that_is_no_object_is_refused_naming_it():
     assert model_field(Txt2Img(prompt="x", override_settings={"sd_model_checkpoint": "b"}), engine, None) == \
         {"model": "b"}
     assert model_field(Txt2Img(prompt="x", override_settings=None), engine, None) == {}
+
+
+def test_a_run_over_the_limit_is_refused_under_the_field_each_protocols_client_can_change():
+    """The engine's run-time refusal names num_inference_steps (engine/durations.py): A1111's clients send it as
+    ``steps``; OpenAI's send no steps (the model's run), so the refusal names the ``size`` they can change."""
+    from sdxl_engine.engine.validation import InvalidRequest
+    from sdxl_engine.serving.apis.core import refused_field
+
+    err = InvalidRequest("num_inference_steps", "640x640 x 4 images, 8 steps to run, would hold this server's devices "
+                                                "about 23 s, over its limit of 10 s (max_run_seconds)")
+    openai, _ = openai_call({"prompt": "a red circle", "size": "640x640"}, ["tiny-shapes"])
+    refusal = refused_field(err, openai)
+    assert (refusal.status, refusal.param) == (400, "size") and refusal.message.startswith("size: 640x640 x 4 images")
+    refusal = refused_field(err, a1111_call(Txt2Img(prompt="a red circle", steps=8)))
+    assert refusal.param == "steps" and refusal.message.startswith("steps: 640x640 x 4 images")

@@ -154,7 +154,7 @@ def test_a_size_whose_run_exceeds_the_machines_memory_is_refused_and_the_server_
 def test_a_run_longer_than_the_servers_limit_is_refused_naming_the_steps_that_fit(app, webui):
     """384x256 x 50 steps on tiny-shapes would hold this CPU 26 s to a minute (37 x the 64x64 program's memory
     traffic, docs/benchmarks.md "Run time admission"), over this app's max_run_seconds of 10: a 422 under A1111's name
-    for the steps, saying how many fit; that many then run. OpenAI's 400 names the size (its clients send no steps)."""
+    for the steps, saying how many fit; that many then run."""
     with pytest.raises(RuntimeError) as err:
         webui.txt2img(prompt=PROMPT, steps=50, width=384, height=256)
     status, text = err.value.args
@@ -166,14 +166,6 @@ def test_a_run_longer_than_the_servers_limit_is_refused_naming_the_steps_that_fi
     assert 0 <= fit < 50
     if fit:
         assert len(webui.txt2img(prompt=PROMPT, steps=min(fit, 2), width=384, height=256).images) == 1
-    # OpenAI's clients send no steps (the model's run): the size is what they can change, so the refusal names it
-    from openai import BadRequestError, OpenAI
-
-    with pytest.raises(BadRequestError) as err:
-        OpenAI(base_url=app.url + "v1", api_key=KEY).images.generate(prompt=PROMPT, size="640x640")
-    error = err.value.body
-    assert error["param"] == "size" and error["message"].startswith("size: 640x640 x 4 images, 8 steps to run, "
-                                                                      "would hold this server's devices about "), error
 
 
 def test_a1111_lists_options_and_model_switching(webui):
