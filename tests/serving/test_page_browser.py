@@ -1001,51 +1001,53 @@ def test_the_model_dropdown_brings_each_models_own_defaults_sizes_and_runs_it(br
     one on the page sets Steps and the Model default button to its own, its request runs so, and once it is loaded
     the Resolution list is its sizes; before that "model default" (the engine picks its size)."""
     app = RunningApp("--model", "tiny-shapes", "--model", "tiny-random")
-    page = OfflinePage(browser, app.url)
-    try:
-        p = page.open()
-        p.wait_for_function("document.querySelector('#engine-status')?.innerText.includes('Ready on')")
-        p.get_by_text("Advanced settings").click()
-        steps = p.locator("#steps input[type='number']")
+    try:  # the app stops whatever fails
+        page = OfflinePage(browser, app.url)
+        try:
+            p = page.open()
+            p.wait_for_function("document.querySelector('#engine-status')?.innerText.includes('Ready on')")
+            p.get_by_text("Advanced settings").click()
+            steps = p.locator("#steps input[type='number']")
 
-        def choose(name: str, want_steps: int):
-            p.click("#model input")
-            p.locator("[role=option]", has_text=name).first.click()
-            p.wait_for_function("n => document.querySelector('#steps input[type=number]')?.value === n",
-                                arg=str(want_steps))
-            p.wait_for_function("t => document.querySelector('#model-default')?.innerText.trim() === t",
-                                arg=f"Model default (Euler, {want_steps} steps)")
+            def choose(name: str, want_steps: int):
+                p.click("#model input")
+                p.locator("[role=option]", has_text=name).first.click()
+                p.wait_for_function("n => document.querySelector('#steps input[type=number]')?.value === n",
+                                    arg=str(want_steps))
+                p.wait_for_function("t => document.querySelector('#model-default')?.innerText.trim() === t",
+                                    arg=f"Model default (Euler, {want_steps} steps)")
 
-        assert steps.input_value() == "8" and p.inner_text("#model-default").strip() == "Model default (Euler, 8 steps)"
-        assert p.locator("#fast-preset").is_visible()  # tiny-shapes ships the LCM-LoRA it tags
-        choose("tiny-random", 20)
-        assert p.locator("#resolution input").input_value() == "model default"  # not loaded yet
-        assert not p.locator("#fast-preset").is_visible()  # tiny-random has no LoRA named lcm
-        generate(p, "a red circle")
-        status = p.inner_text("#result-status")
-        assert "20 Euler steps" in status and "model tiny-random" in status, status
-        choose("tiny-shapes", 8)
-        assert p.locator("#resolution input").input_value() == "64 × 64 (square, default)"
-        assert p.locator("#fast-preset").is_visible()
-        choose("tiny-random", 20)  # loaded now: its own sizes
-        p.wait_for_function("() => document.querySelector('#resolution input')?.value.includes('default)')")
-        generate(p, "a red circle")
-        assert "model tiny-random" in p.inner_text("#result-status")
-        # A past image restores its model too (with its steps), and the widgets that follow the model follow it.
-        choose("tiny-shapes", 8)
-        history = p.locator("#history .gallery-item")
-        seed = history.nth(0).inner_text().split(" ·")[0]
-        history.nth(0).click()
-        p.wait_for_function("() => document.querySelector('#model input')?.value === 'tiny-random'")
-        p.wait_for_function("() => document.querySelector('#model-default')?.innerText.trim() === "
-                            "'Model default (Euler, 20 steps)'")
-        assert steps.input_value() == "20" and not p.locator("#fast-preset").is_visible()
-        captions = generate(p, "a red circle")
-        assert "model tiny-random" in p.inner_text("#result-status") and captions[0].startswith(seed + " ·")
-        assert page.blocked == []
-    finally:
-        page.close()
-    try:  # the APIs that leave the steps to the model do as the page now shows: each model's own
+            assert steps.input_value() == "8"
+            assert p.inner_text("#model-default").strip() == "Model default (Euler, 8 steps)"
+            assert p.locator("#fast-preset").is_visible()  # tiny-shapes ships the LCM-LoRA it tags
+            choose("tiny-random", 20)
+            assert p.locator("#resolution input").input_value() == "model default"  # not loaded yet
+            assert not p.locator("#fast-preset").is_visible()  # tiny-random has no LoRA named lcm
+            generate(p, "a red circle")
+            status = p.inner_text("#result-status")
+            assert "20 Euler steps" in status and "model tiny-random" in status, status
+            choose("tiny-shapes", 8)
+            assert p.locator("#resolution input").input_value() == "64 × 64 (square, default)"
+            assert p.locator("#fast-preset").is_visible()
+            choose("tiny-random", 20)  # loaded now: its own sizes
+            p.wait_for_function("() => document.querySelector('#resolution input')?.value.includes('default)')")
+            generate(p, "a red circle")
+            assert "model tiny-random" in p.inner_text("#result-status")
+            # A past image restores its model too (with its steps), and the widgets that follow the model follow it.
+            choose("tiny-shapes", 8)
+            history = p.locator("#history .gallery-item")
+            seed = history.nth(0).inner_text().split(" ·")[0]
+            history.nth(0).click()
+            p.wait_for_function("() => document.querySelector('#model input')?.value === 'tiny-random'")
+            p.wait_for_function("() => document.querySelector('#model-default')?.innerText.trim() === "
+                                "'Model default (Euler, 20 steps)'")
+            assert steps.input_value() == "20" and not p.locator("#fast-preset").is_visible()
+            captions = generate(p, "a red circle")
+            assert "model tiny-random" in p.inner_text("#result-status") and captions[0].startswith(seed + " ·")
+            assert page.blocked == []
+        finally:
+            page.close()
+        # The APIs that leave the steps to the model do as the page now shows: each model's own.
         import asyncio
         import base64
         import concurrent.futures
@@ -1061,8 +1063,7 @@ def test_the_model_dropdown_brings_each_models_own_defaults_sizes_and_runs_it(br
             info = json.loads(result.content[-1].text)
             assert (info["model"], info["num_inference_steps"]) == (model or "tiny-shapes", steps), info
         # A1111's img2img: its step rule on the named model's 20 steps (strength 0.5: t_enc 10, from step 9), not
-        # the default model's 8 (from step 3)
-        # (the same images as the request that sends steps 20).
+        # the default model's 8 (from step 3): the same images as the request that sends steps 20.
         picture = io.BytesIO()
         Image.new("RGB", (64, 64), (200, 30, 30)).save(picture, "PNG")
         replies = [httpx.post(app.url + "sdapi/v1/img2img", timeout=120, json={
