@@ -124,6 +124,39 @@ class Embedding(nnx.Module):
         return jnp.take(self.weight[...], ids, axis=0)
 
 
+# Attention kernels by name (rule 33: a fast kernel is a choice beside the portable path, chosen in one place).
+# "auto" picks per backend at trace time: the Pallas TPU flash kernel where it applies (:func:`flash_fits`),
+# else the XLA path, which every backend compiles and the CPU tests check.
+ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn", "pallas_tpu")
+FLASH_BLOCKS = (512, 256, 128)  # the Pallas flash kernel's q/kv tiles, largest first (512 ran fastest on a v5e)
+
+
+def flash_block(length: int) -> int | None:
+    """The largest of :data:`FLASH_BLOCKS` that divides ``length`` (tokens), or None: the kernel tiles the
+    sequences without padding, so a length none divides (a latent of 72 x 56) runs on the XLA path."""
+    return next((b for b in FLASH_BLOCKS if length % b == 0), None)
+
+
+def flash_fits(q_len: int, kv_len: int) -> bool:
+    """Whether the Pallas TPU flash kernel takes these lengths: both tile (:func:`flash_block`). Cross-attention
+    over 77 text tokens does not, and there the (q_len, 77) scores are small anyway."""
+    return flash_block(q_len) is not None and flash_block(kv_len) is not None
+
+
+def resolve_attention(implementation: str | None, q_len: int, kv_len: int, is_causal: bool = False) -> str:
+    """The implementation that runs: ``implementation`` as named, or for None/"auto" ``pallas_tpu`` on a TPU
+    backend where :func:`flash_fits` (and not causal: CLIP's 77 tokens take the XLA path), else ``xla``.
+
+    Raises ValueError for a name not in :data:`ATTENTION_IMPLEMENTATIONS`."""
+    if implementation not in (None, *ATTENTION_IMPLEMENTATIONS):
+        raise ValueError(f"attention implementation {implementation!r} is not one of "
+                         f"{', '.join(ATTENTION_IMPLEMENTATIONS)}")
+    if implementation in (None, "auto"):
+        tpu = jax.default_backend() == "tpu"
+        return "pallas_tpu" if tpu and not is_causal and flash_fits(q_len, kv_len) else "xla"
+    return implementation
+
+
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, heads: int, *, is_causal: bool = False,
               implementation: str | None = None) -> jax.Array:
     """Multi-head scaled dot-product attention (Vaswani et al. 2017): softmax(q k^T / sqrt(head_dim)) v per head.
@@ -132,18 +165,29 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, heads: int, *, is_causal
         q: (batch, q_len, heads * head_dim); k, v: (batch, kv_len, heads * head_dim), one dtype.
         heads: number of heads; the scale is head_dim ** -0.5.
         is_causal: mask future positions (CLIP's text encoder).
-        implementation: None or "xla": the two einsums below, which XLA compiles on every backend;
-            "cudnn": ``jax.nn.dot_product_attention``'s cuDNN kernel (GPU, float16/bfloat16).
+        implementation: one of :data:`ATTENTION_IMPLEMENTATIONS` (:func:`resolve_attention`): None or "auto"
+            chooses by backend; "xla": the two einsums below, which XLA compiles on every backend; "cudnn":
+            ``jax.nn.dot_product_attention``'s cuDNN kernel (GPU, float16/bfloat16); "pallas_tpu": JAX's Pallas
+            flash attention kernel for TPU (``jax.experimental.pallas.ops.tpu.flash_attention``; Dao et al. 2022),
+            which never holds the (q_len, kv_len) scores in memory.
     Returns:
-        (batch, q_len, heads * head_dim) in q's dtype; the scores and the softmax in float32.
+        (batch, q_len, heads * head_dim) in q's dtype; the scores and the softmax in float32 (the flash kernel
+        keeps its running maximum and sum in float32 too).
 
-    The arithmetic is ``jax.nn.dot_product_attention``'s XLA path (``_dot_product_attention_core``: float32
+    Raises:
+        ValueError: an unknown implementation; "pallas_tpu" for lengths its tiles do not divide (flash_fits).
+
+    The XLA arithmetic is ``jax.nn.dot_product_attention``'s XLA path (``_dot_product_attention_core``: float32
     logits, masked with -0.7 x float32's max, softmax in float32, cast to v's dtype before the second
     product), written without its grouped-query ``vmap``: on XLA:CPU that ``vmap`` put an extra axis on the
     scores, and a transposing copy of every (q_len, kv_len) probability matrix per head went with it, which
-    took a third of a 256² request's time (docs/benchmarks.md, "Against the blog's own pipeline").
+    took a third of a 256² request's time (docs/benchmarks.md, "Against the blog's own pipeline"). On a TPU
+    that path writes and reads every float32 score matrix in HBM (at 1024² a self-attention over 4096 tokens
+    holds 10 x 4096² of them per image): the flash kernel is chosen there (docs/benchmarks.md, "On a TPU v5e
+    chip").
     """
     b, t, d = q.shape
+    implementation = resolve_attention(implementation, t, k.shape[1], is_causal)
 
     def split(x):  # (b, len, heads, head_dim)
         return x.reshape(x.shape[0], x.shape[1], heads, d // heads)
@@ -152,8 +196,8 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, heads: int, *, is_causal
         out = jax.nn.dot_product_attention(split(q), split(k), split(v), is_causal=is_causal,
                                            implementation="cudnn")
         return out.reshape(b, t, d)
-    if implementation not in (None, "xla"):
-        raise ValueError(f"attention implementation {implementation!r} is not one of None, 'xla', 'cudnn'")
+    if implementation == "pallas_tpu":
+        return flash_attention_tpu(q, k, v, heads, is_causal=is_causal)
     logits = jnp.einsum("btnh,bsnh->bnts", split(q), split(k), preferred_element_type=jnp.float32)
     logits = logits * jnp.float32(1.0 / math.sqrt(d // heads))
     if is_causal:
@@ -163,6 +207,32 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, heads: int, *, is_causal
     probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
     out = jnp.einsum("bnts,bsnh->btnh", probs, split(v))
     return out.reshape(b, t, d)
+
+
+def flash_attention_tpu(q: jax.Array, k: jax.Array, v: jax.Array, heads: int, *, is_causal: bool = False) -> jax.Array:
+    """:func:`attention` through JAX's Pallas TPU flash attention kernel: same arguments and result.
+
+    The kernel takes (batch, heads, len, head_dim); tiles of :func:`flash_block` tokens, 512 where the length
+    allows (on a v5e twice as fast as 256-token tiles: docs/benchmarks.md, "On a TPU v5e chip"). On a CPU it
+    runs only under ``pltpu.force_tpu_interpret_mode()`` (the tests' check against the XLA path).
+
+    Raises ValueError when a length has no tile (:func:`flash_fits`)."""
+    from jax.experimental.pallas.ops.tpu import flash_attention as pallas_flash
+
+    b, t, d = q.shape
+    s, hd = k.shape[1], d // heads
+    bq, bk = flash_block(t), flash_block(s)
+    if bq is None or bk is None:
+        raise ValueError(f"pallas_tpu attention needs lengths that {FLASH_BLOCKS} tokens divide; "
+                         f"got q_len {t}, kv_len {s}")
+
+    def heads_first(x):  # (b, heads, len, head_dim)
+        return x.reshape(x.shape[0], x.shape[1], heads, hd).transpose(0, 2, 1, 3)
+
+    blocks = pallas_flash.BlockSizes(block_q=bq, block_k_major=bk, block_k=bk, block_b=1)
+    out = pallas_flash.flash_attention(heads_first(q), heads_first(k), heads_first(v), causal=is_causal,
+                                       sm_scale=1.0 / math.sqrt(hd), block_sizes=blocks)
+    return out.transpose(0, 2, 1, 3).reshape(b, t, d).astype(q.dtype)
 
 
 def timestep_embedding(timesteps: jax.Array, dim: int, flip_sin_to_cos: bool, freq_shift: float,

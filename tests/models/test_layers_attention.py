@@ -14,7 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sdxl_engine.models.layers import attention
+from sdxl_engine.models import layers
+from sdxl_engine.models.layers import attention, flash_attention_tpu, flash_block, flash_fits, resolve_attention
 
 B, T, S, HEADS, HEAD_DIM = 2, 24, 40, 3, 8
 
@@ -61,7 +62,7 @@ def test_bfloat16_keeps_float32_scores_and_returns_bfloat16():
 
 def test_an_unknown_implementation_is_refused_by_name():
     q, k, v = inputs(T, S, jnp.float32)
-    with pytest.raises(ValueError, match="'flash' is not one of None, 'xla', 'cudnn'"):
+    with pytest.raises(ValueError, match="'flash' is not one of auto, xla, cudnn, pallas_tpu"):
         attention(q, k, v, HEADS, implementation="flash")
 
 
@@ -78,3 +79,40 @@ def test_no_copy_of_the_scores_in_the_compiled_program():
             big.append(line.strip()[:160])
     assert not big, big
     assert len(re.findall(r" dot\(", text)) >= 2
+
+
+# ---- the Pallas TPU flash kernel beside the XLA path (rule 33) ----------------------------------------------------
+def test_auto_is_xla_off_a_tpu_and_flash_on_one_where_the_tiles_fit(monkeypatch):
+    assert resolve_attention(None, 4096, 4096) == "xla"  # these tests run on CPU devices
+    monkeypatch.setattr(layers.jax, "default_backend", lambda: "tpu")
+    assert resolve_attention(None, 4096, 4096) == "pallas_tpu"
+    assert resolve_attention("auto", 1024, 1024) == "pallas_tpu"
+    assert resolve_attention(None, 4096, 77) == "xla"  # cross-attention over the prompt's 77 tokens
+    assert resolve_attention(None, 4032, 4032) == "xla"  # a 72 x 56 latent: no tile divides 4032
+    assert resolve_attention(None, 256, 256, is_causal=True) == "xla"  # CLIP's causal attention
+    assert resolve_attention("xla", 4096, 4096) == "xla"  # a name is obeyed
+
+
+def test_flash_tiles_are_the_largest_that_divide():
+    assert [flash_block(n) for n in (4096, 1024, 768, 384, 77, 4032)] == [512, 512, 256, 128, None, None]
+    assert flash_fits(1024, 1024) and not flash_fits(1024, 77)
+    q, k, v = inputs(T, S, jnp.float32)
+    with pytest.raises(ValueError, match="q_len 24, kv_len 40"):
+        flash_attention_tpu(q, k, v, HEADS)
+
+
+@pytest.mark.parametrize("t, s, dtype, atol", [(256, 384, jnp.float32, 2e-5), (128, 128, jnp.bfloat16, 2e-2)])
+def test_flash_kernel_in_interpret_mode_equals_the_xla_path(t, s, dtype, atol):
+    """The kernel the TPU runs, interpreted on the CPU, against the XLA path on the same non-square inputs: the
+    same attention to float32 rounding (bfloat16: its rounding)."""
+    pltpu = pytest.importorskip("jax.experimental.pallas.tpu")
+    if not hasattr(pltpu, "force_tpu_interpret_mode"):
+        pytest.skip("this JAX has no TPU interpret mode for Pallas kernels")
+    q, k, v = inputs(t, s, dtype)
+    with pltpu.force_tpu_interpret_mode():
+        ours = attention(q, k, v, HEADS, implementation="pallas_tpu")
+    assert ours.shape == (B, t, HEADS * HEAD_DIM) and ours.dtype == dtype
+    xla = attention(q, k, v, HEADS, implementation="xla")
+    np.testing.assert_allclose(np.asarray(ours, np.float32), np.asarray(xla, np.float32), rtol=0, atol=atol)
+    moved = attention(q, k, v.at[:, -1].add(10.0), HEADS, implementation="xla")  # the check can fail
+    assert np.abs(np.asarray(moved, np.float32) - np.asarray(ours, np.float32)).max() > 10 * atol
