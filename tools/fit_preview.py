@@ -25,7 +25,6 @@ from sdxl_engine.engine.local import Engine
 from sdxl_engine.engine.previews import FACTORS_FILE, LatentRGB, fit_latent_rgb
 from sdxl_engine.program.generate import ProgramInputs, tokenize
 from sdxl_engine.program.schedulers import make_schedule
-from sdxl_engine.program.step_hook import STEP_HOOK
 
 PROMPTS = ("a red circle on a blue background", "a large green square at the top", "a small yellow star on the left",
            "a purple triangle on a white background", "a large pink cross in the centre on a black background",
@@ -49,9 +48,8 @@ def last_x0_and_images(engine: Engine, prompt: str, seed: int) -> tuple[np.ndarr
             parts[shard] = np.array(x0, copy=True)
         return False, True, step + 1  # call at every step, with x0 (the last one's is kept)
 
-    with STEP_HOOK.receiving(receive):
-        images, _ = program.executable(engine.params, inputs)
-        images = np.asarray(images)
+    images, _ = program.executable.run(engine.params, inputs, receive)
+    images = np.asarray(images)
     return np.concatenate([parts[k] for k in sorted(parts)]), images
 
 

@@ -115,12 +115,9 @@ def cost_report(size: int = 1024, steps: int = 20, images: int = 4) -> dict:
 
     plain_program = program_flops(shape)
     program_lower_s = time.perf_counter() - t1
-    # The per-step hook (progress, previews, stop) against the same program without it. XLA
-    # counts the denoising loop's body once, so the difference is what the hook adds to one step.
-    hooked_program = program_flops(dataclasses.replace(shape, step_hook=True))
     # Image input: the img2img and inpainting programs against text to image. The inpainting program's excess over
     # img2img's (its per-step blend) is below the float32 resolution of XLA's total (about 8 MFLOP at 1e14: the
-    # step hook's "-8.39e6" is that rounding), so the blend is counted on its own, for all images at once.
+    # rounding of such totals), so the blend is counted on its own, for all images at once.
     img2img_program = program_flops(dataclasses.replace(shape, init_image=True))
     inpaint_program = program_flops(dataclasses.replace(shape, init_image=True, inpaint=True))
     lat = s((images, 4, latent, latent), jnp.float32)
@@ -139,9 +136,7 @@ def cost_report(size: int = 1024, steps: int = 20, images: int = 4) -> dict:
         "tflop_per_request": per_request / 1e12,
         "tflop_per_request_no_cfg": no_cfg / 1e12,
         "unet_no_cfg_over_cfg": flops["unet_step_no_cfg"] / flops["unet_cfg_step"],
-        "program_tflop_lowered": {"plain": plain_program / 1e12, "step hook": hooked_program / 1e12},
-        "step_hook_flops_per_step": hooked_program - plain_program,
-        "step_hook_share_of_unet_cfg_step": (hooked_program - plain_program) / flops["unet_cfg_step"],
+        "program_tflop_lowered": {"plain": plain_program / 1e12},
         "hires": hires,
         "image_input": image_input_costs(flops, steps, images, plain_program, img2img_program, inpaint_program),
         "lower_s": time.perf_counter() - t0,
@@ -214,10 +209,6 @@ def markdown(r: dict) -> str:
         f"| one UNet step without CFG (guidance ≤ 1, batch 1) | {r['tflop']['unet_step_no_cfg']:.2f} TFLOP "
         f"({r['unet_no_cfg_over_cfg']:.4f} × the CFG step) |",
         f"| one request without CFG | {r['tflop_per_request_no_cfg']:.0f} TFLOP |",
-        f"| the per-step hook (progress, previews, Stop): FLOPs it adds to a step, XLA's count of the whole "
-        f"program with and without it | {r['step_hook_flops_per_step']:.3g} "
-        f"({r['step_hook_share_of_unet_cfg_step'] * 100:.4f} % of a CFG UNet step; XLA's totals are float32, so "
-        f"differences under about 8 MFLOP at 1e14 are rounding) |",
         f"| one VAE encode at {r['size']}² (image to image) | {r['tflop']['vae_encode']:.2f} TFLOP "
         f"({r['image_input']['vae_encode_share_of_request'] * 100:.1f} % of a text-to-image request for all images) |",
         *(f"| img2img at strength {k} ({v['steps_run']} of {r['steps']} steps + encode) | {v['tflop']:.0f} TFLOP "

@@ -2,15 +2,16 @@
 
     python -m tools.bench --progress-cost [--model tiny-shapes] [--steps 20] [--runs 7]
 
-One engine (progress off: its default program has no host call) and the same size's program with
-the step hook (ProgramShape.step_hook), run on one request's inputs in alternating rounds
+One engine (progress off: its default program runs every step in one executable) and the same size's program
+with the step hook (ProgramShape.step_hook: the host runs the steps in chunks), run on one request's inputs in
+alternating rounds
 (bench.timed: every variant once per round, so a noisy neighbour slows them alike):
 
 * ``both off``: the program without the hook;
-* ``progress on, previews off``: the hooked program reporting to a StepReceiver, which asks for a call
-  about every steps.REPORT_INTERVAL_S (no latents leave the device);
-* ``progress on, a call every step``: the same receiver, but the devices call it at every step (how the
-  hook worked before the receiver chose the cadence): the side-by-side "before";
+* ``progress on, previews off``: the stepped program reporting to a StepReceiver, which asks for a report
+  about every steps.REPORT_INTERVAL_S (chunks of that many steps; no latents leave the device);
+* ``progress on, a call every step``: the same receiver, but a chunk of one step each time (an
+  accelerator's cadence, where a step takes longer than the interval);
 * ``previews every step``: the same, x0 sent and mapped to RGB at every step it can be (the worst case);
 * ``previews auto``: preview_every -1, about twice a second.
 
@@ -31,7 +32,6 @@ from sdxl_engine.engine.steps import AUTO, StepReceiver
 from sdxl_engine.program.compiling import cached_program
 from sdxl_engine.program.generate import ProgramInputs, tokenize
 from sdxl_engine.program.schedulers import make_schedule
-from sdxl_engine.program.step_hook import STEP_HOOK
 
 
 def variants(engine: Engine, steps: int) -> tuple[dict, dict]:
@@ -57,9 +57,8 @@ def variants(engine: Engine, steps: int) -> tuple[dict, dict]:
                                     lambda: False)
             if each_step:  # the devices call the host at every step, as before the receiver chose the cadence
                 receiver = every_step(receiver)
-            with STEP_HOOK.receiving(receiver):
-                out[name] = np.asarray(hooked.executable(engine.params, inputs)[0])
-            assert seen[-1].step == steps  # the devices call when the receiver asks, and at the last step
+            out[name] = np.asarray(hooked.executable.run(engine.params, inputs, receiver)[0])
+            assert seen[-1].step == steps  # the host reports when the receiver asks, and at the last step
         return call
 
     fns = {"both off": run_plain, "progress on, previews off": run_hooked("progress on, previews off", 0),

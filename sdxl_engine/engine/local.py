@@ -16,7 +16,6 @@ takes a lock: the next request waits for that step, counted as its queue time.
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
 import logging
 import os
@@ -39,7 +38,7 @@ from sdxl_engine.engine import faults, memory
 from sdxl_engine.engine.contract import GenerateResult, ScaleOut, clock, queue_seconds, wait_for_start
 from sdxl_engine.engine.control import ControlArrays, infotext
 from sdxl_engine.engine.durations import RunTimes
-from sdxl_engine.engine.errors import GenerationError, ModelUnavailable
+from sdxl_engine.engine.errors import EngineNotReady, GenerationError, ModelUnavailable
 from sdxl_engine.engine.image_upscale import upscale_images
 from sdxl_engine.engine.memory import MemoryBudget
 from sdxl_engine.engine.plan import Plan, Planner
@@ -53,9 +52,25 @@ from sdxl_engine.program.compiling import CompiledProgram, abstract_params, prog
 from sdxl_engine.program.executables import ExecutableCache
 from sdxl_engine.program.generate import ProgramInputs
 from sdxl_engine.program.latent_upscale import sharded_upscale
-from sdxl_engine.program.step_hook import STEP_HOOK
 
 LOG = logging.getLogger(__name__)
+
+
+def out_of_device_memory(err: BaseException) -> bool:
+    """Whether ``err`` is XLA's refusal of a program whose buffers exceed the device's memory (RESOURCE_EXHAUSTED:
+    "Ran out of memory in memory space hbm", "exceeds available HBM")."""
+    text = str(err)
+    return "RESOURCE_EXHAUSTED" in text or "Ran out of memory" in text or "Out of memory" in text
+
+
+def start_does_not_fit(width: int, height: int, batch: int, devices: str, err: BaseException) -> str:
+    """The start-up's one-line message when the default program does not fit the devices' memory: what was asked,
+    XLA's own figures (its first line) and what to change (fewer images per request first, then the size)."""
+    smaller = f"--images-per-request {batch // 2}" if batch > 1 and batch % 2 == 0 else "a smaller --width/--height"
+    first = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
+    return (f"the default program ({width}x{height} x {batch} images per request) does not fit the memory of "
+            f"{devices}: {first[:300]}. Start with {smaller} (images per request: {batch}), or a smaller "
+            "--width/--height")
 
 
 def _no_progress(stage: str) -> None:
@@ -393,8 +408,13 @@ class Engine:
         width, height = self.limits.default_size
         self._stage(f"compiling {width}x{height} x {self.batch} images"
                     + (", unless the executable cache has them" if self.executables else ""))
-        self.startup["compile_s"] = self.program(width, height, self.defaults.guidance_scale > 1,
-                                                 **self._startup_mode).compile_s
+        try:
+            self.startup["compile_s"] = self.program(width, height, self.defaults.guidance_scale > 1,
+                                                     **self._startup_mode).compile_s
+        except Exception as err:  # XLA's out-of-memory is an XlaRuntimeError (jax's own type moved between versions)
+            if not out_of_device_memory(err):
+                raise
+            raise EngineNotReady(start_does_not_fit(width, height, self.batch, self.device_summary, err)) from err
 
         # 4. One request through the compiled program with zero denoising steps: the executable runs
         # (first-run allocations; text encoders and VAE decode checked finite) without paying a UNet
@@ -1088,16 +1108,19 @@ class Engine:
     def _on_device(self, program: CompiledProgram, params, inputs: ProgramInputs, steps: int,
                    on_step: Callable[[StepEvent], None] | None, should_stop: Callable[[], bool] | None,
                    latent_rgb=None):
-        """One program call, with its per-step receiver (when the program has the step hook) for ``steps`` steps
-        (``latent_rgb``: the model's preview factors); returns its outputs on the devices, ready. Raises what
-        on_step/should_stop raised, or Stopped."""
-        receiver = StepReceiver(self.mesh.devices.size, steps, self.config.preview_every, latent_rgb, on_step,
-                                should_stop) if program.shape.step_hook else None
-        with STEP_HOOK.receiving(receiver) if receiver else contextlib.nullcontext():
+        """One program call, with its per-step receiver (when the program has the step hook: the host runs its
+        steps, compiling.SteppedExecutable) for ``steps`` steps (``latent_rgb``: the model's preview factors);
+        returns its outputs on the devices, ready. Raises what on_step/should_stop raised, or Stopped."""
+        if not program.shape.step_hook:
             out = program.executable(params, inputs)
-            jax.block_until_ready(out)  # inside: the devices call the receiver until the loop ends
-        if receiver is not None and receiver.error is not None:
+            jax.block_until_ready(out)
+            return out
+        receiver = StepReceiver(self.mesh.devices.size, steps, self.config.preview_every, latent_rgb, on_step,
+                                should_stop)
+        out = program.executable.run(params, inputs, receiver)
+        if receiver.error is not None:
             raise receiver.error
-        if receiver is not None and receiver.stopped:
+        if out is None or receiver.stopped:
             raise Stopped(f"stopped after step {receiver.done} of {steps}")
+        jax.block_until_ready(out)
         return out

@@ -1,17 +1,17 @@
 """One request's per-step progress, previews and stop, the host side of the program's step hook.
 
-The compiled program (ProgramShape.step_hook) calls ``step_hook.STEP_HOOK`` at the denoising steps this
-side asks for, on every device; while a request runs, the engine installs a :class:`StepReceiver`
-there. It counts the devices' calls for each step; when the last device has reported step k it calls
-the request's ``on_step(StepEvent)``; every call answers whether to stop (the request's
-``should_stop()``), whether the next call should send its x0 estimate for a preview, and at which
-step the devices call next: the next step while steps take :data:`REPORT_INTERVAL_S` or more (an
-accelerator's SDXL step), else every few steps, so fast steps do not wait on the host each time.
-A stop is then heard within ``max(one step, REPORT_INTERVAL_S)`` of device time.
+A program with the step hook (ProgramShape.step_hook) runs its steps in chunks driven by the host
+(compiling.SteppedExecutable), which calls a :class:`StepReceiver` for every device's shard after each
+chunk. It counts the calls for each step; when the last shard has reported step k it calls the request's
+``on_step(StepEvent)``; every call answers whether to stop (the request's ``should_stop()``), whether
+the next report should bring its x0 estimate for a preview, and the last step of the next chunk: the
+next step while steps take :data:`REPORT_INTERVAL_S` or more (an accelerator's SDXL step), else every
+few steps, so fast steps do not wait on the host each time. A stop is then heard within
+``max(one step, REPORT_INTERVAL_S)`` of device time.
 
-Calls arrive on XLA's threads while the devices wait, so everything here returns at once: the
-preview is a (C x 3) map per latent pixel (previews.LatentRGB), and ``on_step`` must only hand
-its event on (the page's handler puts it in a queue).
+The devices wait while the host reports, so everything here returns at once: the preview is a (C x 3)
+map per latent pixel (previews.LatentRGB), and ``on_step`` must only hand its event on (the page's
+handler puts it in a queue).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from sdxl_engine.engine.previews import LatentRGB
 
 AUTO = -1  # preview_every: choose the steps between previews from the measured step time
 AUTO_INTERVAL_S = 0.5  # ... so that a preview comes about twice a second
-# The devices call the host about this often (never less than once a step): the progress line moves about
+# The host reports about this often (never less than once a step): the progress line moves about
 # ten times a second and a stop is heard within this much device time, while a loop of fast steps (a small
 # model on CPUs) does not stop for a host round trip at every step.
 REPORT_INTERVAL_S = 0.1
@@ -69,7 +69,7 @@ class StepEvent:
 
 
 class StepReceiver:
-    """The receiver ``step_hook.STEP_HOOK`` calls for one request (see the module docstring).
+    """The receiver a stepped program reports to for one request (see the module docstring).
 
     Args:
         shards: devices on the mesh's ``data`` axis (each calls once per step).
@@ -100,13 +100,14 @@ class StepReceiver:
         self._last_preview: float | None = None
 
     def __call__(self, shard: int, step: int, x0: np.ndarray | None) -> tuple[bool, bool, int]:
-        """One device's call for 0-based ``step`` (see step_hook.StepHook): returns (stop, whether the next call
-        sends x0, the 0-based step of the next call)."""
+        """One shard's report of 0-based ``step`` (``x0``: None, or its (b_local, C, h, w) float32 x0 estimate, when
+        the previous answer asked for it): returns (stop, whether the next report sends x0, the 0-based step of the
+        next report)."""
         now = clock()
         with self._lock:
             if self._started is None:  # the loop's first call: img2img starts past step 0
                 self._started, self._last_preview, self._first = now, now, step
-            if x0 is not None:  # copied: the callback's argument may alias a device buffer
+            if x0 is not None:  # copied: the caller's array may be a view of a buffer it reuses
                 self._parts.setdefault(step, {})[shard] = np.array(x0, copy=True)
             self._counts[step] = self._counts.get(step, 0) + 1
             if step not in self._decisions:  # one answer per step for every device, so their x0 come together
@@ -118,7 +119,7 @@ class StepReceiver:
             try:
                 if not self.stopped and self.should_stop is not None and self.should_stop():
                     self.stopped = True
-            except Exception as err:  # raised after the program (see error): an exception here would abort XLA's run
+            except Exception as err:  # raised after the chunk (see error), as the engine's own errors are
                 self._fail(err)
             elapsed = now - self._started
         if complete and self.on_step is not None and self.error is None:

@@ -1,5 +1,9 @@
 """Compiling the program: jit with shardings, lower, compile ahead of time, and the executable cache's key and
-lookup (program/executables.py stores and loads; this module decides what a program's key is and when to store)."""
+lookup (program/executables.py stores and loads; this module decides what a program's key is and when to store).
+
+A program with the per-step hook (ProgramShape.step_hook) is three executables (generate.build_stages) that
+:class:`SteppedExecutable` runs, the host driving the steps: it reports each chunk's last step to a receiver
+(engine/steps.StepReceiver), fetches x0 for a preview when asked and stops when told, between two chunks."""
 
 from __future__ import annotations
 
@@ -7,10 +11,12 @@ import contextlib
 import dataclasses
 import functools
 import time
+import types
 from collections.abc import Callable
 from pathlib import Path
 
 import jax
+import numpy as np
 from jax._src import compilation_cache  # reset_cache: JAX reads that switch once per process (persistent_cache_off)
 from jax._src import config as jax_config  # its thread-local enable_compilation_cache switch has no public API
 from jax.sharding import Mesh, NamedSharding
@@ -18,9 +24,22 @@ from jax.sharding import PartitionSpec as P
 
 from sdxl_engine.checkpoint.loading import LoadedModel
 from sdxl_engine.program.executables import ExecutableCache, key_digest, source_digest
-from sdxl_engine.program.generate import ProgramInputs, ProgramShape, build_generate, latent_shape, static_options
+from sdxl_engine.program.generate import (
+    ProgramInputs,
+    ProgramShape,
+    build_generate,
+    build_stages,
+    latent_shape,
+    loop_structure,
+    static_options,
+)
 from sdxl_engine.program.sharding import DATA_AXIS, check_batch
-from sdxl_engine.program.step_hook import STEP_HOOK
+
+STAGES = ("prepare", "advance", "finish")  # the executables of a stepped program, in the order they run
+# shard_map's check of which values vary over the mesh's axes, off: the Pallas TPU kernels (layers.attention's
+# "pallas_tpu") declare their outputs without it, which the check refuses; the program has no collective for the
+# check to guard (every device runs its own images).
+CHECK_VMA = False
 
 
 @dataclasses.dataclass
@@ -28,7 +47,7 @@ class CompiledProgram:
     """An ahead-of-time compiled executable and what it took to build."""
 
     shape: ProgramShape
-    executable: Callable  # (params, ProgramInputs) -> (images, finite)
+    executable: Callable  # (params, ProgramInputs) -> (images, finite); with step_hook a SteppedExecutable
     compile_s: float  # seconds to make it: lower + compile (a persistent-cache hit included) + the executable
     # cache's lookup and store; or, when loaded, the lookup and deserialization alone
     flops: float | None  # XLA's cost analysis of the whole program (all devices), if reported
@@ -41,19 +60,126 @@ def jit_program(model: LoadedModel, shape: ProgramShape, mesh: Mesh):
     check_batch(shape.batch, mesh)
     specs = ProgramInputs.specs(shape)
     sharded = jax.shard_map(build_generate(model, shape), mesh=mesh, in_specs=(P(), specs),
-                            out_specs=(P(DATA_AXIS), P(DATA_AXIS)))
+                            out_specs=(P(DATA_AXIS), P(DATA_AXIS)), check_vma=CHECK_VMA)
     shardings = jax.tree.map(lambda spec: NamedSharding(mesh, spec), specs)
     batch = NamedSharding(mesh, P(DATA_AXIS))
     return jax.jit(sharded, in_shardings=(NamedSharding(mesh, P()), shardings), out_shardings=(batch, batch))
 
 
-def compile_program(model: LoadedModel, params, shape: ProgramShape, mesh: Mesh) -> CompiledProgram:
-    """Lower and compile ahead of time for ``shape``; ``params`` may be arrays or ShapeDtypeStructs."""
-    start = time.perf_counter()
+def jit_stages(model: LoadedModel, shape: ProgramShape, mesh: Mesh) -> dict[str, Callable]:
+    """``jax.jit`` of each of the sharded stages (generate.Stages) by name (:data:`STAGES`), not yet compiled.
+
+    The loop's state (generate.LoopFixed and the (latents, x0) carry) stays on the devices between the calls, each
+    leaf split over ``data`` by its first axis (the device's images, or its CFG rows): one ``P("data")`` prefix."""
+    check_batch(shape.batch, mesh)
+    specs, stages = ProgramInputs.specs(shape), build_stages(model, shape)
+    data, whole = P(DATA_AXIS), P()
+    shardings = jax.tree.map(lambda spec: NamedSharding(mesh, spec), specs)
+    on_data, on_all = NamedSharding(mesh, data), NamedSharding(mesh, whole)
+
+    def jit(fn, in_specs, in_shardings, out_specs):
+        return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=CHECK_VMA),
+                       in_shardings=in_shardings, out_shardings=on_data)
+
+    return {"prepare": jit(stages.prepare, (whole, specs), (on_all, shardings), (data, data)),
+            "advance": jit(stages.advance, (whole, specs, data, data, whole),
+                           (on_all, shardings, on_data, on_data, on_all), data),
+            "finish": jit(stages.finish, (whole, specs, data), (on_all, shardings, on_data), (data, data))}
+
+
+def stage_arguments(model: LoadedModel, params, shape: ProgramShape, mesh: Mesh, prepared=None) -> dict[str, tuple]:
+    """Each stage's abstract arguments by name; ``prepared``: prepare's abstract (fixed, carry), else traced here
+    (``jax.eval_shape``)."""
     abstract = ProgramInputs.abstract(shape, latent_shape(model, shape.height, shape.width), mesh)
-    executable = jit_program(model, shape, mesh).lower(params, abstract).compile()
+    if prepared is None:
+        prepared = jax.eval_shape(jit_stages(model, shape, mesh)["prepare"], params, abstract)
+    fixed, carry = prepared
+    bounds = jax.ShapeDtypeStruct((2,), np.int32, sharding=NamedSharding(mesh, P()))
+    return {"prepare": (params, abstract), "advance": (params, abstract, fixed, carry, bounds),
+            "finish": (params, abstract, carry)}
+
+
+def compile_program(model: LoadedModel, params, shape: ProgramShape, mesh: Mesh) -> CompiledProgram:
+    """Lower and compile ahead of time for ``shape``; ``params`` may be arrays or ShapeDtypeStructs. With
+    ``step_hook``: its three stages (:class:`SteppedExecutable`)."""
+    start = time.perf_counter()
+    if shape.step_hook:
+        jitted, args = jit_stages(model, shape, mesh), stage_arguments(model, params, shape, mesh)
+        executable = SteppedExecutable(shape, mesh, {n: jitted[n].lower(*args[n]).compile() for n in STAGES})
+    else:
+        abstract = ProgramInputs.abstract(shape, latent_shape(model, shape.height, shape.width), mesh)
+        executable = jit_program(model, shape, mesh).lower(params, abstract).compile()
     return CompiledProgram(shape=shape, executable=executable, compile_s=time.perf_counter() - start,
                            flops=_flops(executable))
+
+
+class SteppedExecutable:
+    """A program whose host runs the denoising steps: the compiled stages (generate.Stages) by name, called as
+    one executable (``(params, inputs) -> (images, finite)``, every step, no reports) or through :meth:`run`.
+
+    Its XLA figures are the stages': ``cost_analysis`` their sum (each loop counted once, as XLA counts the one
+    program's ``fori_loop``), ``memory_analysis`` the largest stage's temporaries plus the loop state and the
+    images that live across the calls."""
+
+    def __init__(self, shape: ProgramShape, mesh: Mesh, stages: dict[str, Callable]):
+        self.shape, self.stages = shape, stages
+        self.shards = mesh.devices.size
+        self.input_shardings = jax.tree.map(lambda spec: NamedSharding(mesh, spec), ProgramInputs.specs(shape))
+
+    def __call__(self, params, inputs: ProgramInputs):
+        return self.run(params, inputs)
+
+    @property
+    def output_shardings(self):
+        """The shardings of (images, finite), finish's (each split over ``data``, as the one-executable program's)."""
+        return self.stages["finish"].output_shardings
+
+    def run(self, params, inputs: ProgramInputs, receiver: Callable | None = None):
+        """The whole program on ``inputs``: prepare, the steps in chunks of advance, finish; returns finish's
+        outputs on the devices, or None when ``receiver`` answered stop (no VAE: a stop costs at most a chunk).
+
+        ``receiver(shard, step, x0) -> (stop, preview_next, next_report)`` (engine/steps.StepReceiver) is called for
+        every shard after each chunk, with the chunk's last 0-based ``step`` and, when its previous answer asked for
+        a preview, that shard's x0 (b_local, C, h, w) float32 numpy; ``next_report`` is the last step of the next
+        chunk (the first chunk is one step). Without a receiver the steps run as one chunk."""
+        first = int(np.asarray(inputs.start_step)) if self.shape.from_image else 0
+        end = int(np.asarray(inputs.num_steps))
+        inputs = jax.device_put(inputs, self.input_shardings)  # once, for every call below
+        fixed, carry = self.stages["prepare"](params, inputs)
+        if receiver is None:
+            carry = self.stages["advance"](params, inputs, fixed, carry, np.array([first, end], np.int32))
+            return self.stages["finish"](params, inputs, carry)
+        step, last, preview = first, first, False
+        while step < end:
+            stop_at = min(max(last, step), end - 1) + 1
+            carry = self.stages["advance"](params, inputs, fixed, carry, np.array([step, stop_at], np.int32))
+            x0 = np.asarray(carry[1]) if preview else None  # waits for the chunk either way
+            if x0 is None:
+                jax.block_until_ready(carry)
+            parts = np.split(x0, self.shards) if x0 is not None else [None] * self.shards
+            answers = [receiver(shard, stop_at - 1, parts[shard]) for shard in range(self.shards)]
+            stop, preview, last = answers[-1]
+            if stop:
+                return None
+            step = stop_at
+        return self.stages["finish"](params, inputs, carry)
+
+    def cost_analysis(self) -> dict:
+        costs = [_first_cost(self.stages[n].cost_analysis()) for n in STAGES]
+        return {k: sum(float(c.get(k) or 0.0) for c in costs) for k in ("flops", "bytes accessed")}
+
+    def memory_analysis(self):
+        memory = {n: self.stages[n].memory_analysis() for n in STAGES}
+        state = memory["prepare"].output_size_in_bytes  # fixed and carry, on the devices through the loop
+        return types.SimpleNamespace(temp_size_in_bytes=max(m.temp_size_in_bytes for m in memory.values()) + state,
+                                     output_size_in_bytes=memory["finish"].output_size_in_bytes)
+
+    def as_text(self) -> str:
+        return "\n".join(self.stages[n].as_text() for n in STAGES)
+
+
+def _first_cost(cost):
+    return (cost[0] if isinstance(cost, (list, tuple)) else cost) or {}
 
 
 def _flops(executable) -> float | None:
@@ -149,21 +275,24 @@ def cached_program(model: LoadedModel, params, shape: ProgramShape, mesh: Mesh,
     """The program for ``shape``: loaded from ``cache`` when it holds a trusted entry, else compiled and stored.
 
     Without a cache this is :func:`compile_program`. A loaded program is neither traced, lowered
-    nor compiled: its argument pytree is rebuilt from ``params`` and the abstract inputs. A
-    compiled one bypasses JAX's persistent compilation cache (see below), so a miss here is a
-    full compile. ``cache_note`` of the result says what the cache did, in one line.
+    nor compiled: its argument pytree is rebuilt from ``params`` and the abstract inputs (a stepped program's
+    loop state from generate.loop_structure). A compiled one bypasses JAX's persistent compilation cache (see
+    below), so a miss here is a full compile. A stepped program's three executables are stored and loaded as
+    one: all three load, or all three compile. ``cache_note`` of the result says what the cache did, in one line.
     """
     if cache is None:
         return compile_program(model, params, shape, mesh)
     start = time.perf_counter()
-    abstract = ProgramInputs.abstract(shape, latent_shape(model, shape.height, shape.width), mesh)
-    in_tree, out_tree = jax.tree.structure(((params, abstract), {})), jax.tree.structure((0, 0))  # (images, finite)
     key, devices = program_key(model, params, shape, mesh), list(mesh.devices.flat)
-    found = cache.load(key, in_tree, out_tree, devices,
-                       host_callback=STEP_HOOK.call if shape.step_hook else None)  # the step hook restored
-    if found.executable is not None:
-        return CompiledProgram(shape=shape, executable=found.executable, compile_s=time.perf_counter() - start,
-                               flops=_flops(found.executable), loaded=True, cache_note=found.note)
+    trees = _trees(model, params, shape, mesh)
+    found = {name: cache.load({**key, "stage": name} if name else key, *trees[name], devices) for name in trees}
+    if all(f.executable is not None for f in found.values()):
+        executable = (found[""].executable if "" in found else
+                      SteppedExecutable(shape, mesh, {n: found[n].executable for n in STAGES}))
+        notes = "; ".join(f.note for f in found.values())
+        return CompiledProgram(shape=shape, executable=executable, compile_s=time.perf_counter() - start,
+                               flops=_flops(executable), loaded=True, cache_note=notes)
+    note = next(f.note for f in found.values() if f.executable is None)
     # What is stored must come from a fresh compile: XLA:CPU (jaxlib 0.12) drops kernels when it re-serializes an
     # executable it deserialized, such as one JAX's persistent cache served (measured: the reloaded copy fails with
     # "Function multiply_add_fusion not found"). So this program bypasses that cache; everything else still uses it.
@@ -173,11 +302,26 @@ def cached_program(model: LoadedModel, params, shape: ProgramShape, mesh: Mesh,
     # The count is process-wide: a hit meanwhile is this compile's (another thread's block ended and turned the
     # cache back on) or another thread's compile. Either way store nothing; a later miss compiles and stores it.
     if cache_counts()["hits"] != hits:
-        program.cache_note = f"{found.note}; not stored: JAX's persistent compilation cache served it"
+        program.cache_note = f"{note}; not stored: JAX's persistent compilation cache served it"
     else:
-        program.cache_note = f"{found.note}; {cache.store(key, program.executable, devices, in_tree, out_tree)}"
+        executables = program.executable.stages if shape.step_hook else {"": program.executable}
+        stored = [cache.store({**key, "stage": name} if name else key, executables[name], devices, *trees[name])
+                  for name in trees]
+        program.cache_note = f"{note}; " + "; ".join(dict.fromkeys(stored))
     program.compile_s = time.perf_counter() - start
     return program
+
+
+def _trees(model: LoadedModel, params, shape: ProgramShape, mesh: Mesh) -> dict[str, tuple]:
+    """{stage name ("" for a one-executable program): (in_tree, out_tree)}, rebuilt without tracing."""
+    abstract = ProgramInputs.abstract(shape, latent_shape(model, shape.height, shape.width), mesh)
+    if not shape.step_hook:
+        return {"": (jax.tree.structure(((params, abstract), {})), jax.tree.structure((0, 0)))}  # (images, finite)
+    fixed, carry = loop_structure(model, shape)
+    args = {"prepare": (params, abstract), "advance": (params, abstract, fixed, carry, 0),
+            "finish": (params, abstract, carry)}
+    outs = {"prepare": (fixed, carry), "advance": carry, "finish": (0, 0)}
+    return {n: (jax.tree.structure((args[n], {})), jax.tree.structure(outs[n])) for n in STAGES}
 
 
 @contextlib.contextmanager

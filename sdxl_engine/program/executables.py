@@ -30,9 +30,9 @@ executable over the entry):
    SHA-256 (the bytes that were hashed are the bytes deserialized: no second read);
 5. it deserializes without an error.
 
-A program with host callbacks (``io_callback``: the per-step hook) is stored with each callback as a
-placeholder and loaded with the function the caller names (``host_callback``), as XLA's
-``deserialize_executable`` takes them; without one, such an entry is a miss.
+An executable with host callbacks is not stored: their handlers do not survive serialization on every
+backend (a TPU's deserialized executable aborted the process at its first callback), and no program of this
+engine compiles one (the per-step hook runs on the host between executables: compiling.SteppedExecutable).
 
 Nothing here raises for a bad or missing cache: the cache only ever saves time.
 """
@@ -44,14 +44,13 @@ import errno
 import fcntl
 import hashlib
 import hmac
-import io
 import json
 import os
 import platform
 import secrets
 import stat
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -157,8 +156,7 @@ class ExecutableCache:
         self.secret_path = self.directory / "secret"
 
     # ---- reading ------------------------------------------------------------------------------
-    def load(self, key: dict[str, Any], in_tree, out_tree, devices: Sequence[Any],
-             host_callback: Callable | None = None) -> Lookup:
+    def load(self, key: dict[str, Any], in_tree, out_tree, devices: Sequence[Any]) -> Lookup:
         """The executable stored for ``key``, if every safety check passes.
 
         Args:
@@ -167,9 +165,6 @@ class ExecutableCache:
             in_tree, out_tree: the executable's argument pytree (``((args...), {})``) and
                 output pytree, rebuilt by the caller without tracing.
             devices: the devices the executable runs on (the mesh's, in mesh order).
-            host_callback: for a program stored with host callbacks (``io_callback``: the
-                step hook), the function every one of them calls: flat numpy arguments in, a
-                tuple of numpy results out (what JAX's own wrapper of the callback returns).
         Returns:
             a :class:`Lookup`; ``executable`` is None on a miss or a refusal.
         """
@@ -204,15 +199,10 @@ class ExecutableCache:
             return Lookup(None, f"refused {name}: its size or SHA-256 differs from the manifest's (changed on disk)",
                           time.perf_counter() - start)
         try:
-            if entry.get("host_callbacks"):
-                if host_callback is None:
-                    return Lookup(None, f"miss: {name} calls the host and no host_callback was given",
-                                  time.perf_counter() - start)
-                executable = _load_with_callbacks(blob, in_tree, out_tree, list(devices), host_callback,
-                                                  int(entry["host_callbacks"]))
-            else:
-                executable = serialize_executable.deserialize_and_load(
-                    blob, in_tree, out_tree, backend=devices[0].client, execution_devices=list(devices))
+            if entry.get("host_callbacks"):  # written by an engine that compiled its step hook in
+                return Lookup(None, f"miss: {name} calls the host", time.perf_counter() - start)
+            executable = serialize_executable.deserialize_and_load(
+                blob, in_tree, out_tree, backend=devices[0].client, execution_devices=list(devices))
         except Exception as err:  # whatever XLA or the unpickler raise for a stale format: compile instead
             return Lookup(None, f"{name} did not deserialize ({type(err).__name__}: {_first_line(err)})",
                           time.perf_counter() - start)
@@ -252,11 +242,9 @@ class ExecutableCache:
         key = {**key, **runtime_key(devices)}
         digest = key_digest(key)
         try:
-            callbacks = len(getattr(getattr(compiled._executable, "_unloaded_executable", None), "host_callbacks", ()))
-            if callbacks:
-                blob, own_in, own_out = _serialize_with_callbacks(compiled)
-            else:
-                blob, own_in, own_out = serialize_executable.serialize(compiled)
+            if getattr(getattr(compiled._executable, "_unloaded_executable", None), "host_callbacks", ()):
+                return "not stored: it calls the host (its callbacks' handlers would not survive loading)"
+            blob, own_in, own_out = serialize_executable.serialize(compiled)
         except Exception as err:  # backends and programs that cannot serialize raise various types
             return f"not stored: {type(err).__name__}: {_first_line(err)}"
         if (in_tree is not None and own_in != in_tree) or (out_tree is not None and own_out != out_tree):
@@ -275,8 +263,6 @@ class ExecutableCache:
                 _write_private(path, blob)
                 entry = {"key": key, "bytes": len(blob), "sha256": hashlib.sha256(blob).hexdigest(),
                          "uid": os.getuid(), "written": time.time()}
-                if callbacks:  # how many host callbacks the loader hands XLA
-                    entry["host_callbacks"] = callbacks
                 entry["mac"] = _mac(secret, digest, entry)
                 manifest["entries"][digest] = entry
                 self._prune(manifest["entries"])
@@ -389,49 +375,3 @@ def _why_missing(entries: dict[str, dict], key: dict[str, Any]) -> str:
 def _first_line(err: BaseException) -> str:
     text = str(err).strip()
     return text.splitlines()[0][:200] if text else ""
-
-
-# An executable with host callbacks (io_callback). JAX's serialize_executable pickles the
-# callbacks, which are closures JAX made while lowering and cannot be pickled; these store each as a
-# placeholder and, on load, hand XLA the caller's function for every one (the host_callbacks argument of
-# deserialize_executable, as JAX's persistent compilation cache does with the ones a fresh lowering made).
-class _CallbackPickler(serialize_executable._JaxPjrtPickler):
-    def __init__(self, file, callbacks: Sequence[Any]):
-        super().__init__(file)
-        self._callbacks = {id(c): k for k, c in enumerate(callbacks)}
-
-    def persistent_id(self, obj):
-        if id(obj) in self._callbacks:
-            return ("host_callback", self._callbacks[id(obj)])
-        return super().persistent_id(obj)
-
-
-class _CallbackUnpickler(serialize_executable._JaxPjrtUnpickler):
-    def __init__(self, file, backend, devices, host_callback: Callable, count: int):
-        super().__init__(file, backend, devices)
-        self._host_callback, self._count = host_callback, count
-
-    def persistent_load(self, pid):
-        if pid[0] == "host_callback":
-            return self._host_callback
-        if pid[0] == "exec":
-            return self.backend.deserialize_executable(pid[1], self.execution_devices, None,
-                                                       [self._host_callback] * self._count)
-        return super().persistent_load(pid)
-
-
-def _serialize_with_callbacks(compiled):
-    """serialize_executable.serialize for an executable with host callbacks: (bytes, in_tree, out_tree)."""
-    unloaded = compiled._executable._unloaded_executable
-    args_info_flat, in_tree = jax.tree_util.tree_flatten(compiled.args_info)
-    with io.BytesIO() as file:
-        _CallbackPickler(file, unloaded.host_callbacks).dump((unloaded, args_info_flat, compiled._no_kwargs))
-        return file.getvalue(), in_tree, compiled.out_tree
-
-
-def _load_with_callbacks(blob: bytes, in_tree, out_tree, devices: list, host_callback: Callable, count: int):
-    """serialize_executable.deserialize_and_load for :func:`_serialize_with_callbacks`' bytes, ``count``
-    host callbacks (the manifest entry's), each calling ``host_callback``."""
-    unpickler = _CallbackUnpickler(io.BytesIO(blob), devices[0].client, devices, host_callback, count)
-    unloaded, args_info_flat, no_kwargs = unpickler.load()
-    return jax.stages.Compiled(unloaded.load(), [], in_tree.unflatten(args_info_flat), out_tree, no_kwargs=no_kwargs)

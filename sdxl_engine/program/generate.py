@@ -29,8 +29,9 @@ each, all of it in the executable cache's key); :class:`ProgramInputs` the per-r
 once with :func:`per_image` or :func:`replicated`, its shape, dtype and the ProgramShape flag that turns it on
 (``when``), from which its specs and abstract inputs derive; :class:`Static` what the traced code reads besides its
 arguments (:func:`static_options`). The program is four stages, in order: :func:`encode_text`,
-:func:`initial_latents`, :func:`denoise` (:func:`denoise_step`, the one body every step runs, whose end is the
-per-step hook's seam, :func:`step_report`) and :func:`decode`; :func:`build_generate` only chains them. A mode is a
+:func:`initial_latents`, :func:`denoise` (:func:`denoise_step`, the one body every step runs) and :func:`decode`;
+:func:`build_generate` only chains them in one function, :func:`build_stages` splits them into prepare (stages 1-2),
+advance (a traced range of steps) and finish (stage 4) for a host that reports each step (``step_hook``). A mode is a
 ProgramShape flag, the inputs it turns on and one branch in a stage: img2img (``init_image``), inpainting
 (``inpaint``), the refiner (``refiner``), hires fix's two passes (``latents_out``, ``init_latents``), ControlNet units
 (``controlnets``: the ``control_*`` inputs, stage 1c :func:`control_conditioning` and :func:`control_residuals` in the
@@ -46,7 +47,6 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental import io_callback
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -54,7 +54,6 @@ from sdxl_engine.checkpoint.loading import LoadedModel
 from sdxl_engine.models.controlnet import soft_scales
 from sdxl_engine.program.schedulers import Schedule
 from sdxl_engine.program.sharding import DATA_AXIS
-from sdxl_engine.program.step_hook import STEP_HOOK
 
 TOKENS = 77  # CLIP context length of both SDXL tokenizers
 
@@ -77,8 +76,11 @@ class ProgramShape:
     # Prompt chunks of 77 tokens (engine/prompts.py): the ids and weights are (2, chunks * 77) and the
     # UNet cross-attends over chunks * 77 tokens. 1 is the program of a prompt of up to 75 tokens.
     chunks: int = 1
-    # The per-step hook (progress, previews, stop): each step calls the host (step_hook.StepHook)
-    # and the loop ends early when it answers "stop". False: no host callback, today's program to the byte.
+    # The per-step hook (progress, previews, stop): the program is three executables (:func:`build_stages`:
+    # prepare, advance, finish) and the host runs the steps in chunks of ``advance``, reporting each chunk's last
+    # step, fetching x0 for a preview and hearing "stop" between them (compiling.SteppedExecutable). No host
+    # callback is compiled in, so the executables serialize and load on every backend (a TPU's deserialized
+    # host callbacks have no handler). False: one executable, the whole loop on the devices.
     step_hook: bool = False
     # Image to image: the request's pixels come in ProgramInputs.image, are encoded by the VAE inside the program
     # and noised to the start step's sigma; the loop runs from ProgramInputs.start_step. False: text to image.
@@ -500,7 +502,6 @@ class Static:
     latent: tuple[int, int, int]  # (C, h, w) of the latents
     prediction_type: str  # epsilon, v_prediction or sample (the scheduler config's)
     vae: Any  # VAEConfig: scaling and shift factors
-    hook: Callable | None = None  # with shape.step_hook: STEP_HOOK.call, the host end of the per-step callback
     inpainting_unet: bool = False  # the UNet takes [latents, mask, masked-image latents] (9 channels for SDXL)
     refiner: Any = None  # with shape.refiner: the model's refiner (LoadedModel: components, kind), else None
     controlnets: tuple = ()  # with shape.control: each unit's ControlNet Component (its architecture's), in order
@@ -523,7 +524,7 @@ def static_options(model: LoadedModel, shape: ProgramShape) -> Static:
                          "input channels): it runs inpainting programs only (ProgramShape.inpaint)")
     return Static(shape=shape, components=model.components, latent=latent_shape(model, shape.height, shape.width),
                   prediction_type=model.scheduler_config.get("prediction_type", "epsilon"), vae=model.vae,
-                  hook=STEP_HOOK.call if shape.step_hook else None, inpainting_unet=model.kind.inpainting_unet,
+                  inpainting_unet=model.kind.inpainting_unet,
                   refiner=_refiner_of(model, shape), controlnets=_controlnets_of(model, shape),
                   noise_stream=HIRES_NOISE if shape.init_latents or shape.hires_noise else None)
 
@@ -546,11 +547,6 @@ def _refiner_of(model: LoadedModel, shape: ProgramShape):
     if model.refiner is None:
         raise ValueError(f"a program with the refiner needs a model with one; {model.name} has none (--refiner)")
     return model.refiner
-
-
-# (stop, preview_next, next_report)
-_HOOK_RESULT = (jax.ShapeDtypeStruct((), jnp.bool_), jax.ShapeDtypeStruct((), jnp.bool_),
-                jax.ShapeDtypeStruct((), jnp.int32))
 
 
 class Conditioning(NamedTuple):
@@ -692,8 +688,7 @@ def encode_pixels(st: Static, params, x: jax.Array) -> jax.Array:
 def denoise_step(st: Static, unet, cond: Conditioning, inputs: ProgramInputs, i, carry,
                  image: ImageConditioning | None = None):
     """Stage 3's body, step ``i``: the UNet (with CFG over a doubled batch), then the sampler's update,
-    float32. ``carry`` = (latents, previous x0), each (b, C, h, w), with ``step_hook`` then (stop, send x0
-    at the next call, the step of the next call), () bool, bool, int32; returns the next carry.
+    float32. ``carry`` = (latents, previous x0), each (b, C, h, w); returns the next carry.
 
     With ``inpaint`` (``image`` holds the mask): an inpainting UNet's input is [scaled latents, mask, masked-image
     latents] along channels; a plain UNet's result is blended with the known region after the update
@@ -714,10 +709,6 @@ def denoise_step(st: Static, unet, cond: Conditioning, inputs: ProgramInputs, i,
                             inputs.e[i], inputs.clip_range)
     if st.shape.inpaint and not st.inpainting_unet:
         update = keep_known(update, image, inputs, i)
-    if st.shape.step_hook:  # the one seam of the per-step hook: report step i when due (x0 if asked); hear "stop"
-        hook = carry[2:]
-        due = (i >= hook[2]) | (i == inputs.num_steps - 1)
-        return (update, x0) + jax.lax.cond(due, lambda: step_report(st, i, x0, hook[1]), lambda: hook)
     return update, x0
 
 
@@ -735,71 +726,78 @@ def keep_known(latents: jax.Array, image: ImageConditioning, inputs: ProgramInpu
     return (1.0 - image.mask) * known + image.mask * latents
 
 
-def step_report(st: Static, i, x0: jax.Array, send_x0) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """The host call of step ``i`` (step_hook.StepHook): ``x0`` (b, C, h, w) float32 goes along only when
-    ``send_x0`` (the previous call's answer) is True; returns (stop, send_x0 at the next call, the step of
-    the next call), () bool, bool, int32.
-
-    ``io_callback`` rather than ``jax.debug.callback``: it returns values (the stop flag, the next call's
-    step), and it is unordered, as ordered effects are not allowed across the mesh's devices; the step
-    index orders the calls on the host. The latents-to-RGB map of a preview runs on the host (after the
-    call returns), so the program's arithmetic is the same with previews on or off. Between two calls
-    the loop's condition depends on nothing from the host, so the devices run those steps without
-    waiting for it.
-    """
-    shard = jax.lax.axis_index(DATA_AXIS)
-    return jax.lax.cond(send_x0, lambda: io_callback(st.hook, _HOOK_RESULT, shard, i, x0),
-                        lambda: io_callback(st.hook, _HOOK_RESULT, shard, i))
-
-
 def denoise(st: Static, params, cond: Conditioning, inputs: ProgramInputs, latents: jax.Array,
-            python_loop: bool = False, image: ImageConditioning | None = None) -> tuple[jax.Array, jax.Array]:
+            python_loop: bool = False, image: ImageConditioning | None = None) -> jax.Array:
     """Stage 3: ``num_steps`` of :func:`denoise_step` in ``lax.fori_loop`` (or a Python loop, for
-    debugging: needs a concrete ``num_steps``); returns the final latents x ``final_scale`` and
-    whether the host stopped the loop early (() bool; always False without ``step_hook``).
-
-    With ``step_hook`` the loop is a ``lax.while_loop`` that also ends when the host answers stop; its
-    carry adds (stop, send x0 at the next call, the step of the next call): the first step calls, without
-    x0; later ones when the host said (and the last). The steps it runs are the same
-    :func:`denoise_step` (same images to the byte). ``image``: the input image's :class:`ImageConditioning`,
-    which inpainting's steps read.
-    """
-    unet = st.components["unet"].bind(params["unet"])
-    step = lambda i, carry: denoise_step(st, unet, cond, inputs, i, carry, image)  # noqa: E731
-    carry = (latents, jnp.zeros_like(latents))
-    if st.shape.step_hook:
-        carry = carry + (jnp.bool_(False), jnp.bool_(False), jnp.int32(0))  # + (stop, send x0, next call's step)
+    debugging: needs a concrete ``num_steps``) from the first step (``start_step`` from an image); returns the
+    final latents (b, C, h, w) float32, before ``final_scale`` (:func:`finish_latents`). ``image``: the input
+    image's :class:`ImageConditioning`, which inpainting's steps read."""
     first = inputs.start_step if st.shape.from_image else 0  # img2img, hires: the skipped steps are not run
     if python_loop:
+        carry = (latents, jnp.zeros_like(latents))
+        step = denoise_range_body(st, params, cond, inputs, image)
         for i in range(int(first), int(inputs.num_steps)):
             carry = step(i, carry)
-            if st.shape.step_hook and bool(carry[2]):
-                break
-    elif st.shape.step_hook:
-        def go_on(c):
-            return (c[0] < inputs.num_steps) & ~c[1][2]
-        _, carry = jax.lax.while_loop(go_on, lambda c: (c[0] + 1, step(c[0], c[1])), (jnp.int32(first), carry))
-    else:
-        carry = jax.lax.fori_loop(first, inputs.num_steps, step, carry)
-    stopped = carry[2] if st.shape.step_hook else jnp.bool_(False)
-    return carry[0] * inputs.final_scale, stopped
+        return carry[0]
+    return denoise_range(st, params, cond, inputs, (latents, jnp.zeros_like(latents)), first, inputs.num_steps,
+                         image)[0]
+
+
+def denoise_range_body(st: Static, params, cond: Conditioning, inputs: ProgramInputs,
+                       image: ImageConditioning | None = None) -> Callable:
+    """The loop body ``(i, carry) -> carry`` of :func:`denoise_step` with the UNet bound to ``params``."""
+    unet = st.components["unet"].bind(params["unet"])
+    return lambda i, carry: denoise_step(st, unet, cond, inputs, i, carry, image)
+
+
+def denoise_range(st: Static, params, cond: Conditioning, inputs: ProgramInputs, carry, first, end,
+                  image: ImageConditioning | None = None):
+    """Steps ``first`` to ``end - 1`` (traced () int32 or ints) of :func:`denoise_step` in ``lax.fori_loop`` on
+    ``carry`` = (latents, previous x0), each (b, C, h, w) float32; returns the carry after step ``end - 1``. The
+    whole loop (:func:`denoise`) and a host's chunk of it (:func:`build_stages`' advance) run this one loop, so
+    the steps' arithmetic is the same however the host splits them."""
+    return jax.lax.fori_loop(first, end, denoise_range_body(st, params, cond, inputs, image), carry)
+
+
+def finish_latents(latents: jax.Array, inputs: ProgramInputs) -> jax.Array:
+    """The loop's final latents times the sampler's ``final_scale`` (b, C, h, w) float32: what the VAE decodes."""
+    return latents * inputs.final_scale
 
 
 def decode(st: Static, params, latents: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Stage 4: VAE decode, then channels-first [-1, 1] -> channels-last uint8 [0, 255].
+    """Stage 4: VAE decode, image by image, then channels-first [-1, 1] -> channels-last uint8 [0, 255].
 
     Returns images (b, H, W, 3) uint8 and finite (b,) bool (False: the decoded image held NaN/inf).
     """
     vae = st.components["vae"].bind(params["vae"])
-    decoded = vae.decode(unscale_latents(latents, st.vae)).astype(jnp.float32)  # (b, 3, H, W)
-    finite = jnp.isfinite(decoded).all(axis=(1, 2, 3))
-    pixels = jnp.clip(decoded / 2 + 0.5, 0.0, 1.0).transpose(0, 2, 3, 1)  # (b, H, W, 3)
-    return jnp.round(pixels * 255).astype(jnp.uint8), finite
+
+    def one(z):  # (1, C, h, w) -> (1, H, W, 3) uint8, (1,) bool
+        decoded = vae.decode(unscale_latents(z, st.vae)).astype(jnp.float32)  # (1, 3, H, W)
+        finite = jnp.isfinite(decoded).all(axis=(1, 2, 3))
+        pixels = jnp.clip(decoded / 2 + 0.5, 0.0, 1.0).transpose(0, 2, 3, 1)  # (1, H, W, 3)
+        return jnp.round(pixels * 255).astype(jnp.uint8), finite
+
+    if latents.shape[0] == 1:
+        return one(latents)
+    # Image by image: the decoder's full-resolution activations (128 to 512 channels at H x W) of one image at a
+    # time, a quarter of four images' (what let four 1024² images per request fit in a v5e chip's HBM).
+    images, finite = jax.lax.map(lambda z: one(z[None]), latents)  # (b, 1, H, W, 3), (b, 1)
+    return images[:, 0], finite[:, 0]
+
+
+def conditioning(st: Static, params, inputs: ProgramInputs) -> Conditioning:
+    """Stages 1, 1b and 1c: the text conditioning, the refiner's (``refiner``) and the ControlNets' (``control``)."""
+    cond = encode_text(st, params, inputs)  # 1.
+    if st.shape.refiner:  # 1b. the refiner's own conditioning and UNet
+        cond = cond._replace(refiner=refiner_expert(st, params, inputs))
+    if st.shape.control:  # 1c. the ControlNets, bound, and their conditioning images
+        cond = cond._replace(control=control_conditioning(st, params, inputs))
+    return cond
 
 
 def build_generate(model: LoadedModel, shape: ProgramShape, python_loop: bool = False) -> Callable:
     """The per-device generate function ``(params, inputs: ProgramInputs) -> (images, finite)`` (``latents_out``:
-    (latents, finite)).
+    (latents, finite)): every stage in one function, the whole loop on the devices.
 
     Args:
         model: a LoadedModel (module graphs and configs; params come as an argument).
@@ -809,28 +807,105 @@ def build_generate(model: LoadedModel, shape: ProgramShape, python_loop: bool = 
     st = static_options(model, shape)
 
     def generate(params, inputs: ProgramInputs):
-        cond = encode_text(st, params, inputs)  # 1.
-        if st.shape.refiner:  # 1b. the refiner's own conditioning and UNet
-            cond = cond._replace(refiner=refiner_expert(st, params, inputs))
-        if st.shape.control:  # 1c. the ControlNets, bound, and their conditioning images
-            cond = cond._replace(control=control_conditioning(st, params, inputs))
+        cond = conditioning(st, params, inputs)  # 1.
         image = image_conditioning(st, params, inputs)  # 2a. (an input image: its latents, noise, mask)
         latents = initial_latents(st, params, inputs, image)  # 2.
-        latents, stopped = denoise(st, params, cond, inputs, latents, python_loop, image)  # 3.
-        if st.shape.latents_out:  # hires fix's first pass: the latents themselves, no VAE
-            return latents, jnp.isfinite(latents).all(axis=(1, 2, 3))
-        if not st.shape.step_hook:
-            return decode(st, params, latents)  # 4.
-        # A stopped request's images are discarded: skip the VAE so the stop costs at most one step.
-        b, (_, h, w) = latents.shape[0], (3, st.shape.height, st.shape.width)
-
-        def skipped():
-            return jax.lax.pcast((jnp.zeros((b, h, w, 3), jnp.uint8), jnp.zeros((b,), jnp.bool_)),
-                                 DATA_AXIS, to="varying")  # per device, as decode's outputs are
-
-        return jax.lax.cond(stopped, skipped, lambda: decode(st, params, latents))  # 4.
+        latents = denoise(st, params, cond, inputs, latents, python_loop, image)  # 3.
+        return finish(st, params, finish_latents(latents, inputs))  # 4.
 
     return generate
+
+
+def finish(st: Static, params, latents: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Stage 4: (images, finite) from the final latents (:func:`decode`); with ``latents_out`` (hires fix's first
+    pass) the latents themselves and whether each is finite, no VAE."""
+    if st.shape.latents_out:
+        return latents, jnp.isfinite(latents).all(axis=(1, 2, 3))
+    return decode(st, params, latents)
+
+
+class LoopFixed(NamedTuple):
+    """What every step reads and no step changes, as :func:`build_stages`' prepare returns it: the conditioning
+    (arrays only: the refiner's UNet and the ControlNets are bound again from the params by each advance) and the
+    input image's :class:`ImageConditioning` (None for text to image). Every leaf has the device's images (or its
+    CFG rows) first, so one ``P("data")`` shards the whole tuple."""
+
+    cond: Conditioning
+    image: ImageConditioning | None
+
+
+def _unbound(cond: Conditioning) -> Conditioning:
+    """``cond`` without its bound modules (a program's outputs are arrays)."""
+    if cond.refiner is not None:
+        cond = cond._replace(refiner=cond.refiner._replace(unet=None))
+    if cond.control is not None:
+        cond = cond._replace(control=cond.control._replace(nets=()))
+    return cond
+
+
+def _bound(st: Static, params, cond: Conditioning) -> Conditioning:
+    """``cond`` with the refiner's UNet and the ControlNets bound to ``params`` again (as :func:`refiner_expert`
+    and :func:`control_conditioning` bind them)."""
+    if cond.refiner is not None:
+        cond = cond._replace(refiner=cond.refiner._replace(
+            unet=st.refiner.components["unet"].bind(params["refiner"]["unet"])))
+    if cond.control is not None:
+        cond = cond._replace(control=cond.control._replace(
+            nets=tuple(c.bind(params["controlnet"][k]) for k, c in enumerate(st.controlnets))))
+    return cond
+
+
+class Stages(NamedTuple):
+    """The per-device functions of a program whose host runs the steps (ProgramShape.step_hook):
+
+    * ``prepare(params, inputs) -> (fixed, carry)``: stages 1-2; ``fixed`` a :class:`LoopFixed`, ``carry`` =
+      (latents, previous x0), each (b, C, h, w) float32 (x0 zeros).
+    * ``advance(params, inputs, fixed, carry, bounds) -> carry``: steps ``bounds[0]`` to ``bounds[1] - 1``
+      (``bounds`` (2,) int32, traced: any chunk is the same executable) of :func:`denoise_range`; the carry's x0
+      is the estimate of the chunk's last step (a preview's).
+    * ``finish(params, inputs, carry) -> (images, finite)``: stage 4 on the latents times ``final_scale``.
+
+    Run in order over the steps, they compute what :func:`build_generate`'s function does, to the byte on the
+    backends measured (tests/program).
+    """
+
+    prepare: Callable
+    advance: Callable
+    finish: Callable
+
+
+def build_stages(model: LoadedModel, shape: ProgramShape) -> Stages:
+    """:class:`Stages` of ``shape``'s program (see there), per device as :func:`build_generate`'s function."""
+    st = static_options(model, shape)
+
+    def prepare(params, inputs: ProgramInputs):
+        cond = conditioning(st, params, inputs)  # 1.
+        image = image_conditioning(st, params, inputs)  # 2a.
+        latents = initial_latents(st, params, inputs, image)  # 2.
+        return LoopFixed(_unbound(cond), image), (latents, jnp.zeros_like(latents))
+
+    def advance(params, inputs: ProgramInputs, fixed: LoopFixed, carry, bounds):
+        cond = _bound(st, params, fixed.cond)
+        return denoise_range(st, params, cond, inputs, carry, bounds[0], bounds[1], fixed.image)  # 3.
+
+    def finish_stage(params, inputs: ProgramInputs, carry):
+        return finish(st, params, finish_latents(carry[0], inputs))  # 4.
+
+    return Stages(prepare, advance, finish_stage)
+
+
+def loop_structure(model: LoadedModel, shape: ProgramShape):
+    """(fixed, carry) as :func:`build_stages`' prepare returns them, with 0 for every array: their pytree
+    structure from the shape alone, without tracing (what the executable cache's loader needs)."""
+    st = static_options(model, shape)
+    refiner = RefinerExpert(0, 0, 0, None) if st.shape.refiner else None
+    control = ControlConditioning((), tuple(0 for _ in st.controlnets)) if st.shape.control else None
+    image = None
+    if st.shape.from_image:
+        image = ImageConditioning(0, 0)
+        if st.shape.inpaint:
+            image = ImageConditioning(0, 0, 0, 0 if st.inpainting_unet else None)
+    return LoopFixed(Conditioning(0, 0, 0, refiner, control), image), (0, 0)
 
 
 class ControlConditioning(NamedTuple):

@@ -95,3 +95,18 @@ def test_a_size_that_cannot_run_is_refused_before_it_runs_then_before_it_compile
     finally:
         for shape in set(programs.compiled) - before:
             programs.compiled.pop(shape)
+
+
+def test_a_default_that_does_not_fit_the_chip_says_so_with_what_to_change():
+    """The start's message when XLA refuses the default program for memory (a v5e chip's 4 x 1024² before flash
+    attention: 18.66 G of temporaries against 15.75 G): the program asked, XLA's own line, fewer images first."""
+    from sdxl_engine.engine.local import out_of_device_memory, start_does_not_fit
+
+    xla = RuntimeError("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries "
+                       "(18.66G) exceeds available HBM (15.75G)\nmore lines")
+    assert out_of_device_memory(xla) and not out_of_device_memory(ValueError("width must be a multiple of 8"))
+    message = start_does_not_fit(1024, 1024, 4, "1 TPU v5 lite", xla)
+    assert message.startswith("the default program (1024x1024 x 4 images per request) does not fit the memory of "
+                              "1 TPU v5 lite: RESOURCE_EXHAUSTED: Ran out of memory on HBM")
+    assert "Start with --images-per-request 2 (images per request: 4)" in message and "more lines" not in message
+    assert "Start with a smaller --width/--height" in start_does_not_fit(1024, 1024, 1, "1 TPU v5 lite", xla)

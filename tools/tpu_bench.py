@@ -1,0 +1,186 @@
+"""The engine on the chip the blog was written for, and the blog's own pipeline beside it: one command, JSON out.
+
+    python3.11 -m tools.tpu_bench --out DIR [--images 1,4] [--blog] [--size 1024] [--steps 20]
+
+Run on the lent TPU v5e machine as it is (Python 3.11, its jax 0.10.2 + libtpu, flax and transformers from its own
+package index; the blog's stack, diffusers 0.39 and transformers 4.57.6, carried as wheels for ``tools.tpu_blog``):
+one process holds the chip at a time and nothing opens a socket, so each side runs in a process of its own, one after
+the other, the engine in-process (``Engine(...).start()`` then ``generate``, as the service calls it).
+
+For each images-per-request count N (``--images``):
+
+1. **cold**: a new process starts the engine on ``sdxl-base-random`` (SDXL 1.0 base's architecture, random bfloat16
+   weights made on the chip) at ``--size``², N images per request, progress on (the server's default: the host runs
+   the steps and reports each), Euler, ``--steps`` steps, guidance 5, with an empty executable cache in DIR; then
+   ``--requests`` requests with a step receiver (every step's event, previews on their default cadence), a Stop
+   after 5 steps (it must raise Stopped and leave the engine serving), and exits.
+2. **warm**: a second process starts on the same cache (its programs load, nothing compiles) and does the same.
+
+Each process prints one JSON line (start-up stages, per-request device and latency seconds, per-image seconds,
+images/s, the step events seen, the Stop's outcome, the HBM peak, JAX's version and the device) and must exit 0:
+its exit code is part of the result. With ``--blog``, ``python3.11 -m tools.tpu_blog`` then times the blog's
+pipeline on the same settings (its own interpreter path: ``--blog-python``). Everything lands in DIR/tpu_bench.json,
+with the ratio "engine per image / blog per image" where both ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+PROMPT = "a photograph of an astronaut riding a horse"  # the blog's
+NEGATIVE = ""
+GUIDANCE = 5.0
+STOP_AFTER = 5  # the Stop check: should_stop answers True once this many steps have been reported
+
+
+def engine_side(args) -> dict:
+    """One engine process (cold or warm, by what the cache holds): start, requests, a Stop, a last request."""
+    import jax
+
+    from sdxl_engine.config import EngineConfig
+    from sdxl_engine.engine.local import Engine
+    from sdxl_engine.engine.steps import Stopped
+    from sdxl_engine.engine.validation import GenerateRequest
+
+    logs: list[str] = []
+    t0 = time.perf_counter()
+    config = EngineConfig.load({
+        "model": args.model, "width": args.size, "height": args.size, "images_per_request": args.images,
+        "num_inference_steps": args.steps, "guidance_scale": GUIDANCE, "sampler": "Euler",
+        "compile_cache_dir": str(args.cache), "progress": True, "precompile": "off", "max_run_seconds": 0,
+        **({"cpu_devices": args.cpu_devices} if args.cpu_devices else {})})
+    engine = Engine(config, log=logs.append).start()
+    out: dict = {"side": "engine", "images": args.images, "size": args.size, "steps": args.steps,
+                 "start_s": time.perf_counter() - t0, "startup": dict(engine.startup),
+                 "device": engine.device_summary, "jax": jax.__version__, "python": sys.version.split()[0],
+                 "cache": [line for line in logs if "executable cache" in line or "loaded " in line
+                           or "stored " in line][:6]}
+    requests = []
+    for k in range(args.requests):
+        events = []
+        request = GenerateRequest(PROMPT, negative_prompt=NEGATIVE, seed=k, num_inference_steps=args.steps,
+                                  guidance_scale=GUIDANCE)
+        result = engine.generate(request, on_step=events.append, should_stop=lambda: False)
+        requests.append({"device_s": result.timings["device"], "latency_s": result.timings["latency"],
+                         "steps_reported": [e.step for e in events],
+                         "previews": sum(e.preview is not None for e in events),
+                         "mean_pixel": float(result.images.mean())})
+    out["requests"] = requests
+    device = [r["device_s"] for r in requests[1:] or requests]  # the first request after the start is not timed
+    out["per_request_s"] = statistics.median(device)
+    out["per_image_s"] = out["per_request_s"] / args.images
+    out["images_per_s"] = args.images / out["per_request_s"]
+    seen: list[int] = []
+
+    def stop_after() -> bool:
+        return len(seen) >= STOP_AFTER
+
+    try:
+        engine.generate(GenerateRequest(PROMPT, seed=99, num_inference_steps=args.steps, guidance_scale=GUIDANCE),
+                        on_step=lambda e: seen.append(e.step), should_stop=stop_after)
+        out["stop"] = {"stopped": False, "steps_seen": seen}
+    except Stopped as err:
+        out["stop"] = {"stopped": True, "message": str(err), "steps_seen": seen}
+    after = engine.generate(GenerateRequest(PROMPT, seed=7, num_inference_steps=args.steps, guidance_scale=GUIDANCE),
+                            on_step=lambda e: None, should_stop=lambda: False)
+    out["after_stop_device_s"] = after.timings["device"]
+    out["hbm_peak_gb"] = hbm_peak_gb(jax)
+    out["loaded_programs"] = sorted(str(shape) for shape, p in engine.programs.compiled.items()
+                                    if getattr(p, "loaded", False))
+    return out
+
+
+def hbm_peak_gb(jax) -> float | None:
+    stats = jax.devices()[0].memory_stats() or {}
+    peak = stats.get("peak_bytes_in_use")
+    return None if peak is None else peak / 2**30
+
+
+def run_child(cmd: list[str], log: Path, timeout: float) -> dict:
+    """Run one side's process; its last JSON line, its exit code and its wall time."""
+    start = time.perf_counter()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with log.open("w") as handle:
+        try:
+            proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=handle, text=True, timeout=timeout, env=env)
+            code, stdout = proc.returncode, proc.stdout
+        except subprocess.TimeoutExpired as err:
+            code, stdout = "timeout", (err.stdout or b"").decode() if isinstance(err.stdout, bytes) else err.stdout
+    lines = [line for line in (stdout or "").splitlines() if line.startswith("{")]
+    result = json.loads(lines[-1]) if lines else {"error": f"no result; see {log}"}
+    result.update(exit_code=code, wall_s=time.perf_counter() - start)
+    if code != 0:
+        result["stderr_tail"] = log.read_text()[-1500:]
+    print(json.dumps({k: v for k, v in result.items() if k != "requests"}), flush=True)
+    return result
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", type=Path, required=True, help="folder for the JSON, the logs and the executable cache")
+    p.add_argument("--images", default="1,4", help="images per request, comma-separated")
+    p.add_argument("--size", type=int, default=1024)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--requests", type=int, default=3)
+    p.add_argument("--model", default="sdxl-base-random")
+    p.add_argument("--sides", default="cold,warm", help="engine processes per count: cold, warm")
+    p.add_argument("--blog", action="store_true", help="also the blog's pipeline (python -m tools.tpu_blog)")
+    p.add_argument("--blog-python", default=sys.executable)
+    p.add_argument("--blog-images", default="1", help="images per call for the blog's pipeline")
+    p.add_argument("--timeout", type=float, default=600)
+    p.add_argument("--cpu-devices", type=int, default=0, help=argparse.SUPPRESS)  # CPU runs of this tool (tests)
+    p.add_argument("--engine", action="store_true", help=argparse.SUPPRESS)  # one engine process
+    p.add_argument("--cache", type=Path, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.engine:
+        args.images = int(args.images)
+        print(json.dumps(engine_side(args)), flush=True)
+        return
+    args.out.mkdir(parents=True, exist_ok=True)
+    report: dict = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "size": args.size,
+                    "steps": args.steps, "guidance": GUIDANCE, "runs": []}
+    for n in [int(x) for x in args.images.split(",") if x]:
+        cache = Path(tempfile.mkdtemp(prefix=f"tpu-bench-cache-{n}-", dir=args.out))
+        for side in args.sides.split(","):
+            cmd = [sys.executable, "-m", "tools.tpu_bench", "--engine", "--out", str(args.out), "--cache", str(cache),
+                   "--images", str(n), "--size", str(args.size), "--steps", str(args.steps), "--requests",
+                   str(args.requests), "--model", args.model, "--cpu-devices", str(args.cpu_devices)]
+            run = run_child(cmd, args.out / f"engine-{n}-{side}.log", args.timeout)
+            report["runs"].append({"start": side, **run})
+    if args.blog:
+        cmd = [args.blog_python, "-m", "tools.tpu_blog", "--size", str(args.size), "--steps", str(args.steps),
+               "--guidance", str(GUIDANCE), "--images", args.blog_images, "--out", str(args.out / "blog.json")]
+        run = run_child(cmd, args.out / "blog.log", args.timeout)
+        written = args.out / "blog.json"  # every count's row (stdout's last line is the last count's)
+        report["blog"] = {**run, **(json.loads(written.read_text()) if written.exists() else {})}
+    report["ratios"] = ratios(report)
+    (args.out / "tpu_bench.json").write_text(json.dumps(report, indent=1))
+    print(json.dumps({"ratios": report["ratios"]}), flush=True)
+
+
+def ratios(report: dict) -> dict:
+    """Engine per-image seconds over the blog's, per images-per-request count both ran (warm runs preferred)."""
+    blog = report.get("blog") or {}
+    per_blog = {int(r["images_per_call"]): r["per_image_s"] for r in blog.get("results", []) if "per_image_s" in r}
+    out = {}
+    for run in report["runs"]:
+        n = run.get("images")
+        if n is None or "per_image_s" not in run:
+            continue
+        base = per_blog.get(n) or per_blog.get(1)
+        if base:
+            out[f"{n} images, {run['start']}"] = run["per_image_s"] / base
+    return out
+
+
+if __name__ == "__main__":
+    main()
