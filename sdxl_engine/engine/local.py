@@ -416,6 +416,12 @@ class Engine:
                 raise
             raise EngineNotReady(start_does_not_fit(width, height, self.batch, self.device_summary, err)) from err
 
+        # 3b. With ControlNets: the one-unit program of the default size for each architecture that fits the default
+        # model, so a server that says ready has it (the first request with a unit compiled it inside the request).
+        for arch in sorted({net.architecture for net in self.model.controlnets.values()}):
+            self._stage(f"compiling {width}x{height} x {self.batch} images with a ControlNet unit")
+            self.program(width, height, self.defaults.guidance_scale > 1, controlnets=(arch,), **self._startup_mode)
+
         # 4. One request through the compiled program with zero denoising steps: the executable runs
         # (first-run allocations; text encoders and VAE decode checked finite) without paying a UNet
         # step, which the compile (or the executable cache) has readied already.
@@ -810,10 +816,10 @@ class Engine:
                                  self.precompiled)
 
     def program(self, width: int, height: int, cfg: bool = True, chunks: int = 1, init_image: bool = False,
-                inpaint: bool = False) -> CompiledProgram:
-        """The compiled program for a size (pixels), CFG mode, prompt chunk count and image mode, compiled on this
-        thread on first use (Programs.get); for start-up and the tools."""
-        return self.programs.get(self.planner.shape(width, height, cfg, chunks, init_image, inpaint))
+                inpaint: bool = False, controlnets: tuple[str, ...] = ()) -> CompiledProgram:
+        """The compiled program for a size (pixels), CFG mode, prompt chunk count, image mode and ControlNet units'
+        architectures, compiled on this thread on first use (Programs.get); for start-up and the tools."""
+        return self.programs.get(self.planner.shape(width, height, cfg, chunks, init_image, inpaint, controlnets))
 
     @property
     def compile_count(self) -> int:

@@ -90,6 +90,17 @@ def test_every_mode_plans_its_units(cn_engine, reference):
 
 
 @pytest.mark.slow  # compiles tiny-pt's program with one unit
+def test_a_server_started_with_a_controlnet_has_its_one_unit_program_ready(cn_engine):
+    """Issue #59: the first request with a unit compiled its program inside the request (22.7 s on a new user's
+    server). The start compiles the default size's one-unit program for each architecture (cn-a and cn-b: one)."""
+    width, height = cn_engine.limits.default_size
+    arch = cn_engine.model.controlnets["cn-a"].architecture
+    assert cn_engine.model.controlnets["cn-b"].architecture == arch
+    shape = cn_engine.planner.shape(width, height, True, controlnets=(arch,))
+    assert shape in cn_engine.programs.compiled
+    assert sum(bool(s.controlnets) for s in cn_engine.programs.compiled) == 1
+
+
 def test_one_unit_through_the_engine_matches_diffusers_and_never_recompiles(cn_engine, reference):
     """The fixture's "one" case (cn-a at 0.8) through Engine.generate: within the parity tolerance of diffusers'
     images; then other images, weights, modes, start/end and cn-b (same architecture) run on the same executable,
