@@ -183,8 +183,9 @@ class EngineConfig:
     # program on first use.
     max_control_units: int = 3
 
-    # Progress, previews, Stop from inside the compiled loop (a host call every step, or about every 0.1 s of
-    # faster steps: engine/steps.py); off: the program has no host call and Stop acts only before a request starts.
+    # Progress, previews, Stop between the steps: the host runs the denoising steps in chunks (every step, or about
+    # 0.1 s of faster steps: engine/steps.py) and reports each; off: one executable runs the whole loop, and Stop acts
+    # only before a request starts.
     progress: bool = True
     # Steps between live previews of the running images (with progress on); -1 = about twice a second,
     # from the measured step time; 0 = no previews.
