@@ -98,7 +98,9 @@ def build_demo(requests: Service, config: EngineConfig, engine: EngineContract |
     browser (HISTORY_JS)."""
     with gr.Blocks(title=TITLE) as demo:
         gr.Markdown(f"# {TITLE}\nFour images per prompt, generated in parallel across the accelerator's devices.")
-        banner = gr.Markdown(engine_banner(engine)[0], elem_id="engine-status")
+        # Empty as served: the page's config is built once, while the engine starts, so a line put in here would
+        # say "Starting" on every page load long after; the load event (refresh, below) writes the engine's state.
+        banner = gr.Markdown("", elem_id="engine-status")
         if config.model in MODEL_NOTES:
             gr.Markdown(MODEL_NOTES[config.model] + REAL_SDXL_HINT, elem_id="model-note")
         with gr.Row(equal_height=True, elem_id="prompt-row"):  # the prompt, across the page

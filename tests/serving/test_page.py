@@ -262,3 +262,32 @@ def test_every_page_event_reads_the_nine_inputs_in_the_declared_order(monkeypatc
     engine = got[0].engine
     assert (got[0].prompt, got[0].negative_prompt, engine.seed, engine.guidance_scale, engine.num_inference_steps,
             engine.width, engine.height, got[0].style, engine.sampler) == tuple(sent.values())
+
+
+def test_a_page_load_on_a_ready_server_shows_no_starting_message():
+    """The page is built while the engine starts; once it is ready, a page load shows no "Starting the engine"
+    line: the page as served (its config) has an empty banner, and the load event puts the engine's line in."""
+    import app
+    from sdxl_engine.config import EngineConfig
+    from sdxl_engine.engine.contract import clock
+    from sdxl_engine.service.service import Service
+    from tests.helpers import StepEngine
+
+    class Starting(StepEngine):  # the contract's start state, device summary and model (no refiner, no Ray)
+        config = EngineConfig.load(environ={})
+
+        def scale_out(self):
+            return None
+
+    engine = Starting()
+    engine.ready.clear()
+    engine.stage, engine.started = "loading model onto the devices", clock()
+    demo = app.build_demo(Service(engine), EngineConfig.load(environ={}), engine)
+    banner = next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "engine-status")
+    refresh = next(f.fn for f in demo.fns.values() if getattr(f.fn, "__name__", "") == "refresh")
+    assert refresh()[0].startswith("**Starting the engine: loading model onto the devices** — 0 s so far.")
+    engine.startup["ready_s"] = 3.25
+    engine.ready.set()  # minutes later: the server is ready, the page's config is the one built above
+    served = next(c for c in demo.config["components"] if c["id"] == banner._id)
+    assert served["props"]["value"] == ""
+    assert refresh()[0] == "Ready on **1 x cpu** — model `step-model` (float32), started in 3.2 s"

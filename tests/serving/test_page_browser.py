@@ -439,8 +439,8 @@ def test_phone_layout_fits_390px(browser, app_server):
     offline = OfflinePage(browser, app_server.url, viewport={"width": 390, "height": 844})
     try:
         page = offline.open()
-        # The banner says "Starting the engine" (two lines here) until the page's load event puts the ready line
-        # (one line) in: everything under it moves up 23 px then. Under load (a CI worker beside a Ray cluster) that
+        # The banner is empty until the page's load event puts the ready line in: everything under it moves
+        # then. Under load (a CI worker beside a Ray cluster) that
         # event came between two separate box measurements, which then mixed the two layouts; so the check waits
         # for the ready banner and measures both boxes in one frame, once they stop moving.
         page.wait_for_function("document.querySelector('#engine-status')?.innerText.includes('Ready on')")
