@@ -19,7 +19,8 @@ MODEL_NOTES = {  # shown under the banner for the built-in models
 # Ends with the command (no full stop after it): on a phone the code wraps, and a stop would sit alone on a line.
 REAL_SDXL_HINT = "For real SDXL, start it with: `python app.py --model stabilityai/stable-diffusion-xl-base-1.0`"
 # At 1280x800 the 2x2 gallery is as wide as the window's height allows, so all four images show
-# without scrolling. Below 768 px the columns stack with the gallery first, right under the
+# without scrolling; its box takes the grid's height (Gradio's own height, about half the window's,
+# cut the second row off at 1280x1000 and above). Below 768 px the columns stack with the gallery first, right under the
 # prompt; scroll anchoring is off there, or the browser scrolls the images away as it grows.
 # There the prompt and Generate, and the resolution and seed, take a line each (side by side
 # they squeeze the text). Toasts sit at the bottom left, off the Generate button (top right)
@@ -30,6 +31,7 @@ REAL_SDXL_HINT = "For real SDXL, start it with: `python app.py --model stability
 # running (REQUEST_STARTS_JS / REQUEST_ENDS_JS mark the page): idle, a big red Stop has nothing to stop.
 PAGE_CSS = """
 #gallery .grid-container { max-width: max(240px, min(100%, calc(100vh - 380px))); margin-inline: auto; }
+#gallery, #gallery .grid-wrap { height: auto !important; max-height: none !important; }
 @media (max-width: 767px) { #output-col { order: -1; } #main-row { overflow-anchor: none; }
   #prompt-row, #size-row, #size-row .form { flex-wrap: wrap; }
   #prompt-row > *, #size-row > *, #size-row .form > * { flex: 1 1 100% !important; } }
