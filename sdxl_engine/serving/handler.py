@@ -223,7 +223,7 @@ def _delivered(job: Job) -> tuple[list, dict, dict]:
             print_exception=False)
     result, style = job.result, job.request.style
     try:
-        paths = delivery.write_served(result.pngs, result.stems, Path(gr.utils.get_upload_folder()))
+        paths = delivery.write_served(result.pngs, result.stems, Path(gradio_internals.upload_folder()))
     except OSError as err:
         LOG.error(f"[app] error: could not write the images to Gradio's temp folder: {err}")
         raise gr.Error(f"the server could not store the images ({type(err).__name__}); please retry later",
@@ -390,7 +390,7 @@ def _preview_gallery(event: StepEvent, folder: list) -> list:
     """
     try:
         if not folder:
-            root = Path(gr.utils.get_upload_folder()).resolve()
+            root = Path(gradio_internals.upload_folder()).resolve()
             root.mkdir(parents=True, exist_ok=True)
             folder.append(Path(tempfile.mkdtemp(prefix="sdxl-preview-", dir=root)))
         path = write_new(png_bytes(preview_grid(event.preview)), folder[0], f"step{event.step}")
