@@ -281,10 +281,10 @@ def test_a_page_load_on_a_ready_server_shows_no_starting_message():
 
     engine = Starting()
     engine.ready.clear()
-    engine.stage, engine.started = "loading model onto the devices", clock()
     demo = app.build_demo(Service(engine), EngineConfig.load(environ={}), engine)
     banner = next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "engine-status")
     refresh = next(f.fn for f in demo.fns.values() if getattr(f.fn, "__name__", "") == "refresh")
+    engine.stage, engine.started = "loading model onto the devices", clock()  # (after the build: 0 s so far)
     assert refresh()[0].startswith("**Starting the engine: loading model onto the devices** — 0 s so far.")
     engine.startup["ready_s"] = 3.25
     engine.ready.set()  # minutes later: the server is ready, the page's config is the one built above
