@@ -1,14 +1,18 @@
 """service/models.py: the models a client may name, read one way by every front, over an engine with the models calls
 (the local engine's API, docs/models.md) and over one without them (the Ray front: its one model)."""
 
+import dataclasses
 import types
 
 import pytest
 
 from sdxl_engine.engine.errors import InvalidRequest
+from sdxl_engine.engine.validation import GenerateRequest, Limits, validate
 from sdxl_engine.service import models
 
-DEFAULT_LIMITS, B_LIMITS = object(), object()
+DEFAULT_LIMITS = Limits(max_seed=2**31 - 1, max_steps=50, sizes=((64, 64),), default_size=(64, 64), default_steps=20,
+                        default_guidance=5.0)
+B_LIMITS = object()
 
 
 class Catalogued:
@@ -32,6 +36,12 @@ class Catalogued:
         if name not in self.model_names():
             raise InvalidRequest("model", f"unknown model {name!r}; this server offers: a, b")
         return self.loaded.get(name)
+
+    def defaults_for(self, name):  # read without loading: b's engine_defaults.json sets its own
+        from sdxl_engine.config import EngineConfig
+
+        return EngineConfig(sampler="DPM++ 2M", num_inference_steps=6, guidance_scale=2.0) if name == "b" \
+            else EngineConfig()
 
     def models_info(self):
         return [types.SimpleNamespace(name="a", title="a [0123456789]", hash="0123456789"),
@@ -66,7 +76,12 @@ def test_names_and_choices_over_the_engines_catalogue():
 def test_a_models_limits_once_loaded_else_the_defaults_and_an_unknown_one_refused():
     engine = Catalogued()
     assert models.limits_for(engine, None) is DEFAULT_LIMITS
-    assert models.limits_for(engine, "b") is DEFAULT_LIMITS  # not loaded yet: the engine validates it once it is
+    # Not loaded yet: the default's sizes (the engine validates it once it is) with b's own sampler, steps and
+    # guidance, which fill in what a request leaves out (the first request for b ran a's before).
+    before = models.limits_for(engine, "b")
+    assert before == dataclasses.replace(DEFAULT_LIMITS, default_sampler="DPM++ 2M", default_steps=6,
+                                         default_guidance=2.0)
+    assert validate(GenerateRequest(prompt="x", model="b"), before).num_inference_steps == 6
     engine.loaded["b"] = B_LIMITS
     assert models.limits_for(engine, "b") is B_LIMITS
     with pytest.raises(InvalidRequest, match="unknown model 'c'; this server offers: a, b"):
