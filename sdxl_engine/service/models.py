@@ -60,11 +60,12 @@ def choose(engine, text, field: str = "model") -> str | None:
     Raises InvalidRequest (``field``, the front's name of it) naming ``text`` and the models offered."""
     if text is None or (isinstance(text, str) and not text.strip()):
         return None
-    if isinstance(text, str):
-        found = engine.find_model(text) if _catalogue(engine) is not None else (
-            default(engine) if text.split(" [")[0].strip() == default(engine) else None)
-        if found is not None:
-            return found
+    if not isinstance(text, str):  # names no model at all: its type is the mistake
+        raise InvalidRequest(field, f"expected a model's name (text), got {type(text).__name__} {str(text)[:60]}")
+    found = engine.find_model(text) if _catalogue(engine) is not None else (
+        default(engine) if text.split(" [")[0].strip() == default(engine) else None)
+    if found is not None:
+        return found
     raise InvalidRequest(field, f"unknown model {str(text)[:120]!r}; this server offers: {', '.join(names(engine))}")
 
 

@@ -64,7 +64,7 @@ def test_names_and_choices_over_the_engines_catalogue():
     assert models.names(engine) == ["a", "b"] and models.default(engine) == "a"
     assert models.choose(engine, "b") == "b" and models.choose(engine, "a [0123456789]") == "a"
     assert models.choose(engine, None) is None and models.choose(engine, "  ") is None
-    for text in ("c", "a [ffffffffff]", 3):
+    for text in ("c", "a [ffffffffff]"):  # (a number: a wrong type, below)
         with pytest.raises(InvalidRequest) as err:
             models.choose(engine, text, "override_settings.sd_model_checkpoint")
         assert err.value.field == "override_settings.sd_model_checkpoint"
@@ -121,3 +121,13 @@ def test_a_models_default_steps_are_its_own_loaded_or_not():
     assert models.default_steps(engine, "b") == 6  # loaded: what the engine resolved
     del engine.loaded["b"], read["b"]
     assert models.default_steps(engine, "b") == 20
+
+
+def test_a_model_of_the_wrong_type_is_named_as_such_on_every_front():
+    """service/models.choose (every front's reading of a model, before the request queues): a value that is not
+    text is a wrong type, not an unknown name."""
+    for engine in (Catalogued(), single()):
+        with pytest.raises(InvalidRequest, match=r"^model: expected a model's name \(text\), got int 5$"):
+            models.choose(engine, 5)
+        with pytest.raises(InvalidRequest, match=r"^sd_model_checkpoint: expected a model's name \(text\), got list"):
+            models.choose(engine, ["a"], "sd_model_checkpoint")
