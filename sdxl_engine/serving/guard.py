@@ -17,6 +17,7 @@ the service (handler.follow).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -124,16 +125,26 @@ def cross_site_refusal(method: str, headers) -> str | None:
 
 
 NOT_JSON = "the request body is not a JSON object"
+NOT_VALID_JSON = "the request body is not valid JSON"
+
+
+@dataclasses.dataclass(frozen=True)
+class Unparsed:
+    """A body :func:`parsed` could not read as JSON, with the parser's reason (for the refusal's message)."""
+
+    reason: str
 
 
 def parsed(body: bytes | None):
-    """``body``'s JSON value; None for an empty body or one that is not JSON (every check wants a JSON object, and
-    refuses anything else alike). The guard parses a call's body once here and every check takes the value (an image
-    call's body may be 48 MB)."""
+    """``body``'s JSON value; None for an empty body, :class:`Unparsed` for one that is not valid JSON (every check
+    wants a JSON object and refuses anything else; the refusal says which). The guard parses a call's body once
+    here and every check takes the value (an image call's body may be 48 MB)."""
     try:
         return json.loads(body or b"null")
-    except (ValueError, RecursionError):
-        return None
+    except RecursionError:
+        return Unparsed("nested too deeply")
+    except ValueError as err:  # JSONDecodeError, or bytes that are no UTF-8 text
+        return Unparsed(str(err)[:120])
 
 
 class Routes:
@@ -200,6 +211,8 @@ class Routes:
         join, call = gradio_internals.QUEUE_JOIN.match(path), gradio_internals.DIRECT_CALL.match(path)
         if method != "POST" or not (join or call):
             return None
+        if isinstance(payload, Unparsed):
+            return f"{NOT_VALID_JSON} ({payload.reason})"
         if not isinstance(payload, dict):
             return NOT_JSON
         fn_index, session = gradio_internals.join_fields(payload)
@@ -509,7 +522,8 @@ class Guard:
         """Answer ``status`` (default: 422 for a body that is not JSON, else 404) with ``reason``; one log line."""
         self.log(f"[app] refused {method} {path[:160]!r}: {reason}")
         body = json.dumps({"error": reason, "detail": reason}).encode()
-        await _plain(send, status or (422 if reason == NOT_JSON else 404), body, content_type=b"application/json")
+        malformed = reason == NOT_JSON or reason.startswith(NOT_VALID_JSON)
+        await _plain(send, status or (422 if malformed else 404), body, content_type=b"application/json")
 
     def body_limit(self, path: str) -> int:
         """The body cap for ``path``: :data:`MAX_IMAGE_BODY_BYTES` on a route that takes images (the image APIs, the
