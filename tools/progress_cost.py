@@ -4,7 +4,7 @@
 
 One engine (progress off: its default program has no host call) and the same size's program with
 the step hook (ProgramShape.step_hook), run on one request's inputs in alternating rounds
-(bench.timed: every variant once per round, so a noisy neighbour slows them alike):
+(timing.timed: every variant once per round, so a noisy neighbour slows them alike):
 
 * ``both off``: the program without the hook;
 * ``progress on, previews off``: the hooked program reporting to a StepReceiver, which asks for a call
@@ -32,6 +32,7 @@ from sdxl_engine.program.compiling import cached_program
 from sdxl_engine.program.generate import ProgramInputs, tokenize
 from sdxl_engine.program.schedulers import make_schedule
 from sdxl_engine.program.step_hook import STEP_HOOK
+from tools.timing import timed
 
 
 def variants(engine: Engine, steps: int) -> tuple[dict, dict]:
@@ -78,8 +79,6 @@ def every_step(receiver: StepReceiver):
 
 
 def main(args) -> dict:
-    from tools.bench import timed  # bench imports this module
-
     engine = Engine(EngineConfig.load({"model": args.model, "progress": False}), log=print).start()
     fns, out = variants(engine, args.steps)
     rounds: list = []
