@@ -146,3 +146,24 @@ zone.addEventListener('dragover', (e) => e.preventDefault());
 zone.addEventListener('drop', (e) => { e.preventDefault(); const file = e.dataTransfer.files[0]; \
 if (file) read(file); });
 """
+# The image to image picture's check, in the browser (a gr.HTML's js_on_load beside the editor): the editor keeps a
+# dropped or chosen file in the page and sends it only with Generate from image, and a file that is no picture
+# left it empty without a word until then. Each file it takes is read here by its first bytes, as the server's
+# upload check reads them (guard: PNG, JPEG or WebP, whatever its name): another is named at once in this
+# element; a picture clears it.
+PICTURE_CHECK_JS = """
+const box = document.querySelector('#init-image');
+const say = (text) => { element.querySelector('.picture-error').textContent = text; };
+async function check(file) {
+  if (!file) return;
+  const b = new Uint8Array(await file.slice(0, 12).arrayBuffer());
+  const is = (at, bytes) => bytes.every((v, i) => b[at + i] === v);
+  const picture = is(0, [137, 80, 78, 71, 13, 10, 26, 10]) || is(0, [255, 216, 255])
+    || (is(0, [82, 73, 70, 70]) && is(8, [87, 69, 66, 80]));
+  say(picture ? '' : `${file.name.slice(0, 80)}: not a PNG, JPEG or WebP picture; the editor cannot take it.`);
+}
+box?.addEventListener('change', (e) => { if (e.target.matches?.('input[type=file]')) check(e.target.files?.[0]); },
+  true);
+box?.addEventListener('drop', (e) => check(e.dataTransfer?.files?.[0]), true);
+"""
+PICTURE_CHECK_HTML = '<div class="picture-error" role="alert" style="color: var(--error-text-color);"></div>'

@@ -26,6 +26,7 @@ from sdxl_engine.serving import guard, image_input
 from sdxl_engine.serving.apis.errors import ApiError
 from sdxl_engine.serving.apis.uploads import decode_image
 from sdxl_engine.serving.page import REFINER_MIN, REFINER_OFF, outpaint_default, page_event, size_choices
+from sdxl_engine.serving.page_assets import PICTURE_CHECK_HTML, PICTURE_CHECK_JS
 
 BRUSH_SHARE = 16  # the brush's radius: the model's native size (its default size's shorter side) over this
 
@@ -96,6 +97,7 @@ def image_section(config: EngineConfig, engine: EngineContract | None, refiner_s
         init_image = gr.ImageMask(label="Picture", type="filepath", sources=["upload", "clipboard"], image_mode="RGB",
                                   layers=False, transforms=(), height=320, elem_id="init-image",
                                   **editor_tools(engine))
+        gr.HTML("", html_template=PICTURE_CHECK_HTML, js_on_load=PICTURE_CHECK_JS, elem_id="init-image-check")
         image_mode = gr.Radio(list(image_input.MODES), value=image_input.IMG2IMG, label="Mode", elem_id="img2img-mode")
         strength = gr.Slider(0.01, 1.0, value=image_input.DEFAULT_STRENGTH[image_input.IMG2IMG], step=0.01,
                              label="Strength (how much changes: 1 = from noise)", elem_id="strength")

@@ -781,6 +781,27 @@ def upload_picture(page, png: bytes) -> dict:
     return canvas.bounding_box()
 
 
+def test_a_file_that_is_no_picture_is_named_under_the_editor_at_once(offline):
+    """A file dropped or chosen in "Image to image" that is no PNG, JPEG or WebP (by its first bytes, whatever its
+    name) is named under the editor as it is taken, not only at Generate from image; a picture clears the line.
+    Nothing is sent to the server for either."""
+    page = offline.open()
+    page.wait_for_function("document.querySelector('#engine-status')?.innerText.includes('Ready on')")
+    page.locator("#img2img-box button").first.click()
+    page.wait_for_selector("#init-image input[type=file]", state="attached")
+    page.wait_for_timeout(1000)  # the accordion's opening
+    page.locator("#init-image input[type=file]").set_input_files(
+        {"name": "notes.png", "mimeType": "image/png", "buffer": b"%PDF-1.4 not a picture"})
+    page.wait_for_function("document.querySelector('#init-image-check')?.innerText.includes('notes.png')",
+                           timeout=10_000)
+    assert page.inner_text("#init-image-check").strip() == (
+        "notes.png: not a PNG, JPEG or WebP picture; the editor cannot take it.")
+    page.locator("#init-image input[type=file]").set_input_files(
+        {"name": "picture.png", "mimeType": "image/png", "buffer": picture_png()[1]})
+    page.wait_for_function("document.querySelector('#init-image-check')?.innerText.trim() === ''", timeout=10_000)
+    assert offline.blocked == []
+
+
 def picture_png() -> tuple[np.ndarray, bytes]:
     """A 64 x 64 test picture (red left half, blue right half, a white bar at the top) and its PNG bytes."""
     pixels = np.zeros((64, 64, 3), np.uint8)
