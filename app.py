@@ -20,7 +20,6 @@ from sdxl_engine.config import EngineConfig
 from sdxl_engine.engine.contract import EngineContract
 from sdxl_engine.engine.validation import MAX_GUIDANCE
 from sdxl_engine.program.schedulers import SAMPLERS
-from sdxl_engine.service import models
 from sdxl_engine.service.models import configured as models_configured
 from sdxl_engine.service.service import Service
 from sdxl_engine.service.styles import (
@@ -46,11 +45,7 @@ from sdxl_engine.serving.page import (  # noqa: F401
     lora_tag_adder,
     model_choices,
     model_default_label,
-    model_default_settings,
-    model_settings,
-    model_widgets,
     page_event,
-    png_model,
     png_settings,
     size_choices,
     status_line,
@@ -82,6 +77,7 @@ from sdxl_engine.serving.page_image import (
     wire_control_section,
     wire_image_section,
 )
+from sdxl_engine.serving.page_models import ModelWidgets, offered, png_choices, wire_models
 
 
 def build_demo(requests: Service, config: EngineConfig, engine: EngineContract | None = None,
@@ -98,7 +94,9 @@ def build_demo(requests: Service, config: EngineConfig, engine: EngineContract |
     browser (HISTORY_JS)."""
     with gr.Blocks(title=TITLE) as demo:
         gr.Markdown(f"# {TITLE}\nFour images per prompt, generated in parallel across the accelerator's devices.")
-        banner = gr.Markdown(engine_banner(engine)[0], elem_id="engine-status")
+        # Empty as served: the page's config is built once, while the engine starts, so a line put in here would
+        # say "Starting" on every page load long after; the load event (refresh, below) writes the engine's state.
+        banner = gr.Markdown("", elem_id="engine-status")
         if config.model in MODEL_NOTES:
             gr.Markdown(MODEL_NOTES[config.model] + REAL_SDXL_HINT, elem_id="model-note")
         with gr.Row(equal_height=True, elem_id="prompt-row"):  # the prompt, across the page
@@ -230,22 +228,13 @@ def build_demo(requests: Service, config: EngineConfig, engine: EngineContract |
             for outcome in (done.success, done.failure):
                 outcome(None, None, None, js=REQUEST_ENDS_JS, queue=False, api_visibility="private")
 
-        def offered() -> list[str]:  # the models the Model dropdown offers (two or more), else none to choose
-            ready = engine is not None and engine.ready.is_set() and engine.error is None
-            names = models.names(engine) if ready else []
-            return names if len(names) > 1 else []
-
-        @page_event
-        def follow_model(name, size):  # after a restore set the dropdown (and the size): its other widgets
-            return model_widgets(engine, name, size=size)
-
-        restored = wire_history(events, past, pending, finished, last_result, history_gallery, history_note,
-                                clear_history, [prompt, negative_prompt, style, seed, guidance_scale,
-                                                num_inference_steps, sampler, resolution, refiner_switch, model],
-                                offered)
-        model_widgets_out = [model_default, resolution, control.model, fast]
-        restored.then(follow_model, [model, resolution], model_widgets_out, api_visibility="private", queue=False,
-                      show_progress="hidden", preprocess=False)
+        # The Model dropdown and what follows it (serving/page_models.py).
+        follow_model = wire_models(engine, config, ModelWidgets(model, model_default, resolution, control.model, fast),
+                                   prompt, [sampler, num_inference_steps, guidance_scale])
+        follow_model(wire_history(events, past, pending, finished, last_result, history_gallery, history_note,
+                                  clear_history, [prompt, negative_prompt, style, seed, guidance_scale,
+                                                  num_inference_steps, sampler, resolution, refiner_switch, model],
+                                  lambda: offered(engine)))
         for done in events:
             done.success(lambda: (None, gr.Button("Reuse selected image's seed", interactive=False), None,
                                   *(gr.Button(interactive=False) for _ in range(3))), None,
@@ -275,40 +264,20 @@ def build_demo(requests: Service, config: EngineConfig, engine: EngineContract |
                            prompt, [prompt, guidance_scale], api_visibility="private", queue=False)
         fast.click(page_event(lambda text: (*FAST_PRESET, with_fast_tag(text))), prompt,
                    [sampler, num_inference_steps, guidance_scale, prompt], api_visibility="private", queue=False)
-        @page_event
-        def chosen_model_default(name, text):
-            return model_default_settings(engine, config, name, text)
-
-        @page_event
-        def choose_model(name):
-            return model_settings(engine, name)
-
-        # Both take the dropdown's value as sent (preprocess=False): an unknown name is refused by name.
-        model_default.click(chosen_model_default, [model, prompt], [sampler, num_inference_steps, guidance_scale,
-                                                                    prompt],
-                            api_visibility="private", queue=False, preprocess=False)
-        # A model chosen on the page brings its own defaults, sizes and ControlNets (what its API requests get).
-        model.input(choose_model, model, [sampler, num_inference_steps, guidance_scale, model_default, resolution,
-                                          control.model, fast],
-                    api_visibility="private", queue=False, show_progress="hidden", preprocess=False)
         resolution.change(None, resolution, [width, height], js=PARSE_SIZE_JS, api_visibility="private")
 
         @page_event
         def restore_png(text: str):
-            names = offered()
-            made_by = png_model(text, names)  # the sizes its model has, once loaded (else the default's)
-            limits = models.loaded_limits(engine, made_by) if made_by else None
-            values, note = png_settings(text, [value for _, value in size_choices(engine, limits)[0]],
-                                        config.max_inference_steps, config.max_seed, bool(config.refiner), names)
+            names, sizes = png_choices(engine, text)  # the sizes its model has, once loaded (else the default's)
+            values, note = png_settings(text, sizes, config.max_inference_steps, config.max_seed,
+                                        bool(config.refiner), names)
             return (*(values.get(name, gr.update()) for name in PNG_FIELDS), note)
 
         # The browser sends the PNG's parameters text only (PNG_SETTINGS_JS): no file reaches the server.
-        png_file.input(restore_png, png_file, [prompt, negative_prompt, style, seed, guidance_scale,
-                                               num_inference_steps, sampler, resolution, refiner_switch, model,
-                                               png_note],
-                       api_visibility="private", queue=False, show_progress="hidden").then(
-            follow_model, [model, resolution], model_widgets_out, api_visibility="private", queue=False,
-            show_progress="hidden", preprocess=False)
+        follow_model(png_file.input(restore_png, png_file, [prompt, negative_prompt, style, seed, guidance_scale,
+                                                            num_inference_steps, sampler, resolution, refiner_switch,
+                                                            model, png_note],
+                                    api_visibility="private", queue=False, show_progress="hidden"))
 
         examples.click(page_event(load_example), examples, [prompt, style], api_visibility="private", queue=False,
                        show_progress="hidden")

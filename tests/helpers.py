@@ -224,11 +224,12 @@ def mounted_apis(monkeypatch, tmp_path, limits, pngs_for, info_for, lines: list[
 class StepEngine:
     """A stand-in engine for service tests (tests/service, the jobs API): the engine contract's generate, each
     denoising step waiting for :meth:`go` (one step each), images that encode the seed (pixel value = seed % 256)
-    so the test can tell which call made them."""
+    so the test can tell which call made them. ``reports``: the steps it reports to ``on_step`` (None: every
+    one), as the engine batches its reports on fast devices (an event for step k: every step up to k ran)."""
 
     batch = 2
 
-    def __init__(self, steps_per_go: int = 1):
+    def __init__(self, steps_per_go: int = 1, reports: tuple[int, ...] | None = None):
         from sdxl_engine.engine.validation import Limits
 
         self.ready = threading.Event()
@@ -241,6 +242,7 @@ class StepEngine:
         self.gate = threading.Semaphore(0)
         self.calls: list = []  # the GenerateRequests it was called with
         self.steps_seen = 0
+        self.reports = reports
 
     def go(self, n: int = 1) -> None:
         for _ in range(n):
@@ -258,6 +260,8 @@ class StepEngine:
                 if should_stop():
                     raise Stopped(f"stopped after step {step - 1}")
             self.steps_seen += 1
+            if self.reports is not None and step not in self.reports:
+                continue
             on_step(StepEvent(step, steps, np.zeros((self.batch, 4, 6, 3), np.uint8), 0.01 * step))
             if should_stop():
                 raise Stopped(f"stopped after step {step}")

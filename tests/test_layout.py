@@ -82,6 +82,12 @@ def test_the_runtime_has_no_import_cycle():
     assert cycles(GRAPH) == []
 
 
+def test_the_tools_have_no_import_cycle():
+    """tools/ (STYLE.md rule 17: a cycle between two modules is one concept living in both)."""
+    tools = {module_name(p): p for p in (PACKAGE.parent / "tools").rglob("*.py")}
+    assert cycles({name: {m for m in imports(path) if m in tools and m != name} for name, path in tools.items()}) == []
+
+
 def test_the_cycle_check_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 

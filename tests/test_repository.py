@@ -57,3 +57,19 @@ def test_every_relative_link_of_the_docs_resolves_to_a_file_and_heading():
             if not file.exists() or (anchor and file.is_file() and anchor not in _headings(file.read_text())):
                 broken.append(f"{page.relative_to(ROOT)}: {target}")
     assert broken == []
+
+
+def test_the_fixtures_commands_work_from_any_clone():
+    """tests/fixtures/README.md and the fixture tools' usage lines name no folder of one machine (its /work/...
+    venvs and outputs): their commands run from a clone's root, with its own venvs."""
+    texts = [ROOT / "tests" / "fixtures" / "README.md", *sorted((ROOT / "tools").glob("*noise.py")),
+             *sorted((ROOT / "tools").glob("fixtures_*.py")), ROOT / "tools" / "make_fixtures.py"]
+    named = [f"{path.relative_to(ROOT)}: {line.strip()}" for path in texts for line in path.read_text().splitlines()
+             if re.search(r"(?<![\w.])/(work|home|root|Users)/", line)]
+    assert named == []
+
+
+def test_the_index_names_every_protocol_the_protocols_page_covers():
+    """docs/index.md's protocols row names each API docs/protocols.md documents, the jobs API among them."""
+    row = next(line for line in (ROOT / "docs" / "index.md").read_text().splitlines() if "(protocols.md)" in line)
+    assert all(name in row for name in ("AUTOMATIC1111", "OpenAI Images", "MCP", "jobs API (`/v1/jobs`")), row

@@ -1,7 +1,7 @@
 """ControlNet references: two small ControlNets made from tiny-pt's UNet and diffusers' SDXL ControlNet pipelines'
 images with them, for tests/models/test_controlnet_module.py and tests/program/test_generate_controlnet.py.
 
-    /work/venv-torch/bin/python -m tools.fixtures_controlnet      (the torch venv; never the runtime's)
+    .venv-torch/bin/python -m tools.fixtures_controlnet      (the torch venv; never the runtime's)
 
 Needs tests/fixtures/tiny-pt/ and tiny-pt-img2img/noise.npz (the engine's initial noise of seeds
 41 and 42). Writes tests/fixtures/tiny-pt-controlnet/:

@@ -1,7 +1,7 @@
 """Hires fix references: diffusers' two pipelines chained as AUTOMATIC1111's latent hires fix, on tiny-pt, for
 tests/program/test_generate_hires.py.
 
-    /work/main/.venv/bin/python -m tools.hires_noise     (the runtime's venv: the engine's noise)
+    .venv/bin/python -m tools.hires_noise     (the runtime's venv: the engine's noise)
     /tmp/torchvenv/bin/python -m tools.fixtures_hires    (the torch venv; never the runtime's)
 
 Each case (:data:`CASES`), 2 images, "a red circle", negative "a blue square", guidance 5, first pass 10 steps:

@@ -1,6 +1,6 @@
 """The engine's noise for the hires fix fixture: tests/fixtures/tiny-pt-hires/noise.npz.
 
-    /work/main/.venv/bin/python -m tools.hires_noise        (the runtime's venv: JAX, no torch)
+    .venv/bin/python -m tools.hires_noise        (the runtime's venv: JAX, no torch)
 
 Hires fix draws two noises per image (program/generate.py): the first pass's initial noise,
 ``normal(key(seed_i), (C, h, w))`` at the base size, and the second pass's,

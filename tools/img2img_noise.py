@@ -1,6 +1,6 @@
 """The engine's initial noise for the img2img fixture: tests/fixtures/tiny-pt-img2img/noise.npz.
 
-    /work/main/.venv/bin/python -m tools.img2img_noise        (the runtime's venv: JAX, no torch)
+    .venv/bin/python -m tools.img2img_noise        (the runtime's venv: JAX, no torch)
 
 img2img adds the txt2img noise of each image's seed to the image latents at the start sigma
 (program/generate.py ``initial_latents``: ``jax.random.normal(jax.random.key(seed_i), (C, h, w))``).

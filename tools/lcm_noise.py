@@ -1,6 +1,6 @@
 """The engine's LCM step noise for the LCM image fixture: tests/fixtures/lcm-noise.npz.
 
-    /work/main/.venv/bin/python -m tools.lcm_noise        (the runtime's venv: JAX, no torch)
+    .venv/bin/python -m tools.lcm_noise        (the runtime's venv: JAX, no torch)
 
 diffusers' LCMScheduler draws fresh noise between steps with torch; the engine draws it with the
 documented seed rule (program/generate.py ``step_noise``: image i's noise at step k is

@@ -4,8 +4,7 @@
 
 One engine (progress off: its default program runs every step in one executable) and the same size's program
 with the step hook (ProgramShape.step_hook: the host runs the steps in chunks), run on one request's inputs in
-alternating rounds
-(bench.timed: every variant once per round, so a noisy neighbour slows them alike):
+alternating rounds (timing.timed: every variant once per round, so a noisy neighbour slows them alike):
 
 * ``both off``: the program without the hook;
 * ``progress on, previews off``: the stepped program reporting to a StepReceiver, which asks for a report
@@ -32,6 +31,7 @@ from sdxl_engine.engine.steps import AUTO, StepReceiver
 from sdxl_engine.program.compiling import cached_program
 from sdxl_engine.program.generate import ProgramInputs, tokenize
 from sdxl_engine.program.schedulers import make_schedule
+from tools.timing import timed
 
 
 def variants(engine: Engine, steps: int) -> tuple[dict, dict]:
@@ -77,8 +77,6 @@ def every_step(receiver: StepReceiver):
 
 
 def main(args) -> dict:
-    from tools.bench import timed  # bench imports this module
-
     engine = Engine(EngineConfig.load({"model": args.model, "progress": False}), log=print).start()
     fns, out = variants(engine, args.steps)
     rounds: list = []

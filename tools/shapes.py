@@ -12,6 +12,9 @@ of the border pixels; foreground = pixels far from it; colour = the palette hue 
 foreground pixels' hue; position = the nearest of the five anchor points to the foreground
 centroid; shape = the best-matching template (IoU of the foreground mask, cropped to its
 bounding box and resized to 32x32, against the same for each shape drawn cleanly).
+
+Latents (:func:`encode_all`): the images as a VAE sees them (:func:`to_pixels`) and their posterior means, which
+tools/train.py (its stage 3) and tools/train_lcm.py both train on.
 """
 
 from __future__ import annotations
@@ -240,3 +243,17 @@ def analyse(image: np.ndarray) -> dict:
         ious = {s: (norm & t).sum() / max((norm | t).sum(), 1) for s, t in _shape_templates().items()}
         result["shape"] = max(ious, key=ious.get)
     return result
+
+
+def to_pixels(images: np.ndarray) -> np.ndarray:
+    """(n, H, W, 3) uint8 -> (n, 3, H, W) float32 in [-1, 1], the VAE's input layout."""
+    return images.transpose(0, 3, 1, 2).astype(np.float32) / 127.5 - 1.0
+
+
+def encode_all(vae, params, images: np.ndarray, batch: int = 500) -> np.ndarray:
+    """The posterior means of all ``images`` under ``vae`` with ``params``, (n, 4, 16, 16) float32, unscaled."""
+    import jax  # here: the data set and its checker need no JAX
+
+    encode = jax.jit(lambda p, x: vae.bind(p).encode(x)[0])
+    return np.concatenate([np.asarray(encode(params, to_pixels(images[i: i + batch])))
+                           for i in range(0, len(images), batch)])

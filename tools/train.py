@@ -152,24 +152,12 @@ def train_vae(vae, images: np.ndarray, args, key) -> tuple[dict, list]:
     for i in range(1, args.vae_steps + 1):
         y, x0 = rng.integers(0, shapes.SIZE - args.vae_crop + 1, size=2)
         crops = images[rng.integers(len(images), size=args.vae_batch), y: y + args.vae_crop, x0: x0 + args.vae_crop]
-        x = to_pixels(crops)
+        x = shapes.to_pixels(crops)
         params, opt_state, loss, mse = step(params, opt_state, x, jax.random.fold_in(key, i))
         if i % args.log_every == 0 or i == args.vae_steps:
             history.append((i, float(loss), float(mse)))
             log(f"vae step {i}/{args.vae_steps} loss {float(loss):.5f} mse {float(mse):.5f}")
     return params, history
-
-
-def to_pixels(images: np.ndarray):
-    """(n, H, W, 3) uint8 -> (n, 3, H, W) float32 in [-1, 1], the VAE's input layout."""
-    return images.transpose(0, 3, 1, 2).astype(np.float32) / 127.5 - 1.0
-
-
-def encode_all(vae, params, images: np.ndarray, batch: int = 500) -> np.ndarray:
-    """Stage 3: posterior means of all images, (n, 4, 16, 16) float32, unscaled."""
-    encode = jax.jit(lambda p, x: vae.bind(p).encode(x)[0])
-    return np.concatenate([np.asarray(encode(params, to_pixels(images[i: i + batch])))
-                           for i in range(0, len(images), batch)])
 
 
 def init_text_encoder(params: dict, key) -> dict:
@@ -298,7 +286,7 @@ def main(argv=None) -> None:
         vae_history = []
     else:
         vae_params, vae_history = train_vae(vae, images, args, jax.random.fold_in(key, 1))
-    raw = encode_all(vae, vae_params, images)
+    raw = shapes.encode_all(vae, vae_params, images)  # stage 3
     scaling_factor = float(1.0 / raw.std())
     configs["vae"]["scaling_factor"] = scaling_factor
     vae_s = time.perf_counter() - start

@@ -53,7 +53,6 @@ from sdxl_engine.checkpoint.lora import merge_layer
 from sdxl_engine.program.generate import encode_prompts
 from sdxl_engine.program.schedulers import _alphas_cumprod, sampler_config
 from tools import shapes
-from tools.train import encode_all
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "assets" / "tiny-shapes"
@@ -183,7 +182,7 @@ def main(argv=None) -> None:
     ids = np.stack([np.asarray(t(captions, padding="max_length", max_length=77, truncation=True).input_ids)
                     for t in (model.tokenizer, model.tokenizer_2)], axis=1).astype(np.int32)
     vae = components["vae"]
-    latents = encode_all(vae, base["vae"], images, batch=250) * vae.config.scaling_factor  # tools/train.py's stage 3
+    latents = shapes.encode_all(vae, base["vae"], images, batch=250) * vae.config.scaling_factor  # train's stage 3
     text = jax.jit(lambda p, i: encode_prompts(components, p, i))
     hidden, pooled = [], []
     for i in range(0, len(ids), 500):

@@ -135,7 +135,7 @@ def engine_parts(engine, runs: int) -> dict:
     """Medians (seconds) of the engine's parts, each its own sharded jit (tools/bench.py's), its host work (the
     request's prepare and copy-to-host time) and the whole request at 1 and at 20 steps (one program)."""
     from tools.bench import engine_parts as parts_of
-    from tools.bench import timed
+    from tools.timing import timed
 
     fns = parts_of(engine)
     fns["request_1_steps"] = lambda: engine_request(engine, 0, 1)

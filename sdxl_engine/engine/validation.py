@@ -323,7 +323,8 @@ def as_model(value) -> str | None:
     """A request's ``model``: None (the default) or a name (which names exist, the engine checks)."""
     if value is None or (isinstance(value, str) and value.strip()):
         return None if value is None else value.strip()
-    raise InvalidRequest("model", f"expected a model's name, got {_short(value)}")
+    raise InvalidRequest("model", f"expected a model's name (text), got {type(value).__name__} {_short(value)}"
+                         if not isinstance(value, str) else f"expected a model's name, got {_short(value)}")
 
 
 def as_refiner(value, switch) -> str | None:
@@ -361,7 +362,9 @@ def as_switch(value, limits: Limits, hires_scale=None) -> float | None:
 
 def as_sampler(field: str, value) -> str:
     """An A1111 sampler name (schedulers.get_sampler's spellings) as its canonical name.
-    Raises InvalidRequest naming ``field``."""
+    Raises InvalidRequest naming ``field``: a value that is not text says so (it names no sampler at all)."""
+    if value is not None and not isinstance(value, str):
+        raise InvalidRequest(field, f"expected a sampler's name (text), got {type(value).__name__} {_short(value)}")
     try:
         return get_sampler(value)
     except UnknownSampler as err:

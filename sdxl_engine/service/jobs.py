@@ -28,7 +28,8 @@ EVENTS = ("queued", "started", "stage", "step", "preview", SUCCEEDED, FAILED, CA
 """The names of a job's events, in the order they can come: ``queued`` (data ``{"position"}``, again whenever
 its place in line changes), ``started``, ``stage`` (``{"stage"}``: the engine's stage: compiling, waiting,
 preparing, on device, to host; also ``loading`` while the engine starts), ``step`` (``{"step", "steps", "call",
-"calls"}``), ``preview`` (``{"step", "steps"}``: :attr:`Job.preview` holds the image), then one of ``succeeded``,
+"calls"}``, one for every step, however the engine batches its reports), ``preview`` (``{"step", "steps"}``:
+:attr:`Job.preview` holds the image), then one of ``succeeded``,
 ``failed``, ``cancelled`` (data None: read the job)."""
 
 

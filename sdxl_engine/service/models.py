@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from sdxl_engine.checkpoint.weights import ModelLoadError
 from sdxl_engine.config import ConfigError
 from sdxl_engine.engine.errors import InvalidRequest
 
@@ -59,11 +60,12 @@ def choose(engine, text, field: str = "model") -> str | None:
     Raises InvalidRequest (``field``, the front's name of it) naming ``text`` and the models offered."""
     if text is None or (isinstance(text, str) and not text.strip()):
         return None
-    if isinstance(text, str):
-        found = engine.find_model(text) if _catalogue(engine) is not None else (
-            default(engine) if text.split(" [")[0].strip() == default(engine) else None)
-        if found is not None:
-            return found
+    if not isinstance(text, str):  # names no model at all: its type is the mistake
+        raise InvalidRequest(field, f"expected a model's name (text), got {type(text).__name__} {str(text)[:60]}")
+    found = engine.find_model(text) if _catalogue(engine) is not None else (
+        default(engine) if text.split(" [")[0].strip() == default(engine) else None)
+    if found is not None:
+        return found
     raise InvalidRequest(field, f"unknown model {str(text)[:120]!r}; this server offers: {', '.join(names(engine))}")
 
 
@@ -77,10 +79,20 @@ def loaded_limits(engine, model: str | None):
 
 def limits_for(engine, model: str | None):
     """The Limits a request for ``model`` (None: the default) is validated with: that model's once the engine has
-    loaded it, else the default's (the engine validates the request again against the model's own once loaded).
+    loaded it, else the default's with that model's own sampler, steps and guidance (:func:`defaults_for`, read
+    without loading it: validation fills a value left out from them, so the first request for a model not loaded
+    yet runs its defaults too); the engine validates the request again against the model's own once loaded.
 
     Raises InvalidRequest (``model``) for a name the engine does not offer."""
-    return loaded_limits(engine, model) or engine.limits
+    loaded = loaded_limits(engine, model)
+    if loaded is not None or model is None or _catalogue(engine) is None or engine.limits is None:
+        return loaded or engine.limits
+    try:
+        own = defaults_for(engine, model)
+    except (ConfigError, ModelLoadError):  # the engine refuses it at its load, with the reason
+        return engine.limits
+    return dataclasses.replace(engine.limits, default_steps=own.num_inference_steps,
+                               default_guidance=own.guidance_scale, default_sampler=own.sampler)
 
 
 def defaults_for(engine, model: str | None):

@@ -334,9 +334,15 @@ class Service:
 
     @staticmethod
     def _step(job: Job, event: StepEvent) -> None:
-        """On XLA's callback thread while the devices wait: record and hand on, never block."""
+        """On XLA's callback thread while the devices wait: record and hand on, never block.
+
+        The engine reports steps in batches on fast devices (an event for step k: every step up to k finished), so
+        each step since the call's last report gets its own ``step`` event; the call's first report (image to
+        image starts past step 1) is its first step. A preview comes with the report's last step."""
+        first = job.step + 1 if 0 < job.step < event.step else event.step
         job.step, job.steps = event.step, event.steps
-        job.emit("step", {"step": event.step, "steps": event.steps, "call": job.call, "calls": job.calls})
+        for step in range(first, event.step + 1):
+            job.emit("step", {"step": step, "steps": event.steps, "call": job.call, "calls": job.calls})
         if event.preview is not None:
             job.preview = event.preview
             job.emit("preview", {"step": event.step, "steps": event.steps})

@@ -6,7 +6,11 @@ and the clean stop (server.serve) need what Gradio does not document: its event 
 ``pending_messages_per_session``, ``pending_event_ids_session``, ``active_jobs``), the files it recorded
 (``temp_file_sets``, ``keep_in_cache``, ``GRADIO_CACHE``), whether an event's client is still there
 (``Event.alive``: the clean stop, and the page's events, which stop the job of a client that left), the running
-event's id (``LocalContext.event_id``) and Starlette's cached ``middleware_stack``. (MCP is served by
+event's id (``LocalContext.event_id``), Starlette's cached ``middleware_stack`` (the middleware seam), Gradio's HTTP
+routes and request format as the guard reads them (the file, call, queue and upload routes; ``fn_index`` and
+``session_hash`` in a call's body and a stream's query), its API description (``Blocks.get_api_info``: the
+endpoints' inputs and defaults), its temp folder (``gradio.utils.get_upload_folder``) and its share server
+(``gradio.networking.GRADIO_API_SERVER``). (MCP is served by
 serving/apis itself, not by Gradio's MCP server.) The admission (the per-client cap, the shutdown
 refusal) and the page's Stop need none: the service holds the first (sdxl_engine.service), and a Stop is Gradio
 cancelling the event's task (handler.follow). Nothing else in the project touches them: after a Gradio upgrade, read
@@ -22,6 +26,7 @@ import functools
 import importlib.metadata
 import json
 import logging
+import re
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -238,3 +243,54 @@ def add_outermost_middleware(app, middleware, **options) -> None:
     """
     app.middleware_stack = None
     app.add_middleware(middleware, **options)
+
+
+# ---- Gradio's HTTP routes and request format (guard.Routes and guard.Guard read them) ----------------------------
+# Each with and without the ``/gradio_api`` prefix (Gradio 6 answers both). Checked against gradio.routes.App's own
+# routes and gradio.data_classes.PredictBody by tests/serving/test_gradio_internals.py.
+FILE_ROUTE = re.compile(r"^(?:/gradio_api)?/(?P<kind>file=|file/|proxy=)(?P<path>.*)$", re.S)  # files, proxied URLs
+RESULT_STREAM = re.compile(r"^(?:/gradio_api)?/call/(?:v2/)?(?P<name>[^/]+)/(?P<event>[^/]+)/?$")  # a raw call's result
+QUEUE_DATA = re.compile(r"^(?:/gradio_api)?/queue/data/?$")  # a session's result stream (?session_hash=)
+DIRECT_CALL = re.compile(r"^(?:/gradio_api)?/(?:call/v2|call|run|api)/(?P<name>[^/]+)/?$")  # a call by API name
+API_CALL = re.compile(r"^(?:/gradio_api)?/(?:call|run|api)/(?!v2/)(?P<name>[^/]+)/?$")  # ... whose body has "data"
+QUEUE_JOIN = re.compile(r"^(?:/gradio_api)?/queue/join/?$")  # the page's queued call ("fn_index" names the event)
+UPLOAD_PATH = "/gradio_api/upload"  # the upload route the page's components use
+UPLOAD_ROUTES = ("/gradio_api/upload", "/upload")  # every upload route (upload_progress too)
+# Routes this page never uses (guard.Guard refuses them): deep_link writes a session's values (which a client sets)
+# into the temp folder; process_recording writes an uploaded video; stream/ feeds streaming components; dev/reload
+# and the vibe-* editor are for development.
+UNUSED_ROUTES = tuple(prefix + route for prefix in ("/gradio_api", "") for route in (
+    "/deep_link", "/process_recording", "/stream/", "/dev/", "/vibe-edit", "/undo-vibe-edit", "/vibe-code"))
+
+
+def join_fields(payload: dict) -> tuple[object, object]:
+    """(``fn_index``, ``session_hash``) of a queue join's or direct call's JSON body (PredictBody), as sent."""
+    return payload.get("fn_index"), payload.get("session_hash")
+
+
+def stream_session(query: str) -> str:
+    """The ``session_hash`` a result stream's query string (``queue/data?session_hash=...``) names ("" if none)."""
+    return dict(pair.partition("=")[::2] for pair in query.split("&")).get("session_hash", "")
+
+
+def api_endpoints(demo) -> dict[str, tuple[tuple[str, object], ...]]:
+    """{api_name: ((parameter name, its default: what gradio_client sends when it is not given), ...)} of the demo's
+    public API endpoints, in order, from Gradio's API description (``Blocks.get_api_info``)."""
+    named = demo.get_api_info()["named_endpoints"]
+    return {name.lstrip("/"): tuple((p["parameter_name"], p.get("parameter_default")) for p in info["parameters"])
+            for name, info in named.items()}
+
+
+def upload_folder() -> str:
+    """Gradio's temp folder, where it writes uploads and serves files from (``gradio.utils.get_upload_folder``:
+    GRADIO_TEMP_DIR, read at import)."""
+    from gradio.utils import get_upload_folder
+
+    return get_upload_folder()
+
+
+def share_server() -> str:
+    """The server Gradio asks for a share link (``gradio.networking.GRADIO_API_SERVER``)."""
+    from gradio.networking import GRADIO_API_SERVER
+
+    return GRADIO_API_SERVER

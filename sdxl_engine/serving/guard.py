@@ -17,10 +17,10 @@ the service (handler.follow).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
-import re
 import threading
 import time
 from collections import OrderedDict
@@ -48,22 +48,18 @@ IMAGE_TOOL = "image_to_image"
 IMAGE_TEXT_CALLS = (IMAGE_TOOL, "generate")
 MCP_PATH = "/gradio_api/mcp"
 CONTROLNET = "/controlnet/"  # sd-webui-controlnet's routes (apis/controlnet.py), A1111's error shape
-BLOCKED_PATH_PREFIXES = ("/gradio_api/upload", "/upload")  # Gradio's upload routes: all but UPLOAD_PATH refused
+BLOCKED_PATH_PREFIXES = gradio_internals.UPLOAD_ROUTES  # Gradio's upload routes: all but UPLOAD_PATH refused
 # The one upload route the page uses (its image editor, in "Image to image"): POST only, with a demo's Routes,
 # a body of at most MAX_IMAGE_BODY_BYTES (the editor sends picture, brush layer and composite at once: three
 # 2048 x 2048 PNGs fit), at most MAX_UPLOAD_FILES files, each a PNG, JPEG or WebP by its first bytes (else the
 # files are deleted and the answer is 415). Uploads are never served back (app_files) and the image event
 # deletes them when it ends (handler.discard_uploads).
-UPLOAD_PATH = "/gradio_api/upload"
+UPLOAD_PATH = gradio_internals.UPLOAD_PATH
 MAX_UPLOAD_FILES = 8
 IMAGE_EVENT = "img2img"  # the page's image to image event (private): the one whose call may name uploaded files
 CONTROL_EVENT = "control_upload"  # the page's ControlNet picture upload (private): may name uploaded files too
 NOT_AN_IMAGE = "uploads take PNG, JPEG or WebP images only"
-# Gradio routes this page never uses, refused (404, one line): deep_link writes a session's values
-# (which a client sets) into the temp folder; process_recording writes an uploaded video; stream/
-# feeds streaming components (the page has none); dev/reload and the vibe-* editor are for development.
-UNUSED_ROUTES = tuple(prefix + route for prefix in ("/gradio_api", "") for route in (
-    "/deep_link", "/process_recording", "/stream/", "/dev/", "/vibe-edit", "/undo-vibe-edit", "/vibe-code"))
+UNUSED_ROUTES = gradio_internals.UNUSED_ROUTES  # Gradio routes this page never uses, refused (404, one line)
 RETRY_AFTER_S = 5
 ARRIVED_HEADER = b"x-sdxl-arrived"  # set by Guard on every request: contract.clock() at arrival
 
@@ -126,23 +122,29 @@ def cross_site_refusal(method: str, headers) -> str | None:
     return None
 
 
-_FILE_ROUTE = re.compile(r"^(?:/gradio_api)?/(?P<kind>file=|file/|proxy=)(?P<path>.*)$", re.S)
-_RESULT_STREAM = re.compile(r"^(?:/gradio_api)?/call/(?:v2/)?(?P<name>[^/]+)/(?P<event>[^/]+)/?$")
-_QUEUE_DATA = re.compile(r"^(?:/gradio_api)?/queue/data/?$")
-_DIRECT_CALL = re.compile(r"^(?:/gradio_api)?/(?:call/v2|call|run|api)/(?P<name>[^/]+)/?$")
 
 
 NOT_JSON = "the request body is not a JSON object"
+NOT_VALID_JSON = "the request body is not valid JSON"
+
+
+@dataclasses.dataclass(frozen=True)
+class Unparsed:
+    """A body :func:`parsed` could not read as JSON, with the parser's reason (for the refusal's message)."""
+
+    reason: str
 
 
 def parsed(body: bytes | None):
-    """``body``'s JSON value; None for an empty body or one that is not JSON (every check wants a JSON object, and
-    refuses anything else alike). The guard parses a call's body once here and every check takes the value (an image
-    call's body may be 48 MB)."""
+    """``body``'s JSON value; None for an empty body, :class:`Unparsed` for one that is not valid JSON (every check
+    wants a JSON object and refuses anything else; the refusal says which). The guard parses a call's body once
+    here and every check takes the value (an image call's body may be 48 MB)."""
     try:
         return json.loads(body or b"null")
-    except (ValueError, RecursionError):
-        return None
+    except RecursionError:
+        return Unparsed("nested too deeply")
+    except ValueError as err:  # JSONDecodeError, or bytes that are no UTF-8 text
+        return Unparsed(str(err)[:120])
 
 
 class Routes:
@@ -191,27 +193,29 @@ class Routes:
     def refusal(self, method: str, path: str, query: str, payload=None) -> str | None:
         """Why the request is refused, or None to let it through. ``payload``: a POST's body as :func:`parsed`
         gives it (else None)."""
-        if (match := _FILE_ROUTE.match(path)) is not None:
+        if (match := gradio_internals.FILE_ROUTE.match(path)) is not None:
             wanted = match["path"]
             if match["kind"] == "proxy=" or method not in ("GET", "HEAD") or "://" in wanted \
                     or os.path.abspath(wanted) not in self.served_files():
                 return "not a file of this app"
             return None
-        if method == "GET" and (match := _RESULT_STREAM.match(path)) is not None:
+        if method == "GET" and (match := gradio_internals.RESULT_STREAM.match(path)) is not None:
             if match["name"] not in self.api_names:
                 return f"no API endpoint /{match['name']} ({self.api_list()})"
             if not self._event_known(match["event"]):
                 return "no such event (unknown, or its result was already read)"
             return None
-        if method == "GET" and _QUEUE_DATA.match(path):
-            session = dict(pair.partition("=")[::2] for pair in query.split("&")).get("session_hash", "")
+        if method == "GET" and gradio_internals.QUEUE_DATA.match(path):
+            session = gradio_internals.stream_session(query)
             return None if gradio_internals.session_stream_known(self.demo, session) else "no such session"
-        join, call = _QUEUE_JOIN.match(path), _DIRECT_CALL.match(path)
+        join, call = gradio_internals.QUEUE_JOIN.match(path), gradio_internals.DIRECT_CALL.match(path)
         if method != "POST" or not (join or call):
             return None
+        if isinstance(payload, Unparsed):
+            return f"{NOT_VALID_JSON} ({payload.reason})"
         if not isinstance(payload, dict):
             return NOT_JSON
-        fn_index, session = payload.get("fn_index"), payload.get("session_hash")
+        fn_index, session = gradio_internals.join_fields(payload)
         if _holds_file(payload.get("data")) and not (join and self._image_files_ok(fn_index, payload.get("data"))):
             return "this app takes no files"  # Gradio would fetch or copy it into its temp folder
         if join:  # the page's queued events, and gradio_client's /generate
@@ -418,8 +422,6 @@ def _holds_file(value, depth: int = 0) -> bool:
 
 # Raw calls whose JSON body carries an endpoint's input values: /gradio_api/{call,run,api}/<api_name>
 # ("data": the values in order) and /gradio_api/queue/join ("fn_index" names the event).
-_API_CALL = re.compile(r"^(?:/gradio_api)?/(?:call|run|api)/(?!v2/)(?P<name>[^/]+)/?$")
-_QUEUE_JOIN = re.compile(r"^(?:/gradio_api)?/queue/join/?$")
 
 
 # Inputs an endpoint gained after its first release (handler.api_function: only optional inputs are ever added,
@@ -432,14 +434,13 @@ def api_inputs(demo) -> tuple[dict[str, tuple[str, ...]], dict[int, str], dict[s
     """({api_name: input names}, {fn_index: api_name}, {api_name: defaults of its :data:`OPTIONAL_INPUTS`, in
     order}) of ``demo``'s named API endpoints. The defaults are the API description's (``parameter_default``:
     the component's value, what gradio_client sends for a parameter it is not given)."""
-    named = demo.get_api_info()["named_endpoints"]
-    inputs = {name.lstrip("/"): tuple(p["parameter_name"] for p in info["parameters"]) for name, info in named.items()}
+    endpoints = gradio_internals.api_endpoints(demo)
+    inputs = {name: tuple(param for param, _ in params) for name, params in endpoints.items()}
     defaults = {}
-    for name, info in named.items():
-        optional = OPTIONAL_INPUTS.get(name.lstrip("/"), ())
-        params = info["parameters"]
-        if optional and tuple(p["parameter_name"] for p in params[-len(optional):]) == optional:
-            defaults[name.lstrip("/")] = tuple(p.get("parameter_default") for p in params[-len(optional):])
+    for name, params in endpoints.items():
+        optional = OPTIONAL_INPUTS.get(name, ())
+        if optional and tuple(param for param, _ in params[-len(optional):]) == optional:
+            defaults[name] = tuple(default for _, default in params[-len(optional):])
     fns = {fn_index: gradio_internals.api_name_of(demo, fn_index)
            for fn_index in gradio_internals.fn_indices(demo, inputs)}
     return inputs, fns, defaults
@@ -449,10 +450,10 @@ def raw_call(path: str, payload, fns: dict[int, str]) -> tuple[str, dict] | None
     """(api_name, payload) of a raw call (``/call/<name>``, ``/run/<name>``) or queue join (``fn_index``)
     whose ``payload`` (the body, :func:`parsed`) is a JSON object with a ``data`` list, else None
     (:func:`arity_error` and :func:`completed` take it)."""
-    call, join = _API_CALL.match(path), _QUEUE_JOIN.match(path)
+    call, join = gradio_internals.API_CALL.match(path), gradio_internals.QUEUE_JOIN.match(path)
     if not (call or join) or not isinstance(payload, dict) or not isinstance(payload.get("data"), list):
         return None
-    return (call["name"] if call else fns.get(payload.get("fn_index"))), payload
+    return (call["name"] if call else fns.get(gradio_internals.join_fields(payload)[0])), payload
 
 
 def arity_error(found: tuple[str, dict] | None, inputs: dict[str, tuple[str, ...]],
@@ -521,16 +522,17 @@ class Guard:
         """Answer ``status`` (default: 422 for a body that is not JSON, else 404) with ``reason``; one log line."""
         self.log(f"[app] refused {method} {path[:160]!r}: {reason}")
         body = json.dumps({"error": reason, "detail": reason}).encode()
-        await _plain(send, status or (422 if reason == NOT_JSON else 404), body, content_type=b"application/json")
+        malformed = reason == NOT_JSON or reason.startswith(NOT_VALID_JSON)
+        await _plain(send, status or (422 if malformed else 404), body, content_type=b"application/json")
 
     def body_limit(self, path: str) -> int:
         """The body cap for ``path``: :data:`MAX_IMAGE_BODY_BYTES` on a route that takes images (the image APIs, the
         page's upload route) or may carry an
         :data:`IMAGE_TOOL` call (or this guard's own cap if larger; :meth:`over_cap_refused` then checks that a
         body over ``max_body`` is one), else this guard's (``max_body``)."""
-        call = _DIRECT_CALL.match(path)
-        if path in IMAGE_BODY_PATHS or path == UPLOAD_PATH or _QUEUE_JOIN.match(path) or path.rstrip("/") == MCP_PATH \
-                or (call is not None and call["name"] in IMAGE_TEXT_CALLS):
+        call = gradio_internals.DIRECT_CALL.match(path)
+        if path in IMAGE_BODY_PATHS or path == UPLOAD_PATH or gradio_internals.QUEUE_JOIN.match(path) \
+                or path.rstrip("/") == MCP_PATH or (call is not None and call["name"] in IMAGE_TEXT_CALLS):
             return max(self.max_body, MAX_IMAGE_BODY_BYTES)
         return self.max_body
 
@@ -540,12 +542,12 @@ class Guard:
         other than a ``tools/call`` of the tool."""
         if size <= self.max_body or path in IMAGE_BODY_PATHS or path == UPLOAD_PATH:
             return False
-        if (call := _DIRECT_CALL.match(path)) is not None:
+        if (call := gradio_internals.DIRECT_CALL.match(path)) is not None:
             return call["name"] not in IMAGE_TEXT_CALLS
         if not isinstance(payload, dict):
             return True
-        if _QUEUE_JOIN.match(path):
-            return self.fns.get(payload.get("fn_index")) not in IMAGE_TEXT_CALLS
+        if gradio_internals.QUEUE_JOIN.match(path):
+            return self.fns.get(gradio_internals.join_fields(payload)[0]) not in IMAGE_TEXT_CALLS
         params = payload.get("params")
         return not (payload.get("method") == "tools/call" and isinstance(params, dict)
                     and params.get("name") in IMAGE_TEXT_CALLS)
@@ -611,7 +613,7 @@ class Guard:
                 and (reason := self.routes.refusal(method, path, query, None)) is not None:
             return await self._refuse(send, method, path, reason)
         if method == "POST" and (self.inputs or self.routes or limit > self.max_body) \
-                and (_DIRECT_CALL.match(path) or _QUEUE_JOIN.match(path)):
+                and (gradio_internals.DIRECT_CALL.match(path) or gradio_internals.QUEUE_JOIN.match(path)):
             body = await _read_body(limited_receive)
             if body is None:  # over the cap, or the client left
                 return await _too_large(send, path, limit) if seen > limit else None

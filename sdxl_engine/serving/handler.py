@@ -23,7 +23,7 @@ import gradio as gr
 import numpy as np
 
 from sdxl_engine.checkpoint.loading import engine_defaults
-from sdxl_engine.config import EngineConfig, resolve_defaults
+from sdxl_engine.config import MODEL_DEFAULT_FIELDS, EngineConfig, resolve_defaults
 from sdxl_engine.engine.contract import EngineContract, clock
 from sdxl_engine.engine.errors import CompilesBusy, EngineNotReady, GenerationError, ModelUnavailable
 from sdxl_engine.engine.previews import preview_grid
@@ -92,9 +92,10 @@ def api_function(requests: Service, config: EngineConfig, pending: history.Pendi
         fields = {**({} if switch is None else {"refiner_switch_at": switch}), **model_field(model)}
         fields.update(control_of(control_image, control_model, control_weight, control_start, control_end,
                                  control_module))
-        asked = _page_request(dict(prompt=prompt, negative_prompt=negative_prompt, seed=seed,
-                                   guidance_scale=guidance_scale, num_inference_steps=num_inference_steps, width=width,
-                                   height=height, style=style, sampler=sampler), request, fields)
+        asked = _page_request(left_out(dict(prompt=prompt, negative_prompt=negative_prompt, seed=seed,
+                                            guidance_scale=guidance_scale, num_inference_steps=num_inference_steps,
+                                            width=width, height=height, style=style, sampler=sampler),
+                                       config, model, request), request, fields)
         async for out in follow(requests, asked, request, progress, pending, finished, client_gone(demo)):
             yield out
 
@@ -110,6 +111,23 @@ def control_of(image, model: str, weight: float, start: float, end: float, modul
     except ApiError as err:
         LOG.info(f"[app] request refused: {err.message}")
         raise gr.Error(err.message, print_exception=False) from None
+
+
+GRADIO_CLIENT = ("x-gradio-user", "api")  # the header gradio_client sends with every call (Client.submit)
+
+
+def left_out(values: dict, config: EngineConfig, model: str | None, gr_request) -> dict:
+    """``values`` (an endpoint's, by /generate's names) with the sampler, steps and guidance read as left out
+    (None: the named model's own default, as A1111, MCP and the jobs API take a value left out) where a
+    gradio_client call naming a ``model`` sends the page's default for them (``config``'s, the default model's:
+    gradio_client fills an input its caller leaves out with the API description's default, the page's widget
+    value, so it cannot send "left out"; it says who it is with :data:`GRADIO_CLIENT`). A value other than that
+    default is the caller's own, and the page's calls (its widgets follow the chosen model) are kept as sent."""
+    headers = getattr(gr_request, "headers", None) or {}
+    if not model or headers.get(GRADIO_CLIENT[0]) != GRADIO_CLIENT[1]:
+        return values
+    return {name: None if name in MODEL_DEFAULT_FIELDS and value == getattr(config, name) else value
+            for name, value in values.items()}
 
 
 def _page_request(values: dict, gr_request, fields: dict | None = None, paste_back=None) -> Request:
@@ -223,7 +241,7 @@ def _delivered(job: Job) -> tuple[list, dict, dict]:
             print_exception=False)
     result, style = job.result, job.request.style
     try:
-        paths = delivery.write_served(result.pngs, result.stems, Path(gr.utils.get_upload_folder()))
+        paths = delivery.write_served(result.pngs, result.stems, Path(gradio_internals.upload_folder()))
     except OSError as err:
         LOG.error(f"[app] error: could not write the images to Gradio's temp folder: {err}")
         raise gr.Error(f"the server could not store the images ({type(err).__name__}); please retry later",
@@ -390,7 +408,7 @@ def _preview_gallery(event: StepEvent, folder: list) -> list:
     """
     try:
         if not folder:
-            root = Path(gr.utils.get_upload_folder()).resolve()
+            root = Path(gradio_internals.upload_folder()).resolve()
             root.mkdir(parents=True, exist_ok=True)
             folder.append(Path(tempfile.mkdtemp(prefix="sdxl-preview-", dir=root)))
         path = write_new(png_bytes(preview_grid(event.preview)), folder[0], f"step{event.step}")

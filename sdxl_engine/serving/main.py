@@ -96,7 +96,6 @@ def main(argv: list[str] | None, build_demo: Callable, css: str, title: str, sta
         start: what :func:`prepare` returned (None: it runs now).
     """
     start = start or prepare(title, argv)
-    from gradio.networking import GRADIO_API_SERVER
 
     from sdxl_engine.checkpoint.loading import ModelLoadError
     from sdxl_engine.config import ConfigError
@@ -132,7 +131,7 @@ def main(argv: list[str] | None, build_demo: Callable, css: str, title: str, sta
     # api_open False: every event goes through the queue (no POST /run/<api>), as the guard expects. No max_size:
     # Gradio's queue holds an event only until it starts, at once; the service's line is bounded (max_waiting).
     demo.queue(api_open=False)
-    share = args.share and cli.share_possible(f"http://{args.host}:{args.port}/", GRADIO_API_SERVER)
+    share = args.share and cli.share_possible(f"http://{args.host}:{args.port}/", gradio_internals.share_server())
     access = apis.access_for(args.api_key, share, args.public_api, args.mcp)  # the protocol APIs
     flags = {"api": access.apis, "share": bool(share), "api_key_required": bool(access.key), "mcp": access.mcp,
              "max_requests_per_client": config.max_requests_per_client,  # A1111's cmd-flags: nothing secret

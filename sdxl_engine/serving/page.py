@@ -249,54 +249,60 @@ def model_default_label(defaults: EngineConfig) -> str:
     return f"Model default ({defaults.sampler}, {defaults.num_inference_steps} steps)"
 
 
-def model_settings(engine: EngineContract | None, name: str | None) -> tuple:
-    """The page's Model dropdown changed to ``name``: what follows it, as updates for (sampler, steps, guidance
-    scale, the Model default button, resolution, ControlNet model, the few-steps preset's button). The first three
-    and the button take that model's own defaults (service/models.defaults_for: its engine_defaults.json, read
-    without loading it), as a request for it through any API that sets none of them runs; once the model is
-    loaded, its sizes and the ControlNets that fit it (its Limits); before that, the resolution is "model
-    default" (0x0: the engine chooses that model's size) and the ControlNet list stays. The preset shows when the
-    model has the LoRA it tags (service/models.lora_names_for). Nothing changes before the engine is ready, or
-    for a model whose engine_defaults.json the engine refuses (its request is refused with the reason).
+def chosen_model(engine: EngineContract | None, name: str | None) -> tuple[str, EngineConfig] | None:
+    """(the model ``name`` names, its own defaults: service/models.defaults_for, its engine_defaults.json read
+    without loading it) once the engine is ready; None before, or when the engine refuses that model's
+    engine_defaults.json (one log line: its request is refused with the reason).
 
     Raises LookupError (page_event: one log line, a gr.Error) for a name the engine does not offer."""
-    keep = (gr.update(),) * 7
     if engine is None or not engine.ready.is_set() or engine.error is not None:
-        return keep
+        return None
     try:
         model = models.choose(engine, name)
-        defaults = models.defaults_for(engine, model)
+        return model, models.defaults_for(engine, model)
     except InvalidRequest as err:
         raise LookupError(err.message) from None
     except (ConfigError, ModelLoadError) as err:
         LOG.info(f"[app] model {name!r}: its defaults are not readable ({err}); the page keeps its settings"[:300])
-        return keep
+        return None
+
+
+def model_settings(engine: EngineContract | None, name: str | None) -> tuple:
+    """The page's Model dropdown changed to ``name``: what follows it, as updates for (sampler, steps, guidance
+    scale, the Model default button, resolution, ControlNet model, the few-steps preset's button). The first three
+    and the button take that model's own defaults (:func:`chosen_model`), as a request for it through any API that
+    sets none of them runs; the rest as :func:`model_widgets`. Nothing changes before the engine is ready, or for
+    a model whose engine_defaults.json the engine refuses.
+
+    Raises LookupError (page_event: one log line, a gr.Error) for a name the engine does not offer."""
+    chosen = chosen_model(engine, name)
+    if chosen is None:
+        return (gr.update(),) * 7
+    model, defaults = chosen
     return (defaults.sampler, defaults.num_inference_steps, defaults.guidance_scale,
-            *model_widgets(engine, model, defaults))
+            *_widgets_for(engine, model, defaults))
 
 
-def model_widgets(engine: EngineContract | None, name: str | None, defaults: EngineConfig | None = None,
-                  size: str | None = None) -> tuple:
+def model_widgets(engine: EngineContract | None, name: str | None, size: str | None = None) -> tuple:
     """The widgets that follow the Model dropdown besides the settings (:func:`model_settings`), as updates for
     (the Model default button, resolution, ControlNet model, the few-steps preset's button): the button's label of
-    the model's ``defaults`` (None: read here), its sizes and fitting ControlNets once loaded (else resolution
-    "model default" and the list as it is), the preset when it has the LoRA. ``size``: a resolution ("WxH") to
-    keep as the value (a restored one) when the model's sizes have it. After a restore (a history image, a PNG)
-    set the dropdown itself. Nothing changes before the engine is ready or for a model it refuses.
+    the model's defaults, its sizes and fitting ControlNets once loaded (else resolution "model default" and the
+    list as it is), the preset when it has the LoRA. ``size``: a resolution ("WxH") to keep as the value (a
+    restored one) when the model's sizes have it. After a restore (a history image, a PNG) set the dropdown
+    itself. Nothing changes before the engine is ready or for a model it refuses.
 
     Raises LookupError (page_event) for a name the engine does not offer."""
-    keep = (gr.update(),) * 4
-    if engine is None or not engine.ready.is_set() or engine.error is not None:
-        return keep
+    chosen = chosen_model(engine, name)
+    return (gr.update(),) * 4 if chosen is None else _widgets_for(engine, *chosen, size=size)
+
+
+def _widgets_for(engine: EngineContract, model: str, defaults: EngineConfig, size: str | None = None) -> tuple:
+    """:func:`model_widgets` for a chosen ``model`` and its ``defaults``."""
     try:
-        model = models.choose(engine, name)
-        defaults = defaults or models.defaults_for(engine, model)
         fast = gr.update(visible=FAST_LORA in models.lora_names_for(engine, model))
         limits = models.loaded_limits(engine, model)
-    except InvalidRequest as err:
-        raise LookupError(err.message) from None
     except (ConfigError, ModelLoadError):
-        return keep
+        return (gr.update(),) * 4
     if limits is None:  # not loaded yet: its sizes and the ControlNets that fit it are known once it is
         restored = [(size.replace("x", " × "), size)] if isinstance(size, str) and SIZE.fullmatch(size) and \
             size != "0x0" else []
@@ -315,19 +321,13 @@ def model_widgets(engine: EngineContract | None, name: str | None, defaults: Eng
 def model_default_settings(engine: EngineContract | None, config: EngineConfig, name: str | None,
                            text: str | None) -> tuple:
     """The Model default button: (sampler, steps, guidance scale, prompt ``text`` without the few-steps preset's
-    tag) for the model the Model dropdown names (``name``: its own defaults, service/models.defaults_for), or
+    tag) for the model the Model dropdown names (``name``: its own defaults, :func:`chosen_model`), or
     ``config``'s (the page's resolved defaults, the default model's) before the engine is ready or when that
     model's engine_defaults.json is refused.
 
     Raises LookupError (page_event: one log line, a gr.Error) for a name the engine does not offer."""
-    defaults = config
-    if engine is not None and engine.ready.is_set() and engine.error is None:
-        try:
-            defaults = models.defaults_for(engine, models.choose(engine, name))
-        except InvalidRequest as err:
-            raise LookupError(err.message) from None
-        except (ConfigError, ModelLoadError) as err:
-            LOG.info(f"[app] model {name!r}: its defaults are not readable ({err})"[:300])
+    chosen = chosen_model(engine, name)
+    defaults = config if chosen is None else chosen[1]
     return defaults.sampler, defaults.num_inference_steps, defaults.guidance_scale, without_fast_tag(text)
 
 

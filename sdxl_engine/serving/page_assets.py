@@ -19,7 +19,8 @@ MODEL_NOTES = {  # shown under the banner for the built-in models
 # Ends with the command (no full stop after it): on a phone the code wraps, and a stop would sit alone on a line.
 REAL_SDXL_HINT = "For real SDXL, start it with: `python app.py --model stabilityai/stable-diffusion-xl-base-1.0`"
 # At 1280x800 the 2x2 gallery is as wide as the window's height allows, so all four images show
-# without scrolling. Below 768 px the columns stack with the gallery first, right under the
+# without scrolling; its box takes the grid's height (Gradio's own height, about half the window's,
+# cut the second row off at 1280x1000 and above). Below 768 px the columns stack with the gallery first, right under the
 # prompt; scroll anchoring is off there, or the browser scrolls the images away as it grows.
 # There the prompt and Generate, and the resolution and seed, take a line each (side by side
 # they squeeze the text). Toasts sit at the bottom left, off the Generate button (top right)
@@ -30,6 +31,7 @@ REAL_SDXL_HINT = "For real SDXL, start it with: `python app.py --model stability
 # running (REQUEST_STARTS_JS / REQUEST_ENDS_JS mark the page): idle, a big red Stop has nothing to stop.
 PAGE_CSS = """
 #gallery .grid-container { max-width: max(240px, min(100%, calc(100vh - 380px))); margin-inline: auto; }
+#gallery, #gallery .grid-wrap { height: auto !important; max-height: none !important; }
 @media (max-width: 767px) { #output-col { order: -1; } #main-row { overflow-anchor: none; }
   #prompt-row, #size-row, #size-row .form { flex-wrap: wrap; }
   #prompt-row > *, #size-row > *, #size-row .form > * { flex: 1 1 100% !important; } }
@@ -144,3 +146,24 @@ zone.addEventListener('dragover', (e) => e.preventDefault());
 zone.addEventListener('drop', (e) => { e.preventDefault(); const file = e.dataTransfer.files[0]; \
 if (file) read(file); });
 """
+# The image to image picture's check, in the browser (a gr.HTML's js_on_load beside the editor): the editor keeps a
+# dropped or chosen file in the page and sends it only with Generate from image, and a file that is no picture
+# left it empty without a word until then. Each file it takes is read here by its first bytes, as the server's
+# upload check reads them (guard: PNG, JPEG or WebP, whatever its name): another is named at once in this
+# element; a picture clears it.
+PICTURE_CHECK_JS = """
+const box = document.querySelector('#init-image');
+const say = (text) => { element.querySelector('.picture-error').textContent = text; };
+async function check(file) {
+  if (!file) return;
+  const b = new Uint8Array(await file.slice(0, 12).arrayBuffer());
+  const is = (at, bytes) => bytes.every((v, i) => b[at + i] === v);
+  const picture = is(0, [137, 80, 78, 71, 13, 10, 26, 10]) || is(0, [255, 216, 255])
+    || (is(0, [82, 73, 70, 70]) && is(8, [87, 69, 66, 80]));
+  say(picture ? '' : `${file.name.slice(0, 80)}: not a PNG, JPEG or WebP picture; the editor cannot take it.`);
+}
+box?.addEventListener('change', (e) => { if (e.target.matches?.('input[type=file]')) check(e.target.files?.[0]); },
+  true);
+box?.addEventListener('drop', (e) => check(e.dataTransfer?.files?.[0]), true);
+"""
+PICTURE_CHECK_HTML = '<div class="picture-error" role="alert" style="color: var(--error-text-color);"></div>'

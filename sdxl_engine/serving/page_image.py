@@ -26,6 +26,7 @@ from sdxl_engine.serving import guard, image_input
 from sdxl_engine.serving.apis.errors import ApiError
 from sdxl_engine.serving.apis.uploads import decode_image
 from sdxl_engine.serving.page import REFINER_MIN, REFINER_OFF, outpaint_default, page_event, size_choices
+from sdxl_engine.serving.page_assets import PICTURE_CHECK_HTML, PICTURE_CHECK_JS
 
 BRUSH_SHARE = 16  # the brush's radius: the model's native size (its default size's shorter side) over this
 
@@ -96,6 +97,7 @@ def image_section(config: EngineConfig, engine: EngineContract | None, refiner_s
         init_image = gr.ImageMask(label="Picture", type="filepath", sources=["upload", "clipboard"], image_mode="RGB",
                                   layers=False, transforms=(), height=320, elem_id="init-image",
                                   **editor_tools(engine))
+        gr.HTML("", html_template=PICTURE_CHECK_HTML, js_on_load=PICTURE_CHECK_JS, elem_id="init-image-check")
         image_mode = gr.Radio(list(image_input.MODES), value=image_input.IMG2IMG, label="Mode", elem_id="img2img-mode")
         strength = gr.Slider(0.01, 1.0, value=image_input.DEFAULT_STRENGTH[image_input.IMG2IMG], step=0.01,
                              label="Strength (how much changes: 1 = from noise)", elem_id="strength")
@@ -173,12 +175,14 @@ def image_events(section: ImageSection, settings: list, generate_from_image, ups
 
 @dataclasses.dataclass
 class ControlSection:
-    """The page's ControlNet section (shown when a ControlNet is loaded): ``picture`` (the upload; a private event
+    """The page's ControlNet section (shown when a ControlNet is loaded): ``upload`` (the file; a private event
     turns it into ``image``, base64 PNG text: /generate's ``control_image``, so gradio_client and the page send the
-    same), the preprocessor ``module`` with ``preview`` (the detected map into ``detected``), the ControlNet
+    same, and shows it in ``picture`` as the app's PNG), the preprocessor ``module`` with ``preview`` (the detected
+    map into ``detected``), the ControlNet
     ``model``, ``weight``, ``start`` and ``end``."""
 
     box: gr.Accordion
+    upload: gr.File
     picture: gr.Image
     image: gr.Textbox
     module: gr.Dropdown
@@ -203,6 +207,10 @@ def controlnet_names(config: EngineConfig) -> list[str]:
             for p in paths]
 
 
+CONTROL_BOX_PX = 240  # the ControlNet section's two picture boxes (the picture, the detected map): CSS pixels
+CONTROL_UPLOAD_PX = 140  # its file box: the drop zone with its three lines (at 90 its label hid the first)
+
+
 def control_section(config: EngineConfig, engine: EngineContract | None = None) -> ControlSection:
     """The ControlNet section's widgets (:class:`ControlSection`), in an accordion shown when ``config`` loads a
     ControlNet; the model list is the engine's once it is ready (Limits.controlnets), else the flags' names."""
@@ -210,10 +218,18 @@ def control_section(config: EngineConfig, engine: EngineContract | None = None) 
     names = [name for name, _ in limits.controlnets] if limits is not None else controlnet_names(config)
     with gr.Accordion("ControlNet", open=False, visible=bool(config.controlnet or config.controlnet_dir),
                       elem_id="controlnet-box") as box:
+        # A file box, not an image box: Gradio's image box shows an upload by asking the server for it, and an
+        # upload is never served back (guard.Routes): every upload logged a refused GET. The picture shows in
+        # its own box once the upload event answers with the app's PNG of it.
+        upload = gr.File(label="Control image file (PNG, JPEG or WebP)", file_types=[".png", ".jpg", ".jpeg", ".webp"],
+                         height=CONTROL_UPLOAD_PX, elem_id="control-upload")
         with gr.Row():
-            picture = gr.Image(label="Control image", type="numpy", sources=["upload"], image_mode="RGB",
+            # One height for both: each box otherwise takes its content's, and a small picture left a strip
+            # beside the tall empty map.
+            picture = gr.Image(label="Control image", interactive=False, height=CONTROL_BOX_PX,
                                elem_id="control-picture")
-            detected = gr.Image(label="Detected map", interactive=False, elem_id="control-detected")
+            detected = gr.Image(label="Detected map", interactive=False, height=CONTROL_BOX_PX,
+                                elem_id="control-detected")
         image = gr.Textbox("", visible=False, elem_id="control-image")  # the picture as base64 PNG
         with gr.Row():
             module = gr.Dropdown(list(MODULES), value="none", label="Preprocessor", elem_id="control-module")
@@ -224,7 +240,7 @@ def control_section(config: EngineConfig, engine: EngineContract | None = None) 
             weight = gr.Slider(0.0, 2.0, value=1.0, step=0.05, label="Control weight", elem_id="control-weight")
             start = gr.Slider(0.0, 1.0, value=0.0, step=0.05, label="Starting step (share)", elem_id="control-start")
             end = gr.Slider(0.0, 1.0, value=1.0, step=0.05, label="Ending step (share)", elem_id="control-end")
-    return ControlSection(box, picture, image, module, preview, detected, model, weight, start, end)
+    return ControlSection(box, upload, picture, image, module, preview, detected, model, weight, start, end)
 
 
 def picture_function(demo) -> Callable:
@@ -272,8 +288,9 @@ def wire_control_section(section: ControlSection, demo) -> None:
     """The section's own events, private: the upload encoded into ``image`` and shown again as the app's PNG
     (guard.CONTROL_EVENT: the one event besides the image event whose call may name an upload;
     :func:`picture_function`), its removal emptying ``image`` (in the browser), Preview's detected map."""
-    section.picture.upload(page_event(picture_function(demo)), section.picture, [section.image, section.picture],
-                           api_name=guard.CONTROL_EVENT, api_visibility="private", preprocess=False)
-    section.picture.clear(None, None, section.image, js="() => ''", queue=False, api_visibility="private")
+    section.upload.upload(page_event(picture_function(demo)), section.upload, [section.image, section.picture],
+                          api_name=guard.CONTROL_EVENT, api_visibility="private", preprocess=False)
+    section.upload.clear(None, None, [section.image, section.picture], js="() => ['', null]", queue=False,
+                         api_visibility="private")
     section.preview.click(page_event(detected_map), [section.image, section.module], section.detected,
                           api_visibility="private", preprocess=False)  # detect checks the module by name

@@ -114,3 +114,18 @@ def test_a_controlnet_for_another_unet_does_not_fit():
     conv_unet, _ = swap_source("unet", str(FIXTURES / "tiny-pt-conv" / "unet"), None)
     with pytest.raises(ModelLoadError, match="does not fit the model: its block_out_channels"):
         check_fits(net, conv_unet, 2, 4)
+
+
+def test_controlnets_under_1_mib_share_one_short_hash_and_the_docs_say_so(tmp_path):
+    """A1111's short hash reads 64 KiB at 1 MiB: every smaller file hashes no bytes, one hash for all (the fixtures'
+    ControlNets among them); where the hash is listed (/controlnet/model_list, docs/protocols.md) the docs say so."""
+    from tests.helpers import ROOT
+
+    small = [tmp_path / "a.safetensors", tmp_path / "b.safetensors"]
+    small[0].write_bytes(b"a" * 1000)
+    small[1].write_bytes(b"b" * (1 << 20))  # 1 MiB exactly: nothing at the offset either
+    shared = model_hash(small[0])
+    assert shared == model_hash(small[1]) == model_hash(FOLDER / "cn-a" / WEIGHTS) == "e3b0c442"
+    listed = next(line for line in (ROOT / "docs" / "protocols.md").read_text().splitlines()
+                  if line.startswith("| `GET /controlnet/model_list`"))
+    assert f"under 1 MiB shows the same, `[{shared}]`" in listed

@@ -122,3 +122,16 @@ def test_a_hires_size_the_server_does_not_make_is_named_width_by_height():
         validate(GenerateRequest("a", width=64, height=48, hires_scale=2), limits)
     assert err.value.field == "hires_scale" and str(err.value).startswith(
         "hires_scale: 2 x 64x48 = 128x96, which this server does not make: 128x96 is 12288 pixels")
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("sampler", 5, "sampler: expected a sampler's name (text), got int 5"),
+    ("sampler", ["Euler"], "sampler: expected a sampler's name (text), got list ['Euler']"),
+    ("hires_sampler", 2.5, "hires_sampler: expected a sampler's name (text), got float 2.5"),
+    ("model", 5, "model: expected a model's name (text), got int 5"),
+])
+def test_a_sampler_or_model_of_the_wrong_type_is_named_as_such_not_as_an_unknown_name(field, value, message):
+    extra = {"hires_scale": 1.5} if field == "hires_sampler" else {}
+    with pytest.raises(InvalidRequest) as err:
+        validate(GenerateRequest(prompt="x", **{field: value}, **extra), LIMITS)
+    assert str(err.value) == message

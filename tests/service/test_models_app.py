@@ -154,7 +154,7 @@ def test_an_unknown_model_is_refused_by_name_on_every_front(two):
     assert a1111.status_code == 422 and a1111.json()["detail"] == (
         f"override_settings.sd_model_checkpoint: unknown model 'sdxl-turbo [0123456789]'; {OFFERED}")
     options = httpx.post(two.url + "sdapi/v1/options", timeout=30, json={"sd_model_checkpoint": "sdxl-turbo"})
-    assert options.status_code == 400 and options.json()["detail"] == (
+    assert options.status_code == 422 and options.json()["detail"] == (
         f"sd_model_checkpoint: unknown model 'sdxl-turbo'; {OFFERED}")
     openai = httpx.post(two.url + "v1/images/generations", timeout=30, json={"prompt": PROMPT, "model": "sdxl-turbo"})
     assert openai.status_code == 404 and openai.json()["error"]["code"] == "model_not_found"

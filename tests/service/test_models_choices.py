@@ -1,14 +1,18 @@
 """service/models.py: the models a client may name, read one way by every front, over an engine with the models calls
 (the local engine's API, docs/models.md) and over one without them (the Ray front: its one model)."""
 
+import dataclasses
 import types
 
 import pytest
 
 from sdxl_engine.engine.errors import InvalidRequest
+from sdxl_engine.engine.validation import GenerateRequest, Limits, validate
 from sdxl_engine.service import models
 
-DEFAULT_LIMITS, B_LIMITS = object(), object()
+DEFAULT_LIMITS = Limits(max_seed=2**31 - 1, max_steps=50, sizes=((64, 64),), default_size=(64, 64), default_steps=20,
+                        default_guidance=5.0)
+B_LIMITS = object()
 
 
 class Catalogued:
@@ -33,6 +37,12 @@ class Catalogued:
             raise InvalidRequest("model", f"unknown model {name!r}; this server offers: a, b")
         return self.loaded.get(name)
 
+    def defaults_for(self, name):  # read without loading: b's engine_defaults.json sets its own
+        from sdxl_engine.config import EngineConfig
+
+        return EngineConfig(sampler="DPM++ 2M", num_inference_steps=6, guidance_scale=2.0) if name == "b" \
+            else EngineConfig()
+
     def models_info(self):
         return [types.SimpleNamespace(name="a", title="a [0123456789]", hash="0123456789"),
                 types.SimpleNamespace(name="b", title="b", hash=None)]
@@ -54,7 +64,7 @@ def test_names_and_choices_over_the_engines_catalogue():
     assert models.names(engine) == ["a", "b"] and models.default(engine) == "a"
     assert models.choose(engine, "b") == "b" and models.choose(engine, "a [0123456789]") == "a"
     assert models.choose(engine, None) is None and models.choose(engine, "  ") is None
-    for text in ("c", "a [ffffffffff]", 3):
+    for text in ("c", "a [ffffffffff]"):  # (a number: a wrong type, below)
         with pytest.raises(InvalidRequest) as err:
             models.choose(engine, text, "override_settings.sd_model_checkpoint")
         assert err.value.field == "override_settings.sd_model_checkpoint"
@@ -66,7 +76,12 @@ def test_names_and_choices_over_the_engines_catalogue():
 def test_a_models_limits_once_loaded_else_the_defaults_and_an_unknown_one_refused():
     engine = Catalogued()
     assert models.limits_for(engine, None) is DEFAULT_LIMITS
-    assert models.limits_for(engine, "b") is DEFAULT_LIMITS  # not loaded yet: the engine validates it once it is
+    # Not loaded yet: the default's sizes (the engine validates it once it is) with b's own sampler, steps and
+    # guidance, which fill in what a request leaves out (the first request for b ran a's before).
+    before = models.limits_for(engine, "b")
+    assert before == dataclasses.replace(DEFAULT_LIMITS, default_sampler="DPM++ 2M", default_steps=6,
+                                         default_guidance=2.0)
+    assert validate(GenerateRequest(prompt="x", model="b"), before).num_inference_steps == 6
     engine.loaded["b"] = B_LIMITS
     assert models.limits_for(engine, "b") is B_LIMITS
     with pytest.raises(InvalidRequest, match="unknown model 'c'; this server offers: a, b"):
@@ -106,3 +121,13 @@ def test_a_models_default_steps_are_its_own_loaded_or_not():
     assert models.default_steps(engine, "b") == 6  # loaded: what the engine resolved
     del engine.loaded["b"], read["b"]
     assert models.default_steps(engine, "b") == 20
+
+
+def test_a_model_of_the_wrong_type_is_named_as_such_on_every_front():
+    """service/models.choose (every front's reading of a model, before the request queues): a value that is not
+    text is a wrong type, not an unknown name."""
+    for engine in (Catalogued(), single()):
+        with pytest.raises(InvalidRequest, match=r"^model: expected a model's name \(text\), got int 5$"):
+            models.choose(engine, 5)
+        with pytest.raises(InvalidRequest, match=r"^sd_model_checkpoint: expected a model's name \(text\), got list"):
+            models.choose(engine, ["a"], "sd_model_checkpoint")

@@ -2,6 +2,7 @@
 module relies on still exists and still behaves as its function says, so a Gradio upgrade that changes one fails
 here, in seconds, rather than only in the e2e tests."""
 
+import re
 from pathlib import Path
 
 import gradio as gr
@@ -149,3 +150,76 @@ def test_a_middleware_added_after_the_first_request_is_outermost():
 
 def test_outside_an_event_there_is_no_event_id():
     assert gi.current_event_id() is None
+
+
+def _gradio_routes(demo) -> set[tuple[str, str]]:
+    """(method, path template) of every route Gradio's own app serves for ``demo`` (included routers walked)."""
+    from gradio.routes import App
+
+    found = set()
+
+    def walk(routes, prefix=""):
+        for route in routes:
+            inner = getattr(route, "original_router", None)  # FastAPI's included router
+            if inner is not None:
+                walk(inner.routes, prefix + route.include_context.prefix)
+            elif hasattr(route, "path"):
+                found.update((method, prefix + route.path) for method in (getattr(route, "methods", None) or ()))
+
+    walk(App.create_app(demo).routes)
+    return found
+
+
+def test_the_routes_the_guard_reads_are_gradios_own():
+    """Each pattern and path the guard reads matches a route Gradio serves (a template filled in), with and without
+    /gradio_api; the unused routes it refuses still exist (a route Gradio renames would go unguarded)."""
+    routes = _gradio_routes(small_demo())
+    paths = {path for _, path in routes}
+
+    def served(pattern, template, method):
+        assert (method, template) in routes, (method, template)
+        concrete = template.replace("{api_name}", "generate").replace("{event_id}", "e1")
+        concrete = re.sub(r"\{[^}]*:path\}", "/tmp/x.png", concrete)
+        assert pattern.match(concrete) and pattern.match(concrete.removeprefix("/gradio_api")), concrete
+
+    served(gi.FILE_ROUTE, "/gradio_api/file={path_or_url:path}", "GET")
+    served(gi.FILE_ROUTE, "/gradio_api/proxy={url_path:path}", "GET")
+    served(gi.RESULT_STREAM, "/gradio_api/call/{api_name}/{event_id}", "GET")
+    served(gi.RESULT_STREAM, "/gradio_api/call/v2/{api_name}/{event_id}", "GET")
+    served(gi.QUEUE_DATA, "/gradio_api/queue/data", "GET")
+    served(gi.QUEUE_JOIN, "/gradio_api/queue/join", "POST")
+    for kind in ("call", "run", "api"):
+        served(gi.API_CALL, f"/gradio_api/{kind}/{{api_name}}", "POST")
+        served(gi.DIRECT_CALL, f"/gradio_api/{kind}/{{api_name}}", "POST")
+    served(gi.DIRECT_CALL, "/gradio_api/call/v2/{api_name}", "POST")
+    assert ("POST", gi.UPLOAD_PATH) in routes
+    assert {p for p in paths if p.startswith(gi.UPLOAD_ROUTES)} == {"/gradio_api/upload", "/gradio_api/upload_progress"}
+    for unused in (r for r in gi.UNUSED_ROUTES if r.startswith("/gradio_api")):
+        assert any(path.startswith(unused) for path in paths), unused
+
+
+def test_a_calls_body_and_a_streams_query_name_the_event_and_session_as_gradio_reads_them():
+    from gradio.data_classes import PredictBody
+
+    assert {"fn_index", "session_hash", "data", "event_data"} <= set(PredictBody.model_fields)
+    body = PredictBody(data=["x"], fn_index=3, session_hash="s1").model_dump()
+    assert gi.join_fields(body) == (3, "s1") and gi.join_fields({}) == (None, None)
+    assert gi.stream_session("session_hash=s1&x=2") == "s1" and gi.stream_session("") == ""
+
+
+def test_the_api_description_gives_each_endpoints_inputs_and_defaults_in_order():
+    with gr.Blocks() as demo:
+        prompt, steps, out = gr.Textbox(label="prompt"), gr.Slider(1, 50, value=8, label="steps"), gr.Textbox()
+        def generate(prompt_text, num_steps):  # the parameters' names: the function's
+            return prompt_text
+
+        gr.Button().click(generate, [prompt, steps], out, api_name="generate")
+        gr.Button().click(lambda p: p, prompt, out, api_visibility="private")
+    assert gi.api_endpoints(demo) == {"generate": (("prompt_text", None), ("num_steps", 8))}
+
+
+def test_the_upload_folder_and_the_share_server(tmp_path):
+    import os
+
+    assert Path(gi.upload_folder()).resolve() == Path(os.environ["GRADIO_TEMP_DIR"]).resolve()  # tests/conftest.py
+    assert gi.share_server().startswith("https://")

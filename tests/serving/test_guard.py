@@ -434,3 +434,40 @@ def test_a_client_that_leaves_mid_upload_is_one_log_line():
         {"type": "http.disconnect"}])
     assert sent == [] and reached == []
     assert log == ["[app] upload cancelled: the client left before its body arrived (/gradio_api/upload)"]
+
+
+def test_a_call_whose_body_is_no_valid_json_is_told_so_and_one_not_an_object_too():
+    """``{bad`` to /gradio_api/call/generate is not valid JSON (422 with the parser's reason); ``[1]`` is valid JSON
+    but no object (422, "not a JSON object"); neither reaches Gradio."""
+    import asyncio
+
+    import gradio as gr
+
+    from sdxl_engine.serving import guard as serving
+
+    with gr.Blocks() as demo:
+        text = gr.Textbox()
+        gr.Button().click(lambda x: x, text, text, api_name="generate")
+    reached, sent = [], []
+
+    async def app(scope, receive, send):
+        reached.append(scope["path"])
+
+    def post(body: bytes):
+        chunks = [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def receive():
+            return chunks.pop(0)
+
+        async def send(message):
+            sent.append(message)
+
+        scope = {"type": "http", "method": "POST", "path": "/gradio_api/call/generate",
+                 "headers": [(b"content-length", str(len(body)).encode())]}
+        asyncio.run(serving.Guard(app, routes=serving.Routes(demo), log=lambda line: None)(scope, receive, send))
+        return sent[-2]["status"], json.loads(sent[-1]["body"])["error"]
+
+    assert post(b"{bad") == (422, "the request body is not valid JSON (Expecting property name enclosed in double "
+                                  "quotes: line 1 column 2 (char 1))")
+    assert post(b"[1]") == (422, "the request body is not a JSON object")
+    assert reached == []

@@ -262,3 +262,77 @@ def test_every_page_event_reads_the_nine_inputs_in_the_declared_order(monkeypatc
     engine = got[0].engine
     assert (got[0].prompt, got[0].negative_prompt, engine.seed, engine.guidance_scale, engine.num_inference_steps,
             engine.width, engine.height, got[0].style, engine.sampler) == tuple(sent.values())
+
+
+def test_a_page_load_on_a_ready_server_shows_no_starting_message():
+    """The page is built while the engine starts; once it is ready, a page load shows no "Starting the engine"
+    line: the page as served (its config) has an empty banner, and the load event puts the engine's line in."""
+    import app
+    from sdxl_engine.config import EngineConfig
+    from sdxl_engine.engine.contract import clock
+    from sdxl_engine.service.service import Service
+    from tests.helpers import StepEngine
+
+    class Starting(StepEngine):  # the contract's start state, device summary and model (no refiner, no Ray)
+        config = EngineConfig.load(environ={})
+
+        def scale_out(self):
+            return None
+
+    engine = Starting()
+    engine.ready.clear()
+    demo = app.build_demo(Service(engine), EngineConfig.load(environ={}), engine)
+    banner = next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "engine-status")
+    refresh = next(f.fn for f in demo.fns.values() if getattr(f.fn, "__name__", "") == "refresh")
+    engine.stage, engine.started = "loading model onto the devices", clock()  # (after the build: 0 s so far)
+    assert refresh()[0].startswith("**Starting the engine: loading model onto the devices** — 0 s so far.")
+    engine.startup["ready_s"] = 3.25
+    engine.ready.set()  # minutes later: the server is ready, the page's config is the one built above
+    served = next(c for c in demo.config["components"] if c["id"] == banner._id)
+    assert served["props"]["value"] == ""
+    assert refresh()[0] == "Ready on **1 x cpu** — model `step-model` (float32), started in 3.2 s"
+
+
+def test_gradio_client_naming_a_model_gets_its_own_settings_for_those_it_leaves_out(monkeypatch):
+    """gradio_client fills a left-out input with the page's default (the default model's sampler, steps and
+    guidance): on /generate and /image_to_image, such a call naming a model runs that model's own (None: the
+    engine's defaults for it, as A1111, MCP and the jobs API); values it sets are kept, and so are the page's."""
+    import asyncio
+    import base64
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from sdxl_engine.config import EngineConfig
+    from sdxl_engine.service.images import png_bytes
+    from sdxl_engine.serving import handler, history
+    from sdxl_engine.serving.apis import mcp_image
+
+    config = EngineConfig.load(environ={})  # the page's defaults: Euler, 20 steps, guidance 5
+    got = []
+
+    async def follow(requests, asked, *args, **kwargs):  # what the event submits to the service
+        got.append(asked.engine)
+        yield [], {"seeds": [7]}
+
+    monkeypatch.setattr(handler, "follow", follow)
+    monkeypatch.setattr(mcp_image, "follow", follow)
+    generate = handler.api_function(None, config, history.Pending())
+
+    def call(headers, **values):
+        request = SimpleNamespace(session_hash="s", client=None, headers=headers)
+        asyncio.run(anext(generate(prompt="p", request=request, progress=lambda *a, **k: None, **values)))
+        return got[-1].sampler, got[-1].num_inference_steps, got[-1].guidance_scale
+
+    client = {"x-gradio-user": "api"}
+    page_defaults = dict(sampler="Euler", num_inference_steps=20, guidance_scale=5.0)  # what gradio_client sends
+    assert (config.sampler, config.num_inference_steps, config.guidance_scale) == tuple(page_defaults.values())
+    assert call(client, model="b", **page_defaults) == (None, None, None)  # b's own
+    assert call(client, model="b", **{**page_defaults, "num_inference_steps": 6}) == (None, 6, None)
+    assert call(client, **page_defaults) == ("Euler", 20, 5.0)  # the default model: its own are these
+    assert call({}, model="b", **page_defaults) == ("Euler", 20, 5.0)  # the page's widgets, as set
+    picture = "data:image/png;base64," + base64.b64encode(png_bytes(np.zeros((8, 8, 3), np.uint8))).decode()
+    image_tool = mcp_image.image_tool(None, config)
+    asyncio.run(image_tool(prompt="p", image=picture, model="b", request=SimpleNamespace(
+        session_hash="s", client=None, headers=client), **page_defaults))
+    assert (got[-1].sampler, got[-1].num_inference_steps, got[-1].guidance_scale) == (None, None, None)

@@ -149,3 +149,44 @@ def test_a_restored_model_keeps_the_restored_size_among_its_own():
     assert resolution == {"choices": [("model default", "0x0"), ("80 × 80", "80x80")], "value": "80x80"}
     assert updated(model_widgets(engine, "b", size="junk")[1]) == {"choices": [("model default", "0x0")],
                                                                    "value": "0x0"}
+
+
+def test_the_dropdown_offers_two_or_more_models_once_ready_and_a_png_restores_with_its_models_sizes(runtime_log):
+    """serving/page_models: offered() is the engine's names once ready (none for one model, before it is ready);
+    png_choices gives the sizes of the model a PNG names once loaded, else the default's; page.chosen_model is
+    the one reading of a name for every model event: None before ready or for refused defaults (one log line),
+    LookupError for an unknown name."""
+    from sdxl_engine.service.images import a1111_parameters
+    from sdxl_engine.serving.page import chosen_model
+    from sdxl_engine.serving.page_models import offered, png_choices
+
+    engine = Catalogued()
+    assert offered(engine) == ["a", "b", "broken"] and offered(Catalogued(ready=False)) == [] and offered(None) == []
+    text = a1111_parameters("a red circle", "", 20, 5.0, 7, 96, 64, "b", {}, "Euler")
+    assert png_choices(engine, text) == (["a", "b", "broken"], ["64x48", "48x64"])  # b not loaded: the default's
+    engine.loaded["b"] = LIMITS_B
+    assert png_choices(engine, text) == (["a", "b", "broken"], ["96x64", "64x96", "80x80"])
+    assert chosen_model(engine, "b") == ("b", DEFAULTS["b"]) and chosen_model(Catalogued(ready=False), "b") is None
+    assert chosen_model(engine, "broken") is None
+    assert runtime_log == ["[app] model 'broken': its defaults are not readable (broken/engine_defaults.json: "
+                           "expected a JSON object); the page keeps its settings"]
+    with pytest.raises(LookupError, match="unknown model 'z'"):
+        chosen_model(engine, "z")
+
+
+def test_the_page_wires_the_dropdown_and_the_model_default_button_once():
+    """app.build_demo wires the Model dropdown's choice and the Model default button through page_models: one
+    event each, with the settings and the widgets that follow the model as outputs."""
+    import app
+    from sdxl_engine.service.service import Service
+    from tests.helpers import StepEngine
+
+    demo = app.build_demo(Service(StepEngine()), EngineConfig.load(environ={}))
+    ids = {b.elem_id: b._id for b in demo.blocks.values() if getattr(b, "elem_id", None)}
+    named = {f.fn.__name__: f for f in demo.fns.values() if f.fn is not None}
+    choose, default = named["choose_model"], named["chosen_model_default"]
+    assert [b._id for b in choose.inputs] == [ids["model"]] and len(choose.outputs) == 7
+    assert [b._id for b in choose.outputs][3:] == [ids["model-default"], ids["resolution"], ids["control-model"],
+                                                   ids["fast-preset"]]
+    assert [b._id for b in default.inputs] == [ids["model"], ids["prompt"]] and len(default.outputs) == 4
+    assert sum(f.fn.__name__ == "follow_model" for f in demo.fns.values() if f.fn is not None) == 2  # both restores

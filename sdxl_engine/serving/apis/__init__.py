@@ -22,7 +22,6 @@ import logging
 import math
 import secrets
 
-import gradio as gr
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
@@ -131,7 +130,7 @@ def mount(app, requests, access: Access, flags: dict, config=None, log=LOG.info)
     app.include_router(controlnet.router(requests.engine))  # sd-webui-controlnet's /controlnet/* routes
     app.include_router(a1111.unknown_router())  # after every /sdapi/v1 route: only what none answers
     app.include_router(jobs.router(requests, owner_of, flags.get("callback_hosts", ())))
-    app.include_router(openai_images.router(requests, tokens, owner_of, gr.utils.get_upload_folder))
+    app.include_router(openai_images.router(requests, tokens, owner_of, gradio_internals.upload_folder))
     app.include_router(openai_images.files_router(tokens))
     app.include_router(openai_images.unknown_router())  # last: only what no /v1 route answers
     contexts = []

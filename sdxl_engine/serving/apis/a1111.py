@@ -337,10 +337,6 @@ def model_field(body: Txt2Img, engine, chosen: str | None) -> dict:
     return {} if name is None else {"model": name}
 
 
-class RefinerRefused(ApiError):
-    """``refiner_checkpoint`` names no refiner this server has: A1111's 400 (not the 422 of a bad value)."""
-
-
 def refiner_fields(body: Txt2Img, engine) -> dict:
     """The engine fields for A1111's ``refiner_checkpoint`` and ``refiner_switch_at`` (default 0.8): {} when no
     refiner is asked for (None, "" or "None") or ``refiner_switch_at`` is 1 (A1111 switches once that share of
@@ -348,18 +344,18 @@ def refiner_fields(body: Txt2Img, engine) -> dict:
     extension match a refiner's name (service/models.refiners); a refiner other than the first is the request's
     ``refiner``.
 
-    Raises RefinerRefused (400) naming what is loaded: no refiner loaded, or another name."""
+    Raises ApiError 422 naming what is loaded: no refiner loaded, or another name."""
     wanted = (body.refiner_checkpoint or "").strip()
     if wanted in NONE_NAMES:
         return {}
     offered = models.refiners(engine, refiner_name(engine))
     if not offered:
-        raise RefinerRefused(400, f"refiner_checkpoint: no refiner is loaded here (the server starts one with "
+        raise ApiError(422, f"refiner_checkpoint: no refiner is loaded here (the server starts one with "
                                   f"--refiner); got {wanted[:80]!r}", "refiner_checkpoint")
     plain = wanted.split(" [")[0].strip()
     name = next((n for n in offered if plain in (n, Path(n).stem) or Path(plain).stem in (n, Path(n).stem)), None)
     if name is None:
-        raise RefinerRefused(400, f"refiner_checkpoint: unknown refiner {wanted[:80]!r}; this server offers: "
+        raise ApiError(422, f"refiner_checkpoint: unknown refiner {wanted[:80]!r}; this server offers: "
                                   f"{', '.join(offered)}", "refiner_checkpoint")
     if body.refiner_switch_at == 1:  # A1111 switches once that share of the steps is done: at 1, never
         return {}
@@ -438,8 +434,8 @@ def img2img_call(body: Img2Img, engine, chosen: str | None = None) -> tuple[Serv
     ``denoising_strength`` default 0.75), the overlay of the original outside the mask; the model
     :func:`model_field`'s (``chosen``: the caller's own default, or None).
 
-    Raises ApiError 400/422 naming the field: no init image, an undecodable or oversized image, a mask of another
-    aspect ratio, a value out of A1111's range; RefinerRefused (400)."""
+    Raises ApiError 422 naming the field: no init image, an undecodable or oversized image, a mask of another
+    aspect ratio, a value out of A1111's range, an unknown refiner."""
     if not body.init_images:
         raise ApiError(422, "init_images: send one image (base64 PNG, JPEG or WebP, or a data URL)", "init_images")
     warnings = []
@@ -649,9 +645,11 @@ def internal_progress(job: Job | None, id_live_preview: int = -1) -> dict:
             "textinfo": text}
 
 
-def a1111_error(err: ApiError, bad_value: int = 400) -> JSONResponse:
+def a1111_error(err: ApiError, bad_value: int = 422) -> JSONResponse:
     """A refusal in A1111's error shape (modules/api/api.py handle_exception: error, detail, body, errors);
-    ``bad_value``: the status for a refused value (txt2img answers them 422, as FastAPI's own check does)."""
+    ``bad_value``: the status for a refused value (an ApiError 400, the fronts' shared status for one). Every
+    /sdapi/v1 route answers a value it cannot take 422, as FastAPI's own check of A1111's bodies does, so one
+    mistake has one status whichever route it is sent to (an unknown model in POST /options as in txt2img)."""
     kind = "HTTPException" if err.status in (401, 403, 404) else "InvalidRequest" if err.status in (400, 422) \
         else "ServerError"
     status = bad_value if err.status == 400 else err.status
@@ -704,7 +702,7 @@ def router(requests: Service, flags: dict, loras, owner_of: Callable) -> APIRout
                      make_call: Callable[[], tuple[ServiceRequest, list[str]]],
                      warnings: list[str], echo: dict):
         """A1111's answer to a generation route: the images, ``parameters`` (``echo``: the body as A1111 echoes
-        it) and ``info``; a refusal in A1111's shape (422 for a bad value; 400 for a refiner it lacks), one log
+        it) and ``info``; a refusal in A1111's shape (422 for a bad value, an unknown refiner too), one log
         line. ``make_call()`` gives the call and more warnings; it runs in a thread (images decode there)."""
         await wait_started(engine)
         try:
@@ -713,7 +711,7 @@ def router(requests: Service, flags: dict, loras, owner_of: Callable) -> APIRout
             call, more = await asyncio.to_thread(with_units, body, make_call)
         except ApiError as err:
             LOG.info(f"[app] request refused: /sdapi/v1/{route}: {err.message}")
-            return a1111_error(err, bad_value=400 if isinstance(err, RefinerRefused) else 422)
+            return a1111_error(err, bad_value=422)
         warnings = warnings + more
         if warnings:
             LOG.info(f"[app] A1111 {route}: {len(warnings)} field(s) not honoured: {'; '.join(warnings)}")
@@ -841,13 +839,13 @@ def router(requests: Service, flags: dict, loras, owner_of: Callable) -> APIRout
         current = await get_options(request)
         changed = sorted(k for k, v in wanted.items() if k != MODEL_OPTION and (k not in current or current[k] != v))
         if changed:
-            return a1111_error(ApiError(400, f"options are fixed at start-up (flags or SDXL_* settings); "
+            return a1111_error(ApiError(422, f"options are fixed at start-up (flags or SDXL_* settings); "
                                              f"cannot change {', '.join(changed)[:200]}"))
         if MODEL_OPTION in wanted:
             try:
                 name = models.choose(engine, wanted[MODEL_OPTION], MODEL_OPTION)
             except InvalidRequest as err:
-                return a1111_error(ApiError(400, str(err), MODEL_OPTION))
+                return a1111_error(ApiError(422, str(err), MODEL_OPTION))
             owner = owner_of(request)
             chosen.pop(owner, None)
             if name is not None and name != models.default(engine):

@@ -28,7 +28,7 @@ from sdxl_engine.serving.apis.tools import (
     model_field,
     tool_inputs,
 )
-from sdxl_engine.serving.handler import follow, refuse
+from sdxl_engine.serving.handler import follow, left_out, refuse
 
 LOG = logging.getLogger(__name__)
 
@@ -65,9 +65,10 @@ def image_tool(requests, config, engine=None) -> Callable:
             raise gr.Error(err.message, print_exception=False) from None
         names = {field: name for field, name in TOOL_FIELDS.items() if field in fields}
         try:
-            asked = to_request(prompt=prompt, negative_prompt=negative_prompt, seed=seed,
-                               guidance_scale=guidance_scale, num_inference_steps=num_inference_steps, width=w,
-                               height=h, sampler=sampler, style=NO_STYLE, client=admission.client_address(request),
+            settings = left_out(dict(guidance_scale=guidance_scale, num_inference_steps=num_inference_steps,
+                                     sampler=sampler), config, model, request)  # gradio_client's left out
+            asked = to_request(prompt=prompt, negative_prompt=negative_prompt, seed=seed, **settings, width=w,
+                               height=h, style=NO_STYLE, client=admission.client_address(request),
                                paste_back=paste_back, field_names=names, **fields, **model_field(model))
         except InvalidRequest as err:
             raise refuse(err) from err

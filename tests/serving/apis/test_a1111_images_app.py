@@ -179,11 +179,11 @@ def test_txt2img_hires_fix_second_pass_prompt_and_sampler(webui):
 
 
 def test_refiner_fields_name_what_is_loaded(webui):
-    """No refiner loaded: refiner_checkpoint is A1111's 400 saying so; "None" asks for none; /sd-models lists the
+    """No refiner loaded: refiner_checkpoint is A1111's 422 saying so; "None" asks for none; /sd-models lists the
     model alone."""
     answer = webui.session.post(f"{webui.baseurl}/txt2img", json={
         "prompt": PROMPT, "steps": 2, "refiner_checkpoint": "sd_xl_refiner_1.0.safetensors", **SIZE})
-    assert answer.status_code == 400 and answer.json()["detail"].startswith(
+    assert answer.status_code == 422 and answer.json()["detail"].startswith(
         "refiner_checkpoint: no refiner is loaded here (the server starts one with --refiner)")
     assert webui.session.post(f"{webui.baseurl}/txt2img", json={
         "prompt": PROMPT, "steps": 2, "refiner_checkpoint": "None", **SIZE}).status_code == 200

@@ -246,7 +246,7 @@ def test_error_shapes():
     a1111 = a1111_error(ApiError(400, "steps: bad", "steps"), bad_value=422)
     assert a1111.status_code == 422 and json.loads(a1111.body) == {
         "error": "InvalidRequest", "detail": "steps: bad", "body": "", "errors": "steps: bad"}
-    assert a1111_error(ApiError(400, "sd_model_checkpoint: no")).status_code == 400
+    assert a1111_error(ApiError(400, "sd_model_checkpoint: no")).status_code == 422  # a refused value: A1111's 422
 
 
 def test_info_record_is_a1111s_shape():
@@ -756,7 +756,7 @@ def test_a1111_hires_fields_map_to_the_engines_and_keep_one_factor():
 def test_a1111_refiner_checkpoint_must_name_the_loaded_refiner(tmp_path):
     import types
 
-    from sdxl_engine.serving.apis.a1111 import RefinerRefused, Txt2Img, refiner_fields
+    from sdxl_engine.serving.apis.a1111 import Txt2Img, refiner_fields
 
     folder = tmp_path / "sdxl-refiner"
     folder.mkdir()
@@ -768,19 +768,19 @@ def test_a1111_refiner_checkpoint_must_name_the_loaded_refiner(tmp_path):
                                   refiner_switch_at=0.6), engine) == {"refiner_switch_at": 0.6}
     assert refiner_fields(Txt2Img(prompt="x", refiner_checkpoint="sdxl-refiner", refiner_switch_at=1),
                           engine) == {}  # A1111 switches after the last step: no refiner
-    with pytest.raises(RefinerRefused, match=r"^refiner_checkpoint: unknown refiner 'other'; this server offers: "
+    with pytest.raises(ApiError, match=r"^refiner_checkpoint: unknown refiner 'other'; this server offers: "
                                              r"sdxl-refiner$") as err:
         refiner_fields(Txt2Img(prompt="x", refiner_checkpoint="other"), engine)
-    assert err.value.status == 400
+    assert err.value.status == 422
     none = types.SimpleNamespace(config=types.SimpleNamespace(refiner=""))
-    with pytest.raises(RefinerRefused, match="no refiner is loaded here"):
+    with pytest.raises(ApiError, match="no refiner is loaded here"):
         refiner_fields(Txt2Img(prompt="x", refiner_checkpoint="sdxl-refiner"), none)
 
 
 def test_a1111_refiner_checkpoint_chooses_among_several_refiners():
     """With several refiners (the engine's refiner_names: --refiner repeated, --refiners-dir) refiner_checkpoint picks
     one by name or A1111 title: the first is the default (no ``refiner`` field), another is the request's."""
-    from sdxl_engine.serving.apis.a1111 import RefinerRefused, Txt2Img, refiner_fields
+    from sdxl_engine.serving.apis.a1111 import Txt2Img, refiner_fields
 
     class Engine:
         config = None
@@ -796,7 +796,7 @@ def test_a1111_refiner_checkpoint_chooses_among_several_refiners():
         "refiner_switch_at": 0.8}
     assert refiner_fields(Txt2Img(prompt="x", refiner_checkpoint="second.safetensors", refiner_switch_at=0.6),
                           engine) == {"refiner_switch_at": 0.6, "refiner": "second"}
-    with pytest.raises(RefinerRefused, match="^refiner_checkpoint: unknown refiner 'third'; this server offers: "
+    with pytest.raises(ApiError, match="^refiner_checkpoint: unknown refiner 'third'; this server offers: "
                                              "first, second$"):
         refiner_fields(Txt2Img(prompt="x", refiner_checkpoint="third"), engine)
 
@@ -831,3 +831,23 @@ def test_a_run_over_the_limit_is_refused_under_the_field_each_protocols_client_c
     assert (refusal.status, refusal.param) == (400, "size") and refusal.message.startswith("size: 640x640 x 4 images")
     refusal = refused_field(err, a1111_call(Txt2Img(prompt="a red circle", steps=8)))
     assert refusal.param == "steps" and refusal.message.startswith("steps: 640x640 x 4 images")
+
+
+def test_a1111_answers_one_mistake_with_one_status_on_every_route(served):
+    """A value /sdapi/v1 cannot take is A1111's 422 (FastAPI's status for a body that does not validate) on every
+    route: an unknown model in POST /options as in txt2img's override_settings, an unknown refiner, an option this
+    server fixes; each naming the field, nothing generated."""
+    client, calls, _ = served
+    options = client.post("/sdapi/v1/options", json={"sd_model_checkpoint": "sdxl-turbo"})
+    txt2img = client.post("/sdapi/v1/txt2img", json={"prompt": "x", "override_settings": {
+        "sd_model_checkpoint": "sdxl-turbo"}})
+    refiner = client.post("/sdapi/v1/txt2img", json={"prompt": "x", "refiner_checkpoint": "sd_xl_refiner_1.0"})
+    fixed = client.post("/sdapi/v1/options", json={"CLIP_stop_at_last_layers": 2})
+    assert [a.status_code for a in (options, txt2img, refiner, fixed)] == [422] * 4 and calls == []
+    assert options.json()["detail"] == ("sd_model_checkpoint: unknown model 'sdxl-turbo'; this server offers: "
+                                        "tiny-shapes")
+    assert txt2img.json()["detail"] == ("override_settings.sd_model_checkpoint: unknown model 'sdxl-turbo'; this "
+                                        "server offers: tiny-shapes")
+    assert refiner.json()["detail"].startswith("refiner_checkpoint: no refiner is loaded here")
+    assert fixed.json()["detail"] == ("options are fixed at start-up (flags or SDXL_* settings); cannot change "
+                                      "CLIP_stop_at_last_layers")

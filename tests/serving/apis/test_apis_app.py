@@ -170,13 +170,13 @@ def test_a_run_longer_than_the_servers_limit_is_refused_naming_the_steps_that_fi
 
 def test_a1111_lists_options_and_model_switching(webui):
     """The routes Open WebUI, SillyTavern and webuiapi read; setting sd_model_checkpoint to the loaded model
-    succeeds, to another is a 400 naming it and the models offered."""
+    succeeds, to another is a 422 naming it and the models offered (as txt2img's override_settings)."""
     (title,) = webui.util_get_model_names()  # A1111's titles: "name [hash]"
     assert re.fullmatch(r"tiny-shapes \[[0-9a-f]{10}\]", title) and webui.util_get_current_model() == title
     webui.util_set_model("tiny-shapes")  # finds the closest title, as webuiapi does
     assert webui.session.post(f"{webui.baseurl}/options", json={"sd_model_checkpoint": "tiny-shapes"}).ok
     response = webui.session.post(f"{webui.baseurl}/options", json={"sd_model_checkpoint": "sd_xl_base_1.0"})
-    assert response.status_code == 400 and response.json()["detail"] == (
+    assert response.status_code == 422 and response.json()["detail"] == (
         "sd_model_checkpoint: unknown model 'sd_xl_base_1.0'; this server offers: tiny-shapes")
     styles = webui.get_prompt_styles()
     assert [s["name"] for s in styles][:2] == ["Cinematic", "Photographic"] and "{prompt}" in styles[0]["prompt"]

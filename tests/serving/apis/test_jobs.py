@@ -110,6 +110,22 @@ def test_the_event_stream_tells_the_job_in_order_and_ends_with_it(engine):
     assert events[-1][1]["id"] == job_id and events[-1][1]["seeds"] == [5, 6]
 
 
+def test_an_engine_reporting_steps_in_batches_still_streams_an_event_for_every_step():
+    engine = StepEngine(reports=(1, 2, 8))  # as a fast device reports an 8-step job: steps 1, 2, then 3..8 at once
+    client, _ = jobs_app(engine)
+    job_id = client.post("/v1/jobs", json={"prompt": "x", "seed": 5, "num_inference_steps": 8}).json()["id"]
+    threading.Timer(0.2, engine.go, (8,)).start()
+    with client.stream("GET", f"/v1/jobs/{job_id}/events") as stream:
+        text = "".join(stream.iter_text())
+    events = [(block.split("\n")[0][len("event: "):], json.loads(block.split("\n")[1][len("data: "):]))
+              for block in text.strip().split("\n\n") if block.startswith("event:")]
+    steps = [(data["step"], data["steps"], data["call"], data["calls"]) for name, data in events if name == "step"]
+    assert steps == [(step, 8, 0, 1) for step in range(1, 9)]
+    previews = {data["step"] for name, data in events if name == "preview"}
+    assert 8 in previews and previews <= {1, 2, 8}  # previews only at the reported steps
+    engine.go(1000)
+
+
 def test_a_dropped_result_is_gone_410(engine):
     client, _ = jobs_app(engine, store=JobStore(keep_s=0.0))
     job_id = client.post("/v1/jobs", json={"prompt": "x", "num_inference_steps": 1}).json()["id"]
