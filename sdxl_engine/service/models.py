@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from sdxl_engine.checkpoint.weights import ModelLoadError
 from sdxl_engine.config import ConfigError
 from sdxl_engine.engine.errors import InvalidRequest
 
@@ -87,6 +86,8 @@ def limits_for(engine, model: str | None):
     loaded = loaded_limits(engine, model)
     if loaded is not None or model is None or _catalogue(engine) is None or engine.limits is None:
         return loaded or engine.limits
+    from sdxl_engine.checkpoint.weights import ModelLoadError  # here: the flags' check imports this module, no JAX
+
     try:
         own = defaults_for(engine, model)
     except (ConfigError, ModelLoadError):  # the engine refuses it at its load, with the reason

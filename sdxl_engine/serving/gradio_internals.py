@@ -268,6 +268,14 @@ def join_fields(payload: dict) -> tuple[object, object]:
     return payload.get("fn_index"), payload.get("session_hash")
 
 
+def is_file_data(value) -> bool:
+    """Whether ``value`` (a call's JSON) is one file as Gradio's components take it (``FileData``: a string
+    ``path`` and ``meta`` ``{"_type": "gradio.FileData"}``, which Gradio's check of a file input requires: anything
+    else sent to a file input is a traceback in its log)."""
+    return isinstance(value, dict) and isinstance(value.get("path"), str) \
+        and value.get("meta") == {"_type": "gradio.FileData"}
+
+
 def stream_session(query: str) -> str:
     """The ``session_hash`` a result stream's query string (``queue/data?session_hash=...``) names ("" if none)."""
     return dict(pair.partition("=")[::2] for pair in query.split("&")).get("session_hash", "")

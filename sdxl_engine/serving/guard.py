@@ -218,6 +218,10 @@ class Routes:
         fn_index, session = gradio_internals.join_fields(payload)
         if _holds_file(payload.get("data")) and not (join and self._image_files_ok(fn_index, payload.get("data"))):
             return "this app takes no files"  # Gradio would fetch or copy it into its temp folder
+        if join and type(fn_index) is int and gradio_internals.api_name_of(self.demo, fn_index) == CONTROL_EVENT:
+            data = payload.get("data")  # the page's file box sends its one file (Gradio's check of it logs a traceback)
+            if not (isinstance(data, list) and len(data) == 1 and gradio_internals.is_file_data(data[0])):
+                return "the ControlNet picture's upload takes one uploaded file"
         if join:  # the page's queued events, and gradio_client's /generate
             return None if type(fn_index) is int and fn_index in self.queued else "no such queued event"
         name = call["name"]

@@ -311,9 +311,12 @@ def test_img2img_for_another_model_takes_its_own_steps_and_size_for_the_fields_n
     prepared at its size once it is loaded."""
     import types
 
+    from sdxl_engine.config import EngineConfig
+    from sdxl_engine.engine.validation import Limits
     from sdxl_engine.serving.apis.a1111 import Img2Img, img2img_call
 
-    default = types.SimpleNamespace(default_size=(64, 64), default_steps=20)
+    default = Limits(max_seed=2**31 - 1, max_steps=50, sizes=((64, 64),), default_size=(64, 64), default_steps=20,
+                     default_guidance=5.0)
     other = types.SimpleNamespace(default_size=(96, 64), default_steps=8)
 
     class Engine:
@@ -329,7 +332,7 @@ def test_img2img_for_another_model_takes_its_own_steps_and_size_for_the_fields_n
             return self.loaded.get(name)
 
         def defaults_for(self, name):
-            return types.SimpleNamespace(num_inference_steps={"a": 20, "b": 8}[name])
+            return EngineConfig(num_inference_steps={"a": 20, "b": 8}[name])
 
     engine = Engine()
     body = dict(prompt="x", init_images=[_b64_png(Image.new("RGB", (48, 32), (1, 2, 3)))])

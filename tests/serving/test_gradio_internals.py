@@ -223,3 +223,17 @@ def test_the_upload_folder_and_the_share_server(tmp_path):
 
     assert Path(gi.upload_folder()).resolve() == Path(os.environ["GRADIO_TEMP_DIR"]).resolve()  # tests/conftest.py
     assert gi.share_server().startswith("https://")
+
+
+def test_a_file_value_is_what_gradios_file_check_takes():
+    """is_file_data accepts what Gradio's FileData check of a file input accepts (its meta required), nothing else."""
+    from gradio.data_classes import FileData
+
+    for value in (FileData(path="/tmp/x.png").model_dump(), {"path": "/tmp/x.png"}, {"junk": [1, 2]},
+                  {"path": 3, "meta": {"_type": "gradio.FileData"}}, None, ["/tmp/x.png"]):
+        try:
+            FileData.model_validate(value, context={"validate_meta": True})
+            taken = True
+        except Exception:
+            taken = False
+        assert gi.is_file_data(value) == taken, value

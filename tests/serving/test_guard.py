@@ -173,12 +173,13 @@ def test_a_large_image_call_is_parsed_once_and_reaches_gradio_cleaned_and_comple
     own Content-Length."""
     import asyncio
     import json
+    import types
 
     from sdxl_engine.serving import guard as serving
 
     routes = object.__new__(serving.Routes)  # the routes of a page whose queued events are 3 and 7
-    routes.demo, routes.api_names, routes.queued, routes.direct = None, frozenset({"generate"}), frozenset({3, 7}), \
-        frozenset()
+    routes.demo = types.SimpleNamespace(fns={})  # its event table names none of them: no ControlNet upload
+    routes.api_names, routes.queued, routes.direct = frozenset({"generate"}), frozenset({3, 7}), frozenset()
     payload = {"fn_index": 7, "session_hash": "s", "data": ["x" * 2_000_000, 0.5],
                "event_data": {"index": 2, "value": {"image": {"path": "/etc/passwd"}}}}
     body = json.dumps(payload).encode()

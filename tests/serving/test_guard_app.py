@@ -368,7 +368,9 @@ def test_page_events_given_values_the_page_never_sends_log_one_line_each(app_ser
     event_data = {"index": "first", "value": {"path": "/etc/passwd", "meta": {"_type": "gradio.FileData"}}}
     for dep in deps:
         status, reply = call_page_event(app_server, dep, [{"junk": [1, 2]}] * len(dep["inputs"]), event_data)
-        assert status in (200, 500), (dep["api_name"], status, reply[:200])
+        # (the ControlNet picture's upload takes one file only: the guard refuses anything else, before Gradio)
+        assert status in (200, 500) or (dep["api_name"] == "control_upload" and status == 404), (
+            dep["api_name"], status, reply[:200])
     log = log_barrier(app_server, start)
     assert "Traceback" not in log and "Exception in ASGI" not in log, log
     assert len(log.splitlines()) <= len(deps), log

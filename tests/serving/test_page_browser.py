@@ -345,6 +345,8 @@ def test_while_the_engine_starts_the_page_says_so_and_share_offline_is_one_line(
     offline = OfflinePage(browser, app.url)
     try:
         page = offline.open()
+        # The page's load event writes the banner (empty as served: a page loaded later would say "Starting").
+        page.wait_for_function("document.querySelector('#engine-status')?.innerText.includes('Starting the engine')")
         banner = page.inner_text("#engine-status")
         assert re.search(r"Starting the engine: (starting|loading model|placing params|compiling|warm-up).* "
                          r"— \d+ s so far", banner), banner

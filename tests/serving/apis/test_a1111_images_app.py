@@ -266,7 +266,7 @@ def test_a_one_pixel_image_is_resized_and_an_rgba_mask_repaints_where_opaque(web
 def test_base_and_refiner_from_every_protocols_client():
     """`--refiner`: /sd-models lists it after the model; A1111's txt2img with refiner_checkpoint naming it (an A1111
     title with a hash too) runs it at refiner_switch_at: the same images per seed, not the base's alone, and the
-    infotext says Refiner and Refiner switch at; another name is a 400 naming the loaded refiner. gradio_client's
+    infotext says Refiner and Refiner switch at; another name is a 422 naming the loaded refiner. gradio_client's
     /generate and the MCP generate tool with refiner_switch_at give A1111's refined images, their default (the
     page's slider, shown) is 0.8, and 1 is the base alone; OpenAI's quality "hd" refines at 0.8 (the PNG says so),
     "standard" does not."""
@@ -300,7 +300,7 @@ def test_base_and_refiner_from_every_protocols_client():
         assert info["infotexts"][0].endswith("Refiner: tiny-pt-refiner, Refiner switch at: 0.5")
         assert "Refiner" not in base_info["infotexts"][0]
         other = api.session.post(f"{api.baseurl}/txt2img", json={**fields, "refiner_checkpoint": "sd_xl_refiner_1.0"})
-        assert other.status_code == 400 and other.json()["detail"] == (
+        assert other.status_code == 422 and other.json()["detail"] == (
             "refiner_checkpoint: unknown refiner 'sd_xl_refiner_1.0'; this server offers: tiny-pt-refiner")
 
         client = app.client()
