@@ -156,8 +156,8 @@ class RemoteEngine:
                          logging_level=logging.WARNING, log_to_driver=True)
         except Exception as err:  # Ray's own errors (ConnectionError, RuntimeError, ValueError, ...)
             self._remove_temp_dir()
-            raise ReplicaStartError(f"could not {'join the Ray cluster at ' + self.address if self.address else
-                                    'start a local Ray cluster'}: {type(err).__name__}: {err}") from err
+            what = f"join the Ray cluster at {self.address}" if self.address else "start a local Ray cluster"
+            raise ReplicaStartError(f"could not {what}: {type(err).__name__}: {err}") from err
         self.startup["ray_s"] = time.perf_counter() - t0
         logging.getLogger("ray.serve").setLevel(logging.WARNING)  # its INFO lines here are Serve's own bookkeeping
         if self.owns_app:
