@@ -28,7 +28,6 @@ from typing import Any
 
 # No JAX here (apply_jax_options imports it): the process checks its settings with this module before
 # the heavy imports, so a malformed one ends the start at once (serving/main.py).
-from sdxl_engine.program.schedulers import UnknownSampler, get_sampler
 
 LOG = logging.getLogger(__name__)
 
@@ -50,6 +49,31 @@ LORA_NAME = re.compile(r"[\w.\-]+")
 
 class ConfigError(ValueError):
     """A configuration key or value that the engine cannot use."""
+
+
+# A1111's sampler names, each a set of per-step coefficients in program/schedulers.py (which imports these: the
+# config, the lowest layer, checks the configured sampler at load without importing the program).
+SAMPLERS = ("Euler", "Euler a", "DPM++ 2M", "DPM++ 2M Karras", "DDIM", "LCM")
+DEFAULT_SAMPLER = "Euler"  # the blog's
+
+
+class UnknownSampler(ValueError):
+    """A sampler name that is not one of :data:`SAMPLERS`."""
+
+
+def get_sampler(name) -> str:
+    """The canonical A1111 name for ``name`` (case and spaces ignored; None = the default).
+
+    Raises UnknownSampler listing the choices.
+    """
+    if name is None or name == "":
+        return DEFAULT_SAMPLER
+    if isinstance(name, str):
+        wanted = " ".join(name.split()).lower()
+        for sampler in SAMPLERS:
+            if sampler.lower() == wanted:
+                return sampler
+    raise UnknownSampler(f"unknown sampler {str(name)[:40]!r}; choose one of {', '.join(SAMPLERS)}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -71,3 +71,16 @@ def test_engine_start_honours_jax_variables(tmp_path):
     lines = out.stdout.splitlines()
     assert lines[-1] == f"2 {tmp_path / 'jax-own'}", out
     assert len([line for line in lines if "wins over the engine's" in line]) == 2, lines
+
+
+def test_the_config_imports_nothing_above_it():
+    """config.py is the lowest layer (issue #59: it imported program/schedulers for the sampler names, the one
+    arrow that ran back up): importing it loads no other sdxl_engine module and no JAX."""
+    import subprocess
+    import sys
+
+    code = ("import sys, sdxl_engine.config; print(sorted(m for m in sys.modules if m.startswith('sdxl_engine.') "
+            "and m != 'sdxl_engine.config' or m == 'jax'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

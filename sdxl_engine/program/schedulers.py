@@ -58,8 +58,8 @@ import math
 
 import numpy as np
 
-SAMPLERS = ("Euler", "Euler a", "DPM++ 2M", "DPM++ 2M Karras", "DDIM", "LCM")
-DEFAULT_SAMPLER = "Euler"  # the blog's
+# The sampler names (A1111's) live in config.py, the lowest layer, which checks the configured one at load.
+from sdxl_engine.config import DEFAULT_SAMPLER, SAMPLERS, UnknownSampler, get_sampler  # noqa: F401 (re-exported)
 
 # A1111 name -> (diffusers class, the from_config overrides the name stands for).
 SAMPLER_CLASSES = {
@@ -122,10 +122,6 @@ FIELDS = {
     "original_inference_steps": "honoured (LCM: its timesteps, and the most steps it runs)",
     "timestep_scaling": "honoured (LCM)",
 }
-
-
-class UnknownSampler(ValueError):
-    """A sampler name that is not one of :data:`SAMPLERS`."""
 
 
 class UnsupportedSchedulerConfig(ValueError):
@@ -245,21 +241,6 @@ def hires_schedule(steps: int, hires_steps: int, strength: float) -> tuple[int, 
         total = int(hires_steps / min(strength, 0.999))
         return total, total - hires_steps
     return steps, img2img_start(steps, strength)
-
-
-def get_sampler(name) -> str:
-    """The canonical A1111 name for ``name`` (case and spaces ignored; None = the default).
-
-    Raises UnknownSampler listing the choices.
-    """
-    if name is None or name == "":
-        return DEFAULT_SAMPLER
-    if isinstance(name, str):
-        wanted = " ".join(name.split()).lower()
-        for sampler in SAMPLERS:
-            if sampler.lower() == wanted:
-                return sampler
-    raise UnknownSampler(f"unknown sampler {str(name)[:40]!r}; choose one of {', '.join(SAMPLERS)}")
 
 
 def sampler_config(sampler: str, config: dict) -> dict:
