@@ -48,9 +48,14 @@ def test_the_stepped_program_runs_the_tpu_flash_kernel_inside_shard_map_as_the_x
     interpret mode) for the UNet's and the VAE's self-attention, inside the program's shard_map (whose varying-axes
     check refused the kernel's outputs on the chip: compiling.CHECK_VMA), through all three stages of a program
     with progress on; its images are the XLA path's to within the kernel's float32 rounding."""
+    import jax
+
     pltpu = pytest.importorskip("jax.experimental.pallas.tpu")
     if not hasattr(pltpu, "force_tpu_interpret_mode"):
         pytest.skip("this JAX has no TPU interpret mode for Pallas kernels")
+    if jax.__version_info__ < (0, 11):  # measured with jax 0.10.2 on 4 CPU devices: it waited forever
+        pytest.skip("jax < 0.11's TPU interpret mode inside a shard_map over several CPU devices deadlocks (its "
+                    "host callbacks' ordering tokens); the kernel itself is checked in tests/models")
     from sdxl_engine.models import layers
     from sdxl_engine.program.compiling import SteppedExecutable, compile_program
     from sdxl_engine.program.generate import ProgramInputs, ProgramShape, tokenize
