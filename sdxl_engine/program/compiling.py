@@ -87,13 +87,12 @@ def jit_stages(model: LoadedModel, shape: ProgramShape, mesh: Mesh) -> dict[str,
             "finish": jit(stages.finish, (whole, specs, data), (on_all, shardings, on_data), (data, data))}
 
 
-def stage_arguments(model: LoadedModel, params, shape: ProgramShape, mesh: Mesh, prepared=None) -> dict[str, tuple]:
-    """Each stage's abstract arguments by name; ``prepared``: prepare's abstract (fixed, carry), else traced here
-    (``jax.eval_shape``)."""
+def stage_arguments(jitted: dict[str, Callable], model: LoadedModel, params, shape: ProgramShape,
+                    mesh: Mesh) -> dict[str, tuple]:
+    """Each stage's abstract arguments by name, for ``jitted`` (:func:`jit_stages`' result); the loop state's from
+    ``jax.eval_shape`` of its prepare."""
     abstract = ProgramInputs.abstract(shape, latent_shape(model, shape.height, shape.width), mesh)
-    if prepared is None:
-        prepared = jax.eval_shape(jit_stages(model, shape, mesh)["prepare"], params, abstract)
-    fixed, carry = prepared
+    fixed, carry = jax.eval_shape(jitted["prepare"], params, abstract)
     bounds = jax.ShapeDtypeStruct((2,), np.int32, sharding=NamedSharding(mesh, P()))
     return {"prepare": (params, abstract), "advance": (params, abstract, fixed, carry, bounds),
             "finish": (params, abstract, carry)}
@@ -104,7 +103,8 @@ def compile_program(model: LoadedModel, params, shape: ProgramShape, mesh: Mesh)
     ``step_hook``: its three stages (:class:`SteppedExecutable`)."""
     start = time.perf_counter()
     if shape.step_hook:
-        jitted, args = jit_stages(model, shape, mesh), stage_arguments(model, params, shape, mesh)
+        jitted = jit_stages(model, shape, mesh)
+        args = stage_arguments(jitted, model, params, shape, mesh)
         executable = SteppedExecutable(shape, mesh, {n: jitted[n].lower(*args[n]).compile() for n in STAGES})
     else:
         abstract = ProgramInputs.abstract(shape, latent_shape(model, shape.height, shape.width), mesh)
@@ -193,9 +193,8 @@ def _first_cost(cost):
 
 def _flops(executable) -> float | None:
     try:
-        cost = executable.cost_analysis()
-        cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-        return float(cost.get("flops")) if cost and cost.get("flops") is not None else None
+        cost = _first_cost(executable.cost_analysis())
+        return float(cost["flops"]) if cost.get("flops") is not None else None
     except Exception:  # cost analysis is best-effort and backend-dependent
         return None
 
