@@ -7,6 +7,7 @@ A program with the per-step hook (ProgramShape.step_hook) is three executables (
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import functools
@@ -105,12 +106,34 @@ def compile_program(model: LoadedModel, params, shape: ProgramShape, mesh: Mesh)
     if shape.step_hook:
         jitted = jit_stages(model, shape, mesh)
         args = stage_arguments(jitted, model, params, shape, mesh)
-        executable = SteppedExecutable(shape, mesh, {n: jitted[n].lower(*args[n]).compile() for n in STAGES})
+        lowered = {n: jitted[n].lower(*args[n]) for n in STAGES}  # tracing holds the GIL: one after another
+        executable = SteppedExecutable(shape, mesh, in_parallel({n: lowered[n].compile for n in STAGES}))
     else:
         abstract = ProgramInputs.abstract(shape, latent_shape(model, shape.height, shape.width), mesh)
         executable = jit_program(model, shape, mesh).lower(params, abstract).compile()
     return CompiledProgram(shape=shape, executable=executable, compile_s=time.perf_counter() - start,
                            flops=_flops(executable))
+
+
+def in_parallel(calls: dict[str, Callable[[], object]]) -> dict[str, object]:
+    """``{name: call()}``, the calls run on threads of their own; the first exception raised is re-raised.
+
+    XLA's compile and an executable's deserialization release the GIL, so a stepped program's three stages compile
+    (or load) side by side: a start waits for the slowest stage, not for their sum (figures: docs/benchmarks.md,
+    "On a TPU v5e chip")."""
+    if len(calls) < 2:
+        return {name: call() for name, call in calls.items()}
+    # JAX's config switches are per thread: the workers take the caller's persistent-cache switch (see
+    # persistent_cache_off), or a compile inside that block would read and write the cache after all.
+    switch = jax_config.enable_compilation_cache.value
+
+    def run(call):
+        with jax_config.enable_compilation_cache(switch):
+            return call()
+
+    with concurrent.futures.ThreadPoolExecutor(len(calls), thread_name_prefix="stage") as pool:
+        futures = {name: pool.submit(run, call) for name, call in calls.items()}
+        return {name: future.result() for name, future in futures.items()}
 
 
 class SteppedExecutable:
@@ -293,7 +316,8 @@ def cached_program(model: LoadedModel, params, shape: ProgramShape, mesh: Mesh,
     start = time.perf_counter()
     key, devices = program_key(model, params, shape, mesh), list(mesh.devices.flat)
     trees = _trees(model, params, shape, mesh)
-    found = {name: cache.load({**key, "stage": name} if name else key, *trees[name], devices) for name in trees}
+    found = in_parallel({name: functools.partial(cache.load, {**key, "stage": name} if name else key,
+                                                 *trees[name], devices) for name in trees})
     if all(f.executable is not None for f in found.values()):
         executable = (found[""].executable if "" in found else
                       SteppedExecutable(shape, mesh, {n: found[n].executable for n in STAGES}))

@@ -17,15 +17,20 @@ import jax, jax.numpy as jnp
 jax.config.update("jax_compilation_cache_dir", sys.argv[1])
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-from sdxl_engine.program.compiling import cache_counts, persistent_cache_off
+from sdxl_engine.program.compiling import cache_counts, in_parallel, persistent_cache_off
 
 def compile_once():
     jax.jit(lambda x: jnp.sin(x) @ x.T * 3).lower(jnp.ones((8, 8), jnp.float32)).compile()
     return cache_counts()["hits"]
 
+def compile_twice_in_parallel():  # as a stepped program's stages compile: on threads of their own
+    in_parallel({"a": compile_once, "b": compile_once})
+    return cache_counts()["hits"]
+
 cache_counts()
 hits = [compile_once(), compile_once()]  # a miss that stores, then a hit: the cache is in use
 with persistent_cache_off():
+    hits.append(compile_twice_in_parallel())  # first: the threads are the first to ask whether the cache is used
     hits.append(compile_once())
 hits.append(compile_once())
 print(json.dumps(hits))
@@ -35,11 +40,12 @@ print(json.dumps(hits))
 def test_a_compile_inside_persistent_cache_off_is_not_served_by_the_cache(tmp_path):
     """The executable cache stores only fresh compiles (an executable JAX's cache served, re-serialized, loses
     kernels on XLA:CPU): inside ``persistent_cache_off`` a program the cache holds is compiled again, even after
-    this process has used the cache, and after the block the cache serves it again."""
+    this process has used the cache, also on the threads that compile a stepped program's stages side by side,
+    and after the block the cache serves it again."""
     result = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "jax")], cwd=ROOT, capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert json.loads(result.stdout.strip().splitlines()[-1]) == [0, 1, 1, 2]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == [0, 1, 1, 1, 2]
 
 
 @pytest.mark.engine
