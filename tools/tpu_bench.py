@@ -14,7 +14,8 @@ For each images-per-request count N (``--images``):
    the steps and reports each), Euler, ``--steps`` steps, guidance 5, with an empty executable cache in DIR; then
    ``--requests`` requests with a step receiver (every step's event, previews on their default cadence), a Stop
    after 5 steps (it must raise Stopped and leave the engine serving), and exits.
-2. **warm**: a second process starts on the same cache (its programs load, nothing compiles) and does the same.
+2. **warm**: a second process starts on the same cache, DIR/cache-N (its programs load, nothing compiles), and
+   does the same. A cold side empties that cache first; with ``--add`` a later call's warm side uses it.
 
 Each process prints one JSON line (start-up stages, per-request device and latency seconds, per-image seconds,
 images/s, the step events seen, the Stop's outcome, the HBM peak, JAX's version and the device) and must exit 0:
@@ -28,10 +29,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -105,10 +106,13 @@ def hbm_peak_gb(jax) -> float | None:
     return None if peak is None else peak / 2**30
 
 
-def run_child(cmd: list[str], log: Path, timeout: float) -> dict:
-    """Run one side's process; its last JSON line, its exit code and its wall time."""
+def run_child(cmd: list[str], log: Path, timeout: float, path_first: str = "") -> dict:
+    """Run one side's process (``path_first`` ahead of its PYTHONPATH); its last JSON line, its exit code and its
+    wall time."""
     start = time.perf_counter()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if path_first:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [path_first, env.get("PYTHONPATH", "")]))
     with log.open("w") as handle:
         try:
             proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=handle, text=True, timeout=timeout, env=env)
@@ -136,7 +140,12 @@ def main(argv=None) -> None:
     p.add_argument("--blog", action="store_true", help="also the blog's pipeline (python -m tools.tpu_blog)")
     p.add_argument("--blog-python", default=sys.executable)
     p.add_argument("--blog-images", default="1", help="images per call for the blog's pipeline")
+    p.add_argument("--blog-path", default="", help="folder ahead of PYTHONPATH for the blog's process (its diffusers "
+                                                   "0.39 and transformers 4.57.6, which the engine does not run on)")
     p.add_argument("--timeout", type=float, default=600)
+    p.add_argument("--add", action="store_true",
+                   help="add to DIR/tpu_bench.json's runs (one benchmark split into calls: the lent chip runs a "
+                        "command for at most 10 minutes)")
     p.add_argument("--cpu-devices", type=int, default=0, help=argparse.SUPPRESS)  # CPU runs of this tool (tests)
     p.add_argument("--engine", action="store_true", help=argparse.SUPPRESS)  # one engine process
     p.add_argument("--cache", type=Path, help=argparse.SUPPRESS)
@@ -146,24 +155,33 @@ def main(argv=None) -> None:
         print(json.dumps(engine_side(args)), flush=True)
         return
     args.out.mkdir(parents=True, exist_ok=True)
+    written = args.out / "tpu_bench.json"
     report: dict = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "size": args.size,
                     "steps": args.steps, "guidance": GUIDANCE, "runs": []}
+    if args.add and written.exists():
+        report = json.loads(written.read_text())
+
+    def save() -> None:  # after every run: a command cut short keeps what it finished
+        report["ratios"] = ratios(report)
+        written.write_text(json.dumps(report, indent=1))
     for n in [int(x) for x in args.images.split(",") if x]:
-        cache = Path(tempfile.mkdtemp(prefix=f"tpu-bench-cache-{n}-", dir=args.out))
+        cache = args.out / f"cache-{n}"  # a later call's warm side (--add) finds the cold side's executables
         for side in args.sides.split(","):
+            if side == "cold":
+                shutil.rmtree(cache, ignore_errors=True)
             cmd = [sys.executable, "-m", "tools.tpu_bench", "--engine", "--out", str(args.out), "--cache", str(cache),
                    "--images", str(n), "--size", str(args.size), "--steps", str(args.steps), "--requests",
                    str(args.requests), "--model", args.model, "--cpu-devices", str(args.cpu_devices)]
             run = run_child(cmd, args.out / f"engine-{n}-{side}.log", args.timeout)
             report["runs"].append({"start": side, **run})
+            save()
     if args.blog:
         cmd = [args.blog_python, "-m", "tools.tpu_blog", "--size", str(args.size), "--steps", str(args.steps),
                "--guidance", str(GUIDANCE), "--images", args.blog_images, "--out", str(args.out / "blog.json")]
-        run = run_child(cmd, args.out / "blog.log", args.timeout)
-        written = args.out / "blog.json"  # every count's row (stdout's last line is the last count's)
-        report["blog"] = {**run, **(json.loads(written.read_text()) if written.exists() else {})}
-    report["ratios"] = ratios(report)
-    (args.out / "tpu_bench.json").write_text(json.dumps(report, indent=1))
+        run = run_child(cmd, args.out / "blog.log", args.timeout, args.blog_path)
+        rows = args.out / "blog.json"  # every count's row (stdout's last line is the last count's)
+        report["blog"] = {**run, **(json.loads(rows.read_text()) if rows.exists() else {})}
+    save()
     print(json.dumps({"ratios": report["ratios"]}), flush=True)
 
 
