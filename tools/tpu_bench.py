@@ -33,6 +33,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -106,26 +107,50 @@ def hbm_peak_gb(jax) -> float | None:
     return None if peak is None else peak / 2**30
 
 
-def run_child(cmd: list[str], log: Path, timeout: float, path_first: str = "") -> dict:
-    """Run one side's process (``path_first`` ahead of its PYTHONPATH); its last JSON line, its exit code and its
-    wall time."""
+def run_child(cmd: list[str], log: Path, timeout: float, path_first: str = "", rss_limit_gb: float = 0.0) -> dict:
+    """Run one side's process (``path_first`` ahead of its PYTHONPATH); its last JSON line, its exit code, its wall
+    time and its peak resident host memory (``host_rss_peak_gb``, sampled every 0.2 s from /proc). Over
+    ``rss_limit_gb`` (0: no limit) the process is killed and the result says so: the lent machine's 40 GiB are
+    shared with the bench itself, and a kill there by the system loses the whole command's output."""
     start = time.perf_counter()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if path_first:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [path_first, env.get("PYTHONPATH", "")]))
-    with log.open("w") as handle:
-        try:
-            proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=handle, text=True, timeout=timeout, env=env)
-            code, stdout = proc.returncode, proc.stdout
-        except subprocess.TimeoutExpired as err:
-            code, stdout = "timeout", (err.stdout or b"").decode() if isinstance(err.stdout, bytes) else err.stdout
-    lines = [line for line in (stdout or "").splitlines() if line.startswith("{")]
+    peak, code = 0.0, None
+    with log.open("w") as handle, tempfile.TemporaryFile("w+") as stdout_file:
+        proc = subprocess.Popen(cmd, stdout=stdout_file, stderr=handle, text=True, env=env)
+        while code is None:
+            try:
+                code = proc.wait(timeout=0.2)
+            except subprocess.TimeoutExpired:
+                peak = max(peak, rss_gb(proc.pid))
+                if time.perf_counter() - start > timeout:
+                    proc.kill()
+                    code = "timeout"
+                elif rss_limit_gb and peak > rss_limit_gb:
+                    proc.kill()
+                    code = f"killed: host memory over {rss_limit_gb} GB"
+        proc.wait()
+        stdout_file.seek(0)
+        stdout = stdout_file.read()
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
     result = json.loads(lines[-1]) if lines else {"error": f"no result; see {log}"}
-    result.update(exit_code=code, wall_s=time.perf_counter() - start)
+    result.update(exit_code=code, wall_s=time.perf_counter() - start, host_rss_peak_gb=peak or None)
     if code != 0:
         result["stderr_tail"] = log.read_text()[-1500:]
     print(json.dumps({k: v for k, v in result.items() if k != "requests"}), flush=True)
     return result
+
+
+def rss_gb(pid: int) -> float:
+    """Resident memory of process ``pid`` in GB (10^9 bytes), 0.0 where /proc cannot say (gone, another OS)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024 / 1e9
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0.0
 
 
 def main(argv=None) -> None:
@@ -143,6 +168,7 @@ def main(argv=None) -> None:
     p.add_argument("--blog-path", default="", help="folder ahead of PYTHONPATH for the blog's process (its diffusers "
                                                    "0.39 and transformers 4.57.6, which the engine does not run on)")
     p.add_argument("--timeout", type=float, default=600)
+    p.add_argument("--rss-limit", type=float, default=34.0, help="GB of host memory a side's process may hold")
     p.add_argument("--add", action="store_true",
                    help="add to DIR/tpu_bench.json's runs (one benchmark split into calls: the lent chip runs a "
                         "command for at most 10 minutes)")
@@ -172,13 +198,13 @@ def main(argv=None) -> None:
             cmd = [sys.executable, "-m", "tools.tpu_bench", "--engine", "--out", str(args.out), "--cache", str(cache),
                    "--images", str(n), "--size", str(args.size), "--steps", str(args.steps), "--requests",
                    str(args.requests), "--model", args.model, "--cpu-devices", str(args.cpu_devices)]
-            run = run_child(cmd, args.out / f"engine-{n}-{side}.log", args.timeout)
+            run = run_child(cmd, args.out / f"engine-{n}-{side}.log", args.timeout, rss_limit_gb=args.rss_limit)
             report["runs"].append({"start": side, **run})
             save()
     if args.blog:
         cmd = [args.blog_python, "-m", "tools.tpu_blog", "--size", str(args.size), "--steps", str(args.steps),
                "--guidance", str(GUIDANCE), "--images", args.blog_images, "--out", str(args.out / "blog.json")]
-        run = run_child(cmd, args.out / "blog.log", args.timeout, args.blog_path)
+        run = run_child(cmd, args.out / "blog.log", args.timeout, args.blog_path, args.rss_limit)
         rows = args.out / "blog.json"  # every count's row (stdout's last line is the last count's)
         report["blog"] = {**run, **(json.loads(rows.read_text()) if rows.exists() else {})}
     save()

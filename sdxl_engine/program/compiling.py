@@ -11,6 +11,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import functools
+import os
 import time
 import types
 from collections.abc import Callable
@@ -41,6 +42,9 @@ STAGES = ("prepare", "advance", "finish")  # the executables of a stepped progra
 # "pallas_tpu") declare their outputs without it, which the check refuses; the program has no collective for the
 # check to guard (every device runs its own images).
 CHECK_VMA = False
+# Threads that compile (or load) a stepped program's stages side by side (in_parallel); 1: one after another.
+# XLA's compile of a full-size stage holds gigabytes of host memory, so a host with little of it may want 1.
+COMPILE_THREADS = int(os.environ.get("SDXL_ENGINE_COMPILE_THREADS", "3"))
 
 
 @dataclasses.dataclass
@@ -121,7 +125,7 @@ def in_parallel(calls: dict[str, Callable[[], object]]) -> dict[str, object]:
     XLA's compile and an executable's deserialization release the GIL, so a stepped program's three stages compile
     (or load) side by side: a start waits for the slowest stage, not for their sum (figures: docs/benchmarks.md,
     "On a TPU v5e chip")."""
-    if len(calls) < 2:
+    if len(calls) < 2 or COMPILE_THREADS < 2:
         return {name: call() for name, call in calls.items()}
     # JAX's config switches are per thread: the workers take the caller's persistent-cache switch (see
     # persistent_cache_off), or a compile inside that block would read and write the cache after all.
@@ -131,7 +135,7 @@ def in_parallel(calls: dict[str, Callable[[], object]]) -> dict[str, object]:
         with jax_config.enable_compilation_cache(switch):
             return call()
 
-    with concurrent.futures.ThreadPoolExecutor(len(calls), thread_name_prefix="stage") as pool:
+    with concurrent.futures.ThreadPoolExecutor(min(len(calls), COMPILE_THREADS), thread_name_prefix="stage") as pool:
         futures = {name: pool.submit(run, call) for name, call in calls.items()}
         return {name: future.result() for name, future in futures.items()}
 
