@@ -31,6 +31,7 @@ def test_config_env_and_overrides():
     ({"SDXL_MAX_SEED": "-3"}, "max_seed must be between 0"),
     ({"SDXL_WIDTH": "63"}, "width must be 0 .* or a multiple of 8"),
     ({"SDXL_MAX_QUEUE_SIZE": "0"}, "max_queue_size must be at least 1"),
+    ({"SDXL_COMPILE_THREADS": "0"}, "compile_threads must be at least 1"),
 ])
 def test_bad_settings_are_refused_at_load(env, message):
     with pytest.raises(ConfigError, match=message):

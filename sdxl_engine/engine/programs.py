@@ -78,7 +78,8 @@ class Programs:
     def _compile(self, shape: ProgramShape) -> None:
         """Compile (or load) one program and log one line saying how; call with ``_compile_lock`` held."""
         before = cache_counts()
-        program = cached_program(self.model, self.params_for(shape), shape, self.mesh, self.executables)
+        program = cached_program(self.model, self.params_for(shape), shape, self.mesh, self.executables,
+                                 self.config.compile_threads)
         self.costs.observe(shape, program_cost(program.executable))
         self.compiled[shape] = program
         self.count += 1

@@ -11,7 +11,6 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import functools
-import os
 import time
 import types
 from collections.abc import Callable
@@ -42,9 +41,6 @@ STAGES = ("prepare", "advance", "finish")  # the executables of a stepped progra
 # "pallas_tpu") declare their outputs without it, which the check refuses; the program has no collective for the
 # check to guard (every device runs its own images).
 CHECK_VMA = False
-# Threads that compile (or load) a stepped program's stages side by side (in_parallel); 1: one after another.
-# XLA's compile of a full-size stage holds gigabytes of host memory, so a host with little of it may want 1.
-COMPILE_THREADS = int(os.environ.get("SDXL_ENGINE_COMPILE_THREADS", "3"))
 
 
 @dataclasses.dataclass
@@ -103,15 +99,16 @@ def stage_arguments(jitted: dict[str, Callable], model: LoadedModel, params, sha
             "finish": (params, abstract, carry)}
 
 
-def compile_program(model: LoadedModel, params, shape: ProgramShape, mesh: Mesh) -> CompiledProgram:
+def compile_program(model: LoadedModel, params, shape: ProgramShape, mesh: Mesh, threads: int = 3) -> CompiledProgram:
     """Lower and compile ahead of time for ``shape``; ``params`` may be arrays or ShapeDtypeStructs. With
-    ``step_hook``: its three stages (:class:`SteppedExecutable`)."""
+    ``step_hook``: its three stages (:class:`SteppedExecutable`), compiled on up to ``threads`` threads
+    (:func:`in_parallel`; EngineConfig.compile_threads)."""
     start = time.perf_counter()
     if shape.step_hook:
         jitted = jit_stages(model, shape, mesh)
         args = stage_arguments(jitted, model, params, shape, mesh)
         lowered = {n: jitted[n].lower(*args[n]) for n in STAGES}  # tracing holds the GIL: one after another
-        executable = SteppedExecutable(shape, mesh, in_parallel({n: lowered[n].compile for n in STAGES}))
+        executable = SteppedExecutable(shape, mesh, in_parallel({n: lowered[n].compile for n in STAGES}, threads))
     else:
         abstract = ProgramInputs.abstract(shape, latent_shape(model, shape.height, shape.width), mesh)
         executable = jit_program(model, shape, mesh).lower(params, abstract).compile()
@@ -119,13 +116,14 @@ def compile_program(model: LoadedModel, params, shape: ProgramShape, mesh: Mesh)
                            flops=_flops(executable))
 
 
-def in_parallel(calls: dict[str, Callable[[], object]]) -> dict[str, object]:
-    """``{name: call()}``, the calls run on threads of their own; the first exception raised is re-raised.
+def in_parallel(calls: dict[str, Callable[[], object]], threads: int = 3) -> dict[str, object]:
+    """``{name: call()}``, the calls run on up to ``threads`` threads (1: one after another, on this one); the
+    first exception raised is re-raised.
 
     XLA's compile and an executable's deserialization release the GIL, so a stepped program's three stages compile
     (or load) side by side: a start waits for the slowest stage, not for their sum (figures: docs/benchmarks.md,
     "On a TPU v5e chip")."""
-    if len(calls) < 2 or COMPILE_THREADS < 2:
+    if len(calls) < 2 or threads < 2:
         return {name: call() for name, call in calls.items()}
     # JAX's config switches are per thread: the workers take the caller's persistent-cache switch (see
     # persistent_cache_off), or a compile inside that block would read and write the cache after all.
@@ -135,7 +133,7 @@ def in_parallel(calls: dict[str, Callable[[], object]]) -> dict[str, object]:
         with jax_config.enable_compilation_cache(switch):
             return call()
 
-    with concurrent.futures.ThreadPoolExecutor(min(len(calls), COMPILE_THREADS), thread_name_prefix="stage") as pool:
+    with concurrent.futures.ThreadPoolExecutor(min(len(calls), threads), thread_name_prefix="stage") as pool:
         futures = {name: pool.submit(run, call) for name, call in calls.items()}
         return {name: future.result() for name, future in futures.items()}
 
@@ -306,22 +304,23 @@ def abstract_params(params):
 
 
 def cached_program(model: LoadedModel, params, shape: ProgramShape, mesh: Mesh,
-                   cache: ExecutableCache | None) -> CompiledProgram:
+                   cache: ExecutableCache | None, threads: int = 3) -> CompiledProgram:
     """The program for ``shape``: loaded from ``cache`` when it holds a trusted entry, else compiled and stored.
 
     Without a cache this is :func:`compile_program`. A loaded program is neither traced, lowered
     nor compiled: its argument pytree is rebuilt from ``params`` and the abstract inputs (a stepped program's
     loop state from generate.loop_structure). A compiled one bypasses JAX's persistent compilation cache (see
     below), so a miss here is a full compile. A stepped program's three executables are stored and loaded as
-    one: all three load, or all three compile. ``cache_note`` of the result says what the cache did, in one line.
+    one: all three load, or all three compile, on up to ``threads`` threads. ``cache_note`` of the result says what
+    the cache did, in one line.
     """
     if cache is None:
-        return compile_program(model, params, shape, mesh)
+        return compile_program(model, params, shape, mesh, threads)
     start = time.perf_counter()
     key, devices = program_key(model, params, shape, mesh), list(mesh.devices.flat)
     trees = _trees(model, params, shape, mesh)
     found = in_parallel({name: functools.partial(cache.load, {**key, "stage": name} if name else key,
-                                                 *trees[name], devices) for name in trees})
+                                                 *trees[name], devices) for name in trees}, threads)
     if all(f.executable is not None for f in found.values()):
         executable = (found[""].executable if "" in found else
                       SteppedExecutable(shape, mesh, {n: found[n].executable for n in STAGES}))
@@ -334,7 +333,7 @@ def cached_program(model: LoadedModel, params, shape: ProgramShape, mesh: Mesh,
     # "Function multiply_add_fusion not found"). So this program bypasses that cache; everything else still uses it.
     hits = cache_counts()["hits"]
     with persistent_cache_off():
-        program = compile_program(model, params, shape, mesh)
+        program = compile_program(model, params, shape, mesh, threads)
     # The count is process-wide: a hit meanwhile is this compile's (another thread's block ended and turned the
     # cache back on) or another thread's compile. Either way store nothing; a later miss compiles and stores it.
     if cache_counts()["hits"] != hits:
