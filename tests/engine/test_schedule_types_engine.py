@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest
-from sdxl_engine.serving.apis.a1111 import generation_parameters, sampler_of
 from sdxl_engine.service.delivery import deliver
+from sdxl_engine.serving.apis.a1111 import generation_parameters, sampler_of
 
 pytestmark = pytest.mark.engine
 
