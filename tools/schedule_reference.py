@@ -23,8 +23,9 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
-CONFIG = Path(__file__).resolve().parents[1] / "sdxl_engine/checkpoint/configs/sdxl-base-1.0/scheduler/scheduler_config.json"
-OUT = Path(__file__).resolve().parents[1] / "tests/fixtures/schedule-types.json"
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "sdxl_engine/checkpoint/configs/sdxl-base-1.0/scheduler/scheduler_config.json"
+OUT = ROOT / "tests/fixtures/schedule-types.json"
 STEPS = (20, 7)
 BETA_ALPHA = BETA_BETA = 0.6  # A1111 shared_options: beta_dist_alpha, beta_dist_beta defaults
 
