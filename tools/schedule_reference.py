@@ -10,7 +10,7 @@ here or in CI, so each torch call is its numpy equivalent, line by line, float32
 ``scipy.stats.beta.ppf`` as A1111 does. The model's sigmas come from SDXL base's scheduler config
 (scaled_linear, 0.00085 to 0.012, 1000 steps), computed here from the config, not by the engine.
 
-The runtime never imports this module; tests/program/test_schedule_types.py compares the engine's
+The runtime never imports this module; tests/program/test_schedulers_types.py compares the engine's
 ``schedulers.schedule_sigmas`` and ``make_schedule`` against the fixture.
 """
 
