@@ -23,6 +23,7 @@ from sdxl_engine.program.schedulers import (
     Schedule,
     TooManySteps,
     UnsupportedSchedulerConfig,
+    UnsupportedScheduleType,
     hires_schedule,
     make_schedule,
     refiner_start,
@@ -112,13 +113,13 @@ class Planner:
     refiner's LoRAs and the limits are known): ``model`` (loading.LoadedModel), ``config`` (max_inference_steps,
     max_prompt_chunks, emphasis, progress), ``limits`` (validation.Limits: max_seed, the size multiple), ``batch``
     (images per request), ``refiner_loras`` (the refiner's LoraMerger, or None). The schedules it makes are cached
-    by (sampler, steps)."""
+    by (sampler, steps, schedule type)."""
 
     def __init__(self, model: loading.LoadedModel, config: EngineConfig, limits: Limits, batch: int,
                  refiner_loras: lora_mod.LoraMerger | None = None):
         self.model, self.config, self.limits, self.batch = model, config, limits, batch
         self.refiner_loras = refiner_loras
-        self._schedules: dict[tuple[str, int], Schedule] = {}
+        self._schedules: dict[tuple[str, int, str | None], Schedule] = {}
 
     def plan(self, request: GenerateRequest) -> Plan:
         """The :class:`Plan` of a validated ``request``: its LoRA tags' weights aside (merged at run time),
@@ -132,7 +133,8 @@ class Planner:
         prompt, negative = self.tokens(request.prompt, request.negative_prompt)  # the chunks choose the program
         loras = tuple((tag.name, tag.weight) for tag in parse_lora_tags(request.prompt)[1])
         self._check_refiner_tags(request, loras)
-        schedule = self.schedule(request.sampler, request.num_inference_steps)  # refuses before compiling
+        schedule = self.schedule(request.sampler, request.num_inference_steps,  # refuses before compiling
+                                 request.schedule_type)
         image = None
         if request.image is not None:  # img2img: validate set start_step (from strength, or as given)
             image = np.asarray(request.image)
@@ -187,9 +189,9 @@ class Planner:
         width, height = hires_size(request.width, request.height, request.hires_scale, self.limits.multiple)
         steps, start = hires_schedule(request.num_inference_steps, request.hires_steps, request.hires_strength)
         try:
-            schedule = self.schedule(request.hires_sampler, steps)
+            schedule = self.schedule(request.hires_sampler, steps, request.schedule_type)
         except InvalidRequest as err:
-            field = "hires_sampler" if err.field == "sampler" else "hires_steps"
+            field = {"sampler": "hires_sampler", "schedule_type": "schedule_type"}.get(err.field, "hires_steps")
             raise InvalidRequest(field, f"the second pass's {steps}-step schedule: {err.message}") from None
         prompt, negative = self.tokens(
             request.prompt if request.hires_prompt is None else request.hires_prompt,
@@ -226,14 +228,17 @@ class Planner:
                             step_hook=self.config.progress, init_image=init_image, inpaint=inpaint,
                             controlnets=controlnets)
 
-    def schedule(self, sampler: str, steps: int):
-        """The sampler's schedule for ``steps`` steps (cached). Raises InvalidRequest for a sampler this
-        model's scheduler config rules out (schedulers.PER_SAMPLER: DDIM on a zero-terminal-SNR model), or
-        more steps than it can take (LCM past original_inference_steps)."""
-        key = (sampler, steps)
+    def schedule(self, sampler: str, steps: int, schedule_type: str | None = None):
+        """The sampler's schedule for ``steps`` steps of ``schedule_type`` (None: automatic; cached). Raises
+        InvalidRequest for a sampler this model's scheduler config rules out (schedulers.PER_SAMPLER: DDIM on a
+        zero-terminal-SNR model), more steps than it can take (LCM past original_inference_steps), or a schedule type
+        the sampler does not take (``schedule_type``: DDIM, LCM)."""
+        key = (sampler, steps, schedule_type)
         if key not in self._schedules:
             try:
-                self._schedules[key] = make_schedule(sampler, self.model.scheduler_config, steps)
+                self._schedules[key] = make_schedule(sampler, self.model.scheduler_config, steps, schedule_type)
+            except UnsupportedScheduleType as err:
+                raise InvalidRequest("schedule_type", str(err)) from None
             except UnsupportedSchedulerConfig as err:
                 raise InvalidRequest("sampler", f"{sampler} cannot run {self.model.name}: {err}") from None
             except TooManySteps as err:

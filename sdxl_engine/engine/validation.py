@@ -22,7 +22,15 @@ from sdxl_engine.engine.errors import InvalidRequest
 from sdxl_engine.engine.image_upscale import IMAGE_UPSCALERS
 from sdxl_engine.engine.prompts import check_prompt, parse_lora_tags
 from sdxl_engine.program.latent_upscale import DEFAULT_UPSCALER, HIRES_UPSCALERS
-from sdxl_engine.program.schedulers import DEFAULT_SAMPLER, UnknownSampler, get_sampler, hires_schedule, img2img_start
+from sdxl_engine.program.schedulers import (
+    DEFAULT_SAMPLER,
+    UnknownSampler,
+    UnknownScheduleType,
+    get_sampler,
+    get_schedule_type,
+    hires_schedule,
+    img2img_start,
+)
 
 # InvalidRequest: from errors.py, ControlUnit: from control.py, kept here (one import for every request field)
 __all__ = ["ControlUnit", "GenerateRequest", "InvalidRequest", "Limits", "validate"]
@@ -102,6 +110,10 @@ class GenerateRequest:
     # A1111's refiner_checkpoint): None = the first --refiner. Refiners of the first one's architecture only (they
     # share its programs); the engine checks the name.
     refiner: str | None = None
+    # The schedule type (A1111 1.9's ``scheduler``, docs/samplers.md): a schedulers.SCHEDULE_TYPES name, label or alias
+    # (None: "automatic", each sampler's own spacing); both passes of hires fix and the refiner's steps use it.
+    # Validated: the name ("karras"). DDIM and LCM take automatic only (the plan refuses another, naming this field).
+    schedule_type: str | None = None
     # The Limits this exact object was validated against (set by :func:`validate` only; not an argument, and
     # dataclasses.replace makes an unstamped copy), so a request checked where it arrived (apis/core.check, a
     # Ray front) is not validated again by the engine that runs it.
@@ -314,7 +326,8 @@ def validate(request: GenerateRequest, limits: Limits) -> GenerateRequest:
                                                            limits.max_control_units, limits.controlnets_unfit,
                                                            limits.model),
                               model=as_model(request.model),
-                              refiner=as_refiner(request.refiner, request.refiner_switch_at), **hires)
+                              refiner=as_refiner(request.refiner, request.refiner_switch_at),
+                              schedule_type=as_schedule_type(request.schedule_type), **hires)
     object.__setattr__(checked, "validated_for", limits)  # frozen: the one place the stamp is set
     return checked
 
@@ -369,6 +382,18 @@ def as_sampler(field: str, value) -> str:
         return get_sampler(value)
     except UnknownSampler as err:
         raise InvalidRequest(field, str(err)) from None
+
+
+def as_schedule_type(value) -> str:
+    """A request's ``schedule_type`` as its name (schedulers.get_schedule_type's spellings; None: "automatic").
+    Raises InvalidRequest naming ``schedule_type`` and listing the names."""
+    if value is not None and not isinstance(value, str):
+        raise InvalidRequest("schedule_type", f"expected a schedule type's name (text), got {type(value).__name__} "
+                                              f"{_short(value)}")
+    try:
+        return get_schedule_type(value)
+    except UnknownScheduleType as err:
+        raise InvalidRequest("schedule_type", str(err)) from None
 
 
 HIRES_FIELDS = ("hires_scale", "hires_strength", "hires_steps", "hires_upscaler", "hires_sampler", "hires_prompt",

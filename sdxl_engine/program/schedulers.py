@@ -133,6 +133,95 @@ class TooManySteps(ValueError):
     how many it can."""
 
 
+# Schedule types (A1111 1.9+'s ``scheduler``, its UI's "Schedule type"): name -> A1111's label, as its
+# modules/sd_schedulers.py lists them (the ones this engine implements). "automatic" is each sampler's own spacing
+# (diffusers' class from the model's config: what the engine did before schedule types). The others replace the
+# sampler's sigmas by A1111's (:func:`schedule_sigmas`); the sampler's update stays its own.
+SCHEDULE_TYPES = {"automatic": "Automatic", "uniform": "Uniform", "karras": "Karras", "exponential": "Exponential",
+                  "sgm_uniform": "SGM Uniform", "simple": "Simple", "beta": "Beta"}
+SCHEDULE_ALIASES = {"sgmuniform": "sgm_uniform"}  # A1111's aliases (lower-cased)
+DEFAULT_SCHEDULE_TYPE = "automatic"
+# Samplers whose own timesteps A1111 does not replace (its DDIM is a timesteps sampler, sd_samplers_timesteps.py,
+# which reads no scheduler; LCM's timesteps are its distillation's, ``original_inference_steps``).
+OWN_TIMESTEPS = ("DDIM", "LCM")
+BETA_ALPHA = BETA_BETA = 0.6  # A1111's beta_dist_alpha / beta_dist_beta defaults (shared_options.py)
+
+
+class UnknownScheduleType(ValueError):
+    """A schedule type name that is none of :data:`SCHEDULE_TYPES` (names, labels or aliases)."""
+
+
+class UnsupportedScheduleType(ValueError):
+    """A schedule type a sampler does not take (:data:`OWN_TIMESTEPS`, or the Karras sampler with another)."""
+
+
+def get_schedule_type(name) -> str:
+    """The schedule type's name (:data:`SCHEDULE_TYPES` key) for ``name``: a name, an A1111 label ("SGM Uniform")
+    or alias ("SGMUniform"), case-insensitive; None or "" = "automatic".
+
+    Raises UnknownScheduleType listing the names.
+    """
+    if name is None or name == "":
+        return DEFAULT_SCHEDULE_TYPE
+    if isinstance(name, str):
+        wanted = " ".join(name.split()).lower()
+        for key, label in SCHEDULE_TYPES.items():
+            if wanted in (key, label.lower()):
+                return key
+        if wanted in SCHEDULE_ALIASES:
+            return SCHEDULE_ALIASES[wanted]
+    raise UnknownScheduleType(f"unknown schedule type {str(name)[:40]!r}; choose one of {', '.join(SCHEDULE_TYPES)}")
+
+
+def schedule_sigmas(schedule_type: str, training_sigmas: np.ndarray, steps: int) -> np.ndarray:
+    """(steps,) float64 sigmas, largest first, of an A1111 schedule type (without the final 0 A1111 appends).
+
+    Args:
+        schedule_type: a :data:`SCHEDULE_TYPES` name other than "automatic".
+        training_sigmas: (num_train_timesteps,) the model's sigmas, sqrt((1 - alphā_t) / alphā_t), smallest first
+            (k-diffusion's ``DiscreteSchedule.sigmas``); A1111's sigma_min / sigma_max are its first and last.
+        steps: >= 1.
+
+    The formulas (A1111 modules/sd_schedulers.py, k-diffusion k_diffusion/sampling.py and external.py):
+        uniform: ``DiscreteSchedule.get_sigmas(n)``, sigma(t) at t = linspace(T - 1, 0, n), log-linear in t;
+        karras: ``get_sigmas_karras`` (Karras et al. 2022, eq. 5, rho 7);
+        exponential: ``get_sigmas_exponential``, evenly spaced in log sigma;
+        sgm_uniform: ``sgm_uniform``, sigma(t) at t = linspace(T - 1, 0, n + 1)[:-1];
+        simple: ``simple_scheduler``, every (T / n)-th training sigma from the top;
+        beta: ``beta_scheduler`` (Lee et al. 2024, arXiv:2407.12173): sigma_min + ppf(1 - linspace(0, 1, n)) x
+        (sigma_max - sigma_min), ppf the Beta(0.6, 0.6) quantile (A1111's defaults).
+
+    Raises UnknownScheduleType for another name (automatic included: it has no sigmas of its own).
+    """
+    sigmas = np.asarray(training_sigmas, np.float64)
+    lo, hi, top = float(sigmas[0]), float(sigmas[-1]), len(sigmas) - 1
+    if schedule_type == "uniform":
+        return _t_to_sigma(np.linspace(top, 0, steps), sigmas)
+    if schedule_type == "karras":
+        return _karras(lo, hi, steps)
+    if schedule_type == "exponential":
+        return np.exp(np.linspace(math.log(hi), math.log(lo), steps))
+    if schedule_type == "sgm_uniform":
+        return _t_to_sigma(np.linspace(top, 0, steps + 1)[:-1], sigmas)
+    if schedule_type == "simple":
+        stride = len(sigmas) / steps
+        return np.array([sigmas[-(1 + int(x * stride))] for x in range(steps)])
+    if schedule_type == "beta":
+        from scipy.special import betaincinv  # scipy.stats.beta.ppf's own function; scipy comes with jax
+
+        quantiles = betaincinv(BETA_ALPHA, BETA_BETA, 1 - np.linspace(0, 1, steps))
+        return lo + quantiles * (hi - lo)
+    raise UnknownScheduleType(f"schedule type {schedule_type!r} has no sigmas of its own; choose one of "
+                              f"{', '.join(k for k in SCHEDULE_TYPES if k != DEFAULT_SCHEDULE_TYPE)}")
+
+
+def _t_to_sigma(t: np.ndarray, sigmas: np.ndarray) -> np.ndarray:
+    """k-diffusion's ``DiscreteSchedule.t_to_sigma``: log sigma interpolated linearly between whole timesteps."""
+    low, high, w = np.floor(t).astype(np.int64), np.ceil(t).astype(np.int64), t - np.floor(t)
+    log_sigmas = np.log(sigmas)
+    return np.exp((1 - w) * log_sigmas[low] + w * log_sigmas[high])
+
+
 @dataclasses.dataclass(frozen=True)
 class Schedule:
     """One sampler at one step count: what the program needs, float32, ``n`` = steps.
@@ -524,20 +613,29 @@ def _lcm(cfg: dict, steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.
     return timesteps, sigmas, c_skip, c_out
 
 
-def make_schedule(sampler: str, config: dict, steps: int) -> Schedule:
+def make_schedule(sampler: str, config: dict, steps: int, schedule_type: str | None = None) -> Schedule:
     """The :class:`Schedule` of ``sampler`` (an A1111 name) for ``steps`` steps of a model's scheduler config.
 
     Args:
         config: the model's scheduler_config.json fields (``from_config`` semantics:
             :func:`sampler_config`); the prediction type is the program's business.
+        schedule_type: a :data:`SCHEDULE_TYPES` name (:func:`get_schedule_type`'s spellings; None = "automatic":
+            the sampler's own spacing). Another replaces the sampler's sigmas by A1111's (:func:`schedule_sigmas`),
+            the last one the sampler's own final sigma (0 for SDXL, as A1111), its timesteps k-diffusion's
+            ``sigma_to_t`` of them (DPM++: rounded to whole ones, as diffusers' DPMSolverMultistepScheduler rounds
+            its Karras sigmas' timesteps); the
+            update's coefficients, initial and final scales follow the sampler's rules. "DPM++ 2M" with "karras"
+            is "DPM++ 2M Karras" (diffusers' ``use_karras_sigmas``, whose sigmas are A1111's karras ones).
     Raises:
-        UnknownSampler: an unknown sampler name.
+        UnknownSampler: an unknown sampler name. UnknownScheduleType: an unknown schedule type.
+        UnsupportedScheduleType: a schedule type other than automatic for DDIM or LCM (their own timesteps), or
+            other than automatic / karras for "DPM++ 2M Karras".
         UnsupportedSchedulerConfig: a field this sampler does not follow (:func:`check_scheduler_config`).
         TooManySteps: LCM with more steps than the config's ``original_inference_steps`` (diffusers raises
             too: its steps are a subset of that schedule).
         ValueError: fewer than 1 step.
     """
-    sampler = get_sampler(sampler)
+    sampler, schedule_type = _sampler_and_type(get_sampler(sampler), get_schedule_type(schedule_type))
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
     cfg = sampler_config(sampler, config)
@@ -545,11 +643,18 @@ def make_schedule(sampler: str, config: dict, steps: int) -> Schedule:
     if problem:
         raise UnsupportedSchedulerConfig(f"{problem[0]}={cfg[problem[0]]!r} is not supported (sampler "
                                          f"{sampler!r}): {problem[1]}")
+    typed = None if schedule_type == DEFAULT_SCHEDULE_TYPE else _typed(cfg, schedule_type, steps)
     zeros = np.zeros(steps, np.float64)
     if sampler == "LCM":
         return _lcm_schedule(cfg, steps)
     if sampler in ("Euler", "Euler a"):
         timesteps, sigmas, init = (_euler if sampler == "Euler" else _euler_ancestral)(cfg, steps)
+        if typed is not None:  # A1111's sigmas; the initial scale by the class's rule, on the new top sigma
+            timesteps, sigmas = typed[0].astype(np.float32), typed[1].astype(np.float32)
+            top = float(sigmas.max())
+            init = top if cfg["timestep_spacing"] in ("linspace", "trailing") else (top**2 + 1) ** 0.5
+            if cfg.get("timestep_type") == "continuous" and cfg["prediction_type"] == "v_prediction":
+                timesteps = (0.25 * np.log(sigmas[:-1])).astype(np.float32)
         s, s_next = sigmas[:-1].astype(np.float64), sigmas[1:].astype(np.float64)
         if sampler == "Euler":
             a, d = s_next / s, zeros
@@ -565,6 +670,8 @@ def make_schedule(sampler: str, config: dict, steps: int) -> Schedule:
                          carry if cfg["clip_sample"] else zeros, (sigmas[0] ** 2 + 1) ** 0.5,
                          1 / (sigmas[-1] ** 2 + 1) ** 0.5, clip)
     timesteps, sigmas = _dpm(cfg, steps)
+    if typed is not None:  # whole timesteps, rounded as DPMSolverMultistepScheduler rounds its Karras sigmas' ones
+        timesteps, sigmas = np.round(typed[0]).astype(np.float32), typed[1].astype(np.float32)
     s, s_next = sigmas[:-1].astype(np.float64), sigmas[1:].astype(np.float64)
     a = s_next / s
     # Second order except the first step and, by lower_order_final / euler_at_final / a final sigma of 0, the last.
@@ -582,6 +689,36 @@ def make_schedule(sampler: str, config: dict, steps: int) -> Schedule:
             c = np.where(second, -(1 - a) * 0.5 / r, 0.0)
     init = (sigmas[0] ** 2 + 1) ** 0.5  # x-space noise of variance 1
     return _schedule(timesteps, sigmas, a, b, c, zeros, zeros, init, 1 / (sigmas[-1] ** 2 + 1) ** 0.5)
+
+
+def _sampler_and_type(sampler: str, schedule_type: str) -> tuple[str, str]:
+    """(sampler, schedule type) that run: "DPM++ 2M" + karras is the "DPM++ 2M Karras" sampler with automatic (so
+    both spellings are one schedule); a schedule type a sampler does not take raises UnsupportedScheduleType."""
+    if schedule_type == DEFAULT_SCHEDULE_TYPE:
+        return sampler, schedule_type
+    if sampler in OWN_TIMESTEPS:
+        raise UnsupportedScheduleType(f"{sampler} keeps its own timesteps (A1111's DDIM and LCM read no schedule "
+                                      f"type): use automatic, or another sampler for {schedule_type}")
+    if sampler == "DPM++ 2M Karras":
+        if schedule_type != "karras":
+            raise UnsupportedScheduleType(f"sampler {sampler} is DPM++ 2M with karras: send sampler DPM++ 2M with "
+                                          f"{schedule_type}")
+        return sampler, DEFAULT_SCHEDULE_TYPE
+    if sampler == "DPM++ 2M" and schedule_type == "karras":
+        return "DPM++ 2M Karras", DEFAULT_SCHEDULE_TYPE
+    return sampler, schedule_type
+
+
+def _typed(cfg: dict, schedule_type: str, steps: int) -> tuple[np.ndarray, np.ndarray]:
+    """(timesteps (n,) float64, sigmas (n + 1,) float64) of a schedule type for the model's ``cfg``: A1111's sigmas
+    over the model's training sigmas, then the class's final sigma (``final_sigmas_type``: 0, or the smallest
+    training sigma); timesteps by k-diffusion's ``sigma_to_t`` (fractional; diffusers' ``_sigma_to_t``)."""
+    ac = _alphas_cumprod(cfg)
+    training = ((1 - ac) / ac) ** 0.5
+    sigmas = schedule_sigmas(schedule_type, training, steps)
+    timesteps = _sigma_to_t(sigmas, np.log(training))
+    final = float(training[0]) if cfg.get("final_sigmas_type") == "sigma_min" else 0.0
+    return timesteps, np.concatenate([sigmas, [final]])
 
 
 def _lcm_schedule(cfg: dict, steps: int) -> Schedule:

@@ -13,6 +13,7 @@ import json
 import tempfile
 from pathlib import Path
 
+from sdxl_engine.program.schedulers import DEFAULT_SCHEDULE_TYPE, SCHEDULE_TYPES
 from sdxl_engine.service.images import a1111_parameters, encode_pngs, image_stem, request_stamp, write_new
 from sdxl_engine.service.styles import NO_STYLE
 
@@ -45,9 +46,12 @@ def mode_parameters(req, refiner: str = "") -> dict:
     """A1111's infotext entries for what a validated request ran beyond text to image, under A1111's own keys
     (modules/processing.py): ``Denoising strength`` (img2img's strength, or the hires pass's), ``Hires upscale``,
     ``Hires steps``, ``Hires upscaler``, ``Hires sampler``, ``Hires prompt``, ``Hires negative prompt`` (those three
-    when they differ from the first pass's), ``Refiner`` (``refiner``: its name), ``Refiner switch at``. {} for
-    plain text to image."""
+    when they differ from the first pass's), ``Schedule type`` (its A1111 label, unless automatic), ``Refiner``
+    (``refiner``: its name), ``Refiner switch at``. {} for plain text to image with the automatic schedule type."""
     out: dict = {}
+    schedule_type = getattr(req, "schedule_type", None)
+    if schedule_type not in (None, DEFAULT_SCHEDULE_TYPE):  # A1111 1.9's key, its label (automatic: none, as before)
+        out["Schedule type"] = SCHEDULE_TYPES[schedule_type]
     if getattr(req, "image", None) is not None and req.strength is not None:
         out["Denoising strength"] = req.strength
     if getattr(req, "hires_scale", None) is not None:
@@ -108,7 +112,8 @@ def deliver(result, prompt: str, style: str, files_dir: Path | None = None, outp
         "seeds": result.seeds, "latency_s": round(latency, 4), "device_count": result.device_count,
         "device": result.device_summary, "timings_s": {k: round(v, 4) for k, v in result.timings.items()},
         "prompt": req.prompt, "negative_prompt": req.negative_prompt, "guidance_scale": req.guidance_scale,
-        "num_inference_steps": req.num_inference_steps, "sampler": req.sampler, "width": req.width,
+        "num_inference_steps": req.num_inference_steps, "sampler": req.sampler,
+        "schedule_type": getattr(req, "schedule_type", None) or DEFAULT_SCHEDULE_TYPE, "width": req.width,
         "height": req.height, "model": result.model, "warnings": list(result.warnings), "style": style,
     }
     if getattr(req, "image", None) is not None:  # image to image: what ran of the steps, and the answer's size

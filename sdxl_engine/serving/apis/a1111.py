@@ -14,9 +14,9 @@ loaded model and what it takes; ``POST png-info`` reads an image's parameters te
 ``POST extra-single-image`` and ``extra-batch-images`` upscale with Pillow's Lanczos or Nearest (extras.py).
 
 Field mapping (:func:`to_call`): ``steps`` -> num_inference_steps, ``cfg_scale`` -> guidance_scale,
-``sampler_name`` (else ``sampler_index``) with ``scheduler`` -> the sampler (A1111 1.9 splits
-``DPM++ 2M Karras`` into sampler ``DPM++ 2M`` and scheduler ``Karras``), ``styles`` -> the page's
-style (one at most), ``batch_size`` x ``n_iter`` -> the image count (the engine makes its batch per
+``sampler_name`` (else ``sampler_index``) -> the sampler, ``scheduler`` -> schedule_type (A1111 1.9 splits
+``DPM++ 2M Karras`` into sampler ``DPM++ 2M`` and scheduler ``Karras``: the same schedule here), ``styles`` ->
+the page's style (one at most), ``batch_size`` x ``n_iter`` -> the image count (the engine makes its batch per
 call; fewer images return the first ones, more run further calls). A field left out takes the
 engine's default (A1111's own 512 x 512, 50 steps, CFG 7 would not suit every model). Fields that
 would change the images and are not honoured are named in ``info["warnings"]`` and one log line
@@ -51,7 +51,15 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict
 from sdxl_engine.engine.errors import InvalidRequest
 from sdxl_engine.engine.previews import preview_grid
 from sdxl_engine.program.latent_upscale import HIRES_UPSCALERS
-from sdxl_engine.program.schedulers import SAMPLERS, UnknownSampler, get_sampler
+from sdxl_engine.program.schedulers import (
+    DEFAULT_SCHEDULE_TYPE,
+    SAMPLERS,
+    SCHEDULE_TYPES,
+    UnknownSampler,
+    UnknownScheduleType,
+    get_sampler,
+    get_schedule_type,
+)
 from sdxl_engine.service import models
 from sdxl_engine.service.image_prep import FILL_MODES, PasteBack, img2img_start_step, prepare, same_aspect
 from sdxl_engine.service.images import EXIF_IFD, USER_COMMENT, png_bytes
@@ -77,22 +85,21 @@ LOG = logging.getLogger(__name__)
 
 PREFIX = "/sdapi/v1"
 KARRAS = " Karras"
-# A1111's scheduler names (modules/sd_schedulers.py) for what this engine's samplers do: "automatic"
-# is each sampler's own spacing; "karras" is the Karras sigmas, which only "DPM++ 2M Karras" has here.
-SCHEDULERS = ({"name": "automatic", "label": "Automatic", "aliases": None, "default_rho": -1,
-               "need_inner_model": False},
-              {"name": "karras", "label": "Karras", "aliases": None, "default_rho": 7.0, "need_inner_model": False})
-# Every scheduler name and label of A1111's modules/sd_schedulers.py (1.10), lower-cased: one of these that
-# this server lacks is refused; any other name is no scheduler at all, and A1111 reads it as Automatic.
-A1111_SCHEDULERS = frozenset(("automatic", "uniform", "karras", "exponential", "polyexponential", "sgm_uniform",
-                              "sgm uniform", "sgmuniform", "kl_optimal", "kl optimal", "align_your_steps",
-                              "align your steps", "simple", "normal", "ddim", "beta"))
+# GET /schedulers: A1111's fields (modules/sd_schedulers.py's Scheduler: aliases, default_rho, need_inner_model) for
+# the engine's schedule types (schedulers.SCHEDULE_TYPES: names and labels).
+SCHEDULER_FIELDS = {"sgm_uniform": {"aliases": ["SGMUniform"]}, "karras": {"default_rho": 7.0},
+                    **{name: {"need_inner_model": True} for name in ("uniform", "simple", "beta")}}
+SCHEDULERS = tuple({"name": name, "label": label, "aliases": None, "default_rho": -1, "need_inner_model": False,
+                    **SCHEDULER_FIELDS.get(name, {})} for name, label in SCHEDULE_TYPES.items())
+# What clients send for "no scheduler" (lower-cased): Automatic, as A1111 reads them (SillyTavern sends "N/A").
+NO_SCHEDULER = ("", "n/a", "use same scheduler")
 FIELD_NAMES = (("num_inference_steps", "steps"), ("guidance_scale", "cfg_scale"), ("sampler", "sampler_name"),
                ("style", "styles"), ("images", "batch_size*n_iter"), ("hires_scale", "hr_scale"),
                ("hires_strength", "denoising_strength"), ("hires_steps", "hr_second_pass_steps"),
                ("hires_upscaler", "hr_upscaler"), ("strength", "denoising_strength"),
                ("start_step", "denoising_strength"), ("image", "init_images"),
-               ("model", "override_settings.sd_model_checkpoint"), ("refiner", "refiner_checkpoint"))
+               ("model", "override_settings.sd_model_checkpoint"), ("refiner", "refiner_checkpoint"),
+               ("schedule_type", "scheduler"))
 DEFAULT_SWITCH_AT = 0.8  # A1111's refiner_switch_at default (its UI's), diffusers' ensemble-of-experts example
 NONE_NAMES = ("", "None")  # A1111's "no refiner" and "same sampler" values
 SAME_SAMPLER = ("", "Use same sampler")
@@ -279,32 +286,40 @@ def _short(value) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def sampler_of(sampler_name: str | None, scheduler: str | None) -> str | None:
-    """The engine's sampler for A1111's ``sampler_name`` and ``scheduler`` (None: the engine's default).
+def sampler_of(sampler_name: str | None, scheduler: str | None,
+               field: str = "scheduler") -> tuple[str | None, str | None]:
+    """(the engine's sampler, its schedule_type) for A1111's ``sampler_name`` and ``scheduler`` (None: the engine's
+    default; schedule type None: automatic).
 
-    ``scheduler`` None, "" or "Automatic" keeps the sampler as named; "Karras" picks the sampler's
-    Karras form (``DPM++ 2M`` -> ``DPM++ 2M Karras``, as A1111 1.9+ splits them). A name that is no
-    A1111 scheduler (clients send "N/A") is Automatic, as A1111's sd_samplers.get_sampler_and_scheduler
-    reads it. Names are case-insensitive. Raises ApiError 422 for an unknown sampler, or an A1111
-    scheduler this server does not have for it (the images would differ from A1111's).
+    ``scheduler`` is a name, label or alias of A1111's modules/sd_schedulers.py that this engine has
+    (schedulers.SCHEDULE_TYPES); None, "", "N/A" and "Automatic" are automatic. A sampler name ending in a schedule
+    type's label that is no sampler here ("Euler a Karras") is split as A1111's get_sampler_and_scheduler splits it.
+    Names are case-insensitive. Raises ApiError 422 naming ``sampler_name`` for an unknown sampler, ``field`` for an
+    unknown scheduler (the valid names listed).
     """
+    name = None if sampler_name in (None, "") else sampler_name
+    suffix = None
     try:
-        sampler = None if sampler_name in (None, "") else get_sampler(sampler_name)
+        sampler = None if name is None else get_sampler(name)
     except UnknownSampler as err:
-        raise ApiError(422, f"sampler_name: {err}", "sampler_name") from None
-    wanted = (scheduler or "automatic").strip().lower()
-    if wanted == "automatic" or wanted not in A1111_SCHEDULERS:
-        return sampler
-    if wanted == "karras" and sampler is not None:
-        if sampler.endswith(KARRAS):
-            return sampler
-        if sampler + KARRAS in SAMPLERS:
-            return sampler + KARRAS
-    choices = ", ".join(f"{s.removesuffix(KARRAS)} with {'Karras' if s.endswith(KARRAS) else 'Automatic'}"
-                        for s in SAMPLERS)
-    named = f"sampler {sampler_name!r}" if sampler is not None else "the default sampler (no sampler_name given)"
-    raise ApiError(422, f"scheduler: {scheduler!r} is not available for {named}; "
-                        f"this server has {choices}", "scheduler")
+        sampler = None
+        for label in SCHEDULE_TYPES.values():
+            head = str(name).strip()
+            if head.lower().endswith(" " + label.lower()):
+                try:
+                    sampler, suffix = get_sampler(head[: -len(label) - 1]), label
+                except UnknownSampler:
+                    continue
+                break
+        if sampler is None:
+            raise ApiError(422, f"sampler_name: {err}", "sampler_name") from None
+    wanted = scheduler if (scheduler or "").strip().lower() not in NO_SCHEDULER else suffix
+    try:
+        schedule_type = get_schedule_type(wanted)
+    except UnknownScheduleType as err:
+        raise ApiError(422, f"{field}: {err} (A1111's labels: {', '.join(SCHEDULE_TYPES.values())})",
+                       field) from None
+    return sampler, None if schedule_type == DEFAULT_SCHEDULE_TYPE else schedule_type
 
 
 def refiner_name(engine) -> str:
@@ -388,15 +403,23 @@ def hires_fields(body: Txt2ImgHires, width: int, height: int, steps: int) -> tup
     fields = {"hires_scale": scale, "hires_strength": body.denoising_strength,
               "hires_steps": body.hr_second_pass_steps or steps, "hires_upscaler": body.hr_upscaler or None,
               "hires_prompt": body.hr_prompt or None, "hires_negative_prompt": body.hr_negative_prompt or None}
-    same_scheduler = (body.hr_scheduler or "") in ("", "Use same scheduler")
+    same_scheduler = (body.hr_scheduler or "").strip().lower() in NO_SCHEDULER
     if (body.hr_sampler_name or "") not in SAME_SAMPLER or not same_scheduler:
         named = body.hr_sampler_name if (body.hr_sampler_name or "") not in SAME_SAMPLER else (
             body.sampler_name or body.sampler_index)
+        first = sampler_of(body.sampler_name or body.sampler_index, body.scheduler)[1]
         try:
-            fields["hires_sampler"] = sampler_of(named, body.scheduler if same_scheduler else body.hr_scheduler)
+            sampler, schedule_type = sampler_of(named, body.scheduler if same_scheduler else body.hr_scheduler)
         except ApiError as err:
             field = "hr_scheduler" if err.param == "scheduler" else "hr_sampler_name"
             raise ApiError(422, f"{field}: {err.message.split(': ', 1)[-1]}", field) from None
+        if schedule_type != first:  # one schedule type per request: only the Karras sampler's name carries its own
+            if (sampler, schedule_type, first) != ("DPM++ 2M", "karras", None):
+                raise ApiError(422, f"hr_scheduler: {body.hr_scheduler!r}: this server's second pass runs the first "
+                                    f"pass's schedule type (scheduler {body.scheduler or 'Automatic'!r}); send "
+                                    "\"Use same scheduler\"", "hr_scheduler")
+            sampler = "DPM++ 2M Karras"
+        fields["hires_sampler"] = sampler
     return fields, []
 
 
@@ -408,7 +431,9 @@ def to_call(body: Txt2Img, width=None, height=None, paste_back: PasteBack | None
 
     Raises ApiError 422: an unknown sampler, scheduler or style, more than one style, batch_size or n_iter below 1.
     """
-    sampler = sampler_of(body.sampler_name or body.sampler_index, body.scheduler)
+    sampler, schedule_type = sampler_of(body.sampler_name or body.sampler_index, body.scheduler)
+    if schedule_type is not None:
+        fields = {**fields, "schedule_type": schedule_type}
     styles = [s for s in body.styles or [] if s and s != NO_STYLE]
     if len(styles) > 1:
         raise ApiError(422, f"styles: this server applies one style per request, got {len(styles)}: "
@@ -578,7 +603,9 @@ def info_record(body: Txt2Img, info: dict, seeds: list[int], infotexts: list[str
         "negative_prompt": body.negative_prompt, "all_negative_prompts": [info["negative_prompt"]] * n,
         "seed": seeds[0] if seeds else -1, "all_seeds": seeds, "subseed": -1, "all_subseeds": [-1] * n,
         "subseed_strength": 0, "width": info["width"], "height": info["height"], "sampler_name": sampler,
-        "scheduler": "Karras" if sampler.endswith(KARRAS) else "Automatic", "cfg_scale": info["guidance_scale"],
+        "scheduler": "Karras" if sampler.endswith(KARRAS) else SCHEDULE_TYPES[info.get("schedule_type",
+                                                                                      DEFAULT_SCHEDULE_TYPE)],
+        "cfg_scale": info["guidance_scale"],
         "steps": info["num_inference_steps"], "batch_size": body.batch_size, "n_iter": body.n_iter,
         "restore_faces": False, "face_restoration_model": None, "sd_model_name": info["model"],
         "sd_model_hash": None, "sd_vae_name": None, "sd_vae_hash": None, "seed_resize_from_w": -1,

@@ -38,11 +38,14 @@ class StartedEngine:
 
 
 @pytest.mark.parametrize("name, scheduler, expected", [
-    ("Euler", None, "Euler"), ("euler a", "Automatic", "Euler a"), ("DPM++ 2M", "automatic", "DPM++ 2M"),
-    ("DPM++ 2M", "Karras", "DPM++ 2M Karras"), ("DPM++ 2M Karras", "karras", "DPM++ 2M Karras"),
-    ("DPM++ 2M Karras", None, "DPM++ 2M Karras"), (None, None, None), ("", "", None),
+    ("Euler", None, ("Euler", None)), ("euler a", "Automatic", ("Euler a", None)),
+    ("DPM++ 2M", "automatic", ("DPM++ 2M", None)), ("DPM++ 2M", "Karras", ("DPM++ 2M", "karras")),
+    ("DPM++ 2M Karras", "karras", ("DPM++ 2M Karras", "karras")), ("DPM++ 2M Karras", None, ("DPM++ 2M Karras", None)),
+    (None, None, (None, None)), ("", "", (None, None)), ("Euler", "Karras", ("Euler", "karras")),
+    ("Euler a", "SGM Uniform", ("Euler a", "sgm_uniform")), ("Euler a", "sgmuniform", ("Euler a", "sgm_uniform")),
+    ("Euler a Exponential", None, ("Euler a", "exponential")),  # A1111's get_sampler_and_scheduler split
 ])
-def test_sampler_and_scheduler_map_to_the_engines_sampler(name, scheduler, expected):
+def test_sampler_and_scheduler_map_to_the_engines_sampler_and_schedule_type(name, scheduler, expected):
     assert sampler_of(name, scheduler) == expected
 
 
@@ -53,9 +56,24 @@ def test_unknown_sampler_or_scheduler_is_a_422_listing_what_there_is():
         422, "sampler_name", "sampler_name: unknown sampler 'LMS'; choose one of Euler, Euler a, DPM++ 2M, "
                              "DPM++ 2M Karras, DDIM, LCM")
     with pytest.raises(ApiError) as err:
-        sampler_of("Euler a", "Karras")
-    assert err.value.param == "scheduler" and err.value.message.startswith(
-        "scheduler: 'Karras' is not available for sampler 'Euler a'; this server has Euler with Automatic, ")
+        sampler_of("Euler a", "Karrass")
+    assert (err.value.status, err.value.param, err.value.message) == (
+        422, "scheduler", "scheduler: unknown schedule type 'Karrass'; choose one of automatic, uniform, karras, "
+                          "exponential, sgm_uniform, simple, beta (A1111's labels: Automatic, Uniform, Karras, "
+                          "Exponential, SGM Uniform, Simple, Beta)")
+
+
+def test_a1111_scheduler_reaches_the_engine_and_its_refusal_names_scheduler():
+    """scheduler "Karras" with Euler is the engine's schedule_type karras; DDIM with it is refused by the engine
+    naming A1111's field (the request's field names)."""
+    from sdxl_engine.engine.validation import validate
+
+    call = a1111_call(Txt2Img(prompt="x", sampler_name="Euler", scheduler="Karras"))
+    assert (call.engine.sampler, call.engine.schedule_type) == ("Euler", "karras")
+    assert call.field("schedule_type") == "scheduler"
+    assert a1111_call(Txt2Img(prompt="x", sampler_name="Euler", scheduler="N/A")).engine.schedule_type is None
+    checked = validate(call.engine, LIMITS)
+    assert checked.schedule_type == "karras"
 
 
 def values(call, seed) -> list:
@@ -563,18 +581,17 @@ def test_a1111_disabled_controlnet_units_run_without_a_warning_and_other_scripts
     assert len(calls) == 4
 
 
-@pytest.mark.parametrize("scheduler, sampler", [("N/A", "Euler a"), ("", "Euler a"), ("whatever", "Euler a"),
-                                               ("automatic", "Euler a")])
-def test_a1111_unknown_scheduler_names_are_automatic_as_in_a1111(scheduler, sampler):
-    assert sampler_of("Euler a", scheduler) == sampler
-    assert sampler_of("DPM++ 2M", "N/A") == "DPM++ 2M"
+@pytest.mark.parametrize("scheduler", ["N/A", "", "automatic", "Use same scheduler", None])
+def test_a1111_no_scheduler_names_are_automatic_as_in_a1111(scheduler):
+    assert sampler_of("Euler a", scheduler) == ("Euler a", None)
+    assert sampler_of("DPM++ 2M", "N/A") == ("DPM++ 2M", None)
 
 
 def test_a1111_schedulers_it_knows_but_this_server_lacks_are_refused():
-    for scheduler in ("Exponential", "SGM Uniform", "align_your_steps"):
+    for scheduler in ("Polyexponential", "KL Optimal", "align_your_steps", "whatever"):
         with pytest.raises(ApiError) as err:
             sampler_of("Euler", scheduler)
-        assert err.value.message.startswith(f"scheduler: {scheduler!r} is not available for sampler 'Euler'")
+        assert err.value.message.startswith(f"scheduler: unknown schedule type {scheduler!r}; choose one of ")
 
 
 def test_openai_routes_encode_stream_and_warn(served):
@@ -741,13 +758,13 @@ def test_a1111_hires_fields_map_to_the_engines_and_keep_one_factor():
         "DPM++ 2M", "y", None, [])
     karras = Txt2ImgHires(prompt="x", enable_hr=True, sampler_name="Euler", scheduler="Karras",
                           hr_sampler_name="DPM++ 2M")
-    assert hires_fields(karras, 64, 64, 20)[0]["hires_sampler"] == "DPM++ 2M Karras"  # the first pass's scheduler
+    assert hires_fields(karras, 64, 64, 20)[0]["hires_sampler"] == "DPM++ 2M"  # with the first pass's karras
     assert hires_fields(Txt2ImgHires(prompt="x", enable_hr=True, sampler_name="DPM++ 2M", hr_scheduler="Karras"),
                         64, 64, 20)[0]["hires_sampler"] == "DPM++ 2M Karras"
     assert "hires_sampler" not in hires_fields(Txt2ImgHires(prompt="x", enable_hr=True,
                                                             hr_sampler_name="Use same sampler"), 64, 64, 20)[0]
     for bad, field in (({"hr_sampler_name": "Euler q"}, "hr_sampler_name"),
-                       ({"hr_scheduler": "Karras"}, "hr_scheduler")):
+                       ({"hr_scheduler": "Karras"}, "hr_scheduler"), ({"hr_scheduler": "Karrass"}, "hr_scheduler")):
         with pytest.raises(ApiError) as err:
             hires_fields(Txt2ImgHires(prompt="x", enable_hr=True, sampler_name="Euler", **bad), 64, 64, 20)
         assert err.value.param == field and err.value.message.startswith(f"{field}: "), err.value.message

@@ -103,14 +103,17 @@ def test_batch_size_and_n_iter_serve_that_many_images_with_seeds_following_on(we
 
 def test_sampler_names_round_trip(webui):
     """Every name GET /samplers lists is accepted by txt2img and comes back as info's sampler_name; A1111 1.9's
-    split form (sampler DPM++ 2M, scheduler Karras) is the engine's DPM++ 2M Karras."""
+    split form (sampler DPM++ 2M, scheduler Karras) runs the engine's DPM++ 2M Karras schedule and says so as A1111
+    1.9 does (sampler and ``Schedule type``)."""
     names = webui.util_get_sampler_names()
     assert sorted(names) == sorted(["Euler", "Euler a", "DPM++ 2M", "DPM++ 2M Karras", "DDIM", "LCM"])
     for name in names:
         assert webui.txt2img(prompt=PROMPT, seed=1, steps=2, sampler_name=name, **SIZE).info["sampler_name"] == name
     split = webui.txt2img(prompt=PROMPT, seed=1, steps=2, sampler_name="DPM++ 2M", scheduler="Karras", **SIZE)
-    assert (split.info["sampler_name"], split.info["scheduler"]) == ("DPM++ 2M Karras", "Karras")
-    assert sorted(webui.util_get_scheduler_names()) == ["automatic", "karras"]
+    assert (split.info["sampler_name"], split.info["scheduler"]) == ("DPM++ 2M", "Karras")
+    assert "Sampler: DPM++ 2M, " in split.info["infotexts"][0] and "Schedule type: Karras" in split.info["infotexts"][0]
+    assert sorted(webui.util_get_scheduler_names()) == sorted(["automatic", "uniform", "karras", "exponential",
+                                                               "sgm_uniform", "simple", "beta"])
 
 
 def test_a1111_refusals_are_clear_422s_with_the_engines_message(webui):

@@ -1,0 +1,53 @@
+"""A schedule type on the compiled engine (tiny-shapes, 64 x 64): karras makes other images than automatic with no
+new compile; automatic is the request without the field; an unknown name or one DDIM does not take is refused
+naming ``schedule_type``; the PNG's infotext says ``Schedule type: Karras`` and reads back."""
+
+import numpy as np
+import pytest
+
+from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest
+from sdxl_engine.service.delivery import deliver
+from sdxl_engine.serving.apis.a1111 import generation_parameters, sampler_of
+
+pytestmark = pytest.mark.engine
+
+
+def gen(engine, **kw):
+    return engine.generate(GenerateRequest("a red circle", **{"seed": 3, "num_inference_steps": 4, "width": 64,
+                                                               "height": 64, "sampler": "Euler", **kw}))
+
+
+def test_karras_differs_from_automatic_and_compiles_nothing(tiny_shapes_engine):
+    automatic = gen(tiny_shapes_engine)  # compiles 64 x 64 if no test did yet
+    before = tiny_shapes_engine.compile_count
+    karras = gen(tiny_shapes_engine, schedule_type="Karras")
+    default = gen(tiny_shapes_engine, schedule_type="automatic")
+    assert tiny_shapes_engine.compile_count == before
+    assert np.abs(karras.images.astype(int) - automatic.images).mean() > 1.0
+    assert np.array_equal(default.images, automatic.images)
+    assert karras.request.schedule_type == "karras" and automatic.request.schedule_type == "automatic"
+    text = deliver(karras, "a red circle", "None").pngs[0]
+    fields = generation_parameters(parameters_of(text))
+    assert (fields["Sampler"], fields["Schedule type"]) == ("Euler", "Karras")
+    assert sampler_of(fields["Sampler"], fields["Schedule type"]) == ("Euler", "karras")
+    assert "Schedule type" not in parameters_of(deliver(automatic, "a red circle", "None").pngs[0])
+
+
+def parameters_of(png: bytes) -> str:
+    import io
+
+    from PIL import Image
+
+    return Image.open(io.BytesIO(png)).info["parameters"]
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"schedule_type": "polyexponential"}, "schedule_type: unknown schedule type 'polyexponential'; choose one of "
+                                           "automatic, uniform, karras, exponential, sgm_uniform, simple, beta"),
+    ({"schedule_type": 7}, "schedule_type: expected a schedule type's name (text), got int 7"),
+    ({"sampler": "DDIM", "schedule_type": "karras"}, "schedule_type: DDIM keeps its own timesteps"),
+])
+def test_refusals_name_the_field(tiny_shapes_engine, fields, message):
+    with pytest.raises(InvalidRequest) as err:
+        gen(tiny_shapes_engine, **fields)
+    assert err.value.field == "schedule_type" and str(err.value).startswith(message)
