@@ -15,7 +15,7 @@ import gradio as gr
 from sdxl_engine.checkpoint.loading import model_loras
 from sdxl_engine.checkpoint.lora import available_names
 from sdxl_engine.checkpoint.weights import ModelLoadError
-from sdxl_engine.config import ConfigError, EngineConfig
+from sdxl_engine.config import SAMPLERS, ConfigError, EngineConfig
 from sdxl_engine.engine.contract import EngineContract, clock
 from sdxl_engine.engine.errors import InvalidRequest
 from sdxl_engine.engine.validation import MAX_GUIDANCE
@@ -164,7 +164,12 @@ def png_settings(text: str, sizes: list[str], max_steps: int, max_seed: int,
             left.append(f"{key} {fields[key][:20]!r} (this page takes {low:g} to {high:g})")
     if "Sampler" in fields:
         try:
-            values["sampler"] = sampler_of(fields["Sampler"], fields.get("Schedule type")) or values.get("sampler")
+            sampler, schedule_type = sampler_of(fields["Sampler"], fields.get("Schedule type"))
+            if schedule_type == "karras" and f"{sampler} Karras" in SAMPLERS:  # the page names the pair so
+                sampler = f"{sampler} Karras"
+            elif schedule_type is not None:
+                left.append(f"schedule type {fields['Schedule type'][:20]!r} (this page runs each sampler's own)")
+            values["sampler"] = sampler or values.get("sampler")
         except ApiError:
             left.append(f"sampler {(fields['Sampler'] + ' ' + fields.get('Schedule type', '')).strip()[:40]!r} "
                         f"(not one of this server's)")

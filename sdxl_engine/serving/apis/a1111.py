@@ -93,6 +93,12 @@ SCHEDULERS = tuple({"name": name, "label": label, "aliases": None, "default_rho"
                     **SCHEDULER_FIELDS.get(name, {})} for name, label in SCHEDULE_TYPES.items())
 # What clients send for "no scheduler" (lower-cased): Automatic, as A1111 reads them (SillyTavern sends "N/A").
 NO_SCHEDULER = ("", "n/a", "use same scheduler")
+# Every scheduler name and label of A1111's modules/sd_schedulers.py (1.10), lower-cased: one of these that this
+# server lacks is refused; any other name is no scheduler at all, and A1111's get_sampler_and_scheduler reads it as
+# Automatic (``schedulers_map.get(name, schedulers[0])``), so this server does too.
+A1111_SCHEDULERS = frozenset(("automatic", "uniform", "karras", "exponential", "polyexponential", "sgm_uniform",
+                              "sgm uniform", "sgmuniform", "kl_optimal", "kl optimal", "align_your_steps",
+                              "align your steps", "simple", "normal", "ddim", "beta"))
 FIELD_NAMES = (("num_inference_steps", "steps"), ("guidance_scale", "cfg_scale"), ("sampler", "sampler_name"),
                ("style", "styles"), ("images", "batch_size*n_iter"), ("hires_scale", "hr_scale"),
                ("hires_strength", "denoising_strength"), ("hires_steps", "hr_second_pass_steps"),
@@ -292,8 +298,9 @@ def sampler_of(sampler_name: str | None, scheduler: str | None,
     default; schedule type None: automatic).
 
     ``scheduler`` is a name, label or alias of A1111's modules/sd_schedulers.py that this engine has
-    (schedulers.SCHEDULE_TYPES); None, "", "N/A" and "Automatic" are automatic. A sampler name ending in a schedule
-    type's label that is no sampler here ("Euler a Karras") is split as A1111's get_sampler_and_scheduler splits it.
+    (schedulers.SCHEDULE_TYPES); None, "", "N/A", "Automatic" and any name that is no A1111 scheduler at all are
+    automatic, as A1111 reads them; one of A1111's that this server lacks is refused. A sampler name ending in a
+    schedule type's label that is no sampler here ("Euler a Karras") is split as A1111's get_sampler_and_scheduler splits it.
     Names are case-insensitive. Raises ApiError 422 naming ``sampler_name`` for an unknown sampler, ``field`` for an
     unknown scheduler (the valid names listed).
     """
@@ -313,7 +320,8 @@ def sampler_of(sampler_name: str | None, scheduler: str | None,
                 break
         if sampler is None:
             raise ApiError(422, f"sampler_name: {err}", "sampler_name") from None
-    wanted = scheduler if (scheduler or "").strip().lower() not in NO_SCHEDULER else suffix
+    given = (scheduler or "").strip().lower()
+    wanted = scheduler if given not in NO_SCHEDULER and given in A1111_SCHEDULERS else suffix
     try:
         schedule_type = get_schedule_type(wanted)
     except UnknownScheduleType as err:

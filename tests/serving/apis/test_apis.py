@@ -56,10 +56,10 @@ def test_unknown_sampler_or_scheduler_is_a_422_listing_what_there_is():
         422, "sampler_name", "sampler_name: unknown sampler 'LMS'; choose one of Euler, Euler a, DPM++ 2M, "
                              "DPM++ 2M Karras, DDIM, LCM")
     with pytest.raises(ApiError) as err:
-        sampler_of("Euler a", "Karrass")
+        sampler_of("Euler a", "Polyexponential")
     assert (err.value.status, err.value.param, err.value.message) == (
-        422, "scheduler", "scheduler: unknown schedule type 'Karrass'; choose one of automatic, uniform, karras, "
-                          "exponential, sgm_uniform, simple, beta (A1111's labels: Automatic, Uniform, Karras, "
+        422, "scheduler", "scheduler: unknown schedule type 'Polyexponential'; choose one of automatic, uniform, "
+                          "karras, exponential, sgm_uniform, simple, beta (A1111's labels: Automatic, Uniform, Karras, "
                           "Exponential, SGM Uniform, Simple, Beta)")
 
 
@@ -581,14 +581,15 @@ def test_a1111_disabled_controlnet_units_run_without_a_warning_and_other_scripts
     assert len(calls) == 4
 
 
-@pytest.mark.parametrize("scheduler", ["N/A", "", "automatic", "Use same scheduler", None])
+@pytest.mark.parametrize("scheduler", ["N/A", "", "automatic", "Use same scheduler", None, "whatever", "Karrass"])
 def test_a1111_no_scheduler_names_are_automatic_as_in_a1111(scheduler):
+    """A1111's get_sampler_and_scheduler reads a name that is none of its schedulers as Automatic."""
     assert sampler_of("Euler a", scheduler) == ("Euler a", None)
     assert sampler_of("DPM++ 2M", "N/A") == ("DPM++ 2M", None)
 
 
 def test_a1111_schedulers_it_knows_but_this_server_lacks_are_refused():
-    for scheduler in ("Polyexponential", "KL Optimal", "align_your_steps", "whatever"):
+    for scheduler in ("Polyexponential", "KL Optimal", "align_your_steps", "Normal"):
         with pytest.raises(ApiError) as err:
             sampler_of("Euler", scheduler)
         assert err.value.message.startswith(f"scheduler: unknown schedule type {scheduler!r}; choose one of ")
@@ -764,7 +765,7 @@ def test_a1111_hires_fields_map_to_the_engines_and_keep_one_factor():
     assert "hires_sampler" not in hires_fields(Txt2ImgHires(prompt="x", enable_hr=True,
                                                             hr_sampler_name="Use same sampler"), 64, 64, 20)[0]
     for bad, field in (({"hr_sampler_name": "Euler q"}, "hr_sampler_name"),
-                       ({"hr_scheduler": "Karras"}, "hr_scheduler"), ({"hr_scheduler": "Karrass"}, "hr_scheduler")):
+                       ({"hr_scheduler": "Karras"}, "hr_scheduler"), ({"hr_scheduler": "KL Optimal"}, "hr_scheduler")):
         with pytest.raises(ApiError) as err:
             hires_fields(Txt2ImgHires(prompt="x", enable_hr=True, sampler_name="Euler", **bad), 64, 64, 20)
         assert err.value.param == field and err.value.message.startswith(f"{field}: "), err.value.message
