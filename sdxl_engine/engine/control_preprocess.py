@@ -162,7 +162,10 @@ def _high_quality_resize(x: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     if x.shape[0] == size[1] and x.shape[1] == size[0]:
         return x
     smaller = size[0] * size[1] < x.shape[0] * x.shape[1]
-    colors = len(np.unique(x.reshape(-1, x.shape[2]), axis=0))
+    if x.dtype == np.uint8 and x.shape[2] == 3:  # one uint32 per pixel: np.unique over rows took ~0.1 s at 512²
+        colors = len(np.unique((x[..., 0].astype(np.uint32) << 16) | (x[..., 1].astype(np.uint32) << 8) | x[..., 2]))
+    else:
+        colors = len(np.unique(x.reshape(-1, x.shape[2]), axis=0))
     binary = colors == 2 and x.min() < 16 and x.max() > 240
     if 2 < colors < 200:
         interpolation = cv2.INTER_NEAREST
