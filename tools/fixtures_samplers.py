@@ -36,10 +36,11 @@ SAMPLER_CLASSES = {
     "DPM++ 2M": (DPMSolverMultistepScheduler, {"algorithm_type": "dpmsolver++", "solver_order": 2}),
     "DPM++ 2M Karras": (DPMSolverMultistepScheduler,
                         {"algorithm_type": "dpmsolver++", "solver_order": 2, "use_karras_sigmas": True}),
+    "DPM++ 2M SDE": (DPMSolverMultistepScheduler, {"algorithm_type": "sde-dpmsolver++", "solver_order": 2}),
     "DDIM": (DDIMScheduler, {}),
     "LCM": (LCMScheduler, {}),
 }
-STEP_NOISE = ("Euler a", "LCM")  # the samplers that draw fresh noise in step()
+STEP_NOISE = ("Euler a", "DPM++ 2M SDE", "LCM")  # the samplers that draw fresh noise in step()
 DROP = "<missing>"  # a SAMPLER_CASES value: the field is removed from the model's config (the class default applies)
 # SDXL base's fields that a config saved by EulerDiscreteScheduler lacks and DDIMScheduler reads (or, for
 # skip_prk_steps, PNDM): from_config gives DDIM its own defaults, clip_sample True and set_alpha_to_one True.
@@ -87,6 +88,11 @@ SAMPLER_CASES = [
     ("dpm-exponential", "DPM++ 2M", {"use_exponential_sigmas": True}, 6),
     ("dpm-order-3-sde-in-config", "DPM++ 2M", {"solver_order": 3, "algorithm_type": "sde-dpmsolver++"}, 6),
     ("dpm-karras", "DPM++ 2M Karras", {}, 8),
+    ("dpm-sde-leading", "DPM++ 2M SDE", {}, 8),
+    ("dpm-sde-heun", "DPM++ 2M SDE", {"solver_type": "heun"}, 7),
+    ("dpm-sde-sigma-min-16", "DPM++ 2M SDE", {"final_sigmas_type": "sigma_min"}, 16),
+    ("dpm-sde-karras-in-config", "DPM++ 2M SDE", {"use_karras_sigmas": True}, 6),
+    ("dpm-sde-v-trailing", "DPM++ 2M SDE", {"prediction_type": "v_prediction", "timestep_spacing": "trailing"}, 6),
     ("dpm-karras-sigma-range", "DPM++ 2M Karras", {"sigma_min": 0.1, "sigma_max": 10.0}, 6),
     ("dpm-karras-trailing-v", "DPM++ 2M Karras", {"timestep_spacing": "trailing",
                                                   "prediction_type": "v_prediction"}, 6),
@@ -142,7 +148,7 @@ def sampler_trajectory(sampler: str, config: dict, steps: int, model_outputs: np
 
     The sample starts at ``start * init_noise_sigma``; step k's model output is ``model_outputs[k]``.
     Returns (scheduler, samples (steps + 1, *SAMPLER_SHAPE), noise (steps, *SAMPLER_SHAPE) or None).
-    Euler a's and LCM's noise of step k is torch.randn from a generator seeded 1000 + k, passed to step() the
+    Euler a's, DPM++ 2M SDE's and LCM's noise of step k is torch.randn from a generator seeded 1000 + k, passed to step() the
     same way (LCM draws none on its last step: that row is recorded all the same, so an engine adding noise
     there is caught).
     """

@@ -26,6 +26,9 @@ DPM++ 2M          DPMSolverMultistepScheduler(algorithm_type="dpmsolver++", solv
                   the last one as lower_order_final / euler_at_final / final_sigmas_type say
                   (Lu et al. 2022, DPM-Solver++ 2M)
 DPM++ 2M Karras   the same with use_karras_sigmas=True (Karras et al. 2022, eq. 5, rho 7)
+DPM++ 2M SDE      the same class with algorithm_type="sde-dpmsolver++" (Lu et al. 2022, DPM-Solver++'s SDE form;
+                  k-diffusion's sample_dpmpp_2m_sde, eta 1): a = (s'/s)^2, b and c as DPM++ 2M's with that a
+                  (heun: k = (a - 1)/2h + 1), d = s' sqrt(1 - a): fresh noise every step
 DDIM              DDIMScheduler, eta 0: deterministic, first order in sigma space (Song et al. 2021);
                   its last sigma is the final alpha's; with clip_sample the x0 it moves towards
                   is clipped, the direction to x_t is not: e = 1 (times ``carry``)
@@ -47,7 +50,7 @@ True, ``set_alpha_to_one`` True, ``timestep_spacing`` "leading"), then the field
 fixes (:data:`SAMPLER_CLASSES`). Every field of every class is either honoured as diffusers does
 or refused by :func:`check_scheduler_config` (:data:`FIELDS` says which); none is ignored.
 
-Euler a's and LCM's step noise for image i of a request is ``jax.random.normal(jax.random.fold_in(
+Euler a's, DPM++ 2M SDE's and LCM's step noise for image i of a request is ``jax.random.normal(jax.random.fold_in(
 jax.random.key(seed_i), step + 1), latents.shape)``: deterministic per seed (program.py).
 """
 
@@ -68,6 +71,7 @@ SAMPLER_CLASSES = {
     "DPM++ 2M": ("DPMSolverMultistepScheduler", {"algorithm_type": "dpmsolver++", "solver_order": 2}),
     "DPM++ 2M Karras": ("DPMSolverMultistepScheduler",
                         {"algorithm_type": "dpmsolver++", "solver_order": 2, "use_karras_sigmas": True}),
+    "DPM++ 2M SDE": ("DPMSolverMultistepScheduler", {"algorithm_type": "sde-dpmsolver++", "solver_order": 2}),
     "DDIM": ("DDIMScheduler", {}),
     "LCM": ("LCMScheduler", {}),
 }
@@ -111,7 +115,7 @@ FIELDS = {
     "use_exponential_sigmas": "honoured", "use_beta_sigmas": "refused", "sigma_min": "honoured",
     "sigma_max": "honoured", "timestep_type": "honoured: discrete, continuous",
     "final_sigmas_type": "honoured: zero, sigma_min", "solver_order": "fixed: 2",
-    "algorithm_type": "fixed: dpmsolver++",
+    "algorithm_type": "fixed: dpmsolver++ (DPM++ 2M), sde-dpmsolver++ (DPM++ 2M SDE)",
     "solver_type": "honoured: midpoint, heun", "lower_order_final": "honoured", "euler_at_final": "honoured",
     "use_lu_lambdas": "refused", "use_flow_sigmas": "refused", "flow_shift": "unused (use_flow_sigmas)",
     "lambda_min_clipped": "honoured", "variance_type": "refused", "use_dynamic_shifting": "refused",
@@ -673,7 +677,10 @@ def make_schedule(sampler: str, config: dict, steps: int, schedule_type: str | N
     if typed is not None:  # whole timesteps, rounded as DPMSolverMultistepScheduler rounds its Karras sigmas' ones
         timesteps, sigmas = np.round(typed[0]).astype(np.float32), typed[1].astype(np.float32)
     s, s_next = sigmas[:-1].astype(np.float64), sigmas[1:].astype(np.float64)
-    a = s_next / s
+    sde = cfg["algorithm_type"] == "sde-dpmsolver++"
+    # exp(-h) on the sample (the ODE), exp(-2h) for the SDE, whose noise d makes up the variance it takes away
+    a = (s_next / s) ** 2 if sde else s_next / s
+    d = s_next * np.sqrt(np.maximum(1 - a, 0.0)) if sde else zeros
     # Second order except the first step and, by lower_order_final / euler_at_final / a final sigma of 0, the last.
     final_first = (cfg["euler_at_final"] or (cfg["lower_order_final"] and steps < 15)
                    or cfg["final_sigmas_type"] == "zero")
@@ -682,13 +689,13 @@ def make_schedule(sampler: str, config: dict, steps: int, schedule_type: str | N
         h = np.log(s) - np.log(s_next)
         r = np.concatenate([[np.nan], np.log(s[:-1]) - np.log(s[1:])]) / h
         if cfg["solver_type"] == "heun":
-            k = (a - 1) / h + 1
+            k = (a - 1) / (2 * h) + 1 if sde else (a - 1) / h + 1
             b, c = np.where(second, 1 - a + k / r, 1 - a), np.where(second, -k / r, 0.0)
         else:  # midpoint (and what diffusers maps to it: logrho, bh1, bh2)
             b = np.where(second, (1 - a) * (1 + 0.5 / r), 1 - a)
             c = np.where(second, -(1 - a) * 0.5 / r, 0.0)
     init = (sigmas[0] ** 2 + 1) ** 0.5  # x-space noise of variance 1
-    return _schedule(timesteps, sigmas, a, b, c, zeros, zeros, init, 1 / (sigmas[-1] ** 2 + 1) ** 0.5)
+    return _schedule(timesteps, sigmas, a, b, c, d, zeros, init, 1 / (sigmas[-1] ** 2 + 1) ** 0.5)
 
 
 def _sampler_and_type(sampler: str, schedule_type: str) -> tuple[str, str]:

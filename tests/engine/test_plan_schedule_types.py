@@ -51,3 +51,23 @@ def test_refusals_name_the_field(tiny_shapes_engine, fields, message):
     with pytest.raises(InvalidRequest) as err:
         gen(tiny_shapes_engine, **fields)
     assert err.value.field == "schedule_type" and str(err.value).startswith(message)
+
+
+def test_dpm_2m_sde_is_reproducible_per_seed_and_compiles_nothing(tiny_shapes_engine):
+    """DPM++ 2M SDE draws fresh noise each step (its d coefficient): the same seed makes the same images, another
+    seed others, it differs from DPM++ 2M's ODE, and with karras it is A1111's "DPM++ 2M SDE Karras"; all on the
+    program every sampler shares."""
+    gen(tiny_shapes_engine)
+    before = tiny_shapes_engine.compile_count
+    sde = gen(tiny_shapes_engine, sampler="DPM++ 2M SDE", num_inference_steps=6)
+    again = gen(tiny_shapes_engine, sampler="dpm++ 2m sde", num_inference_steps=6)
+    other = gen(tiny_shapes_engine, sampler="DPM++ 2M SDE", num_inference_steps=6, seed=4)
+    ode = gen(tiny_shapes_engine, sampler="DPM++ 2M", num_inference_steps=6)
+    karras = gen(tiny_shapes_engine, sampler="DPM++ 2M SDE", num_inference_steps=6, schedule_type="karras")
+    assert tiny_shapes_engine.compile_count == before
+    assert np.array_equal(sde.images, again.images) and sde.request.sampler == "DPM++ 2M SDE"
+    for different in (other, ode, karras):
+        assert np.abs(different.images.astype(int) - sde.images).mean() > 1.0
+    fields = generation_parameters(parameters_of(deliver(karras, "a red circle", "None").pngs[0]))
+    assert sampler_of(fields["Sampler"], fields["Schedule type"]) == ("DPM++ 2M SDE", "karras")
+    assert sampler_of("DPM++ 2M SDE Karras", None) == ("DPM++ 2M SDE", "karras")  # A1111's older combined name

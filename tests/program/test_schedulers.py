@@ -37,7 +37,7 @@ VARIANTS = {  # fixture variant -> (sampler, timestep_spacing)
     "euler-leading": ("Euler", None), "euler-trailing": ("Euler", "trailing"), "euler-linspace": ("Euler", "linspace"),
     "dpm++2m": ("DPM++ 2M", None), "dpm++2m-karras": ("DPM++ 2M Karras", None), "ddim": ("DDIM", None),
 }
-X_SPACE = ("DPM++ 2M", "DPM++ 2M Karras", "DDIM", "LCM")  # diffusers steps x / sqrt(sigma^2 + 1) for these
+X_SPACE = ("DPM++ 2M", "DPM++ 2M Karras", "DPM++ 2M SDE", "DDIM", "LCM")  # diffusers steps x / sqrt(sigma^2 + 1) for these
 RTOL = 1e-5
 
 
@@ -258,7 +258,7 @@ def test_a_model_folder_with_a_refused_field_fails_to_load_naming_file_and_field
 
 
 def test_sampler_names():
-    assert SAMPLERS == ("Euler", "Euler a", "DPM++ 2M", "DPM++ 2M Karras", "DDIM", "LCM")
+    assert SAMPLERS == ("Euler", "Euler a", "DPM++ 2M", "DPM++ 2M Karras", "DPM++ 2M SDE", "DDIM", "LCM")
     assert get_sampler(" dpm++  2m karras") == "DPM++ 2M Karras" and get_sampler(None) == "Euler"
     with pytest.raises(UnknownSampler, match="unknown sampler 'LMS'; choose one of Euler, Euler a, DPM"):
         get_sampler("LMS")
