@@ -201,7 +201,7 @@ def build_demo(requests: Service, config: EngineConfig, engine: EngineContract |
                            sampler=sampler)
         settings = list(page_inputs.values())  # /generate's first nine inputs, in its order (apis/tools.py)
         # concurrency_limit None: the service (not Gradio's queue) orders the requests and caps each client.
-        wire_control_section(control, demo)
+        wire_control_section(control, demo, prompt)
         event = gr.on([run.click, prompt.submit], generate_images, [*settings, refiner_switch, *control.inputs, model],
                       [gallery, info],
                       api_name="generate", concurrency_limit=None, preprocess=False)

@@ -204,6 +204,9 @@ class EngineConfig:
     controlnet: str = ""
     # A folder whose every ControlNet (a sub-folder with config.json, or a .safetensors file) is loaded ("" = none).
     controlnet_dir: str = ""
+    # Also load the ControlNets the default model's folder ships (its controlnets.json: tiny-shapes' canny
+    # ControlNet, assets/tiny-shapes/controlnet-canny), after those two (which win for the same name).
+    model_controlnets: bool = True
     # ControlNet units one request may have (A1111's "Multi-ControlNet" unit count); each count compiles its own
     # program on first use.
     max_control_units: int = 3

@@ -148,8 +148,8 @@ def sampler_trajectory(sampler: str, config: dict, steps: int, model_outputs: np
 
     The sample starts at ``start * init_noise_sigma``; step k's model output is ``model_outputs[k]``.
     Returns (scheduler, samples (steps + 1, *SAMPLER_SHAPE), noise (steps, *SAMPLER_SHAPE) or None).
-    Euler a's, DPM++ 2M SDE's and LCM's noise of step k is torch.randn from a generator seeded 1000 + k, passed to step() the
-    same way (LCM draws none on its last step: that row is recorded all the same, so an engine adding noise
+    Euler a's, DPM++ 2M SDE's and LCM's noise of step k is torch.randn from a generator seeded 1000 + k, passed to
+    step() the same way (LCM draws none on its last step: that row is recorded all the same, so an engine adding noise
     there is caught).
     """
     cls, overrides = SAMPLER_CLASSES[sampler]

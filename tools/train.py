@@ -4,6 +4,7 @@
     python -m tools.train --out /tmp/ts --vae-steps 200 --unet-steps 300   # a quick try
     python -m tools.train --out /tmp/ts --vae-from assets/tiny-shapes --unet-steps 600  # UNet only
     python -m tools.train lcm-lora         # its few-step LCM-LoRA (tools/train_lcm.py)
+    python -m tools.train controlnet       # its canny ControlNet (tools/train_controlnet.py)
 
 Stages, as SDXL was trained (Podell et al. 2023, with Rombach et al. 2022's latent diffusion):
 
@@ -263,6 +264,9 @@ def main(argv=None) -> None:
     if argv[:1] == ["lcm-lora"]:  # the few-step LoRA of a trained model (tools/train_lcm.py)
         from tools import train_lcm
         return train_lcm.main(argv[1:])
+    if argv[:1] == ["controlnet"]:  # a canny ControlNet for the trained model (tools/train_controlnet.py)
+        from tools import train_controlnet
+        return train_controlnet.main(argv[1:])
     args = parse_args(argv)
     start = time.perf_counter()
     out = Path(args.out)

@@ -102,9 +102,11 @@ def model_hash(path: Path) -> str:
     return digest.hexdigest()[:8]
 
 
-def controlnet_sources(entries: str, folder: str, separator: str = os.pathsep) -> dict[str, Path]:
+def controlnet_sources(entries: str, folder: str, separator: str = os.pathsep,
+                       shipped: dict[str, Path] | None = None) -> dict[str, Path]:
     """{name: path} of ``EngineConfig.controlnet`` (paths joined by ``separator``) then every ControlNet in
-    ``EngineConfig.controlnet_dir`` (each sub-folder with a config.json, each ``.safetensors`` file), in order.
+    ``EngineConfig.controlnet_dir`` (each sub-folder with a config.json, each ``.safetensors`` file), in order, then
+    ``shipped`` (the model folder's own, checkpoint.loading.model_controlnets) whose names those do not take.
 
     Raises ModelLoadError: a path that does not exist, a pickle, one name twice, a folder that is not one.
     """
@@ -133,6 +135,8 @@ def controlnet_sources(entries: str, folder: str, separator: str = os.pathsep) -
         for path in sorted(root.iterdir()):
             if (path.is_dir() and (path / "config.json").is_file()) or path.suffix == ".safetensors":
                 add(path, f"--controlnet-dir {folder}: {path.name}")
+    for name, path in (shipped or {}).items():
+        sources.setdefault(name, path)
     return sources
 
 

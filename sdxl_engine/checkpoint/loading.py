@@ -478,6 +478,10 @@ def engine_defaults(model: str) -> dict[str, Any]:
 # A model folder's own LoRAs, {"name": "file.safetensors"} (a file of the folder): tiny-shapes ships its
 # LCM-LoRA as "lcm". Listed with the deployment's --lora / --lora-dir, which win for the same name.
 MODEL_LORAS_FILE = "loras.json"
+# A model folder's own ControlNets, {"name": "folder"} (a diffusers ControlNet folder of the folder, or a
+# .safetensors file of it): tiny-shapes ships its canny ControlNet. Loaded with the deployment's --controlnet /
+# --controlnet-dir, which win for the same name.
+MODEL_CONTROLNETS_FILE = "controlnets.json"
 
 
 def read_model_loras(folder: Path) -> dict[str, Path]:
@@ -486,29 +490,52 @@ def read_model_loras(folder: Path) -> dict[str, Path]:
     Raises ModelLoadError for a file that is not a JSON object of names to file names, or that names a
     file outside the folder (a path with a folder part) or one that is not there.
     """
-    path = Path(folder) / MODEL_LORAS_FILE
+    return _read_shipped(Path(folder), MODEL_LORAS_FILE, "LoRA", {"lcm": "lcm-lora.safetensors"})
+
+
+def read_model_controlnets(folder: Path) -> dict[str, Path]:
+    """``folder``'s controlnets.json as {name: path} (a sub-folder with a config.json, or a file); {} without one.
+
+    Raises ModelLoadError as :func:`read_model_loras`.
+    """
+    return _read_shipped(Path(folder), MODEL_CONTROLNETS_FILE, "ControlNet", {"canny": "controlnet-canny"})
+
+
+def _read_shipped(folder: Path, file_name: str, what: str, example: dict) -> dict[str, Path]:
+    path = folder / file_name
     if not path.is_file():
         return {}
     values = _read_json(path)
     if not isinstance(values, dict):
-        raise ModelLoadError(f"{path}: expected a JSON object such as {{\"lcm\": \"lcm-lora.safetensors\"}}")
+        raise ModelLoadError(f"{path}: expected a JSON object such as {json.dumps(example)}")
     out = {}
-    for name, file in values.items():
+    for name, entry in values.items():
         if name.startswith("_"):
             continue
-        if not isinstance(file, str) or Path(file).name != file or not (Path(folder) / file).is_file():
-            raise ModelLoadError(f"{path}: LoRA {name!r}: {file!r} is not a file of {folder}")
-        out[name] = Path(folder) / file
+        if not isinstance(entry, str) or Path(entry).name != entry or not (folder / entry).exists():
+            raise ModelLoadError(f"{path}: {what} {name!r}: {entry!r} is not a file of {folder}")
+        out[name] = folder / entry
     return out
 
 
 def model_loras(model: str) -> dict[str, Path]:
     """The LoRAs ``model`` ships (:func:`read_model_loras`) that can be known before loading it: the shipped
     tiny-shapes' and a local folder's; {} for the other built-ins, single files and hub ids."""
+    folder = _shipping_folder(model)
+    return {} if folder is None else read_model_loras(folder)
+
+
+def model_controlnets(model: str) -> dict[str, Path]:
+    """The ControlNets ``model`` ships (:func:`read_model_controlnets`), as :func:`model_loras` finds them."""
+    folder = _shipping_folder(model)
+    return {} if folder is None else read_model_controlnets(folder)
+
+
+def _shipping_folder(model: str) -> Path | None:
     if model == "tiny-shapes":
-        return read_model_loras(builtin.TINY_SHAPES_DIR)
+        return builtin.TINY_SHAPES_DIR
     folder = Path(model).expanduser()
-    return {} if model in builtin.BUILTIN_NAMES or not folder.is_dir() else read_model_loras(folder)
+    return None if model in builtin.BUILTIN_NAMES or not folder.is_dir() else folder
 
 
 def _variant_of(filename: str) -> str:

@@ -540,11 +540,14 @@ class Engine:
         return refiner
 
     def _load_controlnets(self, loaded: loading.LoadedModel) -> None:
-        """With ``config.controlnet`` / ``controlnet_dir``: load each ControlNet once for the whole server, in the
+        """With ``config.controlnet`` / ``controlnet_dir`` (and the default model's own, ``model_controlnets``):
+        load each ControlNet once for the whole server, in the
         default model ``loaded``'s dtype (every model's: config ``dtype``) onto the devices (replicated), a single
         file without a config after its UNet's (diffusers' from_unet rule), and keep them (:attr:`controlnets`, by
         name). Each model's :meth:`_setup` checks which fit it (:meth:`_fitting_controlnets`)."""
-        sources = controlnet_mod.controlnet_sources(self.config.controlnet, self.config.controlnet_dir)
+        shipped = loading.model_controlnets(self.config.model) if self.config.model_controlnets else {}
+        sources = controlnet_mod.controlnet_sources(self.config.controlnet, self.config.controlnet_dir,
+                                                    shipped=shipped)
         if not sources:
             return
         t0 = self._stage(f"loading {len(sources)} ControlNets onto the devices")

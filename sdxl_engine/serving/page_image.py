@@ -15,6 +15,7 @@ from pathlib import Path
 import gradio as gr
 import numpy as np
 
+from sdxl_engine.checkpoint.loading import model_controlnets
 from sdxl_engine.config import EngineConfig
 from sdxl_engine.engine.contract import EngineContract
 from sdxl_engine.engine.control import detect
@@ -179,7 +180,8 @@ class ControlSection:
     turns it into ``image``, base64 PNG text: /generate's ``control_image``, so gradio_client and the page send the
     same, and shows it in ``picture`` as the app's PNG), the preprocessor ``module`` with ``preview`` (the detected
     map into ``detected``), the ControlNet
-    ``model``, ``weight``, ``start`` and ``end``."""
+    ``model``, ``weight``, ``start`` and ``end``; ``example`` (a model's shipped ControlNet's example.json: tiny-shapes'
+    canny ControlNet's star outline)."""
 
     box: gr.Accordion
     upload: gr.File
@@ -192,6 +194,8 @@ class ControlSection:
     weight: gr.Slider
     start: gr.Slider
     end: gr.Slider
+    example: gr.Button  # fills the section (and the prompt) with a shipped ControlNet's example; hidden without one
+    example_values: tuple | None = None  # (base64 PNG, picture, module, ControlNet name, prompt) of that example
 
     @property
     def inputs(self) -> list:
@@ -201,10 +205,13 @@ class ControlSection:
 
 def controlnet_names(config: EngineConfig) -> list[str]:
     """The ControlNets ``--controlnet`` names (a folder's name, a file's without ``.safetensors``), as the engine
-    names them (checkpoint/controlnet.py); ``--controlnet-dir``'s are listed once the engine is ready."""
+    names them (checkpoint/controlnet.py), then the model's own (``model_controlnets``); ``--controlnet-dir``'s are
+    listed once the engine is ready."""
     paths = [p for p in (config.controlnet or "").split(os.pathsep) if p]
-    return [Path(p).name[:-len(".safetensors")] if p.endswith(".safetensors") else Path(p.rstrip("/")).name
-            for p in paths]
+    names = [Path(p).name[:-len(".safetensors")] if p.endswith(".safetensors") else Path(p.rstrip("/")).name
+             for p in paths]
+    shipped = model_controlnets(config.model) if config.model_controlnets else {}
+    return names + [name for name in shipped if name not in names]
 
 
 CONTROL_BOX_PX = 240  # the ControlNet section's two picture boxes (the picture, the detected map): CSS pixels
@@ -216,7 +223,7 @@ def control_section(config: EngineConfig, engine: EngineContract | None = None) 
     ControlNet; the model list is the engine's once it is ready (Limits.controlnets), else the flags' names."""
     limits = getattr(engine, "limits", None) if engine is not None and engine.ready.is_set() else None
     names = [name for name, _ in limits.controlnets] if limits is not None else controlnet_names(config)
-    with gr.Accordion("ControlNet", open=False, visible=bool(config.controlnet or config.controlnet_dir),
+    with gr.Accordion("ControlNet", open=False, visible=bool(names or config.controlnet_dir),
                       elem_id="controlnet-box") as box:
         # A file box, not an image box: Gradio's image box shows an upload by asking the server for it, and an
         # upload is never served back (guard.Routes): every upload logged a refused GET. The picture shows in
@@ -240,7 +247,31 @@ def control_section(config: EngineConfig, engine: EngineContract | None = None) 
             weight = gr.Slider(0.0, 2.0, value=1.0, step=0.05, label="Control weight", elem_id="control-weight")
             start = gr.Slider(0.0, 1.0, value=0.0, step=0.05, label="Starting step (share)", elem_id="control-start")
             end = gr.Slider(0.0, 1.0, value=1.0, step=0.05, label="Ending step (share)", elem_id="control-end")
-    return ControlSection(box, upload, picture, image, module, preview, detected, model, weight, start, end)
+        values = shipped_example(config, names)
+        example = gr.Button("Example outline",
+                            size="sm", visible=values is not None, elem_id="control-example")
+    return ControlSection(box, upload, picture, image, module, preview, detected, model, weight, start, end,
+                          example, values)
+
+
+def shipped_example(config: EngineConfig, names: list[str]) -> tuple | None:
+    """The first of the model's own ControlNets (``model_controlnets``) among ``names`` whose folder has an
+    example.json (``{"prompt", "module", "image"}``, the image a PNG beside it: tools/train_controlnet.py writes
+    tiny-shapes'), as (base64 PNG, (H, W, 3) uint8 picture, module, ControlNet name, prompt); None without one."""
+    import json
+
+    from PIL import Image
+
+    shipped = model_controlnets(config.model) if config.model_controlnets else {}
+    for name, folder in shipped.items():
+        spec = Path(folder) / "example.json"
+        if name not in names or not spec.is_file():
+            continue
+        values = json.loads(spec.read_text())
+        data = (Path(folder) / Path(values["image"]).name).read_bytes()
+        picture = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+        return base64.b64encode(data).decode(), picture, values["module"], name, values["prompt"]
+    return None
 
 
 def picture_function(demo) -> Callable:
@@ -284,13 +315,18 @@ def detected_map(image: str, module: str):
         raise gr.Error(str(err), print_exception=False) from None
 
 
-def wire_control_section(section: ControlSection, demo) -> None:
+def wire_control_section(section: ControlSection, demo, prompt: gr.Textbox) -> None:
     """The section's own events, private: the upload encoded into ``image`` and shown again as the app's PNG
     (guard.CONTROL_EVENT: the one event besides the image event whose call may name an upload;
-    :func:`picture_function`), its removal emptying ``image`` (in the browser), Preview's detected map."""
+    :func:`picture_function`), its removal emptying ``image`` (in the browser), Preview's detected map, and the
+    example button filling the picture, preprocessor, ControlNet and ``prompt``."""
     section.upload.upload(page_event(picture_function(demo)), section.upload, [section.image, section.picture],
                           api_name=guard.CONTROL_EVENT, api_visibility="private", preprocess=False)
     section.upload.clear(None, None, [section.image, section.picture], js="() => ['', null]", queue=False,
                          api_visibility="private")
     section.preview.click(page_event(detected_map), [section.image, section.module], section.detected,
                           api_visibility="private", preprocess=False)  # detect checks the module by name
+    if section.example_values is not None:
+        values = section.example_values
+        section.example.click(lambda: values, None, [section.image, section.picture, section.module, section.model,
+                                                     prompt], api_visibility="private", queue=False)

@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -129,3 +130,40 @@ def test_controlnets_under_1_mib_share_one_short_hash_and_the_docs_say_so(tmp_pa
     listed = next(line for line in (ROOT / "docs" / "protocols.md").read_text().splitlines()
                   if line.startswith("| `GET /controlnet/model_list`"))
     assert f"under 1 MiB shows the same, `[{shared}]`" in listed
+
+
+def test_a_model_folders_own_controlnets_from_its_controlnets_json(tmp_path):
+    """A model folder's controlnets.json names ControlNets shipped in it (a sub-folder or a file of the folder);
+    a bad one is refused in one line naming the file; tiny-shapes ships its canny ControlNet, which fits it."""
+    from sdxl_engine.checkpoint import builtin
+    from sdxl_engine.checkpoint.loading import (
+        MODEL_CONTROLNETS_FILE,
+        load_model,
+        model_controlnets,
+        read_model_controlnets,
+    )
+
+    folder = tmp_path / "model"
+    (folder / "edges").mkdir(parents=True)
+    (folder / MODEL_CONTROLNETS_FILE).write_text('{"_note": "shipped", "edges-net": "edges"}')
+    assert read_model_controlnets(folder) == {"edges-net": folder / "edges"} == model_controlnets(str(folder))
+    assert read_model_controlnets(tmp_path) == {} and model_controlnets("tiny-random") == {}
+    for bad in ('{"e": "../edges"}', '{"e": "missing"}', '{"e": 3}'):
+        (folder / MODEL_CONTROLNETS_FILE).write_text(bad)
+        with pytest.raises(ModelLoadError, match=r"controlnets\.json: ControlNet 'e': .* is not a file of "):
+            read_model_controlnets(folder)
+    (folder / MODEL_CONTROLNETS_FILE).write_text('["e"]')
+    with pytest.raises(ModelLoadError, match=r"controlnets\.json: expected a JSON object"):
+        read_model_controlnets(folder)
+
+    shipped = {"edges-net": folder / "edges", "cn-a": folder / "edges"}
+    deployment = str(FIXTURES / "tiny-pt-controlnet" / "cn-a")
+    assert controlnet_sources(deployment, "", ":", shipped) == {"cn-a": Path(deployment),  # the deployment's wins
+                                                                 "edges-net": folder / "edges"}
+    (name, path), = model_controlnets("tiny-shapes").items()
+    assert (name, path) == ("tiny-shapes-canny", builtin.TINY_SHAPES_DIR / "controlnet-canny")
+    model = load_model("tiny-shapes", dtype="float32", platform="cpu", cache_dir="")
+    net = load_controlnet(name, path, "float32", None)
+    check_fits(net, model.components["unet"], model.vae_scale_factor, model.latent_channels)
+    example = json.loads((path / "example.json").read_text())
+    assert "left" not in example["prompt"] and example["module"] == "none" and (path / example["image"]).is_file()

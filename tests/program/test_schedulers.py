@@ -37,7 +37,8 @@ VARIANTS = {  # fixture variant -> (sampler, timestep_spacing)
     "euler-leading": ("Euler", None), "euler-trailing": ("Euler", "trailing"), "euler-linspace": ("Euler", "linspace"),
     "dpm++2m": ("DPM++ 2M", None), "dpm++2m-karras": ("DPM++ 2M Karras", None), "ddim": ("DDIM", None),
 }
-X_SPACE = ("DPM++ 2M", "DPM++ 2M Karras", "DPM++ 2M SDE", "DDIM", "LCM")  # diffusers steps x / sqrt(sigma^2 + 1) for these
+# diffusers steps x / sqrt(sigma^2 + 1) for these
+X_SPACE = ("DPM++ 2M", "DPM++ 2M Karras", "DPM++ 2M SDE", "DDIM", "LCM")
 RTOL = 1e-5
 
 

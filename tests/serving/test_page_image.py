@@ -43,11 +43,27 @@ def test_the_control_section_shows_with_a_controlnet_and_turns_its_upload_into_g
     from sdxl_engine.serving import handler, page_image
     from sdxl_engine.serving.apis.tools import CONTROL_NAMES
 
+    # tiny-shapes' own canny ControlNet shows the section by itself, with its example outline; off, nothing shows.
+    for model, own, shown in (("tiny-shapes", True, True), ("tiny-shapes", False, False), ("tiny-random", True, False)):
+        with gr.Blocks():
+            section = page_image.control_section(SimpleNamespace(controlnet="", controlnet_dir="", model=model,
+                                                                 model_controlnets=own))
+        assert section.box.visible is shown and section.example.visible is shown
+    assert section.example_values is None
+    with gr.Blocks():
+        section = page_image.control_section(SimpleNamespace(controlnet="", controlnet_dir="", model="tiny-shapes",
+                                                             model_controlnets=True))
+    assert section.model.choices == [("tiny-shapes-canny", "tiny-shapes-canny")]
+    text, outline, module, name, prompt = section.example_values
+    assert (module, name, prompt) == ("none", "tiny-shapes-canny", "a yellow star on a white background")
+    np.testing.assert_array_equal(np.asarray(Image.open(io.BytesIO(base64.b64decode(text))).convert("RGB")), outline)
+    assert outline.shape == (64, 64, 3) and outline[..., 0].mean() < 40  # white lines on black, on the left half
+    assert outline[:, :32].sum() > 4 * outline[:, 32:].sum()
     for paths, shown in (("", False), ("tests/fixtures/tiny-pt-controlnet/cn-a:x/canny-xl.safetensors", True)):
-        config = SimpleNamespace(controlnet=paths, controlnet_dir="")
+        config = SimpleNamespace(controlnet=paths, controlnet_dir="", model="tiny-random", model_controlnets=True)
         with gr.Blocks():
             section = page_image.control_section(config)
-        assert section.box.visible is shown
+        assert section.box.visible is shown and section.example.visible is False
     assert section.model.choices == [("cn-a", "cn-a"), ("canny-xl", "canny-xl")] and section.model.value == "cn-a"
     assert [c.elem_id for c in section.inputs] == ["control-image", "control-model", "control-weight",
                                                    "control-start", "control-end", "control-module"]
