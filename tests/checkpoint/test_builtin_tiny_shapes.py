@@ -68,7 +68,9 @@ def test_shipped_model_is_the_default_and_small():
     assert size <= 30e6
     assert not list(TINY_SHAPES_DIR.rglob("*.bin")) and not list(TINY_SHAPES_DIR.rglob("*.msgpack"))
     # PyTorch layout: diffusers' PyTorch pipeline loads it too
-    assert len(list(TINY_SHAPES_DIR.glob("*/*.safetensors"))) == 4
+    # four components and the shipped canny ControlNet (controlnets.json)
+    assert sorted(f.parent.name for f in TINY_SHAPES_DIR.glob("*/*.safetensors")) == [
+        "controlnet-canny", "text_encoder", "text_encoder_2", "unet", "vae"]
     assert [f.name for f in TINY_SHAPES_DIR.glob("*.safetensors")] == ["lcm-lora.safetensors"]  # its LCM-LoRA
 
 
