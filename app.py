@@ -35,11 +35,13 @@ from sdxl_engine.service.styles import (
 from sdxl_engine.serving import handler, history
 from sdxl_engine.serving.apis.mcp_image import API_NAME as IMAGE_TOOL
 from sdxl_engine.serving.apis.mcp_image import image_tool
+from sdxl_engine.serving.apis.tools import generate_inputs
 from sdxl_engine.serving.page import (  # noqa: F401
     BLOG_DEFAULT,
     EXAMPLES,
     PNG_FIELDS,
     engine_banner,
+    event_inputs,
     load_example,
     lora_names_for,
     lora_tag_adder,
@@ -202,9 +204,9 @@ def build_demo(requests: Service, config: EngineConfig, engine: EngineContract |
         settings = list(page_inputs.values())  # /generate's first nine inputs, in its order (apis/tools.py)
         # concurrency_limit None: the service (not Gradio's queue) orders the requests and caps each client.
         wire_control_section(control, demo)
-        event = gr.on([run.click, prompt.submit], generate_images, [*settings, refiner_switch, *control.inputs, model],
-                      [gallery, info],
-                      api_name="generate", concurrency_limit=None, preprocess=False)
+        widgets = {**page_inputs, "refiner_switch_at": refiner_switch, **control.named, "model": model}
+        event = gr.on([run.click, prompt.submit], generate_images, event_inputs(generate_inputs(config), widgets),
+                      [gallery, info], api_name="generate", concurrency_limit=None, preprocess=False)
         events = (event, *image_events(image, settings, generate_from_image, upscale_image, send_upscale,
                                        last_result, selected_index, gallery, info, model))
         for done in events:

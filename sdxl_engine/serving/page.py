@@ -344,6 +344,16 @@ def outpaint_default(engine: EngineContract | None) -> int:
     return max(8, width // 64 * 8) if width else 16
 
 
+def event_inputs(inputs: tuple, widgets: dict) -> list:
+    """The page's components for an endpoint's ``inputs`` (apis/tools.Input, in the endpoint's order: e.g.
+    tools.generate_inputs), each taken by its input's name from ``widgets`` ({name: component}), so the event's
+    input list follows the one list of inputs. Raises KeyError naming an input the page has no widget for."""
+    missing = [item.name for item in inputs if item.name not in widgets]
+    if missing:
+        raise KeyError(f"no page widget for the inputs {', '.join(missing)}")
+    return [widgets[item.name] for item in inputs]
+
+
 def page_event(fn: Callable) -> Callable:
     """``fn`` as a page event: input it cannot use (only a client other than the page sends it)
     is refused with one log line and a gr.Error, not a traceback."""

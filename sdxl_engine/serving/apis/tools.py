@@ -11,10 +11,12 @@ ever fetched and nothing the client sends becomes a file.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 
 import numpy as np
 from PIL import Image
 
+from sdxl_engine.config import EngineConfig
 from sdxl_engine.engine.control import ControlUnit
 from sdxl_engine.engine.control_preprocess import MODULES
 from sdxl_engine.engine.validation import DEFAULT_STRENGTH
@@ -113,14 +115,55 @@ CONTROL_NAMES = tuple(i.name for i in CONTROL_INPUTS)
 
 
 def generate_inputs(config) -> tuple[Input, ...]:
-    """The ``generate`` tool's inputs, in order (``/generate``'s contract: its nine, then the refiner switch), its
-    defaults the page's (``config``: handler.page_defaults' resolved EngineConfig)."""
+    """``/generate``'s inputs, in order: the one list that the MCP ``generate`` tool's schema, the page event's
+    Python signature (handler.api_function, :func:`signature_of`), the page's widget list (page.event_inputs) and
+    the guard's optional inputs (:func:`optional_inputs`) are built from. Its first :data:`FIRST_RELEASE` are the
+    first release's; an input added later goes at the end (old clients send fewer values: the guard fills in the
+    rest). Each name is a GenerateRequest field or one :func:`request_values` maps; its defaults are the page's
+    (``config``: handler.page_defaults' resolved EngineConfig)."""
     return (Input("prompt", str), Input("negative_prompt", str, ""), Input("seed", int, -1),
             Input("guidance_scale", float, config.guidance_scale),
             Input("num_inference_steps", int, config.num_inference_steps), Input("width", int, 0),
             Input("height", int, 0), Input("style", str, NO_STYLE, tuple(STYLE_NAMES)),
             Input("sampler", str, config.sampler, tuple(SAMPLERS)),
             Input("refiner_switch_at", float, 0.8 if config.refiner else 1.0), *CONTROL_INPUTS, Input("model", str, ""))
+
+
+FIRST_RELEASE = 9  # /generate's first release took its first nine inputs: a raw call must send at least those
+
+
+def optional_inputs() -> dict[str, tuple[str, ...]]:
+    """{endpoint: the names of its inputs added after its first release, in order} (:data:`FIRST_RELEASE`): a raw
+    call may leave them out and gets their defaults (guard.completed)."""
+    return {GENERATE: tuple(item.name for item in generate_inputs(EngineConfig())[FIRST_RELEASE:])}
+
+
+def signature_of(inputs: tuple[Input, ...], *trailing: inspect.Parameter) -> inspect.Signature:
+    """The Python signature of an endpoint function taking ``inputs`` (positional or by keyword, in order, with
+    their defaults; :data:`REQUIRED`: none; an empty text as None), then ``trailing`` (Gradio's ``request`` and
+    ``progress``): what Gradio reads to name the API's inputs and to pass its own objects. The None: Gradio's API
+    description makes an input whose widget has no value (the page's negative prompt) optional only when its
+    function's default is None."""
+    def default(value):
+        return inspect.Parameter.empty if value is REQUIRED else None if value == "" else value
+
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    return inspect.Signature([*(inspect.Parameter(item.name, kind, annotation=item.kind, default=default(item.default))
+                                for item in inputs), *trailing])
+
+
+def request_values(values: dict) -> dict:
+    """``to_request``'s keywords (service.request.to_request) for one ``/generate`` call's ``values`` (by
+    :func:`generate_inputs`' names): the refiner switch as :func:`refiner_switch` reads it (left out for "no
+    refiner"), the model as :func:`model_field`, the control inputs as one ControlUnit (:func:`control_fields`)
+    and every other input under its own name (a GenerateRequest field: a new one needs no line here).
+
+    Raises ApiError 400 naming the control input it cannot use."""
+    values = dict(values)
+    control = control_fields(*(values.pop(name) for name in CONTROL_NAMES))
+    switch = refiner_switch(values.pop("refiner_switch_at", None))
+    model = model_field(values.pop("model", None))
+    return {**values, **control, **model, **({} if switch is None else {"refiner_switch_at": switch})}
 
 
 def image_inputs(config) -> tuple[Input, ...]:
