@@ -20,7 +20,7 @@ from sdxl_engine.config import EngineConfig
 from sdxl_engine.engine.control import ControlUnit
 from sdxl_engine.engine.control_preprocess import MODULES
 from sdxl_engine.engine.validation import DEFAULT_STRENGTH
-from sdxl_engine.program.schedulers import SAMPLERS
+from sdxl_engine.program.schedulers import DEFAULT_SCHEDULE_TYPE, SAMPLERS, SCHEDULE_TYPES
 from sdxl_engine.service.image_prep import PasteBack, binary_mask, flatten, overlay, same_aspect
 from sdxl_engine.service.styles import NO_STYLE, STYLE_NAMES
 from sdxl_engine.serving.apis.errors import ApiError
@@ -61,8 +61,11 @@ before the refiner takes over, 0 to below 1 (0 = the refiner alone); 1 = no refi
 (0.8 with a refiner)
 {control}
     model: {models}
+    schedule_type: the spacing of the sampler's noise levels (A1111's "Schedule type"), one of {schedule_types}; \
+automatic = the sampler's own; DDIM and LCM take automatic only. A1111's labels ({labels}) are taken too
 Returns:
-    the images (PNG, with their generation parameters) and a JSON record: seeds, size, steps, sampler, timings, model
+    the images (PNG, with their generation parameters) and a JSON record: seeds, size, steps, sampler, \
+schedule_type, timings, model
 """
 
 IMAGE_DOC = """Change a picture with SDXL: image to image (restyle the whole picture to the prompt) or, with a mask, \
@@ -126,7 +129,8 @@ def generate_inputs(config) -> tuple[Input, ...]:
             Input("num_inference_steps", int, config.num_inference_steps), Input("width", int, 0),
             Input("height", int, 0), Input("style", str, NO_STYLE, tuple(STYLE_NAMES)),
             Input("sampler", str, config.sampler, tuple(SAMPLERS)),
-            Input("refiner_switch_at", float, 0.8 if config.refiner else 1.0), *CONTROL_INPUTS, Input("model", str, ""))
+            Input("refiner_switch_at", float, 0.8 if config.refiner else 1.0), *CONTROL_INPUTS, Input("model", str, ""),
+            Input("schedule_type", str, DEFAULT_SCHEDULE_TYPE, tuple(SCHEDULE_TYPES)))
 
 
 FIRST_RELEASE = 9  # /generate's first release took its first nine inputs: a raw call must send at least those
@@ -180,7 +184,8 @@ def generate_doc(models: list[str] = ()) -> str:
     """:data:`GENERATE_DOC` with the style, sampler, preprocessor and model names filled in (``models``: the
     server's, the default first: service/models.names; () before they are known)."""
     return GENERATE_DOC.format(styles=", ".join(STYLE_NAMES), samplers=", ".join(SAMPLERS),
-                               control=CONTROL_DOC.format(modules=", ".join(MODULES)), models=model_doc(models))
+                               control=CONTROL_DOC.format(modules=", ".join(MODULES)), models=model_doc(models),
+                               schedule_types=", ".join(SCHEDULE_TYPES), labels=", ".join(SCHEDULE_TYPES.values()))
 
 
 def image_doc(models: list[str] = ()) -> str:
