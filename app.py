@@ -19,7 +19,7 @@ import gradio as gr
 from sdxl_engine.config import EngineConfig
 from sdxl_engine.engine.contract import EngineContract
 from sdxl_engine.engine.validation import MAX_GUIDANCE
-from sdxl_engine.program.schedulers import SAMPLERS
+from sdxl_engine.program.schedulers import SAMPLERS, SCHEDULE_TYPES
 from sdxl_engine.service.models import configured as models_configured
 from sdxl_engine.service.service import Service
 from sdxl_engine.service.styles import (
@@ -35,11 +35,13 @@ from sdxl_engine.service.styles import (
 from sdxl_engine.serving import handler, history
 from sdxl_engine.serving.apis.mcp_image import API_NAME as IMAGE_TOOL
 from sdxl_engine.serving.apis.mcp_image import image_tool
+from sdxl_engine.serving.apis.tools import generate_inputs
 from sdxl_engine.serving.page import (  # noqa: F401
     BLOG_DEFAULT,
     EXAMPLES,
     PNG_FIELDS,
     engine_banner,
+    event_inputs,
     load_example,
     lora_names_for,
     lora_tag_adder,
@@ -130,7 +132,10 @@ def build_demo(requests: Service, config: EngineConfig, engine: EngineContract |
                 with gr.Accordion("Advanced settings", open=False):
                     negative_prompt = gr.Textbox(label="Negative prompt", placeholder="what to avoid",
                                                  elem_id="negative")
-                    sampler = gr.Dropdown(list(SAMPLERS), value=config.sampler, label="Sampler", elem_id="sampler")
+                    with gr.Row(elem_id="sampler-row"):  # A1111's pair: the sampler and its schedule type
+                        sampler = gr.Dropdown(list(SAMPLERS), value=config.sampler, label="Sampler", elem_id="sampler")
+                        schedule_type = gr.Dropdown(list(SCHEDULE_TYPES.values()), value="Automatic",
+                                                    label="Schedule type", elem_id="schedule-type")
                     guidance_scale = gr.Slider(0.0, MAX_GUIDANCE, value=config.guidance_scale, step=0.5,
                                                label="Guidance scale (≤ 1: no CFG, one UNet pass per image)")
                     num_inference_steps = gr.Slider(1, config.max_inference_steps, value=config.num_inference_steps,
@@ -202,9 +207,11 @@ def build_demo(requests: Service, config: EngineConfig, engine: EngineContract |
         settings = list(page_inputs.values())  # /generate's first nine inputs, in its order (apis/tools.py)
         # concurrency_limit None: the service (not Gradio's queue) orders the requests and caps each client.
         wire_control_section(control, demo, prompt)
-        event = gr.on([run.click, prompt.submit], generate_images, [*settings, refiner_switch, *control.inputs, model],
-                      [gallery, info],
-                      api_name="generate", concurrency_limit=None, preprocess=False)
+        widgets = {**page_inputs, "refiner_switch_at": refiner_switch, **control.named, "model": model,
+                   "schedule_type": schedule_type}
+        restored = [{**widgets, "resolution": resolution}[name] for name in PNG_FIELDS]  # what a PNG, a past image set
+        event = gr.on([run.click, prompt.submit], generate_images, event_inputs(generate_inputs(config), widgets),
+                      [gallery, info], api_name="generate", concurrency_limit=None, preprocess=False)
         events = (event, *image_events(image, settings, generate_from_image, upscale_image, send_upscale,
                                        last_result, selected_index, gallery, info, model))
         for done in events:
@@ -232,9 +239,7 @@ def build_demo(requests: Service, config: EngineConfig, engine: EngineContract |
         follow_model = wire_models(engine, config, ModelWidgets(model, model_default, resolution, control.model, fast),
                                    prompt, [sampler, num_inference_steps, guidance_scale])
         follow_model(wire_history(events, past, pending, finished, last_result, history_gallery, history_note,
-                                  clear_history, [prompt, negative_prompt, style, seed, guidance_scale,
-                                                  num_inference_steps, sampler, resolution, refiner_switch, model],
-                                  lambda: offered(engine)))
+                                  clear_history, restored, lambda: offered(engine)))
         for done in events:
             done.success(lambda: (None, gr.Button("Reuse selected image's seed", interactive=False), None,
                                   *(gr.Button(interactive=False) for _ in range(3))), None,
@@ -274,10 +279,8 @@ def build_demo(requests: Service, config: EngineConfig, engine: EngineContract |
             return (*(values.get(name, gr.update()) for name in PNG_FIELDS), note)
 
         # The browser sends the PNG's parameters text only (PNG_SETTINGS_JS): no file reaches the server.
-        follow_model(png_file.input(restore_png, png_file, [prompt, negative_prompt, style, seed, guidance_scale,
-                                                            num_inference_steps, sampler, resolution, refiner_switch,
-                                                            model, png_note],
-                                    api_visibility="private", queue=False, show_progress="hidden"))
+        follow_model(png_file.input(restore_png, png_file, [*restored, png_note], api_visibility="private",
+                                    queue=False, show_progress="hidden"))
 
         examples.click(page_event(load_example), examples, [prompt, style], api_visibility="private", queue=False,
                        show_progress="hidden")

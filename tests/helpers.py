@@ -286,11 +286,12 @@ def extra_fields(request) -> dict:
 
 def page_generate(engine, prompt, negative_prompt="", seed=-1, guidance_scale=None, num_inference_steps=None, width=0,
                   height=0, style="(No style)", sampler=None, progress=None, outputs_dir: str = "",
-                  files_dir: str | None = None):
+                  files_dir: str | None = None, **inputs):
     """One /generate event as the page runs it (serving/handler.api_function over a real service.Service of
     ``engine``, saving to ``outputs_dir``), its gallery files written under ``files_dir`` (Gradio's upload folder
     when None): (gallery items, info, history record). ``progress(fraction, desc=..., unit=...)`` hears the
-    event's reports. Raises what the event raises (gr.Error)."""
+    event's reports; ``inputs``: /generate's later inputs by name (apis/tools.generate_inputs: ``schedule_type``,
+    ``model``...). Raises what the event raises (gr.Error)."""
     import asyncio
     import os
     from types import SimpleNamespace
@@ -306,7 +307,8 @@ def page_generate(engine, prompt, negative_prompt="", seed=-1, guidance_scale=No
     request = SimpleNamespace(session_hash="test-session", client=SimpleNamespace(host="127.0.0.1"), headers={})
     report = progress if progress is not None else (lambda *_, **__: None)
     values = dict(prompt=prompt, negative_prompt=negative_prompt, seed=seed, guidance_scale=guidance_scale,
-                  num_inference_steps=num_inference_steps, width=width, height=height, style=style, sampler=sampler)
+                  num_inference_steps=num_inference_steps, width=width, height=height, style=style, sampler=sampler,
+                  **inputs)
     before = os.environ.get("GRADIO_TEMP_DIR")
     try:
         if files_dir is not None:

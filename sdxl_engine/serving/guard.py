@@ -9,7 +9,7 @@ never lets ``Access-Control-Allow-Origin`` name a foreign origin, refuses a stat
 page sent (:func:`cross_site_refusal`, the rule of every route: a 403 here for Gradio's routes and MCP, in the
 protocols' shapes for ``/sdapi`` and ``/v1``, apis.CrossSiteGuard), adds ``Retry-After`` to "queue full" answers,
 answers a raw API call with too few values with a 422 naming the inputs (and fills in the inputs added to an
-endpoint later, :data:`OPTIONAL_INPUTS`, that a raw call leaves out) and stamps each request's arrival
+endpoint later, apis/tools.optional_inputs, that a raw call leaves out) and stamps each request's arrival
 (:func:`arrival_time`). A cancel goes to Gradio as it came: Gradio cancels the event's task, which stops its job in
 the service (handler.follow).
 """
@@ -428,21 +428,19 @@ def _holds_file(value, depth: int = 0) -> bool:
 # ("data": the values in order) and /gradio_api/queue/join ("fn_index" names the event).
 
 
-# Inputs an endpoint gained after its first release (handler.api_function: only optional inputs are ever added,
-# at the end): a raw call may leave them out, and gets the same defaults gradio_client fills in (:func:`completed`).
-OPTIONAL_INPUTS = {"generate": ("refiner_switch_at", "control_image", "control_model", "control_weight",
-                                "control_start", "control_end", "control_module", "model")}
-
-
-def api_inputs(demo) -> tuple[dict[str, tuple[str, ...]], dict[int, str], dict[str, tuple]]:
-    """({api_name: input names}, {fn_index: api_name}, {api_name: defaults of its :data:`OPTIONAL_INPUTS`, in
-    order}) of ``demo``'s named API endpoints. The defaults are the API description's (``parameter_default``:
-    the component's value, what gradio_client sends for a parameter it is not given)."""
+def api_inputs(demo, optional_inputs: dict[str, tuple[str, ...]]
+               ) -> tuple[dict[str, tuple[str, ...]], dict[int, str], dict[str, tuple]]:
+    """({api_name: input names}, {fn_index: api_name}, {api_name: defaults of its ``optional_inputs``, in
+    order}) of ``demo``'s named API endpoints. ``optional_inputs``: {api_name: the inputs it gained after its first
+    release, at its end} (apis/tools.optional_inputs: only optional inputs are ever added, at the end), which a raw
+    call may leave out and then gets the same defaults gradio_client fills in (:func:`completed`). The defaults
+    are the API description's (``parameter_default``: the component's value, what gradio_client sends for a
+    parameter it is not given)."""
     endpoints = gradio_internals.api_endpoints(demo)
     inputs = {name: tuple(param for param, _ in params) for name, params in endpoints.items()}
     defaults = {}
     for name, params in endpoints.items():
-        optional = OPTIONAL_INPUTS.get(name, ())
+        optional = optional_inputs.get(name, ())
         if optional and tuple(param for param, _ in params[-len(optional):]) == optional:
             defaults[name] = tuple(default for _, default in params[-len(optional):])
     fns = {fn_index: gradio_internals.api_name_of(demo, fn_index)
@@ -465,7 +463,7 @@ def arity_error(found: tuple[str, dict] | None, inputs: dict[str, tuple[str, ...
     """The message for a raw call (``found``, from :func:`raw_call`) to a named endpoint with fewer values than it
     takes, else None.
 
-    An endpoint's trailing :data:`OPTIONAL_INPUTS` (their ``defaults``, from :func:`api_inputs`) may be left
+    An endpoint's trailing optional inputs (their ``defaults``, from :func:`api_inputs`) may be left
     out: :func:`completed` fills them in. Extra values are left to Gradio (it ignores them); bodies that are
     not JSON with a ``data`` list are left to Gradio's own validation.
     """
@@ -484,7 +482,7 @@ def arity_error(found: tuple[str, dict] | None, inputs: dict[str, tuple[str, ...
 def completed(found: tuple[str, dict] | None, inputs: dict[str, tuple[str, ...]],
               defaults: dict[str, tuple]) -> dict | None:
     """The payload of raw call ``found`` (from :func:`raw_call`) with the trailing optional inputs it left out
-    (:data:`OPTIONAL_INPUTS`) set to their ``defaults``, so the call runs as gradio_client's does; None when
+    (:func:`api_inputs`' optional inputs) set to their ``defaults``, so the call runs as gradio_client's does; None when
     nothing is to be filled in."""
     if found is None or found[0] not in defaults or (names := inputs.get(found[0])) is None:
         return None
@@ -767,15 +765,16 @@ async def _plain(send, status: int, body: bytes, extra: list | None = None,
     await send({"type": "http.response.body", "body": body})
 
 
-def install_guard(app, gate: RequestGate | None = None, demo=None) -> None:
+def install_guard(app, gate: RequestGate | None = None, demo=None,
+                  optional_inputs: dict[str, tuple[str, ...]] | None = None) -> None:
     """Put :class:`Guard` outside every other middleware of Gradio's FastAPI ``app``.
 
     Gradio adds its CORS middleware inside ``launch``, so the guard goes in after it
     (gradio_internals.add_outermost_middleware). The security tests probe the result over HTTP. With ``demo``, raw
     calls of its API endpoints are checked for missing values, and only the calls, streams and
-    files :class:`Routes` allows reach Gradio.
+    files :class:`Routes` allows reach Gradio; ``optional_inputs``: the endpoints' later inputs (:func:`api_inputs`).
     """
-    inputs, fns, defaults = api_inputs(demo) if demo is not None else ({}, {}, {})
+    inputs, fns, defaults = api_inputs(demo, optional_inputs or {}) if demo is not None else ({}, {}, {})
     gradio_internals.add_outermost_middleware(app, Guard, gate=gate, inputs=inputs, fns=fns, defaults=defaults,
                                               routes=None if demo is None else Routes(demo))
 

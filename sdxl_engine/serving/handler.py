@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import html
+import inspect
 import logging
 import os
 import tempfile
@@ -37,7 +38,14 @@ from sdxl_engine.service.service import Refused, Service
 from sdxl_engine.service.styles import NO_STYLE
 from sdxl_engine.serving import admission, gradio_internals, guard, history
 from sdxl_engine.serving.apis.errors import ApiError
-from sdxl_engine.serving.apis.tools import control_fields, generate_doc, model_field, refiner_switch
+from sdxl_engine.serving.apis.tools import (
+    generate_doc,
+    generate_inputs,
+    model_field,
+    refiner_switch,
+    request_values,
+    signature_of,
+)
 
 LOG = logging.getLogger(__name__)
 
@@ -76,41 +84,53 @@ def api_function(requests: Service, config: EngineConfig, pending: history.Pendi
     Gradio's API page describes ``/generate`` from them.
     """
 
-    async def generate(prompt: str, negative_prompt: str | None = None, seed: int = -1,
-                       guidance_scale: float = config.guidance_scale,
-                       num_inference_steps: int = config.num_inference_steps, width: int = 0, height: int = 0,
-                       style: str = NO_STYLE, sampler: str = config.sampler,
-                       refiner_switch_at: float | None = 0.8 if config.refiner else 1.0, control_image: str = "",
-                       control_model: str = "", control_weight: float = 1.0, control_start: float = 0.0,
-                       control_end: float = 1.0, control_module: str = "none", model: str | None = None,
-                       request: gr.Request = None, progress=gr.Progress()):
-        # Named parameters: gradio_client callers use these keywords (the /generate contract);
-        # only optional inputs are ever added, at the end. ``request`` and ``progress`` are Gradio's.
-        # An async generator, so the previews stream to the gallery and a cancel (the page's Stop,
-        # gradio_client's job.cancel()) is Gradio cancelling this task at an await: follow() stops the job.
-        switch = refiner_switch(refiner_switch_at)
-        fields = {**({} if switch is None else {"refiner_switch_at": switch}), **model_field(model)}
-        fields.update(control_of(control_image, control_model, control_weight, control_start, control_end,
-                                 control_module))
-        asked = _page_request(left_out(dict(prompt=prompt, negative_prompt=negative_prompt, seed=seed,
-                                            guidance_scale=guidance_scale, num_inference_steps=num_inference_steps,
-                                            width=width, height=height, style=style, sampler=sampler),
-                                       config, model, request), request, fields)
-        async for out in follow(requests, asked, request, progress, pending, finished, client_gone(demo)):
+    signature = signature_of(generate_inputs(config), *GRADIO_PARAMETERS)
+
+    async def generate(*args, **kwargs):
+        # The parameters are /generate's inputs (apis/tools.generate_inputs, :func:`with_signature`): gradio_client
+        # callers use these keywords (the /generate contract); only optional inputs are ever added, at the end.
+        # ``request`` and ``progress`` are Gradio's. An async generator, so the previews stream to the gallery and
+        # a cancel (the page's Stop, gradio_client's job.cancel()) is Gradio cancelling this task at an await:
+        # follow() stops the job.
+        values = bound(signature, args, kwargs)
+        request, progress = values.pop("request"), values.pop("progress")
+        try:
+            fields = request_values(left_out(values, config, values["model"], request))
+        except ApiError as err:
+            LOG.info(f"[app] request refused: {err.message}")
+            raise gr.Error(err.message, print_exception=False) from None
+        async for out in follow(requests, _page_request(fields, request), request, progress, pending, finished,
+                                client_gone(demo)):
             yield out
 
     generate.__doc__ = generate_doc()  # the MCP tool's description too (apis/tools.py)
-    return generate
+    return with_signature(generate, signature)
 
 
-def control_of(image, model: str, weight: float, start: float, end: float, module: str) -> dict:
-    """The engine's ``control_units`` for /generate's (and the page's ControlNet section's) control inputs
-    (tools.control_fields: {} without an image). A refused input is one log line and a gr.Error."""
-    try:
-        return control_fields(image, model, weight, start, end, module)
-    except ApiError as err:
-        LOG.info(f"[app] request refused: {err.message}")
-        raise gr.Error(err.message, print_exception=False) from None
+# Gradio's own parameters after an endpoint's inputs: the caller's request (by its annotation) and the progress
+# tracker (by its default), which Gradio passes in their places.
+GRADIO_PARAMETERS = (inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,
+                                       annotation=gr.Request),
+                     inspect.Parameter("progress", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=gr.Progress()))
+
+
+def with_signature(fn: Callable, signature: inspect.Signature) -> Callable:
+    """``fn`` (which takes ``*args, **kwargs`` and reads them with :func:`bound`) made to show ``signature``: the
+    parameters Gradio reads (inspect.signature: the API's input names and defaults, gr.Progress's place) and their
+    annotations (typing.get_type_hints: gr.Request's place)."""
+    fn.__signature__ = signature
+    fn.__annotations__ = {p.name: p.annotation for p in signature.parameters.values()
+                          if p.annotation is not inspect.Parameter.empty}
+    return fn
+
+
+def bound(signature: inspect.Signature, args: tuple, kwargs: dict) -> dict:
+    """{parameter name: value} of one call (``args``, ``kwargs``: by position as Gradio calls, or by keyword) of a
+    function showing ``signature``, the defaults filled in. Raises TypeError as Python does for a call that does
+    not fit (a missing prompt, an unknown keyword)."""
+    call = signature.bind(*args, **kwargs)
+    call.apply_defaults()
+    return dict(call.arguments)
 
 
 GRADIO_CLIENT = ("x-gradio-user", "api")  # the header gradio_client sends with every call (Client.submit)

@@ -58,6 +58,7 @@ def make_record(user: dict, info: dict, images: np.ndarray) -> dict:
         "seeds": info["seeds"], "guidance_scale": info["guidance_scale"], "sampler": info.get("sampler", "Euler"),
         "num_inference_steps": info["num_inference_steps"], "width": info["width"], "height": info["height"],
         "model": info["model"], "latency_s": info["latency_s"], "refiner_switch_at": info.get("refiner_switch_at"),
+        "schedule_type": info.get("schedule_type"),
         "thumbs": [thumbnail_url(image) for image in images],
         # made from a picture (image to image, inpainting, upscale): its size is the picture's, not one to restore
         **({"from_image": True} if "strength" in info or "hires" in info else {}),

@@ -15,10 +15,11 @@ import gradio as gr
 from sdxl_engine.checkpoint.loading import model_loras
 from sdxl_engine.checkpoint.lora import available_names
 from sdxl_engine.checkpoint.weights import ModelLoadError
-from sdxl_engine.config import SAMPLERS, ConfigError, EngineConfig
+from sdxl_engine.config import ConfigError, EngineConfig
 from sdxl_engine.engine.contract import EngineContract, clock
 from sdxl_engine.engine.errors import InvalidRequest
 from sdxl_engine.engine.validation import MAX_GUIDANCE
+from sdxl_engine.program.schedulers import DEFAULT_SCHEDULE_TYPE, SCHEDULE_TYPES
 from sdxl_engine.service import models
 from sdxl_engine.service.styles import FAST_LORA, NO_STYLE, STYLE_NAMES, get_style, without_fast_tag
 from sdxl_engine.serving.apis.a1111 import generation_parameters, refiner_name, sampler_of
@@ -87,8 +88,9 @@ def stopped_view(last: dict | None, heard: str) -> tuple:
 
 
 PNG_FIELDS = {"prompt": "prompt", "negative_prompt": "negative prompt", "style": "style", "seed": "seed",
-              "guidance_scale": "CFG", "num_inference_steps": "steps", "sampler": "sampler", "resolution": "size",
-              "refiner_switch_at": "refiner switch", "model": "model"}
+              "guidance_scale": "CFG", "num_inference_steps": "steps", "sampler": "sampler",
+              "schedule_type": "schedule type", "resolution": "size", "refiner_switch_at": "refiner switch",
+              "model": "model"}  # the page's widgets a PNG (and a past image: page_history) restores, in this order
 REFINER_MIN, REFINER_OFF = 0.05, 1.0  # the refiner slider's range (page_image.refiner_slider); 1: base model only
 MAX_PARAMETERS_CHARS = 60_000  # a parameters text is a few kB; PNG_SETTINGS_JS sends at most this
 
@@ -162,14 +164,11 @@ def png_settings(text: str, sizes: list[str], max_steps: int, max_seed: int,
             values[name] = value
         else:
             left.append(f"{key} {fields[key][:20]!r} (this page takes {low:g} to {high:g})")
-    if "Sampler" in fields:
+    if "Sampler" in fields:  # A1111's pair (sampler_of: "DPM++ 2M" + "Karras"; none = Automatic, as it was made)
         try:
             sampler, schedule_type = sampler_of(fields["Sampler"], fields.get("Schedule type"))
-            if schedule_type == "karras" and f"{sampler} Karras" in SAMPLERS:  # the page names the pair so
-                sampler = f"{sampler} Karras"
-            elif schedule_type is not None:
-                left.append(f"schedule type {fields['Schedule type'][:20]!r} (this page runs each sampler's own)")
             values["sampler"] = sampler or values.get("sampler")
+            values["schedule_type"] = SCHEDULE_TYPES[schedule_type or DEFAULT_SCHEDULE_TYPE]  # the dropdown's label
         except ApiError:
             left.append(f"sampler {(fields['Sampler'] + ' ' + fields.get('Schedule type', '')).strip()[:40]!r} "
                         f"(not one of this server's)")
@@ -342,6 +341,16 @@ def outpaint_default(engine: EngineContract | None) -> int:
     choices, value = size_choices(engine)
     width = int(value.split("x")[0])
     return max(8, width // 64 * 8) if width else 16
+
+
+def event_inputs(inputs: tuple, widgets: dict) -> list:
+    """The page's components for an endpoint's ``inputs`` (apis/tools.Input, in the endpoint's order: e.g.
+    tools.generate_inputs), each taken by its input's name from ``widgets`` ({name: component}), so the event's
+    input list follows the one list of inputs. Raises KeyError naming an input the page has no widget for."""
+    missing = [item.name for item in inputs if item.name not in widgets]
+    if missing:
+        raise KeyError(f"no page widget for the inputs {', '.join(missing)}")
+    return [widgets[item.name] for item in inputs]
 
 
 def page_event(fn: Callable) -> Callable:

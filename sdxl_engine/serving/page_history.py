@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import gradio as gr
 
+from sdxl_engine.program.schedulers import DEFAULT_SCHEDULE_TYPE, SCHEDULE_TYPES
 from sdxl_engine.serving import history
 from sdxl_engine.serving.page import page_event
 from sdxl_engine.serving.page_assets import CLEAR_HISTORY_JS, HISTORY_JS
@@ -20,7 +21,8 @@ def wire_history(events: tuple, past: gr.BrowserState, pending: history.Pending,
     """After each of ``events`` succeeds: its gallery and details into ``last_result`` (``finished``: the page
     shows them again after a Stop), its record from ``pending`` first into ``past``, the history redrawn in the
     browser (HISTORY_JS: thumbnails drawn there, no file written). A click on a past image sets ``settings``
-    (prompt, negative prompt, style, seed, guidance, steps, sampler, resolution, refiner switch, model) to that
+    (page.PNG_FIELDS' widgets: prompt, negative prompt, style, seed, guidance, steps, sampler, schedule type (its
+    A1111 label; Automatic for a record made before schedule types), resolution, refiner switch, model) to that
     image's: its model when ``offered()`` (the names the Model dropdown offers) has it, else the model stays and
     the note says so. Clear empties the history. All private events. Returns the click's event (the page follows
     the model with its other widgets)."""
@@ -46,8 +48,9 @@ def wire_history(events: tuple, past: gr.BrowserState, pending: history.Pending,
         if names and rec["model"] not in names:
             note += f" Its model, {rec['model']}, is not on this server now: the chosen model makes it."
         return (rec["prompt"], rec["negative_prompt"], rec["style"], seed_value, rec["guidance_scale"],
-                rec["num_inference_steps"], rec.get("sampler", "Euler"), gr.update() if size is None else size,
-                rec.get("refiner_switch_at") or REFINER_OFF,
+                rec["num_inference_steps"], rec.get("sampler", "Euler"),
+                SCHEDULE_TYPES.get(rec.get("schedule_type"), SCHEDULE_TYPES[DEFAULT_SCHEDULE_TYPE]),
+                gr.update() if size is None else size, rec.get("refiner_switch_at") or REFINER_OFF,
                 rec["model"] if rec["model"] in names else gr.update(), note)
 
     restored = history_gallery.select(restore, past, [*settings, history_note], api_visibility="private",

@@ -198,9 +198,15 @@ class ControlSection:
     example_values: tuple | None = None  # (base64 PNG, picture, module, ControlNet name, prompt) of that example
 
     @property
+    def named(self) -> dict:
+        """/generate's control inputs by their names (apis/tools.CONTROL_NAMES): {name: component}."""
+        return {"control_image": self.image, "control_model": self.model, "control_weight": self.weight,
+                "control_start": self.start, "control_end": self.end, "control_module": self.module}
+
+    @property
     def inputs(self) -> list:
         """/generate's control inputs, in apis/tools.CONTROL_INPUTS' order."""
-        return [self.image, self.model, self.weight, self.start, self.end, self.module]
+        return list(self.named.values())
 
 
 def controlnet_names(config: EngineConfig) -> list[str]:

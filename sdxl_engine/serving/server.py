@@ -168,8 +168,10 @@ def serve(demo, engine, options: dict, gate: RequestGate, drain_s: float = 60.0,
     # Read by uvicorn when launch makes its server: who may name the client in X-Forwarded-For.
     os.environ[FORWARDED_ALLOW_IPS] = forwarded_allow_ips(engine.config.trusted_proxies, bool(options.get("share")))
     def set_up(app) -> list:
+        from sdxl_engine.serving.apis.tools import optional_inputs  # here: this module stays light (main.prepare)
+
         contexts = (on_launch(app) if on_launch is not None else None) or []
-        install_guard(app, gate, demo)
+        install_guard(app, gate, demo, optional_inputs())
         return contexts
 
     try:  # quiet: Gradio's own lines would advise "set share=True" even after --share was refused

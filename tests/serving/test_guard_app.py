@@ -256,9 +256,10 @@ def test_the_model_is_an_optional_last_input_named_in_a_raw_call(app_server):
     info = httpx.get(app_server.url + "gradio_api/info", timeout=30).json()
     params = info["named_endpoints"]["/generate"]["parameters"]
     names = [p["parameter_name"] for p in params]
-    assert names[0] == "prompt" and names[-1] == "model" and params[-1]["parameter_has_default"], names
+    assert names[0] == "prompt" and names[-2:] == ["model", "schedule_type"], names  # schedule_type: added later
+    assert params[-2]["parameter_has_default"] and params[-1]["parameter_default"] == "Automatic"
     nine = ["a red circle", "", 1, 7.0, 2, 0, 0, "(No style)", "Euler"]
-    defaults = [p["parameter_default"] for p in params[9:-1]]
+    defaults = [p["parameter_default"] for p in params[9:-2]]
 
     def answer(data: list) -> str:
         event = httpx.post(app_server.url + "gradio_api/call/generate", json={"data": data}, timeout=30).json()
@@ -271,6 +272,9 @@ def test_the_model_is_an_optional_last_input_named_in_a_raw_call(app_server):
     assert "refiner_switch_at: no refiner is loaded" in text, text[:300]
     assert '"model": "tiny-shapes"' in answer(nine)
     assert '"model": "tiny-shapes"' in answer([*nine, *defaults, "tiny-shapes"])
+    # The input added after the model (issue #62): an unknown schedule type is refused naming it.
+    text = answer([*nine, *defaults, "tiny-shapes", "Sideways"])
+    assert "event: error" in text and "schedule_type: unknown schedule type 'Sideways'" in text, text[:300]
 
 
 def test_server_listens_on_loopback_only(app_server):

@@ -16,12 +16,12 @@ def test_page_builder_with_fake_engine():
     assert names[:7] == ["prompt", "negative_prompt", "seed", "guidance_scale", "num_inference_steps", "width",
                          "height"]
     assert names[7:] == ["style", "sampler", "refiner_switch_at", "control_image", "control_model", "control_weight",
-                         "control_start", "control_end", "control_module", "model"]
+                         "control_start", "control_end", "control_module", "model", "schedule_type"]
     assert api["parameters"][7]["parameter_has_default"]
-    assert [p["parameter_has_default"] for p in api["parameters"]] == [False] + [True] * 16
+    assert [p["parameter_has_default"] for p in api["parameters"]] == [False] + [True] * 17
     assert api["parameters"][9]["parameter_default"] == 1  # no refiner loaded: "1 = no refiner"
     assert api["parameters"][8]["python_type"]["type"] == ("Literal['Euler', 'Euler a', 'DPM++ 2M', "
-                                                           "'DPM++ 2M Karras', 'DDIM', 'LCM']")
+                                                           "'DPM++ 2M Karras', 'DPM++ 2M SDE', 'DDIM', 'LCM']")
     assert len(api["returns"]) == 2  # the gallery and the JSON info (the history record never leaves the server)
     # What view_api shows: whole numbers as int (a slider reports float unless told otherwise).
     assert [p["python_type"]["type"] for p in api["parameters"][:7]] == ["str", "str", "int", "float", "int", "int",
@@ -153,18 +153,21 @@ def test_png_settings_restores_this_servers_and_a1111s_parameters():
     text = a1111_parameters(styled, negative, 12, 4.5, 77, 64, 64, "tiny-shapes", {"Style": "Cinematic"}, "DDIM")
     values, note = app.png_settings(text, ["64x64", "80x48"], 50, 2**32 - 1)
     assert values == {"prompt": "a green square, big", "negative_prompt": "blurry", "style": "Cinematic", "seed": 77,
-                      "guidance_scale": 4.5, "num_inference_steps": 12, "sampler": "DDIM", "resolution": "64x64"}
-    assert note == ("Restored from the PNG: prompt, negative prompt, style, seed, CFG, steps, sampler, size; "
-                    "press **Generate** to make it again.")
+                      "guidance_scale": 4.5, "num_inference_steps": 12, "sampler": "DDIM", "schedule_type": "Automatic",
+                      "resolution": "64x64"}
+    assert note == ("Restored from the PNG: prompt, negative prompt, style, seed, CFG, steps, sampler, schedule type, "
+                    "size; press **Generate** to make it again.")
     a1111 = ("masterpiece, a cat <lora:ink:0.5>\nwearing a hat\nNegative prompt: lowres, \"bad\"\n"
              "Steps: 70, Sampler: DPM++ 2M, Schedule type: Karras, CFG scale: 7, Seed: 1234, Size: 1024x1024, "
              "Model hash: 31e35c80fc, Model: sd_xl_base_1.0, Style: \"My, style\", Version: v1.10.1")
     values, note = app.png_settings(a1111, ["64x64"], 50, 2**32 - 1)
     assert values == {"prompt": "masterpiece, a cat <lora:ink:0.5>\nwearing a hat", "negative_prompt": 'lowres, "bad"',
-                      "style": "(No style)", "seed": 1234, "guidance_scale": 7.0, "sampler": "DPM++ 2M Karras"}
-    assert note == ("Restored from the PNG: prompt, negative prompt, style, seed, CFG, sampler; press **Generate** to "
-                    "make it again. Not restored: style 'My, style' (not one of this page's: its words stay in the "
-                    "prompt); Steps '70' (this page takes 1 to 50); size 1024x1024 (not one of this model's sizes).")
+                      "style": "(No style)", "seed": 1234, "guidance_scale": 7.0, "sampler": "DPM++ 2M",
+                      "schedule_type": "Karras"}
+    assert note == ("Restored from the PNG: prompt, negative prompt, style, seed, CFG, sampler, schedule type; press "
+                    "**Generate** to make it again. Not restored: style 'My, style' (not one of this page's: its words "
+                    "stay in the prompt); Steps '70' (this page takes 1 to 50); size 1024x1024 (not one of this "
+                    "model's sizes).")
     values, note = app.png_settings("a cat\nSteps: 4, Seed: 5", [], 50, 99)
     assert values == {"prompt": "a cat\nSteps: 4, Seed: 5", "negative_prompt": "",
                       "style": "(No style)"}  # fewer than 3 fields: A1111 reads the line as prompt
@@ -336,3 +339,56 @@ def test_gradio_client_naming_a_model_gets_its_own_settings_for_those_it_leaves_
     asyncio.run(image_tool(prompt="p", image=picture, model="b", request=SimpleNamespace(
         session_hash="s", client=None, headers=client), **page_defaults))
     assert (got[-1].sampler, got[-1].num_inference_steps, got[-1].guidance_scale) == (None, None, None)
+
+
+def test_the_schedule_type_dropdown_is_generates_input_and_its_value_reaches_the_request(monkeypatch):
+    """Issue #62: the page's "Schedule type" dropdown (A1111's labels, Automatic) is the /generate event's input in
+    schedule_type's place (apis/tools.generate_inputs: every input's widget by name); the label it sends reaches the
+    service's request; a PNG's ``Schedule type: Karras`` and a past image's record go back into it."""
+    import asyncio
+    from types import SimpleNamespace
+
+    import app
+    from sdxl_engine.config import EngineConfig
+    from sdxl_engine.service.images import a1111_parameters
+    from sdxl_engine.service.service import Service
+    from sdxl_engine.serving import handler
+    from sdxl_engine.serving.apis.tools import generate_inputs
+    from tests.helpers import StepEngine
+
+    config = EngineConfig.load(environ={})
+    demo = app.build_demo(Service(StepEngine()), config)
+    (generate,) = [f for f in demo.fns.values() if f.api_name == "generate"]
+    names = [item.name for item in generate_inputs(config)]
+    dropdown = generate.inputs[names.index("schedule_type")]
+    assert (dropdown.elem_id, dropdown.label, dropdown.value) == ("schedule-type", "Schedule type", "Automatic")
+    assert [label for label, _ in dropdown.choices] == ["Automatic", "Uniform", "Karras", "Exponential",
+                                                        "SGM Uniform", "Simple", "Beta"]
+    assert [c.elem_id for c in generate.inputs[:9]] == ["prompt", "negative", "seed", None, "steps", None, None,
+                                                         "style", "sampler"]
+    got = []
+
+    async def follow(requests, asked, *args, **kwargs):  # what the event submits to the service
+        got.append(asked.engine)
+        yield [], {"seeds": [7]}
+
+    monkeypatch.setattr(handler, "follow", follow)
+    values = [c.value for c in generate.inputs]
+    values[names.index("schedule_type")] = "Karras"
+    request = SimpleNamespace(session_hash="s", client=None, headers={})
+
+    async def run(sent):
+        return [out async for out in generate.fn(*sent, request=request, progress=lambda *a, **k: None)]
+
+    asyncio.run(run(["a red circle", *values[1:]]))
+    assert got[-1].schedule_type == "Karras" and got[-1].sampler == config.sampler
+    text = a1111_parameters("a cat", "", 12, 4.5, 77, 64, 64, "tiny-shapes", {"Schedule type": "Karras"}, "Euler")
+    values, note = app.png_settings(text, ["64x64"], 50, 99)
+    assert (values["sampler"], values["schedule_type"]) == ("Euler", "Karras") and "sampler, schedule type" in note
+    (restore,) = [f.fn for f in demo.fns.values() if getattr(f.fn, "__name__", "") == "restore"]
+    record = {"time": "t", "prompt": "a cat", "negative_prompt": "", "style": "(No style)", "seeds": [5],
+              "guidance_scale": 4.5, "num_inference_steps": 12, "sampler": "Euler", "width": 64, "height": 64,
+              "model": "step-model", "schedule_type": "sgm_uniform"}
+    restored = restore([record], SimpleNamespace(index=0))
+    assert restored[6:8] == ("Euler", "SGM Uniform")
+    assert restore([{**record, "schedule_type": None}], SimpleNamespace(index=0))[7] == "Automatic"  # an old record

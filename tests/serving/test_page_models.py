@@ -126,8 +126,8 @@ def test_a_png_restores_its_model_when_the_page_offers_it():
     text = a1111_parameters("a red circle", "", 20, 5.0, 7, 96, 64, "b", {}, "Euler")
     values, note = png_settings(text, ["96x64"], 50, 2**32 - 1, models=["a", "b"])
     assert values["model"] == "b" and values["resolution"] == "96x64"
-    assert note == ("Restored from the PNG: prompt, negative prompt, style, seed, CFG, steps, sampler, size, model; "
-                    "press **Generate** to make it again.")
+    assert note == ("Restored from the PNG: prompt, negative prompt, style, seed, CFG, steps, sampler, schedule type, "
+                    "size, model; press **Generate** to make it again.")
     values, note = png_settings(text, ["96x64"], 50, 2**32 - 1, models=["a", "c"])
     assert "model" not in values and note.endswith("Not restored: model 'b' (not on this server).")
     values, _ = png_settings(text, ["96x64"], 50, 2**32 - 1)

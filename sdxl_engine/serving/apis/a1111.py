@@ -300,7 +300,8 @@ def sampler_of(sampler_name: str | None, scheduler: str | None,
     ``scheduler`` is a name, label or alias of A1111's modules/sd_schedulers.py that this engine has
     (schedulers.SCHEDULE_TYPES); None, "", "N/A", "Automatic" and any name that is no A1111 scheduler at all are
     automatic, as A1111 reads them; one of A1111's that this server lacks is refused. A sampler name ending in a
-    schedule type's label that is no sampler here ("Euler a Karras") is split as A1111's get_sampler_and_scheduler splits it.
+    schedule type's label that is no sampler here ("Euler a Karras") is split as A1111's get_sampler_and_scheduler
+    splits it.
     Names are case-insensitive. Raises ApiError 422 naming ``sampler_name`` for an unknown sampler, ``field`` for an
     unknown scheduler (the valid names listed).
     """

@@ -153,16 +153,13 @@ class McpServer:
         values = {item.name: arguments.get(item.name, None if item.name in MODEL_DEFAULT_FIELDS else item.default)
                   for item in inputs}
         try:
+            if name == tools.GENERATE:  # as the page's /generate reads its inputs (a control image decoded)
+                return to_request(**await asyncio.to_thread(tools.request_values, values), client=client)
             control = {n: values.pop(n) for n in tools.CONTROL_NAMES}
             if control["control_image"]:
                 control = await asyncio.to_thread(tools.control_fields, **control)  # the image decoded
             else:
                 control = {}
-            if name == tools.GENERATE:
-                switch = tools.refiner_switch(values.pop("refiner_switch_at"))
-                model = tools.model_field(values.pop("model"))
-                return to_request(**values, client=client, **control, **model,
-                                  **({} if switch is None else {"refiner_switch_at": switch}))
             engine = self.requests.engine
             await wait_started(engine)  # the picture is resized to the model's default size
             if engine.error is not None:

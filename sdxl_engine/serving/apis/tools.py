@@ -11,14 +11,16 @@ ever fetched and nothing the client sends becomes a file.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 
 import numpy as np
 from PIL import Image
 
+from sdxl_engine.config import EngineConfig
 from sdxl_engine.engine.control import ControlUnit
 from sdxl_engine.engine.control_preprocess import MODULES
 from sdxl_engine.engine.validation import DEFAULT_STRENGTH
-from sdxl_engine.program.schedulers import SAMPLERS
+from sdxl_engine.program.schedulers import DEFAULT_SCHEDULE_TYPE, SAMPLERS, SCHEDULE_TYPES
 from sdxl_engine.service.image_prep import PasteBack, binary_mask, flatten, overlay, same_aspect
 from sdxl_engine.service.styles import NO_STYLE, STYLE_NAMES
 from sdxl_engine.serving.apis.errors import ApiError
@@ -59,8 +61,11 @@ before the refiner takes over, 0 to below 1 (0 = the refiner alone); 1 = no refi
 (0.8 with a refiner)
 {control}
     model: {models}
+    schedule_type: the spacing of the sampler's noise levels (A1111's "Schedule type"), one of {schedule_types}; \
+automatic = the sampler's own; DDIM and LCM take automatic only. A1111's labels ({labels}) are taken too
 Returns:
-    the images (PNG, with their generation parameters) and a JSON record: seeds, size, steps, sampler, timings, model
+    the images (PNG, with their generation parameters) and a JSON record: seeds, size, steps, sampler, \
+schedule_type, timings, model
 """
 
 IMAGE_DOC = """Change a picture with SDXL: image to image (restyle the whole picture to the prompt) or, with a mask, \
@@ -113,14 +118,56 @@ CONTROL_NAMES = tuple(i.name for i in CONTROL_INPUTS)
 
 
 def generate_inputs(config) -> tuple[Input, ...]:
-    """The ``generate`` tool's inputs, in order (``/generate``'s contract: its nine, then the refiner switch), its
-    defaults the page's (``config``: handler.page_defaults' resolved EngineConfig)."""
+    """``/generate``'s inputs, in order: the one list that the MCP ``generate`` tool's schema, the page event's
+    Python signature (handler.api_function, :func:`signature_of`), the page's widget list (page.event_inputs) and
+    the guard's optional inputs (:func:`optional_inputs`) are built from. Its first :data:`FIRST_RELEASE` are the
+    first release's; an input added later goes at the end (old clients send fewer values: the guard fills in the
+    rest). Each name is a GenerateRequest field or one :func:`request_values` maps; its defaults are the page's
+    (``config``: handler.page_defaults' resolved EngineConfig)."""
     return (Input("prompt", str), Input("negative_prompt", str, ""), Input("seed", int, -1),
             Input("guidance_scale", float, config.guidance_scale),
             Input("num_inference_steps", int, config.num_inference_steps), Input("width", int, 0),
             Input("height", int, 0), Input("style", str, NO_STYLE, tuple(STYLE_NAMES)),
             Input("sampler", str, config.sampler, tuple(SAMPLERS)),
-            Input("refiner_switch_at", float, 0.8 if config.refiner else 1.0), *CONTROL_INPUTS, Input("model", str, ""))
+            Input("refiner_switch_at", float, 0.8 if config.refiner else 1.0), *CONTROL_INPUTS, Input("model", str, ""),
+            Input("schedule_type", str, DEFAULT_SCHEDULE_TYPE, tuple(SCHEDULE_TYPES)))
+
+
+FIRST_RELEASE = 9  # /generate's first release took its first nine inputs: a raw call must send at least those
+
+
+def optional_inputs() -> dict[str, tuple[str, ...]]:
+    """{endpoint: the names of its inputs added after its first release, in order} (:data:`FIRST_RELEASE`): a raw
+    call may leave them out and gets their defaults (guard.completed)."""
+    return {GENERATE: tuple(item.name for item in generate_inputs(EngineConfig())[FIRST_RELEASE:])}
+
+
+def signature_of(inputs: tuple[Input, ...], *trailing: inspect.Parameter) -> inspect.Signature:
+    """The Python signature of an endpoint function taking ``inputs`` (positional or by keyword, in order, with
+    their defaults; :data:`REQUIRED`: none; an empty text as None), then ``trailing`` (Gradio's ``request`` and
+    ``progress``): what Gradio reads to name the API's inputs and to pass its own objects. The None: Gradio's API
+    description makes an input whose widget has no value (the page's negative prompt) optional only when its
+    function's default is None."""
+    def default(value):
+        return inspect.Parameter.empty if value is REQUIRED else None if value == "" else value
+
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    return inspect.Signature([*(inspect.Parameter(item.name, kind, annotation=item.kind, default=default(item.default))
+                                for item in inputs), *trailing])
+
+
+def request_values(values: dict) -> dict:
+    """``to_request``'s keywords (service.request.to_request) for one ``/generate`` call's ``values`` (by
+    :func:`generate_inputs`' names): the refiner switch as :func:`refiner_switch` reads it (left out for "no
+    refiner"), the model as :func:`model_field`, the control inputs as one ControlUnit (:func:`control_fields`)
+    and every other input under its own name (a GenerateRequest field: a new one needs no line here).
+
+    Raises ApiError 400 naming the control input it cannot use."""
+    values = dict(values)
+    control = control_fields(*(values.pop(name) for name in CONTROL_NAMES))
+    switch = refiner_switch(values.pop("refiner_switch_at", None))
+    model = model_field(values.pop("model", None))
+    return {**values, **control, **model, **({} if switch is None else {"refiner_switch_at": switch})}
 
 
 def image_inputs(config) -> tuple[Input, ...]:
@@ -137,7 +184,8 @@ def generate_doc(models: list[str] = ()) -> str:
     """:data:`GENERATE_DOC` with the style, sampler, preprocessor and model names filled in (``models``: the
     server's, the default first: service/models.names; () before they are known)."""
     return GENERATE_DOC.format(styles=", ".join(STYLE_NAMES), samplers=", ".join(SAMPLERS),
-                               control=CONTROL_DOC.format(modules=", ".join(MODULES)), models=model_doc(models))
+                               control=CONTROL_DOC.format(modules=", ".join(MODULES)), models=model_doc(models),
+                               schedule_types=", ".join(SCHEDULE_TYPES), labels=", ".join(SCHEDULE_TYPES.values()))
 
 
 def image_doc(models: list[str] = ()) -> str:

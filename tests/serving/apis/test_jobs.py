@@ -143,6 +143,8 @@ def test_a_dropped_result_is_gone_410(engine):
     ({"prompt": "x", "soft_mask": "yes"}, 400, "soft_mask", "soft_mask: expected true or false"),
     ({"negative_prompt": "x"}, 400, "prompt", "prompt: required"),
     ({"prompt": "x", "style": "Baroque"}, 400, "style", "style: unknown style 'Baroque'"),
+    ({"prompt": "x", "schedule_type": "sideways"}, 400, "schedule_type", "schedule_type: unknown schedule type "
+                                                                      "'sideways'; choose one of automatic, uniform"),
     ({"prompt": "x", "width": 56, "height": 32}, 400, "width/height", "width/height: "),
     ({"prompt": "x", "images": 9}, 400, "images", "images: this server makes 1 to 8 images"),
     ({"prompt": "x", "image": "not base64!"}, 400, "image", "image: "),
@@ -230,3 +232,13 @@ def test_control_units_are_objects_of_control_unit_fields_with_a_base64_image():
         with pytest.raises(jobs.ApiError) as err:
             jobs.to_job_request({"prompt": "x", "control_units": units}, "me")
         assert err.value.status == 400 and err.value.param == param and err.value.message.startswith(param)
+
+
+def test_the_schedule_type_is_taken_by_its_name(engine):
+    """Issue #62: the jobs API takes the engine's fields by name, ``schedule_type`` (its names or A1111's labels)
+    too: the engine runs the request with it."""
+    client, _ = jobs_app(engine)
+    assert client.post("/v1/jobs", json={"prompt": "x", "num_inference_steps": 2, "schedule_type": "SGM Uniform"}
+                       ).status_code == 202
+    wait_until(lambda: engine.calls, "the job never ran")
+    assert engine.calls[0].schedule_type == "sgm_uniform"

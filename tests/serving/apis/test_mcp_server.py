@@ -97,7 +97,7 @@ def test_the_tools_are_the_endpoints_inputs_in_order_described_with_the_pages_de
     generate, image = (tool.inputSchema for tool in listed)
     assert list(generate["properties"]) == ["prompt", "negative_prompt", "seed", "guidance_scale",
                                             "num_inference_steps", "width", "height", "style", "sampler",
-                                            "refiner_switch_at", *tools.CONTROL_NAMES, "model"]
+                                            "refiner_switch_at", *tools.CONTROL_NAMES, "model", "schedule_type"]
     assert tools.CONTROL_NAMES == ("control_image", "control_model", "control_weight", "control_start",
                                    "control_end", "control_module")
     assert list(image["properties"])[-7:] == [*tools.CONTROL_NAMES, "model"]
@@ -279,3 +279,27 @@ def test_a_tool_call_with_a_control_image_asks_for_one_control_unit(engine):
     assert with_image.engine.control_units[0].model == "cn-a" and with_image.engine.image is not None
     with pytest.raises(Exception, match="control_model: name the ControlNet"):
         asyncio.run(mcp.request_for("generate", {"prompt": "x", "control_image": control}, "me"))
+
+
+def test_the_generate_tools_schedule_type_reaches_the_engine_and_an_unknown_one_is_refused_naming_it(served, engine):
+    """Issue #62: ``schedule_type`` is an input of the generate tool (an enum of the engine's names, described with
+    A1111's labels); its value reaches the engine's request as sent, left out it is automatic; a name outside the
+    enum is a tool error naming the argument and queues nothing."""
+    listed = asyncio.run(in_session(served.url, lambda session: session.list_tools())).tools
+    schema = listed[0].inputSchema["properties"]["schedule_type"]
+    assert schema["enum"] == ["automatic", "uniform", "karras", "exponential", "sgm_uniform", "simple", "beta"]
+    assert schema["default"] == "automatic" and "SGM Uniform" in schema["description"]
+    refused = asyncio.run(in_session(served.url, lambda session: session.call_tool(
+        "generate", {"prompt": "x", "schedule_type": "sideways"})))
+    assert refused.isError and refused.content[0].text.startswith("schedule_type: 'sideways' is not one of")
+    assert served.service.jobs(None) == []
+    released(engine, 2)
+
+    async def calls(session):
+        return [await session.call_tool("generate", {"prompt": "x", "num_inference_steps": 1, **extra})
+                for extra in ({"schedule_type": "karras"}, {})]
+
+    answers = asyncio.run(in_session(served.url, calls))
+    assert not any(answer.isError for answer in answers), answers
+    sent = sorted((job.request.engine.schedule_type for job in served.service.jobs(None)), key=str)
+    assert sent == ["automatic", "karras"]
