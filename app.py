@@ -260,15 +260,17 @@ def build_demo(requests: Service, config: EngineConfig, engine: EngineContract |
                     queue=False)
         # These two need nothing from the server: done in the browser, so there is no handler to call.
         randomize.click(None, None, seed, js="() => -1", api_visibility="private")
-        blog_default.click(page_event(lambda: BLOG_DEFAULT), None, [sampler, num_inference_steps],
-                           api_visibility="private", queue=False)
+        # Both presets run their sampler's own schedule (LCM takes no other: a leftover Karras was refused).
+        blog_default.click(page_event(lambda: (*BLOG_DEFAULT, "Automatic")), None,
+                           [sampler, num_inference_steps, schedule_type], api_visibility="private", queue=False)
         # Leaving the fast preset: its tag goes and the guidance comes back (the blog button's first event
         # above still sets just the sampler and steps).
         blog_default.click(page_event(lambda text: (without_fast_tag(text), config.guidance_scale)
                                       if has_fast_tag(text) else (gr.update(), gr.update())),
                            prompt, [prompt, guidance_scale], api_visibility="private", queue=False)
-        fast.click(page_event(lambda text: (*FAST_PRESET, with_fast_tag(text))), prompt,
-                   [sampler, num_inference_steps, guidance_scale, prompt], api_visibility="private", queue=False)
+        fast.click(page_event(lambda text: (*FAST_PRESET, with_fast_tag(text), "Automatic")), prompt,
+                   [sampler, num_inference_steps, guidance_scale, prompt, schedule_type], api_visibility="private",
+                   queue=False)
         resolution.change(None, resolution, [width, height], js=PARSE_SIZE_JS, api_visibility="private")
 
         @page_event

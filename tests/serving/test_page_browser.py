@@ -233,10 +233,14 @@ def test_fast_preset_is_one_click_and_model_default_takes_it_back(offline):
     page = offline.open()
     page.wait_for_function("document.querySelector('#engine-status')?.innerText.includes('Ready on')")
     page.fill("#prompt textarea", "a large red star on the left")
+    page.get_by_text("Advanced settings").click()
+    page.click("#schedule-type input")  # a schedule type LCM does not take: the preset puts Automatic back
+    page.locator("[role=option]", has_text="Karras").first.click()
+    assert page.locator("#schedule-type input").input_value() == "Karras"
     page.click("#fast-preset")
     page.wait_for_function("document.querySelector('#prompt textarea')?.value.endsWith('<lora:lcm:1>')")
     assert page.input_value("#prompt textarea") == "a large red star on the left <lora:lcm:1>"
-    page.get_by_text("Advanced settings").click()
+    assert page.locator("#schedule-type input").input_value() == "Automatic"
     assert page.locator("#sampler input").input_value() == "LCM"
     assert page.locator("#steps input[type='number']").input_value() == "4"
     page.click("#generate")
