@@ -738,7 +738,7 @@ def test_a_png_this_server_made_restores_its_settings_read_in_the_browser(offlin
     assert page.locator("#sampler input").input_value() == DEFAULTS["sampler"]
     assert "64 × 64" in page.locator("#resolution input").input_value()
     assert page.inner_text("#png-note").startswith("Restored from the PNG: prompt, negative prompt, style, seed, CFG, "
-                                                   "steps, sampler, size")
+                                                   "steps, sampler, schedule type, size")
     with Image.open(made) as image:
         parameters = image.text["parameters"]
     # What went to the server: the parameters text (JSON-escaped), no PNG (base64 starts "iVBORw0KGgo"), no upload.
