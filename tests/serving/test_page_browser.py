@@ -762,7 +762,9 @@ def test_a_png_this_server_made_restores_its_settings_read_in_the_browser(offlin
     page.wait_for_function("document.querySelector('#prompt textarea')?.value === '一只猫 (cat:1.2)'")
     assert page.input_value("#negative textarea") == "模糊"
     page.wait_for_function("document.querySelector('#seed input')?.value === '4242'")
-    assert page.locator("#sampler input").input_value() == "DPM++ 2M Karras"
+    # A1111 1.9's pair as it came: the sampler and its schedule type (the same schedule as DPM++ 2M Karras)
+    assert page.locator("#sampler input").input_value() == "DPM++ 2M"
+    assert page.locator("#schedule-type input").input_value() == "Karras"
     assert page.locator("#steps input[type='number']").input_value() == "20"
     assert page.locator("#style input:checked").get_attribute("value") == "(No style)"
     assert "Not restored: size 1024x1024 (not one of this model's sizes)." in page.inner_text("#png-note")
