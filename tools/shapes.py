@@ -257,3 +257,25 @@ def encode_all(vae, params, images: np.ndarray, batch: int = 500) -> np.ndarray:
     encode = jax.jit(lambda p, x: vae.bind(p).encode(x)[0])
     return np.concatenate([np.asarray(encode(params, to_pixels(images[i: i + batch])))
                            for i in range(0, len(images), batch)])
+
+
+def encode_training_data(model, images: np.ndarray, captions: list[str], batch: int = 500):
+    """What tools/train_lcm.py and tools/train_controlnet.py train on, computed once: the scaled latents of
+    ``images`` ((n, 4, 16, 16) float32, posterior means times the VAE's ``scaling_factor``) and both text encoders'
+    outputs for ``captions`` (encoder_hidden_states (n, 77, d) and text_embeds (n, d2), program.generate's
+    encode_prompts), ``model`` a checkpoint.loading.LoadedModel."""
+    import jax
+
+    from sdxl_engine.program.generate import encode_prompts
+
+    ids = np.stack([np.asarray(t(captions, padding="max_length", max_length=77, truncation=True).input_ids)
+                    for t in (model.tokenizer, model.tokenizer_2)], axis=1).astype(np.int32)
+    vae = model.components["vae"]
+    latents = encode_all(vae, model.params["vae"], images, batch=250) * vae.config.scaling_factor
+    text = jax.jit(lambda p, i: encode_prompts(model.components, p, i))
+    hidden, pooled = [], []
+    for i in range(0, len(ids), batch):
+        h, e = text(model.params, ids[i: i + batch])
+        hidden.append(np.asarray(h))
+        pooled.append(np.asarray(e))
+    return latents, np.concatenate(hidden), np.concatenate(pooled)

@@ -42,7 +42,6 @@ from sdxl_engine.checkpoint.loading import load_model
 from sdxl_engine.checkpoint.weights import save_params
 from sdxl_engine.engine.control_preprocess import fit, preprocess
 from sdxl_engine.models import build_component
-from sdxl_engine.program.generate import encode_prompts
 from sdxl_engine.program.schedulers import _alphas_cumprod, sampler_config
 from tools import shapes
 from tools.bench_controlnet import controlnet_config
@@ -143,16 +142,7 @@ def main(argv=None) -> None:
     captions = [plain_caption(a) if p else c for c, a, p in zip(captions, attrs, plain, strict=True)]
     controls = np.stack([edges(im, shapes.SIZE if i % 2 == 0 else 512) for i, im in enumerate(images)])
     controls = controls.transpose(0, 3, 1, 2).astype(np.float32) / 255.0  # (n, 3, 64, 64) in [0, 1]
-    ids = np.stack([np.asarray(t(captions, padding="max_length", max_length=77, truncation=True).input_ids)
-                    for t in (model.tokenizer, model.tokenizer_2)], axis=1).astype(np.int32)
-    latents = shapes.encode_all(vae, base["vae"], images, batch=250) * vae.config.scaling_factor
-    text = jax.jit(lambda p, i: encode_prompts(components, p, i))
-    hidden, pooled = [], []
-    for i in range(0, len(ids), 500):
-        h, e = text(base, ids[i: i + 500])
-        hidden.append(np.asarray(h))
-        pooled.append(np.asarray(e))
-    hidden, pooled = np.concatenate(hidden), np.concatenate(pooled)
+    latents, hidden, pooled = shapes.encode_training_data(model, images, captions)
     data_s = time.perf_counter() - start
     log(f"{len(images)} images -> latents {latents.shape}, controls {controls.shape} "
         f"(edge pixels {float((controls > 0.5).mean()):.3f}), text {hidden.shape} ({data_s:.0f} s)")

@@ -50,7 +50,6 @@ from safetensors.numpy import save_file
 
 from sdxl_engine.checkpoint.loading import load_model
 from sdxl_engine.checkpoint.lora import merge_layer
-from sdxl_engine.program.generate import encode_prompts
 from sdxl_engine.program.schedulers import _alphas_cumprod, sampler_config
 from tools import shapes
 
@@ -179,17 +178,7 @@ def main(argv=None) -> None:
 
     # 1. Data: latents and text embeddings, once.
     images, captions, _ = shapes.make_dataset(args.images, args.seed + 100)
-    ids = np.stack([np.asarray(t(captions, padding="max_length", max_length=77, truncation=True).input_ids)
-                    for t in (model.tokenizer, model.tokenizer_2)], axis=1).astype(np.int32)
-    vae = components["vae"]
-    latents = shapes.encode_all(vae, base["vae"], images, batch=250) * vae.config.scaling_factor  # train's stage 3
-    text = jax.jit(lambda p, i: encode_prompts(components, p, i))
-    hidden, pooled = [], []
-    for i in range(0, len(ids), 500):
-        h, e = text(base, ids[i: i + 500])
-        hidden.append(np.asarray(h))
-        pooled.append(np.asarray(e))
-    hidden, pooled = np.concatenate(hidden), np.concatenate(pooled)
+    latents, hidden, pooled = shapes.encode_training_data(model, images, captions)  # train's stage 3 and the text
     data_s = time.perf_counter() - start
     log(f"{len(images)} images -> latents {latents.shape} std {latents.std():.3f}, text {hidden.shape} "
         f"({data_s:.0f} s)")
