@@ -213,7 +213,7 @@ def build_demo(requests: Service, config: EngineConfig, engine: EngineContract |
         event = gr.on([run.click, prompt.submit], generate_images, event_inputs(generate_inputs(config), widgets),
                       [gallery, info], api_name="generate", concurrency_limit=None, preprocess=False)
         events = (event, *image_events(image, settings, generate_from_image, upscale_image, send_upscale,
-                                       last_result, selected_index, gallery, info, model))
+                                       last_result, selected_index, gallery, info, model, schedule_type))
         for done in events:
             done.success(page_event(status_line), info, status, api_visibility="private")
         # The MCP image tool (an API endpoint without widgets): the picture as base64 text (apis/mcp_image.py).

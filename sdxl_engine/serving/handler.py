@@ -293,7 +293,8 @@ def image_function(requests: Service, config: EngineConfig, pending: history.Pen
 
     Its inputs: the nine of /generate, then the image editor's value (image_input: the event does not preprocess),
     the mode (image_input.MODES), strength, the outpaint sides and pixels, the refiner switch
-    (:func:`refiner_switch`: 1 = none) and the model (the page's Model dropdown: None or "" = the default). It
+    (:func:`refiner_switch`: 1 = none), the model (the page's Model dropdown: None or "" = the default) and the
+    schedule type (its Schedule type dropdown: None = automatic). It
     reads the editor's picture and mask (image_input.read_editor: only uploads and the app's own PNGs of ``demo``;
     on a worker thread, off the event loop), builds the engine fields
     and paste-back (image_input.request_fields) and runs as /generate does (:func:`follow`: the service's job,
@@ -314,7 +315,8 @@ def image_function(requests: Service, config: EngineConfig, pending: history.Pen
                       mode: str = image_input.IMG2IMG,
                       strength: float = image_input.DEFAULT_STRENGTH[image_input.IMG2IMG],
                       sides: list | None = None, pixels: int = 0, refiner_switch_at: float | None = None,
-                      model: str | None = None, request: gr.Request = None, progress=gr.Progress()):
+                      model: str | None = None, schedule_type: str | None = None, request: gr.Request = None,
+                      progress=gr.Progress()):
         arrived = guard.arrival_time(request)
         since = clock() if arrived is None else arrived
 
@@ -331,7 +333,8 @@ def image_function(requests: Service, config: EngineConfig, pending: history.Pen
             values = dict(prompt=prompt, negative_prompt=negative_prompt, seed=seed, guidance_scale=guidance_scale,
                           num_inference_steps=num_inference_steps, width=width, height=height, style=style,
                           sampler=sampler)
-            job_request = _page_request(values, request, {**asked.fields, **model_field(model)}, asked.finish)
+            job_request = _page_request(values, request, {**asked.fields, **model_field(model),
+                                                          "schedule_type": schedule_type}, asked.finish)
             async for out in follow(requests, job_request, request, progress, pending, finished,
                                     client_gone(demo)):
                 yield out
@@ -346,8 +349,8 @@ def upscale_function(requests: Service, config: EngineConfig, pending: history.P
     """The function of the gallery's "Upscale (hires fix)" event (api_name ``upscale``, private: the page's own).
 
     Its inputs: the nine of /generate, then the last finished request (server state) and the gallery index
-    selected, the hires scale, upscaler (a pixel one: image_upscale.IMAGE_UPSCALERS) and strength, and the model (the
-    Model dropdown's). The selected
+    selected, the hires scale, upscaler (a pixel one: image_upscale.IMAGE_UPSCALERS) and strength, the model (the
+    Model dropdown's) and the schedule type (the Schedule type dropdown's). The selected
     image (the app's own PNG) is the hires fix's first pass: the engine upscales it and denoises it again at the
     larger size, with that image's seed (so the same click gives the same images) and the page's prompt and
     settings; its size is the image's (the Resolution is not read). Runs as /generate does (:func:`follow`).
@@ -361,8 +364,8 @@ def upscale_function(requests: Service, config: EngineConfig, pending: history.P
                       num_inference_steps: int = config.num_inference_steps, width: int = 0, height: int = 0,
                       style: str = NO_STYLE, sampler: str = config.sampler, last: dict | None = None,
                       index: int | None = None, hires_scale: float = 1.5, hires_upscaler: str = "Lanczos",
-                      hires_strength: float = 0.5, model: str | None = None, request: gr.Request = None,
-                      progress=gr.Progress()):
+                      hires_strength: float = 0.5, model: str | None = None, schedule_type: str | None = None,
+                      request: gr.Request = None, progress=gr.Progress()):
         if not last or type(index) is not int or not 0 <= index < len(last.get("gallery") or []):
             raise refuse(ValueError("image: select an image of the last result in the gallery first"))
         path = last["gallery"][index][0]
@@ -380,7 +383,7 @@ def upscale_function(requests: Service, config: EngineConfig, pending: history.P
                       num_inference_steps=num_inference_steps, width=0, height=0,  # the size is the image's
                       style=style, sampler=sampler)
         fields = dict(image=picture, hires_scale=hires_scale, hires_upscaler=hires_upscaler,
-                      hires_strength=hires_strength, **model_field(model))
+                      hires_strength=hires_strength, schedule_type=schedule_type, **model_field(model))
         async for out in follow(requests, _page_request(values, request, fields), request, progress, pending,
                                 finished, client_gone(demo)):
             yield out

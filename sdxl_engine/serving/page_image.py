@@ -158,18 +158,20 @@ def wire_image_section(section: ImageSection, gallery: gr.Gallery, last_result: 
 
 def image_events(section: ImageSection, settings: list, generate_from_image, upscale_image, send_upscale: gr.Button,
                  last_result: gr.State, selected_index: gr.State, gallery: gr.Gallery, info: gr.JSON,
-                 model: gr.Dropdown) -> tuple:
+                 model: gr.Dropdown, schedule_type: gr.Dropdown) -> tuple:
     """The page's two image events, private (the API stays /generate), submitting to the service as /generate
     (Gradio's queue runs them as they come: the service orders them and caps each client):
     Generate from image (handler.image_function: ``settings``, /generate's nine, then the editor's value as sent,
     since guard.Routes let only uploads and the app's PNGs through, and the section's settings) and the gallery's
     Upscale (handler.upscale_function: the nine, the last result and the selected index, the hires settings); each
-    then the page's ``model`` (its Model dropdown). Returns (image event, upscale event)."""
+    then the page's ``model`` and ``schedule_type`` (its dropdowns). Returns (image event, upscale event)."""
     image_event = section.run.click(
-        generate_from_image, [*settings, *section.inputs, model], [gallery, info], api_name=guard.IMAGE_EVENT,
+        generate_from_image, [*settings, *section.inputs, model, schedule_type], [gallery, info],
+        api_name=guard.IMAGE_EVENT,
         api_visibility="private", concurrency_limit=None, preprocess=False)
     upscale_event = send_upscale.click(
-        upscale_image, [*settings, last_result, selected_index, *section.hires_inputs, model], [gallery, info],
+        upscale_image, [*settings, last_result, selected_index, *section.hires_inputs, model, schedule_type],
+        [gallery, info],
         api_name="upscale", api_visibility="private", concurrency_limit=None, preprocess=False)
     return image_event, upscale_event
 

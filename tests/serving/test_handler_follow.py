@@ -250,3 +250,27 @@ def test_a_job_that_fails_in_the_engine_is_one_message_without_internals(fake, p
     assert failed.value.message.startswith("the engine failed on this request (KeyError)")
     assert "internal detail" not in failed.value.message
     assert requests.jobs("10.0.0.5")[0].status not in (SUCCEEDED, QUEUED)
+
+
+def test_the_image_events_run_the_pages_schedule_type(fake, page, tmp_path, monkeypatch):
+    """Generate from image and Upscale take the Schedule type dropdown's value (its A1111 label) as /generate does,
+    and the engine runs it; none is automatic."""
+    requests, _, pending = page
+    monkeypatch.setattr(fake, "limits", dataclasses.replace(fake.limits, sizes=((48, 32), (64, 64), (72, 48))))
+    image = tmp_path / "picture.png"
+    Image.new("RGB", (48, 32), (200, 10, 10)).save(image)
+    monkeypatch.setattr(handler, "readable", lambda demo, path: True)
+    monkeypatch.setattr(handler, "discard_uploads", lambda *a, **k: None)
+    img2img = handler.image_function(requests, CONFIG, pending, None, demo=None)
+    upscale = handler.upscale_function(requests, CONFIG, pending, None, demo=None)
+    editor = {"background": {"path": str(image)}, "layers": [], "composite": {"path": str(image)}}
+    last = {"gallery": [[str(image), "seed 3"]], "info": {"seeds": [3]}}
+    quiet = dict(request=caller(), progress=lambda *a, **k: None)
+    fake.go(1000)
+    for stream in (img2img("a red circle", "", 3, 5.0, 2, 48, 32, image=editor, schedule_type="Karras", **quiet),
+                   upscale("a red circle", "", 3, 5.0, 2, 0, 0, last=last, index=0, schedule_type="SGM Uniform",
+                           **quiet),
+                   img2img("a red circle", "", 3, 5.0, 2, 48, 32, image=editor, **quiet)):
+        asyncio.run(collect(stream, []))
+    assert [call.schedule_type for call in fake.calls] == ["karras", "sgm_uniform", "automatic"]
+    assert fake.calls[1].hires_scale == 1.5  # the upscale event's request
