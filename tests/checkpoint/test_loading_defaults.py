@@ -148,8 +148,8 @@ def test_blog_default_button_sets_euler_20():
     button = next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "blog-default")
     assert button.value == "Blog default (Euler, 20 steps)"
     event = next(fn for fn in demo.fns.values() if any(t[0] == button._id for t in fn.targets))
-    assert [getattr(block, "elem_id", None) for block in event.outputs] == ["sampler", "steps"]
-    assert event.fn() == ("Euler", 20) == app.BLOG_DEFAULT
+    assert [getattr(block, "elem_id", None) for block in event.outputs] == ["sampler", "steps", "schedule-type"]
+    assert event.fn() == ("Euler", 20, "Automatic") and app.BLOG_DEFAULT == ("Euler", 20)
 
 
 def test_png_and_info_record_the_model_default_sampler(model_dir, tmp_path):

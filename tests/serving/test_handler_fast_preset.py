@@ -28,8 +28,9 @@ def test_fast_preset_adds_the_lcm_tag_once_and_sets_lcm_4_steps_no_cfg(page):
     app, config, demo = page
     button, event = event_of(demo, "fast-preset")
     assert button.value == "Fast (LCM, 4 steps)" and button.visible  # tiny-shapes ships a LoRA named "lcm"
-    assert outputs(event)[:2] == ["sampler", "steps"] and outputs(event)[3] == "prompt"
-    assert event.fn("a red circle") == ("LCM", 4, 1.0, "a red circle <lora:lcm:1>")
+    assert outputs(event)[:2] == ["sampler", "steps"] and outputs(event)[3:] == ["prompt", "schedule-type"]
+    # LCM takes no schedule type but its own: the preset puts the dropdown back to Automatic
+    assert event.fn("a red circle") == ("LCM", 4, 1.0, "a red circle <lora:lcm:1>", "Automatic")
     assert event.fn("a red circle <lora:lcm:0.5>")[3] == "a red circle <lora:lcm:1>"  # one tag, weight 1
     assert event.fn("")[3] == "<lora:lcm:1>"
     assert event.fn("<lora:ink:1> a star")[3] == "<lora:ink:1> a star <lora:lcm:1>"  # other tags stay
@@ -44,7 +45,7 @@ def test_model_default_and_blog_default_take_the_lcm_tag_away(page):
     assert event.fn("tiny-shapes", "a red circle <lora:lcm:1>") == ("Euler", 8, 5.0, "a red circle")
     _, first = event_of(demo, "blog-default", 0)
     _, second = event_of(demo, "blog-default", 1)
-    assert first.fn() == ("Euler", 20)
+    assert first.fn() == ("Euler", 20, "Automatic")
     assert second.fn("a red circle <LORA:lcm:1>") == ("a red circle", 5.0)
     untouched = second.fn("a red circle")  # without the fast tag, the prompt and the guidance stay as they are
     assert all(isinstance(u, dict) and set(u) <= {"__type__"} for u in untouched)

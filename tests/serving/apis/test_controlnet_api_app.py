@@ -191,11 +191,12 @@ def test_the_pages_controlnet_section_makes_the_units_images(app):
         finally:
             offline.close()
             browser.close()
-    call = next(json.loads(body) for body in sent if body and len(json.loads(body).get("data") or []) == 17)
+    call = next(json.loads(body) for body in sent if body and len(json.loads(body).get("data") or []) == 18)
     data = call["data"]
     np.testing.assert_array_equal(pixels(Image.open(io.BytesIO(base64.b64decode(data[10])))),
                                   pixels(control_picture()))
     assert data[11] == "cn-a" and data[15] == "none" and data[16] == "tiny-pt" and data[2] == 5
+    assert data[17] == "Automatic"  # the Schedule type dropdown
     client = app.client()
     steered, _ = client.predict(*data[:10], b64(control_picture()), *data[11:], api_name="/generate")
     plain, _ = client.predict(*data[:10], "", *data[11:], api_name="/generate")
