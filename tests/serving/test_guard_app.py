@@ -172,7 +172,8 @@ def test_uploads_take_images_only_and_are_never_served(app_server):
             status, reply = call_page_event(app_server, dep, [file] * max(1, len(dep["inputs"])))
             assert status == 404 and "this app takes no files" in reply, (dep["api_name"], status, reply[:200])
     nine = ["a red circle", "", 1, 5.0, 2, 64, 64, "(No style)", "Euler"]
-    rest = ["Image to image", 0.75, [], 16, 1.0, ""]  # mode, strength, outpaint sides and pixels, refiner, model
+    # mode, strength, outpaint sides and pixels, refiner, model, schedule type
+    rest = ["Image to image", 0.75, [], 16, 1.0, "", "Automatic"]
     for other in ("/etc/hostname", str(Path(path).parent / ".." / Path(path).parent.name / "other.png")):
         editor = {"background": {**file, "path": other}, "layers": [], "composite": None}
         status, reply = call_page_event(app_server, image_event, [*nine, editor, *rest])
