@@ -100,10 +100,9 @@ def test_previews_stream_after_the_first_step_then_the_images_and_the_record(fak
     assert [k["desc"] for a, k in reports if k.get("unit") != "steps"][-1] == "Encoding PNGs"
 
 
-def test_the_cap_holds_across_the_pages_events(fake, page, tmp_path, monkeypatch):
-    """A client with max_requests_per_client requests running from /generate is refused on image to image and
-    upscale too (the service's message as the page's error); another address is not."""
-    requests, function, pending = page
+def image_events(fake, requests, pending, tmp_path, monkeypatch):
+    """The page's image to image and upscale functions on ``requests``, with a 48x32 picture the guard let through:
+    (img2img, upscale, the editor's value naming it, a last result holding it with seed 3)."""
     monkeypatch.setattr(fake, "limits", dataclasses.replace(fake.limits, sizes=((48, 32), (64, 64), (72, 48))))
     image = tmp_path / "picture.png"
     Image.new("RGB", (48, 32), (200, 10, 10)).save(image)
@@ -112,7 +111,14 @@ def test_the_cap_holds_across_the_pages_events(fake, page, tmp_path, monkeypatch
     img2img = handler.image_function(requests, CONFIG, pending, None, demo=None)
     upscale = handler.upscale_function(requests, CONFIG, pending, None, demo=None)
     editor = {"background": {"path": str(image)}, "layers": [], "composite": {"path": str(image)}}
-    last = {"gallery": [[str(image), "seed 3"]], "info": {"seeds": [3]}}
+    return img2img, upscale, editor, {"gallery": [[str(image), "seed 3"]], "info": {"seeds": [3]}}
+
+
+def test_the_cap_holds_across_the_pages_events(fake, page, tmp_path, monkeypatch):
+    """A client with max_requests_per_client requests running from /generate is refused on image to image and
+    upscale too (the service's message as the page's error); another address is not."""
+    requests, function, pending = page
+    img2img, upscale, editor, last = image_events(fake, requests, pending, tmp_path, monkeypatch)
 
     async def main():
         held = [asyncio.ensure_future(collect(generate(function, session=f"s{i}"), [])) for i in range(2)]
@@ -256,15 +262,7 @@ def test_the_image_events_run_the_pages_schedule_type(fake, page, tmp_path, monk
     """Generate from image and Upscale take the Schedule type dropdown's value (its A1111 label) as /generate does,
     and the engine runs it; none is automatic."""
     requests, _, pending = page
-    monkeypatch.setattr(fake, "limits", dataclasses.replace(fake.limits, sizes=((48, 32), (64, 64), (72, 48))))
-    image = tmp_path / "picture.png"
-    Image.new("RGB", (48, 32), (200, 10, 10)).save(image)
-    monkeypatch.setattr(handler, "readable", lambda demo, path: True)
-    monkeypatch.setattr(handler, "discard_uploads", lambda *a, **k: None)
-    img2img = handler.image_function(requests, CONFIG, pending, None, demo=None)
-    upscale = handler.upscale_function(requests, CONFIG, pending, None, demo=None)
-    editor = {"background": {"path": str(image)}, "layers": [], "composite": {"path": str(image)}}
-    last = {"gallery": [[str(image), "seed 3"]], "info": {"seeds": [3]}}
+    img2img, upscale, editor, last = image_events(fake, requests, pending, tmp_path, monkeypatch)
     quiet = dict(request=caller(), progress=lambda *a, **k: None)
     fake.go(1000)
     for stream in (img2img("a red circle", "", 3, 5.0, 2, 48, 32, image=editor, schedule_type="Karras", **quiet),
