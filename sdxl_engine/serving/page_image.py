@@ -156,6 +156,28 @@ def wire_image_section(section: ImageSection, gallery: gr.Gallery, last_result: 
                               queue=False, show_progress="hidden", preprocess=False)  # a mode the page never sends
 
 
+def wire_selection(events: tuple, gallery: gr.Gallery, info: gr.JSON, seed: gr.Number, selected_seed: gr.State,
+                   reuse: gr.Button, selected_index: gr.State, send_buttons: list) -> None:
+    """The gallery's selection besides the image section's (:func:`wire_image_section`): a selected image's seed
+    (from ``info``, the request's details) kept in ``selected_seed`` (server state) and named on ``reuse``, whose
+    click puts it into ``seed`` (-1 without one); each of ``events``' new result deselects (``reuse``, the
+    ``selected_index`` and the gallery's ``send_buttons``: Send to image, Inpaint, Upscale, off)."""
+    for done in events:
+        done.success(lambda: (None, gr.Button("Reuse selected image's seed", interactive=False), None,
+                              *(gr.Button(interactive=False) for _ in send_buttons)), None,
+                     [selected_seed, reuse, selected_index, *send_buttons], api_visibility="private", queue=False)
+
+    @page_event
+    def select_image(info: dict, evt: gr.SelectData):
+        seed = info["seeds"][evt.index] if info and evt.index is not None else None
+        return seed, gr.Button(f"Reuse seed {seed}" if seed is not None else "Reuse selected image's seed",
+                               interactive=seed is not None)
+
+    gallery.select(select_image, info, [selected_seed, reuse], api_visibility="private", queue=False)
+    reuse.click(page_event(lambda s: -1 if s is None else int(s)), selected_seed, seed, api_visibility="private",
+                queue=False)
+
+
 def image_events(section: ImageSection, settings: list, generate_from_image, upscale_image, send_upscale: gr.Button,
                  last_result: gr.State, selected_index: gr.State, gallery: gr.Gallery, info: gr.JSON,
                  model: gr.Dropdown, schedule_type: gr.Dropdown) -> tuple:
