@@ -27,10 +27,10 @@ from sdxl_engine.serving import handler, history
 from sdxl_engine.serving.apis.mcp_image import API_NAME as IMAGE_TOOL
 from sdxl_engine.serving.apis.mcp_image import image_tool
 from sdxl_engine.serving.apis.tools import generate_inputs
+from sdxl_engine.serving.history import RESTORED_FIELDS
 from sdxl_engine.serving.page import (
     BLOG_DEFAULT,
     EXAMPLES,
-    PNG_FIELDS,
     event_inputs,
     load_example,
     lora_names_for,
@@ -195,7 +195,7 @@ def build_demo(requests: Service, config: EngineConfig, engine: EngineContract |
         wire_control_section(control, demo, prompt)
         widgets = {**page_inputs, "refiner_switch_at": refiner_switch, **control.named, "model": model,
                    "schedule_type": schedule_type}
-        restored = [{**widgets, "resolution": resolution}[name] for name in PNG_FIELDS]  # what a PNG, a past image set
+        restored = [{**widgets, "resolution": resolution}[name] for name in RESTORED_FIELDS]  # a PNG, a past image
         event = gr.on([run.click, prompt.submit], generate_images, event_inputs(generate_inputs(config), widgets),
                       [gallery, info], api_name="generate", concurrency_limit=None, preprocess=False)
         events = (event, *image_events(image, settings, generate_from_image, upscale_image, send_upscale,

@@ -24,6 +24,7 @@ from sdxl_engine.service import models
 from sdxl_engine.service.styles import FAST_LORA, NO_STYLE, STYLE_NAMES, get_style, without_fast_tag
 from sdxl_engine.serving.apis.a1111 import generation_parameters, refiner_name, sampler_of
 from sdxl_engine.serving.apis.core import ApiError
+from sdxl_engine.serving.history import RESTORED_FIELDS
 
 LOG = logging.getLogger(__name__)
 
@@ -87,10 +88,6 @@ def stopped_view(last: dict | None, heard: str) -> tuple:
     return last["gallery"], last["info"], f"**{said}** Below, the last finished request: {status_line(last['info'])}"
 
 
-PNG_FIELDS = {"prompt": "prompt", "negative_prompt": "negative prompt", "style": "style", "seed": "seed",
-              "guidance_scale": "CFG", "num_inference_steps": "steps", "sampler": "sampler",
-              "schedule_type": "schedule type", "resolution": "size", "refiner_switch_at": "refiner switch",
-              "model": "model"}  # the page's widgets a PNG (and a past image: page_history) restores, in this order
 REFINER_MIN, REFINER_OFF = 0.05, 1.0  # the refiner slider's range (page_image.refiner_slider); 1: base model only
 MAX_PARAMETERS_CHARS = 60_000  # a parameters text is a few kB; PNG_SETTINGS_JS sends at most this
 
@@ -122,7 +119,7 @@ def _unstyled(style: str, prompt: str, negative: str) -> tuple[str, str] | None:
 def png_settings(text: str, sizes: list[str], max_steps: int, max_seed: int,
                  refiner: bool = False, models: list[str] = ()) -> tuple[dict, str]:
     """The page's settings from a PNG's ``parameters`` text (this server's or A1111's; parsed by A1111's rules:
-    apis.a1111.generation_parameters): ({field of PNG_FIELDS: value}, a Markdown note saying what was
+    apis.a1111.generation_parameters): ({field of history.RESTORED_FIELDS: value}, a Markdown note saying what was
     restored and what was not, and why).
 
     ``sizes``: the page's resolution values ("WxH"); ``max_steps``, ``max_seed``: the page's limits. A style
@@ -194,7 +191,7 @@ def png_settings(text: str, sizes: list[str], max_steps: int, max_seed: int,
         left.append(f"denoising strength {fields['Denoising strength'][:20]!r} (made from a picture: "
                     "Image to image takes one)")
     values = {name: value for name, value in values.items() if value is not None}
-    restored = ", ".join(label for name, label in PNG_FIELDS.items() if name in values)
+    restored = ", ".join(label for name, label in RESTORED_FIELDS.items() if name in values)
     note = f"Restored from the PNG: {restored}; press **Generate** to make it again."
     return values, note + (f" Not restored: {'; '.join(left)}." if left else "")
 

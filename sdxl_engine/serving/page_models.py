@@ -16,9 +16,9 @@ from sdxl_engine.config import EngineConfig
 from sdxl_engine.engine.contract import EngineContract
 from sdxl_engine.service import models
 from sdxl_engine.service.styles import FAST_PRESET, has_fast_tag, with_fast_tag, without_fast_tag
+from sdxl_engine.serving.history import RESTORED_FIELDS
 from sdxl_engine.serving.page import (
     BLOG_DEFAULT,
-    PNG_FIELDS,
     engine_banner,
     model_choices,
     model_default_settings,
@@ -118,8 +118,8 @@ def wire_presets(config: EngineConfig, blog_default: gr.Button, fast: gr.Button,
 def wire_png_restore(engine: EngineContract | None, config: EngineConfig, png_file: gr.HTML, settings: list,
                      note: gr.Markdown):
     """The PNG restore's event: the ``parameters`` text the browser read from a PNG (``png_file``'s script, page
-    assets' PNG_SETTINGS_JS: no file reaches the server) sets ``settings`` (page.PNG_FIELDS' widgets, in its
-    order; a value it does not restore is left as it is) and ``note`` says what was restored
+    assets' PNG_SETTINGS_JS: no file reaches the server) sets ``settings`` (history.RESTORED_FIELDS' widgets, in
+    its order; a value it does not restore is left as it is) and ``note`` says what was restored
     (page.png_settings, with the sizes of the PNG's model once loaded: :func:`png_choices`). Returns the event
     (the page follows the model with its other widgets)."""
 
@@ -128,7 +128,7 @@ def wire_png_restore(engine: EngineContract | None, config: EngineConfig, png_fi
         names, sizes = png_choices(engine, text)
         values, said = png_settings(text, sizes, config.max_inference_steps, config.max_seed, bool(config.refiner),
                                     names)
-        return (*(values.get(name, gr.update()) for name in PNG_FIELDS), said)
+        return (*(values.get(name, gr.update()) for name in RESTORED_FIELDS), said)
 
     return png_file.input(restore_png, png_file, [*settings, note], api_visibility="private", queue=False,
                           show_progress="hidden")
