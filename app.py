@@ -185,21 +185,20 @@ def build_demo(requests: Service, config: EngineConfig, engine: EngineContract |
 
         # A request's start and end on the page: the gallery in view, Stop, the status line (page_requests.py).
         wire_starts([run.click, prompt.submit, image.run.click, send_upscale.click], status, heard)
-        # preprocess=False: values reach the engine as sent, so its checks and messages (with the
-        # argument's name) apply to page and API alike, instead of Gradio's unnamed bound checks.
-        page_inputs = dict(prompt=prompt, negative_prompt=negative_prompt, seed=seed, guidance_scale=guidance_scale,
-                           num_inference_steps=num_inference_steps, width=width, height=height, style=style,
-                           sampler=sampler)
-        settings = list(page_inputs.values())  # /generate's first nine inputs, in its order (apis/tools.py)
-        # concurrency_limit None: the service (not Gradio's queue) orders the requests and caps each client.
         wire_control_section(control, demo, prompt)
-        widgets = {**page_inputs, "refiner_switch_at": refiner_switch, **control.named, "model": model,
-                   "schedule_type": schedule_type}
+        # /generate's widgets by its input's names (apis/tools.generate_inputs: the events' inputs follow that list).
+        widgets = dict(prompt=prompt, negative_prompt=negative_prompt, seed=seed, guidance_scale=guidance_scale,
+                       num_inference_steps=num_inference_steps, width=width, height=height, style=style,
+                       sampler=sampler, refiner_switch_at=refiner_switch, **control.named, model=model,
+                       schedule_type=schedule_type)
         restored = [{**widgets, "resolution": resolution}[name] for name in RESTORED_FIELDS]  # a PNG, a past image
+        # preprocess=False: values reach the engine as sent, so its checks and messages (with the argument's name)
+        # apply to page and API alike, instead of Gradio's unnamed bound checks; concurrency_limit None: the
+        # service (not Gradio's queue) orders the requests and caps each client.
         event = gr.on([run.click, prompt.submit], generate_images, event_inputs(generate_inputs(config), widgets),
                       [gallery, info], api_name="generate", concurrency_limit=None, preprocess=False)
-        events = (event, *image_events(image, settings, generate_from_image, upscale_image, send_upscale,
-                                       last_result, selected_index, gallery, info, model, schedule_type))
+        events = (event, *image_events(config, image, widgets, generate_from_image, upscale_image, send_upscale,
+                                       last_result, selected_index, gallery, info))
         # The status line; Stop cancels this browser's request and shows the last finished result again.
         wire_outcomes(events, stop, gallery, info, status, heard, last_result)
         # The MCP image tool (an API endpoint without widgets): the picture as base64 text (apis/mcp_image.py).

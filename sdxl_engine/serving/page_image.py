@@ -25,8 +25,16 @@ from sdxl_engine.engine.image_upscale import IMAGE_UPSCALERS
 from sdxl_engine.engine.validation import DEFAULT_IMAGE_UPSCALER
 from sdxl_engine.serving import guard, image_input
 from sdxl_engine.serving.apis.errors import ApiError
+from sdxl_engine.serving.apis.tools import image_event_inputs, upscale_event_inputs
 from sdxl_engine.serving.apis.uploads import decode_image
-from sdxl_engine.serving.page import REFINER_MIN, REFINER_OFF, outpaint_default, page_event, size_choices
+from sdxl_engine.serving.page import (
+    REFINER_MIN,
+    REFINER_OFF,
+    event_inputs,
+    outpaint_default,
+    page_event,
+    size_choices,
+)
 from sdxl_engine.serving.page_assets import PICTURE_CHECK_HTML, PICTURE_CHECK_JS
 
 BRUSH_SHARE = 16  # the brush's radius: the model's native size (its default size's shorter side) over this
@@ -34,7 +42,7 @@ BRUSH_SHARE = 16  # the brush's radius: the model's native size (its default siz
 
 @dataclasses.dataclass(frozen=True)
 class ImageSection:
-    """The section's components: ``inputs`` are the image event's inputs after /generate's nine."""
+    """The section's components: ``named``, the image events' own inputs among them by their names."""
 
     box: gr.Accordion
     init_image: gr.ImageMask
@@ -50,14 +58,12 @@ class ImageSection:
     hires_strength: gr.Slider
 
     @property
-    def inputs(self) -> list:
-        return [self.init_image, self.image_mode, self.strength, self.outpaint_sides, self.outpaint_pixels,
-                self.refiner_switch]
-
-    @property
-    def hires_inputs(self) -> list:
-        """The Upscale event's settings (handler.upscale_function), after its last result and index."""
-        return [self.hires_scale, self.hires_upscaler, self.hires_strength]
+    def named(self) -> dict:
+        """The image events' own inputs in this section by their names (apis/tools.image_event_inputs and
+        upscale_event_inputs): {name: component}."""
+        return {"image": self.init_image, "mode": self.image_mode, "strength": self.strength,
+                "sides": self.outpaint_sides, "pixels": self.outpaint_pixels, "hires_scale": self.hires_scale,
+                "hires_upscaler": self.hires_upscaler, "hires_strength": self.hires_strength}
 
 
 def refiner_slider(config: EngineConfig) -> gr.Slider:
@@ -178,22 +184,22 @@ def wire_selection(events: tuple, gallery: gr.Gallery, info: gr.JSON, seed: gr.N
                 queue=False)
 
 
-def image_events(section: ImageSection, settings: list, generate_from_image, upscale_image, send_upscale: gr.Button,
-                 last_result: gr.State, selected_index: gr.State, gallery: gr.Gallery, info: gr.JSON,
-                 model: gr.Dropdown, schedule_type: gr.Dropdown) -> tuple:
+def image_events(config: EngineConfig, section: ImageSection, widgets: dict, generate_from_image, upscale_image,
+                 send_upscale: gr.Button, last_result: gr.State, selected_index: gr.State, gallery: gr.Gallery,
+                 info: gr.JSON) -> tuple:
     """The page's two image events, private (the API stays /generate), submitting to the service as /generate
-    (Gradio's queue runs them as they come: the service orders them and caps each client):
-    Generate from image (handler.image_function: ``settings``, /generate's nine, then the editor's value as sent,
-    since guard.Routes let only uploads and the app's PNGs through, and the section's settings) and the gallery's
-    Upscale (handler.upscale_function: the nine, the last result and the selected index, the hires settings); each
-    then the page's ``model`` and ``schedule_type`` (its dropdowns). Returns (image event, upscale event)."""
+    (Gradio's queue runs them as they come: the service orders them and caps each client): Generate from image
+    (handler.image_function) and the gallery's Upscale (handler.upscale_function). Their inputs are the widgets of
+    apis/tools.image_event_inputs and upscale_event_inputs, each taken by its name (page.event_inputs) from
+    ``widgets`` (/generate's: {name: component}), the section's own (:attr:`ImageSection.named`: the editor's value
+    as sent, since guard.Routes let only uploads and the app's PNGs through) and the Upscale's ``last_result`` and
+    ``selected_index``. Returns (image event, upscale event)."""
+    named = {**widgets, **section.named, "last": last_result, "index": selected_index}
     image_event = section.run.click(
-        generate_from_image, [*settings, *section.inputs, model, schedule_type], [gallery, info],
-        api_name=guard.IMAGE_EVENT,
-        api_visibility="private", concurrency_limit=None, preprocess=False)
+        generate_from_image, event_inputs(image_event_inputs(config), named), [gallery, info],
+        api_name=guard.IMAGE_EVENT, api_visibility="private", concurrency_limit=None, preprocess=False)
     upscale_event = send_upscale.click(
-        upscale_image, [*settings, last_result, selected_index, *section.hires_inputs, model, schedule_type],
-        [gallery, info],
+        upscale_image, event_inputs(upscale_event_inputs(config), named), [gallery, info],
         api_name="upscale", api_visibility="private", concurrency_limit=None, preprocess=False)
     return image_event, upscale_event
 

@@ -30,11 +30,11 @@ def test_page_builder_with_fake_engine():
 
 def test_the_refiner_switch_shows_only_with_a_refiner_and_1_is_none():
     """The refiner slider (under the advanced settings, an input of /generate and of the image event) is hidden
-    at 1 without a refiner and shown at 0.8 with one; the API's default follows; handler.refiner_switch reads 1
+    at 1 without a refiner and shown at 0.8 with one; the API's default follows; tools.refiner_switch reads 1
     (and None) as no refiner and passes anything else on for the engine to check."""
     import app
     from sdxl_engine.config import EngineConfig
-    from sdxl_engine.serving.handler import refiner_switch
+    from sdxl_engine.serving.apis.tools import refiner_switch
     from tests.helpers import FIXTURES
 
     def slider_and_default(config):
