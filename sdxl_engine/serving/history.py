@@ -34,16 +34,18 @@ THUMB_PX = 96  # longest side of a thumbnail, pixels
 SECRET_ENV = "SDXL_HISTORY_SECRET"
 SECRET_FILE = "history-secret"  # in the cache folder (sdxl_engine.config.DEFAULT_CACHE)
 
-# The page's settings a made image brings back, in the order of the widgets they set (app.py), each with the name
-# the PNG restore's note gives it: a past image's (page_history.restore, from its record: make_record) and a PNG's
-# (page.png_settings, from its parameters text). A setting listed here is kept and restored by the history without
-# another line (under its name in the info record); these are kept their own way:
+# The page's settings a made image brings back, in the order of the widgets they set (app.py), each as (the name
+# the PNG restore's note gives it, its key in a PNG's parameters text: A1111's infotext, service/images.py): a past
+# image's (page_history.restore, from its record: make_record) and a PNG's (page.png_settings). A setting listed
+# here is kept and restored by the history, and read back from a PNG, without another line (under its name in the
+# info record; from a PNG as its /generate input's kind); these the history keeps its own way:
 TYPED_FIELDS = ("prompt", "negative_prompt", "style")  # as the user typed them (the info record holds them styled)
 OWN_WAY = TYPED_FIELDS + ("seed", "resolution")  # the request's seeds (the image picks one), its width and height
-RESTORED_FIELDS = {"prompt": "prompt", "negative_prompt": "negative prompt", "style": "style", "seed": "seed",
-                   "guidance_scale": "CFG", "num_inference_steps": "steps", "sampler": "sampler",
-                   "schedule_type": "schedule type", "resolution": "size", "refiner_switch_at": "refiner switch",
-                   "model": "model"}
+RESTORED_FIELDS = {"prompt": ("prompt", "Prompt"), "negative_prompt": ("negative prompt", "Negative prompt"),
+                   "style": ("style", "Style"), "seed": ("seed", "Seed"), "guidance_scale": ("CFG", "CFG scale"),
+                   "num_inference_steps": ("steps", "Steps"), "sampler": ("sampler", "Sampler"),
+                   "schedule_type": ("schedule type", "Schedule type"), "resolution": ("size", "Size"),
+                   "refiner_switch_at": ("refiner switch", "Refiner switch at"), "model": ("model", "Model")}
 
 
 def thumbnail_url(image: np.ndarray) -> str:
