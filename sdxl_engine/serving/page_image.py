@@ -23,7 +23,8 @@ from sdxl_engine.engine.control_preprocess import MODULES
 from sdxl_engine.engine.errors import InvalidRequest
 from sdxl_engine.engine.image_upscale import IMAGE_UPSCALERS
 from sdxl_engine.engine.validation import DEFAULT_IMAGE_UPSCALER
-from sdxl_engine.serving import guard, image_input
+from sdxl_engine.service import delivery
+from sdxl_engine.serving import gradio_internals, guard, image_input
 from sdxl_engine.serving.apis.errors import ApiError
 from sdxl_engine.serving.apis.tools import image_event_inputs, upscale_event_inputs
 from sdxl_engine.serving.apis.uploads import decode_image
@@ -208,10 +209,9 @@ def image_events(config: EngineConfig, section: ImageSection, widgets: dict, gen
 class ControlSection:
     """The page's ControlNet section (shown when a ControlNet is loaded): ``upload`` (the file; a private event
     turns it into ``image``, base64 PNG text: /generate's ``control_image``, so gradio_client and the page send the
-    same, and shows it in ``picture`` as the app's PNG), the preprocessor ``module`` with ``preview`` (the detected
-    map into ``detected``), the ControlNet
-    ``model``, ``weight``, ``start`` and ``end``; ``example`` (a model's shipped ControlNet's example.json: tiny-shapes'
-    canny ControlNet's star outline)."""
+    same, and shows it in ``picture`` and in ``upload`` itself as the app's PNG), the preprocessor ``module`` with
+    ``preview`` (the detected map into ``detected``), the ControlNet ``model``, ``weight``, ``start`` and ``end``;
+    ``example`` (a model's shipped ControlNet's example.json: tiny-shapes' canny ControlNet's star outline)."""
 
     box: gr.Accordion
     upload: gr.File
@@ -263,7 +263,8 @@ def control_section(config: EngineConfig, engine: EngineContract | None = None) 
                       elem_id="controlnet-box") as box:
         # A file box, not an image box: Gradio's image box shows an upload by asking the server for it, and an
         # upload is never served back (guard.Routes): every upload logged a refused GET. The picture shows in
-        # its own box once the upload event answers with the app's PNG of it.
+        # its own box once the upload event answers with the app's PNG of it, which replaces the upload in this
+        # box too: its download link gives that PNG (the upload's link was a 404).
         upload = gr.File(label="Control image file (PNG, JPEG or WebP)", file_types=[".png", ".jpg", ".jpeg", ".webp"],
                          height=CONTROL_UPLOAD_PX, elem_id="control-upload")
         with gr.Row():
@@ -314,12 +315,14 @@ def picture_function(demo) -> Callable:
     """The ControlNet picture's upload event (guard.CONTROL_EVENT; it does not preprocess: Gradio would decode
     any file it is named): the picture's file (an upload or one of the app's PNGs of ``demo``, handler.readable;
     the guard checked it too) read as the image event reads its picture (image_input.read_file, apis.uploads'
-    decoding) and answered twice: as base64 PNG text for /generate's control_image, and as the (H, W, 3) uint8
-    picture shown in its box (a PNG the app writes: an upload is never served back). The upload is deleted once
-    read. A value that is not such a file, or not an image, is gr.Error with the reason."""
+    decoding) and made into one PNG by the app, answered as (its base64 text: /generate's control_image, its path,
+    its path again). The path is a new file in a new folder of Gradio's temp folder (delivery.write_served), shown
+    in the picture's box and put back into the file box, so the box's download link gives the app's PNG: an upload
+    is never served back (guard.Routes) and is deleted once read, which left the box's link a 404. A value that is
+    not such a file, or not an image, is gr.Error with the reason; so is a PNG that could not be written."""
     from sdxl_engine.serving import handler  # here: handler imports the apis package, whose routes import it
 
-    def encoded_picture(value) -> tuple[str, np.ndarray]:  # sync: Gradio runs it on a worker thread
+    def encoded_picture(value) -> tuple[str, str, str]:  # sync: Gradio runs it on a worker thread
         path = value.get("path") if isinstance(value, dict) else None
         try:
             if not isinstance(path, str) or not handler.readable(demo, path):
@@ -332,7 +335,12 @@ def picture_function(demo) -> Callable:
                 handler.discard_uploads(demo, [path])
         buffer = io.BytesIO()
         picture.save(buffer, format="PNG")
-        return base64.b64encode(buffer.getvalue()).decode(), np.asarray(picture)
+        try:
+            (path,) = delivery.write_served([buffer.getvalue()], ["control"], Path(gradio_internals.upload_folder()))
+        except OSError as err:
+            raise gr.Error(f"the server could not store the control image ({type(err).__name__}); please retry "
+                           "later", print_exception=False) from err
+        return base64.b64encode(buffer.getvalue()).decode(), path, path
 
     return encoded_picture
 
@@ -352,11 +360,12 @@ def detected_map(image: str, module: str):
 
 
 def wire_control_section(section: ControlSection, demo, prompt: gr.Textbox) -> None:
-    """The section's own events, private: the upload encoded into ``image`` and shown again as the app's PNG
-    (guard.CONTROL_EVENT: the one event besides the image event whose call may name an upload;
-    :func:`picture_function`), its removal emptying ``image`` (in the browser), Preview's detected map, and the
-    example button filling the picture, preprocessor, ControlNet and ``prompt``."""
-    section.upload.upload(page_event(picture_function(demo)), section.upload, [section.image, section.picture],
+    """The section's own events, private: the upload encoded into ``image`` and shown again, in the picture's box
+    and the file box, as the app's PNG (guard.CONTROL_EVENT: the one event besides the image event whose call may
+    name an upload; :func:`picture_function`), its removal emptying ``image`` (in the browser), Preview's detected
+    map, and the example button filling the picture, preprocessor, ControlNet and ``prompt``."""
+    section.upload.upload(page_event(picture_function(demo)), section.upload,
+                          [section.image, section.picture, section.upload],
                           api_name=guard.CONTROL_EVENT, api_visibility="private", preprocess=False)
     section.upload.clear(None, None, [section.image, section.picture], js="() => ['', null]", queue=False,
                          api_visibility="private")
