@@ -137,7 +137,7 @@ def build_demo(requests: Service, config: EngineConfig, engine: EngineContract |
                     with gr.Row(visible=False):  # set from the resolution list; still the API's width/height
                         width = gr.Number(value=0, precision=0, label="Width (px, 0 = model default)")
                         height = gr.Number(value=0, precision=0, label="Height (px, 0 = model default)")
-                image = image_section(config, engine, refiner_switch)  # Image to image (serving/page_image.py)
+                image = image_section(config, engine)  # Image to image (serving/page_image.py)
                 control = control_section(config, engine)  # ControlNet, shown when one is loaded (page_image.py)
             with gr.Column(scale=3, elem_id="output-col"):  # what came out (first on a phone: PAGE_CSS)
                 gallery = gr.Gallery(label="Images", columns=2, format="png", object_fit="contain",

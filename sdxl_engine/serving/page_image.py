@@ -52,7 +52,6 @@ class ImageSection:
     outpaint_row: gr.Row
     outpaint_sides: gr.CheckboxGroup
     outpaint_pixels: gr.Slider
-    refiner_switch: gr.Slider
     run: gr.Button
     hires_scale: gr.Slider
     hires_upscaler: gr.Dropdown
@@ -93,7 +92,7 @@ def editor_tools(engine: EngineContract | None) -> dict:
                 eraser=gr.Eraser(default_size=radius))
 
 
-def image_section(config: EngineConfig, engine: EngineContract | None, refiner_switch: gr.Slider) -> ImageSection:
+def image_section(config: EngineConfig, engine: EngineContract | None) -> ImageSection:
     """Image to image, inpainting, outpainting, in a closed accordion (text to image looks as it did), placed where
     it is called inside the page's Blocks. Its own button and event (handler.image_function); the prompt and settings
     above it apply too, the refiner switch (:func:`refiner_slider`, under the advanced settings) among them."""
@@ -125,7 +124,7 @@ def image_section(config: EngineConfig, engine: EngineContract | None, refiner_s
             hires_strength = gr.Slider(0.05, 1.0, value=0.5, step=0.05, label="Upscale strength",
                                        elem_id="hires-strength")
     return ImageSection(box, init_image, image_mode, strength, outpaint_row, outpaint_sides, outpaint_pixels,
-                        refiner_switch, run, hires_scale, hires_upscaler, hires_strength)
+                        run, hires_scale, hires_upscaler, hires_strength)
 
 
 def wire_image_section(section: ImageSection, gallery: gr.Gallery, last_result: gr.State,
