@@ -24,6 +24,8 @@ from sdxl_engine.service import models
 from sdxl_engine.service.styles import FAST_LORA, NO_STYLE, STYLE_NAMES, get_style, without_fast_tag
 from sdxl_engine.serving.apis.a1111 import generation_parameters, refiner_name, sampler_of
 from sdxl_engine.serving.apis.core import ApiError
+from sdxl_engine.serving.apis.tools import generate_inputs
+from sdxl_engine.serving.history import RESTORED_FIELDS
 
 LOG = logging.getLogger(__name__)
 
@@ -87,10 +89,6 @@ def stopped_view(last: dict | None, heard: str) -> tuple:
     return last["gallery"], last["info"], f"**{said}** Below, the last finished request: {status_line(last['info'])}"
 
 
-PNG_FIELDS = {"prompt": "prompt", "negative_prompt": "negative prompt", "style": "style", "seed": "seed",
-              "guidance_scale": "CFG", "num_inference_steps": "steps", "sampler": "sampler",
-              "schedule_type": "schedule type", "resolution": "size", "refiner_switch_at": "refiner switch",
-              "model": "model"}  # the page's widgets a PNG (and a past image: page_history) restores, in this order
 REFINER_MIN, REFINER_OFF = 0.05, 1.0  # the refiner slider's range (page_image.refiner_slider); 1: base model only
 MAX_PARAMETERS_CHARS = 60_000  # a parameters text is a few kB; PNG_SETTINGS_JS sends at most this
 
@@ -119,10 +117,38 @@ def _unstyled(style: str, prompt: str, negative: str) -> tuple[str, str] | None:
     return (typed, negative[:-len(extra) - 2]) if negative.endswith(", " + extra) else None
 
 
+# The fields png_settings reads its own way (A1111's pairs and styles, the page's limits, sizes and models); any
+# other of history.RESTORED_FIELDS is read by _read_as_inputs.
+READ_OWN_WAY = ("prompt", "negative_prompt", "style", "seed", "guidance_scale", "num_inference_steps", "sampler",
+                "schedule_type", "resolution", "refiner_switch_at", "model")
+
+
+def _read_as_inputs(fields: dict, values: dict) -> list[str]:
+    """Each field of history.RESTORED_FIELDS not in :data:`READ_OWN_WAY` whose key a PNG's parsed ``fields`` have,
+    into ``values`` as its /generate input's kind (apis/tools.generate_inputs: int, float or str) when it converts
+    and is one of the input's choices (if it has any); the engine checks its value when the page sends it. Returns
+    what was not restored, for the note."""
+    inputs = {item.name: item for item in generate_inputs(EngineConfig())}
+    left = []
+    for name, (label, key) in RESTORED_FIELDS.items():
+        if name in READ_OWN_WAY or key not in fields or name not in inputs:
+            continue
+        item = inputs[name]
+        try:
+            value = item.kind(fields[key])
+        except ValueError:
+            value = None
+        if value is None or item.choices and value not in item.choices:
+            left.append(f"{label} {fields[key][:20]!r} (not a value this page takes)")
+        else:
+            values[name] = value
+    return left
+
+
 def png_settings(text: str, sizes: list[str], max_steps: int, max_seed: int,
                  refiner: bool = False, models: list[str] = ()) -> tuple[dict, str]:
     """The page's settings from a PNG's ``parameters`` text (this server's or A1111's; parsed by A1111's rules:
-    apis.a1111.generation_parameters): ({field of PNG_FIELDS: value}, a Markdown note saying what was
+    apis.a1111.generation_parameters): ({field of history.RESTORED_FIELDS: value}, a Markdown note saying what was
     restored and what was not, and why).
 
     ``sizes``: the page's resolution values ("WxH"); ``max_steps``, ``max_seed``: the page's limits. A style
@@ -130,9 +156,10 @@ def png_settings(text: str, sizes: list[str], max_steps: int, max_seed: int,
     take (a sampler or size it lacks, steps past the limit) is left as it is and named in the note. With a
     ``refiner`` loaded, the refiner switch is restored too (``Refiner switch at``; 1, no refiner, for a PNG made
     without one); without one a PNG's refiner is named as not restored, and so are a hires fix and an image to
-    image's strength (this form makes images from text only). ``models``: the model names the page offers when
-    it offers several (its Model dropdown): the PNG's ``Model`` is restored when it is one of them, else named as
-    not restored; () (one model) leaves the model alone. A blank
+    image's strength (this form makes images from text only). Any other field of history.RESTORED_FIELDS is read
+    from its key as its /generate input's kind (:func:`_read_as_inputs`). ``models``: the model names the page
+    offers when it offers several (its Model dropdown): the PNG's ``Model`` is restored when it is one of them, else
+    named as not restored; () (one model) leaves the model alone. A blank
     text (the browser found no ``parameters`` chunk) restores nothing. Raises TypeError or ValueError for
     text the page's script never sends (not a string, longer than MAX_PARAMETERS_CHARS)."""
     if not isinstance(text, str) or len(text) > MAX_PARAMETERS_CHARS:
@@ -194,7 +221,8 @@ def png_settings(text: str, sizes: list[str], max_steps: int, max_seed: int,
         left.append(f"denoising strength {fields['Denoising strength'][:20]!r} (made from a picture: "
                     "Image to image takes one)")
     values = {name: value for name, value in values.items() if value is not None}
-    restored = ", ".join(label for name, label in PNG_FIELDS.items() if name in values)
+    left += _read_as_inputs(fields, values)
+    restored = ", ".join(label for name, (label, _) in RESTORED_FIELDS.items() if name in values)
     note = f"Restored from the PNG: {restored}; press **Generate** to make it again."
     return values, note + (f" Not restored: {'; '.join(left)}." if left else "")
 
