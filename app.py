@@ -37,6 +37,7 @@ from sdxl_engine.serving.page import (
     lora_tag_adder,
     model_choices,
     model_default_label,
+    model_note,
     page_event,
     size_choices,
 )
@@ -44,12 +45,10 @@ from sdxl_engine.serving.page_assets import (
     HISTORY_JS,
     HISTORY_KEY,
     HISTORY_NOTE,
-    MODEL_NOTES,
     PAGE_CSS,
     PARSE_SIZE_JS,
     PNG_SETTINGS_HTML,
     PNG_SETTINGS_JS,
-    REAL_SDXL_HINT,
 )
 from sdxl_engine.serving.page_history import wire_history
 from sdxl_engine.serving.page_image import (
@@ -89,8 +88,7 @@ def build_demo(requests: Service, config: EngineConfig, engine: EngineContract |
         # Empty as served: the page's config is built once, while the engine starts, so a line put in here would
         # say "Starting" on every page load long after; the load event (refresh, below) writes the engine's state.
         banner = gr.Markdown("", elem_id="engine-status")
-        if config.model in MODEL_NOTES:
-            gr.Markdown(MODEL_NOTES[config.model] + REAL_SDXL_HINT, elem_id="model-note")
+        note = gr.Markdown(model_note(config.model), visible=bool(model_note(config.model)), elem_id="model-note")
         with gr.Row(equal_height=True, elem_id="prompt-row"):  # the prompt, across the page
             prompt = gr.Textbox(label="Prompt", placeholder="a red circle on a blue background", scale=5,
                                 lines=1, max_lines=3, elem_id="prompt")
@@ -206,8 +204,8 @@ def build_demo(requests: Service, config: EngineConfig, engine: EngineContract |
 
         # The Model dropdown, the presets and what follows a model (serving/page_models.py).
         model_settings = [sampler, num_inference_steps, guidance_scale]
-        follow_model = wire_models(engine, config, ModelWidgets(model, model_default, resolution, control.model, fast),
-                                   prompt, model_settings)
+        follow_model = wire_models(engine, config, ModelWidgets(model, model_default, resolution, control.model, fast,
+                                                                note, lora_list), prompt, model_settings)
         follow_model(wire_history(events, past, pending, finished, last_result, history_gallery, history_note,
                                   clear_history, restored, lambda: offered(engine)))
         # The gallery's selection: Reuse seed, Send to image / Inpaint / Upscale (serving/page_image.py).
@@ -223,7 +221,7 @@ def build_demo(requests: Service, config: EngineConfig, engine: EngineContract |
 
         examples.click(page_event(load_example), examples, [prompt, style], api_visibility="private", queue=False,
                        show_progress="hidden")
-        lora_list.click(page_event(lora_tag_adder(lora_names)), [lora_list, prompt], prompt,
+        lora_list.click(page_event(lora_tag_adder(engine, config)), [lora_list, prompt, model], prompt,
                         api_visibility="private", queue=False, show_progress="hidden")
 
         # The banner, then what the started engine offers: sizes, the brush, the models (serving/page_models.py).

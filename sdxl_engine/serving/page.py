@@ -26,6 +26,7 @@ from sdxl_engine.serving.apis.a1111 import generation_parameters, refiner_name, 
 from sdxl_engine.serving.apis.core import ApiError
 from sdxl_engine.serving.apis.tools import generate_inputs
 from sdxl_engine.serving.history import RESTORED_FIELDS
+from sdxl_engine.serving.page_assets import MODEL_NOTES, REAL_SDXL_HINT
 
 LOG = logging.getLogger(__name__)
 
@@ -35,6 +36,7 @@ EXAMPLES = ["a red circle on a blue background", "a large green square at the to
 # No style in the examples: a style's added words ("anime artwork ...") pull tiny-shapes' images off the prompt.
 # The blog's setting (the config's own defaults), one click away when a model's engine_defaults.json chose another.
 BLOG_DEFAULT = (EngineConfig.sampler, EngineConfig.num_inference_steps)
+WIDGETS_FOLLOWING = 6  # model_widgets' updates (page_models.ModelWidgets.following)
 
 
 def lora_names_for(config: EngineConfig) -> list[str]:
@@ -301,7 +303,8 @@ def chosen_model(engine: EngineContract | None, name: str | None) -> tuple[str, 
 
 def model_settings(engine: EngineContract | None, name: str | None) -> tuple:
     """The page's Model dropdown changed to ``name``: what follows it, as updates for (sampler, steps, guidance
-    scale, the Model default button, resolution, ControlNet model, the few-steps preset's button). The first three
+    scale, then :func:`model_widgets`' six: the Model default button, resolution, ControlNet model, the few-steps
+    preset's button, the model note, the LoRA list). The first three
     and the button take that model's own defaults (:func:`chosen_model`), as a request for it through any API that
     sets none of them runs; the rest as :func:`model_widgets`. Nothing changes before the engine is ready, or for
     a model whose engine_defaults.json the engine refuses.
@@ -309,7 +312,7 @@ def model_settings(engine: EngineContract | None, name: str | None) -> tuple:
     Raises LookupError (page_event: one log line, a gr.Error) for a name the engine does not offer."""
     chosen = chosen_model(engine, name)
     if chosen is None:
-        return (gr.update(),) * 7
+        return (gr.update(),) * (3 + WIDGETS_FOLLOWING)
     model, defaults = chosen
     return (defaults.sampler, defaults.num_inference_steps, defaults.guidance_scale,
             *_widgets_for(engine, model, defaults))
@@ -317,24 +320,29 @@ def model_settings(engine: EngineContract | None, name: str | None) -> tuple:
 
 def model_widgets(engine: EngineContract | None, name: str | None, size: str | None = None) -> tuple:
     """The widgets that follow the Model dropdown besides the settings (:func:`model_settings`), as updates for
-    (the Model default button, resolution, ControlNet model, the few-steps preset's button): the button's label of
-    the model's defaults, its sizes and fitting ControlNets once loaded (else resolution "model default" and the
-    list as it is), the preset when it has the LoRA. ``size``: a resolution ("WxH") to keep as the value (a
-    restored one) when the model's sizes have it. After a restore (a history image, a PNG) set the dropdown
-    itself. Nothing changes before the engine is ready or for a model it refuses.
+    (the Model default button, resolution, ControlNet model, the few-steps preset's button, the model note, the
+    LoRA list): the button's label of the model's defaults, its sizes and fitting ControlNets once loaded (else
+    resolution "model default" and the list as it is), the preset when it has the LoRA, the note of a built-in
+    model (:func:`model_note`; hidden for others) and the LoRAs its requests may tag. ``size``: a resolution
+    ("WxH") to keep as the value (a restored one) when the model's sizes have it. After a restore (a history image,
+    a PNG) set the dropdown itself. Nothing changes before the engine is ready or for a model it refuses.
 
     Raises LookupError (page_event) for a name the engine does not offer."""
     chosen = chosen_model(engine, name)
-    return (gr.update(),) * 4 if chosen is None else _widgets_for(engine, *chosen, size=size)
+    return (gr.update(),) * WIDGETS_FOLLOWING if chosen is None else _widgets_for(engine, *chosen, size=size)
 
 
 def _widgets_for(engine: EngineContract, model: str, defaults: EngineConfig, size: str | None = None) -> tuple:
     """:func:`model_widgets` for a chosen ``model`` and its ``defaults``."""
     try:
-        fast = gr.update(visible=FAST_LORA in models.lora_names_for(engine, model))
+        loras = models.lora_names_for(engine, model)
         limits = models.loaded_limits(engine, model)
     except (ConfigError, ModelLoadError):
-        return (gr.update(),) * 4
+        return (gr.update(),) * WIDGETS_FOLLOWING
+    fast = gr.update(visible=FAST_LORA in loras)
+    note = model_note(model)
+    following = (gr.update(value=note, visible=bool(note)),
+                 gr.update(samples=[[f"<lora:{n}:1>"] for n in loras], visible=bool(loras)))
     if limits is None:  # not loaded yet: its sizes and the ControlNets that fit it are known once it is
         restored = [(size.replace("x", " × "), size)] if isinstance(size, str) and SIZE.fullmatch(size) and \
             size != "0x0" else []
@@ -347,7 +355,7 @@ def _widgets_for(engine: EngineContract, model: str, defaults: EngineConfig, siz
         kept = size if size in [v for _, v in choices] else value
         resolution = gr.update(choices=choices, value=kept)
         controlnets = gr.update(choices=names, value=names[0] if names else "")
-    return gr.update(value=model_default_label(defaults)), resolution, controlnets, fast
+    return gr.update(value=model_default_label(defaults)), resolution, controlnets, fast, *following
 
 
 def model_default_settings(engine: EngineContract | None, config: EngineConfig, name: str | None,
@@ -403,10 +411,19 @@ def load_example(index: int) -> tuple[str, str]:
     return EXAMPLES[index], NO_STYLE
 
 
-def lora_tag_adder(names: list[str]) -> Callable[[int, str | None], str]:
-    """The page event of the LoRA list: ``add_lora(index, text)`` is ``text`` with ``<lora:NAME:1>`` added for
-    ``names[index]`` (the tag alone for an empty prompt); IndexError for an index the page never sends."""
-    def add_lora(index: int, text: str | None) -> str:
+def model_note(model: str) -> str:
+    """The note under the banner for a built-in model (MODEL_NOTES, then how to start real SDXL); "" for others."""
+    return MODEL_NOTES[model] + REAL_SDXL_HINT if model in MODEL_NOTES else ""
+
+
+def lora_tag_adder(engine: EngineContract | None, config: EngineConfig) -> Callable[[int, str | None, str], str]:
+    """The page event of the LoRA list: ``add_lora(index, text, model)`` is ``text`` with ``<lora:NAME:1>`` added
+    for the ``index``-th LoRA the list shows for the Model dropdown's ``model`` (:func:`model_widgets`: the engine's
+    for that model once ready, before that the configured ones, :func:`lora_names_for`), the tag alone for an empty
+    prompt. IndexError for an index the page never sends; LookupError for a model the engine does not offer."""
+    def add_lora(index: int, text: str | None, model: str | None = None) -> str:
+        chosen = chosen_model(engine, model)
+        names = lora_names_for(config) if chosen is None else models.lora_names_for(engine, chosen[0])
         if type(index) is not int or not 0 <= index < len(names):
             raise IndexError(f"no LoRA {index!r}")
         tag = f"<lora:{names[index]}:1>"

@@ -35,17 +35,20 @@ from sdxl_engine.serving.page_image import editor_tools
 @dataclasses.dataclass
 class ModelWidgets:
     """The Model dropdown and the widgets that follow it besides the settings: the Model default button, the
-    resolution, the ControlNet model and the few-steps preset's button (page.model_widgets' order)."""
+    resolution, the ControlNet model, the few-steps preset's button, the model note and the LoRA list
+    (page.model_widgets' order)."""
 
     model: gr.Dropdown
     default: gr.Button
     resolution: gr.Dropdown
     control_model: gr.Dropdown
     fast: gr.Button
+    note: gr.Markdown
+    loras: gr.Dataset
 
     @property
     def following(self) -> list:
-        return [self.default, self.resolution, self.control_model, self.fast]
+        return [self.default, self.resolution, self.control_model, self.fast, self.note, self.loras]
 
 
 def offered(engine: EngineContract | None) -> list[str]:
