@@ -204,6 +204,19 @@ def _build(name: str, config: dict, where: Path) -> Component:
         raise ModelLoadError(f"{where}: {err}") from err
 
 
+def check_fits(adapter: LoadedIPAdapter, unet: UNetConfig) -> None:
+    """Raise ModelLoadError unless ``adapter``'s layers are ``unet``'s cross-attentions (count and widths, in order)
+    and its tokens have the UNet's cross-attention width."""
+    config = adapter.component.config
+    widths = tuple(w for _, w in cross_attention_layers(unet))
+    if config.widths != widths or config.cross_attention_dim != unet.cross_attention_dim[-1]:
+        raise ModelLoadError(f"IP-Adapter {adapter.name} ({adapter.path}) does not fit the model: its "
+                             f"{len(config.widths)} layers of widths {list(config.widths)} over "
+                             f"{config.cross_attention_dim}-wide tokens, the UNet's {len(widths)} cross-attentions "
+                             f"{list(widths)} over {unet.cross_attention_dim[-1]}. Is it an SDXL IP-Adapter for this "
+                             "model family?")
+
+
 def load_ip_adapter(name: str, path: Path, dtype: str, unet: UNetConfig, sharding=None,
                     log: Callable[[str], None] = LOG.info) -> LoadedIPAdapter:
     """Read, check and place one IP-Adapter and its image encoder (module docstring), each parameter put on the

@@ -131,6 +131,10 @@ class IPAdapterArrays:
         """Keyword arguments of ``ProgramInputs.with_ip_adapter``."""
         return dict(tokens=self.tokens, scale=self.scale, keep=self.keep)
 
+    def split(self) -> list[np.ndarray]:
+        """Each unit's tokens (2, its tokens, width), as :func:`reference_tokens` made them."""
+        return np.split(self.tokens, np.cumsum(self.counts)[:-1], axis=1)
+
 
 def reference_tokens(unit: IPAdapterUnit, adapter) -> np.ndarray:
     """A validated unit's image tokens (2, images x tokens, width) float32 by its adapter (a
@@ -144,10 +148,11 @@ def reference_tokens(unit: IPAdapterUnit, adapter) -> np.ndarray:
 
 
 def ip_arrays(units: Sequence[IPAdapterUnit], adapters: Mapping[str, object], first: int, steps: int,
-              max_steps: int) -> IPAdapterArrays:
+              max_steps: int, tokens: Sequence[np.ndarray] | None = None) -> IPAdapterArrays:
     """The arrays of validated ``units`` (``adapters``: the loaded IP-Adapters by name) for a pass whose loop runs
-    steps ``first .. steps - 1``."""
-    tokens = [reference_tokens(u, adapters[u.model]) for u in units]
+    steps ``first .. steps - 1``; ``tokens``: each unit's :func:`reference_tokens` computed already (hires fix's
+    second pass reuses the first's), None: computed here."""
+    tokens = [reference_tokens(u, adapters[u.model]) for u in units] if tokens is None else list(tokens)
     return IPAdapterArrays(
         tokens=np.concatenate(tokens, axis=1), scale=np.asarray([u.weight for u in units], np.float32),
         keep=np.stack([keep_row(u.guidance_start, u.guidance_end, first, steps, max_steps) for u in units]),
