@@ -13,11 +13,20 @@ tests/fixtures/tiny-pt-ip-adapter/ laid out as h94/IP-Adapter is (what people do
   (24 -> 4 tokens x tiny-pt's cross-attention width 80), ``image_proj.norm.*``, and ``ip_adapter.{2j+1}.to_k_ip.weight``
   / ``to_v_ip.weight`` for the j-th cross-attention layer in the order of diffusers' ``unet.attn_processors``
   (PyTorch's default Linear init x 2, seed 22: strong enough that the adapter moves 64 x 64 images).
+* ``models/image_encoder/``: a second encoder (hidden 40, projection 16; seed 23), where h94 keeps ViT-H, for
+  ``sdxl_models/ip-adapter-plus_sdxl_vit-h.safetensors``: a Plus adapter in h94's keys: diffusers'
+  ``IPAdapterPlusImageProjection`` (40 -> 4 blocks of width 48 (diffusers reads no depth from a file: 4), 1 head of
+  64, 6 queries -> 80; seed 24, 1-D parameters moved) written back in the original Resampler's names
+  (``layers.{i}.0.to_kv`` = to_k and to_v stacked, ``0.norm1/norm2``, ``1.0/1.1/1.3``: the inverse of diffusers'
+  ``_convert_ip_adapter_image_proj_to_diffusers``, checked by loading it back), its ``ip_adapter.*`` layers as the
+  plain one's (seed 25).
 * ``reference.npz``: ``pictures`` (2, 64, 64, 3) uint8 (tools/fixtures_img2img.py's), ``tall`` (64, 40, 3) uint8 (a
   non-square reference: the first picture's left 40 columns), ``pixels_<name>`` (3, 32, 32) float32: diffusers'
   feature extractor (``CLIPImageProcessor(size=32, crop_size=32)``, as ``load_ip_adapter`` makes it) on each,
   the module case (``module_image_embeds`` (3, 24), ``module_tokens`` (3, 4, 80): the encoder's ``image_embeds`` and
-  the adapter's image projection of them), and ``<case>_images`` (2, 64, 64, 3) uint8 for :data:`CASES`: 2 images
+  the adapter's image projection of them; ``module_plus_tokens`` (3, 6, 80) and ``module_plus_negative`` (1, 6, 80):
+  Plus's tokens of the second encoder's penultimate hidden states of them and of a zero image), and
+  ``<case>_images`` (2, 64, 64, 3) uint8 for :data:`CASES` and :data:`PLUS_CASES`: 2 images
   (one prompt, ``num_images_per_prompt`` 2), 10 Euler steps, "a red circle", negative "a blue square", guidance 5,
   the engine's noise; ``none_images``: the same without the adapter.
 * ``reference.json``: each case's images and scale, the layer of each ``ip_adapter`` key id, versions.
@@ -49,6 +58,9 @@ CASES = {
     "tall": (["tall"], 1.0),
     "two_images": (["picture0", "picture1"], 0.6),
 }
+VIT_H = dict(ENCODER, hidden_size=40, intermediate_size=80, projection_dim=16)  # where h94 keeps ViT-H
+PLUS = dict(embed_dims=40, output_dims=80, hidden_dims=48, depth=4, dim_head=64, heads=1, num_queries=6)
+PLUS_CASES = {"plus": (["tall"], 0.7)}
 
 
 def references() -> dict[str, np.ndarray]:
@@ -57,9 +69,9 @@ def references() -> dict[str, np.ndarray]:
     return {"picture0": pictures[0], "picture1": pictures[1], "tall": pictures[0][:, :40].copy()}
 
 
-def make_encoder() -> CLIPVisionModelWithProjection:
-    torch.manual_seed(21)
-    return randomized(CLIPVisionModelWithProjection(CLIPVisionConfig(**ENCODER)), 21)
+def make_encoder(config: dict = ENCODER, seed: int = 21) -> CLIPVisionModelWithProjection:
+    torch.manual_seed(seed)
+    return randomized(CLIPVisionModelWithProjection(CLIPVisionConfig(**config)), seed)
 
 
 def cross_attention_layers(unet) -> list[str]:
@@ -77,6 +89,49 @@ def hidden_size(unet, name: str) -> int:
     return channels[block] if name.startswith("down_blocks") else list(reversed(channels))[block]
 
 
+def ip_layers(unet, seed: int) -> dict[str, torch.Tensor]:
+    """``ip_adapter.{2j+1}.to_k_ip/to_v_ip.weight`` for every cross-attention (PyTorch's default Linear init x 2)."""
+    torch.manual_seed(seed)
+    cross, out = unet.config.cross_attention_dim, {}
+    for j, name in enumerate(cross_attention_layers(unet)):
+        width = hidden_size(unet, name)
+        for which in ("to_k_ip", "to_v_ip"):
+            out[f"ip_adapter.{2 * j + 1}.{which}.weight"] = torch.nn.Linear(cross, width, bias=False).weight * 2.0
+    return out
+
+
+def plus_projection():
+    """diffusers' IPAdapterPlusImageProjection of :data:`PLUS`, seed 24, 1-D parameters moved."""
+    from diffusers.models.embeddings import IPAdapterPlusImageProjection
+
+    torch.manual_seed(24)
+    return randomized(IPAdapterPlusImageProjection(**PLUS), 24)
+
+
+def to_h94(projection) -> dict[str, torch.Tensor]:
+    """A diffusers IPAdapterPlusImageProjection's state dict in the original Resampler's names (``image_proj.``)."""
+    out = {}
+    for key, value in projection.state_dict().items():
+        parts = key.split(".")
+        if parts[0] != "layers":
+            out[key] = value
+            continue
+        i, rest = parts[1], ".".join(parts[2:])
+        names = {"ln0.weight": "0.norm1.weight", "ln0.bias": "0.norm1.bias", "ln1.weight": "0.norm2.weight",
+                 "ln1.bias": "0.norm2.bias", "attn.to_q.weight": "0.to_q.weight",
+                 "attn.to_out.0.weight": "0.to_out.weight",
+                 "ff.0.weight": "1.0.weight", "ff.0.bias": "1.0.bias", "ff.1.net.0.proj.weight": "1.1.weight",
+                 "ff.1.net.2.weight": "1.3.weight"}
+        if rest in names:
+            out[f"layers.{i}.{names[rest]}"] = value
+        elif rest == "attn.to_k.weight":
+            to_v = projection.state_dict()[f"layers.{i}.attn.to_v.weight"]
+            out[f"layers.{i}.0.to_kv.weight"] = torch.cat([value, to_v])  # keys first, as the Resampler's chunk
+        elif rest != "attn.to_v.weight":
+            raise KeyError(key)
+    return {f"image_proj.{k}": v for k, v in out.items()}
+
+
 def make_adapter(unet, embed_dim: int) -> dict[str, torch.Tensor]:
     """The plain adapter's state dict in h94's keys (see the module docstring)."""
     torch.manual_seed(22)
@@ -85,10 +140,7 @@ def make_adapter(unet, embed_dim: int) -> dict[str, torch.Tensor]:
     norm = torch.nn.LayerNorm(cross)
     out = {"image_proj.proj.weight": proj.weight, "image_proj.proj.bias": proj.bias,
            "image_proj.norm.weight": norm.weight, "image_proj.norm.bias": norm.bias}
-    for j, name in enumerate(cross_attention_layers(unet)):
-        width = hidden_size(unet, name)
-        for which in ("to_k_ip", "to_v_ip"):
-            out[f"ip_adapter.{2 * j + 1}.{which}.weight"] = torch.nn.Linear(cross, width, bias=False).weight * 2.0
+    out.update(ip_layers(unet, 22))
     generator = torch.Generator().manual_seed(22)
     with torch.no_grad():
         for key in ("image_proj.proj.bias", "image_proj.norm.weight", "image_proj.norm.bias"):
@@ -148,11 +200,14 @@ def cmd_ip_adapter(out=FIXTURES) -> None:
                          mean_change_from_none=float(np.abs(arrays[f"{key}_images"].astype(int)
                                                             - arrays["none_images"]).mean()))
         print(key, meta[key])
-    write_npz(folder / "reference.npz", arrays)
+    # before Plus: its Resampler's attentions join unet.attn_processors once it is loaded (encoder_hid_proj.*)
     layers = {2 * j + 1: name.removesuffix(".processor") for j, name in enumerate(cross_attention_layers(pipe.unet))}
+    plus_case(pipe, folder, noise, pixels, pictures, arrays, meta)
+    write_npz(folder / "reference.npz", arrays)
     meta = dict(made_by="python -m tools.img2img_noise (runtime venv), then python -m tools.make_fixtures ip-adapter",
                 versions=versions(), torch_threads=1, model="tests/fixtures/tiny-pt", settings=SETTINGS,
                 size=[64, 64], seeds=[int(s) for s in seeds], encoder=ENCODER, tokens=TOKENS, cases=meta,
+                vit_h_encoder=VIT_H, plus=PLUS,
                 layers=layers,
                 notes=["load_ip_adapter(folder, subfolder='sdxl_models', weight_name='ip-adapter_sdxl.safetensors', "
                        "image_encoder_folder='image_encoder'); set_ip_adapter_scale(scale); ip_adapter_image=[the "
@@ -160,6 +215,36 @@ def cmd_ip_adapter(out=FIXTURES) -> None:
                        "Noise: noise.npz of tiny-pt-img2img (seeds 41, 42) as the pipeline's latents."])
     (folder / "reference.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
     print(f"wrote {folder}")
+
+
+def plus_case(pipe, folder, noise, pixels, pictures, arrays, meta) -> None:
+    """The Plus adapter and its encoder (models/image_encoder) written, loaded by diffusers in place of the plain
+    one, its module outputs and :data:`PLUS_CASES`' images added to ``arrays`` and ``meta``."""
+    make_encoder(VIT_H, 23).save_pretrained(folder / "models" / "image_encoder", safe_serialization=True)
+    projection = plus_projection()
+    state = {k: v.detach().contiguous().float() for k, v in to_h94(projection).items()}
+    state.update({k: v.detach().contiguous().float() for k, v in ip_layers(pipe.unet, 25).items()})
+    save_file(state, str(folder / "sdxl_models" / "ip-adapter-plus_sdxl_vit-h.safetensors"))
+    pipe.unload_ip_adapter()
+    pipe.load_ip_adapter(str(folder), subfolder="sdxl_models", weight_name="ip-adapter-plus_sdxl_vit-h.safetensors",
+                         image_encoder_folder="models/image_encoder", low_cpu_mem_usage=False)
+    loaded = pipe.unet.encoder_hid_proj.image_projection_layers[0]
+    want = projection.state_dict()
+    assert set(loaded.state_dict()) == set(want), "the Resampler's keys did not convert back"
+    assert all(torch.equal(loaded.state_dict()[k], want[k]) for k in want), "the Resampler's weights differ"
+    with torch.no_grad():
+        hidden = pipe.image_encoder(torch.cat([torch.zeros_like(pixels[:1]), pixels]),
+                                    output_hidden_states=True).hidden_states[-2]
+        tokens = loaded(hidden)  # (4, 6, 80): the zero image's, then the pictures'
+    arrays.update(module_plus_negative=tokens[:1].numpy(), module_plus_tokens=tokens[1:].numpy())
+    for key, (refs, scale) in PLUS_CASES.items():
+        pipe.set_ip_adapter_scale(scale)
+        images = [PIL.Image.fromarray(pictures[n]) for n in refs]
+        arrays[f"{key}_images"] = images_of(pipe, noise, ip_adapter_image=[images])
+        meta[key] = dict(references=refs, scale=scale, adapter="ip-adapter-plus_sdxl_vit-h",
+                         mean_change_from_none=float(np.abs(arrays[f"{key}_images"].astype(int)
+                                                            - arrays["none_images"]).mean()))
+        print(key, meta[key])
 
 
 if __name__ == "__main__":

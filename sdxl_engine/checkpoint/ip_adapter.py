@@ -12,10 +12,11 @@ ViT-bigG), ``<file's folder>/../image_encoder`` and ``<file's folder>/../models/
 width is what the adapter's projection takes (so ``ip-adapter_sdxl_vit-h`` finds ViT-H and ``ip-adapter_sdxl``
 bigG).
 
-Image projections: the plain adapter's (``image_proj.proj.*``, ``image_proj.norm.*``: diffusers'
-``ImageProjection``; the file's ``proj`` is diffusers' ``image_embeds``, renamed by rule as diffusers'
-``_convert_ip_adapter_image_proj_to_diffusers`` does). Refused by name: Plus (``image_proj.latents``: a Resampler,
-not built yet), Full Face, FaceID.
+Image projections (the files' keys are the modules' names: models/ip_adapter.py): the plain adapter's
+(``image_proj.proj.*``, ``image_proj.norm.*``: ``ip-adapter_sdxl``, ``ip-adapter_sdxl_vit-h``) and Plus's Resampler
+(``image_proj.latents``, ``proj_in``, ``layers.*``, ``proj_out``, ``norm_out``: ``ip-adapter-plus_sdxl_vit-h``,
+``ip-adapter-plus-face_sdxl_vit-h``), its shapes read from the file as diffusers'
+``_convert_ip_adapter_image_proj_to_diffusers`` reads them. Refused by name: Full Face, FaceID, FaceID Plus.
 
 The hash is AUTOMATIC1111's model hash of the adapter file (checkpoint/controlnet.model_hash).
 """
@@ -44,13 +45,12 @@ from sdxl_engine.checkpoint.weights import (
     read_safetensors_header,
 )
 from sdxl_engine.models import Component, build_component
-from sdxl_engine.models.ip_adapter import cross_attention_layers
+from sdxl_engine.models.ip_adapter import PLUS_HEAD_DIM, cross_attention_layers
 from sdxl_engine.models.unet import UNetConfig
 
 LOG = logging.getLogger(__name__)
 # image projection keys -> the adapter kind a file is, for the ones refused by name
-REFUSED = (("image_proj.latents", "IP-Adapter Plus (a Resampler image projection) is not supported yet"),
-           ("image_proj.proj.3.weight", "IP-Adapter Full Face is not supported"),
+REFUSED = (("image_proj.proj.3.weight", "IP-Adapter Full Face is not supported"),
            ("image_proj.perceiver_resampler.proj_in.weight", "IP-Adapter FaceID Plus is not supported"))
 ENCODER_FOLDERS = ("image_encoder", "../image_encoder", "../models/image_encoder")  # beside the file, in order
 
@@ -64,6 +64,8 @@ class LoadedIPAdapter:
         path: the adapter file.
         component: its Component ("ip_adapter": image projection and per-layer ``to_k_ip``/``to_v_ip``).
         params: {key: array} of the adapter in ``dtype``, on the devices.
+        layers: the Component of its layers alone ("ip_adapter_layers"): what the generate program binds.
+        layer_params: ``params``' ``ip_adapter.*`` entries (the same arrays): what the program takes.
         encoder_path: the image encoder's folder.
         encoder: the image encoder's Component ("image_encoder").
         encoder_params: {key: array} of the image encoder in ``dtype``, on the devices.
@@ -80,12 +82,14 @@ class LoadedIPAdapter:
     encoder_params: dict
     hash: str
     dtype: str
+    layers: Component
+    layer_params: dict
     load_s: float = 0.0
 
     @property
     def architecture(self) -> str:
         """:func:`architecture` of its layers: adapters with equal ids share compiled programs."""
-        return architecture(self.component)
+        return architecture(self.layers)
 
     @property
     def tokens(self) -> int:
@@ -103,12 +107,11 @@ class LoadedIPAdapter:
         return f"{self.name} [{self.hash}]"
 
 
-def architecture(component: Component) -> str:
-    """A short id of what the program runs of an adapter: its layers' widths and the tokens' width (sha256, 16 hex
-    digits). The image projection and encoder run before the program (program/ip_adapter.py), so they are not in
-    it: every adapter for one UNet has one architecture."""
-    config = component.config
-    text = json.dumps({"widths": list(config.widths), "cross_attention_dim": config.cross_attention_dim})
+def architecture(layers: Component) -> str:
+    """A short id of what the program runs of an adapter (its "ip_adapter_layers" Component): its layers' widths and
+    the tokens' width (sha256 of the config, 16 hex digits). The image projection and encoder run before the program
+    (program/ip_adapter.py), so they are not in it: every adapter for one UNet has one architecture."""
+    text = json.dumps(dataclasses.asdict(layers.config), sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -135,11 +138,6 @@ def ip_adapter_sources(entries: str, separator: str = os.pathsep) -> dict[str, P
     return sources
 
 
-def rename_key(key: str) -> str:
-    """A file key -> the module's: the plain projection's ``image_proj.proj`` is diffusers' ``image_embeds``."""
-    return re.sub(r"^image_proj\.proj\.", "image_proj.image_embeds.", key)
-
-
 def adapter_config(path: Path, unet: UNetConfig) -> dict:
     """The adapter's config (models/ip_adapter.IPAdapterConfig's fields) from the file's tensor shapes and the UNet.
 
@@ -148,11 +146,12 @@ def adapter_config(path: Path, unet: UNetConfig) -> dict:
     header = read_safetensors_header(path)
     for key, why in REFUSED:
         if key in header:
-            raise ModelLoadError(f"{path}: {why}; load a plain IP-Adapter (ip-adapter_sdxl.safetensors)")
-    if "image_proj.proj.weight" not in header:
+            raise ModelLoadError(f"{path}: {why}; load a plain or Plus IP-Adapter (ip-adapter_sdxl.safetensors, "
+                                 "ip-adapter-plus_sdxl_vit-h.safetensors)")
+    if "image_proj.proj.weight" not in header and "image_proj.latents" not in header:
         what = "FaceID" if "image_proj.norm.weight" in header else "not an IP-Adapter in h94's layout"
-        raise ModelLoadError(f"{path}: {what} (no image_proj.proj.weight); load a plain IP-Adapter "
-                             "(ip-adapter_sdxl.safetensors)")
+        raise ModelLoadError(f"{path}: {what} (no image_proj.proj.weight or image_proj.latents); load a plain or Plus "
+                             "IP-Adapter (ip-adapter_sdxl.safetensors, ip-adapter-plus_sdxl_vit-h.safetensors)")
     layers = cross_attention_layers(unet)
     cross = unet.cross_attention_dim[-1]
     ids = sorted(int(m[1]) for k in header if (m := re.fullmatch(r"ip_adapter\.(\d+)\.to_k_ip\.weight", k)))
@@ -164,12 +163,24 @@ def adapter_config(path: Path, unet: UNetConfig) -> dict:
         if tuple(shape) != (width, cross):
             raise ModelLoadError(f"{path}: ip_adapter.{2 * j + 1}.to_k_ip.weight ({name}) has shape {tuple(shape)}, "
                                  f"the model's UNet needs {(width, cross)}. Is it an SDXL IP-Adapter for this model?")
+    widths = [w for _, w in layers]
+    if "image_proj.latents" in header:  # Plus: the Resampler's shapes
+        _, tokens, dim = header["image_proj.latents"].shape  # (1, queries, dim)
+        out = header["image_proj.proj_out.weight"].shape[0]
+        if out != cross:
+            raise ModelLoadError(f"{path}: image_proj.proj_out.weight gives {out}-wide tokens, the UNet's "
+                                 f"cross-attention width is {cross}")
+        depth = len([k for k in header if re.fullmatch(r"image_proj\.layers\.\d+\.0\.to_q\.weight", k)])
+        heads = header["image_proj.layers.0.0.to_q.weight"].shape[0] // PLUS_HEAD_DIM
+        return dict(projection="plus", image_embed_dim=header["image_proj.proj_in.weight"].shape[1],
+                    cross_attention_dim=cross, tokens=tokens, widths=widths, plus_dim=dim, plus_heads=heads,
+                    plus_depth=depth)
     proj = header["image_proj.proj.weight"].shape  # (tokens x cross, image_embed_dim)
     if proj[0] % cross:
         raise ModelLoadError(f"{path}: image_proj.proj.weight's {proj[0]} outputs are not tokens of the UNet's "
                              f"cross-attention width {cross}")
     return dict(projection="plain", image_embed_dim=proj[1], cross_attention_dim=cross, tokens=proj[0] // cross,
-                widths=[w for _, w in layers])
+                widths=widths)
 
 
 def _encoder_config(folder: Path) -> dict | None:
@@ -179,9 +190,10 @@ def _encoder_config(folder: Path) -> dict | None:
         return None
 
 
-def find_image_encoder(path: Path, image_embed_dim: int) -> Path:
-    """The adapter's image encoder folder (:data:`ENCODER_FOLDERS`, the first whose ``projection_dim`` is
-    ``image_embed_dim``). Raises ModelLoadError naming the folders tried and what each had."""
+def find_image_encoder(path: Path, image_embed_dim: int, field: str = "projection_dim") -> Path:
+    """The adapter's image encoder folder (:data:`ENCODER_FOLDERS`, the first whose ``field`` is ``image_embed_dim``:
+    ``projection_dim`` for a plain adapter, ``hidden_size`` for Plus). Raises ModelLoadError naming the folders tried
+    and what each had."""
     tried = []
     for rel in ENCODER_FOLDERS:
         folder = (path.parent / rel).resolve()
@@ -190,10 +202,10 @@ def find_image_encoder(path: Path, image_embed_dim: int) -> Path:
             tried.append(f"{folder} (no config.json)")
             continue
         config = config.get("vision_config", config)
-        if config.get("projection_dim") == image_embed_dim:
+        if config.get(field) == image_embed_dim:
             return folder
-        tried.append(f"{folder} (projection_dim {config.get('projection_dim')})")
-    raise ModelLoadError(f"{path}: no image encoder with projection_dim {image_embed_dim} beside it (h94/IP-Adapter's "
+        tried.append(f"{folder} ({field} {config.get(field)})")
+    raise ModelLoadError(f"{path}: no image encoder with {field} {image_embed_dim} beside it (h94/IP-Adapter's "
                          f"layout); tried {'; '.join(tried)}")
 
 
@@ -227,14 +239,19 @@ def load_ip_adapter(name: str, path: Path, dtype: str, unet: UNetConfig, shardin
     start = time.perf_counter()
     component = _build("ip_adapter", adapter_config(path, unet), path)
     place = lambda array: jax.device_put(array, sharding)  # noqa: E731
-    params = load_params(component, [path], jnp.dtype(dtype), place, rename=rename_key)
-    folder = find_image_encoder(path, component.config.image_embed_dim)
+    params = load_params(component, [path], jnp.dtype(dtype), place)
+    config = component.config
+    folder = find_image_encoder(path, config.image_embed_dim,
+                                "hidden_size" if config.projection == "plus" else "projection_dim")
     encoder = _build("image_encoder", _encoder_config(folder), folder / "config.json")
     encoder_params = load_params(encoder, find_weight_files(folder), jnp.dtype(dtype), place)
+    layers = _build("ip_adapter_layers", dict(cross_attention_dim=config.cross_attention_dim, widths=config.widths),
+                    path)
     loaded = LoadedIPAdapter(name=name, path=path, component=component, params=params, encoder_path=folder,
                              encoder=encoder, encoder_params=encoder_params, hash=model_hash(path), dtype=dtype,
+                             layers=layers, layer_params={k: params[k] for k in layers.shapes},
                              load_s=time.perf_counter() - start)
-    log(f"[sdxl_engine] IP-Adapter {loaded.title}: {path.name}, {component.config.tokens} tokens per image, "
+    log(f"[sdxl_engine] IP-Adapter {loaded.title}: {path.name}, {config.projection}, {config.tokens} tokens per image, "
         f"{len(component.config.widths)} layers, image encoder {folder} ({encoder.config.image_size} px), "
         f"read in {loaded.load_s:.2f} s")
     return loaded

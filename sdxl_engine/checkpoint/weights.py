@@ -193,10 +193,8 @@ def module_shape(torch_shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(torch_shape[i] for i in (2, 3, 1, 0)) if len(torch_shape) == 4 else tuple(torch_shape)
 
 
-def _map_keys(component: Component, keys: list[str],
-              rename: Callable[[str], str] | None = None) -> tuple[dict[str, str], list[str]]:
-    """{checkpoint key: module key} by the prefix and buffer rules (then ``rename``, a component's own rule); and the
-    keys nothing maps to."""
+def _map_keys(component: Component, keys: list[str]) -> tuple[dict[str, str], list[str]]:
+    """{checkpoint key: module key} by the prefix and buffer rules; and the keys nothing maps to."""
     own = component.shapes
     strip = not any(k.startswith("text_model.") for k in own)
     mapping, unexpected = {}, []
@@ -204,7 +202,6 @@ def _map_keys(component: Component, keys: list[str],
         if key.rsplit(".", 1)[-1] in BUFFERS:
             continue
         target = key[len("text_model."):] if strip and key.startswith("text_model.") else key
-        target = rename(target) if rename is not None else target
         if target in own:
             mapping[key] = target
         else:
@@ -240,8 +237,7 @@ def _stored(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def load_params(component: Component, files: list[Path], dtype,
-                place: Callable[[np.ndarray], object] = np.asarray,
-                rename: Callable[[str], str] | None = None) -> dict:
+                place: Callable[[np.ndarray], object] = np.asarray) -> dict:
     """Read, check and cast a component's weights; ``place`` each tensor as soon as it is read.
 
     Args:
@@ -250,8 +246,6 @@ def load_params(component: Component, files: list[Path], dtype,
         dtype: target dtype (numpy or ml_dtypes, e.g. ``jnp.bfloat16``).
         place: called with each (shape as in the module, ``dtype``) numpy array; returns what
             the dict keeps (``jax.device_put`` with a sharding puts it on the devices at once).
-        rename: a file key (after the prefix rule) -> module key, for files whose names differ from the modules'
-            by a component's rule (IP-Adapter's image projection: checkpoint/ip_adapter.py); None: none.
     Returns:
         {module key: placed array} for every parameter of ``component``.
     Raises:
@@ -263,7 +257,7 @@ def load_params(component: Component, files: list[Path], dtype,
     infos: dict[str, TensorInfo] = {}
     for file in files:
         infos.update(read_safetensors_header(file))
-    mapping, unexpected = _map_keys(component, list(infos), rename)
+    mapping, unexpected = _map_keys(component, list(infos))
     by_target = {target: infos[key] for key, target in mapping.items()}
     _check(component, where, {k: module_shape(v.shape) for k, v in by_target.items()},
            {k: v.dtype for k, v in by_target.items()}, unexpected)

@@ -612,7 +612,7 @@ class Engine:
         if ip is None:
             return params, inputs
         adapters = setup.model.ip_adapters
-        return ({**params, "ip_adapter": tuple(adapters[m].params for m in ip.models)},
+        return ({**params, "ip_adapter": tuple(adapters[m].layer_params for m in ip.models)},
                 inputs.with_ip_adapter(**ip.inputs()))
 
     def _fitting_controlnets(self, loaded: loading.LoadedModel, strict: bool) -> dict:

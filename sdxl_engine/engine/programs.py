@@ -75,7 +75,7 @@ class Programs:
             by_id = {net.architecture: net.params for net in self.model.controlnets.values()}
             params = {**params, "controlnet": tuple(by_id[a] for a in shape.controlnets)}
         if shape.ip_adapters:
-            by_id = {a.architecture: a.params for a in self.model.ip_adapters.values()}
+            by_id = {a.architecture: a.layer_params for a in self.model.ip_adapters.values()}
             params = {**params, "ip_adapter": tuple(by_id[a] for a, _, _ in shape.ip_adapters)}
         return params
 

@@ -24,7 +24,7 @@ from flax import nnx
 from sdxl_engine.models.clip import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, CLIPTextOutput
 from sdxl_engine.models.clip_vision import CLIPVisionConfig, CLIPVisionModelWithProjection
 from sdxl_engine.models.controlnet import ControlNetConfig, ControlNetModel
-from sdxl_engine.models.ip_adapter import IPAdapterConfig, IPAdapterModel
+from sdxl_engine.models.ip_adapter import IPAdapterConfig, IPAdapterLayers, IPAdapterLayersConfig, IPAdapterModel
 from sdxl_engine.models.unet import UNet2DConditionModel, UNetConfig
 from sdxl_engine.models.vae import AutoencoderKL, VAEConfig
 
@@ -45,6 +45,7 @@ ADDONS: dict[str, tuple[type, type, tuple[str, ...]]] = {
     # IP-Adapter (checkpoint/ip_adapter.py): its image encoder and the adapter file's modules
     "image_encoder": (CLIPVisionConfig, CLIPVisionModelWithProjection, ("CLIPVisionModelWithProjection",)),
     "ip_adapter": (IPAdapterConfig, IPAdapterModel, ()),
+    "ip_adapter_layers": (IPAdapterLayersConfig, IPAdapterLayers, ()),  # the program's part of "ip_adapter"
 }
 
 

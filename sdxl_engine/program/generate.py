@@ -584,11 +584,10 @@ def _controlnets_of(model: LoadedModel, shape: ProgramShape) -> tuple:
 
 
 def _ip_adapters_of(model: LoadedModel, shape: ProgramShape) -> tuple:
-    """The Component of each IP-Adapter unit's architecture id (a loaded IP-Adapter of it: ``model.ip_adapters``).
+    """The layers' Component ("ip_adapter_layers") of each IP-Adapter unit's architecture id (a loaded IP-Adapter of
+    it: ``model.ip_adapters``).
     Raises ValueError for an id no loaded IP-Adapter has, or units whose tokens differ in width."""
-    from sdxl_engine.checkpoint.ip_adapter import architecture
-
-    by_id = {architecture(a.component): a.component for a in model.ip_adapters.values()}
+    by_id = {a.architecture: a.layers for a in model.ip_adapters.values()}
     missing = [a for a, _, _ in shape.ip_adapters if a not in by_id]
     if missing:
         raise ValueError(f"a program with IP-Adapter architectures {missing} needs a loaded IP-Adapter of each; "
@@ -1030,8 +1029,9 @@ def control_residuals(st: Static, cond: Conditioning, inputs: ProgramInputs, i, 
 
 
 class IPConditioning(NamedTuple):
-    """What the IP-Adapter units read at every step (ProgramShape.ip_adapter): each unit's adapter bound to its params
-    (``params["ip_adapter"][k]``) and its image tokens per row, (rows, tokens, width) in the parameters' dtype
+    """What the IP-Adapter units read at every step (ProgramShape.ip_adapter): each unit's adapter layers
+    (models/ip_adapter.IPAdapterLayers) bound to its params (``params["ip_adapter"][k]``: its ``layer_params``) and its
+    image tokens per row, (rows, tokens, width) in the parameters' dtype
     (negatives first with CFG, as :class:`Conditioning`)."""
 
     adapters: tuple
@@ -1047,7 +1047,7 @@ def ip_conditioning(st: Static, params, inputs: ProgramInputs) -> IPConditioning
     adapters, tokens, first = [], [], 0
     for k, component in enumerate(st.ip_adapters):
         adapter = component.bind(params["ip_adapter"][k])
-        dtype = adapter.image_proj.norm.weight[...].dtype
+        dtype = adapter.layer(0).to_k_ip.weight[...].dtype
         count = st.shape.ip_adapters[k][1]
         unit = inputs.ip_tokens[:, first:first + count].astype(dtype)  # (2, tokens, width)
         first += count

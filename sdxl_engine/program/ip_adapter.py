@@ -26,15 +26,24 @@ def reference_tokens_fn(encoder: Component, adapter: Component) -> Callable:
     """The jitted ``(encoder_params, adapter_params, pixels) -> tokens`` of an image encoder and an adapter.
 
     pixels: (n, 3, S, S) float32, channels-first, CLIPImageProcessor's output (engine/ip_adapter.clip_pixels).
-    tokens: (2, n x tokens, cross_attention_dim) float32: row 0 the negative (the projection of zero embeddings),
-    row 1 the images'."""
+    tokens: (2, n x tokens, cross_attention_dim) float32: row 0 the negative, row 1 the images'. The plain projection
+    takes the encoder's ``image_embeds``, its negative zero embeddings; Plus's Resampler the penultimate hidden
+    states, its negative those of a zero image (diffusers' ``encode_image(..., output_hidden_states=True)``:
+    ``image_encoder(torch.zeros_like(image))``)."""
     key = (encoder.config, adapter.config)
     if key not in _ENCODERS:
+        plus = adapter.config.projection == "plus"
+
         def tokens(encoder_params, adapter_params, pixels):
-            embeds = encoder.bind(encoder_params)(pixels).image_embeds  # (n, projection_dim)
+            n = pixels.shape[0]
             project = adapter.bind(adapter_params).image_proj
-            both = project(jnp.concatenate([jnp.zeros_like(embeds), embeds]))  # (2n, tokens, width)
-            n = embeds.shape[0]
+            encode = encoder.bind(encoder_params)
+            if plus:
+                hidden = encode(jnp.concatenate([jnp.zeros_like(pixels), pixels])).penultimate  # (2n, positions, h)
+                both = project(hidden)  # (2n, tokens, width)
+            else:
+                embeds = encode(pixels).image_embeds  # (n, projection_dim)
+                both = project(jnp.concatenate([jnp.zeros_like(embeds), embeds]))  # (2n, tokens, width)
             return both.reshape(2, n * both.shape[1], both.shape[2]).astype(jnp.float32)  # (2, n x tokens, width)
 
         _ENCODERS[key] = jax.jit(tokens)

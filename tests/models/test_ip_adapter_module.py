@@ -2,9 +2,10 @@
 ImageProjection; checkpoint/ip_adapter.py reading h94's layout; engine/ip_adapter.clip_pixels against
 CLIPImageProcessor.
 
-Reference: tests/fixtures/tiny-pt-ip-adapter/ (``python -m tools.make_fixtures ip-adapter``, the torch venv): a tiny
-random image encoder and plain IP-Adapter for tiny-pt in h94's file layout, diffusers' feature extractor's pixels of
-three pictures (one 64 x 40) and the loaded encoder's ``image_embeds`` and projection tokens of them.
+Reference: tests/fixtures/tiny-pt-ip-adapter/ (``python -m tools.make_fixtures ip-adapter``, the torch venv): tiny
+random image encoders and a plain and a Plus IP-Adapter for tiny-pt in h94's file layout, diffusers' feature
+extractor's pixels of three pictures (one 64 x 40), the loaded encoder's ``image_embeds`` and the plain projection's
+tokens of them, and the Plus Resampler's tokens of the second encoder's penultimate hidden states.
 """
 
 import json
@@ -16,6 +17,7 @@ from tests.helpers import FIXTURES
 
 FOLDER = FIXTURES / "tiny-pt-ip-adapter"
 FILE = FOLDER / "sdxl_models" / "ip-adapter_sdxl.safetensors"
+PLUS = FOLDER / "sdxl_models" / "ip-adapter-plus_sdxl_vit-h.safetensors"
 META = json.loads((FOLDER / "reference.json").read_text())
 NAMES = ("picture0", "picture1", "tall")
 
@@ -40,6 +42,13 @@ def adapter(unet):
     return load_ip_adapter("ip-adapter_sdxl", FILE, "float32", unet, log=lambda line: None)
 
 
+@pytest.fixture(scope="module")
+def plus(unet):
+    from sdxl_engine.checkpoint.ip_adapter import load_ip_adapter
+
+    return load_ip_adapter("ip-adapter-plus_sdxl_vit-h", PLUS, "float32", unet, log=lambda line: None)
+
+
 def test_layers_are_numbered_as_diffusers_numbers_them(unet):
     """Key id 2j + 1 is the j-th cross-attention of diffusers' ``unet.attn_processors`` (down, up, mid), as the
     fixture recorded; the call order puts the mid block between the down and up blocks."""
@@ -60,8 +69,32 @@ def test_the_file_and_its_image_encoder_load_by_h94s_layout(adapter):
                                                                                                       24)
     assert len(config.widths) == 22 and adapter.encoder_path == (FOLDER / "sdxl_models" / "image_encoder").resolve()
     assert adapter.image_size == 32 and adapter.encoder.config.patch_size == 8
-    assert "image_proj.image_embeds.weight" in adapter.params and "ip_adapter.43.to_v_ip.weight" in adapter.params
+    assert "image_proj.proj.weight" in adapter.params and "ip_adapter.43.to_v_ip.weight" in adapter.params
     assert len(adapter.hash) == 8 and adapter.title == f"ip-adapter_sdxl [{adapter.hash}]"
+
+
+def test_plus_reads_the_resampler_and_finds_vit_h_by_layout(plus):
+    """Plus's shapes from the file as diffusers reads them (6 queries of width 48, 1 head of 64, 4 blocks, the
+    encoder's hidden size 40 in), and its encoder found at models/image_encoder (h94's ViT-H place) by hidden size, past
+    sdxl_models/image_encoder (hidden 32)."""
+    config = plus.component.config
+    assert (config.projection, config.tokens, config.plus_dim, config.plus_heads, config.plus_depth,
+            config.image_embed_dim) == ("plus", 6, 48, 1, 4, 40)
+    assert plus.encoder_path == (FOLDER / "models" / "image_encoder").resolve()
+    assert "image_proj.layers.3.0.to_kv.weight" in plus.params and "image_proj.layers.0.1.3.weight" in plus.params
+
+
+def test_plus_tokens_match_diffusers(plus, reference):
+    """The Resampler's tokens of the encoder's penultimate hidden states (``hidden_states[-2]``) within 1e-5
+    (relative) of diffusers' IPAdapterPlusImageProjection, and the negative row that of a zero image."""
+    from sdxl_engine.program.ip_adapter import reference_tokens_fn
+
+    pixels = np.stack([reference[f"pixels_{n}"] for n in NAMES])
+    tokens = np.asarray(reference_tokens_fn(plus.encoder, plus.component)(plus.encoder_params, plus.params, pixels))
+    assert tokens.shape == (2, 18, 80)
+    for got, want in ((tokens[1], reference["module_plus_tokens"].reshape(18, 80)),
+                      (tokens[0], np.tile(reference["module_plus_negative"][0], (3, 1)))):
+        assert np.abs(got - want).max() / np.abs(want).max() < 1e-5
 
 
 def test_clip_pixels_are_clip_image_processors(reference):
@@ -95,18 +128,18 @@ def test_image_embeds_and_tokens_match_diffusers(adapter, reference):
 
 
 def test_refusals_name_the_file_and_the_kind(tmp_path, unet):
-    """Plus (a Resampler) refused by name, a file whose layers do not fit the UNet, no image encoder beside it,
-    pickles and a missing file."""
+    """Full Face refused by name, a file whose layers do not fit the UNet, no image encoder beside it, pickles and a
+    missing file."""
     from safetensors.numpy import load_file, save_file
 
     from sdxl_engine.checkpoint.ip_adapter import ip_adapter_sources, load_ip_adapter
     from sdxl_engine.checkpoint.weights import ModelLoadError
 
     tensors = load_file(FILE)
-    plus = tmp_path / "plus.safetensors"
-    save_file({**tensors, "image_proj.latents": np.zeros((1, 16, 80), np.float32)}, plus)
-    with pytest.raises(ModelLoadError, match="Plus"):
-        load_ip_adapter("plus", plus, "float32", unet)
+    face = tmp_path / "face.safetensors"
+    save_file({**tensors, "image_proj.proj.3.weight": np.zeros((80,), np.float32)}, face)
+    with pytest.raises(ModelLoadError, match="Full Face is not supported"):
+        load_ip_adapter("face", face, "float32", unet)
     short = tmp_path / "short.safetensors"
     save_file({k: v for k, v in tensors.items() if not k.startswith("ip_adapter.43.")}, short)
     with pytest.raises(ModelLoadError, match="21 ip_adapter layers.*22 cross-attention"):
