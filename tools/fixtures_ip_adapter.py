@@ -4,7 +4,8 @@
 
     .venv-torch/bin/python -m tools.make_fixtures ip-adapter      (the torch venv; never the runtime's)
 
-Needs tests/fixtures/tiny-pt/ and tiny-pt-img2img/noise.npz (the engine's initial noise of seeds 41 and 42). Writes
+Needs tests/fixtures/tiny-pt/, tiny-pt-controlnet/cn-a and tiny-pt-img2img/noise.npz (the engine's initial noise of
+seeds 41 and 42). Writes
 tests/fixtures/tiny-pt-ip-adapter/ laid out as h94/IP-Adapter is (what people download):
 
 * ``sdxl_models/image_encoder/``: ``CLIPVisionModelWithProjection`` (hidden 32, 2 layers, 4 heads, 32 px images in
@@ -26,7 +27,8 @@ tests/fixtures/tiny-pt-ip-adapter/ laid out as h94/IP-Adapter is (what people do
   the module case (``module_image_embeds`` (3, 24), ``module_tokens`` (3, 4, 80): the encoder's ``image_embeds`` and
   the adapter's image projection of them; ``module_plus_tokens`` (3, 6, 80) and ``module_plus_negative`` (1, 6, 80):
   Plus's tokens of the second encoder's penultimate hidden states of them and of a zero image), and
-  ``<case>_images`` (2, 64, 64, 3) uint8 for :data:`CASES` and :data:`PLUS_CASES`: 2 images
+  ``<case>_images`` (2, 64, 64, 3) uint8 for :data:`CASES`, ``with_controlnet`` (:data:`CONTROLNET_CASE`:
+  StableDiffusionXLControlNetPipeline with tiny-pt-controlnet's cn-a) and :data:`PLUS_CASES`: 2 images
   (one prompt, ``num_images_per_prompt`` 2), 10 Euler steps, "a red circle", negative "a blue square", guidance 5,
   the engine's noise; ``none_images``: the same without the adapter.
 * ``reference.json``: each case's images and scale, the layer of each ``ip_adapter`` key id, versions.
@@ -61,6 +63,8 @@ CASES = {
 VIT_H = dict(ENCODER, hidden_size=40, intermediate_size=80, projection_dim=16)  # where h94 keeps ViT-H
 PLUS = dict(embed_dims=40, output_dims=80, hidden_dims=48, depth=4, dim_head=64, heads=1, num_queries=6)
 PLUS_CASES = {"plus": (["tall"], 0.7)}
+# the plain adapter with a ControlNet: (references, scale, control image, ControlNet weight), cn-a over every step
+CONTROLNET_CASE = (["picture1"], 0.8, "picture0", 0.8)
 
 
 def references() -> dict[str, np.ndarray]:
@@ -200,6 +204,7 @@ def cmd_ip_adapter(out=FIXTURES) -> None:
                          mean_change_from_none=float(np.abs(arrays[f"{key}_images"].astype(int)
                                                             - arrays["none_images"]).mean()))
         print(key, meta[key])
+    with_controlnet = controlnet_case(pipe, noise, pictures, arrays)
     # before Plus: its Resampler's attentions join unet.attn_processors once it is loaded (encoder_hid_proj.*)
     layers = {2 * j + 1: name.removesuffix(".processor") for j, name in enumerate(cross_attention_layers(pipe.unet))}
     plus_case(pipe, folder, noise, pixels, pictures, arrays, meta)
@@ -207,7 +212,7 @@ def cmd_ip_adapter(out=FIXTURES) -> None:
     meta = dict(made_by="python -m tools.img2img_noise (runtime venv), then python -m tools.make_fixtures ip-adapter",
                 versions=versions(), torch_threads=1, model="tests/fixtures/tiny-pt", settings=SETTINGS,
                 size=[64, 64], seeds=[int(s) for s in seeds], encoder=ENCODER, tokens=TOKENS, cases=meta,
-                vit_h_encoder=VIT_H, plus=PLUS,
+                vit_h_encoder=VIT_H, plus=PLUS, with_controlnet=with_controlnet,
                 layers=layers,
                 notes=["load_ip_adapter(folder, subfolder='sdxl_models', weight_name='ip-adapter_sdxl.safetensors', "
                        "image_encoder_folder='image_encoder'); set_ip_adapter_scale(scale); ip_adapter_image=[the "
@@ -215,6 +220,30 @@ def cmd_ip_adapter(out=FIXTURES) -> None:
                        "Noise: noise.npz of tiny-pt-img2img (seeds 41, 42) as the pipeline's latents."])
     (folder / "reference.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
     print(f"wrote {folder}")
+
+
+def controlnet_case(pipe, noise, pictures, arrays) -> dict:
+    """:data:`CONTROLNET_CASE`: the plain adapter with tiny-pt-controlnet's cn-a (one unit over every step, so
+    diffusers' step rule and A1111's keep the same steps) in diffusers' StableDiffusionXLControlNetPipeline, which
+    shares the pipeline's UNet (its IP-Adapter processors loaded) and image encoder."""
+    from diffusers import ControlNetModel, StableDiffusionXLControlNetPipeline
+
+    refs, scale, control, weight = CONTROLNET_CASE
+    net = ControlNetModel.from_pretrained(FIXTURES / "tiny-pt-controlnet" / "cn-a", torch_dtype=torch.float32).eval()
+    cn_pipe = StableDiffusionXLControlNetPipeline(
+        vae=pipe.vae, text_encoder=pipe.text_encoder, text_encoder_2=pipe.text_encoder_2, tokenizer=pipe.tokenizer,
+        tokenizer_2=pipe.tokenizer_2, unet=pipe.unet, scheduler=pipe.scheduler, controlnet=net,
+        image_encoder=pipe.image_encoder, feature_extractor=pipe.feature_extractor, add_watermarker=False)
+    cn_pipe.set_progress_bar_config(disable=True)
+    pipe.set_ip_adapter_scale(scale)
+    images = [PIL.Image.fromarray(pictures[n]) for n in refs]
+    arrays["with_controlnet_images"] = images_of(cn_pipe, noise, ip_adapter_image=[images],
+                                                 image=PIL.Image.fromarray(pictures[control]),
+                                                 controlnet_conditioning_scale=weight)
+    case = dict(references=refs, scale=scale, controlnet="cn-a", control=control, control_weight=weight,
+                pipeline=type(cn_pipe).__name__)
+    print("with_controlnet", case)
+    return case
 
 
 def plus_case(pipe, folder, noise, pixels, pictures, arrays, meta) -> None:

@@ -15,6 +15,7 @@ import json
 import numpy as np
 import pytest
 
+from sdxl_engine.engine.control import control_arrays
 from sdxl_engine.engine.ip_adapter import IPAdapterUnit, ip_arrays
 from sdxl_engine.program.schedulers import make_schedule
 from tests.helpers import FIXTURES
@@ -58,12 +59,16 @@ def program(tiny_pt, tiny_pt_programs):
     mesh, params = tiny_pt_programs.mesh, tiny_pt_programs.params
     adapters = {name: load_ip_adapter(name, FOLDER / "sdxl_models" / f"{name}.safetensors", "float32", tiny_pt.unet,
                                       sharding=replicated(mesh), log=lambda _: None) for name in (NAME, PLUS)}
-    model = dataclasses.replace(tiny_pt, ip_adapters=adapters)
+    from sdxl_engine.checkpoint.controlnet import load_controlnet
+
+    net = load_controlnet("cn-a", FIXTURES / "tiny-pt-controlnet" / "cn-a", "float32", sharding=replicated(mesh),
+                          log=lambda _: None)
+    model = dataclasses.replace(tiny_pt, ip_adapters=adapters, controlnets={"cn-a": net})
     ids, _ = tokenize(model, SETTINGS["prompt"])
     negative, _ = tokenize(model, SETTINGS["negative_prompt"])
     compiled = {}
 
-    def run(units, seeds):
+    def run(units, seeds, control=()):
         schedule = make_schedule("Euler", model.scheduler_config, STEPS)
         inputs = ProgramInputs.build(ids, negative, False, list(seeds), SETTINGS["guidance_scale"], schedule, STEPS,
                                      STEPS)
@@ -75,6 +80,11 @@ def program(tiny_pt, tiny_pt_programs):
             width = arrays.tokens.shape[2]
             shape = ProgramShape(2, 64, 64, max_steps=STEPS, ip_adapters=tuple(
                 (model.ip_adapters[m].architecture, n, width) for m, n in zip(arrays.models, arrays.counts)))
+            if control:  # ControlNet units beside: their arrays and params, their architectures in the shape
+                inputs = inputs.with_control(**control_arrays(control, 64, 64, 2, 0, STEPS, STEPS).inputs())
+                extra["controlnet"] = tuple(model.controlnets[u.model].params for u in control)
+                shape = dataclasses.replace(shape, controlnets=tuple(model.controlnets[u.model].architecture
+                                                                     for u in control))
         else:
             shape = ProgramShape(2, 64, 64, max_steps=STEPS)
             return np.asarray(tiny_pt_programs[shape].executable(params, inputs)[0]).astype(int)
@@ -98,6 +108,26 @@ def test_ip_adapter_images_match_diffusers(program, reference, case):
     diff = np.abs(program([unit_of(case, reference)], reference["seeds"]) - want)
     print(f"{case}: max {diff.max()}/255, mean {diff.mean():.4f}/255")
     assert diff.max() <= 4 and diff.mean() <= 0.5, (case, diff.max(), diff.mean())
+
+
+@pytest.mark.slow  # compiles the program with a ControlNet unit and an IP-Adapter unit
+def test_with_a_controlnet_matches_diffusers(program, reference):
+    """The plain adapter with tiny-pt-controlnet's cn-a (one unit over every step) within the tolerance of diffusers'
+    StableDiffusionXLControlNetPipeline with the adapter loaded; the adapter shows beside the ControlNet (the images
+    differ from the ControlNet alone's, tiny-pt-controlnet's "one" case: the same unit, prompt and noise, by more than
+    1.5 x the mean tolerance, as the ControlNet tests' planted bugs must)."""
+    from sdxl_engine.engine.control import ControlUnit
+
+    case = META["with_controlnet"]
+    unit = IPAdapterUnit(image=reference[case["references"][0]], model=NAME, weight=case["scale"])
+    control = (ControlUnit(image=reference[case["control"]], model=case["controlnet"], weight=case["control_weight"]),)
+    got = program([unit], reference["seeds"], control)
+    diff = np.abs(got - reference["with_controlnet_images"].astype(int))
+    print(f"with a ControlNet: max {diff.max()}/255, mean {diff.mean():.4f}/255")
+    assert diff.max() <= 4 and diff.mean() <= 0.5, (diff.max(), diff.mean())
+    with np.load(FIXTURES / "tiny-pt-controlnet" / "reference.npz") as data:
+        alone = data["one_images"].astype(int)
+    assert np.abs(got - alone).mean() > 0.75, np.abs(got - alone).mean()  # 1.5 x the mean tolerance (measured 1.6)
 
 
 def test_scale_0_is_no_adapter(program, reference):
