@@ -154,3 +154,19 @@ def test_refusals_name_the_file_and_the_kind(tmp_path, unet):
     with pytest.raises(ModelLoadError, match="no such file"):
         ip_adapter_sources(str(tmp_path / "missing.safetensors"))
     assert ip_adapter_sources(f"{FILE}:{alone}", ":") == {"ip-adapter_sdxl": FILE, "alone": alone}
+
+
+def test_sdxl_bases_cross_attentions_are_h94s_70_layers():
+    """SDXL base's UNet has the 70 cross-attentions h94's SDXL files number 1, 3, ... 139: 24 in the down blocks
+    (640 and 1280 wide), 36 in the up blocks, then the mid block's 10; its call order puts those 10 between."""
+    from sdxl_engine.checkpoint.builtin import SDXL_BASE_DIR
+    from sdxl_engine.models import UNetConfig
+    from sdxl_engine.models.ip_adapter import cross_attention_layers, forward_order
+
+    unet = UNetConfig.from_dict(json.loads((SDXL_BASE_DIR / "unet" / "config.json").read_text()))
+    layers = cross_attention_layers(unet)
+    assert len(layers) == 70 and [w for _, w in layers].count(640) == 4 + 6
+    assert layers[0] == ("down_blocks.1.attentions.0.transformer_blocks.0.attn2", 640)
+    assert layers[24] == ("up_blocks.0.attentions.0.transformer_blocks.0.attn2", 1280)
+    assert layers[69] == ("mid_block.attentions.0.transformer_blocks.9.attn2", 1280)
+    assert forward_order(unet)[24:34] == tuple(range(60, 70))
