@@ -35,7 +35,9 @@ advance (a traced range of steps) and finish (stage 4) for a host that reports e
 ProgramShape flag, the inputs it turns on and one branch in a stage: img2img (``init_image``), inpainting
 (``inpaint``), the refiner (``refiner``), hires fix's two passes (``latents_out``, ``init_latents``), ControlNet units
 (``controlnets``: the ``control_*`` inputs, stage 1c :func:`control_conditioning` and :func:`control_residuals` in the
-base UNet's call; docs/controlnet.md); README, "Architecture", says where each goes.
+base UNet's call; docs/controlnet.md), IP-Adapter units (``ip_adapters``: the ``ip_*`` inputs, stage 1d
+:func:`ip_conditioning` and :func:`ip_layers` into the base UNet's cross-attentions; docs/ip-adapter.md); README,
+"Architecture", says where each goes.
 """
 
 from __future__ import annotations
@@ -111,8 +113,9 @@ class ProgramShape:
     controlnets: tuple[str, ...] = ()
     # IP-Adapter units (docs/ip-adapter.md): per unit (architecture id: checkpoint/ip_adapter.architecture, its image
     # tokens, their width); the units' tokens (computed before the program: program/ip_adapter.py), scales and per-step
-    # keep come in ProgramInputs.ip_*, each unit's adapter params in params["ip_adapter"][k]. So another reference
-    # image, scale, start/end or adapter of the architecture is the same executable. (): no IP-Adapter.
+    # keep come in ProgramInputs.ip_*, each unit's adapter layers' params in params["ip_adapter"][k]. So another
+    # reference image, scale, start/end or adapter of the architecture (plain or Plus) is the same executable.
+    # (): no IP-Adapter.
     ip_adapters: tuple[tuple[str, int, int], ...] = ()
 
     @property
@@ -544,7 +547,7 @@ class Static:
     inpainting_unet: bool = False  # the UNet takes [latents, mask, masked-image latents] (9 channels for SDXL)
     refiner: Any = None  # with shape.refiner: the model's refiner (LoadedModel: components, kind), else None
     controlnets: tuple = ()  # with shape.control: each unit's ControlNet Component (its architecture's), in order
-    ip_adapters: tuple = ()  # with shape.ip_adapter: each unit's IP-Adapter Component (its architecture's), in order
+    ip_adapters: tuple = ()  # with shape.ip_adapter: each unit's adapter layers' Component (its architecture's)
     ip_order: tuple = ()  # with shape.ip_adapter: the UNet's cross-attentions in call order (ip_adapter.forward_order)
     noise_stream: int | None = None  # the seeds' noise stream (seed_key): HIRES_NOISE for hires' second pass
 
