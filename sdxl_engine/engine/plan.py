@@ -1,8 +1,10 @@
 """A validated request in the program's terms: :class:`Planner` turns a GenerateRequest into a :class:`Plan` (the
 ProgramShape that keys the compile, the tokenized prompts, the sampler's schedule, the seeds, the image and mask,
 the refiner's first step, hires fix's second pass), before anything waits, compiles or runs. Host code only: no
-program is traced here (program/ holds those). As diffusers' pipelines prepare their inputs (``encode_prompt``,
-``get_timesteps``, ``prepare_latents``) before the denoising loop."""
+program is traced here (program/ holds those); the one device call is the IP-Adapter units' reference encoder
+(program/ip_adapter.py: the image encoder and projection, once per request, compiled by JAX once per image count), as
+diffusers' ``prepare_ip_adapter_image_embeds`` runs before the loop. As diffusers' pipelines prepare their inputs
+(``encode_prompt``, ``get_timesteps``, ``prepare_latents``) before the denoising loop."""
 
 from __future__ import annotations
 
