@@ -15,8 +15,15 @@ import numpy as np
 import pytest
 
 from sdxl_engine.models import layers
-from sdxl_engine.models.layers import (attention, flash_attention_tpu, flash_block, flash_fits, resolve_attention,
-                                      rows_fit, softmax_attention_tpu)
+from sdxl_engine.models.layers import (
+    attention,
+    flash_attention_tpu,
+    flash_block,
+    flash_fits,
+    resolve_attention,
+    rows_fit,
+    softmax_attention_tpu,
+)
 
 B, T, S, HEADS, HEAD_DIM = 2, 24, 40, 3, 8
 
