@@ -93,6 +93,8 @@ SAMPLER_CASES = [
     ("dpm-sde-sigma-min-16", "DPM++ 2M SDE", {"final_sigmas_type": "sigma_min"}, 16),
     ("dpm-sde-karras-in-config", "DPM++ 2M SDE", {"use_karras_sigmas": True}, 6),
     ("dpm-sde-v-trailing", "DPM++ 2M SDE", {"prediction_type": "v_prediction", "timestep_spacing": "trailing"}, 6),
+    # From a later step (img2img's start_step: set_begin_index, a fresh history): a fifth field, the first step.
+    ("dpm-from-4", "DPM++ 2M", {}, 10, 4),
     ("dpm-karras-sigma-range", "DPM++ 2M Karras", {"sigma_min": 0.1, "sigma_max": 10.0}, 6),
     ("dpm-karras-trailing-v", "DPM++ 2M Karras", {"timestep_spacing": "trailing",
                                                   "prediction_type": "v_prediction"}, 6),
@@ -143,11 +145,13 @@ def init_defaults(cls) -> dict:
     return {name: p.default for name, p in inspect.signature(cls.__init__).parameters.items() if name != "self"}
 
 
-def sampler_trajectory(sampler: str, config: dict, steps: int, model_outputs: np.ndarray, start: np.ndarray):
+def sampler_trajectory(sampler: str, config: dict, steps: int, model_outputs: np.ndarray, start: np.ndarray,
+                       first: int = 0):
     """diffusers' scheduler for ``sampler`` from ``config``, run for ``steps`` steps on fixed arrays.
 
-    The sample starts at ``start * init_noise_sigma``; step k's model output is ``model_outputs[k]``.
-    Returns (scheduler, samples (steps + 1, *SAMPLER_SHAPE), noise (steps, *SAMPLER_SHAPE) or None).
+    The sample starts at ``start * init_noise_sigma``; step k's model output is ``model_outputs[k]``. ``first`` > 0:
+    the run begins at step ``first`` (``set_begin_index``, as diffusers' img2img pipelines start).
+    Returns (scheduler, samples (steps - first + 1, *SAMPLER_SHAPE), noise (steps - first, *SAMPLER_SHAPE) or None).
     Euler a's, DPM++ 2M SDE's and LCM's noise of step k is torch.randn from a generator seeded 1000 + k, passed to
     step() the same way (LCM draws none on its last step: that row is recorded all the same, so an engine adding noise
     there is caught).
@@ -155,9 +159,13 @@ def sampler_trajectory(sampler: str, config: dict, steps: int, model_outputs: np
     cls, overrides = SAMPLER_CLASSES[sampler]
     sched = cls.from_config(config, **overrides)
     sched.set_timesteps(steps)
+    if first:
+        sched.set_begin_index(first)
     sample = torch.from_numpy(start) * sched.init_noise_sigma
     samples, noises = [sample], []
     for k, t in enumerate(sched.timesteps):
+        if k < first:
+            continue
         sched.scale_model_input(sample, t)  # Euler's step index; the scaling itself is the UNet's input only
         output = torch.from_numpy(model_outputs[k])
         kwargs = {}
@@ -233,9 +241,9 @@ def lcm_image_cases(out: Path) -> tuple[dict, dict]:
 
 def sampler_case(row: tuple, base: dict, model_outputs: np.ndarray, start: np.ndarray) -> tuple[dict, dict]:
     """One SAMPLER_CASES row: ({key: array}, its entry of the JSON's cases)."""
-    name, sampler, changes, steps = row
+    name, sampler, changes, steps, *first = row
     config = case_config(base, changes)
-    sched, samples, noise = sampler_trajectory(sampler, config, steps, model_outputs, start)
+    sched, samples, noise = sampler_trajectory(sampler, config, steps, model_outputs, start, *first)
     arrays = {f"{name}_samples": samples}
     if noise is not None:
         arrays[f"{name}_noise"] = noise
@@ -245,6 +253,8 @@ def sampler_case(row: tuple, base: dict, model_outputs: np.ndarray, start: np.nd
                 timesteps=[float(t) for t in sched.timesteps.numpy().astype(np.float32)],
                 sigmas=[float(s) for s in sched.sigmas.numpy()] if hasattr(sched, "sigmas") else None,
                 init_noise_sigma=float(sched.init_noise_sigma))
+    if first:
+        case["first_step"] = first[0]
     if sampler == "LCM":  # c_skip, c_out per step, and the alphā the noise brings the sample to
         scalings = [sched.get_scalings_for_boundary_condition_discrete(t) for t in sched.timesteps]
         case["c_skip"] = [float(c) for c, _ in scalings]

@@ -6,10 +6,10 @@ output gives the denoised x0 (epsilon: x - sigma * eps; v: x / (sigma^2 + 1) - s
 sqrt(sigma^2 + 1); sample: the output itself). Every sampler here is then one update of the same
 form::
 
-    x_{i+1} = a_i x_i + b_i x0_i + c_i x0_{i-1} + d_i z_i + e_i (clip(x0_i) - x0_i)
+    x_{i+1} = a_i x_i + b_i x0_i + c_i x0_{i-1} + c2_i x0_{i-2} + d_i z_i + e_i (clip(x0_i) - x0_i)
 
-(z_i ~ N(0, 1), Euler a and LCM only; clip to [-clip_range, clip_range], DDIM's and LCM's
-``clip_sample`` only)
+(z_i ~ N(0, 1), Euler a, the SDEs and LCM only; clip to [-clip_range, clip_range], DDIM's and LCM's
+``clip_sample`` only; c2, the x0 of two steps back, 0 for every sampler here)
 with a..e computed on the host for the step count. The program takes them as arrays, so
 changing the sampler, like the step count, compiles nothing. The numbers are diffusers'
 PyTorch schedulers' (``from_config`` of the model's scheduler config, diffusers 0.42.1):
@@ -50,14 +50,16 @@ True, ``set_alpha_to_one`` True, ``timestep_spacing`` "leading"), then the field
 fixes (:data:`SAMPLER_CLASSES`). Every field of every class is either honoured as diffusers does
 or refused by :func:`check_scheduler_config` (:data:`FIELDS` says which); none is ignored.
 
-Euler a's, DPM++ 2M SDE's and LCM's step noise for image i of a request is ``jax.random.normal(jax.random.fold_in(
+Euler a's, the DPM++ SDEs' and LCM's step noise for image i of a request is ``jax.random.normal(jax.random.fold_in(
 jax.random.key(seed_i), step + 1), latents.shape)``: deterministic per seed (program.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -114,7 +116,8 @@ FIELDS = {
     "interpolation_type": "honoured: linear, log_linear", "use_karras_sigmas": "honoured",
     "use_exponential_sigmas": "honoured", "use_beta_sigmas": "refused", "sigma_min": "honoured",
     "sigma_max": "honoured", "timestep_type": "honoured: discrete, continuous",
-    "final_sigmas_type": "honoured: zero, sigma_min", "solver_order": "fixed: 2",
+    "final_sigmas_type": "honoured: zero, sigma_min",
+    "solver_order": "fixed: 2",
     "algorithm_type": "fixed: dpmsolver++ (DPM++ 2M), sde-dpmsolver++ (DPM++ 2M SDE)",
     "solver_type": "honoured: midpoint, heun", "lower_order_final": "honoured", "euler_at_final": "honoured",
     "use_lu_lambdas": "refused", "use_flow_sigmas": "refused", "flow_shift": "unused (use_flow_sigmas)",
@@ -234,11 +237,15 @@ class Schedule:
         timesteps: (n,) what the UNet is given at each step.
         sigmas: (n + 1,) noise levels in sigma space; sigmas[n] is the last step's target (0, or
             the smallest sigma: final_sigmas_type "sigma_min", DDIM's final alpha).
-        a, b, c, d, e: (n,) the update's coefficients (module docstring).
+        a, b, c, c2, d, e: (n,) the update's coefficients (module docstring).
         init_scale: initial latents = unit noise * init_scale (diffusers' init_noise_sigma,
             in sigma space).
         final_scale: the latents handed to the VAE = x_n * final_scale.
         clip_range: x0 is clipped to [-clip_range, clip_range] where ``e`` is non-zero (inf: never).
+        restarts: the steps where the multistep history starts afresh (:meth:`restarting_at`); () = step 0 only.
+        history: for a multistep sampler (DPM++), ``restarts -> (a, b, c, c2, d)`` float64 (n,) each, the
+            coefficients with the history restarting at those steps; None for the others, whose update reads no
+            earlier step.
     """
 
     timesteps: np.ndarray
@@ -246,30 +253,40 @@ class Schedule:
     a: np.ndarray
     b: np.ndarray
     c: np.ndarray
+    c2: np.ndarray
     d: np.ndarray
     e: np.ndarray
     init_scale: float
     final_scale: float
     clip_range: float = math.inf
+    restarts: tuple[int, ...] = ()
+    history: Callable[[tuple[int, ...]], tuple[np.ndarray, ...]] | None = dataclasses.field(
+        default=None, compare=False, repr=False)
 
     def starting_at(self, start: int) -> Schedule:
         """This schedule for a run that begins at step ``start`` (img2img): the steps before it are skipped,
-        and step ``start`` has no previous x0, so its update is first order, ``b + c`` on x0 and ``c = 0``
-        (DPM++ 2M's second-order step needs the x0 of a step that did not run; diffusers'
-        ``DPMSolverMultistepScheduler`` starts with ``lower_order_nums`` 0 after ``set_begin_index`` too).
-        The other samplers have c = 0 everywhere, so only DPM++ changes. ``start`` 0: this schedule.
+        and step ``start`` has no previous x0, so a multistep sampler starts afresh there (:meth:`restarting_at`),
+        as diffusers' ``DPMSolverMultistepScheduler`` does after ``set_begin_index`` (``lower_order_nums`` 0):
+        DPM++ 2M's step ``start`` first order (``b + c``, ``c = 0``). The other samplers are unchanged. ``start`` 0:
+        this schedule.
 
         Raises ValueError for ``start`` outside 0 .. steps - 1.
         """
         n = len(self.timesteps)
         if not 0 <= start < n:
             raise ValueError(f"start step must be 0 to {n - 1}, got {start}")
-        if start == 0:
+        return self if start == 0 else self.restarting_at(start)
+
+    def restarting_at(self, step: int) -> Schedule:
+        """This schedule with its multistep history restarting at ``step`` too (img2img's first step, the refiner's
+        switch: diffusers runs a fresh scheduler there), the earlier restarts kept: the steps from ``step`` on take
+        the orders a fresh scheduler takes (first order, then the higher ones as x0s accumulate). Samplers without
+        a history (Euler, Euler a, DDIM, LCM) and ``step`` 0 return this schedule."""
+        if self.history is None or step <= 0 or step in self.restarts:
             return self
-        b, c = self.b.copy(), self.c.copy()
-        b[start] = np.float32(np.float64(b[start]) + np.float64(c[start]))
-        c[start] = 0.0
-        return dataclasses.replace(self, b=b, c=c)
+        restarts = tuple(sorted({*self.restarts, int(step)}))
+        a, b, c, c2, d = (np.asarray(x, np.float32) for x in self.history(restarts))
+        return dataclasses.replace(self, a=a, b=b, c=c, c2=c2, d=d, restarts=restarts)
 
     def padded(self, max_steps: int) -> dict[str, np.ndarray]:
         """Arrays padded with zeros to ``max_steps`` (sigmas to ``max_steps + 1``), for one program shape."""
@@ -280,7 +297,8 @@ class Schedule:
 
         n = max_steps
         return {"timesteps": pad(self.timesteps, n), "sigmas": pad(self.sigmas, n + 1), "a": pad(self.a, n),
-                "b": pad(self.b, n), "c": pad(self.c, n), "d": pad(self.d, n), "e": pad(self.e, n)}
+                "b": pad(self.b, n), "c": pad(self.c, n), "c2": pad(self.c2, n), "d": pad(self.d, n),
+                "e": pad(self.e, n)}
 
 
 def img2img_start(steps: int, strength: float) -> int:
@@ -665,37 +683,63 @@ def make_schedule(sampler: str, config: dict, steps: int, schedule_type: str | N
         else:  # ancestral: go down to s_down deterministically, add noise of s_up (eta 1)
             up = np.sqrt(s_next**2 * (s**2 - s_next**2) / s**2)
             a, d = np.sqrt(s_next**2 - up**2) / s, up
-        return _schedule(timesteps, sigmas, a, 1 - a, zeros, d, zeros, init, 1.0)
+        return _schedule(timesteps, sigmas, a, 1 - a, zeros, zeros, d, zeros, init, 1.0)
     if sampler == "DDIM":
         timesteps, sigmas, s_prev, carry = _ddim(cfg, steps)
         a = s_prev / sigmas[:-1]
         clip = float(cfg["clip_sample_range"]) if cfg["clip_sample"] else math.inf
-        return _schedule(timesteps, sigmas, a * carry, (1 - a) * carry, zeros, zeros,
+        return _schedule(timesteps, sigmas, a * carry, (1 - a) * carry, zeros, zeros, zeros,
                          carry if cfg["clip_sample"] else zeros, (sigmas[0] ** 2 + 1) ** 0.5,
                          1 / (sigmas[-1] ** 2 + 1) ** 0.5, clip)
     timesteps, sigmas = _dpm(cfg, steps)
     if typed is not None:  # whole timesteps, rounded as DPMSolverMultistepScheduler rounds its Karras sigmas' ones
         timesteps, sigmas = np.round(typed[0]).astype(np.float32), typed[1].astype(np.float32)
-    s, s_next = sigmas[:-1].astype(np.float64), sigmas[1:].astype(np.float64)
+    history = functools.partial(_dpm_coefficients, cfg, sigmas.astype(np.float64))
+    init = (sigmas[0] ** 2 + 1) ** 0.5  # x-space noise of variance 1
+    return _schedule(timesteps, sigmas, *history(()), zeros, init, 1 / (sigmas[-1] ** 2 + 1) ** 0.5, history=history)
+
+
+def _since_restart(steps: int, restarts: tuple[int, ...]) -> np.ndarray:
+    """(steps,) int: how many steps ran since the history last started afresh (step 0 or a restart) before each."""
+    since, last = np.zeros(steps, np.int64), 0
+    for i in range(steps):
+        last = i if i in restarts else last
+        since[i] = i - last
+    return since
+
+
+def _dpm_coefficients(cfg: dict, sigmas: np.ndarray, restarts: tuple[int, ...] = ()) -> tuple[np.ndarray, ...]:
+    """DPMSolverMultistepScheduler.step (dpmsolver++, sde-dpmsolver++; solver_order 2) in sigma space: (a, b, c, c2,
+    d), each (n,) float64 (c2 0), for ``sigmas`` (n + 1,) float64, the history restarting at ``restarts``.
+
+    Each step's order is diffusers': first order on a fresh history (``lower_order_nums`` 0) and on the last step by
+    lower_order_final / euler_at_final / a final sigma of 0, second order otherwise. With h = log s - log s'
+    (lambda_t - lambda_s0 of diffusers' VP form) and a = exp(-h) (ODE) or exp(-2h) (SDE), the x-space update
+    divided by alpha_t.
+    """
+    steps = len(sigmas) - 1
+    s, s_next = sigmas[:-1], sigmas[1:]
     sde = cfg["algorithm_type"] == "sde-dpmsolver++"
     # exp(-h) on the sample (the ODE), exp(-2h) for the SDE, whose noise d makes up the variance it takes away
     a = (s_next / s) ** 2 if sde else s_next / s
-    d = s_next * np.sqrt(np.maximum(1 - a, 0.0)) if sde else zeros
-    # Second order except the first step and, by lower_order_final / euler_at_final / a final sigma of 0, the last.
-    final_first = (cfg["euler_at_final"] or (cfg["lower_order_final"] and steps < 15)
-                   or cfg["final_sigmas_type"] == "zero")
-    second = (np.arange(steps) > 0) & ((np.arange(steps) < steps - 1) | (not final_first))
-    with np.errstate(divide="ignore", invalid="ignore"):  # r and h are only used where ``second`` holds
+    d = s_next * np.sqrt(np.maximum(1 - a, 0.0)) if sde else np.zeros(steps)
+    idx, short = np.arange(steps), cfg["lower_order_final"] and steps < 15
+    final_first = cfg["euler_at_final"] or short or cfg["final_sigmas_type"] == "zero"
+    order = np.minimum(2, _since_restart(steps, restarts) + 1)
+    order = np.where((idx == steps - 1) & final_first, 1, order)
+    x0 = np.eye(3)  # the coefficients as vectors over (x0_i, x0_{i-1}, x0_{i-2})
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # h, r only matter where the order uses them
         h = np.log(s) - np.log(s_next)
-        r = np.concatenate([[np.nan], np.log(s[:-1]) - np.log(s[1:])]) / h
+        r0 = np.concatenate([[np.nan], h[:-1]]) / h  # h_{i-1} / h
+        first = (1 - a)[:, None] * x0[0]
+        d1_0 = (x0[0] - x0[1]) / r0[:, None]
         if cfg["solver_type"] == "heun":
             k = (a - 1) / (2 * h) + 1 if sde else (a - 1) / h + 1
-            b, c = np.where(second, 1 - a + k / r, 1 - a), np.where(second, -k / r, 0.0)
+            second = first + k[:, None] * d1_0
         else:  # midpoint (and what diffusers maps to it: logrho, bh1, bh2)
-            b = np.where(second, (1 - a) * (1 + 0.5 / r), 1 - a)
-            c = np.where(second, -(1 - a) * 0.5 / r, 0.0)
-    init = (sigmas[0] ** 2 + 1) ** 0.5  # x-space noise of variance 1
-    return _schedule(timesteps, sigmas, a, b, c, d, zeros, init, 1 / (sigmas[-1] ** 2 + 1) ** 0.5)
+            second = first + (0.5 * (1 - a))[:, None] * d1_0
+    terms = np.where((order == 1)[:, None], first, second)
+    return a, terms[:, 0], terms[:, 1], terms[:, 2], d
 
 
 def _sampler_and_type(sampler: str, schedule_type: str) -> tuple[str, str]:
@@ -739,11 +783,12 @@ def _lcm_schedule(cfg: dict, steps: int) -> Schedule:
     timesteps, sigmas, c_skip, c_out = _lcm(cfg, steps)
     d = sigmas[1:].copy()  # the noise that brings denoised to the next timestep's level; 0 after the last
     clip = float(cfg["clip_sample_range"]) if cfg["clip_sample"] else math.inf
-    return _schedule(timesteps, sigmas, c_skip / (sigmas[:-1] ** 2 + 1) ** 0.5, c_out, np.zeros(steps), d,
-                     c_out if cfg["clip_sample"] else np.zeros(steps), (sigmas[0] ** 2 + 1) ** 0.5, 1.0, clip)
+    zeros = np.zeros(steps)
+    return _schedule(timesteps, sigmas, c_skip / (sigmas[:-1] ** 2 + 1) ** 0.5, c_out, zeros, zeros, d,
+                     c_out if cfg["clip_sample"] else zeros, (sigmas[0] ** 2 + 1) ** 0.5, 1.0, clip)
 
 
-def _schedule(timesteps, sigmas, a, b, c, d, e, init, final, clip=math.inf) -> Schedule:
+def _schedule(timesteps, sigmas, a, b, c, c2, d, e, init, final, clip=math.inf, history=None) -> Schedule:
     f32 = lambda x: np.asarray(x, np.float32)  # noqa: E731
-    return Schedule(f32(timesteps), f32(sigmas), f32(a), f32(b), f32(c), f32(d), f32(e), float(init), float(final),
-                    float(clip))
+    return Schedule(f32(timesteps), f32(sigmas), f32(a), f32(b), f32(c), f32(c2), f32(d), f32(e), float(init),
+                    float(final), float(clip), history=history)

@@ -110,25 +110,28 @@ def test_schedule_matches_diffusers(name):
 
 def engine_trajectory(case: dict, steps_arrays: dict) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """(the engine's step k output, diffusers' prev_sample of step k, diffusers' sample k) for every step, each
-    step fed diffusers' own sample k (so one wrong step shows as itself), in diffusers' space."""
-    sampler, n = case["sampler"], case["steps"]
+    step fed diffusers' own sample k (so one wrong step shows as itself), in diffusers' space. A case with a
+    ``first_step`` (diffusers' set_begin_index) runs from there on :meth:`Schedule.starting_at`'s coefficients."""
+    sampler, n, first = case["sampler"], case["steps"], case.get("first_step", 0)
     config = model_config(case)
-    schedule = make_schedule(sampler, config, n)
+    schedule = make_schedule(sampler, config, n).starting_at(first)
     prediction = sampler_config(sampler, config)["prediction_type"]
     samples, outputs = steps_arrays[f"{case['name']}_samples"], steps_arrays["model_outputs"]
     noise = steps_arrays.get(f"{case['name']}_noise")
     scale = (schedule.sigmas.astype(np.float64) ** 2 + 1) ** 0.5 if sampler in X_SPACE else np.ones(n + 1)
-    pairs, x0_prev = [], np.zeros_like(samples[0])
-    for k in range(n):
+    samples = np.concatenate([np.zeros((first, *samples.shape[1:]), samples.dtype), samples])  # index = step
+    noise = None if noise is None else np.concatenate([np.zeros((first, *noise.shape[1:]), noise.dtype), noise])
+    pairs, x0_prev, x0_prev2 = [], np.zeros_like(samples[0]), np.zeros_like(samples[0])
+    for k in range(first, n):
         x = np.float32(samples[k] * scale[k])  # sigma space
         x0 = np.asarray(denoised(x, outputs[k], schedule.sigmas[k], prediction))
         z = noise[k] if noise is not None else np.zeros_like(x)
         out = sampler_update(x, x0, x0_prev, z, schedule.a[k], schedule.b[k], schedule.c[k], schedule.d[k],
-                             schedule.e[k], np.float32(schedule.clip_range))
+                             schedule.e[k], np.float32(schedule.clip_range), x0_prev2, schedule.c2[k])
         last = k == n - 1
         ours = np.asarray(out) * (schedule.final_scale if last and sampler in X_SPACE else 1 / scale[k + 1])
         pairs.append((ours, samples[k + 1], samples[k]))
-        x0_prev = x0
+        x0_prev, x0_prev2 = x0, x0_prev
     return pairs
 
 
@@ -138,6 +141,24 @@ def test_every_step_matches_diffusers(name, steps_arrays):
     program's denoised/sampler_update is diffusers' ``scheduler.step(...).prev_sample`` at every step."""
     for k, (ours, want, before) in enumerate(engine_trajectory(CASES[name], steps_arrays)):
         close(ours, want, f"{name} step {k}", before)
+
+
+def test_restarting_the_history_is_starting_there():
+    """Schedule.restarting_at (the refiner's switch) changes only the steps from the restart on, and those as
+    starting_at (img2img's start, checked against diffusers' set_begin_index above) has them; both compose; a sampler
+    without history is unchanged. DPM++ 2M's step at a restart is first order (c = 0)."""
+    config = {**STEPS["base_config"], "final_sigmas_type": "sigma_min"}
+    for sampler in ("DPM++ 2M", "DPM++ 2M SDE"):
+        plain = make_schedule(sampler, config, 16)
+        restarted, started = plain.restarting_at(7), plain.starting_at(7)
+        for name in ("a", "b", "c", "c2", "d"):
+            np.testing.assert_array_equal(getattr(restarted, name)[:7], getattr(plain, name)[:7])
+            np.testing.assert_array_equal(getattr(restarted, name)[7:], getattr(started, name)[7:])
+        assert restarted.c[7] == 0 and plain.c[7] != 0 and restarted.c[8] != 0
+        both = started.restarting_at(11)
+        assert both.restarts == (7, 11) and both.c[11] == 0 and np.array_equal(both.b[7:11], started.b[7:11])
+    euler = make_schedule("Euler", config, 16)
+    assert euler.restarting_at(7) is euler and euler.starting_at(7) is euler
 
 
 def test_the_matrix_covers_what_the_survivors_hid():
