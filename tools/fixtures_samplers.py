@@ -37,10 +37,11 @@ SAMPLER_CLASSES = {
     "DPM++ 2M Karras": (DPMSolverMultistepScheduler,
                         {"algorithm_type": "dpmsolver++", "solver_order": 2, "use_karras_sigmas": True}),
     "DPM++ 2M SDE": (DPMSolverMultistepScheduler, {"algorithm_type": "sde-dpmsolver++", "solver_order": 2}),
+    "DPM++ 3M SDE": (DPMSolverMultistepScheduler, {"algorithm_type": "sde-dpmsolver++", "solver_order": 3}),
     "DDIM": (DDIMScheduler, {}),
     "LCM": (LCMScheduler, {}),
 }
-STEP_NOISE = ("Euler a", "DPM++ 2M SDE", "LCM")  # the samplers that draw fresh noise in step()
+STEP_NOISE = ("Euler a", "DPM++ 2M SDE", "DPM++ 3M SDE", "LCM")  # the samplers that draw fresh noise in step()
 DROP = "<missing>"  # a SAMPLER_CASES value: the field is removed from the model's config (the class default applies)
 # SDXL base's fields that a config saved by EulerDiscreteScheduler lacks and DDIMScheduler reads (or, for
 # skip_prk_steps, PNDM): from_config gives DDIM its own defaults, clip_sample True and set_alpha_to_one True.
@@ -93,8 +94,15 @@ SAMPLER_CASES = [
     ("dpm-sde-sigma-min-16", "DPM++ 2M SDE", {"final_sigmas_type": "sigma_min"}, 16),
     ("dpm-sde-karras-in-config", "DPM++ 2M SDE", {"use_karras_sigmas": True}, 6),
     ("dpm-sde-v-trailing", "DPM++ 2M SDE", {"prediction_type": "v_prediction", "timestep_spacing": "trailing"}, 6),
+    # DPM++ 3M SDE: under 15 steps the last but one is second order (lower_order_second); with a final sigma_min and
+    # 16 steps every step from the third on is third order, the last too.
+    ("dpm-3m-sde-leading", "DPM++ 3M SDE", {}, 8),
+    ("dpm-3m-sde-sigma-min-16", "DPM++ 3M SDE", {"final_sigmas_type": "sigma_min"}, 16),
+    ("dpm-3m-sde-heun-karras", "DPM++ 3M SDE", {"solver_type": "heun", "use_karras_sigmas": True}, 7),
+    ("dpm-3m-sde-v-trailing", "DPM++ 3M SDE", {"prediction_type": "v_prediction", "timestep_spacing": "trailing"}, 6),
     # From a later step (img2img's start_step: set_begin_index, a fresh history): a fifth field, the first step.
     ("dpm-from-4", "DPM++ 2M", {}, 10, 4),
+    ("dpm-3m-sde-from-3", "DPM++ 3M SDE", {"final_sigmas_type": "sigma_min"}, 16, 3),
     ("dpm-karras-sigma-range", "DPM++ 2M Karras", {"sigma_min": 0.1, "sigma_max": 10.0}, 6),
     ("dpm-karras-trailing-v", "DPM++ 2M Karras", {"timestep_spacing": "trailing",
                                                   "prediction_type": "v_prediction"}, 6),
@@ -152,7 +160,7 @@ def sampler_trajectory(sampler: str, config: dict, steps: int, model_outputs: np
     The sample starts at ``start * init_noise_sigma``; step k's model output is ``model_outputs[k]``. ``first`` > 0:
     the run begins at step ``first`` (``set_begin_index``, as diffusers' img2img pipelines start).
     Returns (scheduler, samples (steps - first + 1, *SAMPLER_SHAPE), noise (steps - first, *SAMPLER_SHAPE) or None).
-    Euler a's, DPM++ 2M SDE's and LCM's noise of step k is torch.randn from a generator seeded 1000 + k, passed to
+    Euler a's, the DPM++ SDEs' and LCM's noise of step k is torch.randn from a generator seeded 1000 + k, passed to
     step() the same way (LCM draws none on its last step: that row is recorded all the same, so an engine adding noise
     there is caught).
     """
@@ -300,8 +308,8 @@ SAMPLER_NOTES = [
     "'minimal': only _class_name); resolved: the class's own fields of the scheduler's config.",
     "Each case: cls.from_config(config, **overrides of the sampler's name), set_timesteps(steps); the "
     "sample starts at start * init_noise_sigma, step k gets model_outputs[k]; <case>_samples[k + 1] is "
-    "step k's prev_sample (float32, the scheduler's own space: sigma space for Euler, x-space for DPM++ "
-    "and DDIM and LCM). <case>_noise[k]: Euler a's and LCM's step noise (torch.randn, generator seeded "
+    "step k's prev_sample (float32, the scheduler's own space: sigma space for Euler, x-space for DPM++, "
+    "DDIM and LCM). <case>_noise[k]: Euler a's, the DPM++ SDEs' and LCM's step noise (torch.randn, generator seeded "
     "1000 + k; LCM's last row is not used by diffusers, which adds no noise after the last step). LCM cases "
     "also record c_skip and c_out (get_scalings_for_boundary_condition_discrete) per step.",
     "Suggested tolerance: float32, |engine - diffusers| <= 1e-5 * (1 + |diffusers|) per step.",

@@ -9,7 +9,7 @@ form::
     x_{i+1} = a_i x_i + b_i x0_i + c_i x0_{i-1} + c2_i x0_{i-2} + d_i z_i + e_i (clip(x0_i) - x0_i)
 
 (z_i ~ N(0, 1), Euler a, the SDEs and LCM only; clip to [-clip_range, clip_range], DDIM's and LCM's
-``clip_sample`` only; c2, the x0 of two steps back, 0 for every sampler here)
+``clip_sample`` only; c2, the x0 of two steps back, DPM++ 3M SDE's third order only)
 with a..e computed on the host for the step count. The program takes them as arrays, so
 changing the sampler, like the step count, compiles nothing. The numbers are diffusers'
 PyTorch schedulers' (``from_config`` of the model's scheduler config, diffusers 0.42.1):
@@ -29,6 +29,14 @@ DPM++ 2M Karras   the same with use_karras_sigmas=True (Karras et al. 2022, eq. 
 DPM++ 2M SDE      the same class with algorithm_type="sde-dpmsolver++" (Lu et al. 2022, DPM-Solver++'s SDE form;
                   k-diffusion's sample_dpmpp_2m_sde, eta 1): a = (s'/s)^2, b and c as DPM++ 2M's with that a
                   (heun: k = (a - 1)/2h + 1), d = s' sqrt(1 - a): fresh noise every step
+DPM++ 3M SDE      the same class with solver_order=3 (k-diffusion's sample_dpmpp_3m_sde, eta 1): DPM++ 2M
+                  SDE's first and second order steps, then with r0 = h_{i-1}/h, r1 = h_{i-2}/h,
+                  D1_0 = (x0_i - x0_{i-1})/r0, D1_1 = (x0_{i-1} - x0_{i-2})/r1,
+                  D1 = D1_0 + r0 (D1_0 - D1_1)/(r0 + r1), D2 = (D1_0 - D1_1)/(r0 + r1):
+                  x0 terms (1 - a) x0_i + k D1 + ((1 - a - 2h)/4h^2 + 1/2) D2, k = (a - 1)/2h + 1. The
+                  D2 coefficient is k-diffusion's -phi_3 (the exact integral of the quadratic term);
+                  diffusers 0.42.1 has - 1/2 there (a sign slip: its coefficient tends to -1, not 0,
+                  as h -> 0), the one place the engine leaves diffusers (tests/program)
 DDIM              DDIMScheduler, eta 0: deterministic, first order in sigma space (Song et al. 2021);
                   its last sigma is the final alpha's; with clip_sample the x0 it moves towards
                   is clipped, the direction to x_t is not: e = 1 (times ``carry``)
@@ -74,6 +82,7 @@ SAMPLER_CLASSES = {
     "DPM++ 2M Karras": ("DPMSolverMultistepScheduler",
                         {"algorithm_type": "dpmsolver++", "solver_order": 2, "use_karras_sigmas": True}),
     "DPM++ 2M SDE": ("DPMSolverMultistepScheduler", {"algorithm_type": "sde-dpmsolver++", "solver_order": 2}),
+    "DPM++ 3M SDE": ("DPMSolverMultistepScheduler", {"algorithm_type": "sde-dpmsolver++", "solver_order": 3}),
     "DDIM": ("DDIMScheduler", {}),
     "LCM": ("LCMScheduler", {}),
 }
@@ -117,8 +126,8 @@ FIELDS = {
     "use_exponential_sigmas": "honoured", "use_beta_sigmas": "refused", "sigma_min": "honoured",
     "sigma_max": "honoured", "timestep_type": "honoured: discrete, continuous",
     "final_sigmas_type": "honoured: zero, sigma_min",
-    "solver_order": "fixed: 2",
-    "algorithm_type": "fixed: dpmsolver++ (DPM++ 2M), sde-dpmsolver++ (DPM++ 2M SDE)",
+    "solver_order": "fixed: 2 (DPM++ 3M SDE: 3)",
+    "algorithm_type": "fixed: dpmsolver++ (DPM++ 2M), sde-dpmsolver++ (DPM++ 2M SDE, DPM++ 3M SDE)",
     "solver_type": "honoured: midpoint, heun", "lower_order_final": "honoured", "euler_at_final": "honoured",
     "use_lu_lambdas": "refused", "use_flow_sigmas": "refused", "flow_shift": "unused (use_flow_sigmas)",
     "lambda_min_clipped": "honoured", "variance_type": "refused", "use_dynamic_shifting": "refused",
@@ -267,8 +276,8 @@ class Schedule:
         """This schedule for a run that begins at step ``start`` (img2img): the steps before it are skipped,
         and step ``start`` has no previous x0, so a multistep sampler starts afresh there (:meth:`restarting_at`),
         as diffusers' ``DPMSolverMultistepScheduler`` does after ``set_begin_index`` (``lower_order_nums`` 0):
-        DPM++ 2M's step ``start`` first order (``b + c``, ``c = 0``). The other samplers are unchanged. ``start`` 0:
-        this schedule.
+        DPM++ 2M's step ``start`` first order (``b + c``, ``c = 0``), DPM++ 3M SDE's two steps from it first and
+        second order. The other samplers are unchanged. ``start`` 0: this schedule.
 
         Raises ValueError for ``start`` outside 0 .. steps - 1.
         """
@@ -709,13 +718,14 @@ def _since_restart(steps: int, restarts: tuple[int, ...]) -> np.ndarray:
 
 
 def _dpm_coefficients(cfg: dict, sigmas: np.ndarray, restarts: tuple[int, ...] = ()) -> tuple[np.ndarray, ...]:
-    """DPMSolverMultistepScheduler.step (dpmsolver++, sde-dpmsolver++; solver_order 2) in sigma space: (a, b, c, c2,
-    d), each (n,) float64 (c2 0), for ``sigmas`` (n + 1,) float64, the history restarting at ``restarts``.
+    """DPMSolverMultistepScheduler.step (dpmsolver++, sde-dpmsolver++; solver_order 2 or 3) in sigma space: (a, b, c,
+    c2, d), each (n,) float64, for ``sigmas`` (n + 1,) float64, the history restarting at ``restarts``.
 
     Each step's order is diffusers': first order on a fresh history (``lower_order_nums`` 0) and on the last step by
-    lower_order_final / euler_at_final / a final sigma of 0, second order otherwise. With h = log s - log s'
-    (lambda_t - lambda_s0 of diffusers' VP form) and a = exp(-h) (ODE) or exp(-2h) (SDE), the x-space update
-    divided by alpha_t.
+    lower_order_final / euler_at_final / a final sigma of 0; second order with one earlier x0, on the last but one
+    step with lower_order_final under 15 steps, and always at solver_order 2; third order otherwise. With h = log s -
+    log s' (lambda_t - lambda_s0 of diffusers' VP form) and a = exp(-h) (ODE) or exp(-2h) (SDE), the x-space update
+    divided by alpha_t. Third order is implemented for the SDE alone (the one sampler of solver_order 3).
     """
     steps = len(sigmas) - 1
     s, s_next = sigmas[:-1], sigmas[1:]
@@ -725,12 +735,14 @@ def _dpm_coefficients(cfg: dict, sigmas: np.ndarray, restarts: tuple[int, ...] =
     d = s_next * np.sqrt(np.maximum(1 - a, 0.0)) if sde else np.zeros(steps)
     idx, short = np.arange(steps), cfg["lower_order_final"] and steps < 15
     final_first = cfg["euler_at_final"] or short or cfg["final_sigmas_type"] == "zero"
-    order = np.minimum(2, _since_restart(steps, restarts) + 1)
+    order = np.minimum(cfg["solver_order"], _since_restart(steps, restarts) + 1)
+    order = np.where((idx == steps - 2) & short, np.minimum(order, 2), order)
     order = np.where((idx == steps - 1) & final_first, 1, order)
     x0 = np.eye(3)  # the coefficients as vectors over (x0_i, x0_{i-1}, x0_{i-2})
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # h, r only matter where the order uses them
         h = np.log(s) - np.log(s_next)
         r0 = np.concatenate([[np.nan], h[:-1]]) / h  # h_{i-1} / h
+        r1 = np.concatenate([[np.nan, np.nan], h[:-2]]) / h  # h_{i-2} / h
         first = (1 - a)[:, None] * x0[0]
         d1_0 = (x0[0] - x0[1]) / r0[:, None]
         if cfg["solver_type"] == "heun":
@@ -738,7 +750,12 @@ def _dpm_coefficients(cfg: dict, sigmas: np.ndarray, restarts: tuple[int, ...] =
             second = first + k[:, None] * d1_0
         else:  # midpoint (and what diffusers maps to it: logrho, bh1, bh2)
             second = first + (0.5 * (1 - a))[:, None] * d1_0
-    terms = np.where((order == 1)[:, None], first, second)
+        d1_1 = (x0[1] - x0[2]) / r1[:, None]
+        d1 = d1_0 + (r0 / (r0 + r1))[:, None] * (d1_0 - d1_1)
+        d2 = (d1_0 - d1_1) / (r0 + r1)[:, None]
+        k = (a - 1) / (2 * h) + 1  # k-diffusion's phi_2 at h_eta = 2h; the D2 factor its -phi_3 (diffusers: - 1/2)
+        third = first + k[:, None] * d1 + ((1 - a - 2 * h) / (4 * h**2) + 0.5)[:, None] * d2
+    terms = np.where((order == 1)[:, None], first, np.where((order == 2)[:, None], second, third))
     return a, terms[:, 0], terms[:, 1], terms[:, 2], d
 
 

@@ -38,7 +38,7 @@ VARIANTS = {  # fixture variant -> (sampler, timestep_spacing)
     "dpm++2m": ("DPM++ 2M", None), "dpm++2m-karras": ("DPM++ 2M Karras", None), "ddim": ("DDIM", None),
 }
 # diffusers steps x / sqrt(sigma^2 + 1) for these
-X_SPACE = ("DPM++ 2M", "DPM++ 2M Karras", "DPM++ 2M SDE", "DDIM", "LCM")
+X_SPACE = ("DPM++ 2M", "DPM++ 2M Karras", "DPM++ 2M SDE", "DPM++ 3M SDE", "DDIM", "LCM")
 RTOL = 1e-5
 
 
@@ -110,7 +110,8 @@ def test_schedule_matches_diffusers(name):
 
 def engine_trajectory(case: dict, steps_arrays: dict) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """(the engine's step k output, diffusers' prev_sample of step k, diffusers' sample k) for every step, each
-    step fed diffusers' own sample k (so one wrong step shows as itself), in diffusers' space. A case with a
+    step fed diffusers' own sample k (so one wrong step shows as itself), in diffusers' space. DPM++ 3M SDE's
+    third-order steps are compared with diffusers' corrected (:func:`diffusers_third_order_d2`). A case with a
     ``first_step`` (diffusers' set_begin_index) runs from there on :meth:`Schedule.starting_at`'s coefficients."""
     sampler, n, first = case["sampler"], case["steps"], case.get("first_step", 0)
     config = model_config(case)
@@ -130,9 +131,24 @@ def engine_trajectory(case: dict, steps_arrays: dict) -> list[tuple[np.ndarray, 
                              schedule.e[k], np.float32(schedule.clip_range), x0_prev2, schedule.c2[k])
         last = k == n - 1
         ours = np.asarray(out) * (schedule.final_scale if last and sampler in X_SPACE else 1 / scale[k + 1])
-        pairs.append((ours, samples[k + 1], samples[k]))
+        want = samples[k + 1]
+        if sampler == "DPM++ 3M SDE" and schedule.c2[k] != 0:  # third order: diffusers' D2 factor is 1 less
+            want = want + diffusers_third_order_d2(schedule.sigmas, k, x0, x0_prev, x0_prev2) / scale[k + 1]
+        pairs.append((ours, want, samples[k]))
         x0_prev, x0_prev2 = x0, x0_prev
     return pairs
+
+
+def diffusers_third_order_d2(sigmas, k: int, x0, x0_prev, x0_prev2) -> np.ndarray:
+    """What diffusers 0.42.1's third-order sde-dpmsolver++ step lacks against k-diffusion's sample_dpmpp_3m_sde, in
+    sigma space: D2 = (D1_0 - D1_1) / (r0 + r1) once. diffusers' ``multistep_dpm_solver_third_order_update`` has
+    ``((1 - exp(-2h) - 2h) / (2h)^2 - 0.5) D2`` where k-diffusion has ``-phi_3 d2 = (... + 0.5) d2`` (phi_3 = phi_2 /
+    2h - 1/2); the exact integral of the quadratic term is k-diffusion's, which tends to 0 with h as it must."""
+    lam = -np.log(np.asarray(sigmas, np.float64))
+    h, h0, h1 = lam[k + 1] - lam[k], lam[k] - lam[k - 1], lam[k - 1] - lam[k - 2]
+    r0, r1 = h0 / h, h1 / h
+    d1_0, d1_1 = (x0 - x0_prev) / r0, (x0_prev - x0_prev2) / r1
+    return (d1_0 - d1_1) / (r0 + r1)
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -146,15 +162,17 @@ def test_every_step_matches_diffusers(name, steps_arrays):
 def test_restarting_the_history_is_starting_there():
     """Schedule.restarting_at (the refiner's switch) changes only the steps from the restart on, and those as
     starting_at (img2img's start, checked against diffusers' set_begin_index above) has them; both compose; a sampler
-    without history is unchanged. DPM++ 2M's step at a restart is first order (c = 0)."""
+    without history is unchanged. DPM++ 2M's step at a restart is first order (c = 0), DPM++ 3M SDE's two steps
+    from a restart first and second order (c2 = 0)."""
     config = {**STEPS["base_config"], "final_sigmas_type": "sigma_min"}
-    for sampler in ("DPM++ 2M", "DPM++ 2M SDE"):
+    for sampler in ("DPM++ 2M", "DPM++ 2M SDE", "DPM++ 3M SDE"):
         plain = make_schedule(sampler, config, 16)
         restarted, started = plain.restarting_at(7), plain.starting_at(7)
         for name in ("a", "b", "c", "c2", "d"):
             np.testing.assert_array_equal(getattr(restarted, name)[:7], getattr(plain, name)[:7])
             np.testing.assert_array_equal(getattr(restarted, name)[7:], getattr(started, name)[7:])
         assert restarted.c[7] == 0 and plain.c[7] != 0 and restarted.c[8] != 0
+        assert restarted.c2[7] == restarted.c2[8] == 0 and (plain.c2[8] != 0) == (sampler == "DPM++ 3M SDE")
         both = started.restarting_at(11)
         assert both.restarts == (7, 11) and both.c[11] == 0 and np.array_equal(both.b[7:11], started.b[7:11])
     euler = make_schedule("Euler", config, 16)
@@ -280,7 +298,8 @@ def test_a_model_folder_with_a_refused_field_fails_to_load_naming_file_and_field
 
 
 def test_sampler_names():
-    assert SAMPLERS == ("Euler", "Euler a", "DPM++ 2M", "DPM++ 2M Karras", "DPM++ 2M SDE", "DDIM", "LCM")
+    assert SAMPLERS == ("Euler", "Euler a", "DPM++ 2M", "DPM++ 2M Karras", "DPM++ 2M SDE", "DPM++ 3M SDE", "DDIM",
+                        "LCM")
     assert get_sampler(" dpm++  2m karras") == "DPM++ 2M Karras" and get_sampler(None) == "Euler"
     with pytest.raises(UnknownSampler, match="unknown sampler 'LMS'; choose one of Euler, Euler a, DPM"):
         get_sampler("LMS")
