@@ -25,6 +25,7 @@ from diffusers import (
     EulerDiscreteScheduler,
     LCMScheduler,
     StableDiffusionXLPipeline,
+    UniPCMultistepScheduler,
 )
 
 from tools.fixtures_common import EngineNoise, plain_config, sdxl_base_configs, versions, write_npz
@@ -38,6 +39,7 @@ SAMPLER_CLASSES = {
                         {"algorithm_type": "dpmsolver++", "solver_order": 2, "use_karras_sigmas": True}),
     "DPM++ 2M SDE": (DPMSolverMultistepScheduler, {"algorithm_type": "sde-dpmsolver++", "solver_order": 2}),
     "DPM++ 3M SDE": (DPMSolverMultistepScheduler, {"algorithm_type": "sde-dpmsolver++", "solver_order": 3}),
+    "UniPC": (UniPCMultistepScheduler, {"solver_order": 2, "predict_x0": True}),
     "DDIM": (DDIMScheduler, {}),
     "LCM": (LCMScheduler, {}),
 }
@@ -100,9 +102,23 @@ SAMPLER_CASES = [
     ("dpm-3m-sde-sigma-min-16", "DPM++ 3M SDE", {"final_sigmas_type": "sigma_min"}, 16),
     ("dpm-3m-sde-heun-karras", "DPM++ 3M SDE", {"solver_type": "heun", "use_karras_sigmas": True}, 7),
     ("dpm-3m-sde-v-trailing", "DPM++ 3M SDE", {"prediction_type": "v_prediction", "timestep_spacing": "trailing"}, 6),
+    # UniPC (SDXL's solver_type midpoint is bh2 there)
+    ("unipc-leading", "UniPC", {}, 8),
+    ("unipc-bh1-linspace", "UniPC", {"solver_type": "bh1", "timestep_spacing": "linspace"}, 7),
+    ("unipc-v-trailing", "UniPC", {"prediction_type": "v_prediction", "timestep_spacing": "trailing"}, 6),
+    ("unipc-sample", "UniPC", {"prediction_type": "sample"}, 5),
+    ("unipc-karras", "UniPC", {"use_karras_sigmas": True}, 6),
+    ("unipc-exponential", "UniPC", {"use_exponential_sigmas": True}, 6),
+    ("unipc-sigma-min-no-lower-order-final", "UniPC", {"final_sigmas_type": "sigma_min",
+                                                        "lower_order_final": False}, 6),
+    ("unipc-disable-corrector", "UniPC", {"disable_corrector": [1, 3]}, 7),
+    ("unipc-zero-snr", "UniPC", {"rescale_betas_zero_snr": True, "prediction_type": "v_prediction",
+                                 "timestep_spacing": "trailing"}, 6),
+    ("unipc-minimal", "UniPC", "minimal", 5),
     # From a later step (img2img's start_step: set_begin_index, a fresh history): a fifth field, the first step.
     ("dpm-from-4", "DPM++ 2M", {}, 10, 4),
     ("dpm-3m-sde-from-3", "DPM++ 3M SDE", {"final_sigmas_type": "sigma_min"}, 16, 3),
+    ("unipc-from-3", "UniPC", {}, 10, 3),
     ("dpm-karras-sigma-range", "DPM++ 2M Karras", {"sigma_min": 0.1, "sigma_max": 10.0}, 6),
     ("dpm-karras-trailing-v", "DPM++ 2M Karras", {"timestep_spacing": "trailing",
                                                   "prediction_type": "v_prediction"}, 6),
@@ -299,6 +315,8 @@ def cmd_samplers_add(out: Path, names: list[str]) -> None:
             new_arrays, meta[f"{name}_case"] = ddim_image_case(out, name)
         arrays.update(new_arrays)
     meta["cases"] = sorted(cases.values(), key=lambda case: order.index(case["name"]))
+    for cls, _ in SAMPLER_CLASSES.values():  # a class new to the file: its defaults (the others' kept as they are)
+        meta["class_defaults"].setdefault(cls.__name__, init_defaults(cls))
     meta["notes"] = SAMPLER_NOTES
     _write_samplers(out, arrays, meta)
 
@@ -308,7 +326,7 @@ SAMPLER_NOTES = [
     "'minimal': only _class_name); resolved: the class's own fields of the scheduler's config.",
     "Each case: cls.from_config(config, **overrides of the sampler's name), set_timesteps(steps); the "
     "sample starts at start * init_noise_sigma, step k gets model_outputs[k]; <case>_samples[k + 1] is "
-    "step k's prev_sample (float32, the scheduler's own space: sigma space for Euler, x-space for DPM++, "
+    "step k's prev_sample (float32, the scheduler's own space: sigma space for Euler, x-space for DPM++, UniPC, "
     "DDIM and LCM). <case>_noise[k]: Euler a's, the DPM++ SDEs' and LCM's step noise (torch.randn, generator seeded "
     "1000 + k; LCM's last row is not used by diffusers, which adds no noise after the last step). LCM cases "
     "also record c_skip and c_out (get_scalings_for_boundary_condition_discrete) per step.",

@@ -9,7 +9,7 @@ form::
     x_{i+1} = a_i x_i + b_i x0_i + c_i x0_{i-1} + c2_i x0_{i-2} + d_i z_i + e_i (clip(x0_i) - x0_i)
 
 (z_i ~ N(0, 1), Euler a, the SDEs and LCM only; clip to [-clip_range, clip_range], DDIM's and LCM's
-``clip_sample`` only; c2, the x0 of two steps back, DPM++ 3M SDE's third order only)
+``clip_sample`` only; c2, the x0 of two steps back, DPM++ 3M SDE's third order and UniPC's corrector only)
 with a..e computed on the host for the step count. The program takes them as arrays, so
 changing the sampler, like the step count, compiles nothing. The numbers are diffusers'
 PyTorch schedulers' (``from_config`` of the model's scheduler config, diffusers 0.42.1):
@@ -37,6 +37,12 @@ DPM++ 3M SDE      the same class with solver_order=3 (k-diffusion's sample_dpmpp
                   D2 coefficient is k-diffusion's -phi_3 (the exact integral of the quadratic term);
                   diffusers 0.42.1 has - 1/2 there (a sign slip: its coefficient tends to -1, not 0,
                   as h -> 0), the one place the engine leaves diffusers (tests/program)
+UniPC             UniPCMultistepScheduler (Zhao et al. 2023; bh2 or bh1, solver_order 2, predict_x0): the
+                  predictor UniP-2 from the corrected x_i^c, x_{i+1} = a x_i^c - B(h) ... (module
+                  :func:`_unipc_coefficients`), and the corrector UniC that makes x_i^c from x_i with the
+                  new x0_i: x_i^c - x_i is a combination of x0_i, x0_{i-1}, x0_{i-2} (both start from
+                  the same x_{i-1}^c), so the two fold into one update on the uncorrected x_i, the one
+                  the UNet sees, as in diffusers
 DDIM              DDIMScheduler, eta 0: deterministic, first order in sigma space (Song et al. 2021);
                   its last sigma is the final alpha's; with clip_sample the x0 it moves towards
                   is clipped, the direction to x_t is not: e = 1 (times ``carry``)
@@ -83,6 +89,7 @@ SAMPLER_CLASSES = {
                         {"algorithm_type": "dpmsolver++", "solver_order": 2, "use_karras_sigmas": True}),
     "DPM++ 2M SDE": ("DPMSolverMultistepScheduler", {"algorithm_type": "sde-dpmsolver++", "solver_order": 2}),
     "DPM++ 3M SDE": ("DPMSolverMultistepScheduler", {"algorithm_type": "sde-dpmsolver++", "solver_order": 3}),
+    "UniPC": ("UniPCMultistepScheduler", {"solver_order": 2, "predict_x0": True}),
     "DDIM": ("DDIMScheduler", {}),
     "LCM": ("LCMScheduler", {}),
 }
@@ -103,6 +110,12 @@ CLASS_DEFAULTS = {
         "lower_order_final": True, "euler_at_final": False, **_SIGMA_KINDS, "use_lu_lambdas": False,
         "use_flow_sigmas": False, "flow_shift": 1.0, "final_sigmas_type": "zero", "lambda_min_clipped": -math.inf,
         "variance_type": None, "use_dynamic_shifting": False, "time_shift_type": "exponential"},
+    "UniPCMultistepScheduler": {
+        **_COMMON, "solver_order": 2, "thresholding": False, "dynamic_thresholding_ratio": 0.995,
+        "sample_max_value": 1.0, "predict_x0": True, "solver_type": "bh2", "lower_order_final": True,
+        "disable_corrector": [], "solver_p": None, **_SIGMA_KINDS, "use_flow_sigmas": False, "flow_shift": 1.0,
+        "final_sigmas_type": "zero", "use_dynamic_shifting": False,
+        "time_shift_type": "exponential", "sigma_min": None, "sigma_max": None, "shift_terminal": None},
     "DDIMScheduler": {**_COMMON, "clip_sample": True, "set_alpha_to_one": True, "thresholding": False,
                       "dynamic_thresholding_ratio": 0.995, "clip_sample_range": 1.0, "sample_max_value": 1.0,
                       "timestep_spacing": "leading"},
@@ -125,10 +138,16 @@ FIELDS = {
     "interpolation_type": "honoured: linear, log_linear", "use_karras_sigmas": "honoured",
     "use_exponential_sigmas": "honoured", "use_beta_sigmas": "refused", "sigma_min": "honoured",
     "sigma_max": "honoured", "timestep_type": "honoured: discrete, continuous",
-    "final_sigmas_type": "honoured: zero, sigma_min",
+    "final_sigmas_type": "honoured: zero, sigma_min (UniPC refused per request with karras or exponential sigmas, "
+                         "where diffusers repeats the last sigma: a step of h = 0)",
     "solver_order": "fixed: 2 (DPM++ 3M SDE: 3)",
     "algorithm_type": "fixed: dpmsolver++ (DPM++ 2M), sde-dpmsolver++ (DPM++ 2M SDE, DPM++ 3M SDE)",
-    "solver_type": "honoured: midpoint, heun", "lower_order_final": "honoured", "euler_at_final": "honoured",
+    "solver_type": "honoured: midpoint, heun (DPM++); bh1, bh2 (UniPC; midpoint, heun, logrho are bh2 there, as in "
+                   "diffusers)",
+    "predict_x0": "fixed: True (UniPC)", "disable_corrector": "honoured (UniPC)", "solver_p": "refused (UniPC)",
+    "shift_terminal": "unused (use_flow_sigmas)",
+    "lower_order_final": "honoured (UniPC refused per request: False with a final sigma of 0)",
+    "euler_at_final": "honoured",
     "use_lu_lambdas": "refused", "use_flow_sigmas": "refused", "flow_shift": "unused (use_flow_sigmas)",
     "lambda_min_clipped": "honoured", "variance_type": "refused", "use_dynamic_shifting": "refused",
     "time_shift_type": "unused (use_dynamic_shifting)", "thresholding": "refused",
@@ -252,7 +271,7 @@ class Schedule:
         final_scale: the latents handed to the VAE = x_n * final_scale.
         clip_range: x0 is clipped to [-clip_range, clip_range] where ``e`` is non-zero (inf: never).
         restarts: the steps where the multistep history starts afresh (:meth:`restarting_at`); () = step 0 only.
-        history: for a multistep sampler (DPM++), ``restarts -> (a, b, c, c2, d)`` float64 (n,) each, the
+        history: for a multistep sampler (DPM++, UniPC), ``restarts -> (a, b, c, c2, d)`` float64 (n,) each, the
             coefficients with the history restarting at those steps; None for the others, whose update reads no
             earlier step.
     """
@@ -275,9 +294,10 @@ class Schedule:
     def starting_at(self, start: int) -> Schedule:
         """This schedule for a run that begins at step ``start`` (img2img): the steps before it are skipped,
         and step ``start`` has no previous x0, so a multistep sampler starts afresh there (:meth:`restarting_at`),
-        as diffusers' ``DPMSolverMultistepScheduler`` does after ``set_begin_index`` (``lower_order_nums`` 0):
-        DPM++ 2M's step ``start`` first order (``b + c``, ``c = 0``), DPM++ 3M SDE's two steps from it first and
-        second order. The other samplers are unchanged. ``start`` 0: this schedule.
+        as diffusers' ``DPMSolverMultistepScheduler`` and ``UniPCMultistepScheduler`` do after ``set_begin_index``
+        (``lower_order_nums`` 0, UniPC no ``last_sample``): DPM++ 2M's step ``start`` first order (``b + c``,
+        ``c = 0``), DPM++ 3M SDE's two steps from it first and second order, UniPC's first step without its
+        corrector. The other samplers are unchanged. ``start`` 0: this schedule.
 
         Raises ValueError for ``start`` outside 0 .. steps - 1.
         """
@@ -377,8 +397,10 @@ def sampler_config(sampler: str, config: dict) -> dict:
 
 # Fields whose unsupported value refuses one sampler per request, not the model at start: zero
 # terminal SNR (a v-prediction fine-tune's ``ztsnr``) runs with Euler, Euler a and DPM++ as in diffusers;
-# original_inference_steps is LCM's alone.
-PER_SAMPLER = frozenset({"rescale_betas_zero_snr", "original_inference_steps"})
+# original_inference_steps is LCM's alone. A (sampler, field) pair: that sampler's refusal of that field only
+# (UniPC's two combinations that diffusers' UniPC divides by zero on, which every other sampler follows).
+PER_SAMPLER = frozenset({"rescale_betas_zero_snr", "original_inference_steps", ("UniPC", "final_sigmas_type"),
+                         ("UniPC", "lower_order_final")})
 
 
 def check_scheduler_config(config: dict) -> None:
@@ -392,7 +414,7 @@ def check_scheduler_config(config: dict) -> None:
     """
     for sampler in SAMPLERS:
         problem = _refusal(sampler, sampler_config(sampler, config))
-        if problem and problem[0] not in PER_SAMPLER:
+        if problem and problem[0] not in PER_SAMPLER and (sampler, problem[0]) not in PER_SAMPLER:
             field, why = problem
             value = sampler_config(sampler, config)[field]
             raise UnsupportedSchedulerConfig(
@@ -418,10 +440,11 @@ def _refusal(sampler: str, cfg: dict) -> tuple[str, str] | None:
                                           "sigma, which this engine cannot step from")
     if cls == "LCMScheduler" and not 1 <= cfg["original_inference_steps"] <= cfg["num_train_timesteps"]:
         return "original_inference_steps", f"choose 1 to num_train_timesteps ({cfg['num_train_timesteps']})"
-    if cfg.get("thresholding", False) and cls in ("DPMSolverMultistepScheduler", "DDIMScheduler", "LCMScheduler"):
+    if cfg.get("thresholding", False) and cls in ("DPMSolverMultistepScheduler", "UniPCMultistepScheduler",
+                                                  "DDIMScheduler", "LCMScheduler"):
         return "thresholding", ("dynamic thresholding is not implemented (it suits pixel-space models, not SDXL's "
                                 "latents)")
-    if cls in ("EulerDiscreteScheduler", "DPMSolverMultistepScheduler"):
+    if cls in ("EulerDiscreteScheduler", "DPMSolverMultistepScheduler", "UniPCMultistepScheduler"):
         kinds = [k for k in _SIGMA_KINDS if cfg[k]]
         if len(kinds) > 1:
             return kinds[1], f"only one of {', '.join(_SIGMA_KINDS)} may be set (diffusers refuses it too)"
@@ -446,6 +469,26 @@ def _refusal(sampler: str, cfg: dict) -> tuple[str, str] | None:
                 return field, "not implemented"
         if cfg["variance_type"] is not None:
             return "variance_type", "learned variance is not implemented"
+    if cls == "UniPCMultistepScheduler":
+        return _unipc_refusal(cfg)
+    return None
+
+
+def _unipc_refusal(cfg: dict) -> tuple[str, str] | None:
+    """(field, reason) of the first UniPCMultistepScheduler value the engine does not follow, or None."""
+    if cfg["solver_type"] not in ("bh1", "bh2", "midpoint", "heun", "logrho"):
+        return "solver_type", "choose bh1 or bh2"
+    if cfg["solver_p"] is not None:
+        return "solver_p", "another scheduler as UniPC's predictor is not implemented"
+    for field in ("use_flow_sigmas", "use_dynamic_shifting"):
+        if cfg[field]:
+            return field, "not implemented"
+    if cfg["final_sigmas_type"] == "sigma_min" and (cfg["use_karras_sigmas"] or cfg["use_exponential_sigmas"]):
+        return "final_sigmas_type", ("with karras or exponential sigmas diffusers' UniPC repeats the last sigma as the "
+                                     "final one: a step of h = 0, which divides by zero")
+    if not cfg["lower_order_final"] and cfg["final_sigmas_type"] == "zero":
+        return "lower_order_final", ("diffusers' second-order UniPC step to a final sigma of 0 divides by zero: keep "
+                                     "it True, or final_sigmas_type sigma_min")
     return None
 
 
@@ -570,20 +613,23 @@ def _euler_ancestral(cfg: dict, steps: int) -> tuple[np.ndarray, np.ndarray, flo
     return timesteps, sigmas, top if cfg["timestep_spacing"] in ("linspace", "trailing") else (top**2 + 1) ** 0.5
 
 
-def _dpm(cfg: dict, steps: int) -> tuple[np.ndarray, np.ndarray]:
-    """DPMSolverMultistepScheduler.set_timesteps: integer timesteps, sigmas (n + 1)."""
+def _dpm(cfg: dict, steps: int, unipc: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """DPMSolverMultistepScheduler.set_timesteps: integer timesteps, sigmas (n + 1). UniPCMultistepScheduler's are
+    the same but for two things: it has no ``lambda_min_clipped`` and rounds its Karras timesteps whatever the
+    beta schedule."""
     ac = _alphas_cumprod(cfg)
     all_sigmas = ((1 - ac) / ac) ** 0.5
     log_sigmas = np.log(all_sigmas)
     alpha_t, sigma_t = np.sqrt(ac), np.sqrt(1 - ac)
     lambdas = (np.log(alpha_t) - np.log(sigma_t)).astype(np.float32)
-    clipped = int(np.searchsorted(lambdas[::-1], np.float32(cfg["lambda_min_clipped"]), side="left"))
+    floor = -math.inf if unipc else cfg["lambda_min_clipped"]
+    clipped = int(np.searchsorted(lambdas[::-1], np.float32(floor), side="left"))
     timesteps = _spaced(cfg, steps, extra=1, last=cfg["num_train_timesteps"] - clipped)
     converted = _converted(cfg, all_sigmas[::-1], steps)
     if converted is not None:
         sigmas = converted
         timesteps = _sigma_to_t(sigmas, log_sigmas)
-        if cfg["use_karras_sigmas"] and cfg["beta_schedule"] != "squaredcos_cap_v2":
+        if cfg["use_karras_sigmas"] and (unipc or cfg["beta_schedule"] != "squaredcos_cap_v2"):
             timesteps = timesteps.round()
         timesteps = np.trunc(timesteps)  # torch's cast to int64
     else:
@@ -700,10 +746,11 @@ def make_schedule(sampler: str, config: dict, steps: int, schedule_type: str | N
         return _schedule(timesteps, sigmas, a * carry, (1 - a) * carry, zeros, zeros, zeros,
                          carry if cfg["clip_sample"] else zeros, (sigmas[0] ** 2 + 1) ** 0.5,
                          1 / (sigmas[-1] ** 2 + 1) ** 0.5, clip)
-    timesteps, sigmas = _dpm(cfg, steps)
+    unipc = sampler == "UniPC"
+    timesteps, sigmas = _dpm(cfg, steps, unipc)
     if typed is not None:  # whole timesteps, rounded as DPMSolverMultistepScheduler rounds its Karras sigmas' ones
         timesteps, sigmas = np.round(typed[0]).astype(np.float32), typed[1].astype(np.float32)
-    history = functools.partial(_dpm_coefficients, cfg, sigmas.astype(np.float64))
+    history = functools.partial(_unipc_coefficients if unipc else _dpm_coefficients, cfg, sigmas.astype(np.float64))
     init = (sigmas[0] ** 2 + 1) ** 0.5  # x-space noise of variance 1
     return _schedule(timesteps, sigmas, *history(()), zeros, init, 1 / (sigmas[-1] ** 2 + 1) ** 0.5, history=history)
 
@@ -757,6 +804,69 @@ def _dpm_coefficients(cfg: dict, sigmas: np.ndarray, restarts: tuple[int, ...] =
         third = first + k[:, None] * d1 + ((1 - a - 2 * h) / (4 * h**2) + 0.5)[:, None] * d2
     terms = np.where((order == 1)[:, None], first, np.where((order == 2)[:, None], second, third))
     return a, terms[:, 0], terms[:, 1], terms[:, 2], d
+
+
+def _unipc_coefficients(cfg: dict, sigmas: np.ndarray, restarts: tuple[int, ...] = ()) -> tuple[np.ndarray, ...]:
+    """UniPCMultistepScheduler.step (predict_x0, solver_order 2, bh1 or bh2) in sigma space: (a, b, c, c2, d), each
+    (n,) float64 (d 0: no noise), for ``sigmas`` (n + 1,) float64, the history restarting at ``restarts``.
+
+    diffusers' step i: (1) unless i starts a history or i - 1 is in ``disable_corrector``, UniC corrects the sample
+    x_i (the predictor's, which the UNet saw) into x_i^c with the new x0_i, at the order step i - 1's predictor had;
+    (2) UniP predicts x_{i+1} from x_i^c at order min(2, steps since the restart + 1, steps left if
+    ``lower_order_final``). Divided by alpha (sigma space), with lambda = -log s, h = log s - log s', B(h) =
+    expm1(-h) (bh2) or -h (bh1)::
+
+        UniP: x' = (s'/s) x^c + (1 - s'/s) x0_i - B(h) rho_p D1,  D1 = (x0_{i-1} - x0_i) / r,  r = (lambda_{i-1} -
+              lambda_i) / h,  rho_p = 1/2
+        UniC: x^c = x + B(h_prev) (rho_p' D1' - rho_c[:-1] D1' - rho_c[-1] (x0_i - x0_{i-1}))
+
+    where the primed D1' and rho_p' are step i - 1's predictor's (its x_t_ is the corrector's too, so the difference
+    is all that is left) and rho_c solves diffusers' R rho = b (1/2 at order 1).
+    """
+    steps = len(sigmas) - 1
+    lam = -np.log(np.maximum(sigmas, 1e-300))  # lambda = log alpha - log sigma of the VP form; +inf where sigma is 0
+    lam[sigmas == 0] = np.inf
+    since = _since_restart(steps, restarts)
+    lower_final = cfg["lower_order_final"]
+    order = [min(2, int(since[i]) + 1, steps - i if lower_final else 2) for i in range(steps)]
+    off = set(cfg["disable_corrector"] or ())
+    bh1 = cfg["solver_type"] == "bh1"
+    a, b, c, c2 = (np.zeros(steps) for _ in range(4))
+    for i in range(steps):
+        h = lam[i + 1] - lam[i]
+        ratio = math.exp(-h)  # s' / s (0 on a last step to sigma 0)
+        pred = np.array([1 - ratio, 0.0, 0.0])  # over (x0_i, x0_{i-1}, x0_{i-2})
+        if order[i] == 2:
+            r = (lam[i - 1] - lam[i]) / h
+            pred += _b_of(h, bh1) * 0.5 * np.array([1.0, -1.0, 0.0]) / r  # - B(h) rho_p (x0_{i-1} - x0_i) / r
+        corr = np.zeros(3)
+        if since[i] > 0 and (i - 1) not in off:
+            corr = _unic(lam, i, order[i - 1], bh1)
+        a[i] = ratio
+        b[i], c[i], c2[i] = ratio * corr + pred
+    return a, b, c, c2, np.zeros(steps)
+
+
+def _b_of(h: float, bh1: bool) -> float:
+    """UniPC's B(h) with predict_x0 (hh = -h): -h (bh1) or expm1(-h) (bh2); -1 (bh2) on a step to sigma 0."""
+    return -h if bh1 else math.expm1(-h)
+
+
+def _unic(lam: np.ndarray, i: int, order: int, bh1: bool) -> np.ndarray:
+    """x_i^c - x_i of UniC at step i (order ``order``, step i - 1's predictor's), over (x0_i, x0_{i-1}, x0_{i-2})."""
+    h = lam[i] - lam[i - 1]
+    hh, bh = -h, _b_of(h, bh1)
+    diff = np.array([-1.0, 1.0, 0.0]) * 0.5 if order == 1 else None  # - rho_c (x0_i - x0_{i-1}), rho_c = 1/2
+    if order == 1:
+        return bh * diff
+    r = (lam[i - 2] - lam[i - 1]) / h
+    d1 = np.array([0.0, -1.0, 1.0]) / r  # (x0_{i-2} - x0_{i-1}) / r
+    # diffusers' R = [rks^0; rks^1], b_k = h_phi_k k! / B(h), with rks = (r, 1), h_phi_1 = expm1(hh)
+    h_phi = math.expm1(hh) / hh - 1
+    rhs = [h_phi / bh]
+    rhs.append((h_phi / hh - 0.5) * 2 / bh)
+    rho_c = np.linalg.solve(np.array([[1.0, 1.0], [r, 1.0]]), np.array(rhs))
+    return bh * (0.5 * d1 - rho_c[0] * d1 - rho_c[1] * np.array([1.0, -1.0, 0.0]))
 
 
 def _sampler_and_type(sampler: str, schedule_type: str) -> tuple[str, str]:

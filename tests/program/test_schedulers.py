@@ -38,7 +38,7 @@ VARIANTS = {  # fixture variant -> (sampler, timestep_spacing)
     "dpm++2m": ("DPM++ 2M", None), "dpm++2m-karras": ("DPM++ 2M Karras", None), "ddim": ("DDIM", None),
 }
 # diffusers steps x / sqrt(sigma^2 + 1) for these
-X_SPACE = ("DPM++ 2M", "DPM++ 2M Karras", "DPM++ 2M SDE", "DPM++ 3M SDE", "DDIM", "LCM")
+X_SPACE = ("DPM++ 2M", "DPM++ 2M Karras", "DPM++ 2M SDE", "DPM++ 3M SDE", "UniPC", "DDIM", "LCM")
 RTOL = 1e-5
 
 
@@ -163,16 +163,17 @@ def test_restarting_the_history_is_starting_there():
     """Schedule.restarting_at (the refiner's switch) changes only the steps from the restart on, and those as
     starting_at (img2img's start, checked against diffusers' set_begin_index above) has them; both compose; a sampler
     without history is unchanged. DPM++ 2M's step at a restart is first order (c = 0), DPM++ 3M SDE's two steps
-    from a restart first and second order (c2 = 0)."""
+    from a restart first and second order (c2 = 0), UniPC's first without its corrector (c = c2 = 0) and its next
+    with a first-order one (c2 = 0)."""
     config = {**STEPS["base_config"], "final_sigmas_type": "sigma_min"}
-    for sampler in ("DPM++ 2M", "DPM++ 2M SDE", "DPM++ 3M SDE"):
+    for sampler in ("DPM++ 2M", "DPM++ 2M SDE", "DPM++ 3M SDE", "UniPC"):
         plain = make_schedule(sampler, config, 16)
         restarted, started = plain.restarting_at(7), plain.starting_at(7)
         for name in ("a", "b", "c", "c2", "d"):
             np.testing.assert_array_equal(getattr(restarted, name)[:7], getattr(plain, name)[:7])
             np.testing.assert_array_equal(getattr(restarted, name)[7:], getattr(started, name)[7:])
         assert restarted.c[7] == 0 and plain.c[7] != 0 and restarted.c[8] != 0
-        assert restarted.c2[7] == restarted.c2[8] == 0 and (plain.c2[8] != 0) == (sampler == "DPM++ 3M SDE")
+        assert restarted.c2[7] == restarted.c2[8] == 0 and (plain.c2[8] != 0) == (sampler in ("DPM++ 3M SDE", "UniPC"))
         both = started.restarting_at(11)
         assert both.restarts == (7, 11) and both.c[11] == 0 and np.array_equal(both.b[7:11], started.b[7:11])
     euler = make_schedule("Euler", config, 16)
@@ -261,6 +262,19 @@ def test_a_field_no_sampler_follows_refuses_the_model_naming_it(changes, field, 
         make_schedule(sampler, config, 4)
 
 
+@pytest.mark.parametrize("changes, field", [
+    ({"final_sigmas_type": "sigma_min", "use_karras_sigmas": True}, "final_sigmas_type"),
+    ({"lower_order_final": False}, "lower_order_final")])
+def test_what_only_unipc_cannot_follow_refuses_unipc_per_request_not_the_model(changes, field):
+    """diffusers' UniPC divides by zero on these two (a repeated last Karras sigma, h = 0; a second-order last step
+    to sigma 0), which every other sampler follows: the model loads, UniPC alone is refused, naming the field."""
+    config = {**STEPS["base_config"], **changes}
+    check_scheduler_config(config)
+    make_schedule("DPM++ 3M SDE", config, 6)
+    with pytest.raises(UnsupportedSchedulerConfig, match=rf"^{field}=.* is not supported \(sampler 'UniPC'\)"):
+        make_schedule("UniPC", config, 6)
+
+
 def test_zero_terminal_snr_refuses_ddim_per_request_not_the_model():
     """schedulers.PER_SAMPLER: a ztsnr model loads; Euler follows its rescaled betas (sigma_max grows by
     orders of magnitude, as diffusers' rescale_zero_terminal_snr makes it), and only DDIM is refused, by name."""
@@ -298,8 +312,8 @@ def test_a_model_folder_with_a_refused_field_fails_to_load_naming_file_and_field
 
 
 def test_sampler_names():
-    assert SAMPLERS == ("Euler", "Euler a", "DPM++ 2M", "DPM++ 2M Karras", "DPM++ 2M SDE", "DPM++ 3M SDE", "DDIM",
-                        "LCM")
+    assert SAMPLERS == ("Euler", "Euler a", "DPM++ 2M", "DPM++ 2M Karras", "DPM++ 2M SDE", "DPM++ 3M SDE", "UniPC",
+                        "DDIM", "LCM")
     assert get_sampler(" dpm++  2m karras") == "DPM++ 2M Karras" and get_sampler(None) == "Euler"
     with pytest.raises(UnknownSampler, match="unknown sampler 'LMS'; choose one of Euler, Euler a, DPM"):
         get_sampler("LMS")

@@ -85,11 +85,11 @@ def test_dpmpp_2m_with_karras_is_dpmpp_2m_karras():
                                                                                           "karras").sigmas)
 
 
-@pytest.mark.parametrize("sampler", ["DPM++ 3M SDE"])
+@pytest.mark.parametrize("sampler", ["DPM++ 3M SDE", "UniPC"])
 def test_the_multistep_samplers_take_a1111s_sigmas(sampler):
-    """DPM++ 3M SDE ("DPM++ 3M SDE Karras" / "Exponential" in A1111's older names) on A1111's Karras and exponential
-    sigmas: those sigmas, whole timesteps, the sampler's own multistep coefficients (third order where c2 is not 0)
-    on them, and other coefficients than the automatic spacing's."""
+    """DPM++ 3M SDE ("DPM++ 3M SDE Karras" / "Exponential" in A1111's older names) and UniPC on A1111's Karras and
+    exponential sigmas: those sigmas, whole timesteps, the sampler's own multistep coefficients (third order / the
+    corrector where c2 is not 0) on them, and other coefficients than the automatic spacing's."""
     for schedule_type in ("karras", "exponential"):
         typed, own = make_schedule(sampler, SDXL, 7, schedule_type), make_schedule(sampler, SDXL, 7)
         np.testing.assert_allclose(typed.sigmas, REFERENCE["7"][schedule_type], rtol=1e-5)
