@@ -230,6 +230,31 @@ def ddim_image_case(out: Path, name: str = "ddim_image") -> tuple[dict, dict]:
     return arrays, meta
 
 
+# ``samplers``' multistep image cases: tiny-pt's pipeline with a multistep sampler's class from tiny-pt's config (the
+# engine's program carries the x0s of earlier steps); name -> (sampler, prompt, negative prompt, guidance, steps,
+# latents seed); 64x64, 2 images. Deterministic samplers only (no step noise to hand over).
+MULTISTEP_IMAGE_CASES = {"unipc_image": ("UniPC", "a red circle", "a blue square", 5.0, 8, 37)}
+
+
+def multistep_image_case(out: Path, name: str) -> tuple[dict, dict]:
+    """diffusers' images for MULTISTEP_IMAGE_CASES[name] on out/tiny-pt: ({key: array}, metadata)."""
+    pipe = StableDiffusionXLPipeline.from_pretrained(out / "tiny-pt", dtype=torch.float32, add_watermarker=False)
+    pipe.set_progress_bar_config(disable=True)
+    sampler, prompt, negative, guidance, steps, seed = MULTISTEP_IMAGE_CASES[name]
+    cls, overrides = SAMPLER_CLASSES[sampler]
+    config = plain_config(pipe.scheduler.config)
+    pipe.scheduler = cls.from_config(config, **overrides)
+    latents = np.random.RandomState(seed).standard_normal((2, 4, 16, 16)).astype(np.float32)
+    images = pipe(prompt, negative_prompt=negative, guidance_scale=guidance, num_inference_steps=steps, width=64,
+                  height=64, num_images_per_prompt=2, output_type="np", latents=torch.from_numpy(latents)).images
+    arrays = {f"{name}_latents": latents, f"{name}_images": np.round(images * 255).astype(np.uint8)}
+    meta = dict(sampler=sampler, prompt=prompt, negative_prompt=negative, guidance_scale=guidance,
+                num_inference_steps=steps, width=64, height=64, scheduler_config=config,
+                timesteps=[int(t) for t in pipe.scheduler.timesteps],
+                latents=f"numpy RandomState({seed}).standard_normal((2, 4, 16, 16))", images="uint8, round(np * 255)")
+    return arrays, meta
+
+
 # ``samplers``' LCM image cases: tiny-pt's pipeline with LCMScheduler.from_config of its config, 64x64, 2 images
 # on given latents, the step noise tools/lcm_noise.py's (the engine's rule). Prompt, negative prompt, guidance, steps.
 LCM_IMAGE_CASES = {"lcm_image": ("a red circle", "", 1.0, 4),
@@ -294,7 +319,7 @@ def _write_samplers(out: Path, arrays: dict, meta: dict) -> None:
 
 
 def cmd_samplers_add(out: Path, names: list[str]) -> None:
-    """``samplers --add NAME ...``: compute only the named SAMPLER_CASES rows and DDIM_IMAGE_CASES and merge
+    """``samplers --add NAME ...``: compute only the named SAMPLER_CASES rows and image cases and merge
     them into out/sampler-steps.{json,npz}, every other entry kept as it is (to the byte: another CPU or
     torch build moves the last bits of the others, so a full run would rewrite them all)."""
     torch.set_num_threads(1)
@@ -303,14 +328,16 @@ def cmd_samplers_add(out: Path, names: list[str]) -> None:
     meta = json.loads((out / "sampler-steps.json").read_text())
     base = meta["base_config"]
     rows = {row[0]: row for row in SAMPLER_CASES}
-    unknown = [n for n in names if n not in rows and n not in DDIM_IMAGE_CASES]
+    unknown = [n for n in names if n not in rows and n not in DDIM_IMAGE_CASES and n not in MULTISTEP_IMAGE_CASES]
     if unknown:
-        raise SystemExit(f"unknown case {unknown}; SAMPLER_CASES or DDIM_IMAGE_CASES names")
+        raise SystemExit(f"unknown case {unknown}; SAMPLER_CASES, DDIM_IMAGE_CASES or MULTISTEP_IMAGE_CASES names")
     order = [row[0] for row in SAMPLER_CASES]
     cases = {case["name"]: case for case in meta["cases"]}
     for name in names:
         if name in rows:
             new_arrays, cases[name] = sampler_case(rows[name], base, arrays["model_outputs"], arrays["start"])
+        elif name in MULTISTEP_IMAGE_CASES:
+            new_arrays, meta[f"{name}_case"] = multistep_image_case(out, name)
         else:
             new_arrays, meta[f"{name}_case"] = ddim_image_case(out, name)
         arrays.update(new_arrays)
@@ -336,6 +363,8 @@ SAMPLER_NOTES = [
     "ddim_euler_image_case: the same with its config less the fields a config saved by EulerDiscreteScheduler "
     "lacks (clip_sample, set_alpha_to_one, sample_max_value, skip_prk_steps: DDIM's defaults True, True), 10 "
     "steps, guidance 4, no negative prompt (force_zeros_for_empty_prompt), on ddim_euler_image_latents.",
+    "unipc_image_case: tiny-pt's pipeline (float32) with UniPCMultistepScheduler.from_config of its config (the "
+    "engine's UniPC overrides), on unipc_image_latents; unipc_image_images (2, 64, 64, 3) uint8.",
     "lcm_image_cases: tiny-pt's pipeline (float32) with LCMScheduler.from_config of its config on "
     "lcm_image_latents, the step noise lcm-noise.npz's (the engine's seed rule for its seeds); "
     "<case>_images (2, 64, 64, 3) uint8.",
@@ -361,7 +390,11 @@ def cmd_samplers(out: Path) -> None:
     arrays.update(euler_arrays)
     lcm_arrays, lcm_meta = lcm_image_cases(out)
     arrays.update(lcm_arrays)
-    meta = dict(
+    multistep = {}
+    for name in MULTISTEP_IMAGE_CASES:
+        case_arrays, multistep[f"{name}_case"] = multistep_image_case(out, name)
+        arrays.update(case_arrays)
+    meta = dict(**multistep,
         made_by="python -m tools.lcm_noise (runtime venv), then python -m tools.make_fixtures samplers",
         ddim_image_case=image_meta, ddim_euler_image_case=euler_meta, lcm_image_cases=lcm_meta,
         versions=versions(), torch_threads=1,
