@@ -172,9 +172,11 @@ def test_png_settings_restores_this_servers_and_a1111s_parameters():
     values, note = app.png_settings("a cat\nSteps: 4, Seed: 5", [], 50, 99)
     assert values == {"prompt": "a cat\nSteps: 4, Seed: 5", "negative_prompt": "",
                       "style": "(No style)"}  # fewer than 3 fields: A1111 reads the line as prompt
-    values, note = app.png_settings("a cat\nSteps: 4, Sampler: UniPC, Seed: x, CFG scale: 2", [], 50, 99)
-    assert values["num_inference_steps"] == 4 and "sampler 'UniPC' (not one of this server's)" in note
+    values, note = app.png_settings("a cat\nSteps: 4, Sampler: LMS, Seed: x, CFG scale: 2", [], 50, 99)
+    assert values["num_inference_steps"] == 4 and "sampler 'LMS' (not one of this server's)" in note
     assert "Seed 'x' (this page takes 0 to 99)" in note
+    restored = app.png_settings("a cat\nSteps: 4, Sampler: UniPC, Schedule type: Karras, Seed: 5", [], 50, 99)[0]
+    assert (restored["sampler"], restored["schedule_type"]) == ("UniPC", "Karras")  # one of this server's since #61
     assert app.png_settings(" ", [], 50, 99) == ({}, "That file has no generation parameters (no `parameters` text "
                                                      "in a PNG): nothing restored.")
     with pytest.raises(ValueError, match="at most 60000 characters"):
