@@ -180,6 +180,56 @@ def test_restarting_the_history_is_starting_there():
     assert euler.restarting_at(7) is euler and euler.starting_at(7) is euler
 
 
+def k_diffusion_3m_sde(sigmas, x, denoised, noise) -> list[np.ndarray]:
+    """k-diffusion's DPM-Solver++(3M) SDE (``sample_dpmpp_3m_sde``, eta 1, s_noise 1), written from its update in
+    numpy on given model outputs and noise: each step's sample. With t = -log sigma and h the step, the sample decays
+    by exp(-2h) toward x0, plus phi_2 D1 (second order) or phi_2 D1 - phi_3 D2 (third), phi_2 = expm1(-2h)/2h + 1,
+    phi_3 = phi_2/2h - 1/2, then noise of s' sqrt(-expm1(-2h)); a step to sigma 0 is x0 itself."""
+    out, hist, hs = [], [], []
+    for i, x0 in enumerate(denoised):
+        if sigmas[i + 1] == 0:
+            x = x0
+        else:
+            h = math.log(sigmas[i]) - math.log(sigmas[i + 1])
+            phi_2 = math.expm1(-2 * h) / (2 * h) + 1
+            x = math.exp(-2 * h) * x - math.expm1(-2 * h) * x0
+            if len(hist) >= 2:
+                r0, r1 = hs[-1] / h, hs[-2] / h
+                d1_0, d1_1 = (x0 - hist[-1]) / r0, (hist[-1] - hist[-2]) / r1
+                d1, d2 = d1_0 + (d1_0 - d1_1) * r0 / (r0 + r1), (d1_0 - d1_1) / (r0 + r1)
+                x = x + phi_2 * d1 - (phi_2 / (2 * h) - 0.5) * d2
+            elif hist:
+                x = x + phi_2 * (x0 - hist[-1]) / (hs[-1] / h)
+            x = x + noise[i] * sigmas[i + 1] * math.sqrt(-math.expm1(-2 * h))
+        out.append(x)
+        hist.append(x0)
+        hs.append(math.log(sigmas[i]) - math.log(sigmas[i + 1]) if sigmas[i + 1] else math.inf)
+    return out
+
+
+def test_dpm_3m_sde_with_heun_and_15_steps_or_more_is_k_diffusions():
+    """A1111's DPM++ 3M SDE is k-diffusion's sample_dpmpp_3m_sde. The engine's (diffusers' class, its third-order
+    D2 as k-diffusion's) is it step for step where diffusers' step orders agree with k-diffusion's: solver_type heun
+    (k-diffusion's second-order step is heun's phi_2 form) and 15 steps or more (under 15 diffusers' lower_order_final
+    makes the last but one step second order). SDXL's config says midpoint: its second step differs (and under 15
+    steps its last but one), which the schedule's own test against diffusers covers."""
+    rng = np.random.RandomState(5)
+    for solver_type, steps, same in (("heun", 16, True), ("midpoint", 16, False), ("heun", 8, False)):
+        schedule = make_schedule("DPM++ 3M SDE", {**STEPS["base_config"], "solver_type": solver_type}, steps, "karras")
+        sigmas = schedule.sigmas.astype(np.float64)
+        denoised, noise = rng.standard_normal((2, steps, 8))
+        x = start = rng.standard_normal(8) * sigmas[0]
+        ours, x0_prev, x0_prev2 = [], np.zeros(8), np.zeros(8)
+        for k in range(steps):
+            x = np.asarray(sampler_update(x, denoised[k], x0_prev, noise[k], schedule.a[k], schedule.b[k],
+                                          schedule.c[k], schedule.d[k], x0_prev2=x0_prev2, c2=schedule.c2[k]))
+            ours.append(x)
+            x0_prev, x0_prev2 = denoised[k], x0_prev
+        theirs = k_diffusion_3m_sde(sigmas, start, denoised, noise)
+        worst = max(np.abs(a - b).max() / (1 + np.abs(b).max()) for a, b in zip(ours, theirs))
+        assert (worst < 1e-5) == same, (solver_type, steps, worst)
+
+
 def test_the_matrix_covers_what_the_survivors_hid():
     """The cases that see each formerly unseen slip: a second-order DPM++ step (0.5 / r), DDIM with carry != 1
     (linspace), clipping that bites (x0 beyond the range), and Euler a's noise term."""
