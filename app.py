@@ -22,64 +22,53 @@ from sdxl_engine.engine.validation import MAX_GUIDANCE
 from sdxl_engine.program.schedulers import SAMPLERS, SCHEDULE_TYPES
 from sdxl_engine.service.models import configured as models_configured
 from sdxl_engine.service.service import Service
-from sdxl_engine.service.styles import (
-    FAST_LABEL,
-    FAST_LORA,
-    FAST_PRESET,
-    NO_STYLE,
-    STYLE_NAMES,
-    has_fast_tag,
-    with_fast_tag,
-    without_fast_tag,
-)
+from sdxl_engine.service.styles import FAST_LABEL, FAST_LORA, NO_STYLE, STYLE_NAMES
 from sdxl_engine.serving import handler, history
 from sdxl_engine.serving.apis.mcp_image import API_NAME as IMAGE_TOOL
 from sdxl_engine.serving.apis.mcp_image import image_tool
 from sdxl_engine.serving.apis.tools import generate_inputs
-from sdxl_engine.serving.page import (  # noqa: F401
+from sdxl_engine.serving.history import RESTORED_FIELDS
+from sdxl_engine.serving.page import (
     BLOG_DEFAULT,
     EXAMPLES,
-    PNG_FIELDS,
-    engine_banner,
     event_inputs,
     load_example,
     lora_names_for,
     lora_tag_adder,
     model_choices,
     model_default_label,
+    model_note,
     page_event,
-    png_settings,
     size_choices,
-    status_line,
-    stopped_view,  # (tests read some of them here too)
 )
 from sdxl_engine.serving.page_assets import (
     HISTORY_JS,
     HISTORY_KEY,
     HISTORY_NOTE,
-    MODEL_NOTES,
-    NEW_REQUEST_JS,
     PAGE_CSS,
     PARSE_SIZE_JS,
     PNG_SETTINGS_HTML,
     PNG_SETTINGS_JS,
-    REAL_SDXL_HINT,
-    REQUEST_ENDS_JS,
-    REQUEST_STARTS_JS,
-    SCROLL_TO_GALLERY_JS,
-    STOP_STEP_JS,
 )
 from sdxl_engine.serving.page_history import wire_history
 from sdxl_engine.serving.page_image import (
     control_section,
-    editor_tools,
     image_events,
     image_section,
     refiner_slider,
     wire_control_section,
     wire_image_section,
+    wire_selection,
 )
-from sdxl_engine.serving.page_models import ModelWidgets, offered, png_choices, wire_models
+from sdxl_engine.serving.page_models import (
+    ModelWidgets,
+    offered,
+    wire_models,
+    wire_png_restore,
+    wire_presets,
+    wire_start,
+)
+from sdxl_engine.serving.page_requests import wire_outcomes, wire_starts
 
 
 def build_demo(requests: Service, config: EngineConfig, engine: EngineContract | None = None,
@@ -99,8 +88,7 @@ def build_demo(requests: Service, config: EngineConfig, engine: EngineContract |
         # Empty as served: the page's config is built once, while the engine starts, so a line put in here would
         # say "Starting" on every page load long after; the load event (refresh, below) writes the engine's state.
         banner = gr.Markdown("", elem_id="engine-status")
-        if config.model in MODEL_NOTES:
-            gr.Markdown(MODEL_NOTES[config.model] + REAL_SDXL_HINT, elem_id="model-note")
+        note = gr.Markdown(model_note(config.model), visible=bool(model_note(config.model)), elem_id="model-note")
         with gr.Row(equal_height=True, elem_id="prompt-row"):  # the prompt, across the page
             prompt = gr.Textbox(label="Prompt", placeholder="a red circle on a blue background", scale=5,
                                 lines=1, max_lines=3, elem_id="prompt")
@@ -147,7 +135,7 @@ def build_demo(requests: Service, config: EngineConfig, engine: EngineContract |
                     with gr.Row(visible=False):  # set from the resolution list; still the API's width/height
                         width = gr.Number(value=0, precision=0, label="Width (px, 0 = model default)")
                         height = gr.Number(value=0, precision=0, label="Height (px, 0 = model default)")
-                image = image_section(config, engine, refiner_switch)  # Image to image (serving/page_image.py)
+                image = image_section(config, engine)  # Image to image (serving/page_image.py)
                 control = control_section(config, engine)  # ControlNet, shown when one is loaded (page_image.py)
             with gr.Column(scale=3, elem_id="output-col"):  # what came out (first on a phone: PAGE_CSS)
                 gallery = gr.Gallery(label="Images", columns=2, format="png", object_fit="contain",
@@ -193,121 +181,51 @@ def build_demo(requests: Service, config: EngineConfig, engine: EngineContract |
         generate_from_image = handler.image_function(requests, config, pending, finished, demo)
         upscale_image = handler.upscale_function(requests, config, pending, finished, demo)
 
-        # On a narrow screen bring the gallery into view for the progress, and again once the images are in.
-        starts = [run.click, prompt.submit, image.run.click, send_upscale.click]
-        gr.on(starts, None, None, None, js=SCROLL_TO_GALLERY_JS, queue=False, api_visibility="private")
-        gr.on(starts, None, None, None, js=REQUEST_STARTS_JS, queue=False, api_visibility="private")  # Stop shows
-        # A Stop's line described the stopped request: a new one takes it away (a finished one's line stays).
-        gr.on(starts, None, status, [status, heard], js=NEW_REQUEST_JS, queue=False, api_visibility="private")
-        # preprocess=False: values reach the engine as sent, so its checks and messages (with the
-        # argument's name) apply to page and API alike, instead of Gradio's unnamed bound checks.
-        page_inputs = dict(prompt=prompt, negative_prompt=negative_prompt, seed=seed, guidance_scale=guidance_scale,
-                           num_inference_steps=num_inference_steps, width=width, height=height, style=style,
-                           sampler=sampler)
-        settings = list(page_inputs.values())  # /generate's first nine inputs, in its order (apis/tools.py)
-        # concurrency_limit None: the service (not Gradio's queue) orders the requests and caps each client.
+        # A request's start and end on the page: the gallery in view, Stop, the status line (page_requests.py).
+        wire_starts([run.click, prompt.submit, image.run.click, send_upscale.click], status, heard)
         wire_control_section(control, demo, prompt)
-        widgets = {**page_inputs, "refiner_switch_at": refiner_switch, **control.named, "model": model,
-                   "schedule_type": schedule_type}
-        restored = [{**widgets, "resolution": resolution}[name] for name in PNG_FIELDS]  # what a PNG, a past image set
+        # /generate's widgets by its input's names (apis/tools.generate_inputs: the events' inputs follow that list).
+        widgets = dict(prompt=prompt, negative_prompt=negative_prompt, seed=seed, guidance_scale=guidance_scale,
+                       num_inference_steps=num_inference_steps, width=width, height=height, style=style,
+                       sampler=sampler, refiner_switch_at=refiner_switch, **control.named, model=model,
+                       schedule_type=schedule_type)
+        restored = [{**widgets, "resolution": resolution}[name] for name in RESTORED_FIELDS]  # a PNG, a past image
+        # preprocess=False: values reach the engine as sent, so its checks and messages (with the argument's name)
+        # apply to page and API alike, instead of Gradio's unnamed bound checks; concurrency_limit None: the
+        # service (not Gradio's queue) orders the requests and caps each client.
         event = gr.on([run.click, prompt.submit], generate_images, event_inputs(generate_inputs(config), widgets),
                       [gallery, info], api_name="generate", concurrency_limit=None, preprocess=False)
-        events = (event, *image_events(image, settings, generate_from_image, upscale_image, send_upscale,
-                                       last_result, selected_index, gallery, info, model, schedule_type))
-        for done in events:
-            done.success(page_event(status_line), info, status, api_visibility="private")
+        events = (event, *image_events(config, image, widgets, generate_from_image, upscale_image, send_upscale,
+                                       last_result, selected_index, gallery, info))
+        # The status line; Stop cancels this browser's request and shows the last finished result again.
+        wire_outcomes(events, stop, gallery, info, status, heard, last_result)
         # The MCP image tool (an API endpoint without widgets): the picture as base64 text (apis/mcp_image.py).
         gr.api(image_tool(requests, config, engine), api_name=IMAGE_TOOL, concurrency_limit=None)
-        # Stop cancels this browser's request: Gradio cancels the event's task, which stops its job in the service
-        # (handler.follow: out of the line if it waits, after the running step if it runs). Nothing else: another
-        # browser's request runs on.
-        # The page then says where it stopped and shows the last finished result again, not the half-made
-        # preview (stopped_view). The step is read in the browser as the Stop is clicked; the rest runs as the
-        # cancelled event's failure, which Gradio's page sends once the cancel is through: previews still on
-        # their way before that would otherwise land on the restored gallery.
-        stop.click(None, None, heard, js=STOP_STEP_JS, cancels=list(events), api_visibility="private", queue=False)
-        for done in events:
-            done.failure(page_event(stopped_view), [last_result, heard], [gallery, info, status],
-                         api_visibility="private", queue=False, show_progress="hidden")
-            done.success(None, None, None, js=SCROLL_TO_GALLERY_JS, queue=False, api_visibility="private")
-            # After success, error or Stop alike: Stop hides once none of this page's requests is left. One of
-            # success and failure runs per request (Gradio's page runs no .then() after an error).
-            for outcome in (done.success, done.failure):
-                outcome(None, None, None, js=REQUEST_ENDS_JS, queue=False, api_visibility="private")
 
-        # The Model dropdown and what follows it (serving/page_models.py).
-        follow_model = wire_models(engine, config, ModelWidgets(model, model_default, resolution, control.model, fast),
-                                   prompt, [sampler, num_inference_steps, guidance_scale])
+        # The Model dropdown, the presets and what follows a model (serving/page_models.py).
+        model_settings = [sampler, num_inference_steps, guidance_scale]
+        follow_model = wire_models(engine, config, ModelWidgets(model, model_default, resolution, control.model, fast,
+                                                                note, lora_list), prompt, model_settings)
         follow_model(wire_history(events, past, pending, finished, last_result, history_gallery, history_note,
                                   clear_history, restored, lambda: offered(engine)))
-        for done in events:
-            done.success(lambda: (None, gr.Button("Reuse selected image's seed", interactive=False), None,
-                                  *(gr.Button(interactive=False) for _ in range(3))), None,
-                         [selected_seed, reuse, selected_index, send_image, send_inpaint, send_upscale],
-                         api_visibility="private", queue=False)
-
-        @page_event
-        def select_image(info: dict, evt: gr.SelectData):
-            seed = info["seeds"][evt.index] if info and evt.index is not None else None
-            return seed, gr.Button(f"Reuse seed {seed}" if seed is not None else "Reuse selected image's seed",
-                                   interactive=seed is not None)
-
-        gallery.select(select_image, info, [selected_seed, reuse], api_visibility="private", queue=False)
-
+        # The gallery's selection: Reuse seed, Send to image / Inpaint / Upscale (serving/page_image.py).
+        wire_selection(events, gallery, info, seed, selected_seed, reuse, selected_index,
+                       [send_image, send_inpaint, send_upscale])
         wire_image_section(image, gallery, last_result, selected_index, send_image, send_inpaint, send_upscale)
-        # The seed kept by select_image is server-side state (gr.State), so this one runs on the server.
-        reuse.click(page_event(lambda s: -1 if s is None else int(s)), selected_seed, seed, api_visibility="private",
-                    queue=False)
-        # These two need nothing from the server: done in the browser, so there is no handler to call.
+        # This one needs nothing from the server: done in the browser, so there is no handler to call.
         randomize.click(None, None, seed, js="() => -1", api_visibility="private")
-        # Both presets run their sampler's own schedule (LCM takes no other: a leftover Karras was refused).
-        blog_default.click(page_event(lambda: (*BLOG_DEFAULT, "Automatic")), None,
-                           [sampler, num_inference_steps, schedule_type], api_visibility="private", queue=False)
-        # Leaving the fast preset: its tag goes and the guidance comes back (the blog button's first event
-        # above still sets just the sampler and steps).
-        blog_default.click(page_event(lambda text: (without_fast_tag(text), config.guidance_scale)
-                                      if has_fast_tag(text) else (gr.update(), gr.update())),
-                           prompt, [prompt, guidance_scale], api_visibility="private", queue=False)
-        fast.click(page_event(lambda text: (*FAST_PRESET, with_fast_tag(text), "Automatic")), prompt,
-                   [sampler, num_inference_steps, guidance_scale, prompt, schedule_type], api_visibility="private",
-                   queue=False)
+        wire_presets(config, blog_default, fast, prompt, model_settings, schedule_type)
         resolution.change(None, resolution, [width, height], js=PARSE_SIZE_JS, api_visibility="private")
-
-        @page_event
-        def restore_png(text: str):
-            names, sizes = png_choices(engine, text)  # the sizes its model has, once loaded (else the default's)
-            values, note = png_settings(text, sizes, config.max_inference_steps, config.max_seed,
-                                        bool(config.refiner), names)
-            return (*(values.get(name, gr.update()) for name in PNG_FIELDS), note)
-
         # The browser sends the PNG's parameters text only (PNG_SETTINGS_JS): no file reaches the server.
-        follow_model(png_file.input(restore_png, png_file, [*restored, png_note], api_visibility="private",
-                                    queue=False, show_progress="hidden"))
+        follow_model(wire_png_restore(engine, config, png_file, restored, png_note))
 
         examples.click(page_event(load_example), examples, [prompt, style], api_visibility="private", queue=False,
                        show_progress="hidden")
-        lora_list.click(page_event(lora_tag_adder(lora_names)), [lora_list, prompt], prompt,
+        lora_list.click(page_event(lora_tag_adder(engine, config)), [lora_list, prompt, model], prompt,
                         api_visibility="private", queue=False, show_progress="hidden")
 
-        timer = gr.Timer(1.0, active=engine is not None and not engine.ready.is_set())
-
-        @page_event
-        def refresh():
-            text, done = engine_banner(engine)
-            if not done:
-                return text, gr.Dropdown(), gr.skip(), gr.skip(), gr.Timer(active=True)
-            sizes, value = size_choices(engine)
-            # The editor's brush follows the model's size, known once the engine is ready (page_image.editor_tools).
-            return text, gr.Dropdown(choices=sizes, value=value), gr.ImageMask(**editor_tools(engine)), \
-                gr.Dropdown(**model_choices(engine, configured)), gr.Timer(active=False)
-
-        refreshed = [banner, resolution, image.init_image, model, timer]
-        timer.tick(refresh, None, refreshed, api_visibility="private", queue=False, show_progress="hidden")
-        if engine is not None and engine.scale_out() is not None:  # scale-out: the replica count after each request
-            for done in events:
-                done.then(lambda: engine_banner(engine)[0], None, banner, api_visibility="private", queue=False,
-                          show_progress="hidden")
-        demo.load(refresh, None, refreshed, api_visibility="private", queue=False, show_progress="hidden")
+        # The banner, then what the started engine offers: sizes, the brush, the models (serving/page_models.py).
+        wire_start(demo, engine, configured, banner, resolution, image.init_image, model, events)
         demo.load(None, past, [history_gallery, history_note], js=HISTORY_JS, api_visibility="private")
     return demo
 

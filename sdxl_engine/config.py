@@ -212,6 +212,17 @@ class EngineConfig:
     # program on first use.
     max_control_units: int = 3
 
+    # ---- IP-Adapter (docs/ip-adapter.md) ----
+    # IP-Adapters that requests' ip_adapter_units name: h94/IP-Adapter's .safetensors files (sdxl_models/
+    # ip-adapter_sdxl.safetensors), several separated by os.pathsep (the flag --ip-adapter PATH may instead be
+    # repeated); each is named by its file name without .safetensors, its image encoder found beside it by h94's
+    # layout (image_encoder/, ../image_encoder/, ../models/image_encoder/), loaded in the model's dtype and checked
+    # against the model at start (checkpoint/ip_adapter.py); a bad one stops the start.
+    ip_adapter: str = ""
+    # IP-Adapter units one request may have; each count (and each unit's reference image count) compiles its own
+    # program on first use.
+    max_ip_adapter_units: int = 2
+
     # Progress, previews, Stop between the steps: the host runs the denoising steps in chunks (every step, or about
     # 0.1 s of faster steps: engine/steps.py) and reports each; off: one executable runs the whole loop, and Stop acts
     # only before a request starts.

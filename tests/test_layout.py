@@ -98,6 +98,16 @@ def test_the_runtime_imports_no_tool_no_test_and_not_app():
     assert {k: v for k, v in bad.items() if v} == {}
 
 
+def test_app_py_is_the_pages_layout_and_event_wiring():
+    """app.py (issue #59: "back to the page's layout"): at most 250 lines, one function (build_demo) with no
+    function inside it: what an event runs lives in serving/ (page.py's plain functions, page_*.py's wiring)."""
+    path = PACKAGE.parent / "app.py"
+    tree = ast.parse(path.read_text(), str(path))
+    functions = [node for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    assert len(path.read_text().splitlines()) <= 250
+    assert [node.name for node in functions] == ["build_demo"]
+
+
 def test_only_serving_imports_gradio():
     users = sorted(name for name, path in MODULES.items()
                    if any(m.split(".")[0] in ("gradio", "gradio_client") for m in imports(path)))

@@ -12,6 +12,7 @@ Commands, run from the repository root (each in the module that makes it):
     python -m tools.make_fixtures single-lora         # tools/fixtures_single.py
     python -m tools.make_fixtures lcm-lora            # tools/fixtures_lora.py
     python -m tools.make_fixtures img2img             # tools/fixtures_img2img.py
+    python -m tools.make_fixtures ip-adapter          # tools/fixtures_ip_adapter.py
     python -m tools.make_fixtures fullsize --out DIR [--dtype float32|bfloat16]   # tools/fixtures_fullsize.py
 
 What they share (paths, SDXL base's configs, building and checking components, writers) is
@@ -33,6 +34,7 @@ import transformers
 from tools.fixtures_common import FIXTURES
 from tools.fixtures_fullsize import cmd_fullsize
 from tools.fixtures_img2img import cmd_img2img
+from tools.fixtures_ip_adapter import cmd_ip_adapter
 from tools.fixtures_lora import cmd_lcm_lora, cmd_lora
 from tools.fixtures_samplers import cmd_samplers, cmd_samplers_add
 from tools.fixtures_single import cmd_sgm_keys, cmd_single, cmd_single_fullsize, cmd_single_lora
@@ -65,6 +67,9 @@ def main(argv=None) -> None:
     lcm_lora.add_argument("--out", type=Path, default=FIXTURES)
     img2img = sub.add_parser("img2img", help="tiny-pt-img2img: diffusers' img2img images (tools.img2img_noise first)")
     img2img.add_argument("--out", type=Path, default=FIXTURES)
+    ip_adapter = sub.add_parser("ip-adapter", help="tiny-pt-ip-adapter: a tiny IP-Adapter in h94's layout, diffusers' "
+                                "images with it (needs tiny-pt-img2img/noise.npz)")
+    ip_adapter.add_argument("--out", type=Path, default=FIXTURES)
     full = sub.add_parser("fullsize", help="random full-size SDXL base and its reference outputs")
     full.add_argument("--out", type=Path, required=True)
     full.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
@@ -88,6 +93,7 @@ COMMANDS = {
     "single-lora": lambda args: cmd_single_lora(args.out),
     "lcm-lora": lambda args: cmd_lcm_lora(args.out),
     "img2img": lambda args: cmd_img2img(args.out),
+    "ip-adapter": lambda args: cmd_ip_adapter(args.out),
     "fullsize": lambda args: cmd_fullsize(args.out, args.dtype),
 }
 

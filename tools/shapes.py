@@ -15,6 +15,9 @@ bounding box and resized to 32x32, against the same for each shape drawn cleanly
 
 Latents (:func:`encode_all`): the images as a VAE sees them (:func:`to_pixels`) and their posterior means, which
 tools/train.py (its stage 3) and tools/train_lcm.py both train on.
+
+Training steps (:func:`run_steps`): the step loop tools/train_lcm.py and tools/train_controlnet.py share (the mean
+loss logged every few steps, a callback after each step, a time limit).
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import time
+from collections.abc import Callable
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -279,3 +284,45 @@ def encode_training_data(model, images: np.ndarray, captions: list[str], batch: 
         hidden.append(np.asarray(h))
         pooled.append(np.asarray(e))
     return latents, np.concatenate(hidden), np.concatenate(pooled)
+
+
+@dataclasses.dataclass
+class Steps:
+    """A training loop's progress (:func:`run_steps`): ``history``, the mean loss of each logged stretch as
+    [(step, loss rounded to 6 places)]; ``done``, the steps run; ``train_s``, the seconds since the first step
+    began (at the last callback while it runs, then in all)."""
+
+    history: list = dataclasses.field(default_factory=list)
+    done: int = 0
+    train_s: float = 0.0
+
+
+def run_steps(step: Callable, state, steps: int, log_every: int, max_minutes: float, log: Callable[[str], None],
+              after: Callable | None = None) -> tuple[object, Steps]:
+    """Run ``state, loss = step(state, i)`` for i = 1 ... ``steps`` (one training step: ``state`` is what it carries,
+    ``loss`` a scalar, a device array left unread until logged). Every ``log_every`` steps and at the last, the mean
+    loss since the last log goes into the history and is logged as ``step i/steps loss L (S s/step)``; then
+    ``after(i, state, progress)`` runs (a periodic save: ``progress`` is the :class:`Steps` so far); past
+    ``max_minutes`` of training it logs ``time limit: stopping after i steps`` and stops. Returns (the last state,
+    the :class:`Steps`)."""
+    import jax  # here: the data set and its checker need no JAX
+
+    progress, running, start = Steps(), [], time.perf_counter()
+    for i in range(1, steps + 1):
+        state, loss = step(state, i)
+        running.append(loss)
+        progress.done = i
+        elapsed = time.perf_counter() - start
+        if i % log_every == 0 or i == steps:
+            mean = float(np.mean(jax.device_get(running)))
+            running = []
+            progress.history.append((i, round(mean, 6)))
+            log(f"step {i}/{steps} loss {mean:.5f} ({elapsed / i:.2f} s/step)")
+        if after is not None:
+            progress.train_s = time.perf_counter() - start
+            after(i, state, progress)
+        if elapsed > max_minutes * 60:
+            log(f"time limit: stopping after {i} steps")
+            break
+    progress.train_s = time.perf_counter() - start
+    return state, progress

@@ -185,24 +185,16 @@ def main(argv=None) -> None:
         ema = jax.tree.map(lambda e, p: args.ema * e + (1 - args.ema) * p, ema, params)
         return params, ema, opt_state, loss
 
-    history, running, train_start, done = [], [], time.perf_counter(), 0
-    for i in range(1, args.steps + 1):
+    def batch_step(state, i):
         idx = rng.integers(len(latents), size=args.batch)
         keep = (rng.random(args.batch) >= args.caption_dropout).astype(np.float32)
-        params, ema, opt_state, loss = step(params, ema, opt_state, latents[idx], hidden[idx], pooled[idx],
-                                            controls[idx], keep, jax.random.fold_in(key, 10 + i))
-        running.append(loss)
-        done = i
-        elapsed = time.perf_counter() - train_start
-        if i % args.log_every == 0 or i == args.steps:
-            mean = float(np.mean(jax.device_get(running)))
-            running = []
-            history.append((i, round(mean, 6)))
-            log(f"step {i}/{args.steps} loss {mean:.5f} ({elapsed / i:.2f} s/step)")
-        if elapsed > args.max_minutes * 60:
-            log(f"time limit: stopping after {i} steps")
-            break
-    train_s = time.perf_counter() - train_start
+        *state, loss = step(*state, latents[idx], hidden[idx], pooled[idx], controls[idx], keep,
+                            jax.random.fold_in(key, 10 + i))
+        return tuple(state), loss
+
+    (params, ema, opt_state), progress = shapes.run_steps(batch_step, (params, ema, opt_state), args.steps,
+                                                          args.log_every, args.max_minutes, log)
+    train_s = progress.train_s
 
     # 4. Save.
     out = Path(args.out)
@@ -212,11 +204,11 @@ def main(argv=None) -> None:
                 out / "diffusion_pytorch_model.safetensors")
     record = {"what": "canny ControlNet for tiny-shapes (tools/train_controlnet.py)",
               "command": "python -m tools.train controlnet " + " ".join(sys.argv[2:] if argv is None else argv),
-              "args": vars(args), "model": Path(args.model).name, "steps_done": done,
+              "args": vars(args), "model": Path(args.model).name, "steps_done": progress.done,
               "data": {"images": args.images, "data_seed": args.seed + 200, "generator": "tools.shapes.make_dataset",
                        "held_out_excluded": True, "control": "canny 100/200 at 64 px and at 512 px fitted to 64"},
               "data_s": round(data_s, 1), "train_s": round(train_s, 1),
-              "total_s": round(time.perf_counter() - start, 1), "loss": history,
+              "total_s": round(time.perf_counter() - start, 1), "loss": progress.history,
               "jax": jax.__version__, "device": str(jax.devices()[0])}
     (out / "training.json").write_text(json.dumps(record, indent=1) + "\n")
     write_example(out)

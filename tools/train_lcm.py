@@ -245,7 +245,7 @@ def main(argv=None) -> None:
         target_lora = jax.tree.map(lambda t, p: args.target_ema * t + (1 - args.target_ema) * p, target_lora, lora)
         return lora, target_lora, opt_state, loss
 
-    def make_record(done: int, train_s: float) -> dict:
+    def make_record(done: int, train_s: float, history: list) -> dict:
         return {"what": "LCM-LoRA of the teacher model by latent consistency distillation (tools/train_lcm.py)",
                 "command": "python -m tools.train lcm-lora " + " ".join(sys.argv[2:] if argv is None else argv),
                 "args": vars(args), "teacher": str(Path(args.model).name), "steps_done": done,
@@ -258,28 +258,23 @@ def main(argv=None) -> None:
                 "jax": jax.__version__, "device": str(jax.devices()[0])}
 
     rng = np.random.default_rng(args.seed + 2)
-    history, running, train_start, done = [], [], time.perf_counter(), 0
-    for i in range(1, args.steps + 1):
+
+    def batch_step(state, i):
         idx = rng.integers(len(latents), size=args.batch)
-        lora, target_lora, opt_state, loss = step(lora, target_lora, opt_state, latents[idx], hidden[idx],
-                                                  pooled[idx], jax.random.fold_in(key, 10 + i))
-        running.append(loss)
-        done = i
-        elapsed = time.perf_counter() - train_start
-        if i % args.log_every == 0 or i == args.steps:
-            mean = float(np.mean(jax.device_get(running)))
-            running = []
-            history.append((i, round(mean, 6)))
-            log(f"step {i}/{args.steps} loss {mean:.5f} ({elapsed / i:.2f} s/step)")
+        *state, loss = step(*state, latents[idx], hidden[idx], pooled[idx], jax.random.fold_in(key, 10 + i))
+        return tuple(state), loss
+
+    def save_every(i, state, progress):  # --save-every: <out>.step<N>.safetensors along the way
         if args.save_every and i % args.save_every == 0 and i < args.steps:
             out = Path(args.out)
-            save_lora(out.with_name(f"{out.stem}.step{i}.safetensors"), jax.device_get(lora), targets, args.rank,
-                      args.alpha, make_record(i, time.perf_counter() - train_start))
-        if elapsed > args.max_minutes * 60:
-            log(f"time limit: stopping after {i} steps")
-            break
-    train_s = time.perf_counter() - train_start
-    record = make_record(done, train_s)
+            save_lora(out.with_name(f"{out.stem}.step{i}.safetensors"), jax.device_get(state[0]), targets, args.rank,
+                      args.alpha, make_record(i, progress.train_s, progress.history))
+
+    (lora, target_lora, opt_state), progress = shapes.run_steps(batch_step, (lora, target_lora, opt_state),
+                                                                args.steps, args.log_every, args.max_minutes, log,
+                                                                save_every)
+    train_s = progress.train_s
+    record = make_record(progress.done, train_s, progress.history)
     save_lora(Path(args.out), jax.device_get(lora), targets, args.rank, args.alpha, record)
     log(f"saved {args.out} ({Path(args.out).stat().st_size / 1e6:.2f} MB); {train_s / 60:.1f} min training")
 

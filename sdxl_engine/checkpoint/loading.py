@@ -196,6 +196,10 @@ class LoadedModel:
     # Components are the programs' (ProgramShape.controlnets names architectures); their params go in each request's
     # params["controlnet"]. Empty: none.
     controlnets: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # The IP-Adapters the engine loaded beside this model (--ip-adapter; checkpoint/ip_adapter.py), by name: their
+    # Components are the programs' (ProgramShape.ip_adapters names architectures); their params go in each request's
+    # params["ip_adapter"]. Empty: none.
+    ip_adapters: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def unet(self):

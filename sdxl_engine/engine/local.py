@@ -31,6 +31,7 @@ import numpy as np
 from sdxl_engine import config as config_mod
 from sdxl_engine.checkpoint import catalogue as catalogue_mod
 from sdxl_engine.checkpoint import controlnet as controlnet_mod
+from sdxl_engine.checkpoint import ip_adapter as ip_adapter_mod
 from sdxl_engine.checkpoint import loading
 from sdxl_engine.checkpoint import lora as lora_mod
 from sdxl_engine.config import EngineConfig
@@ -40,6 +41,7 @@ from sdxl_engine.engine.control import ControlArrays, infotext
 from sdxl_engine.engine.durations import RunTimes
 from sdxl_engine.engine.errors import EngineNotReady, GenerationError, ModelUnavailable
 from sdxl_engine.engine.image_upscale import upscale_images
+from sdxl_engine.engine.ip_adapter import IPAdapterArrays
 from sdxl_engine.engine.memory import MemoryBudget
 from sdxl_engine.engine.plan import Plan, Planner
 from sdxl_engine.engine.previews import latent_rgb_for
@@ -159,6 +161,9 @@ class Engine:
         # The ControlNets (--controlnet, --controlnet-dir; docs/controlnet.md), by name: server-wide, loaded once at
         # start and kept on the devices; each model's setup carries those that fit it (LoadedModel.controlnets).
         self.controlnets: dict[str, controlnet_mod.LoadedControlNet] = {}
+        # The IP-Adapters (--ip-adapter; docs/ip-adapter.md), by name, likewise: loaded once at start with their image
+        # encoders; each model's setup carries those that fit it (LoadedModel.ip_adapters).
+        self.ip_adapters: dict[str, ip_adapter_mod.LoadedIPAdapter] = {}
         self.device_summary = ""  # set at start, e.g. "4 × cpu"
         self._collect = log  # handed on as it is: None lets each module log to its own logger
         self._log, self._warn = log or LOG.info, log or LOG.warning
@@ -397,6 +402,7 @@ class Engine:
         self._done("load_s", t0)
         self._load_refiner(loaded)
         self._load_controlnets(loaded)  # server-wide, once: every model's setup carries those that fit it
+        self._load_ip_adapters(loaded)  # likewise
         setup = self._setup(entry.name, loaded, lora_sources, strict=True)
         resident = self._resident(setup, self._params_of(loaded))
         del loaded  # the resident holds the weights now, and is what drops them
@@ -421,6 +427,13 @@ class Engine:
         for arch in sorted({net.architecture for net in self.model.controlnets.values()}):
             self._stage(f"compiling {width}x{height} x {self.batch} images with a ControlNet unit")
             self.program(width, height, self.defaults.guidance_scale > 1, controlnets=(arch,), **self._startup_mode)
+        # 3c. With IP-Adapters: the one-unit, one-image program of the default size for each kind (architecture,
+        # tokens per image) that fits the default model, likewise.
+        width_ip = self.model.unet.cross_attention_dim[-1]
+        for arch, tokens in sorted({(a.architecture, a.tokens) for a in self.model.ip_adapters.values()}):
+            self._stage(f"compiling {width}x{height} x {self.batch} images with an IP-Adapter unit")
+            self.program(width, height, self.defaults.guidance_scale > 1, ip_adapters=((arch, tokens, width_ip),),
+                         **self._startup_mode)
 
         # 4. One request through the compiled program with zero denoising steps: the executable runs
         # (first-run allocations; text encoders and VAE decode checked finite) without paying a UNet
@@ -560,6 +573,48 @@ class Engine:
         jax.block_until_ready([n.params for n in nets.values()])
         self._done("controlnet_load_s", t0)
 
+    def _load_ip_adapters(self, loaded: loading.LoadedModel) -> None:
+        """With ``config.ip_adapter``: load each IP-Adapter and its image encoder once for the whole server, in the
+        default model ``loaded``'s dtype onto the devices (replicated), read against its UNet, and keep them
+        (:attr:`ip_adapters`, by name). Each model's :meth:`_setup` checks which fit it
+        (:meth:`_fitting_ip_adapters`)."""
+        sources = ip_adapter_mod.ip_adapter_sources(self.config.ip_adapter)
+        if not sources:
+            return
+        t0 = self._stage(f"loading {len(sources)} IP-Adapters onto the devices")
+        self.ip_adapters = {name: ip_adapter_mod.load_ip_adapter(name, path, loaded.dtype, loaded.unet,
+                                                                 sharding.replicated(self.mesh),
+                                                                 log=self._collect or self._log)
+                            for name, path in sources.items()}
+        jax.block_until_ready([(a.params, a.encoder_params) for a in self.ip_adapters.values()])
+        self._done("ip_adapter_load_s", t0)
+
+    def _fitting_ip_adapters(self, loaded: loading.LoadedModel, strict: bool) -> dict:
+        """{name: LoadedIPAdapter} of the server's IP-Adapters that fit the model ``loaded`` (checkpoint/ip_adapter
+        .check_fits); one that does not, as :meth:`_fitting_controlnets`."""
+        adapters = {}
+        for name, adapter in self.ip_adapters.items():
+            try:
+                ip_adapter_mod.check_fits(adapter, loaded.unet)
+            except loading.ModelLoadError as err:
+                if strict:
+                    raise
+                self._warn(f"[sdxl_engine] IP-Adapter {name} is left out for {loaded.name}: {err}")
+                continue
+            adapters[name] = adapter
+        return adapters
+
+    @staticmethod
+    def _ip_adapter(params: dict, ip: IPAdapterArrays | None, inputs: ProgramInputs,
+                    setup: ModelSetup) -> tuple[dict, ProgramInputs]:
+        """``params`` and ``inputs`` for a pass of model ``setup`` with IP-Adapter units (``ip``, a plan's): each
+        unit's adapter params in ``params["ip_adapter"]``, the units' arrays in the inputs; as they are without."""
+        if ip is None:
+            return params, inputs
+        adapters = setup.model.ip_adapters
+        return ({**params, "ip_adapter": tuple(adapters[m].layer_params for m in ip.models)},
+                inputs.with_ip_adapter(**ip.inputs()))
+
     def _fitting_controlnets(self, loaded: loading.LoadedModel, strict: bool) -> dict:
         """{name: LoadedControlNet} of the server's ControlNets that fit the model ``loaded``
         (checkpoint/controlnet.check_fits). One that does not: with ``strict`` (the default model) its ModelLoadError
@@ -623,6 +678,7 @@ class Engine:
         digests)."""
         startup_mode = dict(init_image=True, inpaint=True) if loaded.kind.inpainting_unet else {}
         loaded.controlnets = self._fitting_controlnets(loaded, strict)  # the skeleton keeps them (the planner's)
+        loaded.ip_adapters = self._fitting_ip_adapters(loaded, strict)
         loras, for_refiner = self._read_loras(loaded, lora_sources, strict)
         defaults = self._model_defaults(loaded, self.catalogue.model(name).spec)
         limits = self._limits(loaded, defaults, (*loras, *for_refiner), startup_mode)
@@ -803,7 +859,9 @@ class Engine:
                       controlnets=tuple((name, net.hash) for name, net in model.controlnets.items()),
                       max_control_units=self.config.max_control_units,
                       controlnets_unfit=tuple(name for name in self.controlnets if name not in model.controlnets),
-                      model=model.name)
+                      model=model.name,
+                      ip_adapters=tuple((name, a.hash) for name, a in model.ip_adapters.items()),
+                      max_ip_adapter_units=self.config.max_ip_adapter_units)
 
     def _start_precompile(self) -> None:
         """Compile the no-CFG variant of the default size, then the other size buckets, in a
@@ -819,10 +877,13 @@ class Engine:
                                  self.precompiled)
 
     def program(self, width: int, height: int, cfg: bool = True, chunks: int = 1, init_image: bool = False,
-                inpaint: bool = False, controlnets: tuple[str, ...] = ()) -> CompiledProgram:
-        """The compiled program for a size (pixels), CFG mode, prompt chunk count, image mode and ControlNet units'
-        architectures, compiled on this thread on first use (Programs.get); for start-up and the tools."""
-        return self.programs.get(self.planner.shape(width, height, cfg, chunks, init_image, inpaint, controlnets))
+                inpaint: bool = False, controlnets: tuple[str, ...] = (),
+                ip_adapters: tuple[tuple[str, int, int], ...] = ()) -> CompiledProgram:
+        """The compiled program for a size (pixels), CFG mode, prompt chunk count, image mode, ControlNet units'
+        architectures and IP-Adapter units' (architecture, tokens, width), compiled on this thread on first use
+        (Programs.get); for start-up and the tools."""
+        return self.programs.get(self.planner.shape(width, height, cfg, chunks, init_image, inpaint, controlnets,
+                                                    ip_adapters))
 
     @property
     def compile_count(self) -> int:
@@ -1018,6 +1079,7 @@ class Engine:
         if plan.refiner_start is not None:  # the refiner's switch step and aesthetic scores (diffusers' defaults)
             inputs = inputs.with_refiner(plan.refiner_start, plan.schedule)
         params, inputs = self._control(params, plan.control, inputs, setup)  # the units' ControlNets and arrays
+        params, inputs = self._ip_adapter(params, plan.ip, inputs, setup)  # the IP-Adapters and their tokens
         # TEST-ONLY fault hooks (faults.py): self._faults is None unless SDXL_FAULT_INJECTION=1.
         params = self._faults.params(request.prompt, params) if self._faults else params
         if should_stop is not None and should_stop():
@@ -1083,6 +1145,7 @@ class Engine:
                                      self.config.max_inference_steps, prompt_weights=plan.prompt.weights,
                                      negative_weights=plan.negative.weights)
         first_params, inputs = self._control(params, plan.control, inputs, setup)
+        first_params, inputs = self._ip_adapter(first_params, plan.ip, inputs, setup)
         if should_stop is not None and should_stop():
             raise Stopped("stopped before it started")
         steps, total = request.num_inference_steps, request.num_inference_steps + hires.runs
@@ -1110,6 +1173,7 @@ class Engine:
                                      prompt_weights=hires.prompt.weights, negative_weights=hires.negative.weights,
                                      image=pixels, init_latents=large)
         params, inputs = self._control(params, hires.control, inputs, setup)
+        params, inputs = self._ip_adapter(params, hires.ip, inputs, setup)
         out = self._on_device(second, params, inputs, hires.steps,
                               _pass_events(on_step, steps, hires.start_step, total), should_stop, setup.latent_rgb)
         return self._result(plan, out, loras, t0, t1, progress, " (hires fix)", setup)

@@ -1,8 +1,10 @@
 """A validated request in the program's terms: :class:`Planner` turns a GenerateRequest into a :class:`Plan` (the
 ProgramShape that keys the compile, the tokenized prompts, the sampler's schedule, the seeds, the image and mask,
 the refiner's first step, hires fix's second pass), before anything waits, compiles or runs. Host code only: no
-program is traced here (program/ holds those). As diffusers' pipelines prepare their inputs (``encode_prompt``,
-``get_timesteps``, ``prepare_latents``) before the denoising loop."""
+program is traced here (program/ holds those); the one device call is the IP-Adapter units' reference encoder
+(program/ip_adapter.py: the image encoder and projection, once per request, compiled by JAX once per image count), as
+diffusers' ``prepare_ip_adapter_image_embeds`` runs before the loop. As diffusers' pipelines prepare their inputs
+(``encode_prompt``, ``get_timesteps``, ``prepare_latents``) before the denoising loop."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from sdxl_engine.checkpoint import lora as lora_mod
 from sdxl_engine.config import EngineConfig
 from sdxl_engine.engine.control import ControlArrays, control_arrays
 from sdxl_engine.engine.image_upscale import IMAGE_UPSCALERS, upscale_images
+from sdxl_engine.engine.ip_adapter import IPAdapterArrays, ip_arrays
 from sdxl_engine.engine.prompts import CHUNK, PromptTokens, parse_lora_tags, tokenize_prompt
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest, Limits, hires_size
 from sdxl_engine.program.generate import ProgramShape
@@ -49,6 +52,9 @@ class Plan:
         control: the ControlNet units' arrays for the (first) pass (engine/control.py: images fitted to its size,
             weights, modes, per-step keep; its ``models`` name each unit's ControlNet, whose params the engine passes
             in params["controlnet"]), None without units.
+        ip: the IP-Adapter units' arrays for the (first) pass (engine/ip_adapter.py: the reference images' tokens,
+            computed here once per request, scales, per-step keep; its ``models`` name each unit's adapter, whose
+            params the engine passes in params["ip_adapter"]), None without units.
     """
 
     request: GenerateRequest
@@ -65,6 +71,7 @@ class Plan:
     start_step: int | None = None
     loras: tuple[tuple[str, float], ...] = ()
     control: ControlArrays | None = None
+    ip: IPAdapterArrays | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +91,8 @@ class HiresPlan:
         upscaler: the A1111 upscaler's name.
         control: the ControlNet units' arrays for the second pass (the images fitted to its size, its keep over its
             own steps, canny units soft: engine/control.py ``mode_factors``), None without units.
+        ip: the IP-Adapter units' arrays for the second pass (the first pass's tokens, its keep over its own steps),
+            None without units.
     """
 
     shape: ProgramShape
@@ -96,6 +105,7 @@ class HiresPlan:
     rows: np.ndarray | None = None
     cols: np.ndarray | None = None
     control: ControlArrays | None = None
+    ip: IPAdapterArrays | None = None
 
     @property
     def pixels(self) -> bool:
@@ -144,16 +154,23 @@ class Planner:
             image = np.broadcast_to(image, (self.batch, *image.shape[1:]))
         mask = None if request.mask is None else np.broadcast_to(request.mask, (self.batch, *request.mask.shape[1:]))
         units = request.control_units
+        # the IP-Adapter units' arrays, keep over the steps that run (from img2img's start); their tokens once
+        first = (request.start_step or 0) if image is not None else 0
+        ip = None if not request.ip_adapter_units else ip_arrays(
+            request.ip_adapter_units, self.model.ip_adapters, first, request.num_inference_steps,
+            self.config.max_inference_steps)
         shape = self.shape(request.width, request.height, request.guidance_scale > 1, prompt.chunks,
                             init_image=image is not None, inpaint=mask is not None,
-                            controlnets=tuple(self.model.controlnets[u.model].architecture for u in units))
+                            controlnets=tuple(self.model.controlnets[u.model].architecture for u in units),
+                            ip_adapters=self.ip_shape(ip))
         # Image i uses seed + i, wrapping past max_seed to 0, so every caption's seed is itself a valid request seed.
         seeds = [(request.seed + i) % (self.limits.max_seed + 1) for i in range(self.batch)]
-        hires = None if request.hires_scale is None else self._hires(request, shape)
+        hires = None if request.hires_scale is None else self._hires(request, shape, ip)
         if hires is not None and image is not None:  # hires fix of the given image: its second pass alone
             return Plan(request, hires.shape, hires.prompt, hires.negative, hires.schedule, seeds,
                         upscale_images(image, hires.shape.width, hires.shape.height, hires.upscaler),
-                        steps=hires.steps, start_step=hires.start_step, loras=loras, control=hires.control)
+                        steps=hires.steps, start_step=hires.start_step, loras=loras, control=hires.control,
+                        ip=hires.ip)
         control = None
         if units:  # the units' arrays at the request's size, keep over the steps that run (from img2img's start)
             first = request.start_step if image is not None else 0
@@ -165,9 +182,16 @@ class Planner:
             return Plan(request, self._refiner_shape(shape), prompt, negative, schedule, seeds, image, mask,
                         refiner_start=refiner_start(schedule.timesteps, request.refiner_switch_at,
                                                     self.model.scheduler_config.get("num_train_timesteps", 1000)),
-                        loras=loras, control=control)
+                        loras=loras, control=control, ip=ip)
         return Plan(request, shape, prompt, negative, schedule, seeds, image, mask, hires=hires, loras=loras,
-                    control=control)
+                    control=control, ip=ip)
+
+    def ip_shape(self, ip: IPAdapterArrays | None) -> tuple[tuple[str, int, int], ...]:
+        """ProgramShape.ip_adapters of the units' arrays: (architecture, tokens, width) per unit; () without."""
+        if ip is None:
+            return ()
+        adapters, width = self.model.ip_adapters, ip.tokens.shape[2]
+        return tuple((adapters[m].architecture, n, width) for m, n in zip(ip.models, ip.counts, strict=True))
 
     def _check_refiner_tags(self, request: GenerateRequest, loras: tuple[tuple[str, float], ...]) -> None:
         """Raise InvalidRequest (``prompt``) for a refiner LoRA's tag (``loras``: the prompt's) in a request the
@@ -179,9 +203,10 @@ class Planner:
             raise InvalidRequest("prompt", f"<lora:{named[0]}> is a LoRA for the refiner, which this request does not "
                                            "run: send refiner_switch_at (e.g. 0.8), or leave the tag out")
 
-    def _hires(self, request: GenerateRequest, shape: ProgramShape) -> HiresPlan:
+    def _hires(self, request: GenerateRequest, shape: ProgramShape, ip: IPAdapterArrays | None = None) -> HiresPlan:
         """The second pass of a validated hires ``request`` whose first pass runs on ``shape`` (or, with an
-        input image, would: its size, CFG mode and chunks).
+        input image, would: its size, CFG mode and chunks) and takes the IP-Adapter arrays ``ip`` (whose tokens the
+        second pass reuses).
 
         Raises InvalidRequest naming ``hires_steps`` when the sampler cannot take the schedule's step count (LCM),
         or ``hires_sampler`` for one the model's scheduler config rules out.
@@ -201,14 +226,17 @@ class Planner:
         control = None if not request.control_units else control_arrays(
             request.control_units, width, height, self.batch, start, steps, self.config.max_inference_steps,
             hires_pass=True)
+        if ip is not None:  # the same tokens, keep over the second pass's steps
+            ip = ip_arrays(request.ip_adapter_units, self.model.ip_adapters, start, steps,
+                           self.config.max_inference_steps, tokens=ip.split())
         if request.hires_upscaler in IMAGE_UPSCALERS:  # pixels, upscaled on the host: an img2img pass
             return HiresPlan(dataclasses.replace(large, init_image=True, hires_noise=True), schedule, steps, start,
-                             prompt, negative, request.hires_upscaler, control=control)
+                             prompt, negative, request.hires_upscaler, control=control, ip=ip)
         f = self.model.vae_scale_factor
         rows = resize_matrix(request.height // f, height // f, request.hires_upscaler)  # (H/f, h/f)
         cols = resize_matrix(request.width // f, width // f, request.hires_upscaler)  # (W/f, w/f)
         return HiresPlan(dataclasses.replace(large, init_latents=True), schedule, steps, start, prompt, negative,
-                         request.hires_upscaler, rows, cols, control)
+                         request.hires_upscaler, rows, cols, control, ip)
 
     def _refiner_shape(self, shape: ProgramShape) -> ProgramShape:
         """``shape`` with the refiner. Raises InvalidRequest (``width``) for a size the refiner's UNet cannot halve
@@ -220,13 +248,15 @@ class Planner:
         return dataclasses.replace(shape, refiner=True)
 
     def shape(self, width: int, height: int, cfg: bool = True, chunks: int = 1,
-               init_image: bool = False, inpaint: bool = False, controlnets: tuple[str, ...] = ()) -> ProgramShape:
+               init_image: bool = False, inpaint: bool = False, controlnets: tuple[str, ...] = (),
+               ip_adapters: tuple[tuple[str, int, int], ...] = ()) -> ProgramShape:
         """The ProgramShape (the compile key) of a size bucket in pixels, a CFG mode, a prompt chunk count,
-        whether an image comes in (img2img), whether a mask does (inpainting) and the ControlNet units'
-        architectures (checkpoint/controlnet.architecture, one per unit)."""
+        whether an image comes in (img2img), whether a mask does (inpainting), the ControlNet units'
+        architectures (checkpoint/controlnet.architecture, one per unit) and the IP-Adapter units'
+        (:meth:`ip_shape`)."""
         return ProgramShape(self.batch, height, width, self.config.max_inference_steps, cfg=cfg, chunks=chunks,
                             step_hook=self.config.progress, init_image=init_image, inpaint=inpaint,
-                            controlnets=controlnets)
+                            controlnets=controlnets, ip_adapters=ip_adapters)
 
     def schedule(self, sampler: str, steps: int, schedule_type: str | None = None):
         """The sampler's schedule for ``steps`` steps of ``schedule_type`` (None: automatic; cached). Raises

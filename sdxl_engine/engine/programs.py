@@ -69,11 +69,15 @@ class Programs:
     def params_for(self, shape: ProgramShape):
         """The params ``shape``'s program is compiled for: the model's, with ``shape.controlnets`` a loaded
         ControlNet's of each unit's architecture in ``params["controlnet"]`` (a request passes its units' own, of
-        the same shapes)."""
-        if not shape.controlnets:
-            return self.params
-        by_id = {net.architecture: net.params for net in self.model.controlnets.values()}
-        return {**self.params, "controlnet": tuple(by_id[a] for a in shape.controlnets)}
+        the same shapes); likewise ``shape.ip_adapters``' in ``params["ip_adapter"]``."""
+        params = self.params
+        if shape.controlnets:
+            by_id = {net.architecture: net.params for net in self.model.controlnets.values()}
+            params = {**params, "controlnet": tuple(by_id[a] for a in shape.controlnets)}
+        if shape.ip_adapters:
+            by_id = {a.architecture: a.layer_params for a in self.model.ip_adapters.values()}
+            params = {**params, "ip_adapter": tuple(by_id[a] for a, _, _ in shape.ip_adapters)}
+        return params
 
     def _compile(self, shape: ProgramShape) -> None:
         """Compile (or load) one program and log one line saying how; call with ``_compile_lock`` held."""
@@ -92,6 +96,7 @@ class Programs:
         what += ", with the refiner" if shape.refiner else ""
         what += ", hires first pass" if shape.latents_out else ", hires second pass" if shape.init_latents else ""
         what += f", {len(shape.controlnets)} ControlNet units" if shape.controlnets else ""
+        what += f", {len(shape.ip_adapters)} IP-Adapter units" if shape.ip_adapters else ""
         # One line either way; a missing or refused executable says why in the "compiled" line.
         if program.loaded:
             self._log(f"[sdxl_engine] loaded {what} in {program.compile_s:.2f} s (executable cache: "

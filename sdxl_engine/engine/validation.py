@@ -20,6 +20,7 @@ import numpy as np
 from sdxl_engine.engine.control import ControlUnit, validate_units
 from sdxl_engine.engine.errors import InvalidRequest
 from sdxl_engine.engine.image_upscale import IMAGE_UPSCALERS
+from sdxl_engine.engine.ip_adapter import IPAdapterUnit, validate_ip_units
 from sdxl_engine.engine.prompts import check_prompt, parse_lora_tags
 from sdxl_engine.program.latent_upscale import DEFAULT_UPSCALER, HIRES_UPSCALERS
 from sdxl_engine.program.schedulers import (
@@ -102,6 +103,10 @@ class GenerateRequest:
     # ControlNet (Limits.controlnets). With a refiner, control applies to the base model's steps; with hires fix, to
     # both passes (the image fitted to each pass's size). Validated: a tuple of normalised units (names resolved).
     control_units: tuple[ControlUnit, ...] = ()
+    # IP-Adapter units (docs/ip-adapter.md; engine/ip_adapter.py IPAdapterUnit: image (one or a tuple), model, weight,
+    # guidance_start/end), in order; each names a loaded IP-Adapter (Limits.ip_adapters). The base model's steps only
+    # with a refiner; both passes of hires fix. Validated: a tuple of normalised units (images (H, W, 3) uint8).
+    ip_adapter_units: tuple[IPAdapterUnit, ...] = ()
     # Which of the server's models makes the images, by name (docs/models.md; Engine.model_names): None = the
     # default (the first --model). Checked by the engine (an unknown name: InvalidRequest naming it and the models
     # offered), whose limits for that model validate the rest.
@@ -150,6 +155,10 @@ class Limits:
     # name, for the refusal of a unit naming one ("cn-a does not fit tiny-shapes"), not "none loaded".
     controlnets_unfit: tuple[str, ...] = ()
     model: str = ""
+    # The loaded IP-Adapters that fit this model as (name, A1111 hash) pairs, in load order: what IP-Adapter units may
+    # name. Empty: none, IP-Adapter units are refused.
+    ip_adapters: tuple[tuple[str, str], ...] = ()
+    max_ip_adapter_units: int = 2  # IP-Adapter units a request may have (config max_ip_adapter_units)
 
 
 # Characters that draw nothing yet are neither whitespace to str.split() nor control/format
@@ -325,6 +334,9 @@ def validate(request: GenerateRequest, limits: Limits) -> GenerateRequest:
                               control_units=validate_units(request.control_units, [n for n, _ in limits.controlnets],
                                                            limits.max_control_units, limits.controlnets_unfit,
                                                            limits.model),
+                              ip_adapter_units=validate_ip_units(request.ip_adapter_units,
+                                                                 [n for n, _ in limits.ip_adapters],
+                                                                 limits.max_ip_adapter_units),
                               model=as_model(request.model),
                               refiner=as_refiner(request.refiner, request.refiner_switch_at),
                               schedule_type=as_schedule_type(request.schedule_type), **hires)

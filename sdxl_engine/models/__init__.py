@@ -22,7 +22,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from sdxl_engine.models.clip import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, CLIPTextOutput
+from sdxl_engine.models.clip_vision import CLIPVisionConfig, CLIPVisionModelWithProjection
 from sdxl_engine.models.controlnet import ControlNetConfig, ControlNetModel
+from sdxl_engine.models.ip_adapter import IPAdapterConfig, IPAdapterLayers, IPAdapterLayersConfig, IPAdapterModel
 from sdxl_engine.models.unet import UNet2DConditionModel, UNetConfig
 from sdxl_engine.models.vae import AutoencoderKL, VAEConfig
 
@@ -40,6 +42,10 @@ COMPONENTS: dict[str, tuple[type, type, tuple[str, ...]]] = {
 # Components loaded beside a model, never listed in its model_index.json (checkpoint/controlnet.py), same shape.
 ADDONS: dict[str, tuple[type, type, tuple[str, ...]]] = {
     "controlnet": (ControlNetConfig, ControlNetModel, ("ControlNetModel",)),
+    # IP-Adapter (checkpoint/ip_adapter.py): its image encoder and the adapter file's modules
+    "image_encoder": (CLIPVisionConfig, CLIPVisionModelWithProjection, ("CLIPVisionModelWithProjection",)),
+    "ip_adapter": (IPAdapterConfig, IPAdapterModel, ()),
+    "ip_adapter_layers": (IPAdapterLayersConfig, IPAdapterLayers, ()),  # the program's part of "ip_adapter"
 }
 
 
@@ -48,8 +54,10 @@ class Component:
     """One model component: its config, static module graph and parameter names and shapes.
 
     Attributes:
-        name: "text_encoder", "text_encoder_2", "unet", "vae" or "controlnet" (an ADDONS one).
-        config: the normalised config (CLIPTextConfig, UNetConfig, VAEConfig or ControlNetConfig).
+        name: "text_encoder", "text_encoder_2", "unet", "vae" or an ADDONS one ("controlnet", "image_encoder",
+            "ip_adapter").
+        config: the normalised config (CLIPTextConfig, UNetConfig, VAEConfig, ControlNetConfig, CLIPVisionConfig or
+            IPAdapterConfig).
         graphdef: NNX graph definition (static; part of every compiled program).
         shapes: {checkpoint key: shape} of every parameter, in module order.
     """

@@ -70,16 +70,19 @@ class CLIPTextOutput:
 
 
 class CLIPAttention(nnx.Module):
-    def __init__(self, config: CLIPTextConfig, *, rngs: nnx.Rngs):
+    """Self-attention over the tokens; causal for the text encoders, not for the vision encoder (clip_vision.py)."""
+
+    def __init__(self, config: CLIPTextConfig, causal: bool = True, *, rngs: nnx.Rngs):
         d = config.hidden_size
         self.heads = config.num_attention_heads
+        self.causal = causal
         self.k_proj = Linear(d, d, rngs=rngs)
         self.v_proj = Linear(d, d, rngs=rngs)
         self.q_proj = Linear(d, d, rngs=rngs)
         self.out_proj = Linear(d, d, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        out = attention(self.q_proj(x), self.k_proj(x), self.v_proj(x), self.heads, is_causal=True)
+        out = attention(self.q_proj(x), self.k_proj(x), self.v_proj(x), self.heads, is_causal=self.causal)
         return self.out_proj(out)
 
 
@@ -96,8 +99,8 @@ class CLIPMLP(nnx.Module):
 class CLIPEncoderLayer(nnx.Module):
     """Pre-norm transformer layer: x + attn(ln1(x)), then x + mlp(ln2(x))."""
 
-    def __init__(self, config: CLIPTextConfig, *, rngs: nnx.Rngs):
-        self.self_attn = CLIPAttention(config, rngs=rngs)
+    def __init__(self, config: CLIPTextConfig, causal: bool = True, *, rngs: nnx.Rngs):
+        self.self_attn = CLIPAttention(config, causal, rngs=rngs)
         self.layer_norm1 = LayerNorm(config.hidden_size, config.layer_norm_eps)
         self.mlp = CLIPMLP(config, rngs=rngs)
         self.layer_norm2 = LayerNorm(config.hidden_size, config.layer_norm_eps)
@@ -108,8 +111,8 @@ class CLIPEncoderLayer(nnx.Module):
 
 
 class CLIPEncoder(nnx.Module):
-    def __init__(self, config: CLIPTextConfig, *, rngs: nnx.Rngs):
-        self.layers = nnx.List([CLIPEncoderLayer(config, rngs=rngs) for _ in range(config.num_hidden_layers)])
+    def __init__(self, config: CLIPTextConfig, causal: bool = True, *, rngs: nnx.Rngs):
+        self.layers = nnx.List([CLIPEncoderLayer(config, causal, rngs=rngs) for _ in range(config.num_hidden_layers)])
 
 
 class CLIPTextEmbeddings(nnx.Module):

@@ -125,9 +125,10 @@ class Embedding(nnx.Module):
 
 
 # Attention kernels by name (rule 33: a fast kernel is a choice beside the portable path, chosen in one place).
-# "auto" picks per backend at trace time: the Pallas TPU flash kernel where it applies (:func:`flash_fits`),
+# "auto" picks per backend at trace time: on a TPU the whole-row Pallas kernel where it applies (:func:`rows_fit`:
+# SDXL's self-attentions up to 4096 tokens), else the Pallas flash kernel where its tiles fit (:func:`flash_fits`),
 # else the XLA path, which every backend compiles and the CPU tests check.
-ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn", "pallas_tpu")
+ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn", "pallas_tpu", "pallas_tpu_rows")
 FLASH_BLOCKS = (512, 256, 128)  # the Pallas flash kernel's q/kv tiles, largest first (512 ran fastest on a v5e)
 
 
@@ -143,17 +144,30 @@ def flash_fits(q_len: int, kv_len: int) -> bool:
     return flash_block(q_len) is not None and flash_block(kv_len) is not None
 
 
-def resolve_attention(implementation: str | None, q_len: int, kv_len: int, is_causal: bool = False) -> str:
-    """The implementation that runs: ``implementation`` as named, or for None/"auto" ``pallas_tpu`` on a TPU
-    backend where :func:`flash_fits` (and not causal: CLIP's 77 tokens take the XLA path), else ``xla``.
+def rows_fit(q_len: int, kv_len: int, heads: int, head_dim: int) -> bool:
+    """Whether the whole-row kernel (:func:`softmax_attention_tpu`, packed layout) takes this attention: a tile of
+    :data:`FLASH_BLOCKS` divides q_len, kv_len is a multiple of 128 up to :data:`SOFTMAX_MAX_KV`, and the heads
+    pair up as 64-wide halves of 128 lanes (every SDXL UNet, refiner and ControlNet attention has head_dim 64)."""
+    return (flash_block(q_len) is not None and kv_len % 128 == 0 and kv_len <= SOFTMAX_MAX_KV and heads % 2 == 0
+            and head_dim == 64)
+
+
+def resolve_attention(implementation: str | None, q_len: int, kv_len: int, is_causal: bool = False,
+                      heads: int = 1, head_dim: int = 0) -> str:
+    """The implementation that runs: ``implementation`` as named, or for None/"auto" on a TPU backend (and not
+    causal: CLIP's 77 tokens take the XLA path) ``pallas_tpu_rows`` where :func:`rows_fit`, else ``pallas_tpu``
+    where :func:`flash_fits`, else ``xla``; ``xla`` on every other backend.
 
     Raises ValueError for a name not in :data:`ATTENTION_IMPLEMENTATIONS`."""
     if implementation not in (None, *ATTENTION_IMPLEMENTATIONS):
         raise ValueError(f"attention implementation {implementation!r} is not one of "
                          f"{', '.join(ATTENTION_IMPLEMENTATIONS)}")
     if implementation in (None, "auto"):
-        tpu = jax.default_backend() == "tpu"
-        return "pallas_tpu" if tpu and not is_causal and flash_fits(q_len, kv_len) else "xla"
+        if jax.default_backend() != "tpu" or is_causal:
+            return "xla"
+        if rows_fit(q_len, kv_len, heads, head_dim):
+            return "pallas_tpu_rows"
+        return "pallas_tpu" if flash_fits(q_len, kv_len) else "xla"
     return implementation
 
 
@@ -169,13 +183,15 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, heads: int, *, is_causal
             chooses by backend; "xla": the two einsums below, which XLA compiles on every backend; "cudnn":
             ``jax.nn.dot_product_attention``'s cuDNN kernel (GPU, float16/bfloat16); "pallas_tpu": JAX's Pallas
             flash attention kernel for TPU (``jax.experimental.pallas.ops.tpu.flash_attention``; Dao et al. 2022),
-            which never holds the (q_len, kv_len) scores in memory.
+            which never holds the (q_len, kv_len) scores in memory; "pallas_tpu_rows": this module's whole-row
+            TPU kernel (:func:`softmax_attention_tpu`), which holds a query block's score rows on chip.
     Returns:
         (batch, q_len, heads * head_dim) in q's dtype; the scores and the softmax in float32 (the flash kernel
         keeps its running maximum and sum in float32 too).
 
     Raises:
-        ValueError: an unknown implementation; "pallas_tpu" for lengths its tiles do not divide (flash_fits).
+        ValueError: an unknown implementation; "pallas_tpu" for lengths its tiles do not divide (flash_fits);
+            "pallas_tpu_rows" for what :func:`softmax_attention_tpu` refuses, or causal.
 
     The XLA arithmetic is ``jax.nn.dot_product_attention``'s XLA path (``_dot_product_attention_core``: float32
     logits, masked with -0.7 x float32's max, softmax in float32, cast to v's dtype before the second
@@ -183,11 +199,11 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, heads: int, *, is_causal
     scores, and a transposing copy of every (q_len, kv_len) probability matrix per head went with it, which
     took a third of a 256² request's time (docs/benchmarks.md, "Against the blog's own pipeline"). On a TPU
     that path writes and reads every float32 score matrix in HBM (at 1024² a self-attention over 4096 tokens
-    holds 10 x 4096² of them per image): the flash kernel is chosen there (docs/benchmarks.md, "On a TPU v5e
-    chip").
+    holds 10 x 4096² of them per image): the Pallas kernels are chosen there (docs/benchmarks.md, "On a TPU v5e
+    chip": the whole-row kernel ran SDXL's self-attentions in 0.58-0.70x the flash kernel's time).
     """
     b, t, d = q.shape
-    implementation = resolve_attention(implementation, t, k.shape[1], is_causal)
+    implementation = resolve_attention(implementation, t, k.shape[1], is_causal, heads, d // heads)
 
     def split(x):  # (b, len, heads, head_dim)
         return x.reshape(x.shape[0], x.shape[1], heads, d // heads)
@@ -198,6 +214,10 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, heads: int, *, is_causal
         return out.reshape(b, t, d)
     if implementation == "pallas_tpu":
         return flash_attention_tpu(q, k, v, heads, is_causal=is_causal)
+    if implementation == "pallas_tpu_rows":
+        if is_causal:
+            raise ValueError("pallas_tpu_rows attention is not causal; causal attention takes xla or pallas_tpu")
+        return softmax_attention_tpu(q, k, v, heads, block_q=flash_block(t) or SOFTMAX_BLOCK_Q)
     logits = jnp.einsum("btnh,bsnh->bnts", split(q), split(k), preferred_element_type=jnp.float32)
     logits = logits * jnp.float32(1.0 / math.sqrt(d // heads))
     if is_causal:
@@ -233,6 +253,82 @@ def flash_attention_tpu(q: jax.Array, k: jax.Array, v: jax.Array, heads: int, *,
     out = pallas_flash.flash_attention(heads_first(q), heads_first(k), heads_first(v), causal=is_causal,
                                        sm_scale=1.0 / math.sqrt(hd), block_sizes=blocks)
     return out.transpose(0, 2, 1, 3).reshape(b, t, d).astype(q.dtype)
+
+
+SOFTMAX_MAX_KV = 4096  # the whole-row kernel holds (block_q, kv_len) float32 scores in VMEM: up to SDXL's 64² latent
+SOFTMAX_BLOCK_Q = 512  # query rows per grid step
+
+
+def softmax_attention_tpu(q: jax.Array, k: jax.Array, v: jax.Array, heads: int, *, block_q: int = SOFTMAX_BLOCK_Q,
+                          layout: str = "packed") -> jax.Array:
+    """:func:`attention` (not causal) through a Pallas TPU kernel that holds a query block's whole score rows.
+
+    The flash kernel (:func:`flash_attention_tpu`) walks the keys in tiles with a running maximum and sum (Dao et al.
+    2022), for sequences whose scores do not fit on chip. SDXL's self-attention has at most 4096 keys
+    (:data:`SOFTMAX_MAX_KV`), whose (block_q, 4096) float32 scores fit in a TPU core's VMEM, so one grid step takes
+    whole rows: softmax(q k^T) v with the softmax's maximum and sum once per row, no rescaling of a running output,
+    and an eighth of the flash kernel's grid steps. The scale head_dim ** -0.5 multiplies q before the kernel (a power
+    of two for head_dim 64, so exact in bfloat16). ``layout`` "packed" reads q, k and v as they are, (batch, len,
+    heads * head_dim), two heads (128 lanes) per grid step, so no transposes surround the kernel; "heads_first"
+    transposes to (batch, heads, len, head_dim) as the flash kernel does.
+
+    Args:
+        q: (batch, q_len, heads * head_dim); k, v: (batch, kv_len, heads * head_dim), one dtype (bfloat16 on a TPU).
+        heads: number of heads. block_q: query rows per grid step, dividing q_len.
+    Returns:
+        (batch, q_len, heads * head_dim) in q's dtype; scores, maximum and sum in float32, the probabilities cast to
+        v's dtype before the second product (as :func:`attention`'s XLA path).
+    Raises:
+        ValueError: block_q does not divide q_len, kv_len over :data:`SOFTMAX_MAX_KV`, or "packed" with an odd
+        number of heads or head_dim other than 64.
+    """
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    b, t, d = q.shape
+    s, hd = k.shape[1], d // heads
+    if t % block_q or s > SOFTMAX_MAX_KV:
+        raise ValueError(f"softmax attention needs block_q {block_q} to divide q_len {t} and kv_len {s} <= "
+                         f"{SOFTMAX_MAX_KV}")
+    q = q * jnp.asarray(1.0 / math.sqrt(hd), q.dtype)
+    trans_b = (((1,), (1,)), ((), ()))
+
+    def one_head(qh, kh, vh):  # (block_q, hd), (s, hd), (s, hd) -> (block_q, hd) float32
+        scores = jax.lax.dot_general(qh, kh, trans_b, preferred_element_type=jnp.float32)
+        probs = jnp.exp(scores - jnp.max(scores, axis=1, keepdims=True))
+        total = jnp.sum(probs, axis=1, keepdims=True)
+        return jnp.dot(probs.astype(vh.dtype), vh, preferred_element_type=jnp.float32) / total
+
+    params = pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "parallel"),
+                                  vmem_limit_bytes=64 * 1024 * 1024)
+    if layout == "packed":
+        if heads % 2 or hd != 64:
+            raise ValueError(f"packed softmax attention takes pairs of 64-wide heads; got {heads} x {hd}")
+
+        def packed_kernel(q_ref, k_ref, v_ref, o_ref):
+            for h in range(2):
+                lanes = slice(h * hd, (h + 1) * hd)
+                o_ref[0, :, lanes] = one_head(q_ref[0, :, lanes], k_ref[0, :, lanes],
+                                              v_ref[0, :, lanes]).astype(o_ref.dtype)
+
+        rows = pl.BlockSpec((1, block_q, 2 * hd), lambda i, g, j: (i, j, g))
+        whole = pl.BlockSpec((1, s, 2 * hd), lambda i, g, j: (i, 0, g))
+        return pl.pallas_call(packed_kernel, grid=(b, heads // 2, t // block_q), in_specs=[rows, whole, whole],
+                              out_specs=rows, out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+                              compiler_params=params)(q, k, v)
+
+    def heads_first(x):  # (b, heads, len, head_dim)
+        return x.reshape(x.shape[0], x.shape[1], heads, hd).transpose(0, 2, 1, 3)
+
+    def kernel(q_ref, k_ref, v_ref, o_ref):
+        o_ref[0, 0] = one_head(q_ref[0, 0], k_ref[0, 0], v_ref[0, 0]).astype(o_ref.dtype)
+
+    rows = pl.BlockSpec((1, 1, block_q, hd), lambda i, h, j: (i, h, j, 0))
+    whole = pl.BlockSpec((1, 1, s, hd), lambda i, h, j: (i, h, 0, 0))
+    out = pl.pallas_call(kernel, grid=(b, heads, t // block_q), in_specs=[rows, whole, whole], out_specs=rows,
+                         out_shape=jax.ShapeDtypeStruct((b, heads, t, hd), q.dtype),
+                         compiler_params=params)(heads_first(q), heads_first(k), heads_first(v))
+    return out.transpose(0, 2, 1, 3).reshape(b, t, d)
 
 
 def timestep_embedding(timesteps: jax.Array, dim: int, flip_sin_to_cos: bool, freq_shift: float,

@@ -16,7 +16,7 @@ channels-first arrays as diffusers does; inside, activations are channels-last.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -204,10 +204,20 @@ class Attention(nnx.Module):
         self.to_v = Linear(cross_attention_dim or query_dim, inner, bias=bias, rngs=rngs)
         self.to_out = nnx.List([Linear(inner, query_dim, rngs=rngs)])
 
-    def __call__(self, x: jax.Array, context: jax.Array | None = None) -> jax.Array:
-        """x (b, tokens, query_dim), context (b, ctx_tokens, cross_attention_dim) or None (self-attention)."""
+    def __call__(self, x: jax.Array, context: jax.Array | None = None, ip: Sequence = ()) -> jax.Array:
+        """x (b, tokens, query_dim), context (b, ctx_tokens, cross_attention_dim) or None (self-attention).
+
+        ``ip``: IP-Adapter's decoupled cross-attention (diffusers' ``IPAdapterAttnProcessor2_0``), one
+        ``(layer, tokens, scale)`` per adapter: its ``to_k_ip``/``to_v_ip`` (models/ip_adapter.py), its image tokens
+        (b, image_tokens, cross_attention_dim) and a traced () scale; ``scale x attention(q, to_k_ip(tokens),
+        to_v_ip(tokens))`` is added to the text attention before ``to_out``. () : none."""
         context = x if context is None else context
-        out = attention(self.to_q(x), self.to_k(context), self.to_v(context.astype(x.dtype)), self.heads)
+        q = self.to_q(x)
+        out = attention(q, self.to_k(context), self.to_v(context.astype(x.dtype)), self.heads)
+        for layer, tokens, scale in ip:
+            tokens = tokens.astype(x.dtype)
+            image = attention(q, layer.to_k_ip(tokens), layer.to_v_ip(tokens), self.heads)
+            out = out + scale.astype(out.dtype) * image
         return self.to_out[0](out)
 
 
@@ -245,10 +255,12 @@ class BasicTransformerBlock(nnx.Module):
         self.norm3 = LayerNorm(dim)
         self.ff = FeedForward(dim, rngs=rngs)
 
-    def __call__(self, x: jax.Array, context: jax.Array) -> jax.Array:
-        """x (b, tokens, dim), context (b, 77, cross_attention_dim) -> (b, tokens, dim)."""
+    def __call__(self, x: jax.Array, context: jax.Array, ip: Iterator | None = None) -> jax.Array:
+        """x (b, tokens, dim), context (b, 77, cross_attention_dim) -> (b, tokens, dim). ``ip``: the UNet's
+        iterator over its cross-attentions' IP-Adapter inputs (:meth:`UNet2DConditionModel.__call__`); this
+        block's attn2 takes the next."""
         x = x + self.attn1(self.norm1(x), context if self.only_cross_attention else None)
-        x = x + self.attn2(self.norm2(x), context)
+        x = x + self.attn2(self.norm2(x), context, next(ip) if ip is not None else ())
         return x + self.ff(self.norm3(x))
 
 
@@ -268,8 +280,8 @@ class Transformer2DModel(nnx.Module):
             for _ in range(num_layers)])
         self.proj_out = proj(inner, in_channels)
 
-    def __call__(self, x: jax.Array, context: jax.Array) -> jax.Array:
-        """x (b, h, w, c), context (b, 77, cross_attention_dim) -> (b, h, w, c)."""
+    def __call__(self, x: jax.Array, context: jax.Array, ip: Iterator | None = None) -> jax.Array:
+        """x (b, h, w, c), context (b, 77, cross_attention_dim) -> (b, h, w, c); ``ip`` as BasicTransformerBlock's."""
         b, h, w, c = x.shape
         residual = x
         x = self.norm(x)
@@ -278,7 +290,7 @@ class Transformer2DModel(nnx.Module):
         else:
             x = self.proj_in(x).reshape(b, h * w, -1)
         for block in self.transformer_blocks:
-            x = block(x, context)
+            x = block(x, context, ip)
         if self.use_linear_projection:
             x = self.proj_out(x).reshape(b, h, w, c)
         else:
@@ -312,13 +324,13 @@ class DownBlock(nnx.Module):
         final = i == len(config.block_out_channels) - 1
         self.downsamplers = None if final else nnx.List([Downsample2D(out, config.downsample_padding, rngs=rngs)])
 
-    def __call__(self, x, temb, context) -> tuple[jax.Array, list[jax.Array]]:
+    def __call__(self, x, temb, context, ip: Iterator | None = None) -> tuple[jax.Array, list[jax.Array]]:
         """x (b, h, w, in) -> (b, h', w', out) and the skip connections (one per layer, + downsample)."""
         skips = []
         for j, resnet in enumerate(self.resnets):
             x = resnet(x, temb)
             if self.attentions is not None:
-                x = self.attentions[j](x, context)
+                x = self.attentions[j](x, context, ip)
             skips.append(x)
         if self.downsamplers is not None:
             x = self.downsamplers[0](x)
@@ -346,13 +358,13 @@ class UpBlock(nnx.Module):
         final = i == len(reversed_channels) - 1
         self.upsamplers = None if final else nnx.List([Upsample2D(out, rngs=rngs)])
 
-    def __call__(self, x, skips: list[jax.Array], temb, context) -> jax.Array:
+    def __call__(self, x, skips: list[jax.Array], temb, context, ip: Iterator | None = None) -> jax.Array:
         """x (b, h, w, c) and this block's skips (last used first) -> (b, 2h, 2w, out) (or h, w when final)."""
         for j, resnet in enumerate(self.resnets):
             x = jnp.concatenate([x, skips.pop()], axis=-1)  # (b, h, w, c + skip channels)
             x = resnet(x, temb)
             if self.attentions is not None:
-                x = self.attentions[j](x, context)
+                x = self.attentions[j](x, context, ip)
         if self.upsamplers is not None:
             x = self.upsamplers[0](x)
         return x
@@ -369,9 +381,9 @@ class MidBlock(nnx.Module):
                                         config.num_attention_heads[-1], config.cross_attention_dim[-1],
                                         config.mid_block_only_cross_attention, rngs)
 
-    def __call__(self, x, temb, context) -> jax.Array:
+    def __call__(self, x, temb, context, ip: Iterator | None = None) -> jax.Array:
         x = self.resnets[0](x, temb)
-        return self.resnets[1](self.attentions[0](x, context), temb)
+        return self.resnets[1](self.attentions[0](x, context, ip), temb)
 
 
 class TimestepEmbedding(nnx.Module):
@@ -431,7 +443,8 @@ class UNet2DConditionModel(nnx.Module):
     def __call__(self, sample: jax.Array, timesteps: jax.Array, encoder_hidden_states: jax.Array,
                  text_embeds: jax.Array, time_ids: jax.Array,
                  down_block_additional_residuals: Sequence[jax.Array] | None = None,
-                 mid_block_additional_residual: jax.Array | None = None) -> jax.Array:
+                 mid_block_additional_residual: jax.Array | None = None,
+                 ip_adapter: Sequence[Sequence] | None = None) -> jax.Array:
         """Predict the noise (or v) for a batch of latents.
 
         Args:
@@ -446,6 +459,9 @@ class UNet2DConditionModel(nnx.Module):
                 (b, c_k, h_k, w_k); added to the skips after the down blocks, as diffusers'
                 ``UNet2DConditionModel`` does. None: none.
             mid_block_additional_residual: (b, c_last, h_last, w_last) added to the mid block's output; None: none.
+            ip_adapter: IP-Adapter inputs, one sequence per cross-attention in the order this call runs them (down
+                blocks, mid block, up blocks: models/ip_adapter.forward_order), each of ``(layer, tokens, scale)``
+                per adapter (:meth:`Attention.__call__`). None: none.
         Returns:
             (b, out_channels, h, w) in the parameters' dtype, channels-first.
         """
@@ -455,20 +471,23 @@ class UNet2DConditionModel(nnx.Module):
         context = encoder_hidden_states.astype(dtype)
         x = self.conv_in(jnp.transpose(sample, (0, 2, 3, 1)).astype(dtype))  # channels-last from here
         skips = [x]
+        ip = None if ip_adapter is None else iter(ip_adapter)
         for block in self.down_blocks:
-            x, block_skips = block(x, temb, context)
+            x, block_skips = block(x, temb, context, ip)
             skips.extend(block_skips)
         if down_block_additional_residuals is not None:
             if len(down_block_additional_residuals) != len(skips):
                 raise ValueError(f"{len(down_block_additional_residuals)} down residuals for {len(skips)} skips")
             skips = [s + jnp.transpose(r, (0, 2, 3, 1)).astype(s.dtype)
                      for s, r in zip(skips, down_block_additional_residuals, strict=True)]
-        x = self.mid_block(x, temb, context)
+        x = self.mid_block(x, temb, context, ip)
         if mid_block_additional_residual is not None:
             x = x + jnp.transpose(mid_block_additional_residual, (0, 2, 3, 1)).astype(x.dtype)
         for block in self.up_blocks:
             n = len(block.resnets)
-            x = block(x, skips[-n:], temb, context)
+            x = block(x, skips[-n:], temb, context, ip)
             del skips[-n:]
+        if ip is not None and next(ip, None) is not None:
+            raise ValueError("ip_adapter has more entries than the UNet has cross-attention layers")
         x = self.conv_out(self.act(self.conv_norm_out(x)))
         return jnp.transpose(x, (0, 3, 1, 2))  # (b, out_channels, h, w)

@@ -260,6 +260,7 @@ def program_key(model: LoadedModel, params, shape: ProgramShape, mesh: Mesh) -> 
     cfg += ", hires first pass" if shape.latents_out else ""
     cfg += ", hires second pass" if shape.init_latents or shape.hires_noise else ""
     cfg += f", {len(shape.controlnets)} ControlNet units" if shape.controlnets else ""
+    cfg += f", {len(shape.ip_adapters)} IP-Adapter units" if shape.ip_adapters else ""
     st = static_options(model, shape)  # what the traced program reads, so the key cannot miss it
     return {
         "program": f"{shape.width}x{shape.height} x {shape.batch} images, {shape.max_steps} steps{cfg}",
@@ -273,6 +274,7 @@ def program_key(model: LoadedModel, params, shape: ProgramShape, mesh: Mesh) -> 
         "mesh": {"axes": list(mesh.axis_names), "devices": [d.id for d in mesh.devices.flat]},
         "source": _source_digest(),
         **({"controlnets": [dataclasses.asdict(c.config) for c in st.controlnets]} if st.controlnets else {}),
+        **({"ip_adapters": [dataclasses.asdict(c.config) for c in st.ip_adapters]} if st.ip_adapters else {}),
         **({"refiner": {"model": {n: dataclasses.asdict(c.config) for n, c in st.refiner.components.items()},
                         "kind": dataclasses.asdict(st.refiner.kind)}} if st.refiner else {}),
     }

@@ -35,7 +35,9 @@ advance (a traced range of steps) and finish (stage 4) for a host that reports e
 ProgramShape flag, the inputs it turns on and one branch in a stage: img2img (``init_image``), inpainting
 (``inpaint``), the refiner (``refiner``), hires fix's two passes (``latents_out``, ``init_latents``), ControlNet units
 (``controlnets``: the ``control_*`` inputs, stage 1c :func:`control_conditioning` and :func:`control_residuals` in the
-base UNet's call; docs/controlnet.md); README, "Architecture", says where each goes.
+base UNet's call; docs/controlnet.md), IP-Adapter units (``ip_adapters``: the ``ip_*`` inputs, stage 1d
+:func:`ip_conditioning` and :func:`ip_layers` into the base UNet's cross-attentions; docs/ip-adapter.md); README,
+"Architecture", says where each goes.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from jax.sharding import PartitionSpec as P
 
 from sdxl_engine.checkpoint.loading import LoadedModel
 from sdxl_engine.models.controlnet import soft_scales
+from sdxl_engine.models.ip_adapter import forward_order
 from sdxl_engine.program.schedulers import Schedule
 from sdxl_engine.program.sharding import DATA_AXIS
 
@@ -108,11 +111,22 @@ class ProgramShape:
     # ProgramInputs.control_*, its ControlNet's params in params["controlnet"][k]. So another ControlNet of the same
     # architecture, image, weight, mode or start/end is the same executable. (): no ControlNet.
     controlnets: tuple[str, ...] = ()
+    # IP-Adapter units (docs/ip-adapter.md): per unit (architecture id: checkpoint/ip_adapter.architecture, its image
+    # tokens, their width); the units' tokens (computed before the program: program/ip_adapter.py), scales and per-step
+    # keep come in ProgramInputs.ip_*, each unit's adapter layers' params in params["ip_adapter"][k]. So another
+    # reference image, scale, start/end or adapter of the architecture (plain or Plus) is the same executable.
+    # (): no IP-Adapter.
+    ip_adapters: tuple[tuple[str, int, int], ...] = ()
 
     @property
     def control(self) -> bool:
         """Whether ControlNet units run (the ``when`` of the control_* inputs)."""
         return bool(self.controlnets)
+
+    @property
+    def ip_adapter(self) -> bool:
+        """Whether IP-Adapter units run (the ``when`` of the ip_* inputs)."""
+        return bool(self.ip_adapters)
 
     @property
     def from_image(self) -> bool:
@@ -164,6 +178,21 @@ def per_unit(shape: ProgramShape, latent) -> tuple[int]:
 def per_unit_step(shape: ProgramShape, latent) -> tuple[int, int]:
     """Dims of a unit's per-step value, padded: (units, max_steps)."""
     return (len(shape.controlnets), shape.max_steps)
+
+
+def ip_token_dims(shape: ProgramShape, latent) -> tuple[int, int, int]:
+    """Dims of the IP-Adapter units' image tokens: (2 (negative, images'), all units' tokens, width)."""
+    return (2, sum(tokens for _, tokens, _ in shape.ip_adapters), shape.ip_adapters[0][2])
+
+
+def per_ip_unit(shape: ProgramShape, latent) -> tuple[int]:
+    """Dims of an IP-Adapter unit scalar: (units,)."""
+    return (len(shape.ip_adapters),)
+
+
+def per_ip_unit_step(shape: ProgramShape, latent) -> tuple[int, int]:
+    """Dims of an IP-Adapter unit's per-step value, padded: (units, max_steps)."""
+    return (len(shape.ip_adapters), shape.max_steps)
 
 
 def latent_dims(shape: ProgramShape, latent) -> tuple[int, int, int]:
@@ -241,6 +270,12 @@ class ProgramInputs:
     control_soft: jax.Array | None = replicated(per_unit, jnp.float32, when="control")
     control_uncond: jax.Array | None = replicated(per_unit, jnp.float32, when="control")
     control_keep: jax.Array | None = replicated(per_unit_step, jnp.float32, when="control")
+    # IP-Adapter units (ProgramShape.ip_adapters; :meth:`with_ip_adapter`): the units' image tokens one after another
+    # (row 0: the negative rows', the projection of zero embeddings; row 1: the reference images'), each unit's scale
+    # and per step 1 = acts, 0 = not (A1111's start/end rule, on the host).
+    ip_tokens: jax.Array | None = replicated(ip_token_dims, jnp.float32, when="ip_adapter")
+    ip_scale: jax.Array | None = replicated(per_ip_unit, jnp.float32, when="ip_adapter")
+    ip_keep: jax.Array | None = replicated(per_ip_unit_step, jnp.float32, when="ip_adapter")
 
     @staticmethod
     def specs(shape: ProgramShape) -> ProgramInputs:
@@ -319,6 +354,13 @@ class ProgramInputs:
                                    control_soft=np.asarray(soft, np.float32),
                                    control_uncond=np.asarray(uncond, np.float32),
                                    control_keep=np.asarray(keep, np.float32))
+
+    def with_ip_adapter(self, tokens: np.ndarray, scale, keep: np.ndarray) -> ProgramInputs:
+        """These inputs for a program with ``ip_adapters`` (engine/ip_adapter.py makes the arrays): ``tokens`` (2,
+        all units' tokens, width) float32; ``scale`` (units,) float32; ``keep`` (units, max_steps) float32, 1 where
+        the unit acts at that step (the loop's step index)."""
+        return dataclasses.replace(self, ip_tokens=np.asarray(tokens, np.float32),
+                                   ip_scale=np.asarray(scale, np.float32), ip_keep=np.asarray(keep, np.float32))
 
     @staticmethod
     def abstract(shape: ProgramShape, latent_shape: tuple[int, int, int], mesh: Mesh) -> ProgramInputs:
@@ -512,6 +554,8 @@ class Static:
     inpainting_unet: bool = False  # the UNet takes [latents, mask, masked-image latents] (9 channels for SDXL)
     refiner: Any = None  # with shape.refiner: the model's refiner (LoadedModel: components, kind), else None
     controlnets: tuple = ()  # with shape.control: each unit's ControlNet Component (its architecture's), in order
+    ip_adapters: tuple = ()  # with shape.ip_adapter: each unit's adapter layers' Component (its architecture's)
+    ip_order: tuple = ()  # with shape.ip_adapter: the UNet's cross-attentions in call order (ip_adapter.forward_order)
     noise_stream: int | None = None  # the seeds' noise stream (seed_key): HIRES_NOISE for hires' second pass
 
 
@@ -533,6 +577,8 @@ def static_options(model: LoadedModel, shape: ProgramShape) -> Static:
                   prediction_type=model.scheduler_config.get("prediction_type", "epsilon"), vae=model.vae,
                   inpainting_unet=model.kind.inpainting_unet,
                   refiner=_refiner_of(model, shape), controlnets=_controlnets_of(model, shape),
+                  ip_adapters=_ip_adapters_of(model, shape),
+                  ip_order=forward_order(model.unet) if shape.ip_adapter else (),
                   noise_stream=HIRES_NOISE if shape.init_latents or shape.hires_noise else None)
 
 
@@ -545,6 +591,20 @@ def _controlnets_of(model: LoadedModel, shape: ProgramShape) -> tuple:
         raise ValueError(f"a program with ControlNet architectures {missing} needs a loaded ControlNet of each; "
                          f"{model.name} has {sorted(by_id) or 'none'} (--controlnet)")
     return tuple(by_id[a] for a in shape.controlnets)
+
+
+def _ip_adapters_of(model: LoadedModel, shape: ProgramShape) -> tuple:
+    """The layers' Component ("ip_adapter_layers") of each IP-Adapter unit's architecture id (a loaded IP-Adapter of
+    it: ``model.ip_adapters``).
+    Raises ValueError for an id no loaded IP-Adapter has, or units whose tokens differ in width."""
+    by_id = {a.architecture: a.layers for a in model.ip_adapters.values()}
+    missing = [a for a, _, _ in shape.ip_adapters if a not in by_id]
+    if missing:
+        raise ValueError(f"a program with IP-Adapter architectures {missing} needs a loaded IP-Adapter of each; "
+                         f"{model.name} has {sorted(by_id) or 'none'} (--ip-adapter)")
+    if len({width for _, _, width in shape.ip_adapters}) > 1:
+        raise ValueError(f"IP-Adapter units of one program have one token width; got {shape.ip_adapters}")
+    return tuple(by_id[a] for a, _, _ in shape.ip_adapters)
 
 
 def _refiner_of(model: LoadedModel, shape: ProgramShape):
@@ -565,6 +625,7 @@ class Conditioning(NamedTuple):
     add_time_ids: jax.Array  # (rows, 6): original size, crop top-left, target size
     refiner: Any = None  # with ProgramShape.refiner: the refiner expert (:class:`RefinerExpert`), else None
     control: Any = None  # with ProgramShape.control: :class:`ControlConditioning`, else None
+    ip: Any = None  # with ProgramShape.ip_adapter: :class:`IPConditioning`, else None
 
 
 def encode_text(st: Static, params, inputs: ProgramInputs) -> Conditioning:
@@ -799,12 +860,15 @@ def decode(st: Static, params, latents: jax.Array) -> tuple[jax.Array, jax.Array
 
 
 def conditioning(st: Static, params, inputs: ProgramInputs) -> Conditioning:
-    """Stages 1, 1b and 1c: the text conditioning, the refiner's (``refiner``) and the ControlNets' (``control``)."""
+    """Stages 1, 1b, 1c and 1d: the text conditioning, the refiner's (``refiner``), the ControlNets' (``control``) and
+    the IP-Adapters' (``ip_adapter``)."""
     cond = encode_text(st, params, inputs)  # 1.
     if st.shape.refiner:  # 1b. the refiner's own conditioning and UNet
         cond = cond._replace(refiner=refiner_expert(st, params, inputs))
     if st.shape.control:  # 1c. the ControlNets, bound, and their conditioning images
         cond = cond._replace(control=control_conditioning(st, params, inputs))
+    if st.shape.ip_adapter:  # 1d. the IP-Adapters, bound, and their image tokens per row
+        cond = cond._replace(ip=ip_conditioning(st, params, inputs))
     return cond
 
 
@@ -853,6 +917,8 @@ def _unbound(cond: Conditioning) -> Conditioning:
         cond = cond._replace(refiner=cond.refiner._replace(unet=None))
     if cond.control is not None:
         cond = cond._replace(control=cond.control._replace(nets=()))
+    if cond.ip is not None:
+        cond = cond._replace(ip=cond.ip._replace(adapters=()))
     return cond
 
 
@@ -865,6 +931,9 @@ def _bound(st: Static, params, cond: Conditioning) -> Conditioning:
     if cond.control is not None:
         cond = cond._replace(control=cond.control._replace(
             nets=tuple(c.bind(params["controlnet"][k]) for k, c in enumerate(st.controlnets))))
+    if cond.ip is not None:
+        cond = cond._replace(ip=cond.ip._replace(
+            adapters=tuple(c.bind(params["ip_adapter"][k]) for k, c in enumerate(st.ip_adapters))))
     return cond
 
 
@@ -913,12 +982,13 @@ def loop_structure(model: LoadedModel, shape: ProgramShape):
     st = static_options(model, shape)
     refiner = RefinerExpert(0, 0, 0, None) if st.shape.refiner else None
     control = ControlConditioning((), tuple(0 for _ in st.controlnets)) if st.shape.control else None
+    ip = IPConditioning((), tuple(0 for _ in st.ip_adapters)) if st.shape.ip_adapter else None
     image = None
     if st.shape.from_image:
         image = ImageConditioning(0, 0)
         if st.shape.inpaint:
             image = ImageConditioning(0, 0, 0, 0 if st.inpainting_unet else None)
-    return LoopFixed(Conditioning(0, 0, 0, refiner, control), image), (0, 0, 0)
+    return LoopFixed(Conditioning(0, 0, 0, refiner, control, ip), image), (0, 0, 0)
 
 
 class ControlConditioning(NamedTuple):
@@ -972,6 +1042,44 @@ def control_residuals(st: Static, cond: Conditioning, inputs: ProgramInputs, i, 
         res = jax.lax.cond(inputs.control_keep[k, i] > 0, run, lambda shapes=shapes: [_like(s) for s in shapes])
         total = res if total is None else [a + b for a, b in zip(total, res, strict=True)]
     return total[:-1], total[-1]
+
+
+class IPConditioning(NamedTuple):
+    """What the IP-Adapter units read at every step (ProgramShape.ip_adapter): each unit's adapter layers
+    (models/ip_adapter.IPAdapterLayers) bound to its params (``params["ip_adapter"][k]``: its ``layer_params``) and its
+    image tokens per row, (rows, tokens, width) in the parameters' dtype
+    (negatives first with CFG, as :class:`Conditioning`)."""
+
+    adapters: tuple
+    tokens: tuple
+
+
+def ip_conditioning(st: Static, params, inputs: ProgramInputs) -> IPConditioning:
+    """Stage 1d: the units' adapters and tokens. ``ip_tokens`` (2, all tokens, width) is split per unit and its
+    rows repeated for the device's images: with CFG the negative row for the negative rows, then the images' row
+    (diffusers' ``prepare_ip_adapter_image_embeds``: ``cat([negative, positive])``, repeated per image); without CFG
+    the images' row only."""
+    b = inputs.prompt_ids.shape[0]
+    adapters, tokens, first = [], [], 0
+    for k, component in enumerate(st.ip_adapters):
+        adapter = component.bind(params["ip_adapter"][k])
+        dtype = adapter.layer(0).to_k_ip.weight[...].dtype
+        count = st.shape.ip_adapters[k][1]
+        unit = inputs.ip_tokens[:, first:first + count].astype(dtype)  # (2, tokens, width)
+        first += count
+        rows = jnp.repeat(unit, b, axis=0) if st.shape.cfg else jnp.repeat(unit[1:], b, axis=0)  # (rows, tokens, w)
+        adapters.append(adapter)
+        tokens.append(rows)
+    return IPConditioning(tuple(adapters), tuple(tokens))
+
+
+def ip_layers(st: Static, cond: Conditioning, inputs: ProgramInputs, i) -> list[list[tuple]]:
+    """The UNet's ``ip_adapter`` argument at step ``i``: per cross-attention in call order, ``(layer, tokens,
+    scale)`` of each unit, the scale ``ip_scale[k] x ip_keep[k, i]`` (0 outside the unit's start/end)."""
+    ip = cond.ip
+    scales = [inputs.ip_scale[k] * inputs.ip_keep[k, i] for k in range(len(ip.adapters))]
+    return [[(adapter.layer(j), ip.tokens[k], scales[k]) for k, adapter in enumerate(ip.adapters)]
+            for j in st.ip_order]
 
 
 def _like(struct) -> jax.Array:
@@ -1048,7 +1156,8 @@ def unet_prediction(st: Static, unet, cond: Conditioning, inputs: ProgramInputs,
     def base():
         down, mid = control_residuals(st, cond, inputs, i, x[:, :st.latent[0]], t) if st.shape.control else (None,
                                                                                                                None)
-        return unet(x, t, cond.hidden, cond.text_embeds, cond.add_time_ids, down, mid).astype(jnp.float32)
+        ip = ip_layers(st, cond, inputs, i) if st.shape.ip_adapter else None
+        return unet(x, t, cond.hidden, cond.text_embeds, cond.add_time_ids, down, mid, ip).astype(jnp.float32)
 
     if not st.shape.refiner:
         return base()

@@ -29,7 +29,11 @@ REPEATED_FLAGS = {"lora": ("NAME=PATH", "a LoRA that prompts pick with <lora:NAM
                   "controlnet": ("PATH", "a ControlNet (a diffusers folder or a .safetensors file; named by its "
                                          "folder or file name) that requests' control units pick; repeat the flag "
                                          "for more (env SDXL_CONTROLNET: paths separated by os.pathsep; "
-                                         "docs/controlnet.md)")}
+                                         "docs/controlnet.md)"),
+                  "ip_adapter": ("PATH", "an IP-Adapter (h94/IP-Adapter's sdxl_models/*.safetensors, its image_encoder "
+                                         "folder beside it; named by its file name) that requests' ip_adapter_units "
+                                         "pick; repeat the flag for more (env SDXL_IP_ADAPTER: paths separated by "
+                                         "os.pathsep; docs/ip-adapter.md)")}
 # Engine settings whose flag may be repeated to offer several models by name (docs/models.md): the first value is the
 # setting (the default), the others go to its list setting (os.pathsep-joined), before that list's own values.
 MODEL_LIST_FLAGS = {"model": "models", "refiner": "refiners"}

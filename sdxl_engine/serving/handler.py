@@ -41,10 +41,10 @@ from sdxl_engine.serving.apis.errors import ApiError
 from sdxl_engine.serving.apis.tools import (
     generate_doc,
     generate_inputs,
-    model_field,
-    refiner_switch,
+    image_event_inputs,
     request_values,
     signature_of,
+    upscale_event_inputs,
 )
 
 LOG = logging.getLogger(__name__)
@@ -291,66 +291,61 @@ def image_function(requests: Service, config: EngineConfig, pending: history.Pen
                    finished: history.Pending | None, demo) -> Callable:
     """The function of the page's "Generate from image" event (api_name ``img2img``, private: the page's own).
 
-    Its inputs: the nine of /generate, then the image editor's value (image_input: the event does not preprocess),
-    the mode (image_input.MODES), strength, the outpaint sides and pixels, the refiner switch
-    (:func:`refiner_switch`: 1 = none), the model (the page's Model dropdown: None or "" = the default) and the
-    schedule type (its Schedule type dropdown: None = automatic). It
-    reads the editor's picture and mask (image_input.read_editor: only uploads and the app's own PNGs of ``demo``;
-    on a worker thread, off the event loop), builds the engine fields
-    and paste-back (image_input.request_fields) and runs as /generate does (:func:`follow`: the service's job,
-    previews, Stop, history record with the settings, not the picture). Every upload it was given is deleted when
-    it ends, whatever the outcome, unless the editor uploaded it again since this request arrived
-    (:func:`discard_uploads`). A picture the page cannot use is gr.Error with apis.uploads' or image_input's
-    message.
+    Its inputs (apis/tools.image_event_inputs: /generate's, in the page's widgets, but the ControlNet unit's, with
+    the event's own after the first nine): the image editor's value (image_input: the event does not preprocess),
+    the mode (image_input.MODES), strength, the outpaint sides and pixels. /generate's go into the request as its
+    own do (tools.request_values: the refiner switch, 1 = none; the model, "" = the default; every other by its
+    name). It reads the editor's picture and mask (image_input.read_editor: only uploads and the app's own PNGs of
+    ``demo``; on a worker thread, off the event loop), builds the engine fields and paste-back
+    (image_input.request_fields) and runs as /generate does (:func:`follow`: the service's job, previews, Stop,
+    history record with the settings, not the picture). Every upload it was given is deleted when it ends, whatever
+    the outcome, unless the editor uploaded it again since this request arrived (:func:`discard_uploads`). A
+    picture the page cannot use is gr.Error with apis.uploads' or image_input's message.
     """
     # Here, not at the top: importing serving.apis (image_input decodes with apis.uploads) runs the package's
     # __init__, whose routes import this module.
     from sdxl_engine.serving import image_input
     from sdxl_engine.serving.apis.errors import ApiError
 
-    async def img2img(prompt: str, negative_prompt: str | None = None, seed: int = -1,
-                      guidance_scale: float = config.guidance_scale,
-                      num_inference_steps: int = config.num_inference_steps, width: int = 0, height: int = 0,
-                      style: str = NO_STYLE, sampler: str = config.sampler, image: dict | None = None,
-                      mode: str = image_input.IMG2IMG,
-                      strength: float = image_input.DEFAULT_STRENGTH[image_input.IMG2IMG],
-                      sides: list | None = None, pixels: int = 0, refiner_switch_at: float | None = None,
-                      model: str | None = None, schedule_type: str | None = None, request: gr.Request = None,
-                      progress=gr.Progress()):
+    signature = signature_of(image_event_inputs(config), *GRADIO_PARAMETERS)
+
+    async def img2img(*args, **kwargs):
+        values = bound(signature, args, kwargs)  # the parameters: tools.image_event_inputs (with_signature)
+        request, progress = values.pop("request"), values.pop("progress")
+        image, mode, strength, sides, pixels = (values.pop(name) for name in ("image", "mode", "strength", "sides",
+                                                                              "pixels"))
         arrived = guard.arrival_time(request)
         since = clock() if arrived is None else arrived
 
         def prepared():
             picture = image_input.read_editor(image, lambda path: readable(demo, path))
-            return image_input.request_fields(picture, mode, strength, _whole(width), _whole(height), sides,
-                                              _whole(pixels), refiner_switch(refiner_switch_at))
+            return image_input.request_fields(picture, mode, strength, _whole(values["width"]),
+                                              _whole(values["height"]), sides, _whole(pixels))
 
         try:
             try:
                 asked = await asyncio.to_thread(prepared)
+                fields = request_values(values)
             except ApiError as err:
                 raise refuse(ValueError(err.message)) from err
-            values = dict(prompt=prompt, negative_prompt=negative_prompt, seed=seed, guidance_scale=guidance_scale,
-                          num_inference_steps=num_inference_steps, width=width, height=height, style=style,
-                          sampler=sampler)
-            job_request = _page_request(values, request, {**asked.fields, **model_field(model),
-                                                          "schedule_type": schedule_type}, asked.finish)
+            job_request = _page_request(fields, request, asked.fields, asked.finish)
             async for out in follow(requests, job_request, request, progress, pending, finished,
                                     client_gone(demo)):
                 yield out
         finally:
             discard_uploads(demo, image_input.editor_paths(image), since)
 
-    return img2img
+    return with_signature(img2img, signature)
 
 
 def upscale_function(requests: Service, config: EngineConfig, pending: history.Pending,
                      finished: history.Pending | None, demo) -> Callable:
     """The function of the gallery's "Upscale (hires fix)" event (api_name ``upscale``, private: the page's own).
 
-    Its inputs: the nine of /generate, then the last finished request (server state) and the gallery index
-    selected, the hires scale, upscaler (a pixel one: image_upscale.IMAGE_UPSCALERS) and strength, the model (the
-    Model dropdown's) and the schedule type (the Schedule type dropdown's). The selected
+    Its inputs (apis/tools.upscale_event_inputs: /generate's, in the page's widgets, but the ControlNet unit's and
+    the refiner switch, with the event's own after the first nine): the last finished request (server state) and
+    the gallery index selected, the hires scale, upscaler (a pixel one: image_upscale.IMAGE_UPSCALERS) and
+    strength. /generate's go into the request as its own do (tools.request_values). The selected
     image (the app's own PNG) is the hires fix's first pass: the engine upscales it and denoises it again at the
     larger size, with that image's seed (so the same click gives the same images) and the page's prompt and
     settings; its size is the image's (the Resolution is not read). Runs as /generate does (:func:`follow`).
@@ -359,13 +354,13 @@ def upscale_function(requests: Service, config: EngineConfig, pending: history.P
     from sdxl_engine.serving.apis.errors import ApiError
     from sdxl_engine.serving.apis.uploads import open_image
 
-    async def upscale(prompt: str, negative_prompt: str | None = None, seed: int = -1,
-                      guidance_scale: float = config.guidance_scale,
-                      num_inference_steps: int = config.num_inference_steps, width: int = 0, height: int = 0,
-                      style: str = NO_STYLE, sampler: str = config.sampler, last: dict | None = None,
-                      index: int | None = None, hires_scale: float = 1.5, hires_upscaler: str = "Lanczos",
-                      hires_strength: float = 0.5, model: str | None = None, schedule_type: str | None = None,
-                      request: gr.Request = None, progress=gr.Progress()):
+    signature = signature_of(upscale_event_inputs(config), *GRADIO_PARAMETERS)
+
+    async def upscale(*args, **kwargs):
+        values = bound(signature, args, kwargs)  # the parameters: tools.upscale_event_inputs (with_signature)
+        request, progress = values.pop("request"), values.pop("progress")
+        last, index, hires_scale, hires_upscaler, hires_strength = (
+            values.pop(name) for name in ("last", "index", "hires_scale", "hires_upscaler", "hires_strength"))
         if not last or type(index) is not int or not 0 <= index < len(last.get("gallery") or []):
             raise refuse(ValueError("image: select an image of the last result in the gallery first"))
         path = last["gallery"][index][0]
@@ -378,17 +373,18 @@ def upscale_function(requests: Service, config: EngineConfig, pending: history.P
         except ApiError as err:
             raise refuse(ValueError(err.message)) from err
         seeds = (last.get("info") or {}).get("seeds") or []
-        seed = seeds[index] if index < len(seeds) else seed
-        values = dict(prompt=prompt, negative_prompt=negative_prompt, seed=seed, guidance_scale=guidance_scale,
-                      num_inference_steps=num_inference_steps, width=0, height=0,  # the size is the image's
-                      style=style, sampler=sampler)
-        fields = dict(image=picture, hires_scale=hires_scale, hires_upscaler=hires_upscaler,
-                      hires_strength=hires_strength, schedule_type=schedule_type, **model_field(model))
-        async for out in follow(requests, _page_request(values, request, fields), request, progress, pending,
+        values.update(seed=seeds[index] if index < len(seeds) else values["seed"], width=0, height=0)  # the image's
+        try:
+            fields = request_values(values)
+        except ApiError as err:
+            raise refuse(ValueError(err.message)) from err
+        hires = dict(image=picture, hires_scale=hires_scale, hires_upscaler=hires_upscaler,
+                     hires_strength=hires_strength)
+        async for out in follow(requests, _page_request(fields, request, hires), request, progress, pending,
                                 finished, client_gone(demo)):
             yield out
 
-    return upscale
+    return with_signature(upscale, signature)
 
 
 def _whole(value):

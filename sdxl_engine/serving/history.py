@@ -34,6 +34,19 @@ THUMB_PX = 96  # longest side of a thumbnail, pixels
 SECRET_ENV = "SDXL_HISTORY_SECRET"
 SECRET_FILE = "history-secret"  # in the cache folder (sdxl_engine.config.DEFAULT_CACHE)
 
+# The page's settings a made image brings back, in the order of the widgets they set (app.py), each as (the name
+# the PNG restore's note gives it, its key in a PNG's parameters text: A1111's infotext, service/images.py): a past
+# image's (page_history.restore, from its record: make_record) and a PNG's (page.png_settings). A setting listed
+# here is kept and restored by the history, and read back from a PNG, without another line (under its name in the
+# info record; from a PNG as its /generate input's kind); these the history keeps its own way:
+TYPED_FIELDS = ("prompt", "negative_prompt", "style")  # as the user typed them (the info record holds them styled)
+OWN_WAY = TYPED_FIELDS + ("seed", "resolution")  # the request's seeds (the image picks one), its width and height
+RESTORED_FIELDS = {"prompt": ("prompt", "Prompt"), "negative_prompt": ("negative prompt", "Negative prompt"),
+                   "style": ("style", "Style"), "seed": ("seed", "Seed"), "guidance_scale": ("CFG", "CFG scale"),
+                   "num_inference_steps": ("steps", "Steps"), "sampler": ("sampler", "Sampler"),
+                   "schedule_type": ("schedule type", "Schedule type"), "resolution": ("size", "Size"),
+                   "refiner_switch_at": ("refiner switch", "Refiner switch at"), "model": ("model", "Model")}
+
 
 def thumbnail_url(image: np.ndarray) -> str:
     """(H, W, 3) uint8 -> a small JPEG data URL, longest side THUMB_PX pixels."""
@@ -45,20 +58,22 @@ def thumbnail_url(image: np.ndarray) -> str:
 
 
 def make_record(user: dict, info: dict, images: np.ndarray) -> dict:
-    """What the browser keeps of one generation (a few KB).
+    """What the browser keeps of one generation (a few KB): each of :data:`RESTORED_FIELDS` under its name (the
+    info's value, None where it has none), except those kept their own way (:data:`OWN_WAY`): the typed texts, the
+    seeds, the width and height; then the time, the latency, the thumbnails and whether it was made from a picture.
 
     Args:
         user: the request as the user gave it: ``prompt``, ``negative_prompt``, ``style``.
         info: the API's info JSON (seeds, settings as the engine used them, model, latency).
         images: (n, H, W, 3) uint8, the generation's pixels.
+
+    Raises KeyError for an ``info`` without ``seeds``, ``width``, ``height`` or ``latency_s``.
     """
     return {
         "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+        **{name: info.get(name) for name in RESTORED_FIELDS if name not in OWN_WAY},
         "prompt": user["prompt"], "negative_prompt": user["negative_prompt"] or "", "style": user["style"],
-        "seeds": info["seeds"], "guidance_scale": info["guidance_scale"], "sampler": info.get("sampler", "Euler"),
-        "num_inference_steps": info["num_inference_steps"], "width": info["width"], "height": info["height"],
-        "model": info["model"], "latency_s": info["latency_s"], "refiner_switch_at": info.get("refiner_switch_at"),
-        "schedule_type": info.get("schedule_type"),
+        "seeds": info["seeds"], "width": info["width"], "height": info["height"], "latency_s": info["latency_s"],
         "thumbs": [thumbnail_url(image) for image in images],
         # made from a picture (image to image, inpainting, upscale): its size is the picture's, not one to restore
         **({"from_image": True} if "strength" in info or "hires" in info else {}),

@@ -24,6 +24,9 @@ from sdxl_engine.service import models
 from sdxl_engine.service.styles import FAST_LORA, NO_STYLE, STYLE_NAMES, get_style, without_fast_tag
 from sdxl_engine.serving.apis.a1111 import generation_parameters, refiner_name, sampler_of
 from sdxl_engine.serving.apis.core import ApiError
+from sdxl_engine.serving.apis.tools import generate_inputs
+from sdxl_engine.serving.history import RESTORED_FIELDS
+from sdxl_engine.serving.page_assets import MODEL_NOTES, REAL_SDXL_HINT
 
 LOG = logging.getLogger(__name__)
 
@@ -33,6 +36,7 @@ EXAMPLES = ["a red circle on a blue background", "a large green square at the to
 # No style in the examples: a style's added words ("anime artwork ...") pull tiny-shapes' images off the prompt.
 # The blog's setting (the config's own defaults), one click away when a model's engine_defaults.json chose another.
 BLOG_DEFAULT = (EngineConfig.sampler, EngineConfig.num_inference_steps)
+WIDGETS_FOLLOWING = 6  # model_widgets' updates (page_models.ModelWidgets.following)
 
 
 def lora_names_for(config: EngineConfig) -> list[str]:
@@ -87,10 +91,6 @@ def stopped_view(last: dict | None, heard: str) -> tuple:
     return last["gallery"], last["info"], f"**{said}** Below, the last finished request: {status_line(last['info'])}"
 
 
-PNG_FIELDS = {"prompt": "prompt", "negative_prompt": "negative prompt", "style": "style", "seed": "seed",
-              "guidance_scale": "CFG", "num_inference_steps": "steps", "sampler": "sampler",
-              "schedule_type": "schedule type", "resolution": "size", "refiner_switch_at": "refiner switch",
-              "model": "model"}  # the page's widgets a PNG (and a past image: page_history) restores, in this order
 REFINER_MIN, REFINER_OFF = 0.05, 1.0  # the refiner slider's range (page_image.refiner_slider); 1: base model only
 MAX_PARAMETERS_CHARS = 60_000  # a parameters text is a few kB; PNG_SETTINGS_JS sends at most this
 
@@ -119,10 +119,38 @@ def _unstyled(style: str, prompt: str, negative: str) -> tuple[str, str] | None:
     return (typed, negative[:-len(extra) - 2]) if negative.endswith(", " + extra) else None
 
 
+# The fields png_settings reads its own way (A1111's pairs and styles, the page's limits, sizes and models); any
+# other of history.RESTORED_FIELDS is read by _read_as_inputs.
+READ_OWN_WAY = ("prompt", "negative_prompt", "style", "seed", "guidance_scale", "num_inference_steps", "sampler",
+                "schedule_type", "resolution", "refiner_switch_at", "model")
+
+
+def _read_as_inputs(fields: dict, values: dict) -> list[str]:
+    """Each field of history.RESTORED_FIELDS not in :data:`READ_OWN_WAY` whose key a PNG's parsed ``fields`` have,
+    into ``values`` as its /generate input's kind (apis/tools.generate_inputs: int, float or str) when it converts
+    and is one of the input's choices (if it has any); the engine checks its value when the page sends it. Returns
+    what was not restored, for the note."""
+    inputs = {item.name: item for item in generate_inputs(EngineConfig())}
+    left = []
+    for name, (label, key) in RESTORED_FIELDS.items():
+        if name in READ_OWN_WAY or key not in fields or name not in inputs:
+            continue
+        item = inputs[name]
+        try:
+            value = item.kind(fields[key])
+        except ValueError:
+            value = None
+        if value is None or item.choices and value not in item.choices:
+            left.append(f"{label} {fields[key][:20]!r} (not a value this page takes)")
+        else:
+            values[name] = value
+    return left
+
+
 def png_settings(text: str, sizes: list[str], max_steps: int, max_seed: int,
                  refiner: bool = False, models: list[str] = ()) -> tuple[dict, str]:
     """The page's settings from a PNG's ``parameters`` text (this server's or A1111's; parsed by A1111's rules:
-    apis.a1111.generation_parameters): ({field of PNG_FIELDS: value}, a Markdown note saying what was
+    apis.a1111.generation_parameters): ({field of history.RESTORED_FIELDS: value}, a Markdown note saying what was
     restored and what was not, and why).
 
     ``sizes``: the page's resolution values ("WxH"); ``max_steps``, ``max_seed``: the page's limits. A style
@@ -130,9 +158,10 @@ def png_settings(text: str, sizes: list[str], max_steps: int, max_seed: int,
     take (a sampler or size it lacks, steps past the limit) is left as it is and named in the note. With a
     ``refiner`` loaded, the refiner switch is restored too (``Refiner switch at``; 1, no refiner, for a PNG made
     without one); without one a PNG's refiner is named as not restored, and so are a hires fix and an image to
-    image's strength (this form makes images from text only). ``models``: the model names the page offers when
-    it offers several (its Model dropdown): the PNG's ``Model`` is restored when it is one of them, else named as
-    not restored; () (one model) leaves the model alone. A blank
+    image's strength (this form makes images from text only). Any other field of history.RESTORED_FIELDS is read
+    from its key as its /generate input's kind (:func:`_read_as_inputs`). ``models``: the model names the page
+    offers when it offers several (its Model dropdown): the PNG's ``Model`` is restored when it is one of them, else
+    named as not restored; () (one model) leaves the model alone. A blank
     text (the browser found no ``parameters`` chunk) restores nothing. Raises TypeError or ValueError for
     text the page's script never sends (not a string, longer than MAX_PARAMETERS_CHARS)."""
     if not isinstance(text, str) or len(text) > MAX_PARAMETERS_CHARS:
@@ -194,7 +223,8 @@ def png_settings(text: str, sizes: list[str], max_steps: int, max_seed: int,
         left.append(f"denoising strength {fields['Denoising strength'][:20]!r} (made from a picture: "
                     "Image to image takes one)")
     values = {name: value for name, value in values.items() if value is not None}
-    restored = ", ".join(label for name, label in PNG_FIELDS.items() if name in values)
+    left += _read_as_inputs(fields, values)
+    restored = ", ".join(label for name, (label, _) in RESTORED_FIELDS.items() if name in values)
     note = f"Restored from the PNG: {restored}; press **Generate** to make it again."
     return values, note + (f" Not restored: {'; '.join(left)}." if left else "")
 
@@ -273,7 +303,8 @@ def chosen_model(engine: EngineContract | None, name: str | None) -> tuple[str, 
 
 def model_settings(engine: EngineContract | None, name: str | None) -> tuple:
     """The page's Model dropdown changed to ``name``: what follows it, as updates for (sampler, steps, guidance
-    scale, the Model default button, resolution, ControlNet model, the few-steps preset's button). The first three
+    scale, then :func:`model_widgets`' six: the Model default button, resolution, ControlNet model, the few-steps
+    preset's button, the model note, the LoRA list). The first three
     and the button take that model's own defaults (:func:`chosen_model`), as a request for it through any API that
     sets none of them runs; the rest as :func:`model_widgets`. Nothing changes before the engine is ready, or for
     a model whose engine_defaults.json the engine refuses.
@@ -281,7 +312,7 @@ def model_settings(engine: EngineContract | None, name: str | None) -> tuple:
     Raises LookupError (page_event: one log line, a gr.Error) for a name the engine does not offer."""
     chosen = chosen_model(engine, name)
     if chosen is None:
-        return (gr.update(),) * 7
+        return (gr.update(),) * (3 + WIDGETS_FOLLOWING)
     model, defaults = chosen
     return (defaults.sampler, defaults.num_inference_steps, defaults.guidance_scale,
             *_widgets_for(engine, model, defaults))
@@ -289,24 +320,29 @@ def model_settings(engine: EngineContract | None, name: str | None) -> tuple:
 
 def model_widgets(engine: EngineContract | None, name: str | None, size: str | None = None) -> tuple:
     """The widgets that follow the Model dropdown besides the settings (:func:`model_settings`), as updates for
-    (the Model default button, resolution, ControlNet model, the few-steps preset's button): the button's label of
-    the model's defaults, its sizes and fitting ControlNets once loaded (else resolution "model default" and the
-    list as it is), the preset when it has the LoRA. ``size``: a resolution ("WxH") to keep as the value (a
-    restored one) when the model's sizes have it. After a restore (a history image, a PNG) set the dropdown
-    itself. Nothing changes before the engine is ready or for a model it refuses.
+    (the Model default button, resolution, ControlNet model, the few-steps preset's button, the model note, the
+    LoRA list): the button's label of the model's defaults, its sizes and fitting ControlNets once loaded (else
+    resolution "model default" and the list as it is), the preset when it has the LoRA, the note of a built-in
+    model (:func:`model_note`; hidden for others) and the LoRAs its requests may tag. ``size``: a resolution
+    ("WxH") to keep as the value (a restored one) when the model's sizes have it. After a restore (a history image,
+    a PNG) set the dropdown itself. Nothing changes before the engine is ready or for a model it refuses.
 
     Raises LookupError (page_event) for a name the engine does not offer."""
     chosen = chosen_model(engine, name)
-    return (gr.update(),) * 4 if chosen is None else _widgets_for(engine, *chosen, size=size)
+    return (gr.update(),) * WIDGETS_FOLLOWING if chosen is None else _widgets_for(engine, *chosen, size=size)
 
 
 def _widgets_for(engine: EngineContract, model: str, defaults: EngineConfig, size: str | None = None) -> tuple:
     """:func:`model_widgets` for a chosen ``model`` and its ``defaults``."""
     try:
-        fast = gr.update(visible=FAST_LORA in models.lora_names_for(engine, model))
+        loras = models.lora_names_for(engine, model)
         limits = models.loaded_limits(engine, model)
     except (ConfigError, ModelLoadError):
-        return (gr.update(),) * 4
+        return (gr.update(),) * WIDGETS_FOLLOWING
+    fast = gr.update(visible=FAST_LORA in loras)
+    note = model_note(model)
+    following = (gr.update(value=note, visible=bool(note)),
+                 gr.update(samples=[[f"<lora:{n}:1>"] for n in loras], visible=bool(loras)))
     if limits is None:  # not loaded yet: its sizes and the ControlNets that fit it are known once it is
         restored = [(size.replace("x", " × "), size)] if isinstance(size, str) and SIZE.fullmatch(size) and \
             size != "0x0" else []
@@ -319,7 +355,7 @@ def _widgets_for(engine: EngineContract, model: str, defaults: EngineConfig, siz
         kept = size if size in [v for _, v in choices] else value
         resolution = gr.update(choices=choices, value=kept)
         controlnets = gr.update(choices=names, value=names[0] if names else "")
-    return gr.update(value=model_default_label(defaults)), resolution, controlnets, fast
+    return gr.update(value=model_default_label(defaults)), resolution, controlnets, fast, *following
 
 
 def model_default_settings(engine: EngineContract | None, config: EngineConfig, name: str | None,
@@ -375,10 +411,19 @@ def load_example(index: int) -> tuple[str, str]:
     return EXAMPLES[index], NO_STYLE
 
 
-def lora_tag_adder(names: list[str]) -> Callable[[int, str | None], str]:
-    """The page event of the LoRA list: ``add_lora(index, text)`` is ``text`` with ``<lora:NAME:1>`` added for
-    ``names[index]`` (the tag alone for an empty prompt); IndexError for an index the page never sends."""
-    def add_lora(index: int, text: str | None) -> str:
+def model_note(model: str) -> str:
+    """The note under the banner for a built-in model (MODEL_NOTES, then how to start real SDXL); "" for others."""
+    return MODEL_NOTES[model] + REAL_SDXL_HINT if model in MODEL_NOTES else ""
+
+
+def lora_tag_adder(engine: EngineContract | None, config: EngineConfig) -> Callable[[int, str | None, str], str]:
+    """The page event of the LoRA list: ``add_lora(index, text, model)`` is ``text`` with ``<lora:NAME:1>`` added
+    for the ``index``-th LoRA the list shows for the Model dropdown's ``model`` (:func:`model_widgets`: the engine's
+    for that model once ready, before that the configured ones, :func:`lora_names_for`), the tag alone for an empty
+    prompt. IndexError for an index the page never sends; LookupError for a model the engine does not offer."""
+    def add_lora(index: int, text: str | None, model: str | None = None) -> str:
+        chosen = chosen_model(engine, model)
+        names = lora_names_for(config) if chosen is None else models.lora_names_for(engine, chosen[0])
         if type(index) is not int or not 0 <= index < len(names):
             raise IndexError(f"no LoRA {index!r}")
         tag = f"<lora:{names[index]}:1>"

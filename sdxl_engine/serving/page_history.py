@@ -10,6 +10,7 @@ import gradio as gr
 
 from sdxl_engine.program.schedulers import DEFAULT_SCHEDULE_TYPE, SCHEDULE_TYPES
 from sdxl_engine.serving import history
+from sdxl_engine.serving.history import RESTORED_FIELDS
 from sdxl_engine.serving.page import page_event
 from sdxl_engine.serving.page_assets import CLEAR_HISTORY_JS, HISTORY_JS
 from sdxl_engine.serving.page_image import REFINER_OFF
@@ -21,11 +22,12 @@ def wire_history(events: tuple, past: gr.BrowserState, pending: history.Pending,
     """After each of ``events`` succeeds: its gallery and details into ``last_result`` (``finished``: the page
     shows them again after a Stop), its record from ``pending`` first into ``past``, the history redrawn in the
     browser (HISTORY_JS: thumbnails drawn there, no file written). A click on a past image sets ``settings``
-    (page.PNG_FIELDS' widgets: prompt, negative prompt, style, seed, guidance, steps, sampler, schedule type (its
-    A1111 label; Automatic for a record made before schedule types), resolution, refiner switch, model) to that
-    image's: its model when ``offered()`` (the names the Model dropdown offers) has it, else the model stays and
-    the note says so. Clear empties the history. All private events. Returns the click's event (the page follows
-    the model with its other widgets)."""
+    (history.RESTORED_FIELDS' widgets, in its order) to that image's record: each as kept, a field the record
+    lacks (an older record's) left as it is, except the seed (that image's), the resolution (:func:`restored_size`),
+    the sampler (Euler for a record without one), the schedule type (its A1111 label; Automatic for a record made
+    before schedule types), the refiner switch (off without one) and the model (when ``offered()``, the names the
+    Model dropdown offers, has it, else the model stays and the note says so). Clear empties the history. All
+    private events. Returns the click's event (the page follows the model with its other widgets)."""
 
     @page_event
     def remember(past: list, request: gr.Request):
@@ -47,11 +49,13 @@ def wire_history(events: tuple, past: gr.BrowserState, pending: history.Pending,
         names = offered()
         if names and rec["model"] not in names:
             note += f" Its model, {rec['model']}, is not on this server now: the chosen model makes it."
-        return (rec["prompt"], rec["negative_prompt"], rec["style"], seed_value, rec["guidance_scale"],
-                rec["num_inference_steps"], rec.get("sampler", "Euler"),
-                SCHEDULE_TYPES.get(rec.get("schedule_type"), SCHEDULE_TYPES[DEFAULT_SCHEDULE_TYPE]),
-                gr.update() if size is None else size, rec.get("refiner_switch_at") or REFINER_OFF,
-                rec["model"] if rec["model"] in names else gr.update(), note)
+        values = {name: gr.update() if rec.get(name) is None else rec[name] for name in RESTORED_FIELDS}
+        values.update(seed=seed_value, resolution=gr.update() if size is None else size,
+                      sampler=rec.get("sampler", "Euler"),
+                      schedule_type=SCHEDULE_TYPES.get(rec.get("schedule_type"), SCHEDULE_TYPES[DEFAULT_SCHEDULE_TYPE]),
+                      refiner_switch_at=rec.get("refiner_switch_at") or REFINER_OFF,
+                      model=rec["model"] if rec["model"] in names else gr.update())
+        return (*values.values(), note)
 
     restored = history_gallery.select(restore, past, [*settings, history_note], api_visibility="private",
                                       queue=False)

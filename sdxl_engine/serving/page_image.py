@@ -23,10 +23,19 @@ from sdxl_engine.engine.control_preprocess import MODULES
 from sdxl_engine.engine.errors import InvalidRequest
 from sdxl_engine.engine.image_upscale import IMAGE_UPSCALERS
 from sdxl_engine.engine.validation import DEFAULT_IMAGE_UPSCALER
-from sdxl_engine.serving import guard, image_input
+from sdxl_engine.service import delivery
+from sdxl_engine.serving import gradio_internals, guard, image_input
 from sdxl_engine.serving.apis.errors import ApiError
+from sdxl_engine.serving.apis.tools import image_event_inputs, upscale_event_inputs
 from sdxl_engine.serving.apis.uploads import decode_image
-from sdxl_engine.serving.page import REFINER_MIN, REFINER_OFF, outpaint_default, page_event, size_choices
+from sdxl_engine.serving.page import (
+    REFINER_MIN,
+    REFINER_OFF,
+    event_inputs,
+    outpaint_default,
+    page_event,
+    size_choices,
+)
 from sdxl_engine.serving.page_assets import PICTURE_CHECK_HTML, PICTURE_CHECK_JS
 
 BRUSH_SHARE = 16  # the brush's radius: the model's native size (its default size's shorter side) over this
@@ -34,7 +43,7 @@ BRUSH_SHARE = 16  # the brush's radius: the model's native size (its default siz
 
 @dataclasses.dataclass(frozen=True)
 class ImageSection:
-    """The section's components: ``inputs`` are the image event's inputs after /generate's nine."""
+    """The section's components: ``named``, the image events' own inputs among them by their names."""
 
     box: gr.Accordion
     init_image: gr.ImageMask
@@ -43,21 +52,18 @@ class ImageSection:
     outpaint_row: gr.Row
     outpaint_sides: gr.CheckboxGroup
     outpaint_pixels: gr.Slider
-    refiner_switch: gr.Slider
     run: gr.Button
     hires_scale: gr.Slider
     hires_upscaler: gr.Dropdown
     hires_strength: gr.Slider
 
     @property
-    def inputs(self) -> list:
-        return [self.init_image, self.image_mode, self.strength, self.outpaint_sides, self.outpaint_pixels,
-                self.refiner_switch]
-
-    @property
-    def hires_inputs(self) -> list:
-        """The Upscale event's settings (handler.upscale_function), after its last result and index."""
-        return [self.hires_scale, self.hires_upscaler, self.hires_strength]
+    def named(self) -> dict:
+        """The image events' own inputs in this section by their names (apis/tools.image_event_inputs and
+        upscale_event_inputs): {name: component}."""
+        return {"image": self.init_image, "mode": self.image_mode, "strength": self.strength,
+                "sides": self.outpaint_sides, "pixels": self.outpaint_pixels, "hires_scale": self.hires_scale,
+                "hires_upscaler": self.hires_upscaler, "hires_strength": self.hires_strength}
 
 
 def refiner_slider(config: EngineConfig) -> gr.Slider:
@@ -86,7 +92,7 @@ def editor_tools(engine: EngineContract | None) -> dict:
                 eraser=gr.Eraser(default_size=radius))
 
 
-def image_section(config: EngineConfig, engine: EngineContract | None, refiner_switch: gr.Slider) -> ImageSection:
+def image_section(config: EngineConfig, engine: EngineContract | None) -> ImageSection:
     """Image to image, inpainting, outpainting, in a closed accordion (text to image looks as it did), placed where
     it is called inside the page's Blocks. Its own button and event (handler.image_function); the prompt and settings
     above it apply too, the refiner switch (:func:`refiner_slider`, under the advanced settings) among them."""
@@ -118,7 +124,7 @@ def image_section(config: EngineConfig, engine: EngineContract | None, refiner_s
             hires_strength = gr.Slider(0.05, 1.0, value=0.5, step=0.05, label="Upscale strength",
                                        elem_id="hires-strength")
     return ImageSection(box, init_image, image_mode, strength, outpaint_row, outpaint_sides, outpaint_pixels,
-                        refiner_switch, run, hires_scale, hires_upscaler, hires_strength)
+                        run, hires_scale, hires_upscaler, hires_strength)
 
 
 def wire_image_section(section: ImageSection, gallery: gr.Gallery, last_result: gr.State,
@@ -156,22 +162,44 @@ def wire_image_section(section: ImageSection, gallery: gr.Gallery, last_result: 
                               queue=False, show_progress="hidden", preprocess=False)  # a mode the page never sends
 
 
-def image_events(section: ImageSection, settings: list, generate_from_image, upscale_image, send_upscale: gr.Button,
-                 last_result: gr.State, selected_index: gr.State, gallery: gr.Gallery, info: gr.JSON,
-                 model: gr.Dropdown, schedule_type: gr.Dropdown) -> tuple:
+def wire_selection(events: tuple, gallery: gr.Gallery, info: gr.JSON, seed: gr.Number, selected_seed: gr.State,
+                   reuse: gr.Button, selected_index: gr.State, send_buttons: list) -> None:
+    """The gallery's selection besides the image section's (:func:`wire_image_section`): a selected image's seed
+    (from ``info``, the request's details) kept in ``selected_seed`` (server state) and named on ``reuse``, whose
+    click puts it into ``seed`` (-1 without one); each of ``events``' new result deselects (``reuse``, the
+    ``selected_index`` and the gallery's ``send_buttons``: Send to image, Inpaint, Upscale, off)."""
+    for done in events:
+        done.success(lambda: (None, gr.Button("Reuse selected image's seed", interactive=False), None,
+                              *(gr.Button(interactive=False) for _ in send_buttons)), None,
+                     [selected_seed, reuse, selected_index, *send_buttons], api_visibility="private", queue=False)
+
+    @page_event
+    def select_image(info: dict, evt: gr.SelectData):
+        seed = info["seeds"][evt.index] if info and evt.index is not None else None
+        return seed, gr.Button(f"Reuse seed {seed}" if seed is not None else "Reuse selected image's seed",
+                               interactive=seed is not None)
+
+    gallery.select(select_image, info, [selected_seed, reuse], api_visibility="private", queue=False)
+    reuse.click(page_event(lambda s: -1 if s is None else int(s)), selected_seed, seed, api_visibility="private",
+                queue=False)
+
+
+def image_events(config: EngineConfig, section: ImageSection, widgets: dict, generate_from_image, upscale_image,
+                 send_upscale: gr.Button, last_result: gr.State, selected_index: gr.State, gallery: gr.Gallery,
+                 info: gr.JSON) -> tuple:
     """The page's two image events, private (the API stays /generate), submitting to the service as /generate
-    (Gradio's queue runs them as they come: the service orders them and caps each client):
-    Generate from image (handler.image_function: ``settings``, /generate's nine, then the editor's value as sent,
-    since guard.Routes let only uploads and the app's PNGs through, and the section's settings) and the gallery's
-    Upscale (handler.upscale_function: the nine, the last result and the selected index, the hires settings); each
-    then the page's ``model`` and ``schedule_type`` (its dropdowns). Returns (image event, upscale event)."""
+    (Gradio's queue runs them as they come: the service orders them and caps each client): Generate from image
+    (handler.image_function) and the gallery's Upscale (handler.upscale_function). Their inputs are the widgets of
+    apis/tools.image_event_inputs and upscale_event_inputs, each taken by its name (page.event_inputs) from
+    ``widgets`` (/generate's: {name: component}), the section's own (:attr:`ImageSection.named`: the editor's value
+    as sent, since guard.Routes let only uploads and the app's PNGs through) and the Upscale's ``last_result`` and
+    ``selected_index``. Returns (image event, upscale event)."""
+    named = {**widgets, **section.named, "last": last_result, "index": selected_index}
     image_event = section.run.click(
-        generate_from_image, [*settings, *section.inputs, model, schedule_type], [gallery, info],
-        api_name=guard.IMAGE_EVENT,
-        api_visibility="private", concurrency_limit=None, preprocess=False)
+        generate_from_image, event_inputs(image_event_inputs(config), named), [gallery, info],
+        api_name=guard.IMAGE_EVENT, api_visibility="private", concurrency_limit=None, preprocess=False)
     upscale_event = send_upscale.click(
-        upscale_image, [*settings, last_result, selected_index, *section.hires_inputs, model, schedule_type],
-        [gallery, info],
+        upscale_image, event_inputs(upscale_event_inputs(config), named), [gallery, info],
         api_name="upscale", api_visibility="private", concurrency_limit=None, preprocess=False)
     return image_event, upscale_event
 
@@ -180,10 +208,9 @@ def image_events(section: ImageSection, settings: list, generate_from_image, ups
 class ControlSection:
     """The page's ControlNet section (shown when a ControlNet is loaded): ``upload`` (the file; a private event
     turns it into ``image``, base64 PNG text: /generate's ``control_image``, so gradio_client and the page send the
-    same, and shows it in ``picture`` as the app's PNG), the preprocessor ``module`` with ``preview`` (the detected
-    map into ``detected``), the ControlNet
-    ``model``, ``weight``, ``start`` and ``end``; ``example`` (a model's shipped ControlNet's example.json: tiny-shapes'
-    canny ControlNet's star outline)."""
+    same, and shows it in ``picture`` and in ``upload`` itself as the app's PNG), the preprocessor ``module`` with
+    ``preview`` (the detected map into ``detected``), the ControlNet ``model``, ``weight``, ``start`` and ``end``;
+    ``example`` (a model's shipped ControlNet's example.json: tiny-shapes' canny ControlNet's star outline)."""
 
     box: gr.Accordion
     upload: gr.File
@@ -235,7 +262,8 @@ def control_section(config: EngineConfig, engine: EngineContract | None = None) 
                       elem_id="controlnet-box") as box:
         # A file box, not an image box: Gradio's image box shows an upload by asking the server for it, and an
         # upload is never served back (guard.Routes): every upload logged a refused GET. The picture shows in
-        # its own box once the upload event answers with the app's PNG of it.
+        # its own box once the upload event answers with the app's PNG of it, which replaces the upload in this
+        # box too: its download link gives that PNG (the upload's link was a 404).
         upload = gr.File(label="Control image file (PNG, JPEG or WebP)", file_types=[".png", ".jpg", ".jpeg", ".webp"],
                          height=CONTROL_UPLOAD_PX, elem_id="control-upload")
         with gr.Row():
@@ -286,12 +314,14 @@ def picture_function(demo) -> Callable:
     """The ControlNet picture's upload event (guard.CONTROL_EVENT; it does not preprocess: Gradio would decode
     any file it is named): the picture's file (an upload or one of the app's PNGs of ``demo``, handler.readable;
     the guard checked it too) read as the image event reads its picture (image_input.read_file, apis.uploads'
-    decoding) and answered twice: as base64 PNG text for /generate's control_image, and as the (H, W, 3) uint8
-    picture shown in its box (a PNG the app writes: an upload is never served back). The upload is deleted once
-    read. A value that is not such a file, or not an image, is gr.Error with the reason."""
+    decoding) and made into one PNG by the app, answered as (its base64 text: /generate's control_image, its path,
+    its path again). The path is a new file in a new folder of Gradio's temp folder (delivery.write_served), shown
+    in the picture's box and put back into the file box, so the box's download link gives the app's PNG: an upload
+    is never served back (guard.Routes) and is deleted once read, which left the box's link a 404. A value that is
+    not such a file, or not an image, is gr.Error with the reason; so is a PNG that could not be written."""
     from sdxl_engine.serving import handler  # here: handler imports the apis package, whose routes import it
 
-    def encoded_picture(value) -> tuple[str, np.ndarray]:  # sync: Gradio runs it on a worker thread
+    def encoded_picture(value) -> tuple[str, str, str]:  # sync: Gradio runs it on a worker thread
         path = value.get("path") if isinstance(value, dict) else None
         try:
             if not isinstance(path, str) or not handler.readable(demo, path):
@@ -304,7 +334,12 @@ def picture_function(demo) -> Callable:
                 handler.discard_uploads(demo, [path])
         buffer = io.BytesIO()
         picture.save(buffer, format="PNG")
-        return base64.b64encode(buffer.getvalue()).decode(), np.asarray(picture)
+        try:
+            (path,) = delivery.write_served([buffer.getvalue()], ["control"], Path(gradio_internals.upload_folder()))
+        except OSError as err:
+            raise gr.Error(f"the server could not store the control image ({type(err).__name__}); please retry "
+                           "later", print_exception=False) from err
+        return base64.b64encode(buffer.getvalue()).decode(), path, path
 
     return encoded_picture
 
@@ -324,11 +359,12 @@ def detected_map(image: str, module: str):
 
 
 def wire_control_section(section: ControlSection, demo, prompt: gr.Textbox) -> None:
-    """The section's own events, private: the upload encoded into ``image`` and shown again as the app's PNG
-    (guard.CONTROL_EVENT: the one event besides the image event whose call may name an upload;
-    :func:`picture_function`), its removal emptying ``image`` (in the browser), Preview's detected map, and the
-    example button filling the picture, preprocessor, ControlNet and ``prompt``."""
-    section.upload.upload(page_event(picture_function(demo)), section.upload, [section.image, section.picture],
+    """The section's own events, private: the upload encoded into ``image`` and shown again, in the picture's box
+    and the file box, as the app's PNG (guard.CONTROL_EVENT: the one event besides the image event whose call may
+    name an upload; :func:`picture_function`), its removal emptying ``image`` (in the browser), Preview's detected
+    map, and the example button filling the picture, preprocessor, ControlNet and ``prompt``."""
+    section.upload.upload(page_event(picture_function(demo)), section.upload,
+                          [section.image, section.picture, section.upload],
                           api_name=guard.CONTROL_EVENT, api_visibility="private", preprocess=False)
     section.upload.clear(None, None, [section.image, section.picture], js="() => ['', null]", queue=False,
                          api_visibility="private")

@@ -15,7 +15,15 @@ import numpy as np
 import pytest
 
 from sdxl_engine.models import layers
-from sdxl_engine.models.layers import attention, flash_attention_tpu, flash_block, flash_fits, resolve_attention
+from sdxl_engine.models.layers import (
+    attention,
+    flash_attention_tpu,
+    flash_block,
+    flash_fits,
+    resolve_attention,
+    rows_fit,
+    softmax_attention_tpu,
+)
 
 B, T, S, HEADS, HEAD_DIM = 2, 24, 40, 3, 8
 
@@ -62,7 +70,7 @@ def test_bfloat16_keeps_float32_scores_and_returns_bfloat16():
 
 def test_an_unknown_implementation_is_refused_by_name():
     q, k, v = inputs(T, S, jnp.float32)
-    with pytest.raises(ValueError, match="'flash' is not one of auto, xla, cudnn, pallas_tpu"):
+    with pytest.raises(ValueError, match="'flash' is not one of auto, xla, cudnn, pallas_tpu, pallas_tpu_rows"):
         attention(q, k, v, HEADS, implementation="flash")
 
 
@@ -82,9 +90,15 @@ def test_no_copy_of_the_scores_in_the_compiled_program():
 
 
 # ---- the Pallas TPU flash kernel beside the XLA path (rule 33) ----------------------------------------------------
-def test_auto_is_xla_off_a_tpu_and_flash_on_one_where_the_tiles_fit(monkeypatch):
-    assert resolve_attention(None, 4096, 4096) == "xla"  # these tests run on CPU devices
+def test_auto_is_xla_off_a_tpu_and_a_pallas_kernel_on_one_where_it_fits(monkeypatch):
+    assert resolve_attention(None, 4096, 4096, heads=10, head_dim=64) == "xla"  # these tests run on CPU devices
     monkeypatch.setattr(layers.jax, "default_backend", lambda: "tpu")
+    # SDXL's self-attentions at 1024² (10 heads over 4096 tokens, 20 over 1024): the whole-row kernel
+    assert resolve_attention(None, 4096, 4096, heads=10, head_dim=64) == "pallas_tpu_rows"
+    assert resolve_attention("auto", 1024, 1024, heads=20, head_dim=64) == "pallas_tpu_rows"
+    assert resolve_attention(None, 16384, 16384, heads=10, head_dim=64) == "pallas_tpu"  # 2048²: rows too long
+    assert resolve_attention(None, 4096, 4096, heads=5, head_dim=64) == "pallas_tpu"  # heads do not pair up
+    assert resolve_attention(None, 4096, 4096, heads=8, head_dim=40) == "pallas_tpu"  # not 64-wide
     assert resolve_attention(None, 4096, 4096) == "pallas_tpu"
     assert resolve_attention("auto", 1024, 1024) == "pallas_tpu"
     assert resolve_attention(None, 4096, 77) == "xla"  # cross-attention over the prompt's 77 tokens
@@ -116,3 +130,37 @@ def test_flash_kernel_in_interpret_mode_equals_the_xla_path(t, s, dtype, atol):
     np.testing.assert_allclose(np.asarray(ours, np.float32), np.asarray(xla, np.float32), rtol=0, atol=atol)
     moved = attention(q, k, v.at[:, -1].add(10.0), HEADS, implementation="xla")  # the check can fail
     assert np.abs(np.asarray(moved, np.float32) - np.asarray(ours, np.float32)).max() > 10 * atol
+
+
+# ---- the whole-row TPU kernel (rule 33: checked against the XLA path in interpret mode) ---------------------------
+def test_the_whole_row_kernel_takes_sdxl_self_attention_and_refuses_the_rest():
+    assert rows_fit(4096, 4096, 10, 64) and rows_fit(1024, 1024, 20, 64) and rows_fit(3072, 3072, 10, 64)
+    assert not rows_fit(4096, 77, 10, 64)  # cross-attention: not 128-lane keys
+    assert not rows_fit(8192, 8192, 10, 64) and not rows_fit(4096, 4096, 5, 64) and not rows_fit(4096, 4096, 8, 40)
+    q = jnp.zeros((1, 256, 128), jnp.float32)
+    with pytest.raises(ValueError, match="block_q 512 to divide q_len 256"):
+        softmax_attention_tpu(q, q, q, 2, block_q=512)
+    with pytest.raises(ValueError, match="pairs of 64-wide heads; got 1 x 128"):
+        softmax_attention_tpu(q, q, q, 1, block_q=128)
+    with pytest.raises(ValueError, match="not causal"):
+        attention(q, q, q, 2, is_causal=True, implementation="pallas_tpu_rows")
+
+
+@pytest.mark.parametrize("layout, t, s, dtype, atol", [("packed", 256, 384, jnp.float32, 2e-5),
+                                                       ("packed", 128, 256, jnp.bfloat16, 2e-2),
+                                                       ("heads_first", 256, 384, jnp.float32, 2e-5)])
+def test_whole_row_kernel_in_interpret_mode_equals_the_xla_path(layout, t, s, dtype, atol):
+    """The kernel "auto" picks on a TPU for SDXL's self-attention, interpreted on the CPU, against the XLA path on
+    non-square inputs with SDXL's 64-wide heads (4 heads: two packed pairs, two query blocks)."""
+    pltpu = pytest.importorskip("jax.experimental.pallas.tpu")
+    if not hasattr(pltpu, "force_tpu_interpret_mode"):
+        pytest.skip("this JAX has no TPU interpret mode for Pallas kernels")
+    heads, rng = 4, np.random.default_rng(7)
+    q, k, v = (jnp.asarray(rng.standard_normal((2, n, heads * 64)), dtype) for n in (t, s, s))
+    with pltpu.force_tpu_interpret_mode():
+        ours = softmax_attention_tpu(q, k, v, heads, block_q=t // 2, layout=layout)
+    assert ours.shape == q.shape and ours.dtype == dtype
+    xla = attention(q, k, v, heads, implementation="xla")
+    np.testing.assert_allclose(np.asarray(ours, np.float32), np.asarray(xla, np.float32), rtol=0, atol=atol)
+    swapped = attention(q, k, v.at[..., :64].set(v[..., 64:128]), heads, implementation="xla")  # heads kept apart
+    assert np.abs(np.asarray(swapped, np.float32) - np.asarray(ours, np.float32)).max() > 10 * atol

@@ -103,3 +103,18 @@ def test_controlnet_is_repeated_with_its_own_metavar_and_joined_like_lora(capsys
         parse_args(["--help"], "title")
     text = " ".join(capsys.readouterr().out.split())
     assert "--controlnet PATH" in text and "--lora NAME=PATH" in text and "--controlnet NAME=PATH" not in text
+
+
+def test_ip_adapter_is_repeated_and_joined_like_controlnet(capsys):
+    """--ip-adapter PATH (repeatable, joined with os.pathsep as SDXL_IP_ADAPTER is) reaches the engine setting;
+    --help names its value PATH."""
+    import os
+
+    from sdxl_engine.serving.cli import engine_overrides
+
+    args = parse_args(["--ip-adapter", "h94/sdxl_models/ip-adapter_sdxl.safetensors", "--ip-adapter", "b.safetensors"])
+    assert engine_overrides(args)["ip_adapter"] == os.pathsep.join(["h94/sdxl_models/ip-adapter_sdxl.safetensors",
+                                                                     "b.safetensors"])
+    with pytest.raises(SystemExit):
+        parse_args(["--help"], "title")
+    assert "--ip-adapter PATH" in " ".join(capsys.readouterr().out.split())

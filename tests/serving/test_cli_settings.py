@@ -41,8 +41,8 @@ def fake_result(n: int = 4, warnings=()) -> SimpleNamespace:
 
 def test_saved_names_are_relative_to_the_outputs_folder(tmp_path):
     """info["saved"] names the files inside the outputs folder; the server's path shows nowhere."""
-    import app
     from sdxl_engine.service.delivery import deliver
+    from sdxl_engine.serving import page
 
     out = tmp_path / "server-secret" / "outputs"
     delivered = deliver(fake_result(), "a red circle", "(No style)", tmp_path / "served", str(out))
@@ -53,7 +53,7 @@ def test_saved_names_are_relative_to_the_outputs_folder(tmp_path):
                                                 name), name
         with Image.open(out / name) as saved, Image.open(shown) as image:
             assert np.array_equal(np.asarray(saved), np.asarray(image))
-    line = app.status_line(delivered.info)
+    line = page.status_line(delivered.info)
     assert line.endswith(" · saved to the server's outputs folder") and "server-secret" not in line
 
 

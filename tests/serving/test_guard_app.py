@@ -193,6 +193,12 @@ def test_uploads_take_images_only_and_are_never_served(app_server):
     status, reply = call_page_event(app_server, control_event, [{**file, "path": path}])
     assert status == 200 and '"success":true' in reply.replace(" ", "") and "iVBORw0KGgo" in reply, reply[:300]
     assert not Path(path).exists()
+    # Its file box then holds the app's PNG of it (the picture's box the same file), which is served: the box's
+    # download link (the upload's own was a 404).
+    text, shown, box = json.loads(reply)["output"]["data"]
+    assert shown["path"] == box["path"] != path and box["orig_name"] == "control.png"
+    served = get(app_server, f"/gradio_api/file={box['path']}")
+    assert served.status_code == 200 and served.content == base64.b64decode(text)
     assert httpx.get(app_server.url + "gradio_api/info", timeout=30).status_code == 200
 
 

@@ -157,17 +157,17 @@ def test_history_keeps_small_records_newest_first_and_bounded(engine, tmp_path):
 
 def test_banner_and_sizes_while_starting_and_when_ready(engine):
 
-    import app
     from sdxl_engine.engine.local import Engine
+    from sdxl_engine.serving import page
 
     starting = Engine(engine.config, log=lambda *_: None)  # constructed, not started
-    text, done = app.engine_banner(starting)
+    text, done = page.engine_banner(starting)
     assert not done and text.startswith("**Starting the engine: starting** — 0 s so far")
-    assert app.size_choices(starting) == ([("model default", "0x0")], "0x0")
+    assert page.size_choices(starting) == ([("model default", "0x0")], "0x0")
     starting.error = RuntimeError("no such model")  # what Engine.start records when a stage raises
     starting.ready.set()
-    assert app.engine_banner(starting) == ("**The engine failed to start:** no such model", True)
-    text, done = app.engine_banner(engine)
+    assert page.engine_banner(starting) == ("**The engine failed to start:** no such model", True)
+    text, done = page.engine_banner(engine)
     assert done and text.startswith("Ready on **4 × cpu** — model `tiny-random` (float32), started in")
 
     class Refined:  # the same engine, started with a refiner (a folder: named by its own name)
@@ -176,9 +176,9 @@ def test_banner_and_sizes_while_starting_and_when_ready(engine):
         def __getattr__(self, name):
             return getattr(engine, name)
 
-    text, done = app.engine_banner(Refined())
+    text, done = page.engine_banner(Refined())
     assert text.startswith("Ready on **4 × cpu** — model `tiny-random` (float32) + refiner `tiny-pt-refiner`, started")
-    choices, value = app.size_choices(engine)
+    choices, value = page.size_choices(engine)
     assert value == "64x64" and choices[0] == ("64 × 64 (square, default)", "64x64")
     assert [tuple(map(int, v.split("x"))) for _, v in choices] == list(engine.limits.sizes)  # as PARSE_SIZE_JS
 

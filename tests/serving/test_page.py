@@ -31,11 +31,11 @@ def test_page_builder_with_fake_engine():
 
 def test_the_refiner_switch_shows_only_with_a_refiner_and_1_is_none():
     """The refiner slider (under the advanced settings, an input of /generate and of the image event) is hidden
-    at 1 without a refiner and shown at 0.8 with one; the API's default follows; handler.refiner_switch reads 1
+    at 1 without a refiner and shown at 0.8 with one; the API's default follows; tools.refiner_switch reads 1
     (and None) as no refiner and passes anything else on for the engine to check."""
     import app
     from sdxl_engine.config import EngineConfig
-    from sdxl_engine.serving.handler import refiner_switch
+    from sdxl_engine.serving.apis.tools import refiner_switch
     from tests.helpers import FIXTURES
 
     def slider_and_default(config):
@@ -70,10 +70,10 @@ def test_page_lists_the_loras_and_a_click_adds_a_tag(tmp_path):
     # the deployment's (--lora, then --lora-dir), then tiny-shapes' own LCM-LoRA (its loras.json)
     assert listing.visible and [s[0] for s in listing.samples] == ["<lora:peft:1>", "<lora:ink:1>", "<lora:lcm:1>"]
     add = next(f.fn for f in demo.fns.values() if getattr(f.fn, "__name__", "") == "add_lora")
-    assert add(1, "a red circle ") == "a red circle <lora:ink:1>"
-    assert add(0, "") == add(0, None) == "<lora:peft:1>"
+    assert add(1, "a red circle ", "tiny-shapes") == "a red circle <lora:ink:1>"  # before the engine is ready
+    assert add(0, "", "tiny-shapes") == add(0, None, "tiny-shapes") == "<lora:peft:1>"
     with pytest.raises(gr.Error):
-        add(3, "x")
+        add(3, "x", "tiny-shapes")
     shipped = app.build_demo(lambda *v, **kw: ([], {}, None), EngineConfig.load(environ={}))
     assert [s[0] for s in next(b for b in shipped.blocks.values() if getattr(b, "elem_id", None) == "loras").samples
             ] == ["<lora:lcm:1>"]
@@ -88,28 +88,28 @@ def test_stopped_view_says_where_and_gives_the_last_finished_result_back():
     import gradio as gr
     import pytest
 
-    import app
+    from sdxl_engine.serving import page
 
     info = {"seeds": [7, 8, 9, 10], "latency_s": 1.5, "device": "4 × cpu", "width": 64, "height": 64,
             "num_inference_steps": 8, "sampler": "Euler", "guidance_scale": 5.0, "model": "tiny-shapes",
             "timings_s": {"queue": 0.0, "prep": 0.001, "device": 1.4, "post": 0.002}}
     last = {"gallery": [("/tmp/a.png", "seed 7 · 1.50 s"), ("/tmp/b.png", "seed 8 · 1.50 s")], "info": info}
-    gallery, details, status = app.stopped_view(last, "4/50")
+    gallery, details, status = page.stopped_view(last, "4/50")
     assert gallery == last["gallery"] and details is info
     assert status == ("**Stopped at step 4 of 50; nothing saved.** Below, the last finished request: "
-                      + app.status_line(info))
+                      + page.status_line(info))
     assert status.endswith("seeds 7–10, style **(No style)**, model `tiny-shapes`")
     refined = {**info, "refiner": "tiny-pt-refiner", "refiner_switch_at": 0.8}
-    assert app.status_line(refined).endswith("model `tiny-shapes` + refiner `tiny-pt-refiner` from 0.8 of the steps")
+    assert page.status_line(refined).endswith("model `tiny-shapes` + refiner `tiny-pt-refiner` from 0.8 of the steps")
     upscaled = {**info, "hires": {"scale": 1.5, "strength": 0.4}}
-    assert app.status_line(upscaled).endswith("model `tiny-shapes` · upscaled ×1.5 (hires fix, strength 0.4)")
-    assert "64×64, 8 Euler steps, CFG 5," in app.status_line(info)
-    assert "64×64, 1 Euler step, CFG 5," in app.status_line({**info, "num_inference_steps": 1})  # not "1 ... steps"
-    assert app.stopped_view(None, "12/30") == ([], None, "**Stopped at step 12 of 30; nothing saved.**")
-    assert app.stopped_view(None, "waiting") == ([], None, "**Stopped before its first step; nothing saved.**")
-    assert app.stopped_view(last, "") == (gr.update(), gr.update(), "")  # another failure: the line goes
+    assert page.status_line(upscaled).endswith("model `tiny-shapes` · upscaled ×1.5 (hires fix, strength 0.4)")
+    assert "64×64, 8 Euler steps, CFG 5," in page.status_line(info)
+    assert "64×64, 1 Euler step, CFG 5," in page.status_line({**info, "num_inference_steps": 1})  # not "1 ... steps"
+    assert page.stopped_view(None, "12/30") == ([], None, "**Stopped at step 12 of 30; nothing saved.**")
+    assert page.stopped_view(None, "waiting") == ([], None, "**Stopped before its first step; nothing saved.**")
+    assert page.stopped_view(last, "") == (gr.update(), gr.update(), "")  # another failure: the line goes
     with pytest.raises(ValueError, match="heard: expected 'k/N', 'waiting' or '', got '<b>4/50'"):
-        app.stopped_view(last, "<b>4/50")
+        page.stopped_view(last, "<b>4/50")
 
 
 def test_api_function_keeps_the_last_finished_gallery_for_the_session(tmp_path, monkeypatch):
@@ -146,13 +146,13 @@ def test_png_settings_restores_this_servers_and_a1111s_parameters():
     prompts it wrapped), A1111's (DPM++ 2M with Schedule type Karras), and what the page cannot take named."""
     import pytest
 
-    import app
     from sdxl_engine.service.images import a1111_parameters
     from sdxl_engine.service.styles import apply_style
+    from sdxl_engine.serving import page
 
     styled, negative = apply_style("Cinematic", "a green square, big", "blurry")
     text = a1111_parameters(styled, negative, 12, 4.5, 77, 64, 64, "tiny-shapes", {"Style": "Cinematic"}, "DDIM")
-    values, note = app.png_settings(text, ["64x64", "80x48"], 50, 2**32 - 1)
+    values, note = page.png_settings(text, ["64x64", "80x48"], 50, 2**32 - 1)
     assert values == {"prompt": "a green square, big", "negative_prompt": "blurry", "style": "Cinematic", "seed": 77,
                       "guidance_scale": 4.5, "num_inference_steps": 12, "sampler": "DDIM", "schedule_type": "Automatic",
                       "resolution": "64x64"}
@@ -161,7 +161,7 @@ def test_png_settings_restores_this_servers_and_a1111s_parameters():
     a1111 = ("masterpiece, a cat <lora:ink:0.5>\nwearing a hat\nNegative prompt: lowres, \"bad\"\n"
              "Steps: 70, Sampler: DPM++ 2M, Schedule type: Karras, CFG scale: 7, Seed: 1234, Size: 1024x1024, "
              "Model hash: 31e35c80fc, Model: sd_xl_base_1.0, Style: \"My, style\", Version: v1.10.1")
-    values, note = app.png_settings(a1111, ["64x64"], 50, 2**32 - 1)
+    values, note = page.png_settings(a1111, ["64x64"], 50, 2**32 - 1)
     assert values == {"prompt": "masterpiece, a cat <lora:ink:0.5>\nwearing a hat", "negative_prompt": 'lowres, "bad"',
                       "style": "(No style)", "seed": 1234, "guidance_scale": 7.0, "sampler": "DPM++ 2M",
                       "schedule_type": "Karras"}
@@ -169,42 +169,42 @@ def test_png_settings_restores_this_servers_and_a1111s_parameters():
                     "**Generate** to make it again. Not restored: style 'My, style' (not one of this page's: its words "
                     "stay in the prompt); Steps '70' (this page takes 1 to 50); size 1024x1024 (not one of this "
                     "model's sizes).")
-    values, note = app.png_settings("a cat\nSteps: 4, Seed: 5", [], 50, 99)
+    values, note = page.png_settings("a cat\nSteps: 4, Seed: 5", [], 50, 99)
     assert values == {"prompt": "a cat\nSteps: 4, Seed: 5", "negative_prompt": "",
                       "style": "(No style)"}  # fewer than 3 fields: A1111 reads the line as prompt
-    values, note = app.png_settings("a cat\nSteps: 4, Sampler: LMS, Seed: x, CFG scale: 2", [], 50, 99)
+    values, note = page.png_settings("a cat\nSteps: 4, Sampler: LMS, Seed: x, CFG scale: 2", [], 50, 99)
     assert values["num_inference_steps"] == 4 and "sampler 'LMS' (not one of this server's)" in note
     assert "Seed 'x' (this page takes 0 to 99)" in note
-    restored = app.png_settings("a cat\nSteps: 4, Sampler: UniPC, Schedule type: Karras, Seed: 5", [], 50, 99)[0]
+    restored = page.png_settings("a cat\nSteps: 4, Sampler: UniPC, Schedule type: Karras, Seed: 5", [], 50, 99)[0]
     assert (restored["sampler"], restored["schedule_type"]) == ("UniPC", "Karras")  # one of this server's since #61
-    assert app.png_settings(" ", [], 50, 99) == ({}, "That file has no generation parameters (no `parameters` text "
+    assert page.png_settings(" ", [], 50, 99) == ({}, "That file has no generation parameters (no `parameters` text "
                                                      "in a PNG): nothing restored.")
     with pytest.raises(ValueError, match="at most 60000 characters"):
-        app.png_settings("x" * 60_001, [], 50, 99)
+        page.png_settings("x" * 60_001, [], 50, 99)
 
 
 def test_png_settings_restores_the_refiner_switch_and_names_what_the_text_form_cannot_make_again():
     """With a refiner loaded the PNG's ``Refiner switch at`` goes back on the slider (1, base model only, for
     a PNG made without one); without a refiner, and for a hires fix or an image to image, the note says so."""
-    import app
     from sdxl_engine.service.images import a1111_parameters
+    from sdxl_engine.serving import page
 
     refined = a1111_parameters("a cat", "", 12, 4.5, 77, 64, 64, "tiny-shapes",
                                {"Refiner": "tiny-refiner", "Refiner switch at": 0.65}, "Euler")
-    values, note = app.png_settings(refined, ["64x64"], 50, 99, refiner=True)
+    values, note = page.png_settings(refined, ["64x64"], 50, 99, refiner=True)
     assert values["refiner_switch_at"] == 0.65 and values["seed"] == 77 and "refiner switch;" in note
-    values, note = app.png_settings(refined, ["64x64"], 50, 99, refiner=False)
+    values, note = page.png_settings(refined, ["64x64"], 50, 99, refiner=False)
     assert "refiner_switch_at" not in values
     assert "Not restored: refiner switch at '0.65' (no refiner on this server)." in note
     plain = a1111_parameters("a cat", "", 12, 4.5, 77, 64, 64, "tiny-shapes", {}, "Euler")
-    assert app.png_settings(plain, ["64x64"], 50, 99, refiner=True)[0]["refiner_switch_at"] == 1.0
-    assert "refiner_switch_at" not in app.png_settings(plain, ["64x64"], 50, 99)[0]
+    assert page.png_settings(plain, ["64x64"], 50, 99, refiner=True)[0]["refiner_switch_at"] == 1.0
+    assert "refiner_switch_at" not in page.png_settings(plain, ["64x64"], 50, 99)[0]
     hires = a1111_parameters("a cat", "", 12, 4.5, 77, 96, 96, "tiny-shapes",
                              {"Denoising strength": 0.5, "Hires upscale": 1.5, "Hires upscaler": "Latent"}, "Euler")
-    values, note = app.png_settings(hires, ["64x64"], 50, 99)
+    values, note = page.png_settings(hires, ["64x64"], 50, 99)
     assert "hires fix (upscale '1.5': the images were upscaled after" in note and "resolution" not in values
     picture = a1111_parameters("a cat", "", 12, 4.5, 77, 64, 64, "tiny-shapes", {"Denoising strength": 0.4}, "Euler")
-    assert "denoising strength '0.4' (made from a picture" in app.png_settings(picture, ["64x64"], 50, 99)[1]
+    assert "denoising strength '0.4' (made from a picture" in page.png_settings(picture, ["64x64"], 50, 99)[1]
 
 
 def test_a_history_record_made_from_a_picture_restores_its_settings_but_not_its_size():
@@ -355,7 +355,7 @@ def test_the_schedule_type_dropdown_is_generates_input_and_its_value_reaches_the
     from sdxl_engine.config import EngineConfig
     from sdxl_engine.service.images import a1111_parameters
     from sdxl_engine.service.service import Service
-    from sdxl_engine.serving import handler
+    from sdxl_engine.serving import handler, page
     from sdxl_engine.serving.apis.tools import generate_inputs
     from tests.helpers import StepEngine
 
@@ -386,7 +386,7 @@ def test_the_schedule_type_dropdown_is_generates_input_and_its_value_reaches_the
     asyncio.run(run(["a red circle", *values[1:]]))
     assert got[-1].schedule_type == "Karras" and got[-1].sampler == config.sampler
     text = a1111_parameters("a cat", "", 12, 4.5, 77, 64, 64, "tiny-shapes", {"Schedule type": "Karras"}, "Euler")
-    values, note = app.png_settings(text, ["64x64"], 50, 99)
+    values, note = page.png_settings(text, ["64x64"], 50, 99)
     assert (values["sampler"], values["schedule_type"]) == ("Euler", "Karras") and "sampler, schedule type" in note
     (restore,) = [f.fn for f in demo.fns.values() if getattr(f.fn, "__name__", "") == "restore"]
     record = {"time": "t", "prompt": "a cat", "negative_prompt": "", "style": "(No style)", "seeds": [5],

@@ -78,9 +78,9 @@ def test_the_control_section_shows_with_a_controlnet_and_turns_its_upload_into_g
     monkeypatch.setattr(handler, "readable", lambda demo, path: Path(path).parent == tmp_path)
     monkeypatch.setattr(handler, "discard_uploads", lambda demo, paths: discarded.extend(paths))
     encoded_picture = page_image.picture_function(demo=None)
-    text, shown = encoded_picture({"path": str(upload), "meta": {"_type": "gradio.FileData"}})
+    text, shown, box = encoded_picture({"path": str(upload), "meta": {"_type": "gradio.FileData"}})
     np.testing.assert_array_equal(np.asarray(Image.open(io.BytesIO(base64.b64decode(text)))), picture)
-    np.testing.assert_array_equal(shown, picture)
+    assert shown == box and Path(shown).read_bytes() == base64.b64decode(text)  # one PNG, written once
     assert discarded == [str(upload)]
     for value, message in (({"path": "/etc/hostname"}, "control image: not a file this page uploaded"),
                            ({"path": str(tmp_path / "note.txt")}, "control image"), ({"junk": 1}, "not a file"),
@@ -92,3 +92,42 @@ def test_the_control_section_shows_with_a_controlnet_and_turns_its_upload_into_g
     assert edges.shape[:2] == (512, 853) and edges[:, 420:433].max() == 255 and edges[:, :400].max() == 0
     with pytest.raises(gr.Error):
         page_image.detected_map(text, "openpose")
+
+
+def test_after_the_control_upload_its_file_box_holds_the_apps_png_which_the_guard_serves(tmp_path):
+    """Issue #59: the ControlNet file box kept the upload's own file after the upload event read (and deleted) it,
+    so the box's download link was refused (a 404 and a log line: an upload is never served back). The event now
+    answers the box too, with the app's PNG of the picture (the picture's box shows the same file): a new file in
+    Gradio's temp folder that Gradio records as the box's (what it does with an output path) and the guard serves.
+    The upload itself is served neither before nor after."""
+    from pathlib import Path
+
+    import numpy as np
+    from PIL import Image
+
+    import app
+    from sdxl_engine.config import EngineConfig
+    from sdxl_engine.serving import gradio_internals, guard
+
+    demo = app.build_demo(lambda *a, **k: None, EngineConfig.load(environ={}))  # tiny-shapes' ControlNet: shown
+    blocks = {b.elem_id: b for b in demo.blocks.values() if getattr(b, "elem_id", None)}
+    (event,) = [f for f in demo.fns.values() if f.api_name == guard.CONTROL_EVENT]
+    outputs = [b.elem_id for b in event.outputs]
+    assert outputs == ["control-image", "control-picture", "control-upload"]
+    # An upload as Gradio's upload route leaves it: a file in its temp folder, named in the demo's upload set.
+    folder = Path(gradio_internals.upload_folder()) / "a-test-upload"
+    folder.mkdir(parents=True, exist_ok=True)
+    upload = folder / "control.png"
+    picture = np.zeros((40, 24, 3), np.uint8)
+    picture[:, 12:] = 255
+    Image.fromarray(picture).save(upload)
+    gradio_internals.upload_files(demo).add(str(upload))
+    routes = guard.Routes(demo)
+    assert routes.refusal("GET", f"/gradio_api/file={upload}", "") == "not a file of this app"
+    answer = dict(zip(outputs, event.fn({"path": str(upload), "meta": {"_type": "gradio.FileData"}})))
+    for name in ("control-picture", "control-upload"):
+        path = answer[name]
+        assert blocks[name].move_resource_to_block_cache(path) == path  # already in Gradio's folder: not copied
+        assert Path(path).parent != folder and routes.refusal("GET", f"/gradio_api/file={path}", "") is None
+        np.testing.assert_array_equal(np.asarray(Image.open(path)), picture)
+    assert not upload.exists() and routes.refusal("GET", f"/gradio_api/file={upload}", "") == "not a file of this app"

@@ -71,10 +71,12 @@ def updated(update):
 def test_a_loaded_model_brings_its_defaults_sizes_and_controlnets():
     engine = Catalogued()
     engine.loaded["b"] = LIMITS_B
-    sampler, steps, guidance, button, resolution, controlnet, fast = model_settings(engine, "b")
+    sampler, steps, guidance, button, resolution, controlnet, fast, note, loras = model_settings(engine, "b")
     assert (sampler, steps, guidance) == ("DPM++ 2M", 6, 2.0)
     assert updated(button) == {"value": "Model default (DPM++ 2M, 6 steps)"}
     assert updated(fast) == {"visible": False}  # b has no LoRA named lcm: no few-steps preset for it
+    assert updated(note) == {"value": "", "visible": False}  # not a built-in model: no note on tiny-shapes
+    assert updated(loras) == {"samples": [["<lora:ink:1>"]], "visible": True}  # b's own LoRAs only
     assert updated(resolution)["value"] == "96x64"
     assert [value for _, value in updated(resolution)["choices"]] == ["96x64", "64x96", "80x80"]
     assert updated(resolution)["choices"][0][0] == "96 × 64 (landscape, default)"
@@ -83,10 +85,36 @@ def test_a_loaded_model_brings_its_defaults_sizes_and_controlnets():
     assert back[:3] == ("Euler", 20, 5.0) and updated(back[3]) == {"value": "Model default (Euler, 20 steps)"}
     assert updated(back[4])["value"] == "64x48" and updated(back[5]) == {"choices": ["cn-a"], "value": "cn-a"}
     assert updated(back[6]) == {"visible": True}
+    assert updated(back[8]) == {"samples": [["<lora:lcm:1>"], ["<lora:ink:1>"]], "visible": True}
+
+
+def test_the_note_follows_the_model(monkeypatch):
+    """A built-in model's note (tiny-shapes') shows for it and goes for another model; the default's shows at once."""
+    from sdxl_engine.serving import page
+
+    engine = Catalogued()
+    monkeypatch.setattr(page, "MODEL_NOTES", {"a": "Model `a`: shapes. "})
+    note = updated(model_settings(engine, "a")[7])
+    assert note["visible"] and note["value"].startswith("Model `a`: shapes. For real SDXL, start it with")
+    assert updated(model_settings(engine, "b")[7]) == {"value": "", "visible": False}
+
+
+def test_a_lora_click_adds_the_chosen_models_lora():
+    """The LoRA list's click reads the list the chosen model shows (a's: lcm, ink; b's: ink), the configured ones
+    before the engine is ready; an index past the model's list is refused."""
+    from sdxl_engine.serving.page import lora_tag_adder
+
+    config = EngineConfig.load({"model": "tiny-random", "lora_dir": ""}, environ={})
+    add = lora_tag_adder(Catalogued(), config)
+    assert add(0, "x", "a") == "x <lora:lcm:1>" and add(0, "x", "b") == "x <lora:ink:1>"
+    with pytest.raises(IndexError, match="no LoRA 1"):
+        add(1, "x", "b")
+    with pytest.raises(IndexError, match="no LoRA 0"):  # not ready: tiny-random's configured list is empty
+        lora_tag_adder(Catalogued(ready=False), config)(0, "x", "a")
 
 
 def test_a_model_not_loaded_yet_brings_its_defaults_and_lets_the_engine_choose_its_size():
-    sampler, steps, guidance, button, resolution, controlnet, fast = model_settings(Catalogued(), "b")
+    sampler, steps, guidance, button, resolution, controlnet, fast, *_ = model_settings(Catalogued(), "b")
     assert (sampler, steps, guidance) == ("DPM++ 2M", 6, 2.0)
     assert updated(resolution) == {"choices": [("model default", "0x0")], "value": "0x0"}
     assert updated(controlnet) == {}  # which ControlNets fit it is known once it is loaded
@@ -141,7 +169,7 @@ def test_a_restored_model_keeps_the_restored_size_among_its_own():
     offered beside "model default" before the model is loaded; another size gives way to the model's default."""
     engine = Catalogued()
     engine.loaded["b"] = LIMITS_B
-    button, resolution, _, fast = model_widgets(engine, "b", size="80x80")
+    button, resolution, _, fast, *_ = model_widgets(engine, "b", size="80x80")
     assert updated(resolution)["value"] == "80x80" and updated(button) == {"value": "Model default (DPM++ 2M, 6 steps)"}
     assert updated(model_widgets(engine, "b", size="64x48")[1])["value"] == "96x64"  # not one of b's
     del engine.loaded["b"]
@@ -185,8 +213,8 @@ def test_the_page_wires_the_dropdown_and_the_model_default_button_once():
     ids = {b.elem_id: b._id for b in demo.blocks.values() if getattr(b, "elem_id", None)}
     named = {f.fn.__name__: f for f in demo.fns.values() if f.fn is not None}
     choose, default = named["choose_model"], named["chosen_model_default"]
-    assert [b._id for b in choose.inputs] == [ids["model"]] and len(choose.outputs) == 7
+    assert [b._id for b in choose.inputs] == [ids["model"]] and len(choose.outputs) == 9
     assert [b._id for b in choose.outputs][3:] == [ids["model-default"], ids["resolution"], ids["control-model"],
-                                                   ids["fast-preset"]]
+                                                   ids["fast-preset"], ids["model-note"], ids["loras"]]
     assert [b._id for b in default.inputs] == [ids["model"], ids["prompt"]] and len(default.outputs) == 4
     assert sum(f.fn.__name__ == "follow_model" for f in demo.fns.values() if f.fn is not None) == 2  # both restores

@@ -49,6 +49,7 @@ from PIL import Image
 from pydantic import BaseModel, BeforeValidator, ConfigDict
 
 from sdxl_engine.engine.errors import InvalidRequest
+from sdxl_engine.engine.ip_adapter import IPAdapterUnit
 from sdxl_engine.engine.previews import preview_grid
 from sdxl_engine.program.latent_upscale import HIRES_UPSCALERS
 from sdxl_engine.program.schedulers import (
@@ -727,11 +728,15 @@ def router(requests: Service, flags: dict, loras, owner_of: Callable) -> APIRout
     extras_turn = asyncio.Lock()  # one Extras request at a time: each holds its images in memory
 
     def with_units(body: Txt2Img, make_call):
-        """make_call()'s call with the body's ControlNet units (apis/controlnet.units_of) as its control_units."""
-        units, unit_warnings = units_of(body.model_extra or {}, loaded_of(engine))
+        """make_call()'s call with the body's ControlNet units (apis/controlnet.units_of) as its control_units, and
+        those naming an IP-Adapter as its ip_adapter_units."""
+        units, unit_warnings = units_of(body.model_extra or {}, loaded_of(engine), loaded_of(engine, "ip_adapters"))
         call, more = make_call()
-        if units:
-            call = dataclasses.replace(call, engine=dataclasses.replace(call.engine, control_units=units))
+        control = tuple(u for u in units if not isinstance(u, IPAdapterUnit))
+        ip = tuple(u for u in units if isinstance(u, IPAdapterUnit))
+        if control or ip:
+            call = dataclasses.replace(call, engine=dataclasses.replace(call.engine, control_units=control,
+                                                                        ip_adapter_units=ip))
         return call, more + unit_warnings
 
     async def answer(route: str, body: Txt2Img, request: Request,

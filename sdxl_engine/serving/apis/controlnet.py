@@ -7,7 +7,11 @@ unit's ``enabled``, ``module``, ``model`` ("name" or "name [hash]"), ``weight``,
 ``processor_res``, ``threshold_a``, ``threshold_b``, ``low_vram`` (accepted, no effect here), ``hr_option``
 ("Both" runs; another is a warning) and the legacy names ``input_image``, ``guidance`` (the end) and ``lowvram``.
 The engine (engine/control.py) validates the values; an unknown model or module is refused here, naming the field
-the client sent and the name. No Gradio here.
+the client sent and the name. A unit whose model is a loaded IP-Adapter (the extension's IP-Adapter units: module
+``ip-adapter_clip_sdxl``, ``ip-adapter_clip_sdxl_plus_vith``, ``ip-adapter_clip_h`` or ``ip-adapter-auto``, model
+``ip-adapter_sdxl [hash]``) becomes an engine IPAdapterUnit (its image, weight, guidance start and end;
+engine/ip_adapter.py: the adapter's own image encoder, found beside its file, encodes the image, whichever CLIP module
+the unit names). No Gradio here.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from PIL import Image
 from sdxl_engine.engine.control import ControlUnit, detect, model_name_of
 from sdxl_engine.engine.control_preprocess import MODULES, module_name
 from sdxl_engine.engine.errors import InvalidRequest
+from sdxl_engine.engine.ip_adapter import IPAdapterUnit
 from sdxl_engine.serving.apis.errors import ApiError
 from sdxl_engine.serving.apis.uploads import decode_image
 
@@ -39,6 +44,10 @@ SLIDERS = {"canny": (("Low Threshold", 100, 1, 255, 1), ("High Threshold", 200, 
            "tile_resample": (("Down Sampling Rate", 1.0, 1.0, 8.0, 0.01),),
            "blur_gaussian": (("Sigma", 9.0, 0.01, 64.0, 0.01),),
            "scribble_xdog": (("XDoG Threshold", 32, 1, 64, 1),)}
+# The extension's IP-Adapter modules this server runs (the CLIP image encoder's preprocessors): listed while an
+# IP-Adapter is loaded. Its face ones (ip-adapter_face_id*: insightface embeddings) are refused by name.
+IP_MODULES = ("ip-adapter-auto", "ip-adapter_clip_sdxl", "ip-adapter_clip_sdxl_plus_vith", "ip-adapter_clip_h")
+IP_PASSED = ("weight", "guidance_start", "guidance_end")  # an IP-Adapter unit's fields passed as they are
 
 
 def is_off(enabled) -> bool:
@@ -81,10 +90,27 @@ def unit_image(value, field: str) -> tuple[np.ndarray, bool]:
         raise ApiError(422, err.message, err.param) from None
 
 
-def to_unit(raw: dict, field: str, loaded: dict[str, str]) -> tuple[ControlUnit, list[str]]:
+def ip_unit(values: dict, model: str, field: str) -> IPAdapterUnit:
+    """The engine's IPAdapterUnit of an enabled A1111 unit whose model is a loaded IP-Adapter. Raises ApiError 422
+    naming the field: a module that is not an IP-Adapter one (a face one by name), no image."""
+    module = values.get("module") or "ip-adapter-auto"
+    if not isinstance(module, str) or not module.startswith("ip-adapter"):
+        raise ApiError(422, f"{field}.module: {model!r} is an IP-Adapter; send one of its modules "
+                            f"({', '.join(IP_MODULES)}), got {module!r}", f"{field}.module")
+    if module not in IP_MODULES:
+        raise ApiError(422, f"{field}.module: {module!r} is not run here (the face ID modules need insightface's "
+                            f"embeddings); use one of {', '.join(IP_MODULES)}", f"{field}.module")
+    image, _ = unit_image(values.get("image"), f"{field}.image")
+    return IPAdapterUnit(image=image, model=model,
+                         **{k: values[k] for k in IP_PASSED if k in values and values[k] is not None})
+
+
+def to_unit(raw: dict, field: str, loaded: dict[str, str],
+            ip_loaded: dict[str, str] | None = None) -> tuple[ControlUnit | IPAdapterUnit, list[str]]:
     """(the engine's unit, warnings) of one enabled A1111 unit ``raw`` (legacy names read); ``loaded``: the loaded
-    ControlNets' {name: "name [hash]"}. Raises ApiError 422 naming ``field``'s entry: two names for one field, an
-    unknown model or module, no image."""
+    ControlNets' {name: "name [hash]"}, ``ip_loaded`` the IP-Adapters' (a unit naming one is an IPAdapterUnit:
+    :func:`ip_unit`). Raises ApiError 422 naming ``field``'s entry: two names for one field, an unknown model or
+    module, no image."""
     values = dict(raw)
     for old, new in LEGACY.items():
         if old in values:
@@ -92,8 +118,11 @@ def to_unit(raw: dict, field: str, loaded: dict[str, str]) -> tuple[ControlUnit,
                 raise ApiError(422, f"{field}.{old}: conflicts with {new} (send one of them)", f"{field}.{old}")
             values[new] = values.pop(old)
     model = model_name_of(values.get("model"))
+    if model in (ip_loaded or {}):
+        return ip_unit(values, model, field), []
     if model not in loaded:
-        names = ", ".join(loaded.values()) or "none (the server was started without --controlnet)"
+        names = ", ".join([*loaded.values(), *(ip_loaded or {}).values()]) or \
+            "none (the server was started without --controlnet)"
         raise ApiError(422, f"{field}.model: no ControlNet named {values.get('model')!r} is loaded; loaded: {names}",
                        f"{field}.model")
     try:
@@ -113,10 +142,12 @@ def to_unit(raw: dict, field: str, loaded: dict[str, str]) -> tuple[ControlUnit,
     return unit, warnings
 
 
-def units_of(extra: dict, loaded: dict[str, str]) -> tuple[tuple[ControlUnit, ...], list[str]]:
-    """(the engine's control units, warnings) of a txt2img / img2img body's extra fields: the enabled units of
-    ``alwayson_scripts.controlnet.args`` in order (disabled ones skipped, as the extension does). ``loaded``:
-    {name: "name [hash]"}. Raises ApiError 422 naming the field (:func:`to_unit`)."""
+def units_of(extra: dict, loaded: dict[str, str],
+             ip_loaded: dict[str, str] | None = None) -> tuple[tuple[ControlUnit | IPAdapterUnit, ...], list[str]]:
+    """(the engine's units, warnings) of a txt2img / img2img body's extra fields: the enabled units of
+    ``alwayson_scripts.controlnet.args`` in order (disabled ones skipped, as the extension does): ControlUnits, and
+    IPAdapterUnits for those naming an IP-Adapter. ``loaded``, ``ip_loaded``: {name: "name [hash]"} of the
+    ControlNets and IP-Adapters. Raises ApiError 422 naming the field (:func:`to_unit`)."""
     found = script_units(extra)
     if found is None:
         return (), []
@@ -127,16 +158,17 @@ def units_of(extra: dict, loaded: dict[str, str]) -> tuple[tuple[ControlUnit, ..
             raise ApiError(422, f"{field}[{i}]: expected a ControlNet unit (an object)", f"{field}[{i}]")
         if is_off(raw.get("enabled", True)):
             continue
-        unit, more = to_unit(raw, f"{field}[{i}]", loaded)
+        unit, more = to_unit(raw, f"{field}[{i}]", loaded, ip_loaded)
         units.append(unit)
         warnings += more
     return tuple(units), warnings
 
 
-def loaded_of(engine) -> dict[str, str]:
-    """{name: "name [hash]"} of the engine's loaded ControlNets (engine.limits.controlnets), in load order."""
+def loaded_of(engine, field: str = "controlnets") -> dict[str, str]:
+    """{name: "name [hash]"} of the engine's loaded ControlNets (engine.limits.controlnets; ``field``
+    "ip_adapters": its IP-Adapters), in load order."""
     return {name: f"{name} [{digest}]" if digest else name
-            for name, digest in getattr(engine.limits, "controlnets", ()) or ()}
+            for name, digest in getattr(engine.limits, field, ()) or ()}
 
 
 def module_detail(name: str) -> dict:
@@ -165,11 +197,14 @@ def router(engine) -> APIRouter:
 
     @api.get("/model_list")
     async def model_list(update: bool = True):
-        return {"model_list": list(loaded_of(engine).values())}
+        return {"model_list": [*loaded_of(engine).values(), *loaded_of(engine, "ip_adapters").values()]}
 
     @api.get("/module_list")
     async def module_list(alias_names: bool = False):
-        return {"module_list": list(MODULES), "module_detail": {name: module_detail(name) for name in MODULES}}
+        ip = IP_MODULES if loaded_of(engine, "ip_adapters") else ()
+        return {"module_list": [*MODULES, *ip],
+                "module_detail": {**{name: module_detail(name) for name in MODULES},
+                                  **{name: {"model_free": False, "sliders": []} for name in ip}}}
 
     @api.get("/settings")
     async def settings():

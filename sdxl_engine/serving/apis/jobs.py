@@ -35,6 +35,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from sdxl_engine.engine.control import ControlUnit
 from sdxl_engine.engine.errors import InvalidRequest
+from sdxl_engine.engine.ip_adapter import IPAdapterUnit
 from sdxl_engine.engine.previews import preview_grid
 from sdxl_engine.engine.validation import GenerateRequest
 from sdxl_engine.service.images import png_bytes
@@ -55,6 +56,7 @@ IMAGES = {"image": "RGB", "mask": "L"}  # fields sent as base64 images, decoded 
 FIELDS = (*(f.name for f in dataclasses.fields(GenerateRequest) if f.init and f.name != "client"), "style", "images",
           "callback_url")
 UNIT_FIELDS = tuple(f.name for f in dataclasses.fields(ControlUnit))  # a control unit's, by ControlUnit's names
+IP_UNIT_FIELDS = tuple(f.name for f in dataclasses.fields(IPAdapterUnit))  # an IP-Adapter unit's, likewise
 CALLBACK_TIMEOUT_S = 10.0
 KEEPALIVE_S = 15.0  # a comment line this often keeps proxies from closing a quiet event stream
 
@@ -104,6 +106,8 @@ def to_job_request(body: object, client: str):
         fields["outpaint"] = tuple(fields["outpaint"])
     if "control_units" in fields:
         fields["control_units"] = control_units(fields["control_units"])
+    if "ip_adapter_units" in fields:
+        fields["ip_adapter_units"] = ip_adapter_units(fields["ip_adapter_units"])
     images = fields.pop("images", 0)
     if type(images) is not int:
         raise ApiError(400, f"images: expected a whole number, got {json.dumps(images)[:40]}", "images")
@@ -134,6 +138,33 @@ def control_units(units) -> tuple[ControlUnit, ...]:
             raise ApiError(400, f"{field}.image: expected a base64 image (PNG, JPEG or WebP)", f"{field}.image")
         image = np.asarray(decode_image(unit["image"], f"{field}.image", "RGB"))
         made.append(ControlUnit(**{**unit, "image": image}))
+    return tuple(made)
+
+
+def ip_adapter_units(units) -> tuple[IPAdapterUnit, ...]:
+    """``ip_adapter_units`` as the engine's IPAdapterUnits: a list of objects of IPAdapterUnit's fields
+    (:data:`IP_UNIT_FIELDS`), ``image`` a base64 image or a list of them (decoded here, RGB); the engine validates
+    the rest. Raises ApiError 400 naming the field: not a list of objects, an unknown field, an image that does not
+    decode."""
+    if not isinstance(units, list):
+        raise ApiError(400, "ip_adapter_units: expected a list of objects (IP-Adapter units)", "ip_adapter_units")
+    made = []
+    for i, unit in enumerate(units):
+        field = f"ip_adapter_units[{i}]"
+        if not isinstance(unit, dict):
+            raise ApiError(400, f"{field}: expected an object of {', '.join(IP_UNIT_FIELDS)}", field)
+        if unknown := sorted(set(unit) - set(IP_UNIT_FIELDS)):
+            raise ApiError(400, f"{field}.{unknown[0]}: not a field of a unit; the fields are "
+                                f"{', '.join(IP_UNIT_FIELDS)}", f"{field}.{unknown[0]}")
+        several = isinstance(unit.get("image"), list)
+        texts = unit["image"] if several else [unit.get("image")]
+        images = []
+        for k, text in enumerate(texts):
+            name = f"{field}.image[{k}]" if several else f"{field}.image"
+            if not isinstance(text, str):
+                raise ApiError(400, f"{name}: expected a base64 image (PNG, JPEG or WebP)", name)
+            images.append(np.asarray(decode_image(text, name, "RGB")))
+        made.append(IPAdapterUnit(**{**unit, "image": tuple(images) if several else images[0]}))
     return tuple(made)
 
 

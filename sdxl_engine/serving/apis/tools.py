@@ -139,6 +139,44 @@ FIRST_RELEASE = 9  # /generate's first release took its first nine inputs: a raw
 IMAGE_FIRST_RELEASE = 20  # /image_to_image's inputs before schedule_type: a raw call must send at least those
 
 
+# The page's two image events (handler.image_function and upscale_function; private, the page's own) take
+# /generate's inputs but these: Generate from image and Upscale take no ControlNet unit, and Upscale no refiner
+# switch (its hires fix runs on the base model).
+IMAGE_EVENT_LEFT_OUT = CONTROL_NAMES
+UPSCALE_EVENT_LEFT_OUT = (*CONTROL_NAMES, "refiner_switch_at")
+
+
+def page_event_inputs(config, own: tuple[Input, ...], left_out: tuple[str, ...]) -> tuple[Input, ...]:
+    """A page event's inputs, in order: /generate's first :data:`FIRST_RELEASE` (:func:`generate_inputs`), then
+    the event's ``own``, then /generate's later inputs but those named in ``left_out``. So an input added to
+    :func:`generate_inputs` (at its end) reaches the event's signature (:func:`signature_of`), its widget list
+    (page.event_inputs) and its request (:func:`request_values`) with no line here."""
+    inputs = generate_inputs(config)
+    later = tuple(item for item in inputs[FIRST_RELEASE:] if item.name not in left_out)
+    return (*inputs[:FIRST_RELEASE], *own, *later)
+
+
+def image_event_inputs(config) -> tuple[Input, ...]:
+    """Generate from image's inputs (:func:`page_event_inputs`): its own are the image editor's value, the mode
+    (image_input.MODES), the strength and the outpaint sides and pixels; then /generate's later inputs but
+    :data:`IMAGE_EVENT_LEFT_OUT`."""
+    from sdxl_engine.serving import image_input  # here: image_input imports this package (apis.uploads)
+
+    own = (Input("image", dict, None), Input("mode", str, image_input.IMG2IMG),
+           Input("strength", float, image_input.DEFAULT_STRENGTH[image_input.IMG2IMG]), Input("sides", list, None),
+           Input("pixels", int, 0))
+    return page_event_inputs(config, own, IMAGE_EVENT_LEFT_OUT)
+
+
+def upscale_event_inputs(config) -> tuple[Input, ...]:
+    """The gallery's Upscale's inputs (:func:`page_event_inputs`): its own are the last finished request (server
+    state), the gallery index selected and the hires fix's scale, upscaler and strength; then /generate's later
+    inputs but :data:`UPSCALE_EVENT_LEFT_OUT`."""
+    own = (Input("last", dict, None), Input("index", int, None), Input("hires_scale", float, 1.5),
+           Input("hires_upscaler", str, "Lanczos"), Input("hires_strength", float, 0.5))
+    return page_event_inputs(config, own, UPSCALE_EVENT_LEFT_OUT)
+
+
 def optional_inputs() -> dict[str, tuple[str, ...]]:
     """{endpoint: the names of its inputs added after its first release, in order} (:data:`FIRST_RELEASE`,
     :data:`IMAGE_FIRST_RELEASE`): a raw call may leave them out and gets their defaults (guard.completed)."""
@@ -164,12 +202,13 @@ def signature_of(inputs: tuple[Input, ...], *trailing: inspect.Parameter) -> ins
 def request_values(values: dict) -> dict:
     """``to_request``'s keywords (service.request.to_request) for one ``/generate`` call's ``values`` (by
     :func:`generate_inputs`' names): the refiner switch as :func:`refiner_switch` reads it (left out for "no
-    refiner"), the model as :func:`model_field`, the control inputs as one ControlUnit (:func:`control_fields`)
-    and every other input under its own name (a GenerateRequest field: a new one needs no line here).
+    refiner"), the model as :func:`model_field`, the control inputs as one ControlUnit (:func:`control_fields`;
+    none when the call has none: the page's image events) and every other input under its own name (a
+    GenerateRequest field: a new one needs no line here).
 
     Raises ApiError 400 naming the control input it cannot use."""
     values = dict(values)
-    control = control_fields(*(values.pop(name) for name in CONTROL_NAMES))
+    control = control_fields(**{name: values.pop(name) for name in CONTROL_NAMES if name in values})
     switch = refiner_switch(values.pop("refiner_switch_at", None))
     model = model_field(values.pop("model", None))
     return {**values, **control, **model, **({} if switch is None else {"refiner_switch_at": switch})}

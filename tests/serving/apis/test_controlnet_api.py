@@ -175,3 +175,66 @@ def test_the_controlnet_routes_take_the_api_key_and_refuse_another_sites_page():
                           headers={"Authorization": "Bearer k-123", "Origin": "https://elsewhere.example",
                                    "Sec-Fetch-Site": "cross-site"})
     assert foreign.status_code == 403 and foreign.json()["error"] == "HTTPException"
+
+
+def test_a_unit_naming_an_ip_adapter_is_an_ip_adapter_unit():
+    """sd-webui-controlnet sends IP-Adapter as a unit (an ip-adapter_clip_* module, the adapter as its model): it
+    becomes the engine's IPAdapterUnit (image, weight, start, end), beside the ControlNet units in order; a module
+    that is no IP-Adapter one, or a face ID one, is refused naming the field."""
+    from sdxl_engine.engine.ip_adapter import IPAdapterUnit
+
+    ip_loaded = {"ip-adapter_sdxl": "ip-adapter_sdxl [0a1b2c3d]"}
+    units, warnings = units_of(scripts(
+        {"module": "ip-adapter_clip_sdxl", "model": "ip-adapter_sdxl [0a1b2c3d]", "weight": 0.7, "image": b64_png(),
+         "guidance_start": 0.1, "guidance_end": 0.9, "control_mode": "Balanced"},
+        {"model": "cn-a", "image": b64_png()}), LOADED, ip_loaded)
+    assert warnings == [] and [type(u).__name__ for u in units] == ["IPAdapterUnit", "ControlUnit"]
+    ip = units[0]
+    assert isinstance(ip, IPAdapterUnit) and (ip.model, ip.weight, ip.guidance_start, ip.guidance_end) == (
+        "ip-adapter_sdxl", 0.7, 0.1, 0.9)
+    assert ip.image.shape == (16, 24, 3)
+    for module, text in (("canny", "is an IP-Adapter"), ("ip-adapter_face_id_plus", "insightface")):
+        with pytest.raises(ApiError) as err:
+            units_of(scripts({"module": module, "model": "ip-adapter_sdxl", "image": b64_png()}), LOADED, ip_loaded)
+        assert err.value.status == 422 and err.value.param == "alwayson_scripts.controlnet.args[0].module"
+        assert text in err.value.message
+    with pytest.raises(ApiError) as err:
+        units_of(scripts({"module": "ip-adapter_clip_sdxl", "model": "ip-adapter_plus", "image": b64_png()}), LOADED,
+                 ip_loaded)
+    assert err.value.param == "alwayson_scripts.controlnet.args[0].model" and "ip-adapter_sdxl [0a1b2c3d]" in \
+        err.value.message
+
+
+@pytest.fixture
+def served_ip(monkeypatch, tmp_path, runtime_log):
+    import dataclasses
+
+    from tests.helpers import mounted_apis
+    from tests.serving.apis.test_apis import _png
+
+    def info_for(call, seeds):
+        return {"prompt": call.prompt, "negative_prompt": call.negative_prompt, "width": 8, "height": 8,
+                "sampler": "Euler", "guidance_scale": 5.0, "num_inference_steps": 2, "model": "tiny-shapes",
+                "style": "(No style)", "latency_s": 0.1, "warnings": [], "seeds": seeds}
+
+    limits = dataclasses.replace(LIMITS, ip_adapters=(("ip-adapter_sdxl", "0a1b2c3d"),))
+    return mounted_apis(monkeypatch, tmp_path, limits, lambda call, seeds: [_png("x") for _ in seeds], info_for,
+                        runtime_log)
+
+
+def test_an_ip_adapter_unit_reaches_the_engine_and_the_lists_name_it(served_ip):
+    """An A1111 IP-Adapter unit in txt2img is the engine request's ip_adapter_units (its ControlNet unit beside it
+    its control_units); /controlnet/model_list lists the IP-Adapter after the ControlNets, module_list its modules."""
+    client, calls, _ = served_ip
+    body = {"prompt": "x", **scripts({"module": "ip-adapter_clip_sdxl", "model": "ip-adapter_sdxl [0a1b2c3d]",
+                                      "image": b64_png(), "weight": 0.6}, {"model": "cn-b", "image": b64_png()})}
+    answer = client.post("/sdapi/v1/txt2img", json=body)
+    assert answer.status_code == 200, answer.text
+    (ip,), (control,) = calls[-1].engine.ip_adapter_units, calls[-1].engine.control_units
+    assert (ip.model, ip.weight, control.model) == ("ip-adapter_sdxl", 0.6, "cn-b")
+    assert client.get("/controlnet/model_list").json() == {
+        "model_list": ["cn-a [1a2b3c4d]", "cn-b", "ip-adapter_sdxl [0a1b2c3d]"]}
+    modules = client.get("/controlnet/module_list").json()
+    assert modules["module_list"][-4:] == ["ip-adapter-auto", "ip-adapter_clip_sdxl", "ip-adapter_clip_sdxl_plus_vith",
+                                           "ip-adapter_clip_h"]
+    assert set(modules["module_detail"]) == set(modules["module_list"])

@@ -242,3 +242,26 @@ def test_the_schedule_type_is_taken_by_its_name(engine):
                        ).status_code == 202
     wait_until(lambda: engine.calls, "the job never ran")
     assert engine.calls[0].schedule_type == "sgm_uniform"
+
+
+def test_ip_adapter_units_are_objects_of_ip_adapter_unit_fields_with_base64_images():
+    """``ip_adapter_units``: objects of IPAdapterUnit's fields, ``image`` one base64 image or a list of them; a
+    refusal names the field."""
+    picture = np.zeros((16, 24, 3), np.uint8)
+    picture[:, :12] = 255
+    image = base64.b64encode(png_bytes(picture)).decode()
+    asked, _ = jobs.to_job_request({"prompt": "x", "ip_adapter_units": [
+        {"image": image, "model": "ip-adapter_sdxl", "weight": 0.5, "guidance_end": 0.6},
+        {"image": [image, image], "model": "ip-adapter-plus_sdxl_vit-h"}]}, "me")
+    one, two = asked.engine.ip_adapter_units
+    assert (one.model, one.weight, one.guidance_end) == ("ip-adapter_sdxl", 0.5, 0.6)
+    np.testing.assert_array_equal(one.image, picture)
+    assert len(two.image) == 2 and two.model == "ip-adapter-plus_sdxl_vit-h"
+    for units, param in (({"image": image}, "ip_adapter_units"), ([{"image": image, "module": "x"}],
+                                                                  "ip_adapter_units[0].module"),
+                         ([{"model": "ip"}], "ip_adapter_units[0].image"),
+                         ([{"model": "ip", "image": [image, 3]}], "ip_adapter_units[0].image[1]"),
+                         ([{"model": "ip", "image": "bm90IGFuIGltYWdl"}], "ip_adapter_units[0].image")):
+        with pytest.raises(jobs.ApiError) as err:
+            jobs.to_job_request({"prompt": "x", "ip_adapter_units": units}, "me")
+        assert err.value.status == 400 and err.value.param == param and err.value.message.startswith(param)

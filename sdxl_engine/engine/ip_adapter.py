@@ -1,0 +1,159 @@
+"""IP-Adapter units on the host: the request's :class:`IPAdapterUnit`, its validation, the reference images as the
+image encoder takes them (:func:`clip_pixels`) and the arrays a program takes (:class:`IPAdapterArrays`: each unit's
+image tokens, its scale and its per-step keep). docs/ip-adapter.md.
+
+* **Reference images** go through CLIPImageProcessor's steps, as diffusers' ``load_ip_adapter`` makes it
+  (``CLIPImageProcessor(size=S, crop_size=S)``, S the encoder's ``image_size``): the short side resized to S
+  (PIL bicubic, the long side ``int(S x long / short)``), the middle S x S cropped, x / 255, normalised by OpenAI
+  CLIP's mean and std. Several images of one unit give their tokens one after another (diffusers' list of images for
+  one adapter).
+* **Scale** (``weight``): diffusers' ``set_ip_adapter_scale``: the image attention's factor in every layer; 0 adds
+  nothing (the images of no adapter).
+* **Step schedule**: A1111's rule as a ControlNet unit's (engine/control.keep_row): the unit's scale is 0 at the
+  steps outside ``guidance_start .. guidance_end``. diffusers has no start/end for IP-Adapter.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import PIL.Image
+
+from sdxl_engine.engine.control import MAX_WEIGHT, _number, as_control_image, keep_row, model_name_of
+from sdxl_engine.engine.errors import InvalidRequest
+
+OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)  # transformers' image_utils, CLIPImageProcessor's defaults
+OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+MAX_REFERENCE_IMAGES = 4  # reference images per unit: each is its own program shape (tokens), so a bound
+
+
+@dataclasses.dataclass(frozen=True)
+class IPAdapterUnit:
+    """One IP-Adapter unit of a request.
+
+    Attributes:
+        image: the reference image, (H, W, 3) uint8 RGB (any size; grey and RGBA made RGB), or a tuple of them
+            (their tokens one after another, as diffusers' list of images for one adapter). Not compared.
+        model: a loaded IP-Adapter's name (or ``"name [hash]"``; the hash is not checked).
+        weight: the adapter's scale (diffusers' ``set_ip_adapter_scale``), 0 .. 2.
+        guidance_start, guidance_end: the share of the steps it acts in, 0 .. 1, start <= end (A1111's rule, as a
+            ControlNet unit's).
+    """
+
+    image: object = dataclasses.field(default=None, compare=False)
+    model: str = ""
+    weight: float = 1.0
+    guidance_start: float = 0.0
+    guidance_end: float = 1.0
+
+    @property
+    def images(self) -> tuple:
+        """The reference images as a tuple (one or several)."""
+        return tuple(self.image) if isinstance(self.image, (list, tuple)) else (self.image,)
+
+
+def validate_ip_units(units, loaded: Sequence[str], max_units: int) -> tuple[IPAdapterUnit, ...]:
+    """A request's ``ip_adapter_units`` checked and normalised: the model a loaded name, the images (H, W, 3)
+    uint8 (1 .. :data:`MAX_REFERENCE_IMAGES`), numbers in range.
+
+    Raises InvalidRequest naming the field: ``ip_adapter_units`` (not a list, too many units, none loaded),
+    ``ip_adapter_units[k].model`` (unknown: lists the loaded ones), ``.image`` / ``.image[i]``, ``.weight``,
+    ``.guidance_start`` / ``.guidance_end``."""
+    if units is None:
+        return ()
+    if isinstance(units, IPAdapterUnit) or not isinstance(units, (list, tuple)):
+        raise InvalidRequest("ip_adapter_units", f"expected a list of IPAdapterUnit, got {type(units).__name__}")
+    if units and not loaded:
+        raise InvalidRequest("ip_adapter_units", "no IP-Adapter is loaded on this server (start it with --ip-adapter "
+                                                 "PATH), so it cannot run IP-Adapter units")
+    if len(units) > max_units:
+        raise InvalidRequest("ip_adapter_units", f"{len(units)} units; this server runs at most {max_units} per "
+                                                 "request (max_ip_adapter_units)")
+    out = []
+    for k, unit in enumerate(units):
+        f = f"ip_adapter_units[{k}]"
+        if not isinstance(unit, IPAdapterUnit):
+            raise InvalidRequest(f, f"expected an IPAdapterUnit, got {type(unit).__name__}")
+        name = model_name_of(unit.model)
+        if name not in loaded:
+            raise InvalidRequest(f"{f}.model", f"no IP-Adapter named {unit.model!r} is loaded; loaded: "
+                                               f"{', '.join(loaded)}")
+        images = unit.images
+        if not 1 <= len(images) <= MAX_REFERENCE_IMAGES:
+            raise InvalidRequest(f"{f}.image", f"{len(images)} reference images; a unit takes 1 .. "
+                                               f"{MAX_REFERENCE_IMAGES}")
+        several = isinstance(unit.image, (list, tuple))
+        checked = tuple(as_control_image(f"{f}.image[{i}]" if several else f"{f}.image", image)
+                        for i, image in enumerate(images))
+        start = _number(f"{f}.guidance_start", unit.guidance_start, 0.0, 1.0)
+        end = _number(f"{f}.guidance_end", unit.guidance_end, 0.0, 1.0)
+        if start > end:
+            raise InvalidRequest(f"{f}.guidance_start", f"{start:g} is after guidance_end {end:g}: the unit would "
+                                                        "never act")
+        out.append(IPAdapterUnit(image=checked, model=name, weight=_number(f"{f}.weight", unit.weight, 0.0,
+                                                                           MAX_WEIGHT),
+                                 guidance_start=start, guidance_end=end))
+    return tuple(out)
+
+
+def clip_pixels(image: np.ndarray, size: int) -> np.ndarray:
+    """One reference image (H, W, 3) uint8 as the image encoder takes it: (3, size, size) float32, channels-first,
+    normalised (CLIPImageProcessor's resize, centre crop, rescale and normalise: the module docstring)."""
+    h, w = image.shape[:2]
+    short, long = min(h, w), max(h, w)
+    new_long = int(size * long / short)
+    new_h, new_w = (size, new_long) if h <= w else (new_long, size)
+    resized = np.asarray(PIL.Image.fromarray(image).resize((new_w, new_h), PIL.Image.Resampling.BICUBIC))
+    top, left = (new_h - size) // 2, (new_w - size) // 2
+    crop = resized[top:top + size, left:left + size].astype(np.float64) / 255.0  # (size, size, 3)
+    normed = (crop - np.asarray(OPENAI_CLIP_MEAN)) / np.asarray(OPENAI_CLIP_STD)
+    return np.ascontiguousarray(normed.transpose(2, 0, 1), np.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class IPAdapterArrays:
+    """The ip_* inputs of one program call (program/generate.py ``ProgramInputs.with_ip_adapter``).
+
+    tokens (2, total tokens, width) float32: each unit's image tokens in order (row 0 the negative, row 1 the
+    images'); scale (units,) float32; keep (units, max_steps) float32; models: each unit's IP-Adapter name, in order
+    (its params go in params["ip_adapter"]); counts: each unit's token count (the program's shape).
+    """
+
+    tokens: np.ndarray
+    scale: np.ndarray
+    keep: np.ndarray
+    models: tuple[str, ...]
+    counts: tuple[int, ...]
+
+    def inputs(self) -> dict:
+        """Keyword arguments of ``ProgramInputs.with_ip_adapter``."""
+        return dict(tokens=self.tokens, scale=self.scale, keep=self.keep)
+
+    def split(self) -> list[np.ndarray]:
+        """Each unit's tokens (2, its tokens, width), as :func:`reference_tokens` made them."""
+        return np.split(self.tokens, np.cumsum(self.counts)[:-1], axis=1)
+
+
+def reference_tokens(unit: IPAdapterUnit, adapter) -> np.ndarray:
+    """A validated unit's image tokens (2, images x tokens, width) float32 by its adapter (a
+    checkpoint/ip_adapter.LoadedIPAdapter): its images through the image encoder and the projection
+    (program/ip_adapter.py), once per request."""
+    from sdxl_engine.program.ip_adapter import reference_tokens_fn
+
+    pixels = np.stack([clip_pixels(image, adapter.image_size) for image in unit.images])  # (n, 3, S, S)
+    fn = reference_tokens_fn(adapter.encoder, adapter.component)
+    return np.asarray(fn(adapter.encoder_params, adapter.params, pixels))
+
+
+def ip_arrays(units: Sequence[IPAdapterUnit], adapters: Mapping[str, object], first: int, steps: int,
+              max_steps: int, tokens: Sequence[np.ndarray] | None = None) -> IPAdapterArrays:
+    """The arrays of validated ``units`` (``adapters``: the loaded IP-Adapters by name) for a pass whose loop runs
+    steps ``first .. steps - 1``; ``tokens``: each unit's :func:`reference_tokens` computed already (hires fix's
+    second pass reuses the first's), None: computed here."""
+    tokens = [reference_tokens(u, adapters[u.model]) for u in units] if tokens is None else list(tokens)
+    return IPAdapterArrays(
+        tokens=np.concatenate(tokens, axis=1), scale=np.asarray([u.weight for u in units], np.float32),
+        keep=np.stack([keep_row(u.guidance_start, u.guidance_end, first, steps, max_steps) for u in units]),
+        models=tuple(u.model for u in units), counts=tuple(t.shape[1] for t in tokens))

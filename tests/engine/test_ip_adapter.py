@@ -1,0 +1,74 @@
+"""engine/ip_adapter.py: IPAdapterUnit's validation (each refusal names its field), the step rule and the arrays a
+program takes (tokens per unit, once per request; split back for hires fix's second pass). Compiles no program."""
+
+import json
+
+import numpy as np
+import pytest
+
+from sdxl_engine.engine.errors import InvalidRequest
+from sdxl_engine.engine.ip_adapter import IPAdapterUnit, ip_arrays, validate_ip_units
+from tests.helpers import FIXTURES
+
+FOLDER = FIXTURES / "tiny-pt-ip-adapter"
+PICTURE = np.zeros((48, 64, 3), np.uint8)
+
+
+@pytest.mark.parametrize("units,field,text", [
+    ([IPAdapterUnit(image=PICTURE, model="other")], "ip_adapter_units[0].model", "loaded: ip-a, ip-b"),
+    ([IPAdapterUnit(image=PICTURE, model="ip-a"), IPAdapterUnit(image="x", model="ip-b")],
+     "ip_adapter_units[1].image", "numpy array"),
+    ([IPAdapterUnit(image=(PICTURE, np.zeros((4, 4), np.float32)), model="ip-a")], "ip_adapter_units[0].image[1]",
+     "uint8"),
+    ([IPAdapterUnit(image=(PICTURE,) * 5, model="ip-a")], "ip_adapter_units[0].image", "1 .. 4"),
+    ([IPAdapterUnit(image=PICTURE, model="ip-a", weight=2.5)], "ip_adapter_units[0].weight", "between 0 and 2"),
+    ([IPAdapterUnit(image=PICTURE, model="ip-a", guidance_start=0.6, guidance_end=0.5)],
+     "ip_adapter_units[0].guidance_start", "after guidance_end"),
+    ([IPAdapterUnit(image=PICTURE, model="ip-a")] * 3, "ip_adapter_units", "at most 2"),
+    (IPAdapterUnit(image=PICTURE, model="ip-a"), "ip_adapter_units", "a list"),
+    (["ip-a"], "ip_adapter_units[0]", "IPAdapterUnit"),
+])
+def test_refusals_name_the_field(units, field, text):
+    with pytest.raises(InvalidRequest) as err:
+        validate_ip_units(units, ["ip-a", "ip-b"], 2)
+    assert err.value.field == field and text in err.value.message, err.value
+
+
+def test_none_loaded_is_refused_and_valid_units_are_normalised():
+    with pytest.raises(InvalidRequest, match="--ip-adapter PATH") as err:
+        validate_ip_units([IPAdapterUnit(image=PICTURE, model="x")], [], 2)
+    assert err.value.field == "ip_adapter_units"
+    grey = np.full((10, 20), 7, np.uint8)
+    (unit,) = validate_ip_units([IPAdapterUnit(image=[PICTURE, grey], model="ip-b [1a2b3c4d]", weight=1)],
+                                ["ip-a", "ip-b"], 2)
+    assert unit.model == "ip-b" and unit.weight == 1.0 and isinstance(unit.weight, float)
+    assert [i.shape for i in unit.images] == [(48, 64, 3), (10, 20, 3)]
+    assert validate_ip_units(None, [], 2) == ()
+
+
+def test_arrays_concatenate_units_keep_the_a1111_rule_and_split_back():
+    """Two units (one image, two images): tokens (2, 4 + 8, 80) in order, the scales, keep rows by A1111's rule
+    over the steps that run (img2img from step 2), and split() gives each unit's tokens back (hires fix)."""
+    from sdxl_engine.checkpoint.ip_adapter import load_ip_adapter
+    from sdxl_engine.models import UNetConfig
+
+    unet = UNetConfig.from_dict(json.loads((FIXTURES / "tiny-pt" / "unet" / "config.json").read_text()))
+    adapter = load_ip_adapter("ip", FOLDER / "sdxl_models" / "ip-adapter_sdxl.safetensors", "float32", unet,
+                              log=lambda _: None)
+    with np.load(FOLDER / "reference.npz") as data:
+        pictures = data["pictures"]
+    units = validate_ip_units([IPAdapterUnit(image=pictures[0], model="ip", weight=0.5, guidance_end=0.5),
+                               IPAdapterUnit(image=[pictures[1], pictures[0]], model="ip", guidance_start=0.25)],
+                              ["ip"], 2)
+    arrays = ip_arrays(units, {"ip": adapter}, 2, 10, 12)
+    assert arrays.tokens.shape == (2, 12, 80) and arrays.counts == (4, 8) and arrays.models == ("ip", "ip")
+    assert arrays.scale.tolist() == [0.5, 1.0]
+    assert arrays.keep.tolist() == [[0, 0, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0], [0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 0, 0]]
+    first, second = arrays.split()
+    np.testing.assert_array_equal(first, arrays.tokens[:, :4])
+    np.testing.assert_array_equal(second, arrays.tokens[:, 4:])
+    np.testing.assert_allclose(arrays.tokens[1, :4], arrays.tokens[1, 8:], atol=1e-6)  # picture 0 in both units
+    assert np.abs(arrays.tokens[1, :4] - arrays.tokens[1, 4:8]).max() > 0.1  # picture 1: other tokens
+    np.testing.assert_allclose(arrays.tokens[0, :4], arrays.tokens[0, 4:8], atol=1e-6)  # negatives: zeros projected
+    again = ip_arrays(units, {"ip": adapter}, 0, 10, 12, tokens=arrays.split())
+    np.testing.assert_array_equal(again.tokens, arrays.tokens)
