@@ -53,7 +53,8 @@ class ConfigError(ValueError):
 
 # A1111's sampler names, each a set of per-step coefficients in program/schedulers.py (which imports these: the
 # config, the lowest layer, checks the configured sampler at load without importing the program).
-SAMPLERS = ("Euler", "Euler a", "DPM++ 2M", "DPM++ 2M Karras", "DPM++ 2M SDE", "DDIM", "LCM")
+SAMPLERS = ("Euler", "Euler a", "DPM++ 2M", "DPM++ 2M Karras", "DPM++ 2M SDE", "DPM++ 3M SDE", "UniPC", "DDIM",
+            "LCM")
 DEFAULT_SAMPLER = "Euler"  # the blog's
 
 
@@ -108,8 +109,8 @@ class EngineConfig:
     # These two and the sampler yield to a model's engine_defaults.json unless set explicitly.
     num_inference_steps: int = 20
     guidance_scale: float = 5.0
-    # Default sampler, an A1111 name: Euler (the blog's), Euler a, DPM++ 2M, DPM++ 2M Karras, DPM++ 2M SDE, DDIM,
-    # LCM.
+    # Default sampler, an A1111 name: Euler (the blog's), Euler a, DPM++ 2M, DPM++ 2M Karras, DPM++ 2M SDE,
+    # DPM++ 3M SDE, UniPC, DDIM, LCM.
     sampler: str = "Euler"
     # Largest step count a request may ask for: the compiled loop is padded to it, so any count
     # from 1 to this runs on one program without recompiling.

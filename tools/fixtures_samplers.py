@@ -25,6 +25,7 @@ from diffusers import (
     EulerDiscreteScheduler,
     LCMScheduler,
     StableDiffusionXLPipeline,
+    UniPCMultistepScheduler,
 )
 
 from tools.fixtures_common import EngineNoise, plain_config, sdxl_base_configs, versions, write_npz
@@ -37,10 +38,12 @@ SAMPLER_CLASSES = {
     "DPM++ 2M Karras": (DPMSolverMultistepScheduler,
                         {"algorithm_type": "dpmsolver++", "solver_order": 2, "use_karras_sigmas": True}),
     "DPM++ 2M SDE": (DPMSolverMultistepScheduler, {"algorithm_type": "sde-dpmsolver++", "solver_order": 2}),
+    "DPM++ 3M SDE": (DPMSolverMultistepScheduler, {"algorithm_type": "sde-dpmsolver++", "solver_order": 3}),
+    "UniPC": (UniPCMultistepScheduler, {"solver_order": 2, "predict_x0": True}),
     "DDIM": (DDIMScheduler, {}),
     "LCM": (LCMScheduler, {}),
 }
-STEP_NOISE = ("Euler a", "DPM++ 2M SDE", "LCM")  # the samplers that draw fresh noise in step()
+STEP_NOISE = ("Euler a", "DPM++ 2M SDE", "DPM++ 3M SDE", "LCM")  # the samplers that draw fresh noise in step()
 DROP = "<missing>"  # a SAMPLER_CASES value: the field is removed from the model's config (the class default applies)
 # SDXL base's fields that a config saved by EulerDiscreteScheduler lacks and DDIMScheduler reads (or, for
 # skip_prk_steps, PNDM): from_config gives DDIM its own defaults, clip_sample True and set_alpha_to_one True.
@@ -93,6 +96,29 @@ SAMPLER_CASES = [
     ("dpm-sde-sigma-min-16", "DPM++ 2M SDE", {"final_sigmas_type": "sigma_min"}, 16),
     ("dpm-sde-karras-in-config", "DPM++ 2M SDE", {"use_karras_sigmas": True}, 6),
     ("dpm-sde-v-trailing", "DPM++ 2M SDE", {"prediction_type": "v_prediction", "timestep_spacing": "trailing"}, 6),
+    # DPM++ 3M SDE: under 15 steps the last but one is second order (lower_order_second); with a final sigma_min and
+    # 16 steps every step from the third on is third order, the last too.
+    ("dpm-3m-sde-leading", "DPM++ 3M SDE", {}, 8),
+    ("dpm-3m-sde-sigma-min-16", "DPM++ 3M SDE", {"final_sigmas_type": "sigma_min"}, 16),
+    ("dpm-3m-sde-heun-karras", "DPM++ 3M SDE", {"solver_type": "heun", "use_karras_sigmas": True}, 7),
+    ("dpm-3m-sde-v-trailing", "DPM++ 3M SDE", {"prediction_type": "v_prediction", "timestep_spacing": "trailing"}, 6),
+    # UniPC (SDXL's solver_type midpoint is bh2 there)
+    ("unipc-leading", "UniPC", {}, 8),
+    ("unipc-bh1-linspace", "UniPC", {"solver_type": "bh1", "timestep_spacing": "linspace"}, 7),
+    ("unipc-v-trailing", "UniPC", {"prediction_type": "v_prediction", "timestep_spacing": "trailing"}, 6),
+    ("unipc-sample", "UniPC", {"prediction_type": "sample"}, 5),
+    ("unipc-karras", "UniPC", {"use_karras_sigmas": True}, 6),
+    ("unipc-exponential", "UniPC", {"use_exponential_sigmas": True}, 6),
+    ("unipc-sigma-min-no-lower-order-final", "UniPC", {"final_sigmas_type": "sigma_min",
+                                                        "lower_order_final": False}, 6),
+    ("unipc-disable-corrector", "UniPC", {"disable_corrector": [1, 3]}, 7),
+    ("unipc-zero-snr", "UniPC", {"rescale_betas_zero_snr": True, "prediction_type": "v_prediction",
+                                 "timestep_spacing": "trailing"}, 6),
+    ("unipc-minimal", "UniPC", "minimal", 5),
+    # From a later step (img2img's start_step: set_begin_index, a fresh history): a fifth field, the first step.
+    ("dpm-from-4", "DPM++ 2M", {}, 10, 4),
+    ("dpm-3m-sde-from-3", "DPM++ 3M SDE", {"final_sigmas_type": "sigma_min"}, 16, 3),
+    ("unipc-from-3", "UniPC", {}, 10, 3),
     ("dpm-karras-sigma-range", "DPM++ 2M Karras", {"sigma_min": 0.1, "sigma_max": 10.0}, 6),
     ("dpm-karras-trailing-v", "DPM++ 2M Karras", {"timestep_spacing": "trailing",
                                                   "prediction_type": "v_prediction"}, 6),
@@ -143,21 +169,27 @@ def init_defaults(cls) -> dict:
     return {name: p.default for name, p in inspect.signature(cls.__init__).parameters.items() if name != "self"}
 
 
-def sampler_trajectory(sampler: str, config: dict, steps: int, model_outputs: np.ndarray, start: np.ndarray):
+def sampler_trajectory(sampler: str, config: dict, steps: int, model_outputs: np.ndarray, start: np.ndarray,
+                       first: int = 0):
     """diffusers' scheduler for ``sampler`` from ``config``, run for ``steps`` steps on fixed arrays.
 
-    The sample starts at ``start * init_noise_sigma``; step k's model output is ``model_outputs[k]``.
-    Returns (scheduler, samples (steps + 1, *SAMPLER_SHAPE), noise (steps, *SAMPLER_SHAPE) or None).
-    Euler a's, DPM++ 2M SDE's and LCM's noise of step k is torch.randn from a generator seeded 1000 + k, passed to
+    The sample starts at ``start * init_noise_sigma``; step k's model output is ``model_outputs[k]``. ``first`` > 0:
+    the run begins at step ``first`` (``set_begin_index``, as diffusers' img2img pipelines start).
+    Returns (scheduler, samples (steps - first + 1, *SAMPLER_SHAPE), noise (steps - first, *SAMPLER_SHAPE) or None).
+    Euler a's, the DPM++ SDEs' and LCM's noise of step k is torch.randn from a generator seeded 1000 + k, passed to
     step() the same way (LCM draws none on its last step: that row is recorded all the same, so an engine adding noise
     there is caught).
     """
     cls, overrides = SAMPLER_CLASSES[sampler]
     sched = cls.from_config(config, **overrides)
     sched.set_timesteps(steps)
+    if first:
+        sched.set_begin_index(first)
     sample = torch.from_numpy(start) * sched.init_noise_sigma
     samples, noises = [sample], []
     for k, t in enumerate(sched.timesteps):
+        if k < first:
+            continue
         sched.scale_model_input(sample, t)  # Euler's step index; the scaling itself is the UNet's input only
         output = torch.from_numpy(model_outputs[k])
         kwargs = {}
@@ -198,6 +230,31 @@ def ddim_image_case(out: Path, name: str = "ddim_image") -> tuple[dict, dict]:
     return arrays, meta
 
 
+# ``samplers``' multistep image cases: tiny-pt's pipeline with a multistep sampler's class from tiny-pt's config (the
+# engine's program carries the x0s of earlier steps); name -> (sampler, prompt, negative prompt, guidance, steps,
+# latents seed); 64x64, 2 images. Deterministic samplers only (no step noise to hand over).
+MULTISTEP_IMAGE_CASES = {"unipc_image": ("UniPC", "a red circle", "a blue square", 5.0, 8, 37)}
+
+
+def multistep_image_case(out: Path, name: str) -> tuple[dict, dict]:
+    """diffusers' images for MULTISTEP_IMAGE_CASES[name] on out/tiny-pt: ({key: array}, metadata)."""
+    pipe = StableDiffusionXLPipeline.from_pretrained(out / "tiny-pt", dtype=torch.float32, add_watermarker=False)
+    pipe.set_progress_bar_config(disable=True)
+    sampler, prompt, negative, guidance, steps, seed = MULTISTEP_IMAGE_CASES[name]
+    cls, overrides = SAMPLER_CLASSES[sampler]
+    config = plain_config(pipe.scheduler.config)
+    pipe.scheduler = cls.from_config(config, **overrides)
+    latents = np.random.RandomState(seed).standard_normal((2, 4, 16, 16)).astype(np.float32)
+    images = pipe(prompt, negative_prompt=negative, guidance_scale=guidance, num_inference_steps=steps, width=64,
+                  height=64, num_images_per_prompt=2, output_type="np", latents=torch.from_numpy(latents)).images
+    arrays = {f"{name}_latents": latents, f"{name}_images": np.round(images * 255).astype(np.uint8)}
+    meta = dict(sampler=sampler, prompt=prompt, negative_prompt=negative, guidance_scale=guidance,
+                num_inference_steps=steps, width=64, height=64, scheduler_config=config,
+                timesteps=[int(t) for t in pipe.scheduler.timesteps],
+                latents=f"numpy RandomState({seed}).standard_normal((2, 4, 16, 16))", images="uint8, round(np * 255)")
+    return arrays, meta
+
+
 # ``samplers``' LCM image cases: tiny-pt's pipeline with LCMScheduler.from_config of its config, 64x64, 2 images
 # on given latents, the step noise tools/lcm_noise.py's (the engine's rule). Prompt, negative prompt, guidance, steps.
 LCM_IMAGE_CASES = {"lcm_image": ("a red circle", "", 1.0, 4),
@@ -233,9 +290,9 @@ def lcm_image_cases(out: Path) -> tuple[dict, dict]:
 
 def sampler_case(row: tuple, base: dict, model_outputs: np.ndarray, start: np.ndarray) -> tuple[dict, dict]:
     """One SAMPLER_CASES row: ({key: array}, its entry of the JSON's cases)."""
-    name, sampler, changes, steps = row
+    name, sampler, changes, steps, *first = row
     config = case_config(base, changes)
-    sched, samples, noise = sampler_trajectory(sampler, config, steps, model_outputs, start)
+    sched, samples, noise = sampler_trajectory(sampler, config, steps, model_outputs, start, *first)
     arrays = {f"{name}_samples": samples}
     if noise is not None:
         arrays[f"{name}_noise"] = noise
@@ -245,6 +302,8 @@ def sampler_case(row: tuple, base: dict, model_outputs: np.ndarray, start: np.nd
                 timesteps=[float(t) for t in sched.timesteps.numpy().astype(np.float32)],
                 sigmas=[float(s) for s in sched.sigmas.numpy()] if hasattr(sched, "sigmas") else None,
                 init_noise_sigma=float(sched.init_noise_sigma))
+    if first:
+        case["first_step"] = first[0]
     if sampler == "LCM":  # c_skip, c_out per step, and the alphā the noise brings the sample to
         scalings = [sched.get_scalings_for_boundary_condition_discrete(t) for t in sched.timesteps]
         case["c_skip"] = [float(c) for c, _ in scalings]
@@ -260,7 +319,7 @@ def _write_samplers(out: Path, arrays: dict, meta: dict) -> None:
 
 
 def cmd_samplers_add(out: Path, names: list[str]) -> None:
-    """``samplers --add NAME ...``: compute only the named SAMPLER_CASES rows and DDIM_IMAGE_CASES and merge
+    """``samplers --add NAME ...``: compute only the named SAMPLER_CASES rows and image cases and merge
     them into out/sampler-steps.{json,npz}, every other entry kept as it is (to the byte: another CPU or
     torch build moves the last bits of the others, so a full run would rewrite them all)."""
     torch.set_num_threads(1)
@@ -269,18 +328,22 @@ def cmd_samplers_add(out: Path, names: list[str]) -> None:
     meta = json.loads((out / "sampler-steps.json").read_text())
     base = meta["base_config"]
     rows = {row[0]: row for row in SAMPLER_CASES}
-    unknown = [n for n in names if n not in rows and n not in DDIM_IMAGE_CASES]
+    unknown = [n for n in names if n not in rows and n not in DDIM_IMAGE_CASES and n not in MULTISTEP_IMAGE_CASES]
     if unknown:
-        raise SystemExit(f"unknown case {unknown}; SAMPLER_CASES or DDIM_IMAGE_CASES names")
+        raise SystemExit(f"unknown case {unknown}; SAMPLER_CASES, DDIM_IMAGE_CASES or MULTISTEP_IMAGE_CASES names")
     order = [row[0] for row in SAMPLER_CASES]
     cases = {case["name"]: case for case in meta["cases"]}
     for name in names:
         if name in rows:
             new_arrays, cases[name] = sampler_case(rows[name], base, arrays["model_outputs"], arrays["start"])
+        elif name in MULTISTEP_IMAGE_CASES:
+            new_arrays, meta[f"{name}_case"] = multistep_image_case(out, name)
         else:
             new_arrays, meta[f"{name}_case"] = ddim_image_case(out, name)
         arrays.update(new_arrays)
     meta["cases"] = sorted(cases.values(), key=lambda case: order.index(case["name"]))
+    for cls, _ in SAMPLER_CLASSES.values():  # a class new to the file: its defaults (the others' kept as they are)
+        meta["class_defaults"].setdefault(cls.__name__, init_defaults(cls))
     meta["notes"] = SAMPLER_NOTES
     _write_samplers(out, arrays, meta)
 
@@ -290,8 +353,8 @@ SAMPLER_NOTES = [
     "'minimal': only _class_name); resolved: the class's own fields of the scheduler's config.",
     "Each case: cls.from_config(config, **overrides of the sampler's name), set_timesteps(steps); the "
     "sample starts at start * init_noise_sigma, step k gets model_outputs[k]; <case>_samples[k + 1] is "
-    "step k's prev_sample (float32, the scheduler's own space: sigma space for Euler, x-space for DPM++ "
-    "and DDIM and LCM). <case>_noise[k]: Euler a's and LCM's step noise (torch.randn, generator seeded "
+    "step k's prev_sample (float32, the scheduler's own space: sigma space for Euler, x-space for DPM++, UniPC, "
+    "DDIM and LCM). <case>_noise[k]: Euler a's, the DPM++ SDEs' and LCM's step noise (torch.randn, generator seeded "
     "1000 + k; LCM's last row is not used by diffusers, which adds no noise after the last step). LCM cases "
     "also record c_skip and c_out (get_scalings_for_boundary_condition_discrete) per step.",
     "Suggested tolerance: float32, |engine - diffusers| <= 1e-5 * (1 + |diffusers|) per step.",
@@ -300,6 +363,8 @@ SAMPLER_NOTES = [
     "ddim_euler_image_case: the same with its config less the fields a config saved by EulerDiscreteScheduler "
     "lacks (clip_sample, set_alpha_to_one, sample_max_value, skip_prk_steps: DDIM's defaults True, True), 10 "
     "steps, guidance 4, no negative prompt (force_zeros_for_empty_prompt), on ddim_euler_image_latents.",
+    "unipc_image_case: tiny-pt's pipeline (float32) with UniPCMultistepScheduler.from_config of its config (the "
+    "engine's UniPC overrides), on unipc_image_latents; unipc_image_images (2, 64, 64, 3) uint8.",
     "lcm_image_cases: tiny-pt's pipeline (float32) with LCMScheduler.from_config of its config on "
     "lcm_image_latents, the step noise lcm-noise.npz's (the engine's seed rule for its seeds); "
     "<case>_images (2, 64, 64, 3) uint8.",
@@ -325,7 +390,11 @@ def cmd_samplers(out: Path) -> None:
     arrays.update(euler_arrays)
     lcm_arrays, lcm_meta = lcm_image_cases(out)
     arrays.update(lcm_arrays)
-    meta = dict(
+    multistep = {}
+    for name in MULTISTEP_IMAGE_CASES:
+        case_arrays, multistep[f"{name}_case"] = multistep_image_case(out, name)
+        arrays.update(case_arrays)
+    meta = dict(**multistep,
         made_by="python -m tools.lcm_noise (runtime venv), then python -m tools.make_fixtures samplers",
         ddim_image_case=image_meta, ddim_euler_image_case=euler_meta, lcm_image_cases=lcm_meta,
         versions=versions(), torch_threads=1,

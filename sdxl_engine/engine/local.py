@@ -1077,7 +1077,7 @@ class Engine:
                                      # diffusers' inpainting at strength 1 starts from noise (is_strength_max)
                                      from_noise=request.strength == 1.0)
         if plan.refiner_start is not None:  # the refiner's switch step and aesthetic scores (diffusers' defaults)
-            inputs = inputs.with_refiner(plan.refiner_start)
+            inputs = inputs.with_refiner(plan.refiner_start, plan.schedule)
         params, inputs = self._control(params, plan.control, inputs, setup)  # the units' ControlNets and arrays
         params, inputs = self._ip_adapter(params, plan.ip, inputs, setup)  # the IP-Adapters and their tokens
         # TEST-ONLY fault hooks (faults.py): self._faults is None unless SDXL_FAULT_INJECTION=1.

@@ -70,8 +70,9 @@ def jit_program(model: LoadedModel, shape: ProgramShape, mesh: Mesh):
 def jit_stages(model: LoadedModel, shape: ProgramShape, mesh: Mesh) -> dict[str, Callable]:
     """``jax.jit`` of each of the sharded stages (generate.Stages) by name (:data:`STAGES`), not yet compiled.
 
-    The loop's state (generate.LoopFixed and the (latents, x0) carry) stays on the devices between the calls, each
-    leaf split over ``data`` by its first axis (the device's images, or its CFG rows): one ``P("data")`` prefix."""
+    The loop's state (generate.LoopFixed and the (latents, x0, earlier x0) carry) stays on the devices between the
+    calls, each leaf split over ``data`` by its first axis (the device's images, or its CFG rows): one ``P("data")``
+    prefix."""
     check_batch(shape.batch, mesh)
     specs, stages = ProgramInputs.specs(shape), build_stages(model, shape)
     data, whole = P(DATA_AXIS), P()

@@ -246,6 +246,7 @@ class ProgramInputs:
     a: jax.Array = replicated(per_step, jnp.float32)  # a..e: the sampler's update (schedulers.py)
     b: jax.Array = replicated(per_step, jnp.float32)
     c: jax.Array = replicated(per_step, jnp.float32)
+    c2: jax.Array = replicated(per_step, jnp.float32)
     d: jax.Array = replicated(per_step, jnp.float32)
     e: jax.Array = replicated(per_step, jnp.float32)
     clip_range: jax.Array = replicated((), jnp.float32)  # x0 clipped to +-clip_range where e != 0 (inf)
@@ -298,7 +299,8 @@ class ProgramInputs:
         (2, chunks * 77) float32 emphasis weights of the ids; None = all 1 (no emphasis). ``image``:
         (batch, height, width, 3) uint8 pixels and ``start_step`` (0 .. steps - 1, the first step that
         runs) for a program with ``init_image`` (img2img), else None; ``schedule`` is the whole
-        ``steps``-step one, made to start there here (:meth:`Schedule.starting_at`: its first step first order).
+        ``steps``-step one, made to start there here (:meth:`Schedule.starting_at`: a multistep sampler's history
+        starts afresh there).
         ``mask``: (batch, height, width) float32 in [0, 1] (1 = repaint) for a program with ``inpaint``, and
         ``from_noise``: start from the seed's noise x ``init_scale`` instead of the noised image (diffusers'
         inpainting at strength 1, ``is_strength_max``).
@@ -324,19 +326,22 @@ class ProgramInputs:
             from_noise=None if mask is None else np.bool_(from_noise),
             init_latents=init_latents)  # hires' second pass: (n, C, h, w) float32, kept where it is (on the devices)
 
-    def with_refiner(self, refiner_start: int, aesthetic_score: float = 6.0,
+    def with_refiner(self, refiner_start: int, schedule: Schedule, aesthetic_score: float = 6.0,
                      negative_aesthetic_score: float = 2.5) -> ProgramInputs:
         """These inputs for a program with ``refiner``: the refiner runs from step ``refiner_start``
         (schedulers.refiner_start: 0 .. steps), the prompt rows' time ids carry ``aesthetic_score`` and the negative
-        rows' ``negative_aesthetic_score`` (diffusers' img2img defaults 6.0 and 2.5). The switch step's update is
-        first order (``b + c``, ``c = 0``, as :meth:`Schedule.starting_at`): diffusers' refiner pipeline restarts its
-        scheduler there (DPM++ 2M has no previous x0 in it); every other sampler has c = 0, so only DPM++ changes.
+        rows' ``negative_aesthetic_score`` (diffusers' img2img defaults 6.0 and 2.5). ``schedule``: the one these
+        inputs were built from; a multistep sampler's history restarts at the switch step (as at ``start_step``:
+        :meth:`Schedule.restarting_at`), since diffusers' refiner pipeline restarts its scheduler there (DPM++ 2M's
+        switch step first order, ``b + c`` and ``c = 0``); Euler, Euler a, DDIM and LCM are unchanged.
         """
-        b, c = np.array(self.b, np.float32), np.array(self.c, np.float32)  # (max_steps,) copies
+        if self.start_step is not None:
+            schedule = schedule.starting_at(int(self.start_step))
         if 0 < refiner_start < int(self.num_steps):
-            b[refiner_start] = np.float32(np.float64(b[refiner_start]) + np.float64(c[refiner_start]))
-            c[refiner_start] = 0.0
-        return dataclasses.replace(self, b=b, c=c, refiner_start=np.int32(refiner_start),
+            schedule = schedule.restarting_at(refiner_start)
+        padded = schedule.padded(len(self.a))
+        return dataclasses.replace(self, **{k: padded[k] for k in ("a", "b", "c", "c2", "d")},
+                                   refiner_start=np.int32(refiner_start),
                                    aesthetic_score=np.asarray([negative_aesthetic_score, aesthetic_score], np.float32))
 
     def with_control(self, images: np.ndarray, weight, soft, uncond, keep: np.ndarray) -> ProgramInputs:
@@ -480,14 +485,16 @@ def denoised(latents: jax.Array, model_output: jax.Array, sigma, prediction_type
     raise ValueError(f"prediction_type {prediction_type!r} is not supported (epsilon, v_prediction, sample)")
 
 
-def sampler_update(latents, x0, x0_prev, noise, a, b, c, d, e=0.0, clip_range=jnp.inf):
-    """x_{i+1} = a x_i + b x0_i + c x0_{i-1} + d z_i + e (clip(x0_i) - x0_i): every sampler of schedulers.py.
+def sampler_update(latents, x0, x0_prev, noise, a, b, c, d, e=0.0, clip_range=jnp.inf, x0_prev2=0.0, c2=0.0):
+    """x_{i+1} = a x_i + b x0_i + c x0_{i-1} + c2 x0_{i-2} + d z_i + e (clip(x0_i) - x0_i): every sampler of
+    schedulers.py; (b, C, h, w) float32 arrays, scalar coefficients.
 
     The clip term is DDIM's ``clip_sample`` (x0 clipped elementwise to [-clip_range, clip_range]);
-    with e = 0 or clip_range = inf it adds exactly 0, so the other samplers are unchanged.
+    with e = 0 or clip_range = inf it adds exactly 0, so the other samplers are unchanged. ``c2`` (DPM++ 3M SDE's
+    third order, UniPC's corrector) is 0 for every other sampler.
     """
     clipped = jnp.clip(x0, -clip_range, clip_range) - x0
-    return a * latents + b * x0 + c * x0_prev + d * noise + e * clipped
+    return a * latents + b * x0 + c * x0_prev + c2 * x0_prev2 + d * noise + e * clipped
 
 
 def step_noise(seeds: jax.Array, step, latent_shape: tuple[int, int, int], stream: int | None = None) -> jax.Array:
@@ -749,12 +756,12 @@ def encode_pixels(st: Static, params, x: jax.Array) -> jax.Array:
 def denoise_step(st: Static, unet, cond: Conditioning, inputs: ProgramInputs, i, carry,
                  image: ImageConditioning | None = None):
     """Stage 3's body, step ``i``: the UNet (with CFG over a doubled batch), then the sampler's update,
-    float32. ``carry`` = (latents, previous x0), each (b, C, h, w); returns the next carry.
+    float32. ``carry`` = (latents, previous x0, the x0 before it), each (b, C, h, w); returns the next carry.
 
     With ``inpaint`` (``image`` holds the mask): an inpainting UNet's input is [scaled latents, mask, masked-image
     latents] along channels; a plain UNet's result is blended with the known region after the update
     (:func:`keep_known`), as diffusers' ``StableDiffusionXLInpaintPipeline`` denoising loop does."""
-    latents, x0_prev = carry[:2]
+    latents, x0_prev, x0_prev2 = carry
     sigma = inputs.sigmas[i]
     x = latents / jnp.sqrt(sigma**2 + 1)  # the UNet's input scaling
     if st.inpainting_unet:  # after the scaling, as the pipeline concatenates after scale_model_input
@@ -767,10 +774,10 @@ def denoise_step(st: Static, unet, cond: Conditioning, inputs: ProgramInputs, i,
     x0 = denoised(latents, out, sigma, st.prediction_type)
     z = noise_if_used(inputs.seeds, i, inputs.d[i], latents, st.noise_stream)
     update = sampler_update(latents, x0, x0_prev, z, inputs.a[i], inputs.b[i], inputs.c[i], inputs.d[i],
-                            inputs.e[i], inputs.clip_range)
+                            inputs.e[i], inputs.clip_range, x0_prev2, inputs.c2[i])
     if st.shape.inpaint and not st.inpainting_unet:
         update = keep_known(update, image, inputs, i)
-    return update, x0
+    return update, x0, x0_prev
 
 
 def keep_known(latents: jax.Array, image: ImageConditioning, inputs: ProgramInputs, i) -> jax.Array:
@@ -795,13 +802,18 @@ def denoise(st: Static, params, cond: Conditioning, inputs: ProgramInputs, laten
     image's :class:`ImageConditioning`, which inpainting's steps read."""
     first = inputs.start_step if st.shape.from_image else 0  # img2img, hires: the skipped steps are not run
     if python_loop:
-        carry = (latents, jnp.zeros_like(latents))
+        carry = fresh_carry(latents)
         step = denoise_range_body(st, params, cond, inputs, image)
         for i in range(int(first), int(inputs.num_steps)):
             carry = step(i, carry)
         return carry[0]
-    return denoise_range(st, params, cond, inputs, (latents, jnp.zeros_like(latents)), first, inputs.num_steps,
-                         image)[0]
+    return denoise_range(st, params, cond, inputs, fresh_carry(latents), first, inputs.num_steps, image)[0]
+
+
+def fresh_carry(latents: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The loop's carry before its first step: (latents, previous x0, the x0 before it), the x0s zeros (the first
+    step's coefficients on them are 0), each (b, C, h, w) float32."""
+    return latents, jnp.zeros_like(latents), jnp.zeros_like(latents)
 
 
 def denoise_range_body(st: Static, params, cond: Conditioning, inputs: ProgramInputs,
@@ -814,7 +826,8 @@ def denoise_range_body(st: Static, params, cond: Conditioning, inputs: ProgramIn
 def denoise_range(st: Static, params, cond: Conditioning, inputs: ProgramInputs, carry, first, end,
                   image: ImageConditioning | None = None):
     """Steps ``first`` to ``end - 1`` (traced () int32 or ints) of :func:`denoise_step` in ``lax.fori_loop`` on
-    ``carry`` = (latents, previous x0), each (b, C, h, w) float32; returns the carry after step ``end - 1``. The
+    ``carry`` = (latents, previous x0, the x0 before it), each (b, C, h, w) float32; returns the carry after step
+    ``end - 1``. The
     whole loop (:func:`denoise`) and a host's chunk of it (:func:`build_stages`' advance) run this one loop, so
     the steps' arithmetic is the same however the host splits them."""
     return jax.lax.fori_loop(first, end, denoise_range_body(st, params, cond, inputs, image), carry)
@@ -928,7 +941,7 @@ class Stages(NamedTuple):
     """The per-device functions of a program whose host runs the steps (ProgramShape.step_hook):
 
     * ``prepare(params, inputs) -> (fixed, carry)``: stages 1-2; ``fixed`` a :class:`LoopFixed`, ``carry`` =
-      (latents, previous x0), each (b, C, h, w) float32 (x0 zeros).
+      (latents, previous x0, the x0 before it), each (b, C, h, w) float32 (x0s zeros).
     * ``advance(params, inputs, fixed, carry, bounds) -> carry``: steps ``bounds[0]`` to ``bounds[1] - 1``
       (``bounds`` (2,) int32, traced: any chunk is the same executable) of :func:`denoise_range`; the carry's x0
       is the estimate of the chunk's last step (a preview's).
@@ -951,7 +964,7 @@ def build_stages(model: LoadedModel, shape: ProgramShape) -> Stages:
         cond = conditioning(st, params, inputs)  # 1.
         image = image_conditioning(st, params, inputs)  # 2a.
         latents = initial_latents(st, params, inputs, image)  # 2.
-        return LoopFixed(_unbound(cond), image), (latents, jnp.zeros_like(latents))
+        return LoopFixed(_unbound(cond), image), fresh_carry(latents)
 
     def advance(params, inputs: ProgramInputs, fixed: LoopFixed, carry, bounds):
         cond = _bound(st, params, fixed.cond)
@@ -975,7 +988,7 @@ def loop_structure(model: LoadedModel, shape: ProgramShape):
         image = ImageConditioning(0, 0)
         if st.shape.inpaint:
             image = ImageConditioning(0, 0, 0, 0 if st.inpainting_unet else None)
-    return LoopFixed(Conditioning(0, 0, 0, refiner, control, ip), image), (0, 0)
+    return LoopFixed(Conditioning(0, 0, 0, refiner, control, ip), image), (0, 0, 0)
 
 
 class ControlConditioning(NamedTuple):

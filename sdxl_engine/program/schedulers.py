@@ -6,10 +6,10 @@ output gives the denoised x0 (epsilon: x - sigma * eps; v: x / (sigma^2 + 1) - s
 sqrt(sigma^2 + 1); sample: the output itself). Every sampler here is then one update of the same
 form::
 
-    x_{i+1} = a_i x_i + b_i x0_i + c_i x0_{i-1} + d_i z_i + e_i (clip(x0_i) - x0_i)
+    x_{i+1} = a_i x_i + b_i x0_i + c_i x0_{i-1} + c2_i x0_{i-2} + d_i z_i + e_i (clip(x0_i) - x0_i)
 
-(z_i ~ N(0, 1), Euler a and LCM only; clip to [-clip_range, clip_range], DDIM's and LCM's
-``clip_sample`` only)
+(z_i ~ N(0, 1), Euler a, the SDEs and LCM only; clip to [-clip_range, clip_range], DDIM's and LCM's
+``clip_sample`` only; c2, the x0 of two steps back, DPM++ 3M SDE's third order and UniPC's corrector only)
 with a..e computed on the host for the step count. The program takes them as arrays, so
 changing the sampler, like the step count, compiles nothing. The numbers are diffusers'
 PyTorch schedulers' (``from_config`` of the model's scheduler config, diffusers 0.42.1):
@@ -29,6 +29,20 @@ DPM++ 2M Karras   the same with use_karras_sigmas=True (Karras et al. 2022, eq. 
 DPM++ 2M SDE      the same class with algorithm_type="sde-dpmsolver++" (Lu et al. 2022, DPM-Solver++'s SDE form;
                   k-diffusion's sample_dpmpp_2m_sde, eta 1): a = (s'/s)^2, b and c as DPM++ 2M's with that a
                   (heun: k = (a - 1)/2h + 1), d = s' sqrt(1 - a): fresh noise every step
+DPM++ 3M SDE      the same class with solver_order=3 (k-diffusion's sample_dpmpp_3m_sde, eta 1): DPM++ 2M
+                  SDE's first and second order steps, then with r0 = h_{i-1}/h, r1 = h_{i-2}/h,
+                  D1_0 = (x0_i - x0_{i-1})/r0, D1_1 = (x0_{i-1} - x0_{i-2})/r1,
+                  D1 = D1_0 + r0 (D1_0 - D1_1)/(r0 + r1), D2 = (D1_0 - D1_1)/(r0 + r1):
+                  x0 terms (1 - a) x0_i + k D1 + ((1 - a - 2h)/4h^2 + 1/2) D2, k = (a - 1)/2h + 1. The
+                  D2 coefficient is k-diffusion's -phi_3 (the exact integral of the quadratic term);
+                  diffusers 0.42.1 has - 1/2 there (a sign slip: its coefficient tends to -1, not 0,
+                  as h -> 0), the one place the engine leaves diffusers (tests/program)
+UniPC             UniPCMultistepScheduler (Zhao et al. 2023; bh2 or bh1, solver_order 2, predict_x0): the
+                  predictor UniP-2 from the corrected x_i^c, x_{i+1} = a x_i^c - B(h) ... (module
+                  :func:`_unipc_coefficients`), and the corrector UniC that makes x_i^c from x_i with the
+                  new x0_i: x_i^c - x_i is a combination of x0_i, x0_{i-1}, x0_{i-2} (both start from
+                  the same x_{i-1}^c), so the two fold into one update on the uncorrected x_i, the one
+                  the UNet sees, as in diffusers
 DDIM              DDIMScheduler, eta 0: deterministic, first order in sigma space (Song et al. 2021);
                   its last sigma is the final alpha's; with clip_sample the x0 it moves towards
                   is clipped, the direction to x_t is not: e = 1 (times ``carry``)
@@ -50,14 +64,16 @@ True, ``set_alpha_to_one`` True, ``timestep_spacing`` "leading"), then the field
 fixes (:data:`SAMPLER_CLASSES`). Every field of every class is either honoured as diffusers does
 or refused by :func:`check_scheduler_config` (:data:`FIELDS` says which); none is ignored.
 
-Euler a's, DPM++ 2M SDE's and LCM's step noise for image i of a request is ``jax.random.normal(jax.random.fold_in(
+Euler a's, the DPM++ SDEs' and LCM's step noise for image i of a request is ``jax.random.normal(jax.random.fold_in(
 jax.random.key(seed_i), step + 1), latents.shape)``: deterministic per seed (program.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -72,6 +88,8 @@ SAMPLER_CLASSES = {
     "DPM++ 2M Karras": ("DPMSolverMultistepScheduler",
                         {"algorithm_type": "dpmsolver++", "solver_order": 2, "use_karras_sigmas": True}),
     "DPM++ 2M SDE": ("DPMSolverMultistepScheduler", {"algorithm_type": "sde-dpmsolver++", "solver_order": 2}),
+    "DPM++ 3M SDE": ("DPMSolverMultistepScheduler", {"algorithm_type": "sde-dpmsolver++", "solver_order": 3}),
+    "UniPC": ("UniPCMultistepScheduler", {"solver_order": 2, "predict_x0": True}),
     "DDIM": ("DDIMScheduler", {}),
     "LCM": ("LCMScheduler", {}),
 }
@@ -92,6 +110,12 @@ CLASS_DEFAULTS = {
         "lower_order_final": True, "euler_at_final": False, **_SIGMA_KINDS, "use_lu_lambdas": False,
         "use_flow_sigmas": False, "flow_shift": 1.0, "final_sigmas_type": "zero", "lambda_min_clipped": -math.inf,
         "variance_type": None, "use_dynamic_shifting": False, "time_shift_type": "exponential"},
+    "UniPCMultistepScheduler": {
+        **_COMMON, "solver_order": 2, "thresholding": False, "dynamic_thresholding_ratio": 0.995,
+        "sample_max_value": 1.0, "predict_x0": True, "solver_type": "bh2", "lower_order_final": True,
+        "disable_corrector": [], "solver_p": None, **_SIGMA_KINDS, "use_flow_sigmas": False, "flow_shift": 1.0,
+        "final_sigmas_type": "zero", "use_dynamic_shifting": False,
+        "time_shift_type": "exponential", "sigma_min": None, "sigma_max": None, "shift_terminal": None},
     "DDIMScheduler": {**_COMMON, "clip_sample": True, "set_alpha_to_one": True, "thresholding": False,
                       "dynamic_thresholding_ratio": 0.995, "clip_sample_range": 1.0, "sample_max_value": 1.0,
                       "timestep_spacing": "leading"},
@@ -114,9 +138,16 @@ FIELDS = {
     "interpolation_type": "honoured: linear, log_linear", "use_karras_sigmas": "honoured",
     "use_exponential_sigmas": "honoured", "use_beta_sigmas": "refused", "sigma_min": "honoured",
     "sigma_max": "honoured", "timestep_type": "honoured: discrete, continuous",
-    "final_sigmas_type": "honoured: zero, sigma_min", "solver_order": "fixed: 2",
-    "algorithm_type": "fixed: dpmsolver++ (DPM++ 2M), sde-dpmsolver++ (DPM++ 2M SDE)",
-    "solver_type": "honoured: midpoint, heun", "lower_order_final": "honoured", "euler_at_final": "honoured",
+    "final_sigmas_type": "honoured: zero, sigma_min (UniPC refused per request with karras or exponential sigmas, "
+                         "where diffusers repeats the last sigma: a step of h = 0)",
+    "solver_order": "fixed: 2 (DPM++ 3M SDE: 3)",
+    "algorithm_type": "fixed: dpmsolver++ (DPM++ 2M), sde-dpmsolver++ (DPM++ 2M SDE, DPM++ 3M SDE)",
+    "solver_type": "honoured: midpoint, heun (DPM++); bh1, bh2 (UniPC; midpoint, heun, logrho are bh2 there, as in "
+                   "diffusers)",
+    "predict_x0": "fixed: True (UniPC)", "disable_corrector": "honoured (UniPC)", "solver_p": "refused (UniPC)",
+    "shift_terminal": "unused (use_flow_sigmas)",
+    "lower_order_final": "honoured (UniPC refused per request: False with a final sigma of 0)",
+    "euler_at_final": "honoured",
     "use_lu_lambdas": "refused", "use_flow_sigmas": "refused", "flow_shift": "unused (use_flow_sigmas)",
     "lambda_min_clipped": "honoured", "variance_type": "refused", "use_dynamic_shifting": "refused",
     "time_shift_type": "unused (use_dynamic_shifting)", "thresholding": "refused",
@@ -234,11 +265,15 @@ class Schedule:
         timesteps: (n,) what the UNet is given at each step.
         sigmas: (n + 1,) noise levels in sigma space; sigmas[n] is the last step's target (0, or
             the smallest sigma: final_sigmas_type "sigma_min", DDIM's final alpha).
-        a, b, c, d, e: (n,) the update's coefficients (module docstring).
+        a, b, c, c2, d, e: (n,) the update's coefficients (module docstring).
         init_scale: initial latents = unit noise * init_scale (diffusers' init_noise_sigma,
             in sigma space).
         final_scale: the latents handed to the VAE = x_n * final_scale.
         clip_range: x0 is clipped to [-clip_range, clip_range] where ``e`` is non-zero (inf: never).
+        restarts: the steps where the multistep history starts afresh (:meth:`restarting_at`); () = step 0 only.
+        history: for a multistep sampler (DPM++, UniPC), ``restarts -> (a, b, c, c2, d)`` float64 (n,) each, the
+            coefficients with the history restarting at those steps; None for the others, whose update reads no
+            earlier step.
     """
 
     timesteps: np.ndarray
@@ -246,30 +281,41 @@ class Schedule:
     a: np.ndarray
     b: np.ndarray
     c: np.ndarray
+    c2: np.ndarray
     d: np.ndarray
     e: np.ndarray
     init_scale: float
     final_scale: float
     clip_range: float = math.inf
+    restarts: tuple[int, ...] = ()
+    history: Callable[[tuple[int, ...]], tuple[np.ndarray, ...]] | None = dataclasses.field(
+        default=None, compare=False, repr=False)
 
     def starting_at(self, start: int) -> Schedule:
         """This schedule for a run that begins at step ``start`` (img2img): the steps before it are skipped,
-        and step ``start`` has no previous x0, so its update is first order, ``b + c`` on x0 and ``c = 0``
-        (DPM++ 2M's second-order step needs the x0 of a step that did not run; diffusers'
-        ``DPMSolverMultistepScheduler`` starts with ``lower_order_nums`` 0 after ``set_begin_index`` too).
-        The other samplers have c = 0 everywhere, so only DPM++ changes. ``start`` 0: this schedule.
+        and step ``start`` has no previous x0, so a multistep sampler starts afresh there (:meth:`restarting_at`),
+        as diffusers' ``DPMSolverMultistepScheduler`` and ``UniPCMultistepScheduler`` do after ``set_begin_index``
+        (``lower_order_nums`` 0, UniPC no ``last_sample``): DPM++ 2M's step ``start`` first order (``b + c``,
+        ``c = 0``), DPM++ 3M SDE's two steps from it first and second order, UniPC's first step without its
+        corrector. The other samplers are unchanged. ``start`` 0: this schedule.
 
         Raises ValueError for ``start`` outside 0 .. steps - 1.
         """
         n = len(self.timesteps)
         if not 0 <= start < n:
             raise ValueError(f"start step must be 0 to {n - 1}, got {start}")
-        if start == 0:
+        return self if start == 0 else self.restarting_at(start)
+
+    def restarting_at(self, step: int) -> Schedule:
+        """This schedule with its multistep history restarting at ``step`` too (img2img's first step, the refiner's
+        switch: diffusers runs a fresh scheduler there), the earlier restarts kept: the steps from ``step`` on take
+        the orders a fresh scheduler takes (first order, then the higher ones as x0s accumulate). Samplers without
+        a history (Euler, Euler a, DDIM, LCM) and ``step`` 0 return this schedule."""
+        if self.history is None or step <= 0 or step in self.restarts:
             return self
-        b, c = self.b.copy(), self.c.copy()
-        b[start] = np.float32(np.float64(b[start]) + np.float64(c[start]))
-        c[start] = 0.0
-        return dataclasses.replace(self, b=b, c=c)
+        restarts = tuple(sorted({*self.restarts, int(step)}))
+        a, b, c, c2, d = (np.asarray(x, np.float32) for x in self.history(restarts))
+        return dataclasses.replace(self, a=a, b=b, c=c, c2=c2, d=d, restarts=restarts)
 
     def padded(self, max_steps: int) -> dict[str, np.ndarray]:
         """Arrays padded with zeros to ``max_steps`` (sigmas to ``max_steps + 1``), for one program shape."""
@@ -280,7 +326,8 @@ class Schedule:
 
         n = max_steps
         return {"timesteps": pad(self.timesteps, n), "sigmas": pad(self.sigmas, n + 1), "a": pad(self.a, n),
-                "b": pad(self.b, n), "c": pad(self.c, n), "d": pad(self.d, n), "e": pad(self.e, n)}
+                "b": pad(self.b, n), "c": pad(self.c, n), "c2": pad(self.c2, n), "d": pad(self.d, n),
+                "e": pad(self.e, n)}
 
 
 def img2img_start(steps: int, strength: float) -> int:
@@ -350,8 +397,10 @@ def sampler_config(sampler: str, config: dict) -> dict:
 
 # Fields whose unsupported value refuses one sampler per request, not the model at start: zero
 # terminal SNR (a v-prediction fine-tune's ``ztsnr``) runs with Euler, Euler a and DPM++ as in diffusers;
-# original_inference_steps is LCM's alone.
-PER_SAMPLER = frozenset({"rescale_betas_zero_snr", "original_inference_steps"})
+# original_inference_steps is LCM's alone. A (sampler, field) pair: that sampler's refusal of that field only
+# (UniPC's two combinations that diffusers' UniPC divides by zero on, which every other sampler follows).
+PER_SAMPLER = frozenset({"rescale_betas_zero_snr", "original_inference_steps", ("UniPC", "final_sigmas_type"),
+                         ("UniPC", "lower_order_final")})
 
 
 def check_scheduler_config(config: dict) -> None:
@@ -365,7 +414,7 @@ def check_scheduler_config(config: dict) -> None:
     """
     for sampler in SAMPLERS:
         problem = _refusal(sampler, sampler_config(sampler, config))
-        if problem and problem[0] not in PER_SAMPLER:
+        if problem and problem[0] not in PER_SAMPLER and (sampler, problem[0]) not in PER_SAMPLER:
             field, why = problem
             value = sampler_config(sampler, config)[field]
             raise UnsupportedSchedulerConfig(
@@ -391,10 +440,11 @@ def _refusal(sampler: str, cfg: dict) -> tuple[str, str] | None:
                                           "sigma, which this engine cannot step from")
     if cls == "LCMScheduler" and not 1 <= cfg["original_inference_steps"] <= cfg["num_train_timesteps"]:
         return "original_inference_steps", f"choose 1 to num_train_timesteps ({cfg['num_train_timesteps']})"
-    if cfg.get("thresholding", False) and cls in ("DPMSolverMultistepScheduler", "DDIMScheduler", "LCMScheduler"):
+    if cfg.get("thresholding", False) and cls in ("DPMSolverMultistepScheduler", "UniPCMultistepScheduler",
+                                                  "DDIMScheduler", "LCMScheduler"):
         return "thresholding", ("dynamic thresholding is not implemented (it suits pixel-space models, not SDXL's "
                                 "latents)")
-    if cls in ("EulerDiscreteScheduler", "DPMSolverMultistepScheduler"):
+    if cls in ("EulerDiscreteScheduler", "DPMSolverMultistepScheduler", "UniPCMultistepScheduler"):
         kinds = [k for k in _SIGMA_KINDS if cfg[k]]
         if len(kinds) > 1:
             return kinds[1], f"only one of {', '.join(_SIGMA_KINDS)} may be set (diffusers refuses it too)"
@@ -419,6 +469,26 @@ def _refusal(sampler: str, cfg: dict) -> tuple[str, str] | None:
                 return field, "not implemented"
         if cfg["variance_type"] is not None:
             return "variance_type", "learned variance is not implemented"
+    if cls == "UniPCMultistepScheduler":
+        return _unipc_refusal(cfg)
+    return None
+
+
+def _unipc_refusal(cfg: dict) -> tuple[str, str] | None:
+    """(field, reason) of the first UniPCMultistepScheduler value the engine does not follow, or None."""
+    if cfg["solver_type"] not in ("bh1", "bh2", "midpoint", "heun", "logrho"):
+        return "solver_type", "choose bh1 or bh2"
+    if cfg["solver_p"] is not None:
+        return "solver_p", "another scheduler as UniPC's predictor is not implemented"
+    for field in ("use_flow_sigmas", "use_dynamic_shifting"):
+        if cfg[field]:
+            return field, "not implemented"
+    if cfg["final_sigmas_type"] == "sigma_min" and (cfg["use_karras_sigmas"] or cfg["use_exponential_sigmas"]):
+        return "final_sigmas_type", ("with karras or exponential sigmas diffusers' UniPC repeats the last sigma as the "
+                                     "final one: a step of h = 0, which divides by zero")
+    if not cfg["lower_order_final"] and cfg["final_sigmas_type"] == "zero":
+        return "lower_order_final", ("diffusers' second-order UniPC step to a final sigma of 0 divides by zero: keep "
+                                     "it True, or final_sigmas_type sigma_min")
     return None
 
 
@@ -543,20 +613,23 @@ def _euler_ancestral(cfg: dict, steps: int) -> tuple[np.ndarray, np.ndarray, flo
     return timesteps, sigmas, top if cfg["timestep_spacing"] in ("linspace", "trailing") else (top**2 + 1) ** 0.5
 
 
-def _dpm(cfg: dict, steps: int) -> tuple[np.ndarray, np.ndarray]:
-    """DPMSolverMultistepScheduler.set_timesteps: integer timesteps, sigmas (n + 1)."""
+def _dpm(cfg: dict, steps: int, unipc: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """DPMSolverMultistepScheduler.set_timesteps: integer timesteps, sigmas (n + 1). UniPCMultistepScheduler's are
+    the same but for two things: it has no ``lambda_min_clipped`` and rounds its Karras timesteps whatever the
+    beta schedule."""
     ac = _alphas_cumprod(cfg)
     all_sigmas = ((1 - ac) / ac) ** 0.5
     log_sigmas = np.log(all_sigmas)
     alpha_t, sigma_t = np.sqrt(ac), np.sqrt(1 - ac)
     lambdas = (np.log(alpha_t) - np.log(sigma_t)).astype(np.float32)
-    clipped = int(np.searchsorted(lambdas[::-1], np.float32(cfg["lambda_min_clipped"]), side="left"))
+    floor = -math.inf if unipc else cfg["lambda_min_clipped"]
+    clipped = int(np.searchsorted(lambdas[::-1], np.float32(floor), side="left"))
     timesteps = _spaced(cfg, steps, extra=1, last=cfg["num_train_timesteps"] - clipped)
     converted = _converted(cfg, all_sigmas[::-1], steps)
     if converted is not None:
         sigmas = converted
         timesteps = _sigma_to_t(sigmas, log_sigmas)
-        if cfg["use_karras_sigmas"] and cfg["beta_schedule"] != "squaredcos_cap_v2":
+        if cfg["use_karras_sigmas"] and (unipc or cfg["beta_schedule"] != "squaredcos_cap_v2"):
             timesteps = timesteps.round()
         timesteps = np.trunc(timesteps)  # torch's cast to int64
     else:
@@ -665,37 +738,135 @@ def make_schedule(sampler: str, config: dict, steps: int, schedule_type: str | N
         else:  # ancestral: go down to s_down deterministically, add noise of s_up (eta 1)
             up = np.sqrt(s_next**2 * (s**2 - s_next**2) / s**2)
             a, d = np.sqrt(s_next**2 - up**2) / s, up
-        return _schedule(timesteps, sigmas, a, 1 - a, zeros, d, zeros, init, 1.0)
+        return _schedule(timesteps, sigmas, a, 1 - a, zeros, zeros, d, zeros, init, 1.0)
     if sampler == "DDIM":
         timesteps, sigmas, s_prev, carry = _ddim(cfg, steps)
         a = s_prev / sigmas[:-1]
         clip = float(cfg["clip_sample_range"]) if cfg["clip_sample"] else math.inf
-        return _schedule(timesteps, sigmas, a * carry, (1 - a) * carry, zeros, zeros,
+        return _schedule(timesteps, sigmas, a * carry, (1 - a) * carry, zeros, zeros, zeros,
                          carry if cfg["clip_sample"] else zeros, (sigmas[0] ** 2 + 1) ** 0.5,
                          1 / (sigmas[-1] ** 2 + 1) ** 0.5, clip)
-    timesteps, sigmas = _dpm(cfg, steps)
+    unipc = sampler == "UniPC"
+    timesteps, sigmas = _dpm(cfg, steps, unipc)
     if typed is not None:  # whole timesteps, rounded as DPMSolverMultistepScheduler rounds its Karras sigmas' ones
         timesteps, sigmas = np.round(typed[0]).astype(np.float32), typed[1].astype(np.float32)
-    s, s_next = sigmas[:-1].astype(np.float64), sigmas[1:].astype(np.float64)
+    history = functools.partial(_unipc_coefficients if unipc else _dpm_coefficients, cfg, sigmas.astype(np.float64))
+    init = (sigmas[0] ** 2 + 1) ** 0.5  # x-space noise of variance 1
+    return _schedule(timesteps, sigmas, *history(()), zeros, init, 1 / (sigmas[-1] ** 2 + 1) ** 0.5, history=history)
+
+
+def _since_restart(steps: int, restarts: tuple[int, ...]) -> np.ndarray:
+    """(steps,) int: how many steps ran since the history last started afresh (step 0 or a restart) before each."""
+    since, last = np.zeros(steps, np.int64), 0
+    for i in range(steps):
+        last = i if i in restarts else last
+        since[i] = i - last
+    return since
+
+
+def _dpm_coefficients(cfg: dict, sigmas: np.ndarray, restarts: tuple[int, ...] = ()) -> tuple[np.ndarray, ...]:
+    """DPMSolverMultistepScheduler.step (dpmsolver++, sde-dpmsolver++; solver_order 2 or 3) in sigma space: (a, b, c,
+    c2, d), each (n,) float64, for ``sigmas`` (n + 1,) float64, the history restarting at ``restarts``.
+
+    Each step's order is diffusers': first order on a fresh history (``lower_order_nums`` 0) and on the last step by
+    lower_order_final / euler_at_final / a final sigma of 0; second order with one earlier x0, on the last but one
+    step with lower_order_final under 15 steps, and always at solver_order 2; third order otherwise. With h = log s -
+    log s' (lambda_t - lambda_s0 of diffusers' VP form) and a = exp(-h) (ODE) or exp(-2h) (SDE), the x-space update
+    divided by alpha_t. Third order is implemented for the SDE alone (the one sampler of solver_order 3).
+    """
+    steps = len(sigmas) - 1
+    s, s_next = sigmas[:-1], sigmas[1:]
     sde = cfg["algorithm_type"] == "sde-dpmsolver++"
     # exp(-h) on the sample (the ODE), exp(-2h) for the SDE, whose noise d makes up the variance it takes away
     a = (s_next / s) ** 2 if sde else s_next / s
-    d = s_next * np.sqrt(np.maximum(1 - a, 0.0)) if sde else zeros
-    # Second order except the first step and, by lower_order_final / euler_at_final / a final sigma of 0, the last.
-    final_first = (cfg["euler_at_final"] or (cfg["lower_order_final"] and steps < 15)
-                   or cfg["final_sigmas_type"] == "zero")
-    second = (np.arange(steps) > 0) & ((np.arange(steps) < steps - 1) | (not final_first))
-    with np.errstate(divide="ignore", invalid="ignore"):  # r and h are only used where ``second`` holds
+    d = s_next * np.sqrt(np.maximum(1 - a, 0.0)) if sde else np.zeros(steps)
+    idx, short = np.arange(steps), cfg["lower_order_final"] and steps < 15
+    final_first = cfg["euler_at_final"] or short or cfg["final_sigmas_type"] == "zero"
+    order = np.minimum(cfg["solver_order"], _since_restart(steps, restarts) + 1)
+    order = np.where((idx == steps - 2) & short, np.minimum(order, 2), order)
+    order = np.where((idx == steps - 1) & final_first, 1, order)
+    x0 = np.eye(3)  # the coefficients as vectors over (x0_i, x0_{i-1}, x0_{i-2})
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # h, r only matter where the order uses them
         h = np.log(s) - np.log(s_next)
-        r = np.concatenate([[np.nan], np.log(s[:-1]) - np.log(s[1:])]) / h
+        r0 = np.concatenate([[np.nan], h[:-1]]) / h  # h_{i-1} / h
+        r1 = np.concatenate([[np.nan, np.nan], h[:-2]]) / h  # h_{i-2} / h
+        first = (1 - a)[:, None] * x0[0]
+        d1_0 = (x0[0] - x0[1]) / r0[:, None]
         if cfg["solver_type"] == "heun":
             k = (a - 1) / (2 * h) + 1 if sde else (a - 1) / h + 1
-            b, c = np.where(second, 1 - a + k / r, 1 - a), np.where(second, -k / r, 0.0)
+            second = first + k[:, None] * d1_0
         else:  # midpoint (and what diffusers maps to it: logrho, bh1, bh2)
-            b = np.where(second, (1 - a) * (1 + 0.5 / r), 1 - a)
-            c = np.where(second, -(1 - a) * 0.5 / r, 0.0)
-    init = (sigmas[0] ** 2 + 1) ** 0.5  # x-space noise of variance 1
-    return _schedule(timesteps, sigmas, a, b, c, d, zeros, init, 1 / (sigmas[-1] ** 2 + 1) ** 0.5)
+            second = first + (0.5 * (1 - a))[:, None] * d1_0
+        d1_1 = (x0[1] - x0[2]) / r1[:, None]
+        d1 = d1_0 + (r0 / (r0 + r1))[:, None] * (d1_0 - d1_1)
+        d2 = (d1_0 - d1_1) / (r0 + r1)[:, None]
+        k = (a - 1) / (2 * h) + 1  # k-diffusion's phi_2 at h_eta = 2h; the D2 factor its -phi_3 (diffusers: - 1/2)
+        third = first + k[:, None] * d1 + ((1 - a - 2 * h) / (4 * h**2) + 0.5)[:, None] * d2
+    terms = np.where((order == 1)[:, None], first, np.where((order == 2)[:, None], second, third))
+    return a, terms[:, 0], terms[:, 1], terms[:, 2], d
+
+
+def _unipc_coefficients(cfg: dict, sigmas: np.ndarray, restarts: tuple[int, ...] = ()) -> tuple[np.ndarray, ...]:
+    """UniPCMultistepScheduler.step (predict_x0, solver_order 2, bh1 or bh2) in sigma space: (a, b, c, c2, d), each
+    (n,) float64 (d 0: no noise), for ``sigmas`` (n + 1,) float64, the history restarting at ``restarts``.
+
+    diffusers' step i: (1) unless i starts a history or i - 1 is in ``disable_corrector``, UniC corrects the sample
+    x_i (the predictor's, which the UNet saw) into x_i^c with the new x0_i, at the order step i - 1's predictor had;
+    (2) UniP predicts x_{i+1} from x_i^c at order min(2, steps since the restart + 1, steps left if
+    ``lower_order_final``). Divided by alpha (sigma space), with lambda = -log s, h = log s - log s', B(h) =
+    expm1(-h) (bh2) or -h (bh1)::
+
+        UniP: x' = (s'/s) x^c + (1 - s'/s) x0_i - B(h) rho_p D1,  D1 = (x0_{i-1} - x0_i) / r,  r = (lambda_{i-1} -
+              lambda_i) / h,  rho_p = 1/2
+        UniC: x^c = x + B(h_prev) (rho_p' D1' - rho_c[:-1] D1' - rho_c[-1] (x0_i - x0_{i-1}))
+
+    where the primed D1' and rho_p' are step i - 1's predictor's (its x_t_ is the corrector's too, so the difference
+    is all that is left) and rho_c solves diffusers' R rho = b (1/2 at order 1).
+    """
+    steps = len(sigmas) - 1
+    lam = -np.log(np.maximum(sigmas, 1e-300))  # lambda = log alpha - log sigma of the VP form; +inf where sigma is 0
+    lam[sigmas == 0] = np.inf
+    since = _since_restart(steps, restarts)
+    lower_final = cfg["lower_order_final"]
+    order = [min(2, int(since[i]) + 1, steps - i if lower_final else 2) for i in range(steps)]
+    off = set(cfg["disable_corrector"] or ())
+    bh1 = cfg["solver_type"] == "bh1"
+    a, b, c, c2 = (np.zeros(steps) for _ in range(4))
+    for i in range(steps):
+        h = lam[i + 1] - lam[i]
+        ratio = math.exp(-h)  # s' / s (0 on a last step to sigma 0)
+        pred = np.array([1 - ratio, 0.0, 0.0])  # over (x0_i, x0_{i-1}, x0_{i-2})
+        if order[i] == 2:
+            r = (lam[i - 1] - lam[i]) / h
+            pred += _b_of(h, bh1) * 0.5 * np.array([1.0, -1.0, 0.0]) / r  # - B(h) rho_p (x0_{i-1} - x0_i) / r
+        corr = np.zeros(3)
+        if since[i] > 0 and (i - 1) not in off:
+            corr = _unic(lam, i, order[i - 1], bh1)
+        a[i] = ratio
+        b[i], c[i], c2[i] = ratio * corr + pred
+    return a, b, c, c2, np.zeros(steps)
+
+
+def _b_of(h: float, bh1: bool) -> float:
+    """UniPC's B(h) with predict_x0 (hh = -h): -h (bh1) or expm1(-h) (bh2); -1 (bh2) on a step to sigma 0."""
+    return -h if bh1 else math.expm1(-h)
+
+
+def _unic(lam: np.ndarray, i: int, order: int, bh1: bool) -> np.ndarray:
+    """x_i^c - x_i of UniC at step i (order ``order``, step i - 1's predictor's), over (x0_i, x0_{i-1}, x0_{i-2})."""
+    h = lam[i] - lam[i - 1]
+    hh, bh = -h, _b_of(h, bh1)
+    diff = np.array([-1.0, 1.0, 0.0]) * 0.5 if order == 1 else None  # - rho_c (x0_i - x0_{i-1}), rho_c = 1/2
+    if order == 1:
+        return bh * diff
+    r = (lam[i - 2] - lam[i - 1]) / h
+    d1 = np.array([0.0, -1.0, 1.0]) / r  # (x0_{i-2} - x0_{i-1}) / r
+    # diffusers' R = [rks^0; rks^1], b_k = h_phi_k k! / B(h), with rks = (r, 1), h_phi_1 = expm1(hh)
+    h_phi = math.expm1(hh) / hh - 1
+    rhs = [h_phi / bh]
+    rhs.append((h_phi / hh - 0.5) * 2 / bh)
+    rho_c = np.linalg.solve(np.array([[1.0, 1.0], [r, 1.0]]), np.array(rhs))
+    return bh * (0.5 * d1 - rho_c[0] * d1 - rho_c[1] * np.array([1.0, -1.0, 0.0]))
 
 
 def _sampler_and_type(sampler: str, schedule_type: str) -> tuple[str, str]:
@@ -739,11 +910,12 @@ def _lcm_schedule(cfg: dict, steps: int) -> Schedule:
     timesteps, sigmas, c_skip, c_out = _lcm(cfg, steps)
     d = sigmas[1:].copy()  # the noise that brings denoised to the next timestep's level; 0 after the last
     clip = float(cfg["clip_sample_range"]) if cfg["clip_sample"] else math.inf
-    return _schedule(timesteps, sigmas, c_skip / (sigmas[:-1] ** 2 + 1) ** 0.5, c_out, np.zeros(steps), d,
-                     c_out if cfg["clip_sample"] else np.zeros(steps), (sigmas[0] ** 2 + 1) ** 0.5, 1.0, clip)
+    zeros = np.zeros(steps)
+    return _schedule(timesteps, sigmas, c_skip / (sigmas[:-1] ** 2 + 1) ** 0.5, c_out, zeros, zeros, d,
+                     c_out if cfg["clip_sample"] else zeros, (sigmas[0] ** 2 + 1) ** 0.5, 1.0, clip)
 
 
-def _schedule(timesteps, sigmas, a, b, c, d, e, init, final, clip=math.inf) -> Schedule:
+def _schedule(timesteps, sigmas, a, b, c, c2, d, e, init, final, clip=math.inf, history=None) -> Schedule:
     f32 = lambda x: np.asarray(x, np.float32)  # noqa: E731
-    return Schedule(f32(timesteps), f32(sigmas), f32(a), f32(b), f32(c), f32(d), f32(e), float(init), float(final),
-                    float(clip))
+    return Schedule(f32(timesteps), f32(sigmas), f32(a), f32(b), f32(c), f32(c2), f32(d), f32(e), float(init),
+                    float(final), float(clip), history=history)

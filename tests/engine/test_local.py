@@ -156,6 +156,8 @@ def test_no_recompile_for_prompt_seed_guidance_steps_and_sampler(engine):
              ("a green triangle", 5, 0.0, engine.config.max_inference_steps), ("a red star", 2, 1.0, 3)]):
         gen(engine, prompt=prompt, negative_prompt="blurry" if i % 2 else "", seed=seed, guidance_scale=guidance,
             num_inference_steps=steps, sampler=SAMPLERS[i % len(SAMPLERS)])
+    for sampler in SAMPLERS[5:]:  # every other sampler (DPM++ 3M SDE's x0 of two steps back, UniPC's corrector)
+        gen(engine, sampler=sampler, num_inference_steps=3)
     assert engine.compile_count == before
     assert events == []
 

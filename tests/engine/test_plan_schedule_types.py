@@ -71,3 +71,28 @@ def test_dpm_2m_sde_is_reproducible_per_seed_and_compiles_nothing(tiny_shapes_en
     fields = generation_parameters(parameters_of(deliver(karras, "a red circle", "None").pngs[0]))
     assert sampler_of(fields["Sampler"], fields["Schedule type"]) == ("DPM++ 2M SDE", "karras")
     assert sampler_of("DPM++ 2M SDE Karras", None) == ("DPM++ 2M SDE", "karras")  # A1111's older combined name
+
+
+@pytest.mark.parametrize("sampler, schedule_type, older_name", [
+    ("DPM++ 3M SDE", "exponential", "DPM++ 3M SDE Exponential"), ("DPM++ 3M SDE", "karras", "DPM++ 3M SDE Karras"),
+    ("UniPC", "karras", "UniPC Karras")])
+def test_the_multistep_samplers_run_on_the_shared_program_and_round_trip(tiny_shapes_engine, sampler, schedule_type,
+                                                                         older_name):
+    """DPM++ 3M SDE (fresh noise per step, third order) and UniPC (predictor-corrector): the same seed makes the same
+    images, another seed and the two-step samplers others, a schedule type others again, no compile; the infotext's
+    Sampler and Schedule type read back as the pair, as does A1111's older combined name."""
+    gen(tiny_shapes_engine)
+    before = tiny_shapes_engine.compile_count
+    first = gen(tiny_shapes_engine, sampler=sampler, num_inference_steps=6)
+    again = gen(tiny_shapes_engine, sampler=sampler.lower(), num_inference_steps=6)
+    typed = gen(tiny_shapes_engine, sampler=sampler, num_inference_steps=6, schedule_type=schedule_type)
+    others = [gen(tiny_shapes_engine, sampler=s, num_inference_steps=6) for s in ("DPM++ 2M", "DPM++ 2M SDE")]
+    if sampler.endswith("SDE"):
+        others.append(gen(tiny_shapes_engine, sampler=sampler, num_inference_steps=6, seed=4))
+    assert tiny_shapes_engine.compile_count == before
+    assert np.array_equal(first.images, again.images) and first.request.sampler == sampler
+    for different in (typed, *others):
+        assert np.abs(different.images.astype(int) - first.images).mean() > 1.0
+    fields = generation_parameters(parameters_of(deliver(typed, "a red circle", "None").pngs[0]))
+    assert sampler_of(fields["Sampler"], fields["Schedule type"]) == (sampler, schedule_type)
+    assert sampler_of(older_name, None) == (sampler, schedule_type)

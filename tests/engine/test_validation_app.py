@@ -67,7 +67,8 @@ BAD = [
     ("width text", dict(width="wide"), r"width: expected a whole number, got 'wide'"),
     # sampler (A1111 names)
     ("unknown sampler", dict(sampler="LMS"), r"sampler: unknown sampler 'LMS'; choose one of Euler, Euler a, "
-                                             r"DPM\+\+ 2M, DPM\+\+ 2M Karras, DPM\+\+ 2M SDE, DDIM, LCM"),
+                                             r"DPM\+\+ 2M, DPM\+\+ 2M Karras, DPM\+\+ 2M SDE, DPM\+\+ 3M SDE, "
+                                             r"UniPC, DDIM, LCM"),
     ("sampler number", dict(sampler=3), r"sampler: expected a sampler's name \(text\), got int 3"),
 ]
 

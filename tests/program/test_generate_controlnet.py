@@ -205,7 +205,7 @@ def test_the_refiners_steps_take_no_control(program, reference):
     def images(switch, weight):
         unit = ControlUnit(image=reference["controls"][0], model="cn-a", weight=weight)
         inputs = ProgramInputs.build(ids, negative, False, list(reference["seeds"]), SETTINGS["guidance_scale"],
-                                     schedule, STEPS, STEPS).with_refiner(switch)
+                                     schedule, STEPS, STEPS).with_refiner(switch, schedule)
         inputs = inputs.with_control(**control_arrays([unit], 64, 64, 2, 0, STEPS, STEPS).inputs())
         return np.asarray(compiled.executable(params, inputs)[0]).astype(int)
 

@@ -60,7 +60,7 @@ def inputs_for(base, case: dict, seeds=SEEDS, switch: int | None = None, **refin
     schedule = make_schedule(case["sampler"], base.scheduler_config, STEPS)
     inputs = ProgramInputs.build(ids, negative, not case["negative_prompt"], list(seeds), SETTINGS["guidance_scale"],
                                  schedule, STEPS, STEPS)
-    return inputs.with_refiner(case["refiner_start"] if switch is None else switch, **refiner_kw)
+    return inputs.with_refiner(case["refiner_start"] if switch is None else switch, schedule, **refiner_kw)
 
 
 # ---- the fixture, the switch rule, the refusals: no compile --------------------------------------------------------

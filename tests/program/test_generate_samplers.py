@@ -161,3 +161,41 @@ def test_ddim_images_match_diffusers_on_a_config_saved_by_euler(steps_arrays):
     for clip, to_one in ((True, False), (False, True), (False, False)):
         other = np.abs(images({**config, "clip_sample": clip, "set_alpha_to_one": to_one}) - want)
         assert other.mean() > 0.5 and other.max() > 4, (clip, to_one, other.max(), other.mean())
+
+
+@pytest.mark.slow  # runs tiny-pt's program (the session's, compiled once) at the fixture's shape
+def test_unipc_images_match_diffusers(steps_arrays, tiny_pt_programs):
+    """Image level, through the compiled loop and its carry of earlier x0s: tiny-pt's pipeline with
+    UniPCMultistepScheduler.from_config of its config and the engine's program on the same latents agree within
+    test_models' image tolerance (4/255 max, 0.5/255 mean; measured 0/255); UniPC without its corrector (every step
+    in disable_corrector) or the update without the x0 of two steps back (c2 = 0) is more than 4 x as far off
+    (measured max 2/255, mean 0.19/255 and max 43/255, mean 4.5/255: on tiny-pt the corrector moves the images
+    little, so the tolerance alone would not see it; the ratio does)."""
+    import dataclasses
+
+    from sdxl_engine.program.generate import ProgramInputs, ProgramShape, tokenize
+
+    meta = STEPS["unipc_image_case"]
+    model, params = tiny_pt_programs.model, tiny_pt_programs.params
+    latents, want = steps_arrays["unipc_image_latents"], steps_arrays["unipc_image_images"].astype(int)
+    steps = meta["num_inference_steps"]
+    shape = ProgramShape(2, meta["height"], meta["width"], max_steps=TINY_PT_MAX_STEPS, given_latents=True)
+    program = tiny_pt_programs[shape]
+    ids, _ = tokenize(model, meta["prompt"])
+    negative, _ = tokenize(model, meta["negative_prompt"])
+
+    def images(schedule):
+        inputs = ProgramInputs.build(ids, negative, False, np.zeros(2, np.uint32), meta["guidance_scale"], schedule,
+                                     steps, shape.max_steps, latents=latents)
+        return np.asarray(program.executable(params, inputs)[0]).astype(int)
+
+    schedule = make_schedule("UniPC", meta["scheduler_config"], steps)
+    assert schedule.timesteps.tolist() == meta["timesteps"] and (schedule.c2[2:-1] != 0).all()
+    diff = np.abs(images(schedule) - want)
+    print(f"UniPC: max {diff.max()}/255, mean {diff.mean():.4f}/255")
+    assert diff.max() <= 4 and diff.mean() <= 0.5, (diff.max(), diff.mean())
+    uncorrected = make_schedule("UniPC", {**meta["scheduler_config"], "disable_corrector": list(range(steps))}, steps)
+    for name, wrong in (("no corrector", uncorrected), ("c2 = 0", dataclasses.replace(schedule, c2=0 * schedule.c2))):
+        off = np.abs(images(wrong) - want)
+        print(f"UniPC {name}: max {off.max()}/255, mean {off.mean():.3f}/255")
+        assert off.mean() > 0.05 and diff.mean() < off.mean() / 4, (name, off.mean(), diff.mean())

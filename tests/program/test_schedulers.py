@@ -38,7 +38,7 @@ VARIANTS = {  # fixture variant -> (sampler, timestep_spacing)
     "dpm++2m": ("DPM++ 2M", None), "dpm++2m-karras": ("DPM++ 2M Karras", None), "ddim": ("DDIM", None),
 }
 # diffusers steps x / sqrt(sigma^2 + 1) for these
-X_SPACE = ("DPM++ 2M", "DPM++ 2M Karras", "DPM++ 2M SDE", "DDIM", "LCM")
+X_SPACE = ("DPM++ 2M", "DPM++ 2M Karras", "DPM++ 2M SDE", "DPM++ 3M SDE", "UniPC", "DDIM", "LCM")
 RTOL = 1e-5
 
 
@@ -110,26 +110,45 @@ def test_schedule_matches_diffusers(name):
 
 def engine_trajectory(case: dict, steps_arrays: dict) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """(the engine's step k output, diffusers' prev_sample of step k, diffusers' sample k) for every step, each
-    step fed diffusers' own sample k (so one wrong step shows as itself), in diffusers' space."""
-    sampler, n = case["sampler"], case["steps"]
+    step fed diffusers' own sample k (so one wrong step shows as itself), in diffusers' space. DPM++ 3M SDE's
+    third-order steps are compared with diffusers' corrected (:func:`diffusers_third_order_d2`). A case with a
+    ``first_step`` (diffusers' set_begin_index) runs from there on :meth:`Schedule.starting_at`'s coefficients."""
+    sampler, n, first = case["sampler"], case["steps"], case.get("first_step", 0)
     config = model_config(case)
-    schedule = make_schedule(sampler, config, n)
+    schedule = make_schedule(sampler, config, n).starting_at(first)
     prediction = sampler_config(sampler, config)["prediction_type"]
     samples, outputs = steps_arrays[f"{case['name']}_samples"], steps_arrays["model_outputs"]
     noise = steps_arrays.get(f"{case['name']}_noise")
     scale = (schedule.sigmas.astype(np.float64) ** 2 + 1) ** 0.5 if sampler in X_SPACE else np.ones(n + 1)
-    pairs, x0_prev = [], np.zeros_like(samples[0])
-    for k in range(n):
+    samples = np.concatenate([np.zeros((first, *samples.shape[1:]), samples.dtype), samples])  # index = step
+    noise = None if noise is None else np.concatenate([np.zeros((first, *noise.shape[1:]), noise.dtype), noise])
+    pairs, x0_prev, x0_prev2 = [], np.zeros_like(samples[0]), np.zeros_like(samples[0])
+    for k in range(first, n):
         x = np.float32(samples[k] * scale[k])  # sigma space
         x0 = np.asarray(denoised(x, outputs[k], schedule.sigmas[k], prediction))
         z = noise[k] if noise is not None else np.zeros_like(x)
         out = sampler_update(x, x0, x0_prev, z, schedule.a[k], schedule.b[k], schedule.c[k], schedule.d[k],
-                             schedule.e[k], np.float32(schedule.clip_range))
+                             schedule.e[k], np.float32(schedule.clip_range), x0_prev2, schedule.c2[k])
         last = k == n - 1
         ours = np.asarray(out) * (schedule.final_scale if last and sampler in X_SPACE else 1 / scale[k + 1])
-        pairs.append((ours, samples[k + 1], samples[k]))
-        x0_prev = x0
+        want = samples[k + 1]
+        if sampler == "DPM++ 3M SDE" and schedule.c2[k] != 0:  # third order: diffusers' D2 factor is 1 less
+            want = want + diffusers_third_order_d2(schedule.sigmas, k, x0, x0_prev, x0_prev2) / scale[k + 1]
+        pairs.append((ours, want, samples[k]))
+        x0_prev, x0_prev2 = x0, x0_prev
     return pairs
+
+
+def diffusers_third_order_d2(sigmas, k: int, x0, x0_prev, x0_prev2) -> np.ndarray:
+    """What diffusers 0.42.1's third-order sde-dpmsolver++ step lacks against k-diffusion's sample_dpmpp_3m_sde, in
+    sigma space: D2 = (D1_0 - D1_1) / (r0 + r1) once. diffusers' ``multistep_dpm_solver_third_order_update`` has
+    ``((1 - exp(-2h) - 2h) / (2h)^2 - 0.5) D2`` where k-diffusion has ``-phi_3 d2 = (... + 0.5) d2`` (phi_3 = phi_2 /
+    2h - 1/2); the exact integral of the quadratic term is k-diffusion's, which tends to 0 with h as it must."""
+    lam = -np.log(np.asarray(sigmas, np.float64))
+    h, h0, h1 = lam[k + 1] - lam[k], lam[k] - lam[k - 1], lam[k - 1] - lam[k - 2]
+    r0, r1 = h0 / h, h1 / h
+    d1_0, d1_1 = (x0 - x0_prev) / r0, (x0_prev - x0_prev2) / r1
+    return (d1_0 - d1_1) / (r0 + r1)
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -138,6 +157,77 @@ def test_every_step_matches_diffusers(name, steps_arrays):
     program's denoised/sampler_update is diffusers' ``scheduler.step(...).prev_sample`` at every step."""
     for k, (ours, want, before) in enumerate(engine_trajectory(CASES[name], steps_arrays)):
         close(ours, want, f"{name} step {k}", before)
+
+
+def test_restarting_the_history_is_starting_there():
+    """Schedule.restarting_at (the refiner's switch) changes only the steps from the restart on, and those as
+    starting_at (img2img's start, checked against diffusers' set_begin_index above) has them; both compose; a sampler
+    without history is unchanged. DPM++ 2M's step at a restart is first order (c = 0), DPM++ 3M SDE's two steps
+    from a restart first and second order (c2 = 0), UniPC's first without its corrector (c = c2 = 0) and its next
+    with a first-order one (c2 = 0)."""
+    config = {**STEPS["base_config"], "final_sigmas_type": "sigma_min"}
+    for sampler in ("DPM++ 2M", "DPM++ 2M SDE", "DPM++ 3M SDE", "UniPC"):
+        plain = make_schedule(sampler, config, 16)
+        restarted, started = plain.restarting_at(7), plain.starting_at(7)
+        for name in ("a", "b", "c", "c2", "d"):
+            np.testing.assert_array_equal(getattr(restarted, name)[:7], getattr(plain, name)[:7])
+            np.testing.assert_array_equal(getattr(restarted, name)[7:], getattr(started, name)[7:])
+        assert restarted.c[7] == 0 and plain.c[7] != 0 and restarted.c[8] != 0
+        assert restarted.c2[7] == restarted.c2[8] == 0 and (plain.c2[8] != 0) == (sampler in ("DPM++ 3M SDE", "UniPC"))
+        both = started.restarting_at(11)
+        assert both.restarts == (7, 11) and both.c[11] == 0 and np.array_equal(both.b[7:11], started.b[7:11])
+    euler = make_schedule("Euler", config, 16)
+    assert euler.restarting_at(7) is euler and euler.starting_at(7) is euler
+
+
+def k_diffusion_3m_sde(sigmas, x, denoised, noise) -> list[np.ndarray]:
+    """k-diffusion's DPM-Solver++(3M) SDE (``sample_dpmpp_3m_sde``, eta 1, s_noise 1), written from its update in
+    numpy on given model outputs and noise: each step's sample. With t = -log sigma and h the step, the sample decays
+    by exp(-2h) toward x0, plus phi_2 D1 (second order) or phi_2 D1 - phi_3 D2 (third), phi_2 = expm1(-2h)/2h + 1,
+    phi_3 = phi_2/2h - 1/2, then noise of s' sqrt(-expm1(-2h)); a step to sigma 0 is x0 itself."""
+    out, hist, hs = [], [], []
+    for i, x0 in enumerate(denoised):
+        if sigmas[i + 1] == 0:
+            x = x0
+        else:
+            h = math.log(sigmas[i]) - math.log(sigmas[i + 1])
+            phi_2 = math.expm1(-2 * h) / (2 * h) + 1
+            x = math.exp(-2 * h) * x - math.expm1(-2 * h) * x0
+            if len(hist) >= 2:
+                r0, r1 = hs[-1] / h, hs[-2] / h
+                d1_0, d1_1 = (x0 - hist[-1]) / r0, (hist[-1] - hist[-2]) / r1
+                d1, d2 = d1_0 + (d1_0 - d1_1) * r0 / (r0 + r1), (d1_0 - d1_1) / (r0 + r1)
+                x = x + phi_2 * d1 - (phi_2 / (2 * h) - 0.5) * d2
+            elif hist:
+                x = x + phi_2 * (x0 - hist[-1]) / (hs[-1] / h)
+            x = x + noise[i] * sigmas[i + 1] * math.sqrt(-math.expm1(-2 * h))
+        out.append(x)
+        hist.append(x0)
+        hs.append(math.log(sigmas[i]) - math.log(sigmas[i + 1]) if sigmas[i + 1] else math.inf)
+    return out
+
+
+def test_dpm_3m_sde_with_heun_and_15_steps_or_more_is_k_diffusions():
+    """A1111's DPM++ 3M SDE is k-diffusion's sample_dpmpp_3m_sde. The engine's (diffusers' class, its third-order
+    D2 as k-diffusion's) is it step for step where diffusers' step orders agree with k-diffusion's: solver_type heun
+    (k-diffusion's second-order step is heun's phi_2 form) and 15 steps or more (under 15 diffusers' lower_order_final
+    makes the last but one step second order). SDXL's config says midpoint: its second step differs (and under 15
+    steps its last but one), which the schedule's own test against diffusers covers."""
+    rng = np.random.RandomState(5)
+    for solver_type, steps, same in (("heun", 16, True), ("midpoint", 16, False), ("heun", 8, False)):
+        schedule = make_schedule("DPM++ 3M SDE", {**STEPS["base_config"], "solver_type": solver_type}, steps, "karras")
+        sigmas = schedule.sigmas.astype(np.float64)
+        denoised, noise = rng.standard_normal((2, steps, 8))
+        x = start = rng.standard_normal(8) * sigmas[0]
+        ours, x0_prev, x0_prev2 = [], np.zeros(8), np.zeros(8)
+        for k in range(steps):
+            x = np.asarray(sampler_update(x, denoised[k], x0_prev, noise[k], schedule.a[k], schedule.b[k],
+                                          schedule.c[k], schedule.d[k], x0_prev2=x0_prev2, c2=schedule.c2[k]))
+            ours.append(x)
+            x0_prev, x0_prev2 = denoised[k], x0_prev
+        theirs = k_diffusion_3m_sde(sigmas, start, denoised, noise)
+        worst = max(np.abs(a - b).max() / (1 + np.abs(b).max()) for a, b in zip(ours, theirs))
+        assert (worst < 1e-5) == same, (solver_type, steps, worst)
 
 
 def test_the_matrix_covers_what_the_survivors_hid():
@@ -222,6 +312,19 @@ def test_a_field_no_sampler_follows_refuses_the_model_naming_it(changes, field, 
         make_schedule(sampler, config, 4)
 
 
+@pytest.mark.parametrize("changes, field", [
+    ({"final_sigmas_type": "sigma_min", "use_karras_sigmas": True}, "final_sigmas_type"),
+    ({"lower_order_final": False}, "lower_order_final")])
+def test_what_only_unipc_cannot_follow_refuses_unipc_per_request_not_the_model(changes, field):
+    """diffusers' UniPC divides by zero on these two (a repeated last Karras sigma, h = 0; a second-order last step
+    to sigma 0), which every other sampler follows: the model loads, UniPC alone is refused, naming the field."""
+    config = {**STEPS["base_config"], **changes}
+    check_scheduler_config(config)
+    make_schedule("DPM++ 3M SDE", config, 6)
+    with pytest.raises(UnsupportedSchedulerConfig, match=rf"^{field}=.* is not supported \(sampler 'UniPC'\)"):
+        make_schedule("UniPC", config, 6)
+
+
 def test_zero_terminal_snr_refuses_ddim_per_request_not_the_model():
     """schedulers.PER_SAMPLER: a ztsnr model loads; Euler follows its rescaled betas (sigma_max grows by
     orders of magnitude, as diffusers' rescale_zero_terminal_snr makes it), and only DDIM is refused, by name."""
@@ -259,7 +362,8 @@ def test_a_model_folder_with_a_refused_field_fails_to_load_naming_file_and_field
 
 
 def test_sampler_names():
-    assert SAMPLERS == ("Euler", "Euler a", "DPM++ 2M", "DPM++ 2M Karras", "DPM++ 2M SDE", "DDIM", "LCM")
+    assert SAMPLERS == ("Euler", "Euler a", "DPM++ 2M", "DPM++ 2M Karras", "DPM++ 2M SDE", "DPM++ 3M SDE", "UniPC",
+                        "DDIM", "LCM")
     assert get_sampler(" dpm++  2m karras") == "DPM++ 2M Karras" and get_sampler(None) == "Euler"
     with pytest.raises(UnknownSampler, match="unknown sampler 'LMS'; choose one of Euler, Euler a, DPM"):
         get_sampler("LMS")

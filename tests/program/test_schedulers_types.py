@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from sdxl_engine.program.schedulers import (
+    SAMPLERS,
     SCHEDULE_TYPES,
     UnknownScheduleType,
     UnsupportedScheduleType,
@@ -66,10 +67,10 @@ def test_euler_karras_coefficients_follow_the_sigmas():
     assert schedule.init_scale == pytest.approx((sigmas[0] ** 2 + 1) ** 0.5, rel=1e-6)
 
 
-@pytest.mark.parametrize("sampler", ["Euler", "Euler a", "DPM++ 2M", "DPM++ 2M Karras", "DDIM", "LCM"])
+@pytest.mark.parametrize("sampler", SAMPLERS)
 def test_automatic_is_the_samplers_own_schedule_exactly(sampler):
     own, automatic = make_schedule(sampler, SDXL, 20), make_schedule(sampler, SDXL, 20, "automatic")
-    for field in ("timesteps", "sigmas", "a", "b", "c", "d", "e"):
+    for field in ("timesteps", "sigmas", "a", "b", "c", "c2", "d", "e"):
         assert np.array_equal(getattr(own, field), getattr(automatic, field)), field
     assert (own.init_scale, own.final_scale) == (automatic.init_scale, automatic.final_scale)
 
@@ -77,11 +78,23 @@ def test_automatic_is_the_samplers_own_schedule_exactly(sampler):
 def test_dpmpp_2m_with_karras_is_dpmpp_2m_karras():
     for steps in (7, 20):
         split, named = make_schedule("DPM++ 2M", SDXL, steps, "karras"), make_schedule("DPM++ 2M Karras", SDXL, steps)
-        for field in ("timesteps", "sigmas", "a", "b", "c", "d", "e"):
+        for field in ("timesteps", "sigmas", "a", "b", "c", "c2", "d", "e"):
             assert np.array_equal(getattr(split, field), getattr(named, field)), field
         np.testing.assert_allclose(named.sigmas, REFERENCE[str(steps)]["karras"], rtol=1e-5)
     assert not np.array_equal(make_schedule("DPM++ 2M", SDXL, 7).sigmas, make_schedule("DPM++ 2M", SDXL, 7,
                                                                                           "karras").sigmas)
+
+
+@pytest.mark.parametrize("sampler", ["DPM++ 3M SDE", "UniPC"])
+def test_the_multistep_samplers_take_a1111s_sigmas(sampler):
+    """DPM++ 3M SDE ("DPM++ 3M SDE Karras" / "Exponential" in A1111's older names) and UniPC on A1111's Karras and
+    exponential sigmas: those sigmas, whole timesteps, the sampler's own multistep coefficients (third order / the
+    corrector where c2 is not 0) on them, and other coefficients than the automatic spacing's."""
+    for schedule_type in ("karras", "exponential"):
+        typed, own = make_schedule(sampler, SDXL, 7, schedule_type), make_schedule(sampler, SDXL, 7)
+        np.testing.assert_allclose(typed.sigmas, REFERENCE["7"][schedule_type], rtol=1e-5)
+        assert typed.sigmas[-1] == 0 and np.array_equal(typed.timesteps, np.round(typed.timesteps))
+        assert (typed.c2[2:-2] != 0).all() and not np.allclose(typed.b, own.b)
 
 
 def test_names_labels_and_aliases():

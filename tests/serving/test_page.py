@@ -21,7 +21,8 @@ def test_page_builder_with_fake_engine():
     assert [p["parameter_has_default"] for p in api["parameters"]] == [False] + [True] * 17
     assert api["parameters"][9]["parameter_default"] == 1  # no refiner loaded: "1 = no refiner"
     assert api["parameters"][8]["python_type"]["type"] == ("Literal['Euler', 'Euler a', 'DPM++ 2M', "
-                                                           "'DPM++ 2M Karras', 'DPM++ 2M SDE', 'DDIM', 'LCM']")
+                                                           "'DPM++ 2M Karras', 'DPM++ 2M SDE', 'DPM++ 3M SDE', "
+                                                           "'UniPC', 'DDIM', 'LCM']")
     assert len(api["returns"]) == 2  # the gallery and the JSON info (the history record never leaves the server)
     # What view_api shows: whole numbers as int (a slider reports float unless told otherwise).
     assert [p["python_type"]["type"] for p in api["parameters"][:7]] == ["str", "str", "int", "float", "int", "int",
@@ -171,9 +172,11 @@ def test_png_settings_restores_this_servers_and_a1111s_parameters():
     values, note = page.png_settings("a cat\nSteps: 4, Seed: 5", [], 50, 99)
     assert values == {"prompt": "a cat\nSteps: 4, Seed: 5", "negative_prompt": "",
                       "style": "(No style)"}  # fewer than 3 fields: A1111 reads the line as prompt
-    values, note = page.png_settings("a cat\nSteps: 4, Sampler: UniPC, Seed: x, CFG scale: 2", [], 50, 99)
-    assert values["num_inference_steps"] == 4 and "sampler 'UniPC' (not one of this server's)" in note
+    values, note = page.png_settings("a cat\nSteps: 4, Sampler: LMS, Seed: x, CFG scale: 2", [], 50, 99)
+    assert values["num_inference_steps"] == 4 and "sampler 'LMS' (not one of this server's)" in note
     assert "Seed 'x' (this page takes 0 to 99)" in note
+    restored = page.png_settings("a cat\nSteps: 4, Sampler: UniPC, Schedule type: Karras, Seed: 5", [], 50, 99)[0]
+    assert (restored["sampler"], restored["schedule_type"]) == ("UniPC", "Karras")  # one of this server's since #61
     assert page.png_settings(" ", [], 50, 99) == ({}, "That file has no generation parameters (no `parameters` text "
                                                      "in a PNG): nothing restored.")
     with pytest.raises(ValueError, match="at most 60000 characters"):

@@ -16,6 +16,7 @@ from collections.abc import Callable
 import gradio as gr
 
 from sdxl_engine.engine.validation import InvalidRequest
+from sdxl_engine.program.schedulers import DEFAULT_SCHEDULE_TYPE
 from sdxl_engine.service.request import to_request
 from sdxl_engine.service.styles import NO_STYLE
 from sdxl_engine.serving import admission
@@ -50,7 +51,8 @@ def image_tool(requests, config, engine=None) -> Callable:
                              sampler: str = config.sampler, refiner_switch_at: float = 1.0, upscale: float = 1.0,
                              control_image: str = "", control_model: str = "", control_weight: float = 1.0,
                              control_start: float = 0.0, control_end: float = 1.0, control_module: str = "none",
-                             model: str = "", request: gr.Request = None) -> tuple[list, dict]:
+                             model: str = "", schedule_type: str = DEFAULT_SCHEDULE_TYPE,
+                             request: gr.Request = None) -> tuple[list, dict]:
         while engine is not None and not engine.ready.is_set():
             await asyncio.sleep(0.5)
         limits = getattr(engine, "limits", None)
@@ -68,8 +70,9 @@ def image_tool(requests, config, engine=None) -> Callable:
             settings = left_out(dict(guidance_scale=guidance_scale, num_inference_steps=num_inference_steps,
                                      sampler=sampler), config, model, request)  # gradio_client's left out
             asked = to_request(prompt=prompt, negative_prompt=negative_prompt, seed=seed, **settings, width=w,
-                               height=h, style=NO_STYLE, client=admission.client_address(request),
-                               paste_back=paste_back, field_names=names, **fields, **model_field(model))
+                               height=h, schedule_type=schedule_type, style=NO_STYLE,
+                               client=admission.client_address(request), paste_back=paste_back,
+                               field_names=names, **fields, **model_field(model))
         except InvalidRequest as err:
             raise refuse(err) from err
         outputs = [out async for out in follow(requests, asked, request, front="page")]  # previews, then the images

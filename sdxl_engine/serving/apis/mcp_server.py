@@ -170,7 +170,8 @@ class McpServer:
             return to_request(prompt=values["prompt"], negative_prompt=values["negative_prompt"], seed=values["seed"],
                               guidance_scale=values["guidance_scale"],
                               num_inference_steps=values["num_inference_steps"], width=w, height=h,
-                              sampler=values["sampler"], style=NO_STYLE, client=client, paste_back=paste_back,
+                              sampler=values["sampler"], schedule_type=values["schedule_type"], style=NO_STYLE,
+                              client=client, paste_back=paste_back,
                               field_names=tools.field_names(fields), **fields, **control,
                               **tools.model_field(values["model"]))
         except ApiError as err:

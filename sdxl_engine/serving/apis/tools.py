@@ -92,6 +92,8 @@ before the refiner takes over, 0 to below 1 (0 = the refiner alone); 1 = no refi
 this factor (Lanczos) and denoised again at the larger size with strength (-1 = 0.7); no mask with it
 {control}
     model: {models}
+    schedule_type: the spacing of the sampler's noise levels, as the generate tool takes it: one of \
+{schedule_types}; automatic = the sampler's own
 Returns:
     the images (PNG, with their generation parameters) and a JSON record: seeds, size, strength, timings
 """
@@ -134,6 +136,7 @@ def generate_inputs(config) -> tuple[Input, ...]:
 
 
 FIRST_RELEASE = 9  # /generate's first release took its first nine inputs: a raw call must send at least those
+IMAGE_FIRST_RELEASE = 20  # /image_to_image's inputs before schedule_type: a raw call must send at least those
 
 
 # The page's two image events (handler.image_function and upscale_function; private, the page's own) take
@@ -175,9 +178,11 @@ def upscale_event_inputs(config) -> tuple[Input, ...]:
 
 
 def optional_inputs() -> dict[str, tuple[str, ...]]:
-    """{endpoint: the names of its inputs added after its first release, in order} (:data:`FIRST_RELEASE`): a raw
-    call may leave them out and gets their defaults (guard.completed)."""
-    return {GENERATE: tuple(item.name for item in generate_inputs(EngineConfig())[FIRST_RELEASE:])}
+    """{endpoint: the names of its inputs added after its first release, in order} (:data:`FIRST_RELEASE`,
+    :data:`IMAGE_FIRST_RELEASE`): a raw call may leave them out and gets their defaults (guard.completed)."""
+    config = EngineConfig()
+    return {GENERATE: tuple(item.name for item in generate_inputs(config)[FIRST_RELEASE:]),
+            IMAGE_TO_IMAGE: tuple(item.name for item in image_inputs(config)[IMAGE_FIRST_RELEASE:])}
 
 
 def signature_of(inputs: tuple[Input, ...], *trailing: inspect.Parameter) -> inspect.Signature:
@@ -210,13 +215,15 @@ def request_values(values: dict) -> dict:
 
 
 def image_inputs(config) -> tuple[Input, ...]:
-    """The ``image_to_image`` tool's inputs, in order, its defaults the page's (``config``)."""
+    """The ``image_to_image`` tool's inputs, in order, its defaults the page's (``config``); an input added later
+    goes at the end (:data:`IMAGE_FIRST_RELEASE`)."""
     return (Input("prompt", str), Input("image", str), Input("mask", str, ""), Input("strength", float, -1.0),
             Input("negative_prompt", str, ""), Input("seed", int, -1),
             Input("guidance_scale", float, config.guidance_scale),
             Input("num_inference_steps", int, config.num_inference_steps), Input("width", int, 0),
             Input("height", int, 0), Input("sampler", str, config.sampler), Input("refiner_switch_at", float, 1.0),
-            Input("upscale", float, 1.0), *CONTROL_INPUTS, Input("model", str, ""))
+            Input("upscale", float, 1.0), *CONTROL_INPUTS, Input("model", str, ""),
+            Input("schedule_type", str, DEFAULT_SCHEDULE_TYPE, tuple(SCHEDULE_TYPES)))
 
 
 def generate_doc(models: list[str] = ()) -> str:
@@ -228,8 +235,9 @@ def generate_doc(models: list[str] = ()) -> str:
 
 
 def image_doc(models: list[str] = ()) -> str:
-    """:data:`IMAGE_DOC` with the preprocessor and model names filled in (as :func:`generate_doc`)."""
-    return IMAGE_DOC.format(control=CONTROL_DOC.format(modules=", ".join(MODULES)), models=model_doc(models))
+    """:data:`IMAGE_DOC` with the preprocessor, model and schedule type names filled in (as :func:`generate_doc`)."""
+    return IMAGE_DOC.format(control=CONTROL_DOC.format(modules=", ".join(MODULES)), models=model_doc(models),
+                            schedule_types=", ".join(SCHEDULE_TYPES))
 
 
 def control_fields(control_image: str = "", control_model: str = "", control_weight: float = 1.0,

@@ -100,7 +100,7 @@ def test_the_tools_are_the_endpoints_inputs_in_order_described_with_the_pages_de
                                             "refiner_switch_at", *tools.CONTROL_NAMES, "model", "schedule_type"]
     assert tools.CONTROL_NAMES == ("control_image", "control_model", "control_weight", "control_start",
                                    "control_end", "control_module")
-    assert list(image["properties"])[-7:] == [*tools.CONTROL_NAMES, "model"]
+    assert list(image["properties"])[-8:] == [*tools.CONTROL_NAMES, "model", "schedule_type"]
     assert "canny" in generate["properties"]["control_module"]["description"]
     assert generate["required"] == ["prompt"] and image["required"] == ["prompt", "image"]
     seed = generate["properties"]["seed"]
@@ -303,3 +303,27 @@ def test_the_generate_tools_schedule_type_reaches_the_engine_and_an_unknown_one_
     assert not any(answer.isError for answer in answers), answers
     sent = sorted((job.request.engine.schedule_type for job in served.service.jobs(None)), key=str)
     assert sent == ["automatic", "karras"]
+
+
+def test_the_image_tools_schedule_type_reaches_the_engine_and_an_unknown_one_is_refused_naming_it(engine):
+    """Issue #61: ``image_to_image`` takes ``schedule_type`` as the generate tool does (the same enum, default
+    automatic, described), last among its inputs (a raw /image_to_image call without it gets the default: the
+    guard's optional inputs); it reaches the engine's request, left out it is automatic; a name outside the enum is
+    refused naming the argument."""
+    from sdxl_engine.program.schedulers import SCHEDULE_TYPES
+    from sdxl_engine.service.images import png_bytes
+
+    mcp = McpServer(Service(engine, slots=1, limit=2), CONFIG, lambda request: "me")
+    generate, image = (tool.inputSchema["properties"] for tool in mcp.tools)
+    assert image["schedule_type"]["enum"] == generate["schedule_type"]["enum"] == list(SCHEDULE_TYPES)
+    assert image["schedule_type"]["default"] == "automatic" and "automatic" in image["schedule_type"]["description"]
+    assert tools.optional_inputs()["image_to_image"] == ("schedule_type",)
+    picture = base64.b64encode(png_bytes(np.full((24, 40, 3), 200, np.uint8))).decode()
+    for extra, want in (({"schedule_type": "karras"}, "karras"), ({}, "automatic")):
+        asked = asyncio.run(mcp.request_for("image_to_image", {"prompt": "x", "image": picture, "sampler": "UniPC",
+                                                               **extra}, "me"))
+        assert (asked.engine.schedule_type, asked.engine.sampler, asked.engine.image is not None) == (
+            want, "UniPC", True)
+    with pytest.raises(Exception, match=r"^schedule_type: 'sideways' is not one of"):
+        asyncio.run(mcp.request_for("image_to_image", {"prompt": "x", "image": picture, "schedule_type": "sideways"},
+                                    "me"))
