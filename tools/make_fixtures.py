@@ -13,6 +13,7 @@ Commands, run from the repository root (each in the module that makes it):
     python -m tools.make_fixtures lcm-lora            # tools/fixtures_lora.py
     python -m tools.make_fixtures img2img             # tools/fixtures_img2img.py
     python -m tools.make_fixtures ip-adapter          # tools/fixtures_ip_adapter.py
+    python -m tools.make_fixtures controlnet-union    # tools/fixtures_controlnet_union.py
     python -m tools.make_fixtures fullsize --out DIR [--dtype float32|bfloat16]   # tools/fixtures_fullsize.py
 
 What they share (paths, SDXL base's configs, building and checking components, writers) is
@@ -32,6 +33,7 @@ import diffusers
 import transformers
 
 from tools.fixtures_common import FIXTURES
+from tools.fixtures_controlnet_union import cmd_controlnet_union
 from tools.fixtures_fullsize import cmd_fullsize
 from tools.fixtures_img2img import cmd_img2img
 from tools.fixtures_ip_adapter import cmd_ip_adapter
@@ -70,6 +72,8 @@ def main(argv=None) -> None:
     ip_adapter = sub.add_parser("ip-adapter", help="tiny-pt-ip-adapter: a tiny IP-Adapter in h94's layout, diffusers' "
                                 "images with it (needs tiny-pt-img2img/noise.npz)")
     ip_adapter.add_argument("--out", type=Path, default=FIXTURES)
+    sub.add_parser("controlnet-union", help="tiny-pt-controlnet-union: a tiny ControlNetUnionModel for tiny-pt, "
+                   "diffusers' union pipeline's images with it (needs tiny-pt-controlnet and tiny-pt-img2img)")
     full = sub.add_parser("fullsize", help="random full-size SDXL base and its reference outputs")
     full.add_argument("--out", type=Path, required=True)
     full.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
@@ -94,6 +98,7 @@ COMMANDS = {
     "lcm-lora": lambda args: cmd_lcm_lora(args.out),
     "img2img": lambda args: cmd_img2img(args.out),
     "ip-adapter": lambda args: cmd_ip_adapter(args.out),
+    "controlnet-union": lambda args: cmd_controlnet_union(),
     "fullsize": lambda args: cmd_fullsize(args.out, args.dtype),
 }
 

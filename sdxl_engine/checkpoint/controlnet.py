@@ -6,6 +6,9 @@ Sources (``EngineConfig.controlnet``: paths joined by ``os.pathsep``, the flag `
 * a diffusers ``ControlNetModel`` folder: ``config.json`` (``_class_name`` ControlNetModel) and
   ``diffusion_pytorch_model[.fp16].safetensors`` (or shards): ``diffusers/controlnet-canny-sdxl-1.0``,
   ``xinsir/controlnet-*-sdxl-1.0``. Named by the folder's name.
+* a diffusers ``ControlNetUnionModel`` folder (xinsir's ``controlnet-union-sdxl-1.0``, its ProMax): the same,
+  ``_class_name`` ControlNetUnionModel (component "controlnet_union", models/controlnet_union.py; a single file is
+  one when its tensors hold ``task_embedding``), one file for every control type.
 * one ``.safetensors`` file with diffusers' key names (``controlnet_cond_embedding.*``,
   ``controlnet_down_blocks.*``: lllyasviel's ``diffusers_xl_*_full.safetensors`` and a folder's weights file
   alone). Its config: ``<stem>.json`` or ``config.json`` beside it, else the model's UNet config (diffusers'
@@ -13,8 +16,8 @@ Sources (``EngineConfig.controlnet``: paths joined by ``os.pathsep``, the flag `
   the file's tensor shapes. Named by the file's stem.
 
 Weights go through checkpoint/weights.py (the same key rules, checks and bounded reads as every component), cast to
-the model's dtype and put on the devices as they are read. ``ControlNetUnionModel`` (xinsir's union) and
-ControlNet-LoRA / LLLite files are refused by name. A loaded ControlNet must fit the model it steers (the UNet's
+the model's dtype and put on the devices as they are read. ControlNet-XS, SparseCtrl and ControlNet-LoRA / LLLite
+files are refused by name. A loaded ControlNet must fit the model it steers (the UNet's
 skip connections, the text conditioning, the VAE's factor): :func:`check_fits`.
 
 The hash is AUTOMATIC1111's model hash of the weights file (``sd_models.model_hash``: sha256 of 64 KiB at
@@ -47,8 +50,7 @@ from sdxl_engine.models import Component, build_component
 
 LOG = logging.getLogger(__name__)
 NAME = re.compile(r"[A-Za-z0-9_.\-+ ()\[\]]+")  # what a client may write in a unit's model field
-REFUSED_CLASSES = {"ControlNetUnionModel": "ControlNet-Union (a control type per unit) is not supported yet",
-                   "ControlNetXSAdapter": "ControlNet-XS is not supported",
+REFUSED_CLASSES = {"ControlNetXSAdapter": "ControlNet-XS is not supported",
                    "SparseControlNetModel": "SparseCtrl is not supported"}
 
 
@@ -77,6 +79,11 @@ class LoadedControlNet:
     def architecture(self) -> str:
         """:func:`architecture` of its config: ControlNets with equal ids share compiled programs."""
         return architecture(self.component)
+
+    @property
+    def union(self) -> int:
+        """How many control types it takes (a ControlNet-Union: 6, ProMax 8); 0 for a plain ControlNet."""
+        return getattr(self.component.config, "num_control_type", 0)
 
     @property
     def title(self) -> str:
@@ -148,14 +155,15 @@ def _read_config(path: Path) -> dict:
     kind = config.get("_class_name", "ControlNetModel")
     if kind in REFUSED_CLASSES:
         raise ModelLoadError(f"{path}: a {kind}: {REFUSED_CLASSES[kind]}; use a plain ControlNetModel")
-    if kind not in ("ControlNetModel", "FlaxControlNetModel"):
-        raise ModelLoadError(f"{path}: a {kind}, not a ControlNetModel config")
+    if kind not in ("ControlNetModel", "FlaxControlNetModel", "ControlNetUnionModel"):
+        raise ModelLoadError(f"{path}: a {kind}, not a ControlNetModel or ControlNetUnionModel config")
     return config
 
 
 def _build(config: dict, where: Path) -> Component:
+    kind = "controlnet_union" if config.get("_class_name") == "ControlNetUnionModel" else "controlnet"
     try:
-        return build_component("controlnet", config)
+        return build_component(kind, config)
     except (ValueError, KeyError, TypeError) as err:
         raise ModelLoadError(f"{where}: {err}") from err
 
@@ -201,6 +209,12 @@ def config_from_file(path: Path, unet_config: dict | None) -> dict:
               if k not in ("up_block_types", "out_channels", "reverse_transformer_layers_per_block", "_class_name")}
     config.update(_class_name="ControlNetModel", in_channels=header["conv_in.weight"].shape[1],
                   conditioning_embedding_out_channels=channels, transformer_layers_per_block=per_block)
+    if "task_embedding" in header:  # a ControlNet-Union: its types, token width and depth from the shapes
+        types, width = header["task_embedding"].shape
+        layers = {int(m[1]) for k in header if (m := re.match(r"transformer_layes\.(\d+)\.", k))}
+        config.update(_class_name="ControlNetUnionModel", num_control_type=types, num_trans_channel=width,
+                      num_proj_channel=header["spatial_ch_projs.weight"].shape[0], num_trans_layer=len(layers),
+                      num_trans_head=8 if width % 8 == 0 else 1)  # xinsir's 8 heads; no tensor shows the count
     return config
 
 

@@ -24,6 +24,7 @@ from flax import nnx
 from sdxl_engine.models.clip import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, CLIPTextOutput
 from sdxl_engine.models.clip_vision import CLIPVisionConfig, CLIPVisionModelWithProjection
 from sdxl_engine.models.controlnet import ControlNetConfig, ControlNetModel
+from sdxl_engine.models.controlnet_union import ControlNetUnionConfig, ControlNetUnionModel
 from sdxl_engine.models.ip_adapter import IPAdapterConfig, IPAdapterLayers, IPAdapterLayersConfig, IPAdapterModel
 from sdxl_engine.models.unet import UNet2DConditionModel, UNetConfig
 from sdxl_engine.models.vae import AutoencoderKL, VAEConfig
@@ -42,6 +43,7 @@ COMPONENTS: dict[str, tuple[type, type, tuple[str, ...]]] = {
 # Components loaded beside a model, never listed in its model_index.json (checkpoint/controlnet.py), same shape.
 ADDONS: dict[str, tuple[type, type, tuple[str, ...]]] = {
     "controlnet": (ControlNetConfig, ControlNetModel, ("ControlNetModel",)),
+    "controlnet_union": (ControlNetUnionConfig, ControlNetUnionModel, ("ControlNetUnionModel",)),
     # IP-Adapter (checkpoint/ip_adapter.py): its image encoder and the adapter file's modules
     "image_encoder": (CLIPVisionConfig, CLIPVisionModelWithProjection, ("CLIPVisionModelWithProjection",)),
     "ip_adapter": (IPAdapterConfig, IPAdapterModel, ()),

@@ -94,12 +94,15 @@ def test_sources_from_the_setting_and_a_folder(tmp_path):
 
 
 def test_refusals_name_the_file_and_what_to_do(tmp_path, tiny_unet):
-    union = tmp_path / "union"
-    shutil.copytree(FOLDER / "cn-a", union)
-    config = json.loads((union / "config.json").read_text())
-    (union / "config.json").write_text(json.dumps({**config, "_class_name": "ControlNetUnionModel"}))
-    with pytest.raises(ModelLoadError, match="ControlNet-Union"):
-        load_controlnet("union", union, "float32", log=quiet)
+    xs = tmp_path / "xs"
+    shutil.copytree(FOLDER / "cn-a", xs)
+    config = json.loads((xs / "config.json").read_text())
+    (xs / "config.json").write_text(json.dumps({**config, "_class_name": "ControlNetXSAdapter"}))
+    with pytest.raises(ModelLoadError, match="ControlNet-XS"):
+        load_controlnet("xs", xs, "float32", log=quiet)
+    (xs / "config.json").write_text(json.dumps({**config, "_class_name": "ControlNetUnionModel"}))
+    with pytest.raises(ModelLoadError, match="num_trans_channel"):  # a union config needs its tokens at 16 wide
+        load_controlnet("xs", xs, "float32", log=quiet)
     from safetensors.numpy import save_file
 
     save_file({"lora_unet_down.weight": np.zeros((2, 2), np.float32)}, str(tmp_path / "lora.safetensors"))
