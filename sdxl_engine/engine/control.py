@@ -15,6 +15,10 @@ The semantics are AUTOMATIC1111's sd-webui-controlnet (``scripts/hook.py``, ``sc
   (SDXL's 10: 0.825^12 .. 0.825^3); "ControlNet is more important": those soft scales, and the residuals on the
   prompt's half only (the negative prompt's rows get none).
 * **Several units** add their residuals.
+* **ControlNet-Union** (diffusers' ``StableDiffusionXLControlNetUnionPipeline``): a unit of a union model names
+  each image's control type (``control_type``: diffusers' names and indices, :data:`CONTROL_TYPES`), and may carry
+  several images, one type each, in one call; its weight scales the residuals (one image) or each image's share
+  (several), as diffusers' ``controlnet_conditioning_scale``.
 * **Hires fix** (``hr_option`` "Both"): both passes, the control image fitted to each pass's size; in the second pass
   a unit whose module is canny (or mlsd) gets the soft scales (hook.py ``high_res_fix_forced_soft_injection``).
 """
@@ -37,6 +41,7 @@ from sdxl_engine.engine.control_preprocess import (
     preprocess,
 )
 from sdxl_engine.engine.errors import InvalidRequest
+from sdxl_engine.models.controlnet_union import CONTROL_TYPES
 
 CONTROL_MODES = ("Balanced", "My prompt is more important", "ControlNet is more important")
 # sd-webui-controlnet's older names of the resize modes (args.py ``check_resize_mode``).
@@ -45,6 +50,10 @@ RESIZE_ALIASES = {"Inner Fit (Scale to Fit)": "Crop and Resize", "Outer Fit (Shr
 MAX_WEIGHT = 2.0  # sd-webui-controlnet's ``weight`` bound (args.py: ge 0, le 2)
 PROCESSOR_RES = (64, 2048)  # its resolution slider's bounds; -1 = the module's default
 MAX_CONTROL_SIDE = 8192  # pixels: a control image larger than this is refused before any resize
+MAX_UNION_IMAGES = 4  # control images one ControlNet-Union unit may carry (each count is its own program)
+# each union control type's name in infotexts (the first of CONTROL_TYPES' names for its index)
+TYPE_NAMES = tuple(next(name for name, i in CONTROL_TYPES.items() if i == k)
+                   for k in range(max(CONTROL_TYPES.values()) + 1))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +76,10 @@ class ControlUnit:
         module: the preprocessor (engine/control_preprocess.py: none, canny, invert, tile_resample, blur_gaussian,
             scribble_xdog, lineart_standard).
         threshold_a, threshold_b: the preprocessor's two sliders (canny: low, high); -1: its defaults.
+        control_type: a ControlNet-Union unit's control type per image: a name of :data:`CONTROL_TYPES` ("canny",
+            "depth", "openpose", ...) or diffusers' index (0 .. the model's types - 1), or a list of them, one per
+            image of ``image`` (then a list of images: several types in one unit). None for a plain ControlNet.
+            Validated: a tuple of indices.
     """
 
     image: object = dataclasses.field(default=None, compare=False)
@@ -81,6 +94,12 @@ class ControlUnit:
     module: str = "none"
     threshold_a: float = -1.0
     threshold_b: float = -1.0
+    control_type: object = None
+
+    @property
+    def images(self) -> tuple:
+        """Its control images: the list of a several-image union unit, else the one image."""
+        return tuple(self.image) if isinstance(self.image, (list, tuple)) else (self.image,)
 
 
 def model_name_of(model) -> str:
@@ -123,14 +142,58 @@ def as_control_image(field: str, image) -> np.ndarray:
     return np.ascontiguousarray(hwc3(image))
 
 
+def as_control_types(field: str, value, types: int) -> tuple[int, ...]:
+    """A union unit's ``control_type`` as indices: a name of :data:`CONTROL_TYPES` or an index below ``types`` (the
+    model's count), or a list of them. Raises InvalidRequest naming ``field``."""
+    values = list(value) if isinstance(value, (list, tuple)) else [value]
+    if value is None or not values:
+        raise InvalidRequest(field, f"a ControlNet-Union unit needs a control type per image: one of "
+                                    f"{', '.join(CONTROL_TYPES)} (or 0..{types - 1})")
+    out = []
+    for v in values:
+        index = CONTROL_TYPES.get(v.strip().lower()) if isinstance(v, str) else v
+        if isinstance(index, bool) or not isinstance(index, numbers.Integral):
+            raise InvalidRequest(field, f"unknown control type {v!r}: one of {', '.join(CONTROL_TYPES)} (or "
+                                        f"0..{types - 1})")
+        if not 0 <= index < types:
+            raise InvalidRequest(field, f"control type {v!r} (index {index}): this ControlNet-Union has {types} types "
+                                        f"(0..{types - 1}; tile 6 and repaint 7 are ProMax's)")
+        out.append(int(index))
+    return tuple(out)
+
+
+def _union_fields(f: str, unit: ControlUnit, name: str, types: int) -> dict:
+    """A unit's ``image`` and ``control_type`` checked for its ControlNet (``types``: its union's type count, 0 for a
+    plain ControlNet)."""
+    images = unit.images
+    if not types:
+        if unit.control_type not in (None, "", (), []):
+            raise InvalidRequest(f"{f}.control_type", f"ControlNet {name!r} is not a ControlNet-Union: it takes no "
+                                                      "control type; leave control_type out")
+        if len(images) != 1:
+            raise InvalidRequest(f"{f}.image", f"{len(images)} images; ControlNet {name!r} takes one (several go to "
+                                               "a ControlNet-Union unit, one control type each)")
+        return dict(image=as_control_image(f"{f}.image", images[0]))
+    kinds = as_control_types(f"{f}.control_type", unit.control_type, types)
+    if not 1 <= len(images) <= MAX_UNION_IMAGES:
+        raise InvalidRequest(f"{f}.image", f"{len(images)} images; a ControlNet-Union unit takes 1..{MAX_UNION_IMAGES}")
+    if len(kinds) != len(images):
+        raise InvalidRequest(f"{f}.control_type", f"{len(kinds)} control types for {len(images)} images: one type "
+                                                  "per image")
+    checked = tuple(as_control_image(f"{f}.image" if len(images) == 1 else f"{f}.image[{i}]", image)
+                    for i, image in enumerate(images))
+    return dict(image=checked[0] if len(checked) == 1 else checked, control_type=kinds)
+
+
 def validate_units(units, loaded: Sequence[str], max_units: int, unfit: Sequence[str] = (),
-                   model: str = "") -> tuple[ControlUnit, ...]:
+                   model: str = "", unions: Mapping[str, int] | None = None) -> tuple[ControlUnit, ...]:
     """A request's ``control_units`` checked and normalised: names resolved (``model``: a loaded name; ``module``,
     ``control_mode``, ``resize_mode``: their canonical names), numbers in range, the image (H, W, 3) uint8.
 
     ``loaded``: the names of the ControlNets the request's model can run; ``max_units``: how many units a request may
     have; ``unfit``: the server's other ControlNets (another architecture than the request's model, named ``model``),
-    which a unit's refusal names as such.
+    which a unit's refusal names as such; ``unions``: {name: control types} of the loaded ControlNet-Unions (their
+    units need ``control_type``; the others refuse it).
     Raises InvalidRequest naming the field, e.g. ``control_units[1].model`` (an unknown model: the message names it
     and lists the loaded ones; one that does not fit the model, or none loaded: says so), ``control_units[0].module``
     (UnknownModule).
@@ -175,7 +238,7 @@ def validate_units(units, loaded: Sequence[str], max_units: int, unfit: Sequence
                                                        f"{PROCESSOR_RES[0]}..{PROCESSOR_RES[1]}, got {res!r}")
         thresholds = [_number(f"{f}.{t}", getattr(unit, t), -1.0, 1e4) for t in ("threshold_a", "threshold_b")]
         out.append(ControlUnit(
-            image=as_control_image(f"{f}.image", unit.image), model=name,
+            **_union_fields(f, unit, name, (unions or {}).get(name, 0)), model=name,
             weight=_number(f"{f}.weight", unit.weight, 0.0, MAX_WEIGHT), guidance_start=start, guidance_end=end,
             control_mode=_choice(f"{f}.control_mode", unit.control_mode, CONTROL_MODES),
             resize_mode=_choice(f"{f}.resize_mode", unit.resize_mode, RESIZE_MODES, RESIZE_ALIASES),
@@ -213,12 +276,14 @@ def mode_factors(mode: str, module: str = "none", hires_pass: bool = False) -> t
     return soft, float(mode != "ControlNet is more important")
 
 
-def control_image(unit: ControlUnit, width: int, height: int) -> np.ndarray:
-    """A validated unit's conditioning image at (height, width, 3) uint8: its module's map (at ``processor_res``, or
-    the pixel-perfect resolution), fitted by its resize mode (engine/control_preprocess.py)."""
-    res = (pixel_perfect_resolution(unit.image, height, width, unit.resize_mode) if unit.pixel_perfect
+def control_image(unit: ControlUnit, width: int, height: int, image=None) -> np.ndarray:
+    """A validated unit's conditioning image (``image``, one of a union unit's; None: its one image) at (height,
+    width, 3) uint8: its module's map (at ``processor_res``, or the pixel-perfect resolution), fitted by its resize
+    mode (engine/control_preprocess.py)."""
+    image = unit.image if image is None else image
+    res = (pixel_perfect_resolution(image, height, width, unit.resize_mode) if unit.pixel_perfect
            else unit.processor_res)
-    detected = preprocess(unit.image, unit.module, res, unit.threshold_a, unit.threshold_b)
+    detected = preprocess(image, unit.module, res, unit.threshold_a, unit.threshold_b)
     return fit(detected, width, height, unit.resize_mode)
 
 
@@ -226,8 +291,9 @@ def control_image(unit: ControlUnit, width: int, height: int) -> np.ndarray:
 class ControlArrays:
     """The control_* inputs of one program call (program/generate.py ``ProgramInputs.with_control``).
 
-    images (batch, units, H, W, 3) uint8; weight, soft, uncond (units,) float32; keep (units, max_steps) float32;
-    models: each unit's ControlNet name, in order (its params go in params["controlnet"]).
+    images (batch, the units' images, H, W, 3) uint8 (each unit's in turn); weight, soft, uncond (units,) float32;
+    keep (units, max_steps) float32; types (the units' images,) int32, each image's union control type (0 for a plain
+    ControlNet's); models: each unit's ControlNet name, in order (its params go in params["controlnet"]).
     """
 
     images: np.ndarray
@@ -236,24 +302,35 @@ class ControlArrays:
     uncond: np.ndarray
     keep: np.ndarray
     models: tuple[str, ...]
+    types: np.ndarray | None = None
 
     def inputs(self) -> dict:
         """Keyword arguments of ``ProgramInputs.with_control``."""
-        return dict(images=self.images, weight=self.weight, soft=self.soft, uncond=self.uncond, keep=self.keep)
+        return dict(images=self.images, weight=self.weight, soft=self.soft, uncond=self.uncond, keep=self.keep,
+                    types=self.types)
+
 
 
 def control_arrays(units: Sequence[ControlUnit], width: int, height: int, batch: int, first: int, steps: int,
                    max_steps: int, hires_pass: bool = False) -> ControlArrays:
     """The arrays of validated ``units`` for a pass at (width, height) of ``batch`` images whose loop runs steps
     ``first .. steps - 1``; ``hires_pass``: hires fix's second pass (:func:`mode_factors`)."""
-    images = np.stack([control_image(u, width, height) for u in units])  # (units, H, W, 3)
+    # (the units' images, H, W, 3), each unit's in turn
+    images = np.stack([control_image(u, width, height, image) for u in units for image in u.images])
+    types = np.asarray([t for u in units for t in (u.control_type or (0,) * len(u.images))], np.int32)
     factors = [mode_factors(u.control_mode, u.module, hires_pass) for u in units]
-    return ControlArrays(
+    return ControlArrays(types=types,
         images=np.ascontiguousarray(np.broadcast_to(images, (batch, *images.shape))),
         weight=np.asarray([u.weight for u in units], np.float32),
         soft=np.asarray([s for s, _ in factors], np.float32), uncond=np.asarray([c for _, c in factors], np.float32),
         keep=np.stack([keep_row(u.guidance_start, u.guidance_end, first, steps, max_steps) for u in units]),
         models=tuple(u.model for u in units))
+
+
+def unit_images(units: Sequence[ControlUnit]) -> tuple[int, ...]:
+    """ProgramShape.control_images of validated ``units``: each one's image count, or () when each has one."""
+    counts = tuple(len(u.images) for u in units)
+    return counts if any(n != 1 for n in counts) else ()
 
 
 def infotext(units: Sequence[ControlUnit], titles: Mapping[str, str]) -> dict[str, str]:
@@ -273,6 +350,8 @@ def infotext(units: Sequence[ControlUnit], titles: Mapping[str, str]) -> dict[st
                   ("Threshold B", u.threshold_b if u.threshold_b >= 0 else (b if b is not None else -1.0)),
                   ("Guidance Start", u.guidance_start), ("Guidance End", u.guidance_end),
                   ("Pixel Perfect", u.pixel_perfect), ("Control Mode", u.control_mode)]
+        if u.control_type:  # a union unit's types (not in sd-webui-controlnet's infotext, which has no field)
+            fields.append(("Union Control Type", " + ".join(TYPE_NAMES[t] for t in u.control_type)))
         entries[f"ControlNet {k}"] = ", ".join(f"{name}: {value}" for name, value in fields)
     return entries
 

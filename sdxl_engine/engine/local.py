@@ -858,6 +858,8 @@ class Engine:
                       refiner=model.refiner is not None,
                       controlnets=tuple((name, net.hash) for name, net in model.controlnets.items()),
                       max_control_units=self.config.max_control_units,
+                      controlnet_unions=tuple((name, net.union) for name, net in model.controlnets.items()
+                                              if net.union),
                       controlnets_unfit=tuple(name for name in self.controlnets if name not in model.controlnets),
                       model=model.name,
                       ip_adapters=tuple((name, a.hash) for name, a in model.ip_adapters.items()),

@@ -15,7 +15,7 @@ import numpy as np
 from sdxl_engine.checkpoint import builtin, loading
 from sdxl_engine.checkpoint import lora as lora_mod
 from sdxl_engine.config import EngineConfig
-from sdxl_engine.engine.control import ControlArrays, control_arrays
+from sdxl_engine.engine.control import ControlArrays, control_arrays, unit_images
 from sdxl_engine.engine.image_upscale import IMAGE_UPSCALERS, upscale_images
 from sdxl_engine.engine.ip_adapter import IPAdapterArrays, ip_arrays
 from sdxl_engine.engine.prompts import CHUNK, PromptTokens, parse_lora_tags, tokenize_prompt
@@ -162,7 +162,7 @@ class Planner:
         shape = self.shape(request.width, request.height, request.guidance_scale > 1, prompt.chunks,
                             init_image=image is not None, inpaint=mask is not None,
                             controlnets=tuple(self.model.controlnets[u.model].architecture for u in units),
-                            ip_adapters=self.ip_shape(ip))
+                            ip_adapters=self.ip_shape(ip), control_images=unit_images(units))
         # Image i uses seed + i, wrapping past max_seed to 0, so every caption's seed is itself a valid request seed.
         seeds = [(request.seed + i) % (self.limits.max_seed + 1) for i in range(self.batch)]
         hires = None if request.hires_scale is None else self._hires(request, shape, ip)
@@ -249,14 +249,15 @@ class Planner:
 
     def shape(self, width: int, height: int, cfg: bool = True, chunks: int = 1,
                init_image: bool = False, inpaint: bool = False, controlnets: tuple[str, ...] = (),
-               ip_adapters: tuple[tuple[str, int, int], ...] = ()) -> ProgramShape:
+               ip_adapters: tuple[tuple[str, int, int], ...] = (),
+               control_images: tuple[int, ...] = ()) -> ProgramShape:
         """The ProgramShape (the compile key) of a size bucket in pixels, a CFG mode, a prompt chunk count,
         whether an image comes in (img2img), whether a mask does (inpainting), the ControlNet units'
-        architectures (checkpoint/controlnet.architecture, one per unit) and the IP-Adapter units'
-        (:meth:`ip_shape`)."""
+        architectures (checkpoint/controlnet.architecture, one per unit) and their image counts (``control_images``:
+        () = one each; :func:`.control.unit_images`) and the IP-Adapter units' (:meth:`ip_shape`)."""
         return ProgramShape(self.batch, height, width, self.config.max_inference_steps, cfg=cfg, chunks=chunks,
                             step_hook=self.config.progress, init_image=init_image, inpaint=inpaint,
-                            controlnets=controlnets, ip_adapters=ip_adapters)
+                            controlnets=controlnets, ip_adapters=ip_adapters, control_images=control_images)
 
     def schedule(self, sampler: str, steps: int, schedule_type: str | None = None):
         """The sampler's schedule for ``steps`` steps of ``schedule_type`` (None: automatic; cached). Raises

@@ -151,6 +151,9 @@ class Limits:
     # model list shows ("name [hash]"). Empty: none loaded, control units are refused.
     controlnets: tuple[tuple[str, str], ...] = ()
     max_control_units: int = 3  # ControlNet units a request may have (config max_control_units)
+    # The loaded ControlNet-Unions among ``controlnets`` as (name, control types) pairs: their units name a control
+    # type per image (ControlUnit.control_type); the others' units may not.
+    controlnet_unions: tuple[tuple[str, int], ...] = ()
     # The server's ControlNets that do not fit this model (another architecture: left out for it), and the model's
     # name, for the refusal of a unit naming one ("cn-a does not fit tiny-shapes"), not "none loaded".
     controlnets_unfit: tuple[str, ...] = ()
@@ -333,7 +336,7 @@ def validate(request: GenerateRequest, limits: Limits) -> GenerateRequest:
                               refiner_switch_at=as_switch(request.refiner_switch_at, limits, request.hires_scale),
                               control_units=validate_units(request.control_units, [n for n, _ in limits.controlnets],
                                                            limits.max_control_units, limits.controlnets_unfit,
-                                                           limits.model),
+                                                           limits.model, dict(limits.controlnet_unions)),
                               ip_adapter_units=validate_ip_units(request.ip_adapter_units,
                                                                  [n for n, _ in limits.ip_adapters],
                                                                  limits.max_ip_adapter_units),

@@ -111,6 +111,10 @@ class ProgramShape:
     # ProgramInputs.control_*, its ControlNet's params in params["controlnet"][k]. So another ControlNet of the same
     # architecture, image, weight, mode or start/end is the same executable. (): no ControlNet.
     controlnets: tuple[str, ...] = ()
+    # How many control images each unit has (a ControlNet-Union unit may have several, each with its control type in
+    # ProgramInputs.control_type: models/controlnet_union.py); () = one each. A new type or image is the same
+    # executable; another count is another.
+    control_images: tuple[int, ...] = ()
     # IP-Adapter units (docs/ip-adapter.md): per unit (architecture id: checkpoint/ip_adapter.architecture, its image
     # tokens, their width); the units' tokens (computed before the program: program/ip_adapter.py), scales and per-step
     # keep come in ProgramInputs.ip_*, each unit's adapter layers' params in params["ip_adapter"][k]. So another
@@ -122,6 +126,11 @@ class ProgramShape:
     def control(self) -> bool:
         """Whether ControlNet units run (the ``when`` of the control_* inputs)."""
         return bool(self.controlnets)
+
+    @property
+    def unit_images(self) -> tuple[int, ...]:
+        """The control images of each ControlNet unit (``control_images``, or one each)."""
+        return self.control_images or (1,) * len(self.controlnets)
 
     @property
     def ip_adapter(self) -> bool:
@@ -166,8 +175,14 @@ def mask_dims(shape: ProgramShape, latent) -> tuple[int, int]:
 
 
 def control_image_dims(shape: ProgramShape, latent) -> tuple[int, int, int, int]:
-    """Dims of one image's control images: (units, height, width, 3) pixels, channels-last."""
-    return (len(shape.controlnets), shape.height, shape.width, 3)
+    """Dims of one image's control images: (the units' images, height, width, 3) pixels, channels-last, each unit's
+    images in turn."""
+    return (sum(shape.unit_images), shape.height, shape.width, 3)
+
+
+def per_control_image(shape: ProgramShape, latent) -> tuple[int]:
+    """Dims of a control image's scalar: (the units' images,)."""
+    return (sum(shape.unit_images),)
 
 
 def per_unit(shape: ProgramShape, latent) -> tuple[int]:
@@ -270,6 +285,8 @@ class ProgramInputs:
     control_soft: jax.Array | None = replicated(per_unit, jnp.float32, when="control")
     control_uncond: jax.Array | None = replicated(per_unit, jnp.float32, when="control")
     control_keep: jax.Array | None = replicated(per_unit_step, jnp.float32, when="control")
+    # each control image's control type (a ControlNet-Union unit's: diffusers' control_mode index; 0 for the others)
+    control_type: jax.Array | None = replicated(per_control_image, jnp.int32, when="control")
     # IP-Adapter units (ProgramShape.ip_adapters; :meth:`with_ip_adapter`): the units' image tokens one after another
     # (row 0: the negative rows', the projection of zero embeddings; row 1: the reference images'), each unit's scale
     # and per step 1 = acts, 0 = not (A1111's start/end rule, on the host).
@@ -344,12 +361,16 @@ class ProgramInputs:
                                    refiner_start=np.int32(refiner_start),
                                    aesthetic_score=np.asarray([negative_aesthetic_score, aesthetic_score], np.float32))
 
-    def with_control(self, images: np.ndarray, weight, soft, uncond, keep: np.ndarray) -> ProgramInputs:
+    def with_control(self, images: np.ndarray, weight, soft, uncond, keep: np.ndarray,
+                     types=None) -> ProgramInputs:
         """These inputs for a program with ``controlnets`` (engine/control.py makes the arrays): ``images`` (batch,
-        units, height, width, 3) uint8 at the program's size; ``weight``, ``soft``, ``uncond`` (units,) float32;
-        ``keep`` (units, max_steps) float32, 1 where the unit runs at that step (the loop's step index, the
-        skipped steps of an img2img start included)."""
-        return dataclasses.replace(self, control_image=np.asarray(images, np.uint8),
+        the units' images, height, width, 3) uint8 at the program's size; ``weight``, ``soft``, ``uncond`` (units,)
+        float32; ``keep`` (units, max_steps) float32, 1 where the unit runs at that step (the loop's step index, the
+        skipped steps of an img2img start included); ``types`` (the units' images,) int32, each image's control
+        type (None: 0 each)."""
+        types = np.zeros((np.shape(images)[1],), np.int32) if types is None else types
+        return dataclasses.replace(self, control_type=np.asarray(types, np.int32),
+                                   control_image=np.asarray(images, np.uint8),
                                    control_weight=np.asarray(weight, np.float32),
                                    control_soft=np.asarray(soft, np.float32),
                                    control_uncond=np.asarray(uncond, np.float32),
@@ -993,8 +1014,8 @@ def loop_structure(model: LoadedModel, shape: ProgramShape):
 
 class ControlConditioning(NamedTuple):
     """What the ControlNet units read at every step (ProgramShape.control): each unit's ControlNet bound to its params
-    (``params["controlnet"][k]``) and its conditioning image, (rows, 3, H, W) in [0, 1] in the parameters' dtype,
-    repeated for the negative rows with CFG (negatives first, as :class:`Conditioning`)."""
+    (``params["controlnet"][k]``) and its conditioning images, (images, rows, 3, H, W) in [0, 1] in the parameters'
+    dtype, repeated for the negative rows with CFG (negatives first, as :class:`Conditioning`)."""
 
     nets: tuple
     images: tuple
@@ -1004,13 +1025,30 @@ def control_conditioning(st: Static, params, inputs: ProgramInputs) -> ControlCo
     """Stage 1c: the units' ControlNets and images. Pixels (b, units, H, W, 3) uint8 become x / 255 channels-first
     (diffusers' control image processor: no normalisation; A1111's hint likewise)."""
     nets, images = [], []
-    for k, component in enumerate(st.controlnets):
+    for k, (component, first) in enumerate(zip(st.controlnets, _unit_starts(st.shape), strict=True)):
         net = component.bind(params["controlnet"][k])
         dtype = net.conv_in.weight[...].dtype
-        image = (inputs.control_image[:, k].astype(jnp.float32) / 255.0).transpose(0, 3, 1, 2).astype(dtype)
+        pixels = inputs.control_image[:, first:first + st.shape.unit_images[k]]  # (b, n, H, W, 3)
+        image = (pixels.astype(jnp.float32) / 255.0).transpose(1, 0, 4, 2, 3).astype(dtype)  # (n, b, 3, H, W)
         nets.append(net)
-        images.append(jnp.concatenate([image, image]) if st.shape.cfg else image)  # (rows, 3, H, W)
+        images.append(jnp.concatenate([image, image], axis=1) if st.shape.cfg else image)  # (n, rows, 3, H, W)
     return ControlConditioning(tuple(nets), tuple(images))
+
+
+def _unit_starts(shape: ProgramShape) -> tuple[int, ...]:
+    """Where each unit's images start among ProgramInputs.control_image's (its axis 1)."""
+    counts = shape.unit_images
+    return tuple(sum(counts[:k]) for k in range(len(counts)))
+
+
+def _rows_axis() -> str | None:
+    """The mesh axis the rows are split over, inside the program's ``shard_map``; None outside it (the debug
+    loop's plain call), where every row is here."""
+    try:
+        jax.lax.axis_index(DATA_AXIS)
+    except NameError:
+        return None
+    return DATA_AXIS
 
 
 def control_residuals(st: Static, cond: Conditioning, inputs: ProgramInputs, i, x: jax.Array,
@@ -1028,13 +1066,14 @@ def control_residuals(st: Static, cond: Conditioning, inputs: ProgramInputs, i, 
     for k, net in enumerate(control.nets):
         n = st.controlnets[k].config.residuals
         soft = jnp.asarray(soft_scales(n), jnp.float32)  # (n,)
-        layer = inputs.control_weight[k] * jnp.where(inputs.control_soft[k] > 0, soft, 1.0)  # (n,)
+        weight = 1.0 if _is_union(st, k) else inputs.control_weight[k]  # a union's call takes its weight itself
+        layer = weight * jnp.where(inputs.control_soft[k] > 0, soft, 1.0)  # (n,)
         row = jnp.ones((rows,), jnp.float32)
         if st.shape.cfg:  # negatives first: (rows,) = [uncond factor] * b + [1] * b
             row = jnp.concatenate([jnp.full((rows // 2,), inputs.control_uncond[k]), jnp.ones((rows // 2,))])
 
         def run(net=net, k=k, layer=layer, row=row):
-            down, mid = net(x, t, cond.hidden, cond.text_embeds, cond.add_time_ids, control.images[k])
+            down, mid = _unit_call(st, net, k, cond, inputs, x, t, control.images[k])
             out = [*down, mid]
             return [r * (layer[j] * row).astype(r.dtype)[:, None, None, None] for j, r in enumerate(out)]
 
@@ -1042,6 +1081,23 @@ def control_residuals(st: Static, cond: Conditioning, inputs: ProgramInputs, i, 
         res = jax.lax.cond(inputs.control_keep[k, i] > 0, run, lambda shapes=shapes: [_like(s) for s in shapes])
         total = res if total is None else [a + b for a, b in zip(total, res, strict=True)]
     return total[:-1], total[-1]
+
+
+def _is_union(st: Static, k: int) -> bool:
+    return st.controlnets[k].name == "controlnet_union"
+
+
+def _unit_call(st: Static, net, k: int, cond: Conditioning, inputs: ProgramInputs, x: jax.Array, t: jax.Array,
+               images: jax.Array):
+    """Unit ``k``'s ControlNet on ``x``: a plain one on its image; a ControlNet-Union on its images with their
+    control types and the unit's weight (diffusers' rule: one image, every residual times it; several, each image's
+    share), its token attention over every device's rows."""
+    if not _is_union(st, k):
+        return net(x, t, cond.hidden, cond.text_embeds, cond.add_time_ids, images[0])
+    first = _unit_starts(st.shape)[k]
+    types = inputs.control_type[first:first + st.shape.unit_images[k]]  # (n,)
+    return net(x, t, cond.hidden, cond.text_embeds, cond.add_time_ids, images, inputs.control_weight[k], types,
+               rows_axis=_rows_axis())
 
 
 class IPConditioning(NamedTuple):
