@@ -730,7 +730,8 @@ def router(requests: Service, flags: dict, loras, owner_of: Callable) -> APIRout
     def with_units(body: Txt2Img, make_call):
         """make_call()'s call with the body's ControlNet units (apis/controlnet.units_of) as its control_units, and
         those naming an IP-Adapter as its ip_adapter_units."""
-        units, unit_warnings = units_of(body.model_extra or {}, loaded_of(engine), loaded_of(engine, "ip_adapters"))
+        units, unit_warnings = units_of(body.model_extra or {}, loaded_of(engine), loaded_of(engine, "ip_adapters"),
+                                        dict(engine.limits.controlnet_unions))
         call, more = make_call()
         control = tuple(u for u in units if not isinstance(u, IPAdapterUnit))
         ip = tuple(u for u in units if isinstance(u, IPAdapterUnit))

@@ -11,7 +11,11 @@ the client sent and the name. A unit whose model is a loaded IP-Adapter (the ext
 ``ip-adapter_clip_sdxl``, ``ip-adapter_clip_sdxl_plus_vith``, ``ip-adapter_clip_h`` or ``ip-adapter-auto``, model
 ``ip-adapter_sdxl [hash]``) becomes an engine IPAdapterUnit (its image, weight, guidance start and end;
 engine/ip_adapter.py: the adapter's own image encoder, found beside its file, encodes the image, whichever CLIP module
-the unit names). No Gradio here.
+the unit names). A unit whose model is a loaded ControlNet-Union takes its control type from the extension's
+``union_control_type`` (its ``ControlNetUnionControlType`` values "OpenPose", "Depth", "Soft Edge", "Hard Edge",
+"Normal Map", "Segmentation", "Tile", "Inpaint", or the tags its type filter maps to them), else from the engine's
+``control_type`` (diffusers' names or indices), else from the unit's ``module`` (canny and lineart: hard edge,
+scribble: soft edge, tile and blur: tile, ...): :func:`union_type`. No Gradio here.
 """
 
 from __future__ import annotations
@@ -48,6 +52,13 @@ SLIDERS = {"canny": (("Low Threshold", 100, 1, 255, 1), ("High Threshold", 200, 
 # IP-Adapter is loaded. Its face ones (ip-adapter_face_id*: insightface embeddings) are refused by name.
 IP_MODULES = ("ip-adapter-auto", "ip-adapter_clip_sdxl", "ip-adapter_clip_sdxl_plus_vith", "ip-adapter_clip_h")
 IP_PASSED = ("weight", "guidance_start", "guidance_end")  # an IP-Adapter unit's fields passed as they are
+# sd-webui-controlnet's ControlNetUnionControlType (scripts/enums.py): its values in index order (diffusers' and
+# xinsir's control_mode), "Unknown" last (no type: read from the module here).
+UNION_TYPES = ("OpenPose", "Depth", "Soft Edge", "Hard Edge", "Normal Map", "Segmentation", "Tile", "Inpaint")
+# Its ``from_str`` (the type filter's tags) and the module names' leading words: -> the type's index.
+UNION_TAGS = {"openpose": 0, "dw": 0, "depth": 1, "softedge": 2, "scribble": 2, "hed": 2, "pidi": 2, "canny": 3,
+              "lineart": 3, "mlsd": 3, "invert": 3, "normal": 4, "normalmap": 4, "segmentation": 5, "seg": 5,
+              "tile": 6, "blur": 6, "inpaint": 7}
 
 
 def is_off(enabled) -> bool:
@@ -105,12 +116,39 @@ def ip_unit(values: dict, model: str, field: str) -> IPAdapterUnit:
                          **{k: values[k] for k in IP_PASSED if k in values and values[k] is not None})
 
 
-def to_unit(raw: dict, field: str, loaded: dict[str, str],
-            ip_loaded: dict[str, str] | None = None) -> tuple[ControlUnit | IPAdapterUnit, list[str]]:
+def union_type(values: dict, module: str, field: str) -> int | str:
+    """A ControlNet-Union unit's control type: ``union_control_type`` (the extension's value or tag; "Unknown" or
+    absent: not given), else ``control_type`` (the engine's: a diffusers name or index, checked by the engine), else
+    the module's first word (``canny``, ``lineart_standard``, ``scribble_xdog``, ``tile_resample``,
+    ``blur_gaussian``, ``invert``). Raises ApiError 422 naming ``union_control_type`` when none gives one."""
+    given = values.get("union_control_type")
+    if isinstance(given, str) and given.strip() and given.strip().lower() != "unknown":
+        text = given.strip().lower()
+        names = {name.lower(): k for k, name in enumerate(UNION_TYPES)}
+        index = names.get(text, UNION_TAGS.get(text.replace(" ", "")))
+        if index is None:
+            raise ApiError(422, f"{field}.union_control_type: unknown control type {given!r}; one of "
+                                f"{', '.join(UNION_TYPES)}", f"{field}.union_control_type")
+        return index
+    if isinstance(given, int) and not isinstance(given, bool):
+        return given  # an index: the engine checks it against the model's types
+    if values.get("control_type") not in (None, ""):
+        return values["control_type"]
+    index = UNION_TAGS.get(module.split("_")[0])
+    if index is None:
+        raise ApiError(422, f"{field}.union_control_type: the unit's model is a ControlNet-Union and its module "
+                            f"{module!r} names no control type; send union_control_type (one of "
+                            f"{', '.join(UNION_TYPES)})", f"{field}.union_control_type")
+    return index
+
+
+def to_unit(raw: dict, field: str, loaded: dict[str, str], ip_loaded: dict[str, str] | None = None,
+            unions: dict[str, int] | None = None) -> tuple[ControlUnit | IPAdapterUnit, list[str]]:
     """(the engine's unit, warnings) of one enabled A1111 unit ``raw`` (legacy names read); ``loaded``: the loaded
     ControlNets' {name: "name [hash]"}, ``ip_loaded`` the IP-Adapters' (a unit naming one is an IPAdapterUnit:
-    :func:`ip_unit`). Raises ApiError 422 naming ``field``'s entry: two names for one field, an unknown model or
-    module, no image."""
+    :func:`ip_unit`); ``unions``: {name: control types} of the loaded ControlNet-Unions (their units get a control
+    type: :func:`union_type`). Raises ApiError 422 naming ``field``'s entry: two names for one field, an unknown
+    model or module, no image, a union unit without a control type."""
     values = dict(raw)
     for old, new in LEGACY.items():
         if old in values:
@@ -137,17 +175,19 @@ def to_unit(raw: dict, field: str, loaded: dict[str, str],
     if values.get("hr_option") not in (None, "", "Both", 0):
         warnings.append(f"{field}.hr_option={values['hr_option']!r} runs as \"Both\" here: the unit steers both "
                         "passes of a hires fix")
-    unit = ControlUnit(image=image, model=model, module=module,
+    kind = union_type(values, module, field) if model in (unions or {}) else None
+    unit = ControlUnit(image=image, model=model, module=module, control_type=kind,
                        **{k: values[k] for k in PASSED if k in values and values[k] is not None})
     return unit, warnings
 
 
-def units_of(extra: dict, loaded: dict[str, str],
-             ip_loaded: dict[str, str] | None = None) -> tuple[tuple[ControlUnit | IPAdapterUnit, ...], list[str]]:
+def units_of(extra: dict, loaded: dict[str, str], ip_loaded: dict[str, str] | None = None,
+             unions: dict[str, int] | None = None) -> tuple[tuple[ControlUnit | IPAdapterUnit, ...], list[str]]:
     """(the engine's units, warnings) of a txt2img / img2img body's extra fields: the enabled units of
     ``alwayson_scripts.controlnet.args`` in order (disabled ones skipped, as the extension does): ControlUnits, and
     IPAdapterUnits for those naming an IP-Adapter. ``loaded``, ``ip_loaded``: {name: "name [hash]"} of the
-    ControlNets and IP-Adapters. Raises ApiError 422 naming the field (:func:`to_unit`)."""
+    ControlNets and IP-Adapters; ``unions``: {name: control types} of the ControlNet-Unions. Raises ApiError 422
+    naming the field (:func:`to_unit`)."""
     found = script_units(extra)
     if found is None:
         return (), []
@@ -158,7 +198,7 @@ def units_of(extra: dict, loaded: dict[str, str],
             raise ApiError(422, f"{field}[{i}]: expected a ControlNet unit (an object)", f"{field}[{i}]")
         if is_off(raw.get("enabled", True)):
             continue
-        unit, more = to_unit(raw, f"{field}[{i}]", loaded, ip_loaded)
+        unit, more = to_unit(raw, f"{field}[{i}]", loaded, ip_loaded, unions)
         units.append(unit)
         warnings += more
     return tuple(units), warnings

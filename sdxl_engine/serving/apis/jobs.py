@@ -122,7 +122,8 @@ def to_job_request(body: object, client: str):
 
 def control_units(units) -> tuple[ControlUnit, ...]:
     """``control_units`` as the engine's ControlUnits: a list of objects of ControlUnit's fields (:data:`UNIT_FIELDS`),
-    ``image`` a base64 image (decoded here, RGB); the engine validates the rest. Raises ApiError 400 naming the
+    ``image`` a base64 image (decoded here, RGB), or a list of them for a ControlNet-Union unit (its ``control_type``
+    one per image); the engine validates the rest. Raises ApiError 400 naming the
     field: not a list of objects, an unknown field, an image that does not decode."""
     if not isinstance(units, list):
         raise ApiError(400, "control_units: expected a list of objects (ControlNet units)", "control_units")
@@ -134,10 +135,14 @@ def control_units(units) -> tuple[ControlUnit, ...]:
         if unknown := sorted(set(unit) - set(UNIT_FIELDS)):
             raise ApiError(400, f"{field}.{unknown[0]}: not a field of a unit; the fields are "
                                 f"{', '.join(UNIT_FIELDS)}", f"{field}.{unknown[0]}")
-        if not isinstance(unit.get("image"), str):
-            raise ApiError(400, f"{field}.image: expected a base64 image (PNG, JPEG or WebP)", f"{field}.image")
-        image = np.asarray(decode_image(unit["image"], f"{field}.image", "RGB"))
-        made.append(ControlUnit(**{**unit, "image": image}))
+        sent = unit.get("image")
+        several = isinstance(sent, list) and sent and all(isinstance(v, str) for v in sent)  # a union unit's images
+        if not isinstance(sent, str) and not several:
+            raise ApiError(400, f"{field}.image: expected a base64 image (PNG, JPEG or WebP), or a list of them for "
+                                "a ControlNet-Union unit (one control_type each)", f"{field}.image")
+        images = tuple(np.asarray(decode_image(v, f"{field}.image[{k}]" if several else f"{field}.image", "RGB"))
+                       for k, v in enumerate(sent if several else [sent]))
+        made.append(ControlUnit(**{**unit, "image": images if several else images[0]}))
     return tuple(made)
 
 

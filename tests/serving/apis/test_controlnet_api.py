@@ -238,3 +238,34 @@ def test_an_ip_adapter_unit_reaches_the_engine_and_the_lists_name_it(served_ip):
     assert modules["module_list"][-4:] == ["ip-adapter-auto", "ip-adapter_clip_sdxl", "ip-adapter_clip_sdxl_plus_vith",
                                            "ip-adapter_clip_h"]
     assert set(modules["module_detail"]) == set(modules["module_list"])
+
+
+UNIONS = {"cn-b": 8}  # cn-b stands for a loaded ControlNet-Union here
+
+
+@pytest.mark.parametrize("sent,want", [
+    (dict(union_control_type="Hard Edge", module="none"), 3),  # the extension's enum value
+    (dict(union_control_type="OpenPose", module="canny"), 0),  # the field wins the module
+    (dict(union_control_type="Soft Edge"), 2), (dict(union_control_type="normal map"), 4),
+    (dict(union_control_type="Tile"), 6), (dict(union_control_type="inpaint"), 7),
+    (dict(union_control_type="scribble"), 2),  # its type filter's tags, as its from_str reads them
+    (dict(union_control_type="Unknown", module="canny"), 3),  # Unknown: the module's type
+    (dict(module="lineart_standard"), 3), (dict(module="scribble_xdog"), 2), (dict(module="tile_resample"), 6),
+    (dict(module="blur_gaussian"), 6), (dict(module="invert"), 3),
+    (dict(control_type="depth", module="none"), "depth"),  # the engine's field, checked by the engine
+])
+def test_a_union_units_control_type_is_read_as_sd_webui_controlnet_sends_it(sent, want):
+    (unit,), _ = units_of(scripts({"model": "cn-b", "image": b64_png(), **sent}), LOADED, unions=UNIONS)
+    assert unit.control_type == want
+    (plain,), _ = units_of(scripts({"model": "cn-a", "image": b64_png(), **sent}), LOADED, unions=UNIONS)
+    assert plain.control_type is None  # a plain ControlNet's unit carries none, whatever was sent
+
+
+@pytest.mark.parametrize("sent,words", [
+    (dict(module="none"), "names no control type"),
+    (dict(union_control_type="Sketch", module="canny"), "unknown control type 'Sketch'"),
+])
+def test_a_union_unit_without_a_control_type_is_refused_by_name(sent, words):
+    with pytest.raises(ApiError) as err:
+        units_of(scripts({"model": "cn-b", "image": b64_png(), **sent}), LOADED, unions=UNIONS)
+    assert err.value.param == "alwayson_scripts.controlnet.args[0].union_control_type" and words in err.value.message

@@ -234,6 +234,18 @@ def test_control_units_are_objects_of_control_unit_fields_with_a_base64_image():
         assert err.value.status == 400 and err.value.param == param and err.value.message.startswith(param)
 
 
+def test_a_union_unit_takes_a_list_of_images_with_a_type_each():
+    picture = np.zeros((16, 24, 3), np.uint8)
+    image = base64.b64encode(png_bytes(picture)).decode()
+    asked, _ = jobs.to_job_request({"prompt": "x", "control_units": [
+        {"image": [image, image], "model": "union", "control_type": ["depth", "canny"]}]}, "me")
+    (unit,) = asked.engine.control_units
+    assert len(unit.images) == 2 and unit.control_type == ["depth", "canny"]  # the engine validates them
+    with pytest.raises(jobs.ApiError) as err:
+        jobs.to_job_request({"prompt": "x", "control_units": [{"image": [image, 3], "model": "union"}]}, "me")
+    assert err.value.param == "control_units[0].image"
+
+
 def test_the_schedule_type_is_taken_by_its_name(engine):
     """Issue #62: the jobs API takes the engine's fields by name, ``schedule_type`` (its names or A1111's labels)
     too: the engine runs the request with it."""
