@@ -7,8 +7,8 @@ Sources (``EngineConfig.controlnet``: paths joined by ``os.pathsep``, the flag `
   ``diffusion_pytorch_model[.fp16].safetensors`` (or shards): ``diffusers/controlnet-canny-sdxl-1.0``,
   ``xinsir/controlnet-*-sdxl-1.0``. Named by the folder's name.
 * a diffusers ``ControlNetUnionModel`` folder (xinsir's ``controlnet-union-sdxl-1.0``, its ProMax): the same,
-  ``_class_name`` ControlNetUnionModel (component "controlnet_union", models/controlnet_union.py; a single file is
-  one when its tensors hold ``task_embedding``), one file for every control type.
+  ``_class_name`` ControlNetUnionModel (component "controlnet_union", models/controlnet_union.py), one file for
+  every control type. A single union file needs its config beside it (the head count is in no tensor).
 * one ``.safetensors`` file with diffusers' key names (``controlnet_cond_embedding.*``,
   ``controlnet_down_blocks.*``: lllyasviel's ``diffusers_xl_*_full.safetensors`` and a folder's weights file
   alone). Its config: ``<stem>.json`` or ``config.json`` beside it, else the model's UNet config (diffusers'
@@ -180,6 +180,9 @@ def config_from_file(path: Path, unet_config: dict | None) -> dict:
         raise ModelLoadError(f"{path}: a single file needs {path.stem}.json or config.json beside it (or the model's "
                              "UNet config)")
     header = read_safetensors_header(path)
+    if "task_embedding" in header:
+        raise ModelLoadError(f"{path}: a ControlNet-Union file; put its config.json ({path.stem}.json or config.json) "
+                             "beside it (its attention's head count is in no tensor), or load its folder")
     if not any(k.startswith("controlnet_down_blocks.") for k in header):
         what = ("a ControlNet-LoRA / LLLite file" if any("lora" in k or "lllite" in k for k in header)
                 else "not a ControlNet in diffusers' layout")
@@ -209,12 +212,6 @@ def config_from_file(path: Path, unet_config: dict | None) -> dict:
               if k not in ("up_block_types", "out_channels", "reverse_transformer_layers_per_block", "_class_name")}
     config.update(_class_name="ControlNetModel", in_channels=header["conv_in.weight"].shape[1],
                   conditioning_embedding_out_channels=channels, transformer_layers_per_block=per_block)
-    if "task_embedding" in header:  # a ControlNet-Union: its types, token width and depth from the shapes
-        types, width = header["task_embedding"].shape
-        layers = {int(m[1]) for k in header if (m := re.match(r"transformer_layes\.(\d+)\.", k))}
-        config.update(_class_name="ControlNetUnionModel", num_control_type=types, num_trans_channel=width,
-                      num_proj_channel=header["spatial_ch_projs.weight"].shape[0], num_trans_layer=len(layers),
-                      num_trans_head=8 if width % 8 == 0 else 1)  # xinsir's 8 heads; no tensor shows the count
     return config
 
 

@@ -89,6 +89,23 @@ def test_rows_split_over_devices_attend_over_every_row(union, reference):
     assert err < 1e-4, err
 
 
+def test_a_single_union_file_loads_with_its_config_beside_it(tmp_path):
+    """The union's weights file alone needs its config (the head count is in no tensor): refused naming what to do;
+    with config.json beside it, it loads as the folder does."""
+    import shutil
+
+    from sdxl_engine.checkpoint.controlnet import load_controlnet
+    from sdxl_engine.checkpoint.weights import ModelLoadError
+
+    single = tmp_path / "union-promax.safetensors"
+    shutil.copy(FOLDER / "union" / "diffusion_pytorch_model.safetensors", single)
+    unet = json.loads((FIXTURES / "tiny-pt" / "unet" / "config.json").read_text())
+    with pytest.raises(ModelLoadError, match="ControlNet-Union file; put its config.json"):
+        load_controlnet("u", single, "float32", unet, log=lambda line: None)
+    shutil.copy(FOLDER / "union" / "config.json", tmp_path / "union-promax.json")
+    assert load_controlnet("u", single, "float32", unet, log=lambda line: None).union == 8
+
+
 def test_union_configs_are_refused_by_field():
     from sdxl_engine.models import build_component
 
