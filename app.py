@@ -222,7 +222,7 @@ def build_demo(requests: Service, config: EngineConfig, engine: EngineContract |
         examples.click(page_event(load_example), examples, [prompt, style], api_visibility="private", queue=False,
                        show_progress="hidden")
         lora_list.click(page_event(lora_tag_adder(engine, config)), [lora_list, prompt, model], prompt,
-                        api_visibility="private", queue=False, show_progress="hidden")
+                        api_visibility="private", queue=False, show_progress="hidden", preprocess=False)
 
         # The banner, then what the started engine offers: sizes, the brush, the models (serving/page_models.py).
         wire_start(demo, engine, configured, banner, resolution, image.init_image, model, events)

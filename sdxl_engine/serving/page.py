@@ -422,6 +422,8 @@ def lora_tag_adder(engine: EngineContract | None, config: EngineConfig) -> Calla
     for that model once ready, before that the configured ones, :func:`lora_names_for`), the tag alone for an empty
     prompt. IndexError for an index the page never sends; LookupError for a model the engine does not offer."""
     def add_lora(index: int, text: str | None, model: str | None = None) -> str:
+        if model is not None and not isinstance(model, str):  # sent as is (preprocess=False): the page sends a name
+            raise TypeError(f"model {type(model).__name__}")
         chosen = chosen_model(engine, model)
         names = lora_names_for(config) if chosen is None else models.lora_names_for(engine, chosen[0])
         if type(index) is not int or not 0 <= index < len(names):
