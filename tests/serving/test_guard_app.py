@@ -9,6 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from sdxl_engine.serving import guard
 from tests.helpers import ROOT, assert_serves
 
 pytestmark = pytest.mark.e2e
@@ -162,13 +163,13 @@ def test_uploads_take_images_only_and_are_never_served(app_server):
     folders = {p.parent for p in Path(path).parent.parent.glob("*/*") if p.name in ("a.txt", "fake.png", "a.svg",
                                                                                      "ok.png", "b.txt", "big.png")}
     assert folders == set(), folders
-    # A queued call naming an upload is refused unless it is the page's image event or its ControlNet picture's
-    # upload (every other event takes no files), and the server is healthy.
+    # A queued call naming an upload is refused unless it is the page's image event or a picture's upload (the
+    # ControlNet's, the IP-Adapter's: every other event takes no files), and the server is healthy.
     file = {"path": path, "meta": {"_type": "gradio.FileData"}}
     image_event = next(dep for dep in page_dependencies(app_server) if dep["api_name"] == "img2img")
     control_event = next(dep for dep in page_dependencies(app_server) if dep["api_name"] == "control_upload")
     for dep in page_dependencies(app_server):
-        if dep["id"] not in (image_event["id"], control_event["id"]):
+        if dep["api_name"] not in ("img2img", *guard.PICTURE_EVENTS):
             status, reply = call_page_event(app_server, dep, [file] * max(1, len(dep["inputs"])))
             assert status == 404 and "this app takes no files" in reply, (dep["api_name"], status, reply[:200])
     nine = ["a red circle", "", 1, 5.0, 2, 64, 64, "(No style)", "Euler"]
@@ -379,8 +380,8 @@ def test_page_events_given_values_the_page_never_sends_log_one_line_each(app_ser
     event_data = {"index": "first", "value": {"path": "/etc/passwd", "meta": {"_type": "gradio.FileData"}}}
     for dep in deps:
         status, reply = call_page_event(app_server, dep, [{"junk": [1, 2]}] * len(dep["inputs"]), event_data)
-        # (the ControlNet picture's upload takes one file only: the guard refuses anything else, before Gradio)
-        assert status in (200, 500) or (dep["api_name"] == "control_upload" and status == 404), (
+        # (a picture's upload takes one file only: the guard refuses anything else, before Gradio)
+        assert status in (200, 500) or (dep["api_name"] in guard.PICTURE_EVENTS and status == 404), (
             dep["api_name"], status, reply[:200])
     log = log_barrier(app_server, start)
     assert "Traceback" not in log and "Exception in ASGI" not in log, log

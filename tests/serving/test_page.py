@@ -16,9 +16,11 @@ def test_page_builder_with_fake_engine():
     assert names[:7] == ["prompt", "negative_prompt", "seed", "guidance_scale", "num_inference_steps", "width",
                          "height"]
     assert names[7:] == ["style", "sampler", "refiner_switch_at", "control_image", "control_model", "control_weight",
-                         "control_start", "control_end", "control_module", "model", "schedule_type"]
+                         "control_start", "control_end", "control_module", "model", "schedule_type",
+                         "ip_adapter_image", "ip_adapter_model", "ip_adapter_weight", "ip_adapter_start",
+                         "ip_adapter_end"]
     assert api["parameters"][7]["parameter_has_default"]
-    assert [p["parameter_has_default"] for p in api["parameters"]] == [False] + [True] * 17
+    assert [p["parameter_has_default"] for p in api["parameters"]] == [False] + [True] * 22
     assert api["parameters"][9]["parameter_default"] == 1  # no refiner loaded: "1 = no refiner"
     assert api["parameters"][8]["python_type"]["type"] == ("Literal['Euler', 'Euler a', 'DPM++ 2M', "
                                                            "'DPM++ 2M Karras', 'DPM++ 2M SDE', 'DPM++ 3M SDE', "
