@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from sdxl_engine.serving import guard
+from sdxl_engine.serving.apis import tools
 from tests.helpers import ROOT, assert_serves
 
 pytestmark = pytest.mark.e2e
@@ -264,10 +265,11 @@ def test_the_model_is_an_optional_last_input_named_in_a_raw_call(app_server):
     info = httpx.get(app_server.url + "gradio_api/info", timeout=30).json()
     params = info["named_endpoints"]["/generate"]["parameters"]
     names = [p["parameter_name"] for p in params]
-    assert names[0] == "prompt" and names[-2:] == ["model", "schedule_type"], names  # schedule_type: added later
-    assert params[-2]["parameter_has_default"] and params[-1]["parameter_default"] == "Automatic"
+    model = names.index("model")  # schedule_type and the IP-Adapter's inputs: added later
+    assert names[0] == "prompt" and names[model:] == ["model", "schedule_type", *tools.IP_NAMES], names
+    assert params[model]["parameter_has_default"] and params[model + 1]["parameter_default"] == "Automatic"
     nine = ["a red circle", "", 1, 7.0, 2, 0, 0, "(No style)", "Euler"]
-    defaults = [p["parameter_default"] for p in params[9:-2]]
+    defaults = [p["parameter_default"] for p in params[9:model]]
 
     def answer(data: list) -> str:
         event = httpx.post(app_server.url + "gradio_api/call/generate", json={"data": data}, timeout=30).json()
@@ -283,6 +285,10 @@ def test_the_model_is_an_optional_last_input_named_in_a_raw_call(app_server):
     # The input added after the model (issue #62): an unknown schedule type is refused naming it.
     text = answer([*nine, *defaults, "tiny-shapes", "Sideways"])
     assert "event: error" in text and "schedule_type: unknown schedule type 'Sideways'" in text, text[:300]
+    # The IP-Adapter's (issue #60), after it: a reference image on a server without an adapter is refused naming it.
+    reference = base64.b64encode(png_bytes(16)).decode()
+    text = answer([*nine, *defaults, "tiny-shapes", "Automatic", reference, "ip-adapter_sdxl"])
+    assert "event: error" in text and "ip_adapter_image: no IP-Adapter is loaded" in text, text[:300]
 
 
 def test_server_listens_on_loopback_only(app_server):
