@@ -45,7 +45,7 @@ JPEG or WebP (a data URL too); empty = no control. Needs a ControlNet loaded (th
     control_end: the share of the steps where it ends, 0 to 1, not below control_start
     control_module: the preprocessor run on the control image first: {modules} (none = the image is the map)"""
 
-# The IP-Adapter inputs' Args lines (the generate tool's).
+# The IP-Adapter inputs' Args lines, the same in both tools' descriptions.
 IP_DOC = """    ip_adapter_image: optional IP-Adapter: a reference image whose style or subject steers the images, as \
 base64 PNG, JPEG or WebP (a data URL too); empty = none. Needs an IP-Adapter loaded (the server's --ip-adapter)
     ip_adapter_model: the IP-Adapter's name, as /controlnet/model_list lists it ("name" or "name [hash]")
@@ -104,6 +104,7 @@ this factor (Lanczos) and denoised again at the larger size with strength (-1 = 
     model: {models}
     schedule_type: the spacing of the sampler's noise levels, as the generate tool takes it: one of \
 {schedule_types}; automatic = the sampler's own
+{ip}
 Returns:
     the images (PNG, with their generation parameters) and a JSON record: seeds, size, strength, timings
 """
@@ -127,7 +128,7 @@ CONTROL_INPUTS = (Input("control_image", str, ""), Input("control_model", str, "
                   Input("control_weight", float, 1.0), Input("control_start", float, 0.0),
                   Input("control_end", float, 1.0), Input("control_module", str, "none"))
 CONTROL_NAMES = tuple(i.name for i in CONTROL_INPUTS)
-# One IP-Adapter unit (engine/ip_adapter.IPAdapterUnit; none without a reference image), last in /generate.
+# One IP-Adapter unit (engine/ip_adapter.IPAdapterUnit; none without a reference image), last in both tools.
 IP_INPUTS = (Input("ip_adapter_image", str, ""), Input("ip_adapter_model", str, ""),
              Input("ip_adapter_weight", float, 1.0), Input("ip_adapter_start", float, 0.0),
              Input("ip_adapter_end", float, 1.0))
@@ -245,7 +246,7 @@ def image_inputs(config) -> tuple[Input, ...]:
             Input("num_inference_steps", int, config.num_inference_steps), Input("width", int, 0),
             Input("height", int, 0), Input("sampler", str, config.sampler), Input("refiner_switch_at", float, 1.0),
             Input("upscale", float, 1.0), *CONTROL_INPUTS, Input("model", str, ""),
-            Input("schedule_type", str, DEFAULT_SCHEDULE_TYPE, tuple(SCHEDULE_TYPES)))
+            Input("schedule_type", str, DEFAULT_SCHEDULE_TYPE, tuple(SCHEDULE_TYPES)), *IP_INPUTS)
 
 
 def generate_doc(models: list[str] = ()) -> str:
@@ -260,7 +261,7 @@ def generate_doc(models: list[str] = ()) -> str:
 def image_doc(models: list[str] = ()) -> str:
     """:data:`IMAGE_DOC` with the preprocessor, model and schedule type names filled in (as :func:`generate_doc`)."""
     return IMAGE_DOC.format(control=CONTROL_DOC.format(modules=", ".join(MODULES)), models=model_doc(models),
-                            schedule_types=", ".join(SCHEDULE_TYPES))
+                            schedule_types=", ".join(SCHEDULE_TYPES), ip=IP_DOC)
 
 
 def control_fields(control_image: str = "", control_model: str = "", control_weight: float = 1.0,

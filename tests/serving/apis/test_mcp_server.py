@@ -104,7 +104,7 @@ def test_the_tools_are_the_endpoints_inputs_in_order_described_with_the_pages_de
     assert "--ip-adapter" in generate["properties"]["ip_adapter_image"]["description"]
     assert tools.CONTROL_NAMES == ("control_image", "control_model", "control_weight", "control_start",
                                    "control_end", "control_module")
-    assert list(image["properties"])[-8:] == [*tools.CONTROL_NAMES, "model", "schedule_type"]
+    assert list(image["properties"])[-13:] == [*tools.CONTROL_NAMES, "model", "schedule_type", *tools.IP_NAMES]
     assert "canny" in generate["properties"]["control_module"]["description"]
     assert generate["required"] == ["prompt"] and image["required"] == ["prompt", "image"]
     seed = generate["properties"]["seed"]
@@ -307,6 +307,12 @@ def test_a_generate_call_with_a_reference_image_asks_for_one_ip_adapter_unit_and
     assert (unit.model, unit.weight, unit.guidance_start, unit.guidance_end) == ("ip-adapter_sdxl", 0.6, 0.2, 0.9)
     np.testing.assert_array_equal(unit.image, picture)
     assert asyncio.run(mcp.request_for("generate", {"prompt": "x"}, "me")).engine.ip_adapter_units == ()
+    # The image tool takes the same unit beside its picture, its refusals named likewise.
+    on_image = asyncio.run(mcp.request_for("image_to_image", {**ask, "image": reference}, "me"))
+    assert on_image.engine.ip_adapter_units[0].model == "ip-adapter_sdxl" and on_image.engine.image is not None
+    assert on_image.field("ip_adapter_units[0].guidance_end") == "ip_adapter_end"
+    assert asyncio.run(mcp.request_for("image_to_image", {"prompt": "x", "image": reference}, "me")
+                       ).engine.ip_adapter_units == ()
     for arguments, message in (({"ip_adapter_image": reference}, "ip_adapter_model: name the IP-Adapter"),
                                ({**ask, "ip_adapter_image": reference[:40]}, "ip_adapter_image: ")):
         with pytest.raises(ToolRefusal, match=message):
@@ -362,7 +368,7 @@ def test_the_image_tools_schedule_type_reaches_the_engine_and_an_unknown_one_is_
     generate, image = (tool.inputSchema["properties"] for tool in mcp.tools)
     assert image["schedule_type"]["enum"] == generate["schedule_type"]["enum"] == list(SCHEDULE_TYPES)
     assert image["schedule_type"]["default"] == "automatic" and "automatic" in image["schedule_type"]["description"]
-    assert tools.optional_inputs()["image_to_image"] == ("schedule_type",)
+    assert tools.optional_inputs()["image_to_image"] == ("schedule_type", *tools.IP_NAMES)
     picture = base64.b64encode(png_bytes(np.full((24, 40, 3), 200, np.uint8))).decode()
     for extra, want in (({"schedule_type": "karras"}, "karras"), ({}, "automatic")):
         asked = asyncio.run(mcp.request_for("image_to_image", {"prompt": "x", "image": picture, "sampler": "UniPC",
