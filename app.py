@@ -209,7 +209,7 @@ def build_demo(requests: Service, config: EngineConfig, engine: EngineContract |
         # The Model dropdown, the presets and what follows a model (serving/page_models.py).
         model_settings = [sampler, num_inference_steps, guidance_scale]
         follow_model = wire_models(engine, config, ModelWidgets(model, model_default, resolution, control.model, fast,
-                                                                note, lora_list), prompt, model_settings)
+                                                                note, lora_list, ip.model), prompt, model_settings)
         follow_model(wire_history(events, past, pending, finished, last_result, history_gallery, history_note,
                                   clear_history, restored, lambda: offered(engine)))
         # The gallery's selection: Reuse seed, Send to image / Inpaint / Upscale (serving/page_image.py).
