@@ -55,9 +55,11 @@ from sdxl_engine.serving.page_image import (
     control_section,
     image_events,
     image_section,
+    ip_section,
     refiner_slider,
     wire_control_section,
     wire_image_section,
+    wire_ip_section,
     wire_selection,
 )
 from sdxl_engine.serving.page_models import (
@@ -137,6 +139,7 @@ def build_demo(requests: Service, config: EngineConfig, engine: EngineContract |
                         height = gr.Number(value=0, precision=0, label="Height (px, 0 = model default)")
                 image = image_section(config, engine)  # Image to image (serving/page_image.py)
                 control = control_section(config, engine)  # ControlNet, shown when one is loaded (page_image.py)
+                ip = ip_section(config, engine)  # Image prompt (IP-Adapter), shown when one is loaded (page_image.py)
             with gr.Column(scale=3, elem_id="output-col"):  # what came out (first on a phone: PAGE_CSS)
                 gallery = gr.Gallery(label="Images", columns=2, format="png", object_fit="contain",
                                      buttons=["download", "fullscreen"], interactive=False, elem_id="gallery")
@@ -184,11 +187,12 @@ def build_demo(requests: Service, config: EngineConfig, engine: EngineContract |
         # A request's start and end on the page: the gallery in view, Stop, the status line (page_requests.py).
         wire_starts([run.click, prompt.submit, image.run.click, send_upscale.click], status, heard)
         wire_control_section(control, demo, prompt)
+        wire_ip_section(ip, demo)
         # /generate's widgets by its input's names (apis/tools.generate_inputs: the events' inputs follow that list).
         widgets = dict(prompt=prompt, negative_prompt=negative_prompt, seed=seed, guidance_scale=guidance_scale,
                        num_inference_steps=num_inference_steps, width=width, height=height, style=style,
                        sampler=sampler, refiner_switch_at=refiner_switch, **control.named, model=model,
-                       schedule_type=schedule_type)
+                       schedule_type=schedule_type, **ip.named)
         restored = [{**widgets, "resolution": resolution}[name] for name in RESTORED_FIELDS]  # a PNG, a past image
         # preprocess=False: values reach the engine as sent, so its checks and messages (with the argument's name)
         # apply to page and API alike, instead of Gradio's unnamed bound checks; concurrency_limit None: the
@@ -205,7 +209,7 @@ def build_demo(requests: Service, config: EngineConfig, engine: EngineContract |
         # The Model dropdown, the presets and what follows a model (serving/page_models.py).
         model_settings = [sampler, num_inference_steps, guidance_scale]
         follow_model = wire_models(engine, config, ModelWidgets(model, model_default, resolution, control.model, fast,
-                                                                note, lora_list), prompt, model_settings)
+                                                                note, lora_list, ip.model), prompt, model_settings)
         follow_model(wire_history(events, past, pending, finished, last_result, history_gallery, history_note,
                                   clear_history, restored, lambda: offered(engine)))
         # The gallery's selection: Reuse seed, Send to image / Inpaint / Upscale (serving/page_image.py).

@@ -42,6 +42,7 @@ from sdxl_engine.engine.durations import RunTimes
 from sdxl_engine.engine.errors import EngineNotReady, GenerationError, ModelUnavailable
 from sdxl_engine.engine.image_upscale import upscale_images
 from sdxl_engine.engine.ip_adapter import IPAdapterArrays
+from sdxl_engine.engine.ip_adapter import infotext as ip_infotext
 from sdxl_engine.engine.memory import MemoryBudget
 from sdxl_engine.engine.plan import Plan, Planner
 from sdxl_engine.engine.previews import latent_rgb_for
@@ -1120,8 +1121,15 @@ class Engine:
                               model=setup.name, prompt_chunks=plan.prompt.chunks, loras=loras,
                               refiner=model.refiner.name if plan.request.refiner_switch_at is not None
                               and model.refiner is not None else "",
-                              control_infotext=infotext(plan.request.control_units, {
-                                  name: net.title for name, net in model.controlnets.items()}))
+                              control_infotext=self._units_infotext(plan.request, model))
+
+    def _units_infotext(self, request: GenerateRequest, model) -> dict[str, str]:
+        """A1111's infotext entries of ``request``'s ControlNet units (``model``'s, by their titles), then of its
+        IP-Adapter units, numbered on (engine/control.py and engine/ip_adapter.py ``infotext``)."""
+        return {**infotext(request.control_units, {name: net.title for name, net in model.controlnets.items()}),
+                **ip_infotext(request.ip_adapter_units, {name: f"{name} [{a.hash}]"
+                                                         for name, a in self.ip_adapters.items()},
+                              first=len(request.control_units))}
 
     def _run_hires(self, plan: Plan, first: CompiledProgram, second: CompiledProgram,
                    progress: Callable[[str], None] = _no_progress, on_step: Callable[[StepEvent], None] | None = None,

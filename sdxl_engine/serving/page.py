@@ -36,7 +36,7 @@ EXAMPLES = ["a red circle on a blue background", "a large green square at the to
 # No style in the examples: a style's added words ("anime artwork ...") pull tiny-shapes' images off the prompt.
 # The blog's setting (the config's own defaults), one click away when a model's engine_defaults.json chose another.
 BLOG_DEFAULT = (EngineConfig.sampler, EngineConfig.num_inference_steps)
-WIDGETS_FOLLOWING = 6  # model_widgets' updates (page_models.ModelWidgets.following)
+WIDGETS_FOLLOWING = 7  # model_widgets' updates (page_models.ModelWidgets.following)
 
 
 def lora_names_for(config: EngineConfig) -> list[str]:
@@ -303,8 +303,8 @@ def chosen_model(engine: EngineContract | None, name: str | None) -> tuple[str, 
 
 def model_settings(engine: EngineContract | None, name: str | None) -> tuple:
     """The page's Model dropdown changed to ``name``: what follows it, as updates for (sampler, steps, guidance
-    scale, then :func:`model_widgets`' six: the Model default button, resolution, ControlNet model, the few-steps
-    preset's button, the model note, the LoRA list). The first three
+    scale, then :func:`model_widgets`' seven: the Model default button, resolution, ControlNet model, the few-steps
+    preset's button, the model note, the LoRA list, the IP-Adapter model). The first three
     and the button take that model's own defaults (:func:`chosen_model`), as a request for it through any API that
     sets none of them runs; the rest as :func:`model_widgets`. Nothing changes before the engine is ready, or for
     a model whose engine_defaults.json the engine refuses.
@@ -321,9 +321,10 @@ def model_settings(engine: EngineContract | None, name: str | None) -> tuple:
 def model_widgets(engine: EngineContract | None, name: str | None, size: str | None = None) -> tuple:
     """The widgets that follow the Model dropdown besides the settings (:func:`model_settings`), as updates for
     (the Model default button, resolution, ControlNet model, the few-steps preset's button, the model note, the
-    LoRA list): the button's label of the model's defaults, its sizes and fitting ControlNets once loaded (else
-    resolution "model default" and the list as it is), the preset when it has the LoRA, the note of a built-in
-    model (:func:`model_note`; hidden for others) and the LoRAs its requests may tag. ``size``: a resolution
+    LoRA list, the IP-Adapter model): the button's label of the model's defaults, its sizes, fitting ControlNets
+    and IP-Adapters once loaded (else resolution "model default" and the lists as they are), the preset when it
+    has the LoRA, the note of a built-in model (:func:`model_note`; hidden for others) and the LoRAs its requests
+    may tag. ``size``: a resolution
     ("WxH") to keep as the value (a restored one) when the model's sizes have it. After a restore (a history image,
     a PNG) set the dropdown itself. Nothing changes before the engine is ready or for a model it refuses.
 
@@ -348,14 +349,16 @@ def _widgets_for(engine: EngineContract, model: str, defaults: EngineConfig, siz
             size != "0x0" else []
         resolution = gr.update(choices=[("model default", "0x0"), *restored], value=restored[0][1] if restored
                                else "0x0")
-        controlnets = gr.update()
+        controlnets = ip_adapters = gr.update()
     else:
         choices, value = size_choices(engine, limits)
         names = [cn for cn, _ in limits.controlnets]
         kept = size if size in [v for _, v in choices] else value
         resolution = gr.update(choices=choices, value=kept)
         controlnets = gr.update(choices=names, value=names[0] if names else "")
-    return gr.update(value=model_default_label(defaults)), resolution, controlnets, fast, *following
+        ips = [name for name, _ in limits.ip_adapters]
+        ip_adapters = gr.update(choices=ips, value=ips[0] if ips else "")
+    return gr.update(value=model_default_label(defaults)), resolution, controlnets, fast, *following, ip_adapters
 
 
 def model_default_settings(engine: EngineContract | None, config: EngineConfig, name: str | None,

@@ -35,8 +35,8 @@ from sdxl_engine.serving.page_image import editor_tools
 @dataclasses.dataclass
 class ModelWidgets:
     """The Model dropdown and the widgets that follow it besides the settings: the Model default button, the
-    resolution, the ControlNet model, the few-steps preset's button, the model note and the LoRA list
-    (page.model_widgets' order)."""
+    resolution, the ControlNet model, the few-steps preset's button, the model note, the LoRA list and the
+    IP-Adapter model (page.model_widgets' order)."""
 
     model: gr.Dropdown
     default: gr.Button
@@ -45,10 +45,11 @@ class ModelWidgets:
     fast: gr.Button
     note: gr.Markdown
     loras: gr.Dataset
+    ip_model: gr.Dropdown
 
     @property
     def following(self) -> list:
-        return [self.default, self.resolution, self.control_model, self.fast, self.note, self.loras]
+        return [self.default, self.resolution, self.control_model, self.fast, self.note, self.loras, self.ip_model]
 
 
 def offered(engine: EngineContract | None) -> list[str]:
@@ -70,7 +71,8 @@ def png_choices(engine: EngineContract | None, text) -> tuple[list[str], list[st
 def wire_models(engine: EngineContract | None, config: EngineConfig, widgets: ModelWidgets, prompt: gr.Textbox,
                 settings: list) -> Callable:
     """The dropdown's and the Model default button's events; ``settings``: the sampler, steps and guidance
-    widgets. A model chosen on the page brings its own defaults, sizes and ControlNets (what its API requests get);
+    widgets. A model chosen on the page brings its own defaults, sizes, ControlNets and IP-Adapters (what its API
+    requests get);
     the button brings them back (and drops the few-steps preset's tag from ``prompt``). Both take the dropdown's
     value as sent (preprocess=False): an unknown name is refused by name. Returns ``follow(event)``: after
     ``event`` (a restore that set the dropdown and the resolution), the other widgets follow the model."""
