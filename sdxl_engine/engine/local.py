@@ -827,7 +827,8 @@ class Engine:
             self._log(f"[sdxl_engine] the model's defaults ({loading.ENGINE_DEFAULTS_FILE}): {used}"
                       + (f"; set explicitly, so kept: {', '.join(kept)}" if kept else ""))
         builtin_used = {k: getattr(defaults, k) for k in config_mod.MODEL_DEFAULT_FIELDS
-                        if k not in self.config.explicit and k not in model.engine_defaults}
+                        if k not in self.config.explicit and k not in model.engine_defaults
+                        and (k not in ("width", "height") or getattr(defaults, k))}  # a size 0: the model's native
         if builtin_used:
             self._log(f"[sdxl_engine] the engine's defaults, which the model does not choose: {builtin_used}")
         return defaults

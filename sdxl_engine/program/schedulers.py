@@ -398,9 +398,10 @@ def sampler_config(sampler: str, config: dict) -> dict:
 # Fields whose unsupported value refuses one sampler per request, not the model at start: zero
 # terminal SNR (a v-prediction fine-tune's ``ztsnr``) runs with Euler, Euler a and DPM++ as in diffusers;
 # original_inference_steps is LCM's alone. A (sampler, field) pair: that sampler's refusal of that field only
-# (UniPC's two combinations that diffusers' UniPC divides by zero on, which every other sampler follows).
+# (UniPC's two combinations that diffusers' UniPC divides by zero on, which every other sampler follows; Euler a on a
+# sample-predicting model, SDXL-Lightning's 1-step x0 UNet, which the other samplers run).
 PER_SAMPLER = frozenset({"rescale_betas_zero_snr", "original_inference_steps", ("UniPC", "final_sigmas_type"),
-                         ("UniPC", "lower_order_final")})
+                         ("UniPC", "lower_order_final"), ("Euler a", "prediction_type")})
 
 
 def check_scheduler_config(config: dict) -> None:
