@@ -4,6 +4,7 @@ LoRA is loaded, and yielding to an explicit setting, a model's own engine_defaul
 import json
 import os
 
+import numpy as np
 import pytest
 
 from sdxl_engine.checkpoint import recipes
@@ -155,3 +156,26 @@ def test_dmd2s_recipe_steps_as_the_model_cards_custom_timesteps():
     assert make_schedule("LCM", config, 4).timesteps.tolist() == [999, 749, 499, 249] == CASES["lcm-dmd2"][
         "card_timesteps"] == CASES["lcm-dmd2"]["timesteps"]
     assert CASES["lcm-dmd2"]["changes"] == recipe.scheduler
+
+
+def test_a_spacing_schedule_type_is_the_class_with_that_spacing_per_request():
+    """What a few-step LoRA's recipe sends (its schedule_type): "trailing" on SDXL base's leading config is the
+    sampler's schedule from a trailing config (which tests/program/test_schedulers.py checks step by step against
+    diffusers: the euler-trailing and ddim-trailing cases); LCM's trailing is DMD2's custom timesteps, the lcm-dmd2
+    case's schedule to the bit."""
+    from sdxl_engine.program.schedulers import UnsupportedScheduleType, make_schedule
+    from tests.program.test_schedulers import CASES, STEPS
+
+    base = STEPS["base_config"]
+    trailing = {**base, "timestep_spacing": "trailing"}
+    fields = ("timesteps", "sigmas", "a", "b", "c", "d", "e", "init_scale", "final_scale")
+    for sampler, steps in (("Euler", 4), ("DDIM", 2), ("Euler a", 3), ("DPM++ 2M", 8)):
+        ours, want = make_schedule(sampler, base, steps, "trailing"), make_schedule(sampler, trailing, steps)
+        assert all(np.array_equal(getattr(ours, f), getattr(want, f)) for f in fields), sampler
+    lcm = make_schedule("LCM", base, 4, "trailing")
+    dmd2 = make_schedule("LCM", {**base, **CASES["lcm-dmd2"]["changes"]}, 4)
+    assert lcm.timesteps.tolist() == [999, 749, 499, 249]
+    assert all(np.array_equal(getattr(lcm, f), getattr(dmd2, f)) for f in fields)
+    assert make_schedule("LCM", base, 1, "trailing").timesteps.tolist() == [999]
+    with pytest.raises(UnsupportedScheduleType, match="LCM trailing"):
+        make_schedule("LCM", base, 4, "leading")
