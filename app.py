@@ -22,7 +22,7 @@ from sdxl_engine.engine.validation import MAX_GUIDANCE
 from sdxl_engine.program.schedulers import SAMPLERS, SCHEDULE_TYPES
 from sdxl_engine.service.models import configured as models_configured
 from sdxl_engine.service.service import Service
-from sdxl_engine.service.styles import FAST_LABEL, FAST_LORA, NO_STYLE, STYLE_NAMES
+from sdxl_engine.service.styles import NO_STYLE, STYLE_NAMES
 from sdxl_engine.serving import handler, history
 from sdxl_engine.serving.apis.mcp_image import API_NAME as IMAGE_TOOL
 from sdxl_engine.serving.apis.mcp_image import image_tool
@@ -32,6 +32,7 @@ from sdxl_engine.serving.page import (
     BLOG_DEFAULT,
     EXAMPLES,
     event_inputs,
+    fast_preset_for,
     load_example,
     lora_names_for,
     lora_tag_adder,
@@ -107,8 +108,8 @@ def build_demo(requests: Service, config: EngineConfig, engine: EngineContract |
                 model = gr.Dropdown(**model_choices(engine, configured), label="Model", elem_id="model")
                 style = gr.Radio(list(STYLE_NAMES), value=NO_STYLE, label="Style", elem_id="style")
                 with gr.Row(elem_id="preset-row"):  # few steps, or back to the model's own setting
-                    fast = gr.Button(FAST_LABEL, size="sm", elem_id="fast-preset",
-                                     visible=FAST_LORA in lora_names_for(config))
+                    fast = gr.Button(fast_preset_for(config).label, size="sm", elem_id="fast-preset",
+                                     visible=fast_preset_for(config).lora in lora_names_for(config))
                     model_default = gr.Button(model_default_label(config), size="sm", elem_id="model-default")
                 with gr.Row(elem_id="size-row"):
                     choices, default_size = size_choices(engine)

@@ -34,6 +34,7 @@ from sdxl_engine.checkpoint import controlnet as controlnet_mod
 from sdxl_engine.checkpoint import ip_adapter as ip_adapter_mod
 from sdxl_engine.checkpoint import loading
 from sdxl_engine.checkpoint import lora as lora_mod
+from sdxl_engine.checkpoint import recipes as recipes_mod
 from sdxl_engine.config import EngineConfig
 from sdxl_engine.engine import faults, memory
 from sdxl_engine.engine.contract import GenerateResult, ScaleOut, clock, queue_seconds, wait_for_start
@@ -682,7 +683,8 @@ class Engine:
         loaded.ip_adapters = self._fitting_ip_adapters(loaded, strict)
         loras, for_refiner = self._read_loras(loaded, lora_sources, strict)
         defaults = self._model_defaults(loaded, self.catalogue.model(name).spec)
-        limits = self._limits(loaded, defaults, (*loras, *for_refiner), startup_mode)
+        limits = self._limits(loaded, defaults, (*loras, *for_refiner), startup_mode,
+                              lora_recipes(lora_sources, loras, self._log))
         params = self._params_of(loaded)
         skeleton = dataclasses.replace(loaded, params=abstract_params(loaded.params), refiner=None if loaded.refiner
                                        is None else dataclasses.replace(loaded.refiner,
@@ -828,15 +830,17 @@ class Engine:
             self._log(f"[sdxl_engine] the model's defaults ({loading.ENGINE_DEFAULTS_FILE}): {used}"
                       + (f"; set explicitly, so kept: {', '.join(kept)}" if kept else ""))
         builtin_used = {k: getattr(defaults, k) for k in config_mod.MODEL_DEFAULT_FIELDS
-                        if k not in self.config.explicit and k not in model.engine_defaults}
+                        if k not in self.config.explicit and k not in model.engine_defaults
+                        and (k not in ("width", "height") or getattr(defaults, k))}  # a size 0: the model's native
         if builtin_used:
             self._log(f"[sdxl_engine] the engine's defaults, which the model does not choose: {builtin_used}")
         return defaults
 
     def _limits(self, model: loading.LoadedModel, defaults: EngineConfig, loras: tuple[str, ...],
-                startup_mode: dict) -> Limits:
+                startup_mode: dict, recipes_of_loras: tuple = ()) -> Limits:
         """What requests for ``model`` may ask for: every field from its resolved ``defaults`` (ModelSetup.defaults),
-        its geometry and its LoRAs' names (``loras``), in this one place.
+        its geometry, its LoRAs' names (``loras``) and their few-step recipes (``recipes_of_loras``:
+        :func:`lora_recipes`), in this one place.
 
         Raises ConfigError for a default width/height the model cannot make.
         """
@@ -862,7 +866,7 @@ class Engine:
                       controlnets_unfit=tuple(name for name in self.controlnets if name not in model.controlnets),
                       model=model.name,
                       ip_adapters=tuple((name, a.hash) for name, a in model.ip_adapters.items()),
-                      max_ip_adapter_units=self.config.max_ip_adapter_units)
+                      max_ip_adapter_units=self.config.max_ip_adapter_units, lora_recipes=recipes_of_loras)
 
     def _start_precompile(self) -> None:
         """Compile the no-CFG variant of the default size, then the other size buckets, in a
@@ -1205,3 +1209,16 @@ class Engine:
             raise Stopped(f"stopped after step {receiver.done} of {steps}")
         jax.block_until_ready(out)
         return out
+
+
+def lora_recipes(sources: dict, loras, log: Callable[[str], None]) -> tuple:
+    """Limits.lora_recipes of the model's ``loras`` (names; ``sources``: {name: file}): each one whose file a few-step
+    recipe names (checkpoint/recipes.py), with that recipe's fields; one log line per such LoRA."""
+    found = []
+    for name in loras:
+        recipe = recipes_mod.find(str(sources.get(name, "")), lora=True)
+        if recipe is not None:
+            found.append((name, tuple(recipe.defaults.items())))
+            log(f"[sdxl_engine] LoRA {name}: few-step recipe {recipe.name} for the requests tagging it that leave "
+                f"them out: {recipe.defaults}" + (f"; {recipe.note}" if recipe.note else ""))
+    return tuple(found)

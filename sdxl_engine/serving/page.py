@@ -13,7 +13,7 @@ from collections.abc import Callable
 import gradio as gr
 
 from sdxl_engine.checkpoint.loading import model_loras
-from sdxl_engine.checkpoint.lora import available_names
+from sdxl_engine.checkpoint.lora import LoraError, available_names, lora_sources
 from sdxl_engine.checkpoint.weights import ModelLoadError
 from sdxl_engine.config import ConfigError, EngineConfig
 from sdxl_engine.engine.contract import EngineContract, clock
@@ -21,7 +21,15 @@ from sdxl_engine.engine.errors import InvalidRequest
 from sdxl_engine.engine.validation import MAX_GUIDANCE
 from sdxl_engine.program.schedulers import DEFAULT_SCHEDULE_TYPE, SCHEDULE_TYPES
 from sdxl_engine.service import models
-from sdxl_engine.service.styles import FAST_LORA, NO_STYLE, STYLE_NAMES, get_style, without_fast_tag
+from sdxl_engine.service.styles import (
+    LCM_PRESET,
+    NO_STYLE,
+    STYLE_NAMES,
+    FastPreset,
+    fast_preset,
+    get_style,
+    without_fast_tag,
+)
 from sdxl_engine.serving.apis.a1111 import generation_parameters, refiner_name, sampler_of
 from sdxl_engine.serving.apis.core import ApiError
 from sdxl_engine.serving.apis.tools import generate_inputs
@@ -42,6 +50,16 @@ WIDGETS_FOLLOWING = 7  # model_widgets' updates (page_models.ModelWidgets.follow
 def lora_names_for(config: EngineConfig) -> list[str]:
     """The LoRA names the engine will load: the deployment's and the model's own (its loras.json)."""
     return available_names(config.lora, config.lora_dir, os.pathsep, model_loras(config.model))
+
+
+def fast_preset_for(config: EngineConfig) -> FastPreset:
+    """The Fast button's preset for the LoRAs the engine will load (the deployment's and the model's own): a
+    few-step LoRA's recipe (styles.fast_preset: Lightning's, Hyper-SD's, DMD2's by their files' names), else LCM's;
+    LCM's when the settings are bad (the engine's start reports those)."""
+    try:
+        return fast_preset(lora_sources(config.lora, config.lora_dir, os.pathsep, model_loras(config.model)))
+    except (LoraError, OSError):
+        return LCM_PRESET
 
 
 def status_line(info: dict) -> str:
@@ -340,7 +358,7 @@ def _widgets_for(engine: EngineContract, model: str, defaults: EngineConfig, siz
         limits = models.loaded_limits(engine, model)
     except (ConfigError, ModelLoadError):
         return (gr.update(),) * WIDGETS_FOLLOWING
-    fast = gr.update(visible=FAST_LORA in loras)
+    fast = gr.update(visible=fast_preset_for(engine.config).lora in loras)
     note = model_note(model)
     following = (gr.update(value=note, visible=bool(note)),
                  gr.update(samples=[[f"<lora:{n}:1>"] for n in loras], visible=bool(loras)))
@@ -371,7 +389,8 @@ def model_default_settings(engine: EngineContract | None, config: EngineConfig, 
     Raises LookupError (page_event: one log line, a gr.Error) for a name the engine does not offer."""
     chosen = chosen_model(engine, name)
     defaults = config if chosen is None else chosen[1]
-    return defaults.sampler, defaults.num_inference_steps, defaults.guidance_scale, without_fast_tag(text)
+    return (defaults.sampler, defaults.num_inference_steps, defaults.guidance_scale,
+            without_fast_tag(text, fast_preset_for(config).lora))
 
 
 def outpaint_default(engine: EngineContract | None) -> int:

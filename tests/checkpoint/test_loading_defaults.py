@@ -56,7 +56,8 @@ def test_model_defaults_fill_only_what_was_not_set():
 
 
 @pytest.mark.parametrize("chosen, message", [
-    ({"max_seed": 7}, "a model may choose only sampler, num_inference_steps, guidance_scale, not 'max_seed'"),
+    ({"max_seed": 7}, "a model may choose only sampler, num_inference_steps, guidance_scale, width, height, "
+                      "not 'max_seed'"),
     ({"sampler": "Heun"}, "unknown sampler 'Heun'"),
     ({"num_inference_steps": "many"}, "num_inference_steps must be a whole number"),
     ({"guidance_scale": -1}, "guidance_scale must be between 0 and 50"),

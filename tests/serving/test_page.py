@@ -368,7 +368,8 @@ def test_the_schedule_type_dropdown_is_generates_input_and_its_value_reaches_the
     dropdown = generate.inputs[names.index("schedule_type")]
     assert (dropdown.elem_id, dropdown.label, dropdown.value) == ("schedule-type", "Schedule type", "Automatic")
     assert [label for label, _ in dropdown.choices] == ["Automatic", "Uniform", "Karras", "Exponential",
-                                                        "SGM Uniform", "Simple", "Beta"]
+                                                        "SGM Uniform", "Simple", "Beta", "Leading", "Linspace",
+                                                        "Trailing"]
     assert [c.elem_id for c in generate.inputs[:9]] == ["prompt", "negative", "seed", None, "steps", None, None,
                                                          "style", "sampler"]
     got = []

@@ -34,6 +34,7 @@ class Catalogued:
     error = None
     default_model = "a"
     limits = LIMITS_A
+    config = EngineConfig()  # its LoRAs (tiny-shapes' lcm) choose the Fast button's preset (page.fast_preset_for)
 
     def __init__(self, ready=True):
         self.ready = threading.Event()

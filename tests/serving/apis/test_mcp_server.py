@@ -338,7 +338,8 @@ def test_the_generate_tools_schedule_type_reaches_the_engine_and_an_unknown_one_
     enum is a tool error naming the argument and queues nothing."""
     listed = asyncio.run(in_session(served.url, lambda session: session.list_tools())).tools
     schema = listed[0].inputSchema["properties"]["schedule_type"]
-    assert schema["enum"] == ["automatic", "uniform", "karras", "exponential", "sgm_uniform", "simple", "beta"]
+    assert schema["enum"] == ["automatic", "uniform", "karras", "exponential", "sgm_uniform", "simple", "beta",
+                              "leading", "linspace", "trailing"]
     assert schema["default"] == "automatic" and "SGM Uniform" in schema["description"]
     refused = asyncio.run(in_session(served.url, lambda session: session.call_tool(
         "generate", {"prompt": "x", "schedule_type": "sideways"})))
