@@ -154,7 +154,7 @@ def test_blog_default_button_sets_euler_20():
 
 
 def test_png_and_info_record_the_model_default_sampler(model_dir, tmp_path):
-    import app
+    from sdxl_engine.serving import page
     from tests.helpers import page_generate
 
     engine, _ = start(model_dir)
@@ -166,4 +166,4 @@ def test_png_and_info_record_the_model_default_sampler(model_dir, tmp_path):
                                                                                   record["num_inference_steps"])
     with Image.open(gallery[0][0]) as image:
         assert "Steps: 7, Sampler: DPM++ 2M," in image.text["parameters"]
-    assert "7 DPM++ 2M steps" in app.status_line(info)
+    assert "7 DPM++ 2M steps" in page.status_line(info)
