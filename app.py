@@ -22,7 +22,7 @@ from sdxl_engine.engine.validation import MAX_GUIDANCE
 from sdxl_engine.program.schedulers import SAMPLERS, SCHEDULE_TYPES
 from sdxl_engine.service.models import configured as models_configured
 from sdxl_engine.service.service import Service
-from sdxl_engine.service.styles import FAST_LABEL, FAST_LORA, NO_STYLE, STYLE_NAMES
+from sdxl_engine.service.styles import NO_STYLE, STYLE_NAMES
 from sdxl_engine.serving import handler, history
 from sdxl_engine.serving.apis.mcp_image import API_NAME as IMAGE_TOOL
 from sdxl_engine.serving.apis.mcp_image import image_tool
@@ -32,6 +32,7 @@ from sdxl_engine.serving.page import (
     BLOG_DEFAULT,
     EXAMPLES,
     event_inputs,
+    fast_preset_for,
     load_example,
     lora_names_for,
     lora_tag_adder,
@@ -55,9 +56,11 @@ from sdxl_engine.serving.page_image import (
     control_section,
     image_events,
     image_section,
+    ip_section,
     refiner_slider,
     wire_control_section,
     wire_image_section,
+    wire_ip_section,
     wire_selection,
 )
 from sdxl_engine.serving.page_models import (
@@ -105,8 +108,8 @@ def build_demo(requests: Service, config: EngineConfig, engine: EngineContract |
                 model = gr.Dropdown(**model_choices(engine, configured), label="Model", elem_id="model")
                 style = gr.Radio(list(STYLE_NAMES), value=NO_STYLE, label="Style", elem_id="style")
                 with gr.Row(elem_id="preset-row"):  # few steps, or back to the model's own setting
-                    fast = gr.Button(FAST_LABEL, size="sm", elem_id="fast-preset",
-                                     visible=FAST_LORA in lora_names_for(config))
+                    fast = gr.Button(fast_preset_for(config).label, size="sm", elem_id="fast-preset",
+                                     visible=fast_preset_for(config).lora in lora_names_for(config))
                     model_default = gr.Button(model_default_label(config), size="sm", elem_id="model-default")
                 with gr.Row(elem_id="size-row"):
                     choices, default_size = size_choices(engine)
@@ -137,6 +140,7 @@ def build_demo(requests: Service, config: EngineConfig, engine: EngineContract |
                         height = gr.Number(value=0, precision=0, label="Height (px, 0 = model default)")
                 image = image_section(config, engine)  # Image to image (serving/page_image.py)
                 control = control_section(config, engine)  # ControlNet, shown when one is loaded (page_image.py)
+                ip = ip_section(config, engine)  # Image prompt (IP-Adapter), shown when one is loaded (page_image.py)
             with gr.Column(scale=3, elem_id="output-col"):  # what came out (first on a phone: PAGE_CSS)
                 gallery = gr.Gallery(label="Images", columns=2, format="png", object_fit="contain",
                                      buttons=["download", "fullscreen"], interactive=False, elem_id="gallery")
@@ -184,11 +188,12 @@ def build_demo(requests: Service, config: EngineConfig, engine: EngineContract |
         # A request's start and end on the page: the gallery in view, Stop, the status line (page_requests.py).
         wire_starts([run.click, prompt.submit, image.run.click, send_upscale.click], status, heard)
         wire_control_section(control, demo, prompt)
+        wire_ip_section(ip, demo)
         # /generate's widgets by its input's names (apis/tools.generate_inputs: the events' inputs follow that list).
         widgets = dict(prompt=prompt, negative_prompt=negative_prompt, seed=seed, guidance_scale=guidance_scale,
                        num_inference_steps=num_inference_steps, width=width, height=height, style=style,
                        sampler=sampler, refiner_switch_at=refiner_switch, **control.named, model=model,
-                       schedule_type=schedule_type)
+                       schedule_type=schedule_type, **ip.named)
         restored = [{**widgets, "resolution": resolution}[name] for name in RESTORED_FIELDS]  # a PNG, a past image
         # preprocess=False: values reach the engine as sent, so its checks and messages (with the argument's name)
         # apply to page and API alike, instead of Gradio's unnamed bound checks; concurrency_limit None: the
@@ -205,7 +210,7 @@ def build_demo(requests: Service, config: EngineConfig, engine: EngineContract |
         # The Model dropdown, the presets and what follows a model (serving/page_models.py).
         model_settings = [sampler, num_inference_steps, guidance_scale]
         follow_model = wire_models(engine, config, ModelWidgets(model, model_default, resolution, control.model, fast,
-                                                                note, lora_list), prompt, model_settings)
+                                                                note, lora_list, ip.model), prompt, model_settings)
         follow_model(wire_history(events, past, pending, finished, last_result, history_gallery, history_note,
                                   clear_history, restored, lambda: offered(engine)))
         # The gallery's selection: Reuse seed, Send to image / Inpaint / Upscale (serving/page_image.py).
@@ -222,7 +227,7 @@ def build_demo(requests: Service, config: EngineConfig, engine: EngineContract |
         examples.click(page_event(load_example), examples, [prompt, style], api_visibility="private", queue=False,
                        show_progress="hidden")
         lora_list.click(page_event(lora_tag_adder(engine, config)), [lora_list, prompt, model], prompt,
-                        api_visibility="private", queue=False, show_progress="hidden")
+                        api_visibility="private", queue=False, show_progress="hidden", preprocess=False)
 
         # The banner, then what the started engine offers: sizes, the brush, the models (serving/page_models.py).
         wire_start(demo, engine, configured, banner, resolution, image.init_image, model, events)

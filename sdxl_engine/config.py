@@ -36,7 +36,7 @@ DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) /
 
 
 # The settings a model folder's engine_defaults.json may choose (loading.py); the others are the deployment's.
-MODEL_DEFAULT_FIELDS = ("sampler", "num_inference_steps", "guidance_scale")
+MODEL_DEFAULT_FIELDS = ("sampler", "num_inference_steps", "guidance_scale", "width", "height")
 # The file in a model folder that chooses them (read by checkpoint.loading, which imports this name).
 ENGINE_DEFAULTS_FILE = "engine_defaults.json"
 # How prompt weights apply (engine/prompts.py): A1111's "Original" emphasis, or none (the syntax is read,
@@ -100,13 +100,14 @@ class EngineConfig:
     # Parameter storage and compute dtype: "auto" = bfloat16 on TPU/GPU, float32 on CPU.
     # Latents, noise, guidance and the scheduler's sigmas stay float32 whatever this says.
     dtype: str = "auto"
-    # Default image size in pixels; 0 = the model's native size (unet sample_size x VAE factor).
+    # Default image size in pixels; 0 = the model's native size (unet sample_size x VAE factor); a model's
+    # engine_defaults.json (or its few-step recipe: SDXL-Turbo's 512) may choose it unless set explicitly.
     width: int = 0
     height: int = 0
     # Default number of denoising steps and classifier-free guidance scale. 5 is diffusers'
     # StableDiffusionXLPipeline default and tiny-shapes' best on prompts it was trained on
     # (shape accuracy at guidance 3 / 5 / 7: docs/benchmarks.md, "Figures behind choices in the code").
-    # These two and the sampler yield to a model's engine_defaults.json unless set explicitly.
+    # These two, the sampler and the size yield to a model's engine_defaults.json unless set explicitly.
     num_inference_steps: int = 20
     guidance_scale: float = 5.0
     # Default sampler, an A1111 name: Euler (the blog's), Euler a, DPM++ 2M, DPM++ 2M Karras, DPM++ 2M SDE,

@@ -150,7 +150,13 @@ SAMPLER_CASES = [
     ("lcm-alpha-to-one", "LCM", {"set_alpha_to_one": True}, 4),  # unused: no previous timestep is negative
     ("lcm-linear", "LCM", {"beta_schedule": "linear", "beta_start": 0.0001, "beta_end": 0.02}, 4),
     ("lcm-minimal", "LCM", "minimal", 4),
+    # DMD2's recipe (checkpoint/recipes.py): the engine's config has original_inference_steps 4; diffusers runs the
+    # model card's call, LCMScheduler with timesteps=[999, 749, 499, 249] (CARD_TIMESTEPS), checked here to step as
+    # the card's own config (SDXL base's, original_inference_steps 50) does.
+    ("lcm-dmd2", "LCM", {"original_inference_steps": 4}, 4),
 ]
+# Cases whose diffusers run passes set_timesteps(timesteps=...) (a model card's custom timesteps), not a step count.
+CARD_TIMESTEPS = {"lcm-dmd2": [999, 749, 499, 249]}
 SAMPLER_SHAPE = (1, 4, 2, 2)  # latents of a 1-image batch; every update is elementwise
 SAMPLER_MAX_STEPS = max(case[3] for case in SAMPLER_CASES)
 
@@ -170,7 +176,7 @@ def init_defaults(cls) -> dict:
 
 
 def sampler_trajectory(sampler: str, config: dict, steps: int, model_outputs: np.ndarray, start: np.ndarray,
-                       first: int = 0):
+                       first: int = 0, timesteps: list[int] | None = None):
     """diffusers' scheduler for ``sampler`` from ``config``, run for ``steps`` steps on fixed arrays.
 
     The sample starts at ``start * init_noise_sigma``; step k's model output is ``model_outputs[k]``. ``first`` > 0:
@@ -182,7 +188,10 @@ def sampler_trajectory(sampler: str, config: dict, steps: int, model_outputs: np
     """
     cls, overrides = SAMPLER_CLASSES[sampler]
     sched = cls.from_config(config, **overrides)
-    sched.set_timesteps(steps)
+    if timesteps is None:
+        sched.set_timesteps(steps)
+    else:  # a model card's custom timesteps (CARD_TIMESTEPS)
+        sched.set_timesteps(timesteps=timesteps)
     if first:
         sched.set_begin_index(first)
     sample = torch.from_numpy(start) * sched.init_noise_sigma
@@ -292,7 +301,11 @@ def sampler_case(row: tuple, base: dict, model_outputs: np.ndarray, start: np.nd
     """One SAMPLER_CASES row: ({key: array}, its entry of the JSON's cases)."""
     name, sampler, changes, steps, *first = row
     config = case_config(base, changes)
-    sched, samples, noise = sampler_trajectory(sampler, config, steps, model_outputs, start, *first)
+    card = CARD_TIMESTEPS.get(name)
+    sched, samples, noise = sampler_trajectory(sampler, config, steps, model_outputs, start, *first, timesteps=card)
+    if card is not None:  # the model card's call, on SDXL base's own config, steps the same to the bit
+        _, card_samples, card_noise = sampler_trajectory(sampler, base, steps, model_outputs, start, timesteps=card)
+        assert np.array_equal(card_samples, samples) and np.array_equal(card_noise, noise), name
     arrays = {f"{name}_samples": samples}
     if noise is not None:
         arrays[f"{name}_noise"] = noise
@@ -304,6 +317,8 @@ def sampler_case(row: tuple, base: dict, model_outputs: np.ndarray, start: np.nd
                 init_noise_sigma=float(sched.init_noise_sigma))
     if first:
         case["first_step"] = first[0]
+    if card is not None:
+        case["card_timesteps"] = card
     if sampler == "LCM":  # c_skip, c_out per step, and the alphā the noise brings the sample to
         scalings = [sched.get_scalings_for_boundary_condition_discrete(t) for t in sched.timesteps]
         case["c_skip"] = [float(c) for c, _ in scalings]

@@ -28,7 +28,7 @@ from huggingface_hub import HfApi, hf_hub_download, snapshot_download
 from huggingface_hub import constants as hub_constants
 from transformers import CLIPTokenizer
 
-from sdxl_engine.checkpoint import builtin, single_file
+from sdxl_engine.checkpoint import builtin, recipes, single_file
 from sdxl_engine.checkpoint.weights import PICKLE_SUFFIXES, ModelLoadError, find_weight_files, load_params
 from sdxl_engine.checkpoint.writing import VOCABULARY_FILE
 
@@ -187,6 +187,9 @@ class LoadedModel:
     source: str = ""
     vocabulary: frozenset[str] | None = None
     engine_defaults: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # The few-step recipe its --unet file's or its own name matched (checkpoint/recipes.py; :func:`with_recipe`),
+    # applied to ``scheduler_config`` and, where its folder has no engine_defaults.json, to ``engine_defaults``.
+    recipe: recipes.Recipe | None = None
     kind: ModelKind = ModelKind()  # what the files declare (read_model_folder); SDXL base for built models
     # The SDXL refiner the engine attached to this base (--refiner; :func:`check_refiner` passed): its components
     # and kind are the program's refiner expert; its params (text_encoder_2, unet) go in the program's
@@ -472,11 +475,18 @@ def read_engine_defaults(folder: Path) -> dict[str, Any]:
 
 def engine_defaults(model: str) -> dict[str, Any]:
     """The engine defaults of ``model`` that can be read before loading it: the shipped tiny-shapes' and a
-    local folder's; {} for the other built-ins and for hub ids (read once downloaded, when the engine loads it)."""
+    local folder's; else the few-step recipe its name matches (checkpoint/recipes.py: a folder, single file or hub
+    id named as SDXL-Turbo's, Lightning's, ...); {} for the other built-ins and hub ids (a hub folder's own file is
+    read once downloaded, when the engine loads it)."""
     if model == "tiny-shapes":
         return read_engine_defaults(builtin.TINY_SHAPES_DIR)
+    if model in builtin.BUILTIN_NAMES:
+        return {}
     folder = Path(model).expanduser()
-    return {} if model in builtin.BUILTIN_NAMES or not folder.is_dir() else read_engine_defaults(folder)
+    if folder.is_dir() and (folder / ENGINE_DEFAULTS_FILE).is_file():
+        return read_engine_defaults(folder)
+    recipe = recipes.find(model)
+    return {} if recipe is None else recipe.engine_defaults()
 
 
 # A model folder's own LoRAs, {"name": "file.safetensors"} (a file of the folder): tiny-shapes ships its
@@ -668,7 +678,7 @@ def load_model(model: str, *, dtype: str, platform: str, revision: str = "", var
         loaded = load_single_file(_single_file_path(model, revision, flag), dtype, sharding, model_config, swaps,
                                   log, config_flag)
         loaded.load_s = time.perf_counter() - start
-        return _with_spacing(loaded, timestep_spacing)
+        return _with_spacing(with_recipe(loaded, model, unet, False, log), timestep_spacing)
     if model_config:
         raise ModelLoadError(f"{config_flag} {model_config!r} is for single-file models (FILE.safetensors); "
                              f"{model!r} has its own configs")
@@ -695,7 +705,8 @@ def load_model(model: str, *, dtype: str, platform: str, revision: str = "", var
         folder = hub_snapshot(model, revision, variant, flag)
     loaded = load_folder(folder, shown, dtype, sharding, variant, log, swaps, flag)
     loaded.load_s = time.perf_counter() - start
-    return _with_spacing(loaded, timestep_spacing) if timestep_spacing else loaded
+    own_defaults = (folder / ENGINE_DEFAULTS_FILE).is_file()
+    return _with_spacing(with_recipe(loaded, model, unet, own_defaults, log), timestep_spacing)
 
 
 def _not_safetensors_message(path: Path, flag: str = "--model") -> str:
@@ -885,6 +896,34 @@ def _check_scheduler(config: dict, where: str) -> None:
         check_scheduler_config(config)
     except UnsupportedSchedulerConfig as err:
         raise ModelLoadError(f"{where}: {err}") from None
+
+
+def with_recipe(loaded: LoadedModel, model: str, unet: str = "", own_defaults: bool = False,
+                log: Callable[[str], None] = LOG.info) -> LoadedModel:
+    """``loaded`` with the few-step recipe of its ``--unet`` file (``unet``), else of its own name (``model``): the
+    recipe's scheduler fields in its scheduler config, and its defaults in place of ``engine_defaults`` unless the
+    folder has its own (``own_defaults``) and the recipe is the model's own (a swapped UNet's recipe replaces the
+    folder's engine_defaults.json, which chose settings for the UNet it replaces). One log line says what applied.
+    A name no recipe matches: ``loaded`` as it is (checkpoint/recipes.py).
+
+    Raises ModelLoadError for recipe fields the scheduler config cannot take (its check's message)."""
+    recipe, whose = recipes.find(unet), "--unet"
+    if recipe is None:
+        recipe, whose = recipes.find(model), "the model"
+    if recipe is None:
+        return loaded
+    loaded.recipe = recipe
+    if recipe.scheduler:
+        loaded.scheduler_config = {**loaded.scheduler_config, **recipe.scheduler}
+        _check_scheduler(loaded.scheduler_config, f"the {recipe.name} recipe")
+    kept = own_defaults and whose != "--unet"
+    if not kept:
+        loaded.engine_defaults = recipe.engine_defaults()
+    log(f"[sdxl_engine] few-step recipe {recipe.name} ({whose} {recipes.name_of(unet or model)}): scheduler "
+        f"{recipe.scheduler}, defaults "
+        + (f"of its {ENGINE_DEFAULTS_FILE} (kept)" if kept else str(recipe.defaults))
+        + (f"; {recipe.note}" if recipe.note else "") + f" ({recipe.source.split(': ')[0]})")
+    return loaded
 
 
 def _with_spacing(loaded: LoadedModel, spacing: str) -> LoadedModel:

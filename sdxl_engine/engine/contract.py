@@ -68,8 +68,10 @@ class GenerateResult:
         loras: {name: A1111 short hash} of the LoRAs the prompt's tags named, in their order.
         refiner: the refiner's name when it ran (``request.refiner_switch_at``), else "".
         control_infotext: A1111's infotext entries of the request's ControlNet units, {"ControlNet 0": "Module:
-            canny, Model: name [hash], Weight: 1.0, ..."} (engine/control.py ``infotext``); the values hold commas,
-            so a PNG's parameters quote them (JSON) as A1111 does. {} without units.
+            canny, Model: name [hash], Weight: 1.0, ..."} (engine/control.py ``infotext``), then its IP-Adapter
+            units' as sd-webui-controlnet writes them, numbered on ("Module: ip-adapter_clip_sdxl, ...":
+            engine/ip_adapter.py ``infotext``); the values hold commas, so a PNG's parameters quote them (JSON)
+            as A1111 does. {} without units.
     """
 
     images: np.ndarray

@@ -340,20 +340,23 @@ def infotext(units: Sequence[ControlUnit], titles: Mapping[str, str]) -> dict[st
     ``serialize``: its fields in its order; -1 defaults written as the module's values, as its
     ``bound_check_params`` sets them). ``titles``: {name: "name [hash]"}. The values hold commas: a PNG's
     parameters quote them (A1111's ``quote``: JSON), as the delivery does for every value."""
-    entries = {}
-    for k, u in enumerate(units):
-        res, a, b = MODULES[u.module]
-        fields = [("Module", u.module), ("Model", titles.get(u.model, u.model)), ("Weight", u.weight),
-                  ("Resize Mode", u.resize_mode),
-                  ("Processor Res", u.processor_res if u.processor_res > 0 else (res or 512)),
-                  ("Threshold A", u.threshold_a if u.threshold_a >= 0 else (a if a is not None else -1.0)),
-                  ("Threshold B", u.threshold_b if u.threshold_b >= 0 else (b if b is not None else -1.0)),
-                  ("Guidance Start", u.guidance_start), ("Guidance End", u.guidance_end),
-                  ("Pixel Perfect", u.pixel_perfect), ("Control Mode", u.control_mode)]
-        if u.control_type:  # a union unit's types (not in sd-webui-controlnet's infotext, which has no field)
-            fields.append(("Union Control Type", " + ".join(TYPE_NAMES[t] for t in u.control_type)))
-        entries[f"ControlNet {k}"] = ", ".join(f"{name}: {value}" for name, value in fields)
-    return entries
+    return {f"ControlNet {k}": unit_infotext(u, titles.get(u.model, u.model)) for k, u in enumerate(units)}
+
+
+def unit_infotext(u: ControlUnit, title: str, module: str | None = None) -> str:
+    """One unit's :func:`infotext` value: ``title`` its model's "name [hash]"; ``module``: the name written in
+    place of the unit's own (an IP-Adapter unit's, engine/ip_adapter.infotext: its sliders as the model-free
+    "none" module's)."""
+    res, a, b = MODULES[u.module]
+    fields = [("Module", module or u.module), ("Model", title), ("Weight", u.weight), ("Resize Mode", u.resize_mode),
+              ("Processor Res", u.processor_res if u.processor_res > 0 else (res or 512)),
+              ("Threshold A", u.threshold_a if u.threshold_a >= 0 else (a if a is not None else -1.0)),
+              ("Threshold B", u.threshold_b if u.threshold_b >= 0 else (b if b is not None else -1.0)),
+              ("Guidance Start", u.guidance_start), ("Guidance End", u.guidance_end),
+              ("Pixel Perfect", u.pixel_perfect), ("Control Mode", u.control_mode)]
+    if u.control_type:  # a union unit's types (not in sd-webui-controlnet's infotext, which has no field)
+        fields.append(("Union Control Type", " + ".join(TYPE_NAMES[t] for t in u.control_type)))
+    return ", ".join(f"{name}: {value}" for name, value in fields)
 
 
 def detect(image, module: str = "none", processor_res: int = -1, threshold_a: float = -1,

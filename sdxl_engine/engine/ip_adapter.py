@@ -21,7 +21,15 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import PIL.Image
 
-from sdxl_engine.engine.control import MAX_WEIGHT, _number, as_control_image, keep_row, model_name_of
+from sdxl_engine.engine.control import (
+    MAX_WEIGHT,
+    ControlUnit,
+    _number,
+    as_control_image,
+    keep_row,
+    model_name_of,
+    unit_infotext,
+)
 from sdxl_engine.engine.errors import InvalidRequest
 
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)  # transformers' image_utils, CLIPImageProcessor's defaults
@@ -96,6 +104,24 @@ def validate_ip_units(units, loaded: Sequence[str], max_units: int) -> tuple[IPA
                                                                            MAX_WEIGHT),
                                  guidance_start=start, guidance_end=end))
     return tuple(out)
+
+
+def a1111_module(name: str) -> str:
+    """sd-webui-controlnet's preprocessor for the SDXL IP-Adapter ``name``, as its ``ip-adapter-auto`` picks one by
+    the model's name: the ViT-H files' (``..._vit-h``) ``ip-adapter_clip_sdxl_plus_vith``, else ViT-bigG's
+    ``ip-adapter_clip_sdxl`` (the pairs the extension's own IP-Adapter tests send)."""
+    return "ip-adapter_clip_sdxl_plus_vith" if "vit-h" in name.lower() else "ip-adapter_clip_sdxl"
+
+
+def infotext(units: Sequence[IPAdapterUnit], titles: Mapping[str, str], first: int = 0) -> dict[str, str]:
+    """A1111's infotext entries of validated ``units`` as sd-webui-controlnet writes an IP-Adapter unit: a
+    ControlNet unit's entry, ``"ControlNet {first + k}"`` (after the request's ``first`` ControlNet units), with
+    the module :func:`a1111_module`, the model ``titles``' "name [hash]", the weight, guidance start and end, and
+    the other fields a unit has by default (engine/control.unit_infotext: "Crop and Resize", as the reference is
+    centre-cropped; resolution 512)."""
+    return {f"ControlNet {first + k}": unit_infotext(
+        ControlUnit(model=u.model, weight=u.weight, guidance_start=u.guidance_start, guidance_end=u.guidance_end),
+        titles.get(u.model, u.model), a1111_module(u.model)) for k, u in enumerate(units)}
 
 
 def clip_pixels(image: np.ndarray, size: int) -> np.ndarray:

@@ -34,6 +34,7 @@ from sdxl_engine.checkpoint import controlnet as controlnet_mod
 from sdxl_engine.checkpoint import ip_adapter as ip_adapter_mod
 from sdxl_engine.checkpoint import loading
 from sdxl_engine.checkpoint import lora as lora_mod
+from sdxl_engine.checkpoint import recipes as recipes_mod
 from sdxl_engine.config import EngineConfig
 from sdxl_engine.engine import faults, memory
 from sdxl_engine.engine.contract import GenerateResult, ScaleOut, clock, queue_seconds, wait_for_start
@@ -42,6 +43,7 @@ from sdxl_engine.engine.durations import RunTimes
 from sdxl_engine.engine.errors import EngineNotReady, GenerationError, ModelUnavailable
 from sdxl_engine.engine.image_upscale import upscale_images
 from sdxl_engine.engine.ip_adapter import IPAdapterArrays
+from sdxl_engine.engine.ip_adapter import infotext as ip_infotext
 from sdxl_engine.engine.memory import MemoryBudget
 from sdxl_engine.engine.plan import Plan, Planner
 from sdxl_engine.engine.previews import latent_rgb_for
@@ -681,7 +683,8 @@ class Engine:
         loaded.ip_adapters = self._fitting_ip_adapters(loaded, strict)
         loras, for_refiner = self._read_loras(loaded, lora_sources, strict)
         defaults = self._model_defaults(loaded, self.catalogue.model(name).spec)
-        limits = self._limits(loaded, defaults, (*loras, *for_refiner), startup_mode)
+        limits = self._limits(loaded, defaults, (*loras, *for_refiner), startup_mode,
+                              lora_recipes(lora_sources, loras, self._log))
         params = self._params_of(loaded)
         skeleton = dataclasses.replace(loaded, params=abstract_params(loaded.params), refiner=None if loaded.refiner
                                        is None else dataclasses.replace(loaded.refiner,
@@ -827,15 +830,17 @@ class Engine:
             self._log(f"[sdxl_engine] the model's defaults ({loading.ENGINE_DEFAULTS_FILE}): {used}"
                       + (f"; set explicitly, so kept: {', '.join(kept)}" if kept else ""))
         builtin_used = {k: getattr(defaults, k) for k in config_mod.MODEL_DEFAULT_FIELDS
-                        if k not in self.config.explicit and k not in model.engine_defaults}
+                        if k not in self.config.explicit and k not in model.engine_defaults
+                        and (k not in ("width", "height") or getattr(defaults, k))}  # a size 0: the model's native
         if builtin_used:
             self._log(f"[sdxl_engine] the engine's defaults, which the model does not choose: {builtin_used}")
         return defaults
 
     def _limits(self, model: loading.LoadedModel, defaults: EngineConfig, loras: tuple[str, ...],
-                startup_mode: dict) -> Limits:
+                startup_mode: dict, recipes_of_loras: tuple = ()) -> Limits:
         """What requests for ``model`` may ask for: every field from its resolved ``defaults`` (ModelSetup.defaults),
-        its geometry and its LoRAs' names (``loras``), in this one place.
+        its geometry, its LoRAs' names (``loras``) and their few-step recipes (``recipes_of_loras``:
+        :func:`lora_recipes`), in this one place.
 
         Raises ConfigError for a default width/height the model cannot make.
         """
@@ -863,7 +868,7 @@ class Engine:
                       controlnets_unfit=tuple(name for name in self.controlnets if name not in model.controlnets),
                       model=model.name,
                       ip_adapters=tuple((name, a.hash) for name, a in model.ip_adapters.items()),
-                      max_ip_adapter_units=self.config.max_ip_adapter_units)
+                      max_ip_adapter_units=self.config.max_ip_adapter_units, lora_recipes=recipes_of_loras)
 
     def _start_precompile(self) -> None:
         """Compile the no-CFG variant of the default size, then the other size buckets, in a
@@ -1122,8 +1127,15 @@ class Engine:
                               model=setup.name, prompt_chunks=plan.prompt.chunks, loras=loras,
                               refiner=model.refiner.name if plan.request.refiner_switch_at is not None
                               and model.refiner is not None else "",
-                              control_infotext=infotext(plan.request.control_units, {
-                                  name: net.title for name, net in model.controlnets.items()}))
+                              control_infotext=self._units_infotext(plan.request, model))
+
+    def _units_infotext(self, request: GenerateRequest, model) -> dict[str, str]:
+        """A1111's infotext entries of ``request``'s ControlNet units (``model``'s, by their titles), then of its
+        IP-Adapter units, numbered on (engine/control.py and engine/ip_adapter.py ``infotext``)."""
+        return {**infotext(request.control_units, {name: net.title for name, net in model.controlnets.items()}),
+                **ip_infotext(request.ip_adapter_units, {name: f"{name} [{a.hash}]"
+                                                         for name, a in self.ip_adapters.items()},
+                              first=len(request.control_units))}
 
     def _run_hires(self, plan: Plan, first: CompiledProgram, second: CompiledProgram,
                    progress: Callable[[str], None] = _no_progress, on_step: Callable[[StepEvent], None] | None = None,
@@ -1199,3 +1211,16 @@ class Engine:
             raise Stopped(f"stopped after step {receiver.done} of {steps}")
         jax.block_until_ready(out)
         return out
+
+
+def lora_recipes(sources: dict, loras, log: Callable[[str], None]) -> tuple:
+    """Limits.lora_recipes of the model's ``loras`` (names; ``sources``: {name: file}): each one whose file a few-step
+    recipe names (checkpoint/recipes.py), with that recipe's fields; one log line per such LoRA."""
+    found = []
+    for name in loras:
+        recipe = recipes_mod.find(str(sources.get(name, "")), lora=True)
+        if recipe is not None:
+            found.append((name, tuple(recipe.defaults.items())))
+            log(f"[sdxl_engine] LoRA {name}: few-step recipe {recipe.name} for the requests tagging it that leave "
+                f"them out: {recipe.defaults}" + (f"; {recipe.note}" if recipe.note else ""))
+    return tuple(found)

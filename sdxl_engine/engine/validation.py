@@ -162,6 +162,10 @@ class Limits:
     # name. Empty: none, IP-Adapter units are refused.
     ip_adapters: tuple[tuple[str, str], ...] = ()
     max_ip_adapter_units: int = 2  # IP-Adapter units a request may have (config max_ip_adapter_units)
+    # The loaded LoRAs whose files a few-step recipe names (checkpoint/recipes.py: Lightning's, Hyper-SD's, DMD2's), as
+    # (name, ((field, value), ...)) pairs of sampler, num_inference_steps, guidance_scale, schedule_type: a request
+    # whose prompt tags one and leaves those fields out runs them (the first tagged one's), not the model's defaults.
+    lora_recipes: tuple[tuple[str, tuple[tuple[str, object], ...]], ...] = ()
 
 
 # Characters that draw nothing yet are neither whitespace to str.split() nor control/format
@@ -288,13 +292,15 @@ def validate(request: GenerateRequest, limits: Limits) -> GenerateRequest:
     prompt = clean_text("prompt", request.prompt, required=True)
     check_prompt(prompt, limits.loras, model=limits.model)  # its <lora:...> tags and A1111 syntax (engine/prompts.py)
     negative = clean_text("negative_prompt", request.negative_prompt, required=False)
+    recipe = lora_recipe(prompt, limits)
     seed = -1 if request.seed is None else as_int("seed", request.seed, -1, limits.max_seed)
     if seed == -1:
         seed = secrets.randbelow(limits.max_seed + 1)
-    guidance = limits.default_guidance if request.guidance_scale is None else as_float(
+    guidance = recipe.get("guidance_scale", limits.default_guidance) if request.guidance_scale is None else as_float(
         "guidance_scale", request.guidance_scale, 0.0, MAX_GUIDANCE)
-    steps = limits.default_steps if request.num_inference_steps is None else as_int(
-        "num_inference_steps", request.num_inference_steps, 1, limits.max_steps)
+    steps = min(recipe.get("num_inference_steps", limits.default_steps), limits.max_steps) \
+        if request.num_inference_steps is None else as_int("num_inference_steps", request.num_inference_steps, 1,
+                                                           limits.max_steps)
     if request.soft_mask not in (True, False):
         raise InvalidRequest("soft_mask", f"expected true or false, got {_short(request.soft_mask)}")
     if request.soft_mask and request.mask is None:
@@ -325,7 +331,8 @@ def validate(request: GenerateRequest, limits: Limits) -> GenerateRequest:
         raise InvalidRequest("mask", f"{limits.requires_mask}: it only repaints the masked part of an image; send an "
                                      "image with a mask (white = repaint) or outpaint sides")
     hires = as_hires(request, width, height, steps, limits)
-    sampler = as_sampler("sampler", limits.default_sampler if request.sampler is None else request.sampler)
+    sampler = as_sampler("sampler", recipe.get("sampler", limits.default_sampler) if request.sampler is None
+                         else request.sampler)
     if hires["hires_scale"] is not None:
         hires["hires_sampler"] = sampler if request.hires_sampler is None else as_sampler("hires_sampler",
                                                                                         request.hires_sampler)
@@ -342,9 +349,23 @@ def validate(request: GenerateRequest, limits: Limits) -> GenerateRequest:
                                                                  limits.max_ip_adapter_units),
                               model=as_model(request.model),
                               refiner=as_refiner(request.refiner, request.refiner_switch_at),
-                              schedule_type=as_schedule_type(request.schedule_type), **hires)
+                              schedule_type=as_schedule_type(recipe.get("schedule_type") if request.schedule_type is
+                                                             None and request.sampler is None
+                                                             else request.schedule_type), **hires)
     object.__setattr__(checked, "validated_for", limits)  # frozen: the one place the stamp is set
     return checked
+
+
+def lora_recipe(prompt: str, limits: Limits) -> dict:
+    """The few-step recipe's fields (:attr:`Limits.lora_recipes`) of the first LoRA ``prompt`` tags that has one;
+    {} when it tags none (the model's defaults apply). The prompt's tags were checked (prompts.check_prompt)."""
+    if not limits.lora_recipes:
+        return {}
+    recipes = dict(limits.lora_recipes)
+    for tag in parse_lora_tags(prompt)[1]:
+        if tag.name in recipes:
+            return dict(recipes[tag.name])
+    return {}
 
 
 def as_model(value) -> str | None:

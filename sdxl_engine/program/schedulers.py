@@ -173,7 +173,14 @@ class TooManySteps(ValueError):
 # (diffusers' class from the model's config: what the engine did before schedule types). The others replace the
 # sampler's sigmas by A1111's (:func:`schedule_sigmas`); the sampler's update stays its own.
 SCHEDULE_TYPES = {"automatic": "Automatic", "uniform": "Uniform", "karras": "Karras", "exponential": "Exponential",
-                  "sgm_uniform": "SGM Uniform", "simple": "Simple", "beta": "Beta"}
+                  "sgm_uniform": "SGM Uniform", "simple": "Simple", "beta": "Beta", "leading": "Leading",
+                  "linspace": "Linspace", "trailing": "Trailing"}
+# diffusers' ``timestep_spacing`` as a schedule type (not A1111's: it has none of these), per request: the sampler's
+# own class with that spacing in place of the model's (what the few-step LoRAs' model cards set with
+# ``from_config(..., timestep_spacing="trailing")``). DDIM takes them too (diffusers' DDIMScheduler spaces by it); LCM,
+# which reads no spacing, takes "trailing" as custom timesteps (diffusers' ``set_timesteps(timesteps=...)``):
+# round(arange(T, 0, -T/n)) - 1, DMD2's [999, 749, 499, 249] at 4 steps.
+SPACING_TYPES = ("leading", "linspace", "trailing")
 SCHEDULE_ALIASES = {"sgmuniform": "sgm_uniform"}  # A1111's aliases (lower-cased)
 DEFAULT_SCHEDULE_TYPE = "automatic"
 # Samplers whose own timesteps A1111 does not replace (its DDIM is a timesteps sampler, sd_samplers_timesteps.py,
@@ -212,7 +219,7 @@ def schedule_sigmas(schedule_type: str, training_sigmas: np.ndarray, steps: int)
     """(steps,) float64 sigmas, largest first, of an A1111 schedule type (without the final 0 A1111 appends).
 
     Args:
-        schedule_type: a :data:`SCHEDULE_TYPES` name other than "automatic".
+        schedule_type: a :data:`SCHEDULE_TYPES` name other than "automatic" and the :data:`SPACING_TYPES`.
         training_sigmas: (num_train_timesteps,) the model's sigmas, sqrt((1 - alphā_t) / alphā_t), smallest first
             (k-diffusion's ``DiscreteSchedule.sigmas``); A1111's sigma_min / sigma_max are its first and last.
         steps: >= 1.
@@ -398,9 +405,10 @@ def sampler_config(sampler: str, config: dict) -> dict:
 # Fields whose unsupported value refuses one sampler per request, not the model at start: zero
 # terminal SNR (a v-prediction fine-tune's ``ztsnr``) runs with Euler, Euler a and DPM++ as in diffusers;
 # original_inference_steps is LCM's alone. A (sampler, field) pair: that sampler's refusal of that field only
-# (UniPC's two combinations that diffusers' UniPC divides by zero on, which every other sampler follows).
+# (UniPC's two combinations that diffusers' UniPC divides by zero on, which every other sampler follows; Euler a on a
+# sample-predicting model, SDXL-Lightning's 1-step x0 UNet, which the other samplers run).
 PER_SAMPLER = frozenset({"rescale_betas_zero_snr", "original_inference_steps", ("UniPC", "final_sigmas_type"),
-                         ("UniPC", "lower_order_final")})
+                         ("UniPC", "lower_order_final"), ("Euler a", "prediction_type")})
 
 
 def check_scheduler_config(config: dict) -> None:
@@ -669,20 +677,22 @@ def _ddim(cfg: dict, steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np
             to_sigma(alpha_prev), carry)
 
 
-def _lcm(cfg: dict, steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _lcm(cfg: dict, steps: int, custom: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
     """LCMScheduler.set_timesteps and its boundary-condition scalings (diffusers 0.42.1).
 
     Returns timesteps (n,) int64: ``steps`` of the ``original_inference_steps`` timesteps
     k - 1, 2k - 1, ... (k = num_train_timesteps // original_inference_steps), largest first, at
     indices floor(linspace(0, original, n, endpoint=False)); sigmas (n + 1,) float64, the last 0;
     c_skip and c_out (n,) float64 of ``get_scalings_for_boundary_condition_discrete``
-    (sigma_data 0.5, the timestep times ``timestep_scaling``).
+    (sigma_data 0.5, the timestep times ``timestep_scaling``). ``custom``: (n,) int64 timesteps, largest first, in
+    place of those (diffusers' ``set_timesteps(timesteps=...)``, whose steps are the same functions of them).
     """
     ac = np.cumprod(1.0 - _betas(cfg), dtype=np.float32).astype(np.float64)  # no 2**-24: zero SNR is refused
     original = cfg["original_inference_steps"]
     k = cfg["num_train_timesteps"] // original
     origin = (np.arange(1, original + 1) * k - 1)[::-1]
-    timesteps = origin[np.floor(np.linspace(0, original, num=steps, endpoint=False)).astype(np.int64)]
+    timesteps = custom if custom is not None else origin[
+        np.floor(np.linspace(0, original, num=steps, endpoint=False)).astype(np.int64)]
     sigmas = np.concatenate([((1 - ac[timesteps]) / ac[timesteps]) ** 0.5, [0.0]])
     scaled = timesteps.astype(np.float64) * cfg["timestep_scaling"]
     c_skip = 0.25 / (scaled**2 + 0.25)
@@ -697,7 +707,9 @@ def make_schedule(sampler: str, config: dict, steps: int, schedule_type: str | N
         config: the model's scheduler_config.json fields (``from_config`` semantics:
             :func:`sampler_config`); the prediction type is the program's business.
         schedule_type: a :data:`SCHEDULE_TYPES` name (:func:`get_schedule_type`'s spellings; None = "automatic":
-            the sampler's own spacing). Another replaces the sampler's sigmas by A1111's (:func:`schedule_sigmas`),
+            the sampler's own spacing; a :data:`SPACING_TYPES` name: the sampler's class with that
+            ``timestep_spacing``, LCM's "trailing" its custom timesteps). Another replaces the sampler's sigmas by
+            A1111's (:func:`schedule_sigmas`),
             the last one the sampler's own final sigma (0 for SDXL, as A1111), its timesteps k-diffusion's
             ``sigma_to_t`` of them (DPM++: rounded to whole ones, as diffusers' DPMSolverMultistepScheduler rounds
             its Karras sigmas' timesteps); the
@@ -720,6 +732,11 @@ def make_schedule(sampler: str, config: dict, steps: int, schedule_type: str | N
     if problem:
         raise UnsupportedSchedulerConfig(f"{problem[0]}={cfg[problem[0]]!r} is not supported (sampler "
                                          f"{sampler!r}): {problem[1]}")
+    if schedule_type in SPACING_TYPES:  # the class with this spacing: its automatic schedule on that config
+        cfg, schedule_type = {**cfg, "timestep_spacing": schedule_type}, DEFAULT_SCHEDULE_TYPE
+        if sampler == "LCM":  # custom timesteps, trailing (_sampler_and_type took no other spacing for LCM)
+            n_train = cfg["num_train_timesteps"]
+            return _lcm_schedule(cfg, steps, np.round(np.arange(n_train, 0, -n_train / steps)).astype(np.int64) - 1)
     typed = None if schedule_type == DEFAULT_SCHEDULE_TYPE else _typed(cfg, schedule_type, steps)
     zeros = np.zeros(steps, np.float64)
     if sampler == "LCM":
@@ -874,9 +891,12 @@ def _sampler_and_type(sampler: str, schedule_type: str) -> tuple[str, str]:
     both spellings are one schedule); a schedule type a sampler does not take raises UnsupportedScheduleType."""
     if schedule_type == DEFAULT_SCHEDULE_TYPE:
         return sampler, schedule_type
+    if schedule_type in SPACING_TYPES and (sampler == "DDIM" or (sampler, schedule_type) == ("LCM", "trailing")):
+        return sampler, schedule_type
     if sampler in OWN_TIMESTEPS:
         raise UnsupportedScheduleType(f"{sampler} keeps its own timesteps (A1111's DDIM and LCM read no schedule "
-                                      f"type): use automatic, or another sampler for {schedule_type}")
+                                      f"type; DDIM takes leading, linspace or trailing, LCM trailing): use automatic, "
+                                      f"or another sampler for {schedule_type}")
     if sampler == "DPM++ 2M Karras":
         if schedule_type != "karras":
             raise UnsupportedScheduleType(f"sampler {sampler} is DPM++ 2M with karras: send sampler DPM++ 2M with "
@@ -899,15 +919,16 @@ def _typed(cfg: dict, schedule_type: str, steps: int) -> tuple[np.ndarray, np.nd
     return timesteps, np.concatenate([sigmas, [final]])
 
 
-def _lcm_schedule(cfg: dict, steps: int) -> Schedule:
+def _lcm_schedule(cfg: dict, steps: int, custom: np.ndarray | None = None) -> Schedule:
     """LCMScheduler.step in sigma space: x' = c_skip x / sqrt(s^2 + 1) + c_out x0 + s' z, its
     ``prev_sample = sqrt(alphā') denoised + sqrt(1 - alphā') z`` times sqrt(s'^2 + 1) = 1 / sqrt(alphā');
-    the last step is ``denoised`` itself (s' = 0, no noise). clip_sample clips x0 before both terms."""
+    the last step is ``denoised`` itself (s' = 0, no noise). clip_sample clips x0 before both terms. ``custom``:
+    timesteps in place of LCM's own (:func:`_lcm`; no step limit, as diffusers only warns then)."""
     original = cfg["original_inference_steps"]
-    if steps > original:
+    if custom is None and steps > original:
         raise TooManySteps(f"LCM runs at most {original} steps for this model (its scheduler's "
                            f"original_inference_steps), got {steps}")
-    timesteps, sigmas, c_skip, c_out = _lcm(cfg, steps)
+    timesteps, sigmas, c_skip, c_out = _lcm(cfg, steps, custom)
     d = sigmas[1:].copy()  # the noise that brings denoised to the next timestep's level; 0 after the last
     clip = float(cfg["clip_sample_range"]) if cfg["clip_sample"] else math.inf
     zeros = np.zeros(steps)

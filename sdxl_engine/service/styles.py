@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Mapping
+from pathlib import Path
 
+from sdxl_engine.checkpoint import recipes
 from sdxl_engine.engine.errors import InvalidRequest
+from sdxl_engine.program.schedulers import SCHEDULE_TYPES as SCHEDULE_LABELS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,20 +121,58 @@ def apply_style(name: str | None, prompt: str, negative_prompt: str = "") -> tup
 FAST_PRESET = ("LCM", 4, 1.0)
 FAST_LORA = "lcm"
 FAST_LABEL = "Fast (LCM, 4 steps)"
-_FAST_TAG = re.compile(rf"\s*<lora:{FAST_LORA}(:[^<>]*)?>", re.IGNORECASE)
 
 
-def with_fast_tag(text) -> str:
-    """``text`` with one ``<lora:lcm:1>`` at its end (any lcm tag it had removed first)."""
-    rest = _FAST_TAG.sub("", text if isinstance(text, str) else "").strip()
-    return f"{rest} <lora:{FAST_LORA}:1>" if rest else f"<lora:{FAST_LORA}:1>"
+@dataclasses.dataclass(frozen=True)
+class FastPreset:
+    """The page's few-step preset: a LoRA's tag and the settings it runs with (its sampler, steps, guidance and
+    schedule type's label), named on the button (``label``)."""
+
+    lora: str
+    sampler: str
+    steps: int
+    guidance: float
+    schedule_type: str = "Automatic"
+    label: str = FAST_LABEL
+
+    @property
+    def settings(self) -> tuple:
+        """(sampler, steps, guidance, schedule type's label), the widgets' values."""
+        return self.sampler, self.steps, self.guidance, self.schedule_type
 
 
-def has_fast_tag(text) -> bool:
-    """Whether ``text`` holds a ``<lora:lcm...>`` tag."""
-    return isinstance(text, str) and _FAST_TAG.search(text) is not None
+LCM_PRESET = FastPreset(FAST_LORA, *FAST_PRESET)
 
 
-def without_fast_tag(text) -> str:
-    """``text`` without its ``<lora:lcm...>`` tags (the other presets run without the LCM-LoRA)."""
-    return _FAST_TAG.sub("", text if isinstance(text, str) else "").strip()
+def fast_preset(sources: Mapping[str, Path | str]) -> FastPreset:
+    """The preset for the loaded LoRAs ``sources`` ({name: file}): the first whose file a few-step recipe names
+    (checkpoint/recipes.py: SDXL-Lightning's, Hyper-SD's, DMD2's LoRAs) with that recipe's settings, else the LCM
+    one (:data:`LCM_PRESET`, shown when a LoRA named "lcm" is loaded)."""
+    for name, path in sources.items():
+        recipe = recipes.find(str(path), lora=True)
+        if recipe is not None:
+            d = recipe.defaults
+            label = SCHEDULE_LABELS.get(d.get("schedule_type", "automatic"), "Automatic")
+            return FastPreset(name, d["sampler"], d["num_inference_steps"], d["guidance_scale"], label,
+                              f"Fast ({recipe.name}: {d['sampler']}, {d['num_inference_steps']} steps)")
+    return LCM_PRESET
+
+
+def _fast_tag(lora: str) -> re.Pattern:
+    return re.compile(rf"\s*<lora:{re.escape(lora)}(:[^<>]*)?>", re.IGNORECASE)
+
+
+def with_fast_tag(text, lora: str = FAST_LORA) -> str:
+    """``text`` with one ``<lora:LORA:1>`` at its end (any tag of that LoRA it had removed first)."""
+    rest = _fast_tag(lora).sub("", text if isinstance(text, str) else "").strip()
+    return f"{rest} <lora:{lora}:1>" if rest else f"<lora:{lora}:1>"
+
+
+def has_fast_tag(text, lora: str = FAST_LORA) -> bool:
+    """Whether ``text`` holds a ``<lora:LORA...>`` tag."""
+    return isinstance(text, str) and _fast_tag(lora).search(text) is not None
+
+
+def without_fast_tag(text, lora: str = FAST_LORA) -> str:
+    """``text`` without its ``<lora:LORA...>`` tags (the other presets run without the few-step LoRA)."""
+    return _fast_tag(lora).sub("", text if isinstance(text, str) else "").strip()

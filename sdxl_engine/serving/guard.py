@@ -58,6 +58,8 @@ UPLOAD_PATH = gradio_internals.UPLOAD_PATH
 MAX_UPLOAD_FILES = 8
 IMAGE_EVENT = "img2img"  # the page's image to image event (private): the one whose call may name uploaded files
 CONTROL_EVENT = "control_upload"  # the page's ControlNet picture upload (private): may name uploaded files too
+IP_EVENT = "ip_upload"  # the page's IP-Adapter reference picture upload (private): likewise
+PICTURE_EVENTS = (CONTROL_EVENT, IP_EVENT)  # the one-file picture uploads (page_image.picture_function)
 NOT_AN_IMAGE = "uploads take PNG, JPEG or WebP images only"
 UNUSED_ROUTES = gradio_internals.UNUSED_ROUTES  # Gradio routes this page never uses, refused (404, one line)
 RETRY_AFTER_S = 5
@@ -218,10 +220,10 @@ class Routes:
         fn_index, session = gradio_internals.join_fields(payload)
         if _holds_file(payload.get("data")) and not (join and self._image_files_ok(fn_index, payload.get("data"))):
             return "this app takes no files"  # Gradio would fetch or copy it into its temp folder
-        if join and type(fn_index) is int and gradio_internals.api_name_of(self.demo, fn_index) == CONTROL_EVENT:
+        if join and type(fn_index) is int and gradio_internals.api_name_of(self.demo, fn_index) in PICTURE_EVENTS:
             data = payload.get("data")  # the page's file box sends its one file (Gradio's check of it logs a traceback)
             if not (isinstance(data, list) and len(data) == 1 and gradio_internals.is_file_data(data[0])):
-                return "the ControlNet picture's upload takes one uploaded file"
+                return "the picture's upload takes one uploaded file"
         if join:  # the page's queued events, and gradio_client's /generate
             return None if type(fn_index) is int and fn_index in self.queued else "no such queued event"
         name = call["name"]
@@ -234,11 +236,11 @@ class Routes:
         return f"no API endpoint /{name} ({self.api_list()})"
 
     def _image_files_ok(self, fn_index, data) -> bool:
-        """Whether ``data`` may name files: only in a call of the image event (IMAGE_EVENT) or of the ControlNet
-        picture's upload (CONTROL_EVENT), and only files Gradio's upload route wrote or the app created (a gallery
-        PNG sent to the editor)."""
+        """Whether ``data`` may name files: only in a call of the image event (IMAGE_EVENT) or of a picture's
+        upload (PICTURE_EVENTS: the ControlNet's, the IP-Adapter's), and only files Gradio's upload route wrote or
+        the app created (a gallery PNG sent to the editor)."""
         if type(fn_index) is not int or gradio_internals.api_name_of(self.demo, fn_index) not in (IMAGE_EVENT,
-                                                                                               CONTROL_EVENT):
+                                                                                               *PICTURE_EVENTS):
             return False
         paths = _file_paths(data)
         if paths is None:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import gradio as gr
 
 from sdxl_engine.checkpoint.loading import model_loras
-from sdxl_engine.checkpoint.lora import available_names
+from sdxl_engine.checkpoint.lora import LoraError, available_names, lora_sources
 from sdxl_engine.checkpoint.weights import ModelLoadError
 from sdxl_engine.config import ConfigError, EngineConfig
 from sdxl_engine.engine.contract import EngineContract, clock
@@ -21,7 +21,15 @@ from sdxl_engine.engine.errors import InvalidRequest
 from sdxl_engine.engine.validation import MAX_GUIDANCE
 from sdxl_engine.program.schedulers import DEFAULT_SCHEDULE_TYPE, SCHEDULE_TYPES
 from sdxl_engine.service import models
-from sdxl_engine.service.styles import FAST_LORA, NO_STYLE, STYLE_NAMES, get_style, without_fast_tag
+from sdxl_engine.service.styles import (
+    LCM_PRESET,
+    NO_STYLE,
+    STYLE_NAMES,
+    FastPreset,
+    fast_preset,
+    get_style,
+    without_fast_tag,
+)
 from sdxl_engine.serving.apis.a1111 import generation_parameters, refiner_name, sampler_of
 from sdxl_engine.serving.apis.core import ApiError
 from sdxl_engine.serving.apis.tools import generate_inputs
@@ -36,12 +44,22 @@ EXAMPLES = ["a red circle on a blue background", "a large green square at the to
 # No style in the examples: a style's added words ("anime artwork ...") pull tiny-shapes' images off the prompt.
 # The blog's setting (the config's own defaults), one click away when a model's engine_defaults.json chose another.
 BLOG_DEFAULT = (EngineConfig.sampler, EngineConfig.num_inference_steps)
-WIDGETS_FOLLOWING = 6  # model_widgets' updates (page_models.ModelWidgets.following)
+WIDGETS_FOLLOWING = 7  # model_widgets' updates (page_models.ModelWidgets.following)
 
 
 def lora_names_for(config: EngineConfig) -> list[str]:
     """The LoRA names the engine will load: the deployment's and the model's own (its loras.json)."""
     return available_names(config.lora, config.lora_dir, os.pathsep, model_loras(config.model))
+
+
+def fast_preset_for(config: EngineConfig) -> FastPreset:
+    """The Fast button's preset for the LoRAs the engine will load (the deployment's and the model's own): a
+    few-step LoRA's recipe (styles.fast_preset: Lightning's, Hyper-SD's, DMD2's by their files' names), else LCM's;
+    LCM's when the settings are bad (the engine's start reports those)."""
+    try:
+        return fast_preset(lora_sources(config.lora, config.lora_dir, os.pathsep, model_loras(config.model)))
+    except (LoraError, OSError):
+        return LCM_PRESET
 
 
 def status_line(info: dict) -> str:
@@ -303,8 +321,8 @@ def chosen_model(engine: EngineContract | None, name: str | None) -> tuple[str, 
 
 def model_settings(engine: EngineContract | None, name: str | None) -> tuple:
     """The page's Model dropdown changed to ``name``: what follows it, as updates for (sampler, steps, guidance
-    scale, then :func:`model_widgets`' six: the Model default button, resolution, ControlNet model, the few-steps
-    preset's button, the model note, the LoRA list). The first three
+    scale, then :func:`model_widgets`' seven: the Model default button, resolution, ControlNet model, the few-steps
+    preset's button, the model note, the LoRA list, the IP-Adapter model). The first three
     and the button take that model's own defaults (:func:`chosen_model`), as a request for it through any API that
     sets none of them runs; the rest as :func:`model_widgets`. Nothing changes before the engine is ready, or for
     a model whose engine_defaults.json the engine refuses.
@@ -321,9 +339,10 @@ def model_settings(engine: EngineContract | None, name: str | None) -> tuple:
 def model_widgets(engine: EngineContract | None, name: str | None, size: str | None = None) -> tuple:
     """The widgets that follow the Model dropdown besides the settings (:func:`model_settings`), as updates for
     (the Model default button, resolution, ControlNet model, the few-steps preset's button, the model note, the
-    LoRA list): the button's label of the model's defaults, its sizes and fitting ControlNets once loaded (else
-    resolution "model default" and the list as it is), the preset when it has the LoRA, the note of a built-in
-    model (:func:`model_note`; hidden for others) and the LoRAs its requests may tag. ``size``: a resolution
+    LoRA list, the IP-Adapter model): the button's label of the model's defaults, its sizes, fitting ControlNets
+    and IP-Adapters once loaded (else resolution "model default" and the lists as they are), the preset when it
+    has the LoRA, the note of a built-in model (:func:`model_note`; hidden for others) and the LoRAs its requests
+    may tag. ``size``: a resolution
     ("WxH") to keep as the value (a restored one) when the model's sizes have it. After a restore (a history image,
     a PNG) set the dropdown itself. Nothing changes before the engine is ready or for a model it refuses.
 
@@ -339,7 +358,7 @@ def _widgets_for(engine: EngineContract, model: str, defaults: EngineConfig, siz
         limits = models.loaded_limits(engine, model)
     except (ConfigError, ModelLoadError):
         return (gr.update(),) * WIDGETS_FOLLOWING
-    fast = gr.update(visible=FAST_LORA in loras)
+    fast = gr.update(visible=fast_preset_for(engine.config).lora in loras)
     note = model_note(model)
     following = (gr.update(value=note, visible=bool(note)),
                  gr.update(samples=[[f"<lora:{n}:1>"] for n in loras], visible=bool(loras)))
@@ -348,14 +367,16 @@ def _widgets_for(engine: EngineContract, model: str, defaults: EngineConfig, siz
             size != "0x0" else []
         resolution = gr.update(choices=[("model default", "0x0"), *restored], value=restored[0][1] if restored
                                else "0x0")
-        controlnets = gr.update()
+        controlnets = ip_adapters = gr.update()
     else:
         choices, value = size_choices(engine, limits)
         names = [cn for cn, _ in limits.controlnets]
         kept = size if size in [v for _, v in choices] else value
         resolution = gr.update(choices=choices, value=kept)
         controlnets = gr.update(choices=names, value=names[0] if names else "")
-    return gr.update(value=model_default_label(defaults)), resolution, controlnets, fast, *following
+        ips = [name for name, _ in limits.ip_adapters]
+        ip_adapters = gr.update(choices=ips, value=ips[0] if ips else "")
+    return gr.update(value=model_default_label(defaults)), resolution, controlnets, fast, *following, ip_adapters
 
 
 def model_default_settings(engine: EngineContract | None, config: EngineConfig, name: str | None,
@@ -368,7 +389,8 @@ def model_default_settings(engine: EngineContract | None, config: EngineConfig, 
     Raises LookupError (page_event: one log line, a gr.Error) for a name the engine does not offer."""
     chosen = chosen_model(engine, name)
     defaults = config if chosen is None else chosen[1]
-    return defaults.sampler, defaults.num_inference_steps, defaults.guidance_scale, without_fast_tag(text)
+    return (defaults.sampler, defaults.num_inference_steps, defaults.guidance_scale,
+            without_fast_tag(text, fast_preset_for(config).lora))
 
 
 def outpaint_default(engine: EngineContract | None) -> int:
@@ -422,6 +444,8 @@ def lora_tag_adder(engine: EngineContract | None, config: EngineConfig) -> Calla
     for that model once ready, before that the configured ones, :func:`lora_names_for`), the tag alone for an empty
     prompt. IndexError for an index the page never sends; LookupError for a model the engine does not offer."""
     def add_lora(index: int, text: str | None, model: str | None = None) -> str:
+        if model is not None and not isinstance(model, str):  # sent as is (preprocess=False): the page sends a name
+            raise TypeError(f"model {type(model).__name__}")
         chosen = chosen_model(engine, model)
         names = lora_names_for(config) if chosen is None else models.lora_names_for(engine, chosen[0])
         if type(index) is not int or not 0 <= index < len(names):

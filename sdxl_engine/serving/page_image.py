@@ -26,7 +26,7 @@ from sdxl_engine.engine.validation import DEFAULT_IMAGE_UPSCALER
 from sdxl_engine.service import delivery
 from sdxl_engine.serving import gradio_internals, guard, image_input
 from sdxl_engine.serving.apis.errors import ApiError
-from sdxl_engine.serving.apis.tools import image_event_inputs, upscale_event_inputs
+from sdxl_engine.serving.apis.tools import IP_NAMES, image_event_inputs, upscale_event_inputs
 from sdxl_engine.serving.apis.uploads import decode_image
 from sdxl_engine.serving.page import (
     REFINER_MIN,
@@ -310,23 +310,25 @@ def shipped_example(config: EngineConfig, names: list[str]) -> tuple | None:
     return None
 
 
-def picture_function(demo) -> Callable:
-    """The ControlNet picture's upload event (guard.CONTROL_EVENT; it does not preprocess: Gradio would decode
-    any file it is named): the picture's file (an upload or one of the app's PNGs of ``demo``, handler.readable;
-    the guard checked it too) read as the image event reads its picture (image_input.read_file, apis.uploads'
-    decoding) and made into one PNG by the app, answered as (its base64 text: /generate's control_image, its path,
-    its path again). The path is a new file in a new folder of Gradio's temp folder (delivery.write_served), shown
-    in the picture's box and put back into the file box, so the box's download link gives the app's PNG: an upload
-    is never served back (guard.Routes) and is deleted once read, which left the box's link a 404. A value that is
-    not such a file, or not an image, is gr.Error with the reason; so is a PNG that could not be written."""
+def picture_function(demo, label: str = "control image", field: str = "control_image") -> Callable:
+    """The ControlNet picture's upload event (guard.CONTROL_EVENT; the IP-Adapter's reference picture's,
+    guard.IP_EVENT, with ``label`` "reference image" and ``field`` "ip_adapter_image"; it does not preprocess:
+    Gradio would decode any file it is named): the picture's file (an upload or one of the app's PNGs of ``demo``,
+    handler.readable; the guard checked it too) read as the image event reads its picture (image_input.read_file,
+    apis.uploads' decoding) and made into one PNG by the app, answered as (its base64 text: /generate's
+    ``field``, its path, its path again). The path is a new file in a new folder of Gradio's temp folder
+    (delivery.write_served), shown in the picture's box and put back into the file box, so the box's download link
+    gives the app's PNG: an upload is never served back (guard.Routes) and is deleted once read, which left the
+    box's link a 404. A value that is not such a file, or not an image, is gr.Error with the reason; so is a PNG
+    that could not be written."""
     from sdxl_engine.serving import handler  # here: handler imports the apis package, whose routes import it
 
     def encoded_picture(value) -> tuple[str, str, str]:  # sync: Gradio runs it on a worker thread
         path = value.get("path") if isinstance(value, dict) else None
         try:
             if not isinstance(path, str) or not handler.readable(demo, path):
-                raise ApiError(400, "control image: not a file this page uploaded", "control_image")
-            picture = image_input.open_image(image_input.read_file(path, "control image"), "control image", "RGB")
+                raise ApiError(400, f"{label}: not a file this page uploaded", field)
+            picture = image_input.open_image(image_input.read_file(path, label), label, "RGB")
         except ApiError as err:
             raise gr.Error(err.message, print_exception=False) from None
         finally:
@@ -335,9 +337,10 @@ def picture_function(demo) -> Callable:
         buffer = io.BytesIO()
         picture.save(buffer, format="PNG")
         try:
-            (path,) = delivery.write_served([buffer.getvalue()], ["control"], Path(gradio_internals.upload_folder()))
+            (path,) = delivery.write_served([buffer.getvalue()], [label.split()[0]],
+                                            Path(gradio_internals.upload_folder()))
         except OSError as err:
-            raise gr.Error(f"the server could not store the control image ({type(err).__name__}); please retry "
+            raise gr.Error(f"the server could not store the {label} ({type(err).__name__}); please retry "
                            "later", print_exception=False) from err
         return base64.b64encode(buffer.getvalue()).decode(), path, path
 
@@ -374,3 +377,65 @@ def wire_control_section(section: ControlSection, demo, prompt: gr.Textbox) -> N
         values = section.example_values
         section.example.click(lambda: values, None, [section.image, section.picture, section.module, section.model,
                                                      prompt], api_visibility="private", queue=False)
+
+
+@dataclasses.dataclass
+class IPSection:
+    """The page's "Image prompt (IP-Adapter)" section (shown when an IP-Adapter is loaded): ``upload`` (the reference
+    picture's file; a private event turns it into ``image``, base64 PNG text: /generate's ``ip_adapter_image``, as
+    the ControlNet section's picture, and shows it in ``picture``), the adapter ``model``, ``weight``, ``start`` and
+    ``end``."""
+
+    box: gr.Accordion
+    upload: gr.File
+    picture: gr.Image
+    image: gr.Textbox
+    model: gr.Dropdown
+    weight: gr.Slider
+    start: gr.Slider
+    end: gr.Slider
+
+    @property
+    def named(self) -> dict:
+        """/generate's IP-Adapter inputs by their names (apis/tools.IP_NAMES): {name: component}."""
+        return dict(zip(IP_NAMES, (self.image, self.model, self.weight, self.start, self.end), strict=True))
+
+
+def ip_adapter_names(config: EngineConfig, engine: EngineContract | None = None) -> list[str]:
+    """The IP-Adapters requests may name: the engine's once it is ready (Limits.ip_adapters), else the names
+    ``--ip-adapter`` gives them (a file's name without ``.safetensors``, as checkpoint/ip_adapter.py names them)."""
+    limits = getattr(engine, "limits", None) if engine is not None and engine.ready.is_set() else None
+    if limits is not None:
+        return [name for name, _ in limits.ip_adapters]
+    paths = [p.strip() for p in (getattr(config, "ip_adapter", "") or "").split(os.pathsep) if p.strip()]
+    return [Path(p).name[:-len(".safetensors")] if p.endswith(".safetensors") else Path(p).name for p in paths]
+
+
+def ip_section(config: EngineConfig, engine: EngineContract | None = None) -> IPSection:
+    """The IP-Adapter section's widgets (:class:`IPSection`), in an accordion shown when an IP-Adapter is loaded
+    (:func:`ip_adapter_names`); the reference picture in a file box, as the ControlNet section's (an upload is
+    never served back: the app's PNG of it shows in ``picture``)."""
+    names = ip_adapter_names(config, engine)
+    with gr.Accordion("Image prompt (IP-Adapter)", open=False, visible=bool(names), elem_id="ip-adapter-box") as box:
+        upload = gr.File(label="Reference image file (PNG, JPEG or WebP): its style or subject steers the images",
+                         file_types=[".png", ".jpg", ".jpeg", ".webp"], height=CONTROL_UPLOAD_PX,
+                         elem_id="ip-upload")
+        picture = gr.Image(label="Reference image", interactive=False, height=CONTROL_BOX_PX, elem_id="ip-picture")
+        image = gr.Textbox("", visible=False, elem_id="ip-image")  # the picture as base64 PNG
+        model = gr.Dropdown(names, value=names[0] if names else "", allow_custom_value=True, label="IP-Adapter",
+                            elem_id="ip-model")
+        with gr.Row():
+            weight = gr.Slider(0.0, 2.0, value=1.0, step=0.05, label="Weight", elem_id="ip-weight")
+            start = gr.Slider(0.0, 1.0, value=0.0, step=0.05, label="Starting step (share)", elem_id="ip-start")
+            end = gr.Slider(0.0, 1.0, value=1.0, step=0.05, label="Ending step (share)", elem_id="ip-end")
+    return IPSection(box, upload, picture, image, model, weight, start, end)
+
+
+def wire_ip_section(section: IPSection, demo) -> None:
+    """The section's own events, private: the upload encoded into ``image`` and shown again as the app's PNG
+    (guard.IP_EVENT, as the ControlNet picture's: :func:`picture_function`), its removal emptying ``image``."""
+    section.upload.upload(page_event(picture_function(demo, "reference image", "ip_adapter_image")),
+                          section.upload, [section.image, section.picture, section.upload],
+                          api_name=guard.IP_EVENT, api_visibility="private", preprocess=False)
+    section.upload.clear(None, None, [section.image, section.picture], js="() => ['', null]", queue=False,
+                         api_visibility="private")

@@ -15,11 +15,12 @@ import gradio as gr
 from sdxl_engine.config import EngineConfig
 from sdxl_engine.engine.contract import EngineContract
 from sdxl_engine.service import models
-from sdxl_engine.service.styles import FAST_PRESET, has_fast_tag, with_fast_tag, without_fast_tag
+from sdxl_engine.service.styles import has_fast_tag, with_fast_tag, without_fast_tag
 from sdxl_engine.serving.history import RESTORED_FIELDS
 from sdxl_engine.serving.page import (
     BLOG_DEFAULT,
     engine_banner,
+    fast_preset_for,
     model_choices,
     model_default_settings,
     model_settings,
@@ -35,8 +36,8 @@ from sdxl_engine.serving.page_image import editor_tools
 @dataclasses.dataclass
 class ModelWidgets:
     """The Model dropdown and the widgets that follow it besides the settings: the Model default button, the
-    resolution, the ControlNet model, the few-steps preset's button, the model note and the LoRA list
-    (page.model_widgets' order)."""
+    resolution, the ControlNet model, the few-steps preset's button, the model note, the LoRA list and the
+    IP-Adapter model (page.model_widgets' order)."""
 
     model: gr.Dropdown
     default: gr.Button
@@ -45,10 +46,11 @@ class ModelWidgets:
     fast: gr.Button
     note: gr.Markdown
     loras: gr.Dataset
+    ip_model: gr.Dropdown
 
     @property
     def following(self) -> list:
-        return [self.default, self.resolution, self.control_model, self.fast, self.note, self.loras]
+        return [self.default, self.resolution, self.control_model, self.fast, self.note, self.loras, self.ip_model]
 
 
 def offered(engine: EngineContract | None) -> list[str]:
@@ -70,7 +72,8 @@ def png_choices(engine: EngineContract | None, text) -> tuple[list[str], list[st
 def wire_models(engine: EngineContract | None, config: EngineConfig, widgets: ModelWidgets, prompt: gr.Textbox,
                 settings: list) -> Callable:
     """The dropdown's and the Model default button's events; ``settings``: the sampler, steps and guidance
-    widgets. A model chosen on the page brings its own defaults, sizes and ControlNets (what its API requests get);
+    widgets. A model chosen on the page brings its own defaults, sizes, ControlNets and IP-Adapters (what its API
+    requests get);
     the button brings them back (and drops the few-steps preset's tag from ``prompt``). Both take the dropdown's
     value as sent (preprocess=False): an unknown name is refused by name. Returns ``follow(event)``: after
     ``event`` (a restore that set the dropdown and the resolution), the other widgets follow the model."""
@@ -103,19 +106,21 @@ def wire_presets(config: EngineConfig, blog_default: gr.Button, fast: gr.Button,
                  schedule_type: gr.Dropdown) -> None:
     """The Blog default and few-steps preset buttons' events; ``settings``: the sampler, steps and guidance
     widgets (:func:`wire_models`' order). Blog default sets the blog's sampler and steps (page.BLOG_DEFAULT) and,
-    leaving the few-steps preset, takes its tag out of ``prompt`` and brings ``config``'s guidance back; the preset
-    sets LCM's settings (styles.FAST_PRESET) and adds its tag. Both put ``schedule_type`` back to Automatic."""
+    leaving the few-steps preset, takes its tag out of ``prompt`` and brings ``config``'s guidance back, with
+    ``schedule_type`` Automatic; the preset (page.fast_preset_for: a few-step LoRA's recipe, else LCM's) sets its
+    sampler, steps, guidance and schedule type and adds its LoRA's tag."""
     sampler, steps, guidance = settings
+    preset = fast_preset_for(config)
     # Both presets run their sampler's own schedule (LCM takes no other: a leftover Karras was refused).
     blog_default.click(page_event(lambda: (*BLOG_DEFAULT, "Automatic")), None, [sampler, steps, schedule_type],
                        api_visibility="private", queue=False)
     # Leaving the fast preset: its tag goes and the guidance comes back (the event above still sets just the
     # sampler and steps).
-    blog_default.click(page_event(lambda text: (without_fast_tag(text), config.guidance_scale)
-                                  if has_fast_tag(text) else (gr.update(), gr.update())),
+    blog_default.click(page_event(lambda text: (without_fast_tag(text, preset.lora), config.guidance_scale)
+                                  if has_fast_tag(text, preset.lora) else (gr.update(), gr.update())),
                        prompt, [prompt, guidance], api_visibility="private", queue=False)
-    fast.click(page_event(lambda text: (*FAST_PRESET, with_fast_tag(text), "Automatic")), prompt,
-               [sampler, steps, guidance, prompt, schedule_type], api_visibility="private", queue=False)
+    fast.click(page_event(lambda text: (*preset.settings[:3], with_fast_tag(text, preset.lora), preset.settings[3])),
+               prompt, [sampler, steps, guidance, prompt, schedule_type], api_visibility="private", queue=False)
 
 
 def wire_png_restore(engine: EngineContract | None, config: EngineConfig, png_file: gr.HTML, settings: list,

@@ -56,7 +56,8 @@ def test_model_defaults_fill_only_what_was_not_set():
 
 
 @pytest.mark.parametrize("chosen, message", [
-    ({"max_seed": 7}, "a model may choose only sampler, num_inference_steps, guidance_scale, not 'max_seed'"),
+    ({"max_seed": 7}, "a model may choose only sampler, num_inference_steps, guidance_scale, width, height, "
+                      "not 'max_seed'"),
     ({"sampler": "Heun"}, "unknown sampler 'Heun'"),
     ({"num_inference_steps": "many"}, "num_inference_steps must be a whole number"),
     ({"guidance_scale": -1}, "guidance_scale must be between 0 and 50"),
@@ -153,7 +154,7 @@ def test_blog_default_button_sets_euler_20():
 
 
 def test_png_and_info_record_the_model_default_sampler(model_dir, tmp_path):
-    import app
+    from sdxl_engine.serving import page
     from tests.helpers import page_generate
 
     engine, _ = start(model_dir)
@@ -165,4 +166,4 @@ def test_png_and_info_record_the_model_default_sampler(model_dir, tmp_path):
                                                                                   record["num_inference_steps"])
     with Image.open(gallery[0][0]) as image:
         assert "Steps: 7, Sampler: DPM++ 2M," in image.text["parameters"]
-    assert "7 DPM++ 2M steps" in app.status_line(info)
+    assert "7 DPM++ 2M steps" in page.status_line(info)

@@ -72,3 +72,25 @@ def test_arrays_concatenate_units_keep_the_a1111_rule_and_split_back():
     np.testing.assert_allclose(arrays.tokens[0, :4], arrays.tokens[0, 4:8], atol=1e-6)  # negatives: zeros projected
     again = ip_arrays(units, {"ip": adapter}, 0, 10, 12, tokens=arrays.split())
     np.testing.assert_array_equal(again.tokens, arrays.tokens)
+
+
+
+def test_the_infotext_writes_each_unit_as_sd_webui_controlnet_does_numbered_after_the_controlnet_units():
+    """Issue #60: an IP-Adapter unit's infotext entry is an A1111 ControlNet unit's ("ControlNet N", after the
+    request's ControlNet units): the module ip-adapter-auto picks by the model's name (ViT-H's or bigG's), the
+    model "name [hash]", the weight and the guidance share. A1111's parse of it: tests/serving/test_page.py."""
+    from sdxl_engine.engine.ip_adapter import infotext
+
+    units = [IPAdapterUnit(image=PICTURE, model="ip-adapter_sdxl", weight=0.6, guidance_end=0.8),
+             IPAdapterUnit(image=PICTURE, model="ip-adapter-plus_sdxl_vit-h", guidance_start=0.25)]
+    titles = {"ip-adapter_sdxl": "ip-adapter_sdxl [0a1b2c3d]"}
+    entries = infotext(units, titles, first=1)
+    assert list(entries) == ["ControlNet 1", "ControlNet 2"]
+    assert entries["ControlNet 1"] == (
+        "Module: ip-adapter_clip_sdxl, Model: ip-adapter_sdxl [0a1b2c3d], Weight: 0.6, Resize Mode: Crop and Resize, "
+        "Processor Res: 512, Threshold A: -1.0, Threshold B: -1.0, Guidance Start: 0.0, Guidance End: 0.8, "
+        "Pixel Perfect: False, Control Mode: Balanced")
+    assert entries["ControlNet 2"].startswith("Module: ip-adapter_clip_sdxl_plus_vith, Model: "
+                                              "ip-adapter-plus_sdxl_vit-h, Weight: 1.0,")
+    assert "Guidance Start: 0.25, Guidance End: 1.0" in entries["ControlNet 2"]
+    assert infotext([], titles) == {}

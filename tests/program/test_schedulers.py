@@ -290,7 +290,6 @@ def test_timesteps_and_sigmas_match_diffusers(arrays, variant, steps):
     ({"thresholding": True}, "thresholding", "DPM++ 2M"),
     ({"use_beta_sigmas": True}, "use_beta_sigmas", "Euler"),
     ({"use_karras_sigmas": True, "use_exponential_sigmas": True}, "use_exponential_sigmas", "Euler"),
-    ({"prediction_type": "sample"}, "prediction_type", "Euler a"),
     ({"prediction_type": "flow_prediction"}, "prediction_type", "Euler"),
     ({"timestep_spacing": "karras"}, "timestep_spacing", "Euler"),
     ({"beta_schedule": "sigmoid"}, "beta_schedule", "Euler"),
@@ -323,6 +322,17 @@ def test_what_only_unipc_cannot_follow_refuses_unipc_per_request_not_the_model(c
     make_schedule("DPM++ 3M SDE", config, 6)
     with pytest.raises(UnsupportedSchedulerConfig, match=rf"^{field}=.* is not supported \(sampler 'UniPC'\)"):
         make_schedule("UniPC", config, 6)
+
+
+def test_sample_prediction_refuses_euler_a_per_request_not_the_model():
+    """A sample-predicting model (SDXL-Lightning's 1-step x0 UNet) loads and runs with Euler; diffusers' Euler a has
+    no sample prediction, so Euler a alone is refused, naming the field."""
+    config = {**STEPS["base_config"], "prediction_type": "sample"}
+    check_scheduler_config(config)
+    make_schedule("Euler", config, 1)
+    with pytest.raises(UnsupportedSchedulerConfig, match=r"^prediction_type='sample' is not supported \(sampler "
+                                                         r"'Euler a'\): diffusers' Euler a does not implement it"):
+        make_schedule("Euler a", config, 1)
 
 
 def test_zero_terminal_snr_refuses_ddim_per_request_not_the_model():

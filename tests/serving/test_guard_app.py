@@ -9,6 +9,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from sdxl_engine.serving import guard
+from sdxl_engine.serving.apis import tools
 from tests.helpers import ROOT, assert_serves
 
 pytestmark = pytest.mark.e2e
@@ -162,13 +164,13 @@ def test_uploads_take_images_only_and_are_never_served(app_server):
     folders = {p.parent for p in Path(path).parent.parent.glob("*/*") if p.name in ("a.txt", "fake.png", "a.svg",
                                                                                      "ok.png", "b.txt", "big.png")}
     assert folders == set(), folders
-    # A queued call naming an upload is refused unless it is the page's image event or its ControlNet picture's
-    # upload (every other event takes no files), and the server is healthy.
+    # A queued call naming an upload is refused unless it is the page's image event or a picture's upload (the
+    # ControlNet's, the IP-Adapter's: every other event takes no files), and the server is healthy.
     file = {"path": path, "meta": {"_type": "gradio.FileData"}}
     image_event = next(dep for dep in page_dependencies(app_server) if dep["api_name"] == "img2img")
     control_event = next(dep for dep in page_dependencies(app_server) if dep["api_name"] == "control_upload")
     for dep in page_dependencies(app_server):
-        if dep["id"] not in (image_event["id"], control_event["id"]):
+        if dep["api_name"] not in ("img2img", *guard.PICTURE_EVENTS):
             status, reply = call_page_event(app_server, dep, [file] * max(1, len(dep["inputs"])))
             assert status == 404 and "this app takes no files" in reply, (dep["api_name"], status, reply[:200])
     nine = ["a red circle", "", 1, 5.0, 2, 64, 64, "(No style)", "Euler"]
@@ -263,10 +265,11 @@ def test_the_model_is_an_optional_last_input_named_in_a_raw_call(app_server):
     info = httpx.get(app_server.url + "gradio_api/info", timeout=30).json()
     params = info["named_endpoints"]["/generate"]["parameters"]
     names = [p["parameter_name"] for p in params]
-    assert names[0] == "prompt" and names[-2:] == ["model", "schedule_type"], names  # schedule_type: added later
-    assert params[-2]["parameter_has_default"] and params[-1]["parameter_default"] == "Automatic"
+    model = names.index("model")  # schedule_type and the IP-Adapter's inputs: added later
+    assert names[0] == "prompt" and names[model:] == ["model", "schedule_type", *tools.IP_NAMES], names
+    assert params[model]["parameter_has_default"] and params[model + 1]["parameter_default"] == "Automatic"
     nine = ["a red circle", "", 1, 7.0, 2, 0, 0, "(No style)", "Euler"]
-    defaults = [p["parameter_default"] for p in params[9:-2]]
+    defaults = [p["parameter_default"] for p in params[9:model]]
 
     def answer(data: list) -> str:
         event = httpx.post(app_server.url + "gradio_api/call/generate", json={"data": data}, timeout=30).json()
@@ -282,6 +285,10 @@ def test_the_model_is_an_optional_last_input_named_in_a_raw_call(app_server):
     # The input added after the model (issue #62): an unknown schedule type is refused naming it.
     text = answer([*nine, *defaults, "tiny-shapes", "Sideways"])
     assert "event: error" in text and "schedule_type: unknown schedule type 'Sideways'" in text, text[:300]
+    # The IP-Adapter's (issue #60), after it: a reference image on a server without an adapter is refused naming it.
+    reference = base64.b64encode(png_bytes(16)).decode()
+    text = answer([*nine, *defaults, "tiny-shapes", "Automatic", reference, "ip-adapter_sdxl"])
+    assert "event: error" in text and "ip_adapter_image: no IP-Adapter is loaded" in text, text[:300]
 
 
 def test_server_listens_on_loopback_only(app_server):
@@ -379,8 +386,8 @@ def test_page_events_given_values_the_page_never_sends_log_one_line_each(app_ser
     event_data = {"index": "first", "value": {"path": "/etc/passwd", "meta": {"_type": "gradio.FileData"}}}
     for dep in deps:
         status, reply = call_page_event(app_server, dep, [{"junk": [1, 2]}] * len(dep["inputs"]), event_data)
-        # (the ControlNet picture's upload takes one file only: the guard refuses anything else, before Gradio)
-        assert status in (200, 500) or (dep["api_name"] == "control_upload" and status == 404), (
+        # (a picture's upload takes one file only: the guard refuses anything else, before Gradio)
+        assert status in (200, 500) or (dep["api_name"] in guard.PICTURE_EVENTS and status == 404), (
             dep["api_name"], status, reply[:200])
     log = log_barrier(app_server, start)
     assert "Traceback" not in log and "Exception in ASGI" not in log, log

@@ -59,3 +59,22 @@ def test_no_lcm_lora_no_fast_button(tmp_path):
     demo = app.build_demo(lambda *values, **kw: ([], {}, None), config)
     button, _ = event_of(demo, "fast-preset")
     assert not button.visible
+
+
+def test_a_few_step_loras_recipe_is_the_fast_preset(tmp_path):
+    """A LoRA whose file is named as SDXL-Lightning's 4-step LoRA (tiny-shapes' LCM-LoRA under that name): the
+    button names its recipe and sets Euler, 4 steps, no CFG, the trailing schedule type, and its tag; Blog default
+    takes that tag away (checkpoint/recipes.py)."""
+    import app
+    from sdxl_engine.checkpoint.builtin import TINY_SHAPES_DIR
+    from sdxl_engine.serving import handler
+
+    lora = tmp_path / "sdxl_lightning_4step_lora.safetensors"
+    lora.symlink_to(TINY_SHAPES_DIR / "lcm-lora.safetensors")
+    config = handler.page_defaults(EngineConfig.load({"lora": f"light={lora}"}, environ={}))
+    demo = app.build_demo(lambda *values, **kw: ([], {}, None), config)
+    button, event = event_of(demo, "fast-preset")
+    assert button.value == "Fast (SDXL-Lightning 4-step LoRA: Euler, 4 steps)" and button.visible
+    assert event.fn("a red circle") == ("Euler", 4, 0.0, "a red circle <lora:light:1>", "Trailing")
+    _, second = event_of(demo, "blog-default", 1)
+    assert second.fn("a red circle <lora:light:1>") == ("a red circle", 5.0)

@@ -16,9 +16,11 @@ def test_page_builder_with_fake_engine():
     assert names[:7] == ["prompt", "negative_prompt", "seed", "guidance_scale", "num_inference_steps", "width",
                          "height"]
     assert names[7:] == ["style", "sampler", "refiner_switch_at", "control_image", "control_model", "control_weight",
-                         "control_start", "control_end", "control_module", "model", "schedule_type"]
+                         "control_start", "control_end", "control_module", "model", "schedule_type",
+                         "ip_adapter_image", "ip_adapter_model", "ip_adapter_weight", "ip_adapter_start",
+                         "ip_adapter_end"]
     assert api["parameters"][7]["parameter_has_default"]
-    assert [p["parameter_has_default"] for p in api["parameters"]] == [False] + [True] * 17
+    assert [p["parameter_has_default"] for p in api["parameters"]] == [False] + [True] * 22
     assert api["parameters"][9]["parameter_default"] == 1  # no refiner loaded: "1 = no refiner"
     assert api["parameters"][8]["python_type"]["type"] == ("Literal['Euler', 'Euler a', 'DPM++ 2M', "
                                                            "'DPM++ 2M Karras', 'DPM++ 2M SDE', 'DPM++ 3M SDE', "
@@ -366,7 +368,8 @@ def test_the_schedule_type_dropdown_is_generates_input_and_its_value_reaches_the
     dropdown = generate.inputs[names.index("schedule_type")]
     assert (dropdown.elem_id, dropdown.label, dropdown.value) == ("schedule-type", "Schedule type", "Automatic")
     assert [label for label, _ in dropdown.choices] == ["Automatic", "Uniform", "Karras", "Exponential",
-                                                        "SGM Uniform", "Simple", "Beta"]
+                                                        "SGM Uniform", "Simple", "Beta", "Leading", "Linspace",
+                                                        "Trailing"]
     assert [c.elem_id for c in generate.inputs[:9]] == ["prompt", "negative", "seed", None, "steps", None, None,
                                                          "style", "sampler"]
     got = []
@@ -395,3 +398,33 @@ def test_the_schedule_type_dropdown_is_generates_input_and_its_value_reaches_the
     restored = restore([record], SimpleNamespace(index=0))
     assert restored[6:8] == ("Euler", "SGM Uniform")
     assert restore([{**record, "schedule_type": None}], SimpleNamespace(index=0))[7] == "Automatic"  # an old record
+
+
+def test_a_pngs_controlnet_and_ip_adapter_entries_parse_as_a1111_reads_them_and_leave_the_restore_as_it_was():
+    """Issue #60: a PNG with a ControlNet unit's and an IP-Adapter unit's entries (engine/control and
+    engine/ip_adapter ``infotext``, JSON-quoted as the delivery writes them: their values hold commas): A1111's
+    parse (apis.a1111.generation_parameters) reads each back as it was, and the page's PNG restore (which restores
+    no unit) reads the rest of the text as it does without them."""
+    import json
+
+    import numpy as np
+
+    from sdxl_engine.engine.control import ControlUnit, infotext
+    from sdxl_engine.engine.ip_adapter import IPAdapterUnit
+    from sdxl_engine.engine.ip_adapter import infotext as ip_infotext
+    from sdxl_engine.service.images import a1111_parameters
+    from sdxl_engine.serving.apis.a1111 import generation_parameters
+    from sdxl_engine.serving.page import png_settings
+
+    picture = np.zeros((8, 8, 3), np.uint8)
+    written = {**infotext([ControlUnit(image=picture, model="cn-a", module="canny")], {}),
+               **ip_infotext([IPAdapterUnit(image=picture, model="ip-adapter_sdxl", weight=0.6)],
+                             {"ip-adapter_sdxl": "ip-adapter_sdxl [0a1b2c3d]"}, first=1)}
+    assert list(written) == ["ControlNet 0", "ControlNet 1"]
+    text = a1111_parameters("a cat", "", 10, 5.0, 7, 64, 48, "tiny-pt",
+                            {key: json.dumps(value) for key, value in written.items()})
+    parsed = generation_parameters(text)
+    assert {key: parsed[key] for key in written} == written and (parsed["Seed"], parsed["Steps"]) == ("7", "10")
+    args = (["64x48"], 20, 2**31 - 1)
+    assert png_settings(text, *args) == png_settings(a1111_parameters("a cat", "", 10, 5.0, 7, 64, 48, "tiny-pt"),
+                                                     *args)

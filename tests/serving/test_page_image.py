@@ -131,3 +131,87 @@ def test_after_the_control_upload_its_file_box_holds_the_apps_png_which_the_guar
         assert Path(path).parent != folder and routes.refusal("GET", f"/gradio_api/file={path}", "") is None
         np.testing.assert_array_equal(np.asarray(Image.open(path)), picture)
     assert not upload.exists() and routes.refusal("GET", f"/gradio_api/file={upload}", "") == "not a file of this app"
+
+
+def test_the_ip_adapter_section_shows_with_an_adapter_and_its_values_reach_the_request(tmp_path, monkeypatch):
+    """Issue #60: the page's "Image prompt (IP-Adapter)" section is shown only when an IP-Adapter is loaded (the
+    engine's list once ready, else the flag's file names), its widgets are /generate's IP-Adapter inputs
+    (apis/tools.IP_NAMES, in order), its upload event (guard.IP_EVENT) answers the picture as base64 PNG text, and
+    the Generate event sends that text, the adapter and the sliders as one IPAdapterUnit of the request (the
+    picture's pixels, non-square); with no picture there is no unit."""
+    import asyncio
+    import base64
+    import dataclasses
+    import io
+    from pathlib import Path
+
+    import gradio as gr
+    import numpy as np
+    import pytest
+    from PIL import Image
+
+    import app
+    from sdxl_engine.config import EngineConfig
+    from sdxl_engine.service.service import Service
+    from sdxl_engine.serving import guard, handler, page_image
+    from sdxl_engine.serving.apis.tools import IP_NAMES, generate_inputs
+    from tests.helpers import StepEngine
+
+    path = "tests/fixtures/tiny-pt-ip-adapter/sdxl_models/ip-adapter_sdxl.safetensors"
+    for paths, names in (("", []), (path, ["ip-adapter_sdxl"])):
+        with gr.Blocks():
+            section = page_image.ip_section(SimpleNamespace(ip_adapter=paths))
+        assert section.box.visible is bool(names) and [v for _, v in section.model.choices] == names
+    class Ready(StepEngine):  # the contract's model and config (no Ray)
+        config = EngineConfig.load(environ={})
+
+        def scale_out(self):
+            return None
+
+    engine = Ready()
+    with gr.Blocks():
+        assert page_image.ip_section(SimpleNamespace(ip_adapter=path), engine).box.visible is False  # none loaded
+    engine.limits = dataclasses.replace(engine.limits, ip_adapters=(("ip-adapter_sdxl", "0a1b2c3d"),))
+    config = engine.config
+    demo = app.build_demo(Service(engine), config, engine)
+    blocks = {b.elem_id: b for b in demo.blocks.values() if getattr(b, "elem_id", None)}
+    assert blocks["ip-adapter-box"].visible is True and blocks["ip-model"].value == "ip-adapter_sdxl"
+    (generate,) = [f for f in demo.fns.values() if f.api_name == "generate"]
+    names = [item.name for item in generate_inputs(config)]
+    assert [generate.inputs[names.index(n)].elem_id for n in IP_NAMES] == ["ip-image", "ip-model", "ip-weight",
+                                                                            "ip-start", "ip-end"]
+    (upload,) = [f for f in demo.fns.values() if f.api_name == guard.IP_EVENT]
+    assert [b.elem_id for b in upload.outputs] == ["ip-image", "ip-picture", "ip-upload"]
+    picture = np.zeros((40, 72, 3), np.uint8)
+    picture[:, :30] = (200, 40, 10)
+    file = tmp_path / "reference.png"
+    Image.fromarray(picture).save(file)
+    monkeypatch.setattr(handler, "readable", lambda demo, p: Path(p).parent == tmp_path)
+    monkeypatch.setattr(handler, "discard_uploads", lambda demo, paths: None)
+    text, shown, _ = upload.fn({"path": str(file), "meta": {"_type": "gradio.FileData"}})
+    np.testing.assert_array_equal(np.asarray(Image.open(io.BytesIO(base64.b64decode(text)))), picture)
+    with pytest.raises(gr.Error, match="reference image: not a file this page uploaded"):
+        upload.fn({"path": "/etc/hostname"})
+
+    got = []
+
+    async def follow(requests, asked, *args, **kwargs):  # what the event submits to the service
+        got.append(asked)
+        yield [], {"seeds": [7]}
+
+    monkeypatch.setattr(handler, "follow", follow)
+    request = SimpleNamespace(session_hash="s", client=None, headers={})
+
+    async def run(sent):
+        return [out async for out in generate.fn(*sent, request=request, progress=lambda *a, **k: None)]
+
+    values = ["a red circle", *[c.value for c in generate.inputs][1:]]
+    asyncio.run(run(values))
+    assert got[-1].engine.ip_adapter_units == ()
+    for name, value in zip(IP_NAMES, (text, "ip-adapter_sdxl", 0.6, 0.2, 0.9), strict=True):
+        values[names.index(name)] = value
+    asyncio.run(run(values))
+    (unit,) = got[-1].engine.ip_adapter_units
+    assert (unit.model, unit.weight, unit.guidance_start, unit.guidance_end) == ("ip-adapter_sdxl", 0.6, 0.2, 0.9)
+    np.testing.assert_array_equal(unit.image, picture)
+    assert got[-1].field("ip_adapter_units[0].weight") == "ip_adapter_weight"  # a refusal names the page's input

@@ -1,6 +1,7 @@
 """The page's Model dropdown (page.model_settings) and Model default button (page.model_default_settings): a model
 chosen on the page brings its own sampler, steps and guidance (what a request for it through any API that sets none
-of them runs with), its sizes and the ControlNets that fit it once loaded; an unknown name is refused."""
+of them runs with), its sizes and the ControlNets and IP-Adapters that fit it once loaded; an unknown name is
+refused."""
 
 import threading
 import types
@@ -21,9 +22,10 @@ from sdxl_engine.serving.page import (
 
 DEFAULTS = {"a": EngineConfig(), "b": EngineConfig(sampler="DPM++ 2M", num_inference_steps=6, guidance_scale=2.0),
             "broken": None}
-LIMITS_A = types.SimpleNamespace(default_size=(64, 48), sizes=((64, 48), (48, 64)), controlnets=(("cn-a", "x"),))
+LIMITS_A = types.SimpleNamespace(default_size=(64, 48), sizes=((64, 48), (48, 64)), controlnets=(("cn-a", "x"),),
+                                 ip_adapters=(("ip-a", "w"),))
 LIMITS_B = types.SimpleNamespace(default_size=(96, 64), sizes=((96, 64), (64, 96), (80, 80)),
-                                 controlnets=(("cn-b", "y"), ("cn-c", "z")))
+                                 controlnets=(("cn-b", "y"), ("cn-c", "z")), ip_adapters=())
 
 
 class Catalogued:
@@ -32,6 +34,7 @@ class Catalogued:
     error = None
     default_model = "a"
     limits = LIMITS_A
+    config = EngineConfig()  # its LoRAs (tiny-shapes' lcm) choose the Fast button's preset (page.fast_preset_for)
 
     def __init__(self, ready=True):
         self.ready = threading.Event()
@@ -71,7 +74,7 @@ def updated(update):
 def test_a_loaded_model_brings_its_defaults_sizes_and_controlnets():
     engine = Catalogued()
     engine.loaded["b"] = LIMITS_B
-    sampler, steps, guidance, button, resolution, controlnet, fast, note, loras = model_settings(engine, "b")
+    sampler, steps, guidance, button, resolution, controlnet, fast, note, loras, ip = model_settings(engine, "b")
     assert (sampler, steps, guidance) == ("DPM++ 2M", 6, 2.0)
     assert updated(button) == {"value": "Model default (DPM++ 2M, 6 steps)"}
     assert updated(fast) == {"visible": False}  # b has no LoRA named lcm: no few-steps preset for it
@@ -81,11 +84,13 @@ def test_a_loaded_model_brings_its_defaults_sizes_and_controlnets():
     assert [value for _, value in updated(resolution)["choices"]] == ["96x64", "64x96", "80x80"]
     assert updated(resolution)["choices"][0][0] == "96 × 64 (landscape, default)"
     assert updated(controlnet) == {"choices": ["cn-b", "cn-c"], "value": "cn-b"}
+    assert updated(ip) == {"choices": [], "value": ""}  # no IP-Adapter fits b
     back = model_settings(engine, "a")  # and back: the default model's own again
     assert back[:3] == ("Euler", 20, 5.0) and updated(back[3]) == {"value": "Model default (Euler, 20 steps)"}
     assert updated(back[4])["value"] == "64x48" and updated(back[5]) == {"choices": ["cn-a"], "value": "cn-a"}
     assert updated(back[6]) == {"visible": True}
     assert updated(back[8]) == {"samples": [["<lora:lcm:1>"], ["<lora:ink:1>"]], "visible": True}
+    assert updated(back[9]) == {"choices": ["ip-a"], "value": "ip-a"}
 
 
 def test_the_note_follows_the_model(monkeypatch):
@@ -213,8 +218,9 @@ def test_the_page_wires_the_dropdown_and_the_model_default_button_once():
     ids = {b.elem_id: b._id for b in demo.blocks.values() if getattr(b, "elem_id", None)}
     named = {f.fn.__name__: f for f in demo.fns.values() if f.fn is not None}
     choose, default = named["choose_model"], named["chosen_model_default"]
-    assert [b._id for b in choose.inputs] == [ids["model"]] and len(choose.outputs) == 9
+    assert [b._id for b in choose.inputs] == [ids["model"]] and len(choose.outputs) == 10
     assert [b._id for b in choose.outputs][3:] == [ids["model-default"], ids["resolution"], ids["control-model"],
-                                                   ids["fast-preset"], ids["model-note"], ids["loras"]]
+                                                   ids["fast-preset"], ids["model-note"], ids["loras"],
+                                                   ids["ip-model"]]
     assert [b._id for b in default.inputs] == [ids["model"], ids["prompt"]] and len(default.outputs) == 4
     assert sum(f.fn.__name__ == "follow_model" for f in demo.fns.values() if f.fn is not None) == 2  # both restores

@@ -91,7 +91,7 @@ def slow_call(client, seconds: float, seed: int = 1):
 def test_two_replicas_serve_two_requests_at_once(app2):
     from gradio_client import Client
 
-    import app
+    from sdxl_engine.serving import page
 
     clients = [Client(app2.url, verbose=False) for _ in range(2)]
     jobs = [slow_call(c, 3.0, seed) for seed, c in enumerate(clients, 1)]
@@ -105,7 +105,7 @@ def test_two_replicas_serve_two_requests_at_once(app2):
         assert t["device"] >= 3.0 and 0 < t["ray"] < 1.0 and t["queue"] < 2.0, t
         assert t["latency"] == pytest.approx(t["prep"] + t["device"] + t["post"] + t["ray"], abs=0.01)
         assert info["device"] == "1 × cpu" and len(info["seeds"]) == 4
-        line = app.status_line(info)
+        line = page.status_line(info)
         assert f"(replica `{info['replica']}`)" in line and f"ray {t['ray']:.2f} s" in line
 
 

@@ -143,7 +143,7 @@ def test_queue_time_counts_the_wait_in_gradios_queue(fault_app, client, hold_dir
     """Requests that wait behind a held generation (in the service, Gradio's queue running them as they come)
     report at least the time they were seen waiting
     (and no more than they took), in the info and the status line, through gradio_client and raw HTTP."""
-    import app
+    from sdxl_engine.serving import page
 
     second = fault_app.client(address="198.51.100.20")
     with Hold(hold_dir) as hold:
@@ -161,7 +161,7 @@ def test_queue_time_counts_the_wait_in_gradios_queue(fault_app, client, hold_dir
     _, info = waiting.result(timeout=60)
     waited = time.monotonic() - started
     assert released - seen <= info["timings_s"]["queue"] <= waited + 0.5, (info["timings_s"], released - seen, waited)
-    assert f"queue {info['timings_s']['queue']:.2f} s" in app.status_line(info)
+    assert f"queue {info['timings_s']['queue']:.2f} s" in page.status_line(info)
     text = httpx.get(fault_app.url + f"gradio_api/call/generate/{raw}", timeout=60).text
     # The completed event's data (a streamed /generate may send previews first, their info null).
     raw_info = json.loads([line for line in text.splitlines() if line.startswith("data: ")][-1][6:])[1]

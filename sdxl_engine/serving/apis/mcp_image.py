@@ -26,6 +26,7 @@ from sdxl_engine.serving.apis.tools import (
     TOOL_FIELDS,
     control_fields,
     image_doc,
+    ip_fields,
     model_field,
     tool_inputs,
 )
@@ -52,6 +53,8 @@ def image_tool(requests, config, engine=None) -> Callable:
                              control_image: str = "", control_model: str = "", control_weight: float = 1.0,
                              control_start: float = 0.0, control_end: float = 1.0, control_module: str = "none",
                              model: str = "", schedule_type: str = DEFAULT_SCHEDULE_TYPE,
+                             ip_adapter_image: str = "", ip_adapter_model: str = "", ip_adapter_weight: float = 1.0,
+                             ip_adapter_start: float = 0.0, ip_adapter_end: float = 1.0,
                              request: gr.Request = None) -> tuple[list, dict]:
         while engine is not None and not engine.ready.is_set():
             await asyncio.sleep(0.5)
@@ -62,10 +65,13 @@ def image_tool(requests, config, engine=None) -> Callable:
                                                                default, refiner_switch_at, upscale)
             fields.update(await asyncio.to_thread(control_fields, control_image, control_model, control_weight,
                                                   control_start, control_end, control_module))
+            ip = await asyncio.to_thread(ip_fields, ip_adapter_image, ip_adapter_model, ip_adapter_weight,
+                                         ip_adapter_start, ip_adapter_end)
         except ApiError as err:
             LOG.info(f"[app] request refused: {API_NAME}: {err.message}")
             raise gr.Error(err.message, print_exception=False) from None
-        names = {field: name for field, name in TOOL_FIELDS.items() if field in fields}
+        names = {**{field: name for field, name in TOOL_FIELDS.items() if field in fields}, **ip.pop("field_names", {})}
+        fields.update(ip)
         try:
             settings = left_out(dict(guidance_scale=guidance_scale, num_inference_steps=num_inference_steps,
                                      sampler=sampler), config, model, request)  # gradio_client's left out

@@ -160,6 +160,8 @@ class McpServer:
                 control = await asyncio.to_thread(tools.control_fields, **control)  # the image decoded
             else:
                 control = {}
+            ip = await asyncio.to_thread(tools.ip_fields, **{n: values.pop(n) for n in tools.IP_NAMES})
+            ip_names = ip.pop("field_names", {})
             engine = self.requests.engine
             await wait_started(engine)  # the picture is resized to the model's default size
             if engine.error is not None:
@@ -172,7 +174,7 @@ class McpServer:
                               num_inference_steps=values["num_inference_steps"], width=w, height=h,
                               sampler=values["sampler"], schedule_type=values["schedule_type"], style=NO_STYLE,
                               client=client, paste_back=paste_back,
-                              field_names=tools.field_names(fields), **fields, **control,
+                              field_names={**tools.field_names(fields), **ip_names}, **fields, **control, **ip,
                               **tools.model_field(values["model"]))
         except ApiError as err:
             raise refused(name, err.message) from None

@@ -19,6 +19,7 @@ from PIL import Image
 from sdxl_engine.config import EngineConfig
 from sdxl_engine.engine.control import ControlUnit
 from sdxl_engine.engine.control_preprocess import MODULES
+from sdxl_engine.engine.ip_adapter import IPAdapterUnit
 from sdxl_engine.engine.validation import DEFAULT_STRENGTH
 from sdxl_engine.program.schedulers import DEFAULT_SCHEDULE_TYPE, SAMPLERS, SCHEDULE_TYPES
 from sdxl_engine.service.image_prep import PasteBack, binary_mask, flatten, overlay, same_aspect
@@ -44,6 +45,14 @@ JPEG or WebP (a data URL too); empty = no control. Needs a ControlNet loaded (th
     control_end: the share of the steps where it ends, 0 to 1, not below control_start
     control_module: the preprocessor run on the control image first: {modules} (none = the image is the map)"""
 
+# The IP-Adapter inputs' Args lines, the same in both tools' descriptions.
+IP_DOC = """    ip_adapter_image: optional IP-Adapter: a reference image whose style or subject steers the images, as \
+base64 PNG, JPEG or WebP (a data URL too); empty = none. Needs an IP-Adapter loaded (the server's --ip-adapter)
+    ip_adapter_model: the IP-Adapter's name, as /controlnet/model_list lists it ("name" or "name [hash]")
+    ip_adapter_weight: the adapter's strength (diffusers' scale), 0 to 2
+    ip_adapter_start: the share of the steps where the adapter begins, 0 to 1
+    ip_adapter_end: the share of the steps where it ends, 0 to 1, not below ip_adapter_start"""
+
 GENERATE_DOC = """Generate images from a text prompt with SDXL: the engine's batch (4 images), seeds seed, seed+1, ...
 
 Args:
@@ -63,6 +72,7 @@ before the refiner takes over, 0 to below 1 (0 = the refiner alone); 1 = no refi
     model: {models}
     schedule_type: the spacing of the sampler's noise levels (A1111's "Schedule type"), one of {schedule_types}; \
 automatic = the sampler's own; DDIM and LCM take automatic only. A1111's labels ({labels}) are taken too
+{ip}
 Returns:
     the images (PNG, with their generation parameters) and a JSON record: seeds, size, steps, sampler, \
 schedule_type, timings, model
@@ -94,6 +104,7 @@ this factor (Lanczos) and denoised again at the larger size with strength (-1 = 
     model: {models}
     schedule_type: the spacing of the sampler's noise levels, as the generate tool takes it: one of \
 {schedule_types}; automatic = the sampler's own
+{ip}
 Returns:
     the images (PNG, with their generation parameters) and a JSON record: seeds, size, strength, timings
 """
@@ -117,6 +128,16 @@ CONTROL_INPUTS = (Input("control_image", str, ""), Input("control_model", str, "
                   Input("control_weight", float, 1.0), Input("control_start", float, 0.0),
                   Input("control_end", float, 1.0), Input("control_module", str, "none"))
 CONTROL_NAMES = tuple(i.name for i in CONTROL_INPUTS)
+# One IP-Adapter unit (engine/ip_adapter.IPAdapterUnit; none without a reference image), last in both tools.
+IP_INPUTS = (Input("ip_adapter_image", str, ""), Input("ip_adapter_model", str, ""),
+             Input("ip_adapter_weight", float, 1.0), Input("ip_adapter_start", float, 0.0),
+             Input("ip_adapter_end", float, 1.0))
+IP_NAMES = tuple(i.name for i in IP_INPUTS)
+# The engine's fields of that unit (validation's InvalidRequest.field) -> the input a refusal names.
+IP_FIELDS = {"ip_adapter_units": "ip_adapter_image", "ip_adapter_units[0].image": "ip_adapter_image",
+             "ip_adapter_units[0].model": "ip_adapter_model", "ip_adapter_units[0].weight": "ip_adapter_weight",
+             "ip_adapter_units[0].guidance_start": "ip_adapter_start",
+             "ip_adapter_units[0].guidance_end": "ip_adapter_end"}
 
 
 def generate_inputs(config) -> tuple[Input, ...]:
@@ -132,7 +153,7 @@ def generate_inputs(config) -> tuple[Input, ...]:
             Input("height", int, 0), Input("style", str, NO_STYLE, tuple(STYLE_NAMES)),
             Input("sampler", str, config.sampler, tuple(SAMPLERS)),
             Input("refiner_switch_at", float, 0.8 if config.refiner else 1.0), *CONTROL_INPUTS, Input("model", str, ""),
-            Input("schedule_type", str, DEFAULT_SCHEDULE_TYPE, tuple(SCHEDULE_TYPES)))
+            Input("schedule_type", str, DEFAULT_SCHEDULE_TYPE, tuple(SCHEDULE_TYPES)), *IP_INPUTS)
 
 
 FIRST_RELEASE = 9  # /generate's first release took its first nine inputs: a raw call must send at least those
@@ -140,10 +161,10 @@ IMAGE_FIRST_RELEASE = 20  # /image_to_image's inputs before schedule_type: a raw
 
 
 # The page's two image events (handler.image_function and upscale_function; private, the page's own) take
-# /generate's inputs but these: Generate from image and Upscale take no ControlNet unit, and Upscale no refiner
-# switch (its hires fix runs on the base model).
-IMAGE_EVENT_LEFT_OUT = CONTROL_NAMES
-UPSCALE_EVENT_LEFT_OUT = (*CONTROL_NAMES, "refiner_switch_at")
+# /generate's inputs but these: Generate from image and Upscale take no ControlNet or IP-Adapter unit, and Upscale
+# no refiner switch (its hires fix runs on the base model).
+IMAGE_EVENT_LEFT_OUT = (*CONTROL_NAMES, *IP_NAMES)
+UPSCALE_EVENT_LEFT_OUT = (*CONTROL_NAMES, *IP_NAMES, "refiner_switch_at")
 
 
 def page_event_inputs(config, own: tuple[Input, ...], left_out: tuple[str, ...]) -> tuple[Input, ...]:
@@ -203,15 +224,17 @@ def request_values(values: dict) -> dict:
     """``to_request``'s keywords (service.request.to_request) for one ``/generate`` call's ``values`` (by
     :func:`generate_inputs`' names): the refiner switch as :func:`refiner_switch` reads it (left out for "no
     refiner"), the model as :func:`model_field`, the control inputs as one ControlUnit (:func:`control_fields`;
-    none when the call has none: the page's image events) and every other input under its own name (a
-    GenerateRequest field: a new one needs no line here).
+    none when the call has none: the page's image events), the IP-Adapter inputs as one IPAdapterUnit
+    (:func:`ip_fields`, with the ``field_names`` that make the engine's refusals of it name those inputs) and
+    every other input under its own name (a GenerateRequest field: a new one needs no line here).
 
-    Raises ApiError 400 naming the control input it cannot use."""
+    Raises ApiError 400 naming the control or IP-Adapter input it cannot use."""
     values = dict(values)
     control = control_fields(**{name: values.pop(name) for name in CONTROL_NAMES if name in values})
+    ip = ip_fields(**{name: values.pop(name) for name in IP_NAMES if name in values})
     switch = refiner_switch(values.pop("refiner_switch_at", None))
     model = model_field(values.pop("model", None))
-    return {**values, **control, **model, **({} if switch is None else {"refiner_switch_at": switch})}
+    return {**values, **control, **ip, **model, **({} if switch is None else {"refiner_switch_at": switch})}
 
 
 def image_inputs(config) -> tuple[Input, ...]:
@@ -223,7 +246,7 @@ def image_inputs(config) -> tuple[Input, ...]:
             Input("num_inference_steps", int, config.num_inference_steps), Input("width", int, 0),
             Input("height", int, 0), Input("sampler", str, config.sampler), Input("refiner_switch_at", float, 1.0),
             Input("upscale", float, 1.0), *CONTROL_INPUTS, Input("model", str, ""),
-            Input("schedule_type", str, DEFAULT_SCHEDULE_TYPE, tuple(SCHEDULE_TYPES)))
+            Input("schedule_type", str, DEFAULT_SCHEDULE_TYPE, tuple(SCHEDULE_TYPES)), *IP_INPUTS)
 
 
 def generate_doc(models: list[str] = ()) -> str:
@@ -231,13 +254,14 @@ def generate_doc(models: list[str] = ()) -> str:
     server's, the default first: service/models.names; () before they are known)."""
     return GENERATE_DOC.format(styles=", ".join(STYLE_NAMES), samplers=", ".join(SAMPLERS),
                                control=CONTROL_DOC.format(modules=", ".join(MODULES)), models=model_doc(models),
-                               schedule_types=", ".join(SCHEDULE_TYPES), labels=", ".join(SCHEDULE_TYPES.values()))
+                               schedule_types=", ".join(SCHEDULE_TYPES), labels=", ".join(SCHEDULE_TYPES.values()),
+                               ip=IP_DOC)
 
 
 def image_doc(models: list[str] = ()) -> str:
     """:data:`IMAGE_DOC` with the preprocessor, model and schedule type names filled in (as :func:`generate_doc`)."""
     return IMAGE_DOC.format(control=CONTROL_DOC.format(modules=", ".join(MODULES)), models=model_doc(models),
-                            schedule_types=", ".join(SCHEDULE_TYPES))
+                            schedule_types=", ".join(SCHEDULE_TYPES), ip=IP_DOC)
 
 
 def control_fields(control_image: str = "", control_model: str = "", control_weight: float = 1.0,
@@ -258,6 +282,27 @@ def control_fields(control_image: str = "", control_model: str = "", control_wei
     return {"control_units": (ControlUnit(image=image, model=control_model, weight=control_weight,
                                           guidance_start=control_start, guidance_end=control_end,
                                           module=control_module or "none"),)}
+
+
+def ip_fields(ip_adapter_image: str = "", ip_adapter_model: str = "", ip_adapter_weight: float = 1.0,
+              ip_adapter_start: float = 0.0, ip_adapter_end: float = 1.0) -> dict:
+    """The engine's ``ip_adapter_units`` field for /generate's IP-Adapter inputs (:data:`IP_INPUTS`) and the
+    ``field_names`` (:data:`IP_FIELDS`) under which the engine's refusals of it name those inputs: {} without a
+    reference image, else one IPAdapterUnit of the image (base64, decoded as RGB; the page's sends its upload's
+    PNG as base64 too), the model, weight, start and end (the engine checks their values: an unknown adapter is
+    refused naming ``ip_adapter_model`` and listing the loaded ones).
+
+    Raises ApiError 400 naming the input: an image that does not decode, an image without a model."""
+    if ip_adapter_image is None or isinstance(ip_adapter_image, str) and not ip_adapter_image:
+        return {}
+    if not isinstance(ip_adapter_model, str) or not ip_adapter_model.strip():
+        raise ApiError(400, "ip_adapter_model: name the IP-Adapter for the reference image (the server's "
+                            "/controlnet/model_list)", "ip_adapter_model")
+    image = np.asarray(ip_adapter_image if not isinstance(ip_adapter_image, str) else
+                       decode_image(ip_adapter_image, "ip_adapter_image", mode="RGB"), dtype=np.uint8)
+    unit = IPAdapterUnit(image=image, model=ip_adapter_model, weight=ip_adapter_weight,
+                         guidance_start=ip_adapter_start, guidance_end=ip_adapter_end)
+    return {"ip_adapter_units": (unit,), "field_names": dict(IP_FIELDS)}
 
 
 def model_doc(models: list[str]) -> str:

@@ -59,8 +59,9 @@ def test_unknown_sampler_or_scheduler_is_a_422_listing_what_there_is():
         sampler_of("Euler a", "Polyexponential")
     assert (err.value.status, err.value.param, err.value.message) == (
         422, "scheduler", "scheduler: unknown schedule type 'Polyexponential'; choose one of automatic, uniform, "
-                          "karras, exponential, sgm_uniform, simple, beta (A1111's labels: Automatic, Uniform, Karras, "
-                          "Exponential, SGM Uniform, Simple, Beta)")
+                          "karras, exponential, sgm_uniform, simple, beta, leading, linspace, trailing (A1111's "
+                          "labels: Automatic, Uniform, Karras, Exponential, SGM Uniform, Simple, Beta, Leading, "
+                          "Linspace, Trailing)")
 
 
 def test_a1111_scheduler_reaches_the_engine_and_its_refusal_names_scheduler():

@@ -114,7 +114,8 @@ def test_sampler_names_round_trip(webui):
     assert (split.info["sampler_name"], split.info["scheduler"]) == ("DPM++ 2M", "Karras")
     assert "Sampler: DPM++ 2M, " in split.info["infotexts"][0] and "Schedule type: Karras" in split.info["infotexts"][0]
     assert sorted(webui.util_get_scheduler_names()) == sorted(["automatic", "uniform", "karras", "exponential",
-                                                               "sgm_uniform", "simple", "beta"])
+                                                               "sgm_uniform", "simple", "beta", "leading",
+                                                               "linspace", "trailing"])
 
 
 def test_a1111_refusals_are_clear_422s_with_the_engines_message(webui):

@@ -1,6 +1,7 @@
 """sd-webui-controlnet's API through its own client, webuiapi (``ControlNetUnit``), against ``python app.py --model
-tests/fixtures/tiny-pt --model tiny-shapes --controlnet tests/fixtures/tiny-pt-controlnet/cn-a`` on loopback;
-the jobs API's and gradio_client's ``/generate`` control inputs against the same app. One app for the module.
+tests/fixtures/tiny-pt --model tiny-shapes --controlnet tests/fixtures/tiny-pt-controlnet/cn-a --ip-adapter
+tests/fixtures/tiny-pt-ip-adapter/sdxl_models/ip-adapter_sdxl.safetensors`` on loopback; the jobs API's and
+gradio_client's ``/generate`` control and IP-Adapter inputs against the same app. One app for the module.
 
 A unit's images must be what the engine makes for that unit: the same PNG pixels as the jobs API's for the same
 request and unit (both fronts build one ControlUnit), and not the images without the unit."""
@@ -20,6 +21,7 @@ from tests.helpers import RunningApp
 pytestmark = pytest.mark.e2e
 
 CONTROLNET = "tests/fixtures/tiny-pt-controlnet/cn-a"
+IP_ADAPTER = "tests/fixtures/tiny-pt-ip-adapter/sdxl_models/ip-adapter_sdxl.safetensors"
 ASK = dict(prompt="a red circle", seed=5, steps=4, cfg_scale=5.0, width=64, height=64, sampler_name="Euler")
 
 
@@ -27,7 +29,7 @@ ASK = dict(prompt="a red circle", seed=5, steps=4, cfg_scale=5.0, width=64, heig
 def app():
     # tiny-shapes beside: a model of another architecture, which cn-a does not fit
     running = RunningApp("--model", "tests/fixtures/tiny-pt", "--model", "tiny-shapes", "--controlnet", CONTROLNET,
-                         "--no-mcp", timeout=600)
+                         "--ip-adapter", IP_ADAPTER, "--no-mcp", timeout=600)
     yield running
     running.stop()
 
@@ -67,8 +69,8 @@ def job_images(app, body: dict) -> list[np.ndarray]:
 
 
 def test_lists_and_detect(webui):
-    (title,) = webui.controlnet_model_list()
-    assert title.startswith("cn-a")
+    title, ip_title = webui.controlnet_model_list()
+    assert title.startswith("cn-a") and ip_title.startswith("ip-adapter_sdxl [")
     assert webui.controlnet_module_list()[:2] == ["none", "canny"]
     found = webui.controlnet_detect([control_picture()], module="canny", processor_res=96, threshold_a=100,
                                     threshold_b=200)
@@ -102,6 +104,34 @@ def test_a_unit_steers_the_images_as_the_engine_runs_it_and_says_so_in_the_infot
                                    width=64, height=64, sampler="Euler", control_image=b64(control_picture()),
                                    control_model=title, control_weight=1.5, control_end=0.8, api_name="/generate")
     np.testing.assert_array_equal(pixels(Image.open(gallery[0]["image"])), jobs[0])  # the batch's first: seed 5
+
+
+def test_gradio_clients_ip_adapter_inputs_make_the_jobs_apis_images_and_say_so_in_the_infotext(app):
+    """Issue #60: /generate's IP-Adapter inputs (a non-square reference image as base64, the adapter, weight,
+    start, end) make the jobs API's images for the same unit (one IPAdapterUnit on both fronts), not those without
+    it; the PNG's infotext has the unit as sd-webui-controlnet writes one; a weight out of range is refused naming
+    ip_adapter_weight."""
+    from gradio_client.exceptions import AppError
+
+    reference = Image.fromarray(np.tile(np.linspace(0, 255, 72, dtype=np.uint8)[None, :, None], (40, 1, 3)))
+    ask = dict(prompt="a red circle", seed=5, num_inference_steps=4, guidance_scale=5.0, width=64, height=64,
+               sampler="Euler")
+    unit = {"image": b64(reference), "model": "ip-adapter_sdxl", "weight": 0.8, "guidance_end": 0.75}
+    jobs = job_images(app, {**ask, "images": 1, "ip_adapter_units": [unit]})
+    plain = job_images(app, {**ask, "images": 1})
+    client = app.client()
+    gallery, info = client.predict(**ask, ip_adapter_image=b64(reference), ip_adapter_model="ip-adapter_sdxl",
+                                   ip_adapter_weight=0.8, ip_adapter_end=0.75, api_name="/generate")
+    first = Image.open(gallery[0]["image"])
+    np.testing.assert_array_equal(pixels(first), jobs[0])  # the batch's first: seed 5
+    assert not np.array_equal(jobs[0], plain[0]), "the unit changed nothing"
+    (title,) = [t for t in httpx.get(app.url + "controlnet/model_list", timeout=30).json()["model_list"]
+                if t.startswith("ip-adapter_sdxl")]
+    assert (f'ControlNet 0: "Module: ip-adapter_clip_sdxl, Model: {title}, Weight: 0.8, Resize Mode: Crop and '
+            'Resize') in first.info["parameters"] and "Guidance End: 0.75" in first.info["parameters"]
+    with pytest.raises(AppError, match="ip_adapter_weight: "):
+        client.predict(**ask, ip_adapter_image=b64(reference), ip_adapter_model="ip-adapter_sdxl",
+                       ip_adapter_weight=2.5, api_name="/generate")
 
 
 def test_a_unit_for_a_model_it_does_not_fit_is_refused_naming_the_model(app):
@@ -191,8 +221,9 @@ def test_the_pages_controlnet_section_makes_the_units_images(app):
         finally:
             offline.close()
             browser.close()
-    call = next(json.loads(body) for body in sent if body and len(json.loads(body).get("data") or []) == 18)
+    call = next(json.loads(body) for body in sent if body and len(json.loads(body).get("data") or []) == 23)
     data = call["data"]
+    assert data[18:] == ["", "ip-adapter_sdxl", 1, 0, 1]  # the IP-Adapter section's: no reference image, no unit
     np.testing.assert_array_equal(pixels(Image.open(io.BytesIO(base64.b64decode(data[10])))),
                                   pixels(control_picture()))
     assert data[11] == "cn-a" and data[15] == "none" and data[16] == "tiny-pt" and data[2] == 5

@@ -24,7 +24,7 @@ from sdxl_engine.config import EngineConfig
 from sdxl_engine.service.jobs import CANCELLED
 from sdxl_engine.service.service import Service
 from sdxl_engine.serving.apis import tools
-from sdxl_engine.serving.apis.mcp_server import McpServer
+from sdxl_engine.serving.apis.mcp_server import McpServer, ToolRefusal
 from tests.helpers import StepEngine, wait_until
 
 CONFIG = EngineConfig.load(environ={})
@@ -97,10 +97,14 @@ def test_the_tools_are_the_endpoints_inputs_in_order_described_with_the_pages_de
     generate, image = (tool.inputSchema for tool in listed)
     assert list(generate["properties"]) == ["prompt", "negative_prompt", "seed", "guidance_scale",
                                             "num_inference_steps", "width", "height", "style", "sampler",
-                                            "refiner_switch_at", *tools.CONTROL_NAMES, "model", "schedule_type"]
+                                            "refiner_switch_at", *tools.CONTROL_NAMES, "model", "schedule_type",
+                                            *tools.IP_NAMES]
+    assert tools.IP_NAMES == ("ip_adapter_image", "ip_adapter_model", "ip_adapter_weight", "ip_adapter_start",
+                              "ip_adapter_end")
+    assert "--ip-adapter" in generate["properties"]["ip_adapter_image"]["description"]
     assert tools.CONTROL_NAMES == ("control_image", "control_model", "control_weight", "control_start",
                                    "control_end", "control_module")
-    assert list(image["properties"])[-8:] == [*tools.CONTROL_NAMES, "model", "schedule_type"]
+    assert list(image["properties"])[-13:] == [*tools.CONTROL_NAMES, "model", "schedule_type", *tools.IP_NAMES]
     assert "canny" in generate["properties"]["control_module"]["description"]
     assert generate["required"] == ["prompt"] and image["required"] == ["prompt", "image"]
     seed = generate["properties"]["seed"]
@@ -281,13 +285,61 @@ def test_a_tool_call_with_a_control_image_asks_for_one_control_unit(engine):
         asyncio.run(mcp.request_for("generate", {"prompt": "x", "control_image": control}, "me"))
 
 
+def test_a_generate_call_with_a_reference_image_asks_for_one_ip_adapter_unit_and_refusals_name_its_inputs(engine):
+    """Issue #60: the generate tool's IP-Adapter inputs (tools.IP_INPUTS) become one IPAdapterUnit of the decoded
+    (non-square) image, none without an image; an image without a model, or one that does not decode, is refused
+    naming its input, and so are the engine's refusals of the unit (not ``ip_adapter_units[0]...``)."""
+    import dataclasses
+
+    from sdxl_engine.engine.errors import InvalidRequest
+    from sdxl_engine.service.images import png_bytes
+    from sdxl_engine.serving.handler import message_of
+
+    service = Service(engine, slots=1, limit=2)
+    mcp = McpServer(service, CONFIG, lambda request: "me")
+    picture = np.zeros((24, 40, 3), np.uint8)
+    picture[:, :20] = (250, 120, 0)
+    reference = base64.b64encode(png_bytes(picture)).decode()
+    ask = {"prompt": "x", "ip_adapter_image": reference, "ip_adapter_model": "ip-adapter_sdxl"}
+    asked = asyncio.run(mcp.request_for("generate", {**ask, "ip_adapter_weight": 0.6, "ip_adapter_start": 0.2,
+                                                     "ip_adapter_end": 0.9}, "me"))
+    (unit,) = asked.engine.ip_adapter_units
+    assert (unit.model, unit.weight, unit.guidance_start, unit.guidance_end) == ("ip-adapter_sdxl", 0.6, 0.2, 0.9)
+    np.testing.assert_array_equal(unit.image, picture)
+    assert asyncio.run(mcp.request_for("generate", {"prompt": "x"}, "me")).engine.ip_adapter_units == ()
+    # The image tool takes the same unit beside its picture, its refusals named likewise.
+    on_image = asyncio.run(mcp.request_for("image_to_image", {**ask, "image": reference}, "me"))
+    assert on_image.engine.ip_adapter_units[0].model == "ip-adapter_sdxl" and on_image.engine.image is not None
+    assert on_image.field("ip_adapter_units[0].guidance_end") == "ip_adapter_end"
+    assert asyncio.run(mcp.request_for("image_to_image", {"prompt": "x", "image": reference}, "me")
+                       ).engine.ip_adapter_units == ()
+    for arguments, message in (({"ip_adapter_image": reference}, "ip_adapter_model: name the IP-Adapter"),
+                               ({**ask, "ip_adapter_image": reference[:40]}, "ip_adapter_image: ")):
+        with pytest.raises(ToolRefusal, match=message):
+            asyncio.run(mcp.request_for("generate", {"prompt": "x", **arguments}, "me"))
+    # The engine's checks (validation at the service's door): none loaded, then an unknown adapter, a weight.
+    refusals = []
+    for limits, change in ((engine.limits, {}), (dataclasses.replace(engine.limits, ip_adapters=(("a", "1"),)), {}),
+                           (dataclasses.replace(engine.limits, ip_adapters=(("ip-adapter_sdxl", "1"),)),
+                            {"ip_adapter_weight": 3})):
+        engine.limits = limits
+        asked = asyncio.run(mcp.request_for("generate", {**ask, **change}, "me"))
+        with pytest.raises(InvalidRequest) as err:
+            service.submit(asked, owner="me", front="mcp", client="me")
+        refusals.append(message_of(err.value, asked))
+    assert [text.split(":")[0] for text in refusals] == ["ip_adapter_image", "ip_adapter_model", "ip_adapter_weight"]
+    assert "--ip-adapter" in refusals[0] and "loaded: a" in refusals[1]
+    assert service.jobs(None) == [] and engine.calls == []
+
+
 def test_the_generate_tools_schedule_type_reaches_the_engine_and_an_unknown_one_is_refused_naming_it(served, engine):
     """Issue #62: ``schedule_type`` is an input of the generate tool (an enum of the engine's names, described with
     A1111's labels); its value reaches the engine's request as sent, left out it is automatic; a name outside the
     enum is a tool error naming the argument and queues nothing."""
     listed = asyncio.run(in_session(served.url, lambda session: session.list_tools())).tools
     schema = listed[0].inputSchema["properties"]["schedule_type"]
-    assert schema["enum"] == ["automatic", "uniform", "karras", "exponential", "sgm_uniform", "simple", "beta"]
+    assert schema["enum"] == ["automatic", "uniform", "karras", "exponential", "sgm_uniform", "simple", "beta",
+                              "leading", "linspace", "trailing"]
     assert schema["default"] == "automatic" and "SGM Uniform" in schema["description"]
     refused = asyncio.run(in_session(served.url, lambda session: session.call_tool(
         "generate", {"prompt": "x", "schedule_type": "sideways"})))
@@ -317,7 +369,7 @@ def test_the_image_tools_schedule_type_reaches_the_engine_and_an_unknown_one_is_
     generate, image = (tool.inputSchema["properties"] for tool in mcp.tools)
     assert image["schedule_type"]["enum"] == generate["schedule_type"]["enum"] == list(SCHEDULE_TYPES)
     assert image["schedule_type"]["default"] == "automatic" and "automatic" in image["schedule_type"]["description"]
-    assert tools.optional_inputs()["image_to_image"] == ("schedule_type",)
+    assert tools.optional_inputs()["image_to_image"] == ("schedule_type", *tools.IP_NAMES)
     picture = base64.b64encode(png_bytes(np.full((24, 40, 3), 200, np.uint8))).decode()
     for extra, want in (({"schedule_type": "karras"}, "karras"), ({}, "automatic")):
         asked = asyncio.run(mcp.request_for("image_to_image", {"prompt": "x", "image": picture, "sampler": "UniPC",
