@@ -30,10 +30,10 @@ from sdxl_engine.serving.apis.tools import generate_inputs
 from sdxl_engine.serving.history import RESTORED_FIELDS
 from sdxl_engine.serving.page import (
     BLOG_DEFAULT,
-    EXAMPLES,
     event_inputs,
+    example_loader,
+    examples_for,
     fast_preset_for,
-    load_example,
     lora_names_for,
     lora_tag_adder,
     model_choices,
@@ -154,7 +154,8 @@ def build_demo(requests: Service, config: EngineConfig, engine: EngineContract |
                     info = gr.JSON(label="Details")
         # A Dataset of index type, not gr.Examples: Gradio's own example loader fails with a traceback on
         # an index the page never sends; this one refuses it in one line (page_event).
-        examples = gr.Dataset(components=[prompt, style], samples=[[text, NO_STYLE] for text in EXAMPLES],
+        examples = gr.Dataset(components=[prompt, style], samples=[[text, NO_STYLE] for text in
+                                                                   examples_for(config.model)],
                               type="index", label="Examples (click to fill the prompt and style)", elem_id="examples")
         # The loaded LoRAs: a click adds its <lora:NAME:1> tag to the prompt (the engine reads the tags).
         lora_names = lora_names_for(config)
@@ -210,7 +211,8 @@ def build_demo(requests: Service, config: EngineConfig, engine: EngineContract |
         # The Model dropdown, the presets and what follows a model (serving/page_models.py).
         model_settings = [sampler, num_inference_steps, guidance_scale]
         follow_model = wire_models(engine, config, ModelWidgets(model, model_default, resolution, control.model, fast,
-                                                                note, lora_list, ip.model), prompt, model_settings)
+                                                                note, lora_list, ip.model, examples), prompt,
+                                   model_settings)
         follow_model(wire_history(events, past, pending, finished, last_result, history_gallery, history_note,
                                   clear_history, restored, lambda: offered(engine)))
         # The gallery's selection: Reuse seed, Send to image / Inpaint / Upscale (serving/page_image.py).
@@ -224,8 +226,8 @@ def build_demo(requests: Service, config: EngineConfig, engine: EngineContract |
         # The browser sends the PNG's parameters text only (PNG_SETTINGS_JS): no file reaches the server.
         follow_model(wire_png_restore(engine, config, png_file, restored, png_note))
 
-        examples.click(page_event(load_example), examples, [prompt, style], api_visibility="private", queue=False,
-                       show_progress="hidden")
+        examples.click(page_event(example_loader(config.model)), [examples, model], [prompt, style],
+                       api_visibility="private", queue=False, show_progress="hidden", preprocess=False)
         lora_list.click(page_event(lora_tag_adder(engine, config)), [lora_list, prompt, model], prompt,
                         api_visibility="private", queue=False, show_progress="hidden", preprocess=False)
 

@@ -38,13 +38,20 @@ from sdxl_engine.serving.page_assets import MODEL_NOTES, REAL_SDXL_HINT
 
 LOG = logging.getLogger(__name__)
 
-# Prompts in the vocabulary of the default model, tiny-shapes (assets/tiny-shapes/vocabulary.txt).
+# Prompts in the vocabulary of the default model, tiny-shapes (assets/tiny-shapes/vocabulary.txt): the examples of the
+# built-in models (tiny-random's images are noise whatever the prompt).
 EXAMPLES = ["a red circle on a blue background", "a large green square at the top", "a small yellow star on the left",
             "a purple triangle on a white background", "a large pink cross in the centre on a black background"]
+# Every other model's (real SDXL): the blog's prompt first, then the kinds of picture SDXL is shown with.
+SDXL_EXAMPLES = ["a photograph of an astronaut riding a horse",
+                 "a watercolor painting of a lighthouse on a cliff at sunset",
+                 "a close-up portrait of an old fisherman, dramatic lighting, 85mm photo",
+                 "an isometric illustration of a cozy coffee shop, pastel colors",
+                 "a red fox in a snowy forest, morning light, highly detailed"]
 # No style in the examples: a style's added words ("anime artwork ...") pull tiny-shapes' images off the prompt.
 # The blog's setting (the config's own defaults), one click away when a model's engine_defaults.json chose another.
 BLOG_DEFAULT = (EngineConfig.sampler, EngineConfig.num_inference_steps)
-WIDGETS_FOLLOWING = 7  # model_widgets' updates (page_models.ModelWidgets.following)
+WIDGETS_FOLLOWING = 8  # model_widgets' updates (page_models.ModelWidgets.following)
 
 
 def lora_names_for(config: EngineConfig) -> list[str]:
@@ -321,9 +328,9 @@ def chosen_model(engine: EngineContract | None, name: str | None) -> tuple[str, 
 
 def model_settings(engine: EngineContract | None, name: str | None) -> tuple:
     """The page's Model dropdown changed to ``name``: what follows it, as updates for (sampler, steps, guidance
-    scale, then :func:`model_widgets`' seven: the Model default button, resolution, ControlNet model, the few-steps
-    preset's button, the model note, the LoRA list, the IP-Adapter model). The first three
-    and the button take that model's own defaults (:func:`chosen_model`), as a request for it through any API that
+    scale, then :func:`model_widgets`' eight: the Model default button, resolution, ControlNet model, the few-steps
+    preset's button, the model note, the LoRA list, the IP-Adapter model, the examples). The first three and the
+    button take that model's own defaults (:func:`chosen_model`), as a request for it through any API that
     sets none of them runs; the rest as :func:`model_widgets`. Nothing changes before the engine is ready, or for
     a model whose engine_defaults.json the engine refuses.
 
@@ -339,11 +346,11 @@ def model_settings(engine: EngineContract | None, name: str | None) -> tuple:
 def model_widgets(engine: EngineContract | None, name: str | None, size: str | None = None) -> tuple:
     """The widgets that follow the Model dropdown besides the settings (:func:`model_settings`), as updates for
     (the Model default button, resolution, ControlNet model, the few-steps preset's button, the model note, the
-    LoRA list, the IP-Adapter model): the button's label of the model's defaults, its sizes, fitting ControlNets
-    and IP-Adapters once loaded (else resolution "model default" and the lists as they are), the preset when it
-    has the LoRA, the note of a built-in model (:func:`model_note`; hidden for others) and the LoRAs its requests
-    may tag. ``size``: a resolution
-    ("WxH") to keep as the value (a restored one) when the model's sizes have it. After a restore (a history image,
+    LoRA list, the IP-Adapter model, the examples): the button's label of the model's defaults, its sizes, fitting
+    ControlNets and IP-Adapters once loaded (else resolution "model default" and the lists as they are), the preset
+    when it has the LoRA, the note of a built-in model (:func:`model_note`; hidden for others), the LoRAs its
+    requests may tag and its example prompts (:func:`examples_for`). ``size``: a resolution ("WxH") to keep as the
+    value (a restored one) when the model's sizes have it. After a restore (a history image,
     a PNG) set the dropdown itself. Nothing changes before the engine is ready or for a model it refuses.
 
     Raises LookupError (page_event) for a name the engine does not offer."""
@@ -362,6 +369,7 @@ def _widgets_for(engine: EngineContract, model: str, defaults: EngineConfig, siz
     note = model_note(model)
     following = (gr.update(value=note, visible=bool(note)),
                  gr.update(samples=[[f"<lora:{n}:1>"] for n in loras], visible=bool(loras)))
+    examples = gr.update(samples=[[text, NO_STYLE] for text in examples_for(model)])
     if limits is None:  # not loaded yet: its sizes and the ControlNets that fit it are known once it is
         restored = [(size.replace("x", " × "), size)] if isinstance(size, str) and SIZE.fullmatch(size) and \
             size != "0x0" else []
@@ -376,7 +384,8 @@ def _widgets_for(engine: EngineContract, model: str, defaults: EngineConfig, siz
         controlnets = gr.update(choices=names, value=names[0] if names else "")
         ips = [name for name, _ in limits.ip_adapters]
         ip_adapters = gr.update(choices=ips, value=ips[0] if ips else "")
-    return gr.update(value=model_default_label(defaults)), resolution, controlnets, fast, *following, ip_adapters
+    return (gr.update(value=model_default_label(defaults)), resolution, controlnets, fast, *following, ip_adapters,
+            examples)
 
 
 def model_default_settings(engine: EngineContract | None, config: EngineConfig, name: str | None,
@@ -426,11 +435,25 @@ def page_event(fn: Callable) -> Callable:
     return guarded
 
 
-def load_example(index: int) -> tuple[str, str]:
-    """The page's example ``index``: (its prompt, no style). Raises IndexError for an index the page never sends."""
-    if type(index) is not int or not 0 <= index < len(EXAMPLES):
-        raise IndexError(f"no example {index!r}")
-    return EXAMPLES[index], NO_STYLE
+def examples_for(model: str | None) -> list[str]:
+    """The example prompts the page shows for ``model``: tiny-shapes' vocabulary for the built-in models
+    (:data:`EXAMPLES`), real SDXL prompts for every other (:data:`SDXL_EXAMPLES`)."""
+    return EXAMPLES if model in MODEL_NOTES else SDXL_EXAMPLES
+
+
+def example_loader(default_model: str) -> Callable[[int, str | None], tuple[str, str]]:
+    """The page event of the examples: ``load_example(index, model)`` is the example ``index`` of those shown for
+    the Model dropdown's ``model`` (:func:`examples_for`; ``default_model``'s when it names none; the page sends both
+    as they are): (its prompt, no style). It raises IndexError for an index the page never sends, TypeError for a
+    model that is no name."""
+    def load_example(index: int, model: str | None = None) -> tuple[str, str]:
+        if model is not None and not isinstance(model, str):
+            raise TypeError(f"model {type(model).__name__}")
+        shown = examples_for(model or default_model)
+        if type(index) is not int or not 0 <= index < len(shown):
+            raise IndexError(f"no example {index!r}")
+        return shown[index], NO_STYLE
+    return load_example
 
 
 def model_note(model: str) -> str:

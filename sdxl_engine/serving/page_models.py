@@ -36,8 +36,8 @@ from sdxl_engine.serving.page_image import editor_tools
 @dataclasses.dataclass
 class ModelWidgets:
     """The Model dropdown and the widgets that follow it besides the settings: the Model default button, the
-    resolution, the ControlNet model, the few-steps preset's button, the model note, the LoRA list and the
-    IP-Adapter model (page.model_widgets' order)."""
+    resolution, the ControlNet model, the few-steps preset's button, the model note, the LoRA list, the
+    IP-Adapter model and the examples (page.model_widgets' order)."""
 
     model: gr.Dropdown
     default: gr.Button
@@ -47,10 +47,12 @@ class ModelWidgets:
     note: gr.Markdown
     loras: gr.Dataset
     ip_model: gr.Dropdown
+    examples: gr.Dataset
 
     @property
     def following(self) -> list:
-        return [self.default, self.resolution, self.control_model, self.fast, self.note, self.loras, self.ip_model]
+        return [self.default, self.resolution, self.control_model, self.fast, self.note, self.loras, self.ip_model,
+                self.examples]
 
 
 def offered(engine: EngineContract | None) -> list[str]:

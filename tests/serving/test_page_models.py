@@ -74,7 +74,8 @@ def updated(update):
 def test_a_loaded_model_brings_its_defaults_sizes_and_controlnets():
     engine = Catalogued()
     engine.loaded["b"] = LIMITS_B
-    sampler, steps, guidance, button, resolution, controlnet, fast, note, loras, ip = model_settings(engine, "b")
+    sampler, steps, guidance, button, resolution, controlnet, fast, note, loras, ip, examples = model_settings(engine,
+                                                                                                           "b")
     assert (sampler, steps, guidance) == ("DPM++ 2M", 6, 2.0)
     assert updated(button) == {"value": "Model default (DPM++ 2M, 6 steps)"}
     assert updated(fast) == {"visible": False}  # b has no LoRA named lcm: no few-steps preset for it
@@ -91,6 +92,23 @@ def test_a_loaded_model_brings_its_defaults_sizes_and_controlnets():
     assert updated(back[6]) == {"visible": True}
     assert updated(back[8]) == {"samples": [["<lora:lcm:1>"], ["<lora:ink:1>"]], "visible": True}
     assert updated(back[9]) == {"choices": ["ip-a"], "value": "ip-a"}
+    assert updated(examples)["samples"][0] == ["a photograph of an astronaut riding a horse", "(No style)"]
+
+
+def test_the_examples_follow_the_model(monkeypatch):
+    """A built-in model shows tiny-shapes' example prompts, another real SDXL ones, and a click loads the example
+    the chosen model shows (the default model's when the dropdown names none); an index past them is refused."""
+    from sdxl_engine.serving import page
+
+    monkeypatch.setattr(page, "MODEL_NOTES", {"a": "Model `a`. "})
+    assert updated(model_settings(Catalogued(), "a")[10])["samples"][0] == [page.EXAMPLES[0], "(No style)"]
+    load = page.example_loader("a")
+    assert load(0, "a") == load(0, None) == (page.EXAMPLES[0], "(No style)")
+    assert load(0, "b") == (page.SDXL_EXAMPLES[0], "(No style)")
+    with pytest.raises(IndexError, match="no example 5"):
+        load(5, "b")
+    with pytest.raises(TypeError):
+        load(0, {"junk": 1})
 
 
 def test_the_note_follows_the_model(monkeypatch):
@@ -218,9 +236,9 @@ def test_the_page_wires_the_dropdown_and_the_model_default_button_once():
     ids = {b.elem_id: b._id for b in demo.blocks.values() if getattr(b, "elem_id", None)}
     named = {f.fn.__name__: f for f in demo.fns.values() if f.fn is not None}
     choose, default = named["choose_model"], named["chosen_model_default"]
-    assert [b._id for b in choose.inputs] == [ids["model"]] and len(choose.outputs) == 10
+    assert [b._id for b in choose.inputs] == [ids["model"]] and len(choose.outputs) == 11
     assert [b._id for b in choose.outputs][3:] == [ids["model-default"], ids["resolution"], ids["control-model"],
                                                    ids["fast-preset"], ids["model-note"], ids["loras"],
-                                                   ids["ip-model"]]
+                                                   ids["ip-model"], ids["examples"]]
     assert [b._id for b in default.inputs] == [ids["model"], ids["prompt"]] and len(default.outputs) == 4
     assert sum(f.fn.__name__ == "follow_model" for f in demo.fns.values() if f.fn is not None) == 2  # both restores
