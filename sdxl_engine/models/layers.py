@@ -200,7 +200,7 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, heads: int, *, is_causal
     took a third of a 256² request's time (docs/benchmarks.md, "Against the blog's own pipeline"). On a TPU
     that path writes and reads every float32 score matrix in HBM (at 1024² a self-attention over 4096 tokens
     holds 10 x 4096² of them per image): the Pallas kernels are chosen there (docs/benchmarks.md, "On a TPU v5e
-    chip": the whole-row kernel ran SDXL's self-attentions in 0.58-0.70x the flash kernel's time).
+    chip": the whole-row kernel ran SDXL's self-attentions in 0.58-0.71x the flash kernel's time).
     """
     b, t, d = q.shape
     implementation = resolve_attention(implementation, t, k.shape[1], is_causal, heads, d // heads)
