@@ -41,7 +41,6 @@ from sdxl_engine.engine.control_preprocess import (
     preprocess,
 )
 from sdxl_engine.engine.errors import InvalidRequest
-from sdxl_engine.models.controlnet_union import CONTROL_TYPES
 
 CONTROL_MODES = ("Balanced", "My prompt is more important", "ControlNet is more important")
 # sd-webui-controlnet's older names of the resize modes (args.py ``check_resize_mode``).
@@ -51,6 +50,12 @@ MAX_WEIGHT = 2.0  # sd-webui-controlnet's ``weight`` bound (args.py: ge 0, le 2)
 PROCESSOR_RES = (64, 2048)  # its resolution slider's bounds; -1 = the module's default
 MAX_CONTROL_SIDE = 8192  # pixels: a control image larger than this is refused before any resize
 MAX_UNION_IMAGES = 4  # control images one ControlNet-Union unit may carry (each count is its own program)
+# diffusers' control_mode indices (xinsir's ControlNetPlus ``TASKNAME2ID``; ProMax adds tile and repaint), and what
+# each covers. sd-webui-controlnet's names (its ``ControlNetUnionControlType`` values) are the fronts' business.
+# Kept here, not in models/controlnet_union.py: the settings' check (serving/main.prepare) imports this module before
+# JAX, and the model never reads the names.
+CONTROL_TYPES = {"openpose": 0, "depth": 1, "hed": 2, "pidi": 2, "scribble": 2, "ted": 2, "canny": 3, "lineart": 3,
+                 "anime_lineart": 3, "mlsd": 3, "normal": 4, "segment": 5, "tile": 6, "repaint": 7}
 # each union control type's name in infotexts (the first of CONTROL_TYPES' names for its index)
 TYPE_NAMES = tuple(next(name for name, i in CONTROL_TYPES.items() if i == k)
                    for k in range(max(CONTROL_TYPES.values()) + 1))

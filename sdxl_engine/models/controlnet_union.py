@@ -39,11 +39,6 @@ from sdxl_engine.models.controlnet import ControlNetConfig, ControlNetModel
 from sdxl_engine.models.layers import LayerNorm, Linear, timestep_embedding
 from sdxl_engine.models.unet import TimestepEmbedding
 
-# diffusers' control_mode indices (xinsir's ControlNetPlus ``TASKNAME2ID``; ProMax adds tile and repaint), and what
-# each covers. sd-webui-controlnet's names (its ``ControlNetUnionControlType`` values) are the fronts' business.
-CONTROL_TYPES = {"openpose": 0, "depth": 1, "hed": 2, "pidi": 2, "scribble": 2, "ted": 2, "canny": 3, "lineart": 3,
-                 "anime_lineart": 3, "mlsd": 3, "normal": 4, "segment": 5, "tile": 6, "repaint": 7}
-
 
 @dataclasses.dataclass(frozen=True)
 class ControlNetUnionConfig(ControlNetConfig):

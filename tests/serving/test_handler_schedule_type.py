@@ -38,4 +38,4 @@ def test_an_unknown_schedule_type_is_refused_naming_the_field(tiny_shapes_engine
     with pytest.raises(gr.Error) as err:
         page_generate(tiny_shapes_engine, "a red circle", schedule_type="sideways", files_dir=tmp_path, **SETTINGS)
     assert err.value.message == ("schedule_type: unknown schedule type 'sideways'; choose one of automatic, uniform, "
-                                 "karras, exponential, sgm_uniform, simple, beta")
+                                 "karras, exponential, sgm_uniform, simple, beta, leading, linspace, trailing")

@@ -70,15 +70,20 @@ def home(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def app2(home):
-    app = loadtest.ServedApp(["--replicas", "2", *REPLICA_ARGS],
-                             # a preview every 5 steps: the previews through Ray come whatever this machine's pace
-                             env={"SDXL_FAULT_INJECTION": "1", "HOME": str(home), "SDXL_PREVIEW_EVERY": "5"})
-    try:
-        # Generous: both replicas may compile at once on a loaded machine (no earlier app warmed the cache).
-        app.wait_for("[replicas] 2 of 2 replicas ready", timeout=600)
-    except RuntimeError:
-        app.stop()
-        raise
+    for attempt in range(2):
+        app = loadtest.ServedApp(["--replicas", "2", *REPLICA_ARGS],
+                                 # a preview every 5 steps: the previews through Ray come whatever this machine's pace
+                                 env={"SDXL_FAULT_INJECTION": "1", "HOME": str(home), "SDXL_PREVIEW_EVERY": "5"})
+        try:
+            # Generous: both replicas may compile at once on a loaded machine (no earlier app warmed the cache).
+            app.wait_for("[replicas] 2 of 2 replicas ready", timeout=600)
+            break
+        except RuntimeError:
+            app.stop()
+            # The free port the test chose before the start can be taken by one of Ray's own processes (its
+            # workers listen on ports of their own) before Gradio binds it: once, start again on another port.
+            if attempt or "Cannot find empty port" not in app.log:
+                raise
     yield app
     if app.proc.poll() is None:
         app.stop()
