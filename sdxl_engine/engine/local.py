@@ -594,17 +594,23 @@ class Engine:
     def _fitting_ip_adapters(self, loaded: loading.LoadedModel, strict: bool) -> dict:
         """{name: LoadedIPAdapter} of the server's IP-Adapters that fit the model ``loaded`` (checkpoint/ip_adapter
         .check_fits); one that does not, as :meth:`_fitting_controlnets`."""
-        adapters = {}
-        for name, adapter in self.ip_adapters.items():
+        return self._fitting("IP-Adapter", self.ip_adapters, lambda a: ip_adapter_mod.check_fits(a, loaded.unet),
+                             loaded.name, strict)
+
+    def _fitting(self, kind: str, addons: dict, check: Callable, model: str, strict: bool) -> dict:
+        """{name: add-on} of ``addons`` that ``check`` passes for ``model``; one it refuses (ModelLoadError): with
+        ``strict`` the error stops the start, else it is left out for this model (one log line)."""
+        fitting = {}
+        for name, addon in addons.items():
             try:
-                ip_adapter_mod.check_fits(adapter, loaded.unet)
+                check(addon)
             except loading.ModelLoadError as err:
                 if strict:
                     raise
-                self._warn(f"[sdxl_engine] IP-Adapter {name} is left out for {loaded.name}: {err}")
+                self._warn(f"[sdxl_engine] {kind} {name} is left out for {model}: {err}")
                 continue
-            adapters[name] = adapter
-        return adapters
+            fitting[name] = addon
+        return fitting
 
     @staticmethod
     def _ip_adapter(params: dict, ip: IPAdapterArrays | None, inputs: ProgramInputs,
@@ -621,18 +627,10 @@ class Engine:
         """{name: LoadedControlNet} of the server's ControlNets that fit the model ``loaded``
         (checkpoint/controlnet.check_fits). One that does not: with ``strict`` (the default model) its ModelLoadError
         stops the start; else it is left out for this model (one log line; units naming it are refused for it)."""
-        nets = {}
-        for name, net in self.controlnets.items():
-            try:
-                controlnet_mod.check_fits(net, loaded.components["unet"], loaded.vae_scale_factor,
-                                          loaded.latent_channels)
-            except loading.ModelLoadError as err:
-                if strict:
-                    raise
-                self._warn(f"[sdxl_engine] ControlNet {name} is left out for {loaded.name}: {err}")
-                continue
-            nets[name] = net
-        return nets
+        return self._fitting("ControlNet", self.controlnets,
+                             lambda net: controlnet_mod.check_fits(net, loaded.components["unet"],
+                                                                   loaded.vae_scale_factor, loaded.latent_channels),
+                             loaded.name, strict)
 
     @staticmethod
     def _control(params: dict, control: ControlArrays | None, inputs: ProgramInputs,
