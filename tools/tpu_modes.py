@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from datetime import UTC, datetime
@@ -24,13 +25,17 @@ from pathlib import Path
 import numpy as np
 
 PROMPT = "a photograph of an astronaut riding a horse"
-MODES = ("txt2img", "img2img", "inpaint", "controlnet", "hires", "lcm")
+MODES = ("txt2img", "img2img", "inpaint", "controlnet", "hires", "lcm", "lightning", "union", "ip_adapter")
+# CLIP ViT-H/14's vision tower (laion2B; h94/IP-Adapter's models/image_encoder/config.json): Plus SDXL's encoder
+VIT_H = dict(hidden_size=1280, intermediate_size=5120, projection_dim=1024, num_hidden_layers=32,
+             num_attention_heads=16, image_size=224, patch_size=14, hidden_act="gelu", layer_norm_eps=1e-5)
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "sdxl_engine" / "checkpoint" / "configs" / "sdxl-base-1.0"
 
 
 def mode_fields(mode: str, size: int) -> dict:
     """The request fields (``to_request``'s names) of one mode at ``size``² (hires: made at half, upscaled 2x)."""
     from sdxl_engine.engine.control import ControlUnit
+    from sdxl_engine.engine.ip_adapter import IPAdapterUnit
 
     rng = np.random.default_rng(0)
     picture = rng.integers(0, 256, (size, size, 3), dtype=np.uint8)
@@ -45,31 +50,76 @@ def mode_fields(mode: str, size: int) -> dict:
         "controlnet": {"control_units": (ControlUnit(image=edges, model="controlnet-random"),)},
         "hires": {"width": size // 2, "height": size // 2, "hires_scale": 2.0, "hires_strength": 0.7},
         "lcm": {"sampler": "LCM", "num_inference_steps": 4, "guidance_scale": 1.0},
+        # SDXL-Lightning 4-step's recipe (checkpoint/recipes.py): Euler, trailing timesteps, no CFG
+        "lightning": {"sampler": "Euler", "num_inference_steps": 4, "guidance_scale": 0.0, "schedule_type": "trailing"},
+        "union": {"control_units": (ControlUnit(image=edges, model="controlnet-union-random", control_type="canny"),)},
+        "ip_adapter": {"ip_adapter_units": (IPAdapterUnit(image=picture[: size // 2], model="ip-adapter-plus_random"),)},
     }[mode]
 
 
-def write_controlnet(out: Path, model: str) -> Path:
-    """A random ControlNet for ``model``'s UNet (bfloat16 safetensors) in ``out``, made on the devices: SDXL's
-    full-size one for ``sdxl-base-random``."""
+def _model_configs(model: str) -> tuple[dict, dict]:
+    """``model``'s UNet and VAE config.json dicts (SDXL 1.0 base's for ``sdxl-base-random``)."""
+    from sdxl_engine.checkpoint import builtin
+
+    folder = CONFIG_DIR if model == "sdxl-base-random" else builtin.model_path(model, "")
+    return tuple(json.loads((folder / part / "config.json").read_text()) for part in ("unet", "vae"))
+
+
+def _write_random(name: str, config: dict, file: Path, seed: int = 0) -> None:
+    """Component ``name`` of ``config`` with random bfloat16 weights, made on the devices, as safetensors ``file``
+    (checkpoint keys: the files people download) with ``config`` as config.json beside it where the loader reads
+    it."""
     import jax
     import jax.numpy as jnp
 
-    from sdxl_engine.checkpoint import builtin
     from sdxl_engine.checkpoint.weights import save_params
     from sdxl_engine.models import build_component
+
+    component = build_component(name, config)
+    params = jax.jit(lambda key: jax.tree.map(lambda x: x.astype(jnp.bfloat16), component.init(key)))(
+        jax.random.key(seed))
+    file.parent.mkdir(parents=True, exist_ok=True)
+    save_params({k: np.asarray(v) for k, v in params.items()}, file)
+
+
+def write_controlnet(out: Path, model: str, union: bool = False) -> Path:
+    """A random ControlNet (``union``: a ControlNet-Union, xinsir's six control types) for ``model``'s UNet in
+    ``out`` (config.json + bfloat16 safetensors): SDXL's full-size one for ``sdxl-base-random``."""
     from tools.bench_controlnet import controlnet_config
 
-    folder = CONFIG_DIR if model == "sdxl-base-random" else builtin.model_path(model, "")
-    vae = json.loads((folder / "vae" / "config.json").read_text())
-    config = controlnet_config(json.loads((folder / "unet" / "config.json").read_text()),
-                               2 ** (len(vae["block_out_channels"]) - 1))
-    component = build_component("controlnet", config)
-    params = jax.jit(lambda key: jax.tree.map(lambda x: x.astype(jnp.bfloat16), component.init(key)))(
-        jax.random.key(0))
+    unet, vae = _model_configs(model)
+    config = controlnet_config(unet, 2 ** (len(vae["block_out_channels"]) - 1))
+    if union:
+        width = config["block_out_channels"][0]  # the union's tokens are the first block's width (320 in SDXL)
+        config = {**config, "_class_name": "ControlNetUnionModel", "num_control_type": 6, "num_trans_channel": width,
+                  "num_proj_channel": width, "num_trans_head": max(1, width // 40)}
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(config, indent=2))
-    save_params({k: np.asarray(v) for k, v in params.items()}, out / "diffusion_pytorch_model.safetensors")
+    _write_random("controlnet_union" if union else "controlnet", config, out / "diffusion_pytorch_model.safetensors")
     return out
+
+
+def write_ip_adapter(out: Path, model: str) -> Path:
+    """A random IP-Adapter Plus for ``model``'s UNet in h94's layout: ``out``/ip-adapter-plus_random.safetensors and
+    its image encoder in ``out``/image_encoder (CLIP ViT-H/14's vision tower, :data:`VIT_H`, as
+    ip-adapter-plus_sdxl_vit-h's; a tiny model gets a small one). Returns the adapter file."""
+    from sdxl_engine.models import UNetConfig
+    from sdxl_engine.models.ip_adapter import cross_attention_layers
+
+    unet = UNetConfig.from_dict(_model_configs(model)[0])
+    encoder = VIT_H if model == "sdxl-base-random" else {**VIT_H, "hidden_size": 64, "intermediate_size": 128,
+                                                        "projection_dim": 32, "num_hidden_layers": 2,
+                                                        "num_attention_heads": 2, "image_size": 56}
+    (out / "image_encoder").mkdir(parents=True, exist_ok=True)
+    (out / "image_encoder" / "config.json").write_text(json.dumps(
+        {"architectures": ["CLIPVisionModelWithProjection"], **encoder}, indent=2))
+    _write_random("image_encoder", encoder, out / "image_encoder" / "model.safetensors", seed=1)
+    width = encoder["hidden_size"]
+    adapter = dict(projection="plus", image_embed_dim=width, cross_attention_dim=unet.cross_attention_dim[-1],
+                   tokens=16, widths=[w for _, w in cross_attention_layers(unet)], plus_dim=width,
+                   plus_heads=width // 64, plus_depth=4)
+    _write_random("ip_adapter", adapter, out / "ip-adapter-plus_random.safetensors", seed=2)
+    return out / "ip-adapter-plus_random.safetensors"
 
 
 def run_job(service, fields: dict, seed: int) -> dict:
@@ -117,10 +167,14 @@ def main(argv=None) -> None:
                 "num_inference_steps": 20, "guidance_scale": 5.0, "sampler": "Euler", "progress": True,
                 "precompile": "off", "max_run_seconds": 0,
                 **({"cpu_devices": args.cpu_devices} if args.cpu_devices else {})}
-    if "controlnet" in modes:
-        t0 = time.perf_counter()
-        settings["controlnet"] = str(write_controlnet(args.out / "controlnet-random", args.model))
-        report["controlnet_written_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    nets = [write_controlnet(args.out / f"controlnet{kind}-random", args.model, union=bool(kind))
+            for kind in ("", "-union") if f"{kind[1:] or 'controlnet'}" in modes]
+    if nets:
+        settings["controlnet"] = os.pathsep.join(map(str, nets))
+    if "ip_adapter" in modes:
+        settings["ip_adapter"] = str(write_ip_adapter(args.out / "ip-adapter", args.model))
+    report["addons_written_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     engine = Engine(EngineConfig.load(settings), log=lambda line: None).start()
     report.update(start_s=time.perf_counter() - t0, startup=dict(engine.startup), device=engine.device_summary)
