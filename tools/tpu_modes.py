@@ -176,7 +176,10 @@ def main(argv=None) -> None:
         settings["ip_adapter"] = str(write_ip_adapter(args.out / "ip-adapter", args.model))
     report["addons_written_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    engine = Engine(EngineConfig.load(settings), log=lambda line: None).start()
+    print(json.dumps({"addons_written_s": report["addons_written_s"]}), flush=True)
+    begun = time.perf_counter()
+    engine = Engine(EngineConfig.load(settings), log=lambda line: print(
+        f"[{time.perf_counter() - begun:6.1f} s] {line}", file=sys.stderr, flush=True)).start()
     report.update(start_s=time.perf_counter() - t0, startup=dict(engine.startup), device=engine.device_summary)
     service = Service(engine, slots=1, limit=4)
     try:
