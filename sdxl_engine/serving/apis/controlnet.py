@@ -28,7 +28,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from PIL import Image
 
-from sdxl_engine.engine.control import ControlUnit, detect, model_name_of
+from sdxl_engine.engine.control import UNION_TYPES, ControlUnit, detect, model_name_of
 from sdxl_engine.engine.control_preprocess import MODULES, module_name
 from sdxl_engine.engine.errors import InvalidRequest
 from sdxl_engine.engine.ip_adapter import IPAdapterUnit
@@ -52,9 +52,6 @@ SLIDERS = {"canny": (("Low Threshold", 100, 1, 255, 1), ("High Threshold", 200, 
 # IP-Adapter is loaded. Its face ones (ip-adapter_face_id*: insightface embeddings) are refused by name.
 IP_MODULES = ("ip-adapter-auto", "ip-adapter_clip_sdxl", "ip-adapter_clip_sdxl_plus_vith", "ip-adapter_clip_h")
 IP_PASSED = ("weight", "guidance_start", "guidance_end")  # an IP-Adapter unit's fields passed as they are
-# sd-webui-controlnet's ControlNetUnionControlType (scripts/enums.py): its values in index order (diffusers' and
-# xinsir's control_mode), "Unknown" last (no type: read from the module here).
-UNION_TYPES = ("OpenPose", "Depth", "Soft Edge", "Hard Edge", "Normal Map", "Segmentation", "Tile", "Inpaint")
 # Its ``from_str`` (the type filter's tags) and the module names' leading words: -> the type's index.
 UNION_TAGS = {"openpose": 0, "dw": 0, "depth": 1, "softedge": 2, "scribble": 2, "hed": 2, "pidi": 2, "canny": 3,
               "lineart": 3, "mlsd": 3, "invert": 3, "normal": 4, "normalmap": 4, "segmentation": 5, "seg": 5,
