@@ -66,7 +66,8 @@ def test_the_control_section_shows_with_a_controlnet_and_turns_its_upload_into_g
         assert section.box.visible is shown and section.example.visible is False
     assert section.model.choices == [("cn-a", "cn-a"), ("canny-xl", "canny-xl")] and section.model.value == "cn-a"
     assert [c.elem_id for c in section.inputs] == ["control-image", "control-model", "control-weight",
-                                                   "control-start", "control-end", "control-module"]
+                                                   "control-start", "control-end", "control-module", "control-type"]
+    assert section.control_type.visible is False and section.unions == {}  # no union among them
     assert len(section.inputs) == len(CONTROL_NAMES)
     picture = np.zeros((48, 80, 3), np.uint8)
     picture[:, :40] = 255

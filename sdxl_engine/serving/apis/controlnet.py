@@ -113,6 +113,13 @@ def ip_unit(values: dict, model: str, field: str) -> IPAdapterUnit:
                          **{k: values[k] for k in IP_PASSED if k in values and values[k] is not None})
 
 
+def module_union_type(module: str) -> int | None:
+    """The union control type (its index) of the map a preprocessor makes, by the module's first word (``canny``,
+    ``invert``, ``lineart_standard``: Hard Edge; ``scribble_xdog``: Soft Edge; ``tile_resample``, ``blur_gaussian``:
+    Tile); None for ``none`` (the picture is the map: any type)."""
+    return UNION_TAGS.get(str(module).split("_")[0]) if module else None
+
+
 def union_type(values: dict, module: str, field: str) -> int | str:
     """A ControlNet-Union unit's control type: ``union_control_type`` (the extension's value or tag; "Unknown" or
     absent: not given), else ``control_type`` (the engine's: a diffusers name or index, checked by the engine), else
@@ -131,7 +138,7 @@ def union_type(values: dict, module: str, field: str) -> int | str:
         return given  # an index: the engine checks it against the model's types
     if values.get("control_type") not in (None, ""):
         return values["control_type"]
-    index = UNION_TAGS.get(module.split("_")[0])
+    index = module_union_type(module)
     if index is None:
         raise ApiError(422, f"{field}.union_control_type: the unit's model is a ControlNet-Union and its module "
                             f"{module!r} names no control type; send union_control_type (one of "
