@@ -324,9 +324,11 @@ def control_section(config: EngineConfig, engine: EngineContract | None = None) 
             weight = gr.Slider(0.0, 2.0, value=1.0, step=0.05, label="Control weight", elem_id="control-weight")
             start = gr.Slider(0.0, 1.0, value=0.0, step=0.05, label="Starting step (share)", elem_id="control-start")
             end = gr.Slider(0.0, 1.0, value=1.0, step=0.05, label="Ending step (share)", elem_id="control-end")
-        # A ControlNet-Union's control type: what the picture is (an edge map, a depth map, a pose...).
-        kind = control_type_choice(unions, names[0] if names else "", module="none")
-        control_type = gr.Dropdown(kind.choices, value=kind.value, visible=kind.visible, elem_id="control-type",
+        # A ControlNet-Union's control type: what the picture is (an edge map, a depth map, a pose...). Built
+        # hidden at None, the API's default (Gradio's API takes a widget's first value as its input's default: a
+        # gradio_client call naming a union and no type is refused, as the tools' default ""), and set by the
+        # page's load for the chosen ControlNet (wire_control_section).
+        control_type = gr.Dropdown([], value=None, visible=False, elem_id="control-type",
                                    label="Control type (ControlNet-Union: what the control image is)")
         values = shipped_example(config, names)
         example = gr.Button("Example outline",
@@ -419,8 +421,8 @@ def wire_control_section(section: ControlSection, demo, prompt: gr.Textbox) -> N
                          api_visibility="private")
     section.preview.click(page_event(detected_map), [section.image, section.module], section.detected,
                           api_visibility="private", preprocess=False)  # detect checks the module by name
-    for changed, follow_module in ((section.model, False), (section.module, True)):
-        changed.change(page_event(lambda model, current, module, follow=follow_module: control_type_choice(
+    for changed, follow_module in ((section.model.change, False), (section.module.change, True), (demo.load, False)):
+        changed(page_event(lambda model, current, module, follow=follow_module: control_type_choice(
             section.unions, model, current, module, follow)), [section.model, section.control_type, section.module],
             section.control_type, api_visibility="private", queue=False, show_progress="hidden", preprocess=False)
     if section.example_values is not None:
