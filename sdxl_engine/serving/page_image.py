@@ -320,16 +320,16 @@ def control_section(config: EngineConfig, engine: EngineContract | None = None) 
             preview = gr.Button("Preview", size="sm", elem_id="control-preview")
             model = gr.Dropdown(names, value=names[0] if names else "", allow_custom_value=True, label="ControlNet",
                                 elem_id="control-model")
+            # A ControlNet-Union's control type: what the picture is (an edge map, a depth map, a pose...). Built
+            # hidden at None, the API's default (Gradio's API takes a widget's first value as its input's default: a
+            # gradio_client call naming a union and no type is refused, as the tools' default ""), with every type's
+            # name (what view_api lists), and set by the page's load for the chosen ControlNet (wire_control_section).
+            control_type = gr.Dropdown(list(UNION_TYPES), value=None, visible=False, elem_id="control-type",
+                                       label="Control type", info="ControlNet-Union: what the control image is")
         with gr.Row():
             weight = gr.Slider(0.0, 2.0, value=1.0, step=0.05, label="Control weight", elem_id="control-weight")
             start = gr.Slider(0.0, 1.0, value=0.0, step=0.05, label="Starting step (share)", elem_id="control-start")
             end = gr.Slider(0.0, 1.0, value=1.0, step=0.05, label="Ending step (share)", elem_id="control-end")
-        # A ControlNet-Union's control type: what the picture is (an edge map, a depth map, a pose...). Built
-        # hidden at None, the API's default (Gradio's API takes a widget's first value as its input's default: a
-        # gradio_client call naming a union and no type is refused, as the tools' default ""), and set by the
-        # page's load for the chosen ControlNet (wire_control_section).
-        control_type = gr.Dropdown([], value=None, visible=False, elem_id="control-type",
-                                   label="Control type (ControlNet-Union: what the control image is)")
         values = shipped_example(config, names)
         example = gr.Button("Example outline",
                             size="sm", visible=values is not None, elem_id="control-example")
