@@ -260,7 +260,7 @@ def control_unions(config: EngineConfig, engine: EngineContract | None = None) -
     """{name: control types} of the server's ControlNet-Unions: those of the ControlNets ``--controlnet``,
     ``--controlnet-dir`` and the model's own name, read from their config files (checkpoint/controlnet.union_types:
     the page knows them before the engine has loaded them), then the engine's once ready (Limits.controlnet_unions)."""
-    paths = [Path(p) for p in (getattr(config, "controlnet", "") or "").split(os.pathsep) if p]
+    paths = [Path(p).expanduser() for p in (getattr(config, "controlnet", "") or "").split(os.pathsep) if p]
     folder = Path(getattr(config, "controlnet_dir", "") or "").expanduser()
     if getattr(config, "controlnet_dir", "") and folder.is_dir():
         paths += sorted(folder.iterdir())
