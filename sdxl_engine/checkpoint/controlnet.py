@@ -147,6 +147,26 @@ def controlnet_sources(entries: str, folder: str, separator: str = os.pathsep,
     return sources
 
 
+def union_types(path: Path) -> int:
+    """How many control types the ControlNet at ``path`` (a folder or a single file) takes, read from its config
+    alone, before it loads (the page shows a union's Control type from it): a ControlNet-Union's ``num_control_type``
+    (diffusers' default 6), 0 for a plain ControlNet or a config that is not there or not readable (its loading says
+    why)."""
+    path = Path(path)
+    for candidate in ([path / "config.json"] if path.is_dir() else [path.with_suffix(".json"),
+                                                                    path.parent / "config.json"]):
+        if candidate.is_file():
+            try:
+                config = json.loads(candidate.read_text())
+            except (OSError, ValueError):
+                return 0
+            if not isinstance(config, dict) or config.get("_class_name") != "ControlNetUnionModel":
+                return 0
+            types = config.get("num_control_type", 6)
+            return types if type(types) is int and types > 0 else 0
+    return 0
+
+
 def _read_config(path: Path) -> dict:
     try:
         config = json.loads(path.read_text())

@@ -16,9 +16,9 @@ The semantics are AUTOMATIC1111's sd-webui-controlnet (``scripts/hook.py``, ``sc
   prompt's half only (the negative prompt's rows get none).
 * **Several units** add their residuals.
 * **ControlNet-Union** (diffusers' ``StableDiffusionXLControlNetUnionPipeline``): a unit of a union model names
-  each image's control type (``control_type``: diffusers' names and indices, :data:`CONTROL_TYPES`), and may carry
-  several images, one type each, in one call; its weight scales the residuals (one image) or each image's share
-  (several), as diffusers' ``controlnet_conditioning_scale``.
+  each image's control type (``control_type``: sd-webui-controlnet's names, :data:`UNION_TYPES`, diffusers' names,
+  :data:`CONTROL_TYPES`, or indices), and may carry several images, one type each, in one call; its weight scales
+  the residuals (one image) or each image's share (several), as diffusers' ``controlnet_conditioning_scale``.
 * **Hires fix** (``hr_option`` "Both"): both passes, the control image fitted to each pass's size; in the second pass
   a unit whose module is canny (or mlsd) gets the soft scales (hook.py ``high_res_fix_forced_soft_injection``).
 """
@@ -51,14 +51,16 @@ PROCESSOR_RES = (64, 2048)  # its resolution slider's bounds; -1 = the module's 
 MAX_CONTROL_SIDE = 8192  # pixels: a control image larger than this is refused before any resize
 MAX_UNION_IMAGES = 4  # control images one ControlNet-Union unit may carry (each count is its own program)
 # diffusers' control_mode indices (xinsir's ControlNetPlus ``TASKNAME2ID``; ProMax adds tile and repaint), and what
-# each covers. sd-webui-controlnet's names (its ``ControlNetUnionControlType`` values) are the fronts' business.
-# Kept here, not in models/controlnet_union.py: the settings' check (serving/main.prepare) imports this module before
-# JAX, and the model never reads the names.
+# each covers. Kept here, not in models/controlnet_union.py: the settings' check (serving/main.prepare) imports this
+# module before JAX, and the model never reads the names.
 CONTROL_TYPES = {"openpose": 0, "depth": 1, "hed": 2, "pidi": 2, "scribble": 2, "ted": 2, "canny": 3, "lineart": 3,
                  "anime_lineart": 3, "mlsd": 3, "normal": 4, "segment": 5, "tile": 6, "repaint": 7}
-# each union control type's name in infotexts (the first of CONTROL_TYPES' names for its index)
-TYPE_NAMES = tuple(next(name for name, i in CONTROL_TYPES.items() if i == k)
-                   for k in range(max(CONTROL_TYPES.values()) + 1))
+# The same types by sd-webui-controlnet's names (scripts/enums.py ``ControlNetUnionControlType`` values), in index
+# order: what every front shows and takes (the page's Control type, /generate's and MCP's control_type, A1111's
+# union_control_type) and what the infotext writes. A 6-type union (xinsir's first) takes the first six.
+UNION_TYPES = ("OpenPose", "Depth", "Soft Edge", "Hard Edge", "Normal Map", "Segmentation", "Tile", "Inpaint")
+# each name a unit's control_type may be (any case): diffusers' and the extension's
+TYPE_INDEX = {**CONTROL_TYPES, **{name.lower(): k for k, name in enumerate(UNION_TYPES)}}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,10 +83,10 @@ class ControlUnit:
         module: the preprocessor (engine/control_preprocess.py: none, canny, invert, tile_resample, blur_gaussian,
             scribble_xdog, lineart_standard).
         threshold_a, threshold_b: the preprocessor's two sliders (canny: low, high); -1: its defaults.
-        control_type: a ControlNet-Union unit's control type per image: a name of :data:`CONTROL_TYPES` ("canny",
-            "depth", "openpose", ...) or diffusers' index (0 .. the model's types - 1), or a list of them, one per
-            image of ``image`` (then a list of images: several types in one unit). None for a plain ControlNet.
-            Validated: a tuple of indices.
+        control_type: a ControlNet-Union unit's control type per image: a name of :data:`UNION_TYPES` ("Hard
+            Edge", "Depth", ...) or of :data:`CONTROL_TYPES` ("canny", "depth", "openpose", ...), any case, or
+            diffusers' index (0 .. the model's types - 1), or a list of them, one per image of ``image`` (then a
+            list of images: several types in one unit). None for a plain ControlNet. Validated: a tuple of indices.
     """
 
     image: object = dataclasses.field(default=None, compare=False)
@@ -148,21 +150,22 @@ def as_control_image(field: str, image) -> np.ndarray:
 
 
 def as_control_types(field: str, value, types: int) -> tuple[int, ...]:
-    """A union unit's ``control_type`` as indices: a name of :data:`CONTROL_TYPES` or an index below ``types`` (the
-    model's count), or a list of them. Raises InvalidRequest naming ``field``."""
+    """A union unit's ``control_type`` as indices: a name of :data:`UNION_TYPES` or :data:`CONTROL_TYPES` (any case)
+    or an index below ``types`` (the model's count), or a list of them. Raises InvalidRequest naming ``field``."""
     values = list(value) if isinstance(value, (list, tuple)) else [value]
-    if value is None or not values:
-        raise InvalidRequest(field, f"a ControlNet-Union unit needs a control type per image: one of "
-                                    f"{', '.join(CONTROL_TYPES)} (or 0..{types - 1})")
+    offered = (f"one of {', '.join(UNION_TYPES[:types])} (or diffusers' {', '.join(CONTROL_TYPES)}; or "
+               f"0..{types - 1})")
+    if value is None or value == "" or not values:
+        raise InvalidRequest(field, f"a ControlNet-Union unit needs a control type per image: {offered}")
     out = []
     for v in values:
-        index = CONTROL_TYPES.get(v.strip().lower()) if isinstance(v, str) else v
+        index = TYPE_INDEX.get(v.strip().lower()) if isinstance(v, str) else v
         if isinstance(index, bool) or not isinstance(index, numbers.Integral):
-            raise InvalidRequest(field, f"unknown control type {v!r}: one of {', '.join(CONTROL_TYPES)} (or "
-                                        f"0..{types - 1})")
+            raise InvalidRequest(field, f"unknown control type {v!r}: {offered}")
         if not 0 <= index < types:
             raise InvalidRequest(field, f"control type {v!r} (index {index}): this ControlNet-Union has {types} types "
-                                        f"(0..{types - 1}; tile 6 and repaint 7 are ProMax's)")
+                                        f"({', '.join(UNION_TYPES[:types])}; Tile and Inpaint (tile 6, repaint 7) "
+                                        "are ProMax's)")
         out.append(int(index))
     return tuple(out)
 
@@ -359,8 +362,9 @@ def unit_infotext(u: ControlUnit, title: str, module: str | None = None) -> str:
               ("Threshold B", u.threshold_b if u.threshold_b >= 0 else (b if b is not None else -1.0)),
               ("Guidance Start", u.guidance_start), ("Guidance End", u.guidance_end),
               ("Pixel Perfect", u.pixel_perfect), ("Control Mode", u.control_mode)]
-    if u.control_type:  # a union unit's types (not in sd-webui-controlnet's infotext, which has no field)
-        fields.append(("Union Control Type", " + ".join(TYPE_NAMES[t] for t in u.control_type)))
+    if u.control_type:  # a union unit's types: the extension's ControlNetUnit field union_control_type, as its
+        # serialize writes a field (args.py field_to_displaytext, the enum's value), so its parse reads one type back
+        fields.append(("Union Control Type", " + ".join(UNION_TYPES[t] for t in u.control_type)))
     return ", ".join(f"{name}: {value}" for name, value in fields)
 
 

@@ -15,16 +15,18 @@ from pathlib import Path
 import gradio as gr
 import numpy as np
 
+from sdxl_engine.checkpoint.controlnet import union_types
 from sdxl_engine.checkpoint.loading import model_controlnets
 from sdxl_engine.config import EngineConfig
 from sdxl_engine.engine.contract import EngineContract
-from sdxl_engine.engine.control import detect
+from sdxl_engine.engine.control import UNION_TYPES, detect, model_name_of
 from sdxl_engine.engine.control_preprocess import MODULES
 from sdxl_engine.engine.errors import InvalidRequest
 from sdxl_engine.engine.image_upscale import IMAGE_UPSCALERS
 from sdxl_engine.engine.validation import DEFAULT_IMAGE_UPSCALER
 from sdxl_engine.service import delivery
 from sdxl_engine.serving import gradio_internals, guard, image_input
+from sdxl_engine.serving.apis.controlnet import module_union_type
 from sdxl_engine.serving.apis.errors import ApiError
 from sdxl_engine.serving.apis.tools import IP_NAMES, image_event_inputs, upscale_event_inputs
 from sdxl_engine.serving.apis.uploads import decode_image
@@ -209,8 +211,10 @@ class ControlSection:
     """The page's ControlNet section (shown when a ControlNet is loaded): ``upload`` (the file; a private event
     turns it into ``image``, base64 PNG text: /generate's ``control_image``, so gradio_client and the page send the
     same, and shows it in ``picture`` and in ``upload`` itself as the app's PNG), the preprocessor ``module`` with
-    ``preview`` (the detected map into ``detected``), the ControlNet ``model``, ``weight``, ``start`` and ``end``;
-    ``example`` (a model's shipped ControlNet's example.json: tiny-shapes' canny ControlNet's star outline)."""
+    ``preview`` (the detected map into ``detected``), the ControlNet ``model``, ``weight``, ``start`` and ``end``,
+    the ``control_type`` (shown while ``model`` is a ControlNet-Union: :func:`control_type_choice`; ``unions``, the
+    server's {name: control types}); ``example`` (a model's shipped ControlNet's example.json: tiny-shapes' canny
+    ControlNet's star outline)."""
 
     box: gr.Accordion
     upload: gr.File
@@ -223,18 +227,21 @@ class ControlSection:
     weight: gr.Slider
     start: gr.Slider
     end: gr.Slider
+    control_type: gr.Dropdown  # a ControlNet-Union's control type (UNION_TYPES' names); hidden at None otherwise
     example: gr.Button  # fills the section (and the prompt) with a shipped ControlNet's example; hidden without one
     example_values: tuple | None = None  # (base64 PNG, picture, module, ControlNet name, prompt) of that example
+    unions: dict = dataclasses.field(default_factory=dict)  # {ControlNet name: its control types}, the unions'
 
     @property
     def named(self) -> dict:
         """/generate's control inputs by their names (apis/tools.CONTROL_NAMES): {name: component}."""
         return {"control_image": self.image, "control_model": self.model, "control_weight": self.weight,
-                "control_start": self.start, "control_end": self.end, "control_module": self.module}
+                "control_start": self.start, "control_end": self.end, "control_module": self.module,
+                "control_type": self.control_type}
 
     @property
     def inputs(self) -> list:
-        """/generate's control inputs, in apis/tools.CONTROL_INPUTS' order."""
+        """/generate's control inputs, in apis/tools.CONTROL_NAMES' order."""
         return list(self.named.values())
 
 
@@ -249,6 +256,39 @@ def controlnet_names(config: EngineConfig) -> list[str]:
     return names + [name for name in shipped if name not in names]
 
 
+def control_unions(config: EngineConfig, engine: EngineContract | None = None) -> dict[str, int]:
+    """{name: control types} of the server's ControlNet-Unions: those of the ControlNets ``--controlnet``,
+    ``--controlnet-dir`` and the model's own name, read from their config files (checkpoint/controlnet.union_types:
+    the page knows them before the engine has loaded them), then the engine's once ready (Limits.controlnet_unions)."""
+    paths = [Path(p).expanduser() for p in (getattr(config, "controlnet", "") or "").split(os.pathsep) if p]
+    folder = Path(getattr(config, "controlnet_dir", "") or "").expanduser()
+    if getattr(config, "controlnet_dir", "") and folder.is_dir():
+        paths += sorted(folder.iterdir())
+    shipped = model_controlnets(config.model) if getattr(config, "model_controlnets", False) else {}
+    found = {(p.name[:-len(".safetensors")] if p.name.endswith(".safetensors") else p.name): union_types(p)
+             for p in [*paths, *map(Path, shipped.values())]}
+    limits = getattr(engine, "limits", None) if engine is not None and engine.ready.is_set() else None
+    found.update(dict(getattr(limits, "controlnet_unions", ()) or ()))
+    return {name: types for name, types in found.items() if types}
+
+
+def control_type_choice(unions: dict[str, int], model, current=None, module=None, follow_module: bool = False):
+    """The Control type dropdown for the ControlNet ``model`` (``unions``: :func:`control_unions`): hidden at None
+    (no control type sent: a plain ControlNet takes none) unless ``model`` is a union; then its types' names
+    (engine/control.UNION_TYPES: 6 or ProMax's 8) with, as the value, the ``current`` one while the union has it,
+    else the type of the map the preprocessor ``module`` makes (apis/controlnet.module_union_type: canny, Hard
+    Edge), else the first. ``follow_module``: the preprocessor changed: its type wins over ``current``."""
+    types = unions.get(model_name_of(model), 0)
+    if not types:
+        return gr.Dropdown(choices=[], value=None, visible=False)
+    choices = list(UNION_TYPES[:types])
+    by_module = module_union_type(module)
+    by_module = choices[by_module] if by_module is not None and by_module < types else None
+    value = (by_module if follow_module and by_module else current if current in choices else
+             by_module or choices[0])
+    return gr.Dropdown(choices=choices, value=value, visible=True)
+
+
 CONTROL_BOX_PX = 240  # the ControlNet section's two picture boxes (the picture, the detected map): CSS pixels
 CONTROL_UPLOAD_PX = 140  # its file box: the drop zone with its three lines (at 90 its label hid the first)
 
@@ -258,6 +298,7 @@ def control_section(config: EngineConfig, engine: EngineContract | None = None) 
     ControlNet; the model list is the engine's once it is ready (Limits.controlnets), else the flags' names."""
     limits = getattr(engine, "limits", None) if engine is not None and engine.ready.is_set() else None
     names = [name for name, _ in limits.controlnets] if limits is not None else controlnet_names(config)
+    unions = control_unions(config, engine)
     with gr.Accordion("ControlNet", open=False, visible=bool(names or config.controlnet_dir),
                       elem_id="controlnet-box") as box:
         # A file box, not an image box: Gradio's image box shows an upload by asking the server for it, and an
@@ -279,6 +320,12 @@ def control_section(config: EngineConfig, engine: EngineContract | None = None) 
             preview = gr.Button("Preview", size="sm", elem_id="control-preview")
             model = gr.Dropdown(names, value=names[0] if names else "", allow_custom_value=True, label="ControlNet",
                                 elem_id="control-model")
+            # A ControlNet-Union's control type: what the picture is (an edge map, a depth map, a pose...). Built
+            # hidden at None, the API's default (Gradio's API takes a widget's first value as its input's default: a
+            # gradio_client call naming a union and no type is refused, as the tools' default ""), with every type's
+            # name (what view_api lists), and set by the page's load for the chosen ControlNet (wire_control_section).
+            control_type = gr.Dropdown(list(UNION_TYPES), value=None, visible=False, elem_id="control-type",
+                                       label="Control type", info="ControlNet-Union: what the control image is")
         with gr.Row():
             weight = gr.Slider(0.0, 2.0, value=1.0, step=0.05, label="Control weight", elem_id="control-weight")
             start = gr.Slider(0.0, 1.0, value=0.0, step=0.05, label="Starting step (share)", elem_id="control-start")
@@ -287,7 +334,7 @@ def control_section(config: EngineConfig, engine: EngineContract | None = None) 
         example = gr.Button("Example outline",
                             size="sm", visible=values is not None, elem_id="control-example")
     return ControlSection(box, upload, picture, image, module, preview, detected, model, weight, start, end,
-                          example, values)
+                          control_type, example, values, unions)
 
 
 def shipped_example(config: EngineConfig, names: list[str]) -> tuple | None:
@@ -365,7 +412,8 @@ def wire_control_section(section: ControlSection, demo, prompt: gr.Textbox) -> N
     """The section's own events, private: the upload encoded into ``image`` and shown again, in the picture's box
     and the file box, as the app's PNG (guard.CONTROL_EVENT: the one event besides the image event whose call may
     name an upload; :func:`picture_function`), its removal emptying ``image`` (in the browser), Preview's detected
-    map, and the example button filling the picture, preprocessor, ControlNet and ``prompt``."""
+    map, the example button filling the picture, preprocessor, ControlNet and ``prompt``, and the Control type
+    following the ControlNet and the preprocessor (:func:`control_type_choice`: shown for a union only)."""
     section.upload.upload(page_event(picture_function(demo)), section.upload,
                           [section.image, section.picture, section.upload],
                           api_name=guard.CONTROL_EVENT, api_visibility="private", preprocess=False)
@@ -373,6 +421,10 @@ def wire_control_section(section: ControlSection, demo, prompt: gr.Textbox) -> N
                          api_visibility="private")
     section.preview.click(page_event(detected_map), [section.image, section.module], section.detected,
                           api_visibility="private", preprocess=False)  # detect checks the module by name
+    for changed, follow_module in ((section.model.change, False), (section.module.change, True), (demo.load, False)):
+        changed(page_event(lambda model, current, module, follow=follow_module: control_type_choice(
+            section.unions, model, current, module, follow)), [section.model, section.control_type, section.module],
+            section.control_type, api_visibility="private", queue=False, show_progress="hidden", preprocess=False)
     if section.example_values is not None:
         values = section.example_values
         section.example.click(lambda: values, None, [section.image, section.picture, section.module, section.model,

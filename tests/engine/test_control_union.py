@@ -24,9 +24,9 @@ def check(*units):
     return validate_units(list(units), LOADED, 3, unions=UNIONS)
 
 
-def test_a_union_units_types_are_diffusers_names_or_indices():
-    """Names (any case, diffusers' TASKNAME2ID and ProMax's tile/repaint) and indices become indices; several
-    images carry one type each; a plain ControlNet's unit keeps none."""
+def test_a_union_units_types_are_the_extensions_or_diffusers_names_or_indices():
+    """Names (any case: sd-webui-controlnet's, diffusers' TASKNAME2ID and ProMax's tile/repaint) and indices become
+    indices; several images carry one type each; a plain ControlNet's unit keeps none."""
     (one,) = check(ControlUnit(image=picture(), model="union", control_type=" Lineart"))
     assert one.control_type == (3,) and one.image.shape == (48, 80, 3)
     (two,) = check(ControlUnit(image=[picture(), picture(shade=90)], model="union", control_type=["depth", 6]))
@@ -34,12 +34,16 @@ def test_a_union_units_types_are_diffusers_names_or_indices():
     for name, index in (("openpose", 0), ("hed", 2), ("scribble", 2), ("mlsd", 3), ("normal", 4), ("segment", 5),
                         ("repaint", 7)):
         assert check(ControlUnit(image=picture(), model="union", control_type=name))[0].control_type == (index,)
+    for name, index in (("OpenPose", 0), ("soft edge", 2), ("Hard Edge", 3), ("Normal Map", 4),
+                        ("Segmentation", 5), ("Tile", 6), ("inpaint", 7)):  # sd-webui-controlnet's names
+        assert check(ControlUnit(image=picture(), model="union", control_type=name))[0].control_type == (index,)
     (plain,) = check(ControlUnit(image=picture(), model="canny-xl"))
     assert plain.control_type is None and len(plain.images) == 1
 
 
 @pytest.mark.parametrize("unit,field,words", [
     (dict(model="union"), "control_units[0].control_type", "needs a control type"),
+    (dict(model="union", control_type=""), "control_units[0].control_type", "one of OpenPose, Depth, Soft Edge"),
     (dict(model="union", control_type="pose"), "control_units[0].control_type", "unknown control type 'pose'"),
     (dict(model="union6", control_type="tile"), "control_units[0].control_type", "ProMax"),
     (dict(model="union", control_type=8), "control_units[0].control_type", "has 8 types"),
@@ -73,7 +77,7 @@ def test_the_arrays_hold_each_images_type_in_unit_order():
 def test_the_infotext_names_a_union_units_types():
     units = check(ControlUnit(image=(picture(), picture()), model="union", control_type=("lineart", 1)))
     assert infotext(units, {"union": "union [e3b0c442]"})["ControlNet 0"].endswith(
-        "Control Mode: Balanced, Union Control Type: canny + depth")
+        "Control Mode: Balanced, Union Control Type: Hard Edge + Depth")
 
 
 def test_a_request_reads_the_unions_from_its_limits():

@@ -18,9 +18,12 @@ def test_page_builder_with_fake_engine():
     assert names[7:] == ["style", "sampler", "refiner_switch_at", "control_image", "control_model", "control_weight",
                          "control_start", "control_end", "control_module", "model", "schedule_type",
                          "ip_adapter_image", "ip_adapter_model", "ip_adapter_weight", "ip_adapter_start",
-                         "ip_adapter_end"]
+                         "ip_adapter_end", "control_type"]
     assert api["parameters"][7]["parameter_has_default"]
-    assert [p["parameter_has_default"] for p in api["parameters"]] == [False] + [True] * 22
+    assert [p["parameter_has_default"] for p in api["parameters"]] == [False] + [True] * 23
+    assert api["parameters"][-1]["parameter_default"] is None  # control_type: none, a plain ControlNet's
+    assert api["parameters"][-1]["python_type"]["type"] == ("Literal['OpenPose', 'Depth', 'Soft Edge', 'Hard Edge', "
+                                                            "'Normal Map', 'Segmentation', 'Tile', 'Inpaint']")
     assert api["parameters"][9]["parameter_default"] == 1  # no refiner loaded: "1 = no refiner"
     assert api["parameters"][8]["python_type"]["type"] == ("Literal['Euler', 'Euler a', 'DPM++ 2M', "
                                                            "'DPM++ 2M Karras', 'DPM++ 2M SDE', 'DPM++ 3M SDE', "

@@ -66,7 +66,8 @@ def test_the_control_section_shows_with_a_controlnet_and_turns_its_upload_into_g
         assert section.box.visible is shown and section.example.visible is False
     assert section.model.choices == [("cn-a", "cn-a"), ("canny-xl", "canny-xl")] and section.model.value == "cn-a"
     assert [c.elem_id for c in section.inputs] == ["control-image", "control-model", "control-weight",
-                                                   "control-start", "control-end", "control-module"]
+                                                   "control-start", "control-end", "control-module", "control-type"]
+    assert section.control_type.visible is False and section.unions == {}  # no union among them
     assert len(section.inputs) == len(CONTROL_NAMES)
     picture = np.zeros((48, 80, 3), np.uint8)
     picture[:, :40] = 255
@@ -215,3 +216,34 @@ def test_the_ip_adapter_section_shows_with_an_adapter_and_its_values_reach_the_r
     assert (unit.model, unit.weight, unit.guidance_start, unit.guidance_end) == ("ip-adapter_sdxl", 0.6, 0.2, 0.9)
     np.testing.assert_array_equal(unit.image, picture)
     assert got[-1].field("ip_adapter_units[0].weight") == "ip_adapter_weight"  # a refusal names the page's input
+
+
+def test_the_control_type_shows_for_a_union_with_its_types_and_follows_the_preprocessor():
+    """Issue #60: page_image.control_unions reads which ControlNets are unions from their config files, before the
+    engine loads them (the union fixture: 8 types; cn-a plain; a path that is not there: none); control_type_choice
+    shows the union's type names (6 for xinsir's first union, ProMax's 8), keeps a type the union has, takes the
+    preprocessor's (canny: Hard Edge; scribble_xdog: Soft Edge) when it changes or nothing else says, and hides at
+    None for a plain ControlNet (nothing sent)."""
+    from types import SimpleNamespace
+
+    from sdxl_engine.checkpoint.controlnet import union_types
+    from sdxl_engine.serving.page_image import control_type_choice, control_unions
+
+    config = SimpleNamespace(controlnet="tests/fixtures/tiny-pt-controlnet/cn-a:tests/fixtures/tiny-pt-controlnet-union"
+                             "/union:x/gone.safetensors", controlnet_dir="", model="tiny-random",
+                             model_controlnets=True)
+    assert control_unions(config) == {"union": 8}
+    assert union_types("tests/fixtures/tiny-pt-controlnet-union/union") == 8
+    assert union_types("tests/fixtures/tiny-pt-controlnet/cn-a") == 0 and union_types("x/gone.safetensors") == 0
+    unions = {"union": 8, "first": 6}
+    plain = control_type_choice(unions, "cn-a", "Depth", "canny")
+    assert (plain.visible, plain.value, plain.choices) == (False, None, [])
+    shown = control_type_choice(unions, "union [e3b0c442]", None, "none")
+    assert shown.visible and shown.value == "OpenPose" and [c[0] for c in shown.choices] == [
+        "OpenPose", "Depth", "Soft Edge", "Hard Edge", "Normal Map", "Segmentation", "Tile", "Inpaint"]
+    assert [c[0] for c in control_type_choice(unions, "first", None, "none").choices][-1] == "Segmentation"
+    assert control_type_choice(unions, "union", None, "canny").value == "Hard Edge"
+    assert control_type_choice(unions, "union", "Depth", "canny").value == "Depth"  # the ControlNet changed: kept
+    assert control_type_choice(unions, "union", "Depth", "scribble_xdog", True).value == "Soft Edge"
+    assert control_type_choice(unions, "union", "Depth", "none", True).value == "Depth"  # none names no type
+    assert control_type_choice(unions, "first", "Tile", "tile_resample").value == "OpenPose"  # ProMax's only

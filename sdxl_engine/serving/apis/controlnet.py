@@ -28,7 +28,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from PIL import Image
 
-from sdxl_engine.engine.control import ControlUnit, detect, model_name_of
+from sdxl_engine.engine.control import UNION_TYPES, ControlUnit, detect, model_name_of
 from sdxl_engine.engine.control_preprocess import MODULES, module_name
 from sdxl_engine.engine.errors import InvalidRequest
 from sdxl_engine.engine.ip_adapter import IPAdapterUnit
@@ -52,9 +52,18 @@ SLIDERS = {"canny": (("Low Threshold", 100, 1, 255, 1), ("High Threshold", 200, 
 # IP-Adapter is loaded. Its face ones (ip-adapter_face_id*: insightface embeddings) are refused by name.
 IP_MODULES = ("ip-adapter-auto", "ip-adapter_clip_sdxl", "ip-adapter_clip_sdxl_plus_vith", "ip-adapter_clip_h")
 IP_PASSED = ("weight", "guidance_start", "guidance_end")  # an IP-Adapter unit's fields passed as they are
-# sd-webui-controlnet's ControlNetUnionControlType (scripts/enums.py): its values in index order (diffusers' and
-# xinsir's control_mode), "Unknown" last (no type: read from the module here).
-UNION_TYPES = ("OpenPose", "Depth", "Soft Edge", "Hard Edge", "Normal Map", "Segmentation", "Tile", "Inpaint")
+# sd-webui-controlnet's control types (its preprocessors' tags, scripts/supported_preprocessor.py) for this server's
+# /controlnet/control_types: each tag's modules among this server's (the extension's tags of them) and the union
+# control type it is (enums.py ControlNetUnionControlType.from_str, engine/control.UNION_TYPES' index): a loaded
+# ControlNet-Union is listed under each tag whose type it has.
+CONTROL_TAGS = {"Canny": (("canny", "invert"), 3), "Depth": ((), 1), "Inpaint": ((), 7),
+                "Lineart": (("lineart_standard", "invert"), 3), "MLSD": (("invert",), 3), "NormalMap": ((), 4),
+                "OpenPose": ((), 0), "Scribble": (("scribble_xdog", "invert"), 2), "Segmentation": ((), 5),
+                "SoftEdge": ((), 2), "Tile": (("tile_resample", "blur_gaussian"), 6)}
+# The words a plain model's name has for a tag (supported_preprocessor.py ``tag_to_filters``: the tag and its
+# aliases), as the extension files a model under a type by its name.
+TAG_WORDS = {"segmentation": ("seg",), "normalmap": ("normal",), "openpose": ("densepose",), "scribble": ("sketch",),
+             "tile": ("blur",), "ip-adapter": ("ip_adapter", "ipadapter")}
 # Its ``from_str`` (the type filter's tags) and the module names' leading words: -> the type's index.
 UNION_TAGS = {"openpose": 0, "dw": 0, "depth": 1, "softedge": 2, "scribble": 2, "hed": 2, "pidi": 2, "canny": 3,
               "lineart": 3, "mlsd": 3, "invert": 3, "normal": 4, "normalmap": 4, "segmentation": 5, "seg": 5,
@@ -116,6 +125,13 @@ def ip_unit(values: dict, model: str, field: str) -> IPAdapterUnit:
                          **{k: values[k] for k in IP_PASSED if k in values and values[k] is not None})
 
 
+def module_union_type(module: str) -> int | None:
+    """The union control type (its index) of the map a preprocessor makes, by the module's first word (``canny``,
+    ``invert``, ``lineart_standard``: Hard Edge; ``scribble_xdog``: Soft Edge; ``tile_resample``, ``blur_gaussian``:
+    Tile); None for ``none`` (the picture is the map: any type)."""
+    return UNION_TAGS.get(str(module).split("_")[0]) if module else None
+
+
 def union_type(values: dict, module: str, field: str) -> int | str:
     """A ControlNet-Union unit's control type: ``union_control_type`` (the extension's value or tag; "Unknown" or
     absent: not given), else ``control_type`` (the engine's: a diffusers name or index, checked by the engine), else
@@ -134,7 +150,7 @@ def union_type(values: dict, module: str, field: str) -> int | str:
         return given  # an index: the engine checks it against the model's types
     if values.get("control_type") not in (None, ""):
         return values["control_type"]
-    index = UNION_TAGS.get(module.split("_")[0])
+    index = module_union_type(module)
     if index is None:
         raise ApiError(422, f"{field}.union_control_type: the unit's model is a ControlNet-Union and its module "
                             f"{module!r} names no control type; send union_control_type (one of "
@@ -219,6 +235,34 @@ def module_detail(name: str) -> dict:
     return {"model_free": name == "none", "sliders": sliders}
 
 
+def control_type_entry(modules: list[str], models: list[str]) -> dict:
+    """One type of /controlnet/control_types (the extension's ``format_control_type``): its modules ("none" first)
+    and models ("None" first), each default the second entry when there is one (global_state.select_control_type,
+    Preprocessor.get_default_preprocessor)."""
+    modules, models = ["none", *(m for m in modules if m != "none")], ["None", *models]
+    return {"module_list": modules, "model_list": models, "default_option": modules[min(1, len(modules) - 1)],
+            "default_model": models[min(1, len(models) - 1)]}
+
+
+def control_types(loaded: dict[str, str], unions: dict[str, int], ip_loaded: dict[str, str]) -> dict:
+    """sd-webui-controlnet's ``GET /controlnet/control_types`` body for this server: {"control_types": {tag:
+    {module_list, model_list, default_option, default_model}}}, "All" first (every module and model), then each
+    tag of :data:`CONTROL_TAGS` (its modules; the plain ControlNets whose name has the tag's word, as the extension
+    files them, and the ControlNet-Unions of ``unions`` ({name: control types}) that have its type), and
+    "IP-Adapter" while one is loaded. ``loaded``, ``ip_loaded``: {name: "name [hash]"} (:func:`loaded_of`)."""
+    ip = IP_MODULES if ip_loaded else ()
+    types = {"All": {"module_list": [*MODULES, *ip], "model_list": ["None", *loaded.values(), *ip_loaded.values()],
+                     "default_option": "none", "default_model": "None"}}
+    for tag, (modules, kind) in CONTROL_TAGS.items():
+        words = (tag.lower(), *TAG_WORDS.get(tag.lower(), ()))
+        models = [title for name, title in loaded.items() if kind < unions.get(name, 0) or
+                  name not in unions and any(word in name.lower() for word in words)]
+        types[tag] = control_type_entry(list(modules), models)
+    if ip_loaded:
+        types["IP-Adapter"] = control_type_entry(list(IP_MODULES), list(ip_loaded.values()))
+    return {"control_types": types}
+
+
 def _png_b64(image: np.ndarray) -> str:
     buffer = io.BytesIO()
     Image.fromarray(image).save(buffer, format="PNG")
@@ -227,8 +271,9 @@ def _png_b64(image: np.ndarray) -> str:
 
 def router(engine) -> APIRouter:
     """The extension's routes (scripts/api.py): ``GET /controlnet/version``, ``model_list`` (the loaded ones as
-    "name [hash]"), ``module_list`` (with ``module_detail``), ``settings``, ``POST /controlnet/detect`` (the
-    preprocessors, engine/control.detect, on the host: no device time)."""
+    "name [hash]"), ``module_list`` (with ``module_detail``), ``control_types`` (:func:`control_types`),
+    ``settings``, ``POST /controlnet/detect`` (the preprocessors, engine/control.detect, on the host: no device
+    time)."""
     api = APIRouter(prefix="/controlnet")
 
     @api.get("/version")
@@ -245,6 +290,11 @@ def router(engine) -> APIRouter:
         return {"module_list": [*MODULES, *ip],
                 "module_detail": {**{name: module_detail(name) for name in MODULES},
                                   **{name: {"model_free": False, "sliders": []} for name in ip}}}
+
+    @api.get("/control_types")
+    async def control_types_route():
+        unions = dict(getattr(engine.limits, "controlnet_unions", ()) or ())
+        return control_types(loaded_of(engine), unions, loaded_of(engine, "ip_adapters"))
 
     @api.get("/settings")
     async def settings():

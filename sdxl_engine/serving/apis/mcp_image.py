@@ -54,7 +54,7 @@ def image_tool(requests, config, engine=None) -> Callable:
                              control_start: float = 0.0, control_end: float = 1.0, control_module: str = "none",
                              model: str = "", schedule_type: str = DEFAULT_SCHEDULE_TYPE,
                              ip_adapter_image: str = "", ip_adapter_model: str = "", ip_adapter_weight: float = 1.0,
-                             ip_adapter_start: float = 0.0, ip_adapter_end: float = 1.0,
+                             ip_adapter_start: float = 0.0, ip_adapter_end: float = 1.0, control_type: str = "",
                              request: gr.Request = None) -> tuple[list, dict]:
         while engine is not None and not engine.ready.is_set():
             await asyncio.sleep(0.5)
@@ -63,14 +63,16 @@ def image_tool(requests, config, engine=None) -> Callable:
         try:
             fields, paste_back, w, h = await asyncio.to_thread(tool_inputs, image, mask, strength, width, height,
                                                                default, refiner_switch_at, upscale)
-            fields.update(await asyncio.to_thread(control_fields, control_image, control_model, control_weight,
-                                                  control_start, control_end, control_module))
+            control = await asyncio.to_thread(control_fields, control_image, control_model, control_weight,
+                                              control_start, control_end, control_module, control_type)
             ip = await asyncio.to_thread(ip_fields, ip_adapter_image, ip_adapter_model, ip_adapter_weight,
                                          ip_adapter_start, ip_adapter_end)
         except ApiError as err:
             LOG.info(f"[app] request refused: {API_NAME}: {err.message}")
             raise gr.Error(err.message, print_exception=False) from None
-        names = {**{field: name for field, name in TOOL_FIELDS.items() if field in fields}, **ip.pop("field_names", {})}
+        names = {**{field: name for field, name in TOOL_FIELDS.items() if field in fields},
+                 **control.pop("field_names", {}), **ip.pop("field_names", {})}
+        fields.update(control)
         fields.update(ip)
         try:
             settings = left_out(dict(guidance_scale=guidance_scale, num_inference_steps=num_inference_steps,

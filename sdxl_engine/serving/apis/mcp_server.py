@@ -161,7 +161,7 @@ class McpServer:
             else:
                 control = {}
             ip = await asyncio.to_thread(tools.ip_fields, **{n: values.pop(n) for n in tools.IP_NAMES})
-            ip_names = ip.pop("field_names", {})
+            ip_names = {**control.pop("field_names", {}), **ip.pop("field_names", {})}  # the units' input names
             engine = self.requests.engine
             await wait_started(engine)  # the picture is resized to the model's default size
             if engine.error is not None:

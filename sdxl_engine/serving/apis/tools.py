@@ -17,7 +17,7 @@ import numpy as np
 from PIL import Image
 
 from sdxl_engine.config import EngineConfig
-from sdxl_engine.engine.control import ControlUnit
+from sdxl_engine.engine.control import CONTROL_TYPES, UNION_TYPES, ControlUnit
 from sdxl_engine.engine.control_preprocess import MODULES
 from sdxl_engine.engine.ip_adapter import IPAdapterUnit
 from sdxl_engine.engine.validation import DEFAULT_STRENGTH
@@ -44,6 +44,10 @@ JPEG or WebP (a data URL too); empty = no control. Needs a ControlNet loaded (th
     control_start: the share of the steps where the control begins, 0 to 1
     control_end: the share of the steps where it ends, 0 to 1, not below control_start
     control_module: the preprocessor run on the control image first: {modules} (none = the image is the map)"""
+# The control type's Args line (an input added later: the last of both tools).
+CONTROL_TYPE_DOC = """    control_type: with a ControlNet-Union (xinsir's union / ProMax) as control_model, what the \
+control image is: one of {types} (sd-webui-controlnet's names; Tile and Inpaint are ProMax's), or \
+diffusers' {diffusers}; empty for a plain ControlNet (which takes none)"""
 
 # The IP-Adapter inputs' Args lines, the same in both tools' descriptions.
 IP_DOC = """    ip_adapter_image: optional IP-Adapter: a reference image whose style or subject steers the images, as \
@@ -73,6 +77,7 @@ before the refiner takes over, 0 to below 1 (0 = the refiner alone); 1 = no refi
     schedule_type: the spacing of the sampler's noise levels (A1111's "Schedule type"), one of {schedule_types}; \
 automatic = the sampler's own; DDIM and LCM take automatic only. A1111's labels ({labels}) are taken too
 {ip}
+{control_type}
 Returns:
     the images (PNG, with their generation parameters) and a JSON record: seeds, size, steps, sampler, \
 schedule_type, timings, model
@@ -105,6 +110,7 @@ this factor (Lanczos) and denoised again at the larger size with strength (-1 = 
     schedule_type: the spacing of the sampler's noise levels, as the generate tool takes it: one of \
 {schedule_types}; automatic = the sampler's own
 {ip}
+{control_type}
 Returns:
     the images (PNG, with their generation parameters) and a JSON record: seeds, size, strength, timings
 """
@@ -127,7 +133,14 @@ class Input:
 CONTROL_INPUTS = (Input("control_image", str, ""), Input("control_model", str, ""),
                   Input("control_weight", float, 1.0), Input("control_start", float, 0.0),
                   Input("control_end", float, 1.0), Input("control_module", str, "none"))
-CONTROL_NAMES = tuple(i.name for i in CONTROL_INPUTS)
+# Its control type (a ControlNet-Union's; engine/control.UNION_TYPES' names), added later: last in both tools.
+CONTROL_TYPE = Input("control_type", str, "")
+CONTROL_NAMES = (*(i.name for i in CONTROL_INPUTS), CONTROL_TYPE.name)
+# The engine's fields of that unit (validation's InvalidRequest.field) -> the input a refusal names.
+CONTROL_FIELDS = {"control_units": "control_image", "control_units[0].image": "control_image",
+                  "control_units[0].model": "control_model", "control_units[0].weight": "control_weight",
+                  "control_units[0].guidance_start": "control_start", "control_units[0].guidance_end": "control_end",
+                  "control_units[0].module": "control_module", "control_units[0].control_type": "control_type"}
 # One IP-Adapter unit (engine/ip_adapter.IPAdapterUnit; none without a reference image), last in both tools.
 IP_INPUTS = (Input("ip_adapter_image", str, ""), Input("ip_adapter_model", str, ""),
              Input("ip_adapter_weight", float, 1.0), Input("ip_adapter_start", float, 0.0),
@@ -153,7 +166,7 @@ def generate_inputs(config) -> tuple[Input, ...]:
             Input("height", int, 0), Input("style", str, NO_STYLE, tuple(STYLE_NAMES)),
             Input("sampler", str, config.sampler, tuple(SAMPLERS)),
             Input("refiner_switch_at", float, 0.8 if config.refiner else 1.0), *CONTROL_INPUTS, Input("model", str, ""),
-            Input("schedule_type", str, DEFAULT_SCHEDULE_TYPE, tuple(SCHEDULE_TYPES)), *IP_INPUTS)
+            Input("schedule_type", str, DEFAULT_SCHEDULE_TYPE, tuple(SCHEDULE_TYPES)), *IP_INPUTS, CONTROL_TYPE)
 
 
 FIRST_RELEASE = 9  # /generate's first release took its first nine inputs: a raw call must send at least those
@@ -225,16 +238,18 @@ def request_values(values: dict) -> dict:
     :func:`generate_inputs`' names): the refiner switch as :func:`refiner_switch` reads it (left out for "no
     refiner"), the model as :func:`model_field`, the control inputs as one ControlUnit (:func:`control_fields`;
     none when the call has none: the page's image events), the IP-Adapter inputs as one IPAdapterUnit
-    (:func:`ip_fields`, with the ``field_names`` that make the engine's refusals of it name those inputs) and
-    every other input under its own name (a GenerateRequest field: a new one needs no line here).
+    (:func:`ip_fields`), with the ``field_names`` that make the engine's refusals of either unit name those inputs,
+    and every other input under its own name (a GenerateRequest field: a new one needs no line here).
 
     Raises ApiError 400 naming the control or IP-Adapter input it cannot use."""
     values = dict(values)
     control = control_fields(**{name: values.pop(name) for name in CONTROL_NAMES if name in values})
     ip = ip_fields(**{name: values.pop(name) for name in IP_NAMES if name in values})
+    names = {**control.pop("field_names", {}), **ip.pop("field_names", {})}
     switch = refiner_switch(values.pop("refiner_switch_at", None))
     model = model_field(values.pop("model", None))
-    return {**values, **control, **ip, **model, **({} if switch is None else {"refiner_switch_at": switch})}
+    return {**values, **control, **ip, **model, **({} if switch is None else {"refiner_switch_at": switch}),
+            **({"field_names": names} if names else {})}
 
 
 def image_inputs(config) -> tuple[Input, ...]:
@@ -246,30 +261,39 @@ def image_inputs(config) -> tuple[Input, ...]:
             Input("num_inference_steps", int, config.num_inference_steps), Input("width", int, 0),
             Input("height", int, 0), Input("sampler", str, config.sampler), Input("refiner_switch_at", float, 1.0),
             Input("upscale", float, 1.0), *CONTROL_INPUTS, Input("model", str, ""),
-            Input("schedule_type", str, DEFAULT_SCHEDULE_TYPE, tuple(SCHEDULE_TYPES)), *IP_INPUTS)
+            Input("schedule_type", str, DEFAULT_SCHEDULE_TYPE, tuple(SCHEDULE_TYPES)), *IP_INPUTS, CONTROL_TYPE)
 
 
 def generate_doc(models: list[str] = ()) -> str:
-    """:data:`GENERATE_DOC` with the style, sampler, preprocessor and model names filled in (``models``: the
-    server's, the default first: service/models.names; () before they are known)."""
+    """:data:`GENERATE_DOC` with the style, sampler, preprocessor, control type and model names filled in
+    (``models``: the server's, the default first: service/models.names; () before they are known)."""
     return GENERATE_DOC.format(styles=", ".join(STYLE_NAMES), samplers=", ".join(SAMPLERS),
                                control=CONTROL_DOC.format(modules=", ".join(MODULES)), models=model_doc(models),
                                schedule_types=", ".join(SCHEDULE_TYPES), labels=", ".join(SCHEDULE_TYPES.values()),
-                               ip=IP_DOC)
+                               ip=IP_DOC, control_type=control_type_doc())
 
 
 def image_doc(models: list[str] = ()) -> str:
-    """:data:`IMAGE_DOC` with the preprocessor, model and schedule type names filled in (as :func:`generate_doc`)."""
+    """:data:`IMAGE_DOC` with the preprocessor, control type, model and schedule type names filled in (as
+    :func:`generate_doc`)."""
     return IMAGE_DOC.format(control=CONTROL_DOC.format(modules=", ".join(MODULES)), models=model_doc(models),
-                            schedule_types=", ".join(SCHEDULE_TYPES), ip=IP_DOC)
+                            schedule_types=", ".join(SCHEDULE_TYPES), ip=IP_DOC, control_type=control_type_doc())
+
+
+def control_type_doc() -> str:
+    """:data:`CONTROL_TYPE_DOC` with the union's type names (engine/control.UNION_TYPES, CONTROL_TYPES)."""
+    return CONTROL_TYPE_DOC.format(types=", ".join(UNION_TYPES), diffusers=", ".join(CONTROL_TYPES))
 
 
 def control_fields(control_image: str = "", control_model: str = "", control_weight: float = 1.0,
-                   control_start: float = 0.0, control_end: float = 1.0, control_module: str = "none") -> dict:
-    """The engine's ``control_units`` field for a tool's control inputs (:data:`CONTROL_INPUTS`): {} without a
+                   control_start: float = 0.0, control_end: float = 1.0, control_module: str = "none",
+                   control_type: str = "") -> dict:
+    """The engine's ``control_units`` field for a tool's control inputs (:data:`CONTROL_NAMES`) and the
+    ``field_names`` (:data:`CONTROL_FIELDS`) under which the engine's refusals of it name those inputs: {} without a
     control image, else one ControlUnit of the image (base64, decoded as RGB; the page's widget gives an (H, W, 3)
-    uint8 array), the model, weight, start, end and module (the engine checks their values: an unknown model or
-    module is refused naming it).
+    uint8 array), the model, weight, start, end, module and control type ("" or None: none, a plain ControlNet's;
+    the engine checks their values: an unknown model or module is refused naming it, a union's unit without a
+    type or a plain one with one names ``control_type``).
 
     Raises ApiError 400 naming the input: an image that does not decode, an image without a model."""
     if control_image is None or isinstance(control_image, str) and not control_image:
@@ -279,9 +303,10 @@ def control_fields(control_image: str = "", control_model: str = "", control_wei
                             "/controlnet/model_list)", "control_model")
     image = np.asarray(control_image if not isinstance(control_image, str) else
                        decode_image(control_image, "control_image", mode="RGB"), dtype=np.uint8)
-    return {"control_units": (ControlUnit(image=image, model=control_model, weight=control_weight,
-                                          guidance_start=control_start, guidance_end=control_end,
-                                          module=control_module or "none"),)}
+    unit = ControlUnit(image=image, model=control_model, weight=control_weight, guidance_start=control_start,
+                       guidance_end=control_end, module=control_module or "none",
+                       control_type=control_type if control_type not in (None, "") else None)
+    return {"control_units": (unit,), "field_names": dict(CONTROL_FIELDS)}
 
 
 def ip_fields(ip_adapter_image: str = "", ip_adapter_model: str = "", ip_adapter_weight: float = 1.0,

@@ -269,3 +269,45 @@ def test_a_union_unit_without_a_control_type_is_refused_by_name(sent, words):
     with pytest.raises(ApiError) as err:
         units_of(scripts({"model": "cn-b", "image": b64_png(), **sent}), LOADED, unions=UNIONS)
     assert err.value.param == "alwayson_scripts.controlnet.args[0].union_control_type" and words in err.value.message
+
+
+def test_control_types_lists_modules_and_models_by_type_and_a_union_under_each_type_it_has():
+    """Issue #60: sd-webui-controlnet's GET /controlnet/control_types (scripts/api.py: {tag: {module_list,
+    model_list, default_option, default_model}}): "All" has every module and model; each tag its modules ("none"
+    first) and models ("None" first), the defaults the second entry; a plain ControlNet under the tags its name has
+    (the extension's filter: "canny-xl" under Canny only), a ControlNet-Union under every tag of a type it has (a
+    6-type union not under Tile or Inpaint, ProMax's 8-type one under both); "IP-Adapter" while one is loaded."""
+    from sdxl_engine.engine.control_preprocess import MODULES
+    from sdxl_engine.serving.apis.controlnet import CONTROL_TAGS, IP_MODULES, control_types
+
+    loaded = {"canny-xl": "canny-xl [11111111]", "promax": "promax [22222222]", "union": "union [33333333]",
+              "cn-a": "cn-a"}
+    types = control_types(loaded, {"promax": 8, "union": 6}, {})["control_types"]
+    assert list(types) == ["All", *CONTROL_TAGS] and "IP-Adapter" not in types
+    assert types["All"] == {"module_list": list(MODULES), "model_list": ["None", *loaded.values()],
+                            "default_option": "none", "default_model": "None"}
+    assert types["Canny"] == {"module_list": ["none", "canny", "invert"],
+                              "model_list": ["None", "canny-xl [11111111]", "promax [22222222]", "union [33333333]"],
+                              "default_option": "canny", "default_model": "canny-xl [11111111]"}
+    assert types["Tile"]["model_list"] == ["None", "promax [22222222]"]
+    assert types["Tile"]["module_list"] == ["none", "tile_resample", "blur_gaussian"]
+    assert types["Inpaint"] == {"module_list": ["none"], "model_list": ["None", "promax [22222222]"],
+                                "default_option": "none", "default_model": "promax [22222222]"}
+    for tag in ("OpenPose", "Depth", "SoftEdge", "Scribble", "Lineart", "MLSD", "NormalMap", "Segmentation"):
+        assert types[tag]["model_list"] == ["None", "promax [22222222]", "union [33333333]"], tag
+    assert not any("cn-a" in title for tag in CONTROL_TAGS for title in types[tag]["model_list"])
+    assert types["Scribble"]["default_option"] == "scribble_xdog" and types["Lineart"]["default_option"] == \
+        "lineart_standard"
+    with_ip = control_types({}, {}, {"ip-adapter_sdxl": "ip-adapter_sdxl [44444444]"})["control_types"]
+    assert with_ip["IP-Adapter"] == {"module_list": ["none", *IP_MODULES],
+                                     "model_list": ["None", "ip-adapter_sdxl [44444444]"],
+                                     "default_option": IP_MODULES[0], "default_model": "ip-adapter_sdxl [44444444]"}
+    assert with_ip["All"]["module_list"][-len(IP_MODULES):] == list(IP_MODULES)
+    assert with_ip["Canny"]["model_list"] == ["None"] and with_ip["Canny"]["default_model"] == "None"
+
+
+def test_the_control_types_route_reads_the_engines_unions(served):
+    client, _, _ = served
+    types = client.get("/controlnet/control_types").json()["control_types"]
+    assert types["All"]["model_list"] == ["None", "cn-a [1a2b3c4d]", "cn-b"]
+    assert types["Canny"]["model_list"] == ["None"]  # neither is a union here, nor named for a type

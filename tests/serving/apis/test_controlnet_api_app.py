@@ -221,9 +221,10 @@ def test_the_pages_controlnet_section_makes_the_units_images(app):
         finally:
             offline.close()
             browser.close()
-    call = next(json.loads(body) for body in sent if body and len(json.loads(body).get("data") or []) == 23)
+    call = next(json.loads(body) for body in sent if body and len(json.loads(body).get("data") or []) == 24)
     data = call["data"]
-    assert data[18:] == ["", "ip-adapter_sdxl", 1, 0, 1]  # the IP-Adapter section's: no reference image, no unit
+    assert data[18:23] == ["", "ip-adapter_sdxl", 1, 0, 1]  # the IP-Adapter section's: no reference image, no unit
+    assert data[23] is None  # the Control type, hidden for a plain ControlNet: none sent
     np.testing.assert_array_equal(pixels(Image.open(io.BytesIO(base64.b64decode(data[10])))),
                                   pixels(control_picture()))
     assert data[11] == "cn-a" and data[15] == "none" and data[16] == "tiny-pt" and data[2] == 5

@@ -97,14 +97,18 @@ def test_the_tools_are_the_endpoints_inputs_in_order_described_with_the_pages_de
     generate, image = (tool.inputSchema for tool in listed)
     assert list(generate["properties"]) == ["prompt", "negative_prompt", "seed", "guidance_scale",
                                             "num_inference_steps", "width", "height", "style", "sampler",
-                                            "refiner_switch_at", *tools.CONTROL_NAMES, "model", "schedule_type",
-                                            *tools.IP_NAMES]
+                                            "refiner_switch_at", *tools.CONTROL_NAMES[:-1], "model",
+                                            "schedule_type", *tools.IP_NAMES, "control_type"]
     assert tools.IP_NAMES == ("ip_adapter_image", "ip_adapter_model", "ip_adapter_weight", "ip_adapter_start",
                               "ip_adapter_end")
     assert "--ip-adapter" in generate["properties"]["ip_adapter_image"]["description"]
     assert tools.CONTROL_NAMES == ("control_image", "control_model", "control_weight", "control_start",
-                                   "control_end", "control_module")
-    assert list(image["properties"])[-13:] == [*tools.CONTROL_NAMES, "model", "schedule_type", *tools.IP_NAMES]
+                                   "control_end", "control_module", "control_type")  # the type added later: last
+    assert list(image["properties"])[-14:] == [*tools.CONTROL_NAMES[:-1], "model", "schedule_type", *tools.IP_NAMES,
+                                               "control_type"]
+    for schema in (generate, image):
+        assert "Hard Edge" in schema["properties"]["control_type"]["description"]
+        assert schema["properties"]["control_type"]["default"] == ""
     assert "canny" in generate["properties"]["control_module"]["description"]
     assert generate["required"] == ["prompt"] and image["required"] == ["prompt", "image"]
     seed = generate["properties"]["seed"]
@@ -285,6 +289,43 @@ def test_a_tool_call_with_a_control_image_asks_for_one_control_unit(engine):
         asyncio.run(mcp.request_for("generate", {"prompt": "x", "control_image": control}, "me"))
 
 
+def test_a_union_control_type_reaches_the_unit_and_its_refusals_name_control_type(engine):
+    """Issue #60: both tools' ``control_type`` (a ControlNet-Union's: sd-webui-controlnet's name or diffusers')
+    reaches the unit as sent ("" = none); the engine's refusals (a union unit without a type, an unknown type, a
+    type for a plain ControlNet) name ``control_type``, its other refusals the control inputs
+    (``control_model``), not ``control_units[0]...``."""
+    import dataclasses
+
+    from sdxl_engine.engine.errors import InvalidRequest
+    from sdxl_engine.service.images import png_bytes
+    from sdxl_engine.serving.handler import message_of
+
+    service = Service(engine, slots=1, limit=2)
+    mcp = McpServer(service, CONFIG, lambda request: "me")
+    picture = base64.b64encode(png_bytes(np.full((24, 40, 3), 250, np.uint8))).decode()
+    ask = {"prompt": "x", "control_image": picture, "control_model": "union"}
+    for tool, extra in (("generate", {}), ("image_to_image", {"image": picture})):
+        asked = asyncio.run(mcp.request_for(tool, {**ask, **extra, "control_type": "Depth"}, "me"))
+        assert asked.engine.control_units[0].control_type == "Depth" and asked.field(
+            "control_units[0].control_type") == "control_type"
+        assert asyncio.run(mcp.request_for(tool, {**ask, **extra}, "me")).engine.control_units[0].control_type is None
+    engine.limits = dataclasses.replace(engine.limits, controlnets=(("union", "1"), ("cn-a", "2")),
+                                        controlnet_unions=(("union", 8),))
+    refusals = []
+    for change in ({}, {"control_type": "Pose"}, {"control_model": "cn-a", "control_type": "Depth"},
+                   {"control_model": "cn-b", "control_type": "Depth"}):
+        asked = asyncio.run(mcp.request_for("generate", {**ask, **change}, "me"))
+        with pytest.raises(InvalidRequest) as err:
+            service.submit(asked, owner="me", front="mcp", client="me")
+        refusals.append(message_of(err.value, asked))
+    assert [text.split(":")[0] for text in refusals] == ["control_type"] * 3 + ["control_model"], refusals
+    assert "one of OpenPose, Depth, Soft Edge, Hard Edge" in refusals[0] and "'Pose'" in refusals[1]
+    assert "not a ControlNet-Union" in refusals[2]
+    (unit,) = service.submit(asyncio.run(mcp.request_for("generate", {**ask, "control_type": "hard edge"}, "me")),
+                             owner="me", front="mcp", client="me").request.engine.control_units
+    assert unit.control_type == (3,)  # validated: Hard Edge is diffusers' canny index
+
+
 def test_a_generate_call_with_a_reference_image_asks_for_one_ip_adapter_unit_and_refusals_name_its_inputs(engine):
     """Issue #60: the generate tool's IP-Adapter inputs (tools.IP_INPUTS) become one IPAdapterUnit of the decoded
     (non-square) image, none without an image; an image without a model, or one that does not decode, is refused
@@ -369,7 +410,7 @@ def test_the_image_tools_schedule_type_reaches_the_engine_and_an_unknown_one_is_
     generate, image = (tool.inputSchema["properties"] for tool in mcp.tools)
     assert image["schedule_type"]["enum"] == generate["schedule_type"]["enum"] == list(SCHEDULE_TYPES)
     assert image["schedule_type"]["default"] == "automatic" and "automatic" in image["schedule_type"]["description"]
-    assert tools.optional_inputs()["image_to_image"] == ("schedule_type", *tools.IP_NAMES)
+    assert tools.optional_inputs()["image_to_image"] == ("schedule_type", *tools.IP_NAMES, "control_type")
     picture = base64.b64encode(png_bytes(np.full((24, 40, 3), 200, np.uint8))).decode()
     for extra, want in (({"schedule_type": "karras"}, "karras"), ({}, "automatic")):
         asked = asyncio.run(mcp.request_for("image_to_image", {"prompt": "x", "image": picture, "sampler": "UniPC",
