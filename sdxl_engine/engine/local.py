@@ -56,6 +56,7 @@ from sdxl_engine.program.compiling import CompiledProgram, abstract_params, prog
 from sdxl_engine.program.executables import ExecutableCache
 from sdxl_engine.program.generate import ProgramInputs
 from sdxl_engine.program.latent_upscale import sharded_upscale
+from sdxl_engine.program.schedulers import TWO_CALLS
 
 LOG = logging.getLogger(__name__)
 
@@ -878,17 +879,24 @@ class Engine:
         default = self.limits.default_size
         todo = [(*default, not (self.defaults.guidance_scale > 1))] + [(w, h, True) for w, h in self.limits.sizes
                                                                         if (w, h) != default]
-        self.programs.precompile([self.planner.shape(w, h, cfg, **self._startup_mode) for w, h, cfg in todo],
-                                 self.precompiled)
+        self.programs.precompile([self.planner.shape(w, h, cfg, two_calls=self._default_two_calls,
+                                                     **self._startup_mode) for w, h, cfg in todo], self.precompiled)
 
     def program(self, width: int, height: int, cfg: bool = True, chunks: int = 1, init_image: bool = False,
                 inpaint: bool = False, controlnets: tuple[str, ...] = (),
-                ip_adapters: tuple[tuple[str, int, int], ...] = ()) -> CompiledProgram:
+                ip_adapters: tuple[tuple[str, int, int], ...] = (), two_calls: bool | None = None) -> CompiledProgram:
         """The compiled program for a size (pixels), CFG mode, prompt chunk count, image mode, ControlNet units'
-        architectures and IP-Adapter units' (architecture, tokens, width), compiled on this thread on first use
-        (Programs.get); for start-up and the tools."""
+        architectures, IP-Adapter units' (architecture, tokens, width) and model calls per step (``two_calls``; None:
+        the default sampler's), compiled on this thread on first use (Programs.get); for start-up and the tools."""
+        two_calls = self._default_two_calls if two_calls is None else two_calls
         return self.programs.get(self.planner.shape(width, height, cfg, chunks, init_image, inpaint, controlnets,
-                                                    ip_adapters))
+                                                    ip_adapters, two_calls=two_calls))
+
+    @property
+    def _default_two_calls(self) -> bool:
+        """Whether the default sampler calls the model twice per step (its programs are ProgramShape.two_calls, so
+        start-up compiles and precompiles those: the warm-up request and a request without a sampler run them)."""
+        return self.defaults.sampler in TWO_CALLS
 
     @property
     def compile_count(self) -> int:
@@ -898,7 +906,8 @@ class Engine:
 
     def is_compiled(self, width: int, height: int, cfg: bool = True, chunks: int = 1) -> bool:
         """Whether the program for this size bucket (pixels), CFG mode and prompt chunk count is compiled already."""
-        return self.programs is not None and self.planner.shape(width, height, cfg, chunks) in self.programs.compiled
+        return self.programs is not None and self.planner.shape(
+            width, height, cfg, chunks, two_calls=self._default_two_calls) in self.programs.compiled
 
     def wait_ready(self, timeout: float | None = None) -> None:
         """Block until start-up finished. Raises EngineNotReady if it failed or timed out."""
