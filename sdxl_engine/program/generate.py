@@ -274,7 +274,7 @@ class ProgramInputs:
     init_scale: jax.Array = replicated((), jnp.float32)  # initial latents = noise x init_scale
     final_scale: jax.Array = replicated((), jnp.float32)  # VAE input = final latents x final_scale
     # A two-call sampler's second call per step (schedulers.SecondCall; ProgramShape.two_calls): its timestep and
-    # sigma, its input x_mid = mid_a x + mid_b x0 + mid_d z, and the update's f x_mid + g x0_mid + d2 w
+    # sigma, its input x_mid = mid_a x + mid_b x0 + mid_d z, and the update's f (x_mid - x0_mid) + g x0_mid + d2 w
     mid_timesteps: jax.Array | None = replicated(per_step, jnp.float32, when="two_calls")
     mid_sigmas: jax.Array | None = replicated(per_step, jnp.float32, when="two_calls")
     mid_a: jax.Array | None = replicated(per_step, jnp.float32, when="two_calls")
@@ -870,11 +870,11 @@ def second_call(x0_of: Callable, noise: Callable, inputs: ProgramInputs, i, late
                 z: jax.Array, known: Callable | None = None) -> jax.Array:
     """A two-call sampler's part of step ``i``'s update (schedulers.SecondCall), (b, C, h, w) float32::
 
-        x_mid = mid_a x_i + mid_b x0_i + mid_d z_i;   f x_mid + g x0_mid + d2 w_i
+        x_mid = mid_a x_i + mid_b x0_i + mid_d z_i;   f (x_mid - x0_mid) + g x0_mid + d2 w_i
 
     x0_mid the model's at x_mid, ``mid_sigmas[i]``, ``mid_timesteps[i]`` (clipped as x0_i); the call runs under
-    ``lax.cond`` where ``g`` is not 0, so a last step to sigma 0 (an Euler step in k-diffusion and diffusers) calls
-    the model once. ``known``: see :func:`sampler_step` (applied to x_mid at its sigma)."""
+    ``lax.cond`` where ``f`` or ``g`` is not 0, so a last step to sigma 0 (an Euler step in k-diffusion and diffusers)
+    calls the model once. ``known``: see :func:`sampler_step` (applied to x_mid at its sigma)."""
     x_mid = inputs.mid_a[i] * latents + inputs.mid_b[i] * x0 + inputs.mid_d[i] * z
     if known is not None:
         x_mid = known(x_mid, inputs.mid_sigmas[i])
@@ -882,9 +882,9 @@ def second_call(x0_of: Callable, noise: Callable, inputs: ProgramInputs, i, late
     def call():
         x0_mid = jnp.clip(x0_of(x_mid, inputs.mid_sigmas[i], inputs.mid_timesteps[i]), -inputs.clip_range,
                           inputs.clip_range)
-        return inputs.f[i] * x_mid + inputs.g[i] * x0_mid
+        return inputs.f[i] * (x_mid - x0_mid) + inputs.g[i] * x0_mid
 
-    part = jax.lax.cond(inputs.g[i] != 0, call, lambda: jnp.zeros_like(latents))
+    part = jax.lax.cond((inputs.f[i] != 0) | (inputs.g[i] != 0), call, lambda: jnp.zeros_like(latents))
     return part + inputs.d2[i] * noise(1, inputs.d2[i])
 
 

@@ -283,11 +283,13 @@ class SecondCall:
     """The second model call of a two-call sampler's step (:data:`TWO_CALLS`), float32 (n,) each, ``n`` = steps::
 
         x_mid = mid_a x_i + mid_b x0_i + mid_d z_i          (the second call's input, at mid_sigmas, mid_timesteps)
-        x_{i+1} = (the one-call update) + f x_mid + g x0_mid + d2 w_i
+        x_{i+1} = (the one-call update) + f (x_mid - x0_mid) + g x0_mid + d2 w_i
 
     x0_mid the model's x0 at x_mid; z_i the step noise (the one-call update's, with its coefficient ``d``), w_i a
-    second normal draw of the step (DPM++ SDE alone). Where ``g`` is 0 (a step to sigma 0, the last, which k-diffusion
-    and diffusers take as an Euler step) the program skips the second call.
+    second normal draw of the step (DPM++ SDE alone). ``f`` multiplies the difference (mid sigma times the model's
+    noise estimate), not x_mid and x0_mid one by one: from a large sigma (a cosine or zero-SNR schedule's first step)
+    f is in the thousands, and two such products would cancel to a few float32 units. Where ``f`` and ``g`` are 0 (a
+    step to sigma 0, the last, which k-diffusion and diffusers take as an Euler step) the program skips the call.
     """
 
     timesteps: np.ndarray
@@ -840,9 +842,9 @@ def _two_call_schedule(sampler: str, cfg: dict, steps: int, schedule_type: str) 
 
     * Heun (k-diffusion ``sample_heun``, s_churn 0; diffusers ``HeunDiscreteScheduler``): x_mid = Euler's step to s'
       (mid_a = s'/s), called at s' and the next step's timestep; x' = x + (s' - s)/2 ((x - x0)/s + (x_mid -
-      x0_mid)/s'): a = 1 + dt/2s, b = -dt/2s, f = dt/2s', g = -dt/2s' (dt = s' - s). ``clip_sample`` clips both x0.
+      x0_mid)/s'): a = 1 + dt/2s, b = -dt/2s, f = dt/2s' (dt = s' - s). ``clip_sample`` clips both x0.
     * DPM2 (``sample_dpm_2``; ``KDPM2DiscreteScheduler``): m = exp((log s + log s')/2); x_mid = Euler's step to m
-      (mid_a = m/s), called at m and ``sigma_to_t(m)``; x' = x + (s' - s)(x_mid - x0_mid)/m: a = 1, f = -g = dt/m.
+      (mid_a = m/s), called at m and ``sigma_to_t(m)``; x' = x + (s' - s)(x_mid - x0_mid)/m: a = 1, f = dt/m.
     * DPM++ SDE (``sample_dpmpp_sde``, r 1/2; ``DPMSolverSDEScheduler``): m the same; x_mid = the ancestral step s ->
       m (``get_ancestral_step``: s_down, s_up; mid_a = s_down/s, mid_b = 1 - mid_a, mid_d = s_up), called at m; x' =
       (s_down'/s) x + (1 - s_down'/s) x0_mid + s_up' z' for the ancestral step s -> s'. k-diffusion's two noises are
@@ -902,14 +904,13 @@ def _two_call_schedule(sampler: str, cfg: dict, steps: int, schedule_type: str) 
 def _heun(s, s_next, mid):
     """Heun's (a, b, d, mid_a, mid_b, mid_d, f, g, d2), (n,) float64 each (:func:`_two_call_schedule`)."""
     dt, zeros = s_next - s, np.zeros_like(s)
-    return (1 + dt / (2 * s), -dt / (2 * s), zeros, s_next / s, 1 - s_next / s, zeros, dt / (2 * s_next),
-            -dt / (2 * s_next), zeros)
+    return 1 + dt / (2 * s), -dt / (2 * s), zeros, s_next / s, 1 - s_next / s, zeros, dt / (2 * s_next), zeros, zeros
 
 
 def _dpm_2(s, s_next, mid):
     """DPM2's (a, b, d, mid_a, mid_b, mid_d, f, g, d2) (:func:`_two_call_schedule`)."""
     dt, zeros = s_next - s, np.zeros_like(s)
-    return np.ones_like(s), zeros, zeros, mid / s, 1 - mid / s, zeros, dt / mid, -dt / mid, zeros
+    return np.ones_like(s), zeros, zeros, mid / s, 1 - mid / s, zeros, dt / mid, zeros, zeros
 
 
 def _ancestral(sigma_from, sigma_to):
