@@ -141,9 +141,13 @@ def test_more_guidance_moves_the_image_toward_the_prompts_colour(tiny_shapes_eng
 
 
 def test_no_recompile_for_prompt_seed_guidance_steps_and_sampler(engine):
+    """Every one-call sampler runs on the one program (the two-call ones share their own:
+    test_a_two_call_sampler_compiles_one_more_program_once)."""
     import jax
 
-    from sdxl_engine.program.schedulers import SAMPLERS
+    from sdxl_engine.program.schedulers import SAMPLERS, TWO_CALLS
+
+    SAMPLERS = tuple(s for s in SAMPLERS if s not in TWO_CALLS)  # noqa: N806
 
     events = []
     jax.monitoring.register_event_duration_secs_listener(
@@ -160,6 +164,35 @@ def test_no_recompile_for_prompt_seed_guidance_steps_and_sampler(engine):
         gen(engine, sampler=sampler, num_inference_steps=3)
     assert engine.compile_count == before
     assert events == []
+
+
+def test_a_two_call_sampler_compiles_one_more_program_once(engine):
+    """A Heun request after Euler's compiles one program more (its shape's two_calls); DPM2 and DPM++ SDE, other
+    step counts, guidance in the same CFG mode and every schedule type run on it, and Euler's is still the one it
+    was: nothing compiles after the first two-call request."""
+    import jax
+
+    from sdxl_engine.program.schedulers import SCHEDULE_TYPES
+
+    gen(engine, num_inference_steps=3)
+    before = engine.compile_count
+    heun = gen(engine, sampler="Heun", num_inference_steps=3)
+    assert engine.compile_count in (before, before + 1)  # another test of the session may have compiled it first
+    compiled = engine.compile_count
+    events = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, duration, **kw: events.append(event) if "backend_compile" in event else None)
+    images = {}
+    for i, (sampler, schedule_type) in enumerate(
+            [("DPM2", None), ("DPM++ SDE", None), ("Heun", "karras")] + [("DPM2", t) for t in SCHEDULE_TYPES]):
+        images[sampler, schedule_type] = gen(engine, sampler=sampler, schedule_type=schedule_type,
+                                             num_inference_steps=2 + i % 4, guidance_scale=3.0 + i).images
+    gen(engine, num_inference_steps=3)
+    assert engine.compile_count == compiled and events == []
+    assert not np.array_equal(heun.images, images["DPM2", None])
+    assert not np.array_equal(images["DPM2", None], images["DPM++ SDE", None])
+    again = gen(engine, sampler="DPM++ SDE", num_inference_steps=3, guidance_scale=4.0)  # per seed, as Euler a
+    assert np.array_equal(again.images, images["DPM++ SDE", None])
 
 
 def test_guidance_up_to_1_follows_the_prompt_without_cfg(engine):
