@@ -1006,7 +1006,8 @@ class Engine:
             self._request_lock.release()
         if (self.run_times is not None and second is None and self._faults is None  # faults: simulated time
                 and programs is self.programs):  # measured on the default's family
-            self.run_times.observe(*self._runs(plan, programs)[0], result.timings["device"])
+            width, height, cost, steps, calls = self._runs(plan, programs)[0]
+            self.run_times.observe(width, height, cost, steps, result.timings["device"], calls)
         result.timings["queue"] = queue_seconds(arrived, called, called) + (start - waiting)
         result.timings["prep"] += prep_s
         result.timings["latency"] += prep_s
@@ -1034,15 +1035,17 @@ class Engine:
                 raise refused
 
     def _runs(self, plan: Plan, programs: Programs | None = None) -> list[tuple]:
-        """(width, height, its program's costs.ProgramCost or estimate or None, denoising steps that run) of each
-        program call of ``plan``, in order (``programs``: its family's; None: the default's)."""
+        """(width, height, its program's costs.ProgramCost or estimate or None, denoising steps that run, model calls
+        per step) of each program call of ``plan``, in order (``programs``: its family's; None: the default's)."""
         request, costs = plan.request, (programs or self.programs).costs
         steps = request.num_inference_steps if plan.steps is None else plan.steps
         start = (request.start_step if plan.start_step is None else plan.start_step) if plan.image is not None else 0
-        runs = [(plan.shape.width, plan.shape.height, costs.estimate(plan.shape), steps - (start or 0))]
+        calls = lambda shape: 2 if shape.two_calls else 1  # noqa: E731
+        runs = [(plan.shape.width, plan.shape.height, costs.estimate(plan.shape), steps - (start or 0),
+                 calls(plan.shape))]
         if plan.hires is not None:
             runs.append((plan.hires.shape.width, plan.hires.shape.height, costs.estimate(plan.hires.shape),
-                         plan.hires.steps - plan.hires.start_step))
+                         plan.hires.steps - plan.hires.start_step, calls(plan.hires.shape)))
         return runs
 
     def _out_of_memory(self, plan: Plan, err: Exception) -> InvalidRequest:
