@@ -21,7 +21,8 @@ What they share (paths, SDXL base's configs, building and checking components, w
 tools/fixtures_common.py; tests/fixtures/README.md says what each fixture holds.
 
 It needs PyTorch and the reference libraries, which the runtime and CI never install:
-``pip install torch==2.13.0 diffusers==0.42.1 transformers==5.24.0 safetensors accelerate``.
+``pip install torch==2.13.0 diffusers==0.42.1 transformers==5.24.0 safetensors accelerate`` (and ``torchsde`` for
+``two-call-samplers``: diffusers imports DPMSolverSDEScheduler through it).
 It is never run in CI; the runtime and the tests never import it (the tests read its output).
 """
 
