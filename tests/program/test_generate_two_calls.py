@@ -27,9 +27,10 @@ def arrays():
 def test_two_call_images_match_diffusers(case, arrays, tiny_pt_programs):
     """Image level, through the compiled loop's two UNet calls per step (CFG, the second call's timestep and input
     scaling, the last step's skipped call): tiny-pt's pipeline with the sampler's class and the engine's two-call
-    program on the same latents agree within test_models' image tolerance (4/255 max, 0.5/255 mean). The same
-    schedule with its second call dropped (f = g = 0: an Euler-like first half alone) is far off, so the tolerance
-    sees the second call."""
+    program on the same latents agree to 4/255 max and 0.02/255 mean (measured: Heun max 1/255, mean 0.0001/255; DPM2
+    0/255). The mean is tighter than test_models' 0.5/255 because tiny-pt's random UNet barely reads its timestep: the
+    second call given the step's first timestep instead of its own moved the mean by only 0.10/255 (Heun) and
+    0.36/255 (DPM2). The same schedule with its second call dropped (f = g = 0) is far off (mean 4.7/255, 10/255)."""
     import dataclasses
 
     from sdxl_engine.program.generate import ProgramInputs, ProgramShape, tokenize
@@ -54,12 +55,12 @@ def test_two_call_images_match_diffusers(case, arrays, tiny_pt_programs):
     assert np.allclose(schedule.second.timesteps[:-1], meta["timesteps"][1::2], atol=1e-3)
     diff = np.abs(images(schedule) - want)
     print(f"{meta['sampler']}: max {diff.max()}/255, mean {diff.mean():.4f}/255")
-    assert diff.max() <= 4 and diff.mean() <= 0.5, (diff.max(), diff.mean())
+    assert diff.max() <= 4 and diff.mean() <= 0.02, (diff.max(), diff.mean())
     zeros = 0 * schedule.second.f
     one_call = dataclasses.replace(schedule, second=dataclasses.replace(schedule.second, f=zeros, g=zeros))
     off = np.abs(images(one_call) - want)
     print(f"{meta['sampler']} without its second call: max {off.max()}/255, mean {off.mean():.3f}/255")
-    assert off.mean() > 4 * max(diff.mean(), 0.25), (off.mean(), diff.mean())
+    assert off.mean() > 1.0, (off.mean(), diff.mean())
 
 
 def test_one_two_call_shape_serves_every_two_call_sampler_step_count_and_schedule_type():
