@@ -3,8 +3,9 @@
 Static (bound before compiling; changing any of them compiles a new program): the model's
 modules (their graph definitions), and :class:`ProgramShape`: the batch size, the image height
 and width, the largest step count, whether classifier-free guidance runs (guidance > 1, as
-diffusers decides), whether the initial latents are given, whether an image comes in (img2img) and
-the prompt's chunk count (77 tokens each). Everything that changes per
+diffusers decides), whether the initial latents are given, whether an image comes in (img2img),
+the prompt's chunk count (77 tokens each) and whether the sampler calls the UNet twice per step (``two_calls``:
+Heun, DPM2, DPM++ SDE share that program). Everything that changes per
 request is a traced array in :class:`ProgramInputs`, so a new prompt, negative prompt, seed,
 guidance scale (within one CFG mode), step count (up to ``max_steps``), sampler (schedulers.py:
 every sampler is per-step coefficients), input image or img2img start step reuses the same executable.
@@ -13,8 +14,8 @@ The initial noise of image i is ``jax.random.normal(jax.random.key(seed_i), (C, 
 float32)`` (channels-first; f the VAE factor, 8 for SDXL), with ``seed_i = seed + i`` for the
 request's seed, times the sampler's initial scale (diffusers' ``init_noise_sigma``); the step
 noise (Euler a's and LCM's: the samplers whose ``d`` is not 0) is
-``jax.random.normal(jax.random.fold_in(jax.random.key(seed_i), step + 1), ...)``: any implementation
-can reproduce an image from its seed with JAX's threefry generator.
+``jax.random.normal(jax.random.fold_in(jax.random.key(seed_i), step + 1), ...)`` (DPM++ SDE's second draw of a step:
+that key folded with 1 again): any implementation can reproduce an image from its seed with JAX's threefry generator.
 
 Outputs: ``images`` (batch, height, width, 3) uint8, channels-last, 0..255; ``finite`` (batch,)
 bool, False where the decoded image held NaN or inf (the caller reports an error instead of

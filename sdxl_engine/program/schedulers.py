@@ -53,6 +53,13 @@ LCM               LCMScheduler (Luo et al. 2023): the boundary-condition scaling
                   ``original_inference_steps`` (``timestep_spacing`` unused, as in diffusers)
 ================  =====================================================================================
 
+Heun, DPM2 and DPM++ SDE (:data:`TWO_CALLS`: diffusers' HeunDiscreteScheduler, KDPM2DiscreteScheduler,
+DPMSolverSDEScheduler; k-diffusion's sample_heun, sample_dpm_2, sample_dpmpp_sde) call the model twice per step: their
+schedules add a :class:`SecondCall` (the second call's input x_mid = mid_a x_i + mid_b x0_i + mid_d z_i at a mid sigma,
+and f (x_mid - x0_mid) + g x0_mid + d2 w_i in the update), which the program runs as its own shape
+(ProgramShape.two_calls; :func:`_two_call_schedule` has the formulas and DPM++ SDE's noise: per-step normals with a
+Brownian tree's law, not a Brownian tree).
+
 (s = sigma_i, s' = sigma_{i+1}.) DDIM, DPM++ and LCM work in diffusers on x / sqrt(sigma^2 + 1) (the
 "x-space"); the same update in sigma space starts from noise * sqrt(sigma_0^2 + 1) and ends by
 dividing by sqrt(sigma_n^2 + 1): :attr:`Schedule.init_scale` and :attr:`Schedule.final_scale`
@@ -362,7 +369,7 @@ class Schedule:
         """This schedule with its multistep history restarting at ``step`` too (img2img's first step, the refiner's
         switch: diffusers runs a fresh scheduler there), the earlier restarts kept: the steps from ``step`` on take
         the orders a fresh scheduler takes (first order, then the higher ones as x0s accumulate). Samplers without
-        a history (Euler, Euler a, DDIM, LCM) and ``step`` 0 return this schedule."""
+        a history (Euler, Euler a, DDIM, LCM, the two-call samplers) and ``step`` 0 return this schedule."""
         if self.history is None or step <= 0 or step in self.restarts:
             return self
         restarts = tuple(sorted({*self.restarts, int(step)}))
