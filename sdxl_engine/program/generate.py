@@ -7,8 +7,9 @@ diffusers decides), whether the initial latents are given, whether an image come
 the prompt's chunk count (77 tokens each) and whether the sampler calls the UNet twice per step (``two_calls``:
 Heun, DPM2, DPM++ SDE share that program). Everything that changes per
 request is a traced array in :class:`ProgramInputs`, so a new prompt, negative prompt, seed,
-guidance scale (within one CFG mode), step count (up to ``max_steps``), sampler (schedulers.py:
-every sampler is per-step coefficients), input image or img2img start step reuses the same executable.
+guidance scale (within one CFG mode), step count (up to ``max_steps``), sampler (within its kind, one or two
+model calls per step; schedulers.py: every sampler is per-step coefficients), schedule type, input image or img2img
+start step reuses the same executable.
 
 The initial noise of image i is ``jax.random.normal(jax.random.key(seed_i), (C, H/f, W/f),
 float32)`` (channels-first; f the VAE factor, 8 for SDXL), with ``seed_i = seed + i`` for the
