@@ -5,6 +5,7 @@ Commands, run from the repository root (each in the module that makes it):
     python -m tools.make_fixtures tiny                # tools/fixtures_tiny.py
     python -m tools.make_fixtures keys                # tools/fixtures_tiny.py
     python -m tools.make_fixtures samplers            # tools/fixtures_samplers.py
+    python -m tools.make_fixtures two-call-samplers   # tools/fixtures_two_calls.py
     python -m tools.make_fixtures single              # tools/fixtures_single.py
     python -m tools.make_fixtures sgm-keys            # tools/fixtures_single.py
     python -m tools.make_fixtures single-fullsize --out FILE [--dtype float16|float32]
@@ -20,7 +21,8 @@ What they share (paths, SDXL base's configs, building and checking components, w
 tools/fixtures_common.py; tests/fixtures/README.md says what each fixture holds.
 
 It needs PyTorch and the reference libraries, which the runtime and CI never install:
-``pip install torch==2.13.0 diffusers==0.42.1 transformers==5.24.0 safetensors accelerate``.
+``pip install torch==2.13.0 diffusers==0.42.1 transformers==5.24.0 safetensors accelerate`` (and ``torchsde`` for
+``two-call-samplers``: diffusers imports DPMSolverSDEScheduler through it).
 It is never run in CI; the runtime and the tests never import it (the tests read its output).
 """
 
@@ -41,6 +43,7 @@ from tools.fixtures_lora import cmd_lcm_lora, cmd_lora
 from tools.fixtures_samplers import cmd_samplers, cmd_samplers_add
 from tools.fixtures_single import cmd_sgm_keys, cmd_single, cmd_single_fullsize, cmd_single_lora
 from tools.fixtures_tiny import cmd_keys, cmd_tiny
+from tools.fixtures_two_calls import cmd_two_call_samplers
 
 
 def main(argv=None) -> None:
@@ -54,6 +57,8 @@ def main(argv=None) -> None:
     samplers = sub.add_parser("samplers", help="scheduler step references: sampler-steps.json and .npz")
     samplers.add_argument("--out", type=Path, default=FIXTURES)
     samplers.add_argument("--add", nargs="+", metavar="CASE", help="only these cases, merged into --out's files")
+    two_calls = sub.add_parser("two-call-samplers", help="Heun, DPM2, DPM++ SDE references: two-call-steps.json, .npz")
+    two_calls.add_argument("--out", type=Path, default=FIXTURES)
     single = sub.add_parser("single", help="tiny-single: tiny-pt as an sgm single file, a swap UNet and LDM VAE")
     single.add_argument("--out", type=Path, default=FIXTURES)
     sgm_keys = sub.add_parser("sgm-keys", help="full-size SDXL base's single-file key names and shapes")
@@ -90,6 +95,7 @@ COMMANDS = {
     "tiny": lambda args: cmd_tiny(args.out),
     "keys": lambda args: cmd_keys(args.out),
     "samplers": lambda args: cmd_samplers_add(args.out, args.add) if args.add else cmd_samplers(args.out),
+    "two-call-samplers": lambda args: cmd_two_call_samplers(args.out),
     "single": lambda args: cmd_single(args.out),
     "sgm-keys": lambda args: cmd_sgm_keys(args.out),
     "single-fullsize": lambda args: cmd_single_fullsize(args.out, args.dtype),

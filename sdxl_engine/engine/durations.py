@@ -37,7 +37,9 @@ class RunTimes:
         fixed_s: its device seconds with 0 denoising steps (text encoders, VAE decode, transfers).
         step_s: its device seconds per denoising step.
         batch: images per request (for messages).
-        measured: {(width, height): device seconds per step} of the sizes that ran.
+        measured: {(width, height, calls): device seconds per step} of the sizes that ran, ``calls`` the program's
+            model calls per step (2 for Heun, DPM2, DPM++ SDE: their program, ProgramShape.two_calls, whose XLA
+            counts already hold both calls, is measured on its own).
     """
 
     limit_s: float
@@ -52,36 +54,41 @@ class RunTimes:
         """A program's counts as a multiple of the reference program's: the largest ratio."""
         return max(cost.flops / self.ref.flops, cost.accessed / self.ref.accessed, cost.run_bytes / self.ref.run_bytes)
 
-    def seconds(self, width: int, height: int, cost: ProgramCost, steps: int) -> float:
-        """Estimated device seconds of ``steps`` denoising steps on a ``width`` x ``height`` program of ``cost``."""
+    def seconds(self, width: int, height: int, cost: ProgramCost, steps: int, calls: int = 1) -> float:
+        """Estimated device seconds of ``steps`` denoising steps on a ``width`` x ``height`` program of ``cost`` with
+        ``calls`` model calls per step."""
         scale = self.work(cost)
-        step = self.measured.get((width, height), scale * self.step_s)
+        step = self.measured.get((width, height, calls), scale * self.step_s)
         return scale * self.fixed_s + steps * step
 
-    def observe(self, width: int, height: int, cost: ProgramCost | None, steps: int, device_s: float) -> None:
-        """Learn from a request that ran ``steps`` steps at ``width`` x ``height`` in ``device_s`` device seconds."""
+    def observe(self, width: int, height: int, cost: ProgramCost | None, steps: int, device_s: float,
+                calls: int = 1) -> None:
+        """Learn from a request that ran ``steps`` steps of ``calls`` model calls at ``width`` x ``height`` in
+        ``device_s`` device seconds."""
         if cost is None or steps < 1 or device_s <= 0:
             return
         per_step = max(0.0, device_s - self.work(cost) * self.fixed_s) / steps
         with self._lock:
-            old = self.measured.get((width, height))
-            self.measured[(width, height)] = per_step if old is None else \
+            old = self.measured.get((width, height, calls))
+            self.measured[(width, height, calls)] = per_step if old is None else \
                 (1 - SMOOTHING) * old + SMOOTHING * per_step
 
     def refusal(self, runs: list[tuple[int, int, ProgramCost | None, int]],
                 field: str = "num_inference_steps") -> InvalidRequest | None:
         """Why a request is refused (naming ``field``: the hires fix's is ``hires_steps``), or None. ``runs``:
-        (width, height, cost, steps) of each program call it makes in order (hires fix: two); a program without
-        counts is not estimated. Over the limit by a tenth for an estimated cost (a size not compiled yet), so that
-        the estimate's error never refuses what would fit: a size near the limit compiles and is counted."""
-        if not self.limit_s or any(cost is None for _, _, cost, _ in runs):
+        (width, height, cost, steps[, calls per step, 1 if left out]) of each program call it makes in order (hires
+        fix: two); a program without counts is not estimated. Over the limit by a tenth for an estimated cost (a size
+        not compiled yet), so that the estimate's error never refuses what would fit: a size near the limit compiles
+        and is counted."""
+        runs = [(*run, 1) if len(run) == 4 else tuple(run) for run in runs]
+        if not self.limit_s or any(cost is None for _, _, cost, _, _ in runs):
             return None
         total = sum(self.seconds(*run) for run in runs)
-        if total <= self.limit_s * (1 if all(cost.counted for _, _, cost, _ in runs) else 1.1):
+        if total <= self.limit_s * (1 if all(cost.counted for _, _, cost, _, _ in runs) else 1.1):
             return None
-        width, height, cost, steps = runs[-1]
-        room = self.limit_s - sum(self.seconds(*run) for run in runs[:-1]) - self.seconds(width, height, cost, 0)
-        per_step = self.seconds(width, height, cost, 1) - self.seconds(width, height, cost, 0)
+        width, height, cost, steps, calls = runs[-1]
+        room = self.limit_s - sum(self.seconds(*run) for run in runs[:-1]) - self.seconds(width, height, cost, 0, calls)
+        per_step = self.seconds(width, height, cost, 1, calls) - self.seconds(width, height, cost, 0, calls)
         fit = int(room // per_step) if per_step > 0 and room > 0 else 0
         fits = (f"at most {fit} step{'s' if fit > 1 else ''} to run at this size" if fit >= 1
                 else "no number of steps at this size")

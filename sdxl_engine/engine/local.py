@@ -56,6 +56,7 @@ from sdxl_engine.program.compiling import CompiledProgram, abstract_params, prog
 from sdxl_engine.program.executables import ExecutableCache
 from sdxl_engine.program.generate import ProgramInputs
 from sdxl_engine.program.latent_upscale import sharded_upscale
+from sdxl_engine.program.schedulers import TWO_CALLS
 
 LOG = logging.getLogger(__name__)
 
@@ -878,17 +879,24 @@ class Engine:
         default = self.limits.default_size
         todo = [(*default, not (self.defaults.guidance_scale > 1))] + [(w, h, True) for w, h in self.limits.sizes
                                                                         if (w, h) != default]
-        self.programs.precompile([self.planner.shape(w, h, cfg, **self._startup_mode) for w, h, cfg in todo],
-                                 self.precompiled)
+        self.programs.precompile([self.planner.shape(w, h, cfg, two_calls=self._default_two_calls,
+                                                     **self._startup_mode) for w, h, cfg in todo], self.precompiled)
 
     def program(self, width: int, height: int, cfg: bool = True, chunks: int = 1, init_image: bool = False,
                 inpaint: bool = False, controlnets: tuple[str, ...] = (),
-                ip_adapters: tuple[tuple[str, int, int], ...] = ()) -> CompiledProgram:
+                ip_adapters: tuple[tuple[str, int, int], ...] = (), two_calls: bool | None = None) -> CompiledProgram:
         """The compiled program for a size (pixels), CFG mode, prompt chunk count, image mode, ControlNet units'
-        architectures and IP-Adapter units' (architecture, tokens, width), compiled on this thread on first use
-        (Programs.get); for start-up and the tools."""
+        architectures, IP-Adapter units' (architecture, tokens, width) and model calls per step (``two_calls``; None:
+        the default sampler's), compiled on this thread on first use (Programs.get); for start-up and the tools."""
+        two_calls = self._default_two_calls if two_calls is None else two_calls
         return self.programs.get(self.planner.shape(width, height, cfg, chunks, init_image, inpaint, controlnets,
-                                                    ip_adapters))
+                                                    ip_adapters, two_calls=two_calls))
+
+    @property
+    def _default_two_calls(self) -> bool:
+        """Whether the default sampler calls the model twice per step (its programs are ProgramShape.two_calls, so
+        start-up compiles and precompiles those: the warm-up request and a request without a sampler run them)."""
+        return self.defaults.sampler in TWO_CALLS
 
     @property
     def compile_count(self) -> int:
@@ -898,7 +906,8 @@ class Engine:
 
     def is_compiled(self, width: int, height: int, cfg: bool = True, chunks: int = 1) -> bool:
         """Whether the program for this size bucket (pixels), CFG mode and prompt chunk count is compiled already."""
-        return self.programs is not None and self.planner.shape(width, height, cfg, chunks) in self.programs.compiled
+        return self.programs is not None and self.planner.shape(
+            width, height, cfg, chunks, two_calls=self._default_two_calls) in self.programs.compiled
 
     def wait_ready(self, timeout: float | None = None) -> None:
         """Block until start-up finished. Raises EngineNotReady if it failed or timed out."""
@@ -997,7 +1006,8 @@ class Engine:
             self._request_lock.release()
         if (self.run_times is not None and second is None and self._faults is None  # faults: simulated time
                 and programs is self.programs):  # measured on the default's family
-            self.run_times.observe(*self._runs(plan, programs)[0], result.timings["device"])
+            width, height, cost, steps, calls = self._runs(plan, programs)[0]
+            self.run_times.observe(width, height, cost, steps, result.timings["device"], calls)
         result.timings["queue"] = queue_seconds(arrived, called, called) + (start - waiting)
         result.timings["prep"] += prep_s
         result.timings["latency"] += prep_s
@@ -1025,15 +1035,17 @@ class Engine:
                 raise refused
 
     def _runs(self, plan: Plan, programs: Programs | None = None) -> list[tuple]:
-        """(width, height, its program's costs.ProgramCost or estimate or None, denoising steps that run) of each
-        program call of ``plan``, in order (``programs``: its family's; None: the default's)."""
+        """(width, height, its program's costs.ProgramCost or estimate or None, denoising steps that run, model calls
+        per step) of each program call of ``plan``, in order (``programs``: its family's; None: the default's)."""
         request, costs = plan.request, (programs or self.programs).costs
         steps = request.num_inference_steps if plan.steps is None else plan.steps
         start = (request.start_step if plan.start_step is None else plan.start_step) if plan.image is not None else 0
-        runs = [(plan.shape.width, plan.shape.height, costs.estimate(plan.shape), steps - (start or 0))]
+        calls = lambda shape: 2 if shape.two_calls else 1  # noqa: E731
+        runs = [(plan.shape.width, plan.shape.height, costs.estimate(plan.shape), steps - (start or 0),
+                 calls(plan.shape))]
         if plan.hires is not None:
             runs.append((plan.hires.shape.width, plan.hires.shape.height, costs.estimate(plan.hires.shape),
-                         plan.hires.steps - plan.hires.start_step))
+                         plan.hires.steps - plan.hires.start_step, calls(plan.hires.shape)))
         return runs
 
     def _out_of_memory(self, plan: Plan, err: Exception) -> InvalidRequest:

@@ -162,7 +162,8 @@ class Planner:
         shape = self.shape(request.width, request.height, request.guidance_scale > 1, prompt.chunks,
                             init_image=image is not None, inpaint=mask is not None,
                             controlnets=tuple(self.model.controlnets[u.model].architecture for u in units),
-                            ip_adapters=self.ip_shape(ip), control_images=unit_images(units))
+                            ip_adapters=self.ip_shape(ip), control_images=unit_images(units),
+                            two_calls=schedule.two_calls)
         # Image i uses seed + i, wrapping past max_seed to 0, so every caption's seed is itself a valid request seed.
         seeds = [(request.seed + i) % (self.limits.max_seed + 1) for i in range(self.batch)]
         hires = None if request.hires_scale is None else self._hires(request, shape, ip)
@@ -222,7 +223,7 @@ class Planner:
             request.prompt if request.hires_prompt is None else request.hires_prompt,
             request.negative_prompt if request.hires_negative_prompt is None else request.hires_negative_prompt)
         large = dataclasses.replace(shape, width=width, height=height, chunks=prompt.chunks, init_image=False,
-                                    inpaint=False)
+                                    inpaint=False, two_calls=schedule.two_calls)  # the hires sampler's calls
         control = None if not request.control_units else control_arrays(
             request.control_units, width, height, self.batch, start, steps, self.config.max_inference_steps,
             hires_pass=True)
@@ -250,14 +251,17 @@ class Planner:
     def shape(self, width: int, height: int, cfg: bool = True, chunks: int = 1,
                init_image: bool = False, inpaint: bool = False, controlnets: tuple[str, ...] = (),
                ip_adapters: tuple[tuple[str, int, int], ...] = (),
-               control_images: tuple[int, ...] = ()) -> ProgramShape:
+               control_images: tuple[int, ...] = (), two_calls: bool = False) -> ProgramShape:
         """The ProgramShape (the compile key) of a size bucket in pixels, a CFG mode, a prompt chunk count,
         whether an image comes in (img2img), whether a mask does (inpainting), the ControlNet units'
         architectures (checkpoint/controlnet.architecture, one per unit) and their image counts (``control_images``:
-        () = one each; :func:`.control.unit_images`) and the IP-Adapter units' (:meth:`ip_shape`)."""
+        () = one each; :func:`.control.unit_images`), the IP-Adapter units' (:meth:`ip_shape`) and whether the
+        sampler calls the model twice per step (``two_calls``: Schedule.two_calls; Heun, DPM2 and DPM++ SDE share that
+        program)."""
         return ProgramShape(self.batch, height, width, self.config.max_inference_steps, cfg=cfg, chunks=chunks,
                             step_hook=self.config.progress, init_image=init_image, inpaint=inpaint,
-                            controlnets=controlnets, ip_adapters=ip_adapters, control_images=control_images)
+                            controlnets=controlnets, ip_adapters=ip_adapters, control_images=control_images,
+                            two_calls=two_calls)
 
     def schedule(self, sampler: str, steps: int, schedule_type: str | None = None):
         """The sampler's schedule for ``steps`` steps of ``schedule_type`` (None: automatic; cached). Raises

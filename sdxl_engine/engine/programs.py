@@ -97,6 +97,7 @@ class Programs:
         what += ", hires first pass" if shape.latents_out else ", hires second pass" if shape.init_latents else ""
         what += f", {len(shape.controlnets)} ControlNet units" if shape.controlnets else ""
         what += f", {len(shape.ip_adapters)} IP-Adapter units" if shape.ip_adapters else ""
+        what += ", two model calls per step (Heun, DPM2, DPM++ SDE)" if shape.two_calls else ""
         # One line either way; a missing or refused executable says why in the "compiled" line.
         if program.loaded:
             self._log(f"[sdxl_engine] loaded {what} in {program.compile_s:.2f} s (executable cache: "

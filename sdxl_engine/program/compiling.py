@@ -261,6 +261,7 @@ def program_key(model: LoadedModel, params, shape: ProgramShape, mesh: Mesh) -> 
     cfg += ", hires second pass" if shape.init_latents or shape.hires_noise else ""
     cfg += f", {len(shape.controlnets)} ControlNet units" if shape.controlnets else ""
     cfg += f", {len(shape.ip_adapters)} IP-Adapter units" if shape.ip_adapters else ""
+    cfg += ", two model calls per step" if shape.two_calls else ""
     st = static_options(model, shape)  # what the traced program reads, so the key cannot miss it
     return {
         "program": f"{shape.width}x{shape.height} x {shape.batch} images, {shape.max_steps} steps{cfg}",

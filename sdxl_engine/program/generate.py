@@ -3,18 +3,20 @@
 Static (bound before compiling; changing any of them compiles a new program): the model's
 modules (their graph definitions), and :class:`ProgramShape`: the batch size, the image height
 and width, the largest step count, whether classifier-free guidance runs (guidance > 1, as
-diffusers decides), whether the initial latents are given, whether an image comes in (img2img) and
-the prompt's chunk count (77 tokens each). Everything that changes per
+diffusers decides), whether the initial latents are given, whether an image comes in (img2img),
+the prompt's chunk count (77 tokens each) and whether the sampler calls the UNet twice per step (``two_calls``:
+Heun, DPM2, DPM++ SDE share that program). Everything that changes per
 request is a traced array in :class:`ProgramInputs`, so a new prompt, negative prompt, seed,
-guidance scale (within one CFG mode), step count (up to ``max_steps``), sampler (schedulers.py:
-every sampler is per-step coefficients), input image or img2img start step reuses the same executable.
+guidance scale (within one CFG mode), step count (up to ``max_steps``), sampler (within its kind, one or two
+model calls per step; schedulers.py: every sampler is per-step coefficients), schedule type, input image or img2img
+start step reuses the same executable.
 
 The initial noise of image i is ``jax.random.normal(jax.random.key(seed_i), (C, H/f, W/f),
 float32)`` (channels-first; f the VAE factor, 8 for SDXL), with ``seed_i = seed + i`` for the
 request's seed, times the sampler's initial scale (diffusers' ``init_noise_sigma``); the step
 noise (Euler a's and LCM's: the samplers whose ``d`` is not 0) is
-``jax.random.normal(jax.random.fold_in(jax.random.key(seed_i), step + 1), ...)``: any implementation
-can reproduce an image from its seed with JAX's threefry generator.
+``jax.random.normal(jax.random.fold_in(jax.random.key(seed_i), step + 1), ...)`` (DPM++ SDE's second draw of a step:
+that key folded with 1 again): any implementation can reproduce an image from its seed with JAX's threefry generator.
 
 Outputs: ``images`` (batch, height, width, 3) uint8, channels-last, 0..255; ``finite`` (batch,)
 bool, False where the decoded image held NaN or inf (the caller reports an error instead of
@@ -121,6 +123,11 @@ class ProgramShape:
     # reference image, scale, start/end or adapter of the architecture (plain or Plus) is the same executable.
     # (): no IP-Adapter.
     ip_adapters: tuple[tuple[str, int, int], ...] = ()
+    # Two model calls per step (schedulers.TWO_CALLS: Heun, DPM2, DPM++ SDE): the loop body calls the UNet a second
+    # time at the step's mid point (ProgramInputs.mid_*; skipped by lax.cond where the schedule's g is 0, a last step
+    # to sigma 0). So these samplers share one program per shape, and their steps, guidance and schedule types are
+    # its inputs; a one-call sampler's program is unchanged. False: one call per step.
+    two_calls: bool = False
 
     @property
     def control(self) -> bool:
@@ -268,6 +275,16 @@ class ProgramInputs:
     num_steps: jax.Array = replicated((), jnp.int32)  # denoising steps to run (1..max_steps)
     init_scale: jax.Array = replicated((), jnp.float32)  # initial latents = noise x init_scale
     final_scale: jax.Array = replicated((), jnp.float32)  # VAE input = final latents x final_scale
+    # A two-call sampler's second call per step (schedulers.SecondCall; ProgramShape.two_calls): its timestep and
+    # sigma, its input x_mid = mid_a x + mid_b x0 + mid_d z, and the update's f (x_mid - x0_mid) + g x0_mid + d2 w
+    mid_timesteps: jax.Array | None = replicated(per_step, jnp.float32, when="two_calls")
+    mid_sigmas: jax.Array | None = replicated(per_step, jnp.float32, when="two_calls")
+    mid_a: jax.Array | None = replicated(per_step, jnp.float32, when="two_calls")
+    mid_b: jax.Array | None = replicated(per_step, jnp.float32, when="two_calls")
+    mid_d: jax.Array | None = replicated(per_step, jnp.float32, when="two_calls")
+    f: jax.Array | None = replicated(per_step, jnp.float32, when="two_calls")
+    g: jax.Array | None = replicated(per_step, jnp.float32, when="two_calls")
+    d2: jax.Array | None = replicated(per_step, jnp.float32, when="two_calls")
     latents: jax.Array | None = per_image(latent_dims, jnp.float32, when="given_latents")  # initial noise
     image: jax.Array | None = per_image(image_dims, jnp.uint8, when="init_image")  # img2img: (H, W, 3) pixels
     start_step: jax.Array | None = replicated((), jnp.int32, when="from_image")  # img2img, hires: the first step
@@ -518,20 +535,26 @@ def sampler_update(latents, x0, x0_prev, noise, a, b, c, d, e=0.0, clip_range=jn
     return a * latents + b * x0 + c * x0_prev + c2 * x0_prev2 + d * noise + e * clipped
 
 
-def step_noise(seeds: jax.Array, step, latent_shape: tuple[int, int, int], stream: int | None = None) -> jax.Array:
+def step_noise(seeds: jax.Array, step, latent_shape: tuple[int, int, int], stream: int | None = None,
+               draw: int = 0) -> jax.Array:
     """The step noise at ``step`` for each image (Euler a, LCM): normal(fold_in(key(seed), step + 1)); (b, C, h, w)
-    float32. ``stream``: the seed's key is :func:`seed_key`'s for it (hires fix's second pass)."""
-    return jax.vmap(lambda s: jax.random.normal(jax.random.fold_in(seed_key(s, stream), step + 1), latent_shape,
-                                                jnp.float32))(seeds)
+    float32. ``stream``: the seed's key is :func:`seed_key`'s for it (hires fix's second pass). ``draw`` 1: the
+    step's second draw (DPM++ SDE's w_i), normal(fold_in(fold_in(key(seed), step + 1), 1))."""
+    def one(s):
+        key = jax.random.fold_in(seed_key(s, stream), step + 1)
+        return jax.random.normal(jax.random.fold_in(key, draw) if draw else key, latent_shape, jnp.float32)
+
+    return jax.vmap(one)(seeds)
 
 
-def noise_if_used(seeds: jax.Array, step, d, latents: jax.Array, stream: int | None = None) -> jax.Array:
+def noise_if_used(seeds: jax.Array, step, d, latents: jax.Array, stream: int | None = None,
+                  draw: int = 0) -> jax.Array:
     """Step ``step``'s noise (:func:`step_noise`) where the sampler adds it (``d``, its traced coefficient, not 0: Euler
     a, LCM), else zeros like ``latents``; (b, C, h, w) float32. The sampler is a per-request input, so the choice is a
     ``lax.cond`` in the loop, not a new program: a step of Euler, DPM++ or DDIM skips the draw (two threefry loops per
     step, which XLA:CPU runs as nested while loops: docs/benchmarks.md, "Against the blog's own pipeline"), and its
     update is the same (``d`` times either is 0)."""
-    return jax.lax.cond(d != 0, lambda: step_noise(seeds, step, latents.shape[1:], stream),
+    return jax.lax.cond(d != 0, lambda: step_noise(seeds, step, latents.shape[1:], stream, draw),
                         lambda: jnp.zeros_like(latents))
 
 
@@ -776,43 +799,113 @@ def encode_pixels(st: Static, params, x: jax.Array) -> jax.Array:
 
 def denoise_step(st: Static, unet, cond: Conditioning, inputs: ProgramInputs, i, carry,
                  image: ImageConditioning | None = None):
-    """Stage 3's body, step ``i``: the UNet (with CFG over a doubled batch), then the sampler's update,
-    float32. ``carry`` = (latents, previous x0, the x0 before it), each (b, C, h, w); returns the next carry.
+    """Stage 3's body, step ``i``: :func:`sampler_step` with the UNet as its model (:func:`model_x0`) and the
+    seeds' step noise. ``carry`` = (latents, previous x0, the x0 before it), each (b, C, h, w) float32; returns the
+    next carry.
 
     With ``inpaint`` (``image`` holds the mask): an inpainting UNet's input is [scaled latents, mask, masked-image
     latents] along channels; a plain UNet's result is blended with the known region after the update
-    (:func:`keep_known`), as diffusers' ``StableDiffusionXLInpaintPipeline`` denoising loop does."""
-    latents, x0_prev, x0_prev2 = carry
-    sigma = inputs.sigmas[i]
-    x = latents / jnp.sqrt(sigma**2 + 1)  # the UNet's input scaling
-    if st.inpainting_unet:  # after the scaling, as the pipeline concatenates after scale_model_input
-        x = jnp.concatenate([x, image.mask, image.masked], axis=1)  # (b, 2C + 1, h, w)
-    x = jnp.concatenate([x, x]) if st.shape.cfg else x  # (rows, c, h, w)
-    t = jnp.broadcast_to(inputs.timesteps[i], (cond.hidden.shape[0],))
-    out = unet_prediction(st, unet, cond, inputs, i, x, t)
-    if st.shape.cfg:
-        out = cfg_combine(*jnp.split(out, 2), inputs.guidance_scale)  # (b, c, h, w)
-    x0 = denoised(latents, out, sigma, st.prediction_type)
-    z = noise_if_used(inputs.seeds, i, inputs.d[i], latents, st.noise_stream)
-    update = sampler_update(latents, x0, x0_prev, z, inputs.a[i], inputs.b[i], inputs.c[i], inputs.d[i],
-                            inputs.e[i], inputs.clip_range, x0_prev2, inputs.c2[i])
-    if st.shape.inpaint and not st.inpainting_unet:
+    (:func:`keep_known`), as diffusers' ``StableDiffusionXLInpaintPipeline`` denoising loop does (and a two-call
+    sampler's second input at its mid sigma, as that loop blends after each scheduler call)."""
+    latents = carry[0]
+
+    def x0_of(x, sigma, timestep):
+        return model_x0(st, unet, cond, inputs, i, x, sigma, timestep, image)
+
+    def noise(draw, coefficient):
+        return noise_if_used(inputs.seeds, i, coefficient, latents, st.noise_stream, draw)
+
+    plain_inpaint = st.shape.inpaint and not st.inpainting_unet
+    known = (lambda x, sigma: blend_known(x, image, sigma)) if plain_inpaint else None
+    update, x0, x0_prev = sampler_step(x0_of, noise, inputs, i, carry, st.shape.two_calls, known)
+    if plain_inpaint:
         update = keep_known(update, image, inputs, i)
     return update, x0, x0_prev
 
 
+def model_x0(st: Static, unet, cond: Conditioning, inputs: ProgramInputs, i, latents: jax.Array, sigma, timestep,
+             image: ImageConditioning | None = None) -> jax.Array:
+    """The model's x0 of step ``i``'s call at sigma-space ``latents`` (b, C, h, w) float32, noise level ``sigma`` and
+    UNet timestep ``timestep`` (traced scalars): the UNet on ``latents / sqrt(sigma^2 + 1)`` (diffusers'
+    ``scale_model_input``), with CFG over a doubled batch, then :func:`denoised`. (b, C, h, w) float32."""
+    x = latents / jnp.sqrt(sigma**2 + 1)  # the UNet's input scaling
+    if st.inpainting_unet:  # after the scaling, as the pipeline concatenates after scale_model_input
+        x = jnp.concatenate([x, image.mask, image.masked], axis=1)  # (b, 2C + 1, h, w)
+    x = jnp.concatenate([x, x]) if st.shape.cfg else x  # (rows, c, h, w)
+    t = jnp.broadcast_to(timestep, (cond.hidden.shape[0],))
+    out = unet_prediction(st, unet, cond, inputs, i, x, t)
+    if st.shape.cfg:
+        out = cfg_combine(*jnp.split(out, 2), inputs.guidance_scale)  # (b, c, h, w)
+    return denoised(latents, out, sigma, st.prediction_type)
+
+
+def sampler_step(x0_of: Callable, noise: Callable, inputs: ProgramInputs, i, carry, two_calls: bool = False,
+                 known: Callable | None = None):
+    """One step of any sampler of schedulers.py on ``carry`` = (x_i, x0_{i-1}, x0_{i-2}), each (b, C, h, w) float32;
+    returns (x_{i+1}, x0_i, x0_{i-1}).
+
+    Args:
+        x0_of: ``(x, sigma, timestep) -> x0``, the model (:func:`model_x0`; tests pass a fake).
+        noise: ``(draw, coefficient) -> (b, C, h, w)``: the step's normal draw 0 (z_i) or 1 (w_i), zeros where its
+            traced coefficient is 0 (:func:`noise_if_used`).
+        inputs: the schedule's arrays (ProgramInputs' a..e, and with ``two_calls`` the ``mid_*``, f, g, d2).
+        two_calls: ProgramShape.two_calls: the second model call (:func:`second_call`); x0 is clipped to
+            ``clip_range`` (Heun's clip_sample; inf otherwise) on both calls.
+        known: inpainting with a plain UNet: ``(x, sigma) -> x`` with the known region at ``sigma``, for the second
+            call's input (None: none; the update's own blend is :func:`denoise_step`'s).
+    """
+    latents, x0_prev, x0_prev2 = carry
+    x0 = x0_of(latents, inputs.sigmas[i], inputs.timesteps[i])
+    drawn = inputs.d[i]
+    if two_calls:
+        x0 = jnp.clip(x0, -inputs.clip_range, inputs.clip_range)
+        drawn = jnp.abs(inputs.d[i]) + jnp.abs(inputs.mid_d[i])  # z_i feeds the second call's input too
+    z = noise(0, drawn)
+    update = sampler_update(latents, x0, x0_prev, z, inputs.a[i], inputs.b[i], inputs.c[i], inputs.d[i],
+                            inputs.e[i], inputs.clip_range, x0_prev2, inputs.c2[i])
+    if two_calls:
+        update = update + second_call(x0_of, noise, inputs, i, latents, x0, z, known)
+    return update, x0, x0_prev
+
+
+def second_call(x0_of: Callable, noise: Callable, inputs: ProgramInputs, i, latents: jax.Array, x0: jax.Array,
+                z: jax.Array, known: Callable | None = None) -> jax.Array:
+    """A two-call sampler's part of step ``i``'s update (schedulers.SecondCall), (b, C, h, w) float32::
+
+        x_mid = mid_a x_i + mid_b x0_i + mid_d z_i;   f (x_mid - x0_mid) + g x0_mid + d2 w_i
+
+    x0_mid the model's at x_mid, ``mid_sigmas[i]``, ``mid_timesteps[i]`` (clipped as x0_i); the call runs under
+    ``lax.cond`` where ``f`` or ``g`` is not 0, so a last step to sigma 0 (an Euler step in k-diffusion and diffusers)
+    calls the model once. ``known``: see :func:`sampler_step` (applied to x_mid at its sigma)."""
+    x_mid = inputs.mid_a[i] * latents + inputs.mid_b[i] * x0 + inputs.mid_d[i] * z
+    if known is not None:
+        x_mid = known(x_mid, inputs.mid_sigmas[i])
+
+    def call():
+        x0_mid = jnp.clip(x0_of(x_mid, inputs.mid_sigmas[i], inputs.mid_timesteps[i]), -inputs.clip_range,
+                          inputs.clip_range)
+        return inputs.f[i] * (x_mid - x0_mid) + inputs.g[i] * x0_mid
+
+    part = jax.lax.cond((inputs.f[i] != 0) | (inputs.g[i] != 0), call, lambda: jnp.zeros_like(latents))
+    return part + inputs.d2[i] * noise(1, inputs.d2[i])
+
+
+def blend_known(latents: jax.Array, image: ImageConditioning, sigma) -> jax.Array:
+    """(1 - mask) known + mask latents, the known region the image latents noised to ``sigma`` with the request's
+    one noise draw: ``image.latents + sigma noise`` (b, C, h, w) float32."""
+    known = image.latents + sigma * image.noise
+    return (1.0 - image.mask) * known + image.mask * latents
+
+
 def keep_known(latents: jax.Array, image: ImageConditioning, inputs: ProgramInputs, i) -> jax.Array:
-    """Inpainting with a plain UNet, after step ``i``: (1 - mask) known + mask latents, the known region being the
-    image latents re-noised to the next step's sigma with the request's one noise draw (clean after the last
-    step). (b, C, h, w) float32.
+    """Inpainting with a plain UNet, after step ``i``: :func:`blend_known` at the next step's sigma (clean after the
+    last step). (b, C, h, w) float32.
 
     diffusers' ``StableDiffusionXLInpaintPipeline`` (``num_channels_unet == 4``): ``scheduler.add_noise(
     image_latents, noise, timesteps[i + 1])`` while ``i < len(timesteps) - 1``, else the image latents; in this
     sigma space every scheduler's add_noise is ``x0 + sigma noise`` (:func:`initial_latents`).
     """
-    sigma_next = jnp.where(i + 1 < inputs.num_steps, inputs.sigmas[i + 1], 0.0)
-    known = image.latents + sigma_next * image.noise
-    return (1.0 - image.mask) * known + image.mask * latents
+    return blend_known(latents, image, jnp.where(i + 1 < inputs.num_steps, inputs.sigmas[i + 1], 0.0))
 
 
 def denoise(st: Static, params, cond: Conditioning, inputs: ProgramInputs, latents: jax.Array,

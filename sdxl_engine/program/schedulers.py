@@ -53,6 +53,13 @@ LCM               LCMScheduler (Luo et al. 2023): the boundary-condition scaling
                   ``original_inference_steps`` (``timestep_spacing`` unused, as in diffusers)
 ================  =====================================================================================
 
+Heun, DPM2 and DPM++ SDE (:data:`TWO_CALLS`: diffusers' HeunDiscreteScheduler, KDPM2DiscreteScheduler,
+DPMSolverSDEScheduler; k-diffusion's sample_heun, sample_dpm_2, sample_dpmpp_sde) call the model twice per step: their
+schedules add a :class:`SecondCall` (the second call's input x_mid = mid_a x_i + mid_b x0_i + mid_d z_i at a mid sigma,
+and f (x_mid - x0_mid) + g x0_mid + d2 w_i in the update), which the program runs as its own shape
+(ProgramShape.two_calls; :func:`_two_call_schedule` has the formulas and DPM++ SDE's noise: per-step normals with a
+Brownian tree's law, not a Brownian tree).
+
 (s = sigma_i, s' = sigma_{i+1}.) DDIM, DPM++ and LCM work in diffusers on x / sqrt(sigma^2 + 1) (the
 "x-space"); the same update in sigma space starts from noise * sqrt(sigma_0^2 + 1) and ends by
 dividing by sqrt(sigma_n^2 + 1): :attr:`Schedule.init_scale` and :attr:`Schedule.final_scale`
@@ -92,7 +99,13 @@ SAMPLER_CLASSES = {
     "UniPC": ("UniPCMultistepScheduler", {"solver_order": 2, "predict_x0": True}),
     "DDIM": ("DDIMScheduler", {}),
     "LCM": ("LCMScheduler", {}),
+    "Heun": ("HeunDiscreteScheduler", {}),
+    "DPM2": ("KDPM2DiscreteScheduler", {}),
+    "DPM++ SDE": ("DPMSolverSDEScheduler", {}),
 }
+# The samplers whose step calls the model twice (k-diffusion's sample_heun, sample_dpm_2, sample_dpmpp_sde): their
+# schedules carry a :class:`SecondCall` and their programs ProgramShape.two_calls.
+TWO_CALLS = ("Heun", "DPM2", "DPM++ SDE")
 
 _COMMON = dict(num_train_timesteps=1000, beta_start=0.0001, beta_end=0.02, beta_schedule="linear",
                trained_betas=None, prediction_type="epsilon", timestep_spacing="linspace", steps_offset=0,
@@ -123,6 +136,11 @@ CLASS_DEFAULTS = {
                      "original_inference_steps": 50, "clip_sample": False, "clip_sample_range": 1.0,
                      "set_alpha_to_one": True, "thresholding": False, "dynamic_thresholding_ratio": 0.995,
                      "sample_max_value": 1.0, "timestep_spacing": "leading", "timestep_scaling": 10.0},
+    **{cls: {**{k: v for k, v in _COMMON.items() if k != "rescale_betas_zero_snr"}, "beta_start": 0.00085,
+             "beta_end": 0.012, **_SIGMA_KINDS, **extra}
+       for cls, extra in (("HeunDiscreteScheduler", {"clip_sample": False, "clip_sample_range": 1.0}),
+                          ("KDPM2DiscreteScheduler", {}),
+                          ("DPMSolverSDEScheduler", {"noise_sampler_seed": None}))},
 }
 
 # What happens to each field (README's samplers table says the same). "honoured": as diffusers uses it;
@@ -131,10 +149,12 @@ CLASS_DEFAULTS = {
 FIELDS = {
     "num_train_timesteps": "honoured", "beta_start": "honoured", "beta_end": "honoured",
     "beta_schedule": "honoured: linear, scaled_linear, squaredcos_cap_v2", "trained_betas": "honoured",
-    "prediction_type": "honoured: epsilon, v_prediction, sample (not with Euler a, as in diffusers)",
+    "prediction_type": "honoured: epsilon, v_prediction, sample (not with Euler a, DPM2, DPM++ SDE, as in diffusers)",
     "timestep_spacing": "honoured: linspace, leading, trailing (LCM: unused, as in diffusers)",
     "steps_offset": "honoured (leading; LCM: unused, as in diffusers)",
-    "rescale_betas_zero_snr": "honoured for Euler, Euler a, DPM++; DDIM and LCM refused per request for such a model",
+    "rescale_betas_zero_snr": "honoured for Euler, Euler a, DPM++; DDIM and LCM refused per request for such a model; "
+                              "unused by Heun, DPM2, DPM++ SDE (their classes have no such field: as in diffusers, "
+                              "their sigmas are the unrescaled betas')",
     "interpolation_type": "honoured: linear, log_linear", "use_karras_sigmas": "honoured",
     "use_exponential_sigmas": "honoured", "use_beta_sigmas": "refused", "sigma_min": "honoured",
     "sigma_max": "honoured", "timestep_type": "honoured: discrete, continuous",
@@ -152,7 +172,8 @@ FIELDS = {
     "lambda_min_clipped": "honoured", "variance_type": "refused", "use_dynamic_shifting": "refused",
     "time_shift_type": "unused (use_dynamic_shifting)", "thresholding": "refused",
     "dynamic_thresholding_ratio": "unused (thresholding)", "sample_max_value": "unused (thresholding)",
-    "clip_sample": "honoured", "clip_sample_range": "honoured",
+    "clip_sample": "honoured (Heun: both calls' x0)", "clip_sample_range": "honoured",
+    "noise_sampler_seed": "unused (DPM++ SDE: the step noise is the engine's, per image seed)",
     "set_alpha_to_one": "honoured (DDIM; LCM: unused, its previous timestep is never negative)",
     "original_inference_steps": "honoured (LCM: its timesteps, and the most steps it runs)",
     "timestep_scaling": "honoured (LCM)",
@@ -265,6 +286,30 @@ def _t_to_sigma(t: np.ndarray, sigmas: np.ndarray) -> np.ndarray:
 
 
 @dataclasses.dataclass(frozen=True)
+class SecondCall:
+    """The second model call of a two-call sampler's step (:data:`TWO_CALLS`), float32 (n,) each, ``n`` = steps::
+
+        x_mid = mid_a x_i + mid_b x0_i + mid_d z_i          (the second call's input, at mid_sigmas, mid_timesteps)
+        x_{i+1} = (the one-call update) + f (x_mid - x0_mid) + g x0_mid + d2 w_i
+
+    x0_mid the model's x0 at x_mid; z_i the step noise (the one-call update's, with its coefficient ``d``), w_i a
+    second normal draw of the step (DPM++ SDE alone). ``f`` multiplies the difference (mid sigma times the model's
+    noise estimate), not x_mid and x0_mid one by one: from a large sigma (a cosine or zero-SNR schedule's first step)
+    f is in the thousands, and two such products would cancel to a few float32 units. Where ``f`` and ``g`` are 0 (a
+    step to sigma 0, the last, which k-diffusion and diffusers take as an Euler step) the program skips the call.
+    """
+
+    timesteps: np.ndarray
+    sigmas: np.ndarray
+    a: np.ndarray
+    b: np.ndarray
+    d: np.ndarray
+    f: np.ndarray
+    g: np.ndarray
+    d2: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
 class Schedule:
     """One sampler at one step count: what the program needs, float32, ``n`` = steps.
 
@@ -281,6 +326,7 @@ class Schedule:
         history: for a multistep sampler (DPM++, UniPC), ``restarts -> (a, b, c, c2, d)`` float64 (n,) each, the
             coefficients with the history restarting at those steps; None for the others, whose update reads no
             earlier step.
+        second: a two-call sampler's second model call per step (:class:`SecondCall`); None for the one-call ones.
     """
 
     timesteps: np.ndarray
@@ -297,6 +343,12 @@ class Schedule:
     restarts: tuple[int, ...] = ()
     history: Callable[[tuple[int, ...]], tuple[np.ndarray, ...]] | None = dataclasses.field(
         default=None, compare=False, repr=False)
+    second: SecondCall | None = dataclasses.field(default=None, compare=False, repr=False)
+
+    @property
+    def two_calls(self) -> bool:
+        """Whether each step calls the model twice (ProgramShape.two_calls: its own program)."""
+        return self.second is not None
 
     def starting_at(self, start: int) -> Schedule:
         """This schedule for a run that begins at step ``start`` (img2img): the steps before it are skipped,
@@ -317,7 +369,7 @@ class Schedule:
         """This schedule with its multistep history restarting at ``step`` too (img2img's first step, the refiner's
         switch: diffusers runs a fresh scheduler there), the earlier restarts kept: the steps from ``step`` on take
         the orders a fresh scheduler takes (first order, then the higher ones as x0s accumulate). Samplers without
-        a history (Euler, Euler a, DDIM, LCM) and ``step`` 0 return this schedule."""
+        a history (Euler, Euler a, DDIM, LCM, the two-call samplers) and ``step`` 0 return this schedule."""
         if self.history is None or step <= 0 or step in self.restarts:
             return self
         restarts = tuple(sorted({*self.restarts, int(step)}))
@@ -332,9 +384,14 @@ class Schedule:
             return out
 
         n = max_steps
-        return {"timesteps": pad(self.timesteps, n), "sigmas": pad(self.sigmas, n + 1), "a": pad(self.a, n),
-                "b": pad(self.b, n), "c": pad(self.c, n), "c2": pad(self.c2, n), "d": pad(self.d, n),
-                "e": pad(self.e, n)}
+        out = {"timesteps": pad(self.timesteps, n), "sigmas": pad(self.sigmas, n + 1), "a": pad(self.a, n),
+               "b": pad(self.b, n), "c": pad(self.c, n), "c2": pad(self.c2, n), "d": pad(self.d, n),
+               "e": pad(self.e, n)}
+        if self.second is not None:  # ProgramInputs' mid_* fields, and f, g, d2
+            mid = ("timesteps", "sigmas", "a", "b", "d")
+            out.update({("mid_" + f.name if f.name in mid else f.name): pad(getattr(self.second, f.name), n)
+                        for f in dataclasses.fields(SecondCall)})
+        return out
 
 
 def img2img_start(steps: int, strength: float) -> int:
@@ -408,7 +465,8 @@ def sampler_config(sampler: str, config: dict) -> dict:
 # (UniPC's two combinations that diffusers' UniPC divides by zero on, which every other sampler follows; Euler a on a
 # sample-predicting model, SDXL-Lightning's 1-step x0 UNet, which the other samplers run).
 PER_SAMPLER = frozenset({"rescale_betas_zero_snr", "original_inference_steps", ("UniPC", "final_sigmas_type"),
-                         ("UniPC", "lower_order_final"), ("Euler a", "prediction_type")})
+                         ("UniPC", "lower_order_final"), ("Euler a", "prediction_type"), ("DPM2", "prediction_type"),
+                         ("DPM++ SDE", "prediction_type")})
 
 
 def check_scheduler_config(config: dict) -> None:
@@ -438,6 +496,8 @@ def _refusal(sampler: str, cfg: dict) -> tuple[str, str] | None:
         return "prediction_type", "choose epsilon, v_prediction or sample"
     if cls == "EulerAncestralDiscreteScheduler" and cfg["prediction_type"] == "sample":
         return "prediction_type", "diffusers' Euler a does not implement it either"
+    if cls in ("KDPM2DiscreteScheduler", "DPMSolverSDEScheduler") and cfg["prediction_type"] == "sample":
+        return "prediction_type", f"diffusers' {cls} does not implement it either"
     if cls != "LCMScheduler" and cfg["timestep_spacing"] not in ("linspace", "leading", "trailing"):
         return "timestep_spacing", "choose linspace, leading or trailing"
     if cls == "DDIMScheduler" and cfg["rescale_betas_zero_snr"]:
@@ -460,6 +520,12 @@ def _refusal(sampler: str, cfg: dict) -> tuple[str, str] | None:
             return "use_beta_sigmas", "beta sigmas are not implemented"
         if cfg["final_sigmas_type"] not in ("zero", "sigma_min"):
             return "final_sigmas_type", "choose zero or sigma_min"
+    if cls in ("HeunDiscreteScheduler", "KDPM2DiscreteScheduler", "DPMSolverSDEScheduler"):
+        kinds = [k for k in _SIGMA_KINDS if cfg[k]]
+        if len(kinds) > 1:
+            return kinds[1], f"only one of {', '.join(_SIGMA_KINDS)} may be set (diffusers refuses it too)"
+        if cfg["use_beta_sigmas"]:
+            return "use_beta_sigmas", "beta sigmas are not implemented"
     if cls == "EulerDiscreteScheduler":
         if cfg["interpolation_type"] not in ("linear", "log_linear"):
             return "interpolation_type", "choose linear or log_linear"
@@ -737,6 +803,8 @@ def make_schedule(sampler: str, config: dict, steps: int, schedule_type: str | N
         if sampler == "LCM":  # custom timesteps, trailing (_sampler_and_type took no other spacing for LCM)
             n_train = cfg["num_train_timesteps"]
             return _lcm_schedule(cfg, steps, np.round(np.arange(n_train, 0, -n_train / steps)).astype(np.int64) - 1)
+    if sampler in TWO_CALLS:
+        return _two_call_schedule(sampler, cfg, steps, schedule_type)
     typed = None if schedule_type == DEFAULT_SCHEDULE_TYPE else _typed(cfg, schedule_type, steps)
     zeros = np.zeros(steps, np.float64)
     if sampler == "LCM":
@@ -770,6 +838,102 @@ def make_schedule(sampler: str, config: dict, steps: int, schedule_type: str | N
     history = functools.partial(_unipc_coefficients if unipc else _dpm_coefficients, cfg, sigmas.astype(np.float64))
     init = (sigmas[0] ** 2 + 1) ** 0.5  # x-space noise of variance 1
     return _schedule(timesteps, sigmas, *history(()), zeros, init, 1 / (sigmas[-1] ** 2 + 1) ** 0.5, history=history)
+
+
+def _two_call_schedule(sampler: str, cfg: dict, steps: int, schedule_type: str) -> Schedule:
+    """Heun, DPM2 or DPM++ SDE (:data:`TWO_CALLS`) in sigma space: the class's sigmas and timesteps (or A1111's
+    ``schedule_type``), the first call's update in (a, b, d), the second's in a :class:`SecondCall`.
+
+    With s = sigma_i, s' = sigma_{i+1} (> 0; a step to s' = 0 is Euler's, x0, with no second call, as k-diffusion's
+    samplers and diffusers' classes take it), x0 and x0_mid the two calls' x0, the formulas (eta 1, s_noise 1):
+
+    * Heun (k-diffusion ``sample_heun``, s_churn 0; diffusers ``HeunDiscreteScheduler``): x_mid = Euler's step to s'
+      (mid_a = s'/s), called at s' and the next step's timestep; x' = x + (s' - s)/2 ((x - x0)/s + (x_mid -
+      x0_mid)/s'): a = 1 + dt/2s, b = -dt/2s, f = dt/2s' (dt = s' - s). ``clip_sample`` clips both x0.
+    * DPM2 (``sample_dpm_2``; ``KDPM2DiscreteScheduler``): m = exp((log s + log s')/2); x_mid = Euler's step to m
+      (mid_a = m/s), called at m and ``sigma_to_t(m)``; x' = x + (s' - s)(x_mid - x0_mid)/m: a = 1, f = dt/m.
+    * DPM++ SDE (``sample_dpmpp_sde``, r 1/2; ``DPMSolverSDEScheduler``): m the same; x_mid = the ancestral step s ->
+      m (``get_ancestral_step``: s_down, s_up; mid_a = s_down/s, mid_b = 1 - mid_a, mid_d = s_up), called at m; x' =
+      (s_down'/s) x + (1 - s_down'/s) x0_mid + s_up' z' for the ancestral step s -> s'. k-diffusion's two noises are
+      a Brownian tree's increments over [m, s] and [s', s] (``BrownianTreeNoiseSampler``, time = sigma), normalised:
+      correlated by rho = sqrt((s - m)/(s - s')), independent from step to step. The engine draws them as z (the
+      step noise) and z' = rho z + sqrt(1 - rho^2) w: d = s_up' rho, d2 = s_up' sqrt(1 - rho^2). **Noise: per-step
+      normals with a Brownian tree's law, not k-diffusion's or diffusers' Brownian tree samples** (the same
+      distribution, another draw: an image is not A1111's for the same seed, as with every sampler here).
+
+    The sigmas: the class's ``set_timesteps`` (spacing; Karras or exponential; Karras timesteps rounded for DPM2
+    alone; DPM++ SDE's Karras ignore ``sigma_min``/``sigma_max`` as its class does), the final sigma 0, no zero-SNR
+    rescaling (fields these classes lack). A1111's schedule types replace the sigmas (:func:`_typed`, fractional
+    timesteps as k-diffusion's ``sigma_to_t``; the final 0 whatever ``final_sigmas_type``); the mid sigmas follow.
+    """
+    cfg = {**cfg, "rescale_betas_zero_snr": False, "final_sigmas_type": "zero"}
+    ac = _alphas_cumprod(cfg)
+    training = ((1 - ac) / ac) ** 0.5  # float32 (diffusers' np.array of the torch tensor)
+    log_sigmas = np.log(training)
+    if schedule_type == DEFAULT_SCHEDULE_TYPE:
+        timesteps = _spaced(cfg, steps)
+        if sampler == "DPM++ SDE" and cfg["timestep_spacing"] == "linspace":  # its linspace is float64
+            timesteps = np.linspace(0, cfg["num_train_timesteps"] - 1, steps)[::-1]
+        sigmas = np.interp(timesteps, np.arange(len(training)), training)
+        converted = _converted({**cfg, "sigma_min": None, "sigma_max": None} if sampler == "DPM++ SDE" else cfg,
+                               sigmas, steps)
+        if converted is not None:
+            sigmas = converted
+            timesteps = _sigma_to_t(sigmas, log_sigmas)
+            if sampler == "DPM2" and cfg["use_karras_sigmas"]:
+                timesteps = timesteps.round()
+        sigmas = np.concatenate([sigmas, [0.0]]).astype(np.float32)
+    else:
+        timesteps, sigmas = _typed(cfg, schedule_type, steps)
+        sigmas = sigmas.astype(np.float32)
+    top = float(sigmas.max())
+    init = top if cfg["timestep_spacing"] in ("linspace", "trailing") else (top**2 + 1) ** 0.5
+    s, s_next = sigmas[:-1].astype(np.float64), sigmas[1:].astype(np.float64)
+    go = s_next > 0  # the steps with a second call; the others are Euler steps to 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mid = np.where(go, np.exp((np.log(s) + np.log(s_next)) / 2), 0.0)
+        if sampler == "Heun":
+            mid = s_next
+        mid_t = np.where(go, _sigma_to_t(np.where(go, mid, 1.0), log_sigmas), 0.0)
+        if sampler == "Heun":
+            mid_t = np.where(go, np.concatenate([timesteps[1:], [0.0]]), 0.0)
+        coefficients = {"Heun": _heun, "DPM2": _dpm_2, "DPM++ SDE": _dpmpp_sde}[sampler](s, s_next, mid)
+    a, b, d, mid_a, mid_b, mid_d, f, g, d2 = (np.where(go, x, 0.0) for x in coefficients)
+    b = np.where(go, b, 1.0)  # a step to 0: x0 (Euler's x + (0 - s)(x - x0)/s)
+    zeros = np.zeros(steps)
+    clip = float(cfg["clip_sample_range"]) if cfg.get("clip_sample") and sampler == "Heun" else math.inf
+    f32 = lambda x: np.asarray(x, np.float32)  # noqa: E731
+    second = SecondCall(*(f32(x) for x in (mid_t, mid, mid_a, mid_b, mid_d, f, g, d2)))
+    return dataclasses.replace(_schedule(timesteps, sigmas, a, b, zeros, zeros, d, zeros, init, 1.0, clip),
+                               second=second)
+
+
+def _heun(s, s_next, mid):
+    """Heun's (a, b, d, mid_a, mid_b, mid_d, f, g, d2), (n,) float64 each (:func:`_two_call_schedule`)."""
+    dt, zeros = s_next - s, np.zeros_like(s)
+    return 1 + dt / (2 * s), -dt / (2 * s), zeros, s_next / s, 1 - s_next / s, zeros, dt / (2 * s_next), zeros, zeros
+
+
+def _dpm_2(s, s_next, mid):
+    """DPM2's (a, b, d, mid_a, mid_b, mid_d, f, g, d2) (:func:`_two_call_schedule`)."""
+    dt, zeros = s_next - s, np.zeros_like(s)
+    return np.ones_like(s), zeros, zeros, mid / s, 1 - mid / s, zeros, dt / mid, zeros, zeros
+
+
+def _ancestral(sigma_from, sigma_to):
+    """k-diffusion's ``get_ancestral_step`` (eta 1): (sigma_down, sigma_up)."""
+    up = np.minimum(sigma_to, np.sqrt(sigma_to**2 * (sigma_from**2 - sigma_to**2) / sigma_from**2))
+    return np.sqrt(sigma_to**2 - up**2), up
+
+
+def _dpmpp_sde(s, s_next, mid):
+    """DPM++ SDE's (a, b, d, mid_a, mid_b, mid_d, f, g, d2) (:func:`_two_call_schedule`)."""
+    down_mid, up_mid = _ancestral(s, mid)
+    down, up = _ancestral(s, s_next)
+    rho = np.sqrt((s - mid) / (s - s_next))  # the Brownian increments' correlation over [m, s] and [s', s]
+    zeros = np.zeros_like(s)
+    return (down / s, zeros, up * rho, down_mid / s, 1 - down_mid / s, up_mid, zeros, 1 - down / s,
+            up * np.sqrt(np.maximum(1 - rho**2, 0.0)))
 
 
 def _since_restart(steps: int, restarts: tuple[int, ...]) -> np.ndarray:

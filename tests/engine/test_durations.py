@@ -28,14 +28,20 @@ def test_work_is_the_largest_of_the_flops_the_bytes_accessed_and_the_temporaries
 def test_a_size_that_ran_is_estimated_by_its_own_step_time():
     runs, cost = times(), ProgramCost(8e6, 4.0e9, 8.0e8)
     runs.observe(384, 256, cost, 10, device_s=0.8 + 10 * 0.5)  # 0.5 s per step measured
-    assert runs.measured == {(384, 256): pytest.approx(0.5)}
+    assert runs.measured == {(384, 256, 1): pytest.approx(0.5)}
     assert runs.seconds(384, 256, cost, 20) == pytest.approx(0.8 + 20 * 0.5)
     assert runs.seconds(256, 384, cost, 20) == pytest.approx(4.0)  # another size: still scaled
     runs.observe(384, 256, cost, 10, device_s=0.8 + 10 * 0.3)
-    assert runs.measured[(384, 256)] == pytest.approx(0.4)  # the average follows the newer request
+    assert runs.measured[(384, 256, 1)] == pytest.approx(0.4)  # the average follows the newer request
     runs.observe(384, 256, None, 10, 99.0)  # no counts, no steps: nothing learnt
     runs.observe(384, 256, cost, 0, 99.0)
-    assert runs.measured[(384, 256)] == pytest.approx(0.4)
+    assert runs.measured[(384, 256, 1)] == pytest.approx(0.4)
+    # a two-call sampler's program (Heun, DPM2, DPM++ SDE) at the size is measured apart: its step is two calls
+    assert runs.seconds(384, 256, cost, 20, calls=2) == pytest.approx(4.0)  # scaled by its own XLA counts until run
+    runs.observe(384, 256, cost, 10, device_s=0.8 + 10 * 0.9, calls=2)
+    assert runs.measured[(384, 256, 2)] == pytest.approx(0.9) and runs.measured[(384, 256, 1)] == pytest.approx(0.4)
+    assert runs.refusal([(384, 256, cost, 20, 2)]) is None  # 0.8 + 20 x 0.9 s
+    assert "at most 32 steps to run" in runs.refusal([(384, 256, cost, 40, 2)]).message  # (30 - 0.8) / 0.9
 
 
 def test_a_refusal_names_the_steps_that_fit_and_they_do_fit():
@@ -78,4 +84,4 @@ def test_the_engine_measures_at_start_and_refuses_a_run_over_the_limit_before_it
     assert "at most 10 steps to run at this size" in refused.value.message
     assert engine.run_times.measured == {}
     served = engine.generate(GenerateRequest("a red circle", seed=1, num_inference_steps=6))
-    assert served.images.shape[0] == 4 and (width, height) in engine.run_times.measured
+    assert served.images.shape[0] == 4 and (width, height, 1) in engine.run_times.measured

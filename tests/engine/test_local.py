@@ -141,9 +141,13 @@ def test_more_guidance_moves_the_image_toward_the_prompts_colour(tiny_shapes_eng
 
 
 def test_no_recompile_for_prompt_seed_guidance_steps_and_sampler(engine):
+    """Every one-call sampler runs on the one program (the two-call ones share their own:
+    test_a_two_call_sampler_compiles_one_more_program_once)."""
     import jax
 
-    from sdxl_engine.program.schedulers import SAMPLERS
+    from sdxl_engine.program.schedulers import SAMPLERS, TWO_CALLS
+
+    SAMPLERS = tuple(s for s in SAMPLERS if s not in TWO_CALLS)  # noqa: N806
 
     events = []
     jax.monitoring.register_event_duration_secs_listener(
@@ -160,6 +164,56 @@ def test_no_recompile_for_prompt_seed_guidance_steps_and_sampler(engine):
         gen(engine, sampler=sampler, num_inference_steps=3)
     assert engine.compile_count == before
     assert events == []
+
+
+def test_a_two_call_sampler_compiles_one_more_program_once(engine):
+    """A Heun request after Euler's compiles one program more (its shape's two_calls); DPM2 and DPM++ SDE, other
+    step counts, guidance in the same CFG mode and every schedule type run on it, and Euler's is still the one it
+    was: nothing compiles after the first two-call request."""
+    import jax
+
+    from sdxl_engine.program.schedulers import SCHEDULE_TYPES
+
+    gen(engine, num_inference_steps=3)
+    before = engine.compile_count
+    heun = gen(engine, sampler="Heun", num_inference_steps=3)
+    assert engine.compile_count in (before, before + 1)  # another test of the session may have compiled it first
+    compiled = engine.compile_count
+    events = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, duration, **kw: events.append(event) if "backend_compile" in event else None)
+    images = {}
+    for i, (sampler, schedule_type) in enumerate(
+            [("DPM2", None), ("DPM++ SDE", None), ("Heun", "karras")] + [("DPM2", t) for t in SCHEDULE_TYPES]):
+        images[sampler, schedule_type] = gen(engine, sampler=sampler, schedule_type=schedule_type,
+                                             num_inference_steps=2 + i % 4, guidance_scale=3.0 + i).images
+    gen(engine, num_inference_steps=3)
+    assert engine.compile_count == compiled and events == []
+    assert not np.array_equal(heun.images, images["DPM2", None])
+    assert not np.array_equal(images["DPM2", None], images["DPM++ SDE", None])
+    again = gen(engine, sampler="DPM++ SDE", num_inference_steps=3, guidance_scale=4.0)  # per seed, as Euler a
+    assert np.array_equal(again.images, images["DPM++ SDE", None])
+
+
+@pytest.mark.slow  # compiles the two-call program of image to image, inpainting and hires fix's two passes
+def test_the_two_call_samplers_run_in_every_mode(engine):
+    """Image to image (DPM2 from its start step), inpainting (Heun: a plain UNet's second call's input blended at
+    its mid sigma) and hires fix with a two-call sampler in either pass run on their two-call programs: four finite
+    images, each differing from the same request with Euler; the same request again gives the same images."""
+    width, height = engine.limits.default_size
+    image = np.zeros((height, width, 3), np.uint8)
+    image[:, : width // 2] = (200, 30, 30)
+    mask = np.zeros((height, width), np.float32)
+    mask[: height // 2] = 1.0
+    cases = [dict(image=image, strength=0.6), dict(image=image, mask=mask, strength=0.9),
+             dict(hires_scale=1.5, hires_steps=3, hires_sampler="DPM++ SDE"), dict(hires_scale=1.5, hires_steps=3)]
+    for sampler, kw in zip(("DPM2", "Heun", "Euler", "Heun"), cases, strict=True):
+        first = gen(engine, sampler=sampler, num_inference_steps=4, **kw)
+        assert first.images.shape[0] == 4 and np.isfinite(first.images).all(), (sampler, kw.keys())
+        assert np.array_equal(gen(engine, sampler=sampler, num_inference_steps=4, **kw).images, first.images)
+        other = gen(engine, sampler="Euler", num_inference_steps=4, **{**kw, "hires_sampler": "Euler"}
+                    if "hires_scale" in kw else kw)
+        assert not np.array_equal(other.images, first.images), (sampler, kw.keys())
 
 
 def test_guidance_up_to_1_follows_the_prompt_without_cfg(engine):

@@ -233,3 +233,15 @@ def test_the_refiner_plan_starts_at_its_switch_step_and_needs_its_multiple(tiny_
     assert err.value.field == "prompt" and "<lora:ink> is a LoRA for the refiner" in str(err.value)
     tagged = planner.plan(request(limits, prompt="a red circle <lora:ink:1>", refiner_switch_at=0.8))
     assert tagged.loras == (("ink", 1.0),) and tagged.refiner_start == 8
+
+
+@pytest.mark.parametrize("sampler, hires_sampler", [("Euler", "Heun"), ("DPM++ SDE", "Euler"), ("DPM2", "DPM2")])
+def test_each_pass_takes_the_program_of_its_own_samplers_model_calls(planner, sampler, hires_sampler):
+    """A two-call sampler (Heun, DPM2, DPM++ SDE) plans the two-call program (ProgramShape.two_calls), a one-call
+    sampler the program it always had; hires fix's second pass follows its own sampler, not the first pass's."""
+    plan = planner.plan(request(width=64, height=48, sampler=sampler, hires_scale=2, hires_sampler=hires_sampler,
+                                hires_upscaler="Latent (bicubic)"))
+    assert plan.shape.two_calls == (sampler != "Euler") == plan.schedule.two_calls
+    assert plan.hires.shape.two_calls == (hires_sampler != "Euler") == plan.hires.schedule.two_calls
+    assert dataclasses.replace(plan.shape, two_calls=False) == dataclasses.replace(planner.shape(64, 48),
+                                                                                  latents_out=True)

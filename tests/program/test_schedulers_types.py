@@ -12,6 +12,7 @@ from sdxl_engine.program.schedulers import (
     SAMPLERS,
     SCHEDULE_TYPES,
     SPACING_TYPES,
+    TWO_CALLS,
     UnknownScheduleType,
     UnsupportedScheduleType,
     get_schedule_type,
@@ -97,6 +98,18 @@ def test_the_multistep_samplers_take_a1111s_sigmas(sampler):
         np.testing.assert_allclose(typed.sigmas, REFERENCE["7"][schedule_type], rtol=1e-5)
         assert typed.sigmas[-1] == 0 and np.array_equal(typed.timesteps, np.round(typed.timesteps))
         assert (typed.c2[2:-2] != 0).all() and not np.allclose(typed.b, own.b)
+
+
+@pytest.mark.parametrize("sampler", TWO_CALLS)
+def test_the_two_call_samplers_take_a1111s_sigmas(sampler):
+    """Heun, DPM2 and DPM++ SDE on every A1111 schedule type with a reference: those sigmas, the final 0, fractional
+    timesteps (k-diffusion's sigma_to_t), their second calls between them (tests/program/test_schedulers_two_calls.py
+    runs k-diffusion's samplers on them)."""
+    for schedule_type in REFERENCE["7"]:
+        typed = make_schedule(sampler, SDXL, 7, schedule_type)
+        np.testing.assert_allclose(typed.sigmas, REFERENCE["7"][schedule_type], rtol=1e-5)
+        mid = typed.second.sigmas[:-1]
+        assert typed.sigmas[-1] == 0 and ((mid <= typed.sigmas[:-2]) & (mid >= typed.sigmas[1:-1])).all()
 
 
 def test_names_labels_and_aliases():
