@@ -1,12 +1,15 @@
 """``python -m tools.make_fixtures two-call-samplers``: tests/fixtures/two-call-steps.json and .npz.
 
-The samplers that call the model twice per step (the engine's Heun, DPM2, DPM++ SDE: diffusers'
-HeunDiscreteScheduler, KDPM2DiscreteScheduler, DPMSolverSDEScheduler), over a matrix of scheduler configs
+The samplers that call the model twice per step (the engine's Heun, DPM2, DPM++ SDE, DPM2 a: diffusers'
+HeunDiscreteScheduler, KDPM2DiscreteScheduler, DPMSolverSDEScheduler, KDPM2AncestralDiscreteScheduler), over a matrix
+of scheduler configs
 (:data:`CASES`): each class's timesteps (2n - 1 model calls), sigmas and init_noise_sigma, and a whole sampling loop
 with a fake deterministic model (:func:`fake_model`, the tests write the same in JAX) from fixed start latents: the
 sample after every call. DPMSolverSDEScheduler's Brownian tree is replaced by fixed arrays handed out in call order
 (``<case>_noise``: (2n - 1, ...) row k the draw of call k; its (sigma, sigma_next) arguments recorded), so its
-deterministic part is compared exactly. Also each class's ``__init__`` defaults, and tiny-pt's pipeline images with
+deterministic part is compared exactly; KDPM2AncestralDiscreteScheduler's
+``randn_tensor`` likewise returns ``noise[j]`` at its j-th draw (one per step but the last, at the step's second call;
+the model call of each draw recorded). Also each class's ``__init__`` defaults, and tiny-pt's pipeline images with
 Heun and DPM2 (:data:`IMAGE_CASES`) on given latents.
 """
 
@@ -21,14 +24,17 @@ import torch
 from diffusers import (
     DPMSolverSDEScheduler,
     HeunDiscreteScheduler,
+    KDPM2AncestralDiscreteScheduler,
     KDPM2DiscreteScheduler,
     StableDiffusionXLPipeline,
 )
+from diffusers.schedulers import scheduling_k_dpm_2_ancestral_discrete
 
 from tools.fixtures_common import plain_config, sdxl_base_configs, versions, write_npz
 from tools.fixtures_samplers import case_config, init_defaults
 
-CLASSES = {"Heun": HeunDiscreteScheduler, "DPM2": KDPM2DiscreteScheduler, "DPM++ SDE": DPMSolverSDEScheduler}
+CLASSES = {"Heun": HeunDiscreteScheduler, "DPM2": KDPM2DiscreteScheduler, "DPM++ SDE": DPMSolverSDEScheduler,
+           "DPM2 a": KDPM2AncestralDiscreteScheduler}
 # (case name, sampler, changes to SDXL base's scheduler_config.json ("minimal": only _class_name), steps)
 CASES = [
     ("heun-leading", "Heun", {}, 6),
@@ -61,6 +67,16 @@ CASES = [
     ("sde-exponential", "DPM++ SDE", {"use_exponential_sigmas": True}, 5),
     ("sde-v-trailing", "DPM++ SDE", {"prediction_type": "v_prediction", "timestep_spacing": "trailing"}, 5),
     ("sde-minimal", "DPM++ SDE", "minimal", 4),
+    ("dpm2a-leading", "DPM2 a", {}, 6),
+    ("dpm2a-linspace", "DPM2 a", {"timestep_spacing": "linspace"}, 5),
+    ("dpm2a-trailing", "DPM2 a", {"timestep_spacing": "trailing"}, 5),
+    ("dpm2a-karras", "DPM2 a", {"use_karras_sigmas": True}, 6),
+    ("dpm2a-karras-sigma-range", "DPM2 a", {"use_karras_sigmas": True, "sigma_min": 0.1, "sigma_max": 10.0}, 5),
+    ("dpm2a-exponential", "DPM2 a", {"use_exponential_sigmas": True}, 5),
+    ("dpm2a-v-trailing", "DPM2 a", {"prediction_type": "v_prediction", "timestep_spacing": "trailing"}, 5),
+    ("dpm2a-cosine", "DPM2 a", {"beta_schedule": "squaredcos_cap_v2", "timestep_spacing": "trailing"}, 4),
+    ("dpm2a-minimal", "DPM2 a", "minimal", 4),
+    ("dpm2a-1-step", "DPM2 a", {}, 1),
 ]
 SHAPE = (1, 4, 3, 2)  # latents of a 1-image batch, not square
 # tiny-pt's pipeline with the sampler's class from tiny-pt's config: name -> (sampler, prompt, negative prompt,
@@ -86,16 +102,30 @@ class FixedNoise:
         return torch.from_numpy(self.noise[len(self.calls) - 1])
 
 
+class FixedRandn:
+    """KDPM2AncestralDiscreteScheduler's ``randn_tensor`` replaced: draw j returns ``noise[j]`` and records the
+    model call (the scheduler's step_index) it was drawn at."""
+
+    def __init__(self, noise: np.ndarray, sched):
+        self.noise, self.sched, self.calls = noise, sched, []
+
+    def __call__(self, shape, **kwargs):
+        self.calls.append(int(self.sched.step_index))
+        return torch.from_numpy(self.noise[len(self.calls) - 1])
+
+
 def trajectory(sampler: str, config: dict, steps: int, start: np.ndarray, bias: np.ndarray, noise: np.ndarray):
     """diffusers' ``sampler`` from ``config``, ``steps`` steps of the fake model from ``start * init_noise_sigma``.
 
     Returns (scheduler, samples (calls + 1, *SHAPE): the sample before the first call and after each, noise
-    sampler calls [(sigma, sigma_next)] (DPM++ SDE) or None)."""
+    sampler calls [(sigma, sigma_next)] (DPM++ SDE), the model calls of the draws [k] (DPM2 a), or None)."""
     sched = CLASSES[sampler].from_config(config)
     sched.set_timesteps(steps)
-    fixed = None
+    fixed, module = None, scheduling_k_dpm_2_ancestral_discrete
     if sampler == "DPM++ SDE":
         fixed = sched.noise_sampler = FixedNoise(noise)
+    if sampler == "DPM2 a":
+        fixed = module.randn_tensor = FixedRandn(noise, sched)
     sample = torch.from_numpy(start) * sched.init_noise_sigma
     samples, b = [sample], torch.from_numpy(bias)
     for t in sched.timesteps:
@@ -115,7 +145,7 @@ def step_case(row: tuple, base: dict, start: np.ndarray, bias: np.ndarray, noise
                 timesteps=[float(t) for t in sched.timesteps.numpy()],
                 sigmas=[float(s) for s in sched.sigmas.numpy()], init_noise_sigma=float(sched.init_noise_sigma))
     if calls is not None:
-        case["noise_calls"] = calls
+        case["noise_draws" if sampler == "DPM2 a" else "noise_calls"] = calls
     return {f"{name}_samples": samples}, case
 
 
@@ -144,7 +174,8 @@ NOTES = [
     "starts at start * init_noise_sigma; call k: output = tanh(0.7 x) * (0.5 + t / 1000) + 0.1 bias with x = "
     "scale_model_input(sample, t), then step(output, t, sample); <case>_samples[k + 1] is call k's prev_sample "
     "(sigma space, float32). DPM++ SDE: its noise_sampler returns noise[k] at its k-th call (noise_calls: the "
-    "(sigma, sigma_next) it was called with), in place of torchsde's Brownian tree.",
+    "(sigma, sigma_next) it was called with), in place of torchsde's Brownian tree. DPM2 a: its randn_tensor returns "
+    "noise[j] at its j-th draw (noise_draws: the model call k of each, its step_index), in place of torch.randn.",
     "image cases: tiny-pt's StableDiffusionXLPipeline (float32) with the class's from_config of its config, on "
     "<case>_latents; <case>_images (2, 64, 64, 3) uint8.",
     "Suggested tolerance: float32, |engine - diffusers| <= 1e-5 * (1 + |diffusers|) per step.",

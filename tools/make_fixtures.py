@@ -57,7 +57,8 @@ def main(argv=None) -> None:
     samplers = sub.add_parser("samplers", help="scheduler step references: sampler-steps.json and .npz")
     samplers.add_argument("--out", type=Path, default=FIXTURES)
     samplers.add_argument("--add", nargs="+", metavar="CASE", help="only these cases, merged into --out's files")
-    two_calls = sub.add_parser("two-call-samplers", help="Heun, DPM2, DPM++ SDE references: two-call-steps.json, .npz")
+    two_calls = sub.add_parser("two-call-samplers",
+                               help="Heun, DPM2, DPM++ SDE, DPM2 a references: two-call-steps.json, .npz")
     two_calls.add_argument("--out", type=Path, default=FIXTURES)
     single = sub.add_parser("single", help="tiny-single: tiny-pt as an sgm single file, a swap UNet and LDM VAE")
     single.add_argument("--out", type=Path, default=FIXTURES)

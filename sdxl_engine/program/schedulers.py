@@ -53,8 +53,9 @@ LCM               LCMScheduler (Luo et al. 2023): the boundary-condition scaling
                   ``original_inference_steps`` (``timestep_spacing`` unused, as in diffusers)
 ================  =====================================================================================
 
-Heun, DPM2 and DPM++ SDE (:data:`TWO_CALLS`: diffusers' HeunDiscreteScheduler, KDPM2DiscreteScheduler,
-DPMSolverSDEScheduler; k-diffusion's sample_heun, sample_dpm_2, sample_dpmpp_sde) call the model twice per step: their
+Heun, DPM2, DPM++ SDE and DPM2 a (:data:`TWO_CALLS`: diffusers' HeunDiscreteScheduler, KDPM2DiscreteScheduler,
+DPMSolverSDEScheduler, KDPM2AncestralDiscreteScheduler; k-diffusion's sample_heun, sample_dpm_2, sample_dpmpp_sde,
+sample_dpm_2_ancestral) call the model twice per step: their
 schedules add a :class:`SecondCall` (the second call's input x_mid = mid_a x_i + mid_b x0_i + mid_d z_i at a mid sigma,
 and f (x_mid - x0_mid) + g x0_mid + d2 w_i in the update), which the program runs as its own shape
 (ProgramShape.two_calls; :func:`_two_call_schedule` has the formulas and DPM++ SDE's noise: per-step normals with a
@@ -71,8 +72,9 @@ True, ``set_alpha_to_one`` True, ``timestep_spacing`` "leading"), then the field
 fixes (:data:`SAMPLER_CLASSES`). Every field of every class is either honoured as diffusers does
 or refused by :func:`check_scheduler_config` (:data:`FIELDS` says which); none is ignored.
 
-Euler a's, the DPM++ SDEs' and LCM's step noise for image i of a request is ``jax.random.normal(jax.random.fold_in(
-jax.random.key(seed_i), step + 1), latents.shape)``: deterministic per seed (program.py).
+Euler a's, DPM2 a's, the DPM++ SDEs' and LCM's step noise for image i of a request is
+``jax.random.normal(jax.random.fold_in(jax.random.key(seed_i), step + 1), latents.shape)``: deterministic per seed
+(program.py).
 """
 
 from __future__ import annotations
@@ -102,10 +104,11 @@ SAMPLER_CLASSES = {
     "Heun": ("HeunDiscreteScheduler", {}),
     "DPM2": ("KDPM2DiscreteScheduler", {}),
     "DPM++ SDE": ("DPMSolverSDEScheduler", {}),
+    "DPM2 a": ("KDPM2AncestralDiscreteScheduler", {}),
 }
-# The samplers whose step calls the model twice (k-diffusion's sample_heun, sample_dpm_2, sample_dpmpp_sde): their
-# schedules carry a :class:`SecondCall` and their programs ProgramShape.two_calls.
-TWO_CALLS = ("Heun", "DPM2", "DPM++ SDE")
+# The samplers whose step calls the model twice (k-diffusion's sample_heun, sample_dpm_2, sample_dpmpp_sde,
+# sample_dpm_2_ancestral): their schedules carry a :class:`SecondCall` and their programs ProgramShape.two_calls.
+TWO_CALLS = ("Heun", "DPM2", "DPM++ SDE", "DPM2 a")
 
 _COMMON = dict(num_train_timesteps=1000, beta_start=0.0001, beta_end=0.02, beta_schedule="linear",
                trained_betas=None, prediction_type="epsilon", timestep_spacing="linspace", steps_offset=0,
@@ -140,7 +143,8 @@ CLASS_DEFAULTS = {
              "beta_end": 0.012, **_SIGMA_KINDS, **extra}
        for cls, extra in (("HeunDiscreteScheduler", {"clip_sample": False, "clip_sample_range": 1.0}),
                           ("KDPM2DiscreteScheduler", {}),
-                          ("DPMSolverSDEScheduler", {"noise_sampler_seed": None}))},
+                          ("DPMSolverSDEScheduler", {"noise_sampler_seed": None}),
+                          ("KDPM2AncestralDiscreteScheduler", {}))},
 }
 
 # What happens to each field (README's samplers table says the same). "honoured": as diffusers uses it;
@@ -149,12 +153,13 @@ CLASS_DEFAULTS = {
 FIELDS = {
     "num_train_timesteps": "honoured", "beta_start": "honoured", "beta_end": "honoured",
     "beta_schedule": "honoured: linear, scaled_linear, squaredcos_cap_v2", "trained_betas": "honoured",
-    "prediction_type": "honoured: epsilon, v_prediction, sample (not with Euler a, DPM2, DPM++ SDE, as in diffusers)",
+    "prediction_type": "honoured: epsilon, v_prediction, sample (not with Euler a, DPM2, DPM++ SDE, DPM2 a, as in "
+                       "diffusers)",
     "timestep_spacing": "honoured: linspace, leading, trailing (LCM: unused, as in diffusers)",
     "steps_offset": "honoured (leading; LCM: unused, as in diffusers)",
     "rescale_betas_zero_snr": "honoured for Euler, Euler a, DPM++; DDIM and LCM refused per request for such a model; "
-                              "unused by Heun, DPM2, DPM++ SDE (their classes have no such field: as in diffusers, "
-                              "their sigmas are the unrescaled betas')",
+                              "unused by Heun, DPM2, DPM++ SDE, DPM2 a (their classes have no such field: as in "
+                              "diffusers, their sigmas are the unrescaled betas')",
     "interpolation_type": "honoured: linear, log_linear", "use_karras_sigmas": "honoured",
     "use_exponential_sigmas": "honoured", "use_beta_sigmas": "refused", "sigma_min": "honoured",
     "sigma_max": "honoured", "timestep_type": "honoured: discrete, continuous",
@@ -466,7 +471,7 @@ def sampler_config(sampler: str, config: dict) -> dict:
 # sample-predicting model, SDXL-Lightning's 1-step x0 UNet, which the other samplers run).
 PER_SAMPLER = frozenset({"rescale_betas_zero_snr", "original_inference_steps", ("UniPC", "final_sigmas_type"),
                          ("UniPC", "lower_order_final"), ("Euler a", "prediction_type"), ("DPM2", "prediction_type"),
-                         ("DPM++ SDE", "prediction_type")})
+                         ("DPM++ SDE", "prediction_type"), ("DPM2 a", "prediction_type")})
 
 
 def check_scheduler_config(config: dict) -> None:
@@ -496,7 +501,8 @@ def _refusal(sampler: str, cfg: dict) -> tuple[str, str] | None:
         return "prediction_type", "choose epsilon, v_prediction or sample"
     if cls == "EulerAncestralDiscreteScheduler" and cfg["prediction_type"] == "sample":
         return "prediction_type", "diffusers' Euler a does not implement it either"
-    if cls in ("KDPM2DiscreteScheduler", "DPMSolverSDEScheduler") and cfg["prediction_type"] == "sample":
+    if cls in ("KDPM2DiscreteScheduler", "DPMSolverSDEScheduler", "KDPM2AncestralDiscreteScheduler") \
+            and cfg["prediction_type"] == "sample":
         return "prediction_type", f"diffusers' {cls} does not implement it either"
     if cls != "LCMScheduler" and cfg["timestep_spacing"] not in ("linspace", "leading", "trailing"):
         return "timestep_spacing", "choose linspace, leading or trailing"
@@ -520,7 +526,8 @@ def _refusal(sampler: str, cfg: dict) -> tuple[str, str] | None:
             return "use_beta_sigmas", "beta sigmas are not implemented"
         if cfg["final_sigmas_type"] not in ("zero", "sigma_min"):
             return "final_sigmas_type", "choose zero or sigma_min"
-    if cls in ("HeunDiscreteScheduler", "KDPM2DiscreteScheduler", "DPMSolverSDEScheduler"):
+    if cls in ("HeunDiscreteScheduler", "KDPM2DiscreteScheduler", "DPMSolverSDEScheduler",
+               "KDPM2AncestralDiscreteScheduler"):
         kinds = [k for k in _SIGMA_KINDS if cfg[k]]
         if len(kinds) > 1:
             return kinds[1], f"only one of {', '.join(_SIGMA_KINDS)} may be set (diffusers refuses it too)"
@@ -841,7 +848,7 @@ def make_schedule(sampler: str, config: dict, steps: int, schedule_type: str | N
 
 
 def _two_call_schedule(sampler: str, cfg: dict, steps: int, schedule_type: str) -> Schedule:
-    """Heun, DPM2 or DPM++ SDE (:data:`TWO_CALLS`) in sigma space: the class's sigmas and timesteps (or A1111's
+    """Heun, DPM2, DPM++ SDE or DPM2 a (:data:`TWO_CALLS`) in sigma space: the class's sigmas and timesteps (or A1111's
     ``schedule_type``), the first call's update in (a, b, d), the second's in a :class:`SecondCall`.
 
     With s = sigma_i, s' = sigma_{i+1} (> 0; a step to s' = 0 is Euler's, x0, with no second call, as k-diffusion's
@@ -860,11 +867,17 @@ def _two_call_schedule(sampler: str, cfg: dict, steps: int, schedule_type: str) 
       step noise) and z' = rho z + sqrt(1 - rho^2) w: d = s_up' rho, d2 = s_up' sqrt(1 - rho^2). **Noise: per-step
       normals with a Brownian tree's law, not k-diffusion's or diffusers' Brownian tree samples** (the same
       distribution, another draw: an image is not A1111's for the same seed, as with every sampler here).
+    * DPM2 a (``sample_dpm_2_ancestral``, eta 1; ``KDPM2AncestralDiscreteScheduler``): DPM2 to the ancestral step's
+      s_down (``get_ancestral_step`` s -> s': s_down = s'^2/s, s_up = sqrt(s'^2 - s_down^2)), then the step noise:
+      m = exp((log s + log s_down)/2), x_mid = Euler's step to m (mid_a = m/s), called at m and ``sigma_to_t(m)``;
+      x' = x + (s_down - s)(x_mid - x0_mid)/m + s_up z: a = 1, f = (s_down - s)/m, d = s_up (one draw, z, the step
+      noise of Euler a; d2 = 0). Its last step (s' = 0: s_down = s_up = 0) is Euler's, noise-free, as in both.
 
     The sigmas: the class's ``set_timesteps`` (spacing; Karras or exponential; Karras timesteps rounded for DPM2
-    alone; DPM++ SDE's Karras ignore ``sigma_min``/``sigma_max`` as its class does), the final sigma 0, no zero-SNR
-    rescaling (fields these classes lack). A1111's schedule types replace the sigmas (:func:`_typed`, fractional
-    timesteps as k-diffusion's ``sigma_to_t``; the final 0 whatever ``final_sigmas_type``); the mid sigmas follow.
+    and DPM2 a alone; DPM++ SDE's Karras ignore ``sigma_min``/``sigma_max`` as its class does), the final sigma 0, no
+    zero-SNR rescaling (fields these classes lack). A1111's schedule types replace the sigmas (:func:`_typed`,
+    fractional timesteps as k-diffusion's ``sigma_to_t``; the final 0 whatever ``final_sigmas_type``); the mid sigmas
+    follow.
     """
     cfg = {**cfg, "rescale_betas_zero_snr": False, "final_sigmas_type": "zero"}
     ac = _alphas_cumprod(cfg)
@@ -880,7 +893,7 @@ def _two_call_schedule(sampler: str, cfg: dict, steps: int, schedule_type: str) 
         if converted is not None:
             sigmas = converted
             timesteps = _sigma_to_t(sigmas, log_sigmas)
-            if sampler == "DPM2" and cfg["use_karras_sigmas"]:
+            if sampler in ("DPM2", "DPM2 a") and cfg["use_karras_sigmas"]:
                 timesteps = timesteps.round()
         sigmas = np.concatenate([sigmas, [0.0]]).astype(np.float32)
     else:
@@ -891,13 +904,16 @@ def _two_call_schedule(sampler: str, cfg: dict, steps: int, schedule_type: str) 
     s, s_next = sigmas[:-1].astype(np.float64), sigmas[1:].astype(np.float64)
     go = s_next > 0  # the steps with a second call; the others are Euler steps to 0
     with np.errstate(divide="ignore", invalid="ignore"):
-        mid = np.where(go, np.exp((np.log(s) + np.log(s_next)) / 2), 0.0)
+        # DPM2 a's log-midpoint is between s and its ancestral step's sigma_down (> 0 where s' > 0)
+        end = _ancestral(s, s_next)[0] if sampler == "DPM2 a" else s_next
+        mid = np.where(go, np.exp((np.log(s) + np.log(end)) / 2), 0.0)
         if sampler == "Heun":
             mid = s_next
         mid_t = np.where(go, _sigma_to_t(np.where(go, mid, 1.0), log_sigmas), 0.0)
         if sampler == "Heun":
             mid_t = np.where(go, np.concatenate([timesteps[1:], [0.0]]), 0.0)
-        coefficients = {"Heun": _heun, "DPM2": _dpm_2, "DPM++ SDE": _dpmpp_sde}[sampler](s, s_next, mid)
+        coefficients = {"Heun": _heun, "DPM2": _dpm_2, "DPM++ SDE": _dpmpp_sde,
+                        "DPM2 a": _dpm_2_ancestral}[sampler](s, s_next, mid)
     a, b, d, mid_a, mid_b, mid_d, f, g, d2 = (np.where(go, x, 0.0) for x in coefficients)
     b = np.where(go, b, 1.0)  # a step to 0: x0 (Euler's x + (0 - s)(x - x0)/s)
     zeros = np.zeros(steps)
@@ -934,6 +950,14 @@ def _dpmpp_sde(s, s_next, mid):
     zeros = np.zeros_like(s)
     return (down / s, zeros, up * rho, down_mid / s, 1 - down_mid / s, up_mid, zeros, 1 - down / s,
             up * np.sqrt(np.maximum(1 - rho**2, 0.0)))
+
+
+def _dpm_2_ancestral(s, s_next, mid):
+    """DPM2 a's (a, b, d, mid_a, mid_b, mid_d, f, g, d2) (:func:`_two_call_schedule`): DPM2 to sigma_down, then the
+    step noise times sigma_up."""
+    down, up = _ancestral(s, s_next)
+    zeros = np.zeros_like(s)
+    return np.ones_like(s), zeros, up, mid / s, 1 - mid / s, zeros, (down - s) / mid, zeros, zeros
 
 
 def _since_restart(steps: int, restarts: tuple[int, ...]) -> np.ndarray:

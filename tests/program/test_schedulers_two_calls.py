@@ -1,9 +1,10 @@
-"""Heun, DPM2 and DPM++ SDE (schedulers.TWO_CALLS: two model calls per step) against diffusers and k-diffusion.
+"""Heun, DPM2, DPM++ SDE and DPM2 a (schedulers.TWO_CALLS: two model calls per step) against diffusers and k-diffusion.
 
 References: tests/fixtures/two-call-steps.{json,npz} (``make_fixtures two-call-samplers``: diffusers'
-HeunDiscreteScheduler, KDPM2DiscreteScheduler and DPMSolverSDEScheduler over a matrix of scheduler configs, a whole
-sampling loop with a fake deterministic model, DPMSolverSDEScheduler's Brownian tree replaced by fixed arrays); A1111's
-schedule types against k-diffusion's ``sample_heun``, ``sample_dpm_2`` and ``sample_dpmpp_sde`` written here in numpy.
+HeunDiscreteScheduler, KDPM2DiscreteScheduler, DPMSolverSDEScheduler and KDPM2AncestralDiscreteScheduler over a matrix
+of scheduler configs, a whole sampling loop with a fake deterministic model, DPMSolverSDEScheduler's Brownian tree and
+KDPM2AncestralDiscreteScheduler's torch.randn replaced by fixed arrays); A1111's schedule types against k-diffusion's
+``sample_heun``, ``sample_dpm_2``, ``sample_dpmpp_sde`` and ``sample_dpm_2_ancestral`` written here in numpy.
 The engine's side is the program's own step (generate.sampler_step, jitted, ``i`` traced) with the fake model in JAX.
 Tolerance: float32, |engine - reference| <= 1e-5 x (1 + |reference|) per step, as tests/program/test_schedulers.py.
 """
@@ -92,11 +93,14 @@ def step_function(schedule, prediction: str, bias):
     return step
 
 
-def diffusers_noise(schedule, arrays, k: int):
+def diffusers_noise(schedule, arrays, k: int, sampler: str = "DPM++ SDE"):
     """(z, w) that make the engine's step k add diffusers' injected noise: DPMSolverSDEScheduler's call 2k got
     noise[2k] (the first call's increment, the engine's z) and call 2k + 1 noise[2k + 1] with s_up' (the engine adds
-    d z + d2 w: w solves it)."""
+    d z + d2 w: w solves it); KDPM2AncestralDiscreteScheduler's draw k (step k's, at its second call) noise[k], the
+    engine's z (d = s_up, no w)."""
     noise = arrays["noise"]
+    if sampler == "DPM2 a":
+        return noise[k], np.zeros_like(noise[k])
     z, d, d2 = noise[2 * k], float(schedule.d[k]), float(schedule.second.d2[k])
     if d2 == 0:
         return z, np.zeros_like(z)
@@ -145,6 +149,10 @@ def test_schedule_matches_diffusers(name):
         calls = np.asarray(case["noise_calls"])
         close(schedule.second.sigmas[: n - 1], calls[0::2, 1], "mid sigmas")
         close(schedule.sigmas[1:n], calls[1::2, 1], "the noise's sigma_next")
+    if case["sampler"] == "DPM2 a":  # one draw per step but the last, at its second call; none where d is 0
+        assert case["noise_draws"] == [2 * k + 1 for k in range(n - 1)]
+        assert (schedule.d[: n - 1] > 0).all() and schedule.d[n - 1] == 0 and not schedule.second.d2.any()
+        assert not schedule.second.d.any()  # the second call's input is noise-free: the draw comes after it
 
 
 # ---- every step of a whole loop with a fake model ----------------------------------------------------------------
@@ -161,7 +169,8 @@ def test_every_step_matches_diffusers(name, arrays):
     samples = arrays[f"{name}_samples"]
     assert len(samples) == 2 * n
     for k in range(n):
-        z, w = diffusers_noise(schedule, arrays, k) if sampler == "DPM++ SDE" else (samples[0] * 0, samples[0] * 0)
+        z, w = (diffusers_noise(schedule, arrays, k, sampler) if sampler in ("DPM++ SDE", "DPM2 a")
+                else (samples[0] * 0, samples[0] * 0))
         got = np.asarray(step(k, samples[2 * k], z, w))
         close(got, samples[min(2 * k + 2, 2 * n - 1)], f"{name} step {k}")
 
@@ -169,28 +178,40 @@ def test_every_step_matches_diffusers(name, arrays):
 @pytest.mark.parametrize("sampler", TWO_CALLS)
 def test_a_whole_loop_matches_diffusers(sampler, arrays):
     """The program's steps fed their own output from start x init_scale end where diffusers' loop ends."""
-    name = {"Heun": "heun-leading", "DPM2": "dpm2-leading", "DPM++ SDE": "sde-leading"}[sampler]
+    name = {"Heun": "heun-leading", "DPM2": "dpm2-leading", "DPM++ SDE": "sde-leading",
+            "DPM2 a": "dpm2a-leading"}[sampler]
     case = CASES[name]
     n = case["steps"]
     schedule = make_schedule(sampler, model_config(case), n)
     step = step_function(schedule, "epsilon", arrays["bias"])
     x = arrays["start"] * np.float32(schedule.init_scale)
     for k in range(n):
-        z, w = diffusers_noise(schedule, arrays, k) if sampler == "DPM++ SDE" else (x * 0, x * 0)
+        z, w = (diffusers_noise(schedule, arrays, k, sampler) if sampler in ("DPM++ SDE", "DPM2 a")
+                else (x * 0, x * 0))
         x = np.asarray(step(k, x, z, w))
     close(x, arrays[f"{name}_samples"][-1], f"{sampler} after {n} steps", rtol=1e-4)
 
 
 # ---- A1111's schedule types: k-diffusion's samplers on their sigmas -------------------------------------------
 def k_diffusion(sampler: str, sigmas, x, model, noise) -> np.ndarray:
-    """k-diffusion's ``sample_heun`` (s_churn 0), ``sample_dpm_2`` and ``sample_dpmpp_sde`` (eta 1, s_noise 1, r 1/2)
-    written from its code in numpy float64: ``model(x, sigma) -> denoised``; ``noise[i]`` = (the noise sampler's
-    draw for (s, m), for (s, s')) of step i. The final sample."""
+    """k-diffusion's ``sample_heun`` (s_churn 0), ``sample_dpm_2``, ``sample_dpmpp_sde`` (eta 1, s_noise 1, r 1/2)
+    and ``sample_dpm_2_ancestral`` (eta 1, s_noise 1) written from its code in numpy float64: ``model(x, sigma) ->
+    denoised``; ``noise[i]`` = (the noise sampler's draw for (s, m), for (s, s')) of step i (DPM2 a: the first, for
+    (s, s')). The final sample."""
     for i in range(len(sigmas) - 1):
         s, s_next = sigmas[i], sigmas[i + 1]
         denoised = model(x, s)
         d = (x - denoised) / s
-        if s_next == 0:  # Euler method
+        if sampler == "DPM2 a":
+            sigma_down, sigma_up = _ancestral_step(s, s_next)
+            if sigma_down == 0:  # Euler method
+                x = x + d * (sigma_down - s)
+            else:  # DPM-Solver-2
+                mid = math.exp(math.log(s) + 0.5 * (math.log(sigma_down) - math.log(s)))  # log-space lerp
+                x_2 = x + d * (mid - s)
+                x = x + (x_2 - model(x_2, mid)) / mid * (sigma_down - s)
+            x = x + noise[i][0] * sigma_up
+        elif s_next == 0:  # Euler method
             x = x + d * (s_next - s)
         elif sampler == "Heun":
             x_2 = x + d * (s_next - s)
@@ -222,7 +243,7 @@ def test_every_schedule_type_runs_k_diffusions_sampler(sampler, schedule_type, a
     """Each of A1111's schedule types (and the spacings) on SDXL base's config: the program's steps from start x
     init_scale reach k-diffusion's sampler's final sample on the same sigmas with the same fake model (its
     timestep each sigma's ``sigma_to_t``, as the schedule's; DPM++ SDE's two draws per step the engine's z and
-    rho z + sqrt(1 - rho^2) w)."""
+    rho z + sqrt(1 - rho^2) w; DPM2 a's one draw the engine's z)."""
     from sdxl_engine.program.schedulers import _alphas_cumprod, _sigma_to_t  # the schedule's own sigma -> t
 
     base = STEPS["base_config"]
@@ -275,10 +296,10 @@ def test_dpmpp_sde_noise_has_the_brownian_trees_correlation():
 
 
 # ---- what these samplers refuse --------------------------------------------------------------------------------
-@pytest.mark.parametrize("sampler", ["DPM2", "DPM++ SDE"])
+@pytest.mark.parametrize("sampler", ["DPM2", "DPM++ SDE", "DPM2 a"])
 def test_sample_prediction_refuses_dpm2_and_dpmpp_sde_per_request_not_the_model(sampler):
-    """diffusers' KDPM2DiscreteScheduler and DPMSolverSDEScheduler raise NotImplementedError for a sample-predicting
-    model; Heun and the other samplers run it."""
+    """diffusers' KDPM2DiscreteScheduler, DPMSolverSDEScheduler and KDPM2AncestralDiscreteScheduler raise
+    NotImplementedError for a sample-predicting model; Heun and the other samplers run it."""
     config = {**STEPS["base_config"], "prediction_type": "sample"}
     check_scheduler_config(config)
     with pytest.raises(UnsupportedSchedulerConfig, match="prediction_type"):
