@@ -38,7 +38,7 @@ class RunTimes:
         step_s: its device seconds per denoising step.
         batch: images per request (for messages).
         measured: {(width, height, calls): device seconds per step} of the sizes that ran, ``calls`` the program's
-            model calls per step (2 for Heun, DPM2, DPM++ SDE: their program, ProgramShape.two_calls, whose XLA
+            model calls per step (2 for schedulers.TWO_CALLS: their program, ProgramShape.two_calls, whose XLA
             counts already hold both calls, is measured on its own).
     """
 

@@ -256,7 +256,7 @@ class Planner:
         whether an image comes in (img2img), whether a mask does (inpainting), the ControlNet units'
         architectures (checkpoint/controlnet.architecture, one per unit) and their image counts (``control_images``:
         () = one each; :func:`.control.unit_images`), the IP-Adapter units' (:meth:`ip_shape`) and whether the
-        sampler calls the model twice per step (``two_calls``: Schedule.two_calls; Heun, DPM2 and DPM++ SDE share that
+        sampler calls the model twice per step (``two_calls``: Schedule.two_calls; schedulers.TWO_CALLS share that
         program)."""
         return ProgramShape(self.batch, height, width, self.config.max_inference_steps, cfg=cfg, chunks=chunks,
                             step_hook=self.config.progress, init_image=init_image, inpaint=inpaint,

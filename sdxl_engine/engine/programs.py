@@ -18,6 +18,7 @@ from sdxl_engine.engine.steps import wait_or_stop
 from sdxl_engine.program.compiling import CompiledProgram, cache_counts, cached_program
 from sdxl_engine.program.executables import ExecutableCache
 from sdxl_engine.program.generate import ProgramShape
+from sdxl_engine.program.schedulers import TWO_CALLS
 
 LOG = logging.getLogger(__name__)
 
@@ -97,7 +98,7 @@ class Programs:
         what += ", hires first pass" if shape.latents_out else ", hires second pass" if shape.init_latents else ""
         what += f", {len(shape.controlnets)} ControlNet units" if shape.controlnets else ""
         what += f", {len(shape.ip_adapters)} IP-Adapter units" if shape.ip_adapters else ""
-        what += ", two model calls per step (Heun, DPM2, DPM++ SDE)" if shape.two_calls else ""
+        what += f", two model calls per step ({', '.join(TWO_CALLS)})" if shape.two_calls else ""
         # One line either way; a missing or refused executable says why in the "compiled" line.
         if program.loaded:
             self._log(f"[sdxl_engine] loaded {what} in {program.compile_s:.2f} s (executable cache: "

@@ -36,7 +36,7 @@ def test_a_size_that_ran_is_estimated_by_its_own_step_time():
     runs.observe(384, 256, None, 10, 99.0)  # no counts, no steps: nothing learnt
     runs.observe(384, 256, cost, 0, 99.0)
     assert runs.measured[(384, 256, 1)] == pytest.approx(0.4)
-    # a two-call sampler's program (Heun, DPM2, DPM++ SDE) at the size is measured apart: its step is two calls
+    # a two-call sampler's program (schedulers.TWO_CALLS) at the size is measured apart: its step is two calls
     assert runs.seconds(384, 256, cost, 20, calls=2) == pytest.approx(4.0)  # scaled by its own XLA counts until run
     runs.observe(384, 256, cost, 10, device_s=0.8 + 10 * 0.9, calls=2)
     assert runs.measured[(384, 256, 2)] == pytest.approx(0.9) and runs.measured[(384, 256, 1)] == pytest.approx(0.4)

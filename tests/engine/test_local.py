@@ -167,9 +167,9 @@ def test_no_recompile_for_prompt_seed_guidance_steps_and_sampler(engine):
 
 
 def test_a_two_call_sampler_compiles_one_more_program_once(engine):
-    """A Heun request after Euler's compiles one program more (its shape's two_calls); DPM2 and DPM++ SDE, other
-    step counts, guidance in the same CFG mode and every schedule type run on it, and Euler's is still the one it
-    was: nothing compiles after the first two-call request."""
+    """A Heun request after Euler's compiles one program more (its shape's two_calls); DPM2, DPM++ SDE and DPM2 a,
+    other step counts, guidance in the same CFG mode and every schedule type run on it, and Euler's is still the one
+    it was: nothing compiles after the first two-call request."""
     import jax
 
     from sdxl_engine.program.schedulers import SCHEDULE_TYPES
@@ -184,15 +184,20 @@ def test_a_two_call_sampler_compiles_one_more_program_once(engine):
         lambda event, duration, **kw: events.append(event) if "backend_compile" in event else None)
     images = {}
     for i, (sampler, schedule_type) in enumerate(
-            [("DPM2", None), ("DPM++ SDE", None), ("Heun", "karras")] + [("DPM2", t) for t in SCHEDULE_TYPES]):
+            [("DPM2", None), ("DPM++ SDE", None), ("Heun", "karras"), ("DPM2 a", None)]
+            + [("DPM2", t) for t in SCHEDULE_TYPES] + [("DPM2 a", "karras")]):
         images[sampler, schedule_type] = gen(engine, sampler=sampler, schedule_type=schedule_type,
                                              num_inference_steps=2 + i % 4, guidance_scale=3.0 + i).images
     gen(engine, num_inference_steps=3)
     assert engine.compile_count == compiled and events == []
     assert not np.array_equal(heun.images, images["DPM2", None])
     assert not np.array_equal(images["DPM2", None], images["DPM++ SDE", None])
+    assert not np.array_equal(images["DPM2", None], images["DPM2 a", None])
     again = gen(engine, sampler="DPM++ SDE", num_inference_steps=3, guidance_scale=4.0)  # per seed, as Euler a
     assert np.array_equal(again.images, images["DPM++ SDE", None])
+    again = gen(engine, sampler="DPM2 a", num_inference_steps=5, guidance_scale=6.0)
+    assert np.array_equal(again.images, images["DPM2 a", None])
+    assert engine.compile_count == compiled and events == []
 
 
 @pytest.mark.slow  # compiles the two-call program of image to image, inpainting and hires fix's two passes

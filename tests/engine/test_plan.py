@@ -237,7 +237,7 @@ def test_the_refiner_plan_starts_at_its_switch_step_and_needs_its_multiple(tiny_
 
 @pytest.mark.parametrize("sampler, hires_sampler", [("Euler", "Heun"), ("DPM++ SDE", "Euler"), ("DPM2", "DPM2")])
 def test_each_pass_takes_the_program_of_its_own_samplers_model_calls(planner, sampler, hires_sampler):
-    """A two-call sampler (Heun, DPM2, DPM++ SDE) plans the two-call program (ProgramShape.two_calls), a one-call
+    """A two-call sampler (schedulers.TWO_CALLS) plans the two-call program (ProgramShape.two_calls), a one-call
     sampler the program it always had; hires fix's second pass follows its own sampler, not the first pass's."""
     plan = planner.plan(request(width=64, height=48, sampler=sampler, hires_scale=2, hires_sampler=hires_sampler,
                                 hires_upscaler="Latent (bicubic)"))

@@ -74,24 +74,26 @@ def test_dpm_2m_sde_is_reproducible_per_seed_and_compiles_nothing(tiny_shapes_en
 
 
 def test_the_two_call_samplers_share_one_more_program_and_round_trip(tiny_shapes_engine):
-    """Heun, DPM2 and DPM++ SDE on the trained tiny-shapes: after the first of them compiles the two-call program,
-    the three and their schedule types compile nothing; each makes other images than the others and than Euler, the
-    same again for the same seed (DPM++ SDE's noise per seed); the infotext's Sampler and Schedule type read back as
-    the pair, as do A1111's older combined names ("DPM++ SDE Karras")."""
+    """Heun, DPM2, DPM++ SDE and DPM2 a on the trained tiny-shapes: after the first of them compiles the two-call
+    program, the four and their schedule types compile nothing; each makes other images than the others and than
+    Euler, the same again for the same seed (DPM++ SDE's and DPM2 a's noise per seed); the infotext's Sampler and
+    Schedule type read back as the pair, as do A1111's older combined names ("DPM++ SDE Karras", "DPM2 a Karras")."""
     gen(tiny_shapes_engine, sampler="Heun", num_inference_steps=2)
     before = tiny_shapes_engine.compile_count
     runs = {(s, t): gen(tiny_shapes_engine, sampler=s, num_inference_steps=6, schedule_type=t)
-            for s in ("Heun", "DPM2", "DPM++ SDE") for t in (None, "karras")}
+            for s in ("Heun", "DPM2", "DPM++ SDE", "DPM2 a") for t in (None, "karras")}
     again = gen(tiny_shapes_engine, sampler="dpm++ sde", num_inference_steps=6)
+    again_a = gen(tiny_shapes_engine, sampler="dpm2 a", num_inference_steps=6)
     euler = gen(tiny_shapes_engine, num_inference_steps=6)
     assert tiny_shapes_engine.compile_count == before
     assert np.array_equal(again.images, runs["DPM++ SDE", None].images)
+    assert np.array_equal(again_a.images, runs["DPM2 a", None].images)
     keys = list(runs)
     for i, a in enumerate(keys):
         assert np.abs(euler.images.astype(int) - runs[a].images).mean() > 1.0, a
         for b in keys[i + 1:]:
             assert np.abs(runs[a].images.astype(int) - runs[b].images).mean() > 1.0, (a, b)
-    for sampler in ("Heun", "DPM2", "DPM++ SDE"):
+    for sampler in ("Heun", "DPM2", "DPM++ SDE", "DPM2 a"):
         fields = generation_parameters(parameters_of(deliver(runs[sampler, "karras"], "a red circle", "None").pngs[0]))
         assert sampler_of(fields["Sampler"], fields["Schedule type"]) == (sampler, "karras")
         assert sampler_of(f"{sampler} Karras", None) == (sampler, "karras")

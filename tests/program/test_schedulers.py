@@ -375,8 +375,9 @@ def test_a_model_folder_with_a_refused_field_fails_to_load_naming_file_and_field
 
 def test_sampler_names():
     assert SAMPLERS == ("Euler", "Euler a", "DPM++ 2M", "DPM++ 2M Karras", "DPM++ 2M SDE", "DPM++ 3M SDE", "UniPC",
-                        "DDIM", "LCM", "Heun", "DPM2", "DPM++ SDE")
+                        "DDIM", "LCM", "Heun", "DPM2", "DPM++ SDE", "DPM2 a")
     assert get_sampler("heun") == "Heun" and get_sampler("dpm++ sde") == "DPM++ SDE"
+    assert get_sampler("dpm2  A") == "DPM2 a"
     assert get_sampler(" dpm++  2m karras") == "DPM++ 2M Karras" and get_sampler(None) == "Euler"
     with pytest.raises(UnknownSampler, match="unknown sampler 'LMS'; choose one of Euler, Euler a, DPM"):
         get_sampler("LMS")
