@@ -10,7 +10,8 @@ sample after every call. DPMSolverSDEScheduler's Brownian tree is replaced by fi
 deterministic part is compared exactly; KDPM2AncestralDiscreteScheduler's
 ``randn_tensor`` likewise returns ``noise[j]`` at its j-th draw (one per step but the last, at the step's second call;
 the model call of each draw recorded). Also each class's ``__init__`` defaults, and tiny-pt's pipeline images with
-Heun and DPM2 (:data:`IMAGE_CASES`) on given latents.
+Heun, DPM2 and DPM2 a (:data:`IMAGE_CASES`) on given latents (DPM2 a's step noise the engine's seed rule's, from
+tests/fixtures/lcm-noise.npz, ``python -m tools.lcm_noise``: its seeds' noise of 3 steps, a 4-step run's draws).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from diffusers import (
 )
 from diffusers.schedulers import scheduling_k_dpm_2_ancestral_discrete
 
-from tools.fixtures_common import plain_config, sdxl_base_configs, versions, write_npz
+from tools.fixtures_common import FIXTURES, plain_config, sdxl_base_configs, versions, write_npz
 from tools.fixtures_samplers import case_config, init_defaults
 
 CLASSES = {"Heun": HeunDiscreteScheduler, "DPM2": KDPM2DiscreteScheduler, "DPM++ SDE": DPMSolverSDEScheduler,
@@ -74,15 +75,18 @@ CASES = [
     ("dpm2a-karras-sigma-range", "DPM2 a", {"use_karras_sigmas": True, "sigma_min": 0.1, "sigma_max": 10.0}, 5),
     ("dpm2a-exponential", "DPM2 a", {"use_exponential_sigmas": True}, 5),
     ("dpm2a-v-trailing", "DPM2 a", {"prediction_type": "v_prediction", "timestep_spacing": "trailing"}, 5),
-    ("dpm2a-cosine", "DPM2 a", {"beta_schedule": "squaredcos_cap_v2", "timestep_spacing": "trailing"}, 4),
     ("dpm2a-minimal", "DPM2 a", "minimal", 4),
     ("dpm2a-1-step", "DPM2 a", {}, 1),
 ]
+# No DPM2 a cosine case: KDPM2AncestralDiscreteScheduler's float32 sigma_down = sqrt(s'^2 - s_up^2) cancels to 0 after
+# a first sigma of 20 291 and its log-lerp midpoint is NaN, so its samples are NaN from the second call on (the
+# engine's float64 coefficients are k-diffusion's, tests/program/test_schedulers_two_calls.py).
 SHAPE = (1, 4, 3, 2)  # latents of a 1-image batch, not square
 # tiny-pt's pipeline with the sampler's class from tiny-pt's config: name -> (sampler, prompt, negative prompt,
-# guidance, steps, latents seed); 64x64, 2 images. Deterministic samplers only.
+# guidance, steps, latents seed); 64x64, 2 images. DPM2 a's noise: lcm-noise.npz's (4 steps: 3 draws).
 IMAGE_CASES = {"heun_image": ("Heun", "a red circle", "a blue square", 5.0, 6, 41),
-               "dpm2_image": ("DPM2", "a red circle", "a blue square", 5.0, 6, 43)}
+               "dpm2_image": ("DPM2", "a red circle", "a blue square", 5.0, 6, 43),
+               "dpm2a_image": ("DPM2 a", "a red circle", "a blue square", 5.0, 4, 47)}
 
 
 def fake_model(x: torch.Tensor, t: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -156,6 +160,12 @@ def image_case(out: Path, name: str) -> tuple[dict, dict]:
     sampler, prompt, negative, guidance, steps, seed = IMAGE_CASES[name]
     config = plain_config(pipe.scheduler.config)
     pipe.scheduler = CLASSES[sampler].from_config(config)
+    noise = None
+    if sampler == "DPM2 a":  # the engine's step noise for the seeds lcm-noise.npz names, in draw order
+        with np.load(FIXTURES / "lcm-noise.npz") as data:
+            noise, seeds = data["noise"], data["seeds"].tolist()
+        assert len(noise) == steps - 1
+        scheduling_k_dpm_2_ancestral_discrete.randn_tensor = draws = FixedRandn(noise, pipe.scheduler)
     latents = np.random.RandomState(seed).standard_normal((2, 4, 16, 16)).astype(np.float32)
     images = pipe(prompt, negative_prompt=negative, guidance_scale=guidance, num_inference_steps=steps, width=64,
                   height=64, num_images_per_prompt=2, output_type="np", latents=torch.from_numpy(latents)).images
@@ -164,6 +174,10 @@ def image_case(out: Path, name: str) -> tuple[dict, dict]:
                 num_inference_steps=steps, width=64, height=64, scheduler_config=config,
                 timesteps=[float(t) for t in pipe.scheduler.timesteps],
                 latents=f"numpy RandomState({seed}).standard_normal((2, 4, 16, 16))", images="uint8, round(np * 255)")
+    if noise is not None:
+        assert len(draws.calls) == steps - 1
+        meta.update(seeds=seeds, noise="lcm-noise.npz's noise[j] at randn_tensor's j-th draw (the engine's step noise "
+                                       "of these seeds)", noise_draws=draws.calls)
     return arrays, meta
 
 
@@ -177,7 +191,8 @@ NOTES = [
     "(sigma, sigma_next) it was called with), in place of torchsde's Brownian tree. DPM2 a: its randn_tensor returns "
     "noise[j] at its j-th draw (noise_draws: the model call k of each, its step_index), in place of torch.randn.",
     "image cases: tiny-pt's StableDiffusionXLPipeline (float32) with the class's from_config of its config, on "
-    "<case>_latents; <case>_images (2, 64, 64, 3) uint8.",
+    "<case>_latents; <case>_images (2, 64, 64, 3) uint8. dpm2a_image: its randn_tensor returns lcm-noise.npz's "
+    "noise[j] (2, 4, 16, 16) at its j-th draw, the engine's step noise of the case's seeds.",
     "Suggested tolerance: float32, |engine - diffusers| <= 1e-5 * (1 + |diffusers|) per step.",
 ]
 

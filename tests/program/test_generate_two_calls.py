@@ -1,7 +1,9 @@
-"""Heun and DPM2 through the compiled two-call program against diffusers' images, and what the program shape shares.
+"""Heun, DPM2 and DPM2 a through the compiled two-call program against diffusers' images, and what the program shape
+shares.
 
 References: tests/fixtures/two-call-steps.{json,npz}'s image cases (``make_fixtures two-call-samplers``: tiny-pt's
-StableDiffusionXLPipeline with HeunDiscreteScheduler / KDPM2DiscreteScheduler from its config, on given latents;
+StableDiffusionXLPipeline with HeunDiscreteScheduler / KDPM2DiscreteScheduler / KDPM2AncestralDiscreteScheduler from
+its config, on given latents, DPM2 a's step noise the engine's for the case's seeds (lcm-noise.npz);
 tests/program/test_schedulers_two_calls.py checks every step on fixed arrays without a compile)."""
 
 import json
@@ -23,14 +25,16 @@ def arrays():
 
 @pytest.mark.engine
 @pytest.mark.slow  # compiles tiny-pt's two-call program (the session's, once) at the fixture's shape
-@pytest.mark.parametrize("case", ["heun_image", "dpm2_image"])
+@pytest.mark.parametrize("case", ["heun_image", "dpm2_image", "dpm2a_image"])
 def test_two_call_images_match_diffusers(case, arrays, tiny_pt_programs):
     """Image level, through the compiled loop's two UNet calls per step (CFG, the second call's timestep and input
     scaling, the last step's skipped call): tiny-pt's pipeline with the sampler's class and the engine's two-call
     program on the same latents agree to 4/255 max and 0.02/255 mean (measured: Heun max 1/255, mean 0.0001/255; DPM2
     0/255). The mean is tighter than test_models' 0.5/255 because tiny-pt's random UNet barely reads its timestep: the
     second call given the step's first timestep instead of its own moved the mean by only 0.10/255 (Heun) and
-    0.36/255 (DPM2). The same schedule with its second call dropped (f = g = 0) is far off (mean 4.7/255, 10/255)."""
+    0.36/255 (DPM2). The same schedule with its second call dropped (f = g = 0) is far off (mean 4.7/255, 10/255).
+    DPM2 a (4 steps): diffusers' randn_tensor hands out the engine's step noise of seeds 11, 12 (the program draws its
+    own from the seeds); without its noise (d = 0) it is far off too."""
     import dataclasses
 
     from sdxl_engine.program.generate import ProgramInputs, ProgramShape, tokenize
@@ -46,8 +50,9 @@ def test_two_call_images_match_diffusers(case, arrays, tiny_pt_programs):
     negative, _ = tokenize(model, meta["negative_prompt"])
 
     def images(schedule):
-        inputs = ProgramInputs.build(ids, negative, False, np.zeros(2, np.uint32), meta["guidance_scale"], schedule,
-                                     steps, shape.max_steps, latents=latents)
+        seeds = np.asarray(meta.get("seeds", [0, 0]), np.uint32)  # DPM2 a's step noise: the fixture's seeds'
+        inputs = ProgramInputs.build(ids, negative, False, seeds, meta["guidance_scale"], schedule, steps,
+                                     shape.max_steps, latents=latents)
         return np.asarray(program.executable(params, inputs)[0]).astype(int)
 
     schedule = make_schedule(meta["sampler"], meta["scheduler_config"], steps)
@@ -61,12 +66,16 @@ def test_two_call_images_match_diffusers(case, arrays, tiny_pt_programs):
     off = np.abs(images(one_call) - want)
     print(f"{meta['sampler']} without its second call: max {off.max()}/255, mean {off.mean():.3f}/255")
     assert off.mean() > 1.0, (off.mean(), diff.mean())
+    if schedule.d.any():
+        quiet = np.abs(images(dataclasses.replace(schedule, d=0 * schedule.d)) - want)
+        print(f"{meta['sampler']} without its noise: max {quiet.max()}/255, mean {quiet.mean():.3f}/255")
+        assert quiet.mean() > 1.0, (quiet.mean(), diff.mean())
 
 
 def test_one_two_call_shape_serves_every_two_call_sampler_step_count_and_schedule_type():
-    """The plan's ProgramShape: a one-call sampler's program is the one it was (two_calls False); Heun, DPM2 and
-    DPM++ SDE, any step count and any schedule type, share one shape (one compile), which differs from Euler's only
-    in two_calls; their inputs differ only in values, not in which fields or shapes."""
+    """The plan's ProgramShape: a one-call sampler's program is the one it was (two_calls False); every two-call
+    sampler (schedulers.TWO_CALLS), any step count and any schedule type, share one shape (one compile), which
+    differs from Euler's only in two_calls; their inputs differ only in values, not in which fields or shapes."""
     import dataclasses
 
     from sdxl_engine.program.generate import ProgramInputs, ProgramShape
