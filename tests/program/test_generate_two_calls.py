@@ -34,7 +34,8 @@ def test_two_call_images_match_diffusers(case, arrays, tiny_pt_programs):
     second call given the step's first timestep instead of its own moved the mean by only 0.10/255 (Heun) and
     0.36/255 (DPM2). The same schedule with its second call dropped (f = g = 0) is far off (mean 4.7/255, 10/255).
     DPM2 a (4 steps): diffusers' randn_tensor hands out the engine's step noise of seeds 11, 12 (the program draws its
-    own from the seeds); without its noise (d = 0) it is far off too."""
+    own from the seeds): measured max 1/255, mean 0.0000/255; without its second call mean 12.0/255, without its noise
+    (d = 0) mean 11.7/255."""
     import dataclasses
 
     from sdxl_engine.program.generate import ProgramInputs, ProgramShape, tokenize
