@@ -203,16 +203,18 @@ def test_a_two_call_sampler_compiles_one_more_program_once(engine):
 @pytest.mark.slow  # compiles the two-call program of image to image, inpainting and hires fix's two passes
 def test_the_two_call_samplers_run_in_every_mode(engine):
     """Image to image (DPM2 from its start step), inpainting (Heun: a plain UNet's second call's input blended at
-    its mid sigma) and hires fix with a two-call sampler in either pass run on their two-call programs: four finite
-    images, each differing from the same request with Euler; the same request again gives the same images."""
+    its mid sigma; DPM2 a: its step noise too) and hires fix with a two-call sampler in either pass run on their
+    two-call programs: four finite images, each differing from the same request with Euler; the same request again
+    gives the same images."""
     width, height = engine.limits.default_size
     image = np.zeros((height, width, 3), np.uint8)
     image[:, : width // 2] = (200, 30, 30)
     mask = np.zeros((height, width), np.float32)
     mask[: height // 2] = 1.0
     cases = [dict(image=image, strength=0.6), dict(image=image, mask=mask, strength=0.9),
-             dict(hires_scale=1.5, hires_steps=3, hires_sampler="DPM++ SDE"), dict(hires_scale=1.5, hires_steps=3)]
-    for sampler, kw in zip(("DPM2", "Heun", "Euler", "Heun"), cases, strict=True):
+             dict(hires_scale=1.5, hires_steps=3, hires_sampler="DPM++ SDE"), dict(hires_scale=1.5, hires_steps=3),
+             dict(image=image, mask=mask, strength=0.9)]
+    for sampler, kw in zip(("DPM2", "Heun", "Euler", "Heun", "DPM2 a"), cases, strict=True):
         first = gen(engine, sampler=sampler, num_inference_steps=4, **kw)
         assert first.images.shape[0] == 4 and np.isfinite(first.images).all(), (sampler, kw.keys())
         assert np.array_equal(gen(engine, sampler=sampler, num_inference_steps=4, **kw).images, first.images)
