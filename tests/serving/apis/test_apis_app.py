@@ -107,7 +107,7 @@ def test_sampler_names_round_trip(webui):
     1.9 does (sampler and ``Schedule type``)."""
     names = webui.util_get_sampler_names()
     assert sorted(names) == sorted(["Euler", "Euler a", "DPM++ 2M", "DPM++ 2M Karras", "DPM++ 2M SDE", "DPM++ 3M SDE",
-                                    "UniPC", "DDIM", "LCM", "Heun", "DPM2", "DPM++ SDE"])
+                                    "UniPC", "DDIM", "LCM", "Heun", "DPM2", "DPM++ SDE", "TCD"])
     for name in names:
         assert webui.txt2img(prompt=PROMPT, seed=1, steps=2, sampler_name=name, **SIZE).info["sampler_name"] == name
     split = webui.txt2img(prompt=PROMPT, seed=1, steps=2, sampler_name="DPM++ 2M", scheduler="Karras", **SIZE)
