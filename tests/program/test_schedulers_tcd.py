@@ -202,3 +202,20 @@ def test_zero_terminal_snr_refuses_tcd_per_request_as_lcm():
         with pytest.raises(UnsupportedSchedulerConfig, match="rescale_betas_zero_snr"):
             make_schedule(sampler, config, 4)
     make_schedule("Euler", config, 4)
+
+
+def test_hyper_sd_one_step_loras_recipe_is_its_cards_call(arrays):
+    """The Hyper-SDXL 1-step LoRA's recipe (TCD, 1 step, its schedule type) on SDXL base's config steps as the card's
+    ``TCDScheduler.from_config(...)``, ``num_inference_steps=1, eta=1.0`` (the fixture case tcd-1-gamma-1)."""
+    from sdxl_engine.checkpoint import recipes
+
+    recipe = recipes.find("Hyper-SDXL-1step-lora.safetensors", lora=True)
+    case = CASES["tcd-1-gamma-1"]
+    assert not recipe.note and "eta=1.0" in recipe.source
+    schedule = make_schedule(recipe.defaults["sampler"], model_config(case), recipe.defaults["num_inference_steps"],
+                             recipe.defaults["schedule_type"])
+    assert schedule.timesteps.tolist() == case["timesteps"] == [999]
+    step = step_function(schedule, "epsilon", arrays["bias"])
+    x = arrays["start"] * np.float32(schedule.init_scale)
+    close(np.asarray(step(0, x, arrays["noise"][0])) * schedule.final_scale, arrays["tcd-1-gamma-1_samples"][-1],
+          "Hyper-SDXL 1-step LoRA")
