@@ -386,7 +386,7 @@ class Schedule:
         """This schedule with its multistep history restarting at ``step`` too (img2img's first step, the refiner's
         switch: diffusers runs a fresh scheduler there), the earlier restarts kept: the steps from ``step`` on take
         the orders a fresh scheduler takes (first order, then the higher ones as x0s accumulate). Samplers without
-        a history (Euler, Euler a, DDIM, LCM, the two-call samplers) and ``step`` 0 return this schedule."""
+        a history (Euler, Euler a, DDIM, LCM, TCD, the two-call samplers) and ``step`` 0 return this schedule."""
         if self.history is None or step <= 0 or step in self.restarts:
             return self
         restarts = tuple(sorted({*self.restarts, int(step)}))

@@ -54,7 +54,8 @@ def test_unknown_sampler_or_scheduler_is_a_422_listing_what_there_is():
         sampler_of("LMS", None)
     assert (err.value.status, err.value.param, err.value.message) == (
         422, "sampler_name", "sampler_name: unknown sampler 'LMS'; choose one of Euler, Euler a, DPM++ 2M, "
-                             "DPM++ 2M Karras, DPM++ 2M SDE, DPM++ 3M SDE, UniPC, DDIM, LCM, Heun, DPM2, DPM++ SDE")
+                             "DPM++ 2M Karras, DPM++ 2M SDE, DPM++ 3M SDE, UniPC, DDIM, LCM, Heun, DPM2, DPM++ SDE, "
+                             "TCD")
     with pytest.raises(ApiError) as err:
         sampler_of("Euler a", "Polyexponential")
     assert (err.value.status, err.value.param, err.value.message) == (

@@ -132,7 +132,7 @@ def test_a1111_refusals_are_clear_422s_with_the_engines_message(webui):
         webui.txt2img(prompt=PROMPT, sampler_name="LMS", **SIZE)
     assert json.loads(err.value.args[1])["detail"] == \
         ("sampler_name: unknown sampler 'LMS'; choose one of Euler, Euler a, DPM++ 2M, DPM++ 2M Karras, DPM++ 2M SDE, "
-         "DPM++ 3M SDE, UniPC, DDIM, LCM, Heun, DPM2, DPM++ SDE")
+         "DPM++ 3M SDE, UniPC, DDIM, LCM, Heun, DPM2, DPM++ SDE, TCD")
     response = webui.session.post(f"{webui.baseurl}/txt2img", json={"prompt": PROMPT, "steps": "many"})
     assert response.status_code == 422 and response.json()["detail"][0]["loc"] == ["body", "steps"]
 
