@@ -182,7 +182,6 @@ def test_the_engines_gamma_is_tcds_default_and_one_step_ignores_it():
 @pytest.mark.parametrize("schedule_type", [None, *SCHEDULE_TYPES])
 def test_every_schedule_type_is_taken_or_refused_as_lcm(schedule_type):
     """TCD takes what LCM takes (automatic; trailing as custom timesteps) and refuses the rest the same way."""
-    assert "TCD" in OWN_TIMESTEPS
     base = STEPS["base_config"]
     outcomes = []
     for sampler in ("LCM", "TCD"):
@@ -194,6 +193,7 @@ def test_every_schedule_type_is_taken_or_refused_as_lcm(schedule_type):
             assert "LCM and TCD trailing" in str(err)
     assert outcomes[0] == outcomes[1], outcomes
     assert (outcomes[0] == "runs") == (schedule_type in (None, "automatic", "trailing"))
+    assert "TCD" in OWN_TIMESTEPS
 
 
 def test_zero_terminal_snr_refuses_tcd_per_request_as_lcm():
