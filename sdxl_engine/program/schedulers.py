@@ -210,14 +210,14 @@ SCHEDULE_TYPES = {"automatic": "Automatic", "uniform": "Uniform", "karras": "Kar
                   "linspace": "Linspace", "trailing": "Trailing"}
 # diffusers' ``timestep_spacing`` as a schedule type (not A1111's: it has none of these), per request: the sampler's
 # own class with that spacing in place of the model's (what the few-step LoRAs' model cards set with
-# ``from_config(..., timestep_spacing="trailing")``). DDIM takes them too (diffusers' DDIMScheduler spaces by it); LCM,
-# which reads no spacing, takes "trailing" as custom timesteps (diffusers' ``set_timesteps(timesteps=...)``):
+# ``from_config(..., timestep_spacing="trailing")``). DDIM takes them too (diffusers' DDIMScheduler spaces by it); LCM
+# and TCD, which read no spacing, take "trailing" as custom timesteps (diffusers' ``set_timesteps(timesteps=...)``):
 # round(arange(T, 0, -T/n)) - 1, DMD2's [999, 749, 499, 249] at 4 steps.
 SPACING_TYPES = ("leading", "linspace", "trailing")
 SCHEDULE_ALIASES = {"sgmuniform": "sgm_uniform"}  # A1111's aliases (lower-cased)
 DEFAULT_SCHEDULE_TYPE = "automatic"
 # Samplers whose own timesteps A1111 does not replace (its DDIM is a timesteps sampler, sd_samplers_timesteps.py,
-# which reads no scheduler; LCM's timesteps are its distillation's, ``original_inference_steps``).
+# which reads no scheduler; LCM's and TCD's timesteps are their distillation's, ``original_inference_steps``).
 OWN_TIMESTEPS = ("DDIM", "LCM", "TCD")
 # TCD's gamma (diffusers' ``TCDScheduler.step(eta=...)``, the paper's gamma; its default there and the TCD card's value;
 # note that diffusers' SDXL pipeline passes its own ``eta``, default 0, unless told). Fixed, not per request: a request
@@ -795,8 +795,8 @@ def make_schedule(sampler: str, config: dict, steps: int, schedule_type: str | N
             :func:`sampler_config`); the prediction type is the program's business.
         schedule_type: a :data:`SCHEDULE_TYPES` name (:func:`get_schedule_type`'s spellings; None = "automatic":
             the sampler's own spacing; a :data:`SPACING_TYPES` name: the sampler's class with that
-            ``timestep_spacing``, LCM's "trailing" its custom timesteps). Another replaces the sampler's sigmas by
-            A1111's (:func:`schedule_sigmas`),
+            ``timestep_spacing``, LCM's and TCD's "trailing" their custom timesteps). Another replaces the
+            sampler's sigmas by A1111's (:func:`schedule_sigmas`),
             the last one the sampler's own final sigma (0 for SDXL, as A1111), its timesteps k-diffusion's
             ``sigma_to_t`` of them (DPM++: rounded to whole ones, as diffusers' DPMSolverMultistepScheduler rounds
             its Karras sigmas' timesteps); the
@@ -804,11 +804,12 @@ def make_schedule(sampler: str, config: dict, steps: int, schedule_type: str | N
             is "DPM++ 2M Karras" (diffusers' ``use_karras_sigmas``, whose sigmas are A1111's karras ones).
     Raises:
         UnknownSampler: an unknown sampler name. UnknownScheduleType: an unknown schedule type.
-        UnsupportedScheduleType: a schedule type other than automatic for DDIM or LCM (their own timesteps), or
+        UnsupportedScheduleType: a schedule type other than automatic for DDIM, LCM or TCD (their own timesteps;
+            DDIM takes the spacings, LCM and TCD trailing), or
             other than automatic / karras for "DPM++ 2M Karras".
         UnsupportedSchedulerConfig: a field this sampler does not follow (:func:`check_scheduler_config`).
-        TooManySteps: LCM with more steps than the config's ``original_inference_steps`` (diffusers raises
-            too: its steps are a subset of that schedule).
+        TooManySteps: LCM or TCD with more steps than the config's ``original_inference_steps`` (diffusers
+            raises too: their steps are a subset of that schedule).
         ValueError: fewer than 1 step.
     """
     sampler, schedule_type = _sampler_and_type(get_sampler(sampler), get_schedule_type(schedule_type))
