@@ -54,7 +54,8 @@ def mode_fields(mode: str, size: int) -> dict:
         "lightning": {"sampler": "Euler", "num_inference_steps": 4, "guidance_scale": 0.0,
                       "schedule_type": "trailing"},
         "union": {"control_units": (ControlUnit(image=edges, model="controlnet-union-random", control_type="canny"),)},
-        "ip_adapter": {"ip_adapter_units": (IPAdapterUnit(image=picture[: size // 2], model="ip-adapter-plus_random"),)},
+        "ip_adapter": {"ip_adapter_units": (IPAdapterUnit(image=picture[: size // 2],
+                                                          model="ip-adapter-plus_random"),)},
     }[mode]
 
 
