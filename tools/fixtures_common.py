@@ -134,10 +134,11 @@ def check_saved(model: torch.nn.Module, folder: Path) -> None:
 
 
 class EngineNoise:
-    """Replaces scheduling_lcm.randn_tensor with the given noises, in order; counts the calls."""
+    """Replaces a scheduler module's randn_tensor (``module``: scheduling_lcm, scheduling_tcd) with the given noises,
+    in order; counts the calls."""
 
-    def __init__(self, noise: np.ndarray):
-        self.noise, self.calls = noise, 0
+    def __init__(self, noise: np.ndarray, module: str = "scheduling_lcm"):
+        self.noise, self.calls, self.module = noise, 0, getattr(diffusers.schedulers, module)
 
     def __call__(self, shape, generator=None, device=None, dtype=None, **kwargs):
         assert tuple(shape) == self.noise.shape[1:] and dtype == torch.float32, (shape, dtype)
@@ -145,12 +146,12 @@ class EngineNoise:
         return torch.from_numpy(self.noise[self.calls - 1].copy())
 
     def __enter__(self):
-        self.saved = diffusers.schedulers.scheduling_lcm.randn_tensor
-        diffusers.schedulers.scheduling_lcm.randn_tensor = self
+        self.saved = self.module.randn_tensor
+        self.module.randn_tensor = self
         return self
 
     def __exit__(self, *exc):
-        diffusers.schedulers.scheduling_lcm.randn_tensor = self.saved
+        self.module.randn_tensor = self.saved
 
 
 def as_numpy(arrays: dict) -> dict[str, np.ndarray]:

@@ -51,9 +51,11 @@ def mode_fields(mode: str, size: int) -> dict:
         "hires": {"width": size // 2, "height": size // 2, "hires_scale": 2.0, "hires_strength": 0.7},
         "lcm": {"sampler": "LCM", "num_inference_steps": 4, "guidance_scale": 1.0},
         # SDXL-Lightning 4-step's recipe (checkpoint/recipes.py): Euler, trailing timesteps, no CFG
-        "lightning": {"sampler": "Euler", "num_inference_steps": 4, "guidance_scale": 0.0, "schedule_type": "trailing"},
+        "lightning": {"sampler": "Euler", "num_inference_steps": 4, "guidance_scale": 0.0,
+                      "schedule_type": "trailing"},
         "union": {"control_units": (ControlUnit(image=edges, model="controlnet-union-random", control_type="canny"),)},
-        "ip_adapter": {"ip_adapter_units": (IPAdapterUnit(image=picture[: size // 2], model="ip-adapter-plus_random"),)},
+        "ip_adapter": {"ip_adapter_units": (IPAdapterUnit(image=picture[: size // 2],
+                                                          model="ip-adapter-plus_random"),)},
     }[mode]
 
 

@@ -109,14 +109,12 @@ RECIPES = (
            {"sampler": "DDIM", "num_inference_steps": "n", **_NO_CFG, "schedule_type": "trailing"}, lora=True,
            source=f"{HYPER}: \"Ensure ddim scheduler timestep spacing set as trailing !!!\" DDIMScheduler.from_config("
                   "..., timestep_spacing=\"trailing\"), guidance_scale=0"),
-    # The unified 1-step LoRA: TCDScheduler with eta=1.0. TCD is not one of the engine's samplers: DDIM trailing at 1
-    # step (the 2/4/8-step LoRAs' recipe) takes the same x0 of the same t = 999 step, but ends on it where TCD adds
-    # back alphā_0's noise level (sigma 0.029); TCD's multi-step gamma (eta < 1) is not available at all.
+    # The unified 1-step LoRA: pipe.scheduler = TCDScheduler.from_config(pipe.scheduler.config), num_inference_steps=1,
+    # guidance_scale=0, eta=1.0. The engine's TCD runs gamma 0.3, which at one step is the card's eta 1.0 (the one
+    # step goes to timestep 0 whatever gamma); TCD's own timesteps (automatic: from_config, no timesteps), [999].
     Recipe("Hyper-SDXL 1-step LoRA", r"hyper-sdxl-1step-lora",
-           {"sampler": "DDIM", "num_inference_steps": 1, **_NO_CFG, "schedule_type": "trailing"}, lora=True,
-           source=f"{HYPER}: TCDScheduler.from_config(...), num_inference_steps=1, guidance_scale=0, eta=1.0",
-           note="TCD is not implemented: DDIM trailing at 1 step instead (the same x0 at t = 999, without TCD's "
-                "final alphā_0 noise); other step counts of this unified LoRA need TCD's gamma"),
+           {"sampler": "TCD", "num_inference_steps": 1, **_NO_CFG, "schedule_type": "automatic"}, lora=True,
+           source=f"{HYPER}: TCDScheduler.from_config(...), num_inference_steps=1, guidance_scale=0, eta=1.0"),
     # The 1-step UNet: LCMScheduler, "Set start timesteps to 800 in the one-step inference", timesteps=[800].
     Recipe("Hyper-SDXL 1-step UNet", r"hyper-sdxl-1step-unet(-comfyui)?(\.fp16)?",
            {"sampler": "LCM", "num_inference_steps": 1, **_NO_CFG},

@@ -267,7 +267,7 @@ class Planner:
         """The sampler's schedule for ``steps`` steps of ``schedule_type`` (None: automatic; cached). Raises
         InvalidRequest for a sampler this model's scheduler config rules out (schedulers.PER_SAMPLER: DDIM on a
         zero-terminal-SNR model), more steps than it can take (LCM past original_inference_steps), or a schedule type
-        the sampler does not take (``schedule_type``: DDIM, LCM)."""
+        the sampler does not take (``schedule_type``: DDIM, LCM, TCD)."""
         key = (sampler, steps, schedule_type)
         if key not in self._schedules:
             try:

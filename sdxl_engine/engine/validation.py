@@ -117,7 +117,7 @@ class GenerateRequest:
     refiner: str | None = None
     # The schedule type (A1111 1.9's ``scheduler``, docs/samplers.md): a schedulers.SCHEDULE_TYPES name, label or alias
     # (None: "automatic", each sampler's own spacing); both passes of hires fix and the refiner's steps use it.
-    # Validated: the name ("karras"). DDIM and LCM take automatic only (the plan refuses another, naming this field).
+    # Validated: the name ("karras"). DDIM, LCM and TCD keep their own timesteps (the plan refuses another, naming it).
     schedule_type: str | None = None
     # The Limits this exact object was validated against (set by :func:`validate` only; not an argument, and
     # dataclasses.replace makes an unstamped copy), so a request checked where it arrived (apis/core.check, a

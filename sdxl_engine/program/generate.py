@@ -367,7 +367,7 @@ class ProgramInputs:
         rows' ``negative_aesthetic_score`` (diffusers' img2img defaults 6.0 and 2.5). ``schedule``: the one these
         inputs were built from; a multistep sampler's history restarts at the switch step (as at ``start_step``:
         :meth:`Schedule.restarting_at`), since diffusers' refiner pipeline restarts its scheduler there (DPM++ 2M's
-        switch step first order, ``b + c`` and ``c = 0``); Euler, Euler a, DDIM and LCM are unchanged.
+        switch step first order, ``b + c`` and ``c = 0``); Euler, Euler a, DDIM, LCM and TCD are unchanged.
         """
         if self.start_step is not None:
             schedule = schedule.starting_at(int(self.start_step))

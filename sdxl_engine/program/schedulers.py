@@ -8,7 +8,7 @@ form::
 
     x_{i+1} = a_i x_i + b_i x0_i + c_i x0_{i-1} + c2_i x0_{i-2} + d_i z_i + e_i (clip(x0_i) - x0_i)
 
-(z_i ~ N(0, 1), Euler a, the SDEs and LCM only; clip to [-clip_range, clip_range], DDIM's and LCM's
+(z_i ~ N(0, 1), Euler a, DPM2 a, the SDEs, LCM and TCD only; clip to [-clip_range, clip_range], DDIM's and LCM's
 ``clip_sample`` only; c2, the x0 of two steps back, DPM++ 3M SDE's third order and UniPC's corrector only)
 with a..e computed on the host for the step count. The program takes them as arrays, so
 changing the sampler, like the step count, compiles nothing. The numbers are diffusers'
@@ -51,6 +51,10 @@ LCM               LCMScheduler (Luo et al. 2023): the boundary-condition scaling
                   then fresh noise to s' (none on the last step): a = c_skip / sqrt(s^2 + 1),
                   b = c_out, d = s' (0 last), with clip_sample e = c_out; timesteps from
                   ``original_inference_steps`` (``timestep_spacing`` unused, as in diffusers)
+TCD               TCDScheduler (Zheng et al. 2024, Trajectory Consistency Distillation), gamma (its step's
+                  ``eta``) :data:`TCD_GAMMA`: from t, DDIM to s = floor((1 - gamma) t') then fresh noise
+                  back to the next timestep t': a = s_s / s_t, b = 1 - a, d = sqrt(s_t'^2 - s_s^2)
+                  (:func:`_tcd_schedule`); LCM's timestep grid; ends at timestep 0's sigma
 ================  =====================================================================================
 
 Heun, DPM2, DPM++ SDE and DPM2 a (:data:`TWO_CALLS`: diffusers' HeunDiscreteScheduler, KDPM2DiscreteScheduler,
@@ -72,9 +76,8 @@ True, ``set_alpha_to_one`` True, ``timestep_spacing`` "leading"), then the field
 fixes (:data:`SAMPLER_CLASSES`). Every field of every class is either honoured as diffusers does
 or refused by :func:`check_scheduler_config` (:data:`FIELDS` says which); none is ignored.
 
-Euler a's, DPM2 a's, the DPM++ SDEs' and LCM's step noise for image i of a request is
-``jax.random.normal(jax.random.fold_in(jax.random.key(seed_i), step + 1), latents.shape)``: deterministic per seed
-(program.py).
+Euler a's, DPM2 a's, the DPM++ SDEs', LCM's and TCD's step noise for image i of a request is ``jax.random.normal(
+jax.random.fold_in(jax.random.key(seed_i), step + 1), latents.shape)``: deterministic per seed (program.py).
 """
 
 from __future__ import annotations
@@ -104,6 +107,7 @@ SAMPLER_CLASSES = {
     "Heun": ("HeunDiscreteScheduler", {}),
     "DPM2": ("KDPM2DiscreteScheduler", {}),
     "DPM++ SDE": ("DPMSolverSDEScheduler", {}),
+    "TCD": ("TCDScheduler", {}),
     "DPM2 a": ("KDPM2AncestralDiscreteScheduler", {}),
 }
 # The samplers whose step calls the model twice (k-diffusion's sample_heun, sample_dpm_2, sample_dpmpp_sde,
@@ -139,6 +143,10 @@ CLASS_DEFAULTS = {
                      "original_inference_steps": 50, "clip_sample": False, "clip_sample_range": 1.0,
                      "set_alpha_to_one": True, "thresholding": False, "dynamic_thresholding_ratio": 0.995,
                      "sample_max_value": 1.0, "timestep_spacing": "leading", "timestep_scaling": 10.0},
+    "TCDScheduler": {**_COMMON, "beta_start": 0.00085, "beta_end": 0.012, "beta_schedule": "scaled_linear",
+                     "original_inference_steps": 50, "clip_sample": False, "clip_sample_range": 1.0,
+                     "set_alpha_to_one": True, "thresholding": False, "dynamic_thresholding_ratio": 0.995,
+                     "sample_max_value": 1.0, "timestep_spacing": "leading", "timestep_scaling": 10.0},
     **{cls: {**{k: v for k, v in _COMMON.items() if k != "rescale_betas_zero_snr"}, "beta_start": 0.00085,
              "beta_end": 0.012, **_SIGMA_KINDS, **extra}
        for cls, extra in (("HeunDiscreteScheduler", {"clip_sample": False, "clip_sample_range": 1.0}),
@@ -155,9 +163,10 @@ FIELDS = {
     "beta_schedule": "honoured: linear, scaled_linear, squaredcos_cap_v2", "trained_betas": "honoured",
     "prediction_type": "honoured: epsilon, v_prediction, sample (not with Euler a, DPM2, DPM++ SDE, DPM2 a, as in "
                        "diffusers)",
-    "timestep_spacing": "honoured: linspace, leading, trailing (LCM: unused, as in diffusers)",
-    "steps_offset": "honoured (leading; LCM: unused, as in diffusers)",
-    "rescale_betas_zero_snr": "honoured for Euler, Euler a, DPM++; DDIM and LCM refused per request for such a model; "
+    "timestep_spacing": "honoured: linspace, leading, trailing (LCM, TCD: unused, as in diffusers)",
+    "steps_offset": "honoured (leading; LCM, TCD: unused, as in diffusers)",
+    "rescale_betas_zero_snr": "honoured for Euler, Euler a, DPM++; DDIM, LCM and TCD refused per request for such a "
+                              "model; "
                               "unused by Heun, DPM2, DPM++ SDE, DPM2 a (their classes have no such field: as in "
                               "diffusers, their sigmas are the unrescaled betas')",
     "interpolation_type": "honoured: linear, log_linear", "use_karras_sigmas": "honoured",
@@ -175,13 +184,15 @@ FIELDS = {
     "euler_at_final": "honoured",
     "use_lu_lambdas": "refused", "use_flow_sigmas": "refused", "flow_shift": "unused (use_flow_sigmas)",
     "lambda_min_clipped": "honoured", "variance_type": "refused", "use_dynamic_shifting": "refused",
-    "time_shift_type": "unused (use_dynamic_shifting)", "thresholding": "refused",
+    "time_shift_type": "unused (use_dynamic_shifting)",
+    "thresholding": "refused (TCD: unused, its step reads none; the other samplers refuse it at load)",
     "dynamic_thresholding_ratio": "unused (thresholding)", "sample_max_value": "unused (thresholding)",
-    "clip_sample": "honoured (Heun: both calls' x0)", "clip_sample_range": "honoured",
+    "clip_sample": "honoured (Heun: both calls' x0; TCD: unused, its step clips nothing, as in diffusers)",
+    "clip_sample_range": "honoured",
     "noise_sampler_seed": "unused (DPM++ SDE: the step noise is the engine's, per image seed)",
-    "set_alpha_to_one": "honoured (DDIM; LCM: unused, its previous timestep is never negative)",
-    "original_inference_steps": "honoured (LCM: its timesteps, and the most steps it runs)",
-    "timestep_scaling": "honoured (LCM)",
+    "set_alpha_to_one": "honoured (DDIM; LCM, TCD: unused, their previous timestep is never negative)",
+    "original_inference_steps": "honoured (LCM, TCD: their timesteps, and the most steps they run)",
+    "timestep_scaling": "honoured (LCM; TCD: unused, as in diffusers: its step has no boundary scalings)",
 }
 
 
@@ -203,15 +214,20 @@ SCHEDULE_TYPES = {"automatic": "Automatic", "uniform": "Uniform", "karras": "Kar
                   "linspace": "Linspace", "trailing": "Trailing"}
 # diffusers' ``timestep_spacing`` as a schedule type (not A1111's: it has none of these), per request: the sampler's
 # own class with that spacing in place of the model's (what the few-step LoRAs' model cards set with
-# ``from_config(..., timestep_spacing="trailing")``). DDIM takes them too (diffusers' DDIMScheduler spaces by it); LCM,
-# which reads no spacing, takes "trailing" as custom timesteps (diffusers' ``set_timesteps(timesteps=...)``):
+# ``from_config(..., timestep_spacing="trailing")``). DDIM takes them too (diffusers' DDIMScheduler spaces by it); LCM
+# and TCD, which read no spacing, take "trailing" as custom timesteps (diffusers' ``set_timesteps(timesteps=...)``):
 # round(arange(T, 0, -T/n)) - 1, DMD2's [999, 749, 499, 249] at 4 steps.
 SPACING_TYPES = ("leading", "linspace", "trailing")
 SCHEDULE_ALIASES = {"sgmuniform": "sgm_uniform"}  # A1111's aliases (lower-cased)
 DEFAULT_SCHEDULE_TYPE = "automatic"
 # Samplers whose own timesteps A1111 does not replace (its DDIM is a timesteps sampler, sd_samplers_timesteps.py,
-# which reads no scheduler; LCM's timesteps are its distillation's, ``original_inference_steps``).
-OWN_TIMESTEPS = ("DDIM", "LCM")
+# which reads no scheduler; LCM's and TCD's timesteps are their distillation's, ``original_inference_steps``).
+OWN_TIMESTEPS = ("DDIM", "LCM", "TCD")
+# TCD's gamma (diffusers' ``TCDScheduler.step(eta=...)``, the paper's gamma; its default there and the TCD card's value;
+# note that diffusers' SDXL pipeline passes its own ``eta``, default 0, unless told). Fixed, not per request: a request
+# field would go through every front (A1111's ``eta``, the page, MCP, infotext) for a value no recipe needs (at one step
+# gamma changes nothing: the last step goes to timestep 0 whatever gamma).
+TCD_GAMMA = 0.3
 BETA_ALPHA = BETA_BETA = 0.6  # A1111's beta_dist_alpha / beta_dist_beta defaults (shared_options.py)
 
 
@@ -374,7 +390,7 @@ class Schedule:
         """This schedule with its multistep history restarting at ``step`` too (img2img's first step, the refiner's
         switch: diffusers runs a fresh scheduler there), the earlier restarts kept: the steps from ``step`` on take
         the orders a fresh scheduler takes (first order, then the higher ones as x0s accumulate). Samplers without
-        a history (Euler, Euler a, DDIM, LCM, the two-call samplers) and ``step`` 0 return this schedule."""
+        a history (Euler, Euler a, DDIM, LCM, TCD, the two-call samplers) and ``step`` 0 return this schedule."""
         if self.history is None or step <= 0 or step in self.restarts:
             return self
         restarts = tuple(sorted({*self.restarts, int(step)}))
@@ -492,6 +508,10 @@ def check_scheduler_config(config: dict) -> None:
                 f"{field}={value!r} is not supported ({SAMPLER_CLASSES[sampler][0]}, sampler {sampler!r}): {why}")
 
 
+# The classes whose timesteps are LCM's ``original_inference_steps`` grid (their ``timestep_spacing`` unused).
+_LCM_GRID = ("LCMScheduler", "TCDScheduler")
+
+
 def _refusal(sampler: str, cfg: dict) -> tuple[str, str] | None:
     """(field, reason) of the first value ``sampler`` cannot follow, or None."""
     cls = SAMPLER_CLASSES[sampler][0]
@@ -504,15 +524,15 @@ def _refusal(sampler: str, cfg: dict) -> tuple[str, str] | None:
     if cls in ("KDPM2DiscreteScheduler", "DPMSolverSDEScheduler", "KDPM2AncestralDiscreteScheduler") \
             and cfg["prediction_type"] == "sample":
         return "prediction_type", f"diffusers' {cls} does not implement it either"
-    if cls != "LCMScheduler" and cfg["timestep_spacing"] not in ("linspace", "leading", "trailing"):
+    if cls not in _LCM_GRID and cfg["timestep_spacing"] not in ("linspace", "leading", "trailing"):
         return "timestep_spacing", "choose linspace, leading or trailing"
     if cls == "DDIMScheduler" and cfg["rescale_betas_zero_snr"]:
         return "rescale_betas_zero_snr", ("DDIM's terminal alpha 0 is an infinite sigma, which this engine's DDIM "
                                           "cannot step from")
-    if cls == "LCMScheduler" and cfg["rescale_betas_zero_snr"]:
-        return "rescale_betas_zero_snr", ("its terminal alpha 0 (diffusers' LCMScheduler keeps it 0) is an infinite "
+    if cls in _LCM_GRID and cfg["rescale_betas_zero_snr"]:
+        return "rescale_betas_zero_snr", (f"its terminal alpha 0 (diffusers' {cls} keeps it 0) is an infinite "
                                           "sigma, which this engine cannot step from")
-    if cls == "LCMScheduler" and not 1 <= cfg["original_inference_steps"] <= cfg["num_train_timesteps"]:
+    if cls in _LCM_GRID and not 1 <= cfg["original_inference_steps"] <= cfg["num_train_timesteps"]:
         return "original_inference_steps", f"choose 1 to num_train_timesteps ({cfg['num_train_timesteps']})"
     if cfg.get("thresholding", False) and cls in ("DPMSolverMultistepScheduler", "UniPCMultistepScheduler",
                                                   "DDIMScheduler", "LCMScheduler"):
@@ -781,8 +801,8 @@ def make_schedule(sampler: str, config: dict, steps: int, schedule_type: str | N
             :func:`sampler_config`); the prediction type is the program's business.
         schedule_type: a :data:`SCHEDULE_TYPES` name (:func:`get_schedule_type`'s spellings; None = "automatic":
             the sampler's own spacing; a :data:`SPACING_TYPES` name: the sampler's class with that
-            ``timestep_spacing``, LCM's "trailing" its custom timesteps). Another replaces the sampler's sigmas by
-            A1111's (:func:`schedule_sigmas`),
+            ``timestep_spacing``, LCM's and TCD's "trailing" their custom timesteps). Another replaces the
+            sampler's sigmas by A1111's (:func:`schedule_sigmas`),
             the last one the sampler's own final sigma (0 for SDXL, as A1111), its timesteps k-diffusion's
             ``sigma_to_t`` of them (DPM++: rounded to whole ones, as diffusers' DPMSolverMultistepScheduler rounds
             its Karras sigmas' timesteps); the
@@ -790,11 +810,12 @@ def make_schedule(sampler: str, config: dict, steps: int, schedule_type: str | N
             is "DPM++ 2M Karras" (diffusers' ``use_karras_sigmas``, whose sigmas are A1111's karras ones).
     Raises:
         UnknownSampler: an unknown sampler name. UnknownScheduleType: an unknown schedule type.
-        UnsupportedScheduleType: a schedule type other than automatic for DDIM or LCM (their own timesteps), or
+        UnsupportedScheduleType: a schedule type other than automatic for DDIM, LCM or TCD (their own timesteps;
+            DDIM takes the spacings, LCM and TCD trailing), or
             other than automatic / karras for "DPM++ 2M Karras".
         UnsupportedSchedulerConfig: a field this sampler does not follow (:func:`check_scheduler_config`).
-        TooManySteps: LCM with more steps than the config's ``original_inference_steps`` (diffusers raises
-            too: its steps are a subset of that schedule).
+        TooManySteps: LCM or TCD with more steps than the config's ``original_inference_steps`` (diffusers
+            raises too: their steps are a subset of that schedule).
         ValueError: fewer than 1 step.
     """
     sampler, schedule_type = _sampler_and_type(get_sampler(sampler), get_schedule_type(schedule_type))
@@ -807,15 +828,18 @@ def make_schedule(sampler: str, config: dict, steps: int, schedule_type: str | N
                                          f"{sampler!r}): {problem[1]}")
     if schedule_type in SPACING_TYPES:  # the class with this spacing: its automatic schedule on that config
         cfg, schedule_type = {**cfg, "timestep_spacing": schedule_type}, DEFAULT_SCHEDULE_TYPE
-        if sampler == "LCM":  # custom timesteps, trailing (_sampler_and_type took no other spacing for LCM)
+        if sampler in ("LCM", "TCD"):  # custom timesteps, trailing (_sampler_and_type took no other spacing)
             n_train = cfg["num_train_timesteps"]
-            return _lcm_schedule(cfg, steps, np.round(np.arange(n_train, 0, -n_train / steps)).astype(np.int64) - 1)
+            custom = np.round(np.arange(n_train, 0, -n_train / steps)).astype(np.int64) - 1
+            return (_lcm_schedule if sampler == "LCM" else _tcd_schedule)(cfg, steps, custom)
     if sampler in TWO_CALLS:
         return _two_call_schedule(sampler, cfg, steps, schedule_type)
     typed = None if schedule_type == DEFAULT_SCHEDULE_TYPE else _typed(cfg, schedule_type, steps)
     zeros = np.zeros(steps, np.float64)
     if sampler == "LCM":
         return _lcm_schedule(cfg, steps)
+    if sampler == "TCD":
+        return _tcd_schedule(cfg, steps)
     if sampler in ("Euler", "Euler a"):
         timesteps, sigmas, init = (_euler if sampler == "Euler" else _euler_ancestral)(cfg, steps)
         if typed is not None:  # A1111's sigmas; the initial scale by the class's rule, on the new top sigma
@@ -1079,12 +1103,13 @@ def _sampler_and_type(sampler: str, schedule_type: str) -> tuple[str, str]:
     both spellings are one schedule); a schedule type a sampler does not take raises UnsupportedScheduleType."""
     if schedule_type == DEFAULT_SCHEDULE_TYPE:
         return sampler, schedule_type
-    if schedule_type in SPACING_TYPES and (sampler == "DDIM" or (sampler, schedule_type) == ("LCM", "trailing")):
+    if schedule_type in SPACING_TYPES and (sampler == "DDIM" or (sampler in ("LCM", "TCD")
+                                                                 and schedule_type == "trailing")):
         return sampler, schedule_type
     if sampler in OWN_TIMESTEPS:
         raise UnsupportedScheduleType(f"{sampler} keeps its own timesteps (A1111's DDIM and LCM read no schedule "
-                                      f"type; DDIM takes leading, linspace or trailing, LCM trailing): use automatic, "
-                                      f"or another sampler for {schedule_type}")
+                                      f"type; DDIM takes leading, linspace or trailing, LCM and TCD trailing): use "
+                                      f"automatic, or another sampler for {schedule_type}")
     if sampler == "DPM++ 2M Karras":
         if schedule_type != "karras":
             raise UnsupportedScheduleType(f"sampler {sampler} is DPM++ 2M with karras: send sampler DPM++ 2M with "
@@ -1122,6 +1147,50 @@ def _lcm_schedule(cfg: dict, steps: int, custom: np.ndarray | None = None) -> Sc
     zeros = np.zeros(steps)
     return _schedule(timesteps, sigmas, c_skip / (sigmas[:-1] ** 2 + 1) ** 0.5, c_out, zeros, zeros, d,
                      c_out if cfg["clip_sample"] else zeros, (sigmas[0] ** 2 + 1) ** 0.5, 1.0, clip)
+
+
+def _tcd(cfg: dict, steps: int, custom: np.ndarray | None = None, strength: float = 1.0) -> np.ndarray:
+    """TCDScheduler.set_timesteps(steps, strength=strength) (or ``timesteps=custom``) from the config's
+    ``original_inference_steps`` (diffusers 0.42.1): (n,) int64, largest first. Its grid is LCM's, k - 1, 2k - 1, ...
+    (k = num_train_timesteps // original_inference_steps), cut to the first ``int(original x strength)`` points, then
+    ``steps`` of them at indices floor(linspace(0, len, n, endpoint=False)) from the top; ``custom``: its last
+    ``int(n x strength)`` (TCD's own strength rule; diffusers' SDXL pipelines call it at strength 1 and cut the steps
+    themselves, ``img2img_start``).
+
+    Raises TooManySteps where diffusers raises ValueError (more steps than the grid has points)."""
+    original, n_train = cfg["original_inference_steps"], cfg["num_train_timesteps"]
+    if custom is not None:
+        n = len(custom)
+        return np.asarray(custom, np.int64)[n - min(int(n * strength), n):]
+    origin = np.arange(1, int(original * strength) + 1) * (n_train // original) - 1
+    if steps > original or len(origin) // steps < 1:
+        raise TooManySteps(f"TCD runs at most {int(original * strength)} steps for this model (its scheduler's "
+                           f"original_inference_steps {original} x strength {strength:g}), got {steps}")
+    return origin[::-1][np.floor(np.linspace(0, len(origin), num=steps, endpoint=False)).astype(np.int64)]
+
+
+def _tcd_schedule(cfg: dict, steps: int, custom: np.ndarray | None = None, gamma: float = TCD_GAMMA) -> Schedule:
+    """TCDScheduler.step (eta = ``gamma``) in sigma space. diffusers' step from t to the next timestep t' (0 after the
+    last) goes to s = floor((1 - gamma) t') (float32, as torch multiplies the long tensor): ``pred_noised =
+    sqrt(alphā_s) x0 + sqrt(1 - alphā_s) eps``, then fresh noise back to t', ``prev = sqrt(alphā_t' / alphā_s)
+    pred_noised + sqrt(1 - alphā_t' / alphā_s) z`` (none on the last step, where t' = s = 0 anyway). Divided by
+    sqrt(alphā_t') (sigma space, eps = (x - x0) / s_t): x' = x0 + s_s (x - x0) / s_t + sqrt(s_t'^2 - s_s^2) z, so
+    a = s_s / s_t, b = 1 - a, d = sqrt(s_t'^2 - s_s^2). No clipping (its step reads neither clip_sample nor
+    thresholding); the last step ends at timestep 0's sigma, not 0 (final scale 1 / sqrt(s^2 + 1)). gamma 0 is DDIM
+    to t'; at one step gamma changes nothing."""
+    if not 0 <= gamma <= 1:
+        raise ValueError(f"TCD's gamma must be 0 to 1, got {gamma!r}")
+    ac = np.cumprod(1.0 - _betas(cfg), dtype=np.float32).astype(np.float64)  # zero SNR is refused (_refusal)
+    timesteps = _tcd(cfg, steps, custom)
+    prev = np.concatenate([timesteps[1:], [0]])
+    s = np.floor(np.float32(1 - gamma) * prev.astype(np.float32)).astype(np.int64)
+    sigma = lambda t: ((1 - ac[t]) / ac[t]) ** 0.5  # noqa: E731
+    s_t, s_prev, s_s = sigma(timesteps), sigma(prev), sigma(s)
+    a, zeros = s_s / s_t, np.zeros(len(timesteps))
+    d = np.sqrt(np.maximum(s_prev**2 - s_s**2, 0.0))
+    sigmas = np.concatenate([s_t, [s_prev[-1]]])
+    return _schedule(timesteps, sigmas, a, 1 - a, zeros, zeros, d, zeros, (sigmas[0] ** 2 + 1) ** 0.5,
+                     1 / (sigmas[-1] ** 2 + 1) ** 0.5)
 
 
 def _schedule(timesteps, sigmas, a, b, c, c2, d, e, init, final, clip=math.inf, history=None) -> Schedule:

@@ -37,18 +37,19 @@ def test_a_models_recipe_is_found_by_its_published_name(spec, name, sampler, ste
     EngineConfig.load(environ={}).with_model_defaults(recipe.engine_defaults())  # engine_defaults.json's form
 
 
-@pytest.mark.parametrize("spec, name, sampler, steps, guidance", [
-    ("sdxl_lightning_2step_lora.safetensors", "SDXL-Lightning 2-step LoRA", "Euler", 2, 0.0),
-    ("Hyper-SDXL-8steps-lora.safetensors", "Hyper-SDXL 8-step LoRA", "DDIM", 8, 0.0),
-    ("Hyper-SDXL-12steps-CFG-lora.safetensors", "Hyper-SDXL 12-step CFG LoRA", "DDIM", 12, 5.0),
-    ("Hyper-SDXL-1step-lora.safetensors", "Hyper-SDXL 1-step LoRA", "DDIM", 1, 0.0),
-    ("dmd2_sdxl_4step_lora_fp16.safetensors", "DMD2 4-step LoRA", "LCM", 4, 0.0),
+@pytest.mark.parametrize("spec, name, sampler, steps, guidance, schedule_type", [
+    ("sdxl_lightning_2step_lora.safetensors", "SDXL-Lightning 2-step LoRA", "Euler", 2, 0.0, "trailing"),
+    ("Hyper-SDXL-8steps-lora.safetensors", "Hyper-SDXL 8-step LoRA", "DDIM", 8, 0.0, "trailing"),
+    ("Hyper-SDXL-12steps-CFG-lora.safetensors", "Hyper-SDXL 12-step CFG LoRA", "DDIM", 12, 5.0, "trailing"),
+    ("Hyper-SDXL-1step-lora.safetensors", "Hyper-SDXL 1-step LoRA", "TCD", 1, 0.0, "automatic"),
+    ("dmd2_sdxl_4step_lora_fp16.safetensors", "DMD2 4-step LoRA", "LCM", 4, 0.0, "trailing"),
 ])
-def test_a_loras_recipe_is_found_by_its_file_name_and_only_as_a_lora(spec, name, sampler, steps, guidance):
+def test_a_loras_recipe_is_found_by_its_file_name_and_only_as_a_lora(spec, name, sampler, steps, guidance,
+                                                                     schedule_type):
     recipe = recipes.find(spec, lora=True)
     assert (recipe.name, recipe.defaults["sampler"], recipe.defaults["num_inference_steps"],
             recipe.defaults["guidance_scale"], recipe.defaults["schedule_type"]) == (
-        name, sampler, steps, guidance, "trailing")
+        name, sampler, steps, guidance, schedule_type)
     assert recipes.find(spec) is None and not recipe.scheduler
 
 
@@ -177,5 +178,5 @@ def test_a_spacing_schedule_type_is_the_class_with_that_spacing_per_request():
     assert lcm.timesteps.tolist() == [999, 749, 499, 249]
     assert all(np.array_equal(getattr(lcm, f), getattr(dmd2, f)) for f in fields)
     assert make_schedule("LCM", base, 1, "trailing").timesteps.tolist() == [999]
-    with pytest.raises(UnsupportedScheduleType, match="LCM trailing"):
+    with pytest.raises(UnsupportedScheduleType, match="LCM and TCD trailing"):
         make_schedule("LCM", base, 4, "leading")

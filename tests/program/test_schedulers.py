@@ -75,10 +75,13 @@ def close(got, want, what, inputs=0.0):
 # ---- from_config: the class defaults and what each sampler reads ---------------------------------------------
 def test_class_defaults_are_diffusers_init_signatures():
     """Every __init__ argument of every sampler's class, with diffusers' default, and a stated treatment (the
-    two-call samplers' classes are recorded in two-call-steps.json: test_schedulers_two_calls.py)."""
+    two-call samplers' classes are recorded in two-call-steps.json: test_schedulers_two_calls.py; TCD's in
+    tcd-steps.json: test_schedulers_tcd.py)."""
     recorded = STEPS["class_defaults"]
     two_calls = json.loads((FIXTURES / "two-call-steps.json").read_text())["class_defaults"]
-    assert set(recorded) | set(two_calls) == set(CLASS_DEFAULTS) == {cls for cls, _ in SAMPLER_CLASSES.values()}
+    tcd = json.loads((FIXTURES / "tcd-steps.json").read_text())["class_defaults"]
+    assert (set(recorded) | set(two_calls) | set(tcd) == set(CLASS_DEFAULTS)
+            == {cls for cls, _ in SAMPLER_CLASSES.values()})
     for cls, defaults in recorded.items():
         assert CLASS_DEFAULTS[cls] == defaults, cls
         assert set(defaults) <= set(FIELDS), f"{cls}: no stated treatment for {set(defaults) - set(FIELDS)}"
@@ -375,7 +378,8 @@ def test_a_model_folder_with_a_refused_field_fails_to_load_naming_file_and_field
 
 def test_sampler_names():
     assert SAMPLERS == ("Euler", "Euler a", "DPM++ 2M", "DPM++ 2M Karras", "DPM++ 2M SDE", "DPM++ 3M SDE", "UniPC",
-                        "DDIM", "LCM", "Heun", "DPM2", "DPM++ SDE", "DPM2 a")
+                        "DDIM", "LCM", "Heun", "DPM2", "DPM++ SDE", "TCD", "DPM2 a")
+    assert get_sampler("tcd") == "TCD"
     assert get_sampler("heun") == "Heun" and get_sampler("dpm++ sde") == "DPM++ SDE"
     assert get_sampler("dpm2  A") == "DPM2 a"
     assert get_sampler(" dpm++  2m karras") == "DPM++ 2M Karras" and get_sampler(None) == "Euler"

@@ -28,7 +28,7 @@ def test_page_builder_with_fake_engine():
     assert api["parameters"][8]["python_type"]["type"] == ("Literal['Euler', 'Euler a', 'DPM++ 2M', "
                                                            "'DPM++ 2M Karras', 'DPM++ 2M SDE', 'DPM++ 3M SDE', "
                                                            "'UniPC', 'DDIM', 'LCM', 'Heun', 'DPM2', 'DPM++ SDE', "
-                                                           "'DPM2 a']")
+                                                           "'TCD', 'DPM2 a']")
     assert len(api["returns"]) == 2  # the gallery and the JSON info (the history record never leaves the server)
     # What view_api shows: whole numbers as int (a slider reports float unless told otherwise).
     assert [p["python_type"]["type"] for p in api["parameters"][:7]] == ["str", "str", "int", "float", "int", "int",

@@ -56,6 +56,7 @@ from sdxl_engine.program.schedulers import (
     DEFAULT_SCHEDULE_TYPE,
     SAMPLERS,
     SCHEDULE_TYPES,
+    TCD_GAMMA,
     UnknownSampler,
     UnknownScheduleType,
     get_sampler,
@@ -207,10 +208,12 @@ class Ignored:
 
 
 def _eta_defaults(body) -> tuple | None:
-    """eta's neutral values for the request's sampler: A1111's eta_ancestral 1 for Euler a, eta_ddim 0 for DDIM;
-    the other samplers here draw no noise, so eta changes nothing for them."""
+    """eta's neutral values for the request's sampler: A1111's eta_ancestral 1 for Euler a, eta_ddim 0 for DDIM,
+    TCD's fixed gamma (schedulers.TCD_GAMMA, the value its forks' eta would set); eta changes nothing for the
+    others here."""
     name = (body.sampler_name or body.sampler_index or "").strip().lower()
-    return (*_UNSET, 1) if name == "euler a" else (*_UNSET, 0) if name == "ddim" else None
+    neutral = {"euler a": 1, "ddim": 0, "tcd": TCD_GAMMA}
+    return (*_UNSET, neutral[name]) if name in neutral else None
 
 
 def _other_scripts(body) -> tuple | None:
@@ -237,7 +240,8 @@ COMMON_IGNORED = (
     Ignored("subseed_strength", (*_UNSET, 0), "no variation seeds here: each image is its seed alone"),
     Ignored("seed_resize_from_w", (*_UNSET, 0, -1), "no seed resize here"),
     Ignored("seed_resize_from_h", (*_UNSET, 0, -1), "no seed resize here"),
-    Ignored("eta", _eta_defaults, "eta is fixed per sampler here (Euler a 1, DDIM 0: A1111's defaults)"),
+    Ignored("eta", _eta_defaults, f"eta is fixed per sampler here (Euler a 1, DDIM 0: A1111's defaults; TCD's gamma "
+                                  f"{TCD_GAMMA})"),
     Ignored("s_churn", (*_UNSET, 0), "the sampler noise settings are fixed here (A1111's defaults)"),
     Ignored("s_tmin", (*_UNSET, 0), "the sampler noise settings are fixed here (A1111's defaults)"),
     Ignored("s_tmax", (*_UNSET, 0), "the sampler noise settings are fixed here (A1111's defaults)"),

@@ -75,7 +75,7 @@ before the refiner takes over, 0 to below 1 (0 = the refiner alone); 1 = no refi
 {control}
     model: {models}
     schedule_type: the spacing of the sampler's noise levels (A1111's "Schedule type"), one of {schedule_types}; \
-automatic = the sampler's own; DDIM and LCM take automatic only. A1111's labels ({labels}) are taken too
+automatic = the sampler's own; DDIM, LCM and TCD take automatic only. A1111's labels ({labels}) are taken too
 {ip}
 {control_type}
 Returns:
