@@ -538,21 +538,16 @@ def _refusal(sampler: str, cfg: dict) -> tuple[str, str] | None:
                                                   "DDIMScheduler", "LCMScheduler"):
         return "thresholding", ("dynamic thresholding is not implemented (it suits pixel-space models, not SDXL's "
                                 "latents)")
-    if cls in ("EulerDiscreteScheduler", "DPMSolverMultistepScheduler", "UniPCMultistepScheduler"):
+    final_sigmas = cls in ("EulerDiscreteScheduler", "DPMSolverMultistepScheduler", "UniPCMultistepScheduler")
+    if final_sigmas or cls in ("HeunDiscreteScheduler", "KDPM2DiscreteScheduler", "DPMSolverSDEScheduler",
+                               "KDPM2AncestralDiscreteScheduler"):  # the classes with _SIGMA_KINDS
         kinds = [k for k in _SIGMA_KINDS if cfg[k]]
         if len(kinds) > 1:
             return kinds[1], f"only one of {', '.join(_SIGMA_KINDS)} may be set (diffusers refuses it too)"
         if cfg["use_beta_sigmas"]:
             return "use_beta_sigmas", "beta sigmas are not implemented"
-        if cfg["final_sigmas_type"] not in ("zero", "sigma_min"):
+        if final_sigmas and cfg["final_sigmas_type"] not in ("zero", "sigma_min"):
             return "final_sigmas_type", "choose zero or sigma_min"
-    if cls in ("HeunDiscreteScheduler", "KDPM2DiscreteScheduler", "DPMSolverSDEScheduler",
-               "KDPM2AncestralDiscreteScheduler"):
-        kinds = [k for k in _SIGMA_KINDS if cfg[k]]
-        if len(kinds) > 1:
-            return kinds[1], f"only one of {', '.join(_SIGMA_KINDS)} may be set (diffusers refuses it too)"
-        if cfg["use_beta_sigmas"]:
-            return "use_beta_sigmas", "beta sigmas are not implemented"
     if cls == "EulerDiscreteScheduler":
         if cfg["interpolation_type"] not in ("linear", "log_linear"):
             return "interpolation_type", "choose linear or log_linear"
