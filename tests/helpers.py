@@ -56,6 +56,21 @@ class Hold:
         self.release()
 
 
+def close_rel(got, want, what: str, rtol: float = 1e-5) -> None:
+    """Assert |got - want| <= rtol (1 + |want|) everywhere (float64); a NaN on either side is a mismatch. The
+    scheduler fixtures' step-by-step comparisons against diffusers."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    bad = ~(np.abs(got - want) <= rtol * (1 + np.abs(want)))
+    assert not bad.any(), f"{what}: max |diff| {np.abs(got - want).max():.3g} (at {np.argwhere(bad)[0]})"
+
+
+def case_config(steps: dict, case: dict) -> dict:
+    """A scheduler fixture case's model scheduler config: the fixture's base config with the case's changes, or
+    the class name alone for a "minimal" case (every field the class's default)."""
+    base, changes = steps["base_config"], case["changes"]
+    return {"_class_name": base["_class_name"]} if changes == "minimal" else {**base, **changes}
+
+
 def wait_until(condition, what: str, timeout: float = 60.0) -> None:
     """Poll ``condition()`` until true; AssertionError naming ``what`` after a generous ``timeout``."""
     deadline = time.monotonic() + timeout

@@ -27,7 +27,7 @@ from sdxl_engine.program.schedulers import (
     make_schedule,
     sampler_config,
 )
-from tests.helpers import FIXTURES
+from tests.helpers import FIXTURES, case_config, close_rel
 
 STEPS = json.loads((FIXTURES / "two-call-steps.json").read_text())
 CASES = {case["name"]: case for case in STEPS["cases"]}
@@ -41,14 +41,11 @@ def arrays():
 
 
 def model_config(case: dict) -> dict:
-    base, changes = STEPS["base_config"], case["changes"]
-    return {"_class_name": base["_class_name"]} if changes == "minimal" else {**base, **changes}
+    return case_config(STEPS, case)
 
 
 def close(got, want, what, rtol=RTOL):
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    bad = ~(np.abs(got - want) <= rtol * (1 + np.abs(want)))  # a NaN on either side is a mismatch
-    assert not bad.any(), f"{what}: max |diff| {np.abs(got - want).max():.3g} (at {np.argwhere(bad)[0]})"
+    close_rel(got, want, what, rtol)
 
 
 def fake_x0(bias, prediction: str):
