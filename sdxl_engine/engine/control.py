@@ -151,7 +151,8 @@ def as_control_image(field: str, image) -> np.ndarray:
 
 def as_control_types(field: str, value, types: int) -> tuple[int, ...]:
     """A union unit's ``control_type`` as indices: a name of :data:`UNION_TYPES` or :data:`CONTROL_TYPES` (any case)
-    or an index below ``types`` (the model's count), or a list of them. Raises InvalidRequest naming ``field``."""
+    or an index below ``types`` (the model's count; an int or its decimal string), or a list of them. Raises
+    InvalidRequest naming ``field``."""
     values = list(value) if isinstance(value, (list, tuple)) else [value]
     offered = (f"one of {', '.join(UNION_TYPES[:types])} (or diffusers' {', '.join(CONTROL_TYPES)}; or "
                f"0..{types - 1})")
@@ -159,7 +160,9 @@ def as_control_types(field: str, value, types: int) -> tuple[int, ...]:
         raise InvalidRequest(field, f"a ControlNet-Union unit needs a control type per image: {offered}")
     out = []
     for v in values:
-        index = TYPE_INDEX.get(v.strip().lower()) if isinstance(v, str) else v
+        # a number in a string too: the page's, gradio_client's and MCP's control_type is a text input
+        index = (int(v.strip()) if v.strip().isdecimal() else TYPE_INDEX.get(v.strip().lower())) if isinstance(
+            v, str) else v
         if isinstance(index, bool) or not isinstance(index, numbers.Integral):
             raise InvalidRequest(field, f"unknown control type {v!r}: {offered}")
         if not 0 <= index < types:

@@ -224,8 +224,8 @@ def png_settings(text: str, sizes: list[str], max_steps: int, max_seed: int,
             values["sampler"] = sampler or values.get("sampler")
             values["schedule_type"] = SCHEDULE_TYPES[schedule_type or DEFAULT_SCHEDULE_TYPE]  # the dropdown's label
         except ApiError:
-            left.append(f"sampler {(fields['Sampler'] + ' ' + fields.get('Schedule type', '')).strip()[:40]!r} "
-                        f"(not one of this server's)")
+            kind = f", schedule type {fields['Schedule type'][:40]!r}" if fields.get("Schedule type") else ""
+            left.append(f"sampler {fields['Sampler'][:40]!r}{kind} (not one of this server's)")
     if "Size-1" in fields and "Size-2" in fields:
         size = f"{fields['Size-1']}x{fields['Size-2']}"
         if size in sizes:
@@ -247,6 +247,10 @@ def png_settings(text: str, sizes: list[str], max_steps: int, max_seed: int,
     elif "Denoising strength" in fields:
         left.append(f"denoising strength {fields['Denoising strength'][:20]!r} (made from a picture: "
                     "Image to image takes one)")
+    units = [key for key in fields if re.fullmatch(r"ControlNet \d+", key)]  # sd-webui-controlnet's unit fields
+    if units:
+        left.append(f"{', '.join(units)} (a ControlNet or IP-Adapter unit: the PNG holds its settings, not its "
+                    "image; set it in the ControlNet section)")
     values = {name: value for name, value in values.items() if value is not None}
     left += _read_as_inputs(fields, values)
     restored = ", ".join(label for name, (label, _) in RESTORED_FIELDS.items() if name in values)

@@ -37,6 +37,8 @@ def test_a_union_units_types_are_the_extensions_or_diffusers_names_or_indices():
     for name, index in (("OpenPose", 0), ("soft edge", 2), ("Hard Edge", 3), ("Normal Map", 4),
                         ("Segmentation", 5), ("Tile", 6), ("inpaint", 7)):  # sd-webui-controlnet's names
         assert check(ControlUnit(image=picture(), model="union", control_type=name))[0].control_type == (index,)
+    # an index as text: the page's, gradio_client's and MCP's control_type is a string (the refusal offers 0..7)
+    assert check(ControlUnit(image=picture(), model="union", control_type=" 3"))[0].control_type == (3,)
     (plain,) = check(ControlUnit(image=picture(), model="canny-xl"))
     assert plain.control_type is None and len(plain.images) == 1
 
@@ -47,6 +49,8 @@ def test_a_union_units_types_are_the_extensions_or_diffusers_names_or_indices():
     (dict(model="union", control_type="pose"), "control_units[0].control_type", "unknown control type 'pose'"),
     (dict(model="union6", control_type="tile"), "control_units[0].control_type", "ProMax"),
     (dict(model="union", control_type=8), "control_units[0].control_type", "has 8 types"),
+    (dict(model="union", control_type="8"), "control_units[0].control_type", "has 8 types"),
+    (dict(model="union", control_type="-1"), "control_units[0].control_type", "unknown control type '-1'"),
     (dict(model="union", control_type=True), "control_units[0].control_type", "unknown"),
     (dict(model="union", control_type=["depth", "canny"]), "control_units[0].control_type", "2 control types for 1"),
     (dict(model="union", image=[picture()] * 5, control_type=[1] * 5), "control_units[0].image", "1..4"),

@@ -181,6 +181,13 @@ def test_png_settings_restores_this_servers_and_a1111s_parameters():
     values, note = page.png_settings("a cat\nSteps: 4, Sampler: LMS, Seed: x, CFG scale: 2", [], 50, 99)
     assert values["num_inference_steps"] == 4 and "sampler 'LMS' (not one of this server's)" in note
     assert "Seed 'x' (this page takes 0 to 99)" in note
+    note = page.png_settings("a cat\nSteps: 4, Sampler: DPM2 a, Schedule type: Align Your Steps, Seed: 5", [], 50,
+                             99)[1]  # the pair's refusal names each part (not "sampler 'DPM2 a Align Your Steps'")
+    assert "sampler 'DPM2 a', schedule type 'Align Your Steps' (not one of this server's)" in note
+    note = page.png_settings('a cat\nSteps: 4, Seed: 5, ControlNet 0: "Module: none, Model: union, Weight: 1.0", '
+                             'ControlNet 1: "Module: ip-adapter-auto, Model: ip"', [], 50, 99)[1]
+    assert note.endswith("Not restored: ControlNet 0, ControlNet 1 (a ControlNet or IP-Adapter unit: the PNG holds "
+                         "its settings, not its image; set it in the ControlNet section).")  # not dropped unsaid
     restored = page.png_settings("a cat\nSteps: 4, Sampler: UniPC, Schedule type: Karras, Seed: 5", [], 50, 99)[0]
     assert (restored["sampler"], restored["schedule_type"]) == ("UniPC", "Karras")  # one of this server's since #61
     assert page.png_settings(" ", [], 50, 99) == ({}, "That file has no generation parameters (no `parameters` text "
@@ -408,7 +415,7 @@ def test_a_pngs_controlnet_and_ip_adapter_entries_parse_as_a1111_reads_them_and_
     """Issue #60: a PNG with a ControlNet unit's and an IP-Adapter unit's entries (engine/control and
     engine/ip_adapter ``infotext``, JSON-quoted as the delivery writes them: their values hold commas): A1111's
     parse (apis.a1111.generation_parameters) reads each back as it was, and the page's PNG restore (which restores
-    no unit) reads the rest of the text as it does without them."""
+    no unit, and names them as not restored) reads the rest of the text as it does without them."""
     import json
 
     import numpy as np
@@ -430,5 +437,8 @@ def test_a_pngs_controlnet_and_ip_adapter_entries_parse_as_a1111_reads_them_and_
     parsed = generation_parameters(text)
     assert {key: parsed[key] for key in written} == written and (parsed["Seed"], parsed["Steps"]) == ("7", "10")
     args = (["64x48"], 20, 2**31 - 1)
-    assert png_settings(text, *args) == png_settings(a1111_parameters("a cat", "", 10, 5.0, 7, 64, 48, "tiny-pt"),
-                                                     *args)
+    values, note = png_settings(text, *args)
+    without = png_settings(a1111_parameters("a cat", "", 10, 5.0, 7, 64, 48, "tiny-pt"), *args)
+    assert values == without[0]  # the same values; the note says the units were not restored
+    assert note == without[1] + (" Not restored: ControlNet 0, ControlNet 1 (a ControlNet or IP-Adapter unit: the "
+                                 "PNG holds its settings, not its image; set it in the ControlNet section).")

@@ -691,8 +691,9 @@ def a1111_error(err: ApiError, bad_value: int = 422) -> JSONResponse:
     ``bad_value``: the status for a refused value (an ApiError 400, the fronts' shared status for one). Every
     /sdapi/v1 route answers a value it cannot take 422, as FastAPI's own check of A1111's bodies does, so one
     mistake has one status whichever route it is sent to (an unknown model in POST /options as in txt2img)."""
-    kind = "HTTPException" if err.status in (401, 403, 404) else "InvalidRequest" if err.status in (400, 422) \
-        else "ServerError"
+    # A1111's "error" is the exception's class: FastAPI's HTTPException for an HTTP status it raises (a 401, a 429 of
+    # too many requests, a 503 while the model loads), the server's own class for a failure inside (500).
+    kind = "InvalidRequest" if err.status in (400, 422) else "ServerError" if err.status == 500 else "HTTPException"
     status = bad_value if err.status == 400 else err.status
     return JSONResponse({"error": kind, "detail": err.message, "body": "", "errors": err.message},
                         status_code=status, headers=err.headers)

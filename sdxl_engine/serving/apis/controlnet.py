@@ -132,22 +132,37 @@ def module_union_type(module: str) -> int | None:
     return UNION_TAGS.get(str(module).split("_")[0]) if module else None
 
 
-def union_type(values: dict, module: str, field: str) -> int | str:
-    """A ControlNet-Union unit's control type: ``union_control_type`` (the extension's value or tag; "Unknown" or
-    absent: not given), else ``control_type`` (the engine's: a diffusers name or index, checked by the engine), else
-    the module's first word (``canny``, ``lineart_standard``, ``scribble_xdog``, ``tile_resample``,
-    ``blur_gaussian``, ``invert``). Raises ApiError 422 naming ``union_control_type`` when none gives one."""
+def given_union_type(values: dict, field: str) -> int | None:
+    """The unit's ``union_control_type`` as an index: a name or tag of the extension's (any case), or an index
+    (checked by the engine against the model's types); None when absent, empty or "Unknown" (the extension's
+    default). Raises ApiError 422 naming ``union_control_type``: an unknown name, or a value that is not one name
+    or index (a list, a bool)."""
     given = values.get("union_control_type")
-    if isinstance(given, str) and given.strip() and given.strip().lower() != "unknown":
-        text = given.strip().lower()
-        names = {name.lower(): k for k, name in enumerate(UNION_TYPES)}
-        index = names.get(text, UNION_TAGS.get(text.replace(" ", "")))
-        if index is None:
-            raise ApiError(422, f"{field}.union_control_type: unknown control type {given!r}; one of "
-                                f"{', '.join(UNION_TYPES)}", f"{field}.union_control_type")
-        return index
+    if given is None or isinstance(given, str) and given.strip().lower() in ("", "unknown"):
+        return None
     if isinstance(given, int) and not isinstance(given, bool):
-        return given  # an index: the engine checks it against the model's types
+        return given
+    if not isinstance(given, str):
+        raise ApiError(422, f"{field}.union_control_type: expected one control type (a name such as 'Depth'), got "
+                            f"{type(given).__name__} {str(given)[:80]}; one of {', '.join(UNION_TYPES)}",
+                       f"{field}.union_control_type")
+    text = given.strip().lower()
+    names = {name.lower(): k for k, name in enumerate(UNION_TYPES)}
+    index = names.get(text, UNION_TAGS.get(text.replace(" ", "")))
+    if index is None:
+        raise ApiError(422, f"{field}.union_control_type: unknown control type {given[:80]!r}; one of "
+                            f"{', '.join(UNION_TYPES)}", f"{field}.union_control_type")
+    return index
+
+
+def union_type(values: dict, module: str, field: str) -> int | str:
+    """A ControlNet-Union unit's control type: ``union_control_type`` (:func:`given_union_type`), else
+    ``control_type`` (the engine's: a diffusers name or index, checked by the engine), else the module's first word
+    (``canny``, ``lineart_standard``, ``scribble_xdog``, ``tile_resample``, ``blur_gaussian``, ``invert``). Raises
+    ApiError 422 naming ``union_control_type`` when none gives one, or a bad one."""
+    given = given_union_type(values, field)
+    if given is not None:
+        return given
     if values.get("control_type") not in (None, ""):
         return values["control_type"]
     index = module_union_type(module)
@@ -191,7 +206,13 @@ def to_unit(raw: dict, field: str, loaded: dict[str, str], ip_loaded: dict[str, 
     if values.get("hr_option") not in (None, "", "Both", 0):
         warnings.append(f"{field}.hr_option={values['hr_option']!r} runs as \"Both\" here: the unit steers both "
                         "passes of a hires fix")
-    kind = union_type(values, module, field) if model in (unions or {}) else None
+    if model in (unions or {}):
+        kind = union_type(values, module, field)
+    else:  # the extension sends the field with every unit; a plain ControlNet reads none (a bad value is refused)
+        kind = None
+        if given_union_type(values, field) is not None:
+            warnings.append(f"{field}.union_control_type={values['union_control_type']!r} is not used: {model!r} is "
+                            "not a ControlNet-Union")
     unit = ControlUnit(image=image, model=model, module=module, control_type=kind,
                        **{k: values[k] for k in PASSED if k in values and values[k] is not None})
     return unit, warnings

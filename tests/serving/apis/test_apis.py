@@ -267,6 +267,9 @@ def test_error_shapes():
     assert a1111.status_code == 422 and json.loads(a1111.body) == {
         "error": "InvalidRequest", "detail": "steps: bad", "body": "", "errors": "steps: bad"}
     assert a1111_error(ApiError(400, "sd_model_checkpoint: no")).status_code == 422  # a refused value: A1111's 422
+    for status in (401, 404, 413, 429, 503):  # the new user saw a 429 labelled "ServerError"
+        assert json.loads(a1111_error(ApiError(status, "m")).body)["error"] == "HTTPException", status
+    assert json.loads(a1111_error(ApiError(500, "m")).body)["error"] == "ServerError"
 
 
 def test_info_record_is_a1111s_shape():

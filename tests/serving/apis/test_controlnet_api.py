@@ -261,14 +261,32 @@ def test_a_union_units_control_type_is_read_as_sd_webui_controlnet_sends_it(sent
     assert plain.control_type is None  # a plain ControlNet's unit carries none, whatever was sent
 
 
+@pytest.mark.parametrize("model", ["cn-b", "cn-a"])  # a union, and a plain ControlNet (a bad value is bad for both)
 @pytest.mark.parametrize("sent,words", [
     (dict(module="none"), "names no control type"),
     (dict(union_control_type="Sketch", module="canny"), "unknown control type 'Sketch'"),
+    (dict(union_control_type=["Depth", "Hard Edge"], module="none"), "expected one control type (a name such as"),
+    (dict(union_control_type=True, module="canny"), "expected one control type"),
 ])
-def test_a_union_unit_without_a_control_type_is_refused_by_name(sent, words):
+def test_a_union_unit_without_a_control_type_is_refused_by_name(sent, words, model):
+    if model == "cn-a" and "union_control_type" not in sent:
+        return  # a plain ControlNet needs no type
     with pytest.raises(ApiError) as err:
-        units_of(scripts({"model": "cn-b", "image": b64_png(), **sent}), LOADED, unions=UNIONS)
+        units_of(scripts({"model": model, "image": b64_png(), **sent}), LOADED, unions=UNIONS)
     assert err.value.param == "alwayson_scripts.controlnet.args[0].union_control_type" and words in err.value.message
+
+
+def test_a_plain_controlnets_union_control_type_is_not_used_and_says_so():
+    """The new user's find: a type sent with a plain ControlNet was dropped without a word (gradio_client and MCP
+    refuse it; the extension sends the field with every unit, "Unknown" by default, so here it is a warning)."""
+    (unit,), warnings = units_of(scripts({"model": "cn-a", "image": b64_png(), "union_control_type": "Depth"}),
+                                 LOADED, unions=UNIONS)
+    assert unit.control_type is None
+    assert warnings == ["alwayson_scripts.controlnet.args[0].union_control_type='Depth' is not used: 'cn-a' is not "
+                        "a ControlNet-Union"]
+    (unit,), warnings = units_of(scripts({"model": "cn-a", "image": b64_png(), "union_control_type": "Unknown"}),
+                                 LOADED, unions=UNIONS)
+    assert unit.control_type is None and warnings == []
 
 
 def test_control_types_lists_modules_and_models_by_type_and_a_union_under_each_type_it_has():
