@@ -265,8 +265,9 @@ def test_the_model_is_an_optional_last_input_named_in_a_raw_call(app_server):
     info = httpx.get(app_server.url + "gradio_api/info", timeout=30).json()
     params = info["named_endpoints"]["/generate"]["parameters"]
     names = [p["parameter_name"] for p in params]
-    model = names.index("model")  # schedule_type and the IP-Adapter's inputs: added later
-    assert names[0] == "prompt" and names[model:] == ["model", "schedule_type", *tools.IP_NAMES], names
+    model = names.index("model")  # schedule_type, the IP-Adapter's inputs and the union's control type: added later
+    assert names[0] == "prompt" and names[model:] == ["model", "schedule_type", *tools.IP_NAMES,
+                                                      tools.CONTROL_TYPE.name], names
     assert params[model]["parameter_has_default"] and params[model + 1]["parameter_default"] == "Automatic"
     nine = ["a red circle", "", 1, 7.0, 2, 0, 0, "(No style)", "Euler"]
     defaults = [p["parameter_default"] for p in params[9:model]]
