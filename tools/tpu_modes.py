@@ -1,15 +1,20 @@
 """Every image mode once on the chip, through the service in-process: one command, JSON out.
 
-    python3.11 -m tools.tpu_modes --out DIR [--modes txt2img,img2img,inpaint,controlnet,hires,lcm] [--size 1024]
+    python3.11 -m tools.tpu_modes --out DIR [--modes txt2img,img2img,inpaint,controlnet,hires,lcm,lightning,union,
+                                              ip_adapter] [--size 1024]
 
 The lent TPU v5e machine opens no sockets, so the engine (``sdxl-base-random``: SDXL 1.0 base's architecture,
 random bfloat16 weights made on the chip) and :class:`~sdxl_engine.service.service.Service` run in this process and
-each request goes in by ``Service.submit``, as every front sends it. With ``controlnet`` in ``--modes`` a random
-full-size SDXL ControlNet (``ControlNetModel.from_unet``'s config, bfloat16) is written to DIR first and loaded by
-``--controlnet`` as a server would. Each mode's first request compiles its program (a new program shape, inside the
-request: its latency is the compile plus one run); a second request with another seed measures the run alone.
-One JSON line per mode as it finishes, and all of them in DIR/tpu_modes.json (rewritten after each mode, so a
-command cut short by the machine's 10-minute limit keeps the modes it finished).
+each request goes in by ``Service.submit``, as every front sends it. With ``controlnet`` or ``union`` in ``--modes`` a
+random full-size SDXL ControlNet or ControlNet-Union (``ControlNetModel.from_unet``'s config, bfloat16) is written to
+DIR first and loaded by ``--controlnet`` as a server would; with ``ip_adapter`` a random IP-Adapter Plus and its
+ViT-H/14 image encoder in h94's layout, loaded by ``--ip-adapter``. The engine compiles each add-on's one-unit program
+before it is ready (a full-size one takes minutes on the chip: run the add-on modes one per command). ``lightning``
+is SDXL-Lightning 4-step's recipe (Euler, trailing, 4 steps, no CFG). Each mode's first request compiles its program
+(a new program shape, inside the request: its latency is the compile plus one run); a second request with another
+seed measures the run alone. The engine's start-up log goes to stderr with times as it goes. One JSON line per mode
+as it finishes, and all of them in DIR/tpu_modes.json (rewritten after each mode, so a command cut short by the
+machine's 10-minute limit keeps the modes it finished).
 """
 
 from __future__ import annotations
