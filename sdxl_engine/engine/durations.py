@@ -73,14 +73,13 @@ class RunTimes:
             self.measured[(width, height, calls)] = per_step if old is None else \
                 (1 - SMOOTHING) * old + SMOOTHING * per_step
 
-    def refusal(self, runs: list[tuple[int, int, ProgramCost | None, int]],
+    def refusal(self, runs: list[tuple[int, int, ProgramCost | None, int, int]],
                 field: str = "num_inference_steps") -> InvalidRequest | None:
         """Why a request is refused (naming ``field``: the hires fix's is ``hires_steps``), or None. ``runs``:
-        (width, height, cost, steps[, calls per step, 1 if left out]) of each program call it makes in order (hires
-        fix: two); a program without counts is not estimated. Over the limit by a tenth for an estimated cost (a size
-        not compiled yet), so that the estimate's error never refuses what would fit: a size near the limit compiles
-        and is counted."""
-        runs = [(*run, 1) if len(run) == 4 else tuple(run) for run in runs]
+        (width, height, cost, steps, model calls per step) of each program call it makes in order (hires fix: two;
+        Engine._runs); a program without counts is not estimated. Over the limit by a tenth for an estimated cost (a
+        size not compiled yet), so that the estimate's error never refuses what would fit: a size near the limit
+        compiles and is counted."""
         if not self.limit_s or any(cost is None for _, _, cost, _, _ in runs):
             return None
         total = sum(self.seconds(*run) for run in runs)

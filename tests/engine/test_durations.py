@@ -47,23 +47,23 @@ def test_a_size_that_ran_is_estimated_by_its_own_step_time():
 def test_a_refusal_names_the_steps_that_fit_and_they_do_fit():
     runs = times(limit=3.0)
     cost = ProgramCost(2e7, 2.0e9, 5.0e8)  # x5: 0.5 s fixed, 0.1 s per step
-    err = runs.refusal([(320, 192, cost, 40)])
+    err = runs.refusal([(320, 192, cost, 40, 1)])
     assert isinstance(err, InvalidRequest) and err.field == "num_inference_steps"
     assert err.message == ("320x192 x 4 images, 40 steps to run, would hold this server's devices about 4.5 s, "
                            "over its limit of 3 s (max_run_seconds): at most 25 steps to run at this size, or a "
                            "smaller size")
-    assert runs.refusal([(320, 192, cost, 24)]) is None and runs.refusal([(320, 192, cost, 26)]) is not None
+    assert runs.refusal([(320, 192, cost, 24, 1)]) is None and runs.refusal([(320, 192, cost, 26, 1)]) is not None
     # hires fix: the first pass's time counts against the second's room, and the field is the hires steps
-    hires = runs.refusal([(160, 96, cost, 4), (320, 192, cost, 40)], field="hires_steps")
+    hires = runs.refusal([(160, 96, cost, 4, 1), (320, 192, cost, 40, 1)], field="hires_steps")
     assert hires.field == "hires_steps" and "at most 16 steps to run" in hires.message
-    assert "1 step to run, would" in times(limit=0.65).refusal([(320, 192, cost, 1), (320, 192, cost, 1)]).message
-    assert "at most 1 step to run at this size," in times(limit=0.65).refusal([(320, 192, cost, 4)]).message
-    assert "no number of steps" in runs.refusal([(640, 384, ProgramCost(1e8, 40.0e9, 1.0e9), 1)]).message
-    assert times(limit=0).refusal([(4096, 4096, ProgramCost(1e20, 1e20, 1e20), 50)]) is None  # 0: no limit
-    assert runs.refusal([(320, 192, None, 40)]) is None  # a program without counts is not estimated
+    assert "1 step to run, would" in times(limit=0.65).refusal([(320, 192, cost, 1, 1), (320, 192, cost, 1, 1)]).message
+    assert "at most 1 step to run at this size," in times(limit=0.65).refusal([(320, 192, cost, 4, 1)]).message
+    assert "no number of steps" in runs.refusal([(640, 384, ProgramCost(1e8, 40.0e9, 1.0e9), 1, 1)]).message
+    assert times(limit=0).refusal([(4096, 4096, ProgramCost(1e20, 1e20, 1e20), 50, 1)]) is None  # 0: no limit
+    assert runs.refusal([(320, 192, None, 40, 1)]) is None  # a program without counts is not estimated
     # an estimate (a size not compiled yet) is refused only when over by a tenth
     guess = dataclasses.replace(cost, counted=False)
-    assert runs.refusal([(320, 192, guess, 27)]) is None and runs.refusal([(320, 192, guess, 29)]) is not None
+    assert runs.refusal([(320, 192, guess, 27, 1)]) is None and runs.refusal([(320, 192, guess, 29, 1)]) is not None
 
 
 @pytest.mark.engine
