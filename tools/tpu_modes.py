@@ -100,9 +100,12 @@ def write_controlnet(out: Path, model: str, union: bool = False) -> Path:
         width = config["block_out_channels"][0]  # the union's tokens are the first block's width (320 in SDXL)
         config = {**config, "_class_name": "ControlNetUnionModel", "num_control_type": 6, "num_trans_channel": width,
                   "num_proj_channel": width, "num_trans_head": max(1, width // 40)}
+    file = out / "diffusion_pytorch_model.safetensors"
+    if file.exists() and (out / "config.json").exists() and json.loads((out / "config.json").read_text()) == config:
+        return out  # written by an earlier run into the same DIR (a full-size one takes minutes on the chip)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(config, indent=2))
-    _write_random("controlnet_union" if union else "controlnet", config, out / "diffusion_pytorch_model.safetensors")
+    _write_random("controlnet_union" if union else "controlnet", config, file)
     return out
 
 
