@@ -16,6 +16,7 @@ image tokens, its scale and its per-step keep). docs/ip-adapter.md.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -171,6 +172,22 @@ def reference_tokens(unit: IPAdapterUnit, adapter) -> np.ndarray:
     pixels = np.stack([clip_pixels(image, adapter.image_size) for image in unit.images])  # (n, 3, S, S)
     fn = reference_tokens_fn(adapter.encoder, adapter.component)
     return np.asarray(fn(adapter.encoder_params, adapter.params, pixels))
+
+
+def compile_reference_tokens(adapter) -> float:
+    """Compile (and run once) ``adapter``'s image encoder and projection for a one-image unit: the jitted function
+    :func:`reference_tokens` runs outside the generate program, so without this the first request with a unit
+    compiles it inside the request (a ViT-H/14 encoder took over 30 s so on a TPU v5e). ``adapter``: a
+    checkpoint/ip_adapter.LoadedIPAdapter. Returns the seconds it took."""
+    import jax
+
+    from sdxl_engine.program.ip_adapter import reference_tokens_fn
+
+    t0 = time.perf_counter()
+    pixels = clip_pixels(np.full((adapter.image_size, adapter.image_size, 3), 128, np.uint8), adapter.image_size)
+    fn = reference_tokens_fn(adapter.encoder, adapter.component)
+    jax.block_until_ready(fn(adapter.encoder_params, adapter.params, pixels[None]))
+    return time.perf_counter() - t0
 
 
 def ip_arrays(units: Sequence[IPAdapterUnit], adapters: Mapping[str, object], first: int, steps: int,

@@ -42,7 +42,7 @@ from sdxl_engine.engine.control import ControlArrays, infotext
 from sdxl_engine.engine.durations import RunTimes
 from sdxl_engine.engine.errors import EngineNotReady, GenerationError, ModelUnavailable
 from sdxl_engine.engine.image_upscale import upscale_images
-from sdxl_engine.engine.ip_adapter import IPAdapterArrays
+from sdxl_engine.engine.ip_adapter import IPAdapterArrays, compile_reference_tokens
 from sdxl_engine.engine.ip_adapter import infotext as ip_infotext
 from sdxl_engine.engine.memory import MemoryBudget
 from sdxl_engine.engine.plan import Plan, Planner
@@ -437,6 +437,13 @@ class Engine:
             self._stage(f"compiling {width}x{height} x {self.batch} images with an IP-Adapter unit")
             self.program(width, height, self.defaults.guidance_scale > 1, ip_adapters=((arch, tokens, width_ip),),
                          **self._startup_mode)
+        # 3d. Each IP-Adapter's image encoder and projection for a one-image unit: jitted apart from the program (its
+        # tokens are computed once per request and traced), so it is compiled here, not inside the first request.
+        if self.ip_adapters:
+            t0 = self._stage("compiling the IP-Adapters' image encoders for one reference image")
+            for adapter in self.ip_adapters.values():
+                compile_reference_tokens(adapter)
+            self._done("ip_encoder_s", t0)
 
         # 4. One request through the compiled program with zero denoising steps: the executable runs
         # (first-run allocations; text encoders and VAE decode checked finite) without paying a UNet

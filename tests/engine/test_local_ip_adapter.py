@@ -52,13 +52,24 @@ def request(units, **kw) -> GenerateRequest:
 
 def test_the_engine_loads_lists_and_has_the_one_unit_program_ready(ip_engine):
     """The adapter and its image encoder load in the model's dtype; the limits list (name, hash); the start compiled
-    the default size's one-unit, one-image program (as a ControlNet unit's, issue #59)."""
+    the default size's one-unit, one-image program (as a ControlNet unit's, issue #59) and the encoder's function
+    for one reference image (on the chip a ViT-H/14's compile took over 30 s inside the first request)."""
     adapter = ip_engine.model.ip_adapters[NAME]
     assert ip_engine.limits.ip_adapters == ((NAME, adapter.hash),)
     assert {str(v.dtype) for v in adapter.encoder_params.values()} == {ip_engine.model.dtype}
     width, height = ip_engine.limits.default_size
     shape = ip_engine.planner.shape(width, height, True, ip_adapters=((adapter.architecture, 4, 80),))
     assert shape in ip_engine.programs.compiled
+    # and the image encoder with the projection for a one-image unit: a request's reference tokens compile nothing
+    from sdxl_engine.engine.ip_adapter import reference_tokens
+    from sdxl_engine.program.ip_adapter import reference_tokens_fn
+
+    assert ip_engine.startup["ip_encoder_s"] > 0
+    fn = reference_tokens_fn(adapter.encoder, adapter.component)
+    before = fn._cache_size()
+    assert before >= 1
+    tokens = reference_tokens(IPAdapterUnit(image=np.zeros((40, 72, 3), np.uint8), model=NAME), adapter)
+    assert tokens.shape == (2, 4, 80) and fn._cache_size() == before
 
 
 def test_refusals_name_the_unit_field(ip_engine, reference):
