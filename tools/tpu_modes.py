@@ -2,6 +2,7 @@
 
     python3.11 -m tools.tpu_modes --out DIR [--modes txt2img,img2img,inpaint,controlnet,hires,lcm,lightning,union,
                                               ip_adapter] [--size 1024]
+    python -m tools.tpu_modes --out DIR --flops     # XLA's FLOPs of a step with and without a ControlNet unit (CPU)
 
 The lent TPU v5e machine opens no sockets, so the engine (``sdxl-base-random``: SDXL 1.0 base's architecture,
 random bfloat16 weights made on the chip) and :class:`~sdxl_engine.service.service.Service` run in this process and
@@ -132,6 +133,32 @@ def write_ip_adapter(out: Path, model: str) -> Path:
     return out / "ip-adapter-plus_random.safetensors"
 
 
+def controlnet_flops(model: str = "sdxl-base-random", size: int = 1024) -> dict:
+    """XLA's FLOP count of one CFG step's UNet call and one ControlNet call (2 rows, ``size``², abstract bfloat16
+    parameters: lowered only, nothing compiled or run; ``tools.fullsize.lowered_flops``) and what a ControlNet unit
+    adds to a step, (UNet + ControlNet) / UNet: the FLOP side of the chip's device-time ratio. Runs on CPU."""
+    import jax
+    import jax.numpy as jnp
+
+    from sdxl_engine.models import build_component
+    from tools.bench_controlnet import controlnet_config
+    from tools.fullsize import lowered_flops
+
+    unet_config, vae_config = _model_configs(model)
+    factor = 2 ** (len(vae_config["block_out_channels"]) - 1)
+    unet = build_component("unet", unet_config)
+    net = build_component("controlnet", controlnet_config(unet_config, factor))
+    s, bf16, latent = jax.ShapeDtypeStruct, jnp.bfloat16, size // factor
+    text = unet_config["projection_class_embeddings_input_dim"] - 6 * unet_config["addition_time_embed_dim"]
+    common = (s((2, 4, latent, latent), jnp.float32), s((2,), jnp.float32),
+              s((2, 77, unet_config["cross_attention_dim"]), bf16), s((2, text), bf16), s((2, 6), jnp.float32))
+    unet_flops = lowered_flops(lambda p, *a: unet.bind(p)(*a), unet.abstract(bf16), *common)
+    net_flops = lowered_flops(lambda p, *a: net.bind(p)(*a), net.abstract(bf16), *common,
+                              s((2, 3, size, size), jnp.float32))
+    return {"size": size, "unet_cfg_step_tflop": unet_flops / 1e12, "controlnet_cfg_step_tflop": net_flops / 1e12,
+            "step_with_unit_over_without": (unet_flops + net_flops) / unet_flops}
+
+
 def run_job(service, fields: dict, seed: int) -> dict:
     """One request through ``service``: latency (submit to done), the engine's timings, its outcome."""
     from sdxl_engine.service.request import to_request
@@ -159,7 +186,12 @@ def main(argv=None) -> None:
     p.add_argument("--size", type=int, default=1024)
     p.add_argument("--model", default="sdxl-base-random")
     p.add_argument("--cpu-devices", type=int, default=0, help=argparse.SUPPRESS)  # CPU runs of this tool (tests)
+    p.add_argument("--flops", action="store_true", help="print XLA's FLOPs of a step with and without a ControlNet "
+                                                        "unit (lowered only, runs on CPU) and exit")
     args = p.parse_args(argv)
+    if args.flops:
+        print(json.dumps(controlnet_flops(args.model, args.size)), flush=True)
+        return
     modes = [m for m in args.modes.split(",") if m]
     unknown = sorted(set(modes) - set(MODES))
     if unknown:

@@ -1,0 +1,29 @@
+"""tools/tpu_modes.py's parts that run off the chip: the FLOP count of a ControlNet unit's step, and a random
+ControlNet written once per DIR (a full-size one takes minutes on the chip)."""
+
+import json
+
+from tools.tpu_modes import controlnet_flops, write_controlnet
+
+
+def test_a_controlnet_units_step_counts_the_unet_and_the_controlnet():
+    r = controlnet_flops("tiny-shapes", 64)
+    assert r["unet_cfg_step_tflop"] > 0 and r["controlnet_cfg_step_tflop"] > 0
+    # the ControlNet copies the UNet's down and mid blocks: less than the whole UNet, more than nothing
+    assert r["controlnet_cfg_step_tflop"] < r["unet_cfg_step_tflop"]
+    assert abs(r["step_with_unit_over_without"]
+               - (r["unet_cfg_step_tflop"] + r["controlnet_cfg_step_tflop"]) / r["unet_cfg_step_tflop"]) < 1e-9
+    # twice the pixels per side: four times the FLOPs of either call (convolutions and projections dominate)
+    big = controlnet_flops("tiny-shapes", 128)
+    assert 3.5 < big["controlnet_cfg_step_tflop"] / r["controlnet_cfg_step_tflop"] < 4.6
+
+
+def test_a_controlnet_written_before_is_reused_and_a_changed_config_rewritten(tmp_path):
+    folder = write_controlnet(tmp_path / "cn", "tiny-shapes")
+    weights = folder / "diffusion_pytorch_model.safetensors"
+    first = weights.stat().st_mtime_ns
+    assert write_controlnet(tmp_path / "cn", "tiny-shapes") == folder and weights.stat().st_mtime_ns == first
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "layers_per_block": 99}))
+    write_controlnet(tmp_path / "cn", "tiny-shapes")
+    assert json.loads((folder / "config.json").read_text()) == config and weights.stat().st_mtime_ns != first
