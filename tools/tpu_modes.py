@@ -104,9 +104,9 @@ def write_controlnet(out: Path, model: str, union: bool = False) -> Path:
     file = out / "diffusion_pytorch_model.safetensors"
     if file.exists() and (out / "config.json").exists() and json.loads((out / "config.json").read_text()) == config:
         return out  # written by an earlier run into the same DIR (a full-size one takes minutes on the chip)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(config, indent=2))
+    (out / "config.json").unlink(missing_ok=True)
     _write_random("controlnet_union" if union else "controlnet", config, file)
+    (out / "config.json").write_text(json.dumps(config, indent=2))  # last: a write cut short leaves none
     return out
 
 
@@ -121,16 +121,22 @@ def write_ip_adapter(out: Path, model: str) -> Path:
     encoder = VIT_H if model == "sdxl-base-random" else {**VIT_H, "hidden_size": 64, "intermediate_size": 128,
                                                         "projection_dim": 32, "num_hidden_layers": 2,
                                                         "num_attention_heads": 2, "image_size": 56}
-    (out / "image_encoder").mkdir(parents=True, exist_ok=True)
-    (out / "image_encoder" / "config.json").write_text(json.dumps(
-        {"architectures": ["CLIPVisionModelWithProjection"], **encoder}, indent=2))
-    _write_random("image_encoder", encoder, out / "image_encoder" / "model.safetensors", seed=1)
     width = encoder["hidden_size"]
     adapter = dict(projection="plus", image_embed_dim=width, cross_attention_dim=unet.cross_attention_dim[-1],
                    tokens=16, widths=[w for _, w in cross_attention_layers(unet)], plus_dim=width,
                    plus_heads=width // 64, plus_depth=4)
-    _write_random("ip_adapter", adapter, out / "ip-adapter-plus_random.safetensors", seed=2)
-    return out / "ip-adapter-plus_random.safetensors"
+    config = {"architectures": ["CLIPVisionModelWithProjection"], **encoder}
+    file, written = out / "ip-adapter-plus_random.safetensors", out / "written.json"
+    if file.exists() and written.exists() and json.loads(written.read_text()) == {"encoder": config,
+                                                                                     "adapter": adapter}:
+        return file  # written by an earlier run into the same DIR (the full-size pair took 142 s on the chip)
+    written.unlink(missing_ok=True)
+    (out / "image_encoder").mkdir(parents=True, exist_ok=True)
+    (out / "image_encoder" / "config.json").write_text(json.dumps(config, indent=2))
+    _write_random("image_encoder", encoder, out / "image_encoder" / "model.safetensors", seed=1)
+    _write_random("ip_adapter", adapter, file, seed=2)
+    written.write_text(json.dumps({"encoder": config, "adapter": adapter}))  # last: both files are whole
+    return file
 
 
 def controlnet_flops(model: str = "sdxl-base-random", size: int = 1024) -> dict:

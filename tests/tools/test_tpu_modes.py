@@ -3,7 +3,7 @@ ControlNet written once per DIR (a full-size one takes minutes on the chip)."""
 
 import json
 
-from tools.tpu_modes import controlnet_flops, write_controlnet
+from tools.tpu_modes import controlnet_flops, write_controlnet, write_ip_adapter
 
 
 def test_a_controlnet_units_step_counts_the_unet_and_the_controlnet():
@@ -27,3 +27,14 @@ def test_a_controlnet_written_before_is_reused_and_a_changed_config_rewritten(tm
     (folder / "config.json").write_text(json.dumps({**config, "layers_per_block": 99}))
     write_controlnet(tmp_path / "cn", "tiny-shapes")
     assert json.loads((folder / "config.json").read_text()) == config and weights.stat().st_mtime_ns != first
+
+
+def test_an_ip_adapter_written_before_is_reused(tmp_path):
+    file = write_ip_adapter(tmp_path / "ip", "tiny-shapes")
+    encoder = tmp_path / "ip" / "image_encoder" / "model.safetensors"
+    first = (file.stat().st_mtime_ns, encoder.stat().st_mtime_ns)
+    assert write_ip_adapter(tmp_path / "ip", "tiny-shapes") == file
+    assert (file.stat().st_mtime_ns, encoder.stat().st_mtime_ns) == first
+    (tmp_path / "ip" / "written.json").unlink()  # a write cut short leaves no record: the next run writes again
+    write_ip_adapter(tmp_path / "ip", "tiny-shapes")
+    assert file.stat().st_mtime_ns != first[0] and (tmp_path / "ip" / "written.json").exists()
