@@ -190,3 +190,23 @@ def k_diffusion_lms(sigmas: np.ndarray, x: np.ndarray, model, order: int = 4) ->
         x = x + sum(coeff(j) * d for j, d in enumerate(reversed(ds)))
         out.append(x)
     return out
+
+
+def test_the_programs_inputs_carry_lms_history_and_restart_it_at_the_refiners_switch():
+    """ProgramInputs take c3, hx and hx0 from the schedule (Euler's: 0, 0, 1: its history entry is x0); from an
+    image (img2img's start) and at the refiner's switch LMS's orders start afresh, c3 with them."""
+    from sdxl_engine.program.generate import ProgramInputs
+
+    ids = np.zeros((2, 77), np.int32)
+    lms = make_schedule("LMS", STEPS["base_config"], 10)
+    inputs = ProgramInputs.build(ids, ids, False, [1], 5.0, lms, 10, 16)
+    np.testing.assert_array_equal(inputs.c3[:10], lms.c3)
+    np.testing.assert_array_equal(inputs.hx[:10], lms.hx)
+    np.testing.assert_array_equal(inputs.hx0[:10], lms.hx0)
+    euler = ProgramInputs.build(ids, ids, False, [1], 5.0, make_schedule("Euler", STEPS["base_config"], 10), 10, 16)
+    assert (euler.c3 == 0).all() and (euler.hx == 0).all() and (euler.hx0[:10] == 1).all()  # padded with 0 after
+    refined = inputs.with_refiner(6, lms)
+    assert refined.c[6] == refined.c2[7] == refined.c3[8] == 0 and refined.c3[9] != 0
+    np.testing.assert_array_equal(refined.c3[:6], inputs.c3[:6])
+    started = ProgramInputs.build(ids, ids, False, [1], 5.0, lms, 10, 16, start_step=3)
+    assert started.c[3] == started.c3[5] == 0 and started.c3[6] != 0
