@@ -24,6 +24,7 @@ from diffusers import (
     EulerAncestralDiscreteScheduler,
     EulerDiscreteScheduler,
     LCMScheduler,
+    LMSDiscreteScheduler,
     StableDiffusionXLPipeline,
     UniPCMultistepScheduler,
 )
@@ -42,6 +43,7 @@ SAMPLER_CLASSES = {
     "UniPC": (UniPCMultistepScheduler, {"solver_order": 2, "predict_x0": True}),
     "DDIM": (DDIMScheduler, {}),
     "LCM": (LCMScheduler, {}),
+    "LMS": (LMSDiscreteScheduler, {}),  # step(order=4), its default, as diffusers' pipelines call it
 }
 STEP_NOISE = ("Euler a", "DPM++ 2M SDE", "DPM++ 3M SDE", "LCM")  # the samplers that draw fresh noise in step()
 DROP = "<missing>"  # a SAMPLER_CASES value: the field is removed from the model's config (the class default applies)
@@ -154,6 +156,27 @@ SAMPLER_CASES = [
     # model card's call, LCMScheduler with timesteps=[999, 749, 499, 249] (CARD_TIMESTEPS), checked here to step as
     # the card's own config (SDXL base's, original_inference_steps 50) does.
     ("lcm-dmd2", "LCM", {"original_inference_steps": 4}, 4),
+    # LMS (LMSDiscreteScheduler, order 4): 1 to 16 steps (first, second, third order while the history fills), the
+    # spacings, Karras and exponential sigmas (its Karras ones ignore sigma_min/sigma_max, its exponential ones read
+    # them), the prediction types, a cosine schedule's large first sigma, and zero SNR in the config (not its field).
+    ("lms-leading", "LMS", {}, 10),
+    ("lms-1-step", "LMS", {}, 1),
+    ("lms-2-steps", "LMS", {}, 2),
+    ("lms-3-steps", "LMS", {}, 3),
+    ("lms-16-steps", "LMS", {}, 16),
+    ("lms-linspace", "LMS", {"timestep_spacing": "linspace"}, 7),
+    ("lms-trailing", "LMS", {"timestep_spacing": "trailing"}, 6),
+    ("lms-karras-in-config", "LMS", {"use_karras_sigmas": True}, 8),
+    ("lms-karras-sigma-range", "LMS", {"use_karras_sigmas": True, "sigma_min": 0.1, "sigma_max": 10.0}, 6),
+    ("lms-exponential", "LMS", {"use_exponential_sigmas": True}, 8),
+    ("lms-exponential-sigma-range", "LMS", {"use_exponential_sigmas": True, "sigma_min": 0.1, "sigma_max": 10.0}, 6),
+    ("lms-v-trailing", "LMS", {"prediction_type": "v_prediction", "timestep_spacing": "trailing"}, 7),
+    ("lms-v-karras", "LMS", {"prediction_type": "v_prediction", "use_karras_sigmas": True}, 12),
+    ("lms-sample", "LMS", {"prediction_type": "sample"}, 5),
+    ("lms-cosine", "LMS", {"beta_schedule": "squaredcos_cap_v2", "timestep_spacing": "trailing"}, 5),
+    ("lms-zero-snr-in-config", "LMS", {"rescale_betas_zero_snr": True, "prediction_type": "v_prediction",
+                                       "timestep_spacing": "trailing"}, 6),
+    ("lms-minimal", "LMS", "minimal", 5),
 ]
 # Cases whose diffusers run passes set_timesteps(timesteps=...) (a model card's custom timesteps), not a step count.
 CARD_TIMESTEPS = {"lcm-dmd2": [999, 749, 499, 249]}
@@ -242,7 +265,8 @@ def ddim_image_case(out: Path, name: str = "ddim_image") -> tuple[dict, dict]:
 # ``samplers``' multistep image cases: tiny-pt's pipeline with a multistep sampler's class from tiny-pt's config (the
 # engine's program carries the x0s of earlier steps); name -> (sampler, prompt, negative prompt, guidance, steps,
 # latents seed); 64x64, 2 images. Deterministic samplers only (no step noise to hand over).
-MULTISTEP_IMAGE_CASES = {"unipc_image": ("UniPC", "a red circle", "a blue square", 5.0, 8, 37)}
+MULTISTEP_IMAGE_CASES = {"unipc_image": ("UniPC", "a red circle", "a blue square", 5.0, 8, 37),
+                         "lms_image": ("LMS", "a red circle", "a blue square", 5.0, 8, 41)}
 
 
 def multistep_image_case(out: Path, name: str) -> tuple[dict, dict]:
@@ -368,9 +392,9 @@ SAMPLER_NOTES = [
     "'minimal': only _class_name); resolved: the class's own fields of the scheduler's config.",
     "Each case: cls.from_config(config, **overrides of the sampler's name), set_timesteps(steps); the "
     "sample starts at start * init_noise_sigma, step k gets model_outputs[k]; <case>_samples[k + 1] is "
-    "step k's prev_sample (float32, the scheduler's own space: sigma space for Euler, x-space for DPM++, UniPC, "
-    "DDIM and LCM). <case>_noise[k]: Euler a's, the DPM++ SDEs' and LCM's step noise (torch.randn, generator seeded "
-    "1000 + k; LCM's last row is not used by diffusers, which adds no noise after the last step). LCM cases "
+    "step k's prev_sample (float32, the scheduler's own space: sigma space for Euler and LMS, x-space for DPM++, "
+    "UniPC, DDIM and LCM). <case>_noise[k]: Euler a's, the DPM++ SDEs' and LCM's step noise (torch.randn, generator "
+    "seeded 1000 + k; LCM's last row is not used by diffusers, which adds no noise after the last step). LCM cases "
     "also record c_skip and c_out (get_scalings_for_boundary_condition_discrete) per step.",
     "Suggested tolerance: float32, |engine - diffusers| <= 1e-5 * (1 + |diffusers|) per step.",
     "ddim_image_case: tiny-pt's StableDiffusionXLPipeline (float32) with DDIMScheduler.from_config of its "
@@ -380,6 +404,8 @@ SAMPLER_NOTES = [
     "steps, guidance 4, no negative prompt (force_zeros_for_empty_prompt), on ddim_euler_image_latents.",
     "unipc_image_case: tiny-pt's pipeline (float32) with UniPCMultistepScheduler.from_config of its config (the "
     "engine's UniPC overrides), on unipc_image_latents; unipc_image_images (2, 64, 64, 3) uint8.",
+    "lms_image_case: the same with LMSDiscreteScheduler.from_config (step order 4, the pipeline's default), on "
+    "lms_image_latents; lms_image_images (2, 64, 64, 3) uint8.",
     "lcm_image_cases: tiny-pt's pipeline (float32) with LCMScheduler.from_config of its config on "
     "lcm_image_latents, the step noise lcm-noise.npz's (the engine's seed rule for its seeds); "
     "<case>_images (2, 64, 64, 3) uint8.",

@@ -70,7 +70,7 @@ def jit_program(model: LoadedModel, shape: ProgramShape, mesh: Mesh):
 def jit_stages(model: LoadedModel, shape: ProgramShape, mesh: Mesh) -> dict[str, Callable]:
     """``jax.jit`` of each of the sharded stages (generate.Stages) by name (:data:`STAGES`), not yet compiled.
 
-    The loop's state (generate.LoopFixed and the (latents, x0, earlier x0) carry) stays on the devices between the
+    The loop's state (generate.LoopFixed and the (latents, x0, history) carry) stays on the devices between the
     calls, each leaf split over ``data`` by its first axis (the device's images, or its CFG rows): one ``P("data")``
     prefix."""
     check_batch(shape.batch, mesh)

@@ -271,6 +271,9 @@ class ProgramInputs:
     c2: jax.Array = replicated(per_step, jnp.float32)
     d: jax.Array = replicated(per_step, jnp.float32)
     e: jax.Array = replicated(per_step, jnp.float32)
+    c3: jax.Array = replicated(per_step, jnp.float32)  # the history entry of three steps back (LMS)
+    hx: jax.Array = replicated(per_step, jnp.float32)  # each step's history entry hx x + hx0 x0 (x0: 0, 1)
+    hx0: jax.Array = replicated(per_step, jnp.float32)
     clip_range: jax.Array = replicated((), jnp.float32)  # x0 clipped to +-clip_range where e != 0 (inf)
     num_steps: jax.Array = replicated((), jnp.int32)  # denoising steps to run (1..max_steps)
     init_scale: jax.Array = replicated((), jnp.float32)  # initial latents = noise x init_scale
@@ -374,7 +377,7 @@ class ProgramInputs:
         if 0 < refiner_start < int(self.num_steps):
             schedule = schedule.restarting_at(refiner_start)
         padded = schedule.padded(len(self.a))
-        return dataclasses.replace(self, **{k: padded[k] for k in ("a", "b", "c", "c2", "d")},
+        return dataclasses.replace(self, **{k: padded[k] for k in ("a", "b", "c", "c2", "d", "c3")},
                                    refiner_start=np.int32(refiner_start),
                                    aesthetic_score=np.asarray([negative_aesthetic_score, aesthetic_score], np.float32))
 
@@ -523,16 +526,27 @@ def denoised(latents: jax.Array, model_output: jax.Array, sigma, prediction_type
     raise ValueError(f"prediction_type {prediction_type!r} is not supported (epsilon, v_prediction, sample)")
 
 
-def sampler_update(latents, x0, x0_prev, noise, a, b, c, d, e=0.0, clip_range=jnp.inf, x0_prev2=0.0, c2=0.0):
-    """x_{i+1} = a x_i + b x0_i + c x0_{i-1} + c2 x0_{i-2} + d z_i + e (clip(x0_i) - x0_i): every sampler of
-    schedulers.py; (b, C, h, w) float32 arrays, scalar coefficients.
+def sampler_update(latents, x0, x0_prev, noise, a, b, c, d, e=0.0, clip_range=jnp.inf, x0_prev2=0.0, c2=0.0,
+                   x0_prev3=0.0, c3=0.0):
+    """x_{i+1} = a x_i + b x0_i + c h_{i-1} + c2 h_{i-2} + c3 h_{i-3} + d z_i + e (clip(x0_i) - x0_i): every
+    sampler of schedulers.py; (b, C, h, w) float32 arrays, scalar coefficients.
 
-    The clip term is DDIM's ``clip_sample`` (x0 clipped elementwise to [-clip_range, clip_range]);
-    with e = 0 or clip_range = inf it adds exactly 0, so the other samplers are unchanged. ``c2`` (DPM++ 3M SDE's
-    third order, UniPC's corrector) is 0 for every other sampler.
+    ``x0_prev``, ``x0_prev2``, ``x0_prev3``: the history entries h of the last three steps (x0 for every sampler but
+    LMS, whose entries are its derivatives (x - x0) / sigma: :func:`history_entry`). The clip term is DDIM's
+    ``clip_sample`` (x0 clipped elementwise to [-clip_range, clip_range]); with e = 0 or clip_range = inf it adds
+    exactly 0, so the other samplers are unchanged. ``c2`` (DPM++ 3M SDE's third order, UniPC's corrector, LMS) and
+    ``c3`` (LMS's fourth order) are 0 for every other sampler.
     """
     clipped = jnp.clip(x0, -clip_range, clip_range) - x0
-    return a * latents + b * x0 + c * x0_prev + c2 * x0_prev2 + d * noise + e * clipped
+    return a * latents + b * x0 + c * x0_prev + c2 * x0_prev2 + c3 * x0_prev3 + d * noise + e * clipped
+
+
+def history_entry(latents, x0, hx, hx0):
+    """What a step leaves in the sampler's history: hx x_i + hx0 x0_i, (b, C, h, w) float32 (x_i, x0_i the step's
+    sample and x0; hx, hx0 its traced scalars). x0_i itself for every sampler but LMS (0 x + 1 x0 is x0 to the bit);
+    LMS's derivative (x_i - x0_i) / sigma_i (diffusers' ``LMSDiscreteScheduler.step``'s ``derivative``) with
+    hx = 1/sigma_i, hx0 = -1/sigma_i."""
+    return hx * latents + hx0 * x0
 
 
 def step_noise(seeds: jax.Array, step, latent_shape: tuple[int, int, int], stream: int | None = None,
@@ -800,8 +814,8 @@ def encode_pixels(st: Static, params, x: jax.Array) -> jax.Array:
 def denoise_step(st: Static, unet, cond: Conditioning, inputs: ProgramInputs, i, carry,
                  image: ImageConditioning | None = None):
     """Stage 3's body, step ``i``: :func:`sampler_step` with the UNet as its model (:func:`model_x0`) and the
-    seeds' step noise. ``carry`` = (latents, previous x0, the x0 before it), each (b, C, h, w) float32; returns the
-    next carry.
+    seeds' step noise. ``carry`` = (latents, the last step's x0, the last three history entries), each (b, C, h, w)
+    float32 (:func:`sampler_step`); returns the next carry.
 
     With ``inpaint`` (``image`` holds the mask): an inpainting UNet's input is [scaled latents, mask, masked-image
     latents] along channels; a plain UNet's result is blended with the known region after the update
@@ -817,10 +831,10 @@ def denoise_step(st: Static, unet, cond: Conditioning, inputs: ProgramInputs, i,
 
     plain_inpaint = st.shape.inpaint and not st.inpainting_unet
     known = (lambda x, sigma: blend_known(x, image, sigma)) if plain_inpaint else None
-    update, x0, x0_prev = sampler_step(x0_of, noise, inputs, i, carry, st.shape.two_calls, known)
+    update, *rest = sampler_step(x0_of, noise, inputs, i, carry, st.shape.two_calls, known)
     if plain_inpaint:
         update = keep_known(update, image, inputs, i)
-    return update, x0, x0_prev
+    return update, *rest
 
 
 def model_x0(st: Static, unet, cond: Conditioning, inputs: ProgramInputs, i, latents: jax.Array, sigma, timestep,
@@ -841,8 +855,9 @@ def model_x0(st: Static, unet, cond: Conditioning, inputs: ProgramInputs, i, lat
 
 def sampler_step(x0_of: Callable, noise: Callable, inputs: ProgramInputs, i, carry, two_calls: bool = False,
                  known: Callable | None = None):
-    """One step of any sampler of schedulers.py on ``carry`` = (x_i, x0_{i-1}, x0_{i-2}), each (b, C, h, w) float32;
-    returns (x_{i+1}, x0_i, x0_{i-1}).
+    """One step of any sampler of schedulers.py on ``carry`` = (x_i, x0_{i-1}, h_{i-1}, h_{i-2}, h_{i-3}), each
+    (b, C, h, w) float32; returns (x_{i+1}, x0_i, h_i, h_{i-1}, h_{i-2}). x0 is the last step's (a preview's); h the
+    history entries (:func:`history_entry`: x0 itself for every sampler but LMS) the update reads.
 
     Args:
         x0_of: ``(x, sigma, timestep) -> x0``, the model (:func:`model_x0`; tests pass a fake).
@@ -854,18 +869,18 @@ def sampler_step(x0_of: Callable, noise: Callable, inputs: ProgramInputs, i, car
         known: inpainting with a plain UNet: ``(x, sigma) -> x`` with the known region at ``sigma``, for the second
             call's input (None: none; the update's own blend is :func:`denoise_step`'s).
     """
-    latents, x0_prev, x0_prev2 = carry
+    latents, _, h1, h2, h3 = carry
     x0 = x0_of(latents, inputs.sigmas[i], inputs.timesteps[i])
     drawn = inputs.d[i]
     if two_calls:
         x0 = jnp.clip(x0, -inputs.clip_range, inputs.clip_range)
         drawn = jnp.abs(inputs.d[i]) + jnp.abs(inputs.mid_d[i])  # z_i feeds the second call's input too
     z = noise(0, drawn)
-    update = sampler_update(latents, x0, x0_prev, z, inputs.a[i], inputs.b[i], inputs.c[i], inputs.d[i],
-                            inputs.e[i], inputs.clip_range, x0_prev2, inputs.c2[i])
+    update = sampler_update(latents, x0, h1, z, inputs.a[i], inputs.b[i], inputs.c[i], inputs.d[i],
+                            inputs.e[i], inputs.clip_range, h2, inputs.c2[i], h3, inputs.c3[i])
     if two_calls:
         update = update + second_call(x0_of, noise, inputs, i, latents, x0, z, known)
-    return update, x0, x0_prev
+    return update, x0, history_entry(latents, x0, inputs.hx[i], inputs.hx0[i]), h1, h2
 
 
 def second_call(x0_of: Callable, noise: Callable, inputs: ProgramInputs, i, latents: jax.Array, x0: jax.Array,
@@ -924,10 +939,10 @@ def denoise(st: Static, params, cond: Conditioning, inputs: ProgramInputs, laten
     return denoise_range(st, params, cond, inputs, fresh_carry(latents), first, inputs.num_steps, image)[0]
 
 
-def fresh_carry(latents: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """The loop's carry before its first step: (latents, previous x0, the x0 before it), the x0s zeros (the first
-    step's coefficients on them are 0), each (b, C, h, w) float32."""
-    return latents, jnp.zeros_like(latents), jnp.zeros_like(latents)
+def fresh_carry(latents: jax.Array) -> tuple[jax.Array, ...]:
+    """The loop's carry before its first step: (latents, the last x0, three history entries), the others zeros (the
+    first step's coefficients on them are 0), each (b, C, h, w) float32 (:func:`sampler_step`)."""
+    return latents, *(jnp.zeros_like(latents) for _ in range(4))
 
 
 def denoise_range_body(st: Static, params, cond: Conditioning, inputs: ProgramInputs,
@@ -940,7 +955,7 @@ def denoise_range_body(st: Static, params, cond: Conditioning, inputs: ProgramIn
 def denoise_range(st: Static, params, cond: Conditioning, inputs: ProgramInputs, carry, first, end,
                   image: ImageConditioning | None = None):
     """Steps ``first`` to ``end - 1`` (traced () int32 or ints) of :func:`denoise_step` in ``lax.fori_loop`` on
-    ``carry`` = (latents, previous x0, the x0 before it), each (b, C, h, w) float32; returns the carry after step
+    ``carry`` = (latents, the last x0, three history entries), each (b, C, h, w) float32; returns the carry after step
     ``end - 1``. The
     whole loop (:func:`denoise`) and a host's chunk of it (:func:`build_stages`' advance) run this one loop, so
     the steps' arithmetic is the same however the host splits them."""
@@ -1055,7 +1070,8 @@ class Stages(NamedTuple):
     """The per-device functions of a program whose host runs the steps (ProgramShape.step_hook):
 
     * ``prepare(params, inputs) -> (fixed, carry)``: stages 1-2; ``fixed`` a :class:`LoopFixed`, ``carry`` =
-      (latents, previous x0, the x0 before it), each (b, C, h, w) float32 (x0s zeros).
+      (latents, the last x0, three history entries: :func:`sampler_step`), each (b, C, h, w) float32 (zeros but the
+      latents).
     * ``advance(params, inputs, fixed, carry, bounds) -> carry``: steps ``bounds[0]`` to ``bounds[1] - 1``
       (``bounds`` (2,) int32, traced: any chunk is the same executable) of :func:`denoise_range`; the carry's x0
       is the estimate of the chunk's last step (a preview's).
@@ -1102,7 +1118,7 @@ def loop_structure(model: LoadedModel, shape: ProgramShape):
         image = ImageConditioning(0, 0)
         if st.shape.inpaint:
             image = ImageConditioning(0, 0, 0, 0 if st.inpainting_unet else None)
-    return LoopFixed(Conditioning(0, 0, 0, refiner, control, ip), image), (0, 0, 0)
+    return LoopFixed(Conditioning(0, 0, 0, refiner, control, ip), image), (0, 0, 0, 0, 0)
 
 
 class ControlConditioning(NamedTuple):

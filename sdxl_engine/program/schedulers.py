@@ -6,11 +6,13 @@ output gives the denoised x0 (epsilon: x - sigma * eps; v: x / (sigma^2 + 1) - s
 sqrt(sigma^2 + 1); sample: the output itself). Every sampler here is then one update of the same
 form::
 
-    x_{i+1} = a_i x_i + b_i x0_i + c_i x0_{i-1} + c2_i x0_{i-2} + d_i z_i + e_i (clip(x0_i) - x0_i)
+    x_{i+1} = a_i x_i + b_i x0_i + c_i h_{i-1} + c2_i h_{i-2} + c3_i h_{i-3} + d_i z_i + e_i (clip(x0_i) - x0_i)
 
 (z_i ~ N(0, 1), Euler a, DPM2 a, the SDEs, LCM and TCD only; clip to [-clip_range, clip_range], DDIM's and LCM's
-``clip_sample`` only; c2, the x0 of two steps back, DPM++ 3M SDE's third order and UniPC's corrector only)
-with a..e computed on the host for the step count. The program takes them as arrays, so
+``clip_sample`` only) with a..e computed on the host for the step count. h_j = hx_j x_j + hx0_j x0_j is the history
+entry step j leaves: x0_j itself (hx 0, hx0 1) for every sampler but LMS, whose entry is its derivative
+(x_j - x0_j) / sigma_j (hx 1/s, hx0 -1/s); c2, the entry of two steps back, is DPM++ 3M SDE's third order, UniPC's
+corrector and LMS's only, c3 (three back) LMS's fourth order only. The program takes them as arrays, so
 changing the sampler, like the step count, compiles nothing. The numbers are diffusers'
 PyTorch schedulers' (``from_config`` of the model's scheduler config, diffusers 0.42.1):
 
@@ -55,6 +57,10 @@ TCD               TCDScheduler (Zheng et al. 2024, Trajectory Consistency Distil
                   ``eta``) :data:`TCD_GAMMA`: from t, DDIM to s = floor((1 - gamma) t') then fresh noise
                   back to the next timestep t': a = s_s / s_t, b = 1 - a, d = sqrt(s_t'^2 - s_s^2)
                   (:func:`_tcd_schedule`); LCM's timestep grid; ends at timestep 0's sigma
+LMS               LMSDiscreteScheduler (``step(order=4)``, k-diffusion's sample_lms): linear multistep on the
+                  derivatives d_j = (x_j - x0_j)/s_j, x' = x + sum_k L_k d_{i-k}, k < min(i + 1, 4), L_k the
+                  integral over [s, s'] of the Lagrange basis polynomial of sigma_{i-k} on sigma_i ..
+                  sigma_{i-order+1} (:func:`_lms_coefficients`): a = 1 + L_0/s, b = -L_0/s, c, c2, c3 = L_1..L_3
 ================  =====================================================================================
 
 Heun, DPM2, DPM++ SDE and DPM2 a (:data:`TWO_CALLS`: diffusers' HeunDiscreteScheduler, KDPM2DiscreteScheduler,
@@ -109,6 +115,7 @@ SAMPLER_CLASSES = {
     "DPM++ SDE": ("DPMSolverSDEScheduler", {}),
     "TCD": ("TCDScheduler", {}),
     "DPM2 a": ("KDPM2AncestralDiscreteScheduler", {}),
+    "LMS": ("LMSDiscreteScheduler", {}),
 }
 # The samplers whose step calls the model twice (k-diffusion's sample_heun, sample_dpm_2, sample_dpmpp_sde,
 # sample_dpm_2_ancestral): their schedules carry a :class:`SecondCall` and their programs ProgramShape.two_calls.
@@ -153,7 +160,11 @@ CLASS_DEFAULTS = {
                           ("KDPM2DiscreteScheduler", {}),
                           ("DPMSolverSDEScheduler", {"noise_sampler_seed": None}),
                           ("KDPM2AncestralDiscreteScheduler", {}))},
+    "LMSDiscreteScheduler": {**{k: v for k, v in _COMMON.items() if k != "rescale_betas_zero_snr"}, **_SIGMA_KINDS},
 }
+# LMS's order (diffusers' pipelines call LMSDiscreteScheduler.step with its default order=4; A1111's LMS is
+# k-diffusion's sample_lms, order=4): how many derivatives its step combines once the history holds them.
+LMS_ORDER = 4
 
 # What happens to each field (README's samplers table says the same). "honoured": as diffusers uses it;
 # "fixed": set by the sampler's name; "refused": values other than the default stop the model at start;
@@ -167,7 +178,7 @@ FIELDS = {
     "steps_offset": "honoured (leading; LCM, TCD: unused, as in diffusers)",
     "rescale_betas_zero_snr": "honoured for Euler, Euler a, DPM++; DDIM, LCM and TCD refused per request for such a "
                               "model; "
-                              "unused by Heun, DPM2, DPM++ SDE, DPM2 a (their classes have no such field: as in "
+                              "unused by Heun, DPM2, DPM++ SDE, DPM2 a, LMS (their classes have no such field: as in "
                               "diffusers, their sigmas are the unrescaled betas')",
     "interpolation_type": "honoured: linear, log_linear", "use_karras_sigmas": "honoured",
     "use_exponential_sigmas": "honoured", "use_beta_sigmas": "refused", "sigma_min": "honoured",
@@ -344,10 +355,13 @@ class Schedule:
         final_scale: the latents handed to the VAE = x_n * final_scale.
         clip_range: x0 is clipped to [-clip_range, clip_range] where ``e`` is non-zero (inf: never).
         restarts: the steps where the multistep history starts afresh (:meth:`restarting_at`); () = step 0 only.
-        history: for a multistep sampler (DPM++, UniPC), ``restarts -> (a, b, c, c2, d)`` float64 (n,) each, the
-            coefficients with the history restarting at those steps; None for the others, whose update reads no
-            earlier step.
+        history: for a multistep sampler (DPM++, UniPC, LMS), ``restarts -> (a, b, c, c2, d)`` (LMS: ``(a, b, c,
+            c2, d, c3)``) float64 (n,) each, the coefficients with the history restarting at those steps; None for
+            the others, whose update reads no earlier step.
         second: a two-call sampler's second model call per step (:class:`SecondCall`); None for the one-call ones.
+        c3: (n,) the update's coefficient of the history entry three steps back (LMS's fourth order); None = 0.
+        hx, hx0: (n,) each step's history entry h_i = hx x_i + hx0 x0_i (module docstring); None = x0_i itself
+            (hx 0, hx0 1), every sampler but LMS.
     """
 
     timesteps: np.ndarray
@@ -365,6 +379,9 @@ class Schedule:
     history: Callable[[tuple[int, ...]], tuple[np.ndarray, ...]] | None = dataclasses.field(
         default=None, compare=False, repr=False)
     second: SecondCall | None = dataclasses.field(default=None, compare=False, repr=False)
+    c3: np.ndarray | None = dataclasses.field(default=None, compare=False, repr=False)
+    hx: np.ndarray | None = dataclasses.field(default=None, compare=False, repr=False)
+    hx0: np.ndarray | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def two_calls(self) -> bool:
@@ -394,20 +411,23 @@ class Schedule:
         if self.history is None or step <= 0 or step in self.restarts:
             return self
         restarts = tuple(sorted({*self.restarts, int(step)}))
-        a, b, c, c2, d = (np.asarray(x, np.float32) for x in self.history(restarts))
-        return dataclasses.replace(self, a=a, b=b, c=c, c2=c2, d=d, restarts=restarts)
+        a, b, c, c2, d, *c3 = (np.asarray(x, np.float32) for x in self.history(restarts))
+        return dataclasses.replace(self, a=a, b=b, c=c, c2=c2, d=d, restarts=restarts, **({"c3": c3[0]} if c3 else {}))
 
     def padded(self, max_steps: int) -> dict[str, np.ndarray]:
-        """Arrays padded with zeros to ``max_steps`` (sigmas to ``max_steps + 1``), for one program shape."""
+        """Arrays padded with zeros to ``max_steps`` (sigmas to ``max_steps + 1``), for one program shape; ``c3``,
+        ``hx``, ``hx0`` always (0, 0, 1 where None: the history entry is x0)."""
         def pad(x, n):
             out = np.zeros(n, np.float32)
             out[: len(x)] = x
             return out
 
-        n = max_steps
+        n, steps = max_steps, len(self.timesteps)
         out = {"timesteps": pad(self.timesteps, n), "sigmas": pad(self.sigmas, n + 1), "a": pad(self.a, n),
                "b": pad(self.b, n), "c": pad(self.c, n), "c2": pad(self.c2, n), "d": pad(self.d, n),
-               "e": pad(self.e, n)}
+               "e": pad(self.e, n), "c3": pad(np.zeros(steps) if self.c3 is None else self.c3, n),
+               "hx": pad(np.zeros(steps) if self.hx is None else self.hx, n),
+               "hx0": pad(np.ones(steps) if self.hx0 is None else self.hx0, n)}
         if self.second is not None:  # ProgramInputs' mid_* fields, and f, g, d2
             mid = ("timesteps", "sigmas", "a", "b", "d")
             out.update({("mid_" + f.name if f.name in mid else f.name): pad(getattr(self.second, f.name), n)
@@ -540,7 +560,7 @@ def _refusal(sampler: str, cfg: dict) -> tuple[str, str] | None:
                                 "latents)")
     final_sigmas = cls in ("EulerDiscreteScheduler", "DPMSolverMultistepScheduler", "UniPCMultistepScheduler")
     if final_sigmas or cls in ("HeunDiscreteScheduler", "KDPM2DiscreteScheduler", "DPMSolverSDEScheduler",
-                               "KDPM2AncestralDiscreteScheduler"):  # the classes with _SIGMA_KINDS
+                               "KDPM2AncestralDiscreteScheduler", "LMSDiscreteScheduler"):  # the _SIGMA_KINDS ones
         kinds = [k for k in _SIGMA_KINDS if cfg[k]]
         if len(kinds) > 1:
             return kinds[1], f"only one of {', '.join(_SIGMA_KINDS)} may be set (diffusers refuses it too)"
@@ -829,6 +849,8 @@ def make_schedule(sampler: str, config: dict, steps: int, schedule_type: str | N
             return (_lcm_schedule if sampler == "LCM" else _tcd_schedule)(cfg, steps, custom)
     if sampler in TWO_CALLS:
         return _two_call_schedule(sampler, cfg, steps, schedule_type)
+    if sampler == "LMS":
+        return _lms_schedule(cfg, steps, schedule_type)
     typed = None if schedule_type == DEFAULT_SCHEDULE_TYPE else _typed(cfg, schedule_type, steps)
     zeros = np.zeros(steps, np.float64)
     if sampler == "LCM":
@@ -898,28 +920,7 @@ def _two_call_schedule(sampler: str, cfg: dict, steps: int, schedule_type: str) 
     fractional timesteps as k-diffusion's ``sigma_to_t``; the final 0 whatever ``final_sigmas_type``); the mid sigmas
     follow.
     """
-    cfg = {**cfg, "rescale_betas_zero_snr": False, "final_sigmas_type": "zero"}
-    ac = _alphas_cumprod(cfg)
-    training = ((1 - ac) / ac) ** 0.5  # float32 (diffusers' np.array of the torch tensor)
-    log_sigmas = np.log(training)
-    if schedule_type == DEFAULT_SCHEDULE_TYPE:
-        timesteps = _spaced(cfg, steps)
-        if sampler == "DPM++ SDE" and cfg["timestep_spacing"] == "linspace":  # its linspace is float64
-            timesteps = np.linspace(0, cfg["num_train_timesteps"] - 1, steps)[::-1]
-        sigmas = np.interp(timesteps, np.arange(len(training)), training)
-        converted = _converted({**cfg, "sigma_min": None, "sigma_max": None} if sampler == "DPM++ SDE" else cfg,
-                               sigmas, steps)
-        if converted is not None:
-            sigmas = converted
-            timesteps = _sigma_to_t(sigmas, log_sigmas)
-            if sampler in ("DPM2", "DPM2 a") and cfg["use_karras_sigmas"]:
-                timesteps = timesteps.round()
-        sigmas = np.concatenate([sigmas, [0.0]]).astype(np.float32)
-    else:
-        timesteps, sigmas = _typed(cfg, schedule_type, steps)
-        sigmas = sigmas.astype(np.float32)
-    top = float(sigmas.max())
-    init = top if cfg["timestep_spacing"] in ("linspace", "trailing") else (top**2 + 1) ** 0.5
+    cfg, timesteps, sigmas, init, log_sigmas = _discrete_sigmas(sampler, cfg, steps, schedule_type)
     s, s_next = sigmas[:-1].astype(np.float64), sigmas[1:].astype(np.float64)
     go = s_next > 0  # the steps with a second call; the others are Euler steps to 0
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -941,6 +942,96 @@ def _two_call_schedule(sampler: str, cfg: dict, steps: int, schedule_type: str) 
     second = SecondCall(*(f32(x) for x in (mid_t, mid, mid_a, mid_b, mid_d, f, g, d2)))
     return dataclasses.replace(_schedule(timesteps, sigmas, a, b, zeros, zeros, d, zeros, init, 1.0, clip),
                                second=second)
+
+
+def _discrete_sigmas(sampler: str, cfg: dict, steps: int, schedule_type: str) -> tuple:
+    """(cfg, timesteps (n,), sigmas (n + 1,) float32, init_noise_sigma, log training sigmas) of the classes without
+    ``rescale_betas_zero_snr`` or ``final_sigmas_type`` (:data:`TWO_CALLS`' and LMSDiscreteScheduler: their
+    ``set_timesteps``, the final sigma 0; ``cfg`` returned with those two fields off). Karras or exponential sigmas
+    from the spaced ones; DPM++ SDE's (both) and LMS's Karras ones ignore ``sigma_min``/``sigma_max`` as their
+    classes do; DPM2's and DPM2 a's Karras timesteps are rounded. Another ``schedule_type``: A1111's (:func:`_typed`).
+    """
+    cfg = {**cfg, "rescale_betas_zero_snr": False, "final_sigmas_type": "zero"}
+    ac = _alphas_cumprod(cfg)
+    training = ((1 - ac) / ac) ** 0.5  # float32 (diffusers' np.array of the torch tensor)
+    log_sigmas = np.log(training)
+    if schedule_type == DEFAULT_SCHEDULE_TYPE:
+        timesteps = _spaced(cfg, steps)
+        if sampler == "DPM++ SDE" and cfg["timestep_spacing"] == "linspace":  # its linspace is float64
+            timesteps = np.linspace(0, cfg["num_train_timesteps"] - 1, steps)[::-1]
+        sigmas = np.interp(timesteps, np.arange(len(training)), training)
+        no_range = sampler == "DPM++ SDE" or (sampler == "LMS" and cfg["use_karras_sigmas"])
+        converted = _converted({**cfg, "sigma_min": None, "sigma_max": None} if no_range else cfg, sigmas, steps)
+        if converted is not None:
+            sigmas = converted
+            timesteps = _sigma_to_t(sigmas, log_sigmas)
+            if sampler in ("DPM2", "DPM2 a") and cfg["use_karras_sigmas"]:
+                timesteps = timesteps.round()
+        sigmas = np.concatenate([sigmas, [0.0]]).astype(np.float32)
+    else:
+        timesteps, sigmas = _typed(cfg, schedule_type, steps)
+        sigmas = sigmas.astype(np.float32)
+    top = float(sigmas.max())
+    init = top if cfg["timestep_spacing"] in ("linspace", "trailing") else (top**2 + 1) ** 0.5
+    return cfg, timesteps, sigmas, init, log_sigmas
+
+
+def _lms_schedule(cfg: dict, steps: int, schedule_type: str) -> Schedule:
+    """LMSDiscreteScheduler (``step(order=4)``; k-diffusion's ``sample_lms``, order 4) in sigma space: its sigmas
+    (:func:`_discrete_sigmas`: Euler's spacing, Karras or exponential, the final sigma 0, or A1111's
+    ``schedule_type``), its timesteps fractional where converted, as in diffusers; the update ``x' = x + sum_k L_k
+    d_{i-k}`` on the derivatives d_j = (x_j - x0_j)/sigma_j, which the history keeps (hx = 1/s, hx0 = -1/s):
+    a = 1 + L_0/s, b = -L_0/s, c, c2, c3 = L_1, L_2, L_3 (:func:`_lms_coefficients`). Deterministic (d = 0), no
+    clipping, init and final scales Euler's (diffusers' LMS works in sigma space too)."""
+    cfg, timesteps, sigmas, init, _ = _discrete_sigmas("LMS", cfg, steps, schedule_type)
+    history = functools.partial(_lms_coefficients, sigmas.astype(np.float64))
+    a, b, c, c2, d, c3 = history(())
+    s, f32 = sigmas[:-1].astype(np.float64), lambda x: np.asarray(x, np.float32)  # noqa: E731
+    return dataclasses.replace(_schedule(timesteps, sigmas, a, b, c, c2, d, np.zeros(steps), init, 1.0,
+                                         history=history), c3=f32(c3), hx=f32(1 / s), hx0=f32(-1 / s))
+
+
+def lms_coefficient(sigmas: np.ndarray, i: int, order: int, j: int) -> float:
+    """The linear multistep coefficient L_j of step ``i`` at ``order``: the integral over [sigmas[i], sigmas[i + 1]]
+    of the Lagrange basis polynomial that is 1 at sigmas[i - j] and 0 at the other sigmas[i - k], k < ``order``.
+
+    diffusers' ``LMSDiscreteScheduler.get_lms_coefficient(order, t=i, current_order=j)`` and k-diffusion's
+    ``linear_multistep_coeff(order, t=sigmas, i, j)`` integrate it with scipy's ``quad``; the polynomial's degree is
+    ``order - 1`` <= 3, so here it is integrated exactly (numpy's polynomial antiderivative), in float64.
+
+    Args:
+        sigmas: (n + 1,) float64, largest first; the step's ``sigmas[i - order + 1 .. i + 1]`` are read.
+        i: the step, ``order - 1 <= i < n``. order: 1 to 4. j: 0 .. order - 1 (0: the step's own derivative).
+    Raises ValueError for ``order`` or ``j`` out of range.
+    """
+    if not 0 <= j < order <= i + 1:
+        raise ValueError(f"LMS coefficient needs 0 <= j < order <= i + 1, got i={i}, order={order}, j={j}")
+    origin = float(sigmas[i])  # the polynomial in tau - sigma_i: well conditioned whatever the sigmas' scale
+    nodes = [float(sigmas[i - k]) - origin for k in range(order) if k != j]
+    scale = np.prod([float(sigmas[i - j]) - origin - x for x in nodes])  # 1 for order 1 (no nodes)
+    basis = (np.polynomial.Polynomial.fromroots(nodes) if nodes else np.polynomial.Polynomial([1.0])) / scale
+    return float(basis.integ()(float(sigmas[i + 1]) - origin))  # the antiderivative is 0 at tau = sigma_i
+
+
+def _lms_coefficients(sigmas: np.ndarray, restarts: tuple[int, ...] = ()) -> tuple[np.ndarray, ...]:
+    """LMSDiscreteScheduler.step(order=4) in sigma space: (a, b, c, c2, d, c3), each (n,) float64, for ``sigmas``
+    (n + 1,) float64 (every sigma but the last > 0), the history restarting at ``restarts``.
+
+    Step i's order is min(steps since the restart + 1, :data:`LMS_ORDER`) (diffusers: min(step_index + 1, 4);
+    k-diffusion's sample_lms: min(i + 1, 4) on the sigmas it is given, so A1111's img2img, whose sigmas start at its
+    first step, restarts there; see docs/samplers.md for diffusers' ``set_begin_index``). With L_j =
+    :func:`lms_coefficient`: x' = x + L_0 (x - x0)/s + L_1 d_{i-1} + L_2 d_{i-2} + L_3 d_{i-3}, so a = 1 + L_0/s,
+    b = -L_0/s, c = L_1, c2 = L_2, c3 = L_3 (0 beyond the order), d = 0.
+    """
+    steps = len(sigmas) - 1
+    order = np.minimum(_since_restart(steps, restarts) + 1, LMS_ORDER)
+    coefficients = np.zeros((steps, LMS_ORDER))
+    for i in range(steps):
+        for j in range(order[i]):
+            coefficients[i, j] = lms_coefficient(sigmas, i, int(order[i]), j)
+    s = sigmas[:-1]
+    first = coefficients[:, 0] / s
+    return 1 + first, -first, coefficients[:, 1], coefficients[:, 2], np.zeros(steps), coefficients[:, 3]
 
 
 def _heun(s, s_next, mid):

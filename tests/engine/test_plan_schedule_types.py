@@ -101,12 +101,13 @@ def test_the_two_call_samplers_share_one_more_program_and_round_trip(tiny_shapes
 
 @pytest.mark.parametrize("sampler, schedule_type, older_name", [
     ("DPM++ 3M SDE", "exponential", "DPM++ 3M SDE Exponential"), ("DPM++ 3M SDE", "karras", "DPM++ 3M SDE Karras"),
-    ("UniPC", "karras", "UniPC Karras")])
+    ("UniPC", "karras", "UniPC Karras"), ("LMS", "karras", "LMS Karras")])
 def test_the_multistep_samplers_run_on_the_shared_program_and_round_trip(tiny_shapes_engine, sampler, schedule_type,
                                                                          older_name):
-    """DPM++ 3M SDE (fresh noise per step, third order) and UniPC (predictor-corrector): the same seed makes the same
-    images, another seed and the two-step samplers others, a schedule type others again, no compile; the infotext's
-    Sampler and Schedule type read back as the pair, as does A1111's older combined name."""
+    """DPM++ 3M SDE (fresh noise per step, third order), UniPC (predictor-corrector) and LMS (fourth order on the
+    derivatives): the same seed makes the same images, another seed and the two-step samplers others, a schedule type
+    others again, no compile after Euler's program (LMS's history entries are traced too); the infotext's Sampler and
+    Schedule type read back as the pair, as does A1111's older combined name ("LMS Karras": LMS + karras)."""
     gen(tiny_shapes_engine)
     before = tiny_shapes_engine.compile_count
     first = gen(tiny_shapes_engine, sampler=sampler, num_inference_steps=6)

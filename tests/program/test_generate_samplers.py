@@ -199,3 +199,39 @@ def test_unipc_images_match_diffusers(steps_arrays, tiny_pt_programs):
         off = np.abs(images(wrong) - want)
         print(f"UniPC {name}: max {off.max()}/255, mean {off.mean():.3f}/255")
         assert off.mean() > 0.05 and diff.mean() < off.mean() / 4, (name, off.mean(), diff.mean())
+
+
+@pytest.mark.slow  # runs tiny-pt's program (the session's, compiled once) at the fixture's shape
+def test_lms_images_match_diffusers(steps_arrays, tiny_pt_programs):
+    """Image level, through the compiled loop and its carry of history entries (LMS's derivatives of the last three
+    steps): tiny-pt's pipeline with LMSDiscreteScheduler.from_config of its config (step order 4) and the engine's
+    program on the same latents agree within test_models' image tolerance (4/255 max, 0.5/255 mean); the update
+    without its fourth-order term (c3 = 0) or with x0 in the history in place of the derivatives is farther off."""
+    import dataclasses
+
+    from sdxl_engine.program.generate import ProgramInputs, ProgramShape, tokenize
+
+    meta = STEPS["lms_image_case"]
+    model, params = tiny_pt_programs.model, tiny_pt_programs.params
+    latents, want = steps_arrays["lms_image_latents"], steps_arrays["lms_image_images"].astype(int)
+    steps = meta["num_inference_steps"]
+    shape = ProgramShape(2, meta["height"], meta["width"], max_steps=TINY_PT_MAX_STEPS, given_latents=True)
+    program = tiny_pt_programs[shape]
+    ids, _ = tokenize(model, meta["prompt"])
+    negative, _ = tokenize(model, meta["negative_prompt"])
+
+    def images(schedule):
+        inputs = ProgramInputs.build(ids, negative, False, np.zeros(2, np.uint32), meta["guidance_scale"], schedule,
+                                     steps, shape.max_steps, latents=latents)
+        return np.asarray(program.executable(params, inputs)[0]).astype(int)
+
+    schedule = make_schedule("LMS", meta["scheduler_config"], steps)
+    assert schedule.timesteps.tolist() == meta["timesteps"] and (schedule.c3[3:] != 0).all()
+    diff = np.abs(images(schedule) - want)
+    print(f"LMS: max {diff.max()}/255, mean {diff.mean():.4f}/255")
+    assert diff.max() <= 4 and diff.mean() <= 0.5, (diff.max(), diff.mean())
+    for name, wrong in (("c3 = 0", dataclasses.replace(schedule, c3=0 * schedule.c3)),
+                        ("x0 history", dataclasses.replace(schedule, hx=None, hx0=None))):
+        off = np.abs(images(wrong) - want)
+        print(f"LMS {name}: max {off.max()}/255, mean {off.mean():.3f}/255")
+        assert off.mean() > diff.mean(), (name, off.mean(), diff.mean())

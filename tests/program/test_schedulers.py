@@ -14,7 +14,7 @@ import re
 import numpy as np
 import pytest
 
-from sdxl_engine.program.generate import denoised, sampler_update
+from sdxl_engine.program.generate import denoised, history_entry, sampler_update
 from sdxl_engine.program.schedulers import (
     CLASS_DEFAULTS,
     FIELDS,
@@ -117,7 +117,8 @@ def engine_trajectory(case: dict, steps_arrays: dict) -> list[tuple[np.ndarray, 
     """(the engine's step k output, diffusers' prev_sample of step k, diffusers' sample k) for every step, each
     step fed diffusers' own sample k (so one wrong step shows as itself), in diffusers' space. DPM++ 3M SDE's
     third-order steps are compared with diffusers' corrected (:func:`diffusers_third_order_d2`). A case with a
-    ``first_step`` (diffusers' set_begin_index) runs from there on :meth:`Schedule.starting_at`'s coefficients."""
+    ``first_step`` (diffusers' set_begin_index) runs from there on :meth:`Schedule.starting_at`'s coefficients. The
+    history entries are the program's (generate.history_entry: x0, LMS's derivative), three of them."""
     sampler, n, first = case["sampler"], case["steps"], case.get("first_step", 0)
     config = model_config(case)
     schedule = make_schedule(sampler, config, n).starting_at(first)
@@ -128,12 +129,15 @@ def engine_trajectory(case: dict, steps_arrays: dict) -> list[tuple[np.ndarray, 
     samples = np.concatenate([np.zeros((first, *samples.shape[1:]), samples.dtype), samples])  # index = step
     noise = None if noise is None else np.concatenate([np.zeros((first, *noise.shape[1:]), noise.dtype), noise])
     pairs, x0_prev, x0_prev2 = [], np.zeros_like(samples[0]), np.zeros_like(samples[0])
+    padded, history = schedule.padded(n), [np.zeros_like(samples[0])] * 3
     for k in range(first, n):
         x = np.float32(samples[k] * scale[k])  # sigma space
         x0 = np.asarray(denoised(x, outputs[k], schedule.sigmas[k], prediction))
         z = noise[k] if noise is not None else np.zeros_like(x)
-        out = sampler_update(x, x0, x0_prev, z, schedule.a[k], schedule.b[k], schedule.c[k], schedule.d[k],
-                             schedule.e[k], np.float32(schedule.clip_range), x0_prev2, schedule.c2[k])
+        out = sampler_update(x, x0, history[0], z, schedule.a[k], schedule.b[k], schedule.c[k], schedule.d[k],
+                             schedule.e[k], np.float32(schedule.clip_range), history[1], schedule.c2[k], history[2],
+                             padded["c3"][k])
+        history = [np.asarray(history_entry(x, x0, padded["hx"][k], padded["hx0"][k])), *history[:2]]
         last = k == n - 1
         ours = np.asarray(out) * (schedule.final_scale if last and sampler in X_SPACE else 1 / scale[k + 1])
         want = samples[k + 1]
@@ -378,13 +382,13 @@ def test_a_model_folder_with_a_refused_field_fails_to_load_naming_file_and_field
 
 def test_sampler_names():
     assert SAMPLERS == ("Euler", "Euler a", "DPM++ 2M", "DPM++ 2M Karras", "DPM++ 2M SDE", "DPM++ 3M SDE", "UniPC",
-                        "DDIM", "LCM", "Heun", "DPM2", "DPM++ SDE", "TCD", "DPM2 a")
+                        "DDIM", "LCM", "Heun", "DPM2", "DPM++ SDE", "TCD", "DPM2 a", "LMS")
     assert get_sampler("tcd") == "TCD"
     assert get_sampler("heun") == "Heun" and get_sampler("dpm++ sde") == "DPM++ SDE"
     assert get_sampler("dpm2  A") == "DPM2 a"
     assert get_sampler(" dpm++  2m karras") == "DPM++ 2M Karras" and get_sampler(None) == "Euler"
-    with pytest.raises(UnknownSampler, match="unknown sampler 'LMS'; choose one of Euler, Euler a, DPM"):
-        get_sampler("LMS")
+    with pytest.raises(UnknownSampler, match="unknown sampler 'Restart'; choose one of Euler, Euler a, DPM"):
+        get_sampler("Restart")
     with pytest.raises(UnknownSampler):
         get_sampler(3)
 

@@ -74,7 +74,7 @@ def step_function(schedule, prediction: str, bias):
 
     @jax.jit
     def step(i, x, z):
-        return sampler_step(x0_of, lambda draw, coefficient: z, inputs, i, (x, x * 0, x * 0))[0]
+        return sampler_step(x0_of, lambda draw, coefficient: z, inputs, i, (x, *(x * 0 for _ in range(4))))[0]
 
     return step
 

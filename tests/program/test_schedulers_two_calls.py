@@ -85,7 +85,7 @@ def step_function(schedule, prediction: str, bias):
         def noise(draw, coefficient):
             return w if draw else z
 
-        return sampler_step(x0_of, noise, inputs, i, (x, x * 0, x * 0), two_calls=True)[0]
+        return sampler_step(x0_of, noise, inputs, i, (x, *(x * 0 for _ in range(4))), two_calls=True)[0]
 
     return step
 
