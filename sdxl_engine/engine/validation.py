@@ -25,12 +25,14 @@ from sdxl_engine.engine.prompts import check_prompt, parse_lora_tags
 from sdxl_engine.program.latent_upscale import DEFAULT_UPSCALER, HIRES_UPSCALERS
 from sdxl_engine.program.schedulers import (
     DEFAULT_SAMPLER,
+    DEFAULT_SCHEDULE_TYPE,
     UnknownSampler,
     UnknownScheduleType,
     get_sampler,
     get_schedule_type,
     hires_schedule,
     img2img_start,
+    split_sampler_name,
 )
 
 # InvalidRequest: from errors.py, ControlUnit: from control.py, kept here (one import for every request field)
@@ -331,8 +333,8 @@ def validate(request: GenerateRequest, limits: Limits) -> GenerateRequest:
         raise InvalidRequest("mask", f"{limits.requires_mask}: it only repaints the masked part of an image; send an "
                                      "image with a mask (white = repaint) or outpaint sides")
     hires = as_hires(request, width, height, steps, limits)
-    sampler = as_sampler("sampler", recipe.get("sampler", limits.default_sampler) if request.sampler is None
-                         else request.sampler)
+    sampler, named_type = as_sampler("sampler", recipe.get("sampler", limits.default_sampler) if request.sampler is
+                                     None else request.sampler, split=True)
     if hires["hires_scale"] is not None:
         hires["hires_sampler"] = sampler if request.hires_sampler is None else as_sampler("hires_sampler",
                                                                                         request.hires_sampler)
@@ -349,9 +351,9 @@ def validate(request: GenerateRequest, limits: Limits) -> GenerateRequest:
                                                                  limits.max_ip_adapter_units),
                               model=as_model(request.model),
                               refiner=as_refiner(request.refiner, request.refiner_switch_at),
-                              schedule_type=as_schedule_type(recipe.get("schedule_type") if request.schedule_type is
-                                                             None and request.sampler is None
-                                                             else request.schedule_type), **hires)
+                              schedule_type=with_named_type(as_schedule_type(
+                                  recipe.get("schedule_type") if request.schedule_type is None and request.sampler is
+                                  None else request.schedule_type), named_type, request.sampler), **hires)
     object.__setattr__(checked, "validated_for", limits)  # frozen: the one place the stamp is set
     return checked
 
@@ -409,15 +411,28 @@ def as_switch(value, limits: Limits, hires_scale=None) -> float | None:
     return switch
 
 
-def as_sampler(field: str, value) -> str:
-    """An A1111 sampler name (schedulers.get_sampler's spellings) as its canonical name.
+def as_sampler(field: str, value, split: bool = False):
+    """An A1111 sampler name (schedulers.get_sampler's spellings) as its canonical name; with ``split``, (that name,
+    the schedule type an older combined name carries, or None): "DPM++ SDE Karras" is ("DPM++ SDE", "karras")
+    (schedulers.split_sampler_name, as A1111 reads it).
     Raises InvalidRequest naming ``field``: a value that is not text says so (it names no sampler at all)."""
     if value is not None and not isinstance(value, str):
         raise InvalidRequest(field, f"expected a sampler's name (text), got {type(value).__name__} {_short(value)}")
     try:
-        return get_sampler(value)
+        return split_sampler_name(value) if split else get_sampler(value)
     except UnknownSampler as err:
         raise InvalidRequest(field, str(err)) from None
+
+
+def with_named_type(schedule_type: str, named: str | None, sampler) -> str:
+    """The request's schedule type given the one its sampler's name carried (``named``, :func:`as_sampler`'s
+    split; None: none): that one where the request's is automatic; the same one is fine; another is refused.
+    Raises InvalidRequest naming ``schedule_type``."""
+    if named is None or schedule_type in (named, DEFAULT_SCHEDULE_TYPE):
+        return named or schedule_type
+    raise InvalidRequest("schedule_type", f"the sampler {_short(sampler)} names the schedule type {named!r}, and "
+                                          f"schedule_type asks for {schedule_type!r}: send the sampler's own name "
+                                          "with the schedule type you want")
 
 
 def as_schedule_type(value) -> str:

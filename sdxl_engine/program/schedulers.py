@@ -242,6 +242,31 @@ TCD_GAMMA = 0.3
 BETA_ALPHA = BETA_BETA = 0.6  # A1111's beta_dist_alpha / beta_dist_beta defaults (shared_options.py)
 
 
+def split_sampler_name(name) -> tuple[str, str | None]:
+    """(sampler, schedule type name or None) of a sampler name that may carry a schedule type after it, as A1111's
+    older combined names do ("DPM++ SDE Karras", "Euler a Karras", "DPM2 a Exponential"): ``name`` itself when it
+    is a sampler (:func:`get_sampler`; "DPM++ 2M Karras" is one here), else, when it ends in a space and a schedule
+    type's label, name or alias (:data:`SCHEDULE_TYPES`, :data:`SCHEDULE_ALIASES`) and what comes before is a
+    sampler, the two (A1111's ``sd_samplers.get_sampler_and_scheduler`` splits them so). Case-insensitive.
+
+    Raises UnknownSampler (the message names ``name`` as given) for anything else.
+    """
+    try:
+        return get_sampler(name), None
+    except UnknownSampler:
+        if not isinstance(name, str):
+            raise
+        head = " ".join(name.split())
+        for key, label in SCHEDULE_TYPES.items():
+            for option in dict.fromkeys((label, key, *(a for a, k in SCHEDULE_ALIASES.items() if k == key))):
+                if head.lower().endswith(" " + option.lower()):
+                    try:
+                        return get_sampler(head[: -len(option) - 1]), key
+                    except UnknownSampler:
+                        pass
+        raise
+
+
 class UnknownScheduleType(ValueError):
     """A schedule type name that is none of :data:`SCHEDULE_TYPES` (names, labels or aliases)."""
 

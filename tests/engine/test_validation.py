@@ -135,3 +135,27 @@ def test_a_sampler_or_model_of_the_wrong_type_is_named_as_such_not_as_an_unknown
     with pytest.raises(InvalidRequest) as err:
         validate(GenerateRequest(prompt="x", **{field: value}, **extra), LIMITS)
     assert str(err.value) == message
+
+
+@pytest.mark.parametrize("sampler, schedule_type, expected", [
+    ("DPM++ SDE Karras", None, ("DPM++ SDE", "karras")),  # A1111's older combined names, on every front
+    ("euler a  exponential", "automatic", ("Euler a", "exponential")),
+    ("LMS Karras", "Karras", ("LMS", "karras")),  # the same type twice is fine
+    ("DPM++ 2M SDE SGMUniform", None, ("DPM++ 2M SDE", "sgm_uniform")),  # A1111's alias
+    ("DPM++ 2M Karras", None, ("DPM++ 2M Karras", "automatic")),  # a sampler of its own here: not split
+    ("Euler", "trailing", ("Euler", "trailing")),
+])
+def test_a_sampler_name_carrying_a_schedule_type_is_split_as_a1111_splits_it(sampler, schedule_type, expected):
+    checked = validate(GenerateRequest("p", sampler=sampler, schedule_type=schedule_type), LIMITS)
+    assert (checked.sampler, checked.schedule_type) == expected
+
+
+def test_a_combined_sampler_name_and_another_schedule_type_are_refused_naming_both():
+    with pytest.raises(InvalidRequest) as err:
+        validate(GenerateRequest("p", sampler="DPM++ SDE Karras", schedule_type="exponential"), LIMITS)
+    assert err.value.field == "schedule_type"
+    assert "'DPM++ SDE Karras' names the schedule type 'karras'" in err.value.message
+    assert "asks for 'exponential'" in err.value.message
+    with pytest.raises(InvalidRequest) as err:  # no sampler before the label: the name as given is unknown
+        validate(GenerateRequest("p", sampler="Restart Karras"), LIMITS)
+    assert err.value.field == "sampler" and err.value.message.startswith("unknown sampler 'Restart Karras'; choose")

@@ -55,12 +55,13 @@ from sdxl_engine.program.latent_upscale import HIRES_UPSCALERS
 from sdxl_engine.program.schedulers import (
     DEFAULT_SCHEDULE_TYPE,
     SAMPLERS,
+    SCHEDULE_ALIASES,
     SCHEDULE_TYPES,
     TCD_GAMMA,
     UnknownSampler,
     UnknownScheduleType,
-    get_sampler,
     get_schedule_type,
+    split_sampler_name,
 )
 from sdxl_engine.service import models
 from sdxl_engine.service.image_prep import FILL_MODES, PasteBack, img2img_start_step, prepare, same_aspect
@@ -303,31 +304,23 @@ def sampler_of(sampler_name: str | None, scheduler: str | None,
     default; schedule type None: automatic).
 
     ``scheduler`` is a name, label or alias of A1111's modules/sd_schedulers.py that this engine has
-    (schedulers.SCHEDULE_TYPES); None, "", "N/A", "Automatic" and any name that is no A1111 scheduler at all are
-    automatic, as A1111 reads them; one of A1111's that this server lacks is refused. A sampler name ending in a
-    schedule type's label that is no sampler here ("Euler a Karras") is split as A1111's get_sampler_and_scheduler
-    splits it.
+    (schedulers.SCHEDULE_TYPES), or one of this engine's own there (the spacings: leading, linspace, trailing, which
+    its ``/schedulers`` lists); None, "", "N/A", "Automatic" and any name that is no scheduler of A1111's or this
+    server's are automatic, as A1111 reads them; one of A1111's that this server lacks is refused. A sampler name
+    ending in a schedule type that is no sampler here ("Euler a Karras") is split as A1111's
+    get_sampler_and_scheduler splits it (schedulers.split_sampler_name), and its schedule type wins over
+    ``scheduler``'s, as there.
     Names are case-insensitive. Raises ApiError 422 naming ``sampler_name`` for an unknown sampler, ``field`` for an
     unknown scheduler (the valid names listed).
     """
     name = None if sampler_name in (None, "") else sampler_name
-    suffix = None
     try:
-        sampler = None if name is None else get_sampler(name)
+        sampler, suffix = (None, None) if name is None else split_sampler_name(name)
     except UnknownSampler as err:
-        sampler = None
-        for label in SCHEDULE_TYPES.values():
-            head = str(name).strip()
-            if head.lower().endswith(" " + label.lower()):
-                try:
-                    sampler, suffix = get_sampler(head[: -len(label) - 1]), label
-                except UnknownSampler:
-                    continue
-                break
-        if sampler is None:
-            raise ApiError(422, f"sampler_name: {err}", "sampler_name") from None
-    given = (scheduler or "").strip().lower()
-    wanted = scheduler if given not in NO_SCHEDULER and given in A1111_SCHEDULERS else suffix
+        raise ApiError(422, f"sampler_name: {err}", "sampler_name") from None
+    given = " ".join((scheduler or "").split()).lower()
+    ours = given in SCHEDULE_TYPES or given in SCHEDULE_ALIASES or given in (v.lower() for v in SCHEDULE_TYPES.values())
+    wanted = suffix or (scheduler if given not in NO_SCHEDULER and (given in A1111_SCHEDULERS or ours) else None)
     try:
         schedule_type = get_schedule_type(wanted)
     except UnknownScheduleType as err:

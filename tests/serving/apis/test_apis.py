@@ -44,6 +44,11 @@ class StartedEngine:
     (None, None, (None, None)), ("", "", (None, None)), ("Euler", "Karras", ("Euler", "karras")),
     ("Euler a", "SGM Uniform", ("Euler a", "sgm_uniform")), ("Euler a", "sgmuniform", ("Euler a", "sgm_uniform")),
     ("Euler a Exponential", None, ("Euler a", "exponential")),  # A1111's get_sampler_and_scheduler split
+    ("Euler a Karras", "Exponential", ("Euler a", "karras")),  # the name's type wins there, as in A1111
+    ("DPM++ SDE Karras", None, ("DPM++ SDE", "karras")), ("LMS Karras", "", ("LMS", "karras")),
+    # this server's own schedule types, which its /schedulers lists (A1111 has none of the spacings)
+    ("Euler", "Trailing", ("Euler", "trailing")), ("DDIM", "leading", ("DDIM", "leading")),
+    ("Euler a", "Linspace", ("Euler a", "linspace")),
 ])
 def test_sampler_and_scheduler_map_to_the_engines_sampler_and_schedule_type(name, scheduler, expected):
     assert sampler_of(name, scheduler) == expected
