@@ -3,7 +3,11 @@ ControlNet written once per DIR (a full-size one takes minutes on the chip)."""
 
 import json
 
+import pytest
+
 from tools.tpu_modes import controlnet_flops, write_controlnet, write_ip_adapter
+
+pytestmark = pytest.mark.slow  # a chip tool's parts (about 30 s of lowering and writing): not the quick subset's
 
 
 def test_a_controlnet_units_step_counts_the_unet_and_the_controlnet():
