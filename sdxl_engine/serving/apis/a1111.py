@@ -422,6 +422,11 @@ def hires_fields(body: Txt2ImgHires, width: int, height: int, steps: int) -> tup
             raise ApiError(422, f"{field}: {err.message.split(': ', 1)[-1]}", field) from None
         if schedule_type != first:  # one schedule type per request: only the Karras sampler's name carries its own
             if (sampler, schedule_type, first) != ("DPM++ 2M", "karras", None):
+                if same_scheduler:  # the type came with the second pass's sampler name ("DPM++ SDE Karras")
+                    raise ApiError(422, f"hr_sampler_name: {named!r} names the schedule type {schedule_type!r}; "
+                                        f"this server's second pass runs the first pass's (scheduler "
+                                        f"{body.scheduler or 'Automatic'!r}): send the sampler's own name, or that "
+                                        "schedule type as scheduler", "hr_sampler_name")
                 raise ApiError(422, f"hr_scheduler: {body.hr_scheduler!r}: this server's second pass runs the first "
                                     f"pass's schedule type (scheduler {body.scheduler or 'Automatic'!r}); send "
                                     "\"Use same scheduler\"", "hr_scheduler")

@@ -780,6 +780,15 @@ def test_a1111_hires_fields_map_to_the_engines_and_keep_one_factor():
         with pytest.raises(ApiError) as err:
             hires_fields(Txt2ImgHires(prompt="x", enable_hr=True, sampler_name="Euler", **bad), 64, 64, 20)
         assert err.value.param == field and err.value.message.startswith(f"{field}: "), err.value.message
+    # an older combined name for the second pass carries its own type: the refusal names that field, not hr_scheduler
+    with pytest.raises(ApiError) as err:
+        hires_fields(Txt2ImgHires(prompt="x", enable_hr=True, sampler_name="Euler", hr_sampler_name="DPM++ SDE Karras"),
+                     64, 64, 20)
+    assert err.value.param == "hr_sampler_name" and err.value.message.startswith(
+        "hr_sampler_name: 'DPM++ SDE Karras' names the schedule type 'karras'; this server's second pass runs the "
+        "first pass's (scheduler 'Automatic')")
+    assert hires_fields(Txt2ImgHires(prompt="x", enable_hr=True, sampler_name="Euler", scheduler="Karras",
+                                     hr_sampler_name="DPM++ SDE Karras"), 64, 64, 20)[0]["hires_sampler"] == "DPM++ SDE"
 
 
 def test_a1111_refiner_checkpoint_must_name_the_loaded_refiner(tmp_path):
