@@ -223,9 +223,12 @@ def png_settings(text: str, sizes: list[str], max_steps: int, max_seed: int,
             sampler, schedule_type = sampler_of(fields["Sampler"], fields.get("Schedule type"))
             values["sampler"] = sampler or values.get("sampler")
             values["schedule_type"] = SCHEDULE_TYPES[schedule_type or DEFAULT_SCHEDULE_TYPE]  # the dropdown's label
-        except ApiError:
-            kind = f", schedule type {fields['Schedule type'][:40]!r}" if fields.get("Schedule type") else ""
-            left.append(f"sampler {fields['Sampler'][:40]!r}{kind} (not one of this server's)")
+        except ApiError as err:
+            if err.param != "scheduler":
+                left.append(f"sampler {fields['Sampler'][:40]!r} (not one of this server's)")
+            else:  # the sampler is one of this server's; its schedule type is not (A1111's Align Your Steps)
+                values["sampler"] = sampler_of(fields["Sampler"], None)[0] or values.get("sampler")
+                left.append(f"schedule type {fields['Schedule type'][:40]!r} (not one of this server's)")
     if "Size-1" in fields and "Size-2" in fields:
         size = f"{fields['Size-1']}x{fields['Size-2']}"
         if size in sizes:

@@ -181,9 +181,12 @@ def test_png_settings_restores_this_servers_and_a1111s_parameters():
     values, note = page.png_settings("a cat\nSteps: 4, Sampler: Restart, Seed: x, CFG scale: 2", [], 50, 99)
     assert values["num_inference_steps"] == 4 and "sampler 'Restart' (not one of this server's)" in note
     assert "Seed 'x' (this page takes 0 to 99)" in note
-    note = page.png_settings("a cat\nSteps: 4, Sampler: DPM2 a, Schedule type: Align Your Steps, Seed: 5", [], 50,
-                             99)[1]  # the pair's refusal names each part (not "sampler 'DPM2 a Align Your Steps'")
-    assert "sampler 'DPM2 a', schedule type 'Align Your Steps' (not one of this server's)" in note
+    values, note = page.png_settings("a cat\nSteps: 4, Sampler: DPM2 a, Schedule type: Align Your Steps, Seed: 5",
+                                     [], 50, 99)  # the sampler is restored; the schedule type it lacks is named
+    assert values["sampler"] == "DPM2 a" and "schedule_type" not in values
+    assert "Not restored: schedule type 'Align Your Steps' (not one of this server's)" in note and "DPM2" not in note
+    restored = page.png_settings("a cat\nSteps: 4, Sampler: Euler, Schedule type: Trailing, Seed: 5", [], 50, 99)[0]
+    assert (restored["sampler"], restored["schedule_type"]) == ("Euler", "Trailing")  # the page's own spacings
     note = page.png_settings('a cat\nSteps: 4, Seed: 5, ControlNet 0: "Module: none, Model: union, Weight: 1.0", '
                              'ControlNet 1: "Module: ip-adapter-auto, Model: ip"', [], 50, 99)[1]
     assert note.endswith("Not restored: ControlNet 0, ControlNet 1 (a ControlNet or IP-Adapter unit: the PNG holds "
