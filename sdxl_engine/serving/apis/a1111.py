@@ -209,11 +209,16 @@ class Ignored:
 
 
 def _eta_defaults(body) -> tuple | None:
-    """eta's neutral values for the request's sampler: A1111's eta_ancestral 1 for Euler a, eta_ddim 0 for DDIM,
-    TCD's fixed gamma (schedulers.TCD_GAMMA, the value its forks' eta would set); eta changes nothing for the
-    others here."""
-    name = (body.sampler_name or body.sampler_index or "").strip().lower()
-    neutral = {"euler a": 1, "ddim": 0, "tcd": TCD_GAMMA}
+    """eta's neutral values for the request's sampler: A1111's eta_ancestral 1 for the samplers whose k-diffusion
+    function takes an ``eta`` (Euler a, DPM2 a, DPM++ SDE, DPM++ 2M SDE, DPM++ 3M SDE: their noise is fixed at eta 1
+    here), eta_ddim 0 for DDIM, TCD's fixed gamma (schedulers.TCD_GAMMA, the value its forks' eta would set); eta
+    changes nothing for the others, in A1111 too. An older combined name ("DPM++ SDE Karras") is its sampler's."""
+    try:
+        name = split_sampler_name(body.sampler_name or body.sampler_index or None)[0]
+    except UnknownSampler:
+        return None
+    neutral = {"Euler a": 1, "DPM2 a": 1, "DPM++ SDE": 1, "DPM++ 2M SDE": 1, "DPM++ 3M SDE": 1, "DDIM": 0,
+               "TCD": TCD_GAMMA}
     return (*_UNSET, neutral[name]) if name in neutral else None
 
 
@@ -241,8 +246,8 @@ COMMON_IGNORED = (
     Ignored("subseed_strength", (*_UNSET, 0), "no variation seeds here: each image is its seed alone"),
     Ignored("seed_resize_from_w", (*_UNSET, 0, -1), "no seed resize here"),
     Ignored("seed_resize_from_h", (*_UNSET, 0, -1), "no seed resize here"),
-    Ignored("eta", _eta_defaults, f"eta is fixed per sampler here (Euler a 1, DDIM 0: A1111's defaults; TCD's gamma "
-                                  f"{TCD_GAMMA})"),
+    Ignored("eta", _eta_defaults, f"eta is fixed per sampler here (Euler a, DPM2 a and the DPM++ SDEs 1, DDIM 0: "
+                                  f"A1111's defaults; TCD's gamma {TCD_GAMMA})"),
     Ignored("s_churn", (*_UNSET, 0), "the sampler noise settings are fixed here (A1111's defaults)"),
     Ignored("s_tmin", (*_UNSET, 0), "the sampler noise settings are fixed here (A1111's defaults)"),
     Ignored("s_tmax", (*_UNSET, 0), "the sampler noise settings are fixed here (A1111's defaults)"),
