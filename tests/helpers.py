@@ -44,6 +44,10 @@ class Hold:
         self.path = Path(folder) / uuid.uuid4().hex[:12]
         self.prompt = f"{prompt} fault:hold={self.path.name}"
 
+    def held(self) -> bool:
+        """Whether the generation has reached its hold (on the device stage: faults.device_delay's ``NAME.held``)."""
+        return self.path.with_name(self.path.name + ".held").exists()
+
     def release(self) -> float:
         """Let the generation run; returns time.monotonic() at release."""
         self.path.touch()

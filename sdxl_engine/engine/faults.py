@@ -74,7 +74,8 @@ def start_delay(environ=None) -> float:
 
 def device_delay(prompt: str, environ=None) -> None:
     """The simulated device time a prompt asks for: ``fault:slow=S`` sleeps S seconds, then
-    ``fault:hold=NAME`` waits until ``$SDXL_FAULT_HOLD_DIR/NAME`` exists (polled every 20 ms).
+    ``fault:hold=NAME`` creates ``$SDXL_FAULT_HOLD_DIR/NAME.held`` (the hold has begun), then waits until
+    ``$SDXL_FAULT_HOLD_DIR/NAME`` exists (polled every 20 ms).
 
     Raises:
         InjectedFault: a hold not released within :data:`HOLD_LIMIT_S` seconds, or with no
@@ -88,6 +89,7 @@ def device_delay(prompt: str, environ=None) -> None:
     if not folder:
         raise InjectedFault(f"fault:hold needs {HOLD_DIR_ENV} (a folder the test creates release files in)")
     release, deadline = Path(folder) / match.group(1), time.monotonic() + HOLD_LIMIT_S
+    (Path(folder) / f"{match.group(1)}.held").touch()  # tells a test the generation is on the device, held
     while not release.exists():
         if time.monotonic() > deadline:
             raise InjectedFault(f"fault:hold={match.group(1)} was not released within {HOLD_LIMIT_S:g} s")

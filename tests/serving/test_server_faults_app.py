@@ -181,7 +181,10 @@ def test_client_disconnecting_mid_generation_frees_its_slot(fault_app, client, h
         with httpx.stream("GET", fault_app.url + f"gradio_api/queue/data?session_hash={session}", timeout=30) as stream:
             for line in stream.iter_lines():
                 if "process_starts" in line:
-                    break  # generation is running: hang up without reading the result
+                    # Gradio started the handler; hang up once the generation holds the devices (a hang-up before
+                    # that takes the job out of the service's line, and nothing is left to wait behind: CI's flake)
+                    wait_until(hold.held, "the generation never reached its hold")
+                    break  # hang up without reading the result
         # The next request waits for the abandoned generation (it still holds the engine) ...
         job = client.submit(api_name="/generate", **QUICK)
         wait_until(lambda: waiting_behind(job), "the next request never waited for the abandoned one")
