@@ -163,21 +163,15 @@ def test_ddim_images_match_diffusers_on_a_config_saved_by_euler(steps_arrays):
         assert other.mean() > 0.5 and other.max() > 4, (clip, to_one, other.max(), other.mean())
 
 
-@pytest.mark.slow  # runs tiny-pt's program (the session's, compiled once) at the fixture's shape
-def test_unipc_images_match_diffusers(steps_arrays, tiny_pt_programs):
-    """Image level, through the compiled loop and its carry of earlier x0s: tiny-pt's pipeline with
-    UniPCMultistepScheduler.from_config of its config and the engine's program on the same latents agree within
-    test_models' image tolerance (4/255 max, 0.5/255 mean; measured 0/255); UniPC without its corrector (every step
-    in disable_corrector) or the update without the x0 of two steps back (c2 = 0) is more than 4 x as far off
-    (measured max 2/255, mean 0.19/255 and max 43/255, mean 4.5/255: on tiny-pt the corrector moves the images
-    little, so the tolerance alone would not see it; the ratio does)."""
-    import dataclasses
-
+def fixture_image_case(steps_arrays, tiny_pt_programs, key: str):
+    """The sampler-steps fixture's ``key`` image case (tools/fixtures_samplers.py): (its meta, diffusers' images
+    (2, H, W, 3) int, ``images(schedule)``: tiny-pt's compiled program's images (2, H, W, 3) int on the case's
+    latents, prompts and guidance with ``schedule``)."""
     from sdxl_engine.program.generate import ProgramInputs, ProgramShape, tokenize
 
-    meta = STEPS["unipc_image_case"]
+    meta = STEPS[f"{key}_image_case"]
     model, params = tiny_pt_programs.model, tiny_pt_programs.params
-    latents, want = steps_arrays["unipc_image_latents"], steps_arrays["unipc_image_images"].astype(int)
+    latents, want = steps_arrays[f"{key}_image_latents"], steps_arrays[f"{key}_image_images"].astype(int)
     steps = meta["num_inference_steps"]
     shape = ProgramShape(2, meta["height"], meta["width"], max_steps=TINY_PT_MAX_STEPS, given_latents=True)
     program = tiny_pt_programs[shape]
@@ -189,6 +183,21 @@ def test_unipc_images_match_diffusers(steps_arrays, tiny_pt_programs):
                                      steps, shape.max_steps, latents=latents)
         return np.asarray(program.executable(params, inputs)[0]).astype(int)
 
+    return meta, want, images
+
+
+@pytest.mark.slow  # runs tiny-pt's program (the session's, compiled once) at the fixture's shape
+def test_unipc_images_match_diffusers(steps_arrays, tiny_pt_programs):
+    """Image level, through the compiled loop and its carry of earlier x0s: tiny-pt's pipeline with
+    UniPCMultistepScheduler.from_config of its config and the engine's program on the same latents agree within
+    test_models' image tolerance (4/255 max, 0.5/255 mean; measured 0/255); UniPC without its corrector (every step
+    in disable_corrector) or the update without the x0 of two steps back (c2 = 0) is more than 4 x as far off
+    (measured max 2/255, mean 0.19/255 and max 43/255, mean 4.5/255: on tiny-pt the corrector moves the images
+    little, so the tolerance alone would not see it; the ratio does)."""
+    import dataclasses
+
+    meta, want, images = fixture_image_case(steps_arrays, tiny_pt_programs, "unipc")
+    steps = meta["num_inference_steps"]
     schedule = make_schedule("UniPC", meta["scheduler_config"], steps)
     assert schedule.timesteps.tolist() == meta["timesteps"] and (schedule.c2[2:-1] != 0).all()
     diff = np.abs(images(schedule) - want)
@@ -209,22 +218,8 @@ def test_lms_images_match_diffusers(steps_arrays, tiny_pt_programs):
     without its fourth-order term (c3 = 0) or with x0 in the history in place of the derivatives is farther off."""
     import dataclasses
 
-    from sdxl_engine.program.generate import ProgramInputs, ProgramShape, tokenize
-
-    meta = STEPS["lms_image_case"]
-    model, params = tiny_pt_programs.model, tiny_pt_programs.params
-    latents, want = steps_arrays["lms_image_latents"], steps_arrays["lms_image_images"].astype(int)
+    meta, want, images = fixture_image_case(steps_arrays, tiny_pt_programs, "lms")
     steps = meta["num_inference_steps"]
-    shape = ProgramShape(2, meta["height"], meta["width"], max_steps=TINY_PT_MAX_STEPS, given_latents=True)
-    program = tiny_pt_programs[shape]
-    ids, _ = tokenize(model, meta["prompt"])
-    negative, _ = tokenize(model, meta["negative_prompt"])
-
-    def images(schedule):
-        inputs = ProgramInputs.build(ids, negative, False, np.zeros(2, np.uint32), meta["guidance_scale"], schedule,
-                                     steps, shape.max_steps, latents=latents)
-        return np.asarray(program.executable(params, inputs)[0]).astype(int)
-
     schedule = make_schedule("LMS", meta["scheduler_config"], steps)
     assert schedule.timesteps.tolist() == meta["timesteps"] and (schedule.c3[3:] != 0).all()
     diff = np.abs(images(schedule) - want)

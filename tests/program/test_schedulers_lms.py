@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from sdxl_engine.program.schedulers import LMS_ORDER, lms_coefficient, make_schedule, sampler_config
-from tests.helpers import FIXTURES
+from tests.helpers import FIXTURES, case_config
 
 STEPS = json.loads((FIXTURES / "sampler-steps.json").read_text())
 CASES = {case["name"]: case for case in STEPS["cases"] if case["sampler"] == "LMS"}
@@ -27,14 +27,6 @@ RTOL = 1e-5
 def steps_arrays():
     with np.load(FIXTURES / "sampler-steps.npz") as data:
         return dict(data)
-
-
-def model_config(case: dict) -> dict:
-    """The raw scheduler config of a sampler-steps case (fixtures_samplers.case_config)."""
-    base, changes = STEPS["base_config"], case["changes"]
-    if changes == "minimal":
-        return {"_class_name": base["_class_name"]}
-    return {**base, **changes}
 
 
 def program_step(schedule, outputs: np.ndarray, prediction: str):
@@ -79,7 +71,7 @@ def test_the_programs_step_runs_diffusers_lms_trajectory(name, steps_arrays):
     three steps) reaches diffusers' ``LMSDiscreteScheduler.step(order=4)`` sample at every step to 1e-5 x (1 +
     |sample|), never fed diffusers' samples."""
     case = CASES[name]
-    config = model_config(case)
+    config = case_config(STEPS, case)
     schedule = make_schedule("LMS", config, case["steps"])
     prediction = sampler_config("LMS", config)["prediction_type"]
     want = steps_arrays[f"{name}_samples"].astype(np.float64)
