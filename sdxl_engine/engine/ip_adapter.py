@@ -175,18 +175,13 @@ def reference_tokens(unit: IPAdapterUnit, adapter) -> np.ndarray:
 
 
 def compile_reference_tokens(adapter) -> float:
-    """Compile (and run once) ``adapter``'s image encoder and projection for a one-image unit: the jitted function
-    :func:`reference_tokens` runs outside the generate program, so without this the first request with a unit
-    compiles it inside the request (a ViT-H/14 encoder took over 30 s so on a TPU v5e). ``adapter``: a
-    checkpoint/ip_adapter.LoadedIPAdapter. Returns the seconds it took."""
-    import jax
-
-    from sdxl_engine.program.ip_adapter import reference_tokens_fn
-
+    """Compile (and run once) ``adapter``'s image encoder and projection for a one-image unit, by the path a request
+    takes (:func:`reference_tokens`): that function runs outside the generate program, so without this the first
+    request with a unit compiles it inside the request (a ViT-H/14 encoder took over 30 s so on a TPU v5e).
+    ``adapter``: a checkpoint/ip_adapter.LoadedIPAdapter. Returns the seconds it took."""
     t0 = time.perf_counter()
-    pixels = clip_pixels(np.full((adapter.image_size, adapter.image_size, 3), 128, np.uint8), adapter.image_size)
-    fn = reference_tokens_fn(adapter.encoder, adapter.component)
-    jax.block_until_ready(fn(adapter.encoder_params, adapter.params, pixels[None]))
+    size = adapter.image_size
+    reference_tokens(IPAdapterUnit(image=np.full((size, size, 3), 128, np.uint8), model=adapter.name), adapter)
     return time.perf_counter() - t0
 
 
