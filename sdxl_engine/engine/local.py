@@ -53,7 +53,7 @@ from sdxl_engine.engine.steps import StepEvent, StepReceiver, Stopped
 from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest, Limits, validate
 from sdxl_engine.program import sharding
 from sdxl_engine.program.compiling import CompiledProgram, abstract_params, program_family
-from sdxl_engine.program.executables import ExecutableCache
+from sdxl_engine.program.executables import ExecutableCache, key_digest, runtime_key
 from sdxl_engine.program.generate import ProgramInputs
 from sdxl_engine.program.latent_upscale import sharded_upscale
 from sdxl_engine.program.schedulers import TWO_CALLS
@@ -172,6 +172,7 @@ class Engine:
         self._log, self._warn = log or LOG.info, log or LOG.warning
         self.compile_cache_dir = ""  # set at start (apply_jax_options: "" = no persistent cache)
         self.executables: ExecutableCache | None = None  # set at start: <compile_cache_dir>/executables, or None
+        self._start_name: str | None = None  # set at start with the executable cache: what starts.json calls it
         self.stage = "starting"
         self.started = clock()
         self.startup: dict[str, float] = {}
@@ -344,6 +345,8 @@ class Engine:
             self.stage = "ready"
             self.ready.set()
         except BaseException as err:
+            if self.executables:
+                self.executables.finish_start(None)  # what was read early is dropped; nothing recorded
             self.error = err
             self.stage = f"failed: {err}"
             self.ready.set()
@@ -382,6 +385,13 @@ class Engine:
         sharding.check_batch(self.batch, self.mesh)
         config_mod.check_seed_range(self.config.max_seed, self.batch)
         self.device_summary = sharding.device_summary(self.mesh)
+        if self.executables:  # the executables the last start of this configuration loaded, read while models load
+            devices = list(self.mesh.devices.flat)
+            self._start_name = key_digest({"config": dataclasses.asdict(self.config), **runtime_key(devices)})
+            count = self.executables.preload(self._start_name, devices, self.config.compile_threads)
+            if count:
+                self._log(f"[sdxl_engine] reading the {count} executables the last start of this configuration "
+                          "loaded, while the model loads")
 
         # 2. The models offered (names: checkpoint/catalogue.py), then the default one, each parameter straight onto
         # the devices; the LoRAs' files checked first.
@@ -468,6 +478,11 @@ class Engine:
                   + ("" if times is None else
                      f" and {times.limit_s:g} s of device time (max_run_seconds; measured at {width}x{height} x "
                      f"{self.batch} images: {times.fixed_s:.3f} s + {times.step_s:.3f} s per step)"))
+        if self.executables:
+            taken, dropped = self.executables.finish_start(self._start_name)
+            if taken or dropped:
+                self._log(f"[sdxl_engine] {taken} executables were read while the model loaded"
+                          + (f"; {dropped} read and not needed (dropped)" if dropped else ""))
         self.startup["ready_s"] = clock() - self.started
         self._log(f"[sdxl_engine] ready in {self.startup['ready_s']:.2f} s on {self.device_summary} "
                   f"({self.model.name}, {self.model.dtype})")

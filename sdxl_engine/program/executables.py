@@ -34,11 +34,22 @@ An executable with host callbacks is not stored: their handlers do not survive s
 backend (a TPU's deserialized executable aborted the process at its first callback), and no program of this
 engine compiles one (the per-step hook runs on the host between executables: compiling.SteppedExecutable).
 
+A start loads the same executables as the start before it with the same configuration, so it need not wait for
+its weights to learn their keys: :meth:`ExecutableCache.finish_start` records which entries a start loaded or stored
+(``starts.json``, mode 0600, under a name the engine makes of its configuration and :func:`runtime_key`), and the
+next start of that name deserializes them on threads (:meth:`ExecutableCache.preload`) while its weights load; its
+:meth:`~ExecutableCache.load` then takes the preloaded executable instead of reading the file. The record only
+says what to read early: a preload passes every check above (an entry it names that fails one is not deserialized),
+and :meth:`~ExecutableCache.load` takes a preloaded executable only for its own key's digest and only when the
+manifest's HMAC-checked SHA-256 is still that of the bytes the preload deserialized. What a start preloaded and did
+not use is dropped at :meth:`~ExecutableCache.finish_start`.
+
 Nothing here raises for a bad or missing cache: the cache only ever saves time.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import errno
 import fcntl
@@ -49,6 +60,7 @@ import os
 import platform
 import secrets
 import stat
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -61,6 +73,7 @@ from jax.experimental import serialize_executable
 
 FORMAT = 1  # of the manifest and of the key; a new format makes every old entry a miss
 MAX_ENTRIES = 32  # the oldest entries (and their files) beyond this many are deleted when one is stored
+MAX_STARTS = 16  # starts.json keeps the newest records of this many start names
 # JAX options that change what a traced program lowers to; XLA_FLAGS and LIBTPU_INIT_ARGS change the compile.
 JAX_OPTIONS = ("jax_enable_x64", "jax_default_matmul_precision", "jax_default_prng_impl",
                "jax_threefry_partitionable", "jax_use_shardy_partitioner")
@@ -154,6 +167,12 @@ class ExecutableCache:
         self.directory = Path(directory)
         self.manifest_path = self.directory / "manifest.json"
         self.secret_path = self.directory / "secret"
+        self.starts_path = self.directory / "starts.json"
+        self._lock = threading.Lock()
+        self._preloaded: dict[str, concurrent.futures.Future] = {}  # digest: Future of (sha256, Compiled) or None
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._used: list[str] = []  # digests loaded or stored, in order (what finish_start records)
+        self._taken = 0  # preloaded executables load() used
 
     # ---- reading ------------------------------------------------------------------------------
     def load(self, key: dict[str, Any], in_tree, out_tree, devices: Sequence[Any]) -> Lookup:
@@ -172,23 +191,25 @@ class ExecutableCache:
         key = {**key, **runtime_key(devices)}
         digest = key_digest(key)
         name = f"{digest}.xla"
+        preloaded = self._take_preloaded(digest)
         try:
             if not self.directory.exists():
                 return Lookup(None, "miss: nothing stored yet", time.perf_counter() - start)
-            _check_private(os.lstat(self.directory), self.directory, folder=True)
-            with self._locked(fcntl.LOCK_SH):
+            with self._locked_folder():
                 manifest = self._read_manifest()
                 if manifest is None:
                     return Lookup(None, "miss: no manifest yet", time.perf_counter() - start)
                 entry = manifest["entries"].get(digest)
                 if entry is None:
                     return Lookup(None, f"miss: {_why_missing(manifest['entries'], key)}", time.perf_counter() - start)
-                if not isinstance(entry, dict):
-                    raise Untrusted("its manifest entry is not an object")
-                if not hmac.compare_digest(str(entry.get("mac", "")), _mac(self._read_secret(), digest, entry)):
-                    raise Untrusted("its manifest entry was not written by this installation (the HMAC does not "
-                                    "match this cache's secret)")
-                blob = _read_private(self.directory / f"{digest}.xla")
+                self._check_entry(digest, entry)
+                if preloaded is not None and preloaded[0] == entry.get("sha256"):
+                    executable = _with_trees(preloaded[1], in_tree, out_tree)
+                    if executable is not None:
+                        self._note_used(digest, preloaded=True)
+                        return Lookup(executable, f"loaded {self.directory / name} (preloaded)",
+                                      time.perf_counter() - start)
+                blob = _read_private(self.directory / name)
         except Untrusted as err:
             return Lookup(None, f"refused {name}: {err}", time.perf_counter() - start)
         except FileNotFoundError as err:
@@ -206,7 +227,113 @@ class ExecutableCache:
         except Exception as err:  # whatever XLA or the unpickler raise for a stale format: compile instead
             return Lookup(None, f"{name} did not deserialize ({type(err).__name__}: {_first_line(err)})",
                           time.perf_counter() - start)
-        return Lookup(executable, f"loaded {self.directory / (digest + '.xla')}", time.perf_counter() - start)
+        self._note_used(digest)
+        return Lookup(executable, f"loaded {self.directory / name}", time.perf_counter() - start)
+
+    @contextmanager
+    def _locked_folder(self) -> Iterator[None]:
+        """The folder checked (rule 1; raises Untrusted), then a shared lock on it for reading."""
+        _check_private(os.lstat(self.directory), self.directory, folder=True)
+        with self._locked(fcntl.LOCK_SH):
+            yield
+
+    def _check_entry(self, digest: str, entry: Any) -> None:
+        """Rule 3 for a listed entry: raises Untrusted unless its HMAC is this installation's."""
+        if not isinstance(entry, dict):
+            raise Untrusted("its manifest entry is not an object")
+        if not hmac.compare_digest(str(entry.get("mac", "")), _mac(self._read_secret(), digest, entry)):
+            raise Untrusted("its manifest entry was not written by this installation (the HMAC does not "
+                            "match this cache's secret)")
+
+    # ---- a start's executables, read while its weights load -------------------------------------
+    def preload(self, start: str, devices: Sequence[Any], threads: int = 3) -> int:
+        """Deserialize, on up to ``threads`` threads, the executables the last start named ``start`` loaded or
+        stored (``starts.json``), each only if it passes every check of :meth:`load`; :meth:`load` takes them.
+
+        Args:
+            start: the start's name (the engine's: a digest of its configuration and :func:`runtime_key`).
+            devices: the devices they run on (the mesh's, in mesh order).
+        Returns:
+            how many are being read (0: no record, or an unreadable one).
+        """
+        try:
+            with self._locked_folder():
+                record = json.loads(_read_private(self.starts_path)).get("starts", {}).get(start)
+            digests = [d for d in record["digests"] if isinstance(d, str)]
+        except Exception:  # noqa: BLE001  no record, or one that is not ours or not JSON: nothing to read early
+            return 0
+        with self._lock:
+            digests = [d for d in dict.fromkeys(digests) if d not in self._preloaded]
+            if not digests:
+                return 0
+            self._pool = self._pool or concurrent.futures.ThreadPoolExecutor(max(1, threads),
+                                                                             thread_name_prefix="preload")
+            for digest in digests:
+                self._preloaded[digest] = self._pool.submit(self._preload_one, digest, list(devices))
+        return len(digests)
+
+    def _preload_one(self, digest: str, devices: list) -> tuple[str, Any] | None:
+        """(SHA-256 of the bytes deserialized, the executable with flat argument infos), or None for any failure
+        (:meth:`load` then reads the file itself and says why)."""
+        try:
+            with self._locked_folder():
+                manifest = self._read_manifest()
+                entry = None if manifest is None else manifest["entries"].get(digest)
+                if entry is None:
+                    return None
+                self._check_entry(digest, entry)
+                blob = _read_private(self.directory / f"{digest}.xla")
+            sha = hashlib.sha256(blob).hexdigest()
+            if len(blob) != entry.get("bytes") or sha != entry.get("sha256") or entry.get("host_callbacks"):
+                return None
+            return sha, serialize_executable.deserialize_and_load(blob, _FlatTree, None, backend=devices[0].client,
+                                                                  execution_devices=devices)
+        except Exception:  # noqa: BLE001  load() repeats the checks and names what failed
+            return None
+
+    def _take_preloaded(self, digest: str) -> tuple[str, Any] | None:
+        """The preload of ``digest`` (waited for), once; None if there was none or it failed."""
+        with self._lock:
+            future = self._preloaded.pop(digest, None)
+        return None if future is None else future.result()
+
+    def _note_used(self, digest: str, preloaded: bool = False) -> None:
+        with self._lock:
+            self._used.append(digest)
+            self._taken += preloaded
+
+    def finish_start(self, start: str | None) -> tuple[int, int]:
+        """End a start: drop what was preloaded and not taken, and (``start`` given: the start succeeded) record
+        the entries loaded or stored since this cache was made under ``start`` in ``starts.json`` for the next
+        start of that name. Never raises.
+
+        Returns:
+            (preloaded executables taken, preloaded ones dropped).
+        """
+        with self._lock:
+            left, self._preloaded = list(self._preloaded.values()), {}
+            used, pool, self._pool = list(dict.fromkeys(self._used)), self._pool, None
+            taken, self._taken = self._taken, 0
+        for future in left:
+            future.cancel()
+        if pool is not None:
+            pool.shutdown(wait=True)
+        dropped = sum(1 for f in left if not f.cancelled() and f.result() is not None)
+        if start and used:
+            try:
+                with self._locked(fcntl.LOCK_EX):
+                    _check_private(os.lstat(self.directory), self.directory, folder=True)
+                    try:
+                        starts = json.loads(_read_private(self.starts_path)).get("starts", {})
+                    except Exception:  # noqa: BLE001  none yet, or not ours: written anew
+                        starts = {}
+                    starts = {k: v for k, v in starts.items() if isinstance(v, dict) and k != start}
+                    starts[start] = {"digests": used, "written": time.time()}
+                    newest = sorted(starts, key=lambda k: starts[k].get("written", 0))[-MAX_STARTS:]
+                    _write_private(self.starts_path, _canonical({"starts": {k: starts[k] for k in newest}}))
+            except (OSError, Untrusted):
+                pass  # the next start reads its files when it needs them, as without a record
+        return taken, dropped
 
     def _read_manifest(self) -> dict | None:
         """The manifest (None if absent). Raises Untrusted for a foreign, open or unreadable one."""
@@ -269,6 +396,7 @@ class ExecutableCache:
                 _write_private(self.manifest_path, _canonical(manifest))
         except (OSError, Untrusted) as err:
             return f"not stored: {type(err).__name__}: {err}"
+        self._note_used(digest)
         return f"stored {path} ({len(blob) / 1e6:.1f} MB){dropped}"
 
     def _secret(self) -> bytes:
@@ -370,6 +498,25 @@ def _why_missing(entries: dict[str, dict], key: dict[str, Any]) -> str:
                 return f"stored for another {field} (changed since it was written)"
             return f"stored for {field} {was}, this is {now}"
     return "stored under another key"
+
+
+class _FlatTree:
+    """What :meth:`ExecutableCache.preload` hands ``deserialize_and_load`` for the argument pytree it does not know
+    yet: the executable keeps its argument infos flat, and :func:`_with_trees` gives it the caller's pytrees."""
+
+    @staticmethod
+    def unflatten(leaves):
+        return list(leaves)
+
+
+def _with_trees(compiled, in_tree, out_tree):
+    """``compiled`` (deserialized with :class:`_FlatTree`) with the caller's argument and output pytrees: the
+    ``jax.stages.Compiled`` that ``deserialize_and_load`` would have made with them; None if they do not fit."""
+    try:
+        return jax.stages.Compiled(compiled._executable, [], in_tree.unflatten(compiled.args_info), out_tree,
+                                   no_kwargs=compiled._no_kwargs)
+    except Exception:  # noqa: BLE001  another leaf count, or a JAX whose Compiled differs: read the file instead
+        return None
 
 
 def _first_line(err: BaseException) -> str:

@@ -132,6 +132,58 @@ def test_foreign_manifest_entry_is_refused(tmp_path, program):
                           "(the HMAC does not match this cache's secret)")
 
 
+def test_a_start_records_what_it_loaded_and_the_next_start_of_its_name_reads_it_early(tmp_path, program):
+    first = ExecutableCache(tmp_path / "executables")
+    store(first, program)
+    assert first.finish_start("start-a") == (0, 0)
+    assert (first.starts_path.stat().st_mode & 0o777) == 0o600
+    digest = key_digest({**KEY, **runtime_key(program["devices"])})
+    assert json.loads(first.starts_path.read_text())["starts"]["start-a"]["digests"] == [digest]
+
+    second = ExecutableCache(tmp_path / "executables")
+    assert second.preload("start-b", program["devices"]) == 0  # another configuration: nothing read early
+    assert second.preload("start-a", program["devices"]) == 1
+    found = load(second, program)
+    assert found.note.endswith(" (preloaded)"), found.note
+    assert_loads_and_runs(found, program)
+    assert second.finish_start("start-a") == (1, 0)
+
+    third = ExecutableCache(tmp_path / "executables")  # read early, not asked for: dropped at the start's end
+    assert third.preload("start-a", program["devices"]) == 1
+    assert third.finish_start("start-a") == (0, 1)
+    assert json.loads(third.starts_path.read_text())["starts"]["start-a"]["digests"] == [digest]  # kept
+
+
+def test_a_recorded_entry_that_fails_a_check_is_not_read_early(tmp_path, program):
+    """The record names what to read; every check of load() still applies to it (here: a forged pickle under
+    another installation's HMAC, and a file changed after a clean preload)."""
+    cache = ExecutableCache(tmp_path / "executables")
+    store(cache, program)
+    cache.finish_start("start")
+    path = plant(cache, program, tmp_path / "marker", mac_secret=b"another installation's secret!!!")
+    again = ExecutableCache(tmp_path / "executables")
+    assert again.preload("start", program["devices"]) == 1
+    found = load(again, program)
+    assert found.executable is None and not (tmp_path / "marker").exists()
+    assert found.note.startswith(f"refused {path.name}: its manifest entry was not written by this installation")
+
+    clean = ExecutableCache(tmp_path / "fresh")
+    store(clean, program)
+    clean.finish_start("start")
+    early = ExecutableCache(tmp_path / "fresh")
+    assert early.preload("start", program["devices"]) == 1
+    assert early._preloaded[path.stem].result() is not None  # read and deserialized while the entry was clean
+    blob = (clean.directory / path.name).read_bytes()
+    manifest = json.loads(clean.manifest_path.read_bytes())  # the entry rewritten (a new store) after the preload
+    manifest["entries"][path.stem]["sha256"] = hashlib.sha256(blob + b"x").hexdigest()
+    manifest["entries"][path.stem]["mac"] = executables._mac(clean.secret_path.read_bytes(), path.stem,
+                                                             manifest["entries"][path.stem])
+    clean.manifest_path.write_text(json.dumps(manifest))
+    found = load(early, program)
+    assert found.executable is None and "(preloaded)" not in found.note
+    assert found.note == f"refused {path.name}: its size or SHA-256 differs from the manifest's (changed on disk)"
+
+
 def test_version_change_is_a_miss_that_names_it(tmp_path, program, monkeypatch):
     cache = ExecutableCache(tmp_path / "executables")
     store(cache, program)

@@ -97,6 +97,16 @@ def test_warm_start_traces_and_compiles_nothing_and_the_xla_cache_stays(tmp_path
     assert set(warm["counts"]) <= {"loading"}, warm["counts"]
     assert warm["counts"].get("loading", {}).get("traces", 0) <= 4, warm["counts"]
     assert warm["compile_s"] < cold["compile_s"]
+    # ... and read them while the model loaded: the cold start recorded its three (starts.json), the warm one
+    # deserialized them on threads from its first stage and its load took them.
+    assert (cache / "executables" / "starts.json").stat().st_mode & 0o777 == 0o600
+    assert not [line for line in cold["log"] if "reading the" in line or "were read while" in line], cold["log"]
+    assert "[sdxl_engine] reading the 3 executables the last start of this configuration loaded, while the model " \
+           "loads" in warm["log"]
+    assert warm["log"].index(next(line for line in warm["log"] if "reading the 3" in line)) < warm["log"].index(
+        "[sdxl_engine] loading model onto the devices ...")
+    assert warm["cache_lines"][0].count("(preloaded)") == 3, warm["cache_lines"]
+    assert "[sdxl_engine] 3 executables were read while the model loaded" in warm["log"]
 
     # 3. A tampered executable: refused without being read as a pickle, compiled again (fresh: XLA's
     # persistent cache is bypassed for what the executable cache stores), one line saying so.
@@ -105,7 +115,7 @@ def test_warm_start_traces_and_compiles_nothing_and_the_xla_cache_stays(tmp_path
     assert len(tampered["cache_lines"]) == 1, tampered["cache_lines"]
     line = tampered["cache_lines"][0]
     assert line.startswith("[sdxl_engine] compiled 64x64 x 4 images"), line
-    assert f"executable cache: refused {stored[0].name}: its size or SHA-256 differs" in line
+    assert f"executable cache: refused {stored[0].name}: its size or SHA-256 differs" in line  # though recorded
     assert tampered["total"].get("backend_compiles", 0) >= 1
 
     # 4. The fresh entry loads and runs (the warm-up request) in the next start.
