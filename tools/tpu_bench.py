@@ -15,7 +15,13 @@ For each images-per-request count N (``--images``):
    ``--requests`` requests with a step receiver (every step's event, previews on their default cadence), a Stop
    after 5 steps (it must raise Stopped and leave the engine serving), and exits.
 2. **warm**: a second process starts on the same cache, DIR/cache-N (its programs load, nothing compiles), and
-   does the same. A cold side empties that cache first; with ``--add`` a later call's warm side uses it.
+   does the same. A cold side empties that cache first; with ``--add`` a later call's warm side uses it. A warm
+   start reads the executables the start before it recorded while its weights load (program/executables.py,
+   "preload"); **unread** is a warm side with that record removed first, so its executables are read after the
+   weights, as before the preload: ``--sides cold,warm,unread,warm,unread`` compares the two, alternating.
+
+Each side's ``first_image_s`` is the time from its process's spawn to its first request's images (the start, the
+interpreter's and the imports' included).
 
 Each process prints one JSON line (start-up stages, per-request device and latency seconds, per-image seconds,
 images/s, the step events seen, the Stop's outcome, the HBM peak, JAX's version and the device) and must exit 0:
@@ -61,11 +67,13 @@ def engine_side(args) -> dict:
         "compile_cache_dir": str(args.cache), "progress": True, "precompile": "off", "max_run_seconds": 0,
         **({"cpu_devices": args.cpu_devices} if args.cpu_devices else {})})
     engine = Engine(config, log=logs.append).start()
+    spawned = float(os.environ.get("TPU_BENCH_SPAWNED", "nan"))  # the parent's time.time() at Popen
     out: dict = {"side": "engine", "images": args.images, "size": args.size, "steps": args.steps,
-                 "start_s": time.perf_counter() - t0, "startup": dict(engine.startup),
+                 "start_s": time.perf_counter() - t0, "ready_s_from_spawn": time.time() - spawned,
+                 "startup": dict(engine.startup),
                  "device": engine.device_summary, "jax": jax.__version__, "python": sys.version.split()[0],
                  "cache": [line for line in logs if "executable cache" in line or "loaded " in line
-                           or "stored " in line][:6]}
+                           or "stored " in line or "reading the" in line or "were read while" in line][:8]}
     requests = []
     for k in range(args.requests):
         events = []
@@ -76,6 +84,7 @@ def engine_side(args) -> dict:
                          "steps_reported": [e.step for e in events],
                          "previews": sum(e.preview is not None for e in events),
                          "mean_pixel": float(result.images.mean())})
+        out.setdefault("first_image_s", time.time() - spawned)
     out["requests"] = requests
     device = [r["device_s"] for r in requests[1:] or requests]  # the first request after the start is not timed
     out["per_request_s"] = statistics.median(device)
@@ -113,7 +122,7 @@ def run_child(cmd: list[str], log: Path, timeout: float, path_first: str = "", r
     ``rss_limit_gb`` (0: no limit) the process is killed and the result says so: the lent machine's 40 GiB are
     shared with the bench itself, and a kill there by the system loses the whole command's output."""
     start = time.perf_counter()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TPU_BENCH_SPAWNED": repr(time.time())}
     if path_first:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [path_first, env.get("PYTHONPATH", "")]))
     peak, code = 0.0, None
@@ -161,7 +170,7 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--requests", type=int, default=3)
     p.add_argument("--model", default="sdxl-base-random")
-    p.add_argument("--sides", default="cold,warm", help="engine processes per count: cold, warm")
+    p.add_argument("--sides", default="cold,warm", help="engine processes per count: cold, warm, unread")
     p.add_argument("--blog", action="store_true", help="also the blog's pipeline (python -m tools.tpu_blog)")
     p.add_argument("--blog-python", default=sys.executable)
     p.add_argument("--blog-images", default="1", help="images per call for the blog's pipeline")
@@ -195,6 +204,8 @@ def main(argv=None) -> None:
         for side in args.sides.split(","):
             if side == "cold":
                 shutil.rmtree(cache, ignore_errors=True)
+            elif side == "unread":  # no record of the last start: nothing read early (this start records anew)
+                (cache / "executables" / "starts.json").unlink(missing_ok=True)
             cmd = [sys.executable, "-m", "tools.tpu_bench", "--engine", "--out", str(args.out), "--cache", str(cache),
                    "--images", str(n), "--size", str(args.size), "--steps", str(args.steps), "--requests",
                    str(args.requests), "--model", args.model, "--cpu-devices", str(args.cpu_devices)]
