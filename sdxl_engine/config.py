@@ -54,7 +54,7 @@ class ConfigError(ValueError):
 # A1111's sampler names, each a set of per-step coefficients in program/schedulers.py (which imports these: the
 # config, the lowest layer, checks the configured sampler at load without importing the program).
 SAMPLERS = ("Euler", "Euler a", "DPM++ 2M", "DPM++ 2M Karras", "DPM++ 2M SDE", "DPM++ 3M SDE", "UniPC", "DDIM",
-            "LCM", "Heun", "DPM2", "DPM++ SDE", "TCD", "DPM2 a", "LMS")
+            "LCM", "Heun", "DPM2", "DPM++ SDE", "TCD", "DPM2 a", "LMS", "Restart")
 DEFAULT_SAMPLER = "Euler"  # the blog's
 
 
@@ -111,8 +111,8 @@ class EngineConfig:
     num_inference_steps: int = 20
     guidance_scale: float = 5.0
     # Default sampler, an A1111 name: Euler (the blog's), Euler a, DPM++ 2M, DPM++ 2M Karras, DPM++ 2M SDE,
-    # DPM++ 3M SDE, UniPC, DDIM, LCM, Heun, DPM2, DPM++ SDE, TCD, DPM2 a (schedulers.TWO_CALLS: two UNet calls a step),
-    # LMS.
+    # DPM++ 3M SDE, UniPC, DDIM, LCM, Heun, DPM2, DPM++ SDE, TCD, DPM2 a, LMS, Restart (schedulers.TWO_CALLS: Heun,
+    # DPM2, DPM++ SDE, DPM2 a and Restart call the UNet twice a step).
     sampler: str = "Euler"
     # Largest step count a request may ask for: the compiled loop is padded to it, so any count
     # from 1 to this runs on one program without recompiling.

@@ -7,6 +7,7 @@ Commands, run from the repository root (each in the module that makes it):
     python -m tools.make_fixtures samplers            # tools/fixtures_samplers.py
     python -m tools.make_fixtures two-call-samplers   # tools/fixtures_two_calls.py
     python -m tools.make_fixtures tcd                 # tools/fixtures_tcd.py (tools.lcm_noise first)
+    python -m tools.make_fixtures restart             # tools/fixtures_restart.py (tools.restart_noise first)
     python -m tools.make_fixtures single              # tools/fixtures_single.py
     python -m tools.make_fixtures sgm-keys            # tools/fixtures_single.py
     python -m tools.make_fixtures single-fullsize --out FILE [--dtype float16|float32]
@@ -41,6 +42,7 @@ from tools.fixtures_fullsize import cmd_fullsize
 from tools.fixtures_img2img import cmd_img2img
 from tools.fixtures_ip_adapter import cmd_ip_adapter
 from tools.fixtures_lora import cmd_lcm_lora, cmd_lora
+from tools.fixtures_restart import cmd_restart
 from tools.fixtures_samplers import cmd_samplers, cmd_samplers_add
 from tools.fixtures_single import cmd_sgm_keys, cmd_single, cmd_single_fullsize, cmd_single_lora
 from tools.fixtures_tcd import cmd_tcd
@@ -64,6 +66,8 @@ def main(argv=None) -> None:
     two_calls.add_argument("--out", type=Path, default=FIXTURES)
     tcd = sub.add_parser("tcd", help="TCD (TCDScheduler) references: tcd-steps.json and .npz")
     tcd.add_argument("--out", type=Path, default=FIXTURES)
+    restart = sub.add_parser("restart", help="A1111's Restart sampler references: restart-steps.json and .npz")
+    restart.add_argument("--out", type=Path, default=FIXTURES)
     single = sub.add_parser("single", help="tiny-single: tiny-pt as an sgm single file, a swap UNet and LDM VAE")
     single.add_argument("--out", type=Path, default=FIXTURES)
     sgm_keys = sub.add_parser("sgm-keys", help="full-size SDXL base's single-file key names and shapes")
@@ -102,6 +106,7 @@ COMMANDS = {
     "samplers": lambda args: cmd_samplers_add(args.out, args.add) if args.add else cmd_samplers(args.out),
     "two-call-samplers": lambda args: cmd_two_call_samplers(args.out),
     "tcd": lambda args: cmd_tcd(args.out),
+    "restart": lambda args: cmd_restart(args.out),
     "single": lambda args: cmd_single(args.out),
     "sgm-keys": lambda args: cmd_sgm_keys(args.out),
     "single-fullsize": lambda args: cmd_single_fullsize(args.out, args.dtype),

@@ -5,7 +5,7 @@ modules (their graph definitions), and :class:`ProgramShape`: the batch size, th
 and width, the largest step count, whether classifier-free guidance runs (guidance > 1, as
 diffusers decides), whether the initial latents are given, whether an image comes in (img2img),
 the prompt's chunk count (77 tokens each) and whether the sampler calls the UNet twice per step (``two_calls``:
-Heun, DPM2, DPM++ SDE, DPM2 a share that program). Everything that changes per
+Heun, DPM2, DPM++ SDE, DPM2 a, Restart share that program). Everything that changes per
 request is a traced array in :class:`ProgramInputs`, so a new prompt, negative prompt, seed,
 guidance scale (within one CFG mode), step count (up to ``max_steps``), sampler (within its kind, one or two
 model calls per step; schedulers.py: every sampler is per-step coefficients), schedule type, input image or img2img
@@ -14,7 +14,7 @@ start step reuses the same executable.
 The initial noise of image i is ``jax.random.normal(jax.random.key(seed_i), (C, H/f, W/f),
 float32)`` (channels-first; f the VAE factor, 8 for SDXL), with ``seed_i = seed + i`` for the
 request's seed, times the sampler's initial scale (diffusers' ``init_noise_sigma``); the step
-noise (Euler a's and LCM's: the samplers whose ``d`` is not 0) is
+noise (Euler a's, LCM's, Restart's jumps: wherever a step's ``d`` is not 0) is
 ``jax.random.normal(jax.random.fold_in(jax.random.key(seed_i), step + 1), ...)`` (DPM++ SDE's second draw of a step:
 that key folded with 1 again): any implementation can reproduce an image from its seed with JAX's threefry generator.
 
@@ -123,10 +123,10 @@ class ProgramShape:
     # reference image, scale, start/end or adapter of the architecture (plain or Plus) is the same executable.
     # (): no IP-Adapter.
     ip_adapters: tuple[tuple[str, int, int], ...] = ()
-    # Two model calls per step (schedulers.TWO_CALLS: Heun, DPM2, DPM++ SDE, DPM2 a): the loop body calls the UNet a
-    # second time at the step's mid point (ProgramInputs.mid_*; skipped by lax.cond where the schedule's f and g are
-    # 0, a last step to sigma 0). So these samplers share one program per shape, and their steps, guidance and schedule
-    # types are its inputs; a one-call sampler's program is unchanged. False: one call per step.
+    # Two model calls per step (schedulers.TWO_CALLS: Heun, DPM2, DPM++ SDE, DPM2 a, Restart): the loop body calls the
+    # UNet a second time at the step's mid point (ProgramInputs.mid_*; skipped by lax.cond where the schedule's f and
+    # g are 0, an Euler step to sigma 0). So these samplers share one program per shape, and their steps, guidance and
+    # schedule types are its inputs; a one-call sampler's program is unchanged. False: one call per step.
     two_calls: bool = False
 
     @property

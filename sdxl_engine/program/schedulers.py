@@ -71,6 +71,14 @@ and f (x_mid - x0_mid) + g x0_mid + d2 w_i in the update), which the program run
 (ProgramShape.two_calls; :func:`_two_call_schedule` has the formulas and DPM++ SDE's noise: per-step normals with a
 Brownian tree's law, not a Brownian tree).
 
+Restart (A1111's ``modules/sd_samplers_extra.py`` ``restart_sampler``; Xu et al. 2023, "Restart Sampling for
+Improving Generative Processes") has no diffusers class: it is Heun steps on a list of (sigma, sigma') pairs that A1111
+builds from the step count (:func:`restart_steps`: from 20 steps, a Karras main list with a stretch near sigma 0.1 run
+again from sigma 2, once or, from 36 steps, twice), and before a step that starts above where the last one ended,
+fresh noise x += sqrt(s^2 - s_prev'^2) z. The engine runs that flat list as Heun steps (:data:`TWO_CALLS`' program)
+with the noise folded into the step before the jump (its ``d``: the noise comes after that step's update), so a step
+count of n is n steps (2n - 1 model calls), as in A1111 (:func:`_restart_schedule`).
+
 (s = sigma_i, s' = sigma_{i+1}.) DDIM, DPM++ and LCM work in diffusers on x / sqrt(sigma^2 + 1) (the
 "x-space"); the same update in sigma space starts from noise * sqrt(sigma_0^2 + 1) and ends by
 dividing by sqrt(sigma_n^2 + 1): :attr:`Schedule.init_scale` and :attr:`Schedule.final_scale`
@@ -116,10 +124,19 @@ SAMPLER_CLASSES = {
     "TCD": ("TCDScheduler", {}),
     "DPM2 a": ("KDPM2AncestralDiscreteScheduler", {}),
     "LMS": ("LMSDiscreteScheduler", {}),
+    # No diffusers class: A1111's restart_sampler (k-diffusion's Heun steps). The model's training sigmas come from
+    # the config as HeunDiscreteScheduler reads it (its fields, refusals and defaults); its sigmas are A1111's.
+    "Restart": ("HeunDiscreteScheduler", {}),
 }
 # The samplers whose step calls the model twice (k-diffusion's sample_heun, sample_dpm_2, sample_dpmpp_sde,
-# sample_dpm_2_ancestral): their schedules carry a :class:`SecondCall` and their programs ProgramShape.two_calls.
-TWO_CALLS = ("Heun", "DPM2", "DPM++ SDE", "DPM2 a")
+# sample_dpm_2_ancestral; A1111's restart_sampler, Heun steps): their schedules carry a :class:`SecondCall` and their
+# programs ProgramShape.two_calls.
+TWO_CALLS = ("Heun", "DPM2", "DPM++ SDE", "DPM2 a", "Restart")
+# Restart's rule (A1111's restart_sampler with restart_list None): from RESTART_MIN_STEPS steps, a stretch of
+# RESTART_STEPS steps (steps // 4 from RESTART_TWICE_STEPS steps, then run twice) from the main list's sigma nearest
+# RESTART_MAX back down to its sigma nearest RESTART_MIN.
+RESTART_MIN_STEPS, RESTART_TWICE_STEPS, RESTART_STEPS = 20, 36, 9
+RESTART_MIN, RESTART_MAX = 0.1, 2.0
 
 _COMMON = dict(num_train_timesteps=1000, beta_start=0.0001, beta_end=0.02, beta_schedule="linear",
                trained_betas=None, prediction_type="epsilon", timestep_spacing="linspace", steps_offset=0,
@@ -174,7 +191,8 @@ FIELDS = {
     "beta_schedule": "honoured: linear, scaled_linear, squaredcos_cap_v2", "trained_betas": "honoured",
     "prediction_type": "honoured: epsilon, v_prediction, sample (not with Euler a, DPM2, DPM++ SDE, DPM2 a, as in "
                        "diffusers)",
-    "timestep_spacing": "honoured: linspace, leading, trailing (LCM, TCD: unused, as in diffusers)",
+    "timestep_spacing": "honoured: linspace, leading, trailing (LCM, TCD: unused, as in diffusers; Restart: its "
+                        "automatic sigmas are Karras, A1111's, so only a spacing schedule type reads it)",
     "steps_offset": "honoured (leading; LCM, TCD: unused, as in diffusers)",
     "rescale_betas_zero_snr": "honoured for Euler, Euler a, DPM++; DDIM, LCM and TCD refused per request for such a "
                               "model; "
@@ -198,7 +216,8 @@ FIELDS = {
     "time_shift_type": "unused (use_dynamic_shifting)",
     "thresholding": "refused (TCD: unused, its step reads none; the other samplers refuse it at load)",
     "dynamic_thresholding_ratio": "unused (thresholding)", "sample_max_value": "unused (thresholding)",
-    "clip_sample": "honoured (Heun: both calls' x0; TCD: unused, its step clips nothing, as in diffusers)",
+    "clip_sample": "honoured (Heun: both calls' x0; TCD: unused, its step clips nothing, as in diffusers; Restart: "
+                   "unused, A1111's clips nothing)",
     "clip_sample_range": "honoured",
     "noise_sampler_seed": "unused (DPM++ SDE: the step noise is the engine's, per image seed)",
     "set_alpha_to_one": "honoured (DDIM; LCM, TCD: unused, their previous timestep is never negative)",
@@ -481,7 +500,9 @@ def refiner_start(timesteps, switch_at: float, num_train_timesteps: int = 1000) 
     base runs the steps whose timestep is at least ``round(T - switch_at x T)`` (T = ``num_train_timesteps``),
     ``StableDiffusionXLPipeline.__call__`` with ``denoising_end``, and the refiner the rest,
     ``StableDiffusionXLImg2ImgPipeline.get_timesteps`` with ``denoising_start`` (timesteps ``< cutoff``). So the
-    count of timesteps ``>= cutoff``, as timesteps fall: 0 = the refiner runs every step, ``len(timesteps)`` = none.
+    first step whose timestep is below the cutoff (the count of timesteps ``>= cutoff`` where timesteps fall; Restart's
+    jump back up after it, and the refiner runs those steps too, as A1111 switches at a step): 0 = the refiner runs
+    every step, ``len(timesteps)`` = none.
 
     Args:
         timesteps: (steps,) the schedule's timesteps, falling (:attr:`Schedule.timesteps`).
@@ -492,7 +513,8 @@ def refiner_start(timesteps, switch_at: float, num_train_timesteps: int = 1000) 
     if not 0 <= switch_at < 1:
         raise ValueError(f"switch_at must be at least 0 and below 1, got {switch_at!r}")
     cutoff = int(round(num_train_timesteps - (switch_at * num_train_timesteps)))  # diffusers' expression, as written
-    return int(np.sum(np.asarray(timesteps, np.float64) >= cutoff))
+    below = np.flatnonzero(np.asarray(timesteps, np.float64) < cutoff)
+    return int(below[0]) if len(below) else len(timesteps)
 
 
 def hires_schedule(steps: int, hires_steps: int, strength: float) -> tuple[int, int]:
@@ -866,6 +888,8 @@ def make_schedule(sampler: str, config: dict, steps: int, schedule_type: str | N
     if problem:
         raise UnsupportedSchedulerConfig(f"{problem[0]}={cfg[problem[0]]!r} is not supported (sampler "
                                          f"{sampler!r}): {problem[1]}")
+    if sampler == "Restart":
+        return _restart_schedule(cfg, steps, schedule_type)
     if schedule_type in SPACING_TYPES:  # the class with this spacing: its automatic schedule on that config
         cfg, schedule_type = {**cfg, "timestep_spacing": schedule_type}, DEFAULT_SCHEDULE_TYPE
         if sampler in ("LCM", "TCD"):  # custom timesteps, trailing (_sampler_and_type took no other spacing)
@@ -967,6 +991,76 @@ def _two_call_schedule(sampler: str, cfg: dict, steps: int, schedule_type: str) 
     second = SecondCall(*(f32(x) for x in (mid_t, mid, mid_a, mid_b, mid_d, f, g, d2)))
     return dataclasses.replace(_schedule(timesteps, sigmas, a, b, zeros, zeros, d, zeros, init, 1.0, clip),
                                second=second)
+
+
+def restart_steps(sigmas: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A1111's Restart step list (``modules/sd_samplers_extra.py`` ``restart_sampler``, ``restart_list`` None): the
+    (sigma, sigma') of each Heun step, (m,) float64 each, for the sampler's ``sigmas`` (n + 1,) float64 (n steps,
+    largest first, the last 0).
+
+    Under :data:`RESTART_MIN_STEPS` steps: the sigmas' own steps. From it: R = :data:`RESTART_STEPS` restart steps
+    run once (from :data:`RESTART_TWICE_STEPS`: R = n // 4, run twice); the main list becomes Karras over n - R x times
+    steps from sigmas[-2] to sigmas[0] (then 0); after the main step that ends at the sigma nearest :data:`RESTART_MIN`
+    (index lo, the first of equals), the R + 1 Karras sigmas from the one nearest :data:`RESTART_MAX` (index hi) down to
+    sigmas[lo] run as R steps, ``times`` times, then the main list goes on from sigmas[lo]; none where hi >= lo. So m =
+    n (the restart steps make up for the main list's fewer). The stretch's ends are the main list's sigmas exactly
+    (A1111's float32 Karras may miss them by a rounding step: a jump back of 1e-7 relative, whose noise is nothing).
+
+    Where hi >= lo (no restart: a model whose sigmas never come near 2 and 0.1), A1111 would run n - R x times steps;
+    the engine runs the sigmas' own n steps instead (its programs take the request's step count).
+    """
+    sigmas = np.asarray(sigmas, np.float64)
+    steps = len(sigmas) - 1
+    if steps < RESTART_MIN_STEPS:
+        return sigmas[:-1], sigmas[1:]
+    restart, times = (steps // 4, 2) if steps >= RESTART_TWICE_STEPS else (RESTART_STEPS, 1)
+    main = np.concatenate([_karras(float(sigmas[-2]), float(sigmas[0]), steps - restart * times), [0.0]])
+    lo = int(np.argmin(np.abs(main - RESTART_MIN)))  # A1111's restart_list key: the index of the sigma nearest 0.1
+    hi = int(np.argmin(np.abs(main - RESTART_MAX)))
+    if not 0 < lo or hi >= lo:
+        return sigmas[:-1], sigmas[1:]
+    stretch = _karras(float(main[lo]), float(main[hi]), restart + 1)
+    stretch[0], stretch[-1] = main[hi], main[lo]
+    old = [*main[:lo], *np.tile(stretch[:-1], times), *main[lo:-1]]
+    new = [*main[1 : lo + 1], *np.tile(stretch[1:], times), *main[lo + 1 :]]
+    return np.asarray(old), np.asarray(new)
+
+
+def _restart_schedule(cfg: dict, steps: int, schedule_type: str) -> Schedule:
+    """Restart (A1111's ``restart_sampler``, s_noise 1) as Heun steps (:func:`_two_call_schedule`'s Heun formulas) on
+    :func:`restart_steps`' list, from the sigmas A1111 hands it: ``schedule_type``'s (automatic: Karras, A1111's own
+    for Restart, ``'scheduler': 'karras'``; a spacing: HeunDiscreteScheduler's with it), on the config's training
+    sigmas as HeunDiscreteScheduler reads them (no zero-SNR rescaling, final sigma 0).
+
+    Step j runs from sigmas[j] (timestep its ``sigma_to_t``, fractional as k-diffusion's) to its own sigma' (the second
+    call's sigma, timestep its ``sigma_to_t``): Heun (a = 1 + dt/2s, b = -dt/2s, f = dt/2s', the second call at sigma'
+    from Euler's x), or Euler to x0 where sigma' is 0. Where the next step starts above sigma' (a restart), A1111 adds
+    ``randn * sqrt(s_next^2 - sigma'^2)`` before it; here that is step j's noise, d = sqrt(sigmas[j + 1]^2 - sigma'^2)
+    (the step noise of step j, :mod:`generate`'s seed rule), so sigmas[j + 1] is the level x is at when step j + 1
+    starts (img2img's start, inpainting's blend, as for every sampler). Initial scale sigmas[0] (k-diffusion's ``x *
+    sigmas[0]``), final scale 1, no clipping, no history.
+    """
+    cfg = {**cfg, "rescale_betas_zero_snr": False, "final_sigmas_type": "zero"}
+    ac = _alphas_cumprod(cfg)
+    log_sigmas = np.log(((1 - ac) / ac) ** 0.5)
+    if schedule_type in SPACING_TYPES:
+        base = _discrete_sigmas("Heun", {**cfg, "timestep_spacing": schedule_type}, steps, DEFAULT_SCHEDULE_TYPE)[2]
+    else:
+        typed = "karras" if schedule_type == DEFAULT_SCHEDULE_TYPE else schedule_type
+        base = _typed(cfg, typed, steps)[1]
+    old, new = restart_steps(np.asarray(base, np.float64))
+    go = new > 0  # Heun steps; the others (the last) Euler's to x0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        a, b, d, mid_a, mid_b, mid_d, f, g, d2 = (np.where(go, x, 0.0) for x in _heun(old, new, new))
+    b = np.where(go, b, 1.0)
+    sigmas = np.concatenate([old, new[-1:]])
+    d = np.concatenate([np.sqrt(np.maximum(sigmas[1:-1] ** 2 - new[:-1] ** 2, 0.0)), [0.0]])  # the jumps back up
+    mid_t = np.where(go, _sigma_to_t(np.where(go, new, 1.0), log_sigmas), 0.0)
+    zeros = np.zeros(len(old))
+    f32 = lambda x: np.asarray(x, np.float32)  # noqa: E731
+    second = SecondCall(*(f32(x) for x in (mid_t, np.where(go, new, 0.0), mid_a, mid_b, mid_d, f, g, d2)))
+    return dataclasses.replace(_schedule(_sigma_to_t(old, log_sigmas), sigmas, a, b, zeros, zeros, d, zeros,
+                                         float(sigmas[0]), 1.0), second=second)
 
 
 def _discrete_sigmas(sampler: str, cfg: dict, steps: int, schedule_type: str) -> tuple:

@@ -58,7 +58,7 @@ def test_model_defaults_fill_only_what_was_not_set():
 @pytest.mark.parametrize("chosen, message", [
     ({"max_seed": 7}, "a model may choose only sampler, num_inference_steps, guidance_scale, width, height, "
                       "not 'max_seed'"),
-    ({"sampler": "Restart"}, "unknown sampler 'Restart'"),
+    ({"sampler": "DPM adaptive"}, "unknown sampler 'DPM adaptive'"),
     ({"num_inference_steps": "many"}, "num_inference_steps must be a whole number"),
     ({"guidance_scale": -1}, "guidance_scale must be between 0 and 50"),
 ])
@@ -113,9 +113,10 @@ def test_engine_refuses_to_start_on_a_bad_file(tmp_path, model_dir):
 
     bad = tmp_path / "model"
     shutil.copytree(model_dir, bad)
-    (bad / ENGINE_DEFAULTS_FILE).write_text(json.dumps({"sampler": "Restart"}))
+    (bad / ENGINE_DEFAULTS_FILE).write_text(json.dumps({"sampler": "DPM adaptive"}))
     config = EngineConfig.load({"model": str(bad), "cpu_devices": 4}, environ=CACHES)
-    with pytest.raises(ConfigError, match=f"engine_defaults.json of model '{bad}': sampler: unknown sampler 'Restart'"):
+    with pytest.raises(ConfigError,
+                       match=f"engine_defaults.json of model '{bad}': sampler: unknown sampler 'DPM adaptive'"):
         Engine(config, log=lambda *_: None).start()
 
 

@@ -66,7 +66,7 @@ BAD = [
     ("size far over it", dict(width=8192, height=8192), r"width/height: 8192x8192 is 67108864 pixels"),
     ("width text", dict(width="wide"), r"width: expected a whole number, got 'wide'"),
     # sampler (A1111 names)
-    ("unknown sampler", dict(sampler="Restart"), r"sampler: unknown sampler 'Restart'; choose one of Euler, "
+    ("unknown sampler", dict(sampler="DPM adaptive"), r"sampler: unknown sampler 'DPM adaptive'; choose one of Euler, "
                                                  r"Euler a, DPM\+\+ 2M, DPM\+\+ 2M Karras, DPM\+\+ 2M SDE, "
                                                  r"DPM\+\+ 3M SDE, UniPC, DDIM, LCM"),
     ("sampler number", dict(sampler=3), r"sampler: expected a sampler's name \(text\), got int 3"),

@@ -382,13 +382,14 @@ def test_a_model_folder_with_a_refused_field_fails_to_load_naming_file_and_field
 
 def test_sampler_names():
     assert SAMPLERS == ("Euler", "Euler a", "DPM++ 2M", "DPM++ 2M Karras", "DPM++ 2M SDE", "DPM++ 3M SDE", "UniPC",
-                        "DDIM", "LCM", "Heun", "DPM2", "DPM++ SDE", "TCD", "DPM2 a", "LMS")
+                        "DDIM", "LCM", "Heun", "DPM2", "DPM++ SDE", "TCD", "DPM2 a", "LMS", "Restart")
     assert get_sampler("tcd") == "TCD"
     assert get_sampler("heun") == "Heun" and get_sampler("dpm++ sde") == "DPM++ SDE"
     assert get_sampler("dpm2  A") == "DPM2 a"
     assert get_sampler(" dpm++  2m karras") == "DPM++ 2M Karras" and get_sampler(None) == "Euler"
-    with pytest.raises(UnknownSampler, match="unknown sampler 'Restart'; choose one of Euler, Euler a, DPM"):
-        get_sampler("Restart")
+    assert get_sampler("restart") == "Restart"
+    with pytest.raises(UnknownSampler, match="unknown sampler 'DPM adaptive'; choose one of Euler, Euler a, DPM"):
+        get_sampler("DPM adaptive")
     with pytest.raises(UnknownSampler):
         get_sampler(3)
 

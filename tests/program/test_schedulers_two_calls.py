@@ -1,4 +1,6 @@
-"""Heun, DPM2, DPM++ SDE and DPM2 a (schedulers.TWO_CALLS: two model calls per step) against diffusers and k-diffusion.
+"""Heun, DPM2, DPM++ SDE and DPM2 a (schedulers.TWO_CALLS: two model calls per step) against diffusers and k-diffusion
+(Restart, the fifth, against A1111's loop: test_schedulers_restart.py; here only on A1111's schedule types at 6 steps,
+where it is Heun on their sigmas).
 
 References: tests/fixtures/two-call-steps.{json,npz} (``make_fixtures two-call-samplers``: diffusers'
 HeunDiscreteScheduler, KDPM2DiscreteScheduler, DPMSolverSDEScheduler and KDPM2AncestralDiscreteScheduler over a matrix
@@ -30,6 +32,7 @@ from sdxl_engine.program.schedulers import (
 from tests.helpers import FIXTURES, case_config, close_rel
 
 STEPS = json.loads((FIXTURES / "two-call-steps.json").read_text())
+DIFFUSERS = tuple(s for s in TWO_CALLS if s != "Restart")  # the two-call samplers with a diffusers class
 CASES = {case["name"]: case for case in STEPS["cases"]}
 RTOL = 1e-5
 
@@ -108,7 +111,7 @@ def diffusers_noise(schedule, arrays, k: int, sampler: str = "DPM++ SDE"):
 # ---- from_config: the class defaults and what each sampler reads ---------------------------------------------
 def test_class_defaults_are_diffusers_init_signatures():
     recorded = STEPS["class_defaults"]
-    assert set(recorded) == {SAMPLER_CLASSES[s][0] for s in TWO_CALLS}
+    assert set(recorded) == {SAMPLER_CLASSES[s][0] for s in TWO_CALLS}  # Restart's config class is Heun's
     for cls, defaults in recorded.items():
         assert CLASS_DEFAULTS[cls] == defaults, cls
         assert set(defaults) <= set(FIELDS), f"{cls}: no stated treatment for {set(defaults) - set(FIELDS)}"
@@ -172,7 +175,7 @@ def test_every_step_matches_diffusers(name, arrays):
         close(got, samples[min(2 * k + 2, 2 * n - 1)], f"{name} step {k}")
 
 
-@pytest.mark.parametrize("sampler", TWO_CALLS)
+@pytest.mark.parametrize("sampler", DIFFUSERS)
 def test_a_whole_loop_matches_diffusers(sampler, arrays):
     """The program's steps fed their own output from start x init_scale end where diffusers' loop ends."""
     name = {"Heun": "heun-leading", "DPM2": "dpm2-leading", "DPM++ SDE": "sde-leading",
@@ -210,7 +213,7 @@ def k_diffusion(sampler: str, sigmas, x, model, noise) -> np.ndarray:
             x = x + noise[i][0] * sigma_up
         elif s_next == 0:  # Euler method
             x = x + d * (s_next - s)
-        elif sampler == "Heun":
+        elif sampler in ("Heun", "Restart"):  # Restart under 20 steps: Heun on the sigmas
             x_2 = x + d * (s_next - s)
             d_2 = (x_2 - model(x_2, s_next)) / s_next
             x = x + (d + d_2) / 2 * (s_next - s)

@@ -28,7 +28,7 @@ def test_page_builder_with_fake_engine():
     assert api["parameters"][8]["python_type"]["type"] == ("Literal['Euler', 'Euler a', 'DPM++ 2M', "
                                                            "'DPM++ 2M Karras', 'DPM++ 2M SDE', 'DPM++ 3M SDE', "
                                                            "'UniPC', 'DDIM', 'LCM', 'Heun', 'DPM2', 'DPM++ SDE', "
-                                                           "'TCD', 'DPM2 a', 'LMS']")
+                                                           "'TCD', 'DPM2 a', 'LMS', 'Restart']")
     assert len(api["returns"]) == 2  # the gallery and the JSON info (the history record never leaves the server)
     # What view_api shows: whole numbers as int (a slider reports float unless told otherwise).
     assert [p["python_type"]["type"] for p in api["parameters"][:7]] == ["str", "str", "int", "float", "int", "int",
@@ -178,8 +178,8 @@ def test_png_settings_restores_this_servers_and_a1111s_parameters():
     values, note = page.png_settings("a cat\nSteps: 4, Seed: 5", [], 50, 99)
     assert values == {"prompt": "a cat\nSteps: 4, Seed: 5", "negative_prompt": "",
                       "style": "(No style)"}  # fewer than 3 fields: A1111 reads the line as prompt
-    values, note = page.png_settings("a cat\nSteps: 4, Sampler: Restart, Seed: x, CFG scale: 2", [], 50, 99)
-    assert values["num_inference_steps"] == 4 and "sampler 'Restart' (not one of this server's)" in note
+    values, note = page.png_settings("a cat\nSteps: 4, Sampler: DPM adaptive, Seed: x, CFG scale: 2", [], 50, 99)
+    assert values["num_inference_steps"] == 4 and "sampler 'DPM adaptive' (not one of this server's)" in note
     assert "Seed 'x' (this page takes 0 to 99)" in note
     values, note = page.png_settings("a cat\nSteps: 4, Sampler: DPM2 a, Schedule type: Align Your Steps, Seed: 5",
                                      [], 50, 99)  # the sampler is restored; the schedule type it lacks is named

@@ -909,8 +909,9 @@ def router(requests: Service, flags: dict, loras, owner_of: Callable) -> APIRout
         return flags
 
     @api.get("/samplers")
-    async def samplers():
-        return [{"name": s, "aliases": [], "options": {"scheduler": "karras"} if s.endswith(KARRAS) else {}}
+    async def samplers():  # A1111's "scheduler" option: the sampler's Automatic is Karras (Restart's too)
+        return [{"name": s, "aliases": [],
+                 "options": {"scheduler": "karras"} if s.endswith(KARRAS) or s == "Restart" else {}}
                 for s in SAMPLERS]
 
     @api.get("/schedulers")

@@ -56,11 +56,11 @@ def test_sampler_and_scheduler_map_to_the_engines_sampler_and_schedule_type(name
 
 def test_unknown_sampler_or_scheduler_is_a_422_listing_what_there_is():
     with pytest.raises(ApiError) as err:
-        sampler_of("Restart", None)
+        sampler_of("DPM adaptive", None)
     assert (err.value.status, err.value.param, err.value.message) == (
-        422, "sampler_name", "sampler_name: unknown sampler 'Restart'; choose one of Euler, Euler a, DPM++ 2M, "
+        422, "sampler_name", "sampler_name: unknown sampler 'DPM adaptive'; choose one of Euler, Euler a, DPM++ 2M, "
                              "DPM++ 2M Karras, DPM++ 2M SDE, DPM++ 3M SDE, UniPC, DDIM, LCM, Heun, DPM2, DPM++ SDE, "
-                             "TCD, DPM2 a, LMS")
+                             "TCD, DPM2 a, LMS, Restart")
     with pytest.raises(ApiError) as err:
         sampler_of("Euler a", "Polyexponential")
     assert (err.value.status, err.value.param, err.value.message) == (

@@ -107,7 +107,10 @@ def test_sampler_names_round_trip(webui):
     1.9 does (sampler and ``Schedule type``)."""
     names = webui.util_get_sampler_names()
     assert sorted(names) == sorted(["Euler", "Euler a", "DPM++ 2M", "DPM++ 2M Karras", "DPM++ 2M SDE", "DPM++ 3M SDE",
-                                    "UniPC", "DDIM", "LCM", "Heun", "DPM2", "DPM++ SDE", "TCD", "DPM2 a", "LMS"])
+                                    "UniPC", "DDIM", "LCM", "Heun", "DPM2", "DPM++ SDE", "TCD", "DPM2 a", "LMS",
+                                    "Restart"])
+    listed = {s["name"]: s["options"] for s in webui.session.get(f"{webui.baseurl}/samplers").json()}
+    assert listed["Restart"] == listed["DPM++ 2M Karras"] == {"scheduler": "karras"} and listed["Heun"] == {}
     for name in names:
         assert webui.txt2img(prompt=PROMPT, seed=1, steps=2, sampler_name=name, **SIZE).info["sampler_name"] == name
     split = webui.txt2img(prompt=PROMPT, seed=1, steps=2, sampler_name="DPM++ 2M", scheduler="Karras", **SIZE)
@@ -129,10 +132,10 @@ def test_a1111_refusals_are_clear_422s_with_the_engines_message(webui):
         webui.txt2img(prompt=PROMPT, steps=2, width=65, height=64)
     assert json.loads(err.value.args[1])["detail"].startswith("width: 65 is not a multiple of 16 pixels")
     with pytest.raises(RuntimeError) as err:
-        webui.txt2img(prompt=PROMPT, sampler_name="Restart", **SIZE)
+        webui.txt2img(prompt=PROMPT, sampler_name="DPM adaptive", **SIZE)
     assert json.loads(err.value.args[1])["detail"] == \
-        ("sampler_name: unknown sampler 'Restart'; choose one of Euler, Euler a, DPM++ 2M, DPM++ 2M Karras, "
-         "DPM++ 2M SDE, DPM++ 3M SDE, UniPC, DDIM, LCM, Heun, DPM2, DPM++ SDE, TCD, DPM2 a, LMS")
+        ("sampler_name: unknown sampler 'DPM adaptive'; choose one of Euler, Euler a, DPM++ 2M, DPM++ 2M Karras, "
+         "DPM++ 2M SDE, DPM++ 3M SDE, UniPC, DDIM, LCM, Heun, DPM2, DPM++ SDE, TCD, DPM2 a, LMS, Restart")
     response = webui.session.post(f"{webui.baseurl}/txt2img", json={"prompt": PROMPT, "steps": "many"})
     assert response.status_code == 422 and response.json()["detail"][0]["loc"] == ["body", "steps"]
 
