@@ -235,7 +235,8 @@ def test_the_refiner_plan_starts_at_its_switch_step_and_needs_its_multiple(tiny_
     assert tagged.loras == (("ink", 1.0),) and tagged.refiner_start == 8
 
 
-@pytest.mark.parametrize("sampler, hires_sampler", [("Euler", "Heun"), ("DPM++ SDE", "Euler"), ("DPM2", "DPM2")])
+@pytest.mark.parametrize("sampler, hires_sampler", [("Euler", "Heun"), ("DPM++ SDE", "Euler"), ("DPM2", "DPM2"),
+                                                    ("Restart", "Euler"), ("Euler", "Restart")])
 def test_each_pass_takes_the_program_of_its_own_samplers_model_calls(planner, sampler, hires_sampler):
     """A two-call sampler (schedulers.TWO_CALLS) plans the two-call program (ProgramShape.two_calls), a one-call
     sampler the program it always had; hires fix's second pass follows its own sampler, not the first pass's."""

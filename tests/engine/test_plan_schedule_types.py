@@ -99,6 +99,38 @@ def test_the_two_call_samplers_share_one_more_program_and_round_trip(tiny_shapes
         assert sampler_of(f"{sampler} Karras", None) == (sampler, "karras")
 
 
+def test_restart_runs_on_the_two_call_program_reproducibly_and_round_trips(tiny_shapes_engine):
+    """Restart (A1111's restart_sampler) on the trained tiny-shapes: Euler -> Restart -> Heun compiles the two-call
+    program at most once (none if another test did) and nothing after; at 20 steps (one restart stretch, its jump's
+    noise from the seed) the same seed makes the same images, another seed others, and Restart's Automatic is its
+    Karras; it differs from Heun with karras (the restart steps) and from Euler; each reported step is one of its 20
+    (the progress counts the user's steps); the infotext says "Sampler: Restart" and reads back, as does the older
+    combined "Restart Karras"."""
+    gen(tiny_shapes_engine)
+    before = tiny_shapes_engine.compile_count
+    steps = []
+    restart = tiny_shapes_engine.generate(
+        GenerateRequest("a red circle", seed=3, num_inference_steps=20, width=64, height=64, sampler="Restart"),
+        on_step=lambda event: steps.append((event.step, event.steps)))
+    assert tiny_shapes_engine.compile_count - before <= 1  # the two-call program, unless a test compiled it
+    compiled = tiny_shapes_engine.compile_count
+    again = gen(tiny_shapes_engine, sampler="restart", num_inference_steps=20)
+    karras = gen(tiny_shapes_engine, sampler="Restart", num_inference_steps=20, schedule_type="karras")
+    other = gen(tiny_shapes_engine, sampler="Restart", num_inference_steps=20, seed=4)
+    heun = gen(tiny_shapes_engine, sampler="Heun", num_inference_steps=20, schedule_type="karras")
+    euler = gen(tiny_shapes_engine, num_inference_steps=20)
+    assert tiny_shapes_engine.compile_count == compiled
+    assert np.array_equal(restart.images, again.images) and np.array_equal(restart.images, karras.images)
+    for different in (other, heun, euler):
+        assert np.abs(different.images.astype(int) - restart.images).mean() > 1.0
+    assert steps and steps[-1] == (20, 20) and all(total == 20 for _, total in steps)
+    text = parameters_of(deliver(restart, "a red circle", "None").pngs[0])
+    fields = generation_parameters(text)
+    assert fields["Sampler"] == "Restart" and "Schedule type" not in fields
+    assert sampler_of(fields["Sampler"], fields.get("Schedule type")) == ("Restart", None)
+    assert sampler_of("Restart Karras", None) == ("Restart", "karras")
+
+
 @pytest.mark.parametrize("sampler, schedule_type, older_name", [
     ("DPM++ 3M SDE", "exponential", "DPM++ 3M SDE Exponential"), ("DPM++ 3M SDE", "karras", "DPM++ 3M SDE Karras"),
     ("UniPC", "karras", "UniPC Karras"), ("LMS", "karras", "LMS Karras")])
