@@ -90,8 +90,9 @@ True, ``set_alpha_to_one`` True, ``timestep_spacing`` "leading"), then the field
 fixes (:data:`SAMPLER_CLASSES`). Every field of every class is either honoured as diffusers does
 or refused by :func:`check_scheduler_config` (:data:`FIELDS` says which); none is ignored.
 
-Euler a's, DPM2 a's, the DPM++ SDEs', LCM's and TCD's step noise for image i of a request is ``jax.random.normal(
-jax.random.fold_in(jax.random.key(seed_i), step + 1), latents.shape)``: deterministic per seed (program.py).
+Euler a's, DPM2 a's, the DPM++ SDEs', LCM's, TCD's and Restart's (its jumps') step noise for image i of a request is
+``jax.random.normal(jax.random.fold_in(jax.random.key(seed_i), step + 1), latents.shape)``: deterministic per seed
+(program.py).
 """
 
 from __future__ import annotations
@@ -195,9 +196,8 @@ FIELDS = {
                         "automatic sigmas are Karras, A1111's, so only a spacing schedule type reads it)",
     "steps_offset": "honoured (leading; LCM, TCD: unused, as in diffusers)",
     "rescale_betas_zero_snr": "honoured for Euler, Euler a, DPM++; DDIM, LCM and TCD refused per request for such a "
-                              "model; "
-                              "unused by Heun, DPM2, DPM++ SDE, DPM2 a, LMS (their classes have no such field: as in "
-                              "diffusers, their sigmas are the unrescaled betas')",
+                              "model; unused by Heun, DPM2, DPM++ SDE, DPM2 a, LMS, Restart (their classes have no "
+                              "such field: as in diffusers, their sigmas are the unrescaled betas')",
     "interpolation_type": "honoured: linear, log_linear", "use_karras_sigmas": "honoured",
     "use_exponential_sigmas": "honoured", "use_beta_sigmas": "refused", "sigma_min": "honoured",
     "sigma_max": "honoured", "timestep_type": "honoured: discrete, continuous",
