@@ -193,6 +193,8 @@ def test_png_settings_restores_this_servers_and_a1111s_parameters():
                          "its settings, not its image; set it in the ControlNet section).")  # not dropped unsaid
     restored = page.png_settings("a cat\nSteps: 4, Sampler: UniPC, Schedule type: Karras, Seed: 5", [], 50, 99)[0]
     assert (restored["sampler"], restored["schedule_type"]) == ("UniPC", "Karras")  # one of this server's since #61
+    restored = page.png_settings("a cat\nSteps: 24, Sampler: Restart, Schedule type: Karras, Seed: 5", [], 50, 99)[0]
+    assert (restored["sampler"], restored["schedule_type"]) == ("Restart", "Karras")  # A1111's Restart too
     assert page.png_settings(" ", [], 50, 99) == ({}, "That file has no generation parameters (no `parameters` text "
                                                      "in a PNG): nothing restored.")
     with pytest.raises(ValueError, match="at most 60000 characters"):

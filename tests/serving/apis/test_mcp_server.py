@@ -116,6 +116,7 @@ def test_the_tools_are_the_endpoints_inputs_in_order_described_with_the_pages_de
     assert generate["properties"]["num_inference_steps"]["default"] == CONFIG.num_inference_steps
     assert generate["properties"]["sampler"]["enum"][0] == "Euler" and "(No style)" in generate["properties"][
         "style"]["enum"]
+    assert generate["properties"]["sampler"]["enum"][-2:] == ["LMS", "Restart"]  # A1111's Restart too
     assert listed[0].description.startswith("Generate images from a text prompt with SDXL") and \
         " Returns: the images (PNG" in listed[0].description
     assert list(image["properties"])[:4] == ["prompt", "image", "mask", "strength"]
