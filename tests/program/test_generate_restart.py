@@ -45,6 +45,7 @@ def test_the_jump_noise_is_the_engines_step_noise_of_the_step_before():
             assert np.array_equal(np.asarray(step_noise(seeds, int(k), shape)), noise[f"{case}_noise"][row])
 
 
+@pytest.mark.engine
 @pytest.mark.slow  # compiles tiny-pt's two-call program at max_steps 36 for both cases' sizes
 @pytest.mark.parametrize("case", ["restart_image", "restart36_image"])
 def test_restart_images_match_a1111s_loop(case, arrays, tiny_pt_programs):
