@@ -115,11 +115,11 @@ RECIPES = (
     Recipe("Hyper-SDXL 1-step LoRA", r"hyper-sdxl-1step-lora",
            {"sampler": "TCD", "num_inference_steps": 1, **_NO_CFG, "schedule_type": "automatic"}, lora=True,
            source=f"{HYPER}: TCDScheduler.from_config(...), num_inference_steps=1, guidance_scale=0, eta=1.0"),
-    # The 1-step UNet: LCMScheduler, "Set start timesteps to 800 in the one-step inference", timesteps=[800].
+    # The 1-step UNet: LCMScheduler, "Set start timesteps to 800 in the one-step inference", timesteps=[800]: the
+    # scheduler config's custom_timesteps (program/schedulers.py), which LCM and TCD run at 1 step (automatic).
     Recipe("Hyper-SDXL 1-step UNet", r"hyper-sdxl-1step-unet(-comfyui)?(\.fp16)?",
-           {"sampler": "LCM", "num_inference_steps": 1, **_NO_CFG},
-           source=f"{HYPER}: LCMScheduler.from_config(...), num_inference_steps=1, guidance_scale=0, timesteps=[800]",
-           note="custom timesteps are not implemented: LCM's 1 step runs at t = 999, not the card's 800"),
+           {"sampler": "LCM", "num_inference_steps": 1, **_NO_CFG}, {"custom_timesteps": [800]},
+           source=f"{HYPER}: LCMScheduler.from_config(...), num_inference_steps=1, guidance_scale=0, timesteps=[800]"),
     # DMD2: pipe.scheduler = LCMScheduler.from_config(pipe.scheduler.config); "LCMScheduler's default timesteps are
     # different from the one we used for training": pipe(..., num_inference_steps=4, guidance_scale=0,
     # timesteps=[999, 749, 499, 249]). LCMScheduler with original_inference_steps=4 has exactly those at 4 steps
@@ -130,6 +130,10 @@ RECIPES = (
     Recipe("DMD2 4-step", r"dmd2_sdxl_4step_unet(_fp16)?",
            {"sampler": "LCM", "num_inference_steps": 4, **_NO_CFG}, {"original_inference_steps": 4},
            source=f"{DMD2}: LCMScheduler, num_inference_steps=4, guidance_scale=0, timesteps=[999, 749, 499, 249]"),
+    # DMD2's 1-step UNet: the same LCMScheduler, pipe(..., num_inference_steps=1, guidance_scale=0, timesteps=[399]).
+    Recipe("DMD2 1-step", r"dmd2_sdxl_1step_unet(_fp16)?",
+           {"sampler": "LCM", "num_inference_steps": 1, **_NO_CFG}, {"custom_timesteps": [399]},
+           source=f"{DMD2}: LCMScheduler, num_inference_steps=1, guidance_scale=0, timesteps=[399]"),
     # SDXL-Turbo: "SDXL-Turbo does not make use of guidance_scale or negative_prompt, we disable it with
     # guidance_scale=0.0. Preferably, the model generates images of size 512x512 ... A single step is enough";
     # pipe(prompt=prompt, num_inference_steps=1, guidance_scale=0.0). Its scheduler_config.json is

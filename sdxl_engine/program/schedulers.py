@@ -222,6 +222,10 @@ FIELDS = {
     "noise_sampler_seed": "unused (DPM++ SDE: the step noise is the engine's, per image seed)",
     "set_alpha_to_one": "honoured (DDIM; LCM, TCD: unused, their previous timestep is never negative)",
     "original_inference_steps": "honoured (LCM, TCD: their timesteps, and the most steps they run)",
+    # Not a diffusers field: a few-step model's ``pipe(..., timesteps=[...])`` (checkpoint/recipes.py), kept with its
+    # scheduler config because it describes the model (the Hyper-SDXL 1-step UNet's [800]).
+    "custom_timesteps": "honoured by LCM and TCD with the automatic schedule type at exactly that many steps, as "
+                        "diffusers' set_timesteps(timesteps=...); unused by the other samplers and step counts",
     "timestep_scaling": "honoured (LCM; TCD: unused, as in diffusers: its step has no boundary scalings)",
 }
 
@@ -582,6 +586,13 @@ _LCM_GRID = ("LCMScheduler", "TCDScheduler")
 def _refusal(sampler: str, cfg: dict) -> tuple[str, str] | None:
     """(field, reason) of the first value ``sampler`` cannot follow, or None."""
     cls = SAMPLER_CLASSES[sampler][0]
+    custom = cfg.get("custom_timesteps")
+    if custom is not None and not (
+            isinstance(custom, (list, tuple)) and custom and all(type(t) is int for t in custom)
+            and all(a > b for a, b in zip(custom, custom[1:])) and 0 <= custom[-1] and custom[0] < cfg[
+                "num_train_timesteps"]):
+        return "custom_timesteps", ("a list of whole timesteps, largest first, each at least 0 and below "
+                                    "num_train_timesteps")
     if cfg["trained_betas"] is None and cfg["beta_schedule"] not in ("linear", "scaled_linear", "squaredcos_cap_v2"):
         return "beta_schedule", "choose linear, scaled_linear or squaredcos_cap_v2"
     if cfg["prediction_type"] not in ("epsilon", "v_prediction", "sample"):
@@ -890,6 +901,9 @@ def make_schedule(sampler: str, config: dict, steps: int, schedule_type: str | N
                                          f"{sampler!r}): {problem[1]}")
     if sampler == "Restart":
         return _restart_schedule(cfg, steps, schedule_type)
+    custom = cfg.get("custom_timesteps")
+    if sampler in ("LCM", "TCD") and custom and len(custom) == steps and schedule_type == DEFAULT_SCHEDULE_TYPE:
+        return (_lcm_schedule if sampler == "LCM" else _tcd_schedule)(cfg, steps, np.asarray(custom, np.int64))
     if schedule_type in SPACING_TYPES:  # the class with this spacing: its automatic schedule on that config
         cfg, schedule_type = {**cfg, "timestep_spacing": schedule_type}, DEFAULT_SCHEDULE_TYPE
         if sampler in ("LCM", "TCD"):  # custom timesteps, trailing (_sampler_and_type took no other spacing)

@@ -24,7 +24,9 @@ CACHES = {k: v for k, v in os.environ.items() if k in ("SDXL_MODEL_CACHE_DIR", "
     ("sdxl_lightning_1step_unet_x0.safetensors", "SDXL-Lightning 1-step (x0)", "Euler", 1, 0.0,
      {"timestep_spacing": "trailing", "prediction_type": "sample"}),
     ("dmd2_sdxl_4step_unet_fp16.safetensors", "DMD2 4-step", "LCM", 4, 0.0, {"original_inference_steps": 4}),
-    ("Hyper-SDXL-1step-Unet-Comfyui.fp16.safetensors", "Hyper-SDXL 1-step UNet", "LCM", 1, 0.0, {}),
+    ("Hyper-SDXL-1step-Unet-Comfyui.fp16.safetensors", "Hyper-SDXL 1-step UNet", "LCM", 1, 0.0,
+     {"custom_timesteps": [800]}),
+    ("dmd2_sdxl_1step_unet_fp16.safetensors", "DMD2 1-step", "LCM", 1, 0.0, {"custom_timesteps": [399]}),
     ("stabilityai/sdxl-turbo", "SDXL-Turbo", "Euler a", 1, 0.0, {"timestep_spacing": "trailing"}),
     ("sd_xl_turbo_1.0_fp16.safetensors", "SDXL-Turbo", "Euler a", 1, 0.0, {"timestep_spacing": "trailing"}),
 ])
@@ -180,3 +182,38 @@ def test_a_spacing_schedule_type_is_the_class_with_that_spacing_per_request():
     assert make_schedule("LCM", base, 1, "trailing").timesteps.tolist() == [999]
     with pytest.raises(UnsupportedScheduleType, match="LCM and TCD trailing"):
         make_schedule("LCM", base, 4, "leading")
+
+
+@pytest.mark.parametrize("name, timestep, alpha_cumprod", [
+    ("Hyper-SDXL-1step-Unet.safetensors", 800, 0.036869585514068604),
+    ("dmd2_sdxl_1step_unet_fp16.safetensors", 399, 0.4260861277580261)])
+def test_a_one_step_unets_recipe_runs_the_cards_timestep(tmp_path, name, timestep, alpha_cumprod):
+    """The cards' ``timesteps=[800]`` / ``[399]``: the recipe's custom_timesteps in the scheduler config, which LCM and
+    TCD run at its one step (automatic); other step counts, schedule types and samplers keep their own. The sigma is
+    diffusers 0.42.1's: LCMScheduler.from_config(SDXL base's config).set_timesteps(timesteps=[t]), alphas_cumprod[t]
+    (the literals, printed by it)."""
+    from sdxl_engine.program.schedulers import make_schedule
+
+    unet = tmp_path / name
+    unet.symlink_to(TINY_PT / "unet" / "diffusion_pytorch_model.safetensors")
+    config = load_model(str(TINY_PT), unet=str(unet), **LOAD).scheduler_config
+    assert config["custom_timesteps"] == [timestep]
+    for sampler in ("LCM", "TCD"):
+        one = make_schedule(sampler, config, 1)
+        assert one.timesteps.tolist() == [timestep]
+        np.testing.assert_allclose(one.sigmas[0], ((1 - alpha_cumprod) / alpha_cumprod) ** 0.5, rtol=1e-6)
+        assert make_schedule(sampler, config, 1, "trailing").timesteps.tolist() == [999]
+    plain = {k: v for k, v in config.items() if k != "custom_timesteps"}
+    for sampler, steps in (("LCM", 2), ("TCD", 2), ("Euler", 1), ("DDIM", 1)):
+        assert make_schedule(sampler, config, steps).timesteps.tolist() == make_schedule(
+            sampler, plain, steps).timesteps.tolist() != [timestep]
+
+
+@pytest.mark.parametrize("custom", [[800, 900], [1000], [-1], [800.5], [], "800"])
+def test_custom_timesteps_that_are_not_falling_whole_training_timesteps_stop_the_model(custom):
+    from sdxl_engine.checkpoint.builtin import SDXL_SCHEDULER
+    from sdxl_engine.program.schedulers import UnsupportedSchedulerConfig, check_scheduler_config
+
+    with pytest.raises(UnsupportedSchedulerConfig, match="custom_timesteps=.* a list of whole timesteps, largest "
+                                                         "first, each at least 0 and below num_train_timesteps"):
+        check_scheduler_config({**SDXL_SCHEDULER, "custom_timesteps": custom})
