@@ -90,6 +90,24 @@ def _write_random(name: str, config: dict, file: Path, seed: int = 0) -> None:
     save_params({k: np.asarray(v) for k, v in params.items()}, file)
 
 
+def union_config(config: dict) -> dict:
+    """A ControlNet ``config`` as a ControlNet-Union's: xinsir's six control types, the token transformer at the first
+    block's width (320 in SDXL)."""
+    width = config["block_out_channels"][0]
+    return {**config, "_class_name": "ControlNetUnionModel", "num_control_type": 6, "num_trans_channel": width,
+            "num_proj_channel": width, "num_trans_head": max(1, width // 40)}
+
+
+def ip_adapter_config(unet, width: int) -> dict:
+    """An IP-Adapter Plus config (16 tokens, h94's Resampler of depth 4) for ``unet`` (a UNetConfig) on an image
+    encoder of hidden size ``width``."""
+    from sdxl_engine.models.ip_adapter import cross_attention_layers
+
+    return dict(projection="plus", image_embed_dim=width, cross_attention_dim=unet.cross_attention_dim[-1], tokens=16,
+                widths=[w for _, w in cross_attention_layers(unet)], plus_dim=width, plus_heads=width // 64,
+                plus_depth=4)
+
+
 def write_controlnet(out: Path, model: str, union: bool = False) -> Path:
     """A random ControlNet (``union``: a ControlNet-Union, xinsir's six control types) for ``model``'s UNet in
     ``out`` (config.json + bfloat16 safetensors): SDXL's full-size one for ``sdxl-base-random``."""
@@ -98,9 +116,7 @@ def write_controlnet(out: Path, model: str, union: bool = False) -> Path:
     unet, vae = _model_configs(model)
     config = controlnet_config(unet, 2 ** (len(vae["block_out_channels"]) - 1))
     if union:
-        width = config["block_out_channels"][0]  # the union's tokens are the first block's width (320 in SDXL)
-        config = {**config, "_class_name": "ControlNetUnionModel", "num_control_type": 6, "num_trans_channel": width,
-                  "num_proj_channel": width, "num_trans_head": max(1, width // 40)}
+        config = union_config(config)
     file = out / "diffusion_pytorch_model.safetensors"
     if file.exists() and (out / "config.json").exists() and json.loads((out / "config.json").read_text()) == config:
         return out  # written by an earlier run into the same DIR (a full-size one takes minutes on the chip)
@@ -115,16 +131,12 @@ def write_ip_adapter(out: Path, model: str) -> Path:
     its image encoder in ``out``/image_encoder (CLIP ViT-H/14's vision tower, :data:`VIT_H`, as
     ip-adapter-plus_sdxl_vit-h's; a tiny model gets a small one). Returns the adapter file."""
     from sdxl_engine.models import UNetConfig
-    from sdxl_engine.models.ip_adapter import cross_attention_layers
 
     unet = UNetConfig.from_dict(_model_configs(model)[0])
     encoder = VIT_H if model == "sdxl-base-random" else {**VIT_H, "hidden_size": 64, "intermediate_size": 128,
                                                         "projection_dim": 32, "num_hidden_layers": 2,
                                                         "num_attention_heads": 2, "image_size": 56}
-    width = encoder["hidden_size"]
-    adapter = dict(projection="plus", image_embed_dim=width, cross_attention_dim=unet.cross_attention_dim[-1],
-                   tokens=16, widths=[w for _, w in cross_attention_layers(unet)], plus_dim=width,
-                   plus_heads=width // 64, plus_depth=4)
+    adapter = ip_adapter_config(unet, encoder["hidden_size"])
     config = {"architectures": ["CLIPVisionModelWithProjection"], **encoder}
     file, written = out / "ip-adapter-plus_random.safetensors", out / "written.json"
     if file.exists() and written.exists() and json.loads(written.read_text()) == {"encoder": config,
@@ -140,29 +152,52 @@ def write_ip_adapter(out: Path, model: str) -> Path:
 
 
 def controlnet_flops(model: str = "sdxl-base-random", size: int = 1024) -> dict:
-    """XLA's FLOP count of one CFG step's UNet call and one ControlNet call (2 rows, ``size``², abstract bfloat16
-    parameters: lowered only, nothing compiled or run; ``tools.fullsize.lowered_flops``) and what a ControlNet unit
-    adds to a step, (UNet + ControlNet) / UNet: the FLOP side of the chip's device-time ratio. Runs on CPU."""
+    """XLA's FLOP count of one CFG step's UNet call (2 rows, ``size``², abstract bfloat16 parameters: lowered only,
+    nothing compiled or run; ``tools.fullsize.lowered_flops``) and of what each add-on adds to it: a ControlNet's call,
+    a ControlNet-Union's call on one image (:func:`write_controlnet`'s union config), and the UNet call with one
+    IP-Adapter Plus unit (16 image tokens, :func:`write_ip_adapter`'s config; the image encoder and the projection run
+    once per request, outside the steps). Each ratio is (step with the add-on) / (step without): the FLOP side of the
+    chip's device-time ratios. Runs on CPU."""
     import jax
     import jax.numpy as jnp
 
-    from sdxl_engine.models import build_component
+    from sdxl_engine.models import UNetConfig, build_component
+    from sdxl_engine.models.ip_adapter import forward_order
     from tools.bench_controlnet import controlnet_config
     from tools.fullsize import lowered_flops
 
     unet_config, vae_config = _model_configs(model)
     factor = 2 ** (len(vae_config["block_out_channels"]) - 1)
     unet = build_component("unet", unet_config)
-    net = build_component("controlnet", controlnet_config(unet_config, factor))
+    config = controlnet_config(unet_config, factor)
+    net = build_component("controlnet", config)
+    union = build_component("controlnet_union", union_config(config))
     s, bf16, latent = jax.ShapeDtypeStruct, jnp.bfloat16, size // factor
     text = unet_config["projection_class_embeddings_input_dim"] - 6 * unet_config["addition_time_embed_dim"]
     common = (s((2, 4, latent, latent), jnp.float32), s((2,), jnp.float32),
               s((2, 77, unet_config["cross_attention_dim"]), bf16), s((2, text), bf16), s((2, 6), jnp.float32))
+    image = s((2, 3, size, size), jnp.float32)
     unet_flops = lowered_flops(lambda p, *a: unet.bind(p)(*a), unet.abstract(bf16), *common)
-    net_flops = lowered_flops(lambda p, *a: net.bind(p)(*a), net.abstract(bf16), *common,
-                              s((2, 3, size, size), jnp.float32))
-    return {"size": size, "unet_cfg_step_tflop": unet_flops / 1e12, "controlnet_cfg_step_tflop": net_flops / 1e12,
-            "step_with_unit_over_without": (unet_flops + net_flops) / unet_flops}
+    net_flops = lowered_flops(lambda p, *a: net.bind(p)(*a), net.abstract(bf16), *common, image)
+    union_flops = lowered_flops(lambda p, *a: union.bind(p)(*a), union.abstract(bf16), *common, image)
+    unet_cfg = UNetConfig.from_dict(unet_config)
+    plus = ip_adapter_config(unet_cfg, VIT_H["hidden_size"])  # the program binds its layers only
+    adapter = build_component("ip_adapter_layers", {k: plus[k] for k in ("cross_attention_dim", "widths")})
+    order = forward_order(unet_cfg)
+
+    def with_ip(params, tokens, *a):
+        layers = adapter.bind(params["ip"])
+        return unet.bind(params["unet"])(*a, ip_adapter=[[(layers.layer(j), tokens, jnp.float32(1.0))] for j in order])
+
+    ip_flops = lowered_flops(with_ip, {"unet": unet.abstract(bf16), "ip": adapter.abstract(bf16)},
+                             s((2, 16, unet_cfg.cross_attention_dim[-1]), bf16), *common)
+    tf = 1e12
+    return {"size": size, "unet_cfg_step_tflop": unet_flops / tf, "controlnet_cfg_step_tflop": net_flops / tf,
+            "step_with_unit_over_without": (unet_flops + net_flops) / unet_flops,
+            "union_cfg_step_tflop": union_flops / tf,
+            "step_with_union_unit_over_without": (unet_flops + union_flops) / unet_flops,
+            "unet_with_ip_adapter_cfg_step_tflop": ip_flops / tf,
+            "step_with_ip_adapter_unit_over_without": ip_flops / unet_flops}
 
 
 def run_job(service, fields: dict, seed: int) -> dict:

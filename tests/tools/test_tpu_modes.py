@@ -20,6 +20,13 @@ def test_a_controlnet_units_step_counts_the_unet_and_the_controlnet():
     # twice the pixels per side: four times the FLOPs of either call (convolutions and projections dominate)
     big = controlnet_flops("tiny-shapes", 128)
     assert 3.5 < big["controlnet_cfg_step_tflop"] / r["controlnet_cfg_step_tflop"] < 4.6
+    # a union unit: the ControlNet's call and its token transformer, so a little more than a plain unit's; an
+    # IP-Adapter unit: the UNet's own call with 16 more keys in each cross-attention, so a little more than none
+    assert r["controlnet_cfg_step_tflop"] < r["union_cfg_step_tflop"] < 1.2 * r["controlnet_cfg_step_tflop"]
+    assert r["step_with_union_unit_over_without"] > r["step_with_unit_over_without"]
+    assert 1.0 < r["step_with_ip_adapter_unit_over_without"] < 1.1
+    assert r["unet_with_ip_adapter_cfg_step_tflop"] / r["unet_cfg_step_tflop"] == pytest.approx(
+        r["step_with_ip_adapter_unit_over_without"])
 
 
 def test_a_controlnet_written_before_is_reused_and_a_changed_config_rewritten(tmp_path):
