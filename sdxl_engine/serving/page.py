@@ -70,8 +70,9 @@ def fast_preset_for(config: EngineConfig) -> FastPreset:
 
 
 def status_line(info: dict) -> str:
-    """The one line under the gallery: latency breakdown, devices, size, steps, sampler, style and model (and the
-    refiner and its switch, a hires fix's factor and strength, when the request ran them)."""
+    """The one line under the gallery: latency breakdown, devices, size, steps, sampler (and its schedule type unless
+    automatic), style and model (and the refiner and its switch, a hires fix's factor and strength, when the request
+    ran them)."""
     if not isinstance(info, dict) or "timings_s" not in info:  # empty, or a raw call to this page event
         return ""
     t = info["timings_s"]
@@ -83,11 +84,14 @@ def status_line(info: dict) -> str:
     if "hires" in info:
         refined += f" · upscaled ×{info['hires']['scale']:g} (hires fix, strength {info['hires']['strength']:g})"
     steps = info["num_inference_steps"]
+    typed = info.get("schedule_type") or DEFAULT_SCHEDULE_TYPE
+    schedule = "" if typed == DEFAULT_SCHEDULE_TYPE else f" ({SCHEDULE_TYPES.get(typed, typed)} schedule)"
     return (f"**{info['latency_s']:.2f} s** for {len(info['seeds'])} images on **{info['device']}**{replica} "
             f"(queue {t['queue']:.2f} s · prep {t['prep']:.3f} s · device {t['device']:.2f} s · "
             f"post {t['post']:.3f} s{ray}) — {info['width']}×{info['height']}, {steps} "
-            f"{info.get('sampler', 'Euler')} step{'' if steps == 1 else 's'}, CFG {info['guidance_scale']:g}, seeds "
-            f"{info['seeds'][0]}–{info['seeds'][-1]}, style **{info.get('style', NO_STYLE)}**, model "
+            f"{info.get('sampler', 'Euler')} step{'' if steps == 1 else 's'}{schedule}, "
+            f"CFG {info['guidance_scale']:g}, "
+            f"seeds {info['seeds'][0]}–{info['seeds'][-1]}, style **{info.get('style', NO_STYLE)}**, model "
             f"`{info['model']}`{refined}{saved}")
 
 

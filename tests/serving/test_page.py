@@ -110,6 +110,10 @@ def test_stopped_view_says_where_and_gives_the_last_finished_result_back():
     upscaled = {**info, "hires": {"scale": 1.5, "strength": 0.4}}
     assert page.status_line(upscaled).endswith("model `tiny-shapes` · upscaled ×1.5 (hires fix, strength 0.4)")
     assert "64×64, 8 Euler steps, CFG 5," in page.status_line(info)
+    assert "64×64, 8 Euler steps (Karras schedule), CFG 5," in page.status_line({**info, "schedule_type": "karras"})
+    assert "64×64, 8 Euler steps (SGM Uniform schedule), CFG 5," in page.status_line({**info,
+                                                                                     "schedule_type": "sgm_uniform"})
+    assert "8 Euler steps, CFG 5," in page.status_line({**info, "schedule_type": "automatic"})
     assert "64×64, 1 Euler step, CFG 5," in page.status_line({**info, "num_inference_steps": 1})  # not "1 ... steps"
     assert page.stopped_view(None, "12/30") == ([], None, "**Stopped at step 12 of 30; nothing saved.**")
     assert page.stopped_view(None, "waiting") == ([], None, "**Stopped before its first step; nothing saved.**")
