@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import gradio as gr
 
-from sdxl_engine.engine.validation import InvalidRequest
+from sdxl_engine.engine.validation import InvalidRequest, size_of
 from sdxl_engine.program.schedulers import DEFAULT_SCHEDULE_TYPE
 from sdxl_engine.service.request import to_request
 from sdxl_engine.service.styles import NO_STYLE
@@ -70,6 +70,11 @@ def image_tool(requests, config, engine=None) -> Callable:
         except ApiError as err:
             LOG.info(f"[app] request refused: {API_NAME}: {err.message}")
             raise gr.Error(err.message, print_exception=False) from None
+        if limits is not None:  # the image was resized to width x height: a size the server cannot make is theirs
+            try:
+                size_of(w, h, limits)
+            except InvalidRequest as err:
+                raise refuse(err) from err
         names = {**{field: name for field, name in TOOL_FIELDS.items() if field in fields},
                  **control.pop("field_names", {}), **ip.pop("field_names", {})}
         fields.update(control)

@@ -63,3 +63,19 @@ def test_an_engine_refusal_names_the_tools_input(tool):
         asyncio.run(image_to_image("a green square", picture(), num_inference_steps=2, width=48, height=32,
                                    upscale=1.5, request=caller("10.0.0.7")))
     assert refused.value.message.startswith("upscale: ")
+
+
+def test_a_size_the_server_cannot_make_names_width_or_height_not_the_image(tool):
+    """The tool resizes the image to width x height itself, so a size the engine refuses is the caller's width or
+    height (a multiple of 16 here: 72 is not one), refused before anything runs."""
+    from sdxl_engine.engine.validation import Limits
+
+    fake, requests, image_to_image = tool
+    fake.limits = Limits(max_seed=100, max_steps=8, sizes=((48, 32),), default_size=(48, 32), default_steps=2,
+                         default_guidance=5.0, multiple=16, max_pixels=64 * 64)
+    for width, height, field in ((72, 32, "width"), (48, 40, "height"), (80, 64, "width/height")):
+        with pytest.raises(gr.Error) as refused:
+            asyncio.run(image_to_image("a green square", picture(), num_inference_steps=2, width=width,
+                                       height=height, request=caller("10.0.0.7")))
+        assert refused.value.message.startswith(f"{field}: "), refused.value.message
+    assert not requests.jobs("10.0.0.7")
