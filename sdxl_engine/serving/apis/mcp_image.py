@@ -70,7 +70,7 @@ def image_tool(requests, config, engine=None) -> Callable:
         except ApiError as err:
             LOG.info(f"[app] request refused: {API_NAME}: {err.message}")
             raise gr.Error(err.message, print_exception=False) from None
-        if limits is not None:  # the image was resized to width x height: a size the server cannot make is theirs
+        if limits is not None and not model:  # the image was resized to width x height (the default model's limits)
             try:
                 size_of(w, h, limits)
             except InvalidRequest as err:
