@@ -7,6 +7,7 @@ Commands, run from the repository root (each in the module that makes it):
     python -m tools.make_fixtures samplers            # tools/fixtures_samplers.py
     python -m tools.make_fixtures two-call-samplers   # tools/fixtures_two_calls.py
     python -m tools.make_fixtures tcd                 # tools/fixtures_tcd.py (tools.lcm_noise first)
+    python -m tools.make_fixtures ddim-eta            # tools/fixtures_ddim_eta.py
     python -m tools.make_fixtures restart             # tools/fixtures_restart.py (tools.restart_noise first)
     python -m tools.make_fixtures single              # tools/fixtures_single.py
     python -m tools.make_fixtures sgm-keys            # tools/fixtures_single.py
@@ -38,6 +39,7 @@ import transformers
 
 from tools.fixtures_common import FIXTURES
 from tools.fixtures_controlnet_union import cmd_controlnet_union
+from tools.fixtures_ddim_eta import cmd_ddim_eta
 from tools.fixtures_fullsize import cmd_fullsize
 from tools.fixtures_img2img import cmd_img2img
 from tools.fixtures_ip_adapter import cmd_ip_adapter
@@ -66,6 +68,8 @@ def main(argv=None) -> None:
     two_calls.add_argument("--out", type=Path, default=FIXTURES)
     tcd = sub.add_parser("tcd", help="TCD (TCDScheduler) references: tcd-steps.json and .npz")
     tcd.add_argument("--out", type=Path, default=FIXTURES)
+    ddim_eta = sub.add_parser("ddim-eta", help="DDIM with step(eta=...) references: ddim-eta-steps.json and .npz")
+    ddim_eta.add_argument("--out", type=Path, default=FIXTURES)
     restart = sub.add_parser("restart", help="A1111's Restart sampler references: restart-steps.json and .npz")
     restart.add_argument("--out", type=Path, default=FIXTURES)
     single = sub.add_parser("single", help="tiny-single: tiny-pt as an sgm single file, a swap UNet and LDM VAE")
@@ -106,6 +110,7 @@ COMMANDS = {
     "samplers": lambda args: cmd_samplers_add(args.out, args.add) if args.add else cmd_samplers(args.out),
     "two-call-samplers": lambda args: cmd_two_call_samplers(args.out),
     "tcd": lambda args: cmd_tcd(args.out),
+    "ddim-eta": lambda args: cmd_ddim_eta(args.out),
     "restart": lambda args: cmd_restart(args.out),
     "single": lambda args: cmd_single(args.out),
     "sgm-keys": lambda args: cmd_sgm_keys(args.out),

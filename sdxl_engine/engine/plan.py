@@ -23,6 +23,7 @@ from sdxl_engine.engine.validation import GenerateRequest, InvalidRequest, Limit
 from sdxl_engine.program.generate import ProgramShape
 from sdxl_engine.program.latent_upscale import resize_matrix
 from sdxl_engine.program.schedulers import (
+    ETA_DEFAULTS,
     Schedule,
     TooManySteps,
     UnsupportedSchedulerConfig,
@@ -123,13 +124,13 @@ class Planner:
     refiner's LoRAs and the limits are known): ``model`` (loading.LoadedModel), ``config`` (max_inference_steps,
     max_prompt_chunks, emphasis, progress), ``limits`` (validation.Limits: max_seed, the size multiple), ``batch``
     (images per request), ``refiner_loras`` (the refiner's LoraMerger, or None). The schedules it makes are cached
-    by (sampler, steps, schedule type)."""
+    by (sampler, steps, schedule type, eta)."""
 
     def __init__(self, model: loading.LoadedModel, config: EngineConfig, limits: Limits, batch: int,
                  refiner_loras: lora_mod.LoraMerger | None = None):
         self.model, self.config, self.limits, self.batch = model, config, limits, batch
         self.refiner_loras = refiner_loras
-        self._schedules: dict[tuple[str, int, str | None], Schedule] = {}
+        self._schedules: dict[tuple[str, int, str | None, float | None], Schedule] = {}
 
     def plan(self, request: GenerateRequest) -> Plan:
         """The :class:`Plan` of a validated ``request``: its LoRA tags' weights aside (merged at run time),
@@ -144,7 +145,7 @@ class Planner:
         loras = tuple((tag.name, tag.weight) for tag in parse_lora_tags(request.prompt)[1])
         self._check_refiner_tags(request, loras)
         schedule = self.schedule(request.sampler, request.num_inference_steps,  # refuses before compiling
-                                 request.schedule_type)
+                                 request.schedule_type, request.eta)
         image = None
         if request.image is not None:  # img2img: validate set start_step (from strength, or as given)
             image = np.asarray(request.image)
@@ -215,7 +216,7 @@ class Planner:
         width, height = hires_size(request.width, request.height, request.hires_scale, self.limits.multiple)
         steps, start = hires_schedule(request.num_inference_steps, request.hires_steps, request.hires_strength)
         try:
-            schedule = self.schedule(request.hires_sampler, steps, request.schedule_type)
+            schedule = self.schedule(request.hires_sampler, steps, request.schedule_type, request.eta)
         except InvalidRequest as err:
             field = {"sampler": "hires_sampler", "schedule_type": "schedule_type"}.get(err.field, "hires_steps")
             raise InvalidRequest(field, f"the second pass's {steps}-step schedule: {err.message}") from None
@@ -263,15 +264,16 @@ class Planner:
                             controlnets=controlnets, ip_adapters=ip_adapters, control_images=control_images,
                             two_calls=two_calls)
 
-    def schedule(self, sampler: str, steps: int, schedule_type: str | None = None):
-        """The sampler's schedule for ``steps`` steps of ``schedule_type`` (None: automatic; cached). Raises
+    def schedule(self, sampler: str, steps: int, schedule_type: str | None = None, eta: float | None = None):
+        """The sampler's schedule for ``steps`` steps of ``schedule_type`` (None: automatic) at ``eta`` (None: the
+        sampler's default; schedulers.ETA_DEFAULTS; the others ignore it) (cached). Raises
         InvalidRequest for a sampler this model's scheduler config rules out (schedulers.PER_SAMPLER: DDIM on a
         zero-terminal-SNR model), more steps than it can take (LCM past original_inference_steps), or a schedule type
         the sampler does not take (``schedule_type``: DDIM, LCM, TCD)."""
-        key = (sampler, steps, schedule_type)
+        key = (sampler, steps, schedule_type, eta if sampler in ETA_DEFAULTS else None)
         if key not in self._schedules:
             try:
-                self._schedules[key] = make_schedule(sampler, self.model.scheduler_config, steps, schedule_type)
+                self._schedules[key] = make_schedule(sampler, self.model.scheduler_config, steps, schedule_type, eta)
             except UnsupportedScheduleType as err:
                 raise InvalidRequest("schedule_type", str(err)) from None
             except UnsupportedSchedulerConfig as err:

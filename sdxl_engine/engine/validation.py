@@ -121,6 +121,11 @@ class GenerateRequest:
     # (None: "automatic", each sampler's own spacing); both passes of hires fix and the refiner's steps use it.
     # Validated: the name ("karras"). DDIM, LCM and TCD keep their own timesteps (the plan refuses another, naming it).
     schedule_type: str | None = None
+    # A1111's ``eta`` (docs/samplers.md): the noise multiplier in [0, 1] of the samplers that take one
+    # (schedulers.ETA_DEFAULTS: Euler a, DPM2 a, the DPM++ SDEs (k-diffusion's eta), DDIM (diffusers' DDIMScheduler.step
+    # eta), TCD (its gamma)); None: each sampler's default there (1; DDIM 0; TCD schedulers.TCD_GAMMA). The other
+    # samplers ignore it, as A1111's do. Both passes of hires fix and the refiner's steps use it. Validated: a float.
+    eta: float | None = None
     # The Limits this exact object was validated against (set by :func:`validate` only; not an argument, and
     # dataclasses.replace makes an unstamped copy), so a request checked where it arrived (apis/core.check, a
     # Ray front) is not validated again by the engine that runs it.
@@ -353,7 +358,8 @@ def validate(request: GenerateRequest, limits: Limits) -> GenerateRequest:
                               refiner=as_refiner(request.refiner, request.refiner_switch_at),
                               schedule_type=with_named_type(as_schedule_type(
                                   recipe.get("schedule_type") if request.schedule_type is None and request.sampler is
-                                  None else request.schedule_type), named_type, request.sampler), **hires)
+                                  None else request.schedule_type), named_type, request.sampler),
+                              eta=None if request.eta is None else as_float("eta", request.eta, 0.0, 1.0), **hires)
     object.__setattr__(checked, "validated_for", limits)  # frozen: the one place the stamp is set
     return checked
 

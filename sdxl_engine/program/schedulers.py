@@ -21,7 +21,8 @@ A1111 name        diffusers class and update
 ================  =====================================================================================
 Euler             EulerDiscreteScheduler: a = s'/s, b = 1 - a (Karras et al. 2022, Alg. 2)
 Euler a           EulerAncestralDiscreteScheduler: s_up = sqrt(s'^2 (s^2 - s'^2) / s^2),
-                  s_down = sqrt(s'^2 - s_up^2); a = s_down/s, b = 1 - a, d = s_up
+                  s_down = sqrt(s'^2 - s_up^2); a = s_down/s, b = 1 - a, d = s_up (a request's eta:
+                  k-diffusion's get_ancestral_step, s_up = min(s', eta sqrt(...)))
 DPM++ 2M          DPMSolverMultistepScheduler(algorithm_type="dpmsolver++", solver_order=2): with
                   h = log s - log s', r = h_prev / h, midpoint: b = (1 - a)(1 + 1/2r), c = -(1 - a)/2r;
                   heun: k = (a - 1)/h + 1, b = 1 - a + k/r, c = -k/r; first step first order, and
@@ -45,7 +46,9 @@ UniPC             UniPCMultistepScheduler (Zhao et al. 2023; bh2 or bh1, solver_
                   new x0_i: x_i^c - x_i is a combination of x0_i, x0_{i-1}, x0_{i-2} (both start from
                   the same x_{i-1}^c), so the two fold into one update on the uncorrected x_i, the one
                   the UNet sees, as in diffusers
-DDIM              DDIMScheduler, eta 0: deterministic, first order in sigma space (Song et al. 2021);
+DDIM              DDIMScheduler, eta 0: deterministic, first order in sigma space (Song et al. 2021; a request's
+                  eta: step(eta=...)'s std in sigma space, d = eta sqrt(s_p^2 (s^2 - s_p^2) / s^2) to the
+                  previous timestep's s_p, a = sqrt(s_p^2 - d^2)/s, both times ``carry``);
                   its last sigma is the final alpha's; with clip_sample the x0 it moves towards
                   is clipped, the direction to x_t is not: e = 1 (times ``carry``)
 LCM               LCMScheduler (Luo et al. 2023): the boundary-condition scalings c_skip, c_out of the
@@ -54,8 +57,8 @@ LCM               LCMScheduler (Luo et al. 2023): the boundary-condition scaling
                   b = c_out, d = s' (0 last), with clip_sample e = c_out; timesteps from
                   ``original_inference_steps`` (``timestep_spacing`` unused, as in diffusers)
 TCD               TCDScheduler (Zheng et al. 2024, Trajectory Consistency Distillation), gamma (its step's
-                  ``eta``) :data:`TCD_GAMMA`: from t, DDIM to s = floor((1 - gamma) t') then fresh noise
-                  back to the next timestep t': a = s_s / s_t, b = 1 - a, d = sqrt(s_t'^2 - s_s^2)
+                  ``eta``) :data:`TCD_GAMMA` or a request's eta: from t, DDIM to s = floor((1 - gamma) t') then
+                  fresh noise back to the next timestep t': a = s_s / s_t, b = 1 - a, d = sqrt(s_t'^2 - s_s^2)
                   (:func:`_tcd_schedule`); LCM's timestep grid; ends at timestep 0's sigma
 LMS               LMSDiscreteScheduler (``step(order=4)``, k-diffusion's sample_lms): linear multistep on the
                   derivatives d_j = (x_j - x0_j)/s_j, x' = x + sum_k L_k d_{i-k}, k < min(i + 1, 4), L_k the
@@ -258,10 +261,17 @@ DEFAULT_SCHEDULE_TYPE = "automatic"
 # which reads no scheduler; LCM's and TCD's timesteps are their distillation's, ``original_inference_steps``).
 OWN_TIMESTEPS = ("DDIM", "LCM", "TCD")
 # TCD's gamma (diffusers' ``TCDScheduler.step(eta=...)``, the paper's gamma; its default there and the TCD card's value;
-# note that diffusers' SDXL pipeline passes its own ``eta``, default 0, unless told). Fixed, not per request: a request
-# field would go through every front (A1111's ``eta``, the page, MCP, infotext) for a value no recipe needs (at one step
-# gamma changes nothing: the last step goes to timestep 0 whatever gamma).
+# note that diffusers' SDXL pipeline passes its own ``eta``, default 0, unless told): TCD's default; a request's eta
+# (:data:`ETA_DEFAULTS`) sets another (at one step gamma changes nothing: the last step goes to timestep 0 whatever
+# gamma).
 TCD_GAMMA = 0.3
+# The samplers a request's ``eta`` (A1111's, GenerateRequest.eta) changes, with the value they run without one: A1111's
+# eta_ancestral 1 for the k-diffusion functions that take an ``eta`` (sample_euler_ancestral, sample_dpm_2_ancestral,
+# sample_dpmpp_sde, sample_dpmpp_2m_sde, sample_dpmpp_3m_sde), its eta_ddim 0 for DDIM (diffusers' DDIMScheduler.step
+# default too), TCD's gamma :data:`TCD_GAMMA` (TCDScheduler.step's ``eta``). The other samplers take none (A1111's
+# functions have no ``eta``): a request's eta changes nothing for them, as in A1111. 0 <= eta <= 1 (A1111's sliders).
+ETA_DEFAULTS = {"Euler a": 1.0, "DPM2 a": 1.0, "DPM++ SDE": 1.0, "DPM++ 2M SDE": 1.0, "DPM++ 3M SDE": 1.0, "DDIM": 0.0,
+                "TCD": TCD_GAMMA}
 BETA_ALPHA = BETA_BETA = 0.6  # A1111's beta_dist_alpha / beta_dist_beta defaults (shared_options.py)
 
 
@@ -866,7 +876,8 @@ def _lcm(cfg: dict, steps: int, custom: np.ndarray | None = None) -> tuple[np.nd
     return timesteps, sigmas, c_skip, c_out
 
 
-def make_schedule(sampler: str, config: dict, steps: int, schedule_type: str | None = None) -> Schedule:
+def make_schedule(sampler: str, config: dict, steps: int, schedule_type: str | None = None,
+                  eta: float | None = None) -> Schedule:
     """The :class:`Schedule` of ``sampler`` (an A1111 name) for ``steps`` steps of a model's scheduler config.
 
     Args:
@@ -881,6 +892,11 @@ def make_schedule(sampler: str, config: dict, steps: int, schedule_type: str | N
             its Karras sigmas' timesteps); the
             update's coefficients, initial and final scales follow the sampler's rules. "DPM++ 2M" with "karras"
             is "DPM++ 2M Karras" (diffusers' ``use_karras_sigmas``, whose sigmas are A1111's karras ones).
+        eta: A1111's ``eta`` in [0, 1] for the samplers of :data:`ETA_DEFAULTS` (None: their default there):
+            k-diffusion's ``get_ancestral_step`` eta for Euler a, DPM2 a and DPM++ SDE, the DPM++ 2M / 3M SDEs' eta
+            (:func:`_dpm_coefficients`), DDIM's (diffusers' DDIMScheduler.step eta: the step noise's std
+            eta sqrt(s_prev^2 (s^2 - s_prev^2) / s^2) in sigma space), TCD's gamma. The other samplers ignore it,
+            as A1111 does. Only coefficients change (the arrays the program traces): it compiles nothing.
     Raises:
         UnknownSampler: an unknown sampler name. UnknownScheduleType: an unknown schedule type.
         UnsupportedScheduleType: a schedule type other than automatic for DDIM, LCM or TCD (their own timesteps;
@@ -889,11 +905,14 @@ def make_schedule(sampler: str, config: dict, steps: int, schedule_type: str | N
         UnsupportedSchedulerConfig: a field this sampler does not follow (:func:`check_scheduler_config`).
         TooManySteps: LCM or TCD with more steps than the config's ``original_inference_steps`` (diffusers
             raises too: their steps are a subset of that schedule).
-        ValueError: fewer than 1 step.
+        ValueError: fewer than 1 step; an eta that is not a number in [0, 1].
     """
     sampler, schedule_type = _sampler_and_type(get_sampler(sampler), get_schedule_type(schedule_type))
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
+    if eta is not None and (isinstance(eta, bool) or not isinstance(eta, (int, float)) or not 0 <= eta <= 1):
+        raise ValueError(f"eta must be a number from 0 to 1, got {eta!r}")
+    eta = ETA_DEFAULTS.get(sampler) if eta is None or sampler not in ETA_DEFAULTS else float(eta)
     cfg = sampler_config(sampler, config)
     problem = _refusal(sampler, cfg)
     if problem:
@@ -903,15 +922,17 @@ def make_schedule(sampler: str, config: dict, steps: int, schedule_type: str | N
         return _restart_schedule(cfg, steps, schedule_type)
     custom = cfg.get("custom_timesteps")
     if sampler in ("LCM", "TCD") and custom and len(custom) == steps and schedule_type == DEFAULT_SCHEDULE_TYPE:
-        return (_lcm_schedule if sampler == "LCM" else _tcd_schedule)(cfg, steps, np.asarray(custom, np.int64))
+        if sampler == "LCM":
+            return _lcm_schedule(cfg, steps, np.asarray(custom, np.int64))
+        return _tcd_schedule(cfg, steps, np.asarray(custom, np.int64), gamma=eta)
     if schedule_type in SPACING_TYPES:  # the class with this spacing: its automatic schedule on that config
         cfg, schedule_type = {**cfg, "timestep_spacing": schedule_type}, DEFAULT_SCHEDULE_TYPE
         if sampler in ("LCM", "TCD"):  # custom timesteps, trailing (_sampler_and_type took no other spacing)
             n_train = cfg["num_train_timesteps"]
             custom = np.round(np.arange(n_train, 0, -n_train / steps)).astype(np.int64) - 1
-            return (_lcm_schedule if sampler == "LCM" else _tcd_schedule)(cfg, steps, custom)
+            return _lcm_schedule(cfg, steps, custom) if sampler == "LCM" else _tcd_schedule(cfg, steps, custom, eta)
     if sampler in TWO_CALLS:
-        return _two_call_schedule(sampler, cfg, steps, schedule_type)
+        return _two_call_schedule(sampler, cfg, steps, schedule_type, eta)
     if sampler == "LMS":
         return _lms_schedule(cfg, steps, schedule_type)
     typed = None if schedule_type == DEFAULT_SCHEDULE_TYPE else _typed(cfg, schedule_type, steps)
@@ -919,7 +940,7 @@ def make_schedule(sampler: str, config: dict, steps: int, schedule_type: str | N
     if sampler == "LCM":
         return _lcm_schedule(cfg, steps)
     if sampler == "TCD":
-        return _tcd_schedule(cfg, steps)
+        return _tcd_schedule(cfg, steps, gamma=eta)
     if sampler in ("Euler", "Euler a"):
         timesteps, sigmas, init = (_euler if sampler == "Euler" else _euler_ancestral)(cfg, steps)
         if typed is not None:  # A1111's sigmas; the initial scale by the class's rule, on the new top sigma
@@ -931,27 +952,32 @@ def make_schedule(sampler: str, config: dict, steps: int, schedule_type: str | N
         s, s_next = sigmas[:-1].astype(np.float64), sigmas[1:].astype(np.float64)
         if sampler == "Euler":
             a, d = s_next / s, zeros
-        else:  # ancestral: go down to s_down deterministically, add noise of s_up (eta 1)
-            up = np.sqrt(s_next**2 * (s**2 - s_next**2) / s**2)
-            a, d = np.sqrt(s_next**2 - up**2) / s, up
+        else:  # ancestral: go down to s_down deterministically, add noise of s_up (get_ancestral_step's eta)
+            down, d = _ancestral(s, s_next, eta)
+            a = down / s
         return _schedule(timesteps, sigmas, a, 1 - a, zeros, zeros, d, zeros, init, 1.0)
     if sampler == "DDIM":
         timesteps, sigmas, s_prev, carry = _ddim(cfg, steps)
-        a = s_prev / sigmas[:-1]
+        a, d = s_prev / sigmas[:-1], zeros
+        if eta:  # diffusers' std_dev_t = eta sqrt(variance), in sigma space: get_ancestral_step's sigma_up at eta
+            s = sigmas[:-1]
+            d = eta * np.sqrt(s_prev**2 * (s**2 - s_prev**2) / s**2)
+            a = np.sqrt(s_prev**2 - d**2) / s  # the direction to x_t: sqrt(1 - alphā_prev - std^2) eps
         clip = float(cfg["clip_sample_range"]) if cfg["clip_sample"] else math.inf
-        return _schedule(timesteps, sigmas, a * carry, (1 - a) * carry, zeros, zeros, zeros,
+        return _schedule(timesteps, sigmas, a * carry, (1 - a) * carry, zeros, zeros, d * carry,
                          carry if cfg["clip_sample"] else zeros, (sigmas[0] ** 2 + 1) ** 0.5,
                          1 / (sigmas[-1] ** 2 + 1) ** 0.5, clip)
     unipc = sampler == "UniPC"
     timesteps, sigmas = _dpm(cfg, steps, unipc)
     if typed is not None:  # whole timesteps, rounded as DPMSolverMultistepScheduler rounds its Karras sigmas' ones
         timesteps, sigmas = np.round(typed[0]).astype(np.float32), typed[1].astype(np.float32)
-    history = functools.partial(_unipc_coefficients if unipc else _dpm_coefficients, cfg, sigmas.astype(np.float64))
+    history = functools.partial(_unipc_coefficients, cfg, sigmas.astype(np.float64)) if unipc else functools.partial(
+        _dpm_coefficients, cfg, sigmas.astype(np.float64), eta=1.0 if eta is None else eta)
     init = (sigmas[0] ** 2 + 1) ** 0.5  # x-space noise of variance 1
     return _schedule(timesteps, sigmas, *history(()), zeros, init, 1 / (sigmas[-1] ** 2 + 1) ** 0.5, history=history)
 
 
-def _two_call_schedule(sampler: str, cfg: dict, steps: int, schedule_type: str) -> Schedule:
+def _two_call_schedule(sampler: str, cfg: dict, steps: int, schedule_type: str, eta: float | None = None) -> Schedule:
     """Heun, DPM2, DPM++ SDE or DPM2 a (:data:`TWO_CALLS`) in sigma space: the class's sigmas and timesteps (or A1111's
     ``schedule_type``), the first call's update in (a, b, d), the second's in a :class:`SecondCall`.
 
@@ -988,15 +1014,16 @@ def _two_call_schedule(sampler: str, cfg: dict, steps: int, schedule_type: str) 
     go = s_next > 0  # the steps with a second call; the others are Euler steps to 0
     with np.errstate(divide="ignore", invalid="ignore"):
         # DPM2 a's log-midpoint is between s and its ancestral step's sigma_down (> 0 where s' > 0)
-        end = _ancestral(s, s_next)[0] if sampler == "DPM2 a" else s_next
+        end = _ancestral(s, s_next, eta)[0] if sampler == "DPM2 a" else s_next
         mid = np.where(go, np.exp((np.log(s) + np.log(end)) / 2), 0.0)
         if sampler == "Heun":
             mid = s_next
         mid_t = np.where(go, _sigma_to_t(np.where(go, mid, 1.0), log_sigmas), 0.0)
         if sampler == "Heun":
             mid_t = np.where(go, np.concatenate([timesteps[1:], [0.0]]), 0.0)
-        coefficients = {"Heun": _heun, "DPM2": _dpm_2, "DPM++ SDE": _dpmpp_sde,
-                        "DPM2 a": _dpm_2_ancestral}[sampler](s, s_next, mid)
+        ancestral = {"DPM++ SDE": _dpmpp_sde, "DPM2 a": _dpm_2_ancestral}
+        coefficients = (functools.partial(ancestral[sampler], eta=eta) if sampler in ancestral else
+                        {"Heun": _heun, "DPM2": _dpm_2}[sampler])(s, s_next, mid)
     a, b, d, mid_a, mid_b, mid_d, f, g, d2 = (np.where(go, x, 0.0) for x in coefficients)
     b = np.where(go, b, 1.0)  # a step to 0: x0 (Euler's x + (0 - s)(x - x0)/s)
     zeros = np.zeros(steps)
@@ -1179,26 +1206,28 @@ def _dpm_2(s, s_next, mid):
     return np.ones_like(s), zeros, zeros, mid / s, 1 - mid / s, zeros, dt / mid, zeros, zeros
 
 
-def _ancestral(sigma_from, sigma_to):
-    """k-diffusion's ``get_ancestral_step`` (eta 1): (sigma_down, sigma_up)."""
-    up = np.minimum(sigma_to, np.sqrt(sigma_to**2 * (sigma_from**2 - sigma_to**2) / sigma_from**2))
+def _ancestral(sigma_from, sigma_to, eta=1.0):
+    """k-diffusion's ``get_ancestral_step(sigma_from, sigma_to, eta)``: (sigma_down, sigma_up), sigma_up =
+    min(sigma_to, eta sqrt(sigma_to^2 (sigma_from^2 - sigma_to^2) / sigma_from^2)), sigma_down = sqrt(sigma_to^2 -
+    sigma_up^2). eta 0: (sigma_to, 0), no noise."""
+    up = np.minimum(sigma_to, eta * np.sqrt(sigma_to**2 * (sigma_from**2 - sigma_to**2) / sigma_from**2))
     return np.sqrt(sigma_to**2 - up**2), up
 
 
-def _dpmpp_sde(s, s_next, mid):
+def _dpmpp_sde(s, s_next, mid, eta=1.0):
     """DPM++ SDE's (a, b, d, mid_a, mid_b, mid_d, f, g, d2) (:func:`_two_call_schedule`)."""
-    down_mid, up_mid = _ancestral(s, mid)
-    down, up = _ancestral(s, s_next)
+    down_mid, up_mid = _ancestral(s, mid, eta)
+    down, up = _ancestral(s, s_next, eta)
     rho = np.sqrt((s - mid) / (s - s_next))  # the Brownian increments' correlation over [m, s] and [s', s]
     zeros = np.zeros_like(s)
     return (down / s, zeros, up * rho, down_mid / s, 1 - down_mid / s, up_mid, zeros, 1 - down / s,
             up * np.sqrt(np.maximum(1 - rho**2, 0.0)))
 
 
-def _dpm_2_ancestral(s, s_next, mid):
+def _dpm_2_ancestral(s, s_next, mid, eta=1.0):
     """DPM2 a's (a, b, d, mid_a, mid_b, mid_d, f, g, d2) (:func:`_two_call_schedule`): DPM2 to sigma_down, then the
     step noise times sigma_up."""
-    down, up = _ancestral(s, s_next)
+    down, up = _ancestral(s, s_next, eta)
     zeros = np.zeros_like(s)
     return np.ones_like(s), zeros, up, mid / s, 1 - mid / s, zeros, (down - s) / mid, zeros, zeros
 
@@ -1212,7 +1241,8 @@ def _since_restart(steps: int, restarts: tuple[int, ...]) -> np.ndarray:
     return since
 
 
-def _dpm_coefficients(cfg: dict, sigmas: np.ndarray, restarts: tuple[int, ...] = ()) -> tuple[np.ndarray, ...]:
+def _dpm_coefficients(cfg: dict, sigmas: np.ndarray, restarts: tuple[int, ...] = (),
+                      eta: float = 1.0) -> tuple[np.ndarray, ...]:
     """DPMSolverMultistepScheduler.step (dpmsolver++, sde-dpmsolver++; solver_order 2 or 3) in sigma space: (a, b, c,
     c2, d), each (n,) float64, for ``sigmas`` (n + 1,) float64, the history restarting at ``restarts``.
 
@@ -1221,13 +1251,17 @@ def _dpm_coefficients(cfg: dict, sigmas: np.ndarray, restarts: tuple[int, ...] =
     step with lower_order_final under 15 steps, and always at solver_order 2; third order otherwise. With h = log s -
     log s' (lambda_t - lambda_s0 of diffusers' VP form) and a = exp(-h) (ODE) or exp(-2h) (SDE), the x-space update
     divided by alpha_t. Third order is implemented for the SDE alone (the one sampler of solver_order 3).
+
+    The SDE's ``eta`` (k-diffusion's sample_dpmpp_2m_sde / sample_dpmpp_3m_sde; diffusers' class is eta 1): with
+    H = (1 + eta) h, a = exp(-H) = (s'/s)^(1 + eta), the noise s' sqrt(1 - exp(-2 eta h)), heun's k and the third
+    order's phi_2, phi_3 at H; eta 0 is DPM++ 2M's ODE step (k-diffusion's, no noise).
     """
     steps = len(sigmas) - 1
     s, s_next = sigmas[:-1], sigmas[1:]
     sde = cfg["algorithm_type"] == "sde-dpmsolver++"
-    # exp(-h) on the sample (the ODE), exp(-2h) for the SDE, whose noise d makes up the variance it takes away
-    a = (s_next / s) ** 2 if sde else s_next / s
-    d = s_next * np.sqrt(np.maximum(1 - a, 0.0)) if sde else np.zeros(steps)
+    # exp(-h) on the sample (the ODE), exp(-(1 + eta) h) for the SDE, whose noise d makes up the variance it takes away
+    a = (s_next / s) ** (1 + eta) if sde else s_next / s
+    d = s_next * np.sqrt(np.maximum(1 - (s_next / s) ** (2 * eta), 0.0)) if sde else np.zeros(steps)
     idx, short = np.arange(steps), cfg["lower_order_final"] and steps < 15
     final_first = cfg["euler_at_final"] or short or cfg["final_sigmas_type"] == "zero"
     order = np.minimum(cfg["solver_order"], _since_restart(steps, restarts) + 1)
@@ -1240,16 +1274,17 @@ def _dpm_coefficients(cfg: dict, sigmas: np.ndarray, restarts: tuple[int, ...] =
         r1 = np.concatenate([[np.nan, np.nan], h[:-2]]) / h  # h_{i-2} / h
         first = (1 - a)[:, None] * x0[0]
         d1_0 = (x0[0] - x0[1]) / r0[:, None]
+        big_h = (1 + eta) * h if sde else h  # k-diffusion's h_eta: the exponent of a
         if cfg["solver_type"] == "heun":
-            k = (a - 1) / (2 * h) + 1 if sde else (a - 1) / h + 1
+            k = (a - 1) / big_h + 1
             second = first + k[:, None] * d1_0
         else:  # midpoint (and what diffusers maps to it: logrho, bh1, bh2)
             second = first + (0.5 * (1 - a))[:, None] * d1_0
         d1_1 = (x0[1] - x0[2]) / r1[:, None]
         d1 = d1_0 + (r0 / (r0 + r1))[:, None] * (d1_0 - d1_1)
         d2 = (d1_0 - d1_1) / (r0 + r1)[:, None]
-        k = (a - 1) / (2 * h) + 1  # k-diffusion's phi_2 at h_eta = 2h; the D2 factor its -phi_3 (diffusers: - 1/2)
-        third = first + k[:, None] * d1 + ((1 - a - 2 * h) / (4 * h**2) + 0.5)[:, None] * d2
+        k = (a - 1) / big_h + 1  # k-diffusion's phi_2 at h_eta = (1 + eta) h; D2's factor its -phi_3 (diffusers: -1/2)
+        third = first + k[:, None] * d1 + ((1 - a - big_h) / big_h**2 + 0.5)[:, None] * d2
     terms = np.where((order == 1)[:, None], first, np.where((order == 2)[:, None], second, third))
     return a, terms[:, 0], terms[:, 1], terms[:, 2], d
 

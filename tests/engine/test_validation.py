@@ -160,3 +160,20 @@ def test_a_combined_sampler_name_and_another_schedule_type_are_refused_naming_bo
         validate(GenerateRequest("p", sampler="DPM adaptive Karras"), LIMITS)
     assert err.value.field == "sampler"
     assert err.value.message.startswith("unknown sampler 'DPM adaptive Karras'; choose")
+
+
+@pytest.mark.parametrize("eta, expected", [(None, None), (0, 0.0), (1, 1.0), (0.35, 0.35), ("0.5", 0.5)])
+def test_eta_is_a_number_from_0_to_1_or_none(eta, expected):
+    """A1111's ``eta`` (its sliders: 0 to 1); None = each sampler's default. Kept for any sampler (those without an
+    eta ignore it, as A1111's do)."""
+    checked = validate(GenerateRequest("p", sampler="Euler", eta=eta), LIMITS)
+    assert checked.eta == expected and (expected is None or type(checked.eta) is float)
+
+
+@pytest.mark.parametrize("eta, message", [(1.5, "must be between 0 and 1, got 1.5"), (-0.01, "must be between 0"),
+                                          (float("nan"), "must be a finite number"), (True, "expected a number"),
+                                          ("x", "expected a number")])
+def test_eta_outside_0_to_1_is_refused_naming_eta(eta, message):
+    with pytest.raises(InvalidRequest) as err:
+        validate(GenerateRequest("p", sampler="DDIM", eta=eta), LIMITS)
+    assert err.value.field == "eta" and message in err.value.message

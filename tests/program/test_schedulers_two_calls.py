@@ -193,9 +193,9 @@ def test_a_whole_loop_matches_diffusers(sampler, arrays):
 
 
 # ---- A1111's schedule types: k-diffusion's samplers on their sigmas -------------------------------------------
-def k_diffusion(sampler: str, sigmas, x, model, noise) -> np.ndarray:
-    """k-diffusion's ``sample_heun`` (s_churn 0), ``sample_dpm_2``, ``sample_dpmpp_sde`` (eta 1, s_noise 1, r 1/2)
-    and ``sample_dpm_2_ancestral`` (eta 1, s_noise 1) written from its code in numpy float64: ``model(x, sigma) ->
+def k_diffusion(sampler: str, sigmas, x, model, noise, eta: float = 1.0) -> np.ndarray:
+    """k-diffusion's ``sample_heun`` (s_churn 0), ``sample_dpm_2``, ``sample_dpmpp_sde`` (``eta``, s_noise 1, r 1/2)
+    and ``sample_dpm_2_ancestral`` (``eta``, s_noise 1) written from its code in numpy float64: ``model(x, sigma) ->
     denoised``; ``noise[i]`` = (the noise sampler's draw for (s, m), for (s, s')) of step i (DPM2 a: the first, for
     (s, s')). The final sample."""
     for i in range(len(sigmas) - 1):
@@ -203,7 +203,7 @@ def k_diffusion(sampler: str, sigmas, x, model, noise) -> np.ndarray:
         denoised = model(x, s)
         d = (x - denoised) / s
         if sampler == "DPM2 a":
-            sigma_down, sigma_up = _ancestral_step(s, s_next)
+            sigma_down, sigma_up = _ancestral_step(s, s_next, eta)
             if sigma_down == 0:  # Euler method
                 x = x + d * (sigma_down - s)
             else:  # DPM-Solver-2
@@ -225,15 +225,20 @@ def k_diffusion(sampler: str, sigmas, x, model, noise) -> np.ndarray:
             t, t_next = -math.log(s), -math.log(s_next)
             h = t_next - t
             mid = math.exp(-(t + h / 2))
-            sd, su = _ancestral_step(s, mid)
+            sd, su = _ancestral_step(s, mid, eta)
             x_2 = (sd / s) * x - math.expm1(t + math.log(sd)) * denoised + noise[i][0] * su
-            sd, su = _ancestral_step(s, s_next)
+            sd, su = _ancestral_step(s, s_next, eta)
             x = (sd / s) * x - math.expm1(t + math.log(sd)) * model(x_2, mid) + noise[i][1] * su
     return x
 
 
-def _ancestral_step(sigma_from, sigma_to):
-    up = min(sigma_to, (sigma_to**2 * (sigma_from**2 - sigma_to**2) / sigma_from**2) ** 0.5)
+def _ancestral_step(sigma_from, sigma_to, eta=1.0):
+    """k-diffusion's ``get_ancestral_step(sigma_from, sigma_to, eta)`` (k_diffusion/sampling.py): sigma_up =
+    min(sigma_to, eta sqrt(sigma_to^2 (sigma_from^2 - sigma_to^2) / sigma_from^2)), sigma_down = sqrt(sigma_to^2 -
+    sigma_up^2); (sigma_to, 0) where eta is 0."""
+    if not eta:
+        return sigma_to, 0.0
+    up = min(sigma_to, eta * (sigma_to**2 * (sigma_from**2 - sigma_to**2) / sigma_from**2) ** 0.5)
     return (sigma_to**2 - up**2) ** 0.5, up
 
 
@@ -251,6 +256,24 @@ def test_every_schedule_type_runs_k_diffusions_sampler(sampler, schedule_type, a
     close(engine, reference, f"{sampler} {schedule_type}", rtol=1e-4)
 
 
+@pytest.mark.parametrize("eta", [0.0, 0.35, 0.8])
+@pytest.mark.parametrize("schedule_type", [None, "karras"])
+@pytest.mark.parametrize("sampler", ["DPM++ SDE", "DPM2 a"])
+def test_eta_is_k_diffusions(sampler, schedule_type, eta, arrays):
+    """A request's eta (A1111's, passed as the k-diffusion function's ``eta``): make_schedule(..., eta) runs
+    k-diffusion's sample_dpmpp_sde / sample_dpm_2_ancestral at that eta (get_ancestral_step's eta in both of DPM++
+    SDE's ancestral steps; DPM2 a's midpoint between s and the eta's sigma_down); eta 0 adds no noise at all, and
+    another eta moves the images."""
+    base = STEPS["base_config"]
+    schedule = make_schedule(sampler, base, 6, schedule_type, eta=eta)
+    engine, reference = against_k_diffusion(sampler, base, schedule, arrays, eta)
+    close(engine, reference, f"{sampler} {schedule_type} eta {eta}", rtol=1e-4)
+    noise = [schedule.d, schedule.second.d, schedule.second.d2]
+    assert any(x.any() for x in noise) == (eta > 0)
+    default = against_k_diffusion(sampler, base, make_schedule(sampler, base, 6, schedule_type), arrays)[0]
+    assert np.abs(engine - default).max() > 1e-3  # eta 1 (the default) is another sampler
+
+
 def test_dpm2_ancestral_from_a_cosine_schedules_sigma_20000_is_k_diffusions_not_diffusers_nan(arrays):
     """A cosine schedule, trailing: the first sigma is 20 291, where diffusers' KDPM2AncestralDiscreteScheduler's
     float32 sigma_down = sqrt(s'^2 - s_up^2) cancels to 0 and its midpoint is NaN (so the fixtures have no such case);
@@ -266,7 +289,7 @@ def test_dpm2_ancestral_from_a_cosine_schedules_sigma_20000_is_k_diffusions_not_
     assert np.abs(engine - reference).max() <= 1e-4 * np.abs(reference).max()
 
 
-def against_k_diffusion(sampler: str, config: dict, schedule, arrays):
+def against_k_diffusion(sampler: str, config: dict, schedule, arrays, eta: float = 1.0):
     """(the program's steps' final sample, k-diffusion's sampler's) from start x init_scale on the schedule's sigmas
     with the fake model (its timestep each sigma's ``sigma_to_t``, as the schedule's; DPM++ SDE's two draws per step
     the engine's z and rho z + sqrt(1 - rho^2) w; DPM2 a's one draw the engine's z)."""
@@ -292,7 +315,7 @@ def against_k_diffusion(sampler: str, config: dict, schedule, arrays):
 
     rho = lambda k: schedule.d[k] / max(math.hypot(schedule.d[k], schedule.second.d2[k]), 1e-30)  # noqa: E731
     noise = [(z[k], rho(k) * z[k] + math.sqrt(max(1 - rho(k) ** 2, 0.0)) * w[k]) for k in range(n)]
-    return x, k_diffusion(sampler, sigmas, first, model, noise)
+    return x, k_diffusion(sampler, sigmas, first, model, noise, eta)
 
 
 # ---- DPM++ SDE's noise: a Brownian tree's law ------------------------------------------------------------------
