@@ -13,7 +13,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from sdxl_engine.program.schedulers import DEFAULT_SCHEDULE_TYPE, SCHEDULE_TYPES
+from sdxl_engine.program.schedulers import DEFAULT_SCHEDULE_TYPE, ETA_DEFAULTS, SCHEDULE_TYPES
 from sdxl_engine.service.images import a1111_parameters, encode_pngs, image_stem, request_stamp, write_new
 from sdxl_engine.service.styles import NO_STYLE
 
@@ -47,11 +47,13 @@ def mode_parameters(req, refiner: str = "") -> dict:
     (modules/processing.py): ``Denoising strength`` (img2img's strength, or the hires pass's), ``Hires upscale``,
     ``Hires steps``, ``Hires upscaler``, ``Hires sampler``, ``Hires prompt``, ``Hires negative prompt`` (those three
     when they differ from the first pass's), ``Schedule type`` (its A1111 label, unless automatic), ``Refiner``
-    (``refiner``: its name), ``Refiner switch at``. {} for plain text to image with the automatic schedule type."""
+    (``refiner``: its name), ``Refiner switch at``, and :func:`eta_parameters`'. {} for plain text to image with the
+    automatic schedule type and no eta."""
     out: dict = {}
     schedule_type = getattr(req, "schedule_type", None)
     if schedule_type not in (None, DEFAULT_SCHEDULE_TYPE):  # A1111 1.9's key, its label (automatic: none, as before)
         out["Schedule type"] = SCHEDULE_TYPES[schedule_type]
+    out.update(eta_parameters(req))
     if getattr(req, "image", None) is not None and req.strength is not None:
         out["Denoising strength"] = req.strength
     if getattr(req, "hires_scale", None) is not None:
@@ -65,6 +67,21 @@ def mode_parameters(req, refiner: str = "") -> dict:
                 out[key] = quote(value)
     if getattr(req, "refiner_switch_at", None) is not None:
         out.update({"Refiner": refiner or "refiner", "Refiner switch at": req.refiner_switch_at})
+    return out
+
+
+def eta_parameters(req) -> dict:
+    """A1111's infotext entry for a request's ``eta`` where a sampler that ran takes it (schedulers.ETA_DEFAULTS; the
+    first pass's, and hires fix's second): ``Eta DDIM`` for DDIM, ``Eta`` for the others, each only where eta is not
+    that sampler's default (A1111's Sampler.initialize: eta_infotext_field when eta != eta_default; TCD's default its
+    gamma schedulers.TCD_GAMMA). {} without an eta."""
+    eta = getattr(req, "eta", None)
+    if eta is None:
+        return {}
+    out = {}
+    for sampler in dict.fromkeys((req.sampler, getattr(req, "hires_sampler", None) or req.sampler)):
+        if sampler in ETA_DEFAULTS and eta != ETA_DEFAULTS[sampler]:
+            out["Eta DDIM" if sampler == "DDIM" else "Eta"] = eta
     return out
 
 
@@ -125,6 +142,8 @@ def deliver(result, prompt: str, style: str, files_dir: Path | None = None, outp
                          "height": int(result.images.shape[1])}
     if getattr(req, "refiner_switch_at", None) is not None:
         info.update(refiner=getattr(result, "refiner", ""), refiner_switch_at=req.refiner_switch_at)
+    if getattr(req, "eta", None) is not None:
+        info["eta"] = req.eta
     info["prompt_chunks"] = getattr(result, "prompt_chunks", 1)  # 75-token chunks the prompts ran with
     if loras:
         info["loras"] = dict(loras)

@@ -78,3 +78,25 @@ def test_the_pngs_carry_the_control_infotext_quoted_as_a1111_writes_it(tmp_path)
     text = a1111_text(deliver(result, "a red circle", "(No style)", tmp_path / "served").pngs[0])
     assert f'ControlNet 0: "{entry}"' in text.splitlines()[-1]
     assert "ControlNet" not in a1111_text(deliver(fake_result(1), "x", "(No style)", tmp_path / "plain").pngs[0])
+
+
+def test_eta_is_written_as_a1111_writes_it_where_not_the_samplers_default():
+    """A1111's Sampler.initialize: ``Eta DDIM`` (DDIM, default 0) or ``Eta`` (the k-diffusion samplers with an eta,
+    default 1; TCD's gamma here, default 0.3) where eta is not the default; nothing for a sampler without an eta or a
+    request without one; hires fix's second sampler counts too."""
+    from types import SimpleNamespace
+
+    from sdxl_engine.service.delivery import eta_parameters, mode_parameters
+
+    def req(sampler, eta, hires_sampler=None):
+        return SimpleNamespace(sampler=sampler, eta=eta, hires_sampler=hires_sampler)
+
+    assert eta_parameters(req("DDIM", 1.0)) == {"Eta DDIM": 1.0} and eta_parameters(req("DDIM", 0.0)) == {}
+    assert eta_parameters(req("Euler a", 0.5)) == {"Eta": 0.5} and eta_parameters(req("DPM++ 2M SDE", 1.0)) == {}
+    assert eta_parameters(req("TCD", 0.3)) == {} and eta_parameters(req("TCD", 1.0)) == {"Eta": 1.0}
+    assert eta_parameters(req("Euler", 0.5)) == {} and eta_parameters(req("DDIM", None)) == {}
+    assert eta_parameters(req("Euler", 0.5, "DPM2 a")) == {"Eta": 0.5}
+    assert eta_parameters(req("DDIM", 0.5, "Euler a")) == {"Eta DDIM": 0.5, "Eta": 0.5}
+    full = SimpleNamespace(sampler="DDIM", eta=0.25, hires_sampler=None, schedule_type=None, image=None,
+                           hires_scale=None, refiner_switch_at=None)
+    assert mode_parameters(full) == {"Eta DDIM": 0.25}

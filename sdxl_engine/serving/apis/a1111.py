@@ -15,7 +15,8 @@ loaded model and what it takes; ``POST png-info`` reads an image's parameters te
 
 Field mapping (:func:`to_call`): ``steps`` -> num_inference_steps, ``cfg_scale`` -> guidance_scale,
 ``sampler_name`` (else ``sampler_index``) -> the sampler, ``scheduler`` -> schedule_type (A1111 1.9 splits
-``DPM++ 2M Karras`` into sampler ``DPM++ 2M`` and scheduler ``Karras``: the same schedule here), ``styles`` ->
+``DPM++ 2M Karras`` into sampler ``DPM++ 2M`` and scheduler ``Karras``: the same schedule here), ``eta`` -> eta (the
+samplers that take one: Euler a, DPM2 a, the DPM++ SDEs, DDIM, TCD; the others ignore it, as A1111's), ``styles`` ->
 the page's style (one at most), ``batch_size`` x ``n_iter`` -> the image count (the engine makes its batch per
 call; fewer images return the first ones, more run further calls). A field left out takes the
 engine's default (A1111's own 512 x 512, 50 steps, CFG 7 would not suit every model). Fields that
@@ -57,7 +58,6 @@ from sdxl_engine.program.schedulers import (
     SAMPLERS,
     SCHEDULE_ALIASES,
     SCHEDULE_TYPES,
-    TCD_GAMMA,
     UnknownSampler,
     UnknownScheduleType,
     get_schedule_type,
@@ -142,6 +142,7 @@ class Txt2Img(BaseModel):
     sampler_name: str | None = None
     sampler_index: str | None = None
     scheduler: str | None = None
+    eta: Float | None = None
     styles: list[str] | None = None
     batch_size: Int = 1
     n_iter: Int = 1
@@ -208,20 +209,6 @@ class Ignored:
     why: str
 
 
-def _eta_defaults(body) -> tuple | None:
-    """eta's neutral values for the request's sampler: A1111's eta_ancestral 1 for the samplers whose k-diffusion
-    function takes an ``eta`` (Euler a, DPM2 a, DPM++ SDE, DPM++ 2M SDE, DPM++ 3M SDE: their noise is fixed at eta 1
-    here), eta_ddim 0 for DDIM, TCD's fixed gamma (schedulers.TCD_GAMMA, the value its forks' eta would set); eta
-    changes nothing for the others, in A1111 too. An older combined name ("DPM++ SDE Karras") is its sampler's."""
-    try:
-        name = split_sampler_name(body.sampler_name or body.sampler_index or None)[0]
-    except UnknownSampler:
-        return None
-    neutral = {"Euler a": 1, "DPM2 a": 1, "DPM++ SDE": 1, "DPM++ 2M SDE": 1, "DPM++ 3M SDE": 1, "DDIM": 0,
-               "TCD": TCD_GAMMA}
-    return (*_UNSET, neutral[name]) if name in neutral else None
-
-
 def _other_scripts(body) -> tuple | None:
     """``alwayson_scripts``' defaults for the warning: a body whose scripts are ControlNet's alone (run here,
     controlnet.units_of) is at its default."""
@@ -246,8 +233,6 @@ COMMON_IGNORED = (
     Ignored("subseed_strength", (*_UNSET, 0), "no variation seeds here: each image is its seed alone"),
     Ignored("seed_resize_from_w", (*_UNSET, 0, -1), "no seed resize here"),
     Ignored("seed_resize_from_h", (*_UNSET, 0, -1), "no seed resize here"),
-    Ignored("eta", _eta_defaults, f"eta is fixed per sampler here (Euler a, DPM2 a and the DPM++ SDEs 1, DDIM 0: "
-                                  f"A1111's defaults; TCD's gamma {TCD_GAMMA})"),
     Ignored("s_churn", (*_UNSET, 0), "the sampler noise settings are fixed here (A1111's defaults)"),
     Ignored("s_tmin", (*_UNSET, 0), "the sampler noise settings are fixed here (A1111's defaults)"),
     Ignored("s_tmax", (*_UNSET, 0), "the sampler noise settings are fixed here (A1111's defaults)"),
@@ -451,6 +436,8 @@ def to_call(body: Txt2Img, width=None, height=None, paste_back: PasteBack | None
     sampler, schedule_type = sampler_of(body.sampler_name or body.sampler_index, body.scheduler)
     if schedule_type is not None:
         fields = {**fields, "schedule_type": schedule_type}
+    if body.eta is not None:  # the engine's eta: the samplers that take one use it, the others ignore it, as A1111's
+        fields = {**fields, "eta": body.eta}
     styles = [s for s in body.styles or [] if s and s != NO_STYLE]
     if len(styles) > 1:
         raise ApiError(422, f"styles: this server applies one style per request, got {len(styles)}: "

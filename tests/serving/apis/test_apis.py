@@ -540,10 +540,10 @@ def test_a1111_info_send_images_and_negative_prompts(served):
 
 
 def test_a1111_fields_not_honoured_are_named_in_info_warnings_and_one_log_line(served):
-    client, _, lines = served
+    client, calls, lines = served
     body = {"prompt": "x", "firstphase_width": 512, "alwayson_scripts": {"ControlNet": {"args": []}},
             "restore_faces": True, "tiling": True, "subseed_strength": 0.5,
-            "eta": 0.3, "sampler_name": "Euler a", "s_noise": 0.9, "init_images": ["aGk="],
+            "sampler_name": "Euler a", "s_noise": 0.9, "init_images": ["aGk="],
             "override_settings": {"sd_model_checkpoint": "tiny-shapes", "CLIP_stop_at_last_layers": 2,
                                   "sd_vae": "Automatic"}}
     info = json.loads(client.post("/sdapi/v1/txt2img", json=body).json()["info"])
@@ -553,8 +553,6 @@ def test_a1111_fields_not_honoured_are_named_in_info_warnings_and_one_log_line(s
         "restore_faces=true ignored: no face restoration here",
         "tiling=true ignored: no tiling here: the images do not wrap around",
         "subseed_strength=0.5 ignored: no variation seeds here: each image is its seed alone",
-        "eta=0.3 ignored: eta is fixed per sampler here (Euler a, DPM2 a and the DPM++ SDEs 1, DDIM 0: "
-        "A1111's defaults; TCD's gamma 0.3)",
         "s_noise=0.9 ignored: the sampler noise settings are fixed here (A1111's defaults)",
         "override_settings.CLIP_stop_at_last_layers=2 ignored: clip skip is fixed at 1 here",
     ]
@@ -568,14 +566,12 @@ def test_a1111_fields_not_honoured_are_named_in_info_warnings_and_one_log_line(s
                 "do_not_save_grid": True}
     assert json.loads(client.post("/sdapi/v1/txt2img", json=defaults).json()["info"])["warnings"] == ["engine note"]
     assert lines == []
-    for sampler, eta, warned in (("Euler a", 1.0, False), ("DDIM", 0, False), ("DDIM", 1.0, True),
-                                 ("Euler", 0.5, False), ("DPM++ 2M", 1.0, False), ("TCD", 0.3, False),
-                                 ("TCD", 1.0, True), ("DPM++ 2M SDE", 1.0, False), ("DPM++ SDE Karras", 0.5, True),
-                                 ("DPM2 a", 0.0, True)):  # eta adds noise in the ancestral and SDE samplers, DDIM, TCD
+    for sampler, eta in (("Euler a", 1.0), ("DDIM", 0), ("DDIM", 1.0), ("Euler", 0.5), ("DPM++ 2M", 1.0),
+                         ("TCD", 0.3), ("TCD", 1.0), ("DPM++ 2M SDE", 1.0), ("DPM++ SDE Karras", 0.5), ("DPM2 a", 0.0),
+                         ("DDIM", None)):  # honoured (or, samplers without one, ignored by the engine as in A1111)
         sent = {"prompt": "x", "sampler_name": sampler, "eta": eta}
         warnings = json.loads(client.post("/sdapi/v1/txt2img", json=sent).json()["info"])["warnings"]
-        assert warnings == ([f"eta={eta} ignored: eta is fixed per sampler here (Euler a, DPM2 a and the DPM++ SDEs "
-                             f"1, DDIM 0: A1111's defaults; TCD's gamma 0.3)"] if warned else []) + ["engine note"]
+        assert warnings == ["engine note"] and calls[-1].engine.eta == eta
 
 
 def test_a1111_disabled_controlnet_units_run_without_a_warning_and_other_scripts_are_named(served):
