@@ -1,6 +1,7 @@
 """IP-Adapter FaceID references: a tiny random FaceID adapter for tiny-pt in h94/IP-Adapter-FaceID's file layout and
 diffusers' ``StableDiffusionXLPipeline`` images with it (``load_ip_adapter(..., image_encoder_folder=None)`` and
-``ip_adapter_image_embeds``), for tests/models/test_ip_adapter_module.py and tests/program/test_generate_ip_adapter.py.
+``ip_adapter_image_embeds``), for tests/models/test_ip_adapter_faceid.py,
+tests/program/test_generate_ip_adapter_faceid.py and tests/engine/test_local_ip_adapter_faceid.py.
 
     .venv-torch/bin/python -m tools.make_fixtures ip-adapter-faceid      (the torch venv; never the runtime's)
 
