@@ -17,6 +17,7 @@ Commands, run from the repository root (each in the module that makes it):
     python -m tools.make_fixtures lcm-lora            # tools/fixtures_lora.py
     python -m tools.make_fixtures img2img             # tools/fixtures_img2img.py
     python -m tools.make_fixtures ip-adapter          # tools/fixtures_ip_adapter.py
+    python -m tools.make_fixtures ip-adapter-faceid   # tools/fixtures_ip_adapter_faceid.py
     python -m tools.make_fixtures controlnet-union    # tools/fixtures_controlnet_union.py
     python -m tools.make_fixtures fullsize --out DIR [--dtype float32|bfloat16]   # tools/fixtures_fullsize.py
 
@@ -43,6 +44,7 @@ from tools.fixtures_ddim_eta import cmd_ddim_eta
 from tools.fixtures_fullsize import cmd_fullsize
 from tools.fixtures_img2img import cmd_img2img
 from tools.fixtures_ip_adapter import cmd_ip_adapter
+from tools.fixtures_ip_adapter_faceid import cmd_ip_adapter_faceid
 from tools.fixtures_lora import cmd_lcm_lora, cmd_lora
 from tools.fixtures_restart import cmd_restart
 from tools.fixtures_samplers import cmd_samplers, cmd_samplers_add
@@ -90,6 +92,9 @@ def main(argv=None) -> None:
     ip_adapter = sub.add_parser("ip-adapter", help="tiny-pt-ip-adapter: a tiny IP-Adapter in h94's layout, diffusers' "
                                 "images with it (needs tiny-pt-img2img/noise.npz)")
     ip_adapter.add_argument("--out", type=Path, default=FIXTURES)
+    faceid = sub.add_parser("ip-adapter-faceid", help="tiny-pt-ip-adapter-faceid: a tiny IP-Adapter FaceID in h94's "
+                            "layout, diffusers' images with face embeddings (needs tiny-pt-img2img/noise.npz)")
+    faceid.add_argument("--out", type=Path, default=FIXTURES)
     sub.add_parser("controlnet-union", help="tiny-pt-controlnet-union: a tiny ControlNetUnionModel for tiny-pt, "
                    "diffusers' union pipeline's images with it (needs tiny-pt-controlnet and tiny-pt-img2img)")
     full = sub.add_parser("fullsize", help="random full-size SDXL base and its reference outputs")
@@ -120,6 +125,7 @@ COMMANDS = {
     "lcm-lora": lambda args: cmd_lcm_lora(args.out),
     "img2img": lambda args: cmd_img2img(args.out),
     "ip-adapter": lambda args: cmd_ip_adapter(args.out),
+    "ip-adapter-faceid": lambda args: cmd_ip_adapter_faceid(args.out),
     "controlnet-union": lambda args: cmd_controlnet_union(),
     "fullsize": lambda args: cmd_fullsize(args.out, args.dtype),
 }

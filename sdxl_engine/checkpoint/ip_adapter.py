@@ -13,10 +13,19 @@ width is what the adapter's projection takes (so ``ip-adapter_sdxl_vit-h`` finds
 bigG).
 
 Image projections (the files' keys are the modules' names: models/ip_adapter.py): the plain adapter's
-(``image_proj.proj.*``, ``image_proj.norm.*``: ``ip-adapter_sdxl``, ``ip-adapter_sdxl_vit-h``) and Plus's Resampler
+(``image_proj.proj.*``, ``image_proj.norm.*``: ``ip-adapter_sdxl``, ``ip-adapter_sdxl_vit-h``), Plus's Resampler
 (``image_proj.latents``, ``proj_in``, ``layers.*``, ``proj_out``, ``norm_out``: ``ip-adapter-plus_sdxl_vit-h``,
-``ip-adapter-plus-face_sdxl_vit-h``), its shapes read from the file as diffusers'
-``_convert_ip_adapter_image_proj_to_diffusers`` reads them. Refused by name: Full Face, FaceID, FaceID Plus.
+``ip-adapter-plus-face_sdxl_vit-h``) and FaceID's MLP (``image_proj.proj.0.*``, ``proj.2.*``, ``norm.*``:
+h94/IP-Adapter-FaceID's ``ip-adapter-faceid_sdxl`` and ``ip-adapter-faceid-portrait_sdxl``, converted from their
+``.bin`` to ``.safetensors`` keeping the keys), its shapes read from the file as diffusers'
+``_convert_ip_adapter_image_proj_to_diffusers`` reads them. Refused by name: Full Face, FaceID Plus (v1 and v2: they
+take a CLIP image beside the face embedding).
+
+FaceID takes no image encoder (its input is a face embedding the client computes with insightface): none is looked
+for. h94's FaceID file also carries a LoRA for every attention layer of the UNet (``ip_adapter.{i}.to_q_lora.*``,
+``to_k_lora``, ``to_v_lora``, ``to_out_lora``; diffusers' ``load_ip_adapter`` applies it at weight 1 to every
+request); those keys are left unread here and the log says so: the LoRA is h94's
+``ip-adapter-faceid_sdxl_lora.safetensors``, a prompt's ``<lora:NAME:WEIGHT>`` as in A1111 (``--lora NAME=PATH``).
 
 The hash is AUTOMATIC1111's model hash of the adapter file (checkpoint/controlnet.model_hash).
 """
@@ -51,7 +60,10 @@ from sdxl_engine.models.unet import UNetConfig
 LOG = logging.getLogger(__name__)
 # image projection keys -> the adapter kind a file is, for the ones refused by name
 REFUSED = (("image_proj.proj.3.weight", "IP-Adapter Full Face is not supported"),
-           ("image_proj.perceiver_resampler.proj_in.weight", "IP-Adapter FaceID Plus is not supported"))
+           ("image_proj.perceiver_resampler.proj_in.weight",
+            "IP-Adapter FaceID Plus (v1/v2) is not supported: it takes a CLIP image beside the face embedding (its "
+            "projection's shortcut and Resampler)"))
+LORA_KEY = re.compile(r"ip_adapter\.\d+\.to_(q|k|v|out)_lora\..*")  # FaceID's LoRA (module docstring): left unread
 ENCODER_FOLDERS = ("image_encoder", "../image_encoder", "../models/image_encoder")  # beside the file, in order
 
 
@@ -63,12 +75,14 @@ class LoadedIPAdapter:
         name: what requests call it (the file name without ``.safetensors``).
         path: the adapter file.
         component: its Component ("ip_adapter": image projection and per-layer ``to_k_ip``/``to_v_ip``).
+            ``component.config.projection`` "faceid": its units send face embeddings, not images
+            (:attr:`takes_embeds`), and it has no image encoder (``encoder`` None).
         params: {key: array} of the adapter in ``dtype``, on the devices.
         layers: the Component of its layers alone ("ip_adapter_layers"): what the generate program binds.
         layer_params: ``params``' ``ip_adapter.*`` entries (the same arrays): what the program takes.
-        encoder_path: the image encoder's folder.
-        encoder: the image encoder's Component ("image_encoder").
-        encoder_params: {key: array} of the image encoder in ``dtype``, on the devices.
+        encoder_path: the image encoder's folder (None for FaceID).
+        encoder: the image encoder's Component ("image_encoder"; None for FaceID).
+        encoder_params: {key: array} of the image encoder in ``dtype``, on the devices ({} for FaceID).
         hash: A1111's model hash of the adapter file.
         dtype: the parameters' dtype name.
     """
@@ -77,14 +91,15 @@ class LoadedIPAdapter:
     path: Path
     component: Component
     params: dict
-    encoder_path: Path
-    encoder: Component
+    encoder_path: Path | None
+    encoder: Component | None
     encoder_params: dict
     hash: str
     dtype: str
     layers: Component
     layer_params: dict
     load_s: float = 0.0
+    lora_keys: int = 0  # FaceID's LoRA keys left unread (module docstring)
 
     @property
     def architecture(self) -> str:
@@ -97,9 +112,19 @@ class LoadedIPAdapter:
         return self.component.config.tokens
 
     @property
-    def image_size(self) -> int:
-        """The image encoder's input size (pixels, square)."""
-        return self.encoder.config.image_size
+    def image_size(self) -> int | None:
+        """The image encoder's input size (pixels, square); None for FaceID (no encoder)."""
+        return None if self.encoder is None else self.encoder.config.image_size
+
+    @property
+    def takes_embeds(self) -> bool:
+        """FaceID: its units send face embeddings (IPAdapterUnit.embeds), not reference images."""
+        return self.component.config.projection == "faceid"
+
+    @property
+    def embed_dim(self) -> int:
+        """The width of a face embedding its units send (FaceID: 512 for h94's files)."""
+        return self.component.config.image_embed_dim
 
     @property
     def title(self) -> str:
@@ -146,12 +171,15 @@ def adapter_config(path: Path, unet: UNetConfig) -> dict:
     header = read_safetensors_header(path)
     for key, why in REFUSED:
         if key in header:
-            raise ModelLoadError(f"{path}: {why}; load a plain or Plus IP-Adapter (ip-adapter_sdxl.safetensors, "
-                                 "ip-adapter-plus_sdxl_vit-h.safetensors)")
-    if "image_proj.proj.weight" not in header and "image_proj.latents" not in header:
-        what = "FaceID" if "image_proj.norm.weight" in header else "not an IP-Adapter in h94's layout"
-        raise ModelLoadError(f"{path}: {what} (no image_proj.proj.weight or image_proj.latents); load a plain or Plus "
-                             "IP-Adapter (ip-adapter_sdxl.safetensors, ip-adapter-plus_sdxl_vit-h.safetensors)")
+            raise ModelLoadError(f"{path}: {why}; load a plain, Plus or FaceID IP-Adapter "
+                                 "(ip-adapter_sdxl.safetensors, ip-adapter-plus_sdxl_vit-h.safetensors, "
+                                 "ip-adapter-faceid_sdxl.safetensors)")
+    faceid = all(f"image_proj.{k}.weight" in header for k in ("proj.0", "proj.2", "norm"))
+    if "image_proj.proj.weight" not in header and "image_proj.latents" not in header and not faceid:
+        raise ModelLoadError(f"{path}: not an IP-Adapter in h94's layout (no image_proj.proj.weight, "
+                             "image_proj.latents or image_proj.proj.0/proj.2/norm.weight); load a plain, Plus or "
+                             "FaceID IP-Adapter (ip-adapter_sdxl.safetensors, ip-adapter-plus_sdxl_vit-h.safetensors, "
+                             "ip-adapter-faceid_sdxl.safetensors)")
     layers = cross_attention_layers(unet)
     cross = unet.cross_attention_dim[-1]
     ids = sorted(int(m[1]) for k in header if (m := re.fullmatch(r"ip_adapter\.(\d+)\.to_k_ip\.weight", k)))
@@ -175,6 +203,15 @@ def adapter_config(path: Path, unet: UNetConfig) -> dict:
         return dict(projection="plus", image_embed_dim=header["image_proj.proj_in.weight"].shape[1],
                     cross_attention_dim=cross, tokens=tokens, widths=widths, plus_dim=dim, plus_heads=heads,
                     plus_depth=depth)
+    if faceid:  # MLPProjModel: proj.0 (hidden, id dim), proj.2 (tokens x cross, hidden), norm (cross,)
+        hidden, id_dim = header["image_proj.proj.0.weight"].shape
+        out = header["image_proj.proj.2.weight"].shape[0]
+        norm = header["image_proj.norm.weight"].shape[0]
+        if norm != cross or out % cross:
+            raise ModelLoadError(f"{path}: FaceID's image_proj.norm.weight ({norm}) and image_proj.proj.2.weight's "
+                                 f"{out} outputs are not tokens of the UNet's cross-attention width {cross}")
+        return dict(projection="faceid", image_embed_dim=id_dim, cross_attention_dim=cross, tokens=out // cross,
+                    widths=widths, faceid_hidden=hidden)
     proj = header["image_proj.proj.weight"].shape  # (tokens x cross, image_embed_dim)
     if proj[0] % cross:
         raise ModelLoadError(f"{path}: image_proj.proj.weight's {proj[0]} outputs are not tokens of the UNet's "
@@ -234,23 +271,36 @@ def load_ip_adapter(name: str, path: Path, dtype: str, unet: UNetConfig, shardin
     """Read, check and place one IP-Adapter and its image encoder (module docstring), each parameter put on the
     devices (``sharding``, None: the default device) in ``dtype`` as soon as it is read.
 
-    Raises ModelLoadError: not a supported IP-Adapter, one that does not fit ``unet``, no image encoder for it,
-    keys or shapes that do not fit the configs."""
+    Raises ModelLoadError: not a supported IP-Adapter, one that does not fit ``unet``, no image encoder for it
+    (FaceID needs none), keys or shapes that do not fit the configs."""
     start = time.perf_counter()
     component = _build("ip_adapter", adapter_config(path, unet), path)
     place = lambda array: jax.device_put(array, sharding)  # noqa: E731
-    params = load_params(component, [path], jnp.dtype(dtype), place)
     config = component.config
-    folder = find_image_encoder(path, config.image_embed_dim,
-                                "hidden_size" if config.projection == "plus" else "projection_dim")
-    encoder = _build("image_encoder", _encoder_config(folder), folder / "config.json")
-    encoder_params = load_params(encoder, find_weight_files(folder), jnp.dtype(dtype), place)
+    faceid = config.projection == "faceid"
+    lora_keys = sum(1 for k in read_safetensors_header(path) if LORA_KEY.fullmatch(k)) if faceid else 0
+    params = load_params(component, [path], jnp.dtype(dtype), place,
+                         skip=(lambda key: LORA_KEY.fullmatch(key) is not None) if faceid else None)
+    folder = encoder = None
+    encoder_params: dict = {}
+    if not faceid:
+        folder = find_image_encoder(path, config.image_embed_dim,
+                                    "hidden_size" if config.projection == "plus" else "projection_dim")
+        encoder = _build("image_encoder", _encoder_config(folder), folder / "config.json")
+        encoder_params = load_params(encoder, find_weight_files(folder), jnp.dtype(dtype), place)
     layers = _build("ip_adapter_layers", dict(cross_attention_dim=config.cross_attention_dim, widths=config.widths),
                     path)
     loaded = LoadedIPAdapter(name=name, path=path, component=component, params=params, encoder_path=folder,
                              encoder=encoder, encoder_params=encoder_params, hash=model_hash(path), dtype=dtype,
                              layers=layers, layer_params={k: params[k] for k in layers.shapes},
-                             load_s=time.perf_counter() - start)
+                             load_s=time.perf_counter() - start, lora_keys=lora_keys)
+    if faceid:
+        lora = (f"; its LoRA ({lora_keys} keys) is not applied: load h94's ip-adapter-faceid_sdxl_lora.safetensors "
+                "with --lora NAME=PATH and tag it in the prompt (<lora:NAME:1>), as in A1111") if lora_keys else ""
+        log(f"[sdxl_engine] IP-Adapter {loaded.title}: {path.name}, FaceID, {config.tokens} tokens per "
+            f"{config.image_embed_dim}-d face embedding (sent by the client; no image encoder), "
+            f"{len(config.widths)} layers, read in {loaded.load_s:.2f} s{lora}")
+        return loaded
     log(f"[sdxl_engine] IP-Adapter {loaded.title}: {path.name}, {config.projection}, {config.tokens} tokens per image, "
         f"{len(component.config.widths)} layers, image encoder {folder} ({encoder.config.image_size} px), "
         f"read in {loaded.load_s:.2f} s")

@@ -237,7 +237,8 @@ def _stored(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def load_params(component: Component, files: list[Path], dtype,
-                place: Callable[[np.ndarray], object] = np.asarray) -> dict:
+                place: Callable[[np.ndarray], object] = np.asarray,
+                skip: Callable[[str], bool] | None = None) -> dict:
     """Read, check and cast a component's weights; ``place`` each tensor as soon as it is read.
 
     Args:
@@ -246,6 +247,7 @@ def load_params(component: Component, files: list[Path], dtype,
         dtype: target dtype (numpy or ml_dtypes, e.g. ``jnp.bfloat16``).
         place: called with each (shape as in the module, ``dtype``) numpy array; returns what
             the dict keeps (``jax.device_put`` with a sharding puts it on the devices at once).
+        skip: keys of the files left unread (neither loaded nor "unexpected"); None: none.
     Returns:
         {module key: placed array} for every parameter of ``component``.
     Raises:
@@ -257,6 +259,8 @@ def load_params(component: Component, files: list[Path], dtype,
     infos: dict[str, TensorInfo] = {}
     for file in files:
         infos.update(read_safetensors_header(file))
+    if skip is not None:
+        infos = {k: v for k, v in infos.items() if not skip(k)}
     mapping, unexpected = _map_keys(component, list(infos))
     by_target = {target: infos[key] for key, target in mapping.items()}
     _check(component, where, {k: module_shape(v.shape) for k, v in by_target.items()},

@@ -7,6 +7,10 @@ image tokens, its scale and its per-step keep). docs/ip-adapter.md.
   (PIL bicubic, the long side ``int(S x long / short)``), the middle S x S cropped, x / 255, normalised by OpenAI
   CLIP's mean and std. Several images of one unit give their tokens one after another (diffusers' list of images for
   one adapter).
+* **Face embeddings** (FaceID adapters: ``IPAdapterUnit.embeds``): what insightface's ``FaceAnalysis`` gives a face
+  as ``normed_embedding`` (512 floats), computed by the client (the engine runs no face detector): through FaceID's
+  projection alone, the negative row that of zeros, as diffusers' ``ip_adapter_image_embeds`` with
+  ``torch.zeros_like`` negatives. Several embeddings of one unit give their tokens one after another, as images.
 * **Scale** (``weight``): diffusers' ``set_ip_adapter_scale``: the image attention's factor in every layer; 0 adds
   nothing (the images of no adapter).
 * **Step schedule**: A1111's rule as a ControlNet unit's (engine/control.keep_row): the unit's scale is 0 at the
@@ -16,6 +20,7 @@ image tokens, its scale and its per-step keep). docs/ip-adapter.md.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import time
 from collections.abc import Mapping, Sequence
 
@@ -35,7 +40,8 @@ from sdxl_engine.engine.errors import InvalidRequest
 
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)  # transformers' image_utils, CLIPImageProcessor's defaults
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
-MAX_REFERENCE_IMAGES = 4  # reference images per unit: each is its own program shape (tokens), so a bound
+MAX_REFERENCE_IMAGES = 4  # reference images (or face embeddings) per unit: each count is its own program shape
+FACEID_MODULE = "ip-adapter_face_id"  # sd-webui-controlnet's FaceID preprocessor (insightface on its server)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,7 +50,12 @@ class IPAdapterUnit:
 
     Attributes:
         image: the reference image, (H, W, 3) uint8 RGB (any size; grey and RGBA made RGB), or a tuple of them
-            (their tokens one after another, as diffusers' list of images for one adapter). Not compared.
+            (their tokens one after another, as diffusers' list of images for one adapter). Not compared. None for a
+            FaceID adapter's unit.
+        embeds: a FaceID adapter's input in place of ``image``: one face embedding (a sequence or (d,) array of d
+            floats, d the adapter's width: 512, insightface's ``normed_embedding``), or several ((n, d) or a sequence
+            of them, n 1 .. :data:`MAX_REFERENCE_IMAGES`: their tokens one after another). Validated to a tuple of
+            (d,) float32 arrays. Not compared. None for the other adapters' units.
         model: a loaded IP-Adapter's name (or ``"name [hash]"``; the hash is not checked).
         weight: the adapter's scale (diffusers' ``set_ip_adapter_scale``), 0 .. 2.
         guidance_start, guidance_end: the share of the steps it acts in, 0 .. 1, start <= end (A1111's rule, as a
@@ -56,6 +67,7 @@ class IPAdapterUnit:
     weight: float = 1.0
     guidance_start: float = 0.0
     guidance_end: float = 1.0
+    embeds: object = dataclasses.field(default=None, compare=False)
 
     @property
     def images(self) -> tuple:
@@ -63,13 +75,60 @@ class IPAdapterUnit:
         return tuple(self.image) if isinstance(self.image, (list, tuple)) else (self.image,)
 
 
-def validate_ip_units(units, loaded: Sequence[str], max_units: int) -> tuple[IPAdapterUnit, ...]:
+def as_embeds(field: str, value, dim: int) -> tuple[np.ndarray, ...]:
+    """A unit's ``embeds`` as a tuple of (dim,) float32 arrays: one embedding (d numbers) or several ((n, d) or a list
+    of d-number lists). Raises InvalidRequest naming ``field`` (or ``field[i]`` for one of several): not numbers, not
+    ``dim`` wide, not finite, none or more than :data:`MAX_REFERENCE_IMAGES`."""
+    want = (f"a face embedding of {dim} floats (insightface's normed_embedding) or a list of 1 .. "
+            f"{MAX_REFERENCE_IMAGES} of them")
+    if isinstance(value, np.ndarray):
+        if value.ndim not in (1, 2) or not np.issubdtype(value.dtype, np.number) or value.dtype == np.bool_:
+            raise InvalidRequest(field, f"expected {want}, got an array of shape {value.shape} {value.dtype}")
+        several = value.ndim == 2
+        rows = list(value) if several else [value]
+    elif isinstance(value, (list, tuple)):
+        several = bool(value) and all(isinstance(v, (list, tuple, np.ndarray)) for v in value)
+        rows = list(value) if several else [value]
+    else:
+        raise InvalidRequest(field, f"expected {want}, got {type(value).__name__}")
+    if not 1 <= len(rows) <= MAX_REFERENCE_IMAGES:
+        raise InvalidRequest(field, f"{len(rows)} face embeddings; a unit takes 1 .. {MAX_REFERENCE_IMAGES}")
+    out = []
+    for i, row in enumerate(rows):
+        f = f"{field}[{i}]" if several else field
+        if isinstance(row, np.ndarray):
+            if row.ndim != 1 or not np.issubdtype(row.dtype, np.number) or row.dtype == np.bool_:
+                raise InvalidRequest(f, f"expected {dim} floats, got an array of shape {row.shape} {row.dtype}")
+            array = row.astype(np.float64)
+        else:
+            bad = next((v for v in row if isinstance(v, bool) or not isinstance(v, numbers.Real)), None)
+            if bad is not None:
+                raise InvalidRequest(f, f"expected {dim} floats, got {type(bad).__name__} {bad!r} among them")
+            array = np.asarray(row, np.float64)
+        if array.shape != (dim,):
+            raise InvalidRequest(f, f"has {array.shape[0]} values; this IP-Adapter takes {dim}-d face embeddings "
+                                    "(insightface's normed_embedding)")
+        if not np.isfinite(array).all():
+            raise InvalidRequest(f, f"value {int(np.flatnonzero(~np.isfinite(array))[0])} is not finite (NaN or "
+                                    "infinite)")
+        if np.abs(array).max() > np.finfo(np.float32).max:
+            raise InvalidRequest(f, "a value is beyond float32's range")
+        out.append(np.ascontiguousarray(array, np.float32))
+    return tuple(out)
+
+
+def validate_ip_units(units, loaded: Sequence[str], max_units: int,
+                      embed_dims: Mapping[str, int] | None = None) -> tuple[IPAdapterUnit, ...]:
     """A request's ``ip_adapter_units`` checked and normalised: the model a loaded name, the images (H, W, 3)
-    uint8 (1 .. :data:`MAX_REFERENCE_IMAGES`), numbers in range.
+    uint8 (1 .. :data:`MAX_REFERENCE_IMAGES`) or, for a FaceID adapter (``embed_dims``: {name: its embeddings'
+    width} of the loaded FaceID adapters), the face embeddings (:func:`as_embeds`), numbers in range.
 
     Raises InvalidRequest naming the field: ``ip_adapter_units`` (not a list, too many units, none loaded),
-    ``ip_adapter_units[k].model`` (unknown: lists the loaded ones), ``.image`` / ``.image[i]``, ``.weight``,
-    ``.guidance_start`` / ``.guidance_end``."""
+    ``ip_adapter_units[k].model`` (unknown: lists the loaded ones), ``.image`` / ``.image[i]`` (an image adapter's
+    unit without one; an image for a FaceID adapter), ``.embeds`` / ``.embeds[i]`` (a FaceID adapter's unit without
+    them, embeddings for an image adapter, see :func:`as_embeds`), ``.weight``, ``.guidance_start`` /
+    ``.guidance_end``."""
+    embed_dims = embed_dims or {}
     if units is None:
         return ()
     if isinstance(units, IPAdapterUnit) or not isinstance(units, (list, tuple)):
@@ -89,13 +148,30 @@ def validate_ip_units(units, loaded: Sequence[str], max_units: int) -> tuple[IPA
         if name not in loaded:
             raise InvalidRequest(f"{f}.model", f"no IP-Adapter named {unit.model!r} is loaded; loaded: "
                                                f"{', '.join(loaded)}")
-        images = unit.images
-        if not 1 <= len(images) <= MAX_REFERENCE_IMAGES:
-            raise InvalidRequest(f"{f}.image", f"{len(images)} reference images; a unit takes 1 .. "
-                                               f"{MAX_REFERENCE_IMAGES}")
-        several = isinstance(unit.image, (list, tuple))
-        checked = tuple(as_control_image(f"{f}.image[{i}]" if several else f"{f}.image", image)
-                        for i, image in enumerate(images))
+        checked, embeds = None, None
+        if name in embed_dims:  # FaceID: face embeddings, no image
+            if unit.image is not None:
+                raise InvalidRequest(f"{f}.image", f"{name} is an IP-Adapter FaceID: it takes no image but the face's "
+                                                   f"embedding ({embed_dims[name]} floats, insightface's "
+                                                   f"normed_embedding, computed by the client) as embeds")
+            if unit.embeds is None:
+                raise InvalidRequest(f"{f}.embeds", f"{name} is an IP-Adapter FaceID: send the face's embedding "
+                                                    f"({embed_dims[name]} floats, insightface's normed_embedding); "
+                                                    "this server runs no face detector")
+            embeds = as_embeds(f"{f}.embeds", unit.embeds, embed_dims[name])
+        else:
+            if unit.embeds is not None:
+                raise InvalidRequest(f"{f}.embeds", f"{name} takes a reference image, not face embeddings (those are "
+                                                    "for an IP-Adapter FaceID)")
+            if unit.image is None:
+                raise InvalidRequest(f"{f}.image", f"{name} takes a reference image: send one (or several)")
+            images = unit.images
+            if not 1 <= len(images) <= MAX_REFERENCE_IMAGES:
+                raise InvalidRequest(f"{f}.image", f"{len(images)} reference images; a unit takes 1 .. "
+                                                   f"{MAX_REFERENCE_IMAGES}")
+            several = isinstance(unit.image, (list, tuple))
+            checked = tuple(as_control_image(f"{f}.image[{i}]" if several else f"{f}.image", image)
+                            for i, image in enumerate(images))
         start = _number(f"{f}.guidance_start", unit.guidance_start, 0.0, 1.0)
         end = _number(f"{f}.guidance_end", unit.guidance_end, 0.0, 1.0)
         if start > end:
@@ -103,7 +179,7 @@ def validate_ip_units(units, loaded: Sequence[str], max_units: int) -> tuple[IPA
                                                         "never act")
         out.append(IPAdapterUnit(image=checked, model=name, weight=_number(f"{f}.weight", unit.weight, 0.0,
                                                                            MAX_WEIGHT),
-                                 guidance_start=start, guidance_end=end))
+                                 guidance_start=start, guidance_end=end, embeds=embeds))
     return tuple(out)
 
 
@@ -119,10 +195,11 @@ def infotext(units: Sequence[IPAdapterUnit], titles: Mapping[str, str], first: i
     ControlNet unit's entry, ``"ControlNet {first + k}"`` (after the request's ``first`` ControlNet units), with
     the module :func:`a1111_module`, the model ``titles``' "name [hash]", the weight, guidance start and end, and
     the other fields a unit has by default (engine/control.unit_infotext: "Crop and Resize", as the reference is
-    centre-cropped; resolution 512)."""
+    centre-cropped; resolution 512). A FaceID unit's (face embeddings) module is :data:`FACEID_MODULE`."""
     return {f"ControlNet {first + k}": unit_infotext(
         ControlUnit(model=u.model, weight=u.weight, guidance_start=u.guidance_start, guidance_end=u.guidance_end),
-        titles.get(u.model, u.model), a1111_module(u.model)) for k, u in enumerate(units)}
+        titles.get(u.model, u.model), FACEID_MODULE if u.embeds is not None else a1111_module(u.model))
+        for k, u in enumerate(units)}
 
 
 def clip_pixels(image: np.ndarray, size: int) -> np.ndarray:
@@ -166,9 +243,12 @@ class IPAdapterArrays:
 def reference_tokens(unit: IPAdapterUnit, adapter) -> np.ndarray:
     """A validated unit's image tokens (2, images x tokens, width) float32 by its adapter (a
     checkpoint/ip_adapter.LoadedIPAdapter): its images through the image encoder and the projection
-    (program/ip_adapter.py), once per request."""
+    (program/ip_adapter.py), once per request; a FaceID unit's face embeddings through its projection."""
     from sdxl_engine.program.ip_adapter import reference_tokens_fn
 
+    if adapter.takes_embeds:
+        fn = reference_tokens_fn(None, adapter.component)
+        return np.asarray(fn({}, adapter.params, np.stack(unit.embeds)))
     pixels = np.stack([clip_pixels(image, adapter.image_size) for image in unit.images])  # (n, 3, S, S)
     fn = reference_tokens_fn(adapter.encoder, adapter.component)
     return np.asarray(fn(adapter.encoder_params, adapter.params, pixels))
@@ -180,6 +260,10 @@ def compile_reference_tokens(adapter) -> float:
     request with a unit compiles it inside the request (a ViT-H/14 encoder took over 30 s so on a TPU v5e).
     ``adapter``: a checkpoint/ip_adapter.LoadedIPAdapter. Returns the seconds it took."""
     t0 = time.perf_counter()
+    if adapter.takes_embeds:  # FaceID: one zero face embedding
+        reference_tokens(IPAdapterUnit(embeds=(np.zeros(adapter.embed_dim, np.float32),), model=adapter.name),
+                         adapter)
+        return time.perf_counter() - t0
     size = adapter.image_size
     reference_tokens(IPAdapterUnit(image=np.full((size, size, 3), 128, np.uint8), model=adapter.name), adapter)
     return time.perf_counter() - t0

@@ -889,7 +889,9 @@ class Engine:
                       controlnets_unfit=tuple(name for name in self.controlnets if name not in model.controlnets),
                       model=model.name,
                       ip_adapters=tuple((name, a.hash) for name, a in model.ip_adapters.items()),
-                      max_ip_adapter_units=self.config.max_ip_adapter_units, lora_recipes=recipes_of_loras)
+                      max_ip_adapter_units=self.config.max_ip_adapter_units, lora_recipes=recipes_of_loras,
+                      ip_adapter_embeds=tuple((name, a.embed_dim) for name, a in model.ip_adapters.items()
+                                              if a.takes_embeds))
 
     def _start_precompile(self) -> None:
         """Compile the no-CFG variant of the default size, then the other size buckets, in a

@@ -106,8 +106,9 @@ class GenerateRequest:
     # both passes (the image fitted to each pass's size). Validated: a tuple of normalised units (names resolved).
     control_units: tuple[ControlUnit, ...] = ()
     # IP-Adapter units (docs/ip-adapter.md; engine/ip_adapter.py IPAdapterUnit: image (one or a tuple), model, weight,
-    # guidance_start/end), in order; each names a loaded IP-Adapter (Limits.ip_adapters). The base model's steps only
-    # with a refiner; both passes of hires fix. Validated: a tuple of normalised units (images (H, W, 3) uint8).
+    # guidance_start/end; a FaceID adapter's embeds, face embeddings, in place of image), in order; each names a
+    # loaded IP-Adapter (Limits.ip_adapters). The base model's steps only with a refiner; both passes of hires fix.
+    # Validated: a tuple of normalised units (images (H, W, 3) uint8; embeds (d,) float32 arrays).
     ip_adapter_units: tuple[IPAdapterUnit, ...] = ()
     # Which of the server's models makes the images, by name (docs/models.md; Engine.model_names): None = the
     # default (the first --model). Checked by the engine (an unknown name: InvalidRequest naming it and the models
@@ -169,6 +170,9 @@ class Limits:
     # name. Empty: none, IP-Adapter units are refused.
     ip_adapters: tuple[tuple[str, str], ...] = ()
     max_ip_adapter_units: int = 2  # IP-Adapter units a request may have (config max_ip_adapter_units)
+    # The IP-Adapter FaceIDs among ``ip_adapters`` as (name, face embedding width) pairs: their units send face
+    # embeddings (IPAdapterUnit.embeds), not images.
+    ip_adapter_embeds: tuple[tuple[str, int], ...] = ()
     # The loaded LoRAs whose files a few-step recipe names (checkpoint/recipes.py: Lightning's, Hyper-SD's, DMD2's), as
     # (name, ((field, value), ...)) pairs of sampler, num_inference_steps, guidance_scale, schedule_type: a request
     # whose prompt tags one and leaves those fields out runs them (the first tagged one's), not the model's defaults.
@@ -353,7 +357,8 @@ def validate(request: GenerateRequest, limits: Limits) -> GenerateRequest:
                                                            limits.model, dict(limits.controlnet_unions)),
                               ip_adapter_units=validate_ip_units(request.ip_adapter_units,
                                                                  [n for n, _ in limits.ip_adapters],
-                                                                 limits.max_ip_adapter_units),
+                                                                 limits.max_ip_adapter_units,
+                                                                 dict(limits.ip_adapter_embeds)),
                               model=as_model(request.model),
                               refiner=as_refiner(request.refiner, request.refiner_switch_at),
                               schedule_type=with_named_type(as_schedule_type(

@@ -14,7 +14,10 @@ adapter's ``ImageProjModel`` (``proj``, ``norm``: diffusers' ``ImageProjection``
 Plus's ``Resampler`` (``latents``, ``proj_in``, ``layers.{i}.0`` a ``PerceiverAttention`` with ``norm1``, ``norm2``,
 ``to_q``, ``to_kv``, ``to_out``, ``layers.{i}.1`` its feed-forward: ``0`` LayerNorm, ``1`` and ``3`` Linear;
 ``proj_out``, ``norm_out``: diffusers' ``IPAdapterPlusImageProjection``, whose loader splits ``to_kv`` into ``to_k``
-and ``to_v`` and renames the rest; the arithmetic is the same).
+and ``to_v`` and renames the rest; the arithmetic is the same), and FaceID's ``MLPProjModel`` (``proj.0`` Linear,
+``proj.1`` GELU, ``proj.2`` Linear, ``norm``: diffusers' ``IPAdapterFaceIDImageProjection``, its loader naming
+``proj.0`` ``ff.net.0.proj`` and ``proj.2`` ``ff.net.2``), which takes a face embedding (insightface's
+``normed_embedding``, 512 wide) in place of an image encoder's output.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ from flax import nnx
 from sdxl_engine.models.layers import LayerNorm, Linear, attention
 from sdxl_engine.models.unet import UNetConfig
 
-PROJECTIONS = ("plain", "plus")  # image projections built here: ImageProjModel (plain) and Resampler (Plus)
+# image projections built here: ImageProjModel (plain), Resampler (Plus), MLPProjModel (FaceID: face embeddings in)
+PROJECTIONS = ("plain", "plus", "faceid")
 PLUS_HEAD_DIM = 64  # the Resampler's attention head width (diffusers reads its heads as to_q's rows // 64)
 
 
@@ -75,15 +79,17 @@ class IPAdapterConfig:
     """An adapter's shapes, read from its file and the UNet it fits (checkpoint/ip_adapter.py).
 
     Attributes:
-        projection: "plain" (``ImageProjModel``, diffusers' ``ImageProjection``: the encoder's ``image_embeds``) or
+        projection: "plain" (``ImageProjModel``, diffusers' ``ImageProjection``: the encoder's ``image_embeds``),
             "plus" (``Resampler``, diffusers' ``IPAdapterPlusImageProjection``: the encoder's penultimate hidden
-            states).
-        image_embed_dim: the image encoder's output width the projection takes (its ``projection_dim`` for plain, its
-            ``hidden_size`` for Plus).
+            states) or "faceid" (``MLPProjModel``, diffusers' ``IPAdapterFaceIDImageProjection``: a face embedding
+            the client sends; no image encoder).
+        image_embed_dim: the width of what the projection takes (the image encoder's ``projection_dim`` for plain, its
+            ``hidden_size`` for Plus; the face embedding's, 512, for FaceID).
         cross_attention_dim: the UNet's cross-attention width (the tokens' width).
         tokens: image tokens per reference image (4 for plain; the Resampler's queries for Plus).
         widths: each cross-attention layer's width, in key order (:func:`cross_attention_layers`).
         plus_dim, plus_heads, plus_depth: the Resampler's width, heads (of 64) and blocks (0 for plain).
+        faceid_hidden: FaceID's hidden width (``proj.0``'s outputs: ``mult`` x image_embed_dim; 0 for the others).
     """
 
     projection: str
@@ -94,6 +100,7 @@ class IPAdapterConfig:
     plus_dim: int = 0
     plus_heads: int = 0
     plus_depth: int = 0
+    faceid_hidden: int = 0
 
     @classmethod
     def from_dict(cls, config: Mapping[str, Any]) -> IPAdapterConfig:
@@ -104,7 +111,8 @@ class IPAdapterConfig:
         return cls(projection=config["projection"], image_embed_dim=int(config["image_embed_dim"]),
                    cross_attention_dim=int(config["cross_attention_dim"]), tokens=int(config["tokens"]),
                    widths=tuple(int(w) for w in config["widths"]), plus_dim=int(config.get("plus_dim", 0)),
-                   plus_heads=int(config.get("plus_heads", 0)), plus_depth=int(config.get("plus_depth", 0)))
+                   plus_heads=int(config.get("plus_heads", 0)), plus_depth=int(config.get("plus_depth", 0)),
+                   faceid_hidden=int(config.get("faceid_hidden", 0)))
 
 
 class ImageProjModel(nnx.Module):
@@ -119,6 +127,23 @@ class ImageProjModel(nnx.Module):
     def __call__(self, image_embeds: jax.Array) -> jax.Array:
         """(n, image_embed_dim) -> (n, tokens, cross_attention_dim) in the parameters' dtype."""
         x = self.proj(image_embeds)
+        return self.norm(x.reshape(x.shape[0], self.tokens, -1))
+
+
+class MLPProjModel(nnx.Module):
+    """FaceID's projection (diffusers' ``IPAdapterFaceIDImageProjection``: a ``FeedForward`` with GELU, then a
+    LayerNorm): ``proj.0`` (Linear to faceid_hidden), exact GELU (``proj.1``, no parameters), ``proj.2`` (Linear to
+    tokens x width), reshaped to tokens, then ``norm``."""
+
+    def __init__(self, config: IPAdapterConfig, *, rngs: nnx.Rngs):
+        self.tokens = config.tokens
+        self.proj = nnx.List([Linear(config.image_embed_dim, config.faceid_hidden, rngs=rngs), None,
+                              Linear(config.faceid_hidden, config.tokens * config.cross_attention_dim, rngs=rngs)])
+        self.norm = LayerNorm(config.cross_attention_dim)
+
+    def __call__(self, id_embeds: jax.Array) -> jax.Array:
+        """(n, image_embed_dim) -> (n, tokens, cross_attention_dim) in the parameters' dtype."""
+        x = self.proj[2](jax.nn.gelu(self.proj[0](id_embeds), approximate=False))
         return self.norm(x.reshape(x.shape[0], self.tokens, -1))
 
 
@@ -171,6 +196,9 @@ class Resampler(nnx.Module):
         return self.norm_out(self.proj_out(latents))
 
 
+PROJECTION_MODULES = {"plain": ImageProjModel, "plus": Resampler, "faceid": MLPProjModel}  # by config.projection
+
+
 class IPAdapterLayer(nnx.Module):
     """One cross-attention layer's ``to_k_ip`` and ``to_v_ip`` (no bias): the image tokens' keys and values."""
 
@@ -192,7 +220,7 @@ class IPAdapterModel(nnx.Module):
 
     def __init__(self, config: IPAdapterConfig, *, rngs: nnx.Rngs):
         self.config = config
-        self.image_proj = (Resampler if config.projection == "plus" else ImageProjModel)(config, rngs=rngs)
+        self.image_proj = PROJECTION_MODULES[config.projection](config, rngs=rngs)
         self.ip_adapter = _layers(config.cross_attention_dim, config.widths, rngs)
 
 

@@ -94,3 +94,47 @@ def test_the_infotext_writes_each_unit_as_sd_webui_controlnet_does_numbered_afte
                                               "ip-adapter-plus_sdxl_vit-h, Weight: 1.0,")
     assert "Guidance Start: 0.25, Guidance End: 1.0" in entries["ControlNet 2"]
     assert infotext([], titles) == {}
+
+
+EMBED = [0.125] * 8  # a FaceID adapter "face" of width 8 in these validation tests (h94's: 512)
+
+
+@pytest.mark.parametrize("unit,field,text", [
+    (IPAdapterUnit(model="face"), "ip_adapter_units[0].embeds", "send the face's embedding (8 floats"),
+    (IPAdapterUnit(image=PICTURE, model="face"), "ip_adapter_units[0].image", "takes no image"),
+    (IPAdapterUnit(image=PICTURE, embeds=EMBED, model="face"), "ip_adapter_units[0].image", "takes no image"),
+    (IPAdapterUnit(embeds=EMBED, model="ip-a"), "ip_adapter_units[0].embeds", "not face embeddings"),
+    (IPAdapterUnit(model="ip-a"), "ip_adapter_units[0].image", "send one"),
+    (IPAdapterUnit(embeds=EMBED[:7], model="face"), "ip_adapter_units[0].embeds", "has 7 values; this IP-Adapter "
+                                                                                   "takes 8-d"),
+    (IPAdapterUnit(embeds=[EMBED, EMBED[:3]], model="face"), "ip_adapter_units[0].embeds[1]", "has 3 values"),
+    (IPAdapterUnit(embeds=[*EMBED[:7], float("nan")], model="face"), "ip_adapter_units[0].embeds", "value 7 is not "
+                                                                                                  "finite"),
+    (IPAdapterUnit(embeds=np.full((2, 8), np.inf), model="face"), "ip_adapter_units[0].embeds[0]", "not finite"),
+    (IPAdapterUnit(embeds=[*EMBED[:7], "0.1"], model="face"), "ip_adapter_units[0].embeds", "str '0.1'"),
+    (IPAdapterUnit(embeds=[*EMBED[:7], True], model="face"), "ip_adapter_units[0].embeds", "bool"),
+    (IPAdapterUnit(embeds=[EMBED] * 5, model="face"), "ip_adapter_units[0].embeds", "5 face embeddings; a unit takes "
+                                                                                    "1 .. 4"),
+    (IPAdapterUnit(embeds=np.zeros((1, 2, 8)), model="face"), "ip_adapter_units[0].embeds", "shape (1, 2, 8)"),
+    (IPAdapterUnit(embeds="0.1, 0.2", model="face"), "ip_adapter_units[0].embeds", "got str"),
+    (IPAdapterUnit(embeds=[*EMBED[:7], 1e39], model="face"), "ip_adapter_units[0].embeds", "float32's range"),
+])
+def test_faceid_refusals_name_the_field(unit, field, text):
+    """A FaceID adapter's unit (``embeds``: face embeddings of its width): each refusal names the field (and the
+    embedding among several), an image for it or embeddings for an image adapter too."""
+    with pytest.raises(InvalidRequest) as err:
+        validate_ip_units([unit], ["ip-a", "face"], 2, {"face": 8})
+    assert err.value.field == field and text in err.value.message, err.value
+
+
+def test_faceid_embeds_are_normalised_to_float32_rows():
+    """One embedding (a list of floats or ints, or a (d,) array) or several ((n, d), a list of lists) become a tuple
+    of (d,) float32 arrays; the infotext names sd-webui-controlnet's FaceID module."""
+    from sdxl_engine.engine.ip_adapter import FACEID_MODULE, infotext
+
+    for embeds, count in ((EMBED, 1), ([1] * 8, 1), (np.ones(8), 1), (np.ones((3, 8), np.float64), 3),
+                          ([EMBED, np.ones(8, np.float32)], 2)):
+        (unit,) = validate_ip_units([IPAdapterUnit(embeds=embeds, model="face")], ["face"], 1, {"face": 8})
+        assert unit.image is None and len(unit.embeds) == count
+        assert all(e.shape == (8,) and e.dtype == np.float32 for e in unit.embeds)
+    assert infotext([unit], {}).popitem()[1].startswith(f"Module: {FACEID_MODULE}, Model: face,")

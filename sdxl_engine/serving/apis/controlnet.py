@@ -11,11 +11,14 @@ the client sent and the name. A unit whose model is a loaded IP-Adapter (the ext
 ``ip-adapter_clip_sdxl``, ``ip-adapter_clip_sdxl_plus_vith``, ``ip-adapter_clip_h`` or ``ip-adapter-auto``, model
 ``ip-adapter_sdxl [hash]``) becomes an engine IPAdapterUnit (its image, weight, guidance start and end;
 engine/ip_adapter.py: the adapter's own image encoder, found beside its file, encodes the image, whichever CLIP module
-the unit names). A unit whose model is a loaded ControlNet-Union takes its control type from the extension's
-``union_control_type`` (its ``ControlNetUnionControlType`` values "OpenPose", "Depth", "Soft Edge", "Hard Edge",
-"Normal Map", "Segmentation", "Tile", "Inpaint", or the tags its type filter maps to them), else from the engine's
-``control_type`` (diffusers' names or indices), else from the unit's ``module`` (canny and lineart: hard edge,
-scribble: soft edge, tile and blur: tile, ...): :func:`union_type`. No Gradio here.
+the unit names). An IP-Adapter FaceID unit sends the face's embedding in ``ip_adapter_embeds`` (this server's field, not
+the extension's: 512 floats, insightface's ``normed_embedding``, or a list of them), module ``ip-adapter_face_id`` (or
+none): the extension's ``ip-adapter_face_id*`` modules run insightface on its server, which this one has not, so those
+modules without ``ip_adapter_embeds`` are refused saying so. A unit whose model is a loaded ControlNet-Union takes its
+control type from the extension's ``union_control_type`` (its ``ControlNetUnionControlType`` values "OpenPose", "Depth",
+"Soft Edge", "Hard Edge", "Normal Map", "Segmentation", "Tile", "Inpaint", or the tags its type filter maps to them),
+else from the engine's ``control_type`` (diffusers' names or indices), else from the unit's ``module`` (canny and
+lineart: hard edge, scribble: soft edge, tile and blur: tile, ...): :func:`union_type`. No Gradio here.
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ SLIDERS = {"canny": (("Low Threshold", 100, 1, 255, 1), ("High Threshold", 200, 
 # The extension's IP-Adapter modules this server runs (the CLIP image encoder's preprocessors): listed while an
 # IP-Adapter is loaded. Its face ones (ip-adapter_face_id*: insightface embeddings) are refused by name.
 IP_MODULES = ("ip-adapter-auto", "ip-adapter_clip_sdxl", "ip-adapter_clip_sdxl_plus_vith", "ip-adapter_clip_h")
+# With ip_adapter_embeds (an IP-Adapter FaceID's face embedding, sent by the client), the modules a unit may name.
+FACE_MODULES = ("ip-adapter_face_id", "ip-adapter-auto", "none")
 IP_PASSED = ("weight", "guidance_start", "guidance_end")  # an IP-Adapter unit's fields passed as they are
 # sd-webui-controlnet's control types (its preprocessors' tags, scripts/supported_preprocessor.py) for this server's
 # /controlnet/control_types: each tag's modules among this server's (the extension's tags of them) and the union
@@ -112,14 +117,26 @@ def unit_image(value, field: str) -> tuple[np.ndarray, bool]:
 
 def ip_unit(values: dict, model: str, field: str) -> IPAdapterUnit:
     """The engine's IPAdapterUnit of an enabled A1111 unit whose model is a loaded IP-Adapter. Raises ApiError 422
-    naming the field: a module that is not an IP-Adapter one (a face one by name), no image."""
+    naming the field: a module that is not an IP-Adapter one (a face one without ``ip_adapter_embeds`` by name), no
+    image. With ``ip_adapter_embeds`` (FaceID): the unit's embeds, the image not read."""
     module = values.get("module") or "ip-adapter-auto"
+    if values.get("ip_adapter_embeds") is not None:
+        if module not in FACE_MODULES:
+            raise ApiError(422, f"{field}.module: with ip_adapter_embeds (a face embedding) send module "
+                                f"ip-adapter_face_id, got {module!r}", f"{field}.module")
+        return IPAdapterUnit(embeds=values["ip_adapter_embeds"], model=model,
+                             **{k: values[k] for k in IP_PASSED if k in values and values[k] is not None})
+    if isinstance(module, str) and module.startswith("ip-adapter_face_id"):
+        raise ApiError(422, f"{field}.module: {module!r} runs insightface on the server, which this server has not: "
+                            "compute the face's embedding on the client (insightface's normed_embedding, 512 floats) "
+                            "and send it as the unit's ip_adapter_embeds, for an IP-Adapter FaceID model "
+                            "(ip-adapter-faceid_sdxl)", f"{field}.module")
     if not isinstance(module, str) or not module.startswith("ip-adapter"):
         raise ApiError(422, f"{field}.module: {model!r} is an IP-Adapter; send one of its modules "
                             f"({', '.join(IP_MODULES)}), got {module!r}", f"{field}.module")
     if module not in IP_MODULES:
-        raise ApiError(422, f"{field}.module: {module!r} is not run here (the face ID modules need insightface's "
-                            f"embeddings); use one of {', '.join(IP_MODULES)}", f"{field}.module")
+        raise ApiError(422, f"{field}.module: {module!r} is not run here; use one of {', '.join(IP_MODULES)}",
+                       f"{field}.module")
     image, _ = unit_image(values.get("image"), f"{field}.image")
     return IPAdapterUnit(image=image, model=model,
                          **{k: values[k] for k in IP_PASSED if k in values and values[k] is not None})

@@ -148,9 +148,10 @@ def control_units(units) -> tuple[ControlUnit, ...]:
 
 def ip_adapter_units(units) -> tuple[IPAdapterUnit, ...]:
     """``ip_adapter_units`` as the engine's IPAdapterUnits: a list of objects of IPAdapterUnit's fields
-    (:data:`IP_UNIT_FIELDS`), ``image`` a base64 image or a list of them (decoded here, RGB); the engine validates
-    the rest. Raises ApiError 400 naming the field: not a list of objects, an unknown field, an image that does not
-    decode."""
+    (:data:`IP_UNIT_FIELDS`), ``image`` a base64 image or a list of them (decoded here, RGB), or for an IP-Adapter
+    FaceID ``embeds`` in its place: a face embedding as a list of floats (insightface's ``normed_embedding``, 512) or
+    a list of them (passed as they are); the engine validates the rest. Raises ApiError 400 naming the field: not a
+    list of objects, an unknown field, an image that does not decode."""
     if not isinstance(units, list):
         raise ApiError(400, "ip_adapter_units: expected a list of objects (IP-Adapter units)", "ip_adapter_units")
     made = []
@@ -161,6 +162,9 @@ def ip_adapter_units(units) -> tuple[IPAdapterUnit, ...]:
         if unknown := sorted(set(unit) - set(IP_UNIT_FIELDS)):
             raise ApiError(400, f"{field}.{unknown[0]}: not a field of a unit; the fields are "
                                 f"{', '.join(IP_UNIT_FIELDS)}", f"{field}.{unknown[0]}")
+        if unit.get("image") is None and unit.get("embeds") is not None:  # FaceID: the engine checks the floats
+            made.append(IPAdapterUnit(**unit))
+            continue
         several = isinstance(unit.get("image"), list)
         texts = unit["image"] if several else [unit.get("image")]
         images = []

@@ -205,6 +205,34 @@ def test_a_unit_naming_an_ip_adapter_is_an_ip_adapter_unit():
         err.value.message
 
 
+def test_a_faceid_unit_sends_ip_adapter_embeds_and_the_insightface_module_is_refused():
+    """An IP-Adapter FaceID unit sends the face's embedding in ``ip_adapter_embeds`` (this server's field) with module
+    ip-adapter_face_id (or none): it becomes an IPAdapterUnit with those embeds, no image read. Without it, the
+    extension's ip-adapter_face_id modules (insightface on its server) are refused saying to send the embedding."""
+    from sdxl_engine.engine.ip_adapter import IPAdapterUnit
+
+    ip_loaded = {"ip-adapter-faceid_sdxl": "ip-adapter-faceid_sdxl [0a1b2c3d]"}
+    face = [0.25] * 512
+    for module in ("ip-adapter_face_id", None):
+        (unit,), warnings = units_of(scripts(
+            {"module": module, "model": "ip-adapter-faceid_sdxl [0a1b2c3d]", "ip_adapter_embeds": face,
+             "weight": 0.6, "guidance_end": 0.8}), LOADED, ip_loaded)
+        assert warnings == [] and isinstance(unit, IPAdapterUnit)
+        assert (unit.model, unit.embeds, unit.image, unit.weight, unit.guidance_end) == (
+            "ip-adapter-faceid_sdxl", face, None, 0.6, 0.8)
+    for module in ("ip-adapter_face_id", "ip-adapter_face_id_plus"):
+        with pytest.raises(ApiError) as err:
+            units_of(scripts({"module": module, "model": "ip-adapter-faceid_sdxl", "image": b64_png()}), LOADED,
+                     ip_loaded)
+        assert err.value.status == 422 and err.value.param == "alwayson_scripts.controlnet.args[0].module"
+        assert "insightface" in err.value.message and "ip_adapter_embeds" in err.value.message
+    with pytest.raises(ApiError) as err:
+        units_of(scripts({"module": "ip-adapter_clip_sdxl", "model": "ip-adapter-faceid_sdxl",
+                          "ip_adapter_embeds": face}), LOADED, ip_loaded)
+    assert err.value.param == "alwayson_scripts.controlnet.args[0].module" and "ip-adapter_face_id" in \
+        err.value.message
+
+
 @pytest.fixture
 def served_ip(monkeypatch, tmp_path, runtime_log):
     import dataclasses

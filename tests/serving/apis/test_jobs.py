@@ -277,3 +277,15 @@ def test_ip_adapter_units_are_objects_of_ip_adapter_unit_fields_with_base64_imag
         with pytest.raises(jobs.ApiError) as err:
             jobs.to_job_request({"prompt": "x", "ip_adapter_units": units}, "me")
         assert err.value.status == 400 and err.value.param == param and err.value.message.startswith(param)
+
+
+def test_a_faceid_unit_sends_embeds_as_lists_of_floats():
+    """An IP-Adapter FaceID unit: ``embeds`` (one face embedding as a list of floats, or a list of them) in place of
+    ``image``, passed to the engine as sent (it checks the width and the values, naming the field)."""
+    face = [0.5, -0.25, 0.125]
+    asked, _ = jobs.to_job_request({"prompt": "x", "ip_adapter_units": [
+        {"embeds": face, "model": "ip-adapter-faceid_sdxl", "weight": 0.7},
+        {"embeds": [face, face], "model": "ip-adapter-faceid_sdxl"}]}, "me")
+    one, two = asked.engine.ip_adapter_units
+    assert (one.embeds, one.image, one.model, one.weight) == (face, None, "ip-adapter-faceid_sdxl", 0.7)
+    assert two.embeds == [face, face] and two.image is None
