@@ -4,7 +4,8 @@ AUTOMATIC1111 (webuiapi, httpx), OpenAI (openai) and the jobs API.
 
 tiny-random-b is tiny-random's architecture with other weights (builtin.create_tiny_random, seed 1), so both share
 every program and differ in every image. Each model's images must be a single-model server's for the same request
-(`python app.py --model <tiny-random-b>`), whichever front named it; an unknown name is refused naming it and the
+(an engine serving tiny-random-b alone, started in this process: the page's defaults are the engine's), whichever
+front named it; an unknown name is refused naming it and the
 models offered, on every front; A1111's sd_model_checkpoint option is each client's own (two loopback addresses).
 """
 
@@ -37,14 +38,25 @@ def other(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def single(other):
-    running = RunningApp("--model", other)
-    yield running
-    running.stop()
+def single(other) -> list[bytes]:
+    """The images (pixels) an engine serving tiny-random-b alone makes for :func:`page`'s request (seed 5): those a
+    single-model server gives, its page's defaults being the engine's (no negative prompt, no style, the model's
+    sampler and size). One app start less than a `python app.py --model <tiny-random-b>` of its own."""
+    import os
+
+    from sdxl_engine.config import EngineConfig
+    from sdxl_engine.engine.local import Engine
+    from sdxl_engine.engine.validation import GenerateRequest
+
+    config = EngineConfig.load({"model": other, "cpu_devices": 4}, environ={
+        k: v for k, v in os.environ.items() if k in ("SDXL_MODEL_CACHE_DIR", "SDXL_COMPILE_CACHE_DIR")})
+    alone = Engine(config, log=lambda *_: None).start()
+    images = alone.generate(GenerateRequest(PROMPT, seed=5, num_inference_steps=2, guidance_scale=5.0)).images
+    return [np.ascontiguousarray(image).tobytes() for image in images]
 
 
 @pytest.fixture(scope="module")
-def two(other, single):  # after single: one app starts at a time on this machine's few cores
+def two(other):
     running = RunningApp("--model", "tiny-random", "--model", other)
     yield running
     running.stop()
@@ -108,7 +120,7 @@ def test_sd_models_lists_every_model_in_a1111s_shape_and_refresh_rescans(two, ot
 def test_each_front_serves_the_named_model_as_a_single_model_server_does(two, single):
     """The same request naming tiny-random-b on every front gives the single-model server's images; the PNG infotext
     names the model that made them, with its A1111 hash; the default is tiny-random's, by name as by default."""
-    expected = [pixels(png) for png in page(single)]
+    expected = single
     title_a, title = (item["title"] for item in hashed(two))
     b_hash = title.split(" [")[1][:-1]
     made = {"page": page(two, model=B)}
