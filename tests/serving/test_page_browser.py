@@ -505,15 +505,26 @@ def browser_state_secret(page, app) -> str:
                 if c["type"] == "browserstate")
 
 
-def test_history_survives_a_restart_and_says_when_its_key_changed(browser, app_server):
+@pytest.fixture(scope="module")
+def models_app():
+    """``python app.py --model tiny-shapes --model tiny-random``: two models with their own defaults (the model
+    dropdown's test), and for the history's restart test a new process on the session app's cache folder (the key
+    the browser's history is encrypted with is kept there) serving the session app's model first."""
+    app = RunningApp("--model", "tiny-shapes", "--model", "tiny-random")
+    yield app
+    app.stop()
+
+
+def test_history_survives_a_restart_and_says_when_its_key_changed(browser, app_server, models_app):
     """The key the browser's history is encrypted with is the one kept in the cache folder: after a
     restart the browser's saved history still reads. With another key (--history-secret) the page
     says the history cannot be read, instead of showing an empty one without a word.
 
     localStorage belongs to an origin (host and port) and each app here gets a free port, so what
     the browser saved for the first server is put back for the next one, as a browser keeps it for
-    one address across that server's restarts. The first server is the session's (the same flags
-    and cache folder); each later one is a new process that has only the cache folder to go by."""
+    one address across that server's restarts. The first server is the session's; each later one is a new process
+    that has only the cache folder to go by: the module's two-model app (the same cache folder, the session app's
+    model first; it stays up for the model dropdown's test), then one started with another key."""
     offline = OfflinePage(browser, "about:blank")
     page = offline.page
     saved_js = "key => [localStorage.getItem(key), localStorage.getItem(key + '-count')]"
@@ -526,8 +537,8 @@ def test_history_survives_a_restart_and_says_when_its_key_changed(browser, app_s
         secret = browser_state_secret(page, app_server)
         saved = page.evaluate(saved_js, "sdxl-jax-history")
         assert saved[0]
-        for args, readable in (((), True), (("--history-secret", "another-key"), False)):
-            app = RunningApp(*args)
+        for readable in (True, False):
+            app = models_app if readable else RunningApp("--history-secret", "another-key")
             try:
                 offline.url = app.url
                 offline.open()
@@ -551,7 +562,8 @@ def test_history_survives_a_restart_and_says_when_its_key_changed(browser, app_s
                     assert page.locator("#history .gallery-item").count() == 0
                     assert browser_state_secret(page, app) == "another-key"
             finally:
-                app.stop()
+                if app is not models_app:
+                    app.stop()
         assert offline.blocked == []
     finally:
         offline.close()
@@ -1037,84 +1049,81 @@ def test_after_an_error_the_next_results_images_load_and_can_be_sent_to_the_edit
     assert missing == [] and offline.blocked == []
 
 
-def test_the_model_dropdown_brings_each_models_own_defaults_sizes_and_runs_it(browser):
+def test_the_model_dropdown_brings_each_models_own_defaults_sizes_and_runs_it(browser, models_app):
     """Two models with their own defaults (tiny-shapes: Euler 8 steps; tiny-random: the config's Euler 20): picking
     one on the page sets Steps and the Model default button to its own, its request runs so, and once it is loaded
     the Resolution list is its sizes; before that "model default" (the engine picks its size)."""
-    app = RunningApp("--model", "tiny-shapes", "--model", "tiny-random")
-    try:  # the app stops whatever fails
-        page = OfflinePage(browser, app.url)
-        try:
-            p = page.open()
-            p.wait_for_function("document.querySelector('#engine-status')?.innerText.includes('Ready on')")
-            p.get_by_text("Advanced settings").click()
-            steps = p.locator("#steps input[type='number']")
+    app = models_app
+    page = OfflinePage(browser, app.url)
+    try:
+        p = page.open()
+        p.wait_for_function("document.querySelector('#engine-status')?.innerText.includes('Ready on')")
+        p.get_by_text("Advanced settings").click()
+        steps = p.locator("#steps input[type='number']")
 
-            def choose(name: str, want_steps: int):
-                p.click("#model input")
-                p.locator("[role=option]", has_text=name).first.click()
-                p.wait_for_function("n => document.querySelector('#steps input[type=number]')?.value === n",
-                                    arg=str(want_steps))
-                p.wait_for_function("t => document.querySelector('#model-default')?.innerText.trim() === t",
-                                    arg=f"Model default (Euler, {want_steps} steps)")
+        def choose(name: str, want_steps: int):
+            p.click("#model input")
+            p.locator("[role=option]", has_text=name).first.click()
+            p.wait_for_function("n => document.querySelector('#steps input[type=number]')?.value === n",
+                                arg=str(want_steps))
+            p.wait_for_function("t => document.querySelector('#model-default')?.innerText.trim() === t",
+                                arg=f"Model default (Euler, {want_steps} steps)")
 
-            assert steps.input_value() == "8"
-            assert p.inner_text("#model-default").strip() == "Model default (Euler, 8 steps)"
-            assert p.locator("#fast-preset").is_visible()  # tiny-shapes ships the LCM-LoRA it tags
-            choose("tiny-random", 20)
-            assert p.locator("#resolution input").input_value() == "model default"  # not loaded yet
-            assert not p.locator("#fast-preset").is_visible()  # tiny-random has no LoRA named lcm
-            generate(p, "a red circle")
-            status = p.inner_text("#result-status")
-            assert "20 Euler steps" in status and "model tiny-random" in status, status
-            choose("tiny-shapes", 8)
-            assert p.locator("#resolution input").input_value() == "64 × 64 (square, default)"
-            assert p.locator("#fast-preset").is_visible()
-            choose("tiny-random", 20)  # loaded now: its own sizes
-            p.wait_for_function("() => document.querySelector('#resolution input')?.value.includes('default)')")
-            generate(p, "a red circle")
-            assert "model tiny-random" in p.inner_text("#result-status")
-            # A past image restores its model too (with its steps), and the widgets that follow the model follow it.
-            choose("tiny-shapes", 8)
-            history = p.locator("#history .gallery-item")
-            seed = history.nth(0).inner_text().split(" ·")[0]
-            history.nth(0).click()
-            p.wait_for_function("() => document.querySelector('#model input')?.value === 'tiny-random'")
-            p.wait_for_function("() => document.querySelector('#model-default')?.innerText.trim() === "
-                                "'Model default (Euler, 20 steps)'")
-            assert steps.input_value() == "20" and not p.locator("#fast-preset").is_visible()
-            captions = generate(p, "a red circle")
-            assert "model tiny-random" in p.inner_text("#result-status") and captions[0].startswith(seed + " ·")
-            assert page.blocked == []
-        finally:
-            page.close()
-        # The APIs that leave the steps to the model do as the page now shows: each model's own.
-        import asyncio
-        import base64
-        import concurrent.futures
-
-        import httpx
-
-        from tests.service.test_models_app import mcp_call
-
-        for model, steps in (("tiny-random", 20), (None, 8)):
-            arguments = {"prompt": "a red circle", "seed": 3, **({"model": model} if model else {})}
-            with concurrent.futures.ThreadPoolExecutor(1) as pool:  # Playwright's loop runs in this thread
-                _, result = pool.submit(asyncio.run, mcp_call(app, arguments)).result()
-            info = json.loads(result.content[-1].text)
-            assert (info["model"], info["num_inference_steps"]) == (model or "tiny-shapes", steps), info
-        # A1111's img2img: its step rule on the named model's 20 steps (strength 0.5: t_enc 10, from step 9), not
-        # the default model's 8 (from step 3): the same images as the request that sends steps 20.
-        picture = io.BytesIO()
-        Image.new("RGB", (64, 64), (200, 30, 30)).save(picture, "PNG")
-        replies = [httpx.post(app.url + "sdapi/v1/img2img", timeout=120, json={
-            "prompt": "a red circle", "seed": 3, "denoising_strength": 0.5, "batch_size": 4, **steps,
-            "init_images": [base64.b64encode(picture.getvalue()).decode()],
-            "override_settings": {"sd_model_checkpoint": "tiny-random"}}) for steps in ({}, {"steps": 20})]
-        assert all(reply.status_code == 200 for reply in replies), replies[0].text
-        info = json.loads(replies[0].json()["info"])
-        assert info["steps"] == 20 and info["sd_model_name"] == "tiny-random", info
-        assert "Steps: 20," in info["infotexts"][0] and "Denoising strength: 0.5" in info["infotexts"][0]
-        assert replies[0].json()["images"] == replies[1].json()["images"]
+        assert steps.input_value() == "8"
+        assert p.inner_text("#model-default").strip() == "Model default (Euler, 8 steps)"
+        assert p.locator("#fast-preset").is_visible()  # tiny-shapes ships the LCM-LoRA it tags
+        choose("tiny-random", 20)
+        assert p.locator("#resolution input").input_value() == "model default"  # not loaded yet
+        assert not p.locator("#fast-preset").is_visible()  # tiny-random has no LoRA named lcm
+        generate(p, "a red circle")
+        status = p.inner_text("#result-status")
+        assert "20 Euler steps" in status and "model tiny-random" in status, status
+        choose("tiny-shapes", 8)
+        assert p.locator("#resolution input").input_value() == "64 × 64 (square, default)"
+        assert p.locator("#fast-preset").is_visible()
+        choose("tiny-random", 20)  # loaded now: its own sizes
+        p.wait_for_function("() => document.querySelector('#resolution input')?.value.includes('default)')")
+        generate(p, "a red circle")
+        assert "model tiny-random" in p.inner_text("#result-status")
+        # A past image restores its model too (with its steps), and the widgets that follow the model follow it.
+        choose("tiny-shapes", 8)
+        history = p.locator("#history .gallery-item")
+        seed = history.nth(0).inner_text().split(" ·")[0]
+        history.nth(0).click()
+        p.wait_for_function("() => document.querySelector('#model input')?.value === 'tiny-random'")
+        p.wait_for_function("() => document.querySelector('#model-default')?.innerText.trim() === "
+                            "'Model default (Euler, 20 steps)'")
+        assert steps.input_value() == "20" and not p.locator("#fast-preset").is_visible()
+        captions = generate(p, "a red circle")
+        assert "model tiny-random" in p.inner_text("#result-status") and captions[0].startswith(seed + " ·")
+        assert page.blocked == []
     finally:
-        app.stop()
+        page.close()
+    # The APIs that leave the steps to the model do as the page now shows: each model's own.
+    import asyncio
+    import base64
+    import concurrent.futures
+
+    import httpx
+
+    from tests.service.test_models_app import mcp_call
+
+    for model, steps in (("tiny-random", 20), (None, 8)):
+        arguments = {"prompt": "a red circle", "seed": 3, **({"model": model} if model else {})}
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:  # Playwright's loop runs in this thread
+            _, result = pool.submit(asyncio.run, mcp_call(app, arguments)).result()
+        info = json.loads(result.content[-1].text)
+        assert (info["model"], info["num_inference_steps"]) == (model or "tiny-shapes", steps), info
+    # A1111's img2img: its step rule on the named model's 20 steps (strength 0.5: t_enc 10, from step 9), not
+    # the default model's 8 (from step 3): the same images as the request that sends steps 20.
+    picture = io.BytesIO()
+    Image.new("RGB", (64, 64), (200, 30, 30)).save(picture, "PNG")
+    replies = [httpx.post(app.url + "sdapi/v1/img2img", timeout=120, json={
+        "prompt": "a red circle", "seed": 3, "denoising_strength": 0.5, "batch_size": 4, **steps,
+        "init_images": [base64.b64encode(picture.getvalue()).decode()],
+        "override_settings": {"sd_model_checkpoint": "tiny-random"}}) for steps in ({}, {"steps": 20})]
+    assert all(reply.status_code == 200 for reply in replies), replies[0].text
+    info = json.loads(replies[0].json()["info"])
+    assert info["steps"] == 20 and info["sd_model_name"] == "tiny-random", info
+    assert "Steps: 20," in info["infotexts"][0] and "Denoising strength: 0.5" in info["infotexts"][0]
+    assert replies[0].json()["images"] == replies[1].json()["images"]
