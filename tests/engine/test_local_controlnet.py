@@ -3,7 +3,8 @@ mode's program carries the units; hires fix's second pass its own arrays), diffu
 recompile across new images, weights, modes, start/end or another ControlNet of the same architecture.
 
 The engine: tiny-pt with cn-a and cn-b (tests/fixtures/tiny-pt-controlnet, made by tools/fixtures_controlnet.py)
-on the session's 4 CPU devices, 4 images per request; the fixture's 2 images are images 0 and 1 (seeds 41, 42).
+on the session's 4 CPU devices, 4 images per request, and a second model (tiny-pt-b) that only the last test asks
+for; the fixture's 2 images are images 0 and 1 (seeds 41, 42).
 """
 
 import json
@@ -29,14 +30,33 @@ def reference():
 
 
 @pytest.fixture(scope="module")
-def cn_engine():
+def tiny_pt_b(tmp_path_factory):
+    """tiny-pt's folder as tiny-pt-b, its UNet's weights changed: one architecture, other images."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    other = tmp_path_factory.mktemp("models") / "tiny-pt-b"
+    shutil.copytree(FIXTURES / "tiny-pt", other)
+    weights = other / "unet" / "diffusion_pytorch_model.safetensors"
+    tensors = load_file(weights)
+    rng = np.random.default_rng(1)
+    save_file({k: (v + rng.normal(0, 0.05, v.shape)).astype(v.dtype) if v.dtype.kind == "f" else v
+               for k, v in tensors.items()}, weights)
+    return other
+
+
+@pytest.fixture(scope="module")
+def cn_engine(tiny_pt_b):
+    """tiny-pt (the default) and tiny-pt-b with cn-a and cn-b, room for one model on the devices (the several-models
+    test's; the other tests ask the default model only)."""
     from sdxl_engine.config import EngineConfig
     from sdxl_engine.engine.local import Engine
 
     config = EngineConfig.load({
-        "model": str(FIXTURES / "tiny-pt"), "cpu_devices": 4, "images_per_request": 4, "max_inference_steps": 10,
-        "num_inference_steps": 10, "controlnet": f"{FOLDER / 'cn-a'}{os.pathsep}{FOLDER / 'cn-b'}",
-        "max_run_seconds": 0, "precompile": "off"},
+        "model": str(FIXTURES / "tiny-pt"), "models": str(tiny_pt_b), "max_resident_models": 1, "cpu_devices": 4,
+        "images_per_request": 4, "max_inference_steps": 10, "num_inference_steps": 10,
+        "controlnet": f"{FOLDER / 'cn-a'}{os.pathsep}{FOLDER / 'cn-b'}", "max_run_seconds": 0, "precompile": "off"},
         environ={k: v for k, v in os.environ.items() if k in ("SDXL_MODEL_CACHE_DIR", "SDXL_COMPILE_CACHE_DIR")})
     return Engine(config, log=lambda *_: None).start()
 
@@ -157,40 +177,29 @@ def test_hires_fix_with_a_unit_runs_both_passes(cn_engine, reference):
     assert np.abs(run(0.0).images.astype(int) - result.images).mean() > 1
 
 
-@pytest.mark.slow  # starts two engines of tiny-pt and compiles its program with one unit
-def test_a_unit_on_a_request_for_a_non_default_model(tmp_path, reference):
-    """Several models (docs/models.md) with ControlNets: tiny-pt and tiny-pt-b (tiny-pt's folder, its UNet's weights
-    changed: one architecture, other images), cn-a loaded once for the server, room for one model on the devices.
-    A unit on a request for tiny-pt-b runs on that model's weights with the unit's ControlNet (the images of an engine
-    serving tiny-pt-b alone with cn-a, to the byte), its infotext names the unit, the unit changes the images; the
-    default model's unit request after it reloads tiny-pt and compiles nothing (one program per family and unit
-    architectures, ProgramShape.controlnets)."""
-    import shutil
-
-    from safetensors.numpy import load_file, save_file
-
+@pytest.mark.slow  # starts an engine of tiny-pt-b and compiles its program with one unit
+def test_a_unit_on_a_request_for_a_non_default_model(cn_engine, tiny_pt_b, reference):
+    """Several models (docs/models.md) with ControlNets: the module's engine, tiny-pt and tiny-pt-b (tiny-pt's folder,
+    its UNet's weights changed: one architecture, other images), cn-a and cn-b loaded once for the server, room for one
+    model on the devices. A unit on a request for tiny-pt-b runs on that model's weights with the unit's ControlNet
+    (the images of an engine serving tiny-pt-b alone with cn-a, to the byte), its infotext names the unit, the unit
+    changes the images; the default model's unit request after it reloads tiny-pt and compiles nothing (one program
+    per family and unit architectures, ProgramShape.controlnets)."""
     from sdxl_engine.config import EngineConfig
     from sdxl_engine.engine.local import Engine
 
-    other = tmp_path / "tiny-pt-b"
-    shutil.copytree(FIXTURES / "tiny-pt", other)
-    weights = other / "unet" / "diffusion_pytorch_model.safetensors"
-    tensors = load_file(weights)
-    rng = np.random.default_rng(1)
-    save_file({k: (v + rng.normal(0, 0.05, v.shape)).astype(v.dtype) if v.dtype.kind == "f" else v
-               for k, v in tensors.items()}, weights)
     environ = {k: v for k, v in os.environ.items() if k in ("SDXL_MODEL_CACHE_DIR", "SDXL_COMPILE_CACHE_DIR")}
-    common = {"cpu_devices": 4, "images_per_request": 4, "max_inference_steps": 10, "num_inference_steps": 10,
-              "controlnet": str(FOLDER / "cn-a"), "max_run_seconds": 0, "precompile": "off"}
-    two = Engine(EngineConfig.load({**common, "model": str(FIXTURES / "tiny-pt"), "models": str(other),
-                                    "max_resident_models": 1}, environ=environ), log=lambda *_: None).start()
-    alone = Engine(EngineConfig.load({**common, "model": str(other)}, environ=environ), log=lambda *_: None).start()
+    two = cn_engine
+    alone = Engine(EngineConfig.load({"cpu_devices": 4, "images_per_request": 4, "max_inference_steps": 10,
+                                      "num_inference_steps": 10, "controlnet": str(FOLDER / "cn-a"),
+                                      "max_run_seconds": 0, "precompile": "off", "model": str(tiny_pt_b)},
+                                     environ=environ), log=lambda *_: None).start()
     assert two.model_names() == ["tiny-pt", "tiny-pt-b"]
     units = units_of("one", reference)
 
     result = two.generate(request(units, model="tiny-pt-b"))
     assert result.model == "tiny-pt-b" and two.resident_models() == ["tiny-pt-b"]
-    listed = (("cn-a", two.controlnets["cn-a"].hash),)
+    listed = (("cn-a", two.controlnets["cn-a"].hash), ("cn-b", two.controlnets["cn-b"].hash))
     assert two.limits_for("tiny-pt-b").controlnets == two.limits.controlnets == listed
     assert two.setups["tiny-pt-b"].model.controlnets["cn-a"] is two.controlnets["cn-a"]  # loaded once, for all models
     title = two.controlnets["cn-a"].title
