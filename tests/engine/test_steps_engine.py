@@ -1,7 +1,8 @@
 """Per-step progress, live previews and Stop, on the shipped tiny-shapes model over 4 CPU devices.
 
-The engines here share one compiled program (the executable cache serves the second and third: the
-config's preview_every is not part of the program), so only the tests marked slow compile another.
+The engines here share one compiled program (the executable cache serves the second: the config's preview_every
+is not part of the program, and the previews-off tests take the session's tiny-shapes engine with it set to 0), so
+only the tests marked slow compile another.
 """
 
 import json
@@ -36,9 +37,14 @@ def every_step():
     return shapes_engine(preview_every=1)
 
 
-@pytest.fixture(scope="module")
-def no_previews():
-    return shapes_engine(preview_every=0)
+@pytest.fixture
+def no_previews(tiny_shapes_engine, monkeypatch):
+    """The session's tiny-shapes engine with previews off for the test's length: preview_every is read per request
+    (engine/local.py), so this is what an engine started with it does, without a start of its own."""
+    import dataclasses
+
+    monkeypatch.setattr(tiny_shapes_engine, "config", dataclasses.replace(tiny_shapes_engine.config, preview_every=0))
+    return tiny_shapes_engine
 
 
 def request(steps=8, seed=3, prompt="a red circle on a blue background"):
