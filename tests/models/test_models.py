@@ -199,8 +199,8 @@ def test_tiny_shapes_images_unchanged(tiny_shapes_engine, k, monkeypatch):
     assert now.seeds == case["seeds"]
     assert np.abs(now.images.astype(np.int32) - expected).mean() <= 0.5
 
-    def integer_timesteps(sampler, config, steps, schedule_type=None):
-        schedule = make_schedule(sampler, config, steps, schedule_type)
+    def integer_timesteps(sampler, config, steps, schedule_type=None, eta=None):
+        schedule = make_schedule(sampler, config, steps, schedule_type, eta)
         return dataclasses.replace(schedule, timesteps=np.floor(schedule.timesteps))
 
     monkeypatch.setattr(engine_module, "make_schedule", integer_timesteps)
