@@ -346,3 +346,30 @@ def test_img2img_for_another_model_takes_its_own_steps_and_size_for_the_fields_n
         assert (call.engine.width, call.engine.height) == ((96, 64) if loaded else (64, 64))
     call, _ = img2img_call(Img2Img(**body), engine)  # the default model: its own 20
     assert call.engine.model is None and extra_fields(call)["start_step"] == 4
+
+
+def test_a_size_the_model_cannot_make_names_width_or_height_not_the_init_image():
+    """img2img resizes the init image to width x height (prepare), so a size the model does not make is the
+    request's width or height (A1111's 422), not init_images (the engine's word for the image it was sent)."""
+    import types
+
+    from sdxl_engine.engine.validation import Limits
+    from sdxl_engine.serving.apis.a1111 import Img2Img, img2img_call
+    from sdxl_engine.serving.apis.core import ApiError
+
+    limits = Limits(max_seed=100, max_steps=50, sizes=((64, 64),), default_size=(64, 64), default_steps=4,
+                    default_guidance=5.0, multiple=16, max_pixels=128 * 128)
+    engine = types.SimpleNamespace(limits=limits, config=types.SimpleNamespace(refiner=""))
+    import base64
+    import io
+
+    out = io.BytesIO()
+    Image.new("RGB", (64, 64), (90, 90, 90)).save(out, "PNG")
+    init = base64.b64encode(out.getvalue()).decode()
+    for width, height, field in ((72, 64, "width"), (64, 40, "height"), (144, 128, "width/height")):
+        with pytest.raises(ApiError) as refused:
+            img2img_call(Img2Img(prompt="x", init_images=[init], width=width, height=height), engine)
+        assert (refused.value.status, refused.value.param) == (422, field)
+        assert refused.value.message.startswith(f"{field}: "), refused.value.message
+    call, _ = img2img_call(Img2Img(prompt="x", init_images=[init], width=80, height=48), engine)
+    assert call.engine.image.shape == (48, 80, 3)

@@ -52,6 +52,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict
 from sdxl_engine.engine.errors import InvalidRequest
 from sdxl_engine.engine.ip_adapter import IPAdapterUnit
 from sdxl_engine.engine.previews import preview_grid
+from sdxl_engine.engine.validation import Limits, size_of
 from sdxl_engine.program.latent_upscale import HIRES_UPSCALERS
 from sdxl_engine.program.schedulers import (
     DEFAULT_SCHEDULE_TYPE,
@@ -490,6 +491,12 @@ def img2img_call(body: Img2Img, engine, chosen: str | None = None) -> tuple[Serv
     for name, side in (("width", width), ("height", height)):
         if not 8 <= side <= MAX_INPUT_SIDE:
             raise ApiError(422, f"{name}: must be within 8 to {MAX_INPUT_SIDE} pixels, got {side}", name)
+    own = models.loaded_limits(engine, model.get("model"))  # the model's own, once loaded
+    if isinstance(own, Limits):  # the image is resized to width x height here: a size the model cannot make is theirs
+        try:
+            size_of(width, height, own)
+        except InvalidRequest as err:
+            raise ApiError(422, str(err), err.field) from None
     blur_x, blur_y = (body.mask_blur, body.mask_blur) if body.mask_blur is not None else (body.mask_blur_x,
                                                                                           body.mask_blur_y)
     prepared = prepare(init, mask, width, height, body.resize_mode, blur_x, blur_y, bool(body.inpainting_mask_invert),

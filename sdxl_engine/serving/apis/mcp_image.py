@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import gradio as gr
 
-from sdxl_engine.engine.validation import InvalidRequest, size_of
+from sdxl_engine.engine.validation import InvalidRequest
 from sdxl_engine.program.schedulers import DEFAULT_SCHEDULE_TYPE
 from sdxl_engine.service.request import to_request
 from sdxl_engine.service.styles import NO_STYLE
@@ -61,8 +61,9 @@ def image_tool(requests, config, engine=None) -> Callable:
         limits = getattr(engine, "limits", None)
         default = limits.default_size if limits is not None else (1024, 1024)
         try:
-            fields, paste_back, w, h = await asyncio.to_thread(tool_inputs, image, mask, strength, width, height,
-                                                               default, refiner_switch_at, upscale)
+            fields, paste_back, w, h = await asyncio.to_thread(
+                tool_inputs, image, mask, strength, width, height, default, refiner_switch_at, upscale,
+                limits if model in ("", getattr(limits, "model", "")) else None)  # the default model's limits
             control = await asyncio.to_thread(control_fields, control_image, control_model, control_weight,
                                               control_start, control_end, control_module, control_type)
             ip = await asyncio.to_thread(ip_fields, ip_adapter_image, ip_adapter_model, ip_adapter_weight,
@@ -70,11 +71,6 @@ def image_tool(requests, config, engine=None) -> Callable:
         except ApiError as err:
             LOG.info(f"[app] request refused: {API_NAME}: {err.message}")
             raise gr.Error(err.message, print_exception=False) from None
-        if limits is not None and not model:  # the image was resized to width x height (the default model's limits)
-            try:
-                size_of(w, h, limits)
-            except InvalidRequest as err:
-                raise refuse(err) from err
         names = {**{field: name for field, name in TOOL_FIELDS.items() if field in fields},
                  **control.pop("field_names", {}), **ip.pop("field_names", {})}
         fields.update(control)

@@ -168,7 +168,8 @@ class McpServer:
                 raise refused(name, f"the engine failed to start: {engine.error}")
             fields, paste_back, w, h = await asyncio.to_thread(
                 tools.tool_inputs, values["image"], values["mask"], values["strength"], values["width"],
-                values["height"], engine.limits.default_size, values["refiner_switch_at"], values["upscale"])
+                values["height"], engine.limits.default_size, values["refiner_switch_at"], values["upscale"],
+                engine.limits if values["model"] in (None, "", engine.limits.model) else None)  # the default model's
             return to_request(prompt=values["prompt"], negative_prompt=values["negative_prompt"], seed=values["seed"],
                               guidance_scale=values["guidance_scale"],
                               num_inference_steps=values["num_inference_steps"], width=w, height=h,

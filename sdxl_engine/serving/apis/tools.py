@@ -20,7 +20,7 @@ from sdxl_engine.config import EngineConfig
 from sdxl_engine.engine.control import CONTROL_TYPES, UNION_TYPES, ControlUnit
 from sdxl_engine.engine.control_preprocess import MODULES
 from sdxl_engine.engine.ip_adapter import IPAdapterUnit
-from sdxl_engine.engine.validation import DEFAULT_STRENGTH
+from sdxl_engine.engine.validation import DEFAULT_STRENGTH, InvalidRequest, Limits, size_of
 from sdxl_engine.program.schedulers import DEFAULT_SCHEDULE_TYPE, SAMPLERS, SCHEDULE_TYPES
 from sdxl_engine.service.image_prep import PasteBack, binary_mask, flatten, overlay, same_aspect
 from sdxl_engine.service.styles import NO_STYLE, STYLE_NAMES
@@ -370,7 +370,7 @@ def refiner_switch(value):
 
 def tool_inputs(image: str, mask: str, strength: float, width: int, height: int,
                 default_size: tuple[int, int], refiner_switch_at=None,
-                upscale=None) -> tuple[dict, PasteBack | None, int, int]:
+                upscale=None, limits: Limits | None = None) -> tuple[dict, PasteBack | None, int, int]:
     """(the engine's fields, the overlay or None, width, height) of one image tool call: the image decoded (a
     transparent one flattened on white) and resized with Lanczos to ``width`` x ``height`` (0: ``default_size``'s
     side); the mask made binary (image_prep.binary_mask), resized with the image, cut at 128 (255 = repaint), and
@@ -380,7 +380,12 @@ def tool_inputs(image: str, mask: str, strength: float, width: int, height: int,
     the engine's default, validation.DEFAULT_HIRES_STRENGTH) and the engine's pixel upscaler for an input image
     (validation.DEFAULT_IMAGE_UPSCALER); the engine checks the scale and the size it makes.
 
-    Raises ApiError 400 naming the field: a side that is not a whole number of 8 to 2048 pixels, an undecodable
+    ``limits``: the model's (its engine's Limits), when known: a width x height it cannot make is refused naming
+    width, height or width/height (the picture is resized to them here, so the engine's refusal would name the
+    image), before the picture is decoded.
+
+    Raises ApiError 400 naming the field: a side that is not a whole number of 8 to 2048 pixels (or, with ``limits``,
+    a size the model does not make), an undecodable
     or oversized image or mask (uploads.decode_image), a mask of another aspect ratio, or with nothing to repaint;
     ``upscale`` with a mask, or outside 1 to :data:`MAX_UPSCALE`.
     """
@@ -394,6 +399,11 @@ def tool_inputs(image: str, mask: str, strength: float, width: int, height: int,
                                 f"model's default; got {value!r}", name)
         size.append(side)
     w, h = size
+    if limits is not None:
+        try:
+            size_of(w, h, limits)
+        except InvalidRequest as err:
+            raise ApiError(400, str(err), err.field) from None
     picture = flatten(decode_image(image, "image", mode=None))
     original = picture.size
     if picture.size != (w, h):

@@ -72,10 +72,27 @@ def test_a_size_the_server_cannot_make_names_width_or_height_not_the_image(tool)
 
     fake, requests, image_to_image = tool
     fake.limits = Limits(max_seed=100, max_steps=8, sizes=((48, 32),), default_size=(48, 32), default_steps=2,
-                         default_guidance=5.0, multiple=16, max_pixels=64 * 64)
-    for width, height, field in ((72, 32, "width"), (48, 40, "height"), (80, 64, "width/height")):
+                         default_guidance=5.0, multiple=16, max_pixels=64 * 64, model="tiny-shapes")
+    for width, height, field, model in ((72, 32, "width", ""), (48, 40, "height", "tiny-shapes"),
+                                        (80, 64, "width/height", "")):  # the default model, by name or not
         with pytest.raises(gr.Error) as refused:
             asyncio.run(image_to_image("a green square", picture(), num_inference_steps=2, width=width,
-                                       height=height, request=caller("10.0.0.7")))
+                                       height=height, model=model, request=caller("10.0.0.7")))
         assert refused.value.message.startswith(f"{field}: "), refused.value.message
     assert not requests.jobs("10.0.0.7")
+
+
+def test_tool_inputs_refuse_a_size_the_model_cannot_make_before_decoding():
+    """What both image tools (this Gradio endpoint and the MCP server's) call: with the default model's limits a
+    width the model cannot make is the width's fault, even with a picture that does not decode."""
+    from sdxl_engine.engine.validation import Limits
+    from sdxl_engine.serving.apis.core import ApiError
+    from sdxl_engine.serving.apis.tools import tool_inputs
+
+    limits = Limits(max_seed=100, max_steps=8, sizes=((48, 32),), default_size=(48, 32), default_steps=2,
+                    default_guidance=5.0, multiple=16, max_pixels=64 * 64)
+    with pytest.raises(ApiError) as refused:
+        tool_inputs("not a picture", "", -1, 72, 32, (48, 32), limits=limits)
+    assert refused.value.message.startswith("width: 72 is not a multiple of 16 pixels")
+    fields, _, w, h = tool_inputs(picture(), "", -1, 48, 32, (48, 32), limits=limits)
+    assert (w, h) == (48, 32) and fields["image"].shape == (32, 48, 3)
