@@ -74,6 +74,7 @@ from jax.experimental import serialize_executable
 FORMAT = 1  # of the manifest and of the key; a new format makes every old entry a miss
 MAX_ENTRIES = 32  # the oldest entries (and their files) beyond this many are deleted when one is stored
 MAX_STARTS = 16  # starts.json keeps the newest records of this many start names
+KEPT_STARTS = 4  # the entries the newest this many start records name are never pruned (beyond MAX_ENTRIES if need be)
 # JAX options that change what a traced program lowers to; XLA_FLAGS and LIBTPU_INIT_ARGS change the compile.
 JAX_OPTIONS = ("jax_enable_x64", "jax_default_matmul_precision", "jax_default_prng_impl",
                "jax_threefry_partitionable", "jax_use_shardy_partitioner")
@@ -408,15 +409,30 @@ class ExecutableCache:
             return self._read_secret()
 
     def _prune(self, entries: dict[str, dict]) -> None:
-        """Drop the oldest entries beyond MAX_ENTRIES, and their files."""
+        """Drop the oldest entries beyond MAX_ENTRIES, and their files, but never one that the newest
+        :data:`KEPT_STARTS` start records name (``starts.json``): a server that compiled other sizes since its last
+        start would otherwise lose the very executables its next start loads first (found by a new user: ten
+        programs of three executables filled the cache, and the default size's were the oldest)."""
         def written(digest: str) -> float:
             entry = entries[digest]
             stamp = entry.get("written") if isinstance(entry, dict) else None
             return stamp if isinstance(stamp, (int, float)) else 0
 
-        for digest in sorted(entries, key=written)[:-MAX_ENTRIES]:
+        kept = self._recorded()
+        for digest in [d for d in sorted(entries, key=written) if d not in kept][:-MAX_ENTRIES]:
             del entries[digest]
             (self.directory / f"{digest}.xla").unlink(missing_ok=True)
+
+    def _recorded(self) -> set[str]:
+        """The digests the newest :data:`KEPT_STARTS` start records name (none where starts.json is absent or not
+        ours)."""
+        try:
+            starts = json.loads(_read_private(self.starts_path)).get("starts", {})
+            newest = sorted((v for v in starts.values() if isinstance(v, dict)),
+                            key=lambda v: v.get("written", 0) if isinstance(v.get("written"), (int, float)) else 0)
+            return {d for record in newest[-KEPT_STARTS:] for d in record.get("digests", []) if isinstance(d, str)}
+        except Exception:  # noqa: BLE001  no record: nothing is kept beyond MAX_ENTRIES' rule
+            return set()
 
     @contextmanager
     def _locked(self, mode: int) -> Iterator[None]:

@@ -262,3 +262,26 @@ def test_the_source_digest_follows_content_and_place(tmp_path):
     assert executables.source_digest([moved], root=tmp_path) != digest  # same content, another folder
     one.write_text("x = 2\n")
     assert executables.source_digest([one], root=tmp_path) != digest  # another content
+
+
+def test_pruning_keeps_what_the_last_starts_loaded(tmp_path, program, monkeypatch):
+    """Past MAX_ENTRIES the oldest entries go, but not those a recent start record names: the executables the next
+    start reads first (a new user's server lost them after compiling other sizes, and its warm start compiled)."""
+    monkeypatch.setattr(executables, "MAX_ENTRIES", 2)
+    cache = ExecutableCache(tmp_path / "executables")
+
+    def put(name):
+        key = {"program": name}
+        cache.store(key, program["compiled"], program["devices"], program["in_tree"], program["out_tree"])
+        return key_digest({**key, **runtime_key(program["devices"])})
+
+    first = put("the start's")
+    cache.finish_start("start")  # records `first`
+    others = [put(f"size {k}") for k in range(3)]
+    listed = set(json.loads(cache.manifest_path.read_bytes())["entries"])
+    assert listed == {first, *others[-2:]}  # the two newest, and the recorded one beyond them
+    assert sorted(p.stem for p in cache.directory.glob("*.xla")) == sorted(listed)
+    again = ExecutableCache(tmp_path / "executables")
+    assert again.preload("start", program["devices"]) == 1
+    found = again.load({"program": "the start's"}, program["in_tree"], program["out_tree"], program["devices"])
+    assert found.note.endswith("(preloaded)")
