@@ -266,7 +266,8 @@ def as_float(field: str, value, lo: float, hi: float) -> float:
     if not math.isfinite(number):
         raise InvalidRequest(field, f"must be a finite number, got {_short(value)}")
     if not lo <= number <= hi:
-        raise InvalidRequest(field, f"must be between {lo:g} and {hi:g}, got {number:g}")
+        shown = f"{number:g}" if float(f"{number:g}") == number else repr(number)  # 1.0000001 is not "1"
+        raise InvalidRequest(field, f"must be between {lo:g} and {hi:g}, got {shown}")
     return number
 
 

@@ -254,7 +254,11 @@ def png_settings(text: str, sizes: list[str], max_steps: int, max_seed: int,
     elif "Denoising strength" in fields:
         left.append(f"denoising strength {fields['Denoising strength'][:20]!r} (made from a picture: "
                     "Image to image takes one)")
-    units = [key for key in fields if re.fullmatch(r"ControlNet \d+", key)]  # sd-webui-controlnet's unit fields
+    for key in ("Eta DDIM", "Eta"):  # A1111's, written where eta was not the sampler's default (the API's field)
+        if key in fields:
+            left.append(f"{key.lower()} {fields[key][:20]!r} (this page runs each sampler's default eta; the A1111 "
+                        "and jobs APIs take eta)")
+        units = [key for key in fields if re.fullmatch(r"ControlNet \d+", key)]  # sd-webui-controlnet's unit fields
     if units:
         left.append(f"{', '.join(units)} (a ControlNet or IP-Adapter unit: the PNG holds its settings, not its "
                     "image; set it in the ControlNet section)")

@@ -171,6 +171,7 @@ def test_eta_is_a_number_from_0_to_1_or_none(eta, expected):
 
 
 @pytest.mark.parametrize("eta, message", [(1.5, "must be between 0 and 1, got 1.5"), (-0.01, "must be between 0"),
+                                          (1.0000001, "must be between 0 and 1, got 1.0000001"),  # not "got 1"
                                           (float("nan"), "must be a finite number"), (True, "expected a number"),
                                           ("x", "expected a number")])
 def test_eta_outside_0_to_1_is_refused_naming_eta(eta, message):

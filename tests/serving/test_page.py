@@ -168,6 +168,10 @@ def test_png_settings_restores_this_servers_and_a1111s_parameters():
                       "resolution": "64x64"}
     assert note == ("Restored from the PNG: prompt, negative prompt, style, seed, CFG, steps, sampler, schedule type, "
                     "size; press **Generate** to make it again.")
+    ddim = text.replace("Sampler: DDIM", "Sampler: DDIM, Eta DDIM: 0.5")  # eta: the APIs' field, not the page's
+    assert "Eta DDIM: 0.5" in ddim and page.png_settings(ddim, ["64x64", "80x48"], 50, 2**32 - 1) == (
+        values, note.replace("to make it again.", "to make it again. Not restored: eta ddim '0.5' (this page runs "
+                             "each sampler's default eta; the A1111 and jobs APIs take eta)."))
     a1111 = ("masterpiece, a cat <lora:ink:0.5>\nwearing a hat\nNegative prompt: lowres, \"bad\"\n"
              "Steps: 70, Sampler: DPM++ 2M, Schedule type: Karras, CFG scale: 7, Seed: 1234, Size: 1024x1024, "
              "Model hash: 31e35c80fc, Model: sd_xl_base_1.0, Style: \"My, style\", Version: v1.10.1")
