@@ -330,10 +330,10 @@ class ExecutableCache:
                         starts = {}
                     starts = {k: v for k, v in starts.items() if isinstance(v, dict) and k != start}
                     starts[start] = {"digests": used, "written": time.time()}
-                    newest = sorted(starts, key=lambda k: starts[k].get("written", 0))[-MAX_STARTS:]
+                    newest = sorted(starts, key=lambda k: _stamp(starts[k]))[-MAX_STARTS:]
                     _write_private(self.starts_path, _canonical({"starts": {k: starts[k] for k in newest}}))
-            except (OSError, Untrusted):
-                pass  # the next start reads its files when it needs them, as without a record
+            except Exception:  # noqa: BLE001  unwritable, or a record edited out of shape: the next start reads its
+                pass  # files when it needs them, as without a record
         return taken, dropped
 
     def _read_manifest(self) -> dict | None:
@@ -428,8 +428,7 @@ class ExecutableCache:
         ours)."""
         try:
             starts = json.loads(_read_private(self.starts_path)).get("starts", {})
-            newest = sorted((v for v in starts.values() if isinstance(v, dict)),
-                            key=lambda v: v.get("written", 0) if isinstance(v.get("written"), (int, float)) else 0)
+            newest = sorted((v for v in starts.values() if isinstance(v, dict)), key=_stamp)
             return {d for record in newest[-KEPT_STARTS:] for d in record.get("digests", []) if isinstance(d, str)}
         except Exception:  # noqa: BLE001  no record: nothing is kept beyond MAX_ENTRIES' rule
             return set()
@@ -514,6 +513,12 @@ def _why_missing(entries: dict[str, dict], key: dict[str, Any]) -> str:
                 return f"stored for another {field} (changed since it was written)"
             return f"stored for {field} {was}, this is {now}"
     return "stored under another key"
+
+
+def _stamp(record: dict) -> float:
+    """A start record's ``written`` time (0 where it is not a number)."""
+    stamp = record.get("written")
+    return stamp if isinstance(stamp, (int, float)) and not isinstance(stamp, bool) else 0
 
 
 class _FlatTree:

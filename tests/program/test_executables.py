@@ -285,3 +285,14 @@ def test_pruning_keeps_what_the_last_starts_loaded(tmp_path, program, monkeypatc
     assert again.preload("start", program["devices"]) == 1
     found = again.load({"program": "the start's"}, program["in_tree"], program["out_tree"], program["devices"])
     assert found.note.endswith("(preloaded)")
+
+
+def test_a_start_record_out_of_shape_is_written_anew_and_never_stops_a_start(tmp_path, program):
+    cache = ExecutableCache(tmp_path / "executables")
+    store(cache, program)
+    cache.starts_path.write_text(json.dumps({"starts": {"other": {"digests": 5, "written": "yesterday"},
+                                                        "x": {"written": None}}}))
+    cache.starts_path.chmod(0o600)
+    assert cache.finish_start("start") == (0, 0)  # no exception, and the record written anew beside them
+    assert ExecutableCache(tmp_path / "executables").preload("other", program["devices"]) == 0
+    assert ExecutableCache(tmp_path / "executables").preload("start", program["devices"]) == 1
