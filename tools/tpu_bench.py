@@ -73,7 +73,7 @@ def engine_side(args) -> dict:
                  "startup": dict(engine.startup),
                  "device": engine.device_summary, "jax": jax.__version__, "python": sys.version.split()[0],
                  "cache": [line for line in logs if "executable cache" in line or "loaded " in line
-                           or "stored " in line or "reading the" in line or "were read while" in line][:8]}
+                           or "stored " in line or "reading the" in line or "read while" in line][:8]}
     requests = []
     for k in range(args.requests):
         events = []

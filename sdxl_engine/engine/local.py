@@ -173,6 +173,7 @@ class Engine:
         self.compile_cache_dir = ""  # set at start (apply_jax_options: "" = no persistent cache)
         self.executables: ExecutableCache | None = None  # set at start: <compile_cache_dir>/executables, or None
         self._start_name: str | None = None  # set at start with the executable cache: what starts.json calls it
+        self._preloading = 0  # executables the start reads while the model loads (ExecutableCache.preload)
         self.stage = "starting"
         self.started = clock()
         self.startup: dict[str, float] = {}
@@ -365,9 +366,9 @@ class Engine:
         threading.Thread(target=start_quietly, name="engine-start", daemon=True).start()
         return self
 
-    def _stage(self, name: str):
+    def _stage(self, name: str, note: str = ""):
         self.stage = name
-        self._log(f"[sdxl_engine] {name} ...")
+        self._log(f"[sdxl_engine] {name}{f' ({note})' if note else ''} ...")
         return time.perf_counter()
 
     def _done(self, key: str, t0: float) -> None:
@@ -388,10 +389,7 @@ class Engine:
         if self.executables:  # the executables the last start of this configuration loaded, read while models load
             devices = list(self.mesh.devices.flat)
             self._start_name = key_digest({"config": dataclasses.asdict(self.config), **runtime_key(devices)})
-            count = self.executables.preload(self._start_name, devices, self.config.compile_threads)
-            if count:
-                self._log(f"[sdxl_engine] reading the {count} executables the last start of this configuration "
-                          "loaded, while the model loads")
+            self._preloading = self.executables.preload(self._start_name, devices, self.config.compile_threads)
 
         # 2. The models offered (names: checkpoint/catalogue.py), then the default one, each parameter straight onto
         # the devices; the LoRAs' files checked first.
@@ -406,7 +404,8 @@ class Engine:
         lora_sources = self._lora_sources_of(entry)
         for path in lora_sources.values():
             lora_mod.check_lora_path(path)
-        t0 = self._stage("loading model onto the devices")
+        t0 = self._stage("loading model onto the devices", f"and reading the {self._preloading} executables the last "
+                         "start of this configuration loaded" if self._preloading else "")  # a few lines: one here
         if self._faults:  # TEST-ONLY (faults.py): a start slow enough to watch
             self._faults.on_start()
         self.platform = jax.devices()[0].platform
@@ -478,14 +477,15 @@ class Engine:
                   + ("" if times is None else
                      f" and {times.limit_s:g} s of device time (max_run_seconds; measured at {width}x{height} x "
                      f"{self.batch} images: {times.fixed_s:.3f} s + {times.step_s:.3f} s per step)"))
+        read = ""
         if self.executables:
             taken, dropped = self.executables.finish_start(self._start_name)
-            if taken or dropped:
-                self._log(f"[sdxl_engine] {taken} executables were read while the model loaded"
-                          + (f"; {dropped} read and not needed (dropped)" if dropped else ""))
+            if taken or dropped:  # said in the ready line: a start logs a few lines (tests/test_app.py)
+                read = f"; {taken} executables read while the model loaded" + (
+                    f", {dropped} read and not needed (dropped)" if dropped else "")
         self.startup["ready_s"] = clock() - self.started
         self._log(f"[sdxl_engine] ready in {self.startup['ready_s']:.2f} s on {self.device_summary} "
-                  f"({self.model.name}, {self.model.dtype})")
+                  f"({self.model.name}, {self.model.dtype}{read})")
         self._start_precompile()
 
     def _time_runs(self, plan: Plan, program: CompiledProgram) -> None:

@@ -100,13 +100,12 @@ def test_warm_start_traces_and_compiles_nothing_and_the_xla_cache_stays(tmp_path
     # ... and read them while the model loaded: the cold start recorded its three (starts.json), the warm one
     # deserialized them on threads from its first stage and its load took them.
     assert (cache / "executables" / "starts.json").stat().st_mode & 0o777 == 0o600
-    assert not [line for line in cold["log"] if "reading the" in line or "were read while" in line], cold["log"]
-    assert "[sdxl_engine] reading the 3 executables the last start of this configuration loaded, while the model " \
-           "loads" in warm["log"]
-    assert warm["log"].index(next(line for line in warm["log"] if "reading the 3" in line)) < warm["log"].index(
-        "[sdxl_engine] loading model onto the devices ...")
+    assert not [line for line in cold["log"] if "reading the" in line or "read while" in line], cold["log"]
+    assert "[sdxl_engine] loading model onto the devices (and reading the 3 executables the last start of this " \
+           "configuration loaded) ..." in warm["log"]
     assert warm["cache_lines"][0].count("(preloaded)") == 3, warm["cache_lines"]
-    assert "[sdxl_engine] 3 executables were read while the model loaded" in warm["log"]
+    ready = next(line for line in warm["log"] if line.startswith("[sdxl_engine] ready in "))
+    assert ready.endswith("float32; 3 executables read while the model loaded)"), ready
 
     # 3. A tampered executable: refused without being read as a pickle, compiled again (fresh: XLA's
     # persistent cache is bypassed for what the executable cache stores), one line saying so.
