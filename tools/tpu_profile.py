@@ -228,7 +228,7 @@ def profile_engine(args, out: Path) -> dict:
     config = EngineConfig.load({
         "model": args.model, "width": args.size, "height": args.size, "images_per_request": args.images,
         "num_inference_steps": args.steps, "guidance_scale": GUIDANCE, "sampler": "Euler",
-        "compile_cache_dir": str(out / "cache"), "progress": True, "precompile": "off", "max_run_seconds": 0,
+        "compile_cache_dir": str(args.cache or out / "cache"), "progress": True, "precompile": "off", "max_run_seconds": 0,
         **({"cpu_devices": args.cpu_devices} if args.cpu_devices else {})})
     engine = Engine(config, log=lambda line: None).start()
     result = {"start_s": time.perf_counter() - t0, "startup": dict(engine.startup), "device": engine.device_summary,
@@ -263,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--matmul", action="store_true", help="also the chip's sustained rate on the UNet's shapes")
     p.add_argument("--chain", type=int, default=20)
     p.add_argument("--scale", type=int, default=1, help=argparse.SUPPRESS)  # CPU tests: shapes / scale
+    p.add_argument("--cache", type=Path, help="the executable cache (default DIR/cache)")
     p.add_argument("--no-engine", action="store_true", help="only --matmul")
     p.add_argument("--cpu-devices", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
