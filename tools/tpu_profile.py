@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import gzip
 import json
 import re
 import shutil
@@ -106,113 +107,130 @@ def matmul_rates(rows: int = 8, chain: int = 20, scale: int = 1) -> list[dict]:
     return out
 
 
-# The classes, in the order they are tried: (class, a pattern of the op's name, category or JAX name stack).
-NORM = re.compile(r"group_?norm|layer_?norm|norm\d?\b|/norm|\.norm|norm_out|norm1|norm2|norm3", re.I)
+CONV3 = re.compile(r"\[3,3,(\d+),(\d+)\]")
+CONTAINERS = ("while", "conditional", "call")  # hold other ops' events: their own time is counted in those
+MOVES = ("copy", "copy-start", "copy-done", "transpose", "bitcast", "dynamic-update-slice", "dynamic-slice",
+         "slice", "concatenate", "pad", "broadcast", "reshape", "all-gather", "collective-permute")
 
 
-def op_class(name: str, category: str, op_name: str) -> str:
-    """The class of one device op: ``name`` its HLO instruction's name, ``category`` XLA's ``hlo_category``
-    (TPU traces: "convolution fusion", "custom-call", "loop fusion", "data formatting", ...; '' where absent),
-    ``op_name`` the JAX name stack of its root (``jit(advance)/.../up_blocks_1/attentions_0/.../to_q/dot_general``).
+def op_class(text: str) -> str:
+    """The class of one device op from its HLO instruction text, as a TPU trace names its ops (``%convolution_add_
+    fusion.444 = bf16[8,64,64,1280]{...} fusion(... bf16[3,3,1280,1280] %custom-call.187, ...), kind=kOutput,
+    calls=...``).
 
-    Returns "attention kernel" (a Pallas custom call), "matmul/conv: <part>" (a convolution fusion; the part from the
-    name stack: resnet conv, attention projection, feed-forward, proj_in/out, other), "normalisation", "data
-    formatting" (copies, transposes), or "other (<category>)"."""
-    text = f"{name} {category}".lower()
-    stack = op_name.lower()
-    if "custom" in text or "pallas" in stack or "tpu_custom_call" in text:
-        return "attention kernel" if "attention" in stack or "softmax" in stack or "flash" in stack else (
-            "custom call")
-    if "convolution" in text or "dot" in text.split(" ")[0] or re.search(r"(^|/)(conv_general|dot_general)", stack):
-        if re.search(r"/(to_q|to_k|to_v|to_out|to_k_ip|to_v_ip)\b", stack):
-            part = "attention projections"
-        elif "/ff/" in stack or "/ff_" in stack or "geglu" in stack or "/net" in stack:
-            part = "feed-forward"
-        elif "proj_in" in stack or "proj_out" in stack:
-            part = "proj_in/out"
-        elif "conv" in stack or "conv_general" in stack:
-            part = "convolutions"
-        elif "dot_general" in stack and ("attn" in stack or "attention" in stack):
-            part = "attention (XLA)"
-        else:
-            part = "other"
-        return f"matmul/conv: {part}"
-    if NORM.search(stack):
-        return "normalisation"
-    if "data formatting" in text or name.startswith(("copy", "transpose", "bitcast")):
-        return "data formatting"
-    return f"other ({category or 'no category'})"
+    Returns one of: "attention kernel (Pallas)" (a ``tpu_custom_call``: layers.softmax_attention_tpu and the
+    flash kernel), "3x3 convolution (+ what XLA fused in)" (an operand of shape [3, 3, Cin, Cout]: the ResNets'
+    and the samplers' convolutions, with the GroupNorm statistics XLA often fuses into their output),
+    "matrix product (+ fused)" (any other output fusion: the projections, feed-forwards, 1 × 1 convolutions, the
+    cross-attentions' products), "reduction (+ fused)" (input fusions: normalisation statistics, softmax of the
+    XLA-path attentions), "elementwise" (loop fusions: GroupNorm's and LayerNorm's application, SiLU, GEGLU,
+    residual adds), "data movement" (copies, transposes, slices), "container" (while, conditional: not a leaf)
+    or "other (<opcode>)"."""
+    head = text.split(" = ", 1)
+    body = head[1] if len(head) == 2 else text
+    match = re.search(r"(?:^| )([a-z][a-z\-]*)\(", body)  # the type's own parentheses follow no space
+    opcode = match[1] if match else re.sub(r"\.\d+$", "", body.strip())  # XLA:CPU names its kernels only
+    if opcode in CONTAINERS:
+        return "container"
+    if opcode == "custom-call":
+        return "attention kernel (Pallas)" if "tpu_custom_call" in body else "other (custom-call)"
+    if opcode == "fusion":
+        if CONV3.search(body):
+            return "3x3 convolution (+ what XLA fused in)"
+        if "kind=kOutput" in body:
+            return "matrix product (+ fused)"
+        if "kind=kInput" in body:
+            return "reduction (+ fused)"
+        if "kind=kLoop" in body:
+            return "elementwise"
+        return "other (fusion)"
+    if opcode in ("convolution", "dot"):
+        return "matrix product (+ fused)"
+    if opcode in ("reduce", "reduce-window"):
+        return "reduction (+ fused)"
+    if opcode in MOVES:
+        return "data movement"
+    return f"other ({opcode})"
 
 
-def _stats(event) -> dict:
-    try:
-        return {str(k): v for k, v in event.stats}
-    except Exception:  # noqa: BLE001 — an older JAX's event without stats: classes come from names alone
-        return {}
+def op_flops(text: str) -> float:
+    """FLOPs of one op where its instruction text says them, else 0.0: a 3 × 3 convolution fusion's 2·N·H·W·Cin·Cout·9
+    (the output's [N, H, W, Cout] as written in its type, the weight's [3, 3, Cin, Cout] as an operand), a
+    self-attention kernel's 4·B·T²·C (q·kᵀ and p·v over its [B, T, C] output, keys as many as queries)."""
+    body = text.split(" = ", 1)[-1]
+    out_type = body.split(" fusion(")[0].split(" custom-call(")[0]
+    if (conv := CONV3.search(body)) and " fusion(" in body:
+        cin, cout = int(conv[1]), int(conv[2])
+        for dims in re.findall(r"bf16\[(\d+),(\d+),(\d+),(\d+)\]", out_type):
+            n, h, w, c = map(int, dims)
+            if c == cout:
+                return 2.0 * n * h * w * cin * cout * 9
+        return 0.0
+    if "tpu_custom_call" in body and (shape := re.match(r"bf16\[(\d+),(\d+),(\d+)\]", out_type)):
+        b, t, c = map(int, shape.groups())
+        return 4.0 * b * t * t * c
+    return 0.0
+
+
+def _leaves(events) -> list[tuple[int, int, str]]:
+    """(start_ns, end_ns, name) of the events that hold no other event (a while loop's event holds its body's)."""
+    events = sorted(((e.start_ns, e.end_ns, e.name) for e in events
+                     if not e.name.startswith(("end: ", "ThreadpoolListener", "ThunkExecutor"))),
+                    key=lambda e: (e[0], -e[1]))
+    return [e for i, e in enumerate(events) if not (i + 1 < len(events) and events[i + 1][0] < e[1])]
 
 
 def trace_tables(trace_dir: Path, requests: int = 1) -> dict:
-    """Read the ``*.xplane.pb`` under ``trace_dir`` and sum the device ops' time per op, per class and per stage.
+    """Read the newest ``*.xplane.pb`` under ``trace_dir`` and sum the device's leaf ops' time per op, per class
+    (:func:`op_class`) and per stage (the "XLA Modules" line: prepare, advance, finish).
 
-    Returns {"plane", "busy_ms" (the ops' time summed, per request), "classes": {class: {"ms", "calls", "share"}},
-    "stages": {XLA module: ms}, "top_ops": the 40 costliest ops with their class, category and name stack}.
+    On a TPU the ops are the device plane's "XLA Ops" line (its "Async XLA Ops", the copies that overlap the
+    compute, are not counted); on XLA:CPU the runtime's threads (tools/xla_profile.py reads them the same way).
+    Returns {"plane", "lines" (event counts), "busy_ms" (leaf ops' time per request), "classes": {class: {"ms",
+    "calls", "share"}}, "stages": {module: ms}, "top_ops": the 60 costliest ops with their class}.
     Raises FileNotFoundError when no trace is there."""
     from jax.profiler import ProfileData
 
-    files = sorted(trace_dir.rglob("*.xplane.pb"))
+    files = sorted([*trace_dir.rglob("*.xplane.pb"), *trace_dir.rglob("*.xplane.pb.gz")],
+                   key=lambda f: f.stat().st_mtime)
     if not files:
         raise FileNotFoundError(f"no *.xplane.pb under {trace_dir}")
-    data = ProfileData.from_file(str(files[-1]))
-    planes = list(data.planes)
-    device = [p for p in planes if p.name.startswith("/device:TPU:") or "GPU" in p.name]
-    ops: dict[str, dict] = {}
+    raw = files[-1].read_bytes()
+    planes = list(ProfileData.from_serialized_xspace(gzip.decompress(raw) if files[-1].suffix == ".gz" else raw).planes)
+    device = [p for p in planes if p.name.startswith(("/device:TPU:", "/device:GPU:"))]
+    plane = device[0] if device else next(p for p in planes if p.name.startswith("/host:CPU"))
+    ops: dict[str, list[int]] = {}  # name: [ns, calls]
     stages: collections.Counter = collections.Counter()
-    if device:
-        plane = device[0]
-        for line in plane.lines:
-            if line.name == "XLA Ops":
-                for e in line.events:
-                    s = _stats(e)
-                    row = ops.setdefault(e.name, {"ns": 0, "calls": 0, "category": str(s.get("hlo_category", "")),
-                                                  "op_name": str(s.get("tf_op", s.get("name", ""))),
-                                                  "stats": {k: str(v)[:200] for k, v in s.items()}})
-                    row["ns"] += e.duration_ns
-                    row["calls"] += 1
-            elif line.name == "XLA Modules":
-                for e in line.events:
-                    stages[re.sub(r"\(\d+\)$", "", e.name)] += e.duration_ns
-    else:  # XLA:CPU: its runtime's threads, leaf events only (tools/xla_profile.py reads them the same way)
-        plane = next(p for p in planes if p.name.startswith("/host:CPU"))
-        for line in plane.lines:
-            if "XLAEigen" not in line.name and "XLAExecute" not in line.name:
-                continue
-            events = sorted(((e.start_ns, e.end_ns, e.name, e) for e in line.events
-                             if not e.name.startswith(("end: ", "ThreadpoolListener", "ThunkExecutor"))),
-                            key=lambda e: (e[0], -e[1]))
-            for i, (start, end, name, e) in enumerate(events):
-                if i + 1 < len(events) and events[i + 1][0] < end:
-                    continue
-                s = _stats(e)
-                row = ops.setdefault(name, {"ns": 0, "calls": 0, "category": str(s.get("hlo_category", "")),
-                                            "op_name": str(s.get("tf_op", "")), "stats": {}})
-                row["ns"] += end - start
-                row["calls"] += 1
+    for line in plane.lines:
+        if line.name == "XLA Modules":
+            for e in line.events:
+                stages[re.sub(r"\(\d+\)$", "", e.name)] += e.end_ns - e.start_ns
+        elif line.name == "XLA Ops" or (not device and ("XLAEigen" in line.name or "XLAExecute" in line.name)):
+            for start, end, name in _leaves(line.events):
+                row = ops.setdefault(name, [0, 0])
+                row[0] += end - start
+                row[1] += 1
     classes: dict[str, dict] = {}
-    for name, row in ops.items():
-        row["class"] = op_class(name, row["category"], row["op_name"])
-        c = classes.setdefault(row["class"], {"ms": 0.0, "calls": 0})
-        c["ms"] += row["ns"] / 1e6 / requests
-        c["calls"] += row["calls"] // requests
+    for name, (ns, calls) in ops.items():
+        c = classes.setdefault(op_class(name), {"ms": 0.0, "calls": 0, "tflop": 0.0, "counted_ms": 0.0})
+        c["ms"] += ns / 1e6 / requests
+        c["calls"] += calls // requests
+        if flops := op_flops(name):
+            c["tflop"] += flops * calls / 1e12 / requests
+            c["counted_ms"] += ns / 1e6 / requests
     busy = sum(c["ms"] for c in classes.values())
     for c in classes.values():
         c["share"] = c["ms"] / busy if busy else 0.0
-    top = sorted(ops.items(), key=lambda kv: -kv[1]["ns"])[:40]
-    return {"plane": plane.name, "busy_ms": busy, "lines": {line.name: len(list(line.events)) for line in plane.lines},
-            "classes": dict(sorted(classes.items(), key=lambda kv: -kv[1]["ms"])),
+        # the rate of the ops whose FLOPs the text gives (convolutions, self-attention kernels)
+        tflop = c.pop("tflop")
+        c["tflop_s"] = tflop / c["counted_ms"] * 1e3 if c["counted_ms"] else None
+    top = sorted(ops.items(), key=lambda kv: -kv[1][0])[:60]
+    return {"plane": plane.name, "lines": {line.name: len(list(line.events)) for line in plane.lines},
+            "busy_ms": busy, "classes": dict(sorted(classes.items(), key=lambda kv: -kv[1]["ms"])),
             "stages": {k: v / 1e6 / requests for k, v in stages.most_common()},
-            "top_ops": [{"name": n, "ms": r["ns"] / 1e6 / requests, "calls": r["calls"] // requests,
-                         "class": r["class"], "category": r["category"], "op_name": r["op_name"][:300],
-                         "stats": r["stats"]} for n, r in top]}
+            "top_ops": [{"ms": ns / 1e6 / requests, "calls": calls // requests, "class": op_class(name),
+                         "tflop_s": op_flops(name) * calls / ns / 1e3 if op_flops(name) else None,
+                         "op": name[:400]} for name, (ns, calls) in top]}
 
 
 def profile_engine(args, out: Path) -> dict:
@@ -228,7 +246,8 @@ def profile_engine(args, out: Path) -> dict:
     config = EngineConfig.load({
         "model": args.model, "width": args.size, "height": args.size, "images_per_request": args.images,
         "num_inference_steps": args.steps, "guidance_scale": GUIDANCE, "sampler": "Euler",
-        "compile_cache_dir": str(args.cache or out / "cache"), "progress": True, "precompile": "off", "max_run_seconds": 0,
+        "compile_cache_dir": str(args.cache or out / "cache"), "progress": True, "precompile": "off",
+        "max_run_seconds": 0,
         **({"cpu_devices": args.cpu_devices} if args.cpu_devices else {})})
     engine = Engine(config, log=lambda line: None).start()
     result = {"start_s": time.perf_counter() - t0, "startup": dict(engine.startup), "device": engine.device_summary,
@@ -249,6 +268,17 @@ def profile_engine(args, out: Path) -> dict:
     finally:
         jax.profiler.stop_trace()
     result["after_device_s"] = request(2)  # the profiler's own cost: profiled against this one
+    # The trace flat and compressed (the lent machine returns files a few folders deep at most), and each stage's
+    # optimized HLO, to read the ops' fused computations where the trace's instruction text does not say enough.
+    newest = max(trace.rglob("*.xplane.pb"), key=lambda f: f.stat().st_mtime)
+    (trace / "request.xplane.pb.gz").write_bytes(gzip.compress(newest.read_bytes()))
+    shutil.rmtree(trace / "plugins", ignore_errors=True)
+    for k, program in enumerate(engine.programs.compiled.values()):
+        for name, stage in getattr(program.executable, "stages", {}).items():
+            try:
+                (out / f"hlo-{k}-{name}.txt.gz").write_bytes(gzip.compress(stage.as_text().encode()))
+            except Exception as err:  # noqa: BLE001 — a loaded executable may not keep its text: say so
+                result.setdefault("hlo_missing", []).append(f"{k}/{name}: {type(err).__name__}")
     return result
 
 
