@@ -107,6 +107,57 @@ def matmul_rates(rows: int = 8, chain: int = 20, scale: int = 1) -> list[dict]:
     return out
 
 
+def ff_rates(rows: int = 8, chain: int = 10, scale: int = 1) -> list[dict]:
+    """The UNet's feed-forward (GEGLU then Linear, models/unet.FeedForward) at the 4096- and 1024-token levels, in
+    each of models/unet.GEGLU_MODE's ways, side by side in alternating rounds: device ms per block and TFLOP/s.
+
+    Each call is a ``fori_loop`` of ``chain`` blocks (ff(x) rescaled to unit RMS) on random bfloat16 weights; the
+    result of each mode is compared with "fused"'s (largest absolute difference: the modes compute the same
+    values)."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from sdxl_engine.models import unet
+
+    out = []
+    for tokens, width in ((4096 // scale, 640), (1024 // scale, 1280)):
+        ff = unet.FeedForward(width, rngs=nnx.Rngs(0))
+        ff = jax.tree.map(lambda a: a.astype(jnp.bfloat16), nnx.state(ff))
+        graph = nnx.graphdef(unet.FeedForward(width, rngs=nnx.Rngs(0)))
+        x = jax.random.normal(jax.random.PRNGKey(1), (rows, tokens, width), jnp.float32).astype(jnp.bfloat16)
+
+        def make(mode, graph=graph):
+            def fn(state, x):
+                unet.GEGLU_MODE = mode  # read while tracing
+                module = nnx.merge(graph, state)
+                def block(_, y):  # rescaled to unit RMS so that a chain neither overflows nor vanishes
+                    z = module(y).astype(jnp.float32)
+                    return (z * jax.lax.rsqrt(jnp.mean(z * z, -1, keepdims=True) + 1e-6)).astype(y.dtype)
+                return jax.lax.fori_loop(0, chain, block, x)  # noqa: B023 — x is fn's argument
+            return jax.jit(fn)
+
+        modes = ("fused", "barrier", "split")
+        fns = {m: make(m) for m in modes}
+        results = {m: jax.block_until_ready(fns[m](ff, x)) for m in modes}  # compiles
+        times: dict[str, list[float]] = {m: [] for m in modes}
+        for _ in range(5):  # alternating rounds
+            for m in modes:
+                start = time.perf_counter()
+                jax.block_until_ready(fns[m](ff, x))
+                times[m].append(time.perf_counter() - start)
+        flop = 2 * rows * tokens * width * width * 4 * 3 * chain  # (C -> 8C) + (4C -> C) per block
+        for m in modes:
+            seconds = statistics.median(times[m])
+            out.append({"tokens": tokens, "width": width, "mode": m, "ms_per_block": seconds / chain * 1e3,
+                        "tflop_s": flop / seconds / 1e12,
+                        "max_abs_diff_vs_fused": float(jnp.max(jnp.abs(results[m].astype(jnp.float32)
+                                                                       - results["fused"].astype(jnp.float32))))})
+            print(json.dumps(out[-1]), flush=True)
+    unet.GEGLU_MODE = "barrier"
+    return out
+
+
 CONV3 = re.compile(r"\[3,3,(\d+),(\d+)\]")
 CONTAINERS = ("while", "conditional", "call")  # hold other ops' events: their own time is counted in those
 MOVES = ("copy", "copy-start", "copy-done", "transpose", "bitcast", "dynamic-update-slice", "dynamic-slice",
@@ -292,6 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="sdxl-base-random")
     p.add_argument("--matmul", action="store_true", help="also the chip's sustained rate on the UNet's shapes")
     p.add_argument("--chain", type=int, default=20)
+    p.add_argument("--ff", action="store_true", help="also the feed-forward's GEGLU modes side by side")
+    p.add_argument("--geglu", default="", help="models/unet.GEGLU_MODE for the engine's run ('' = as shipped)")
     p.add_argument("--scale", type=int, default=1, help=argparse.SUPPRESS)  # CPU tests: shapes / scale
     p.add_argument("--cache", type=Path, help="the executable cache (default DIR/cache)")
     p.add_argument("--no-engine", action="store_true", help="only --matmul")
@@ -314,6 +367,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.matmul:
         report["matmul"] = matmul_rates(rows=2 * args.images, chain=args.chain, scale=args.scale)
         written.write_text(json.dumps(report, indent=1))
+    if args.ff:
+        report["ff"] = ff_rates(rows=2 * args.images, scale=args.scale)
+        written.write_text(json.dumps(report, indent=1))
+    if args.geglu:
+        from sdxl_engine.models import unet
+        unet.GEGLU_MODE = args.geglu
+    report["geglu_mode"] = __import__("sdxl_engine.models.unet", fromlist=["GEGLU_MODE"]).GEGLU_MODE
     if not args.no_engine:
         report["engine"] = profile_engine(args, args.out)
         written.write_text(json.dumps(report, indent=1))

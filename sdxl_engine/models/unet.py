@@ -221,15 +221,33 @@ class Attention(nnx.Module):
         return self.to_out[0](out)
 
 
+GEGLU_MODE = "barrier"  # "fused" (XLA's choice), "barrier", "split": tools.tpu_profile --ff compares them
+
+
 class GEGLU(nnx.Module):
-    """Gated GELU (Shazeer 2020): ``proj`` to 2 x inner, then value * gelu(gate)."""
+    """Gated GELU (Shazeer 2020): ``proj`` to 2 x inner, then value * gelu(gate) (exact GELU, as diffusers' GEGLU).
+
+    The product is computed once and stored before the feed-forward's second Linear reads it
+    (``optimization_barrier``): left to itself, XLA on a TPU fuses the exact GELU's erfc polynomial into that
+    Linear's input and computes it again for every tile of the Linear's output, which ran the 1024-token level's
+    second Linear at half the chip's matrix rate (docs/benchmarks.md, "On a TPU v5e chip": where the time goes).
+    The values are the same either way (the product is rounded to the weights' dtype before the Linear)."""
 
     def __init__(self, dim: int, inner: int, *, rngs: nnx.Rngs):
         self.proj = Linear(dim, inner * 2, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        value, gate = jnp.split(self.proj(x), 2, axis=-1)
-        return value * jax.nn.gelu(gate, approximate=False)
+        """x (..., dim) -> (..., inner), in the weights' dtype."""
+        if GEGLU_MODE == "split":  # value and gate as two products: the GELU can be the gate product's epilogue
+            w, b = self.proj.weight[...], self.proj.bias[...]
+            inner = w.shape[0] // 2
+            x = x.astype(w.dtype)
+            value = jax.lax.dot_general(x, w[:inner], (((x.ndim - 1,), (1,)), ((), ()))) + b[:inner]
+            gate = jax.lax.dot_general(x, w[inner:], (((x.ndim - 1,), (1,)), ((), ()))) + b[inner:]
+        else:
+            value, gate = jnp.split(self.proj(x), 2, axis=-1)
+        out = value * jax.nn.gelu(gate, approximate=False)
+        return out if GEGLU_MODE == "fused" else jax.lax.optimization_barrier(out)
 
 
 class FeedForward(nnx.Module):
