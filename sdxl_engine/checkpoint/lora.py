@@ -15,6 +15,9 @@ Formats (one ``.safetensors`` file; pickles are refused unopened, as for checkpo
   ``text_encoder_2.*``, and the older ``.lora.down.weight`` / ``.lora.up.weight``,
   ``.lora_linear_layer.down/up`` and attention-processor names (``attn1.processor.to_q_lora.down``),
   as diffusers' ``convert_unet_state_dict_to_peft`` / ``convert_state_dict_to_peft`` rename them.
+* an IP-Adapter FaceID file's own LoRA (``ip_adapter.{i}.to_q_lora.down.weight`` ...): the caller names its keys
+  in the diffusers format above (:func:`read_lora`'s ``keys``; checkpoint/ip_adapter.read_faceid_lora, as diffusers'
+  ``_load_ip_adapter_loras``), and it is read and merged as any other LoRA.
 
 Scale: kohya ``alpha / rank`` where ``.alpha`` is stored, else 1 (diffusers' ``network_alphas``);
 PEFT files saved by diffusers >= 0.34 carry their ``LoraConfig`` in the ``lora_adapter_metadata``
