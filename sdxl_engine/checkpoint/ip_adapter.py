@@ -23,9 +23,12 @@ take a CLIP image beside the face embedding).
 
 FaceID takes no image encoder (its input is a face embedding the client computes with insightface): none is looked
 for. h94's FaceID file also carries a LoRA for every attention layer of the UNet (``ip_adapter.{i}.to_q_lora.*``,
-``to_k_lora``, ``to_v_lora``, ``to_out_lora``; diffusers' ``load_ip_adapter`` applies it at weight 1 to every
-request); those keys are left unread here and the log says so: the LoRA is h94's
-``ip-adapter-faceid_sdxl_lora.safetensors``, a prompt's ``<lora:NAME:WEIGHT>`` as in A1111 (``--lora NAME=PATH``).
+``to_k_lora``, ``to_v_lora``, ``to_out_lora``, ``down`` and ``up``, i in diffusers' ``unet.attn_processors`` order;
+diffusers' ``load_ip_adapter`` applies it at weight 1, ``_load_ip_adapter_loras``). Those keys are not adapter
+params: :func:`read_faceid_lora` renames them as diffusers does and reads them with checkpoint/lora.read_lora against
+each model, and the engine merges that LoRA (its LoraMerger, as a prompt's ``<lora:NAME:1>``) into the UNet for the
+requests with a unit of this adapter, once even when the prompt tags the same LoRA (engine/local.py,
+docs/ip-adapter.md). The load's log line says so and counts the keys.
 
 The hash is AUTOMATIC1111's model hash of the adapter file (checkpoint/controlnet.model_hash).
 """
@@ -45,6 +48,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
+from sdxl_engine.checkpoint import lora as lora_mod
 from sdxl_engine.checkpoint.controlnet import NAME, model_hash
 from sdxl_engine.checkpoint.weights import (
     PICKLE_SUFFIXES,
@@ -54,7 +58,7 @@ from sdxl_engine.checkpoint.weights import (
     read_safetensors_header,
 )
 from sdxl_engine.models import Component, build_component
-from sdxl_engine.models.ip_adapter import PLUS_HEAD_DIM, cross_attention_layers
+from sdxl_engine.models.ip_adapter import PLUS_HEAD_DIM, attention_processors, cross_attention_layers
 from sdxl_engine.models.unet import UNetConfig
 
 LOG = logging.getLogger(__name__)
@@ -63,7 +67,8 @@ REFUSED = (("image_proj.proj.3.weight", "IP-Adapter Full Face is not supported")
            ("image_proj.perceiver_resampler.proj_in.weight",
             "IP-Adapter FaceID Plus (v1/v2) is not supported: it takes a CLIP image beside the face embedding (its "
             "projection's shortcut and Resampler)"))
-LORA_KEY = re.compile(r"ip_adapter\.\d+\.to_(q|k|v|out)_lora\..*")  # FaceID's LoRA (module docstring): left unread
+# FaceID's LoRA (module docstring): not adapter params; read per model as a LoRA (read_faceid_lora)
+LORA_KEY = re.compile(r"ip_adapter\.(\d+)\.(to_(q|k|v|out)_lora\..*)")
 ENCODER_FOLDERS = ("image_encoder", "../image_encoder", "../models/image_encoder")  # beside the file, in order
 
 
@@ -99,7 +104,7 @@ class LoadedIPAdapter:
     layers: Component
     layer_params: dict
     load_s: float = 0.0
-    lora_keys: int = 0  # FaceID's LoRA keys left unread (module docstring)
+    lora_keys: int = 0  # FaceID's LoRA keys (module docstring): not in params; read_faceid_lora reads them per model
 
     @property
     def architecture(self) -> str:
@@ -295,8 +300,8 @@ def load_ip_adapter(name: str, path: Path, dtype: str, unet: UNetConfig, shardin
                              layers=layers, layer_params={k: params[k] for k in layers.shapes},
                              load_s=time.perf_counter() - start, lora_keys=lora_keys)
     if faceid:
-        lora = (f"; its LoRA ({lora_keys} keys) is not applied: load h94's ip-adapter-faceid_sdxl_lora.safetensors "
-                "with --lora NAME=PATH and tag it in the prompt (<lora:NAME:1>), as in A1111") if lora_keys else ""
+        lora = (f"; its LoRA ({lora_keys} keys, {lora_keys // 8} attention layers) is merged into the UNet at weight 1 "
+                "for requests with a unit of it, as diffusers' load_ip_adapter applies it") if lora_keys else ""
         log(f"[sdxl_engine] IP-Adapter {loaded.title}: {path.name}, FaceID, {config.tokens} tokens per "
             f"{config.image_embed_dim}-d face embedding (sent by the client; no image encoder), "
             f"{len(config.widths)} layers, read in {loaded.load_s:.2f} s{lora}")
@@ -305,3 +310,53 @@ def load_ip_adapter(name: str, path: Path, dtype: str, unet: UNetConfig, shardin
         f"{len(component.config.widths)} layers, image encoder {folder} ({encoder.config.image_size} px), "
         f"read in {loaded.load_s:.2f} s")
     return loaded
+
+
+def faceid_lora_name(adapter: str) -> str:
+    """The name a FaceID adapter's LoRA has among a model's LoRAs (engine/local.py merges it by name): ``faceid:``
+    and the adapter's name. A prompt's tag cannot name it (``:`` is not in a LoRA name: config.LORA_NAME), so it
+    never clashes with a ``--lora`` entry."""
+    return f"faceid:{adapter}"
+
+
+def faceid_lora_keys(keys, unet: UNetConfig, where: Path) -> dict[str, str]:
+    """{diffusers' key: the file's key} of a FaceID file's LoRA, named as diffusers' ``_load_ip_adapter_loras`` names
+    it: ``ip_adapter.{i}.to_q_lora.down.weight`` -> ``unet.<name>.to_q_lora.down.weight`` where ``<name>`` is the i-th
+    key of ``unet.attn_processors`` (``down_blocks.1.attentions.0.transformer_blocks.0.attn1.processor``:
+    models/ip_adapter.attention_processors; attn1 and attn2 alike), likewise ``to_k_lora``, ``to_v_lora``,
+    ``to_out_lora`` and ``up``. checkpoint/lora.read_lora reads those names (its diffusers format: ``processor``
+    dropped, ``to_out_lora`` -> ``to_out.0``) as diffusers' ``load_lora_weights`` does.
+
+    Args:
+        keys: the file's tensor keys (its safetensors header); those that are not :data:`LORA_KEY` are left out.
+        unet: the UNet the LoRA is read against.
+        where: the file, for the message.
+    Raises:
+        LoraError: a key id past the UNet's attention count (diffusers would drop it silently).
+    """
+    names = attention_processors(unet)
+    out = {}
+    for key in keys:
+        if not (m := LORA_KEY.fullmatch(key)):
+            continue
+        if int(m[1]) >= len(names):
+            raise lora_mod.LoraError(f"{where}: FaceID LoRA key {key}: the model's UNet has {len(names)} attention "
+                                     f"layers (ids 0..{len(names) - 1}). Is it an SDXL FaceID file for this model?")
+        out[f"unet.{names[int(m[1])]}.processor.{m[2]}"] = key
+    return out
+
+
+def read_faceid_lora(adapter: LoadedIPAdapter, components: dict[str, Component]) -> lora_mod.Lora | None:
+    """The LoRA a FaceID file carries (module docstring), read and checked against a model's ``components`` by
+    checkpoint/lora.read_lora (float32 host arrays: ``down`` (rank, in), ``up`` (out, rank), scale 1 as diffusers'
+    ``load_lora_weights`` gives a LoRA without alphas), named :func:`faceid_lora_name`; None for an adapter without
+    LoRA keys (every plain or Plus adapter).
+
+    Raises:
+        LoraError: keys that do not fit the model's UNet (:func:`faceid_lora_keys`; shapes, unpaired keys, values:
+            read_lora).
+    """
+    if not adapter.lora_keys:
+        return None
+    keys = faceid_lora_keys(read_safetensors_header(adapter.path), components["unet"].config, adapter.path)
+    return lora_mod.read_lora(faceid_lora_name(adapter.name), adapter.path, components, keys=keys)

@@ -15,6 +15,9 @@ Formats (one ``.safetensors`` file; pickles are refused unopened, as for checkpo
   ``text_encoder_2.*``, and the older ``.lora.down.weight`` / ``.lora.up.weight``,
   ``.lora_linear_layer.down/up`` and attention-processor names (``attn1.processor.to_q_lora.down``),
   as diffusers' ``convert_unet_state_dict_to_peft`` / ``convert_state_dict_to_peft`` rename them.
+* an IP-Adapter FaceID file's own LoRA (``ip_adapter.{i}.to_q_lora.down.weight`` ...): the caller names its keys
+  in the diffusers format above (:func:`read_lora`'s ``keys``; checkpoint/ip_adapter.read_faceid_lora, as diffusers'
+  ``_load_ip_adapter_loras``), and it is read and merged as any other LoRA.
 
 Scale: kohya ``alpha / rank`` where ``.alpha`` is stored, else 1 (diffusers' ``network_alphas``);
 PEFT files saved by diffusers >= 0.34 carry their ``LoraConfig`` in the ``lora_adapter_metadata``
@@ -274,13 +277,17 @@ def _peft_scale(metadata: Mapping[str, str], component: str, module: str, rank: 
     return alpha / math.sqrt(r) if get("use_rslora", False) else alpha / r
 
 
-def read_lora(name: str, path: Path, components: Mapping[str, Component]) -> Lora:
+def read_lora(name: str, path: Path, components: Mapping[str, Component],
+              keys: Mapping[str, str] | None = None) -> Lora:
     """Read a LoRA file and check it against a model's components.
 
     Args:
         name: the name prompts use.
         path: a ``.safetensors`` LoRA (formats: the module docstring).
         components: the loaded model's {"unet", "text_encoder", "text_encoder_2", ...} -> Component.
+        keys: {key in one of the formats above: the file's key it is read from}, for a file whose LoRA is stored
+            under other names (an IP-Adapter FaceID file's ``ip_adapter.{i}.to_q_lora.*``:
+            checkpoint/ip_adapter.faceid_lora_keys); only those keys are read. None: the file's own keys, all of them.
     Returns:
         the Lora, its tensors in float32 on the host.
     Raises:
@@ -298,6 +305,11 @@ def read_lora(name: str, path: Path, components: Mapping[str, Component]) -> Lor
     except ModelLoadError as err:
         raise LoraError(f"LoRA {name!r}: {err}") from None
     where = f"LoRA {name!r} ({path})"
+    source = dict(keys) if keys is not None else {k: k for k in infos}
+    missing = [k for k in source.values() if k not in infos]
+    if missing:
+        raise LoraError(f"{where}: no tensor {missing[0]} in the file")
+    infos = {k: infos[v] for k, v in source.items()}
     for key in infos:
         for pattern, what in _UNSUPPORTED:
             if pattern.search(key):
@@ -327,7 +339,7 @@ def read_lora(name: str, path: Path, components: Mapping[str, Component]) -> Lor
                         f"(first: {', '.join(unmatched[:5])}){_other_model_hint(infos)}")
     if not targets:
         raise LoraError(f"{where}: no LoRA layers found (expected {', '.join(d for d, _ in PAIRS)} keys)")
-    layers = _read_layers(where, path, pairs, targets, infos, metadata, kohya)
+    layers = _read_layers(where, path, pairs, targets, infos, metadata, kohya, source)
     return Lora(name, path, "kohya" if kohya else "diffusers", layers, lora_hash(path))
 
 
@@ -394,18 +406,20 @@ def _other_model_hint(infos: Mapping) -> str:
 
 
 def _read_layers(where: str, path: Path, pairs, targets, infos, metadata,
-                 kohya: bool) -> tuple[LoraLayer, ...]:
+                 kohya: bool, source: Mapping[str, str]) -> tuple[LoraLayer, ...]:
     """The tensors of every matched pair, flattened, in float32, ``up`` pre-multiplied by its scale;
-    LoraError (naming the key) for a non-finite tensor or scale, or a delta past :data:`MAX_DELTA`."""
+    LoraError (naming the key) for a non-finite tensor or scale, or a delta past :data:`MAX_DELTA`.
+    ``source``: {key as read: the file's key} (read_lora's ``keys``)."""
     layers = []
     with safe_open(str(path), framework="numpy") as f:
+        get = lambda key: _float32(f, key, infos, source[key])  # noqa: E731
         for pair, (component, key) in targets.items():
             roles = pairs[pair]
-            down = _finite(where, roles["down"], _float32(f, roles["down"], infos))
-            up = _finite(where, roles["up"], _float32(f, roles["up"], infos))
+            down = _finite(where, roles["down"], get(roles["down"]))
+            up = _finite(where, roles["up"], get(roles["up"]))
             rank = down.shape[0]
             if "alpha" in roles:  # kohya's, or diffusers' own conversion keeping kohya's alpha as <module>.alpha
-                scale = float(_finite(where, roles["alpha"], _float32(f, roles["alpha"], infos)).reshape(())) / rank
+                scale = float(_finite(where, roles["alpha"], get(roles["alpha"])).reshape(())) / rank
             elif kohya:
                 scale = 1.0
             else:
@@ -452,11 +466,12 @@ def _check_magnitude(where: str, key: str, down: np.ndarray, up: np.ndarray) -> 
                         f"damaged or was saved from a diverged training run")
 
 
-def _float32(handle, key: str, infos) -> np.ndarray:
+def _float32(handle, key: str, infos, stored: str | None = None) -> np.ndarray:
+    """Tensor ``key`` (stored under ``stored``; None: ``key``) in float32."""
     dtype = infos[key].dtype
     if dtype not in ("F32", "F16", "BF16", "F64"):
         raise LoraError(f"{infos[key].file}: {key} is stored as {dtype}; LoRA tensors must be F32, F16, BF16 or F64")
-    return np.asarray(handle.get_tensor(key), dtype=np.float32)
+    return np.asarray(handle.get_tensor(stored or key), dtype=np.float32)
 
 
 # ---- which files -----------------------------------------------------------------------------------
@@ -591,6 +606,25 @@ class LoraMerger:
         self._params, self._current = merged, active
         self.merges += 1
         return merged
+
+
+def same_deltas(a: Lora, b: Lora, rtol: float = 2e-3) -> bool:
+    """Whether ``a`` and ``b`` change the same weights by the same deltas at weight 1, whatever their files'
+    formats, names and scales: the same (component, key) set and, per weight, ``|scale * up @ down|`` of one within
+    ``rtol`` x the largest entry of the other's (2e-3: the two stored in float32 and float16; h94's
+    ``ip-adapter-faceid_sdxl_lora.safetensors`` beside its FaceID file's own LoRA keys). float64, the products per
+    layer (the caller compares a few LoRAs once per model, at its load)."""
+    deltas = lambda lora: {(x.component, x.key): x for x in lora.layers}  # noqa: E731
+    left, right = deltas(a), deltas(b)
+    if left.keys() != right.keys():
+        return False
+    for where, x in left.items():
+        y = right[where]
+        dx = x.up.astype(np.float64) @ x.down.astype(np.float64)
+        dy = y.up.astype(np.float64) @ y.down.astype(np.float64)
+        if dx.shape != dy.shape or not np.abs(dx - dy).max() <= rtol * max(np.abs(dy).max(), 1e-12):
+            return False
+    return True
 
 
 def lora_info(loras: Iterable[Lora]) -> list[dict]:

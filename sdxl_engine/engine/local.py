@@ -112,6 +112,8 @@ class ModelSetup:
             same architecture, dtype and kind, so a switch between them compiles nothing.
         loras, refiner_loras: its LoRAs read and checked against it ({name: Lora}; merged per request by the
             resident's LoraMerger).
+        faceid_loras: {IP-Adapter name: FaceIDLora} of its FaceID adapters that carry a LoRA (merged by the same
+            LoraMerger for requests with a unit of the adapter: :meth:`Engine._faceid_tags`).
         latent_rgb: its previews' factors (previews.latent_rgb_for), or None.
         startup_mode: the program flags every request of it needs (an inpainting UNet's).
     """
@@ -126,6 +128,28 @@ class ModelSetup:
     refiner_loras: dict
     latent_rgb: Any = None
     startup_mode: dict = dataclasses.field(default_factory=dict)
+    faceid_loras: dict = dataclasses.field(default_factory=dict)
+
+    def merged_loras(self) -> dict:
+        """{name: Lora} the model's LoraMerger holds: its LoRAs, then its FaceID adapters' (named
+        checkpoint/ip_adapter.faceid_lora_name, which no tag can name)."""
+        return {**self.loras, **{f.lora.name: f.lora for f in self.faceid_loras.values()}}
+
+
+@dataclasses.dataclass(frozen=True)
+class FaceIDLora:
+    """A FaceID adapter's own LoRA read against one model (checkpoint/ip_adapter.read_faceid_lora).
+
+    Attributes:
+        lora: the Lora, merged at weight 1 for a request with a unit of the adapter (diffusers' ``load_ip_adapter``
+            applies it at 1: ``set_adapters([f"faceid_{k}"], adapter_weights=[1.0])``).
+        same: the names of the model's LoRAs with the same deltas (lora.same_deltas: h94's separate
+            ``ip-adapter-faceid_sdxl_lora.safetensors`` loaded with --lora): a prompt tagging one of them gets it at
+            the tag's weight, not twice.
+    """
+
+    lora: lora_mod.Lora
+    same: frozenset
 
 
 @dataclasses.dataclass(eq=False)
@@ -703,6 +727,7 @@ class Engine:
         loaded.controlnets = self._fitting_controlnets(loaded, strict)  # the skeleton keeps them (the planner's)
         loaded.ip_adapters = self._fitting_ip_adapters(loaded, strict)
         loras, for_refiner = self._read_loras(loaded, lora_sources, strict)
+        faceid_loras = self._faceid_loras(loaded, loras, strict)  # may leave an adapter out (before the limits)
         defaults = self._model_defaults(loaded, self.catalogue.model(name).spec)
         limits = self._limits(loaded, defaults, (*loras, *for_refiner), startup_mode,
                               lora_recipes(lora_sources, loras, self._log))
@@ -722,13 +747,14 @@ class Engine:
                       + " (the same architecture, dtype and kind: nothing compiles for it)")
         planner = Planner(skeleton, self.config, limits, self.batch, LoraNames(for_refiner) if for_refiner else None)
         setup = self.setups[name] = ModelSetup(name, skeleton, defaults, limits, planner, programs, loras, for_refiner,
-                                               latent_rgb_for(loaded.source, loaded.latent_channels), startup_mode)
+                                               latent_rgb_for(loaded.source, loaded.latent_channels), startup_mode,
+                                               faceid_loras)
         return setup
 
     def _resident(self, setup: ModelSetup, params) -> Resident:
         """A Resident of ``setup``'s model with ``params`` on the devices and its LoRA mergers."""
         place = sharding.replicated(self.mesh)
-        state = ModelState(lora_mod.LoraMerger(params, setup.loras, place),
+        state = ModelState(lora_mod.LoraMerger(params, setup.merged_loras(), place),
                            lora_mod.LoraMerger(params["refiner"], setup.refiner_loras, place)
                            if setup.refiner_loras else None)
         own = {k: v for k, v in params.items() if k != "refiner"}  # the refiner's stay resident, shared by all
@@ -817,22 +843,58 @@ class Engine:
                 + f"; read in {took:.2f} s")
         return loras, for_refiner
 
-    def _lora_params(self, loras: tuple[tuple[str, float], ...],
-                     served: Resident | None = None) -> tuple[dict, dict[str, str]]:
+    def _lora_params(self, loras: tuple[tuple[str, float], ...], served: Resident | None = None,
+                     faceid: tuple[tuple[str, float], ...] = ()) -> tuple[dict, dict[str, str]]:
         """The params of model ``served`` (None: the default) for a plan's LoRAs (``Plan.loras``: the prompt's tags
         as (name, weight); merged outside the compiled program by that model's own mergers; the base params without
-        any; a refiner LoRA merges into ``params["refiner"]``) and {name: short hash}. The tags were checked by validate
-        (Limits.loras) and the plan (a refiner LoRA needs the refiner)."""
+        any; a refiner LoRA merges into ``params["refiner"]``) and {name: short hash} of those tags. The tags were
+        checked by validate (Limits.loras) and the plan (a refiner LoRA needs the refiner). ``faceid``: its FaceID
+        adapters' LoRAs the plan's units bring (:meth:`_faceid_tags`), merged into the UNet in the same set, not
+        in the hashes (the infotext's "Lora hashes" are the prompt's tags; the unit names the adapter)."""
         served = served or self._default_resident()
-        if not loras:
+        if not loras and not faceid:
             return served.params, {}
         mergers = served.state
         refiner = mergers.refiner_loras.loras if mergers.refiner_loras else {}
-        params = mergers.loras.params([(name, weight) for name, weight in loras if name not in refiner])
+        params = mergers.loras.params([(name, weight) for name, weight in loras if name not in refiner] + list(faceid))
         if any(name in refiner for name, _ in loras):
             params = {**params, "refiner": mergers.refiner_loras.params([(name, weight) for name, weight in loras
                                                                         if name in refiner])}
         return params, {name: (refiner.get(name) or mergers.loras.loras[name]).short_hash for name, _ in loras}
+
+    @staticmethod
+    def _faceid_tags(plan: Plan, setup: ModelSetup) -> tuple[tuple[str, float], ...]:
+        """(LoRA name, 1.0) of each FaceID adapter with a LoRA (ModelSetup.faceid_loras) that a unit of ``plan``
+        uses, once however many units use it, as diffusers' ``load_ip_adapter`` applies it (weight 1); none for an
+        adapter whose LoRA the prompt already tags (FaceIDLora.same: the tag's weight applies, not both)."""
+        if plan.ip is None or not setup.faceid_loras:
+            return ()
+        tagged = {name for name, _ in plan.loras}
+        entries = (setup.faceid_loras.get(model) for model in dict.fromkeys(plan.ip.models))
+        return tuple((entry.lora.name, 1.0) for entry in entries if entry is not None and not entry.same & tagged)
+
+    def _faceid_loras(self, loaded: loading.LoadedModel, loras: dict, strict: bool) -> dict:
+        """{IP-Adapter name: FaceIDLora} of the FaceID adapters fitting ``loaded`` (``loaded.ip_adapters``) that carry
+        a LoRA, read against it (checkpoint/ip_adapter.read_faceid_lora) and compared with its LoRAs ``loras``
+        ({name: Lora}; lora.same_deltas). One whose LoRA does not fit the model: with ``strict`` its LoraError stops
+        the start, else the adapter is left out for this model (one log line), as an adapter that does not fit."""
+        out = {}
+        for name, adapter in list(loaded.ip_adapters.items()):
+            try:
+                lora = ip_adapter_mod.read_faceid_lora(adapter, loaded.components)
+            except lora_mod.LoraError as err:
+                if strict:
+                    raise
+                self._warn(f"[sdxl_engine] IP-Adapter {name} is left out for {loaded.name}: {err}")
+                del loaded.ip_adapters[name]
+                continue
+            if lora is not None:
+                same = frozenset(n for n, other in loras.items() if lora_mod.same_deltas(lora, other))
+                out[name] = FaceIDLora(lora, same)
+                if same:
+                    self._log(f"[sdxl_engine] IP-Adapter {name}'s LoRA is the LoRA {', '.join(sorted(same))}: a "
+                              "prompt that tags it gets it at the tag's weight, not twice")
+        return out
 
     def _config_shown(self) -> dict:
         """The config for the start-up line: a field the model's engine_defaults.json may still choose
@@ -1105,7 +1167,8 @@ class Engine:
         served = served or self._default_resident()
         setup = self.setups[served.name]
         progress("preparing")
-        params, loras = self._lora_params(plan.loras, served)  # the tags' LoRAs merged; the tokens are without them
+        # the tags' LoRAs and the FaceID units' merged; the tokens are without them
+        params, loras = self._lora_params(plan.loras, served, self._faceid_tags(plan, setup))
         if refiner is not None:  # another refiner of the first one's architecture: its weights, the same program
             params = {**params, "refiner": refiner.params}
         steps = request.num_inference_steps if plan.steps is None else plan.steps
@@ -1186,7 +1249,7 @@ class Engine:
         served = served or self._default_resident()
         setup = self.setups[served.name]
         progress("preparing")
-        params, loras = self._lora_params(plan.loras, served)  # the tags' LoRAs merged, for both passes
+        params, loras = self._lora_params(plan.loras, served, self._faceid_tags(plan, setup))  # for both passes
         params = self._faults.params(request.prompt, params) if self._faults else params  # TEST-ONLY (faults.py)
         inputs = ProgramInputs.build(plan.prompt.ids, plan.negative.ids, not plan.negative.words.strip(), plan.seeds,
                                      request.guidance_scale, plan.schedule, request.num_inference_steps,

@@ -66,6 +66,17 @@ def cross_attention_layers(config: UNetConfig) -> tuple[tuple[str, int], ...]:
     return tuple(out)
 
 
+def attention_processors(config: UNetConfig) -> tuple[str, ...]:
+    """The module path of every attention of the UNet in diffusers' ``unet.attn_processors`` order (its key ``<path>
+    .processor``): each transformer block's ``attn1`` then ``attn2``, the blocks as :func:`cross_attention_layers`.
+    Index i is key id i of an IP-Adapter file (``ip_adapter.{i}.*``; the cross-attention j is 2j + 1), as diffusers'
+    ``_load_ip_adapter_loras`` enumerates ``attn_processors`` for FaceID's LoRA keys."""
+    out = []
+    for name, _ in cross_attention_layers(config):
+        out += [name[: -len("attn2")] + "attn1", name]
+    return tuple(out)
+
+
 def forward_order(config: UNetConfig) -> tuple[int, ...]:
     """The index j (:func:`cross_attention_layers`) of each cross-attention in the order the UNet's call runs them:
     down blocks, mid block, up blocks."""
