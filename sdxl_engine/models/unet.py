@@ -221,33 +221,33 @@ class Attention(nnx.Module):
         return self.to_out[0](out)
 
 
-GEGLU_MODE = "barrier"  # "fused" (XLA's choice), "barrier", "split": tools.tpu_profile --ff compares them
+GEGLU_MODE = "split"  # or "fused": one product, as XLA fuses it (tools.tpu_profile --ff compares the two)
 
 
 class GEGLU(nnx.Module):
     """Gated GELU (Shazeer 2020): ``proj`` to 2 x inner, then value * gelu(gate) (exact GELU, as diffusers' GEGLU).
 
-    The product is computed once and stored before the feed-forward's second Linear reads it
-    (``optimization_barrier``): left to itself, XLA on a TPU fuses the exact GELU's erfc polynomial into that
-    Linear's input and computes it again for every tile of the Linear's output, which ran the 1024-token level's
-    second Linear at half the chip's matrix rate (docs/benchmarks.md, "On a TPU v5e chip": where the time goes).
-    The values are the same either way (the product is rounded to the weights' dtype before the Linear)."""
+    ``proj``'s weight holds value's rows then gate's (diffusers' layout); here they are two products ("split"), so
+    the GELU and the product are the gate product's epilogue, computed once and stored before the feed-forward's
+    second Linear reads it (``optimization_barrier``). Left to itself ("fused"), XLA on a TPU put the exact GELU's
+    erfc polynomial into that second Linear's input and computed it again for every tile of its output: the
+    1024-token level's second Linear ran at 92 TFLOP/s against 183 after (docs/benchmarks.md, "On a TPU v5e chip").
+    Each output is the same dot product either way (columns of one product); on XLA:CPU the values are identical."""
 
     def __init__(self, dim: int, inner: int, *, rngs: nnx.Rngs):
         self.proj = Linear(dim, inner * 2, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """x (..., dim) -> (..., inner), in the weights' dtype."""
-        if GEGLU_MODE == "split":  # value and gate as two products: the GELU can be the gate product's epilogue
-            w, b = self.proj.weight[...], self.proj.bias[...]
-            inner = w.shape[0] // 2
-            x = x.astype(w.dtype)
-            value = jax.lax.dot_general(x, w[:inner], (((x.ndim - 1,), (1,)), ((), ()))) + b[:inner]
-            gate = jax.lax.dot_general(x, w[inner:], (((x.ndim - 1,), (1,)), ((), ()))) + b[inner:]
-        else:
+        if GEGLU_MODE == "fused":
             value, gate = jnp.split(self.proj(x), 2, axis=-1)
-        out = value * jax.nn.gelu(gate, approximate=False)
-        return out if GEGLU_MODE == "fused" else jax.lax.optimization_barrier(out)
+            return value * jax.nn.gelu(gate, approximate=False)
+        w, b = self.proj.weight[...], self.proj.bias[...]
+        inner = w.shape[0] // 2
+        x = x.astype(w.dtype)
+        value = jax.lax.dot_general(x, w[:inner], (((x.ndim - 1,), (1,)), ((), ()))) + b[:inner]
+        gate = jax.lax.dot_general(x, w[inner:], (((x.ndim - 1,), (1,)), ((), ()))) + b[inner:]
+        return jax.lax.optimization_barrier(value * jax.nn.gelu(gate, approximate=False))
 
 
 class FeedForward(nnx.Module):
