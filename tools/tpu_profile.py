@@ -29,6 +29,7 @@ import argparse
 import collections
 import gzip
 import json
+import math
 import re
 import shutil
 import statistics
@@ -223,6 +224,48 @@ def op_flops(text: str) -> float:
     return 0.0
 
 
+def hlo_products(hlo_text: str) -> dict[str, tuple[float, str]]:
+    """{fused computation's name: (FLOPs, "output shape x contraction (window)")} of an optimized HLO module's
+    computations that hold convolutions (XLA on a TPU writes every matrix product as one): 2 · output elements ·
+    input features · window size per convolution, from its ``dim_labels`` and its operands' declared shapes."""
+    comps: dict[str, dict[str, str]] = {}
+    current = None
+    for line in hlo_text.splitlines():
+        if not line.startswith(" ") and (head := re.match(r"(?:ENTRY )?%([\w.\-]+) .*\{\s*$", line)):
+            current = comps.setdefault(head[1], {})
+        elif line.startswith("}"):
+            current = None
+        elif current is not None and (inst := re.match(r"\s*(?:ROOT )?%([\w.\-]+) = (.*)$", line)):
+            current[inst[1]] = inst[2]
+
+    def dims(text: str) -> list[int] | None:
+        m = re.match(r"\s*\w+\[([\d,]*)\]", text)
+        return [int(d) for d in m[1].split(",") if d] if m else None
+
+    out = {}
+    for name, table in comps.items():
+        flops, what = 0.0, []
+        for body in table.values():
+            if " convolution(" not in body:
+                continue
+            operands = re.search(r"convolution\(%([\w.\-]+), %([\w.\-]+)\)", body)
+            labels = re.search(r"dim_labels=\w+_(\w+)->", body)
+            window = re.search(r"window=\{size=([\dx]+)", body)
+            shape, kernel = dims(body), dims(table.get(operands[2], "")) if operands else None
+            if not (shape and kernel and labels):
+                continue
+            # a batched product is written with its batch as a "window" the lhs is dilated (or the rhs reversed)
+            # over, one tap per output: only a real window (a 3 x 3 convolution's) multiplies the work
+            batched = "lhs_dilate" in body or "rhs_reversal" in body
+            taps = math.prod(int(w) for w in window[1].split("x")) if window and not batched else 1
+            features = kernel[labels[1].index("i")]
+            flops += 2.0 * math.prod(shape) * features * taps
+            what.append(f"{shape} x {features}" + (f" ({window[1]})" if taps > 1 else ""))
+        if flops:
+            out[name] = (flops, "; ".join(what))
+    return out
+
+
 def _leaves(events) -> list[tuple[int, int, str]]:
     """(start_ns, end_ns, name) of the events that hold no other event (a while loop's event holds its body's)."""
     events = sorted(((e.start_ns, e.end_ns, e.name) for e in events
@@ -231,14 +274,16 @@ def _leaves(events) -> list[tuple[int, int, str]]:
     return [e for i, e in enumerate(events) if not (i + 1 < len(events) and events[i + 1][0] < e[1])]
 
 
-def trace_tables(trace_dir: Path, requests: int = 1) -> dict:
+def trace_tables(trace_dir: Path, requests: int = 1, products: dict | None = None) -> dict:
     """Read the newest ``*.xplane.pb`` under ``trace_dir`` and sum the device's leaf ops' time per op, per class
     (:func:`op_class`) and per stage (the "XLA Modules" line: prepare, advance, finish).
 
     On a TPU the ops are the device plane's "XLA Ops" line (its "Async XLA Ops", the copies that overlap the
     compute, are not counted); on XLA:CPU the runtime's threads (tools/xla_profile.py reads them the same way).
     Returns {"plane", "lines" (event counts), "busy_ms" (leaf ops' time per request), "classes": {class: {"ms",
-    "calls", "share"}}, "stages": {module: ms}, "top_ops": the 60 costliest ops with their class}.
+    "calls", "share", "tflop_s"}}, "stages": {module: ms}, "top_ops": the 60 costliest ops with their class,
+    "products": the matrix products by shape (ms, calls, TFLOP/s)} where ``products`` (:func:`hlo_products` of the
+    stages' HLO) gives their FLOPs.
     Raises FileNotFoundError when no trace is there."""
     from jax.profiler import ProfileData
 
@@ -262,11 +307,22 @@ def trace_tables(trace_dir: Path, requests: int = 1) -> dict:
                 row[0] += end - start
                 row[1] += 1
     classes: dict[str, dict] = {}
+    shapes: dict[str, list[float]] = {}  # "output x contraction": [ns, flops, calls]
+    products = products or {}
     for name, (ns, calls) in ops.items():
         c = classes.setdefault(op_class(name), {"ms": 0.0, "calls": 0, "tflop": 0.0, "counted_ms": 0.0})
         c["ms"] += ns / 1e6 / requests
         c["calls"] += calls // requests
-        if flops := op_flops(name):
+        fused = re.search(r"calls=%([\w.\-]+)", name)
+        if op_class(name) == "matrix product (+ fused)" and fused and fused[1] in products:
+            flops, what = products[fused[1]]
+            row = shapes.setdefault(what, [0.0, 0.0, 0])
+            row[0] += ns
+            row[1] += flops * calls
+            row[2] += calls
+            c["tflop"] += flops * calls / 1e12 / requests
+            c["counted_ms"] += ns / 1e6 / requests
+        elif flops := op_flops(name):
             c["tflop"] += flops * calls / 1e12 / requests
             c["counted_ms"] += ns / 1e6 / requests
     busy = sum(c["ms"] for c in classes.values())
@@ -281,7 +337,18 @@ def trace_tables(trace_dir: Path, requests: int = 1) -> dict:
             "stages": {k: v / 1e6 / requests for k, v in stages.most_common()},
             "top_ops": [{"ms": ns / 1e6 / requests, "calls": calls // requests, "class": op_class(name),
                          "tflop_s": op_flops(name) * calls / ns / 1e3 if op_flops(name) else None,
-                         "op": name[:400]} for name, (ns, calls) in top]}
+                         "op": name[:400]} for name, (ns, calls) in top],
+            "products": [{"shape": what, "ms": ns / 1e6 / requests, "calls": int(calls) // requests,
+                          "tflop_s": flops / ns / 1e3} for what, (ns, flops, calls)
+                         in sorted(shapes.items(), key=lambda kv: -kv[1][0])[:30]]}
+
+
+def stage_products(folder: Path) -> dict:
+    """:func:`hlo_products` of every ``hlo-*.txt.gz`` :func:`profile_engine` wrote in ``folder``."""
+    out: dict = {}
+    for file in sorted(folder.glob("hlo-*.txt.gz")):
+        out.update(hlo_products(gzip.decompress(file.read_bytes()).decode()))
+    return out
 
 
 def profile_engine(args, out: Path) -> dict:
@@ -355,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.source:
         report = json.loads((args.source / "tpu_profile.json").read_text()) if (
             args.source / "tpu_profile.json").exists() else {}
-        report["trace"] = trace_tables(args.source / "trace")
+        report["trace"] = trace_tables(args.source / "trace", products=stage_products(args.source))
         written.write_text(json.dumps(report, indent=1))
         print(json.dumps({k: report["trace"][k] for k in ("busy_ms", "classes", "stages")}, indent=1))
         return 0
@@ -377,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_engine:
         report["engine"] = profile_engine(args, args.out)
         written.write_text(json.dumps(report, indent=1))
-        report["trace"] = trace_tables(args.out / "trace")
+        report["trace"] = trace_tables(args.out / "trace", products=stage_products(args.out))
         written.write_text(json.dumps(report, indent=1))
         print(json.dumps({k: report["trace"][k] for k in ("busy_ms", "classes", "stages")}, indent=1), flush=True)
     return 0
