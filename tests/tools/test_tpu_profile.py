@@ -1,0 +1,80 @@
+"""tools/tpu_profile.py's reading of a chip's trace and HLO, on instruction texts a TPU v5e trace wrote (shortened),
+and its side-by-side feed-forward comparison on CPU."""
+
+import pytest
+
+from tools.tpu_profile import ff_rates, hlo_products, op_class, op_flops
+
+CONV = ("%convolution_add_fusion.444 = bf16[8,64,64,1280]{3,0,2,1:T(8,128)(2,1)} fusion(bf16[8,64,64,1280]"
+        "{3,0,2,1:T(8,128)(2,1)} %bitcast.6194, bf16[3,3,1280,1280]{3,2,1,0:T(8,128)(2,1)S(1)} %custom-call.187, "
+        "bf16[1280]{0:T(1024)(128)(2,1)S(1)} %copy-done.1121), kind=kOutput, calls=%fused_computation.5301.clone.1")
+# a 3 x 3 convolution with GroupNorm's statistics fused into its output: a tuple type, the weight 960 -> 320
+CONV_STATS = ("%convert_reduce_fusion.762 = (f32[8,320]{1,0:T(8,128)S(1)}, f32[8,320]{1,0:T(8,128)S(1)}, "
+              "bf16[8,128,128,320]{3,0,2,1:T(8,128)(2,1)}) fusion(bf16[8,320]{1,0:T(8,128)(2,1)S(1)} "
+              "%convolution_add_fusion.455, bf16[3,3,960,320]{2,3,1,0:T(8,128)(2,1)S(1)} %copy-done.670), "
+              "kind=kOutput, calls=%fused_computation.821.clone.1")
+ATTENTION = ("%body.628 = bf16[8,4096,640]{2,1,0:T(8,128)(2,1)} custom-call(bf16[8,4096,640]{2,1,0:T(8,128)(2,1)} "
+             "%convolution_multiply_fusion.278, bf16[8,4096,640]{2,1,0:T(8,128)(2,1)} %fusion.14766, "
+             "bf16[8,4096,640]{2,1,0:T(8,128)(2,1)} %fusion.14767), custom_call_target=\"tpu_custom_call\"")
+PRODUCT = ("%fusion.14776 = bf16[8,4096,640]{1,2,0:T(8,128)(2,1)} fusion(bf16[8,4096,5120]{2,1,0:T(8,128)(2,1)} "
+           "%convolution_add_fusion.452, bf16[640,2560]{1,0:T(8,128)(2,1)S(1)} %custom-call.649), kind=kOutput, "
+           "calls=%fused_computation.4665.clone.1")
+LOOP = "%while.5 = (s32[]{:T(128)}, f32[4,4,128,128]{3,2,1,0:T(8,128)}) while(%tuple.1), condition=%c, body=%b"
+
+
+def test_ops_are_classed_by_what_their_instruction_computes():
+    assert op_class(CONV) == op_class(CONV_STATS) == "3x3 convolution (+ what XLA fused in)"
+    assert op_class(ATTENTION) == "attention kernel (Pallas)"
+    assert op_class(PRODUCT) == "matrix product (+ fused)"
+    assert op_class(LOOP) == "container"  # its events hold its body's: never counted as a leaf
+    assert op_class("%copy.12 = bf16[8,640]{1,0} copy(bf16[8,640]{0,1} %x)") == "data movement"
+    assert op_class("%fusion.9 = bf16[8,640]{1,0} fusion(bf16[8,640]{1,0} %x), kind=kLoop, calls=%f") == "elementwise"
+    assert op_class("ynn_fusion.16") == "other (ynn_fusion)"  # XLA:CPU names kernels only
+
+
+def test_flops_of_convolutions_and_attention_kernels_from_their_shapes():
+    assert op_flops(CONV) == 2 * 8 * 64 * 64 * 1280 * 1280 * 9
+    assert op_flops(CONV_STATS) == 2 * 8 * 128 * 128 * 960 * 320 * 9  # the tuple's [N, H, W, Cout] member
+    assert op_flops(ATTENTION) == 4 * 8 * 4096 * 4096 * 640  # q k^T and p v over 4096 keys
+    assert op_flops(PRODUCT) == 0.0  # a product's contraction is in its fused computation: hlo_products
+
+
+HLO = """HloModule m
+
+%fused_computation.4665.clone.1 (param_0: bf16[8,4096,2560], param_1: bf16[640,2560,1]) -> bf16[8,4096,640] {
+  %param_0 = bf16[8,4096,2560]{2,1,0:T(8,128)(2,1)} parameter(0)
+  %param_1 = bf16[640,2560,1]{1,0,2:T(8,128)(2,1)} parameter(1)
+  ROOT %convolution.1 = bf16[8,4096,640]{2,1,0:T(8,128)(2,1)} convolution(%param_0, %param_1), window={size=1}, \
+dim_labels=0bf_oi0->0bf, metadata={op_name="jit(advance)/while/body/dot_general"}
+}
+
+%fused_computation.7 (param_0: bf16[8,77,10,64], param_1: bf16[8,4096,10,64]) -> f32[8,10,4096,77] {
+  %param_0 = bf16[8,77,10,64]{3,2,1,0} parameter(0)
+  %param_1 = bf16[8,4096,10,64]{3,2,1,0} parameter(1)
+  ROOT %convolution-base-dilated.560 = f32[8,10,4096,77]{2,3,1,0:T(8,128)} convolution(%param_1, %param_0), \
+window={size=8x10 stride=7x9 lhs_dilate=8x10}, dim_labels=0b1f_0o1i->01bf
+}
+
+%fused_computation.9 (param_0: bf16[8,64,64,640], param_1: bf16[3,3,640,640]) -> bf16[8,64,64,640] {
+  %param_0 = bf16[8,64,64,640]{3,0,2,1} parameter(0)
+  %param_1 = bf16[3,3,640,640]{3,2,1,0} parameter(1)
+  ROOT %convolution.2 = bf16[8,64,64,640]{3,0,2,1} convolution(%param_0, %param_1), window={size=3x3 pad=1_1x1_1}, \
+dim_labels=b01f_01io->b01f
+}
+""".replace("\\\n", "")
+
+
+def test_products_count_their_contraction_once_per_output_and_a_window_only_when_real():
+    found = hlo_products(HLO)
+    assert found["fused_computation.4665.clone.1"] == (2.0 * 8 * 4096 * 640 * 2560, "[8, 4096, 640] x 2560")
+    # a batched product (cross-attention's q k^T: batch 8 and 10 heads written as a dilated window): one tap
+    assert found["fused_computation.7"][0] == 2.0 * 8 * 10 * 4096 * 77 * 64
+    assert found["fused_computation.9"][0] == 2.0 * 8 * 64 * 64 * 640 * 640 * 9  # a 3 x 3 window: nine taps
+
+
+@pytest.mark.slow  # compiles the feed-forward both ways at two sizes (about 20 s on CPU)
+def test_the_feed_forwards_two_ways_compute_the_same_values():
+    rows = ff_rates(rows=1, scale=64)
+    assert {(r["tokens"], r["mode"]) for r in rows} == {(64, "fused"), (64, "split"), (16, "fused"), (16, "split")}
+    # on XLA:CPU each output is the same dot product either way (tools/tpu_profile.ff_rates, models/unet.GEGLU)
+    assert all(r["max_abs_diff_vs_fused"] == 0.0 and r["tflop_s"] > 0 for r in rows)
