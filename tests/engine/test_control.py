@@ -96,6 +96,11 @@ def test_a_controlnet_of_another_architecture_is_refused_as_not_fitting_the_mode
     assert err.value.field == "control_units" and err.value.message == (
         "no ControlNet of this server fits the model tiny-shapes: cn-a, cn-b are for another architecture; choose a "
         "model they fit, or drop the units")
+    with pytest.raises(InvalidRequest) as err:  # one of them: "is"
+        validate_units([unit(model="cn-a")], [], 3, unfit=("cn-a",), model="tiny-shapes")
+    assert err.value.field == "control_units" and err.value.message == (
+        "no ControlNet of this server fits the model tiny-shapes: cn-a is for another architecture; choose a "
+        "model they fit, or drop the units")
     with pytest.raises(InvalidRequest) as err:
         validate_units([unit(model="cn-a [e3b0c442]")], LOADED, 3, unfit=("cn-a",), model="tiny-shapes")
     assert err.value.field == "control_units[0].model" and err.value.message == (

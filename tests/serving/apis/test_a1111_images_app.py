@@ -1,5 +1,9 @@
 """AUTOMATIC1111's image routes through webuiapi against `python app.py`: img2img (with and without a mask, "only
-masked"), txt2img's hires fix, the refiner fields, and the uploads' refusals. One app for the module.
+masked"), txt2img's hires fix, the refiner fields, and the uploads' refusals. On the session's app (tests/conftest.py's
+``app_server``: the default ``python app.py``) instead of one of the module's own: these tests change nothing another
+file on that app sees (no setting, model or history; the sizes they compile, 64x64 and 128x128, are not a size any
+test on it expects uncompiled), and they read their own log lines from where they began. The API key the module's
+app had is tests/serving/apis/test_apis_app.py's to check.
 
 An img2img answer must be the engine's own images for the same request (the init image and mask prepared as
 A1111 does: a1111_images.prepare, A1111's step rule) under A1111's overlay: the session's tiny-shapes engine makes
@@ -22,25 +26,20 @@ from tests.helpers import RunningApp
 
 pytestmark = pytest.mark.e2e
 
-KEY = "test-key-img"
 PROMPT = "a red circle"
 SIZE = dict(width=64, height=64)
 
 
 @pytest.fixture(scope="module")
-def app():
-    running = RunningApp("--api-key", KEY)
-    yield running
-    running.stop()
+def app(app_server):
+    return app_server
 
 
 @pytest.fixture(scope="module")
 def webui(app):
     import webuiapi
 
-    api = webuiapi.WebUIApi(host="127.0.0.1", port=app.port)
-    api.session.headers["Authorization"] = f"Bearer {KEY}"
-    return api
+    return webuiapi.WebUIApi(host="127.0.0.1", port=app.port)
 
 
 def init_image(size=(64, 64)) -> Image.Image:
