@@ -8,14 +8,15 @@ loads it and neither traces, lowers nor compiles.
 
 Layout, in ``<compile_cache_dir>/executables/`` (mode 0700)::
 
-    manifest.json   {"format": 1, "entries": {digest: entry}}           mode 0600
-    secret          32 random bytes, made by the first process here       mode 0600
-    lock            flock(2) target: writers exclusive, readers shared    mode 0600
-    <digest>.xla    one serialized executable                             mode 0600
+    manifest.json   {"format": 1, "entries": {digest: entry}, "pruned": [digest]}   mode 0600
+    secret          32 random bytes, made by the first process here                  mode 0600
+    lock            flock(2) target: writers exclusive, readers shared               mode 0600
+    <digest>.xla    one serialized executable                                        mode 0600
 
 ``digest`` is the SHA-256 of the key (the caller's dict plus :func:`runtime_key`, as canonical
 JSON). An entry holds the key, the file's size and SHA-256, the writer's uid and an HMAC-SHA256
-of all of that under ``secret``.
+of all of that under ``secret``. ``pruned`` lists the digests of the last entries pruning removed (at most
+:data:`MAX_PRUNED`), so that a miss for one says so rather than naming a field that differs from another entry's.
 
 A serialized executable unpickles: loading a file someone else wrote runs their code. So a file
 is deserialized only when every check below passes; on the first that fails, :meth:`load`
@@ -75,6 +76,7 @@ FORMAT = 1  # of the manifest and of the key; a new format makes every old entry
 MAX_ENTRIES = 32  # the oldest entries (and their files) beyond this many are deleted when one is stored
 MAX_STARTS = 16  # starts.json keeps the newest records of this many start names
 KEPT_STARTS = 4  # the entries the newest this many start records name are never pruned (beyond MAX_ENTRIES if need be)
+MAX_PRUNED = 256  # the manifest's "pruned" keeps the digests of this many pruned entries (a miss's note only)
 # JAX options that change what a traced program lowers to; XLA_FLAGS and LIBTPU_INIT_ARGS change the compile.
 JAX_OPTIONS = ("jax_enable_x64", "jax_default_matmul_precision", "jax_default_prng_impl",
                "jax_threefry_partitionable", "jax_use_shardy_partitioner")
@@ -202,7 +204,7 @@ class ExecutableCache:
                     return Lookup(None, "miss: no manifest yet", time.perf_counter() - start)
                 entry = manifest["entries"].get(digest)
                 if entry is None:
-                    return Lookup(None, f"miss: {_why_missing(manifest['entries'], key)}", time.perf_counter() - start)
+                    return Lookup(None, f"miss: {_why_missing(manifest, key, digest)}", time.perf_counter() - start)
                 self._check_entry(digest, entry)
                 if preloaded is not None and preloaded[0] == entry.get("sha256"):
                     executable = _with_trees(preloaded[1], in_tree, out_tree)
@@ -393,7 +395,13 @@ class ExecutableCache:
                          "uid": os.getuid(), "written": time.time()}
                 entry["mac"] = _mac(secret, digest, entry)
                 manifest["entries"][digest] = entry
-                self._prune(manifest["entries"])
+                gone = self._prune(manifest["entries"])
+                earlier = manifest.get("pruned") if isinstance(manifest.get("pruned"), list) else []
+                pruned = [d for d in earlier if isinstance(d, str) and d != digest and d not in gone] + gone
+                if pruned:  # what a later miss for one of them names (_why_missing)
+                    manifest["pruned"] = pruned[-MAX_PRUNED:]
+                else:
+                    manifest.pop("pruned", None)
                 _write_private(self.manifest_path, _canonical(manifest))
         except (OSError, Untrusted) as err:
             return f"not stored: {type(err).__name__}: {err}"
@@ -408,20 +416,26 @@ class ExecutableCache:
             _write_private(self.secret_path, secrets.token_bytes(32))
             return self._read_secret()
 
-    def _prune(self, entries: dict[str, dict]) -> None:
+    def _prune(self, entries: dict[str, dict]) -> list[str]:
         """Drop the oldest entries beyond MAX_ENTRIES, and their files, but never one that the newest
         :data:`KEPT_STARTS` start records name (``starts.json``): a server that compiled other sizes since its last
         start would otherwise lose the very executables its next start loads first (found by a new user: ten
-        programs of three executables filled the cache, and the default size's were the oldest)."""
+        programs of three executables filled the cache, and the default size's were the oldest).
+
+        Returns:
+            the digests dropped, oldest first.
+        """
         def written(digest: str) -> float:
             entry = entries[digest]
             stamp = entry.get("written") if isinstance(entry, dict) else None
             return stamp if isinstance(stamp, (int, float)) else 0
 
         kept = self._recorded()
-        for digest in [d for d in sorted(entries, key=written) if d not in kept][:-MAX_ENTRIES]:
+        gone = [d for d in sorted(entries, key=written) if d not in kept][:-MAX_ENTRIES]
+        for digest in gone:
             del entries[digest]
             (self.directory / f"{digest}.xla").unlink(missing_ok=True)
+        return gone
 
     def _recorded(self) -> set[str]:
         """The digests the newest :data:`KEPT_STARTS` start records name (none where starts.json is absent or not
@@ -499,8 +513,15 @@ def _write_private(path: Path, data: bytes) -> None:
         raise
 
 
-def _why_missing(entries: dict[str, dict], key: dict[str, Any]) -> str:
-    """Why no entry matches: what changed since the newest entry stored for the same program."""
+def _why_missing(manifest: dict, key: dict[str, Any], digest: str) -> str:
+    """Why no entry of ``manifest`` matches ``key`` (whose digest is ``digest``): pruning removed its entry (the
+    manifest's ``pruned`` names it: the very key was stored, so nothing changed), else what differs from the newest
+    entry stored for the same program."""
+    pruned = manifest.get("pruned")
+    if isinstance(pruned, list) and digest in pruned:
+        return (f"removed by the cache's pruning (it keeps the newest {MAX_ENTRIES} entries, and those the last "
+                f"{KEPT_STARTS} starts loaded)")
+    entries = manifest["entries"]
     same = [e for e in entries.values()
             if isinstance(e, dict) and isinstance(e.get("key"), dict) and e["key"].get("program") == key.get("program")]
     if not same:

@@ -79,10 +79,17 @@ def eta_parameters(req) -> dict:
     if eta is None:
         return {}
     out = {}
-    for sampler in dict.fromkeys((req.sampler, getattr(req, "hires_sampler", None) or req.sampler)):
-        if sampler in ETA_DEFAULTS and eta != ETA_DEFAULTS[sampler]:
+    for sampler in eta_samplers(req):
+        if eta != ETA_DEFAULTS[sampler]:
             out["Eta DDIM" if sampler == "DDIM" else "Eta"] = eta
     return out
+
+
+def eta_samplers(req) -> list[str]:
+    """The samplers of ``req`` that ran and take an eta (schedulers.ETA_DEFAULTS): the first pass's, and hires fix's
+    second, once each; the others ignore ``eta``, as A1111's do."""
+    ran = dict.fromkeys((req.sampler, getattr(req, "hires_sampler", None) or req.sampler))
+    return [sampler for sampler in ran if sampler in ETA_DEFAULTS]
 
 
 def deliver(result, prompt: str, style: str, files_dir: Path | None = None, outputs_dir: str = "",
@@ -142,7 +149,7 @@ def deliver(result, prompt: str, style: str, files_dir: Path | None = None, outp
                          "height": int(result.images.shape[1])}
     if getattr(req, "refiner_switch_at", None) is not None:
         info.update(refiner=getattr(result, "refiner", ""), refiner_switch_at=req.refiner_switch_at)
-    if getattr(req, "eta", None) is not None:
+    if getattr(req, "eta", None) is not None and eta_samplers(req):  # as the infotext: not where no sampler used it
         info["eta"] = req.eta
     info["prompt_chunks"] = getattr(result, "prompt_chunks", 1)  # 75-token chunks the prompts ran with
     if loras:

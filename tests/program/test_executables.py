@@ -296,3 +296,27 @@ def test_a_start_record_out_of_shape_is_written_anew_and_never_stops_a_start(tmp
     assert cache.finish_start("start") == (0, 0)  # no exception, and the record written anew beside them
     assert ExecutableCache(tmp_path / "executables").preload("other", program["devices"]) == 0
     assert ExecutableCache(tmp_path / "executables").preload("start", program["devices"]) == 1
+
+
+def test_a_miss_for_a_pruned_entry_says_pruning_removed_it(tmp_path, program, monkeypatch):
+    """A key stored and then pruned (MAX_ENTRIES) is a miss that names the pruning, not a change of the field where
+    the newest entry of its program differs (a new user read "another source (changed since it was written)" for an
+    entry pruning had removed, and looked for a source change); a key never stored still names that field."""
+    monkeypatch.setattr(executables, "MAX_ENTRIES", 2)
+    cache = ExecutableCache(tmp_path / "executables")
+
+    def key(source):
+        return {"program": "p", "source": source}
+
+    for source in ("s1", "s2", "s3"):
+        cache.store(key(source), program["compiled"], program["devices"], program["in_tree"], program["out_tree"])
+    pruned = key_digest({**key("s1"), **runtime_key(program["devices"])})
+    assert pruned not in json.loads(cache.manifest_path.read_bytes())["entries"]
+    found = cache.load(key("s1"), program["in_tree"], program["out_tree"], program["devices"])
+    assert found.executable is None
+    assert found.note == ("miss: removed by the cache's pruning (it keeps the newest 2 entries, and those the last 4 "
+                          "starts loaded)")
+    found = cache.load(key("s9"), program["in_tree"], program["out_tree"], program["devices"])
+    assert found.note == "miss: stored for another source (changed since it was written)"
+    cache.store(key("s1"), program["compiled"], program["devices"], program["in_tree"], program["out_tree"])
+    assert cache.load(key("s1"), program["in_tree"], program["out_tree"], program["devices"]).executable is not None

@@ -100,3 +100,20 @@ def test_eta_is_written_as_a1111_writes_it_where_not_the_samplers_default():
     full = SimpleNamespace(sampler="DDIM", eta=0.25, hires_sampler=None, schedule_type=None, image=None,
                            hires_scale=None, refiner_switch_at=None)
     assert mode_parameters(full) == {"Eta DDIM": 0.25}
+
+
+def test_the_info_record_reports_eta_only_where_a_sampler_that_ran_takes_it(tmp_path):
+    """The record (the jobs API's ``info``, and every front's) says ``eta`` as the infotext does: only where a sampler
+    that ran takes one (schedulers.ETA_DEFAULTS, either pass of hires fix); Euler or DPM++ 2M ignore it, and a record
+    that said ``eta: 0.5`` for them claimed a noise level that never ran."""
+    import dataclasses
+
+    def info(sampler, eta, hires_sampler=None):
+        result = fake_result(1)
+        result.request = dataclasses.replace(result.request, sampler=sampler, eta=eta, hires_sampler=hires_sampler)
+        return deliver(result, "a red circle", "(No style)").info
+
+    assert "eta" not in info("Euler", 0.5) and "eta" not in info("DPM++ 2M", 0.5)
+    assert info("Euler a", 0.5)["eta"] == 0.5 and info("DDIM", 0.0)["eta"] == 0.0 and info("TCD", 0.3)["eta"] == 0.3
+    assert "eta" not in info("Euler a", None)
+    assert info("Euler", 0.5, hires_sampler="DPM2 a")["eta"] == 0.5
