@@ -11,6 +11,7 @@ request and unit (both fronts build one ControlUnit), and not the images without
 
 import asyncio
 import base64
+import contextlib
 import io
 import json
 import time
@@ -172,21 +173,19 @@ def test_an_unknown_model_or_module_is_refused_by_name(app, unit, named):
     assert answer.json()["detail"].startswith("alwayson_scripts.ControlNet.args[0].")
 
 
-def test_the_pages_controlnet_section_makes_the_units_images(app):
-    """The page's ControlNet section in Chromium: upload the picture, it shows in its box, Preview shows the map
-    ("none": the picture itself), Generate sends the picture as /generate's control_image (base64 PNG of the same
-    pixels) with the section's model and settings, and the gallery shows the images gradio_client gets for those
-    values: not the images without the unit."""
+@contextlib.contextmanager
+def controlnet_section(app):
+    """The page in Chromium (offline: tests/serving/test_page_browser.OfflinePage) once the engine is ready, seed 5,
+    its ControlNet section open; yields (page, offline, sent): ``sent`` collects the bodies of the page's
+    queue/join calls (/generate's inputs as the page sends them). Skips without /usr/bin/chromium."""
     from pathlib import Path
 
     if not Path("/usr/bin/chromium").exists():
         pytest.skip("/usr/bin/chromium not installed (apt-get install chromium)")
     from playwright.sync_api import sync_playwright
 
-    from tests.serving.test_page_browser import ARGS, OfflinePage, gallery_pixels
+    from tests.serving.test_page_browser import ARGS, OfflinePage
 
-    picture = io.BytesIO()
-    control_picture().save(picture, format="PNG")
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=ARGS)
         offline = OfflinePage(browser, app.url)
@@ -198,37 +197,50 @@ def test_the_pages_controlnet_section_makes_the_units_images(app):
             page.fill("#seed input", "5")
             page.locator("#controlnet-box button").first.click()
             page.wait_for_selector("#control-upload input[type=file]", state="attached")
-            # A file that is no image, whatever its name, is refused with a sentence (the guard's plain 415:
-            # Gradio's pop-up shows "HTTP 415: <body>"), and the box takes a picture after it.
-            page.locator("#control-upload input[type=file]").set_input_files(
-                {"name": "notes.png", "mimeType": "image/png", "buffer": b"%PDF-1.4 not a picture"})
-            page.wait_for_selector(".toast-body.error", timeout=30_000)
-            toast = page.inner_text(".toast-body.error")
-            assert "uploads take PNG, JPEG or WebP images only" in toast and "{" not in toast, toast
-            page.locator(".toast-body.error button").first.click()  # closed, as a user does
-            page.locator("#control-upload input[type=file]").set_input_files(
-                {"name": "control.png", "mimeType": "image/png", "buffer": picture.getvalue()})
-            # The picture shows in its box (the app's PNG of it: an upload is never served back), once the upload
-            # event has answered with its text.
-            page.wait_for_function("document.querySelector('#control-picture img')?.naturalWidth === 80",
-                                   timeout=60_000)
-            page.click("#control-preview")
-            page.wait_for_function("document.querySelector('#control-detected img')", timeout=60_000)
-            # The picture and its map side by side in boxes of one height (a small picture left a strip beside the
-            # map's tall box).
-            boxes = [page.locator(box).bounding_box() for box in ("#control-picture", "#control-detected")]
-            assert boxes[0]["height"] == boxes[1]["height"] >= 200 and boxes[0]["y"] == boxes[1]["y"], boxes
-            page.fill("#prompt textarea", ASK["prompt"])
-            page.click("#generate")
-            page.wait_for_function("document.querySelector('#result-status')?.innerText.includes('images on')",
-                                   timeout=120_000)
-            shown = [gallery_pixels(page, i).astype(np.int16) for i in range(4)]
-            # The page never asks for an upload (the server never serves one back): no refused GET.
-            refused = [line for line in app.log if "not a file of this app" in line]
-            assert offline.blocked == [] and refused == [], refused
+            yield page, offline, sent
         finally:
             offline.close()
             browser.close()
+
+
+def test_the_pages_controlnet_section_makes_the_units_images(app):
+    """The page's ControlNet section in Chromium: upload the picture, it shows in its box, Preview shows the map
+    ("none": the picture itself), Generate sends the picture as /generate's control_image (base64 PNG of the same
+    pixels) with the section's model and settings, and the gallery shows the images gradio_client gets for those
+    values: not the images without the unit."""
+    from tests.serving.test_page_browser import gallery_pixels
+
+    picture = io.BytesIO()
+    control_picture().save(picture, format="PNG")
+    with controlnet_section(app) as (page, offline, sent):
+        # A file that is no image, whatever its name, is refused with a sentence (the guard's plain 415:
+        # Gradio's pop-up shows "HTTP 415: <body>"), and the box takes a picture after it.
+        page.locator("#control-upload input[type=file]").set_input_files(
+            {"name": "notes.png", "mimeType": "image/png", "buffer": b"%PDF-1.4 not a picture"})
+        page.wait_for_selector(".toast-body.error", timeout=30_000)
+        toast = page.inner_text(".toast-body.error")
+        assert "uploads take PNG, JPEG or WebP images only" in toast and "{" not in toast, toast
+        page.locator(".toast-body.error button").first.click()  # closed, as a user does
+        page.locator("#control-upload input[type=file]").set_input_files(
+            {"name": "control.png", "mimeType": "image/png", "buffer": picture.getvalue()})
+        # The picture shows in its box (the app's PNG of it: an upload is never served back), once the upload
+        # event has answered with its text.
+        page.wait_for_function("document.querySelector('#control-picture img')?.naturalWidth === 80",
+                               timeout=60_000)
+        page.click("#control-preview")
+        page.wait_for_function("document.querySelector('#control-detected img')", timeout=60_000)
+        # The picture and its map side by side in boxes of one height (a small picture left a strip beside the
+        # map's tall box).
+        boxes = [page.locator(box).bounding_box() for box in ("#control-picture", "#control-detected")]
+        assert boxes[0]["height"] == boxes[1]["height"] >= 200 and boxes[0]["y"] == boxes[1]["y"], boxes
+        page.fill("#prompt textarea", ASK["prompt"])
+        page.click("#generate")
+        page.wait_for_function("document.querySelector('#result-status')?.innerText.includes('images on')",
+                               timeout=120_000)
+        shown = [gallery_pixels(page, i).astype(np.int16) for i in range(4)]
+        # The page never asks for an upload (the server never serves one back): no refused GET.
+        refused = [line for line in app.log if "not a file of this app" in line]
+        assert offline.blocked == [] and refused == [], refused
     call = next(json.loads(body) for body in sent if body and len(json.loads(body).get("data") or []) == 24)
     data = call["data"]
     assert data[18:23] == ["", "ip-adapter_sdxl", 1, 0, 1]  # the IP-Adapter section's: no reference image, no unit
@@ -412,52 +424,33 @@ def test_the_pages_control_type_shows_for_the_union_and_reaches_it(app):
     the server's first ControlNet and the section's default), its types
     ProMax's eight; choosing Depth and Generate sends control_type "Depth" (/generate's last input) and shows
     gradio_client's images for those values; choosing cn-a hides it."""
-    from pathlib import Path
-
-    if not Path("/usr/bin/chromium").exists():
-        pytest.skip("/usr/bin/chromium not installed (apt-get install chromium)")
-    from playwright.sync_api import sync_playwright
-
-    from tests.serving.test_page_browser import ARGS, OfflinePage, gallery_pixels
+    from tests.serving.test_page_browser import gallery_pixels
 
     picture = io.BytesIO()
     edge_picture().save(picture, format="PNG")
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=ARGS)
-        offline = OfflinePage(browser, app.url)
-        sent: list[str] = []
-        try:
-            page = offline.open()
-            page.on("request", lambda r: sent.append(r.post_data) if "queue/join" in r.url else None)
-            page.wait_for_function("document.querySelector('#engine-status')?.innerText.includes('Ready on')")
-            page.fill("#seed input", "5")
-            page.locator("#controlnet-box button").first.click()
-            page.wait_for_selector("#control-upload input[type=file]", state="attached")
-            assert not page.locator("#control-type input").is_visible()  # cn-a, the default: no type to choose
-            page.click("#control-model input")
-            page.locator("[role=option]", has_text="union").first.click()
-            page.wait_for_selector("#control-type input", state="visible")
-            page.locator("#control-upload input[type=file]").set_input_files(
-                {"name": "control.png", "mimeType": "image/png", "buffer": picture.getvalue()})
-            page.wait_for_function("document.querySelector('#control-picture img')?.naturalWidth === 80",
-                                   timeout=60_000)
-            page.click("#control-type input")
-            options = [text.split("\n")[-1].strip() for text in page.locator("[role=option]").all_inner_texts()]
-            assert options == ["OpenPose", "Depth", "Soft Edge", "Hard Edge", "Normal Map", "Segmentation", "Tile",
-                               "Inpaint"], options
-            page.locator("[role=option]", has_text="Depth").first.click()
-            page.fill("#prompt textarea", JOB_ASK["prompt"])
-            page.click("#generate")
-            page.wait_for_function("document.querySelector('#result-status')?.innerText.includes('images on')",
-                                   timeout=180_000)
-            shown = [gallery_pixels(page, i).astype(np.int16) for i in range(4)]
-            page.click("#control-model input")
-            page.locator("[role=option]", has_text="cn-a").first.click()
-            page.wait_for_selector("#control-type", state="hidden")
-            assert offline.blocked == []
-        finally:
-            offline.close()
-            browser.close()
+    with controlnet_section(app) as (page, offline, sent):
+        assert not page.locator("#control-type input").is_visible()  # cn-a, the default: no type to choose
+        page.click("#control-model input")
+        page.locator("[role=option]", has_text="union").first.click()
+        page.wait_for_selector("#control-type input", state="visible")
+        page.locator("#control-upload input[type=file]").set_input_files(
+            {"name": "control.png", "mimeType": "image/png", "buffer": picture.getvalue()})
+        page.wait_for_function("document.querySelector('#control-picture img')?.naturalWidth === 80",
+                               timeout=60_000)
+        page.click("#control-type input")
+        options = [text.split("\n")[-1].strip() for text in page.locator("[role=option]").all_inner_texts()]
+        assert options == ["OpenPose", "Depth", "Soft Edge", "Hard Edge", "Normal Map", "Segmentation", "Tile",
+                           "Inpaint"], options
+        page.locator("[role=option]", has_text="Depth").first.click()
+        page.fill("#prompt textarea", JOB_ASK["prompt"])
+        page.click("#generate")
+        page.wait_for_function("document.querySelector('#result-status')?.innerText.includes('images on')",
+                               timeout=180_000)
+        shown = [gallery_pixels(page, i).astype(np.int16) for i in range(4)]
+        page.click("#control-model input")
+        page.locator("[role=option]", has_text="cn-a").first.click()
+        page.wait_for_selector("#control-type", state="hidden")
+        assert offline.blocked == []
     calls = [json.loads(body)["data"] for body in sent if body and len(json.loads(body).get("data") or []) == 24]
     data = calls[-1]
     assert data[11] == "union" and data[-1] == "Depth" and data[2] == 5, data[:3] + data[11:]
