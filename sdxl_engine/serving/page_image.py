@@ -28,7 +28,7 @@ from sdxl_engine.service import delivery
 from sdxl_engine.serving import gradio_internals, guard, image_input
 from sdxl_engine.serving.apis.controlnet import module_union_type
 from sdxl_engine.serving.apis.errors import ApiError
-from sdxl_engine.serving.apis.tools import IP_NAMES, image_event_inputs, upscale_event_inputs
+from sdxl_engine.serving.apis.tools import IP_UNIT_NAMES, image_event_inputs, upscale_event_inputs
 from sdxl_engine.serving.apis.uploads import decode_image
 from sdxl_engine.serving.page import (
     REFINER_MIN,
@@ -436,7 +436,9 @@ class IPSection:
     """The page's "Image prompt (IP-Adapter)" section (shown when an IP-Adapter is loaded): ``upload`` (the reference
     picture's file; a private event turns it into ``image``, base64 PNG text: /generate's ``ip_adapter_image``, as
     the ControlNet section's picture, and shows it in ``picture``), the adapter ``model``, ``weight``, ``start`` and
-    ``end``."""
+    ``end``; and ``embeds``, hidden and empty: /generate's ``ip_adapter_embeds`` (an IP-Adapter FaceID's face
+    embedding, which only an API client sends: the page cannot compute insightface's embeddings), so the event's
+    input list has every /generate input."""
 
     box: gr.Accordion
     upload: gr.File
@@ -446,11 +448,13 @@ class IPSection:
     weight: gr.Slider
     start: gr.Slider
     end: gr.Slider
+    embeds: gr.JSON
 
     @property
     def named(self) -> dict:
-        """/generate's IP-Adapter inputs by their names (apis/tools.IP_NAMES): {name: component}."""
-        return dict(zip(IP_NAMES, (self.image, self.model, self.weight, self.start, self.end), strict=True))
+        """/generate's IP-Adapter inputs by their names (apis/tools.IP_UNIT_NAMES): {name: component}."""
+        return dict(zip(IP_UNIT_NAMES, (self.image, self.model, self.weight, self.start, self.end, self.embeds),
+                        strict=True))
 
 
 def ip_adapter_names(config: EngineConfig, engine: EngineContract | None = None) -> list[str]:
@@ -480,7 +484,8 @@ def ip_section(config: EngineConfig, engine: EngineContract | None = None) -> IP
             weight = gr.Slider(0.0, 2.0, value=1.0, step=0.05, label="Weight", elem_id="ip-weight")
             start = gr.Slider(0.0, 1.0, value=0.0, step=0.05, label="Starting step (share)", elem_id="ip-start")
             end = gr.Slider(0.0, 1.0, value=1.0, step=0.05, label="Ending step (share)", elem_id="ip-end")
-    return IPSection(box, upload, picture, image, model, weight, start, end)
+        embeds = gr.JSON(None, visible=False, elem_id="ip-embeds")  # FaceID's embedding: API clients only
+    return IPSection(box, upload, picture, image, model, weight, start, end, embeds)
 
 
 def wire_ip_section(section: IPSection, demo) -> None:

@@ -267,7 +267,7 @@ def test_the_model_is_an_optional_last_input_named_in_a_raw_call(app_server):
     names = [p["parameter_name"] for p in params]
     model = names.index("model")  # schedule_type, the IP-Adapter's inputs and the union's control type: added later
     assert names[0] == "prompt" and names[model:] == ["model", "schedule_type", *tools.IP_NAMES,
-                                                      tools.CONTROL_TYPE.name], names
+                                                      tools.CONTROL_TYPE.name, tools.IP_EMBEDS.name], names
     assert params[model]["parameter_has_default"] and params[model + 1]["parameter_default"] == "Automatic"
     nine = ["a red circle", "", 1, 7.0, 2, 0, 0, "(No style)", "Euler"]
     defaults = [p["parameter_default"] for p in params[9:model]]
@@ -290,6 +290,9 @@ def test_the_model_is_an_optional_last_input_named_in_a_raw_call(app_server):
     reference = base64.b64encode(png_bytes(16)).decode()
     text = answer([*nine, *defaults, "tiny-shapes", "Automatic", reference, "ip-adapter_sdxl"])
     assert "event: error" in text and "ip_adapter_image: no IP-Adapter is loaded" in text, text[:300]
+    # FaceID's face embedding (the last input), as a JSON list: refused likewise naming it.
+    text = answer([*nine, *defaults, "tiny-shapes", "Automatic", "", "faceid", 1, 0, 1, None, [0.1] * 512])
+    assert "event: error" in text and "ip_adapter_embeds: no IP-Adapter is loaded" in text, text[:300]
 
 
 def test_server_listens_on_loopback_only(app_server):

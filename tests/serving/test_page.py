@@ -18,11 +18,13 @@ def test_page_builder_with_fake_engine():
     assert names[7:] == ["style", "sampler", "refiner_switch_at", "control_image", "control_model", "control_weight",
                          "control_start", "control_end", "control_module", "model", "schedule_type",
                          "ip_adapter_image", "ip_adapter_model", "ip_adapter_weight", "ip_adapter_start",
-                         "ip_adapter_end", "control_type"]
+                         "ip_adapter_end", "control_type", "ip_adapter_embeds"]
     assert api["parameters"][7]["parameter_has_default"]
-    assert [p["parameter_has_default"] for p in api["parameters"]] == [False] + [True] * 23
-    assert api["parameters"][-1]["parameter_default"] is None  # control_type: none, a plain ControlNet's
-    assert api["parameters"][-1]["python_type"]["type"] == ("Literal['OpenPose', 'Depth', 'Soft Edge', 'Hard Edge', "
+    assert [p["parameter_has_default"] for p in api["parameters"]] == [False] + [True] * 24
+    assert api["parameters"][-2]["parameter_default"] is None  # control_type: none, a plain ControlNet's
+    # ip_adapter_embeds (FaceID's face embedding, API clients only: a hidden JSON value on the page), none by default
+    assert api["parameters"][-1]["parameter_default"] is None and api["parameters"][-1]["component"] == "Json"
+    assert api["parameters"][-2]["python_type"]["type"] == ("Literal['OpenPose', 'Depth', 'Soft Edge', 'Hard Edge', "
                                                             "'Normal Map', 'Segmentation', 'Tile', 'Inpaint']")
     assert api["parameters"][9]["parameter_default"] == 1  # no refiner loaded: "1 = no refiner"
     assert api["parameters"][8]["python_type"]["type"] == ("Literal['Euler', 'Euler a', 'DPM++ 2M', "

@@ -181,6 +181,9 @@ def test_the_ip_adapter_section_shows_with_an_adapter_and_its_values_reach_the_r
     names = [item.name for item in generate_inputs(config)]
     assert [generate.inputs[names.index(n)].elem_id for n in IP_NAMES] == ["ip-image", "ip-model", "ip-weight",
                                                                             "ip-start", "ip-end"]
+    # FaceID's face embedding, /generate's last input: a hidden JSON value the page leaves empty (API clients only)
+    embeds = generate.inputs[names.index("ip_adapter_embeds")]
+    assert (names[-1], embeds.elem_id, embeds.visible, embeds.value) == ("ip_adapter_embeds", "ip-embeds", False, None)
     (upload,) = [f for f in demo.fns.values() if f.api_name == guard.IP_EVENT]
     assert [b.elem_id for b in upload.outputs] == ["ip-image", "ip-picture", "ip-upload"]
     picture = np.zeros((40, 72, 3), np.uint8)

@@ -55,7 +55,7 @@ def image_tool(requests, config, engine=None) -> Callable:
                              model: str = "", schedule_type: str = DEFAULT_SCHEDULE_TYPE,
                              ip_adapter_image: str = "", ip_adapter_model: str = "", ip_adapter_weight: float = 1.0,
                              ip_adapter_start: float = 0.0, ip_adapter_end: float = 1.0, control_type: str = "",
-                             request: gr.Request = None) -> tuple[list, dict]:
+                             ip_adapter_embeds: list | str = "", request: gr.Request = None) -> tuple[list, dict]:
         while engine is not None and not engine.ready.is_set():
             await asyncio.sleep(0.5)
         limits = getattr(engine, "limits", None)
@@ -67,7 +67,7 @@ def image_tool(requests, config, engine=None) -> Callable:
             control = await asyncio.to_thread(control_fields, control_image, control_model, control_weight,
                                               control_start, control_end, control_module, control_type)
             ip = await asyncio.to_thread(ip_fields, ip_adapter_image, ip_adapter_model, ip_adapter_weight,
-                                         ip_adapter_start, ip_adapter_end)
+                                         ip_adapter_start, ip_adapter_end, ip_adapter_embeds)
         except ApiError as err:
             LOG.info(f"[app] request refused: {API_NAME}: {err.message}")
             raise gr.Error(err.message, print_exception=False) from None

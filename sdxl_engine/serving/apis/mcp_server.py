@@ -47,7 +47,8 @@ from sdxl_engine.serving.guard import MAX_IMAGE_BODY_BYTES, MCP_PATH
 LOG = logging.getLogger(__name__)
 
 NAME = "SDXL"  # the server's name in MCP's initialize answer
-JSON_TYPES = {str: "string", int: "integer", float: "number"}
+# An input's JSON type by its kind; ``list`` (ip_adapter_embeds): an array, or the same as JSON text.
+JSON_TYPES = {str: "string", int: "integer", float: "number", list: ["array", "string"]}
 
 
 class ToolRefusal(Exception):
@@ -160,7 +161,7 @@ class McpServer:
                 control = await asyncio.to_thread(tools.control_fields, **control)  # the image decoded
             else:
                 control = {}
-            ip = await asyncio.to_thread(tools.ip_fields, **{n: values.pop(n) for n in tools.IP_NAMES})
+            ip = await asyncio.to_thread(tools.ip_fields, **{n: values.pop(n) for n in tools.IP_UNIT_NAMES})
             ip_names = {**control.pop("field_names", {}), **ip.pop("field_names", {})}  # the units' input names
             engine = self.requests.engine
             await wait_started(engine)  # the picture is resized to the model's default size

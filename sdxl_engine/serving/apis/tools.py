@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import json
 
 import numpy as np
 from PIL import Image
@@ -19,7 +20,7 @@ from PIL import Image
 from sdxl_engine.config import EngineConfig
 from sdxl_engine.engine.control import CONTROL_TYPES, UNION_TYPES, ControlUnit
 from sdxl_engine.engine.control_preprocess import MODULES
-from sdxl_engine.engine.ip_adapter import IPAdapterUnit
+from sdxl_engine.engine.ip_adapter import MAX_REFERENCE_IMAGES, IPAdapterUnit
 from sdxl_engine.engine.validation import DEFAULT_STRENGTH, InvalidRequest, Limits, size_of
 from sdxl_engine.program.schedulers import DEFAULT_SCHEDULE_TYPE, SAMPLERS, SCHEDULE_TYPES
 from sdxl_engine.service.image_prep import PasteBack, binary_mask, flatten, overlay, same_aspect
@@ -48,6 +49,12 @@ JPEG or WebP (a data URL too); empty = no control. Needs a ControlNet loaded (th
 CONTROL_TYPE_DOC = """    control_type: with a ControlNet-Union (xinsir's union / ProMax) as control_model, what the \
 control image is: one of {types} (sd-webui-controlnet's names; Tile and Inpaint are ProMax's), or \
 diffusers' {diffusers}; empty for a plain ControlNet (which takes none)"""
+# The FaceID embedding's Args line (an input added later: the last of both tools).
+IP_EMBEDS_DOC = """    ip_adapter_embeds: optional IP-Adapter FaceID: in place of ip_adapter_image (not with it), \
+the face's embedding computed by the client (insightface's normed_embedding): a JSON list of 512 numbers, or a \
+list of up to 4 such lists (several photos of one face), as an array or as JSON text; empty = none. \
+ip_adapter_model must name a loaded FaceID adapter (an image adapter refuses it); the other ip_adapter_ inputs \
+apply as to an image"""
 
 # The IP-Adapter inputs' Args lines, the same in both tools' descriptions.
 IP_DOC = """    ip_adapter_image: optional IP-Adapter: a reference image whose style or subject steers the images, as \
@@ -78,6 +85,7 @@ before the refiner takes over, 0 to below 1 (0 = the refiner alone); 1 = no refi
 automatic = the sampler's own; DDIM, LCM and TCD take automatic only. A1111's labels ({labels}) are taken too
 {ip}
 {control_type}
+{ip_embeds}
 Returns:
     the images (PNG, with their generation parameters) and a JSON record: seeds, size, steps, sampler, \
 schedule_type, timings, model
@@ -111,6 +119,7 @@ this factor (Lanczos) and denoised again at the larger size with strength (-1 = 
 {schedule_types}; automatic = the sampler's own
 {ip}
 {control_type}
+{ip_embeds}
 Returns:
     the images (PNG, with their generation parameters) and a JSON record: seeds, size, strength, timings
 """
@@ -150,7 +159,13 @@ IP_NAMES = tuple(i.name for i in IP_INPUTS)
 IP_FIELDS = {"ip_adapter_units": "ip_adapter_image", "ip_adapter_units[0].image": "ip_adapter_image",
              "ip_adapter_units[0].model": "ip_adapter_model", "ip_adapter_units[0].weight": "ip_adapter_weight",
              "ip_adapter_units[0].guidance_start": "ip_adapter_start",
-             "ip_adapter_units[0].guidance_end": "ip_adapter_end"}
+             "ip_adapter_units[0].guidance_end": "ip_adapter_end",
+             "ip_adapter_units[0].embeds": "ip_adapter_embeds",
+             **{f"ip_adapter_units[0].embeds[{i}]": f"ip_adapter_embeds[{i}]" for i in range(MAX_REFERENCE_IMAGES)}}
+# A FaceID adapter's face embedding(s) in place of the reference image (IPAdapterUnit.embeds), added later: last in
+# both tools. Its kind ``list``: a JSON array (MCP's schema takes JSON text too, see mcp_server.JSON_TYPES).
+IP_EMBEDS = Input("ip_adapter_embeds", list, "")
+IP_UNIT_NAMES = (*IP_NAMES, IP_EMBEDS.name)  # every input of the one IP-Adapter unit, as ip_fields takes them
 
 
 def generate_inputs(config) -> tuple[Input, ...]:
@@ -166,7 +181,8 @@ def generate_inputs(config) -> tuple[Input, ...]:
             Input("height", int, 0), Input("style", str, NO_STYLE, tuple(STYLE_NAMES)),
             Input("sampler", str, config.sampler, tuple(SAMPLERS)),
             Input("refiner_switch_at", float, 0.8 if config.refiner else 1.0), *CONTROL_INPUTS, Input("model", str, ""),
-            Input("schedule_type", str, DEFAULT_SCHEDULE_TYPE, tuple(SCHEDULE_TYPES)), *IP_INPUTS, CONTROL_TYPE)
+            Input("schedule_type", str, DEFAULT_SCHEDULE_TYPE, tuple(SCHEDULE_TYPES)), *IP_INPUTS, CONTROL_TYPE,
+            IP_EMBEDS)
 
 
 FIRST_RELEASE = 9  # /generate's first release took its first nine inputs: a raw call must send at least those
@@ -176,8 +192,8 @@ IMAGE_FIRST_RELEASE = 20  # /image_to_image's inputs before schedule_type: a raw
 # The page's two image events (handler.image_function and upscale_function; private, the page's own) take
 # /generate's inputs but these: Generate from image and Upscale take no ControlNet or IP-Adapter unit, and Upscale
 # no refiner switch (its hires fix runs on the base model).
-IMAGE_EVENT_LEFT_OUT = (*CONTROL_NAMES, *IP_NAMES)
-UPSCALE_EVENT_LEFT_OUT = (*CONTROL_NAMES, *IP_NAMES, "refiner_switch_at")
+IMAGE_EVENT_LEFT_OUT = (*CONTROL_NAMES, *IP_UNIT_NAMES)
+UPSCALE_EVENT_LEFT_OUT = (*CONTROL_NAMES, *IP_UNIT_NAMES, "refiner_switch_at")
 
 
 def page_event_inputs(config, own: tuple[Input, ...], left_out: tuple[str, ...]) -> tuple[Input, ...]:
@@ -244,7 +260,7 @@ def request_values(values: dict) -> dict:
     Raises ApiError 400 naming the control or IP-Adapter input it cannot use."""
     values = dict(values)
     control = control_fields(**{name: values.pop(name) for name in CONTROL_NAMES if name in values})
-    ip = ip_fields(**{name: values.pop(name) for name in IP_NAMES if name in values})
+    ip = ip_fields(**{name: values.pop(name) for name in IP_UNIT_NAMES if name in values})
     names = {**control.pop("field_names", {}), **ip.pop("field_names", {})}
     switch = refiner_switch(values.pop("refiner_switch_at", None))
     model = model_field(values.pop("model", None))
@@ -261,7 +277,8 @@ def image_inputs(config) -> tuple[Input, ...]:
             Input("num_inference_steps", int, config.num_inference_steps), Input("width", int, 0),
             Input("height", int, 0), Input("sampler", str, config.sampler), Input("refiner_switch_at", float, 1.0),
             Input("upscale", float, 1.0), *CONTROL_INPUTS, Input("model", str, ""),
-            Input("schedule_type", str, DEFAULT_SCHEDULE_TYPE, tuple(SCHEDULE_TYPES)), *IP_INPUTS, CONTROL_TYPE)
+            Input("schedule_type", str, DEFAULT_SCHEDULE_TYPE, tuple(SCHEDULE_TYPES)), *IP_INPUTS, CONTROL_TYPE,
+            IP_EMBEDS)
 
 
 def generate_doc(models: list[str] = ()) -> str:
@@ -270,14 +287,15 @@ def generate_doc(models: list[str] = ()) -> str:
     return GENERATE_DOC.format(styles=", ".join(STYLE_NAMES), samplers=", ".join(SAMPLERS),
                                control=CONTROL_DOC.format(modules=", ".join(MODULES)), models=model_doc(models),
                                schedule_types=", ".join(SCHEDULE_TYPES), labels=", ".join(SCHEDULE_TYPES.values()),
-                               ip=IP_DOC, control_type=control_type_doc())
+                               ip=IP_DOC, control_type=control_type_doc(), ip_embeds=IP_EMBEDS_DOC)
 
 
 def image_doc(models: list[str] = ()) -> str:
     """:data:`IMAGE_DOC` with the preprocessor, control type, model and schedule type names filled in (as
     :func:`generate_doc`)."""
     return IMAGE_DOC.format(control=CONTROL_DOC.format(modules=", ".join(MODULES)), models=model_doc(models),
-                            schedule_types=", ".join(SCHEDULE_TYPES), ip=IP_DOC, control_type=control_type_doc())
+                            schedule_types=", ".join(SCHEDULE_TYPES), ip=IP_DOC, control_type=control_type_doc(),
+                            ip_embeds=IP_EMBEDS_DOC)
 
 
 def control_type_doc() -> str:
@@ -310,24 +328,57 @@ def control_fields(control_image: str = "", control_model: str = "", control_wei
 
 
 def ip_fields(ip_adapter_image: str = "", ip_adapter_model: str = "", ip_adapter_weight: float = 1.0,
-              ip_adapter_start: float = 0.0, ip_adapter_end: float = 1.0) -> dict:
-    """The engine's ``ip_adapter_units`` field for /generate's IP-Adapter inputs (:data:`IP_INPUTS`) and the
-    ``field_names`` (:data:`IP_FIELDS`) under which the engine's refusals of it name those inputs: {} without a
-    reference image, else one IPAdapterUnit of the image (base64, decoded as RGB; the page's sends its upload's
-    PNG as base64 too), the model, weight, start and end (the engine checks their values: an unknown adapter is
-    refused naming ``ip_adapter_model`` and listing the loaded ones).
+              ip_adapter_start: float = 0.0, ip_adapter_end: float = 1.0, ip_adapter_embeds: list | str = "") -> dict:
+    """The engine's ``ip_adapter_units`` field for /generate's IP-Adapter inputs (:data:`IP_INPUTS` and
+    :data:`IP_EMBEDS`) and the ``field_names`` (:data:`IP_FIELDS`) under which the engine's refusals of it name those
+    inputs: {} without a reference image or face embedding, else one IPAdapterUnit of the image (base64, decoded as
+    RGB; the page's sends its upload's PNG as base64 too) or, for an IP-Adapter FaceID, of the embedding
+    (``ip_adapter_embeds``: a list of numbers or of lists, as the jobs API's ``embeds`` and A1111's
+    ``ip_adapter_embeds``, or that list as JSON text: passed on as it is, :func:`embeds_value`), the model, weight,
+    start and end. The engine checks their values: an unknown adapter is refused naming ``ip_adapter_model`` and
+    listing the loaded ones, embeddings that are not a FaceID adapter's width or sent to an image adapter name
+    ``ip_adapter_embeds`` (``ip_adapter_embeds[1]`` for one of several), an image sent to a FaceID adapter names
+    ``ip_adapter_image``.
 
-    Raises ApiError 400 naming the input: an image that does not decode, an image without a model."""
-    if ip_adapter_image is None or isinstance(ip_adapter_image, str) and not ip_adapter_image:
+    Raises ApiError 400 naming the input: an image that does not decode, embeddings that are not JSON, both an image
+    and embeddings, either without a model."""
+    embeds = embeds_value(ip_adapter_embeds)
+    image_sent = not (ip_adapter_image is None or isinstance(ip_adapter_image, str) and not ip_adapter_image)
+    if embeds is not None and image_sent:
+        raise ApiError(400, "ip_adapter_embeds: send either ip_adapter_image (a reference image) or "
+                            "ip_adapter_embeds (an IP-Adapter FaceID's face embedding), not both", "ip_adapter_embeds")
+    if embeds is None and not image_sent:
         return {}
     if not isinstance(ip_adapter_model, str) or not ip_adapter_model.strip():
-        raise ApiError(400, "ip_adapter_model: name the IP-Adapter for the reference image (the server's "
+        what = "face embedding" if embeds is not None else "reference image"
+        raise ApiError(400, f"ip_adapter_model: name the IP-Adapter for the {what} (the server's "
                             "/controlnet/model_list)", "ip_adapter_model")
+    settings = dict(model=ip_adapter_model, weight=ip_adapter_weight, guidance_start=ip_adapter_start,
+                    guidance_end=ip_adapter_end)
+    if embeds is not None:  # FaceID: the engine checks the numbers (ip_adapter.as_embeds), as the jobs API's
+        return {"ip_adapter_units": (IPAdapterUnit(embeds=embeds, **settings),),
+                "field_names": {**IP_FIELDS, "ip_adapter_units": "ip_adapter_embeds"}}
     image = np.asarray(ip_adapter_image if not isinstance(ip_adapter_image, str) else
                        decode_image(ip_adapter_image, "ip_adapter_image", mode="RGB"), dtype=np.uint8)
-    unit = IPAdapterUnit(image=image, model=ip_adapter_model, weight=ip_adapter_weight,
-                         guidance_start=ip_adapter_start, guidance_end=ip_adapter_end)
-    return {"ip_adapter_units": (unit,), "field_names": dict(IP_FIELDS)}
+    return {"ip_adapter_units": (IPAdapterUnit(image=image, **settings),), "field_names": dict(IP_FIELDS)}
+
+
+def embeds_value(value):
+    """``ip_adapter_embeds`` as the unit's ``embeds``: None (no embedding) for None or a blank text; JSON text
+    decoded (an MCP or gradio_client caller may send the list as text); any other value as sent, for the engine to
+    check (engine/ip_adapter.as_embeds: a list of numbers or of lists, a FaceID adapter's width).
+
+    Raises ApiError 400 naming ``ip_adapter_embeds``: text that is not JSON."""
+    if value is None or isinstance(value, str) and not value.strip():
+        return None
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except (ValueError, RecursionError):
+            raise ApiError(400, "ip_adapter_embeds: not JSON: send the face's embedding as a list of numbers "
+                                "(insightface's normed_embedding, 512) or a list of such lists", "ip_adapter_embeds"
+                           ) from None
+    return value
 
 
 def model_doc(models: list[str]) -> str:

@@ -1,8 +1,9 @@
 """sd-webui-controlnet's API through its own client, webuiapi (``ControlNetUnit``), against ``python app.py --model
 tests/fixtures/tiny-pt --model tiny-shapes --controlnet tests/fixtures/tiny-pt-controlnet/cn-a --controlnet
 tests/fixtures/tiny-pt-controlnet-union/union --ip-adapter
-tests/fixtures/tiny-pt-ip-adapter/sdxl_models/ip-adapter_sdxl.safetensors`` on loopback; the jobs API's and
-gradio_client's ``/generate`` control and IP-Adapter inputs against the same app. One app for the module: the
+tests/fixtures/tiny-pt-ip-adapter/sdxl_models/ip-adapter_sdxl.safetensors:tests/fixtures/tiny-pt-ip-adapter-faceid/\
+ip-adapter-faceid_sdxl.safetensors`` on loopback; the jobs API's and gradio_client's ``/generate`` control and
+IP-Adapter inputs (FaceID's face embedding too) against the same app. One app for the module: the
 ControlNet-Union's tests (below) run on it too, as one app start serves both (the union's file had its own app,
 about 30 s of the suite's time).
 
@@ -14,6 +15,7 @@ import base64
 import contextlib
 import io
 import json
+import os
 import time
 
 import httpx
@@ -28,6 +30,7 @@ pytestmark = pytest.mark.e2e
 CONTROLNET = "tests/fixtures/tiny-pt-controlnet/cn-a"
 UNION = "tests/fixtures/tiny-pt-controlnet-union/union"
 IP_ADAPTER = "tests/fixtures/tiny-pt-ip-adapter/sdxl_models/ip-adapter_sdxl.safetensors"
+FACEID = "tests/fixtures/tiny-pt-ip-adapter-faceid/ip-adapter-faceid_sdxl.safetensors"  # loaded after IP_ADAPTER
 ASK = dict(prompt="a red circle", seed=5, steps=4, cfg_scale=5.0, width=64, height=64, sampler_name="Euler")
 
 
@@ -36,7 +39,7 @@ def app():
     # tiny-shapes beside: a model of another architecture, which cn-a and the union do not fit; cn-a first, the
     # page's default ControlNet; the MCP server on for the union's MCP test
     running = RunningApp("--model", "tests/fixtures/tiny-pt", "--model", "tiny-shapes", "--controlnet", CONTROLNET,
-                         "--controlnet", UNION, "--ip-adapter", IP_ADAPTER, timeout=600)
+                         "--controlnet", UNION, "--ip-adapter", os.pathsep.join((IP_ADAPTER, FACEID)), timeout=600)
     yield running
     running.stop()
 
@@ -76,8 +79,9 @@ def job_images(app, body: dict) -> list[np.ndarray]:
 
 
 def test_lists_and_detect(webui):
-    title, union_title, ip_title = webui.controlnet_model_list()
+    title, union_title, ip_title, faceid_title = webui.controlnet_model_list()
     assert title.startswith("cn-a") and union_title.startswith("union [") and ip_title.startswith("ip-adapter_sdxl [")
+    assert faceid_title.startswith("ip-adapter-faceid_sdxl [")
     assert webui.controlnet_module_list()[:2] == ["none", "canny"]
     found = webui.controlnet_detect([control_picture()], module="canny", processor_res=96, threshold_a=100,
                                     threshold_b=200)
@@ -139,6 +143,33 @@ def test_gradio_clients_ip_adapter_inputs_make_the_jobs_apis_images_and_say_so_i
     with pytest.raises(AppError, match="ip_adapter_weight: "):
         client.predict(**ask, ip_adapter_image=b64(reference), ip_adapter_model="ip-adapter_sdxl",
                        ip_adapter_weight=2.5, api_name="/generate")
+
+
+def test_gradio_clients_faceid_embedding_makes_the_jobs_apis_images(app):
+    """/generate's ``ip_adapter_embeds`` (a face embedding for the FaceID adapter, as a list or JSON text) makes the
+    jobs API's images for the same ``embeds`` unit (one IPAdapterUnit on both fronts, the same seed), not those
+    without it; an image for the FaceID adapter is refused naming ip_adapter_image, an embedding for the image
+    adapter naming ip_adapter_embeds."""
+    from gradio_client.exceptions import AppError
+
+    face = np.random.default_rng(7).standard_normal(32)  # the tiny fixture's width (h94's file: 512)
+    face = (face / np.linalg.norm(face)).round(6).tolist()  # normed, as insightface's normed_embedding
+    ask = dict(prompt="a red circle", seed=5, num_inference_steps=4, guidance_scale=5.0, width=64, height=64,
+               sampler="Euler")
+    unit = {"embeds": face, "model": "ip-adapter-faceid_sdxl", "weight": 0.8, "guidance_end": 0.75}
+    jobs = job_images(app, {**ask, "images": 1, "ip_adapter_units": [unit]})
+    plain = job_images(app, {**ask, "images": 1})
+    assert not np.array_equal(jobs[0], plain[0]), "the unit changed nothing"
+    client = app.client()
+    for sent in (face, json.dumps(face)):
+        gallery, info = client.predict(**ask, ip_adapter_model="ip-adapter-faceid_sdxl", ip_adapter_weight=0.8,
+                                       ip_adapter_end=0.75, ip_adapter_embeds=sent, api_name="/generate")
+        np.testing.assert_array_equal(pixels(Image.open(gallery[0]["image"])), jobs[0])  # the batch's first: seed 5
+    with pytest.raises(AppError, match="ip_adapter_image: ip-adapter-faceid_sdxl is an IP-Adapter FaceID"):
+        client.predict(**ask, ip_adapter_image=b64(control_picture()), ip_adapter_model="ip-adapter-faceid_sdxl",
+                       api_name="/generate")
+    with pytest.raises(AppError, match="ip_adapter_embeds: ip-adapter_sdxl takes a reference image"):
+        client.predict(**ask, ip_adapter_model="ip-adapter_sdxl", ip_adapter_embeds=face, api_name="/generate")
 
 
 def test_a_unit_for_a_model_it_does_not_fit_is_refused_naming_the_model(app):
@@ -241,10 +272,11 @@ def test_the_pages_controlnet_section_makes_the_units_images(app):
         # The page never asks for an upload (the server never serves one back): no refused GET.
         refused = [line for line in app.log if "not a file of this app" in line]
         assert offline.blocked == [] and refused == [], refused
-    call = next(json.loads(body) for body in sent if body and len(json.loads(body).get("data") or []) == 24)
+    call = next(json.loads(body) for body in sent if body and len(json.loads(body).get("data") or []) == 25)
     data = call["data"]
     assert data[18:23] == ["", "ip-adapter_sdxl", 1, 0, 1]  # the IP-Adapter section's: no reference image, no unit
     assert data[23] is None  # the Control type, hidden for a plain ControlNet: none sent
+    assert data[24] is None  # ip_adapter_embeds (FaceID's, API clients only): none from the page
     np.testing.assert_array_equal(pixels(Image.open(io.BytesIO(base64.b64decode(data[10])))),
                                   pixels(control_picture()))
     assert data[11] == "cn-a" and data[15] == "none" and data[16] == "tiny-pt" and data[2] == 5
@@ -296,7 +328,7 @@ def test_the_lists_name_the_union_under_every_type_it_has(app):
 
     webui = webuiapi.WebUIApi(host="127.0.0.1", port=app.port)
     titles = webui.controlnet_model_list()
-    assert [t.split(" [")[0] for t in titles] == ["cn-a", "union", "ip-adapter_sdxl"]
+    assert [t.split(" [")[0] for t in titles] == ["cn-a", "union", "ip-adapter_sdxl", "ip-adapter-faceid_sdxl"]
     union = titles[1]
     assert union.startswith("union [")
     assert webui.controlnet_module_list()[:2] == ["none", "canny"]
@@ -304,7 +336,7 @@ def test_the_lists_name_the_union_under_every_type_it_has(app):
     assert list(types) == ["All", "Canny", "Depth", "Inpaint", "Lineart", "MLSD", "NormalMap", "OpenPose",
                            "Scribble", "Segmentation", "SoftEdge", "Tile", "IP-Adapter"]
     assert types["All"]["model_list"] == ["None", *titles]
-    assert types["IP-Adapter"]["model_list"] == ["None", titles[2]]
+    assert types["IP-Adapter"]["model_list"] == ["None", *titles[2:]]
     for tag, entry in types.items():
         if tag not in ("All", "IP-Adapter"):
             assert entry["model_list"] == ["None", union] and entry["default_model"] == union, tag
@@ -453,7 +485,7 @@ def test_the_pages_control_type_shows_for_the_union_and_reaches_it(app):
         assert offline.blocked == []
     calls = [json.loads(body)["data"] for body in sent if body and len(json.loads(body).get("data") or []) == 24]
     data = calls[-1]
-    assert data[11] == "union" and data[-1] == "Depth" and data[2] == 5, data[:3] + data[11:]
+    assert data[11] == "union" and data[23] == "Depth" and data[2] == 5, data[:3] + data[11:]
     client = app.client()
     steered, _ = client.predict(*data[:10], b64(edge_picture()), *data[11:], api_name="/generate")
     for i, image in enumerate(shown):

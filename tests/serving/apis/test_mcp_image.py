@@ -6,6 +6,7 @@ import base64
 import io
 
 import gradio as gr
+import numpy as np
 import pytest
 from PIL import Image
 
@@ -96,3 +97,44 @@ def test_tool_inputs_refuse_a_size_the_model_cannot_make_before_decoding():
     assert refused.value.message.startswith("width: 72 is not a multiple of 16 pixels")
     fields, _, w, h = tool_inputs(picture(), "", -1, 48, 32, (48, 32), limits=limits)
     assert (w, h) == (48, 32) and fields["image"].shape == (32, 48, 3)
+
+
+def test_gradio_clients_faceid_embedding_reaches_the_engine_and_its_refusals_name_ip_adapter_embeds(tool):
+    """gradio_client's /image_to_image and /generate take ``ip_adapter_embeds`` (FaceID's face embedding, their last
+    input) into the engine's one IPAdapterUnit, as a list or JSON text; with no adapter loaded the refusal names it,
+    and an embedding sent beside a reference image is refused naming both inputs. Left out (the default), no unit."""
+    import dataclasses
+    import json
+
+    fake, requests, image_to_image = tool
+    generate_function = handler.api_function(requests, CONFIG, history.Pending())
+    face = [0.02 * (i % 11) - 0.1 for i in range(512)]
+    ask = dict(ip_adapter_model="faceid", ip_adapter_weight=0.5)
+
+    def image_call(**kwargs):
+        return asyncio.run(image_to_image("a green square", picture(), num_inference_steps=2, width=48, height=32,
+                                          **ask, **kwargs, request=caller("10.0.0.7")))
+
+    def generate_call(**kwargs):
+        return asyncio.run(collect(generate(generate_function, address="10.0.0.8", **ask, **kwargs), []))
+
+    fake.go(1000)  # a call not refused runs at once (and is counted below), rather than waiting for its steps
+    for call in (image_call, generate_call):
+        with pytest.raises(gr.Error) as refused:
+            call(ip_adapter_embeds=face)
+        assert refused.value.message.startswith("ip_adapter_embeds: no IP-Adapter is loaded"), refused.value.message
+        with pytest.raises(gr.Error) as refused:
+            call(ip_adapter_embeds=face, ip_adapter_image=picture())
+        assert refused.value.message.startswith("ip_adapter_embeds: send either ip_adapter_image")
+    assert fake.calls == []
+    fake.limits = dataclasses.replace(fake.limits, ip_adapters=(("faceid", "1"),), ip_adapter_embeds=(("faceid", 512),))
+    image_call(ip_adapter_embeds=face)
+    generate_call(ip_adapter_embeds=json.dumps([face, face]))
+    generate_call()
+    first, second, plain = fake.calls
+    assert [len(unit.embeds) for unit in first.ip_adapter_units + second.ip_adapter_units] == [1, 2]
+    assert first.image is not None and second.image is None and plain.ip_adapter_units == ()
+    (unit,) = first.ip_adapter_units
+    assert (unit.model, unit.weight, unit.image) == ("faceid", 0.5, None)
+    np.testing.assert_allclose(unit.embeds[0], face, rtol=1e-6)
+    np.testing.assert_allclose(second.ip_adapter_units[0].embeds[1], face, rtol=1e-6)

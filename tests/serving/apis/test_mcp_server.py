@@ -98,15 +98,20 @@ def test_the_tools_are_the_endpoints_inputs_in_order_described_with_the_pages_de
     assert list(generate["properties"]) == ["prompt", "negative_prompt", "seed", "guidance_scale",
                                             "num_inference_steps", "width", "height", "style", "sampler",
                                             "refiner_switch_at", *tools.CONTROL_NAMES[:-1], "model",
-                                            "schedule_type", *tools.IP_NAMES, "control_type"]
+                                            "schedule_type", *tools.IP_NAMES, "control_type",
+                                            "ip_adapter_embeds"]
     assert tools.IP_NAMES == ("ip_adapter_image", "ip_adapter_model", "ip_adapter_weight", "ip_adapter_start",
                               "ip_adapter_end")
+    assert tools.IP_UNIT_NAMES == (*tools.IP_NAMES, "ip_adapter_embeds")  # FaceID's, added later: last
     assert "--ip-adapter" in generate["properties"]["ip_adapter_image"]["description"]
     assert tools.CONTROL_NAMES == ("control_image", "control_model", "control_weight", "control_start",
                                    "control_end", "control_module", "control_type")  # the type added later: last
-    assert list(image["properties"])[-14:] == [*tools.CONTROL_NAMES[:-1], "model", "schedule_type", *tools.IP_NAMES,
-                                               "control_type"]
+    assert list(image["properties"])[-15:] == [*tools.CONTROL_NAMES[:-1], "model", "schedule_type", *tools.IP_NAMES,
+                                               "control_type", "ip_adapter_embeds"]
     for schema in (generate, image):
+        embeds = schema["properties"]["ip_adapter_embeds"]
+        assert embeds["type"] == ["array", "string"] and embeds["default"] == ""
+        assert "insightface's normed_embedding" in embeds["description"]
         assert "Hard Edge" in schema["properties"]["control_type"]["description"]
         assert schema["properties"]["control_type"]["default"] == ""
     assert "canny" in generate["properties"]["control_module"]["description"]
@@ -374,6 +379,99 @@ def test_a_generate_call_with_a_reference_image_asks_for_one_ip_adapter_unit_and
     assert service.jobs(None) == [] and engine.calls == []
 
 
+def test_ip_fields_take_a_faceid_embedding_in_place_of_the_image_and_refusals_name_ip_adapter_embeds():
+    """tools.ip_fields with ``ip_adapter_embeds`` (an IP-Adapter FaceID's face embedding: a list of numbers, a list
+    of such lists, or either as JSON text) makes one IPAdapterUnit of the embedding as sent (the engine checks the
+    numbers, as the jobs API's), no image, under field names that make the engine's refusals name
+    ``ip_adapter_embeds``; none for an empty value. Both an image and an embedding, an embedding without a model and
+    text that is not JSON are refused naming the input."""
+    from sdxl_engine.serving.apis.errors import ApiError
+
+    face = [round((i % 7) / 7 - 0.4, 3) for i in range(512)]
+    for sent, want in ((face, face), (json.dumps(face), face), (json.dumps([face, face[::-1]]), [face, face[::-1]])):
+        fields = tools.ip_fields(ip_adapter_model="faceid [0a1b]", ip_adapter_weight=0.7, ip_adapter_start=0.1,
+                                 ip_adapter_end=0.8, ip_adapter_embeds=sent)
+        (unit,) = fields["ip_adapter_units"]
+        assert unit.image is None and unit.embeds == want
+        assert (unit.model, unit.weight, unit.guidance_start, unit.guidance_end) == ("faceid [0a1b]", 0.7, 0.1, 0.8)
+        names = fields["field_names"]
+        assert (names["ip_adapter_units"], names["ip_adapter_units[0].embeds"],
+                names["ip_adapter_units[0].embeds[1]"], names["ip_adapter_units[0].image"],
+                names["ip_adapter_units[0].weight"]) == ("ip_adapter_embeds", "ip_adapter_embeds",
+                                                         "ip_adapter_embeds[1]", "ip_adapter_image",
+                                                         "ip_adapter_weight")
+    for empty in ("", None, "  "):
+        assert tools.ip_fields(ip_adapter_model="faceid", ip_adapter_embeds=empty) == {}
+    reference = base64.b64encode(png_of(np.zeros((8, 8, 3), np.uint8))).decode()
+    assert tools.ip_fields(reference, "ip-adapter_sdxl")["field_names"]["ip_adapter_units"] == "ip_adapter_image"
+    for kwargs, param, message in (
+            (dict(ip_adapter_image=reference, ip_adapter_model="faceid", ip_adapter_embeds=face), "ip_adapter_embeds",
+             "ip_adapter_embeds: send either ip_adapter_image (a reference image) or ip_adapter_embeds"),
+            (dict(ip_adapter_embeds=face), "ip_adapter_model",
+             "ip_adapter_model: name the IP-Adapter for the face embedding"),
+            (dict(ip_adapter_model="faceid", ip_adapter_embeds="[0.1, 0.2"), "ip_adapter_embeds",
+             "ip_adapter_embeds: not JSON"),
+            (dict(ip_adapter_model="faceid", ip_adapter_embeds="[" * 100_000), "ip_adapter_embeds",
+             "ip_adapter_embeds: not JSON")):
+        with pytest.raises(ApiError) as err:
+            tools.ip_fields(**kwargs)
+        assert err.value.status == 400 and err.value.param == param and err.value.message.startswith(message)
+
+
+def png_of(pixels: np.ndarray) -> bytes:
+    from sdxl_engine.service.images import png_bytes
+
+    return png_bytes(pixels)
+
+
+def test_the_tools_faceid_embedding_reaches_the_unit_and_the_engines_refusals_name_ip_adapter_embeds(engine):
+    """Both tools take ``ip_adapter_embeds`` (an array or JSON text; the schema refuses another type naming it) into
+    the one IPAdapterUnit; the engine's checks at the service's door name the tool's input: an embedding of another
+    width, a bad one among several (``ip_adapter_embeds[1]``), numbers sent as strings, an embedding for an image
+    adapter, none loaded; a reference image for the FaceID adapter names ``ip_adapter_image`` as before."""
+    import dataclasses
+
+    from sdxl_engine.engine.errors import InvalidRequest
+    from sdxl_engine.serving.handler import message_of
+
+    service = Service(engine, slots=1, limit=2)
+    mcp = McpServer(service, CONFIG, lambda request: "me")
+    face = [0.01 * (i % 13) for i in range(512)]
+    ask = {"prompt": "x", "ip_adapter_model": "faceid", "ip_adapter_weight": 0.6, "ip_adapter_embeds": face}
+    picture = base64.b64encode(png_of(np.full((24, 40, 3), 90, np.uint8))).decode()
+    for name, extra in (("generate", {}), ("image_to_image", {"image": picture})):
+        for sent in (face, json.dumps(face)):
+            asked = asyncio.run(mcp.request_for(name, {**ask, **extra, "ip_adapter_embeds": sent}, "me"))
+            (unit,) = asked.engine.ip_adapter_units
+            assert unit.image is None and unit.embeds == face and (unit.model, unit.weight) == ("faceid", 0.6)
+            assert asked.field("ip_adapter_units[0].embeds") == "ip_adapter_embeds"
+        with pytest.raises(ToolRefusal, match="^ip_adapter_embeds: send either ip_adapter_image"):
+            asyncio.run(mcp.request_for(name, {**ask, **extra, "ip_adapter_image": picture}, "me"))
+        with pytest.raises(ToolRefusal, match="^ip_adapter_embeds: 5 is not of type 'array', 'string'"):
+            asyncio.run(mcp.request_for(name, {**ask, **extra, "ip_adapter_embeds": 5}, "me"))
+    loaded = dataclasses.replace(engine.limits, ip_adapters=(("ip-adapter_sdxl", "1"), ("faceid", "2")),
+                                 ip_adapter_embeds=(("faceid", 512),))
+    refusals = []
+    for limits, change in ((engine.limits, {}), (loaded, {"ip_adapter_embeds": face[:3]}),
+                           (loaded, {"ip_adapter_embeds": [face, face[:5]]}),
+                           (loaded, {"ip_adapter_embeds": [str(v) for v in face]}),
+                           (loaded, {"ip_adapter_model": "ip-adapter_sdxl"}),
+                           (loaded, {"ip_adapter_embeds": "", "ip_adapter_image": picture})):
+        engine.limits = limits
+        asked = asyncio.run(mcp.request_for("generate", {**ask, **change}, "me"))
+        with pytest.raises(InvalidRequest) as err:
+            service.submit(asked, owner="me", front="mcp", client="me")
+        refusals.append(message_of(err.value, asked))
+    assert [text.split(":")[0] for text in refusals] == ["ip_adapter_embeds", "ip_adapter_embeds",
+                                                         "ip_adapter_embeds[1]", "ip_adapter_embeds",
+                                                         "ip_adapter_embeds", "ip_adapter_image"], refusals
+    assert "no IP-Adapter is loaded" in refusals[0] and "has 3 values" in refusals[1]
+    assert "has 5 values" in refusals[2] and "got str '0.0' among them" in refusals[3]
+    assert "takes a reference image, not face embeddings" in refusals[4]
+    assert "faceid is an IP-Adapter FaceID" in refusals[5]
+    assert service.jobs(None) == [] and engine.calls == []
+
+
 def test_the_generate_tools_schedule_type_reaches_the_engine_and_an_unknown_one_is_refused_naming_it(served, engine):
     """Issue #62: ``schedule_type`` is an input of the generate tool (an enum of the engine's names, described with
     A1111's labels); its value reaches the engine's request as sent, left out it is automatic; a name outside the
@@ -411,7 +509,8 @@ def test_the_image_tools_schedule_type_reaches_the_engine_and_an_unknown_one_is_
     generate, image = (tool.inputSchema["properties"] for tool in mcp.tools)
     assert image["schedule_type"]["enum"] == generate["schedule_type"]["enum"] == list(SCHEDULE_TYPES)
     assert image["schedule_type"]["default"] == "automatic" and "automatic" in image["schedule_type"]["description"]
-    assert tools.optional_inputs()["image_to_image"] == ("schedule_type", *tools.IP_NAMES, "control_type")
+    assert tools.optional_inputs()["image_to_image"] == ("schedule_type", *tools.IP_NAMES, "control_type",
+                                                         "ip_adapter_embeds")
     picture = base64.b64encode(png_bytes(np.full((24, 40, 3), 200, np.uint8))).decode()
     for extra, want in (({"schedule_type": "karras"}, "karras"), ({}, "automatic")):
         asked = asyncio.run(mcp.request_for("image_to_image", {"prompt": "x", "image": picture, "sampler": "UniPC",
