@@ -483,7 +483,7 @@ def test_the_pages_control_type_shows_for_the_union_and_reaches_it(app):
         page.locator("[role=option]", has_text="cn-a").first.click()
         page.wait_for_selector("#control-type", state="hidden")
         assert offline.blocked == []
-    calls = [json.loads(body)["data"] for body in sent if body and len(json.loads(body).get("data") or []) == 24]
+    calls = [json.loads(body)["data"] for body in sent if body and len(json.loads(body).get("data") or []) == 25]
     data = calls[-1]
     assert data[11] == "union" and data[23] == "Depth" and data[2] == 5, data[:3] + data[11:]
     client = app.client()
