@@ -28,6 +28,7 @@ from sdxl_engine.program.schedulers import (
     sampler_config,
 )
 from tests.helpers import FIXTURES
+from tests.program.test_schedulers_eta import k_dpmpp_sde_multistep
 
 REF_DIR = FIXTURES / "tiny-pt-reference"
 REF = json.loads((REF_DIR / "reference.json").read_text())
@@ -189,33 +190,6 @@ def test_restarting_the_history_is_starting_there():
     assert euler.restarting_at(7) is euler and euler.starting_at(7) is euler
 
 
-def k_diffusion_3m_sde(sigmas, x, denoised, noise) -> list[np.ndarray]:
-    """k-diffusion's DPM-Solver++(3M) SDE (``sample_dpmpp_3m_sde``, eta 1, s_noise 1), written from its update in
-    numpy on given model outputs and noise: each step's sample. With t = -log sigma and h the step, the sample decays
-    by exp(-2h) toward x0, plus phi_2 D1 (second order) or phi_2 D1 - phi_3 D2 (third), phi_2 = expm1(-2h)/2h + 1,
-    phi_3 = phi_2/2h - 1/2, then noise of s' sqrt(-expm1(-2h)); a step to sigma 0 is x0 itself."""
-    out, hist, hs = [], [], []
-    for i, x0 in enumerate(denoised):
-        if sigmas[i + 1] == 0:
-            x = x0
-        else:
-            h = math.log(sigmas[i]) - math.log(sigmas[i + 1])
-            phi_2 = math.expm1(-2 * h) / (2 * h) + 1
-            x = math.exp(-2 * h) * x - math.expm1(-2 * h) * x0
-            if len(hist) >= 2:
-                r0, r1 = hs[-1] / h, hs[-2] / h
-                d1_0, d1_1 = (x0 - hist[-1]) / r0, (hist[-1] - hist[-2]) / r1
-                d1, d2 = d1_0 + (d1_0 - d1_1) * r0 / (r0 + r1), (d1_0 - d1_1) / (r0 + r1)
-                x = x + phi_2 * d1 - (phi_2 / (2 * h) - 0.5) * d2
-            elif hist:
-                x = x + phi_2 * (x0 - hist[-1]) / (hs[-1] / h)
-            x = x + noise[i] * sigmas[i + 1] * math.sqrt(-math.expm1(-2 * h))
-        out.append(x)
-        hist.append(x0)
-        hs.append(math.log(sigmas[i]) - math.log(sigmas[i + 1]) if sigmas[i + 1] else math.inf)
-    return out
-
-
 def test_dpm_3m_sde_with_heun_and_15_steps_or_more_is_k_diffusions():
     """A1111's DPM++ 3M SDE is k-diffusion's sample_dpmpp_3m_sde. The engine's (diffusers' class, its third-order
     D2 as k-diffusion's) is it step for step where diffusers' step orders agree with k-diffusion's: solver_type heun
@@ -234,7 +208,8 @@ def test_dpm_3m_sde_with_heun_and_15_steps_or_more_is_k_diffusions():
                                           schedule.c[k], schedule.d[k], x0_prev2=x0_prev2, c2=schedule.c2[k]))
             ours.append(x)
             x0_prev, x0_prev2 = denoised[k], x0_prev
-        theirs = k_diffusion_3m_sde(sigmas, start, denoised, noise)
+        # k-diffusion's sample_dpmpp_3m_sde at its default eta 1 (s_noise 1), written from its update in numpy
+        theirs = k_dpmpp_sde_multistep(sigmas, start, denoised, noise, eta=1.0, third=True)
         worst = max(np.abs(a - b).max() / (1 + np.abs(b).max()) for a, b in zip(ours, theirs))
         assert (worst < 1e-5) == same, (solver_type, steps, worst)
 
