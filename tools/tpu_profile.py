@@ -38,6 +38,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from tools.xla_profile import leaf_events
+
 PROMPT = "a photograph of an astronaut riding a horse"  # the blog's
 GUIDANCE = 5.0
 
@@ -266,14 +268,6 @@ def hlo_products(hlo_text: str) -> dict[str, tuple[float, str]]:
     return out
 
 
-def _leaves(events) -> list[tuple[int, int, str]]:
-    """(start_ns, end_ns, name) of the events that hold no other event (a while loop's event holds its body's)."""
-    events = sorted(((e.start_ns, e.end_ns, e.name) for e in events
-                     if not e.name.startswith(("end: ", "ThreadpoolListener", "ThunkExecutor"))),
-                    key=lambda e: (e[0], -e[1]))
-    return [e for i, e in enumerate(events) if not (i + 1 < len(events) and events[i + 1][0] < e[1])]
-
-
 def trace_tables(trace_dir: Path, requests: int = 1, products: dict | None = None) -> dict:
     """Read the newest ``*.xplane.pb`` under ``trace_dir`` and sum the device's leaf ops' time per op, per class
     (:func:`op_class`) and per stage (the "XLA Modules" line: prepare, advance, finish).
@@ -302,7 +296,7 @@ def trace_tables(trace_dir: Path, requests: int = 1, products: dict | None = Non
             for e in line.events:
                 stages[re.sub(r"\(\d+\)$", "", e.name)] += e.end_ns - e.start_ns
         elif line.name == "XLA Ops" or (not device and ("XLAEigen" in line.name or "XLAExecute" in line.name)):
-            for start, end, name in _leaves(line.events):
+            for start, end, name in leaf_events(line.events):
                 row = ops.setdefault(name, [0, 0])
                 row[0] += end - start
                 row[1] += 1

@@ -37,6 +37,15 @@ def library_kernels(hlo_text: str) -> dict[str, str]:
     return out
 
 
+def leaf_events(events) -> list[tuple[int, int, str]]:
+    """(start_ns, end_ns, name) of a trace line's events that hold no other event (a while loop's or a conditional's
+    event holds its body's kernels: only leaves count), the runtime's markers left out."""
+    events = sorted(((e.start_ns, e.end_ns, e.name) for e in events
+                     if not e.name.startswith(("end: ", "ThreadpoolListener", "ThunkExecutor"))),
+                    key=lambda e: (e[0], -e[1]))
+    return [e for i, e in enumerate(events) if not (i + 1 < len(events) and events[i + 1][0] < e[1])]
+
+
 def kernel_times(xplane: Path, hlo_text: str, requests: int) -> dict[str, dict]:
     """{kernel key: {"ms": thread milliseconds per request, "calls": per request}} of one side's profile."""
     from jax.profiler import ProfileData
@@ -47,12 +56,7 @@ def kernel_times(xplane: Path, hlo_text: str, requests: int) -> dict[str, dict]:
         for line in plane.lines:
             if "XLAEigen" not in line.name and "XLAExecute" not in line.name:  # the runtime's threads
                 continue
-            events = sorted(((e.start_ns, e.end_ns, e.name) for e in line.events  # markers, not kernels
-                             if not e.name.startswith(("end: ", "ThreadpoolListener", "ThunkExecutor"))),
-                            key=lambda e: (e[0], -e[1]))
-            for i, (start, end, name) in enumerate(events):
-                if i + 1 < len(events) and events[i + 1][0] < end:
-                    continue  # it holds other events (a loop, a conditional): only leaves count
+            for start, end, name in leaf_events(line.events):
                 key = names.get(name) or re.sub(r"\.\d+$", "", name)
                 ns[key] += end - start
                 calls[key] += 1
