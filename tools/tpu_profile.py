@@ -431,10 +431,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.ff:
         report["ff"] = ff_rates(rows=2 * args.images, scale=args.scale)
         written.write_text(json.dumps(report, indent=1))
+    from sdxl_engine.models import unet
+
     if args.geglu:
-        from sdxl_engine.models import unet
-        unet.GEGLU_MODE = args.geglu
-    report["geglu_mode"] = __import__("sdxl_engine.models.unet", fromlist=["GEGLU_MODE"]).GEGLU_MODE
+        unet.GEGLU_MODE = args.geglu  # read while the engine's programs trace
+    report["geglu_mode"] = unet.GEGLU_MODE
     if not args.no_engine:
         report["engine"] = profile_engine(args, args.out)
         written.write_text(json.dumps(report, indent=1))
