@@ -182,9 +182,10 @@ def build_demo(requests: Service, config: EngineConfig, engine: EngineContract |
         pending = history.Pending()  # each generation's history record, until this browser's history takes it
         finished = history.Pending(max_per_session=1)  # each session's last finished gallery, until it is kept
 
-        generate_images = handler.api_function(requests, config, pending, finished, demo)
-        generate_from_image = handler.image_function(requests, config, pending, finished, demo)
-        upscale_image = handler.upscale_function(requests, config, pending, finished, demo)
+        following = handler.PageJobs(requests)  # each session's running jobs, for Stop (page_requests.wire_outcomes)
+        generate_images = handler.api_function(requests, config, pending, finished, demo, following)
+        generate_from_image = handler.image_function(requests, config, pending, finished, demo, following)
+        upscale_image = handler.upscale_function(requests, config, pending, finished, demo, following)
 
         # A request's start and end on the page: the gallery in view, Stop, the status line (page_requests.py).
         wire_starts([run.click, prompt.submit, image.run.click, send_upscale.click], status, heard)
@@ -204,7 +205,7 @@ def build_demo(requests: Service, config: EngineConfig, engine: EngineContract |
         events = (event, *image_events(config, image, widgets, generate_from_image, upscale_image, send_upscale,
                                        last_result, selected_index, gallery, info))
         # The status line; Stop cancels this browser's request and shows the last finished result again.
-        wire_outcomes(events, stop, gallery, info, status, heard, last_result)
+        wire_outcomes(events, stop, gallery, info, status, heard, last_result, following.stop_left)
         # The MCP image tool (an API endpoint without widgets): the picture as base64 text (apis/mcp_image.py).
         gr.api(image_tool(requests, config, engine), api_name=IMAGE_TOOL, concurrency_limit=None)
 

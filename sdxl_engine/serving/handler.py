@@ -17,6 +17,7 @@ import inspect
 import logging
 import os
 import tempfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -71,7 +72,7 @@ def page_defaults(config: EngineConfig) -> EngineConfig:
 
 
 def api_function(requests: Service, config: EngineConfig, pending: history.Pending,
-                 finished: history.Pending | None = None, demo=None) -> Callable:
+                 finished: history.Pending | None = None, demo=None, following: PageJobs | None = None) -> Callable:
     """The function the page's Generate event runs, which is also the ``/generate`` API endpoint.
 
     Its parameter names are the API's keyword inputs, its defaults the page's (``config``: the
@@ -100,7 +101,7 @@ def api_function(requests: Service, config: EngineConfig, pending: history.Pendi
             LOG.info(f"[app] request refused: {err.message}")
             raise gr.Error(err.message, print_exception=False) from None
         async for out in follow(requests, _page_request(fields, request), request, progress, pending, finished,
-                                client_gone(demo)):
+                                client_gone(demo), following=following):
             yield out
 
     generate.__doc__ = generate_doc()  # the MCP tool's description too (apis/tools.py)
@@ -162,7 +163,7 @@ def _page_request(values: dict, gr_request, fields: dict | None = None, paste_ba
 
 async def follow(requests: Service, asked: Request, gr_request, progress=None,
                  pending: history.Pending | None = None, finished: history.Pending | None = None,
-                 gone: Callable[[], bool] | None = None, front: str = "page"):
+                 gone: Callable[[], bool] | None = None, front: str = "page", following: PageJobs | None = None):
     """What the page's events run (/generate, image to image, the gallery's Upscale, the MCP image tool):
     ``asked`` submitted to ``requests`` as the caller's job (its owner: the caller's address,
     admission.client_address; its arrival: guard.arrival_time; ``front``: "mcp" for the MCP image tool), followed
@@ -174,8 +175,9 @@ async def follow(requests: Service, asked: Request, gr_request, progress=None,
     A Stop (the page's, gradio_client's ``job.cancel()``) is Gradio cancelling this task (or closing this
     generator) at an await: the job is stopped (Service.stop: a queued one leaves the line and never runs, a
     running one stops after its running step). So is a job whose client has left (``gone()``, asked at each event
-    and every :data:`EVENT_WAIT_S`: :func:`client_gone`). The service's typed errors become gr.Error
-    (:func:`page_error`)."""
+    and every :data:`EVENT_WAIT_S`: :func:`client_gone`). The job is in ``following`` (if given) under the
+    caller's session while this runs, for the page's Stop to reach it should Gradio's cancel not
+    (:meth:`PageJobs.stop_left`). The service's typed errors become gr.Error (:func:`page_error`)."""
     try:
         job = requests.submit(asked, owner=admission.client_address(gr_request), front=front,
                               arrived=guard.arrival_time(gr_request))
@@ -183,6 +185,9 @@ async def follow(requests: Service, asked: Request, gr_request, progress=None,
         raise refuse(err, asked) from err
     except Refused as err:  # the service logged it
         raise gr.Error(shown(err.message), print_exception=False) from err
+    session = getattr(gr_request, "session_hash", None)
+    if following is not None:
+        following.add(session, job)
     try:
         shown_now, folder, seen = [], [], 0
         while not job.done:
@@ -203,12 +208,53 @@ async def follow(requests: Service, asked: Request, gr_request, progress=None,
     finally:
         if not job.done:  # cancelled (the task, or the generator closed): the job stops too
             requests.stop(job)
-    session = getattr(gr_request, "session_hash", None)
+        if following is not None:
+            following.discard(session, job)
     if pending is not None:
         pending.put(session, record)
     if finished is not None:
         finished.put(session, {"gallery": gallery, "info": info})
     yield gallery, info
+
+
+class PageJobs:
+    """The jobs the page's request events follow (:func:`follow`), by the caller's Gradio session: what the page's
+    Stop stops should Gradio's cancel of the event not reach :func:`follow` (Gradio closes a generator it cancelled
+    between two of its steps only through its own bookkeeping; a generator it lost would leave its job running on
+    the devices until the last step). Thread-safe; a job leaves when :func:`follow` ends or when it is done."""
+
+    def __init__(self, requests: Service):
+        self.requests = requests
+        self._jobs: dict[str, set[Job]] = {}
+        self._lock = threading.Lock()
+
+    def add(self, session: str | None, job: Job) -> None:
+        with self._lock:
+            for jobs in self._jobs.values():  # the finished ones of every session go (their follow() may be lost)
+                jobs.difference_update([held for held in jobs if held.done])
+            self._jobs = {held: jobs for held, jobs in self._jobs.items() if jobs}
+            self._jobs.setdefault(session or "", set()).add(job)
+
+    def discard(self, session: str | None, job: Job) -> None:
+        with self._lock:
+            self._jobs.get(session or "", set()).discard(job)
+
+    def running(self, session: str | None) -> list[Job]:
+        """The jobs of ``session`` not done yet."""
+        with self._lock:
+            return [job for job in self._jobs.get(session or "", ()) if not job.done]
+
+    def stop_left(self, heard: str, request: gr.Request) -> str:
+        """The page's Stop, once its cancel is through (the failed event's follow-up; ``heard``: where the Stop
+        found the request, STOP_STEP_JS, "" when the event failed without a Stop): every job of the caller's
+        session still running and not stopped is stopped (Service.stop: after its running step), with one log line
+        each; one already stopping is left as it is. Returns ``heard`` unchanged."""
+        if heard:
+            for job in self.running(getattr(request, "session_hash", None)):
+                if not job.cancelled.is_set():
+                    LOG.info(f"[app] a page request still ran after its Stop: stopping it ({job.status})")
+                    self.requests.stop(job)
+        return heard
 
 
 def client_gone(demo) -> Callable[[], bool] | None:
@@ -288,7 +334,7 @@ def page_error(err: BaseException, asked: Request | None = None) -> gr.Error:
 
 
 def image_function(requests: Service, config: EngineConfig, pending: history.Pending,
-                   finished: history.Pending | None, demo) -> Callable:
+                   finished: history.Pending | None, demo, following: PageJobs | None = None) -> Callable:
     """The function of the page's "Generate from image" event (api_name ``img2img``, private: the page's own).
 
     Its inputs (apis/tools.image_event_inputs: /generate's, in the page's widgets, but the ControlNet unit's, with
@@ -330,7 +376,7 @@ def image_function(requests: Service, config: EngineConfig, pending: history.Pen
                 raise refuse(ValueError(err.message)) from err
             job_request = _page_request(fields, request, asked.fields, asked.finish)
             async for out in follow(requests, job_request, request, progress, pending, finished,
-                                    client_gone(demo)):
+                                    client_gone(demo), following=following):
                 yield out
         finally:
             discard_uploads(demo, image_input.editor_paths(image), since)
@@ -339,7 +385,7 @@ def image_function(requests: Service, config: EngineConfig, pending: history.Pen
 
 
 def upscale_function(requests: Service, config: EngineConfig, pending: history.Pending,
-                     finished: history.Pending | None, demo) -> Callable:
+                     finished: history.Pending | None, demo, following: PageJobs | None = None) -> Callable:
     """The function of the gallery's "Upscale (hires fix)" event (api_name ``upscale``, private: the page's own).
 
     Its inputs (apis/tools.upscale_event_inputs: /generate's, in the page's widgets, but the ControlNet unit's and
@@ -381,7 +427,7 @@ def upscale_function(requests: Service, config: EngineConfig, pending: history.P
         hires = dict(image=picture, hires_scale=hires_scale, hires_upscaler=hires_upscaler,
                      hires_strength=hires_strength)
         async for out in follow(requests, _page_request(fields, request, hires), request, progress, pending,
-                                finished, client_gone(demo)):
+                                finished, client_gone(demo), following=following):
             yield out
 
     return with_signature(upscale, signature)

@@ -6,6 +6,8 @@ scripts page_assets.py's."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import gradio as gr
 
 from sdxl_engine.serving.page import page_event, status_line, stopped_view
@@ -29,7 +31,7 @@ def wire_starts(starts: list, status: gr.Markdown, heard: gr.Textbox) -> None:
 
 
 def wire_outcomes(events: tuple, stop: gr.Button, gallery: gr.Gallery, info: gr.JSON, status: gr.Markdown,
-                  heard: gr.Textbox, last_result: gr.State) -> None:
+                  heard: gr.Textbox, last_result: gr.State, stop_left: Callable[[str, gr.Request], str]) -> None:
     """After each of ``events``: on success the ``status`` line (page.status_line of ``info``) and the gallery in
     view again; ``stop`` cancels them all. Stop cancels this browser's request: Gradio cancels the event's task,
     which stops its job in the service (handler.follow: out of the line if it waits, after the running step if it
@@ -38,13 +40,16 @@ def wire_outcomes(events: tuple, stop: gr.Button, gallery: gr.Gallery, info: gr.
     The page then says where it stopped and shows the last finished result (``last_result``) again in ``gallery``
     and ``info``, not the half-made preview (page.stopped_view). The step is read in the browser as the Stop is
     clicked (into ``heard``); the rest runs as the cancelled event's failure, which Gradio's page sends once the
-    cancel is through: previews still on their way before that would otherwise land on the restored gallery."""
+    cancel is through: previews still on their way before that would otherwise land on the restored gallery.
+    Then too ``stop_left`` (handler.PageJobs.stop_left, given ``heard``) stops this session's job should it still
+    run: the Stop reaches the engine whether or not Gradio's cancel reached the event's function."""
     for done in events:
         done.success(page_event(status_line), info, status, api_visibility="private")
     stop.click(None, None, heard, js=STOP_STEP_JS, cancels=list(events), api_visibility="private", queue=False)
     for done in events:
         done.failure(page_event(stopped_view), [last_result, heard], [gallery, info, status],
                      api_visibility="private", queue=False, show_progress="hidden")
+        done.failure(stop_left, heard, None, api_visibility="private", queue=False, show_progress="hidden")
         done.success(None, None, None, js=SCROLL_TO_GALLERY_JS, queue=False, api_visibility="private")
         # After success, error or Stop alike: Stop hides once none of this page's requests is left. One of
         # success and failure runs per request (Gradio's page runs no .then() after an error).

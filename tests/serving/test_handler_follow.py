@@ -201,6 +201,48 @@ def test_a_stop_while_the_request_runs_stops_it_within_a_step_and_the_next_one_r
     assert info["seeds"] == [3, 4] and len(gallery) == 2
 
 
+def test_a_stop_reaches_a_running_job_whose_event_gradio_lost(fake, tmp_path, monkeypatch, runtime_log):
+    """The page's Stop, once its cancel is through (PageJobs.stop_left, the failed event's follow-up): a job whose
+    follow() Gradio neither cancelled nor closed (a generator it lost between two steps) is stopped within a step,
+    with one log line; a failure without a Stop ("" heard) stops nothing, nor does another session's Stop; a job
+    leaves the session's list when its follow() ends."""
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
+    requests = Service(fake, slots=1, limit=2)
+    following = handler.PageJobs(requests)
+    function = handler.api_function(requests, CONFIG, history.Pending(), following=following)
+    try:
+        async def main():
+            stream = generate(function, steps=20)
+            started = asyncio.ensure_future(stream.__anext__())  # runs follow() up to its first yield
+            await asyncio.to_thread(wait_for, lambda: len(following.running("s1")) == 1)
+            job = following.running("s1")[0]
+            fake.go(1)
+            await asyncio.wait_for(started, 10)  # the first preview: follow() now waits at its yield, never resumed
+            assert job.status == RUNNING and following.running("s2") == []
+            assert following.stop_left("", caller(session="s1")) == ""  # an error, not a Stop
+            assert following.stop_left("1/20", caller(session="s2")) == "1/20"  # another browser's Stop
+            fake.go(1)
+            await asyncio.to_thread(wait_for, lambda: job.step == 2)
+            assert not job.cancelled.is_set() and job.status == RUNNING
+            assert following.stop_left("2/20", caller(session="s1")) == "2/20"
+            fake.go(1)
+            await asyncio.to_thread(wait_for, lambda: job.done)
+            assert job.status == CANCELLED and fake.steps_seen <= 3 and following.running("s1") == []
+            await stream.aclose()
+            fake.go(2)
+            outs = []
+            await asyncio.wait_for(collect(generate(function, prompt="next"), outs), 10)
+            return outs[-1]
+
+        gallery, info = asyncio.run(main())
+        assert len(gallery) == 2 and following._jobs == {"s1": set()}  # the finished follow() took its job out
+        assert [line for line in runtime_log if "after its Stop" in line] == [
+            "[app] a page request still ran after its Stop: stopping it (running)"]
+    finally:
+        requests.close()
+        fake.go(1000)
+
+
 def test_refusals_and_typed_errors_are_the_pages_errors(fake, page, runtime_log):
     requests, function, _ = page
 
