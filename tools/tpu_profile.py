@@ -140,7 +140,7 @@ def ff_rates(rows: int = 8, chain: int = 10, scale: int = 1) -> list[dict]:
                 return jax.lax.fori_loop(0, chain, block, x)  # noqa: B023 — x is fn's argument
             return jax.jit(fn)
 
-        modes = ("fused", "split")
+        modes = ("fused", "split", "split-erf")
         fns = {m: make(m) for m in modes}
         results = {m: jax.block_until_ready(fns[m](ff, x)) for m in modes}  # compiles
         times: dict[str, list[float]] = {m: [] for m in modes}

@@ -221,7 +221,10 @@ class Attention(nnx.Module):
         return self.to_out[0](out)
 
 
-GEGLU_MODE = "split"  # or "fused": one product, as XLA fuses it (tools.tpu_profile --ff compares the two)
+# "split" (below), "fused" (one product, as XLA fuses it) or "split-erf" ("split" with the GELU written as PyTorch's
+# 0.5·x·(1 + erf(x/√2)), one rational polynomial instead of jax.nn.gelu's two-branch erfc; not measured on a chip
+# yet): tools.tpu_profile --ff compares the three side by side.
+GEGLU_MODE = "split"
 
 
 class GEGLU(nnx.Module):
@@ -247,6 +250,10 @@ class GEGLU(nnx.Module):
         x = x.astype(w.dtype)
         value = jax.lax.dot_general(x, w[:inner], (((x.ndim - 1,), (1,)), ((), ()))) + b[:inner]
         gate = jax.lax.dot_general(x, w[inner:], (((x.ndim - 1,), (1,)), ((), ()))) + b[inner:]
+        if GEGLU_MODE == "split-erf":
+            g = gate.astype(jnp.float32)  # 1 + erf cancels to nothing in bfloat16 below about -2 (PyTorch: float32)
+            gelu = (0.5 * g * (1 + jax.lax.erf(g * 0.7071067811865476))).astype(gate.dtype)  # 0.707...: 1/√2
+            return jax.lax.optimization_barrier(value * gelu)
         return jax.lax.optimization_barrier(value * jax.nn.gelu(gate, approximate=False))
 
 

@@ -207,3 +207,25 @@ def test_tiny_shapes_images_unchanged(tiny_shapes_engine, k, monkeypatch):
     monkeypatch.setattr(tiny_shapes_engine.planner, "_schedules", {})
     before = tiny_shapes_engine.generate(request)
     assert np.abs(before.images.astype(np.int32) - expected).max() <= 2
+
+
+@pytest.mark.parametrize("mode", ["split", "fused", "split-erf"])
+def test_geglu_is_diffusers_value_times_exact_gelu_of_the_gate_in_each_mode(mode, monkeypatch):
+    """models/unet.GEGLU in each of its GEGLU_MODEs against diffusers' GEGLU written out in float64 on fixed
+    non-square inputs: proj's rows are value's then gate's, out = value · 0.5·gate·(1 + erf(gate/√2))."""
+    import math
+
+    from flax import nnx
+
+    from sdxl_engine.models import unet
+
+    monkeypatch.setattr(unet, "GEGLU_MODE", mode)
+    geglu = unet.GEGLU(6, 10, rngs=nnx.Rngs(3))
+    x = np.random.default_rng(4).standard_normal((2, 5, 6)).astype(np.float32) * 2
+    w, b = np.asarray(geglu.proj.weight[...], np.float64), np.asarray(geglu.proj.bias[...], np.float64)
+    h = x.astype(np.float64) @ w.T + b
+    value, gate = h[..., :10], h[..., 10:]
+    expected = value * 0.5 * gate * (1 + np.vectorize(math.erf)(gate / math.sqrt(2)))
+    out = np.asarray(geglu(jnp.asarray(x)))
+    assert out.shape == (2, 5, 10) and out.dtype == np.float32
+    np.testing.assert_allclose(out, expected, rtol=2e-5, atol=2e-5)

@@ -72,9 +72,12 @@ def test_products_count_their_contraction_once_per_output_and_a_window_only_when
     assert found["fused_computation.9"][0] == 2.0 * 8 * 64 * 64 * 640 * 640 * 9  # a 3 x 3 window: nine taps
 
 
-@pytest.mark.slow  # compiles the feed-forward both ways at two sizes (about 20 s on CPU)
-def test_the_feed_forwards_two_ways_compute_the_same_values():
+@pytest.mark.slow  # compiles the feed-forward three ways at two sizes (about 30 s on CPU)
+def test_the_feed_forwards_ways_compute_the_same_values():
     rows = ff_rates(rows=1, scale=64)
-    assert {(r["tokens"], r["mode"]) for r in rows} == {(64, "fused"), (64, "split"), (16, "fused"), (16, "split")}
-    # on XLA:CPU each output is the same dot product either way (tools/tpu_profile.ff_rates, models/unet.GEGLU)
-    assert all(r["max_abs_diff_vs_fused"] == 0.0 and r["tflop_s"] > 0 for r in rows)
+    assert {(r["tokens"], r["mode"]) for r in rows} == {(t, m) for t in (64, 16) for m in ("fused", "split",
+                                                                                               "split-erf")}
+    # on XLA:CPU each output is the same dot product either way (tools/tpu_profile.ff_rates, models/unet.GEGLU);
+    # erf's GELU differs from erfc's by a bfloat16 rounding, which ten chained random blocks make as large as the
+    # values (its values: tests/models/test_models.py's GEGLU test)
+    assert all(r["max_abs_diff_vs_fused"] == 0.0 and r["tflop_s"] > 0 for r in rows if r["mode"] != "split-erf")
