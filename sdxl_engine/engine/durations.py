@@ -13,7 +13,9 @@ large size's attention is bound by its temporaries' traffic, which grows faster 
 64x64: 137 x the step time, 127 x the FLOPs, 182 x the bytes accessed, 584 x the temporaries: docs/benchmarks.md,
 "Run time admission"); the largest ratio errs on the long side. A size that has run once is estimated by its own
 measured step time from then on (an exponential average over its requests, which follows a machine that got busier
-or quieter).
+or quieter). A run's step time is what its fixed part's estimate leaves, but never less than its share of the run in
+the estimate's own split: the fixed part's estimate errs long too, and a 1-step run of a size once left ~0 s a step,
+after which that size's 50 steps were accepted and held the devices 82 s against a 30 s limit (a new user's find).
 """
 
 from __future__ import annotations
@@ -67,7 +69,8 @@ class RunTimes:
         ``device_s`` device seconds."""
         if cost is None or steps < 1 or device_s <= 0:
             return
-        per_step = max(0.0, device_s - self.work(cost) * self.fixed_s) / steps
+        fixed, step = self.work(cost) * self.fixed_s, self.work(cost) * self.step_s  # the estimate's split
+        per_step = max(device_s - fixed, device_s * steps * step / (fixed + steps * step)) / steps
         with self._lock:
             old = self.measured.get((width, height, calls))
             self.measured[(width, height, calls)] = per_step if old is None else \

@@ -244,17 +244,16 @@ class PageJobs:
         with self._lock:
             return [job for job in self._jobs.get(session or "", ()) if not job.done]
 
-    def stop_left(self, heard: str, request: gr.Request) -> str:
+    def stop_left(self, heard: str, request: gr.Request) -> None:
         """The page's Stop, once its cancel is through (the failed event's follow-up; ``heard``: where the Stop
         found the request, STOP_STEP_JS, "" when the event failed without a Stop): every job of the caller's
         session still running and not stopped is stopped (Service.stop: after its running step), with one log line
-        each; one already stopping is left as it is. Returns ``heard`` unchanged."""
+        each; one already stopping is left as it is. Updates nothing on the page."""
         if heard:
             for job in self.running(getattr(request, "session_hash", None)):
                 if not job.cancelled.is_set():
                     LOG.info(f"[app] a page request still ran after its Stop: stopping it ({job.status})")
                     self.requests.stop(job)
-        return heard
 
 
 def client_gone(demo) -> Callable[[], bool] | None:

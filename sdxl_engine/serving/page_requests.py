@@ -31,7 +31,7 @@ def wire_starts(starts: list, status: gr.Markdown, heard: gr.Textbox) -> None:
 
 
 def wire_outcomes(events: tuple, stop: gr.Button, gallery: gr.Gallery, info: gr.JSON, status: gr.Markdown,
-                  heard: gr.Textbox, last_result: gr.State, stop_left: Callable[[str, gr.Request], str]) -> None:
+                  heard: gr.Textbox, last_result: gr.State, stop_left: Callable[[str, gr.Request], None]) -> None:
     """After each of ``events``: on success the ``status`` line (page.status_line of ``info``) and the gallery in
     view again; ``stop`` cancels them all. Stop cancels this browser's request: Gradio cancels the event's task,
     which stops its job in the service (handler.follow: out of the line if it waits, after the running step if it

@@ -44,6 +44,19 @@ def test_a_size_that_ran_is_estimated_by_its_own_step_time():
     assert "at most 32 steps to run" in runs.refusal([(384, 256, cost, 40, 2)]).message  # (30 - 0.8) / 0.9
 
 
+def test_a_short_run_that_took_less_than_the_fixed_estimate_still_counts_its_steps():
+    """A 1-step run shorter than the fixed part's estimate (which errs long): its step is its share of the run in the
+    estimate's split (here 0.16 of 0.96), not 0 s, so the size's 50 steps stay refused (a new user's 30 s limit once
+    held the devices 82 s after a 1-step run)."""
+    runs, cost = times(limit=3.0), ProgramCost(8e6, 4.0e9, 8.0e8)  # x8: 0.8 s fixed, 0.16 s a step
+    runs.observe(384, 256, cost, 1, device_s=0.48)
+    assert runs.measured[(384, 256, 1)] == pytest.approx(0.48 * 0.16 / 0.96)
+    assert runs.seconds(384, 256, cost, 50) == pytest.approx(0.8 + 50 * 0.08)
+    assert "at most 27 steps to run" in runs.refusal([(384, 256, cost, 50, 1)]).message  # (3 - 0.8) / 0.08
+    runs.observe(256, 384, cost, 1, device_s=1.2)  # the fixed estimate held: the rest is the step
+    assert runs.measured[(256, 384, 1)] == pytest.approx(0.4)
+
+
 def test_a_refusal_names_the_steps_that_fit_and_they_do_fit():
     runs = times(limit=3.0)
     cost = ProgramCost(2e7, 2.0e9, 5.0e8)  # x5: 0.5 s fixed, 0.1 s per step

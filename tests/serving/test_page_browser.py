@@ -686,6 +686,7 @@ def test_stop_says_where_it_stopped_and_shows_the_last_finished_result_again(bro
         stopped_at = int(re.search(r"stopped after step (\d+) of 50", line).group(1))
         assert int(match.group(1)) <= stopped_at, (status, line)
         assert "nothing saved" in line
+        assert not [line for line in previews_server.log[log_from:] if "Warning" in line or "Traceback" in line]
         assert page.inner_text("#result-status") == status
         captions = page.locator("#gallery .grid-container .gallery-item .caption-label").all_inner_texts()
         assert [c.strip() for c in captions] == finished

@@ -67,7 +67,7 @@ from sdxl_engine.program.schedulers import (
 from sdxl_engine.service import models
 from sdxl_engine.service.image_prep import FILL_MODES, PasteBack, img2img_start_step, prepare, same_aspect
 from sdxl_engine.service.images import EXIF_IFD, USER_COMMENT, png_bytes
-from sdxl_engine.service.jobs import Job
+from sdxl_engine.service.jobs import QUEUED, RUNNING, Job
 from sdxl_engine.service.request import Request as ServiceRequest
 from sdxl_engine.service.service import Service
 from sdxl_engine.service.styles import NO_STYLE, STYLES
@@ -640,9 +640,18 @@ def denoising_strength(body: Txt2Img, info: dict) -> float | None:
 
 
 def latest(requests: Service, owner: str) -> Job | None:
-    """``owner``'s newest A1111 job still queued or running, else its newest finished one, else None."""
-    jobs = requests.jobs(owner, front="a1111")
-    return next((job for job in jobs if not job.done), jobs[0] if jobs else None)
+    """The A1111 job of ``owner`` that ``GET progress`` describes: its running one (A1111's progress is the running
+    job's), else the first of its queued ones in line, else its newest finished one, else None."""
+    jobs = requests.jobs(owner, front="a1111")  # newest first
+    waiting = [job for job in jobs if job.status == RUNNING] or [job for job in jobs if job.status == QUEUED]
+    return waiting[-1] if waiting else (jobs[0] if jobs else None)
+
+
+def running(requests: Service, owner: str) -> list[Job]:
+    """``owner``'s A1111 jobs running now: what ``POST interrupt`` and ``skip`` reach. A1111's interrupt and skip
+    end the running job (modules/shared_state.State.interrupt: its next job begins with the flag cleared), so a
+    request of the caller's that waits in line runs after it."""
+    return [job for job in requests.jobs(owner, front="a1111") if job.status == RUNNING]
 
 
 def progress_record(job: Job | None, skip_current_image: bool = False) -> dict:
@@ -835,20 +844,17 @@ def router(requests: Service, flags: dict, loras, owner_of: Callable) -> APIRout
     async def progress(request: Request, skip_current_image: bool = False):
         return progress_record(latest(requests, owner_of(request)), skip_current_image)
 
-    def open_jobs(request: Request) -> list[Job]:
-        return [job for job in requests.jobs(owner_of(request), front="a1111") if not job.done]
-
     # A1111 answers {} and null; these name what happened (A1111's clients read no body).
     @api.post("/interrupt")
     async def interrupt(request: Request):
-        stopped = open_jobs(request)
+        stopped = running(requests, owner_of(request))
         for job in stopped:
             requests.stop(job, "interrupted")
         return {"interrupted": bool(stopped)}
 
     @api.post("/skip")
     async def skip(request: Request):  # an engine call makes its batch at once: skip ends the running call
-        skipped = [job for job in open_jobs(request) if job.status == "running"]
+        skipped = running(requests, owner_of(request))
         for job in skipped:
             requests.skip(job)
         return {"skipped": bool(skipped)}

@@ -16,7 +16,15 @@ import pytest
 from sdxl_engine.engine.validation import Limits
 from sdxl_engine.serving import cli
 from sdxl_engine.serving.apis import Access, access_for, key_refusal
-from sdxl_engine.serving.apis.a1111 import Txt2Img, a1111_error, info_record, latest, progress_record, sampler_of
+from sdxl_engine.serving.apis.a1111 import (
+    Txt2Img,
+    a1111_error,
+    info_record,
+    latest,
+    progress_record,
+    running,
+    sampler_of,
+)
 from sdxl_engine.serving.apis.a1111 import to_call as a1111_call
 from sdxl_engine.serving.apis.core import ApiError, FileTokens, check, request_of
 from sdxl_engine.serving.apis.openai_images import Answer, openai_error, parse_size, with_quality
@@ -294,8 +302,9 @@ def test_info_record_is_a1111s_shape():
 
 
 def test_progress_reads_the_callers_own_job():
-    """A1111's /progress answers the caller's newest A1111 job (a1111.latest): its calls, steps and preview; another
-    owner's job is not seen; an interrupt shows."""
+    """A1111's /progress answers the caller's running A1111 job (a1111.latest), not one it queued after it: its
+    calls, steps and preview; another owner's job is not seen; an interrupt shows; with none running, the first
+    queued one; interrupt and skip reach the running job only (a1111.running)."""
     from sdxl_engine.service.jobs import Job
     from sdxl_engine.service.request import to_request
 
@@ -304,19 +313,24 @@ def test_progress_reads_the_callers_own_job():
     made = []
     assert progress_record(latest(requests, me))["state"]["job_count"] == 0
     job = Job(me, "a1111", to_request(prompt="x"), calls=2)
-    made.append(job)
+    queued = [Job(me, "a1111", to_request(prompt="y"), calls=1) for _ in range(2)]
+    made[:] = [*queued[::-1], job]  # Service.jobs: newest first
     job.status, job.step, job.steps = "running", 4, 10
+    assert running(requests, me) == [job] and running(requests, other) == []
     job.preview = np.zeros((4, 2, 2, 3), np.uint8)
-    running = progress_record(latest(requests, me))
-    assert (running["progress"], running["state"]["sampling_step"], running["state"]["sampling_steps"],
-            running["state"]["job_count"], running["state"]["job_no"]) == (0.2, 4, 10, 2, 0)
-    assert base64.b64decode(running["current_image"]).startswith(b"\x89PNG")
+    shown = progress_record(latest(requests, me))
+    assert (shown["progress"], shown["state"]["sampling_step"], shown["state"]["sampling_steps"],
+            shown["state"]["job_count"], shown["state"]["job_no"]) == (0.2, 4, 10, 2, 0)
+    assert base64.b64decode(shown["current_image"]).startswith(b"\x89PNG")
     assert progress_record(latest(requests, me), skip_current_image=True)["current_image"] is None
     assert progress_record(latest(requests, other))["state"]["job_count"] == 0
     assert progress_record(latest(requests, me))["state"]["interrupted"] is False
     job.cancelled.set()
     assert progress_record(latest(requests, me))["state"]["interrupted"] is True
     job.status = "cancelled"
+    assert latest(requests, me) is queued[0] and running(requests, me) == []  # next in line
+    for waiting in queued:
+        waiting.status = "succeeded"
     assert progress_record(latest(requests, me))["state"]["job_count"] == 0  # finished: idle
 
 

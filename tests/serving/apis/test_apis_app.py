@@ -463,7 +463,7 @@ def test_a_clients_gradio_calls_and_protocol_requests_count_together(app, hold_d
     address in flight, one A1111 request is served and a second refused; with two A1111 requests in flight, a
     gradio_client call is refused with the same message. The calls in flight are held (helpers.Hold) until the
     refusal has come, and each is known to be counted (the page call running, each A1111 request's job in
-    /sdapi/v1/progress) before the next call is sent."""
+    /internal/pending-tasks) before the next call is sent."""
     from gradio_client.exceptions import AppError
 
     headers = {"Authorization": f"Bearer {KEY}"}
@@ -492,11 +492,8 @@ def test_a_clients_gradio_calls_and_protocol_requests_count_together(app, hold_d
     answers.clear()
     with Hold(hold_dir, PROMPT) as hold:
         threads = [threading.Thread(target=post, args=(hold.prompt,)) for _ in range(2)]
-        jobs = set()
-
-        def opened(count):  # the A1111 requests' jobs seen so far (progress shows the latest one opened)
-            jobs.add(me.get("/progress").json()["state"]["job"])
-            return len(jobs - {""}) >= count
+        def opened(count):  # the caller's A1111 requests queued or running (A1111's /internal/pending-tasks)
+            return me.get(app.url + "internal/pending-tasks").json()["size"] >= count
 
         threads[0].start()
         wait_until(lambda: opened(1), "the first A1111 request never began", 120)
