@@ -183,7 +183,9 @@ class _Parser(argparse.ArgumentParser):
         for action in self._actions:
             if action.help and SHIPPED % action.dest in action.help:
                 field = next(f for f in dataclasses.fields(EngineConfig) if f.name == action.dest)
-                action.help = action.help.replace(SHIPPED % action.dest, repr(shipped.get(field.name, field.default)))
+                value = shipped.get(field.name, field.default)
+                shown = "its native size" if field.name in ("width", "height") and value == 0 else repr(value)
+                action.help = action.help.replace(SHIPPED % action.dest, shown)
         return super().format_help()
 
 

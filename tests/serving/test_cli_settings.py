@@ -190,6 +190,7 @@ def test_help_shows_the_defaults_the_default_model_runs(capsys):
             "tiny-shapes runs 8)") in text
     assert "(env SDXL_GUIDANCE_SCALE, default: the model's own, else 5.0; tiny-shapes runs 5.0)" in text
     assert "(env SDXL_MAX_INFERENCE_STEPS, default 50)" in text
+    assert "(env SDXL_WIDTH, default: the model's own, else 0; tiny-shapes runs its native size)" in text  # not "0"
 
 
 # ---- 10a: what the unknown-word warning says ------------------------------------------------
