@@ -119,6 +119,8 @@ def deliver(result, prompt: str, style: str, files_dir: Path | None = None, outp
     """
     req, latency = result.request, result.timings["latency"]
     extra = {**mode_parameters(req, getattr(result, "refiner", "")), **(params or {})}
+    if "Hires resize" in extra:  # A1111 writes one of the two (processing.py: a resize, else the upscale factor)
+        extra.pop("Hires upscale", None)
     for key, value in (getattr(result, "control_infotext", None) or {}).items():  # "ControlNet 0": "Module: ..."
         extra[key] = quote(value)
     if style != NO_STYLE:

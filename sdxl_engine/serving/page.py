@@ -248,8 +248,10 @@ def png_settings(text: str, sizes: list[str], max_steps: int, max_seed: int,
             values["model"] = fields["Model"]
         else:
             left.append(f"model {fields['Model'][:60]!r} (not on this server)")
-    if "Hires upscale" in fields:
-        left.append(f"hires fix (upscale {fields['Hires upscale'][:20]!r}: the images were upscaled after; "
+    if "Hires upscale" in fields or "Hires resize-1" in fields:  # A1111 writes one: a factor, or the size asked
+        how = (f"upscale {fields['Hires upscale'][:20]!r}" if "Hires upscale" in fields else
+               f"resize '{fields['Hires resize-1'][:6]}x{fields.get('Hires resize-2', '')[:6]}'")
+        left.append(f"hires fix ({how}: the images were upscaled after; "
                     "Upscale under Image to image runs it on a picture)")
     elif "Denoising strength" in fields:
         left.append(f"denoising strength {fields['Denoising strength'][:20]!r} (made from a picture: "

@@ -231,6 +231,8 @@ def test_png_settings_restores_the_refiner_switch_and_names_what_the_text_form_c
                              {"Denoising strength": 0.5, "Hires upscale": 1.5, "Hires upscaler": "Latent"}, "Euler")
     values, note = page.png_settings(hires, ["64x64"], 50, 99)
     assert "hires fix (upscale '1.5': the images were upscaled after" in note and "resolution" not in values
+    resized = hires.replace("Hires upscale: 1.5", "Hires resize: 96x0")  # A1111's record of hr_resize_x
+    assert "hires fix (resize '96x0': the images were" in page.png_settings(resized, ["64x64"], 50, 99)[1]
     picture = a1111_parameters("a cat", "", 12, 4.5, 77, 64, 64, "tiny-shapes", {"Denoising strength": 0.4}, "Euler")
     assert "denoising strength '0.4' (made from a picture" in page.png_settings(picture, ["64x64"], 50, 99)[1]
 

@@ -795,7 +795,9 @@ def router(requests: Service, flags: dict, loras, owner_of: Callable) -> APIRout
             first = (body.width or size[0], body.height or size[1])
             hires, more = hires_fields(body, *first, body.steps or models.default_steps(engine, model.get("model")))
             fields = {**hires, **refiner_fields(body, engine), **model}
-            return to_call(body, **fields), more
+            resized = hires and (body.hr_resize_x or body.hr_resize_y)  # A1111's infotext names the size it was given
+            return to_call(body, parameters={"Hires resize": f"{body.hr_resize_x}x{body.hr_resize_y}"} if resized
+                           else None, **fields), more
 
         return await answer("txt2img", body, request, make_call, warnings, body.model_dump())
 

@@ -157,6 +157,10 @@ def test_txt2img_hires_fix_gives_the_final_size_and_repeats_per_seed(webui):
     for mode in modes[1:] + upscalers:  # one step a pass: the sizes are the point here
         assert webui.txt2img(hr_upscaler=mode, **{**fields, "steps": 1, "hr_second_pass_steps": 1}).image.size == (
             128, 128), mode
+    resized = webui.txt2img(hr_upscaler="Latent", **{**fields, "hr_resize_x": 128, "steps": 1,
+                                                      "hr_second_pass_steps": 1})
+    text = resized.info["infotexts"][0]  # A1111 records the size asked instead of the factor
+    assert resized.image.size == (128, 128) and "Hires resize: 128x0" in text and "Hires upscale:" not in text
     bad = webui.session.post(f"{webui.baseurl}/txt2img", json={**fields, "hr_upscaler": "ESRGAN_4x"})
     assert bad.status_code == 422 and bad.json()["detail"].startswith("hr_upscaler: ")
 
