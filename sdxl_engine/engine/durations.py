@@ -94,6 +94,8 @@ class RunTimes:
         fit = int(room // per_step) if per_step > 0 and room > 0 else 0
         fits = (f"at most {fit} step{'s' if fit > 1 else ''} to run at this size" if fit >= 1
                 else "no number of steps at this size")
+        if not all(cost.counted for _, _, cost, _, _ in runs):  # XLA's counts, once compiled, may say otherwise
+            fits += " by an estimate (this size has not compiled yet)"
         about = f"{total:.0f}" if total >= 10 else f"{total:.1f}"
         # "to run": image to image runs the last steps of its schedule (strength), fewer than the field says
         return InvalidRequest(field, f"{width}x{height} x {self.batch} images, {steps} step{'s' if steps > 1 else ''} "

@@ -77,6 +77,9 @@ def test_a_refusal_names_the_steps_that_fit_and_they_do_fit():
     # an estimate (a size not compiled yet) is refused only when over by a tenth
     guess = dataclasses.replace(cost, counted=False)
     assert runs.refusal([(320, 192, guess, 27, 1)]) is None and runs.refusal([(320, 192, guess, 29, 1)]) is not None
+    # its steps that fit are an estimate's, and said to be (a new user ran them, and the counts refused them)
+    assert "at most 25 steps to run at this size by an estimate (this size has not compiled yet), or a smaller " \
+        "size" in runs.refusal([(320, 192, guess, 40, 1)]).message
 
 
 @pytest.mark.engine
