@@ -58,6 +58,7 @@ def engine_side(args) -> dict:
     from sdxl_engine.engine.local import Engine
     from sdxl_engine.engine.steps import Stopped
     from sdxl_engine.engine.validation import GenerateRequest
+    from sdxl_engine.models import unet
 
     logs: list[str] = []
     t0 = time.perf_counter()
@@ -70,7 +71,7 @@ def engine_side(args) -> dict:
     spawned = float(os.environ.get("TPU_BENCH_SPAWNED", "nan"))  # the parent's time.time() at Popen
     out: dict = {"side": "engine", "images": args.images, "size": args.size, "steps": args.steps,
                  "start_s": time.perf_counter() - t0, "ready_s_from_spawn": time.time() - spawned,
-                 "startup": dict(engine.startup),
+                 "startup": dict(engine.startup), "geglu_mode": unet.geglu_mode(),
                  "device": engine.device_summary, "jax": jax.__version__, "python": sys.version.split()[0],
                  "cache": [line for line in logs if "executable cache" in line or "loaded " in line
                            or "stored " in line or "reading the" in line or "read while" in line][:8]}

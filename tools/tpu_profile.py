@@ -140,9 +140,16 @@ def ff_rates(rows: int = 8, chain: int = 10, scale: int = 1) -> list[dict]:
                 return jax.lax.fori_loop(0, chain, block, x)  # noqa: B023 — x is fn's argument
             return jax.jit(fn)
 
-        modes = ("fused", "split", "split-erf")
+        modes = unet.GEGLU_MODES
         fns = {m: make(m) for m in modes}
         results = {m: jax.block_until_ready(fns[m](ff, x)) for m in modes}  # compiles
+        def single(mode, graph=graph):
+            def fn(state, x):
+                unet.GEGLU_MODE = mode  # read while tracing
+                return nnx.merge(graph, state)(x)  # noqa: B023 — x is fn's argument
+            return jax.jit(fn)
+
+        once = {m: single(m)(ff, x) for m in modes}
         times: dict[str, list[float]] = {m: [] for m in modes}
         for _ in range(5):  # alternating rounds
             for m in modes:
@@ -155,7 +162,11 @@ def ff_rates(rows: int = 8, chain: int = 10, scale: int = 1) -> list[dict]:
             out.append({"tokens": tokens, "width": width, "mode": m, "ms_per_block": seconds / chain * 1e3,
                         "tflop_s": flop / seconds / 1e12,
                         "max_abs_diff_vs_fused": float(jnp.max(jnp.abs(results[m].astype(jnp.float32)
-                                                                       - results["fused"].astype(jnp.float32))))})
+                                                                       - results["fused"].astype(jnp.float32)))),
+                        # one block, not the chain: how far the formula is from "split"'s exact GELU
+                        "one_block_max_abs_diff_vs_split": float(jnp.max(jnp.abs(
+                            once[m].astype(jnp.float32) - once["split"].astype(jnp.float32)))),
+                        "one_block_max_abs": float(jnp.max(jnp.abs(once["split"].astype(jnp.float32))))})
             print(json.dumps(out[-1]), flush=True)
     unet.GEGLU_MODE = shipped
     return out
@@ -349,6 +360,7 @@ def profile_engine(args, out: Path) -> dict:
     """Start the engine in-process, one warm-up request, one request under ``jax.profiler``; the trace into
     ``out``/trace. Returns the start's figures and both requests' device seconds."""
     import jax
+    import numpy as np
 
     from sdxl_engine.config import EngineConfig
     from sdxl_engine.engine.local import Engine
@@ -369,6 +381,8 @@ def profile_engine(args, out: Path) -> dict:
         r = engine.generate(GenerateRequest(PROMPT, seed=seed, num_inference_steps=args.steps,
                                             guidance_scale=GUIDANCE), on_step=lambda e: None,
                             should_stop=lambda: False)
+        if seed == 0:  # the images, to compare GEGLU modes' runs (tools.tpu_profile --compare)
+            np.save(out / "images-seed0.npy", r.images)
         return r.timings["device"]
 
     result["warmup_device_s"] = request(0)
@@ -394,10 +408,23 @@ def profile_engine(args, out: Path) -> dict:
     return result
 
 
+def compare_images(a: Path, b: Path) -> dict:
+    """Two runs' ``images-seed0.npy`` (the same request, seed 0; e.g. two GEGLU modes): uint8 pixel differences,
+    largest and mean over every channel of the images both hold, and the share of values that differ by more than 8."""
+    import numpy as np
+
+    x, y = (np.load(d / "images-seed0.npy").astype(np.int16) for d in (a, b))
+    x, y = x[:len(y)], y[:len(x)]  # the images both runs made (a run's first images are the same seeds)
+    diff = np.abs(x - y)
+    return {"a": str(a), "b": str(b), "shape": list(x.shape), "max_abs": int(diff.max()),
+            "mean_abs": float(diff.mean()), "share_over_8": float((diff > 8).mean())}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--from", dest="source", type=Path, help="only the tables, from DIR/trace of an earlier run")
+    p.add_argument("--compare", type=Path, help="only the images of this earlier run's against --out's (seed 0)")
     p.add_argument("--images", type=int, default=4)
     p.add_argument("--size", type=int, default=1024)
     p.add_argument("--steps", type=int, default=20)
@@ -413,6 +440,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     written = args.out / "tpu_profile.json"
+    if args.compare:
+        print(json.dumps(compare_images(args.compare, args.out)), flush=True)
+        return 0
     if args.source:
         report = json.loads((args.source / "tpu_profile.json").read_text()) if (
             args.source / "tpu_profile.json").exists() else {}
@@ -433,9 +463,11 @@ def main(argv: list[str] | None = None) -> int:
         written.write_text(json.dumps(report, indent=1))
     from sdxl_engine.models import unet
 
+    if args.geglu and args.geglu not in unet.GEGLU_MODES:
+        p.error(f"--geglu: one of {', '.join(unet.GEGLU_MODES)}")
     if args.geglu:
         unet.GEGLU_MODE = args.geglu  # read while the engine's programs trace
-    report["geglu_mode"] = unet.GEGLU_MODE
+    report["geglu_mode"] = unet.geglu_mode()
     if not args.no_engine:
         report["engine"] = profile_engine(args, args.out)
         written.write_text(json.dumps(report, indent=1))

@@ -221,14 +221,29 @@ class Attention(nnx.Module):
         return self.to_out[0](out)
 
 
-# "split" (below), "fused" (one product, as XLA fuses it) or "split-erf" ("split" with the GELU written as PyTorch's
-# 0.5·x·(1 + erf(x/√2)), one rational polynomial instead of jax.nn.gelu's two-branch erfc; not measured on a chip
-# yet): tools.tpu_profile --ff compares the three side by side.
-GEGLU_MODE = "split"
+# "split" (below), "fused" (one product, as XLA fuses it), "split-erf" ("split" with the GELU written as PyTorch's
+# 0.5·x·(1 + erf(x/√2)), one rational polynomial instead of jax.nn.gelu's two-branch erfc), or the tanh form of GELU
+# that the blog's pipeline computes (diffusers' FlaxGEGLU calls flax's nn.gelu, approximate=True by default; Hendrycks
+# & Gimpel 2016, eq. 2) written two ways: "split-tanh" (jax.nn.gelu(approximate=True)) and "split-sigmoid"
+# (x·sigmoid(2·√(2/π)·(x + 0.044715·x³)), the same function: 0.5·(1 + tanh z) = sigmoid(2z)). tools.tpu_profile
+# --ff compares them side by side on a chip. "auto" (the default): "split-tanh" on a TPU, where the exact GELU's
+# polynomial on the vector unit held the feed-forward's first Linear at 95-135 TFLOP/s (a 4-image request at 1024²
+# 8.08 -> 7.41 s on a v5e; the images within 6 of 255, docs/benchmarks.md), "split" elsewhere: the exact GELU
+# PyTorch's diffusers computes, which the CPU tests check to their tolerances.
+GEGLU_MODES = ("split", "fused", "split-erf", "split-tanh", "split-sigmoid")
+GEGLU_MODE = "auto"
+
+
+def geglu_mode() -> str:
+    """GEGLU_MODE, "auto" resolved for the backend the program traces for (jax.default_backend())."""
+    if GEGLU_MODE == "auto":
+        return "split-tanh" if jax.default_backend() == "tpu" else "split"
+    return GEGLU_MODE
 
 
 class GEGLU(nnx.Module):
-    """Gated GELU (Shazeer 2020): ``proj`` to 2 x inner, then value * gelu(gate) (exact GELU, as diffusers' GEGLU).
+    """Gated GELU (Shazeer 2020): ``proj`` to 2 x inner, then value * gelu(gate): the exact GELU, as diffusers' GEGLU,
+    except on a TPU, where it is the tanh form the blog's Flax pipeline computes (:func:`geglu_mode`).
 
     ``proj``'s weight holds value's rows then gate's (diffusers' layout); here they are two products ("split"), so
     the GELU and the product are the gate product's epilogue, computed once and stored before the feed-forward's
@@ -242,7 +257,8 @@ class GEGLU(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """x (..., dim) -> (..., inner), in the weights' dtype."""
-        if GEGLU_MODE == "fused":
+        mode = geglu_mode()
+        if mode == "fused":
             value, gate = jnp.split(self.proj(x), 2, axis=-1)
             return value * jax.nn.gelu(gate, approximate=False)
         w, b = self.proj.weight[...], self.proj.bias[...]
@@ -250,11 +266,23 @@ class GEGLU(nnx.Module):
         x = x.astype(w.dtype)
         value = jax.lax.dot_general(x, w[:inner], (((x.ndim - 1,), (1,)), ((), ()))) + b[:inner]
         gate = jax.lax.dot_general(x, w[inner:], (((x.ndim - 1,), (1,)), ((), ()))) + b[inner:]
-        if GEGLU_MODE == "split-erf":
-            g = gate.astype(jnp.float32)  # 1 + erf cancels to nothing in bfloat16 below about -2 (PyTorch: float32)
-            gelu = (0.5 * g * (1 + jax.lax.erf(g * 0.7071067811865476))).astype(gate.dtype)  # 0.707...: 1/√2
-            return jax.lax.optimization_barrier(value * gelu)
-        return jax.lax.optimization_barrier(value * jax.nn.gelu(gate, approximate=False))
+        return jax.lax.optimization_barrier(value * _gelu(gate, mode))
+
+
+def _gelu(gate: jax.Array, mode: str) -> jax.Array:
+    """GELU of ``gate`` (any shape) in GEGLU_MODE ``mode``'s formula, in gate's dtype; the erf and tanh forms are
+    computed in float32 (in bfloat16, 1 + erf and 1 + tanh cancel to nothing below about -2; PyTorch computes
+    them in float32 too)."""
+    g = gate.astype(jnp.float32)
+    if mode == "split-erf":
+        out = 0.5 * g * (1 + jax.lax.erf(g * 0.7071067811865476))  # 0.707...: 1/√2
+    elif mode == "split-tanh":
+        out = jax.nn.gelu(g, approximate=True)
+    elif mode == "split-sigmoid":
+        out = g * jax.nn.sigmoid(1.5957691216057308 * (g + 0.044715 * g * g * g))  # 1.595...: 2·√(2/π)
+    else:
+        return jax.nn.gelu(gate, approximate=False)
+    return out.astype(gate.dtype)
 
 
 class FeedForward(nnx.Module):

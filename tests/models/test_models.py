@@ -144,6 +144,34 @@ def test_images_match_diffusers_pipeline(tiny_pt_programs, arrays, k):
     assert diff.max() <= 4 and diff.mean() <= 0.5, (diff.max(), diff.mean())
 
 
+@pytest.mark.slow  # compiles tiny-pt's text-to-image program a second time, with the TPU's GELU
+def test_the_tpus_tanh_gelu_keeps_the_images_within_the_diffusers_tolerance(tiny_pt, tiny_pt_programs, arrays,
+                                                                            monkeypatch):
+    """models/unet's "auto" GEGLU_MODE is "split-tanh" on a TPU (the GELU of the blog's pipeline, flax's nn.gelu):
+    traced with it, case 0's program (Euler, CFG, 80x48) still makes diffusers' images (exact GELU) within
+    test_images_match_diffusers_pipeline's tolerance, and not the exact program's images (the mode took effect)."""
+    from sdxl_engine.models import unet
+    from sdxl_engine.program.sharding import make_mesh
+
+    exact = run_case(tiny_pt_programs, REF["cases"][0], arrays["case0_latents"])
+    monkeypatch.setattr(unet, "GEGLU_MODE", "split-tanh")
+    images = run_case(Programs(tiny_pt, make_mesh(jax.devices()[:2])), REF["cases"][0], arrays["case0_latents"])
+    diff = np.abs(images.astype(np.float64) - arrays["case0_images"] * 255)
+    assert diff.max() <= 4 and diff.mean() <= 0.5, (diff.max(), diff.mean())
+    assert np.abs(images.astype(np.int16) - exact.astype(np.int16)).max() >= 1
+
+
+def test_geglu_auto_is_the_tanh_gelu_on_a_tpu_and_the_exact_one_elsewhere(monkeypatch):
+    from sdxl_engine.models import unet
+
+    assert unet.GEGLU_MODE == "auto"
+    for backend, mode in (("tpu", "split-tanh"), ("cpu", "split"), ("gpu", "split")):
+        monkeypatch.setattr(unet.jax, "default_backend", lambda backend=backend: backend)
+        assert unet.geglu_mode() == mode
+    monkeypatch.setattr(unet, "GEGLU_MODE", "split-erf")
+    assert unet.geglu_mode() == "split-erf"  # a mode set by hand stays
+
+
 @pytest.mark.slow  # jits a second model's text encoders and UNet
 def test_legacy_flax_msgpack_matches_the_deleted_flax_classes():
     """A folder saved by diffusers'/transformers' Flax classes loads by rule and computes what they computed."""
@@ -209,23 +237,29 @@ def test_tiny_shapes_images_unchanged(tiny_shapes_engine, k, monkeypatch):
     assert np.abs(before.images.astype(np.int32) - expected).max() <= 2
 
 
-@pytest.mark.parametrize("mode", ["split", "fused", "split-erf"])
-def test_geglu_is_diffusers_value_times_exact_gelu_of_the_gate_in_each_mode(mode, monkeypatch):
+@pytest.mark.parametrize("mode", ["split", "fused", "split-erf", "split-tanh", "split-sigmoid"])
+def test_geglu_is_diffusers_value_times_gelu_of_the_gate_in_each_mode(mode, monkeypatch):
     """models/unet.GEGLU in each of its GEGLU_MODEs against diffusers' GEGLU written out in float64 on fixed
-    non-square inputs: proj's rows are value's then gate's, out = value · 0.5·gate·(1 + erf(gate/√2))."""
+    non-square inputs: proj's rows are value's then gate's, out = value · 0.5·gate·(1 + erf(gate/√2)) (PyTorch's
+    exact GELU), or, in the tanh modes, value · 0.5·gate·(1 + tanh(√(2/π)·(gate + 0.044715·gate³))) (diffusers'
+    FlaxGEGLU, flax's nn.gelu), which is within 4.8e-4 of the exact one."""
     import math
 
     from flax import nnx
 
     from sdxl_engine.models import unet
 
+    assert set(unet.GEGLU_MODES) == {"split", "fused", "split-erf", "split-tanh", "split-sigmoid"}
     monkeypatch.setattr(unet, "GEGLU_MODE", mode)
     geglu = unet.GEGLU(6, 10, rngs=nnx.Rngs(3))
     x = np.random.default_rng(4).standard_normal((2, 5, 6)).astype(np.float32) * 2
     w, b = np.asarray(geglu.proj.weight[...], np.float64), np.asarray(geglu.proj.bias[...], np.float64)
     h = x.astype(np.float64) @ w.T + b
     value, gate = h[..., :10], h[..., 10:]
-    expected = value * 0.5 * gate * (1 + np.vectorize(math.erf)(gate / math.sqrt(2)))
+    exact = 0.5 * gate * (1 + np.vectorize(math.erf)(gate / math.sqrt(2)))
+    tanh_form = 0.5 * gate * (1 + np.tanh(math.sqrt(2 / math.pi) * (gate + 0.044715 * gate ** 3)))
+    assert 1e-5 < np.abs(tanh_form - exact).max() < 4.8e-4  # the two formulas, as far apart as they are
+    expected = value * (tanh_form if mode in ("split-tanh", "split-sigmoid") else exact)
     out = np.asarray(geglu(jnp.asarray(x)))
     assert out.shape == (2, 5, 10) and out.dtype == np.float32
     np.testing.assert_allclose(out, expected, rtol=2e-5, atol=2e-5)

@@ -75,9 +75,14 @@ def test_products_count_their_contraction_once_per_output_and_a_window_only_when
 @pytest.mark.slow  # compiles the feed-forward three ways at two sizes (about 30 s on CPU)
 def test_the_feed_forwards_ways_compute_the_same_values():
     rows = ff_rates(rows=1, scale=64)
-    assert {(r["tokens"], r["mode"]) for r in rows} == {(t, m) for t in (64, 16) for m in ("fused", "split",
-                                                                                               "split-erf")}
+    assert {(r["tokens"], r["mode"]) for r in rows} == {(t, m) for t in (64, 16) for m in (
+        "fused", "split", "split-erf", "split-tanh", "split-sigmoid")}
     # on XLA:CPU each output is the same dot product either way (tools/tpu_profile.ff_rates, models/unet.GEGLU);
     # erf's GELU differs from erfc's by a bfloat16 rounding, which ten chained random blocks make as large as the
     # values (its values: tests/models/test_models.py's GEGLU test)
-    assert all(r["max_abs_diff_vs_fused"] == 0.0 and r["tflop_s"] > 0 for r in rows if r["mode"] != "split-erf")
+    assert all(r["max_abs_diff_vs_fused"] == 0.0 and r["tflop_s"] > 0 for r in rows if r["mode"] in ("fused",
+                                                                                                       "split"))
+    # one block: the other formulas are a bfloat16 rounding or two from the exact GELU's block, not more
+    for r in rows:
+        assert r["one_block_max_abs_diff_vs_split"] <= 0.02 * r["one_block_max_abs"], r
+    assert max(r["one_block_max_abs_diff_vs_split"] for r in rows if r["mode"] == "split-tanh") > 0
