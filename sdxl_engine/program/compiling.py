@@ -24,6 +24,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from sdxl_engine.checkpoint.loading import LoadedModel
+from sdxl_engine.models import unet
 from sdxl_engine.program.executables import ExecutableCache, key_digest, source_digest
 from sdxl_engine.program.generate import (
     ProgramInputs,
@@ -248,9 +249,10 @@ def program_key(model: LoadedModel, params, shape: ProgramShape, mesh: Mesh) -> 
 
     Everything static that the traced program depends on: the shape (batch, size, loop length,
     CFG mode, given latents), every component's config, the prediction type, the parameters'
-    names, shapes, dtypes and shardings, the mesh (axis names, device ids in order) and a hash
-    of the source files it is traced from (:func:`program_sources`). The cache adds versions,
-    backend, devices and JAX options (:func:`.executables.runtime_key`).
+    names, shapes, dtypes and shardings, the mesh (axis names, device ids in order), a hash of
+    the source files it is traced from (:func:`program_sources`) and the feed-forward's GELU
+    formula (models/unet.geglu_mode). The cache adds versions, backend, devices and JAX options
+    (:func:`.executables.runtime_key`).
     """
     cfg = "" if shape.cfg else " without CFG"
     cfg += f", {shape.chunks} prompt chunks" if shape.chunks > 1 else ""
@@ -274,6 +276,7 @@ def program_key(model: LoadedModel, params, shape: ProgramShape, mesh: Mesh) -> 
                               for path, x in jax.tree_util.tree_leaves_with_path(params)]),
         "mesh": {"axes": list(mesh.axis_names), "devices": [d.id for d in mesh.devices.flat]},
         "source": _source_digest(),
+        "geglu": unet.geglu_mode(),  # a module setting the trace reads (tools.tpu_profile --geglu sets it)
         **({"controlnets": [dataclasses.asdict(c.config) for c in st.controlnets]} if st.controlnets else {}),
         **({"ip_adapters": [dataclasses.asdict(c.config) for c in st.ip_adapters]} if st.ip_adapters else {}),
         **({"refiner": {"model": {n: dataclasses.asdict(c.config) for n, c in st.refiner.components.items()},

@@ -320,3 +320,18 @@ def test_a_miss_for_a_pruned_entry_says_pruning_removed_it(tmp_path, program, mo
     assert found.note == "miss: stored for another source (changed since it was written)"
     cache.store(key("s1"), program["compiled"], program["devices"], program["in_tree"], program["out_tree"])
     assert cache.load(key("s1"), program["in_tree"], program["out_tree"], program["devices"]).executable is not None
+
+
+def test_the_key_names_the_gelu_formula_the_trace_reads(tiny_pt, monkeypatch):
+    """models/unet.GEGLU_MODE is read while tracing, not from a source file: the key carries it, so a program
+    traced with one GELU formula (tools.tpu_profile --geglu) is never loaded for another."""
+    from sdxl_engine.models import unet
+    from sdxl_engine.program.compiling import program_key
+    from sdxl_engine.program.generate import ProgramShape
+
+    shape, mesh = ProgramShape(2, 64, 64, 4), make_mesh(jax.devices()[:2])
+    exact = program_key(tiny_pt, tiny_pt.params, shape, mesh)
+    monkeypatch.setattr(unet, "GEGLU_MODE", "split-tanh")
+    tanh = program_key(tiny_pt, tiny_pt.params, shape, mesh)
+    assert (exact["geglu"], tanh["geglu"]) == ("split", "split-tanh")
+    assert key_digest(exact) != key_digest(tanh) and {k for k in exact if exact[k] != tanh[k]} == {"geglu"}
