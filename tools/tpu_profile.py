@@ -143,6 +143,7 @@ def ff_rates(rows: int = 8, chain: int = 10, scale: int = 1) -> list[dict]:
         modes = unet.GEGLU_MODES
         fns = {m: make(m) for m in modes}
         results = {m: jax.block_until_ready(fns[m](ff, x)) for m in modes}  # compiles
+
         def single(mode, graph=graph):
             def fn(state, x):
                 unet.GEGLU_MODE = mode  # read while tracing
@@ -452,6 +453,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import jax
 
+    from sdxl_engine.models import unet
+
+    if args.geglu and args.geglu not in unet.GEGLU_MODES:  # before any chip time is spent
+        p.error(f"--geglu: one of {', '.join(unet.GEGLU_MODES)}")
     report: dict = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "jax": jax.__version__,
                     "device": str(jax.devices()[0].device_kind), "size": args.size, "images": args.images,
                     "steps": args.steps}
@@ -461,10 +466,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.ff:
         report["ff"] = ff_rates(rows=2 * args.images, scale=args.scale)
         written.write_text(json.dumps(report, indent=1))
-    from sdxl_engine.models import unet
-
-    if args.geglu and args.geglu not in unet.GEGLU_MODES:
-        p.error(f"--geglu: one of {', '.join(unet.GEGLU_MODES)}")
     if args.geglu:
         unet.GEGLU_MODE = args.geglu  # read while the engine's programs trace
     report["geglu_mode"] = unet.geglu_mode()

@@ -1,9 +1,10 @@
 """tools/tpu_profile.py's reading of a chip's trace and HLO, on instruction texts a TPU v5e trace wrote (shortened),
 and its side-by-side feed-forward comparison on CPU."""
 
+import numpy as np
 import pytest
 
-from tools.tpu_profile import ff_rates, hlo_products, op_class, op_flops
+from tools.tpu_profile import compare_images, ff_rates, hlo_products, main, op_class, op_flops
 
 CONV = ("%convolution_add_fusion.444 = bf16[8,64,64,1280]{3,0,2,1:T(8,128)(2,1)} fusion(bf16[8,64,64,1280]"
         "{3,0,2,1:T(8,128)(2,1)} %bitcast.6194, bf16[3,3,1280,1280]{3,2,1,0:T(8,128)(2,1)S(1)} %custom-call.187, "
@@ -86,3 +87,26 @@ def test_the_feed_forwards_ways_compute_the_same_values():
     for r in rows:
         assert r["one_block_max_abs_diff_vs_split"] <= 0.02 * r["one_block_max_abs"], r
     assert max(r["one_block_max_abs_diff_vs_split"] for r in rows if r["mode"] == "split-tanh") > 0
+
+
+def test_compare_images_counts_the_pixels_both_runs_made(tmp_path, capsys):
+    """--compare: two runs' seed-0 images (a 4-image run against a 1-image one compares the first image only)."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    x = np.full((4, 2, 3, 3), 100, np.uint8)
+    y = x[:1].copy()
+    y[0, 0, 0] = [94, 100, 110]  # -6 and +10 on two of 18 values
+    np.save(a / "images-seed0.npy", x)
+    np.save(b / "images-seed0.npy", y)
+    found = compare_images(a, b)
+    assert (found["shape"], found["max_abs"], found["share_over_8"]) == ([1, 2, 3, 3], 10, 1 / 18)
+    assert found["mean_abs"] == pytest.approx(16 / 18)
+    assert main(["--out", str(b), "--compare", str(a)]) == 0
+    assert '"max_abs": 10' in capsys.readouterr().out
+
+
+def test_an_unknown_geglu_mode_is_refused_before_anything_runs(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["--out", str(tmp_path), "--geglu", "split-gelu", "--no-engine", "--ff"])
+    assert "--geglu: one of split, fused, split-erf, split-tanh, split-sigmoid" in capsys.readouterr().err
+    assert not (tmp_path / "tpu_profile.json").exists()
