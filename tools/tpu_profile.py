@@ -130,27 +130,23 @@ def ff_rates(rows: int = 8, chain: int = 10, scale: int = 1) -> list[dict]:
         graph = nnx.graphdef(unet.FeedForward(width, rngs=nnx.Rngs(0)))
         x = jax.random.normal(jax.random.PRNGKey(1), (rows, tokens, width), jnp.float32).astype(jnp.bfloat16)
 
-        def make(mode, graph=graph):
-            def fn(state, x):
+        def make(mode, run, graph=graph):
+            """``run(module, x)`` jitted with the feed-forward traced in GEGLU_MODE ``mode``."""
+            def fn(state, inputs):
                 unet.GEGLU_MODE = mode  # read while tracing
-                module = nnx.merge(graph, state)
-                def block(_, y):  # rescaled to unit RMS so that a chain neither overflows nor vanishes
-                    z = module(y).astype(jnp.float32)
-                    return (z * jax.lax.rsqrt(jnp.mean(z * z, -1, keepdims=True) + 1e-6)).astype(y.dtype)
-                return jax.lax.fori_loop(0, chain, block, x)  # noqa: B023 — x is fn's argument
+                return run(nnx.merge(graph, state), inputs)
             return jax.jit(fn)
+
+        def chained(module, inputs):
+            def block(_, y):  # rescaled to unit RMS so that a chain neither overflows nor vanishes
+                z = module(y).astype(jnp.float32)
+                return (z * jax.lax.rsqrt(jnp.mean(z * z, -1, keepdims=True) + 1e-6)).astype(y.dtype)
+            return jax.lax.fori_loop(0, chain, block, inputs)
 
         modes = unet.GEGLU_MODES
-        fns = {m: make(m) for m in modes}
+        fns = {m: make(m, chained) for m in modes}
         results = {m: jax.block_until_ready(fns[m](ff, x)) for m in modes}  # compiles
-
-        def single(mode, graph=graph):
-            def fn(state, x):
-                unet.GEGLU_MODE = mode  # read while tracing
-                return nnx.merge(graph, state)(x)  # noqa: B023 — x is fn's argument
-            return jax.jit(fn)
-
-        once = {m: single(m)(ff, x) for m in modes}
+        once = {m: make(m, lambda module, inputs: module(inputs))(ff, x) for m in modes}  # one block, not rescaled
         times: dict[str, list[float]] = {m: [] for m in modes}
         for _ in range(5):  # alternating rounds
             for m in modes:
