@@ -69,7 +69,8 @@ class RunTimes:
         ``device_s`` device seconds."""
         if cost is None or steps < 1 or device_s <= 0:
             return
-        fixed, step = self.work(cost) * self.fixed_s, self.work(cost) * self.step_s  # the estimate's split
+        work = self.work(cost)
+        fixed, step = work * self.fixed_s, work * self.step_s  # the estimate's split
         per_step = max(device_s - fixed, device_s * steps * step / (fixed + steps * step)) / steps
         with self._lock:
             old = self.measured.get((width, height, calls))
