@@ -6,7 +6,8 @@ Kernels (``layers``), each a jitted (batch, len, heads * 64) -> same function in
 rounds of 20 calls queued back to back (device time per call, dispatch hidden), with the largest absolute error
 against a float32 XLA computation on unit-normal inputs: the XLA path with float32 scores, JAX's Pallas flash kernel
 at several tilings (and with q pre-scaled, so the kernel skips its scale multiply), and the whole-row kernel
-(``softmax_attention_tpu``) in both layouts and several query blocks. Shapes: SDXL's self-attentions at 1024²
+(``softmax_attention_tpu``) in both layouts and several query blocks, and packed with its row sum on the
+matrix unit (``_mxu``) and 4 heads a grid step (``_h4``); ``--only`` keeps the names that contain it. Shapes: SDXL's self-attentions at 1024²
 (4096 tokens x 10 heads, 1024 x 20) for ``--rows`` CFG rows (2 rows = 1 image).
 
 With ``--unet``: SDXL base's full-size UNet (random bfloat16 weights) called once per CFG step at 1024² for each
@@ -20,6 +21,7 @@ import argparse
 import functools
 import json
 import math
+import re
 import sys
 import time
 from datetime import UTC, datetime
@@ -71,12 +73,29 @@ def kernels(t: int) -> dict:
     for layout in ("packed", "heads_first"):
         for bq in (256, 512, 1024):
             if t % bq == 0:
-                out[f"whole_{layout}_q{bq}"] = functools.partial(layers.softmax_attention_tpu, block_q=bq,
-                                                                 layout=layout)
+                out[f"whole_{layout}_q{bq}"] = whole_kernel(f"whole_{layout}_q{bq}")
+    for bq in (512, 1024):  # the packed kernel's row sum on the matrix unit, and 4 heads a grid step
+        for suffix in ("_mxu", "_h4", "_mxu_h4"):
+            if t % bq == 0 and ("_h4" not in suffix or t == 1024):  # 4096 tokens have 10 heads: 4 do not divide
+                out[f"whole_packed_q{bq}{suffix}"] = whole_kernel(f"whole_packed_q{bq}{suffix}")
     return out
 
 
-def kernel_table(rows_list: list[int]) -> list[dict]:
+def whole_kernel(name: str):
+    """The whole-row kernel a name says: ``whole_<layout>_q<block_q>[_mxu][_h<heads_per_step>]`` (row sum "mxu"
+    where it says so, else "vpu"; 2 heads a step unless it says). Raises ValueError for another name."""
+    from sdxl_engine.models import layers
+
+    m = re.fullmatch(r"whole_(packed|heads_first)_q(\d+)(_mxu)?(?:_h(\d+))?", name)
+    if not m:
+        raise ValueError(f"not a whole-row kernel's name: {name!r}")
+    return functools.partial(layers.softmax_attention_tpu, block_q=int(m[2]), layout=m[1],
+                             row_sum="mxu" if m[3] else "vpu", heads_per_step=int(m[4] or 2))
+
+
+def kernel_table(rows_list: list[int], only: str = "") -> list[dict]:
+    """Each variant of :func:`kernels` (those whose name contains ``only``, when given) at each ``rows``, 4096 and
+    1024 tokens: device ms per call, TFLOP/s, and the largest difference from a float32 XLA computation."""
     import jax
     import jax.numpy as jnp
 
@@ -91,6 +110,8 @@ def kernel_table(rows_list: list[int]) -> list[dict]:
             ref = jax.jit(functools.partial(layers.attention, implementation="xla"), static_argnums=3)(
                 *(jnp.asarray(np.asarray(x, np.float32)) for x in (q, k, v)), heads)
             for name, fn in kernels(t).items():
+                if only and only not in name:
+                    continue
                 row = dict(rows=rows, tokens=t, heads=heads, kernel=name)
                 try:
                     f = jax.jit(fn, static_argnums=3)
@@ -126,8 +147,7 @@ def unet_table(rows_list: list[int], names: list[str], rounds: int) -> list[dict
         def f(q, k, v, heads, *, is_causal=False):
             if name is None:
                 return plain(q, k, v, heads, is_causal=is_causal)
-            layout, bq = name.split("_q")
-            return layers.softmax_attention_tpu(q, k, v, heads, block_q=int(bq), layout=layout.split("whole_")[1])
+            return whole_kernel(name)(q, k, v, heads)
         return f
 
     results = []
@@ -171,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--rows", default="2,8", help="CFG rows per call (2 = one image), comma-separated")
     p.add_argument("--skip-kernels", action="store_true")
+    p.add_argument("--only", default="", help="time only the kernels whose name contains this (e.g. whole_packed)")
     p.add_argument("--unet", action="store_true", help="also one CFG UNet call with each of --unet-kernels")
     p.add_argument("--unet-rows", default="8")
     p.add_argument("--unet-kernels", default="whole_packed_q512",
@@ -184,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
                   device=str(jax.devices()[0].device_kind), python=sys.version.split()[0])
     path = args.out / "tpu_attention.json"
     if not args.skip_kernels:
-        record["kernels"] = kernel_table([int(r) for r in args.rows.split(",")])
+        record["kernels"] = kernel_table([int(r) for r in args.rows.split(",")], args.only)
         path.write_text(json.dumps(record, indent=1))
     if args.unet:
         record["unet"] = unet_table([int(r) for r in args.unet_rows.split(",")],

@@ -217,7 +217,7 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, heads: int, *, is_causal
     if implementation == "pallas_tpu_rows":
         if is_causal:
             raise ValueError("pallas_tpu_rows attention is not causal; causal attention takes xla or pallas_tpu")
-        return softmax_attention_tpu(q, k, v, heads, block_q=flash_block(t) or SOFTMAX_BLOCK_Q)
+        return softmax_attention_tpu(q, k, v, heads, block_q=next(n for n in SOFTMAX_BLOCKS if t % n == 0))
     logits = jnp.einsum("btnh,bsnh->bnts", split(q), split(k), preferred_element_type=jnp.float32)
     logits = logits * jnp.float32(1.0 / math.sqrt(d // heads))
     if is_causal:
@@ -257,10 +257,19 @@ def flash_attention_tpu(q: jax.Array, k: jax.Array, v: jax.Array, heads: int, *,
 
 SOFTMAX_MAX_KV = 4096  # the whole-row kernel holds (block_q, kv_len) float32 scores in VMEM: up to SDXL's 64² latent
 SOFTMAX_BLOCK_Q = 512  # query rows per grid step
+# How the packed kernel takes each row's sum of probabilities: "vpu" (a float32 sum over the keys' lanes on the
+# vector unit) or "mxu" (a column of ones beside the head's 64 values in the p·v product, whose output fills only
+# 64 of the matrix unit's 128 lanes anyway, so the sum costs no product time and no lane reduction; the pair's two
+# outputs are then stored as one 128-lane block instead of two half-width ones). SOFTMAX_HEADS_PER_STEP: 64-wide
+# heads per grid step (2: 128 lanes; 4: 256), where the heads divide by it.
+SOFTMAX_ROW_SUM = "mxu"
+SOFTMAX_HEADS_PER_STEP = 4
+SOFTMAX_BLOCKS = (1024, 512, 256, 128)  # query rows per grid step in "auto": the largest that divides q_len
 
 
 def softmax_attention_tpu(q: jax.Array, k: jax.Array, v: jax.Array, heads: int, *, block_q: int = SOFTMAX_BLOCK_Q,
-                          layout: str = "packed") -> jax.Array:
+                          layout: str = "packed", row_sum: str | None = None,
+                          heads_per_step: int | None = None) -> jax.Array:
     """:func:`attention` (not causal) through a Pallas TPU kernel that holds a query block's whole score rows.
 
     The flash kernel (:func:`flash_attention_tpu`) walks the keys in tiles with a running maximum and sum (Dao et al.
@@ -269,18 +278,24 @@ def softmax_attention_tpu(q: jax.Array, k: jax.Array, v: jax.Array, heads: int, 
     whole rows: softmax(q k^T) v with the softmax's maximum and sum once per row, no rescaling of a running output,
     and an eighth of the flash kernel's grid steps. The scale head_dim ** -0.5 multiplies q before the kernel (a power
     of two for head_dim 64, so exact in bfloat16). ``layout`` "packed" reads q, k and v as they are, (batch, len,
-    heads * head_dim), two heads (128 lanes) per grid step, so no transposes surround the kernel; "heads_first"
-    transposes to (batch, heads, len, head_dim) as the flash kernel does.
+    heads * head_dim), ``heads_per_step`` heads (a multiple of 128 lanes) per grid step, so no transposes surround
+    the kernel; "heads_first" transposes to (batch, heads, len, head_dim) as the flash kernel does.
 
     Args:
         q: (batch, q_len, heads * head_dim); k, v: (batch, kv_len, heads * head_dim), one dtype (bfloat16 on a TPU).
         heads: number of heads. block_q: query rows per grid step, dividing q_len.
+        row_sum: "vpu" or "mxu" (:data:`SOFTMAX_ROW_SUM`, its default): where the packed kernel sums each row's
+            probabilities. heads_per_step: the packed kernel's heads per grid step (:data:`SOFTMAX_HEADS_PER_STEP`,
+            its default, where it divides ``heads``; else 2).
     Returns:
         (batch, q_len, heads * head_dim) in q's dtype; scores, maximum and sum in float32, the probabilities cast to
-        v's dtype before the second product (as :func:`attention`'s XLA path).
+        v's dtype before the second product (as :func:`attention`'s XLA path). With row_sum "mxu" the sum is of
+        those cast probabilities (accumulated in float32), so each output row is a weighted mean of v whose
+        weights sum to 1.
     Raises:
-        ValueError: block_q does not divide q_len, kv_len over :data:`SOFTMAX_MAX_KV`, or "packed" with an odd
-        number of heads or head_dim other than 64.
+        ValueError: block_q does not divide q_len, kv_len over :data:`SOFTMAX_MAX_KV`, "packed" with an odd
+        number of heads or head_dim other than 64, an odd heads_per_step or one that does not divide heads, or an
+        unknown row_sum.
     """
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import tpu as pltpu
@@ -290,32 +305,62 @@ def softmax_attention_tpu(q: jax.Array, k: jax.Array, v: jax.Array, heads: int, 
     if t % block_q or s > SOFTMAX_MAX_KV:
         raise ValueError(f"softmax attention needs block_q {block_q} to divide q_len {t} and kv_len {s} <= "
                          f"{SOFTMAX_MAX_KV}")
+    row_sum = row_sum or SOFTMAX_ROW_SUM
+    if row_sum not in ("vpu", "mxu"):
+        raise ValueError(f"row_sum {row_sum!r} is not 'vpu' or 'mxu'")
     q = q * jnp.asarray(1.0 / math.sqrt(hd), q.dtype)
     trans_b = (((1,), (1,)), ((), ()))
 
-    def one_head(qh, kh, vh):  # (block_q, hd), (s, hd), (s, hd) -> (block_q, hd) float32
+    def probabilities(qh, kh):  # (block_q, hd), (s, hd) -> (block_q, s) float32, unnormalised
         scores = jax.lax.dot_general(qh, kh, trans_b, preferred_element_type=jnp.float32)
-        probs = jnp.exp(scores - jnp.max(scores, axis=1, keepdims=True))
+        return jnp.exp(scores - jnp.max(scores, axis=1, keepdims=True))
+
+    def one_head(qh, kh, vh):  # (block_q, hd), (s, hd), (s, hd) -> (block_q, hd) float32
+        probs = probabilities(qh, kh)
         total = jnp.sum(probs, axis=1, keepdims=True)
         return jnp.dot(probs.astype(vh.dtype), vh, preferred_element_type=jnp.float32) / total
+
+    def head_pair(q2, k2, v2):  # (block_q, 128), (s, 128), (s, 128) -> (block_q, 128) float32: two heads
+        # Head 0 multiplies its probabilities by [v0 | 1], head 1 by [1 | v1]: one product each gives the head's
+        # output in its own 64 lanes and its row sum in the other 64.
+        first = jax.lax.broadcasted_iota(jnp.int32, (1, 2 * hd), 1) < hd
+        one = jnp.ones((), v2.dtype)
+        out0 = jnp.dot(probabilities(q2[:, :hd], k2[:, :hd]).astype(v2.dtype), jnp.where(first, v2, one),
+                       preferred_element_type=jnp.float32)  # [p0 v0 | sum0]
+        out1 = jnp.dot(probabilities(q2[:, hd:], k2[:, hd:]).astype(v2.dtype), jnp.where(first, one, v2),
+                       preferred_element_type=jnp.float32)  # [sum1 | p1 v1]
+        # rolling 128 lanes by 64 swaps the halves (either direction)
+        total = jnp.where(first, pltpu.roll(out0, hd, 1), pltpu.roll(out1, hd, 1))  # [sum0 | sum1]
+        return jnp.where(first, out0, out1) / total
 
     params = pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "parallel"),
                                   vmem_limit_bytes=64 * 1024 * 1024)
     if layout == "packed":
         if heads % 2 or hd != 64:
             raise ValueError(f"packed softmax attention takes pairs of 64-wide heads; got {heads} x {hd}")
+        if heads_per_step is None:
+            heads_per_step = SOFTMAX_HEADS_PER_STEP if heads % SOFTMAX_HEADS_PER_STEP == 0 else 2
+        if heads_per_step % 2 or heads % heads_per_step:
+            raise ValueError(f"heads_per_step {heads_per_step} must be even and divide the {heads} heads")
+        lanes = heads_per_step * hd
 
         def packed_kernel(q_ref, k_ref, v_ref, o_ref):
-            for h in range(2):
-                lanes = slice(h * hd, (h + 1) * hd)
-                o_ref[0, :, lanes] = one_head(q_ref[0, :, lanes], k_ref[0, :, lanes],
-                                              v_ref[0, :, lanes]).astype(o_ref.dtype)
+            for p in range(heads_per_step // 2):  # 128 lanes: two heads
+                pair = slice(2 * p * hd, 2 * (p + 1) * hd)
+                if row_sum == "mxu":
+                    o_ref[0, :, pair] = head_pair(q_ref[0, :, pair], k_ref[0, :, pair],
+                                                  v_ref[0, :, pair]).astype(o_ref.dtype)
+                    continue
+                for h in range(2 * p, 2 * p + 2):
+                    one = slice(h * hd, (h + 1) * hd)
+                    o_ref[0, :, one] = one_head(q_ref[0, :, one], k_ref[0, :, one],
+                                                v_ref[0, :, one]).astype(o_ref.dtype)
 
-        rows = pl.BlockSpec((1, block_q, 2 * hd), lambda i, g, j: (i, j, g))
-        whole = pl.BlockSpec((1, s, 2 * hd), lambda i, g, j: (i, 0, g))
-        return pl.pallas_call(packed_kernel, grid=(b, heads // 2, t // block_q), in_specs=[rows, whole, whole],
-                              out_specs=rows, out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-                              compiler_params=params)(q, k, v)
+        rows = pl.BlockSpec((1, block_q, lanes), lambda i, g, j: (i, j, g))
+        whole = pl.BlockSpec((1, s, lanes), lambda i, g, j: (i, 0, g))
+        return pl.pallas_call(packed_kernel, grid=(b, heads // heads_per_step, t // block_q),
+                              in_specs=[rows, whole, whole], out_specs=rows,
+                              out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype), compiler_params=params)(q, k, v)
 
     def heads_first(x):  # (b, heads, len, head_dim)
         return x.reshape(x.shape[0], x.shape[1], heads, hd).transpose(0, 2, 1, 3)

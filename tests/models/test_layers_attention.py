@@ -144,21 +144,33 @@ def test_the_whole_row_kernel_takes_sdxl_self_attention_and_refuses_the_rest():
         softmax_attention_tpu(q, q, q, 1, block_q=128)
     with pytest.raises(ValueError, match="not causal"):
         attention(q, q, q, 2, is_causal=True, implementation="pallas_tpu_rows")
+    q = jnp.zeros((1, 256, 384), jnp.float32)  # 6 heads of 64
+    with pytest.raises(ValueError, match="row_sum 'gpu' is not 'vpu' or 'mxu'"):
+        softmax_attention_tpu(q, q, q, 6, block_q=128, row_sum="gpu")
+    with pytest.raises(ValueError, match="heads_per_step 4 must be even and divide the 6 heads"):
+        softmax_attention_tpu(q, q, q, 6, block_q=128, heads_per_step=4)
 
 
-@pytest.mark.parametrize("layout, t, s, dtype, atol", [("packed", 256, 384, jnp.float32, 2e-5),
-                                                       ("packed", 128, 256, jnp.bfloat16, 2e-2),
-                                                       ("heads_first", 256, 384, jnp.float32, 2e-5)])
-def test_whole_row_kernel_in_interpret_mode_equals_the_xla_path(layout, t, s, dtype, atol):
+@pytest.mark.parametrize("layout, t, s, dtype, atol, row_sum, per_step", [
+    ("packed", 256, 384, jnp.float32, 2e-5, "vpu", 2),
+    ("packed", 128, 256, jnp.bfloat16, 2e-2, "vpu", 2),
+    ("heads_first", 256, 384, jnp.float32, 2e-5, "vpu", 2),
+    ("packed", 256, 384, jnp.float32, 2e-5, "mxu", 2),  # the row sums from the matrix unit
+    ("packed", 256, 384, jnp.float32, 2e-5, "vpu", 4),  # 4 heads (two pairs) a grid step
+    ("packed", 128, 256, jnp.bfloat16, 2e-2, "mxu", 4),  # what "auto" runs on a TPU where the heads divide by 4
+])
+def test_whole_row_kernel_in_interpret_mode_equals_the_xla_path(layout, t, s, dtype, atol, row_sum, per_step):
     """The kernel "auto" picks on a TPU for SDXL's self-attention, interpreted on the CPU, against the XLA path on
-    non-square inputs with SDXL's 64-wide heads (4 heads: two packed pairs, two query blocks)."""
+    non-square inputs with SDXL's 64-wide heads (4 heads: two packed pairs, two query blocks), each way of summing
+    a row and each number of heads a grid step."""
     pltpu = pytest.importorskip("jax.experimental.pallas.tpu")
     if not hasattr(pltpu, "force_tpu_interpret_mode"):
         pytest.skip("this JAX has no TPU interpret mode for Pallas kernels")
     heads, rng = 4, np.random.default_rng(7)
     q, k, v = (jnp.asarray(rng.standard_normal((2, n, heads * 64)), dtype) for n in (t, s, s))
     with pltpu.force_tpu_interpret_mode():
-        ours = softmax_attention_tpu(q, k, v, heads, block_q=t // 2, layout=layout)
+        ours = softmax_attention_tpu(q, k, v, heads, block_q=t // 2, layout=layout, row_sum=row_sum,
+                                     heads_per_step=per_step)
     assert ours.shape == q.shape and ours.dtype == dtype
     xla = attention(q, k, v, heads, implementation="xla")
     np.testing.assert_allclose(np.asarray(ours, np.float32), np.asarray(xla, np.float32), rtol=0, atol=atol)
