@@ -204,21 +204,31 @@ class Attention(nnx.Module):
         self.to_v = Linear(cross_attention_dim or query_dim, inner, bias=bias, rngs=rngs)
         self.to_out = nnx.List([Linear(inner, query_dim, rngs=rngs)])
 
-    def __call__(self, x: jax.Array, context: jax.Array | None = None, ip: Sequence = ()) -> jax.Array:
+    def __call__(self, x: jax.Array, context: jax.Array | None = None, ip: Sequence = (),
+                 kv: tuple[jax.Array, jax.Array] | None = None) -> jax.Array:
         """x (b, tokens, query_dim), context (b, ctx_tokens, cross_attention_dim) or None (self-attention).
 
         ``ip``: IP-Adapter's decoupled cross-attention (diffusers' ``IPAdapterAttnProcessor2_0``), one
         ``(layer, tokens, scale)`` per adapter: its ``to_k_ip``/``to_v_ip`` (models/ip_adapter.py), its image tokens
         (b, image_tokens, cross_attention_dim) and a traced () scale; ``scale x attention(q, to_k_ip(tokens),
-        to_v_ip(tokens))`` is added to the text attention before ``to_out``. () : none."""
-        context = x if context is None else context
+        to_v_ip(tokens))`` is added to the text attention before ``to_out``. () : none.
+        ``kv``: ``(to_k(context), to_v(context))`` computed earlier (:meth:`text_kv`), each (b, ctx_tokens, inner);
+        then ``context`` is not read."""
         q = self.to_q(x)
-        out = attention(q, self.to_k(context), self.to_v(context.astype(x.dtype)), self.heads)
+        if kv is None:
+            context = x if context is None else context
+            kv = self.to_k(context), self.to_v(context.astype(x.dtype))
+        out = attention(q, *kv, self.heads)
         for layer, tokens, scale in ip:
             tokens = tokens.astype(x.dtype)
             image = attention(q, layer.to_k_ip(tokens), layer.to_v_ip(tokens), self.heads)
             out = out + scale.astype(out.dtype) * image
         return self.to_out[0](out)
+
+    def text_kv(self, context: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """``(to_k(context), to_v(context))``, each (b, ctx_tokens, heads * dim_head) in the weights' dtype, for
+        ``context`` (b, ctx_tokens, cross_attention_dim) in the weights' dtype."""
+        return self.to_k(context), self.to_v(context)
 
 
 # "split" (below), "fused" (one product, as XLA fuses it), "split-erf" ("split" with the GELU written as PyTorch's
@@ -308,12 +318,14 @@ class BasicTransformerBlock(nnx.Module):
         self.norm3 = LayerNorm(dim)
         self.ff = FeedForward(dim, rngs=rngs)
 
-    def __call__(self, x: jax.Array, context: jax.Array, ip: Iterator | None = None) -> jax.Array:
-        """x (b, tokens, dim), context (b, 77, cross_attention_dim) -> (b, tokens, dim). ``ip``: the UNet's
-        iterator over its cross-attentions' IP-Adapter inputs (:meth:`UNet2DConditionModel.__call__`); this
-        block's attn2 takes the next."""
+    def __call__(self, x: jax.Array, context: jax.Array, ip: Iterator | None = None,
+                 kv: Iterator | None = None) -> jax.Array:
+        """x (b, tokens, dim), context (b, 77, cross_attention_dim) -> (b, tokens, dim). ``ip``, ``kv``: the UNet's
+        iterators over its cross-attentions' IP-Adapter inputs and precomputed text keys and values
+        (:meth:`UNet2DConditionModel.__call__`); this block's attn2 takes the next of each."""
         x = x + self.attn1(self.norm1(x), context if self.only_cross_attention else None)
-        x = x + self.attn2(self.norm2(x), context, next(ip) if ip is not None else ())
+        x = x + self.attn2(self.norm2(x), context, next(ip) if ip is not None else (),
+                           next(kv) if kv is not None else None)
         return x + self.ff(self.norm3(x))
 
 
@@ -333,8 +345,10 @@ class Transformer2DModel(nnx.Module):
             for _ in range(num_layers)])
         self.proj_out = proj(inner, in_channels)
 
-    def __call__(self, x: jax.Array, context: jax.Array, ip: Iterator | None = None) -> jax.Array:
-        """x (b, h, w, c), context (b, 77, cross_attention_dim) -> (b, h, w, c); ``ip`` as BasicTransformerBlock's."""
+    def __call__(self, x: jax.Array, context: jax.Array, ip: Iterator | None = None,
+                 kv: Iterator | None = None) -> jax.Array:
+        """x (b, h, w, c), context (b, 77, cross_attention_dim) -> (b, h, w, c); ``ip``, ``kv`` as
+        BasicTransformerBlock's."""
         b, h, w, c = x.shape
         residual = x
         x = self.norm(x)
@@ -343,7 +357,7 @@ class Transformer2DModel(nnx.Module):
         else:
             x = self.proj_in(x).reshape(b, h * w, -1)
         for block in self.transformer_blocks:
-            x = block(x, context, ip)
+            x = block(x, context, ip, kv)
         if self.use_linear_projection:
             x = self.proj_out(x).reshape(b, h, w, c)
         else:
@@ -377,13 +391,14 @@ class DownBlock(nnx.Module):
         final = i == len(config.block_out_channels) - 1
         self.downsamplers = None if final else nnx.List([Downsample2D(out, config.downsample_padding, rngs=rngs)])
 
-    def __call__(self, x, temb, context, ip: Iterator | None = None) -> tuple[jax.Array, list[jax.Array]]:
+    def __call__(self, x, temb, context, ip: Iterator | None = None,
+                 kv: Iterator | None = None) -> tuple[jax.Array, list[jax.Array]]:
         """x (b, h, w, in) -> (b, h', w', out) and the skip connections (one per layer, + downsample)."""
         skips = []
         for j, resnet in enumerate(self.resnets):
             x = resnet(x, temb)
             if self.attentions is not None:
-                x = self.attentions[j](x, context, ip)
+                x = self.attentions[j](x, context, ip, kv)
             skips.append(x)
         if self.downsamplers is not None:
             x = self.downsamplers[0](x)
@@ -411,13 +426,14 @@ class UpBlock(nnx.Module):
         final = i == len(reversed_channels) - 1
         self.upsamplers = None if final else nnx.List([Upsample2D(out, rngs=rngs)])
 
-    def __call__(self, x, skips: list[jax.Array], temb, context, ip: Iterator | None = None) -> jax.Array:
+    def __call__(self, x, skips: list[jax.Array], temb, context, ip: Iterator | None = None,
+                 kv: Iterator | None = None) -> jax.Array:
         """x (b, h, w, c) and this block's skips (last used first) -> (b, 2h, 2w, out) (or h, w when final)."""
         for j, resnet in enumerate(self.resnets):
             x = jnp.concatenate([x, skips.pop()], axis=-1)  # (b, h, w, c + skip channels)
             x = resnet(x, temb)
             if self.attentions is not None:
-                x = self.attentions[j](x, context, ip)
+                x = self.attentions[j](x, context, ip, kv)
         if self.upsamplers is not None:
             x = self.upsamplers[0](x)
         return x
@@ -434,9 +450,9 @@ class MidBlock(nnx.Module):
                                         config.num_attention_heads[-1], config.cross_attention_dim[-1],
                                         config.mid_block_only_cross_attention, rngs)
 
-    def __call__(self, x, temb, context, ip: Iterator | None = None) -> jax.Array:
+    def __call__(self, x, temb, context, ip: Iterator | None = None, kv: Iterator | None = None) -> jax.Array:
         x = self.resnets[0](x, temb)
-        return self.resnets[1](self.attentions[0](x, context, ip), temb)
+        return self.resnets[1](self.attentions[0](x, context, ip, kv), temb)
 
 
 class TimestepEmbedding(nnx.Module):
@@ -493,11 +509,31 @@ class UNet2DConditionModel(nnx.Module):
         add = jnp.concatenate([text_embeds.astype(dtype), time_embeds.astype(dtype)], axis=-1)
         return emb + self.add_embedding(add)
 
+    def cross_attentions(self) -> list[Attention]:
+        """Every transformer block's ``attn2`` (the cross-attention to the text) in the order a call runs them: down
+        blocks, mid block, up blocks (models/ip_adapter.forward_order's order)."""
+        blocks = [*self.down_blocks, self.mid_block, *self.up_blocks]
+        return [t.attn2 for block in blocks for model in (block.attentions or ()) for t in model.transformer_blocks]
+
+    def text_kv(self, encoder_hidden_states: jax.Array) -> tuple[tuple[jax.Array, jax.Array], ...]:
+        """Each cross-attention's keys and values of the text, in :meth:`cross_attentions`' order: what
+        ``__call__(..., text_kv=...)`` takes, so a denoising loop projects its unchanging text once, not at every
+        step (on a TPU v5e those projections were 78 ms of a 4-image request at 1024², docs/benchmarks.md).
+
+        Args:
+            encoder_hidden_states: (b, tokens, cross_attention_dim), any float dtype (cast to the weights').
+        Returns:
+            one ``(k, v)`` per cross-attention, each (b, tokens, heads * dim_head) in the weights' dtype.
+        """
+        context = encoder_hidden_states.astype(self.conv_in.weight[...].dtype)
+        return tuple(a.text_kv(context) for a in self.cross_attentions())
+
     def __call__(self, sample: jax.Array, timesteps: jax.Array, encoder_hidden_states: jax.Array,
                  text_embeds: jax.Array, time_ids: jax.Array,
                  down_block_additional_residuals: Sequence[jax.Array] | None = None,
                  mid_block_additional_residual: jax.Array | None = None,
-                 ip_adapter: Sequence[Sequence] | None = None) -> jax.Array:
+                 ip_adapter: Sequence[Sequence] | None = None,
+                 text_kv: Sequence[tuple[jax.Array, jax.Array]] | None = None) -> jax.Array:
         """Predict the noise (or v) for a batch of latents.
 
         Args:
@@ -515,8 +551,14 @@ class UNet2DConditionModel(nnx.Module):
             ip_adapter: IP-Adapter inputs, one sequence per cross-attention in the order this call runs them (down
                 blocks, mid block, up blocks: models/ip_adapter.forward_order), each of ``(layer, tokens, scale)``
                 per adapter (:meth:`Attention.__call__`). None: none.
+            text_kv: :meth:`text_kv` of ``encoder_hidden_states``, computed once for the many calls of a denoising
+                loop (the text does not change between steps); the same values as without it. None: each
+                cross-attention computes its keys and values from ``encoder_hidden_states``.
         Returns:
             (b, out_channels, h, w) in the parameters' dtype, channels-first.
+        Raises:
+            ValueError: ``ip_adapter`` or ``text_kv`` has more entries than the UNet has cross-attentions, or
+                ControlNet residuals do not match the skips.
         """
         dtype = self.conv_in.weight[...].dtype
         b = sample.shape[0]
@@ -525,22 +567,25 @@ class UNet2DConditionModel(nnx.Module):
         x = self.conv_in(jnp.transpose(sample, (0, 2, 3, 1)).astype(dtype))  # channels-last from here
         skips = [x]
         ip = None if ip_adapter is None else iter(ip_adapter)
+        kv = None if text_kv is None else iter(text_kv)
         for block in self.down_blocks:
-            x, block_skips = block(x, temb, context, ip)
+            x, block_skips = block(x, temb, context, ip, kv)
             skips.extend(block_skips)
         if down_block_additional_residuals is not None:
             if len(down_block_additional_residuals) != len(skips):
                 raise ValueError(f"{len(down_block_additional_residuals)} down residuals for {len(skips)} skips")
             skips = [s + jnp.transpose(r, (0, 2, 3, 1)).astype(s.dtype)
                      for s, r in zip(skips, down_block_additional_residuals, strict=True)]
-        x = self.mid_block(x, temb, context, ip)
+        x = self.mid_block(x, temb, context, ip, kv)
         if mid_block_additional_residual is not None:
             x = x + jnp.transpose(mid_block_additional_residual, (0, 2, 3, 1)).astype(x.dtype)
         for block in self.up_blocks:
             n = len(block.resnets)
-            x = block(x, skips[-n:], temb, context, ip)
+            x = block(x, skips[-n:], temb, context, ip, kv)
             del skips[-n:]
         if ip is not None and next(ip, None) is not None:
             raise ValueError("ip_adapter has more entries than the UNet has cross-attention layers")
+        if kv is not None and next(kv, None) is not None:
+            raise ValueError("text_kv has more entries than the UNet has cross-attention layers")
         x = self.conv_out(self.act(self.conv_norm_out(x)))
         return jnp.transpose(x, (0, 3, 1, 2))  # (b, out_channels, h, w)

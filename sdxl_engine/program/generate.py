@@ -56,7 +56,7 @@ from jax.sharding import PartitionSpec as P
 
 from sdxl_engine.checkpoint.loading import LoadedModel
 from sdxl_engine.models.controlnet import soft_scales
-from sdxl_engine.models.ip_adapter import forward_order
+from sdxl_engine.models.ip_adapter import cross_attention_layers, forward_order
 from sdxl_engine.program.schedulers import Schedule
 from sdxl_engine.program.sharding import DATA_AXIS
 
@@ -684,6 +684,9 @@ class Conditioning(NamedTuple):
     refiner: Any = None  # with ProgramShape.refiner: the refiner expert (:class:`RefinerExpert`), else None
     control: Any = None  # with ProgramShape.control: :class:`ControlConditioning`, else None
     ip: Any = None  # with ProgramShape.ip_adapter: :class:`IPConditioning`, else None
+    # the base UNet's cross-attention keys and values of ``hidden``, one (k, v) per cross-attention, each (rows, chunks
+    # * 77, inner) (models/unet.text_kv): projected once per request, not at every step; None: at every step
+    kv: Any = None
 
 
 def encode_text(st: Static, params, inputs: ProgramInputs) -> Conditioning:
@@ -992,6 +995,7 @@ def conditioning(st: Static, params, inputs: ProgramInputs) -> Conditioning:
     """Stages 1, 1b, 1c and 1d: the text conditioning, the refiner's (``refiner``), the ControlNets' (``control``) and
     the IP-Adapters' (``ip_adapter``)."""
     cond = encode_text(st, params, inputs)  # 1.
+    cond = cond._replace(kv=st.components["unet"].bind(params["unet"]).text_kv(cond.hidden))
     if st.shape.refiner:  # 1b. the refiner's own conditioning and UNet
         cond = cond._replace(refiner=refiner_expert(st, params, inputs))
     if st.shape.control:  # 1c. the ControlNets, bound, and their conditioning images
@@ -1110,7 +1114,8 @@ def loop_structure(model: LoadedModel, shape: ProgramShape):
     """(fixed, carry) as :func:`build_stages`' prepare returns them, with 0 for every array: their pytree
     structure from the shape alone, without tracing (what the executable cache's loader needs)."""
     st = static_options(model, shape)
-    refiner = RefinerExpert(0, 0, 0, None) if st.shape.refiner else None
+    refiner = RefinerExpert(0, 0, 0, None, tuple((0, 0) for _ in cross_attention_layers(st.refiner.unet))) \
+        if st.shape.refiner else None
     control = ControlConditioning((), tuple(0 for _ in st.controlnets)) if st.shape.control else None
     ip = IPConditioning((), tuple(0 for _ in st.ip_adapters)) if st.shape.ip_adapter else None
     image = None
@@ -1118,7 +1123,8 @@ def loop_structure(model: LoadedModel, shape: ProgramShape):
         image = ImageConditioning(0, 0)
         if st.shape.inpaint:
             image = ImageConditioning(0, 0, 0, 0 if st.inpainting_unet else None)
-    return LoopFixed(Conditioning(0, 0, 0, refiner, control, ip), image), (0, 0, 0, 0, 0)
+    kv = tuple((0, 0) for _ in cross_attention_layers(model.unet))
+    return LoopFixed(Conditioning(0, 0, 0, refiner, control, ip, kv), image), (0, 0, 0, 0, 0)
 
 
 class ControlConditioning(NamedTuple):
@@ -1264,6 +1270,7 @@ class RefinerExpert(NamedTuple):
     text_embeds: jax.Array  # (rows, projection_2) text_encoder_2's pooled projection (the first chunk's)
     add_time_ids: jax.Array  # (rows, 5): original size, crop top-left, aesthetic score (6 without the score)
     unet: Any  # the refiner's UNet module, bound to params["refiner"]["unet"]
+    kv: Any = None  # its cross-attentions' keys and values of ``hidden`` (models/unet.text_kv), as Conditioning.kv
 
 
 def refiner_expert(st: Static, params, inputs: ProgramInputs) -> RefinerExpert:
@@ -1306,7 +1313,7 @@ def refiner_expert(st: Static, params, inputs: ProgramInputs) -> RefinerExpert:
     else:
         time_ids = jnp.broadcast_to(jnp.array([h, w, 0, 0, h, w], jnp.float32), (n, 6))
     unet = refiner.components["unet"].bind(params["refiner"]["unet"])
-    return RefinerExpert(hidden, text_embeds, time_ids, unet)
+    return RefinerExpert(hidden, text_embeds, time_ids, unet, unet.text_kv(hidden))
 
 
 def unet_prediction(st: Static, unet, cond: Conditioning, inputs: ProgramInputs, i, x: jax.Array,
@@ -1322,14 +1329,16 @@ def unet_prediction(st: Static, unet, cond: Conditioning, inputs: ProgramInputs,
         down, mid = control_residuals(st, cond, inputs, i, x[:, :st.latent[0]], t) if st.shape.control else (None,
                                                                                                                None)
         ip = ip_layers(st, cond, inputs, i) if st.shape.ip_adapter else None
-        return unet(x, t, cond.hidden, cond.text_embeds, cond.add_time_ids, down, mid, ip).astype(jnp.float32)
+        return unet(x, t, cond.hidden, cond.text_embeds, cond.add_time_ids, down, mid, ip,
+                    cond.kv).astype(jnp.float32)
 
     if not st.shape.refiner:
         return base()
     expert = cond.refiner
 
     def refine():
-        return expert.unet(x, t, expert.hidden, expert.text_embeds, expert.add_time_ids).astype(jnp.float32)
+        return expert.unet(x, t, expert.hidden, expert.text_embeds, expert.add_time_ids,
+                           text_kv=expert.kv).astype(jnp.float32)
 
     return jax.lax.cond(i < inputs.refiner_start, base, refine)
 

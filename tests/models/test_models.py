@@ -106,6 +106,42 @@ def test_unet_and_vae_match_pytorch(prefix, arrays):
             close(logvar, "vae_encode_logvar", arrays, prefix)
 
 
+def test_the_unet_takes_its_text_keys_and_values_computed_once(arrays):
+    """``text_kv`` (each cross-attention's keys and values of the text, projected once per request instead of at
+    every step) given to the call makes the call's own output, so diffusers' too; its entries are the
+    cross-attentions in the order the call runs them, a wrong one changes the output, one too many is refused."""
+    from sdxl_engine.models.ip_adapter import cross_attention_layers, forward_order
+
+    folder = FIXTURES / "tiny-pt"
+    component = build_component("unet", json.loads((folder / "unet" / "config.json").read_text()))
+    params = weights.load_params(component, weights.find_weight_files(folder / "unet"), np.float32)
+    args = [arrays["unet_" + k] for k in ("sample", "timesteps", "encoder_hidden_states", "text_embeds", "time_ids")]
+
+    @functools.partial(jax.jit, static_argnames="swap")
+    def run(p, args, swap: bool = False):
+        unet = component.bind(p)
+        kv = list(unet.text_kv(args[2]))
+        if swap:  # the first two cross-attentions' entries exchanged
+            kv[0], kv[1] = kv[1], kv[0]
+        return unet(*args, text_kv=tuple(kv)), unet(*args)
+
+    once, every_step = run(params, args)
+    np.testing.assert_allclose(np.asarray(once), np.asarray(every_step), rtol=0, atol=1e-6)
+    close(once, "unet_out", arrays)
+    swapped, _ = run(params, args, swap=True)
+    assert np.abs(np.asarray(swapped) - np.asarray(every_step)).max() > 1e-3
+
+    unet = component.bind(params)
+    names = [cross_attention_layers(component.config)[j][0] for j in forward_order(component.config)]
+    modules = [functools.reduce(lambda m, part: m[int(part)] if part.isdigit() else getattr(m, part),
+                                name.split("."), unet) for name in names]
+    assert len(unet.cross_attentions()) == len(names) > 2
+    assert all(a is b for a, b in zip(unet.cross_attentions(), modules, strict=True))
+    extra = (*unet.text_kv(jnp.asarray(args[2])), unet.text_kv(jnp.asarray(args[2]))[0])
+    with pytest.raises(ValueError, match="text_kv has more entries than the UNet has cross-attention layers"):
+        unet(*args, text_kv=extra)
+
+
 SAMPLER_OF = {"euler-leading": "Euler", "euler-trailing": "Euler", "euler-linspace": "Euler", "dpm++2m": "DPM++ 2M",
               "dpm++2m-karras": "DPM++ 2M Karras", "ddim": "DDIM"}
 
