@@ -76,13 +76,6 @@ class GroupNorm(nnx.Module):
     group, the variance as E[x^2] - E[x]^2 in one pass, as Flax computes it: a tenth fewer bytes
     moved by the tiny model's program than two passes), then ``weight`` and ``bias`` per channel;
     the output has the input's dtype.
-
-    Written so the activation is never regrouped: per-channel sums over the spatial axes (channels stay on
-    the last axis), the groups formed on those (batch, channels) sums, and the normalisation applied as one
-    per-channel scale and shift, x·s + (bias − mean·s) with s = weight / sqrt(var + eps). Regrouping the
-    activation as (batch, positions, groups, channels / groups) put 10 or 20 channels on the TPU's 128-lane
-    axis, and XLA materialised the broadcast group means and relaid them out in float32 (on a v5e at one
-    image, 1024²: about 50 ms of a request's copies and broadcasts, docs/benchmarks.md).
     """
 
     def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5, *, rngs: nnx.Rngs | None = None):
@@ -95,20 +88,12 @@ class GroupNorm(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """x (batch, ..., channels) -> same shape and dtype."""
-        b, c, g = x.shape[0], x.shape[-1], self.num_groups
-        spatial = tuple(range(1, x.ndim - 1))
-        x32 = x.astype(jnp.float32)
-        count = math.prod(x.shape[1:-1]) * (c // g)  # values per group
-
-        def group_mean(per_channel):  # (b, c) sums over the positions -> (b, c): each channel its group's mean
-            return jnp.repeat(per_channel.reshape(b, g, c // g).sum(-1) / count, c // g, axis=1)
-
-        mean = group_mean(x32.sum(spatial))
-        var = jnp.maximum(group_mean(jnp.square(x32).sum(spatial)) - jnp.square(mean), 0.0)
-        scale = jax.lax.rsqrt(var + self.eps) * self.weight[...].astype(jnp.float32)  # (b, c)
-        shift = self.bias[...].astype(jnp.float32) - mean * scale
-        per_channel = (b,) + (1,) * len(spatial) + (c,)
-        return (x32 * scale.reshape(per_channel) + shift.reshape(per_channel)).astype(x.dtype)
+        shape = x.shape
+        grouped = x.astype(jnp.float32).reshape(shape[0], -1, self.num_groups, shape[-1] // self.num_groups)
+        mean = grouped.mean(axis=(1, 3), keepdims=True)
+        var = jnp.maximum(jnp.square(grouped).mean(axis=(1, 3), keepdims=True) - jnp.square(mean), 0.0)
+        normed = ((grouped - mean) * jax.lax.rsqrt(var + self.eps)).reshape(shape)
+        return (normed * self.weight[...].astype(jnp.float32) + self.bias[...].astype(jnp.float32)).astype(x.dtype)
 
 
 class LayerNorm(nnx.Module):
