@@ -6,9 +6,9 @@ Kernels (``layers``), each a jitted (batch, len, heads * 64) -> same function in
 rounds of 20 calls queued back to back (device time per call, dispatch hidden), with the largest absolute error
 against a float32 XLA computation on unit-normal inputs: the XLA path with float32 scores, JAX's Pallas flash kernel
 at several tilings (and with q pre-scaled, so the kernel skips its scale multiply), and the whole-row kernel
-(``softmax_attention_tpu``) in both layouts and several query blocks, and packed with its row sum on the
-matrix unit (``_mxu``) and 4 heads a grid step (``_h4``); ``--only`` keeps the names that contain it. Shapes: SDXL's self-attentions at 1024²
-(4096 tokens x 10 heads, 1024 x 20) for ``--rows`` CFG rows (2 rows = 1 image).
+(``softmax_attention_tpu``) in both layouts and several query blocks, and packed with its row sum on the matrix
+unit (``_mxu``) and 4 heads a grid step (``_h4``); ``--only`` keeps the names that contain it. Shapes: SDXL's
+self-attentions at 1024² (4096 tokens x 10 heads, 1024 x 20) for ``--rows`` CFG rows (2 rows = 1 image).
 
 With ``--unet``: SDXL base's full-size UNet (random bfloat16 weights) called once per CFG step at 1024² for each
 ``--rows``, with the attention of every 1024- and 4096-token self-attention routed to each of ``--unet-kernels`` in

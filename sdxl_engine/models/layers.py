@@ -217,7 +217,9 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, heads: int, *, is_causal
     if implementation == "pallas_tpu_rows":
         if is_causal:
             raise ValueError("pallas_tpu_rows attention is not causal; causal attention takes xla or pallas_tpu")
-        return softmax_attention_tpu(q, k, v, heads, block_q=next(n for n in SOFTMAX_BLOCKS if t % n == 0))
+        # the largest block that divides q_len; none (asked by name): the kernel's own refusal names the length
+        return softmax_attention_tpu(q, k, v, heads, block_q=next((n for n in SOFTMAX_BLOCKS if t % n == 0),
+                                                                  SOFTMAX_BLOCK_Q))
     logits = jnp.einsum("btnh,bsnh->bnts", split(q), split(k), preferred_element_type=jnp.float32)
     logits = logits * jnp.float32(1.0 / math.sqrt(d // heads))
     if is_causal:

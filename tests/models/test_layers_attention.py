@@ -144,6 +144,9 @@ def test_the_whole_row_kernel_takes_sdxl_self_attention_and_refuses_the_rest():
         softmax_attention_tpu(q, q, q, 1, block_q=128)
     with pytest.raises(ValueError, match="not causal"):
         attention(q, q, q, 2, is_causal=True, implementation="pallas_tpu_rows")
+    q72 = jnp.zeros((1, 72, 128), jnp.float32)  # no query block divides 72 tokens: the kernel says so
+    with pytest.raises(ValueError, match="block_q 512 to divide q_len 72"):
+        attention(q72, q72, q72, 2, implementation="pallas_tpu_rows")
     q = jnp.zeros((1, 256, 384), jnp.float32)  # 6 heads of 64
     with pytest.raises(ValueError, match="row_sum 'gpu' is not 'vpu' or 'mxu'"):
         softmax_attention_tpu(q, q, q, 6, block_q=128, row_sum="gpu")
