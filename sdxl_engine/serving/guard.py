@@ -127,7 +127,14 @@ def cross_site_refusal(method: str, headers) -> str | None:
 
 
 NOT_JSON = "the request body is not a JSON object"
+NESTED = "nested too deeply"  # deeper than Python's parser recurses (a RecursionError, not a JSONDecodeError)
 NOT_VALID_JSON = "the request body is not valid JSON"
+
+
+def mcp_parse_error(reason: str) -> dict:
+    """The MCP server's answer (HTTP 400) to a body it cannot parse (``mcp.server.streamable_http``: JSON-RPC's
+    parse error, -32700, with the id "server-error")."""
+    return {"jsonrpc": "2.0", "id": "server-error", "error": {"code": -32700, "message": f"Parse error: {reason}"}}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,7 +151,7 @@ def parsed(body: bytes | None):
     try:
         return json.loads(body or b"null")
     except RecursionError:
-        return Unparsed("nested too deeply")
+        return Unparsed(NESTED)
     except ValueError as err:  # JSONDecodeError, or bytes that are no UTF-8 text
         return Unparsed(str(err)[:120])
 
@@ -647,7 +654,14 @@ class Guard:
             body = await _read_body(limited_receive)  # only a tools/call of the image tool may be large
             if body is None:
                 return await _too_large(send, path, limit) if seen > limit else None
-            if len(body) > self.max_body and self.over_cap_refused(path, len(body), parsed(body)):
+            payload = parsed(body)
+            if isinstance(payload, Unparsed) and payload.reason == NESTED:
+                # the MCP server's own parser would raise RecursionError (a 500 and a traceback): its answer to a
+                # body that is no JSON instead
+                self.log(f"[app] refused {method} {path[:160]!r}: {NOT_VALID_JSON} ({NESTED})")
+                return await _plain(send, 400, json.dumps(mcp_parse_error(NESTED)).encode(),
+                                    content_type=b"application/json")
+            if len(body) > self.max_body and self.over_cap_refused(path, len(body), payload):
                 return await _too_large(send, path, self.max_body)
             inner_receive = _replay(body, receive)
         try:

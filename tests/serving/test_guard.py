@@ -472,3 +472,41 @@ def test_a_call_whose_body_is_no_valid_json_is_told_so_and_one_not_an_object_too
                                   "quotes: line 1 column 2 (char 1))")
     assert post(b"[1]") == (422, "the request body is not a JSON object")
     assert reached == []
+
+
+def test_an_mcp_body_nested_past_the_parsers_depth_gets_the_mcp_servers_parse_error_not_a_500():
+    """A 400 kB body nested 200 000 levels under the 1 MB cap made the MCP server's json.loads raise RecursionError
+    (a 500 and a traceback in the log): the guard answers it as that server answers a body that is no JSON (400,
+    JSON-RPC -32700) with one log line, and it never reaches the app; a shallow message still does."""
+    import asyncio
+
+    from sdxl_engine.serving import guard as serving
+
+    reached, lines = [], []
+
+    async def app(scope, receive, send):
+        reached.append(await receive())
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    def post(body: bytes):
+        sent, chunks = [], [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def receive():
+            return chunks.pop(0) if chunks else {"type": "http.disconnect"}
+
+        async def send(message):
+            sent.append(message)
+
+        scope = {"type": "http", "method": "POST", "path": "/gradio_api/mcp/",
+                 "headers": [(b"content-length", str(len(body)).encode())]}
+        asyncio.run(serving.Guard(app, max_body=1_000_000, log=lines.append)(scope, receive, send))
+        return sent[0]["status"], sent[-1].get("body", b"")
+
+    deep = ('{"jsonrpc": "2.0", "id": 1, "method": "tools/list", "a": ' + "[" * 200_000 + "]" * 200_000 + "}").encode()
+    status, body = post(deep)
+    assert (status, json.loads(body)) == (400, {"jsonrpc": "2.0", "id": "server-error",
+                                                "error": {"code": -32700, "message": "Parse error: nested too deeply"}})
+    assert reached == [] and len(lines) == 1 and "nested too deeply" in lines[0]
+    small = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "a": [[[1]]]}).encode()
+    assert post(small)[0] == 200 and reached[0]["body"] == small

@@ -582,7 +582,8 @@ def png_info(image_b64: str) -> dict:
         items = dict(image.info)
         comment = image.getexif().get_ifd(EXIF_IFD).get(USER_COMMENT, b"") if "exif" in items else b""
     except (ValueError, OSError, SyntaxError) as err:  # binascii.Error is a ValueError
-        raise ApiError(400, f"image: not a base64 PNG, JPEG or WebP image ({str(err)[:80]})", "image") from None
+        reason = re.sub(r" <_io\.BytesIO object at 0x[0-9a-f]+>", "", str(err))  # PIL names its buffer
+        raise ApiError(400, f"image: not a base64 PNG, JPEG or WebP image ({reason[:80]})", "image") from None
     text = items.pop("parameters", None)
     if isinstance(comment, bytes) and comment:
         text = comment[8:].decode("utf-16-be", "replace") if comment.startswith(_UNICODE_COMMENT) \
