@@ -529,10 +529,12 @@ class Guard:
         self.routes = routes
         self.log = log
 
-    async def _refuse(self, send, method: str, path: str, reason: str, status: int = 0) -> None:
-        """Answer ``status`` (default: 422 for a body that is not JSON, else 404) with ``reason``; one log line."""
+    async def _refuse(self, send, method: str, path: str, reason: str, status: int = 0, answer: dict | None = None
+                      ) -> None:
+        """Answer ``status`` (default: 422 for a body that is not JSON, else 404) with ``reason`` (or ``answer``, a
+        protocol's own error body); one log line."""
         self.log(f"[app] refused {method} {path[:160]!r}: {reason}")
-        body = json.dumps({"error": reason, "detail": reason}).encode()
+        body = json.dumps(answer or {"error": reason, "detail": reason}).encode()
         malformed = reason == NOT_JSON or reason.startswith(NOT_VALID_JSON)
         await _plain(send, status or (422 if malformed else 404), body, content_type=b"application/json")
 
@@ -658,9 +660,8 @@ class Guard:
             if isinstance(payload, Unparsed) and payload.reason == NESTED:
                 # the MCP server's own parser would raise RecursionError (a 500 and a traceback): its answer to a
                 # body that is no JSON instead
-                self.log(f"[app] refused {method} {path[:160]!r}: {NOT_VALID_JSON} ({NESTED})")
-                return await _plain(send, 400, json.dumps(mcp_parse_error(NESTED)).encode(),
-                                    content_type=b"application/json")
+                return await self._refuse(send, method, path, f"{NOT_VALID_JSON} ({NESTED})", 400,
+                                          mcp_parse_error(NESTED))
             if len(body) > self.max_body and self.over_cap_refused(path, len(body), payload):
                 return await _too_large(send, path, self.max_body)
             inner_receive = _replay(body, receive)
