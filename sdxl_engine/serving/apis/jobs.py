@@ -44,7 +44,7 @@ from sdxl_engine.service.request import to_request
 from sdxl_engine.service.service import Refused, Service
 from sdxl_engine.serving import admission, guard
 from sdxl_engine.serving.apis.core import job_error, read_json, wait_started
-from sdxl_engine.serving.apis.errors import ApiError
+from sdxl_engine.serving.apis.errors import ApiError, openai_error
 from sdxl_engine.serving.apis.uploads import decode_image
 
 LOG = logging.getLogger(__name__)
@@ -87,15 +87,17 @@ def to_job_request(body: object, client: str):
     and its ``callback_url`` (None when absent). ``image`` and ``mask`` are base64 images (decoded here); ``outpaint``
     a list of 4 pixel counts; every other value goes to the engine's validation as sent (its checks name the field).
 
-    Raises ApiError 400 naming the field: not an object, an unknown field, an image or mask that does not decode, an
-    unknown style."""
+    Raises ApiError 400 naming the field: not an object, no prompt (absent or null), an unknown field, ``images`` 0, an
+    image or mask that does not decode, an unknown style."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object of the request's fields")
     unknown = sorted(set(body) - set(FIELDS))
     if unknown:
         raise ApiError(400, f"{unknown[0]}: not a field of this API; the fields are {', '.join(FIELDS)}", unknown[0])
-    if "prompt" not in body:
+    if body.get("prompt") is None:  # absent or null: null values below mean "the default", and a prompt has none
         raise ApiError(400, "prompt: required (the text the images should show)", "prompt")
+    if body.get("images") == 0 and type(body["images"]) is int:  # 0 is the service's "one call's batch", not a count
+        raise ApiError(400, "images: 1 or more (leave it out for one engine call's images), got 0", "images")
     fields = {name: value for name, value in body.items() if value is not None and name != "callback_url"}
     for name, mode in IMAGES.items():
         if name in fields:
@@ -191,13 +193,6 @@ def callback_refusal(url: str, hosts: tuple[str, ...]) -> ApiError | None:
         return ApiError(400, f"callback_url: {parts.hostname[:80]!r} is not a host this server may call "
                              f"({', '.join(hosts)})", "callback_url")
     return None
-
-
-def openai_error(err: ApiError) -> JSONResponse:
-    """``err`` in OpenAI's error shape, as every ``/v1`` route answers."""
-    kind = "invalid_request_error" if err.status < 500 else "server_error"
-    return JSONResponse({"error": {"message": err.message, "type": kind, "param": err.param, "code": None}},
-                        status_code=err.status, headers=err.headers)
 
 
 def router(requests: Service, owner_of: Callable, callback_hosts: tuple[str, ...] = ()) -> APIRouter:

@@ -72,6 +72,7 @@ from sdxl_engine.serving.apis.core import (
     request_of,
     wait_started,
 )
+from sdxl_engine.serving.apis.errors import openai_error
 from sdxl_engine.serving.apis.uploads import open_image
 
 LOG = logging.getLogger(__name__)
@@ -84,20 +85,6 @@ FIELD_NAMES = (("width", "size"), ("height", "size"), ("images", "n"), ("num_inf
 # Not OpenAI's: the engine's own fields, by their names, in a generations body (the SDK's extra_body): base + refiner
 # at a switch of the client's choice, and the hires fix (docs/hires-fix.md); the engine validates them.
 EXTENSIONS = ("refiner_switch_at", "hires_scale", "hires_upscaler", "hires_strength", "hires_steps")
-ERROR_TYPES = {400: ("invalid_request_error", None), 401: ("invalid_request_error", "invalid_api_key"),
-               403: ("invalid_request_error", "api_off"), 404: ("invalid_request_error", None),
-               409: ("invalid_request_error", "interrupted"), 429: ("requests", "rate_limit_exceeded"),
-               500: ("server_error", None),
-               503: ("server_error", "service_unavailable")}
-
-
-def openai_error(err: ApiError) -> JSONResponse:
-    """``err`` in OpenAI's error shape and status (``type``/``code`` as OpenAI's own errors name them)."""
-    kind, code = ERROR_TYPES.get(err.status, ("server_error", None))
-    if err.status == 404 and err.param == "model":
-        code = "model_not_found"
-    return JSONResponse({"error": {"message": err.message, "type": kind, "param": err.param, "code": code}},
-                        status_code=err.status, headers=err.headers)
 
 
 def parse_size(size) -> tuple[int, int] | None:
@@ -596,6 +583,8 @@ def unknown_router() -> APIRouter:
     async def unknown(path: str, request: Request):
         return openai_error(ApiError(404, f"{request.method} {PREFIX}/{path[:80]} is not served here; this server "
                                           f"has POST {PREFIX}/images/generations, POST {PREFIX}/images/edits, "
-                                          f"GET {PREFIX}/models"))
+                                          f"GET {PREFIX}/models, GET {FILES}<name>.png, and the jobs API: POST and "
+                                          f"GET {PREFIX}/jobs, GET and DELETE {PREFIX}/jobs/<id>, "
+                                          f"GET {PREFIX}/jobs/<id>/events"))
 
     return api

@@ -331,7 +331,10 @@ def test_openai_url_format_and_errors(app):
         answer = httpx.request(method, app.url + path, headers=headers, json={})
         assert answer.status_code == 404 and answer.json()["error"]["message"] == (
             f"{method} /{path} is not served here; this server has POST /v1/images/generations, "
-            "POST /v1/images/edits, GET /v1/models")
+            "POST /v1/images/edits, GET /v1/models, GET /v1/images/files/<name>.png, and the jobs API: POST and GET "
+            "/v1/jobs, GET and DELETE /v1/jobs/<id>, GET /v1/jobs/<id>/events")
+    answer = httpx.put(app.url + "v1/jobs", headers=headers, json={})  # a jobs path with a method it does not take
+    assert answer.status_code == 404 and "and the jobs API: POST and GET /v1/jobs" in answer.json()["error"]["message"]
 
 
 def test_openai_model_aliases_jpeg_and_stream_through_the_sdk(app):

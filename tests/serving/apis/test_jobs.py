@@ -133,6 +133,7 @@ def test_a_dropped_result_is_gone_410(engine):
     wait_until(lambda: client.get(f"/v1/jobs/{job_id}").status_code == 410, "the result was never dropped")
     gone = client.get(f"/v1/jobs/{job_id}").json()["error"]["message"]
     assert gone.startswith(f"job '{job_id}' finished and its result is no longer kept")
+    assert client.get(f"/v1/jobs/{job_id}").json()["error"]["type"] == "invalid_request_error"  # a 4xx: the client's
     assert client.get(f"/v1/jobs/{job_id}", headers={"x-owner": "other"}).status_code == 404
 
 
@@ -142,6 +143,8 @@ def test_a_dropped_result_is_gone_410(engine):
     ({"prompt": "x", "seed": "seven"}, 400, "seed", "seed: "),
     ({"prompt": "x", "soft_mask": "yes"}, 400, "soft_mask", "soft_mask: expected true or false"),
     ({"negative_prompt": "x"}, 400, "prompt", "prompt: required"),
+    ({"prompt": None, "negative_prompt": "x"}, 400, "prompt", "prompt: required"),
+    ({"prompt": "x", "images": 0}, 400, "images", "images: 1 or more (leave it out for one engine call's images)"),
     ({"prompt": "x", "style": "Baroque"}, 400, "style", "style: unknown style 'Baroque'"),
     ({"prompt": "x", "schedule_type": "sideways"}, 400, "schedule_type", "schedule_type: unknown schedule type "
                                                                       "'sideways'; choose one of automatic, uniform"),
@@ -180,6 +183,8 @@ def test_the_cap_counts_jobs_with_the_clients_other_requests(engine):
     over = client.post("/v1/jobs", json={"prompt": "x"})
     assert over.status_code == 429 and over.headers["retry-after"] == "5"
     assert "max_requests_per_client = 3" in over.json()["error"]["message"]
+    # OpenAI's own 429, as /v1/images/generations answers it (one shape for every /v1 route)
+    assert {k: over.json()["error"][k] for k in ("type", "code")} == {"type": "requests", "code": "rate_limit_exceeded"}
 
 
 class Receiver(http.server.BaseHTTPRequestHandler):
