@@ -231,9 +231,10 @@ GRADIO_POSTS = ("/gradio_api/call/generate", "/gradio_api/queue/join", "/gradio_
                 "/gradio_api/cancel", "/gradio_api/mcp/")
 
 
-def post_through_the_guard(path: str, headers: dict, method: str = "POST"):
-    """``method path`` with ``headers`` through the Guard alone (no Routes), to an app that answers 200 and notes
-    the call; served at http://127.0.0.1:7860 (its Host header). Returns (response, paths the app saw, log)."""
+def post_through_the_guard(path: str, headers: dict, method: str = "POST", content: bytes = b"{}"):
+    """``method path`` with ``headers`` and the body ``content`` through the Guard alone (no Routes), to an app that
+    notes the call and answers 200 with the body it received; served at http://127.0.0.1:7860 (its Host header).
+    Returns (response, paths the app saw, log)."""
     import asyncio
 
     import httpx
@@ -244,13 +245,14 @@ def post_through_the_guard(path: str, headers: dict, method: str = "POST"):
 
     async def app(scope, receive, send):
         ran.append(scope["path"])
+        received = (await receive()).get("body", b"")
         await send({"type": "http.response.start", "status": 200, "headers": []})
-        await send({"type": "http.response.body", "body": b"{}"})
+        await send({"type": "http.response.body", "body": received})
 
     async def go():
         transport = httpx.ASGITransport(app=serving.Guard(app, log=log.append))
         async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:7860") as client:
-            return await client.request(method, path, headers=headers, content=b"{}")
+            return await client.request(method, path, headers=headers, content=content)
 
     return asyncio.run(go()), ran, log
 
@@ -478,35 +480,12 @@ def test_an_mcp_body_nested_past_the_parsers_depth_gets_the_mcp_servers_parse_er
     """A 400 kB body nested 200 000 levels under the 1 MB cap made the MCP server's json.loads raise RecursionError
     (a 500 and a traceback in the log): the guard answers it as that server answers a body that is no JSON (400,
     JSON-RPC -32700) with one log line, and it never reaches the app; a shallow message still does."""
-    import asyncio
-
-    from sdxl_engine.serving import guard as serving
-
-    reached, lines = [], []
-
-    async def app(scope, receive, send):
-        reached.append(await receive())
-        await send({"type": "http.response.start", "status": 200, "headers": []})
-        await send({"type": "http.response.body", "body": b""})
-
-    def post(body: bytes):
-        sent, chunks = [], [{"type": "http.request", "body": body, "more_body": False}]
-
-        async def receive():
-            return chunks.pop(0) if chunks else {"type": "http.disconnect"}
-
-        async def send(message):
-            sent.append(message)
-
-        scope = {"type": "http", "method": "POST", "path": "/gradio_api/mcp/",
-                 "headers": [(b"content-length", str(len(body)).encode())]}
-        asyncio.run(serving.Guard(app, max_body=1_000_000, log=lines.append)(scope, receive, send))
-        return sent[0]["status"], sent[-1].get("body", b"")
-
     deep = ('{"jsonrpc": "2.0", "id": 1, "method": "tools/list", "a": ' + "[" * 200_000 + "]" * 200_000 + "}").encode()
-    status, body = post(deep)
-    assert (status, json.loads(body)) == (400, {"jsonrpc": "2.0", "id": "server-error",
-                                                "error": {"code": -32700, "message": "Parse error: nested too deeply"}})
-    assert reached == [] and len(lines) == 1 and "nested too deeply" in lines[0]
+    response, ran, log = post_through_the_guard("/gradio_api/mcp/", {}, content=deep)
+    assert (response.status_code, response.json()) == (400, {"jsonrpc": "2.0", "id": "server-error",
+                                                             "error": {"code": -32700,
+                                                                       "message": "Parse error: nested too deeply"}})
+    assert ran == [] and len(log) == 1 and "nested too deeply" in log[0]
     small = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "a": [[[1]]]}).encode()
-    assert post(small)[0] == 200 and reached[0]["body"] == small
+    response, ran, _ = post_through_the_guard("/gradio_api/mcp/", {}, content=small)
+    assert response.status_code == 200 and ran == ["/gradio_api/mcp/"] and response.content == small
