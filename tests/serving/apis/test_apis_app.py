@@ -247,12 +247,18 @@ def test_progress_and_interrupt(app, webui):
         timer.cancel()
         assert webui.interrupt() == {"interrupted": True}
         thread.join(120)
-    job = app.client().submit(api_name="/generate", prompt=PROMPT, seed=5, num_inference_steps=50)
-    steps = set()
-    while not job.done():
-        steps.update(u.index for u in job.status().progress_data or [] if u.unit == "steps" and u.index)
-        threading.Event().wait(0.01)
-    # the bug this guards left no progress at all; a fast request's client sees a few of its reports
+    def steps_seen(seed: int) -> set[int]:
+        job = app.client().submit(api_name="/generate", prompt=PROMPT, seed=seed, num_inference_steps=50)
+        steps = set()
+        while not job.done():
+            steps.update(u.index for u in job.status().progress_data or [] if u.unit == "steps" and u.index)
+            threading.Event().wait(0.01)
+        return steps
+
+    # the bug this guards left no progress at all, for every request until a restart; a fast request's client
+    # sees a few of its reports, but under a loaded CI machine's scheduling one request's client once sampled none
+    # (2026-12-07): a second request must then show them
+    steps = steps_seen(5) or steps_seen(6)
     assert len(steps) >= 1 and max(steps) <= 50, steps
     assert not any("Task exception was never retrieved" in line for line in app.log), app.log[-20:]
 
