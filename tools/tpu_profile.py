@@ -430,6 +430,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chain", type=int, default=20)
     p.add_argument("--ff", action="store_true", help="also the feed-forward's GEGLU modes side by side")
     p.add_argument("--geglu", default="", help="models/unet.GEGLU_MODE for the engine's run ('' = as shipped)")
+    p.add_argument("--conv", default="", help="models/layers.CONV_MODE for the engine's run ('' = as shipped)")
     p.add_argument("--scale", type=int, default=1, help=argparse.SUPPRESS)  # CPU tests: shapes / scale
     p.add_argument("--cache", type=Path, help="the executable cache (default DIR/cache)")
     p.add_argument("--no-engine", action="store_true", help="only --matmul")
@@ -449,10 +450,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import jax
 
-    from sdxl_engine.models import unet
+    from sdxl_engine.models import layers, unet
 
     if args.geglu and args.geglu not in unet.GEGLU_MODES:  # before any chip time is spent
         p.error(f"--geglu: one of {', '.join(unet.GEGLU_MODES)}")
+    if args.conv and args.conv not in layers.CONV_MODES:
+        p.error(f"--conv: one of {', '.join(layers.CONV_MODES)}")
     report: dict = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "jax": jax.__version__,
                     "device": str(jax.devices()[0].device_kind), "size": args.size, "images": args.images,
                     "steps": args.steps}
@@ -465,6 +468,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.geglu:
         unet.GEGLU_MODE = args.geglu  # read while the engine's programs trace
     report["geglu_mode"] = unet.geglu_mode()
+    if args.conv:
+        layers.CONV_MODE = args.conv  # read while the engine's programs trace
+    report["conv_mode"] = layers.CONV_MODE
     if not args.no_engine:
         report["engine"] = profile_engine(args, args.out)
         written.write_text(json.dumps(report, indent=1))

@@ -62,11 +62,74 @@ class Conv2d(nnx.Module):
         self.padding = ((0, 1), (0, 1)) if pad_bottom_right else ((padding, padding), (padding, padding))
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        """x (batch, height, width, in) -> (batch, height', width', out)."""
+        """x (batch, height, width, in) -> (batch, height', width', out); :func:`conv_mode` says how it runs."""
         w = self.weight[...]
-        y = jax.lax.conv_general_dilated(x.astype(w.dtype), w, (self.stride, self.stride), self.padding,
-                                         dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        if conv_mode(x.shape, w.shape, self.stride, self.padding) == "strips":
+            y = conv_strips(x.astype(w.dtype), w, CONV_STRIPS)
+        else:
+            y = jax.lax.conv_general_dilated(x.astype(w.dtype), w, (self.stride, self.stride), self.padding,
+                                             dimension_numbers=("NHWC", "HWIO", "NHWC"))
         return y if self.bias is None else y + self.bias[...]
+
+
+# How a 3x3 convolution with stride 1 and padding 1 (every UNet and VAE one but the downsamplers) runs (rule 33: a
+# faster way is a choice beside the portable path, chosen in one place). "xla": one convolution over the batch.
+# "strips": the image cut into CONV_STRIPS horizontal strips, each with its row of neighbours above and below, stacked
+# on the batch axis and convolved without padding (:func:`conv_strips`): the same products, on CONV_STRIPS times the
+# batch. On a TPU, XLA rewrites a convolution whose batch is small (2 rows: one image and its CFG twin) into its
+# space-to-batch layouts, whose copies and pads took a sixth of a one-image request's time on a v5e; on a batch of 8
+# it does not. "auto" (the default): "strips" on a TPU for at most CONV_STRIPS_MAX_ROWS rows and at least
+# CONV_STRIPS_MIN_CHANNELS channels in and out, where it ran faster on a v5e (32² latents' 1280-channel convolutions
+# 0.77-0.79x the time of "xla" with the GroupNorm and SiLU before them, 64²'s 640-channel ones 0.92-0.94x, the
+# 128² 640-channel one 0.89x; 320 channels out: 1.00-1.11x, so not there; docs/benchmarks.md, "Convolutions at one
+# image"), "xla" everywhere else, which the CPU tests check to their tolerances.
+CONV_MODES = ("auto", "xla", "strips")
+CONV_MODE = "auto"
+CONV_STRIPS = 4
+CONV_STRIPS_MAX_ROWS = 2
+CONV_STRIPS_MIN_CHANNELS = 640
+
+
+def conv_mode(x_shape: tuple[int, ...], w_shape: tuple[int, ...], stride: int,
+              padding: tuple[tuple[int, int], tuple[int, int]]) -> str:
+    """How :class:`Conv2d` runs on input ``x_shape`` (batch, height, width, in) with weight ``w_shape`` (kh, kw, in,
+    out): "strips" or "xla" (:data:`CONV_MODE`, "auto" resolved for the backend the program traces for). Only a 3x3
+    convolution with stride 1 and padding 1 over a height that :data:`CONV_STRIPS` divides takes strips.
+
+    Raises ValueError for a :data:`CONV_MODE` not in :data:`CONV_MODES`."""
+    if CONV_MODE not in CONV_MODES:
+        raise ValueError(f"conv mode {CONV_MODE!r} is not one of {', '.join(CONV_MODES)}")
+    takes = (tuple(w_shape[:2]) == (3, 3) and stride == 1 and tuple(padding) == ((1, 1), (1, 1))
+             and x_shape[1] % CONV_STRIPS == 0 and x_shape[1] > CONV_STRIPS)
+    if CONV_MODE == "xla" or not takes:
+        return "xla"
+    if CONV_MODE == "strips":
+        return "strips"
+    small = x_shape[0] <= CONV_STRIPS_MAX_ROWS and min(w_shape[2], w_shape[3]) >= CONV_STRIPS_MIN_CHANNELS
+    return "strips" if small and jax.default_backend() == "tpu" else "xla"
+
+
+def conv_strips(x: jax.Array, w: jax.Array, strips: int) -> jax.Array:
+    """A 3x3 convolution, stride 1, zero padding 1, as one unpadded convolution over ``strips`` horizontal strips of
+    the image stacked on the batch axis, each strip with the row above and below it (zeros at the image's edges).
+
+    Args:
+        x: (batch, height, width, in), height divisible by ``strips``; w: (3, 3, in, out) (HWIO), x's dtype.
+    Returns:
+        (batch, height, width, out) in x's dtype: ``lax.conv_general_dilated`` with padding ((1, 1), (1, 1)),
+        summed in the same order per output pixel (each output row's 9 x in products lie in one strip).
+    Raises:
+        ValueError: height not divisible by ``strips``.
+    """
+    n, h, wd, c = x.shape
+    if h % strips:
+        raise ValueError(f"conv_strips: {strips} strips do not divide height {h}")
+    rows = h // strips
+    padded = jnp.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
+    stacked = jnp.stack([padded[:, i * rows:(i + 1) * rows + 2] for i in range(strips)], axis=1)
+    y = jax.lax.conv_general_dilated(stacked.reshape(n * strips, rows + 2, wd + 2, c), w, (1, 1), "VALID",
+                                     dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    return y.reshape(n, h, wd, w.shape[-1])  # (n, strips, rows, ...) is the image's rows in order
 
 
 class GroupNorm(nnx.Module):

@@ -106,6 +106,27 @@ def test_unet_and_vae_match_pytorch(prefix, arrays):
             close(logvar, "vae_encode_logvar", arrays, prefix)
 
 
+def test_the_unet_and_vae_in_strips_match_pytorch(arrays, monkeypatch):
+    """layers.CONV_MODE "strips" (on a TPU, "auto" takes it for one image's wide convolutions): every 3x3 convolution
+    of the UNet (16² and 8² latents) and the VAE cut into 4 strips with their neighbouring rows, and the outputs are
+    still diffusers' to test_unet_and_vae_match_pytorch's tolerances."""
+    from sdxl_engine.models import layers
+
+    ran = []
+    monkeypatch.setattr(layers, "CONV_MODE", "strips")
+    monkeypatch.setattr(layers, "conv_strips", lambda x, w, n, run=layers.conv_strips: ran.append(x.shape) or
+                        run(x, w, n))
+    folder = FIXTURES / "tiny-pt"
+    unet = build_component("unet", json.loads((folder / "unet" / "config.json").read_text()))
+    params = weights.load_params(unet, weights.find_weight_files(folder / "unet"), np.float32)
+    a = [arrays["unet_" + k] for k in ("sample", "timesteps", "encoder_hidden_states", "text_embeds", "time_ids")]
+    close(jitted(unet, params)(*a), "unet_out", arrays)
+    assert {s[1] for s in ran} == {16, 8}, ran  # both latent levels that 4 strips divide took them
+    vae = build_component("vae", json.loads((folder / "vae" / "config.json").read_text()))
+    params = weights.load_params(vae, weights.find_weight_files(folder / "vae"), np.float32)
+    close(jitted(vae, params, "decode")(arrays["vae_decode_in"]), "vae_decode_out", arrays)
+
+
 def test_the_unet_takes_its_text_keys_and_values_computed_once(arrays):
     """``text_kv`` (each cross-attention's keys and values of the text, projected once per request instead of at
     every step) given to the call makes the call's own output, so diffusers' too; its entries are the

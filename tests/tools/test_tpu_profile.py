@@ -110,3 +110,10 @@ def test_an_unknown_geglu_mode_is_refused_before_anything_runs(tmp_path, capsys)
         main(["--out", str(tmp_path), "--geglu", "split-gelu", "--no-engine", "--ff"])
     assert "--geglu: one of split, fused, split-erf, split-tanh, split-sigmoid" in capsys.readouterr().err
     assert not (tmp_path / "tpu_profile.json").exists()
+
+
+def test_an_unknown_conv_mode_is_refused_before_anything_runs(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["--out", str(tmp_path), "--conv", "pallas", "--no-engine", "--ff"])
+    assert "--conv: one of auto, xla, strips" in capsys.readouterr().err
+    assert not (tmp_path / "tpu_profile.json").exists()

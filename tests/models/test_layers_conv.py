@@ -1,0 +1,74 @@
+"""layers.Conv2d's ways to run a 3x3 convolution: XLA's one convolution, or the image in horizontal strips.
+
+"strips" (:func:`layers.conv_strips`) cuts the image into strips with a row of neighbours above and below and
+convolves them as a batch without padding: the same products per output pixel. "auto" takes it on a TPU for 2 rows
+(one image and its CFG twin) and wide convolutions, where XLA's small-batch layouts cost time (docs/benchmarks.md,
+"Convolutions at one image"). Checked here: its values against the padded convolution on fixed non-square inputs,
+where "auto" takes it, and its refusals. The UNet and VAE in strips against diffusers: tests/models/test_models.py.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from sdxl_engine.models import layers
+from sdxl_engine.models.layers import Conv2d, conv_mode, conv_strips
+
+
+def padded_conv(x, w):
+    return jax.lax.conv_general_dilated(x, w, (1, 1), ((1, 1), (1, 1)), dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+
+@pytest.mark.parametrize("strips, shape", [(4, (2, 16, 12, 5)), (2, (1, 8, 20, 3)), (8, (3, 24, 8, 4))])
+def test_strips_are_the_padded_convolution_in_float32(strips, shape):
+    rng = np.random.default_rng(3)
+    x = jnp.asarray(rng.standard_normal(shape), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((3, 3, shape[-1], 6)), jnp.float32)
+    expected = padded_conv(x, w)
+    got = conv_strips(x, w, strips)
+    assert got.shape == expected.shape == (*shape[:3], 6)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(expected), rtol=1e-5, atol=1e-5)
+
+
+def test_a_module_in_strips_computes_what_it_computes_in_one_convolution(monkeypatch):
+    conv = Conv2d(8, 16, 3, padding=1, rngs=nnx.Rngs(0))
+    conv.bias[...] = jnp.arange(16, dtype=jnp.float32)
+    x = jax.random.normal(jax.random.key(1), (2, 12, 20, 8))
+    one = conv(x)
+    monkeypatch.setattr(layers, "CONV_MODE", "strips")
+    np.testing.assert_allclose(np.asarray(conv(x)), np.asarray(one), rtol=1e-5, atol=1e-5)
+
+
+def test_auto_takes_strips_on_a_tpu_for_two_rows_of_wide_convolutions(monkeypatch):
+    same = ((1, 1), (1, 1))
+    sdxl_32 = ((2, 32, 32, 1280), (3, 3, 1280, 1280))
+    assert layers.CONV_MODE == "auto"
+    assert conv_mode(*sdxl_32, 1, same) == "xla"  # these tests run on CPU devices
+    monkeypatch.setattr(layers.jax, "default_backend", lambda: "tpu")
+    assert conv_mode(*sdxl_32, 1, same) == "strips"
+    assert conv_mode((1, 64, 64, 1920), (3, 3, 1920, 640), 1, same) == "strips"  # one row (no CFG) too
+    assert conv_mode((2, 128, 128, 640), (3, 3, 640, 640), 1, same) == "strips"  # up block 1's upsampler
+    assert conv_mode((8, 32, 32, 1280), (3, 3, 1280, 1280), 1, same) == "xla"  # 4 images: XLA's own layout
+    assert conv_mode((2, 128, 128, 960), (3, 3, 960, 320), 1, same) == "xla"  # 320 out: strips were no faster
+    assert conv_mode((2, 64, 64, 320), (3, 3, 320, 640), 1, same) == "xla"  # 320 in
+    assert conv_mode((1, 256, 256, 512), (3, 3, 512, 512), 1, same) == "xla"  # the VAE's widest
+    assert conv_mode((2, 64, 64, 640), (3, 3, 640, 640), 2, same) == "xla"  # a downsampler
+    assert conv_mode((2, 64, 64, 640), (1, 1, 640, 640), 1, ((0, 0), (0, 0))) == "xla"  # a 1x1 shortcut
+    assert conv_mode((2, 30, 32, 1280), (3, 3, 1280, 1280), 1, same) == "xla"  # 4 strips do not divide 30 rows
+    assert conv_mode((2, 4, 4, 1280), (3, 3, 1280, 1280), 1, same) == "xla"  # strips of one row
+    monkeypatch.setattr(layers, "CONV_MODE", "xla")
+    assert conv_mode(*sdxl_32, 1, same) == "xla"  # a name is obeyed
+    monkeypatch.setattr(layers, "CONV_MODE", "strips")
+    assert conv_mode((8, 16, 16, 4), (3, 3, 4, 8), 1, same) == "strips"
+    monkeypatch.setattr(layers.jax, "default_backend", lambda: "cpu")
+    assert conv_mode((8, 16, 16, 4), (3, 3, 4, 8), 1, same) == "strips"
+
+
+def test_an_unknown_mode_and_strips_that_do_not_divide_are_refused(monkeypatch):
+    monkeypatch.setattr(layers, "CONV_MODE", "pallas")
+    with pytest.raises(ValueError, match="conv mode 'pallas' is not one of auto, xla, strips"):
+        conv_mode((2, 16, 16, 4), (3, 3, 4, 4), 1, ((1, 1), (1, 1)))
+    with pytest.raises(ValueError, match="conv_strips: 4 strips do not divide height 10"):
+        conv_strips(jnp.zeros((1, 10, 8, 2)), jnp.zeros((3, 3, 2, 2)), 4)
