@@ -1,6 +1,6 @@
 """Where a request's device time goes on the chip, by op class, and what the chip's matrix unit sustains: one command.
 
-    python3.11 -m tools.tpu_profile --out DIR [--images 4] [--size 1024] [--steps 20] [--matmul]
+    python3.11 -m tools.tpu_profile --out DIR [--images 4] [--size 1024] [--steps 20] [--matmul] [--convs]
     python -m tools.tpu_profile --out DIR --from DIR      # the tables again from a saved trace, on any machine
 
 Run on the lent TPU v5e machine as it is (Python 3.11, its jax 0.10.2 + libtpu), in-process, no sockets:
@@ -10,6 +10,9 @@ Run on the lent TPU v5e machine as it is (Python 3.11, its jax 0.10.2 + libtpu),
    convolutions of the three latent levels; each a chain of ``--chain`` products inside one ``fori_loop`` (one
    dispatch), median of 5 rounds, TFLOP/s = 2·M·N·K per product over device seconds (convolutions: 2·H·W·Cin·Cout·9
    per image). This is the rate a UNet step could reach at best, the figure its floor is computed from.
+   ``--convs``: the UNet's 3 × 3 convolutions (with the GroupNorm and SiLU before them) at ``2 × --images`` rows in
+   each of models/layers.CONV_MODE's ways side by side (:func:`conv_rates`); ``--conv MODE`` traces the engine's
+   programs below in that mode.
 2. The engine on ``sdxl-base-random`` (``--images`` per request, ``--size``², Euler, ``--steps`` steps, guidance 5,
    progress on, as ``tools.tpu_bench`` runs it): one request to warm up, then one under ``jax.profiler``; the trace
    (``*.xplane.pb``) is copied to DIR/trace/.
@@ -166,6 +169,68 @@ def ff_rates(rows: int = 8, chain: int = 10, scale: int = 1) -> list[dict]:
                         "one_block_max_abs": float(jnp.max(jnp.abs(once["split"].astype(jnp.float32))))})
             print(json.dumps(out[-1]), flush=True)
     unet.GEGLU_MODE = shipped
+    return out
+
+
+# SDXL UNet's 3 x 3 convolutions with stride 1 at 1024² (latent side, in, out): ResNet convolutions and upsamplers
+UNET_CONVS = ((128, 320, 320), (128, 640, 320), (128, 960, 320), (128, 640, 640),
+              (64, 320, 640), (64, 640, 640), (64, 960, 640), (64, 1280, 640), (64, 1920, 640), (64, 1280, 1280),
+              (32, 640, 1280), (32, 1280, 1280), (32, 1920, 1280), (32, 2560, 1280))
+
+
+def conv_rates(rows: int = 2, strips: tuple[int, ...] = (4, 8), scale: int = 1, rounds: int = 5,
+               shapes: tuple[tuple[int, int, int], ...] = UNET_CONVS) -> list[dict]:
+    """Each of ``shapes`` (:data:`UNET_CONVS`) as the UNet runs it (models/layers' GroupNorm of 32 groups, SiLU, then
+    its ``Conv2d``) in each of models/layers.CONV_MODE's ways, "xla" and "strips" with each count of ``strips``, side
+    by side in alternating rounds of 10 calls each: device ms per call, the time against "xla"'s, TFLOP/s.
+
+    Args:
+        rows: the batch (2: one image and its CFG twin; 8: four images). scale: divides the latent side (CPU tests).
+    Returns: [{"side", "in", "out", "mode", "ms", "vs_xla", "tflop_s", "max_abs_diff_vs_xla"}], bfloat16 weights.
+    """
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from sdxl_engine.models import layers
+
+    shipped = (layers.CONV_MODE, layers.CONV_STRIPS)
+    modes = [("xla", 0)] + [("strips", n) for n in strips]
+    out = []
+    for side, cin, cout in shapes:
+        side //= scale
+        norm, conv = layers.GroupNorm(32, cin), layers.Conv2d(cin, cout, 3, padding=1, rngs=nnx.Rngs(0))
+        state = jax.tree.map(lambda a: a.astype(jnp.bfloat16), nnx.state((norm, conv)))
+        graph = nnx.graphdef((norm, conv))
+        x = jax.random.normal(jax.random.PRNGKey(1), (rows, side, side, cin), jnp.float32).astype(jnp.bfloat16)
+
+        def make(mode, n, graph=graph):
+            def fn(params, inputs):
+                layers.CONV_MODE, layers.CONV_STRIPS = mode, n or layers.CONV_STRIPS  # read while tracing
+                g, c = nnx.merge(graph, params)
+                return c(jax.nn.silu(g(inputs)))
+            return jax.jit(fn)
+
+        fns = {m: make(*m) for m in modes}
+        results = {m: jax.block_until_ready(fns[m](state, x)) for m in modes}  # compiles
+        times: dict = {m: [] for m in modes}
+        for _ in range(rounds):  # alternating rounds
+            for m in modes:
+                start = time.perf_counter()
+                for _ in range(10):
+                    y = fns[m](state, x)
+                jax.block_until_ready(y)
+                times[m].append((time.perf_counter() - start) / 10)
+        flop = 2 * rows * side * side * cin * cout * 9
+        base = statistics.median(times[modes[0]])
+        for m in modes:
+            seconds = statistics.median(times[m])
+            out.append({"side": side, "in": cin, "out": cout, "mode": m[0] + (str(m[1]) if m[1] else ""),
+                        "ms": seconds * 1e3, "vs_xla": seconds / base, "tflop_s": flop / seconds / 1e12,
+                        "max_abs_diff_vs_xla": float(jnp.max(jnp.abs(results[m].astype(jnp.float32)
+                                                                     - results[modes[0]].astype(jnp.float32))))})
+            print(json.dumps(out[-1]), flush=True)
+    layers.CONV_MODE, layers.CONV_STRIPS = shipped
     return out
 
 
@@ -430,6 +495,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chain", type=int, default=20)
     p.add_argument("--ff", action="store_true", help="also the feed-forward's GEGLU modes side by side")
     p.add_argument("--geglu", default="", help="models/unet.GEGLU_MODE for the engine's run ('' = as shipped)")
+    p.add_argument("--convs", action="store_true", help="also the UNet's convolutions in each CONV_MODE, side by side")
     p.add_argument("--conv", default="", help="models/layers.CONV_MODE for the engine's run ('' = as shipped)")
     p.add_argument("--scale", type=int, default=1, help=argparse.SUPPRESS)  # CPU tests: shapes / scale
     p.add_argument("--cache", type=Path, help="the executable cache (default DIR/cache)")
@@ -464,6 +530,9 @@ def main(argv: list[str] | None = None) -> int:
         written.write_text(json.dumps(report, indent=1))
     if args.ff:
         report["ff"] = ff_rates(rows=2 * args.images, scale=args.scale)
+        written.write_text(json.dumps(report, indent=1))
+    if args.convs:
+        report["convs"] = conv_rates(rows=2 * args.images, scale=args.scale)
         written.write_text(json.dumps(report, indent=1))
     if args.geglu:
         unet.GEGLU_MODE = args.geglu  # read while the engine's programs trace

@@ -4,7 +4,7 @@ and its side-by-side feed-forward comparison on CPU."""
 import numpy as np
 import pytest
 
-from tools.tpu_profile import compare_images, ff_rates, hlo_products, main, op_class, op_flops
+from tools.tpu_profile import compare_images, conv_rates, ff_rates, hlo_products, main, op_class, op_flops
 
 CONV = ("%convolution_add_fusion.444 = bf16[8,64,64,1280]{3,0,2,1:T(8,128)(2,1)} fusion(bf16[8,64,64,1280]"
         "{3,0,2,1:T(8,128)(2,1)} %bitcast.6194, bf16[3,3,1280,1280]{3,2,1,0:T(8,128)(2,1)S(1)} %custom-call.187, "
@@ -117,3 +117,21 @@ def test_an_unknown_conv_mode_is_refused_before_anything_runs(tmp_path, capsys):
         main(["--out", str(tmp_path), "--conv", "pallas", "--no-engine", "--ff"])
     assert "--conv: one of auto, xla, strips" in capsys.readouterr().err
     assert not (tmp_path / "tpu_profile.json").exists()
+
+
+def test_the_convolutions_ways_compute_the_same_values_side_by_side(monkeypatch):
+    from sdxl_engine.models import layers
+
+    ran = []  # (strips, side) of each trace that took strips
+    monkeypatch.setattr(layers, "conv_strips", lambda x, w, n, run=layers.conv_strips: ran.append((n, x.shape[1])) or
+                        run(x, w, n))
+    found = conv_rates(rows=2, strips=(4, 2), rounds=1, shapes=((16, 64, 32), (8, 32, 64)))
+    assert [(r["side"], r["in"], r["out"], r["mode"]) for r in found] == [
+        (16, 64, 32, "xla"), (16, 64, 32, "strips4"), (16, 64, 32, "strips2"),
+        (8, 32, 64, "xla"), (8, 32, 64, "strips4"), (8, 32, 64, "strips2")]
+    assert all(r["ms"] > 0 and r["tflop_s"] > 0 for r in found)
+    assert [r["vs_xla"] for r in found if r["mode"] == "xla"] == [1.0, 1.0]
+    # bfloat16 in and out: the strips sum each pixel's products as one convolution does, up to its rounding
+    assert all(r["max_abs_diff_vs_xla"] <= 0.0625 for r in found)
+    assert ran == [(4, 16), (2, 16), (4, 8), (2, 8)]  # each strips mode ran as its count says
+    assert (layers.CONV_MODE, layers.CONV_STRIPS) == ("auto", 4)  # put back as shipped
