@@ -188,15 +188,24 @@ def conv_rates(rows: int = 2, strips: tuple[int, ...] = (4, 8), scale: int = 1, 
         rows: the batch (2: one image and its CFG twin; 8: four images). scale: divides the latent side (CPU tests).
     Returns: [{"side", "in", "out", "mode", "ms", "vs_xla", "tflop_s", "max_abs_diff_vs_xla"}], bfloat16 weights.
     """
-    import jax
-    import jax.numpy as jnp
-    from flax import nnx
-
     from sdxl_engine.models import layers
 
     shipped = (layers.CONV_MODE, layers.CONV_STRIPS)
     modes = [("xla", 0)] + [("strips", n) for n in strips]
-    out = []
+    out: list[dict] = []
+    try:
+        _conv_rounds(layers, shapes, modes, rows, scale, rounds, out)
+    finally:
+        layers.CONV_MODE, layers.CONV_STRIPS = shipped
+    return out
+
+
+def _conv_rounds(layers, shapes, modes, rows, scale, rounds, out):
+    """:func:`conv_rates`'s measurements, appended to ``out``; models/layers' ``layers`` module is set per trace."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
     for side, cin, cout in shapes:
         side //= scale
         norm, conv = layers.GroupNorm(32, cin), layers.Conv2d(cin, cout, 3, padding=1, rngs=nnx.Rngs(0))
@@ -230,8 +239,6 @@ def conv_rates(rows: int = 2, strips: tuple[int, ...] = (4, 8), scale: int = 1, 
                         "max_abs_diff_vs_xla": float(jnp.max(jnp.abs(results[m].astype(jnp.float32)
                                                                      - results[modes[0]].astype(jnp.float32))))})
             print(json.dumps(out[-1]), flush=True)
-    layers.CONV_MODE, layers.CONV_STRIPS = shipped
-    return out
 
 
 CONV3 = re.compile(r"\[3,3,(\d+),(\d+)\]")
@@ -499,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--conv", default="", help="models/layers.CONV_MODE for the engine's run ('' = as shipped)")
     p.add_argument("--scale", type=int, default=1, help=argparse.SUPPRESS)  # CPU tests: shapes / scale
     p.add_argument("--cache", type=Path, help="the executable cache (default DIR/cache)")
-    p.add_argument("--no-engine", action="store_true", help="only --matmul")
+    p.add_argument("--no-engine", action="store_true", help="only --matmul, --ff, --convs")
     p.add_argument("--cpu-devices", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -81,8 +81,9 @@ class Conv2d(nnx.Module):
 # it does not. "auto" (the default): "strips" on a TPU for at most CONV_STRIPS_MAX_ROWS rows and at least
 # CONV_STRIPS_MIN_CHANNELS channels in and out, where it ran faster on a v5e (32² latents' 1280-channel convolutions
 # 0.77-0.79x the time of "xla" with the GroupNorm and SiLU before them, 64²'s 640-channel ones 0.92-0.94x, the
-# 128² 640-channel one 0.89x; 320 channels out: 1.00-1.11x, so not there; docs/benchmarks.md, "Convolutions at one
-# image"), "xla" everywhere else, which the CPU tests check to their tolerances.
+# 128² 640-channel one 0.89x; 320 channels out 0.94-1.11x, so not there; docs/benchmarks.md, "Convolutions at one
+# image"), "xla" everywhere else, which the CPU tests check to their tolerances. Inside the program's shard_map the
+# rows are one device's: 2 on each chip of a v5e-4 serving 4 images, as on one chip serving 1.
 CONV_MODES = ("auto", "xla", "strips")
 CONV_MODE = "auto"
 CONV_STRIPS = 4
@@ -116,8 +117,9 @@ def conv_strips(x: jax.Array, w: jax.Array, strips: int) -> jax.Array:
     Args:
         x: (batch, height, width, in), height divisible by ``strips``; w: (3, 3, in, out) (HWIO), x's dtype.
     Returns:
-        (batch, height, width, out) in x's dtype: ``lax.conv_general_dilated`` with padding ((1, 1), (1, 1)),
-        summed in the same order per output pixel (each output row's 9 x in products lie in one strip).
+        (batch, height, width, out) in x's dtype: ``lax.conv_general_dilated`` with padding ((1, 1), (1, 1)): the
+        same products per output pixel (each output row's 3 x 3 x in window lies in one strip), summed as XLA's
+        convolution of that batch sums them (on a TPU, bfloat16 outputs within a rounding step of the padded one's).
     Raises:
         ValueError: height not divisible by ``strips``.
     """
