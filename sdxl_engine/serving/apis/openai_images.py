@@ -458,6 +458,11 @@ def files_router(tokens: FileTokens) -> APIRouter:
             return openai_error(ApiError(404, "no such image (unknown, or deleted from the server's temp folder)"))
         return FileResponse(path, media_type="image/png")
 
+    @api.get(FILES + "{name:path}", include_in_schema=False)
+    async def not_an_image_name(name: str):  # every name this route serves is <token>.png
+        return openai_error(ApiError(404, f"no such image: {FILES}{ascii(name)[1:-1][:80]} (the server's image "
+                                          f"names are {FILES}<token>.png, as a url answer gives them)"))
+
     return api
 
 

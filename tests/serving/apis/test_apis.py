@@ -642,6 +642,13 @@ def test_openai_routes_encode_stream_and_warn(served):
     assert Image.open(io.BytesIO(base64.b64decode(webp["data"][0]["b64_json"]))).format == "WEBP"
     url = client.post("/v1/images/generations", json={"prompt": "x", "model": "dall-e-3"}).json()
     assert url["data"][0]["url"].startswith("http://testserver/v1/images/files/")
+    served_png = url["data"][0]["url"].removeprefix("http://testserver")
+    assert client.get(served_png).headers["content-type"] == "image/png"
+    for wrong in (served_png.removesuffix(".png"), served_png + "/x", "/v1/images/files/"):  # not a name it gives
+        missing = client.get(wrong)
+        assert missing.status_code == 404 and missing.json()["error"]["message"].startswith(
+            "no such image: /v1/images/files/"), (wrong, missing.text)
+        assert "<token>.png" in missing.json()["error"]["message"]
     streamed = client.post("/v1/images/generations", json={"prompt": "x", "n": 2, "stream": True})
     assert streamed.headers["content-type"].startswith("text/event-stream")
     events = [block.split("\n") for block in streamed.text.strip().split("\n\n")]
