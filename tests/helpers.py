@@ -7,12 +7,14 @@ tests/conftest.py."""
 import os
 import re
 import socket
+import struct
 import subprocess
 import sys
 import threading
 import time
 import types
 import uuid
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -345,3 +347,11 @@ def page_generate(engine, prompt, negative_prompt="", seed=-1, guidance_scale=No
             else:
                 os.environ["GRADIO_TEMP_DIR"] = before
     return gallery, info, pending.pop("test-session")
+
+
+def png_header_only(width: int, height: int) -> bytes:
+    """A PNG whose IHDR claims ``width`` x ``height`` RGB pixels, with one tiny IDAT: a decompression bomb's header."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")

@@ -581,6 +581,9 @@ def png_info(image_b64: str) -> dict:
         image = Image.open(io.BytesIO(base64.b64decode(data, validate=True)))
         items = dict(image.info)
         comment = image.getexif().get_ifd(EXIF_IFD).get(USER_COMMENT, b"") if "exif" in items else b""
+    except Image.DecompressionBombError:  # Pillow's check on opening; its pixels would never be read here
+        raise ApiError(400, "image: the image claims too many pixels (more than Pillow opens: "
+                            f"{2 * Image.MAX_IMAGE_PIXELS})", "image") from None
     except (ValueError, OSError, SyntaxError) as err:  # binascii.Error is a ValueError
         reason = re.sub(r" <_io\.BytesIO object at 0x[0-9a-f]+>", "", str(err))  # PIL names its buffer
         raise ApiError(400, f"image: not a base64 PNG, JPEG or WebP image ({reason[:80]})", "image") from None

@@ -29,7 +29,7 @@ from sdxl_engine.serving.apis.a1111 import to_call as a1111_call
 from sdxl_engine.serving.apis.core import ApiError, FileTokens, check, request_of
 from sdxl_engine.serving.apis.openai_images import Answer, openai_error, parse_size, with_quality
 from sdxl_engine.serving.apis.openai_images import to_call as openai_call
-from tests.helpers import extra_fields
+from tests.helpers import extra_fields, png_header_only
 
 LIMITS = Limits(max_seed=2**32 - 1, max_steps=50, sizes=((64, 64), (80, 48)), default_size=(64, 64),
                 default_steps=8, default_guidance=5.0, multiple=16, default_sampler="Euler")
@@ -748,6 +748,10 @@ def test_png_info_reads_this_servers_pngs_and_jpegs_and_a1111s_text(served):
     bad = client.post("/sdapi/v1/png-info", json={"image": "bm90IGFuIGltYWdl"})  # "not an image"
     assert bad.status_code == 422 and bad.json()["detail"] == ("image: not a base64 PNG, JPEG or WebP image "
                                                                "(cannot identify image file)")  # no object's repr
+    bomb = client.post("/sdapi/v1/png-info", json={"image": base64.b64encode(png_header_only(60_000, 60_000)).decode()})
+    assert bomb.status_code == 422 and bomb.json()["detail"].startswith("image: the image claims too many pixels")
+    big = client.post("/sdapi/v1/png-info", json={"image": base64.b64encode(png_header_only(8000, 8000)).decode()})
+    assert big.status_code == 200 and big.json()["info"] == ""  # under Pillow's limit: only its header is read
 
 
 def test_the_readme_names_every_field_the_a1111_table_does_not_honour():

@@ -2,8 +2,6 @@
 
 import base64
 import io
-import struct
-import zlib
 
 import numpy as np
 import pytest
@@ -12,6 +10,7 @@ from PIL import Image
 from sdxl_engine.serving.apis import extras
 from sdxl_engine.serving.apis.core import ApiError
 from sdxl_engine.serving.apis.extras import ExtrasBatchImages, ExtrasSingleImage
+from tests.helpers import png_header_only
 
 
 def b64(image: Image.Image, fmt: str = "PNG", **kw) -> str:
@@ -26,14 +25,6 @@ def gradient(width: int, height: int) -> Image.Image:
     return Image.fromarray(np.concatenate([np.broadcast_to(x, (height, width, 1)),
                                            np.broadcast_to(y, (height, width, 1)),
                                            np.full((height, width, 1), 99, np.float32)], axis=2).astype(np.uint8))
-
-
-def png_header_only(width: int, height: int) -> bytes:
-    """A PNG whose IHDR claims ``width`` x ``height`` RGB pixels, with one tiny IDAT: a decompression bomb's header."""
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
 
 
 def refusal(data: str, field: str = "image") -> str:
