@@ -548,8 +548,13 @@ async def respond(request: Request, made: Generated, answer: Answer, tokens: Fil
                   files_dir: Callable[[], str]) -> Response:
     """OpenAI's answer for ``made`` as ``answer`` says (generations and edits alike): a JSON ImagesResponse
     (``b64_json`` or ``url`` items), or a stream of ``<answer.event>.completed`` events; the warnings in the
-    ``X-SDXL-Warnings`` header."""
-    headers = {"X-SDXL-Warnings": "; ".join(answer.warnings)} if answer.warnings else {}
+    ``X-SDXL-Warnings`` header, with the stop's message when the request was stopped after some of its images (those
+    are answered: OpenAI has no stop, so nothing else would tell the client that fewer images came)."""
+    warnings = [*answer.warnings]
+    if made.stopped:
+        warnings.append(f"stopped after {len(made.pngs)} image(s): {made.stopped}")
+    # a header is latin-1: anything else (a prompt's word quoted in a warning) as "?"
+    headers = {"X-SDXL-Warnings": "; ".join(warnings).encode("ascii", "replace").decode()} if warnings else {}
     made_at = made.info.get("hires") or made.info  # a hires fix's images are its second pass's size
     size = f"{made_at['width']}x{made_at['height']}"
     images = [] if answer.response_format == "url" else made.pngs if answer.output_format == "png" else \

@@ -913,3 +913,23 @@ def test_a1111_answers_one_mistake_with_one_status_on_every_route(served):
     assert refiner.json()["detail"].startswith("refiner_checkpoint: no refiner is loaded here")
     assert fixed.json()["detail"] == ("options are fixed at start-up (flags or SDXL_* settings); cannot change "
                                       "CLIP_stop_at_last_layers")
+
+
+def test_openai_says_in_its_warnings_when_a_stop_left_fewer_images_than_asked():
+    """A request stopped after some of its engine calls (the jobs API's DELETE, or its owner's interrupt) answers
+    the images made, 200, and names the stop in X-SDXL-Warnings (a stop before any image is the 409)."""
+    import asyncio
+
+    from sdxl_engine.serving.apis.core import Generated
+    from sdxl_engine.serving.apis.openai_images import respond
+
+    info = {"width": 8, "height": 8}
+    made = Generated([_png("a"), _png("b")], [1, 2], info, ["a", "b"], stopped="cancelled by its owner")
+    answer = Answer(warnings=("style=vivid ignored: no such style",))
+    response = asyncio.run(respond(None, made, answer, None, lambda: ""))
+    assert response.status_code == 200 and len(json.loads(response.body)["data"]) == 2
+    assert response.headers["x-sdxl-warnings"] == ("style=vivid ignored: no such style; "
+                                                   "stopped after 2 image(s): cancelled by its owner")
+    whole = asyncio.run(respond(None, dataclasses.replace(made, stopped=None), Answer(), None, lambda: ""))
+    assert "x-sdxl-warnings" not in whole.headers
+
