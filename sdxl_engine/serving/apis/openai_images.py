@@ -135,9 +135,17 @@ def model_family(model, model_ids) -> str | None:
     return "dall-e" if model in DALL_E else None
 
 
+# OpenAI's Images API fields (generations and edits' text fields), and this server's EXTENSIONS: any other field of a
+# body is named in the warnings (OpenAI refuses one; clients of SD-style servers send their own, such as steps, here
+# ignored, so it is said rather than refused).
+KNOWN_FIELDS = ("prompt", "model", "n", "size", "quality", "style", "user", "response_format", "output_format",
+                "output_compression", "stream", "partial_images", "background", "moderation", "input_fidelity")
+
+
 def ignored(body: dict) -> tuple[str, ...]:
     """The warnings for OpenAI fields in ``body`` that would change the images and are not honoured; a
-    field left out or at OpenAI's default (``auto``) gives none. OpenAI's response has no place for
+    field left out or at OpenAI's default (``auto``) gives none; a field OpenAI does not have (nor
+    :data:`EXTENSIONS`) is named as not a field of this API. OpenAI's response has no place for
     them: the route logs them and sends them in the ``X-SDXL-Warnings`` header."""
     rows = (("quality", ("auto", *TOP_QUALITY), "the steps and size decide the quality here"),
             ("style", (), "no vivid/natural styles here: describe the style in the prompt"),
@@ -149,6 +157,11 @@ def ignored(body: dict) -> tuple[str, ...]:
     if body.get("output_compression") not in (None, 100) and (body.get("output_format") or "png") == "png":
         warnings.append(f"output_compression={_short(body['output_compression'])} ignored: "
                         "PNG is lossless (it applies to jpeg and webp)")
+    unknown = [_short(name)[1:-1] for name in body if name not in KNOWN_FIELDS + EXTENSIONS]  # JSON keys: text
+    if unknown:
+        names = ", ".join(unknown[:5]) + (" ..." if len(unknown) > 5 else "")
+        warnings.append(f"{names} ignored: not fields of the OpenAI Images API (nor of this server's extensions: "
+                        f"{', '.join(EXTENSIONS)})")
     return tuple(warnings)
 
 

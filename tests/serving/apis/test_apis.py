@@ -933,3 +933,18 @@ def test_openai_says_in_its_warnings_when_a_stop_left_fewer_images_than_asked():
     whole = asyncio.run(respond(None, dataclasses.replace(made, stopped=None), Answer(), None, lambda: ""))
     assert "x-sdxl-warnings" not in whole.headers
 
+
+def test_openai_names_the_fields_it_does_not_know_in_its_warnings(served):
+    """A generations body with fields OpenAI's Images API does not have (an SD client's steps, a typo) is served,
+    and its X-SDXL-Warnings says they were ignored; OpenAI's own fields and the extensions are not named."""
+    client, calls, lines = served
+    answer = client.post("/v1/images/generations", json={"prompt": "x", "bogus": 1, "num_inference_steps": 0,
+                                                         "user": "me", "hires_scale": None})
+    assert answer.status_code == 200
+    assert answer.headers["x-sdxl-warnings"] == (
+        "bogus, num_inference_steps ignored: not fields of the OpenAI Images API (nor of this server's extensions: "
+        "refiner_switch_at, hires_scale, hires_upscaler, hires_strength, hires_steps)")
+    assert "bogus, num_inference_steps ignored" in lines[-1]
+    known = client.post("/v1/images/generations", json={"prompt": "x", "user": "me", "moderation": "low", "n": 1})
+    assert "x-sdxl-warnings" not in known.headers
+
