@@ -39,7 +39,7 @@ from sdxl_engine.engine.ip_adapter import IPAdapterUnit
 from sdxl_engine.engine.previews import preview_grid
 from sdxl_engine.engine.validation import GenerateRequest
 from sdxl_engine.service.images import png_bytes
-from sdxl_engine.service.jobs import FAILED, SUCCEEDED, Job, JobGone, JobNotFound
+from sdxl_engine.service.jobs import FAILED, RUNNING, SUCCEEDED, Job, JobGone, JobNotFound
 from sdxl_engine.service.request import to_request
 from sdxl_engine.service.service import Refused, Service
 from sdxl_engine.serving import admission, guard
@@ -63,7 +63,9 @@ KEEPALIVE_S = 15.0  # a comment line this often keeps proxies from closing a qui
 
 def job_record(job: Job) -> dict:
     """The job as ``GET /v1/jobs/{id}`` answers it: ``id``, ``status`` (queued, running, succeeded, failed,
-    cancelled), ``position`` (its place in line while queued, 0 = next; else null), ``progress`` (``step``,
+    cancelled), ``position`` (its place in line while queued, 0 = next; else null), ``stage`` (while running, the
+    engine's stage: "waiting" while another request holds the devices, "compiling", "preparing", "on device", ...;
+    else null), ``progress`` (``step``,
     ``steps`` of the running engine call, ``call``, ``calls``, ``fraction`` 0..1 of the whole job), ``images``
     (base64 PNGs, with A1111's ``parameters`` chunk, once succeeded), ``seeds``, ``info`` (docs/python.md's record),
     ``error`` (``{"message", "field"}`` once failed, else null)."""
@@ -73,6 +75,7 @@ def job_record(job: Job) -> dict:
         error = {"message": refusal.message, "field": refusal.param}
     return {
         "id": job.id, "status": job.status, "position": job.position,
+        "stage": (job.stage or None) if job.status == RUNNING else None,
         "progress": {"step": job.step, "steps": job.steps, "call": job.call, "calls": job.calls,
                      "fraction": round(job.fraction, 4)},
         "images": [base64.b64encode(png).decode() for png in result.pngs] if result is not None else [],

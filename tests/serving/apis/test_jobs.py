@@ -47,13 +47,14 @@ def test_a_job_is_accepted_at_once_then_fetched_with_its_images(engine):
     assert accepted.json()["status"] in ("queued", "running") and len(job_id) == 16
     running = client.get(f"/v1/jobs/{job_id}").json()
     assert running["status"] == "running" and running["images"] == [] and running["progress"]["steps"] == 2
+    assert running["stage"] == "on device"  # the engine's stage (StepEngine's one); "waiting" while another runs
     engine.go(2)
     wait_until(lambda: client.get(f"/v1/jobs/{job_id}").json()["status"] == "succeeded", "the job never finished")
     done = client.get(f"/v1/jobs/{job_id}").json()
     assert done["seeds"] == [12, 13] and done["error"] is None and done["info"]["width"] == 48
     png = base64.b64decode(done["images"][1])
     assert png.startswith(b"\x89PNG") and b"Seed: 13" in png  # A1111's parameters chunk
-    assert done["progress"]["fraction"] == 1.0
+    assert done["progress"]["fraction"] == 1.0 and done["stage"] is None
     assert client.get("/v1/jobs").json()["jobs"] == [{"id": job_id, "status": "succeeded", "position": None}]
 
 
