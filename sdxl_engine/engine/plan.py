@@ -303,6 +303,10 @@ class Planner:
                                 f"and was cut to {limit} ({limit * CHUNK} tokens, the max_prompt_chunks setting)")
             if tokens.clamped:
                 warnings.append(f"{field}: a weight beyond ±10 was clamped to ±10")
+            if tokens.scheduled:
+                spans = ", ".join(tokens.scheduled[:3]) + (" ..." if len(tokens.scheduled) > 3 else "")
+                warnings.append(f"{field}: {spans} is A1111's prompt editing or alternation, which this server does "
+                                "not do (one prompt for every step): read as words in brackets")
         if self.model.vocabulary is not None:
             for field, text in (("prompt", prompt.words), ("negative prompt", negative.words)):
                 unknown = builtin.unknown_words(text, self.model.vocabulary)

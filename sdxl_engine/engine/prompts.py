@@ -221,6 +221,8 @@ class PromptTokens:
         clamped: a weight past +-MAX_WEIGHT was clamped.
         words: the text without its syntax (brackets, weights, BREAK, extra-network tags).
         empty_chunk: (2, 77) int32 ids of the empty prompt's chunk, what :meth:`padded` appends.
+        scheduled: the spans of A1111's prompt editing (``[from:to:when]``) and alternation (``[a|b]``) in the
+            text (:func:`scheduled_spans`): not done here, read as words (the engine warns).
     """
 
     ids: np.ndarray
@@ -230,6 +232,7 @@ class PromptTokens:
     clamped: bool
     words: str
     empty_chunk: np.ndarray
+    scheduled: tuple[str, ...] = ()
 
     def padded(self, chunks: int) -> PromptTokens:
         """This prompt with the empty prompt's chunk appended up to ``chunks`` chunks (weights 1), as
@@ -298,6 +301,18 @@ def chunk_tokens(segments: list[Segment], tokenizer,
     if tokens or not chunks:
         chunks.append(_chunk(tokenizer, tokens, multipliers))
     return chunks
+
+
+# A1111's prompt editing, [from:to:when], [to:when], [from::when] (when: a fraction of the steps or a step), and
+# alternation, [a|b|...] (modules/prompt_parser.py's grammar), innermost brackets, not escaped (\[ is a bracket).
+_SCHEDULED = re.compile(r"(?<!\\)\[(?:[^\[\]\\]|\\.)*?(?::\s*-?(?:\d+\.?\d*|\.\d+)\s*|\|(?:[^\[\]\\]|\\.)*?)(?<!\\)\]")
+
+
+def scheduled_spans(text: str) -> tuple[str, ...]:
+    """The spans of ``text`` in A1111's prompt editing or alternation syntax (``[red:blue:0.5]``, ``[cat:10]``,
+    ``[red|blue]``), which change the prompt during the steps there; this engine encodes one prompt for every step,
+    so they are read as words (brackets as ÷1.1 emphasis). Escaped brackets (a backslash before them) are text."""
+    return tuple(m.group(0) for m in _SCHEDULED.finditer(text))
 
 
 def check_prompt(text: str, loras: tuple[str, ...] | frozenset[str] = (), field: str = "prompt",
@@ -369,4 +384,5 @@ def tokenize_prompt(tokenizers, text: str, max_chunks: int, emphasis: str = "ori
         weights = np.clip(np.nan_to_num(weights, nan=0.0), -MAX_WEIGHT, MAX_WEIGHT)
     return PromptTokens(ids=ids, weights=weights.astype(np.float32), chunks=kept, cut=count > max_chunks,
                         clamped=clamped, words="".join(" " if s.is_break else s.text for s in segments),
-                        empty_chunk=np.asarray([chunk for chunk, _ in empty], np.int32))
+                        empty_chunk=np.asarray([chunk for chunk, _ in empty], np.int32),
+                        scheduled=scheduled_spans(text))

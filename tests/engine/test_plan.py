@@ -203,6 +203,11 @@ def test_warnings_say_what_was_cut_clamped_or_unknown(planner, tiny_pt):
         "max_prompt_chunks setting)",
         "negative prompt: a weight beyond ±10 was clamped to ±10"]
     assert planner.warnings(*planner.tokens("a red circle", "")) == []
+    assert planner.warnings(*planner.tokens("[red:blue:0.5] circle", "[a|b]")) == [
+        "prompt: [red:blue:0.5] is A1111's prompt editing or alternation, which this server does not do (one prompt "
+        "for every step): read as words in brackets",
+        "negative prompt: [a|b] is A1111's prompt editing or alternation, which this server does not do (one prompt "
+        "for every step): read as words in brackets"]
     known = Planner(dataclasses.replace(tiny_pt, vocabulary=frozenset({"a", "red", "circle"})), planner.config,
                     LIMITS, BATCH)
     said = known.warnings(*known.tokens("a red zebra circle", "purple"))

@@ -13,6 +13,7 @@ from sdxl_engine.engine.prompts import (
     chunk_tokens,
     parse_lora_tags,
     parse_prompt_attention,
+    scheduled_spans,
     tokenize_prompt,
 )
 from sdxl_engine.engine.validation import InvalidRequest
@@ -198,6 +199,18 @@ def test_weights_follow_their_tokens_and_specials_weigh_1(tokenizers, ids):
     none = tokenize_prompt(tokenizers, "a (red:1.5) [circle] BREAK ((red))", 3, emphasis="none")
     np.testing.assert_array_equal(none.ids, p.ids)
     assert (none.weights == 1).all()
+
+
+def test_a1111_prompt_editing_and_alternation_are_found_for_a_warning(tokenizers):
+    """A1111's [from:to:when], [to:when], [from::when] and [a|b] (modules/prompt_parser.py) change the prompt during
+    the steps there; this engine reads them as words, so the spans are kept for the plan's warning."""
+    assert scheduled_spans("[red:blue:0.5] circle, [cat:10], [dog::0.3], [x:.5], [a: b : 5 ]") == (
+        "[red:blue:0.5]", "[cat:10]", "[dog::0.3]", "[x:.5]", "[a: b : 5 ]")
+    assert scheduled_spans("[red|blue] circle [[a|b|c]]") == ("[red|blue]", "[a|b|c]")
+    # emphasis, a word and a colon that is no step, escaped brackets: none
+    assert scheduled_spans("(word:1.3) [word] [a:b:c] \\[red:blue:0.5\\] (x|y)") == ()
+    assert tokenize_prompt(tokenizers, "a [red|blue] circle", 3).scheduled == ("[red|blue]",)
+    assert tokenize_prompt(tokenizers, "a [red] circle", 3).scheduled == ()
 
 
 def test_weights_beyond_10_are_clamped_and_flagged(tokenizers):
