@@ -151,6 +151,7 @@ def test_a_request_for_a_resident_model_never_waits_for_another_models_load(othe
     assert both.residency.loads == loads and both.residency.evictions == 0
 
 
+@pytest.mark.slow  # 28 s: 100 model switches, each loading weights
 def test_memory_is_flat_over_many_switches(two):
     """100 switches with room for one model: 100 loads and 100 drops; the process's memory grows by less than one
     model's weights (a dropped model whose weights stayed would add them at every switch)."""
@@ -182,6 +183,7 @@ def test_a_model_whose_files_broke_is_unavailable_and_the_others_serve_on(tmp_pa
     assert engine.generate(request(steps=1)).model == "tiny-random"
 
 
+@pytest.mark.slow  # 40 s: starts an engine and compiles the base + refiner programs
 def test_a_refiner_chosen_per_request_runs_on_the_same_program(tmp_path):
     """--refiner A --refiner B: a request names B (A1111's refiner_checkpoint); its images are those of a server whose
     only refiner is B, and B runs on A's program (0 compiles)."""

@@ -106,6 +106,7 @@ def test_unet_and_vae_match_pytorch(prefix, arrays):
             close(logvar, "vae_encode_logvar", arrays, prefix)
 
 
+@pytest.mark.slow  # compiles the UNet and the VAE a second time, in strips
 def test_the_unet_and_vae_in_strips_match_pytorch(arrays, monkeypatch):
     """layers.CONV_MODE "strips" (on a TPU, "auto" takes it for one image's wide convolutions): every 3x3 convolution
     of the UNet (16² and 8² latents) and the VAE cut into 4 strips with their neighbouring rows, and the outputs are

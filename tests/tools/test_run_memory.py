@@ -11,6 +11,7 @@ from tests.helpers import ROOT
 pytestmark = pytest.mark.engine
 
 
+@pytest.mark.slow  # 16 s: compiles a program per size
 def test_each_size_reports_its_compile_and_xlas_count_growing_with_the_pixels():
     out = subprocess.run([sys.executable, "-m", "tools.run_memory", "--model", "tiny-random", "--sizes", "64x64",
                           "128x96"], cwd=ROOT, capture_output=True, text=True, check=True, timeout=300)
