@@ -188,57 +188,52 @@ def conv_rates(rows: int = 2, strips: tuple[int, ...] = (4, 8), scale: int = 1, 
         rows: the batch (2: one image and its CFG twin; 8: four images). scale: divides the latent side (CPU tests).
     Returns: [{"side", "in", "out", "mode", "ms", "vs_xla", "tflop_s", "max_abs_diff_vs_xla"}], bfloat16 weights.
     """
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
     from sdxl_engine.models import layers
 
     shipped = (layers.CONV_MODE, layers.CONV_STRIPS)
     modes = [("xla", 0)] + [("strips", n) for n in strips]
     out: list[dict] = []
+
+    def make(graph, mode, n):
+        def fn(params, inputs):
+            layers.CONV_MODE, layers.CONV_STRIPS = mode, n or layers.CONV_STRIPS  # read while tracing
+            norm, conv = nnx.merge(graph, params)
+            return conv(jax.nn.silu(norm(inputs)))
+        return jax.jit(fn)
+
     try:
-        _conv_rounds(layers, shapes, modes, rows, scale, rounds, out)
+        for side, cin, cout in shapes:
+            side //= scale
+            modules = (layers.GroupNorm(32, cin), layers.Conv2d(cin, cout, 3, padding=1, rngs=nnx.Rngs(0)))
+            state = jax.tree.map(lambda a: a.astype(jnp.bfloat16), nnx.state(modules))
+            graph = nnx.graphdef(modules)
+            x = jax.random.normal(jax.random.PRNGKey(1), (rows, side, side, cin), jnp.float32).astype(jnp.bfloat16)
+            fns = {m: make(graph, *m) for m in modes}
+            results = {m: jax.block_until_ready(fns[m](state, x)) for m in modes}  # compiles
+            times: dict = {m: [] for m in modes}
+            for _ in range(rounds):  # alternating rounds
+                for m in modes:
+                    start = time.perf_counter()
+                    for _ in range(10):
+                        y = fns[m](state, x)
+                    jax.block_until_ready(y)
+                    times[m].append((time.perf_counter() - start) / 10)
+            flop = 2 * rows * side * side * cin * cout * 9
+            base = statistics.median(times[modes[0]])
+            for m in modes:
+                seconds = statistics.median(times[m])
+                out.append({"side": side, "in": cin, "out": cout, "mode": m[0] + (str(m[1]) if m[1] else ""),
+                            "ms": seconds * 1e3, "vs_xla": seconds / base, "tflop_s": flop / seconds / 1e12,
+                            "max_abs_diff_vs_xla": float(jnp.max(jnp.abs(results[m].astype(jnp.float32)
+                                                                         - results[modes[0]].astype(jnp.float32))))})
+                print(json.dumps(out[-1]), flush=True)
     finally:
         layers.CONV_MODE, layers.CONV_STRIPS = shipped
     return out
-
-
-def _conv_rounds(layers, shapes, modes, rows, scale, rounds, out):
-    """:func:`conv_rates`'s measurements, appended to ``out``; models/layers' ``layers`` module is set per trace."""
-    import jax
-    import jax.numpy as jnp
-    from flax import nnx
-
-    for side, cin, cout in shapes:
-        side //= scale
-        norm, conv = layers.GroupNorm(32, cin), layers.Conv2d(cin, cout, 3, padding=1, rngs=nnx.Rngs(0))
-        state = jax.tree.map(lambda a: a.astype(jnp.bfloat16), nnx.state((norm, conv)))
-        graph = nnx.graphdef((norm, conv))
-        x = jax.random.normal(jax.random.PRNGKey(1), (rows, side, side, cin), jnp.float32).astype(jnp.bfloat16)
-
-        def make(mode, n, graph=graph):
-            def fn(params, inputs):
-                layers.CONV_MODE, layers.CONV_STRIPS = mode, n or layers.CONV_STRIPS  # read while tracing
-                g, c = nnx.merge(graph, params)
-                return c(jax.nn.silu(g(inputs)))
-            return jax.jit(fn)
-
-        fns = {m: make(*m) for m in modes}
-        results = {m: jax.block_until_ready(fns[m](state, x)) for m in modes}  # compiles
-        times: dict = {m: [] for m in modes}
-        for _ in range(rounds):  # alternating rounds
-            for m in modes:
-                start = time.perf_counter()
-                for _ in range(10):
-                    y = fns[m](state, x)
-                jax.block_until_ready(y)
-                times[m].append((time.perf_counter() - start) / 10)
-        flop = 2 * rows * side * side * cin * cout * 9
-        base = statistics.median(times[modes[0]])
-        for m in modes:
-            seconds = statistics.median(times[m])
-            out.append({"side": side, "in": cin, "out": cout, "mode": m[0] + (str(m[1]) if m[1] else ""),
-                        "ms": seconds * 1e3, "vs_xla": seconds / base, "tflop_s": flop / seconds / 1e12,
-                        "max_abs_diff_vs_xla": float(jnp.max(jnp.abs(results[m].astype(jnp.float32)
-                                                                     - results[modes[0]].astype(jnp.float32))))})
-            print(json.dumps(out[-1]), flush=True)
 
 
 CONV3 = re.compile(r"\[3,3,(\d+),(\d+)\]")

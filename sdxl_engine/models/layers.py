@@ -64,10 +64,11 @@ class Conv2d(nnx.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         """x (batch, height, width, in) -> (batch, height', width', out); :func:`conv_mode` says how it runs."""
         w = self.weight[...]
+        x = x.astype(w.dtype)
         if conv_mode(x.shape, w.shape, self.stride, self.padding) == "strips":
-            y = conv_strips(x.astype(w.dtype), w, CONV_STRIPS)
+            y = conv_strips(x, w, CONV_STRIPS)
         else:
-            y = jax.lax.conv_general_dilated(x.astype(w.dtype), w, (self.stride, self.stride), self.padding,
+            y = jax.lax.conv_general_dilated(x, w, (self.stride, self.stride), self.padding,
                                              dimension_numbers=("NHWC", "HWIO", "NHWC"))
         return y if self.bias is None else y + self.bias[...]
 

@@ -947,4 +947,3 @@ def test_openai_names_the_fields_it_does_not_know_in_its_warnings(served):
     assert "bogus, num_inference_steps ignored" in lines[-1]
     known = client.post("/v1/images/generations", json={"prompt": "x", "user": "me", "moderation": "low", "n": 1})
     assert "x-sdxl-warnings" not in known.headers
-
