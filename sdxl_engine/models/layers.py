@@ -65,8 +65,11 @@ class Conv2d(nnx.Module):
         """x (batch, height, width, in) -> (batch, height', width', out); :func:`conv_mode` says how it runs."""
         w = self.weight[...]
         x = x.astype(w.dtype)
-        if conv_mode(x.shape, w.shape, self.stride, self.padding) == "strips":
-            y = conv_strips(x, w, CONV_STRIPS)
+        mode = conv_mode(x.shape, w.shape, self.stride, self.padding)
+        if mode == "strips":
+            y = conv_strips(x, w, conv_strip_count(x.shape, w.shape, self.stride, self.padding))
+        elif mode == "dot":  # a 1x1 convolution is a product over the channels
+            y = jax.lax.dot_general(x, w[0, 0], (((3,), (0,)), ((), ())))
         else:
             y = jax.lax.conv_general_dilated(x, w, (self.stride, self.stride), self.padding,
                                              dimension_numbers=("NHWC", "HWIO", "NHWC"))
@@ -90,25 +93,49 @@ CONV_MODE = "auto"
 CONV_STRIPS = 4
 CONV_STRIPS_MAX_ROWS = 2
 CONV_STRIPS_MIN_CHANNELS = 640
+CONV_STRIPS_TALL = 8  # auto's count for 2 rows of CONV_STRIPS_TALL_HEIGHTS rows of latents, any channels
+CONV_STRIPS_TALL_HEIGHTS = (64, 128)  # the range measured: the UNet's 64² and 128² levels at 1024²
 
 
-def conv_mode(x_shape: tuple[int, ...], w_shape: tuple[int, ...], stride: int,
-              padding: tuple[tuple[int, int], tuple[int, int]]) -> str:
-    """How :class:`Conv2d` runs on input ``x_shape`` (batch, height, width, in) with weight ``w_shape`` (kh, kw, in,
-    out): "strips" or "xla" (:data:`CONV_MODE`, "auto" resolved for the backend the program traces for). Only a 3x3
-    convolution with stride 1 and padding 1 over a height that :data:`CONV_STRIPS` divides takes strips.
+def conv_strip_count(x_shape: tuple[int, ...], w_shape: tuple[int, ...], stride: int,
+                     padding: tuple[tuple[int, int], tuple[int, int]]) -> int:
+    """How many strips :class:`Conv2d` cuts input ``x_shape`` (batch, height, width, in) into for weight ``w_shape``
+    (kh, kw, in, out): 0 for XLA's one convolution (:data:`CONV_MODE`, "auto" resolved for the backend the program
+    traces for). Only a 3x3 convolution with stride 1 and padding 1 over a height the count divides (in strips of at
+    least 2 rows) takes strips: "strips" takes :data:`CONV_STRIPS`; "auto" on a TPU takes :data:`CONV_STRIPS_TALL`
+    for exactly 2 rows :data:`CONV_STRIPS_TALL_HEIGHTS` high (both included), else :data:`CONV_STRIPS` for at most
+    :data:`CONV_STRIPS_MAX_ROWS` rows with at least :data:`CONV_STRIPS_MIN_CHANNELS` channels in and out.
 
     Raises ValueError for a :data:`CONV_MODE` not in :data:`CONV_MODES`."""
     if CONV_MODE not in CONV_MODES:
         raise ValueError(f"conv mode {CONV_MODE!r} is not one of {', '.join(CONV_MODES)}")
-    takes = (tuple(w_shape[:2]) == (3, 3) and stride == 1 and tuple(padding) == ((1, 1), (1, 1))
-             and x_shape[1] % CONV_STRIPS == 0 and x_shape[1] > CONV_STRIPS)
-    if CONV_MODE == "xla" or not takes:
-        return "xla"
-    if CONV_MODE == "strips":
+    if CONV_MODE == "xla" or not (tuple(w_shape[:2]) == (3, 3) and stride == 1 and tuple(padding) == ((1, 1), (1, 1))):
+        return 0
+    count = CONV_STRIPS
+    if CONV_MODE == "auto":
+        if jax.default_backend() != "tpu":
+            return 0
+        if x_shape[0] == 2 and CONV_STRIPS_TALL_HEIGHTS[0] <= x_shape[1] <= CONV_STRIPS_TALL_HEIGHTS[1]:
+            count = CONV_STRIPS_TALL
+        elif not (x_shape[0] <= CONV_STRIPS_MAX_ROWS and min(w_shape[2], w_shape[3]) >= CONV_STRIPS_MIN_CHANNELS):
+            return 0
+    return count if x_shape[1] % count == 0 and x_shape[1] > count else 0
+
+
+def conv_mode(x_shape: tuple[int, ...], w_shape: tuple[int, ...], stride: int,
+              padding: tuple[tuple[int, int], tuple[int, int]]) -> str:
+    """How :class:`Conv2d` runs: "strips" where :func:`conv_strip_count` gives strips; "dot" for a 1x1 convolution
+    (stride 1, no padding) of exactly 2 rows when "auto" traces for a TPU (one product over the channels: XLA's
+    convolution of 2 rows took its space-to-batch layouts there; the VAE's of 1 row ran slower as products); else
+    "xla".
+
+    Raises ValueError for a :data:`CONV_MODE` not in :data:`CONV_MODES`."""
+    if conv_strip_count(x_shape, w_shape, stride, padding):
         return "strips"
-    small = x_shape[0] <= CONV_STRIPS_MAX_ROWS and min(w_shape[2], w_shape[3]) >= CONV_STRIPS_MIN_CHANNELS
-    return "strips" if small and jax.default_backend() == "tpu" else "xla"
+    one_by_one = tuple(w_shape[:2]) == (1, 1) and stride == 1 and tuple(padding) == ((0, 0), (0, 0))
+    if CONV_MODE == "auto" and one_by_one and x_shape[0] == 2 and jax.default_backend() == "tpu":
+        return "dot"
+    return "xla"
 
 
 def conv_strips(x: jax.Array, w: jax.Array, strips: int) -> jax.Array:
