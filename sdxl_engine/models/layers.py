@@ -81,13 +81,16 @@ class Conv2d(nnx.Module):
 # "strips": the image cut into CONV_STRIPS horizontal strips, each with its row of neighbours above and below, stacked
 # on the batch axis and convolved without padding (:func:`conv_strips`): the same products, on CONV_STRIPS times the
 # batch. On a TPU, XLA rewrites a convolution whose batch is small (2 rows: one image and its CFG twin) into its
-# space-to-batch layouts, whose copies and pads took a sixth of a one-image request's time on a v5e; on a batch of 8
-# it does not. "auto" (the default): "strips" on a TPU for at most CONV_STRIPS_MAX_ROWS rows and at least
-# CONV_STRIPS_MIN_CHANNELS channels in and out, where it ran faster on a v5e (32² latents' 1280-channel convolutions
-# 0.77-0.79x the time of "xla" with the GroupNorm and SiLU before them, 64²'s 640-channel ones 0.92-0.94x, the
-# 128² 640-channel one 0.89x; 320 channels out 0.94-1.11x, so not there; docs/benchmarks.md, "Convolutions at one
-# image"), "xla" everywhere else, which the CPU tests check to their tolerances. Inside the program's shard_map the
-# rows are one device's: 2 on each chip of a v5e-4 serving 4 images, as on one chip serving 1.
+# space-to-batch layouts, whose copies and pads (and the GroupNorm before it, computed in them) took a sixth of a
+# one-image request's time on a v5e; on a batch of 8 it does not. "auto" (the default), on a TPU only: for exactly 2
+# rows, CONV_STRIPS_TALL strips at the heights of CONV_STRIPS_TALL_HEIGHTS (the UNet's 64² and 128² latent levels
+# at 1024², any channels), else CONV_STRIPS strips for at most CONV_STRIPS_MAX_ROWS rows with at least
+# CONV_STRIPS_MIN_CHANNELS channels in and out (the 32² level: 0.77-0.79x the time of "xla" per convolution); and a
+# 1x1 convolution of exactly 2 rows as one product over the channels ("dot"). One image took 2.070 s with "xla",
+# 2.015 with 4 strips for wide convolutions, 1.891 with all of this; the VAE (1 row) was slower in strips and as
+# products, so it keeps "xla" (docs/benchmarks.md, "Strips at every latent level"). "xla" everywhere else, which the
+# CPU tests check to their tolerances. Inside the program's shard_map the rows are one device's: 2 on each chip of a
+# v5e-4 serving 4 images, as on one chip serving 1.
 CONV_MODES = ("auto", "xla", "strips")
 CONV_MODE = "auto"
 CONV_STRIPS = 4

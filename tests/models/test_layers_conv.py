@@ -1,10 +1,11 @@
 """layers.Conv2d's ways to run a 3x3 convolution: XLA's one convolution, or the image in horizontal strips.
 
 "strips" (:func:`layers.conv_strips`) cuts the image into strips with a row of neighbours above and below and
-convolves them as a batch without padding: the same products per output pixel. "auto" takes it on a TPU for 2 rows
-(one image and its CFG twin) and wide convolutions, where XLA's small-batch layouts cost time (docs/benchmarks.md,
-"Convolutions at one image"). Checked here: its values against the padded convolution on fixed non-square inputs,
-where "auto" takes it, and its refusals. The UNet and VAE in strips against diffusers: tests/models/test_models.py.
+convolves them as a batch without padding: the same products per output pixel; "dot" runs a 1x1 convolution as one
+product over the channels. "auto" takes them on a TPU for 2 rows (one image and its CFG twin), where XLA's
+small-batch layouts cost time (docs/benchmarks.md, "Convolutions at one image" and "Strips at every latent level").
+Checked here: their values against XLA's convolution on fixed non-square inputs, where "auto" takes which (and how
+many strips), and the refusals. The UNet and VAE in strips against diffusers: tests/models/test_models.py.
 """
 
 import jax
