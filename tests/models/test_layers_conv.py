@@ -87,6 +87,8 @@ def test_a_one_by_one_convolution_of_two_rows_is_a_product_on_a_tpu(monkeypatch)
     assert conv_mode((8, 12, 20, 8), conv.weight.shape, 1, conv.padding) == "xla"  # 4 images: XLA's own layout
     assert conv_mode(x.shape, (1, 1, 8, 16), 2, conv.padding) == "xla"  # strided
     np.testing.assert_allclose(np.asarray(conv(x)), np.asarray(one), rtol=1e-5, atol=1e-5)
+    traced = str(jax.make_jaxpr(conv)(x))
+    assert "dot_general" in traced and "conv_general_dilated" not in traced  # the product, not a convolution
     monkeypatch.setattr(layers, "CONV_MODE", "xla")
     assert conv_mode(x.shape, conv.weight.shape, 1, conv.padding) == "xla"
 
