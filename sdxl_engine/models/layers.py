@@ -114,15 +114,18 @@ def conv_strip_count(x_shape: tuple[int, ...], w_shape: tuple[int, ...], stride:
         raise ValueError(f"conv mode {CONV_MODE!r} is not one of {', '.join(CONV_MODES)}")
     if CONV_MODE == "xla" or not (tuple(w_shape[:2]) == (3, 3) and stride == 1 and tuple(padding) == ((1, 1), (1, 1))):
         return 0
-    count = CONV_STRIPS
+    def divides(count: int) -> bool:
+        return x_shape[1] % count == 0 and x_shape[1] > count
+
     if CONV_MODE == "auto":
         if jax.default_backend() != "tpu":
             return 0
-        if x_shape[0] == 2 and CONV_STRIPS_TALL_HEIGHTS[0] <= x_shape[1] <= CONV_STRIPS_TALL_HEIGHTS[1]:
-            count = CONV_STRIPS_TALL
-        elif not (x_shape[0] <= CONV_STRIPS_MAX_ROWS and min(w_shape[2], w_shape[3]) >= CONV_STRIPS_MIN_CHANNELS):
+        if (x_shape[0] == 2 and CONV_STRIPS_TALL_HEIGHTS[0] <= x_shape[1] <= CONV_STRIPS_TALL_HEIGHTS[1]
+                and divides(CONV_STRIPS_TALL)):
+            return CONV_STRIPS_TALL
+        if not (x_shape[0] <= CONV_STRIPS_MAX_ROWS and min(w_shape[2], w_shape[3]) >= CONV_STRIPS_MIN_CHANNELS):
             return 0
-    return count if x_shape[1] % count == 0 and x_shape[1] > count else 0
+    return CONV_STRIPS if divides(CONV_STRIPS) else 0
 
 
 def conv_mode(x_shape: tuple[int, ...], w_shape: tuple[int, ...], stride: int,

@@ -59,6 +59,8 @@ def test_auto_takes_strips_on_a_tpu_for_two_rows_of_wide_convolutions(monkeypatc
     assert conv_strip_count((2, 128, 128, 320), (3, 3, 320, 320), 1, same) == 8
     assert conv_strip_count((2, 128, 128, 640), (3, 3, 640, 640), 1, same) == 8
     assert conv_strip_count((2, 256, 256, 320), (3, 3, 320, 320), 1, same) == 0  # a 2048² hires pass: not measured
+    assert conv_strip_count((2, 100, 64, 640), (3, 3, 640, 640), 1, same) == 4  # 8 does not divide 100: 4 does
+    assert conv_strip_count((2, 100, 64, 320), (3, 3, 320, 320), 1, same) == 0
     assert conv_strip_count((2, 256, 256, 640), (3, 3, 640, 640), 1, same) == 4
     assert conv_strip_count((1, 128, 128, 512), (3, 3, 512, 512), 1, same) == 0  # the VAE's, one image: slower
     assert conv_strip_count((1, 128, 128, 640), (3, 3, 640, 640), 1, same) == 4  # one row: the channels' rule
