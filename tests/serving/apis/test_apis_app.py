@@ -47,6 +47,12 @@ def app(hold_dir, gradio_dir):
     running = RunningApp("--api-key", KEY, "--max-run-seconds", "10",
                          env={"SDXL_PREVIEW_EVERY": "5", "SDXL_FAULT_INJECTION": "1",
                               "SDXL_FAULT_HOLD_DIR": str(hold_dir), "GRADIO_TEMP_DIR": str(gradio_dir)})
+    # The model's A1111 hash is computed on a background thread after the start ("Model hash" is left out of an
+    # infotext until then): the tests compare PNGs, parameters chunk and all, between requests, so they begin once
+    # it is known (on a loaded CI machine the first request once came before it, and its PNG lacked the hash).
+    listed = f"http://127.0.0.1:{running.port}/sdapi/v1/sd-models"
+    wait_until(lambda: all(m["hash"] for m in httpx.get(listed, headers={"Authorization": f"Bearer {KEY}"}).json()),
+               "the model's hash was never listed")
     yield running
     running.stop()
 
