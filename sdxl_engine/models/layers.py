@@ -114,6 +114,7 @@ def conv_strip_count(x_shape: tuple[int, ...], w_shape: tuple[int, ...], stride:
         raise ValueError(f"conv mode {CONV_MODE!r} is not one of {', '.join(CONV_MODES)}")
     if CONV_MODE == "xla" or not (tuple(w_shape[:2]) == (3, 3) and stride == 1 and tuple(padding) == ((1, 1), (1, 1))):
         return 0
+
     def divides(count: int) -> bool:
         return x_shape[1] % count == 0 and x_shape[1] > count
 

@@ -51,10 +51,12 @@ def app(hold_dir, gradio_dir):
     # infotext until then): the tests compare PNGs, parameters chunk and all, between requests, so they begin once
     # it is known (on a loaded CI machine the first request once came before it, and its PNG lacked the hash).
     listed = f"http://127.0.0.1:{running.port}/sdapi/v1/sd-models"
-    wait_until(lambda: all(m["hash"] for m in httpx.get(listed, headers={"Authorization": f"Bearer {KEY}"}).json()),
-               "the model's hash was never listed")
-    yield running
-    running.stop()
+    try:
+        wait_until(lambda: all(m["hash"] for m in httpx.get(listed, headers={"Authorization": f"Bearer {KEY}"}).json()),
+                   "the model's hash was never listed")
+        yield running
+    finally:  # the app stops whether or not the hash came
+        running.stop()
 
 
 @pytest.fixture(scope="module")
