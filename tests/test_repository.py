@@ -1,6 +1,8 @@
 """The repository's own text: README's first example, no stale hints."""
 
 import re
+import subprocess
+import sys
 
 from sdxl_engine.checkpoint.builtin import TINY_SHAPES_DIR, unknown_words
 from tests.helpers import ROOT
@@ -73,3 +75,19 @@ def test_the_index_names_every_protocol_the_protocols_page_covers():
     """docs/index.md's protocols row names each API docs/protocols.md documents, the jobs API among them."""
     row = next(line for line in (ROOT / "docs" / "index.md").read_text().splitlines() if "(protocols.md)" in line)
     assert all(name in row for name in ("AUTOMATIC1111", "OpenAI Images", "MCP", "jobs API (`/v1/jobs`")), row
+
+
+def test_a_crashed_test_worker_ends_the_run_failed_instead_of_holding_it(tmp_path):
+    """A test that takes its pytest-xdist worker down (an abort in native code: XLA's checks abort the process) fails
+    the run at once, naming the test. Without pyproject's --max-worker-restart=0, xdist 3.8's loadfile scheduling
+    replaces the worker and then waits for good with every worker idle (pytest-xdist #784's three files, run here:
+    it still held at 60 s; a full run held at 99 % on 2026-12-07), and CI would stop only at its limit."""
+    crash = "import os\n\n\ndef test_fn():\n    os.abort()\n"
+    for name, text in (("test_1_kill.py", crash), ("test_2_no_kill.py", "def test_fn():\n    pass\n"),
+                       ("test_3_kill.py", crash)):
+        (tmp_path / name).write_text(text)
+    run = subprocess.run([sys.executable, "-m", "pytest", "-c", str(ROOT / "pyproject.toml"), "--rootdir",
+                          str(tmp_path), "-n", "2", "-p", "no:cacheprovider", "-q", str(tmp_path)],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1, run.stdout[-2000:]
+    assert "crashed while running 'test_1_kill.py::test_fn'" in run.stdout, run.stdout[-2000:]
