@@ -1,4 +1,4 @@
-"""The repository's own text: README's first example, no stale hints."""
+"""The repository itself: its text (README's first example, no stale hints) and its test setup."""
 
 import re
 import subprocess
@@ -81,7 +81,7 @@ def test_a_crashed_test_worker_ends_the_run_failed_instead_of_holding_it(tmp_pat
     """A test that takes its pytest-xdist worker down (an abort in native code: XLA's checks abort the process) fails
     the run at once, naming the test. Without pyproject's --max-worker-restart=0, xdist 3.8's loadfile scheduling
     replaces the worker and then waits for good with every worker idle (pytest-xdist #784's three files, run here:
-    it still held at 60 s; a full run held at 99 % on 2026-12-07), and CI would stop only at its limit."""
+    it still held at 120 s; a full run held at 99 % on 2026-12-07), and CI would stop only at its limit."""
     crash = "import os\n\n\ndef test_fn():\n    os.abort()\n"
     for name, text in (("test_1_kill.py", crash), ("test_2_no_kill.py", "def test_fn():\n    pass\n"),
                        ("test_3_kill.py", crash)):
