@@ -30,7 +30,7 @@ modules compute at their float32 default on the bfloat16 parameters (Flax promot
 The parameters are bfloat16 either way, the scheduler state float32.
 
 On the lent TPU machine (Python 3.11; ``jax[tpu]==0.10.2 flax==0.12.8 diffusers==0.39.0 transformers==4.57.6
-huggingface-hub==0.36.2 tokenizers==0.22.1 "numpy<2.5" pillow``, no torch), from the repository root:
+huggingface-hub==0.36.2 tokenizers==0.22.2 "numpy<2.5" pillow``, no torch; 0.22.1 ran too), from the repository root:
 
     python3.11 -m tools.tpu_blog --size 1024 --steps 20 --guidance 5 --images 1,4 --out blog_tpu.json
 
