@@ -94,7 +94,7 @@ def generate(page, prompt: str, style: str | None = None) -> list[str]:
     previous = page.inner_text("#result-status")
     page.fill("#prompt textarea", prompt)
     if style:
-        page.locator(f"#style input[value='{style}']").check()
+        check_radio(page, f"#style input[value='{style}']")
     page.click("#generate")
     page.wait_for_function("prev => { const t = document.querySelector('#result-status')?.innerText;"
                            " return t.includes('images on') && t !== prev; }", arg=previous, timeout=60_000)
@@ -146,7 +146,7 @@ def test_prompt_and_style_give_four_captioned_images_with_stages_and_latency(off
     page.evaluate("""() => { window.seen = new Set(); new MutationObserver(() => {
         document.querySelectorAll('[data-testid="status-tracker"]').forEach(e => window.seen.add(e.innerText));
       }).observe(document.body, {subtree: true, childList: true, characterData: true}); }""")
-    page.locator("#style input[value='Pixel art']").check()
+    check_radio(page, "#style input[value='Pixel art']")
     captions = generate(page, "a small yellow star", "Pixel art")
     seeds = []
     for caption in captions:
@@ -165,7 +165,7 @@ def test_prompt_and_style_give_four_captioned_images_with_stages_and_latency(off
 
 def test_example_click_fills_prompt_and_style(offline):
     page = offline.open()
-    page.locator("#style input[value='Anime']").check()
+    check_radio(page, "#style input[value='Anime']")
     page.get_by_text("a small yellow star on the left").click()
     page.wait_for_function("document.querySelector('#prompt textarea')?.value === 'a small yellow star on the left'")
     assert page.locator("#style input:checked").get_attribute("value") == "(No style)"  # examples use no style
@@ -625,6 +625,20 @@ def test_progress_bar_and_previews_show_before_the_images(browser, previews_serv
         page_handle.close()
 
 
+def check_radio(page, selector: str) -> None:
+    """Check the radio button ``selector`` until the page holds it checked: under load, a click that lands while
+    Gradio is still mounting the page may be undone (Playwright: "Clicking the checkbox did not change its state"),
+    so at most three tries, as :func:`set_slider` does for a slider."""
+    for attempt in range(3):
+        try:
+            page.locator(selector).check(timeout=10_000)
+            page.wait_for_function("s => document.querySelector(s)?.checked === true", arg=selector, timeout=10_000)
+            return
+        except Exception:
+            if attempt == 2:
+                raise
+
+
 def set_slider(page, elem_id: str, value) -> None:
     """Type ``value`` into slider ``elem_id``'s number box until the page holds it in the box and on the slider
     (under load, the slider may put its old value back over a first typing that lands while its accordion is
@@ -751,7 +765,7 @@ def test_a_png_this_server_made_restores_its_settings_read_in_the_browser(offlin
     # Other settings on the page now.
     page.fill("#prompt textarea", "something else")
     page.fill("#negative textarea", "")
-    page.locator("#style input[value='Anime']").check()
+    check_radio(page, "#style input[value='Anime']")
     page.click("#randomize")
     page.wait_for_function("document.querySelector('#seed input')?.value === '-1'")
     sent = []
@@ -876,7 +890,7 @@ def test_the_editors_brush_is_sized_to_the_picture(browser, app_server):
         page.locator("#init-image").screenshot(path=str(ARTIFACTS / "ui-brush.png"))  # the brush's circle
         page.mouse.down()
         page.mouse.up()
-        page.locator("#img2img-mode input[value='Inpaint (repaint the drawn area)']").check()
+        check_radio(page, "#img2img-mode input[value='Inpaint (repaint the drawn area)']")
         page.fill("#prompt textarea", "a large green square")
         page.click("#generate-image")
         page.wait_for_function("document.querySelector('#result-status')?.innerText.includes('images on')",
@@ -911,7 +925,7 @@ def test_inpaint_an_uploaded_picture_keeps_it_outside_the_brush_stroke(browser, 
         page.mouse.down()
         page.mouse.move(box["x"] + box["width"] * 0.65, y, steps=10)
         page.mouse.up()
-        page.locator("#img2img-mode input[value='Inpaint (repaint the drawn area)']").check()
+        check_radio(page, "#img2img-mode input[value='Inpaint (repaint the drawn area)']")
         page.wait_for_function("document.querySelector('#strength input[type=number]')?.value === '1'")
         page.fill("#prompt textarea", "a large green square")
         page.click("#generate-image")
@@ -991,7 +1005,7 @@ def test_outpaint_extends_the_picture_to_the_right(browser, app_server):
         page = offline.open()
         page.wait_for_function("document.querySelector('#engine-status')?.innerText.includes('Ready on')")
         upload_picture(page, png)
-        page.locator("#img2img-mode input[value='Outpaint (add pixels at the sides)']").check()
+        check_radio(page, "#img2img-mode input[value='Outpaint (add pixels at the sides)']")
         page.wait_for_selector("#outpaint-row", state="visible")
         set_slider(page, "outpaint-pixels", 16)
         page.fill("#prompt textarea", "a red circle")
