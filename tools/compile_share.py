@@ -1,7 +1,7 @@
 """How much of a pytest run is JAX compiling: XLA's compile, tracing and lowering seconds, per test file and per test,
 from JAX's own monitoring events in every Python process the run starts (its xdist workers and the ``python app.py``
-processes the tests start, each counted under the test that started it). docs/testing.md, "Where the suite's time
-goes".
+processes the tests start, each counted under the test that started it). Figures: docs/benchmarks.md, "Test time: how
+much is compiling", and docs/testing.md's 2026-12-08 paragraph.
 
     python -m tools.compile_share --json share.json -- -q tests
 
