@@ -40,12 +40,11 @@ _STARTED = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
 
 def _listen(monitoring):
     out = open(os.path.join(_DIR, "%%d.jsonl" %% os.getpid()), "a", buffering=1)
-    started = _STARTED
-    out.write(json.dumps({"process": " ".join(sys.argv[:2]), "test": started}) + "\\n")
+    out.write(json.dumps({"process": " ".join(sys.argv[:2]), "test": _STARTED}) + "\\n")
 
     def write(event, seconds):
         if event in _EVENTS:
-            test = started or os.environ.get("PYTEST_CURRENT_TEST", "")
+            test = _STARTED or os.environ.get("PYTEST_CURRENT_TEST", "")
             out.write(json.dumps({"event": _EVENTS[event], "s": seconds, "test": test.rsplit(" (", 1)[0]}) + "\\n")
 
     monitoring.register_event_duration_secs_listener(lambda event, seconds, **_: write(event, seconds))

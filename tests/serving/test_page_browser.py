@@ -631,8 +631,7 @@ def check_radio(page, selector: str) -> None:
     so at most three tries, as :func:`set_slider` does for a slider."""
     for attempt in range(3):
         try:
-            page.locator(selector).check(timeout=10_000)
-            page.wait_for_function("s => document.querySelector(s)?.checked === true", arg=selector, timeout=10_000)
+            page.locator(selector).check(timeout=10_000)  # raises when the click left it unchecked
             return
         except Exception:
             if attempt == 2:
